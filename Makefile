@@ -1,0 +1,51 @@
+# Tether — every habit has a target. See README.md.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/.bin
+BUF_VERSION := v1.75.0
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
+DATA_DIR ?= ./tether-data
+LISTEN ?= 127.0.0.1:7420
+# Packages whose tests exercise concurrency run under the race detector.
+RACE_PKGS := ./controlplane/... ./capability/... ./supervisor/... ./agentsdk/... ./cmd/...
+
+.PHONY: run test test-short bench demo generate check-generate lint tools build clean fuzz
+
+build:
+	$(GO) build -o $(BIN)/tether ./cmd/tether
+
+run: build
+	$(BIN)/tether serve --data-dir $(DATA_DIR) --listen $(LISTEN)
+
+test:
+	$(GO) build ./...
+	$(GO) test -race -count=1 $(RACE_PKGS)
+	$(GO) test -count=1 $(filter-out $(RACE_PKGS),./...) 2>/dev/null || $(GO) test -count=1 ./internal/...
+
+bench:
+	$(GO) run ./cmd/tether-bench -out bench-results.json
+
+demo: build
+	$(BIN)/tether demo
+
+tools:
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+
+generate: tools
+	PATH=$(BIN):$$PATH $(BIN)/buf generate
+
+check-generate: generate
+	@git diff --exit-code -- proto/ || (echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)
+	@test -z "$$(git status --porcelain -- proto/)" || (git status --porcelain -- proto/; echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)
+
+lint: tools
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(BIN)/buf lint
+
+clean:
+	rm -rf $(BIN) bench-results.json

@@ -1,0 +1,110 @@
+package store
+
+import (
+	"context"
+	"errors"
+)
+
+// Sentinel errors. Backends wrap their own causes with these so callers can
+// test with errors.Is.
+var (
+	// ErrNotFound is returned by Get when a key does not exist.
+	ErrNotFound = errors.New("store: key not found")
+	// ErrConflict is returned by a backend when a read-write transaction lost
+	// a race; Update retries it internally and returns it only when the
+	// retry budget is exhausted.
+	ErrConflict = errors.New("store: transaction conflict")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("store: closed")
+	// ErrTooLarge is returned when a transaction or value exceeds the
+	// backend's limits.
+	ErrTooLarge = errors.New("store: transaction too large")
+)
+
+// Store is a transactional, ordered key-value store with prefix watches.
+//
+// Contract, for every backend:
+//   - Update runs fn in a serializable read-write transaction. fn may be run
+//     more than once (retry on conflict), so it must have no side effects
+//     outside the transaction. When Update returns nil the writes are durable
+//     (synced to disk, or committed by a quorum) — callers may acknowledge.
+//     If fn returns an error, none of its writes are applied and Update
+//     returns that error unchanged.
+//   - Concurrent Updates may share one durable sync (group commit); each
+//     still returns only after its own writes are durable.
+//   - View runs fn on a consistent snapshot.
+//   - Watch delivers, in commit order, the changes under a prefix committed
+//     after the watch was established. To resume without gaps, establish the
+//     watch first, then scan, and drop events whose Revision is not above
+//     the scan's revision.
+type Store interface {
+	View(ctx context.Context, fn func(tx ReadTxn) error) error
+	Update(ctx context.Context, fn func(tx Txn) error) error
+	Watch(ctx context.Context, prefix []byte) (Watcher, error)
+	Close() error
+}
+
+// ReadTxn is a read-only view of the store.
+type ReadTxn interface {
+	// Get returns the value of key or an error wrapping ErrNotFound. The
+	// returned slice is owned by the caller.
+	Get(key []byte) ([]byte, error)
+	// Scan calls fn for each key with the prefix, in ascending key order,
+	// starting at the first key >= start (start may be nil). Returning
+	// ErrStopScan from fn ends the scan without error. key and value are
+	// valid only during the call.
+	Scan(prefix, start []byte, fn func(key, value []byte) error) error
+	// Revision is the store revision this transaction reads at.
+	Revision() uint64
+}
+
+// ErrStopScan ends a Scan early without an error.
+var ErrStopScan = errors.New("store: stop scan")
+
+// Txn is a read-write transaction. Reads see the transaction's own writes.
+type Txn interface {
+	ReadTxn
+	Put(key, value []byte) error
+	Delete(key []byte) error
+}
+
+// EventType says whether a key was written or deleted.
+type EventType int
+
+const (
+	EventPut EventType = iota + 1
+	EventDelete
+)
+
+func (t EventType) String() string {
+	switch t {
+	case EventPut:
+		return "put"
+	case EventDelete:
+		return "delete"
+	default:
+		return "unknown"
+	}
+}
+
+// Event is one change seen by a watch.
+type Event struct {
+	Type     EventType
+	Key      []byte
+	Value    []byte // nil for deletes
+	Revision uint64 // the revision of the transaction that made the change
+}
+
+// Watcher delivers events until its context ends or the store closes.
+type Watcher interface {
+	// Events delivers batches of events, one batch per committed
+	// transaction, in commit order. It is closed when the watch ends.
+	Events() <-chan []Event
+	// Err reports why the watch ended (nil while it is running, the
+	// context's error, ErrClosed, or ErrWatchLagged).
+	Err() error
+}
+
+// ErrWatchLagged ends a watch whose consumer fell too far behind; the
+// consumer should re-establish the watch and rescan.
+var ErrWatchLagged = errors.New("store: watcher fell behind")
