@@ -1,0 +1,254 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+func newAgentCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "agent", Short: "Register, spawn and inspect agents"}
+	cmd.AddCommand(agentRegister(g), agentSpawn(g), agentList(g), agentTree(g), agentShow(g))
+	return cmd
+}
+
+func parseLabels(pairs []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("--label %q: want k=v", p)
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+func agentRegister(g *globals) *cobra.Command {
+	var name string
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "register --name NAME [--label k=v]",
+		Short: "Register a root agent (operators)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			l, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
+			resp, err := c.agent.RegisterRoot(cmd.Context(), connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: l}))
+			if err != nil {
+				return err
+			}
+			return printRegistered(g, cmd.OutOrStdout(), resp.Msg.Node, resp.Msg.Credential, resp.Msg)
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "agent name")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
+	return cmd
+}
+
+func agentSpawn(g *globals) *cobra.Command {
+	var name, parent string
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "spawn --parent NODE --name NAME [--label k=v]",
+		Short: "Spawn a child agent under a running parent",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			l, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
+			resp, err := c.agent.Spawn(cmd.Context(), connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent, Name: name, Labels: l}))
+			if err != nil {
+				return err
+			}
+			return printRegistered(g, cmd.OutOrStdout(), resp.Msg.Node, resp.Msg.Credential, resp.Msg)
+		},
+	}
+	cmd.Flags().StringVar(&parent, "parent", "", "parent node id")
+	cmd.Flags().StringVar(&name, "name", "", "agent name")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
+	return cmd
+}
+
+func printRegistered(g *globals, w io.Writer, n *tetherv1.Node, credential string, msg interface {
+	GetNode() *tetherv1.Node
+}) error {
+	asJSON, err := g.wantJSON()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		switch m := msg.(type) {
+		case *tetherv1.RegisterRootResponse:
+			return printJSON(w, m)
+		case *tetherv1.SpawnResponse:
+			return printJSON(w, m)
+		}
+	}
+	fmt.Fprintf(w, "node_id:     %s\nname:        %s\nparent:      %s\nstate:       %s\ncredential:  %s\n",
+		n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), credential)
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func agentList(g *globals) *cobra.Command {
+	var selector, root string
+	cmd := &cobra.Command{
+		Use:   "ls [--root NODE] [--selector k=v]",
+		Short: "List agents",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			var nodes []*tetherv1.Node
+			token := ""
+			for {
+				resp, err := c.agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token}))
+				if err != nil {
+					return err
+				}
+				nodes = append(nodes, resp.Msg.Nodes...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), nodes)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "NODE\tNAME\tPARENT\tSTATE\tLABELS")
+			for _, n := range nodes {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), formatLabels(n.Labels))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&selector, "selector", "", "label selector k=v,k2=v2")
+	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree")
+	return cmd
+}
+
+func formatLabels(l map[string]string) string {
+	if len(l) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(l))
+	for k := range l {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + l[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+func agentShow(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show NODE",
+		Short: "Show one agent",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: args[0]}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg.Node)
+			}
+			n := resp.Msg.Node
+			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
+				n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
+			return nil
+		},
+	}
+}
+
+func agentTree(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "tree NODE",
+		Short: "Draw a node's subtree",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: args[0]}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), resp.Msg.Nodes)
+			}
+			children := map[string][]*tetherv1.Node{}
+			for _, n := range resp.Msg.Nodes {
+				children[n.ParentNodeId] = append(children[n.ParentNodeId], n)
+			}
+			label := func(n *tetherv1.Node) string {
+				return fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, supervisor.StateName(n.State))
+			}
+			drawTree(cmd.OutOrStdout(), resp.Msg.Nodes[0], func(n *tetherv1.Node) []*tetherv1.Node {
+				kids := children[n.NodeId]
+				sort.Slice(kids, func(i, j int) bool { return kids[i].Name+kids[i].NodeId < kids[j].Name+kids[j].NodeId })
+				return kids
+			}, label)
+			return nil
+		},
+	}
+}
+
+// drawTree prints root and its descendants with box-drawing branches.
+func drawTree[T any](w io.Writer, root T, children func(T) []T, label func(T) string) {
+	fmt.Fprintln(w, label(root))
+	var walk func(n T, prefix string)
+	walk = func(n T, prefix string) {
+		kids := children(n)
+		for i, k := range kids {
+			branch, next := "├── ", "│   "
+			if i == len(kids)-1 {
+				branch, next = "└── ", "    "
+			}
+			fmt.Fprintln(w, prefix+branch+label(k))
+			walk(k, prefix+next)
+		}
+	}
+	walk(root, "")
+}

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// clients holds one Connect client per service.
+type clients struct {
+	agent      tetherv1connect.AgentServiceClient
+	auth       tetherv1connect.AuthServiceClient
+	capability tetherv1connect.CapabilityServiceClient
+	tool       tetherv1connect.ToolServiceClient
+	supervisor tetherv1connect.SupervisorServiceClient
+	lease      tetherv1connect.LeaseServiceClient
+}
+
+// httpClient speaks HTTP/2 to the control plane: cleartext (h2c) for http://
+// addresses, TLS for https://.
+func httpClient(addr string) *http.Client {
+	t := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}
+	p := new(http.Protocols)
+	if strings.HasPrefix(addr, "https://") {
+		p.SetHTTP2(true)
+	} else {
+		p.SetUnencryptedHTTP2(true)
+	}
+	t.Protocols = p
+	return &http.Client{Transport: t}
+}
+
+func (g *globals) resolveToken() (string, error) {
+	if g.token != "" {
+		return g.token, nil
+	}
+	if v := os.Getenv("TETHER_TOKEN"); v != "" {
+		return v, nil
+	}
+	file := g.tokenFile
+	if file == "" && isLocal(g.addr) {
+		file = filepath.Join(g.dataDir, "admin.token")
+	}
+	if file == "" {
+		return "", errors.New("no token: pass --token or --token-file, or set TETHER_TOKEN")
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func isLocal(addr string) bool {
+	u, err := url.Parse(addr)
+	if err != nil {
+		return false
+	}
+	host := u.Hostname()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (g *globals) clients() (*clients, error) {
+	token, err := g.resolveToken()
+	if err != nil {
+		return nil, err
+	}
+	hc := httpClient(g.addr)
+	opts := []connect.ClientOption{connect.WithInterceptors(auth.BearerInterceptor{Token: func() string { return token }})}
+	return &clients{
+		agent:      tetherv1connect.NewAgentServiceClient(hc, g.addr, opts...),
+		auth:       tetherv1connect.NewAuthServiceClient(hc, g.addr, opts...),
+		capability: tetherv1connect.NewCapabilityServiceClient(hc, g.addr, opts...),
+		tool:       tetherv1connect.NewToolServiceClient(hc, g.addr, opts...),
+		supervisor: tetherv1connect.NewSupervisorServiceClient(hc, g.addr, opts...),
+		lease:      tetherv1connect.NewLeaseServiceClient(hc, g.addr, opts...),
+	}, nil
+}
+
+// printJSON writes a message as indented protojson (the same shape curl sees).
+func printJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+// printJSONList writes messages as a JSON array.
+func printJSONList[M proto.Message](w io.Writer, ms []M) error {
+	raw := make([]json.RawMessage, 0, len(ms))
+	for _, m := range ms {
+		b, err := protojson.Marshal(m)
+		if err != nil {
+			return err
+		}
+		raw = append(raw, b)
+	}
+	b, err := json.MarshalIndent(raw, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
+
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+func (g *globals) wantJSON() (bool, error) {
+	switch g.output {
+	case "json":
+		return true, nil
+	case "table", "":
+		return false, nil
+	default:
+		return false, fmt.Errorf("-o %q: want table or json", g.output)
+	}
+}

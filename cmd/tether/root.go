@@ -1,0 +1,42 @@
+package main
+
+import (
+	"errors"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+)
+
+// globals are the flags every client command shares.
+type globals struct {
+	addr      string
+	token     string
+	tokenFile string
+	dataDir   string
+	output    string
+}
+
+func newRootCommand() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "tether",
+		Short:         "Tether keeps every agent of an AI agent swarm on a revocable tether",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	f := root.PersistentFlags()
+	f.StringVar(&g.addr, "addr", envOr("TETHER_ADDR", "http://127.0.0.1:7420"), "control plane address")
+	f.StringVar(&g.token, "token", "", "bearer token (default: $TETHER_TOKEN, then --token-file, then the local admin token)")
+	f.StringVar(&g.tokenFile, "token-file", "", "file holding the bearer token")
+	f.StringVar(&g.dataDir, "data-dir", envOr("TETHER_DATA_DIR", "./tether-data"), "data directory (serve; and where the CLI finds the local admin token)")
+	f.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	root.AddCommand(
+		newServeCommand(g),
+		newAgentCommand(g),
+		newTokenCommand(g),
+		newWhoAmICommand(g),
+	)
+	return root
+}
+
+func asConnectError(err error, target **connect.Error) bool { return errors.As(err, target) }

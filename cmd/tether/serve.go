@@ -1,0 +1,74 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tetherhq/tether/controlplane"
+)
+
+func newServeCommand(g *globals) *cobra.Command {
+	var (
+		listen, tlsCert, tlsKey, logFormat, logLevel string
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the control plane (Connect, gRPC and gRPC-Web on one port)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(logFormat, logLevel)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			srv, err := controlplane.New(ctx, controlplane.Config{
+				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log,
+			})
+			if err != nil {
+				return err
+			}
+			defer srv.Close()
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			scheme := "http"
+			if tlsCert != "" {
+				scheme = "https"
+			}
+			log.Info("tether serving", "addr", scheme+"://"+ln.Addr().String(), "data_dir", g.dataDir, "admin_token", srv.AdminTokenPath)
+			fmt.Fprintf(os.Stderr, "admin token: %s\n", srv.AdminTokenPath)
+			return srv.Run(ctx, ln)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&listen, "listen", "127.0.0.1:7420", "address to listen on")
+	f.StringVar(&tlsCert, "tls-cert", "", "TLS certificate file (enables TLS with --tls-key)")
+	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	return cmd
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: %w", level, err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
+}

@@ -1,0 +1,130 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+type agentService struct {
+	tetherv1connect.UnimplementedAgentServiceHandler
+	s *Server
+}
+
+// agentActive is the interceptor's check that an agent credential's node may
+// still act: the credential dies with the node's termination.
+func (s *Server) agentActive(ctx context.Context, nodeID string) error {
+	n, err := s.tree.Get(ctx, nodeID)
+	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
+		return fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
+	}
+	if err != nil {
+		return err
+	}
+	if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+		return fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
+	}
+	return nil
+}
+
+func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[tetherv1.RegisterRootRequest]) (*connect.Response[tetherv1.RegisterRootResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	node, err := a.s.tree.RegisterRoot(ctx, req.Msg.Name, req.Msg.Labels, p.ID())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.RegisterRootResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+}
+
+func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.SpawnRequest]) (*connect.Response[tetherv1.SpawnResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	authorize := func(parent *tetherv1.Node) error {
+		// An agent spawns only under its own node: an agent cannot grow
+		// another agent's subtree.
+		if p.IsAgent() && parent.NodeId != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeId)
+		}
+		return nil
+	}
+	node, err := a.s.tree.Spawn(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), authorize)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+}
+
+// canSee says whether p may read node n: operators see everything, an agent
+// sees its own subtree.
+func canSee(p auth.Principal, n *tetherv1.Node) bool {
+	return !p.IsAgent() || n.NodeId == p.NodeID() || supervisor.IsAncestor(n, p.NodeID())
+}
+
+func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv1.GetNodeRequest]) (*connect.Response[tetherv1.GetNodeResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	n, err := a.s.tree.Get(ctx, req.Msg.NodeId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if !canSee(p, n) {
+		return nil, denied("agent %s may read only its own subtree, not node_id %s", p.NodeID(), n.NodeId)
+	}
+	return connect.NewResponse(&tetherv1.GetNodeResponse{Node: n}), nil
+}
+
+const maxPageSize = 1000
+
+func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tetherv1.ListNodesRequest]) (*connect.Response[tetherv1.ListNodesResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	selector, err := supervisor.ParseSelector(req.Msg.LabelSelector)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if req.Msg.PageSize < 0 {
+		return nil, invalid("page_size must not be negative")
+	}
+	root := req.Msg.RootNodeId
+	if root == "" && p.IsAgent() {
+		root = p.NodeID()
+	}
+	if root == "" {
+		size := int(req.Msg.PageSize)
+		if size == 0 || size > maxPageSize {
+			size = maxPageSize
+		}
+		nodes, next, err := a.s.tree.List(ctx, selector, req.Msg.PageToken, size)
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}), nil
+	}
+	nodes, err := a.s.tree.Subtree(ctx, root)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if !canSee(p, nodes[0]) {
+		return nil, denied("agent %s may list only its own subtree, not root_node_id %s", p.NodeID(), root)
+	}
+	out := nodes[:0]
+	for _, n := range nodes {
+		if supervisor.MatchLabels(n.Labels, selector) {
+			out = append(out, n)
+		}
+	}
+	return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: out}), nil
+}

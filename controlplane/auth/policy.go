@@ -1,0 +1,40 @@
+package auth
+
+// Rule says who may call a procedure. Operators need one of Roles (admin
+// always passes); agents pass only when Agents is set, and the handler then
+// makes the tree-aware check (is this the caller's own node, or a
+// descendant?).
+type Rule struct {
+	Roles  []Role
+	Agents bool
+}
+
+// Rules for the common shapes.
+var (
+	// Read: every operator role, and agents (handlers scope what they see).
+	Read = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true}
+	// ReadOperators: every operator role, no agents.
+	ReadOperators = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}}
+	// Operate: operators (admin implied).
+	Operate = Rule{Roles: []Role{RoleOperator}}
+	// OperateOrAgent: operators, or agents subject to the handler's check.
+	OperateOrAgent = Rule{Roles: []Role{RoleOperator}, Agents: true}
+	// Stop: operators and security, or agents subject to the handler's check.
+	Stop = Rule{Roles: []Role{RoleOperator, RoleSecurity}, Agents: true}
+	// Agent: agents only (the handler binds the caller to the holder).
+	Agent = Rule{Agents: true}
+	// Admin: admins only.
+	Admin = Rule{}
+)
+
+// Policy maps a Connect procedure ("/tether.v1.AgentService/Spawn") to its
+// rule. Procedures missing from the policy are denied.
+type Policy map[string]Rule
+
+// Allows reports whether p may call a procedure governed by rule.
+func (r Rule) Allows(p Principal) bool {
+	if p.Kind == KindAgent {
+		return r.Agents
+	}
+	return p.HasRole(r.Roles...)
+}

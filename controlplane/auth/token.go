@@ -1,0 +1,164 @@
+package auth
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/tetherhq/tether/capability"
+)
+
+// Audiences keep the three kinds of token apart: a capability token (for
+// tools) is never accepted as an operator or agent credential, and the other
+// way round.
+const (
+	AudienceOperator = "tether-operator"
+	AudienceAgent    = "tether-agent"
+	// Leeway is the clock skew tolerated on exp/nbf/iat.
+	Leeway = 5 * time.Second
+	// MaxTokenBytes bounds what the parser will look at.
+	MaxTokenBytes = 8 << 10
+)
+
+// Sentinel errors; messages never contain the token.
+var (
+	ErrNoCredential  = errors.New("auth: no bearer credential")
+	ErrBadCredential = errors.New("auth: credential is not valid")
+	ErrRevoked       = errors.New("auth: credential revoked")
+	ErrDenied        = errors.New("auth: permission denied")
+)
+
+type claims struct {
+	jwt.RegisteredClaims
+	Role string `json:"role,omitempty"`
+}
+
+// Issuer mints and parses operator tokens and agent credentials.
+type Issuer struct {
+	// Name is the `iss` claim.
+	Name string
+	// Ring returns the current key ring.
+	Ring func() capability.KeyRing
+}
+
+// MintOperator mints an operator token.
+func (i Issuer) MintOperator(subject string, role Role, now time.Time, ttl time.Duration) (token, id string, exp time.Time, err error) {
+	return i.mint(AudienceOperator, subject, role.String(), now, ttl)
+}
+
+// MintAgent mints an agent credential for node.
+func (i Issuer) MintAgent(nodeID string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
+	token, _, exp, err = i.mint(AudienceAgent, nodeID, "", now, ttl)
+	return token, exp, err
+}
+
+func (i Issuer) mint(audience, subject, role string, now time.Time, ttl time.Duration) (string, string, time.Time, error) {
+	key, err := i.Ring().Signer(now)
+	if err != nil {
+		return "", "", time.Time{}, err
+	}
+	id := newTokenID()
+	exp := now.Add(ttl).Truncate(time.Second)
+	c := claims{
+		RegisteredClaims: jwt.RegisteredClaims{
+			Issuer:    i.Name,
+			Subject:   subject,
+			Audience:  jwt.ClaimStrings{audience},
+			ExpiresAt: jwt.NewNumericDate(exp),
+			NotBefore: jwt.NewNumericDate(now.Add(-time.Second)),
+			IssuedAt:  jwt.NewNumericDate(now),
+			ID:        id,
+		},
+		Role: role,
+	}
+	t := jwt.NewWithClaims(jwt.SigningMethodEdDSA, c)
+	t.Header["kid"] = key.ID
+	s, err := t.SignedString(key.Private)
+	if err != nil {
+		return "", "", time.Time{}, fmt.Errorf("auth: sign: %w", err)
+	}
+	return s, id, exp, nil
+}
+
+// Parse verifies a bearer token against the ring and returns its principal.
+// It accepts operator tokens and agent credentials; nothing else.
+func (i Issuer) Parse(token string, now time.Time) (Principal, error) {
+	if token == "" {
+		return Principal{}, ErrNoCredential
+	}
+	if len(token) > MaxTokenBytes {
+		return Principal{}, fmt.Errorf("%w: credential longer than %d bytes", ErrBadCredential, MaxTokenBytes)
+	}
+	ring := i.Ring()
+	parser := jwt.NewParser(
+		jwt.WithValidMethods([]string{"EdDSA"}),
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuer(i.Name),
+		jwt.WithLeeway(Leeway),
+		jwt.WithIssuedAt(),
+		jwt.WithTimeFunc(func() time.Time { return now }),
+	)
+	var c claims
+	_, err := parser.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
+		kid, _ := t.Header["kid"].(string)
+		return ring.Public(kid)
+	})
+	if err != nil {
+		return Principal{}, fmt.Errorf("%w: %s", ErrBadCredential, describe(err))
+	}
+	if c.Subject == "" || len(c.Audience) != 1 {
+		return Principal{}, fmt.Errorf("%w: missing subject or audience", ErrBadCredential)
+	}
+	p := Principal{Subject: c.Subject, TokenID: c.ID}
+	if c.ExpiresAt != nil {
+		p.ExpiresAt = c.ExpiresAt.Time
+	}
+	switch c.Audience[0] {
+	case AudienceOperator:
+		role, err := ParseRole(c.Role)
+		if err != nil {
+			return Principal{}, fmt.Errorf("%w: unknown role", ErrBadCredential)
+		}
+		p.Kind, p.Role = KindOperator, role
+	case AudienceAgent:
+		p.Kind = KindAgent
+	default:
+		return Principal{}, fmt.Errorf("%w: token is not an operator or agent credential", ErrBadCredential)
+	}
+	return p, nil
+}
+
+// describe turns a golang-jwt error into a short reason without any part of
+// the token.
+func describe(err error) string {
+	switch {
+	case errors.Is(err, capability.ErrUnknownKey):
+		return "signed by an unknown key"
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return "malformed token"
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid), errors.Is(err, jwt.ErrTokenUnverifiable):
+		return "bad signature or algorithm"
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return "expired"
+	case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return "not valid yet"
+	case errors.Is(err, jwt.ErrTokenInvalidIssuer):
+		return "issued by another issuer"
+	case errors.Is(err, jwt.ErrTokenRequiredClaimMissing):
+		return "required claim missing"
+	default:
+		return "invalid token"
+	}
+}
+
+func newTokenID() string {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}

@@ -1,0 +1,75 @@
+package controlplane
+
+import (
+	"context"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+type authService struct {
+	tetherv1connect.UnimplementedAuthServiceHandler
+	s *Server
+}
+
+// MaxOperatorTokenTTL bounds operator tokens minted through the API.
+const MaxOperatorTokenTTL = 366 * 24 * time.Hour
+
+var roleFromProto = map[tetherv1.Role]auth.Role{
+	tetherv1.Role_ROLE_VIEWER:   auth.RoleViewer,
+	tetherv1.Role_ROLE_OPERATOR: auth.RoleOperator,
+	tetherv1.Role_ROLE_SECURITY: auth.RoleSecurity,
+	tetherv1.Role_ROLE_ADMIN:    auth.RoleAdmin,
+}
+
+func roleToProto(r auth.Role) tetherv1.Role {
+	for k, v := range roleFromProto {
+		if v == r {
+			return k
+		}
+	}
+	return tetherv1.Role_ROLE_UNSPECIFIED
+}
+
+func (a *authService) CreateToken(ctx context.Context, req *connect.Request[tetherv1.CreateTokenRequest]) (*connect.Response[tetherv1.CreateTokenResponse], error) {
+	role, ok := roleFromProto[req.Msg.Role]
+	if !ok {
+		return nil, invalid("role is required: one of ROLE_VIEWER, ROLE_OPERATOR, ROLE_SECURITY, ROLE_ADMIN")
+	}
+	ttl := req.Msg.GetTtl().AsDuration()
+	if req.Msg.Ttl == nil {
+		ttl = 24 * time.Hour
+	}
+	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
+		return nil, invalid("ttl must be positive and at most %s", MaxOperatorTokenTTL)
+	}
+	subject := req.Msg.Subject
+	if subject == "" {
+		subject = role.String()
+	}
+	if !namePattern.MatchString(subject) {
+		return nil, invalid("subject must be 1-63 characters of letters, digits, '.', '_' or '-'")
+	}
+	token, tokenID, exp, err := a.s.issuer.MintOperator(subject, role, a.s.cfg.Clock.Now(), ttl)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	p, _ := auth.FromContext(ctx)
+	a.s.log.Info("operator token created", "by", p.ID(), "subject", subject, "role", role.String(), "token_id", tokenID)
+	return connect.NewResponse(&tetherv1.CreateTokenResponse{Token: token, TokenId: tokenID, ExpiresAt: timestamppb.New(exp)}), nil
+}
+
+func (a *authService) WhoAmI(ctx context.Context, _ *connect.Request[tetherv1.WhoAmIRequest]) (*connect.Response[tetherv1.WhoAmIResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	return connect.NewResponse(&tetherv1.WhoAmIResponse{
+		Principal: p.ID(),
+		Role:      roleToProto(p.Role),
+		NodeId:    p.NodeID(),
+		ExpiresAt: timestamppb.New(p.ExpiresAt),
+	}), nil
+}

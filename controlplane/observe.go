@@ -1,0 +1,105 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// observer is the outermost interceptor: a span, a duration histogram and a
+// log line per RPC, so that authentication failures are observed too. It
+// never logs request headers or bodies (they carry credentials).
+type observer struct {
+	tracer   trace.Tracer
+	duration metric.Float64Histogram
+	requests metric.Int64Counter
+	log      *slog.Logger
+}
+
+func newObserver(meter metric.Meter, log *slog.Logger) (*observer, error) {
+	duration, err := meter.Float64Histogram("rpc.server.duration",
+		metric.WithUnit("s"), metric.WithDescription("Duration of control-plane RPCs."))
+	if err != nil {
+		return nil, err
+	}
+	requests, err := meter.Int64Counter("rpc.server.requests",
+		metric.WithDescription("Control-plane RPCs by procedure and code."))
+	if err != nil {
+		return nil, err
+	}
+	return &observer{tracer: otel.Tracer("github.com/tetherhq/tether/controlplane"), duration: duration, requests: requests, log: log}, nil
+}
+
+func (o *observer) record(ctx context.Context, procedure string, start time.Time, err error) {
+	code := "ok"
+	if err != nil {
+		code = connect.CodeOf(err).String()
+	}
+	attrs := metric.WithAttributes(attribute.String("rpc.method", procedure), attribute.String("rpc.code", code))
+	o.duration.Record(ctx, time.Since(start).Seconds(), attrs)
+	o.requests.Add(ctx, 1, attrs)
+	switch {
+	case err == nil:
+		o.log.Debug("rpc", "procedure", procedure, "duration", time.Since(start))
+	case connect.CodeOf(err) == connect.CodeInternal || connect.CodeOf(err) == connect.CodeUnknown:
+		o.log.Error("rpc failed", "procedure", procedure, "code", code, "error", err)
+	default:
+		o.log.Debug("rpc refused", "procedure", procedure, "code", code, "error", err)
+	}
+}
+
+func (o *observer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if req.Spec().IsClient {
+			return next(ctx, req)
+		}
+		start := time.Now()
+		ctx, span := o.tracer.Start(ctx, req.Spec().Procedure, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		resp, err := next(ctx, req)
+		if err != nil {
+			span.SetStatus(codes.Error, connect.CodeOf(err).String())
+		}
+		o.record(ctx, req.Spec().Procedure, start, err)
+		return resp, err
+	}
+}
+
+func (o *observer) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (o *observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
+		start := time.Now()
+		ctx, span := o.tracer.Start(ctx, conn.Spec().Procedure, trace.WithSpanKind(trace.SpanKindServer))
+		defer span.End()
+		err := next(ctx, conn)
+		if err != nil && !errors.Is(err, context.Canceled) {
+			span.SetStatus(codes.Error, connect.CodeOf(err).String())
+		}
+		o.record(ctx, conn.Spec().Procedure, start, err)
+		return err
+	}
+}
+
+// recoverPanic turns a handler panic into an Internal error without the
+// panic value (which could hold request data).
+func recoverPanic(log *slog.Logger) connect.HandlerOption {
+	return connect.WithRecover(func(_ context.Context, spec connect.Spec, _ http.Header, p any) error {
+		log.Error("handler panic", "procedure", spec.Procedure, "panic", fmt.Sprint(p))
+		return connect.NewError(connect.CodeInternal, errors.New("internal error"))
+	})
+}
+
+func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

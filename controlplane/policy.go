@@ -1,0 +1,63 @@
+package controlplane
+
+import (
+	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+// Policy is who may call what. Every procedure of every service has a rule;
+// a procedure without one is denied (and TestPolicyCoversEveryProcedure
+// fails). Rules with Agents set are narrowed by the handler (own node,
+// descendant, holder binding).
+func Policy() auth.Policy {
+	return auth.Policy{
+		tetherv1connect.AuthServiceCreateTokenProcedure: auth.Admin,
+		tetherv1connect.AuthServiceWhoAmIProcedure:      auth.Read,
+
+		tetherv1connect.AgentServiceRegisterRootProcedure: auth.Operate,
+		tetherv1connect.AgentServiceSpawnProcedure:        auth.OperateOrAgent,
+		tetherv1connect.AgentServiceSessionProcedure:      auth.Agent,
+		tetherv1connect.AgentServiceConfirmExitProcedure:  auth.OperateOrAgent,
+		tetherv1connect.AgentServiceGetNodeProcedure:      auth.Read,
+		tetherv1connect.AgentServiceListNodesProcedure:    auth.Read,
+		tetherv1connect.AgentServiceProposeStopProcedure:  auth.Agent,
+
+		tetherv1connect.CapabilityServiceIssueRootProcedure:        auth.Operate,
+		tetherv1connect.CapabilityServiceDelegateProcedure:         auth.OperateOrAgent,
+		tetherv1connect.CapabilityServiceRefreshProcedure:          auth.OperateOrAgent,
+		tetherv1connect.CapabilityServiceRevokeProcedure:           auth.Stop,
+		tetherv1connect.CapabilityServiceGetGrantProcedure:         auth.Read,
+		tetherv1connect.CapabilityServiceListGrantsProcedure:       auth.Read,
+		tetherv1connect.CapabilityServiceIntrospectProcedure:       auth.Read,
+		tetherv1connect.CapabilityServiceWatchRevocationsProcedure: auth.Read,
+
+		tetherv1connect.ToolServiceBeginCallProcedure:    auth.OperateOrAgent,
+		tetherv1connect.ToolServiceEndCallProcedure:      auth.OperateOrAgent,
+		tetherv1connect.ToolServiceCancelAckProcedure:    auth.OperateOrAgent,
+		tetherv1connect.ToolServiceWatchCancelsProcedure: auth.OperateOrAgent,
+
+		tetherv1connect.SupervisorServiceTerminateProcedure:         auth.Stop,
+		tetherv1connect.SupervisorServiceGetTerminationProcedure:    auth.Read,
+		tetherv1connect.SupervisorServiceWatchTerminationProcedure:  auth.Read,
+		tetherv1connect.SupervisorServiceGetRecordProcedure:         auth.ReadOperators,
+		tetherv1connect.SupervisorServiceListRecordsProcedure:       auth.ReadOperators,
+		tetherv1connect.SupervisorServiceDecideProposalProcedure:    auth.Operate,
+		tetherv1connect.SupervisorServiceListProposalsProcedure:     auth.ReadOperators,
+		tetherv1connect.SupervisorServiceRegisterPrivilegeProcedure: auth.OperateOrAgent,
+
+		tetherv1connect.LeaseServiceOfferProcedure:         auth.OperateOrAgent,
+		tetherv1connect.LeaseServiceAckProcedure:           auth.Agent,
+		tetherv1connect.LeaseServiceRenewProcedure:         auth.Agent,
+		tetherv1connect.LeaseServiceProgressProcedure:      auth.Agent,
+		tetherv1connect.LeaseServiceRequestCancelProcedure: auth.OperateOrAgent,
+		tetherv1connect.LeaseServiceCancelAckProcedure:     auth.Agent,
+		tetherv1connect.LeaseServiceCompleteProcedure:      auth.Agent,
+		tetherv1connect.LeaseServiceReassignProcedure:      auth.OperateOrAgent,
+		tetherv1connect.LeaseServiceResolveProcedure:       auth.OperateOrAgent,
+		tetherv1connect.LeaseServiceGetLeaseProcedure:      auth.Read,
+		tetherv1connect.LeaseServiceListLeasesProcedure:    auth.Read,
+		tetherv1connect.LeaseServiceEvidenceProcedure:      auth.Read,
+		tetherv1connect.LeaseServiceGetPolicyProcedure:     auth.Read,
+		tetherv1connect.LeaseServiceChannelProcedure:       auth.Agent,
+	}
+}

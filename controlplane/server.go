@@ -1,0 +1,291 @@
+// Package controlplane wires Tether's control plane: the store, the key ring,
+// the Connect handlers of every service, authentication and observability,
+// served on one port (Connect, gRPC and gRPC-Web; HTTP/2 cleartext by
+// default, TLS when configured).
+//
+// Interceptor order, outermost first: observe (span, metrics, log) → auth
+// (authenticate, then the procedure's rule) → handler. Panics are recovered
+// by connect.WithRecover and become Internal errors.
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// Config configures a control plane.
+type Config struct {
+	// DataDir holds the Badger store and admin.token. Ignored when Store is set.
+	DataDir string
+	// Listen is the address to serve on, e.g. "127.0.0.1:7420".
+	Listen string
+	// TLSCert and TLSKey enable TLS when both are set.
+	TLSCert, TLSKey string
+	// Store overrides the embedded Badger store (tests, etcd).
+	Store  store.Store
+	Clock  clock.Clock
+	Logger *slog.Logger
+	// Issuer is the `iss` of every token; default "tether".
+	Issuer string
+	// AgentCredentialTTL bounds agent credentials (refreshed over the session).
+	AgentCredentialTTL time.Duration
+	// AdminTokenTTL is the lifetime of the bootstrap admin token.
+	AdminTokenTTL time.Duration
+	// MaxRequestBytes bounds every request message.
+	MaxRequestBytes int
+}
+
+func (c *Config) defaults() {
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if c.Issuer == "" {
+		c.Issuer = "tether"
+	}
+	if c.AgentCredentialTTL == 0 {
+		c.AgentCredentialTTL = 15 * time.Minute
+	}
+	if c.AdminTokenTTL == 0 {
+		c.AdminTokenTTL = 365 * 24 * time.Hour
+	}
+	if c.MaxRequestBytes == 0 {
+		c.MaxRequestBytes = 1 << 20
+	}
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:7420"
+	}
+}
+
+// Server is one control-plane process.
+type Server struct {
+	cfg      Config
+	store    store.Store
+	ownStore bool
+	keys     *keyRing
+	issuer   auth.Issuer
+	tree     *supervisor.Tree
+	log      *slog.Logger
+	handler  http.Handler
+	// AdminTokenPath is where the bootstrap admin token was written ("" when
+	// the server runs without a data directory).
+	AdminTokenPath string
+}
+
+// New opens the store, loads the key ring and builds the handlers.
+func New(ctx context.Context, cfg Config) (*Server, error) {
+	cfg.defaults()
+	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Logger}
+	if s.store == nil {
+		if cfg.DataDir == "" {
+			return nil, errors.New("controlplane: a data directory or a store is required")
+		}
+		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+			return nil, fmt.Errorf("controlplane: data dir: %w", err)
+		}
+		b, err := store.OpenBadger(filepath.Join(cfg.DataDir, "store"), store.BadgerOptions{Logger: cfg.Logger})
+		if err != nil {
+			return nil, err
+		}
+		s.store, s.ownStore = b, true
+	}
+	if err := migrate(ctx, s.store); err != nil {
+		s.Close()
+		return nil, err
+	}
+	keys, _, err := loadOrCreateKeyRing(ctx, s.store, cfg.Clock.Now())
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.keys = keys
+	s.issuer = auth.Issuer{Name: cfg.Issuer, Ring: keys.Get}
+	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: supervisor.DefaultLimits}
+	if cfg.DataDir != "" {
+		if err := s.bootstrapAdminToken(); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	if err := s.buildHandler(); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// bootstrapAdminToken writes <data-dir>/admin.token (0600) on first start.
+func (s *Server) bootstrapAdminToken() error {
+	path := filepath.Join(s.cfg.DataDir, "admin.token")
+	s.AdminTokenPath = path
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	token, _, _, err := s.issuer.MintOperator("admin", auth.RoleAdmin, s.cfg.Clock.Now(), s.cfg.AdminTokenTTL)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(token+"\n"), 0o600); err != nil {
+		return fmt.Errorf("controlplane: write admin token: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("controlplane: write admin token: %w", err)
+	}
+	s.log.Info("created the admin token", "path", path)
+	return nil
+}
+
+// Issuer returns the token issuer (tests and the demo mint tokens with it).
+func (s *Server) Issuer() auth.Issuer { return s.issuer }
+
+// Store returns the server's store.
+func (s *Server) Store() store.Store { return s.store }
+
+// Handler returns the HTTP handler serving every endpoint.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+func (s *Server) buildHandler() error {
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exporter, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return fmt.Errorf("controlplane: metrics: %w", err)
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	obs, err := newObserver(provider.Meter("github.com/tetherhq/tether/controlplane"), s.log)
+	if err != nil {
+		return err
+	}
+	authn := &auth.Interceptor{
+		Issuer:      s.issuer,
+		Policy:      Policy(),
+		Now:         s.cfg.Clock.Now,
+		AgentActive: s.agentActive,
+	}
+	opts := []connect.HandlerOption{
+		connect.WithInterceptors(obs, authn),
+		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
+		recoverPanic(s.log),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewAuthServiceHandler(&authService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&tetherv1connect.UnimplementedCapabilityServiceHandler{}, opts...))
+	mux.Handle(tetherv1connect.NewToolServiceHandler(&tetherv1connect.UnimplementedToolServiceHandler{}, opts...))
+	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&tetherv1connect.UnimplementedSupervisorServiceHandler{}, opts...))
+	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&tetherv1connect.UnimplementedLeaseServiceHandler{}, opts...))
+	checker := grpchealth.NewStaticChecker(serviceNames()...)
+	mux.Handle(grpchealth.NewHandler(checker))
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
+	s.handler = mux
+	return nil
+}
+
+// healthz answers 200 when the store answers a read.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.store.View(ctx, func(store.ReadTxn) error { return nil }); err != nil {
+		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
+	body, err := s.keys.Get().JWKS()
+	if err != nil {
+		http.Error(w, "jwks unavailable", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "max-age=60")
+	_, _ = w.Write(body)
+}
+
+// Run serves until ctx ends, then shuts down gracefully.
+func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetHTTP2(true)
+	if s.cfg.TLSCert != "" && s.cfg.TLSKey != "" {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+		if err != nil {
+			return fmt.Errorf("controlplane: tls: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	} else {
+		protocols.SetUnencryptedHTTP2(true)
+	}
+	srv.Protocols = protocols
+	errc := make(chan error, 1)
+	go func() {
+		if srv.TLSConfig != nil {
+			errc <- srv.ServeTLS(ln, "", "") // ServeTLS adds h2 to ALPN
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := srv.Shutdown(shutdown)
+	if errors.Is(err, context.DeadlineExceeded) {
+		err = srv.Close()
+	}
+	<-errc
+	return err
+}
+
+// Close releases the store (when the server opened it).
+func (s *Server) Close() error {
+	if s.ownStore && s.store != nil {
+		return s.store.Close()
+	}
+	return nil
+}
+
+func serviceNames() []string {
+	return []string{
+		tetherv1connect.AgentServiceName, tetherv1connect.AuthServiceName,
+		tetherv1connect.CapabilityServiceName, tetherv1connect.ToolServiceName,
+		tetherv1connect.SupervisorServiceName, tetherv1connect.LeaseServiceName,
+	}
+}

@@ -1,0 +1,59 @@
+// Package id makes and checks Tether's identifiers: a short kind prefix and
+// 20 random base32 characters, e.g. "n_3k9v0c7q1x2m4b5n6p7r" for a node.
+package id
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"fmt"
+	"strings"
+)
+
+// Prefixes of the identifier kinds.
+const (
+	Node        = "n"
+	Grant       = "g"
+	Lease       = "l"
+	Termination = "t"
+	Record      = "r"
+	Call        = "c"
+	Proposal    = "p"
+	Privilege   = "v"
+	Rollout     = "o"
+)
+
+var encoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+
+// New returns a fresh identifier of kind.
+func New(kind string) string {
+	var b [13]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported platforms
+	}
+	return kind + "_" + encoding.EncodeToString(b[:])[:20]
+}
+
+// Check reports whether s is a well-formed identifier of kind. field names
+// the request field in the error.
+func Check(kind, field, s string) error {
+	if s == "" {
+		return fmt.Errorf("%s is required", field)
+	}
+	if len(s) != len(kind)+21 || !strings.HasPrefix(s, kind+"_") {
+		return fmt.Errorf("%s %q is not a %s_ identifier", field, clip(s), kind)
+	}
+	for _, r := range s[len(kind)+1:] {
+		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", r) {
+			return fmt.Errorf("%s %q is not a %s_ identifier", field, clip(s), kind)
+		}
+	}
+	return nil
+}
+
+// clip keeps error messages short when the input is huge.
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}

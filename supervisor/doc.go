@@ -1,0 +1,14 @@
+// Package supervisor holds the agent tree and (in later files) the
+// termination state machine, its reconciler and the reconciliation records.
+//
+// The agent tree is the enumeration of every credential-bearing agent:
+// credentials are only issued to registered nodes, so walking a node's
+// subtree finds everything that must stop with it. Nodes are stored under
+// keys.go's layout; a child index makes a subtree walk a sequence of prefix
+// scans, never a full scan.
+//
+// Spawning checks the parent's state inside the same transaction that writes
+// the child. Marking a subtree for termination is also one transaction, so a
+// spawn racing a termination is either refused (it serialized after the mark)
+// or included (it serialized before, and the mark's subtree walk sees it).
+package supervisor

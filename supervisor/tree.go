@@ -1,0 +1,325 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Errors of the agent tree.
+var (
+	ErrNodeNotFound     = errors.New("supervisor: node not found")
+	ErrParentNotRunning = errors.New("supervisor: parent is not running")
+	ErrInvalidArgument  = errors.New("supervisor: invalid argument")
+	ErrLimit            = errors.New("supervisor: limit exceeded")
+)
+
+// Limits bound the tree so that one misbehaving agent cannot exhaust the
+// control plane.
+type Limits struct {
+	MaxDepth    int // a root has depth 0
+	MaxChildren int // per node
+	MaxLabels   int
+}
+
+// DefaultLimits are generous for real swarms and small enough to stop a
+// runaway spawner.
+var DefaultLimits = Limits{MaxDepth: 32, MaxChildren: 10000, MaxLabels: 32}
+
+// Tree is the persisted agent tree.
+type Tree struct {
+	Store  store.Store
+	Clock  clock.Clock
+	Limits Limits
+}
+
+var (
+	namePattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
+	labelValPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{0,63}$`)
+)
+
+// ValidateNode checks a node's name and labels; errors name the field.
+func (t *Tree) ValidateNode(name string, labels map[string]string) error {
+	if !namePattern.MatchString(name) {
+		if name == "" {
+			return fmt.Errorf("%w: name is required", ErrInvalidArgument)
+		}
+		return fmt.Errorf("%w: name must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidArgument)
+	}
+	if len(labels) > t.Limits.MaxLabels {
+		return fmt.Errorf("%w: labels: at most %d labels", ErrLimit, t.Limits.MaxLabels)
+	}
+	for k, v := range labels {
+		if !labelKeyPattern.MatchString(k) {
+			return fmt.Errorf("%w: labels: key %q is not a valid label key", ErrInvalidArgument, clip(k))
+		}
+		if !labelValPattern.MatchString(v) {
+			return fmt.Errorf("%w: labels[%s]: value is not a valid label value (≤63 of letters, digits, '.', '_', '-')", ErrInvalidArgument, k)
+		}
+	}
+	return nil
+}
+
+// RegisterRoot registers a root node.
+func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]string, createdBy string) (*tetherv1.Node, error) {
+	if err := t.ValidateNode(name, labels); err != nil {
+		return nil, err
+	}
+	node := &tetherv1.Node{
+		NodeId:    id.New(id.Node),
+		Name:      name,
+		Labels:    labels,
+		State:     tetherv1.NodeState_NODE_STATE_RUNNING,
+		CreatedAt: timestamppb.New(t.Clock.Now()),
+		CreatedBy: createdBy,
+	}
+	err := t.Store.Update(ctx, func(tx store.Txn) error { return putNode(tx, node) })
+	if err != nil {
+		return nil, err
+	}
+	return node, nil
+}
+
+// Spawn registers a child under parentID. The parent must exist and be
+// running at the moment the child is written (checked in the same
+// transaction). authorize is called inside the transaction with the parent,
+// so the caller's check and the write see the same state.
+func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
+	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if err := t.ValidateNode(name, labels); err != nil {
+		return nil, err
+	}
+	childID := id.New(id.Node)
+	now := timestamppb.New(t.Clock.Now())
+	var child *tetherv1.Node
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		parent, err := getNode(tx, parentID)
+		if err != nil {
+			return err
+		}
+		if authorize != nil {
+			if err := authorize(parent); err != nil {
+				return err
+			}
+		}
+		if parent.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			return fmt.Errorf("%w: parent_node_id %s is %s", ErrParentNotRunning, parentID, StateName(parent.State))
+		}
+		if len(parent.Ancestors)+1 > t.Limits.MaxDepth {
+			return fmt.Errorf("%w: parent_node_id %s is at the maximum tree depth %d", ErrLimit, parentID, t.Limits.MaxDepth)
+		}
+		children := 0
+		if err := tx.Scan(childPrefix(parentID), nil, func(_, _ []byte) error {
+			children++
+			if children >= t.Limits.MaxChildren {
+				return store.ErrStopScan
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if children >= t.Limits.MaxChildren {
+			return fmt.Errorf("%w: parent_node_id %s already has %d children", ErrLimit, parentID, children)
+		}
+		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
+		child = &tetherv1.Node{
+			NodeId:       childID,
+			ParentNodeId: parentID,
+			Ancestors:    ancestors,
+			Name:         name,
+			Labels:       labels,
+			State:        tetherv1.NodeState_NODE_STATE_RUNNING,
+			CreatedAt:    now,
+			CreatedBy:    createdBy,
+		}
+		if err := putNode(tx, child); err != nil {
+			return err
+		}
+		return tx.Put(childKey(parentID, childID), nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return child, nil
+}
+
+// Get returns one node.
+func (t *Tree) Get(ctx context.Context, nodeID string) (*tetherv1.Node, error) {
+	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var n *tetherv1.Node
+	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		n, err = getNode(tx, nodeID)
+		return err
+	})
+	return n, err
+}
+
+// Subtree returns rootID and every descendant, breadth first, from one
+// consistent snapshot.
+func (t *Tree) Subtree(ctx context.Context, rootID string) ([]*tetherv1.Node, error) {
+	if err := id.Check(id.Node, "root_node_id", rootID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var out []*tetherv1.Node
+	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		out, err = SubtreeIn(tx, rootID)
+		return err
+	})
+	return out, err
+}
+
+// SubtreeIn walks a subtree inside an existing transaction.
+func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
+	root, err := getNode(tx, rootID)
+	if err != nil {
+		return nil, err
+	}
+	out := []*tetherv1.Node{root}
+	for i := 0; i < len(out); i++ {
+		parent := out[i].NodeId
+		var ids []string
+		err := tx.Scan(childPrefix(parent), nil, func(k, _ []byte) error {
+			ids = append(ids, string(k[len(childPrefix(parent)):]))
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, cid := range ids {
+			c, err := getNode(tx, cid)
+			if err != nil {
+				return nil, fmt.Errorf("supervisor: child index names %s: %w", cid, err)
+			}
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// List returns nodes in id order after pageToken, matching selector.
+func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken string, pageSize int) ([]*tetherv1.Node, string, error) {
+	var out []*tetherv1.Node
+	next := ""
+	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+		var start []byte
+		if pageToken != "" {
+			start = append(nodeKey(pageToken), 0)
+		}
+		return tx.Scan([]byte(prefixNode), start, func(k, v []byte) error {
+			n := &tetherv1.Node{}
+			if err := proto.Unmarshal(v, n); err != nil {
+				return fmt.Errorf("supervisor: decode %s: %w", k, err)
+			}
+			if !MatchLabels(n.Labels, selector) {
+				return nil
+			}
+			if len(out) == pageSize {
+				next = out[len(out)-1].NodeId
+				return store.ErrStopScan
+			}
+			out = append(out, n)
+			return nil
+		})
+	})
+	return out, next, err
+}
+
+// ParseSelector parses "k=v,k2=v2".
+func ParseSelector(s string) (map[string]string, error) {
+	out := map[string]string{}
+	if strings.TrimSpace(s) == "" {
+		return out, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%w: label_selector: %q is not k=v", ErrInvalidArgument, clip(part))
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// MatchLabels reports whether labels contain every pair of selector.
+func MatchLabels(labels, selector map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// IsAncestor reports whether ancestorID is a strict ancestor of n.
+func IsAncestor(n *tetherv1.Node, ancestorID string) bool {
+	for _, a := range n.Ancestors {
+		if a == ancestorID {
+			return true
+		}
+	}
+	return false
+}
+
+// StateName is the lower-case name of a node state.
+func StateName(s tetherv1.NodeState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
+}
+
+// SortByID sorts nodes by id (for stable output).
+func SortByID(nodes []*tetherv1.Node) {
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].NodeId < nodes[j].NodeId })
+}
+
+func getNode(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) {
+	v, err := tx.Get(nodeKey(nodeID))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNodeNotFound, nodeID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	n := &tetherv1.Node{}
+	if err := proto.Unmarshal(v, n); err != nil {
+		return nil, fmt.Errorf("supervisor: decode node %s: %w", nodeID, err)
+	}
+	return n, nil
+}
+
+// GetNodeIn reads a node inside a transaction.
+func GetNodeIn(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) { return getNode(tx, nodeID) }
+
+// PutNodeIn writes a node inside a transaction.
+func PutNodeIn(tx store.Txn, n *tetherv1.Node) error { return putNode(tx, n) }
+
+func putNode(tx store.Txn, n *tetherv1.Node) error {
+	v, err := proto.Marshal(n)
+	if err != nil {
+		return fmt.Errorf("supervisor: encode node: %w", err)
+	}
+	return tx.Put(nodeKey(n.NodeId), v)
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}
