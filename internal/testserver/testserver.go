@@ -1,0 +1,245 @@
+// Package testserver starts real control planes for tests: in process on a
+// real HTTP/2 loopback listener over a Badger data directory, or as the real
+// `tether serve` binary in a subprocess (for kill -9 tests).
+package testserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+// Server is a control plane running in the test process.
+type Server struct {
+	*controlplane.Server
+	URL     string
+	DataDir string
+	Clock   clock.Clock
+	Admin   string // the admin token
+	HTTP    *http.Client
+	cancel  context.CancelFunc
+	done    chan error
+}
+
+// Option changes the config before the server starts.
+type Option func(*controlplane.Config)
+
+// WithClock injects a clock.
+func WithClock(c clock.Clock) Option { return func(cfg *controlplane.Config) { cfg.Clock = c } }
+
+// Start runs a control plane on t.TempDir() and stops it at cleanup.
+func Start(t testing.TB, opts ...Option) *Server {
+	t.Helper()
+	return StartIn(t, t.TempDir(), opts...)
+}
+
+// StartIn runs a control plane on dataDir.
+func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
+	t.Helper()
+	cfg := controlplane.Config{DataDir: dataDir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := controlplane.New(ctx, cfg)
+	if err != nil {
+		cancel()
+		t.Fatalf("start control plane: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	s := &Server{Server: srv, URL: "http://" + ln.Addr().String(), DataDir: dataDir, Clock: cfg.Clock, HTTP: H2CClient(), cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- srv.Run(ctx, ln) }()
+	token, err := os.ReadFile(srv.AdminTokenPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Admin = strings.TrimSpace(string(token))
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Stop shuts the server down and closes its store; safe to call twice.
+func (s *Server) Stop() {
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	<-s.done
+	_ = s.Close()
+	s.cancel = nil
+}
+
+// H2CClient is an HTTP client speaking HTTP/2 cleartext.
+func H2CClient() *http.Client {
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: p}}
+}
+
+// Clients is one Connect client per service, all with one bearer token.
+type Clients struct {
+	Agent      tetherv1connect.AgentServiceClient
+	Auth       tetherv1connect.AuthServiceClient
+	Capability tetherv1connect.CapabilityServiceClient
+	Tool       tetherv1connect.ToolServiceClient
+	Supervisor tetherv1connect.SupervisorServiceClient
+	Lease      tetherv1connect.LeaseServiceClient
+}
+
+// NewClients builds clients for baseURL presenting token ("" sends none).
+func NewClients(hc *http.Client, baseURL, token string, opts ...connect.ClientOption) *Clients {
+	if token != "" {
+		opts = append(opts, connect.WithInterceptors(auth.BearerInterceptor{Token: func() string { return token }}))
+	}
+	return &Clients{
+		Agent:      tetherv1connect.NewAgentServiceClient(hc, baseURL, opts...),
+		Auth:       tetherv1connect.NewAuthServiceClient(hc, baseURL, opts...),
+		Capability: tetherv1connect.NewCapabilityServiceClient(hc, baseURL, opts...),
+		Tool:       tetherv1connect.NewToolServiceClient(hc, baseURL, opts...),
+		Supervisor: tetherv1connect.NewSupervisorServiceClient(hc, baseURL, opts...),
+		Lease:      tetherv1connect.NewLeaseServiceClient(hc, baseURL, opts...),
+	}
+}
+
+// Clients returns clients presenting token.
+func (s *Server) Clients(token string) *Clients { return NewClients(s.HTTP, s.URL, token) }
+
+// AdminClients returns clients presenting the admin token.
+func (s *Server) AdminClients() *Clients { return s.Clients(s.Admin) }
+
+// WaitFor polls cond until it holds or the deadline passes. It is for
+// conditions that another goroutine or process makes true, never a stand-in
+// for a fixed sleep.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds cmd/tether once per test binary and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tether-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "tether")
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Join(filepath.Dir(file), "..", "..")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/tether")
+		cmd.Dir = root
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Process is `tether serve` running as a subprocess.
+type Process struct {
+	URL     string
+	DataDir string
+	Admin   string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+}
+
+// StartProcess runs the real binary on dataDir and waits until it is healthy.
+func StartProcess(t testing.TB, dataDir string, extraArgs ...string) *Process {
+	t.Helper()
+	bin := Binary(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	args := append([]string{"serve", "--data-dir", dataDir, "--listen", addr, "--log-level", "warn"}, extraArgs...)
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = io.Discard
+	cmd.Stderr = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &Process{URL: "http://" + addr, DataDir: dataDir, cmd: cmd, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() { p.Kill() })
+	hc := H2CClient()
+	WaitFor(t, 30*time.Second, "tether serve to become healthy", func() bool {
+		select {
+		case <-p.exited:
+			t.Fatalf("tether serve exited early")
+		default:
+		}
+		resp, err := hc.Get(p.URL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	token, err := os.ReadFile(filepath.Join(dataDir, "admin.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Admin = strings.TrimSpace(string(token))
+	return p
+}
+
+// Kill sends SIGKILL and waits for the process to be gone.
+func (p *Process) Kill() {
+	if p.cmd.Process == nil {
+		return
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return
+	}
+	<-p.exited
+}
+
+// Clients returns clients for the process.
+func (p *Process) Clients(token string) *Clients { return NewClients(H2CClient(), p.URL, token) }
