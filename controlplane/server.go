@@ -83,14 +83,15 @@ func (c *Config) defaults() {
 
 // Server is one control-plane process.
 type Server struct {
-	cfg      Config
-	store    store.Store
-	ownStore bool
-	keys     *keyRing
-	issuer   auth.Issuer
-	tree     *supervisor.Tree
-	log      *slog.Logger
-	handler  http.Handler
+	cfg        Config
+	store      store.Store
+	ownStore   bool
+	keys       *keyRing
+	issuer     auth.Issuer
+	tree       *supervisor.Tree
+	log        *slog.Logger
+	handler    http.Handler
+	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
 	AdminTokenPath string
@@ -125,6 +126,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.keys = keys
 	s.issuer = auth.Issuer{Name: cfg.Issuer, Ring: keys.Get}
 	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: supervisor.DefaultLimits}
+	if err := s.buildComponents(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
 	if cfg.DataDir != "" {
 		if err := s.bootstrapAdminToken(); err != nil {
 			s.Close()
@@ -193,12 +198,7 @@ func (s *Server) buildHandler() error {
 		recoverPanic(s.log),
 	}
 	mux := http.NewServeMux()
-	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
-	mux.Handle(tetherv1connect.NewAuthServiceHandler(&authService{s: s}, opts...))
-	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&tetherv1connect.UnimplementedCapabilityServiceHandler{}, opts...))
-	mux.Handle(tetherv1connect.NewToolServiceHandler(&tetherv1connect.UnimplementedToolServiceHandler{}, opts...))
-	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&tetherv1connect.UnimplementedSupervisorServiceHandler{}, opts...))
-	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&tetherv1connect.UnimplementedLeaseServiceHandler{}, opts...))
+	s.mountServices(mux, opts)
 	checker := grpchealth.NewStaticChecker(serviceNames()...)
 	mux.Handle(grpchealth.NewHandler(checker))
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -251,6 +251,27 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
+	// The background components (reconcilers, expiry scanners, feeds) run
+	// beside the HTTP server; the first to stop stops everything.
+	ctx, cancelComponents := context.WithCancel(ctx)
+	defer cancelComponents()
+	componentErr := make(chan error, len(s.components))
+	for _, c := range s.components {
+		go func() {
+			err := c.run(ctx)
+			if err != nil && ctx.Err() == nil {
+				s.log.Error("component stopped", "component", c.name, "error", err)
+			}
+			componentErr <- err
+			cancelComponents()
+		}()
+	}
+	defer func() {
+		cancelComponents()
+		for range s.components {
+			<-componentErr
+		}
+	}()
 	errc := make(chan error, 1)
 	go func() {
 		if srv.TLSConfig != nil {
@@ -280,6 +301,16 @@ func (s *Server) Close() error {
 		return s.store.Close()
 	}
 	return nil
+}
+
+// component is a long-lived part of the server with Run semantics.
+type component struct {
+	name string
+	run  func(ctx context.Context) error
+}
+
+func (s *Server) addComponent(name string, run func(ctx context.Context) error) {
+	s.components = append(s.components, component{name: name, run: run})
 }
 
 func serviceNames() []string {
