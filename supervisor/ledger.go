@@ -1,0 +1,315 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Ledger errors.
+var (
+	ErrCallNotFound  = errors.New("supervisor: tool call not found")
+	ErrNodeStopping  = errors.New("supervisor: node is stopping")
+	ErrWrongGate     = errors.New("supervisor: call was reported by another gate")
+	ErrCallEnded     = errors.New("supervisor: call already ended")
+	ErrTokenRejected = errors.New("supervisor: capability token rejected")
+)
+
+// TokenChecker verifies a capability token for a tool call: signature,
+// expiry, the revocation chain and the required scope. It returns the
+// holder's node id and the grant id.
+type TokenChecker interface {
+	CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error)
+}
+
+// Ledger is the tool-call ledger: every call a gate begins, ends, is asked
+// to cancel and acknowledges, with the gate that reported it.
+type Ledger struct {
+	Store  store.Store
+	Clock  clock.Clock
+	Tokens TokenChecker
+}
+
+var (
+	gatePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+	toolPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+)
+
+// Begin verifies the token and the node's state and records the call as in
+// flight. A node that is draining or aborting gets ErrNodeStopping, and the
+// refused call is recorded (rejected_draining) for the termination's record.
+func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope string) (*tetherv1.ToolCall, error) {
+	if !toolPattern.MatchString(tool) {
+		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+	}
+	if !gatePattern.MatchString(gateID) {
+		return nil, fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+	}
+	if token == "" {
+		return nil, fmt.Errorf("%w: token is required", ErrInvalidArgument)
+	}
+	if requiredScope == "" {
+		requiredScope = "tool:" + tool
+	}
+	nodeID, grantID, err := l.Tokens.CheckToken(ctx, token, requiredScope)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
+	}
+	now := timestamppb.New(l.Clock.Now())
+	call := &tetherv1.ToolCall{
+		CallId: id.New(id.Call), NodeId: nodeID, GrantId: grantID, Tool: tool, GateId: gateID,
+		State: tetherv1.CallState_CALL_STATE_IN_FLIGHT, BegunAt: now,
+	}
+	var stopping error
+	err = l.Store.Update(ctx, func(tx store.Txn) error {
+		stopping = nil
+		node, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if node.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			// Refuse, and keep the refusal as evidence for the record.
+			stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", ErrNodeStopping, nodeID, StateName(node.State))
+			call.State = tetherv1.CallState_CALL_STATE_ENDED
+			call.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING
+			call.EndedAt = now
+			call.TerminationId = node.TerminationId
+			if err := putCall(tx, call); err != nil {
+				return err
+			}
+			if node.TerminationId != "" {
+				return tx.Put(termCallKey(node.TerminationId, call.CallId), nil)
+			}
+			return nil
+		}
+		if err := putCall(tx, call); err != nil {
+			return err
+		}
+		return tx.Put(openCallKey(nodeID, call.CallId), nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if stopping != nil {
+		return call, stopping
+	}
+	return call, nil
+}
+
+// End records the end of a call (completed or failed). A call that had a
+// cancel order and ends is resolved cancelled_acked: the handler returned.
+func (l *Ledger) End(ctx context.Context, callID, gateID string, failed bool, message string) (*tetherv1.ToolCall, error) {
+	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+		c.EndedAt = now
+		switch {
+		case c.State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED:
+			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
+			c.CancelAckedAt = now
+		case failed:
+			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_FAILED
+		default:
+			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED
+		}
+		if len(message) > 512 {
+			message = message[:512]
+		}
+		c.Error = message
+	})
+}
+
+// CancelAck records that the gate cancelled the call and its handler
+// returned.
+func (l *Ledger) CancelAck(ctx context.Context, callID, gateID string) (*tetherv1.ToolCall, error) {
+	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+		c.EndedAt = now
+		c.CancelAckedAt = now
+		c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
+	})
+}
+
+func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
+	if err := id.Check(id.Call, "call_id", callID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	now := timestamppb.New(l.Clock.Now())
+	var out *tetherv1.ToolCall
+	err := l.Store.Update(ctx, func(tx store.Txn) error {
+		c, err := getCall(tx, callID)
+		if err != nil {
+			return err
+		}
+		if c.GateId != gateID {
+			return fmt.Errorf("%w: call_id %s was begun by another gate, not gate_id %q", ErrWrongGate, callID, gateID)
+		}
+		if c.State == tetherv1.CallState_CALL_STATE_ENDED {
+			out = c // idempotent: a retried end changes nothing
+			return nil
+		}
+		apply(c, now)
+		c.State = tetherv1.CallState_CALL_STATE_ENDED
+		out = c
+		if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
+			return err
+		}
+		if err := tx.Delete(cancelKey(c.GateId, c.CallId)); err != nil {
+			return err
+		}
+		return putCall(tx, c)
+	})
+	return out, err
+}
+
+// OpenCallsIn lists the calls in flight (or awaiting a cancel ack) on a node.
+func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*tetherv1.ToolCall, error) {
+	var ids []string
+	p := openCallPrefix(nodeID)
+	if err := tx.Scan(p, nil, func(k, _ []byte) error {
+		ids = append(ids, string(k[len(p):]))
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	out := make([]*tetherv1.ToolCall, 0, len(ids))
+	for _, cid := range ids {
+		c, err := getCall(tx, cid)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// requestCancelIn writes a cancel order for an in-flight call.
+func requestCancelIn(tx store.Txn, c *tetherv1.ToolCall, terminationID string, now *timestamppb.Timestamp) error {
+	if c.State != tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+		return nil
+	}
+	c.State = tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED
+	c.CancelRequestedAt = now
+	c.TerminationId = terminationID
+	if err := putCall(tx, c); err != nil {
+		return err
+	}
+	return tx.Put(cancelKey(c.GateId, c.CallId), nil)
+}
+
+// PendingCancels lists the cancel orders a gate has not acknowledged.
+func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*tetherv1.ToolCall, error) {
+	var out []*tetherv1.ToolCall
+	err := l.Store.View(ctx, func(tx store.ReadTxn) error {
+		out = nil
+		var ids []string
+		p := cancelPrefix(gateID)
+		if err := tx.Scan(p, nil, func(k, _ []byte) error {
+			ids = append(ids, string(k[len(p):]))
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, cid := range ids {
+			c, err := getCall(tx, cid)
+			if err != nil {
+				return err
+			}
+			out = append(out, c)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// WatchCancels sends every unacknowledged cancel order for gateID, then
+// each new one as it is written, until ctx ends. Orders may repeat (after a
+// reconnect); gates treat them idempotently.
+func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tetherv1.ToolCall) error) error {
+	if !gatePattern.MatchString(gateID) {
+		return fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+	}
+	// Watch first, then scan: nothing written between the two is missed.
+	w, err := l.Store.Watch(ctx, cancelPrefix(gateID))
+	if err != nil {
+		return err
+	}
+	pending, err := l.PendingCancels(ctx, gateID)
+	if err != nil {
+		return err
+	}
+	sent := map[string]bool{}
+	for _, c := range pending {
+		sent[c.CallId] = true
+		if err := send(c); err != nil {
+			return err
+		}
+	}
+	for batch := range w.Events() {
+		for _, ev := range batch {
+			if ev.Type != store.EventPut {
+				continue
+			}
+			cid := string(ev.Key[len(cancelPrefix(gateID)):])
+			if sent[cid] {
+				continue
+			}
+			sent[cid] = true
+			var c *tetherv1.ToolCall
+			if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
+				var err error
+				c, err = getCall(tx, cid)
+				return err
+			}); err != nil {
+				return err
+			}
+			if err := send(c); err != nil {
+				return err
+			}
+		}
+	}
+	if err := w.Err(); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// GetCall returns one call.
+func (l *Ledger) GetCall(ctx context.Context, callID string) (*tetherv1.ToolCall, error) {
+	var c *tetherv1.ToolCall
+	err := l.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		c, err = getCall(tx, callID)
+		return err
+	})
+	return c, err
+}
+
+func getCall(tx store.ReadTxn, callID string) (*tetherv1.ToolCall, error) {
+	v, err := tx.Get(callKey(callID))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: call_id %s", ErrCallNotFound, callID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	c := &tetherv1.ToolCall{}
+	if err := proto.Unmarshal(v, c); err != nil {
+		return nil, fmt.Errorf("supervisor: decode call %s: %w", callID, err)
+	}
+	return c, nil
+}
+
+func putCall(tx store.Txn, c *tetherv1.ToolCall) error {
+	v, err := proto.Marshal(c)
+	if err != nil {
+		return err
+	}
+	return tx.Put(callKey(c.CallId), v)
+}
