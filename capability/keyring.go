@@ -63,7 +63,9 @@ func (r KeyRing) Signer(now time.Time) (SigningKey, error) {
 	var best *SigningKey
 	for i := range r.Keys {
 		k := &r.Keys[i]
-		if k.ActiveFrom.After(now) || len(k.Private) == 0 || !k.RetireAfter.IsZero() {
+		// A retiring key keeps signing until its successor is active: the
+		// newest active key wins below.
+		if k.ActiveFrom.After(now) || len(k.Private) == 0 {
 			continue
 		}
 		if best == nil || k.ActiveFrom.After(best.ActiveFrom) {
