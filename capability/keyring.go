@@ -68,7 +68,8 @@ func (r KeyRing) Signer(now time.Time) (SigningKey, error) {
 		if k.ActiveFrom.After(now) || len(k.Private) == 0 {
 			continue
 		}
-		if best == nil || k.ActiveFrom.After(best.ActiveFrom) {
+		if best == nil || k.ActiveFrom.After(best.ActiveFrom) ||
+			(k.ActiveFrom.Equal(best.ActiveFrom) && k.CreatedAt.After(best.CreatedAt)) {
 			best = k
 		}
 	}
@@ -92,7 +93,16 @@ func (r KeyRing) Public(kid string) (ed25519.PublicKey, error) {
 // the current signers to retire once tokens they could sign have expired
 // (activation time + maxTokenTTL).
 func (r KeyRing) Rotate(random io.Reader, now time.Time, publishAhead, maxTokenTTL time.Duration) (KeyRing, SigningKey, error) {
-	next, err := NewSigningKey(random, now, now.Add(publishAhead))
+	// The new key never activates before a key published earlier: then the
+	// signer order is the publication order, and every older key's last
+	// token expires by the new key's activation + maxTokenTTL.
+	activeFrom := now.Add(publishAhead)
+	for _, k := range r.Keys {
+		if k.ActiveFrom.After(activeFrom) {
+			activeFrom = k.ActiveFrom
+		}
+	}
+	next, err := NewSigningKey(random, now, activeFrom)
 	if err != nil {
 		return r, SigningKey{}, err
 	}
