@@ -1,0 +1,106 @@
+// Package lease is the job-lease protocol as a pure state machine: delivery
+// is not ownership.
+//
+// A job's Lease records who may execute it (HolderIdentity), for which
+// generation (Generation, a fencing token that only increases, with a new
+// LeaseID each time) and until when (ExpiresAt, on the coordinator's
+// clock). Everything that happens to a lease goes through one function:
+//
+//	Step(lease, message, now, policy) -> (lease', decision, events)
+//
+// Step does no I/O, reads no clock and starts no goroutine; the same inputs
+// always give the same outputs, which is what makes the evidence matrix
+// reproducible and lets transcript tests replay whole scenarios
+// (testdata/*.txt).
+//
+// # The lifecycle
+//
+// An Offer is only a delivery (OFFERED). The holder's Ack before the ACK
+// deadline moves it OFFERED -> ACKED -> ACTIVE with ExpiresAt = ack time +
+// LeaseDuration; an ACK is acceptance, never completion. A missed ACK
+// expires the generation; Policy.AckMiss says whether the coordinator then
+// reassigns automatically (see ReassignDue). Renew extends ExpiresAt to
+// now + LeaseDuration when it comes from the current generation's holder,
+// before expiry, with a RenewSequence above the accepted one. Progress is
+// evidence bound to the active generation with a monotonic sequence; it
+// never renews. Expiry is the authority boundary: once ExpiresAt passes, the
+// generation is EXPIRED whether or not a Tick ran, and nothing revives it —
+// the job continues only as a new generation (Reassign) or ends (Resolve).
+// A terminal result (Complete: SUCCESS, FAILED, CANCELLED) is accepted only
+// from the active generation's holder within its lease.
+//
+// Cancellation is two facts, neither of which ends the job: RequestCancel
+// (the coordinator's intent) and CancelAck (the worker's acknowledgement).
+// After a cancel request, authority is no longer extended (renews are
+// refused, so it ends at ExpiresAt at the latest), progress is recorded as
+// LATE_PROGRESS evidence instead of advancing the record, and SUCCESS is
+// refused: the coordinator asked the work to stop, and a success claimed
+// afterwards is not trusted. The job ends with the holder's
+// Complete(CANCELLED or FAILED) or the coordinator's Resolve (CANCELLED,
+// FAILED, or UNRESOLVED for a bounded time, after which it is FAILED).
+//
+// A second identity claiming the active generation under its lease id is an
+// ownership conflict: the flag is kept (a healthy renew from the real holder
+// does not clear it), completion is refused, and automatic reassignment
+// stops until the coordinator settles it with Reassign{ResolveConflict:
+// true} or a final Resolve.
+//
+// Every message gets a Decision — ACCEPTED, DUPLICATE or REJECTED, an
+// AuditEvent and a human-readable reason — stale, late and duplicate ones
+// included. A duplicate of something already applied changes nothing.
+//
+// # Reordered delivery
+//
+// Each message is judged on its own identity, generation, sequence and
+// coordinator receipt time (the now it is stepped with), never on arrival
+// order. Precisely: take one generation's worker history — renews with
+// increasing sequences, each received once, and progress with increasing
+// sequences, possibly received more than once — whose receipt times all
+// fall before the expiry the lease had when the history began. Stepping
+// those messages in any order, each at its own receipt time, yields the
+// same:
+//
+//   - owner: State, Generation, LeaseID, HolderIdentity;
+//   - renewal: RenewSequence (the highest), RenewTime (its receipt time)
+//     and ExpiresAt (RenewTime + LeaseDuration) — a renew overtaken by a
+//     higher one is STALE_RENEW, so expiry follows the newest renew, not
+//     the last to arrive;
+//   - progress: ProgressSequence (the highest) and its ProgressValue.
+//
+// What may differ is audit: which messages were answered DUPLICATE,
+// STALE_RENEW or LATE_PROGRESS, and the LateProgress flag. If the history
+// ends with a terminal result, the owner and the result are still
+// order-independent, but renews and progress overtaken by the result are
+// late evidence. On a live clock (receipt times increase in processing
+// order) the same holds for owner and sequences, and ExpiresAt is always
+// one LeaseDuration after the receipt of the highest renew sequence.
+//
+// # Caller duties
+//
+// The shell (the goroutine that owns a shard of leases) must, for every
+// message, in this order:
+//
+//  1. Judge: authenticate the caller and set Claim.HolderIdentity from the
+//     credential, take now from the declared clock (Policy.ClockSource) when
+//     the message is received, load the job's lease, and call Step.
+//  2. Persist: write the returned lease and its EvidenceRow (NewEvidenceRow)
+//     in one transaction, whatever the outcome — a rejection's row is the
+//     audit of that rejection. Rows for a job without a lease (UNKNOWN_LEASE)
+//     have no job record to join; keep them in a bounded log.
+//  3. Answer: only after the commit, reply with the decision and the lease
+//     (Decision.Err maps a rejection to a sentinel error for status codes).
+//
+// Then keep time moving: DeadlineQueue.Sync the lease after each Step, and
+// step a Tick for every job DeadlineQueue.PopDue returns; when ReassignDue
+// reports true, pick a holder and step Reassign{Automatic: true}. After a
+// restart, step the Recover messages from PlanRestart before serving.
+//
+// # Mapping to tether.v1
+//
+// State, AckState, TerminalResult, Outcome and AuditEvent have the numeric
+// values of the proto enums LeaseState, AckState, TerminalResult, Outcome
+// and AuditEvent, and String returns the proto name without its prefix.
+// Lease and EvidenceRow fields carry the proto field names in Go form
+// (Generation is lease_generation, Transitions is lease_transitions). This
+// package does not import the generated code.
+package lease
