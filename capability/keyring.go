@@ -68,8 +68,8 @@ func (r KeyRing) Signer(now time.Time) (SigningKey, error) {
 		if k.ActiveFrom.After(now) || len(k.Private) == 0 {
 			continue
 		}
-		if best == nil || k.ActiveFrom.After(best.ActiveFrom) ||
-			(k.ActiveFrom.Equal(best.ActiveFrom) && k.CreatedAt.After(best.CreatedAt)) {
+		// Later entries win ties: Rotate appends, so the newest key signs.
+		if best == nil || !k.ActiveFrom.Before(best.ActiveFrom) {
 			best = k
 		}
 	}
