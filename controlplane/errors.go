@@ -31,10 +31,17 @@ func toConnect(err error) error {
 	switch {
 	case errors.Is(err, errInvalid), errors.Is(err, supervisor.ErrInvalidArgument):
 		code = connect.CodeInvalidArgument
-	case errors.Is(err, supervisor.ErrNodeNotFound), errors.Is(err, store.ErrNotFound):
+	case errors.Is(err, supervisor.ErrNodeNotFound), errors.Is(err, store.ErrNotFound),
+		errors.Is(err, supervisor.ErrCallNotFound), errors.Is(err, supervisor.ErrTerminationNotFound),
+		errors.Is(err, supervisor.ErrRecordNotFound), errors.Is(err, supervisor.ErrProposalNotFound):
 		code = connect.CodeNotFound
-	case errors.Is(err, supervisor.ErrParentNotRunning):
+	case errors.Is(err, supervisor.ErrParentNotRunning), errors.Is(err, supervisor.ErrNodeStopping),
+		errors.Is(err, supervisor.ErrAlreadyStopping), errors.Is(err, supervisor.ErrProposalDecided):
 		code = connect.CodeFailedPrecondition
+	case errors.Is(err, supervisor.ErrWrongGate):
+		code = connect.CodePermissionDenied
+	case errors.Is(err, supervisor.ErrTokenRejected):
+		code = connect.CodePermissionDenied
 	case errors.Is(err, supervisor.ErrLimit), errors.Is(err, store.ErrTooLarge):
 		code = connect.CodeResourceExhausted
 	case errors.Is(err, auth.ErrDenied):

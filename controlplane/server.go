@@ -55,6 +55,16 @@ type Config struct {
 	AdminTokenTTL time.Duration
 	// MaxRequestBytes bounds every request message.
 	MaxRequestBytes int
+	// RecordDir receives each reconciliation record as JSON; default
+	// <data-dir>/records.
+	RecordDir string
+	// RecordWebhook, when set, receives each record by POST (retried until
+	// delivered).
+	RecordWebhook string
+	// PrivilegeHandlers revoke privileges of a kind in process.
+	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
+	// StopPolicy decides which stop proposals are approved automatically.
+	StopPolicy supervisor.ProposalPolicy
 }
 
 func (c *Config) defaults() {
@@ -89,6 +99,10 @@ type Server struct {
 	keys       *keyRing
 	issuer     auth.Issuer
 	tree       *supervisor.Tree
+	ledger     *supervisor.Ledger
+	privileges *supervisor.Privileges
+	signals    *supervisor.Signals
+	supervisor *supervisor.Supervisor
 	log        *slog.Logger
 	handler    http.Handler
 	components []component

@@ -3,16 +3,48 @@ package controlplane
 import (
 	"context"
 	"net/http"
+	"path/filepath"
 
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // buildComponents creates the domain services on top of the store, in
 // dependency order, and registers their background loops.
 func (s *Server) buildComponents(ctx context.Context) error {
+	s.ledger = &supervisor.Ledger{Store: s.store, Clock: s.cfg.Clock}
+	s.privileges = &supervisor.Privileges{Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers}
+	s.signals = &supervisor.Signals{Store: s.store}
+	s.supervisor = &supervisor.Supervisor{
+		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
+		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log,
+	}
+	s.addComponent("supervisor", s.supervisor.Run)
+	s.addComponent("session-signals", s.signals.Run)
+	s.addComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor}).Run)
 	return nil
+}
+
+// recordSink is where records go besides the store: <data-dir>/records by
+// default, and the webhook when configured.
+func (s *Server) recordSink() supervisor.RecordSink {
+	var sinks supervisor.MultiSink
+	dir := s.cfg.RecordDir
+	if dir == "" && s.cfg.DataDir != "" {
+		dir = filepath.Join(s.cfg.DataDir, "records")
+	}
+	if dir != "" {
+		sinks = append(sinks, supervisor.DirSink{Dir: dir})
+	}
+	if s.cfg.RecordWebhook != "" {
+		sinks = append(sinks, supervisor.WebhookSink{URL: s.cfg.RecordWebhook})
+	}
+	if len(sinks) == 0 {
+		return nil
+	}
+	return sinks
 }
 
 // mountServices registers one Connect handler per service.
@@ -21,6 +53,6 @@ func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption)
 	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&tetherv1connect.UnimplementedCapabilityServiceHandler{}, opts...))
 	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&tetherv1connect.UnimplementedLeaseServiceHandler{}, opts...))
-	mux.Handle(tetherv1connect.NewToolServiceHandler(&tetherv1connect.UnimplementedToolServiceHandler{}, opts...))
-	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&tetherv1connect.UnimplementedSupervisorServiceHandler{}, opts...))
+	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
 }

@@ -1,5 +1,7 @@
 package supervisor
 
+import "fmt"
+
 // Store key layout of the supervisor. Keys are readable strings so that a
 // person debugging a data directory can follow them.
 const (
@@ -26,3 +28,26 @@ func cancelPrefix(gate string) []byte      { return []byte(prefixCancel + gate +
 func cancelKey(gate, call string) []byte   { return []byte(prefixCancel + gate + "/" + call) }
 func termCallPrefix(term string) []byte    { return []byte(prefixTermCall + term + "/") }
 func termCallKey(term, call string) []byte { return []byte(prefixTermCall + term + "/" + call) }
+
+// Termination, record, privilege and proposal keys.
+const (
+	prefixTermination  = "terminations/"    // terminations/<id> → Termination (JSON)
+	prefixRecord       = "records/"         // records/<id> → tetherv1.ReconciliationRecord header; records/<id>/part/<n> → entries
+	prefixRecordByTerm = "records-by-term/" // records-by-term/<termination id> → record id
+	prefixOutbox       = "outbox/records/"  // outbox/records/<record id> → "" until the sink has it
+	prefixPrivilege    = "privileges/priv/" // privileges/priv/<id> → Privilege (JSON)
+	prefixNodePriv     = "privileges/node/" // privileges/node/<node id>/<id> → ""
+	prefixProposal     = "proposals/"       // proposals/<id> → tetherv1.StopProposal
+)
+
+func terminationKey(id string) []byte { return []byte(prefixTermination + id) }
+func recordKey(id string) []byte      { return []byte(prefixRecord + id) }
+func recordPartKey(id string, n int) []byte {
+	return []byte(fmt.Sprintf("%s%s/part/%06d", prefixRecord, id, n))
+}
+func recordByTermKey(term string) []byte   { return []byte(prefixRecordByTerm + term) }
+func outboxKey(record string) []byte       { return []byte(prefixOutbox + record) }
+func privilegeKey(id string) []byte        { return []byte(prefixPrivilege + id) }
+func nodePrivPrefix(node string) []byte    { return []byte(prefixNodePriv + node + "/") }
+func nodePrivKey(node, priv string) []byte { return []byte(prefixNodePriv + node + "/" + priv) }
+func proposalKey(id string) []byte         { return []byte(prefixProposal + id) }

@@ -1,0 +1,167 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// Session is an agent's control stream. The agent says hello for its own
+// node; the control plane answers with the node and, at once, the signal its
+// state calls for; later signals are pushed the moment the node's stored
+// state changes (not on the heartbeat cadence). Heartbeats refresh last
+// seen and, near expiry, the agent's credential. An exit message confirms
+// the agent's own exit.
+func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[tetherv1.SessionRequest, tetherv1.SessionResponse]) error {
+	p, _ := auth.FromContext(ctx)
+	first, err := stream.Receive()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil {
+		return invalid("the first session message must be hello")
+	}
+	if hello.NodeId != p.NodeID() {
+		return denied("agent %s may open a session only for its own node, not node_id %s", p.NodeID(), hello.NodeId)
+	}
+	signals, unsubscribe := a.s.signals.Subscribe(p.NodeID())
+	defer unsubscribe()
+	node, err := a.s.tree.Get(ctx, p.NodeID())
+	if err != nil {
+		return toConnect(err)
+	}
+
+	out := make(chan *tetherv1.SessionResponse, 8)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- a.receiveSession(ctx, stream, p, out) }()
+
+	send := func(m *tetherv1.SessionResponse) error { return stream.Send(m) }
+	if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
+		return err
+	}
+	if sig := supervisor.SignalFor(node); sig != nil {
+		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: sig}}); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case sig := <-signals:
+			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: sig}}); err != nil {
+				return err
+			}
+		case m := <-out:
+			if err := send(m); err != nil {
+				return err
+			}
+		case err := <-recvErr:
+			if err == nil || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// receiveSession handles the agent's messages until the stream ends.
+func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiStream[tetherv1.SessionRequest, tetherv1.SessionResponse], p auth.Principal, out chan<- *tetherv1.SessionResponse) error {
+	var lastWritten time.Time
+	push := func(m *tetherv1.SessionResponse) error {
+		select {
+		case out <- m:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for {
+		msg, err := stream.Receive()
+		if err != nil {
+			if errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled {
+				return nil
+			}
+			return nil // io.EOF or a broken stream: the session is over
+		}
+		switch msg.Kind.(type) {
+		case *tetherv1.SessionRequest_Heartbeat:
+			if lastWritten, err = a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
+				return toConnect(err)
+			}
+			now := a.s.cfg.Clock.Now()
+			if err := push(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_HeartbeatAck{HeartbeatAck: &tetherv1.SessionHeartbeatAck{ServerTime: timestamppb.New(now)}}}); err != nil {
+				return err
+			}
+			// Refresh the credential once a third of its life is left.
+			if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
+				cred, exp, err := a.s.issuer.MintAgent(p.NodeID(), now, a.s.cfg.AgentCredentialTTL)
+				if err != nil {
+					return toConnect(err)
+				}
+				p.ExpiresAt = exp
+				if err := push(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Credential{Credential: &tetherv1.SessionCredential{Credential: cred, ExpiresAt: timestamppb.New(exp)}}}); err != nil {
+					return err
+				}
+			}
+		case *tetherv1.SessionRequest_Exit:
+			if _, err := a.s.tree.ConfirmExit(ctx, p.NodeID(), p.ID(), supervisor.ConfirmedBySelf, nil); err != nil {
+				return toConnect(err)
+			}
+		case *tetherv1.SessionRequest_Hello:
+			return invalid("hello may be sent only once per session")
+		default:
+			return invalid("unknown session message")
+		}
+	}
+}
+
+// ConfirmExit: the agent itself, an ancestor agent, or an operator (a
+// launcher, which observes the process from outside) confirms that the
+// node's process has exited. The record says which.
+func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tetherv1.ConfirmExitRequest]) (*connect.Response[tetherv1.ConfirmExitResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	kind := supervisor.ConfirmedByLauncher
+	authorize := func(n *tetherv1.Node) error { return nil }
+	if p.IsAgent() {
+		kind = supervisor.ConfirmedBySelf
+		if req.Msg.NodeId != p.NodeID() {
+			kind = supervisor.ConfirmedByAncestor
+			authorize = func(n *tetherv1.Node) error {
+				if !supervisor.IsAncestor(n, p.NodeID()) {
+					return fmt.Errorf("%w: agent %s may confirm only its own exit or a descendant's, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)
+				}
+				return nil
+			}
+		}
+	}
+	n, err := a.s.tree.ConfirmExit(ctx, req.Msg.NodeId, p.ID(), kind, authorize)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ConfirmExitResponse{Node: n}), nil
+}
+
+// ProposeStop: an agent proposes its own stop; the control plane decides.
+func (a *agentService) ProposeStop(ctx context.Context, req *connect.Request[tetherv1.ProposeStopRequest]) (*connect.Response[tetherv1.ProposeStopResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	if req.Msg.NodeId != "" && req.Msg.NodeId != p.NodeID() {
+		return nil, denied("agent %s may propose only its own stop, not node_id %s", p.NodeID(), req.Msg.NodeId)
+	}
+	mode := modeFromProto(req.Msg.Mode)
+	prop, _, err := a.s.supervisor.Propose(ctx, p.NodeID(), req.Msg.Condition, req.Msg.Reason, p.ID(), mode,
+		durationOr(req.Msg.DrainWindow, 0), a.s.cfg.StopPolicy)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ProposeStopResponse{Proposal: prop}), nil
+}

@@ -1,0 +1,212 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+type supervisorService struct {
+	tetherv1connect.UnimplementedSupervisorServiceHandler
+	s *Server
+}
+
+// authorizeStop allows operators and the security role, and an agent that
+// is a strict ancestor of the target. The target itself and its
+// descendants are refused: the transition out of requested is started by an
+// authority outside the workload.
+func authorizeStop(p auth.Principal) func(*tetherv1.Node) error {
+	return func(target *tetherv1.Node) error {
+		if !p.IsAgent() {
+			return nil
+		}
+		if p.NodeID() == target.NodeId {
+			return fmt.Errorf("%w: an agent cannot terminate itself; propose a stop instead (AgentService.ProposeStop)", auth.ErrDenied)
+		}
+		if !supervisor.IsAncestor(target, p.NodeID()) {
+			return fmt.Errorf("%w: agent %s is not an ancestor of node_id %s", auth.ErrDenied, p.NodeID(), target.NodeId)
+		}
+		return nil
+	}
+}
+
+func durationOr(d *durationpb.Duration, def time.Duration) time.Duration {
+	if d == nil {
+		return def
+	}
+	return d.AsDuration()
+}
+
+func modeFromProto(m tetherv1.TerminationMode) supervisor.Mode {
+	switch m {
+	case tetherv1.TerminationMode_TERMINATION_MODE_DRAIN:
+		return supervisor.ModeDrain
+	case tetherv1.TerminationMode_TERMINATION_MODE_ABORT:
+		return supervisor.ModeAbort
+	}
+	return 0
+}
+
+func (h *supervisorService) Terminate(ctx context.Context, req *connect.Request[tetherv1.TerminateRequest]) (*connect.Response[tetherv1.TerminateResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	m := req.Msg
+	mode := modeFromProto(m.Mode)
+	if m.Mode == tetherv1.TerminationMode_TERMINATION_MODE_UNSPECIFIED {
+		mode = supervisor.ModeDrain
+	}
+	t, err := h.s.supervisor.Terminate(ctx, supervisor.TerminateRequest{
+		NodeID:           m.NodeId,
+		Mode:             mode,
+		DrainWindow:      durationOr(m.DrainWindow, supervisor.DefaultDrainWindow),
+		CancelAckTimeout: durationOr(m.CancelAckTimeout, supervisor.DefaultCancelAckTimeout),
+		ConfirmTimeout:   durationOr(m.ConfirmTimeout, supervisor.DefaultConfirmTimeout),
+		Reason:           m.Reason,
+		RequestedBy:      p.ID(),
+		Authorize:        authorizeStop(p),
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.TerminateResponse{Termination: terminationToProto(t)}), nil
+}
+
+// canReadTermination: operators read all; an agent reads terminations of
+// its own subtree's ancestors' requests (those it requested).
+func canReadTermination(p auth.Principal, t supervisor.Termination) bool {
+	return !p.IsAgent() || t.RequestedBy == p.ID()
+}
+
+func (h *supervisorService) GetTermination(ctx context.Context, req *connect.Request[tetherv1.GetTerminationRequest]) (*connect.Response[tetherv1.GetTerminationResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	t, err := h.s.supervisor.Get(ctx, req.Msg.TerminationId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if !canReadTermination(p, t) {
+		return nil, denied("agent %s did not request termination_id %s", p.NodeID(), t.ID)
+	}
+	return connect.NewResponse(&tetherv1.GetTerminationResponse{Termination: terminationToProto(t)}), nil
+}
+
+func (h *supervisorService) WatchTermination(ctx context.Context, req *connect.Request[tetherv1.WatchTerminationRequest], stream *connect.ServerStream[tetherv1.WatchTerminationResponse]) error {
+	p, _ := auth.FromContext(ctx)
+	first := true
+	err := h.s.supervisor.Watch(ctx, req.Msg.TerminationId, func(t supervisor.Termination) error {
+		if first && !canReadTermination(p, t) {
+			return denied("agent %s did not request termination_id %s", p.NodeID(), t.ID)
+		}
+		first = false
+		return stream.Send(&tetherv1.WatchTerminationResponse{Termination: terminationToProto(t)})
+	})
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return toConnect(err)
+}
+
+func (h *supervisorService) GetRecord(ctx context.Context, req *connect.Request[tetherv1.GetRecordRequest]) (*connect.Response[tetherv1.GetRecordResponse], error) {
+	rec, err := h.s.supervisor.Record(ctx, req.Msg.RecordId, req.Msg.TerminationId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.GetRecordResponse{Record: rec}), nil
+}
+
+func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Request[tetherv1.ListRecordsRequest]) (*connect.Response[tetherv1.ListRecordsResponse], error) {
+	size := int(req.Msg.PageSize)
+	if size < 0 {
+		return nil, invalid("page_size must not be negative")
+	}
+	if size == 0 || size > 100 {
+		size = 100
+	}
+	recs, next, err := h.s.supervisor.Records(ctx, req.Msg.PageToken, size)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: recs, NextPageToken: next}), nil
+}
+
+func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Request[tetherv1.DecideProposalRequest]) (*connect.Response[tetherv1.DecideProposalResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	prop, term, err := h.s.supervisor.Decide(ctx, req.Msg.ProposalId, req.Msg.Approve, req.Msg.Reason, p.ID())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	resp := &tetherv1.DecideProposalResponse{Proposal: prop}
+	if term != nil {
+		resp.Termination = terminationToProto(*term)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (h *supervisorService) ListProposals(ctx context.Context, req *connect.Request[tetherv1.ListProposalsRequest]) (*connect.Response[tetherv1.ListProposalsResponse], error) {
+	props, err := h.s.supervisor.Proposals(ctx, req.Msg.State)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ListProposalsResponse{Proposals: props}), nil
+}
+
+func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.Request[tetherv1.RegisterPrivilegeRequest]) (*connect.Response[tetherv1.RegisterPrivilegeResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	m := req.Msg
+	if p.IsAgent() && m.NodeId != p.NodeID() {
+		return nil, denied("agent %s may register privileges only for its own node, not node_id %s", p.NodeID(), m.NodeId)
+	}
+	if m.ExpiresAt == nil {
+		return nil, invalid("expires_at is required")
+	}
+	priv, err := h.s.privileges.Register(ctx, supervisor.Privilege{
+		NodeID: m.NodeId, GrantID: m.GrantId, Kind: m.Kind, ExternalID: m.ExternalId,
+		ExpiresAt: m.ExpiresAt.AsTime(), RevokeURL: m.RevokeUrl,
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.RegisterPrivilegeResponse{PrivilegeId: priv.ID}), nil
+}
+
+func terminationToProto(t supervisor.Termination) *tetherv1.Termination {
+	state := tetherv1.TerminationState(tetherv1.TerminationState_value["TERMINATION_STATE_"+strings.ToUpper(t.Phase.String())])
+	return &tetherv1.Termination{
+		TerminationId:    t.ID,
+		NodeId:           t.NodeID,
+		Mode:             modeToProto(t.Mode),
+		DrainWindow:      durationpb.New(t.DrainWindow),
+		CancelAckTimeout: durationpb.New(t.CancelAckTimeout),
+		ConfirmTimeout:   durationpb.New(t.ConfirmTimeout),
+		Reason:           t.Reason,
+		RequestedBy:      t.RequestedBy,
+		State:            state,
+		RequestedAt:      timestamppb.New(t.RequestedAt),
+		UpdatedAt:        timestamppb.New(t.UpdatedAt),
+		Progress: &tetherv1.TerminationProgress{
+			NodesTotal:    uint32(len(t.Members)),
+			NodesMarked:   uint32(len(t.Members)),
+			CallsInFlight: uint32(t.Progress.CallsInFlight),
+			AcksPending:   uint32(t.Progress.CancelsPending),
+			Confirmations: uint32(len(t.Members) - t.Progress.Unconfirmed),
+		},
+		RecordId:  t.RecordID,
+		Escalated: t.Escalated,
+	}
+}
+
+func modeToProto(m supervisor.Mode) tetherv1.TerminationMode {
+	if m == supervisor.ModeAbort {
+		return tetherv1.TerminationMode_TERMINATION_MODE_ABORT
+	}
+	return tetherv1.TerminationMode_TERMINATION_MODE_DRAIN
+}

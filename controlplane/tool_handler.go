@@ -1,0 +1,75 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// toolService is the tool-call ledger's edge. Tool gates call it with an
+// operator token (a tool server's own identity) or an agent credential;
+// every entry records the gate that reported it.
+type toolService struct {
+	tetherv1connect.UnimplementedToolServiceHandler
+	s *Server
+}
+
+func (t *toolService) ledger() (*supervisor.Ledger, error) {
+	if t.s.ledger.Tokens == nil {
+		return nil, connect.NewError(connect.CodeUnavailable, errors.New("capability tokens are not configured on this server"))
+	}
+	return t.s.ledger, nil
+}
+
+func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tetherv1.BeginCallRequest]) (*connect.Response[tetherv1.BeginCallResponse], error) {
+	l, err := t.ledger()
+	if err != nil {
+		return nil, err
+	}
+	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, req.Msg.GateId, req.Msg.RequiredScope)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.BeginCallResponse{Call: call}), nil
+}
+
+func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {
+	call, err := t.s.ledger.End(ctx, req.Msg.CallId, req.Msg.GateId, req.Msg.Failed, req.Msg.Error)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.EndCallResponse{Call: call}), nil
+}
+
+func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tetherv1.CancelAckRequest]) (*connect.Response[tetherv1.CancelAckResponse], error) {
+	call, err := t.s.ledger.CancelAck(ctx, req.Msg.CallId, req.Msg.GateId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.CancelAckResponse{Call: call}), nil
+}
+
+func (t *toolService) WatchCancels(ctx context.Context, req *connect.Request[tetherv1.WatchCancelsRequest], stream *connect.ServerStream[tetherv1.WatchCancelsResponse]) error {
+	p, _ := auth.FromContext(ctx)
+	err := t.s.ledger.WatchCancels(ctx, req.Msg.GateId, func(c *tetherv1.ToolCall) error {
+		// An agent acting as its own gate sees only its own calls' orders.
+		if p.IsAgent() && c.NodeId != p.NodeID() {
+			return nil
+		}
+		return stream.Send(&tetherv1.WatchCancelsResponse{
+			CallId: c.CallId, NodeId: c.NodeId, TerminationId: c.TerminationId,
+			Reason: fmt.Sprintf("termination %s cancelled the call", c.TerminationId),
+		})
+	})
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return toConnect(err)
+}

@@ -1,0 +1,226 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Proposal errors.
+var (
+	ErrProposalNotFound = errors.New("supervisor: proposal not found")
+	ErrProposalDecided  = errors.New("supervisor: proposal already decided")
+)
+
+// ProposalPolicy decides which stop proposals the control plane approves on
+// its own. The agent proposes; the control plane decides, always against
+// what it observes (the ledger, the clock), never the agent's claims.
+type ProposalPolicy struct {
+	// AutoApprove approves a proposal whose node carries every label of
+	// the selector and whose condition holds. Empty: operators decide.
+	AutoApprove map[string]string
+}
+
+// Conditions an agent may attach to a stop proposal:
+//
+//	now              — stop as soon as approved
+//	after:<RFC 3339> — the control plane's clock has passed the time
+//	calls>=<N>       — the ledger holds at least N tool calls begun by the node
+//
+// Unknown conditions are refused when proposed.
+func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Time) (bool, error), error) {
+	switch {
+	case c == "" || c == "now":
+		return func(store.ReadTxn, string, time.Time) (bool, error) { return true, nil }, nil
+	case strings.HasPrefix(c, "after:"):
+		at, err := time.Parse(time.RFC3339, strings.TrimPrefix(c, "after:"))
+		if err != nil {
+			return nil, fmt.Errorf("%w: condition: after: wants an RFC 3339 time", ErrInvalidArgument)
+		}
+		return func(_ store.ReadTxn, _ string, now time.Time) (bool, error) { return !now.Before(at), nil }, nil
+	case strings.HasPrefix(c, "calls>="):
+		n, err := strconv.Atoi(strings.TrimPrefix(c, "calls>="))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%w: condition: calls>= wants a non-negative integer", ErrInvalidArgument)
+		}
+		return func(tx store.ReadTxn, nodeID string, _ time.Time) (bool, error) {
+			count, err := countCalls(tx, nodeID, n)
+			return count >= n, err
+		}, nil
+	}
+	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", ErrInvalidArgument, clip(c))
+}
+
+// countCalls counts the node's calls in the ledger, stopping at limit.
+func countCalls(tx store.ReadTxn, nodeID string, limit int) (int, error) {
+	count := 0
+	err := tx.Scan([]byte(prefixCall), nil, func(_, v []byte) error {
+		c := &tetherv1.ToolCall{}
+		if err := proto.Unmarshal(v, c); err != nil {
+			return err
+		}
+		if c.NodeId == nodeID && c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+			count++
+			if count >= limit {
+				return store.ErrStopScan
+			}
+		}
+		return nil
+	})
+	return count, err
+}
+
+// Propose records a stop proposal by an agent for its own node. It changes
+// nothing else: only a decision (an operator's, or the policy's) starts a
+// termination.
+func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, proposedBy string, mode Mode, drain time.Duration, policy ProposalPolicy) (*tetherv1.StopProposal, *Termination, error) {
+	if _, err := parseCondition(condition); err != nil {
+		return nil, nil, err
+	}
+	if len(reason) > 1024 {
+		return nil, nil, fmt.Errorf("%w: reason is longer than 1024 bytes", ErrInvalidArgument)
+	}
+	if mode == 0 {
+		mode = ModeDrain
+	}
+	if drain < 0 || drain > MaxTerminationWindow {
+		return nil, nil, fmt.Errorf("%w: drain_window must be between 0 and %s", ErrInvalidArgument, MaxTerminationWindow)
+	}
+	p := &tetherv1.StopProposal{
+		ProposalId: id.New(id.Proposal), NodeId: nodeID, Condition: condition, Reason: reason,
+		State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING, ProposedBy: proposedBy,
+		CreatedAt: timestamppb.New(s.Clock.Now()), Mode: modeToProto(mode), DrainWindow: durationpb.New(drain),
+	}
+	auto := false
+	err := s.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, StateName(n.State))
+		}
+		auto = false
+		if len(policy.AutoApprove) > 0 && MatchLabels(n.Labels, policy.AutoApprove) {
+			cond, _ := parseCondition(condition)
+			if auto, err = cond(tx, nodeID, s.Clock.Now()); err != nil {
+				return err
+			}
+		}
+		return putProto(tx, proposalKey(p.ProposalId), p)
+	})
+	if err != nil || !auto {
+		return p, nil, err
+	}
+	return s.Decide(ctx, p.ProposalId, true, "auto-approved by the label policy", "policy:auto-approve")
+}
+
+// Decide approves or rejects a pending proposal. Approval starts a
+// termination of the proposing node, requested by the decider.
+func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool, reason, decidedBy string) (*tetherv1.StopProposal, *Termination, error) {
+	if err := id.Check(id.Proposal, "proposal_id", proposalID); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var p *tetherv1.StopProposal
+	termID := ""
+	var term Termination
+	err := s.Store.Update(ctx, func(tx store.Txn) error {
+		p = &tetherv1.StopProposal{}
+		if err := getProto(tx, proposalKey(proposalID), p); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("%w: proposal_id %s", ErrProposalNotFound, proposalID)
+			}
+			return err
+		}
+		if p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+			return fmt.Errorf("%w: proposal_id %s is %s", ErrProposalDecided, proposalID, strings.ToLower(strings.TrimPrefix(p.State.String(), "PROPOSAL_STATE_")))
+		}
+		now := s.Clock.Now()
+		p.DecidedBy, p.DecidedAt = decidedBy, timestamppb.New(now)
+		if !approve {
+			p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
+			return putProto(tx, proposalKey(proposalID), p)
+		}
+		n, err := getNode(tx, p.NodeId)
+		if err != nil {
+			return err
+		}
+		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, StateName(n.State))
+		}
+		mode := ModeDrain
+		if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+			mode = ModeAbort
+		}
+		drain := p.DrainWindow.AsDuration()
+		if drain == 0 {
+			drain = DefaultDrainWindow
+		}
+		term, err = NewTermination(id.New(id.Termination), p.NodeId, mode, drain, DefaultCancelAckTimeout, DefaultConfirmTimeout,
+			"stop proposal "+proposalID+": "+p.Reason, decidedBy, now)
+		if err != nil {
+			return err
+		}
+		termID = term.ID
+		p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
+		p.TerminationId = termID
+		if err := putJSON(tx, terminationKey(term.ID), term); err != nil {
+			return err
+		}
+		return putProto(tx, proposalKey(proposalID), p)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if termID == "" {
+		return p, nil, nil
+	}
+	s.Kick(termID)
+	return p, &term, nil
+}
+
+// Proposals lists proposals, optionally in one state.
+func (s *Supervisor) Proposals(ctx context.Context, state tetherv1.ProposalState) ([]*tetherv1.StopProposal, error) {
+	var out []*tetherv1.StopProposal
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		out = nil
+		return tx.Scan([]byte(prefixProposal), nil, func(_, v []byte) error {
+			p := &tetherv1.StopProposal{}
+			if err := proto.Unmarshal(v, p); err != nil {
+				return err
+			}
+			if state == tetherv1.ProposalState_PROPOSAL_STATE_UNSPECIFIED || p.State == state {
+				out = append(out, p)
+			}
+			return nil
+		})
+	})
+	return out, err
+}
+
+func putProto(tx store.Txn, key []byte, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return tx.Put(key, b)
+}
+
+func getProto(tx store.ReadTxn, key []byte, m proto.Message) error {
+	b, err := tx.Get(key)
+	if err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, m)
+}

@@ -1,0 +1,443 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+var queueOnce sync.Mutex
+
+func (s *Supervisor) workQueue() *workQueue {
+	queueOnce.Lock()
+	defer queueOnce.Unlock()
+	if s.queue == nil {
+		s.queue = newWorkQueue()
+	}
+	return s.queue
+}
+
+// Kick asks the reconciler to look at a termination now.
+func (s *Supervisor) Kick(terminationID string) { s.workQueue().add(terminationID) }
+
+// Run is the level-triggered reconciler: it resumes every unfinished
+// termination from stored state, re-runs a termination whenever the ledger,
+// the tree or the termination changes, and at its deadlines. It runs until
+// ctx ends.
+func (s *Supervisor) Run(ctx context.Context) error {
+	q := s.workQueue()
+	watches := make([]store.Watcher, 0, 3)
+	for _, prefix := range []string{"calls/", prefixNode, prefixTermination} {
+		w, err := s.Store.Watch(ctx, []byte(prefix))
+		if err != nil {
+			return err
+		}
+		watches = append(watches, w)
+	}
+	active, err := s.unfinished(ctx)
+	if err != nil {
+		return err
+	}
+	var activeMu sync.Mutex
+	for _, id := range active {
+		q.add(id)
+	}
+	activeSet := map[string]bool{}
+	for _, id := range active {
+		activeSet[id] = true
+	}
+	// A change anywhere in the ledger or the tree may move any unfinished
+	// termination: kick them all (the queue coalesces).
+	for _, w := range watches {
+		go func() {
+			for batch := range w.Events() {
+				activeMu.Lock()
+				for _, ev := range batch {
+					if key := string(ev.Key); strings.HasPrefix(key, prefixTermination) && ev.Type == store.EventPut {
+						var t Termination
+						if json.Unmarshal(ev.Value, &t) == nil {
+							activeSet[t.ID] = t.Phase != PhaseTerminated
+						}
+					}
+				}
+				for id, on := range activeSet {
+					if on {
+						q.add(id)
+					}
+				}
+				activeMu.Unlock()
+			}
+		}()
+	}
+	for {
+		next := q.promote(s.Clock.Now())
+		for id := q.take(); id != ""; id = q.take() {
+			wake, err := s.Reconcile(ctx, id)
+			switch {
+			case err != nil && ctx.Err() != nil:
+				q.done(id)
+				return ctx.Err()
+			case err != nil:
+				s.Log.Warn("reconcile failed; retrying", "termination_id", id, "error", err)
+				q.addAt(id, s.Clock.Now().Add(time.Second))
+			case !wake.IsZero():
+				q.addAt(id, wake)
+			}
+			q.done(id)
+		}
+		var timerC <-chan time.Time
+		if !next.IsZero() {
+			tm := time.NewTimer(max(next.Sub(s.Clock.Now()), time.Millisecond))
+			defer tm.Stop()
+			timerC = tm.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-q.signal:
+		case <-timerC:
+		}
+	}
+}
+
+// Poke makes the reconciler re-evaluate its timers now (tests that move a
+// manual clock call it).
+func (s *Supervisor) Poke() { s.workQueue().notify() }
+
+func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
+	var out []string
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		return tx.Scan([]byte(prefixTermination), nil, func(_, v []byte) error {
+			var t Termination
+			if err := json.Unmarshal(v, &t); err != nil {
+				return err
+			}
+			if t.Phase != PhaseTerminated {
+				out = append(out, t.ID)
+			}
+			return nil
+		})
+	})
+	return out, err
+}
+
+// Reconcile moves one termination as far as it can go now and returns when
+// to look again (zero: when something changes). It is idempotent: every
+// step re-reads stored state and persists before the next.
+func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.Time, error) {
+	for range 16 {
+		var t Termination
+		if err := s.Store.View(ctx, func(tx store.ReadTxn) error { return getTermination(tx, terminationID, &t) }); err != nil {
+			return time.Time{}, err
+		}
+		progress, err := s.observe(ctx, t)
+		if err != nil {
+			return time.Time{}, err
+		}
+		now := s.Clock.Now()
+		action, wake := Next(t, progress, now)
+		switch action {
+		case ActNone:
+			return time.Time{}, nil
+		case ActWait:
+			if progress != t.Progress {
+				if err := s.save(ctx, t.ID, t.Phase, func(t *Termination) error { t.Progress = progress; t.UpdatedAt = now; return nil }); err != nil {
+					return time.Time{}, err
+				}
+			}
+			return wake, nil
+		case ActMark:
+			err = s.mark(ctx, t.ID, now)
+		case ActEndDrain:
+			err = s.advance(ctx, t, action, progress, now)
+		case ActEscalate, ActCancelCalls:
+			err = s.cancelCalls(ctx, t, action, progress, now)
+		case ActRevoke:
+			err = s.revoke(ctx, t, progress, now)
+		case ActWriteRecord:
+			err = s.writeRecord(ctx, t, progress, now)
+		}
+		if err != nil {
+			return time.Time{}, err
+		}
+	}
+	return s.Clock.Now(), nil // more to do: come back at once
+}
+
+// observe reads the subtree's progress from the ledger and the tree.
+func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, error) {
+	var p Progress
+	if len(t.Members) == 0 {
+		return p, nil
+	}
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		p = Progress{}
+		for _, m := range t.Members {
+			calls, err := OpenCallsIn(tx, m)
+			if err != nil {
+				return err
+			}
+			for _, c := range calls {
+				if c.State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED {
+					p.CancelsPending++
+				} else {
+					p.CallsInFlight++
+				}
+			}
+			n, err := getNode(tx, m)
+			if err != nil {
+				return err
+			}
+			if n.ExitedAt == nil {
+				p.Unconfirmed++
+			}
+		}
+		return nil
+	})
+	return p, err
+}
+
+// save applies fn to the stored termination if it is still in phase.
+func (s *Supervisor) save(ctx context.Context, id string, phase Phase, fn func(*Termination) error) error {
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var t Termination
+		if err := getTermination(tx, id, &t); err != nil {
+			return err
+		}
+		if t.Phase != phase {
+			return nil // someone else moved it; the next pass re-reads
+		}
+		if err := fn(&t); err != nil {
+			return err
+		}
+		return putJSON(tx, terminationKey(id), t)
+	})
+}
+
+func (s *Supervisor) advance(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
+	return s.save(ctx, t.ID, t.Phase, func(stored *Termination) error {
+		next, err := Advance(*stored, action, p, now)
+		*stored = next
+		return err
+	})
+}
+
+// mark marks the whole subtree draining or aborting in one transaction:
+// spawns under it and new tool calls stop at the same instant, and a spawn
+// that serialized first is in Members.
+func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
+	var members []string
+	var mode Mode
+	err := s.Store.Update(ctx, func(tx store.Txn) error {
+		members = nil
+		var t Termination
+		if err := getTermination(tx, id, &t); err != nil {
+			return err
+		}
+		if t.Phase != PhaseRequested {
+			return nil
+		}
+		mode = t.Mode
+		state := tetherv1.NodeState_NODE_STATE_DRAINING
+		if t.Mode == ModeAbort {
+			state = tetherv1.NodeState_NODE_STATE_ABORTING
+		}
+		nodes, err := SubtreeIn(tx, t.NodeID)
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			// A node already stopping under another termination, or
+			// terminated, is accounted for by that termination's record.
+			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+				continue
+			}
+			n.State = state
+			n.TerminationId = t.ID
+			if err := putNode(tx, n); err != nil {
+				return err
+			}
+			members = append(members, n.NodeId)
+			calls, err := OpenCallsIn(tx, n.NodeId)
+			if err != nil {
+				return err
+			}
+			for _, c := range calls {
+				c.TerminationId = t.ID
+				if err := putCall(tx, c); err != nil {
+					return err
+				}
+				if err := tx.Put(termCallKey(t.ID, c.CallId), nil); err != nil {
+					return err
+				}
+			}
+		}
+		t.Members = members
+		next, err := Advance(t, ActMark, Progress{Unconfirmed: len(members)}, now)
+		if err != nil {
+			return err
+		}
+		next.Progress.CallsInFlight = 0
+		return putJSON(tx, terminationKey(id), next)
+	})
+	if err == nil && len(members) > 0 {
+		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", len(members))
+	}
+	return err
+}
+
+// cancelCalls writes a cancel order for every in-flight call of the subtree
+// (gates watching their orders get them at once) and advances.
+func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
+	ts := timestamppb.New(now)
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Phase != t.Phase {
+			return nil
+		}
+		for _, m := range stored.Members {
+			if action == ActEscalate {
+				// The nodes' state says what the sessions must do: abort now.
+				n, err := getNode(tx, m)
+				if err != nil {
+					return err
+				}
+				if n.State == tetherv1.NodeState_NODE_STATE_DRAINING {
+					n.State = tetherv1.NodeState_NODE_STATE_ABORTING
+					if err := putNode(tx, n); err != nil {
+						return err
+					}
+				}
+			}
+			calls, err := OpenCallsIn(tx, m)
+			if err != nil {
+				return err
+			}
+			for _, c := range calls {
+				if err := requestCancelIn(tx, c, t.ID, ts); err != nil {
+					return err
+				}
+				if err := tx.Put(termCallKey(t.ID, c.CallId), nil); err != nil {
+					return err
+				}
+			}
+		}
+		next, err := Advance(stored, action, p, now)
+		if err != nil {
+			return err
+		}
+		return putJSON(tx, terminationKey(t.ID), next)
+	})
+}
+
+// revoke revokes the subtree's grants and privileges and cancels its leases,
+// then records that it did. Each part is idempotent, so a crash between them
+// repeats only what was not finished.
+func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now time.Time) error {
+	if !t.Revoked {
+		by := "termination:" + t.ID
+		reason := "terminated: " + t.Reason
+		if s.Grants != nil {
+			if err := s.Grants.RevokeHeldBy(ctx, t.Members, by, reason); err != nil {
+				return fmt.Errorf("revoke grants: %w", err)
+			}
+		}
+		if s.Privileges != nil {
+			if err := s.Privileges.RevokeFor(ctx, t.Members); err != nil {
+				return fmt.Errorf("revoke privileges: %w", err)
+			}
+		}
+		if s.Leases != nil {
+			if err := s.Leases.CancelHeldBy(ctx, t.Members, reason); err != nil {
+				return fmt.Errorf("cancel leases: %w", err)
+			}
+		}
+	}
+	return s.advance(ctx, t, ActRevoke, p, now)
+}
+
+// writeRecord writes the reconciliation record and terminates the subtree
+// in one transaction guarded by the termination's phase, so exactly one
+// record exists however often this runs.
+func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
+	var leases []*tetherv1.RecordLease
+	var grants []HeldGrant
+	var err error
+	if s.Leases != nil {
+		if leases, err = s.Leases.FinalizeHeldBy(ctx, t.Members, "terminated: "+t.Reason); err != nil {
+			return fmt.Errorf("finalize leases: %w", err)
+		}
+	}
+	if s.Grants != nil {
+		if grants, err = s.Grants.HeldBy(ctx, t.Members); err != nil {
+			return fmt.Errorf("list grants: %w", err)
+		}
+	}
+	var written *tetherv1.ReconciliationRecord
+	err = s.Store.Update(ctx, func(tx store.Txn) error {
+		written = nil
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Phase != PhaseReconciling {
+			return nil
+		}
+		if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
+			return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		next, err := Advance(stored, ActWriteRecord, p, now)
+		if err != nil {
+			return err
+		}
+		rec, err := buildRecord(tx, next, grants, leases, now)
+		if err != nil {
+			return err
+		}
+		next.RecordID = rec.RecordId
+		if err := putRecord(tx, rec); err != nil {
+			return err
+		}
+		if err := tx.Put(outboxKey(rec.RecordId), nil); err != nil {
+			return err
+		}
+		for _, m := range next.Members {
+			n, err := getNode(tx, m)
+			if err != nil {
+				return err
+			}
+			n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
+			if err := putNode(tx, n); err != nil {
+				return err
+			}
+		}
+		written = rec
+		return putJSON(tx, terminationKey(t.ID), next)
+	})
+	if err == nil && written != nil {
+		unaccounted := 0
+		for _, n := range written.Nodes {
+			if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+				unaccounted++
+			}
+		}
+		s.Log.Info("termination complete", "termination_id", t.ID, "record_id", written.RecordId, "nodes", len(written.Nodes), "unaccounted", unaccounted)
+	}
+	return err
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,267 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// RecordSchemaVersion is the version of the reconciliation record's schema
+// (docs/record.schema.json). It changes only compatibly: fields are added,
+// never renamed or re-typed.
+const RecordSchemaVersion = 1
+
+// recordPartBytes keeps each stored part of a record under the store's
+// value limit; a record of a 10,000-agent subtree spans a few parts.
+const recordPartBytes = 512 << 10
+
+// buildRecord assembles the record from stored state inside the
+// transaction that terminates the subtree: nodes and their confirmations,
+// the calls the termination had to account for, privileges, grants and
+// leases. Open calls still waiting for a cancel ack are closed here as
+// cancel_unacknowledged.
+func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*tetherv1.RecordLease, now time.Time) (*tetherv1.ReconciliationRecord, error) {
+	rec := &tetherv1.ReconciliationRecord{
+		RecordId:      id.New(id.Record),
+		TerminationId: t.ID,
+		SchemaVersion: RecordSchemaVersion,
+		NodeId:        t.NodeID,
+		Mode:          modeToProto(t.Mode),
+		RequestedBy:   t.RequestedBy,
+		Reason:        t.Reason,
+		Escalated:     t.Escalated,
+		WrittenAt:     timestamppb.New(now),
+		Leases:        leases,
+	}
+	heldGrants := map[string][]string{}
+	for _, g := range grants {
+		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
+		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
+		switch g.Outcome {
+		case OutcomeRevoked:
+			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+		case OutcomeExpired:
+			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+		}
+		rec.Privileges = append(rec.Privileges, &tetherv1.RecordPrivilege{
+			PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome,
+		})
+	}
+	heldJobs := map[string][]string{}
+	for _, l := range leases {
+		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobId)
+	}
+	for _, m := range t.Members {
+		n, err := getNode(tx, m)
+		if err != nil {
+			return nil, err
+		}
+		rn := &tetherv1.RecordNode{NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt}
+		if n.ExitedAt != nil {
+			rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
+			rn.ConfirmedBy = n.ExitConfirmedBy
+			rn.ConfirmedAt = n.ExitedAt
+		} else {
+			rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED
+			rn.HeldGrantIds = heldGrants[n.NodeId]
+			rn.HeldJobIds = heldJobs[n.NodeId]
+		}
+		rec.Nodes = append(rec.Nodes, rn)
+	}
+	privs, err := PrivilegesIn(tx, t.Members)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range privs {
+		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
+		switch p.Outcome {
+		case OutcomeRevoked:
+			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+		case OutcomeExpired:
+			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+		}
+		rec.Privileges = append(rec.Privileges, &tetherv1.RecordPrivilege{
+			PrivilegeId: p.ID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID, Outcome: outcome, Error: p.Error,
+		})
+	}
+	// Every call the termination had to account for.
+	var callIDs []string
+	prefix := termCallPrefix(t.ID)
+	if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+		callIDs = append(callIDs, string(k[len(prefix):]))
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	ts := timestamppb.New(now)
+	for _, cid := range callIDs {
+		c, err := getCall(tx, cid)
+		if err != nil {
+			return nil, err
+		}
+		if c.State != tetherv1.CallState_CALL_STATE_ENDED {
+			// Never acknowledged (or, after an escalation, never ended):
+			// close it in the ledger so the record and the ledger agree.
+			c.State = tetherv1.CallState_CALL_STATE_ENDED
+			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
+			c.EndedAt = ts
+			if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
+				return nil, err
+			}
+			if err := tx.Delete(cancelKey(c.GateId, c.CallId)); err != nil {
+				return nil, err
+			}
+			if err := putCall(tx, c); err != nil {
+				return nil, err
+			}
+		}
+		rec.ToolCalls = append(rec.ToolCalls, &tetherv1.RecordToolCall{
+			CallId: c.CallId, NodeId: c.NodeId, Tool: c.Tool, GateId: c.GateId, Resolution: c.Resolution,
+		})
+	}
+	sort.Slice(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].CallId < rec.ToolCalls[j].CallId })
+	for _, ph := range t.Phases {
+		rec.Phases = append(rec.Phases, &tetherv1.RecordPhase{
+			Name: ph.Phase.String(), StartedAt: timestamppb.New(ph.StartedAt), Duration: durationpb.New(ph.Duration),
+		})
+	}
+	return rec, nil
+}
+
+// putRecord stores a record in parts under the store's value limit.
+func putRecord(tx store.Txn, rec *tetherv1.ReconciliationRecord) error {
+	b, err := proto.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	parts := 0
+	for off := 0; off < len(b) || parts == 0; off += recordPartBytes {
+		end := min(off+recordPartBytes, len(b))
+		if err := tx.Put(recordPartKey(rec.RecordId, parts), b[off:end]); err != nil {
+			return err
+		}
+		parts++
+	}
+	if err := tx.Put(recordKey(rec.RecordId), []byte(strconv.Itoa(parts))); err != nil {
+		return err
+	}
+	return tx.Put(recordByTermKey(rec.TerminationId), []byte(rec.RecordId))
+}
+
+func getRecord(tx store.ReadTxn, recordID string) (*tetherv1.ReconciliationRecord, error) {
+	v, err := tx.Get(recordKey(recordID))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: record_id %s", ErrRecordNotFound, recordID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	parts, err := strconv.Atoi(string(v))
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: record %s header: %w", recordID, err)
+	}
+	var b []byte
+	for i := range parts {
+		part, err := tx.Get(recordPartKey(recordID, i))
+		if err != nil {
+			return nil, fmt.Errorf("supervisor: record %s part %d: %w", recordID, i, err)
+		}
+		b = append(b, part...)
+	}
+	rec := &tetherv1.ReconciliationRecord{}
+	if err := proto.Unmarshal(b, rec); err != nil {
+		return nil, fmt.Errorf("supervisor: decode record %s: %w", recordID, err)
+	}
+	return rec, nil
+}
+
+// Record returns a record by its id or its termination's id.
+func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string) (*tetherv1.ReconciliationRecord, error) {
+	switch {
+	case recordID != "":
+		if err := id.Check(id.Record, "record_id", recordID); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+	case terminationID != "":
+		if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+	default:
+		return nil, fmt.Errorf("%w: record_id or termination_id is required", ErrInvalidArgument)
+	}
+	var rec *tetherv1.ReconciliationRecord
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		rid := recordID
+		if rid == "" {
+			v, err := tx.Get(recordByTermKey(terminationID))
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("%w: termination_id %s has no record yet", ErrRecordNotFound, terminationID)
+			}
+			if err != nil {
+				return err
+			}
+			rid = string(v)
+		}
+		var err error
+		rec, err = getRecord(tx, rid)
+		return err
+	})
+	return rec, err
+}
+
+// Records lists records in id order after pageToken.
+func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) ([]*tetherv1.ReconciliationRecord, string, error) {
+	var out []*tetherv1.ReconciliationRecord
+	next := ""
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		out, next = nil, ""
+		var ids []string
+		var start []byte
+		if pageToken != "" {
+			start = append(recordPartKey(pageToken, 1<<30), 0)
+		}
+		err := tx.Scan([]byte(prefixRecord), start, func(k, _ []byte) error {
+			rest := string(k[len(prefixRecord):])
+			if strings.Contains(rest, "/") {
+				return nil
+			}
+			if len(ids) == pageSize {
+				next = ids[len(ids)-1]
+				return store.ErrStopScan
+			}
+			ids = append(ids, rest)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, rid := range ids {
+			rec, err := getRecord(tx, rid)
+			if err != nil {
+				return err
+			}
+			out = append(out, rec)
+		}
+		return nil
+	})
+	return out, next, err
+}
+
+func modeToProto(m Mode) tetherv1.TerminationMode {
+	if m == ModeAbort {
+		return tetherv1.TerminationMode_TERMINATION_MODE_ABORT
+	}
+	return tetherv1.TerminationMode_TERMINATION_MODE_DRAIN
+}

@@ -1,0 +1,189 @@
+package supervisor
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Signals pushes drain and abort signals to open agent sessions the moment
+// a node's stored state says so. It follows the store (a watch on the
+// nodes), not the reconciler's memory, so a signal decided on any replica,
+// or before a restart, reaches the session wherever it is connected.
+type Signals struct {
+	Store store.Store
+
+	mu   sync.Mutex
+	subs map[string]map[chan *tetherv1.SessionSignal]struct{}
+}
+
+// SignalFor returns the signal a node in state n should be under, or nil.
+func SignalFor(n *tetherv1.Node) *tetherv1.SessionSignal {
+	switch n.State {
+	case tetherv1.NodeState_NODE_STATE_DRAINING:
+		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_DRAIN, TerminationId: n.TerminationId, Reason: "the subtree is draining: finish in-flight work, start nothing new, then exit"}
+	case tetherv1.NodeState_NODE_STATE_ABORTING:
+		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the subtree is aborting: stop now and exit"}
+	case tetherv1.NodeState_NODE_STATE_TERMINATED:
+		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the node is terminated"}
+	}
+	return nil
+}
+
+// Subscribe returns a channel of signals for nodeID and a cancel function.
+// The channel holds the latest few signals; a session that lags misses
+// only duplicates (signals are level-triggered: the node's state is the
+// truth, and a reconnecting session is told it on open).
+func (h *Signals) Subscribe(nodeID string) (<-chan *tetherv1.SessionSignal, func()) {
+	ch := make(chan *tetherv1.SessionSignal, 4)
+	h.mu.Lock()
+	if h.subs == nil {
+		h.subs = map[string]map[chan *tetherv1.SessionSignal]struct{}{}
+	}
+	if h.subs[nodeID] == nil {
+		h.subs[nodeID] = map[chan *tetherv1.SessionSignal]struct{}{}
+	}
+	h.subs[nodeID][ch] = struct{}{}
+	h.mu.Unlock()
+	return ch, func() {
+		h.mu.Lock()
+		delete(h.subs[nodeID], ch)
+		if len(h.subs[nodeID]) == 0 {
+			delete(h.subs, nodeID)
+		}
+		h.mu.Unlock()
+	}
+}
+
+func (h *Signals) publish(nodeID string, sig *tetherv1.SessionSignal) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ch := range h.subs[nodeID] {
+		select {
+		case ch <- sig:
+		default: // the session has unread signals already; the state is the truth
+		}
+	}
+}
+
+// Run follows node changes until ctx ends.
+func (h *Signals) Run(ctx context.Context) error {
+	for {
+		w, err := h.Store.Watch(ctx, []byte(prefixNode))
+		if err != nil {
+			return err
+		}
+		for batch := range w.Events() {
+			for _, ev := range batch {
+				if ev.Type != store.EventPut {
+					continue
+				}
+				n := &tetherv1.Node{}
+				if proto.Unmarshal(ev.Value, n) != nil {
+					continue
+				}
+				h.mu.Lock()
+				_, watched := h.subs[n.NodeId]
+				h.mu.Unlock()
+				if !watched {
+					continue
+				}
+				if sig := SignalFor(n); sig != nil {
+					h.publish(n.NodeId, sig)
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// The watch lagged: re-establish it (signals are level-triggered, and
+		// sessions re-read the state on open).
+	}
+}
+
+// Confirmation strengths: a launcher (outside the process) beats an
+// ancestor, which beats the agent's own word.
+const (
+	ConfirmedBySelf     = "self"
+	ConfirmedByAncestor = "ancestor"
+	ConfirmedByLauncher = "launcher"
+)
+
+func confirmStrength(by string) int {
+	switch {
+	case len(by) > 0 && hasSuffix(by, "("+ConfirmedByLauncher+")"):
+		return 3
+	case hasSuffix(by, "("+ConfirmedByAncestor+")"):
+		return 2
+	case by != "":
+		return 1
+	}
+	return 0
+}
+
+func hasSuffix(s, suffix string) bool { return len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix }
+
+// ConfirmExit records that a node's process has exited, and who says so
+// (principal plus "(self)", "(ancestor)" or "(launcher)"). A stronger
+// confirmation replaces a weaker one; nothing else changes the node.
+func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
+	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	by := principal + " (" + kind + ")"
+	now := timestamppb.New(t.Clock.Now())
+	var out *tetherv1.Node
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if authorize != nil {
+			if err := authorize(n); err != nil {
+				return err
+			}
+		}
+		out = n
+		if n.ExitedAt != nil && confirmStrength(n.ExitConfirmedBy) >= confirmStrength(by) {
+			return nil
+		}
+		if n.ExitedAt == nil {
+			n.ExitedAt = now
+		}
+		n.ExitConfirmedBy = by
+		return putNode(tx, n)
+	})
+	return out, err
+}
+
+// LastSeenEvery bounds how often heartbeats are written: the record needs
+// "last seen" to this precision, not every beat.
+const LastSeenEvery = 10 * time.Second
+
+// Heartbeat records that a node was seen, at most once per LastSeenEvery.
+func (t *Tree) Heartbeat(ctx context.Context, nodeID string, lastWritten time.Time) (time.Time, error) {
+	now := t.Clock.Now()
+	if !lastWritten.IsZero() && now.Sub(lastWritten) < LastSeenEvery {
+		return lastWritten, nil
+	}
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		n.LastSeenAt = timestamppb.New(now)
+		return putNode(tx, n)
+	})
+	if err != nil {
+		return lastWritten, err
+	}
+	return now, nil
+}
