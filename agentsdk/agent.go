@@ -1,0 +1,286 @@
+package agentsdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Signal is a drain or abort order from the control plane.
+type Signal struct {
+	Abort         bool
+	TerminationID string
+	Reason        string
+}
+
+// Agent is one agent node: its credential, its session with the control
+// plane, and the contexts that end when the control plane says so.
+type Agent struct {
+	conn *Conn
+	node *tetherv1.Node
+
+	// HeartbeatEvery is the session heartbeat interval (default 5s).
+	HeartbeatEvery time.Duration
+
+	mu        sync.Mutex
+	onDrain   []func(Signal)
+	onAbort   []func(Signal)
+	drainOnce sync.Once
+	abortOnce sync.Once
+	draining  chan struct{}
+	workCtx   context.Context
+	abortWork context.CancelCauseFunc
+	signal    Signal
+	opened    chan struct{}
+	openOnce  sync.Once
+}
+
+// ErrAborted is the cause of an agent's context when the control plane
+// aborts it.
+var ErrAborted = errors.New("agentsdk: aborted by the control plane")
+
+func newAgent(conn *Conn, node *tetherv1.Node) *Agent {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Agent{conn: conn, node: node, draining: make(chan struct{}), workCtx: ctx, abortWork: cancel, opened: make(chan struct{})}
+}
+
+// RegisterRoot registers a root agent with an operator connection and
+// returns it, connected with its own credential.
+func RegisterRoot(ctx context.Context, operator *Conn, name string, labels map[string]string) (*Agent, error) {
+	resp, err := operator.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: labels}))
+	if err != nil {
+		return nil, err
+	}
+	return newAgent(Dial(operator.BaseURL, resp.Msg.Credential, operator.HTTP), resp.Msg.Node), nil
+}
+
+// Child is a spawned child: its node and the credential to hand to the
+// child's process (which calls Join).
+type Child struct {
+	Node       *tetherv1.Node
+	Credential string
+}
+
+// Spawn registers a child under this agent. Refused once the agent is
+// draining or aborting.
+func (a *Agent) Spawn(ctx context.Context, name string, labels map[string]string) (Child, error) {
+	resp, err := a.conn.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: a.node.NodeId, Name: name, Labels: labels}))
+	if err != nil {
+		return Child{}, err
+	}
+	return Child{Node: resp.Msg.Node, Credential: resp.Msg.Credential}, nil
+}
+
+// Join connects a spawned child's process with the credential its parent
+// handed over.
+func Join(ctx context.Context, baseURL, credential string, hc *http.Client) (*Agent, error) {
+	conn := Dial(baseURL, credential, hc)
+	who, err := conn.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	if err != nil {
+		return nil, err
+	}
+	if who.Msg.NodeId == "" {
+		return nil, errors.New("agentsdk: Join needs an agent credential, not an operator token")
+	}
+	node, err := conn.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: who.Msg.NodeId}))
+	if err != nil {
+		return nil, err
+	}
+	return newAgent(conn, node.Msg.Node), nil
+}
+
+// Node is the agent's node as last seen.
+func (a *Agent) Node() *tetherv1.Node { return a.node }
+
+// NodeID is the agent's node id.
+func (a *Agent) NodeID() string { return a.node.NodeId }
+
+// Conn is the agent's connection (its credential is the bearer token).
+func (a *Agent) Conn() *Conn { return a.conn }
+
+// Credential is the agent's current credential.
+func (a *Agent) Credential() string { return a.conn.Token() }
+
+// Context ends when the control plane aborts the agent (its cause is
+// ErrAborted). Pass it to work that must stop on abort.
+func (a *Agent) Context() context.Context { return a.workCtx }
+
+// Draining is closed when the agent is told to drain or abort: finish what
+// is in flight, start nothing new.
+func (a *Agent) Draining() <-chan struct{} { return a.draining }
+
+// OnDrain registers a callback run once when a drain (or abort) arrives.
+func (a *Agent) OnDrain(f func(Signal)) {
+	a.mu.Lock()
+	a.onDrain = append(a.onDrain, f)
+	a.mu.Unlock()
+}
+
+// OnAbort registers a callback run once when an abort arrives.
+func (a *Agent) OnAbort(f func(Signal)) {
+	a.mu.Lock()
+	a.onAbort = append(a.onAbort, f)
+	a.mu.Unlock()
+}
+
+// Opened is closed once the first session is open (the agent is then
+// reachable by signals).
+func (a *Agent) Opened() <-chan struct{} { return a.opened }
+
+func (a *Agent) handle(sig *tetherv1.SessionSignal) {
+	s := Signal{Abort: sig.Kind == tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationID: sig.TerminationId, Reason: sig.Reason}
+	a.drainOnce.Do(func() {
+		a.mu.Lock()
+		a.signal = s
+		fs := append([]func(Signal){}, a.onDrain...)
+		a.mu.Unlock()
+		close(a.draining)
+		for _, f := range fs {
+			f(s)
+		}
+	})
+	if s.Abort {
+		a.abortOnce.Do(func() {
+			a.mu.Lock()
+			fs := append([]func(Signal){}, a.onAbort...)
+			a.mu.Unlock()
+			a.abortWork(ErrAborted)
+			for _, f := range fs {
+				f(s)
+			}
+		})
+	}
+}
+
+// Run keeps the agent's session open until ctx ends, reconnecting when the
+// stream breaks, and applies the signals and refreshed credentials it
+// receives. It returns nil once the node is terminated and the agent has
+// been told so.
+func (a *Agent) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		err := a.session(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if connect.CodeOf(err) == connect.CodeUnauthenticated || connect.CodeOf(err) == connect.CodePermissionDenied {
+			// The credential is dead (the node was terminated): nothing to
+			// reconnect to. Make sure work stops.
+			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "credential rejected: " + connect.CodeOf(err).String()})
+			return err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+}
+
+func (a *Agent) session(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream := a.conn.Agent.Session(ctx)
+	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: a.node.NodeId}}}); err != nil {
+		return err
+	}
+	every := a.HeartbeatEvery
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	errc := make(chan error, 1)
+	go func() {
+		ticker := time.NewTicker(every)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				errc <- nil
+				return
+			case <-ticker.C:
+				if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}
+	}()
+	for {
+		msg, err := stream.Receive()
+		if err != nil {
+			cancel()
+			_ = stream.CloseRequest()
+			return err
+		}
+		switch k := msg.Kind.(type) {
+		case *tetherv1.SessionResponse_Opened:
+			a.node = k.Opened.Node
+			a.openOnce.Do(func() { close(a.opened) })
+		case *tetherv1.SessionResponse_Signal:
+			a.handle(k.Signal)
+		case *tetherv1.SessionResponse_Credential:
+			a.conn.SetToken(k.Credential.Credential)
+		}
+	}
+}
+
+// Exit confirms the agent's own exit to the control plane. A launcher's
+// confirmation (ConfirmExit with an operator token) is stronger evidence.
+func (a *Agent) Exit(ctx context.Context, reason string) error {
+	_, err := a.conn.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: a.node.NodeId, Reason: reason}))
+	return err
+}
+
+// ProposeStop proposes the agent's own stop; the control plane decides.
+func (a *Agent) ProposeStop(ctx context.Context, condition, reason string) (*tetherv1.StopProposal, error) {
+	resp, err := a.conn.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: a.node.NodeId, Condition: condition, Reason: reason}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Proposal, nil
+}
+
+// Grant is a capability grant with its current token.
+type Grant struct {
+	*tetherv1.Grant
+	Token     string
+	ExpiresAt time.Time
+}
+
+// Delegate derives a narrower grant from one the agent holds for a node in
+// its subtree.
+func (a *Agent) Delegate(ctx context.Context, parentGrantID, childNodeID string, scopes []string, ttl time.Duration) (Grant, error) {
+	req := &tetherv1.DelegateRequest{ParentGrantId: parentGrantID, HolderNodeId: childNodeID, Scopes: scopes}
+	if ttl > 0 {
+		req.Ttl = durationpb.New(ttl)
+	}
+	resp, err := a.conn.Capability.Delegate(ctx, connect.NewRequest(req))
+	if err != nil {
+		return Grant{}, err
+	}
+	return Grant{Grant: resp.Msg.Grant, Token: resp.Msg.Token, ExpiresAt: resp.Msg.TokenExpiresAt.AsTime()}, nil
+}
+
+// RefreshToken mints a fresh short-lived token for a grant the agent holds;
+// the control plane re-checks the whole chain first.
+func (a *Agent) RefreshToken(ctx context.Context, grantID string) (Grant, error) {
+	resp, err := a.conn.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: grantID}))
+	if err != nil {
+		return Grant{}, err
+	}
+	return Grant{Grant: resp.Msg.Grant, Token: resp.Msg.Token, ExpiresAt: resp.Msg.TokenExpiresAt.AsTime()}, nil
+}
+
+// String describes the agent.
+func (a *Agent) String() string { return fmt.Sprintf("%s (%s)", a.node.Name, a.node.NodeId) }

@@ -1,0 +1,73 @@
+package agentsdk
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+// Conn is a connection to the control plane presenting one bearer token
+// (an operator token or an agent credential). The token can be replaced
+// (credential refresh) while calls are in flight.
+type Conn struct {
+	BaseURL string
+	HTTP    *http.Client
+
+	mu    sync.RWMutex
+	token string
+
+	Auth       tetherv1connect.AuthServiceClient
+	Agent      tetherv1connect.AgentServiceClient
+	Capability tetherv1connect.CapabilityServiceClient
+	Tool       tetherv1connect.ToolServiceClient
+	Supervisor tetherv1connect.SupervisorServiceClient
+	Lease      tetherv1connect.LeaseServiceClient
+}
+
+// Dial returns a connection to baseURL ("http://host:port" for HTTP/2
+// cleartext, "https://…" for TLS) presenting token. A nil client gets an
+// HTTP/2 client.
+func Dial(baseURL, token string, hc *http.Client) *Conn {
+	if hc == nil {
+		hc = HTTP2Client(baseURL)
+	}
+	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token}
+	opts := []connect.ClientOption{connect.WithInterceptors(auth.BearerInterceptor{Token: c.Token})}
+	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, opts...)
+	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, opts...)
+	c.Capability = tetherv1connect.NewCapabilityServiceClient(hc, c.BaseURL, opts...)
+	c.Tool = tetherv1connect.NewToolServiceClient(hc, c.BaseURL, opts...)
+	c.Supervisor = tetherv1connect.NewSupervisorServiceClient(hc, c.BaseURL, opts...)
+	c.Lease = tetherv1connect.NewLeaseServiceClient(hc, c.BaseURL, opts...)
+	return c
+}
+
+// Token returns the current bearer token.
+func (c *Conn) Token() string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.token
+}
+
+// SetToken replaces the bearer token.
+func (c *Conn) SetToken(t string) {
+	c.mu.Lock()
+	c.token = t
+	c.mu.Unlock()
+}
+
+// HTTP2Client speaks HTTP/2: cleartext for http:// URLs, TLS for https://.
+func HTTP2Client(baseURL string) *http.Client {
+	p := new(http.Protocols)
+	if strings.HasPrefix(baseURL, "https://") {
+		p.SetHTTP2(true)
+	} else {
+		p.SetUnencryptedHTTP2(true)
+	}
+	return &http.Client{Transport: &http.Transport{Protocols: p}}
+}

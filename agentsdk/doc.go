@@ -1,0 +1,29 @@
+// Package agentsdk is how agent frameworks and tool servers plug into
+// Tether. It speaks only the public API (Connect over HTTP/2), so everything
+// here can be rebuilt in any language from proto/tether/v1.
+//
+// For agent frameworks:
+//
+//   - Agent registers (or joins with a credential its parent obtained by
+//     Spawn), keeps its session open, refreshes its credential, spawns and
+//     delegates to its children, and exposes drain and abort as context
+//     cancellation plus callbacks. An agent never holds its own kill switch:
+//     it can only propose its own stop.
+//   - LeaseWorker works under a fenced job lease (see leaseworker.go).
+//
+// For tool servers:
+//
+//   - ToolGate wraps a tool handler (a Go function or net/http middleware):
+//     it has the control plane verify the caller's capability token and
+//     record the call, cancels the handler's context when a cancel order
+//     arrives, and acknowledges the cancel only after the handler returned.
+//   - Verifier checks capability tokens offline against JWKS and the
+//     revocation feed, and fails closed when the feed goes stale.
+//   - Fence rejects side effects from an older lease generation.
+//
+// Caller duties: close what you open (Agent.Close, ToolGate.Close); treat
+// a drain signal as "finish what you are doing, start nothing new, then
+// exit", and abort as "stop now"; confirm exit (Agent.Exit) when done, or let
+// your launcher confirm it — a confirmation from outside the process is
+// stronger evidence.
+package agentsdk

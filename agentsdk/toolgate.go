@@ -1,0 +1,203 @@
+package agentsdk
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// CapabilityHeader carries the caller's capability token to a tool server.
+// (Authorization stays free for the tool's own authentication.)
+const CapabilityHeader = "X-Tether-Capability"
+
+// ToolGate stands in front of tools. For each call it has the control plane
+// verify the capability token and the caller's node state and record the
+// call; it runs the handler under a context that a cancel order from the
+// control plane cancels; and it reports the end — or, after a cancel, the
+// cancel acknowledgement, sent only once the handler has returned.
+type ToolGate struct {
+	// ID names the gate in the ledger (provenance of every entry).
+	ID   string
+	conn *Conn
+
+	mu       sync.Mutex
+	inflight map[string]context.CancelCauseFunc
+	orders   map[string]bool // cancel orders that arrived before the call was registered here
+
+	// NeverAck makes the gate ignore cancel orders (fault injection for
+	// tests and demos: a gate that never acknowledges).
+	NeverAck bool
+
+	cancelWatch context.CancelFunc
+	watchDone   chan struct{}
+	watching    chan struct{}
+}
+
+// ErrCancelled is the cause of a handler's context when the control plane
+// cancelled its call.
+var ErrCancelled = errors.New("agentsdk: tool call cancelled by the control plane")
+
+// NewToolGate returns a gate reporting as id over conn (a tool server's
+// operator token, or an agent credential for an in-process tool) and starts
+// following its cancel orders.
+func NewToolGate(conn *Conn, id string) *ToolGate {
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &ToolGate{ID: id, conn: conn, inflight: map[string]context.CancelCauseFunc{}, orders: map[string]bool{},
+		cancelWatch: cancel, watchDone: make(chan struct{}), watching: make(chan struct{})}
+	go g.watch(ctx)
+	return g
+}
+
+// Ready is closed once the gate follows its cancel orders.
+func (g *ToolGate) Ready() <-chan struct{} { return g.watching }
+
+// Close stops following cancel orders.
+func (g *ToolGate) Close() {
+	g.cancelWatch()
+	<-g.watchDone
+}
+
+func (g *ToolGate) watch(ctx context.Context) {
+	defer close(g.watchDone)
+	var once sync.Once
+	for ctx.Err() == nil {
+		stream, err := g.conn.Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: g.ID}))
+		if err == nil {
+			once.Do(func() { close(g.watching) })
+			for stream.Receive() {
+				g.cancel(stream.Msg().CallId)
+			}
+			stream.Close()
+		}
+		t := time.NewTimer(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+	once.Do(func() { close(g.watching) })
+}
+
+func (g *ToolGate) cancel(callID string) {
+	if g.NeverAck {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if c, ok := g.inflight[callID]; ok {
+		c(ErrCancelled)
+		return
+	}
+	g.orders[callID] = true
+}
+
+// Call runs handler as one recorded tool call. It returns the control
+// plane's refusal (permission_denied for a bad or revoked token,
+// failed_precondition while the node drains) without running the handler.
+func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ctx context.Context) error) error {
+	begin, err := g.conn.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID}))
+	if err != nil {
+		return err
+	}
+	callID := begin.Msg.Call.CallId
+	hctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	g.mu.Lock()
+	g.inflight[callID] = cancel
+	early := g.orders[callID]
+	delete(g.orders, callID)
+	g.mu.Unlock()
+	if early {
+		cancel(ErrCancelled)
+	}
+	herr := handler(hctx)
+	g.mu.Lock()
+	delete(g.inflight, callID)
+	g.mu.Unlock()
+
+	// Report with a context that outlives a cancelled caller: the ledger
+	// must hear how the call ended.
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer rcancel()
+	if errors.Is(context.Cause(hctx), ErrCancelled) {
+		if _, err := g.conn.Tool.CancelAck(rctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: callID, GateId: g.ID})); err != nil {
+			return errors.Join(herr, err)
+		}
+		if herr == nil {
+			herr = ErrCancelled
+		}
+		return herr
+	}
+	req := &tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: herr != nil}
+	if herr != nil {
+		req.Error = herr.Error()
+	}
+	if _, err := g.conn.Tool.EndCall(rctx, connect.NewRequest(req)); err != nil {
+		return errors.Join(herr, err)
+	}
+	return herr
+}
+
+// Middleware guards an HTTP tool: the capability token comes in the
+// X-Tether-Capability header (or "Authorization: Capability <token>"). A
+// refused call answers 403 (bad or revoked token), 409 (node stopping) or
+// 401 (no token); a cancelled call answers 499 if the handler wrote nothing.
+func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token := r.Header.Get(CapabilityHeader)
+		if token == "" {
+			if scheme, t, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Capability") {
+				token = t
+			}
+		}
+		if token == "" {
+			http.Error(w, "capability token required in "+CapabilityHeader, http.StatusUnauthorized)
+			return
+		}
+		rw := &trackingWriter{ResponseWriter: w}
+		err := g.Call(r.Context(), token, tool, func(ctx context.Context) error {
+			next.ServeHTTP(rw, r.WithContext(ctx))
+			return ctx.Err()
+		})
+		if rw.wrote || err == nil {
+			return
+		}
+		switch {
+		case errors.Is(err, ErrCancelled):
+			http.Error(w, "tool call cancelled by the control plane", 499)
+		case connect.CodeOf(err) == connect.CodeFailedPrecondition:
+			http.Error(w, connect.CodeOf(err).String()+": "+errMessage(err), http.StatusConflict)
+		case connect.CodeOf(err) == connect.CodePermissionDenied, connect.CodeOf(err) == connect.CodeUnauthenticated:
+			http.Error(w, connect.CodeOf(err).String()+": "+errMessage(err), http.StatusForbidden)
+		default:
+			http.Error(w, "tool gate: "+errMessage(err), http.StatusBadGateway)
+		}
+	})
+}
+
+func errMessage(err error) string {
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		return ce.Message()
+	}
+	return err.Error()
+}
+
+type trackingWriter struct {
+	http.ResponseWriter
+	wrote bool
+}
+
+func (t *trackingWriter) WriteHeader(code int) { t.wrote = true; t.ResponseWriter.WriteHeader(code) }
+func (t *trackingWriter) Write(b []byte) (int, error) {
+	t.wrote = true
+	return t.ResponseWriter.Write(b)
+}
