@@ -35,6 +35,10 @@ func newRootCommand() *cobra.Command {
 		newAgentCommand(g),
 		newTokenCommand(g),
 		newWhoAmICommand(g),
+		newTerminateCommand(g),
+		newTerminationCommand(g),
+		newRecordCommand(g),
+		newProposalCommand(g),
 	)
 	return root
 }

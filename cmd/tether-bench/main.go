@@ -1,0 +1,63 @@
+// Command tether-bench runs Tether's benchmark scenarios (package
+// internal/bench), prints a table and writes the results as JSON for CI.
+//
+//	tether-bench [-run regexp] [-duration 2s] [-out bench-results.json] [-dir path]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"syscall"
+	"time"
+
+	"github.com/tetherhq/tether/internal/bench"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "tether-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	out := flag.String("out", "bench-results.json", "file to write the results to, as JSON")
+	filter := flag.String("run", "", "run only the scenarios whose names match this regexp")
+	duration := flag.Duration("duration", 2*time.Second, "how long each measurement runs, warm-up excluded")
+	dir := flag.String("dir", "", "directory for scratch databases (default: the system's temporary directory); use a disk like production's")
+	list := flag.Bool("list", false, "list the scenarios and exit")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	if *duration <= 0 {
+		return fmt.Errorf("-duration must be positive")
+	}
+	match, err := regexp.Compile(*filter)
+	if err != nil {
+		return fmt.Errorf("-run: %w", err)
+	}
+	if *list {
+		for _, s := range bench.Scenarios() {
+			fmt.Println(s.Name)
+		}
+		return nil
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	report := &bench.Report{Duration: *duration, Dir: *dir}
+	runErr := bench.Run(ctx, report, match.MatchString, os.Stderr)
+	// Whatever was measured is reported, even when a scenario failed.
+	if err := report.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	if err := report.WriteJSON(*out); err != nil {
+		return fmt.Errorf("write results: %w", err)
+	}
+	return runErr
+}

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+func newRecordCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "record", Short: "Reconciliation records"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "show ID",
+		Short: "Show a record (a readable summary; -o json for the full record). ID is a record or termination id",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			req := &tetherv1.GetRecordRequest{RecordId: args[0]}
+			if strings.HasPrefix(args[0], "t_") {
+				req = &tetherv1.GetRecordRequest{TerminationId: args[0]}
+			}
+			resp, err := c.supervisor.GetRecord(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg.Record)
+			}
+			PrintRecordSummary(cmd.OutOrStdout(), resp.Msg.Record)
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "ls",
+		Short: "List records",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			var recs []*tetherv1.ReconciliationRecord
+			token := ""
+			for {
+				resp, err := c.supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
+				if err != nil {
+					return err
+				}
+				recs = append(recs, resp.Msg.Records...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), recs)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN")
+			for _, r := range recs {
+				_, unaccounted := countNodes(r)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
+			}
+			return tw.Flush()
+		},
+	})
+	return cmd
+}
+
+func modeName(m tetherv1.TerminationMode) string {
+	return strings.ToLower(strings.TrimPrefix(m.String(), "TERMINATION_MODE_"))
+}
+
+func countNodes(r *tetherv1.ReconciliationRecord) (confirmed, unaccounted int) {
+	for _, n := range r.Nodes {
+		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
+			confirmed++
+		} else {
+			unaccounted++
+		}
+	}
+	return confirmed, unaccounted
+}
+
+func lower(s, prefix string) string { return strings.ToLower(strings.TrimPrefix(s, prefix)) }
+
+// PrintRecordSummary renders a record for people: what was in flight and
+// how it ended, what was revoked or expired, who is confirmed and who is
+// unaccounted.
+func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
+	confirmed, unaccounted := countNodes(r)
+	esc := ""
+	if r.Escalated {
+		esc = ", escalated to abort"
+	}
+	fmt.Fprintf(w, "Reconciliation record %s (schema v%d)\n", r.RecordId, r.SchemaVersion)
+	fmt.Fprintf(w, "  termination %s of %s, mode %s%s, requested by %s\n", r.TerminationId, r.NodeId, modeName(r.Mode), esc, r.RequestedBy)
+	if r.Reason != "" {
+		fmt.Fprintf(w, "  reason: %s\n", r.Reason)
+	}
+	fmt.Fprintf(w, "  phases:")
+	for _, p := range r.Phases {
+		fmt.Fprintf(w, " %s %s;", p.Name, p.Duration.AsDuration().Round(1e6))
+	}
+	fmt.Fprintln(w)
+
+	fmt.Fprintf(w, "\nTool calls (%d)\n", len(r.ToolCalls))
+	byRes := map[string]int{}
+	for _, c := range r.ToolCalls {
+		res := lower(c.Resolution.String(), "CALL_RESOLUTION_")
+		byRes[res]++
+		fmt.Fprintf(w, "  %-24s %-12s %-22s gate %s\n", res, c.Tool, c.NodeId, c.GateId)
+	}
+	fmt.Fprintf(w, "  totals: %s\n", countsLine(byRes))
+
+	fmt.Fprintf(w, "\nPrivileges (%d)\n", len(r.Privileges))
+	byOut := map[string]int{}
+	for _, p := range r.Privileges {
+		out := lower(p.Outcome.String(), "PRIVILEGE_OUTCOME_")
+		byOut[out]++
+		extra := ""
+		if p.Error != "" {
+			extra = " (" + p.Error + ")"
+		}
+		fmt.Fprintf(w, "  %-14s %-18s %-24s %s%s\n", out, p.Kind, p.ExternalId, p.NodeId, extra)
+	}
+	fmt.Fprintf(w, "  totals: %s\n", countsLine(byOut))
+
+	if len(r.Leases) > 0 {
+		fmt.Fprintf(w, "\nLeases (%d)\n", len(r.Leases))
+		for _, l := range r.Leases {
+			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), l.JobId, l.LeaseGeneration, l.HolderIdentity)
+		}
+	}
+
+	fmt.Fprintf(w, "\nNodes: %d confirmed, %d unaccounted\n", confirmed, unaccounted)
+	for _, n := range r.Nodes {
+		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
+			fmt.Fprintf(w, "  confirmed    %-16s %s by %s\n", n.Name, n.NodeId, n.ConfirmedBy)
+			continue
+		}
+		seen := "never"
+		if n.LastSeenAt != nil {
+			seen = n.LastSeenAt.AsTime().Format("15:04:05Z")
+		}
+		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v\n", n.Name, n.NodeId, seen, n.HeldGrantIds, n.HeldJobIds)
+	}
+}
+
+func countsLine(m map[string]int) string {
+	if len(m) == 0 {
+		return "none"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%d %s", m[k], k)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func newProposalCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "proposal", Short: "Stop proposals made by agents"}
+	decide := func(approve bool) *cobra.Command {
+		verb := "reject"
+		if approve {
+			verb = "approve"
+		}
+		var reason string
+		c := &cobra.Command{
+			Use:   verb + " ID",
+			Short: strings.ToUpper(verb[:1]) + verb[1:] + " a stop proposal",
+			Args:  cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := g.clients()
+				if err != nil {
+					return err
+				}
+				resp, err := c.supervisor.DecideProposal(cmd.Context(), connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: args[0], Approve: approve, Reason: reason}))
+				if err != nil {
+					return err
+				}
+				if resp.Msg.Termination != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "approved: termination %s started\n", resp.Msg.Termination.TerminationId)
+					return nil
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), "rejected")
+				return nil
+			},
+		}
+		c.Flags().StringVar(&reason, "reason", "", "why")
+		return c
+	}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "ls",
+		Short: "List stop proposals",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.supervisor.ListProposals(cmd.Context(), connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), resp.Msg.Proposals)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION")
+			for _, p := range resp.Msg.Proposals {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
+			}
+			return tw.Flush()
+		},
+	}, decide(true), decide(false))
+	return cmd
+}

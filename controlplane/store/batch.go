@@ -1,0 +1,306 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+
+	badger "github.com/dgraph-io/badger/v4"
+)
+
+// mutation is the final state of one key after a transaction.
+type mutation struct {
+	key     []byte
+	value   []byte
+	deleted bool
+}
+
+// mutationCost estimates what one write costs against Badger's
+// per-transaction limits. Badger charges at most len(key)+len(value)+14 for
+// an entry plus 10 for its version; rounding up keeps our estimate an upper
+// bound, so a transaction we accept always fits.
+func mutationCost(m mutation) int64 {
+	return int64(len(m.key)+len(m.value)) + 32
+}
+
+// appliedUpdate is an Update whose closure succeeded and that wrote
+// something: its writes and the revision they were given.
+type appliedUpdate struct {
+	writes   []mutation // sorted by key
+	revision uint64
+	events   []Event
+}
+
+// batch is one group commit in the making: the Updates the committer has
+// run so far, in order, and the state they leave behind.
+type batch struct {
+	db *badger.DB
+	// snapshot reads the committed state; it is opened on the first read
+	// that misses the batch, as many batches never read the database.
+	snapshot *badger.Txn
+	// pending is the latest state of every key written in the batch.
+	pending map[string]mutation
+	updates []*appliedUpdate
+	// revision is the revision of the last applied update, or the committed
+	// revision if there is none yet.
+	revision uint64
+	limits   txnLimits
+}
+
+// txnLimits bound the writes of a single Update so that it always fits in
+// one Badger transaction together with the revision key.
+type txnLimits struct {
+	count int
+	cost  int64
+}
+
+func newBatch(db *badger.DB, revision uint64, limits txnLimits) *batch {
+	return &batch{db: db, pending: make(map[string]mutation), revision: revision, limits: limits}
+}
+
+// release frees the read snapshot; the batch must not be read afterwards.
+func (b *batch) release() {
+	if b.snapshot != nil {
+		b.snapshot.Discard()
+		b.snapshot = nil
+	}
+}
+
+func (b *batch) readSnapshot() *badger.Txn {
+	if b.snapshot == nil {
+		b.snapshot = b.db.NewTransaction(false)
+	}
+	return b.snapshot
+}
+
+// lookup returns the state of key below an Update's own writes: the batch's
+// pending writes, then the committed database. With wantValue it returns a
+// copy of the value that the caller owns.
+func (b *batch) lookup(key []byte, wantValue bool) (value []byte, found bool, err error) {
+	if m, ok := b.pending[string(key)]; ok {
+		if m.deleted {
+			return nil, false, nil
+		}
+		if wantValue {
+			value = bytes.Clone(m.value)
+		}
+		return value, true, nil
+	}
+	item, err := b.readSnapshot().Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("store: read key: %w", err)
+	}
+	if wantValue {
+		if value, err = item.ValueCopy(nil); err != nil {
+			return nil, false, fmt.Errorf("store: read value: %w", err)
+		}
+		if value == nil {
+			value = []byte{}
+		}
+	}
+	return value, true, nil
+}
+
+// begin starts the overlay transaction for the next Update of the batch.
+func (b *batch) begin() *updateTxn {
+	return &updateTxn{batch: b, writes: make(map[string]mutation)}
+}
+
+// apply folds a successful Update's writes into the batch and gives it the
+// next revision. Updates that wrote nothing take no revision.
+func (b *batch) apply(t *updateTxn) {
+	if len(t.writes) == 0 {
+		return
+	}
+	b.revision++
+	u := &appliedUpdate{
+		writes:   make([]mutation, 0, len(t.writes)),
+		revision: b.revision,
+		events:   make([]Event, 0, len(t.writes)),
+	}
+	for k, m := range t.writes {
+		u.writes = append(u.writes, m)
+		b.pending[k] = m
+	}
+	slices.SortFunc(u.writes, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
+	for _, m := range u.writes {
+		ev := Event{Type: EventPut, Key: m.key, Value: m.value, Revision: u.revision}
+		if m.deleted {
+			ev.Type, ev.Value = EventDelete, nil
+		}
+		u.events = append(u.events, ev)
+	}
+	b.updates = append(b.updates, u)
+}
+
+// updateTxn is the Txn an Update closure sees. Its own writes live in an
+// overlay on top of the batch, so a failed closure is undone by dropping the
+// overlay, and reads see the closure's writes, then the batch's, then the
+// committed state.
+type updateTxn struct {
+	batch    *batch
+	writes   map[string]mutation
+	cost     int64
+	finished bool
+}
+
+var errTxnFinished = errors.New("store: transaction used after its Update function returned")
+
+func (t *updateTxn) Revision() uint64 { return t.batch.revision }
+
+func (t *updateTxn) Get(key []byte) ([]byte, error) {
+	if t.finished {
+		return nil, errTxnFinished
+	}
+	if err := checkBadgerKey(key); err != nil {
+		return nil, err
+	}
+	if m, ok := t.writes[string(key)]; ok {
+		if m.deleted {
+			return nil, ErrNotFound
+		}
+		return bytes.Clone(m.value), nil
+	}
+	value, found, err := t.batch.lookup(key, true)
+	switch {
+	case err != nil:
+		return nil, err
+	case !found:
+		return nil, ErrNotFound
+	}
+	return value, nil
+}
+
+func (t *updateTxn) Put(key, value []byte) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkBadgerKey(key); err != nil {
+		return err
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	if value == nil {
+		// Keep "present with an empty value" distinct from "absent".
+		value = []byte{}
+	}
+	// Copy both: the caller may reuse its slices, and the batch keeps ours
+	// until the commit and hands them to watchers afterwards.
+	return t.record(mutation{key: bytes.Clone(key), value: bytes.Clone(value)})
+}
+
+func (t *updateTxn) Delete(key []byte) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkBadgerKey(key); err != nil {
+		return err
+	}
+	_, existed, err := t.batch.lookup(key, false)
+	if err != nil {
+		return err
+	}
+	if !existed {
+		// Deleting a key nobody below this Update can see changes nothing:
+		// drop any write of our own and emit no event, as etcd does.
+		if old, ok := t.writes[string(key)]; ok {
+			t.cost -= mutationCost(old)
+			delete(t.writes, string(key))
+		}
+		return nil
+	}
+	return t.record(mutation{key: bytes.Clone(key), deleted: true})
+}
+
+// record adds m to the overlay unless the Update would outgrow one Badger
+// transaction, which is the largest unit the store can apply atomically.
+func (t *updateTxn) record(m mutation) error {
+	cost := t.cost + mutationCost(m)
+	count := len(t.writes) + 1
+	if old, ok := t.writes[string(m.key)]; ok {
+		cost -= mutationCost(old)
+		count--
+	}
+	if count > t.batch.limits.count || cost > t.batch.limits.cost {
+		return fmt.Errorf("%w: the transaction's writes exceed %d entries or %d bytes",
+			ErrTooLarge, t.batch.limits.count, t.batch.limits.cost)
+	}
+	t.writes[string(m.key)] = m
+	t.cost = cost
+	return nil
+}
+
+func (t *updateTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkPrefix(prefix); err != nil {
+		return err
+	}
+	lower := scanLowerBound(prefix, start)
+	inRange := func(key []byte) bool {
+		return bytes.HasPrefix(key, prefix) && bytes.Compare(key, lower) >= 0
+	}
+	// Writes made by fn during the scan are not visited: the uncommitted
+	// keys are gathered up front.
+	var overlay []mutation
+	for _, m := range t.writes {
+		if inRange(m.key) {
+			overlay = append(overlay, m)
+		}
+	}
+	for k, m := range t.batch.pending {
+		if _, shadowed := t.writes[k]; !shadowed && inRange(m.key) {
+			overlay = append(overlay, m)
+		}
+	}
+	slices.SortFunc(overlay, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
+	return mergeScan(t.batch.readSnapshot(), prefix, lower, overlay, fn)
+}
+
+// mergeScan visits, in key order, the keys under prefix from lower on in the
+// snapshot merged with overlay (sorted), where overlay wins on equal keys.
+func mergeScan(snapshot *badger.Txn, prefix, lower []byte, overlay []mutation, fn func(key, value []byte) error) error {
+	it := snapshot.NewIterator(badger.IteratorOptions{Prefix: prefix})
+	defer it.Close()
+	it.Seek(lower)
+	next := 0
+	for {
+		var err error
+		dbValid := it.ValidForPrefix(prefix)
+		switch {
+		case next < len(overlay) && (!dbValid || bytes.Compare(overlay[next].key, it.Item().Key()) <= 0):
+			m := overlay[next]
+			next++
+			if dbValid && bytes.Equal(m.key, it.Item().Key()) {
+				it.Next()
+			}
+			if m.deleted {
+				continue
+			}
+			// Full slice expressions: an append by fn must not write into
+			// the batch's memory.
+			err = fn(m.key[:len(m.key):len(m.key)], m.value[:len(m.value):len(m.value)])
+		case dbValid:
+			item := it.Item()
+			key := item.Key()
+			err = item.Value(func(value []byte) error {
+				return fn(key[:len(key):len(key)], value[:len(value):len(value)])
+			})
+			it.Next()
+		default:
+			return nil
+		}
+		if errors.Is(err, ErrStopScan) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}

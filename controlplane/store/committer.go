@@ -1,0 +1,215 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
+
+	badger "github.com/dgraph-io/badger/v4"
+)
+
+// ErrPanicked is returned by Update when its function panicked. The panic is
+// confined to that Update: its writes are discarded and the store goes on.
+var ErrPanicked = errors.New("store: update function panicked")
+
+// revisionKey holds the last committed revision, big-endian, in the
+// reserved namespace so that no caller can read, write or scan it.
+var revisionKey = []byte{reservedKeyByte, 'r', 'e', 'v'}
+
+// revisionCost is what the revision entry adds to a Badger transaction.
+var revisionCost = mutationCost(mutation{key: revisionKey, value: make([]byte, 8)})
+
+// committer is the single writer of a Badger store. It turns the Updates
+// that are waiting when it becomes free into one group commit: it runs
+// their functions one after another, commits all their writes with one
+// synced Badger transaction, and only then answers their callers.
+type committer struct {
+	db       *badger.DB
+	queue    *requestQueue
+	hub      *watchHub
+	log      *slog.Logger
+	maxBatch int
+	limits   txnLimits
+	stats    *badgerCounters
+	// revision is the last durable revision. Only the committer goroutine
+	// uses it.
+	revision uint64
+	done     chan struct{}
+}
+
+// outcome is what a taken request will be answered once the batch is
+// committed.
+type outcome struct {
+	req *request
+	err error
+	// dependsOn is how many of the batch's applied updates this request
+	// read or wrote; it succeeds only if all of them became durable.
+	dependsOn int
+}
+
+func (c *committer) run() {
+	defer close(c.done)
+	var spare []*request
+	var outcomes []outcome
+	for {
+		reqs := c.queue.take(c.maxBatch, spare)
+		if reqs == nil {
+			return
+		}
+		outcomes = c.runBatch(reqs, outcomes[:0])
+		clear(outcomes)
+		clear(reqs)
+		spare = reqs
+	}
+}
+
+func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
+	b := newBatch(c.db, c.revision, c.limits)
+	for _, r := range reqs {
+		if err := r.ctx.Err(); err != nil {
+			// Not started yet, so it must not write: report the context's
+			// error instead, unless the caller already gave up.
+			if r.state.CompareAndSwap(requestQueued, requestAbandoned) {
+				r.answer(err)
+			}
+			continue
+		}
+		if !r.state.CompareAndSwap(requestQueued, requestTaken) {
+			continue
+		}
+		t := b.begin()
+		err := c.runFunction(r.fn, t)
+		t.finished = true
+		if err == nil {
+			b.apply(t)
+		}
+		outcomes = append(outcomes, outcome{req: r, err: err, dependsOn: len(b.updates)})
+	}
+	b.release()
+
+	committed, commitErr := c.commit(b.updates)
+	if committed > 0 {
+		c.revision = b.updates[committed-1].revision
+		c.hub.publish(b.updates[:committed])
+	}
+	if commitErr != nil {
+		c.log.Error("store: group commit failed", "err", commitErr,
+			"committed_updates", committed, "failed_updates", len(b.updates)-committed)
+		commitErr = fmt.Errorf("store: commit: %w", commitErr)
+	}
+	if len(b.updates) > 0 {
+		c.stats.batches.Add(1)
+	}
+	for _, o := range outcomes {
+		err := o.err
+		if o.dependsOn > committed {
+			// Its function saw writes that never became durable, so
+			// whatever it concluded cannot be trusted either.
+			err = commitErr
+		}
+		if err == nil {
+			c.stats.updates.Add(1)
+		}
+		o.req.answer(err)
+	}
+	return outcomes
+}
+
+// runFunction runs an Update's function, turning a panic into an error for
+// that caller alone.
+func (c *committer) runFunction(fn func(Txn) error, t *updateTxn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.log.Error("store: update function panicked", "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: %v", ErrPanicked, p)
+		}
+	}()
+	return fn(t)
+}
+
+// commit makes updates durable, in order, in as few Badger transactions as
+// they fit in. It returns how many leading updates are durable; on error
+// the rest are not applied.
+func (c *committer) commit(updates []*appliedUpdate) (int, error) {
+	done := 0
+	for done < len(updates) {
+		n, err := c.commitPrefix(updates[done:])
+		done += n
+		if err != nil {
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// commitPrefix commits the longest prefix of updates that fits in one
+// Badger transaction and returns its length. Transactions split only
+// between updates, so each Update stays atomic and a crash between two of
+// them leaves a prefix of the commit order.
+func (c *committer) commitPrefix(updates []*appliedUpdate) (int, error) {
+	n := len(updates)
+	for {
+		txn := c.db.NewTransaction(true)
+		fitted, err := fill(txn, updates[:n])
+		if err == nil {
+			err = txn.Commit()
+			if err != nil {
+				return 0, err
+			}
+			c.stats.transactions.Add(1)
+			return n, nil
+		}
+		txn.Discard()
+		if !errors.Is(err, badger.ErrTxnTooBig) {
+			return 0, err
+		}
+		if fitted == 0 {
+			// Unreachable while updateTxn.record enforces txnLimits.
+			return 0, fmt.Errorf("%w: one update does not fit in a Badger transaction", ErrTooLarge)
+		}
+		n = fitted
+	}
+}
+
+// fill adds the writes of updates and the revision of the last one to txn.
+// On error it reports how many leading updates fitted entirely; whether the
+// revision fits beside them is found out by the next attempt.
+func fill(txn *badger.Txn, updates []*appliedUpdate) (int, error) {
+	for i, u := range updates {
+		for _, m := range u.writes {
+			var err error
+			if m.deleted {
+				err = txn.Delete(m.key)
+			} else {
+				err = txn.Set(m.key, m.value)
+			}
+			if err != nil {
+				return i, err
+			}
+		}
+	}
+	last := updates[len(updates)-1].revision
+	if err := txn.Set(revisionKey, encodeRevision(last)); err != nil {
+		return len(updates) - 1, err
+	}
+	return len(updates), nil
+}
+
+func encodeRevision(rev uint64) []byte {
+	return binary.BigEndian.AppendUint64(make([]byte, 0, 8), rev)
+}
+
+func decodeRevision(b []byte) (uint64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("store: corrupt revision record of %d bytes", len(b))
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// badgerCounters back BadgerStats.
+type badgerCounters struct {
+	batches, transactions, updates atomic.Uint64
+}

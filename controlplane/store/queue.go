@@ -1,0 +1,113 @@
+package store
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+)
+
+// Request states. A request moves from queued to exactly one of the others,
+// by compare-and-swap, so the caller and the committer agree on whether its
+// writes can still happen.
+const (
+	requestQueued    int32 = iota
+	requestTaken           // the committer owns it: it will run and be answered
+	requestAbandoned       // its context ended first: it will never run
+)
+
+// request is one Update waiting for the committer.
+type request struct {
+	ctx   context.Context
+	fn    func(Txn) error
+	state atomic.Int32
+	// err is written by the committer before done is closed.
+	err  error
+	done chan struct{}
+}
+
+func (r *request) answer(err error) {
+	r.err = err
+	close(r.done)
+}
+
+// requestQueue hands Update requests to the committer. It is a slice behind
+// a mutex rather than a channel so that the committer can take everything
+// that is waiting in one step, and so that closing it can never race with a
+// send.
+type requestQueue struct {
+	mu     sync.Mutex
+	items  []*request
+	closed bool
+	// ready holds a token whenever items may be non-empty or the queue was
+	// closed; the committer waits on it instead of polling.
+	ready chan struct{}
+}
+
+func newRequestQueue() *requestQueue {
+	return &requestQueue{ready: make(chan struct{}, 1)}
+}
+
+// push enqueues r, or returns ErrClosed once the queue is closed.
+func (q *requestQueue) push(r *request) error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return ErrClosed
+	}
+	q.items = append(q.items, r)
+	q.mu.Unlock()
+	q.signal()
+	return nil
+}
+
+func (q *requestQueue) signal() {
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take blocks until at least one request is queued and returns up to max of
+// them, oldest first, reusing spare as storage. It returns nil once the
+// queue is closed and empty. Only one goroutine may call take.
+func (q *requestQueue) take(max int, spare []*request) []*request {
+	for {
+		q.mu.Lock()
+		if n := len(q.items); n > 0 {
+			var out []*request
+			if n <= max {
+				// Swap buffers: the common case allocates nothing.
+				out = q.items
+				q.items = spare[:0]
+			} else {
+				out = append(spare[:0], q.items[:max]...)
+				rest := copy(q.items, q.items[max:])
+				clear(q.items[rest:])
+				q.items = q.items[:rest]
+			}
+			q.mu.Unlock()
+			return out
+		}
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return nil
+		}
+		<-q.ready
+	}
+}
+
+// close makes further pushes fail; requests already queued are still taken.
+func (q *requestQueue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.signal()
+}
+
+// len is the number of requests waiting for the committer.
+func (q *requestQueue) len() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items)
+}

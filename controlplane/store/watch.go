@@ -1,0 +1,144 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"sync"
+)
+
+// watchHub fans committed events out to prefix watchers. The committer
+// publishes with non-blocking sends only: a watcher whose buffer is full is
+// ended with ErrWatchLagged rather than allowed to slow every writer down.
+type watchHub struct {
+	mu       sync.Mutex
+	watchers map[*watcher]struct{}
+	closed   bool
+	buffer   int
+}
+
+func newWatchHub(buffer int) *watchHub {
+	return &watchHub{watchers: make(map[*watcher]struct{}), buffer: buffer}
+}
+
+// watcher implements Watcher. Its channel is closed, and err set, exactly
+// once, under the hub's lock.
+type watcher struct {
+	prefix []byte
+	events chan []Event
+	// stopContext detaches the context callback once the watch has ended
+	// for another reason.
+	stopContext func() bool
+
+	mu  sync.Mutex
+	err error
+}
+
+func (w *watcher) Events() <-chan []Event { return w.events }
+
+func (w *watcher) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// add registers a watch on prefix that ends when ctx does.
+func (h *watchHub) add(ctx context.Context, prefix []byte) (*watcher, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	w := &watcher{prefix: bytes.Clone(prefix), events: make(chan []Event, h.buffer)}
+	h.mu.Lock()
+	if h.closed {
+		h.mu.Unlock()
+		return nil, ErrClosed
+	}
+	h.watchers[w] = struct{}{}
+	// Registered under the lock so that endLocked always sees it; the
+	// callback runs on its own goroutine, so it cannot deadlock on h.mu.
+	w.stopContext = context.AfterFunc(ctx, func() { h.end(w, ctx.Err()) })
+	h.mu.Unlock()
+	return w, nil
+}
+
+func (h *watchHub) end(w *watcher, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.endLocked(w, err)
+}
+
+func (h *watchHub) endLocked(w *watcher, err error) {
+	if _, ok := h.watchers[w]; !ok {
+		return
+	}
+	delete(h.watchers, w)
+	w.mu.Lock()
+	w.err = err
+	w.mu.Unlock()
+	// The consumer learns why from Err after it sees the channel close, so
+	// err is set first.
+	close(w.events)
+	w.stopContext()
+}
+
+// publish delivers the events of committed updates, in commit order, one
+// batch per update, to every watcher whose prefix matches. Event slices are
+// shared between watchers and must not be modified by them.
+func (h *watchHub) publish(updates []*appliedUpdate) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.watchers {
+		for _, u := range updates {
+			events := matching(u.events, w.prefix)
+			if len(events) == 0 {
+				continue
+			}
+			select {
+			case w.events <- events:
+			default:
+				h.endLocked(w, ErrWatchLagged)
+			}
+			if _, alive := h.watchers[w]; !alive {
+				break
+			}
+		}
+	}
+}
+
+// matching returns the events whose key has prefix, without copying when
+// all of them do (the common case for a watch on a whole keyspace).
+func matching(events []Event, prefix []byte) []Event {
+	first := 0
+	for first < len(events) && !bytes.HasPrefix(events[first].Key, prefix) {
+		first++
+	}
+	if first == len(events) {
+		return nil
+	}
+	all := true
+	for _, ev := range events[first:] {
+		if !bytes.HasPrefix(ev.Key, prefix) {
+			all = false
+			break
+		}
+	}
+	if all {
+		return events[first:len(events):len(events)]
+	}
+	var out []Event
+	for _, ev := range events[first:] {
+		if bytes.HasPrefix(ev.Key, prefix) {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// close ends every watch with ErrClosed and refuses new ones.
+func (h *watchHub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for w := range h.watchers {
+		h.endLocked(w, ErrClosed)
+	}
+}

@@ -1,0 +1,140 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestReportWritesJSONList(t *testing.T) {
+	r := &Report{}
+	r.Add("store/group-commit/writers=64", 43210.5, "ops/s")
+	r.Add("store/group-commit-vs-baseline/writers=64", 5.25, "x")
+	path := filepath.Join(t.TempDir(), "bench-results.json")
+	if err := r.WriteJSON(path); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatalf("results are not a JSON list: %v\n%s", err, data)
+	}
+	want := []map[string]any{
+		{"name": "store/group-commit/writers=64", "value": 43210.5, "unit": "ops/s"},
+		{"name": "store/group-commit-vs-baseline/writers=64", "value": 5.25, "unit": "x"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d results, want %d", len(got), len(want))
+	}
+	for i := range want {
+		for k, v := range want[i] {
+			if got[i][k] != v {
+				t.Errorf("result %d: %s = %v, want %v", i, k, got[i][k], v)
+			}
+		}
+	}
+
+	empty := filepath.Join(t.TempDir(), "empty.json")
+	if err := (&Report{}).WriteJSON(empty); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(empty); strings.TrimSpace(string(data)) != "[]" {
+		t.Fatalf("an empty report wrote %q, want []", data)
+	}
+}
+
+func TestReportTableIsAligned(t *testing.T) {
+	r := &Report{}
+	r.Add("a", 1234567, "ops/s")
+	r.Add("much/longer/name", 5.5, "x")
+	var b strings.Builder
+	if err := r.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	if len(lines) != 4 {
+		t.Fatalf("table has %d lines, want header, rule and 2 rows:\n%s", len(lines), b.String())
+	}
+	// Values are right-aligned: their last digit sits in one column.
+	end := strings.Index(lines[2], "1,234,567") + len("1,234,567")
+	if got := strings.Index(lines[3], "5.50") + len("5.50"); got != end || end <= len("1,234,567") {
+		t.Fatalf("values not aligned:\n%s", b.String())
+	}
+}
+
+func TestRegisterAndRun(t *testing.T) {
+	var ran []string
+	Register("test/first", func(ctx context.Context, r *Report) error {
+		ran = append(ran, "first")
+		r.Add("test/first", 1, "x")
+		return nil
+	})
+	errBroken := errors.New("broken")
+	Register("test/second", func(context.Context, *Report) error {
+		ran = append(ran, "second")
+		return errBroken
+	})
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("registering a name twice did not panic")
+			}
+		}()
+		Register("test/first", func(context.Context, *Report) error { return nil })
+	}()
+
+	r := &Report{}
+	var log strings.Builder
+	err := Run(t.Context(), r, func(name string) bool { return strings.HasPrefix(name, "test/") }, &log)
+	if !errors.Is(err, errBroken) {
+		t.Fatalf("Run returned %v, want the failing scenario's error", err)
+	}
+	if strings.Join(ran, ",") != "first,second" {
+		t.Fatalf("ran %q, want both scenarios in name order despite the failure", ran)
+	}
+	if res := r.Results(); len(res) != 1 || res[0].Name != "test/first" {
+		t.Fatalf("results %v", res)
+	}
+	if err := Run(t.Context(), r, func(string) bool { return false }, &log); err == nil {
+		t.Fatal("Run with no matching scenario succeeded")
+	}
+}
+
+func TestThroughput(t *testing.T) {
+	rate, err := Throughput(t.Context(), 4, 50*time.Millisecond, func(ctx context.Context, _ int) error {
+		select {
+		case <-time.After(time.Millisecond):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err() // ending with the run is not a failure
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4 workers each doing at most 1000 ops/s.
+	if rate <= 0 || rate > 4000 {
+		t.Fatalf("rate %.0f ops/s, want between 0 and 4000", rate)
+	}
+
+	errOp := errors.New("op failed")
+	calls := 0
+	_, err = Throughput(t.Context(), 1, time.Minute, func(context.Context, int) error {
+		calls++
+		if calls == 3 {
+			return errOp
+		}
+		return nil
+	})
+	if !errors.Is(err, errOp) {
+		t.Fatalf("Throughput returned %v, want the op's error without waiting out the run", err)
+	}
+}
