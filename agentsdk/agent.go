@@ -192,6 +192,13 @@ func (a *Agent) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream := a.conn.Agent.Session(ctx)
+	// Unblock Receive when ctx ends: a bidi stream's Receive does not
+	// always observe the context on its own.
+	stop := context.AfterFunc(ctx, func() {
+		_ = stream.CloseRequest()
+		_ = stream.CloseResponse()
+	})
+	defer stop()
 	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: a.node.NodeId}}}); err != nil {
 		return err
 	}

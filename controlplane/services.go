@@ -56,3 +56,7 @@ func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption)
 	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
 }
+
+// Poke makes the reconcilers re-read the clock now. Tests that move a
+// manual clock call it; with the real clock it is never needed.
+func (s *Server) Poke() { s.supervisor.Poke() }
