@@ -65,6 +65,10 @@ type Config struct {
 	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
 	// StopPolicy decides which stop proposals are approved automatically.
 	StopPolicy supervisor.ProposalPolicy
+	// RateLimit is each caller's sustained request rate per second, with
+	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited.
+	RateLimit float64
+	RateBurst float64
 }
 
 func (c *Config) defaults() {
@@ -205,6 +209,7 @@ func (s *Server) buildHandler() error {
 		Policy:      Policy(),
 		Now:         s.cfg.Clock.Now,
 		AgentActive: s.agentActive,
+		Limiter:     &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
 	}
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),

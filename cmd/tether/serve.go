@@ -16,6 +16,7 @@ import (
 func newServeCommand(g *globals) *cobra.Command {
 	var (
 		listen, tlsCert, tlsKey, logFormat, logLevel string
+		rateLimit                                    float64
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -29,7 +30,7 @@ func newServeCommand(g *globals) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			srv, err := controlplane.New(ctx, controlplane.Config{
-				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log,
+				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
 			})
 			if err != nil {
 				return err
@@ -54,6 +55,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
 	return cmd
 }
 

@@ -19,6 +19,8 @@ type Interceptor struct {
 	// AgentActive returns nil when an agent credential's node may still act;
 	// an error wrapping ErrRevoked when the node is terminated or unknown.
 	AgentActive func(ctx context.Context, nodeID string) error
+	// Limiter bounds the request rate of each principal (nil: unlimited).
+	Limiter *RateLimiter
 }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
@@ -52,6 +54,10 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 			who = "agents"
 		}
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
+	}
+	if ok, wait := i.Limiter.Allow(p.ID()); !ok {
+		err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: rate limit for %s exceeded; retry in %s", p.ID(), wait.Round(time.Millisecond)))
+		return ctx, err
 	}
 	return WithPrincipal(ctx, p), nil
 }

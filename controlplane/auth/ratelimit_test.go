@@ -1,0 +1,48 @@
+package auth
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tetherhq/tether/internal/clock"
+)
+
+func TestRateLimiterBoundsEachCallerSeparately(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	l := &RateLimiter{Rate: 10, Burst: 3, Now: clk.Now}
+	for i := 0; i < 3; i++ {
+		if ok, _ := l.Allow("agent:a"); !ok {
+			t.Fatalf("request %d within the burst refused", i)
+		}
+	}
+	ok, wait := l.Allow("agent:a")
+	if ok {
+		t.Fatal("fourth request in the same instant allowed")
+	}
+	if wait != 100*time.Millisecond {
+		t.Fatalf("wait = %s, want 100ms at 10/s", wait)
+	}
+	if ok, _ := l.Allow("agent:b"); !ok {
+		t.Fatal("another caller was limited by agent:a's bucket")
+	}
+	clk.Advance(100 * time.Millisecond)
+	if ok, _ := l.Allow("agent:a"); !ok {
+		t.Fatal("a token did not refill after 100ms")
+	}
+	if ok, _ := l.Allow("agent:a"); ok {
+		t.Fatal("more than one token refilled after 100ms")
+	}
+	clk.Advance(time.Hour)
+	if ok, _ := l.Allow("agent:c"); !ok || len(l.buckets) != 1 {
+		t.Fatalf("idle buckets were not swept: %d left", len(l.buckets))
+	}
+}
+
+func TestZeroRateDisablesTheLimiter(t *testing.T) {
+	l := &RateLimiter{}
+	for i := 0; i < 1000; i++ {
+		if ok, _ := l.Allow("x"); !ok {
+			t.Fatal("a disabled limiter refused")
+		}
+	}
+}
