@@ -24,7 +24,7 @@ var (
 	// Agent: agents only (the handler binds the caller to the holder).
 	Agent = Rule{Agents: true}
 	// Admin: admins only.
-	Admin = Rule{}
+	Admin = Rule{Roles: []Role{RoleAdmin}}
 )
 
 // Policy maps a Connect procedure ("/tether.v1.AgentService/Spawn") to its
@@ -35,6 +35,11 @@ type Policy map[string]Rule
 func (r Rule) Allows(p Principal) bool {
 	if p.Kind == KindAgent {
 		return r.Agents
+	}
+	// A rule with no roles is for agents only: an operator, even an admin,
+	// does not act as the holder of a lease or a session.
+	if len(r.Roles) == 0 {
+		return false
 	}
 	return p.HasRole(r.Roles...)
 }
