@@ -26,7 +26,7 @@ bench:
 	$(GO) run ./cmd/tether-bench -out bench-results.json
 
 demo: build
-	$(BIN)/tether demo
+	$(BIN)/tether demo $(DEMO_FLAGS)
 
 tools:
 	@mkdir -p $(BIN)

@@ -7,9 +7,13 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // errInvalid marks request validation failures made at the edge.
@@ -29,8 +33,15 @@ func toConnect(err error) error {
 	}
 	code := connect.CodeInternal
 	switch {
-	case errors.Is(err, errInvalid), errors.Is(err, supervisor.ErrInvalidArgument):
+	case errors.Is(err, errInvalid), errors.Is(err, supervisor.ErrInvalidArgument),
+		errors.Is(err, coordinator.ErrInvalidArgument), errors.Is(err, lease.ErrInvalidMessage):
 		code = connect.CodeInvalidArgument
+	case errors.Is(err, coordinator.ErrNotFound):
+		code = connect.CodeNotFound
+	case errors.Is(err, coordinator.ErrPrecondition):
+		code = connect.CodeAborted
+	case errors.Is(err, coordinator.ErrStopped), errors.Is(err, coordinator.ErrCommit):
+		code = connect.CodeUnavailable
 	case errors.Is(err, supervisor.ErrNodeNotFound), errors.Is(err, store.ErrNotFound),
 		errors.Is(err, supervisor.ErrCallNotFound), errors.Is(err, supervisor.ErrTerminationNotFound),
 		errors.Is(err, supervisor.ErrRecordNotFound), errors.Is(err, supervisor.ErrProposalNotFound):
@@ -42,6 +53,31 @@ func toConnect(err error) error {
 		code = connect.CodePermissionDenied
 	case errors.Is(err, supervisor.ErrTokenRejected):
 		code = connect.CodePermissionDenied
+	// The capability tree: the pure core's sentinels and grantstore's.
+	case errors.Is(err, grantstore.ErrInvalidArgument), errors.Is(err, capability.ErrInvalidGrant),
+		errors.Is(err, capability.ErrInvalidScope), errors.Is(err, capability.ErrInvalidTTL),
+		errors.Is(err, capability.ErrExpiryExceedsParent), errors.Is(err, capability.ErrChainTooDeep):
+		code = connect.CodeInvalidArgument
+	case errors.Is(err, capability.ErrUnknownGrant):
+		code = connect.CodeNotFound
+	case errors.Is(err, capability.ErrScopeEscalation), errors.Is(err, capability.ErrNotInSubtree),
+		errors.Is(err, capability.ErrNotHolder), errors.Is(err, capability.ErrNotRevoker),
+		errors.Is(err, grantstore.ErrNotVisible), errors.Is(err, grantstore.ErrOperatorOnly),
+		errors.Is(err, grantstore.ErrAgentOnly), errors.Is(err, grantstore.ErrScopeNotGranted):
+		code = connect.CodePermissionDenied
+	case errors.Is(err, capability.ErrGrantRevoked), errors.Is(err, capability.ErrGrantExpired),
+		errors.Is(err, capability.ErrGrantNotYetValid), errors.Is(err, grantstore.ErrNodeNotRunning):
+		code = connect.CodeFailedPrecondition
+	case errors.Is(err, grantstore.ErrContended):
+		code = connect.CodeAborted
+	case errors.Is(err, capability.ErrFeedStale):
+		code = connect.CodeUnavailable
+	case errors.Is(err, capability.ErrTokenTooLarge), errors.Is(err, capability.ErrTokenMalformed),
+		errors.Is(err, capability.ErrTokenAlgorithm), errors.Is(err, capability.ErrTokenSignature),
+		errors.Is(err, capability.ErrTokenIssuer), errors.Is(err, capability.ErrTokenAudience),
+		errors.Is(err, capability.ErrTokenExpired), errors.Is(err, capability.ErrTokenNotYetValid),
+		errors.Is(err, capability.ErrTokenClaims), errors.Is(err, capability.ErrUnknownKey):
+		code = connect.CodeUnauthenticated
 	case errors.Is(err, supervisor.ErrLimit), errors.Is(err, store.ErrTooLarge):
 		code = connect.CodeResourceExhausted
 	case errors.Is(err, auth.ErrDenied):

@@ -28,11 +28,13 @@ import (
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // Config configures a control plane.
@@ -69,6 +71,12 @@ type Config struct {
 	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited.
 	RateLimit float64
 	RateBurst float64
+	// CapabilityTokenTTL is the lifetime of capability tokens; default
+	// capability.DefaultTokenTTL, at most capability.MaxTokenTTL.
+	CapabilityTokenTTL time.Duration
+	// RevocationHeartbeat is how often WatchRevocations tells an idle
+	// follower the feed head; default grantstore.DefaultHeartbeat.
+	RevocationHeartbeat time.Duration
 }
 
 func (c *Config) defaults() {
@@ -107,6 +115,8 @@ type Server struct {
 	privileges *supervisor.Privileges
 	signals    *supervisor.Signals
 	supervisor *supervisor.Supervisor
+	leases     *coordinator.Coordinator
+	grants     *grantstore.Service
 	log        *slog.Logger
 	handler    http.Handler
 	components []component

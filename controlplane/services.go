@@ -7,13 +7,33 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // buildComponents creates the domain services on top of the store, in
 // dependency order, and registers their background loops.
 func (s *Server) buildComponents(ctx context.Context) error {
+	leases, err := coordinator.New(ctx, coordinator.Config{Store: s.store, Clock: s.cfg.Clock, Policy: lease.DefaultPolicy(), Log: s.log})
+	if err != nil {
+		return err
+	}
+	s.leases = leases
+	s.addComponent("leases", leases.Run)
+	grants, err := grantstore.New(grantstore.Config{
+		Store: s.store, Clock: s.cfg.Clock, Keys: s.keys.Get, Issuer: s.cfg.Issuer,
+		TokenTTL: s.cfg.CapabilityTokenTTL, Heartbeat: s.cfg.RevocationHeartbeat, Log: s.log,
+	})
+	if err != nil {
+		return err
+	}
+	s.grants = grants
+	s.addComponent("grants-feed", grants.RunFeed)
+	s.addComponent("grants-marker", grants.RunMarker)
+	s.addComponent("grants-pruner", grants.RunPruner)
 	s.ledger = &supervisor.Ledger{Store: s.store, Clock: s.cfg.Clock}
 	s.privileges = &supervisor.Privileges{Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers}
 	s.signals = &supervisor.Signals{Store: s.store}
@@ -21,6 +41,9 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log,
 	}
+	s.supervisor.Leases = s.leases
+	s.ledger.Tokens = s.grants
+	s.supervisor.Grants = s.grants
 	s.addComponent("supervisor", s.supervisor.Run)
 	s.addComponent("session-signals", s.signals.Run)
 	s.addComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor}).Run)
@@ -51,8 +74,8 @@ func (s *Server) recordSink() supervisor.RecordSink {
 func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption) {
 	mux.Handle(tetherv1connect.NewAuthServiceHandler(&authService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
-	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&tetherv1connect.UnimplementedCapabilityServiceHandler{}, opts...))
-	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&tetherv1connect.UnimplementedLeaseServiceHandler{}, opts...))
+	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&capabilityService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&leaseService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
 }

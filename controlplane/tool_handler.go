@@ -58,6 +58,11 @@ func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tether
 
 func (t *toolService) WatchCancels(ctx context.Context, req *connect.Request[tetherv1.WatchCancelsRequest], stream *connect.ServerStream[tetherv1.WatchCancelsResponse]) error {
 	p, _ := auth.FromContext(ctx)
+	// Flush the response headers now: the gate's client returns from the
+	// call only when they arrive, and the first order may be far off.
+	if err := stream.Send(nil); err != nil {
+		return err
+	}
 	err := t.s.ledger.WatchCancels(ctx, req.Msg.GateId, func(c *tetherv1.ToolCall) error {
 		// An agent acting as its own gate sees only its own calls' orders.
 		if p.IsAgent() && c.NodeId != p.NodeID() {

@@ -239,6 +239,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	var mode Mode
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
 		members = nil
+		inFlight := 0
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
@@ -272,6 +273,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				return err
 			}
 			for _, c := range calls {
+				inFlight++
 				c.TerminationId = t.ID
 				if err := putCall(tx, c); err != nil {
 					return err
@@ -282,11 +284,10 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			}
 		}
 		t.Members = members
-		next, err := Advance(t, ActMark, Progress{Unconfirmed: len(members)}, now)
+		next, err := Advance(t, ActMark, Progress{CallsInFlight: inFlight, Unconfirmed: len(members)}, now)
 		if err != nil {
 			return err
 		}
-		next.Progress.CallsInFlight = 0
 		return putJSON(tx, terminationKey(id), next)
 	})
 	if err == nil && len(members) > 0 {

@@ -129,7 +129,9 @@ func confirmStrength(by string) int {
 	return 0
 }
 
-func hasSuffix(s, suffix string) bool { return len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix }
+func hasSuffix(s, suffix string) bool {
+	return len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix
+}
 
 // ConfirmExit records that a node's process has exited, and who says so
 // (principal plus "(self)", "(ancestor)" or "(launcher)"). A stronger

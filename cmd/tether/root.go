@@ -34,11 +34,13 @@ func newRootCommand() *cobra.Command {
 		newServeCommand(g),
 		newAgentCommand(g),
 		newTokenCommand(g),
+		newLeaseCommand(g),
 		newWhoAmICommand(g),
 		newTerminateCommand(g),
 		newTerminationCommand(g),
 		newRecordCommand(g),
 		newProposalCommand(g),
+		newDemoCommand(),
 	)
 	return root
 }

@@ -1,0 +1,566 @@
+package agentsdk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Causes of a Job's context.
+var (
+	// ErrLeaseCancelled: the coordinator requested cancellation. The job
+	// should stop and Complete with CANCELLED (or FAILED).
+	ErrLeaseCancelled = errors.New("agentsdk: the coordinator requested cancellation of the job")
+	// ErrLeaseLost: the coordinator says this generation no longer has
+	// authority (it expired, was superseded, or the job is terminal).
+	ErrLeaseLost = errors.New("agentsdk: the lease is no longer held")
+	// ErrJobEnded: the job was completed or stopped by its worker.
+	ErrJobEnded = errors.New("agentsdk: the job ended")
+)
+
+// ErrSpooled is returned by Job.Progress and Job.Complete when the control
+// plane could not be reached: the message is in the spool, synced to disk,
+// and will be replayed with its original sequence and sent_at.
+var ErrSpooled = errors.New("agentsdk: control plane unreachable; the message is spooled for replay")
+
+// LeaseWorkerConfig configures a LeaseWorker.
+type LeaseWorkerConfig struct {
+	// Conn is the agent's connection: its credential is the holder
+	// identity the coordinator binds every message to.
+	Conn *Conn
+	// SpoolDir is where progress and results wait, durably, while the
+	// control plane is unreachable. Required; one LeaseWorker per
+	// directory at a time.
+	SpoolDir string
+	// Clock stamps sent_at (evidence only: the coordinator decides on its
+	// own clock). Nil means the wall clock.
+	Clock Clock
+	// RenewEvery is how often a job renews; 0 means a third of its lease
+	// duration. It only schedules renewals: expiry is whatever the
+	// coordinator answers.
+	RenewEvery time.Duration
+	Log        *slog.Logger
+}
+
+// LeaseWorker works under fenced job leases for one agent: it ACKs offers,
+// keeps each job's lease renewed until the coordinator says it ended,
+// reports progress and terminal results, turns a cancel request into
+// context cancellation plus a callback and an acknowledgement, and keeps
+// what it could not deliver in an append-only, fsynced spool that it
+// replays, in order, once the control plane answers again.
+type LeaseWorker struct {
+	cfg   LeaseWorkerConfig
+	spool *spool
+	// sendMu keeps delivery in spool order: nothing new is sent directly
+	// while older messages wait in the spool.
+	sendMu sync.Mutex
+}
+
+// NewLeaseWorker opens (or creates) the spool. Messages left there by an
+// earlier process are replayed by Replay or before the next delivery.
+func NewLeaseWorker(cfg LeaseWorkerConfig) (*LeaseWorker, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("agentsdk: LeaseWorker needs a Conn")
+	}
+	if cfg.SpoolDir == "" {
+		return nil, errors.New("agentsdk: LeaseWorker needs a SpoolDir")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	sp, err := openSpool(filepath.Join(cfg.SpoolDir, "lease-spool.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	return &LeaseWorker{cfg: cfg, spool: sp}, nil
+}
+
+// Close closes the spool file.
+func (w *LeaseWorker) Close() error { return w.spool.close() }
+
+// Pending reports how many messages wait in the spool.
+func (w *LeaseWorker) Pending() int { return w.spool.len() }
+
+// Replay delivers the spooled messages in order and returns how many the
+// coordinator answered. It stops at the first one the control plane could
+// not be reached for. Each is judged on its own identity, generation and
+// sequence: a result from a generation that expired meanwhile is recorded
+// as evidence and rejected, never accepted.
+func (w *LeaseWorker) Replay(ctx context.Context) (int, error) {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
+	return w.replayLocked(ctx)
+}
+
+func (w *LeaseWorker) replayLocked(ctx context.Context) (int, error) {
+	delivered := 0
+	for {
+		e, ok := w.spool.first()
+		if !ok {
+			return delivered, nil
+		}
+		_, d, err := w.send(ctx, e.req)
+		if err != nil && retryable(err) {
+			return delivered, err
+		}
+		if err != nil {
+			// It can never be judged (malformed, or not ours): drop it
+			// rather than block everything behind it.
+			w.cfg.Log.Warn("lease spool: dropping a message the control plane refuses", "error", err)
+		} else {
+			w.cfg.Log.Debug("lease spool: replayed", "decision", d.GetOutcome().String(), "event", d.GetAuditEvent().String())
+		}
+		if err := w.spool.done(e.id); err != nil {
+			return delivered, err
+		}
+		delivered++
+	}
+}
+
+// deliver sends req now or, when the control plane is unreachable (or
+// older messages still wait), appends it to the spool.
+func (w *LeaseWorker) deliver(ctx context.Context, req *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, error) {
+	w.sendMu.Lock()
+	defer w.sendMu.Unlock()
+	if w.spool.len() > 0 {
+		if _, err := w.replayLocked(ctx); err != nil {
+			if err := w.spool.append(req); err != nil {
+				return nil, nil, err
+			}
+			return nil, nil, ErrSpooled
+		}
+	}
+	l, d, err := w.send(ctx, req)
+	if err != nil && retryable(err) {
+		if err := w.spool.append(req); err != nil {
+			return nil, nil, err
+		}
+		return nil, nil, ErrSpooled
+	}
+	return l, d, err
+}
+
+// retryable reports whether err means "not judged, try again later"
+// rather than "judged" or "never judgeable".
+func retryable(err error) bool {
+	switch connect.CodeOf(err) {
+	case connect.CodeInvalidArgument, connect.CodePermissionDenied, connect.CodeNotFound,
+		connect.CodeUnimplemented, connect.CodeFailedPrecondition, connect.CodeOutOfRange:
+		return false
+	}
+	return true
+}
+
+func (w *LeaseWorker) send(ctx context.Context, req *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, error) {
+	c := w.cfg.Conn.Lease
+	type answer interface {
+		GetLease() *tetherv1.Lease
+		GetDecision() *tetherv1.Decision
+	}
+	var (
+		a   answer
+		err error
+	)
+	switch m := req.Message.(type) {
+	case *tetherv1.ChannelRequest_Ack:
+		var r *connect.Response[tetherv1.AckResponse]
+		if r, err = c.Ack(ctx, connect.NewRequest(m.Ack)); err == nil {
+			a = r.Msg
+		}
+	case *tetherv1.ChannelRequest_Renew:
+		var r *connect.Response[tetherv1.RenewResponse]
+		if r, err = c.Renew(ctx, connect.NewRequest(m.Renew)); err == nil {
+			a = r.Msg
+		}
+	case *tetherv1.ChannelRequest_Progress:
+		var r *connect.Response[tetherv1.ProgressResponse]
+		if r, err = c.Progress(ctx, connect.NewRequest(m.Progress)); err == nil {
+			a = r.Msg
+		}
+	case *tetherv1.ChannelRequest_CancelAck:
+		var r *connect.Response[tetherv1.LeaseServiceCancelAckResponse]
+		if r, err = c.CancelAck(ctx, connect.NewRequest(m.CancelAck)); err == nil {
+			a = r.Msg
+		}
+	case *tetherv1.ChannelRequest_Complete:
+		var r *connect.Response[tetherv1.CompleteResponse]
+		if r, err = c.Complete(ctx, connect.NewRequest(m.Complete)); err == nil {
+			a = r.Msg
+		}
+	default:
+		return nil, nil, fmt.Errorf("agentsdk: empty lease message")
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return a.GetLease(), a.GetDecision(), nil
+}
+
+// JobOptions configure one accepted job.
+type JobOptions struct {
+	// OnCancel runs when the coordinator's cancel request is first seen,
+	// after the job's context was cancelled and before the worker
+	// acknowledges the request. It must return once the job has stopped
+	// starting new work.
+	OnCancel func(l *tetherv1.Lease)
+}
+
+// Job is the work done under one generation of one job's lease.
+type Job struct {
+	w    *LeaseWorker
+	opts JobOptions
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+
+	mu          sync.Mutex
+	lease       *tetherv1.Lease
+	renewSeq    uint64
+	progressSeq uint64
+	cancelSeen  bool
+}
+
+// Accept ACKs an offered lease (which must be this agent's) and starts
+// renewing it. The job's context ends when the coordinator requests
+// cancellation (cause ErrLeaseCancelled), says the generation lost
+// authority (ErrLeaseLost), or the worker ends it (ErrJobEnded).
+func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
+	req := &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Ack{Ack: &tetherv1.AckRequest{
+		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Clock.Now()),
+	}}}
+	w.sendMu.Lock()
+	if _, err := w.replayLocked(ctx); err != nil {
+		w.sendMu.Unlock()
+		return nil, nil, err
+	}
+	l, d, err := w.send(ctx, req) // an ACK is never spooled: a late ACK is worthless
+	w.sendMu.Unlock()
+	if err != nil {
+		return nil, nil, err
+	}
+	if d.GetOutcome() == tetherv1.Outcome_OUTCOME_REJECTED {
+		return nil, d, fmt.Errorf("agentsdk: ack of job %q refused: %s %s", offered.GetJobId(), d.GetAuditEvent(), d.GetReason())
+	}
+	jctx, cancel := context.WithCancelCause(context.Background())
+	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l}
+	go j.renewLoop()
+	return j, d, nil
+}
+
+// Context ends when the job must stop; context.Cause says why.
+func (j *Job) Context() context.Context { return j.ctx }
+
+// Done is closed when the renew loop has ended.
+func (j *Job) Done() <-chan struct{} { return j.done }
+
+// Lease returns the lease as the coordinator last answered it.
+func (j *Job) Lease() *tetherv1.Lease {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.lease
+}
+
+// Header sets the fencing headers a Fence middleware checks.
+func (j *Job) Header(h http.Header) {
+	l := j.Lease()
+	h.Set(HeaderJobID, l.GetJobId())
+	h.Set(HeaderLeaseGeneration, strconv.FormatUint(l.GetLeaseGeneration(), 10))
+}
+
+// Stop ends the renew loop without a message (the lease runs out on the
+// coordinator's clock).
+func (j *Job) Stop() { j.end(ErrJobEnded) }
+
+func (j *Job) end(cause error) {
+	j.once.Do(func() {
+		j.cancel(cause)
+		close(j.stop)
+	})
+}
+
+func (j *Job) claim() (job, leaseID string, generation uint64, sent *timestamppb.Timestamp) {
+	l := j.Lease()
+	return l.GetJobId(), l.GetLeaseId(), l.GetLeaseGeneration(), timestamppb.New(j.w.cfg.Clock.Now())
+}
+
+func (j *Job) renewLoop() {
+	defer close(j.done)
+	every := j.w.cfg.RenewEvery
+	if every <= 0 {
+		every = max(j.Lease().GetLeaseDuration().AsDuration()/3, 10*time.Millisecond)
+	}
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-j.stop:
+			return
+		case <-ticker.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		_, err := j.Renew(ctx)
+		cancel()
+		if err != nil && !retryable(err) {
+			j.w.cfg.Log.Warn("lease renew refused", "job", j.Lease().GetJobId(), "error", err)
+		}
+	}
+}
+
+// Renew renews the lease once (the renew loop calls it on schedule) and
+// acts on the answer: a cancel request cancels the job's context, runs
+// OnCancel and acknowledges; an answer saying the generation has no
+// authority ends the job. Expiry is only ever learnt from the coordinator.
+func (j *Job) Renew(ctx context.Context) (*tetherv1.Decision, error) {
+	j.mu.Lock()
+	j.renewSeq++
+	seq := j.renewSeq
+	j.mu.Unlock()
+	job, leaseID, gen, sent := j.claim()
+	l, d, err := j.w.send(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{
+		JobId: job, LeaseId: leaseID, LeaseGeneration: gen, RenewSequence: seq, SentAt: sent,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	j.observe(ctx, l, gen)
+	return d, nil
+}
+
+// observe updates the job from a coordinator answer.
+func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64) {
+	if l == nil {
+		return
+	}
+	j.mu.Lock()
+	j.lease = l
+	firstCancel := l.CancelRequested && !j.cancelSeen
+	if firstCancel {
+		j.cancelSeen = true
+	}
+	j.mu.Unlock()
+	lost := l.LeaseGeneration != generation || l.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE
+	if firstCancel {
+		j.cancel(ErrLeaseCancelled)
+		if j.opts.OnCancel != nil {
+			j.opts.OnCancel(l)
+		}
+		if !l.CancelAck && !lost {
+			job, leaseID, gen, sent := j.claim()
+			_, _, err := j.w.deliver(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_CancelAck{CancelAck: &tetherv1.LeaseServiceCancelAckRequest{
+				JobId: job, LeaseId: leaseID, LeaseGeneration: gen, SentAt: sent,
+			}}})
+			if err != nil && !errors.Is(err, ErrSpooled) {
+				j.w.cfg.Log.Warn("lease cancel ack failed", "job", job, "error", err)
+			}
+		}
+		// Renewals are refused once cancellation is requested: stop asking.
+		j.end(ErrLeaseCancelled)
+	}
+	if lost {
+		j.end(ErrLeaseLost)
+	}
+}
+
+// Progress reports progress with the next sequence. When the control plane
+// is unreachable it returns ErrSpooled: the report is on disk and will be
+// replayed with its sequence and sent_at.
+func (j *Job) Progress(ctx context.Context, value string) (*tetherv1.Decision, error) {
+	j.mu.Lock()
+	j.progressSeq++
+	seq := j.progressSeq
+	j.mu.Unlock()
+	job, leaseID, gen, sent := j.claim()
+	l, d, err := j.w.deliver(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Progress{Progress: &tetherv1.ProgressRequest{
+		JobId: job, LeaseId: leaseID, LeaseGeneration: gen, ProgressSequence: seq, ProgressValue: value, SentAt: sent,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	j.observe(ctx, l, gen)
+	return d, nil
+}
+
+// Complete reports the terminal result (SUCCESS, FAILED or CANCELLED) and
+// ends the job. It may return ErrSpooled, like Progress; a spooled result
+// is judged when replayed, against the lease as it then is.
+func (j *Job) Complete(ctx context.Context, result tetherv1.TerminalResult, detail string) (*tetherv1.Decision, error) {
+	defer j.end(ErrJobEnded)
+	job, leaseID, gen, sent := j.claim()
+	l, d, err := j.w.deliver(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Complete{Complete: &tetherv1.CompleteRequest{
+		JobId: job, LeaseId: leaseID, LeaseGeneration: gen, Result: result, Detail: detail, SentAt: sent,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	if l != nil {
+		j.mu.Lock()
+		j.lease = l
+		j.mu.Unlock()
+	}
+	return d, nil
+}
+
+// spool is an append-only log of undelivered lease messages: one JSON line
+// per message ({"id":n,"request":…}) and one per delivery ({"done":n}),
+// each synced before the call returns. Opening it replays the log; a torn
+// last line (a crash mid-append) is ignored. When nothing is pending the
+// file is truncated.
+type spool struct {
+	mu      sync.Mutex
+	f       *os.File
+	nextID  uint64
+	pending []spoolEntry
+}
+
+type spoolEntry struct {
+	id  uint64
+	req *tetherv1.ChannelRequest
+}
+
+type spoolLine struct {
+	ID      uint64          `json:"id,omitempty"`
+	Request json.RawMessage `json:"request,omitempty"`
+	Done    uint64          `json:"done,omitempty"`
+}
+
+func openSpool(path string) (*spool, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	s := &spool{f: f, nextID: 1}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for sc.Scan() {
+		var line spoolLine
+		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
+			continue // a torn append
+		}
+		switch {
+		case line.Done != 0:
+			for i, e := range s.pending {
+				if e.id == line.Done {
+					s.pending = append(s.pending[:i], s.pending[i+1:]...)
+					break
+				}
+			}
+		case line.ID != 0:
+			req := &tetherv1.ChannelRequest{}
+			if err := protojson.Unmarshal(line.Request, req); err != nil {
+				continue
+			}
+			s.pending = append(s.pending, spoolEntry{id: line.ID, req: req})
+			s.nextID = max(s.nextID, line.ID+1)
+		}
+	}
+	if len(s.pending) == 0 {
+		if err := s.truncate(); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *spool) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
+func (s *spool) first() (spoolEntry, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) == 0 {
+		return spoolEntry{}, false
+	}
+	return s.pending[0], true
+}
+
+func (s *spool) writeLine(line spoolLine) error {
+	b, err := json.Marshal(line)
+	if err != nil {
+		return err
+	}
+	if _, err := s.f.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	return nil
+}
+
+func (s *spool) append(req *tetherv1.ChannelRequest) error {
+	body, err := protojson.Marshal(req)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := s.nextID
+	if err := s.writeLine(spoolLine{ID: id, Request: body}); err != nil {
+		return err
+	}
+	s.nextID++
+	s.pending = append(s.pending, spoolEntry{id: id, req: req})
+	return nil
+}
+
+func (s *spool) done(id uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.pending) > 0 && s.pending[0].id == id {
+		s.pending = s.pending[1:]
+	}
+	if len(s.pending) == 0 {
+		return s.truncate()
+	}
+	return s.writeLine(spoolLine{Done: id})
+}
+
+func (s *spool) truncate() error {
+	if err := s.f.Truncate(0); err != nil {
+		return fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	if err := s.f.Sync(); err != nil {
+		return fmt.Errorf("agentsdk: spool: %w", err)
+	}
+	return nil
+}
+
+func (s *spool) close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.f.Close()
+}

@@ -1,0 +1,367 @@
+package agentsdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/capability"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Audience is the aud of capability tokens (the control plane's
+// grantstore.Audience): tokens for tools, never accepted as credentials.
+const Audience = "tether-tools"
+
+// Verifier defaults.
+const (
+	DefaultStalenessBudget = 10 * time.Second
+	DefaultCacheSize       = 1 << 16
+	DefaultJWKSMinInterval = 10 * time.Second
+	// jwksRefreshEvery refetches the key set even when no unknown kid was
+	// seen, so keys published ahead of use are known before they sign.
+	jwksRefreshEvery = 5 * time.Minute
+	// maintenanceEvery is how often expired cache entries and droppable
+	// tombstones are swept.
+	maintenanceEvery = 30 * time.Second
+	maxBackoff       = 5 * time.Second
+)
+
+// Clock tells a Verifier the time. Tests inject a manual clock; the zero
+// config uses the wall clock.
+type Clock interface{ Now() time.Time }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now().UTC() }
+
+// ErrScopeNotGranted is returned by Authorize when a valid, unrevoked token
+// does not carry the scope the call needs.
+var ErrScopeNotGranted = errors.New("agentsdk: scope not granted")
+
+// VerifierConfig configures a Verifier.
+type VerifierConfig struct {
+	// Conn reaches the control plane: the key set is fetched from
+	// Conn.BaseURL + JWKSPath, and the revocation feed is followed with
+	// Conn's bearer token (any reader: a viewer token or an agent
+	// credential).
+	Conn *Conn
+	// Issuer is the expected iss; default "tether".
+	Issuer string
+	// Leeway is the clock skew allowed on exp, nbf and iat; default
+	// capability.DefaultLeeway, at most capability.MaxLeeway.
+	Leeway time.Duration
+	// StalenessBudget is how old the revocation feed may be before every
+	// verification fails closed (capability.ErrFeedStale); default
+	// DefaultStalenessBudget. Keep it several times the control plane's
+	// heartbeat (two seconds by default).
+	StalenessBudget time.Duration
+	// CacheSize bounds the verified tokens kept (until they expire) so that
+	// their signatures are not checked again; default DefaultCacheSize,
+	// negative to disable the cache.
+	CacheSize int
+	// JWKSMinInterval is the least time between two key-set fetches caused
+	// by unknown kids; default DefaultJWKSMinInterval.
+	JWKSMinInterval time.Duration
+	Clock           Clock
+	Logger          *slog.Logger
+}
+
+// Verifier checks capability tokens for a resource server or tool gate
+// offline: the signature against the control plane's JWKS, the claims with
+// pinned options (capability.Verifier), and revocation against an
+// in-memory tombstone set that follows the control plane's revocation feed.
+//
+// Every call:
+//
+//  1. fails closed (capability.ErrFeedStale) when the feed was last heard
+//     from longer than the staleness budget ago, or never;
+//  2. verifies the token, or finds it in the cache of tokens already
+//     verified (the cache skips only the signature and claim parsing);
+//  3. rejects a token past its exp, and one whose jti or any chain entry is
+//     tombstoned (capability.ErrGrantRevoked).
+//
+// Run must be running for the feed to be followed; until its first
+// message arrives every call fails closed. A Verifier is safe for
+// concurrent use.
+type Verifier struct {
+	cfg        VerifierConfig
+	verifier   capability.Verifier
+	jwks       *jwksCache
+	tombstones *capability.TombstoneSet
+
+	cache    sync.Map // token → *capability.Claims
+	cacheLen atomic.Int64
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	messages  atomic.Uint64
+}
+
+// NewVerifier returns a Verifier; start its Run.
+func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
+	if cfg.Conn == nil {
+		return nil, errors.New("agentsdk: verifier needs a Conn to the control plane")
+	}
+	if cfg.Issuer == "" {
+		cfg.Issuer = "tether"
+	}
+	if cfg.Leeway == 0 {
+		cfg.Leeway = capability.DefaultLeeway
+	}
+	if cfg.StalenessBudget <= 0 {
+		cfg.StalenessBudget = DefaultStalenessBudget
+	}
+	if cfg.CacheSize == 0 {
+		cfg.CacheSize = DefaultCacheSize
+	}
+	if cfg.JWKSMinInterval <= 0 {
+		cfg.JWKSMinInterval = DefaultJWKSMinInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	v, err := capability.NewVerifier(cfg.Issuer, Audience, cfg.Leeway)
+	if err != nil {
+		return nil, err
+	}
+	return &Verifier{
+		cfg:        cfg,
+		verifier:   v,
+		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval),
+		tombstones: &capability.TombstoneSet{},
+		ready:      make(chan struct{}),
+	}, nil
+}
+
+// Verify checks a token for use now and returns its claims. Errors wrap
+// capability.ErrFeedStale, capability.ErrGrantRevoked,
+// capability.ErrTokenExpired, or one of capability.Verifier.Verify's
+// sentinels, and never contain the token. The returned claims share their
+// slices with the cache: do not modify them.
+func (v *Verifier) Verify(ctx context.Context, token string) (capability.Claims, error) {
+	now := v.cfg.Clock.Now()
+	if err := v.tombstones.CheckFresh(now, v.cfg.StalenessBudget); err != nil {
+		return capability.Claims{}, err
+	}
+	claims, err := v.claims(ctx, token, now)
+	if err != nil {
+		return capability.Claims{}, err
+	}
+	if via, revoked := v.tombstones.Revoked(claims.GrantID, claims.Chain); revoked {
+		if via == claims.GrantID {
+			return capability.Claims{}, fmt.Errorf("%w: grant %s is revoked", capability.ErrGrantRevoked, claims.GrantID)
+		}
+		return capability.Claims{}, fmt.Errorf("%w: grant %s is revoked via ancestor grant %s", capability.ErrGrantRevoked, claims.GrantID, via)
+	}
+	return *claims, nil
+}
+
+// Authorize is Verify plus the scope check a tool call needs: the token's
+// scopes must allow requiredScope (capability.Allows), else the error
+// wraps ErrScopeNotGranted.
+func (v *Verifier) Authorize(ctx context.Context, token, requiredScope string) (capability.Claims, error) {
+	claims, err := v.Verify(ctx, token)
+	if err != nil {
+		return capability.Claims{}, err
+	}
+	if !capability.Allows(claims.Scopes, requiredScope) {
+		return capability.Claims{}, fmt.Errorf("%w: grant %s does not allow scope %q", ErrScopeNotGranted, claims.GrantID, describeScope(requiredScope))
+	}
+	return claims, nil
+}
+
+// claims returns the verified claims of token, from the cache when it was
+// verified before and has not expired.
+func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*capability.Claims, error) {
+	if v.cfg.CacheSize > 0 {
+		if cached, ok := v.cache.Load(token); ok {
+			c := cached.(*capability.Claims)
+			if now.Before(c.ExpiresAt) {
+				return c, nil
+			}
+			if _, loaded := v.cache.LoadAndDelete(token); loaded {
+				v.cacheLen.Add(-1)
+			}
+			return nil, fmt.Errorf("%w: token for grant %s expired at %s", capability.ErrTokenExpired, c.GrantID, c.ExpiresAt.UTC().Format(time.RFC3339))
+		}
+	}
+	claims, err := v.verifier.Verify(token, v.jwks.keys(), now)
+	if errors.Is(err, capability.ErrUnknownKey) {
+		// A key rotated in since the last fetch, or a forged kid: refetch,
+		// rate-limited, and try once more.
+		if fetched, ferr := v.jwks.refreshIfAllowed(ctx); ferr != nil {
+			v.cfg.Logger.Warn("agentsdk: refreshing the key set failed", "error", ferr)
+		} else if fetched {
+			claims, err = v.verifier.Verify(token, v.jwks.keys(), now)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	c := &claims
+	if v.cfg.CacheSize > 0 && v.cacheLen.Load() < int64(v.cfg.CacheSize) {
+		if _, loaded := v.cache.LoadOrStore(token, c); !loaded {
+			v.cacheLen.Add(1)
+		}
+	}
+	return c, nil
+}
+
+// Ready is closed once the first feed message has been applied: from then
+// on Verify can succeed (as long as the feed keeps arriving).
+func (v *Verifier) Ready() <-chan struct{} { return v.ready }
+
+// Head is the last feed sequence the verifier has applied.
+func (v *Verifier) Head() uint64 { return v.tombstones.Head() }
+
+// Fresh returns nil while the feed is within the staleness budget, and the
+// error every Verify would fail with otherwise.
+func (v *Verifier) Fresh() error {
+	return v.tombstones.CheckFresh(v.cfg.Clock.Now(), v.cfg.StalenessBudget)
+}
+
+// Run follows the revocation feed and keeps the key set, until ctx ends.
+// It reconnects after a failure, with backoff, resuming after the last
+// sequence applied; when the control plane answers with a snapshot (the
+// verifier's position was compacted away) the tombstone set is replaced.
+// A stream that goes silent for the staleness budget is dropped and
+// reopened. Run returns nil when ctx ends.
+func (v *Verifier) Run(ctx context.Context) error {
+	if err := v.jwks.refresh(ctx); err != nil && ctx.Err() == nil {
+		v.cfg.Logger.Warn("agentsdk: fetching the key set failed; will retry", "error", err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { v.maintain(ctx) })
+	defer wg.Wait()
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		applied, err := v.follow(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		v.cfg.Logger.Warn("agentsdk: revocation feed interrupted; reconnecting", "error", err)
+		if applied > 0 {
+			backoff = 50 * time.Millisecond
+		}
+		timer := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+		case <-timer.C:
+		}
+		timer.Stop()
+		backoff = min(2*backoff, maxBackoff)
+	}
+	return nil
+}
+
+// follow reads one feed stream until it fails and returns how many
+// messages it applied.
+func (v *Verifier) follow(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// A stream that stays silent past the budget is dead or stalled; the
+	// verifier is failing closed by then, and a new stream may do better.
+	watchdog := time.AfterFunc(v.cfg.StalenessBudget, cancel)
+	defer watchdog.Stop()
+	stream, err := v.cfg.Conn.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{AfterSequence: v.tombstones.Head()}))
+	if err != nil {
+		return 0, err
+	}
+	defer stream.Close()
+	applied := 0
+	for stream.Receive() {
+		watchdog.Reset(v.cfg.StalenessBudget)
+		if err := v.apply(stream.Msg()); err != nil {
+			return applied, err
+		}
+		applied++
+	}
+	if err := stream.Err(); err != nil {
+		return applied, err
+	}
+	return applied, errors.New("agentsdk: the control plane closed the revocation feed")
+}
+
+func (v *Verifier) apply(msg *tetherv1.WatchRevocationsResponse) error {
+	tombstones := make([]capability.Tombstone, len(msg.Tombstones))
+	for i, t := range msg.Tombstones {
+		tombstones[i] = capability.Tombstone{
+			Sequence:  t.Sequence,
+			GrantID:   t.GrantId,
+			RevokedAt: asTime(t.RevokedAt),
+			DropAfter: asTime(t.DropAfter),
+			Reason:    t.Reason,
+		}
+	}
+	if msg.Snapshot {
+		if err := v.tombstones.Replace(tombstones, msg.HeadSequence); err != nil {
+			return err
+		}
+	} else if err := v.tombstones.Add(tombstones...); err != nil {
+		return err
+	}
+	// Freshness is measured on this verifier's clock, when the message
+	// arrived, not by the server's time in it.
+	v.tombstones.MarkSynced(msg.HeadSequence, v.cfg.Clock.Now())
+	v.messages.Add(1)
+	v.readyOnce.Do(func() { close(v.ready) })
+	return nil
+}
+
+// maintain sweeps expired cache entries and droppable tombstones and
+// refetches the key set now and then.
+func (v *Verifier) maintain(ctx context.Context) {
+	ticker := time.NewTicker(maintenanceEvery)
+	defer ticker.Stop()
+	lastJWKS := v.cfg.Clock.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		now := v.cfg.Clock.Now()
+		v.tombstones.Prune(now)
+		v.cache.Range(func(token, c any) bool {
+			if !now.Before(c.(*capability.Claims).ExpiresAt) {
+				if _, loaded := v.cache.LoadAndDelete(token); loaded {
+					v.cacheLen.Add(-1)
+				}
+			}
+			return true
+		})
+		if now.Sub(lastJWKS) >= jwksRefreshEvery {
+			lastJWKS = now
+			if err := v.jwks.refresh(ctx); err != nil && ctx.Err() == nil {
+				v.cfg.Logger.Warn("agentsdk: refreshing the key set failed", "error", err)
+			}
+		}
+	}
+}
+
+func asTime(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+// describeScope quotes a scope for an error when it is well-formed.
+func describeScope(s string) string {
+	if capability.ValidateScope(s) != nil {
+		return "(malformed scope)"
+	}
+	return s
+}

@@ -1,0 +1,336 @@
+package grantstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+)
+
+// MaxFeedBatch bounds the tombstones of one feed message.
+const MaxFeedBatch = 1000
+
+// feed is the revocation feed in memory: the live tombstones in sequence
+// order, the head (the last sequence assigned) and the compaction point
+// (the highest sequence pruned). It is a projection of the stored feed,
+// rebuilt by RunFeed from a scan and kept current by a store watch, so
+// that any replica serving WatchRevocations has it.
+type feed struct {
+	mu        sync.Mutex
+	log       []capability.Tombstone // ascending Sequence
+	head      uint64
+	compacted uint64
+	loaded    bool
+	ready     chan struct{} // closed at the first load
+	changed   chan struct{} // closed and replaced on every change
+}
+
+func newFeed() *feed {
+	return &feed{ready: make(chan struct{}), changed: make(chan struct{})}
+}
+
+// notifyLocked wakes every stream waiting for a change.
+func (f *feed) notifyLocked() {
+	close(f.changed)
+	f.changed = make(chan struct{})
+}
+
+func (f *feed) reset(log []capability.Tombstone, head, compacted uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.log, f.head, f.compacted = log, head, compacted
+	if !f.loaded {
+		f.loaded = true
+		close(f.ready)
+	}
+	f.notifyLocked()
+}
+
+func (f *feed) add(t capability.Tombstone) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if n := len(f.log); n == 0 || f.log[n-1].Sequence < t.Sequence {
+		f.log = append(f.log, t)
+	} else {
+		i := sort.Search(n, func(i int) bool { return f.log[i].Sequence >= t.Sequence })
+		if i < n && f.log[i].Sequence == t.Sequence {
+			f.log[i] = t
+		} else {
+			f.log = slices.Insert(f.log, i, t)
+		}
+	}
+	f.head = max(f.head, t.Sequence)
+	f.notifyLocked()
+}
+
+func (f *feed) remove(seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence >= seq })
+	if i < len(f.log) && f.log[i].Sequence == seq {
+		// Pruning removes the oldest, so this is nearly always the front:
+		// re-slicing keeps it O(1).
+		if i == 0 {
+			f.log = f.log[1:]
+		} else {
+			f.log = slices.Delete(f.log, i, i+1)
+		}
+	}
+	f.compacted = max(f.compacted, seq)
+	f.head = max(f.head, seq)
+	f.notifyLocked()
+}
+
+// read returns what a follower positioned after `after` needs next: up to
+// limit tombstones, whether they are a snapshot (the follower's position
+// was compacted away, or is ahead of this feed, so it must replace its
+// set), the position the follower reaches with them, and the feed head.
+func (f *feed) read(after uint64, limit int) (batch []capability.Tombstone, snapshot bool, reached, head uint64, changed <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	start := after
+	if after < f.compacted || after > f.head {
+		snapshot, start = true, 0
+	}
+	i := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence > start })
+	end := min(len(f.log), i+limit)
+	batch = slices.Clone(f.log[i:end])
+	reached = f.head
+	if end < len(f.log) {
+		reached = batch[len(batch)-1].Sequence
+	}
+	return batch, snapshot, reached, f.head, f.changed
+}
+
+// RunFeed keeps the in-memory feed and tombstone set in step with the
+// stored feed until ctx ends: it establishes a store watch, scans, then
+// applies the watch's events above the scan's revision. A watch that falls
+// behind is re-established with a fresh scan.
+func (s *Service) RunFeed(ctx context.Context) error {
+	for {
+		err := s.followFeed(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !errors.Is(err, store.ErrWatchLagged) {
+			return fmt.Errorf("grantstore: revocation feed: %w", err)
+		}
+		s.cfg.Log.Warn("revocation feed watch fell behind; rescanning")
+	}
+}
+
+func (s *Service) followFeed(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.cfg.Store.Watch(ctx, []byte(prefixTombstone))
+	if err != nil {
+		return err
+	}
+	var (
+		log             []capability.Tombstone
+		head, compacted uint64
+		revision        uint64
+	)
+	err = s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		log = log[:0]
+		var err error
+		if head, err = getCounter(tx, feedHeadKey); err != nil {
+			return err
+		}
+		if compacted, err = getCounter(tx, feedCompactedKey); err != nil {
+			return err
+		}
+		revision = tx.Revision()
+		return tx.Scan([]byte(prefixTombstone), nil, func(_, v []byte) error {
+			t, err := decodeTombstone(v)
+			if err != nil {
+				return err
+			}
+			log = append(log, t)
+			return nil
+		})
+	})
+	if err != nil {
+		return err
+	}
+	if n := len(log); n > 0 {
+		head = max(head, log[n-1].Sequence)
+	}
+	s.feed.reset(log, head, compacted)
+	if err := s.tombstones.Replace(log, head); err != nil {
+		return err
+	}
+	s.tombstones.MarkSynced(head, s.cfg.Clock.Now())
+
+	for batch := range w.Events() {
+		var added []capability.Tombstone
+		pruned := false
+		for _, ev := range batch {
+			if ev.Revision <= revision {
+				continue
+			}
+			seq, err := sequenceOf(ev.Key, prefixTombstone)
+			if err != nil {
+				return err
+			}
+			switch ev.Type {
+			case store.EventPut:
+				t, err := decodeTombstone(ev.Value)
+				if err != nil {
+					return err
+				}
+				s.feed.add(t)
+				added = append(added, t)
+			case store.EventDelete:
+				s.feed.remove(seq)
+				pruned = true
+			}
+		}
+		if err := s.tombstones.Add(added...); err != nil {
+			return err
+		}
+		now := s.cfg.Clock.Now()
+		if pruned {
+			s.tombstones.Prune(now)
+		}
+		s.tombstones.MarkSynced(s.tombstones.Head(), now)
+	}
+	if err := w.Err(); err != nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+// FeedMessage is one message of the revocation feed.
+type FeedMessage struct {
+	Tombstones []capability.Tombstone
+	// Head is the position the follower has reached with this message:
+	// every tombstone up to it has been sent. It is the feed's head, except
+	// in a message cut short by MaxFeedBatch, where it is the last
+	// tombstone's sequence.
+	Head uint64
+	// ServerTime is the control plane's clock when the message was sent.
+	ServerTime time.Time
+	// Snapshot: the requested position was compacted away (or is ahead of
+	// this feed); this message starts a full copy of the live tombstones
+	// and the follower must replace its set with it (later messages of the
+	// same copy are ordinary additions).
+	Snapshot bool
+}
+
+// WatchRevocations sends the feed after sequence `after` to send, then
+// every new tombstone as it is committed, and a heartbeat carrying the
+// head and the server time every Heartbeat when nothing happens, until ctx
+// ends or send fails. See the package documentation for the protocol.
+func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(FeedMessage) error) error {
+	select {
+	case <-s.feed.ready:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	heartbeat := time.NewTicker(s.cfg.Heartbeat)
+	defer heartbeat.Stop()
+	position, first := after, true
+	for {
+		batch, snapshot, reached, _, changed := s.feed.read(position, MaxFeedBatch)
+		if len(batch) > 0 || snapshot || first {
+			err := send(FeedMessage{Tombstones: batch, Head: reached, ServerTime: s.cfg.Clock.Now(), Snapshot: snapshot})
+			if err != nil {
+				return err
+			}
+			position, first = reached, false
+			heartbeat.Reset(s.cfg.Heartbeat)
+			continue // there may be more
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-heartbeat.C:
+			if err := send(FeedMessage{Head: position, ServerTime: s.cfg.Clock.Now()}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// PruneTombstones drops from the stored feed every tombstone, oldest
+// first, whose DropAfter has passed on the control plane's clock, and
+// advances the compaction point. It stops at the first one still needed, so
+// the compacted sequences are always a prefix of the feed. A follower
+// whose position is below the compaction point gets a snapshot. Grants are
+// untouched: their stored state still says revoked.
+func (s *Service) PruneTombstones(ctx context.Context) (int, error) {
+	pruned := 0
+	for {
+		now := s.cfg.Clock.Now()
+		n, more := 0, false
+		err := s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+			n, more = 0, false
+			compacted, err := getCounter(tx, feedCompactedKey)
+			if err != nil {
+				return err
+			}
+			var drop []uint64
+			err = tx.Scan([]byte(prefixTombstone), nil, func(k, v []byte) error {
+				if len(drop) == bulkChunk {
+					more = true
+					return store.ErrStopScan
+				}
+				t, err := decodeTombstone(v)
+				if err != nil {
+					return err
+				}
+				if !now.After(t.DropAfter) {
+					return store.ErrStopScan
+				}
+				seq, err := sequenceOf(k, prefixTombstone)
+				if err != nil {
+					return err
+				}
+				drop = append(drop, seq)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			for _, seq := range drop {
+				if err := tx.Delete(tombstoneKey(seq)); err != nil {
+					return err
+				}
+				compacted = max(compacted, seq)
+			}
+			n = len(drop)
+			if n == 0 {
+				return nil
+			}
+			return putCounter(tx, feedCompactedKey, compacted)
+		})
+		pruned += n
+		if err != nil || !more {
+			return pruned, err
+		}
+	}
+}
+
+// RunPruner prunes the stored feed every PruneInterval until ctx ends.
+func (s *Service) RunPruner(ctx context.Context) error {
+	ticker := time.NewTicker(s.cfg.PruneInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+		if _, err := s.PruneTombstones(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Log.Error("pruning the revocation feed failed; will retry", "error", err)
+		}
+	}
+}

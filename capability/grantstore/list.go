@@ -1,0 +1,178 @@
+package grantstore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// MaxPageSize bounds one page of ListGrants.
+const MaxPageSize = 1000
+
+// ListQuery selects grants; at most one of the filters is set.
+type ListQuery struct {
+	HolderNodeID string
+	// DerivedFromGrantID: the grant and everything derived from it.
+	DerivedFromGrantID string
+	// SubtreeNodeID: grants held anywhere in the node's subtree.
+	SubtreeNodeID string
+	PageSize      int
+	// PageToken is the last grant id of the previous page.
+	PageToken string
+}
+
+// List returns grants in grant-id order, in their effective state, one
+// page at a time. Without a filter an operator lists every grant and an
+// agent its own subtree's; an agent never sees grants held outside its
+// subtree.
+func (s *Service) List(ctx context.Context, caller Caller, q ListQuery) ([]capability.Grant, string, error) {
+	filters := 0
+	for _, f := range []string{q.HolderNodeID, q.DerivedFromGrantID, q.SubtreeNodeID} {
+		if f != "" {
+			filters++
+		}
+	}
+	if filters > 1 {
+		return nil, "", fmt.Errorf("%w: set at most one of holder_node_id, derived_from_grant_id and subtree_node_id", ErrInvalidArgument)
+	}
+	switch {
+	case q.PageSize < 0:
+		return nil, "", fmt.Errorf("%w: page_size must not be negative", ErrInvalidArgument)
+	case q.PageSize == 0 || q.PageSize > MaxPageSize:
+		q.PageSize = MaxPageSize
+	}
+	if q.PageToken != "" {
+		if err := checkID(id.Grant, "page_token", q.PageToken); err != nil {
+			return nil, "", err
+		}
+	}
+	if node, isAgent := caller.agentNode(); isAgent && filters == 0 {
+		q.SubtreeNodeID = node
+	}
+	now := s.cfg.Clock.Now()
+	var (
+		out  []capability.Grant
+		next string
+	)
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		out, next = out[:0], ""
+		ids, more, err := s.listIDs(tx, caller, q)
+		if err != nil {
+			return err
+		}
+		reads := newReader(tx)
+		for _, grantID := range ids {
+			g, ok := reads.grant(grantID)
+			if !ok {
+				if err := reads.failed(); err != nil {
+					return err
+				}
+				return fmt.Errorf("%w: an index names missing grant %s", ErrCorrupt, grantID)
+			}
+			out = append(out, effective(g, reads.grant, now))
+		}
+		if more && len(ids) > 0 {
+			next = ids[len(ids)-1]
+		}
+		return reads.failed()
+	})
+	return out, next, err
+}
+
+// listIDs returns one page of ids after q.PageToken, and whether more follow.
+func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]string, bool, error) {
+	switch {
+	case q.HolderNodeID != "":
+		if err := checkID(id.Node, "holder_node_id", q.HolderNodeID); err != nil {
+			return nil, false, err
+		}
+		if err := visible(tx, caller, q.HolderNodeID); err != nil {
+			return nil, false, err
+		}
+		return scanPage(tx, holderPrefix(q.HolderNodeID), q.PageToken, q.PageSize)
+	case q.DerivedFromGrantID != "":
+		if err := checkID(id.Grant, "derived_from_grant_id", q.DerivedFromGrantID); err != nil {
+			return nil, false, err
+		}
+		root, _, err := getGrant(tx, q.DerivedFromGrantID)
+		if err != nil {
+			return nil, false, err
+		}
+		// Delegation only goes down the agent tree, so whoever may see the
+		// grant may see everything derived from it.
+		if err := visible(tx, caller, root.HolderNodeID); err != nil {
+			return nil, false, err
+		}
+		ids, more, err := scanPage(tx, derivedPrefix(root.GrantID), q.PageToken, q.PageSize)
+		if err != nil {
+			return nil, false, err
+		}
+		// The grant itself is part of its subtree, at its place in id order.
+		if root.GrantID > q.PageToken && (!more || root.GrantID < ids[len(ids)-1]) {
+			i, _ := slices.BinarySearch(ids, root.GrantID)
+			ids = slices.Insert(ids, i, root.GrantID)
+			if len(ids) > q.PageSize {
+				ids, more = ids[:q.PageSize], true
+			}
+		}
+		return ids, more, nil
+	case q.SubtreeNodeID != "":
+		if err := checkID(id.Node, "subtree_node_id", q.SubtreeNodeID); err != nil {
+			return nil, false, err
+		}
+		if err := visible(tx, caller, q.SubtreeNodeID); err != nil {
+			return nil, false, err
+		}
+		nodes, err := supervisor.SubtreeIn(tx, q.SubtreeNodeID)
+		if err != nil {
+			return nil, false, err
+		}
+		nodeIDs := make([]string, len(nodes))
+		for i, n := range nodes {
+			nodeIDs[i] = n.NodeId
+		}
+		all, err := heldIn(tx, nodeIDs)
+		if err != nil {
+			return nil, false, err
+		}
+		slices.Sort(all)
+		start, _ := slices.BinarySearch(all, q.PageToken)
+		if start < len(all) && all[start] == q.PageToken {
+			start++
+		}
+		all = all[start:]
+		if len(all) > q.PageSize {
+			return all[:q.PageSize], true, nil
+		}
+		return all, false, nil
+	default:
+		if _, isAgent := caller.agentNode(); isAgent {
+			return nil, false, fmt.Errorf("%w: agents list only their own subtree", ErrNotVisible)
+		}
+		return scanPage(tx, []byte(prefixGrant), q.PageToken, q.PageSize)
+	}
+}
+
+// scanPage returns up to size ids under prefix after the id `after`.
+func scanPage(tx store.ReadTxn, prefix []byte, after string, size int) ([]string, bool, error) {
+	var start []byte
+	if after != "" {
+		start = append(append(slices.Clone(prefix), after...), 0)
+	}
+	var ids []string
+	more := false
+	err := tx.Scan(prefix, start, func(k, _ []byte) error {
+		if len(ids) == size {
+			more = true
+			return store.ErrStopScan
+		}
+		ids = append(ids, idAfter(k, prefix))
+		return nil
+	})
+	return ids, more, err
+}

@@ -1,0 +1,219 @@
+package grantstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+)
+
+// markJob is the persisted intent to mark the descendants of a revoked
+// grant. Cursor is the last descendant id handled; marking resumes after
+// it, so a restart repeats at most one batch, and repeating one is
+// harmless (MarkRevokedVia refuses a grant already revoked).
+type markJob struct {
+	GrantID string `json:"grant_id"`
+	Cursor  string `json:"cursor,omitempty"`
+}
+
+func putMarkJob(tx store.Txn, seq uint64, job markJob) error {
+	raw, err := json.Marshal(job)
+	if err != nil {
+		return err
+	}
+	return tx.Put(markKey(seq), raw)
+}
+
+// markerIdle is how often the marker looks for work when nobody woke it:
+// a job written by another replica, or left by a failed batch.
+const markerIdle = 10 * time.Second
+
+func (s *Service) wakeMarker() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// RunMarker marks the descendants of revoked grants, in the background,
+// until ctx ends. Revocation does not depend on it — the tombstone already
+// revokes the subtree for every verifier and every check here — it makes
+// the stored state of each grant say so, for listings, records and
+// HeldBy. It is bounded (one job at a time, MarkBatch grants per
+// transaction, the decisions made outside the committer) and restartable
+// (jobs and their cursors are stored; a restart resumes them).
+func (s *Service) RunMarker(ctx context.Context) error {
+	for {
+		if _, err := s.MarkPending(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			s.cfg.Log.Error("grant marker failed; will retry", "error", err)
+		}
+		timer := time.NewTimer(markerIdle)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-s.kick:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+// MarkPending runs every stored marking job to completion and returns how
+// many grants it marked.
+func (s *Service) MarkPending(ctx context.Context) (int, error) {
+	marked := 0
+	for {
+		seq, job, ok, err := s.nextMarkJob(ctx)
+		if err != nil || !ok {
+			return marked, err
+		}
+		for {
+			n, done, err := s.markBatch(ctx, seq, job)
+			marked += n
+			if err != nil {
+				return marked, err
+			}
+			if done.GrantID == "" {
+				break
+			}
+			job = done
+		}
+	}
+}
+
+func (s *Service) nextMarkJob(ctx context.Context) (uint64, markJob, bool, error) {
+	var (
+		seq   uint64
+		job   markJob
+		found bool
+	)
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		return tx.Scan([]byte(prefixMark), nil, func(k, v []byte) error {
+			var err error
+			if seq, err = sequenceOf(k, prefixMark); err != nil {
+				return err
+			}
+			if err := json.Unmarshal(v, &job); err != nil {
+				return fmt.Errorf("%w: mark job %d: %v", ErrCorrupt, seq, err)
+			}
+			found = true
+			return store.ErrStopScan
+		})
+	})
+	return seq, job, found, err
+}
+
+// markBatch marks up to MarkBatch descendants after the job's cursor. It
+// returns the job to continue with, or a zero job when this one is done.
+func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, markJob, error) {
+	type change struct {
+		grantID  string
+		was, now []byte
+	}
+	var (
+		changes []change
+		next    string
+		more    bool
+		revoked capability.Grant
+	)
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		changes, next, more = changes[:0], job.Cursor, false
+		var err error
+		if revoked, _, err = getGrant(tx, job.GrantID); err != nil {
+			return err
+		}
+		prefix := derivedPrefix(job.GrantID)
+		var start []byte
+		if job.Cursor != "" {
+			start = append(derivedKey(job.GrantID, job.Cursor), 0)
+		}
+		var ids []string
+		err = tx.Scan(prefix, start, func(k, _ []byte) error {
+			if len(ids) == s.cfg.MarkBatch {
+				more = true
+				return store.ErrStopScan
+			}
+			ids = append(ids, idAfter(k, prefix))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, grantID := range ids {
+			g, raw, err := getGrant(tx, grantID)
+			if err != nil {
+				return err
+			}
+			next = grantID
+			marked, err := capability.MarkRevokedVia(g, revoked)
+			if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
+				continue // already revoked (keeps its own revocation), or expired first
+			}
+			if err != nil {
+				return err
+			}
+			encoded, err := encodeGrant(marked)
+			if err != nil {
+				return err
+			}
+			changes = append(changes, change{grantID: grantID, was: raw, now: encoded})
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, markJob{}, err
+	}
+	written := 0
+	err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+		written = 0
+		for _, c := range changes {
+			current, err := tx.Get(grantKey(c.grantID))
+			if err != nil {
+				return err
+			}
+			encoded := c.now
+			if !bytes.Equal(current, c.was) {
+				// Changed since the snapshot (revoked on its own, most
+				// likely): decide again on what is stored now.
+				g, err := decodeGrant(c.grantID, current)
+				if err != nil {
+					return err
+				}
+				marked, err := capability.MarkRevokedVia(g, revoked)
+				if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				if encoded, err = encodeGrant(marked); err != nil {
+					return err
+				}
+			}
+			if err := tx.Put(grantKey(c.grantID), encoded); err != nil {
+				return err
+			}
+			written++
+		}
+		if !more {
+			return tx.Delete(markKey(seq))
+		}
+		return putMarkJob(tx, seq, markJob{GrantID: job.GrantID, Cursor: next})
+	})
+	if err != nil {
+		return 0, markJob{}, err
+	}
+	if !more {
+		return written, markJob{}, nil
+	}
+	return written, markJob{GrantID: job.GrantID, Cursor: next}, nil
+}

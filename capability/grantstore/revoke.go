@@ -1,0 +1,418 @@
+package grantstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// bulkChunk bounds how many tombstones one bulk-revocation transaction
+// writes, so that a revocation of thousands of independent grants stays
+// within the store's transaction limits.
+const bulkChunk = 500
+
+// Target names what Revoke revokes; exactly one field is set.
+type Target struct {
+	GrantID string
+	// HolderNodeID: every grant held by this node.
+	HolderNodeID string
+	// SubtreeNodeID: every grant held anywhere in this node's subtree.
+	SubtreeNodeID string
+	// IssuedBefore: every grant created before this time.
+	IssuedBefore time.Time
+}
+
+// RevokeResult says what a revocation wrote.
+type RevokeResult struct {
+	// GrantIDs are the grants this call wrote a tombstone for: the top
+	// grants of the target, whose tombstones cover everything derived from
+	// them. Empty when everything targeted was already revoked or expired.
+	GrantIDs []string
+	// Sequence is the feed sequence of the last tombstone written, or the
+	// feed head when nothing needed writing: a follower that has seen it
+	// rejects every targeted token.
+	Sequence uint64
+}
+
+// Revoke revokes a grant — and with it every grant derived from it — or,
+// in bulk, every grant held by a node, held in a node's subtree, or issued
+// before a time. Each revoked grant gets one tombstone, written with the
+// grant's new state in one transaction; descendants are marked later by
+// RunMarker. Revocation is idempotent: a grant already revoked (directly
+// or through an ancestor) is reported as success without a new tombstone.
+//
+// Authority is the grant's revoker set (capability.CanRevoke): a sibling,
+// a descendant, an unrelated agent or the holder itself gets
+// capability.ErrNotRevoker. A bulk revocation is refused whole, before
+// anything is written, if the caller may not revoke one of its top grants.
+func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reason string) (RevokeResult, error) {
+	set := 0
+	for _, isSet := range []bool{target.GrantID != "", target.HolderNodeID != "", target.SubtreeNodeID != "", !target.IssuedBefore.IsZero()} {
+		if isSet {
+			set++
+		}
+	}
+	if set != 1 {
+		return RevokeResult{}, fmt.Errorf("%w: exactly one target is required: grant_id, holder_node_id, subtree_node_id or issued_before", ErrInvalidArgument)
+	}
+	switch {
+	case target.GrantID != "":
+		return s.revokeGrant(ctx, caller, target.GrantID, reason)
+	case target.HolderNodeID != "":
+		if err := checkID(id.Node, "holder_node_id", target.HolderNodeID); err != nil {
+			return RevokeResult{}, err
+		}
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+			if _, err := supervisor.GetNodeIn(tx, target.HolderNodeID); err != nil {
+				return nil, err
+			}
+			return heldIn(tx, []string{target.HolderNodeID})
+		})
+	case target.SubtreeNodeID != "":
+		if err := checkID(id.Node, "subtree_node_id", target.SubtreeNodeID); err != nil {
+			return RevokeResult{}, err
+		}
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+			nodes, err := supervisor.SubtreeIn(tx, target.SubtreeNodeID)
+			if err != nil {
+				return nil, err
+			}
+			ids := make([]string, len(nodes))
+			for i, n := range nodes {
+				ids[i] = n.NodeId
+			}
+			return heldIn(tx, ids)
+		})
+	default:
+		before := target.IssuedBefore
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+			return issuedBefore(tx, before)
+		})
+	}
+}
+
+// RevokeHeldBy implements supervisor.GrantRevoker: it revokes every active
+// grant held by the nodes, one tombstone per top grant, on behalf of by
+// (e.g. "termination:<id>"). The termination was authorized when it was
+// requested, so the revocation uses the security role's authority, which
+// every revoker set holds. Idempotent.
+func (s *Service) RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) error {
+	_, err := s.revokeMany(ctx, by, []string{capability.RoleSecurity}, clipReason(reason), func(tx store.ReadTxn) ([]string, error) {
+		return heldIn(tx, nodeIDs)
+	})
+	return err
+}
+
+// HeldBy implements supervisor.GrantRevoker: every grant held by the nodes
+// with its outcome — supervisor.OutcomeRevoked (directly or through an
+// ancestor), supervisor.OutcomeExpired, or "" while active.
+func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]supervisor.HeldGrant, error) {
+	now := s.cfg.Clock.Now()
+	var out []supervisor.HeldGrant
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		out = out[:0]
+		reads := newReader(tx)
+		for _, node := range nodeIDs {
+			ids, err := heldIn(tx, []string{node})
+			if err != nil {
+				return err
+			}
+			for _, grantID := range ids {
+				g, ok := reads.grant(grantID)
+				if !ok {
+					if err := reads.failed(); err != nil {
+						return err
+					}
+					return fmt.Errorf("%w: holder index of %s names missing grant %s", ErrCorrupt, node, grantID)
+				}
+				outcome := ""
+				switch effective(g, reads.grant, now).State {
+				case capability.StateRevoked:
+					outcome = supervisor.OutcomeRevoked
+				case capability.StateExpired:
+					outcome = supervisor.OutcomeExpired
+				}
+				out = append(out, supervisor.HeldGrant{GrantID: grantID, NodeID: node, Outcome: outcome})
+			}
+		}
+		return reads.failed()
+	})
+	return out, err
+}
+
+func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reason string) (RevokeResult, error) {
+	if err := checkID(id.Grant, "grant_id", grantID); err != nil {
+		return RevokeResult{}, err
+	}
+	for range maxAttempts {
+		now := s.cfg.Clock.Now()
+		var (
+			revoked capability.Grant
+			raw     []byte
+			already bool
+			head    uint64
+		)
+		err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+			reads := newReader(tx)
+			g, ok := reads.grant(grantID)
+			if err := reads.failed(); err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
+			}
+			raw = reads.seen[grantID]
+			// Authority first: whether a grant is already revoked is not
+			// for those who may not revoke it.
+			if !capability.CanRevoke(g, caller.Principal, caller.Roles) {
+				_, err := capability.Revoke(g, caller.Principal, caller.Roles, reason, now)
+				return err
+			}
+			if effective(g, reads.grant, now).State == capability.StateRevoked {
+				already = true
+				var err error
+				head, err = getCounter(tx, feedHeadKey)
+				return err
+			}
+			var err error
+			revoked, err = capability.Revoke(g, caller.Principal, caller.Roles, reason, now)
+			if err != nil {
+				return err
+			}
+			return reads.failed()
+		})
+		if err != nil {
+			return RevokeResult{}, err
+		}
+		if already {
+			return RevokeResult{Sequence: head}, nil
+		}
+		stale := false
+		var seq uint64
+		err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+			stale = false
+			current, err := tx.Get(grantKey(grantID))
+			if err != nil {
+				return err
+			}
+			if !bytes.Equal(current, raw) {
+				stale = true
+				return nil
+			}
+			seq, err = writeRevocations(tx, []capability.Grant{revoked})
+			return err
+		})
+		if err != nil {
+			return RevokeResult{}, err
+		}
+		if !stale {
+			s.wakeMarker()
+			return RevokeResult{GrantIDs: []string{grantID}, Sequence: seq}, nil
+		}
+	}
+	return RevokeResult{}, fmt.Errorf("%w: revoking %s", ErrContended, grantID)
+}
+
+// revokeMany revokes the top grants among those collect names: the active
+// ones no ancestor of which is also being revoked. The decision (authority
+// and reason for every top grant) is made on one snapshot, before any
+// write, so a refusal changes nothing; the writes then go in chunks, each
+// re-checking its grants, since a revocation that races another is simply
+// already done.
+func (s *Service) revokeMany(ctx context.Context, principal string, roles []string, reason string, collect func(tx store.ReadTxn) ([]string, error)) (RevokeResult, error) {
+	now := s.cfg.Clock.Now()
+	type planned struct {
+		revoked capability.Grant
+		raw     []byte
+	}
+	var (
+		plan []planned
+		head uint64
+	)
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		ids, err := collect(tx)
+		if err != nil {
+			return err
+		}
+		reads := newReader(tx)
+		active := make(map[string]capability.Grant, len(ids))
+		for _, grantID := range ids {
+			g, ok := reads.grant(grantID)
+			if !ok {
+				if err := reads.failed(); err != nil {
+					return err
+				}
+				return fmt.Errorf("%w: an index names missing grant %s", ErrCorrupt, grantID)
+			}
+			if effective(g, reads.grant, now).State == capability.StateActive {
+				active[grantID] = g
+			}
+		}
+		if err := reads.failed(); err != nil {
+			return err
+		}
+		tops := make([]string, 0, len(active))
+		for grantID, g := range active {
+			if !slices.ContainsFunc(g.Chain, func(a string) bool { _, ok := active[a]; return ok }) {
+				tops = append(tops, grantID)
+			}
+		}
+		slices.Sort(tops)
+		for _, grantID := range tops {
+			revoked, err := capability.Revoke(active[grantID], principal, roles, reason, now)
+			if err != nil {
+				return err
+			}
+			plan = append(plan, planned{revoked: revoked, raw: reads.seen[grantID]})
+		}
+		head, err = getCounter(tx, feedHeadKey)
+		return err
+	})
+	if err != nil {
+		return RevokeResult{}, err
+	}
+	result := RevokeResult{Sequence: head}
+	for chunk := range slices.Chunk(plan, bulkChunk) {
+		var (
+			written []string
+			seq     uint64
+		)
+		err := s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+			written, seq = written[:0], 0
+			var revocations []capability.Grant
+			for _, p := range chunk {
+				grantID := p.revoked.GrantID
+				g, raw, err := getGrant(tx, grantID)
+				if err != nil {
+					return err
+				}
+				revoked := p.revoked
+				if !bytes.Equal(raw, p.raw) {
+					// Changed since the snapshot: most likely revoked by
+					// someone else, which is as good.
+					if revoked, err = capability.Revoke(g, principal, roles, reason, now); err != nil {
+						if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
+							continue
+						}
+						return err
+					}
+				}
+				revocations = append(revocations, revoked)
+				written = append(written, grantID)
+			}
+			if len(revocations) == 0 {
+				return nil
+			}
+			var err error
+			seq, err = writeRevocations(tx, revocations)
+			return err
+		})
+		if err != nil {
+			return result, err
+		}
+		if len(written) > 0 {
+			result.GrantIDs = append(result.GrantIDs, written...)
+			result.Sequence = seq
+			s.wakeMarker()
+		}
+	}
+	return result, nil
+}
+
+// writeRevocations writes revoked grants with one tombstone each, and a
+// marking job for each grant that has descendants, advancing the feed head.
+// It returns the last sequence written.
+func writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) {
+	head, err := getCounter(tx, feedHeadKey)
+	if err != nil {
+		return 0, err
+	}
+	for _, g := range revoked {
+		head++
+		t, err := capability.TombstoneFor(g, head)
+		if err != nil {
+			return 0, err
+		}
+		raw, err := encodeTombstone(t)
+		if err != nil {
+			return 0, err
+		}
+		if err := putGrant(tx, g, false); err != nil {
+			return 0, err
+		}
+		if err := tx.Put(tombstoneKey(head), raw); err != nil {
+			return 0, err
+		}
+		has, err := hasDescendants(tx, g.GrantID)
+		if err != nil {
+			return 0, err
+		}
+		if has {
+			if err := putMarkJob(tx, head, markJob{GrantID: g.GrantID}); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return head, putCounter(tx, feedHeadKey, head)
+}
+
+func hasDescendants(tx store.ReadTxn, grantID string) (bool, error) {
+	found := false
+	err := tx.Scan(derivedPrefix(grantID), nil, func(_, _ []byte) error {
+		found = true
+		return store.ErrStopScan
+	})
+	return found, err
+}
+
+// heldIn returns the ids of the grants held by the nodes, in index order.
+func heldIn(tx store.ReadTxn, nodeIDs []string) ([]string, error) {
+	var ids []string
+	for _, node := range nodeIDs {
+		prefix := holderPrefix(node)
+		err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+			ids = append(ids, idAfter(k, prefix))
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
+// issuedBefore returns the ids of grants created before t.
+func issuedBefore(tx store.ReadTxn, t time.Time) ([]string, error) {
+	var ids []string
+	end := issuedKey(t.UnixNano(), "")
+	prefix := []byte(prefixIssued)
+	err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+		if bytes.Compare(k, end) >= 0 {
+			return store.ErrStopScan
+		}
+		slash := bytes.LastIndexByte(k, '/')
+		ids = append(ids, string(k[slash+1:]))
+		return nil
+	})
+	return ids, err
+}
+
+// clipReason keeps a reason composed by a caller within the core's limit.
+func clipReason(reason string) string {
+	if len(reason) <= capability.MaxReasonBytes {
+		return reason
+	}
+	cut := capability.MaxReasonBytes
+	for cut > 0 && reason[cut]&0xC0 == 0x80 {
+		cut-- // do not split a UTF-8 sequence
+	}
+	return reason[:cut]
+}

@@ -1,0 +1,497 @@
+package grantstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// Audience is the aud of capability tokens. It differs from the operator
+// and agent credential audiences, so a capability token is never accepted
+// as a credential and a credential never as a capability token.
+const Audience = "tether-tools"
+
+// Defaults for Config fields left zero.
+const (
+	DefaultRootTTL       = 24 * time.Hour
+	MaxRootTTL           = 366 * 24 * time.Hour
+	DefaultHeartbeat     = 2 * time.Second
+	DefaultMarkBatch     = 512
+	DefaultPruneInterval = time.Minute
+	// maxAttempts bounds the optimistic retries of one request.
+	maxAttempts = 16
+)
+
+// Config configures a Service.
+type Config struct {
+	Store store.Store
+	Clock clock.Clock
+	// Keys returns the current signing key ring.
+	Keys func() capability.KeyRing
+	// Issuer is the iss of every token ("tether").
+	Issuer string
+	// TokenTTL is the lifetime of minted tokens; 0 means
+	// capability.DefaultTokenTTL, at most capability.MaxTokenTTL.
+	TokenTTL time.Duration
+	// Heartbeat is how often WatchRevocations sends the head when nothing
+	// was revoked, so followers can measure their staleness.
+	Heartbeat time.Duration
+	// MarkBatch is how many descendants the marker writes per transaction.
+	MarkBatch int
+	// PruneInterval is how often the pruner looks for droppable tombstones.
+	PruneInterval time.Duration
+	Log           *slog.Logger
+}
+
+// Service is the store-backed capability tree: it persists grants,
+// tombstones and the revocation feed, and runs the background work that
+// keeps them tidy (RunFeed, RunMarker, RunPruner). See the package
+// documentation for the key layout and the protocols.
+type Service struct {
+	cfg        Config
+	minter     capability.Minter
+	verifier   capability.Verifier
+	tombstones *capability.TombstoneSet
+	feed       *feed
+	kick       chan struct{}
+}
+
+// New builds a Service. Nothing runs until RunFeed, RunMarker and
+// RunPruner are started.
+func New(cfg Config) (*Service, error) {
+	if cfg.Store == nil || cfg.Keys == nil {
+		return nil, errors.New("grantstore: a store and a key ring are required")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Issuer == "" {
+		cfg.Issuer = "tether"
+	}
+	if cfg.TokenTTL == 0 {
+		cfg.TokenTTL = capability.DefaultTokenTTL
+	}
+	if cfg.TokenTTL < 0 || cfg.TokenTTL > capability.MaxTokenTTL {
+		return nil, fmt.Errorf("grantstore: token ttl %s is outside (0, %s]", cfg.TokenTTL, capability.MaxTokenTTL)
+	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
+	if cfg.MarkBatch <= 0 {
+		cfg.MarkBatch = DefaultMarkBatch
+	}
+	if cfg.PruneInterval <= 0 {
+		cfg.PruneInterval = DefaultPruneInterval
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	minter, err := capability.NewMinter(cfg.Issuer, Audience)
+	if err != nil {
+		return nil, err
+	}
+	verifier, err := capability.NewVerifier(cfg.Issuer, Audience, capability.DefaultLeeway)
+	if err != nil {
+		return nil, err
+	}
+	return &Service{
+		cfg:        cfg,
+		minter:     minter,
+		verifier:   verifier,
+		tombstones: &capability.TombstoneSet{},
+		feed:       newFeed(),
+		kick:       make(chan struct{}, 1),
+	}, nil
+}
+
+// Tombstones is the service's own tombstone set, fed by RunFeed.
+func (s *Service) Tombstones() *capability.TombstoneSet { return s.tombstones }
+
+// Caller is the authenticated principal of a request, as the capability
+// core names it.
+type Caller struct {
+	// Principal is "operator:<subject>" or "agent:<node id>".
+	Principal string
+	// Roles are capability.RoleSecurity and capability.RoleAdmin when the
+	// operator holds them; other entries are ignored by the core.
+	Roles []string
+}
+
+// agentNode returns the caller's node id when the caller is an agent.
+func (c Caller) agentNode() (string, bool) {
+	return strings.CutPrefix(c.Principal, capability.AgentPrefix)
+}
+
+// Issued is a grant with a freshly minted token.
+type Issued struct {
+	Grant          capability.Grant
+	Token          string
+	TokenExpiresAt time.Time
+}
+
+// RootRequest asks for a root grant.
+type RootRequest struct {
+	HolderNodeID string
+	Scopes       []string
+	// TTL is the grant's lifetime; 0 means DefaultRootTTL.
+	TTL time.Duration
+}
+
+// IssueRoot issues a root grant to a running node. Only operators issue
+// roots. The grant is durable before the token is returned.
+func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest) (Issued, error) {
+	if _, isAgent := caller.agentNode(); isAgent || !strings.HasPrefix(caller.Principal, capability.OperatorPrefix) {
+		return Issued{}, fmt.Errorf("%w: agents delegate from a grant they hold; root grants are issued by operators", ErrOperatorOnly)
+	}
+	if err := checkID(id.Node, "holder_node_id", req.HolderNodeID); err != nil {
+		return Issued{}, err
+	}
+	ttl := req.TTL
+	if ttl == 0 {
+		ttl = DefaultRootTTL
+	}
+	if ttl < 0 || ttl > MaxRootTTL {
+		return Issued{}, fmt.Errorf("%w: ttl %s is outside (0, %s]", capability.ErrInvalidTTL, ttl, MaxRootTTL)
+	}
+	now := s.cfg.Clock.Now()
+	g, err := capability.NewRoot(capability.RootRequest{
+		GrantID: id.New(id.Grant), Issuer: caller.Principal, HolderNodeID: req.HolderNodeID, Scopes: req.Scopes, TTL: ttl,
+	}, now)
+	if err != nil {
+		return Issued{}, err
+	}
+	// Minted before the write, so a signing failure changes nothing; it is
+	// returned only once the grant is durable.
+	token, exp, err := s.minter.Mint(s.cfg.Keys(), g, now, s.cfg.TokenTTL)
+	if err != nil {
+		return Issued{}, err
+	}
+	err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+		if err := requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
+			return err
+		}
+		return putGrant(tx, g, true)
+	})
+	if err != nil {
+		return Issued{}, err
+	}
+	return Issued{Grant: g, Token: token, TokenExpiresAt: exp}, nil
+}
+
+// DelegateRequest asks the holder of a grant to derive a narrower one.
+type DelegateRequest struct {
+	ParentGrantID string
+	HolderNodeID  string
+	Scopes        []string
+	// TTL 0 inherits the parent's expiry; a TTL that outlives the parent
+	// is refused.
+	TTL time.Duration
+}
+
+// Delegate derives a grant from one the calling agent holds, for a running
+// node in the caller's subtree, after checking the parent's whole chain.
+// Operators do not delegate: they issue roots (ErrAgentOnly).
+//
+// The decision is made on a snapshot, outside the store's committer; the
+// write then checks that none of the grants and nodes it was based on
+// changed, and starts over if one did.
+func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateRequest) (Issued, error) {
+	callerNode, isAgent := caller.agentNode()
+	if !isAgent {
+		return Issued{}, fmt.Errorf("%w: operators issue root grants (IssueRoot); only the agent holding parent_grant_id may delegate from it", ErrAgentOnly)
+	}
+	if err := checkID(id.Grant, "parent_grant_id", req.ParentGrantID); err != nil {
+		return Issued{}, err
+	}
+	if err := checkID(id.Node, "holder_node_id", req.HolderNodeID); err != nil {
+		return Issued{}, err
+	}
+	grantID := id.New(id.Grant)
+	for range maxAttempts {
+		now := s.cfg.Clock.Now()
+		var (
+			g     capability.Grant
+			reads *reader
+		)
+		err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+			reads = newReader(tx)
+			parent, ok := reads.grant(req.ParentGrantID)
+			if err := reads.failed(); err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("%w: parent_grant_id %s", capability.ErrUnknownGrant, req.ParentGrantID)
+			}
+			if parent.HolderNodeID != callerNode {
+				// Checked before the chain so a non-holder learns nothing
+				// about the state of grants it does not hold.
+				return fmt.Errorf("%w: grant %s is held by %s", capability.ErrNotHolder, parent.GrantID, capability.AgentPrincipal(parent.HolderNodeID))
+			}
+			if v := capability.CheckGrant(parent, s.tombstones, reads.grant, now); !v.Active {
+				if err := reads.failed(); err != nil {
+					return err
+				}
+				return v.Err
+			}
+			if err := requireRunning(tx, callerNode, "the delegating node"); err != nil {
+				return err
+			}
+			holder, err := supervisor.GetNodeIn(tx, req.HolderNodeID)
+			if err != nil {
+				return err
+			}
+			if holder.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, supervisor.StateName(holder.State))
+			}
+			g, err = capability.Delegate(parent, capability.DelegateRequest{
+				GrantID: grantID, Issuer: caller.Principal, HolderNodeID: req.HolderNodeID, Scopes: req.Scopes, TTL: req.TTL,
+			}, holder.Ancestors, now)
+			return err
+		})
+		if err != nil {
+			return Issued{}, err
+		}
+		token, exp, err := s.minter.Mint(s.cfg.Keys(), g, now, s.cfg.TokenTTL)
+		if err != nil {
+			return Issued{}, err
+		}
+		stale := false
+		err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+			stale = false
+			if changed, err := reads.changed(tx); err != nil || changed {
+				stale = true
+				return err
+			}
+			// Nodes change for reasons that do not matter here (heartbeats),
+			// so they are re-checked by meaning rather than by bytes.
+			if err := requireRunning(tx, callerNode, "the delegating node"); err != nil {
+				return err
+			}
+			holder, err := supervisor.GetNodeIn(tx, req.HolderNodeID)
+			if err != nil {
+				return err
+			}
+			if holder.State != tetherv1.NodeState_NODE_STATE_RUNNING || !slices.Contains(holder.Ancestors, callerNode) {
+				stale = true
+				return nil
+			}
+			return putGrant(tx, g, true)
+		})
+		if err != nil {
+			return Issued{}, err
+		}
+		if !stale {
+			return Issued{Grant: g, Token: token, TokenExpiresAt: exp}, nil
+		}
+	}
+	return Issued{}, fmt.Errorf("%w: delegating from %s", ErrContended, req.ParentGrantID)
+}
+
+// Refresh mints a fresh token for a grant after checking it and its whole
+// chain: stored states, tombstones and expiry. The holder agent refreshes
+// its own grants; operators may refresh any. It writes nothing.
+func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (Issued, error) {
+	if err := checkID(id.Grant, "grant_id", grantID); err != nil {
+		return Issued{}, err
+	}
+	now := s.cfg.Clock.Now()
+	var g capability.Grant
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		reads := newReader(tx)
+		var ok bool
+		g, ok = reads.grant(grantID)
+		if err := reads.failed(); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
+		}
+		if node, isAgent := caller.agentNode(); isAgent && node != g.HolderNodeID {
+			return fmt.Errorf("%w: grant %s is held by %s; only its holder refreshes it", capability.ErrNotHolder, grantID, capability.AgentPrincipal(g.HolderNodeID))
+		}
+		if v := capability.CheckGrant(g, s.tombstones, reads.grant, now); !v.Active {
+			if err := reads.failed(); err != nil {
+				return err
+			}
+			return v.Err
+		}
+		n, err := supervisor.GetNodeIn(tx, g.HolderNodeID)
+		if errors.Is(err, supervisor.ErrNodeNotFound) {
+			return fmt.Errorf("%w: holder node %s of grant %s is unknown", ErrNodeNotRunning, g.HolderNodeID, grantID)
+		}
+		if err != nil {
+			return err
+		}
+		if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+			return fmt.Errorf("%w: holder node %s of grant %s is terminated", ErrNodeNotRunning, g.HolderNodeID, grantID)
+		}
+		return nil
+	})
+	if err != nil {
+		return Issued{}, err
+	}
+	token, exp, err := s.minter.Mint(s.cfg.Keys(), g, now, s.cfg.TokenTTL)
+	if err != nil {
+		return Issued{}, err
+	}
+	return Issued{Grant: g, Token: token, TokenExpiresAt: exp}, nil
+}
+
+// Get returns a grant in its effective state (see effective). Agents see
+// only grants held in their own subtree.
+func (s *Service) Get(ctx context.Context, caller Caller, grantID string) (capability.Grant, error) {
+	if err := checkID(id.Grant, "grant_id", grantID); err != nil {
+		return capability.Grant{}, err
+	}
+	now := s.cfg.Clock.Now()
+	var g capability.Grant
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		reads := newReader(tx)
+		stored, ok := reads.grant(grantID)
+		if err := reads.failed(); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
+		}
+		if err := visible(tx, caller, stored.HolderNodeID); err != nil {
+			return err
+		}
+		g = effective(stored, reads.grant, now)
+		return reads.failed()
+	})
+	return g, err
+}
+
+// effective is a grant as the API shows it: a stored grant covered by a
+// revoked ancestor is shown revoked via that ancestor even before the
+// marker has rewritten it, and an active grant past its expiry is shown
+// expired. It gives the same answer before and after marking.
+func effective(g capability.Grant, lookup capability.GrantLookup, now time.Time) capability.Grant {
+	if g.State != capability.StateActive {
+		return g
+	}
+	for _, ancestorID := range g.Chain {
+		a, ok := lookup(ancestorID)
+		if !ok || a.State != capability.StateRevoked {
+			continue
+		}
+		if marked, err := capability.MarkRevokedVia(g, a); err == nil {
+			return marked
+		}
+		break // it expired before the revocation
+	}
+	if g.StateAt(now) == capability.StateExpired {
+		g.State = capability.StateExpired
+	}
+	return g
+}
+
+// requireRunning refuses a node that is unknown or not running.
+func requireRunning(tx store.ReadTxn, nodeID, what string) error {
+	n, err := supervisor.GetNodeIn(tx, nodeID)
+	if err != nil {
+		return err
+	}
+	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, nodeID, supervisor.StateName(n.State))
+	}
+	return nil
+}
+
+// visible returns nil when the caller may read grants held by holderNodeID:
+// operators read everything, an agent reads its own subtree.
+func visible(tx store.ReadTxn, caller Caller, holderNodeID string) error {
+	node, isAgent := caller.agentNode()
+	if !isAgent || node == holderNodeID {
+		return nil
+	}
+	holder, err := supervisor.GetNodeIn(tx, holderNodeID)
+	if err == nil && supervisor.IsAncestor(holder, node) {
+		return nil
+	}
+	if err != nil && !errors.Is(err, supervisor.ErrNodeNotFound) {
+		return err
+	}
+	return fmt.Errorf("%w: agent %s may read only grants held in its own subtree, not by node %s", ErrNotVisible, node, holderNodeID)
+}
+
+func checkID(kind, field, value string) error {
+	if err := id.Check(kind, field, value); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	return nil
+}
+
+// reader reads grants in one transaction and remembers the bytes it saw,
+// so that a later Update can confirm nothing it based a decision on has
+// changed (optimistic concurrency). Decisions are made outside the store's
+// committer, whose time every writer shares. Lookup errors other than "not
+// found" are kept and reported by failed, as a GrantLookup cannot return
+// them.
+type reader struct {
+	tx    store.ReadTxn
+	seen  map[string][]byte // nil value: read and not found
+	cache map[string]capability.Grant
+	err   error
+}
+
+func newReader(tx store.ReadTxn) *reader {
+	return &reader{tx: tx, seen: map[string][]byte{}, cache: map[string]capability.Grant{}}
+}
+
+// grant is a capability.GrantLookup.
+func (r *reader) grant(grantID string) (capability.Grant, bool) {
+	if g, ok := r.cache[grantID]; ok {
+		return g, true
+	}
+	if raw, ok := r.seen[grantID]; ok && raw == nil {
+		return capability.Grant{}, false
+	}
+	g, raw, err := getGrant(r.tx, grantID)
+	switch {
+	case errors.Is(err, capability.ErrUnknownGrant):
+		r.seen[grantID] = nil
+		return capability.Grant{}, false
+	case err != nil:
+		if r.err == nil {
+			r.err = err
+		}
+		return capability.Grant{}, false
+	}
+	r.seen[grantID], r.cache[grantID] = raw, g
+	return g, true
+}
+
+func (r *reader) failed() error { return r.err }
+
+// changed reports whether any grant read differs in tx.
+func (r *reader) changed(tx store.ReadTxn) (bool, error) {
+	for grantID, was := range r.seen {
+		now, err := tx.Get(grantKey(grantID))
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			if was != nil {
+				return true, nil
+			}
+		case err != nil:
+			return false, err
+		case was == nil || !bytes.Equal(now, was):
+			return true, nil
+		}
+	}
+	return false, nil
+}

@@ -1,0 +1,56 @@
+package grantstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+)
+
+// Introspect verifies a token and checks it against the stored grants and
+// the tombstones: active or not, and why. A token that fails verification
+// is inactive with the verification error as its reason; the returned
+// error is only for a failure to read the store. It writes nothing. The
+// verdict's Grant is the stored grant in its effective state.
+func (s *Service) Introspect(ctx context.Context, token string) (capability.Claims, capability.Verdict, error) {
+	now := s.cfg.Clock.Now()
+	claims, err := s.verifier.Verify(token, s.cfg.Keys(), now)
+	if err != nil {
+		return capability.Claims{}, capability.Verdict{Reason: err.Error(), Err: err}, nil
+	}
+	var verdict capability.Verdict
+	err = s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		reads := newReader(tx)
+		verdict = capability.Check(claims, s.tombstones, reads.grant, now)
+		if verdict.GrantFound {
+			verdict.Grant = effective(verdict.Grant, reads.grant, now)
+		}
+		return reads.failed()
+	})
+	if err != nil {
+		return capability.Claims{}, capability.Verdict{}, err
+	}
+	return claims, verdict, nil
+}
+
+// CheckToken implements supervisor.TokenChecker for the tool-call ledger:
+// the token's signature and times, its grant and whole chain against the
+// store and the tombstones, and the scope the call needs
+// (capability.Allows). It returns the holder's node id and the grant id.
+func (s *Service) CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error) {
+	if err := capability.ValidateScope(requiredScope); err != nil {
+		return "", "", fmt.Errorf("%w: required scope: %w", ErrInvalidArgument, err)
+	}
+	claims, verdict, err := s.Introspect(ctx, token)
+	if err != nil {
+		return "", "", err
+	}
+	if !verdict.Active {
+		return "", "", verdict.Err
+	}
+	if !capability.Allows(claims.Scopes, requiredScope) {
+		return "", "", fmt.Errorf("%w: grant %s does not allow scope %q", ErrScopeNotGranted, claims.GrantID, requiredScope)
+	}
+	return claims.HolderNodeID, claims.GrantID, nil
+}

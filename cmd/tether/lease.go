@@ -1,0 +1,558 @@
+package main
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+)
+
+func newLeaseCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "lease",
+		Short: "Job leases: offer, ack, renew, progress, cancel, complete, reconcile, and the evidence matrix",
+		Long: `Job leases. Coordinator commands (offer, cancel, reassign, resolve) need an operator
+token or the credential of an ancestor of the holder; worker commands (ack, renew,
+progress, cancel-ack, complete) need the holder's own agent credential (--token):
+the holder identity is always the caller's node id.
+
+Every mutation prints the coordinator's decision: ACCEPTED, DUPLICATE or REJECTED,
+the audit event and the reason.`,
+	}
+	cmd.AddCommand(leaseOffer(g), leaseAck(g), leaseRenew(g), leaseProgress(g), leaseCancel(g), leaseCancelAck(g),
+		leaseComplete(g), leaseReassign(g), leaseResolve(g), leaseShow(g), leaseList(g), leaseEvidence(g), leasePolicy(g))
+	return cmd
+}
+
+// claimFlags are the flags every worker command carries.
+type claimFlags struct {
+	leaseID    string
+	generation uint64
+}
+
+func (c *claimFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&c.leaseID, "lease-id", "", "the lease id of the generation you hold")
+	cmd.Flags().Uint64Var(&c.generation, "generation", 0, "the lease generation you hold")
+	_ = cmd.MarkFlagRequired("lease-id")
+	_ = cmd.MarkFlagRequired("generation")
+}
+
+// printDecision prints a mutation's answer.
+func printDecision(g *globals, w io.Writer, msg proto.Message, l *tetherv1.Lease, d *tetherv1.Decision) error {
+	asJSON, err := g.wantJSON()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(w, msg)
+	}
+	fmt.Fprintf(w, "decision:  %s %s\nreason:    %s\n", strings.TrimPrefix(d.GetOutcome().String(), "OUTCOME_"),
+		strings.TrimPrefix(d.GetAuditEvent().String(), "AUDIT_EVENT_"), d.GetReason())
+	if l != nil {
+		fmt.Fprintln(w)
+		return printLease(w, l)
+	}
+	return nil
+}
+
+func ts(t *timestamppb.Timestamp) string {
+	if t == nil {
+		return "-"
+	}
+	return t.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+func printLease(w io.Writer, l *tetherv1.Lease) error {
+	tw := newTable(w)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row("job_id", l.JobId)
+	row("lease_id", l.LeaseId)
+	row("generation", fmt.Sprint(l.LeaseGeneration))
+	row("holder", l.HolderIdentity)
+	row("state", strings.TrimPrefix(l.State.String(), "LEASE_STATE_"))
+	row("issued_at", ts(l.IssuedAt))
+	row("lease_duration", l.LeaseDuration.AsDuration().String())
+	row("ack", fmt.Sprintf("%s (deadline %s)", strings.TrimPrefix(l.AckState.String(), "ACK_STATE_"), ts(l.AckDeadline)))
+	row("expires_at", ts(l.ExpiresAt))
+	row("acquire_time", ts(l.AcquireTime))
+	row("last_renew_time", ts(l.LastRenewTime))
+	row("transitions", fmt.Sprint(l.LeaseTransitions))
+	row("renew", fmt.Sprintf("seq %d at %s", l.RenewSequence, ts(l.RenewTime)))
+	row("progress", fmt.Sprintf("seq %d %q", l.ProgressSequence, l.ProgressValue))
+	row("cancel", fmt.Sprintf("requested %v (%s), acked %v (%s)", l.CancelRequested, ts(l.CancelRequestedAt), l.CancelAck, ts(l.CancelAckedAt)))
+	result := strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_")
+	if l.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED {
+		result += " until " + ts(l.UnresolvedUntil)
+	}
+	row("terminal", fmt.Sprintf("%s at %s %s", result, ts(l.TerminalAt), l.TerminalDetail))
+	flags := fmt.Sprintf("stale_generation=%v late_progress=%v lease_expired=%v ownership_conflict=%v", l.StaleGeneration, l.LateProgress, l.LeaseExpired, l.OwnershipConflict)
+	if l.OwnershipConflict {
+		flags += " (with " + l.ConflictHolder + ")"
+	}
+	row("flags", flags)
+	return tw.Flush()
+}
+
+func durationFlag(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+func leaseOffer(g *globals) *cobra.Command {
+	var holder string
+	var duration, ackTimeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "offer JOB --holder NODE [--duration 30s] [--ack-timeout 10s]",
+		Short: "Offer a job to a holder: generation 1, OFFERED until it ACKs",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Offer(cmd.Context(), connect.NewRequest(&tetherv1.OfferRequest{
+				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout),
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cmd.Flags().StringVar(&holder, "holder", "", "the holder's agent node id")
+	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the policy's)")
+	cmd.Flags().DurationVar(&ackTimeout, "ack-timeout", 0, "how long the holder has to ACK (default: the policy's)")
+	_ = cmd.MarkFlagRequired("holder")
+	return cmd
+}
+
+func leaseAck(g *globals) *cobra.Command {
+	var cf claimFlags
+	cmd := &cobra.Command{
+		Use:   "ack JOB --lease-id L --generation N",
+		Short: "Accept an offer (holder): ACTIVE until the expiry; never completion",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Ack(cmd.Context(), connect.NewRequest(&tetherv1.AckRequest{
+				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cf.add(cmd)
+	return cmd
+}
+
+func leaseRenew(g *globals) *cobra.Command {
+	var cf claimFlags
+	var seq uint64
+	cmd := &cobra.Command{
+		Use:   "renew JOB --lease-id L --generation N --sequence S",
+		Short: "Renew the lease (holder), with a renew sequence above the accepted one",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Renew(cmd.Context(), connect.NewRequest(&tetherv1.RenewRequest{
+				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, RenewSequence: seq, SentAt: timestamppb.Now(),
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().Uint64Var(&seq, "sequence", 0, "renew sequence")
+	_ = cmd.MarkFlagRequired("sequence")
+	return cmd
+}
+
+func leaseProgress(g *globals) *cobra.Command {
+	var cf claimFlags
+	var seq uint64
+	var value string
+	cmd := &cobra.Command{
+		Use:   "progress JOB --lease-id L --generation N --sequence S --value V",
+		Short: "Report progress (holder); progress never renews",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Progress(cmd.Context(), connect.NewRequest(&tetherv1.ProgressRequest{
+				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, ProgressSequence: seq, ProgressValue: value, SentAt: timestamppb.Now(),
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().Uint64Var(&seq, "sequence", 0, "progress sequence")
+	cmd.Flags().StringVar(&value, "value", "", "progress value")
+	_ = cmd.MarkFlagRequired("sequence")
+	return cmd
+}
+
+func leaseCancel(g *globals) *cobra.Command {
+	var reason string
+	cmd := &cobra.Command{
+		Use:   "cancel JOB [--reason R]",
+		Short: "Request cancellation (coordinator): intent only; the job still needs a terminal result",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.RequestCancel(cmd.Context(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: args[0], Reason: reason}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	return cmd
+}
+
+func leaseCancelAck(g *globals) *cobra.Command {
+	var cf claimFlags
+	cmd := &cobra.Command{
+		Use:   "cancel-ack JOB --lease-id L --generation N",
+		Short: "Acknowledge a cancel request (holder); it does not prove the work stopped",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.CancelAck(cmd.Context(), connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
+				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cf.add(cmd)
+	return cmd
+}
+
+func parseResult(s string, allowed ...tetherv1.TerminalResult) (tetherv1.TerminalResult, error) {
+	var names []string
+	for _, r := range allowed {
+		name := strings.ToLower(strings.TrimPrefix(r.String(), "TERMINAL_RESULT_"))
+		names = append(names, name)
+		if strings.EqualFold(s, name) {
+			return r, nil
+		}
+	}
+	return 0, fmt.Errorf("--result %q: want one of %s", s, strings.Join(names, ", "))
+}
+
+func leaseComplete(g *globals) *cobra.Command {
+	var cf claimFlags
+	var result, detail string
+	cmd := &cobra.Command{
+		Use:   "complete JOB --lease-id L --generation N --result success|failed|cancelled [--detail D]",
+		Short: "Report the terminal result (holder), accepted only within the active lease",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := parseResult(result, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED)
+			if err != nil {
+				return err
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Complete(cmd.Context(), connect.NewRequest(&tetherv1.CompleteRequest{
+				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, Result: r, Detail: detail, SentAt: timestamppb.Now(),
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cf.add(cmd)
+	cmd.Flags().StringVar(&result, "result", "", "success, failed or cancelled")
+	cmd.Flags().StringVar(&detail, "detail", "", "detail")
+	_ = cmd.MarkFlagRequired("result")
+	return cmd
+}
+
+func leaseReassign(g *globals) *cobra.Command {
+	var holder, reason string
+	var duration, ackTimeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "reassign JOB --holder NODE [--duration D] [--ack-timeout T] [--reason R]",
+		Short: "Issue generation + 1 to a holder (coordinator); fences off every earlier generation and settles an ownership conflict",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Reassign(cmd.Context(), connect.NewRequest(&tetherv1.ReassignRequest{
+				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cmd.Flags().StringVar(&holder, "holder", "", "the new holder's agent node id")
+	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the current generation's)")
+	cmd.Flags().DurationVar(&ackTimeout, "ack-timeout", 0, "ACK timeout (default: the policy's)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	_ = cmd.MarkFlagRequired("holder")
+	return cmd
+}
+
+func leaseResolve(g *globals) *cobra.Command {
+	var result, reason string
+	var bound time.Duration
+	cmd := &cobra.Command{
+		Use:   "resolve JOB --result cancelled|failed|unresolved [--bound D] [--reason R]",
+		Short: "Explicit terminal reconciliation (coordinator); UNRESOLVED is bounded, then FAILED",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := parseResult(result, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED)
+			if err != nil {
+				return err
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Resolve(cmd.Context(), connect.NewRequest(&tetherv1.ResolveRequest{
+				JobId: args[0], Result: r, UnresolvedBound: durationFlag(bound), Reason: reason,
+			}))
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+		},
+	}
+	cmd.Flags().StringVar(&result, "result", "", "cancelled, failed or unresolved")
+	cmd.Flags().DurationVar(&bound, "bound", 0, "for unresolved: how long until it must be revisited (default: the policy's maximum)")
+	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	_ = cmd.MarkFlagRequired("result")
+	return cmd
+}
+
+func leaseShow(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show JOB",
+		Short: "Show a job's lease (durable state), with Kubernetes-style acquire time, last renew and transitions",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			asJSON, err := g.wantJSON()
+			if err != nil {
+				return err
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.GetLease(cmd.Context(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: args[0]}))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg.Lease)
+			}
+			return printLease(cmd.OutOrStdout(), resp.Msg.Lease)
+		},
+	}
+}
+
+func leaseList(g *globals) *cobra.Command {
+	var holder string
+	cmd := &cobra.Command{
+		Use:   "list [--holder NODE]",
+		Short: "List leases, in job id order",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := g.wantJSON()
+			if err != nil {
+				return err
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			var all []*tetherv1.Lease
+			token := ""
+			for {
+				resp, err := c.lease.ListLeases(cmd.Context(), connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: holder, PageToken: token}))
+				if err != nil {
+					return err
+				}
+				all = append(all, resp.Msg.Leases...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
+			}
+			if asJSON {
+				return printJSONList(cmd.OutOrStdout(), all)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT")
+			for _, l := range all {
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", l.JobId, l.LeaseGeneration, l.HolderIdentity,
+					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_"))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&holder, "holder", "", "only leases held by this agent")
+	return cmd
+}
+
+// seedColumns are the evidence matrix's columns exactly as the job-lease
+// seed names them. Paired columns ("ACK Deadline/State") hold both values
+// separated by " / ".
+var seedColumns = []string{
+	"Job ID", "Lease ID", "Generation", "Holder Identity", "Issued At", "Lease Duration", "Expires At",
+	"ACK Deadline/State", "Renew Sequence/Time", "Progress Sequence/Value", "Cancel Requested/ACK",
+	"Terminal Result", "Stale Generation", "Late Progress", "Lease Expired", "Ownership Conflict", "Decision", "Reason",
+}
+
+// seedRecord renders a row in seedColumns order, from the lease package's
+// record (whose paired columns are split).
+func seedRecord(r lease.EvidenceRow) []string {
+	f := r.Record() // lease.EvidenceHeader order
+	pair := func(a, b string) string { return a + " / " + b }
+	return []string{
+		f[0], f[1], f[2], f[3], f[4], f[5], f[6],
+		pair(f[7], f[8]), pair(f[9], f[10]), pair(f[11], f[12]), pair(f[13], f[14]),
+		f[15], f[16], f[17], f[18], f[19], f[20], f[21],
+	}
+}
+
+func leaseEvidence(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "evidence JOB [-o csv|json|table]",
+		Short: "The evidence matrix: one row per decision, rejected messages included",
+		Long: `The evidence matrix of a job: one row per message the coordinator judged, in order,
+rejected ones included. -o csv writes exactly the seed's columns (paired columns such as
+"ACK Deadline/State" hold both values separated by " / "); -o json adds each row's number,
+message kind and decision time.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.Evidence(cmd.Context(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: args[0]}))
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			switch g.output {
+			case "json":
+				return printJSONList(out, resp.Msg.Rows)
+			case "csv":
+				w := csv.NewWriter(out)
+				if err := w.Write(seedColumns); err != nil {
+					return err
+				}
+				for _, r := range resp.Msg.Rows {
+					if err := w.Write(seedRecord(coordinator.RowFromProto(r))); err != nil {
+						return err
+					}
+				}
+				w.Flush()
+				return w.Error()
+			case "table", "":
+				tw := newTable(out)
+				fmt.Fprintln(tw, "ROW\tMESSAGE\tGEN\tHOLDER\tSTATE FLAGS\tDECISION\tREASON")
+				for _, r := range resp.Msg.Rows {
+					var flags []string
+					for _, f := range []struct {
+						on   bool
+						name string
+					}{{r.StaleGeneration, "stale"}, {r.LateProgress, "late"}, {r.LeaseExpired, "expired"}, {r.OwnershipConflict, "conflict"}, {r.CancelRequested, "cancel"}} {
+						if f.on {
+							flags = append(flags, f.name)
+						}
+					}
+					reason := r.Reason
+					if len(reason) > 100 {
+						reason = reason[:100] + "…"
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, r.HolderIdentity, strings.Join(flags, ","),
+						strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
+				}
+				return tw.Flush()
+			}
+			return fmt.Errorf("-o %q: want csv, json or table", g.output)
+		},
+	}
+}
+
+func leasePolicy(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "policy",
+		Short: "Show the coordinator's declared time policy",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			asJSON, err := g.wantJSON()
+			if err != nil {
+				return err
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.lease.GetPolicy(cmd.Context(), connect.NewRequest(&tetherv1.GetPolicyRequest{}))
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg.Policy)
+			}
+			p := resp.Msg.Policy
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintf(tw, "clock source:\t%s\n", p.ClockSource)
+			fmt.Fprintf(tw, "skew allowance:\t%s (sent_at is evidence only; it never extends or shortens authority)\n", p.SkewAllowance.AsDuration())
+			fmt.Fprintf(tw, "default lease duration:\t%s\n", p.DefaultLeaseDuration.AsDuration())
+			fmt.Fprintf(tw, "max lease duration:\t%s\n", p.MaxLeaseDuration.AsDuration())
+			fmt.Fprintf(tw, "default ack timeout:\t%s\n", p.DefaultAckTimeout.AsDuration())
+			fmt.Fprintf(tw, "max unresolved bound:\t%s\n", p.MaxUnresolvedBound.AsDuration())
+			fmt.Fprintf(tw, "ack miss:\t%s\n", p.AckMissPolicy)
+			fmt.Fprintf(tw, "restart:\t%s\n", p.RestartBehavior)
+			return tw.Flush()
+		},
+	}
+}

@@ -1,0 +1,192 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+// capabilityService is the CapabilityService edge: it names the caller,
+// converts messages and maps errors; grantstore decides everything.
+//
+// Who may do what (the policy table lets the caller in; the store narrows):
+//   - IssueRoot: operators. Delegate: only the agent holding the parent
+//     grant, to a running node in its own subtree; operators issue roots
+//     instead of delegating on an agent's behalf.
+//   - Refresh: the holder agent, or an operator.
+//   - Revoke: anyone in the grant's revoker set (the issuer, the holders of
+//     every ancestor grant, the root's issuing operator, the security and
+//     admin roles); bulk targets need that for every top grant.
+//   - GetGrant, ListGrants: operators see everything, agents their own
+//     subtree. Introspect and WatchRevocations: every reader.
+type capabilityService struct {
+	tetherv1connect.UnimplementedCapabilityServiceHandler
+	s *Server
+}
+
+// grantCaller names the authenticated principal as the capability core
+// does. An admin holds the admin role and a security operator the security
+// role; every revoker set contains both.
+func grantCaller(ctx context.Context) grantstore.Caller {
+	p, _ := auth.FromContext(ctx)
+	c := grantstore.Caller{Principal: p.ID()}
+	switch {
+	case p.IsAgent():
+	case p.Role == auth.RoleAdmin:
+		c.Roles = []string{capability.RoleAdmin}
+	case p.Role == auth.RoleSecurity:
+		c.Roles = []string{capability.RoleSecurity}
+	}
+	return c
+}
+
+func issuedResponse(i grantstore.Issued) (*tetherv1.Grant, string, *timestamppb.Timestamp) {
+	return grantstore.ToProto(i.Grant), i.Token, timestamppb.New(i.TokenExpiresAt)
+}
+
+func (c *capabilityService) IssueRoot(ctx context.Context, req *connect.Request[tetherv1.IssueRootRequest]) (*connect.Response[tetherv1.IssueRootResponse], error) {
+	if err := req.Msg.GetTtl().CheckValid(); req.Msg.Ttl != nil && err != nil {
+		return nil, invalid("ttl: %v", err)
+	}
+	issued, err := c.s.grants.IssueRoot(ctx, grantCaller(ctx), grantstore.RootRequest{
+		HolderNodeID: req.Msg.HolderNodeId, Scopes: req.Msg.Scopes, TTL: req.Msg.GetTtl().AsDuration(),
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	g, token, exp := issuedResponse(issued)
+	return connect.NewResponse(&tetherv1.IssueRootResponse{Grant: g, Token: token, TokenExpiresAt: exp}), nil
+}
+
+func (c *capabilityService) Delegate(ctx context.Context, req *connect.Request[tetherv1.DelegateRequest]) (*connect.Response[tetherv1.DelegateResponse], error) {
+	if err := req.Msg.GetTtl().CheckValid(); req.Msg.Ttl != nil && err != nil {
+		return nil, invalid("ttl: %v", err)
+	}
+	issued, err := c.s.grants.Delegate(ctx, grantCaller(ctx), grantstore.DelegateRequest{
+		ParentGrantID: req.Msg.ParentGrantId, HolderNodeID: req.Msg.HolderNodeId, Scopes: req.Msg.Scopes, TTL: req.Msg.GetTtl().AsDuration(),
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	g, token, exp := issuedResponse(issued)
+	return connect.NewResponse(&tetherv1.DelegateResponse{Grant: g, Token: token, TokenExpiresAt: exp}), nil
+}
+
+func (c *capabilityService) Refresh(ctx context.Context, req *connect.Request[tetherv1.RefreshRequest]) (*connect.Response[tetherv1.RefreshResponse], error) {
+	issued, err := c.s.grants.Refresh(ctx, grantCaller(ctx), req.Msg.GrantId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	g, token, exp := issuedResponse(issued)
+	return connect.NewResponse(&tetherv1.RefreshResponse{Grant: g, Token: token, TokenExpiresAt: exp}), nil
+}
+
+func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tetherv1.RevokeRequest]) (*connect.Response[tetherv1.RevokeResponse], error) {
+	var target grantstore.Target
+	switch t := req.Msg.Target.(type) {
+	case *tetherv1.RevokeRequest_GrantId:
+		target.GrantID = t.GrantId
+	case *tetherv1.RevokeRequest_HolderNodeId:
+		target.HolderNodeID = t.HolderNodeId
+	case *tetherv1.RevokeRequest_SubtreeNodeId:
+		target.SubtreeNodeID = t.SubtreeNodeId
+	case *tetherv1.RevokeRequest_IssuedBefore:
+		if err := t.IssuedBefore.CheckValid(); err != nil {
+			return nil, invalid("issued_before: %v", err)
+		}
+		target.IssuedBefore = t.IssuedBefore.AsTime()
+		if target.IssuedBefore.IsZero() {
+			return nil, invalid("issued_before must be after the Unix epoch")
+		}
+	}
+	result, err := c.s.grants.Revoke(ctx, grantCaller(ctx), target, req.Msg.Reason)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.RevokeResponse{RevokedGrantIds: result.GrantIDs, Sequence: result.Sequence}), nil
+}
+
+func (c *capabilityService) GetGrant(ctx context.Context, req *connect.Request[tetherv1.GetGrantRequest]) (*connect.Response[tetherv1.GetGrantResponse], error) {
+	g, err := c.s.grants.Get(ctx, grantCaller(ctx), req.Msg.GrantId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.GetGrantResponse{Grant: grantstore.ToProto(g)}), nil
+}
+
+func (c *capabilityService) ListGrants(ctx context.Context, req *connect.Request[tetherv1.ListGrantsRequest]) (*connect.Response[tetherv1.ListGrantsResponse], error) {
+	grants, next, err := c.s.grants.List(ctx, grantCaller(ctx), grantstore.ListQuery{
+		HolderNodeID:       req.Msg.HolderNodeId,
+		DerivedFromGrantID: req.Msg.DerivedFromGrantId,
+		SubtreeNodeID:      req.Msg.SubtreeNodeId,
+		PageSize:           int(req.Msg.PageSize),
+		PageToken:          req.Msg.PageToken,
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := make([]*tetherv1.Grant, len(grants))
+	for i, g := range grants {
+		out[i] = grantstore.ToProto(g)
+	}
+	return connect.NewResponse(&tetherv1.ListGrantsResponse{Grants: out, NextPageToken: next}), nil
+}
+
+// Introspect answers for any token, active or not, with the reason; a
+// token that does not verify is inactive, not an error. The stored grant
+// is included only when the caller may see it.
+func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request[tetherv1.IntrospectRequest]) (*connect.Response[tetherv1.IntrospectResponse], error) {
+	if req.Msg.Token == "" {
+		return nil, invalid("token is required")
+	}
+	claims, verdict, err := c.s.grants.Introspect(ctx, req.Msg.Token)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	resp := &tetherv1.IntrospectResponse{Active: verdict.Active, Reason: verdict.Reason}
+	if claims.GrantID != "" {
+		resp.HolderNodeId, resp.Scopes, resp.ExpiresAt = claims.HolderNodeID, claims.Scopes, timestamppb.New(claims.ExpiresAt)
+	}
+	if verdict.GrantFound {
+		if g, err := c.s.grants.Get(ctx, grantCaller(ctx), verdict.Grant.GrantID); err == nil {
+			resp.Grant = grantstore.ToProto(g)
+		} else if !errors.Is(err, grantstore.ErrNotVisible) {
+			return nil, toConnect(err)
+		}
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// WatchRevocations streams the revocation feed; see grantstore's package
+// documentation for the protocol.
+func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.Request[tetherv1.WatchRevocationsRequest], stream *connect.ServerStream[tetherv1.WatchRevocationsResponse]) error {
+	err := c.s.grants.WatchRevocations(ctx, req.Msg.AfterSequence, func(m grantstore.FeedMessage) error {
+		msg := &tetherv1.WatchRevocationsResponse{
+			Tombstones:   make([]*tetherv1.Tombstone, len(m.Tombstones)),
+			HeadSequence: m.Head,
+			ServerTime:   timestamppb.New(m.ServerTime),
+			Snapshot:     m.Snapshot,
+		}
+		for i, t := range m.Tombstones {
+			msg.Tombstones[i] = grantstore.TombstoneToProto(t)
+		}
+		return stream.Send(msg)
+	})
+	if err != nil && ctx.Err() != nil {
+		return nil // the follower went away
+	}
+	return toConnect(err)
+}
+
+// Grants is the capability tree's store-backed service: the supervisor's
+// GrantRevoker, the ledger's TokenChecker, and what tests and benchmarks
+// drive directly (MarkPending, PruneTombstones).
+func (s *Server) Grants() *grantstore.Service { return s.grants }

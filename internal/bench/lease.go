@@ -1,0 +1,517 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"connectrpc.com/connect"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+func init() {
+	Register("lease/renew", leaseRenew)
+}
+
+// leaseConcurrency is how many leases renew at once in each measurement.
+var leaseConcurrency = []int{1, 64, 1024}
+
+// leaseStreams is how many Channel streams carry the streaming renewals:
+// one per holder agent, each multiplexing its leases, as an agent process
+// running many jobs would.
+func leaseStreams(leases int) int { return min(leases, 8) }
+
+// leaseRenew measures durable lease renewals through the real server on
+// loopback — unary Renew calls and renewals multiplexed on Channel streams
+// — and, in the same run, the same workload built the way a user would on
+// etcd: one compare-and-swap transaction per renew (If mod_revision
+// unchanged Then Put), on a local etcd-server with fsync on. Every renew is
+// a closed loop per lease: the next one is sent when the answer to the
+// previous one arrived, which is only after it is durable on both systems.
+func leaseRenew(ctx context.Context, r *Report) error {
+	srv, err := startServer(ctx, r, disableRateLimit)
+	if err != nil {
+		return err
+	}
+	defer srv.Stop()
+
+	maxLeases := slices.Max(leaseConcurrency)
+	holders, err := leaseHolders(ctx, srv, leaseStreams(maxLeases))
+	if err != nil {
+		return err
+	}
+	streamAt := map[int]float64{}
+	for _, n := range leaseConcurrency {
+		leases, err := offerLeases(ctx, srv, holders, n)
+		if err != nil {
+			return err
+		}
+		m, err := measureUnaryRenew(ctx, r.Duration, leases)
+		if err != nil {
+			return fmt.Errorf("unary, %d leases: %w", n, err)
+		}
+		m.report(r, fmt.Sprintf("lease/renew/unary/leases=%d", n))
+
+		leases, err = offerLeases(ctx, srv, holders[:leaseStreams(n)], n)
+		if err != nil {
+			return err
+		}
+		m, err = measureStreamRenew(ctx, r.Duration, leases)
+		if err != nil {
+			return fmt.Errorf("stream, %d leases: %w", n, err)
+		}
+		m.report(r, fmt.Sprintf("lease/renew/stream/leases=%d", n))
+		streamAt[n] = m.rate
+	}
+
+	etcd, err := startEtcd(ctx, r)
+	if errors.Is(err, errNoEtcd) {
+		fmt.Fprintln(os.Stderr, "  lease/renew: etcd not installed (apt-get install etcd-server): skipping the etcd comparison")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer etcd.stop()
+	for _, n := range leaseConcurrency {
+		m, err := measureEtcdRenew(ctx, r.Duration, etcd.client, n)
+		if err != nil {
+			return fmt.Errorf("etcd, %d leases: %w", n, err)
+		}
+		m.report(r, fmt.Sprintf("lease/renew/etcd-txn/leases=%d", n))
+		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), streamAt[n]/m.rate, "x")
+	}
+	return nil
+}
+
+// disableRateLimit turns off per-principal rate limiting if the server has
+// it: the benchmark measures capacity, not policy.
+var disableRateLimit = func(cfg *controlplane.Config) {}
+
+// leaseMeasurement is a throughput and its latency percentiles.
+type leaseMeasurement struct {
+	rate     float64
+	p50, p99 time.Duration
+}
+
+func (m leaseMeasurement) report(r *Report, name string) {
+	r.Add(name, m.rate, "renews/s")
+	r.Add(name+"/p50", float64(m.p50.Microseconds())/1000, "ms")
+	r.Add(name+"/p99", float64(m.p99.Microseconds())/1000, "ms")
+}
+
+// recorder collects latencies once the warm-up is over.
+type recorder struct {
+	measuring atomic.Bool
+	count     atomic.Int64
+	mu        sync.Mutex
+	samples   []time.Duration
+}
+
+func (rec *recorder) add(local *[]time.Duration, d time.Duration) {
+	if !rec.measuring.Load() {
+		return
+	}
+	rec.count.Add(1)
+	*local = append(*local, d)
+}
+
+func (rec *recorder) merge(local []time.Duration) {
+	rec.mu.Lock()
+	rec.samples = append(rec.samples, local...)
+	rec.mu.Unlock()
+}
+
+// run warms up, measures for d and stops the workload by cancelling its
+// context; wait must return once every worker merged its samples.
+func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.CancelFunc, wait func() error) (leaseMeasurement, error) {
+	warmup := min(d/4, time.Second)
+	sleep := func(d time.Duration) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := sleep(warmup); err != nil {
+		cancel()
+		_ = wait()
+		return leaseMeasurement{}, err
+	}
+	rec.measuring.Store(true)
+	start := time.Now()
+	serr := sleep(d)
+	rec.measuring.Store(false)
+	elapsed := time.Since(start)
+	cancel()
+	if err := wait(); err != nil {
+		return leaseMeasurement{}, err
+	}
+	if serr != nil {
+		return leaseMeasurement{}, serr
+	}
+	slices.Sort(rec.samples)
+	if len(rec.samples) == 0 {
+		return leaseMeasurement{}, errors.New("no renewal completed")
+	}
+	pct := func(p float64) time.Duration { return rec.samples[min(len(rec.samples)-1, int(p*float64(len(rec.samples))))] }
+	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99)}, nil
+}
+
+// leaseHolder is an agent that holds leases, with its own connection.
+type leaseHolder struct {
+	nodeID string
+	conn   *agentsdk.Conn
+}
+
+func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, error) {
+	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-coordinator"}))
+	if err != nil {
+		return nil, err
+	}
+	parent := agentsdk.Dial(srv.URL, root.Msg.Credential, nil)
+	var out []leaseHolder
+	for i := range n {
+		child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker-" + strconv.Itoa(i)}))
+		if err != nil {
+			return nil, err
+		}
+		// Each holder gets its own HTTP/2 connection, as separate agent
+		// processes would have.
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential, nil)})
+	}
+	return out, nil
+}
+
+// benchLease is one active lease and the holder renewing it.
+type benchLease struct {
+	holder *leaseHolder
+	lease  *tetherv1.Lease
+	seq    uint64
+}
+
+var leaseJobs atomic.Int64
+
+// offerLeases offers n fresh jobs round-robin to holders and ACKs them.
+func offerLeases(ctx context.Context, srv *benchServer, holders []leaseHolder, n int) ([]*benchLease, error) {
+	out := make([]*benchLease, n)
+	errs := make(chan error, n)
+	sem := make(chan struct{}, 64)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			h := &holders[i%len(holders)]
+			job := fmt.Sprintf("bench-job-%d", leaseJobs.Add(1))
+			offer, err := srv.Admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: h.nodeID, LeaseDuration: durationpb.New(10 * time.Minute)}))
+			if err != nil {
+				errs <- err
+				return
+			}
+			l := offer.Msg.Lease
+			ack, err := h.conn.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration}))
+			if err != nil {
+				errs <- err
+				return
+			}
+			if ack.Msg.Decision.Outcome != tetherv1.Outcome_OUTCOME_ACCEPTED {
+				errs <- fmt.Errorf("ack refused: %s", ack.Msg.Decision.Reason)
+				return
+			}
+			out[i] = &benchLease{holder: h, lease: ack.Msg.Lease}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (b *benchLease) renewRequest() *tetherv1.RenewRequest {
+	b.seq++
+	return &tetherv1.RenewRequest{JobId: b.lease.JobId, LeaseId: b.lease.LeaseId, LeaseGeneration: b.lease.LeaseGeneration, RenewSequence: b.seq}
+}
+
+func checkRenewed(d *tetherv1.Decision) error {
+	if d.GetOutcome() != tetherv1.Outcome_OUTCOME_ACCEPTED {
+		return fmt.Errorf("renew not accepted: %s %s", d.GetAuditEvent(), d.GetReason())
+	}
+	return nil
+}
+
+func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease) (leaseMeasurement, error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	rec := &recorder{}
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for _, l := range leases {
+		wg.Go(func() {
+			var local []time.Duration
+			defer func() { rec.merge(local) }()
+			for runCtx.Err() == nil {
+				start := time.Now()
+				resp, err := l.holder.conn.Lease.Renew(runCtx, connect.NewRequest(l.renewRequest()))
+				if err == nil {
+					err = checkRenewed(resp.Msg.Decision)
+				}
+				if err != nil {
+					if runCtx.Err() == nil {
+						firstErr.CompareAndSwap(nil, err)
+						cancel()
+					}
+					return
+				}
+				rec.add(&local, time.Since(start))
+			}
+		})
+	}
+	return rec.run(ctx, d, cancel, func() error {
+		wg.Wait()
+		if err, ok := firstErr.Load().(error); ok {
+			return err
+		}
+		return nil
+	})
+}
+
+// measureStreamRenew renews each lease in a closed loop over its holder's
+// Channel stream; a stream carries many leases at once, and answers come
+// back in any order, matched by correlation id (the lease's index).
+func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLease) (leaseMeasurement, error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	rec := &recorder{}
+	byHolder := map[*leaseHolder][]int{}
+	for i, l := range leases {
+		byHolder[l.holder] = append(byHolder[l.holder], i)
+	}
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	fail := func(err error) {
+		if runCtx.Err() == nil {
+			firstErr.CompareAndSwap(nil, err)
+			cancel()
+		}
+	}
+	for h, idx := range byHolder {
+		wg.Go(func() {
+			stream := h.conn.Lease.Channel(runCtx)
+			sentAt := make([]time.Time, len(leases))
+			send := func(i int) error {
+				sentAt[i] = time.Now()
+				return stream.Send(&tetherv1.ChannelRequest{CorrelationId: uint64(i), Message: &tetherv1.ChannelRequest_Renew{Renew: leases[i].renewRequest()}})
+			}
+			var local []time.Duration
+			defer func() {
+				rec.merge(local)
+				_ = stream.CloseRequest()
+				_ = stream.CloseResponse()
+			}()
+			for _, i := range idx {
+				if err := send(i); err != nil {
+					fail(err)
+					return
+				}
+			}
+			for runCtx.Err() == nil {
+				resp, err := stream.Receive()
+				if err != nil {
+					fail(err)
+					return
+				}
+				i := int(resp.CorrelationId)
+				if resp.Error != "" {
+					fail(errors.New(resp.Error))
+					return
+				}
+				if err := checkRenewed(resp.Decision); err != nil {
+					fail(err)
+					return
+				}
+				rec.add(&local, time.Since(sentAt[i]))
+				if err := send(i); err != nil {
+					fail(err)
+					return
+				}
+			}
+		})
+	}
+	// A stream's Receive does not return on cancellation by itself in
+	// every case: closing the response side below unblocks it.
+	return rec.run(ctx, d, cancel, func() error {
+		wg.Wait()
+		if err, ok := firstErr.Load().(error); ok {
+			return err
+		}
+		return nil
+	})
+}
+
+var errNoEtcd = errors.New("etcd not installed")
+
+type etcdServer struct {
+	client *clientv3.Client
+	stop   func()
+}
+
+// startEtcd runs Debian's etcd-server on loopback with a scratch data
+// directory and default durability (the WAL is fsynced before a write is
+// acknowledged).
+func startEtcd(ctx context.Context, r *Report) (*etcdServer, error) {
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		return nil, errNoEtcd
+	}
+	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-*")
+	if err != nil {
+		return nil, err
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	cmd := exec.Command(bin, "--name", "bench", "--data-dir", dir,
+		"--listen-client-urls", client, "--advertise-client-urls", client,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+		"--initial-cluster", "bench="+peer, "--log-level", "error", "--quota-backend-bytes", strconv.Itoa(8<<30))
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	stop := func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		os.RemoveAll(dir)
+	}
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err = c.Put(pctx, "/bench/ready", "1")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.Close()
+			stop()
+			return nil, fmt.Errorf("etcd did not become ready: %w", err)
+		}
+		select {
+		case <-exited:
+			c.Close()
+			stop()
+			return nil, errors.New("etcd exited during start-up")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return &etcdServer{client: c, stop: func() { c.Close(); stop() }}, nil
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, ln)
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+var etcdRound atomic.Int64
+
+// measureEtcdRenew is the user-built equivalent: each lease is a key whose
+// value records holder, generation, renew sequence and expiry; a renew is a
+// transaction that writes the new value only if the key's mod_revision is
+// the one this holder last wrote (fencing), else reads the current value.
+func measureEtcdRenew(ctx context.Context, d time.Duration, c *clientv3.Client, n int) (leaseMeasurement, error) {
+	round := etcdRound.Add(1)
+	keys := make([]string, n)
+	revs := make([]int64, n)
+	for i := range n {
+		keys[i] = fmt.Sprintf("/leases/round-%d/job-%d", round, i)
+		resp, err := c.Put(ctx, keys[i], etcdValue(i, 0))
+		if err != nil {
+			return leaseMeasurement{}, err
+		}
+		revs[i] = resp.Header.Revision
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	rec := &recorder{}
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	for i := range n {
+		wg.Go(func() {
+			var local []time.Duration
+			defer func() { rec.merge(local) }()
+			for seq := uint64(1); runCtx.Err() == nil; seq++ {
+				start := time.Now()
+				resp, err := c.Txn(runCtx).
+					If(clientv3.Compare(clientv3.ModRevision(keys[i]), "=", revs[i])).
+					Then(clientv3.OpPut(keys[i], etcdValue(i, seq))).
+					Else(clientv3.OpGet(keys[i])).
+					Commit()
+				if err == nil && !resp.Succeeded {
+					err = fmt.Errorf("renew of %s lost its fence", keys[i])
+				}
+				if err != nil {
+					if runCtx.Err() == nil {
+						firstErr.CompareAndSwap(nil, err)
+						cancel()
+					}
+					return
+				}
+				revs[i] = resp.Header.Revision
+				rec.add(&local, time.Since(start))
+			}
+		})
+	}
+	return rec.run(ctx, d, cancel, func() error {
+		wg.Wait()
+		if err, ok := firstErr.Load().(error); ok {
+			return err
+		}
+		return nil
+	})
+}
+
+func etcdValue(i int, seq uint64) string {
+	return fmt.Sprintf(`{"job_id":"job-%d","lease_id":"l_%020d","lease_generation":1,"holder_identity":"n_bench%015d","renew_sequence":%d,"lease_duration":"600s","expires_at":"%s"}`,
+		i, i, i, seq, time.Now().Add(10*time.Minute).UTC().Format(time.RFC3339Nano))
+}

@@ -1,0 +1,95 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+)
+
+// TestDemoTellsTheWholeStory runs the demo scenario and checks its facts
+// from the JSON record it wrote: a completed, a cancelled and a rejected
+// tool call; revoked and expired privileges; confirmed children; the rogue
+// unaccounted; and the rogue's next call refused.
+func TestDemoTellsTheWholeStory(t *testing.T) {
+	var out bytes.Buffer
+	res, err := Run(context.Background(), Options{Workers: 2, Mode: "drain", Seed: 7, DrainWindow: time.Second, Dir: t.TempDir()}, &out)
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out.String())
+	}
+	raw, err := os.ReadFile(res.RecordPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec struct {
+		Nodes []struct {
+			NodeID  string `json:"nodeId"`
+			Outcome string `json:"outcome"`
+		} `json:"nodes"`
+		ToolCalls []struct {
+			Resolution string `json:"resolution"`
+		} `json:"toolCalls"`
+		Privileges []struct {
+			Kind    string `json:"kind"`
+			Outcome string `json:"outcome"`
+		} `json:"privileges"`
+		Leases []struct {
+			Outcome string `json:"outcome"`
+		} `json:"leases"`
+		Escalated bool `json:"escalated"`
+	}
+	if err := json.Unmarshal(raw, &rec); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]int{}
+	for _, c := range rec.ToolCalls {
+		calls[c.Resolution]++
+	}
+	for _, want := range []string{"CALL_RESOLUTION_COMPLETED", "CALL_RESOLUTION_CANCELLED_ACKED", "CALL_RESOLUTION_REJECTED_DRAINING"} {
+		if calls[want] == 0 {
+			t.Errorf("no %s call in the record (%v)\n%s", want, calls, out.String())
+		}
+	}
+	privs := map[string]int{}
+	for _, p := range rec.Privileges {
+		privs[p.Outcome]++
+	}
+	if privs["PRIVILEGE_OUTCOME_REVOKED"] == 0 || privs["PRIVILEGE_OUTCOME_EXPIRED"] == 0 {
+		t.Errorf("privileges %v: want revoked and expired ones", privs)
+	}
+	confirmed, unaccounted := 0, map[string]bool{}
+	for _, n := range rec.Nodes {
+		switch n.Outcome {
+		case "NODE_OUTCOME_CONFIRMED":
+			confirmed++
+		case "NODE_OUTCOME_UNACCOUNTED":
+			unaccounted[n.NodeID] = true
+		}
+	}
+	if len(rec.Nodes) != 7 {
+		t.Errorf("record lists %d nodes, want 7 (planner, 2 workers, 4 sub-agents)", len(rec.Nodes))
+	}
+	if !unaccounted[res.RogueNode] || len(unaccounted) != 1 {
+		t.Errorf("unaccounted %v, want exactly the rogue %s", unaccounted, res.RogueNode)
+	}
+	if confirmed != 6 {
+		t.Errorf("%d confirmed, want 6", confirmed)
+	}
+	if len(rec.Leases) != 2 {
+		t.Errorf("record lists %d leases, want 2", len(rec.Leases))
+	}
+	if !rec.Escalated {
+		t.Error("the stuck call should have made the drain escalate")
+	}
+	if res.RogueAfter != connect.CodePermissionDenied {
+		t.Errorf("the rogue's call after termination: %v, want permission_denied", res.RogueAfter)
+	}
+	if !strings.Contains(out.String(), "UNACCOUNTED (1)") {
+		t.Errorf("the story does not show the unaccounted rogue:\n%s", out.String())
+	}
+}

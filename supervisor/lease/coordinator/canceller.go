@@ -1,0 +1,127 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+// CancelHeldBy requests cancellation of every open lease (not terminal)
+// held by one of holders (agent node ids). It is idempotent: a lease whose
+// cancellation was already requested answers DUPLICATE and is unchanged.
+// It returns once every request is durable. This is the supervisor's
+// LeaseCanceller.
+func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason string) error {
+	jobs, err := c.heldBy(ctx, holders)
+	if err != nil {
+		return err
+	}
+	for _, job := range jobs {
+		_, err := c.applyComputed(ctx, job, func(l lease.Lease) (lease.Message, bool) {
+			if !l.Exists() || l.State == lease.StateTerminal || l.CancelRequested {
+				return nil, false
+			}
+			return lease.RequestCancel{JobID: job, Reason: reason}, true
+		})
+		if err != nil {
+			return fmt.Errorf("coordinator: cancel job %q: %w", job, err)
+		}
+	}
+	return nil
+}
+
+// FinalizeHeldBy is the explicit terminal reconciliation of every lease
+// held by one of holders, for a termination's record. Each job ends as:
+//
+//   - CANCELLED when its holder acknowledged the cancel request or
+//     reported CANCELLED (Resolve CANCELLED if not yet terminal);
+//   - EXPIRED when its lease ran out (or its ACK deadline passed) without
+//     a terminal result; it is resolved FAILED, since success was never
+//     proven;
+//   - CANCELLED when the offer was never ACKed: the holder never had
+//     authority (Resolve CANCELLED);
+//   - otherwise UNRESOLVED: the holder still has authority until its
+//     expiry and did not acknowledge; it is resolved UNRESOLVED bounded by
+//     the policy's MaxUnresolvedBound, after which it closes as FAILED;
+//   - COMPLETED when the holder had already reported SUCCESS or FAILED.
+//
+// It is idempotent: a second call finds the terminal results and reports
+// the same outcomes.
+func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]*tetherv1.RecordLease, error) {
+	jobs, err := c.heldBy(ctx, holders)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*tetherv1.RecordLease, 0, len(jobs))
+	for _, job := range jobs {
+		res, err := c.applyComputed(ctx, job, func(l lease.Lease) (lease.Message, bool) {
+			return finalMessage(l, c.cfg.Clock.Now(), reason)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: finalize job %q: %w", job, err)
+		}
+		l := res.Lease
+		if !l.Exists() {
+			continue
+		}
+		out = append(out, &tetherv1.RecordLease{
+			JobId:           l.JobID,
+			LeaseId:         l.LeaseID,
+			LeaseGeneration: l.Generation,
+			HolderIdentity:  l.HolderIdentity,
+			Outcome:         RecordOutcome(l),
+		})
+	}
+	return out, nil
+}
+
+// finalMessage is the Resolve that reconciles l at now, or false when l is
+// already terminal (or unknown).
+func finalMessage(l lease.Lease, now time.Time, reason string) (lease.Message, bool) {
+	resolve := func(result lease.TerminalResult, why string) (lease.Message, bool) {
+		return lease.Resolve{JobID: l.JobID, Result: result, Reason: clipReason(why + "; " + reason)}, true
+	}
+	switch {
+	case !l.Exists() || l.State == lease.StateTerminal:
+		return nil, false
+	case l.CancelAck:
+		return resolve(lease.ResultCancelled, "the holder acknowledged the cancel request")
+	case l.AckState != lease.AckAcked:
+		return resolve(lease.ResultCancelled, "the holder never acknowledged the offer, so it never had authority")
+	case l.State == lease.StateExpired || !now.Before(l.ExpiresAt):
+		return resolve(lease.ResultFailed, "the lease expired without a terminal result; success was never proven")
+	}
+	return lease.Resolve{JobID: l.JobID, Result: lease.ResultUnresolved,
+		Reason: clipReason("the holder still had authority and did not acknowledge the cancel request; " + reason)}, true
+}
+
+// RecordOutcome is how a reconciliation record reports a lease.
+func RecordOutcome(l lease.Lease) tetherv1.LeaseOutcome {
+	switch {
+	case l.TerminalResult == lease.ResultUnresolved:
+		return tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED
+	case l.TerminalResult == lease.ResultCancelled:
+		return tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED
+	case l.LeaseExpired || l.State == lease.StateExpired:
+		return tetherv1.LeaseOutcome_LEASE_OUTCOME_EXPIRED
+	case l.TerminalResult.Final():
+		return tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED
+	}
+	return tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED
+}
+
+// clipReason keeps a composed reason within the message limit.
+func clipReason(s string) string {
+	if len(s) <= lease.MaxValueBytes {
+		return s
+	}
+	s = s[:lease.MaxValueBytes-len("…")]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
+}

@@ -1,0 +1,311 @@
+package coordinator
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+// Stored records are a compact binary encoding, not protobuf or JSON: the
+// shard encodes a lease and an evidence row for every message on the hot
+// path, and this costs a fraction of either. Every record starts with its
+// schema version; a reader refuses versions it does not know rather than
+// guess (a newer binary migrates, an older one must not misread).
+const (
+	leaseSchema    byte = 1
+	evidenceSchema byte = 1
+)
+
+// ErrCorrupt is returned when a stored record cannot be decoded.
+var ErrCorrupt = errors.New("coordinator: corrupt lease record")
+
+// record is a lease as stored: the lease and how many evidence rows the
+// job has (the number of the last row, which is also the record's version:
+// it grows with every decision about the job).
+type record struct {
+	Lease lease.Lease
+	Rows  uint64
+}
+
+// Row is one evidence row as stored: its number within the job (1, 2, …)
+// and the row itself.
+type Row struct {
+	Number uint64
+	lease.EvidenceRow
+}
+
+type encoder struct{ b []byte }
+
+func (e *encoder) uint(v uint64)       { e.b = binary.AppendUvarint(e.b, v) }
+func (e *encoder) int(v int64)         { e.b = binary.AppendVarint(e.b, v) }
+func (e *encoder) str(s string)        { e.uint(uint64(len(s))); e.b = append(e.b, s...) }
+func (e *encoder) dur(d time.Duration) { e.int(int64(d)) }
+func (e *encoder) flag(v bool) {
+	if v {
+		e.b = append(e.b, 1)
+	} else {
+		e.b = append(e.b, 0)
+	}
+}
+
+// time stores presence first: the zero time.Time has no Unix nanosecond
+// value.
+func (e *encoder) time(t time.Time) {
+	if t.IsZero() {
+		e.b = append(e.b, 0)
+		return
+	}
+	e.b = append(e.b, 1)
+	e.int(t.UnixNano())
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) fail(what string) {
+	if d.err == nil {
+		d.err = fmt.Errorf("%w: truncated or malformed %s", ErrCorrupt, what)
+	}
+}
+
+func (d *decoder) uint() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("integer")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) int() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	if n <= 0 {
+		d.fail("integer")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) byte1(what string) byte {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) == 0 {
+		d.fail(what)
+		return 0
+	}
+	v := d.b[0]
+	d.b = d.b[1:]
+	return v
+}
+
+func (d *decoder) str() string {
+	n := d.uint()
+	if d.err != nil {
+		return ""
+	}
+	if n > uint64(len(d.b)) {
+		d.fail("string")
+		return ""
+	}
+	s := string(d.b[:n])
+	d.b = d.b[n:]
+	return s
+}
+
+func (d *decoder) dur() time.Duration { return time.Duration(d.int()) }
+
+func (d *decoder) flag() bool {
+	switch d.byte1("flag") {
+	case 0:
+		return false
+	case 1:
+		return true
+	}
+	d.fail("flag")
+	return false
+}
+
+func (d *decoder) time() time.Time {
+	if !d.flag() {
+		return time.Time{}
+	}
+	n := d.int()
+	if d.err != nil {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+func (d *decoder) done() error {
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.b))
+	}
+	return d.err
+}
+
+func encodeRecord(dst []byte, r record) []byte {
+	e := encoder{b: append(dst, leaseSchema)}
+	e.uint(r.Rows)
+	encodeLease(&e, r.Lease)
+	return e.b
+}
+
+func encodeLease(e *encoder, l lease.Lease) {
+	e.str(l.JobID)
+	e.str(l.LeaseID)
+	e.uint(l.Generation)
+	e.str(l.HolderIdentity)
+	e.time(l.IssuedAt)
+	e.dur(l.LeaseDuration)
+	e.time(l.ExpiresAt)
+	e.time(l.AckDeadline)
+	e.uint(uint64(l.AckState))
+	e.uint(uint64(l.State))
+	e.uint(l.RenewSequence)
+	e.time(l.RenewTime)
+	e.uint(l.ProgressSequence)
+	e.str(l.ProgressValue)
+	e.flag(l.CancelRequested)
+	e.time(l.CancelRequestedAt)
+	e.flag(l.CancelAck)
+	e.time(l.CancelAckedAt)
+	e.uint(uint64(l.TerminalResult))
+	e.time(l.TerminalAt)
+	e.str(l.TerminalDetail)
+	e.time(l.UnresolvedUntil)
+	e.flag(l.StaleGeneration)
+	e.flag(l.LateProgress)
+	e.flag(l.LeaseExpired)
+	e.flag(l.OwnershipConflict)
+	e.str(l.ConflictHolder)
+	e.time(l.AcquireTime)
+	e.time(l.LastRenewTime)
+	e.uint(l.Transitions)
+}
+
+func decodeRecord(b []byte) (record, error) {
+	d := decoder{b: b}
+	if v := d.byte1("schema version"); d.err == nil && v != leaseSchema {
+		return record{}, fmt.Errorf("%w: lease schema version %d is not %d", ErrCorrupt, v, leaseSchema)
+	}
+	var r record
+	r.Rows = d.uint()
+	r.Lease = decodeLease(&d)
+	return r, d.done()
+}
+
+func decodeLease(d *decoder) lease.Lease {
+	var l lease.Lease
+	l.JobID = d.str()
+	l.LeaseID = d.str()
+	l.Generation = d.uint()
+	l.HolderIdentity = d.str()
+	l.IssuedAt = d.time()
+	l.LeaseDuration = d.dur()
+	l.ExpiresAt = d.time()
+	l.AckDeadline = d.time()
+	l.AckState = lease.AckState(d.uint())
+	l.State = lease.State(d.uint())
+	l.RenewSequence = d.uint()
+	l.RenewTime = d.time()
+	l.ProgressSequence = d.uint()
+	l.ProgressValue = d.str()
+	l.CancelRequested = d.flag()
+	l.CancelRequestedAt = d.time()
+	l.CancelAck = d.flag()
+	l.CancelAckedAt = d.time()
+	l.TerminalResult = lease.TerminalResult(d.uint())
+	l.TerminalAt = d.time()
+	l.TerminalDetail = d.str()
+	l.UnresolvedUntil = d.time()
+	l.StaleGeneration = d.flag()
+	l.LateProgress = d.flag()
+	l.LeaseExpired = d.flag()
+	l.OwnershipConflict = d.flag()
+	l.ConflictHolder = d.str()
+	l.AcquireTime = d.time()
+	l.LastRenewTime = d.time()
+	l.Transitions = d.uint()
+	return l
+}
+
+func encodeRow(dst []byte, r Row) []byte {
+	e := encoder{b: append(dst, evidenceSchema)}
+	e.uint(r.Number)
+	e.str(r.JobID)
+	e.str(r.LeaseID)
+	e.uint(r.Generation)
+	e.str(r.HolderIdentity)
+	e.time(r.IssuedAt)
+	e.dur(r.LeaseDuration)
+	e.time(r.ExpiresAt)
+	e.time(r.AckDeadline)
+	e.uint(uint64(r.AckState))
+	e.uint(r.RenewSequence)
+	e.time(r.RenewTime)
+	e.uint(r.ProgressSequence)
+	e.str(r.ProgressValue)
+	e.flag(r.CancelRequested)
+	e.flag(r.CancelAck)
+	e.uint(uint64(r.TerminalResult))
+	e.flag(r.StaleGeneration)
+	e.flag(r.LateProgress)
+	e.flag(r.LeaseExpired)
+	e.flag(r.OwnershipConflict)
+	e.uint(uint64(r.Decision.Outcome))
+	e.uint(uint64(r.Decision.Event))
+	e.str(r.Reason)
+	e.uint(uint64(r.Message))
+	e.time(r.DecidedAt)
+	return e.b
+}
+
+func decodeRow(b []byte) (Row, error) {
+	d := decoder{b: b}
+	if v := d.byte1("schema version"); d.err == nil && v != evidenceSchema {
+		return Row{}, fmt.Errorf("%w: evidence schema version %d is not %d", ErrCorrupt, v, evidenceSchema)
+	}
+	var r Row
+	r.Number = d.uint()
+	r.JobID = d.str()
+	r.LeaseID = d.str()
+	r.Generation = d.uint()
+	r.HolderIdentity = d.str()
+	r.IssuedAt = d.time()
+	r.LeaseDuration = d.dur()
+	r.ExpiresAt = d.time()
+	r.AckDeadline = d.time()
+	r.AckState = lease.AckState(d.uint())
+	r.RenewSequence = d.uint()
+	r.RenewTime = d.time()
+	r.ProgressSequence = d.uint()
+	r.ProgressValue = d.str()
+	r.CancelRequested = d.flag()
+	r.CancelAck = d.flag()
+	r.TerminalResult = lease.TerminalResult(d.uint())
+	r.StaleGeneration = d.flag()
+	r.LateProgress = d.flag()
+	r.LeaseExpired = d.flag()
+	r.OwnershipConflict = d.flag()
+	r.Decision.Outcome = lease.Outcome(d.uint())
+	r.Decision.Event = lease.AuditEvent(d.uint())
+	r.Reason = d.str()
+	r.Decision.Reason = r.Reason
+	r.Message = lease.Kind(d.uint())
+	r.DecidedAt = d.time()
+	return r, d.done()
+}

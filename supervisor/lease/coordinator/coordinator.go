@@ -1,0 +1,426 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+// Sentinel errors.
+var (
+	// ErrNotFound: the job has no lease (GetLease, Evidence).
+	ErrNotFound = errors.New("coordinator: no lease for the job")
+	// ErrStopped: the coordinator is shutting down or stopped; the message
+	// was not judged.
+	ErrStopped = errors.New("coordinator: stopped")
+	// ErrCommit: the decision could not be made durable, so it was not
+	// made: the lease is as it was before the message.
+	ErrCommit = errors.New("coordinator: commit failed")
+	// ErrPrecondition: a guard refused the message because the lease
+	// changed between the caller's check and the judgement (for example a
+	// concurrent reassignment changed the holder); nothing was judged.
+	ErrPrecondition = errors.New("coordinator: lease changed")
+	// ErrInvalidArgument: a malformed request; nothing was judged.
+	ErrInvalidArgument = errors.New("coordinator: invalid argument")
+)
+
+// Config configures a Coordinator.
+type Config struct {
+	Store store.Store
+	// Clock is the declared clock (Policy.ClockSource): every decision's
+	// now comes from it, read by the shard when it judges the message.
+	Clock  clock.Clock
+	Policy lease.Policy
+	Log    *slog.Logger
+	// Shards is how many goroutines own leases; 0 means GOMAXPROCS, at
+	// least 2. A job always lives on the same shard (hash of the job id).
+	Shards int
+	// MaxBatch caps how many messages one shard commit carries; 0 means
+	// 4096. While a commit is in flight the shard keeps judging until the
+	// next batch is full, then waits.
+	MaxBatch int
+	// MaxWait bounds how long a shard sleeps before looking at the clock
+	// again for due deadlines; 0 means 100ms. With the real clock a shard
+	// wakes at the next deadline anyway; the bound matters for clocks that
+	// jump (a manual clock in tests, a stepped wall clock).
+	MaxWait time.Duration
+	// AliveInterval is how often an idle shard records that it is alive
+	// (restart planning uses the last record); 0 means 5s of clock time.
+	// Every commit records it too.
+	AliveInterval time.Duration
+	// PickHolder chooses the holder of an automatic reassignment (policy
+	// AckMissReassign). Nil offers generation + 1 to the same holder.
+	PickHolder func(l lease.Lease) string
+	// NewLeaseID makes the lease id of a new generation; nil means
+	// id.New(id.Lease).
+	NewLeaseID func() string
+	// UnknownLogSize bounds the log of rows about jobs without a lease; 0
+	// means 10000.
+	UnknownLogSize int
+}
+
+func (c *Config) defaults() error {
+	if c.Store == nil {
+		return errors.New("coordinator: a store is required")
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Log == nil {
+		c.Log = slog.Default()
+	}
+	if c.Shards <= 0 {
+		c.Shards = max(2, runtime.GOMAXPROCS(0))
+	}
+	if c.MaxBatch <= 0 {
+		c.MaxBatch = 4096
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 100 * time.Millisecond
+	}
+	if c.AliveInterval <= 0 {
+		c.AliveInterval = 5 * time.Second
+	}
+	if c.PickHolder == nil {
+		c.PickHolder = func(l lease.Lease) string { return l.HolderIdentity }
+	}
+	if c.NewLeaseID == nil {
+		c.NewLeaseID = func() string { return id.New(id.Lease) }
+	}
+	if c.UnknownLogSize <= 0 {
+		c.UnknownLogSize = 10000
+	}
+	return c.Policy.Validate()
+}
+
+// Coordinator owns every job lease. See the package documentation.
+type Coordinator struct {
+	cfg    Config
+	shards []*shard
+	seed   maphash.Seed
+
+	// lastAlive is when the previous run was last known to be deciding,
+	// read at New; zero on a first start.
+	lastAlive time.Time
+
+	// mu guards sending to the shards against shutdown: senders hold it
+	// shared, Run takes it exclusively to close the door, so no message is
+	// left in an inbox nobody reads.
+	mu      sync.RWMutex
+	closed  bool
+	started bool
+	// unknownSeq numbers rows of the unknown-job log; owned by shard 0's
+	// commits through unknownMu since every shard may write one.
+	unknownMu  sync.Mutex
+	unknownSeq uint64
+}
+
+// Result is the answer to one message: the decision and the lease as it
+// stands after it (durable: the commit has happened), and the number of the
+// evidence row that records it (0 for a job without a lease, whose rows go
+// to the bounded unknown-job log).
+type Result struct {
+	Lease    lease.Lease
+	Decision lease.Decision
+	Row      uint64
+}
+
+// New loads every lease from the store into memory. The coordinator serves
+// once Run has started; messages sent before wait for it.
+func New(ctx context.Context, cfg Config) (*Coordinator, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed()}
+	for i := range cfg.Shards {
+		c.shards = append(c.shards, newShard(c, i))
+	}
+	err := cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		err := tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
+			r, err := decodeRecord(value)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			c.shardOf(r.Lease.JobID).load(r)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		err = tx.Scan([]byte(prefixAlive), nil, func(key, value []byte) error {
+			d := decoder{b: value}
+			t := d.time()
+			if err := d.done(); err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			if t.After(c.lastAlive) {
+				c.lastAlive = t
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		return tx.Scan([]byte(prefixUnknown), nil, func(key, value []byte) error {
+			r, err := decodeRow(value)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			c.unknownSeq = max(c.unknownSeq, r.Number)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: load leases: %w", err)
+	}
+	return c, nil
+}
+
+// Policy returns the declared time policy.
+func (c *Coordinator) Policy() lease.Policy { return c.cfg.Policy }
+
+// LastAlive is when the previous run was last known to be deciding (zero on
+// a first start): restart planning extends only deadlines after it.
+func (c *Coordinator) LastAlive() time.Time { return c.lastAlive }
+
+func (c *Coordinator) shardOf(job string) *shard {
+	return c.shards[maphash.String(c.seed, job)%uint64(len(c.shards))]
+}
+
+// Run serves until ctx ends. It first applies the restart policy
+// (PlanRestart, then one Recover per planned lease), then judges messages,
+// acts on deadlines as the clock reaches them, and on the way out commits
+// what it judged and records a clean stop.
+func (c *Coordinator) Run(ctx context.Context) error {
+	c.mu.Lock()
+	if c.started {
+		c.mu.Unlock()
+		return errors.New("coordinator: Run called twice")
+	}
+	c.started = true
+	c.mu.Unlock()
+
+	restartAt := c.cfg.Clock.Now()
+	var plan []lease.Recover
+	if !c.lastAlive.IsZero() {
+		var all []lease.Lease
+		for _, s := range c.shards {
+			for _, e := range s.leases {
+				all = append(all, e.durable)
+			}
+		}
+		plan = lease.PlanRestart(all, c.lastAlive, restartAt, c.cfg.Policy)
+		if len(plan) > 0 {
+			c.cfg.Log.Info("lease restart plan: extending deadlines that fell while the coordinator was down",
+				"leases", len(plan), "last_alive", c.lastAlive, "restart_at", restartAt, "policy", c.cfg.Policy.Restart.String())
+		}
+	}
+	for _, r := range plan {
+		s := c.shardOf(r.JobID)
+		s.recover = append(s.recover, r)
+	}
+
+	stopping := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, s := range c.shards {
+		wg.Go(func() { s.run(ctx, stopping) })
+	}
+	<-ctx.Done()
+	// Close the door, then let the shards finish what got in.
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	close(stopping)
+	wg.Wait()
+	return nil
+}
+
+// send hands op to its shard, or fails it when the coordinator is stopped.
+func (c *Coordinator) send(s *shard, o op) {
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		o.fail(ErrStopped)
+		return
+	}
+	s.inbox <- o
+	c.mu.RUnlock()
+}
+
+// Submit judges m asynchronously: done is called exactly once, from a
+// shard goroutine, after the decision is durable (or with an error when it
+// cannot be made). done must not block: hand the result to another
+// goroutine. guard, when set, runs on the shard against the current lease
+// just before the judgement; an error from it refuses the message without
+// judging it (wrap ErrPrecondition).
+func (c *Coordinator) Submit(m lease.Message, guard func(lease.Lease) error, done func(Result, error)) {
+	if m == nil {
+		done(Result{}, fmt.Errorf("%w: nil message", ErrInvalidArgument))
+		return
+	}
+	c.send(c.shardOf(m.Job()), op{kind: opJudge, msg: m, guard: guard, done: done})
+}
+
+// Apply judges m and waits for the durable answer. A rejection is a
+// decision, not an error: errors are for messages that could not be judged
+// or made durable.
+func (c *Coordinator) Apply(ctx context.Context, m lease.Message) (Result, error) {
+	return c.ApplyIf(ctx, m, nil)
+}
+
+// ApplyIf is Apply with a guard (see Submit).
+func (c *Coordinator) ApplyIf(ctx context.Context, m lease.Message, guard func(lease.Lease) error) (Result, error) {
+	ch := make(chan answer, 1)
+	c.Submit(m, guard, func(r Result, err error) { ch <- answer{r, err} })
+	return wait(ctx, ch)
+}
+
+// applyComputed judges the message compute derives from the job's current
+// lease on its shard; when compute returns false nothing is judged and the
+// answer (the lease as it then stands) comes once everything judged before
+// it is durable.
+func (c *Coordinator) applyComputed(ctx context.Context, job string, compute func(lease.Lease) (lease.Message, bool)) (Result, error) {
+	ch := make(chan answer, 1)
+	c.send(c.shardOf(job), op{kind: opCompute, job: job, compute: compute, done: func(r Result, err error) { ch <- answer{r, err} }})
+	return wait(ctx, ch)
+}
+
+type answer struct {
+	r   Result
+	err error
+}
+
+func wait(ctx context.Context, ch chan answer) (Result, error) {
+	select {
+	case a := <-ch:
+		return a.r, a.err
+	case <-ctx.Done():
+		// The message may still be judged and committed; the caller just
+		// stopped waiting for the answer.
+		return Result{}, ctx.Err()
+	}
+}
+
+// Get returns the job's lease as last made durable: a decision judged but
+// not yet committed is not visible (see the package documentation).
+func (c *Coordinator) Get(ctx context.Context, job string) (lease.Lease, error) {
+	ch := make(chan answer, 1)
+	c.send(c.shardOf(job), op{kind: opGet, job: job, done: func(r Result, err error) { ch <- answer{r, err} }})
+	r, err := wait(ctx, ch)
+	return r.Lease, err
+}
+
+// List returns up to limit durable leases in job-id order, starting after
+// job id after, held by holder when holder is not empty. next is the last
+// job id returned when more may follow.
+func (c *Coordinator) List(ctx context.Context, holder, after string, limit int) (leases []lease.Lease, next string, err error) {
+	type part struct {
+		leases []lease.Lease
+		err    error
+	}
+	ch := make(chan part, len(c.shards))
+	for _, s := range c.shards {
+		c.send(s, op{kind: opList, holder: holder, after: after, limit: limit, list: func(ls []lease.Lease, err error) { ch <- part{ls, err} }})
+	}
+	for range c.shards {
+		select {
+		case p := <-ch:
+			if p.err != nil {
+				return nil, "", p.err
+			}
+			leases = append(leases, p.leases...)
+		case <-ctx.Done():
+			return nil, "", ctx.Err()
+		}
+	}
+	slices.SortFunc(leases, func(a, b lease.Lease) int { return strings.Compare(a.JobID, b.JobID) })
+	if limit > 0 && len(leases) > limit {
+		leases = leases[:limit]
+		next = leases[limit-1].JobID
+	}
+	return leases, next, nil
+}
+
+// Evidence returns the job's evidence rows in decision order, read from the
+// store (so only durable rows). For a job without a lease it returns the
+// rows of the bounded unknown-job log that name it; ErrNotFound when there
+// are none.
+func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
+	var rows []Row
+	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		scan := func(prefix []byte, keep func(Row) bool) error {
+			return tx.Scan(prefix, nil, func(key, value []byte) error {
+				r, err := decodeRow(value)
+				if err != nil {
+					return fmt.Errorf("%s: %w", key, err)
+				}
+				if keep(r) {
+					rows = append(rows, r)
+				}
+				return nil
+			})
+		}
+		if err := scan(evidencePrefix(job), func(Row) bool { return true }); err != nil || len(rows) > 0 {
+			return err
+		}
+		return scan([]byte(prefixUnknown), func(r Row) bool { return r.JobID == job })
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%w: job %q", ErrNotFound, job)
+	}
+	return rows, nil
+}
+
+// nextUnknown numbers a row of the unknown-job log.
+func (c *Coordinator) nextUnknown() uint64 {
+	c.unknownMu.Lock()
+	defer c.unknownMu.Unlock()
+	c.unknownSeq++
+	return c.unknownSeq
+}
+
+// heldBy returns the ids of the jobs whose current (judged) lease is held
+// by one of holders, on every shard.
+func (c *Coordinator) heldBy(ctx context.Context, holders []string) ([]string, error) {
+	set := make(map[string]bool, len(holders))
+	for _, h := range holders {
+		set[h] = true
+	}
+	type part struct {
+		jobs []string
+		err  error
+	}
+	ch := make(chan part, len(c.shards))
+	for _, s := range c.shards {
+		c.send(s, op{kind: opHeldBy, holders: set, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
+	}
+	var jobs []string
+	for range c.shards {
+		select {
+		case p := <-ch:
+			if p.err != nil {
+				return nil, p.err
+			}
+			jobs = append(jobs, p.jobs...)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	slices.Sort(jobs)
+	return jobs, nil
+}

@@ -1,0 +1,474 @@
+package coordinator_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+)
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// harness runs a coordinator over a store with a manual clock.
+type harness struct {
+	t      *testing.T
+	c      *coordinator.Coordinator
+	clock  *clock.Manual
+	store  store.Store
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func openStore(t *testing.T, dir string) *store.Badger {
+	t.Helper()
+	st, err := store.OpenBadger(dir, store.BadgerOptions{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func start(t *testing.T, st store.Store, clk *clock.Manual, p lease.Policy) *harness {
+	t.Helper()
+	c, err := coordinator.New(context.Background(), coordinator.Config{
+		Store: st, Clock: clk, Policy: p, Log: quiet(), MaxWait: time.Millisecond, Shards: 3,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &harness{t: t, c: c, clock: clk, store: st, cancel: cancel, done: make(chan error, 1)}
+	go func() { h.done <- c.Run(ctx) }()
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	if err := <-h.done; err != nil {
+		h.t.Errorf("Run: %v", err)
+	}
+	h.cancel = nil
+}
+
+func (h *harness) apply(m lease.Message) coordinator.Result {
+	h.t.Helper()
+	r, err := h.c.Apply(context.Background(), m)
+	if err != nil {
+		h.t.Fatalf("apply %T: %v", m, err)
+	}
+	return r
+}
+
+func (h *harness) want(m lease.Message, outcome lease.Outcome, event lease.AuditEvent) coordinator.Result {
+	h.t.Helper()
+	r := h.apply(m)
+	if r.Decision.Outcome != outcome || r.Decision.Event != event {
+		h.t.Fatalf("%T: got %s, want %s %s", m, r.Decision, outcome, event)
+	}
+	return r
+}
+
+func (h *harness) get(job string) lease.Lease {
+	h.t.Helper()
+	l, err := h.c.Get(context.Background(), job)
+	if err != nil {
+		h.t.Fatalf("get %s: %v", job, err)
+	}
+	return l
+}
+
+// waitFor polls a condition another goroutine makes true (the shard acting
+// on the manual clock); it never stands in for a fixed sleep.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func claim(job, leaseID string, gen uint64, holder string) lease.Claim {
+	return lease.Claim{JobID: job, LeaseID: leaseID, Generation: gen, HolderIdentity: holder}
+}
+
+// active offers job to holder and acks it: generation 1, ACTIVE for d.
+func (h *harness) active(job, holder string, d time.Duration) lease.Lease {
+	h.t.Helper()
+	h.want(lease.Offer{JobID: job, LeaseID: "L-" + job, HolderIdentity: holder, LeaseDuration: d}, lease.OutcomeAccepted, lease.EventOffered)
+	r := h.want(lease.Ack{Claim: claim(job, "L-"+job, 1, holder)}, lease.OutcomeAccepted, lease.EventAcked)
+	return r.Lease
+}
+
+func TestDecisionsSurviveARestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := clock.NewManual(t0)
+	st := openStore(t, dir)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.active("job-1", "w1", time.Minute)
+	clk.Advance(time.Second)
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1}, lease.OutcomeAccepted, lease.EventRenewed)
+	h.want(lease.Progress{Claim: claim("job-1", "L-job-1", 1, "w1"), ProgressSequence: 4, ProgressValue: "40%"}, lease.OutcomeAccepted, lease.EventProgressRecorded)
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w9"), RenewSequence: 2}, lease.OutcomeRejected, lease.EventOwnershipConflict)
+	before := h.get("job-1")
+	h.stop()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st = openStore(t, dir)
+	defer st.Close()
+	h = start(t, st, clk, lease.DefaultPolicy())
+	after := h.get("job-1")
+	if after != before {
+		t.Fatalf("after restart:\n got %+v\nwant %+v", after, before)
+	}
+	rows, err := h.c.Evidence(context.Background(), "job-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantKinds := []lease.Kind{lease.KindOffer, lease.KindAck, lease.KindRenew, lease.KindProgress, lease.KindRenew}
+	if len(rows) != len(wantKinds) {
+		t.Fatalf("%d evidence rows, want %d", len(rows), len(wantKinds))
+	}
+	for i, r := range rows {
+		if r.Number != uint64(i+1) || r.Message != wantKinds[i] {
+			t.Errorf("row %d: number %d message %s, want %d %s", i, r.Number, r.Message, i+1, wantKinds[i])
+		}
+	}
+	if rows[4].Decision.Event != lease.EventOwnershipConflict || !rows[4].OwnershipConflict {
+		t.Errorf("the rejected renew's row is %s (conflict %v); the audit keeps rejected messages", rows[4].Decision, rows[4].OwnershipConflict)
+	}
+	// The next renew continues from the recovered sequence.
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1}, lease.OutcomeDuplicate, lease.EventDuplicateRenew)
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 2}, lease.OutcomeAccepted, lease.EventRenewed)
+}
+
+// gatedStore holds every Update until the test releases it, so a test can
+// look at the coordinator while a commit is in flight. It wraps a real
+// store; only the timing is controlled.
+type gatedStore struct {
+	store.Store
+	mu      sync.Mutex
+	gate    chan struct{}
+	entered chan struct{}
+	fail    error
+}
+
+func (g *gatedStore) Update(ctx context.Context, fn func(tx store.Txn) error) error {
+	g.mu.Lock()
+	gate, fail := g.gate, g.fail
+	g.mu.Unlock()
+	if gate != nil {
+		g.entered <- struct{}{}
+		<-gate
+	}
+	if fail != nil {
+		return fail
+	}
+	return g.Store.Update(ctx, fn)
+}
+
+func (g *gatedStore) hold() {
+	g.mu.Lock()
+	g.gate = make(chan struct{})
+	g.entered = make(chan struct{}, 16)
+	g.mu.Unlock()
+}
+
+func (g *gatedStore) release() {
+	g.mu.Lock()
+	close(g.gate)
+	g.gate = nil
+	g.mu.Unlock()
+}
+
+func TestReadsNeverSeeUndurableDecisions(t *testing.T) {
+	st := &gatedStore{Store: openStore(t, t.TempDir())}
+	defer st.Store.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.active("job-1", "w1", time.Minute)
+	durable := h.get("job-1")
+
+	st.hold()
+	results := make(chan coordinator.Result, 2)
+	for seq := uint64(1); seq <= 2; seq++ {
+		h.c.Submit(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: seq}, nil, func(r coordinator.Result, err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			results <- r
+		})
+	}
+	<-st.entered // the first renew's commit is in flight
+	if got := h.get("job-1"); got != durable {
+		t.Fatalf("a read during the commit saw %+v, want the durable %+v", got, durable)
+	}
+	select {
+	case r := <-results:
+		t.Fatalf("answered before the commit: %s", r.Decision)
+	default:
+	}
+	st.release()
+	// The second renew was judged against the first while the first was
+	// being committed (the pipeline), so both are accepted, in order.
+	for seq := uint64(1); seq <= 2; seq++ {
+		r := <-results
+		if r.Decision.Outcome != lease.OutcomeAccepted || r.Lease.RenewSequence != seq {
+			t.Fatalf("renew %d: %s, lease seq %d", seq, r.Decision, r.Lease.RenewSequence)
+		}
+	}
+	if got := h.get("job-1"); got.RenewSequence != 2 {
+		t.Fatalf("after the commits the read shows seq %d, want 2", got.RenewSequence)
+	}
+}
+
+func TestAFailedCommitIsNotADecision(t *testing.T) {
+	st := &gatedStore{Store: openStore(t, t.TempDir())}
+	defer st.Store.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.active("job-1", "w1", time.Minute)
+	before := h.get("job-1")
+
+	st.mu.Lock()
+	st.fail = errors.New("disk on fire")
+	st.mu.Unlock()
+	_, err := h.c.Apply(context.Background(), lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1})
+	if !errors.Is(err, coordinator.ErrCommit) {
+		t.Fatalf("renew during a failing store: %v, want ErrCommit", err)
+	}
+	st.mu.Lock()
+	st.fail = nil
+	st.mu.Unlock()
+	if got := h.get("job-1"); got != before {
+		t.Fatalf("after a failed commit the lease is %+v, want %+v", got, before)
+	}
+	// The same renew is judged afresh: it was never accepted.
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1}, lease.OutcomeAccepted, lease.EventRenewed)
+}
+
+func TestExpiryIsActedOnWhenTheDeclaredClockReachesIt(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.active("job-1", "w1", 30*time.Second)
+	clk.Advance(29 * time.Second)
+	h.want(lease.Progress{Claim: claim("job-1", "L-job-1", 1, "w1"), ProgressSequence: 1, ProgressValue: "x"}, lease.OutcomeAccepted, lease.EventProgressRecorded)
+	if got := h.get("job-1"); got.State != lease.StateActive {
+		t.Fatalf("before expiry: %s", got.State)
+	}
+	clk.Advance(time.Second) // progress does not renew: expiry at ack + 30s
+	waitFor(t, "the expiry to be acted on", func() bool { return h.get("job-1").State == lease.StateExpired })
+	rows, err := h.c.Evidence(context.Background(), "job-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := rows[len(rows)-1]
+	if last.Message != lease.KindTick || last.Decision.Event != lease.EventLeaseExpired || !last.LeaseExpired {
+		t.Fatalf("last row: %s %s expired=%v", last.Message, last.Decision, last.LeaseExpired)
+	}
+	// An expired generation is never revived.
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1}, lease.OutcomeRejected, lease.EventLeaseExpired)
+}
+
+func TestAutomaticReassignmentFollowsThePolicy(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	p := lease.DefaultPolicy()
+	p.AckMiss = lease.AckMissReassign
+	h := start(t, st, clk, p)
+	h.want(lease.Offer{JobID: "job-1", LeaseID: "L1", HolderIdentity: "w1", LeaseDuration: time.Minute, AckTimeout: 10 * time.Second}, lease.OutcomeAccepted, lease.EventOffered)
+	h.want(lease.Offer{JobID: "job-2", LeaseID: "L2", HolderIdentity: "w1", LeaseDuration: time.Minute, AckTimeout: 10 * time.Second}, lease.OutcomeAccepted, lease.EventOffered)
+	h.want(lease.RequestCancel{JobID: "job-2", Reason: "not needed"}, lease.OutcomeAccepted, lease.EventCancelRequested)
+	clk.Advance(10 * time.Second)
+	waitFor(t, "the automatic reassignment", func() bool { return h.get("job-1").Generation == 2 })
+	l := h.get("job-1")
+	if l.State != lease.StateOffered || l.HolderIdentity != "w1" || l.LeaseID == "L1" || l.Transitions != 1 {
+		t.Fatalf("after the missed ACK: %+v", l)
+	}
+	// The late ACK of generation 1 is stale; generation 2 is offered.
+	h.want(lease.Ack{Claim: claim("job-1", "L1", 1, "w1")}, lease.OutcomeRejected, lease.EventStaleGeneration)
+	h.want(lease.Ack{Claim: claim("job-1", l.LeaseID, 2, "w1")}, lease.OutcomeAccepted, lease.EventAcked)
+	// A cancel request stops automatic reassignment: the job waits for Resolve.
+	waitFor(t, "job-2 to expire", func() bool { return h.get("job-2").State == lease.StateExpired })
+	if l := h.get("job-2"); l.Generation != 1 {
+		t.Fatalf("a cancelled job was reassigned automatically: %+v", l)
+	}
+}
+
+func TestRestartExtendsOnlyDeadlinesThatFellDuringTheDowntime(t *testing.T) {
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	clk := clock.NewManual(t0)
+	p := lease.DefaultPolicy() // extend: grace 30s, spread 15s
+	h := start(t, st, clk, p)
+	h.active("short", "w1", 10*time.Second) // expires at t0+10s, while the coordinator is up
+	h.active("long-a", "w1", time.Minute)   // expires at t0+60s, during the downtime
+	h.active("long-b", "w2", time.Minute)
+	clk.Advance(20 * time.Second)
+	waitFor(t, "the short lease to expire", func() bool { return h.get("short").State == lease.StateExpired })
+	h.stop() // a clean stop records t0+20s as the last alive time
+	st.Close()
+
+	clk.Advance(10 * time.Minute) // down for ten minutes
+	restartAt := clk.Now()
+	st = openStore(t, dir)
+	defer st.Close()
+	h = start(t, st, clk, p)
+	if got := h.c.LastAlive(); !got.Equal(t0.Add(20 * time.Second)) {
+		t.Fatalf("last alive %s, want the clean stop at t0+20s", got)
+	}
+	for _, job := range []string{"long-a", "long-b"} {
+		waitFor(t, job+" to be recovered", func() bool { return h.get(job).ExpiresAt.After(restartAt) })
+		l := h.get(job)
+		floor := restartAt.Add(p.RestartGrace)
+		if l.State != lease.StateActive || l.ExpiresAt.Before(floor) || !l.ExpiresAt.Before(floor.Add(p.RestartSpread)) {
+			t.Fatalf("%s after restart: %s until %s, want ACTIVE until [%s, %s)", job, l.State, l.ExpiresAt, floor, floor.Add(p.RestartSpread))
+		}
+	}
+	if a, b := h.get("long-a").ExpiresAt, h.get("long-b").ExpiresAt; a.Equal(b) {
+		t.Fatalf("recovered deadlines pile up at %s; they must be spread", a)
+	}
+	if l := h.get("short"); l.State != lease.StateExpired {
+		t.Fatalf("a lease that expired before the stop was revived: %+v", l)
+	}
+	// The holder renews normally after the restart.
+	h.want(lease.Renew{Claim: claim("long-a", "L-long-a", 1, "w1"), RenewSequence: 1}, lease.OutcomeAccepted, lease.EventRenewed)
+	rows, _ := h.c.Evidence(context.Background(), "long-b")
+	if r := rows[len(rows)-1]; r.Message != lease.KindRecover || r.Decision.Outcome != lease.OutcomeAccepted {
+		t.Fatalf("long-b's last row is %s %s, want the accepted recovery", r.Message, r.Decision)
+	}
+}
+
+func TestStrictRestartExpiresWhatFellDuringTheDowntime(t *testing.T) {
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	clk := clock.NewManual(t0)
+	p := lease.DefaultPolicy()
+	p.Restart = lease.RestartStrict
+	h := start(t, st, clk, p)
+	h.active("job-1", "w1", time.Minute)
+	h.stop()
+	st.Close()
+	clk.Advance(5 * time.Minute)
+	st = openStore(t, dir)
+	defer st.Close()
+	h = start(t, st, clk, p)
+	waitFor(t, "the expiry", func() bool { return h.get("job-1").State == lease.StateExpired })
+}
+
+func TestCancelAndFinalizeHeldBy(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.active("acked", "w1", time.Minute)
+	h.active("silent", "w1", time.Minute)
+	h.active("expiring", "w2", 10*time.Second)
+	h.active("done", "w2", time.Minute)
+	h.active("elsewhere", "w3", time.Minute)
+	h.want(lease.Offer{JobID: "offered", LeaseID: "L-offered", HolderIdentity: "w1", LeaseDuration: time.Minute}, lease.OutcomeAccepted, lease.EventOffered)
+	h.want(lease.Complete{Claim: claim("done", "L-done", 1, "w2"), Result: lease.ResultSuccess}, lease.OutcomeAccepted, lease.EventTerminalAccepted)
+
+	ctx := context.Background()
+	holders := []string{"w1", "w2"}
+	if err := h.c.CancelHeldBy(ctx, holders, "terminated"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.CancelHeldBy(ctx, holders, "terminated"); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	for _, job := range []string{"acked", "silent", "expiring", "offered"} {
+		if !h.get(job).CancelRequested {
+			t.Errorf("%s: cancel not requested", job)
+		}
+	}
+	if h.get("elsewhere").CancelRequested || h.get("done").CancelRequested {
+		t.Error("a lease outside the holders, or a terminal one, got a cancel request")
+	}
+	h.want(lease.CancelAck{Claim: claim("acked", "L-acked", 1, "w1")}, lease.OutcomeAccepted, lease.EventCancelAcked)
+	clk.Advance(15 * time.Second)
+
+	want := map[string]tetherv1.LeaseOutcome{
+		"acked":    tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED,
+		"silent":   tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED,
+		"expiring": tetherv1.LeaseOutcome_LEASE_OUTCOME_EXPIRED,
+		"done":     tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED,
+		"offered":  tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED,
+	}
+	for round := range 2 { // idempotent: the second round reports the same
+		got, err := h.c.FinalizeHeldBy(ctx, holders, "terminated")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("round %d: %d leases reported, want %d", round, len(got), len(want))
+		}
+		for _, r := range got {
+			if r.Outcome != want[r.JobId] {
+				t.Errorf("round %d: %s is %s, want %s", round, r.JobId, r.Outcome, want[r.JobId])
+			}
+		}
+	}
+	for job := range want {
+		if l := h.get(job); l.State != lease.StateTerminal {
+			t.Errorf("%s is %s after finalisation, want TERMINAL", job, l.State)
+		}
+	}
+	if l := h.get("silent"); l.TerminalResult != lease.ResultUnresolved || l.UnresolvedUntil.IsZero() {
+		t.Errorf("silent: %s until %s, want a bounded UNRESOLVED", l.TerminalResult, l.UnresolvedUntil)
+	}
+	if l := h.get("expiring"); l.TerminalResult != lease.ResultFailed {
+		t.Errorf("expiring: %s; an expired lease never proved success", l.TerminalResult)
+	}
+}
+
+func TestUnknownJobsAreAuditedInABoundedLog(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	c, err := coordinator.New(context.Background(), coordinator.Config{Store: st, Clock: clock.NewManual(t0), Policy: lease.DefaultPolicy(), Log: quiet(), UnknownLogSize: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for i := range 5 {
+		r, err := c.Apply(context.Background(), lease.Renew{Claim: claim("ghost", "L", 1, "w1"), RenewSequence: uint64(i + 1)})
+		if err != nil || r.Decision.Event != lease.EventUnknownLease || r.Lease.Exists() {
+			t.Fatalf("renew of an unknown job: %s, %+v, %v", r.Decision, r.Lease, err)
+		}
+	}
+	rows, err := c.Evidence(context.Background(), "ghost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 || rows[0].Number != 3 || rows[2].Number != 5 {
+		t.Fatalf("unknown-job log holds %d rows (first %d); want the last 3", len(rows), rows[0].Number)
+	}
+	if _, err := c.Get(context.Background(), "ghost"); !errors.Is(err, coordinator.ErrNotFound) {
+		t.Fatalf("get of an unknown job: %v", err)
+	}
+}

@@ -1,0 +1,412 @@
+package coordinator
+
+import (
+	"fmt"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+// This file converts between tether.v1 and the lease package. Requests
+// become messages only after the edge checks below, which name the request
+// field that is wrong; a request that fails them is never judged (a
+// Connect InvalidArgument, nothing recorded). The lease package's enums
+// have the proto's numeric values, so they convert with a cast.
+
+// LeaseToProto renders a lease; nil for a job without one.
+func LeaseToProto(l lease.Lease) *tetherv1.Lease {
+	if !l.Exists() {
+		return nil
+	}
+	return &tetherv1.Lease{
+		JobId:             l.JobID,
+		LeaseId:           l.LeaseID,
+		LeaseGeneration:   l.Generation,
+		HolderIdentity:    l.HolderIdentity,
+		IssuedAt:          stamp(l.IssuedAt),
+		LeaseDuration:     durationOrNil(l.LeaseDuration),
+		ExpiresAt:         stamp(l.ExpiresAt),
+		AckDeadline:       stamp(l.AckDeadline),
+		AckState:          tetherv1.AckState(l.AckState),
+		State:             tetherv1.LeaseState(l.State),
+		RenewSequence:     l.RenewSequence,
+		RenewTime:         stamp(l.RenewTime),
+		ProgressSequence:  l.ProgressSequence,
+		ProgressValue:     l.ProgressValue,
+		CancelRequested:   l.CancelRequested,
+		CancelRequestedAt: stamp(l.CancelRequestedAt),
+		CancelAck:         l.CancelAck,
+		CancelAckedAt:     stamp(l.CancelAckedAt),
+		TerminalResult:    tetherv1.TerminalResult(l.TerminalResult),
+		TerminalAt:        stamp(l.TerminalAt),
+		StaleGeneration:   l.StaleGeneration,
+		LateProgress:      l.LateProgress,
+		LeaseExpired:      l.LeaseExpired,
+		OwnershipConflict: l.OwnershipConflict,
+		ConflictHolder:    l.ConflictHolder,
+		UnresolvedUntil:   stamp(l.UnresolvedUntil),
+		AcquireTime:       stamp(l.AcquireTime),
+		LastRenewTime:     stamp(l.LastRenewTime),
+		LeaseTransitions:  l.Transitions,
+		TerminalDetail:    l.TerminalDetail,
+	}
+}
+
+// DecisionToProto renders a decision.
+func DecisionToProto(d lease.Decision) *tetherv1.Decision {
+	return &tetherv1.Decision{Outcome: tetherv1.Outcome(d.Outcome), AuditEvent: tetherv1.AuditEvent(d.Event), Reason: d.Reason}
+}
+
+// RowToProto renders an evidence row.
+func RowToProto(r Row) *tetherv1.EvidenceRow {
+	return &tetherv1.EvidenceRow{
+		JobId:             r.JobID,
+		LeaseId:           r.LeaseID,
+		Generation:        r.Generation,
+		HolderIdentity:    r.HolderIdentity,
+		IssuedAt:          stamp(r.IssuedAt),
+		LeaseDuration:     durationOrNil(r.LeaseDuration),
+		ExpiresAt:         stamp(r.ExpiresAt),
+		AckDeadline:       stamp(r.AckDeadline),
+		AckState:          tetherv1.AckState(r.AckState),
+		RenewSequence:     r.RenewSequence,
+		RenewTime:         stamp(r.RenewTime),
+		ProgressSequence:  r.ProgressSequence,
+		ProgressValue:     r.ProgressValue,
+		CancelRequested:   r.CancelRequested,
+		CancelAck:         r.CancelAck,
+		TerminalResult:    tetherv1.TerminalResult(r.TerminalResult),
+		StaleGeneration:   r.StaleGeneration,
+		LateProgress:      r.LateProgress,
+		LeaseExpired:      r.LeaseExpired,
+		OwnershipConflict: r.OwnershipConflict,
+		Decision:          DecisionToProto(r.Decision),
+		Reason:            r.Reason,
+		Message:           r.Message.String(),
+		DecidedAt:         stamp(r.DecidedAt),
+		Row:               r.Number,
+	}
+}
+
+// RowFromProto is the inverse of RowToProto (the CLI renders rows with the
+// lease package's CSV writer).
+func RowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
+	kind := lease.KindUnspecified
+	for k := lease.KindOffer; k <= lease.KindRecover; k++ {
+		if k.String() == p.GetMessage() {
+			kind = k
+		}
+	}
+	return lease.EvidenceRow{
+		JobID:             p.GetJobId(),
+		LeaseID:           p.GetLeaseId(),
+		Generation:        p.GetGeneration(),
+		HolderIdentity:    p.GetHolderIdentity(),
+		IssuedAt:          fromStamp(p.GetIssuedAt()),
+		LeaseDuration:     p.GetLeaseDuration().AsDuration(),
+		ExpiresAt:         fromStamp(p.GetExpiresAt()),
+		AckDeadline:       fromStamp(p.GetAckDeadline()),
+		AckState:          lease.AckState(p.GetAckState()),
+		RenewSequence:     p.GetRenewSequence(),
+		RenewTime:         fromStamp(p.GetRenewTime()),
+		ProgressSequence:  p.GetProgressSequence(),
+		ProgressValue:     p.GetProgressValue(),
+		CancelRequested:   p.GetCancelRequested(),
+		CancelAck:         p.GetCancelAck(),
+		TerminalResult:    lease.TerminalResult(p.GetTerminalResult()),
+		StaleGeneration:   p.GetStaleGeneration(),
+		LateProgress:      p.GetLateProgress(),
+		LeaseExpired:      p.GetLeaseExpired(),
+		OwnershipConflict: p.GetOwnershipConflict(),
+		Decision: lease.Decision{
+			Outcome: lease.Outcome(p.GetDecision().GetOutcome()),
+			Event:   lease.AuditEvent(p.GetDecision().GetAuditEvent()),
+			Reason:  p.GetDecision().GetReason(),
+		},
+		Reason:    p.GetReason(),
+		Message:   kind,
+		DecidedAt: fromStamp(p.GetDecidedAt()),
+	}
+}
+
+// PolicyToProto publishes the declared time policy.
+func PolicyToProto(p lease.Policy) *tetherv1.LeasePolicy {
+	return &tetherv1.LeasePolicy{
+		ClockSource:          p.ClockSource,
+		SkewAllowance:        durationpb.New(p.SkewAllowance),
+		RestartBehavior:      p.RestartBehavior(),
+		DefaultLeaseDuration: durationpb.New(p.DefaultLeaseDuration),
+		MaxLeaseDuration:     durationpb.New(p.MaxLeaseDuration),
+		DefaultAckTimeout:    durationpb.New(p.DefaultAckTimeout),
+		MaxUnresolvedBound:   durationpb.New(p.MaxUnresolvedBound),
+		AckMissPolicy:        p.AckMissBehavior(),
+	}
+}
+
+func stamp(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func fromStamp(t *timestamppb.Timestamp) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return t.AsTime()
+}
+
+func durationOrNil(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// CheckID checks an identifier field (job_id, lease_id, holder_identity):
+// present, at most lease.MaxIDBytes of UTF-8, no control characters.
+func CheckID(field, v string) error {
+	switch {
+	case v == "":
+		return invalid("%s is required", field)
+	case len(v) > lease.MaxIDBytes:
+		return invalid("%s is %d bytes, more than the %d-byte limit", field, len(v), lease.MaxIDBytes)
+	case !utf8.ValidString(v):
+		return invalid("%s is not valid UTF-8", field)
+	}
+	for _, r := range v {
+		if unicode.IsControl(r) {
+			return invalid("%s contains a control character", field)
+		}
+	}
+	return nil
+}
+
+// CheckText checks a free-text field (progress_value, detail, reason).
+func CheckText(field, v string) error {
+	switch {
+	case len(v) > lease.MaxValueBytes:
+		return invalid("%s is %d bytes, more than the %d-byte limit", field, len(v), lease.MaxValueBytes)
+	case !utf8.ValidString(v):
+		return invalid("%s is not valid UTF-8", field)
+	}
+	return nil
+}
+
+func sentAt(t *timestamppb.Timestamp) (time.Time, error) {
+	if t == nil {
+		return time.Time{}, nil
+	}
+	if err := t.CheckValid(); err != nil {
+		return time.Time{}, invalid("sent_at: %v", err)
+	}
+	return t.AsTime(), nil
+}
+
+func claim(job, leaseID string, generation uint64, holder string, sent *timestamppb.Timestamp) (lease.Claim, error) {
+	if err := CheckID("job_id", job); err != nil {
+		return lease.Claim{}, err
+	}
+	if err := CheckID("lease_id", leaseID); err != nil {
+		return lease.Claim{}, err
+	}
+	if generation == 0 {
+		return lease.Claim{}, invalid("lease_generation must be at least 1 (generation 0 is never issued)")
+	}
+	if err := CheckID("holder_identity (the caller's node id)", holder); err != nil {
+		return lease.Claim{}, err
+	}
+	at, err := sentAt(sent)
+	if err != nil {
+		return lease.Claim{}, err
+	}
+	return lease.Claim{JobID: job, LeaseID: leaseID, Generation: generation, HolderIdentity: holder, SentAt: at}, nil
+}
+
+// AckMessage turns an AckRequest from holder (the authenticated caller)
+// into a message.
+func AckMessage(r *tetherv1.AckRequest, holder string) (lease.Message, error) {
+	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
+	return lease.Ack{Claim: c}, err
+}
+
+// RenewMessage turns a RenewRequest from holder into a message.
+func RenewMessage(r *tetherv1.RenewRequest, holder string) (lease.Message, error) {
+	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
+	if err == nil && r.GetRenewSequence() == 0 {
+		err = invalid("renew_sequence must be at least 1")
+	}
+	return lease.Renew{Claim: c, RenewSequence: r.GetRenewSequence()}, err
+}
+
+// ProgressMessage turns a ProgressRequest from holder into a message.
+func ProgressMessage(r *tetherv1.ProgressRequest, holder string) (lease.Message, error) {
+	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
+	if err == nil && r.GetProgressSequence() == 0 {
+		err = invalid("progress_sequence must be at least 1")
+	}
+	if err == nil {
+		err = CheckText("progress_value", r.GetProgressValue())
+	}
+	return lease.Progress{Claim: c, ProgressSequence: r.GetProgressSequence(), ProgressValue: r.GetProgressValue()}, err
+}
+
+// CancelAckMessage turns a cancel acknowledgement from holder into a
+// message.
+func CancelAckMessage(r *tetherv1.LeaseServiceCancelAckRequest, holder string) (lease.Message, error) {
+	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
+	return lease.CancelAck{Claim: c}, err
+}
+
+// CompleteMessage turns a terminal result from holder into a message.
+func CompleteMessage(r *tetherv1.CompleteRequest, holder string) (lease.Message, error) {
+	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
+	result := lease.TerminalResult(r.GetResult())
+	if err == nil {
+		switch result {
+		case lease.ResultSuccess, lease.ResultFailed, lease.ResultCancelled:
+		default:
+			err = invalid("result must be SUCCESS, FAILED or CANCELLED, not %s", result)
+		}
+	}
+	if err == nil {
+		err = CheckText("detail", r.GetDetail())
+	}
+	return lease.Complete{Claim: c, Result: result, Detail: r.GetDetail()}, err
+}
+
+// ChannelMessage turns one Channel request from holder into a message.
+func ChannelMessage(r *tetherv1.ChannelRequest, holder string) (lease.Message, error) {
+	switch m := r.GetMessage().(type) {
+	case *tetherv1.ChannelRequest_Ack:
+		return AckMessage(m.Ack, holder)
+	case *tetherv1.ChannelRequest_Renew:
+		return RenewMessage(m.Renew, holder)
+	case *tetherv1.ChannelRequest_Progress:
+		return ProgressMessage(m.Progress, holder)
+	case *tetherv1.ChannelRequest_CancelAck:
+		return CancelAckMessage(m.CancelAck, holder)
+	case *tetherv1.ChannelRequest_Complete:
+		return CompleteMessage(m.Complete, holder)
+	}
+	return nil, invalid("message is empty: set one of ack, renew, progress, cancel_ack, complete")
+}
+
+// duration reads an optional duration field: nil means def; otherwise it
+// must be within (0, max] (or [0, max] when zero is allowed).
+func duration(field string, d *durationpb.Duration, def, limit time.Duration, zeroOK bool) (time.Duration, error) {
+	if d == nil {
+		return def, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid("%s: %v", field, err)
+	}
+	v := d.AsDuration()
+	switch {
+	case v < 0 || (v == 0 && !zeroOK):
+		return 0, invalid("%s must be positive, got %s", field, v)
+	case v > limit:
+		return 0, invalid("%s %s exceeds the policy maximum %s", field, v, limit)
+	}
+	return v, nil
+}
+
+// OfferMessage turns an OfferRequest into a message under policy p, with
+// the new generation's lease id.
+func OfferMessage(r *tetherv1.OfferRequest, leaseID string, p lease.Policy) (lease.Message, error) {
+	if err := CheckID("job_id", r.GetJobId()); err != nil {
+		return nil, err
+	}
+	if err := CheckID("holder_identity", r.GetHolderIdentity()); err != nil {
+		return nil, err
+	}
+	d, err := duration("lease_duration", r.GetLeaseDuration(), p.DefaultLeaseDuration, p.MaxLeaseDuration, false)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := duration("ack_timeout", r.GetAckTimeout(), 0, p.MaxLeaseDuration, false)
+	if err != nil {
+		return nil, err
+	}
+	return lease.Offer{JobID: r.GetJobId(), LeaseID: leaseID, HolderIdentity: r.GetHolderIdentity(), LeaseDuration: d, AckTimeout: ack}, nil
+}
+
+// ReassignMessage turns a ReassignRequest into a message. current is the
+// job's lease (for the default duration: the current generation's).
+func ReassignMessage(r *tetherv1.ReassignRequest, leaseID string, current lease.Lease, p lease.Policy) (lease.Message, error) {
+	if err := CheckID("job_id", r.GetJobId()); err != nil {
+		return nil, err
+	}
+	if err := CheckID("holder_identity", r.GetHolderIdentity()); err != nil {
+		return nil, err
+	}
+	def := current.LeaseDuration
+	if def == 0 {
+		def = p.DefaultLeaseDuration
+	}
+	d, err := duration("lease_duration", r.GetLeaseDuration(), def, p.MaxLeaseDuration, false)
+	if err != nil {
+		return nil, err
+	}
+	ack, err := duration("ack_timeout", r.GetAckTimeout(), 0, p.MaxLeaseDuration, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckText("reason", r.GetReason()); err != nil {
+		return nil, err
+	}
+	// An operator's reassignment of a conflicted lease is how the conflict
+	// is settled: the reassignment names the authoritative holder.
+	return lease.Reassign{JobID: r.GetJobId(), LeaseID: leaseID, HolderIdentity: r.GetHolderIdentity(), LeaseDuration: d,
+		AckTimeout: ack, Reason: r.GetReason(), ResolveConflict: current.OwnershipConflict}, nil
+}
+
+// RequestCancelMessage turns a cancel request into a message.
+func RequestCancelMessage(r *tetherv1.RequestCancelRequest) (lease.Message, error) {
+	if err := CheckID("job_id", r.GetJobId()); err != nil {
+		return nil, err
+	}
+	if err := CheckText("reason", r.GetReason()); err != nil {
+		return nil, err
+	}
+	return lease.RequestCancel{JobID: r.GetJobId(), Reason: r.GetReason()}, nil
+}
+
+// ResolveMessage turns a ResolveRequest into a message under policy p.
+func ResolveMessage(r *tetherv1.ResolveRequest, p lease.Policy) (lease.Message, error) {
+	if err := CheckID("job_id", r.GetJobId()); err != nil {
+		return nil, err
+	}
+	result := lease.TerminalResult(r.GetResult())
+	var bound time.Duration
+	switch result {
+	case lease.ResultCancelled, lease.ResultFailed:
+		if r.GetUnresolvedBound() != nil {
+			return nil, invalid("unresolved_bound goes only with result UNRESOLVED")
+		}
+	case lease.ResultUnresolved:
+		var err error
+		if bound, err = duration("unresolved_bound", r.GetUnresolvedBound(), 0, p.MaxUnresolvedBound, false); err != nil {
+			return nil, err
+		}
+	case lease.ResultSuccess:
+		return nil, invalid("result SUCCESS cannot be declared by the coordinator; only the holder's Complete reports success")
+	default:
+		return nil, invalid("result must be CANCELLED, FAILED or UNRESOLVED, not %s", result)
+	}
+	if err := CheckText("reason", r.GetReason()); err != nil {
+		return nil, err
+	}
+	return lease.Resolve{JobID: r.GetJobId(), Result: result, UnresolvedBound: bound, Reason: r.GetReason()}, nil
+}

@@ -1,0 +1,451 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+type opKind uint8
+
+const (
+	opJudge   opKind = iota + 1 // judge msg (after guard)
+	opCompute                   // judge what compute derives from the current lease
+	opGet                       // read the durable lease
+	opList                      // list durable leases
+	opHeldBy                    // ids of jobs whose current lease a holder holds
+)
+
+// op is one request to a shard. Exactly one of its callbacks is set.
+type op struct {
+	kind    opKind
+	msg     lease.Message
+	guard   func(lease.Lease) error
+	compute func(lease.Lease) (lease.Message, bool)
+	done    func(Result, error)
+
+	job     string
+	holder  string
+	after   string
+	limit   int
+	list    func([]lease.Lease, error)
+	holders map[string]bool
+	jobs    func([]string, error)
+}
+
+func (o op) fail(err error) {
+	switch {
+	case o.done != nil:
+		o.done(Result{}, err)
+	case o.list != nil:
+		o.list(nil, err)
+	case o.jobs != nil:
+		o.jobs(nil, err)
+	}
+}
+
+// entry is one job on its shard: the lease as last committed (durable,
+// what reads see) and as last judged (pending, what the next message is
+// judged against). They differ only while a commit is in flight.
+type entry struct {
+	job                      string
+	durable, pending         lease.Lease
+	durableRows, pendingRows uint64
+	// mark is the sequence of the last batch that touched the entry, so a
+	// batch writes each lease record once however many messages it carries.
+	mark uint64
+}
+
+// batch is the writes of the messages a shard judged since its last
+// submission, and the answers waiting for them to be durable.
+type batch struct {
+	seq      uint64
+	messages int
+	touched  []*entry
+	// snapshots are the touched entries' leases at sealing, in touched
+	// order: what becomes durable when the batch commits.
+	snapshots []record
+	puts      []kv
+	deletes   [][]byte
+	answers   []pendingAnswer
+	err       error
+}
+
+type kv struct{ key, value []byte }
+
+type pendingAnswer struct {
+	done   func(Result, error)
+	result Result
+}
+
+func (b *batch) empty() bool { return b.messages == 0 && len(b.answers) == 0 }
+
+// shard owns a subset of the jobs. Only its goroutine touches its fields
+// after Run starts.
+type shard struct {
+	c     *Coordinator
+	index int
+	inbox chan op
+
+	leases    map[string]*entry
+	deadlines lease.DeadlineQueue
+	recover   []lease.Recover
+
+	// The commit pipeline: building collects what is being judged;
+	// inflight is the batch the store is committing (at most one, so this
+	// shard's writes reach the store in judgement order and an older lease
+	// record never overwrites a newer one).
+	building *batch
+	inflight *batch
+	commits  chan *batch
+	finished chan *batch
+	batchSeq uint64
+
+	lastNow     time.Time
+	aliveAt     time.Time
+	needAlive   bool
+	encodeSpare []byte
+}
+
+func newShard(c *Coordinator, index int) *shard {
+	return &shard{
+		c:        c,
+		index:    index,
+		inbox:    make(chan op, 1024),
+		leases:   make(map[string]*entry),
+		commits:  make(chan *batch, 1),
+		finished: make(chan *batch, 1),
+	}
+}
+
+// load adds a lease read from the store (before Run).
+func (s *shard) load(r record) {
+	s.leases[r.Lease.JobID] = &entry{job: r.Lease.JobID, durable: r.Lease, pending: r.Lease, durableRows: r.Rows, pendingRows: r.Rows}
+	s.deadlines.Sync(r.Lease)
+}
+
+// now is the declared clock, read per decision, never going backwards on
+// this shard: a stepped wall clock cannot make a later message look older.
+func (s *shard) now() time.Time {
+	t := s.c.cfg.Clock.Now().Round(0)
+	if t.Before(s.lastNow) {
+		return s.lastNow
+	}
+	s.lastNow = t
+	return t
+}
+
+func (s *shard) run(ctx context.Context, stopping <-chan struct{}) {
+	committerDone := make(chan struct{})
+	go s.committer(committerDone)
+	defer func() {
+		close(s.commits)
+		<-committerDone
+	}()
+	s.building = s.newBatch()
+	for _, r := range s.recover {
+		if e := s.leases[r.JobID]; e != nil {
+			s.judge(e, r.JobID, r, s.now(), nil)
+		}
+	}
+	s.recover = nil
+
+	timer := time.NewTimer(s.c.cfg.MaxWait)
+	defer timer.Stop()
+	armedAt := time.Now().Add(s.c.cfg.MaxWait)
+	for {
+		s.submitIfIdle()
+		// Sleep no longer than until the next deadline on the declared
+		// clock, and never longer than MaxWait, in case that clock jumps.
+		wait := s.c.cfg.MaxWait
+		if d, ok := s.deadlines.Peek(); ok {
+			wait = min(wait, max(0, d.At.Sub(s.c.cfg.Clock.Now())))
+		}
+		if wakeAt := time.Now().Add(wait); wakeAt.Before(armedAt) {
+			timer.Reset(wait)
+			armedAt = wakeAt
+		}
+		inbox := s.inbox
+		if s.inflight != nil && s.building.messages >= s.c.cfg.MaxBatch {
+			inbox = nil // back-pressure: the next batch is full
+		}
+		select {
+		case o := <-inbox:
+			s.handle(o)
+			s.drainInbox(s.c.cfg.MaxBatch)
+		case b := <-s.finished:
+			s.complete(b)
+		case <-timer.C:
+			armedAt = time.Now().Add(365 * 24 * time.Hour)
+			s.expire()
+		case <-stopping:
+			s.shutdown()
+			return
+		}
+	}
+}
+
+// drainInbox handles up to n more waiting ops without blocking, so one
+// batch gathers everything that arrived during the last commit.
+func (s *shard) drainInbox(n int) {
+	for range n {
+		if s.inflight != nil && s.building.messages >= s.c.cfg.MaxBatch {
+			return
+		}
+		select {
+		case o := <-s.inbox:
+			s.handle(o)
+		default:
+			return
+		}
+	}
+}
+
+// shutdown judges what is left in the inbox (nobody can add more: the
+// coordinator closed the door before signalling), commits everything with
+// a clean-stop alive record, and answers.
+func (s *shard) shutdown() {
+	for len(s.inbox) > 0 {
+		s.handle(<-s.inbox)
+	}
+	s.now() // the clean stop is the last time this run was alive
+	s.needAlive = true
+	for {
+		s.submitIfIdle()
+		if s.inflight == nil {
+			return
+		}
+		s.complete(<-s.finished)
+	}
+}
+
+func (s *shard) handle(o op) {
+	switch o.kind {
+	case opJudge:
+		job := o.msg.Job()
+		e := s.leases[job]
+		if o.guard != nil {
+			var current lease.Lease
+			if e != nil {
+				current = e.pending
+			}
+			if err := o.guard(current); err != nil {
+				o.done(Result{}, err)
+				return
+			}
+		}
+		s.judge(e, job, o.msg, s.now(), o.done)
+	case opCompute:
+		e := s.leases[o.job]
+		var current lease.Lease
+		if e != nil {
+			current = e.pending
+		}
+		if m, ok := o.compute(current); ok {
+			s.judge(e, o.job, m, s.now(), o.done)
+			return
+		}
+		// Nothing to judge: answer with the lease as it stands once what
+		// was judged before is durable.
+		if s.inflight == nil && s.building.empty() {
+			o.done(Result{Lease: current}, nil)
+			return
+		}
+		s.building.answers = append(s.building.answers, pendingAnswer{done: o.done, result: Result{Lease: current}})
+	case opGet:
+		e := s.leases[o.job]
+		if e == nil || !e.durable.Exists() {
+			o.done(Result{}, fmt.Errorf("%w: job %q", ErrNotFound, o.job))
+			return
+		}
+		o.done(Result{Lease: e.durable, Row: e.durableRows}, nil)
+	case opList:
+		var out []lease.Lease
+		for job, e := range s.leases {
+			if !e.durable.Exists() || job <= o.after || (o.holder != "" && e.durable.HolderIdentity != o.holder) {
+				continue
+			}
+			out = append(out, e.durable)
+		}
+		slices.SortFunc(out, func(a, b lease.Lease) int { return strings.Compare(a.JobID, b.JobID) })
+		if o.limit > 0 && len(out) > o.limit+1 {
+			out = out[:o.limit+1]
+		}
+		o.list(out, nil)
+	case opHeldBy:
+		var jobs []string
+		for job, e := range s.leases {
+			if o.holders[e.pending.HolderIdentity] {
+				jobs = append(jobs, job)
+			}
+		}
+		o.jobs(jobs, nil)
+	}
+}
+
+// judge steps m against the job's current lease at now and adds the
+// decision's writes and answer to the building batch. e is nil for a job
+// this shard has never seen. done may be nil (the coordinator's own
+// messages: ticks, recoveries, automatic reassignments).
+func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done func(Result, error)) {
+	var current lease.Lease
+	if e != nil {
+		current = e.pending
+	}
+	next, decision, _ := lease.Step(current, m, now, s.c.cfg.Policy)
+	b := s.building
+	b.messages++
+	if e == nil && !next.Exists() {
+		// No lease, so no job record: the row goes to the bounded log.
+		seq := s.c.nextUnknown()
+		row := Row{Number: seq, EvidenceRow: lease.NewEvidenceRow(next, m, decision, now)}
+		b.puts = append(b.puts, kv{unknownKey(seq), encodeRow(nil, row)})
+		if size := uint64(s.c.cfg.UnknownLogSize); seq > size {
+			b.deletes = append(b.deletes, unknownKey(seq-size))
+		}
+		if done != nil {
+			b.answers = append(b.answers, pendingAnswer{done: done, result: Result{Decision: decision}})
+		}
+		return
+	}
+	if e == nil {
+		e = &entry{job: job}
+		s.leases[job] = e
+	}
+	e.pending = next
+	e.pendingRows++
+	row := Row{Number: e.pendingRows, EvidenceRow: lease.NewEvidenceRow(next, m, decision, now)}
+	b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRow(nil, row)})
+	if e.mark != b.seq {
+		e.mark = b.seq
+		b.touched = append(b.touched, e)
+	}
+	s.deadlines.Sync(next)
+	if done != nil {
+		b.answers = append(b.answers, pendingAnswer{done: done, result: Result{Lease: next, Decision: decision, Row: row.Number}})
+	}
+	if lease.ReassignDue(next, s.c.cfg.Policy) {
+		s.judge(e, job, lease.Reassign{
+			JobID:          job,
+			LeaseID:        s.c.cfg.NewLeaseID(),
+			HolderIdentity: s.c.cfg.PickHolder(next),
+			LeaseDuration:  next.LeaseDuration,
+			Reason:         fmt.Sprintf("generation %d missed its ACK deadline; policy %s", next.Generation, s.c.cfg.Policy.AckMiss),
+			Automatic:      true,
+		}, now, nil)
+	}
+}
+
+// expire acts on the deadlines the declared clock has reached: finding
+// them (PopDue) and acting on them (a Tick each, through the same pipeline
+// as every message) are separate steps.
+func (s *shard) expire() {
+	now := s.now()
+	for _, d := range s.deadlines.PopDue(now) {
+		e := s.leases[d.JobID]
+		if e == nil {
+			continue
+		}
+		if at, ok := lease.NextDeadline(e.pending); !ok || at.After(now) {
+			s.deadlines.Sync(e.pending)
+			continue
+		}
+		s.judge(e, d.JobID, lease.Tick{JobID: d.JobID}, now, nil)
+	}
+	if s.inflight == nil && s.building.empty() && now.Sub(s.aliveAt) >= s.c.cfg.AliveInterval {
+		s.needAlive = true
+	}
+}
+
+func (s *shard) newBatch() *batch {
+	s.batchSeq++
+	return &batch{seq: s.batchSeq}
+}
+
+// submitIfIdle hands the building batch to the committer when no commit is
+// in flight. Judging goes on meanwhile; the next batch gathers it.
+func (s *shard) submitIfIdle() {
+	b := s.building
+	if s.inflight != nil || (b.empty() && !s.needAlive) {
+		return
+	}
+	for _, e := range b.touched {
+		r := record{Lease: e.pending, Rows: e.pendingRows}
+		b.snapshots = append(b.snapshots, r)
+		b.puts = append(b.puts, kv{jobKey(e.pending.JobID), encodeRecord(nil, r)})
+	}
+	alive := encoder{}
+	alive.time(s.lastNow)
+	b.puts = append(b.puts, kv{aliveKey(s.index), alive.b})
+	s.aliveAt = s.lastNow
+	s.needAlive = false
+	s.inflight = b
+	s.building = s.newBatch()
+	s.commits <- b
+}
+
+// committer makes one batch at a time durable. The store's group committer
+// shares one sync between the batches of every shard (and everything else
+// the control plane writes at the same time).
+func (s *shard) committer(done chan<- struct{}) {
+	defer close(done)
+	for b := range s.commits {
+		// Not the caller's context: a batch carries many callers, and a
+		// decision is either durable for all of them or for none.
+		b.err = s.c.cfg.Store.Update(context.Background(), func(tx store.Txn) error {
+			for _, w := range b.puts {
+				if err := tx.Put(w.key, w.value); err != nil {
+					return err
+				}
+			}
+			for _, k := range b.deletes {
+				if err := tx.Delete(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		s.finished <- b
+	}
+}
+
+// complete publishes a committed batch (durable state, then answers) or,
+// when the commit failed, rolls back everything judged since the last
+// durable state: the failed batch and the one judged on top of it.
+func (s *shard) complete(b *batch) {
+	s.inflight = nil
+	if b.err == nil {
+		for i, e := range b.touched {
+			e.durable = b.snapshots[i].Lease
+			e.durableRows = b.snapshots[i].Rows
+		}
+		for _, a := range b.answers {
+			a.done(a.result, nil)
+		}
+		return
+	}
+	err := fmt.Errorf("%w: %w", ErrCommit, b.err)
+	s.c.cfg.Log.Error("lease shard commit failed; rolling back to the durable state", "shard", s.index, "err", b.err,
+		"messages", b.messages+s.building.messages)
+	for _, failed := range []*batch{b, s.building} {
+		for _, e := range failed.touched {
+			e.pending, e.pendingRows = e.durable, e.durableRows
+			if !e.durable.Exists() {
+				delete(s.leases, e.job)
+				s.deadlines.Remove(e.job)
+				continue
+			}
+			s.deadlines.Sync(e.durable)
+		}
+	}
+	answers := append(b.answers, s.building.answers...)
+	s.building = s.newBatch()
+	for _, a := range answers {
+		a.done(Result{}, err)
+	}
+}
