@@ -2,23 +2,19 @@ package bench
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"net"
 	"os"
-	"strings"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/embedded"
 )
 
 // benchServer is a real control plane on a scratch data directory, served
 // over HTTP/2 on loopback, for scenarios that measure end to end.
 type benchServer struct {
-	*controlplane.Server
-	URL   string
+	*embedded.Server
 	Admin *agentsdk.Conn
-	stop  func()
+	dir   string
 }
 
 func startServer(ctx context.Context, r *Report, mutate ...func(*controlplane.Config)) (*benchServer, error) {
@@ -26,38 +22,16 @@ func startServer(ctx context.Context, r *Report, mutate ...func(*controlplane.Co
 	if err != nil {
 		return nil, err
 	}
-	cfg := controlplane.Config{DataDir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	for _, m := range mutate {
-		m(&cfg)
-	}
-	srv, err := controlplane.New(ctx, cfg)
+	srv, err := embedded.Start(ctx, dir, mutate...)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		srv.Close()
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(runCtx, ln) }()
-	token, err := os.ReadFile(srv.AdminTokenPath)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	url := "http://" + ln.Addr().String()
-	b := &benchServer{Server: srv, URL: url, Admin: agentsdk.Dial(url, strings.TrimSpace(string(token)), nil)}
-	b.stop = func() {
-		cancel()
-		<-done
-		srv.Close()
-		os.RemoveAll(dir)
-	}
-	return b, nil
+	return &benchServer{Server: srv, Admin: agentsdk.Dial(srv.URL, srv.AdminToken, nil), dir: dir}, nil
 }
 
-func (b *benchServer) Stop() { b.stop() }
+// Stop stops the server and removes its data.
+func (b *benchServer) Stop() {
+	b.Server.Stop()
+	os.RemoveAll(b.dir)
+}

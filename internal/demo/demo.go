@@ -13,9 +13,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -29,7 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/embedded"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 )
@@ -95,26 +93,13 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	// 1. An embedded control plane on Badger, on loopback.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv, err := controlplane.New(ctx, controlplane.Config{
-		DataDir: filepath.Join(dir, "data"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	srv, err := embedded.Start(ctx, filepath.Join(dir, "data"))
 	if err != nil {
 		return nil, err
 	}
-	defer srv.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Run(ctx, ln) }()
-	defer func() { cancel(); <-served }()
-	url := "http://" + ln.Addr().String()
-	adminToken, err := os.ReadFile(srv.AdminTokenPath)
-	if err != nil {
-		return nil, err
-	}
-	admin := agentsdk.Dial(url, strings.TrimSpace(string(adminToken)), nil)
+	defer srv.Stop()
+	url := srv.URL
+	admin := agentsdk.Dial(url, srv.AdminToken, nil)
 	say("▶ control plane on %s (Badger in %s)", url, filepath.Join(dir, "data"))
 
 	// 2. Tool servers behind ToolGates, each with its own operator token.
