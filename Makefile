@@ -8,7 +8,7 @@ PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
 DATA_DIR ?= ./tether-data
 LISTEN ?= 127.0.0.1:7420
 
-.PHONY: run test test-short bench demo generate check-generate lint tools build clean fuzz
+.PHONY: run test test-short test-cluster test-e2e-etcd bench demo generate check-generate lint tools build clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/tether ./cmd/tether
@@ -21,6 +21,17 @@ run: build
 test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+
+# The etcd store (conformance and etcd-specific tests), the election and the
+# leader-only components against a three-member etcd cluster (make test runs
+# them against one member).
+test-cluster:
+	TETHER_REQUIRE_ETCD=1 TETHER_ETCD_MEMBERS=3 $(GO) test -race -count=1 -run 'Etcd|LeaderOnly' ./controlplane/store/... ./controlplane/leader/... ./controlplane/
+
+# The end-to-end suites (real servers through internal/testserver) on an
+# etcd store instead of Badger.
+test-e2e-etcd:
+	TETHER_REQUIRE_ETCD=1 TETHER_TEST_STORE=etcd $(GO) test -race -count=1 ./controlplane/ ./agentsdk/ ./cmd/tether/
 
 bench:
 	$(GO) run ./cmd/tether-bench -out bench-results.json

@@ -21,6 +21,21 @@
 //     revocation feed, and fails closed when the feed goes stale.
 //   - Fence rejects side effects from an older lease generation.
 //
+// # Job leases
+//
+// LeaseWorker.Accept ACKs an offered lease and renews it until the
+// coordinator's answer says the generation lost authority (expired,
+// superseded, terminal): the worker's own clock only schedules renewals.
+// A cancel request seen in an answer cancels the job's context (cause
+// ErrLeaseCancelled), runs JobOptions.OnCancel, then acknowledges it.
+// Progress and results that cannot be delivered are appended, fsynced, to a
+// spool in LeaseWorkerConfig.SpoolDir and replayed in order — with their
+// original sequences and sent_at, also by a later process on the same
+// directory — before anything newer is sent; the coordinator judges each
+// on its own, so a result from a generation that expired meanwhile is
+// recorded, never accepted. Job.Header sets the job id and generation that
+// a tool server's Fence checks before any side effect.
+//
 // Caller duties: close what you open (Agent.Close, ToolGate.Close); treat
 // a drain signal as "finish what you are doing, start nothing new, then
 // exit", and abort as "stop now"; confirm exit (Agent.Exit) when done, or let

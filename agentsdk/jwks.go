@@ -22,7 +22,9 @@ const maxJWKSBytes = 1 << 20
 // jwksCache holds the control plane's public keys for offline
 // verification. It refetches on an unknown kid, at most once per
 // minInterval on the verifier's clock, so a flood of tokens with made-up
-// kids cannot turn into a flood of fetches.
+// kids cannot turn into a flood of fetches. Scheduled fetches (at start and
+// every jwksRefreshEvery) do not count against that limit: a key that
+// starts signing just after one is still picked up at once.
 type jwksCache struct {
 	url         string
 	http        *http.Client
@@ -31,8 +33,8 @@ type jwksCache struct {
 
 	ring atomic.Pointer[capability.KeyRing]
 
-	mu          sync.Mutex // serializes fetches
-	lastAttempt time.Time
+	mu           sync.Mutex // serializes fetches
+	lastOnDemand time.Time
 }
 
 func newJWKSCache(baseURL string, hc *http.Client, now func() time.Time, minInterval time.Duration) *jwksCache {
@@ -41,27 +43,37 @@ func newJWKSCache(baseURL string, hc *http.Client, now func() time.Time, minInte
 	return c
 }
 
-// keys returns the cached ring, a capability.KeyLookup.
-func (c *jwksCache) keys() capability.KeyRing { return *c.ring.Load() }
+// keys returns the cached ring, a capability.KeyLookup, and its identity:
+// a caller that saw an unknown kid passes it to refreshAfterMiss.
+func (c *jwksCache) keys() *capability.KeyRing { return c.ring.Load() }
 
-// refreshIfAllowed fetches the key set unless a fetch was attempted less
-// than minInterval ago. It reports whether the set was fetched.
-func (c *jwksCache) refreshIfAllowed(ctx context.Context) (bool, error) {
+// refreshAfterMiss is called when a kid was not in seen, the ring a
+// verification used. It returns the ring to retry with, or nil when there
+// is nothing new to try: if another caller replaced the ring meanwhile (a
+// concurrent miss fetched it), that ring is returned without a fetch;
+// otherwise the key set is fetched unless an on-demand fetch was made less
+// than minInterval ago.
+func (c *jwksCache) refreshAfterMiss(ctx context.Context, seen *capability.KeyRing) (*capability.KeyRing, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.now()
-	if !c.lastAttempt.IsZero() && now.Sub(c.lastAttempt) < c.minInterval {
-		return false, nil
+	if current := c.ring.Load(); current != seen {
+		return current, nil
 	}
-	c.lastAttempt = now
-	return true, c.fetchLocked(ctx)
+	now := c.now()
+	if !c.lastOnDemand.IsZero() && now.Sub(c.lastOnDemand) < c.minInterval {
+		return nil, nil
+	}
+	c.lastOnDemand = now
+	if err := c.fetchLocked(ctx); err != nil {
+		return nil, err
+	}
+	return c.ring.Load(), nil
 }
 
 // refresh fetches the key set now.
 func (c *jwksCache) refresh(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.lastAttempt = c.now()
 	return c.fetchLocked(ctx)
 }
 

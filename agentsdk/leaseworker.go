@@ -48,9 +48,9 @@ type LeaseWorkerConfig struct {
 	// control plane is unreachable. Required; one LeaseWorker per
 	// directory at a time.
 	SpoolDir string
-	// Clock stamps sent_at (evidence only: the coordinator decides on its
+	// Now stamps sent_at (evidence only: the coordinator decides on its
 	// own clock). Nil means the wall clock.
-	Clock Clock
+	Now func() time.Time
 	// RenewEvery is how often a job renews; 0 means a third of its lease
 	// duration. It only schedules renewals: expiry is whatever the
 	// coordinator answers.
@@ -81,8 +81,8 @@ func NewLeaseWorker(cfg LeaseWorkerConfig) (*LeaseWorker, error) {
 	if cfg.SpoolDir == "" {
 		return nil, errors.New("agentsdk: LeaseWorker needs a SpoolDir")
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = wallClock{}
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return time.Now().UTC() }
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -248,7 +248,7 @@ type Job struct {
 // authority (ErrLeaseLost), or the worker ends it (ErrJobEnded).
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
 	req := &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Ack{Ack: &tetherv1.AckRequest{
-		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Clock.Now()),
+		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Now()),
 	}}}
 	w.sendMu.Lock()
 	if _, err := w.replayLocked(ctx); err != nil {
@@ -302,7 +302,7 @@ func (j *Job) end(cause error) {
 
 func (j *Job) claim() (job, leaseID string, generation uint64, sent *timestamppb.Timestamp) {
 	l := j.Lease()
-	return l.GetJobId(), l.GetLeaseId(), l.GetLeaseGeneration(), timestamppb.New(j.w.cfg.Clock.Now())
+	return l.GetJobId(), l.GetLeaseId(), l.GetLeaseGeneration(), timestamppb.New(j.w.cfg.Now())
 }
 
 func (j *Job) renewLoop() {

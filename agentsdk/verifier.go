@@ -197,14 +197,15 @@ func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*ca
 			return nil, fmt.Errorf("%w: token for grant %s expired at %s", capability.ErrTokenExpired, c.GrantID, c.ExpiresAt.UTC().Format(time.RFC3339))
 		}
 	}
-	claims, err := v.verifier.Verify(token, v.jwks.keys(), now)
+	ring := v.jwks.keys()
+	claims, err := v.verifier.Verify(token, *ring, now)
 	if errors.Is(err, capability.ErrUnknownKey) {
 		// A key rotated in since the last fetch, or a forged kid: refetch,
-		// rate-limited, and try once more.
-		if fetched, ferr := v.jwks.refreshIfAllowed(ctx); ferr != nil {
+		// rate-limited, and try once more with whatever ring is newer.
+		if newer, ferr := v.jwks.refreshAfterMiss(ctx, ring); ferr != nil {
 			v.cfg.Logger.Warn("agentsdk: refreshing the key set failed", "error", ferr)
-		} else if fetched {
-			claims, err = v.verifier.Verify(token, v.jwks.keys(), now)
+		} else if newer != nil {
+			claims, err = v.verifier.Verify(token, *newer, now)
 		}
 	}
 	if err != nil {

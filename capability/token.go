@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -56,12 +57,52 @@ type Claims struct {
 	KeyID string
 }
 
-// capabilityClaims is the wire form of Claims.
+// capabilityClaims is the wire form of Claims, as Mint writes it.
 type capabilityClaims struct {
 	jwt.RegisteredClaims
 	Chain  []string `json:"chain"`
 	Scopes []string `json:"scopes"`
 }
+
+// receivedClaims is what Verify decodes a token's claims into: the same
+// JSON names as capabilityClaims, with the times as plain JSON numbers.
+// jwt.RegisteredClaims decodes each time with a nested json.Unmarshal,
+// which is a measurable share of a cold verification; golang-jwt's
+// validator makes every standard check through the jwt.Claims methods
+// either way. A time written as a JSON string, which NumericDate would
+// accept, does not decode: Mint never writes one.
+type receivedClaims struct {
+	Issuer    string           `json:"iss"`
+	Subject   string           `json:"sub"`
+	Audience  jwt.ClaimStrings `json:"aud"`
+	ExpiresAt *float64         `json:"exp"`
+	NotBefore *float64         `json:"nbf"`
+	IssuedAt  *float64         `json:"iat"`
+	ID        string           `json:"jti"`
+	Chain     []string         `json:"chain"`
+	Scopes    []string         `json:"scopes"`
+}
+
+// numericDate converts JSON seconds as jwt.NumericDate.UnmarshalJSON
+// does: whole and fractional seconds, truncated to jwt.TimePrecision.
+func numericDate(seconds *float64) *jwt.NumericDate {
+	if seconds == nil {
+		return nil
+	}
+	whole, frac := math.Modf(*seconds)
+	return jwt.NewNumericDate(time.Unix(int64(whole), int64(frac*1e9)))
+}
+
+func (c *receivedClaims) GetExpirationTime() (*jwt.NumericDate, error) {
+	return numericDate(c.ExpiresAt), nil
+}
+func (c *receivedClaims) GetIssuedAt() (*jwt.NumericDate, error) { return numericDate(c.IssuedAt), nil }
+func (c *receivedClaims) GetNotBefore() (*jwt.NumericDate, error) {
+	return numericDate(c.NotBefore), nil
+}
+func (c *receivedClaims) GetIssuer() (string, error)             { return c.Issuer, nil }
+func (c *receivedClaims) GetSubject() (string, error)            { return c.Subject, nil }
+func (c *receivedClaims) GetAudience() (jwt.ClaimStrings, error) { return c.Audience, nil }
 
 // Minter mints capability tokens. The zero value is unusable; use NewMinter.
 type Minter struct {
@@ -224,7 +265,7 @@ func (v Verifier) Leeway() time.Duration { return v.leeway }
 // Verify does not consult tombstones: the caller checks
 // TombstoneSet.Revoked(claims.GrantID, claims.Chain) next (see Check).
 func (v Verifier) Verify(token string, keys KeyLookup, now time.Time) (Claims, error) {
-	var wire capabilityClaims
+	var wire receivedClaims
 	kid, err := v.parse(token, keys, now, &wire)
 	if err != nil {
 		return Claims{}, err
@@ -387,7 +428,7 @@ func describeAlg(parsed *jwt.Token) string {
 }
 
 // capabilityFromWire applies the capability-specific claim checks.
-func capabilityFromWire(w capabilityClaims) (Claims, error) {
+func capabilityFromWire(w receivedClaims) (Claims, error) {
 	if err := idProblem("jti", w.ID); err != nil {
 		return Claims{}, fmt.Errorf("%w: %v", ErrTokenClaims, err)
 	}
@@ -408,7 +449,7 @@ func capabilityFromWire(w capabilityClaims) (Claims, error) {
 	if w.IssuedAt == nil || w.NotBefore == nil || w.ExpiresAt == nil {
 		return Claims{}, fmt.Errorf("%w: iat, nbf and exp are required", ErrTokenClaims)
 	}
-	iat, nbf, exp := w.IssuedAt.Time, w.NotBefore.Time, w.ExpiresAt.Time
+	iat, nbf, exp := numericDate(w.IssuedAt).Time, numericDate(w.NotBefore).Time, numericDate(w.ExpiresAt).Time
 	if !exp.After(iat) || !exp.After(nbf) || exp.Sub(iat) > MaxTokenTTL {
 		return Claims{}, fmt.Errorf("%w: lifetime from iat to exp must be within (0, %s]", ErrTokenClaims, MaxTokenTTL)
 	}

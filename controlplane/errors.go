@@ -70,7 +70,7 @@ func toConnect(err error) error {
 		code = connect.CodeFailedPrecondition
 	case errors.Is(err, grantstore.ErrContended):
 		code = connect.CodeAborted
-	case errors.Is(err, capability.ErrFeedStale):
+	case errors.Is(err, capability.ErrFeedStale), errors.Is(err, grantstore.ErrStopped):
 		code = connect.CodeUnavailable
 	case errors.Is(err, capability.ErrTokenTooLarge), errors.Is(err, capability.ErrTokenMalformed),
 		errors.Is(err, capability.ErrTokenAlgorithm), errors.Is(err, capability.ErrTokenSignature),

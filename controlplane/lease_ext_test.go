@@ -49,7 +49,7 @@ func (w *leaseWorld) job() string {
 	return fmt.Sprintf("job-%d", w.jobs)
 }
 
-func (w *leaseWorld) offer(t *testing.T, job, holder string, d time.Duration) *tetherv1.Lease {
+func (w *leaseWorld) offer(t fataler, job, holder string, d time.Duration) *tetherv1.Lease {
 	t.Helper()
 	resp, err := w.admin.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(d)}))
 	if err != nil {
@@ -59,7 +59,7 @@ func (w *leaseWorld) offer(t *testing.T, job, holder string, d time.Duration) *t
 	return resp.Msg.Lease
 }
 
-func (w *leaseWorld) reassign(t *testing.T, job, holder string, d time.Duration) *tetherv1.Lease {
+func (w *leaseWorld) reassign(t fataler, job, holder string, d time.Duration) *tetherv1.Lease {
 	t.Helper()
 	resp, err := w.admin.Lease.Reassign(context.Background(), connect.NewRequest(&tetherv1.ReassignRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(d), Reason: "test"}))
 	if err != nil {
@@ -69,7 +69,7 @@ func (w *leaseWorld) reassign(t *testing.T, job, holder string, d time.Duration)
 	return resp.Msg.Lease
 }
 
-func (w *leaseWorld) get(t *testing.T, job string) *tetherv1.Lease {
+func (w *leaseWorld) get(t fataler, job string) *tetherv1.Lease {
 	t.Helper()
 	resp, err := w.admin.Lease.GetLease(context.Background(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
 	if err != nil {
@@ -78,7 +78,7 @@ func (w *leaseWorld) get(t *testing.T, job string) *tetherv1.Lease {
 	return resp.Msg.Lease
 }
 
-func (w *leaseWorld) evidence(t *testing.T, job string) []*tetherv1.EvidenceRow {
+func (w *leaseWorld) evidence(t fataler, job string) []*tetherv1.EvidenceRow {
 	t.Helper()
 	resp, err := w.admin.Lease.Evidence(context.Background(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job}))
 	if err != nil {
@@ -87,11 +87,17 @@ func (w *leaseWorld) evidence(t *testing.T, job string) []*tetherv1.EvidenceRow 
 	return resp.Msg.Rows
 }
 
-func wantDecision(t *testing.T, what string, d *tetherv1.Decision, outcome tetherv1.Outcome, event tetherv1.AuditEvent) {
+func wantDecision(t fataler, what string, d *tetherv1.Decision, outcome tetherv1.Outcome, event tetherv1.AuditEvent) {
 	t.Helper()
 	if d.GetOutcome() != outcome || d.GetAuditEvent() != event {
 		t.Fatalf("%s: %s %s (%s), want %s %s", what, d.GetOutcome(), d.GetAuditEvent(), d.GetReason(), outcome, event)
 	}
+}
+
+// fataler is what the helpers need from a test: *testing.T or *rapid.T.
+type fataler interface {
+	Helper()
+	Fatalf(format string, args ...any)
 }
 
 // transport delivers worker messages, unary or over the Channel stream.
@@ -369,7 +375,7 @@ func TestLeaseChannelReorderingKeepsStateAndAuthority(t *testing.T) {
 			msgs []*tetherv1.ChannelRequest
 		}
 		mk := func() job {
-			l := w.offer(&testing.T{}, w.job(), w.w1, time.Minute)
+			l := w.offer(t, w.job(), w.w1, time.Minute)
 			resp, err := w.w1C.Lease.Ack(context.Background(), connect.NewRequest(ack(l).GetAck()))
 			if err != nil {
 				t.Fatal(err)
@@ -394,7 +400,7 @@ func TestLeaseChannelReorderingKeepsStateAndAuthority(t *testing.T) {
 		perm := rapid.Permutation(shuffled.msgs).Draw(t, "order")
 		deliver(t, inOrder.msgs)
 		deliver(t, perm)
-		a, b := w.get(&testing.T{}, inOrder.l.JobId), w.get(&testing.T{}, shuffled.l.JobId)
+		a, b := w.get(t, inOrder.l.JobId), w.get(t, shuffled.l.JobId)
 		same := func(what string, x, y any) {
 			if x != y {
 				t.Fatalf("%s: in order %v, reordered %v", what, x, y)
@@ -683,4 +689,99 @@ func TestLeaseRenewSurvivesKill9(t *testing.T) {
 	wantDecision(t, "the acknowledged renew resent", d, tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_RENEW)
 	_, d = unary{worker}.send(t, renew(l, 4))
 	wantDecision(t, "the next renew", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+}
+
+// A batched Channel request is judged message by message, and the answers
+// may come back packed, each under its own correlation id.
+func TestLeaseChannelBatches(t *testing.T) {
+	w := newLeaseWorld(t)
+	var leases []*tetherv1.Lease
+	for range 5 {
+		l := w.offer(t, w.job(), w.w1, time.Minute)
+		l, _ = unary{w.w1C}.send(t, ack(l))
+		leases = append(leases, l)
+	}
+	stream := w.w1C.Lease.Channel(context.Background())
+	defer func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() }()
+	first := renew(leases[0], 1)
+	first.CorrelationId = 100
+	for i, l := range leases[1:] {
+		m := renew(l, 1)
+		m.CorrelationId = uint64(101 + i)
+		first.Batch = append(first.Batch, m)
+	}
+	bad := progress(leases[0], 1, strings.Repeat("x", 5000))
+	bad.CorrelationId = 200
+	nested := renew(leases[1], 2)
+	nested.CorrelationId = 201
+	nested.Batch = []*tetherv1.ChannelRequest{renew(leases[2], 2)}
+	first.Batch = append(first.Batch, bad, nested)
+	if err := stream.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]*tetherv1.ChannelResponse{}
+	for len(got) < 7 {
+		resp, err := stream.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range append([]*tetherv1.ChannelResponse{resp}, resp.Batch...) {
+			if got[a.CorrelationId] != nil {
+				t.Fatalf("answer %d twice", a.CorrelationId)
+			}
+			got[a.CorrelationId] = a
+		}
+	}
+	for i, l := range leases {
+		a := got[uint64(100+i)]
+		wantDecision(t, "batched renew", a.GetDecision(), tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		if a.Lease.JobId != l.JobId || a.Lease.RenewSequence != 1 {
+			t.Fatalf("answer %d is about %s seq %d", 100+i, a.Lease.JobId, a.Lease.RenewSequence)
+		}
+	}
+	if a := got[200]; !strings.Contains(a.Error, "progress_value") {
+		t.Fatalf("malformed message in a batch: %v", a)
+	}
+	if a := got[201]; !strings.Contains(a.Error, "batch") {
+		t.Fatalf("nested batch: %v", a)
+	}
+	if l := w.get(t, leases[1].JobId); l.RenewSequence != 1 {
+		t.Fatalf("a refused nested batch changed the lease: seq %d", l.RenewSequence)
+	}
+}
+
+// A termination cancels the leases its subtree holds and reconciles each
+// one explicitly in the record; leases outside the subtree are untouched.
+func TestTerminationReconcilesTheSubtreesLeases(t *testing.T) {
+	w := newLeaseWorld(t)
+	held := w.offer(t, "held", w.w1, 10*time.Minute)
+	unary{w.w1C}.send(t, ack(held))
+	w.offer(t, "offered", w.w1, 10*time.Minute)
+	other := w.offer(t, "other", w.w2, 10*time.Minute)
+	unary{w.w2C}.send(t, ack(other))
+
+	term := terminate(t, w.admin, w.w1, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, 0)
+	w.clock.Advance(2 * time.Second) // past the drain window and the cancel-ack timeout
+	testserver.WaitFor(t, 20*time.Second, "the termination to finish", func() bool {
+		w.srv.Poke()
+		return getTermination(t, w.admin, term.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	rec := record(t, w.admin, term.TerminationId)
+	got := map[string]tetherv1.LeaseOutcome{}
+	for _, l := range rec.Leases {
+		got[l.JobId] = l.Outcome
+	}
+	want := map[string]tetherv1.LeaseOutcome{
+		"held":    tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED, // active, cancel never acknowledged
+		"offered": tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED,  // never acked: never had authority
+	}
+	if len(got) != len(want) || got["held"] != want["held"] || got["offered"] != want["offered"] {
+		t.Fatalf("record leases %v, want %v", got, want)
+	}
+	if l := w.get(t, "held"); !l.CancelRequested || l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED || l.UnresolvedUntil == nil {
+		t.Fatalf("held after the termination: %v", l)
+	}
+	if l := w.get(t, "other"); l.CancelRequested || l.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
+		t.Fatalf("a lease outside the subtree changed: %v", l)
+	}
 }

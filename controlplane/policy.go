@@ -13,6 +13,8 @@ func Policy() auth.Policy {
 	return auth.Policy{
 		tetherv1connect.AuthServiceCreateTokenProcedure: auth.Admin,
 		tetherv1connect.AuthServiceWhoAmIProcedure:      auth.Read,
+		tetherv1connect.AuthServiceRotateKeysProcedure:  auth.Admin,
+		tetherv1connect.AuthServiceListKeysProcedure:    auth.ReadOperators,
 
 		tetherv1connect.AgentServiceRegisterRootProcedure: auth.Operate,
 		tetherv1connect.AgentServiceSpawnProcedure:        auth.OperateOrAgent,
@@ -21,6 +23,7 @@ func Policy() auth.Policy {
 		tetherv1connect.AgentServiceGetNodeProcedure:      auth.Read,
 		tetherv1connect.AgentServiceListNodesProcedure:    auth.Read,
 		tetherv1connect.AgentServiceProposeStopProcedure:  auth.Agent,
+		tetherv1connect.AgentServiceReportReadyProcedure:  auth.OperateOrAgent,
 
 		tetherv1connect.CapabilityServiceIssueRootProcedure:        auth.Operate,
 		tetherv1connect.CapabilityServiceDelegateProcedure:         auth.OperateOrAgent,
@@ -44,6 +47,13 @@ func Policy() auth.Policy {
 		tetherv1connect.SupervisorServiceDecideProposalProcedure:    auth.Operate,
 		tetherv1connect.SupervisorServiceListProposalsProcedure:     auth.ReadOperators,
 		tetherv1connect.SupervisorServiceRegisterPrivilegeProcedure: auth.OperateOrAgent,
+		tetherv1connect.SupervisorServiceRolloutProcedure:           auth.Operate,
+		tetherv1connect.SupervisorServiceGetRolloutProcedure:        auth.ReadOperators,
+		tetherv1connect.SupervisorServiceListRolloutsProcedure:      auth.ReadOperators,
+		tetherv1connect.SupervisorServiceWatchRolloutProcedure:      auth.ReadOperators,
+		tetherv1connect.SupervisorServicePauseRolloutProcedure:      auth.Operate,
+		tetherv1connect.SupervisorServiceResumeRolloutProcedure:     auth.Operate,
+		tetherv1connect.SupervisorServiceAbortRolloutProcedure:      auth.Operate,
 
 		tetherv1connect.LeaseServiceOfferProcedure:         auth.OperateOrAgent,
 		tetherv1connect.LeaseServiceAckProcedure:           auth.Agent,

@@ -30,6 +30,7 @@ import (
 
 	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/leader"
 	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
@@ -39,16 +40,22 @@ import (
 
 // Config configures a control plane.
 type Config struct {
-	// DataDir holds the Badger store and admin.token. Ignored when Store is set.
+	// DataDir holds admin.token, the records, and the Badger store unless
+	// Store is set.
 	DataDir string
 	// Listen is the address to serve on, e.g. "127.0.0.1:7420".
 	Listen string
 	// TLSCert and TLSKey enable TLS when both are set.
 	TLSCert, TLSKey string
-	// Store overrides the embedded Badger store (tests, etcd).
+	// Store overrides the embedded Badger store (tests, etcd). The server
+	// does not close a store it was given.
 	Store  store.Store
 	Clock  clock.Clock
 	Logger *slog.Logger
+	// Elector decides when this replica runs the leader-only components;
+	// nil means leader.Always (a single replica). Replicas sharing an etcd
+	// store use a leader.Etcd.
+	Elector leader.Elector
 	// Issuer is the `iss` of every token; default "tether".
 	Issuer string
 	// AgentCredentialTTL bounds agent credentials (refreshed over the session).
@@ -115,6 +122,7 @@ type Server struct {
 	privileges *supervisor.Privileges
 	signals    *supervisor.Signals
 	supervisor *supervisor.Supervisor
+	rollouts   *supervisor.Rollouts
 	leases     *coordinator.Coordinator
 	grants     *grantstore.Service
 	log        *slog.Logger
@@ -241,7 +249,9 @@ func (s *Server) buildHandler() error {
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
-	if err := s.store.View(ctx, func(store.ReadTxn) error { return nil }); err != nil {
+	// Reading the revision makes every backend answer (etcd's reads are
+	// lazy: a View that reads nothing never reaches the cluster).
+	if err := s.store.View(ctx, func(tx store.ReadTxn) error { tx.Revision(); return nil }); err != nil {
 		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
 		return
 	}
@@ -284,8 +294,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	// beside the HTTP server; the first to stop stops everything.
 	ctx, cancelComponents := context.WithCancel(ctx)
 	defer cancelComponents()
-	componentErr := make(chan error, len(s.components))
-	for _, c := range s.components {
+	components := s.runnableComponents()
+	componentErr := make(chan error, len(components))
+	for _, c := range components {
 		go func() {
 			err := c.run(ctx)
 			if err != nil && ctx.Err() == nil {
@@ -297,7 +308,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	}
 	defer func() {
 		cancelComponents()
-		for range s.components {
+		for range components {
 			<-componentErr
 		}
 	}()
@@ -336,10 +347,21 @@ func (s *Server) Close() error {
 type component struct {
 	name string
 	run  func(ctx context.Context) error
+	// leaderOnly components run only while this replica leads (see
+	// leadership.go).
+	leaderOnly bool
 }
 
 func (s *Server) addComponent(name string, run func(ctx context.Context) error) {
 	s.components = append(s.components, component{name: name, run: run})
+}
+
+// addLeaderComponent registers a component that must run once per cluster:
+// it runs while this replica is the elected leader, is cancelled when
+// leadership is lost, and runs again when it is regained — so it must be
+// restartable and rebuild its memory from the store.
+func (s *Server) addLeaderComponent(name string, run func(ctx context.Context) error) {
+	s.components = append(s.components, component{name: name, run: run, leaderOnly: true})
 }
 
 func serviceNames() []string {

@@ -47,6 +47,13 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.addComponent("supervisor", s.supervisor.Run)
 	s.addComponent("session-signals", s.signals.Run)
 	s.addComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor}).Run)
+	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
+	handover := leaseHandover{leases: s.leases}
+	s.supervisor.Handover = handover
+	s.rollouts = &supervisor.Rollouts{Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Handover: handover, Log: s.log}
+	s.addLeaderComponent("rollouts", s.rollouts.Run)
+	s.addComponent("key-ring", s.followKeyRing)
+	s.addLeaderComponent("key-pruner", s.pruneKeyRing)
 	return nil
 }
 
@@ -75,11 +82,15 @@ func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption)
 	mux.Handle(tetherv1connect.NewAuthServiceHandler(&authService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&capabilityService{s: s}, opts...))
-	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&leaseService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&leaseService{s: s}, append(opts, leaseHandlerOptions...)...))
 	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
 }
 
 // Poke makes the reconcilers re-read the clock now. Tests that move a
 // manual clock call it; with the real clock it is never needed.
-func (s *Server) Poke() { s.supervisor.Poke() }
+func (s *Server) Poke() {
+	s.supervisor.Poke()
+	s.rollouts.Poke()
+	s.keys.wake()
+}

@@ -199,8 +199,10 @@ func terminationToProto(t supervisor.Termination) *tetherv1.Termination {
 			AcksPending:   uint32(t.Progress.CancelsPending),
 			Confirmations: uint32(len(t.Members) - t.Progress.Unconfirmed),
 		},
-		RecordId:  t.RecordID,
-		Escalated: t.Escalated,
+		RecordId:    t.RecordID,
+		Escalated:   t.Escalated,
+		RootNodeIds: t.Roots,
+		RolloutId:   t.RolloutID,
 	}
 }
 

@@ -16,9 +16,42 @@ import (
 // toolService is the tool-call ledger's edge. Tool gates call it with an
 // operator token (a tool server's own identity) or an agent credential;
 // every entry records the gate that reported it.
+//
+// An agent credential makes the agent the gate of its own in-process
+// tools, nothing more: it begins calls only with capability tokens held by
+// its own node, and ends or acknowledges only its own node's calls. (Gate
+// ids are names, not secrets: without this, any agent that learnt a call
+// id could end another agent's call, or acknowledge its cancellation, and
+// falsify the termination record.)
 type toolService struct {
 	tetherv1connect.UnimplementedToolServiceHandler
 	s *Server
+}
+
+// ownToken refuses, for an agent caller, a token held by another node.
+func ownToken(p auth.Principal) func(nodeID string) error {
+	if !p.IsAgent() {
+		return nil
+	}
+	return func(nodeID string) error {
+		if nodeID != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may report tool calls only for its own capability tokens, and this token is held by node %s", auth.ErrDenied, p.NodeID(), nodeID)
+		}
+		return nil
+	}
+}
+
+// ownCall refuses, for an agent caller, another node's call.
+func ownCall(p auth.Principal) func(*tetherv1.ToolCall) error {
+	if !p.IsAgent() {
+		return nil
+	}
+	return func(c *tetherv1.ToolCall) error {
+		if c.NodeId != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may report only its own node's tool calls, not call_id %s", auth.ErrDenied, p.NodeID(), c.CallId)
+		}
+		return nil
+	}
 }
 
 func (t *toolService) ledger() (*supervisor.Ledger, error) {
@@ -33,7 +66,8 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, req.Msg.GateId, req.Msg.RequiredScope)
+	p, _ := auth.FromContext(ctx)
+	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, req.Msg.GateId, req.Msg.RequiredScope, ownToken(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -41,7 +75,8 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {
-	call, err := t.s.ledger.End(ctx, req.Msg.CallId, req.Msg.GateId, req.Msg.Failed, req.Msg.Error)
+	p, _ := auth.FromContext(ctx)
+	call, err := t.s.ledger.End(ctx, req.Msg.CallId, req.Msg.GateId, req.Msg.Failed, req.Msg.Error, ownCall(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -49,7 +84,8 @@ func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1
 }
 
 func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tetherv1.CancelAckRequest]) (*connect.Response[tetherv1.CancelAckResponse], error) {
-	call, err := t.s.ledger.CancelAck(ctx, req.Msg.CallId, req.Msg.GateId)
+	p, _ := auth.FromContext(ctx)
+	call, err := t.s.ledger.CancelAck(ctx, req.Msg.CallId, req.Msg.GateId, ownCall(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}

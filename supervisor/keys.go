@@ -51,3 +51,8 @@ func privilegeKey(id string) []byte        { return []byte(prefixPrivilege + id)
 func nodePrivPrefix(node string) []byte    { return []byte(prefixNodePriv + node + "/") }
 func nodePrivKey(node, priv string) []byte { return []byte(prefixNodePriv + node + "/" + priv) }
 func proposalKey(id string) []byte         { return []byte(prefixProposal + id) }
+
+// Rollout keys.
+const prefixRollout = "rollouts/" // rollouts/<id> → Rollout (JSON)
+
+func rolloutKey(id string) []byte { return []byte(prefixRollout + id) }

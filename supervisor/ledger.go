@@ -47,7 +47,9 @@ var (
 // Begin verifies the token and the node's state and records the call as in
 // flight. A node that is draining or aborting gets ErrNodeStopping, and the
 // refused call is recorded (rejected_draining) for the termination's record.
-func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope string) (*tetherv1.ToolCall, error) {
+// authorize, when set, is given the token holder's node id before anything
+// is recorded; its error refuses the call.
+func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope string, authorize func(nodeID string) error) (*tetherv1.ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
 		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
 	}
@@ -63,6 +65,11 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope s
 	nodeID, grantID, err := l.Tokens.CheckToken(ctx, token, requiredScope)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
+	}
+	if authorize != nil {
+		if err := authorize(nodeID); err != nil {
+			return nil, err
+		}
 	}
 	now := timestamppb.New(l.Clock.Now())
 	call := &tetherv1.ToolCall{
@@ -107,8 +114,10 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope s
 
 // End records the end of a call (completed or failed). A call that had a
 // cancel order and ends is resolved cancelled_acked: the handler returned.
-func (l *Ledger) End(ctx context.Context, callID, gateID string, failed bool, message string) (*tetherv1.ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+// authorize, when set, is given the stored call first; its error refuses
+// the report and nothing changes (as for CancelAck).
+func (l *Ledger) End(ctx context.Context, callID, gateID string, failed bool, message string, authorize func(*tetherv1.ToolCall) error) (*tetherv1.ToolCall, error) {
+	return l.finish(ctx, callID, gateID, authorize, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
 		c.EndedAt = now
 		switch {
 		case c.State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED:
@@ -128,15 +137,15 @@ func (l *Ledger) End(ctx context.Context, callID, gateID string, failed bool, me
 
 // CancelAck records that the gate cancelled the call and its handler
 // returned.
-func (l *Ledger) CancelAck(ctx context.Context, callID, gateID string) (*tetherv1.ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+func (l *Ledger) CancelAck(ctx context.Context, callID, gateID string, authorize func(*tetherv1.ToolCall) error) (*tetherv1.ToolCall, error) {
+	return l.finish(ctx, callID, gateID, authorize, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
 		c.EndedAt = now
 		c.CancelAckedAt = now
 		c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
+func (l *Ledger) finish(ctx context.Context, callID, gateID string, authorize func(*tetherv1.ToolCall) error, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -146,6 +155,11 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 		c, err := getCall(tx, callID)
 		if err != nil {
 			return err
+		}
+		if authorize != nil {
+			if err := authorize(c); err != nil {
+				return err
+			}
 		}
 		if c.GateId != gateID {
 			return fmt.Errorf("%w: call_id %s was begun by another gate, not gate_id %q", ErrWrongGate, callID, gateID)

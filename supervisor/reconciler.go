@@ -252,16 +252,23 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		if t.Mode == ModeAbort {
 			state = tetherv1.NodeState_NODE_STATE_ABORTING
 		}
-		nodes, err := SubtreeIn(tx, t.NodeID)
-		if err != nil {
-			return err
+		var nodes []*tetherv1.Node
+		for _, root := range t.RootIDs() {
+			subtree, err := SubtreeIn(tx, root)
+			if err != nil {
+				return err
+			}
+			nodes = append(nodes, subtree...)
 		}
+		seen := make(map[string]bool, len(nodes))
 		for _, n := range nodes {
 			// A node already stopping under another termination, or
-			// terminated, is accounted for by that termination's record.
-			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			// terminated, is accounted for by that termination's record;
+			// with several roots, one may lie in another's subtree.
+			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING || seen[n.NodeId] {
 				continue
 			}
+			seen[n.NodeId] = true
 			n.State = state
 			n.TerminationId = t.ID
 			if err := putNode(tx, n); err != nil {
@@ -360,7 +367,9 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 				return fmt.Errorf("revoke privileges: %w", err)
 			}
 		}
-		if s.Leases != nil {
+		// A rollout batch leaves its leases to the rollout, which hands
+		// them over to the replacements with generation + 1.
+		if s.Leases != nil && !t.LeaseHandover {
 			if err := s.Leases.CancelHeldBy(ctx, t.Members, reason); err != nil {
 				return fmt.Errorf("cancel leases: %w", err)
 			}
@@ -376,7 +385,12 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 	var leases []*tetherv1.RecordLease
 	var grants []HeldGrant
 	var err error
-	if s.Leases != nil {
+	switch {
+	case t.LeaseHandover && s.Handover != nil:
+		if leases, err = s.Handover.HeldBy(ctx, t.Members); err != nil {
+			return fmt.Errorf("list leases: %w", err)
+		}
+	case s.Leases != nil && !t.LeaseHandover:
 		if leases, err = s.Leases.FinalizeHeldBy(ctx, t.Members, "terminated: "+t.Reason); err != nil {
 			return fmt.Errorf("finalize leases: %w", err)
 		}

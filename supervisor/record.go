@@ -44,6 +44,8 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		Escalated:     t.Escalated,
 		WrittenAt:     timestamppb.New(now),
 		Leases:        leases,
+		RootNodeIds:   t.Roots,
+		RolloutId:     t.RolloutID,
 	}
 	heldGrants := map[string][]string{}
 	for _, g := range grants {

@@ -56,8 +56,11 @@ type Supervisor struct {
 	Privileges *Privileges
 	Grants     GrantRevoker   // nil: no grants to revoke
 	Leases     LeaseCanceller // nil: no leases to cancel
-	Sink       RecordSink     // nil: records stay in the store only
-	Log        *slog.Logger
+	// Handover lists the leases a rollout batch leaves open for its
+	// replacements (see rollout.go); nil: rollout batches list none.
+	Handover LeaseHandover
+	Sink     RecordSink // nil: records stay in the store only
+	Log      *slog.Logger
 
 	queue *workQueue
 }
@@ -76,34 +79,27 @@ type TerminateRequest struct {
 	DrainWindow, CancelAckTimeout, ConfirmTimeout time.Duration
 	Reason                                        string
 	RequestedBy                                   string
-	// Authorize is called inside the transaction with the target node.
+	// Authorize is called inside the transaction with the target node
+	// (with each root, when there are several).
 	Authorize func(target *tetherv1.Node) error
+	// Roots, when set, are several subtree roots stopped by this one
+	// termination (one record): a rollout batch. NodeID is then ignored.
+	Roots []string
+	// RolloutID names the rollout the termination is a batch of.
+	RolloutID string
+	// LeaseHandover leaves the job leases of the subtrees open for the
+	// rollout to reassign to replacements, instead of cancelling them.
+	LeaseHandover bool
 }
 
 // Terminate persists a termination request; the reconciler does the rest.
 // The request is durable when Terminate returns.
 func (s *Supervisor) Terminate(ctx context.Context, req TerminateRequest) (Termination, error) {
-	if err := id.Check(id.Node, "node_id", req.NodeID); err != nil {
-		return Termination{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-	}
-	t, err := NewTermination(id.New(id.Termination), req.NodeID, req.Mode, req.DrainWindow, req.CancelAckTimeout, req.ConfirmTimeout, req.Reason, req.RequestedBy, s.Clock.Now())
-	if err != nil {
-		return Termination{}, err
-	}
-	err = s.Store.Update(ctx, func(tx store.Txn) error {
-		target, err := getNode(tx, req.NodeID)
-		if err != nil {
-			return err
-		}
-		if req.Authorize != nil {
-			if err := req.Authorize(target); err != nil {
-				return err
-			}
-		}
-		if target.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return fmt.Errorf("%w: node_id %s is %s (termination %s)", ErrAlreadyStopping, req.NodeID, StateName(target.State), target.TerminationId)
-		}
-		return putJSON(tx, terminationKey(t.ID), t)
+	var t Termination
+	err := s.Store.Update(ctx, func(tx store.Txn) error {
+		var err error
+		t, err = s.TerminateIn(tx, req)
+		return err
 	})
 	if err != nil {
 		return Termination{}, err
@@ -111,6 +107,56 @@ func (s *Supervisor) Terminate(ctx context.Context, req TerminateRequest) (Termi
 	s.Kick(t.ID)
 	return t, nil
 }
+
+// TerminateIn writes a termination request inside the caller's
+// transaction, so that the caller can persist its own state with it (a
+// rollout writes its batch and the batch's termination together). The
+// caller must Kick the termination once the transaction has committed.
+func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Termination, error) {
+	roots := req.Roots
+	if len(roots) == 0 {
+		roots = []string{req.NodeID}
+	}
+	if len(roots) > MaxTerminationRoots {
+		return Termination{}, fmt.Errorf("%w: at most %d subtree roots per termination", ErrInvalidArgument, MaxTerminationRoots)
+	}
+	for _, r := range roots {
+		if err := id.Check(id.Node, "node_id", r); err != nil {
+			return Termination{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+	}
+	t, err := NewTermination(id.New(id.Termination), roots[0], req.Mode, req.DrainWindow, req.CancelAckTimeout, req.ConfirmTimeout, req.Reason, req.RequestedBy, s.Clock.Now())
+	if err != nil {
+		return Termination{}, err
+	}
+	if len(roots) > 1 {
+		t.Roots = append([]string(nil), roots...)
+	}
+	t.RolloutID, t.LeaseHandover = req.RolloutID, req.LeaseHandover
+	seen := make(map[string]bool, len(roots))
+	for _, r := range roots {
+		if seen[r] {
+			return Termination{}, fmt.Errorf("%w: node_id %s is named twice", ErrInvalidArgument, r)
+		}
+		seen[r] = true
+		target, err := getNode(tx, r)
+		if err != nil {
+			return Termination{}, err
+		}
+		if req.Authorize != nil {
+			if err := req.Authorize(target); err != nil {
+				return Termination{}, err
+			}
+		}
+		if target.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			return Termination{}, fmt.Errorf("%w: node_id %s is %s (termination %s)", ErrAlreadyStopping, r, StateName(target.State), target.TerminationId)
+		}
+	}
+	return t, putJSON(tx, terminationKey(t.ID), t)
+}
+
+// MaxTerminationRoots bounds the subtree roots of one termination.
+const MaxTerminationRoots = 1000
 
 // Get returns a termination.
 func (s *Supervisor) Get(ctx context.Context, terminationID string) (Termination, error) {

@@ -123,6 +123,15 @@ type Termination struct {
 	Escalated bool          `json:"escalated"`
 	Phases    []PhaseTiming `json:"phases"`
 
+	// Roots are the subtree roots when there are several (a rollout
+	// batch); NodeID is the first. Empty for one root.
+	Roots []string `json:"roots,omitempty"`
+	// RolloutID is the rollout this termination is a batch of;
+	// LeaseHandover leaves the subtrees' job leases open for that rollout
+	// to reassign, instead of cancelling them.
+	RolloutID     string `json:"rollout_id,omitempty"`
+	LeaseHandover bool   `json:"lease_handover,omitempty"`
+
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.
 	Members []string `json:"members"`
@@ -136,6 +145,14 @@ type Termination struct {
 	RecordID    string `json:"record_id,omitempty"`
 	// Progress last observed (for GetTermination / WatchTermination).
 	Progress Progress `json:"progress"`
+}
+
+// RootIDs are the termination's subtree roots.
+func (t Termination) RootIDs() []string {
+	if len(t.Roots) > 0 {
+		return t.Roots
+	}
+	return []string{t.NodeID}
 }
 
 // Next decides the termination's next action from its stored state and the

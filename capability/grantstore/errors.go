@@ -25,6 +25,9 @@ var (
 	// ErrContended: an optimistic transaction kept losing to concurrent
 	// writers of the same grants; the caller may retry.
 	ErrContended = errors.New("grantstore: too much contention, retry")
+	// ErrStopped: the revocation feed stopped (the control plane is
+	// shutting down); a follower reconnects, to this replica or another.
+	ErrStopped = errors.New("grantstore: revocation feed stopped")
 	// ErrCorrupt: stored data does not decode or breaks an invariant of the
 	// key layout.
 	ErrCorrupt = errors.New("grantstore: stored data is inconsistent")

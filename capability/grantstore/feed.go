@@ -29,11 +29,15 @@ type feed struct {
 	loaded    bool
 	ready     chan struct{} // closed at the first load
 	changed   chan struct{} // closed and replaced on every change
+	stopped   chan struct{} // closed when RunFeed returns
+	stopOnce  sync.Once
 }
 
 func newFeed() *feed {
-	return &feed{ready: make(chan struct{}), changed: make(chan struct{})}
+	return &feed{ready: make(chan struct{}), changed: make(chan struct{}), stopped: make(chan struct{})}
 }
+
+func (f *feed) stop() { f.stopOnce.Do(func() { close(f.stopped) }) }
 
 // notifyLocked wakes every stream waiting for a change.
 func (f *feed) notifyLocked() {
@@ -112,7 +116,11 @@ func (f *feed) read(after uint64, limit int) (batch []capability.Tombstone, snap
 // stored feed until ctx ends: it establishes a store watch, scans, then
 // applies the watch's events above the scan's revision. A watch that falls
 // behind is re-established with a fresh scan.
+//
+// When RunFeed returns, every WatchRevocations stream ends with ErrStopped,
+// so that a server shutting down is not held up by its followers.
 func (s *Service) RunFeed(ctx context.Context) error {
+	defer s.feed.stop()
 	for {
 		err := s.followFeed(ctx)
 		if ctx.Err() != nil {
@@ -227,10 +235,13 @@ type FeedMessage struct {
 // WatchRevocations sends the feed after sequence `after` to send, then
 // every new tombstone as it is committed, and a heartbeat carrying the
 // head and the server time every Heartbeat when nothing happens, until ctx
-// ends or send fails. See the package documentation for the protocol.
+// ends (nil), send fails, or RunFeed stops (ErrStopped). See the package
+// documentation for the protocol.
 func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(FeedMessage) error) error {
 	select {
 	case <-s.feed.ready:
+	case <-s.feed.stopped:
+		return fmt.Errorf("%w; reconnect", ErrStopped)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -251,6 +262,8 @@ func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-s.feed.stopped:
+			return fmt.Errorf("%w; reconnect", ErrStopped)
 		case <-changed:
 		case <-heartbeat.C:
 			if err := send(FeedMessage{Head: position, ServerTime: s.cfg.Clock.Now()}); err != nil {

@@ -5,19 +5,8 @@ import (
 	"strconv"
 )
 
-// Store key layout. Keys are readable strings, like the supervisor's, so a
-// person debugging a data directory can follow them. Every index entry is
+// Store key layout: see the package documentation. Every index entry is
 // written in the same transaction as the grant it points at.
-//
-//	grants/grant/<grant id>                        → tetherv1.Grant (protobuf), the stored state
-//	grants/holder/<node id>/<grant id>             → ""  grants held by a node
-//	grants/child/<parent grant id>/<grant id>      → ""  direct delegations of a grant
-//	grants/derived/<ancestor grant id>/<grant id>  → ""  one entry per chain entry: the whole subtree of a grant is one prefix
-//	grants/issued/<unix nanos, 20 digits>/<grant id> → ""  for revoke-issued-before
-//	grants/tombstone/<sequence, 20 digits>         → tetherv1.Tombstone (protobuf), the revocation feed
-//	grants/feed/head                               → the last sequence assigned (decimal)
-//	grants/feed/compacted                          → the highest sequence pruned from the feed (decimal)
-//	grants/mark/<sequence, 20 digits>              → markJob (JSON): descendants still to be marked
 const (
 	prefixGrant     = "grants/grant/"
 	prefixHolder    = "grants/holder/"

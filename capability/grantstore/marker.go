@@ -114,6 +114,11 @@ func (s *Service) nextMarkJob(ctx context.Context) (uint64, markJob, bool, error
 
 // markBatch marks up to MarkBatch descendants after the job's cursor. It
 // returns the job to continue with, or a zero job when this one is done.
+//
+// Each descendant is marked by covered — the earliest revocation among its
+// ancestors — not necessarily by this job's grant: then the stored outcome
+// does not depend on the order in which jobs run, nor on whether a restart
+// repeated a batch, and it is what effective showed before the marking.
 func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, markJob, error) {
 	type change struct {
 		grantID  string
@@ -123,21 +128,16 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		changes []change
 		next    string
 		more    bool
-		revoked capability.Grant
 	)
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		changes, next, more = changes[:0], job.Cursor, false
-		var err error
-		if revoked, _, err = getGrant(tx, job.GrantID); err != nil {
-			return err
-		}
 		prefix := derivedPrefix(job.GrantID)
 		var start []byte
 		if job.Cursor != "" {
 			start = append(derivedKey(job.GrantID, job.Cursor), 0)
 		}
 		var ids []string
-		err = tx.Scan(prefix, start, func(k, _ []byte) error {
+		err := tx.Scan(prefix, start, func(k, _ []byte) error {
 			if len(ids) == s.cfg.MarkBatch {
 				more = true
 				return store.ErrStopScan
@@ -148,24 +148,34 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		if err != nil {
 			return err
 		}
+		reads := newReader(tx)
 		for _, grantID := range ids {
-			g, raw, err := getGrant(tx, grantID)
-			if err != nil {
-				return err
-			}
 			next = grantID
-			marked, err := capability.MarkRevokedVia(g, revoked)
-			if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
-				continue // already revoked (keeps its own revocation), or expired first
+			g, ok := reads.grant(grantID)
+			if !ok {
+				if err := reads.failed(); err != nil {
+					return err
+				}
+				return fmt.Errorf("%w: derived index of %s names missing grant %s", ErrCorrupt, job.GrantID, grantID)
+			}
+			marked, ok, err := covered(g, reads.grant)
+			if err := reads.failed(); err != nil {
+				return err
 			}
 			if err != nil {
-				return err
+				// A broken chain must not stall every later job: leave the
+				// grant as it is (the tombstone still revokes it) and say so.
+				s.cfg.Log.Error("grant marker: leaving a grant unmarked", "grant_id", grantID, "revoked_ancestor", job.GrantID, "error", err)
+				continue
+			}
+			if !ok {
+				continue // already revoked on its own, or expired first
 			}
 			encoded, err := encodeGrant(marked)
 			if err != nil {
 				return err
 			}
-			changes = append(changes, change{grantID: grantID, was: raw, now: encoded})
+			changes = append(changes, change{grantID: grantID, was: reads.seen[grantID], now: encoded})
 		}
 		return nil
 	})
@@ -184,16 +194,20 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 			if !bytes.Equal(current, c.was) {
 				// Changed since the snapshot (revoked on its own, most
 				// likely): decide again on what is stored now.
-				g, err := decodeGrant(c.grantID, current)
-				if err != nil {
+				reads := newReader(tx)
+				g, ok := reads.grant(c.grantID)
+				if !ok {
+					if err := reads.failed(); err != nil {
+						return err
+					}
+					return fmt.Errorf("%w: grant %s vanished", ErrCorrupt, c.grantID)
+				}
+				marked, ok, err := covered(g, reads.grant)
+				if err := reads.failed(); err != nil {
 					return err
 				}
-				marked, err := capability.MarkRevokedVia(g, revoked)
-				if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
+				if err != nil || !ok {
 					continue
-				}
-				if err != nil {
-					return err
 				}
 				if encoded, err = encodeGrant(marked); err != nil {
 					return err
@@ -216,4 +230,62 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		return written, markJob{}, nil
 	}
 	return written, markJob{GrantID: job.GrantID, Cursor: next}, nil
+}
+
+// covered decides how a stored grant is revoked through its chain: an
+// active grant with a revoked ancestor is revoked by the earliest such
+// revocation, unless the grant had already expired by then. It returns
+// the marked grant and true, or g and false when nothing covers it: no
+// revoked ancestor, g is not active, or g expired first. An error means
+// the chain contradicts the stored grants.
+//
+// The earliest revocation is the truthful one — the grant stopped being
+// usable then — and choosing it by time rather than by which marking job
+// ran first makes the marker's outcome independent of job order. Ties
+// (one clock reading for two revocations) go to the ancestor farthest from
+// the root: an ancestor revoked first makes a later revocation of its
+// descendants a no-op, so of two direct revocations at one instant the
+// deeper one came first, and the marker may already have applied it. An
+// ancestor that was itself marked carries its cause's time and names it as
+// revoked_via, so choosing it names the same revocation.
+func covered(g capability.Grant, lookup capability.GrantLookup) (capability.Grant, bool, error) {
+	if g.State != capability.StateActive {
+		return g, false, nil
+	}
+	var (
+		earliest capability.Grant
+		found    bool
+	)
+	for _, ancestorID := range g.Chain {
+		a, ok := lookup(ancestorID)
+		if !ok || a.State != capability.StateRevoked {
+			continue
+		}
+		if !found || !a.RevokedAt.After(earliest.RevokedAt) {
+			earliest, found = a, true
+		}
+	}
+	if !found {
+		return g, false, nil
+	}
+	marked, err := capability.MarkRevokedVia(g, earliest)
+	switch {
+	case errors.Is(err, capability.ErrGrantExpired):
+		return g, false, nil
+	case err != nil:
+		return g, false, err
+	}
+	return marked, true, nil
+}
+
+// PendingMarks is how many marking jobs are stored: revoked subtrees whose
+// stored states the marker has not finished rewriting. Revocation does not
+// wait for them; operators and benchmarks watch the backlog drain.
+func (s *Service) PendingMarks(ctx context.Context) (int, error) {
+	n := 0
+	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		n = 0
+		return tx.Scan([]byte(prefixMark), nil, func(_, _ []byte) error { n++; return nil })
+	})
+	return n, err
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/store"
@@ -62,6 +63,11 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 	}
 	if set != 1 {
 		return RevokeResult{}, fmt.Errorf("%w: exactly one target is required: grant_id, holder_node_id, subtree_node_id or issued_before", ErrInvalidArgument)
+	}
+	// Checked here, not only by the core for each grant it revokes, so that
+	// a bad reason is refused the same way when nothing needs revoking.
+	if len(reason) > capability.MaxReasonBytes || !utf8.ValidString(reason) {
+		return RevokeResult{}, fmt.Errorf("%w: reason must be valid UTF-8 of at most %d bytes", ErrInvalidArgument, capability.MaxReasonBytes)
 	}
 	switch {
 	case target.GrantID != "":

@@ -377,22 +377,13 @@ func (s *Service) Get(ctx context.Context, caller Caller, grantID string) (capab
 }
 
 // effective is a grant as the API shows it: a stored grant covered by a
-// revoked ancestor is shown revoked via that ancestor even before the
-// marker has rewritten it, and an active grant past its expiry is shown
-// expired. It gives the same answer before and after marking.
+// revoked ancestor is shown as the marker will store it (see covered) even
+// before the marker has rewritten it, and an active grant past its expiry
+// is shown expired. Because covered is also the marker's rule, it gives the
+// same answer before and after marking.
 func effective(g capability.Grant, lookup capability.GrantLookup, now time.Time) capability.Grant {
-	if g.State != capability.StateActive {
-		return g
-	}
-	for _, ancestorID := range g.Chain {
-		a, ok := lookup(ancestorID)
-		if !ok || a.State != capability.StateRevoked {
-			continue
-		}
-		if marked, err := capability.MarkRevokedVia(g, a); err == nil {
-			return marked
-		}
-		break // it expired before the revocation
+	if marked, ok, _ := covered(g, lookup); ok {
+		return marked
 	}
 	if g.StateAt(now) == capability.StateExpired {
 		g.State = capability.StateExpired

@@ -35,11 +35,14 @@ func newRootCommand() *cobra.Command {
 		newAgentCommand(g),
 		newTokenCommand(g),
 		newLeaseCommand(g),
+		newGrantCommand(g),
 		newWhoAmICommand(g),
 		newTerminateCommand(g),
 		newTerminationCommand(g),
 		newRecordCommand(g),
 		newProposalCommand(g),
+		newRolloutCommand(g),
+		newKeysCommand(g),
 		newDemoCommand(),
 	)
 	return root

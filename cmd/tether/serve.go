@@ -17,6 +17,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	var (
 		listen, tlsCert, tlsKey, logFormat, logLevel string
 		rateLimit                                    float64
+		storage                                      storeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -29,9 +30,15 @@ func newServeCommand(g *globals) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
-			srv, err := controlplane.New(ctx, controlplane.Config{
+			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
-			})
+			}
+			closeStore, err := storage.apply(ctx, &cfg, log)
+			if err != nil {
+				return err
+			}
+			defer closeStore()
+			srv, err := controlplane.New(ctx, cfg)
 			if err != nil {
 				return err
 			}
@@ -44,7 +51,7 @@ func newServeCommand(g *globals) *cobra.Command {
 			if tlsCert != "" {
 				scheme = "https"
 			}
-			log.Info("tether serving", "addr", scheme+"://"+ln.Addr().String(), "data_dir", g.dataDir, "admin_token", srv.AdminTokenPath)
+			log.Info("tether serving", "addr", scheme+"://"+ln.Addr().String(), "data_dir", g.dataDir, "store", storage.kind, "admin_token", srv.AdminTokenPath)
 			fmt.Fprintf(os.Stderr, "admin token: %s\n", srv.AdminTokenPath)
 			return srv.Run(ctx, ln)
 		},
@@ -55,6 +62,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	storage.register(f)
 	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
 	return cmd
 }

@@ -14,7 +14,7 @@ import (
 
 func newTokenCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Operator tokens and capability tokens"}
-	cmd.AddCommand(tokenCreate(g))
+	cmd.AddCommand(tokenCreate(g), newTokenRefreshCommand(g), newTokenIntrospectCommand(g))
 	return cmd
 }
 

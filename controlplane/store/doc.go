@@ -11,8 +11,10 @@
 // bytes; keys starting with 0x00 are reserved for the store's own records
 // (the revision among them) and are refused with ErrInvalidKey and never
 // scanned or watched. Values are at most MaxValueSize bytes (ErrTooLarge).
-// Every Update that changes something gets its own revision, one above the
-// previous; an Update that writes nothing, or only deletes absent keys,
+// Every Update that changes something gets its own revision, above the
+// previous one (on Badger exactly one above; on etcd the cluster's revision,
+// which also moves for writes outside the store's namespace, so it may skip
+// numbers); an Update that writes nothing, or only deletes absent keys,
 // takes none. Events and ReadTxn.Revision use these revisions.
 //
 // Durability: Update returns only after its writes are durable. The Badger
@@ -34,10 +36,67 @@
 // falls too far behind (BadgerOptions.WatchBuffer unread batches on Badger)
 // is ended with ErrWatchLagged and must re-establish its watch and rescan.
 //
+// The etcd backend (docs/etcd.md has the operator's view). Every key lives
+// in one etcd cluster under a prefix (default "/tether/"); the store's own
+// keys (leader elections) sit in the reserved part of that namespace, where
+// callers never see them. The store's revision is etcd's.
+//
+//   - Reads: the first read of a View or of an Update attempt is
+//     linearizable and fixes the snapshot's revision; every later read is
+//     served at that revision (WithRev), so a function reads one consistent
+//     snapshot. Scans page through etcd, 512 keys a request.
+//   - Update is an optimistic transaction. Its writes are buffered; it
+//     records the mod revision of every key it read (0 for a key read as
+//     absent) and the key range each scan covered (up to where the scan
+//     stopped). The commit is one etcd Txn: If(every read key's mod
+//     revision is unchanged, and no key of a scanned range has a mod
+//     revision above the snapshot) Then(puts and deletes). The per-key
+//     comparisons catch keys changed or deleted since the snapshot; the
+//     range comparisons catch keys inserted into a scanned range
+//     (phantoms). If the comparisons hold, the function's reads are still
+//     true at the commit, so Updates are serializable. An Update that reads
+//     nothing commits without comparisons (a blind write never conflicts);
+//     one that writes nothing needs no commit.
+//   - Conflicts: a failed comparison, or a snapshot compacted away while
+//     the function was reading it, runs the function again on a fresh
+//     snapshot. The first attempt runs beside the process's other Updates;
+//     retries run alone in the process (the others wait), so goroutines of
+//     one replica take turns on a hot key instead of colliding, and a
+//     function that reads a lot is not starved by small writers. Between
+//     attempts a jittered exponential backoff (2 ms growing to 100 ms)
+//     separates replicas. After EtcdOptions.MaxAttempts (16) Update returns
+//     an error wrapping ErrConflict.
+//   - Durability: etcd answers a Txn only once raft has committed it — a
+//     quorum of members has it in its write-ahead log, which each member
+//     fsyncs before acknowledging — and applied it. So when Update returns
+//     nil the writes survive the loss of a minority of members, and a crash
+//     of all of them. (A single member persists before applying since etcd
+//     3.4.21 and 3.5.5; OpenEtcd warns about older releases.) A commit is not
+//     cancelled with the caller's context (EtcdOptions.CommitTimeout bounds
+//     it); if it fails other than by a refusal, its outcome is unknown, and
+//     the error says so.
+//   - Limits: one Update is one etcd request, which cannot be split without
+//     losing atomicity. Its writes, and separately its comparisons (one per
+//     key read, one per scanned range), count against etcd's
+//     --max-txn-ops, and the whole request against --max-request-bytes.
+//     etcd's defaults (128 and 1.5 MiB) are far too small: every member
+//     must run with --max-txn-ops=65536 --max-request-bytes=16777216
+//     (EtcdMaxTxnOps, EtcdMaxRequestBytes), which lets one Update mark a
+//     10,000-node subtree. Beyond them Put (or the commit) fails with
+//     ErrTooLarge, naming the flag; so does a server started with smaller
+//     limits than the store was told.
+//   - Watches read the revision R, then watch from R+1, so every change
+//     committed after Watch returns is delivered, one batch per etcd
+//     revision, in order. A watch ends with ErrWatchLagged when its
+//     consumer falls EtcdOptions.WatchBuffer batches behind, when etcd
+//     compacted revisions it had not delivered yet (on reconnection), when
+//     its member loses the raft leader, or when etcd ends it for any other
+//     reason: the consumer re-establishes it and rescans.
+//
 // Caller duties:
 //   - Keep Update functions short and free of side effects: they may be
 //     retried, and on Badger they run on the committer goroutine, so every
-//     other Update waits while one runs. A function that panics fails its own
+//     other Update waits while one runs (on etcd, while a retry runs). A function that panics fails its own
 //     Update with ErrPanicked and nothing else.
 //   - Do not call Update from inside an Update function, nor Close from
 //     inside an Update or View function (each would wait for itself), and do

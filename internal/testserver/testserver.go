@@ -57,6 +57,9 @@ func Start(t testing.TB, opts ...Option) *Server {
 func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
 	t.Helper()
 	cfg := controlplane.Config{DataDir: dataDir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if o := storeFromEnv(t, dataDir); o != nil {
+		opts = append([]Option{o}, opts...)
+	}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -191,28 +194,54 @@ type Process struct {
 // StartProcess runs the real binary on dataDir and waits until it is healthy.
 func StartProcess(t testing.TB, dataDir string, extraArgs ...string) *Process {
 	t.Helper()
-	bin := Binary(t)
+	return StartProcessOn(t, dataDir, FreeAddr(t), extraArgs...)
+}
+
+// FreeAddr returns a loopback address with a port free at the time of the
+// call.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// StartProcessOn is StartProcess listening on addr, so that a server
+// restarted after Kill keeps its address and long-lived clients (tool
+// gates, sessions, verifiers) reconnect to it by themselves.
+func StartProcessOn(t testing.TB, dataDir, addr string, extraArgs ...string) *Process {
+	t.Helper()
+	bin := Binary(t)
 	args := append([]string{"serve", "--data-dir", dataDir, "--listen", addr, "--log-level", "warn"}, extraArgs...)
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout = io.Discard
-	cmd.Stderr = io.Discard
+	// The server's log (warnings and errors) goes to <data-dir>/serve.log,
+	// appended across restarts, for the test to show when it fails.
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dataDir, "serve.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = logFile
 	if err := cmd.Start(); err != nil {
+		logFile.Close()
 		t.Fatal(err)
 	}
 	p := &Process{URL: "http://" + addr, DataDir: dataDir, cmd: cmd, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.exited) }()
+	go func() { _ = cmd.Wait(); logFile.Close(); close(p.exited) }()
 	t.Cleanup(func() { p.Kill() })
 	hc := H2CClient()
 	WaitFor(t, 30*time.Second, "tether serve to become healthy", func() bool {
 		select {
 		case <-p.exited:
-			t.Fatalf("tether serve exited early")
+			log, _ := os.ReadFile(logPath)
+			t.Fatalf("tether serve exited early; its log:\n%s", tail(log, 4096))
 		default:
 		}
 		resp, err := hc.Get(p.URL + "/healthz")
@@ -239,6 +268,13 @@ func (p *Process) Kill() {
 		return
 	}
 	<-p.exited
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }
 
 // Clients returns clients for the process.

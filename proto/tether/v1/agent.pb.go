@@ -144,6 +144,8 @@ type Node struct {
 	ExitConfirmedBy string                 `protobuf:"bytes,11,opt,name=exit_confirmed_by,json=exitConfirmedBy,proto3" json:"exit_confirmed_by,omitempty"`
 	// The termination that stopped (or is stopping) this node, if any.
 	TerminationId string `protobuf:"bytes,12,opt,name=termination_id,json=terminationId,proto3" json:"termination_id,omitempty"`
+	// When the agent (or its launcher) reported it ready to take work.
+	ReadyAt       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=ready_at,json=readyAt,proto3" json:"ready_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +262,13 @@ func (x *Node) GetTerminationId() string {
 		return x.TerminationId
 	}
 	return ""
+}
+
+func (x *Node) GetReadyAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ReadyAt
+	}
+	return nil
 }
 
 type RegisterRootRequest struct {
@@ -1481,11 +1490,99 @@ func (x *ProposeStopResponse) GetProposal() *StopProposal {
 	return nil
 }
 
+type ReportReadyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportReadyRequest) Reset() {
+	*x = ReportReadyRequest{}
+	mi := &file_tether_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportReadyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportReadyRequest) ProtoMessage() {}
+
+func (x *ReportReadyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportReadyRequest.ProtoReflect.Descriptor instead.
+func (*ReportReadyRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReportReadyRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ReportReadyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportReadyResponse) Reset() {
+	*x = ReportReadyResponse{}
+	mi := &file_tether_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportReadyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportReadyResponse) ProtoMessage() {}
+
+func (x *ReportReadyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportReadyResponse.ProtoReflect.Descriptor instead.
+func (*ReportReadyResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReportReadyResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 var File_tether_v1_agent_proto protoreflect.FileDescriptor
 
 const file_tether_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\"\xb7\x04\n" +
+	"\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\"\xee\x04\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12$\n" +
 	"\x0eparent_node_id\x18\x02 \x01(\tR\fparentNodeId\x12\x1c\n" +
@@ -1502,7 +1599,8 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\texited_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12*\n" +
 	"\x11exit_confirmed_by\x18\v \x01(\tR\x0fexitConfirmedBy\x12%\n" +
-	"\x0etermination_id\x18\f \x01(\tR\rterminationId\x1a9\n" +
+	"\x0etermination_id\x18\f \x01(\tR\rterminationId\x125\n" +
+	"\bready_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\areadyAt\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
@@ -1593,7 +1691,11 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x04mode\x18\x04 \x01(\x0e2\x1a.tether.v1.TerminationModeR\x04mode\x12<\n" +
 	"\fdrain_window\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vdrainWindow\"J\n" +
 	"\x13ProposeStopResponse\x123\n" +
-	"\bproposal\x18\x01 \x01(\v2\x17.tether.v1.StopProposalR\bproposal*\x8c\x01\n" +
+	"\bproposal\x18\x01 \x01(\v2\x17.tether.v1.StopProposalR\bproposal\"-\n" +
+	"\x12ReportReadyRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\":\n" +
+	"\x13ReportReadyResponse\x12#\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node*\x8c\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NODE_STATE_RUNNING\x10\x01\x12\x17\n" +
@@ -1604,7 +1706,7 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"SignalKind\x12\x1b\n" +
 	"\x17SIGNAL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SIGNAL_KIND_DRAIN\x10\x01\x12\x15\n" +
-	"\x11SIGNAL_KIND_ABORT\x10\x022\x95\x04\n" +
+	"\x11SIGNAL_KIND_ABORT\x10\x022\xe5\x04\n" +
 	"\fAgentService\x12Q\n" +
 	"\fRegisterRoot\x12\x1e.tether.v1.RegisterRootRequest\x1a\x1f.tether.v1.RegisterRootResponse\"\x00\x12<\n" +
 	"\x05Spawn\x12\x17.tether.v1.SpawnRequest\x1a\x18.tether.v1.SpawnResponse\"\x00\x12F\n" +
@@ -1612,7 +1714,8 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\vConfirmExit\x12\x1d.tether.v1.ConfirmExitRequest\x1a\x1e.tether.v1.ConfirmExitResponse\"\x00\x12B\n" +
 	"\aGetNode\x12\x19.tether.v1.GetNodeRequest\x1a\x1a.tether.v1.GetNodeResponse\"\x00\x12H\n" +
 	"\tListNodes\x12\x1b.tether.v1.ListNodesRequest\x1a\x1c.tether.v1.ListNodesResponse\"\x00\x12N\n" +
-	"\vProposeStop\x12\x1d.tether.v1.ProposeStopRequest\x1a\x1e.tether.v1.ProposeStopResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\vProposeStop\x12\x1d.tether.v1.ProposeStopRequest\x1a\x1e.tether.v1.ProposeStopResponse\"\x00\x12N\n" +
+	"\vReportReady\x12\x1d.tether.v1.ReportReadyRequest\x1a\x1e.tether.v1.ReportReadyResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_agent_proto_rawDescOnce sync.Once
@@ -1627,7 +1730,7 @@ func file_tether_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_tether_v1_agent_proto_goTypes = []any{
 	(NodeState)(0),                // 0: tether.v1.NodeState
 	(SignalKind)(0),               // 1: tether.v1.SignalKind
@@ -1653,64 +1756,70 @@ var file_tether_v1_agent_proto_goTypes = []any{
 	(*ListNodesResponse)(nil),     // 21: tether.v1.ListNodesResponse
 	(*ProposeStopRequest)(nil),    // 22: tether.v1.ProposeStopRequest
 	(*ProposeStopResponse)(nil),   // 23: tether.v1.ProposeStopResponse
-	nil,                           // 24: tether.v1.Node.LabelsEntry
-	nil,                           // 25: tether.v1.RegisterRootRequest.LabelsEntry
-	nil,                           // 26: tether.v1.SpawnRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(TerminationMode)(0),          // 28: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),   // 29: google.protobuf.Duration
-	(*StopProposal)(nil),          // 30: tether.v1.StopProposal
+	(*ReportReadyRequest)(nil),    // 24: tether.v1.ReportReadyRequest
+	(*ReportReadyResponse)(nil),   // 25: tether.v1.ReportReadyResponse
+	nil,                           // 26: tether.v1.Node.LabelsEntry
+	nil,                           // 27: tether.v1.RegisterRootRequest.LabelsEntry
+	nil,                           // 28: tether.v1.SpawnRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(TerminationMode)(0),          // 30: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*StopProposal)(nil),          // 32: tether.v1.StopProposal
 }
 var file_tether_v1_agent_proto_depIdxs = []int32{
-	24, // 0: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
+	26, // 0: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
 	0,  // 1: tether.v1.Node.state:type_name -> tether.v1.NodeState
-	27, // 2: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	27, // 3: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	27, // 4: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
-	25, // 5: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
-	2,  // 6: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
-	27, // 7: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	26, // 8: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
-	2,  // 9: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
-	27, // 10: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	8,  // 11: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
-	9,  // 12: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
-	10, // 13: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
-	27, // 14: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	12, // 15: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
-	13, // 16: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
-	14, // 17: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
-	15, // 18: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
-	2,  // 19: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
-	1,  // 20: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
-	27, // 21: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
-	27, // 22: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 23: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
-	2,  // 24: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
-	2,  // 25: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
-	2,  // 26: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	28, // 27: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
-	29, // 28: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
-	30, // 29: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
-	3,  // 30: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
-	5,  // 31: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
-	7,  // 32: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
-	16, // 33: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
-	18, // 34: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
-	20, // 35: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	22, // 36: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
-	4,  // 37: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
-	6,  // 38: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
-	11, // 39: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
-	17, // 40: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
-	19, // 41: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
-	21, // 42: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	23, // 43: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
-	37, // [37:44] is the sub-list for method output_type
-	30, // [30:37] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	29, // 2: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	29, // 3: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	29, // 4: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
+	29, // 5: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
+	27, // 6: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
+	2,  // 7: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
+	29, // 8: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	28, // 9: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
+	2,  // 10: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
+	29, // 11: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	8,  // 12: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
+	9,  // 13: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
+	10, // 14: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
+	29, // 15: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	12, // 16: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
+	13, // 17: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
+	14, // 18: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
+	15, // 19: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
+	2,  // 20: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
+	1,  // 21: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
+	29, // 22: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
+	29, // 23: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
+	29, // 24: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
+	2,  // 25: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
+	2,  // 26: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
+	2,  // 27: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	30, // 28: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
+	31, // 29: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
+	32, // 30: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
+	2,  // 31: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
+	3,  // 32: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
+	5,  // 33: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
+	7,  // 34: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
+	16, // 35: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
+	18, // 36: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
+	20, // 37: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	22, // 38: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
+	24, // 39: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
+	4,  // 40: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
+	6,  // 41: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
+	11, // 42: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
+	17, // 43: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
+	19, // 44: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
+	21, // 45: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	23, // 46: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
+	25, // 47: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
+	40, // [40:48] is the sub-list for method output_type
+	32, // [32:40] is the sub-list for method input_type
+	32, // [32:32] is the sub-list for extension type_name
+	32, // [32:32] is the sub-list for extension extendee
+	0,  // [0:32] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_agent_proto_init() }
@@ -1736,7 +1845,7 @@ func file_tether_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_agent_proto_rawDesc), len(file_tether_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

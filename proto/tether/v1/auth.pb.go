@@ -304,6 +304,264 @@ func (x *WhoAmIResponse) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+type SigningKeyInfo struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Kid       string                 `protobuf:"bytes,1,opt,name=kid,proto3" json:"kid,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// When the key starts signing.
+	ActiveFrom *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=active_from,json=activeFrom,proto3" json:"active_from,omitempty"`
+	// When the key leaves JWKS (the expiry of the last token it could sign);
+	// unset while the key is the newest.
+	RetireAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=retire_after,json=retireAfter,proto3" json:"retire_after,omitempty"`
+	// True for the key that signs now.
+	Signing       bool `protobuf:"varint,5,opt,name=signing,proto3" json:"signing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SigningKeyInfo) Reset() {
+	*x = SigningKeyInfo{}
+	mi := &file_tether_v1_auth_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SigningKeyInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SigningKeyInfo) ProtoMessage() {}
+
+func (x *SigningKeyInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SigningKeyInfo.ProtoReflect.Descriptor instead.
+func (*SigningKeyInfo) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SigningKeyInfo) GetKid() string {
+	if x != nil {
+		return x.Kid
+	}
+	return ""
+}
+
+func (x *SigningKeyInfo) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *SigningKeyInfo) GetActiveFrom() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ActiveFrom
+	}
+	return nil
+}
+
+func (x *SigningKeyInfo) GetRetireAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetireAfter
+	}
+	return nil
+}
+
+func (x *SigningKeyInfo) GetSigning() bool {
+	if x != nil {
+		return x.Signing
+	}
+	return false
+}
+
+type RotateKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the new key is published before it signs, so verifiers that
+	// cache JWKS know it first. Default 5m.
+	PublishAhead  *durationpb.Duration `protobuf:"bytes,1,opt,name=publish_ahead,json=publishAhead,proto3" json:"publish_ahead,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateKeysRequest) Reset() {
+	*x = RotateKeysRequest{}
+	mi := &file_tether_v1_auth_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateKeysRequest) ProtoMessage() {}
+
+func (x *RotateKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateKeysRequest.ProtoReflect.Descriptor instead.
+func (*RotateKeysRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RotateKeysRequest) GetPublishAhead() *durationpb.Duration {
+	if x != nil {
+		return x.PublishAhead
+	}
+	return nil
+}
+
+type RotateKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *SigningKeyInfo        `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Keys          []*SigningKeyInfo      `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateKeysResponse) Reset() {
+	*x = RotateKeysResponse{}
+	mi := &file_tether_v1_auth_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateKeysResponse) ProtoMessage() {}
+
+func (x *RotateKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateKeysResponse.ProtoReflect.Descriptor instead.
+func (*RotateKeysResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RotateKeysResponse) GetKey() *SigningKeyInfo {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *RotateKeysResponse) GetKeys() []*SigningKeyInfo {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+type ListKeysRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysRequest) Reset() {
+	*x = ListKeysRequest{}
+	mi := &file_tether_v1_auth_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysRequest) ProtoMessage() {}
+
+func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListKeysRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{7}
+}
+
+type ListKeysResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*SigningKeyInfo      `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysResponse) Reset() {
+	*x = ListKeysResponse{}
+	mi := &file_tether_v1_auth_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysResponse) ProtoMessage() {}
+
+func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListKeysResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListKeysResponse) GetKeys() []*SigningKeyInfo {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 var File_tether_v1_auth_proto protoreflect.FileDescriptor
 
 const file_tether_v1_auth_proto_rawDesc = "" +
@@ -324,17 +582,36 @@ const file_tether_v1_auth_proto_rawDesc = "" +
 	"\x04role\x18\x02 \x01(\x0e2\x0f.tether.v1.RoleR\x04role\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*c\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xf3\x01\n" +
+	"\x0eSigningKeyInfo\x12\x10\n" +
+	"\x03kid\x18\x01 \x01(\tR\x03kid\x129\n" +
+	"\n" +
+	"created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12;\n" +
+	"\vactive_from\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"activeFrom\x12=\n" +
+	"\fretire_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vretireAfter\x12\x18\n" +
+	"\asigning\x18\x05 \x01(\bR\asigning\"S\n" +
+	"\x11RotateKeysRequest\x12>\n" +
+	"\rpublish_ahead\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\fpublishAhead\"p\n" +
+	"\x12RotateKeysResponse\x12+\n" +
+	"\x03key\x18\x01 \x01(\v2\x19.tether.v1.SigningKeyInfoR\x03key\x12-\n" +
+	"\x04keys\x18\x02 \x03(\v2\x19.tether.v1.SigningKeyInfoR\x04keys\"\x11\n" +
+	"\x0fListKeysRequest\"A\n" +
+	"\x10ListKeysResponse\x12-\n" +
+	"\x04keys\x18\x01 \x03(\v2\x19.tether.v1.SigningKeyInfoR\x04keys*c\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_VIEWER\x10\x01\x12\x11\n" +
 	"\rROLE_OPERATOR\x10\x02\x12\x11\n" +
 	"\rROLE_SECURITY\x10\x03\x12\x0e\n" +
 	"\n" +
-	"ROLE_ADMIN\x10\x042\x9e\x01\n" +
+	"ROLE_ADMIN\x10\x042\xb2\x02\n" +
 	"\vAuthService\x12N\n" +
 	"\vCreateToken\x12\x1d.tether.v1.CreateTokenRequest\x1a\x1e.tether.v1.CreateTokenResponse\"\x00\x12?\n" +
-	"\x06WhoAmI\x12\x18.tether.v1.WhoAmIRequest\x1a\x19.tether.v1.WhoAmIResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\x06WhoAmI\x12\x18.tether.v1.WhoAmIRequest\x1a\x19.tether.v1.WhoAmIResponse\"\x00\x12K\n" +
+	"\n" +
+	"RotateKeys\x12\x1c.tether.v1.RotateKeysRequest\x1a\x1d.tether.v1.RotateKeysResponse\"\x00\x12E\n" +
+	"\bListKeys\x12\x1a.tether.v1.ListKeysRequest\x1a\x1b.tether.v1.ListKeysResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_auth_proto_rawDescOnce sync.Once
@@ -349,31 +626,47 @@ func file_tether_v1_auth_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_auth_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_v1_auth_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_tether_v1_auth_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_tether_v1_auth_proto_goTypes = []any{
 	(Role)(0),                     // 0: tether.v1.Role
 	(*CreateTokenRequest)(nil),    // 1: tether.v1.CreateTokenRequest
 	(*CreateTokenResponse)(nil),   // 2: tether.v1.CreateTokenResponse
 	(*WhoAmIRequest)(nil),         // 3: tether.v1.WhoAmIRequest
 	(*WhoAmIResponse)(nil),        // 4: tether.v1.WhoAmIResponse
-	(*durationpb.Duration)(nil),   // 5: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*SigningKeyInfo)(nil),        // 5: tether.v1.SigningKeyInfo
+	(*RotateKeysRequest)(nil),     // 6: tether.v1.RotateKeysRequest
+	(*RotateKeysResponse)(nil),    // 7: tether.v1.RotateKeysResponse
+	(*ListKeysRequest)(nil),       // 8: tether.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),      // 9: tether.v1.ListKeysResponse
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_tether_v1_auth_proto_depIdxs = []int32{
-	0, // 0: tether.v1.CreateTokenRequest.role:type_name -> tether.v1.Role
-	5, // 1: tether.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	6, // 2: tether.v1.CreateTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
-	0, // 3: tether.v1.WhoAmIResponse.role:type_name -> tether.v1.Role
-	6, // 4: tether.v1.WhoAmIResponse.expires_at:type_name -> google.protobuf.Timestamp
-	1, // 5: tether.v1.AuthService.CreateToken:input_type -> tether.v1.CreateTokenRequest
-	3, // 6: tether.v1.AuthService.WhoAmI:input_type -> tether.v1.WhoAmIRequest
-	2, // 7: tether.v1.AuthService.CreateToken:output_type -> tether.v1.CreateTokenResponse
-	4, // 8: tether.v1.AuthService.WhoAmI:output_type -> tether.v1.WhoAmIResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0,  // 0: tether.v1.CreateTokenRequest.role:type_name -> tether.v1.Role
+	10, // 1: tether.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	11, // 2: tether.v1.CreateTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	0,  // 3: tether.v1.WhoAmIResponse.role:type_name -> tether.v1.Role
+	11, // 4: tether.v1.WhoAmIResponse.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 5: tether.v1.SigningKeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	11, // 6: tether.v1.SigningKeyInfo.active_from:type_name -> google.protobuf.Timestamp
+	11, // 7: tether.v1.SigningKeyInfo.retire_after:type_name -> google.protobuf.Timestamp
+	10, // 8: tether.v1.RotateKeysRequest.publish_ahead:type_name -> google.protobuf.Duration
+	5,  // 9: tether.v1.RotateKeysResponse.key:type_name -> tether.v1.SigningKeyInfo
+	5,  // 10: tether.v1.RotateKeysResponse.keys:type_name -> tether.v1.SigningKeyInfo
+	5,  // 11: tether.v1.ListKeysResponse.keys:type_name -> tether.v1.SigningKeyInfo
+	1,  // 12: tether.v1.AuthService.CreateToken:input_type -> tether.v1.CreateTokenRequest
+	3,  // 13: tether.v1.AuthService.WhoAmI:input_type -> tether.v1.WhoAmIRequest
+	6,  // 14: tether.v1.AuthService.RotateKeys:input_type -> tether.v1.RotateKeysRequest
+	8,  // 15: tether.v1.AuthService.ListKeys:input_type -> tether.v1.ListKeysRequest
+	2,  // 16: tether.v1.AuthService.CreateToken:output_type -> tether.v1.CreateTokenResponse
+	4,  // 17: tether.v1.AuthService.WhoAmI:output_type -> tether.v1.WhoAmIResponse
+	7,  // 18: tether.v1.AuthService.RotateKeys:output_type -> tether.v1.RotateKeysResponse
+	9,  // 19: tether.v1.AuthService.ListKeys:output_type -> tether.v1.ListKeysResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_auth_proto_init() }
@@ -387,7 +680,7 @@ func file_tether_v1_auth_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_auth_proto_rawDesc), len(file_tether_v1_auth_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -2534,7 +2534,14 @@ type ChannelRequest struct {
 	//	*ChannelRequest_Progress
 	//	*ChannelRequest_CancelAck
 	//	*ChannelRequest_Complete
-	Message       isChannelRequest_Message `protobuf_oneof:"message"`
+	Message isChannelRequest_Message `protobuf_oneof:"message"`
+	// More messages carried in the same stream message, to save per-message
+	// transport cost at high rates. Each is judged exactly as if it had
+	// arrived alone, in order after this one, and answered under its own
+	// correlation_id; their own batch fields must be empty. A stream on which
+	// a request used batch may also receive answers packed the same way
+	// (ChannelResponse.batch); a stream that never did never does.
+	Batch         []*ChannelRequest `protobuf:"bytes,7,rep,name=batch,proto3" json:"batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2628,6 +2635,13 @@ func (x *ChannelRequest) GetComplete() *CompleteRequest {
 	return nil
 }
 
+func (x *ChannelRequest) GetBatch() []*ChannelRequest {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
 type isChannelRequest_Message interface {
 	isChannelRequest_Message()
 }
@@ -2668,7 +2682,10 @@ type ChannelResponse struct {
 	Lease         *Lease                 `protobuf:"bytes,2,opt,name=lease,proto3" json:"lease,omitempty"`
 	Decision      *Decision              `protobuf:"bytes,3,opt,name=decision,proto3" json:"decision,omitempty"`
 	// Set when the message could not be judged at all (unknown job, wrong caller).
-	Error         string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// More answers in the same stream message (only on streams whose
+	// requests used ChannelRequest.batch); each is a complete answer.
+	Batch         []*ChannelResponse `protobuf:"bytes,5,rep,name=batch,proto3" json:"batch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2729,6 +2746,13 @@ func (x *ChannelResponse) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *ChannelResponse) GetBatch() []*ChannelResponse {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
 }
 
 var File_tether_v1_lease_proto protoreflect.FileDescriptor
@@ -2916,7 +2940,7 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x14max_unresolved_bound\x18\a \x01(\v2\x19.google.protobuf.DurationR\x12maxUnresolvedBound\x12&\n" +
 	"\x0fack_miss_policy\x18\b \x01(\tR\rackMissPolicy\"C\n" +
 	"\x11GetPolicyResponse\x12.\n" +
-	"\x06policy\x18\x01 \x01(\v2\x16.tether.v1.LeasePolicyR\x06policy\"\xdc\x02\n" +
+	"\x06policy\x18\x01 \x01(\v2\x16.tether.v1.LeasePolicyR\x06policy\"\x8d\x03\n" +
 	"\x0eChannelRequest\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\x04R\rcorrelationId\x12)\n" +
 	"\x03ack\x18\x02 \x01(\v2\x15.tether.v1.AckRequestH\x00R\x03ack\x12/\n" +
@@ -2924,13 +2948,15 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\bprogress\x18\x04 \x01(\v2\x1a.tether.v1.ProgressRequestH\x00R\bprogress\x12H\n" +
 	"\n" +
 	"cancel_ack\x18\x05 \x01(\v2'.tether.v1.LeaseServiceCancelAckRequestH\x00R\tcancelAck\x128\n" +
-	"\bcomplete\x18\x06 \x01(\v2\x1a.tether.v1.CompleteRequestH\x00R\bcompleteB\t\n" +
-	"\amessage\"\xa7\x01\n" +
+	"\bcomplete\x18\x06 \x01(\v2\x1a.tether.v1.CompleteRequestH\x00R\bcomplete\x12/\n" +
+	"\x05batch\x18\a \x03(\v2\x19.tether.v1.ChannelRequestR\x05batchB\t\n" +
+	"\amessage\"\xd9\x01\n" +
 	"\x0fChannelResponse\x12%\n" +
 	"\x0ecorrelation_id\x18\x01 \x01(\x04R\rcorrelationId\x12&\n" +
 	"\x05lease\x18\x02 \x01(\v2\x10.tether.v1.LeaseR\x05lease\x12/\n" +
 	"\bdecision\x18\x03 \x01(\v2\x13.tether.v1.DecisionR\bdecision\x12\x14\n" +
-	"\x05error\x18\x04 \x01(\tR\x05error*\xa4\x01\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x120\n" +
+	"\x05batch\x18\x05 \x03(\v2\x1a.tether.v1.ChannelResponseR\x05batch*\xa4\x01\n" +
 	"\n" +
 	"LeaseState\x12\x1b\n" +
 	"\x17LEASE_STATE_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -3125,41 +3151,43 @@ var file_tether_v1_lease_proto_depIdxs = []int32{
 	19, // 66: tether.v1.ChannelRequest.progress:type_name -> tether.v1.ProgressRequest
 	21, // 67: tether.v1.ChannelRequest.cancel_ack:type_name -> tether.v1.LeaseServiceCancelAckRequest
 	22, // 68: tether.v1.ChannelRequest.complete:type_name -> tether.v1.CompleteRequest
-	6,  // 69: tether.v1.ChannelResponse.lease:type_name -> tether.v1.Lease
-	5,  // 70: tether.v1.ChannelResponse.decision:type_name -> tether.v1.Decision
-	16, // 71: tether.v1.LeaseService.Offer:input_type -> tether.v1.OfferRequest
-	17, // 72: tether.v1.LeaseService.Ack:input_type -> tether.v1.AckRequest
-	18, // 73: tether.v1.LeaseService.Renew:input_type -> tether.v1.RenewRequest
-	19, // 74: tether.v1.LeaseService.Progress:input_type -> tether.v1.ProgressRequest
-	20, // 75: tether.v1.LeaseService.RequestCancel:input_type -> tether.v1.RequestCancelRequest
-	21, // 76: tether.v1.LeaseService.CancelAck:input_type -> tether.v1.LeaseServiceCancelAckRequest
-	22, // 77: tether.v1.LeaseService.Complete:input_type -> tether.v1.CompleteRequest
-	23, // 78: tether.v1.LeaseService.Reassign:input_type -> tether.v1.ReassignRequest
-	24, // 79: tether.v1.LeaseService.Resolve:input_type -> tether.v1.ResolveRequest
-	25, // 80: tether.v1.LeaseService.GetLease:input_type -> tether.v1.GetLeaseRequest
-	27, // 81: tether.v1.LeaseService.ListLeases:input_type -> tether.v1.ListLeasesRequest
-	29, // 82: tether.v1.LeaseService.Evidence:input_type -> tether.v1.EvidenceRequest
-	32, // 83: tether.v1.LeaseService.GetPolicy:input_type -> tether.v1.GetPolicyRequest
-	35, // 84: tether.v1.LeaseService.Channel:input_type -> tether.v1.ChannelRequest
-	7,  // 85: tether.v1.LeaseService.Offer:output_type -> tether.v1.OfferResponse
-	8,  // 86: tether.v1.LeaseService.Ack:output_type -> tether.v1.AckResponse
-	9,  // 87: tether.v1.LeaseService.Renew:output_type -> tether.v1.RenewResponse
-	10, // 88: tether.v1.LeaseService.Progress:output_type -> tether.v1.ProgressResponse
-	11, // 89: tether.v1.LeaseService.RequestCancel:output_type -> tether.v1.RequestCancelResponse
-	12, // 90: tether.v1.LeaseService.CancelAck:output_type -> tether.v1.LeaseServiceCancelAckResponse
-	13, // 91: tether.v1.LeaseService.Complete:output_type -> tether.v1.CompleteResponse
-	14, // 92: tether.v1.LeaseService.Reassign:output_type -> tether.v1.ReassignResponse
-	15, // 93: tether.v1.LeaseService.Resolve:output_type -> tether.v1.ResolveResponse
-	26, // 94: tether.v1.LeaseService.GetLease:output_type -> tether.v1.GetLeaseResponse
-	28, // 95: tether.v1.LeaseService.ListLeases:output_type -> tether.v1.ListLeasesResponse
-	31, // 96: tether.v1.LeaseService.Evidence:output_type -> tether.v1.EvidenceResponse
-	34, // 97: tether.v1.LeaseService.GetPolicy:output_type -> tether.v1.GetPolicyResponse
-	36, // 98: tether.v1.LeaseService.Channel:output_type -> tether.v1.ChannelResponse
-	85, // [85:99] is the sub-list for method output_type
-	71, // [71:85] is the sub-list for method input_type
-	71, // [71:71] is the sub-list for extension type_name
-	71, // [71:71] is the sub-list for extension extendee
-	0,  // [0:71] is the sub-list for field type_name
+	35, // 69: tether.v1.ChannelRequest.batch:type_name -> tether.v1.ChannelRequest
+	6,  // 70: tether.v1.ChannelResponse.lease:type_name -> tether.v1.Lease
+	5,  // 71: tether.v1.ChannelResponse.decision:type_name -> tether.v1.Decision
+	36, // 72: tether.v1.ChannelResponse.batch:type_name -> tether.v1.ChannelResponse
+	16, // 73: tether.v1.LeaseService.Offer:input_type -> tether.v1.OfferRequest
+	17, // 74: tether.v1.LeaseService.Ack:input_type -> tether.v1.AckRequest
+	18, // 75: tether.v1.LeaseService.Renew:input_type -> tether.v1.RenewRequest
+	19, // 76: tether.v1.LeaseService.Progress:input_type -> tether.v1.ProgressRequest
+	20, // 77: tether.v1.LeaseService.RequestCancel:input_type -> tether.v1.RequestCancelRequest
+	21, // 78: tether.v1.LeaseService.CancelAck:input_type -> tether.v1.LeaseServiceCancelAckRequest
+	22, // 79: tether.v1.LeaseService.Complete:input_type -> tether.v1.CompleteRequest
+	23, // 80: tether.v1.LeaseService.Reassign:input_type -> tether.v1.ReassignRequest
+	24, // 81: tether.v1.LeaseService.Resolve:input_type -> tether.v1.ResolveRequest
+	25, // 82: tether.v1.LeaseService.GetLease:input_type -> tether.v1.GetLeaseRequest
+	27, // 83: tether.v1.LeaseService.ListLeases:input_type -> tether.v1.ListLeasesRequest
+	29, // 84: tether.v1.LeaseService.Evidence:input_type -> tether.v1.EvidenceRequest
+	32, // 85: tether.v1.LeaseService.GetPolicy:input_type -> tether.v1.GetPolicyRequest
+	35, // 86: tether.v1.LeaseService.Channel:input_type -> tether.v1.ChannelRequest
+	7,  // 87: tether.v1.LeaseService.Offer:output_type -> tether.v1.OfferResponse
+	8,  // 88: tether.v1.LeaseService.Ack:output_type -> tether.v1.AckResponse
+	9,  // 89: tether.v1.LeaseService.Renew:output_type -> tether.v1.RenewResponse
+	10, // 90: tether.v1.LeaseService.Progress:output_type -> tether.v1.ProgressResponse
+	11, // 91: tether.v1.LeaseService.RequestCancel:output_type -> tether.v1.RequestCancelResponse
+	12, // 92: tether.v1.LeaseService.CancelAck:output_type -> tether.v1.LeaseServiceCancelAckResponse
+	13, // 93: tether.v1.LeaseService.Complete:output_type -> tether.v1.CompleteResponse
+	14, // 94: tether.v1.LeaseService.Reassign:output_type -> tether.v1.ReassignResponse
+	15, // 95: tether.v1.LeaseService.Resolve:output_type -> tether.v1.ResolveResponse
+	26, // 96: tether.v1.LeaseService.GetLease:output_type -> tether.v1.GetLeaseResponse
+	28, // 97: tether.v1.LeaseService.ListLeases:output_type -> tether.v1.ListLeasesResponse
+	31, // 98: tether.v1.LeaseService.Evidence:output_type -> tether.v1.EvidenceResponse
+	34, // 99: tether.v1.LeaseService.GetPolicy:output_type -> tether.v1.GetPolicyResponse
+	36, // 100: tether.v1.LeaseService.Channel:output_type -> tether.v1.ChannelResponse
+	87, // [87:101] is the sub-list for method output_type
+	73, // [73:87] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_lease_proto_init() }

@@ -190,6 +190,8 @@ const (
 	LeaseOutcome_LEASE_OUTCOME_EXPIRED     LeaseOutcome = 2
 	LeaseOutcome_LEASE_OUTCOME_UNRESOLVED  LeaseOutcome = 3
 	LeaseOutcome_LEASE_OUTCOME_COMPLETED   LeaseOutcome = 4
+	// Left open for a rollout to reassign (generation + 1) to a replacement.
+	LeaseOutcome_LEASE_OUTCOME_HANDED_OVER LeaseOutcome = 5
 )
 
 // Enum value maps for LeaseOutcome.
@@ -200,6 +202,7 @@ var (
 		2: "LEASE_OUTCOME_EXPIRED",
 		3: "LEASE_OUTCOME_UNRESOLVED",
 		4: "LEASE_OUTCOME_COMPLETED",
+		5: "LEASE_OUTCOME_HANDED_OVER",
 	}
 	LeaseOutcome_value = map[string]int32{
 		"LEASE_OUTCOME_UNSPECIFIED": 0,
@@ -207,6 +210,7 @@ var (
 		"LEASE_OUTCOME_EXPIRED":     2,
 		"LEASE_OUTCOME_UNRESOLVED":  3,
 		"LEASE_OUTCOME_COMPLETED":   4,
+		"LEASE_OUTCOME_HANDED_OVER": 5,
 	}
 )
 
@@ -330,7 +334,12 @@ type Termination struct {
 	// Set once the record is written.
 	RecordId string `protobuf:"bytes,13,opt,name=record_id,json=recordId,proto3" json:"record_id,omitempty"`
 	// True when a drain outlasted its window and was escalated to abort.
-	Escalated     bool `protobuf:"varint,14,opt,name=escalated,proto3" json:"escalated,omitempty"`
+	Escalated bool `protobuf:"varint,14,opt,name=escalated,proto3" json:"escalated,omitempty"`
+	// Every subtree root when the termination has several (a rollout batch);
+	// node_id is the first.
+	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
+	// The rollout this termination is a batch of, if any.
+	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -461,6 +470,20 @@ func (x *Termination) GetEscalated() bool {
 		return x.Escalated
 	}
 	return false
+}
+
+func (x *Termination) GetRootNodeIds() []string {
+	if x != nil {
+		return x.RootNodeIds
+	}
+	return nil
+}
+
+func (x *Termination) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
 }
 
 type TerminateRequest struct {
@@ -1189,6 +1212,10 @@ type ReconciliationRecord struct {
 	Leases        []*RecordLease         `protobuf:"bytes,12,rep,name=leases,proto3" json:"leases,omitempty"`
 	Phases        []*RecordPhase         `protobuf:"bytes,13,rep,name=phases,proto3" json:"phases,omitempty"`
 	WrittenAt     *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=written_at,json=writtenAt,proto3" json:"written_at,omitempty"`
+	// Every subtree root when the termination had several (a rollout batch).
+	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
+	// The rollout the termination was a batch of, if any.
+	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1319,6 +1346,20 @@ func (x *ReconciliationRecord) GetWrittenAt() *timestamppb.Timestamp {
 		return x.WrittenAt
 	}
 	return nil
+}
+
+func (x *ReconciliationRecord) GetRootNodeIds() []string {
+	if x != nil {
+		return x.RootNodeIds
+	}
+	return nil
+}
+
+func (x *ReconciliationRecord) GetRolloutId() string {
+	if x != nil {
+		return x.RolloutId
+	}
+	return ""
 }
 
 type GetRecordRequest struct {
@@ -1855,14 +1896,14 @@ var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
+	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
 	"\x13TerminationProgress\x12\x1f\n" +
 	"\vnodes_total\x18\x01 \x01(\rR\n" +
 	"nodesTotal\x12!\n" +
 	"\fnodes_marked\x18\x02 \x01(\rR\vnodesMarked\x12&\n" +
 	"\x0fcalls_in_flight\x18\x03 \x01(\rR\rcallsInFlight\x12!\n" +
 	"\facks_pending\x18\x04 \x01(\rR\vacksPending\x12$\n" +
-	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xa7\x05\n" +
+	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xea\x05\n" +
 	"\vTermination\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12.\n" +
@@ -1879,7 +1920,10 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"updated_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12:\n" +
 	"\bprogress\x18\f \x01(\v2\x1e.tether.v1.TerminationProgressR\bprogress\x12\x1b\n" +
 	"\trecord_id\x18\r \x01(\tR\brecordId\x12\x1c\n" +
-	"\tescalated\x18\x0e \x01(\bR\tescalated\"\xbe\x02\n" +
+	"\tescalated\x18\x0e \x01(\bR\tescalated\x12\"\n" +
+	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\"\xbe\x02\n" +
 	"\x10TerminateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12.\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1a.tether.v1.TerminationModeR\x04mode\x12<\n" +
@@ -1936,7 +1980,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\n" +
 	"started_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
-	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xe1\x04\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xa4\x05\n" +
 	"\x14ReconciliationRecord\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
 	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\x12%\n" +
@@ -1956,7 +2000,10 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x06leases\x18\f \x03(\v2\x16.tether.v1.RecordLeaseR\x06leases\x12.\n" +
 	"\x06phases\x18\r \x03(\v2\x16.tether.v1.RecordPhaseR\x06phases\x129\n" +
 	"\n" +
-	"written_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\"V\n" +
+	"written_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12\"\n" +
+	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
+	"\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\"V\n" +
 	"\x10GetRecordRequest\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
 	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\"L\n" +
@@ -2008,13 +2055,14 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x1dPRIVILEGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19PRIVILEGE_OUTCOME_REVOKED\x10\x01\x12\x1d\n" +
 	"\x19PRIVILEGE_OUTCOME_EXPIRED\x10\x02\x12#\n" +
-	"\x1fPRIVILEGE_OUTCOME_REVOKE_FAILED\x10\x03*\xa0\x01\n" +
+	"\x1fPRIVILEGE_OUTCOME_REVOKE_FAILED\x10\x03*\xbf\x01\n" +
 	"\fLeaseOutcome\x12\x1d\n" +
 	"\x19LEASE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17LEASE_OUTCOME_CANCELLED\x10\x01\x12\x19\n" +
 	"\x15LEASE_OUTCOME_EXPIRED\x10\x02\x12\x1c\n" +
 	"\x18LEASE_OUTCOME_UNRESOLVED\x10\x03\x12\x1b\n" +
-	"\x17LEASE_OUTCOME_COMPLETED\x10\x042\xc2\x05\n" +
+	"\x17LEASE_OUTCOME_COMPLETED\x10\x04\x12\x1d\n" +
+	"\x19LEASE_OUTCOME_HANDED_OVER\x10\x052\xf7\t\n" +
 	"\x11SupervisorService\x12H\n" +
 	"\tTerminate\x12\x1b.tether.v1.TerminateRequest\x1a\x1c.tether.v1.TerminateResponse\"\x00\x12W\n" +
 	"\x0eGetTermination\x12 .tether.v1.GetTerminationRequest\x1a!.tether.v1.GetTerminationResponse\"\x00\x12_\n" +
@@ -2023,7 +2071,15 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\vListRecords\x12\x1d.tether.v1.ListRecordsRequest\x1a\x1e.tether.v1.ListRecordsResponse\"\x00\x12W\n" +
 	"\x0eDecideProposal\x12 .tether.v1.DecideProposalRequest\x1a!.tether.v1.DecideProposalResponse\"\x00\x12T\n" +
 	"\rListProposals\x12\x1f.tether.v1.ListProposalsRequest\x1a .tether.v1.ListProposalsResponse\"\x00\x12`\n" +
-	"\x11RegisterPrivilege\x12#.tether.v1.RegisterPrivilegeRequest\x1a$.tether.v1.RegisterPrivilegeResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\x11RegisterPrivilege\x12#.tether.v1.RegisterPrivilegeRequest\x1a$.tether.v1.RegisterPrivilegeResponse\"\x00\x12B\n" +
+	"\aRollout\x12\x19.tether.v1.RolloutRequest\x1a\x1a.tether.v1.RolloutResponse\"\x00\x12K\n" +
+	"\n" +
+	"GetRollout\x12\x1c.tether.v1.GetRolloutRequest\x1a\x1d.tether.v1.GetRolloutResponse\"\x00\x12Q\n" +
+	"\fListRollouts\x12\x1e.tether.v1.ListRolloutsRequest\x1a\x1f.tether.v1.ListRolloutsResponse\"\x00\x12S\n" +
+	"\fWatchRollout\x12\x1e.tether.v1.WatchRolloutRequest\x1a\x1f.tether.v1.WatchRolloutResponse\"\x000\x01\x12Q\n" +
+	"\fPauseRollout\x12\x1e.tether.v1.PauseRolloutRequest\x1a\x1f.tether.v1.PauseRolloutResponse\"\x00\x12T\n" +
+	"\rResumeRollout\x12\x1f.tether.v1.ResumeRolloutRequest\x1a .tether.v1.ResumeRolloutResponse\"\x00\x12Q\n" +
+	"\fAbortRollout\x12\x1e.tether.v1.AbortRolloutRequest\x1a\x1f.tether.v1.AbortRolloutResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_supervisor_proto_rawDescOnce sync.Once
@@ -2074,6 +2130,20 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(CallResolution)(0),               // 31: tether.v1.CallResolution
 	(*StopProposal)(nil),              // 32: tether.v1.StopProposal
 	(ProposalState)(0),                // 33: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 34: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 35: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 36: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 37: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 38: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 39: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 40: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 41: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 42: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 43: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 44: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 45: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 46: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 47: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	28, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
@@ -2121,16 +2191,30 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	22, // 42: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
 	24, // 43: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
 	26, // 44: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	7,  // 45: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	9,  // 46: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	11, // 47: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	19, // 48: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	21, // 49: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	23, // 50: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	25, // 51: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	27, // 52: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	45, // [45:53] is the sub-list for method output_type
-	37, // [37:45] is the sub-list for method input_type
+	34, // 45: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	35, // 46: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	36, // 47: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	37, // 48: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	38, // 49: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	39, // 50: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	40, // 51: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	7,  // 52: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	9,  // 53: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	11, // 54: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	19, // 55: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	21, // 56: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	23, // 57: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	25, // 58: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	27, // 59: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	41, // 60: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	42, // 61: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	43, // 62: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	44, // 63: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	45, // 64: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	46, // 65: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	47, // 66: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	52, // [52:67] is the sub-list for method output_type
+	37, // [37:52] is the sub-list for method input_type
 	37, // [37:37] is the sub-list for extension type_name
 	37, // [37:37] is the sub-list for extension extendee
 	0,  // [0:37] is the sub-list for field type_name
@@ -2142,6 +2226,7 @@ func file_tether_v1_supervisor_proto_init() {
 		return
 	}
 	file_tether_v1_proposal_proto_init()
+	file_tether_v1_rollout_proto_init()
 	file_tether_v1_tool_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

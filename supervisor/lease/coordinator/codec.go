@@ -243,69 +243,75 @@ func decodeLease(d *decoder) lease.Lease {
 	return l
 }
 
-func encodeRow(dst []byte, r Row) []byte {
+// storedRow is an evidence row as stored: the whole lease after the
+// decision (not only the matrix's columns), so that the newest row of a job
+// is also its newest lease record. The job record (record) is only a
+// checkpoint, written every few decisions; loading a job takes the
+// checkpoint and then the rows after it (see Coordinator.New).
+type storedRow struct {
+	Number    uint64
+	Lease     lease.Lease
+	Decision  lease.Decision
+	Kind      lease.Kind
+	DecidedAt time.Time
+}
+
+func encodeRow(dst []byte, r storedRow) []byte {
 	e := encoder{b: append(dst, evidenceSchema)}
 	e.uint(r.Number)
-	e.str(r.JobID)
-	e.str(r.LeaseID)
-	e.uint(r.Generation)
-	e.str(r.HolderIdentity)
-	e.time(r.IssuedAt)
-	e.dur(r.LeaseDuration)
-	e.time(r.ExpiresAt)
-	e.time(r.AckDeadline)
-	e.uint(uint64(r.AckState))
-	e.uint(r.RenewSequence)
-	e.time(r.RenewTime)
-	e.uint(r.ProgressSequence)
-	e.str(r.ProgressValue)
-	e.flag(r.CancelRequested)
-	e.flag(r.CancelAck)
-	e.uint(uint64(r.TerminalResult))
-	e.flag(r.StaleGeneration)
-	e.flag(r.LateProgress)
-	e.flag(r.LeaseExpired)
-	e.flag(r.OwnershipConflict)
+	encodeLease(&e, r.Lease)
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
-	e.str(r.Reason)
-	e.uint(uint64(r.Message))
+	e.str(r.Decision.Reason)
+	e.uint(uint64(r.Kind))
 	e.time(r.DecidedAt)
 	return e.b
 }
 
-func decodeRow(b []byte) (Row, error) {
+func decodeRow(b []byte) (storedRow, error) {
 	d := decoder{b: b}
 	if v := d.byte1("schema version"); d.err == nil && v != evidenceSchema {
-		return Row{}, fmt.Errorf("%w: evidence schema version %d is not %d", ErrCorrupt, v, evidenceSchema)
+		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d", ErrCorrupt, v, evidenceSchema)
 	}
-	var r Row
+	var r storedRow
 	r.Number = d.uint()
-	r.JobID = d.str()
-	r.LeaseID = d.str()
-	r.Generation = d.uint()
-	r.HolderIdentity = d.str()
-	r.IssuedAt = d.time()
-	r.LeaseDuration = d.dur()
-	r.ExpiresAt = d.time()
-	r.AckDeadline = d.time()
-	r.AckState = lease.AckState(d.uint())
-	r.RenewSequence = d.uint()
-	r.RenewTime = d.time()
-	r.ProgressSequence = d.uint()
-	r.ProgressValue = d.str()
-	r.CancelRequested = d.flag()
-	r.CancelAck = d.flag()
-	r.TerminalResult = lease.TerminalResult(d.uint())
-	r.StaleGeneration = d.flag()
-	r.LateProgress = d.flag()
-	r.LeaseExpired = d.flag()
-	r.OwnershipConflict = d.flag()
+	r.Lease = decodeLease(&d)
 	r.Decision.Outcome = lease.Outcome(d.uint())
 	r.Decision.Event = lease.AuditEvent(d.uint())
-	r.Reason = d.str()
-	r.Decision.Reason = r.Reason
-	r.Message = lease.Kind(d.uint())
+	r.Decision.Reason = d.str()
+	r.Kind = lease.Kind(d.uint())
 	r.DecidedAt = d.time()
 	return r, d.done()
+}
+
+// row renders a stored row as the evidence matrix's row (the columns of
+// lease.NewEvidenceRow).
+func (r storedRow) row() Row {
+	l := r.Lease
+	return Row{Number: r.Number, EvidenceRow: lease.EvidenceRow{
+		JobID:             l.JobID,
+		LeaseID:           l.LeaseID,
+		Generation:        l.Generation,
+		HolderIdentity:    l.HolderIdentity,
+		IssuedAt:          l.IssuedAt,
+		LeaseDuration:     l.LeaseDuration,
+		ExpiresAt:         l.ExpiresAt,
+		AckDeadline:       l.AckDeadline,
+		AckState:          l.AckState,
+		RenewSequence:     l.RenewSequence,
+		RenewTime:         l.RenewTime,
+		ProgressSequence:  l.ProgressSequence,
+		ProgressValue:     l.ProgressValue,
+		CancelRequested:   l.CancelRequested,
+		CancelAck:         l.CancelAck,
+		TerminalResult:    l.TerminalResult,
+		StaleGeneration:   l.StaleGeneration,
+		LateProgress:      l.LateProgress,
+		LeaseExpired:      l.LeaseExpired,
+		OwnershipConflict: l.OwnershipConflict,
+		Decision:          r.Decision,
+		Reason:            r.Decision.Reason,
+		Message:           r.Kind,
+		DecidedAt:         r.DecidedAt,
+	}}
 }

@@ -41,8 +41,16 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func start(t *testing.T, st store.Store, clk *clock.Manual, p lease.Policy) *harness {
 	t.Helper()
+	return startWith(t, st, clk, p, time.Millisecond)
+}
+
+// startWith sets how long a shard may sleep between looks at the clock: a
+// long maxWait keeps the coordinator from acting on a deadline the manual
+// clock passed, as if it had not got round to it yet.
+func startWith(t *testing.T, st store.Store, clk *clock.Manual, p lease.Policy, maxWait time.Duration) *harness {
+	t.Helper()
 	c, err := coordinator.New(context.Background(), coordinator.Config{
-		Store: st, Clock: clk, Policy: p, Log: quiet(), MaxWait: time.Millisecond, Shards: 3,
+		Store: st, Clock: clk, Policy: p, Log: quiet(), MaxWait: maxWait, Shards: 3,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -195,8 +203,10 @@ func (g *gatedStore) hold() {
 
 func (g *gatedStore) release() {
 	g.mu.Lock()
-	close(g.gate)
-	g.gate = nil
+	if g.gate != nil {
+		close(g.gate)
+		g.gate = nil
+	}
 	g.mu.Unlock()
 }
 
@@ -209,6 +219,7 @@ func TestReadsNeverSeeUndurableDecisions(t *testing.T) {
 	durable := h.get("job-1")
 
 	st.hold()
+	t.Cleanup(st.release) // runs before the harness stops: a failing test must not hang on the gate
 	results := make(chan coordinator.Result, 2)
 	for seq := uint64(1); seq <= 2; seq++ {
 		h.c.Submit(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: seq}, nil, func(r coordinator.Result, err error) {
@@ -361,6 +372,34 @@ func TestRestartExtendsOnlyDeadlinesThatFellDuringTheDowntime(t *testing.T) {
 	}
 }
 
+// A deadline that passed while the coordinator was still up is not
+// extended by a restart, even if the coordinator had not acted on it yet.
+func TestRestartDoesNotExtendADeadlineThatPassedBeforeTheStop(t *testing.T) {
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	clk := clock.NewManual(t0)
+	p := lease.DefaultPolicy()
+	h := startWith(t, st, clk, p, time.Hour)
+	h.active("job-1", "w1", 10*time.Second) // deadline t0+10s
+	clk.Advance(20 * time.Second)           // passes while up; the shard sleeps on
+	h.stop()                                // clean stop: alive at t0+20s
+	st.Close()
+	clk.Advance(10 * time.Minute)
+	st = openStore(t, dir)
+	defer st.Close()
+	h = start(t, st, clk, p)
+	if !h.c.LastAlive().Equal(t0.Add(20 * time.Second)) {
+		t.Fatalf("last alive %s, want the clean stop at t0+20s", h.c.LastAlive())
+	}
+	waitFor(t, "the expiry", func() bool { return h.get("job-1").State == lease.StateExpired })
+	rows, _ := h.c.Evidence(context.Background(), "job-1")
+	for _, r := range rows {
+		if r.Message == lease.KindRecover && r.Decision.Outcome == lease.OutcomeAccepted {
+			t.Fatalf("a deadline that passed before the stop was extended: %s", r.Decision)
+		}
+	}
+}
+
 func TestStrictRestartExpiresWhatFellDuringTheDowntime(t *testing.T) {
 	dir := t.TempDir()
 	st := openStore(t, dir)
@@ -470,5 +509,42 @@ func TestUnknownJobsAreAuditedInABoundedLog(t *testing.T) {
 	}
 	if _, err := c.Get(context.Background(), "ghost"); !errors.Is(err, coordinator.ErrNotFound) {
 		t.Fatalf("get of an unknown job: %v", err)
+	}
+}
+
+// A crash leaves rows after the job's last record (the record is only a
+// checkpoint): loading takes the newest row.
+func TestLoadTakesTheRowsAfterTheLastCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	inner := openStore(t, dir)
+	st := &gatedStore{Store: inner}
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.active("job-1", "w1", time.Minute)
+	for seq := uint64(1); seq <= 100; seq++ {
+		h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: seq}, lease.OutcomeAccepted, lease.EventRenewed)
+	}
+	before := h.get("job-1")
+	// The crash: nothing more reaches the disk, not even the clean stop's
+	// checkpoint.
+	st.mu.Lock()
+	st.fail = errors.New("power cut")
+	st.mu.Unlock()
+	h.stop()
+	inner.Close()
+
+	st2 := openStore(t, dir)
+	defer st2.Close()
+	h = start(t, st2, clk, lease.DefaultPolicy())
+	if got := h.get("job-1"); got != before {
+		t.Fatalf("after the crash:\n got %+v\nwant %+v", got, before)
+	}
+	rows, err := h.c.Evidence(context.Background(), "job-1")
+	if err != nil || len(rows) != 102 {
+		t.Fatalf("%d rows, %v; want 102", len(rows), err)
+	}
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 101}, lease.OutcomeAccepted, lease.EventRenewed)
+	if r := h.apply(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 102}); r.Row != 104 {
+		t.Fatalf("row numbering after the crash: %d, want 104", r.Row)
 	}
 }

@@ -50,6 +50,9 @@ const (
 	// AgentServiceProposeStopProcedure is the fully-qualified name of the AgentService's ProposeStop
 	// RPC.
 	AgentServiceProposeStopProcedure = "/tether.v1.AgentService/ProposeStop"
+	// AgentServiceReportReadyProcedure is the fully-qualified name of the AgentService's ReportReady
+	// RPC.
+	AgentServiceReportReadyProcedure = "/tether.v1.AgentService/ReportReady"
 )
 
 // AgentServiceClient is a client for the tether.v1.AgentService service.
@@ -70,6 +73,10 @@ type AgentServiceClient interface {
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	// ProposeStop lets an agent propose its own stop; the control plane decides.
 	ProposeStop(context.Context, *connect.Request[v1.ProposeStopRequest]) (*connect.Response[v1.ProposeStopResponse], error)
+	// ReportReady says a running agent is ready to take work (a rollout
+	// counts it as a replacement). Called by the agent itself or an operator
+	// (its launcher). Idempotent: the first report's time is kept.
+	ReportReady(context.Context, *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the tether.v1.AgentService service. By default, it
@@ -125,6 +132,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("ProposeStop")),
 			connect.WithClientOptions(opts...),
 		),
+		reportReady: connect.NewClient[v1.ReportReadyRequest, v1.ReportReadyResponse](
+			httpClient,
+			baseURL+AgentServiceReportReadyProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("ReportReady")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -137,6 +150,7 @@ type agentServiceClient struct {
 	getNode      *connect.Client[v1.GetNodeRequest, v1.GetNodeResponse]
 	listNodes    *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
 	proposeStop  *connect.Client[v1.ProposeStopRequest, v1.ProposeStopResponse]
+	reportReady  *connect.Client[v1.ReportReadyRequest, v1.ReportReadyResponse]
 }
 
 // RegisterRoot calls tether.v1.AgentService.RegisterRoot.
@@ -174,6 +188,11 @@ func (c *agentServiceClient) ProposeStop(ctx context.Context, req *connect.Reque
 	return c.proposeStop.CallUnary(ctx, req)
 }
 
+// ReportReady calls tether.v1.AgentService.ReportReady.
+func (c *agentServiceClient) ReportReady(ctx context.Context, req *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error) {
+	return c.reportReady.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the tether.v1.AgentService service.
 type AgentServiceHandler interface {
 	// RegisterRoot registers a root agent. Operators only.
@@ -192,6 +211,10 @@ type AgentServiceHandler interface {
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	// ProposeStop lets an agent propose its own stop; the control plane decides.
 	ProposeStop(context.Context, *connect.Request[v1.ProposeStopRequest]) (*connect.Response[v1.ProposeStopResponse], error)
+	// ReportReady says a running agent is ready to take work (a rollout
+	// counts it as a replacement). Called by the agent itself or an operator
+	// (its launcher). Idempotent: the first report's time is kept.
+	ReportReady(context.Context, *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -243,6 +266,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("ProposeStop")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceReportReadyHandler := connect.NewUnaryHandler(
+		AgentServiceReportReadyProcedure,
+		svc.ReportReady,
+		connect.WithSchema(agentServiceMethods.ByName("ReportReady")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/tether.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceRegisterRootProcedure:
@@ -259,6 +288,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceListNodesHandler.ServeHTTP(w, r)
 		case AgentServiceProposeStopProcedure:
 			agentServiceProposeStopHandler.ServeHTTP(w, r)
+		case AgentServiceReportReadyProcedure:
+			agentServiceReportReadyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -294,4 +325,8 @@ func (UnimplementedAgentServiceHandler) ListNodes(context.Context, *connect.Requ
 
 func (UnimplementedAgentServiceHandler) ProposeStop(context.Context, *connect.Request[v1.ProposeStopRequest]) (*connect.Response[v1.ProposeStopResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.ProposeStop is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) ReportReady(context.Context, *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.ReportReady is not implemented"))
 }

@@ -37,6 +37,10 @@ const (
 	AuthServiceCreateTokenProcedure = "/tether.v1.AuthService/CreateToken"
 	// AuthServiceWhoAmIProcedure is the fully-qualified name of the AuthService's WhoAmI RPC.
 	AuthServiceWhoAmIProcedure = "/tether.v1.AuthService/WhoAmI"
+	// AuthServiceRotateKeysProcedure is the fully-qualified name of the AuthService's RotateKeys RPC.
+	AuthServiceRotateKeysProcedure = "/tether.v1.AuthService/RotateKeys"
+	// AuthServiceListKeysProcedure is the fully-qualified name of the AuthService's ListKeys RPC.
+	AuthServiceListKeysProcedure = "/tether.v1.AuthService/ListKeys"
 )
 
 // AuthServiceClient is a client for the tether.v1.AuthService service.
@@ -45,6 +49,12 @@ type AuthServiceClient interface {
 	CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error)
 	// WhoAmI returns the authenticated principal.
 	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
+	// RotateKeys adds a new signing key, published in JWKS at once and
+	// signing from publish_ahead on; every older key retires (leaves JWKS)
+	// once the last token it could have signed has expired. Admins only.
+	RotateKeys(context.Context, *connect.Request[v1.RotateKeysRequest]) (*connect.Response[v1.RotateKeysResponse], error)
+	// ListKeys lists the signing keys (public halves only).
+	ListKeys(context.Context, *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error)
 }
 
 // NewAuthServiceClient constructs a client for the tether.v1.AuthService service. By default, it
@@ -70,6 +80,18 @@ func NewAuthServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(authServiceMethods.ByName("WhoAmI")),
 			connect.WithClientOptions(opts...),
 		),
+		rotateKeys: connect.NewClient[v1.RotateKeysRequest, v1.RotateKeysResponse](
+			httpClient,
+			baseURL+AuthServiceRotateKeysProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RotateKeys")),
+			connect.WithClientOptions(opts...),
+		),
+		listKeys: connect.NewClient[v1.ListKeysRequest, v1.ListKeysResponse](
+			httpClient,
+			baseURL+AuthServiceListKeysProcedure,
+			connect.WithSchema(authServiceMethods.ByName("ListKeys")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -77,6 +99,8 @@ func NewAuthServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 type authServiceClient struct {
 	createToken *connect.Client[v1.CreateTokenRequest, v1.CreateTokenResponse]
 	whoAmI      *connect.Client[v1.WhoAmIRequest, v1.WhoAmIResponse]
+	rotateKeys  *connect.Client[v1.RotateKeysRequest, v1.RotateKeysResponse]
+	listKeys    *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
 }
 
 // CreateToken calls tether.v1.AuthService.CreateToken.
@@ -89,12 +113,28 @@ func (c *authServiceClient) WhoAmI(ctx context.Context, req *connect.Request[v1.
 	return c.whoAmI.CallUnary(ctx, req)
 }
 
+// RotateKeys calls tether.v1.AuthService.RotateKeys.
+func (c *authServiceClient) RotateKeys(ctx context.Context, req *connect.Request[v1.RotateKeysRequest]) (*connect.Response[v1.RotateKeysResponse], error) {
+	return c.rotateKeys.CallUnary(ctx, req)
+}
+
+// ListKeys calls tether.v1.AuthService.ListKeys.
+func (c *authServiceClient) ListKeys(ctx context.Context, req *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error) {
+	return c.listKeys.CallUnary(ctx, req)
+}
+
 // AuthServiceHandler is an implementation of the tether.v1.AuthService service.
 type AuthServiceHandler interface {
 	// CreateToken mints an operator token with a role. Admins only.
 	CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error)
 	// WhoAmI returns the authenticated principal.
 	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
+	// RotateKeys adds a new signing key, published in JWKS at once and
+	// signing from publish_ahead on; every older key retires (leaves JWKS)
+	// once the last token it could have signed has expired. Admins only.
+	RotateKeys(context.Context, *connect.Request[v1.RotateKeysRequest]) (*connect.Response[v1.RotateKeysResponse], error)
+	// ListKeys lists the signing keys (public halves only).
+	ListKeys(context.Context, *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error)
 }
 
 // NewAuthServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -116,12 +156,28 @@ func NewAuthServiceHandler(svc AuthServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(authServiceMethods.ByName("WhoAmI")),
 		connect.WithHandlerOptions(opts...),
 	)
+	authServiceRotateKeysHandler := connect.NewUnaryHandler(
+		AuthServiceRotateKeysProcedure,
+		svc.RotateKeys,
+		connect.WithSchema(authServiceMethods.ByName("RotateKeys")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceListKeysHandler := connect.NewUnaryHandler(
+		AuthServiceListKeysProcedure,
+		svc.ListKeys,
+		connect.WithSchema(authServiceMethods.ByName("ListKeys")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/tether.v1.AuthService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AuthServiceCreateTokenProcedure:
 			authServiceCreateTokenHandler.ServeHTTP(w, r)
 		case AuthServiceWhoAmIProcedure:
 			authServiceWhoAmIHandler.ServeHTTP(w, r)
+		case AuthServiceRotateKeysProcedure:
+			authServiceRotateKeysHandler.ServeHTTP(w, r)
+		case AuthServiceListKeysProcedure:
+			authServiceListKeysHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -137,4 +193,12 @@ func (UnimplementedAuthServiceHandler) CreateToken(context.Context, *connect.Req
 
 func (UnimplementedAuthServiceHandler) WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AuthService.WhoAmI is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RotateKeys(context.Context, *connect.Request[v1.RotateKeysRequest]) (*connect.Response[v1.RotateKeysResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AuthService.RotateKeys is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) ListKeys(context.Context, *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AuthService.ListKeys is not implemented"))
 }

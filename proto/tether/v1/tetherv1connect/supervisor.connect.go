@@ -57,6 +57,27 @@ const (
 	// SupervisorServiceRegisterPrivilegeProcedure is the fully-qualified name of the
 	// SupervisorService's RegisterPrivilege RPC.
 	SupervisorServiceRegisterPrivilegeProcedure = "/tether.v1.SupervisorService/RegisterPrivilege"
+	// SupervisorServiceRolloutProcedure is the fully-qualified name of the SupervisorService's Rollout
+	// RPC.
+	SupervisorServiceRolloutProcedure = "/tether.v1.SupervisorService/Rollout"
+	// SupervisorServiceGetRolloutProcedure is the fully-qualified name of the SupervisorService's
+	// GetRollout RPC.
+	SupervisorServiceGetRolloutProcedure = "/tether.v1.SupervisorService/GetRollout"
+	// SupervisorServiceListRolloutsProcedure is the fully-qualified name of the SupervisorService's
+	// ListRollouts RPC.
+	SupervisorServiceListRolloutsProcedure = "/tether.v1.SupervisorService/ListRollouts"
+	// SupervisorServiceWatchRolloutProcedure is the fully-qualified name of the SupervisorService's
+	// WatchRollout RPC.
+	SupervisorServiceWatchRolloutProcedure = "/tether.v1.SupervisorService/WatchRollout"
+	// SupervisorServicePauseRolloutProcedure is the fully-qualified name of the SupervisorService's
+	// PauseRollout RPC.
+	SupervisorServicePauseRolloutProcedure = "/tether.v1.SupervisorService/PauseRollout"
+	// SupervisorServiceResumeRolloutProcedure is the fully-qualified name of the SupervisorService's
+	// ResumeRollout RPC.
+	SupervisorServiceResumeRolloutProcedure = "/tether.v1.SupervisorService/ResumeRollout"
+	// SupervisorServiceAbortRolloutProcedure is the fully-qualified name of the SupervisorService's
+	// AbortRollout RPC.
+	SupervisorServiceAbortRolloutProcedure = "/tether.v1.SupervisorService/AbortRollout"
 )
 
 // SupervisorServiceClient is a client for the tether.v1.SupervisorService service.
@@ -74,6 +95,16 @@ type SupervisorServiceClient interface {
 	// RegisterPrivilege records a temporary privilege (a lock, a reservation,
 	// an external credential) so termination revokes it.
 	RegisterPrivilege(context.Context, *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error)
+	// Rollout starts replacing the agents matching a selector in batches
+	// (see rollout.proto). Operators only.
+	Rollout(context.Context, *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error)
+	GetRollout(context.Context, *connect.Request[v1.GetRolloutRequest]) (*connect.Response[v1.GetRolloutResponse], error)
+	ListRollouts(context.Context, *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error)
+	// WatchRollout streams the rollout each time it moves, until it ends.
+	WatchRollout(context.Context, *connect.Request[v1.WatchRolloutRequest]) (*connect.ServerStreamForClient[v1.WatchRolloutResponse], error)
+	PauseRollout(context.Context, *connect.Request[v1.PauseRolloutRequest]) (*connect.Response[v1.PauseRolloutResponse], error)
+	ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ResumeRolloutResponse], error)
+	AbortRollout(context.Context, *connect.Request[v1.AbortRolloutRequest]) (*connect.Response[v1.AbortRolloutResponse], error)
 }
 
 // NewSupervisorServiceClient constructs a client for the tether.v1.SupervisorService service. By
@@ -135,6 +166,48 @@ func NewSupervisorServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(supervisorServiceMethods.ByName("RegisterPrivilege")),
 			connect.WithClientOptions(opts...),
 		),
+		rollout: connect.NewClient[v1.RolloutRequest, v1.RolloutResponse](
+			httpClient,
+			baseURL+SupervisorServiceRolloutProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("Rollout")),
+			connect.WithClientOptions(opts...),
+		),
+		getRollout: connect.NewClient[v1.GetRolloutRequest, v1.GetRolloutResponse](
+			httpClient,
+			baseURL+SupervisorServiceGetRolloutProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("GetRollout")),
+			connect.WithClientOptions(opts...),
+		),
+		listRollouts: connect.NewClient[v1.ListRolloutsRequest, v1.ListRolloutsResponse](
+			httpClient,
+			baseURL+SupervisorServiceListRolloutsProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("ListRollouts")),
+			connect.WithClientOptions(opts...),
+		),
+		watchRollout: connect.NewClient[v1.WatchRolloutRequest, v1.WatchRolloutResponse](
+			httpClient,
+			baseURL+SupervisorServiceWatchRolloutProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("WatchRollout")),
+			connect.WithClientOptions(opts...),
+		),
+		pauseRollout: connect.NewClient[v1.PauseRolloutRequest, v1.PauseRolloutResponse](
+			httpClient,
+			baseURL+SupervisorServicePauseRolloutProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("PauseRollout")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeRollout: connect.NewClient[v1.ResumeRolloutRequest, v1.ResumeRolloutResponse](
+			httpClient,
+			baseURL+SupervisorServiceResumeRolloutProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("ResumeRollout")),
+			connect.WithClientOptions(opts...),
+		),
+		abortRollout: connect.NewClient[v1.AbortRolloutRequest, v1.AbortRolloutResponse](
+			httpClient,
+			baseURL+SupervisorServiceAbortRolloutProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("AbortRollout")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -148,6 +221,13 @@ type supervisorServiceClient struct {
 	decideProposal    *connect.Client[v1.DecideProposalRequest, v1.DecideProposalResponse]
 	listProposals     *connect.Client[v1.ListProposalsRequest, v1.ListProposalsResponse]
 	registerPrivilege *connect.Client[v1.RegisterPrivilegeRequest, v1.RegisterPrivilegeResponse]
+	rollout           *connect.Client[v1.RolloutRequest, v1.RolloutResponse]
+	getRollout        *connect.Client[v1.GetRolloutRequest, v1.GetRolloutResponse]
+	listRollouts      *connect.Client[v1.ListRolloutsRequest, v1.ListRolloutsResponse]
+	watchRollout      *connect.Client[v1.WatchRolloutRequest, v1.WatchRolloutResponse]
+	pauseRollout      *connect.Client[v1.PauseRolloutRequest, v1.PauseRolloutResponse]
+	resumeRollout     *connect.Client[v1.ResumeRolloutRequest, v1.ResumeRolloutResponse]
+	abortRollout      *connect.Client[v1.AbortRolloutRequest, v1.AbortRolloutResponse]
 }
 
 // Terminate calls tether.v1.SupervisorService.Terminate.
@@ -190,6 +270,41 @@ func (c *supervisorServiceClient) RegisterPrivilege(ctx context.Context, req *co
 	return c.registerPrivilege.CallUnary(ctx, req)
 }
 
+// Rollout calls tether.v1.SupervisorService.Rollout.
+func (c *supervisorServiceClient) Rollout(ctx context.Context, req *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error) {
+	return c.rollout.CallUnary(ctx, req)
+}
+
+// GetRollout calls tether.v1.SupervisorService.GetRollout.
+func (c *supervisorServiceClient) GetRollout(ctx context.Context, req *connect.Request[v1.GetRolloutRequest]) (*connect.Response[v1.GetRolloutResponse], error) {
+	return c.getRollout.CallUnary(ctx, req)
+}
+
+// ListRollouts calls tether.v1.SupervisorService.ListRollouts.
+func (c *supervisorServiceClient) ListRollouts(ctx context.Context, req *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error) {
+	return c.listRollouts.CallUnary(ctx, req)
+}
+
+// WatchRollout calls tether.v1.SupervisorService.WatchRollout.
+func (c *supervisorServiceClient) WatchRollout(ctx context.Context, req *connect.Request[v1.WatchRolloutRequest]) (*connect.ServerStreamForClient[v1.WatchRolloutResponse], error) {
+	return c.watchRollout.CallServerStream(ctx, req)
+}
+
+// PauseRollout calls tether.v1.SupervisorService.PauseRollout.
+func (c *supervisorServiceClient) PauseRollout(ctx context.Context, req *connect.Request[v1.PauseRolloutRequest]) (*connect.Response[v1.PauseRolloutResponse], error) {
+	return c.pauseRollout.CallUnary(ctx, req)
+}
+
+// ResumeRollout calls tether.v1.SupervisorService.ResumeRollout.
+func (c *supervisorServiceClient) ResumeRollout(ctx context.Context, req *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ResumeRolloutResponse], error) {
+	return c.resumeRollout.CallUnary(ctx, req)
+}
+
+// AbortRollout calls tether.v1.SupervisorService.AbortRollout.
+func (c *supervisorServiceClient) AbortRollout(ctx context.Context, req *connect.Request[v1.AbortRolloutRequest]) (*connect.Response[v1.AbortRolloutResponse], error) {
+	return c.abortRollout.CallUnary(ctx, req)
+}
+
 // SupervisorServiceHandler is an implementation of the tether.v1.SupervisorService service.
 type SupervisorServiceHandler interface {
 	// Terminate starts the termination of a node's subtree. Callers: operators
@@ -205,6 +320,16 @@ type SupervisorServiceHandler interface {
 	// RegisterPrivilege records a temporary privilege (a lock, a reservation,
 	// an external credential) so termination revokes it.
 	RegisterPrivilege(context.Context, *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error)
+	// Rollout starts replacing the agents matching a selector in batches
+	// (see rollout.proto). Operators only.
+	Rollout(context.Context, *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error)
+	GetRollout(context.Context, *connect.Request[v1.GetRolloutRequest]) (*connect.Response[v1.GetRolloutResponse], error)
+	ListRollouts(context.Context, *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error)
+	// WatchRollout streams the rollout each time it moves, until it ends.
+	WatchRollout(context.Context, *connect.Request[v1.WatchRolloutRequest], *connect.ServerStream[v1.WatchRolloutResponse]) error
+	PauseRollout(context.Context, *connect.Request[v1.PauseRolloutRequest]) (*connect.Response[v1.PauseRolloutResponse], error)
+	ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ResumeRolloutResponse], error)
+	AbortRollout(context.Context, *connect.Request[v1.AbortRolloutRequest]) (*connect.Response[v1.AbortRolloutResponse], error)
 }
 
 // NewSupervisorServiceHandler builds an HTTP handler from the service implementation. It returns
@@ -262,6 +387,48 @@ func NewSupervisorServiceHandler(svc SupervisorServiceHandler, opts ...connect.H
 		connect.WithSchema(supervisorServiceMethods.ByName("RegisterPrivilege")),
 		connect.WithHandlerOptions(opts...),
 	)
+	supervisorServiceRolloutHandler := connect.NewUnaryHandler(
+		SupervisorServiceRolloutProcedure,
+		svc.Rollout,
+		connect.WithSchema(supervisorServiceMethods.ByName("Rollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceGetRolloutHandler := connect.NewUnaryHandler(
+		SupervisorServiceGetRolloutProcedure,
+		svc.GetRollout,
+		connect.WithSchema(supervisorServiceMethods.ByName("GetRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceListRolloutsHandler := connect.NewUnaryHandler(
+		SupervisorServiceListRolloutsProcedure,
+		svc.ListRollouts,
+		connect.WithSchema(supervisorServiceMethods.ByName("ListRollouts")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceWatchRolloutHandler := connect.NewServerStreamHandler(
+		SupervisorServiceWatchRolloutProcedure,
+		svc.WatchRollout,
+		connect.WithSchema(supervisorServiceMethods.ByName("WatchRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServicePauseRolloutHandler := connect.NewUnaryHandler(
+		SupervisorServicePauseRolloutProcedure,
+		svc.PauseRollout,
+		connect.WithSchema(supervisorServiceMethods.ByName("PauseRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceResumeRolloutHandler := connect.NewUnaryHandler(
+		SupervisorServiceResumeRolloutProcedure,
+		svc.ResumeRollout,
+		connect.WithSchema(supervisorServiceMethods.ByName("ResumeRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	supervisorServiceAbortRolloutHandler := connect.NewUnaryHandler(
+		SupervisorServiceAbortRolloutProcedure,
+		svc.AbortRollout,
+		connect.WithSchema(supervisorServiceMethods.ByName("AbortRollout")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/tether.v1.SupervisorService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SupervisorServiceTerminateProcedure:
@@ -280,6 +447,20 @@ func NewSupervisorServiceHandler(svc SupervisorServiceHandler, opts ...connect.H
 			supervisorServiceListProposalsHandler.ServeHTTP(w, r)
 		case SupervisorServiceRegisterPrivilegeProcedure:
 			supervisorServiceRegisterPrivilegeHandler.ServeHTTP(w, r)
+		case SupervisorServiceRolloutProcedure:
+			supervisorServiceRolloutHandler.ServeHTTP(w, r)
+		case SupervisorServiceGetRolloutProcedure:
+			supervisorServiceGetRolloutHandler.ServeHTTP(w, r)
+		case SupervisorServiceListRolloutsProcedure:
+			supervisorServiceListRolloutsHandler.ServeHTTP(w, r)
+		case SupervisorServiceWatchRolloutProcedure:
+			supervisorServiceWatchRolloutHandler.ServeHTTP(w, r)
+		case SupervisorServicePauseRolloutProcedure:
+			supervisorServicePauseRolloutHandler.ServeHTTP(w, r)
+		case SupervisorServiceResumeRolloutProcedure:
+			supervisorServiceResumeRolloutHandler.ServeHTTP(w, r)
+		case SupervisorServiceAbortRolloutProcedure:
+			supervisorServiceAbortRolloutHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -319,4 +500,32 @@ func (UnimplementedSupervisorServiceHandler) ListProposals(context.Context, *con
 
 func (UnimplementedSupervisorServiceHandler) RegisterPrivilege(context.Context, *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.RegisterPrivilege is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) Rollout(context.Context, *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.Rollout is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) GetRollout(context.Context, *connect.Request[v1.GetRolloutRequest]) (*connect.Response[v1.GetRolloutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.GetRollout is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) ListRollouts(context.Context, *connect.Request[v1.ListRolloutsRequest]) (*connect.Response[v1.ListRolloutsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.ListRollouts is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) WatchRollout(context.Context, *connect.Request[v1.WatchRolloutRequest], *connect.ServerStream[v1.WatchRolloutResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.WatchRollout is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) PauseRollout(context.Context, *connect.Request[v1.PauseRolloutRequest]) (*connect.Response[v1.PauseRolloutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.PauseRollout is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) ResumeRollout(context.Context, *connect.Request[v1.ResumeRolloutRequest]) (*connect.Response[v1.ResumeRolloutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.ResumeRollout is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) AbortRollout(context.Context, *connect.Request[v1.AbortRolloutRequest]) (*connect.Response[v1.AbortRolloutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.AbortRollout is not implemented"))
 }

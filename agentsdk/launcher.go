@@ -1,0 +1,347 @@
+package agentsdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Environment a Launcher gives the agent process it starts. The process
+// joins with Join(ctx, os.Getenv(EnvAddr), os.Getenv(EnvCredential), nil).
+const (
+	EnvAddr       = "TETHER_ADDR"
+	EnvCredential = "TETHER_CREDENTIAL"
+	EnvNodeID     = "TETHER_NODE_ID"
+	EnvVersion    = "TETHER_VERSION"
+)
+
+// Version is how to run one version of an agent.
+type Version struct {
+	// Name is the value of the version label, e.g. "v2".
+	Name    string
+	Command string
+	Args    []string
+	// Env is added to the launcher's own environment.
+	Env []string
+}
+
+// LauncherConfig configures a Launcher.
+type LauncherConfig struct {
+	// Operator is an operator connection: the launcher registers each
+	// agent process as a root node and confirms its exit with it — from
+	// outside the process, which the record notes as "(launcher)".
+	Operator *Conn
+	// Name and Labels of every node the launcher registers; the version
+	// label (VersionLabel, default "version") is set to the version run.
+	Name   string
+	Labels map[string]string
+	// VersionLabel names the label that carries the version.
+	VersionLabel string
+	// Versions are the versions the launcher can run; Start is the first.
+	Versions []Version
+	Start    string
+	// PollEvery is how often the launcher reads its nodes' state (default
+	// 1s): the drain it reacts to is the control plane's stored state.
+	PollEvery time.Duration
+	// KillGrace is how long a process may outlive its node's termination
+	// (or the launcher's shutdown) after SIGTERM before SIGKILL (default 10s).
+	KillGrace time.Duration
+	// WaitForExit starts the new version only once the old process has
+	// exited (a restart); by default it starts as soon as the drain begins
+	// (a surge), so the replacement is ready while the old one drains.
+	WaitForExit    bool
+	Stdout, Stderr io.Writer
+	Log            *slog.Logger
+}
+
+// Launcher runs an agent process and, when the control plane drains its
+// node (a rollout batch, or any termination), starts the target version in
+// a new process registered as a new node, and confirms the old process's
+// exit. A process that exits without a drain is confirmed too, its node is
+// terminated (abort) so that its grants and leases are reconciled, and it
+// is restarted at the target version.
+type Launcher struct {
+	cfg      LauncherConfig
+	versions map[string]Version
+
+	// exits is signalled when a process exits, so Run acts at once.
+	exits chan struct{}
+
+	mu     sync.Mutex
+	target string
+	procs  []*launched
+}
+
+// launched is one agent process and its node.
+type launched struct {
+	version string
+	node    string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	waitErr error
+	// drained: the node's drain was seen (its successor was started or
+	// is due); confirmed: the exit was confirmed.
+	drained, confirmed bool
+	terminatedAt       time.Time
+}
+
+// NewLauncher validates cfg.
+func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
+	if cfg.Operator == nil {
+		return nil, errors.New("agentsdk: Launcher needs an operator connection")
+	}
+	if cfg.Name == "" {
+		return nil, errors.New("agentsdk: Launcher needs a node name")
+	}
+	if cfg.VersionLabel == "" {
+		cfg.VersionLabel = "version"
+	}
+	if cfg.PollEvery <= 0 {
+		cfg.PollEvery = time.Second
+	}
+	if cfg.KillGrace <= 0 {
+		cfg.KillGrace = 10 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	l := &Launcher{cfg: cfg, versions: map[string]Version{}, target: cfg.Start, exits: make(chan struct{}, 1)}
+	for _, v := range cfg.Versions {
+		if v.Name == "" || v.Command == "" {
+			return nil, errors.New("agentsdk: every launcher version needs a name and a command")
+		}
+		l.versions[v.Name] = v
+	}
+	if _, ok := l.versions[cfg.Start]; !ok {
+		return nil, fmt.Errorf("agentsdk: start version %q is not among the launcher's versions", cfg.Start)
+	}
+	return l, nil
+}
+
+// SetTarget sets the version started at the next drain (or unexpected
+// exit). Set it before a rollout drains this launcher's agent.
+func (l *Launcher) SetTarget(version string) error {
+	if _, ok := l.versions[version]; !ok {
+		return fmt.Errorf("agentsdk: version %q is not among the launcher's versions", version)
+	}
+	l.mu.Lock()
+	l.target = version
+	l.mu.Unlock()
+	return nil
+}
+
+// Current returns the node id and version of the newest process.
+func (l *Launcher) Current() (nodeID, version string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.procs) == 0 {
+		return "", ""
+	}
+	p := l.procs[len(l.procs)-1]
+	return p.node, p.version
+}
+
+// Run starts the first process and supervises until ctx ends; then it
+// stops the processes (SIGTERM, then SIGKILL after KillGrace) and confirms
+// their exits.
+func (l *Launcher) Run(ctx context.Context) error {
+	if err := l.launch(ctx, l.cfg.Start); err != nil {
+		return err
+	}
+	defer l.stopAll()
+	tick := time.NewTicker(l.cfg.PollEvery)
+	defer tick.Stop()
+	for {
+		if err := l.step(ctx); err != nil && ctx.Err() == nil {
+			l.cfg.Log.Warn("launcher step failed; retrying", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-l.exits:
+		}
+	}
+}
+
+// step reads each live process's node and acts on what the control plane
+// decided and what the processes did.
+func (l *Launcher) step(ctx context.Context) error {
+	l.mu.Lock()
+	procs := append([]*launched(nil), l.procs...)
+	l.mu.Unlock()
+	var errs []error
+	for _, p := range procs {
+		if p.confirmed {
+			continue
+		}
+		node, err := l.cfg.Operator.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: p.node}))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		state := node.Msg.Node.State
+		exited := isClosed(p.exited)
+		switch {
+		case !p.drained && state != tetherv1.NodeState_NODE_STATE_RUNNING:
+			// The control plane drains (or aborts) the node: bring up the
+			// target version, now or once the old process is gone.
+			p.drained = true
+			l.cfg.Log.Info("agent draining; replacing it", "node_id", p.node, "version", p.version)
+			if !l.cfg.WaitForExit {
+				errs = append(errs, l.launchTarget(ctx))
+			}
+		case !p.drained && exited:
+			// An exit nobody asked for: terminate the node so what it held
+			// is revoked and reconciled, then restart.
+			p.drained = true
+			l.cfg.Log.Warn("agent exited unexpectedly; terminating its node and restarting", "node_id", p.node, "error", p.waitErr)
+			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+				NodeId: p.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: fmt.Sprintf("agent process exited unexpectedly: %v", p.waitErr),
+			}))
+			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
+				errs = append(errs, err)
+			}
+			if !l.cfg.WaitForExit {
+				errs = append(errs, l.launchTarget(ctx))
+			}
+		}
+		if p.drained && exited {
+			if err := l.confirm(ctx, p); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if l.cfg.WaitForExit {
+				errs = append(errs, l.launchTarget(ctx))
+			}
+			continue
+		}
+		if state == tetherv1.NodeState_NODE_STATE_TERMINATED && !exited {
+			// The record is written; a process still running has no
+			// credential left. Stop it.
+			if p.terminatedAt.IsZero() {
+				p.terminatedAt = time.Now()
+				_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			} else if time.Since(p.terminatedAt) > l.cfg.KillGrace {
+				_ = p.cmd.Process.Kill()
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// confirm tells the control plane the process exited, with the operator
+// token: the record notes "(launcher)".
+func (l *Launcher) confirm(ctx context.Context, p *launched) error {
+	reason := "process exited"
+	if p.waitErr != nil {
+		reason = "process exited: " + p.waitErr.Error()
+	}
+	if _, err := l.cfg.Operator.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: p.node, Reason: reason})); err != nil {
+		return fmt.Errorf("confirm exit of %s: %w", p.node, err)
+	}
+	l.mu.Lock()
+	p.confirmed = true
+	l.mu.Unlock()
+	l.cfg.Log.Info("agent exit confirmed", "node_id", p.node, "version", p.version)
+	return nil
+}
+
+func (l *Launcher) launchTarget(ctx context.Context) error {
+	l.mu.Lock()
+	target := l.target
+	l.mu.Unlock()
+	return l.launch(ctx, target)
+}
+
+// launch registers a node for version and starts its process with the
+// node's credential in the environment.
+func (l *Launcher) launch(ctx context.Context, version string) error {
+	v := l.versions[version]
+	labels := maps.Clone(l.cfg.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[l.cfg.VersionLabel] = version
+	resp, err := l.cfg.Operator.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: l.cfg.Name, Labels: labels}))
+	if err != nil {
+		return fmt.Errorf("register %s: %w", version, err)
+	}
+	node := resp.Msg.Node.NodeId
+	cmd := exec.Command(v.Command, v.Args...)
+	cmd.Env = append(append(os.Environ(), v.Env...),
+		EnvAddr+"="+l.cfg.Operator.BaseURL, EnvCredential+"="+resp.Msg.Credential, EnvNodeID+"="+node, EnvVersion+"="+version)
+	cmd.Stdout, cmd.Stderr = l.cfg.Stdout, l.cfg.Stderr
+	if err := cmd.Start(); err != nil {
+		// The node never ran: terminate it so it is not left running.
+		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+			NodeId: node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "agent process failed to start",
+		}))
+		return fmt.Errorf("start %s: %w", version, err)
+	}
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		err := cmd.Wait()
+		l.mu.Lock()
+		p.waitErr = err
+		l.mu.Unlock()
+		close(p.exited)
+		select {
+		case l.exits <- struct{}{}:
+		default:
+		}
+	}()
+	l.mu.Lock()
+	l.procs = append(l.procs, p)
+	l.mu.Unlock()
+	l.cfg.Log.Info("agent started", "node_id", node, "version", version, "pid", cmd.Process.Pid)
+	return nil
+}
+
+// stopAll ends every process still running and confirms the exits.
+func (l *Launcher) stopAll() {
+	l.mu.Lock()
+	procs := append([]*launched(nil), l.procs...)
+	l.mu.Unlock()
+	for _, p := range procs {
+		if !isClosed(p.exited) {
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, p := range procs {
+		select {
+		case <-p.exited:
+		case <-time.After(l.cfg.KillGrace):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		if !p.confirmed {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if err := l.confirm(ctx, p); err != nil {
+				l.cfg.Log.Warn("could not confirm an agent's exit", "node_id", p.node, "error", err)
+			}
+			cancel()
+		}
+	}
+}
+
+func isClosed(ch chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

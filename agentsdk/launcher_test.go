@@ -1,0 +1,174 @@
+package agentsdk_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// TestLauncherHelperAgent is not a test: it is the agent process the
+// launcher tests start (this test binary, re-executed). It joins with the
+// credential its launcher handed over, reports ready, and exits once the
+// control plane drains it.
+func TestLauncherHelperAgent(t *testing.T) {
+	if os.Getenv("TETHER_LAUNCHER_HELPER") != "1" {
+		t.Skip("the agent process of the launcher tests")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, err := agentsdk.Join(ctx, os.Getenv(agentsdk.EnvAddr), os.Getenv(agentsdk.EnvCredential), nil)
+	if err != nil {
+		os.Exit(3)
+	}
+	go a.Run(ctx)
+	<-a.Opened()
+	if os.Getenv("TETHER_LAUNCHER_HELPER_CRASH") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
+		os.Exit(7) // dies before it is ever ready
+	}
+	if err := a.ReportReady(ctx); err != nil {
+		os.Exit(4)
+	}
+	select {
+	case <-a.Draining():
+		os.Exit(0) // nothing in flight: drained
+	case <-ctx.Done():
+		os.Exit(5)
+	}
+}
+
+func helperVersions(extraEnv ...string) []agentsdk.Version {
+	env := append([]string{"TETHER_LAUNCHER_HELPER=1"}, extraEnv...)
+	args := []string{"-test.run=^TestLauncherHelperAgent$"}
+	return []agentsdk.Version{
+		{Name: "v1", Command: os.Args[0], Args: args, Env: env},
+		{Name: "v2", Command: os.Args[0], Args: args, Env: env},
+	}
+}
+
+func getNode(t *testing.T, c *testserver.Clients, id string) *tetherv1.Node {
+	t.Helper()
+	resp, err := c.Agent.GetNode(context.Background(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Node
+}
+
+// TestLauncherRestartsTheAgentAtTheTargetVersionOnDrain: a rollout drains
+// the v1 process; the launcher starts v2 as a new node, the v1 process
+// exits, and its exit is confirmed by the launcher (the record says so).
+func TestLauncherRestartsTheAgentAtTheTargetVersionOnDrain(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: op, Name: "planner", Labels: map[string]string{"app": "launched"},
+		Versions: helperVersions(), Start: "v1", PollEvery: 20 * time.Millisecond, KillGrace: 5 * time.Second,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var v1 string
+	testserver.WaitFor(t, 30*time.Second, "the v1 process to report ready", func() bool {
+		node, version := l.Current()
+		v1 = node
+		return version == "v1" && node != "" && getNode(t, admin, node).ReadyAt != nil
+	})
+	if err := l.SetTarget("v2"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := admin.Supervisor.Rollout(ctx, connect.NewRequest(&tetherv1.RolloutRequest{
+		Selector: "app=launched,version=v1", TargetSelector: "app=launched,version=v2",
+		DrainWindow: durationpb.New(10 * time.Second), ConfirmTimeout: durationpb.New(20 * time.Second),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r *tetherv1.Rollout
+	testserver.WaitFor(t, 30*time.Second, "the rollout to complete", func() bool {
+		got, err := admin.Supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: resp.Msg.Rollout.RolloutId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r = got.Msg.Rollout
+		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
+	})
+	rec, err := admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: r.Batches[0].RecordId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Msg.Record.Nodes) != 1 || rec.Msg.Record.Nodes[0].NodeId != v1 || rec.Msg.Record.Nodes[0].ConfirmedBy != "operator:admin (launcher)" {
+		t.Fatalf("record nodes %v, want %s confirmed by the launcher", rec.Msg.Record.Nodes, v1)
+	}
+	v2, version := l.Current()
+	if version != "v2" || v2 == v1 {
+		t.Fatalf("current %s %s, want a new v2 node", v2, version)
+	}
+	if n := getNode(t, admin, v2); n.State != tetherv1.NodeState_NODE_STATE_RUNNING || n.ReadyAt == nil || n.Labels["version"] != "v2" {
+		t.Fatalf("v2 node %v", n)
+	}
+	// Stopping the launcher stops the process and confirms its exit.
+	cancel()
+	<-done
+	done <- nil
+	if n := getNode(t, admin, v2); n.ExitedAt == nil || n.ExitConfirmedBy != "operator:admin (launcher)" {
+		t.Fatalf("after the launcher stopped, v2 node exit %v by %q", n.ExitedAt, n.ExitConfirmedBy)
+	}
+}
+
+// TestLauncherTerminatesAndRestartsAnAgentThatDiesUnasked: an exit nobody
+// asked for is confirmed, the node is terminated (so what it held is
+// reconciled) and the agent restarts at the target version.
+func TestLauncherTerminatesAndRestartsAnAgentThatDiesUnasked(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: op, Name: "flaky", Versions: helperVersions("TETHER_LAUNCHER_HELPER_CRASH=1"), Start: "v1",
+		PollEvery: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetTarget("v2"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "the v1 process to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	testserver.WaitFor(t, 30*time.Second, "the v2 restart to report ready", func() bool {
+		node, version := l.Current()
+		return version == "v2" && getNode(t, admin, node).ReadyAt != nil
+	})
+	testserver.WaitFor(t, 30*time.Second, "the crashed node to be terminated", func() bool {
+		n := getNode(t, admin, first)
+		return n.State == tetherv1.NodeState_NODE_STATE_TERMINATED
+	})
+	if n := getNode(t, admin, first); n.ExitConfirmedBy != "operator:admin (launcher)" {
+		t.Fatalf("crashed node confirmed by %q", n.ExitConfirmedBy)
+	}
+	if _, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{Operator: op, Name: "x", Versions: helperVersions(), Start: "v3"}); err == nil {
+		t.Fatal("a launcher without its start version was accepted")
+	}
+}

@@ -1,0 +1,255 @@
+package agentsdk_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+var leaseEpoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// cuttable is an HTTP transport a test can disconnect.
+type cuttable struct {
+	next http.RoundTripper
+	cut  atomic.Bool
+}
+
+func (c *cuttable) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("network unreachable (test)")
+	}
+	return c.next.RoundTrip(r)
+}
+
+type leaseSetup struct {
+	srv     *testserver.Server
+	clock   *clock.Manual
+	planner *agentsdk.Conn
+	worker  *agentsdk.Conn
+	node    string
+	net     *cuttable
+}
+
+func newLeaseSetup(t *testing.T) *leaseSetup {
+	t.Helper()
+	clk := clock.NewManual(leaseEpoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	planner := agentsdk.Dial(srv.URL, root.Msg.Credential, srv.HTTP)
+	child, err := planner.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := &cuttable{next: testserver.H2CClient().Transport}
+	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, &http.Client{Transport: net})
+	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId, net: net}
+}
+
+func (s *leaseSetup) offer(t *testing.T, job string, d time.Duration) *tetherv1.Lease {
+	t.Helper()
+	resp, err := s.planner.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: s.node, LeaseDuration: durationpb.New(d)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Lease
+}
+
+func (s *leaseSetup) get(t *testing.T, job string) *tetherv1.Lease {
+	t.Helper()
+	resp, err := s.planner.Lease.GetLease(context.Background(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Lease
+}
+
+func (s *leaseSetup) newWorker(t *testing.T, dir string, every time.Duration) *agentsdk.LeaseWorker {
+	t.Helper()
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: dir, Now: s.clock.Now, RenewEvery: every})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+func accepted(t *testing.T, what string, d *tetherv1.Decision, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	if d.Outcome != tetherv1.Outcome_OUTCOME_ACCEPTED {
+		t.Fatalf("%s: %s %s", what, d.AuditEvent, d.Reason)
+	}
+}
+
+func TestLeaseWorkerAcksRenewsReportsAndHandlesCancel(t *testing.T) {
+	s := newLeaseSetup(t)
+	w := s.newWorker(t, t.TempDir(), time.Hour) // renewals driven by the test
+	ctx := context.Background()
+	cancelled := make(chan *tetherv1.Lease, 1)
+	job, d, err := w.Accept(ctx, s.offer(t, "job-1", time.Minute), agentsdk.JobOptions{OnCancel: func(l *tetherv1.Lease) { cancelled <- l }})
+	accepted(t, "accept", d, err)
+	s.clock.Advance(10 * time.Second)
+	d, err = job.Renew(ctx)
+	accepted(t, "renew", d, err)
+	d, err = job.Progress(ctx, "half")
+	accepted(t, "progress", d, err)
+	if l := job.Lease(); l.RenewSequence != 1 || l.ProgressSequence != 1 || !l.ExpiresAt.AsTime().Equal(leaseEpoch.Add(70*time.Second)) {
+		t.Fatalf("after renew and progress: %v", l)
+	}
+	h := http.Header{}
+	job.Header(h)
+	if h.Get(agentsdk.HeaderJobID) != "job-1" || h.Get(agentsdk.HeaderLeaseGeneration) != "1" {
+		t.Fatalf("fencing headers %v", h)
+	}
+
+	if _, err := s.planner.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "job-1", Reason: "stop"})); err != nil {
+		t.Fatal(err)
+	}
+	d, err = job.Renew(ctx) // the worker learns of the cancel from the coordinator's answer
+	if err != nil || d.Outcome != tetherv1.Outcome_OUTCOME_REJECTED {
+		t.Fatalf("renew after the cancel request: %v %v", d, err)
+	}
+	select {
+	case <-cancelled:
+	default:
+		t.Fatal("OnCancel did not run")
+	}
+	if !errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseCancelled) {
+		t.Fatalf("job context cause: %v", context.Cause(job.Context()))
+	}
+	if l := s.get(t, "job-1"); !l.CancelAck {
+		t.Fatal("the worker did not acknowledge the cancel request")
+	}
+	d, err = job.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, "stopped")
+	accepted(t, "complete", d, err)
+	if l := s.get(t, "job-1"); l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED {
+		t.Fatalf("after complete: %v", l)
+	}
+}
+
+func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
+	s := newLeaseSetup(t)
+	w := s.newWorker(t, t.TempDir(), 5*time.Millisecond)
+	job, _, err := w.Accept(context.Background(), s.offer(t, "job-1", 30*time.Second), agentsdk.JobOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The worker's loop renews on its own schedule; the lease only ends
+	// when the coordinator's clock passes the expiry with no renewal — cut
+	// the network so none gets through, then move the coordinator's clock.
+	s.net.cut.Store(true)
+	s.clock.Advance(31 * time.Second)
+	select {
+	case <-job.Done():
+		t.Fatal("the loop stopped while the coordinator could not be asked")
+	default:
+	}
+	s.net.cut.Store(false)
+	select {
+	case <-job.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the renew loop did not stop after the coordinator answered EXPIRED")
+	}
+	if !errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseLost) || job.Lease().State != tetherv1.LeaseState_LEASE_STATE_EXPIRED {
+		t.Fatalf("cause %v, lease %v", context.Cause(job.Context()), job.Lease())
+	}
+}
+
+func TestLeaseWorkerSpoolsWhileDisconnectedAndReplaysInOrder(t *testing.T) {
+	s := newLeaseSetup(t)
+	dir := t.TempDir()
+	w := s.newWorker(t, dir, time.Hour)
+	ctx := context.Background()
+	job, _, err := w.Accept(ctx, s.offer(t, "job-1", time.Minute), agentsdk.JobOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spooledAt := s.clock.Now()
+	s.net.cut.Store(true)
+	for _, v := range []string{"10%", "20%"} {
+		if _, err := job.Progress(ctx, v); !errors.Is(err, agentsdk.ErrSpooled) {
+			t.Fatalf("progress while disconnected: %v", err)
+		}
+	}
+	if _, err := job.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "done"); !errors.Is(err, agentsdk.ErrSpooled) {
+		t.Fatalf("complete while disconnected: %v", err)
+	}
+	w.Close()
+
+	// The agent restarts: a new worker on the same spool directory.
+	s.clock.Advance(30 * time.Second)
+	s.net.cut.Store(false)
+	w2 := s.newWorker(t, dir, time.Hour)
+	if w2.Pending() != 3 {
+		t.Fatalf("%d messages in the spool after a restart, want 3", w2.Pending())
+	}
+	n, err := w2.Replay(ctx)
+	if err != nil || n != 3 || w2.Pending() != 0 {
+		t.Fatalf("replay: %d, %v, %d pending", n, err, w2.Pending())
+	}
+	l := s.get(t, "job-1")
+	if l.ProgressSequence != 2 || l.ProgressValue != "20%" || l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS {
+		t.Fatalf("after replay: %v", l)
+	}
+	// The replayed messages kept their original sent_at: the coordinator
+	// notes the worker's timestamp, 30s older than its receipt.
+	rows, err := s.planner.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: "job-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := rows.Msg.Rows[len(rows.Msg.Rows)-1]
+	if last.Message != "complete" || !strings.Contains(last.Reason, spooledAt.Format(time.RFC3339Nano)) {
+		t.Fatalf("last row: %s %q", last.Message, last.Reason)
+	}
+}
+
+func TestLeaseWorkerReplayedResultFromAnExpiredGenerationIsRecordedNotAccepted(t *testing.T) {
+	s := newLeaseSetup(t)
+	dir := t.TempDir()
+	w := s.newWorker(t, dir, time.Hour)
+	ctx := context.Background()
+	job, _, err := w.Accept(ctx, s.offer(t, "job-1", 30*time.Second), agentsdk.JobOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.net.cut.Store(true)
+	if _, err := job.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "done"); !errors.Is(err, agentsdk.ErrSpooled) {
+		t.Fatalf("complete while disconnected: %v", err)
+	}
+	s.clock.Advance(time.Minute) // the lease expired while the worker was away
+	s.net.cut.Store(false)
+	if n, err := w.Replay(ctx); err != nil || n != 1 {
+		t.Fatalf("replay: %d, %v", n, err)
+	}
+	l := s.get(t, "job-1")
+	if l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || l.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED {
+		t.Fatalf("a result from an expired generation was accepted: %v", l)
+	}
+	rows, err := s.planner.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: "job-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := rows.Msg.Rows[len(rows.Msg.Rows)-1]
+	if last.Message != "complete" || last.Decision.Outcome != tetherv1.Outcome_OUTCOME_REJECTED || last.Decision.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED {
+		t.Fatalf("the replayed result's row: %s %s %s", last.Message, last.Decision.Outcome, last.Decision.AuditEvent)
+	}
+}

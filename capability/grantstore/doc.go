@@ -1,0 +1,120 @@
+// Package grantstore is the store-backed shell around the capability core:
+// it persists grants, tombstones and the revocation feed in the control
+// plane's transactional store, serves CapabilityService (through the
+// controlplane handler), and runs the background work — following the
+// feed, marking revoked subtrees, pruning old tombstones.
+//
+// Every decision is the pure core's (package capability); this package
+// reads what the core needs, calls it with the injected clock, and writes
+// its result. Decisions are made on a read snapshot, outside the store's
+// single committer; the write then checks that nothing the decision read
+// has changed (optimistic concurrency) and starts over if it has. Nothing
+// is acknowledged before the store has committed it durably.
+//
+// # Key layout
+//
+// Keys are readable strings, like the supervisor's. Sequences are
+// zero-padded to 20 digits so that byte order is numeric order.
+//
+//	grants/grant/<grant id>                         tetherv1.Grant (protobuf): the stored grant
+//	grants/holder/<node id>/<grant id>              "" — grants held by a node
+//	grants/child/<parent grant id>/<grant id>       "" — direct delegations of a grant
+//	grants/derived/<ancestor grant id>/<grant id>   "" — one entry per chain entry, so the whole
+//	                                                     subtree of a grant is one prefix
+//	grants/issued/<unix nanos, 20 digits>/<grant id> "" — creation order, for revoke-issued-before
+//	grants/tombstone/<sequence>                     tetherv1.Tombstone (protobuf): the revocation feed
+//	grants/feed/head                                the last sequence assigned (decimal)
+//	grants/feed/compacted                           the highest sequence pruned (decimal)
+//	grants/mark/<sequence>                          markJob (JSON): a subtree still to be marked
+//
+// A new grant and all its index entries are written in one transaction.
+// Indexed fields (holder, parent, chain, creation time) never change, so a
+// state change rewrites only grants/grant/<id>.
+//
+// # Revocation
+//
+// Revoking a grant writes, in one transaction: the grant in its revoked
+// state, one tombstone at the next feed sequence, the new feed head, and —
+// when the grant has descendants, which one index probe tells — one
+// marking job at the same sequence. That is the whole request: its cost
+// does not depend on the size of the subtree. A bulk revocation (by
+// holder, by subtree, issued before a time) decides authority for every
+// top grant on one snapshot before writing anything, so a refusal changes
+// nothing, then writes one tombstone per top grant (a grant none of whose
+// ancestors is also targeted) in chunks of bulkChunk.
+//
+// Until the marker has run, a descendant's stored state still says active;
+// every read path (GetGrant, ListGrants, Introspect, Refresh, Delegate,
+// HeldBy) walks the chain and shows it revoked, and verifiers reject it by
+// its chain. The marker only makes the stored state say what the chain
+// already implies.
+//
+// # The revocation feed
+//
+// The feed is the ordered list of live tombstones. WatchRevocations(after)
+// streams it to a follower (a verifier) positioned at sequence after:
+//
+//   - Sequence. Tombstones are numbered 1, 2, 3… in commit order; a
+//     message's Head is the position the follower reaches with it — every
+//     tombstone up to Head has been sent. Head is the feed head, except in
+//     a message cut short by MaxFeedBatch, where it is the last tombstone's
+//     sequence and the next message follows at once.
+//   - Resume. A follower reconnects with after = the last Head it applied
+//     and receives exactly the tombstones above it. Applying a tombstone
+//     twice or out of order is harmless (revocation only narrows), so
+//     resuming never needs more precision than that.
+//   - Snapshot. When after is below the compaction point (tombstones above
+//     it were pruned while the follower was away) or above the head (the
+//     follower followed another history, e.g. a restored store), the first
+//     message has Snapshot set: it and the messages up to the head are a
+//     full copy of the live tombstones, and the follower replaces its set
+//     with them rather than adding.
+//   - Heartbeat. When nothing is revoked, the stream sends a message with no
+//     tombstones and the follower's Head every Config.Heartbeat (default two
+//     seconds). A follower measures staleness from the last message it
+//     received, on its own clock, and fails closed once that is older than
+//     its staleness budget — so the budget must be several heartbeats.
+//
+// The feed is served from memory: RunFeed loads it with one scan, then
+// applies a store watch on grants/tombstone/ (watch first, scan, drop events
+// at or below the scan's revision; rescan when the watch lags). Any replica
+// can serve it.
+//
+// Tombstones leave the stored feed only once their DropAfter has passed on
+// the control plane's clock (capability.DropAfter: revoked_at +
+// capability.MaxTokenTTL + capability.MaxLeeway, when no token that carries
+// the grant can still be accepted). PruneTombstones drops them oldest
+// first and stops at the first one still needed, so the pruned sequences
+// are always a prefix of the feed and grants/feed/compacted says where it
+// ends. Pruning never touches grants: a revoked grant stays revoked.
+//
+// # The marker
+//
+// RunMarker turns the persisted marking jobs into stored states, in the
+// background, never in a request path. Its bounds:
+//
+//   - one job at a time, oldest sequence first;
+//   - at most Config.MarkBatch descendants (default 512) per transaction,
+//     read in grants/derived/ order after the job's cursor;
+//   - the decisions are made on a read snapshot, outside the committer, and
+//     the write re-checks each grant and decides again if it changed;
+//   - the job's cursor (the last descendant handled) is written in the same
+//     transaction as the batch, and the job is deleted in the transaction
+//     that handles its last descendant.
+//
+// A crash or restart therefore repeats at most one uncommitted batch, and
+// repeating one is harmless. The marker is woken by every revocation and
+// otherwise looks for jobs every ten seconds (another replica's, or one
+// whose batch failed). Each descendant is marked by the earliest
+// revocation among its ancestors (see covered), unless it had expired by
+// then, so the outcome depends neither on the order in which jobs run nor
+// on when the marker runs — and it is what the read paths show before it.
+//
+// # Caller duties
+//
+// The control plane authenticates the caller and passes its principal and
+// roles (Caller); it runs RunFeed, RunMarker and RunPruner for as long as
+// it serves, and maps errors (this package's sentinels and the core's) to
+// Connect codes with one errors.Is switch. Messages name fields, grants,
+// scopes and nodes, never token text.
+package grantstore

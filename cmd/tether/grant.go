@@ -1,0 +1,416 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+func newGrantCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "grant",
+		Short: "Capability grants: issue, delegate, revoke and inspect",
+		Long: `Capability grants are delegated down the agent tree, narrowed at every step,
+and revocable by any ancestor. Operators issue root grants; an agent delegates
+from a grant it holds (run "grant delegate" with the agent's credential as
+--token). Revoking a grant revokes everything derived from it.`,
+	}
+	cmd.AddCommand(grantRoot(g), grantDelegate(g), grantRevoke(g), grantShow(g), grantTree(g), grantList(g))
+	return cmd
+}
+
+func grantRoot(g *globals) *cobra.Command {
+	var holder string
+	var scopes []string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "root --holder NODE --scope SCOPE [--scope SCOPE] [--ttl 24h]",
+		Short: "Issue a root grant to a node (operators)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			req := &tetherv1.IssueRootRequest{HolderNodeId: holder, Scopes: scopes}
+			if ttl != 0 {
+				req.Ttl = durationpb.New(ttl)
+			}
+			resp, err := c.capability.IssueRoot(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			return printIssued(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Grant, resp.Msg.Token, resp.Msg.TokenExpiresAt)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&holder, "holder", "", "node that holds the grant")
+	f.StringArrayVar(&scopes, "scope", nil, `scope (repeatable), e.g. tool:shell, tool:*, s3:read:bucket/prefix*`)
+	f.DurationVar(&ttl, "ttl", 0, "grant lifetime (default 24h)")
+	return cmd
+}
+
+func grantDelegate(g *globals) *cobra.Command {
+	var parent, holder string
+	var scopes []string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "delegate --from GRANT --holder NODE --scope SCOPE [--scope SCOPE] [--ttl D]",
+		Short: "Derive a narrower grant for a node below the holder (as the holding agent)",
+		Long: `Derive a grant from one the calling agent holds, for a running node in its
+subtree. The scopes must be covered by the parent's and the expiry may not pass
+the parent's (no --ttl: the parent's expiry). Call it with the holder agent's
+credential: --token or TETHER_TOKEN.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			req := &tetherv1.DelegateRequest{ParentGrantId: parent, HolderNodeId: holder, Scopes: scopes}
+			if ttl != 0 {
+				req.Ttl = durationpb.New(ttl)
+			}
+			resp, err := c.capability.Delegate(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			return printIssued(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Grant, resp.Msg.Token, resp.Msg.TokenExpiresAt)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&parent, "from", "", "the parent grant (held by the caller)")
+	f.StringVar(&holder, "holder", "", "node that will hold the new grant")
+	f.StringArrayVar(&scopes, "scope", nil, "scope (repeatable); each must be covered by a parent scope")
+	f.DurationVar(&ttl, "ttl", 0, "lifetime (default: until the parent expires)")
+	return cmd
+}
+
+func grantRevoke(g *globals) *cobra.Command {
+	var holder, subtree, issuedBefore, reason string
+	cmd := &cobra.Command{
+		Use:   "revoke [GRANT | --holder NODE | --subtree NODE | --issued-before TIME] [--reason TEXT]",
+		Short: "Revoke a grant and everything derived from it, or in bulk",
+		Long: `Revoke one grant (and with it its whole subtree), every grant a node holds
+(--holder), every grant held in a node's subtree (--subtree), or every grant
+issued before a time (--issued-before, RFC 3339). The caller must be in the
+revoker set of every grant it revokes: an ancestor holder, the issuing
+operator, or the security or admin role. One tombstone is written per top
+grant.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &tetherv1.RevokeRequest{Reason: reason}
+			targets := 0
+			if len(args) == 1 {
+				req.Target, targets = &tetherv1.RevokeRequest_GrantId{GrantId: args[0]}, targets+1
+			}
+			if holder != "" {
+				req.Target, targets = &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: holder}, targets+1
+			}
+			if subtree != "" {
+				req.Target, targets = &tetherv1.RevokeRequest_SubtreeNodeId{SubtreeNodeId: subtree}, targets+1
+			}
+			if issuedBefore != "" {
+				at, err := time.Parse(time.RFC3339Nano, issuedBefore)
+				if err != nil {
+					return fmt.Errorf("--issued-before %q: want an RFC 3339 time such as 2026-12-01T09:00:00Z", issuedBefore)
+				}
+				req.Target, targets = &tetherv1.RevokeRequest_IssuedBefore{IssuedBefore: timestamppb.New(at)}, targets+1
+			}
+			if targets != 1 {
+				return errors.New("name exactly one target: a GRANT, --holder, --subtree or --issued-before")
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.capability.Revoke(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			w := cmd.OutOrStdout()
+			if len(resp.Msg.RevokedGrantIds) == 0 {
+				fmt.Fprintf(w, "nothing to revoke: already revoked or expired (feed at sequence %d)\n", resp.Msg.Sequence)
+				return nil
+			}
+			for _, id := range resp.Msg.RevokedGrantIds {
+				fmt.Fprintf(w, "revoked %s and everything derived from it\n", id)
+			}
+			fmt.Fprintf(w, "tombstones up to sequence %d\n", resp.Msg.Sequence)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&holder, "holder", "", "revoke every grant this node holds")
+	f.StringVar(&subtree, "subtree", "", "revoke every grant held in this node's subtree")
+	f.StringVar(&issuedBefore, "issued-before", "", "revoke every grant issued before this RFC 3339 time")
+	f.StringVar(&reason, "reason", "", "why (kept with the grant and in the revocation feed)")
+	return cmd
+}
+
+func grantShow(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "show GRANT",
+		Short: "Show one grant",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.capability.GetGrant(cmd.Context(), connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: args[0]}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg.Grant)
+			}
+			printGrant(cmd.OutOrStdout(), resp.Msg.Grant)
+			return nil
+		},
+	}
+}
+
+func grantList(g *globals) *cobra.Command {
+	var holder, subtree, derived string
+	cmd := &cobra.Command{
+		Use:   "ls [--holder NODE | --subtree NODE | --derived-from GRANT]",
+		Short: "List grants",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			grants, err := listGrants(cmd, c, &tetherv1.ListGrantsRequest{HolderNodeId: holder, SubtreeNodeId: subtree, DerivedFromGrantId: derived})
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), grants)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES")
+			for _, gr := range grants {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt))
+			}
+			return tw.Flush()
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&holder, "holder", "", "grants held by this node")
+	f.StringVar(&subtree, "subtree", "", "grants held anywhere in this node's subtree")
+	f.StringVar(&derived, "derived-from", "", "this grant and everything derived from it")
+	return cmd
+}
+
+func grantTree(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "tree GRANT",
+		Short: "Draw a grant's derivation tree with states",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			grants, err := listGrants(cmd, c, &tetherv1.ListGrantsRequest{DerivedFromGrantId: args[0]})
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), grants)
+			}
+			drawGrantTree(cmd.OutOrStdout(), args[0], grants)
+			return nil
+		},
+	}
+}
+
+// drawGrantTree draws the grants derived from rootID, each with its
+// holder, state and scopes.
+func drawGrantTree(w io.Writer, rootID string, grants []*tetherv1.Grant) {
+	var root *tetherv1.Grant
+	children := map[string][]*tetherv1.Grant{}
+	for _, gr := range grants {
+		if gr.GrantId == rootID {
+			root = gr
+			continue
+		}
+		children[gr.ParentGrantId] = append(children[gr.ParentGrantId], gr)
+	}
+	if root == nil {
+		return
+	}
+	label := func(gr *tetherv1.Grant) string {
+		return fmt.Sprintf("%s → %s [%s] %s", gr.GrantId, gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","))
+	}
+	drawTree(w, root, func(gr *tetherv1.Grant) []*tetherv1.Grant {
+		kids := children[gr.GrantId]
+		sort.Slice(kids, func(i, j int) bool {
+			if !kids[i].CreatedAt.AsTime().Equal(kids[j].CreatedAt.AsTime()) {
+				return kids[i].CreatedAt.AsTime().Before(kids[j].CreatedAt.AsTime())
+			}
+			return kids[i].GrantId < kids[j].GrantId
+		})
+		return kids
+	}, label)
+}
+
+func listGrants(cmd *cobra.Command, c *clients, req *tetherv1.ListGrantsRequest) ([]*tetherv1.Grant, error) {
+	var out []*tetherv1.Grant
+	for {
+		resp, err := c.capability.ListGrants(cmd.Context(), connect.NewRequest(req))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, resp.Msg.Grants...)
+		if req.PageToken = resp.Msg.NextPageToken; req.PageToken == "" {
+			return out, nil
+		}
+	}
+}
+
+// grantState names a grant's state, and what revoked it when that was an
+// ancestor.
+func grantState(gr *tetherv1.Grant) string {
+	state := strings.ToLower(strings.TrimPrefix(gr.State.String(), "GRANT_STATE_"))
+	if gr.State == tetherv1.GrantState_GRANT_STATE_REVOKED && gr.RevokedVia != "" && gr.RevokedVia != gr.GrantId {
+		state += " via " + gr.RevokedVia
+	}
+	return state
+}
+
+func formatTimestamp(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339)
+}
+
+func printGrant(w io.Writer, gr *tetherv1.Grant) {
+	fmt.Fprintf(w, "grant_id:    %s\nparent:      %s\nholder:      %s\nissuer:      %s\nscopes:      %s\nstate:       %s\nnot_before:  %s\nexpires_at:  %s\nchain:       %s\nrevokers:    %s\n",
+		gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, gr.Issuer, strings.Join(gr.Scopes, ", "), grantState(gr),
+		formatTimestamp(gr.NotBefore), formatTimestamp(gr.ExpiresAt), orDash(strings.Join(gr.Chain, " → ")), strings.Join(gr.Revokers, ", "))
+	if gr.State == tetherv1.GrantState_GRANT_STATE_REVOKED {
+		fmt.Fprintf(w, "revoked:     %s by %s (%s)\n", formatTimestamp(gr.RevokedAt), orDash(gr.RevokedBy), orDash(gr.Reason))
+	}
+}
+
+// printIssued prints a grant with its fresh token: the token alone on the
+// last line, so `| tail -1` captures it.
+func printIssued(g *globals, w io.Writer, msg proto.Message, gr *tetherv1.Grant, token string, exp *timestamppb.Timestamp) error {
+	asJSON, err := g.wantJSON()
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return printJSON(w, msg)
+	}
+	printGrant(w, gr)
+	fmt.Fprintf(w, "token expires at %s:\n%s\n", formatTimestamp(exp), token)
+	return nil
+}
+
+func newTokenRefreshCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "refresh GRANT",
+		Short: "Mint a fresh capability token for a grant, after re-checking its whole chain",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.capability.Refresh(cmd.Context(), connect.NewRequest(&tetherv1.RefreshRequest{GrantId: args[0]}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), resp.Msg.Token)
+			fmt.Fprintf(cmd.ErrOrStderr(), "token for grant %s expires %s\n", resp.Msg.Grant.GetGrantId(), formatTimestamp(resp.Msg.TokenExpiresAt))
+			return nil
+		},
+	}
+}
+
+func newTokenIntrospectCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "introspect [TOKEN | -]",
+		Short: "Say whether a capability token is active, and why (reads stdin with - or no argument)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			token := ""
+			if len(args) == 1 && args[0] != "-" {
+				token = args[0]
+			} else {
+				line, err := bufio.NewReader(io.LimitReader(cmd.InOrStdin(), 64<<10)).ReadString('\n')
+				if err != nil && !errors.Is(err, io.EOF) {
+					return fmt.Errorf("read the token from stdin: %w", err)
+				}
+				token = strings.TrimSpace(line)
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.capability.Introspect(cmd.Context(), connect.NewRequest(&tetherv1.IntrospectRequest{Token: token}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			m := resp.Msg
+			w := cmd.OutOrStdout()
+			active := "no"
+			if m.Active {
+				active = "yes"
+			}
+			fmt.Fprintf(w, "active:   %s\nreason:   %s\n", active, m.Reason)
+			if m.HolderNodeId != "" {
+				fmt.Fprintf(w, "holder:   %s\nscopes:   %s\nexpires:  %s\n", m.HolderNodeId, strings.Join(m.Scopes, ", "), formatTimestamp(m.ExpiresAt))
+			}
+			if m.Grant != nil {
+				fmt.Fprintf(w, "grant:    %s [%s]\n", m.Grant.GrantId, grantState(m.Grant))
+			}
+			if !m.Active {
+				return errInactive // scripts test the exit status
+			}
+			return nil
+		},
+	}
+}
+
+// errInactive makes `tether token introspect` exit non-zero for a token
+// that is not active.
+var errInactive = errors.New("token is not active")

@@ -1,0 +1,185 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// Rollout starts a rollout: operators only (the policy), since it drains
+// agents across the whole tree.
+func (h *supervisorService) Rollout(ctx context.Context, req *connect.Request[tetherv1.RolloutRequest]) (*connect.Response[tetherv1.RolloutResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	m := req.Msg
+	r, err := h.s.rollouts.Start(ctx, supervisor.RolloutRequest{
+		Selector: m.Selector, TargetSelector: m.TargetSelector,
+		Batch: int(m.Batch), MaxUnavailable: int(m.MaxUnavailable),
+		BatchDeadline:  durationOr(m.BatchDeadline, 0),
+		DrainWindow:    durationOr(m.DrainWindow, supervisor.DefaultDrainWindow),
+		ConfirmTimeout: durationOr(m.ConfirmTimeout, supervisor.DefaultConfirmTimeout),
+		Description:    m.Description, RequestedBy: p.ID(),
+	})
+	if err != nil {
+		return nil, toConnect(rolloutError(err))
+	}
+	return connect.NewResponse(&tetherv1.RolloutResponse{Rollout: rolloutToProto(r)}), nil
+}
+
+func (h *supervisorService) GetRollout(ctx context.Context, req *connect.Request[tetherv1.GetRolloutRequest]) (*connect.Response[tetherv1.GetRolloutResponse], error) {
+	r, err := h.s.rollouts.Get(ctx, req.Msg.RolloutId)
+	if err != nil {
+		return nil, toConnect(rolloutError(err))
+	}
+	return connect.NewResponse(&tetherv1.GetRolloutResponse{Rollout: rolloutToProto(r)}), nil
+}
+
+func (h *supervisorService) ListRollouts(ctx context.Context, _ *connect.Request[tetherv1.ListRolloutsRequest]) (*connect.Response[tetherv1.ListRolloutsResponse], error) {
+	rs, err := h.s.rollouts.List(ctx)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := make([]*tetherv1.Rollout, len(rs))
+	for i, r := range rs {
+		out[i] = rolloutToProto(r)
+	}
+	return connect.NewResponse(&tetherv1.ListRolloutsResponse{Rollouts: out}), nil
+}
+
+func (h *supervisorService) WatchRollout(ctx context.Context, req *connect.Request[tetherv1.WatchRolloutRequest], stream *connect.ServerStream[tetherv1.WatchRolloutResponse]) error {
+	err := h.s.rollouts.Watch(ctx, req.Msg.RolloutId, func(r supervisor.Rollout) error {
+		return stream.Send(&tetherv1.WatchRolloutResponse{Rollout: rolloutToProto(r)})
+	})
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return toConnect(rolloutError(err))
+}
+
+func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string, d supervisor.RolloutDecision, reason string) (*tetherv1.Rollout, error) {
+	p, _ := auth.FromContext(ctx)
+	r, err := h.s.rollouts.Decide(ctx, rolloutID, d, reason, p.ID())
+	if err != nil {
+		return nil, toConnect(rolloutError(err))
+	}
+	return rolloutToProto(r), nil
+}
+
+func (h *supervisorService) PauseRollout(ctx context.Context, req *connect.Request[tetherv1.PauseRolloutRequest]) (*connect.Response[tetherv1.PauseRolloutResponse], error) {
+	r, err := h.decideRollout(ctx, req.Msg.RolloutId, supervisor.DecidePause, req.Msg.Reason)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&tetherv1.PauseRolloutResponse{Rollout: r}), nil
+}
+
+func (h *supervisorService) ResumeRollout(ctx context.Context, req *connect.Request[tetherv1.ResumeRolloutRequest]) (*connect.Response[tetherv1.ResumeRolloutResponse], error) {
+	r, err := h.decideRollout(ctx, req.Msg.RolloutId, supervisor.DecideResume, "")
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&tetherv1.ResumeRolloutResponse{Rollout: r}), nil
+}
+
+func (h *supervisorService) AbortRollout(ctx context.Context, req *connect.Request[tetherv1.AbortRolloutRequest]) (*connect.Response[tetherv1.AbortRolloutResponse], error) {
+	r, err := h.decideRollout(ctx, req.Msg.RolloutId, supervisor.DecideAbort, req.Msg.Reason)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&tetherv1.AbortRolloutResponse{Rollout: r}), nil
+}
+
+// rolloutError maps the rollout sentinels here rather than in the shared
+// toConnect switch.
+func rolloutError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, supervisor.ErrRolloutNotFound):
+		return connect.NewError(connect.CodeNotFound, err)
+	case errors.Is(err, supervisor.ErrRolloutFinished):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	}
+	return err
+}
+
+// ReportReady: an agent reports its own node ready, or an operator (its
+// launcher) reports it. A rollout counts ready agents matching its target
+// selector as replacements.
+func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tetherv1.ReportReadyRequest]) (*connect.Response[tetherv1.ReportReadyResponse], error) {
+	p, _ := auth.FromContext(ctx)
+	authorize := func(n *tetherv1.Node) error {
+		if p.IsAgent() && n.NodeId != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may report only its own readiness, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)
+		}
+		return nil
+	}
+	n, err := a.s.tree.ReportReady(ctx, req.Msg.NodeId, authorize)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ReportReadyResponse{Node: n}), nil
+}
+
+func rolloutToProto(r supervisor.Rollout) *tetherv1.Rollout {
+	state := map[supervisor.RolloutState]tetherv1.RolloutState{
+		supervisor.RolloutRunning:   tetherv1.RolloutState_ROLLOUT_STATE_RUNNING,
+		supervisor.RolloutPaused:    tetherv1.RolloutState_ROLLOUT_STATE_PAUSED,
+		supervisor.RolloutCompleted: tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED,
+		supervisor.RolloutAborted:   tetherv1.RolloutState_ROLLOUT_STATE_ABORTED,
+	}[r.State]
+	out := &tetherv1.Rollout{
+		RolloutId: r.ID, Selector: r.Selector, TargetSelector: r.TargetSelector,
+		Batch: uint32(r.Batch), MaxUnavailable: uint32(r.MaxUnavailable),
+		BatchDeadline: durationpb.New(r.BatchDeadline), DrainWindow: durationpb.New(r.DrainWindow), ConfirmTimeout: durationpb.New(r.ConfirmTimeout),
+		State: state, Reason: r.Reason, RequestedBy: r.RequestedBy, Description: r.Description,
+		CreatedAt: timestamppb.New(r.CreatedAt), UpdatedAt: timestamppb.New(r.UpdatedAt),
+		Counts: &tetherv1.RolloutCounts{
+			Remaining: uint32(r.Remaining), Drained: uint32(r.Drained()),
+			ReplacementsReady: uint32(r.Replacements(r.ReadyTarget)), Unavailable: uint32(r.Unavailable(r.ReadyTarget)),
+			LeasesHandedOver: uint32(r.LeasesHandedOver()),
+		},
+	}
+	for _, b := range r.Batches {
+		if b.State() == supervisor.BatchDone {
+			out.Counts.BatchesDone++
+		}
+		out.Batches = append(out.Batches, &tetherv1.RolloutBatch{
+			Index: uint32(b.Index), State: batchStateToProto(b.State()), NodeIds: b.NodeIDs,
+			TerminationId: b.TerminationID, RecordId: b.RecordID,
+			StartedAt: timestamppb.New(b.StartedAt), Deadline: timestamppb.New(b.Deadline),
+			TerminatedAt: optionalTime(b.TerminatedAt), ReplacedAt: optionalTime(b.ReplacedAt), CompletedAt: optionalTime(b.CompletedAt),
+			LeasesHandedOver: uint32(b.LeasesHandedOver), LeasesNotHandedOver: b.LeasesNotHandedOver,
+		})
+	}
+	return out
+}
+
+func batchStateToProto(s supervisor.BatchState) tetherv1.RolloutBatchState {
+	switch s {
+	case supervisor.BatchDraining:
+		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DRAINING
+	case supervisor.BatchReplacing:
+		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_REPLACING
+	case supervisor.BatchDone:
+		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE
+	case supervisor.BatchReleased:
+		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_RELEASED
+	}
+	return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_UNSPECIFIED
+}
+
+func optionalTime(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}

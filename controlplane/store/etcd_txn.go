@@ -1,0 +1,456 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// etcdScanPage is how many keys one range request of a Scan fetches.
+const etcdScanPage = 512
+
+// Rough upper bounds of what one comparison or one write adds to a commit
+// request beyond its key and value (protobuf tags, lengths, revisions).
+const (
+	etcdCompareOverhead = 24
+	etcdOpOverhead      = 16
+)
+
+// etcdSnapshot reads the store at one revision. The first read is
+// linearizable (it sees every commit acknowledged before it began) and
+// fixes the revision; every later read is served at that revision, so
+// what a View or an Update attempt reads is one consistent snapshot.
+type etcdSnapshot struct {
+	store *Etcd
+	ctx   context.Context
+	rev   int64 // 0 until the first read
+	// revisionErr is the error of a Revision call that could not learn
+	// the revision (Revision itself cannot return it).
+	revisionErr error
+	// lost is set when a read found the snapshot's revision compacted.
+	lost error
+}
+
+// get runs a range request at the snapshot's revision.
+func (r *etcdSnapshot) get(key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	if r.rev != 0 {
+		opts = append(opts, clientv3.WithRev(r.rev))
+	}
+	resp, err := r.store.client.Get(r.ctx, key, opts...)
+	if err != nil {
+		if r.rev != 0 && errors.Is(err, rpctypes.ErrCompacted) {
+			r.lost = fmt.Errorf("store: etcd compacted revision %d while a transaction was reading it: %w", r.rev, err)
+			return nil, r.lost
+		}
+		return nil, r.store.readError(r.ctx, err)
+	}
+	if r.rev == 0 {
+		r.rev = resp.Header.Revision
+	}
+	return resp, nil
+}
+
+// revision fixes the snapshot's revision if no read has yet.
+func (r *etcdSnapshot) revision() uint64 {
+	if r.rev == 0 {
+		if _, err := r.get(r.store.keys.revisionProbe(), clientv3.WithCountOnly()); err != nil {
+			r.revisionErr = fmt.Errorf("store: read the revision: %w", err)
+		}
+	}
+	return uint64(r.rev)
+}
+
+// getKey returns the committed key-value of an etcd key, nil if absent.
+func (r *etcdSnapshot) getKey(key string) (*mvccpb.KeyValue, error) {
+	resp, err := r.get(key)
+	if err != nil || len(resp.Kvs) == 0 {
+		return nil, err
+	}
+	return resp.Kvs[0], nil
+}
+
+// scan visits, in key order, the committed keys of sp merged with overlay:
+// the transaction's own writes in sp, sorted by key, which replace (or,
+// when deleted, hide) the committed key they equal. observe, if not nil,
+// sees each committed key-value before it is passed to fn. scan returns the
+// last key passed to fn (nil if none) and whether it went through all of
+// sp.
+func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccpb.KeyValue), fn func(key, value []byte) error) (last []byte, complete bool, err error) {
+	// yield passes one entry to fn; stop reports that the scan ends here.
+	yield := func(key, value []byte) (stop bool, err error) {
+		last = key
+		// Full slice expressions: an append by fn must not write into
+		// memory the store still uses.
+		err = fn(key[:len(key):len(key)], value[:len(value):len(value)])
+		if errors.Is(err, ErrStopScan) {
+			return true, nil
+		}
+		return err != nil, err
+	}
+	next := 0
+	// yieldOverlay passes the overlay entries before key (all of them
+	// when key is nil).
+	yieldOverlay := func(key []byte) (stop bool, err error) {
+		for ; next < len(overlay) && (key == nil || bytes.Compare(overlay[next].key, key) < 0); next++ {
+			if m := overlay[next]; !m.deleted {
+				if stop, err := yield(m.key, m.value); stop {
+					next++
+					return true, err
+				}
+			}
+		}
+		return false, nil
+	}
+
+	from := sp.from
+	for !sp.empty() {
+		resp, err := r.get(from, clientv3.WithRange(sp.to), clientv3.WithLimit(etcdScanPage))
+		if err != nil {
+			return last, false, err
+		}
+		for _, kv := range resp.Kvs {
+			key := r.store.keys.callerKey(kv.Key)
+			if stop, err := yieldOverlay(key); stop {
+				return last, false, err
+			}
+			if next < len(overlay) && bytes.Equal(overlay[next].key, key) {
+				// The transaction's own write replaces the committed key.
+				m := overlay[next]
+				next++
+				if m.deleted {
+					continue
+				}
+				if stop, err := yield(m.key, m.value); stop {
+					return last, false, err
+				}
+				continue
+			}
+			if observe != nil {
+				observe(kv)
+			}
+			if stop, err := yield(key, kv.Value); stop {
+				return last, false, err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	if stop, err := yieldOverlay(nil); stop {
+		return last, false, err
+	}
+	return last, true, nil
+}
+
+// etcdReadTxn is the ReadTxn of View.
+type etcdReadTxn struct {
+	snap     etcdSnapshot
+	finished bool
+}
+
+func (t *etcdReadTxn) Get(key []byte) ([]byte, error) {
+	if t.finished {
+		return nil, errTxnFinished
+	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	kv, err := t.snap.getKey(t.snap.store.keys.key(key))
+	switch {
+	case err != nil:
+		return nil, err
+	case kv == nil:
+		return nil, ErrNotFound
+	}
+	// The response is this call's own: no copy needed.
+	if kv.Value == nil {
+		return []byte{}, nil
+	}
+	return kv.Value, nil
+}
+
+func (t *etcdReadTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkPrefix(prefix); err != nil {
+		return err
+	}
+	sp := t.snap.store.keys.span(prefix, scanLowerBound(prefix, start))
+	_, _, err := t.snap.scan(sp, nil, nil, fn)
+	return err
+}
+
+// Revision is the etcd revision the View reads at. Called before any read,
+// it fixes the snapshot at the newest revision.
+func (t *etcdReadTxn) Revision() uint64 {
+	if t.finished {
+		return uint64(t.snap.rev)
+	}
+	return t.snap.revision()
+}
+
+// etcdTxn is the Txn of one Update attempt: reads at a snapshot, writes
+// buffered in memory, and a record of everything read, from which the
+// commit's comparisons are built.
+//
+// Serializability: the commit applies the writes only if every key fn read
+// still has the mod revision it had at the snapshot (0 for a key read as
+// absent), and every range fn scanned holds no key modified after the
+// snapshot. The first catches keys changed or deleted since; the second
+// catches keys inserted into a scanned range (phantoms), and keys changed
+// in it. If all hold, the state fn read is the state at the commit, so the
+// transaction is equivalent to running fn at the commit's revision.
+type etcdTxn struct {
+	snap etcdSnapshot
+	// reads are the committed keys fn observed, by etcd key.
+	reads map[string]etcdRead
+	// spans are the etcd ranges fn's scans covered, up to where each one
+	// stopped.
+	spans []etcdSpan
+	// writes are the final state of each key written, by caller key.
+	writes     map[string]mutation
+	writeBytes int
+	finished   bool
+}
+
+// etcdRead is what fn learned about a committed key.
+type etcdRead struct {
+	modRevision int64 // 0: absent
+	value       []byte
+	valueKnown  bool // false for keys only seen by a scan
+}
+
+func newEtcdTxn(s *Etcd, ctx context.Context) *etcdTxn {
+	return &etcdTxn{
+		snap:   etcdSnapshot{store: s, ctx: ctx},
+		reads:  make(map[string]etcdRead),
+		writes: make(map[string]mutation),
+	}
+}
+
+func (t *etcdTxn) Revision() uint64 {
+	if t.finished {
+		return uint64(t.snap.rev)
+	}
+	return t.snap.revision()
+}
+
+func (t *etcdTxn) Get(key []byte) ([]byte, error) {
+	if t.finished {
+		return nil, errTxnFinished
+	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if m, ok := t.writes[string(key)]; ok {
+		if m.deleted {
+			return nil, ErrNotFound
+		}
+		return bytes.Clone(m.value), nil
+	}
+	etcdKey := t.snap.store.keys.key(key)
+	r, ok := t.reads[etcdKey]
+	if !ok || !r.valueKnown {
+		kv, err := t.snap.getKey(etcdKey)
+		if err != nil {
+			return nil, err
+		}
+		r = etcdRead{valueKnown: true}
+		if kv != nil {
+			r.modRevision = kv.ModRevision
+			r.value = kv.Value
+			if r.value == nil {
+				r.value = []byte{}
+			}
+		}
+		t.reads[etcdKey] = r
+	}
+	if r.modRevision == 0 {
+		return nil, ErrNotFound
+	}
+	return bytes.Clone(r.value), nil
+}
+
+func (t *etcdTxn) Put(key, value []byte) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	// Keep "present with an empty value" distinct from "absent".
+	v := bytes.Clone(value)
+	if v == nil {
+		v = []byte{}
+	}
+	return t.record(mutation{key: bytes.Clone(key), value: v})
+}
+
+func (t *etcdTxn) Delete(key []byte) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	return t.record(mutation{key: bytes.Clone(key), deleted: true})
+}
+
+// record adds m to the writes unless the commit would outgrow what one
+// etcd request may carry: a transaction cannot be split without losing
+// its atomicity.
+func (t *etcdTxn) record(m mutation) error {
+	opts := &t.snap.store.opts
+	cost := t.writeBytes + writeCost(t.snap.store.keys, m)
+	count := len(t.writes) + 1
+	if old, ok := t.writes[string(m.key)]; ok {
+		cost -= writeCost(t.snap.store.keys, old)
+		count--
+	}
+	if count > opts.MaxTxnOps || cost > opts.MaxRequestBytes {
+		return fmt.Errorf("%w: the transaction's writes exceed etcd's per-request limits of %d operations (--max-txn-ops) or %d bytes (--max-request-bytes)",
+			ErrTooLarge, opts.MaxTxnOps, opts.MaxRequestBytes)
+	}
+	t.writes[string(m.key)] = m
+	t.writeBytes = cost
+	return nil
+}
+
+func writeCost(keys etcdKeyspace, m mutation) int {
+	return len(keys.prefix) + len(m.key) + len(m.value) + etcdOpOverhead
+}
+
+func (t *etcdTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	if err := checkPrefix(prefix); err != nil {
+		return err
+	}
+	keys := t.snap.store.keys
+	lower := scanLowerBound(prefix, start)
+	sp := keys.span(prefix, lower)
+	// Writes made by fn during the scan are not visited: the overlay is
+	// gathered up front.
+	var overlay []mutation
+	for _, m := range t.writes {
+		if bytes.HasPrefix(m.key, prefix) && bytes.Compare(m.key, lower) >= 0 {
+			overlay = append(overlay, m)
+		}
+	}
+	slices.SortFunc(overlay, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
+
+	last, complete, err := t.snap.scan(sp, overlay, t.observe, fn)
+	// Protect what fn saw: the whole range, or up to and including the
+	// last key it was given when it stopped early.
+	covered := sp
+	if !complete {
+		covered.to = sp.from
+		if last != nil {
+			covered.to = keys.key(last) + "\x00"
+		}
+	}
+	if !covered.empty() {
+		t.spans = append(t.spans, covered)
+	}
+	return err
+}
+
+// observe records a committed key a scan passed to fn.
+func (t *etcdTxn) observe(kv *mvccpb.KeyValue) {
+	if _, ok := t.reads[string(kv.Key)]; !ok {
+		t.reads[string(kv.Key)] = etcdRead{modRevision: kv.ModRevision}
+	}
+}
+
+// commitRequest is one etcd Txn: If(compares...).Then(ops...).
+type commitRequest struct {
+	compares []clientv3.Cmp
+	ops      []clientv3.Op
+	bytes    int // an upper estimate of the request's size
+}
+
+// commitRequest builds the commit of the attempt's writes, guarded by
+// comparisons that hold only if nothing it read has changed (see etcdTxn).
+func (t *etcdTxn) commitRequest() (commitRequest, error) {
+	opts := &t.snap.store.opts
+	spans := mergeSpans(t.spans)
+	req := commitRequest{bytes: t.writeBytes}
+	for _, sp := range spans {
+		req.compares = append(req.compares,
+			clientv3.Compare(clientv3.ModRevision(sp.from), "<", t.snap.rev+1).WithRange(sp.to))
+		req.bytes += len(sp.from) + len(sp.to) + etcdCompareOverhead
+	}
+	for key, r := range t.reads {
+		if r.modRevision == 0 && covered(spans, key) {
+			// Its absence is already guarded: a key created in a scanned
+			// range fails the range's comparison.
+			continue
+		}
+		// A key that was present also needs its own comparison, since a
+		// deleted key no longer shows up in its range's.
+		req.compares = append(req.compares, clientv3.Compare(clientv3.ModRevision(key), "=", r.modRevision))
+		req.bytes += len(key) + etcdCompareOverhead
+	}
+	if len(req.compares) > opts.MaxTxnOps {
+		return req, fmt.Errorf("%w: the transaction read %d keys and ranges, each a comparison at commit; etcd allows %d (--max-txn-ops)",
+			ErrTooLarge, len(req.compares), opts.MaxTxnOps)
+	}
+	if req.bytes > opts.MaxRequestBytes {
+		return req, fmt.Errorf("%w: the transaction's writes and the comparisons of its reads need about %d bytes; etcd allows %d (--max-request-bytes)",
+			ErrTooLarge, req.bytes, opts.MaxRequestBytes)
+	}
+	keys := make([]string, 0, len(t.writes))
+	for k := range t.writes {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		m := t.writes[k]
+		etcdKey := t.snap.store.keys.key(m.key)
+		if m.deleted {
+			req.ops = append(req.ops, clientv3.OpDelete(etcdKey))
+		} else {
+			req.ops = append(req.ops, clientv3.OpPut(etcdKey, string(m.value)))
+		}
+	}
+	return req, nil
+}
+
+// mergeSpans sorts spans and merges those that overlap or touch.
+func mergeSpans(spans []etcdSpan) []etcdSpan {
+	if len(spans) < 2 {
+		return spans
+	}
+	spans = slices.Clone(spans)
+	slices.SortFunc(spans, func(a, b etcdSpan) int { return strings.Compare(a.from, b.from) })
+	out := spans[:1]
+	for _, sp := range spans[1:] {
+		last := &out[len(out)-1]
+		if sp.from <= last.to {
+			last.to = max(last.to, sp.to)
+			continue
+		}
+		out = append(out, sp)
+	}
+	return out
+}
+
+// covered reports whether key lies in one of spans (sorted and merged).
+func covered(spans []etcdSpan, key string) bool {
+	i := sort.Search(len(spans), func(i int) bool { return spans[i].to > key })
+	return i < len(spans) && spans[i].contains(key)
+}

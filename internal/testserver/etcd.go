@@ -1,0 +1,62 @@
+package testserver
+
+import (
+	"os"
+	"sync"
+	"testing"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/leader"
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/etcdlocal"
+	"github.com/tetherhq/tether/internal/etcdtest"
+)
+
+// StoreEnv selects the store Start and StartIn run control planes on:
+// unset or "badger", Badger in the data directory; "etcd", an etcd member
+// started for the test (internal/etcdtest), so that the end-to-end suites
+// run unchanged on both backends:
+//
+//	TETHER_TEST_STORE=etcd go test ./controlplane/...
+const StoreEnv = "TETHER_TEST_STORE"
+
+// WithEtcdStore runs the control plane on s, electing its leader among the
+// servers that share s's etcd prefix; replicaID names this one. The server
+// does not close s.
+func WithEtcdStore(s *store.Etcd, replicaID string) Option {
+	return func(cfg *controlplane.Config) {
+		cfg.Store = s
+		cfg.Elector = &leader.Etcd{Client: s.Client(), Prefix: s.MetadataPrefix("leader"), Identity: replicaID, Log: cfg.Logger}
+	}
+}
+
+// etcdByDataDir remembers the etcd keyspace of each data directory, so
+// that a server restarted on the same directory (StartIn twice in one
+// test) finds its state again, as it would in Badger.
+var etcdByDataDir sync.Map // data dir → etcdSpace
+
+type etcdSpace struct {
+	cluster *etcdlocal.Cluster
+	prefix  string
+}
+
+// storeFromEnv returns the option StoreEnv asks for, nil for Badger.
+func storeFromEnv(t testing.TB, dataDir string) Option {
+	t.Helper()
+	switch kind := os.Getenv(StoreEnv); kind {
+	case "", "badger":
+		return nil
+	case "etcd":
+	default:
+		t.Fatalf("%s=%q: want badger or etcd", StoreEnv, kind)
+	}
+	space, ok := etcdByDataDir.Load(dataDir)
+	if !ok {
+		space = etcdSpace{cluster: etcdtest.Start(t), prefix: etcdtest.Prefix(t)}
+		etcdByDataDir.Store(dataDir, space)
+		t.Cleanup(func() { etcdByDataDir.Delete(dataDir) })
+	}
+	sp := space.(etcdSpace)
+	s := etcdtest.OpenStore(t, sp.cluster, func(o *store.EtcdOptions) { o.Prefix = sp.prefix })
+	return WithEtcdStore(s, dataDir)
+}

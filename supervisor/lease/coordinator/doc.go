@@ -1,0 +1,93 @@
+// Package coordinator is the shell around the pure lease state machine
+// (package lease): it owns every job's lease in memory, judges each message
+// with lease.Step on the declared clock, makes the decision durable, and
+// only then answers. It is the LeaseService's engine and the supervisor's
+// LeaseCanceller.
+//
+// # Shards and the commit pipeline
+//
+// Jobs are spread over shards by a hash of the job id; each shard is one
+// goroutine that alone reads and writes its jobs (DESIGN.md §6: hot state
+// has one owner). For every message, in order, a shard does what package
+// lease's caller duties ask:
+//
+//  1. judge: now = the declared clock (never going backwards on a shard),
+//     lease.Step against the job's latest judged lease (pending);
+//  2. persist: the decision's evidence row — which carries the whole lease
+//     after the decision — goes into the shard's building batch, whatever
+//     the outcome (the audit log keeps rejected messages);
+//  3. answer: only when that batch's commit returned.
+//
+// A shard does not wait for a commit before judging the next message: while
+// one batch is being committed (at most one per shard, so a shard's writes
+// reach the store in judgement order and an older lease can never overwrite
+// a newer one), it keeps judging into the next batch, which is submitted the
+// moment the commit returns. Batches grow with load, up to Config.MaxBatch,
+// after which the shard stops reading its inbox until the commit returns.
+// The store's group committer then shares one fsync between the batches of
+// every shard and everything else the control plane writes.
+//
+// If a commit fails, nothing in it happened: every job it or the following
+// batch touched goes back to its durable lease, and their callers get
+// ErrCommit.
+//
+// # Reads see only durable state
+//
+// Each job keeps two leases: pending (what the next message is judged
+// against) and durable (what the last successful commit wrote). Get, List
+// and every answer's lease are the durable one; Evidence reads the store.
+// So nothing a reader sees can be lost to a crash: a reader may see a
+// decision at the same moment as the caller's answer, never before it. The
+// answer to a message carries the lease as it stood right after that
+// message, and is sent only once that lease is durable.
+//
+// # Storage
+//
+// See keys.go for the layout. Every decision writes one evidence row
+// holding the whole lease after it; the job record is a checkpoint
+// rewritten every checkpointEvery rows (and for every job on a clean stop),
+// so a renewal costs one write, not two. Loading a job reads its record and
+// the rows after it; the newest row wins. Rows about jobs that have no
+// lease go to a bounded log (Config.UnknownLogSize). Records carry a schema
+// version byte; a reader refuses a version it does not know.
+//
+// # Time
+//
+// The policy (lease.Policy) is declared and published (GetPolicy, `tether
+// lease policy`). Each shard keeps a lease.DeadlineQueue of its jobs'
+// next deadlines. Finding due deadlines (PopDue on the declared clock) and
+// acting on them (a lease.Tick through the same judge-persist pipeline, with
+// its own evidence row) are separate steps. A shard sleeps until its next
+// deadline, at most Config.MaxWait, so a clock that jumps (a manual clock in
+// tests) is noticed quickly. When lease.ReassignDue says so (policy
+// AckMissReassign, a missed ACK, no ownership conflict, no cancel request),
+// the shard offers generation + 1 itself (Reassign{Automatic: true}) to
+// Config.PickHolder's choice, by default the same holder.
+//
+// # Restart
+//
+// Every commit also records the shard's latest decision time
+// (leases/alive/<shard>), an idle shard does so every AliveInterval, and a
+// clean stop records the stop time. On start, New loads every lease and the
+// latest of those times (LastAlive); Run then applies the restart policy
+// before serving: lease.PlanRestart picks the OFFERED and ACTIVE leases
+// whose deadline fell at or after LastAlive — while the coordinator was
+// down, so their holders could not renew — and, under the default policy
+// (extend), each gets a Recover extending it to at least RestartGrace after
+// the restart, spread over RestartSpread so they do not all expire at once.
+// Deadlines that passed while the coordinator was still up are not
+// extended and expire on the first tick. An EXPIRED generation is never
+// revived (lease.Step refuses it). Under RestartStrict nothing is extended.
+// After a crash LastAlive is the last commit (or alive record) before it,
+// so leases whose deadline fell in the gap of at most AliveInterval are
+// treated as if the coordinator had been down then.
+//
+// # Caller duties
+//
+// Set Claim.HolderIdentity from the authenticated caller, never from the
+// payload. Check authorisation before Apply; when it depends on the lease
+// (the holder), pass a guard to ApplyIf so it is re-checked on the shard
+// against the lease the message is judged with. Callbacks given to Submit
+// run on a shard goroutine: they must not block and must not call back into
+// the coordinator. Run must be running for anything to be answered.
+package coordinator

@@ -1,0 +1,745 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// ErrHandoverRefused: the lease module refused to reassign a lease (a
+// cancel request or an ownership conflict came first).
+var ErrHandoverRefused = errors.New("supervisor: lease handover refused")
+
+// HandoverLease is a lease a rollout batch's agent holds.
+type HandoverLease struct {
+	JobID, LeaseID, Holder string
+	Generation             uint64
+	// Why a lease cannot be handed over ("" when it can).
+	Why string
+}
+
+// LeaseHandover is the lease module as a rollout needs it.
+type LeaseHandover interface {
+	// HeldBy reports every lease held by the holders without changing any:
+	// open ones as HANDED_OVER (the rollout reassigns them), terminal ones
+	// with their outcome. For a rollout batch's record.
+	HeldBy(ctx context.Context, holders []string) ([]*tetherv1.RecordLease, error)
+	// Open lists the open (not terminal) leases held by the holders:
+	// those that can be reassigned, and those that cannot (Why says why).
+	Open(ctx context.Context, holders []string) (open, stuck []HandoverLease, err error)
+	// Reassign issues generation + 1 of l's job to holder, provided the
+	// job is still at l's generation with l's holder (else it reports the
+	// lease module's precondition error and changes nothing). A refusal is
+	// ErrHandoverRefused.
+	Reassign(ctx context.Context, l HandoverLease, holder, reason string) (generation uint64, err error)
+}
+
+// Rollouts replaces the agents matching a selector in batches through the
+// supervisor's terminations. A rollout is a persisted desired state;
+// Run is its level-triggered reconciler (see NextRollout for the rules).
+type Rollouts struct {
+	Store      store.Store
+	Clock      clock.Clock
+	Supervisor *Supervisor
+	// Handover reassigns the leases of drained agents; nil: leases stay
+	// where they are (and expire).
+	Handover LeaseHandover
+	Log      *slog.Logger
+
+	queueMu sync.Mutex
+	queue   *workQueue
+
+	activeMu sync.Mutex
+	active   map[string]selectors // unfinished rollouts' selectors
+}
+
+type selectors struct{ from, to map[string]string }
+
+func (rs *Rollouts) workQueue() *workQueue {
+	rs.queueMu.Lock()
+	defer rs.queueMu.Unlock()
+	if rs.queue == nil {
+		rs.queue = newWorkQueue()
+	}
+	return rs.queue
+}
+
+// Kick asks the reconciler to look at a rollout now.
+func (rs *Rollouts) Kick(rolloutID string) { rs.workQueue().add(rolloutID) }
+
+// Poke makes the reconciler re-evaluate its timers now (tests that move a
+// manual clock call it).
+func (rs *Rollouts) Poke() { rs.workQueue().notify() }
+
+// Start validates and persists a rollout; the reconciler does the rest.
+func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, error) {
+	target, err := ParseSelector(req.TargetSelector)
+	if err != nil {
+		return Rollout{}, err
+	}
+	var r Rollout
+	err = rs.Store.Update(ctx, func(tx store.Txn) error {
+		ready := 0
+		if err := scanNodes(tx, func(n *tetherv1.Node) {
+			if isReady(n) && MatchLabels(n.Labels, target) {
+				ready++
+			}
+		}); err != nil {
+			return err
+		}
+		r, err = NewRollout(id.New(id.Rollout), req, ready, rs.Clock.Now())
+		if err != nil {
+			return err
+		}
+		return putJSON(tx, rolloutKey(r.ID), r)
+	})
+	if err != nil {
+		return Rollout{}, err
+	}
+	rs.track(r)
+	rs.Kick(r.ID)
+	rs.Log.Info("rollout started", "rollout_id", r.ID, "selector", r.Selector, "target_selector", r.TargetSelector, "batch", r.Batch, "max_unavailable", r.MaxUnavailable)
+	return r, nil
+}
+
+// Get returns a rollout.
+func (rs *Rollouts) Get(ctx context.Context, rolloutID string) (Rollout, error) {
+	if err := id.Check(id.Rollout, "rollout_id", rolloutID); err != nil {
+		return Rollout{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var r Rollout
+	err := rs.Store.View(ctx, func(tx store.ReadTxn) error { return getRollout(tx, rolloutID, &r) })
+	return r, err
+}
+
+// List returns every rollout, newest first.
+func (rs *Rollouts) List(ctx context.Context) ([]Rollout, error) {
+	var out []Rollout
+	err := rs.Store.View(ctx, func(tx store.ReadTxn) error {
+		out = nil
+		return tx.Scan([]byte(prefixRollout), nil, func(_, v []byte) error {
+			var r Rollout
+			if err := json.Unmarshal(v, &r); err != nil {
+				return err
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return out, err
+}
+
+// Decide applies an operator's pause, resume or abort.
+func (rs *Rollouts) Decide(ctx context.Context, rolloutID string, d RolloutDecision, reason, by string) (Rollout, error) {
+	if err := id.Check(id.Rollout, "rollout_id", rolloutID); err != nil {
+		return Rollout{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	var r Rollout
+	changed := false
+	err := rs.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Rollout
+		if err := getRollout(tx, rolloutID, &stored); err != nil {
+			return err
+		}
+		var err error
+		r, changed, err = DecideRollout(stored, d, reason, by, rs.Clock.Now())
+		if err != nil || !changed {
+			return err
+		}
+		return putJSON(tx, rolloutKey(r.ID), r)
+	})
+	if err != nil {
+		return Rollout{}, err
+	}
+	if changed {
+		rs.Log.Info("rollout decision", "rollout_id", r.ID, "decision", d.String(), "by", by, "state", r.State.String())
+		rs.Kick(r.ID)
+	}
+	return r, nil
+}
+
+// Watch sends the rollout now and each time it changes, until it is
+// finished or ctx ends.
+func (rs *Rollouts) Watch(ctx context.Context, rolloutID string, send func(Rollout) error) error {
+	if err := id.Check(id.Rollout, "rollout_id", rolloutID); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	key := string(rolloutKey(rolloutID))
+	w, err := rs.Store.Watch(ctx, []byte(key))
+	if err != nil {
+		return err
+	}
+	r, err := rs.Get(ctx, rolloutID)
+	if err != nil {
+		return err
+	}
+	if err := send(r); err != nil || r.Finished() {
+		return err
+	}
+	for batch := range w.Events() {
+		for _, ev := range batch {
+			if ev.Type != store.EventPut || string(ev.Key) != key {
+				continue
+			}
+			var next Rollout
+			if err := json.Unmarshal(ev.Value, &next); err != nil {
+				return err
+			}
+			if err := send(next); err != nil {
+				return err
+			}
+			if next.Finished() {
+				return nil
+			}
+		}
+	}
+	if err := w.Err(); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return ctx.Err()
+}
+
+func getRollout(tx store.ReadTxn, rolloutID string, r *Rollout) error {
+	err := getJSON(tx, rolloutKey(rolloutID), r)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: rollout_id %s", ErrRolloutNotFound, rolloutID)
+	}
+	return err
+}
+
+func (rs *Rollouts) track(r Rollout) {
+	rs.activeMu.Lock()
+	defer rs.activeMu.Unlock()
+	if rs.active == nil {
+		rs.active = map[string]selectors{}
+	}
+	if r.Finished() {
+		delete(rs.active, r.ID)
+		return
+	}
+	from, _ := ParseSelector(r.Selector)
+	to, _ := ParseSelector(r.TargetSelector)
+	rs.active[r.ID] = selectors{from, to}
+}
+
+// Run is the level-triggered reconciler: it resumes every unfinished
+// rollout from stored state and re-runs one whenever the rollout, a
+// termination, or a node its selectors match changes, and at its batch
+// deadlines. It runs until ctx ends.
+func (rs *Rollouts) Run(ctx context.Context) error {
+	q := rs.workQueue()
+	for {
+		err := rs.run(ctx, q)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !errors.Is(err, store.ErrWatchLagged) {
+			return err
+		}
+		// A watch fell behind: re-establish the watches and rescan (the
+		// state is in the store, so nothing was lost).
+		rs.Log.Warn("rollout watches lagged; rescanning")
+	}
+}
+
+func (rs *Rollouts) run(ctx context.Context, q *workQueue) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lagged := make(chan error, 3)
+	for _, prefix := range []string{prefixRollout, prefixTermination, prefixNode} {
+		w, err := rs.Store.Watch(ctx, []byte(prefix))
+		if err != nil {
+			return err
+		}
+		go func() {
+			for batch := range w.Events() {
+				rs.kickFor(batch)
+			}
+			lagged <- w.Err()
+		}()
+	}
+	all, err := rs.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range all {
+		rs.track(r)
+		if !r.Finished() {
+			q.add(r.ID)
+		}
+	}
+	for {
+		next := q.promote(rs.Clock.Now())
+		for rid := q.take(); rid != ""; rid = q.take() {
+			wake, err := rs.Reconcile(ctx, rid)
+			switch {
+			case err != nil && ctx.Err() != nil:
+				q.done(rid)
+				return ctx.Err()
+			case err != nil:
+				rs.Log.Warn("rollout reconcile failed; retrying", "rollout_id", rid, "error", err)
+				q.addAt(rid, rs.Clock.Now().Add(time.Second))
+			case !wake.IsZero():
+				q.addAt(rid, wake)
+			}
+			q.done(rid)
+		}
+		var timerC <-chan time.Time
+		var tm *time.Timer
+		if !next.IsZero() {
+			tm = time.NewTimer(max(next.Sub(rs.Clock.Now()), time.Millisecond))
+			timerC = tm.C
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-lagged:
+			return errors.Join(store.ErrWatchLagged, err)
+		case <-q.signal:
+		case <-timerC:
+		}
+		if tm != nil {
+			tm.Stop()
+		}
+	}
+}
+
+// kickFor kicks the unfinished rollouts a batch of changes may move: a
+// rollout itself, any termination (a batch's), or a node one of their
+// selectors matches (a candidate drained, a replacement ready).
+func (rs *Rollouts) kickFor(batch []store.Event) {
+	kick := map[string]bool{}
+	for _, ev := range batch {
+		if !strings.HasPrefix(string(ev.Key), prefixRollout) || ev.Type != store.EventPut {
+			continue
+		}
+		var r Rollout
+		if json.Unmarshal(ev.Value, &r) == nil {
+			rs.track(r)
+			kick[r.ID] = !r.Finished()
+		}
+	}
+	rs.activeMu.Lock()
+	for _, ev := range batch {
+		key := string(ev.Key)
+		switch {
+		case strings.HasPrefix(key, prefixTermination):
+			for rid := range rs.active {
+				kick[rid] = true
+			}
+		case strings.HasPrefix(key, prefixNode) && ev.Type == store.EventPut:
+			n := &tetherv1.Node{}
+			if proto.Unmarshal(ev.Value, n) != nil {
+				continue
+			}
+			for rid, sel := range rs.active {
+				if MatchLabels(n.Labels, sel.from) || MatchLabels(n.Labels, sel.to) {
+					kick[rid] = true
+				}
+			}
+		}
+	}
+	rs.activeMu.Unlock()
+	for rid, on := range kick {
+		if on {
+			rs.Kick(rid)
+		}
+	}
+}
+
+// Reconcile moves one rollout as far as it can go now and returns when to
+// look again (zero: when something changes). Every step re-reads stored
+// state and persists before the next.
+func (rs *Rollouts) Reconcile(ctx context.Context, rolloutID string) (time.Time, error) {
+	for range 32 {
+		r, err := rs.Get(ctx, rolloutID)
+		if err != nil {
+			return time.Time{}, err
+		}
+		facts, targets, err := rs.observe(ctx, r)
+		if err != nil {
+			return time.Time{}, err
+		}
+		now := rs.Clock.Now()
+		step := NextRollout(r, facts, now)
+		var out RolloutOutcome
+		switch step.Action {
+		case ActRolloutNone:
+			rs.track(r)
+			return time.Time{}, nil
+		case ActRolloutWait:
+			if facts.Remaining != r.Remaining || facts.ReadyTarget != r.ReadyTarget {
+				if err := rs.save(ctx, r, step, out, facts, now); err != nil {
+					return time.Time{}, err
+				}
+			}
+			return step.Wake, nil
+		case ActRolloutStartBatch:
+			err = rs.startBatch(ctx, r, step, facts, now)
+		case ActRolloutHandOver:
+			out, err = rs.handOver(ctx, r, step, targets)
+			if err == nil {
+				err = rs.save(ctx, r, step, out, facts, now)
+			}
+		case ActRolloutRelease:
+			if err = rs.release(ctx, r); err == nil {
+				err = rs.save(ctx, r, step, out, facts, now)
+			}
+		default:
+			err = rs.save(ctx, r, step, out, facts, now)
+		}
+		if err != nil {
+			return time.Time{}, err
+		}
+		switch step.Action {
+		case ActRolloutPause:
+			rs.Log.Warn("rollout paused", "rollout_id", r.ID, "reason", step.Reason)
+		case ActRolloutComplete:
+			rs.Log.Info("rollout completed", "rollout_id", r.ID, "agents", r.Drained(), "batches", len(r.Batches))
+		case ActRolloutCompleteBatch:
+			rs.Log.Info("rollout batch done", "rollout_id", r.ID, "batch", step.Batch)
+		}
+	}
+	return rs.Clock.Now(), nil // more to do: come back at once
+}
+
+// save applies step to the stored rollout if it is unchanged since r was
+// read (its UpdatedAt and batch count); otherwise the next pass re-reads.
+func (rs *Rollouts) save(ctx context.Context, r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFacts, now time.Time) error {
+	return rs.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Rollout
+		if err := getRollout(tx, r.ID, &stored); err != nil {
+			return err
+		}
+		if !sameVersion(stored, r) {
+			return nil
+		}
+		next, err := AdvanceRollout(stored, step, out, f, now)
+		if err != nil {
+			return err
+		}
+		if step.Action == ActRolloutWait {
+			next.UpdatedAt = now
+		}
+		return putJSON(tx, rolloutKey(r.ID), next)
+	})
+}
+
+func sameVersion(a, b Rollout) bool {
+	return a.UpdatedAt.Equal(b.UpdatedAt) && len(a.Batches) == len(b.Batches) && a.State == b.State &&
+		a.Remaining == b.Remaining && a.ReadyTarget == b.ReadyTarget
+}
+
+// startBatch writes the batch and its termination in one transaction, so a
+// crash leaves either both or neither: one termination, one record, per
+// batch. Agents that stopped meanwhile are left out.
+func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep, f RolloutFacts, now time.Time) error {
+	var term Termination
+	err := rs.Store.Update(ctx, func(tx store.Txn) error {
+		term = Termination{}
+		var stored Rollout
+		if err := getRollout(tx, r.ID, &stored); err != nil {
+			return err
+		}
+		if !sameVersion(stored, r) {
+			return nil
+		}
+		var nodes []string
+		for _, nid := range step.Nodes {
+			n, err := getNode(tx, nid)
+			if errors.Is(err, ErrNodeNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if n.State == tetherv1.NodeState_NODE_STATE_RUNNING {
+				nodes = append(nodes, nid)
+			}
+		}
+		if len(nodes) == 0 {
+			return nil
+		}
+		step.Nodes = nodes
+		reason := fmt.Sprintf("rollout %s batch %d: replace %s with %s", r.ID, step.Batch, r.Selector, r.TargetSelector)
+		if r.Description != "" {
+			reason += ": " + r.Description
+		}
+		var err error
+		term, err = rs.Supervisor.TerminateIn(tx, TerminateRequest{
+			Roots: nodes, Mode: ModeDrain, DrainWindow: orDefault(r.DrainWindow, DefaultDrainWindow),
+			CancelAckTimeout: DefaultCancelAckTimeout, ConfirmTimeout: orDefault(r.ConfirmTimeout, DefaultConfirmTimeout),
+			Reason: clipText(reason, 1024), RequestedBy: r.RequestedBy, RolloutID: r.ID, LeaseHandover: true,
+		})
+		if err != nil {
+			return err
+		}
+		next, err := AdvanceRollout(stored, step, RolloutOutcome{TerminationID: term.ID}, f, now)
+		if err != nil {
+			return err
+		}
+		return putJSON(tx, rolloutKey(r.ID), next)
+	})
+	if err == nil && term.ID != "" {
+		rs.Supervisor.Kick(term.ID)
+		rs.Log.Info("rollout batch started", "rollout_id", r.ID, "batch", step.Batch, "termination_id", term.ID, "agents", len(term.RootIDs()))
+	}
+	return err
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func clipText(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// handOver reassigns every open lease held by the batch's members to the
+// ready replacements, round robin, each with generation + 1. The old
+// generation is fenced off from that moment: its late renewals and
+// progress are recorded by the lease module as stale.
+func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, targets []string) (RolloutOutcome, error) {
+	var out RolloutOutcome
+	if rs.Handover == nil {
+		return out, nil
+	}
+	b := r.Batches[step.Batch]
+	term, err := rs.Supervisor.Get(ctx, b.TerminationID)
+	if err != nil {
+		return out, err
+	}
+	open, stuck, err := rs.Handover.Open(ctx, term.Members)
+	if err != nil {
+		return out, fmt.Errorf("list leases: %w", err)
+	}
+	for _, l := range stuck {
+		out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+l.Why)
+	}
+	if len(open) > 0 && len(targets) == 0 {
+		return out, fmt.Errorf("supervisor: rollout %s: batch %d is replaced but no ready agent matches %q", r.ID, b.Index, r.TargetSelector)
+	}
+	offset := r.LeasesHandedOver()
+	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
+	for i, l := range open {
+		to := targets[(offset+i)%len(targets)]
+		gen, err := rs.Handover.Reassign(ctx, l, to, reason)
+		switch {
+		case errors.Is(err, ErrHandoverRefused):
+			out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+err.Error())
+		case err != nil:
+			// The lease moved meanwhile (or the module is unavailable): the
+			// next pass sees it as it is now.
+			return out, fmt.Errorf("reassign job %s: %w", l.JobID, err)
+		default:
+			out.HandedOver++
+			rs.Log.Info("lease handed over", "rollout_id", r.ID, "job_id", l.JobID, "from", l.Holder, "to", to, "generation", gen)
+		}
+	}
+	return out, nil
+}
+
+// release turns every unfinished batch of an aborted rollout into a plain
+// termination: a batch still terminating cancels and resolves its leases
+// itself (its record says how); a terminated batch's open leases are
+// resolved explicitly now.
+func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
+	for _, b := range r.Batches {
+		if b.finished() {
+			continue
+		}
+		var members []string
+		terminated := false
+		err := rs.Store.Update(ctx, func(tx store.Txn) error {
+			var t Termination
+			if err := getTermination(tx, b.TerminationID, &t); err != nil {
+				return err
+			}
+			members, terminated = t.Members, t.Phase == PhaseTerminated
+			if terminated || !t.LeaseHandover {
+				return nil
+			}
+			t.LeaseHandover = false
+			return putJSON(tx, terminationKey(t.ID), t)
+		})
+		if err != nil {
+			return err
+		}
+		rs.Supervisor.Kick(b.TerminationID)
+		if terminated && rs.Supervisor.Leases != nil {
+			if _, err := rs.Supervisor.Leases.FinalizeHeldBy(ctx, members, "rollout "+r.ID+" aborted before batch "+fmt.Sprint(b.Index)+" was replaced"); err != nil {
+				return fmt.Errorf("finalize leases of batch %d: %w", b.Index, err)
+			}
+		}
+	}
+	return nil
+}
+
+// observe reads the rollout's facts from the tree, the terminations and
+// the lease module; targets are the ready replacements' ids in order.
+func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []string, error) {
+	f := RolloutFacts{Batches: map[int]BatchFacts{}}
+	if r.Finished() {
+		return f, nil, nil
+	}
+	from, err := ParseSelector(r.Selector)
+	if err != nil {
+		return f, nil, err
+	}
+	to, err := ParseSelector(r.TargetSelector)
+	if err != nil {
+		return f, nil, err
+	}
+	inBatch := map[string]bool{}
+	for _, b := range r.Batches {
+		if !b.finished() {
+			for _, n := range b.NodeIDs {
+				inBatch[n] = true
+			}
+		}
+	}
+	var targets []string
+	members := map[int][]string{}
+	err = rs.Store.View(ctx, func(tx store.ReadTxn) error {
+		targets = nil
+		var candidates []*tetherv1.Node
+		set := map[string]bool{}
+		err := scanNodes(tx, func(n *tetherv1.Node) {
+			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+				return
+			}
+			if MatchLabels(n.Labels, to) {
+				if isReady(n) {
+					targets = append(targets, n.NodeId)
+				}
+				return
+			}
+			if MatchLabels(n.Labels, from) && !inBatch[n.NodeId] {
+				candidates = append(candidates, n)
+				set[n.NodeId] = true
+			}
+		})
+		if err != nil {
+			return err
+		}
+		// A candidate under another candidate goes with its ancestor's
+		// subtree; count and drain only the topmost.
+		f.Candidates = f.Candidates[:0]
+		for _, n := range candidates {
+			covered := false
+			for _, a := range n.Ancestors {
+				covered = covered || set[a]
+			}
+			if !covered {
+				f.Candidates = append(f.Candidates, n.NodeId)
+			}
+		}
+		f.Remaining = len(f.Candidates)
+		if len(f.Candidates) > r.Batch {
+			f.Candidates = f.Candidates[:r.Batch]
+		}
+		f.ReadyTarget = len(targets)
+		for _, b := range r.Batches {
+			if b.finished() {
+				continue
+			}
+			var t Termination
+			if err := getTermination(tx, b.TerminationID, &t); err != nil {
+				return err
+			}
+			bf := BatchFacts{Marked: t.Phase != PhaseRequested, Terminated: t.Phase == PhaseTerminated, RecordID: t.RecordID}
+			members[b.Index] = t.Members
+			f.Batches[b.Index] = bf
+		}
+		return nil
+	})
+	if err != nil {
+		return f, nil, err
+	}
+	// Open leases matter once a batch is replaced (they have somewhere to
+	// go); they are read outside the store snapshot, from the lease module.
+	if rs.Handover != nil {
+		for _, b := range r.Batches {
+			bf, ok := f.Batches[b.Index]
+			if !ok || b.ReplacedAt.IsZero() || !bf.Marked {
+				continue
+			}
+			open, _, err := rs.Handover.Open(ctx, members[b.Index])
+			if err != nil {
+				return f, nil, fmt.Errorf("list leases: %w", err)
+			}
+			bf.OpenLeases = len(open)
+			f.Batches[b.Index] = bf
+		}
+	}
+	return f, targets, nil
+}
+
+// scanNodes calls fn with every node, in id order.
+func scanNodes(tx store.ReadTxn, fn func(*tetherv1.Node)) error {
+	return tx.Scan([]byte(prefixNode), nil, func(k, v []byte) error {
+		n := &tetherv1.Node{}
+		if err := proto.Unmarshal(v, n); err != nil {
+			return fmt.Errorf("supervisor: decode %s: %w", k, err)
+		}
+		fn(n)
+		return nil
+	})
+}
+
+func isReady(n *tetherv1.Node) bool {
+	return n.State == tetherv1.NodeState_NODE_STATE_RUNNING && n.ReadyAt != nil
+}
+
+// ReportReady records that a running node is ready to take work (its own
+// word, or its launcher's). The first report's time is kept; a node that
+// is stopping or stopped cannot become ready.
+func (t *Tree) ReportReady(ctx context.Context, nodeID string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
+	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	now := timestamppb.New(t.Clock.Now())
+	var out *tetherv1.Node
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if authorize != nil {
+			if err := authorize(n); err != nil {
+				return err
+			}
+		}
+		out = n
+		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			return fmt.Errorf("%w: node %s is %s and cannot become ready", ErrNodeStopping, nodeID, StateName(n.State))
+		}
+		if n.ReadyAt != nil {
+			return nil
+		}
+		n.ReadyAt = now
+		return putNode(tx, n)
+	})
+	return out, err
+}
