@@ -10,6 +10,9 @@
 //     cancellation plus callbacks. An agent never holds its own kill switch:
 //     it can only propose its own stop.
 //   - LeaseWorker works under a fenced job lease (see leaseworker.go).
+//   - Launcher runs an agent process and, when the control plane drains
+//     it (a rollout), starts the target version as a new node and confirms
+//     the old process's exit from outside (see launcher.go).
 //
 // For tool servers:
 //

@@ -32,7 +32,7 @@ type keyServer struct {
 	client  *http.Client
 }
 
-func newKeyServer(t *testing.T, ring capability.KeyRing) *keyServer {
+func newKeyServer(t testing.TB, ring capability.KeyRing) *keyServer {
 	t.Helper()
 	k := &keyServer{ring: ring}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -61,7 +61,7 @@ func (k *keyServer) serve(ring capability.KeyRing) {
 	k.mu.Unlock()
 }
 
-func newRing(t *testing.T) capability.KeyRing {
+func newRing(t testing.TB) capability.KeyRing {
 	t.Helper()
 	key, err := capability.NewSigningKey(nil, t0, t0)
 	if err != nil {
@@ -71,7 +71,7 @@ func newRing(t *testing.T) capability.KeyRing {
 }
 
 // grantLine is a root grant and a grant delegated from it.
-func grantLine(t *testing.T, rootID, childID string) (root, child capability.Grant) {
+func grantLine(t testing.TB, rootID, childID string) (root, child capability.Grant) {
 	t.Helper()
 	root, err := capability.NewRoot(capability.RootRequest{GrantID: rootID, Issuer: "operator:alice", HolderNodeID: "n_root", Scopes: []string{"tool:*"}, TTL: time.Hour}, t0)
 	if err != nil {
@@ -84,7 +84,7 @@ func grantLine(t *testing.T, rootID, childID string) (root, child capability.Gra
 	return root, child
 }
 
-func mint(t *testing.T, ring capability.KeyRing, g capability.Grant, now time.Time) string {
+func mint(t testing.TB, ring capability.KeyRing, g capability.Grant, now time.Time) string {
 	t.Helper()
 	m, err := capability.NewMinter("tether", Audience)
 	if err != nil {

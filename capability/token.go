@@ -4,7 +4,6 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"time"
 
@@ -63,46 +62,6 @@ type capabilityClaims struct {
 	Chain  []string `json:"chain"`
 	Scopes []string `json:"scopes"`
 }
-
-// receivedClaims is what Verify decodes a token's claims into: the same
-// JSON names as capabilityClaims, with the times as plain JSON numbers.
-// jwt.RegisteredClaims decodes each time with a nested json.Unmarshal,
-// which is a measurable share of a cold verification; golang-jwt's
-// validator makes every standard check through the jwt.Claims methods
-// either way. A time written as a JSON string, which NumericDate would
-// accept, does not decode: Mint never writes one.
-type receivedClaims struct {
-	Issuer    string           `json:"iss"`
-	Subject   string           `json:"sub"`
-	Audience  jwt.ClaimStrings `json:"aud"`
-	ExpiresAt *float64         `json:"exp"`
-	NotBefore *float64         `json:"nbf"`
-	IssuedAt  *float64         `json:"iat"`
-	ID        string           `json:"jti"`
-	Chain     []string         `json:"chain"`
-	Scopes    []string         `json:"scopes"`
-}
-
-// numericDate converts JSON seconds as jwt.NumericDate.UnmarshalJSON
-// does: whole and fractional seconds, truncated to jwt.TimePrecision.
-func numericDate(seconds *float64) *jwt.NumericDate {
-	if seconds == nil {
-		return nil
-	}
-	whole, frac := math.Modf(*seconds)
-	return jwt.NewNumericDate(time.Unix(int64(whole), int64(frac*1e9)))
-}
-
-func (c *receivedClaims) GetExpirationTime() (*jwt.NumericDate, error) {
-	return numericDate(c.ExpiresAt), nil
-}
-func (c *receivedClaims) GetIssuedAt() (*jwt.NumericDate, error) { return numericDate(c.IssuedAt), nil }
-func (c *receivedClaims) GetNotBefore() (*jwt.NumericDate, error) {
-	return numericDate(c.NotBefore), nil
-}
-func (c *receivedClaims) GetIssuer() (string, error)             { return c.Issuer, nil }
-func (c *receivedClaims) GetSubject() (string, error)            { return c.Subject, nil }
-func (c *receivedClaims) GetAudience() (jwt.ClaimStrings, error) { return c.Audience, nil }
 
 // Minter mints capability tokens. The zero value is unusable; use NewMinter.
 type Minter struct {

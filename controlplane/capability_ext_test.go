@@ -719,6 +719,15 @@ func TestForgedAndMalformedTokensAreRefused(t *testing.T) {
 	if after := capState(t, w.admin); after != before {
 		t.Fatalf("a refused token changed state:\n%s\n----\n%s", before, after)
 	}
+	// Even signed with the control plane's own key, a token whose chain
+	// differs from the stored grant's is refused where the store is known.
+	resigned := sign(jwt.SigningMethodEdDSA, signer.Private, signer.ID, withClaim("chain", []string{w.gGrandparent.grant.GrantId}))
+	if got := introspect(t, w.admin, resigned); got.Active || !strings.Contains(got.Reason, "different chain") {
+		t.Errorf("introspect a re-signed token with another chain: active=%v %q", got.Active, got.Reason)
+	}
+	if _, err := w.child.c.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: resigned, Tool: "shell", GateId: "gate-1"})); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "different chain") {
+		t.Errorf("begin a call with a re-signed token with another chain: %v", err)
+	}
 	// The untouched token is fine everywhere.
 	if got := introspect(t, w.admin, valid); !got.Active {
 		t.Fatalf("the valid token: %q", got.Reason)

@@ -331,6 +331,13 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 
 	var recvErr error
 	for recvErr == nil {
+		if out.stopped.Load() {
+			// This replica's coordinator stopped serving (another replica
+			// leads now): end the stream so that the client reconnects and
+			// is routed to the leader (forward.go).
+			recvErr = connect.NewError(connect.CodeUnavailable, errors.New("the job leases moved to another replica; reconnect"))
+			break
+		}
 		req, err := stream.Receive()
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
@@ -382,6 +389,9 @@ func (h *leaseService) submitChannel(req *tetherv1.ChannelRequest, holder string
 	}
 	h.leases().Submit(m, nil, func(r coordinator.Result, err error) {
 		resp := &tetherv1.ChannelResponse{CorrelationId: correlation}
+		if errors.Is(err, coordinator.ErrStopped) {
+			out.stopped.Store(true)
+		}
 		if err != nil {
 			var ce *connect.Error
 			if errors.As(toConnect(err), &ce) {
@@ -407,11 +417,14 @@ type channelOutbox struct {
 	// batching: the client sent a batched request, so answers may be
 	// packed into ChannelResponse.batch.
 	batching atomic.Bool
-	mu       sync.Mutex
-	queue    []*tetherv1.ChannelResponse
-	closed   bool
-	ready    chan struct{}
-	slots    chan struct{}
+	// stopped: the coordinator refused a message because it no longer
+	// serves; the stream ends after the messages in flight are answered.
+	stopped atomic.Bool
+	mu      sync.Mutex
+	queue   []*tetherv1.ChannelResponse
+	closed  bool
+	ready   chan struct{}
+	slots   chan struct{}
 }
 
 func (o *channelOutbox) push(r *tetherv1.ChannelResponse) {

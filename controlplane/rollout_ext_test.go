@@ -32,7 +32,7 @@ type swarm struct {
 
 	mu       sync.Mutex
 	workers  map[string]*agentsdk.LeaseWorker // v2 node id → its lease worker
-	stale    map[string]*tetherv1.Decision // job → the old generation's late renew
+	stale    map[string]*tetherv1.Decision    // job → the old generation's late renew
 	failures []error
 	done     sync.WaitGroup
 }
@@ -647,5 +647,48 @@ func TestRolloutRequestsAreValidatedAndOperatorOnly(t *testing.T) {
 	again, err := admin.Agent.ReportReady(ctx, connect.NewRequest(&tetherv1.ReportReadyRequest{NodeId: agent.Node.NodeId}))
 	if err != nil || !again.Msg.Node.ReadyAt.AsTime().Equal(first) {
 		t.Fatalf("a second report moved ready_at: %v %v", again, err)
+	}
+}
+
+// TestRolloutResumesAfterARestart: the rollout is a persisted desired
+// state; a server restarted mid-batch carries on from the store, with one
+// termination (and one record) per batch.
+func TestRolloutResumesAfterARestart(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	for i := range 4 {
+		registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"})
+	}
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 2,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start batch 0", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	first := r.Batches[0]
+
+	srv.Stop()
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin = srv.AdminClients()
+	for b := range 2 {
+		r = waitRollout(t, srv, r.RolloutId, fmt.Sprintf("to have batch %d", b), func(r *tetherv1.Rollout) bool { return len(r.Batches) > b })
+		for _, n := range r.Batches[b].NodeIds {
+			launcherConfirmsExit(t, admin, n)
+			reportReady(t, admin, registerLabelled(t, admin, "v2", map[string]string{"version": "v2"}).Node.NodeId)
+		}
+	}
+	r = waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
+	if r.Batches[0].TerminationId != first.TerminationId || len(r.Batches) != 2 {
+		t.Fatalf("after the restart batch 0 is %s (was %s), %d batches", r.Batches[0].TerminationId, first.TerminationId, len(r.Batches))
+	}
+	recs, err := admin.Supervisor.ListRecords(context.Background(), connect.NewRequest(&tetherv1.ListRecordsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perTermination := map[string]int{}
+	for _, rec := range recs.Msg.Records {
+		perTermination[rec.TerminationId]++
+	}
+	if len(perTermination) != 2 || perTermination[r.Batches[0].TerminationId] != 1 || perTermination[r.Batches[1].TerminationId] != 1 {
+		t.Fatalf("records per termination %v, want one for each of the two batches", perTermination)
 	}
 }

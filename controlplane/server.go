@@ -54,8 +54,12 @@ type Config struct {
 	Logger *slog.Logger
 	// Elector decides when this replica runs the leader-only components;
 	// nil means leader.Always (a single replica). Replicas sharing an etcd
-	// store use a leader.Etcd.
+	// store use a leader.Etcd, whose Address the others forward job-lease
+	// calls to while it leads (forward.go).
 	Elector leader.Elector
+	// PeerTLS verifies the leader's certificate when job-lease calls are
+	// forwarded to an https:// address; nil means the system roots.
+	PeerTLS *tls.Config
 	// Issuer is the `iss` of every token; default "tether".
 	Issuer string
 	// AgentCredentialTTL bounds agent credentials (refreshed over the session).
@@ -64,12 +68,18 @@ type Config struct {
 	AdminTokenTTL time.Duration
 	// MaxRequestBytes bounds every request message.
 	MaxRequestBytes int
+	// TreeLimits bound the agent tree (depth, children per node, labels);
+	// the zero value means supervisor.DefaultLimits.
+	TreeLimits supervisor.Limits
 	// RecordDir receives each reconciliation record as JSON; default
 	// <data-dir>/records.
 	RecordDir string
 	// RecordWebhook, when set, receives each record by POST (retried until
 	// delivered).
 	RecordWebhook string
+	// RecordRetry is the first wait after a failed record delivery,
+	// doubling up to a minute; zero means the outbox's default (2s).
+	RecordRetry time.Duration
 	// PrivilegeHandlers revoke privileges of a kind in process.
 	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
 	// StopPolicy decides which stop proposals are approved automatically.
@@ -124,6 +134,7 @@ type Server struct {
 	supervisor *supervisor.Supervisor
 	rollouts   *supervisor.Rollouts
 	leases     *coordinator.Coordinator
+	router     *leaseRouter // nil with a single replica (forward.go)
 	grants     *grantstore.Service
 	log        *slog.Logger
 	handler    http.Handler
@@ -161,7 +172,11 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.keys = keys
 	s.issuer = auth.Issuer{Name: cfg.Issuer, Ring: keys.Get}
-	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: supervisor.DefaultLimits}
+	limits := cfg.TreeLimits
+	if limits == (supervisor.Limits{}) {
+		limits = supervisor.DefaultLimits
+	}
+	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: limits}
 	if err := s.buildComponents(ctx); err != nil {
 		s.Close()
 		return nil, err

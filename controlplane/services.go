@@ -22,7 +22,11 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		return err
 	}
 	s.leases = leases
-	s.addComponent("leases", leases.Run)
+	// Leader-only (leadership.go): the leases live in memory on the leader,
+	// which rebuilds them from the store each time it gains the lead; the
+	// other replicas forward LeaseService to it (forward.go).
+	s.addLeaderComponent("leases", leases.Run)
+	s.buildLeaseRouting()
 	grants, err := grantstore.New(grantstore.Config{
 		Store: s.store, Clock: s.cfg.Clock, Keys: s.keys.Get, Issuer: s.cfg.Issuer,
 		TokenTTL: s.cfg.CapabilityTokenTTL, Heartbeat: s.cfg.RevocationHeartbeat, Log: s.log,
@@ -32,8 +36,8 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	}
 	s.grants = grants
 	s.addComponent("grants-feed", grants.RunFeed)
-	s.addComponent("grants-marker", grants.RunMarker)
-	s.addComponent("grants-pruner", grants.RunPruner)
+	s.addLeaderComponent("grants-marker", grants.RunMarker)
+	s.addLeaderComponent("grants-pruner", grants.RunPruner)
 	s.ledger = &supervisor.Ledger{Store: s.store, Clock: s.cfg.Clock}
 	s.privileges = &supervisor.Privileges{Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers}
 	s.signals = &supervisor.Signals{Store: s.store}
@@ -44,14 +48,14 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.supervisor.Leases = s.leases
 	s.ledger.Tokens = s.grants
 	s.supervisor.Grants = s.grants
-	s.addComponent("supervisor", s.supervisor.Run)
+	s.addLeaderComponent("supervisor", s.afterLeases(s.supervisor.Run))
 	s.addComponent("session-signals", s.signals.Run)
-	s.addComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor}).Run)
+	s.addLeaderComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor, Retry: s.cfg.RecordRetry}).Run)
 	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
 	handover := leaseHandover{leases: s.leases}
 	s.supervisor.Handover = handover
 	s.rollouts = &supervisor.Rollouts{Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Handover: handover, Log: s.log}
-	s.addLeaderComponent("rollouts", s.rollouts.Run)
+	s.addLeaderComponent("rollouts", s.afterLeases(s.rollouts.Run))
 	s.addComponent("key-ring", s.followKeyRing)
 	s.addLeaderComponent("key-pruner", s.pruneKeyRing)
 	return nil
@@ -82,7 +86,7 @@ func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption)
 	mux.Handle(tetherv1connect.NewAuthServiceHandler(&authService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&capabilityService{s: s}, opts...))
-	mux.Handle(tetherv1connect.NewLeaseServiceHandler(&leaseService{s: s}, append(opts, leaseHandlerOptions...)...))
+	mux.Handle(tetherv1connect.NewLeaseServiceHandler(s.leaseHandler(), append(opts, leaseHandlerOptions...)...))
 	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
 }

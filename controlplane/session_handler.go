@@ -61,6 +61,11 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: sig}}); err != nil {
 				return err
 			}
+			// The session dies with the node: once it is terminated, its
+			// credential is revoked and nothing more is served on it.
+			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
+				return err
+			}
 		case m := <-out:
 			if err := send(m); err != nil {
 				return err
@@ -72,6 +77,20 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 			return err
 		}
 	}
+}
+
+// sessionAlive returns Unauthenticated once the session's node is
+// terminated (or gone): the credential the session was opened with is
+// revoked, so the session ends as a new call with it would be refused.
+func (s *Server) sessionAlive(ctx context.Context, nodeID string) error {
+	err := s.agentActive(ctx, nodeID)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, auth.ErrRevoked):
+		return connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w; the session is over", err))
+	}
+	return toConnect(err)
 }
 
 // receiveSession handles the agent's messages until the stream ends.
@@ -95,6 +114,11 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 		}
 		switch msg.Kind.(type) {
 		case *tetherv1.SessionRequest_Heartbeat:
+			// A terminated node's heartbeat is not acknowledged, and its
+			// credential is never refreshed, whatever signal it missed.
+			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
+				return err
+			}
 			if lastWritten, err = a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
 				return toConnect(err)
 			}

@@ -297,8 +297,9 @@ func runServe(t *testing.T, bin string, flags map[string]string, path string) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
 	defer func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -311,8 +312,8 @@ func runServe(t *testing.T, bin string, flags map[string]string, path string) {
 	hc := &http.Client{Timeout: 2 * time.Second}
 	testserver.WaitFor(t, 30*time.Second, "tether serve "+strings.Join(args[1:], " ")+" to answer "+path, func() bool {
 		select {
-		case err := <-exited:
-			t.Fatalf("tether %v exited: %v\n%s", args, err, stderr.String())
+		case <-exited:
+			t.Fatalf("tether %v exited: %v\n%s", args, waitErr, stderr.String())
 		default:
 		}
 		resp, err := hc.Get("http://" + addr + path)

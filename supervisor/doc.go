@@ -11,4 +11,12 @@
 // the child. Marking a subtree for termination is also one transaction, so a
 // spawn racing a termination is either refused (it serialized after the mark)
 // or included (it serialized before, and the mark's subtree walk sees it).
+//
+// Rollouts (rollout.go, rollout_reconciler.go) replace the agents matching
+// a selector in batches: the pure NextRollout decides, the Rollouts shell
+// persists each step before the next. Each batch is one termination of
+// several subtree roots (TerminateIn, written in the same transaction as
+// the batch) and so one record; its job leases are left open (LeaseHandover)
+// and reassigned, generation + 1, to ready replacements. Callers of
+// TerminateIn must Kick the termination after their transaction commits.
 package supervisor

@@ -133,7 +133,7 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 			return err
 		}
 		if children >= t.Limits.MaxChildren {
-			return fmt.Errorf("%w: parent_node_id %s already has %d children", ErrLimit, parentID, children)
+			return fmt.Errorf("%w: parent_node_id %s already has %d children, the maximum per node", ErrLimit, parentID, children)
 		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
 		child = &tetherv1.Node{

@@ -33,7 +33,18 @@ func newServeCommand(g *globals) *cobra.Command {
 			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
 			}
-			closeStore, err := storage.apply(ctx, &cfg, log)
+			// Listen first: the replica publishes the address it serves on
+			// in the leader election (--advertise-url).
+			ln, err := net.Listen("tcp", listen)
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
+			scheme := "http"
+			if tlsCert != "" {
+				scheme = "https"
+			}
+			closeStore, err := storage.apply(ctx, &cfg, log, scheme, ln.Addr())
 			if err != nil {
 				return err
 			}
@@ -43,14 +54,6 @@ func newServeCommand(g *globals) *cobra.Command {
 				return err
 			}
 			defer srv.Close()
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return err
-			}
-			scheme := "http"
-			if tlsCert != "" {
-				scheme = "https"
-			}
 			log.Info("tether serving", "addr", scheme+"://"+ln.Addr().String(), "data_dir", g.dataDir, "store", storage.kind, "admin_token", srv.AdminTokenPath)
 			fmt.Fprintf(os.Stderr, "admin token: %s\n", srv.AdminTokenPath)
 			return srv.Run(ctx, ln)

@@ -101,6 +101,9 @@ func (i Issuer) Parse(token string, now time.Time) (Principal, error) {
 		jwt.WithLeeway(Leeway),
 		jwt.WithIssuedAt(),
 		jwt.WithTimeFunc(func() time.Time { return now }),
+		// One encoding per token: a re-encoded signature (different
+		// unused base64 bits, same bytes) is not the same credential.
+		jwt.WithStrictDecoding(),
 	)
 	var c claims
 	_, err := parser.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {

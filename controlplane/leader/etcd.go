@@ -25,6 +25,11 @@ type Etcd struct {
 	// Identity names this replica in the election (Leader reports it).
 	// Default: host name and process id.
 	Identity string
+	// Address is how the other replicas reach this one (its advertised
+	// URL, e.g. http://10.0.0.7:7420). It is published with Identity in
+	// the election value, so that replicas can forward to the leader what
+	// only the leader serves (Observe). Empty: not reachable.
+	Address string
 	// TTL is the session lease's time to live: how long the replicas wait
 	// for a leader that died without resigning before electing another.
 	// Default 10s. etcd rounds it up to its own minimum (a few seconds).
@@ -130,7 +135,7 @@ func (e *Etcd) term(ctx context.Context, fn func(ctx context.Context) error) (ov
 	election := concurrency.NewElection(session, e.Prefix)
 	campaignCtx, stopCampaign := context.WithCancel(ctx)
 	stop := context.AfterFunc(session.Ctx(), stopCampaign)
-	err = election.Campaign(campaignCtx, e.Identity)
+	err = election.Campaign(campaignCtx, encodeCandidate(Candidate{Identity: e.Identity, Address: e.Address}))
 	stop()
 	stopCampaign()
 	if err != nil {
@@ -218,18 +223,24 @@ func monitorTerm(ctx context.Context, session *concurrency.Session, watch client
 // Leader returns the identity of the replica that leads now, or
 // ErrNoLeader.
 func (e *Etcd) Leader(ctx context.Context) (string, error) {
+	c, err := e.Current(ctx)
+	return c.Identity, err
+}
+
+// Current returns the replica that leads now, or ErrNoLeader.
+func (e *Etcd) Current(ctx context.Context) (Candidate, error) {
 	if e.Client == nil || e.Prefix == "" {
-		return "", errors.New("leader: an etcd elector needs a Client and a Prefix")
+		return Candidate{}, errors.New("leader: an etcd elector needs a Client and a Prefix")
 	}
 	// The oldest candidate's key is the leader's (as in concurrency.Election).
 	resp, err := e.Client.Get(ctx, e.Prefix+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
-		return "", fmt.Errorf("leader: %w", err)
+		return Candidate{}, fmt.Errorf("leader: %w", err)
 	}
 	if len(resp.Kvs) == 0 {
-		return "", ErrNoLeader
+		return Candidate{}, ErrNoLeader
 	}
-	return string(resp.Kvs[0].Value), nil
+	return decodeCandidate(resp.Kvs[0].Value), nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

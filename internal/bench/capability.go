@@ -345,16 +345,30 @@ func capabilityVerify(ctx context.Context, r *Report) error {
 	// The three are measured in short interleaved rounds, so that changes
 	// in the machine's load hit them alike; the ratio reported is the
 	// median of the rounds' ratios, which one disturbed round cannot move.
+	// Beside it, the same ratio per CPU-second of this process, which
+	// other processes on the machine do not disturb at all.
 	const rounds = 10
 	rates := map[string]float64{}
 	var ratios []float64
+	opsDone, cpuUsed := map[string]float64{}, map[string]time.Duration{}
+	cpuOK := true
 	for range rounds {
 		round := map[string]float64{}
 		for _, name := range []string{"raw", "cold", "cached"} {
-			rate, err := Throughput(ctx, workers, r.Duration/rounds, ops[name])
+			var n atomic.Int64
+			op := ops[name]
+			cpuBefore, ok1 := processCPU()
+			rate, err := Throughput(ctx, workers, r.Duration/rounds, func(ctx context.Context, w int) error {
+				n.Add(1)
+				return op(ctx, w)
+			})
+			cpuAfter, ok2 := processCPU()
 			if err != nil {
 				return fmt.Errorf("%s: %w", name, err)
 			}
+			cpuOK = cpuOK && ok1 && ok2
+			opsDone[name] += float64(n.Load())
+			cpuUsed[name] += cpuAfter - cpuBefore
 			round[name] = rate
 			rates[name] += rate / rounds
 		}
@@ -362,6 +376,10 @@ func capabilityVerify(ctx context.Context, r *Report) error {
 	}
 	slices.Sort(ratios)
 	raw, cold, cached := rates["raw"], rates["cold"], rates["cached"]
+	if cpuOK && cpuUsed["raw"] > 0 && cpuUsed["cold"] > 0 {
+		perCPU := func(name string) float64 { return opsDone[name] / cpuUsed[name].Seconds() }
+		r.Add("capability/verify-cold-to-raw-ratio-per-cpu-second", perCPU("cold")/perCPU("raw"), "ratio")
+	}
 	r.Add(fmt.Sprintf("capability/verify-raw-ed25519/goroutines=%d", workers), raw, "tokens/s")
 	r.Add(fmt.Sprintf("capability/verify-cold/goroutines=%d", workers), cold, "tokens/s")
 	r.Add(fmt.Sprintf("capability/verify-cached/goroutines=%d", workers), cached, "tokens/s")

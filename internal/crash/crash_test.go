@@ -289,7 +289,7 @@ func (h *harness) report() {
 	for _, k := range keys {
 		mix += fmt.Sprintf(" %s=%d", k, byOp[k])
 	}
-	h.t.Logf("crash harness (seed %d): %d kills; %d calls (%d answered, %d of them refused; %d cut off by kills or timeouts)",
+	h.t.Logf("crash harness (seed %d): %d kills; %d calls: %d answered (%d of them refusals the workload expects, such as confirming the exit of a node already terminated), %d without an answer (in flight at a kill, or sent before the workload noticed it)",
 		h.seed, h.kills, h.calls.Load(), h.answered.Load(), h.refused.Load(), h.unanswered.Load())
 	h.t.Logf("lease history: %d operations on %d jobs checked linearizable (%d unanswered; %d reads after restarts):%s",
 		h.checkedLeaseOps, len(h.leases.jobs), h.leases.rec.unansweredCount(), h.reads.Load(), mix)

@@ -352,6 +352,8 @@ func (l *leaseLoad) coordinator(slot int, rng *rand.Rand, stop <-chan struct{}) 
 			in.Op = OpRequestCancel
 		case !lease.CancelRequested && rng.IntN(100) < 3:
 			in.Op, in.Holder = OpReassign, j.team.workers[rng.IntN(len(j.team.workers))].id
+		case rng.IntN(100) < 1:
+			in.Op, in.Result = OpResolve, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED // the operator gives up on the job
 		default:
 			in.Op = OpGet
 		}
@@ -385,7 +387,7 @@ func (j *job) waitedForCancel() bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.cancelWaited++
-	return j.cancelWaited > 20
+	return j.cancelWaited > 4
 }
 
 // apply sends one message, records it and its answer, and feeds the

@@ -4,6 +4,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/leader"
@@ -21,12 +22,24 @@ import (
 const StoreEnv = "TETHER_TEST_STORE"
 
 // WithEtcdStore runs the control plane on s, electing its leader among the
-// servers that share s's etcd prefix; replicaID names this one. The server
-// does not close s.
+// servers that share s's etcd prefix; replicaID names this one, and its
+// address (http://<cfg.Listen>, which Start sets) is where the others
+// forward job-lease calls while it leads. The server does not close s.
 func WithEtcdStore(s *store.Etcd, replicaID string) Option {
 	return func(cfg *controlplane.Config) {
 		cfg.Store = s
-		cfg.Elector = &leader.Etcd{Client: s.Client(), Prefix: s.MetadataPrefix("leader"), Identity: replicaID, Log: cfg.Logger}
+		cfg.Elector = &leader.Etcd{Client: s.Client(), Prefix: s.MetadataPrefix("leader"), Identity: replicaID, Address: "http://" + cfg.Listen, Log: cfg.Logger}
+	}
+}
+
+// WithElectionTTL sets the session TTL of the leader election set by an
+// earlier WithEtcdStore: how long the other replicas wait for a leader
+// that died without resigning.
+func WithElectionTTL(ttl time.Duration) Option {
+	return func(cfg *controlplane.Config) {
+		if e, ok := cfg.Elector.(*leader.Etcd); ok {
+			e.TTL = ttl
+		}
 	}
 }
 

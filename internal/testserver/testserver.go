@@ -56,7 +56,13 @@ func Start(t testing.TB, opts ...Option) *Server {
 // StartIn runs a control plane on dataDir.
 func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
 	t.Helper()
-	cfg := controlplane.Config{DataDir: dataDir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	// Listen first, so that options know the address (cfg.Listen): a
+	// replica on etcd publishes it in the leader election.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := controlplane.Config{DataDir: dataDir, Listen: ln.Addr().String(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if o := storeFromEnv(t, dataDir); o != nil {
 		opts = append([]Option{o}, opts...)
 	}
@@ -70,12 +76,8 @@ func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
 		cancel()
+		ln.Close()
 		t.Fatalf("start control plane: %v", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		cancel()
-		t.Fatal(err)
 	}
 	s := &Server{Server: srv, URL: "http://" + ln.Addr().String(), DataDir: dataDir, Clock: cfg.Clock, HTTP: H2CClient(), cancel: cancel, done: make(chan error, 1)}
 	go func() { s.done <- srv.Run(ctx, ln) }()

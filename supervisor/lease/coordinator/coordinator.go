@@ -23,9 +23,11 @@ import (
 var (
 	// ErrNotFound: the job has no lease (GetLease, Evidence).
 	ErrNotFound = errors.New("coordinator: no lease for the job")
-	// ErrStopped: the coordinator is shutting down or stopped; the message
-	// was not judged.
-	ErrStopped = errors.New("coordinator: stopped")
+	// ErrStopped: the coordinator is not serving — it is shutting down,
+	// between two runs (this replica lost the lead), or was fenced off by
+	// a newer run (ErrFenced) — so the message was not judged. Retry: the
+	// replica that leads answers.
+	ErrStopped = errors.New("coordinator: not serving")
 	// ErrCommit: the decision could not be made durable, so it was not
 	// made: the lease is as it was before the message.
 	ErrCommit = errors.New("coordinator: commit failed")
@@ -112,23 +114,47 @@ type Coordinator struct {
 	shards []*shard
 	seed   maphash.Seed
 
-	// lastAlive is when the previous run was last known to be deciding,
-	// read at New; zero on a first start.
-	lastAlive time.Time
+	// door guards handing ops to the shards against the end of a run:
+	// senders hold it shared, Run takes it exclusively to stop serving, so
+	// no message is left in an inbox nobody reads.
+	door  sync.RWMutex
+	phase atomic.Int32 // a runPhase; changed under door (exclusively when it stops serving)
+	// deposed: a commit of this run found a newer term (ErrFenced); the
+	// run answers nothing more until it ends.
+	deposed atomic.Bool
 
-	// mu guards sending to the shards against shutdown: senders hold it
-	// shared, Run takes it exclusively to close the door, so no message is
-	// left in an inbox nobody reads.
-	mu      sync.RWMutex
-	closed  bool
-	started bool
-	// unknownSeq numbers rows of the unknown-job log; owned by shard 0's
-	// commits through unknownMu since every shard may write one.
+	// stateMu guards running, changed and lastAlive.
+	stateMu sync.Mutex
+	running bool
+	changed chan struct{} // closed when Serving's answer changes
+	// lastAlive is when the previous run was last known to be deciding,
+	// read by the current (or last) run's load; zero on a first start.
+	lastAlive time.Time
+	term      atomic.Uint64
+
+	// unknownSeq numbers rows of the unknown-job log; every shard may
+	// write one.
 	unknownMu  sync.Mutex
 	unknownSeq uint64
 
 	commits, judged, commitNanos atomic.Uint64
 }
+
+// runPhase is where the coordinator is between and within runs.
+type runPhase int32
+
+const (
+	// phaseIdle: before the first Run. Messages wait in the inboxes for it.
+	phaseIdle runPhase = iota
+	// phaseStarting: Run is fencing off earlier runs and loading the
+	// leases. Messages wait for it.
+	phaseStarting
+	// phaseServing: the shards judge, persist and answer.
+	phaseServing
+	// phaseStopped: a run ended (or failed to start); messages fail with
+	// ErrStopped until the next Run starts.
+	phaseStopped
+)
 
 // Stats are counters for monitoring and benchmarks.
 type Stats struct {
@@ -154,17 +180,34 @@ type Result struct {
 	Row      uint64
 }
 
-// New loads every lease from the store into memory. The coordinator serves
-// once Run has started; messages sent before wait for it.
-func New(ctx context.Context, cfg Config) (*Coordinator, error) {
+// New validates the configuration. It does not read the store: each Run
+// loads the leases, after fencing off every earlier run (term.go).
+// Messages sent before the first Run wait for it (up to an inbox's
+// capacity per shard); messages sent between runs fail with ErrStopped.
+func New(_ context.Context, cfg Config) (*Coordinator, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed()}
+	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed(), changed: make(chan struct{})}
 	for i := range cfg.Shards {
 		c.shards = append(c.shards, newShard(c, i))
 	}
-	err := cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+	return c, nil
+}
+
+// load reads every lease, the latest alive time and the unknown-job log
+// into fresh shard state for a run holding term.
+func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Time, err error) {
+	for _, s := range c.shards {
+		s.reset(term)
+	}
+	var unknownSeq uint64
+	err = c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		// A retried View starts from scratch.
+		for _, s := range c.shards {
+			s.reset(term)
+		}
+		lastAlive, unknownSeq = time.Time{}, 0
 		var checkpoints []record
 		err := tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
 			r, err := decodeRecord(value)
@@ -183,6 +226,7 @@ func New(ctx context.Context, cfg Config) (*Coordinator, error) {
 			checkpoint := r.Rows
 			job := r.Lease.JobID
 			err := tx.Scan(evidencePrefix(job), evidenceKey(job, checkpoint+1), func(key, value []byte) error {
+				return nil
 				row, err := decodeRow(value)
 				if err != nil {
 					return fmt.Errorf("%s: %w", key, err)
@@ -203,8 +247,8 @@ func New(ctx context.Context, cfg Config) (*Coordinator, error) {
 			if err := d.done(); err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			if t.After(c.lastAlive) {
-				c.lastAlive = t
+			if t.After(lastAlive) {
+				lastAlive = t
 			}
 			return nil
 		})
@@ -216,53 +260,134 @@ func New(ctx context.Context, cfg Config) (*Coordinator, error) {
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			c.unknownSeq = max(c.unknownSeq, r.Number)
+			unknownSeq = max(unknownSeq, r.Number)
 			return nil
 		})
 	})
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: load leases: %w", err)
+		return time.Time{}, fmt.Errorf("coordinator: load leases: %w", err)
 	}
-	return c, nil
+	c.unknownMu.Lock()
+	c.unknownSeq = unknownSeq
+	c.unknownMu.Unlock()
+	return lastAlive, nil
 }
 
 // Policy returns the declared time policy.
 func (c *Coordinator) Policy() lease.Policy { return c.cfg.Policy }
 
-// LastAlive is when the previous run was last known to be deciding (zero on
-// a first start): restart planning extends only deadlines after it.
-func (c *Coordinator) LastAlive() time.Time { return c.lastAlive }
+// LastAlive is when the run before the current (or last) one was last
+// known to be deciding, as that run's load found it (zero on a first start
+// and before the first load): restart planning extends only deadlines
+// after it.
+func (c *Coordinator) LastAlive() time.Time {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	return c.lastAlive
+}
+
+// Term is the current (or last) run's term: 0 before the first run has
+// fenced, then growing by one for every run of any coordinator on the
+// store.
+func (c *Coordinator) Term() uint64 { return c.term.Load() }
+
+// Serving reports whether a run serves — it fenced off every earlier run,
+// loaded every lease, and was not fenced off since — and returns a channel
+// closed at the next change of that answer.
+func (c *Coordinator) Serving() (serving bool, changed <-chan struct{}) {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	return runPhase(c.phase.Load()) == phaseServing && !c.deposed.Load(), c.changed
+}
+
+// notify wakes whoever waits on Serving's channel.
+func (c *Coordinator) notify() {
+	c.stateMu.Lock()
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.stateMu.Unlock()
+}
+
+// depose stops a run that found a newer term: it answers nothing more,
+// and its caller (the leader election) is about to end it anyway.
+func (c *Coordinator) depose(cause error) {
+	if c.deposed.Swap(true) {
+		return
+	}
+	c.cfg.Log.Error("lease coordinator fenced off: a newer run took the leases over; not serving until this run ends", "term", c.term.Load(), "cause", cause)
+	c.notify()
+}
 
 func (c *Coordinator) shardOf(job string) *shard {
 	return c.shards[maphash.String(c.seed, job)%uint64(len(c.shards))]
 }
 
-// Run serves until ctx ends. It first applies the restart policy
-// (PlanRestart, then one Recover per planned lease), then judges messages,
-// acts on deadlines as the clock reaches them, and on the way out commits
-// what it judged and records a clean stop.
-func (c *Coordinator) Run(ctx context.Context) error {
-	c.mu.Lock()
-	if c.started {
-		c.mu.Unlock()
-		return errors.New("coordinator: Run called twice")
-	}
-	c.started = true
-	c.mu.Unlock()
+// startBackoffMax bounds the wait between attempts to start a run when
+// the store fails (etcd unreachable for a moment).
+const startBackoffMax = 5 * time.Second
 
-	restartAt := c.cfg.Clock.Now()
+// Run serves until ctx ends: one run (with several replicas, one term of
+// leadership). It may be called again after it returned; each call is a
+// restart. It fences off every earlier run (term.go) and loads every lease
+// from the store, retrying while the store fails (but not on a corrupt
+// record); then it applies the restart policy (PlanRestart, then one
+// Recover per planned lease), judges messages, acts on deadlines as the
+// clock reaches them, and on the way out commits what it judged and
+// records a clean stop. It returns nil when ctx ends.
+func (c *Coordinator) Run(ctx context.Context) error {
+	c.stateMu.Lock()
+	if c.running {
+		c.stateMu.Unlock()
+		return errors.New("coordinator: Run is already running")
+	}
+	c.running = true
+	c.stateMu.Unlock()
+	defer func() {
+		c.stateMu.Lock()
+		c.running = false
+		c.stateMu.Unlock()
+	}()
+
+	c.door.Lock()
+	c.phase.Store(int32(phaseStarting))
+	c.door.Unlock()
+	lastAlive, err := c.start(ctx)
+	if err != nil {
+		c.stopServing(fmt.Errorf("%w: %w", ErrStopped, err))
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+
+	// The declared clock never goes backwards across runs either, within
+	// the skew the policy allows between replicas' clocks: a replica
+	// taking over from one whose clock ran slightly ahead continues from
+	// the latest decision time instead of judging "before" it.
+	now := c.cfg.Clock.Now().Round(0)
+	if ahead := lastAlive.Sub(now); ahead > 0 {
+		if ahead > c.cfg.Policy.SkewAllowance {
+			c.cfg.Log.Warn("the previous lease coordinator's clock ran ahead of this one by more than the skew allowance; check the replicas' clocks",
+				"ahead", ahead, "skew_allowance", c.cfg.Policy.SkewAllowance)
+			ahead = c.cfg.Policy.SkewAllowance
+		}
+		now = now.Add(ahead)
+	}
+	for _, s := range c.shards {
+		s.lastNow = now
+	}
 	var plan []lease.Recover
-	if !c.lastAlive.IsZero() {
+	if !lastAlive.IsZero() {
 		var all []lease.Lease
 		for _, s := range c.shards {
 			for _, e := range s.leases {
 				all = append(all, e.durable)
 			}
 		}
-		plan = lease.PlanRestart(all, c.lastAlive, restartAt, c.cfg.Policy)
+		plan = lease.PlanRestart(all, lastAlive, now, c.cfg.Policy)
 		if len(plan) > 0 {
-			c.cfg.Log.Info("lease restart plan: extending deadlines that fell while the coordinator was down",
-				"leases", len(plan), "last_alive", c.lastAlive, "restart_at", restartAt, "policy", c.cfg.Policy.Restart.String())
+			c.cfg.Log.Info("lease restart plan: extending deadlines that fell while no coordinator was serving",
+				"leases", len(plan), "last_alive", lastAlive, "restart_at", now, "policy", c.cfg.Policy.Restart.String())
 		}
 	}
 	for _, r := range plan {
@@ -272,29 +397,102 @@ func (c *Coordinator) Run(ctx context.Context) error {
 
 	stopping := make(chan struct{})
 	var wg sync.WaitGroup
+	c.deposed.Store(false)
 	for _, s := range c.shards {
 		wg.Go(func() { s.run(ctx, stopping) })
 	}
+	c.phase.Store(int32(phaseServing))
+	c.notify()
 	<-ctx.Done()
 	// Close the door, then let the shards finish what got in.
-	c.mu.Lock()
-	c.closed = true
-	c.mu.Unlock()
+	c.door.Lock()
+	c.phase.Store(int32(phaseStopped))
+	c.door.Unlock()
+	c.notify()
 	close(stopping)
 	wg.Wait()
 	return nil
 }
 
-// send hands op to its shard, or fails it when the coordinator is stopped.
-func (c *Coordinator) send(s *shard, o op) {
-	c.mu.RLock()
-	if c.closed {
-		c.mu.RUnlock()
-		o.fail(ErrStopped)
-		return
+// start fences off earlier runs and loads the leases, retrying with a
+// growing backoff while the store fails; a corrupt record fails at once.
+func (c *Coordinator) start(ctx context.Context) (lastAlive time.Time, err error) {
+	backoff := 50 * time.Millisecond
+	for {
+		lastAlive, err = c.startOnce(ctx)
+		if err == nil || errors.Is(err, ErrCorrupt) || ctx.Err() != nil {
+			return lastAlive, err
+		}
+		c.cfg.Log.Warn("lease coordinator could not start; retrying", "error", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return time.Time{}, ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, startBackoffMax)
 	}
-	s.inbox <- o
-	c.mu.RUnlock()
+}
+
+func (c *Coordinator) startOnce(ctx context.Context) (time.Time, error) {
+	var term uint64
+	err := c.cfg.Store.Update(ctx, func(tx store.Txn) error {
+		var err error
+		term, err = startTerm(tx)
+		return err
+	})
+	if err != nil {
+		return time.Time{}, fmt.Errorf("coordinator: start a term: %w", err)
+	}
+	c.term.Store(term)
+	lastAlive, err := c.load(ctx, term)
+	if err != nil {
+		return time.Time{}, err
+	}
+	c.stateMu.Lock()
+	c.lastAlive = lastAlive
+	c.stateMu.Unlock()
+	c.cfg.Log.Info("lease coordinator serving", "term", term, "last_alive", lastAlive)
+	return lastAlive, nil
+}
+
+// stopServing ends a run that could not start: what waits in the inboxes
+// fails with err, and so does everything sent until the next Run.
+func (c *Coordinator) stopServing(err error) {
+	c.door.Lock()
+	c.phase.Store(int32(phaseStopped))
+	c.door.Unlock()
+	c.notify()
+	for _, s := range c.shards {
+		for len(s.inbox) > 0 {
+			(<-s.inbox).fail(err)
+		}
+	}
+}
+
+// send hands op to its shard, or fails it when no run serves. While a run
+// is starting (or before the first) it waits in the inbox, which does not
+// block the sender: nobody reads the inbox yet.
+func (c *Coordinator) send(s *shard, o op) {
+	c.door.RLock()
+	defer c.door.RUnlock()
+	switch runPhase(c.phase.Load()) {
+	case phaseServing:
+		if c.deposed.Load() {
+			o.fail(fmt.Errorf("%w: %w", ErrStopped, ErrFenced))
+			return
+		}
+		s.inbox <- o
+	case phaseIdle, phaseStarting:
+		select {
+		case s.inbox <- o:
+		default:
+			o.fail(fmt.Errorf("%w: still starting, and %d messages already wait for this shard", ErrStopped, cap(s.inbox)))
+		}
+	default:
+		o.fail(ErrStopped)
+	}
 }
 
 // Submit judges m asynchronously: done is called exactly once, from a

@@ -59,7 +59,26 @@ func startWith(t *testing.T, st store.Store, clk *clock.Manual, p lease.Policy, 
 	h := &harness{t: t, c: c, clock: clk, store: st, cancel: cancel, done: make(chan error, 1)}
 	go func() { h.done <- c.Run(ctx) }()
 	t.Cleanup(h.stop)
+	waitServing(t, c)
 	return h
+}
+
+// waitServing waits until c's run has loaded the store and serves.
+func waitServing(t *testing.T, c *coordinator.Coordinator) {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		serving, changed := c.Serving()
+		if serving {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatal("timed out waiting for the coordinator to serve")
+		}
+	}
 }
 
 func (h *harness) stop() {

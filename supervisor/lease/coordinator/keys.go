@@ -12,6 +12,7 @@ import (
 //	leases/evidence/<len>:<job id>/<row, hex>  → one evidence row per decision
 //	leases/unknown/<seq, hex>                  → rows for jobs without a lease (a bounded log)
 //	leases/alive/<shard>                       → the shard's last decision time (restart planning)
+//	leases/term                                → the current run's term (term.go: fencing)
 //
 // The evidence key carries the job id's length so that the rows of job "a"
 // never share a prefix with those of job "a/b".

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -96,11 +97,14 @@ type pendingAnswer struct {
 func (b *batch) empty() bool { return b.messages == 0 && len(b.answers) == 0 }
 
 // shard owns a subset of the jobs. Only its goroutine touches its fields
-// after Run starts.
+// while a run serves; between runs, Run resets and loads them. The inbox
+// outlives runs (messages sent while a run starts wait in it).
 type shard struct {
 	c     *Coordinator
 	index int
 	inbox chan op
+	// term is the run's term; every commit checks it is still current.
+	term uint64
 
 	leases    map[string]*entry
 	deadlines lease.DeadlineQueue
@@ -123,21 +127,29 @@ type shard struct {
 }
 
 func newShard(c *Coordinator, index int) *shard {
-	return &shard{
-		c:        c,
-		index:    index,
-		inbox:    make(chan op, 1024),
-		leases:   make(map[string]*entry),
-		commits:  make(chan *batch, 1),
-		finished: make(chan *batch, 1),
-	}
+	s := &shard{c: c, index: index, inbox: make(chan op, 1024)}
+	s.reset(0)
+	return s
+}
+
+// reset forgets everything a previous run knew, before a run loads the
+// store: a run's memory is rebuilt from the store, never carried over.
+func (s *shard) reset(term uint64) {
+	s.term = term
+	s.leases = make(map[string]*entry)
+	s.deadlines = lease.DeadlineQueue{}
+	s.recover = nil
+	s.building, s.inflight = nil, nil
+	s.commits = make(chan *batch, 1)
+	s.finished = make(chan *batch, 1)
+	s.lastNow, s.aliveAt, s.needAlive = time.Time{}, time.Time{}, false
 }
 
 // checkpointEvery is how many rows may follow a job's record before it is
 // rewritten; a restart reads at most that many rows per job.
 const checkpointEvery = 64
 
-// load adds a lease read from the store (before Run).
+// load adds a lease read from the store (before the run's shards start).
 func (s *shard) load(r record, checkpoint uint64) {
 	s.leases[r.Lease.JobID] = &entry{job: r.Lease.JobID, durable: r.Lease, pending: r.Lease, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint}
 	s.deadlines.Sync(r.Lease)
@@ -196,7 +208,9 @@ func (s *shard) run(ctx context.Context, stopping <-chan struct{}) {
 			s.complete(b)
 		case <-timer.C:
 			armedAt = time.Now().Add(365 * 24 * time.Hour)
-			s.expire()
+			if !s.c.deposed.Load() {
+				s.expire()
+			}
 		case <-stopping:
 			s.shutdown()
 			return
@@ -245,6 +259,10 @@ func (s *shard) shutdown() {
 }
 
 func (s *shard) handle(o op) {
+	if s.c.deposed.Load() {
+		o.fail(fmt.Errorf("%w: %w", ErrStopped, ErrFenced))
+		return
+	}
 	switch o.kind {
 	case opJudge:
 		job := o.msg.Job()
@@ -404,7 +422,7 @@ func (s *shard) newBatch() *batch {
 // in flight. Judging goes on meanwhile; the next batch gathers it.
 func (s *shard) submitIfIdle() {
 	b := s.building
-	if s.inflight != nil || (b.empty() && !s.needAlive) {
+	if s.inflight != nil || (b.empty() && (!s.needAlive || s.c.deposed.Load())) {
 		return
 	}
 	if b.final {
@@ -444,6 +462,9 @@ func (s *shard) committer(done chan<- struct{}) {
 		// decision is either durable for all of them or for none.
 		start := time.Now()
 		b.err = s.c.cfg.Store.Update(context.Background(), func(tx store.Txn) error {
+			if err := checkTerm(tx, s.term); err != nil {
+				return err
+			}
 			for _, w := range b.puts {
 				if err := tx.Put(w.key, w.value); err != nil {
 					return err
@@ -489,8 +510,12 @@ func (s *shard) complete(b *batch) {
 		return // the committer answers
 	}
 	err := fmt.Errorf("%w: %w", ErrCommit, b.err)
-	s.c.cfg.Log.Error("lease shard commit failed; rolling back to the durable state", "shard", s.index, "err", b.err,
-		"messages", b.messages+s.building.messages)
+	if errors.Is(b.err, ErrFenced) {
+		s.c.depose(b.err)
+	} else {
+		s.c.cfg.Log.Error("lease shard commit failed; rolling back to the durable state", "shard", s.index, "err", b.err,
+			"messages", b.messages+s.building.messages)
+	}
 	for _, failed := range []*batch{b, s.building} {
 		for _, e := range failed.touched {
 			e.pending, e.pendingRows = e.durable, e.durableRows
