@@ -417,11 +417,12 @@ func revokeUnrelated(ctx context.Context, srv *benchServer, holder string, n int
 }
 
 // capabilityDurable measures durable Delegate and Revoke throughput
-// through the real server, 64 concurrent clients: every acknowledged call
-// is committed to Badger with SyncWrites. Delegations come from one parent
-// grant to a child node (each writes a grant and its index entries and
-// mints a token); revocations revoke those grants one by one, as their
-// parent's holder (each writes the grant, a tombstone and the feed head).
+// through the real server with 64 concurrent clients, one connection each:
+// every acknowledged call is committed to Badger with SyncWrites.
+// Delegations come from one parent grant to a child node (each writes a
+// grant and its index entries and mints a token); revocations revoke
+// those grants one by one, as their parent's holder (each writes the
+// grant, a tombstone and the feed head).
 func capabilityDurable(ctx context.Context, r *Report) error {
 	srv, err := startServer(ctx, r)
 	if err != nil {
@@ -437,12 +438,17 @@ func capabilityDurable(ctx context.Context, r *Report) error {
 		return err
 	}
 	const workers = 64
+	// Each client has its own connection, as separate agents would.
+	clients := make([]*agentsdk.Conn, workers)
+	for i := range clients {
+		clients[i] = agentsdk.Dial(srv.URL, line[0].conn.Token(), nil)
+	}
 	var (
 		mu      sync.Mutex
 		created []string
 	)
-	delegateOnce := func(ctx context.Context) error {
-		resp, err := line[0].conn.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: root.GrantId, HolderNodeId: line[1].id, Scopes: []string{"tool:shell"}}))
+	delegateOnce := func(ctx context.Context, worker int) error {
+		resp, err := clients[worker].Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: root.GrantId, HolderNodeId: line[1].id, Scopes: []string{"tool:shell"}}))
 		if err != nil {
 			return err
 		}
@@ -451,7 +457,7 @@ func capabilityDurable(ctx context.Context, r *Report) error {
 		mu.Unlock()
 		return nil
 	}
-	delegates, err := Throughput(ctx, workers, r.Duration, func(ctx context.Context, _ int) error { return delegateOnce(ctx) })
+	delegates, err := Throughput(ctx, workers, r.Duration, delegateOnce)
 	if err != nil {
 		return err
 	}
@@ -469,10 +475,10 @@ func capabilityDurable(ctx context.Context, r *Report) error {
 		errOnce  sync.Once
 	)
 	start := time.Now()
-	for range workers {
+	for _, client := range clients {
 		wg.Go(func() {
 			for grantID := range ids {
-				_, err := line[0].conn.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grantID}}))
+				_, err := client.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grantID}}))
 				if err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
