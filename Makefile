@@ -22,11 +22,13 @@ test:
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 
-# The etcd store (conformance and etcd-specific tests), the election and the
-# leader-only components against a three-member etcd cluster (make test runs
-# them against one member).
+# The etcd store (conformance and etcd-specific tests), the election, the
+# leader-only components, the lease coordinator's takeover and the replica
+# tests (forwarding; the leader killed during a termination and a renew
+# storm) against a three-member etcd cluster (make test runs them against
+# one member).
 test-cluster:
-	TETHER_REQUIRE_ETCD=1 TETHER_ETCD_MEMBERS=3 $(GO) test -race -count=1 -run 'Etcd|LeaderOnly' ./controlplane/store/... ./controlplane/leader/... ./controlplane/
+	TETHER_REQUIRE_ETCD=1 TETHER_ETCD_MEMBERS=3 $(GO) test -race -count=1 -run 'Etcd|LeaderOnly' ./controlplane/store/... ./controlplane/leader/... ./controlplane/ ./supervisor/lease/coordinator/
 
 # The end-to-end suites (real servers through internal/testserver) on an
 # etcd store instead of Badger.

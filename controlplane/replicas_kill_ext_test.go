@@ -27,6 +27,9 @@ type stormLease struct {
 	mu     sync.Mutex
 	seq    uint64    // the last renew sequence sent
 	acked  uint64    // the highest renew sequence acknowledged
+	// accepted are the renew sequences answered ACCEPTED: each must have
+	// its evidence row.
+	accepted []uint64
 	lastAt time.Time // when the last acknowledgement arrived
 	// since, when set, is the kill; firstSince the first acknowledgement
 	// after it.
@@ -64,6 +67,9 @@ func (l *stormLease) answer(seq uint64, d *tetherv1.Decision) error {
 	defer l.mu.Unlock()
 	l.acked = max(l.acked, seq)
 	l.lastAt = time.Now()
+	if d.GetOutcome() == tetherv1.Outcome_OUTCOME_ACCEPTED {
+		l.accepted = append(l.accepted, seq)
+	}
 	if !l.since.IsZero() && l.firstSince.IsZero() {
 		l.firstSince = l.lastAt
 	}
@@ -348,9 +354,31 @@ func TestEtcdLeaderKilledDuringATerminationAndARenewStorm(t *testing.T) {
 	}
 	testserver.WaitFor(t, replicaWait, "the record to reach a sink", func() bool { return len(delivered()) > 0 })
 
-	// Nothing acknowledged was lost.
+	// Nothing acknowledged was lost: every lease has at least its highest
+	// acknowledged renew sequence, and every accepted renew its evidence
+	// row (a takeover that lost or overwrote a row would show here).
 	for _, l := range storm {
 		acked, _ := l.state()
+		ev, err := admin(survivors[1]).Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: l.lease.JobId}))
+		if err != nil {
+			t.Fatalf("evidence of %s: %v", l.lease.JobId, err)
+		}
+		inEvidence := map[uint64]bool{}
+		for i, row := range ev.Msg.Rows {
+			if row.Row != uint64(i+1) {
+				t.Fatalf("%s: evidence row %d is numbered %d", l.lease.JobId, i+1, row.Row)
+			}
+			if row.Message == "renew" && row.Decision.GetOutcome() == tetherv1.Outcome_OUTCOME_ACCEPTED {
+				inEvidence[row.RenewSequence] = true
+			}
+		}
+		l.mu.Lock()
+		for _, seq := range l.accepted {
+			if !inEvidence[seq] {
+				t.Errorf("%s: renew %d was accepted, and its evidence row is missing", l.lease.JobId, seq)
+			}
+		}
+		l.mu.Unlock()
 		c := testserver.NewClients(hc, urls[survivors[0]], holders[l.holder].Credential)
 		got, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.lease.JobId}))
 		if err != nil {

@@ -60,7 +60,11 @@ func (c *capLoad) run(wg *sync.WaitGroup, stop <-chan struct{}, seed uint64) {
 		go func() {
 			defer wg.Done()
 			for !stopped(stop) {
+				before := c.h.unanswered.Load()
 				c.chain(rng)
+				if c.h.unanswered.Load() > before {
+					backoff(stop) // the server is probably gone: do not spin
+				}
 			}
 		}()
 	}

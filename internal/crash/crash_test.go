@@ -33,8 +33,6 @@ const (
 // recorded as unanswered.
 const rpcTimeout = 15 * time.Second
 
-var debugDump func(*harness)
-
 // TestCrash is the crash harness (see the package documentation).
 func TestCrash(t *testing.T) {
 	kills := envInt(t, KillsEnv, 3)
@@ -50,9 +48,6 @@ func TestCrash(t *testing.T) {
 	h.runRound(kills+1, false)
 	h.checkLinearizable()
 	h.report()
-	if debugDump != nil {
-		debugDump(h)
-	}
 }
 
 func envInt(t *testing.T, name string, def int) int {
@@ -207,9 +202,9 @@ func (h *harness) runRound(n int, kill bool) {
 		// A call sent after this instant cannot take effect: the server
 		// would have to read, judge and persist it after SIGKILL.
 		killedAt := h.now()
+		close(stop) // no new calls; the ones in flight meet the kill
 		h.proc.Kill()
 		h.kills++
-		close(stop)
 		wg.Wait()
 		// Calls cut off by the kill may have been applied up to the kill,
 		// never after: the process is gone.

@@ -58,7 +58,11 @@ func (l *termLoad) run(wg *sync.WaitGroup, stop <-chan struct{}, seed uint64) {
 		go func() {
 			defer wg.Done()
 			for !stopped(stop) {
+				before := l.h.unanswered.Load()
 				l.terminate(rng, stop)
+				if l.h.unanswered.Load() > before {
+					backoff(stop) // the server is probably gone: do not spin
+				}
 			}
 		}()
 	}

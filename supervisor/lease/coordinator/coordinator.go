@@ -226,7 +226,6 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 			checkpoint := r.Rows
 			job := r.Lease.JobID
 			err := tx.Scan(evidencePrefix(job), evidenceKey(job, checkpoint+1), func(key, value []byte) error {
-				return nil
 				row, err := decodeRow(value)
 				if err != nil {
 					return fmt.Errorf("%s: %w", key, err)
