@@ -173,26 +173,45 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 	return s.Clock.Now(), nil // more to do: come back at once
 }
 
-// observe reads the subtree's progress from the ledger and the tree.
+// observe reads the subtree's progress from the ledger and the tree. The
+// calls it counts are the ones the termination accounts for (stamped when
+// the subtree was marked; no call can begin after that), so the cost is
+// O(calls), not O(subtree). Confirmations are counted only when they decide
+// something — while the reconciler waits for them — because that costs a
+// read per node; before then the count from the mark is kept for display.
 func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, error) {
-	var p Progress
 	if len(t.Members) == 0 {
-		return p, nil
+		return Progress{}, nil
 	}
+	p := t.Progress
+	p.CallsInFlight, p.CancelsPending = 0, 0
+	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && s.Clock.Now().Before(t.ConfirmDeadline)
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		p = Progress{}
-		for _, m := range t.Members {
-			calls, err := OpenCallsIn(tx, m)
+		prefix := termCallPrefix(t.ID)
+		var ids []string
+		if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+			ids = append(ids, string(k[len(prefix):]))
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, cid := range ids {
+			c, err := getCall(tx, cid)
 			if err != nil {
 				return err
 			}
-			for _, c := range calls {
-				if c.State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED {
-					p.CancelsPending++
-				} else {
-					p.CallsInFlight++
-				}
+			switch c.State {
+			case tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED:
+				p.CancelsPending++
+			case tetherv1.CallState_CALL_STATE_IN_FLIGHT:
+				p.CallsInFlight++
 			}
+		}
+		if !countConfirmations {
+			return nil
+		}
+		p.Unconfirmed = 0
+		for _, m := range t.Members {
 			n, err := getNode(tx, m)
 			if err != nil {
 				return err
@@ -424,6 +443,13 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 			return err
 		}
 		next.RecordID = rec.RecordId
+		// The final progress is the record's: every node counted once.
+		next.Progress.Unconfirmed = 0
+		for _, n := range rec.Nodes {
+			if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+				next.Progress.Unconfirmed++
+			}
+		}
 		if err := putRecord(tx, rec); err != nil {
 			return err
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -18,10 +19,11 @@ func init() {
 }
 
 // supervisorTerminate measures the time from Terminate to terminated for
-// subtrees of 100, 1,000 and 10,000 agents in abort mode (nothing to wait
-// for: no calls outlive their cancel, and the confirm timeout is zero, so
-// the figure is the control plane's own work — marking, cancel orders,
-// revocation, the record), and the server's memory per registered agent.
+// subtrees of 100, 1,000 and 10,000 agents in abort mode, with a tool call in
+// flight on one agent in ten and a gate that acknowledges every cancel order
+// at once; the confirm timeout is zero, so the figure is the control plane's
+// own work (marking, cancel orders and acks, revocation, the record). It
+// also reports the server's heap per registered agent.
 func supervisorTerminate(ctx context.Context, r *Report) error {
 	for _, size := range []int{100, 1000, 10000} {
 		srv, err := startServer(ctx, r)
@@ -35,13 +37,22 @@ func supervisorTerminate(ctx context.Context, r *Report) error {
 			return err
 		}
 		perAgent := float64(heapInUse()-heapBefore) / float64(size)
+		calls, stopGate, err := callsInFlight(ctx, srv, root, size/10)
+		if err != nil {
+			srv.Stop()
+			return err
+		}
 		elapsed, nodes, err := timeTermination(ctx, srv, root)
+		acked := stopGate()
 		srv.Stop()
 		if err != nil {
 			return err
 		}
 		if nodes != size {
 			return fmt.Errorf("record of a %d-agent subtree lists %d nodes", size, nodes)
+		}
+		if acked != calls {
+			return fmt.Errorf("%d calls in flight, %d cancel acks", calls, acked)
 		}
 		r.Add(fmt.Sprintf("supervisor/terminate-abort/agents=%d", size), float64(elapsed.Microseconds())/1000, "ms")
 		if size == 10000 {
@@ -127,4 +138,68 @@ func timeTermination(ctx context.Context, srv *benchServer, root string) (time.D
 		}
 	}
 	return 0, 0, fmt.Errorf("watch ended before the termination: %v", stream.Err())
+}
+
+// callsInFlight begins n tool calls on agents of the subtree (each agent
+// with its own root grant) through a gate that acknowledges every cancel
+// order as soon as it arrives. stop ends the gate and says how many cancels
+// it acknowledged.
+func callsInFlight(ctx context.Context, srv *benchServer, root string, n int) (int, func() int, error) {
+	nodes, err := srv.Admin.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root}))
+	if err != nil {
+		return 0, nil, err
+	}
+	for i := 0; i < n; i++ {
+		node := nodes.Msg.Nodes[(i*10)%len(nodes.Msg.Nodes)]
+		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			return 0, nil, err
+		}
+		if _, err := srv.Admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: "bench-gate"})); err != nil {
+			return 0, nil, err
+		}
+	}
+	gateCtx, cancel := context.WithCancel(ctx)
+	stream, err := srv.Admin.Tool.WatchCancels(gateCtx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "bench-gate"}))
+	if err != nil {
+		cancel()
+		return 0, nil, err
+	}
+	var count atomic.Int64
+	done := make(chan struct{})
+	// A gate's handlers return independently, so their acks go out
+	// concurrently: 32 at a time here.
+	orders := make(chan string, n)
+	var acks sync.WaitGroup
+	for w := 0; w < 32; w++ {
+		acks.Add(1)
+		go func() {
+			defer acks.Done()
+			for id := range orders {
+				if _, err := srv.Admin.Tool.CancelAck(gateCtx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: id, GateId: "bench-gate"})); err == nil {
+					count.Add(1)
+				}
+			}
+		}()
+	}
+	go func() {
+		defer close(done)
+		for stream.Receive() {
+			orders <- stream.Msg().CallId
+		}
+		close(orders)
+		acks.Wait()
+	}()
+	stop := func() int {
+		// The termination can finish before the last CancelAck answer
+		// reaches this client: wait for the answers, within a bound.
+		for deadline := time.Now().Add(10 * time.Second); count.Load() < int64(n) && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+		stream.Close()
+		<-done
+		return int(count.Load())
+	}
+	return n, stop, nil
 }
