@@ -318,7 +318,10 @@ func (h *leaseService) GetPolicy(context.Context, *connect.Request[tetherv1.GetP
 // correlation_id and may come back in a different order than the requests
 // (messages for different jobs are judged on different shards). The
 // stream's messages are all from the authenticated agent: holder_identity
-// is its node id.
+// is its node id. When this replica's coordinator stops serving (another
+// replica leads now), the next message is answered Unavailable and the
+// stream ends with Unavailable once what was in flight is answered; the
+// client reconnects and is routed to the leader (forward.go).
 func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[tetherv1.ChannelRequest, tetherv1.ChannelResponse]) error {
 	p, _ := auth.FromContext(ctx)
 	if !p.IsAgent() {

@@ -25,12 +25,12 @@ type stormLease struct {
 	lease  *tetherv1.Lease
 	holder int // index into the holders
 	mu     sync.Mutex
-	seq    uint64    // the last renew sequence sent
-	acked  uint64    // the highest renew sequence acknowledged
+	seq    uint64 // the last renew sequence sent
+	acked  uint64 // the highest renew sequence acknowledged
 	// accepted are the renew sequences answered ACCEPTED: each must have
 	// its evidence row.
 	accepted []uint64
-	lastAt time.Time // when the last acknowledgement arrived
+	lastAt   time.Time // when the last acknowledgement arrived
 	// since, when set, is the kill; firstSince the first acknowledgement
 	// after it.
 	since, firstSince time.Time
@@ -268,14 +268,18 @@ func TestEtcdLeaderKilledDuringATerminationAndARenewStorm(t *testing.T) {
 	testserver.WaitFor(t, replicaWait, "the termination to wait for exit confirmations", func() bool {
 		return state(0) == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING
 	})
-	if c, err := election.Current(ctx); err != nil || c.Identity != leaderID {
-		t.Fatalf("the leader changed before the kill: %+v %v", c, err)
+	// Kill whichever replica leads now (on a loaded machine the election
+	// may have moved since the start).
+	if c, err := election.Current(ctx); err != nil || procs[c.Identity] == nil {
+		t.Fatalf("no leader to kill: %+v %v", c, err)
+	} else {
+		leaderID = c.Identity
 	}
+	procs[leaderID].Kill() // returns once the process is gone
 	killedAt := time.Now()
 	for _, l := range storm {
 		l.mark(killedAt)
 	}
-	procs[leaderID].Kill()
 	var survivors []int
 	for i, id := range ids {
 		if id != leaderID {
@@ -294,18 +298,13 @@ func TestEtcdLeaderKilledDuringATerminationAndARenewStorm(t *testing.T) {
 		}
 		return true
 	})
-	var first, all time.Time
+	var all time.Time
 	for _, l := range storm {
-		at := l.resumedAt()
-		if first.IsZero() || at.Before(first) {
-			first = at
-		}
-		if at.After(all) {
+		if at := l.resumedAt(); at.After(all) {
 			all = at
 		}
 	}
-	t.Logf("after the leader was killed (election TTL 2s), renews resumed in %v, for every lease in %v",
-		first.Sub(killedAt).Round(time.Millisecond), all.Sub(killedAt).Round(time.Millisecond))
+	t.Logf("after the leader was killed (election TTL 2s), every lease was renewed again within %v", all.Sub(killedAt).Round(time.Millisecond))
 	testserver.WaitFor(t, replicaWait, "the termination to finish", func() bool {
 		return state(survivors[0]) == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -311,11 +312,21 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	defer cancelComponents()
 	components := s.runnableComponents()
 	componentErr := make(chan error, len(components))
+	// failed is the first component that stopped on its own with an error
+	// (the lease coordinator finding a corrupt record, say): Run returns
+	// it, so that `tether serve` exits with it.
+	var failedMu sync.Mutex
+	var failed error
 	for _, c := range components {
 		go func() {
 			err := c.run(ctx)
 			if err != nil && ctx.Err() == nil {
 				s.log.Error("component stopped", "component", c.name, "error", err)
+				failedMu.Lock()
+				if failed == nil {
+					failed = fmt.Errorf("controlplane: component %s: %w", c.name, err)
+				}
+				failedMu.Unlock()
 			}
 			componentErr <- err
 			cancelComponents()
@@ -347,6 +358,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		err = srv.Close()
 	}
 	<-errc
+	failedMu.Lock()
+	defer failedMu.Unlock()
+	if failed != nil {
+		return failed
+	}
 	return err
 }
 

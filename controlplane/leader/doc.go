@@ -13,6 +13,12 @@
 //     lease's TTL: crashed, hung or cut off), its election key disappears,
 //     or the etcd member it talks to loses its own leader.
 //
+// Replicas that are not the leader can learn which one is (Observer,
+// implemented by Etcd): each candidate publishes its Identity and Address
+// (the URL the others reach it at) as its election value, and Observe
+// reports the current leader at every change, so that work only the leader
+// can do — the job leases, which live in its memory — is forwarded to it.
+//
 // Caller duties. Leadership is a lease, not a lock: between the moment etcd
 // expires a silent leader's session and the moment that leader notices
 // (at most one keepalive round trip later, when it is alive at all), two
@@ -21,7 +27,9 @@
 // transactions that re-read the state they change (a termination moves one
 // step only from the phase it read; a record is written only if absent),
 // which the store serializes, and their effects outside the store (record
-// sinks, webhooks) must be idempotent. Each component must also be
+// sinks, webhooks) must be idempotent; a component that keeps state in
+// memory and writes it blindly must fence off its predecessor itself (the
+// lease coordinator's terms). Each component must also be
 // restartable: a replica that loses and regains leadership runs it again,
 // and it must rebuild what it keeps in memory from the store.
 package leader

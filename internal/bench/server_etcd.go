@@ -23,8 +23,8 @@ func init() {
 // same on the embedded Badger store, in the same run, through the real
 // server on loopback: durable lease renewals on Channel streams (64 and
 // 1,024 leases, closed loop per lease, as lease/renew measures them) and
-// the time to terminate a 1,000-agent subtree in abort mode (as
-// supervisor/terminate measures it). etcd is a local single member
+// the time to terminate a 1,000-agent subtree in abort mode, a tool call in
+// flight on one agent in ten (as supervisor/terminate measures it). etcd is a local single member
 // started here with the flags the store needs, its data on the bench
 // directory's disk; the control plane is one replica, which leads.
 func serverEtcdVsBadger(ctx context.Context, r *Report) error {
@@ -109,13 +109,22 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 			stop()
 			return fmt.Errorf("%s: %w", b.name, err)
 		}
+		calls, stopGate, err := callsInFlight(ctx, srv, root, agents/10)
+		if err != nil {
+			stop()
+			return fmt.Errorf("%s: %w", b.name, err)
+		}
 		elapsed, nodes, err := timeTermination(ctx, srv, root)
+		acked := stopGate()
 		stop()
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
 		}
 		if nodes != agents {
 			return fmt.Errorf("%s: the record of a %d-agent subtree lists %d nodes", b.name, agents, nodes)
+		}
+		if acked != calls {
+			return fmt.Errorf("%s: %d calls in flight, %d cancel acks", b.name, calls, acked)
 		}
 		r.Add(fmt.Sprintf("server/%s/terminate-abort/agents=%d", b.name, agents), float64(elapsed.Microseconds())/1000, "ms")
 		times[b.name] = elapsed

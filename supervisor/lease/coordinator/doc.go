@@ -64,23 +64,43 @@
 // the shard offers generation + 1 itself (Reassign{Automatic: true}) to
 // Config.PickHolder's choice, by default the same holder.
 //
-// # Restart
+// # Runs, terms and restart
+//
+// Run is one run of the coordinator, and may be called again after it
+// returned: with several control-plane replicas, each term of leadership
+// is a run, on whichever replica leads. A run never trusts memory from an
+// earlier one. It starts by fencing off every earlier run — of this
+// coordinator or of another replica's (term.go): it increments the term
+// counter (leases/term), and every shard commit checks, inside its
+// transaction, that the counter still holds its term — then loads every
+// lease from the store. A commit of an earlier run either happened before
+// the increment, and the load sees it, or fails with ErrFenced and was
+// never acknowledged; the fenced-off run stops serving (Serving reports
+// false, messages fail with ErrStopped) until its Run returns. Messages
+// sent before the first Run, or while a run starts, wait for it; messages
+// sent between runs fail with ErrStopped, so callers retry against the
+// replica that leads. Serving reports when a run serves and signals each
+// change.
 //
 // Every commit also records the shard's latest decision time
 // (leases/alive/<shard>), an idle shard does so every AliveInterval, and a
-// clean stop records the stop time. On start, New loads every lease and the
-// latest of those times (LastAlive); Run then applies the restart policy
-// before serving: lease.PlanRestart picks the OFFERED and ACTIVE leases
-// whose deadline fell at or after LastAlive — while the coordinator was
-// down, so their holders could not renew — and, under the default policy
-// (extend), each gets a Recover extending it to at least RestartGrace after
-// the restart, spread over RestartSpread so they do not all expire at once.
-// Deadlines that passed while the coordinator was still up are not
-// extended and expire on the first tick. An EXPIRED generation is never
-// revived (lease.Step refuses it). Under RestartStrict nothing is extended.
-// After a crash LastAlive is the last commit (or alive record) before it,
-// so leases whose deadline fell in the gap of at most AliveInterval are
-// treated as if the coordinator had been down then.
+// clean stop records the stop time. A run's load reads every lease and the
+// latest of those times (LastAlive); then, before serving, it applies the
+// restart policy: lease.PlanRestart picks the OFFERED and ACTIVE leases
+// whose deadline fell at or after LastAlive — while no coordinator was
+// deciding, so their holders could not renew — and, under the default
+// policy (extend), each gets a Recover extending it to at least
+// RestartGrace after the restart, spread over RestartSpread so they do not
+// all expire at once. Deadlines that passed while a coordinator was still
+// deciding are not extended and expire on the first tick. An EXPIRED
+// generation is never revived (lease.Step refuses it). Under RestartStrict
+// nothing is extended. After a crash (or a leader cut off) LastAlive is
+// the last commit (or alive record) before it, so leases whose deadline
+// fell in the gap of at most AliveInterval are treated as if no
+// coordinator had been deciding then. A change of leadership is exactly
+// this restart. The declared clock does not go backwards across runs
+// either: a run starts from LastAlive if its own clock is behind it, by at
+// most the policy's skew allowance.
 //
 // # Caller duties
 //
@@ -89,5 +109,8 @@
 // (the holder), pass a guard to ApplyIf so it is re-checked on the shard
 // against the lease the message is judged with. Callbacks given to Submit
 // run on a shard goroutine: they must not block and must not call back into
-// the coordinator. Run must be running for anything to be answered.
+// the coordinator. Run must be running for anything to be answered; run it
+// where the leases must live (with several replicas: on the leader only,
+// once per term), and treat ErrStopped as "not here, not now": retry, or
+// forward to the leader.
 package coordinator

@@ -263,3 +263,31 @@ func TestTakeoverIsARestart(t *testing.T) {
 		t.Fatalf("a late renew of an expired generation after the takeover: %s, lease %s", r.Decision, r.Lease.State)
 	}
 }
+
+// A run that cannot load the leases (a record it cannot decode) fails
+// instead of serving from a partial memory, and what waited for it fails
+// with ErrStopped rather than waiting for ever.
+func TestARunThatCannotLoadFails(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	if err := st.Update(context.Background(), func(tx store.Txn) error {
+		return tx.Put([]byte("leases/job/broken"), []byte{99, 1, 2})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := coordinator.New(context.Background(), coordinator.Config{Store: st, Clock: clock.NewManual(t0), Policy: lease.DefaultPolicy(), Log: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	c.Submit(lease.Tick{JobID: "job-1"}, nil, func(_ coordinator.Result, err error) { waiting <- err })
+	if err := c.Run(context.Background()); !errors.Is(err, coordinator.ErrCorrupt) {
+		t.Fatalf("Run over a corrupt record returned %v, want ErrCorrupt", err)
+	}
+	if err := <-waiting; !errors.Is(err, coordinator.ErrStopped) {
+		t.Fatalf("a message sent before the failed run: %v, want ErrStopped", err)
+	}
+	if serving, _ := c.Serving(); serving {
+		t.Fatal("a run that failed to load serves")
+	}
+}
