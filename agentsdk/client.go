@@ -1,6 +1,7 @@
 package agentsdk
 
 import (
+	"crypto/tls"
 	"net/http"
 	"strings"
 	"sync"
@@ -69,5 +70,5 @@ func HTTP2Client(baseURL string) *http.Client {
 	} else {
 		p.SetUnencryptedHTTP2(true)
 	}
-	return &http.Client{Transport: &http.Transport{Protocols: p}}
+	return &http.Client{Transport: &http.Transport{Protocols: p, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}}
 }

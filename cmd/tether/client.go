@@ -1,7 +1,6 @@
 package main
 
 import (
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
@@ -41,17 +41,7 @@ type clients struct {
 
 // httpClient speaks HTTP/2 to the control plane: cleartext (h2c) for http://
 // addresses, TLS for https://.
-func httpClient(addr string) *http.Client {
-	t := &http.Transport{TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}
-	p := new(http.Protocols)
-	if strings.HasPrefix(addr, "https://") {
-		p.SetHTTP2(true)
-	} else {
-		p.SetUnencryptedHTTP2(true)
-	}
-	t.Protocols = p
-	return &http.Client{Transport: t}
-}
+func httpClient(addr string) *http.Client { return agentsdk.HTTP2Client(addr) }
 
 func (g *globals) resolveToken() (string, error) {
 	if g.token != "" {

@@ -23,6 +23,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/internal/clock"
@@ -102,11 +103,7 @@ func (s *Server) Stop() {
 }
 
 // H2CClient is an HTTP client speaking HTTP/2 cleartext.
-func H2CClient() *http.Client {
-	p := new(http.Protocols)
-	p.SetUnencryptedHTTP2(true)
-	return &http.Client{Transport: &http.Transport{Protocols: p}}
-}
+func H2CClient() *http.Client { return agentsdk.HTTP2Client("http://") }
 
 // Clients is one Connect client per service, all with one bearer token.
 type Clients struct {
