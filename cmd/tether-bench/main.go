@@ -1,7 +1,7 @@
 // Command tether-bench runs Tether's benchmark scenarios (package
 // internal/bench), prints a table and writes the results as JSON for CI.
 //
-//	tether-bench [-run regexp] [-duration 2s] [-out bench-results.json] [-dir path]
+//	tether-bench [-run regexp] [-duration 2s] [-out bench-results.json] [-dir path] [-cpuprofile file]
 package main
 
 import (
@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -30,6 +31,7 @@ func run() error {
 	duration := flag.Duration("duration", 2*time.Second, "how long each measurement runs, warm-up excluded")
 	dir := flag.String("dir", "", "directory for scratch databases (default: the system's temporary directory); use a disk like production's")
 	list := flag.Bool("list", false, "list the scenarios and exit")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (client and server share the process) to this file")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -46,6 +48,18 @@ func run() error {
 			fmt.Println(s.Name)
 		}
 		return nil
+	}
+
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

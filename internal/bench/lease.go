@@ -20,6 +20,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -80,19 +81,25 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		before := srv.Leases().Stats()
+		before, storeBefore := srv.Leases().Stats(), badgerStats(srv)
 		stream, err := measureStreamRenew(ctx, r.Duration, leases)
 		if err != nil {
 			return fmt.Errorf("stream, %d leases: %w", n, err)
 		}
-		after := srv.Leases().Stats()
-		stream.report(r, fmt.Sprintf("lease/renew/stream/leases=%d", n))
-		r.Add(fmt.Sprintf("lease/renew/stream/leases=%d/renews-per-commit", n), float64(after.Judged-before.Judged)/float64(max(1, after.Commits-before.Commits)), "renews")
+		after, storeAfter := srv.Leases().Stats(), badgerStats(srv)
+		name := fmt.Sprintf("lease/renew/stream/leases=%d", n)
+		stream.report(r, name)
+		commits := float64(max(1, after.Commits-before.Commits))
+		r.Add(name+"/renews-per-commit", float64(after.Judged-before.Judged)/commits, "renews")
+		r.Add(name+"/commit-ms", (after.CommitTime-before.CommitTime).Seconds()*1000/commits, "ms")
+		if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
+			r.Add(name+"/renews-per-sync", float64(after.Judged-before.Judged)/float64(syncs), "renews")
+		}
 
 		if etcd == nil {
 			continue
 		}
-		m, err = measureEtcdRenew(ctx, r.Duration, etcd.client, n)
+		m, err = measureEtcdRenew(ctx, r.Duration, etcd, n)
 		if err != nil {
 			return fmt.Errorf("etcd, %d leases: %w", n, err)
 		}
@@ -100,6 +107,15 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
 	}
 	return nil
+}
+
+// badgerStats reads the store's group-commit counters (zero on another
+// backend).
+func badgerStats(srv *benchServer) store.BadgerStats {
+	if b, ok := srv.Store().(*store.Badger); ok {
+		return b.Stats()
+	}
+	return store.BadgerStats{}
 }
 
 // disableRateLimit turns off per-caller rate limiting: the benchmark
@@ -389,8 +405,29 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 var errNoEtcd = errors.New("etcd not installed")
 
 type etcdServer struct {
-	client *clientv3.Client
-	stop   func()
+	client   *clientv3.Client
+	endpoint string
+	stop     func()
+}
+
+// clients returns n clients, each with its own connection, as n agent
+// processes would have; the first is the server's own.
+func (s *etcdServer) clients(n int) ([]*clientv3.Client, func(), error) {
+	out := []*clientv3.Client{s.client}
+	closeAll := func() {
+		for _, c := range out[1:] {
+			c.Close()
+		}
+	}
+	for len(out) < n {
+		c, err := clientv3.New(clientv3.Config{Endpoints: []string{s.endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		out = append(out, c)
+	}
+	return out, closeAll, nil
 }
 
 // startEtcd runs Debian's etcd-server on loopback with a scratch data
@@ -453,7 +490,7 @@ func startEtcd(ctx context.Context, r *Report) (*etcdServer, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return &etcdServer{client: c, stop: func() { c.Close(); stop() }}, nil
+	return &etcdServer{client: c, endpoint: client, stop: func() { c.Close(); stop() }}, nil
 }
 
 func freePorts(n int) ([]int, error) {
@@ -481,7 +518,15 @@ var etcdRound atomic.Int64
 // value records holder, generation, renew sequence and expiry; a renew is a
 // transaction that writes the new value only if the key's mod_revision is
 // the one this holder last wrote (fencing), else reads the current value.
-func measureEtcdRenew(ctx context.Context, d time.Duration, c *clientv3.Client, n int) (leaseMeasurement, error) {
+// The leases are spread over as many clients (connections) as the
+// streaming measurement has holders.
+func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n int) (leaseMeasurement, error) {
+	clients, closeClients, err := etcd.clients(leaseStreams(n))
+	if err != nil {
+		return leaseMeasurement{}, err
+	}
+	defer closeClients()
+	c := clients[0]
 	round := etcdRound.Add(1)
 	keys := make([]string, n)
 	revs := make([]int64, n)
@@ -503,7 +548,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, c *clientv3.Client, 
 			defer func() { rec.merge(local) }()
 			for seq := uint64(1); runCtx.Err() == nil; seq++ {
 				start := time.Now()
-				resp, err := c.Txn(runCtx).
+				resp, err := clients[i%len(clients)].Txn(runCtx).
 					If(clientv3.Compare(clientv3.ModRevision(keys[i]), "=", revs[i])).
 					Then(clientv3.OpPut(keys[i], etcdValue(i, seq))).
 					Else(clientv3.OpGet(keys[i])).

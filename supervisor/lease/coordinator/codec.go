@@ -15,8 +15,11 @@ import (
 // schema version; a reader refuses versions it does not know rather than
 // guess (a newer binary migrates, an older one must not misread).
 const (
-	leaseSchema    byte = 1
-	evidenceSchema byte = 1
+	leaseSchema byte = 1
+	// evidenceSchema 1 rows carry the whole lease; 2 (what is written
+	// now) carry a delta against the row before (delta.go).
+	evidenceSchemaFull  byte = 1
+	evidenceSchemaDelta byte = 2
 )
 
 // ErrCorrupt is returned when a stored record cannot be decoded.
@@ -60,6 +63,17 @@ func (e *encoder) time(t time.Time) {
 	}
 	e.b = append(e.b, 1)
 	e.int(t.UnixNano())
+}
+
+// timeFrom stores t relative to base (Unix nanoseconds; 0 gives the
+// absolute encoding of time): a lease's times sit close to the decision's.
+func (e *encoder) timeFrom(t time.Time, base int64) {
+	if t.IsZero() {
+		e.b = append(e.b, 0)
+		return
+	}
+	e.b = append(e.b, 1)
+	e.int(t.UnixNano() - base)
 }
 
 type decoder struct {
@@ -150,6 +164,17 @@ func (d *decoder) time() time.Time {
 	return time.Unix(0, n).UTC()
 }
 
+func (d *decoder) timeFrom(base int64) time.Time {
+	if !d.flag() {
+		return time.Time{}
+	}
+	n := d.int()
+	if d.err != nil {
+		return time.Time{}
+	}
+	return time.Unix(0, n+base).UTC()
+}
+
 func (d *decoder) done() error {
 	if d.err == nil && len(d.b) != 0 {
 		d.err = fmt.Errorf("%w: %d trailing bytes", ErrCorrupt, len(d.b))
@@ -165,36 +190,9 @@ func encodeRecord(dst []byte, r record) []byte {
 }
 
 func encodeLease(e *encoder, l lease.Lease) {
-	e.str(l.JobID)
-	e.str(l.LeaseID)
-	e.uint(l.Generation)
-	e.str(l.HolderIdentity)
-	e.time(l.IssuedAt)
-	e.dur(l.LeaseDuration)
-	e.time(l.ExpiresAt)
-	e.time(l.AckDeadline)
-	e.uint(uint64(l.AckState))
-	e.uint(uint64(l.State))
-	e.uint(l.RenewSequence)
-	e.time(l.RenewTime)
-	e.uint(l.ProgressSequence)
-	e.str(l.ProgressValue)
-	e.flag(l.CancelRequested)
-	e.time(l.CancelRequestedAt)
-	e.flag(l.CancelAck)
-	e.time(l.CancelAckedAt)
-	e.uint(uint64(l.TerminalResult))
-	e.time(l.TerminalAt)
-	e.str(l.TerminalDetail)
-	e.time(l.UnresolvedUntil)
-	e.flag(l.StaleGeneration)
-	e.flag(l.LateProgress)
-	e.flag(l.LeaseExpired)
-	e.flag(l.OwnershipConflict)
-	e.str(l.ConflictHolder)
-	e.time(l.AcquireTime)
-	e.time(l.LastRenewTime)
-	e.uint(l.Transitions)
+	for _, f := range leaseFields {
+		f.enc(e, &l, 0)
+	}
 }
 
 func decodeRecord(b []byte) (record, error) {
@@ -210,36 +208,9 @@ func decodeRecord(b []byte) (record, error) {
 
 func decodeLease(d *decoder) lease.Lease {
 	var l lease.Lease
-	l.JobID = d.str()
-	l.LeaseID = d.str()
-	l.Generation = d.uint()
-	l.HolderIdentity = d.str()
-	l.IssuedAt = d.time()
-	l.LeaseDuration = d.dur()
-	l.ExpiresAt = d.time()
-	l.AckDeadline = d.time()
-	l.AckState = lease.AckState(d.uint())
-	l.State = lease.State(d.uint())
-	l.RenewSequence = d.uint()
-	l.RenewTime = d.time()
-	l.ProgressSequence = d.uint()
-	l.ProgressValue = d.str()
-	l.CancelRequested = d.flag()
-	l.CancelRequestedAt = d.time()
-	l.CancelAck = d.flag()
-	l.CancelAckedAt = d.time()
-	l.TerminalResult = lease.TerminalResult(d.uint())
-	l.TerminalAt = d.time()
-	l.TerminalDetail = d.str()
-	l.UnresolvedUntil = d.time()
-	l.StaleGeneration = d.flag()
-	l.LateProgress = d.flag()
-	l.LeaseExpired = d.flag()
-	l.OwnershipConflict = d.flag()
-	l.ConflictHolder = d.str()
-	l.AcquireTime = d.time()
-	l.LastRenewTime = d.time()
-	l.Transitions = d.uint()
+	for _, f := range leaseFields {
+		f.dec(d, &l, 0)
+	}
 	return l
 }
 
@@ -256,32 +227,80 @@ type storedRow struct {
 	DecidedAt time.Time
 }
 
-func encodeRow(dst []byte, r storedRow) []byte {
-	e := encoder{b: append(dst, evidenceSchema)}
+// encodeRow writes r as a delta against prev, the lease as it stood
+// before r's decision (the previous row's lease; the empty lease for row 1
+// and for the unknown-job log).
+func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
+	e := encoder{b: append(dst, evidenceSchemaDelta)}
 	e.uint(r.Number)
-	encodeLease(&e, r.Lease)
+	e.time(r.DecidedAt)
+	base := timeBase(r.DecidedAt)
+	encodeLeaseDelta(&e, prev, r.Lease, base)
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
-	e.str(r.Decision.Reason)
 	e.uint(uint64(r.Kind))
-	e.time(r.DecidedAt)
+	reason := compactReason(nil, r.Decision.Reason, reasonDict(prev, r.Lease, r.DecidedAt))
+	e.uint(uint64(len(reason)))
+	e.b = append(e.b, reason...)
 	return e.b
 }
 
-func decodeRow(b []byte) (storedRow, error) {
+// decodeRow decodes a row against prev, the lease before it (see
+// encodeRow). A schema-1 row needs no prev.
+func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 	d := decoder{b: b}
-	if v := d.byte1("schema version"); d.err == nil && v != evidenceSchema {
-		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d", ErrCorrupt, v, evidenceSchema)
-	}
 	var r storedRow
+	switch v := d.byte1("schema version"); {
+	case d.err != nil:
+		return storedRow{}, d.err
+	case v == evidenceSchemaFull:
+		r.Number = d.uint()
+		r.Lease = decodeLease(&d)
+		r.Decision.Outcome = lease.Outcome(d.uint())
+		r.Decision.Event = lease.AuditEvent(d.uint())
+		r.Decision.Reason = d.str()
+		r.Kind = lease.Kind(d.uint())
+		r.DecidedAt = d.time()
+		return r, d.done()
+	case v == evidenceSchemaDelta:
+	default:
+		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta)
+	}
 	r.Number = d.uint()
-	r.Lease = decodeLease(&d)
+	r.DecidedAt = d.time()
+	r.Lease = decodeLeaseDelta(&d, prev, timeBase(r.DecidedAt))
 	r.Decision.Outcome = lease.Outcome(d.uint())
 	r.Decision.Event = lease.AuditEvent(d.uint())
-	r.Decision.Reason = d.str()
 	r.Kind = lease.Kind(d.uint())
-	r.DecidedAt = d.time()
-	return r, d.done()
+	reason := []byte(d.str())
+	if err := d.done(); err != nil {
+		return storedRow{}, err
+	}
+	var err error
+	r.Decision.Reason, err = expandReason(reason, reasonDict(prev, r.Lease, r.DecidedAt))
+	return r, err
+}
+
+// rowReader decodes one job's rows in order, each against the lease of
+// the row before it.
+type rowReader struct {
+	prev lease.Lease
+	// number is the last row's number; 0 before row 1.
+	number uint64
+}
+
+// next decodes the row after the last one. A delta row whose number does
+// not follow is refused: it would decode against the wrong lease.
+func (rr *rowReader) next(b []byte) (storedRow, error) {
+	r, err := decodeRow(rr.prev, b)
+	if err != nil {
+		return storedRow{}, err
+	}
+	if b[0] == evidenceSchemaDelta && r.Number != rr.number+1 {
+		return storedRow{}, fmt.Errorf("%w: evidence row %d follows row %d", ErrCorrupt, r.Number, rr.number)
+	}
+	rr.prev, rr.number = r.Lease, r.Number
+	return r, nil
 }
 
 // row renders a stored row as the evidence matrix's row (the columns of

@@ -158,10 +158,11 @@ const (
 
 // Stats are counters for monitoring and benchmarks.
 type Stats struct {
-	// Commits is how many shard batches were made durable; Judged how many
-	// messages they carried (ticks and recoveries included).
+	// Commits is how many store Updates made shard batches durable (the
+	// batches that wait together share one); Judged how many messages
+	// they carried (ticks and recoveries included).
 	Commits, Judged uint64
-	// CommitTime is the total time batches spent in the store's Update.
+	// CommitTime is the total time those Updates took.
 	CommitTime time.Duration
 }
 
@@ -225,8 +226,9 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 		for _, r := range checkpoints {
 			checkpoint := r.Rows
 			job := r.Lease.JobID
+			rows := rowReader{prev: r.Lease, number: checkpoint}
 			err := tx.Scan(evidencePrefix(job), evidenceKey(job, checkpoint+1), func(key, value []byte) error {
-				row, err := decodeRow(value)
+				row, err := rows.next(value)
 				if err != nil {
 					return fmt.Errorf("%s: %w", key, err)
 				}
@@ -255,7 +257,7 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 			return err
 		}
 		return tx.Scan([]byte(prefixUnknown), nil, func(key, value []byte) error {
-			r, err := decodeRow(value)
+			r, err := decodeRow(lease.Lease{}, value)
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
@@ -395,10 +397,22 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 
 	stopping := make(chan struct{})
+	// A shard has at most one batch in flight and one pass waiting, so
+	// the queue never blocks a shard.
+	commits := make(chan *batch, 2*len(c.shards))
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		c.commitLoop(commits)
+	}()
+	defer func() {
+		close(commits)
+		<-committed
+	}()
 	var wg sync.WaitGroup
 	c.deposed.Store(false)
 	for _, s := range c.shards {
-		wg.Go(func() { s.run(ctx, stopping) })
+		wg.Go(func() { s.run(stopping, commits) })
 	}
 	c.phase.Store(int32(phaseServing))
 	c.notify()
@@ -595,9 +609,11 @@ func (c *Coordinator) List(ctx context.Context, holder, after string, limit int)
 func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 	var rows []Row
 	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
-		scan := func(prefix []byte, keep func(Row) bool) error {
+		// A job's rows decode in order, each against the one before; rows
+		// of the unknown-job log stand alone.
+		scan := func(prefix []byte, decode func([]byte) (storedRow, error), keep func(Row) bool) error {
 			return tx.Scan(prefix, nil, func(key, value []byte) error {
-				stored, err := decodeRow(value)
+				stored, err := decode(value)
 				if err != nil {
 					return fmt.Errorf("%s: %w", key, err)
 				}
@@ -607,10 +623,12 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 				return nil
 			})
 		}
-		if err := scan(evidencePrefix(job), func(Row) bool { return true }); err != nil || len(rows) > 0 {
+		var jobRows rowReader
+		if err := scan(evidencePrefix(job), jobRows.next, func(Row) bool { return true }); err != nil || len(rows) > 0 {
 			return err
 		}
-		return scan([]byte(prefixUnknown), func(r Row) bool { return r.JobID == job })
+		alone := func(b []byte) (storedRow, error) { return decodeRow(lease.Lease{}, b) }
+		return scan([]byte(prefixUnknown), alone, func(r Row) bool { return r.JobID == job })
 	})
 	if err != nil {
 		return nil, err
@@ -658,4 +676,115 @@ func (c *Coordinator) heldBy(ctx context.Context, holders []string) ([]string, e
 	}
 	slices.Sort(jobs)
 	return jobs, nil
+}
+
+// commitLoop makes the shards' sealed batches durable. When a commit
+// returns, every shard in it answers with its next batch (what it judged
+// meanwhile) or a pass, and the loop waits for all those answers, takes
+// whatever else is waiting, and commits it all in one store Update (in
+// chunks of at most Config.MaxBatch messages; a batch is never split).
+// Committing each batch the moment it arrived would let the shards take
+// turns — the first shard back would commit alone while the others' next
+// batches were a goroutine hop away — and each commit would carry one
+// shard's share. A shard has at most one batch in flight, so batches of
+// one shard never share an Update and each shard's writes reach the store
+// in judgement order.
+func (c *Coordinator) commitLoop(queue <-chan *batch) {
+	var group []*batch
+	owed := 0
+	for {
+		group = group[:0]
+		closed := false
+		take := func(b *batch) {
+			if b.reply {
+				owed--
+			}
+			if !b.pass {
+				group = append(group, b)
+			}
+		}
+		for !closed && (len(group) == 0 || owed > 0) {
+			b, ok := <-queue
+			if !ok {
+				closed = true
+				break
+			}
+			take(b)
+		}
+	drain:
+		for !closed {
+			select {
+			case b, ok := <-queue:
+				if !ok {
+					closed = true
+					break drain
+				}
+				take(b)
+			default:
+				break drain
+			}
+		}
+		for start := 0; start < len(group); {
+			end, messages := start+1, group[start].messages
+			for end < len(group) && messages+group[end].messages <= c.cfg.MaxBatch {
+				messages += group[end].messages
+				end++
+			}
+			c.commitGroup(group[start:end])
+			start = end
+		}
+		owed += len(group)
+		clear(group)
+		if closed {
+			return
+		}
+	}
+}
+
+// commitGroup commits batches of one run in one store Update, hands each
+// back to its shard, and answers their callers if the commit succeeded (a
+// failed batch is answered by its shard, which rolls it back first).
+func (c *Coordinator) commitGroup(group []*batch) {
+	// Not a caller's context: a batch carries many callers, and a decision
+	// is either durable for all of them or for none.
+	start := time.Now()
+	err := c.cfg.Store.Update(context.Background(), func(tx store.Txn) error {
+		if err := checkTerm(tx, group[0].term); err != nil {
+			return err
+		}
+		for _, b := range group {
+			for _, w := range b.puts {
+				if err := tx.Put(w.key, w.value); err != nil {
+					return err
+				}
+			}
+			for _, k := range b.deletes {
+				if err := tx.Delete(k); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	c.commitNanos.Add(uint64(time.Since(start)))
+	if err == nil {
+		c.commits.Add(1)
+	}
+	// Hand each batch back first, then answer from here rather than from
+	// the shards: one goroutine hop less per message. Readers still never
+	// see less than an answer implies: a read is handled on the shard,
+	// which takes a finished batch before any read (see handle), and the
+	// batch is queued before anyone is answered.
+	for _, b := range group {
+		b.err = err
+		b.shard.finished <- b
+	}
+	if err != nil {
+		return
+	}
+	for _, b := range group {
+		for _, a := range b.answers {
+			a.done(a.result, nil)
+		}
+	}
 }

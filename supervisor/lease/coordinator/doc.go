@@ -24,8 +24,12 @@
 // a newer one), it keeps judging into the next batch, which is submitted the
 // moment the commit returns. Batches grow with load, up to Config.MaxBatch,
 // after which the shard stops reading its inbox until the commit returns.
-// The store's group committer then shares one fsync between the batches of
-// every shard and everything else the control plane writes.
+// One committer per run makes the batches durable: every batch sealed while
+// it was busy goes into its next store Update, so the shards share one
+// commit rather than taking turns (taking turns, each commit carried only
+// one shard's share of what was judged meanwhile). The store's group
+// committer then shares that sync with everything else the control plane
+// writes.
 //
 // If a commit fails, nothing in it happened: every job it or the following
 // batch touched goes back to its durable lease, and their callers get

@@ -1,14 +1,12 @@
 package coordinator
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -70,9 +68,15 @@ type entry struct {
 // batch is the writes of the messages a shard judged since its last
 // submission, and the answers waiting for them to be durable.
 type batch struct {
-	seq      uint64
-	messages int
-	touched  []*entry
+	shard *shard
+	term  uint64
+	// reply: the shard sends it in answer to its previous batch coming
+	// back (Coordinator.commitLoop waits for those replies); pass: a reply
+	// with nothing to commit.
+	reply, pass bool
+	seq         uint64
+	messages    int
+	touched     []*entry
 	// snapshots are the touched entries' leases at sealing, in touched
 	// order: what becomes durable when the batch commits; checkpoints
 	// whether the batch rewrote the entry's record.
@@ -111,14 +115,18 @@ type shard struct {
 	recover   []lease.Recover
 
 	// The commit pipeline: building collects what is being judged;
-	// inflight is the batch the store is committing (at most one, so this
-	// shard's writes reach the store in judgement order and an older lease
-	// record never overwrites a newer one).
+	// inflight is the batch being committed (at most one, so this shard's
+	// writes reach the store in judgement order and an older lease record
+	// never overwrites a newer one). The run's committer (Coordinator.
+	// commitLoop) hands it back on finished.
 	building *batch
 	inflight *batch
-	commits  chan *batch
+	commits  chan<- *batch
 	finished chan *batch
-	batchSeq uint64
+	// owesReply: a batch came back and the committer waits for this
+	// shard's next batch, or a pass, before it commits again.
+	owesReply bool
+	batchSeq  uint64
 
 	lastNow     time.Time
 	aliveAt     time.Time
@@ -140,7 +148,7 @@ func (s *shard) reset(term uint64) {
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
 	s.building, s.inflight = nil, nil
-	s.commits = make(chan *batch, 1)
+	s.owesReply = false
 	s.finished = make(chan *batch, 1)
 	s.lastNow, s.aliveAt, s.needAlive = time.Time{}, time.Time{}, false
 }
@@ -166,13 +174,10 @@ func (s *shard) now() time.Time {
 	return t
 }
 
-func (s *shard) run(ctx context.Context, stopping <-chan struct{}) {
-	committerDone := make(chan struct{})
-	go s.committer(committerDone)
-	defer func() {
-		close(s.commits)
-		<-committerDone
-	}()
+// run judges until stopping is closed, then commits what is left. The
+// run's committer must outlive it: commits sends sealed batches there.
+func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch) {
+	s.commits = commits
 	s.building = s.newBatch()
 	for _, r := range s.recover {
 		if e := s.leases[r.JobID]; e != nil {
@@ -355,7 +360,7 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		// No lease, so no job record: the row goes to the bounded log.
 		seq := s.c.nextUnknown()
 		row := storedRow{Number: seq, Lease: lease.Lease{JobID: job}, Decision: decision, Kind: m.Kind(), DecidedAt: now}
-		b.puts = append(b.puts, kv{unknownKey(seq), encodeRow(nil, row)})
+		b.puts = append(b.puts, kv{unknownKey(seq), encodeRow(nil, lease.Lease{}, row)})
 		if size := uint64(s.c.cfg.UnknownLogSize); seq > size {
 			b.deletes = append(b.deletes, unknownKey(seq-size))
 		}
@@ -371,7 +376,7 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	e.pending = next
 	e.pendingRows++
 	row := storedRow{Number: e.pendingRows, Lease: next, Decision: decision, Kind: m.Kind(), DecidedAt: now}
-	b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRow(nil, row)})
+	b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRow(nil, current, row)})
 	if e.mark != b.seq {
 		e.mark = b.seq
 		b.touched = append(b.touched, e)
@@ -415,14 +420,21 @@ func (s *shard) expire() {
 
 func (s *shard) newBatch() *batch {
 	s.batchSeq++
-	return &batch{seq: s.batchSeq}
+	return &batch{shard: s, term: s.term, seq: s.batchSeq}
 }
 
-// submitIfIdle hands the building batch to the committer when no commit is
-// in flight. Judging goes on meanwhile; the next batch gathers it.
+// submitIfIdle hands the building batch to the run's committer when no
+// commit of this shard is in flight. Judging goes on meanwhile; the next batch gathers it.
 func (s *shard) submitIfIdle() {
 	b := s.building
-	if s.inflight != nil || (b.empty() && (!s.needAlive || s.c.deposed.Load())) {
+	if s.inflight != nil {
+		return
+	}
+	if b.empty() && (!s.needAlive || s.c.deposed.Load()) {
+		if s.owesReply {
+			s.owesReply = false
+			s.commits <- &batch{shard: s, term: s.term, reply: true, pass: true}
+		}
 		return
 	}
 	if b.final {
@@ -447,49 +459,10 @@ func (s *shard) submitIfIdle() {
 	b.puts = append(b.puts, kv{aliveKey(s.index), alive.b})
 	s.aliveAt = s.lastNow
 	s.needAlive = false
+	b.reply, s.owesReply = s.owesReply, false
 	s.inflight = b
 	s.building = s.newBatch()
 	s.commits <- b
-}
-
-// committer makes one batch at a time durable. The store's group committer
-// shares one sync between the batches of every shard (and everything else
-// the control plane writes at the same time).
-func (s *shard) committer(done chan<- struct{}) {
-	defer close(done)
-	for b := range s.commits {
-		// Not the caller's context: a batch carries many callers, and a
-		// decision is either durable for all of them or for none.
-		start := time.Now()
-		b.err = s.c.cfg.Store.Update(context.Background(), func(tx store.Txn) error {
-			if err := checkTerm(tx, s.term); err != nil {
-				return err
-			}
-			for _, w := range b.puts {
-				if err := tx.Put(w.key, w.value); err != nil {
-					return err
-				}
-			}
-			for _, k := range b.deletes {
-				if err := tx.Delete(k); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		s.c.commitNanos.Add(uint64(time.Since(start)))
-		// Hand the batch back first, then answer from here rather than
-		// from the shard: one goroutine hop less per message. Readers
-		// still never see less than an answer implies: a read is handled
-		// on the shard, which takes a finished batch before any read (see
-		// handle), and the batch is queued before anyone is answered.
-		s.finished <- b
-		if b.err == nil {
-			for _, a := range b.answers {
-				a.done(a.result, nil)
-			}
-		}
-	}
 }
 
 // complete publishes a committed batch (durable state, then answers) or,
@@ -497,8 +470,8 @@ func (s *shard) committer(done chan<- struct{}) {
 // durable state: the failed batch and the one judged on top of it.
 func (s *shard) complete(b *batch) {
 	s.inflight = nil
+	s.owesReply = true
 	if b.err == nil {
-		s.c.commits.Add(1)
 		s.c.judged.Add(uint64(b.messages))
 		for i, e := range b.touched {
 			e.durable = b.snapshots[i].Lease
