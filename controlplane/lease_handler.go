@@ -390,22 +390,40 @@ func (h *leaseService) submitChannel(req *tetherv1.ChannelRequest, holder string
 		out.push(&tetherv1.ChannelResponse{CorrelationId: correlation, Error: connect.CodeInvalidArgument.String() + ": " + err.Error()})
 		return
 	}
+	// The callback runs on the coordinator's committer: it only queues the
+	// result; the pump turns it into a response.
 	h.leases().Submit(m, nil, func(r coordinator.Result, err error) {
-		resp := &tetherv1.ChannelResponse{CorrelationId: correlation}
 		if errors.Is(err, coordinator.ErrStopped) {
 			out.stopped.Store(true)
 		}
-		if err != nil {
-			var ce *connect.Error
-			if errors.As(toConnect(err), &ce) {
-				resp.Error = ce.Code().String() + ": " + ce.Message()
-			}
-		} else {
-			resp.Lease = coordinator.LeaseToProto(r.Lease)
-			resp.Decision = coordinator.DecisionToProto(r.Decision)
-		}
-		out.push(resp)
+		out.pushResult(correlation, r, err)
 	})
+}
+
+// channelAnswer is an answer waiting to be sent: a response, or a result
+// the pump converts.
+type channelAnswer struct {
+	resp        *tetherv1.ChannelResponse
+	correlation uint64
+	result      coordinator.Result
+	err         error
+}
+
+func (a channelAnswer) response() *tetherv1.ChannelResponse {
+	if a.resp != nil {
+		return a.resp
+	}
+	resp := &tetherv1.ChannelResponse{CorrelationId: a.correlation}
+	if a.err != nil {
+		var ce *connect.Error
+		if errors.As(toConnect(a.err), &ce) {
+			resp.Error = ce.Code().String() + ": " + ce.Message()
+		}
+		return resp
+	}
+	resp.Lease = coordinator.LeaseToProto(a.result.Lease)
+	resp.Decision = coordinator.DecisionToProto(a.result.Decision)
+	return resp
 }
 
 // maxAnswersPerMessage bounds how many answers one packed ChannelResponse
@@ -424,15 +442,21 @@ type channelOutbox struct {
 	// serves; the stream ends after the messages in flight are answered.
 	stopped atomic.Bool
 	mu      sync.Mutex
-	queue   []*tetherv1.ChannelResponse
+	queue   []channelAnswer
 	closed  bool
 	ready   chan struct{}
 	slots   chan struct{}
 }
 
-func (o *channelOutbox) push(r *tetherv1.ChannelResponse) {
+func (o *channelOutbox) push(r *tetherv1.ChannelResponse) { o.add(channelAnswer{resp: r}) }
+
+func (o *channelOutbox) pushResult(correlation uint64, r coordinator.Result, err error) {
+	o.add(channelAnswer{correlation: correlation, result: r, err: err})
+}
+
+func (o *channelOutbox) add(a channelAnswer) {
 	o.mu.Lock()
-	o.queue = append(o.queue, r)
+	o.queue = append(o.queue, a)
 	o.mu.Unlock()
 	select {
 	case o.ready <- struct{}{}:
@@ -455,7 +479,8 @@ func (o *channelOutbox) close() {
 // receive loop waits on it.
 func (o *channelOutbox) pump(stream *connect.BidiStream[tetherv1.ChannelRequest, tetherv1.ChannelResponse]) error {
 	var sendErr error
-	var batch []*tetherv1.ChannelResponse
+	var batch []channelAnswer
+	var msgs []*tetherv1.ChannelResponse
 	for {
 		o.mu.Lock()
 		if len(o.queue) == 0 {
@@ -476,17 +501,22 @@ func (o *channelOutbox) pump(stream *connect.BidiStream[tetherv1.ChannelRequest,
 				n = min(len(batch), maxAnswersPerMessage)
 			}
 			if sendErr == nil {
-				msg := batch[0]
+				msgs = msgs[:0]
+				for _, a := range batch[:n] {
+					msgs = append(msgs, a.response())
+				}
+				msg := msgs[0]
 				if n > 1 {
 					msg = &tetherv1.ChannelResponse{
-						CorrelationId: batch[0].CorrelationId, Lease: batch[0].Lease, Decision: batch[0].Decision, Error: batch[0].Error,
-						Batch: batch[1:n],
+						CorrelationId: msg.CorrelationId, Lease: msg.Lease, Decision: msg.Decision, Error: msg.Error,
+						Batch: msgs[1:n],
 					}
 				}
 				sendErr = stream.Send(msg)
+				clear(msgs)
 			}
 			for i := range n {
-				batch[i] = nil
+				batch[i] = channelAnswer{}
 				<-o.slots
 			}
 			batch = batch[n:]

@@ -81,19 +81,13 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		before, storeBefore := srv.Leases().Stats(), badgerStats(srv)
-		stream, err := measureStreamRenew(ctx, r.Duration, leases)
+		stream, err := measureStreamWithCommits(ctx, r, srv, fmt.Sprintf("lease/renew/stream/leases=%d", n), leases, 1)
 		if err != nil {
 			return fmt.Errorf("stream, %d leases: %w", n, err)
 		}
-		after, storeAfter := srv.Leases().Stats(), badgerStats(srv)
-		name := fmt.Sprintf("lease/renew/stream/leases=%d", n)
-		stream.report(r, name)
-		commits := float64(max(1, after.Commits-before.Commits))
-		r.Add(name+"/renews-per-commit", float64(after.Judged-before.Judged)/commits, "renews")
-		r.Add(name+"/commit-ms", (after.CommitTime-before.CommitTime).Seconds()*1000/commits, "ms")
-		if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
-			r.Add(name+"/renews-per-sync", float64(after.Judged-before.Judged)/float64(syncs), "renews")
+		pipelined, err := measureStreamWithCommits(ctx, r, srv, fmt.Sprintf("lease/renew/stream-pipelined/leases=%d", n), leases, pipelineWindow)
+		if err != nil {
+			return fmt.Errorf("stream pipelined, %d leases: %w", n, err)
 		}
 
 		if etcd == nil {
@@ -105,6 +99,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		}
 		m.report(r, fmt.Sprintf("lease/renew/etcd-txn/leases=%d", n))
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
+		r.Add(fmt.Sprintf("lease/renew/stream-pipelined-vs-etcd/leases=%d", n), pipelined.rate/m.rate, "x")
 	}
 	return nil
 }
@@ -116,6 +111,31 @@ func badgerStats(srv *benchServer) store.BadgerStats {
 		return b.Stats()
 	}
 	return store.BadgerStats{}
+}
+
+// pipelineWindow is how many renewals of one lease the pipelined stream
+// measurement keeps in flight.
+const pipelineWindow = 8
+
+// measureStreamWithCommits measures streamed renewals with window renewals
+// in flight per lease and reports, beside rate and latency, how many
+// renewals shared a coordinator commit and a store sync, and how long a
+// commit took.
+func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, name string, leases []*benchLease, window int) (leaseMeasurement, error) {
+	before, storeBefore := srv.Leases().Stats(), badgerStats(srv)
+	m, err := measureStreamRenew(ctx, r.Duration, leases, window)
+	if err != nil {
+		return m, err
+	}
+	after, storeAfter := srv.Leases().Stats(), badgerStats(srv)
+	m.report(r, name)
+	commits := float64(max(1, after.Commits-before.Commits))
+	r.Add(name+"/renews-per-commit", float64(after.Judged-before.Judged)/commits, "renews")
+	r.Add(name+"/commit-ms", (after.CommitTime-before.CommitTime).Seconds()*1000/commits, "ms")
+	if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
+		r.Add(name+"/renews-per-sync", float64(after.Judged-before.Judged)/float64(syncs), "renews")
+	}
+	return m, nil
 }
 
 // disableRateLimit turns off per-caller rate limiting: the benchmark
@@ -319,10 +339,14 @@ func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLeas
 // measureStreamRenew renews each lease in a closed loop over its holder's
 // Channel stream: a stream carries many leases at once, the renewals that
 // are ready together travel in one stream message (ChannelRequest.batch),
-// and answers come back in any order, matched by correlation id (the
-// lease's index). Every renewal is still its own message, judged and made
-// durable on its own, and each lease has at most one renewal in flight.
-func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLease) (leaseMeasurement, error) {
+// and answers come back in any order, matched by correlation id. Every
+// renewal is still its own message, judged and made durable on its own.
+// Each lease has at most window renewals in flight: with window 1 the next
+// renewal waits for the answer to the previous one (as with a
+// compare-and-swap on etcd, which needs the previous revision); with more,
+// a holder sends renewal n+1 before renewal n is answered, which the
+// stream allows because each renewal is judged on its own sequence.
+func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLease, window int) (leaseMeasurement, error) {
 	runCtx, cancel := context.WithCancel(ctx)
 	rec := &recorder{}
 	byHolder := map[*leaseHolder][]int{}
@@ -342,13 +366,17 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 			stream := h.conn.Lease.Channel(runCtx)
 			stop := context.AfterFunc(runCtx, func() { _ = stream.CloseResponse() })
 			defer stop()
-			sentAt := make([]time.Time, len(leases))
+			// A renewal's correlation id is its slot: lease i, sequence s
+			// uses slot i*window + s%window, free again once answered.
+			sentAt := make([]time.Time, len(leases)*window)
 			send := func(ready []int) error {
 				now := time.Now()
 				msgs := make([]*tetherv1.ChannelRequest, len(ready))
 				for k, i := range ready {
-					sentAt[i] = now
-					msgs[k] = &tetherv1.ChannelRequest{CorrelationId: uint64(i), Message: &tetherv1.ChannelRequest_Renew{Renew: leases[i].renewRequest()}}
+					req := leases[i].renewRequest()
+					slot := i*window + int(req.RenewSequence%uint64(window))
+					sentAt[slot] = now
+					msgs[k] = &tetherv1.ChannelRequest{CorrelationId: uint64(slot), Message: &tetherv1.ChannelRequest_Renew{Renew: req}}
 				}
 				first := msgs[0]
 				first.Batch = msgs[1:]
@@ -360,11 +388,14 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 				_ = stream.CloseRequest()
 				_ = stream.CloseResponse()
 			}()
-			if err := send(idx); err != nil {
+			var ready []int
+			for range window {
+				ready = append(ready, idx...)
+			}
+			if err := send(ready); err != nil {
 				fail(err)
 				return
 			}
-			var ready []int
 			for runCtx.Err() == nil {
 				resp, err := stream.Receive()
 				if err != nil {
@@ -374,7 +405,7 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 				answers := append([]*tetherv1.ChannelResponse{resp}, resp.Batch...)
 				ready = ready[:0]
 				for _, a := range answers {
-					i := int(a.CorrelationId)
+					slot := int(a.CorrelationId)
 					if a.Error != "" {
 						fail(errors.New(a.Error))
 						return
@@ -383,8 +414,8 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 						fail(err)
 						return
 					}
-					rec.add(&local, time.Since(sentAt[i]))
-					ready = append(ready, i)
+					rec.add(&local, time.Since(sentAt[slot]))
+					ready = append(ready, slot/window)
 				}
 				if err := send(ready); err != nil {
 					fail(err)

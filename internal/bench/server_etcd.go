@@ -83,7 +83,7 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 			if err != nil {
 				return fmt.Errorf("%s, %d leases: %w", b.name, n, err)
 			}
-			m, err := measureStreamRenew(ctx, r.Duration, leases)
+			m, err := measureStreamRenew(ctx, r.Duration, leases, 1)
 			if err != nil {
 				return fmt.Errorf("%s, %d leases: %w", b.name, n, err)
 			}
