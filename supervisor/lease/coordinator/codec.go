@@ -239,7 +239,7 @@ func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
 	e.uint(uint64(r.Kind))
-	reason := compactReason(nil, r.Decision.Reason, reasonDict(prev, r.Lease, r.DecidedAt))
+	reason := compactReason(nil, r.Decision.Reason, reasonDict(prev, r.Lease), base)
 	e.uint(uint64(len(reason)))
 	e.b = append(e.b, reason...)
 	return e.b
@@ -277,7 +277,7 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		return storedRow{}, err
 	}
 	var err error
-	r.Decision.Reason, err = expandReason(reason, reasonDict(prev, r.Lease, r.DecidedAt))
+	r.Decision.Reason, err = expandReason(reason, reasonDict(prev, r.Lease), timeBase(r.DecidedAt))
 	return r, err
 }
 

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -205,42 +206,69 @@ func TestSchemaOneRowsStillDecode(t *testing.T) {
 
 func TestReasonCompaction(t *testing.T) {
 	l := sampleLease()
-	dict := reasonDict(lease.Lease{}, l, l.IssuedAt)
+	dict := reasonDict(lease.Lease{}, l)
+	base := timeBase(l.IssuedAt)
 	for _, reason := range []string{
 		"",
 		"plain words only",
 		`renew gen 8 lease "l_1" from "n_w" accepted at 2026-11-30T12:00:01.123456789Z: expiry 2026-11-30T12:00:30.123456789Z`,
-		"\x01\x01\xff\x01",
+		"\x01\x01\xff\x01\xfe",
 		"ends with the escape \x01",
-		`"n_w""n_w"n_w 30s`,
-		"2026-11-30T12:00:30.123456789", // a prefix of a dictionary entry
+		`"job/ü" job/ü "n_w""n_w"n_w 30s`,
+		"2026-11-30T12:00:30.123456789", // no zone: not a timestamp
+		"2026-11-30T12:00:30.120Z",      // trailing zero: renders shorter
+		"2026-13-30T12:00:30Z",          // month 13: another instant
+		"1066-10-14T09:00:00Z 9999-12-31T23:59:59.999999999Z 0000-01-01T00:00:00Z",
+		"2026-11-30T12:00:30Z2026-11-30T12:00:30.5Z",
 	} {
-		b := compactReason(nil, reason, dict)
-		got, err := expandReason(b, dict)
+		b := compactReason(nil, reason, dict, base)
+		got, err := expandReason(b, dict, base)
 		if err != nil || got != reason {
 			t.Fatalf("%q: compacted to %q, expanded to %q (%v)", reason, b, got, err)
 		}
 	}
-	long := `renew gen 8 lease "l_1" from "n_w" seq 3 accepted at 2026-11-30T12:00:01.123456789Z: expiry 2026-11-30T12:00:30.123456789Z -> 2026-11-30T12:00:30.123456789Z`
-	if b := compactReason(nil, long, dict); len(b)*2 > len(long) {
+	long := `renew gen 8 lease "l_00000000000000000001" from "n_0000000000000001" seq 3 accepted at 2026-11-30T12:00:01.123456789Z: expiry 2026-11-30T12:00:30.123456789Z -> 2026-11-30T12:00:31.123456789Z`
+	l.LeaseID, l.HolderIdentity = "l_00000000000000000001", "n_0000000000000001"
+	if b := compactReason(nil, long, reasonDict(lease.Lease{}, l), base); len(b)*2 > len(long) {
 		t.Fatalf("a renew's reason of %d bytes compacts to %d: %q", len(long), len(b), b)
 	}
-	for _, bad := range [][]byte{{reasonRef}, {'a', reasonRef, 200}} {
-		if _, err := expandReason(bad, dict); !errors.Is(err, ErrCorrupt) {
+	for _, bad := range [][]byte{{reasonRef}, {'a', reasonRef, 200}, {reasonRef, reasonTimeRef}, {reasonRef, reasonTimeRef, 0x80}} {
+		if _, err := expandReason(bad, dict, base); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("%q: got %v, want ErrCorrupt", bad, err)
+		}
+	}
+}
+
+// The compactor's renderer is package lease's (time.RFC3339Nano in UTC).
+func TestReasonTimeRendersAsRFC3339Nano(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 20000 {
+		nanos := r.Int64N(1<<62) - 1<<61
+		if i%3 == 0 {
+			nanos -= nanos % int64(time.Millisecond)
+		}
+		if i%5 == 0 {
+			nanos -= nanos % int64(time.Second)
+		}
+		want := time.Unix(0, nanos).UTC().Format(time.RFC3339Nano)
+		if got := string(appendReasonTime(nil, nanos)); got != want {
+			t.Fatalf("%d: got %s, want %s", nanos, got, want)
+		}
+		if back, n, ok := parseReasonTime(want + " tail"); !ok || back != nanos || n != len(want) {
+			t.Fatalf("%s parsed as %d (%d bytes, %v)", want, back, n, ok)
 		}
 	}
 }
 
 // FuzzReason: compaction is lossless for any reason and any ids.
 func FuzzReason(f *testing.F) {
-	f.Add(`lease "l_1" from "n_w" at 2026-11-30T12:00:01.123456789Z`, "l_1", "n_w")
-	f.Add("\x01\xff", "\x01\x01\x01\x01", "\xff\xff\xff\xff")
-	f.Fuzz(func(t *testing.T, reason, leaseID, holder string) {
+	f.Add(`lease "l_1" from "n_w" at 2026-11-30T12:00:01.123456789Z`, "l_1x", "n_wx", int64(0))
+	f.Add("\x01\xff\xfe", "\x01\x01\x01\x01", "\xff\xff\xff\xff", int64(-1))
+	f.Fuzz(func(t *testing.T, reason, leaseID, holder string, base int64) {
 		l := sampleLease()
 		l.LeaseID, l.HolderIdentity = leaseID, holder
-		dict := reasonDict(sampleLease(), l, l.RenewTime)
-		got, err := expandReason(compactReason(nil, reason, dict), dict)
+		dict := reasonDict(sampleLease(), l)
+		got, err := expandReason(compactReason(nil, reason, dict, base), dict, base)
 		if err != nil || got != reason {
 			t.Fatalf("%q came back as %q (%v)", reason, got, err)
 		}

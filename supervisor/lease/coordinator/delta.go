@@ -2,9 +2,9 @@ package coordinator
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -21,8 +21,8 @@ import (
 //
 //   - the lease fields that differ from the previous row's lease (a bit
 //     mask, then those fields), with times relative to the decision time;
-//   - the reason with the strings it quotes from the two leases (ids,
-//     timestamps) replaced by one-byte references.
+//   - the reason with the ids it quotes from the two leases and its
+//     timestamps replaced by short references.
 //
 // So a row decodes only against the lease before it: the previous row's,
 // or the job record's for the first row after a checkpoint, or the empty
@@ -126,81 +126,67 @@ func decodeLeaseDelta(d *decoder, prev lease.Lease, base int64) lease.Lease {
 	return l
 }
 
-// Reason compaction. A reason quotes the message's and the leases' ids and
-// timestamps; the reader can rebuild those strings from the row, so the
-// row stores a one-byte reference instead. Escape bytes: reasonRef then an
-// index into the row's dictionary; reasonRef twice is a literal reasonRef.
+// Reason compaction. A reason quotes ids from the leases and timestamps;
+// the row stores those as short references the reader expands again:
+//
+//	reasonRef, i        the i-th id of the row's dictionary (reasonDict),
+//	                    quoted when i is odd
+//	reasonRef, timeRef  a timestamp as package lease renders it in reasons
+//	                    (UTC, RFC 3339 with nanoseconds), stored as a
+//	                    varint relative to the decision time
+//	reasonRef, literal  the byte reasonRef itself
+//
+// The compactor replaces only what expands back to exactly the same bytes
+// (a timestamp is re-rendered and compared), so any reason survives.
 const (
 	reasonRef     byte = 0x01
+	reasonTimeRef byte = 0xfe
 	reasonLiteral byte = 0xff
-	maxReasonDict      = 254
 )
 
-// reasonDict is the dictionary of a row: strings derived from the lease
-// before and after the decision and the decision time, longest first (the
-// compactor takes the longest match). Encoder and decoder build it from
-// the same inputs, so it is never stored.
-func reasonDict(prev, next lease.Lease, decided time.Time) []string {
+// reasonDict is the row's dictionary: the ids of the lease before and
+// after the decision, each usable bare (even index) or quoted (odd index).
+// The encoder and the decoder build it from the same leases, so it is
+// never stored. Only ids that quote without escapes are entered, so the
+// quoted form is the id between two double quotes.
+func reasonDict(prev, next lease.Lease) []string {
 	var dict []string
-	add := func(s string) {
-		if len(s) >= 4 && !slices.Contains(dict, s) && len(dict) < maxReasonDict {
-			dict = append(dict, s)
+	for _, id := range []string{next.LeaseID, next.HolderIdentity, next.JobID, next.ConflictHolder,
+		prev.LeaseID, prev.HolderIdentity, prev.ConflictHolder} {
+		if len(id) >= 4 && plainID(id) && !slices.Contains(dict, id) {
+			dict = append(dict, id)
 		}
 	}
-	var times []time.Time
-	addTime := func(t time.Time) {
-		// Formatting is the dictionary's main cost: each instant once.
-		if !t.IsZero() && !slices.ContainsFunc(times, t.Equal) {
-			times = append(times, t)
-			add(reasonTime(t))
-		}
-	}
-	for _, l := range []*lease.Lease{&next, &prev} {
-		for _, s := range []string{l.LeaseID, l.HolderIdentity, l.JobID, l.ConflictHolder} {
-			if s != "" {
-				add(strconv.Quote(s))
-				add(s)
-			}
-		}
-		for _, t := range []time.Time{l.ExpiresAt, l.AckDeadline, l.RenewTime, l.IssuedAt, l.UnresolvedUntil,
-			l.CancelRequestedAt, l.CancelAckedAt, l.TerminalAt, l.AcquireTime} {
-			addTime(t)
-		}
-		if l.LeaseDuration != 0 {
-			add(l.LeaseDuration.String())
-		}
-	}
-	addTime(decided)
-	// Longest first; the sort is stable so equal lengths keep the order
-	// above, which the decoder rebuilds identically.
-	slices.SortStableFunc(dict, func(a, b string) int { return len(b) - len(a) })
 	return dict
 }
 
-// reasonTime renders a time as package lease renders it in reasons.
-func reasonTime(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
-
-// compactReason replaces dictionary strings in reason by references.
-func compactReason(dst []byte, reason string, dict []string) []byte {
-	var first [256]bool
-	for _, s := range dict {
-		first[s[0]] = true
+// plainID: strconv.Quote(id) is id between double quotes.
+func plainID(id string) bool {
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' {
+			return false
+		}
 	}
+	return true
+}
+
+// compactReason appends reason to dst with ids and timestamps replaced by
+// references. base is the row's time base (timeBase).
+func compactReason(dst []byte, reason string, dict []string, base int64) []byte {
 	for i := 0; i < len(reason); {
 		c := reason[i]
-		if first[c] {
-			best := -1
-			for k, s := range dict {
-				if strings.HasPrefix(reason[i:], s) {
-					best = k
-					break // longest first
-				}
-			}
-			if best >= 0 {
-				dst = append(dst, reasonRef, byte(best))
-				i += len(dict[best])
+		if c >= '0' && c <= '9' {
+			if t, n, ok := parseReasonTime(reason[i:]); ok {
+				dst = append(dst, reasonRef, reasonTimeRef)
+				dst = binary.AppendVarint(dst, t-base)
+				i += n
 				continue
 			}
+		}
+		if k, n := matchID(reason[i:], dict); n > 0 {
+			dst = append(dst, reasonRef, byte(k))
+			i += n
+			continue
 		}
 		if c == reasonRef {
 			dst = append(dst, reasonRef, reasonLiteral)
@@ -212,13 +198,26 @@ func compactReason(dst []byte, reason string, dict []string) []byte {
 	return dst
 }
 
+// matchID finds the longest dictionary id (bare, or quoted) that s starts
+// with, and returns its reference and length (0 when none).
+func matchID(s string, dict []string) (ref, n int) {
+	quoted := s != "" && s[0] == '"'
+	for k, id := range dict {
+		if quoted && len(s) >= len(id)+2 && s[len(id)+1] == '"' && s[1:len(id)+1] == id && len(id)+2 > n {
+			ref, n = 2*k+1, len(id)+2
+		} else if strings.HasPrefix(s, id) && len(id) > n {
+			ref, n = 2*k, len(id)
+		}
+	}
+	return ref, n
+}
+
 // expandReason undoes compactReason.
-func expandReason(b []byte, dict []string) (string, error) {
-	var out strings.Builder
-	out.Grow(len(b) * 2)
+func expandReason(b []byte, dict []string, base int64) (string, error) {
+	out := make([]byte, 0, len(b)*2)
 	for i := 0; i < len(b); i++ {
 		if b[i] != reasonRef {
-			out.WriteByte(b[i])
+			out = append(out, b[i])
 			continue
 		}
 		if i+1 == len(b) {
@@ -227,12 +226,119 @@ func expandReason(b []byte, dict []string) (string, error) {
 		i++
 		switch ref := b[i]; {
 		case ref == reasonLiteral:
-			out.WriteByte(reasonRef)
-		case int(ref) < len(dict):
-			out.WriteString(dict[ref])
+			out = append(out, reasonRef)
+		case ref == reasonTimeRef:
+			delta, n := binary.Varint(b[i+1:])
+			if n <= 0 {
+				return "", fmt.Errorf("%w: malformed time in a reason", ErrCorrupt)
+			}
+			out = appendReasonTime(out, base+delta)
+			i += n
+		case int(ref) < 2*len(dict):
+			if id := dict[ref/2]; ref%2 == 1 {
+				out = append(append(append(out, '"'), id...), '"')
+			} else {
+				out = append(out, id...)
+			}
 		default:
-			return "", fmt.Errorf("%w: reason refers to entry %d of %d", ErrCorrupt, ref, len(dict))
+			return "", fmt.Errorf("%w: reason refers to entry %d of %d", ErrCorrupt, ref, 2*len(dict))
 		}
 	}
-	return out.String(), nil
+	return string(out), nil
+}
+
+// appendReasonTime renders Unix nanoseconds as t.UTC().Format(
+// time.RFC3339Nano) does, for years 0–9999, without its cost.
+func appendReasonTime(dst []byte, nanos int64) []byte {
+	t := time.Unix(0, nanos).UTC()
+	year, month, day := t.Date()
+	hour, minute, sec := t.Clock()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(dst, time.RFC3339Nano)
+	}
+	dst = appendDigits(dst, year, 4)
+	dst = append(dst, '-')
+	dst = appendDigits(dst, int(month), 2)
+	dst = append(dst, '-')
+	dst = appendDigits(dst, day, 2)
+	dst = append(dst, 'T')
+	dst = appendDigits(dst, hour, 2)
+	dst = append(dst, ':')
+	dst = appendDigits(dst, minute, 2)
+	dst = append(dst, ':')
+	dst = appendDigits(dst, sec, 2)
+	if ns := t.Nanosecond(); ns != 0 {
+		dst = append(dst, '.')
+		digits := 9
+		for ns%10 == 0 {
+			ns /= 10
+			digits--
+		}
+		dst = appendDigits(dst, ns, digits)
+	}
+	return append(dst, 'Z')
+}
+
+func appendDigits(dst []byte, v, width int) []byte {
+	var buf [9]byte
+	for i := width - 1; i >= 0; i-- {
+		buf[i] = byte('0' + v%10)
+		v /= 10
+	}
+	return append(dst, buf[:width]...)
+}
+
+// parseReasonTime reads a timestamp as appendReasonTime writes it at the
+// start of s: its Unix nanoseconds and length. It accepts only what
+// renders back to the same bytes.
+func parseReasonTime(s string) (nanos int64, n int, ok bool) {
+	const layout = "0000-00-00T00:00:00"
+	if len(s) < len(layout)+1 {
+		return 0, 0, false
+	}
+	for i := range len(layout) {
+		if layout[i] == '0' {
+			if s[i] < '0' || s[i] > '9' {
+				return 0, 0, false
+			}
+		} else if s[i] != layout[i] {
+			return 0, 0, false
+		}
+	}
+	num := func(from, to int) int {
+		v := 0
+		for _, c := range s[from:to] {
+			v = v*10 + int(c-'0')
+		}
+		return v
+	}
+	n = len(layout)
+	ns := 0
+	if s[n] == '.' {
+		digits := 0
+		for n+1+digits < len(s) && digits < 9 && s[n+1+digits] >= '0' && s[n+1+digits] <= '9' {
+			digits++
+		}
+		if digits == 0 {
+			return 0, 0, false
+		}
+		ns = num(n+1, n+1+digits)
+		for range 9 - digits {
+			ns *= 10
+		}
+		n += 1 + digits
+	}
+	if n >= len(s) || s[n] != 'Z' {
+		return 0, 0, false
+	}
+	n++
+	t := time.Date(num(0, 4), time.Month(num(5, 7)), num(8, 10), num(11, 13), num(14, 16), num(17, 19), ns, time.UTC)
+	nanos = t.UnixNano()
+	// Out-of-range fields (month 13) normalise to another instant, and a
+	// fraction with trailing zeros renders shorter: both fail here.
+	var buf [40]byte
+	if string(appendReasonTime(buf[:0], nanos)) != s[:n] {
+		return 0, 0, false
+	}
+	return nanos, n, true
 }
