@@ -244,6 +244,7 @@ func (s *Server) buildHandler() error {
 		Now:         s.cfg.Clock.Now,
 		AgentActive: s.agentActive,
 		Limiter:     &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
+		Cache:       auth.NewTokenCache(0),
 	}
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),

@@ -16,6 +16,11 @@
 // tree (is the caller an ancestor of the target?) are made by the handlers
 // with the Principal this package puts in the context.
 //
+// A TokenCache (cache.go) spares the Ed25519 verification of a token the
+// interceptor already verified; expiry, the key's presence in the ring, the
+// agent's node, the policy and the rate limit are still checked on every
+// call.
+//
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not
 // allowed), with a reason a person can act on.

@@ -21,6 +21,8 @@ type Interceptor struct {
 	AgentActive func(ctx context.Context, nodeID string) error
 	// Limiter bounds the request rate of each principal (nil: unlimited).
 	Limiter *RateLimiter
+	// Cache remembers verified tokens (nil: verify every request).
+	Cache *TokenCache
 }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
@@ -32,7 +34,7 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 	if err != nil {
 		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
 	}
-	p, err := i.Issuer.Parse(token, i.Now())
+	p, err := i.Cache.Parse(i.Issuer, token, i.Now())
 	if err != nil {
 		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
 	}

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/base64"
 	"errors"
@@ -87,11 +88,23 @@ func (i Issuer) mint(audience, subject, role string, now time.Time, ttl time.Dur
 // Parse verifies a bearer token against the ring and returns its principal.
 // It accepts operator tokens and agent credentials; nothing else.
 func (i Issuer) Parse(token string, now time.Time) (Principal, error) {
+	p, _, err := i.parse(token, now)
+	return p, err
+}
+
+// verifiedBy names the key that verified a token.
+type verifiedBy struct {
+	kid string
+	key ed25519.PublicKey
+}
+
+// parse is Parse that also returns the key that verified the token.
+func (i Issuer) parse(token string, now time.Time) (Principal, verifiedBy, error) {
 	if token == "" {
-		return Principal{}, ErrNoCredential
+		return Principal{}, verifiedBy{}, ErrNoCredential
 	}
 	if len(token) > MaxTokenBytes {
-		return Principal{}, fmt.Errorf("%w: credential longer than %d bytes", ErrBadCredential, MaxTokenBytes)
+		return Principal{}, verifiedBy{}, fmt.Errorf("%w: credential longer than %d bytes", ErrBadCredential, MaxTokenBytes)
 	}
 	ring := i.Ring()
 	parser := jwt.NewParser(
@@ -106,15 +119,18 @@ func (i Issuer) Parse(token string, now time.Time) (Principal, error) {
 		jwt.WithStrictDecoding(),
 	)
 	var c claims
+	var by verifiedBy
 	_, err := parser.ParseWithClaims(token, &c, func(t *jwt.Token) (any, error) {
 		kid, _ := t.Header["kid"].(string)
-		return ring.Public(kid)
+		key, err := ring.Public(kid)
+		by = verifiedBy{kid: kid, key: key}
+		return key, err
 	})
 	if err != nil {
-		return Principal{}, fmt.Errorf("%w: %s", ErrBadCredential, describe(err))
+		return Principal{}, verifiedBy{}, fmt.Errorf("%w: %s", ErrBadCredential, describe(err))
 	}
 	if c.Subject == "" || len(c.Audience) != 1 {
-		return Principal{}, fmt.Errorf("%w: missing subject or audience", ErrBadCredential)
+		return Principal{}, verifiedBy{}, fmt.Errorf("%w: missing subject or audience", ErrBadCredential)
 	}
 	p := Principal{Subject: c.Subject, TokenID: c.ID}
 	if c.ExpiresAt != nil {
@@ -124,15 +140,15 @@ func (i Issuer) Parse(token string, now time.Time) (Principal, error) {
 	case AudienceOperator:
 		role, err := ParseRole(c.Role)
 		if err != nil {
-			return Principal{}, fmt.Errorf("%w: unknown role", ErrBadCredential)
+			return Principal{}, verifiedBy{}, fmt.Errorf("%w: unknown role", ErrBadCredential)
 		}
 		p.Kind, p.Role = KindOperator, role
 	case AudienceAgent:
 		p.Kind = KindAgent
 	default:
-		return Principal{}, fmt.Errorf("%w: token is not an operator or agent credential", ErrBadCredential)
+		return Principal{}, verifiedBy{}, fmt.Errorf("%w: token is not an operator or agent credential", ErrBadCredential)
 	}
-	return p, nil
+	return p, by, nil
 }
 
 // describe turns a golang-jwt error into a short reason without any part of

@@ -1,0 +1,126 @@
+package auth
+
+import (
+	"crypto/ed25519"
+	"crypto/sha256"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// TokenCache remembers the bearer tokens the Interceptor verified, so that
+// a client sending the same credential on every call pays for one Ed25519
+// verification (about 40 µs, a third of a unary call's CPU) instead of one
+// per call.
+//
+// It caches only what a verification proved about the token's bytes — its
+// signature, issuer, audience and role — never a decision that can change:
+//
+//   - expiry is checked on every hit against the caller's clock (with the
+//     parser's leeway), and a clock that went back before the verification
+//     verifies again;
+//   - the key that verified the token must still be in the ring, with the
+//     same public key, so a key dropped from the ring (tether keys rotate)
+//     rejects its cached tokens at once;
+//   - whether an agent's node may still act (AgentActive), the policy and
+//     the rate limit are checked on every call as before.
+//
+// Entries are keyed by the token's SHA-256 (the cache holds no credential)
+// and bounded by Max; when full, expired entries go first, then arbitrary
+// ones. Only tokens that verified are cached, so a flood of bad tokens
+// cannot fill it. The zero value is not usable: use NewTokenCache.
+type TokenCache struct {
+	max int
+
+	mu      sync.Mutex
+	entries map[[sha256.Size]byte]cachedToken
+
+	hits, misses atomic.Uint64
+}
+
+type cachedToken struct {
+	principal  Principal
+	by         verifiedBy
+	verifiedAt time.Time
+}
+
+// DefaultTokenCacheSize is how many verified tokens a control plane keeps.
+const DefaultTokenCacheSize = 16384
+
+// NewTokenCache returns a cache of at most max tokens (0: the default).
+func NewTokenCache(max int) *TokenCache {
+	if max <= 0 {
+		max = DefaultTokenCacheSize
+	}
+	return &TokenCache{max: max, entries: make(map[[sha256.Size]byte]cachedToken)}
+}
+
+// TokenCacheStats counts cache lookups.
+type TokenCacheStats struct {
+	Hits, Misses uint64
+	Size         int
+}
+
+// Stats returns the counters so far.
+func (c *TokenCache) Stats() TokenCacheStats {
+	c.mu.Lock()
+	size := len(c.entries)
+	c.mu.Unlock()
+	return TokenCacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Size: size}
+}
+
+// Parse is Issuer.Parse answered from the cache when it can be.
+func (c *TokenCache) Parse(issuer Issuer, token string, now time.Time) (Principal, error) {
+	if c == nil {
+		return issuer.Parse(token, now)
+	}
+	if token == "" || len(token) > MaxTokenBytes {
+		return issuer.Parse(token, now) // the parser's own error
+	}
+	sum := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	e, ok := c.entries[sum]
+	c.mu.Unlock()
+	if ok && e.stillValid(issuer, now) {
+		c.hits.Add(1)
+		return e.principal, nil
+	}
+	c.misses.Add(1)
+	p, by, err := issuer.parse(token, now)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		delete(c.entries, sum)
+		return Principal{}, err
+	}
+	if len(c.entries) >= c.max {
+		c.evict(now)
+	}
+	c.entries[sum] = cachedToken{principal: p, by: by, verifiedAt: now}
+	return p, nil
+}
+
+// stillValid: what the verification proved still holds at now.
+func (e cachedToken) stillValid(issuer Issuer, now time.Time) bool {
+	if now.Before(e.verifiedAt) || e.principal.ExpiresAt.IsZero() || !now.Before(e.principal.ExpiresAt.Add(Leeway)) {
+		return false
+	}
+	key, err := issuer.Ring().Public(e.by.kid)
+	return err == nil && key.Equal(ed25519.PublicKey(e.by.key))
+}
+
+// evict makes room: expired entries first, then arbitrary ones (map order)
+// until a quarter of the cache is free. c.mu is held.
+func (c *TokenCache) evict(now time.Time) {
+	for sum, e := range c.entries {
+		if !now.Before(e.principal.ExpiresAt.Add(Leeway)) {
+			delete(c.entries, sum)
+		}
+	}
+	for sum := range c.entries {
+		if len(c.entries) <= c.max*3/4 {
+			return
+		}
+		delete(c.entries, sum)
+	}
+}
