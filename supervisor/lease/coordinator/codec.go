@@ -190,8 +190,8 @@ func encodeRecord(dst []byte, r record) []byte {
 }
 
 func encodeLease(e *encoder, l lease.Lease) {
-	for _, f := range leaseFields {
-		f.enc(e, &l, 0)
+	for i := range leaseFields {
+		encodeField(e, i, &l, 0)
 	}
 }
 
@@ -208,8 +208,8 @@ func decodeRecord(b []byte) (record, error) {
 
 func decodeLease(d *decoder) lease.Lease {
 	var l lease.Lease
-	for _, f := range leaseFields {
-		f.dec(d, &l, 0)
+	for i := range leaseFields {
+		decodeField(d, i, &l, 0)
 	}
 	return l
 }
@@ -235,7 +235,7 @@ func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
 	e.uint(r.Number)
 	e.time(r.DecidedAt)
 	base := timeBase(r.DecidedAt)
-	encodeLeaseDelta(&e, prev, r.Lease, base)
+	encodeLeaseDelta(&e, &prev, &r.Lease, base)
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
 	e.uint(uint64(r.Kind))

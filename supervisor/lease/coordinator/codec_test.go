@@ -3,6 +3,7 @@ package coordinator
 import (
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -133,6 +134,31 @@ func history(t *testing.T) []storedRow {
 		t.Fatalf("history has %d rows", len(rows))
 	}
 	return rows
+}
+
+// Every field of lease.Lease is stored: a field added to the lease without
+// a case in encodeField and decodeField would be lost on a restart.
+func TestEveryLeaseFieldIsStored(t *testing.T) {
+	if n := reflect.TypeFor[lease.Lease]().NumField(); n != leaseFields {
+		t.Fatalf("lease.Lease has %d fields, the codec stores %d", n, leaseFields)
+	}
+	// Each field, changed alone, makes a delta that carries it.
+	full := sampleLease()
+	full.CancelAck, full.CancelAckedAt = true, full.IssuedAt.Add(3*time.Second)
+	full.TerminalResult, full.TerminalAt = lease.ResultCancelled, full.IssuedAt.Add(4*time.Second)
+	full.UnresolvedUntil, full.LeaseExpired = full.IssuedAt.Add(time.Hour), true
+	v := reflect.ValueOf(full)
+	for i := range leaseFields {
+		if v.Field(i).IsZero() {
+			t.Fatalf("the test lease leaves %s unset", v.Type().Field(i).Name)
+		}
+		var l lease.Lease
+		reflect.ValueOf(&l).Elem().Field(i).Set(v.Field(i))
+		got, err := decodeRow(lease.Lease{}, encodeRow(nil, lease.Lease{}, storedRow{Number: 1, Lease: l}))
+		if err != nil || got.Lease != l {
+			t.Fatalf("field %s: %v\n got %+v\nwant %+v", v.Type().Field(i).Name, err, got.Lease, l)
+		}
+	}
 }
 
 func TestDeltaRowsRoundTripAJobsHistory(t *testing.T) {

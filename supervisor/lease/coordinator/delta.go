@@ -32,55 +32,143 @@ import (
 // against the wrong lease. Schema-1 rows still decode (they need nothing
 // before them).
 
-// leaseField is one field of lease.Lease in the stored encoding. base is
-// the Unix-nanosecond origin of times (0 for absolute times).
-type leaseField struct {
-	enc func(e *encoder, l *lease.Lease, base int64)
-	dec func(d *decoder, l *lease.Lease, base int64)
+// leaseFields is how many fields of lease.Lease are stored, in the order
+// of encodeField. Append only: a field's position is its bit in a delta
+// row's mask, and schema 1 (records, old rows) is every field in order
+// with absolute times (base 0).
+const leaseFields = 30
+
+// encodeField writes field i of l; times relative to base (Unix
+// nanoseconds). A switch rather than a table of closures: l does not
+// escape, so encoding a row allocates no lease.
+func encodeField(e *encoder, i int, l *lease.Lease, base int64) {
+	switch i {
+	case 0:
+		e.str(l.JobID)
+	case 1:
+		e.str(l.LeaseID)
+	case 2:
+		e.uint(l.Generation)
+	case 3:
+		e.str(l.HolderIdentity)
+	case 4:
+		e.timeFrom(l.IssuedAt, base)
+	case 5:
+		e.dur(l.LeaseDuration)
+	case 6:
+		e.timeFrom(l.ExpiresAt, base)
+	case 7:
+		e.timeFrom(l.AckDeadline, base)
+	case 8:
+		e.uint(uint64(l.AckState))
+	case 9:
+		e.uint(uint64(l.State))
+	case 10:
+		e.uint(l.RenewSequence)
+	case 11:
+		e.timeFrom(l.RenewTime, base)
+	case 12:
+		e.uint(l.ProgressSequence)
+	case 13:
+		e.str(l.ProgressValue)
+	case 14:
+		e.flag(l.CancelRequested)
+	case 15:
+		e.timeFrom(l.CancelRequestedAt, base)
+	case 16:
+		e.flag(l.CancelAck)
+	case 17:
+		e.timeFrom(l.CancelAckedAt, base)
+	case 18:
+		e.uint(uint64(l.TerminalResult))
+	case 19:
+		e.timeFrom(l.TerminalAt, base)
+	case 20:
+		e.str(l.TerminalDetail)
+	case 21:
+		e.timeFrom(l.UnresolvedUntil, base)
+	case 22:
+		e.flag(l.StaleGeneration)
+	case 23:
+		e.flag(l.LateProgress)
+	case 24:
+		e.flag(l.LeaseExpired)
+	case 25:
+		e.flag(l.OwnershipConflict)
+	case 26:
+		e.str(l.ConflictHolder)
+	case 27:
+		e.timeFrom(l.AcquireTime, base)
+	case 28:
+		e.timeFrom(l.LastRenewTime, base)
+	case 29:
+		e.uint(l.Transitions)
+	}
 }
 
-// leaseFields lists the fields in encoding order. Append only: a field's
-// position is its bit in a delta row's mask, and schema 1 (records, old
-// rows) is the whole list in order with absolute times.
-var leaseFields = []leaseField{
-	{func(e *encoder, l *lease.Lease, _ int64) { e.str(l.JobID) }, func(d *decoder, l *lease.Lease, _ int64) { l.JobID = d.str() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.str(l.LeaseID) }, func(d *decoder, l *lease.Lease, _ int64) { l.LeaseID = d.str() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(l.Generation) }, func(d *decoder, l *lease.Lease, _ int64) { l.Generation = d.uint() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.str(l.HolderIdentity) }, func(d *decoder, l *lease.Lease, _ int64) { l.HolderIdentity = d.str() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.IssuedAt }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.dur(l.LeaseDuration) }, func(d *decoder, l *lease.Lease, _ int64) { l.LeaseDuration = d.dur() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.ExpiresAt }),
-	timeField(func(l *lease.Lease) *time.Time { return &l.AckDeadline }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(uint64(l.AckState)) }, func(d *decoder, l *lease.Lease, _ int64) { l.AckState = lease.AckState(d.uint()) }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(uint64(l.State)) }, func(d *decoder, l *lease.Lease, _ int64) { l.State = lease.State(d.uint()) }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(l.RenewSequence) }, func(d *decoder, l *lease.Lease, _ int64) { l.RenewSequence = d.uint() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.RenewTime }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(l.ProgressSequence) }, func(d *decoder, l *lease.Lease, _ int64) { l.ProgressSequence = d.uint() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.str(l.ProgressValue) }, func(d *decoder, l *lease.Lease, _ int64) { l.ProgressValue = d.str() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.flag(l.CancelRequested) }, func(d *decoder, l *lease.Lease, _ int64) { l.CancelRequested = d.flag() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.CancelRequestedAt }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.flag(l.CancelAck) }, func(d *decoder, l *lease.Lease, _ int64) { l.CancelAck = d.flag() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.CancelAckedAt }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(uint64(l.TerminalResult)) }, func(d *decoder, l *lease.Lease, _ int64) {
+// decodeField reads what encodeField(i) wrote into l.
+func decodeField(d *decoder, i int, l *lease.Lease, base int64) {
+	switch i {
+	case 0:
+		l.JobID = d.str()
+	case 1:
+		l.LeaseID = d.str()
+	case 2:
+		l.Generation = d.uint()
+	case 3:
+		l.HolderIdentity = d.str()
+	case 4:
+		l.IssuedAt = d.timeFrom(base)
+	case 5:
+		l.LeaseDuration = d.dur()
+	case 6:
+		l.ExpiresAt = d.timeFrom(base)
+	case 7:
+		l.AckDeadline = d.timeFrom(base)
+	case 8:
+		l.AckState = lease.AckState(d.uint())
+	case 9:
+		l.State = lease.State(d.uint())
+	case 10:
+		l.RenewSequence = d.uint()
+	case 11:
+		l.RenewTime = d.timeFrom(base)
+	case 12:
+		l.ProgressSequence = d.uint()
+	case 13:
+		l.ProgressValue = d.str()
+	case 14:
+		l.CancelRequested = d.flag()
+	case 15:
+		l.CancelRequestedAt = d.timeFrom(base)
+	case 16:
+		l.CancelAck = d.flag()
+	case 17:
+		l.CancelAckedAt = d.timeFrom(base)
+	case 18:
 		l.TerminalResult = lease.TerminalResult(d.uint())
-	}},
-	timeField(func(l *lease.Lease) *time.Time { return &l.TerminalAt }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.str(l.TerminalDetail) }, func(d *decoder, l *lease.Lease, _ int64) { l.TerminalDetail = d.str() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.UnresolvedUntil }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.flag(l.StaleGeneration) }, func(d *decoder, l *lease.Lease, _ int64) { l.StaleGeneration = d.flag() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.flag(l.LateProgress) }, func(d *decoder, l *lease.Lease, _ int64) { l.LateProgress = d.flag() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.flag(l.LeaseExpired) }, func(d *decoder, l *lease.Lease, _ int64) { l.LeaseExpired = d.flag() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.flag(l.OwnershipConflict) }, func(d *decoder, l *lease.Lease, _ int64) { l.OwnershipConflict = d.flag() }},
-	{func(e *encoder, l *lease.Lease, _ int64) { e.str(l.ConflictHolder) }, func(d *decoder, l *lease.Lease, _ int64) { l.ConflictHolder = d.str() }},
-	timeField(func(l *lease.Lease) *time.Time { return &l.AcquireTime }),
-	timeField(func(l *lease.Lease) *time.Time { return &l.LastRenewTime }),
-	{func(e *encoder, l *lease.Lease, _ int64) { e.uint(l.Transitions) }, func(d *decoder, l *lease.Lease, _ int64) { l.Transitions = d.uint() }},
-}
-
-func timeField(field func(*lease.Lease) *time.Time) leaseField {
-	return leaseField{
-		enc: func(e *encoder, l *lease.Lease, base int64) { e.timeFrom(*field(l), base) },
-		dec: func(d *decoder, l *lease.Lease, base int64) { *field(l) = d.timeFrom(base) },
+	case 19:
+		l.TerminalAt = d.timeFrom(base)
+	case 20:
+		l.TerminalDetail = d.str()
+	case 21:
+		l.UnresolvedUntil = d.timeFrom(base)
+	case 22:
+		l.StaleGeneration = d.flag()
+	case 23:
+		l.LateProgress = d.flag()
+	case 24:
+		l.LeaseExpired = d.flag()
+	case 25:
+		l.OwnershipConflict = d.flag()
+	case 26:
+		l.ConflictHolder = d.str()
+	case 27:
+		l.AcquireTime = d.timeFrom(base)
+	case 28:
+		l.LastRenewTime = d.timeFrom(base)
+	case 29:
+		l.Transitions = d.uint()
 	}
 }
 
@@ -93,14 +181,15 @@ func timeBase(decided time.Time) int64 {
 }
 
 // encodeLeaseDelta writes the fields of next that differ from prev.
-func encodeLeaseDelta(e *encoder, prev, next lease.Lease, base int64) {
+func encodeLeaseDelta(e *encoder, prev, next *lease.Lease, base int64) {
 	var mask uint64
-	var was, fields encoder
-	for i, f := range leaseFields {
+	var wasBuf, fieldsBuf [256]byte
+	was, fields := encoder{b: wasBuf[:0]}, encoder{b: fieldsBuf[:0]}
+	for i := range leaseFields {
 		was.b = was.b[:0]
-		f.enc(&was, &prev, base)
+		encodeField(&was, i, prev, base)
 		n := len(fields.b)
-		f.enc(&fields, &next, base)
+		encodeField(&fields, i, next, base)
 		if bytes.Equal(was.b, fields.b[n:]) {
 			fields.b = fields.b[:n]
 			continue
@@ -114,13 +203,13 @@ func encodeLeaseDelta(e *encoder, prev, next lease.Lease, base int64) {
 // decodeLeaseDelta applies a delta written by encodeLeaseDelta to prev.
 func decodeLeaseDelta(d *decoder, prev lease.Lease, base int64) lease.Lease {
 	mask := d.uint()
-	if d.err == nil && mask>>len(leaseFields) != 0 {
+	if d.err == nil && mask>>leaseFields != 0 {
 		d.fail("field mask")
 	}
 	l := prev
-	for i, f := range leaseFields {
+	for i := range leaseFields {
 		if mask&(1<<i) != 0 {
-			f.dec(d, &l, base)
+			decodeField(d, i, &l, base)
 		}
 	}
 	return l
@@ -173,8 +262,22 @@ func plainID(id string) bool {
 // compactReason appends reason to dst with ids and timestamps replaced by
 // references. base is the row's time base (timeBase).
 func compactReason(dst []byte, reason string, dict []string, base int64) []byte {
+	var starts [256]bool // first bytes of a reference
+	starts['"'] = true
+	for _, id := range dict {
+		starts[id[0]] = true
+	}
 	for i := 0; i < len(reason); {
 		c := reason[i]
+		if !starts[c] && (c < '0' || c > '9') {
+			if c == reasonRef {
+				dst = append(dst, reasonRef, reasonLiteral)
+			} else {
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
 		if c >= '0' && c <= '9' {
 			if t, n, ok := parseReasonTime(reason[i:]); ok {
 				dst = append(dst, reasonRef, reasonTimeRef)
@@ -183,10 +286,12 @@ func compactReason(dst []byte, reason string, dict []string, base int64) []byte 
 				continue
 			}
 		}
-		if k, n := matchID(reason[i:], dict); n > 0 {
-			dst = append(dst, reasonRef, byte(k))
-			i += n
-			continue
+		if starts[c] {
+			if k, n := matchID(reason[i:], dict); n > 0 {
+				dst = append(dst, reasonRef, byte(k))
+				i += n
+				continue
+			}
 		}
 		if c == reasonRef {
 			dst = append(dst, reasonRef, reasonLiteral)
