@@ -41,8 +41,12 @@ func leaseStreams(leases int) int { return min(leases, 8) }
 // — and, in the same run, the same workload built the way a user would on
 // etcd: one compare-and-swap transaction per renew (If mod_revision
 // unchanged Then Put), on a local etcd-server with fsync on. Every renew is
-// a closed loop per lease: the next one is sent when the answer to the
-// previous one arrived, which is only after it is durable on both systems.
+// answered only once durable on both systems. The unary, stream and etcd
+// figures are closed loops per lease: the next renew is sent when the
+// answer to the previous one arrived. The pipelined stream keeps
+// pipelineWindow renews per lease in flight, which the stream allows
+// (each renew is judged on its own sequence) and a compare-and-swap does
+// not (it needs the revision the previous write returned).
 func leaseRenew(ctx context.Context, r *Report) error {
 	srv, err := startServer(ctx, r, disableRateLimit)
 	if err != nil {
