@@ -138,6 +138,9 @@ type Coordinator struct {
 	unknownSeq uint64
 
 	commits, judged, commitNanos atomic.Uint64
+	// commitQueue is the current run's queue of sealed batches (tests
+	// look at its length).
+	commitQueue chan *batch
 }
 
 // runPhase is where the coordinator is between and within runs.
@@ -400,6 +403,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	// A shard has at most one batch in flight and one pass waiting, so
 	// the queue never blocks a shard.
 	commits := make(chan *batch, 2*len(c.shards))
+	c.commitQueue = commits
 	committed := make(chan struct{})
 	go func() {
 		defer close(committed)

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -197,9 +199,11 @@ type gatedStore struct {
 	gate    chan struct{}
 	entered chan struct{}
 	fail    error
+	updates atomic.Int64
 }
 
 func (g *gatedStore) Update(ctx context.Context, fn func(tx store.Txn) error) error {
+	g.updates.Add(1)
 	g.mu.Lock()
 	gate, fail := g.gate, g.fail
 	g.mu.Unlock()
@@ -268,6 +272,134 @@ func TestReadsNeverSeeUndurableDecisions(t *testing.T) {
 	}
 	if got := h.get("job-1"); got.RenewSequence != 2 {
 		t.Fatalf("after the commits the read shows seq %d, want 2", got.RenewSequence)
+	}
+}
+
+// jobsOnEveryShard activates one job on each shard and returns them by
+// shard.
+func (h *harness) jobsOnEveryShard(shards int) []string {
+	h.t.Helper()
+	jobs := make([]string, shards)
+	for i, found := 0, 0; found < shards; i++ {
+		job := fmt.Sprintf("job-%d", i)
+		if s := h.c.ShardOf(job); jobs[s] == "" {
+			jobs[s] = job
+			h.active(job, "w1", time.Minute)
+			found++
+		}
+	}
+	return jobs
+}
+
+// The shards share a commit: what every shard judged while a commit was in
+// flight becomes durable in the next store Update, not in one Update per
+// shard taking turns.
+func TestShardsShareOneCommit(t *testing.T) {
+	st := &gatedStore{Store: openStore(t, t.TempDir())}
+	defer st.Store.Close()
+	h := start(t, st, clock.NewManual(t0), lease.DefaultPolicy())
+	jobs := h.jobsOnEveryShard(3)
+	renew := func(job string, seq uint64) lease.Renew {
+		return lease.Renew{Claim: claim(job, "L-"+job, 1, "w1"), RenewSequence: seq}
+	}
+	answers := make(chan coordinator.Result, 4)
+	answer := func(r coordinator.Result, err error) {
+		if err != nil {
+			t.Error(err)
+		}
+		answers <- r
+	}
+
+	st.hold()
+	t.Cleanup(st.release)
+	h.c.Submit(renew(jobs[0], 1), nil, answer)
+	<-st.entered // shard 0's commit is in flight
+	before := st.updates.Load()
+	// Shard 0 judges its next renew into the batch after the one in
+	// flight; shards 1 and 2 seal theirs at once, and they wait.
+	judged := make(chan struct{})
+	h.c.Submit(renew(jobs[0], 2), func(lease.Lease) error { close(judged); return nil }, answer)
+	h.c.Submit(renew(jobs[1], 1), nil, answer)
+	h.c.Submit(renew(jobs[2], 1), nil, answer)
+	<-judged
+	waitFor(t, "the other shards' batches to wait for the committer", func() bool { return h.c.QueuedBatches() == 2 })
+	st.release()
+	for range 4 {
+		if r := <-answers; r.Decision.Outcome != lease.OutcomeAccepted {
+			t.Fatalf("renew: %s", r.Decision)
+		}
+	}
+	if got := st.updates.Load() - before; got != 1 {
+		t.Fatalf("the three shards' batches took %d store Updates after the one in flight, want 1", got)
+	}
+	for i, job := range jobs {
+		want := uint64(1)
+		if i == 0 {
+			want = 2
+		}
+		if got := h.get(job).RenewSequence; got != want {
+			t.Fatalf("%s: renew sequence %d, want %d", job, got, want)
+		}
+	}
+}
+
+// A commit that fails takes every shard's batch in it back: nothing in it
+// happened, on any shard.
+func TestAFailedSharedCommitRollsEveryShardBack(t *testing.T) {
+	st := &gatedStore{Store: openStore(t, t.TempDir())}
+	defer st.Store.Close()
+	h := start(t, st, clock.NewManual(t0), lease.DefaultPolicy())
+	jobs := h.jobsOnEveryShard(3)
+	renew := func(job string, seq uint64) lease.Renew {
+		return lease.Renew{Claim: claim(job, "L-"+job, 1, "w1"), RenewSequence: seq}
+	}
+	st.hold()
+	t.Cleanup(st.release)
+	first := make(chan error, 1)
+	h.c.Submit(renew(jobs[0], 1), nil, func(_ coordinator.Result, err error) { first <- err })
+	<-st.entered // shard 0's first renew is being committed, and will be
+	var before []lease.Lease
+	for _, job := range jobs[1:] {
+		before = append(before, h.get(job))
+	}
+	// The next commit carries shard 0's second renew and the batches of
+	// shards 1 and 2; it fails.
+	errs := make(chan error, 3)
+	fail := func(_ coordinator.Result, err error) { errs <- err }
+	judged := make(chan struct{})
+	h.c.Submit(renew(jobs[0], 2), func(lease.Lease) error { close(judged); return nil }, fail)
+	for _, job := range jobs[1:] {
+		h.c.Submit(renew(job, 1), nil, fail)
+	}
+	<-judged
+	waitFor(t, "shards 1 and 2 to seal their batches", func() bool { return h.c.QueuedBatches() == 2 })
+	st.mu.Lock()
+	st.fail = errors.New("disk on fire")
+	st.mu.Unlock()
+	st.release()
+	if err := <-first; err != nil {
+		t.Fatalf("the commit in flight before the failure: %v", err)
+	}
+	for range 3 {
+		if err := <-errs; !errors.Is(err, coordinator.ErrCommit) {
+			t.Fatalf("renew in the failed commit: %v, want ErrCommit", err)
+		}
+	}
+	st.mu.Lock()
+	st.fail = nil
+	st.mu.Unlock()
+	if got := h.get(jobs[0]).RenewSequence; got != 1 {
+		t.Fatalf("%s after the failed commit: renew sequence %d, want 1 (the commit before it)", jobs[0], got)
+	}
+	for i, job := range jobs[1:] {
+		if got := h.get(job); got != before[i] {
+			t.Fatalf("%s after the failed commit: %+v, want %+v", job, got, before[i])
+		}
+	}
+	// Every renew of the failed commit is judged afresh: none was accepted.
+	h.want(renew(jobs[0], 2), lease.OutcomeAccepted, lease.EventRenewed)
+	for _, job := range jobs[1:] {
+		h.want(renew(job, 1), lease.OutcomeAccepted, lease.EventRenewed)
 	}
 }
 
