@@ -3,9 +3,9 @@ package coordinator_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
