@@ -56,3 +56,12 @@ func proposalKey(id string) []byte         { return []byte(prefixProposal + id) 
 const prefixRollout = "rollouts/" // rollouts/<id> → Rollout (JSON)
 
 func rolloutKey(id string) []byte { return []byte(prefixRollout + id) }
+
+// keysOf maps ids to keys (for store.Prefetch).
+func keysOf(ids []string, key func(string) []byte) [][]byte {
+	out := make([][]byte, len(ids))
+	for i, id := range ids {
+		out[i] = key(id)
+	}
+	return out
+}

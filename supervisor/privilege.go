@@ -104,6 +104,9 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 
 // PrivilegesIn lists the privileges of the nodes.
 func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
+	if err := store.Prefetch(tx, nil, keysOf(nodeIDs, nodePrivPrefix)); err != nil {
+		return nil, err
+	}
 	var out []Privilege
 	for _, n := range nodeIDs {
 		var ids []string

@@ -195,6 +195,9 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		}); err != nil {
 			return err
 		}
+		if err := store.Prefetch(tx, keysOf(ids, callKey), nil); err != nil {
+			return err
+		}
 		for _, cid := range ids {
 			c, err := getCall(tx, cid)
 			if err != nil {
@@ -211,6 +214,9 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			return nil
 		}
 		p.Unconfirmed = 0
+		if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
+			return err
+		}
 		for _, m := range t.Members {
 			n, err := getNode(tx, m)
 			if err != nil {
@@ -279,6 +285,13 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			}
 			nodes = append(nodes, subtree...)
 		}
+		ids := make([]string, len(nodes))
+		for i, n := range nodes {
+			ids[i] = n.NodeId
+		}
+		if err := store.Prefetch(tx, nil, keysOf(ids, openCallPrefix)); err != nil {
+			return err
+		}
 		seen := make(map[string]bool, len(nodes))
 		for _, n := range nodes {
 			// A node already stopping under another termination, or
@@ -333,6 +346,13 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		}
 		if stored.Phase != t.Phase {
 			return nil
+		}
+		var nodes [][]byte
+		if action == ActEscalate {
+			nodes = keysOf(stored.Members, nodeKey)
+		}
+		if err := store.Prefetch(tx, nodes, keysOf(stored.Members, openCallPrefix)); err != nil {
+			return err
 		}
 		for _, m := range stored.Members {
 			if action == ActEscalate {

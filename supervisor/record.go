@@ -65,6 +65,9 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 	for _, l := range leases {
 		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobId)
 	}
+	if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
+		return nil, err
+	}
 	for _, m := range t.Members {
 		n, err := getNode(tx, m)
 		if err != nil {
@@ -105,6 +108,9 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		callIDs = append(callIDs, string(k[len(prefix):]))
 		return nil
 	}); err != nil {
+		return nil, err
+	}
+	if err := store.Prefetch(tx, keysOf(callIDs, callKey), nil); err != nil {
 		return nil, err
 	}
 	ts := timestamppb.New(now)

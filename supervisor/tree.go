@@ -193,16 +193,32 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
 		return nil, err
 	}
 	out := []*tetherv1.Node{root}
-	for i := 0; i < len(out); i++ {
-		parent := out[i].NodeId
-		var ids []string
-		err := tx.Scan(childPrefix(parent), nil, func(k, _ []byte) error {
-			ids = append(ids, string(k[len(childPrefix(parent)):]))
-			return nil
-		})
-		if err != nil {
+	// Level by level, so that each level's child lists, then its nodes,
+	// are read together (store.Prefetch: one round trip per level and few
+	// hundred nodes on etcd instead of two per node).
+	for level := out; len(level) > 0; {
+		parents := make([]string, len(level))
+		for i, n := range level {
+			parents[i] = n.NodeId
+		}
+		if err := store.Prefetch(tx, nil, keysOf(parents, childPrefix)); err != nil {
 			return nil, err
 		}
+		var ids []string
+		for _, parent := range parents {
+			p := childPrefix(parent)
+			err := tx.Scan(p, nil, func(k, _ []byte) error {
+				ids = append(ids, string(k[len(p):]))
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+		}
+		if err := store.Prefetch(tx, keysOf(ids, nodeKey), nil); err != nil {
+			return nil, err
+		}
+		next := len(out)
 		for _, cid := range ids {
 			c, err := getNode(tx, cid)
 			if err != nil {
@@ -210,6 +226,7 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
 			}
 			out = append(out, c)
 		}
+		level = out[next:]
 	}
 	return out, nil
 }

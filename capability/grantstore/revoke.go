@@ -381,6 +381,16 @@ func hasDescendants(tx store.ReadTxn, grantID string) (bool, error) {
 
 // heldIn returns the ids of the grants held by the nodes, in index order.
 func heldIn(tx store.ReadTxn, nodeIDs []string) ([]string, error) {
+	if len(nodeIDs) > 1 {
+		// One read per node: on etcd, fetch them together.
+		prefixes := make([][]byte, len(nodeIDs))
+		for i, node := range nodeIDs {
+			prefixes[i] = holderPrefix(node)
+		}
+		if err := store.Prefetch(tx, nil, prefixes); err != nil {
+			return nil, err
+		}
+	}
 	var ids []string
 	for _, node := range nodeIDs {
 		prefix := holderPrefix(node)

@@ -456,6 +456,9 @@ type EtcdStats struct {
 	// Exclusive is the number of attempts that ran alone in this process
 	// because earlier attempts of the same Update conflicted.
 	Exclusive uint64
+	// ReadRequests is the number of read requests sent to etcd by Views
+	// and Update attempts (a prefetch of many reads is one).
+	ReadRequests uint64
 	// Waiting is the number of Updates waiting now for their turn: behind
 	// a retry that runs alone, or, for a retry, for the others to finish.
 	Waiting int
@@ -464,17 +467,18 @@ type EtcdStats struct {
 // Stats returns the store's counters.
 func (s *Etcd) Stats() EtcdStats {
 	return EtcdStats{
-		Updates:   s.stats.updates.Load(),
-		Attempts:  s.stats.attempts.Load(),
-		Conflicts: s.stats.conflicts.Load(),
-		Exclusive: s.stats.exclusive.Load(),
-		Waiting:   int(s.stats.waiting.Load()),
+		Updates:      s.stats.updates.Load(),
+		Attempts:     s.stats.attempts.Load(),
+		Conflicts:    s.stats.conflicts.Load(),
+		Exclusive:    s.stats.exclusive.Load(),
+		ReadRequests: s.stats.reads.Load(),
+		Waiting:      int(s.stats.waiting.Load()),
 	}
 }
 
 type etcdCounters struct {
-	updates, attempts, conflicts, exclusive atomic.Uint64
-	waiting                                 atomic.Int64
+	updates, attempts, conflicts, exclusive, reads atomic.Uint64
+	waiting                                        atomic.Int64
 }
 
 // retryBackoff is the wait before attempt n: full jitter over an

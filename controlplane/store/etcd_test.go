@@ -747,3 +747,68 @@ func TestEtcdUpdateCancelledWhileWaitingForTurn(t *testing.T) {
 		t.Fatal("the cancelled Update ran or wrote")
 	}
 }
+
+// Prefetch turns one round trip per read into one per batch of reads: a
+// View that reads 300 keys and scans 50 prefixes after prefetching them
+// sends a handful of requests, not 350.
+func TestEtcdPrefetchBatchesReads(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	s := etcdtest.OpenStore(t, cluster)
+	var keys, prefixes [][]byte
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		for i := range 300 {
+			k := fmt.Appendf(nil, "nodes/%04d", i)
+			keys = append(keys, k)
+			if err := tx.Put(k, []byte("n")); err != nil {
+				return err
+			}
+		}
+		for i := range 50 {
+			p := fmt.Appendf(nil, "children/%04d/", i)
+			prefixes = append(prefixes, p)
+			if err := tx.Put(append(p, "kid"...), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll := func(tx store.ReadTxn) error {
+		for _, k := range keys {
+			if _, err := tx.Get(k); err != nil {
+				return err
+			}
+		}
+		for _, p := range prefixes {
+			n := 0
+			if err := tx.Scan(p, nil, func(_, _ []byte) error { n++; return nil }); err != nil {
+				return err
+			}
+			if n != 1 {
+				return fmt.Errorf("scan %s: %d keys, want 1", p, n)
+			}
+		}
+		return nil
+	}
+	requests := func(fn func(tx store.ReadTxn) error) uint64 {
+		t.Helper()
+		before := s.Stats().ReadRequests
+		if err := s.View(t.Context(), fn); err != nil {
+			t.Fatal(err)
+		}
+		return s.Stats().ReadRequests - before
+	}
+	plain := requests(readAll)
+	prefetched := requests(func(tx store.ReadTxn) error {
+		if err := store.Prefetch(tx, keys, prefixes); err != nil {
+			return err
+		}
+		return readAll(tx)
+	})
+	if plain < 350 || prefetched > 5 {
+		t.Fatalf("350 reads took %d requests plainly and %d after Prefetch; want ≥ 350 and ≤ 5", plain, prefetched)
+	}
+	t.Logf("350 reads: %d requests plainly, %d after Prefetch", plain, prefetched)
+}

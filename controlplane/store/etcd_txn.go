@@ -17,6 +17,10 @@ import (
 // etcdScanPage is how many keys one range request of a Scan fetches.
 const etcdScanPage = 512
 
+// etcdPrefetchOps bounds the ranges of one prefetch request (a read-only
+// Txn), below etcd's default --max-txn-ops too.
+const etcdPrefetchOps = 128
+
 // Rough upper bounds of what one comparison or one write adds to a commit
 // request beyond its key and value (protobuf tags, lengths, revisions).
 const (
@@ -37,6 +41,114 @@ type etcdSnapshot struct {
 	revisionErr error
 	// lost is set when a read found the snapshot's revision compacted.
 	lost error
+	// prefetched holds range responses fetched ahead by prefetch, by the
+	// request that will ask for them; each is served once.
+	prefetched map[etcdRange]*clientv3.GetResponse
+}
+
+// etcdRange is the shape of one range request: a point read (end empty,
+// limit 0) or the first page of a scan.
+type etcdRange struct {
+	key, end string
+	limit    int64
+}
+
+// read serves q from what prefetch fetched, or with its own request.
+func (r *etcdSnapshot) read(q etcdRange) (*clientv3.GetResponse, error) {
+	if resp, ok := r.prefetched[q]; ok {
+		delete(r.prefetched, q)
+		return resp, nil
+	}
+	var opts []clientv3.OpOption
+	if q.end != "" {
+		opts = append(opts, clientv3.WithRange(q.end))
+	}
+	if q.limit > 0 {
+		opts = append(opts, clientv3.WithLimit(q.limit))
+	}
+	return r.get(q.key, opts...)
+}
+
+// prefetch fetches qs at the snapshot's revision in as few requests as
+// etcd allows (one read-only Txn per MaxTxnOps ranges), so that the reads
+// that follow are answered from memory instead of a round trip each. The
+// answers are those the reads would have got: same revision, same ranges.
+func (r *etcdSnapshot) prefetch(qs []etcdRange) error {
+	if r.lost != nil {
+		return r.lost
+	}
+	if r.rev == 0 {
+		if r.revision(); r.revisionErr != nil {
+			return r.revisionErr
+		}
+	}
+	if r.prefetched == nil {
+		r.prefetched = make(map[etcdRange]*clientv3.GetResponse, len(qs))
+	}
+	var todo []etcdRange
+	for _, q := range qs {
+		if _, ok := r.prefetched[q]; !ok && !slices.Contains(todo, q) {
+			todo = append(todo, q)
+		}
+	}
+	chunk := max(1, min(r.store.opts.MaxTxnOps, etcdPrefetchOps))
+	for len(todo) > 0 {
+		part := todo[:min(chunk, len(todo))]
+		todo = todo[len(part):]
+		ops := make([]clientv3.Op, len(part))
+		for i, q := range part {
+			opts := []clientv3.OpOption{clientv3.WithRev(r.rev)}
+			if q.end != "" {
+				opts = append(opts, clientv3.WithRange(q.end))
+			}
+			if q.limit > 0 {
+				opts = append(opts, clientv3.WithLimit(q.limit))
+			}
+			ops[i] = clientv3.OpGet(q.key, opts...)
+		}
+		r.store.stats.reads.Add(1)
+		resp, err := r.store.client.Txn(r.ctx).Then(ops...).Commit()
+		if err != nil {
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				r.lost = fmt.Errorf("store: etcd compacted revision %d while a transaction was reading it: %w", r.rev, err)
+				return r.lost
+			}
+			return r.store.readError(r.ctx, err)
+		}
+		if len(resp.Responses) != len(part) {
+			return fmt.Errorf("store: etcd answered %d of %d prefetched ranges", len(resp.Responses), len(part))
+		}
+		for i, q := range part {
+			rr := resp.Responses[i].GetResponseRange()
+			if rr == nil {
+				return fmt.Errorf("store: etcd answered a prefetched range with %T", resp.Responses[i].Response)
+			}
+			r.prefetched[q] = (*clientv3.GetResponse)(rr)
+		}
+	}
+	return nil
+}
+
+// prefetchRanges turns a Prefetch call's keys and prefixes into the range
+// requests Get and Scan will make for them.
+func (r *etcdSnapshot) prefetchRanges(keys, prefixes [][]byte) ([]etcdRange, error) {
+	qs := make([]etcdRange, 0, len(keys)+len(prefixes))
+	for _, k := range keys {
+		if err := checkKey(k); err != nil {
+			return nil, err
+		}
+		qs = append(qs, etcdRange{key: r.store.keys.key(k)})
+	}
+	for _, p := range prefixes {
+		if err := checkPrefix(p); err != nil {
+			return nil, err
+		}
+		sp := r.store.keys.span(p, scanLowerBound(p, nil))
+		if !sp.empty() {
+			qs = append(qs, etcdRange{key: sp.from, end: sp.to, limit: etcdScanPage})
+		}
+	}
+	return qs, nil
 }
 
 // get runs a range request at the snapshot's revision.
@@ -44,6 +156,7 @@ func (r *etcdSnapshot) get(key string, opts ...clientv3.OpOption) (*clientv3.Get
 	if r.rev != 0 {
 		opts = append(opts, clientv3.WithRev(r.rev))
 	}
+	r.store.stats.reads.Add(1)
 	resp, err := r.store.client.Get(r.ctx, key, opts...)
 	if err != nil {
 		if r.rev != 0 && errors.Is(err, rpctypes.ErrCompacted) {
@@ -70,7 +183,7 @@ func (r *etcdSnapshot) revision() uint64 {
 
 // getKey returns the committed key-value of an etcd key, nil if absent.
 func (r *etcdSnapshot) getKey(key string) (*mvccpb.KeyValue, error) {
-	resp, err := r.get(key)
+	resp, err := r.read(etcdRange{key: key})
 	if err != nil || len(resp.Kvs) == 0 {
 		return nil, err
 	}
@@ -112,7 +225,7 @@ func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccp
 
 	from := sp.from
 	for !sp.empty() {
-		resp, err := r.get(from, clientv3.WithRange(sp.to), clientv3.WithLimit(etcdScanPage))
+		resp, err := r.read(etcdRange{key: from, end: sp.to, limit: etcdScanPage})
 		if err != nil {
 			return last, false, err
 		}
@@ -188,6 +301,17 @@ func (t *etcdReadTxn) Scan(prefix, start []byte, fn func(key, value []byte) erro
 	sp := t.snap.store.keys.span(prefix, scanLowerBound(prefix, start))
 	_, _, err := t.snap.scan(sp, nil, nil, fn)
 	return err
+}
+
+func (t *etcdReadTxn) prefetch(keys, prefixes [][]byte) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	qs, err := t.snap.prefetchRanges(keys, prefixes)
+	if err != nil {
+		return err
+	}
+	return t.snap.prefetch(qs)
 }
 
 // Revision is the etcd revision the View reads at. Called before any read,
@@ -279,6 +403,30 @@ func (t *etcdTxn) Get(key []byte) ([]byte, error) {
 		return nil, ErrNotFound
 	}
 	return bytes.Clone(r.value), nil
+}
+
+// prefetch fetches ahead what Get and Scan will read. Reads it records
+// (for the commit's comparisons) are only those fn then makes: a key
+// prefetched but never read guards nothing.
+func (t *etcdTxn) prefetch(keys, prefixes [][]byte) error {
+	if t.finished {
+		return errTxnFinished
+	}
+	var wanted [][]byte
+	for _, k := range keys {
+		if _, written := t.writes[string(k)]; written {
+			continue
+		}
+		if r, ok := t.reads[t.snap.store.keys.key(k)]; ok && r.valueKnown {
+			continue
+		}
+		wanted = append(wanted, k)
+	}
+	qs, err := t.snap.prefetchRanges(wanted, prefixes)
+	if err != nil {
+		return err
+	}
+	return t.snap.prefetch(qs)
 }
 
 func (t *etcdTxn) Put(key, value []byte) error {

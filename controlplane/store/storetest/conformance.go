@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,6 +58,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ValueSizeLimit", testValueSizeLimit},
 		{"Closed", testClosed},
 		{"CloseWithUpdatesInFlight", testCloseWithUpdatesInFlight},
+		{"PrefetchChangesNoAnswer", testPrefetchChangesNoAnswer},
+		{"PrefetchKeepsConflictDetection", testPrefetchKeepsConflictDetection},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1172,4 +1175,139 @@ func testCloseWithUpdatesInFlight(t *testing.T, s store.Store) {
 			t.Fatalf("Updates still blocked %v after Close", waitTimeout)
 		}
 	}
+}
+
+// testPrefetchChangesNoAnswer: reads after Prefetch return exactly what
+// they return without it — present and absent keys, scans of short and
+// long prefixes (longer than a backend's page), in View and in Update
+// (where the transaction's own writes still win).
+func testPrefetchChangesNoAnswer(t *testing.T, s store.Store) {
+	seedScanKeys(t, s)
+	var long []string
+	for i := range 700 {
+		long = append(long, fmt.Sprintf("long/%04d", i), strconv.Itoa(i))
+	}
+	put(t, s, long...)
+	keys := [][]byte{[]byte("a/1"), []byte("a/2"), []byte("absent"), []byte("a/b/c"), []byte("long/0699"), []byte("a/1")}
+	prefixes := [][]byte{[]byte("a/"), []byte("long/"), []byte("nothing/"), []byte("")}
+	read := func(tx store.ReadTxn) (string, error) {
+		var out strings.Builder
+		for _, k := range keys {
+			v, err := tx.Get(k)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				fmt.Fprintf(&out, "%s absent; ", k)
+			case err != nil:
+				return "", err
+			default:
+				fmt.Fprintf(&out, "%s=%s; ", k, v)
+			}
+		}
+		for _, p := range prefixes {
+			got, err := collect(tx, string(p), "")
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&out, "scan %q: %d keys %v; ", p, len(got), got[:min(3, len(got))])
+		}
+		return out.String(), nil
+	}
+	var plain, prefetched string
+	if err := s.View(context.Background(), func(tx store.ReadTxn) (err error) {
+		plain, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.View(context.Background(), func(tx store.ReadTxn) (err error) {
+		if err := store.Prefetch(tx, keys, prefixes); err != nil {
+			return err
+		}
+		prefetched, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if plain != prefetched {
+		t.Fatalf("View reads differ after Prefetch:\n plain      %s\n prefetched %s", plain, prefetched)
+	}
+	if !strings.Contains(plain, "scan \"long/\": 700 keys") {
+		t.Fatalf("the long scan was cut short: %s", plain)
+	}
+
+	// In an Update, the transaction's own writes win over what was
+	// prefetched, whichever came first.
+	err := s.Update(context.Background(), func(tx store.Txn) error {
+		if err := tx.Put([]byte("a/1"), []byte("mine")); err != nil {
+			return err
+		}
+		if err := tx.Delete([]byte("long/0003")); err != nil {
+			return err
+		}
+		if err := store.Prefetch(tx, keys, prefixes); err != nil {
+			return err
+		}
+		if err := tx.Put([]byte("a/2"), []byte("mine too")); err != nil {
+			return err
+		}
+		for k, want := range map[string]string{"a/1": "mine", "a/2": "mine too", "a/b/c": "va/b/c"} {
+			if v, err := tx.Get([]byte(k)); err != nil || string(v) != want {
+				return fmt.Errorf("Get(%s) after Prefetch = %q, %v; want %q", k, v, err, want)
+			}
+		}
+		got, err := collect(tx, "long/", "")
+		if err != nil {
+			return err
+		}
+		if len(got) != 699 || got[3].key != "long/0004" {
+			return fmt.Errorf("scan of long/ inside the Update: %d keys, the fourth %v; want 699 without long/0003", len(got), got[3])
+		}
+		return store.Prefetch(tx, [][]byte{[]byte("\x00reserved")}, nil)
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("Prefetch of an invalid key: %v, want ErrInvalidKey (and nothing written)", err)
+	}
+	wantValue(t, s, "a/1", "va/1")
+	wantValue(t, s, "long/0003", "3")
+}
+
+// testPrefetchKeepsConflictDetection: concurrent read-modify-write Updates
+// that prefetch what they read lose no increment — an attempt whose
+// prefetched read went stale is run again, from fresh reads, as without
+// Prefetch.
+func testPrefetchKeepsConflictDetection(t *testing.T, s store.Store) {
+	const goroutines, increments = 16, 20
+	put(t, s, "x", "0")
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for range goroutines {
+		wg.Go(func() {
+			for range increments {
+				err := s.Update(context.Background(), func(tx store.Txn) error {
+					if err := store.Prefetch(tx, [][]byte{[]byte("x"), []byte("unread")}, [][]byte{[]byte("x")}); err != nil {
+						return err
+					}
+					v, err := tx.Get([]byte("x"))
+					if err != nil {
+						return err
+					}
+					n, err := strconv.Atoi(string(v))
+					if err != nil {
+						return err
+					}
+					return tx.Put([]byte("x"), []byte(strconv.Itoa(n+1)))
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	wantValue(t, s, "x", strconv.Itoa(goroutines*increments))
 }
