@@ -129,26 +129,19 @@ func (r *etcdSnapshot) prefetch(qs []etcdRange) error {
 	return nil
 }
 
-// prefetchRanges turns a Prefetch call's keys and prefixes into the range
-// requests Get and Scan will make for them.
-func (r *etcdSnapshot) prefetchRanges(keys, prefixes [][]byte) ([]etcdRange, error) {
+// prefetchRanges turns a Prefetch call's keys and prefixes (checked by
+// Prefetch) into the range requests Get and Scan will make for them.
+func (r *etcdSnapshot) prefetchRanges(keys, prefixes [][]byte) []etcdRange {
 	qs := make([]etcdRange, 0, len(keys)+len(prefixes))
 	for _, k := range keys {
-		if err := checkKey(k); err != nil {
-			return nil, err
-		}
 		qs = append(qs, etcdRange{key: r.store.keys.key(k)})
 	}
 	for _, p := range prefixes {
-		if err := checkPrefix(p); err != nil {
-			return nil, err
-		}
-		sp := r.store.keys.span(p, scanLowerBound(p, nil))
-		if !sp.empty() {
+		if sp := r.store.keys.span(p, scanLowerBound(p, nil)); !sp.empty() {
 			qs = append(qs, etcdRange{key: sp.from, end: sp.to, limit: etcdScanPage})
 		}
 	}
-	return qs, nil
+	return qs
 }
 
 // get runs a range request at the snapshot's revision.
@@ -307,11 +300,7 @@ func (t *etcdReadTxn) prefetch(keys, prefixes [][]byte) error {
 	if t.finished {
 		return errTxnFinished
 	}
-	qs, err := t.snap.prefetchRanges(keys, prefixes)
-	if err != nil {
-		return err
-	}
-	return t.snap.prefetch(qs)
+	return t.snap.prefetch(t.snap.prefetchRanges(keys, prefixes))
 }
 
 // Revision is the etcd revision the View reads at. Called before any read,
@@ -422,11 +411,7 @@ func (t *etcdTxn) prefetch(keys, prefixes [][]byte) error {
 		}
 		wanted = append(wanted, k)
 	}
-	qs, err := t.snap.prefetchRanges(wanted, prefixes)
-	if err != nil {
-		return err
-	}
-	return t.snap.prefetch(qs)
+	return t.snap.prefetch(t.snap.prefetchRanges(wanted, prefixes))
 }
 
 func (t *etcdTxn) Put(key, value []byte) error {

@@ -128,10 +128,9 @@ type shard struct {
 	owesReply bool
 	batchSeq  uint64
 
-	lastNow     time.Time
-	aliveAt     time.Time
-	needAlive   bool
-	encodeSpare []byte
+	lastNow   time.Time
+	aliveAt   time.Time
+	needAlive bool
 }
 
 func newShard(c *Coordinator, index int) *shard {
