@@ -85,9 +85,12 @@ func (r *etcdSnapshot) prefetch(qs []etcdRange) error {
 	if r.prefetched == nil {
 		r.prefetched = make(map[etcdRange]*clientv3.GetResponse, len(qs))
 	}
+	// A set, not a scan of todo: a subtree's level can hold thousands.
 	var todo []etcdRange
+	seen := make(map[etcdRange]bool, len(qs))
 	for _, q := range qs {
-		if _, ok := r.prefetched[q]; !ok && !slices.Contains(todo, q) {
+		if _, ok := r.prefetched[q]; !ok && !seen[q] {
+			seen[q] = true
 			todo = append(todo, q)
 		}
 	}
