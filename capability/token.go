@@ -259,7 +259,7 @@ func (v Verifier) parse(token string, keys KeyLookup, now time.Time, claims jwt.
 	if len(token) > MaxTokenBytes {
 		return "", fmt.Errorf("%w: %d bytes exceeds %d", ErrTokenTooLarge, len(token), MaxTokenBytes)
 	}
-	if !compactJWSAlphabet(token) {
+	if !CompactJWSAlphabet(token) {
 		// Go's base64 decoders skip CR and LF even in strict mode; refusing
 		// everything outside the base64url alphabet makes the encoding
 		// canonical, so one token has exactly one accepted spelling.
@@ -442,9 +442,9 @@ func validateChain(grantID string, chain []string) error {
 	return nil
 }
 
-// compactJWSAlphabet reports whether s uses only base64url characters and
+// CompactJWSAlphabet reports whether s uses only base64url characters and
 // dots.
-func compactJWSAlphabet(s string) bool {
+func CompactJWSAlphabet(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		switch {

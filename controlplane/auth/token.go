@@ -106,6 +106,12 @@ func (i Issuer) parse(token string, now time.Time) (Principal, verifiedBy, error
 	if len(token) > MaxTokenBytes {
 		return Principal{}, verifiedBy{}, fmt.Errorf("%w: credential longer than %d bytes", ErrBadCredential, MaxTokenBytes)
 	}
+	if !capability.CompactJWSAlphabet(token) {
+		// Go's base64 decoders skip CR and LF even in strict mode: without
+		// this, a token with a line break inserted would verify as the
+		// same credential under another spelling.
+		return Principal{}, verifiedBy{}, fmt.Errorf("%w: malformed token", ErrBadCredential)
+	}
 	ring := i.Ring()
 	parser := jwt.NewParser(
 		jwt.WithValidMethods([]string{"EdDSA"}),
