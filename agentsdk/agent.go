@@ -25,6 +25,8 @@ type Signal struct {
 // plane, and the contexts that end when the control plane says so.
 type Agent struct {
 	conn *Conn
+	// id never changes; node is replaced when a session opens (under mu).
+	id   string
 	node *tetherv1.Node
 
 	// HeartbeatEvery is the session heartbeat interval (default 5s).
@@ -49,7 +51,7 @@ var ErrAborted = errors.New("agentsdk: aborted by the control plane")
 
 func newAgent(conn *Conn, node *tetherv1.Node) *Agent {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Agent{conn: conn, node: node, draining: make(chan struct{}), workCtx: ctx, abortWork: cancel, opened: make(chan struct{})}
+	return &Agent{conn: conn, id: node.NodeId, node: node, draining: make(chan struct{}), workCtx: ctx, abortWork: cancel, opened: make(chan struct{})}
 }
 
 // RegisterRoot registers a root agent with an operator connection and
@@ -72,7 +74,7 @@ type Child struct {
 // Spawn registers a child under this agent. Refused once the agent is
 // draining or aborting.
 func (a *Agent) Spawn(ctx context.Context, name string, labels map[string]string) (Child, error) {
-	resp, err := a.conn.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: a.node.NodeId, Name: name, Labels: labels}))
+	resp, err := a.conn.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: a.id, Name: name, Labels: labels}))
 	if err != nil {
 		return Child{}, err
 	}
@@ -98,10 +100,14 @@ func Join(ctx context.Context, baseURL, credential string, hc *http.Client) (*Ag
 }
 
 // Node is the agent's node as last seen.
-func (a *Agent) Node() *tetherv1.Node { return a.node }
+func (a *Agent) Node() *tetherv1.Node {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.node
+}
 
 // NodeID is the agent's node id.
-func (a *Agent) NodeID() string { return a.node.NodeId }
+func (a *Agent) NodeID() string { return a.id }
 
 // Conn is the agent's connection (its credential is the bearer token).
 func (a *Agent) Conn() *Conn { return a.conn }
@@ -199,7 +205,7 @@ func (a *Agent) session(ctx context.Context) error {
 		_ = stream.CloseResponse()
 	})
 	defer stop()
-	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: a.node.NodeId}}}); err != nil {
+	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: a.id}}}); err != nil {
 		return err
 	}
 	every := a.HeartbeatEvery
@@ -232,7 +238,9 @@ func (a *Agent) session(ctx context.Context) error {
 		}
 		switch k := msg.Kind.(type) {
 		case *tetherv1.SessionResponse_Opened:
+			a.mu.Lock()
 			a.node = k.Opened.Node
+			a.mu.Unlock()
 			a.openOnce.Do(func() { close(a.opened) })
 		case *tetherv1.SessionResponse_Signal:
 			a.handle(k.Signal)
@@ -245,13 +253,13 @@ func (a *Agent) session(ctx context.Context) error {
 // Exit confirms the agent's own exit to the control plane. A launcher's
 // confirmation (ConfirmExit with an operator token) is stronger evidence.
 func (a *Agent) Exit(ctx context.Context, reason string) error {
-	_, err := a.conn.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: a.node.NodeId, Reason: reason}))
+	_, err := a.conn.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: a.id, Reason: reason}))
 	return err
 }
 
 // ProposeStop proposes the agent's own stop; the control plane decides.
 func (a *Agent) ProposeStop(ctx context.Context, condition, reason string) (*tetherv1.StopProposal, error) {
-	resp, err := a.conn.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: a.node.NodeId, Condition: condition, Reason: reason}))
+	resp, err := a.conn.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: a.id, Condition: condition, Reason: reason}))
 	if err != nil {
 		return nil, err
 	}
@@ -290,4 +298,4 @@ func (a *Agent) RefreshToken(ctx context.Context, grantID string) (Grant, error)
 }
 
 // String describes the agent.
-func (a *Agent) String() string { return fmt.Sprintf("%s (%s)", a.node.Name, a.node.NodeId) }
+func (a *Agent) String() string { return fmt.Sprintf("%s (%s)", a.Node().Name, a.id) }

@@ -120,7 +120,7 @@ func allow(cs ...[]caller) expectation {
 
 func callers(cs ...caller) []caller { return cs }
 
-// authzMatrix is the expectation, reviewed against DESIGN.md (§3 authority,
+// authzMatrix is the expectation, reviewed against docs/design.md (§3 authority,
 // §4 termination, §5) and the issues: roles viewer < operator, security,
 // admin; an agent acts on its own node and directs its descendants, never
 // its ancestors, siblings or unrelated agents; a grant is revoked by its

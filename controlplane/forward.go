@@ -23,7 +23,7 @@ import (
 // Forwarding LeaseService to the leader.
 //
 // The lease coordinator keeps every lease in memory on one replica, the
-// leader (DESIGN.md §6), so with several replicas on etcd only the leader
+// leader (docs/design.md §6), so with several replicas on etcd only the leader
 // can judge a lease message. Every replica still serves LeaseService: a
 // replica whose coordinator does not serve forwards the call, over
 // Connect, to the replica the election names, presenting the caller's own

@@ -28,7 +28,7 @@
 // inside one, and nobody is answered until all of it has committed. Badger's
 // own SyncWrites syncs once per transaction and never shares the sync, so
 // without the committer durable throughput is capped near one sync per write
-// (see BASELINES.md). Calling db.Sync from a side goroutine is not a
+// (the `store/commit` figures of `make bench` show it). Calling db.Sync from a side goroutine is not a
 // substitute: it syncs only the active memtable's log.
 //
 // Watches get each committed Update's events as one batch, in commit order,

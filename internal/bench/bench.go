@@ -5,7 +5,7 @@
 // A scenario measures something end to end (a real store on a real disk,
 // real RPCs on loopback) and adds named results to the Report. Scenarios
 // that compare against a baseline measure the baseline in the same run, as
-// the figures in BASELINES.md vary by up to 25% between runs: compare
+// the figures on a shared machine vary by up to 25% between runs: compare
 // ratios, not absolute numbers from different runs.
 //
 // To add a scenario, call Register from an init function in a file of this

@@ -20,7 +20,7 @@ var storeValue = bytes.Repeat([]byte("v"), 200)
 
 // storeDurableCommit measures durable write throughput of the Badger store
 // (group commit) against plain Badger with SyncWrites and one transaction
-// per write, the design's baseline (DESIGN.md §6). Each writer overwrites
+// per write, the design's baseline (docs/design.md §6). Each writer overwrites
 // its own key, so the baseline has no conflicts to retry.
 func storeDurableCommit(ctx context.Context, r *Report) error {
 	groupAt := map[int]float64{}

@@ -18,7 +18,7 @@
 // TETHER_CRASH_SEED fixes the seed that chooses the workload and the kill
 // points; the test logs the seed it used.
 //
-// LeaseModel is written from the protocol's rules (DESIGN.md §1, the
+// LeaseModel is written from the protocol's rules (docs/design.md §1, the
 // job-lease seed), not from the coordinator's code: what each message does
 // to a job's authority — generation, holder, lease id, state, renew and
 // progress sequences, cancel request and ack, terminal result, ownership

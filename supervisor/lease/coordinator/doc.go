@@ -7,7 +7,7 @@
 // # Shards and the commit pipeline
 //
 // Jobs are spread over shards by a hash of the job id; each shard is one
-// goroutine that alone reads and writes its jobs (DESIGN.md §6: hot state
+// goroutine that alone reads and writes its jobs (docs/design.md §6: hot state
 // has one owner). For every message, in order, a shard does what package
 // lease's caller duties ask:
 //

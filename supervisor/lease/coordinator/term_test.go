@@ -212,7 +212,7 @@ func takeoverUnderRenewStorm(t *testing.T, st store.Store) {
 	}
 }
 
-// A change of leadership is a restart (DESIGN.md §2): a lease that expired
+// A change of leadership is a restart (docs/design.md §2): a lease that expired
 // under the old leader stays expired (its generation is never revived), a
 // deadline that passed while the old leader was still deciding is not
 // extended, and only deadlines that fell while nobody served are extended,
