@@ -55,6 +55,7 @@ type Gateway struct {
 	nextProgress atomic.Uint64
 
 	stdioToken atomic.Pointer[TokenSource]
+	stop       func() // what Open started
 }
 
 type upstream struct {
@@ -156,15 +157,21 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	return &mcp.CommandTransport{Command: cmd}
 }
 
-// Close disconnects from the upstreams (stopping stdio ones).
+// Close disconnects from the upstreams (stopping stdio ones), and stops
+// the gate and the verifier when Open started them.
 func (g *Gateway) Close() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, up := range g.upstreams {
 		if up.session != nil {
 			_ = up.session.Close()
 			up.session = nil
 		}
+	}
+	stop := g.stop
+	g.stop = nil
+	g.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
 }
 
