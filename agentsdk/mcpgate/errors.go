@@ -11,24 +11,26 @@ import (
 	"github.com/tetherhq/tether/capability"
 )
 
-// JSON-RPC error codes the gateway answers with (the implementation-defined
-// server range, -32000 to -32099). Every message starts with "tether:" and
-// says why, in the agent's vocabulary; none contains a token.
+// JSON-RPC error codes the gateway answers with, in the
+// implementation-defined server range (-32000 to -32099) away from the
+// codes the MCP SDKs give meanings of their own (-32000 to -32005, -32020
+// to -32022, -32042). Every message starts with "tether:" and says why, in
+// the agent's vocabulary; none contains a token.
 const (
 	// CodeUnauthenticated: no capability token, or one that does not verify.
-	CodeUnauthenticated = -32001
+	CodeUnauthenticated = -32061
 	// CodeDenied: the token's grant does not allow the tool, or is revoked
 	// or expired.
-	CodeDenied = -32003
+	CodeDenied = -32063
 	// CodeStopping: the token holder's subtree is draining or aborting; new
 	// calls are refused.
-	CodeStopping = -32009
+	CodeStopping = -32064
 	// CodeCancelled: the control plane cancelled the call in flight.
-	CodeCancelled = -32010
+	CodeCancelled = -32065
 	// CodeUnavailable: the gateway cannot decide now (the revocation feed is
 	// stale, the control plane or the upstream is unreachable). Fail closed;
 	// retry later.
-	CodeUnavailable = -32011
+	CodeUnavailable = -32066
 	// CodeNotGated: resources and prompts are refused (only tools pass).
 	CodeNotGated = jsonrpc.CodeMethodNotFound
 )

@@ -445,6 +445,9 @@ func (g *Gateway) Tools(ctx context.Context, token string) ([]ToolAccess, error)
 	return out, nil
 }
 
+// Verifier is the verifier the gateway checks tokens with.
+func (g *Gateway) Verifier() *agentsdk.Verifier { return g.cfg.Verifier }
+
 // Scopes lists the scopes of every tool behind the gateway.
 func (g *Gateway) Scopes() []string {
 	g.mu.RLock()

@@ -38,8 +38,10 @@ type HTTPOptions struct {
 // EndpointPath. Every request must carry the agent's capability token as
 // its bearer; a request without a valid one gets 401 with a
 // WWW-Authenticate header pointing at the protected-resource metadata, and
-// every request gets 503 while the revocation feed is stale. A session
-// belongs to the node that holds the token that opened it.
+// every request gets 503 while the revocation feed is stale. A revoked
+// token passes this door and is refused by the MCP request it carries,
+// with the reason (CodeDenied). A session belongs to the node that holds
+// the token that opened it.
 func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	base := strings.TrimRight(opts.BaseURL, "/")
 	meta := &oauthex.ProtectedResourceMetadata{
@@ -67,11 +69,13 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	return mux
 }
 
-// verifyBearer is the auth.TokenVerifier: the capability token verified
-// offline. The session's user is the node that holds the grant, so another
-// node's token cannot ride on a session it did not open.
+// verifyBearer is the auth.TokenVerifier: the capability token's signature
+// and expiry, checked offline. Revocation and scopes are checked per MCP
+// request (tools/list, tools/call), where the refusal can say why. The
+// session's user is the node that holds the grant, so another node's
+// token cannot ride on a session it did not open.
 func (g *Gateway) verifyBearer(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-	claims, err := g.cfg.Verifier.Verify(ctx, token)
+	claims, err := g.cfg.Verifier.Identify(ctx, token)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", auth.ErrInvalidToken, err)
 	}

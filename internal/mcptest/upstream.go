@@ -22,8 +22,25 @@ type Events struct {
 	// "<id>.cancelled" for each event (for a server in another process).
 	Dir string
 
-	mu    sync.Mutex
-	calls map[string]*callEvents
+	mu     sync.Mutex
+	calls  map[string]*callEvents
+	counts map[string]int
+}
+
+// Calls is how many calls of tool the upstream has received.
+func (e *Events) Calls(tool string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.counts[tool]
+}
+
+func (e *Events) count(tool string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.counts == nil {
+		e.counts = map[string]int{}
+	}
+	e.counts[tool]++
 }
 
 type callEvents struct {
@@ -87,9 +104,11 @@ func NewServer(ev *Events) *mcp.Server {
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "tether-test-upstream", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "echo", Description: "returns its text"}, func(_ context.Context, _ *mcp.CallToolRequest, in EchoIn) (*mcp.CallToolResult, any, error) {
+		ev.count("echo")
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: in.Text}}}, nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "slow", Description: "waits until released or cancelled"}, func(ctx context.Context, req *mcp.CallToolRequest, in SlowIn) (*mcp.CallToolResult, any, error) {
+		ev.count("slow")
 		c := ev.get(in.ID)
 		if pt := req.Params.GetProgressToken(); pt != nil {
 			_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: pt, Progress: 1, Total: 2, Message: "started " + in.ID})
@@ -106,6 +125,7 @@ func NewServer(ev *Events) *mcp.Server {
 		}
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "fail", Description: "always fails"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		ev.count("fail")
 		return nil, nil, fmt.Errorf("fail does what it says")
 	})
 	return s
