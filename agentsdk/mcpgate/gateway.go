@@ -355,9 +355,9 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 
 	var (
-		ran    bool
-		result *mcp.CallToolResult
-		upErr  error
+		ran, cancelled bool
+		result         *mcp.CallToolResult
+		upErr          error
 	)
 	err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
 		ran = true
@@ -365,6 +365,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		// sends notifications/cancelled upstream; CallScoped acknowledges
 		// the cancel only after this returns.
 		result, upErr = session.CallTool(ctx, params)
+		cancelled = errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
 		switch {
 		case upErr != nil:
 			return upErr
@@ -376,7 +377,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	switch {
 	case !ran:
 		return nil, beginRefusal(err)
-	case errors.Is(err, agentsdk.ErrCancelled):
+	case cancelled:
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
 	case upErr != nil:
 		var je *jsonrpc.Error
