@@ -37,6 +37,7 @@ type world struct {
 	events   *mcptest.Events
 	gw       *mcpgate.Gateway
 	endpoint string // the gateway's MCP URL
+	upstream string // the upstream's URL
 }
 
 func newWorld(t *testing.T, scopes ...string) *world {
@@ -58,7 +59,7 @@ func newWorld(t *testing.T, scopes ...string) *world {
 	events := &mcptest.Events{}
 	upstream := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(events) }, nil))
 	t.Cleanup(upstream.Close)
-	w := &world{srv: srv, clk: clk, admin: admin, agent: agent.Msg, grant: grant.Msg, events: events}
+	w := &world{srv: srv, clk: clk, admin: admin, agent: agent.Msg, grant: grant.Msg, events: events, upstream: upstream.URL}
 	w.gw = w.open(t, mcpgate.Upstream{Name: "test", URL: upstream.URL})
 	gwHTTP := httptest.NewUnstartedServer(nil)
 	gwHTTP.Config.Handler = w.gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
