@@ -56,6 +56,7 @@ type Gateway struct {
 
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
+	reports    sync.WaitGroup
 }
 
 type upstream struct {
@@ -170,6 +171,7 @@ func (g *Gateway) Close() {
 	stop := g.stop
 	g.stop = nil
 	g.mu.Unlock()
+	g.reports.Wait() // the ends of calls already answered
 	if stop != nil {
 		stop()
 	}
@@ -354,48 +356,75 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		params.SetProgressToken(ours)
 	}
 
-	var (
-		ran, cancelled bool
-		result         *mcp.CallToolResult
-		upErr          error
-	)
-	err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
-		ran = true
-		// When the control plane cancels ctx, the SDK abandons the call and
-		// sends notifications/cancelled upstream; CallScoped acknowledges
-		// the cancel only after this returns.
-		result, upErr = session.CallTool(ctx, params)
-		cancelled = errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
-		switch {
-		case upErr != nil:
-			return upErr
-		case result.IsError:
-			return errToolError
+	// The call runs under the gate in its own goroutine: the agent gets
+	// the upstream's answer as soon as it arrives, and the end is reported
+	// to the ledger right after, so that the agent waits for one durable
+	// commit (the begin), not two. Until the end lands the ledger shows the
+	// call in flight; a gateway killed in between leaves it unresolved.
+	answered := make(chan upstreamAnswer, 1)
+	finished := make(chan error, 1)
+	g.reports.Add(1)
+	go func() {
+		defer g.reports.Done()
+		var herr error
+		err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+			// When the control plane cancels ctx, the SDK abandons the call
+			// and sends notifications/cancelled upstream; CallScoped
+			// acknowledges the cancel only after this returns.
+			a := upstreamAnswer{ran: true}
+			a.result, a.err = session.CallTool(ctx, params)
+			a.cancelled = errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
+			switch {
+			case a.err != nil:
+				herr = a.err
+			case a.result.IsError:
+				herr = errToolError
+			}
+			answered <- a
+			return herr
+		})
+		if err != nil && err != herr && !errors.Is(err, agentsdk.ErrCancelled) {
+			// The ledger did not hear how the call ended: the record will
+			// show it unresolved, which is all the control plane knows.
+			g.log.Warn("mcpgate: reporting the end of a call failed", "tool", r.ledgerTool, "error", err)
 		}
-		return nil
-	})
+		finished <- err
+	}()
+	var a upstreamAnswer
+	select {
+	case a = <-answered:
+		if a.cancelled {
+			// Answer the agent once the cancel is acknowledged.
+			<-finished
+		}
+	case err := <-finished:
+		select {
+		case a = <-answered:
+		default:
+			return nil, beginRefusal(err)
+		}
+	}
 	switch {
-	case !ran:
-		return nil, beginRefusal(err)
-	case cancelled:
+	case a.cancelled:
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
-	case upErr != nil:
+	case a.err != nil:
 		var je *jsonrpc.Error
-		if errors.As(upErr, &je) {
+		if errors.As(a.err, &je) {
 			return nil, je // the upstream's own error, unchanged
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, upErr)
+		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, a.err)
 	}
-	if err != nil && !errors.Is(err, errToolError) {
-		// The upstream answered but the ledger did not hear the end: the
-		// record will show the call unresolved, which is true as far as
-		// the control plane knows. The agent still gets its result.
-		g.log.Warn("mcpgate: reporting the end of a call failed", "tool", r.ledgerTool, "error", err)
-	}
-	return result, nil
+	return a.result, nil
+}
+
+// upstreamAnswer is how the upstream answered one call.
+type upstreamAnswer struct {
+	ran, cancelled bool
+	result         *mcp.CallToolResult
+	err            error
 }
 
 // errToolError marks a call whose result had isError set: recorded as
