@@ -41,11 +41,13 @@ func TestScopesFilterTheListAndRefuseCallsOutsideTheGrant(t *testing.T) {
 	w := newWorld(t, "mcp:test/echo", "mcp:test/sl*")
 	var mu sync.Mutex
 	var progress []*mcp.ProgressNotificationParams
+	progressed := make(chan struct{}, 8)
 	cs := connectAgent(t, w.endpoint, w.grant.Token, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			mu.Lock()
 			progress = append(progress, req.Params)
 			mu.Unlock()
+			progressed <- struct{}{}
 		},
 	})
 	if got, want := toolNames(t, cs), []string{"echo", "slow"}; !slices.Equal(got, want) {
@@ -74,6 +76,7 @@ func TestScopesFilterTheListAndRefuseCallsOutsideTheGrant(t *testing.T) {
 		done <- err
 	}()
 	<-w.events.Started("p")
+	<-progressed // relayed while the call is in flight
 	w.events.Release("p")
 	if err := <-done; err != nil {
 		t.Fatalf("slow: %v", err)
