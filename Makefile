@@ -8,7 +8,7 @@ PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
 DATA_DIR ?= ./tether-data
 LISTEN ?= 127.0.0.1:7420
 
-.PHONY: run test test-short test-cluster test-e2e-etcd test-crash bench demo generate check-generate lint tools build clean fuzz
+.PHONY: run test test-short test-cluster test-e2e-etcd test-crash bench demo demo-mcp generate check-generate lint tools build clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/tether ./cmd/tether
@@ -66,6 +66,9 @@ bench:
 
 demo: build
 	$(BIN)/tether demo $(DEMO_FLAGS)
+
+demo-mcp: build
+	$(BIN)/tether demo --mcp $(DEMO_FLAGS)
 
 tools:
 	@mkdir -p $(BIN)

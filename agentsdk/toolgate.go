@@ -102,8 +102,17 @@ func (g *ToolGate) cancel(callID string) {
 // Call runs handler as one recorded tool call. It returns the control
 // plane's refusal (permission_denied for a bad or revoked token,
 // failed_precondition while the node drains) without running the handler.
+// The token must allow the scope "tool:" + tool.
 func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ctx context.Context) error) error {
-	begin, err := g.conn.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID}))
+	return g.CallScoped(ctx, token, tool, "", handler)
+}
+
+// CallScoped is Call for a tool whose grant is checked against
+// requiredScope rather than "tool:" + tool (an MCP gateway records the
+// tool "fs/read_file" under the scope "mcp:fs/read_file"). An empty
+// requiredScope means "tool:" + tool.
+func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope string, handler func(ctx context.Context) error) error {
+	begin, err := g.conn.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID, RequiredScope: requiredScope}))
 	if err != nil {
 		return err
 	}

@@ -168,6 +168,20 @@ func (v *Verifier) Verify(ctx context.Context, token string) (capability.Claims,
 	return *claims, nil
 }
 
+// Identify checks a token's signature and expiry, but neither the
+// revocation feed nor its freshness: it tells a transport who is calling
+// (the holder node, for binding a session) so that the per-call Verify or
+// Authorize can refuse a revoked token in the caller's own protocol, with
+// the reason, rather than as an anonymous authentication failure. Never
+// authorize anything on Identify alone.
+func (v *Verifier) Identify(ctx context.Context, token string) (capability.Claims, error) {
+	claims, err := v.claims(ctx, token, v.cfg.Clock.Now())
+	if err != nil {
+		return capability.Claims{}, err
+	}
+	return *claims, nil
+}
+
 // Authorize is Verify plus the scope check a tool call needs: the token's
 // scopes must allow requiredScope (capability.Allows), else the error
 // wraps ErrScopeNotGranted.

@@ -78,6 +78,8 @@ func IsPattern(s string) bool {
 // So "tool:*" covers "tool:shell", "tool:sh*" and "tool:*" itself, but not
 // "tool" (which does not start with "tool:"); "s3:read:bucket/*" covers
 // "s3:read:bucket/a/b.txt"; a concrete "tool:shell" never covers a pattern.
+// MCP tools are "mcp:<upstream>/<tool>": "mcp:fs/*" covers every tool of
+// the upstream fs, while "mcp:fs*" also covers an upstream named fs2.
 // Because the wildcard only ever ends a scope, this is exact containment of
 // the matched sets, a preorder (reflexive and transitive), and decidable in
 // one prefix comparison.

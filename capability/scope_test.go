@@ -227,3 +227,36 @@ func TestCoversIsPreorderConsistentWithMatching(t *testing.T) {
 		}
 	})
 }
+
+// The MCP gateway's scopes, mcp:<upstream>/<tool>, are ordinary scopes: the
+// slash is a printable byte like any other and the one wildcard rule
+// applies. A pattern that ends at the slash stays within one upstream; one
+// that does not also reaches upstreams whose names extend it.
+func TestMCPScopesFollowTheOneWildcardRule(t *testing.T) {
+	tests := []struct {
+		parent, child string
+		want          bool
+	}{
+		{"mcp:*", "mcp:fs/read_file", true},
+		{"mcp:fs/*", "mcp:fs/read_file", true},
+		{"mcp:fs/*", "mcp:fs/nested/tool", true},
+		{"mcp:fs/*", "mcp:fs2/read_file", false},
+		{"mcp:fs*", "mcp:fs2/read_file", true}, // no slash: a raw prefix
+		{"mcp:fs/read_*", "mcp:fs/read_text_file", true},
+		{"mcp:fs/read_*", "mcp:fs/write_file", false},
+		{"mcp:fs/read_file", "mcp:fs/read_file", true},
+		{"mcp:fs/read_file", "mcp:fs/read_file_2", false},
+		{"tool:*", "mcp:fs/read_file", false},
+		{"mcp:fs/read_file", "mcp:fs/*", false},
+	}
+	for _, tt := range tests {
+		if got := capability.Covers(tt.parent, tt.child); got != tt.want {
+			t.Errorf("Covers(%q, %q) = %v, want %v", tt.parent, tt.child, got, tt.want)
+		}
+	}
+	for _, s := range []string{"mcp:fs/read_file", "mcp:fs/*", "mcp:my-server/tool.v2"} {
+		if err := capability.ValidateScope(s); err != nil {
+			t.Errorf("ValidateScope(%q) = %v", s, err)
+		}
+	}
+}

@@ -43,6 +43,7 @@ func newRootCommand() *cobra.Command {
 		newProposalCommand(g),
 		newRolloutCommand(g),
 		newKeysCommand(g),
+		newMCPCommand(g),
 		newDemoCommand(),
 	)
 	return root

@@ -93,3 +93,33 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 		t.Errorf("the story does not show the unaccounted rogue:\n%s", out.String())
 	}
 }
+
+// TestMCPDemoDrainsOneCallAndAbortsAnother runs the MCP story and checks
+// its record: one call completed in the drain window, one refused while
+// draining, one cancelled and acknowledged, all reported by the gateway.
+func TestMCPDemoDrainsOneCallAndAbortsAnother(t *testing.T) {
+	var out bytes.Buffer
+	res, err := RunMCP(context.Background(), Options{DrainWindow: time.Second, Dir: t.TempDir()}, &out)
+	if err != nil {
+		t.Fatalf("demo --mcp: %v\n%s", err, out.String())
+	}
+	got := map[string]string{}
+	for _, c := range res.Record.ToolCalls {
+		if c.GateId != "mcp-gateway" {
+			t.Errorf("call %s reported by %q, want the gateway", c.CallId, c.GateId)
+		}
+		got[c.Tool+" "+c.Resolution.String()] = c.CallId
+	}
+	for _, want := range []string{
+		"research/slow CALL_RESOLUTION_COMPLETED",
+		"research/slow CALL_RESOLUTION_CANCELLED_ACKED",
+		"research/echo CALL_RESOLUTION_REJECTED_DRAINING",
+	} {
+		if _, ok := got[want]; !ok {
+			t.Errorf("record lacks %s; has %v\n%s", want, got, out.String())
+		}
+	}
+	if len(res.Record.ToolCalls) != 3 {
+		t.Errorf("record lists %d calls, want 3", len(res.Record.ToolCalls))
+	}
+}

@@ -1,0 +1,61 @@
+// Package mcpgate puts Model Context Protocol tool calls on the tether: a
+// gateway in front of real MCP servers (upstreams over stdio or Streamable
+// HTTP) that agents reach with their capability token, either over
+// Streamable HTTP (the token is the bearer) or through a stdio wrapper that
+// a framework launches instead of the server itself.
+//
+// The gateway is a tool layer in Tether's sense. It holds its own
+// credential (a tool server's, never the agent's) and is the party that
+// begins, ends and cancel-acknowledges every MCP call in the control
+// plane's tool-call ledger, through agentsdk.ToolGate; the record's
+// evidence about MCP calls therefore never comes from the agent.
+//
+// # Scopes
+//
+// An upstream tool is the scope "mcp:<upstream>/<tool>" and follows the
+// one wildcard rule of package capability: "mcp:*" allows every MCP tool,
+// "mcp:fs/*" every tool of the upstream named fs, "mcp:fs/read_*" the fs
+// tools whose names start with read_. (A pattern without the slash,
+// "mcp:fs*", also matches an upstream named fs2.) tools/list shows only the
+// tools the token allows; tools/call checks the scope with the offline
+// agentsdk.Verifier (signature, expiry, the revocation feed, failing closed
+// when the feed is stale) before anything reaches the upstream, then has
+// the control plane begin the call (which checks again and refuses while
+// the node drains or aborts).
+//
+// Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
+// (the MCP specification's recommended characters, plus the slash), or
+// whose scope would exceed capability.MaxScopeBytes, cannot be granted: the
+// gateway hides them and logs why.
+//
+// # Drain, abort, cancellation
+//
+// While the token holder's subtree drains or aborts, new tools/call are
+// refused with CodeStopping and the control plane's reason; calls in flight
+// go on. When the control plane cancels a call (abort, or a drain window
+// that ran out), the gateway abandons the upstream request — the Go SDK
+// sends notifications/cancelled, on stdio and on Streamable HTTP — and only
+// after the upstream call has returned or been abandoned acknowledges the
+// cancel in the ledger. The agent gets CodeCancelled. MCP cancellation is
+// advisory: an upstream that ignores notifications/cancelled may go on
+// working; the ledger's acknowledgement says the gateway stopped waiting
+// for it and told it to stop. A gateway that dies mid-call acknowledges
+// nothing, and the record shows the call unresolved.
+//
+// # What passes through
+//
+// Arguments, results (including isError results), structured content,
+// upstream JSON-RPC errors and progress notifications pass unchanged
+// (progress tokens are rewritten on the way up and restored on the way
+// down, so that agents sharing an upstream never see each other's).
+// Resources, resource templates and prompts are refused explicitly
+// (CodeNotGated): they would bypass the ledger, and a read is as much a
+// tool call as a write. Sampling and elicitation requests from upstreams
+// are not forwarded.
+//
+// # Caller duties
+//
+// Run the Verifier (its Run) and the ToolGate before Start; Close the
+// gateway, then the gate. In HTTP mode serve Handler; in stdio mode call
+// ServeStdio once per process.
+package mcpgate

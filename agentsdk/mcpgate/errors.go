@@ -1,0 +1,75 @@
+package mcpgate
+
+import (
+	"errors"
+	"fmt"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/capability"
+)
+
+// JSON-RPC error codes the gateway answers with, in the
+// implementation-defined server range (-32000 to -32099) away from the
+// codes the MCP SDKs give meanings of their own (-32000 to -32005, -32020
+// to -32022, -32042). Every message starts with "tether:" and says why, in
+// the agent's vocabulary; none contains a token.
+const (
+	// CodeUnauthenticated: no capability token, or one that does not verify.
+	CodeUnauthenticated = -32061
+	// CodeDenied: the token's grant does not allow the tool, or is revoked
+	// or expired.
+	CodeDenied = -32063
+	// CodeStopping: the token holder's subtree is draining or aborting; new
+	// calls are refused.
+	CodeStopping = -32064
+	// CodeCancelled: the control plane cancelled the call in flight.
+	CodeCancelled = -32065
+	// CodeUnavailable: the gateway cannot decide now (the revocation feed is
+	// stale, the control plane or the upstream is unreachable). Fail closed;
+	// retry later.
+	CodeUnavailable = -32066
+	// CodeNotGated: resources and prompts are refused (only tools pass).
+	CodeNotGated = jsonrpc.CodeMethodNotFound
+)
+
+func rpcError(code int64, format string, args ...any) *jsonrpc.Error {
+	return &jsonrpc.Error{Code: code, Message: "tether: " + fmt.Sprintf(format, args...)}
+}
+
+// verifierRefusal maps an offline verification error to the agent's error.
+func verifierRefusal(err error) *jsonrpc.Error {
+	switch {
+	case errors.Is(err, capability.ErrFeedStale):
+		return rpcError(CodeUnavailable, "the gateway has not heard the control plane's revocation feed recently, so it refuses every call until it does (%v)", err)
+	case errors.Is(err, agentsdk.ErrScopeNotGranted),
+		errors.Is(err, capability.ErrGrantRevoked),
+		errors.Is(err, capability.ErrTokenExpired):
+		return rpcError(CodeDenied, "%v", err)
+	default:
+		return rpcError(CodeUnauthenticated, "the capability token does not verify: %v", err)
+	}
+}
+
+// beginRefusal maps the control plane's refusal of BeginCall.
+func beginRefusal(err error) *jsonrpc.Error {
+	msg := err.Error()
+	var ce *connect.Error
+	if errors.As(err, &ce) {
+		msg = ce.Message()
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeFailedPrecondition:
+		return rpcError(CodeStopping, "the call is refused because the agent is being stopped: %s", msg)
+	case connect.CodePermissionDenied:
+		return rpcError(CodeDenied, "%s", msg)
+	case connect.CodeUnauthenticated:
+		// The gateway's own credential, not the agent's: BeginCall reports a
+		// bad capability token as permission_denied.
+		return rpcError(CodeUnavailable, "the control plane refused the gateway's own credential, so the call was not made: %s", msg)
+	default:
+		return rpcError(CodeUnavailable, "the control plane could not record the call, so it was not made: %s", msg)
+	}
+}

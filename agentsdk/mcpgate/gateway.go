@@ -1,0 +1,491 @@
+package mcpgate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/capability"
+)
+
+// Config configures a Gateway.
+type Config struct {
+	Upstreams []Upstream
+	// Gate records the calls in the ledger with the gateway's own
+	// credential; its ID is the gate id in the record.
+	Gate *agentsdk.ToolGate
+	// Verifier checks agents' capability tokens offline; run it.
+	Verifier *agentsdk.Verifier
+	// Name and Version are what agents see as the server's implementation
+	// (default "tether-mcp-gateway", "1").
+	Name, Version string
+	// Stderr receives stdio upstreams' stderr (default: discarded).
+	Stderr io.Writer
+	Logger *slog.Logger
+}
+
+// Gateway forwards MCP tool calls to upstreams, each one gated by the
+// agent's capability token and recorded in the ledger by the gateway's
+// gate. A Gateway serves any number of agent sessions.
+type Gateway struct {
+	cfg    Config
+	log    *slog.Logger
+	server *mcp.Server
+	client *mcp.Client
+
+	mu        sync.RWMutex
+	upstreams map[string]*upstream // by name
+	routes    map[string]*route    // by the tool name agents see
+
+	progress     sync.Map // the gateway's progress token (string) → *progressRoute
+	nextProgress atomic.Uint64
+
+	stdioToken atomic.Pointer[TokenSource]
+	stop       func() // what Open started
+	reports    sync.WaitGroup
+}
+
+type upstream struct {
+	cfg     Upstream
+	prefix  string
+	session *mcp.ClientSession
+}
+
+// route is one tool agents see, and where it goes.
+type route struct {
+	up         *upstream
+	tool       string // the upstream's name for it
+	scope      string // mcp:<upstream>/<tool>
+	ledgerTool string // <upstream>/<tool>
+}
+
+type progressRoute struct {
+	ctx     context.Context // the agent's request, so progress reaches its stream
+	session *mcp.ServerSession
+	token   any // the agent's own progress token
+}
+
+// New returns a gateway; Start connects it to its upstreams.
+func New(cfg Config) (*Gateway, error) {
+	if err := validateUpstreams(cfg.Upstreams); err != nil {
+		return nil, err
+	}
+	if cfg.Gate == nil || cfg.Verifier == nil {
+		return nil, errors.New("mcpgate: a gateway needs a ToolGate and a Verifier")
+	}
+	if cfg.Name == "" {
+		cfg.Name = "tether-mcp-gateway"
+	}
+	if cfg.Version == "" {
+		cfg.Version = "1"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}}
+	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
+		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
+		Instructions: "Tools behind this server are gated by Tether: each call needs the agent's capability token to allow the scope mcp:<upstream>/<tool>, and is recorded.",
+		PageSize:     1 << 16,
+	})
+	g.server.AddReceivingMiddleware(g.middleware)
+	g.client = mcp.NewClient(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ClientOptions{
+		Capabilities:                &mcp.ClientCapabilities{},
+		ProgressNotificationHandler: g.relayProgress,
+		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
+			// Not on the connection's reader: listing waits for a reply.
+			go g.refreshSession(req.Session)
+		},
+	})
+	for _, u := range cfg.Upstreams {
+		up := &upstream{cfg: u}
+		switch {
+		case u.ToolPrefix != nil:
+			up.prefix = *u.ToolPrefix
+		case len(cfg.Upstreams) > 1:
+			up.prefix = u.Name + "_"
+		}
+		g.upstreams[u.Name] = up
+	}
+	return g, nil
+}
+
+// Start connects to every upstream and learns its tools.
+func (g *Gateway) Start(ctx context.Context) error {
+	for _, name := range slices.Sorted(maps.Keys(g.upstreams)) {
+		up := g.upstreams[name]
+		session, err := g.client.Connect(ctx, g.transport(up.cfg), nil)
+		if err != nil {
+			g.Close()
+			return fmt.Errorf("mcpgate: connect to upstream %s: %w", name, err)
+		}
+		g.mu.Lock()
+		up.session = session
+		g.mu.Unlock()
+		if err := g.refresh(ctx, up); err != nil {
+			g.Close()
+			return err
+		}
+	}
+	return nil
+}
+
+func (g *Gateway) transport(u Upstream) mcp.Transport {
+	if u.URL != "" {
+		return &mcp.StreamableClientTransport{Endpoint: u.URL}
+	}
+	cmd := exec.Command(u.Command[0], u.Command[1:]...)
+	cmd.Dir = u.Dir
+	cmd.Env = os.Environ()
+	for _, k := range slices.Sorted(maps.Keys(u.Env)) {
+		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
+	}
+	cmd.Stderr = g.cfg.Stderr
+	return &mcp.CommandTransport{Command: cmd}
+}
+
+// Close disconnects from the upstreams (stopping stdio ones), and stops
+// the gate and the verifier when Open started them.
+func (g *Gateway) Close() {
+	g.mu.Lock()
+	for _, up := range g.upstreams {
+		if up.session != nil {
+			_ = up.session.Close()
+			up.session = nil
+		}
+	}
+	stop := g.stop
+	g.stop = nil
+	g.mu.Unlock()
+	g.reports.Wait() // the ends of calls already answered
+	if stop != nil {
+		stop()
+	}
+}
+
+// Server is the MCP server agents talk to (to serve it on a transport of
+// your own; Handler and ServeStdio do it for the two usual ones).
+func (g *Gateway) Server() *mcp.Server { return g.server }
+
+func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
+	g.mu.RLock()
+	var found *upstream
+	for _, up := range g.upstreams {
+		if up.session == cs {
+			found = up
+		}
+	}
+	g.mu.RUnlock()
+	if found == nil {
+		return
+	}
+	if err := g.refresh(context.Background(), found); err != nil {
+		g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", err)
+	}
+}
+
+// refresh lists up's tools and makes the server's tool set match: the
+// server tells agents' sessions that the list changed.
+func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
+	var tools []*mcp.Tool
+	for t, err := range up.session.Tools(ctx, nil) {
+		if err != nil {
+			return fmt.Errorf("mcpgate: list the tools of upstream %s: %w", up.cfg.Name, err)
+		}
+		tools = append(tools, t)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var gone []string
+	for name, r := range g.routes {
+		if r.up == up {
+			gone = append(gone, name)
+			delete(g.routes, name)
+		}
+	}
+	g.server.RemoveTools(gone...)
+	for _, t := range tools {
+		g.addTool(up, t)
+	}
+	return nil
+}
+
+// addTool registers one upstream tool, unless it cannot be granted or its
+// name is taken. Callers hold g.mu.
+func (g *Gateway) addTool(up *upstream, t *mcp.Tool) {
+	scope := Scope(up.cfg.Name, t.Name)
+	if !toolName.MatchString(t.Name) || capability.ValidateScope(scope) != nil {
+		g.log.Warn("mcpgate: hiding a tool whose name cannot be a scope (want A-Z a-z 0-9 . _ - /, scope at most 128 bytes)",
+			"upstream", up.cfg.Name, "tool", t.Name)
+		return
+	}
+	name := up.prefix + t.Name
+	if other, taken := g.routes[name]; taken {
+		g.log.Warn("mcpgate: hiding a tool whose name another upstream already uses; set tool_prefix",
+			"upstream", up.cfg.Name, "tool", t.Name, "used_by", other.up.cfg.Name)
+		return
+	}
+	if !objectSchema(t.InputSchema) {
+		g.log.Warn("mcpgate: hiding a tool whose input schema is not an object", "upstream", up.cfg.Name, "tool", t.Name)
+		return
+	}
+	seen := *t
+	seen.Name = name
+	r := &route{up: up, tool: t.Name, scope: scope, ledgerTool: up.cfg.Name + "/" + t.Name}
+	g.routes[name] = r
+	g.server.AddTool(&seen, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		return g.call(ctx, r, req)
+	})
+}
+
+func objectSchema(s any) bool {
+	b, err := json.Marshal(s)
+	if err != nil {
+		return false
+	}
+	var m map[string]any
+	return json.Unmarshal(b, &m) == nil && m["type"] == "object"
+}
+
+func (g *Gateway) route(name string) *route {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.routes[name]
+}
+
+// middleware filters tools/list by the caller's grant and refuses what is
+// not gated.
+func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		switch method {
+		case "tools/list":
+			token, rerr := g.tokenOf(req)
+			if rerr != nil {
+				return nil, rerr
+			}
+			claims, err := g.cfg.Verifier.Verify(ctx, token)
+			if err != nil {
+				return nil, verifierRefusal(err)
+			}
+			res, err := next(ctx, method, req)
+			if err != nil {
+				return nil, err
+			}
+			list, ok := res.(*mcp.ListToolsResult)
+			if !ok {
+				return res, nil
+			}
+			allowed := make([]*mcp.Tool, 0, len(list.Tools))
+			for _, t := range list.Tools {
+				if r := g.route(t.Name); r != nil && capability.Allows(claims.Scopes, r.scope) {
+					allowed = append(allowed, t)
+				}
+			}
+			out := *list
+			out.Tools = allowed
+			return &out, nil
+		case "resources/list", "resources/templates/list", "resources/read", "resources/subscribe", "resources/unsubscribe",
+			"prompts/list", "prompts/get", "completion/complete":
+			return nil, rpcError(CodeNotGated, "%s is refused: this gateway passes MCP tools only (resources and prompts would bypass the tool-call ledger)", method)
+		}
+		return next(ctx, method, req)
+	}
+}
+
+// tokenOf finds the agent's capability token: the bearer of the HTTP
+// request, or the stdio wrapper's token source.
+func (g *Gateway) tokenOf(req mcp.Request) (string, *jsonrpc.Error) {
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		if t, ok := extra.TokenInfo.Extra[tokenKey].(string); ok && t != "" {
+			return t, nil
+		}
+	}
+	if src := g.stdioToken.Load(); src != nil {
+		t, err := (*src).Token()
+		if err != nil {
+			return "", rpcError(CodeUnauthenticated, "no capability token: %v", err)
+		}
+		return t, nil
+	}
+	return "", rpcError(CodeUnauthenticated, "no capability token: send it as the bearer (Authorization: Bearer <token>)")
+}
+
+// call is one tools/call: check the scope offline, have the control plane
+// begin the call, forward it, and report how it ended.
+func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+	token, rerr := g.tokenOf(req)
+	if rerr != nil {
+		return nil, rerr
+	}
+	// Offline first: a refused call costs no round trip and reaches
+	// neither the ledger nor the upstream.
+	if _, err := g.cfg.Verifier.Authorize(ctx, token, r.scope); err != nil {
+		return nil, verifierRefusal(err)
+	}
+	g.mu.RLock()
+	session := r.up.session
+	g.mu.RUnlock()
+	if session == nil {
+		return nil, rpcError(CodeUnavailable, "upstream %s is not connected", r.up.cfg.Name)
+	}
+	params := &mcp.CallToolParams{Name: r.tool}
+	if len(req.Params.Arguments) > 0 {
+		params.Arguments = req.Params.Arguments
+	}
+	if req.Params.Meta != nil {
+		params.Meta = maps.Clone(req.Params.Meta)
+	}
+	if pt := req.Params.GetProgressToken(); pt != nil {
+		ours := "tether-" + strconv.FormatUint(g.nextProgress.Add(1), 36)
+		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt})
+		defer g.progress.Delete(ours)
+		params.SetProgressToken(ours)
+	}
+
+	// The call runs under the gate in its own goroutine: the agent gets
+	// the upstream's answer as soon as it arrives, and the end is reported
+	// to the ledger right after, so that the agent waits for one durable
+	// commit (the begin), not two. Until the end lands the ledger shows the
+	// call in flight; a gateway killed in between leaves it unresolved.
+	answered := make(chan upstreamAnswer, 1)
+	finished := make(chan error, 1)
+	g.reports.Add(1)
+	go func() {
+		defer g.reports.Done()
+		var herr error
+		err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+			// When the control plane cancels ctx, the SDK abandons the call
+			// and sends notifications/cancelled upstream; CallScoped
+			// acknowledges the cancel only after this returns.
+			a := upstreamAnswer{ran: true}
+			a.result, a.err = session.CallTool(ctx, params)
+			a.cancelled = errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
+			switch {
+			case a.err != nil:
+				herr = a.err
+			case a.result.IsError:
+				herr = errToolError
+			}
+			answered <- a
+			return herr
+		})
+		if err != nil && err != herr && !errors.Is(err, agentsdk.ErrCancelled) {
+			// The ledger did not hear how the call ended: the record will
+			// show it unresolved, which is all the control plane knows.
+			g.log.Warn("mcpgate: reporting the end of a call failed", "tool", r.ledgerTool, "error", err)
+		}
+		finished <- err
+	}()
+	var a upstreamAnswer
+	select {
+	case a = <-answered:
+		if a.cancelled {
+			// Answer the agent once the cancel is acknowledged.
+			<-finished
+		}
+	case err := <-finished:
+		select {
+		case a = <-answered:
+		default:
+			return nil, beginRefusal(err)
+		}
+	}
+	switch {
+	case a.cancelled:
+		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
+	case a.err != nil:
+		var je *jsonrpc.Error
+		if errors.As(a.err, &je) {
+			return nil, je // the upstream's own error, unchanged
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, a.err)
+	}
+	return a.result, nil
+}
+
+// upstreamAnswer is how the upstream answered one call.
+type upstreamAnswer struct {
+	ran, cancelled bool
+	result         *mcp.CallToolResult
+	err            error
+}
+
+// errToolError marks a call whose result had isError set: recorded as
+// failed, passed to the agent unchanged.
+var errToolError = errors.New("the tool returned an error result")
+
+// relayProgress hands an upstream's progress to the agent whose call it
+// belongs to, under the agent's own progress token.
+func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+	key, ok := req.Params.ProgressToken.(string)
+	if !ok {
+		return
+	}
+	v, ok := g.progress.Load(key)
+	if !ok {
+		return
+	}
+	pr := v.(*progressRoute)
+	p := *req.Params
+	p.ProgressToken = pr.token
+	if err := pr.session.NotifyProgress(pr.ctx, &p); err != nil {
+		g.log.Debug("mcpgate: relaying progress failed", "error", err)
+	}
+}
+
+// ToolAccess is one upstream tool and whether a token may call it.
+type ToolAccess struct {
+	Name     string `json:"name"` // as agents see it
+	Upstream string `json:"upstream"`
+	Scope    string `json:"scope"`
+	Allowed  bool   `json:"allowed"`
+}
+
+// Tools lists every tool behind the gateway and whether token may call it
+// (checked offline, as tools/call would).
+func (g *Gateway) Tools(ctx context.Context, token string) ([]ToolAccess, error) {
+	claims, err := g.cfg.Verifier.Verify(ctx, token)
+	if err != nil {
+		return nil, verifierRefusal(err)
+	}
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make([]ToolAccess, 0, len(g.routes))
+	for _, name := range slices.Sorted(maps.Keys(g.routes)) {
+		r := g.routes[name]
+		out = append(out, ToolAccess{Name: name, Upstream: r.up.cfg.Name, Scope: r.scope, Allowed: capability.Allows(claims.Scopes, r.scope)})
+	}
+	return out, nil
+}
+
+// Verifier is the verifier the gateway checks tokens with.
+func (g *Gateway) Verifier() *agentsdk.Verifier { return g.cfg.Verifier }
+
+// Scopes lists the scopes of every tool behind the gateway.
+func (g *Gateway) Scopes() []string {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make([]string, 0, len(g.routes))
+	for _, r := range g.routes {
+		out = append(out, r.scope)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,93 @@
+package mcpgate
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/tetherhq/tether/agentsdk"
+)
+
+// OpenConfig is what Open needs to run a gateway against a control plane.
+type OpenConfig struct {
+	// ControlPlane is the control plane's URL.
+	ControlPlane string
+	// Credential is the gateway's own bearer token: a tool server's token
+	// (or an operator token), never an agent's. It writes the ledger and
+	// follows the revocation feed. It is opaque here.
+	Credential string
+	// GateID names the gateway in the ledger and the record.
+	GateID string
+	// HTTP reaches the control plane (default: agentsdk.HTTP2Client).
+	HTTP      *http.Client
+	Upstreams []Upstream
+	// ReadyTimeout bounds the wait for the revocation feed and the cancel
+	// watch (default 15s).
+	ReadyTimeout time.Duration
+	// StalenessBudget is the Verifier's (default
+	// agentsdk.DefaultStalenessBudget).
+	StalenessBudget time.Duration
+	Stderr          io.Writer
+	Logger          *slog.Logger
+}
+
+// Open connects a gateway's parts: a Conn with the gateway's credential,
+// its ToolGate, a Verifier following the revocation feed, and the
+// upstreams. It returns once the gate follows its cancel orders, the
+// verifier has heard the feed, and every upstream listed its tools. Close
+// the gateway to stop them all.
+func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 15 * time.Second
+	}
+	if cfg.Credential == "" {
+		return nil, fmt.Errorf("mcpgate: the gateway needs its own credential (a tool server's token)")
+	}
+	if err := validateUpstreams(cfg.Upstreams); err != nil {
+		return nil, err
+	}
+	conn := agentsdk.Dial(cfg.ControlPlane, cfg.Credential, cfg.HTTP)
+	verifier, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: conn, StalenessBudget: cfg.StalenessBudget, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	runCtx, stopVerifier := context.WithCancel(context.WithoutCancel(ctx))
+	verifierDone := make(chan struct{})
+	go func() { defer close(verifierDone); _ = verifier.Run(runCtx) }()
+	gate := agentsdk.NewToolGate(conn, cfg.GateID)
+	stop := func() {
+		gate.Close()
+		stopVerifier()
+		<-verifierDone
+	}
+	timer := time.NewTimer(cfg.ReadyTimeout)
+	defer timer.Stop()
+	for _, ready := range []struct {
+		what string
+		ch   <-chan struct{}
+	}{{"the revocation feed", verifier.Ready()}, {"the cancel orders", gate.Ready()}} {
+		select {
+		case <-ready.ch:
+		case <-ctx.Done():
+			stop()
+			return nil, ctx.Err()
+		case <-timer.C:
+			stop()
+			return nil, fmt.Errorf("mcpgate: the control plane at %s did not send %s within %s (is it up, and is the gateway's credential valid?)", cfg.ControlPlane, ready.what, cfg.ReadyTimeout)
+		}
+	}
+	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, Stderr: cfg.Stderr, Logger: cfg.Logger})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	if err := g.Start(ctx); err != nil {
+		stop()
+		return nil, err
+	}
+	g.stop = stop
+	return g, nil
+}

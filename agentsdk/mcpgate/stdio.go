@@ -1,0 +1,79 @@
+package mcpgate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// TokenSource gives the stdio wrapper the agent's current capability token.
+type TokenSource interface {
+	Token() (string, error)
+}
+
+// StaticToken is a token that never changes (from the environment).
+type StaticToken string
+
+// Token returns the token.
+func (s StaticToken) Token() (string, error) {
+	if s == "" {
+		return "", errors.New("the capability token is empty")
+	}
+	return string(s), nil
+}
+
+// FileToken reads the token from a file and reads it again whenever the
+// file changes (size or modification time), so that whoever refreshes the
+// agent's token (its launcher, its SDK) only has to rewrite the file.
+type FileToken struct {
+	Path string
+
+	mu      sync.Mutex
+	modTime time.Time
+	size    int64
+	token   string
+}
+
+// Token returns the file's current token.
+func (f *FileToken) Token() (string, error) {
+	st, err := os.Stat(f.Path)
+	if err != nil {
+		return "", fmt.Errorf("capability token file: %w", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.token != "" && st.ModTime().Equal(f.modTime) && st.Size() == f.size {
+		return f.token, nil
+	}
+	b, err := os.ReadFile(f.Path)
+	if err != nil {
+		return "", fmt.Errorf("capability token file: %w", err)
+	}
+	t := strings.TrimSpace(string(b))
+	if t == "" {
+		return "", fmt.Errorf("capability token file %s is empty", f.Path)
+	}
+	f.token, f.modTime, f.size = t, st.ModTime(), st.Size()
+	return t, nil
+}
+
+// ServeStdio serves one agent over r and w (a framework's stdio MCP
+// client) until the agent hangs up or ctx ends, with the agent's token from
+// tokens. Call it once per gateway.
+func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadCloser, w io.WriteCloser) error {
+	if !g.stdioToken.CompareAndSwap(nil, &tokens) {
+		return errors.New("mcpgate: ServeStdio serves one agent per gateway")
+	}
+	err := g.server.Run(ctx, &mcp.IOTransport{Reader: r, Writer: w})
+	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) {
+		return nil
+	}
+	return err
+}
