@@ -253,8 +253,9 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 // privilege past its expiry is decided expired without a call. Dispatch is
 // idempotent: a privilege being revoked is not started twice, and after a
 // restart the reconciler calls Dispatch again for what is undecided. ctx
-// bounds the calls' lifetime (the reconciler's).
-func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time) error {
+// bounds the calls' lifetime (the reconciler's); decided, when set, is
+// called after each outcome is persisted.
+func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
 	var privs []Privilege
 	if err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -330,7 +331,9 @@ func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline ti
 	for range workers {
 		go func() {
 			for p := range next {
-				r.revokeOne(ctx, p, deadline)
+				if r.revokeOne(ctx, p, deadline) && decided != nil {
+					decided()
+				}
 			}
 		}()
 	}
@@ -355,19 +358,20 @@ func (r *Privileges) release(ps []Privilege) {
 }
 
 // revokeOne calls one privilege's handler or webhook within the deadline
-// and persists the outcome unless one is already decided.
-func (r *Privileges) revokeOne(ctx context.Context, p Privilege, deadline time.Time) {
+// and persists the outcome unless one is already decided; it reports
+// whether it persisted one.
+func (r *Privileges) revokeOne(ctx context.Context, p Privilege, deadline time.Time) bool {
 	defer r.release([]Privilege{p})
 	left := deadline.Sub(r.Clock.Now())
 	if left <= 0 {
-		return // the record decides it: no answer within the deadline
+		return false // the record decides it: no answer within the deadline
 	}
 	callCtx, cancel := context.WithTimeout(ctx, left)
 	err := r.revoke(callCtx, p)
 	timedOut := callCtx.Err() != nil
 	cancel()
 	if ctx.Err() != nil {
-		return // shutting down: the restarted reconciler calls it again
+		return false // shutting down: the restarted reconciler calls it again
 	}
 	p.DecidedAt = r.Clock.Now()
 	switch {
@@ -378,9 +382,13 @@ func (r *Privileges) revokeOne(ctx context.Context, p Privilege, deadline time.T
 	default:
 		p.Outcome, p.Error = OutcomeRevokeFailed, err.Error()
 	}
-	if err := r.Store.Update(ctx, func(tx store.Txn) error { return r.putDecided(tx, p) }); err != nil && ctx.Err() == nil && r.Log != nil {
-		r.Log.Warn("persisting a privilege's revocation failed", "privilege_id", p.ID, "error", err)
+	if err := r.Store.Update(ctx, func(tx store.Txn) error { return r.putDecided(tx, p) }); err != nil {
+		if ctx.Err() == nil && r.Log != nil {
+			r.Log.Warn("persisting a privilege's revocation failed", "privilege_id", p.ID, "error", err)
+		}
+		return false
 	}
+	return true
 }
 
 // putDecided stores a decided privilege unless it was decided already.

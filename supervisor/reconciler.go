@@ -152,7 +152,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 			if progress.HooksPending > 0 && s.Privileges != nil {
 				// After a restart the revocations still undecided are
 				// started again (a no-op for those already running).
-				if err := s.Privileges.Dispatch(ctx, t.Members, t.HookDeadline); err != nil {
+				if err := s.Privileges.Dispatch(ctx, t.Members, t.HookDeadline, func() { s.Kick(t.ID) }); err != nil {
 					return time.Time{}, err
 				}
 			}
@@ -485,7 +485,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		// Privileges are revoked off this path, in parallel and within
 		// the termination's hook deadline (the one Advance sets now).
 		if s.Privileges != nil {
-			if err := s.Privileges.Dispatch(ctx, t.Members, now.Add(t.HookTimeout)); err != nil {
+			if err := s.Privileges.Dispatch(ctx, t.Members, now.Add(t.HookTimeout), func() { s.Kick(t.ID) }); err != nil {
 				return fmt.Errorf("revoke privileges: %w", err)
 			}
 		}
