@@ -267,3 +267,86 @@ func TestAnAgentsDrainLeavesAnOperatorsAbortAlone(t *testing.T) {
 		t.Fatalf("operator's termination: %s superseded_by %v", got.State, got.SupersededBy)
 	}
 }
+
+// TestKill9DuringATakeoverCoversEveryNodeExactlyOnce kills the real server
+// right after an operator's abort of a parent whose child an agent is
+// draining with a 24 h window, restarts it on the same data directory, and
+// checks that the takeover completed across the restart: one record per
+// termination, every node in the outer record exactly once, every call in
+// exactly one record.
+func TestKill9DuringATakeoverCoversEveryNodeExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	dir := t.TempDir()
+	proc := testserver.StartProcess(t, dir)
+	admin := proc.Clients(proc.Admin)
+	ctx := context.Background()
+	parent := register(t, admin, "parent")
+	child := spawn(t, proc.Clients(parent.Credential), parent.Node.NodeId, "child")
+	grandchild := spawn(t, proc.Clients(child.Credential), child.Node.NodeId, "grandchild")
+	var calls []string
+	for _, node := range []string{child.Node.NodeId, grandchild.Node.NodeId} {
+		issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		call, err := admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, call.Msg.Call.CallId)
+	}
+	inner := terminate(t, proc.Clients(parent.Credential), child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 24*time.Hour, 24*time.Hour, 24*time.Hour)
+	testserver.WaitFor(t, 10*time.Second, "the agent's drain", func() bool {
+		return getTermination(t, admin, inner.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_DRAINING
+	})
+	outer := terminate(t, admin, parent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Second)
+	proc.Kill() // the takeover is before or after the kill: either way it must complete
+
+	again := testserver.StartProcess(t, dir)
+	admin = again.Clients(again.Admin)
+	for _, id := range []string{inner.TerminationId, outer.TerminationId} {
+		testserver.WaitFor(t, 30*time.Second, "termination "+id+" to complete after the restart", func() bool {
+			return getTermination(t, admin, id).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+		})
+	}
+	recs, err := admin.Supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perTermination := map[string]int{}
+	callRecords := map[string]int{}
+	for _, r := range recs.Msg.Records {
+		perTermination[r.TerminationId]++
+		for _, c := range r.ToolCalls {
+			callRecords[c.CallId]++
+		}
+	}
+	if perTermination[inner.TerminationId] != 1 || perTermination[outer.TerminationId] != 1 {
+		t.Fatalf("records per termination %v, want exactly one each", perTermination)
+	}
+	for _, c := range calls {
+		if callRecords[c] != 1 {
+			t.Fatalf("call %s is in %d records, want exactly 1", c, callRecords[c])
+		}
+	}
+	rec := record(t, admin, outer.TerminationId)
+	nodes := recordNodes(t, rec)
+	if len(nodes) != 3 || nodes[parent.Node.NodeId] == nil {
+		t.Fatalf("outer record nodes %v, want the 3 of the subtree", rec.Nodes)
+	}
+	for _, id := range []string{child.Node.NodeId, grandchild.Node.NodeId} {
+		if n := nodes[id]; n == nil || n.InnerTerminationId != inner.TerminationId || n.InnerOutcome != tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING {
+			t.Fatalf("outer record's node %s: %v, want taken over from %s", id, n, inner.TerminationId)
+		}
+	}
+	if got := callIDs(rec); len(got) != 2 {
+		t.Fatalf("outer record calls %v, want both", got)
+	}
+	for _, n := range record(t, admin, inner.TerminationId).Nodes {
+		if n.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED || n.SupersededByTerminationId != outer.TerminationId {
+			t.Fatalf("inner record's node %v, want superseded by %s", n, outer.TerminationId)
+		}
+	}
+}
