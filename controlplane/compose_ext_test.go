@@ -350,3 +350,37 @@ func TestKill9DuringATakeoverCoversEveryNodeExactlyOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestADescendantAgentCannotLoosenItsAncestorsTermination: the parent
+// agent drains its grandchild; the child in between (not being stopped
+// itself) plays the rogue and tries to take the grandchild over with a
+// 24 h drain, or an abort with a 24 h cancel-ack timeout, of its own. Both
+// are refused: only the agent that started a termination, an ancestor of
+// it, or an operator may supersede it. The parent itself may escalate.
+func TestADescendantAgentCannotLoosenItsAncestorsTermination(t *testing.T) {
+	w := newComposeWorld(t)
+	ctx := context.Background()
+	w.beginCall(t, w.grandchild.Node.NodeId)
+	parent := w.srv.Clients(w.parent.Credential)
+	inner := terminate(t, parent, w.grandchild.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, time.Second, time.Second)
+	waitState(t, w.srv, inner.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	rogue := w.srv.Clients(w.child.Credential)
+	for _, req := range []*tetherv1.TerminateRequest{
+		{NodeId: w.grandchild.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(24 * time.Hour)},
+		{NodeId: w.grandchild.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, CancelAckTimeout: durationpb.New(24 * time.Hour)},
+	} {
+		if _, err := rogue.Supervisor.Terminate(ctx, connect.NewRequest(req)); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Fatalf("the child taking over its parent's %s termination: %v, want failed_precondition", req.Mode, err)
+		}
+	}
+	if n := w.node(t, w.grandchild.Node.NodeId); n.TerminationId != inner.TerminationId || n.State != tetherv1.NodeState_NODE_STATE_DRAINING {
+		t.Fatalf("after the refusals the grandchild is %s under %s", n.State, n.TerminationId)
+	}
+	// The parent escalates its own drain to an abort.
+	outer := terminate(t, parent, w.grandchild.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
+	waitState(t, w.srv, inner.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	done := waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if len(done.TookOverFrom) != 1 || done.TookOverFrom[0] != inner.TerminationId {
+		t.Fatalf("the parent's abort took over from %v, want [%s]", done.TookOverFrom, inner.TerminationId)
+	}
+}

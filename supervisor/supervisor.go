@@ -158,6 +158,7 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 		if requester.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeId, StateName(requester.State), requester.TerminationId)
 		}
+		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeId)
 	}
 	seen := make(map[string]bool, len(roots))
 	for _, r := range roots {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -138,6 +139,10 @@ type Termination struct {
 	// to reassign, instead of cancelling them.
 	RolloutID     string `json:"rollout_id,omitempty"`
 	LeaseHandover bool   `json:"lease_handover,omitempty"`
+	// RequesterLineage is the requesting agent's ancestors and itself,
+	// root first (empty for operators): an agent's termination supersedes
+	// another agent's only when it is that agent's or an ancestor's.
+	RequesterLineage []string `json:"requester_lineage,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.
@@ -213,13 +218,19 @@ func (t Termination) Aborts() bool { return t.Mode == ModeAbort || t.Escalated }
 // Supersedes decides, when t marks its subtree and finds a node that
 // other (unfinished) is stopping, whether t takes the node over. A
 // higher authority always does: an operator's termination is never held
-// back by an agent's, whatever its windows. At the same authority an
-// abort takes over anything and a drain takes over only a drain (abort
-// supersedes drain; a drain never slows an abort down). Otherwise the
-// node stays with other, and t's record names other as accounting for it.
+// back by an agent's, whatever its windows. Between agents, only the
+// agent that requested other, or one of its ancestors, may: a descendant
+// agent never takes a node from its ancestor's termination (to give it a
+// window of its own). At the same authority an abort takes over anything
+// and a drain takes over only a drain (abort supersedes drain; a drain
+// never slows an abort down). Otherwise the node stays with other, and
+// t's record names other as accounting for it.
 func Supersedes(t, other Termination) bool {
 	if t.Rank() != other.Rank() {
 		return t.Rank() > other.Rank()
+	}
+	if t.Rank() == RankAgent && !slices.Contains(other.RequesterLineage, strings.TrimPrefix(t.RequestedBy, "agent:")) {
+		return false
 	}
 	return t.Mode == ModeAbort || !other.Aborts()
 }

@@ -146,7 +146,13 @@ func newTermBy(t *testing.T, id, by string, mode Mode, drain time.Duration) Term
 
 func TestSupersedesRanksAuthorityThenAbortOverDrain(t *testing.T) {
 	agentDrain := newTermBy(t, "t_a", "agent:n_parent", ModeDrain, 24*time.Hour)
+	agentDrain.RequesterLineage = []string{"n_top", "n_parent"}
 	agentAbort := newTermBy(t, "t_b", "agent:n_parent", ModeAbort, 0)
+	agentAbort.RequesterLineage = agentDrain.RequesterLineage
+	ancestorDrain := newTermBy(t, "t_f", "agent:n_top", ModeDrain, time.Hour)
+	ancestorDrain.RequesterLineage = []string{"n_top"}
+	descendantAbort := newTermBy(t, "t_g", "agent:n_child", ModeAbort, 0)
+	descendantAbort.RequesterLineage = []string{"n_top", "n_parent", "n_child"}
 	opDrain := newTermBy(t, "t_c", "operator:alice", ModeDrain, time.Minute)
 	opAbort := newTermBy(t, "t_d", "operator:alice", ModeAbort, 0)
 	rollout := newTermBy(t, "t_e", "operator:alice", ModeDrain, time.Minute)
@@ -169,6 +175,9 @@ func TestSupersedesRanksAuthorityThenAbortOverDrain(t *testing.T) {
 		{"operator drain never slows an operator's abort", opDrain, opAbort, false},
 		{"operator abort over an operator's abort", opAbort, opAbort, true},
 		{"rollout batch over an agent's abort", rollout, agentAbort, true},
+		{"an ancestor agent's drain over its descendant's drain", ancestorDrain, agentDrain, true},
+		{"a descendant agent's drain never takes its ancestor's drain", agentDrain, ancestorDrain, false},
+		{"a descendant agent's abort never takes its ancestor's drain", descendantAbort, agentDrain, false},
 		{"rollout batch never takes an operator's drain", rollout, opDrain, false},
 	} {
 		if got := Supersedes(tc.t, tc.other); got != tc.supersedes {
@@ -181,6 +190,7 @@ func TestReachNode(t *testing.T) {
 	outer := newTermBy(t, "t_outer", "operator:alice", ModeAbort, 0)
 	inner := newTermBy(t, "t_inner", "agent:n_parent", ModeDrain, 24*time.Hour)
 	inner.Phase = PhaseDraining
+	inner.RequesterLineage = []string{"n_top", "n_parent"}
 	opAbort := newTermBy(t, "t_op", "operator:bob", ModeAbort, 0)
 	opAbort.Phase = PhaseAborting
 	done := inner
