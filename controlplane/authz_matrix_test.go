@@ -222,7 +222,7 @@ type authzServer struct {
 
 func newAuthzServer(t *testing.T) *authzServer {
 	clk := clock.NewManual(time.Now().UTC())
-	srv := testserver.Start(t, testserver.WithClock(clk))
+	srv := testserver.Start(t, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"))
 	s := &authzServer{srv: srv, clk: clk, admin: srv.AdminClients(), tokens: map[caller]string{admin: srv.Admin}}
 	for c, role := range map[caller]tetherv1.Role{viewer: tetherv1.Role_ROLE_VIEWER, operator: tetherv1.Role_ROLE_OPERATOR, security: tetherv1.Role_ROLE_SECURITY} {
 		resp, err := s.admin.Auth.CreateToken(context.Background(), connect.NewRequest(&tetherv1.CreateTokenRequest{Role: role, Ttl: durationpb.New(time.Hour)}))

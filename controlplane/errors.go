@@ -49,7 +49,7 @@ func toConnect(err error) error {
 	case errors.Is(err, supervisor.ErrParentNotRunning), errors.Is(err, supervisor.ErrNodeStopping),
 		errors.Is(err, supervisor.ErrAlreadyStopping), errors.Is(err, supervisor.ErrProposalDecided):
 		code = connect.CodeFailedPrecondition
-	case errors.Is(err, supervisor.ErrWrongGate):
+	case errors.Is(err, supervisor.ErrWrongGate), errors.Is(err, supervisor.ErrHookNotAllowed):
 		code = connect.CodePermissionDenied
 	case errors.Is(err, supervisor.ErrTokenRejected):
 		code = connect.CodePermissionDenied

@@ -83,6 +83,16 @@ type Config struct {
 	RecordRetry time.Duration
 	// PrivilegeHandlers revoke privileges of a kind in process.
 	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
+	// PrivilegeHookAllow are the destinations a privilege's revoke_url may
+	// name (hosts, host:port or URL prefixes; see supervisor.Privileges).
+	// Empty: no revoke webhooks are accepted.
+	PrivilegeHookAllow []string
+	// PrivilegeMaxPerNode bounds the live privileges of one node; zero
+	// means supervisor.DefaultMaxPrivilegesPerNode.
+	PrivilegeMaxPerNode int
+	// PrivilegeHookTimeout bounds, in total, a termination's privilege
+	// revocations; zero means supervisor.DefaultHookTimeout.
+	PrivilegeHookTimeout time.Duration
 	// StopPolicy decides which stop proposals are approved automatically.
 	StopPolicy supervisor.ProposalPolicy
 	// RateLimit is each caller's sustained request rate per second, with

@@ -39,11 +39,14 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.addLeaderComponent("grants-marker", grants.RunMarker)
 	s.addLeaderComponent("grants-pruner", grants.RunPruner)
 	s.ledger = &supervisor.Ledger{Store: s.store, Clock: s.cfg.Clock}
-	s.privileges = &supervisor.Privileges{Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers}
+	s.privileges = &supervisor.Privileges{
+		Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers,
+		AllowHooks: s.cfg.PrivilegeHookAllow, MaxPerNode: s.cfg.PrivilegeMaxPerNode, Log: s.log,
+	}
 	s.signals = &supervisor.Signals{Store: s.store}
 	s.supervisor = &supervisor.Supervisor{
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
-		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log,
+		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
 	}
 	s.supervisor.Leases = s.leases
 	s.ledger.Tokens = s.grants

@@ -74,6 +74,7 @@ func (h *supervisorService) Terminate(ctx context.Context, req *connect.Request[
 		Reason:           m.Reason,
 		RequestedBy:      p.ID(),
 		Authorize:        authorizeStop(p),
+		RequesterNodeID:  p.NodeID(),
 	})
 	if err != nil {
 		return nil, toConnect(err)
@@ -199,11 +200,26 @@ func terminationToProto(t supervisor.Termination) *tetherv1.Termination {
 			AcksPending:   uint32(t.Progress.CancelsPending),
 			Confirmations: uint32(len(t.Members) - t.Progress.Unconfirmed),
 		},
-		RecordId:    t.RecordID,
-		Escalated:   t.Escalated,
-		RootNodeIds: t.Roots,
-		RolloutId:   t.RolloutID,
+		RecordId:     t.RecordID,
+		Escalated:    t.Escalated,
+		RootNodeIds:  t.Roots,
+		RolloutId:    t.RolloutID,
+		TookOverFrom: handoffTerminations(t.TakenOver),
+		SupersededBy: handoffTerminations(t.HandedOver),
 	}
+}
+
+// handoffTerminations are the distinct other terminations, in order.
+func handoffTerminations(hs []supervisor.Handoff) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, h := range hs {
+		if !seen[h.TerminationID] {
+			seen[h.TerminationID] = true
+			out = append(out, h.TerminationID)
+		}
+	}
+	return out
 }
 
 func modeToProto(m supervisor.Mode) tetherv1.TerminationMode {

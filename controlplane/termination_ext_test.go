@@ -29,10 +29,10 @@ type toolWorld struct {
 	gate  *agentsdk.ToolGate
 }
 
-func newToolWorld(t *testing.T, neverAck bool) *toolWorld {
+func newToolWorld(t *testing.T, neverAck bool, opts ...testserver.Option) *toolWorld {
 	t.Helper()
 	clk := clock.NewManual(time.Now().UTC())
-	srv := testserver.Start(t, testserver.WithClock(clk))
+	srv := testserver.Start(t, append([]testserver.Option{testserver.WithClock(clk)}, opts...)...)
 	admin := srv.AdminClients()
 	root := register(t, admin, "worker")
 	issued, err := admin.Capability.IssueRoot(context.Background(), connect.NewRequest(&tetherv1.IssueRootRequest{
@@ -165,7 +165,7 @@ func TestAbortAgainstAGateThatNeverAcksRecordsCancelUnacknowledged(t *testing.T)
 }
 
 func TestPrivilegesAndLeasesOfTheSubtreeAppearInTheRecord(t *testing.T) {
-	w := newToolWorld(t, false)
+	w := newToolWorld(t, false, testserver.AllowPrivilegeHooks("127.0.0.1"))
 	ctx := context.Background()
 	ok := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusNoContent) }))
 	defer ok.Close()

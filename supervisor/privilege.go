@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/tetherhq/tether/controlplane/store"
@@ -55,11 +58,99 @@ func (f PrivilegeRevokerFunc) RevokePrivilege(ctx context.Context, p Privilege) 
 
 // Privileges is the registry of temporary privileges and their revocation
 // handlers: in-process revokers by kind, or an HTTP webhook per privilege.
+//
+// Nothing the workload registers can hold a termination hostage: a revoke
+// webhook may only point at a destination the operator allowed
+// (AllowHooks), a node holds at most MaxPerNode live privileges, and a
+// termination's revocations run in parallel off the reconciler's path
+// (Dispatch), each bounded by the termination's hook deadline, redirects
+// never followed. What has not answered by the deadline is revoke_failed
+// in the record.
 type Privileges struct {
 	Store    store.Store
 	Clock    clock.Clock
 	Handlers map[string]PrivilegeRevoker
-	HTTP     *http.Client
+	// HTTP calls the webhooks (its redirect policy is replaced: a
+	// redirect is never followed). Nil: a default client.
+	HTTP *http.Client
+	// AllowHooks are the destinations a revoke_url may name: a host
+	// ("hooks.internal", any port), a host and port ("hooks.internal:8443")
+	// or a URL prefix ("https://hooks.internal/revoke/"). Empty: none.
+	AllowHooks []string
+	// MaxPerNode bounds the live (unexpired) privileges of one node;
+	// zero means DefaultMaxPrivilegesPerNode.
+	MaxPerNode int
+	// Concurrency bounds the revocations in flight per termination; zero
+	// means DefaultHookConcurrency.
+	Concurrency int
+	Log         *slog.Logger
+
+	mu       sync.Mutex
+	inFlight map[string]bool // privilege ids being revoked now
+}
+
+// Defaults of the privilege registry.
+const (
+	DefaultMaxPrivilegesPerNode = 64
+	DefaultHookConcurrency      = 32
+)
+
+// ErrHookNotAllowed refuses a revoke_url outside the operator's allow-list.
+var ErrHookNotAllowed = errors.New("supervisor: revoke_url destination not allowed")
+
+// HookAllowFlag names the serve flag that sets AllowHooks, for messages.
+const HookAllowFlag = "tether serve --privilege-hook-allow"
+
+// CheckHookURL checks a revoke_url: http or https, no credentials in it,
+// and a destination on the allow-list. Its errors never quote the URL (it
+// may carry a secret), only its host.
+func (r *Privileges) CheckHookURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: revoke_url must be an http or https URL", ErrInvalidArgument)
+	}
+	if u.User != nil {
+		return fmt.Errorf("%w: revoke_url must not carry credentials", ErrInvalidArgument)
+	}
+	if !hookAllowed(r.AllowHooks, u) {
+		return fmt.Errorf("%w: revoke_url's destination %q is not on the operator's allow-list (%s); ask an operator to allow it", ErrHookNotAllowed, u.Host, HookAllowFlag)
+	}
+	return nil
+}
+
+// hookAllowed matches u against the allow-list entries.
+func hookAllowed(allow []string, u *url.URL) bool {
+	for _, a := range allow {
+		a = strings.TrimSpace(a)
+		if a == "" {
+			continue
+		}
+		if strings.Contains(a, "://") {
+			// A URL prefix ends at a path boundary: "https://h/revoke"
+			// allows "https://h/revoke/x", never "https://h/revoked" nor
+			// "https://h.evil/".
+			p, err := url.Parse(a)
+			if err != nil || !strings.EqualFold(p.Scheme, u.Scheme) || !strings.EqualFold(p.Host, u.Host) {
+				continue
+			}
+			prefix := strings.TrimSuffix(p.EscapedPath(), "/")
+			path := u.EscapedPath()
+			if prefix == "" || path == prefix || strings.HasPrefix(path, prefix+"/") {
+				return true
+			}
+			continue
+		}
+		if strings.Contains(a, ":") {
+			if strings.EqualFold(a, u.Host) {
+				return true
+			}
+			continue
+		}
+		if strings.EqualFold(a, u.Hostname()) {
+			return true
+		}
+	}
+	return false
 }
 
 // Register records a privilege held by a running node.
@@ -73,19 +164,23 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 	if p.ExternalID == "" || len(p.ExternalID) > 512 {
 		return p, fmt.Errorf("%w: external_id must be 1-512 bytes", ErrInvalidArgument)
 	}
-	if p.ExpiresAt.IsZero() || !p.ExpiresAt.After(r.Clock.Now()) {
+	now := r.Clock.Now()
+	if p.ExpiresAt.IsZero() || !p.ExpiresAt.After(now) {
 		return p, fmt.Errorf("%w: expires_at must be in the future", ErrInvalidArgument)
 	}
 	if p.RevokeURL != "" {
-		u, err := url.Parse(p.RevokeURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return p, fmt.Errorf("%w: revoke_url must be an http or https URL", ErrInvalidArgument)
+		if len(p.RevokeURL) > 2048 {
+			return p, fmt.Errorf("%w: revoke_url is longer than 2048 bytes", ErrInvalidArgument)
+		}
+		if err := r.CheckHookURL(p.RevokeURL); err != nil {
+			return p, err
 		}
 	} else if _, ok := r.Handlers[p.Kind]; !ok {
 		return p, fmt.Errorf("%w: kind %q has no revocation handler; give a revoke_url", ErrInvalidArgument, p.Kind)
 	}
 	p.ID = id.New(id.Privilege)
 	p.Outcome, p.Error = "", ""
+	limit := r.maxPerNode()
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
 		n, err := getNode(tx, p.NodeID)
 		if err != nil {
@@ -94,12 +189,32 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			return fmt.Errorf("%w: node_id %s is %s", ErrParentNotRunning, p.NodeID, StateName(n.State))
 		}
+		held, err := PrivilegesIn(tx, []string{p.NodeID})
+		if err != nil {
+			return err
+		}
+		live := 0
+		for _, h := range held {
+			if h.Outcome == "" && now.Before(h.ExpiresAt) {
+				live++
+			}
+		}
+		if live >= limit {
+			return fmt.Errorf("%w: node_id %s already holds %d unexpired privileges, the maximum per node (tether serve --privilege-max-per-node)", ErrLimit, p.NodeID, live)
+		}
 		if err := putJSON(tx, privilegeKey(p.ID), p); err != nil {
 			return err
 		}
 		return tx.Put(nodePrivKey(p.NodeID, p.ID), nil)
 	})
 	return p, err
+}
+
+func (r *Privileges) maxPerNode() int {
+	if r.MaxPerNode > 0 {
+		return r.MaxPerNode
+	}
+	return DefaultMaxPrivilegesPerNode
 }
 
 // PrivilegesIn lists the privileges of the nodes.
@@ -128,11 +243,19 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 	return out, nil
 }
 
-// RevokeFor revokes every undecided privilege of the nodes and persists each
-// outcome as it is decided, so a restart never calls a handler twice for a
-// decided privilege. A privilege past its expiry is recorded expired
-// without calling anything.
-func (r *Privileges) RevokeFor(ctx context.Context, nodeIDs []string) error {
+// Dispatch starts revoking every undecided privilege of the nodes and
+// returns at once: the calls run in parallel (at most Concurrency at a
+// time, taking the nodes in turn so one node's hooks cannot starve
+// another's), off the reconciler's path, each bounded by deadline (on the
+// registry's clock; the HTTP call gets a context deadline of the time left).
+// Each outcome is persisted as it is decided, and never over one already
+// decided (the record decides, at the deadline, what has not answered). A
+// privilege past its expiry is decided expired without a call. Dispatch is
+// idempotent: a privilege being revoked is not started twice, and after a
+// restart the reconciler calls Dispatch again for what is undecided. ctx
+// bounds the calls' lifetime (the reconciler's); decided, when set, is
+// called after each outcome is persisted.
+func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
 	var privs []Privilege
 	if err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -141,27 +264,198 @@ func (r *Privileges) RevokeFor(ctx context.Context, nodeIDs []string) error {
 	}); err != nil {
 		return err
 	}
+	now := r.Clock.Now()
+	var expired []Privilege
+	byNode := map[string][]Privilege{}
+	var order []string
+	r.mu.Lock()
+	if r.inFlight == nil {
+		r.inFlight = map[string]bool{}
+	}
+	for _, p := range privs {
+		switch {
+		case p.Outcome != "" || r.inFlight[p.ID]:
+		case !now.Before(p.ExpiresAt):
+			p.Outcome, p.DecidedAt = OutcomeExpired, now
+			expired = append(expired, p)
+		default:
+			r.inFlight[p.ID] = true
+			if _, ok := byNode[p.NodeID]; !ok {
+				order = append(order, p.NodeID)
+			}
+			byNode[p.NodeID] = append(byNode[p.NodeID], p)
+		}
+	}
+	r.mu.Unlock()
+	if len(expired) > 0 {
+		if err := r.Store.Update(ctx, func(tx store.Txn) error {
+			for _, p := range expired {
+				if err := r.putDecided(tx, p); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	// The nodes in turn: the first privilege of each, then the second...
+	total := 0
+	for _, ps := range byNode {
+		total += len(ps)
+	}
+	queue := make([]Privilege, 0, total)
+	for i := 0; len(queue) < total; i++ {
+		for _, n := range order {
+			if i < len(byNode[n]) {
+				queue = append(queue, byNode[n][i])
+			}
+		}
+	}
+	if len(queue) == 0 {
+		return nil
+	}
+	workers := min(r.concurrency(), len(queue))
+	next := make(chan Privilege)
+	go func() {
+		defer close(next)
+		for i, p := range queue {
+			select {
+			case next <- p:
+			case <-ctx.Done():
+				r.release(queue[i:])
+				return
+			}
+		}
+	}()
+	for range workers {
+		go func() {
+			for p := range next {
+				if r.revokeOne(ctx, p, deadline) && decided != nil {
+					decided()
+				}
+			}
+		}()
+	}
+	return nil
+}
+
+func (r *Privileges) concurrency() int {
+	if r.Concurrency > 0 {
+		return r.Concurrency
+	}
+	return DefaultHookConcurrency
+}
+
+// release forgets privileges no longer being revoked (so that a later
+// Dispatch may start them again).
+func (r *Privileges) release(ps []Privilege) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, p := range ps {
+		delete(r.inFlight, p.ID)
+	}
+}
+
+// revokeOne calls one privilege's handler or webhook within the deadline
+// and persists the outcome unless one is already decided; it reports
+// whether it persisted one.
+func (r *Privileges) revokeOne(ctx context.Context, p Privilege, deadline time.Time) bool {
+	defer r.release([]Privilege{p})
+	left := deadline.Sub(r.Clock.Now())
+	if left <= 0 {
+		return false // the record decides it: no answer within the deadline
+	}
+	callCtx, cancel := context.WithTimeout(ctx, left)
+	err := r.revoke(callCtx, p)
+	timedOut := callCtx.Err() != nil
+	cancel()
+	if ctx.Err() != nil {
+		return false // shutting down: the restarted reconciler calls it again
+	}
+	p.DecidedAt = r.Clock.Now()
+	switch {
+	case err == nil:
+		p.Outcome = OutcomeRevoked
+	case timedOut:
+		p.Outcome, p.Error = OutcomeRevokeFailed, fmt.Sprintf("no answer within the %s deadline", left.Round(time.Millisecond))
+	default:
+		p.Outcome, p.Error = OutcomeRevokeFailed, err.Error()
+	}
+	if err := r.Store.Update(ctx, func(tx store.Txn) error { return r.putDecided(tx, p) }); err != nil {
+		if ctx.Err() == nil && r.Log != nil {
+			r.Log.Warn("persisting a privilege's revocation failed", "privilege_id", p.ID, "error", err)
+		}
+		return false
+	}
+	return true
+}
+
+// putDecided stores a decided privilege unless it was decided already.
+func (r *Privileges) putDecided(tx store.Txn, p Privilege) error {
+	var stored Privilege
+	if err := getJSON(tx, privilegeKey(p.ID), &stored); err != nil {
+		return err
+	}
+	if stored.Outcome != "" {
+		return nil
+	}
+	return putJSON(tx, privilegeKey(p.ID), p)
+}
+
+// PendingIn counts the undecided, unexpired privileges of the nodes.
+func PendingIn(tx store.ReadTxn, nodeIDs []string, now time.Time) (int, error) {
+	privs, err := PrivilegesIn(tx, nodeIDs)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range privs {
+		if p.Outcome == "" && now.Before(p.ExpiresAt) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// decideUnansweredPrivileges decides, inside the transaction that writes
+// t's record, every privilege of its members still undecided: expired if
+// past its expiry, otherwise revoke_failed (no answer by the deadline). A
+// late answer never overwrites it.
+func decideUnansweredPrivileges(tx store.Txn, t Termination, now time.Time) error {
+	privs, err := PrivilegesIn(tx, t.Members)
+	if err != nil {
+		return err
+	}
 	for _, p := range privs {
 		if p.Outcome != "" {
 			continue
 		}
-		now := r.Clock.Now()
-		switch {
-		case !now.Before(p.ExpiresAt):
+		p.DecidedAt = now
+		if !now.Before(p.ExpiresAt) {
 			p.Outcome = OutcomeExpired
-		default:
-			if err := r.revoke(ctx, p); err != nil {
-				p.Outcome, p.Error = OutcomeRevokeFailed, err.Error()
-			} else {
-				p.Outcome = OutcomeRevoked
+		} else {
+			p.Outcome, p.Error = OutcomeRevokeFailed, "no answer within the termination's deadline"
+			if t.HookTimeout > 0 {
+				p.Error = fmt.Sprintf("no answer within the %s deadline", t.HookTimeout)
 			}
 		}
-		p.DecidedAt = now
-		if err := r.Store.Update(ctx, func(tx store.Txn) error { return putJSON(tx, privilegeKey(p.ID), p) }); err != nil {
+		if err := putJSON(tx, privilegeKey(p.ID), p); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// hookClient is r.HTTP (or a default client) that never follows a
+// redirect: the 3xx answer is the hook's answer, and a failure.
+func (r *Privileges) hookClient() *http.Client {
+	c := http.Client{}
+	if r.HTTP != nil {
+		c = *r.HTTP
+	}
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &c
 }
 
 func (r *Privileges) revoke(ctx context.Context, p Privilege) error {
@@ -171,26 +465,29 @@ func (r *Privileges) revoke(ctx context.Context, p Privilege) error {
 	if p.RevokeURL == "" {
 		return errors.New("no revocation handler")
 	}
+	// The allow-list is checked again: an operator who narrowed it since
+	// the registration is obeyed.
+	if err := r.CheckHookURL(p.RevokeURL); err != nil {
+		return errors.New("webhook destination no longer on the operator's allow-list")
+	}
 	body, _ := json.Marshal(map[string]string{
 		"privilege_id": p.ID, "kind": p.Kind, "external_id": p.ExternalID, "node_id": p.NodeID, "grant_id": p.GrantID,
 	})
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.RevokeURL, bytes.NewReader(body))
 	if err != nil {
-		return err
+		return errors.New("webhook request could not be built")
 	}
 	req.Header.Set("Content-Type", "application/json")
-	hc := r.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	resp, err := hc.Do(req)
+	req.Header.Set("Idempotency-Key", p.ID)
+	resp, err := r.hookClient().Do(req)
 	if err != nil {
 		return fmt.Errorf("webhook unreachable")
 	}
 	resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
+	switch {
+	case resp.StatusCode/100 == 3:
+		return fmt.Errorf("webhook answered %d: redirects are not followed", resp.StatusCode)
+	case resp.StatusCode/100 != 2:
 		return fmt.Errorf("webhook answered %d", resp.StatusCode)
 	}
 	return nil

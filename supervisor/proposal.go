@@ -172,6 +172,7 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 		if err != nil {
 			return err
 		}
+		term.HookTimeout = s.hookTimeout()
 		termID = term.ID
 		p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
 		p.TerminationId = termID

@@ -149,6 +149,13 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		case ActNone:
 			return time.Time{}, nil
 		case ActWait:
+			if progress.HooksPending > 0 && s.Privileges != nil {
+				// After a restart the revocations still undecided are
+				// started again (a no-op for those already running).
+				if err := s.Privileges.Dispatch(ctx, t.Members, t.HookDeadline, func() { s.Kick(t.ID) }); err != nil {
+					return time.Time{}, err
+				}
+			}
 			if progress != t.Progress {
 				if err := s.save(ctx, t.ID, t.Phase, func(t *Termination) error { t.Progress = progress; t.UpdatedAt = now; return nil }); err != nil {
 					return time.Time{}, err
@@ -184,8 +191,10 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		return Progress{}, nil
 	}
 	p := t.Progress
-	p.CallsInFlight, p.CancelsPending = 0, 0
-	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && s.Clock.Now().Before(t.ConfirmDeadline)
+	p.CallsInFlight, p.CancelsPending, p.HooksPending = 0, 0, 0
+	now := s.Clock.Now()
+	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.ConfirmDeadline)
+	countHooks := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.HookDeadline)
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		prefix := termCallPrefix(t.ID)
 		var ids []string
@@ -208,6 +217,12 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 				p.CancelsPending++
 			case tetherv1.CallState_CALL_STATE_IN_FLIGHT:
 				p.CallsInFlight++
+			}
+		}
+		if countHooks {
+			var err error
+			if p.HooksPending, err = PendingIn(tx, t.Members, now); err != nil {
+				return err
 			}
 		}
 		if !countConfirmations {
@@ -258,12 +273,16 @@ func (s *Supervisor) advance(ctx context.Context, t Termination, action Action, 
 
 // mark marks the whole subtree draining or aborting in one transaction:
 // spawns under it and new tool calls stop at the same instant, and a spawn
-// that serialized first is in Members.
+// that serialized first is in Members. A node another termination is
+// stopping is taken over (with its open calls) when this one supersedes
+// that one, or left to it; a node already terminated is listed with the
+// termination that did it (ReachNode). Every node of the subtree ends in
+// exactly one of Members, HandedOver and Prior.
 func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
-	var members []string
+	var members, handedOver []string
 	var mode Mode
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
-		members = nil
+		members, handedOver = nil, nil
 		inFlight := 0
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
@@ -273,10 +292,6 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			return nil
 		}
 		mode = t.Mode
-		state := tetherv1.NodeState_NODE_STATE_DRAINING
-		if t.Mode == ModeAbort {
-			state = tetherv1.NodeState_NODE_STATE_ABORTING
-		}
 		var nodes []*tetherv1.Node
 		for _, root := range t.RootIDs() {
 			subtree, err := SubtreeIn(tx, root)
@@ -293,15 +308,46 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			return err
 		}
 		seen := make(map[string]bool, len(nodes))
+		others := map[string]*Termination{}   // the other terminations met, by id
+		taken := map[string]map[string]bool{} // other termination → nodes taken from it
 		for _, n := range nodes {
-			// A node already stopping under another termination, or
-			// terminated, is accounted for by that termination's record;
-			// with several roots, one may lie in another's subtree.
-			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING || seen[n.NodeId] {
+			// With several roots, one may lie in another's subtree.
+			if seen[n.NodeId] || n.TerminationId == t.ID {
 				continue
 			}
 			seen[n.NodeId] = true
-			n.State = state
+			var owner Termination
+			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING && n.TerminationId != "" {
+				o, ok := others[n.TerminationId]
+				if !ok {
+					o = &Termination{}
+					if err := getTermination(tx, n.TerminationId, o); err != nil {
+						return err
+					}
+					others[n.TerminationId] = o
+				}
+				owner = *o
+			}
+			reach := ReachNode(t, n.State, owner)
+			switch reach {
+			case ReachPrior:
+				rid, err := recordIDOf(tx, owner.ID)
+				if err != nil {
+					return err
+				}
+				t.Prior = append(t.Prior, Handoff{NodeID: n.NodeId, TerminationID: owner.ID, RecordID: rid})
+				continue
+			case ReachLeave:
+				t.HandedOver = append(t.HandedOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID})
+				continue
+			case ReachTakeOver:
+				t.TakenOver = append(t.TakenOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID, State: StateName(n.State)})
+				if taken[owner.ID] == nil {
+					taken[owner.ID] = map[string]bool{}
+				}
+				taken[owner.ID][n.NodeId] = true
+			}
+			n.State = MarkedState(t, n.State)
 			n.TerminationId = t.ID
 			if err := putNode(tx, n); err != nil {
 				return err
@@ -312,7 +358,17 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				return err
 			}
 			for _, c := range calls {
-				inFlight++
+				if c.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+					inFlight++
+				}
+				if reach == ReachTakeOver && c.TerminationId != "" {
+					// The call moves to this termination's account (a
+					// cancel order already sent stands): each call is
+					// accounted for by exactly one termination.
+					if err := tx.Delete(termCallKey(c.TerminationId, c.CallId)); err != nil {
+						return err
+					}
+				}
 				c.TerminationId = t.ID
 				if err := putCall(tx, c); err != nil {
 					return err
@@ -321,6 +377,14 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 					return err
 				}
 			}
+		}
+		// The terminations superseded here hand their nodes over.
+		for oid, nodes := range taken {
+			other := HandOver(*others[oid], nodes, t.ID, now)
+			if err := putJSON(tx, terminationKey(oid), other); err != nil {
+				return err
+			}
+			handedOver = append(handedOver, oid)
 		}
 		t.Members = members
 		next, err := Advance(t, ActMark, Progress{CallsInFlight: inFlight, Unconfirmed: len(members)}, now)
@@ -332,7 +396,23 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	if err == nil && len(members) > 0 {
 		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", len(members))
 	}
+	for _, oid := range handedOver {
+		s.Log.Info("termination took over nodes from another", "termination_id", id, "superseded_termination_id", oid)
+		s.Kick(oid)
+	}
 	return err
+}
+
+// recordIDOf is the record of a finished termination ("" if none).
+func recordIDOf(tx store.ReadTxn, terminationID string) (string, error) {
+	if terminationID == "" {
+		return "", nil
+	}
+	v, err := tx.Get(recordByTermKey(terminationID))
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	return string(v), err
 }
 
 // cancelCalls writes a cancel order for every in-flight call of the subtree
@@ -389,7 +469,8 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 	})
 }
 
-// revoke revokes the subtree's grants and privileges and cancels its leases,
+// revoke revokes the subtree's grants, starts revoking its privileges and
+// cancels its leases,
 // then records that it did. Each part is idempotent, so a crash between them
 // repeats only what was not finished.
 func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now time.Time) error {
@@ -401,8 +482,10 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 				return fmt.Errorf("revoke grants: %w", err)
 			}
 		}
+		// Privileges are revoked off this path, in parallel and within
+		// the termination's hook deadline (the one Advance sets now).
 		if s.Privileges != nil {
-			if err := s.Privileges.RevokeFor(ctx, t.Members); err != nil {
+			if err := s.Privileges.Dispatch(ctx, t.Members, now.Add(t.HookTimeout), func() { s.Kick(t.ID) }); err != nil {
 				return fmt.Errorf("revoke privileges: %w", err)
 			}
 		}
@@ -446,7 +529,7 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 		if err := getTermination(tx, t.ID, &stored); err != nil {
 			return err
 		}
-		if stored.Phase != PhaseReconciling {
+		if stored.Phase != PhaseReconciling && !stored.Superseded() {
 			return nil
 		}
 		if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
@@ -458,6 +541,13 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 		if err != nil {
 			return err
 		}
+		// Grants and leases were listed before this transaction: keep
+		// those of the members still this termination's (another may have
+		// taken some over since), so each is in exactly one record.
+		grants, leases := membersOnly(next, grants, leases)
+		if err := decideUnansweredPrivileges(tx, next, now); err != nil {
+			return err
+		}
 		rec, err := buildRecord(tx, next, grants, leases, now)
 		if err != nil {
 			return err
@@ -465,8 +555,10 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 		next.RecordID = rec.RecordId
 		// The final progress is the record's: every node counted once.
 		next.Progress.Unconfirmed = 0
+		next.Progress.HooksPending = 0
 		for _, n := range rec.Nodes {
-			if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+			// Nodes an earlier record accounts for are not this one's.
+			if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED && n.InnerOutcome != tetherv1.InnerOutcome_INNER_OUTCOME_TERMINATED {
 				next.Progress.Unconfirmed++
 			}
 		}
@@ -502,3 +594,27 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 }
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// membersOnly keeps the grants and leases held by t's members.
+func membersOnly(t Termination, grants []HeldGrant, leases []*tetherv1.RecordLease) ([]HeldGrant, []*tetherv1.RecordLease) {
+	if len(t.HandedOver) == 0 {
+		return grants, leases
+	}
+	member := make(map[string]bool, len(t.Members))
+	for _, m := range t.Members {
+		member[m] = true
+	}
+	var g []HeldGrant
+	for _, x := range grants {
+		if member[x.NodeID] {
+			g = append(g, x)
+		}
+	}
+	var l []*tetherv1.RecordLease
+	for _, x := range leases {
+		if member[x.HolderIdentity] {
+			l = append(l, x)
+		}
+	}
+	return g, l
+}

@@ -85,6 +85,9 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		}
 		rec.Nodes = append(rec.Nodes, rn)
 	}
+	if err := composeRecordNodes(tx, t, rec); err != nil {
+		return nil, err
+	}
 	privs, err := PrivilegesIn(tx, t.Members)
 	if err != nil {
 		return nil, err
@@ -146,6 +149,86 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		})
 	}
 	return rec, nil
+}
+
+// composeRecordNodes completes the record's nodes where terminations
+// composed: members taken over from another termination name it and the
+// node's state under it; nodes another termination accounts for are listed
+// superseded, naming it; nodes an earlier termination had terminated are
+// listed with that termination, its record and the outcome it gave them.
+// With the members, every node of the subtree is listed exactly once.
+func composeRecordNodes(tx store.Txn, t Termination, rec *tetherv1.ReconciliationRecord) error {
+	if len(t.TakenOver) > 0 {
+		taken := make(map[string]Handoff, len(t.TakenOver))
+		for _, h := range t.TakenOver {
+			taken[h.NodeID] = h
+		}
+		for _, rn := range rec.Nodes {
+			h, ok := taken[rn.NodeId]
+			if !ok {
+				continue
+			}
+			rn.InnerTerminationId = h.TerminationID
+			rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING
+			if h.State == StateName(tetherv1.NodeState_NODE_STATE_ABORTING) {
+				rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_ABORTING
+			}
+		}
+	}
+	others := append(append([]Handoff(nil), t.HandedOver...), t.Prior...)
+	if len(others) == 0 {
+		return nil
+	}
+	ids := make([]string, len(others))
+	for i, h := range others {
+		ids[i] = h.NodeID
+	}
+	if err := store.Prefetch(tx, keysOf(ids, nodeKey), nil); err != nil {
+		return err
+	}
+	for _, h := range t.HandedOver {
+		n, err := getNode(tx, h.NodeID)
+		if err != nil {
+			return err
+		}
+		rec.Nodes = append(rec.Nodes, &tetherv1.RecordNode{
+			NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
+			Outcome: tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED, SupersededByTerminationId: h.TerminationID,
+		})
+	}
+	// The outcome an earlier record gave each prior node (each record
+	// read once).
+	earlier := map[string]map[string]*tetherv1.RecordNode{}
+	for _, h := range t.Prior {
+		n, err := getNode(tx, h.NodeID)
+		if err != nil {
+			return err
+		}
+		rn := &tetherv1.RecordNode{
+			NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
+			Outcome:            tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED,
+			InnerTerminationId: h.TerminationID, InnerOutcome: tetherv1.InnerOutcome_INNER_OUTCOME_TERMINATED, InnerRecordId: h.RecordID,
+		}
+		if h.RecordID != "" {
+			nodes, ok := earlier[h.RecordID]
+			if !ok {
+				prev, err := getRecord(tx, h.RecordID)
+				if err != nil {
+					return err
+				}
+				nodes = make(map[string]*tetherv1.RecordNode, len(prev.Nodes))
+				for _, pn := range prev.Nodes {
+					nodes[pn.NodeId] = pn
+				}
+				earlier[h.RecordID] = nodes
+			}
+			if pn, ok := nodes[n.NodeId]; ok {
+				rn.Outcome, rn.ConfirmedBy, rn.ConfirmedAt = pn.Outcome, pn.ConfirmedBy, pn.ConfirmedAt
+			}
+		}
+		rec.Nodes = append(rec.Nodes, rn)
+	}
+	return nil
 }
 
 // putRecord stores a record in parts under the store's value limit.

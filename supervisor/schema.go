@@ -22,7 +22,7 @@ func RecordJSONSchema() ([]byte, error) {
 	root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
 	root["$id"] = fmt.Sprintf("https://tether.dev/schemas/reconciliation-record/v%d.json", RecordSchemaVersion)
 	root["title"] = "Tether reconciliation record"
-	root["description"] = "Written by the control plane, outside the workload, when a termination completes: every node of the subtree exactly once (confirmed or unaccounted), every tool call the termination accounted for and its resolution, every privilege and lease with its outcome, and the duration of each phase. Protobuf JSON mapping: lowerCamelCase names, enums as strings, timestamps RFC 3339, durations like \"1.5s\"; fields at their zero value are omitted."
+	root["description"] = "Written by the control plane, outside the workload, when a termination completes: every node of the subtree exactly once (confirmed, unaccounted, or superseded by the termination that accounts for it, and naming any other termination that had it first), every tool call the termination accounted for and its resolution, every privilege and lease with its outcome, and the duration of each phase. Protobuf JSON mapping: lowerCamelCase names, enums as strings, timestamps RFC 3339, durations like \"1.5s\"; fields at their zero value are omitted."
 	root["$defs"] = defs
 	return json.MarshalIndent(root, "", "  ")
 }

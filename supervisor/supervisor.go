@@ -60,7 +60,10 @@ type Supervisor struct {
 	// replacements (see rollout.go); nil: rollout batches list none.
 	Handover LeaseHandover
 	Sink     RecordSink // nil: records stay in the store only
-	Log      *slog.Logger
+	// HookTimeout bounds, in total, a termination's privilege revocations
+	// (revoke webhooks and handlers); zero means DefaultHookTimeout.
+	HookTimeout time.Duration
+	Log         *slog.Logger
 
 	queue *workQueue
 }
@@ -70,7 +73,16 @@ const (
 	DefaultDrainWindow      = 30 * time.Second
 	DefaultCancelAckTimeout = 10 * time.Second
 	DefaultConfirmTimeout   = 30 * time.Second
+	// DefaultHookTimeout bounds a termination's privilege revocations.
+	DefaultHookTimeout = 10 * time.Second
 )
+
+func (s *Supervisor) hookTimeout() time.Duration {
+	if s.HookTimeout > 0 {
+		return s.HookTimeout
+	}
+	return DefaultHookTimeout
+}
 
 // TerminateRequest is an authenticated request to terminate a subtree.
 type TerminateRequest struct {
@@ -82,6 +94,10 @@ type TerminateRequest struct {
 	// Authorize is called inside the transaction with the target node
 	// (with each root, when there are several).
 	Authorize func(target *tetherv1.Node) error
+	// RequesterNodeID is the requesting agent's node ("" for operators).
+	// An agent that is itself being stopped may not start a termination:
+	// inside a stopping subtree it is the workload, not an authority.
+	RequesterNodeID string
 	// Roots, when set, are several subtree roots stopped by this one
 	// termination (one record): a rollout batch. NodeID is then ignored.
 	Roots []string
@@ -133,6 +149,17 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 		t.Roots = append([]string(nil), roots...)
 	}
 	t.RolloutID, t.LeaseHandover = req.RolloutID, req.LeaseHandover
+	t.HookTimeout = s.hookTimeout()
+	if req.RequesterNodeID != "" {
+		requester, err := getNode(tx, req.RequesterNodeID)
+		if err != nil {
+			return Termination{}, err
+		}
+		if requester.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeId, StateName(requester.State), requester.TerminationId)
+		}
+		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeId)
+	}
 	seen := make(map[string]bool, len(roots))
 	for _, r := range roots {
 		if seen[r] {
@@ -148,11 +175,34 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 				return Termination{}, err
 			}
 		}
-		if target.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return Termination{}, fmt.Errorf("%w: node_id %s is %s (termination %s)", ErrAlreadyStopping, r, StateName(target.State), target.TerminationId)
+		if err := mayStop(tx, t, target); err != nil {
+			return Termination{}, err
 		}
 	}
 	return t, putJSON(tx, terminationKey(t.ID), t)
+}
+
+// mayStop refuses a target that is terminated, or that another termination
+// is stopping and t would not supersede (Supersedes): an abort, or a
+// termination by a higher authority, is accepted and takes the node over.
+func mayStop(tx store.ReadTxn, t Termination, target *tetherv1.Node) error {
+	switch target.State {
+	case tetherv1.NodeState_NODE_STATE_RUNNING:
+		return nil
+	case tetherv1.NodeState_NODE_STATE_TERMINATED:
+		return fmt.Errorf("%w: node_id %s is terminated (termination %s)", ErrAlreadyStopping, target.NodeId, target.TerminationId)
+	}
+	if target.TerminationId == "" {
+		return nil
+	}
+	var owner Termination
+	if err := getTermination(tx, target.TerminationId, &owner); err != nil {
+		return err
+	}
+	if ReachNode(t, target.State, owner) == ReachTakeOver {
+		return nil
+	}
+	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeId, StateName(target.State), owner.ID)
 }
 
 // MaxTerminationRoots bounds the subtree roots of one termination.

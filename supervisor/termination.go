@@ -2,7 +2,11 @@ package supervisor
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Phase is a termination's state: requested → draining | aborting →
@@ -103,6 +107,10 @@ type Progress struct {
 	CancelsPending int
 	// Unconfirmed: nodes of the subtree whose exit nobody has confirmed.
 	Unconfirmed int
+	// HooksPending: privileges of the subtree whose revocation (a revoke
+	// webhook or an in-process handler, called off the reconciler's path)
+	// has not answered yet.
+	HooksPending int
 }
 
 // Termination is the persisted desired state of one termination and where
@@ -131,6 +139,10 @@ type Termination struct {
 	// to reassign, instead of cancelling them.
 	RolloutID     string `json:"rollout_id,omitempty"`
 	LeaseHandover bool   `json:"lease_handover,omitempty"`
+	// RequesterLineage is the requesting agent's ancestors and itself,
+	// root first (empty for operators): an agent's termination supersedes
+	// another agent's only when it is that agent's or an ancestor's.
+	RequesterLineage []string `json:"requester_lineage,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.
@@ -143,8 +155,155 @@ type Termination struct {
 	CancelsSent bool   `json:"cancels_sent"`
 	Revoked     bool   `json:"revoked"`
 	RecordID    string `json:"record_id,omitempty"`
+	// HookTimeout bounds, in total, the privilege revocations started at
+	// ActRevoke; HookDeadline is when the record stops waiting for them
+	// (what has not answered is revoke_failed). Zero: no wait.
+	HookTimeout  time.Duration `json:"hook_timeout,omitempty"`
+	HookDeadline time.Time     `json:"hook_deadline,omitzero"`
+
+	// Terminations compose (see Supersedes). TakenOver: members this
+	// termination took over from another that was stopping them.
+	// HandedOver: nodes of the subtree another termination accounts for
+	// (it took them over from this one, or it had them first and this one
+	// may not take them). Prior: nodes an earlier termination had already
+	// terminated when this one marked. Each node of the subtree is in
+	// exactly one of Members, HandedOver and Prior.
+	TakenOver  []Handoff `json:"taken_over,omitempty"`
+	HandedOver []Handoff `json:"handed_over,omitempty"`
+	Prior      []Handoff `json:"prior,omitempty"`
 	// Progress last observed (for GetTermination / WatchTermination).
 	Progress Progress `json:"progress"`
+}
+
+// Handoff is a node of the subtree that another termination stops (or
+// stopped) as well.
+type Handoff struct {
+	NodeID string `json:"node_id"`
+	// TerminationID is the other termination.
+	TerminationID string `json:"termination_id"`
+	// State (TakenOver) is the node's state under the other termination
+	// when this one took it over: "draining" or "aborting".
+	State string `json:"state,omitempty"`
+	// RecordID (Prior) is the other termination's record.
+	RecordID string `json:"record_id,omitempty"`
+}
+
+// Rank is the authority behind a termination, for composing two that
+// meet on one node: an operator's (or the security role's) outranks a
+// rollout batch's, which outranks an agent's.
+type Rank int
+
+const (
+	RankAgent Rank = iota + 1
+	RankRollout
+	RankOperator
+)
+
+// Rank is the authority that requested the termination.
+func (t Termination) Rank() Rank {
+	switch {
+	case strings.HasPrefix(t.RequestedBy, "agent:"):
+		return RankAgent
+	case t.RolloutID != "":
+		return RankRollout
+	default:
+		return RankOperator
+	}
+}
+
+// Aborts reports whether the termination cancels in-flight calls: an
+// abort, or a drain escalated past its window.
+func (t Termination) Aborts() bool { return t.Mode == ModeAbort || t.Escalated }
+
+// Supersedes decides, when t marks its subtree and finds a node that
+// other (unfinished) is stopping, whether t takes the node over. A
+// higher authority always does: an operator's termination is never held
+// back by an agent's, whatever its windows. Between agents, only the
+// agent that requested other, or one of its ancestors, may: a descendant
+// agent never takes a node from its ancestor's termination (to give it a
+// window of its own). At the same authority an abort takes over anything
+// and a drain takes over only a drain (abort supersedes drain; a drain
+// never slows an abort down). Otherwise the node stays with other, and
+// t's record names other as accounting for it.
+func Supersedes(t, other Termination) bool {
+	if t.Rank() != other.Rank() {
+		return t.Rank() > other.Rank()
+	}
+	if t.Rank() == RankAgent && !slices.Contains(other.RequesterLineage, strings.TrimPrefix(t.RequestedBy, "agent:")) {
+		return false
+	}
+	return t.Mode == ModeAbort || !other.Aborts()
+}
+
+// Reach is what a termination marking its subtree does with one node.
+type Reach int
+
+const (
+	// ReachMark: the node is running; the termination marks it.
+	ReachMark Reach = iota + 1
+	// ReachTakeOver: another termination is stopping the node and this
+	// one supersedes it; the node, and its open calls, become this one's.
+	ReachTakeOver
+	// ReachLeave: another termination is stopping the node and is not
+	// superseded; it accounts for the node (listed in HandedOver).
+	ReachLeave
+	// ReachPrior: an earlier termination has terminated the node (listed
+	// in Prior with that termination's record).
+	ReachPrior
+)
+
+// ReachNode decides Reach for a node in state with owner (the
+// termination the node names, if it is stopping or stopped).
+func ReachNode(t Termination, state tetherv1.NodeState, owner Termination) Reach {
+	switch {
+	case state == tetherv1.NodeState_NODE_STATE_RUNNING:
+		return ReachMark
+	case state != tetherv1.NodeState_NODE_STATE_TERMINATED && owner.ID == "":
+		// Stopped outside any termination (an exit confirmed on its own):
+		// this termination still covers it.
+		return ReachMark
+	case state == tetherv1.NodeState_NODE_STATE_TERMINATED || owner.Phase == PhaseTerminated:
+		return ReachPrior
+	case Supersedes(t, owner):
+		return ReachTakeOver
+	default:
+		return ReachLeave
+	}
+}
+
+// MarkedState is the state a node gets when t marks or takes it over:
+// aborting for an abort, draining for a drain, and never back from
+// aborting to draining.
+func MarkedState(t Termination, current tetherv1.NodeState) tetherv1.NodeState {
+	if t.Mode == ModeAbort || t.Escalated || current == tetherv1.NodeState_NODE_STATE_ABORTING {
+		return tetherv1.NodeState_NODE_STATE_ABORTING
+	}
+	return tetherv1.NodeState_NODE_STATE_DRAINING
+}
+
+// Superseded reports whether every node the termination marked has been
+// taken over by others: nothing is left for it to stop, and it finishes
+// with a record that names them.
+func (t Termination) Superseded() bool {
+	return len(t.Members) == 0 && len(t.HandedOver) > 0 && t.Phase != PhaseRequested && t.Phase != PhaseTerminated
+}
+
+// HandOver removes the nodes another termination (to) has taken over from
+// the members and notes them in HandedOver.
+func HandOver(t Termination, nodes map[string]bool, to string, now time.Time) Termination {
+	members := make([]string, 0, len(t.Members))
+	for _, m := range t.Members {
+		if nodes[m] {
+			t.HandedOver = append(t.HandedOver, Handoff{NodeID: m, TerminationID: to})
+			continue
+		}
+		members = append(members, m)
+	}
+	removed := len(t.Members) - len(members)
+	t.Members = members
+	t.Progress.Unconfirmed = max(0, t.Progress.Unconfirmed-removed)
+	t.UpdatedAt = now
+	return t
 }
 
 // RootIDs are the termination's subtree roots.
@@ -160,6 +319,9 @@ func (t Termination) RootIDs() []string {
 // then calls Advance to record it. wake is when to look again if nothing
 // changes (zero: no timer needed).
 func Next(t Termination, p Progress, now time.Time) (action Action, wake time.Time) {
+	if t.Superseded() {
+		return ActWriteRecord, time.Time{}
+	}
 	switch t.Phase {
 	case PhaseRequested:
 		return ActMark, time.Time{}
@@ -183,10 +345,19 @@ func Next(t Termination, p Progress, now time.Time) (action Action, wake time.Ti
 		if !t.Revoked {
 			return ActRevoke, time.Time{}
 		}
-		if p.Unconfirmed == 0 || !now.Before(t.ConfirmDeadline) {
+		// The record waits for the exit confirmations and the privilege
+		// revocations, each up to its own deadline on this clock.
+		confirmsDone := p.Unconfirmed == 0 || !now.Before(t.ConfirmDeadline)
+		hooksDone := p.HooksPending == 0 || !now.Before(t.HookDeadline)
+		switch {
+		case confirmsDone && hooksDone:
 			return ActWriteRecord, time.Time{}
+		case confirmsDone:
+			return ActWait, t.HookDeadline
+		case hooksDone:
+			return ActWait, t.ConfirmDeadline
 		}
-		return ActWait, t.ConfirmDeadline
+		return ActWait, minTime(t.ConfirmDeadline, t.HookDeadline)
 	default:
 		return ActNone, time.Time{}
 	}
@@ -226,13 +397,23 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 		}
 		t.Revoked = true
 		t.ConfirmDeadline = now.Add(t.ConfirmTimeout)
-	case action == ActWriteRecord && t.Phase == PhaseReconciling && t.Revoked:
+		if t.HookTimeout > 0 {
+			t.HookDeadline = now.Add(t.HookTimeout)
+		}
+	case action == ActWriteRecord && (t.Phase == PhaseReconciling && t.Revoked || t.Superseded()):
 		t = enter(t, PhaseTerminated, now)
 	case action == ActWait:
 	default:
 		return t, fmt.Errorf("supervisor: action %s is not allowed in phase %s", action, t.Phase)
 	}
 	return t, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // enter closes the current phase's timing and opens the next.

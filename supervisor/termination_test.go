@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // step is one line of a termination transcript: observe progress at an
@@ -131,4 +133,175 @@ func phaseNames(t Termination) string {
 		names = append(names, p.Phase.String())
 	}
 	return strings.Join(names, ",")
+}
+
+func newTermBy(t *testing.T, id, by string, mode Mode, drain time.Duration) Termination {
+	t.Helper()
+	term, err := NewTermination(id, "n_root", mode, drain, 5*time.Second, 10*time.Second, "test", by, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return term
+}
+
+func TestSupersedesRanksAuthorityThenAbortOverDrain(t *testing.T) {
+	agentDrain := newTermBy(t, "t_a", "agent:n_parent", ModeDrain, 24*time.Hour)
+	agentDrain.RequesterLineage = []string{"n_top", "n_parent"}
+	agentAbort := newTermBy(t, "t_b", "agent:n_parent", ModeAbort, 0)
+	agentAbort.RequesterLineage = agentDrain.RequesterLineage
+	ancestorDrain := newTermBy(t, "t_f", "agent:n_top", ModeDrain, time.Hour)
+	ancestorDrain.RequesterLineage = []string{"n_top"}
+	descendantAbort := newTermBy(t, "t_g", "agent:n_child", ModeAbort, 0)
+	descendantAbort.RequesterLineage = []string{"n_top", "n_parent", "n_child"}
+	opDrain := newTermBy(t, "t_c", "operator:alice", ModeDrain, time.Minute)
+	opAbort := newTermBy(t, "t_d", "operator:alice", ModeAbort, 0)
+	rollout := newTermBy(t, "t_e", "operator:alice", ModeDrain, time.Minute)
+	rollout.RolloutID = "ro_1"
+	escalated := agentDrain
+	escalated.Escalated = true
+	for _, tc := range []struct {
+		name       string
+		t, other   Termination
+		supersedes bool
+	}{
+		{"operator abort over an agent's long drain", opAbort, agentDrain, true},
+		{"operator drain over an agent's abort (a higher authority is never held back)", opDrain, agentAbort, true},
+		{"agent abort over an agent's drain (abort supersedes drain)", agentAbort, agentDrain, true},
+		{"agent drain over an agent's drain (the outer covers its subtree)", agentDrain, agentDrain, true},
+		{"agent drain never slows an agent's abort", agentDrain, agentAbort, false},
+		{"agent drain never slows an escalated drain", agentDrain, escalated, false},
+		{"agent abort never takes an operator's drain", agentAbort, opDrain, false},
+		{"agent drain never takes an operator's drain", agentDrain, opDrain, false},
+		{"operator drain never slows an operator's abort", opDrain, opAbort, false},
+		{"operator abort over an operator's abort", opAbort, opAbort, true},
+		{"rollout batch over an agent's abort", rollout, agentAbort, true},
+		{"an ancestor agent's drain over its descendant's drain", ancestorDrain, agentDrain, true},
+		{"a descendant agent's drain never takes its ancestor's drain", agentDrain, ancestorDrain, false},
+		{"a descendant agent's abort never takes its ancestor's drain", descendantAbort, agentDrain, false},
+		{"rollout batch never takes an operator's drain", rollout, opDrain, false},
+	} {
+		if got := Supersedes(tc.t, tc.other); got != tc.supersedes {
+			t.Errorf("%s: Supersedes = %v, want %v", tc.name, got, tc.supersedes)
+		}
+	}
+}
+
+func TestReachNode(t *testing.T) {
+	outer := newTermBy(t, "t_outer", "operator:alice", ModeAbort, 0)
+	inner := newTermBy(t, "t_inner", "agent:n_parent", ModeDrain, 24*time.Hour)
+	inner.Phase = PhaseDraining
+	inner.RequesterLineage = []string{"n_top", "n_parent"}
+	opAbort := newTermBy(t, "t_op", "operator:bob", ModeAbort, 0)
+	opAbort.Phase = PhaseAborting
+	done := inner
+	done.Phase = PhaseTerminated
+	agentOuter := newTermBy(t, "t_agent", "agent:n_top", ModeDrain, time.Hour)
+	for _, tc := range []struct {
+		t     Termination
+		state tetherv1.NodeState
+		owner Termination
+		want  Reach
+	}{
+		{outer, tetherv1.NodeState_NODE_STATE_RUNNING, Termination{}, ReachMark},
+		{outer, tetherv1.NodeState_NODE_STATE_DRAINING, inner, ReachTakeOver},
+		{outer, tetherv1.NodeState_NODE_STATE_TERMINATED, done, ReachPrior},
+		{agentOuter, tetherv1.NodeState_NODE_STATE_ABORTING, opAbort, ReachLeave},
+		{agentOuter, tetherv1.NodeState_NODE_STATE_DRAINING, inner, ReachTakeOver},
+	} {
+		if got := ReachNode(tc.t, tc.state, tc.owner); got != tc.want {
+			t.Errorf("%s reaching a %s node of %s: %d, want %d", tc.t.ID, tc.state, tc.owner.ID, got, tc.want)
+		}
+	}
+	if s := MarkedState(newTermBy(t, "t_x", "operator:a", ModeDrain, time.Minute), tetherv1.NodeState_NODE_STATE_ABORTING); s != tetherv1.NodeState_NODE_STATE_ABORTING {
+		t.Fatalf("a drain taking over an aborting node made it %s: a node never goes back to draining", s)
+	}
+}
+
+// TestAnOperatorAbortSupersedesAnAgentsLongDrain is the composition as a
+// transcript: an agent drains its child's subtree with a 24 h window; an
+// operator's abort of the parent takes every node over. The inner
+// termination, left with nothing, finishes at once with a record naming
+// the outer one; the outer runs its abort to the end.
+func TestAnOperatorAbortSupersedesAnAgentsLongDrain(t *testing.T) {
+	inner := runTranscript(t, newTermBy(t, "t_inner", "agent:n_parent", ModeDrain, 24*time.Hour), t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActMark, PhaseDraining},
+		{time.Second, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActWait, PhaseDraining},
+	})
+	inner.Members = []string{"n_child", "n_grandchild"}
+	outer := newTermBy(t, "t_outer", "operator:alice", ModeAbort, 0)
+	if !Supersedes(outer, inner) {
+		t.Fatal("an operator's abort does not supersede an agent's drain")
+	}
+	// The outer's mark takes both nodes over: the inner hands them over.
+	inner = HandOver(inner, map[string]bool{"n_child": true, "n_grandchild": true}, outer.ID, t0.Add(2*time.Second))
+	if len(inner.Members) != 0 || len(inner.HandedOver) != 2 || inner.HandedOver[0].TerminationID != "t_outer" {
+		t.Fatalf("after the handover: members %v, handed over %v", inner.Members, inner.HandedOver)
+	}
+	if !inner.Superseded() {
+		t.Fatal("a termination with every node taken over is not superseded")
+	}
+	// It does not wait out its 24 h window: the record is written now.
+	inner = runTranscript(t, inner, t0, []step{
+		{2 * time.Second, Progress{}, ActWriteRecord, PhaseTerminated},
+	})
+	if a, _ := Next(inner, Progress{}, t0.Add(3*time.Second)); a != ActNone {
+		t.Fatalf("a superseded termination, finished: Next = %s", a)
+	}
+	outer.Members = []string{"n_parent", "n_child", "n_grandchild"}
+	runTranscript(t, outer, t0.Add(2*time.Second), []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 3}, ActMark, PhaseAborting},
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 3}, ActCancelCalls, PhaseAborting},
+		{time.Second, Progress{CancelsPending: 0, Unconfirmed: 3}, ActRevoke, PhaseReconciling},
+		{2 * time.Second, Progress{Unconfirmed: 0}, ActWriteRecord, PhaseTerminated},
+	})
+}
+
+// TestAPartlyTakenOverTerminationGoesOn: a termination that keeps some
+// members (a rollout batch of several roots, one of them taken over) runs
+// its phases for the rest and is not superseded.
+func TestAPartlyTakenOverTerminationGoesOn(t *testing.T) {
+	term := newTerm(t, ModeDrain)
+	term.Members = []string{"n_a", "n_b"}
+	term = runTranscript(t, term, t0, []step{{0, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActMark, PhaseDraining}})
+	term = HandOver(term, map[string]bool{"n_b": true}, "t_other", t0.Add(time.Second))
+	if term.Superseded() || len(term.Members) != 1 || term.Progress.Unconfirmed != 1 {
+		t.Fatalf("after handing one of two over: superseded=%v members=%v unconfirmed=%d", term.Superseded(), term.Members, term.Progress.Unconfirmed)
+	}
+	runTranscript(t, term, t0, []step{
+		{5 * time.Second, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActWait, PhaseDraining},
+		{6 * time.Second, Progress{Unconfirmed: 1}, ActEndDrain, PhaseReconciling},
+	})
+	if _, err := Advance(term, ActWriteRecord, Progress{}, t0); err == nil {
+		t.Fatal("a draining termination that still has members wrote its record")
+	}
+}
+
+// TestHangingHooksBecomeRevokeFailedAtTheHookDeadline: the record waits for
+// the privilege revocations only up to the hook deadline, on the injected
+// clock, whatever the confirmations do.
+func TestHangingHooksBecomeRevokeFailedAtTheHookDeadline(t *testing.T) {
+	term := newTerm(t, ModeAbort) // confirm timeout 10 s
+	term.HookTimeout = 3 * time.Second
+	term = runTranscript(t, term, t0, []step{
+		{0, Progress{Unconfirmed: 1}, ActMark, PhaseAborting},
+		{0, Progress{Unconfirmed: 1}, ActCancelCalls, PhaseAborting},
+		{0, Progress{Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+	})
+	if !term.HookDeadline.Equal(t0.Add(3 * time.Second)) {
+		t.Fatalf("hook deadline %s, want revoke + 3s", term.HookDeadline)
+	}
+	// Confirmed at once, hooks hanging: the record waits for the hooks...
+	if a, wake := Next(term, Progress{HooksPending: 12}, t0.Add(time.Second)); a != ActWait || !wake.Equal(term.HookDeadline) {
+		t.Fatalf("hooks pending before their deadline: %s until %s", a, wake)
+	}
+	// ...only until their deadline.
+	runTranscript(t, term, t0, []step{{3 * time.Second, Progress{HooksPending: 12}, ActWriteRecord, PhaseTerminated}})
+	// Hooks answered, confirmations pending: the confirm deadline rules.
+	if a, wake := Next(term, Progress{Unconfirmed: 1}, t0.Add(time.Second)); a != ActWait || !wake.Equal(term.ConfirmDeadline) {
+		t.Fatalf("confirmations pending: %s until %s", a, wake)
+	}
+	// Both pending: wake at the earlier deadline.
+	if _, wake := Next(term, Progress{Unconfirmed: 1, HooksPending: 1}, t0.Add(time.Second)); !wake.Equal(term.HookDeadline) {
+		t.Fatalf("both pending: wake %s, want the hook deadline", wake)
+	}
 }

@@ -7,10 +7,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 func newServeCommand(g *globals) *cobra.Command {
@@ -18,6 +20,9 @@ func newServeCommand(g *globals) *cobra.Command {
 		listen, tlsCert, tlsKey, logFormat, logLevel string
 		rateLimit                                    float64
 		storage                                      storeFlags
+		hookAllow                                    []string
+		maxPrivileges                                int
+		hookTimeout                                  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -32,6 +37,7 @@ func newServeCommand(g *globals) *cobra.Command {
 			defer stop()
 			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
+				PrivilegeHookAllow: hookAllow, PrivilegeMaxPerNode: maxPrivileges, PrivilegeHookTimeout: hookTimeout,
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -67,6 +73,9 @@ func newServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	storage.register(f)
 	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
+	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
+	f.IntVar(&maxPrivileges, "privilege-max-per-node", supervisor.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
+	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")
 	return cmd
 }
 

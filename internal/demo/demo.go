@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/embedded"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
@@ -93,7 +94,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	// 1. An embedded control plane on Badger, on loopback.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	srv, err := embedded.Start(ctx, filepath.Join(dir, "data"))
+	// The demo's revoke webhooks live on loopback: the operator allows it.
+	srv, err := embedded.Start(ctx, filepath.Join(dir, "data"), func(cfg *controlplane.Config) {
+		cfg.PrivilegeHookAllow = []string{"127.0.0.1"}
+	})
 	if err != nil {
 		return nil, err
 	}

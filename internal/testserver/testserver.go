@@ -48,6 +48,12 @@ type Option func(*controlplane.Config)
 // WithClock injects a clock.
 func WithClock(c clock.Clock) Option { return func(cfg *controlplane.Config) { cfg.Clock = c } }
 
+// AllowPrivilegeHooks sets the destinations revoke webhooks may call
+// (controlplane.Config.PrivilegeHookAllow; `serve --privilege-hook-allow`).
+func AllowPrivilegeHooks(entries ...string) Option {
+	return func(cfg *controlplane.Config) { cfg.PrivilegeHookAllow = entries }
+}
+
 // Start runs a control plane on t.TempDir() and stops it at cleanup.
 func Start(t testing.TB, opts ...Option) *Server {
 	t.Helper()

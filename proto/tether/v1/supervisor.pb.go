@@ -87,19 +87,26 @@ const (
 	NodeOutcome_NODE_OUTCOME_UNSPECIFIED NodeOutcome = 0
 	NodeOutcome_NODE_OUTCOME_CONFIRMED   NodeOutcome = 1
 	NodeOutcome_NODE_OUTCOME_UNACCOUNTED NodeOutcome = 2
+	// Another termination accounts for the node (superseded_by_termination_id):
+	// it took the node over from this one, or had it first and this one may
+	// not take it (an abort, or a higher authority's). Its record lists the
+	// node, its calls, privileges and leases.
+	NodeOutcome_NODE_OUTCOME_SUPERSEDED NodeOutcome = 10
 )
 
 // Enum value maps for NodeOutcome.
 var (
 	NodeOutcome_name = map[int32]string{
-		0: "NODE_OUTCOME_UNSPECIFIED",
-		1: "NODE_OUTCOME_CONFIRMED",
-		2: "NODE_OUTCOME_UNACCOUNTED",
+		0:  "NODE_OUTCOME_UNSPECIFIED",
+		1:  "NODE_OUTCOME_CONFIRMED",
+		2:  "NODE_OUTCOME_UNACCOUNTED",
+		10: "NODE_OUTCOME_SUPERSEDED",
 	}
 	NodeOutcome_value = map[string]int32{
 		"NODE_OUTCOME_UNSPECIFIED": 0,
 		"NODE_OUTCOME_CONFIRMED":   1,
 		"NODE_OUTCOME_UNACCOUNTED": 2,
+		"NODE_OUTCOME_SUPERSEDED":  10,
 	}
 )
 
@@ -128,6 +135,66 @@ func (x NodeOutcome) Number() protoreflect.EnumNumber {
 // Deprecated: Use NodeOutcome.Descriptor instead.
 func (NodeOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{1}
+}
+
+// How another termination stood with a node when this one reached it
+// (terminations compose: an ancestor's covers its whole subtree).
+type InnerOutcome int32
+
+const (
+	InnerOutcome_INNER_OUTCOME_UNSPECIFIED InnerOutcome = 0
+	// inner_termination_id was draining the node; this termination took it
+	// over (and its open calls), superseding that one for the node.
+	InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING InnerOutcome = 1
+	// inner_termination_id was aborting the node; this termination took it
+	// over (its cancel orders stand).
+	InnerOutcome_INNER_OUTCOME_TAKEN_OVER_ABORTING InnerOutcome = 2
+	// inner_termination_id had already terminated the node; its record
+	// (inner_record_id) accounts for the node, and outcome is that record's.
+	InnerOutcome_INNER_OUTCOME_TERMINATED InnerOutcome = 3
+)
+
+// Enum value maps for InnerOutcome.
+var (
+	InnerOutcome_name = map[int32]string{
+		0: "INNER_OUTCOME_UNSPECIFIED",
+		1: "INNER_OUTCOME_TAKEN_OVER_DRAINING",
+		2: "INNER_OUTCOME_TAKEN_OVER_ABORTING",
+		3: "INNER_OUTCOME_TERMINATED",
+	}
+	InnerOutcome_value = map[string]int32{
+		"INNER_OUTCOME_UNSPECIFIED":         0,
+		"INNER_OUTCOME_TAKEN_OVER_DRAINING": 1,
+		"INNER_OUTCOME_TAKEN_OVER_ABORTING": 2,
+		"INNER_OUTCOME_TERMINATED":          3,
+	}
+)
+
+func (x InnerOutcome) Enum() *InnerOutcome {
+	p := new(InnerOutcome)
+	*p = x
+	return p
+}
+
+func (x InnerOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (InnerOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_v1_supervisor_proto_enumTypes[2].Descriptor()
+}
+
+func (InnerOutcome) Type() protoreflect.EnumType {
+	return &file_tether_v1_supervisor_proto_enumTypes[2]
+}
+
+func (x InnerOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use InnerOutcome.Descriptor instead.
+func (InnerOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{2}
 }
 
 type PrivilegeOutcome int32
@@ -166,11 +233,11 @@ func (x PrivilegeOutcome) String() string {
 }
 
 func (PrivilegeOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_tether_v1_supervisor_proto_enumTypes[2].Descriptor()
+	return file_tether_v1_supervisor_proto_enumTypes[3].Descriptor()
 }
 
 func (PrivilegeOutcome) Type() protoreflect.EnumType {
-	return &file_tether_v1_supervisor_proto_enumTypes[2]
+	return &file_tether_v1_supervisor_proto_enumTypes[3]
 }
 
 func (x PrivilegeOutcome) Number() protoreflect.EnumNumber {
@@ -179,7 +246,7 @@ func (x PrivilegeOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PrivilegeOutcome.Descriptor instead.
 func (PrivilegeOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{2}
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{3}
 }
 
 type LeaseOutcome int32
@@ -225,11 +292,11 @@ func (x LeaseOutcome) String() string {
 }
 
 func (LeaseOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_tether_v1_supervisor_proto_enumTypes[3].Descriptor()
+	return file_tether_v1_supervisor_proto_enumTypes[4].Descriptor()
 }
 
 func (LeaseOutcome) Type() protoreflect.EnumType {
-	return &file_tether_v1_supervisor_proto_enumTypes[3]
+	return &file_tether_v1_supervisor_proto_enumTypes[4]
 }
 
 func (x LeaseOutcome) Number() protoreflect.EnumNumber {
@@ -238,7 +305,7 @@ func (x LeaseOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LeaseOutcome.Descriptor instead.
 func (LeaseOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{3}
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{4}
 }
 
 type TerminationProgress struct {
@@ -339,7 +406,13 @@ type Termination struct {
 	// node_id is the first.
 	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
 	// The rollout this termination is a batch of, if any.
-	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	RolloutId string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// Terminations this one took nodes over from (it superseded them for
+	// those nodes), and terminations that took nodes over from this one or
+	// that it left nodes to. Each node of the subtree is accounted for by
+	// exactly one termination; the records name the others.
+	TookOverFrom  []string `protobuf:"bytes,20,rep,name=took_over_from,json=tookOverFrom,proto3" json:"took_over_from,omitempty"`
+	SupersededBy  []string `protobuf:"bytes,21,rep,name=superseded_by,json=supersededBy,proto3" json:"superseded_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -484,6 +557,20 @@ func (x *Termination) GetRolloutId() string {
 		return x.RolloutId
 	}
 	return ""
+}
+
+func (x *Termination) GetTookOverFrom() []string {
+	if x != nil {
+		return x.TookOverFrom
+	}
+	return nil
+}
+
+func (x *Termination) GetSupersededBy() []string {
+	if x != nil {
+		return x.SupersededBy
+	}
+	return nil
 }
 
 type TerminateRequest struct {
@@ -800,10 +887,17 @@ type RecordNode struct {
 	ConfirmedAt  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=confirmed_at,json=confirmedAt,proto3" json:"confirmed_at,omitempty"`
 	LastSeenAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
 	// What an unaccounted node still held when the record was written.
-	HeldGrantIds  []string `protobuf:"bytes,8,rep,name=held_grant_ids,json=heldGrantIds,proto3" json:"held_grant_ids,omitempty"`
-	HeldJobIds    []string `protobuf:"bytes,9,rep,name=held_job_ids,json=heldJobIds,proto3" json:"held_job_ids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HeldGrantIds []string `protobuf:"bytes,8,rep,name=held_grant_ids,json=heldGrantIds,proto3" json:"held_grant_ids,omitempty"`
+	HeldJobIds   []string `protobuf:"bytes,9,rep,name=held_job_ids,json=heldJobIds,proto3" json:"held_job_ids,omitempty"`
+	// Set when another termination had the node before this one reached it.
+	InnerTerminationId string       `protobuf:"bytes,20,opt,name=inner_termination_id,json=innerTerminationId,proto3" json:"inner_termination_id,omitempty"`
+	InnerOutcome       InnerOutcome `protobuf:"varint,21,opt,name=inner_outcome,json=innerOutcome,proto3,enum=tether.v1.InnerOutcome" json:"inner_outcome,omitempty"`
+	InnerRecordId      string       `protobuf:"bytes,22,opt,name=inner_record_id,json=innerRecordId,proto3" json:"inner_record_id,omitempty"`
+	// Set with NODE_OUTCOME_SUPERSEDED: the termination that accounts for
+	// the node instead of this one.
+	SupersededByTerminationId string `protobuf:"bytes,23,opt,name=superseded_by_termination_id,json=supersededByTerminationId,proto3" json:"superseded_by_termination_id,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *RecordNode) Reset() {
@@ -897,6 +991,34 @@ func (x *RecordNode) GetHeldJobIds() []string {
 		return x.HeldJobIds
 	}
 	return nil
+}
+
+func (x *RecordNode) GetInnerTerminationId() string {
+	if x != nil {
+		return x.InnerTerminationId
+	}
+	return ""
+}
+
+func (x *RecordNode) GetInnerOutcome() InnerOutcome {
+	if x != nil {
+		return x.InnerOutcome
+	}
+	return InnerOutcome_INNER_OUTCOME_UNSPECIFIED
+}
+
+func (x *RecordNode) GetInnerRecordId() string {
+	if x != nil {
+		return x.InnerRecordId
+	}
+	return ""
+}
+
+func (x *RecordNode) GetSupersededByTerminationId() string {
+	if x != nil {
+		return x.SupersededByTerminationId
+	}
+	return ""
 }
 
 type RecordToolCall struct {
@@ -1903,7 +2025,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\fnodes_marked\x18\x02 \x01(\rR\vnodesMarked\x12&\n" +
 	"\x0fcalls_in_flight\x18\x03 \x01(\rR\rcallsInFlight\x12!\n" +
 	"\facks_pending\x18\x04 \x01(\rR\vacksPending\x12$\n" +
-	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xea\x05\n" +
+	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xb5\x06\n" +
 	"\vTermination\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12.\n" +
@@ -1923,7 +2045,9 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\tescalated\x18\x0e \x01(\bR\tescalated\x12\"\n" +
 	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
 	"\n" +
-	"rollout_id\x18\x10 \x01(\tR\trolloutId\"\xbe\x02\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\x12$\n" +
+	"\x0etook_over_from\x18\x14 \x03(\tR\ftookOverFrom\x12#\n" +
+	"\rsuperseded_by\x18\x15 \x03(\tR\fsupersededBy\"\xbe\x02\n" +
 	"\x10TerminateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12.\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1a.tether.v1.TerminationModeR\x04mode\x12<\n" +
@@ -1940,7 +2064,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x17WatchTerminationRequest\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\"T\n" +
 	"\x18WatchTerminationResponse\x128\n" +
-	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\xf9\x02\n" +
+	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\xd2\x04\n" +
 	"\n" +
 	"RecordNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -1953,7 +2077,11 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"lastSeenAt\x12$\n" +
 	"\x0eheld_grant_ids\x18\b \x03(\tR\fheldGrantIds\x12 \n" +
 	"\fheld_job_ids\x18\t \x03(\tR\n" +
-	"heldJobIds\"\xaa\x01\n" +
+	"heldJobIds\x120\n" +
+	"\x14inner_termination_id\x18\x14 \x01(\tR\x12innerTerminationId\x12<\n" +
+	"\rinner_outcome\x18\x15 \x01(\x0e2\x17.tether.v1.InnerOutcomeR\finnerOutcome\x12&\n" +
+	"\x0finner_record_id\x18\x16 \x01(\tR\rinnerRecordId\x12?\n" +
+	"\x1csuperseded_by_termination_id\x18\x17 \x01(\tR\x19supersededByTerminationId\"\xaa\x01\n" +
 	"\x0eRecordToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -2046,11 +2174,18 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x1aTERMINATION_STATE_DRAINING\x10\x02\x12\x1e\n" +
 	"\x1aTERMINATION_STATE_ABORTING\x10\x03\x12!\n" +
 	"\x1dTERMINATION_STATE_RECONCILING\x10\x04\x12 \n" +
-	"\x1cTERMINATION_STATE_TERMINATED\x10\x05*e\n" +
+	"\x1cTERMINATION_STATE_TERMINATED\x10\x05*\x82\x01\n" +
 	"\vNodeOutcome\x12\x1c\n" +
 	"\x18NODE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16NODE_OUTCOME_CONFIRMED\x10\x01\x12\x1c\n" +
-	"\x18NODE_OUTCOME_UNACCOUNTED\x10\x02*\x98\x01\n" +
+	"\x18NODE_OUTCOME_UNACCOUNTED\x10\x02\x12\x1b\n" +
+	"\x17NODE_OUTCOME_SUPERSEDED\x10\n" +
+	"*\x99\x01\n" +
+	"\fInnerOutcome\x12\x1d\n" +
+	"\x19INNER_OUTCOME_UNSPECIFIED\x10\x00\x12%\n" +
+	"!INNER_OUTCOME_TAKEN_OVER_DRAINING\x10\x01\x12%\n" +
+	"!INNER_OUTCOME_TAKEN_OVER_ABORTING\x10\x02\x12\x1c\n" +
+	"\x18INNER_OUTCOME_TERMINATED\x10\x03*\x98\x01\n" +
 	"\x10PrivilegeOutcome\x12!\n" +
 	"\x1dPRIVILEGE_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19PRIVILEGE_OUTCOME_REVOKED\x10\x01\x12\x1d\n" +
@@ -2093,131 +2228,133 @@ func file_tether_v1_supervisor_proto_rawDescGZIP() []byte {
 	return file_tether_v1_supervisor_proto_rawDescData
 }
 
-var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
 var file_tether_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationState)(0),             // 0: tether.v1.TerminationState
 	(NodeOutcome)(0),                  // 1: tether.v1.NodeOutcome
-	(PrivilegeOutcome)(0),             // 2: tether.v1.PrivilegeOutcome
-	(LeaseOutcome)(0),                 // 3: tether.v1.LeaseOutcome
-	(*TerminationProgress)(nil),       // 4: tether.v1.TerminationProgress
-	(*Termination)(nil),               // 5: tether.v1.Termination
-	(*TerminateRequest)(nil),          // 6: tether.v1.TerminateRequest
-	(*TerminateResponse)(nil),         // 7: tether.v1.TerminateResponse
-	(*GetTerminationRequest)(nil),     // 8: tether.v1.GetTerminationRequest
-	(*GetTerminationResponse)(nil),    // 9: tether.v1.GetTerminationResponse
-	(*WatchTerminationRequest)(nil),   // 10: tether.v1.WatchTerminationRequest
-	(*WatchTerminationResponse)(nil),  // 11: tether.v1.WatchTerminationResponse
-	(*RecordNode)(nil),                // 12: tether.v1.RecordNode
-	(*RecordToolCall)(nil),            // 13: tether.v1.RecordToolCall
-	(*RecordPrivilege)(nil),           // 14: tether.v1.RecordPrivilege
-	(*RecordLease)(nil),               // 15: tether.v1.RecordLease
-	(*RecordPhase)(nil),               // 16: tether.v1.RecordPhase
-	(*ReconciliationRecord)(nil),      // 17: tether.v1.ReconciliationRecord
-	(*GetRecordRequest)(nil),          // 18: tether.v1.GetRecordRequest
-	(*GetRecordResponse)(nil),         // 19: tether.v1.GetRecordResponse
-	(*ListRecordsRequest)(nil),        // 20: tether.v1.ListRecordsRequest
-	(*ListRecordsResponse)(nil),       // 21: tether.v1.ListRecordsResponse
-	(*DecideProposalRequest)(nil),     // 22: tether.v1.DecideProposalRequest
-	(*DecideProposalResponse)(nil),    // 23: tether.v1.DecideProposalResponse
-	(*ListProposalsRequest)(nil),      // 24: tether.v1.ListProposalsRequest
-	(*ListProposalsResponse)(nil),     // 25: tether.v1.ListProposalsResponse
-	(*RegisterPrivilegeRequest)(nil),  // 26: tether.v1.RegisterPrivilegeRequest
-	(*RegisterPrivilegeResponse)(nil), // 27: tether.v1.RegisterPrivilegeResponse
-	(TerminationMode)(0),              // 28: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),       // 29: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(CallResolution)(0),               // 31: tether.v1.CallResolution
-	(*StopProposal)(nil),              // 32: tether.v1.StopProposal
-	(ProposalState)(0),                // 33: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 34: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 35: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 36: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 37: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 38: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 39: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 40: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 41: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 42: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 43: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 44: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 45: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 46: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 47: tether.v1.AbortRolloutResponse
+	(InnerOutcome)(0),                 // 2: tether.v1.InnerOutcome
+	(PrivilegeOutcome)(0),             // 3: tether.v1.PrivilegeOutcome
+	(LeaseOutcome)(0),                 // 4: tether.v1.LeaseOutcome
+	(*TerminationProgress)(nil),       // 5: tether.v1.TerminationProgress
+	(*Termination)(nil),               // 6: tether.v1.Termination
+	(*TerminateRequest)(nil),          // 7: tether.v1.TerminateRequest
+	(*TerminateResponse)(nil),         // 8: tether.v1.TerminateResponse
+	(*GetTerminationRequest)(nil),     // 9: tether.v1.GetTerminationRequest
+	(*GetTerminationResponse)(nil),    // 10: tether.v1.GetTerminationResponse
+	(*WatchTerminationRequest)(nil),   // 11: tether.v1.WatchTerminationRequest
+	(*WatchTerminationResponse)(nil),  // 12: tether.v1.WatchTerminationResponse
+	(*RecordNode)(nil),                // 13: tether.v1.RecordNode
+	(*RecordToolCall)(nil),            // 14: tether.v1.RecordToolCall
+	(*RecordPrivilege)(nil),           // 15: tether.v1.RecordPrivilege
+	(*RecordLease)(nil),               // 16: tether.v1.RecordLease
+	(*RecordPhase)(nil),               // 17: tether.v1.RecordPhase
+	(*ReconciliationRecord)(nil),      // 18: tether.v1.ReconciliationRecord
+	(*GetRecordRequest)(nil),          // 19: tether.v1.GetRecordRequest
+	(*GetRecordResponse)(nil),         // 20: tether.v1.GetRecordResponse
+	(*ListRecordsRequest)(nil),        // 21: tether.v1.ListRecordsRequest
+	(*ListRecordsResponse)(nil),       // 22: tether.v1.ListRecordsResponse
+	(*DecideProposalRequest)(nil),     // 23: tether.v1.DecideProposalRequest
+	(*DecideProposalResponse)(nil),    // 24: tether.v1.DecideProposalResponse
+	(*ListProposalsRequest)(nil),      // 25: tether.v1.ListProposalsRequest
+	(*ListProposalsResponse)(nil),     // 26: tether.v1.ListProposalsResponse
+	(*RegisterPrivilegeRequest)(nil),  // 27: tether.v1.RegisterPrivilegeRequest
+	(*RegisterPrivilegeResponse)(nil), // 28: tether.v1.RegisterPrivilegeResponse
+	(TerminationMode)(0),              // 29: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),       // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
+	(CallResolution)(0),               // 32: tether.v1.CallResolution
+	(*StopProposal)(nil),              // 33: tether.v1.StopProposal
+	(ProposalState)(0),                // 34: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 35: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 36: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 37: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 38: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 39: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 40: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 41: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 42: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 43: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 44: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 45: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 46: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 47: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 48: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
-	28, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
-	29, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
-	29, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	29, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
+	29, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
+	30, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
+	30, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	30, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
 	0,  // 4: tether.v1.Termination.state:type_name -> tether.v1.TerminationState
-	30, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
-	30, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
-	4,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
-	28, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
-	29, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
-	29, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	29, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
-	5,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
-	5,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
-	5,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
+	31, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
+	31, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
+	5,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
+	29, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
+	30, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
+	30, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	30, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
+	6,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
+	6,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
+	6,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
 	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
-	30, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
-	30, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
-	31, // 18: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	2,  // 19: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	3,  // 20: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	30, // 21: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	29, // 22: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	28, // 23: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	12, // 24: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	13, // 25: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	14, // 26: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	15, // 27: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	16, // 28: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	30, // 29: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	17, // 30: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	17, // 31: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	32, // 32: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	5,  // 33: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	33, // 34: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	32, // 35: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	30, // 36: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 37: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	8,  // 38: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	10, // 39: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	18, // 40: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	20, // 41: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	22, // 42: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	24, // 43: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	26, // 44: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	34, // 45: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	35, // 46: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	36, // 47: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	37, // 48: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	38, // 49: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	39, // 50: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	40, // 51: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	7,  // 52: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	9,  // 53: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	11, // 54: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	19, // 55: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	21, // 56: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	23, // 57: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	25, // 58: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	27, // 59: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	41, // 60: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	42, // 61: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	43, // 62: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	44, // 63: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	45, // 64: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	46, // 65: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	47, // 66: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	52, // [52:67] is the sub-list for method output_type
-	37, // [37:52] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	31, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
+	31, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	2,  // 18: tether.v1.RecordNode.inner_outcome:type_name -> tether.v1.InnerOutcome
+	32, // 19: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	3,  // 20: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	4,  // 21: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
+	31, // 22: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	30, // 23: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	29, // 24: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	13, // 25: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	14, // 26: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	15, // 27: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	16, // 28: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	17, // 29: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	31, // 30: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	18, // 31: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	18, // 32: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	33, // 33: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	6,  // 34: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	34, // 35: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	33, // 36: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	31, // 37: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	7,  // 38: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	9,  // 39: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	11, // 40: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	19, // 41: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	21, // 42: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	23, // 43: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	25, // 44: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	27, // 45: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	35, // 46: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	36, // 47: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	37, // 48: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	38, // 49: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	39, // 50: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	40, // 51: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	41, // 52: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	8,  // 53: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	10, // 54: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	12, // 55: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	20, // 56: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	22, // 57: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	24, // 58: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	26, // 59: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	28, // 60: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	42, // 61: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	43, // 62: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	44, // 63: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	45, // 64: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	46, // 65: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	47, // 66: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	48, // 67: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	53, // [53:68] is the sub-list for method output_type
+	38, // [38:53] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2233,7 +2370,7 @@ func file_tether_v1_supervisor_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_supervisor_proto_rawDesc), len(file_tether_v1_supervisor_proto_rawDesc)),
-			NumEnums:      4,
+			NumEnums:      5,
 			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
