@@ -795,15 +795,33 @@ type RecordNode struct {
 	NodeId       string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	Name         string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	ParentNodeId string                 `protobuf:"bytes,3,opt,name=parent_node_id,json=parentNodeId,proto3" json:"parent_node_id,omitempty"`
-	Outcome      NodeOutcome            `protobuf:"varint,4,opt,name=outcome,proto3,enum=tether.v1.NodeOutcome" json:"outcome,omitempty"`
-	ConfirmedBy  string                 `protobuf:"bytes,5,opt,name=confirmed_by,json=confirmedBy,proto3" json:"confirmed_by,omitempty"`
-	ConfirmedAt  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=confirmed_at,json=confirmedAt,proto3" json:"confirmed_at,omitempty"`
-	LastSeenAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
+	// CONFIRMED only when a confirmation exists and the control plane's own
+	// evidence agrees: no session open, every grant revoked or expired, no
+	// activity after the confirmation, and (for a claim) the session's close
+	// observed by the control plane.
+	Outcome NodeOutcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=tether.v1.NodeOutcome" json:"outcome,omitempty"`
+	// The party whose word counts as evidence: an operator (launcher) or an
+	// agent outside the stopped subtree, or "control-plane" when only a claim
+	// exists and the control plane's observation corroborates it.
+	ConfirmedBy string                 `protobuf:"bytes,5,opt,name=confirmed_by,json=confirmedBy,proto3" json:"confirmed_by,omitempty"`
+	ConfirmedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=confirmed_at,json=confirmedAt,proto3" json:"confirmed_at,omitempty"`
+	LastSeenAt  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
 	// What an unaccounted node still held when the record was written.
-	HeldGrantIds  []string `protobuf:"bytes,8,rep,name=held_grant_ids,json=heldGrantIds,proto3" json:"held_grant_ids,omitempty"`
-	HeldJobIds    []string `protobuf:"bytes,9,rep,name=held_job_ids,json=heldJobIds,proto3" json:"held_job_ids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	HeldGrantIds []string `protobuf:"bytes,8,rep,name=held_grant_ids,json=heldGrantIds,proto3" json:"held_grant_ids,omitempty"`
+	HeldJobIds   []string `protobuf:"bytes,9,rep,name=held_job_ids,json=heldJobIds,proto3" json:"held_job_ids,omitempty"`
+	// A claim: the node's own word, or an ancestor's inside the stopped
+	// subtree. Shown, never counted as evidence by itself.
+	ClaimedBy string                 `protobuf:"bytes,10,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	ClaimedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
+	// Activity the control plane saw after the confirmation.
+	Contradictions []*Contradiction `protobuf:"bytes,12,rep,name=contradictions,proto3" json:"contradictions,omitempty"`
+	// The control plane's observation of the node's session.
+	SessionClosedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=session_closed_at,json=sessionClosedAt,proto3" json:"session_closed_at,omitempty"`
+	SessionOpen     bool                   `protobuf:"varint,14,opt,name=session_open,json=sessionOpen,proto3" json:"session_open,omitempty"`
+	// Why the node is unaccounted, in words.
+	UnaccountedReason string `protobuf:"bytes,15,opt,name=unaccounted_reason,json=unaccountedReason,proto3" json:"unaccounted_reason,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RecordNode) Reset() {
@@ -899,15 +917,61 @@ func (x *RecordNode) GetHeldJobIds() []string {
 	return nil
 }
 
+func (x *RecordNode) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
+func (x *RecordNode) GetClaimedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClaimedAt
+	}
+	return nil
+}
+
+func (x *RecordNode) GetContradictions() []*Contradiction {
+	if x != nil {
+		return x.Contradictions
+	}
+	return nil
+}
+
+func (x *RecordNode) GetSessionClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SessionClosedAt
+	}
+	return nil
+}
+
+func (x *RecordNode) GetSessionOpen() bool {
+	if x != nil {
+		return x.SessionOpen
+	}
+	return false
+}
+
+func (x *RecordNode) GetUnaccountedReason() string {
+	if x != nil {
+		return x.UnaccountedReason
+	}
+	return ""
+}
+
 type RecordToolCall struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Tool          string                 `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
-	GateId        string                 `protobuf:"bytes,4,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
-	Resolution    CallResolution         `protobuf:"varint,5,opt,name=resolution,proto3,enum=tether.v1.CallResolution" json:"resolution,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	CallId     string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	NodeId     string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Tool       string                 `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
+	GateId     string                 `protobuf:"bytes,4,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
+	Resolution CallResolution         `protobuf:"varint,5,opt,name=resolution,proto3,enum=tether.v1.CallResolution" json:"resolution,omitempty"`
+	// Who reported each step (see ToolCall).
+	BegunBy        string `protobuf:"bytes,6,opt,name=begun_by,json=begunBy,proto3" json:"begun_by,omitempty"`
+	EndedBy        string `protobuf:"bytes,7,opt,name=ended_by,json=endedBy,proto3" json:"ended_by,omitempty"`
+	AcknowledgedBy string `protobuf:"bytes,8,opt,name=acknowledged_by,json=acknowledgedBy,proto3" json:"acknowledged_by,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RecordToolCall) Reset() {
@@ -973,6 +1037,27 @@ func (x *RecordToolCall) GetResolution() CallResolution {
 		return x.Resolution
 	}
 	return CallResolution_CALL_RESOLUTION_UNSPECIFIED
+}
+
+func (x *RecordToolCall) GetBegunBy() string {
+	if x != nil {
+		return x.BegunBy
+	}
+	return ""
+}
+
+func (x *RecordToolCall) GetEndedBy() string {
+	if x != nil {
+		return x.EndedBy
+	}
+	return ""
+}
+
+func (x *RecordToolCall) GetAcknowledgedBy() string {
+	if x != nil {
+		return x.AcknowledgedBy
+	}
+	return ""
 }
 
 type RecordPrivilege struct {
@@ -1896,7 +1981,7 @@ var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
+	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/agent.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
 	"\x13TerminationProgress\x12\x1f\n" +
 	"\vnodes_total\x18\x01 \x01(\rR\n" +
 	"nodesTotal\x12!\n" +
@@ -1940,7 +2025,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x17WatchTerminationRequest\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\"T\n" +
 	"\x18WatchTerminationResponse\x128\n" +
-	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\xf9\x02\n" +
+	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\xaf\x05\n" +
 	"\n" +
 	"RecordNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -1953,7 +2038,16 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"lastSeenAt\x12$\n" +
 	"\x0eheld_grant_ids\x18\b \x03(\tR\fheldGrantIds\x12 \n" +
 	"\fheld_job_ids\x18\t \x03(\tR\n" +
-	"heldJobIds\"\xaa\x01\n" +
+	"heldJobIds\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\n" +
+	" \x01(\tR\tclaimedBy\x129\n" +
+	"\n" +
+	"claimed_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tclaimedAt\x12@\n" +
+	"\x0econtradictions\x18\f \x03(\v2\x18.tether.v1.ContradictionR\x0econtradictions\x12F\n" +
+	"\x11session_closed_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fsessionClosedAt\x12!\n" +
+	"\fsession_open\x18\x0e \x01(\bR\vsessionOpen\x12-\n" +
+	"\x12unaccounted_reason\x18\x0f \x01(\tR\x11unaccountedReason\"\x89\x02\n" +
 	"\x0eRecordToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -1961,7 +2055,10 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\agate_id\x18\x04 \x01(\tR\x06gateId\x129\n" +
 	"\n" +
 	"resolution\x18\x05 \x01(\x0e2\x19.tether.v1.CallResolutionR\n" +
-	"resolution\"\xcf\x01\n" +
+	"resolution\x12\x19\n" +
+	"\bbegun_by\x18\x06 \x01(\tR\abegunBy\x12\x19\n" +
+	"\bended_by\x18\a \x01(\tR\aendedBy\x12'\n" +
+	"\x0facknowledged_by\x18\b \x01(\tR\x0eacknowledgedBy\"\xcf\x01\n" +
 	"\x0fRecordPrivilege\x12!\n" +
 	"\fprivilege_id\x18\x01 \x01(\tR\vprivilegeId\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1f\n" +
@@ -2127,23 +2224,24 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationMode)(0),              // 28: tether.v1.TerminationMode
 	(*durationpb.Duration)(nil),       // 29: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(CallResolution)(0),               // 31: tether.v1.CallResolution
-	(*StopProposal)(nil),              // 32: tether.v1.StopProposal
-	(ProposalState)(0),                // 33: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 34: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 35: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 36: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 37: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 38: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 39: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 40: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 41: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 42: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 43: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 44: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 45: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 46: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 47: tether.v1.AbortRolloutResponse
+	(*Contradiction)(nil),             // 31: tether.v1.Contradiction
+	(CallResolution)(0),               // 32: tether.v1.CallResolution
+	(*StopProposal)(nil),              // 33: tether.v1.StopProposal
+	(ProposalState)(0),                // 34: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 35: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 36: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 37: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 38: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 39: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 40: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 41: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 42: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 43: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 44: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 45: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 46: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 47: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 48: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	28, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
@@ -2164,60 +2262,63 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
 	30, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
 	30, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
-	31, // 18: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	2,  // 19: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	3,  // 20: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	30, // 21: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	29, // 22: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	28, // 23: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	12, // 24: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	13, // 25: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	14, // 26: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	15, // 27: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	16, // 28: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	30, // 29: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	17, // 30: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	17, // 31: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	32, // 32: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	5,  // 33: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	33, // 34: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	32, // 35: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	30, // 36: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 37: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	8,  // 38: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	10, // 39: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	18, // 40: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	20, // 41: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	22, // 42: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	24, // 43: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	26, // 44: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	34, // 45: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	35, // 46: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	36, // 47: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	37, // 48: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	38, // 49: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	39, // 50: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	40, // 51: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	7,  // 52: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	9,  // 53: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	11, // 54: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	19, // 55: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	21, // 56: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	23, // 57: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	25, // 58: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	27, // 59: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	41, // 60: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	42, // 61: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	43, // 62: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	44, // 63: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	45, // 64: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	46, // 65: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	47, // 66: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	52, // [52:67] is the sub-list for method output_type
-	37, // [37:52] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	30, // 18: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
+	31, // 19: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
+	30, // 20: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
+	32, // 21: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	2,  // 22: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	3,  // 23: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
+	30, // 24: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	29, // 25: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	28, // 26: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	12, // 27: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	13, // 28: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	14, // 29: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	15, // 30: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	16, // 31: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	30, // 32: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	17, // 33: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	17, // 34: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	33, // 35: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	5,  // 36: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	34, // 37: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	33, // 38: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	30, // 39: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 40: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	8,  // 41: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	10, // 42: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	18, // 43: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	20, // 44: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	22, // 45: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	24, // 46: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	26, // 47: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	35, // 48: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	36, // 49: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	37, // 50: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	38, // 51: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	39, // 52: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	40, // 53: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	41, // 54: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	7,  // 55: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	9,  // 56: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	11, // 57: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	19, // 58: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	21, // 59: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	23, // 60: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	25, // 61: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	27, // 62: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	42, // 63: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	43, // 64: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	44, // 65: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	45, // 66: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	46, // 67: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	47, // 68: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	48, // 69: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	55, // [55:70] is the sub-list for method output_type
+	40, // [40:55] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2225,6 +2326,7 @@ func file_tether_v1_supervisor_proto_init() {
 	if File_tether_v1_supervisor_proto != nil {
 		return
 	}
+	file_tether_v1_agent_proto_init()
 	file_tether_v1_proposal_proto_init()
 	file_tether_v1_rollout_proto_init()
 	file_tether_v1_tool_proto_init()
