@@ -217,12 +217,15 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
 			return err
 		}
+		stopped := t.stoppedSet()
 		for _, m := range t.Members {
 			n, err := getNode(tx, m)
 			if err != nil {
 				return err
 			}
-			if n.ExitedAt == nil {
+			// Wait for a node until its verdict is settled: a claim may
+			// still be corroborated (its session's end observed).
+			if !judgeExit(n, func(id string) bool { return stopped[id] }, nil).settled {
 				p.Unconfirmed++
 			}
 		}
@@ -296,12 +299,17 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		for _, n := range nodes {
 			// A node already stopping under another termination, or
 			// terminated, is accounted for by that termination's record;
-			// with several roots, one may lie in another's subtree.
-			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING || seen[n.NodeId] {
+			// with several roots, one may lie in another's subtree. An
+			// exited node is this termination's to account for: it keeps
+			// its state (it may not act), and the record weighs its exit.
+			exited := n.State == tetherv1.NodeState_NODE_STATE_EXITED
+			if (n.State != tetherv1.NodeState_NODE_STATE_RUNNING && !exited) || seen[n.NodeId] {
 				continue
 			}
 			seen[n.NodeId] = true
-			n.State = state
+			if !exited {
+				n.State = state
+			}
 			n.TerminationId = t.ID
 			if err := putNode(tx, n); err != nil {
 				return err
