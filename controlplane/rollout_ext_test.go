@@ -232,7 +232,7 @@ func TestRollout30AgentsFromV1ToV2InBatchesOf5(t *testing.T) {
 	defer cancel()
 	admin := srv.AdminClients()
 	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
-	gate := agentsdk.NewToolGate(op, "gate-1")
+	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.ToolServerToken(t, "gate-1"), srv.HTTP), "gate-1")
 	defer gate.Close()
 	<-gate.Ready()
 	s := &swarm{t: t, srv: srv, clk: clk, op: op, admin: admin, gate: gate, ctx: ctx,
@@ -540,6 +540,7 @@ func TestRolloutAbortReleasesTheDrainingBatchsLeases(t *testing.T) {
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	jobs := map[string]string{}
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
 	for _, name := range []string{"a", "b"} {
 		n := registerLabelled(t, admin, name, map[string]string{"version": "v1"})
 		jobs[n.Node.NodeId] = "job-" + name
@@ -548,7 +549,7 @@ func TestRolloutAbortReleasesTheDrainingBatchsLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 		// An in-flight call keeps the batch draining.
-		if _, err := admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
+		if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-" + name, HolderIdentity: n.Node.NodeId, LeaseDuration: durationpb.New(time.Minute)})); err != nil {

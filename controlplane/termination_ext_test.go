@@ -41,7 +41,7 @@ func newToolWorld(t *testing.T, neverAck bool) *toolWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP), "gate-1")
+	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.ToolServerToken(t, "gate-1"), srv.HTTP), "gate-1")
 	gate.NeverAck = neverAck
 	t.Cleanup(gate.Close)
 	<-gate.Ready()
@@ -250,7 +250,8 @@ func TestKill9DuringDrainingCompletesWithExactlyOneRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
+	gate := proc.Clients(proc.ToolServerToken(t, "gate-1"))
+	if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
 		t.Fatal(err)
 	}
 	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 2*time.Second, time.Second, time.Second)
