@@ -72,7 +72,14 @@ func (s *swarm) startV1(i int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go a.Run(ctx)
+	// The agent's "process": its session runs until it exits, before its
+	// launcher confirms the exit (a launcher confirms a process it saw end;
+	// a session still open would contradict it).
+	runCtx, stopRun := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = a.Run(runCtx) }()
+	exitProcess := func() { stopRun(); <-ran }
+	t.Cleanup(stopRun)
 	<-a.Opened()
 	issued, err := s.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: a.NodeID(), Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 	if err != nil {
@@ -107,13 +114,13 @@ func (s *swarm) startV1(i int) {
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()
-		if err := s.launch(a, job, jobID, name, release, callDone); err != nil {
+		if err := s.launch(a, job, jobID, name, release, callDone, exitProcess); err != nil {
 			s.fail(fmt.Errorf("%s: %w", name, err))
 		}
 	}()
 }
 
-func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name string, release chan struct{}, callDone chan error) error {
+func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name string, release chan struct{}, callDone chan error, exitProcess func()) error {
 	ctx := s.ctx
 	select {
 	case <-old.Draining():
@@ -138,6 +145,7 @@ func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name strin
 		if err := <-callDone; err != nil {
 			return fmt.Errorf("tool call: %w", err)
 		}
+		exitProcess()
 		if err := s.confirmExit(old.NodeID()); err != nil {
 			return err
 		}
@@ -174,6 +182,7 @@ func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name strin
 	if err := <-callDone; err != nil {
 		return fmt.Errorf("tool call: %w", err)
 	}
+	exitProcess()
 	return s.confirmExit(old.NodeID())
 }
 

@@ -302,7 +302,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			// with several roots, one may lie in another's subtree. An
 			// exited node is this termination's to account for: it keeps
 			// its state (it may not act), and the record weighs its exit.
-			exited := n.State == tetherv1.NodeState_NODE_STATE_EXITED
+			exited := n.State == tetherv1.NodeState_NODE_STATE_EXITED && n.TerminationId == ""
 			if (n.State != tetherv1.NodeState_NODE_STATE_RUNNING && !exited) || seen[n.NodeId] {
 				continue
 			}

@@ -148,7 +148,9 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 				return Termination{}, err
 			}
 		}
-		if target.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		// An exited node no termination covers yet is this one's to account for.
+		exited := target.State == tetherv1.NodeState_NODE_STATE_EXITED && target.TerminationId == ""
+		if target.State != tetherv1.NodeState_NODE_STATE_RUNNING && !exited {
 			return Termination{}, fmt.Errorf("%w: node_id %s is %s (termination %s)", ErrAlreadyStopping, r, StateName(target.State), target.TerminationId)
 		}
 	}
