@@ -36,7 +36,7 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 	}
 	signals, unsubscribe := a.s.signals.Subscribe(p.NodeID())
 	defer unsubscribe()
-	node, err := a.s.tree.SessionOpened(ctx, p.NodeID())
+	node, sessionID, err := a.s.tree.SessionOpened(ctx, p.NodeID())
 	if err != nil {
 		return toConnect(err)
 	}
@@ -44,7 +44,7 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 		// Outlive the stream's context: the end must be stored.
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		if err := a.s.tree.SessionClosed(closeCtx, p.NodeID()); err != nil {
+		if err := a.s.tree.SessionClosed(closeCtx, p.NodeID(), sessionID); err != nil {
 			a.s.log.Warn("could not store the end of a session", "node_id", p.NodeID(), "error", err)
 		}
 	}()

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -112,10 +113,17 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.
 	return n, exitedError(n, kind)
 }
 
-// SessionOpened records that the node's session opened. A node whose exit
-// was confirmed may not open one: the attempt is a contradiction.
-func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node, error) {
+// MaxOpenSessions bounds the sessions a node may hold open at once.
+const MaxOpenSessions = 8
+
+// SessionOpened records that one of the node's sessions opened and returns
+// its id, for SessionClosed. A node whose exit was confirmed may not open
+// one: the attempt is a contradiction. The sessions are kept on the node
+// one by one, so that a second, silent session cannot hide behind the
+// close of the first.
+func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node, string, error) {
 	now := t.Clock.Now()
+	sessionID := id.New(id.Session)
 	var out *tetherv1.Node
 	var refused error
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
@@ -132,37 +140,107 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node
 			}
 			return putNode(tx, n)
 		}
+		if len(n.OpenSessions) >= MaxOpenSessions {
+			refused = fmt.Errorf("%w: node %s already has %d sessions open, the maximum", ErrLimit, nodeID, len(n.OpenSessions))
+			return nil
+		}
 		n.SessionOpenedAt = timestamppb.New(now)
-		return putNode(tx, n)
+		n.OpenSessions = append(n.OpenSessions, &tetherv1.OpenSession{SessionId: sessionID, OpenedAt: n.SessionOpenedAt, Instance: t.Instance})
+		if err := putNode(tx, n); err != nil {
+			return err
+		}
+		return tx.Put(sessionKey(t.Instance, nodeID, sessionID), nil)
 	})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return out, refused
+	return out, sessionID, refused
 }
 
-// SessionClosed records that the node's session ended. The caller passes a
-// context that outlives the stream.
-func (t *Tree) SessionClosed(ctx context.Context, nodeID string) error {
+// SessionClosed records that a session ended. The caller passes a context
+// that outlives the stream.
+func (t *Tree) SessionClosed(ctx context.Context, nodeID, sessionID string) error {
 	now := timestamppb.New(t.Clock.Now())
 	return t.Store.Update(ctx, func(tx store.Txn) error {
 		n, err := getNode(tx, nodeID)
 		if err != nil {
 			return err
 		}
-		n.SessionClosedAt = now
-		return putNode(tx, n)
+		closeSession(n, sessionID, now)
+		if err := putNode(tx, n); err != nil {
+			return err
+		}
+		return tx.Delete(sessionKey(t.Instance, nodeID, sessionID))
 	})
 }
 
-// sessionOpen reports whether, by the control plane's observation, a
-// session of n is open (opened and not closed since).
-func sessionOpen(n *tetherv1.Node) bool {
-	if n.SessionOpenedAt == nil {
-		return false
+func closeSession(n *tetherv1.Node, sessionID string, now *timestamppb.Timestamp) {
+	kept := n.OpenSessions[:0]
+	for _, s := range n.OpenSessions {
+		if s.SessionId != sessionID {
+			kept = append(kept, s)
+		}
 	}
-	return n.SessionClosedAt == nil || n.SessionClosedAt.AsTime().Before(n.SessionOpenedAt.AsTime())
+	n.OpenSessions = kept
+	n.SessionClosedAt = now
 }
+
+// CloseStaleSessions closes, on the nodes, every session served by another
+// control-plane instance than this one. Only a process that owns its store
+// alone (a Badger data directory, locked by it) may call it, at start: the
+// sessions of its previous life died with it. (Replicas sharing a store
+// cannot tell a dead replica's sessions from a live one's; those read as
+// open until the agent reconnects and closes, so the record errs towards
+// unaccounted.)
+func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
+	type stale struct {
+		key           []byte
+		node, session string
+	}
+	var found []stale
+	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+		found = nil
+		return tx.Scan([]byte(prefixSession), nil, func(k, _ []byte) error {
+			parts := strings.Split(string(k[len(prefixSession):]), "/")
+			if len(parts) == 3 && parts[0] != t.Instance {
+				found = append(found, stale{key: append([]byte(nil), k...), node: parts[1], session: parts[2]})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	now := timestamppb.New(t.Clock.Now())
+	for start := 0; start < len(found); start += 256 {
+		batch := found[start:min(start+256, len(found))]
+		err := t.Store.Update(ctx, func(tx store.Txn) error {
+			for _, s := range batch {
+				n, err := getNode(tx, s.node)
+				if err == nil {
+					closeSession(n, s.session, now)
+					if err := putNode(tx, n); err != nil {
+						return err
+					}
+				} else if !errors.Is(err, ErrNodeNotFound) {
+					return err
+				}
+				if err := tx.Delete(s.key); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(found), nil
+}
+
+// sessionOpen reports whether, by the control plane's observation, a
+// session of n is open.
+func sessionOpen(n *tetherv1.Node) bool { return len(n.OpenSessions) > 0 }
 
 // exitVerdict is what the record says about one node's exit.
 type exitVerdict struct {
