@@ -43,6 +43,16 @@ type Agent struct {
 	signal    Signal
 	opened    chan struct{}
 	openOnce  sync.Once
+	// live is the open session, if any (Exit claims the exit over it, in
+	// order after its heartbeats); exited stops Run from reconnecting.
+	live   *liveSession
+	exited bool
+}
+
+// liveSession lets Exit hand its claim to the session's sender.
+type liveSession struct {
+	exit chan string   // Exit's reason, sent by the heartbeat goroutine
+	done chan struct{} // closed when the session has ended
 }
 
 // ErrAborted is the cause of an agent's context when the control plane
@@ -174,7 +184,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
 		err := a.session(ctx)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.hasExited() {
 			return nil
 		}
 		if connect.CodeOf(err) == connect.CodeUnauthenticated || connect.CodeOf(err) == connect.CodePermissionDenied {
@@ -194,9 +204,31 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+func (a *Agent) hasExited() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.exited
+}
+
 func (a *Agent) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	live := &liveSession{exit: make(chan string), done: make(chan struct{})}
+	a.mu.Lock()
+	if a.exited {
+		a.mu.Unlock()
+		return nil // the exit was claimed: a new session would contradict it
+	}
+	a.live = live
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		if a.live == live {
+			a.live = nil
+		}
+		a.mu.Unlock()
+		close(live.done)
+	}()
 	stream := a.conn.Agent.Session(ctx)
 	// Unblock Receive when ctx ends: a bidi stream's Receive does not
 	// always observe the context on its own.
@@ -220,6 +252,11 @@ func (a *Agent) session(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				errc <- nil
+				return
+			case reason := <-live.exit:
+				// The claim travels behind every heartbeat already sent;
+				// the control plane ends the session after it.
+				errc <- stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: reason}}})
 				return
 			case <-ticker.C:
 				if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil {
@@ -250,9 +287,34 @@ func (a *Agent) session(ctx context.Context) error {
 	}
 }
 
-// Exit confirms the agent's own exit to the control plane. A launcher's
-// confirmation (ConfirmExit with an operator token) is stronger evidence.
+// Exit claims the agent's own exit and ends its session; call it last: from
+// then on the control plane refuses the agent's credential, and anything
+// the agent still sends is recorded as contradicting its claim (the
+// termination record then says the node is unaccounted). The claim goes
+// over the open session when there is one, behind its heartbeats, so that
+// it is the session's last word; otherwise by ConfirmExit. A claim counts
+// in the record only when the control plane's own evidence agrees; a
+// launcher's confirmation (ConfirmExit with an operator token, after the
+// process ended) is an attestation.
 func (a *Agent) Exit(ctx context.Context, reason string) error {
+	a.mu.Lock()
+	a.exited = true
+	live := a.live
+	a.mu.Unlock()
+	if live != nil {
+		select {
+		case live.exit <- reason:
+			select {
+			case <-live.done:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		case <-live.done: // the session ended first: claim by RPC
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	_, err := a.conn.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: a.id, Reason: reason}))
 	return err
 }

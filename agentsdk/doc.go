@@ -20,6 +20,9 @@
 //     it has the control plane verify the caller's capability token and
 //     record the call, cancels the handler's context when a cancel order
 //     arrives, and acknowledges the cancel only after the handler returned.
+//     It authenticates with a tool-server token (tether token create
+//     --tool-server NAME), never with an agent's credential: what a call's
+//     end or cancel acknowledgement says must not come from the agent.
 //   - Verifier checks capability tokens offline against JWKS and the
 //     revocation feed, and fails closed when the feed goes stale.
 //   - Fence rejects side effects from an older lease generation.
@@ -41,7 +44,9 @@
 //
 // Caller duties: close what you open (Agent.Close, ToolGate.Close); treat
 // a drain signal as "finish what you are doing, start nothing new, then
-// exit", and abort as "stop now"; confirm exit (Agent.Exit) when done, or let
-// your launcher confirm it — a confirmation from outside the process is
-// stronger evidence.
+// exit", and abort as "stop now"; claim your exit (Agent.Exit) as the very
+// last thing, or let your launcher confirm it from outside the process. An
+// agent's own word is a claim: the record counts it only if the control
+// plane saw the session end and nothing from the agent afterwards, and
+// anything the agent sends after it is refused and recorded against it.
 package agentsdk

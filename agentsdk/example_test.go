@@ -103,11 +103,17 @@ func ExampleToolGate() {
 	root, _ := operator.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
 		HolderNodeId: agent.NodeID(), Scopes: []string{"tool:shell"}, Ttl: durationpb.New(time.Hour),
 	}))
-	gate := agentsdk.NewToolGate(operator, "shell-gate")
+	// The gate reports as a tool server, with its own token: never the
+	// agent's credential.
+	minted, err := operator.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "shell-gate"}))
+	if err != nil {
+		panic(err)
+	}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, operator.HTTP), "shell-gate")
 	defer gate.Close()
 	<-gate.Ready()
 
-	err := gate.Call(ctx, root.Msg.Token, "shell", func(ctx context.Context) error {
+	err = gate.Call(ctx, root.Msg.Token, "shell", func(ctx context.Context) error {
 		fmt.Println("running the command")
 		return nil
 	})

@@ -22,8 +22,17 @@ const CapabilityHeader = "X-Tether-Capability"
 // call; it runs the handler under a context that a cancel order from the
 // control plane cancels; and it reports the end — or, after a cancel, the
 // cancel acknowledgement, sent only once the handler has returned.
+//
+// A gate is the tool layer, not the agent: it authenticates with a
+// tool-server token (`tether token create --tool-server NAME`, or
+// AuthService.CreateToken with tool_server), which the agents whose calls
+// it gates never hold. The control plane refuses tool-call reports from
+// agent credentials and operator tokens, so an agent cannot end or
+// acknowledge its own calls, and the record names the tool server that
+// began, ended and acknowledged each one.
 type ToolGate struct {
-	// ID names the gate in the ledger (provenance of every entry).
+	// ID names the gate in the ledger (provenance of every entry): the tool
+	// server's name in its token, or "" to let the control plane use it.
 	ID   string
 	conn *Conn
 
@@ -44,8 +53,8 @@ type ToolGate struct {
 // cancelled its call.
 var ErrCancelled = errors.New("agentsdk: tool call cancelled by the control plane")
 
-// NewToolGate returns a gate reporting as id over conn (a tool server's
-// operator token, or an agent credential for an in-process tool) and starts
+// NewToolGate returns a gate reporting as id over conn, which carries the
+// tool server's token (id is that tool server's name, or ""), and starts
 // following its cancel orders.
 func NewToolGate(conn *Conn, id string) *ToolGate {
 	ctx, cancel := context.WithCancel(context.Background())

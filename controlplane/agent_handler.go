@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -20,8 +21,55 @@ type agentService struct {
 }
 
 // agentActive is the interceptor's check that an agent credential's node may
-// still act: the credential dies with the node's termination.
+// still act: the credential dies with the node's termination, and from the
+// moment its exit is confirmed every call with it (but a repeated
+// ConfirmExit) is refused and kept on the node as contradicting evidence.
 func (s *Server) agentActive(ctx context.Context, nodeID string) error {
+	procedure := auth.ProcedureFromContext(ctx)
+	if procedure == tetherv1connect.AgentServiceConfirmExitProcedure {
+		return s.nodeAlive(ctx, nodeID)
+	}
+	return s.agentAct(ctx, nodeID, activityOf(procedure), "a call to "+procedure)
+}
+
+// activityOf names the kind of activity a procedure is, for the record.
+func activityOf(procedure string) string {
+	switch {
+	case procedure == tetherv1connect.AgentServiceSpawnProcedure:
+		return supervisor.ActivitySpawn
+	case procedure == tetherv1connect.AgentServiceSessionProcedure:
+		return supervisor.ActivitySession
+	case procedure == tetherv1connect.CapabilityServiceDelegateProcedure:
+		return supervisor.ActivityDelegate
+	case procedure == tetherv1connect.CapabilityServiceRefreshProcedure:
+		return supervisor.ActivityRefresh
+	case strings.HasPrefix(procedure, "/"+tetherv1connect.LeaseServiceName+"/"):
+		return supervisor.ActivityLease
+	}
+	return supervisor.ActivityRequest
+}
+
+// agentAct refuses activity from a node that is terminated or unknown
+// (revoked) or whose exit was confirmed (FailedPrecondition, kept as a
+// contradiction).
+func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) error {
+	n, err := s.tree.Act(ctx, nodeID, kind, detail)
+	switch {
+	case errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument):
+		return fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
+	case errors.Is(err, supervisor.ErrNodeExited):
+		return connect.NewError(connect.CodeFailedPrecondition, err)
+	case err != nil:
+		return err
+	case n.State == tetherv1.NodeState_NODE_STATE_TERMINATED:
+		return fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
+	}
+	return nil
+}
+
+// nodeAlive is agentActive without the exit check: the node is neither
+// terminated nor unknown.
+func (s *Server) nodeAlive(ctx context.Context, nodeID string) error {
 	n, err := s.tree.Get(ctx, nodeID)
 	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
 		return fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)

@@ -37,6 +37,9 @@ func roleToProto(r auth.Role) tetherv1.Role {
 }
 
 func (a *authService) CreateToken(ctx context.Context, req *connect.Request[tetherv1.CreateTokenRequest]) (*connect.Response[tetherv1.CreateTokenResponse], error) {
+	if req.Msg.ToolServer != "" {
+		return a.createToolServerToken(ctx, req.Msg)
+	}
 	role, ok := roleFromProto[req.Msg.Role]
 	if !ok {
 		return nil, invalid("role is required: one of ROLE_VIEWER, ROLE_OPERATOR, ROLE_SECURITY, ROLE_ADMIN")
@@ -61,6 +64,34 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 	}
 	p, _ := auth.FromContext(ctx)
 	a.s.log.Info("operator token created", "by", p.ID(), "subject", subject, "role", role.String(), "token_id", tokenID)
+	return connect.NewResponse(&tetherv1.CreateTokenResponse{Token: token, TokenId: tokenID, ExpiresAt: timestamppb.New(exp)}), nil
+}
+
+// createToolServerToken mints a tool server's token: its name is its gate
+// id in the ledger, and it may call only ToolService (and WhoAmI).
+func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.CreateTokenRequest) (*connect.Response[tetherv1.CreateTokenResponse], error) {
+	if msg.Role != tetherv1.Role_ROLE_UNSPECIFIED {
+		return nil, invalid("role and tool_server are exclusive: a token is an operator's (role) or a tool server's (tool_server), not both")
+	}
+	if msg.Subject != "" && msg.Subject != msg.ToolServer {
+		return nil, invalid("subject must be empty for a tool-server token (its subject is tool_server)")
+	}
+	if !namePattern.MatchString(msg.ToolServer) {
+		return nil, invalid("tool_server must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+	ttl := msg.GetTtl().AsDuration()
+	if msg.Ttl == nil {
+		ttl = 24 * time.Hour
+	}
+	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
+		return nil, invalid("ttl must be positive and at most %s", MaxOperatorTokenTTL)
+	}
+	token, tokenID, exp, err := a.s.issuer.MintToolServer(msg.ToolServer, a.s.cfg.Clock.Now(), ttl)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	p, _ := auth.FromContext(ctx)
+	a.s.log.Info("tool-server token created", "by", p.ID(), "tool_server", msg.ToolServer, "token_id", tokenID)
 	return connect.NewResponse(&tetherv1.CreateTokenResponse{Token: token, TokenId: tokenID, ExpiresAt: timestamppb.New(exp)}), nil
 }
 

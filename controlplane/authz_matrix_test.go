@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,12 +54,14 @@ const (
 	operator
 	security
 	admin
+	toolServer // the tool server whose gate began self's calls
+	otherTool  // another tool server
 	callerKinds
 )
 
 func (c caller) String() string {
 	return [...]string{"anonymous", "expired", "self", "parent", "ancestor", "sibling", "descendant", "unrelated",
-		"viewer", "operator", "security", "admin"}[c]
+		"viewer", "operator", "security", "admin", "tool-server", "other-tool-server"}[c]
 }
 
 // verdict is what a cell must show.
@@ -101,8 +102,10 @@ var (
 	everyAgent    = []caller{self, parent, ancestor, sibling, descendant, unrelated}
 	everyReader   = []caller{viewer, operator, security, admin}
 	authenticated = append(slices.Clone(everyAgent), everyReader...)
-	operators     = []caller{operator, admin}
-	selfAndAbove  = []caller{self, parent, ancestor}
+	// tool servers report tool calls and do nothing else.
+	toolServers  = []caller{toolServer, otherTool}
+	operators    = []caller{operator, admin}
+	selfAndAbove = []caller{self, parent, ancestor}
 	// readers of self's objects: self, its ancestors and every operator role.
 	subtreeReaders = append(slices.Clone(selfAndAbove), everyReader...)
 	// a worker message for self's lease: accepted from self, judged and
@@ -130,7 +133,7 @@ func callers(cs ...caller) []caller { return cs }
 // binding), coordinator messages from operators or ancestors of the holder.
 var authzMatrix = map[string]expectation{
 	tetherv1connect.AuthServiceCreateTokenProcedure: allow(callers(admin)),
-	tetherv1connect.AuthServiceWhoAmIProcedure:      allow(authenticated),
+	tetherv1connect.AuthServiceWhoAmIProcedure:      allow(authenticated, toolServers),
 	tetherv1connect.AuthServiceRotateKeysProcedure:  allow(callers(admin)),
 	tetherv1connect.AuthServiceListKeysProcedure:    allow(everyReader),
 
@@ -149,13 +152,16 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.CapabilityServiceRevokeProcedure:           allow(callers(parent, ancestor, security, admin)),
 	tetherv1connect.CapabilityServiceGetGrantProcedure:         allow(subtreeReaders),
 	tetherv1connect.CapabilityServiceListGrantsProcedure:       allow(subtreeReaders),
-	tetherv1connect.CapabilityServiceIntrospectProcedure:       allow(authenticated),
-	tetherv1connect.CapabilityServiceWatchRevocationsProcedure: allow(authenticated),
+	tetherv1connect.CapabilityServiceIntrospectProcedure:       allow(authenticated, toolServers),
+	tetherv1connect.CapabilityServiceWatchRevocationsProcedure: allow(authenticated, toolServers),
 
-	tetherv1connect.ToolServiceBeginCallProcedure:    allow(callers(self), operators),
-	tetherv1connect.ToolServiceEndCallProcedure:      allow(callers(self), operators),
-	tetherv1connect.ToolServiceCancelAckProcedure:    allow(callers(self), operators),
-	tetherv1connect.ToolServiceWatchCancelsProcedure: allow(everyAgent, operators),
+	// The tool layer only: an agent never reports (or acknowledges) its own
+	// calls, operators are not the tool layer, and a tool server ends,
+	// acknowledges and watches only its own gate's calls.
+	tetherv1connect.ToolServiceBeginCallProcedure:    allow(toolServers),
+	tetherv1connect.ToolServiceEndCallProcedure:      allow(callers(toolServer)),
+	tetherv1connect.ToolServiceCancelAckProcedure:    allow(callers(toolServer)),
+	tetherv1connect.ToolServiceWatchCancelsProcedure: allow(callers(toolServer)),
 
 	tetherv1connect.SupervisorServiceTerminateProcedure:         allow(callers(parent, ancestor, operator, security, admin)),
 	tetherv1connect.SupervisorServiceGetTerminationProcedure:    allow(callers(parent), everyReader),
@@ -213,11 +219,10 @@ func allProcedures(t testing.TB) []string {
 // termination or lease deadline moves while the matrix runs) and a token
 // per role.
 type authzServer struct {
-	srv     *testserver.Server
-	clk     *clock.Manual
-	admin   *testserver.Clients
-	tokens  map[caller]string
-	gateSeq atomic.Int64
+	srv    *testserver.Server
+	clk    *clock.Manual
+	admin  *testserver.Clients
+	tokens map[caller]string
 }
 
 func newAuthzServer(t *testing.T) *authzServer {
@@ -239,8 +244,14 @@ func newAuthzServer(t *testing.T) *authzServer {
 		t.Fatal(err)
 	}
 	s.tokens[expired] = tok
+	s.tokens[toolServer] = srv.ToolServerToken(t, matrixGate)
+	s.tokens[otherTool] = srv.ToolServerToken(t, "matrix-other-tool")
 	return s
 }
+
+// matrixGate is the tool server that begins self's calls: its name is the
+// calls' gate id.
+const matrixGate = "matrix-tool"
 
 // authzWorld is one cell's tree and the objects self holds, made on
 // demand.
@@ -354,12 +365,12 @@ func (w *authzWorld) selfProposal() string {
 	return w.proposal
 }
 
-// selfCall begins a tool call on self's grant through a tool server's gate
-// (the admin's token).
+// selfCall begins a tool call on self's grant through the tool server's
+// gate.
 func (w *authzWorld) selfCall() (callID, gate string) {
 	if w.callID == "" {
-		w.callGate = fmt.Sprintf("matrix-gate-%d", w.s.gateSeq.Add(1))
-		resp, err := w.s.admin.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.selfGrant().Token, Tool: "shell", GateId: w.callGate}))
+		w.callGate = matrixGate
+		resp, err := w.as(toolServer).Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.selfGrant().Token, Tool: "shell", GateId: w.callGate}))
 		w.must(err)
 		w.callID = resp.Msg.Call.CallId
 	}
@@ -374,11 +385,11 @@ func (w *authzWorld) cancelOrders() string {
 		return w.watchGate
 	}
 	ctx := context.Background()
-	w.watchGate = fmt.Sprintf("matrix-watch-%d", w.s.gateSeq.Add(1))
+	w.watchGate = matrixGate
 	for _, c := range everyAgent {
 		g, err := w.s.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: w.ids[c], Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 		w.must(err)
-		_, err = w.s.admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: w.watchGate}))
+		_, err = w.as(toolServer).Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: w.watchGate}))
 		w.must(err)
 	}
 	var terms []string
@@ -544,7 +555,8 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 
 	tetherv1connect.ToolServiceBeginCallProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		g := w.selfGrant()
-		return plain(w.as(c).Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Token, Tool: "shell", GateId: "matrix-gate"})))
+		// No gate_id: a tool server reports as itself.
+		return plain(w.as(c).Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Token, Tool: "shell"})))
 	},
 	tetherv1connect.ToolServiceEndCallProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		call, gate := w.selfCall()
@@ -556,10 +568,7 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 	},
 	tetherv1connect.ToolServiceWatchCancelsProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		gate := w.cancelOrders()
-		msg, err := firstMessage(w.as(c).Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: gate})))
-		if err == nil && slices.Contains(everyAgent, c) && msg.NodeId != w.ids[c] {
-			err = fmt.Errorf("agent %s received the cancel order of another node's call (%s)", c, msg.NodeId)
-		}
+		_, err := firstMessage(w.as(c).Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: gate})))
 		return cellResult{err: err}
 	},
 

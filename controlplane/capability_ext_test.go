@@ -695,6 +695,7 @@ func TestForgedAndMalformedTokensAreRefused(t *testing.T) {
 		{"an agent credential", credentialOf(t, w.srv, w.child.id), capability.ErrTokenAudience, "audience"},
 	}
 
+	gate := w.srv.Clients(w.srv.ToolServerToken(t, "gate-1"))
 	before := capState(t, w.admin)
 	for _, tc := range cases {
 		got := introspect(t, w.admin, tc.token)
@@ -706,7 +707,7 @@ func TestForgedAndMalformedTokensAreRefused(t *testing.T) {
 		} else if leaks(err.Error(), tc.token) {
 			t.Errorf("verifier on %s: the error quotes the token", tc.name)
 		}
-		_, err := w.child.c.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: tc.token, Tool: "shell", GateId: "gate-1"}))
+		_, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: tc.token, Tool: "shell", GateId: "gate-1"}))
 		if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("begin a call with %s: %v, want permission_denied saying %q", tc.name, err, tc.says)
 		} else if leaks(err.Error(), tc.token) {
@@ -725,7 +726,7 @@ func TestForgedAndMalformedTokensAreRefused(t *testing.T) {
 	if got := introspect(t, w.admin, resigned); got.Active || !strings.Contains(got.Reason, "different chain") {
 		t.Errorf("introspect a re-signed token with another chain: active=%v %q", got.Active, got.Reason)
 	}
-	if _, err := w.child.c.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: resigned, Tool: "shell", GateId: "gate-1"})); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "different chain") {
+	if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: resigned, Tool: "shell", GateId: "gate-1"})); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "different chain") {
 		t.Errorf("begin a call with a re-signed token with another chain: %v", err)
 	}
 	// The untouched token is fine everywhere.

@@ -47,6 +47,7 @@ func toConnect(err error) error {
 		errors.Is(err, supervisor.ErrRecordNotFound), errors.Is(err, supervisor.ErrProposalNotFound):
 		code = connect.CodeNotFound
 	case errors.Is(err, supervisor.ErrParentNotRunning), errors.Is(err, supervisor.ErrNodeStopping),
+		errors.Is(err, supervisor.ErrNodeExited),
 		errors.Is(err, supervisor.ErrAlreadyStopping), errors.Is(err, supervisor.ErrProposalDecided):
 		code = connect.CodeFailedPrecondition
 	case errors.Is(err, supervisor.ErrWrongGate), errors.Is(err, supervisor.ErrHookNotAllowed):

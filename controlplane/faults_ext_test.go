@@ -89,7 +89,8 @@ func TestDisconnectedStreamsAreCleanedUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Tool.BeginCall(bg, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: "leak-gate"})); err != nil {
+	gateToken := srv.ToolServerToken(t, "leak-gate")
+	if _, err := srv.Clients(gateToken).Tool.BeginCall(bg, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: "leak-gate"})); err != nil {
 		t.Fatal(err)
 	}
 	aborted := terminate(t, admin, busy.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour, time.Hour)
@@ -113,6 +114,7 @@ func TestDisconnectedStreamsAreCleanedUp(t *testing.T) {
 		hc := newDroppable()
 		ctx, cancel := context.WithCancel(bg)
 		asAdmin := testserver.NewClients(hc.Client, srv.URL, srv.Admin)
+		asGate := testserver.NewClients(hc.Client, srv.URL, gateToken)
 		asAgent := testserver.NewClients(hc.Client, srv.URL, agent.Credential)
 		var firsts sync.WaitGroup
 		first := func(name string, receive func() error) {
@@ -160,7 +162,7 @@ func TestDisconnectedStreamsAreCleanedUp(t *testing.T) {
 			Receive() bool
 			Err() error
 		}, error) {
-			return asAdmin.Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "leak-gate"}))
+			return asGate.Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "leak-gate"}))
 		})
 		server("watch revocations", func() (interface {
 			Receive() bool

@@ -12,7 +12,7 @@ import (
 func Policy() auth.Policy {
 	return auth.Policy{
 		tetherv1connect.AuthServiceCreateTokenProcedure: auth.Admin,
-		tetherv1connect.AuthServiceWhoAmIProcedure:      auth.Read,
+		tetherv1connect.AuthServiceWhoAmIProcedure:      auth.Identity,
 		tetherv1connect.AuthServiceRotateKeysProcedure:  auth.Admin,
 		tetherv1connect.AuthServiceListKeysProcedure:    auth.ReadOperators,
 
@@ -31,13 +31,16 @@ func Policy() auth.Policy {
 		tetherv1connect.CapabilityServiceRevokeProcedure:           auth.Stop,
 		tetherv1connect.CapabilityServiceGetGrantProcedure:         auth.Read,
 		tetherv1connect.CapabilityServiceListGrantsProcedure:       auth.Read,
-		tetherv1connect.CapabilityServiceIntrospectProcedure:       auth.Read,
-		tetherv1connect.CapabilityServiceWatchRevocationsProcedure: auth.Read,
+		tetherv1connect.CapabilityServiceIntrospectProcedure:       auth.Verify,
+		tetherv1connect.CapabilityServiceWatchRevocationsProcedure: auth.Verify,
 
-		tetherv1connect.ToolServiceBeginCallProcedure:    auth.OperateOrAgent,
-		tetherv1connect.ToolServiceEndCallProcedure:      auth.OperateOrAgent,
-		tetherv1connect.ToolServiceCancelAckProcedure:    auth.OperateOrAgent,
-		tetherv1connect.ToolServiceWatchCancelsProcedure: auth.OperateOrAgent,
+		// The tool layer reports tool calls, authenticated as a tool
+		// server: an agent must not write evidence about its own calls, and
+		// operators are not the tool layer.
+		tetherv1connect.ToolServiceBeginCallProcedure:    auth.ToolLayer,
+		tetherv1connect.ToolServiceEndCallProcedure:      auth.ToolLayer,
+		tetherv1connect.ToolServiceCancelAckProcedure:    auth.ToolLayer,
+		tetherv1connect.ToolServiceWatchCancelsProcedure: auth.ToolLayer,
 
 		tetherv1connect.SupervisorServiceTerminateProcedure:         auth.Stop,
 		tetherv1connect.SupervisorServiceGetTerminationProcedure:    auth.Read,

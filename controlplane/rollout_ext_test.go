@@ -72,7 +72,14 @@ func (s *swarm) startV1(i int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go a.Run(ctx)
+	// The agent's "process": its session runs until it exits, before its
+	// launcher confirms the exit (a launcher confirms a process it saw end;
+	// a session still open would contradict it).
+	runCtx, stopRun := context.WithCancel(ctx)
+	ran := make(chan struct{})
+	go func() { defer close(ran); _ = a.Run(runCtx) }()
+	exitProcess := func() { stopRun(); <-ran }
+	t.Cleanup(stopRun)
 	<-a.Opened()
 	issued, err := s.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: a.NodeID(), Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 	if err != nil {
@@ -107,13 +114,13 @@ func (s *swarm) startV1(i int) {
 	s.done.Add(1)
 	go func() {
 		defer s.done.Done()
-		if err := s.launch(a, job, jobID, name, release, callDone); err != nil {
+		if err := s.launch(a, job, jobID, name, release, callDone, exitProcess); err != nil {
 			s.fail(fmt.Errorf("%s: %w", name, err))
 		}
 	}()
 }
 
-func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name string, release chan struct{}, callDone chan error) error {
+func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name string, release chan struct{}, callDone chan error, exitProcess func()) error {
 	ctx := s.ctx
 	select {
 	case <-old.Draining():
@@ -138,6 +145,7 @@ func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name strin
 		if err := <-callDone; err != nil {
 			return fmt.Errorf("tool call: %w", err)
 		}
+		exitProcess()
 		if err := s.confirmExit(old.NodeID()); err != nil {
 			return err
 		}
@@ -174,6 +182,7 @@ func (s *swarm) launch(old *agentsdk.Agent, job *agentsdk.Job, jobID, name strin
 	if err := <-callDone; err != nil {
 		return fmt.Errorf("tool call: %w", err)
 	}
+	exitProcess()
 	return s.confirmExit(old.NodeID())
 }
 
@@ -232,7 +241,7 @@ func TestRollout30AgentsFromV1ToV2InBatchesOf5(t *testing.T) {
 	defer cancel()
 	admin := srv.AdminClients()
 	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
-	gate := agentsdk.NewToolGate(op, "gate-1")
+	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.ToolServerToken(t, "gate-1"), srv.HTTP), "gate-1")
 	defer gate.Close()
 	<-gate.Ready()
 	s := &swarm{t: t, srv: srv, clk: clk, op: op, admin: admin, gate: gate, ctx: ctx,
@@ -540,6 +549,7 @@ func TestRolloutAbortReleasesTheDrainingBatchsLeases(t *testing.T) {
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	jobs := map[string]string{}
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
 	for _, name := range []string{"a", "b"} {
 		n := registerLabelled(t, admin, name, map[string]string{"version": "v1"})
 		jobs[n.Node.NodeId] = "job-" + name
@@ -548,7 +558,7 @@ func TestRolloutAbortReleasesTheDrainingBatchsLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 		// An in-flight call keeps the batch draining.
-		if _, err := admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
+		if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-" + name, HolderIdentity: n.Node.NodeId, LeaseDuration: durationpb.New(time.Minute)})); err != nil {

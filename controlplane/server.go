@@ -34,6 +34,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/leader"
 	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -187,7 +188,17 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if limits == (supervisor.Limits{}) {
 		limits = supervisor.DefaultLimits
 	}
-	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: limits}
+	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: limits, Instance: id.New(id.Session)}
+	if s.ownStore {
+		// This process alone owns the data directory: the sessions its
+		// previous life served ended with it.
+		if n, err := s.tree.CloseStaleSessions(ctx); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("controlplane: close the sessions of a previous run: %w", err)
+		} else if n > 0 {
+			s.log.Info("closed the sessions of a previous run", "sessions", n)
+		}
+	}
 	if err := s.buildComponents(ctx); err != nil {
 		s.Close()
 		return nil, err

@@ -18,8 +18,9 @@ import (
 // node; the control plane answers with the node and, at once, the signal its
 // state calls for; later signals are pushed the moment the node's stored
 // state changes (not on the heartbeat cadence). Heartbeats refresh last
-// seen and, near expiry, the agent's credential. An exit message confirms
-// the agent's own exit.
+// seen and, near expiry, the agent's credential. An exit message claims the
+// agent's own exit and ends the session. The session's opening and end are
+// stored on the node: the record weighs an exit confirmation against them.
 func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[tetherv1.SessionRequest, tetherv1.SessionResponse]) error {
 	p, _ := auth.FromContext(ctx)
 	first, err := stream.Receive()
@@ -35,10 +36,18 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 	}
 	signals, unsubscribe := a.s.signals.Subscribe(p.NodeID())
 	defer unsubscribe()
-	node, err := a.s.tree.Get(ctx, p.NodeID())
+	node, sessionID, err := a.s.tree.SessionOpened(ctx, p.NodeID())
 	if err != nil {
 		return toConnect(err)
 	}
+	defer func() {
+		// Outlive the stream's context: the end must be stored.
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := a.s.tree.SessionClosed(closeCtx, p.NodeID(), sessionID); err != nil {
+			a.s.log.Warn("could not store the end of a session", "node_id", p.NodeID(), "error", err)
+		}
+	}()
 
 	out := make(chan *tetherv1.SessionResponse, 8)
 	ctx, cancel := context.WithCancel(ctx)
@@ -83,7 +92,7 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 // terminated (or gone): the credential the session was opened with is
 // revoked, so the session ends as a new call with it would be refused.
 func (s *Server) sessionAlive(ctx context.Context, nodeID string) error {
-	err := s.agentActive(ctx, nodeID)
+	err := s.nodeAlive(ctx, nodeID)
 	switch {
 	case err == nil:
 		return nil
@@ -115,8 +124,10 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 		switch msg.Kind.(type) {
 		case *tetherv1.SessionRequest_Heartbeat:
 			// A terminated node's heartbeat is not acknowledged, and its
-			// credential is never refreshed, whatever signal it missed.
-			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
+			// credential is never refreshed, whatever signal it missed; a
+			// heartbeat after its exit was confirmed is refused and kept as
+			// contradicting evidence.
+			if err := a.s.agentAct(ctx, p.NodeID(), supervisor.ActivityHeartbeat, "a heartbeat on its session"); err != nil {
 				return err
 			}
 			if lastWritten, err = a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
@@ -138,9 +149,12 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 				}
 			}
 		case *tetherv1.SessionRequest_Exit:
-			if _, err := a.s.tree.ConfirmExit(ctx, p.NodeID(), p.ID(), supervisor.ConfirmedBySelf, nil); err != nil {
+			// The agent's own word: a claim. The session ends here, so the
+			// control plane observes its end right after the claim.
+			if _, err := a.s.tree.ConfirmExit(ctx, p.NodeID(), p.ID(), supervisor.ConfirmedBySelf, msg.GetExit().GetReason(), nil); err != nil {
 				return toConnect(err)
 			}
+			return nil
 		case *tetherv1.SessionRequest_Hello:
 			return invalid("hello may be sent only once per session")
 		default:
@@ -151,7 +165,10 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 
 // ConfirmExit: the agent itself, an ancestor agent, or an operator (a
 // launcher, which observes the process from outside) confirms that the
-// node's process has exited. The record says which.
+// node's process has exited. The node's own word, or an ancestor's inside a
+// subtree being stopped, is a claim; an operator's is an attestation. The
+// record decides what either is worth against the control plane's own
+// evidence (supervisor.judgeExit).
 func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tetherv1.ConfirmExitRequest]) (*connect.Response[tetherv1.ConfirmExitResponse], error) {
 	p, _ := auth.FromContext(ctx)
 	kind := supervisor.ConfirmedByLauncher
@@ -168,7 +185,7 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 			}
 		}
 	}
-	n, err := a.s.tree.ConfirmExit(ctx, req.Msg.NodeId, p.ID(), kind, authorize)
+	n, err := a.s.tree.ConfirmExit(ctx, req.Msg.NodeId, p.ID(), kind, req.Msg.Reason, authorize)
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -109,8 +109,9 @@ func TestSelfTerminationAndTerminationByADescendantAreRefused(t *testing.T) {
 }
 
 // TestRogueChildIsUnaccountedWhileItsCredentialIsRejected: a worker that
-// honours the drain confirms its exit; a rogue sibling that ignores it is
-// unaccounted in the record, and its credential is dead anyway.
+// honours the drain claims its exit as its session's last word; a rogue
+// sibling that ignores it is unaccounted in the record, and its credential
+// is dead anyway.
 func TestRogueChildIsUnaccountedWhileItsCredentialIsRejected(t *testing.T) {
 	clk := clock.NewManual(epoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
@@ -178,9 +179,12 @@ func TestRogueChildIsUnaccountedWhileItsCredentialIsRejected(t *testing.T) {
 			t.Fatalf("%s is %v, want confirmed", id, outcomes[id])
 		}
 	}
+	// The worker's own word is a claim; what confirms it is the control
+	// plane's observation (its session ended right after the claim, and
+	// nothing came from it since).
 	for _, n := range rec.Nodes {
-		if n.NodeId == worker.NodeID() && !strings.HasSuffix(n.ConfirmedBy, "(self)") {
-			t.Fatalf("worker confirmed_by %q, want the agent's own word noted", n.ConfirmedBy)
+		if n.NodeId == worker.NodeID() && (!strings.HasSuffix(n.ClaimedBy, "(self)") || n.ConfirmedBy != "control-plane") {
+			t.Fatalf("worker claimed_by %q confirmed_by %q, want its own claim corroborated by the control plane", n.ClaimedBy, n.ConfirmedBy)
 		}
 	}
 	// The rogue's credential is dead.

@@ -19,7 +19,7 @@ import (
 )
 
 // toolWorld is one agent with a root grant and a tool gate run by a tool
-// server's operator token, all against a server with a manual clock.
+// server with its own token, all against a server with a manual clock.
 type toolWorld struct {
 	srv   *testserver.Server
 	clk   *clock.Manual
@@ -27,6 +27,8 @@ type toolWorld struct {
 	agent *tetherv1.RegisterRootResponse
 	token string
 	gate  *agentsdk.ToolGate
+	// gateToken is the tool server's own token (gate-1).
+	gateToken string
 }
 
 func newToolWorld(t *testing.T, neverAck bool, opts ...testserver.Option) *toolWorld {
@@ -41,11 +43,12 @@ func newToolWorld(t *testing.T, neverAck bool, opts ...testserver.Option) *toolW
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP), "gate-1")
+	gateToken := srv.ToolServerToken(t, "gate-1")
+	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, gateToken, srv.HTTP), "gate-1")
 	gate.NeverAck = neverAck
 	t.Cleanup(gate.Close)
 	<-gate.Ready()
-	return &toolWorld{srv: srv, clk: clk, admin: admin, agent: root, token: issued.Msg.Token, gate: gate}
+	return &toolWorld{srv: srv, clk: clk, admin: admin, agent: root, token: issued.Msg.Token, gate: gate, gateToken: gateToken}
 }
 
 // startCall runs a call through the gate whose handler blocks until release
@@ -82,9 +85,11 @@ func resolutions(rec *tetherv1.ReconciliationRecord) map[tetherv1.CallResolution
 	return out
 }
 
+// confirmExit: the agent's launcher (an operator) attests its exit; the
+// agent never opened a session, so the control plane's evidence agrees.
 func confirmExit(t *testing.T, w *toolWorld) {
 	t.Helper()
-	if _, err := w.srv.Clients(w.agent.Credential).Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.agent.Node.NodeId})); err != nil {
+	if _, err := w.admin.Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.agent.Node.NodeId})); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -139,8 +144,13 @@ func TestDrainOutlastingItsWindowEscalatesAndCancels(t *testing.T) {
 	if !final.Escalated {
 		t.Fatal("escalation not recorded")
 	}
-	if got := resolutions(record(t, w.admin, term.TerminationId)); got[tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED] != 1 {
+	rec := record(t, w.admin, term.TerminationId)
+	if got := resolutions(rec); got[tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED] != 1 {
 		t.Fatalf("call resolutions %v, want one cancelled_acked", got)
+	}
+	// The record names the tool server for each step.
+	if c := rec.ToolCalls[0]; c.BegunBy != "tool:gate-1" || c.AcknowledgedBy != "tool:gate-1" || c.EndedBy != "tool:gate-1" {
+		t.Fatalf("call begun by %q, acknowledged by %q, ended by %q, want tool:gate-1 for each", c.BegunBy, c.AcknowledgedBy, c.EndedBy)
 	}
 }
 
@@ -250,7 +260,8 @@ func TestKill9DuringDrainingCompletesWithExactlyOneRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
+	gate := proc.Clients(proc.ToolServerToken(t, "gate-1"))
+	if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
 		t.Fatal(err)
 	}
 	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 2*time.Second, time.Second, time.Second)

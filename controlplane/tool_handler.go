@@ -13,45 +13,30 @@ import (
 	"github.com/tetherhq/tether/supervisor"
 )
 
-// toolService is the tool-call ledger's edge. Tool gates call it with an
-// operator token (a tool server's own identity) or an agent credential;
-// every entry records the gate that reported it.
-//
-// An agent credential makes the agent the gate of its own in-process
-// tools, nothing more: it begins calls only with capability tokens held by
-// its own node, and ends or acknowledges only its own node's calls. (Gate
-// ids are names, not secrets: without this, any agent that learnt a call
-// id could end another agent's call, or acknowledge its cancellation, and
-// falsify the termination record.)
+// toolService is the tool-call ledger's edge. Only the tool layer feeds it:
+// a tool server authenticated with its own token (auth.KindToolServer),
+// whose name is its gate id. A call's end and its cancel acknowledgement are
+// evidence in the termination record, so they must come from a credential
+// the agent does not hold: an agent that learnt its call ids (they are in
+// the cancel orders) could otherwise acknowledge a cancellation while its
+// handler runs on. A tool server reports, ends, acknowledges and watches
+// only the calls of its own gate.
 type toolService struct {
 	tetherv1connect.UnimplementedToolServiceHandler
 	s *Server
 }
 
-// ownToken refuses, for an agent caller, a token held by another node.
-func ownToken(p auth.Principal) func(nodeID string) error {
-	if !p.IsAgent() {
-		return nil
+// gateOf returns the caller's gate id: its tool-server name. A request's
+// gate_id must be empty or that name.
+func gateOf(ctx context.Context, requested string) (auth.Principal, string, error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok || !p.IsToolServer() {
+		return p, "", denied("only a tool server (a tool-server token) may report tool calls")
 	}
-	return func(nodeID string) error {
-		if nodeID != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may report tool calls only for its own capability tokens, and this token is held by node %s", auth.ErrDenied, p.NodeID(), nodeID)
-		}
-		return nil
+	if requested != "" && requested != p.ToolServer() {
+		return p, "", denied("tool server %s reports as gate_id %q only, not %q", p.ToolServer(), p.ToolServer(), requested)
 	}
-}
-
-// ownCall refuses, for an agent caller, another node's call.
-func ownCall(p auth.Principal) func(*tetherv1.ToolCall) error {
-	if !p.IsAgent() {
-		return nil
-	}
-	return func(c *tetherv1.ToolCall) error {
-		if c.NodeId != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may report only its own node's tool calls, not call_id %s", auth.ErrDenied, p.NodeID(), c.CallId)
-		}
-		return nil
-	}
+	return p, p.ToolServer(), nil
 }
 
 func (t *toolService) ledger() (*supervisor.Ledger, error) {
@@ -62,12 +47,15 @@ func (t *toolService) ledger() (*supervisor.Ledger, error) {
 }
 
 func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tetherv1.BeginCallRequest]) (*connect.Response[tetherv1.BeginCallResponse], error) {
+	p, gate, err := gateOf(ctx, req.Msg.GateId)
+	if err != nil {
+		return nil, err
+	}
 	l, err := t.ledger()
 	if err != nil {
 		return nil, err
 	}
-	p, _ := auth.FromContext(ctx)
-	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, req.Msg.GateId, req.Msg.RequiredScope, ownToken(p))
+	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -75,8 +63,11 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {
-	p, _ := auth.FromContext(ctx)
-	call, err := t.s.ledger.End(ctx, req.Msg.CallId, req.Msg.GateId, req.Msg.Failed, req.Msg.Error, ownCall(p))
+	p, gate, err := gateOf(ctx, req.Msg.GateId)
+	if err != nil {
+		return nil, err
+	}
+	call, err := t.s.ledger.End(ctx, req.Msg.CallId, gate, p.ID(), req.Msg.Failed, req.Msg.Error)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -84,8 +75,11 @@ func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1
 }
 
 func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tetherv1.CancelAckRequest]) (*connect.Response[tetherv1.CancelAckResponse], error) {
-	p, _ := auth.FromContext(ctx)
-	call, err := t.s.ledger.CancelAck(ctx, req.Msg.CallId, req.Msg.GateId, ownCall(p))
+	p, gate, err := gateOf(ctx, req.Msg.GateId)
+	if err != nil {
+		return nil, err
+	}
+	call, err := t.s.ledger.CancelAck(ctx, req.Msg.CallId, gate, p.ID())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -93,17 +87,16 @@ func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tether
 }
 
 func (t *toolService) WatchCancels(ctx context.Context, req *connect.Request[tetherv1.WatchCancelsRequest], stream *connect.ServerStream[tetherv1.WatchCancelsResponse]) error {
-	p, _ := auth.FromContext(ctx)
+	_, gate, err := gateOf(ctx, req.Msg.GateId)
+	if err != nil {
+		return err
+	}
 	// Flush the response headers now: the gate's client returns from the
 	// call only when they arrive, and the first order may be far off.
 	if err := stream.Send(nil); err != nil {
 		return err
 	}
-	err := t.s.ledger.WatchCancels(ctx, req.Msg.GateId, func(c *tetherv1.ToolCall) error {
-		// An agent acting as its own gate sees only its own calls' orders.
-		if p.IsAgent() && c.NodeId != p.NodeID() {
-			return nil
-		}
+	err = t.s.ledger.WatchCancels(ctx, gate, func(c *tetherv1.ToolCall) error {
 		return stream.Send(&tetherv1.WatchCancelsResponse{
 			CallId: c.CallId, NodeId: c.NodeId, TerminationId: c.TerminationId,
 			Reason: fmt.Sprintf("termination %s cancelled the call", c.TerminationId),

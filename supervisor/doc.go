@@ -12,6 +12,25 @@
 // spawn racing a termination is either refused (it serialized after the mark)
 // or included (it serialized before, and the mark's subtree walk sees it).
 //
+// Exit evidence (evidence.go). A node's exit is confirmed by its own word
+// or an ancestor's (a claim when the ancestor is itself being stopped) or by
+// an operator such as a launcher (an attestation); the record counts a
+// confirmation only when the control plane's own evidence agrees: no
+// session open (Tree.SessionOpened/SessionClosed store the observation on
+// the node), every grant revoked or expired, no activity after it, and for a
+// bare claim the session's end observed. From the first confirmation the
+// node may not act: Tree.Act and the ledger refuse it (ErrNodeExited) and
+// keep each attempt on the node as a contradiction (at most
+// MaxContradictions). A confirmation outside a termination moves a running
+// node to EXITED; a later termination covering it includes it (Terminate and
+// the mark accept an exited node no termination covers yet). Callers of Act
+// refuse the request when it returns ErrNodeExited; it has already stored
+// the contradiction.
+//
+// The tool-call ledger (ledger.go) records who reported each step (a tool
+// server's principal id); the edge allows only tool servers to report, each
+// as its own gate.
+//
 // Rollouts (rollout.go, rollout_reconciler.go) replace the agents matching
 // a selector in batches: the pure NextRollout decides, the Rollouts shell
 // persists each step before the next. Each batch is one termination of

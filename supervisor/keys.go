@@ -5,9 +5,14 @@ import "fmt"
 // Store key layout of the supervisor. Keys are readable strings so that a
 // person debugging a data directory can follow them.
 const (
-	prefixNode  = "agents/node/"  // agents/node/<node id> → tetherv1.Node
-	prefixChild = "agents/child/" // agents/child/<parent id>/<child id> → ""
+	prefixNode    = "agents/node/"    // agents/node/<node id> → tetherv1.Node
+	prefixChild   = "agents/child/"   // agents/child/<parent id>/<child id> → ""
+	prefixSession = "agents/session/" // agents/session/<instance>/<node id>/<session id> → "" while open
 )
+
+func sessionKey(instance, node, session string) []byte {
+	return []byte(prefixSession + instance + "/" + node + "/" + session)
+}
 
 func nodeKey(id string) []byte             { return []byte(prefixNode + id) }
 func childPrefix(parent string) []byte     { return []byte(prefixChild + parent + "/") }

@@ -45,11 +45,12 @@ var (
 )
 
 // Begin verifies the token and the node's state and records the call as in
-// flight. A node that is draining or aborting gets ErrNodeStopping, and the
-// refused call is recorded (rejected_draining) for the termination's record.
-// authorize, when set, is given the token holder's node id before anything
-// is recorded; its error refuses the call.
-func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope string, authorize func(nodeID string) error) (*tetherv1.ToolCall, error) {
+// flight, begun by the tool server by (a principal id). A node that is
+// draining or aborting gets ErrNodeStopping, and the refused call is
+// recorded (rejected_draining) for the termination's record. A node whose
+// exit was confirmed gets ErrNodeExited, and the attempt is kept on the node
+// as contradicting evidence.
+func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*tetherv1.ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
 		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
 	}
@@ -66,15 +67,11 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope s
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
 	}
-	if authorize != nil {
-		if err := authorize(nodeID); err != nil {
-			return nil, err
-		}
-	}
-	now := timestamppb.New(l.Clock.Now())
+	clockNow := l.Clock.Now()
+	now := timestamppb.New(clockNow)
 	call := &tetherv1.ToolCall{
 		CallId: id.New(id.Call), NodeId: nodeID, GrantId: grantID, Tool: tool, GateId: gateID,
-		State: tetherv1.CallState_CALL_STATE_IN_FLIGHT, BegunAt: now,
+		State: tetherv1.CallState_CALL_STATE_IN_FLIGHT, BegunAt: now, BegunBy: by,
 	}
 	var stopping error
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
@@ -83,9 +80,22 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope s
 		if err != nil {
 			return err
 		}
+		if exitConfirmed(node) && node.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
+			stopping = exitedError(node, ActivityToolCall)
+			if noteContradiction(node, ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), clockNow) {
+				if err := putNode(tx, node); err != nil {
+					return err
+				}
+			}
+			if node.State == tetherv1.NodeState_NODE_STATE_EXITED {
+				return nil // no termination to account for a refused call
+			}
+		}
 		if node.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			// Refuse, and keep the refusal as evidence for the record.
-			stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", ErrNodeStopping, nodeID, StateName(node.State))
+			if stopping == nil { // (an exited node's refusal names its confirmation)
+				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", ErrNodeStopping, nodeID, StateName(node.State))
+			}
 			call.State = tetherv1.CallState_CALL_STATE_ENDED
 			call.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING
 			call.EndedAt = now
@@ -107,22 +117,27 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope s
 		return nil, err
 	}
 	if stopping != nil {
+		if call.State != tetherv1.CallState_CALL_STATE_ENDED {
+			return nil, stopping
+		}
 		return call, stopping
 	}
 	return call, nil
 }
 
-// End records the end of a call (completed or failed). A call that had a
-// cancel order and ends is resolved cancelled_acked: the handler returned.
-// authorize, when set, is given the stored call first; its error refuses
-// the report and nothing changes (as for CancelAck).
-func (l *Ledger) End(ctx context.Context, callID, gateID string, failed bool, message string, authorize func(*tetherv1.ToolCall) error) (*tetherv1.ToolCall, error) {
-	return l.finish(ctx, callID, gateID, authorize, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+// End records the end of a call (completed or failed), reported by the
+// tool server by through its gate gateID (the gate that began it). A call
+// that had a cancel order and ends is resolved cancelled_acked: the handler
+// returned.
+func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*tetherv1.ToolCall, error) {
+	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
 		c.EndedAt = now
+		c.EndedBy = by
 		switch {
 		case c.State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED:
 			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
 			c.CancelAckedAt = now
+			c.AcknowledgedBy = by
 		case failed:
 			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_FAILED
 		default:
@@ -136,16 +151,18 @@ func (l *Ledger) End(ctx context.Context, callID, gateID string, failed bool, me
 }
 
 // CancelAck records that the gate cancelled the call and its handler
-// returned.
-func (l *Ledger) CancelAck(ctx context.Context, callID, gateID string, authorize func(*tetherv1.ToolCall) error) (*tetherv1.ToolCall, error) {
-	return l.finish(ctx, callID, gateID, authorize, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+// returned, reported by the tool server by through gateID.
+func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*tetherv1.ToolCall, error) {
+	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
 		c.EndedAt = now
+		c.EndedBy = by
 		c.CancelAckedAt = now
+		c.AcknowledgedBy = by
 		c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID string, authorize func(*tetherv1.ToolCall) error, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
+func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -155,11 +172,6 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, authorize fu
 		c, err := getCall(tx, callID)
 		if err != nil {
 			return err
-		}
-		if authorize != nil {
-			if err := authorize(c); err != nil {
-				return err
-			}
 		}
 		if c.GateId != gateID {
 			return fmt.Errorf("%w: call_id %s was begun by another gate, not gate_id %q", ErrWrongGate, callID, gateID)

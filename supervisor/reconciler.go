@@ -232,12 +232,15 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
 			return err
 		}
+		stopped := t.stoppedSet()
 		for _, m := range t.Members {
 			n, err := getNode(tx, m)
 			if err != nil {
 				return err
 			}
-			if n.ExitedAt == nil {
+			// Wait for a node until its verdict is settled: a claim may
+			// still be corroborated (its session's end observed).
+			if !judgeExit(n, func(id string) bool { return stopped[id] }, nil).settled {
 				p.Unconfirmed++
 			}
 		}
@@ -347,7 +350,11 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				}
 				taken[owner.ID][n.NodeId] = true
 			}
-			n.State = MarkedState(t, n.State)
+			// An exited node keeps its state (it may not act, and the
+			// record weighs its exit); every other node stops.
+			if n.State != tetherv1.NodeState_NODE_STATE_EXITED {
+				n.State = MarkedState(t, n.State)
+			}
 			n.TerminationId = t.ID
 			if err := putNode(tx, n); err != nil {
 				return err

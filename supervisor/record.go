@@ -48,6 +48,7 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		RolloutId:     t.RolloutID,
 	}
 	heldGrants := map[string][]string{}
+	liveGrants := map[string][]string{}
 	for _, g := range grants {
 		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
 		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
@@ -56,6 +57,8 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
 		case OutcomeExpired:
 			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+		default:
+			liveGrants[g.NodeID] = append(liveGrants[g.NodeID], g.GrantID)
 		}
 		rec.Privileges = append(rec.Privileges, &tetherv1.RecordPrivilege{
 			PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome,
@@ -68,22 +71,13 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 	if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
 		return nil, err
 	}
+	stopped := t.stoppedSet()
 	for _, m := range t.Members {
 		n, err := getNode(tx, m)
 		if err != nil {
 			return nil, err
 		}
-		rn := &tetherv1.RecordNode{NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt}
-		if n.ExitedAt != nil {
-			rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
-			rn.ConfirmedBy = n.ExitConfirmedBy
-			rn.ConfirmedAt = n.ExitedAt
-		} else {
-			rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED
-			rn.HeldGrantIds = heldGrants[n.NodeId]
-			rn.HeldJobIds = heldJobs[n.NodeId]
-		}
-		rec.Nodes = append(rec.Nodes, rn)
+		rec.Nodes = append(rec.Nodes, recordNode(n, stopped, liveGrants[n.NodeId], heldGrants[n.NodeId], heldJobs[n.NodeId]))
 	}
 	if err := composeRecordNodes(tx, t, rec); err != nil {
 		return nil, err
@@ -128,6 +122,7 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 			c.State = tetherv1.CallState_CALL_STATE_ENDED
 			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
 			c.EndedAt = ts
+			c.EndedBy = "termination:" + t.ID
 			if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
 				return nil, err
 			}
@@ -140,6 +135,7 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		}
 		rec.ToolCalls = append(rec.ToolCalls, &tetherv1.RecordToolCall{
 			CallId: c.CallId, NodeId: c.NodeId, Tool: c.Tool, GateId: c.GateId, Resolution: c.Resolution,
+			BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
 		})
 	}
 	sort.Slice(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].CallId < rec.ToolCalls[j].CallId })
@@ -229,6 +225,37 @@ func composeRecordNodes(tx store.Txn, t Termination, rec *tetherv1.Reconciliatio
 		rec.Nodes = append(rec.Nodes, rn)
 	}
 	return nil
+}
+
+// recordNode is a node's entry: its exit weighed against the control
+// plane's evidence (judgeExit), the claim and the contradictions shown.
+func recordNode(n *tetherv1.Node, stopped map[string]bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
+	v := judgeExit(n, func(id string) bool { return stopped[id] }, liveGrants)
+	rn := &tetherv1.RecordNode{
+		NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
+		ClaimedBy: v.claimedBy, ClaimedAt: v.claimedAt, Contradictions: n.Contradictions,
+		SessionClosedAt: n.SessionClosedAt, SessionOpen: sessionOpen(n),
+	}
+	if v.confirmed {
+		rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
+		rn.ConfirmedBy, rn.ConfirmedAt = v.confirmedBy, v.confirmedAt
+		return rn
+	}
+	rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED
+	rn.UnaccountedReason = v.unaccountedReason
+	rn.HeldGrantIds = heldGrants
+	rn.HeldJobIds = heldJobs
+	return rn
+}
+
+// stoppedSet is the set of nodes this termination stops: an ancestor among
+// them that confirms a descendant's exit only claims it.
+func (t Termination) stoppedSet() map[string]bool {
+	set := make(map[string]bool, len(t.Members))
+	for _, m := range t.Members {
+		set[m] = true
+	}
+	return set
 }
 
 // putRecord stores a record in parts under the store's value limit.

@@ -34,6 +34,8 @@ func SignalFor(n *tetherv1.Node) *tetherv1.SessionSignal {
 		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the subtree is aborting: stop now and exit"}
 	case tetherv1.NodeState_NODE_STATE_TERMINATED:
 		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the node is terminated"}
+	case tetherv1.NodeState_NODE_STATE_EXITED:
+		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the node's exit was confirmed: stop now"}
 	}
 	return nil
 }
@@ -134,11 +136,17 @@ func hasSuffix(s, suffix string) bool {
 }
 
 // ConfirmExit records that a node's process has exited, and who says so
-// (principal plus "(self)", "(ancestor)" or "(launcher)"). A stronger
-// confirmation replaces a weaker one; nothing else changes the node.
-func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
+// (principal plus kind: ConfirmedBySelf, ConfirmedByAncestor or
+// ConfirmedByLauncher). Each party's first word is kept; exited_at is the
+// first confirmation and exit_confirmed_by the strongest. A running node
+// becomes EXITED: from now on it may not act (see Act), and whether the
+// confirmation counts is decided by the record (judgeExit).
+func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if len(reason) > 256 {
+		reason = reason[:256]
 	}
 	by := principal + " (" + kind + ")"
 	now := timestamppb.New(t.Clock.Now())
@@ -154,13 +162,30 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind string, 
 			}
 		}
 		out = n
-		if n.ExitedAt != nil && confirmStrength(n.ExitConfirmedBy) >= confirmStrength(by) {
-			return nil
+		changed := false
+		known := false
+		for _, c := range n.ExitConfirmations {
+			known = known || c.By == principal
+		}
+		if !known && len(n.ExitConfirmations) < maxConfirmations {
+			n.ExitConfirmations = append(n.ExitConfirmations, &tetherv1.ExitConfirmation{By: principal, Kind: kind, At: now, Reason: reason})
+			changed = true
 		}
 		if n.ExitedAt == nil {
 			n.ExitedAt = now
+			changed = true
 		}
-		n.ExitConfirmedBy = by
+		if confirmStrength(n.ExitConfirmedBy) < confirmStrength(by) {
+			n.ExitConfirmedBy = by
+			changed = true
+		}
+		if n.State == tetherv1.NodeState_NODE_STATE_RUNNING {
+			n.State = tetherv1.NodeState_NODE_STATE_EXITED
+			changed = true
+		}
+		if !changed {
+			return nil
+		}
 		return putNode(tx, n)
 	})
 	return out, err

@@ -42,6 +42,9 @@ type Tree struct {
 	Store  store.Store
 	Clock  clock.Clock
 	Limits Limits
+	// Instance names this control-plane process in the sessions it serves
+	// (see SessionOpened and CloseStaleSessions).
+	Instance string
 }
 
 var (

@@ -20,7 +20,7 @@ import (
 func TestGatewayKilledMidCallLeavesTheCallUnresolved(t *testing.T) {
 	w := newWorld(t, "mcp:test/*")
 	credential := filepath.Join(t.TempDir(), "gate.token")
-	if err := os.WriteFile(credential, []byte(w.srv.Admin), 0o600); err != nil {
+	if err := os.WriteFile(credential, []byte(w.srv.ToolServerToken(t, gateID)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr := testserver.FreeAddr(t)

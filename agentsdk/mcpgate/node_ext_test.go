@@ -69,7 +69,7 @@ func TestTypeScriptClientThroughTheGateway(t *testing.T) {
 		"FS_SERVER="+fsServer,
 		"TETHER_BIN="+testserver.Binary(t),
 		"TETHER_ADDR="+w.srv.URL,
-		"TETHER_GATE_TOKEN="+w.srv.Admin,
+		"TETHER_GATE_TOKEN="+w.srv.ToolServerToken(t, "mcp-wrap"),
 		"TETHER_WRAP_GATE_ID=mcp-wrap",
 	)
 	out, err := cmd.CombinedOutput()

@@ -73,7 +73,7 @@ func newWorld(t *testing.T, scopes ...string) *world {
 func (w *world) open(t *testing.T, ups ...mcpgate.Upstream) *mcpgate.Gateway {
 	t.Helper()
 	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
-		ControlPlane: w.srv.URL, Credential: w.srv.Admin, GateID: gateID, HTTP: w.srv.HTTP, Upstreams: ups,
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP, Upstreams: ups,
 	})
 	if err != nil {
 		t.Fatal(err)

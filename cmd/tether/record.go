@@ -119,7 +119,13 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	for _, c := range r.ToolCalls {
 		res := lower(c.Resolution.String(), "CALL_RESOLUTION_")
 		byRes[res]++
-		fmt.Fprintf(w, "  %-24s %-12s %-22s gate %s\n", res, c.Tool, c.NodeId, c.GateId)
+		by := ""
+		if c.AcknowledgedBy != "" {
+			by = ", acknowledged by " + c.AcknowledgedBy
+		} else if c.EndedBy != "" {
+			by = ", ended by " + c.EndedBy
+		}
+		fmt.Fprintf(w, "  %-24s %-12s %-22s gate %s%s\n", res, c.Tool, c.NodeId, c.GateId, by)
 	}
 	fmt.Fprintf(w, "  totals: %s\n", countsLine(byRes))
 
@@ -145,15 +151,25 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 
 	fmt.Fprintf(w, "\nNodes: %d confirmed, %d unaccounted\n", confirmed, unaccounted)
 	for _, n := range r.Nodes {
+		claim := ""
+		if n.ClaimedBy != "" {
+			claim = ", claimed by " + n.ClaimedBy
+		}
 		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
-			fmt.Fprintf(w, "  confirmed    %-16s %s by %s\n", n.Name, n.NodeId, n.ConfirmedBy)
+			fmt.Fprintf(w, "  confirmed    %-16s %s by %s%s\n", n.Name, n.NodeId, n.ConfirmedBy, claim)
 			continue
 		}
 		seen := "never"
 		if n.LastSeenAt != nil {
 			seen = n.LastSeenAt.AsTime().Format("15:04:05Z")
 		}
-		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v\n", n.Name, n.NodeId, seen, n.HeldGrantIds, n.HeldJobIds)
+		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v%s\n", n.Name, n.NodeId, seen, n.HeldGrantIds, n.HeldJobIds, claim)
+		if n.UnaccountedReason != "" {
+			fmt.Fprintf(w, "               why: %s\n", n.UnaccountedReason)
+		}
+		for _, c := range n.Contradictions {
+			fmt.Fprintf(w, "               after the confirmation, %s: %s at %s\n", c.Kind, c.Detail, c.At.AsTime().Format("15:04:05Z"))
+		}
 	}
 }
 

@@ -19,24 +19,33 @@ func newTokenCommand(g *globals) *cobra.Command {
 }
 
 func tokenCreate(g *globals) *cobra.Command {
-	var role, subject string
+	var role, subject, toolServer string
 	var ttl time.Duration
 	cmd := &cobra.Command{
-		Use:   "create --role viewer|operator|security|admin [--ttl 24h] [--subject NAME]",
-		Short: "Create an operator token (admins)",
-		Args:  cobra.NoArgs,
+		Use:   "create (--role viewer|operator|security|admin [--subject NAME] | --tool-server NAME) [--ttl 24h]",
+		Short: "Create an operator token or a tool server's token (admins)",
+		Long: "Create an operator token with a role, or, with --tool-server, the token a tool server (a ToolGate,\n" +
+			"the MCP gateway) reports tool calls with. The tool server's name is its gate id in the ledger.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, ok := tetherv1.Role_value["ROLE_"+strings.ToUpper(role)]
-			if !ok || r == 0 {
-				return fmt.Errorf("--role %q: want viewer, operator, security or admin", role)
+			req := &tetherv1.CreateTokenRequest{Ttl: durationpb.New(ttl), Subject: subject, ToolServer: toolServer}
+			switch {
+			case toolServer != "" && role != "":
+				return fmt.Errorf("--role and --tool-server are exclusive: a token is an operator's or a tool server's")
+			case toolServer != "":
+				role = "tool server"
+			default:
+				r, ok := tetherv1.Role_value["ROLE_"+strings.ToUpper(role)]
+				if !ok || r == 0 {
+					return fmt.Errorf("--role %q: want viewer, operator, security or admin (or --tool-server NAME)", role)
+				}
+				req.Role = tetherv1.Role(r)
 			}
 			c, err := g.clients()
 			if err != nil {
 				return err
 			}
-			resp, err := c.auth.CreateToken(cmd.Context(), connect.NewRequest(&tetherv1.CreateTokenRequest{
-				Role: tetherv1.Role(r), Ttl: durationpb.New(ttl), Subject: subject,
-			}))
+			resp, err := c.auth.CreateToken(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -53,6 +62,7 @@ func tokenCreate(g *globals) *cobra.Command {
 	cmd.Flags().StringVar(&role, "role", "", "role: viewer, operator, security or admin")
 	cmd.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "lifetime")
 	cmd.Flags().StringVar(&subject, "subject", "", "who the token is for (default: the role)")
+	cmd.Flags().StringVar(&toolServer, "tool-server", "", "mint a tool server's token with this name (its gate id) instead of an operator token")
 	return cmd
 }
 

@@ -17,7 +17,9 @@ type Interceptor struct {
 	Policy Policy
 	Now    func() time.Time
 	// AgentActive returns nil when an agent credential's node may still act;
-	// an error wrapping ErrRevoked when the node is terminated or unknown.
+	// an error wrapping ErrRevoked when the node is terminated or unknown,
+	// or a *connect.Error with the code to answer. Its context carries the
+	// procedure (ProcedureFromContext).
 	AgentActive func(ctx context.Context, nodeID string) error
 	// Limiter bounds the request rate of each principal (nil: unlimited).
 	Limiter *RateLimiter
@@ -39,9 +41,13 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
 	}
 	if p.IsAgent() && i.AgentActive != nil {
-		if err := i.AgentActive(ctx, p.Subject); err != nil {
+		if err := i.AgentActive(WithProcedure(ctx, procedure), p.Subject); err != nil {
 			if errors.Is(err, ErrRevoked) {
 				return ctx, connect.NewError(connect.CodeUnauthenticated, err)
+			}
+			var ce *connect.Error
+			if errors.As(err, &ce) {
+				return ctx, ce // the hook chose the code (an exited node: FailedPrecondition)
 			}
 			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the agent's node: %w", err))
 		}
@@ -52,8 +58,11 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 	}
 	if !rule.Allows(p) {
 		who := "role " + p.Role.String()
-		if p.IsAgent() {
+		switch p.Kind {
+		case KindAgent:
 			who = "agents"
+		case KindToolServer:
+			who = "tool servers"
 		}
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
 	}
@@ -62,6 +71,19 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 		return ctx, err
 	}
 	return WithPrincipal(ctx, p), nil
+}
+
+type procedureKey struct{}
+
+// WithProcedure returns ctx carrying the procedure being called.
+func WithProcedure(ctx context.Context, procedure string) context.Context {
+	return context.WithValue(ctx, procedureKey{}, procedure)
+}
+
+// ProcedureFromContext returns the procedure WithProcedure stored, or "".
+func ProcedureFromContext(ctx context.Context) string {
+	s, _ := ctx.Value(procedureKey{}).(string)
+	return s
 }
 
 // WrapUnary implements connect.Interceptor.

@@ -3,10 +3,11 @@ package auth
 // Rule says who may call a procedure. Operators need one of Roles (admin
 // always passes); agents pass only when Agents is set, and the handler then
 // makes the tree-aware check (is this the caller's own node, or a
-// descendant?).
+// descendant?); tool servers pass only when ToolServers is set.
 type Rule struct {
-	Roles  []Role
-	Agents bool
+	Roles       []Role
+	Agents      bool
+	ToolServers bool
 }
 
 // Rules for the common shapes.
@@ -25,6 +26,15 @@ var (
 	Agent = Rule{Agents: true}
 	// Admin: admins only.
 	Admin = Rule{Roles: []Role{RoleAdmin}}
+	// ToolLayer: tool servers only (the handler binds the caller to its
+	// gate). Operators, even admins, are not the tool layer.
+	ToolLayer = Rule{ToolServers: true}
+	// Verify: every authenticated caller, tool servers included: a tool
+	// server's verifier follows the revocation feed and introspects the
+	// capability tokens it is shown.
+	Verify = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true, ToolServers: true}
+	// Identity: every authenticated caller (WhoAmI).
+	Identity = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true, ToolServers: true}
 )
 
 // Policy maps a Connect procedure ("/tether.v1.AgentService/Spawn") to its
@@ -33,8 +43,11 @@ type Policy map[string]Rule
 
 // Allows reports whether p may call a procedure governed by rule.
 func (r Rule) Allows(p Principal) bool {
-	if p.Kind == KindAgent {
+	switch p.Kind {
+	case KindAgent:
 		return r.Agents
+	case KindToolServer:
+		return r.ToolServers
 	}
 	// A rule with no roles is for agents only: an operator, even an admin,
 	// does not act as the holder of a lease or a session.

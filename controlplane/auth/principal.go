@@ -56,12 +56,17 @@ type Kind int
 const (
 	KindOperator Kind = iota + 1
 	KindAgent
+	// KindToolServer is a tool layer (a tool gate, an MCP gateway): the
+	// only party that reports tool calls to the ledger. Its credential is
+	// not the agent's, so an agent cannot end or acknowledge its own calls.
+	KindToolServer
 )
 
 // Principal is an authenticated caller.
 type Principal struct {
 	Kind Kind
-	// Subject is the operator's name or the agent's node id.
+	// Subject is the operator's name, the agent's node id or the tool
+	// server's name.
 	Subject   string
 	Role      Role
 	TokenID   string
@@ -69,16 +74,31 @@ type Principal struct {
 }
 
 // ID is the principal's stable name, as it appears in grants' revoker sets
-// and in records: "operator:<subject>" or "agent:<node id>".
+// and in records: "operator:<subject>", "agent:<node id>" or
+// "tool:<tool server>".
 func (p Principal) ID() string {
-	if p.Kind == KindAgent {
+	switch p.Kind {
+	case KindAgent:
 		return "agent:" + p.Subject
+	case KindToolServer:
+		return "tool:" + p.Subject
 	}
 	return "operator:" + p.Subject
 }
 
 // IsAgent reports whether the caller is an agent.
 func (p Principal) IsAgent() bool { return p.Kind == KindAgent }
+
+// IsToolServer reports whether the caller is a tool server.
+func (p Principal) IsToolServer() bool { return p.Kind == KindToolServer }
+
+// ToolServer is the tool server's name (its gate id), or "" for others.
+func (p Principal) ToolServer() string {
+	if p.Kind == KindToolServer {
+		return p.Subject
+	}
+	return ""
+}
 
 // NodeID is the agent's node id, or "" for operators.
 func (p Principal) NodeID() string {

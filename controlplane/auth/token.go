@@ -13,12 +13,13 @@ import (
 	"github.com/tetherhq/tether/capability"
 )
 
-// Audiences keep the three kinds of token apart: a capability token (for
-// tools) is never accepted as an operator or agent credential, and the other
-// way round.
+// Audiences keep the kinds of token apart: a capability token (for tools)
+// is never accepted as an operator, agent or tool-server credential, and no
+// credential of one kind is accepted as another.
 const (
-	AudienceOperator = "tether-operator"
-	AudienceAgent    = "tether-agent"
+	AudienceOperator   = "tether-operator"
+	AudienceAgent      = "tether-agent"
+	AudienceToolServer = "tether-tool-server"
 	// Leeway is the clock skew tolerated on exp/nbf/iat.
 	Leeway = 5 * time.Second
 	// MaxTokenBytes bounds what the parser will look at.
@@ -49,6 +50,11 @@ type Issuer struct {
 // MintOperator mints an operator token.
 func (i Issuer) MintOperator(subject string, role Role, now time.Time, ttl time.Duration) (token, id string, exp time.Time, err error) {
 	return i.mint(AudienceOperator, subject, role.String(), now, ttl)
+}
+
+// MintToolServer mints a tool server's token; name is its gate id.
+func (i Issuer) MintToolServer(name string, now time.Time, ttl time.Duration) (token, id string, exp time.Time, err error) {
+	return i.mint(AudienceToolServer, name, "", now, ttl)
 }
 
 // MintAgent mints an agent credential for node.
@@ -86,7 +92,8 @@ func (i Issuer) mint(audience, subject, role string, now time.Time, ttl time.Dur
 }
 
 // Parse verifies a bearer token against the ring and returns its principal.
-// It accepts operator tokens and agent credentials; nothing else.
+// It accepts operator tokens, agent credentials and tool-server tokens;
+// nothing else.
 func (i Issuer) Parse(token string, now time.Time) (Principal, error) {
 	p, _, err := i.parse(token, now)
 	return p, err
@@ -151,8 +158,10 @@ func (i Issuer) parse(token string, now time.Time) (Principal, verifiedBy, error
 		p.Kind, p.Role = KindOperator, role
 	case AudienceAgent:
 		p.Kind = KindAgent
+	case AudienceToolServer:
+		p.Kind = KindToolServer
 	default:
-		return Principal{}, verifiedBy{}, fmt.Errorf("%w: token is not an operator or agent credential", ErrBadCredential)
+		return Principal{}, verifiedBy{}, fmt.Errorf("%w: token is not an operator, agent or tool-server credential", ErrBadCredential)
 	}
 	return p, by, nil
 }

@@ -1,9 +1,12 @@
 // Command toolserver serves one tool, "echo", behind an agentsdk.ToolGate:
 // every call is verified and recorded by the control plane, and a cancel
 // order from a termination cancels the handler's context; the gate
-// acknowledges the cancel once the handler returned.
+// acknowledges the cancel once the handler returned. The gate reports with
+// its own tool-server token, never an agent's credential: a call's end and
+// its cancel acknowledgement are evidence the agent must not be able to
+// write.
 //
-//	tether token create --role operator --subject tool-server > tool.token
+//	tether token create --tool-server echo-gate > tool.token
 //	go run ./examples/toolserver --token-file tool.token --listen 127.0.0.1:8081
 package main
 
@@ -24,9 +27,9 @@ import (
 
 func main() {
 	addr := flag.String("addr", "http://127.0.0.1:7420", "control plane address")
-	tokenFile := flag.String("token-file", "", "file with this tool server's operator token")
+	tokenFile := flag.String("token-file", "", "file with this tool server's token (tether token create --tool-server NAME)")
 	listen := flag.String("listen", "127.0.0.1:8081", "address to serve the tool on")
-	gateID := flag.String("gate-id", "echo-gate", "the gate's name in the tool-call ledger")
+	gateID := flag.String("gate-id", "echo-gate", "the gate's name in the tool-call ledger: the tool server's name in its token")
 	flag.Parse()
 
 	token, err := os.ReadFile(*tokenFile)

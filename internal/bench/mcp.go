@@ -53,8 +53,12 @@ func mcpToolsCall(ctx context.Context, r *Report) error {
 		return err
 	}
 	defer stopUp()
+	minted, err := srv.Admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "bench-mcp-gateway"}))
+	if err != nil {
+		return err
+	}
 	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
-		ControlPlane: srv.URL, Credential: srv.AdminToken, GateID: "bench-mcp-gateway",
+		ControlPlane: srv.URL, Credential: minted.Msg.Token, GateID: "bench-mcp-gateway",
 		Upstreams: []mcpgate.Upstream{{Name: "bench", URL: upURL}},
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -149,18 +150,24 @@ func callsInFlight(ctx context.Context, srv *benchServer, root string, n int) (i
 	if err != nil {
 		return 0, nil, err
 	}
+	// The gate reports as a tool server, with its own token.
+	minted, err := srv.Admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "bench-gate"}))
+	if err != nil {
+		return 0, nil, err
+	}
+	gate := agentsdk.Dial(srv.URL, minted.Msg.Token, nil)
 	for i := 0; i < n; i++ {
 		node := nodes.Msg.Nodes[(i*10)%len(nodes.Msg.Nodes)]
 		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 		if err != nil {
 			return 0, nil, err
 		}
-		if _, err := srv.Admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: "bench-gate"})); err != nil {
+		if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: "bench-gate"})); err != nil {
 			return 0, nil, err
 		}
 	}
 	gateCtx, cancel := context.WithCancel(ctx)
-	stream, err := srv.Admin.Tool.WatchCancels(gateCtx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "bench-gate"}))
+	stream, err := gate.Tool.WatchCancels(gateCtx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "bench-gate"}))
 	if err != nil {
 		cancel()
 		return 0, nil, err
@@ -176,7 +183,7 @@ func callsInFlight(ctx context.Context, srv *benchServer, root string, n int) (i
 		go func() {
 			defer acks.Done()
 			for id := range orders {
-				if _, err := srv.Admin.Tool.CancelAck(gateCtx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: id, GateId: "bench-gate"})); err == nil {
+				if _, err := gate.Tool.CancelAck(gateCtx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: id, GateId: "bench-gate"})); err == nil {
 					count.Add(1)
 				}
 			}

@@ -106,19 +106,24 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	admin := agentsdk.Dial(url, srv.AdminToken, nil)
 	say("▶ control plane on %s (Badger in %s)", url, filepath.Join(dir, "data"))
 
-	// 2. Tool servers behind ToolGates, each with its own operator token.
+	// 2. Tool servers behind ToolGates, each with its own tool-server token
+	// (never an agent's credential: the record's tool-call evidence comes
+	// from the tool layer).
 	upstream, stopUpstream, err := startUpstream(30 * time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
 	defer stopUpstream()
-	gateToken, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{Role: tetherv1.Role_ROLE_OPERATOR, Subject: "tool-servers", Ttl: durationpb.New(time.Hour)}))
-	if err != nil {
-		return nil, err
+	gateConns := map[string]*agentsdk.Conn{}
+	for _, name := range []string{"shell-gate", "http-gate"} {
+		minted, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: name, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			return nil, err
+		}
+		gateConns[name] = agentsdk.Dial(url, minted.Msg.Token, nil)
 	}
-	gateConn := agentsdk.Dial(url, gateToken.Msg.Token, nil)
-	shellGate := agentsdk.NewToolGate(gateConn, "shell-gate")
-	httpGate := agentsdk.NewToolGate(gateConn, "http-gate")
+	shellGate := agentsdk.NewToolGate(gateConns["shell-gate"], "shell-gate")
+	httpGate := agentsdk.NewToolGate(gateConns["http-gate"], "http-gate")
 	shell, err := startToolServer("shell", shellGate, shellHandler)
 	if err != nil {
 		return nil, err
@@ -329,7 +334,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	// 9. The rogue tries again: its token died with the subtree.
 	say("\n▶ the rogue (%s) calls again with its token: HTTP %d — its grant was revoked with the subtree", rogue.name, rogueCall())
 	res := &Result{Record: rec.Msg.Record, RogueNode: rogue.agent.NodeID()}
-	_, err = admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: rogue.grant.Token, Tool: "http", GateId: "http-gate"}))
+	_, err = gateConns["http-gate"].Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: rogue.grant.Token, Tool: "http", GateId: "http-gate"}))
 	res.RogueAfter = connect.CodeOf(err)
 
 	b, err := supervisor.MarshalRecord(rec.Msg.Record)

@@ -62,7 +62,7 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 		return nil, err
 	}
 	defer stopUpstream()
-	gateToken, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{Role: tetherv1.Role_ROLE_OPERATOR, Subject: "mcp-gateway", Ttl: durationpb.New(time.Hour)}))
+	gateToken, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "mcp-gateway", Ttl: durationpb.New(time.Hour)}))
 	if err != nil {
 		return nil, err
 	}

@@ -20,6 +20,7 @@ const (
 	Proposal    = "p"
 	Privilege   = "v"
 	Rollout     = "o"
+	Session     = "s" // an agent's session (and a control-plane process: its instance)
 )
 
 var encoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)

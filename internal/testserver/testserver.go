@@ -27,6 +27,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
@@ -284,3 +285,27 @@ func tail(b []byte, n int) []byte {
 
 // Clients returns clients for the process.
 func (p *Process) Clients(token string) *Clients { return NewClients(H2CClient(), p.URL, token) }
+
+// ToolServerToken has an admin mint a tool server's token named name (its
+// gate id) through AuthService.CreateToken: the credential a ToolGate
+// reports tool calls with.
+func ToolServerToken(t testing.TB, admin *Clients, name string) string {
+	t.Helper()
+	resp, err := admin.Auth.CreateToken(context.Background(), connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: name}))
+	if err != nil {
+		t.Fatalf("mint tool-server token %s: %v", name, err)
+	}
+	return resp.Msg.Token
+}
+
+// ToolServerToken mints a tool server's token named name.
+func (s *Server) ToolServerToken(t testing.TB, name string) string {
+	t.Helper()
+	return ToolServerToken(t, s.AdminClients(), name)
+}
+
+// ToolServerToken mints a tool server's token named name.
+func (p *Process) ToolServerToken(t testing.TB, name string) string {
+	t.Helper()
+	return ToolServerToken(t, p.Clients(p.Admin), name)
+}

@@ -31,6 +31,10 @@ const (
 	NodeState_NODE_STATE_DRAINING    NodeState = 2
 	NodeState_NODE_STATE_ABORTING    NodeState = 3
 	NodeState_NODE_STATE_TERMINATED  NodeState = 4
+	// Its exit was confirmed outside a termination: it can no longer spawn,
+	// begin tool calls, take leases, open a session or refresh credentials.
+	// A later termination covering it accounts for it.
+	NodeState_NODE_STATE_EXITED NodeState = 5
 )
 
 // Enum value maps for NodeState.
@@ -41,6 +45,7 @@ var (
 		2: "NODE_STATE_DRAINING",
 		3: "NODE_STATE_ABORTING",
 		4: "NODE_STATE_TERMINATED",
+		5: "NODE_STATE_EXITED",
 	}
 	NodeState_value = map[string]int32{
 		"NODE_STATE_UNSPECIFIED": 0,
@@ -48,6 +53,7 @@ var (
 		"NODE_STATE_DRAINING":    2,
 		"NODE_STATE_ABORTING":    3,
 		"NODE_STATE_TERMINATED":  4,
+		"NODE_STATE_EXITED":      5,
 	}
 )
 
@@ -127,6 +133,141 @@ func (SignalKind) EnumDescriptor() ([]byte, []int) {
 	return file_tether_v1_agent_proto_rawDescGZIP(), []int{1}
 }
 
+// ExitConfirmation is one party's word that a node's process exited.
+type ExitConfirmation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The principal id, e.g. "agent:<node_id>" or "operator:launcher".
+	By string `protobuf:"bytes,1,opt,name=by,proto3" json:"by,omitempty"`
+	// "self", "ancestor" or "launcher" (an operator).
+	Kind          string                 `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
+	Reason        string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExitConfirmation) Reset() {
+	*x = ExitConfirmation{}
+	mi := &file_tether_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExitConfirmation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExitConfirmation) ProtoMessage() {}
+
+func (x *ExitConfirmation) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExitConfirmation.ProtoReflect.Descriptor instead.
+func (*ExitConfirmation) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ExitConfirmation) GetBy() string {
+	if x != nil {
+		return x.By
+	}
+	return ""
+}
+
+func (x *ExitConfirmation) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ExitConfirmation) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *ExitConfirmation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Contradiction is activity from a node after its exit was confirmed: the
+// control plane refused it and kept it as evidence.
+type Contradiction struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "heartbeat", "session", "tool_call", "spawn", "lease", "delegate",
+	// "refresh" or "request".
+	Kind          string                 `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=at,proto3" json:"at,omitempty"`
+	Detail        string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Contradiction) Reset() {
+	*x = Contradiction{}
+	mi := &file_tether_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Contradiction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Contradiction) ProtoMessage() {}
+
+func (x *Contradiction) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Contradiction.ProtoReflect.Descriptor instead.
+func (*Contradiction) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Contradiction) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Contradiction) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *Contradiction) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 type Node struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	NodeId       string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -145,14 +286,25 @@ type Node struct {
 	// The termination that stopped (or is stopping) this node, if any.
 	TerminationId string `protobuf:"bytes,12,opt,name=termination_id,json=terminationId,proto3" json:"termination_id,omitempty"`
 	// When the agent (or its launcher) reported it ready to take work.
-	ReadyAt       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=ready_at,json=readyAt,proto3" json:"ready_at,omitempty"`
+	ReadyAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=ready_at,json=readyAt,proto3" json:"ready_at,omitempty"`
+	// Every party that confirmed the exit (first word of each, bounded);
+	// exited_at is the first of them and exit_confirmed_by the strongest.
+	ExitConfirmations []*ExitConfirmation `protobuf:"bytes,14,rep,name=exit_confirmations,json=exitConfirmations,proto3" json:"exit_confirmations,omitempty"`
+	// Activity after exited_at (bounded: the first few are kept).
+	Contradictions []*Contradiction `protobuf:"bytes,15,rep,name=contradictions,proto3" json:"contradictions,omitempty"`
+	// The control plane's own observation of the agent's session: when one
+	// was last opened and last closed.
+	SessionOpenedAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=session_opened_at,json=sessionOpenedAt,proto3" json:"session_opened_at,omitempty"`
+	SessionClosedAt *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=session_closed_at,json=sessionClosedAt,proto3" json:"session_closed_at,omitempty"`
+	// The node's sessions open now, as the control plane sees them (bounded).
+	OpenSessions  []*OpenSession `protobuf:"bytes,18,rep,name=open_sessions,json=openSessions,proto3" json:"open_sessions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_tether_v1_agent_proto_msgTypes[0]
+	mi := &file_tether_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -164,7 +316,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[0]
+	mi := &file_tether_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -177,7 +329,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Node) GetNodeId() string {
@@ -271,6 +423,103 @@ func (x *Node) GetReadyAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Node) GetExitConfirmations() []*ExitConfirmation {
+	if x != nil {
+		return x.ExitConfirmations
+	}
+	return nil
+}
+
+func (x *Node) GetContradictions() []*Contradiction {
+	if x != nil {
+		return x.Contradictions
+	}
+	return nil
+}
+
+func (x *Node) GetSessionOpenedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SessionOpenedAt
+	}
+	return nil
+}
+
+func (x *Node) GetSessionClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SessionClosedAt
+	}
+	return nil
+}
+
+func (x *Node) GetOpenSessions() []*OpenSession {
+	if x != nil {
+		return x.OpenSessions
+	}
+	return nil
+}
+
+// OpenSession is one open session of a node.
+type OpenSession struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	OpenedAt  *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=opened_at,json=openedAt,proto3" json:"opened_at,omitempty"`
+	// The control-plane process serving it.
+	Instance      string `protobuf:"bytes,3,opt,name=instance,proto3" json:"instance,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenSession) Reset() {
+	*x = OpenSession{}
+	mi := &file_tether_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSession) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSession) ProtoMessage() {}
+
+func (x *OpenSession) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSession.ProtoReflect.Descriptor instead.
+func (*OpenSession) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *OpenSession) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *OpenSession) GetOpenedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OpenedAt
+	}
+	return nil
+}
+
+func (x *OpenSession) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
 type RegisterRootRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -281,7 +530,7 @@ type RegisterRootRequest struct {
 
 func (x *RegisterRootRequest) Reset() {
 	*x = RegisterRootRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[1]
+	mi := &file_tether_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +542,7 @@ func (x *RegisterRootRequest) String() string {
 func (*RegisterRootRequest) ProtoMessage() {}
 
 func (x *RegisterRootRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[1]
+	mi := &file_tether_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +555,7 @@ func (x *RegisterRootRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRootRequest.ProtoReflect.Descriptor instead.
 func (*RegisterRootRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisterRootRequest) GetName() string {
@@ -335,7 +584,7 @@ type RegisterRootResponse struct {
 
 func (x *RegisterRootResponse) Reset() {
 	*x = RegisterRootResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[2]
+	mi := &file_tether_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +596,7 @@ func (x *RegisterRootResponse) String() string {
 func (*RegisterRootResponse) ProtoMessage() {}
 
 func (x *RegisterRootResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[2]
+	mi := &file_tether_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +609,7 @@ func (x *RegisterRootResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterRootResponse.ProtoReflect.Descriptor instead.
 func (*RegisterRootResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RegisterRootResponse) GetNode() *Node {
@@ -395,7 +644,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[3]
+	mi := &file_tether_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +656,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[3]
+	mi := &file_tether_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +669,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SpawnRequest) GetParentNodeId() string {
@@ -455,7 +704,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[4]
+	mi := &file_tether_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +716,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[4]
+	mi := &file_tether_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +729,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SpawnResponse) GetNode() *Node {
@@ -518,7 +767,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[5]
+	mi := &file_tether_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -530,7 +779,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[5]
+	mi := &file_tether_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -543,7 +792,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SessionRequest) GetKind() isSessionRequest_Kind {
@@ -611,7 +860,7 @@ type SessionHello struct {
 
 func (x *SessionHello) Reset() {
 	*x = SessionHello{}
-	mi := &file_tether_v1_agent_proto_msgTypes[6]
+	mi := &file_tether_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -623,7 +872,7 @@ func (x *SessionHello) String() string {
 func (*SessionHello) ProtoMessage() {}
 
 func (x *SessionHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[6]
+	mi := &file_tether_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -636,7 +885,7 @@ func (x *SessionHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionHello.ProtoReflect.Descriptor instead.
 func (*SessionHello) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SessionHello) GetNodeId() string {
@@ -656,7 +905,7 @@ type SessionHeartbeat struct {
 
 func (x *SessionHeartbeat) Reset() {
 	*x = SessionHeartbeat{}
-	mi := &file_tether_v1_agent_proto_msgTypes[7]
+	mi := &file_tether_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +917,7 @@ func (x *SessionHeartbeat) String() string {
 func (*SessionHeartbeat) ProtoMessage() {}
 
 func (x *SessionHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[7]
+	mi := &file_tether_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +930,7 @@ func (x *SessionHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionHeartbeat.ProtoReflect.Descriptor instead.
 func (*SessionHeartbeat) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SessionHeartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -707,7 +956,7 @@ type SessionExit struct {
 
 func (x *SessionExit) Reset() {
 	*x = SessionExit{}
-	mi := &file_tether_v1_agent_proto_msgTypes[8]
+	mi := &file_tether_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +968,7 @@ func (x *SessionExit) String() string {
 func (*SessionExit) ProtoMessage() {}
 
 func (x *SessionExit) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[8]
+	mi := &file_tether_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +981,7 @@ func (x *SessionExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionExit.ProtoReflect.Descriptor instead.
 func (*SessionExit) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SessionExit) GetReason() string {
@@ -757,7 +1006,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[9]
+	mi := &file_tether_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +1018,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[9]
+	mi := &file_tether_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +1031,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SessionResponse) GetKind() isSessionResponse_Kind {
@@ -865,7 +1114,7 @@ type SessionOpened struct {
 
 func (x *SessionOpened) Reset() {
 	*x = SessionOpened{}
-	mi := &file_tether_v1_agent_proto_msgTypes[10]
+	mi := &file_tether_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +1126,7 @@ func (x *SessionOpened) String() string {
 func (*SessionOpened) ProtoMessage() {}
 
 func (x *SessionOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[10]
+	mi := &file_tether_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +1139,7 @@ func (x *SessionOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionOpened.ProtoReflect.Descriptor instead.
 func (*SessionOpened) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionOpened) GetNode() *Node {
@@ -912,7 +1161,7 @@ type SessionSignal struct {
 
 func (x *SessionSignal) Reset() {
 	*x = SessionSignal{}
-	mi := &file_tether_v1_agent_proto_msgTypes[11]
+	mi := &file_tether_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1173,7 @@ func (x *SessionSignal) String() string {
 func (*SessionSignal) ProtoMessage() {}
 
 func (x *SessionSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[11]
+	mi := &file_tether_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1186,7 @@ func (x *SessionSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionSignal.ProtoReflect.Descriptor instead.
 func (*SessionSignal) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SessionSignal) GetKind() SignalKind {
@@ -978,7 +1227,7 @@ type SessionCredential struct {
 
 func (x *SessionCredential) Reset() {
 	*x = SessionCredential{}
-	mi := &file_tether_v1_agent_proto_msgTypes[12]
+	mi := &file_tether_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1239,7 @@ func (x *SessionCredential) String() string {
 func (*SessionCredential) ProtoMessage() {}
 
 func (x *SessionCredential) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[12]
+	mi := &file_tether_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1252,7 @@ func (x *SessionCredential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCredential.ProtoReflect.Descriptor instead.
 func (*SessionCredential) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionCredential) GetCredential() string {
@@ -1029,7 +1278,7 @@ type SessionHeartbeatAck struct {
 
 func (x *SessionHeartbeatAck) Reset() {
 	*x = SessionHeartbeatAck{}
-	mi := &file_tether_v1_agent_proto_msgTypes[13]
+	mi := &file_tether_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1041,7 +1290,7 @@ func (x *SessionHeartbeatAck) String() string {
 func (*SessionHeartbeatAck) ProtoMessage() {}
 
 func (x *SessionHeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[13]
+	mi := &file_tether_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1054,7 +1303,7 @@ func (x *SessionHeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionHeartbeatAck.ProtoReflect.Descriptor instead.
 func (*SessionHeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SessionHeartbeatAck) GetServerTime() *timestamppb.Timestamp {
@@ -1074,7 +1323,7 @@ type ConfirmExitRequest struct {
 
 func (x *ConfirmExitRequest) Reset() {
 	*x = ConfirmExitRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[14]
+	mi := &file_tether_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1335,7 @@ func (x *ConfirmExitRequest) String() string {
 func (*ConfirmExitRequest) ProtoMessage() {}
 
 func (x *ConfirmExitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[14]
+	mi := &file_tether_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1348,7 @@ func (x *ConfirmExitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmExitRequest.ProtoReflect.Descriptor instead.
 func (*ConfirmExitRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ConfirmExitRequest) GetNodeId() string {
@@ -1125,7 +1374,7 @@ type ConfirmExitResponse struct {
 
 func (x *ConfirmExitResponse) Reset() {
 	*x = ConfirmExitResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[15]
+	mi := &file_tether_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1386,7 @@ func (x *ConfirmExitResponse) String() string {
 func (*ConfirmExitResponse) ProtoMessage() {}
 
 func (x *ConfirmExitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[15]
+	mi := &file_tether_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1399,7 @@ func (x *ConfirmExitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmExitResponse.ProtoReflect.Descriptor instead.
 func (*ConfirmExitResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ConfirmExitResponse) GetNode() *Node {
@@ -1169,7 +1418,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[16]
+	mi := &file_tether_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1430,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[16]
+	mi := &file_tether_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1443,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetNodeRequest) GetNodeId() string {
@@ -1213,7 +1462,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[17]
+	mi := &file_tether_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1225,7 +1474,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[17]
+	mi := &file_tether_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1238,7 +1487,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -1262,7 +1511,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[18]
+	mi := &file_tether_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1274,7 +1523,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[18]
+	mi := &file_tether_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1287,7 +1536,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListNodesRequest) GetRootNodeId() string {
@@ -1328,7 +1577,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[19]
+	mi := &file_tether_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1340,7 +1589,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[19]
+	mi := &file_tether_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1353,7 +1602,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1383,7 +1632,7 @@ type ProposeStopRequest struct {
 
 func (x *ProposeStopRequest) Reset() {
 	*x = ProposeStopRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[20]
+	mi := &file_tether_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1644,7 @@ func (x *ProposeStopRequest) String() string {
 func (*ProposeStopRequest) ProtoMessage() {}
 
 func (x *ProposeStopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[20]
+	mi := &file_tether_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,7 +1657,7 @@ func (x *ProposeStopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeStopRequest.ProtoReflect.Descriptor instead.
 func (*ProposeStopRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ProposeStopRequest) GetNodeId() string {
@@ -1455,7 +1704,7 @@ type ProposeStopResponse struct {
 
 func (x *ProposeStopResponse) Reset() {
 	*x = ProposeStopResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[21]
+	mi := &file_tether_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1467,7 +1716,7 @@ func (x *ProposeStopResponse) String() string {
 func (*ProposeStopResponse) ProtoMessage() {}
 
 func (x *ProposeStopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[21]
+	mi := &file_tether_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1480,7 +1729,7 @@ func (x *ProposeStopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeStopResponse.ProtoReflect.Descriptor instead.
 func (*ProposeStopResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ProposeStopResponse) GetProposal() *StopProposal {
@@ -1499,7 +1748,7 @@ type ReportReadyRequest struct {
 
 func (x *ReportReadyRequest) Reset() {
 	*x = ReportReadyRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[22]
+	mi := &file_tether_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1760,7 @@ func (x *ReportReadyRequest) String() string {
 func (*ReportReadyRequest) ProtoMessage() {}
 
 func (x *ReportReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[22]
+	mi := &file_tether_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1773,7 @@ func (x *ReportReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReadyRequest.ProtoReflect.Descriptor instead.
 func (*ReportReadyRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReportReadyRequest) GetNodeId() string {
@@ -1543,7 +1792,7 @@ type ReportReadyResponse struct {
 
 func (x *ReportReadyResponse) Reset() {
 	*x = ReportReadyResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[23]
+	mi := &file_tether_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1804,7 @@ func (x *ReportReadyResponse) String() string {
 func (*ReportReadyResponse) ProtoMessage() {}
 
 func (x *ReportReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[23]
+	mi := &file_tether_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1817,7 @@ func (x *ReportReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReadyResponse.ProtoReflect.Descriptor instead.
 func (*ReportReadyResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReportReadyResponse) GetNode() *Node {
@@ -1582,7 +1831,16 @@ var File_tether_v1_agent_proto protoreflect.FileDescriptor
 
 const file_tether_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\"\xee\x04\n" +
+	"\x15tether/v1/agent.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\"z\n" +
+	"\x10ExitConfirmation\x12\x0e\n" +
+	"\x02by\x18\x01 \x01(\tR\x02by\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12*\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"g\n" +
+	"\rContradiction\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12*\n" +
+	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xc9\a\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12$\n" +
 	"\x0eparent_node_id\x18\x02 \x01(\tR\fparentNodeId\x12\x1c\n" +
@@ -1600,10 +1858,20 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\bexitedAt\x12*\n" +
 	"\x11exit_confirmed_by\x18\v \x01(\tR\x0fexitConfirmedBy\x12%\n" +
 	"\x0etermination_id\x18\f \x01(\tR\rterminationId\x125\n" +
-	"\bready_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\areadyAt\x1a9\n" +
+	"\bready_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\areadyAt\x12J\n" +
+	"\x12exit_confirmations\x18\x0e \x03(\v2\x1b.tether.v1.ExitConfirmationR\x11exitConfirmations\x12@\n" +
+	"\x0econtradictions\x18\x0f \x03(\v2\x18.tether.v1.ContradictionR\x0econtradictions\x12F\n" +
+	"\x11session_opened_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x0fsessionOpenedAt\x12F\n" +
+	"\x11session_closed_at\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\x0fsessionClosedAt\x12;\n" +
+	"\ropen_sessions\x18\x12 \x03(\v2\x16.tether.v1.OpenSessionR\fopenSessions\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\vOpenSession\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x127\n" +
+	"\topened_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\bopenedAt\x12\x1a\n" +
+	"\binstance\x18\x03 \x01(\tR\binstance\"\xa8\x01\n" +
 	"\x13RegisterRootRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12B\n" +
 	"\x06labels\x18\x02 \x03(\v2*.tether.v1.RegisterRootRequest.LabelsEntryR\x06labels\x1a9\n" +
@@ -1695,13 +1963,14 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x12ReportReadyRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\":\n" +
 	"\x13ReportReadyResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node*\x8c\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node*\xa3\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NODE_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x17\n" +
 	"\x13NODE_STATE_ABORTING\x10\x03\x12\x19\n" +
-	"\x15NODE_STATE_TERMINATED\x10\x04*W\n" +
+	"\x15NODE_STATE_TERMINATED\x10\x04\x12\x15\n" +
+	"\x11NODE_STATE_EXITED\x10\x05*W\n" +
 	"\n" +
 	"SignalKind\x12\x1b\n" +
 	"\x17SIGNAL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1730,96 +1999,107 @@ func file_tether_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_tether_v1_agent_proto_goTypes = []any{
 	(NodeState)(0),                // 0: tether.v1.NodeState
 	(SignalKind)(0),               // 1: tether.v1.SignalKind
-	(*Node)(nil),                  // 2: tether.v1.Node
-	(*RegisterRootRequest)(nil),   // 3: tether.v1.RegisterRootRequest
-	(*RegisterRootResponse)(nil),  // 4: tether.v1.RegisterRootResponse
-	(*SpawnRequest)(nil),          // 5: tether.v1.SpawnRequest
-	(*SpawnResponse)(nil),         // 6: tether.v1.SpawnResponse
-	(*SessionRequest)(nil),        // 7: tether.v1.SessionRequest
-	(*SessionHello)(nil),          // 8: tether.v1.SessionHello
-	(*SessionHeartbeat)(nil),      // 9: tether.v1.SessionHeartbeat
-	(*SessionExit)(nil),           // 10: tether.v1.SessionExit
-	(*SessionResponse)(nil),       // 11: tether.v1.SessionResponse
-	(*SessionOpened)(nil),         // 12: tether.v1.SessionOpened
-	(*SessionSignal)(nil),         // 13: tether.v1.SessionSignal
-	(*SessionCredential)(nil),     // 14: tether.v1.SessionCredential
-	(*SessionHeartbeatAck)(nil),   // 15: tether.v1.SessionHeartbeatAck
-	(*ConfirmExitRequest)(nil),    // 16: tether.v1.ConfirmExitRequest
-	(*ConfirmExitResponse)(nil),   // 17: tether.v1.ConfirmExitResponse
-	(*GetNodeRequest)(nil),        // 18: tether.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),       // 19: tether.v1.GetNodeResponse
-	(*ListNodesRequest)(nil),      // 20: tether.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 21: tether.v1.ListNodesResponse
-	(*ProposeStopRequest)(nil),    // 22: tether.v1.ProposeStopRequest
-	(*ProposeStopResponse)(nil),   // 23: tether.v1.ProposeStopResponse
-	(*ReportReadyRequest)(nil),    // 24: tether.v1.ReportReadyRequest
-	(*ReportReadyResponse)(nil),   // 25: tether.v1.ReportReadyResponse
-	nil,                           // 26: tether.v1.Node.LabelsEntry
-	nil,                           // 27: tether.v1.RegisterRootRequest.LabelsEntry
-	nil,                           // 28: tether.v1.SpawnRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(TerminationMode)(0),          // 30: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
-	(*StopProposal)(nil),          // 32: tether.v1.StopProposal
+	(*ExitConfirmation)(nil),      // 2: tether.v1.ExitConfirmation
+	(*Contradiction)(nil),         // 3: tether.v1.Contradiction
+	(*Node)(nil),                  // 4: tether.v1.Node
+	(*OpenSession)(nil),           // 5: tether.v1.OpenSession
+	(*RegisterRootRequest)(nil),   // 6: tether.v1.RegisterRootRequest
+	(*RegisterRootResponse)(nil),  // 7: tether.v1.RegisterRootResponse
+	(*SpawnRequest)(nil),          // 8: tether.v1.SpawnRequest
+	(*SpawnResponse)(nil),         // 9: tether.v1.SpawnResponse
+	(*SessionRequest)(nil),        // 10: tether.v1.SessionRequest
+	(*SessionHello)(nil),          // 11: tether.v1.SessionHello
+	(*SessionHeartbeat)(nil),      // 12: tether.v1.SessionHeartbeat
+	(*SessionExit)(nil),           // 13: tether.v1.SessionExit
+	(*SessionResponse)(nil),       // 14: tether.v1.SessionResponse
+	(*SessionOpened)(nil),         // 15: tether.v1.SessionOpened
+	(*SessionSignal)(nil),         // 16: tether.v1.SessionSignal
+	(*SessionCredential)(nil),     // 17: tether.v1.SessionCredential
+	(*SessionHeartbeatAck)(nil),   // 18: tether.v1.SessionHeartbeatAck
+	(*ConfirmExitRequest)(nil),    // 19: tether.v1.ConfirmExitRequest
+	(*ConfirmExitResponse)(nil),   // 20: tether.v1.ConfirmExitResponse
+	(*GetNodeRequest)(nil),        // 21: tether.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),       // 22: tether.v1.GetNodeResponse
+	(*ListNodesRequest)(nil),      // 23: tether.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 24: tether.v1.ListNodesResponse
+	(*ProposeStopRequest)(nil),    // 25: tether.v1.ProposeStopRequest
+	(*ProposeStopResponse)(nil),   // 26: tether.v1.ProposeStopResponse
+	(*ReportReadyRequest)(nil),    // 27: tether.v1.ReportReadyRequest
+	(*ReportReadyResponse)(nil),   // 28: tether.v1.ReportReadyResponse
+	nil,                           // 29: tether.v1.Node.LabelsEntry
+	nil,                           // 30: tether.v1.RegisterRootRequest.LabelsEntry
+	nil,                           // 31: tether.v1.SpawnRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(TerminationMode)(0),          // 33: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
+	(*StopProposal)(nil),          // 35: tether.v1.StopProposal
 }
 var file_tether_v1_agent_proto_depIdxs = []int32{
-	26, // 0: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
-	0,  // 1: tether.v1.Node.state:type_name -> tether.v1.NodeState
-	29, // 2: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	29, // 3: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	29, // 4: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
-	29, // 5: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
-	27, // 6: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
-	2,  // 7: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
-	29, // 8: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	28, // 9: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
-	2,  // 10: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
-	29, // 11: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	8,  // 12: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
-	9,  // 13: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
-	10, // 14: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
-	29, // 15: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	12, // 16: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
-	13, // 17: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
-	14, // 18: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
-	15, // 19: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
-	2,  // 20: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
-	1,  // 21: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
-	29, // 22: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
-	29, // 23: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
-	29, // 24: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
-	2,  // 25: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
-	2,  // 26: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
-	2,  // 27: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	30, // 28: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
-	31, // 29: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
-	32, // 30: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
-	2,  // 31: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
-	3,  // 32: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
-	5,  // 33: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
-	7,  // 34: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
-	16, // 35: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
-	18, // 36: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
-	20, // 37: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	22, // 38: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
-	24, // 39: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
-	4,  // 40: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
-	6,  // 41: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
-	11, // 42: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
-	17, // 43: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
-	19, // 44: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
-	21, // 45: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	23, // 46: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
-	25, // 47: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
-	40, // [40:48] is the sub-list for method output_type
-	32, // [32:40] is the sub-list for method input_type
-	32, // [32:32] is the sub-list for extension type_name
-	32, // [32:32] is the sub-list for extension extendee
-	0,  // [0:32] is the sub-list for field type_name
+	32, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
+	32, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
+	29, // 2: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
+	0,  // 3: tether.v1.Node.state:type_name -> tether.v1.NodeState
+	32, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	32, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	32, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
+	32, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
+	2,  // 8: tether.v1.Node.exit_confirmations:type_name -> tether.v1.ExitConfirmation
+	3,  // 9: tether.v1.Node.contradictions:type_name -> tether.v1.Contradiction
+	32, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
+	32, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
+	5,  // 12: tether.v1.Node.open_sessions:type_name -> tether.v1.OpenSession
+	32, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
+	30, // 14: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
+	4,  // 15: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
+	32, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	31, // 17: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
+	4,  // 18: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
+	32, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	11, // 20: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
+	12, // 21: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
+	13, // 22: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
+	32, // 23: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	15, // 24: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
+	16, // 25: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
+	17, // 26: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
+	18, // 27: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
+	4,  // 28: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
+	1,  // 29: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
+	32, // 30: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
+	32, // 31: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
+	32, // 32: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
+	4,  // 33: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
+	4,  // 34: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
+	4,  // 35: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	33, // 36: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
+	34, // 37: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
+	35, // 38: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
+	4,  // 39: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
+	6,  // 40: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
+	8,  // 41: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
+	10, // 42: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
+	19, // 43: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
+	21, // 44: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
+	23, // 45: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	25, // 46: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
+	27, // 47: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
+	7,  // 48: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
+	9,  // 49: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
+	14, // 50: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
+	20, // 51: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
+	22, // 52: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
+	24, // 53: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	26, // 54: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
+	28, // 55: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
+	48, // [48:56] is the sub-list for method output_type
+	40, // [40:48] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_agent_proto_init() }
@@ -1828,12 +2108,12 @@ func file_tether_v1_agent_proto_init() {
 		return
 	}
 	file_tether_v1_proposal_proto_init()
-	file_tether_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_tether_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Heartbeat)(nil),
 		(*SessionRequest_Exit)(nil),
 	}
-	file_tether_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
+	file_tether_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*SessionResponse_Opened)(nil),
 		(*SessionResponse_Signal)(nil),
 		(*SessionResponse_Credential)(nil),
@@ -1845,7 +2125,7 @@ func file_tether_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_agent_proto_rawDesc), len(file_tether_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   27,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -83,7 +83,12 @@ type CreateTokenRequest struct {
 	Role  Role                   `protobuf:"varint,1,opt,name=role,proto3,enum=tether.v1.Role" json:"role,omitempty"`
 	Ttl   *durationpb.Duration   `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
 	// A free-form name for the token's subject, e.g. "alice" or "ci".
-	Subject       string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	Subject string `protobuf:"bytes,3,opt,name=subject,proto3" json:"subject,omitempty"`
+	// Mint a tool server's token instead of an operator token: the tool
+	// server's name (its gate id in the tool-call ledger; principal
+	// "tool:<name>"). Leave role unset. A tool-server token may call only
+	// ToolService (and WhoAmI).
+	ToolServer    string `protobuf:"bytes,4,opt,name=tool_server,json=toolServer,proto3" json:"tool_server,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,6 +140,13 @@ func (x *CreateTokenRequest) GetTtl() *durationpb.Duration {
 func (x *CreateTokenRequest) GetSubject() string {
 	if x != nil {
 		return x.Subject
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetToolServer() string {
+	if x != nil {
+		return x.ToolServer
 	}
 	return ""
 }
@@ -237,7 +249,7 @@ func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
 
 type WhoAmIResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// "operator:<subject>" or "agent:<node_id>".
+	// "operator:<subject>", "agent:<node_id>" or "tool:<tool server>".
 	Principal     string                 `protobuf:"bytes,1,opt,name=principal,proto3" json:"principal,omitempty"`
 	Role          Role                   `protobuf:"varint,2,opt,name=role,proto3,enum=tether.v1.Role" json:"role,omitempty"`
 	NodeId        string                 `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -566,11 +578,13 @@ var File_tether_v1_auth_proto protoreflect.FileDescriptor
 
 const file_tether_v1_auth_proto_rawDesc = "" +
 	"\n" +
-	"\x14tether/v1/auth.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x80\x01\n" +
+	"\x14tether/v1/auth.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\x01\n" +
 	"\x12CreateTokenRequest\x12#\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x0f.tether.v1.RoleR\x04role\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x18\n" +
-	"\asubject\x18\x03 \x01(\tR\asubject\"\x81\x01\n" +
+	"\asubject\x18\x03 \x01(\tR\asubject\x12\x1f\n" +
+	"\vtool_server\x18\x04 \x01(\tR\n" +
+	"toolServer\"\x81\x01\n" +
 	"\x13CreateTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x19\n" +
 	"\btoken_id\x18\x02 \x01(\tR\atokenId\x129\n" +

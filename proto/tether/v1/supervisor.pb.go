@@ -882,10 +882,17 @@ type RecordNode struct {
 	NodeId       string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	Name         string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	ParentNodeId string                 `protobuf:"bytes,3,opt,name=parent_node_id,json=parentNodeId,proto3" json:"parent_node_id,omitempty"`
-	Outcome      NodeOutcome            `protobuf:"varint,4,opt,name=outcome,proto3,enum=tether.v1.NodeOutcome" json:"outcome,omitempty"`
-	ConfirmedBy  string                 `protobuf:"bytes,5,opt,name=confirmed_by,json=confirmedBy,proto3" json:"confirmed_by,omitempty"`
-	ConfirmedAt  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=confirmed_at,json=confirmedAt,proto3" json:"confirmed_at,omitempty"`
-	LastSeenAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
+	// CONFIRMED only when a confirmation exists and the control plane's own
+	// evidence agrees: no session open, every grant revoked or expired, no
+	// activity after the confirmation, and (for a claim) the session's close
+	// observed by the control plane.
+	Outcome NodeOutcome `protobuf:"varint,4,opt,name=outcome,proto3,enum=tether.v1.NodeOutcome" json:"outcome,omitempty"`
+	// The party whose word counts as evidence: an operator (launcher) or an
+	// agent outside the stopped subtree, or "control-plane" when only a claim
+	// exists and the control plane's observation corroborates it.
+	ConfirmedBy string                 `protobuf:"bytes,5,opt,name=confirmed_by,json=confirmedBy,proto3" json:"confirmed_by,omitempty"`
+	ConfirmedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=confirmed_at,json=confirmedAt,proto3" json:"confirmed_at,omitempty"`
+	LastSeenAt  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen_at,json=lastSeenAt,proto3" json:"last_seen_at,omitempty"`
 	// What an unaccounted node still held when the record was written.
 	HeldGrantIds []string `protobuf:"bytes,8,rep,name=held_grant_ids,json=heldGrantIds,proto3" json:"held_grant_ids,omitempty"`
 	HeldJobIds   []string `protobuf:"bytes,9,rep,name=held_job_ids,json=heldJobIds,proto3" json:"held_job_ids,omitempty"`
@@ -896,8 +903,19 @@ type RecordNode struct {
 	// Set with NODE_OUTCOME_SUPERSEDED: the termination that accounts for
 	// the node instead of this one.
 	SupersededByTerminationId string `protobuf:"bytes,23,opt,name=superseded_by_termination_id,json=supersededByTerminationId,proto3" json:"superseded_by_termination_id,omitempty"`
-	unknownFields             protoimpl.UnknownFields
-	sizeCache                 protoimpl.SizeCache
+	// A claim: the node's own word, or an ancestor's inside the stopped
+	// subtree. Shown, never counted as evidence by itself.
+	ClaimedBy string                 `protobuf:"bytes,10,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	ClaimedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=claimed_at,json=claimedAt,proto3" json:"claimed_at,omitempty"`
+	// Activity the control plane saw after the confirmation.
+	Contradictions []*Contradiction `protobuf:"bytes,12,rep,name=contradictions,proto3" json:"contradictions,omitempty"`
+	// The control plane's observation of the node's session.
+	SessionClosedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=session_closed_at,json=sessionClosedAt,proto3" json:"session_closed_at,omitempty"`
+	SessionOpen     bool                   `protobuf:"varint,14,opt,name=session_open,json=sessionOpen,proto3" json:"session_open,omitempty"`
+	// Why the node is unaccounted, in words.
+	UnaccountedReason string `protobuf:"bytes,15,opt,name=unaccounted_reason,json=unaccountedReason,proto3" json:"unaccounted_reason,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *RecordNode) Reset() {
@@ -1021,15 +1039,61 @@ func (x *RecordNode) GetSupersededByTerminationId() string {
 	return ""
 }
 
+func (x *RecordNode) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
+func (x *RecordNode) GetClaimedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClaimedAt
+	}
+	return nil
+}
+
+func (x *RecordNode) GetContradictions() []*Contradiction {
+	if x != nil {
+		return x.Contradictions
+	}
+	return nil
+}
+
+func (x *RecordNode) GetSessionClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SessionClosedAt
+	}
+	return nil
+}
+
+func (x *RecordNode) GetSessionOpen() bool {
+	if x != nil {
+		return x.SessionOpen
+	}
+	return false
+}
+
+func (x *RecordNode) GetUnaccountedReason() string {
+	if x != nil {
+		return x.UnaccountedReason
+	}
+	return ""
+}
+
 type RecordToolCall struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CallId        string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
-	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Tool          string                 `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
-	GateId        string                 `protobuf:"bytes,4,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
-	Resolution    CallResolution         `protobuf:"varint,5,opt,name=resolution,proto3,enum=tether.v1.CallResolution" json:"resolution,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	CallId     string                 `protobuf:"bytes,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	NodeId     string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Tool       string                 `protobuf:"bytes,3,opt,name=tool,proto3" json:"tool,omitempty"`
+	GateId     string                 `protobuf:"bytes,4,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
+	Resolution CallResolution         `protobuf:"varint,5,opt,name=resolution,proto3,enum=tether.v1.CallResolution" json:"resolution,omitempty"`
+	// Who reported each step (see ToolCall).
+	BegunBy        string `protobuf:"bytes,6,opt,name=begun_by,json=begunBy,proto3" json:"begun_by,omitempty"`
+	EndedBy        string `protobuf:"bytes,7,opt,name=ended_by,json=endedBy,proto3" json:"ended_by,omitempty"`
+	AcknowledgedBy string `protobuf:"bytes,8,opt,name=acknowledged_by,json=acknowledgedBy,proto3" json:"acknowledged_by,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RecordToolCall) Reset() {
@@ -1095,6 +1159,27 @@ func (x *RecordToolCall) GetResolution() CallResolution {
 		return x.Resolution
 	}
 	return CallResolution_CALL_RESOLUTION_UNSPECIFIED
+}
+
+func (x *RecordToolCall) GetBegunBy() string {
+	if x != nil {
+		return x.BegunBy
+	}
+	return ""
+}
+
+func (x *RecordToolCall) GetEndedBy() string {
+	if x != nil {
+		return x.EndedBy
+	}
+	return ""
+}
+
+func (x *RecordToolCall) GetAcknowledgedBy() string {
+	if x != nil {
+		return x.AcknowledgedBy
+	}
+	return ""
 }
 
 type RecordPrivilege struct {
@@ -2018,7 +2103,7 @@ var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
+	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/agent.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
 	"\x13TerminationProgress\x12\x1f\n" +
 	"\vnodes_total\x18\x01 \x01(\rR\n" +
 	"nodesTotal\x12!\n" +
@@ -2064,7 +2149,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x17WatchTerminationRequest\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\"T\n" +
 	"\x18WatchTerminationResponse\x128\n" +
-	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\xd2\x04\n" +
+	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\x88\a\n" +
 	"\n" +
 	"RecordNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -2081,7 +2166,16 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x14inner_termination_id\x18\x14 \x01(\tR\x12innerTerminationId\x12<\n" +
 	"\rinner_outcome\x18\x15 \x01(\x0e2\x17.tether.v1.InnerOutcomeR\finnerOutcome\x12&\n" +
 	"\x0finner_record_id\x18\x16 \x01(\tR\rinnerRecordId\x12?\n" +
-	"\x1csuperseded_by_termination_id\x18\x17 \x01(\tR\x19supersededByTerminationId\"\xaa\x01\n" +
+	"\x1csuperseded_by_termination_id\x18\x17 \x01(\tR\x19supersededByTerminationId\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\n" +
+	" \x01(\tR\tclaimedBy\x129\n" +
+	"\n" +
+	"claimed_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tclaimedAt\x12@\n" +
+	"\x0econtradictions\x18\f \x03(\v2\x18.tether.v1.ContradictionR\x0econtradictions\x12F\n" +
+	"\x11session_closed_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fsessionClosedAt\x12!\n" +
+	"\fsession_open\x18\x0e \x01(\bR\vsessionOpen\x12-\n" +
+	"\x12unaccounted_reason\x18\x0f \x01(\tR\x11unaccountedReason\"\x89\x02\n" +
 	"\x0eRecordToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -2089,7 +2183,10 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\agate_id\x18\x04 \x01(\tR\x06gateId\x129\n" +
 	"\n" +
 	"resolution\x18\x05 \x01(\x0e2\x19.tether.v1.CallResolutionR\n" +
-	"resolution\"\xcf\x01\n" +
+	"resolution\x12\x19\n" +
+	"\bbegun_by\x18\x06 \x01(\tR\abegunBy\x12\x19\n" +
+	"\bended_by\x18\a \x01(\tR\aendedBy\x12'\n" +
+	"\x0facknowledged_by\x18\b \x01(\tR\x0eacknowledgedBy\"\xcf\x01\n" +
 	"\x0fRecordPrivilege\x12!\n" +
 	"\fprivilege_id\x18\x01 \x01(\tR\vprivilegeId\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1f\n" +
@@ -2263,23 +2360,24 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationMode)(0),              // 29: tether.v1.TerminationMode
 	(*durationpb.Duration)(nil),       // 30: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
-	(CallResolution)(0),               // 32: tether.v1.CallResolution
-	(*StopProposal)(nil),              // 33: tether.v1.StopProposal
-	(ProposalState)(0),                // 34: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 35: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 36: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 37: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 38: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 39: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 40: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 41: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 42: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 43: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 44: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 45: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 46: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 47: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 48: tether.v1.AbortRolloutResponse
+	(*Contradiction)(nil),             // 32: tether.v1.Contradiction
+	(CallResolution)(0),               // 33: tether.v1.CallResolution
+	(*StopProposal)(nil),              // 34: tether.v1.StopProposal
+	(ProposalState)(0),                // 35: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 36: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 37: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 38: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 39: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 40: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 41: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 42: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 43: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 44: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 45: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 46: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 47: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 48: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 49: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	29, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
@@ -2301,60 +2399,63 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	31, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
 	31, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
 	2,  // 18: tether.v1.RecordNode.inner_outcome:type_name -> tether.v1.InnerOutcome
-	32, // 19: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	3,  // 20: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	4,  // 21: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	31, // 22: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	30, // 23: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	29, // 24: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	13, // 25: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	14, // 26: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	15, // 27: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	16, // 28: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	17, // 29: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	31, // 30: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	18, // 31: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	18, // 32: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	33, // 33: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	6,  // 34: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	34, // 35: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	33, // 36: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	31, // 37: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 38: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	9,  // 39: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	11, // 40: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	19, // 41: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	21, // 42: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	23, // 43: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	25, // 44: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	27, // 45: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	35, // 46: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	36, // 47: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	37, // 48: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	38, // 49: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	39, // 50: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	40, // 51: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	41, // 52: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	8,  // 53: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	10, // 54: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	12, // 55: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	20, // 56: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	22, // 57: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	24, // 58: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	26, // 59: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	28, // 60: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	42, // 61: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	43, // 62: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	44, // 63: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	45, // 64: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	46, // 65: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	47, // 66: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	48, // 67: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	53, // [53:68] is the sub-list for method output_type
-	38, // [38:53] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	31, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
+	32, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
+	31, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
+	33, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	3,  // 23: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	4,  // 24: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
+	31, // 25: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	30, // 26: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	29, // 27: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	13, // 28: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	14, // 29: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	15, // 30: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	16, // 31: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	17, // 32: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	31, // 33: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	18, // 34: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	18, // 35: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	34, // 36: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	6,  // 37: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	35, // 38: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	34, // 39: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	31, // 40: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	7,  // 41: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	9,  // 42: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	11, // 43: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	19, // 44: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	21, // 45: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	23, // 46: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	25, // 47: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	27, // 48: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	36, // 49: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	37, // 50: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	38, // 51: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	39, // 52: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	40, // 53: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	41, // 54: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	42, // 55: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	8,  // 56: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	10, // 57: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	12, // 58: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	20, // 59: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	22, // 60: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	24, // 61: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	26, // 62: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	28, // 63: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	43, // 64: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	44, // 65: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	45, // 66: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	46, // 67: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	47, // 68: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	48, // 69: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	49, // 70: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	56, // [56:71] is the sub-list for method output_type
+	41, // [41:56] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2362,6 +2463,7 @@ func file_tether_v1_supervisor_proto_init() {
 	if File_tether_v1_supervisor_proto != nil {
 		return
 	}
+	file_tether_v1_agent_proto_init()
 	file_tether_v1_proposal_proto_init()
 	file_tether_v1_rollout_proto_init()
 	file_tether_v1_tool_proto_init()

@@ -148,8 +148,15 @@ type ToolCall struct {
 	CancelAckedAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=cancel_acked_at,json=cancelAckedAt,proto3" json:"cancel_acked_at,omitempty"`
 	TerminationId     string                 `protobuf:"bytes,12,opt,name=termination_id,json=terminationId,proto3" json:"termination_id,omitempty"`
 	Error             string                 `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Who reported each step (principal ids, e.g. "tool:shell-gate"): the
+	// tool server that began the call, the one that ended it (or
+	// "termination:<id>" when a termination closed it unacknowledged), and
+	// the one that acknowledged its cancellation.
+	BegunBy        string `protobuf:"bytes,14,opt,name=begun_by,json=begunBy,proto3" json:"begun_by,omitempty"`
+	EndedBy        string `protobuf:"bytes,15,opt,name=ended_by,json=endedBy,proto3" json:"ended_by,omitempty"`
+	AcknowledgedBy string `protobuf:"bytes,16,opt,name=acknowledged_by,json=acknowledgedBy,proto3" json:"acknowledged_by,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ToolCall) Reset() {
@@ -273,11 +280,33 @@ func (x *ToolCall) GetError() string {
 	return ""
 }
 
+func (x *ToolCall) GetBegunBy() string {
+	if x != nil {
+		return x.BegunBy
+	}
+	return ""
+}
+
+func (x *ToolCall) GetEndedBy() string {
+	if x != nil {
+		return x.EndedBy
+	}
+	return ""
+}
+
+func (x *ToolCall) GetAcknowledgedBy() string {
+	if x != nil {
+		return x.AcknowledgedBy
+	}
+	return ""
+}
+
 type BeginCallRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The capability token presented to the tool.
-	Token  string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Tool   string `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Tool  string `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	// Empty or the calling tool server's own name.
 	GateId string `protobuf:"bytes,3,opt,name=gate_id,json=gateId,proto3" json:"gate_id,omitempty"`
 	// Scope the call needs, e.g. "tool:shell"; empty means "tool:<tool>".
 	RequiredScope string `protobuf:"bytes,4,opt,name=required_scope,json=requiredScope,proto3" json:"required_scope,omitempty"`
@@ -711,7 +740,7 @@ var File_tether_v1_tool_proto protoreflect.FileDescriptor
 
 const file_tether_v1_tool_proto_rawDesc = "" +
 	"\n" +
-	"\x14tether/v1/tool.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x04\n" +
+	"\x14tether/v1/tool.proto\x12\ttether.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x85\x05\n" +
 	"\bToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x19\n" +
@@ -728,7 +757,10 @@ const file_tether_v1_tool_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\x11cancelRequestedAt\x12B\n" +
 	"\x0fcancel_acked_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\rcancelAckedAt\x12%\n" +
 	"\x0etermination_id\x18\f \x01(\tR\rterminationId\x12\x14\n" +
-	"\x05error\x18\r \x01(\tR\x05error\"|\n" +
+	"\x05error\x18\r \x01(\tR\x05error\x12\x19\n" +
+	"\bbegun_by\x18\x0e \x01(\tR\abegunBy\x12\x19\n" +
+	"\bended_by\x18\x0f \x01(\tR\aendedBy\x12'\n" +
+	"\x0facknowledged_by\x18\x10 \x01(\tR\x0eacknowledgedBy\"|\n" +
 	"\x10BeginCallRequest\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x12\n" +
 	"\x04tool\x18\x02 \x01(\tR\x04tool\x12\x17\n" +

@@ -66,7 +66,11 @@ type AgentServiceClient interface {
 	// and refreshed credentials down.
 	Session(context.Context) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse]
 	// ConfirmExit records that an agent process has exited. Called by the agent
-	// itself or by a launcher; the reconciliation record notes which.
+	// itself or an ancestor (a claim), or by an operator such as a launcher
+	// (an attestation). From then on the node's credential is refused, and any
+	// activity from it is recorded on the node as contradicting evidence. A
+	// running node moves to NODE_STATE_EXITED. The reconciliation record says
+	// CONFIRMED only when the control plane's own evidence agrees.
 	ConfirmExit(context.Context, *connect.Request[v1.ConfirmExitRequest]) (*connect.Response[v1.ConfirmExitResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.GetNodeResponse], error)
 	// ListNodes lists a whole subtree (or every node when root_node_id is empty).
@@ -204,7 +208,11 @@ type AgentServiceHandler interface {
 	// and refreshed credentials down.
 	Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error
 	// ConfirmExit records that an agent process has exited. Called by the agent
-	// itself or by a launcher; the reconciliation record notes which.
+	// itself or an ancestor (a claim), or by an operator such as a launcher
+	// (an attestation). From then on the node's credential is refused, and any
+	// activity from it is recorded on the node as contradicting evidence. A
+	// running node moves to NODE_STATE_EXITED. The reconciliation record says
+	// CONFIRMED only when the control plane's own evidence agrees.
 	ConfirmExit(context.Context, *connect.Request[v1.ConfirmExitRequest]) (*connect.Response[v1.ConfirmExitResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.GetNodeResponse], error)
 	// ListNodes lists a whole subtree (or every node when root_node_id is empty).

@@ -45,7 +45,8 @@ const (
 
 // AuthServiceClient is a client for the tether.v1.AuthService service.
 type AuthServiceClient interface {
-	// CreateToken mints an operator token with a role. Admins only.
+	// CreateToken mints an operator token with a role, or a tool server's
+	// token (tool_server). Admins only.
 	CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error)
 	// WhoAmI returns the authenticated principal.
 	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
@@ -125,7 +126,8 @@ func (c *authServiceClient) ListKeys(ctx context.Context, req *connect.Request[v
 
 // AuthServiceHandler is an implementation of the tether.v1.AuthService service.
 type AuthServiceHandler interface {
-	// CreateToken mints an operator token with a role. Admins only.
+	// CreateToken mints an operator token with a role, or a tool server's
+	// token (tool_server). Admins only.
 	CreateToken(context.Context, *connect.Request[v1.CreateTokenRequest]) (*connect.Response[v1.CreateTokenResponse], error)
 	// WhoAmI returns the authenticated principal.
 	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)

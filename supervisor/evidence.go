@@ -1,0 +1,324 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Who may say a node exited, and what the control plane does with it.
+//
+// The workload is the least reliable narrator of its own end: a node's own
+// word that it exited, or an ancestor's inside the subtree being stopped,
+// is a claim. An operator (a launcher that watched the process die) or an
+// agent outside the stopped subtree attests. Neither is enough on its own:
+// the record says CONFIRMED only when the control plane's own evidence
+// agrees — no session of the node is open, every grant it held is revoked
+// or expired, nothing arrived from it after the first confirmation, and,
+// for a bare claim, the control plane saw the node's session end.
+//
+// From the first confirmation on, the node may no longer act: its
+// credential is refused (FailedPrecondition), a tool call with its tokens
+// is refused, and each such attempt is kept on the node as a
+// Contradiction (the first MaxContradictions of them). One contradiction
+// makes the node unaccounted in the record, whoever confirmed it.
+
+// ErrNodeExited refuses activity from a node whose exit was confirmed.
+var ErrNodeExited = errors.New("supervisor: the node's exit was confirmed")
+
+// MaxContradictions bounds the contradicting evidence kept per node: the
+// first few prove the point, and a node that floods cannot grow its entry.
+const MaxContradictions = 16
+
+// maxConfirmations bounds the confirmations kept per node (one per party).
+const maxConfirmations = 8
+
+// Kinds of activity that contradict a confirmed exit.
+const (
+	ActivityHeartbeat = "heartbeat"
+	ActivitySession   = "session"
+	ActivityToolCall  = "tool_call"
+	ActivitySpawn     = "spawn"
+	ActivityLease     = "lease"
+	ActivityDelegate  = "delegate"
+	ActivityRefresh   = "refresh"
+	ActivityRequest   = "request"
+)
+
+// ConfirmedByControlPlane names the control plane as the confirming party
+// when only a claim exists and its own observation corroborates it.
+const ConfirmedByControlPlane = "control-plane"
+
+// exitConfirmed reports whether anyone confirmed n's exit.
+func exitConfirmed(n *tetherv1.Node) bool { return n.ExitedAt != nil }
+
+// noteContradiction keeps one piece of contradicting evidence on n and
+// reports whether n changed (false once the bound is reached).
+func noteContradiction(n *tetherv1.Node, kind, detail string, now time.Time) bool {
+	if len(n.Contradictions) >= MaxContradictions {
+		return false
+	}
+	if len(detail) > 200 {
+		detail = detail[:200]
+	}
+	n.Contradictions = append(n.Contradictions, &tetherv1.Contradiction{Kind: kind, At: timestamppb.New(now), Detail: detail})
+	return true
+}
+
+// exitedError is the refusal of activity from a confirmed-exited node; it
+// names the state, who confirmed and when.
+func exitedError(n *tetherv1.Node, kind string) error {
+	by := n.ExitConfirmedBy
+	if by == "" {
+		by = "someone"
+	}
+	return fmt.Errorf("%w: node %s is %s (its exit was confirmed by %s at %s): this %s contradicts that and is recorded as evidence",
+		ErrNodeExited, n.NodeId, StateName(n.State), by, n.ExitedAt.AsTime().UTC().Format(time.RFC3339), strings.ReplaceAll(kind, "_", " "))
+}
+
+// Act checks that a node may still act, for activity of the given kind
+// coming from it (its credential, its session, its tokens). A node whose
+// exit was confirmed is refused with ErrNodeExited, and the attempt is
+// stored on the node as a contradiction before Act returns. It returns the
+// node as read.
+func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.Node, error) {
+	n, err := t.Get(ctx, nodeID)
+	if err != nil || !exitConfirmed(n) || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+		// A terminated node's record is written: its credential is dead
+		// (the caller refuses it as revoked) and nothing can change it.
+		return n, err
+	}
+	now := t.Clock.Now()
+	err = t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err = getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED || !noteContradiction(n, kind, detail, now) {
+			return nil
+		}
+		return putNode(tx, n)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return n, exitedError(n, kind)
+}
+
+// MaxOpenSessions bounds the sessions a node may hold open at once.
+const MaxOpenSessions = 8
+
+// SessionOpened records that one of the node's sessions opened and returns
+// its id, for SessionClosed. A node whose exit was confirmed may not open
+// one: the attempt is a contradiction. The sessions are kept on the node
+// one by one, so that a second, silent session cannot hide behind the
+// close of the first.
+func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node, string, error) {
+	now := t.Clock.Now()
+	sessionID := id.New(id.Session)
+	var out *tetherv1.Node
+	var refused error
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		refused = nil
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		out = n
+		if exitConfirmed(n) && n.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
+			refused = exitedError(n, ActivitySession)
+			if !noteContradiction(n, ActivitySession, "a session was opened", now) {
+				return nil
+			}
+			return putNode(tx, n)
+		}
+		if len(n.OpenSessions) >= MaxOpenSessions {
+			refused = fmt.Errorf("%w: node %s already has %d sessions open, the maximum", ErrLimit, nodeID, len(n.OpenSessions))
+			return nil
+		}
+		n.SessionOpenedAt = timestamppb.New(now)
+		n.OpenSessions = append(n.OpenSessions, &tetherv1.OpenSession{SessionId: sessionID, OpenedAt: n.SessionOpenedAt, Instance: t.Instance})
+		if err := putNode(tx, n); err != nil {
+			return err
+		}
+		return tx.Put(sessionKey(t.Instance, nodeID, sessionID), nil)
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return out, sessionID, refused
+}
+
+// SessionClosed records that a session ended. The caller passes a context
+// that outlives the stream.
+func (t *Tree) SessionClosed(ctx context.Context, nodeID, sessionID string) error {
+	now := timestamppb.New(t.Clock.Now())
+	return t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		closeSession(n, sessionID, now)
+		if err := putNode(tx, n); err != nil {
+			return err
+		}
+		return tx.Delete(sessionKey(t.Instance, nodeID, sessionID))
+	})
+}
+
+func closeSession(n *tetherv1.Node, sessionID string, now *timestamppb.Timestamp) {
+	kept := n.OpenSessions[:0]
+	for _, s := range n.OpenSessions {
+		if s.SessionId != sessionID {
+			kept = append(kept, s)
+		}
+	}
+	n.OpenSessions = kept
+	n.SessionClosedAt = now
+}
+
+// CloseStaleSessions closes, on the nodes, every session served by another
+// control-plane instance than this one. Only a process that owns its store
+// alone (a Badger data directory, locked by it) may call it, at start: the
+// sessions of its previous life died with it. (Replicas sharing a store
+// cannot tell a dead replica's sessions from a live one's; those read as
+// open until the agent reconnects and closes, so the record errs towards
+// unaccounted.)
+func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
+	type stale struct {
+		key           []byte
+		node, session string
+	}
+	var found []stale
+	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+		found = nil
+		return tx.Scan([]byte(prefixSession), nil, func(k, _ []byte) error {
+			parts := strings.Split(string(k[len(prefixSession):]), "/")
+			if len(parts) == 3 && parts[0] != t.Instance {
+				found = append(found, stale{key: append([]byte(nil), k...), node: parts[1], session: parts[2]})
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	now := timestamppb.New(t.Clock.Now())
+	for start := 0; start < len(found); start += 256 {
+		batch := found[start:min(start+256, len(found))]
+		err := t.Store.Update(ctx, func(tx store.Txn) error {
+			for _, s := range batch {
+				n, err := getNode(tx, s.node)
+				if err == nil {
+					closeSession(n, s.session, now)
+					if err := putNode(tx, n); err != nil {
+						return err
+					}
+				} else if !errors.Is(err, ErrNodeNotFound) {
+					return err
+				}
+				if err := tx.Delete(s.key); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(found), nil
+}
+
+// sessionOpen reports whether, by the control plane's observation, a
+// session of n is open.
+func sessionOpen(n *tetherv1.Node) bool { return len(n.OpenSessions) > 0 }
+
+// exitVerdict is what the record says about one node's exit.
+type exitVerdict struct {
+	confirmed         bool
+	confirmedBy       string
+	confirmedAt       *timestamppb.Timestamp
+	claimedBy         string
+	claimedAt         *timestamppb.Timestamp
+	unaccountedReason string
+	// settled: no later evidence can change the verdict (the reconciler
+	// stops waiting for the node).
+	settled bool
+}
+
+// confirmationsOf returns n's confirmations, reading a node stored before
+// they were kept one by one from its strongest confirmation.
+func confirmationsOf(n *tetherv1.Node) []*tetherv1.ExitConfirmation {
+	if len(n.ExitConfirmations) > 0 || n.ExitedAt == nil {
+		return n.ExitConfirmations
+	}
+	by, kind := n.ExitConfirmedBy, ConfirmedBySelf
+	if i := strings.LastIndex(by, " ("); i >= 0 && strings.HasSuffix(by, ")") {
+		by, kind = by[:i], by[i+2:len(by)-1]
+	}
+	return []*tetherv1.ExitConfirmation{{By: by, Kind: kind, At: n.ExitedAt}}
+}
+
+// isClaim says whether a confirmation is the workload's own word: the
+// node's, or an ancestor's that is itself being stopped (inStopped).
+func isClaim(c *tetherv1.ExitConfirmation, inStopped func(nodeID string) bool) bool {
+	switch c.Kind {
+	case ConfirmedBySelf:
+		return true
+	case ConfirmedByAncestor:
+		return inStopped(strings.TrimPrefix(c.By, "agent:"))
+	}
+	return false
+}
+
+// judgeExit weighs a node's confirmations against the control plane's own
+// evidence. liveGrants are grants the node held that are neither revoked
+// nor expired.
+func judgeExit(n *tetherv1.Node, inStopped func(nodeID string) bool, liveGrants []string) exitVerdict {
+	var v exitVerdict
+	var attestation *tetherv1.ExitConfirmation
+	for _, c := range confirmationsOf(n) {
+		if isClaim(c, inStopped) {
+			if v.claimedBy == "" {
+				v.claimedBy, v.claimedAt = c.By+" ("+c.Kind+")", c.At
+			}
+		} else if attestation == nil {
+			attestation = c
+		}
+	}
+	switch {
+	case v.claimedBy == "" && attestation == nil:
+		v.unaccountedReason = "nobody confirmed its exit"
+	case len(n.Contradictions) > 0:
+		v.unaccountedReason = fmt.Sprintf("activity after its exit was confirmed contradicts the confirmation (%d recorded)", len(n.Contradictions))
+		v.settled = true
+	case sessionOpen(n):
+		v.unaccountedReason = "its session is still open"
+	case len(liveGrants) > 0:
+		v.unaccountedReason = "a grant it held is still live: " + strings.Join(liveGrants, ", ")
+		v.settled = true
+	case attestation != nil:
+		v.confirmed, v.settled = true, true
+		v.confirmedBy, v.confirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
+	case n.SessionClosedAt != nil:
+		// A bare claim, corroborated: the control plane saw the session
+		// end and nothing from the node since the claim.
+		v.confirmed, v.settled = true, true
+		v.confirmedBy, v.confirmedAt = ConfirmedByControlPlane, n.SessionClosedAt
+		if n.SessionClosedAt.AsTime().Before(v.claimedAt.AsTime()) {
+			v.confirmedAt = v.claimedAt
+		}
+	default:
+		v.unaccountedReason = "only a claim by " + v.claimedBy + ": the control plane never saw the node's session end"
+	}
+	return v
+}
