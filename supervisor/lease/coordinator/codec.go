@@ -15,7 +15,10 @@ import (
 // schema version; a reader refuses versions it does not know rather than
 // guess (a newer binary migrates, an older one must not misread).
 const (
-	leaseSchema byte = 1
+	// leaseSchema 1 records carry the first leaseFieldsV1 fields; 2 (what
+	// is written now) every field.
+	leaseSchemaV1 byte = 1
+	leaseSchema   byte = 2
 	// evidenceSchema 1 rows carry the whole lease; 2 (what is written
 	// now) carry a delta against the row before (delta.go).
 	evidenceSchemaFull  byte = 1
@@ -197,18 +200,25 @@ func encodeLease(e *encoder, l lease.Lease) {
 
 func decodeRecord(b []byte) (record, error) {
 	d := decoder{b: b}
-	if v := d.byte1("schema version"); d.err == nil && v != leaseSchema {
-		return record{}, fmt.Errorf("%w: lease schema version %d is not %d", ErrCorrupt, v, leaseSchema)
+	fields := leaseFields
+	switch v := d.byte1("schema version"); {
+	case d.err != nil:
+		return record{}, d.err
+	case v == leaseSchemaV1:
+		fields = leaseFieldsV1
+	case v != leaseSchema:
+		return record{}, fmt.Errorf("%w: lease schema version %d is not %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchema)
 	}
 	var r record
 	r.Rows = d.uint()
-	r.Lease = decodeLease(&d)
+	r.Lease = decodeLease(&d, fields)
 	return r, d.done()
 }
 
-func decodeLease(d *decoder) lease.Lease {
+// decodeLease reads the first fields fields of a full lease.
+func decodeLease(d *decoder, fields int) lease.Lease {
 	var l lease.Lease
-	for i := range leaseFields {
+	for i := range fields {
 		decodeField(d, i, &l, 0)
 	}
 	return l
@@ -255,7 +265,7 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		return storedRow{}, d.err
 	case v == evidenceSchemaFull:
 		r.Number = d.uint()
-		r.Lease = decodeLease(&d)
+		r.Lease = decodeLease(&d, leaseFieldsV1)
 		r.Decision.Outcome = lease.Outcome(d.uint())
 		r.Decision.Event = lease.AuditEvent(d.uint())
 		r.Decision.Reason = d.str()

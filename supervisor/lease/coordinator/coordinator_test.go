@@ -185,9 +185,13 @@ func TestDecisionsSurviveARestart(t *testing.T) {
 	if rows[4].Decision.Event != lease.EventOwnershipConflict || !rows[4].OwnershipConflict {
 		t.Errorf("the rejected renew's row is %s (conflict %v); the audit keeps rejected messages", rows[4].Decision, rows[4].OwnershipConflict)
 	}
-	// The next renew continues from the recovered sequence.
+	// The next renew continues from the recovered sequence, and the
+	// recorded conflict still halts it: authority is not extended.
 	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1}, lease.OutcomeDuplicate, lease.EventDuplicateRenew)
-	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 2}, lease.OutcomeAccepted, lease.EventRenewed)
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 2}, lease.OutcomeRejected, lease.EventOwnershipConflict)
+	if got := h.get("job-1"); !got.ExpiresAt.Equal(before.ExpiresAt) || !got.OwnershipConflict {
+		t.Fatalf("a renew under a recorded conflict changed the lease: %+v", got)
+	}
 }
 
 // gatedStore holds every Update until the test releases it, so a test can
