@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -511,15 +512,56 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 	} else if err := coordinator.CheckID("job_id", req.Msg.JobId); err != nil {
 		return nil, toConnect(err)
 	}
-	rows, err := h.leases().Evidence(ctx, req.Msg.JobId)
+	if req.Msg.PageSize < 0 {
+		return nil, invalid("page_size must not be negative")
+	}
+	size := int(req.Msg.PageSize)
+	if size == 0 || size > maxEvidencePageSize {
+		size = maxEvidencePageSize
+	}
+	cursor, err := parseEvidenceToken(req.Msg.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	page, err := h.leases().EvidencePage(ctx, req.Msg.JobId, cursor, size)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	out := make([]*tetherv1.EvidenceRow, len(rows))
-	for i, r := range rows {
+	out := make([]*tetherv1.EvidenceRow, len(page.Rows))
+	for i, r := range page.Rows {
 		out[i] = coordinator.RowToProto(r)
 	}
-	return connect.NewResponse(&tetherv1.EvidenceResponse{Rows: out}), nil
+	resp := &tetherv1.EvidenceResponse{Rows: out}
+	if page.More {
+		resp.NextPageToken = evidenceToken(page.Next)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// maxEvidencePageSize caps a page of evidence: a row is at most a few KB
+// (a reason and a progress value of at most 4 KB each), so one answer
+// stays within a few MB however long the job's history.
+const maxEvidencePageSize = 1000
+
+// evidenceToken renders a cursor as a page token: "r<row>" for the job's
+// rows, "u<seq>" for the unknown-job log.
+func evidenceToken(c coordinator.EvidenceCursor) string {
+	if c.Unknown {
+		return "u" + strconv.FormatUint(c.After, 10)
+	}
+	return "r" + strconv.FormatUint(c.After, 10)
+}
+
+func parseEvidenceToken(token string) (coordinator.EvidenceCursor, error) {
+	if token == "" {
+		return coordinator.EvidenceCursor{}, nil
+	}
+	if len(token) > 1 && (token[0] == 'r' || token[0] == 'u') {
+		if n, err := strconv.ParseUint(token[1:], 10, 64); err == nil && n > 0 {
+			return coordinator.EvidenceCursor{After: n, Unknown: token[0] == 'u'}, nil
+		}
+	}
+	return coordinator.EvidenceCursor{}, invalid("page_token is not a token from an earlier Evidence answer")
 }
 
 func (h *leaseService) GetPolicy(context.Context, *connect.Request[tetherv1.GetPolicyRequest]) (*connect.Response[tetherv1.GetPolicyResponse], error) {
