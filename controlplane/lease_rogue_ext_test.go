@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -517,4 +518,91 @@ func TestLeaseEvidencePages(t *testing.T) {
 	if _, err := w.admin.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job, PageSize: -1})); connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("negative page_size: %v", err)
 	}
+}
+
+// A rollout batch whose agent holds a lease with an unresolved ownership
+// conflict: the batch's record reports that lease UNRESOLVED, never
+// HANDED_OVER (a clean lease of the same batch is); the lease is not
+// reassigned; the batch is not done — the rollout pauses at the batch
+// deadline naming the conflict — until the conflict is resolved, and the
+// completed rollout still says the lease was not handed over.
+func TestRolloutDoesNotHandOverAConflictedLease(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	p := registerLabelled(t, admin, "p", map[string]string{"version": "v1"})
+	pc := srv.Clients(p.Credential)
+	c1, c2 := spawn(t, pc, p.Node.NodeId, "c1"), spawn(t, pc, p.Node.NodeId, "c2")
+	offer := func(job, holder string) *tetherv1.Lease {
+		resp, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(10 * time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Lease
+	}
+	x, _ := unary{srv.Clients(c1.Credential)}.send(t, ack(offer("job-x", c1.Node.NodeId)))
+	unary{srv.Clients(c2.Credential)}.send(t, ack(offer("job-y", c2.Node.NodeId)))
+	_, d := unary{pc}.send(t, renew(x, 1))
+	wantDecision(t, "the owner's claim on job-x", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT)
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		srv.Poke()
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	outcomes := map[string]tetherv1.LeaseOutcome{}
+	for _, l := range record(t, admin, term).Leases {
+		outcomes[l.JobId] = l.Outcome
+	}
+	if outcomes["job-x"] != tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED || outcomes["job-y"] != tetherv1.LeaseOutcome_LEASE_OUTCOME_HANDED_OVER {
+		t.Fatalf("record leases %v: want job-x UNRESOLVED (conflicted) and job-y HANDED_OVER", outcomes)
+	}
+
+	v2 := registerLabelled(t, admin, "v2", map[string]string{"version": "v2"})
+	reportReady(t, admin, v2.Node.NodeId)
+	r = waitRollout(t, srv, r.RolloutId, "to hand over batch 0", func(r *tetherv1.Rollout) bool { return r.Batches[0].LeasesHandedOver == 1 })
+	if len(r.Batches[0].LeasesNotHandedOver) != 1 || !strings.Contains(r.Batches[0].LeasesNotHandedOver[0], "job-x") {
+		t.Fatalf("leases not handed over %v, want job-x", r.Batches[0].LeasesNotHandedOver)
+	}
+	if got := operatorLease(t, admin, "job-x"); got.LeaseGeneration != 1 || !got.OwnershipConflict {
+		t.Fatalf("the conflicted lease moved: %v", got)
+	}
+	if got := operatorLease(t, admin, "job-y"); got.LeaseGeneration != 2 || got.HolderIdentity != v2.Node.NodeId {
+		t.Fatalf("the clean lease was not handed over: %v", got)
+	}
+	srv.Poke()
+	if r = getRollout(t, admin, r.RolloutId); r.Batches[0].State == tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE || r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED {
+		t.Fatalf("batch %s, rollout %s with a conflicted lease unresolved", r.Batches[0].State, r.State)
+	}
+	clk.Advance(time.Hour)
+	r = waitRollout(t, srv, r.RolloutId, "to pause at the deadline", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED })
+	if !strings.Contains(r.Reason, "ownership conflict") {
+		t.Fatalf("pause reason %q does not name the conflict", r.Reason)
+	}
+
+	if _, err := admin.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: "job-x", Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "two claimants; rerun"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: r.RolloutId})); err != nil {
+		t.Fatal(err)
+	}
+	r = waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
+	if !strings.Contains(r.Reason, "not handed over") || !strings.Contains(r.Reason, "job-x") || r.Counts.LeasesHandedOver != 1 {
+		t.Fatalf("completed rollout: reason %q, %d handed over", r.Reason, r.Counts.LeasesHandedOver)
+	}
+}
+
+// operatorLease reads a lease as the operator.
+func operatorLease(t *testing.T, admin *testserver.Clients, job string) *tetherv1.Lease {
+	t.Helper()
+	resp, err := admin.Lease.GetLease(context.Background(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Lease
 }
