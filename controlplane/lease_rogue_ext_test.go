@@ -606,3 +606,80 @@ func operatorLease(t *testing.T, admin *testserver.Clients, job string) *tetherv
 	}
 	return resp.Msg.Lease
 }
+
+// kill -9 after an ownership conflict was recorded: after the restart the
+// conflict still halts the holder's renews, the job's owner and holders are
+// still known (a stranger is still refused without a row, the owner still
+// resolves), and only the owner's resolution lets the job go on.
+func TestLeaseConflictSurvivesKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	dir := t.TempDir()
+	proc := testserver.StartProcess(t, dir)
+	admin := proc.Clients(proc.Admin)
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	planner := proc.Clients(root.Msg.Credential)
+	child, err := planner.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "stranger"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, err := planner.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: child.Msg.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := proc.Clients(child.Msg.Credential)
+	l, _ := unary{worker}.send(t, ack(offered.Msg.Lease))
+	_, d := unary{planner}.send(t, renew(l, 1))
+	wantDecision(t, "the planner's claim", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT)
+	proc.Kill()
+
+	proc = testserver.StartProcess(t, dir)
+	admin = proc.Clients(proc.Admin)
+	worker, planner = proc.Clients(child.Msg.Credential), proc.Clients(root.Msg.Credential)
+	before, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !before.Msg.Lease.OwnershipConflict {
+		t.Fatalf("the conflict did not survive kill -9: %v", before.Msg.Lease)
+	}
+	rows, err := admin.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: "job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 2; seq++ {
+		got, d := unary{worker}.send(t, renew(l, seq))
+		wantDecision(t, "the holder's renew after the restart", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT)
+		if !got.ExpiresAt.AsTime().Equal(before.Msg.Lease.ExpiresAt.AsTime()) {
+			t.Fatalf("a renew under the conflict extended authority after the restart: %v", got)
+		}
+	}
+	_, _, errText := unary{proc.Clients(stranger.Msg.Credential)}.try(t, renew(l, 9))
+	if !strings.HasPrefix(errText, "permission_denied: ") {
+		t.Fatalf("a stranger's renew after the restart: %q", errText)
+	}
+	after, err := admin.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: "job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(after.Msg.Rows), len(rows.Msg.Rows)+2; got != want {
+		t.Fatalf("%d evidence rows after two renews and a stranger's, want %d (the stranger writes none)", got, want)
+	}
+	re, err := planner.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job", HolderIdentity: child.Msg.Node.NodeId, Reason: "settled"}))
+	if err != nil {
+		t.Fatalf("the owner resolving after the restart: %v", err)
+	}
+	wantDecision(t, "the owner's resolution", re.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_REASSIGNED)
+	l2, _ := unary{worker}.send(t, ack(re.Msg.Lease))
+	_, d = unary{worker}.send(t, renew(l2, 1))
+	wantDecision(t, "renew of the new generation", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+}
