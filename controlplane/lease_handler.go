@@ -72,7 +72,7 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 			return nil, err
 		}
 	}
-	res, err := h.leases().ApplyIf(ctx, m, partyGuard(p.NodeID()))
+	res, err := h.leases().ApplyIf(ctx, m, partyGuard(p.NodeID(), m))
 	switch {
 	case errors.Is(err, errNoLease):
 		return nil, noLease(m.Job())
@@ -94,15 +94,17 @@ var (
 )
 
 // partyGuard admits, on the job's shard and against the lease the message
-// is judged with, the holder and the former holders of the job: a string
-// comparison for the holder, so the renew hot path reads nothing. Anyone
-// else needs the lineage check (judgeForLineage), which reads the tree.
-func partyGuard(caller string) func(lease.Lease) error {
+// is judged with, the parties to the job (lease.Lease.Party): its holder,
+// with one string comparison, so the renew hot path reads nothing; and a
+// former holder speaking about an earlier generation. Anyone else needs
+// the lineage check (judgeForLineage), which reads the tree.
+func partyGuard(caller string, m lease.Message) func(lease.Lease) error {
+	claim, _ := lease.ClaimOf(m)
 	return func(l lease.Lease) error {
 		switch {
 		case !l.Exists():
 			return errNoLease
-		case l.Party(caller):
+		case l.Party(caller, claim.Generation):
 			return nil
 		}
 		return errNotParty
@@ -582,8 +584,6 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 	if !p.IsAgent() {
 		return denied("%s is not an agent: only holder agents open a lease channel", p.ID())
 	}
-	holder := p.NodeID()
-	guard := partyGuard(holder)
 	out := &channelOutbox{ready: make(chan struct{}, 1), slots: make(chan struct{}, maxChannelInFlight)}
 	sent := make(chan error, 1)
 	go func() { sent <- out.pump(stream) }()
@@ -624,7 +624,7 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 				out.push(&tetherv1.ChannelResponse{CorrelationId: m.CorrelationId, Error: connect.CodeInvalidArgument.String() + ": batch: a batched message cannot carry a batch of its own"})
 				continue
 			}
-			h.submitChannel(ctx, p, m, guard, out)
+			h.submitChannel(ctx, p, m, out)
 		}
 	}
 	// Every judged message is answered before the stream ends.
@@ -643,7 +643,7 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 // running cannot ACK, and a stranger to the job is refused before the lease
 // machine (partyGuard on the shard; a lineage check off the shard for
 // agents that are not parties).
-func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req *tetherv1.ChannelRequest, guard func(lease.Lease) error, out *channelOutbox) {
+func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req *tetherv1.ChannelRequest, out *channelOutbox) {
 	correlation := req.CorrelationId
 	m, err := coordinator.ChannelMessage(req, p.NodeID())
 	if err != nil {
@@ -659,7 +659,7 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 	// The callback runs on the coordinator's committer (or a shard): it
 	// only queues the result, or hands the rare lineage check to its own
 	// goroutine; the pump turns it into a response.
-	h.leases().Submit(m, guard, func(r coordinator.Result, err error) {
+	h.leases().Submit(m, partyGuard(p.NodeID(), m), func(r coordinator.Result, err error) {
 		switch {
 		case errors.Is(err, coordinator.ErrStopped):
 			out.stopped.Store(true)

@@ -284,9 +284,11 @@ func TestLeaseStrangerCannotReadOrDirectAnotherTreesJob(t *testing.T) {
 	}
 }
 
-// A former holder is not a stranger: after the job moved to generation 2,
-// its late renew is judged and recorded as stale (seed probe 1), and the
-// current generation is untouched.
+// A former holder is not a stranger to its own generation: after the job
+// moved to generation 2, its late renew is judged and recorded as stale
+// (seed probe 1), and the current generation is untouched. It is a
+// stranger to generation 2: its claims on it are refused, so it cannot
+// halt its successor by recording a conflict.
 func TestLeaseFormerHolderLateRenewIsRecordedStale(t *testing.T) {
 	w := newLeaseWorld(t)
 	job := w.job()
@@ -302,6 +304,26 @@ func TestLeaseFormerHolderLateRenewIsRecordedStale(t *testing.T) {
 	if got := w.get(t, job); got.HolderIdentity != w.w2 || got.LeaseGeneration != 2 || !got.StaleGeneration || got.OwnershipConflict {
 		t.Fatalf("after the late renew: %v", got)
 	}
+	// The rogue former holder now knows generation 2's lease id and claims
+	// it, hoping to record a conflict and halt w2's work: it does not hold
+	// generation 2, so it is a stranger to it, refused before the machine.
+	before := w.get(t, job)
+	rows = len(w.evidence(t, job))
+	for _, m := range []*tetherv1.ChannelRequest{renew(l2, 1), progress(l2, 1, "mine"), complete(l2, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED)} {
+		for _, via := range []tryTransport{unary{w.w1C}, openChannel(t, w.w1C)} {
+			if _, _, errText := via.try(t, m); !strings.HasPrefix(errText, "permission_denied: ") {
+				t.Fatalf("the former holder claiming generation 2: %q, want permission_denied", errText)
+			}
+		}
+	}
+	if after := w.get(t, job); !proto.Equal(before, after) || after.OwnershipConflict {
+		t.Fatalf("the former holder changed generation 2:\nbefore %v\nafter  %v", before, after)
+	}
+	if got := len(w.evidence(t, job)); got != rows {
+		t.Fatalf("the former holder's claims wrote %d rows", got-rows)
+	}
+	_, d = unary{w.w2C}.send(t, renew(l2, 1))
+	wantDecision(t, "the holder's renew", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
 }
 
 // A conflict that is recorded halts the job: the coordinating lineage (the

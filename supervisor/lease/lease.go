@@ -171,16 +171,23 @@ type Lease struct {
 // holders back is a stranger to the job again.
 const MaxFormerHolders = 8
 
-// Party reports whether identity is the current holder or one of the
-// former holders of the job: the identities whose worker messages the
-// lease machine should judge without further authorisation. It is O(1)
-// for the current holder (the renew hot path).
-func (l Lease) Party(identity string) bool {
+// Party reports whether a worker message from identity claiming
+// generation should reach Step without further authorisation: it comes
+// from the current holder (any generation: its own stale traffic is
+// evidence), or from a former holder about an earlier generation (its late
+// traffic is stale evidence). A former holder claiming the current
+// generation is not a party: it does not hold it, and letting its claim
+// through would let any earlier holder record an ownership conflict and
+// halt the job. It is O(1) for the current holder (the renew hot path).
+func (l Lease) Party(identity string, generation uint64) bool {
 	if identity == "" || !l.Exists() {
 		return false
 	}
 	if identity == l.HolderIdentity {
 		return true
+	}
+	if generation >= l.Generation {
+		return false
 	}
 	for _, h := range l.FormerHolders {
 		if h == identity {

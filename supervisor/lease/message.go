@@ -192,6 +192,16 @@ func (Resolve) message()       {}
 func (Tick) message()          {}
 func (Recover) message()       {}
 
+// ClaimOf returns the claim of a worker message (Ack, Renew, Progress,
+// CancelAck, Complete); ok is false for the coordinator's messages.
+func ClaimOf(m Message) (c Claim, ok bool) {
+	w, ok := m.(workerMessage)
+	if !ok {
+		return Claim{}, false
+	}
+	return w.claimed(), true
+}
+
 // workerMessage is implemented by the messages that embed a Claim.
 type workerMessage interface {
 	Message
