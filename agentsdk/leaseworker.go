@@ -32,7 +32,35 @@ var (
 	ErrLeaseLost = errors.New("agentsdk: the lease is no longer held")
 	// ErrJobEnded: the job was completed or stopped by its worker.
 	ErrJobEnded = errors.New("agentsdk: the job ended")
+	// ErrOwnershipConflict: another identity claimed this generation and
+	// the coordinator recorded an ownership conflict. Execution must halt:
+	// renewals no longer extend authority and completion is refused until
+	// the coordinator resolves the conflict (a new generation, or a final
+	// result). The cause is an *OwnershipConflictError naming the lease.
+	ErrOwnershipConflict = errors.New("agentsdk: ownership conflict recorded on the lease; execution halted until the coordinator resolves it")
 )
+
+// OwnershipConflictError is the cause of a job's context when the
+// coordinator recorded an ownership conflict on its lease. It wraps
+// ErrOwnershipConflict.
+type OwnershipConflictError struct {
+	JobID      string
+	LeaseID    string
+	Generation uint64
+	// Reason is the coordinator's decision reason, when the conflict was
+	// learnt from a rejected message.
+	Reason string
+}
+
+func (e *OwnershipConflictError) Error() string {
+	msg := fmt.Sprintf("agentsdk: ownership conflict recorded on job %q lease %q generation %d; execution halted until the coordinator resolves it", e.JobID, e.LeaseID, e.Generation)
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	return msg
+}
+
+func (e *OwnershipConflictError) Unwrap() error { return ErrOwnershipConflict }
 
 // ErrSpooled is returned by Job.Progress and Job.Complete when the control
 // plane could not be reached: the message is in the spool, synced to disk,
@@ -245,7 +273,9 @@ type Job struct {
 // Accept ACKs an offered lease (which must be this agent's) and starts
 // renewing it. The job's context ends when the coordinator requests
 // cancellation (cause ErrLeaseCancelled), says the generation lost
-// authority (ErrLeaseLost), or the worker ends it (ErrJobEnded).
+// authority (ErrLeaseLost), records an ownership conflict on it
+// (*OwnershipConflictError, wrapping ErrOwnershipConflict), or the worker
+// ends it (ErrJobEnded).
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
 	req := &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Ack{Ack: &tetherv1.AckRequest{
 		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Now()),
@@ -344,13 +374,22 @@ func (j *Job) Renew(ctx context.Context) (*tetherv1.Decision, error) {
 	if err != nil {
 		return nil, err
 	}
-	j.observe(ctx, l, gen)
+	j.observe(ctx, l, gen, d)
 	return d, nil
 }
 
 // observe updates the job from a coordinator answer.
-func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64) {
+func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64, d *tetherv1.Decision) {
 	if l == nil {
+		return
+	}
+	if l.OwnershipConflict && l.LeaseGeneration == generation || d.GetAuditEvent() == tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT {
+		// Another identity claims this generation: whatever else the
+		// answer says, the work must not go on as if it were ours.
+		j.mu.Lock()
+		j.lease = l
+		j.mu.Unlock()
+		j.end(&OwnershipConflictError{JobID: l.JobId, LeaseID: l.LeaseId, Generation: generation, Reason: d.GetReason()})
 		return
 	}
 	j.mu.Lock()
@@ -398,7 +437,7 @@ func (j *Job) Progress(ctx context.Context, value string) (*tetherv1.Decision, e
 	if err != nil {
 		return nil, err
 	}
-	j.observe(ctx, l, gen)
+	j.observe(ctx, l, gen, d)
 	return d, nil
 }
 

@@ -253,3 +253,44 @@ func TestLeaseWorkerReplayedResultFromAnExpiredGenerationIsRecordedNotAccepted(t
 		t.Fatalf("the replayed result's row: %s %s %s", last.Message, last.Decision.Outcome, last.Decision.AuditEvent)
 	}
 }
+
+// A recorded ownership conflict halts the job: the coordinator's planner
+// (the lineage that coordinates the job) claims the active generation, the
+// worker's next renewal is refused without extending authority, and the
+// job's context ends with an error naming the lease and generation. Only
+// the coordinator's Resolve settles it.
+func TestLeaseWorkerCancelsTheJobOnAnOwnershipConflict(t *testing.T) {
+	s := newLeaseSetup(t)
+	w := s.newWorker(t, t.TempDir(), time.Hour) // renewals driven by the test
+	ctx := context.Background()
+	offered := s.offer(t, "job-c", time.Minute)
+	job, d, err := w.Accept(ctx, offered, agentsdk.JobOptions{})
+	accepted(t, "accept", d, err)
+	l := job.Lease()
+	claim, err := s.planner.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, RenewSequence: 1}))
+	if err != nil || claim.Msg.Decision.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT {
+		t.Fatalf("the planner's claim: %v %v", claim, err)
+	}
+	s.clock.Advance(10 * time.Second)
+	d, err = job.Renew(ctx)
+	if err != nil || d.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT {
+		t.Fatalf("renew under the conflict: %v %v", d, err)
+	}
+	<-job.Done()
+	cause := context.Cause(job.Context())
+	var conflict *agentsdk.OwnershipConflictError
+	if !errors.Is(cause, agentsdk.ErrOwnershipConflict) || !errors.As(cause, &conflict) ||
+		conflict.JobID != "job-c" || conflict.LeaseID != l.LeaseId || conflict.Generation != 1 ||
+		!strings.Contains(cause.Error(), l.LeaseId) || !strings.Contains(cause.Error(), "generation 1") {
+		t.Fatalf("job context cause: %v", cause)
+	}
+	if got := s.get(t, "job-c"); !got.ExpiresAt.AsTime().Equal(l.ExpiresAt.AsTime()) || got.RenewSequence != 0 {
+		t.Fatalf("a renew under the conflict extended authority: %v", got)
+	}
+	if _, err := s.planner.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: "job-c", Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "two claimants"})); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.get(t, "job-c"); got.OwnershipConflict || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_FAILED {
+		t.Fatalf("after Resolve: %v", got)
+	}
+}

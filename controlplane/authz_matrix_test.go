@@ -74,9 +74,10 @@ const (
 	// request may still fail validation); a lease worker message from its
 	// holder is ACCEPTED.
 	allowed
-	// judged: a lease worker message from an agent that is not the holder
-	// reaches the state machine (holder binding: the holder identity is
-	// the caller) and is REJECTED there, changing no authority.
+	// judged: a lease worker message from an agent of the job's
+	// coordinating lineage that is not the holder reaches the state
+	// machine (holder binding: the holder identity is the caller) and is
+	// REJECTED there, changing no authority.
 	judged
 )
 
@@ -108,9 +109,12 @@ var (
 	selfAndAbove = []caller{self, parent, ancestor}
 	// readers of self's objects: self, its ancestors and every operator role.
 	subtreeReaders = append(slices.Clone(selfAndAbove), everyReader...)
-	// a worker message for self's lease: accepted from self, judged and
-	// rejected from any other agent; operators never speak for a holder.
-	holderOnly = expectation{allow: []caller{self}, judge: []caller{parent, ancestor, sibling, descendant, unrelated}}
+	// a worker message for self's lease: accepted from self; judged and
+	// rejected from the lineage that coordinates the job (the ancestors of
+	// the holder; the offer here is an operator's); refused before the
+	// state machine from every other agent (a stranger to the job);
+	// operators never speak for a holder.
+	holderOnly = expectation{allow: []caller{self}, judge: []caller{parent, ancestor}}
 )
 
 func allow(cs ...[]caller) expectation {
@@ -130,7 +134,8 @@ func callers(cs ...caller) []caller { return cs }
 // revoker set (issuer, holders of ancestor grants, security, admin); a
 // termination is requested by an operator, the security role or a strict
 // ancestor; lease worker messages come only from the holder (holder
-// binding), coordinator messages from operators or ancestors of the holder.
+// binding) and are refused before the lease machine from strangers to the
+// job, coordinator messages from operators or ancestors of the holder.
 var authzMatrix = map[string]expectation{
 	tetherv1connect.AuthServiceCreateTokenProcedure: allow(callers(admin)),
 	tetherv1connect.AuthServiceWhoAmIProcedure:      allow(authenticated, toolServers),
@@ -639,6 +644,12 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 		case err != nil:
 			return cellResult{err: err}
 		case resp.Error != "":
+			// "code: message", as the stream reports a refusal.
+			name, msg, _ := strings.Cut(resp.Error, ": ")
+			var code connect.Code
+			if code.UnmarshalText([]byte(name)) == nil {
+				return cellResult{err: connect.NewError(code, errors.New(msg))}
+			}
 			return cellResult{err: errors.New(resp.Error)}
 		}
 		return cellResult{decision: resp.Decision}

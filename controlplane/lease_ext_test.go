@@ -436,7 +436,7 @@ func TestLeaseBadInputChangesNothing(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		job   string
-		field string // InvalidArgument naming this field; "" means judged
+		field string // InvalidArgument naming this field; "denied": PermissionDenied; "" means judged
 		event tetherv1.AuditEvent
 		call  func() (*tetherv1.Decision, error)
 	}{
@@ -476,7 +476,7 @@ func TestLeaseBadInputChangesNothing(t *testing.T) {
 			r, err := w.admin.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: active, Result: tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS}))
 			return decisionOf(r, err)
 		}},
-		{"unknown lease", "job-nobody-offered", "", tetherv1.AuditEvent_AUDIT_EVENT_UNKNOWN_LEASE, func() (*tetherv1.Decision, error) {
+		{"unknown job", "job-nobody-offered", "denied", 0, func() (*tetherv1.Decision, error) {
 			r, err := w.w1C.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: "job-nobody-offered", LeaseId: "l_x", LeaseGeneration: 1, RenewSequence: 1}))
 			return decisionOf(r, err)
 		}},
@@ -484,8 +484,12 @@ func TestLeaseBadInputChangesNothing(t *testing.T) {
 			r, err := w.w1C.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: active, LeaseId: "l_not_it", LeaseGeneration: 1, RenewSequence: 1}))
 			return decisionOf(r, err)
 		}},
-		{"wrong holder of an offer", job, "", tetherv1.AuditEvent_AUDIT_EVENT_HOLDER_MISMATCH, func() (*tetherv1.Decision, error) {
+		{"a sibling acking an offer", job, "denied", 0, func() (*tetherv1.Decision, error) {
 			r, err := w.w2C.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: offered.LeaseId, LeaseGeneration: 1}))
+			return decisionOf(r, err)
+		}},
+		{"the coordinating lineage acking an offer", job, "", tetherv1.AuditEvent_AUDIT_EVENT_HOLDER_MISMATCH, func() (*tetherv1.Decision, error) {
+			r, err := w.plannerC.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: offered.LeaseId, LeaseGeneration: 1}))
 			return decisionOf(r, err)
 		}},
 		{"generation from the future", active, "", tetherv1.AuditEvent_AUDIT_EVENT_FUTURE_GENERATION, func() (*tetherv1.Decision, error) {
@@ -500,7 +504,11 @@ func TestLeaseBadInputChangesNothing(t *testing.T) {
 				rowsBefore = len(w.evidence(t, tc.job))
 			}
 			d, err := tc.call()
-			if tc.field != "" {
+			if tc.field == "denied" {
+				if connect.CodeOf(err) != connect.CodePermissionDenied {
+					t.Fatalf("got %v (decision %v), want permission_denied", err, d)
+				}
+			} else if tc.field != "" {
 				if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.field) {
 					t.Fatalf("got %v (decision %v), want invalid_argument naming %s", err, d, tc.field)
 				}
@@ -553,14 +561,15 @@ func TestLeaseBadInputChangesNothing(t *testing.T) {
 	})
 
 	t.Run("wrong holder of an active lease", func(t *testing.T) {
-		// A second identity claiming the active generation is an ownership
-		// conflict: recorded as evidence; the holder's authority is as it was.
+		// A second identity of the coordinating lineage claiming the active
+		// generation is an ownership conflict: recorded as evidence; the
+		// holder's authority is as it was.
 		before := w.get(t, active)
-		_, d := unary{w.w2C}.send(t, renew(la, 1))
-		wantDecision(t, "renew by w2", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT)
+		_, d := unary{w.plannerC}.send(t, renew(la, 1))
+		wantDecision(t, "renew by the planner", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT)
 		after := w.get(t, active)
 		if after.HolderIdentity != before.HolderIdentity || after.RenewSequence != before.RenewSequence || !after.ExpiresAt.AsTime().Equal(before.ExpiresAt.AsTime()) ||
-			after.State != before.State || !after.OwnershipConflict || after.ConflictHolder != w.w2 {
+			after.State != before.State || !after.OwnershipConflict || after.ConflictHolder != w.planner {
 			t.Fatalf("after the conflicting claim:\nbefore %v\nafter  %v", before, after)
 		}
 	})

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -48,7 +50,12 @@ const maxChannelInFlight = 4096
 
 func (h *leaseService) leases() *coordinator.Coordinator { return h.s.leases }
 
-// worker judges a worker message from the authenticated holder.
+// worker judges a worker message from the authenticated agent. The agent
+// must be a party to the job (its holder, or a former holder whose late
+// traffic is stale evidence) or belong to the lineage that coordinates it
+// (see mayCoordinate); anyone else is refused with PermissionDenied before
+// the lease machine sees the message: no judgement, no ownership conflict,
+// no evidence row, and the same answer whether or not the job exists.
 func worker[Resp any](ctx context.Context, h *leaseService, build func(holder string) (lease.Message, error), wrap func(*tetherv1.Lease, *tetherv1.Decision) *Resp) (*connect.Response[Resp], error) {
 	p, _ := auth.FromContext(ctx)
 	if !p.IsAgent() {
@@ -60,11 +67,121 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	res, err := h.leases().Apply(ctx, m)
+	if _, isAck := m.(lease.Ack); isAck {
+		if err := h.takesWork(ctx, p.NodeID(), "acknowledge"); err != nil {
+			return nil, err
+		}
+	}
+	res, err := h.leases().ApplyIf(ctx, m, partyGuard(p.NodeID(), m))
+	switch {
+	case errors.Is(err, errNoLease):
+		return nil, noLease(m.Job())
+	case errors.Is(err, errNotParty):
+		res, err = h.judgeForLineage(ctx, p, m)
+	}
 	if err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(wrap(coordinator.LeaseToProto(res.Lease), coordinator.DecisionToProto(res.Decision))), nil
+}
+
+// Outcomes of partyGuard: the job has no lease, or the caller is neither
+// its holder nor a former holder. Neither is judged.
+var (
+	errNoLease   = errors.New("controlplane: no lease for the job")
+	errNotParty  = errors.New("controlplane: not a party to the job")
+	errJobExists = errors.New("controlplane: the job already has a lease")
+)
+
+// partyGuard admits, on the job's shard and against the lease the message
+// is judged with, the parties to the job (lease.Lease.Party): its holder,
+// with one string comparison, so the renew hot path reads nothing; and a
+// former holder speaking about an earlier generation. Anyone else needs
+// the lineage check (judgeForLineage), which reads the tree.
+func partyGuard(caller string, m lease.Message) func(lease.Lease) error {
+	claim, _ := lease.ClaimOf(m)
+	return func(l lease.Lease) error {
+		switch {
+		case !l.Exists():
+			return errNoLease
+		case l.Party(caller, claim.Generation):
+			return nil
+		}
+		return errNotParty
+	}
+}
+
+// noLease is the one answer a caller gets for a job it may not touch,
+// whether or not the job exists: it names nothing the caller did not send.
+func noLease(job string) error {
+	return denied("job %q: there is no lease you may act on (no such job, or it is neither held by you nor coordinated by your lineage)", job)
+}
+
+// judgeForLineage judges a worker message from an agent that is not a
+// party to the job, if the agent may coordinate it (mayCoordinate); its
+// claim then reaches the lease machine, where claiming the active
+// generation is an ownership conflict. The check reads the tree, so it is
+// re-asserted on the shard: the holder and owner must still be the ones
+// checked.
+func (h *leaseService) judgeForLineage(ctx context.Context, p auth.Principal, m lease.Message) (coordinator.Result, error) {
+	job := m.Job()
+	for attempt := 0; ; attempt++ {
+		current, err := h.leases().Get(ctx, job)
+		if errors.Is(err, coordinator.ErrNotFound) {
+			return coordinator.Result{}, noLease(job)
+		}
+		if err != nil {
+			return coordinator.Result{}, err
+		}
+		ok, err := h.mayCoordinate(ctx, p, current)
+		if err != nil {
+			return coordinator.Result{}, err
+		}
+		if !ok {
+			return coordinator.Result{}, noLease(job)
+		}
+		res, err := h.leases().ApplyIf(ctx, m, sameParties(current))
+		if errors.Is(err, coordinator.ErrPrecondition) && attempt < 3 {
+			continue
+		}
+		if errors.Is(err, errNoLease) {
+			return coordinator.Result{}, noLease(job)
+		}
+		return res, err
+	}
+}
+
+// sameParties refuses the judgement when the job's holder or owner changed
+// since checked was read.
+func sameParties(checked lease.Lease) func(lease.Lease) error {
+	return func(l lease.Lease) error {
+		switch {
+		case !l.Exists():
+			return errNoLease
+		case l.HolderIdentity != checked.HolderIdentity || l.Owner != checked.Owner:
+			return fmt.Errorf("%w: job %q changed hands while the request was checked; retry", coordinator.ErrPrecondition, checked.JobID)
+		}
+		return nil
+	}
+}
+
+// takesWork refuses a new lease (an offer or reassignment to the node, or
+// its ACK) when the node is not running: a node that is draining, aborting
+// or stopped must not start new work.
+func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error {
+	n, err := h.s.tree.Get(ctx, nodeID)
+	if errors.Is(err, supervisor.ErrNodeNotFound) {
+		return connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", nodeID))
+	}
+	if err != nil {
+		return toConnect(err)
+	}
+	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		state := strings.ToLower(strings.TrimPrefix(n.State.String(), "NODE_STATE_"))
+		return connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("agent %s is %s: a node that is draining, aborting or stopped cannot %s a new lease", nodeID, state, what))
+	}
+	return nil
 }
 
 func (h *leaseService) Ack(ctx context.Context, req *connect.Request[tetherv1.AckRequest]) (*connect.Response[tetherv1.AckResponse], error) {
@@ -102,6 +219,15 @@ func (h *leaseService) Complete(ctx context.Context, req *connect.Request[tether
 		})
 }
 
+// The lineage that coordinates a job: operators; the agent that offered it
+// (Lease.Owner) and that agent's ancestors; and the ancestors of its
+// current holder (never the holder itself, a sibling or a descendant). It
+// may read the job, request its cancellation, reassign and resolve it, and
+// send worker messages for it (a claim on the active generation from
+// anyone but the holder is then an ownership conflict). A holder reads its
+// own lease; a former holder's worker messages are judged (as stale) but it
+// reads nothing else. Every other agent is a stranger to the job.
+
 // mayDirect reports whether p may direct leases held by holder: operators
 // may, and so may an agent that is an ancestor of holder in the agent
 // tree (never the holder itself, nor a sibling or descendant).
@@ -109,24 +235,60 @@ func (h *leaseService) mayDirect(ctx context.Context, p auth.Principal, holder, 
 	if !p.IsAgent() {
 		return nil
 	}
-	node, err := h.s.tree.Get(ctx, holder)
-	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
-		return denied("agent %s may direct only leases held by its descendants; %s %q is not a registered agent", p.NodeID(), field, holder)
-	}
+	ok, err := h.isAncestor(ctx, p.NodeID(), holder)
 	if err != nil {
 		return err
 	}
-	if !supervisor.IsAncestor(node, p.NodeID()) {
+	if !ok {
 		return denied("agent %s may direct only leases held by its descendants, and %s %s is not one", p.NodeID(), field, holder)
 	}
 	return nil
 }
 
+// isAncestor reports whether agent is an ancestor of node (false when node
+// is not a registered agent).
+func (h *leaseService) isAncestor(ctx context.Context, agent, node string) (bool, error) {
+	if node == "" {
+		return false, nil
+	}
+	n, err := h.s.tree.Get(ctx, node)
+	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return supervisor.IsAncestor(n, agent), nil
+}
+
+// mayCoordinate reports whether p belongs to the lineage that coordinates
+// the job l (see above).
+func (h *leaseService) mayCoordinate(ctx context.Context, p auth.Principal, l lease.Lease) (bool, error) {
+	if !p.IsAgent() {
+		return true, nil
+	}
+	caller := p.NodeID()
+	if caller == l.HolderIdentity {
+		return false, nil
+	}
+	if l.Owner != "" {
+		if caller == l.Owner {
+			return true, nil
+		}
+		if ok, err := h.isAncestor(ctx, caller, l.Owner); ok || err != nil {
+			return ok, err
+		}
+	}
+	return h.isAncestor(ctx, caller, l.HolderIdentity)
+}
+
 // coordinate judges a coordinator message about an existing job: the
-// caller must be an operator or an ancestor of the current holder (and of
-// newHolder, when the message names one). The check is made against the
-// durable lease and re-asserted on the shard (the holder must still be the
-// one checked), so a concurrent reassignment cannot slip in between.
+// caller must belong to the job's coordinating lineage (and may name as
+// newHolder only a running agent it may direct). A stranger gets noLease
+// whether or not the job exists, and nothing is judged or recorded. The
+// check is made against the durable lease and re-asserted on the shard
+// (holder and owner must still be the ones checked), so a concurrent
+// reassignment cannot slip in between.
 func (h *leaseService) coordinate(ctx context.Context, job string, build func(current lease.Lease) (lease.Message, error), newHolder string) (coordinator.Result, error) {
 	p, _ := auth.FromContext(ctx)
 	if err := coordinator.CheckID("job_id", job); err != nil {
@@ -137,9 +299,15 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 		if err != nil && !errors.Is(err, coordinator.ErrNotFound) {
 			return coordinator.Result{}, err
 		}
-		if current.Exists() {
-			if err := h.mayDirect(ctx, p, current.HolderIdentity, "the holder"); err != nil {
-				return coordinator.Result{}, err
+		if p.IsAgent() {
+			ok := false
+			if current.Exists() {
+				if ok, err = h.mayCoordinate(ctx, p, current); err != nil {
+					return coordinator.Result{}, err
+				}
+			}
+			if !ok {
+				return coordinator.Result{}, noLease(job)
 			}
 		}
 		if newHolder != "" {
@@ -152,7 +320,7 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 			return coordinator.Result{}, err
 		}
 		res, err := h.leases().ApplyIf(ctx, m, func(l lease.Lease) error {
-			if l.Exists() != current.Exists() || l.HolderIdentity != current.HolderIdentity {
+			if l.Exists() != current.Exists() || l.HolderIdentity != current.HolderIdentity || l.Owner != current.Owner {
 				return fmt.Errorf("%w: job %q changed holder while the request was checked; retry", coordinator.ErrPrecondition, job)
 			}
 			return nil
@@ -165,23 +333,25 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 }
 
 // checkHolder checks that a holder named in an Offer or Reassign is a
-// registered agent the caller may direct.
+// registered agent the caller may direct, and that it is running: a node
+// that is draining, aborting or stopped is offered nothing new.
 func (h *leaseService) checkHolder(ctx context.Context, p auth.Principal, holder string) error {
 	if err := id.Check(id.Node, "holder_identity", holder); err != nil {
 		return invalid("%v", err)
 	}
 	if p.IsAgent() {
-		return h.mayDirect(ctx, p, holder, "holder_identity")
-	}
-	if _, err := h.s.tree.Get(ctx, holder); err != nil {
-		if errors.Is(err, supervisor.ErrNodeNotFound) {
-			return connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", holder))
+		if err := h.mayDirect(ctx, p, holder, "holder_identity"); err != nil {
+			return err
 		}
-		return err
 	}
-	return nil
+	return h.takesWork(ctx, holder, "be offered")
 }
 
+// Offer starts a job's lease. The offering agent (none for an operator) is
+// recorded as the job's owner. Job ids are one namespace: an agent offering
+// a job id that already has a lease is refused with PermissionDenied unless
+// it belongs to the job's coordinating lineage, and learns nothing of that
+// lease (only that the id is taken).
 func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.OfferRequest]) (*connect.Response[tetherv1.OfferResponse], error) {
 	p, _ := auth.FromContext(ctx)
 	m, err := coordinator.OfferMessage(req.Msg, id.New(id.Lease), h.leases().Policy())
@@ -191,7 +361,34 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	if err := h.checkHolder(ctx, p, req.Msg.HolderIdentity); err != nil {
 		return nil, toConnect(err)
 	}
-	res, err := h.leases().Apply(ctx, m)
+	var guard func(lease.Lease) error
+	if p.IsAgent() {
+		offer := m.(lease.Offer)
+		offer.Owner = p.NodeID()
+		m = offer
+		guard = func(l lease.Lease) error {
+			if l.Exists() {
+				return errJobExists
+			}
+			return nil
+		}
+	}
+	res, err := h.leases().ApplyIf(ctx, m, guard)
+	if errors.Is(err, errJobExists) {
+		// Judged (and answered with the lease) only for its lineage.
+		current, getErr := h.leases().Get(ctx, req.Msg.JobId)
+		ok := false
+		if getErr == nil {
+			ok, getErr = h.mayCoordinate(ctx, p, current)
+		}
+		if getErr != nil && !errors.Is(getErr, coordinator.ErrNotFound) {
+			return nil, toConnect(getErr)
+		}
+		if !ok {
+			return nil, denied("job id %q is already in use outside your lineage; choose another job id", req.Msg.JobId)
+		}
+		res, err = h.leases().ApplyIf(ctx, m, sameParties(current))
+	}
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -237,17 +434,41 @@ func (h *leaseService) mayRead(ctx context.Context, p auth.Principal, holder str
 	return h.mayDirect(ctx, p, holder, "the holder")
 }
 
+// readable returns the job's lease if p may read it: operators, its holder
+// and its coordinating lineage. An agent gets noLease for a job it may not
+// read and for a job that does not exist alike.
+func (h *leaseService) readable(ctx context.Context, p auth.Principal, job string) (lease.Lease, error) {
+	if err := coordinator.CheckID("job_id", job); err != nil {
+		return lease.Lease{}, toConnect(err)
+	}
+	l, err := h.leases().Get(ctx, job)
+	if !p.IsAgent() {
+		return l, toConnect(err)
+	}
+	if errors.Is(err, coordinator.ErrNotFound) {
+		return lease.Lease{}, noLease(job)
+	}
+	if err != nil {
+		return lease.Lease{}, toConnect(err)
+	}
+	if l.HolderIdentity == p.NodeID() {
+		return l, nil
+	}
+	ok, err := h.mayCoordinate(ctx, p, l)
+	if err != nil {
+		return lease.Lease{}, toConnect(err)
+	}
+	if !ok {
+		return lease.Lease{}, noLease(job)
+	}
+	return l, nil
+}
+
 func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
 	p, _ := auth.FromContext(ctx)
-	if err := coordinator.CheckID("job_id", req.Msg.JobId); err != nil {
-		return nil, toConnect(err)
-	}
-	l, err := h.leases().Get(ctx, req.Msg.JobId)
+	l, err := h.readable(ctx, p, req.Msg.JobId)
 	if err != nil {
-		return nil, toConnect(err)
-	}
-	if err := h.mayRead(ctx, p, l.HolderIdentity); err != nil {
-		return nil, toConnect(err)
+		return nil, err
 	}
 	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: coordinator.LeaseToProto(l)}), nil
 }
@@ -286,27 +507,63 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 
 func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tetherv1.EvidenceRequest]) (*connect.Response[tetherv1.EvidenceResponse], error) {
 	p, _ := auth.FromContext(ctx)
-	if err := coordinator.CheckID("job_id", req.Msg.JobId); err != nil {
+	if p.IsAgent() {
+		if _, err := h.readable(ctx, p, req.Msg.JobId); err != nil {
+			return nil, err
+		}
+	} else if err := coordinator.CheckID("job_id", req.Msg.JobId); err != nil {
 		return nil, toConnect(err)
 	}
-	if p.IsAgent() {
-		l, err := h.leases().Get(ctx, req.Msg.JobId)
-		if err != nil {
-			return nil, toConnect(err)
-		}
-		if err := h.mayRead(ctx, p, l.HolderIdentity); err != nil {
-			return nil, toConnect(err)
-		}
+	if req.Msg.PageSize < 0 {
+		return nil, invalid("page_size must not be negative")
 	}
-	rows, err := h.leases().Evidence(ctx, req.Msg.JobId)
+	size := int(req.Msg.PageSize)
+	if size == 0 || size > maxEvidencePageSize {
+		size = maxEvidencePageSize
+	}
+	cursor, err := parseEvidenceToken(req.Msg.PageToken)
+	if err != nil {
+		return nil, err
+	}
+	page, err := h.leases().EvidencePage(ctx, req.Msg.JobId, cursor, size)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	out := make([]*tetherv1.EvidenceRow, len(rows))
-	for i, r := range rows {
+	out := make([]*tetherv1.EvidenceRow, len(page.Rows))
+	for i, r := range page.Rows {
 		out[i] = coordinator.RowToProto(r)
 	}
-	return connect.NewResponse(&tetherv1.EvidenceResponse{Rows: out}), nil
+	resp := &tetherv1.EvidenceResponse{Rows: out}
+	if page.More {
+		resp.NextPageToken = evidenceToken(page.Next)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// maxEvidencePageSize caps a page of evidence: a row is at most a few KB
+// (a reason and a progress value of at most 4 KB each), so one answer
+// stays within a few MB however long the job's history.
+const maxEvidencePageSize = 1000
+
+// evidenceToken renders a cursor as a page token: "r<row>" for the job's
+// rows, "u<seq>" for the unknown-job log.
+func evidenceToken(c coordinator.EvidenceCursor) string {
+	if c.Unknown {
+		return "u" + strconv.FormatUint(c.After, 10)
+	}
+	return "r" + strconv.FormatUint(c.After, 10)
+}
+
+func parseEvidenceToken(token string) (coordinator.EvidenceCursor, error) {
+	if token == "" {
+		return coordinator.EvidenceCursor{}, nil
+	}
+	if len(token) > 1 && (token[0] == 'r' || token[0] == 'u') {
+		if n, err := strconv.ParseUint(token[1:], 10, 64); err == nil && n > 0 {
+			return coordinator.EvidenceCursor{After: n, Unknown: token[0] == 'u'}, nil
+		}
+	}
+	return coordinator.EvidenceCursor{}, invalid("page_token is not a token from an earlier Evidence answer")
 }
 
 func (h *leaseService) GetPolicy(context.Context, *connect.Request[tetherv1.GetPolicyRequest]) (*connect.Response[tetherv1.GetPolicyResponse], error) {
@@ -327,7 +584,6 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 	if !p.IsAgent() {
 		return denied("%s is not an agent: only holder agents open a lease channel", p.ID())
 	}
-	holder := p.NodeID()
 	out := &channelOutbox{ready: make(chan struct{}, 1), slots: make(chan struct{}, maxChannelInFlight)}
 	sent := make(chan error, 1)
 	go func() { sent <- out.pump(stream) }()
@@ -368,7 +624,7 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 				out.push(&tetherv1.ChannelResponse{CorrelationId: m.CorrelationId, Error: connect.CodeInvalidArgument.String() + ": batch: a batched message cannot carry a batch of its own"})
 				continue
 			}
-			h.submitChannel(m, holder, out)
+			h.submitChannel(ctx, p, m, out)
 		}
 	}
 	// Every judged message is answered before the stream ends.
@@ -382,19 +638,39 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 	return recvErr
 }
 
-// submitChannel judges one Channel message and queues its answer.
-func (h *leaseService) submitChannel(req *tetherv1.ChannelRequest, holder string, out *channelOutbox) {
+// submitChannel judges one Channel message and queues its answer. The
+// stream's messages pass the same checks as unary ones: a node that is not
+// running cannot ACK, and a stranger to the job is refused before the lease
+// machine (partyGuard on the shard; a lineage check off the shard for
+// agents that are not parties).
+func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req *tetherv1.ChannelRequest, out *channelOutbox) {
 	correlation := req.CorrelationId
-	m, err := coordinator.ChannelMessage(req, holder)
+	m, err := coordinator.ChannelMessage(req, p.NodeID())
 	if err != nil {
 		out.push(&tetherv1.ChannelResponse{CorrelationId: correlation, Error: connect.CodeInvalidArgument.String() + ": " + err.Error()})
 		return
 	}
-	// The callback runs on the coordinator's committer: it only queues the
-	// result; the pump turns it into a response.
-	h.leases().Submit(m, nil, func(r coordinator.Result, err error) {
-		if errors.Is(err, coordinator.ErrStopped) {
+	if _, isAck := m.(lease.Ack); isAck {
+		if err := h.takesWork(ctx, p.NodeID(), "acknowledge"); err != nil {
+			out.pushResult(correlation, coordinator.Result{}, err)
+			return
+		}
+	}
+	// The callback runs on the coordinator's committer (or a shard): it
+	// only queues the result, or hands the rare lineage check to its own
+	// goroutine; the pump turns it into a response.
+	h.leases().Submit(m, partyGuard(p.NodeID(), m), func(r coordinator.Result, err error) {
+		switch {
+		case errors.Is(err, coordinator.ErrStopped):
 			out.stopped.Store(true)
+		case errors.Is(err, errNoLease):
+			err = noLease(m.Job())
+		case errors.Is(err, errNotParty):
+			go func() {
+				r, err := h.judgeForLineage(ctx, p, m)
+				out.pushResult(correlation, r, err)
+			}()
+			return
 		}
 		out.pushResult(correlation, r, err)
 	})

@@ -54,8 +54,11 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]*tetherv
 	}
 	out := make([]*tetherv1.RecordLease, 0, len(held))
 	for _, l := range held {
+		// HANDED_OVER only for what the rollout can reassign: a lease with
+		// an ownership conflict (or a cancel request) is left as it stands,
+		// UNRESOLVED until someone allowed to resolves it.
 		outcome := coordinator.RecordOutcome(l)
-		if l.State != lease.StateTerminal && !l.CancelRequested {
+		if handoverable(l) {
 			outcome = tetherv1.LeaseOutcome_LEASE_OUTCOME_HANDED_OVER
 		}
 		out = append(out, &tetherv1.RecordLease{
@@ -79,13 +82,20 @@ func (h leaseHandover) Open(ctx context.Context, holders []string) (open, stuck 
 			hl.Why = "cancellation was requested; resolve the job instead"
 			stuck = append(stuck, hl)
 		case l.OwnershipConflict:
-			hl.Why = fmt.Sprintf("an ownership conflict with %q is recorded; settle it with an explicit reassignment", l.ConflictHolder)
+			hl.Why = fmt.Sprintf("an ownership conflict with %q is recorded; settle it with an explicit reassignment or resolve", l.ConflictHolder)
+			hl.Conflict = true
 			stuck = append(stuck, hl)
 		default:
 			open = append(open, hl)
 		}
 	}
 	return open, stuck, nil
+}
+
+// handoverable reports whether a rollout may reassign l: open, with no
+// cancel request and no ownership conflict.
+func handoverable(l lease.Lease) bool {
+	return l.State != lease.StateTerminal && !l.CancelRequested && !l.OwnershipConflict
 }
 
 func (h leaseHandover) Reassign(ctx context.Context, l supervisor.HandoverLease, holder, reason string) (uint64, error) {

@@ -184,6 +184,12 @@ type BatchFacts struct {
 	// OpenLeases: open leases held by the batch's members that can be
 	// handed over (not terminal, no cancel request, no ownership conflict).
 	OpenLeases int
+	// ConflictedLeases: open leases held by the batch's members with an
+	// unresolved ownership conflict. They cannot be handed over, and the
+	// batch is not done while any is left: the conflict must be resolved
+	// (Reassign or Resolve) first, so the rollout never reports the batch
+	// clean over a job whose ownership is in question.
+	ConflictedLeases int
 }
 
 // RolloutFacts is the control plane's view, read from stored state by the
@@ -299,7 +305,7 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 			return RolloutStep{Action: ActRolloutNoteReplaced, Batch: b.Index}
 		case !b.ReplacedAt.IsZero() && bf.Marked && (!b.HandedOver || bf.OpenLeases > 0):
 			return RolloutStep{Action: ActRolloutHandOver, Batch: b.Index}
-		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0:
+		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0:
 			return RolloutStep{Action: ActRolloutCompleteBatch, Batch: b.Index}
 		}
 		if b.TerminatedAt.IsZero() {
@@ -352,6 +358,9 @@ func missedDeadline(r Rollout, b RolloutBatch, f RolloutFacts, replacements int)
 		waiting = append(waiting, fmt.Sprintf("%d of %d replacements matching %q are ready", replacements, covered, r.TargetSelector))
 	} else if open := f.Batches[b.Index].OpenLeases; open > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases are not handed over yet", open))
+	}
+	if conflicted := f.Batches[b.Index].ConflictedLeases; conflicted > 0 {
+		waiting = append(waiting, fmt.Sprintf("%d leases have an unresolved ownership conflict and cannot be handed over; resolve them (lease reassign or resolve)", conflicted))
 	}
 	return fmt.Sprintf("batch %d missed its deadline (%s after it started): %s", b.Index, r.BatchDeadline, strings.Join(waiting, "; "))
 }
@@ -429,6 +438,13 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 		}
 		r.State = RolloutCompleted
 		r.Reason = fmt.Sprintf("%d agents replaced in %d batches", r.Drained(), len(r.Batches))
+		var stuck []string
+		for _, b := range r.Batches {
+			stuck = append(stuck, b.LeasesNotHandedOver...)
+		}
+		if len(stuck) > 0 {
+			r.Reason += fmt.Sprintf("; %d leases were not handed over by the rollout (%s)", len(stuck), strings.Join(stuck, "; "))
+		}
 	case ActRolloutRelease:
 		if r.State != RolloutAborted || !r.ReleasePending {
 			return r, fmt.Errorf("supervisor: rollout %s: nothing to release while %s", r.ID, r.State)

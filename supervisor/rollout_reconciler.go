@@ -30,12 +30,16 @@ type HandoverLease struct {
 	Generation             uint64
 	// Why a lease cannot be handed over ("" when it can).
 	Why string
+	// Conflict: it cannot be handed over because an ownership conflict is
+	// recorded on it; the batch waits until the conflict is resolved.
+	Conflict bool
 }
 
 // LeaseHandover is the lease module as a rollout needs it.
 type LeaseHandover interface {
 	// HeldBy reports every lease held by the holders without changing any:
-	// open ones as HANDED_OVER (the rollout reassigns them), terminal ones
+	// open ones the rollout can reassign as HANDED_OVER, ones it cannot
+	// (an ownership conflict, a cancel request) as they stand, terminal ones
 	// with their outcome. For a rollout batch's record.
 	HeldBy(ctx context.Context, holders []string) ([]*tetherv1.RecordLease, error)
 	// Open lists the open (not terminal) leases held by the holders:
@@ -685,11 +689,16 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 			if !ok || b.ReplacedAt.IsZero() || !bf.Marked {
 				continue
 			}
-			open, _, err := rs.Handover.Open(ctx, members[b.Index])
+			open, stuck, err := rs.Handover.Open(ctx, members[b.Index])
 			if err != nil {
 				return f, nil, fmt.Errorf("list leases: %w", err)
 			}
 			bf.OpenLeases = len(open)
+			for _, l := range stuck {
+				if l.Conflict {
+					bf.ConflictedLeases++
+				}
+			}
 			f.Batches[b.Index] = bf
 		}
 	}

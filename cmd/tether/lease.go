@@ -474,51 +474,91 @@ message kind and decision time.`,
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Evidence(cmd.Context(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: args[0]}))
-			if err != nil {
-				return err
+			// The server pages the evidence (at most 1000 rows an answer);
+			// csv and table rows are written page by page as they arrive.
+			pages := func(each func([]*tetherv1.EvidenceRow) error) error {
+				token := ""
+				for {
+					resp, err := c.lease.Evidence(cmd.Context(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: args[0], PageToken: token}))
+					if err != nil {
+						return err
+					}
+					if err := each(resp.Msg.Rows); err != nil {
+						return err
+					}
+					next := resp.Msg.NextPageToken
+					if next == "" {
+						return nil
+					}
+					if next == token {
+						return fmt.Errorf("the server answered page token %q twice; stopping", next)
+					}
+					token = next
+				}
 			}
 			out := cmd.OutOrStdout()
 			switch g.output {
 			case "json":
-				return printJSONList(out, resp.Msg.Rows)
+				var rows []*tetherv1.EvidenceRow
+				if err := pages(func(page []*tetherv1.EvidenceRow) error {
+					rows = append(rows, page...)
+					return nil
+				}); err != nil {
+					return err
+				}
+				return printJSONList(out, rows)
 			case "csv":
 				w := csv.NewWriter(out)
 				if err := w.Write(seedColumns); err != nil {
 					return err
 				}
-				for _, r := range resp.Msg.Rows {
-					if err := w.Write(seedRecord(coordinator.RowFromProto(r))); err != nil {
-						return err
+				if err := pages(func(page []*tetherv1.EvidenceRow) error {
+					for _, r := range page {
+						if err := w.Write(seedRecord(coordinator.RowFromProto(r))); err != nil {
+							return err
+						}
 					}
+					w.Flush()
+					return w.Error()
+				}); err != nil {
+					return err
 				}
 				w.Flush()
 				return w.Error()
 			case "table", "":
 				tw := newTable(out)
 				fmt.Fprintln(tw, "ROW\tMESSAGE\tGEN\tHOLDER\tSTATE FLAGS\tDECISION\tREASON")
-				for _, r := range resp.Msg.Rows {
-					var flags []string
-					for _, f := range []struct {
-						on   bool
-						name string
-					}{{r.StaleGeneration, "stale"}, {r.LateProgress, "late"}, {r.LeaseExpired, "expired"}, {r.OwnershipConflict, "conflict"}, {r.CancelRequested, "cancel"}} {
-						if f.on {
-							flags = append(flags, f.name)
-						}
-					}
-					reason := r.Reason
-					if len(reason) > 100 {
-						reason = reason[:100] + "…"
-					}
-					fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, r.HolderIdentity, strings.Join(flags, ","),
-						strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
+				err := pages(func(page []*tetherv1.EvidenceRow) error { return printEvidenceRows(tw, page) })
+				if err != nil {
+					return err
 				}
 				return tw.Flush()
 			}
 			return fmt.Errorf("-o %q: want csv, json or table", g.output)
 		},
 	}
+}
+
+// printEvidenceRows writes rows to the evidence table.
+func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
+	for _, r := range rows {
+		var flags []string
+		for _, f := range []struct {
+			on   bool
+			name string
+		}{{r.StaleGeneration, "stale"}, {r.LateProgress, "late"}, {r.LeaseExpired, "expired"}, {r.OwnershipConflict, "conflict"}, {r.CancelRequested, "cancel"}} {
+			if f.on {
+				flags = append(flags, f.name)
+			}
+		}
+		reason := r.Reason
+		if len(reason) > 100 {
+			reason = reason[:100] + "…"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, r.HolderIdentity, strings.Join(flags, ","),
+			strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
+	}
+	return nil
 }
 
 func leasePolicy(g *globals) *cobra.Command {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -109,4 +111,66 @@ func TestLeaseCommands(t *testing.T) {
 
 func jsonUnmarshal(s string, m *tetherv1.OfferResponse) error {
 	return protojson.Unmarshal([]byte(s), m)
+}
+
+// `tether lease evidence` follows the server's pages: a job with more rows
+// than one page holds (1000) comes out whole, in order, as CSV.
+func TestLeaseEvidenceFollowsPages(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := srv.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "long", HolderIdentity: child.Msg.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	worker := srv.Clients(child.Msg.Credential)
+	if _, err := worker.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: 1})); err != nil {
+		t.Fatal(err)
+	}
+	// 1,200 progress reports in one batched Channel request.
+	stream := worker.Lease.Channel(ctx)
+	defer func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() }()
+	const reports = 1200
+	req := &tetherv1.ChannelRequest{}
+	for i := range reports {
+		m := &tetherv1.ChannelRequest{CorrelationId: uint64(i + 1), Message: &tetherv1.ChannelRequest_Progress{Progress: &tetherv1.ProgressRequest{
+			JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: 1, ProgressSequence: uint64(i + 1), ProgressValue: strconv.Itoa(i + 1)}}}
+		if i == 0 {
+			req = m
+			continue
+		}
+		req.Batch = append(req.Batch, m)
+	}
+	if err := stream.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	for answered := 0; answered < reports; {
+		resp, err := stream.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		answered += 1 + len(resp.Batch)
+	}
+	out := tether(t, srv, srv.Admin, "lease", "evidence", "long", "-o", "csv")
+	records, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(records)-1, 2+reports; got != want {
+		t.Fatalf("%d csv rows, want %d (offer, ack and every progress report)", got, want)
+	}
+	for i, r := range records[3:] {
+		if want := fmt.Sprintf("%d / %d", i+1, i+1); r[9] != want {
+			t.Fatalf("csv row %d has progress %q, want %q", i+3, r[9], want)
+		}
+	}
 }

@@ -326,7 +326,8 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			return s, rejected
 		case in.Sequence == s.RenewSequence:
 			return s, duplicate
-		case s.CancelRequested:
+		case s.CancelRequested, s.Conflict:
+			// A recorded conflict halts: authority is not extended.
 			return s, rejected
 		}
 		s.RenewSequence = in.Sequence
@@ -337,7 +338,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			return s, rejected
 		case in.Sequence == s.ProgressSequence && in.Value == s.ProgressValue:
 			return s, duplicate
-		case in.Sequence == s.ProgressSequence, s.CancelRequested:
+		case in.Sequence == s.ProgressSequence, s.CancelRequested, s.Conflict:
 			return s, rejected
 		}
 		s.ProgressSequence, s.ProgressValue = in.Sequence, in.Value

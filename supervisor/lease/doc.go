@@ -40,10 +40,19 @@
 // FAILED, or UNRESOLVED for a bounded time, after which it is FAILED).
 //
 // A second identity claiming the active generation under its lease id is an
-// ownership conflict: the flag is kept (a healthy renew from the real holder
-// does not clear it), completion is refused, and automatic reassignment
-// stops until the coordinator settles it with Reassign{ResolveConflict:
-// true} or a final Resolve.
+// ownership conflict, and it halts optimistic execution: the flag is kept
+// (a healthy renew or heartbeat from the real holder does not clear it),
+// renewals are refused so authority is no longer extended and ends at
+// ExpiresAt at the latest, progress is not applied, completion is refused,
+// Authority reports no holder, and automatic reassignment stops — until
+// the coordinator settles it with Reassign{ResolveConflict: true} (a new
+// generation, possibly to the same holder) or a final Resolve.
+//
+// Who may reach Step at all is the shell's decision (see Caller duties):
+// Lease.Owner records who offered the job and Lease.FormerHolders who held
+// it before, so the shell can refuse a stranger's message before it is
+// judged — a stranger must never be able to record a conflict, read the
+// lease through a rejection's reason, or write an evidence row.
 //
 // Every message gets a Decision — ACCEPTED, DUPLICATE or REJECTED, an
 // AuditEvent and a human-readable reason — stale, late and duplicate ones
@@ -81,8 +90,11 @@
 // message, in this order:
 //
 //  1. Judge: authenticate the caller and set Claim.HolderIdentity from the
-//     credential, take now from the declared clock (Policy.ClockSource) when
-//     the message is received, load the job's lease, and call Step.
+//     credential; refuse a worker message from anyone who is neither a
+//     party to the job (Lease.Party: the holder or a former holder) nor
+//     allowed to coordinate it, without calling Step and without a row;
+//     take now from the declared clock (Policy.ClockSource) when the
+//     message is received, load the job's lease, and call Step.
 //  2. Persist: write the returned lease and its EvidenceRow (NewEvidenceRow)
 //     in one transaction, whatever the outcome — a rejection's row is the
 //     audit of that rejection. Rows for a job without a lease (UNKNOWN_LEASE)

@@ -153,6 +153,68 @@ type Lease struct {
 	AcquireTime   time.Time
 	LastRenewTime time.Time
 	Transitions   uint64
+
+	// Owner is the agent that offered the job (its node id), or "" when an
+	// operator did. It is recorded by the first Offer and never changes:
+	// the shell lets the owner and its ancestors coordinate the job
+	// wherever it is reassigned.
+	Owner string
+	// FormerHolders are the most recent earlier holders of the job (up to
+	// MaxFormerHolders, oldest first, never the current holder). They
+	// stay parties to the job: their late traffic is judged and recorded
+	// as stale evidence rather than refused as a stranger's. A fixed array
+	// keeps Lease a comparable value with no references.
+	FormerHolders [MaxFormerHolders]string
+}
+
+// MaxFormerHolders bounds Lease.FormerHolders. A holder more than this many
+// holders back is a stranger to the job again.
+const MaxFormerHolders = 8
+
+// Party reports whether a worker message from identity claiming
+// generation should reach Step without further authorisation: it comes
+// from the current holder (any generation: its own stale traffic is
+// evidence), or from a former holder about an earlier generation (its late
+// traffic is stale evidence). A former holder claiming the current
+// generation is not a party: it does not hold it, and letting its claim
+// through would let any earlier holder record an ownership conflict and
+// halt the job. It is O(1) for the current holder (the renew hot path).
+func (l Lease) Party(identity string, generation uint64) bool {
+	if identity == "" || !l.Exists() {
+		return false
+	}
+	if identity == l.HolderIdentity {
+		return true
+	}
+	if generation >= l.Generation {
+		return false
+	}
+	for _, h := range l.FormerHolders {
+		if h == identity {
+			return true
+		}
+	}
+	return false
+}
+
+// rememberHolder adds the outgoing holder to FormerHolders when the job
+// passes to next, dropping the oldest when the list is full.
+func (l *Lease) rememberHolder(outgoing, next string) {
+	if outgoing == "" || outgoing == next {
+		return
+	}
+	kept := l.FormerHolders[:0:0]
+	for _, h := range l.FormerHolders {
+		if h != "" && h != outgoing && h != next {
+			kept = append(kept, h)
+		}
+	}
+	kept = append(kept, outgoing)
+	if len(kept) > MaxFormerHolders {
+		kept = kept[len(kept)-MaxFormerHolders:]
+	}
+	l.FormerHolders = [MaxFormerHolders]string{}
+	copy(l.FormerHolders[:], kept)
 }
 
 // Exists reports whether the record holds a lease (anything but the zero

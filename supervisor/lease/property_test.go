@@ -286,12 +286,12 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 		}
 		m.state, m.expires = lease.StateActive, now.Add(m.duration)
 	case lease.Renew:
-		if m.state != lease.StateActive || msg.RenewSequence <= m.renewSeq || m.cancel {
+		if m.state != lease.StateActive || msg.RenewSequence <= m.renewSeq || m.cancel || m.conflict {
 			return false
 		}
 		m.renewSeq, m.expires = msg.RenewSequence, now.Add(m.duration)
 	case lease.Progress:
-		if m.state != lease.StateActive || msg.ProgressSequence <= m.progressSeq || m.cancel {
+		if m.state != lease.StateActive || msg.ProgressSequence <= m.progressSeq || m.cancel || m.conflict {
 			return false
 		}
 		m.progressSeq, m.progressValue = msg.ProgressSequence, msg.ProgressValue

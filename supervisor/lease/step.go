@@ -255,7 +255,7 @@ func (j *judge) checkClaim(m workerMessage) (Decision, bool) {
 				how = fmt.Sprintf("already recorded (first claimant %q)", l.ConflictHolder)
 			}
 			return reject(EventOwnershipConflict, ErrOwnershipConflict,
-				"%s claims active generation %d held by %q: ownership conflict %s; automatic reassignment stops and completion is refused until the coordinator resolves it",
+				"%s claims active generation %d held by %q: ownership conflict %s; execution halts: renewals no longer extend authority, progress is not applied, completion and automatic reassignment are refused until the coordinator resolves it",
 				describe(m), l.Generation, l.HolderIdentity, how), false
 		}
 		return reject(EventHolderMismatch, ErrHolderMismatch,
@@ -282,6 +282,7 @@ func (j *judge) offer(m Offer) Decision {
 		LeaseDuration:  m.LeaseDuration,
 		AckDeadline:    j.now.Add(ackTimeout),
 		AckState:       AckPending,
+		Owner:          m.Owner,
 	}
 	j.move(StateOffered, EventOffered)
 	return accept(EventOffered, "%s: generation 1 OFFERED; the holder has no authority until it ACKs by %s", describe(m), ts(j.l.AckDeadline))
@@ -331,6 +332,9 @@ func (j *judge) renew(m Renew) Decision {
 		case m.RenewSequence < l.RenewSequence:
 			return reject(EventStaleRenew, ErrStaleSequence,
 				"%s is behind the accepted renew sequence %d; expiry stays %s", describe(m), l.RenewSequence, ts(l.ExpiresAt))
+		case l.OwnershipConflict:
+			return reject(EventOwnershipConflict, ErrOwnershipConflict,
+				"%s refused: an ownership conflict over generation %d is recorded, so authority is not extended until the coordinator resolves it (Reassign settling the conflict, or Resolve); it ends at %s", describe(m), l.Generation, ts(l.ExpiresAt))
 		case l.CancelRequested:
 			return reject(EventInvalidTransition, ErrCancelRequested,
 				"%s refused: cancellation was requested at %s, so authority is not extended; it ends at %s", describe(m), ts(l.CancelRequestedAt), ts(l.ExpiresAt))
@@ -369,6 +373,9 @@ func (j *judge) progress(m Progress) Decision {
 				"%s reuses accepted seq %d with a different value (accepted %q); not applied", describe(m), l.ProgressSequence, l.ProgressValue)
 		case m.ProgressSequence < l.ProgressSequence:
 			return late(ErrLateProgress, fmt.Sprintf("seq %d is behind the accepted seq %d", m.ProgressSequence, l.ProgressSequence))
+		case l.OwnershipConflict:
+			return reject(EventOwnershipConflict, ErrOwnershipConflict,
+				"%s not applied: an ownership conflict over generation %d is recorded, and work done under it is not trusted until the coordinator resolves it; progress stays at seq %d", describe(m), l.Generation, l.ProgressSequence)
 		case l.CancelRequested:
 			return late(ErrCancelRequested, "it arrived after cancellation was requested at "+ts(l.CancelRequestedAt))
 		}
@@ -484,6 +491,7 @@ func (j *judge) reassign(m Reassign) Decision {
 		return reject(EventInvalidTransition, ErrInvalidMessage, "%s refused: lease id %q is generation %d's; a new generation needs a new lease id", describe(m), m.LeaseID, l.Generation)
 	}
 	previous := j.current()
+	l.rememberHolder(l.HolderIdentity, m.HolderIdentity)
 	settled := ""
 	if l.OwnershipConflict {
 		settled = fmt.Sprintf("; the ownership conflict between %q and %q is resolved by this reassignment", l.HolderIdentity, l.ConflictHolder)

@@ -237,3 +237,27 @@ func TestStepRefusesIllegalEdges(t *testing.T) {
 		t.Fatalf("renew on a corrupt record: %s", d)
 	}
 }
+
+// Party admits the holder for any generation, a former holder only for
+// earlier generations, and nobody else.
+func TestParty(t *testing.T) {
+	l := lease.Lease{JobID: "j1", State: lease.StateActive, Generation: 3, HolderIdentity: "w3",
+		FormerHolders: [lease.MaxFormerHolders]string{"w1", "w2"}}
+	for _, tc := range []struct {
+		who  string
+		gen  uint64
+		want bool
+	}{
+		{"w3", 3, true}, {"w3", 1, true}, {"w3", 9, true},
+		{"w2", 2, true}, {"w1", 1, true},
+		{"w2", 3, false}, {"w1", 4, false},
+		{"w9", 1, false}, {"w9", 3, false}, {"", 3, false},
+	} {
+		if got := l.Party(tc.who, tc.gen); got != tc.want {
+			t.Errorf("Party(%q, %d) = %v, want %v", tc.who, tc.gen, got, tc.want)
+		}
+	}
+	if (lease.Lease{}).Party("w3", 1) {
+		t.Error("a job without a lease has parties")
+	}
+}

@@ -28,8 +28,8 @@ import (
 //	evidence decision="REJECTED STALE_GENERATION"  columns of the step's evidence row, snake_case header names
 //
 // Message arguments: job (default j1), lease, gen, holder, seq, value, sent,
-// result, detail, duration, ack_timeout, reason, bound, resolve_conflict,
-// automatic, last_alive, extend_to. Times are offsets from the transcript
+// result, detail, duration, ack_timeout, owner, reason, bound,
+// resolve_conflict, automatic, last_alive, extend_to. Times are offsets from the transcript
 // epoch. Every step is also checked against the invariants in checkStep.
 func TestTranscripts(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
@@ -367,7 +367,7 @@ func buildMessage(kind string, args map[string]string) (lease.Message, error) {
 	switch kind {
 	case "offer":
 		m = lease.Offer{JobID: job, LeaseID: a.str("lease", ""), HolderIdentity: a.str("holder", ""),
-			LeaseDuration: a.duration("duration"), AckTimeout: a.duration("ack_timeout")}
+			LeaseDuration: a.duration("duration"), AckTimeout: a.duration("ack_timeout"), Owner: a.str("owner", "")}
 	case "ack":
 		m = lease.Ack{Claim: claim()}
 	case "renew":
@@ -515,6 +515,24 @@ var leaseFields = map[string]leaseField{
 	"acquire_time":        timeField(func(l *lease.Lease) *time.Time { return &l.AcquireTime }),
 	"last_renew_time":     timeField(func(l *lease.Lease) *time.Time { return &l.LastRenewTime }),
 	"transitions":         uintField(func(l *lease.Lease) *uint64 { return &l.Transitions }),
+	"owner":               stringField(func(l *lease.Lease) *string { return &l.Owner }),
+	"former_holders": {
+		get: func(l *lease.Lease) string {
+			var kept []string
+			for _, h := range l.FormerHolders {
+				if h != "" {
+					kept = append(kept, h)
+				}
+			}
+			return strings.Join(kept, ",")
+		},
+		set: func(l *lease.Lease, a *argReader, k string) {
+			l.FormerHolders = [lease.MaxFormerHolders]string{}
+			if v := a.str(k, ""); v != "" {
+				copy(l.FormerHolders[:], strings.Split(v, ","))
+			}
+		},
+	},
 	"duration": {
 		get: func(l *lease.Lease) string { return l.LeaseDuration.String() },
 		set: func(l *lease.Lease, a *argReader, k string) { l.LeaseDuration = a.duration(k) },

@@ -2011,9 +2011,15 @@ func (x *ListLeasesResponse) GetNextPageToken() string {
 	return ""
 }
 
+// Evidence is paginated: a page holds at most page_size rows (0 means the
+// server's maximum, 1000; a larger page_size is capped to it), in decision
+// order. Pass the previous answer's next_page_token as page_token for the
+// next page; an empty next_page_token means there are no more rows.
 type EvidenceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	PageSize      int32                  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2051,6 +2057,20 @@ func (*EvidenceRequest) Descriptor() ([]byte, []int) {
 func (x *EvidenceRequest) GetJobId() string {
 	if x != nil {
 		return x.JobId
+	}
+	return ""
+}
+
+func (x *EvidenceRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *EvidenceRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
 	}
 	return ""
 }
@@ -2296,8 +2316,10 @@ func (x *EvidenceRow) GetRow() uint64 {
 }
 
 type EvidenceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rows          []*EvidenceRow         `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rows  []*EvidenceRow         `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	// Set when more rows may follow: the page_token of the next page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2337,6 +2359,13 @@ func (x *EvidenceResponse) GetRows() []*EvidenceRow {
 		return x.Rows
 	}
 	return nil
+}
+
+func (x *EvidenceResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetPolicyRequest struct {
@@ -2891,9 +2920,12 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"f\n" +
 	"\x12ListLeasesResponse\x12(\n" +
 	"\x06leases\x18\x01 \x03(\v2\x10.tether.v1.LeaseR\x06leases\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"(\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"d\n" +
 	"\x0fEvidenceRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xc7\b\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xc7\b\n" +
 	"\vEvidenceRow\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x1e\n" +
@@ -2926,9 +2958,10 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\amessage\x18\x17 \x01(\tR\amessage\x129\n" +
 	"\n" +
 	"decided_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x10\n" +
-	"\x03row\x18\x19 \x01(\x04R\x03row\">\n" +
+	"\x03row\x18\x19 \x01(\x04R\x03row\"f\n" +
 	"\x10EvidenceResponse\x12*\n" +
-	"\x04rows\x18\x01 \x03(\v2\x16.tether.v1.EvidenceRowR\x04rows\"\x12\n" +
+	"\x04rows\x18\x01 \x03(\v2\x16.tether.v1.EvidenceRowR\x04rows\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x12\n" +
 	"\x10GetPolicyRequest\"\xf7\x03\n" +
 	"\vLeasePolicy\x12!\n" +
 	"\fclock_source\x18\x01 \x01(\tR\vclockSource\x12@\n" +

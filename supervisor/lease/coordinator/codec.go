@@ -15,12 +15,48 @@ import (
 // schema version; a reader refuses versions it does not know rather than
 // guess (a newer binary migrates, an older one must not misread).
 const (
-	leaseSchema byte = 1
+	// leaseSchema 1 records carry the first leaseFieldsV1 fields; 2 (what
+	// is written now) every field.
+	leaseSchemaV1 byte = 1
+	leaseSchema   byte = 2
 	// evidenceSchema 1 rows carry the whole lease; 2 (what is written
 	// now) carry a delta against the row before (delta.go).
 	evidenceSchemaFull  byte = 1
 	evidenceSchemaDelta byte = 2
+	// evidenceSchemaAnchor rows carry the whole lease (every field) and
+	// the reason verbatim, like schema 1: every anchorEvery-th row of a
+	// job is one, so a page of evidence decodes from the anchor before it
+	// instead of from row 1.
+	evidenceSchemaAnchor byte = 3
 )
+
+// anchorEvery is how often a job's row is written whole (rows
+// anchorEvery, 2·anchorEvery, …; row 1 decodes against the empty lease
+// anyway): a page of evidence starting anywhere decodes at most
+// anchorEvery-1 rows it does not return. Short jobs, most of them, have
+// no anchor and pay nothing.
+const anchorEvery = 64
+
+// isAnchor reports whether row number n is written whole.
+func isAnchor(n uint64) bool { return n%anchorEvery == 0 }
+
+// anchorBefore is the number of the row to start decoding at to reach row
+// n (n >= 1): the anchor at or before it, or row 1.
+func anchorBefore(n uint64) uint64 { return max(1, n-n%anchorEvery) }
+
+// encodeRowAnchor writes r whole (schema 3): it decodes without the row
+// before it.
+func encodeRowAnchor(dst []byte, r storedRow) []byte {
+	e := encoder{b: append(dst, evidenceSchemaAnchor)}
+	e.uint(r.Number)
+	encodeLease(&e, r.Lease)
+	e.uint(uint64(r.Decision.Outcome))
+	e.uint(uint64(r.Decision.Event))
+	e.str(r.Decision.Reason)
+	e.uint(uint64(r.Kind))
+	e.time(r.DecidedAt)
+	return e.b
+}
 
 // ErrCorrupt is returned when a stored record cannot be decoded.
 var ErrCorrupt = errors.New("coordinator: corrupt lease record")
@@ -197,18 +233,25 @@ func encodeLease(e *encoder, l lease.Lease) {
 
 func decodeRecord(b []byte) (record, error) {
 	d := decoder{b: b}
-	if v := d.byte1("schema version"); d.err == nil && v != leaseSchema {
-		return record{}, fmt.Errorf("%w: lease schema version %d is not %d", ErrCorrupt, v, leaseSchema)
+	fields := leaseFields
+	switch v := d.byte1("schema version"); {
+	case d.err != nil:
+		return record{}, d.err
+	case v == leaseSchemaV1:
+		fields = leaseFieldsV1
+	case v != leaseSchema:
+		return record{}, fmt.Errorf("%w: lease schema version %d is not %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchema)
 	}
 	var r record
 	r.Rows = d.uint()
-	r.Lease = decodeLease(&d)
+	r.Lease = decodeLease(&d, fields)
 	return r, d.done()
 }
 
-func decodeLease(d *decoder) lease.Lease {
+// decodeLease reads the first fields fields of a full lease.
+func decodeLease(d *decoder, fields int) lease.Lease {
 	var l lease.Lease
-	for i := range leaseFields {
+	for i := range fields {
 		decodeField(d, i, &l, 0)
 	}
 	return l
@@ -246,16 +289,20 @@ func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
 }
 
 // decodeRow decodes a row against prev, the lease before it (see
-// encodeRow). A schema-1 row needs no prev.
+// encodeRow). A schema-1 or anchor row needs no prev.
 func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 	d := decoder{b: b}
 	var r storedRow
 	switch v := d.byte1("schema version"); {
 	case d.err != nil:
 		return storedRow{}, d.err
-	case v == evidenceSchemaFull:
+	case v == evidenceSchemaFull || v == evidenceSchemaAnchor:
+		fields := leaseFieldsV1
+		if v == evidenceSchemaAnchor {
+			fields = leaseFields
+		}
 		r.Number = d.uint()
-		r.Lease = decodeLease(&d)
+		r.Lease = decodeLease(&d, fields)
 		r.Decision.Outcome = lease.Outcome(d.uint())
 		r.Decision.Event = lease.AuditEvent(d.uint())
 		r.Decision.Reason = d.str()
@@ -264,7 +311,7 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		return r, d.done()
 	case v == evidenceSchemaDelta:
 	default:
-		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta)
+		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchor)
 	}
 	r.Number = d.uint()
 	r.DecidedAt = d.time()

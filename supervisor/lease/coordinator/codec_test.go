@@ -18,6 +18,28 @@ func sampleLease() lease.Lease {
 		RenewSequence: 3, RenewTime: at.Add(time.Second), ProgressSequence: 14, ProgressValue: "70%",
 		CancelRequested: true, CancelRequestedAt: at.Add(2 * time.Second), TerminalDetail: "d", StaleGeneration: true,
 		LateProgress: true, OwnershipConflict: true, ConflictHolder: "n_x", AcquireTime: at, LastRenewTime: at.Add(time.Second), Transitions: 7,
+		Owner: "n_planner", FormerHolders: [lease.MaxFormerHolders]string{"n_a", "n_b"},
+	}
+}
+
+// A record of schema 1 (written before Owner and FormerHolders existed)
+// still decodes, with those fields empty.
+func TestSchemaOneRecordsStillDecode(t *testing.T) {
+	l := sampleLease()
+	e := encoder{b: []byte{leaseSchemaV1}}
+	e.uint(42)
+	for i := range leaseFieldsV1 {
+		encodeField(&e, i, &l, 0)
+	}
+	got, err := decodeRecord(e.b)
+	l.Owner, l.FormerHolders = "", [lease.MaxFormerHolders]string{}
+	if err != nil || got != (record{Lease: l, Rows: 42}) {
+		t.Fatalf("schema 1 record: %v\n got %+v\nwant %+v", err, got, l)
+	}
+	bad := encodeRecord(nil, record{Lease: sampleLease(), Rows: 1})
+	bad[0] = 9
+	if _, err := decodeRecord(bad); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("schema 9: got %v, want ErrCorrupt", err)
 	}
 }
 
@@ -90,7 +112,9 @@ func sameRow(a, b storedRow) bool {
 func encodeRowFull(r storedRow) []byte {
 	e := encoder{b: []byte{evidenceSchemaFull}}
 	e.uint(r.Number)
-	encodeLease(&e, r.Lease)
+	for i := range leaseFieldsV1 {
+		encodeField(&e, i, &r.Lease, 0)
+	}
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
 	e.str(r.Decision.Reason)

@@ -643,6 +643,107 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 	return rows, nil
 }
 
+// EvidenceCursor is where a page of evidence starts: after row number
+// After of the job's rows, or, when Unknown, after sequence number After
+// of the unknown-job log (for a job without a lease).
+type EvidenceCursor struct {
+	After   uint64
+	Unknown bool
+}
+
+// EvidencePage is one page of a job's evidence.
+type EvidencePage struct {
+	Rows []Row
+	// More: rows may follow; Next is where the next page starts.
+	More bool
+	Next EvidenceCursor
+}
+
+// errNoAnchor: the row a page meant to start decoding at was not written
+// whole (data written before anchors existed); decode from row 1.
+var errNoAnchor = errors.New("coordinator: no anchor row")
+
+// EvidencePage returns up to limit (at least 1) of the job's evidence rows
+// from cursor on, in decision order, read from the store. A page decodes
+// from the anchor row at or before its first row (anchorEvery), so its
+// cost does not grow with the job's history. For a job without a lease
+// the rows come from the bounded unknown-job log; ErrNotFound when the
+// first page has no rows at all.
+func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor EvidenceCursor, limit int) (EvidencePage, error) {
+	limit = max(limit, 1)
+	var page EvidencePage
+	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		page = EvidencePage{}
+		keep := func(r Row) error {
+			if len(page.Rows) == limit {
+				page.More = true
+				return store.ErrStopScan
+			}
+			page.Rows = append(page.Rows, r)
+			return nil
+		}
+		if !cursor.Unknown {
+			scanFrom := func(start uint64) error {
+				page.Rows = page.Rows[:0]
+				var rr rowReader
+				first := true
+				return tx.Scan(evidencePrefix(job), evidenceKey(job, start), func(key, value []byte) error {
+					if first && start > 1 && (len(value) == 0 || value[0] != evidenceSchemaAnchor) {
+						return errNoAnchor
+					}
+					first = false
+					stored, err := rr.next(value)
+					if err != nil {
+						return fmt.Errorf("%s: %w", key, err)
+					}
+					if stored.Number <= cursor.After {
+						return nil
+					}
+					return keep(stored.row())
+				})
+			}
+			err := scanFrom(anchorBefore(cursor.After + 1))
+			if errors.Is(err, errNoAnchor) {
+				err = scanFrom(1)
+			}
+			if err != nil || len(page.Rows) > 0 || cursor.After > 0 {
+				if n := len(page.Rows); n > 0 {
+					page.Next = EvidenceCursor{After: page.Rows[n-1].Number}
+				}
+				return err
+			}
+		}
+		// A job without rows of its own: the unknown-job log, whose rows
+		// stand alone and are numbered by the log.
+		alone := func(b []byte) (storedRow, error) { return decodeRow(lease.Lease{}, b) }
+		start := unknownKey(1)
+		if cursor.Unknown {
+			start = unknownKey(cursor.After + 1)
+		}
+		err := tx.Scan([]byte(prefixUnknown), start, func(key, value []byte) error {
+			stored, err := alone(value)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			if r := stored.row(); r.JobID == job {
+				return keep(r)
+			}
+			return nil
+		})
+		if n := len(page.Rows); n > 0 {
+			page.Next = EvidenceCursor{After: page.Rows[n-1].Number, Unknown: true}
+		}
+		return err
+	})
+	if err != nil {
+		return EvidencePage{}, err
+	}
+	if len(page.Rows) == 0 && cursor == (EvidenceCursor{}) {
+		return EvidencePage{}, fmt.Errorf("%w: job %q", ErrNotFound, job)
+	}
+	return page, nil
+}
+
 // nextUnknown numbers a row of the unknown-job log.
 func (c *Coordinator) nextUnknown() uint64 {
 	c.unknownMu.Lock()

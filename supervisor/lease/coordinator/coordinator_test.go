@@ -185,9 +185,13 @@ func TestDecisionsSurviveARestart(t *testing.T) {
 	if rows[4].Decision.Event != lease.EventOwnershipConflict || !rows[4].OwnershipConflict {
 		t.Errorf("the rejected renew's row is %s (conflict %v); the audit keeps rejected messages", rows[4].Decision, rows[4].OwnershipConflict)
 	}
-	// The next renew continues from the recovered sequence.
+	// The next renew continues from the recovered sequence, and the
+	// recorded conflict still halts it: authority is not extended.
 	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 1}, lease.OutcomeDuplicate, lease.EventDuplicateRenew)
-	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 2}, lease.OutcomeAccepted, lease.EventRenewed)
+	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 2}, lease.OutcomeRejected, lease.EventOwnershipConflict)
+	if got := h.get("job-1"); !got.ExpiresAt.Equal(before.ExpiresAt) || !got.OwnershipConflict {
+		t.Fatalf("a renew under a recorded conflict changed the lease: %+v", got)
+	}
 }
 
 // gatedStore holds every Update until the test releases it, so a test can
@@ -697,5 +701,68 @@ func TestLoadTakesTheRowsAfterTheLastCheckpoint(t *testing.T) {
 	h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 101}, lease.OutcomeAccepted, lease.EventRenewed)
 	if r := h.apply(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: 102}); r.Row != 104 {
 		t.Fatalf("row numbering after the crash: %d, want 104", r.Row)
+	}
+}
+
+// EvidencePage returns every row exactly once across pages, whatever the
+// page size, the same rows Evidence returns in one go; a page deep in the
+// history decodes from the anchor before it. The unknown-job log pages
+// too.
+func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	defer h.stop()
+	h.active("long", "w1", time.Minute)
+	for seq := range uint64(200) {
+		clk.Advance(time.Millisecond)
+		h.want(lease.Progress{Claim: claim("long", "L-long", 1, "w1"), ProgressSequence: seq + 1, ProgressValue: fmt.Sprint(seq + 1)}, lease.OutcomeAccepted, lease.EventProgressRecorded)
+	}
+	ctx := context.Background()
+	all, err := h.c.Evidence(ctx, "long")
+	if err != nil || len(all) != 202 {
+		t.Fatalf("%d rows, %v", len(all), err)
+	}
+	for _, size := range []int{1, 7, 63, 64, 65, 500} {
+		var got []coordinator.Row
+		cursor := coordinator.EvidenceCursor{}
+		for {
+			page, err := h.c.EvidencePage(ctx, "long", cursor, size)
+			if err != nil {
+				t.Fatalf("page size %d after %v: %v", size, cursor, err)
+			}
+			if len(page.Rows) > size {
+				t.Fatalf("page size %d: %d rows", size, len(page.Rows))
+			}
+			got = append(got, page.Rows...)
+			if !page.More {
+				break
+			}
+			cursor = page.Next
+		}
+		if len(got) != len(all) {
+			t.Fatalf("page size %d: %d rows, want %d", size, len(got), len(all))
+		}
+		for i := range all {
+			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason {
+				t.Fatalf("page size %d: row %d differs:\n got %+v\nwant %+v", size, i+1, got[i], all[i])
+			}
+		}
+	}
+
+	for i := range 3 {
+		h.want(lease.Renew{Claim: claim("ghost", "L", 1, "w1"), RenewSequence: uint64(i + 1)}, lease.OutcomeRejected, lease.EventUnknownLease)
+	}
+	page, err := h.c.EvidencePage(ctx, "ghost", coordinator.EvidenceCursor{}, 2)
+	if err != nil || len(page.Rows) != 2 || !page.More || !page.Next.Unknown {
+		t.Fatalf("first page of the unknown-job log: %+v, %v", page, err)
+	}
+	rest, err := h.c.EvidencePage(ctx, "ghost", page.Next, 2)
+	if err != nil || len(rest.Rows) != 1 || rest.More || rest.Rows[0].Number != page.Rows[1].Number+1 {
+		t.Fatalf("second page of the unknown-job log: %+v, %v", rest, err)
+	}
+	if _, err := h.c.EvidencePage(ctx, "nobody", coordinator.EvidenceCursor{}, 10); !errors.Is(err, coordinator.ErrNotFound) {
+		t.Fatalf("a job with no rows: %v", err)
 	}
 }

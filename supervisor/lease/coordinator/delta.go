@@ -34,9 +34,14 @@ import (
 
 // leaseFields is how many fields of lease.Lease are stored, in the order
 // of encodeField. Append only: a field's position is its bit in a delta
-// row's mask, and schema 1 (records, old rows) is every field in order
-// with absolute times (base 0).
-const leaseFields = 30
+// row's mask, and a full lease (records, schema-1 rows) is every field in
+// order with absolute times (base 0). Records of schema 1 and schema-1 rows
+// were written with the first leaseFieldsV1 fields; the fields after them
+// (Owner, FormerHolders) are zero there.
+const (
+	leaseFields   = 32
+	leaseFieldsV1 = 30
+)
 
 // encodeField writes field i of l; times relative to base (Unix
 // nanoseconds). A switch rather than a table of closures: l does not
@@ -103,6 +108,17 @@ func encodeField(e *encoder, i int, l *lease.Lease, base int64) {
 		e.timeFrom(l.LastRenewTime, base)
 	case 29:
 		e.uint(l.Transitions)
+	case 30:
+		e.str(l.Owner)
+	case 31:
+		n := 0
+		for n < len(l.FormerHolders) && l.FormerHolders[n] != "" {
+			n++
+		}
+		e.uint(uint64(n))
+		for _, h := range l.FormerHolders[:n] {
+			e.str(h)
+		}
 	}
 }
 
@@ -169,6 +185,18 @@ func decodeField(d *decoder, i int, l *lease.Lease, base int64) {
 		l.LastRenewTime = d.timeFrom(base)
 	case 29:
 		l.Transitions = d.uint()
+	case 30:
+		l.Owner = d.str()
+	case 31:
+		l.FormerHolders = [lease.MaxFormerHolders]string{}
+		n := d.uint()
+		if n > lease.MaxFormerHolders {
+			d.fail("former holders")
+			return
+		}
+		for i := range n {
+			l.FormerHolders[i] = d.str()
+		}
 	}
 }
 

@@ -55,7 +55,10 @@
 // timestamps as short references — about 100 bytes for a renewal instead
 // of 350, which matters because Badger's synced commits cost by the entry
 // and the byte. Loading a job reads its record and applies the rows after
-// it in order; Evidence applies a job's rows from the first. A gap in a
+// it in order; Evidence applies a job's rows from the first, EvidencePage
+// from the anchor row at or before its first row (every anchorEvery-th row
+// of a job is written whole), so a page costs the same however long the
+// history. A gap in a
 // job's row numbers is reported as corruption. Rows about jobs that have
 // no lease go to a bounded log (Config.UnknownLogSize) and stand alone.
 // Records and rows carry a schema version byte; a reader refuses a version
@@ -118,7 +121,13 @@
 // Set Claim.HolderIdentity from the authenticated caller, never from the
 // payload. Check authorisation before Apply; when it depends on the lease
 // (the holder), pass a guard to ApplyIf so it is re-checked on the shard
-// against the lease the message is judged with. Callbacks given to Submit
+// against the lease the message is judged with. A worker message must not
+// be judged for a stranger to the job: the guard admits the parties
+// (lease.Lease.Party: the holder, a string comparison, and the former
+// holders) and refuses anyone else, who is then judged only if the caller
+// is allowed to coordinate the job (a check the shell makes off the shard
+// and re-asserts with a second guard). A guard's refusal judges nothing
+// and writes no evidence row. Callbacks given to Submit
 // run on a shard goroutine: they must not block and must not call back into
 // the coordinator. Run must be running for anything to be answered; run it
 // where the leases must live (with several replicas: on the leader only,

@@ -375,7 +375,11 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	e.pending = next
 	e.pendingRows++
 	row := storedRow{Number: e.pendingRows, Lease: next, Decision: decision, Kind: m.Kind(), DecidedAt: now}
-	b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRow(nil, current, row)})
+	if isAnchor(row.Number) {
+		b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRowAnchor(nil, row)})
+	} else {
+		b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRow(nil, current, row)})
+	}
 	if e.mark != b.seq {
 		e.mark = b.seq
 		b.touched = append(b.touched, e)
