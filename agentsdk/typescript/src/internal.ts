@@ -3,45 +3,40 @@ import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
 
 /**
  * An unbounded async queue: the request side of a bidirectional stream.
- * push() never blocks; end() finishes the iteration.
+ * push() never blocks; end() finishes the iteration. Iterated once.
  */
 export class AsyncQueue<T> implements AsyncIterable<T> {
   #items: T[] = [];
-  #waiting?: (r: IteratorResult<T>) => void;
+  #wake?: () => void;
   #ended = false;
 
   push(item: T): void {
     if (this.#ended) return;
-    if (this.#waiting) {
-      const w = this.#waiting;
-      this.#waiting = undefined;
-      w({ value: item, done: false });
-    } else {
-      this.#items.push(item);
-    }
+    this.#items.push(item);
+    this.#wake?.();
   }
 
   end(): void {
     this.#ended = true;
-    if (this.#waiting) {
-      const w = this.#waiting;
-      this.#waiting = undefined;
-      w({ value: undefined, done: true });
-    }
+    this.#wake?.();
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<T> {
-    return {
-      next: () => {
-        if (this.#items.length > 0) return Promise.resolve({ value: this.#items.shift() as T, done: false });
-        if (this.#ended) return Promise.resolve({ value: undefined, done: true });
-        return new Promise((resolve) => (this.#waiting = resolve));
-      },
-      return: () => {
-        this.end();
-        return Promise.resolve({ value: undefined, done: true });
-      },
-    };
+  // An async generator: Connect needs next, return and throw.
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    try {
+      for (;;) {
+        if (this.#items.length > 0) {
+          yield this.#items.shift() as T;
+        } else if (this.#ended) {
+          return;
+        } else {
+          await new Promise<void>((resolve) => (this.#wake = resolve));
+          this.#wake = undefined;
+        }
+      }
+    } finally {
+      this.#ended = true;
+    }
   }
 }
 
