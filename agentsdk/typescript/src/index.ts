@@ -8,6 +8,7 @@ export { ToolGate, CapabilityHeader, tokenOf, type CallOptions, type TokenSource
 export { Verifier, JwksPath, type Clock, type VerifierOptions } from "./verifier.js";
 export { allows, validScope, verifyToken, parseJwks, Audience, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
 export { LeaseWorker, Job, JobEnded, retryable, TerminalResult, type JobEndKind, type JobOptions, type LeaseWorkerOptions } from "./leaseworker.js";
+export { TetherScope, type ChildOptions } from "./scope.js";
 export { StopSignalled, ToolCallCancelled, isRefusedStopping, isRefusedToken } from "./errors.js";
 export { NodeState, SignalKind, type Node } from "./gen/tether/v1/agent_pb.js";
 export { CallResolution, CallState, type ToolCall } from "./gen/tether/v1/tool_pb.js";

@@ -31,6 +31,12 @@ export interface ToolGateOptions {
    * never acknowledges).
    */
   neverAck?: boolean;
+  /**
+   * Called with the ledger's entry each time the control plane has recorded
+   * a call's end (EndCall or CancelAck answered): the record as stored, for
+   * logs and tests.
+   */
+  onRecorded?: (call: ToolCall) => void;
 }
 
 /**
@@ -50,6 +56,7 @@ export class ToolGate {
   readonly id: string;
   readonly conn: Conn;
   readonly #neverAck: boolean;
+  readonly #onRecorded?: (call: ToolCall) => void;
   #inflight = new Map<string, AbortController>();
   // Cancel orders that arrived before the call was registered here.
   #early = new Set<string>();
@@ -66,6 +73,7 @@ export class ToolGate {
     this.conn = conn;
     this.id = id;
     this.#neverAck = options.neverAck ?? false;
+    this.#onRecorded = options.onRecorded;
     this.#ready = new Promise((resolve) => (this.#markReady = resolve));
     this.#watching = this.#watch();
   }
@@ -138,13 +146,15 @@ export class ToolGate {
     // ended even when the caller gave up.
     const report = { signal: AbortSignal.timeout(10_000) };
     if (cancel.signal.aborted) {
-      await this.conn.tool.cancelAck({ callId, gateId: this.id }, report);
+      const acked = await this.conn.tool.cancelAck({ callId, gateId: this.id }, report);
+      if (acked.call) this.#onRecorded?.(acked.call);
       throw failed ? failure : cancel.signal.reason;
     }
-    await this.conn.tool.endCall(
+    const ended = await this.conn.tool.endCall(
       { callId, gateId: this.id, failed, error: failed ? describe(failure) : "" },
       report,
     );
+    if (ended.call) this.#onRecorded?.(ended.call);
     if (failed) throw failure;
     return result as T;
   }

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 import { timestampDate } from "@bufbuild/protobuf/wkt";
-import { Agent, Conn, ToolGate, type Grant } from "../src/index.js";
+import { Agent, Conn, TetherScope, ToolGate, type Grant, type ToolGateOptions } from "../src/index.js";
 import { Role } from "../src/gen/tether/v1/auth_pb.js";
 import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
 import { TerminationState, type ReconciliationRecord } from "../src/gen/tether/v1/supervisor_pb.js";
@@ -47,6 +47,7 @@ async function freePort(): Promise<number> {
 export class TestServer {
   readonly operator: Conn;
   #conns: Conn[] = [];
+  #cleanups: (() => Promise<void>)[] = [];
   constructor(
     readonly bin: string,
     readonly baseUrl: string,
@@ -81,6 +82,10 @@ export class TestServer {
     const grant: Grant = { grant: issued.grant!, token: issued.token, expiresAt: timestampDate(issued.tokenExpiresAt!) };
     const stopSession = new AbortController();
     const session = agent.run({ signal: stopSession.signal, heartbeatMs: 500 }).catch(() => {});
+    this.#cleanups.push(async () => {
+      stopSession.abort();
+      await session;
+    });
     await agent.opened;
     return { agent, grant, session, stopSession };
   }
@@ -91,11 +96,25 @@ export class TestServer {
    * operator-role token named after the gate; with them it becomes
    * createToken({ toolServer: id }).)
    */
-  async gate(id: string): Promise<ToolGate> {
+  async gate(id: string, options?: ToolGateOptions): Promise<ToolGate> {
     const resp = await this.operator.auth.createToken({ role: Role.OPERATOR, subject: `tool-${id}`, ttl: { seconds: 3600n } });
-    const g = new ToolGate(this.dial(resp.token), id);
+    const g = new ToolGate(this.dial(resp.token), id, options);
     await g.ready;
     return g;
+  }
+
+  /** A root agent (session running, root grant) as the TetherScope a framework run starts from. */
+  async rootScope(name: string, gate: ToolGate, scopes?: string[]): Promise<TetherScope> {
+    const root = await this.rootAgent(name, scopes);
+    return new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant));
+  }
+
+  /** Waits until signal aborts. */
+  static aborted(signal: AbortSignal): Promise<void> {
+    return new Promise((resolve) => {
+      if (signal.aborted) return resolve();
+      signal.addEventListener("abort", () => resolve(), { once: true });
+    });
   }
 
   /** Terminates a node's subtree and returns the termination id. */
@@ -121,6 +140,7 @@ export class TestServer {
   }
 
   async stop(): Promise<void> {
+    await Promise.all(this.#cleanups.map((c) => c()));
     for (const c of this.#conns) c.close();
     if (this.process.exitCode === null) {
       this.process.kill("SIGTERM");
