@@ -89,15 +89,21 @@ describe("@openai/agents adapter", () => {
     });
     const model = new ScriptedModel([[functionCall("write", { path: "/tmp/x" }, { callId: "w1" })], [assistantMessage("stopping")]]);
     const writer = new OpenAIAgent({ name: "writer", instructions: "write", tools: [write], model });
+    const held = await TestServer.hold(gate, scope.token);
     const terminationId = await server.terminate(scope.agent.nodeId, "drain");
     await TestServer.aborted(scope.drainSignal);
     const result = await runTethered(scope, writer, "write it");
     assert.equal(result.finalOutput, "stopping");
     assert.equal(ran, false, "the refused tool never ran");
     assert.match(JSON.stringify(model.lastCall?.request.input), /Tether refused the call to write/);
+    held.release();
+    await held.done;
     await scope.agent.confirmExit("drained");
     const record = await server.record(terminationId);
-    assert.deepEqual(record.toolCalls.map((c) => [c.tool, c.resolution]), [["write", CallResolution.REJECTED_DRAINING]]);
+    assert.deepEqual(
+      record.toolCalls.map((c) => [c.tool, c.resolution]).sort(),
+      [["hold", CallResolution.COMPLETED], ["write", CallResolution.REJECTED_DRAINING]],
+    );
     await gate.close();
   });
 

@@ -11,7 +11,7 @@ import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
 
 import { timestampDate } from "@bufbuild/protobuf/wkt";
-import { Agent, Conn, TetherScope, ToolGate, type Grant, type ToolGateOptions } from "../src/index.js";
+import { Agent, Conn, TetherScope, ToolGate, type Grant, type TokenSource, type ToolGateOptions } from "../src/index.js";
 import { Role } from "../src/gen/tether/v1/auth_pb.js";
 import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
 import { TerminationState, type ReconciliationRecord } from "../src/gen/tether/v1/supervisor_pb.js";
@@ -99,6 +99,7 @@ export class TestServer {
   async gate(id: string, options?: ToolGateOptions): Promise<ToolGate> {
     const resp = await this.operator.auth.createToken({ role: Role.OPERATOR, subject: `tool-${id}`, ttl: { seconds: 3600n } });
     const g = new ToolGate(this.dial(resp.token), id, options);
+    this.#cleanups.push(() => g.close());
     await g.ready;
     return g;
   }
@@ -107,6 +108,24 @@ export class TestServer {
   async rootScope(name: string, gate: ToolGate, scopes?: string[]): Promise<TetherScope> {
     const root = await this.rootAgent(name, scopes);
     return new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant));
+  }
+
+  /**
+   * Starts a gated call that stays in flight until released. A drain ends
+   * as soon as no call is in flight, so a test that plays "refused while
+   * draining" holds one open to keep the termination in its draining phase.
+   */
+  static async hold(gate: ToolGate, token: TokenSource, tool = "hold"): Promise<{ release: () => void; done: Promise<unknown> }> {
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let begun!: () => void;
+    const running = new Promise<void>((resolve) => (begun = resolve));
+    const done = gate.call(token, tool, async () => {
+      begun();
+      await released;
+    });
+    await running;
+    return { release, done };
   }
 
   /** Waits until signal aborts. */
