@@ -60,6 +60,7 @@ export class ToolGate {
   #inflight = new Map<string, AbortController>();
   // Cancel orders that arrived before the call was registered here.
   #early = new Set<string>();
+  #calls = new Set<Promise<unknown>>();
   #closed = new AbortController();
   #ready: Promise<void>;
   #markReady!: () => void;
@@ -83,8 +84,13 @@ export class ToolGate {
     return this.#ready;
   }
 
-  /** Stops following cancel orders. Calls in flight still report how they end. */
+  /**
+   * Waits for the calls in flight to end and be reported (so a process
+   * that exits after close() leaves no call unreported), then stops
+   * following cancel orders.
+   */
   async close(): Promise<void> {
+    await Promise.allSettled(this.#calls);
     this.#closed.abort();
     await this.#watching;
   }
@@ -121,7 +127,15 @@ export class ToolGate {
    * {@link ToolCallCancelled}; the gate acknowledges the cancel once fn has
    * settled and then rejects with that error (or fn's own).
    */
-  async call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions = {}): Promise<T> {
+  call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions = {}): Promise<T> {
+    const call = this.#call(token, tool, fn, options);
+    this.#calls.add(call);
+    const forget = () => this.#calls.delete(call);
+    call.then(forget, forget);
+    return call;
+  }
+
+  async #call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions): Promise<T> {
     const begin = await this.conn.tool.beginCall(
       { token: await tokenOf(token), tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
       { signal: options.signal },
