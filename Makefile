@@ -8,7 +8,7 @@ PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
 DATA_DIR ?= ./tether-data
 LISTEN ?= 127.0.0.1:7420
 
-.PHONY: run test test-short test-cluster test-e2e-etcd test-crash bench demo demo-mcp generate check-generate lint tools build clean fuzz
+.PHONY: run test test-ts ts-deps test-short test-cluster test-e2e-etcd test-crash bench demo demo-mcp generate check-generate lint tools build clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/tether ./cmd/tether
@@ -76,12 +76,27 @@ tools:
 	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	GOBIN=$(BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
 
-generate: tools
+# The TypeScript SDK's stubs come from protoc-gen-es in its node_modules,
+# pinned by agentsdk/typescript/package-lock.json (npm ci, from the cache
+# when it has the packages).
+TS_DIR := agentsdk/typescript
+GENERATED := proto/ $(TS_DIR)/src/gen/
+
+ts-deps:
+	cd $(TS_DIR) && npm ci --prefer-offline --no-audit --no-fund
+
+generate: tools ts-deps
 	PATH=$(BIN):$$PATH $(BIN)/buf generate
+	$(BIN)/buf generate --template buf.gen.ts.yaml
 
 check-generate: generate
-	@git diff --exit-code -- proto/ || (echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)
-	@test -z "$$(git status --porcelain -- proto/)" || (git status --porcelain -- proto/; echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)
+	@git diff --exit-code -- $(GENERATED) || (echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)
+	@test -z "$$(git status --porcelain -- $(GENERATED))" || (git status --porcelain -- $(GENERATED); echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)
+
+# The TypeScript SDK: npm ci, tsc, and node's test runner against the
+# tether binary built here (the tests start their own servers).
+test-ts: build ts-deps
+	cd $(TS_DIR) && npm run build && TETHER_BIN=$(BIN)/tether npm test
 
 lint: tools
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -1,0 +1,331 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { Conn, type DialOptions } from "./conn.js";
+import { StopSignalled } from "./errors.js";
+import type { Node, SessionRequest, SessionResponse, SessionSignal } from "./gen/tether/v1/agent_pb.js";
+import { SignalKind } from "./gen/tether/v1/agent_pb.js";
+import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
+import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
+import { AsyncQueue, dateOf, durationFromMs, sleep } from "./internal.js";
+import type { MessageInitShape } from "@bufbuild/protobuf";
+import type { SessionRequestSchema } from "./gen/tether/v1/agent_pb.js";
+
+/** A drain or abort order from the control plane. */
+export interface Signal {
+  abort: boolean;
+  terminationId: string;
+  reason: string;
+}
+
+/** A spawned child: its node and the credential to hand to the child's process (which calls {@link Agent.join}). */
+export interface Child {
+  node: Node;
+  credential: string;
+}
+
+/** A capability grant with its current token. */
+export interface Grant {
+  grant: GrantMessage;
+  token: string;
+  expiresAt: Date;
+}
+
+/** Options for {@link Agent.run}. */
+export interface RunOptions {
+  /** Ends the session loop (the node keeps running; the agent just stops listening). */
+  signal?: AbortSignal;
+  /** Session heartbeat interval in ms (default 5000). Heartbeats also bring refreshed credentials. */
+  heartbeatMs?: number;
+}
+
+/**
+ * One agent node: its credential, its session with the control plane, and
+ * the signals that fire when the control plane says so.
+ *
+ * - {@link Agent.drainSignal} aborts when a drain (or abort) arrives: finish
+ *   what is in flight, start nothing new, then {@link Agent.confirmExit}.
+ * - {@link Agent.signal} aborts when an abort arrives (reason: a
+ *   {@link StopSignalled}): pass it to every piece of work that must stop.
+ *
+ * An agent never holds its own kill switch: it can only propose its own stop.
+ */
+export class Agent {
+  readonly conn: Conn;
+  #node: Node;
+  #drain = new AbortController();
+  #abort = new AbortController();
+  #onDrain: ((s: Signal) => void)[] = [];
+  #onAbort: ((s: Signal) => void)[] = [];
+  #opened: Promise<void>;
+  #markOpened!: () => void;
+  #credentialExpiresAt?: Date;
+
+  private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
+    this.conn = conn;
+    this.#node = node;
+    this.#credentialExpiresAt = credentialExpiresAt;
+    this.#opened = new Promise((resolve) => (this.#markOpened = resolve));
+  }
+
+  /** Registers a root agent with an operator connection and returns it, connected with its own credential. */
+  static async registerRoot(operator: Conn, name: string, labels: Record<string, string> = {}, options?: DialOptions): Promise<Agent> {
+    const resp = await operator.agent.registerRoot({ name, labels });
+    if (!resp.node) throw new Error("tether: RegisterRoot answered without a node");
+    return new Agent(Conn.dial(operator.baseUrl, resp.credential, options), resp.node, dateOf(resp.credentialExpiresAt));
+  }
+
+  /** Connects a spawned child's process with the credential its parent handed over. */
+  static async join(baseUrl: string, credential: string, options?: DialOptions): Promise<Agent> {
+    const conn = Conn.dial(baseUrl, credential, options);
+    try {
+      const who = await conn.auth.whoAmI({});
+      if (!who.nodeId) throw new Error("tether: Agent.join needs an agent credential, not an operator token");
+      const got = await conn.agent.getNode({ nodeId: who.nodeId });
+      if (!got.node) throw new Error("tether: GetNode answered without a node");
+      return new Agent(conn, got.node, who.expiresAt ? dateOf(who.expiresAt) : undefined);
+    } catch (err) {
+      conn.close();
+      throw err;
+    }
+  }
+
+  /** The agent's node as last seen. */
+  get node(): Node {
+    return this.#node;
+  }
+
+  get nodeId(): string {
+    return this.#node.nodeId;
+  }
+
+  /** The agent's current credential (refreshed by the session). Never log it. */
+  get credential(): string {
+    return this.conn.token;
+  }
+
+  /** When the current credential expires, if known. */
+  get credentialExpiresAt(): Date | undefined {
+    return this.#credentialExpiresAt;
+  }
+
+  /** Aborts when the control plane aborts the agent; its reason is a {@link StopSignalled}. */
+  get signal(): AbortSignal {
+    return this.#abort.signal;
+  }
+
+  /** Aborts when the agent is told to drain or abort: finish what is in flight, start nothing new. */
+  get drainSignal(): AbortSignal {
+    return this.#drain.signal;
+  }
+
+  get draining(): boolean {
+    return this.#drain.signal.aborted;
+  }
+
+  /** Resolves once the first session is open (the agent is then reachable by signals). */
+  get opened(): Promise<void> {
+    return this.#opened;
+  }
+
+  /** Registers a callback run once when a drain (or abort) arrives. */
+  onDrain(f: (s: Signal) => void): void {
+    this.#onDrain.push(f);
+  }
+
+  /** Registers a callback run once when an abort arrives. */
+  onAbort(f: (s: Signal) => void): void {
+    this.#onAbort.push(f);
+  }
+
+  #handle(sig: Pick<SessionSignal, "kind" | "terminationId" | "reason">): void {
+    const s: Signal = { abort: sig.kind === SignalKind.ABORT, terminationId: sig.terminationId, reason: sig.reason };
+    if (!this.#drain.signal.aborted) {
+      this.#drain.abort(new StopSignalled(s.abort, s.terminationId, s.reason));
+      for (const f of this.#onDrain) f(s);
+    }
+    if (s.abort && !this.#abort.signal.aborted) {
+      this.#abort.abort(new StopSignalled(true, s.terminationId, s.reason));
+      for (const f of this.#onAbort) f(s);
+    }
+  }
+
+  /**
+   * Keeps the agent's session open until options.signal aborts, reconnecting
+   * (with backoff) when the stream breaks, and applies the signals and
+   * refreshed credentials it receives. It resolves when options.signal
+   * aborts, or when the control plane ends the session because the node is
+   * terminated after it was told so; it rejects when the credential is
+   * refused without a signal first (the agent's work is aborted then too).
+   */
+  async run(options: RunOptions = {}): Promise<void> {
+    let backoff = 100;
+    for (;;) {
+      let err: unknown;
+      try {
+        await this.#session(options);
+      } catch (e) {
+        err = e;
+      }
+      if (options.signal?.aborted) return;
+      const code = err instanceof ConnectError ? err.code : undefined;
+      if (code === Code.Unauthenticated || code === Code.PermissionDenied) {
+        // The credential is dead (the node was terminated): nothing to
+        // reconnect to. Make sure work stops.
+        const told = this.#drain.signal.aborted;
+        this.#handle({ kind: SignalKind.ABORT, terminationId: "", reason: `credential rejected: ${Code[code]}` });
+        if (told) return;
+        throw err;
+      }
+      await sleep(backoff, options.signal);
+      backoff = Math.min(backoff * 2, 5000);
+    }
+  }
+
+  async #session(options: RunOptions): Promise<void> {
+    const every = options.heartbeatMs && options.heartbeatMs > 0 ? options.heartbeatMs : 5000;
+    const requests = new AsyncQueue<MessageInitShape<typeof SessionRequestSchema>>();
+    const local = new AbortController();
+    const stop = () => local.abort();
+    options.signal?.addEventListener("abort", stop, { once: true });
+    requests.push({ kind: { case: "hello", value: { nodeId: this.#node.nodeId } } });
+    const beat = setInterval(() => requests.push({ kind: { case: "heartbeat", value: {} } }), every);
+    try {
+      for await (const msg of this.conn.agent.session(requests, { signal: local.signal }) as AsyncIterable<SessionResponse>) {
+        switch (msg.kind.case) {
+          case "opened":
+            if (msg.kind.value.node) this.#node = msg.kind.value.node;
+            this.#markOpened();
+            break;
+          case "signal":
+            this.#handle(msg.kind.value);
+            break;
+          case "credential":
+            this.conn.setToken(msg.kind.value.credential);
+            this.#credentialExpiresAt = dateOf(msg.kind.value.expiresAt);
+            break;
+        }
+      }
+    } catch (err) {
+      if (local.signal.aborted && err instanceof ConnectError && err.code === Code.Canceled) return;
+      throw err;
+    } finally {
+      clearInterval(beat);
+      requests.end();
+      options.signal?.removeEventListener("abort", stop);
+      local.abort();
+    }
+  }
+
+  /** Registers a child under this agent. Refused once the agent is draining or aborting. */
+  async spawn(name: string, labels: Record<string, string> = {}): Promise<Child> {
+    const resp = await this.conn.agent.spawn({ parentNodeId: this.#node.nodeId, name, labels });
+    if (!resp.node) throw new Error("tether: Spawn answered without a node");
+    return { node: resp.node, credential: resp.credential };
+  }
+
+  /**
+   * Confirms the agent's own exit to the control plane. A launcher's
+   * confirmation (an operator token, from outside the process) is stronger
+   * evidence.
+   */
+  async confirmExit(reason = ""): Promise<void> {
+    await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+  }
+
+  /** Proposes the agent's own stop; the control plane decides. */
+  async proposeStop(condition: string, reason: string): Promise<StopProposal | undefined> {
+    const resp = await this.conn.agent.proposeStop({ nodeId: this.#node.nodeId, condition, reason });
+    return resp.proposal;
+  }
+
+  /** Derives a narrower grant from one the agent holds, for a node in its subtree. */
+  async delegate(parentGrantId: string, childNodeId: string, scopes: string[], ttlMs?: number): Promise<Grant> {
+    const resp = await this.conn.capability.delegate({
+      parentGrantId,
+      holderNodeId: childNodeId,
+      scopes,
+      ttl: ttlMs ? durationFromMs(ttlMs) : undefined,
+    });
+    if (!resp.grant) throw new Error("tether: Delegate answered without a grant");
+    return { grant: resp.grant, token: resp.token, expiresAt: dateOf(resp.tokenExpiresAt) };
+  }
+
+  /** Mints a fresh short-lived token for a grant the agent holds; the control plane re-checks the whole chain first. */
+  async refreshToken(grantId: string): Promise<Grant> {
+    const resp = await this.conn.capability.refresh({ grantId });
+    if (!resp.grant) throw new Error("tether: Refresh answered without a grant");
+    return { grant: resp.grant, token: resp.token, expiresAt: dateOf(resp.tokenExpiresAt) };
+  }
+
+  /**
+   * A source of always-fresh capability tokens for a grant this agent holds:
+   * see {@link CapabilityToken}.
+   */
+  capabilityToken(grant: Grant, options?: CapabilityTokenOptions): CapabilityToken {
+    return new CapabilityToken(this, grant, options);
+  }
+
+  /** Closes the agent's connection. */
+  close(): void {
+    this.conn.close();
+  }
+
+  toString(): string {
+    return `${this.#node.name} (${this.#node.nodeId})`;
+  }
+}
+
+/** Options for {@link CapabilityToken}. */
+export interface CapabilityTokenOptions {
+  /** Milliseconds since the epoch (default Date.now); tests inject a clock. */
+  now?: () => number;
+}
+
+/**
+ * Keeps a capability token fresh: {@link CapabilityToken.get} returns the
+ * current token, first refreshing it (CapabilityService.Refresh, which
+ * re-checks the chain) once less than a third of its life is left.
+ * Concurrent callers share one refresh. A refusal (the grant was revoked,
+ * the node is stopping) is thrown to the caller: there is no token to use.
+ */
+export class CapabilityToken {
+  #agent: Agent;
+  #grant: Grant;
+  #issuedAt: number;
+  #now: () => number;
+  #refreshing?: Promise<Grant>;
+
+  constructor(agent: Agent, grant: Grant, options: CapabilityTokenOptions = {}) {
+    this.#agent = agent;
+    this.#grant = grant;
+    this.#now = options.now ?? Date.now;
+    this.#issuedAt = this.#now();
+  }
+
+  get grantId(): string {
+    return this.#grant.grant.grantId;
+  }
+
+  get scopes(): string[] {
+    return this.#grant.grant.scopes;
+  }
+
+  /** The grant as last refreshed. */
+  get grant(): Grant {
+    return this.#grant;
+  }
+
+  async get(): Promise<string> {
+    const now = this.#now();
+    const expires = this.#grant.expiresAt.getTime();
+    const life = Math.max(expires - this.#issuedAt, 0);
+    if (expires - now > life / 3) return this.#grant.token;
+    this.#refreshing ??= this.#agent.refreshToken(this.grantId).finally(() => (this.#refreshing = undefined));
+    const fresh = await this.#refreshing;
+    if (fresh !== this.#grant) {
+      this.#grant = fresh;
+      this.#issuedAt = now;
+    }
+    return fresh.token;
+  }
+}

@@ -1,0 +1,91 @@
+import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
+
+import { AgentService } from "./gen/tether/v1/agent_pb.js";
+import { AuthService } from "./gen/tether/v1/auth_pb.js";
+import { CapabilityService } from "./gen/tether/v1/capability_pb.js";
+import { LeaseService } from "./gen/tether/v1/lease_pb.js";
+import { SupervisorService } from "./gen/tether/v1/supervisor_pb.js";
+import { ToolService } from "./gen/tether/v1/tool_pb.js";
+
+/** Options for {@link Conn.dial}. */
+export interface DialOptions {
+  /**
+   * A transport to use instead of the default HTTP/2 one (for TLS options,
+   * interceptors of your own, or a shared session). It must add no
+   * Authorization header: the connection adds its own bearer token.
+   */
+  transport?: (authInterceptor: Interceptor) => Transport;
+}
+
+/**
+ * A connection to the control plane presenting one bearer token: an
+ * operator token, a tool-server token, or an agent credential. The token can
+ * be replaced (credential refresh) while calls are in flight; every call
+ * reads the current one.
+ *
+ * The transport is Connect over HTTP/2 (`h2c` for http:// URLs, TLS for
+ * https://): the agent's session is a bidirectional stream.
+ */
+export class Conn {
+  readonly baseUrl: string;
+  readonly transport: Transport;
+  readonly auth: Client<typeof AuthService>;
+  readonly agent: Client<typeof AgentService>;
+  readonly capability: Client<typeof CapabilityService>;
+  readonly tool: Client<typeof ToolService>;
+  readonly supervisor: Client<typeof SupervisorService>;
+  readonly lease: Client<typeof LeaseService>;
+
+  #token: string;
+  #sessions?: Http2SessionManager;
+
+  private constructor(baseUrl: string, token: string, options: DialOptions = {}) {
+    this.baseUrl = baseUrl.replace(/\/+$/, "");
+    this.#token = token;
+    const bearer: Interceptor = (next) => async (req) => {
+      req.header.set("Authorization", `Bearer ${this.#token}`);
+      return next(req);
+    };
+    if (options.transport) {
+      this.transport = options.transport(bearer);
+    } else {
+      this.#sessions = new Http2SessionManager(this.baseUrl);
+      this.transport = createConnectTransport({
+        baseUrl: this.baseUrl,
+        httpVersion: "2",
+        sessionManager: this.#sessions,
+        interceptors: [bearer],
+      });
+    }
+    this.auth = createClient(AuthService, this.transport);
+    this.agent = createClient(AgentService, this.transport);
+    this.capability = createClient(CapabilityService, this.transport);
+    this.tool = createClient(ToolService, this.transport);
+    this.supervisor = createClient(SupervisorService, this.transport);
+    this.lease = createClient(LeaseService, this.transport);
+  }
+
+  /**
+   * Returns a connection to baseUrl ("http://host:port" for HTTP/2
+   * cleartext, "https://…" for TLS) presenting token.
+   */
+  static dial(baseUrl: string, token: string, options?: DialOptions): Conn {
+    return new Conn(baseUrl, token, options);
+  }
+
+  /** The current bearer token. Never log it. */
+  get token(): string {
+    return this.#token;
+  }
+
+  /** Replaces the bearer token (a refreshed credential). */
+  setToken(token: string): void {
+    this.#token = token;
+  }
+
+  /** Closes the HTTP/2 connection (only the one this Conn opened itself). */
+  close(): void {
+    this.#sessions?.abort();
+  }
+}

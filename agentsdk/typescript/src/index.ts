@@ -1,0 +1,15 @@
+// @tetherhq/agentsdk: how agent frameworks and tool servers written in
+// TypeScript plug into Tether. It speaks only the public API (Connect over
+// HTTP/2) and carries the Go SDK's concepts: Agent, ToolGate, Verifier,
+// LeaseWorker.
+export { Conn, type DialOptions } from "./conn.js";
+export { Agent, CapabilityToken, type CapabilityTokenOptions, type Child, type Grant, type RunOptions, type Signal } from "./agent.js";
+export { ToolGate, CapabilityHeader, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
+export { Verifier, JwksPath, type Clock, type VerifierOptions } from "./verifier.js";
+export { allows, validScope, verifyToken, parseJwks, Audience, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
+export { LeaseWorker, Job, JobEnded, retryable, TerminalResult, type JobEndKind, type JobOptions, type LeaseWorkerOptions } from "./leaseworker.js";
+export { TetherScope, type ChildOptions } from "./scope.js";
+export { StopSignalled, ToolCallCancelled, isRefusedStopping, isRefusedToken } from "./errors.js";
+export { NodeState, SignalKind, type Node } from "./gen/tether/v1/agent_pb.js";
+export { CallResolution, CallState, type ToolCall } from "./gen/tether/v1/tool_pb.js";
+export { LeaseState, Outcome, type Lease, type Decision } from "./gen/tether/v1/lease_pb.js";

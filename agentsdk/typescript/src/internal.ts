@@ -1,0 +1,80 @@
+// Small helpers shared by the SDK's classes. Not exported from the package.
+import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+
+/**
+ * An unbounded async queue: the request side of a bidirectional stream.
+ * push() never blocks; end() finishes the iteration. Iterated once.
+ */
+export class AsyncQueue<T> implements AsyncIterable<T> {
+  #items: T[] = [];
+  #wake?: () => void;
+  #ended = false;
+
+  push(item: T): void {
+    if (this.#ended) return;
+    this.#items.push(item);
+    this.#wake?.();
+  }
+
+  end(): void {
+    this.#ended = true;
+    this.#wake?.();
+  }
+
+  // An async generator: Connect needs next, return and throw.
+  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
+    try {
+      for (;;) {
+        if (this.#items.length > 0) {
+          yield this.#items.shift() as T;
+        } else if (this.#ended) {
+          return;
+        } else {
+          await new Promise<void>((resolve) => (this.#wake = resolve));
+          this.#wake = undefined;
+        }
+      }
+    } finally {
+      this.#ended = true;
+    }
+  }
+}
+
+/** Resolves after ms, or at once (without throwing) when signal aborts. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve();
+    const onAbort = () => {
+      clearTimeout(timer);
+      resolve();
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/** A Date from an optional protobuf Timestamp (epoch when unset). */
+export function dateOf(ts: Timestamp | undefined): Date {
+  return ts ? timestampDate(ts) : new Date(0);
+}
+
+/** A Duration init from milliseconds (whole nanoseconds). */
+export function durationFromMs(ms: number): { seconds: bigint; nanos: number } {
+  const seconds = Math.floor(ms / 1000);
+  return { seconds: BigInt(seconds), nanos: Math.round((ms - seconds * 1000) * 1e6) };
+}
+
+/** Milliseconds of an optional protobuf Duration. */
+export function msOf(d: { seconds: bigint; nanos: number } | undefined): number {
+  return d ? Number(d.seconds) * 1000 + d.nanos / 1e6 : 0;
+}
+
+/** An AbortSignal that aborts when any of signals does, with that signal's reason. */
+export function anySignal(signals: (AbortSignal | undefined)[]): AbortSignal {
+  const present = signals.filter((s): s is AbortSignal => s !== undefined);
+  if (present.length === 1) return present[0];
+  return AbortSignal.any(present);
+}

@@ -1,0 +1,236 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+
+import { Conn } from "./conn.js";
+import { LeaseState, Outcome, TerminalResult, type Decision, type Lease } from "./gen/tether/v1/lease_pb.js";
+import { msOf } from "./internal.js";
+
+/** Why a job's signal aborted. */
+export type JobEndKind = "cancelled" | "lost" | "ended";
+
+/**
+ * The reason of a {@link Job.signal}:
+ * - "cancelled": the coordinator requested cancellation; stop and
+ *   complete with CANCELLED (or FAILED);
+ * - "lost": the coordinator says this generation no longer has authority
+ *   (it expired, was superseded, is in an ownership conflict, or the job is
+ *   terminal) — detail says which;
+ * - "ended": the worker completed or stopped the job.
+ */
+export class JobEnded extends Error {
+  override readonly name = "JobEnded";
+  constructor(
+    readonly kind: JobEndKind,
+    readonly jobId: string,
+    readonly detail: string,
+  ) {
+    super(`tether: job ${jobId} ${kind}${detail ? `: ${detail}` : ""}`);
+  }
+}
+
+/** Options for a {@link LeaseWorker}. */
+export interface LeaseWorkerOptions {
+  /** The agent's connection: its credential is the holder identity the coordinator binds every message to. */
+  conn: Conn;
+  /** Stamps sent_at (evidence only: the coordinator decides on its own clock). Default Date.now. */
+  now?: () => number;
+  /** How often a job renews, in ms; default a third of its lease duration. It only schedules renewals. */
+  renewEveryMs?: number;
+  warn?: (message: string) => void;
+}
+
+/** Options for one accepted job. */
+export interface JobOptions {
+  /**
+   * Runs when the coordinator's cancel request is first seen, after the
+   * job's signal aborted and before the worker acknowledges the request. It
+   * should return once the job has stopped starting new work.
+   */
+  onCancel?: (lease: Lease) => void | Promise<void>;
+}
+
+/**
+ * LeaseWorker works under fenced job leases for one agent: it ACKs offers,
+ * keeps each job's lease renewed until the coordinator says it ended,
+ * reports progress and terminal results, and turns a cancel request into an
+ * aborted signal plus a callback and an acknowledgement. Expiry is only ever
+ * learnt from the coordinator: the worker's clock only schedules renewals.
+ *
+ * Unlike the Go SDK's worker it keeps no spool: a progress report or result
+ * the control plane could not be reached for is thrown to the caller.
+ */
+export class LeaseWorker {
+  readonly conn: Conn;
+  readonly #now: () => number;
+  readonly #renewEvery?: number;
+  readonly #warn: (message: string) => void;
+
+  constructor(options: LeaseWorkerOptions) {
+    this.conn = options.conn;
+    this.#now = options.now ?? Date.now;
+    this.#renewEvery = options.renewEveryMs;
+    this.#warn = options.warn ?? (() => {});
+  }
+
+  /** sent_at for a message. */
+  sentAt() {
+    return timestampFromMs(this.#now());
+  }
+
+  /**
+   * ACKs an offered lease (which must be this agent's) and starts renewing
+   * it. Throws when the coordinator rejects the ACK.
+   */
+  async accept(offered: Lease, options: JobOptions = {}): Promise<Job> {
+    const resp = await this.conn.lease.ack({
+      jobId: offered.jobId,
+      leaseId: offered.leaseId,
+      leaseGeneration: offered.leaseGeneration,
+      sentAt: this.sentAt(),
+    });
+    if (resp.decision?.outcome === Outcome.REJECTED || !resp.lease) {
+      throw new Error(`tether: ack of job ${JSON.stringify(offered.jobId)} refused: ${resp.decision?.reason ?? "no lease in the answer"}`);
+    }
+    const every = this.#renewEvery ?? Math.max(msOf(resp.lease.leaseDuration) / 3, 10);
+    return new Job(this, resp.lease, options, every, this.#warn);
+  }
+}
+
+/** The work done under one generation of one job's lease. */
+export class Job {
+  readonly #worker: LeaseWorker;
+  readonly #options: JobOptions;
+  readonly #generation: bigint;
+  readonly #abort = new AbortController();
+  readonly #warn: (message: string) => void;
+  #lease: Lease;
+  #renewSequence = 0n;
+  #progressSequence = 0n;
+  #cancelSeen = false;
+  #timer?: NodeJS.Timeout;
+  #done: Promise<void>;
+  #markDone!: () => void;
+
+  constructor(worker: LeaseWorker, lease: Lease, options: JobOptions, renewEveryMs: number, warn: (m: string) => void) {
+    this.#worker = worker;
+    this.#lease = lease;
+    this.#options = options;
+    this.#generation = lease.leaseGeneration;
+    this.#warn = warn;
+    this.#done = new Promise((resolve) => (this.#markDone = resolve));
+    this.#timer = setInterval(() => {
+      this.renew().catch((err) => this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`));
+    }, renewEveryMs);
+  }
+
+  /** Aborts when the job must stop; its reason is a {@link JobEnded}. */
+  get signal(): AbortSignal {
+    return this.#abort.signal;
+  }
+
+  /** Resolves when the renew loop has ended. */
+  get done(): Promise<void> {
+    return this.#done;
+  }
+
+  /** The lease as the coordinator last answered it. */
+  get lease(): Lease {
+    return this.#lease;
+  }
+
+  /** The fencing headers a tool server's Fence checks before any side effect. */
+  headers(): Record<string, string> {
+    return { "X-Tether-Job-Id": this.#lease.jobId, "X-Tether-Lease-Generation": String(this.#lease.leaseGeneration) };
+  }
+
+  /** Ends the renew loop without a message (the lease runs out on the coordinator's clock). */
+  stop(): void {
+    this.#end(new JobEnded("ended", this.#lease.jobId, "stopped by the worker"));
+  }
+
+  #end(reason: JobEnded): void {
+    if (this.#timer) clearInterval(this.#timer);
+    this.#timer = undefined;
+    if (!this.#abort.signal.aborted) this.#abort.abort(reason);
+    this.#markDone();
+  }
+
+  #claim() {
+    return { jobId: this.#lease.jobId, leaseId: this.#lease.leaseId, leaseGeneration: this.#generation, sentAt: this.#worker.sentAt() };
+  }
+
+  /**
+   * Renews the lease once (the renew loop calls it on schedule) and acts on
+   * the answer: a cancel request aborts the job's signal, runs onCancel and
+   * acknowledges; an answer saying the generation has no authority ends the
+   * job.
+   */
+  async renew(): Promise<Decision | undefined> {
+    if (this.#abort.signal.aborted) return undefined;
+    this.#renewSequence++;
+    const resp = await this.#worker.conn.lease.renew({ ...this.#claim(), renewSequence: this.#renewSequence });
+    await this.#observe(resp.lease);
+    return resp.decision;
+  }
+
+  async #observe(lease: Lease | undefined): Promise<void> {
+    if (!lease) return;
+    this.#lease = lease;
+    const firstCancel = lease.cancelRequested && !this.#cancelSeen;
+    if (firstCancel) this.#cancelSeen = true;
+    const lost = lostBecause(lease, this.#generation);
+    if (firstCancel) {
+      const reason = new JobEnded("cancelled", lease.jobId, "the coordinator requested cancellation");
+      if (this.#timer) clearInterval(this.#timer); // renewals are refused once cancellation is requested
+      this.#timer = undefined;
+      this.#abort.abort(reason);
+      await this.#options.onCancel?.(lease);
+      if (!lease.cancelAck && !lost) {
+        try {
+          const resp = await this.#worker.conn.lease.cancelAck(this.#claim());
+          if (resp.lease) this.#lease = resp.lease;
+        } catch (err) {
+          this.#warn(`tether: lease cancel ack of job ${lease.jobId} failed: ${(err as Error).message}`);
+        }
+      }
+      this.#end(reason);
+    }
+    if (lost) this.#end(new JobEnded("lost", lease.jobId, lost));
+  }
+
+  /** Reports progress with the next sequence. */
+  async progress(value: string): Promise<Decision | undefined> {
+    this.#progressSequence++;
+    const resp = await this.#worker.conn.lease.progress({ ...this.#claim(), progressSequence: this.#progressSequence, progressValue: value });
+    await this.#observe(resp.lease);
+    return resp.decision;
+  }
+
+  /** Reports the terminal result (SUCCESS, FAILED or CANCELLED) and ends the job. */
+  async complete(result: TerminalResult, detail = ""): Promise<Decision | undefined> {
+    try {
+      const resp = await this.#worker.conn.lease.complete({ ...this.#claim(), result, detail });
+      if (resp.lease) this.#lease = resp.lease;
+      return resp.decision;
+    } finally {
+      this.#end(new JobEnded("ended", this.#lease.jobId, "completed"));
+    }
+  }
+}
+
+/** Why a coordinator answer says this generation has no authority, or "" when it still has. */
+function lostBecause(lease: Lease, generation: bigint): string {
+  if (lease.leaseGeneration !== generation) return `superseded by generation ${lease.leaseGeneration}`;
+  if (lease.ownershipConflict) return `ownership conflict with ${lease.conflictHolder || "another holder"}`;
+  if (lease.state === LeaseState.EXPIRED || lease.leaseExpired) return "the lease expired";
+  if (lease.state !== LeaseState.ACTIVE) return `the lease is ${LeaseState[lease.state] ?? "not active"}`;
+  return "";
+}
+
+/** Reports whether err means "not judged, try again later" rather than "judged" or "never judgeable". */
+export function retryable(err: unknown): boolean {
+  if (!(err instanceof ConnectError)) return true;
+  return ![Code.InvalidArgument, Code.PermissionDenied, Code.NotFound, Code.Unimplemented, Code.FailedPrecondition, Code.OutOfRange].includes(err.code);
+}
+
+export { TerminalResult };

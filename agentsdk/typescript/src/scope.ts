@@ -1,0 +1,111 @@
+import { Agent, CapabilityToken } from "./agent.js";
+import type { DialOptions } from "./conn.js";
+import { ToolGate } from "./toolgate.js";
+
+/** Options for {@link TetherScope.child}. */
+export interface ChildOptions {
+  /** The child's scopes: must be covered by this scope's grant (the control plane refuses an escalation). */
+  scopes: string[];
+  /** The child grant's lifetime in ms (default 10 minutes, never past the parent's). */
+  ttlMs?: number;
+  labels?: Record<string, string>;
+}
+
+/**
+ * Where a framework run stands in the Tether tree: the agent node it runs
+ * as, the capability token its tools are called with, and the gate that
+ * records those calls. Framework adapters turn sub-agents into
+ * {@link TetherScope.child} scopes: spawned children with attenuated grants.
+ */
+export class TetherScope {
+  readonly agent: Agent;
+  readonly gate: ToolGate;
+  readonly token: CapabilityToken;
+  readonly parent?: TetherScope;
+  readonly #dial?: DialOptions;
+  #children: TetherScope[] = [];
+  #session?: { stop: AbortController; done: Promise<void> };
+
+  constructor(agent: Agent, gate: ToolGate, token: CapabilityToken, parent?: TetherScope, dial?: DialOptions) {
+    this.agent = agent;
+    this.gate = gate;
+    this.token = token;
+    this.parent = parent;
+    this.#dial = dial;
+  }
+
+  /**
+   * Aborts when this node or any ancestor in the run is aborted (the
+   * control plane's abort reaches every node of the subtree).
+   */
+  get signal(): AbortSignal {
+    return this.parent ? AbortSignal.any([this.agent.signal, this.parent.signal]) : this.agent.signal;
+  }
+
+  /** Aborts when this node is told to drain (or abort). */
+  get drainSignal(): AbortSignal {
+    return this.agent.drainSignal;
+  }
+
+  /** The scopes this node's grant carries. */
+  get scopes(): string[] {
+    return this.token.scopes;
+  }
+
+  /**
+   * Runs fn as one gated tool call with this node's capability token. fn's
+   * signal aborts on the control plane's cancel order for the call (the
+   * evidence comes from the gate, not from the agent).
+   */
+  call<T>(tool: string, fn: (signal: AbortSignal) => Promise<T> | T, requiredScope?: string): Promise<T> {
+    return this.gate.call(this.token, tool, fn, { requiredScope });
+  }
+
+  /**
+   * Spawns a child node under this one, delegates it a narrower grant, and
+   * joins it in this process with its own credential and session; the
+   * child's calls are recorded under its node.
+   */
+  async child(name: string, options: ChildOptions): Promise<TetherScope> {
+    const spawned = await this.agent.spawn(name, options.labels);
+    const grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
+    const agent = await Agent.join(this.agent.conn.baseUrl, spawned.credential, this.#dial);
+    const scope = new TetherScope(agent, this.gate, agent.capabilityToken(grant), this, this.#dial);
+    scope.startSession();
+    await agent.opened;
+    this.#children.push(scope);
+    return scope;
+  }
+
+  /** Keeps this node's session open (signals and credential refresh) until {@link TetherScope.close}. */
+  startSession(heartbeatMs?: number): void {
+    if (this.#session) return;
+    const stop = new AbortController();
+    this.#session = { stop, done: this.agent.run({ signal: stop.signal, heartbeatMs }).catch(() => {}) };
+  }
+
+  /** The children spawned so far. */
+  get children(): readonly TetherScope[] {
+    return this.#children;
+  }
+
+  /**
+   * Ends the children spawned from this scope (and theirs): each confirms
+   * its own exit (a claim the record labels as the agent's own), stops its
+   * session and closes its connection.
+   */
+  async closeChildren(reason = "sub-agent finished"): Promise<void> {
+    const children = this.#children;
+    this.#children = [];
+    await Promise.all(children.map((c) => c.close(reason)));
+  }
+
+  /** Closes this scope's children, confirms this node's exit, and stops its session. For child scopes. */
+  async close(reason = "finished"): Promise<void> {
+    await this.closeChildren(reason);
+    await this.agent.confirmExit(reason).catch(() => {});
+    this.#session?.stop.abort();
+    await this.#session?.done;
+    this.agent.close();
+  }
+}

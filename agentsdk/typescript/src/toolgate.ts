@@ -1,0 +1,193 @@
+import { Conn } from "./conn.js";
+import { ToolCallCancelled } from "./errors.js";
+import type { ToolCall } from "./gen/tether/v1/tool_pb.js";
+import { anySignal, sleep } from "./internal.js";
+
+/** Where a tool server's caller puts its capability token (Authorization stays free for the tool's own auth). */
+export const CapabilityHeader = "X-Tether-Capability";
+
+/** A capability token, or something that yields a fresh one (e.g. a {@link CapabilityToken}). */
+export type TokenSource = string | { get(): Promise<string> } | (() => string | Promise<string>);
+
+/** Resolves a {@link TokenSource} to the token to present now. */
+export async function tokenOf(source: TokenSource): Promise<string> {
+  if (typeof source === "string") return source;
+  if (typeof source === "function") return source();
+  return source.get();
+}
+
+/** Options for one gated call. */
+export interface CallOptions {
+  /** The scope the call needs, e.g. "tool:shell"; default "tool:<tool>". */
+  requiredScope?: string;
+  /** The caller's own signal: the tool function's signal aborts when it does, too. */
+  signal?: AbortSignal;
+}
+
+/** Options for a {@link ToolGate}. */
+export interface ToolGateOptions {
+  /**
+   * Ignore cancel orders (fault injection for tests and demos: a gate that
+   * never acknowledges).
+   */
+  neverAck?: boolean;
+  /**
+   * Called with the ledger's entry each time the control plane has recorded
+   * a call's end (EndCall or CancelAck answered): the record as stored, for
+   * logs and tests.
+   */
+  onRecorded?: (call: ToolCall) => void;
+}
+
+/**
+ * ToolGate stands in front of tools. For each call it has the control plane
+ * verify the capability token and the caller's node state and record the
+ * call (ToolService.BeginCall); it runs the tool function with an
+ * AbortSignal that a cancel order from the control plane aborts; and it
+ * reports the end (EndCall) or — after a cancel — the cancel
+ * acknowledgement (CancelAck), sent only once the function has returned.
+ *
+ * The gate authenticates as the tool server (its own token, never an
+ * agent's credential): the ledger's evidence of a call comes from the tool
+ * layer, not from the agent being stopped.
+ */
+export class ToolGate {
+  /** Names the gate in the ledger (provenance of every entry). */
+  readonly id: string;
+  readonly conn: Conn;
+  readonly #neverAck: boolean;
+  readonly #onRecorded?: (call: ToolCall) => void;
+  #inflight = new Map<string, AbortController>();
+  // Cancel orders that arrived before the call was registered here.
+  #early = new Set<string>();
+  #calls = new Set<Promise<unknown>>();
+  #closed = new AbortController();
+  #ready: Promise<void>;
+  #markReady!: () => void;
+  #watching: Promise<void>;
+
+  /**
+   * Returns a gate reporting as id over conn (the tool server's token) and
+   * starts following its cancel orders.
+   */
+  constructor(conn: Conn, id: string, options: ToolGateOptions = {}) {
+    this.conn = conn;
+    this.id = id;
+    this.#neverAck = options.neverAck ?? false;
+    this.#onRecorded = options.onRecorded;
+    this.#ready = new Promise((resolve) => (this.#markReady = resolve));
+    this.#watching = this.#watch();
+  }
+
+  /** Resolves once the gate follows its cancel orders. */
+  get ready(): Promise<void> {
+    return this.#ready;
+  }
+
+  /**
+   * Waits for the calls in flight to end and be reported (so a process
+   * that exits after close() leaves no call unreported), then stops
+   * following cancel orders.
+   */
+  async close(): Promise<void> {
+    await Promise.allSettled(this.#calls);
+    this.#closed.abort();
+    await this.#watching;
+  }
+
+  async #watch(): Promise<void> {
+    const signal = this.#closed.signal;
+    while (!signal.aborted) {
+      try {
+        const stream = this.conn.tool.watchCancels(
+          { gateId: this.id },
+          { signal, onHeader: () => this.#markReady() },
+        );
+        for await (const order of stream) this.#cancel(order.callId);
+      } catch {
+        // reconnect below; a closed gate leaves the loop
+      }
+      await sleep(200, signal);
+    }
+    this.#markReady();
+  }
+
+  #cancel(callId: string): void {
+    if (this.#neverAck) return;
+    const c = this.#inflight.get(callId);
+    if (c) c.abort(new ToolCallCancelled(callId));
+    else this.#early.add(callId);
+  }
+
+  /**
+   * Runs fn as one recorded tool call. It rejects with the control plane's
+   * refusal (a ConnectError: permission_denied for a bad or revoked token,
+   * failed_precondition while the node drains) without running fn. When
+   * the control plane cancels the call, fn's signal aborts with a
+   * {@link ToolCallCancelled}; the gate acknowledges the cancel once fn has
+   * settled and then rejects with that error (or fn's own).
+   */
+  call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions = {}): Promise<T> {
+    const call = this.#call(token, tool, fn, options);
+    this.#calls.add(call);
+    const forget = () => this.#calls.delete(call);
+    call.then(forget, forget);
+    return call;
+  }
+
+  async #call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions): Promise<T> {
+    const begin = await this.conn.tool.beginCall(
+      { token: await tokenOf(token), tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
+      { signal: options.signal },
+    );
+    const call = begin.call as ToolCall;
+    const callId = call.callId;
+    const cancel = new AbortController();
+    this.#inflight.set(callId, cancel);
+    if (this.#early.delete(callId)) cancel.abort(new ToolCallCancelled(callId));
+    let result: T | undefined;
+    let failure: unknown;
+    let failed = false;
+    try {
+      result = await fn(anySignal([cancel.signal, options.signal]));
+    } catch (err) {
+      failure = err;
+      failed = true;
+    } finally {
+      this.#inflight.delete(callId);
+    }
+    // Report without the caller's signal: the ledger must hear how the call
+    // ended even when the caller gave up.
+    const report = { signal: AbortSignal.timeout(10_000) };
+    if (cancel.signal.aborted) {
+      const acked = await this.conn.tool.cancelAck({ callId, gateId: this.id }, report);
+      if (acked.call) this.#onRecorded?.(acked.call);
+      throw failed ? failure : cancel.signal.reason;
+    }
+    const ended = await this.conn.tool.endCall(
+      { callId, gateId: this.id, failed, error: failed ? describe(failure) : "" },
+      report,
+    );
+    if (ended.call) this.#onRecorded?.(ended.call);
+    if (failed) throw failure;
+    return result as T;
+  }
+
+  /**
+   * Wraps a tool function so that every call goes through the gate with the
+   * token the source yields at call time.
+   */
+  wrap<A extends unknown[], T>(
+    tool: string,
+    token: TokenSource,
+    fn: (signal: AbortSignal, ...args: A) => Promise<T> | T,
+    options: Omit<CallOptions, "signal"> = {},
+  ): (...args: A) => Promise<T> {
+    return (...args: A) => this.call(token, tool, (signal) => fn(signal, ...args), options);
+  }
+}
+
+function describe(err: unknown): string {
+  const text = err instanceof Error ? err.message : String(err);
+  return text.length > 512 ? `${text.slice(0, 509)}...` : text;
+}

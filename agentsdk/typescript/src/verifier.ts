@@ -1,0 +1,302 @@
+import type { KeyObject } from "node:crypto";
+
+import { allows, parseJwks, TokenError, verifyToken, DefaultLeewayMs, type Claims } from "./capability.js";
+import { Conn } from "./conn.js";
+import type { WatchRevocationsResponse } from "./gen/tether/v1/capability_pb.js";
+import { dateOf, sleep } from "./internal.js";
+
+/** Where the control plane publishes its public keys. */
+export const JwksPath = "/.well-known/jwks.json";
+const maxJwksBytes = 1 << 20;
+
+export const DefaultStalenessBudgetMs = 10_000;
+export const DefaultJwksMinIntervalMs = 10_000;
+const jwksRefreshEveryMs = 5 * 60_000;
+const maintenanceEveryMs = 30_000;
+const maxBackoffMs = 5_000;
+
+/** Tells a Verifier the time in ms since the epoch. Tests inject a manual clock. */
+export interface Clock {
+  now(): number;
+}
+
+/** Options for a {@link Verifier}. */
+export interface VerifierOptions {
+  /**
+   * Reaches the control plane: the key set is fetched from
+   * conn.baseUrl + JwksPath, and the revocation feed is followed with
+   * conn's bearer token (any reader: a viewer token or an agent credential).
+   */
+  conn: Conn;
+  /** The expected iss; default "tether". */
+  issuer?: string;
+  /** Clock skew allowed on exp, nbf and iat; default 5 s, at most 30 s. */
+  leewayMs?: number;
+  /**
+   * How old the revocation feed may be before every verification fails
+   * closed ("feed_stale"); default 10 s. Keep it several times the control
+   * plane's heartbeat (two seconds by default).
+   */
+  stalenessBudgetMs?: number;
+  /** Bounds the verified tokens kept so their signatures are not checked again; default 65536, 0 to disable. */
+  cacheSize?: number;
+  /** The least time between two key-set fetches caused by unknown kids; default 10 s. */
+  jwksMinIntervalMs?: number;
+  clock?: Clock;
+  /** Where warnings go (never a token); default: nowhere. */
+  warn?: (message: string) => void;
+}
+
+interface Tombstone {
+  sequence: bigint;
+  grantId: string;
+  revokedAtMs: number;
+  dropAfterMs: number;
+}
+
+/**
+ * Verifier checks capability tokens for a resource server or tool gate
+ * offline: the Ed25519 signature against the control plane's JWKS, the
+ * claims with pinned options, and revocation against an in-memory
+ * tombstone set that follows the control plane's revocation feed
+ * (CapabilityService.WatchRevocations).
+ *
+ * Every call:
+ *  1. fails closed ("feed_stale") when the feed was last heard from longer
+ *     than the staleness budget ago, or never;
+ *  2. verifies the token, or finds it in the cache of tokens already
+ *     verified (the cache skips only the signature and claim parsing);
+ *  3. rejects a token past its exp, and one whose jti or any chain entry
+ *     is tombstoned ("grant_revoked").
+ *
+ * {@link Verifier.run} must be running for the feed to be followed; until
+ * its first message arrives every call fails closed.
+ */
+export class Verifier {
+  readonly #conn: Conn;
+  readonly #issuer: string;
+  readonly #leeway: number;
+  readonly #budget: number;
+  readonly #cacheSize: number;
+  readonly #jwksMinInterval: number;
+  readonly #clock: Clock;
+  readonly #warn: (message: string) => void;
+
+  #keys = new Map<string, KeyObject>();
+  #lastOnDemandFetch = -Infinity;
+  #fetching?: Promise<void>;
+  #tombstones = new Map<string, Tombstone>();
+  #head = 0n;
+  #syncedAt?: number;
+  #cache = new Map<string, Claims>();
+  #ready: Promise<void>;
+  #markReady!: () => void;
+  #waiters: { sequence: bigint; resolve: () => void }[] = [];
+
+  constructor(options: VerifierOptions) {
+    this.#conn = options.conn;
+    this.#issuer = options.issuer ?? "tether";
+    this.#leeway = options.leewayMs ?? DefaultLeewayMs;
+    this.#budget = options.stalenessBudgetMs && options.stalenessBudgetMs > 0 ? options.stalenessBudgetMs : DefaultStalenessBudgetMs;
+    this.#cacheSize = options.cacheSize ?? 1 << 16;
+    this.#jwksMinInterval = options.jwksMinIntervalMs && options.jwksMinIntervalMs > 0 ? options.jwksMinIntervalMs : DefaultJwksMinIntervalMs;
+    this.#clock = options.clock ?? { now: Date.now };
+    this.#warn = options.warn ?? (() => {});
+    this.#ready = new Promise((resolve) => (this.#markReady = resolve));
+  }
+
+  /** Resolves once the first feed message has been applied: from then on verify can succeed. */
+  get ready(): Promise<void> {
+    return this.#ready;
+  }
+
+  /** The last feed sequence applied. */
+  get head(): bigint {
+    return this.#head;
+  }
+
+  /** Resolves once the verifier has applied the feed up to sequence (e.g. RevokeResponse.sequence). */
+  caughtUp(sequence: bigint): Promise<void> {
+    if (this.#head >= sequence) return Promise.resolve();
+    return new Promise((resolve) => this.#waiters.push({ sequence, resolve }));
+  }
+
+  /** Throws the error every verify would fail with while the feed is stale; returns otherwise. */
+  checkFresh(): void {
+    if (this.#syncedAt === undefined) throw new TokenError("feed_stale", "never synced");
+    const age = this.#clock.now() - this.#syncedAt;
+    if (age > this.#budget) throw new TokenError("feed_stale", `last synced ${age} ms ago, budget ${this.#budget} ms`);
+  }
+
+  /** Checks a token for use now and returns its claims, or throws a {@link TokenError}. */
+  async verify(token: string): Promise<Claims> {
+    this.checkFresh();
+    const claims = await this.#claims(token, this.#clock.now());
+    const via = this.#revokedVia(claims);
+    if (via === claims.grantId) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked`);
+    if (via) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked via ancestor grant ${via}`);
+    return claims;
+  }
+
+  /** verify plus the scope check a tool call needs ("scope_not_granted" otherwise). */
+  async authorize(token: string, requiredScope: string): Promise<Claims> {
+    const claims = await this.verify(token);
+    if (!allows(claims.scopes, requiredScope)) {
+      throw new TokenError("scope_not_granted", `grant ${claims.grantId} does not allow scope ${JSON.stringify(requiredScope)}`);
+    }
+    return claims;
+  }
+
+  #revokedVia(claims: Claims): string | undefined {
+    for (const id of claims.chain) if (this.#tombstones.has(id)) return id;
+    return this.#tombstones.has(claims.grantId) ? claims.grantId : undefined;
+  }
+
+  async #claims(token: string, now: number): Promise<Claims> {
+    const cached = this.#cache.get(token);
+    if (cached) {
+      if (now < cached.expiresAt.getTime()) return cached;
+      this.#cache.delete(token);
+      throw new TokenError("token_expired", `token for grant ${cached.grantId} expired at ${cached.expiresAt.toISOString()}`);
+    }
+    const options = { issuer: this.#issuer, leewayMs: this.#leeway };
+    let claims: Claims;
+    try {
+      claims = verifyToken(token, (kid) => this.#keys.get(kid), now, options);
+    } catch (err) {
+      if (!(err instanceof TokenError) || err.kind !== "unknown_key") throw err;
+      // A key rotated in since the last fetch, or a forged kid: refetch,
+      // rate-limited, and try once more.
+      await this.#refreshAfterMiss(now);
+      claims = verifyToken(token, (kid) => this.#keys.get(kid), now, options);
+    }
+    if (this.#cacheSize > 0 && this.#cache.size < this.#cacheSize) this.#cache.set(token, claims);
+    return claims;
+  }
+
+  async #refreshAfterMiss(now: number): Promise<void> {
+    if (this.#fetching) return this.#fetching;
+    if (now - this.#lastOnDemandFetch < this.#jwksMinInterval) return;
+    this.#lastOnDemandFetch = now;
+    try {
+      await this.#fetchKeys();
+    } catch (err) {
+      this.#warn(`tether: refreshing the key set failed: ${(err as Error).message}`);
+    }
+  }
+
+  #fetchKeys(): Promise<void> {
+    this.#fetching ??= (async () => {
+      const resp = await fetch(this.#conn.baseUrl + JwksPath, { signal: AbortSignal.timeout(10_000) });
+      if (resp.status !== 200) throw new Error(`tether: fetch jwks: HTTP ${resp.status}`);
+      const body = await resp.arrayBuffer();
+      if (body.byteLength > maxJwksBytes) throw new Error("tether: fetch jwks: key set larger than 1 MiB");
+      this.#keys = parseJwks(JSON.parse(Buffer.from(body).toString("utf8")));
+    })().finally(() => (this.#fetching = undefined));
+    return this.#fetching;
+  }
+
+  /**
+   * Follows the revocation feed and keeps the key set until signal aborts,
+   * reconnecting after a failure (with backoff) after the last sequence
+   * applied; a snapshot answer replaces the tombstone set. A stream silent
+   * for the staleness budget is dropped and reopened.
+   */
+  async run(signal?: AbortSignal): Promise<void> {
+    try {
+      await this.#fetchKeys();
+    } catch (err) {
+      this.#warn(`tether: fetching the key set failed; will retry: ${(err as Error).message}`);
+    }
+    const maintenance = setInterval(() => this.#maintain(), maintenanceEveryMs);
+    let lastJwks = this.#clock.now();
+    const refreshKeys = setInterval(() => {
+      if (this.#clock.now() - lastJwks < jwksRefreshEveryMs) return;
+      lastJwks = this.#clock.now();
+      this.#fetchKeys().catch((err) => this.#warn(`tether: refreshing the key set failed: ${(err as Error).message}`));
+    }, maintenanceEveryMs);
+    maintenance.unref();
+    refreshKeys.unref();
+    let backoff = 50;
+    try {
+      while (!signal?.aborted) {
+        let applied = 0;
+        try {
+          applied = await this.#follow(signal);
+        } catch (err) {
+          if (signal?.aborted) break;
+          this.#warn(`tether: revocation feed interrupted; reconnecting: ${(err as Error).message}`);
+        }
+        if (applied > 0) backoff = 50;
+        await sleep(backoff, signal);
+        backoff = Math.min(2 * backoff, maxBackoffMs);
+      }
+    } finally {
+      clearInterval(maintenance);
+      clearInterval(refreshKeys);
+    }
+  }
+
+  async #follow(outer?: AbortSignal): Promise<number> {
+    const local = new AbortController();
+    const stop = () => local.abort();
+    outer?.addEventListener("abort", stop, { once: true });
+    // A stream silent past the budget is dead or stalled; the verifier is
+    // failing closed by then, and a new stream may do better.
+    let watchdog = setTimeout(stop, this.#budget);
+    let applied = 0;
+    try {
+      const stream = this.#conn.capability.watchRevocations({ afterSequence: this.#head }, { signal: local.signal });
+      for await (const msg of stream) {
+        clearTimeout(watchdog);
+        watchdog = setTimeout(stop, this.#budget);
+        this.#apply(msg);
+        applied++;
+      }
+      throw new Error("the control plane closed the revocation feed");
+    } finally {
+      clearTimeout(watchdog);
+      outer?.removeEventListener("abort", stop);
+      local.abort();
+    }
+  }
+
+  #apply(msg: WatchRevocationsResponse): void {
+    const tombstones: Tombstone[] = msg.tombstones.map((t) => ({
+      sequence: t.sequence,
+      grantId: t.grantId,
+      revokedAtMs: dateOf(t.revokedAt).getTime(),
+      dropAfterMs: dateOf(t.dropAfter).getTime(),
+    }));
+    if (tombstones.some((t) => t.grantId === "")) throw new Error("a tombstone without a grant id");
+    if (msg.snapshot) {
+      this.#tombstones = new Map();
+      this.#head = msg.headSequence;
+    }
+    for (const t of tombstones) {
+      const existing = this.#tombstones.get(t.grantId);
+      if (existing) {
+        existing.dropAfterMs = Math.max(existing.dropAfterMs, t.dropAfterMs);
+      } else {
+        this.#tombstones.set(t.grantId, t);
+      }
+      if (t.sequence > this.#head) this.#head = t.sequence;
+    }
+    if (msg.headSequence > this.#head) this.#head = msg.headSequence;
+    // Freshness is measured on this verifier's clock, when the message
+    // arrived, not by the server's time in it.
+    this.#syncedAt = this.#clock.now();
+    this.#markReady();
+    this.#waiters = this.#waiters.filter((w) => {
+      if (w.sequence > this.#head) return true;
+      w.resolve();
+      return false;
+    });
+  }
+
+  #maintain(): void {
+    const now = this.#clock.now();
+    for (const [id, t] of this.#tombstones) if (now > t.dropAfterMs) this.#tombstones.delete(id);
+    for (const [token, c] of this.#cache) if (now >= c.expiresAt.getTime()) this.#cache.delete(token);
+  }
+}

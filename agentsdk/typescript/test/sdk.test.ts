@@ -1,0 +1,258 @@
+// The SDK's promises, played through a real tether server.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import {
+  Agent,
+  CallResolution,
+  isRefusedStopping,
+  JobEnded,
+  LeaseWorker,
+  StopSignalled,
+  TerminalResult,
+  ToolCallCancelled,
+  TokenError,
+  Verifier,
+  type Grant,
+} from "../src/index.js";
+import { startServer, TestServer } from "./server.js";
+
+let server: TestServer;
+// What a failed test left open is closed here, so the file still ends.
+const cleanups: (() => Promise<void>)[] = [];
+before(async () => {
+  server = await startServer();
+});
+after(async () => {
+  await Promise.all(cleanups.map((c) => c()));
+  await server?.stop();
+  if (process.env.TETHER_TS_DEBUG_HANDLES) {
+    setTimeout(() => console.error((process as any)._getActiveHandles(), (process as any)._getActiveRequests()), 2000).unref();
+  }
+});
+
+/** A root agent with a child process's Agent (joined with its own credential, session running) and the child's attenuated grant. */
+async function family(name: string) {
+  const root = await server.rootAgent(name);
+  const spawned = await root.agent.spawn(`${name}-child`);
+  const child = await Agent.join(server.baseUrl, spawned.credential);
+  const stopChild = new AbortController();
+  const childSession = child.run({ signal: stopChild.signal, heartbeatMs: 500 }).catch(() => {});
+  await child.opened;
+  const grant: Grant = await root.agent.delegate(root.grant.grant.grantId, child.nodeId, ["tool:search"], 600_000);
+  const close = async () => {
+    stopChild.abort();
+    root.stopSession.abort();
+    await Promise.all([childSession, root.session]);
+    child.close();
+  };
+  cleanups.push(close);
+  return { root, child, grant, close };
+}
+
+describe("ToolGate", () => {
+  test("a draining subtree refuses new gated calls, and the record shows the refusal", async () => {
+    const gate = await server.gate("search-gate-drain");
+    const f = await family("drainer");
+    let ran = 0;
+    const search = gate.wrap("search", f.grant.token, async () => {
+      ran++;
+      return "result";
+    });
+    assert.equal(await search(), "result", "a call before the drain completes");
+
+    const held = await TestServer.hold(gate, f.grant.token, "search");
+    const terminationId = await server.terminate(f.root.agent.nodeId, "drain");
+    // The child hears the drain on its session (an event, not a sleep).
+    await new Promise<void>((resolve) => {
+      if (f.child.drainSignal.aborted) return resolve();
+      f.child.drainSignal.addEventListener("abort", () => resolve(), { once: true });
+    });
+    assert.ok(f.child.drainSignal.reason instanceof StopSignalled);
+    assert.equal(f.child.signal.aborted, false, "a drain is not an abort");
+
+    await assert.rejects(search(), (err: unknown) => {
+      assert.ok(isRefusedStopping(err), `want failed_precondition, got ${String(err)}`);
+      return true;
+    });
+    assert.equal(ran, 1, "the refused call's function never ran");
+    held.release();
+    await held.done; // the call in flight when the drain began finishes
+    // New children are refused too.
+    await assert.rejects(f.child.spawn("late"), (err: unknown) => err instanceof ConnectError);
+
+    await f.child.confirmExit("drained");
+    await f.root.agent.confirmExit("drained");
+    const record = await server.record(terminationId);
+    const resolutions = record.toolCalls.filter((c) => c.nodeId === f.child.nodeId).map((c) => c.resolution);
+    assert.deepEqual(resolutions.sort(), [CallResolution.COMPLETED, CallResolution.REJECTED_DRAINING], "the held call completed, the new one was refused");
+    await f.close();
+    await gate.close();
+  });
+
+  test("an abort cancels an in-flight call: the tool observes its AbortSignal, the ack follows its return, the record shows it", async () => {
+    const gate = await server.gate("search-gate-abort");
+    const f = await family("aborter");
+    let started!: () => void;
+    const running = new Promise<void>((resolve) => (started = resolve));
+    let observed: unknown;
+    const call = gate.call(f.grant.token, "search", async (signal) => {
+      started();
+      await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+      observed = signal.reason;
+      return "finished anyway";
+    });
+    await running;
+    const terminationId = await server.terminate(f.root.agent.nodeId, "abort");
+    await assert.rejects(call, (err: unknown) => err instanceof ToolCallCancelled);
+    assert.ok(observed instanceof ToolCallCancelled, "the tool saw the cancellation as its signal's reason");
+    const callId = (observed as ToolCallCancelled).callId;
+
+    const record = await server.record(terminationId);
+    const entry = record.toolCalls.find((c) => c.callId === callId);
+    assert.equal(entry?.resolution, CallResolution.CANCELLED_ACKED, `record entry: ${JSON.stringify(entry)}`);
+    assert.equal(entry?.gateId, "search-gate-abort");
+    // The agent heard the abort on its session.
+    assert.ok(f.child.signal.aborted && f.child.signal.reason instanceof StopSignalled);
+    await f.close();
+    await gate.close();
+  });
+});
+
+describe("Verifier", () => {
+  test("a revoked grant fails verification once the feed delivers its tombstone; an ancestor's revocation covers the child", async () => {
+    const f = await family("verified");
+    const verifier = new Verifier({ conn: server.operator });
+    const stop = new AbortController();
+    const running = verifier.run(stop.signal);
+    await verifier.ready;
+    const claims = await verifier.authorize(f.grant.token, "tool:search");
+    assert.equal(claims.holderNodeId, f.child.nodeId);
+    assert.deepEqual(claims.chain, [f.root.grant.grant.grantId]);
+    await assert.rejects(verifier.authorize(f.grant.token, "tool:shell"), (e: unknown) => e instanceof TokenError && e.kind === "scope_not_granted");
+
+    // Revoke the root grant: the child's token must fail, via its ancestor.
+    const revoked = await server.operator.capability.revoke({ target: { case: "grantId", value: f.root.grant.grant.grantId }, reason: "test" });
+    await verifier.caughtUp(revoked.sequence);
+    await assert.rejects(verifier.verify(f.grant.token), (e: unknown) => {
+      assert.ok(e instanceof TokenError && e.kind === "grant_revoked", String(e));
+      assert.match(e.message, /via ancestor grant/);
+      assert.ok(!e.message.includes(f.grant.token), "the error never carries the token");
+      return true;
+    });
+    stop.abort();
+    await running;
+    await f.close();
+  });
+
+  test("fails closed before the feed is heard and once it is stale", async () => {
+    const f = await family("stale");
+    let now = Date.now();
+    const verifier = new Verifier({ conn: server.operator, stalenessBudgetMs: 10_000, clock: { now: () => now } });
+    await assert.rejects(verifier.verify(f.grant.token), (e: unknown) => e instanceof TokenError && e.kind === "feed_stale");
+    const stop = new AbortController();
+    const running = verifier.run(stop.signal);
+    await verifier.ready;
+    await verifier.verify(f.grant.token);
+    now += 10_001; // the verifier's clock passes the budget with no feed message applied since
+    await assert.rejects(verifier.verify(f.grant.token), (e: unknown) => e instanceof TokenError && e.kind === "feed_stale");
+    stop.abort();
+    await running;
+    await f.close();
+  });
+
+  test("refuses forged, re-signed and foreign tokens", async () => {
+    const f = await family("forged");
+    const verifier = new Verifier({ conn: server.operator, jwksMinIntervalMs: 60_000 });
+    const stop = new AbortController();
+    const running = verifier.run(stop.signal);
+    await verifier.ready;
+    const [h, p, s] = f.grant.token.split(".");
+    const kind = async (token: string) => {
+      try {
+        await verifier.verify(token);
+        return "accepted";
+      } catch (e) {
+        return e instanceof TokenError ? e.kind : String(e);
+      }
+    };
+    const flipped = s.slice(0, 10) + (s[10] === "A" ? "B" : "A") + s.slice(11);
+    assert.equal(await kind(`${h}.${p}.${flipped}`), "token_signature");
+    const none = Buffer.from(JSON.stringify({ alg: "none", kid: "x" })).toString("base64url");
+    assert.equal(await kind(`${none}.${p}.`), "token_algorithm");
+    const hs = Buffer.from(JSON.stringify({ alg: "HS256", kid: "x" })).toString("base64url");
+    assert.equal(await kind(`${hs}.${p}.${s}`), "token_algorithm");
+    const scopes = JSON.parse(Buffer.from(p, "base64url").toString());
+    scopes.scopes = ["tool:*"];
+    assert.equal(await kind(`${h}.${Buffer.from(JSON.stringify(scopes)).toString("base64url")}.${s}`), "token_signature");
+    assert.equal(await kind(`${h}.${p}.${s}\n`), "token_malformed");
+    // An agent credential is not a capability token (another audience).
+    assert.equal(await kind(f.child.credential), "token_audience");
+    stop.abort();
+    await running;
+    await f.close();
+  });
+});
+
+describe("LeaseWorker", () => {
+  test("acks, renews, reports progress; a cancel request aborts the job's signal and is acknowledged", async () => {
+    const f = await family("leased");
+    const offered = await server.operator.lease.offer({ jobId: "ts-job-1", holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n } });
+    const worker = new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 });
+    let cancelSeen = false;
+    const job = await worker.accept(offered.lease!, { onCancel: () => void (cancelSeen = true) });
+    await job.renew();
+    await job.progress("half");
+    assert.equal(job.lease.progressValue, "half");
+    await server.operator.lease.requestCancel({ jobId: "ts-job-1", reason: "test" });
+    await job.renew();
+    assert.ok(job.signal.aborted);
+    assert.ok(job.signal.reason instanceof JobEnded && job.signal.reason.kind === "cancelled");
+    assert.ok(cancelSeen);
+    const got = await server.operator.lease.getLease({ jobId: "ts-job-1" });
+    assert.equal(got.lease?.cancelAck, true, "the worker acknowledged the cancel request");
+    await job.complete(TerminalResult.CANCELLED, "stopped on request");
+    await f.close();
+  });
+
+  test("a reassigned job's old generation learns it lost the lease", async () => {
+    const f = await family("superseded");
+    const offered = await server.operator.lease.offer({ jobId: "ts-job-2", holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n } });
+    const worker = new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 });
+    const job = await worker.accept(offered.lease!);
+    await server.operator.lease.reassign({ jobId: "ts-job-2", holderIdentity: f.root.agent.nodeId, leaseDuration: { seconds: 30n }, reason: "test" });
+    await job.renew().catch(() => {});
+    assert.ok(job.signal.aborted, "the old generation's signal fired");
+    assert.ok(job.signal.reason instanceof JobEnded && job.signal.reason.kind === "lost", String(job.signal.reason));
+    job.stop();
+    await f.close();
+  });
+});
+
+describe("Agent", () => {
+  test("a capability token is refreshed before it expires", async () => {
+    const f = await family("refresher");
+    let now = Date.now();
+    const token = f.root.agent.capabilityToken(f.root.grant, { now: () => now });
+    assert.equal(await token.get(), f.root.grant.token, "fresh: no refresh");
+    now = f.root.grant.expiresAt.getTime() - 1000; // less than a third of its life left
+    const fresh = await token.get();
+    // Within the same second the control plane may mint the identical
+    // token (whole-second times, deterministic Ed25519): the refresh shows
+    // as a new grant answer.
+    assert.notStrictEqual(token.grant, f.root.grant, "the token was refreshed");
+    assert.equal(fresh, token.grant.token);
+    await f.close();
+  });
+
+  test("join refuses an operator token", async () => {
+    await assert.rejects(Agent.join(server.baseUrl, server.adminToken), /agent credential/);
+  });
+
+  test("an unauthenticated call is a clear Connect error", async () => {
+    const conn = server.dial("not-a-token");
+    await assert.rejects(conn.auth.whoAmI({}), (e: unknown) => e instanceof ConnectError && e.code === Code.Unauthenticated);
+  });
+});

@@ -1,0 +1,195 @@
+// A real Tether server for the tests: the binary from $TETHER_BIN, or built
+// once per test process with `go build` from this repository, serving on a
+// free loopback port with a fresh data directory.
+import { execFile, spawn, type ChildProcess } from "node:child_process";
+import { once } from "node:events";
+import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+import { promisify } from "node:util";
+
+import { timestampDate } from "@bufbuild/protobuf/wkt";
+import { Agent, Conn, TetherScope, ToolGate, type Grant, type TokenSource, type ToolGateOptions } from "../src/index.js";
+import { TerminationMode } from "../src/gen/tether/v1/proposal_pb.js";
+import { TerminationState, type ReconciliationRecord } from "../src/gen/tether/v1/supervisor_pb.js";
+
+const run = promisify(execFile);
+const here = dirname(fileURLToPath(import.meta.url));
+// dist/test -> agentsdk/typescript -> repository root
+const repoRoot = resolve(here, "..", "..", "..", "..");
+
+let built: Promise<string> | undefined;
+
+/** The tether binary: $TETHER_BIN, or built into a temporary directory once. */
+export function tetherBinary(): Promise<string> {
+  if (process.env.TETHER_BIN) return Promise.resolve(resolve(process.env.TETHER_BIN));
+  built ??= (async () => {
+    const out = join(mkdtempSync(join(tmpdir(), "tether-ts-bin-")), "tether");
+    await run("go", ["build", "-o", out, "./cmd/tether"], { cwd: repoRoot });
+    return out;
+  })();
+  return built;
+}
+
+async function freePort(): Promise<number> {
+  const srv = createServer();
+  srv.listen(0, "127.0.0.1");
+  await once(srv, "listening");
+  const port = (srv.address() as { port: number }).port;
+  srv.close();
+  await once(srv, "close");
+  return port;
+}
+
+export class TestServer {
+  readonly operator: Conn;
+  #conns: Conn[] = [];
+  #cleanups: (() => Promise<void>)[] = [];
+  constructor(
+    readonly bin: string,
+    readonly baseUrl: string,
+    readonly dataDir: string,
+    readonly adminToken: string,
+    readonly process: ChildProcess,
+  ) {
+    this.operator = this.dial(adminToken);
+  }
+
+  /** A connection that stop() closes. */
+  dial(token: string): Conn {
+    const c = Conn.dial(this.baseUrl, token);
+    this.#conns.push(c);
+    return c;
+  }
+
+  /** Runs the CLI against this server with the admin token. */
+  async cli(...args: string[]): Promise<string> {
+    const { stdout } = await run(this.bin, ["--addr", this.baseUrl, "--data-dir", this.dataDir, ...args]);
+    return stdout;
+  }
+
+  /**
+   * A root agent with its session running and a root grant; the returned
+   * agent is closed by stop().
+   */
+  async rootAgent(name: string, scopes: string[] = ["tool:*"]): Promise<{ agent: Agent; grant: Grant; session: Promise<void>; stopSession: AbortController }> {
+    const agent = await Agent.registerRoot(this.operator, name);
+    this.#conns.push(agent.conn);
+    const issued = await this.operator.capability.issueRoot({ holderNodeId: agent.nodeId, scopes, ttl: { seconds: 3600n } });
+    const grant: Grant = { grant: issued.grant!, token: issued.token, expiresAt: timestampDate(issued.tokenExpiresAt!) };
+    const stopSession = new AbortController();
+    const session = agent.run({ signal: stopSession.signal, heartbeatMs: 500 }).catch(() => {});
+    this.#cleanups.push(async () => {
+      stopSession.abort();
+      await session;
+    });
+    await agent.opened;
+    return { agent, grant, session, stopSession };
+  }
+
+  /**
+   * A tool gate on a tool-server token of its own (named after the gate),
+   * minted by the admin: the tool ledger accepts only tool servers.
+   */
+  async gate(id: string, options?: ToolGateOptions): Promise<ToolGate> {
+    const resp = await this.operator.auth.createToken({ toolServer: id, ttl: { seconds: 3600n } });
+    const g = new ToolGate(this.dial(resp.token), id, options);
+    this.#cleanups.push(() => g.close());
+    await g.ready;
+    return g;
+  }
+
+  /** A root agent (session running, root grant) as the TetherScope a framework run starts from. */
+  async rootScope(name: string, gate: ToolGate, scopes?: string[]): Promise<TetherScope> {
+    const root = await this.rootAgent(name, scopes);
+    return new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant));
+  }
+
+  /**
+   * Starts a gated call that stays in flight until released. A drain ends
+   * as soon as no call is in flight, so a test that plays "refused while
+   * draining" holds one open to keep the termination in its draining phase.
+   */
+  static async hold(gate: ToolGate, token: TokenSource, tool = "hold"): Promise<{ release: () => void; done: Promise<unknown> }> {
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => (release = resolve));
+    let begun!: () => void;
+    const running = new Promise<void>((resolve) => (begun = resolve));
+    const done = gate.call(token, tool, async () => {
+      begun();
+      await released;
+    });
+    await running;
+    return { release, done };
+  }
+
+  /** Waits until signal aborts. */
+  static aborted(signal: AbortSignal): Promise<void> {
+    return new Promise((resolve) => {
+      if (signal.aborted) return resolve();
+      signal.addEventListener("abort", () => resolve(), { once: true });
+    });
+  }
+
+  /** Terminates a node's subtree and returns the termination id. */
+  async terminate(nodeId: string, mode: "drain" | "abort", windowSeconds = 30): Promise<string> {
+    const resp = await this.operator.supervisor.terminate({
+      nodeId,
+      mode: mode === "abort" ? TerminationMode.ABORT : TerminationMode.DRAIN,
+      drainWindow: { seconds: BigInt(windowSeconds) },
+      cancelAckTimeout: { seconds: 30n },
+      confirmTimeout: { seconds: 2n },
+      reason: "test",
+    });
+    return resp.termination!.terminationId;
+  }
+
+  /** Waits (on the termination's own stream) until it is terminated, and returns its record. */
+  async record(terminationId: string): Promise<ReconciliationRecord> {
+    for await (const msg of this.operator.supervisor.watchTermination({ terminationId })) {
+      if (msg.termination?.state === TerminationState.TERMINATED) break;
+    }
+    const resp = await this.operator.supervisor.getRecord({ terminationId });
+    return resp.record!;
+  }
+
+  async stop(): Promise<void> {
+    await Promise.all(this.#cleanups.map((c) => c()));
+    for (const c of this.#conns) c.close();
+    if (this.process.exitCode === null) {
+      this.process.kill("SIGTERM");
+      await once(this.process, "exit");
+    }
+    rmSync(this.dataDir, { recursive: true, force: true });
+  }
+}
+
+/** Starts a server and waits until it answers. */
+export async function startServer(): Promise<TestServer> {
+  const bin = await tetherBinary();
+  const dataDir = mkdtempSync(join(tmpdir(), "tether-ts-data-"));
+  const port = await freePort();
+  const listen = `127.0.0.1:${port}`;
+  const child = spawn(bin, ["serve", "--data-dir", dataDir, "--listen", listen, "--log-level", "warn"], { stdio: ["ignore", "ignore", "pipe"] });
+  let stderr = "";
+  child.stderr?.on("data", (d) => (stderr += d));
+  const baseUrl = `http://${listen}`;
+  const tokenFile = join(dataDir, "admin.token");
+  // Readiness is a condition to poll for: the server answers /healthz.
+  for (let i = 0; ; i++) {
+    if (child.exitCode !== null) throw new Error(`tether serve exited: ${stderr}`);
+    if (existsSync(tokenFile)) {
+      try {
+        const resp = await fetch(`${baseUrl}/healthz`);
+        if (resp.ok) break;
+      } catch {
+        // not listening yet
+      }
+    }
+    if (i > 600) throw new Error(`tether serve did not become ready: ${stderr}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return new TestServer(bin, baseUrl, dataDir, readFileSync(tokenFile, "utf8").trim(), child);
+}
