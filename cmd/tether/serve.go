@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,6 +18,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	var (
 		listen, tlsCert, tlsKey, logFormat, logLevel string
 		rateLimit                                    float64
+		agentCredentialTTL                           time.Duration
 		storage                                      storeFlags
 	)
 	cmd := &cobra.Command{
@@ -30,8 +32,12 @@ func newServeCommand(g *globals) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if agentCredentialTTL < 3*time.Second || agentCredentialTTL > 24*time.Hour {
+				return fmt.Errorf("--agent-credential-ttl %s: want between 3s and 24h", agentCredentialTTL)
+			}
 			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
+				AgentCredentialTTL: agentCredentialTTL,
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -67,6 +73,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	storage.register(f)
 	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
+	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
 	return cmd
 }
 
