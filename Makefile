@@ -8,7 +8,10 @@ PROTOC_GEN_CONNECT_GO_VERSION := v1.21.1
 DATA_DIR ?= ./tether-data
 LISTEN ?= 127.0.0.1:7420
 
-.PHONY: run test test-ts ts-deps test-short test-cluster test-e2e-etcd test-crash bench demo demo-mcp generate check-generate lint tools build clean fuzz
+PYTHON ?= python3
+PYSDK := agentsdk/python
+
+.PHONY: run test test-ts ts-deps test-py test-short test-cluster test-e2e-etcd test-crash bench demo demo-mcp generate check-generate lint tools build clean fuzz
 
 build:
 	$(GO) build -o $(BIN)/tether ./cmd/tether
@@ -105,3 +108,17 @@ lint: tools
 
 clean:
 	rm -rf $(BIN) bench-results.json
+
+# The Python SDK (agentsdk/python) against the tether binary built here:
+# first the core in a venv with nothing but pytest (the core must import
+# only the standard library), then everything with the pinned extras
+# (cryptography, openai-agents, langgraph), where a missing extra fails
+# instead of skipping.
+test-py: build
+	rm -rf $(PYSDK)/.venv-bare
+	$(PYTHON) -m venv $(PYSDK)/.venv-bare
+	$(PYSDK)/.venv-bare/bin/pip install -q --disable-pip-version-check -c $(PYSDK)/constraints.txt pytest
+	cd $(PYSDK) && TETHER_BIN=$(BIN)/tether .venv-bare/bin/python -m pytest -q -p no:cacheprovider
+	test -x $(PYSDK)/.venv/bin/python || $(PYTHON) -m venv $(PYSDK)/.venv
+	$(PYSDK)/.venv/bin/pip install -q --disable-pip-version-check -c $(PYSDK)/constraints.txt -e '$(PYSDK)[crypto,openai-agents,langgraph,test]'
+	cd $(PYSDK) && TETHER_BIN=$(BIN)/tether TETHER_REQUIRE_EXTRAS=1 .venv/bin/python -m pytest -q -p no:cacheprovider

@@ -150,6 +150,8 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.AgentServiceListNodesProcedure:    allow(subtreeReaders),
 	tetherv1connect.AgentServiceProposeStopProcedure:  allow(callers(self)),
 	tetherv1connect.AgentServiceReportReadyProcedure:  allow(callers(self), operators),
+	tetherv1connect.AgentServiceWatchSignalsProcedure: allow(callers(self)),
+	tetherv1connect.AgentServiceHeartbeatProcedure:    allow(callers(self)),
 
 	tetherv1connect.CapabilityServiceIssueRootProcedure:        allow(operators),
 	tetherv1connect.CapabilityServiceDelegateProcedure:         allow(callers(self)),
@@ -512,6 +514,16 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 			err = fmt.Errorf("first session message is %T, want opened", resp.Kind)
 		}
 		return cellResult{err: err}
+	},
+	tetherv1connect.AgentServiceWatchSignalsProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		msg, err := firstMessage(w.as(c).Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{NodeId: w.ids[self]})))
+		if err == nil && msg.GetOpened().GetNode().GetNodeId() != w.ids[self] {
+			err = fmt.Errorf("first message is %v, want self's node opened", msg)
+		}
+		return cellResult{err: err}
+	},
+	tetherv1connect.AgentServiceHeartbeatProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).Agent.Heartbeat(ctx, connect.NewRequest(&tetherv1.HeartbeatRequest{NodeId: w.ids[self]})))
 	},
 	tetherv1connect.AgentServiceConfirmExitProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		return plain(w.as(c).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.ids[self]})))

@@ -24,6 +24,9 @@ func Policy() auth.Policy {
 		tetherv1connect.AgentServiceListNodesProcedure:    auth.Read,
 		tetherv1connect.AgentServiceProposeStopProcedure:  auth.Agent,
 		tetherv1connect.AgentServiceReportReadyProcedure:  auth.OperateOrAgent,
+		// The session's halves for HTTP/1.1 clients: own node only.
+		tetherv1connect.AgentServiceWatchSignalsProcedure: auth.Agent,
+		tetherv1connect.AgentServiceHeartbeatProcedure:    auth.Agent,
 
 		tetherv1connect.CapabilityServiceIssueRootProcedure:        auth.Operate,
 		tetherv1connect.CapabilityServiceDelegateProcedure:         auth.OperateOrAgent,

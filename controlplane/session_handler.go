@@ -206,3 +206,95 @@ func (a *agentService) ProposeStop(ctx context.Context, req *connect.Request[tet
 	}
 	return connect.NewResponse(&tetherv1.ProposeStopResponse{Proposal: prop}), nil
 }
+
+// WatchSignals is Session's signal half for clients without bidirectional
+// streams (Connect over HTTP/1.1): the node, then at once the signal its
+// state calls for, then each signal as the node's stored state changes.
+// Like Session it is level-triggered (a reconnecting client is told the
+// current state) and ends once the node is terminated.
+func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[tetherv1.WatchSignalsRequest], stream *connect.ServerStream[tetherv1.WatchSignalsResponse]) error {
+	p, ok := auth.FromContext(ctx)
+	if !ok || !p.IsAgent() {
+		return denied("only an agent may watch its signals")
+	}
+	if req.Msg.NodeId != "" && req.Msg.NodeId != p.NodeID() {
+		return denied("agent %s may watch only its own signals, not node_id %s", p.NodeID(), req.Msg.NodeId)
+	}
+	// Subscribe before reading the state: a change between the two is
+	// then pushed rather than lost.
+	signals, unsubscribe := a.s.signals.Subscribe(p.NodeID())
+	defer unsubscribe()
+	// A signals stream is a session in the exit evidence's sense: while it
+	// is open the node is not gone, and its end is what corroborates the
+	// agent's claim to have exited (as for Session).
+	node, sessionID, err := a.s.tree.SessionOpened(ctx, p.NodeID())
+	if err != nil {
+		return toConnect(err)
+	}
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := a.s.tree.SessionClosed(closeCtx, p.NodeID(), sessionID); err != nil {
+			a.s.log.Warn("could not store the end of a signals stream", "node_id", p.NodeID(), "error", err)
+		}
+	}()
+	if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
+		return err
+	}
+	if sig := supervisor.SignalFor(node); sig != nil {
+		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: sig}}); err != nil {
+			return err
+		}
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case sig := <-signals:
+			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: sig}}); err != nil {
+				return err
+			}
+			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// Heartbeat is Session's heartbeat as a unary call: last seen, the signal
+// the node's state calls for, and a fresh credential once a third of the
+// caller's is left.
+func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tetherv1.HeartbeatRequest]) (*connect.Response[tetherv1.HeartbeatResponse], error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok || !p.IsAgent() {
+		return nil, denied("only an agent may send its heartbeat")
+	}
+	if req.Msg.NodeId != "" && req.Msg.NodeId != p.NodeID() {
+		return nil, denied("agent %s may send only its own heartbeat, not node_id %s", p.NodeID(), req.Msg.NodeId)
+	}
+	if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
+		return nil, err
+	}
+	node, err := a.s.tree.Get(ctx, p.NodeID())
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	// The stored last seen throttles the write as a session's memory does.
+	var lastWritten time.Time
+	if node.LastSeenAt != nil {
+		lastWritten = node.LastSeenAt.AsTime()
+	}
+	if _, err := a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
+		return nil, toConnect(err)
+	}
+	now := a.s.cfg.Clock.Now()
+	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: supervisor.SignalFor(node)}
+	if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
+		cred, exp, err := a.s.issuer.MintAgent(p.NodeID(), now, a.s.cfg.AgentCredentialTTL)
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		resp.Credential = &tetherv1.SessionCredential{Credential: cred, ExpiresAt: timestamppb.New(exp)}
+	}
+	return connect.NewResponse(resp), nil
+}

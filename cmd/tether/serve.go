@@ -19,6 +19,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	var (
 		listen, tlsCert, tlsKey, logFormat, logLevel string
 		rateLimit                                    float64
+		agentCredentialTTL                           time.Duration
 		storage                                      storeFlags
 		hookAllow                                    []string
 		maxPrivileges                                int
@@ -35,9 +36,13 @@ func newServeCommand(g *globals) *cobra.Command {
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
+			if agentCredentialTTL < 3*time.Second || agentCredentialTTL > 24*time.Hour {
+				return fmt.Errorf("--agent-credential-ttl %s: want between 3s and 24h", agentCredentialTTL)
+			}
 			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
 				PrivilegeHookAllow: hookAllow, PrivilegeMaxPerNode: maxPrivileges, PrivilegeHookTimeout: hookTimeout,
+				AgentCredentialTTL: agentCredentialTTL,
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -76,6 +81,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", supervisor.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
 	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")
+	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
 	return cmd
 }
 

@@ -1827,6 +1827,259 @@ func (x *ReportReadyResponse) GetNode() *Node {
 	return nil
 }
 
+type WatchSignalsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's own node; empty means the caller's.
+	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSignalsRequest) Reset() {
+	*x = WatchSignalsRequest{}
+	mi := &file_tether_v1_agent_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSignalsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSignalsRequest) ProtoMessage() {}
+
+func (x *WatchSignalsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSignalsRequest.ProtoReflect.Descriptor instead.
+func (*WatchSignalsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *WatchSignalsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type WatchSignalsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*WatchSignalsResponse_Opened
+	//	*WatchSignalsResponse_Signal
+	Kind          isWatchSignalsResponse_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSignalsResponse) Reset() {
+	*x = WatchSignalsResponse{}
+	mi := &file_tether_v1_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSignalsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSignalsResponse) ProtoMessage() {}
+
+func (x *WatchSignalsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSignalsResponse.ProtoReflect.Descriptor instead.
+func (*WatchSignalsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *WatchSignalsResponse) GetKind() isWatchSignalsResponse_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *WatchSignalsResponse) GetOpened() *SessionOpened {
+	if x != nil {
+		if x, ok := x.Kind.(*WatchSignalsResponse_Opened); ok {
+			return x.Opened
+		}
+	}
+	return nil
+}
+
+func (x *WatchSignalsResponse) GetSignal() *SessionSignal {
+	if x != nil {
+		if x, ok := x.Kind.(*WatchSignalsResponse_Signal); ok {
+			return x.Signal
+		}
+	}
+	return nil
+}
+
+type isWatchSignalsResponse_Kind interface {
+	isWatchSignalsResponse_Kind()
+}
+
+type WatchSignalsResponse_Opened struct {
+	// Always the first message.
+	Opened *SessionOpened `protobuf:"bytes,1,opt,name=opened,proto3,oneof"`
+}
+
+type WatchSignalsResponse_Signal struct {
+	Signal *SessionSignal `protobuf:"bytes,2,opt,name=signal,proto3,oneof"`
+}
+
+func (*WatchSignalsResponse_Opened) isWatchSignalsResponse_Kind() {}
+
+func (*WatchSignalsResponse_Signal) isWatchSignalsResponse_Kind() {}
+
+type HeartbeatRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's own node; empty means the caller's.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Self-reported, evidence only.
+	CallsInFlight uint32                 `protobuf:"varint,2,opt,name=calls_in_flight,json=callsInFlight,proto3" json:"calls_in_flight,omitempty"`
+	SentAt        *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_tether_v1_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *HeartbeatRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetCallsInFlight() uint32 {
+	if x != nil {
+		return x.CallsInFlight
+	}
+	return 0
+}
+
+func (x *HeartbeatRequest) GetSentAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SentAt
+	}
+	return nil
+}
+
+type HeartbeatResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ServerTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
+	// The signal the node's state calls for, unset while it runs: a client
+	// whose signal stream broke silently still learns it on its next beat.
+	Signal *SessionSignal `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	// Set once a third of the caller's credential's life is left.
+	Credential    *SessionCredential `protobuf:"bytes,3,opt,name=credential,proto3" json:"credential,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_tether_v1_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *HeartbeatResponse) GetServerTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ServerTime
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetSignal() *SessionSignal {
+	if x != nil {
+		return x.Signal
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetCredential() *SessionCredential {
+	if x != nil {
+		return x.Credential
+	}
+	return nil
+}
+
 var File_tether_v1_agent_proto protoreflect.FileDescriptor
 
 const file_tether_v1_agent_proto_rawDesc = "" +
@@ -1963,7 +2216,24 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x12ReportReadyRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\":\n" +
 	"\x13ReportReadyResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node*\xa3\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node\".\n" +
+	"\x13WatchSignalsRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x86\x01\n" +
+	"\x14WatchSignalsResponse\x122\n" +
+	"\x06opened\x18\x01 \x01(\v2\x18.tether.v1.SessionOpenedH\x00R\x06opened\x122\n" +
+	"\x06signal\x18\x02 \x01(\v2\x18.tether.v1.SessionSignalH\x00R\x06signalB\x06\n" +
+	"\x04kind\"\x88\x01\n" +
+	"\x10HeartbeatRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12&\n" +
+	"\x0fcalls_in_flight\x18\x02 \x01(\rR\rcallsInFlight\x123\n" +
+	"\asent_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xc0\x01\n" +
+	"\x11HeartbeatResponse\x12;\n" +
+	"\vserver_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"serverTime\x120\n" +
+	"\x06signal\x18\x02 \x01(\v2\x18.tether.v1.SessionSignalR\x06signal\x12<\n" +
+	"\n" +
+	"credential\x18\x03 \x01(\v2\x1c.tether.v1.SessionCredentialR\n" +
+	"credential*\xa3\x01\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12NODE_STATE_RUNNING\x10\x01\x12\x17\n" +
@@ -1975,7 +2245,7 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"SignalKind\x12\x1b\n" +
 	"\x17SIGNAL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SIGNAL_KIND_DRAIN\x10\x01\x12\x15\n" +
-	"\x11SIGNAL_KIND_ABORT\x10\x022\xe5\x04\n" +
+	"\x11SIGNAL_KIND_ABORT\x10\x022\x84\x06\n" +
 	"\fAgentService\x12Q\n" +
 	"\fRegisterRoot\x12\x1e.tether.v1.RegisterRootRequest\x1a\x1f.tether.v1.RegisterRootResponse\"\x00\x12<\n" +
 	"\x05Spawn\x12\x17.tether.v1.SpawnRequest\x1a\x18.tether.v1.SpawnResponse\"\x00\x12F\n" +
@@ -1984,7 +2254,9 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\aGetNode\x12\x19.tether.v1.GetNodeRequest\x1a\x1a.tether.v1.GetNodeResponse\"\x00\x12H\n" +
 	"\tListNodes\x12\x1b.tether.v1.ListNodesRequest\x1a\x1c.tether.v1.ListNodesResponse\"\x00\x12N\n" +
 	"\vProposeStop\x12\x1d.tether.v1.ProposeStopRequest\x1a\x1e.tether.v1.ProposeStopResponse\"\x00\x12N\n" +
-	"\vReportReady\x12\x1d.tether.v1.ReportReadyRequest\x1a\x1e.tether.v1.ReportReadyResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\vReportReady\x12\x1d.tether.v1.ReportReadyRequest\x1a\x1e.tether.v1.ReportReadyResponse\"\x00\x12S\n" +
+	"\fWatchSignals\x12\x1e.tether.v1.WatchSignalsRequest\x1a\x1f.tether.v1.WatchSignalsResponse\"\x000\x01\x12H\n" +
+	"\tHeartbeat\x12\x1b.tether.v1.HeartbeatRequest\x1a\x1c.tether.v1.HeartbeatResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_agent_proto_rawDescOnce sync.Once
@@ -1999,7 +2271,7 @@ func file_tether_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_tether_v1_agent_proto_goTypes = []any{
 	(NodeState)(0),                // 0: tether.v1.NodeState
 	(SignalKind)(0),               // 1: tether.v1.SignalKind
@@ -2030,76 +2302,90 @@ var file_tether_v1_agent_proto_goTypes = []any{
 	(*ProposeStopResponse)(nil),   // 26: tether.v1.ProposeStopResponse
 	(*ReportReadyRequest)(nil),    // 27: tether.v1.ReportReadyRequest
 	(*ReportReadyResponse)(nil),   // 28: tether.v1.ReportReadyResponse
-	nil,                           // 29: tether.v1.Node.LabelsEntry
-	nil,                           // 30: tether.v1.RegisterRootRequest.LabelsEntry
-	nil,                           // 31: tether.v1.SpawnRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
-	(TerminationMode)(0),          // 33: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),   // 34: google.protobuf.Duration
-	(*StopProposal)(nil),          // 35: tether.v1.StopProposal
+	(*WatchSignalsRequest)(nil),   // 29: tether.v1.WatchSignalsRequest
+	(*WatchSignalsResponse)(nil),  // 30: tether.v1.WatchSignalsResponse
+	(*HeartbeatRequest)(nil),      // 31: tether.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 32: tether.v1.HeartbeatResponse
+	nil,                           // 33: tether.v1.Node.LabelsEntry
+	nil,                           // 34: tether.v1.RegisterRootRequest.LabelsEntry
+	nil,                           // 35: tether.v1.SpawnRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(TerminationMode)(0),          // 37: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
+	(*StopProposal)(nil),          // 39: tether.v1.StopProposal
 }
 var file_tether_v1_agent_proto_depIdxs = []int32{
-	32, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
-	32, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
-	29, // 2: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
+	36, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
+	36, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
+	33, // 2: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
 	0,  // 3: tether.v1.Node.state:type_name -> tether.v1.NodeState
-	32, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	32, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	32, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
-	32, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
+	36, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	36, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	36, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
+	36, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
 	2,  // 8: tether.v1.Node.exit_confirmations:type_name -> tether.v1.ExitConfirmation
 	3,  // 9: tether.v1.Node.contradictions:type_name -> tether.v1.Contradiction
-	32, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
-	32, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
+	36, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
+	36, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
 	5,  // 12: tether.v1.Node.open_sessions:type_name -> tether.v1.OpenSession
-	32, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
-	30, // 14: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
+	36, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
+	34, // 14: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
 	4,  // 15: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
-	32, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	31, // 17: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
+	36, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	35, // 17: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
 	4,  // 18: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
-	32, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	36, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
 	11, // 20: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
 	12, // 21: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
 	13, // 22: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
-	32, // 23: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	36, // 23: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	15, // 24: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
 	16, // 25: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
 	17, // 26: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
 	18, // 27: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
 	4,  // 28: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
 	1,  // 29: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
-	32, // 30: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
-	32, // 31: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
-	32, // 32: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
+	36, // 30: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
+	36, // 31: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 32: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
 	4,  // 33: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
 	4,  // 34: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
 	4,  // 35: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	33, // 36: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
-	34, // 37: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
-	35, // 38: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
+	37, // 36: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
+	38, // 37: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
+	39, // 38: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
 	4,  // 39: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
-	6,  // 40: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
-	8,  // 41: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
-	10, // 42: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
-	19, // 43: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
-	21, // 44: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
-	23, // 45: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	25, // 46: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
-	27, // 47: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
-	7,  // 48: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
-	9,  // 49: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
-	14, // 50: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
-	20, // 51: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
-	22, // 52: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
-	24, // 53: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	26, // 54: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
-	28, // 55: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
-	48, // [48:56] is the sub-list for method output_type
-	40, // [40:48] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	15, // 40: tether.v1.WatchSignalsResponse.opened:type_name -> tether.v1.SessionOpened
+	16, // 41: tether.v1.WatchSignalsResponse.signal:type_name -> tether.v1.SessionSignal
+	36, // 42: tether.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	36, // 43: tether.v1.HeartbeatResponse.server_time:type_name -> google.protobuf.Timestamp
+	16, // 44: tether.v1.HeartbeatResponse.signal:type_name -> tether.v1.SessionSignal
+	17, // 45: tether.v1.HeartbeatResponse.credential:type_name -> tether.v1.SessionCredential
+	6,  // 46: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
+	8,  // 47: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
+	10, // 48: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
+	19, // 49: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
+	21, // 50: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
+	23, // 51: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	25, // 52: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
+	27, // 53: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
+	29, // 54: tether.v1.AgentService.WatchSignals:input_type -> tether.v1.WatchSignalsRequest
+	31, // 55: tether.v1.AgentService.Heartbeat:input_type -> tether.v1.HeartbeatRequest
+	7,  // 56: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
+	9,  // 57: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
+	14, // 58: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
+	20, // 59: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
+	22, // 60: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
+	24, // 61: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	26, // 62: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
+	28, // 63: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
+	30, // 64: tether.v1.AgentService.WatchSignals:output_type -> tether.v1.WatchSignalsResponse
+	32, // 65: tether.v1.AgentService.Heartbeat:output_type -> tether.v1.HeartbeatResponse
+	56, // [56:66] is the sub-list for method output_type
+	46, // [46:56] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_agent_proto_init() }
@@ -2119,13 +2405,17 @@ func file_tether_v1_agent_proto_init() {
 		(*SessionResponse_Credential)(nil),
 		(*SessionResponse_HeartbeatAck)(nil),
 	}
+	file_tether_v1_agent_proto_msgTypes[28].OneofWrappers = []any{
+		(*WatchSignalsResponse_Opened)(nil),
+		(*WatchSignalsResponse_Signal)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_agent_proto_rawDesc), len(file_tether_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

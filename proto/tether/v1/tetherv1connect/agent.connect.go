@@ -53,6 +53,11 @@ const (
 	// AgentServiceReportReadyProcedure is the fully-qualified name of the AgentService's ReportReady
 	// RPC.
 	AgentServiceReportReadyProcedure = "/tether.v1.AgentService/ReportReady"
+	// AgentServiceWatchSignalsProcedure is the fully-qualified name of the AgentService's WatchSignals
+	// RPC.
+	AgentServiceWatchSignalsProcedure = "/tether.v1.AgentService/WatchSignals"
+	// AgentServiceHeartbeatProcedure is the fully-qualified name of the AgentService's Heartbeat RPC.
+	AgentServiceHeartbeatProcedure = "/tether.v1.AgentService/Heartbeat"
 )
 
 // AgentServiceClient is a client for the tether.v1.AgentService service.
@@ -81,6 +86,19 @@ type AgentServiceClient interface {
 	// counts it as a replacement). Called by the agent itself or an operator
 	// (its launcher). Idempotent: the first report's time is kept.
 	ReportReady(context.Context, *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error)
+	// WatchSignals is the signal half of Session as a server stream, for
+	// clients that cannot hold a bidirectional stream (Connect over
+	// HTTP/1.1): the node at once, then at once the signal its state calls
+	// for, then each signal as the node's stored state changes. Level-
+	// triggered: a client that reconnects is told the current state. An
+	// agent watches only its own node; the stream ends (unauthenticated)
+	// once the node is terminated.
+	WatchSignals(context.Context, *connect.Request[v1.WatchSignalsRequest]) (*connect.ServerStreamForClient[v1.WatchSignalsResponse], error)
+	// Heartbeat is the heartbeat half of Session as a unary call: it
+	// refreshes the node's last seen, answers the signal the node's state
+	// calls for, and a fresh credential once a third of the caller's is
+	// left. An agent beats only for its own node.
+	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
 }
 
 // NewAgentServiceClient constructs a client for the tether.v1.AgentService service. By default, it
@@ -142,6 +160,18 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("ReportReady")),
 			connect.WithClientOptions(opts...),
 		),
+		watchSignals: connect.NewClient[v1.WatchSignalsRequest, v1.WatchSignalsResponse](
+			httpClient,
+			baseURL+AgentServiceWatchSignalsProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("WatchSignals")),
+			connect.WithClientOptions(opts...),
+		),
+		heartbeat: connect.NewClient[v1.HeartbeatRequest, v1.HeartbeatResponse](
+			httpClient,
+			baseURL+AgentServiceHeartbeatProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("Heartbeat")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -155,6 +185,8 @@ type agentServiceClient struct {
 	listNodes    *connect.Client[v1.ListNodesRequest, v1.ListNodesResponse]
 	proposeStop  *connect.Client[v1.ProposeStopRequest, v1.ProposeStopResponse]
 	reportReady  *connect.Client[v1.ReportReadyRequest, v1.ReportReadyResponse]
+	watchSignals *connect.Client[v1.WatchSignalsRequest, v1.WatchSignalsResponse]
+	heartbeat    *connect.Client[v1.HeartbeatRequest, v1.HeartbeatResponse]
 }
 
 // RegisterRoot calls tether.v1.AgentService.RegisterRoot.
@@ -197,6 +229,16 @@ func (c *agentServiceClient) ReportReady(ctx context.Context, req *connect.Reque
 	return c.reportReady.CallUnary(ctx, req)
 }
 
+// WatchSignals calls tether.v1.AgentService.WatchSignals.
+func (c *agentServiceClient) WatchSignals(ctx context.Context, req *connect.Request[v1.WatchSignalsRequest]) (*connect.ServerStreamForClient[v1.WatchSignalsResponse], error) {
+	return c.watchSignals.CallServerStream(ctx, req)
+}
+
+// Heartbeat calls tether.v1.AgentService.Heartbeat.
+func (c *agentServiceClient) Heartbeat(ctx context.Context, req *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
+	return c.heartbeat.CallUnary(ctx, req)
+}
+
 // AgentServiceHandler is an implementation of the tether.v1.AgentService service.
 type AgentServiceHandler interface {
 	// RegisterRoot registers a root agent. Operators only.
@@ -223,6 +265,19 @@ type AgentServiceHandler interface {
 	// counts it as a replacement). Called by the agent itself or an operator
 	// (its launcher). Idempotent: the first report's time is kept.
 	ReportReady(context.Context, *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error)
+	// WatchSignals is the signal half of Session as a server stream, for
+	// clients that cannot hold a bidirectional stream (Connect over
+	// HTTP/1.1): the node at once, then at once the signal its state calls
+	// for, then each signal as the node's stored state changes. Level-
+	// triggered: a client that reconnects is told the current state. An
+	// agent watches only its own node; the stream ends (unauthenticated)
+	// once the node is terminated.
+	WatchSignals(context.Context, *connect.Request[v1.WatchSignalsRequest], *connect.ServerStream[v1.WatchSignalsResponse]) error
+	// Heartbeat is the heartbeat half of Session as a unary call: it
+	// refreshes the node's last seen, answers the signal the node's state
+	// calls for, and a fresh credential once a third of the caller's is
+	// left. An agent beats only for its own node.
+	Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error)
 }
 
 // NewAgentServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -280,6 +335,18 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(agentServiceMethods.ByName("ReportReady")),
 		connect.WithHandlerOptions(opts...),
 	)
+	agentServiceWatchSignalsHandler := connect.NewServerStreamHandler(
+		AgentServiceWatchSignalsProcedure,
+		svc.WatchSignals,
+		connect.WithSchema(agentServiceMethods.ByName("WatchSignals")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceHeartbeatHandler := connect.NewUnaryHandler(
+		AgentServiceHeartbeatProcedure,
+		svc.Heartbeat,
+		connect.WithSchema(agentServiceMethods.ByName("Heartbeat")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/tether.v1.AgentService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AgentServiceRegisterRootProcedure:
@@ -298,6 +365,10 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceProposeStopHandler.ServeHTTP(w, r)
 		case AgentServiceReportReadyProcedure:
 			agentServiceReportReadyHandler.ServeHTTP(w, r)
+		case AgentServiceWatchSignalsProcedure:
+			agentServiceWatchSignalsHandler.ServeHTTP(w, r)
+		case AgentServiceHeartbeatProcedure:
+			agentServiceHeartbeatHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -337,4 +408,12 @@ func (UnimplementedAgentServiceHandler) ProposeStop(context.Context, *connect.Re
 
 func (UnimplementedAgentServiceHandler) ReportReady(context.Context, *connect.Request[v1.ReportReadyRequest]) (*connect.Response[v1.ReportReadyResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.ReportReady is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) WatchSignals(context.Context, *connect.Request[v1.WatchSignalsRequest], *connect.ServerStream[v1.WatchSignalsResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.WatchSignals is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) Heartbeat(context.Context, *connect.Request[v1.HeartbeatRequest]) (*connect.Response[v1.HeartbeatResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.Heartbeat is not implemented"))
 }

@@ -1,0 +1,337 @@
+"""Connect over HTTP/1.1 with JSON bodies, on the standard library only.
+
+Unary calls are ``POST /tether.v1.<Service>/<Method>`` with a JSON body;
+server streams use the Connect streaming envelope (a flags byte, a 4-byte
+big-endian length, the JSON message) and end with an end-of-stream message
+(flag 0x02) that carries the error, if any. Errors become ConnectError with
+the Connect code. Messages are plain dicts with the protobuf JSON mapping's
+field names (lowerCamelCase); 64-bit integers arrive as strings, durations
+as "1.5s", timestamps as RFC 3339 strings (see _wire).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import struct
+import threading
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+PACKAGE = "tether.v1"
+
+# The Connect error codes (a closed set).
+CANCELED = "canceled"
+UNKNOWN = "unknown"
+INVALID_ARGUMENT = "invalid_argument"
+DEADLINE_EXCEEDED = "deadline_exceeded"
+NOT_FOUND = "not_found"
+ALREADY_EXISTS = "already_exists"
+PERMISSION_DENIED = "permission_denied"
+RESOURCE_EXHAUSTED = "resource_exhausted"
+FAILED_PRECONDITION = "failed_precondition"
+ABORTED = "aborted"
+OUT_OF_RANGE = "out_of_range"
+UNIMPLEMENTED = "unimplemented"
+INTERNAL = "internal"
+UNAVAILABLE = "unavailable"
+DATA_LOSS = "data_loss"
+UNAUTHENTICATED = "unauthenticated"
+
+CODES = frozenset(
+    {
+        CANCELED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS,
+        PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE,
+        UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS, UNAUTHENTICATED,
+    }
+)
+
+# Connect's mapping of HTTP statuses to codes, for errors without a body.
+_HTTP_CODES = {
+    400: INTERNAL,
+    401: UNAUTHENTICATED,
+    403: PERMISSION_DENIED,
+    404: UNIMPLEMENTED,
+    429: UNAVAILABLE,
+    502: UNAVAILABLE,
+    503: UNAVAILABLE,
+    504: UNAVAILABLE,
+}
+
+_END_STREAM = 0x02
+_COMPRESSED = 0x01
+# Larger messages are refused rather than read: nothing the control plane
+# sends comes near it.
+MAX_MESSAGE_BYTES = 16 << 20
+
+
+class ConnectError(Exception):
+    """An RPC failed. ``code`` is the Connect code (e.g. "permission_denied");
+    ``message`` is the server's message, safe to show (it never echoes a
+    token)."""
+
+    def __init__(self, code: str, message: str, *, details: list | None = None):
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code if code in CODES else UNKNOWN
+        self.message = message
+        self.details = details or []
+
+
+def _error_from_json(body: Any, fallback: str) -> ConnectError:
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        return ConnectError(body["code"], str(body.get("message", "")), details=body.get("details"))
+    return ConnectError(fallback, "")
+
+
+class Conn:
+    """A connection to the control plane presenting one bearer token (an
+    operator token, a tool server's token or an agent credential). The token
+    can be replaced (credential refresh) while calls are in flight; every
+    call opens its own HTTP/1.1 connection, so a Conn is safe to share
+    between threads."""
+
+    def __init__(self, base_url: str, token: str = "", *, timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
+        parts = urlsplit(base_url.rstrip("/"))
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("base_url must be http://host:port or https://host:port")
+        self.base_url = base_url.rstrip("/")
+        self._scheme = parts.scheme
+        self._host = parts.hostname
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
+        self._prefix = parts.path
+        self._ssl = ssl_context
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self._token = token
+
+    @property
+    def token(self) -> str:
+        with self._lock:
+            return self._token
+
+    def set_token(self, token: str) -> None:
+        with self._lock:
+            self._token = token
+
+    def with_token(self, token: str) -> "Conn":
+        """A connection to the same control plane presenting another token."""
+        return Conn(self.base_url, token, timeout=self.timeout, ssl_context=self._ssl)
+
+    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._scheme == "https":
+            ctx = self._ssl or ssl.create_default_context()
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ctx)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _headers(self, content_type: str, timeout: float | None) -> dict[str, str]:
+        h = {"Content-Type": content_type, "Connect-Protocol-Version": "1", "User-Agent": "tether-agentsdk-python"}
+        token = self.token
+        if token:
+            h["Authorization"] = "Bearer " + token
+        if timeout is not None:
+            h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))
+        return h
+
+    def _path(self, service: str, method: str) -> str:
+        return f"{self._prefix}/{PACKAGE}.{service}/{method}"
+
+    def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None) -> dict:
+        """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``."""
+        timeout = self.timeout if timeout is None else timeout
+        body = json.dumps(request or {}).encode()
+        conn = self._connection(timeout)
+        try:
+            try:
+                conn.request("POST", self._path(service, method), body=body, headers=self._headers("application/json", timeout))
+                resp = conn.getresponse()
+                data = resp.read(MAX_MESSAGE_BYTES + 1)
+            except socket.timeout as e:
+                raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no answer within {timeout}s") from e
+            except (OSError, http.client.HTTPException) as e:
+                raise ConnectError(UNAVAILABLE, f"{service}.{method}: {e.__class__.__name__}: {e}") from e
+        finally:
+            conn.close()
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ConnectError(RESOURCE_EXHAUSTED, f"{service}.{method}: answer larger than {MAX_MESSAGE_BYTES} bytes")
+        try:
+            decoded = json.loads(data) if data else {}
+        except ValueError:
+            decoded = None
+        if resp.status != 200:
+            raise _error_from_json(decoded, _HTTP_CODES.get(resp.status, UNKNOWN))
+        if not isinstance(decoded, dict):
+            raise ConnectError(INTERNAL, f"{service}.{method}: the answer is not a JSON object")
+        return decoded
+
+    def stream(self, service: str, method: str, request: dict | None = None, *, read_timeout: float | None = None) -> "ServerStream":
+        """Opens a server stream. Iterate it for messages; a failure raises
+        ConnectError. ``read_timeout`` bounds the silence between two
+        messages (None: wait for ever; close() unblocks a reader)."""
+        s = ServerStream(self, service, method, request or {}, read_timeout)
+        s._open()
+        return s
+
+
+class ServerStream:
+    """A server stream's messages. ``close()`` may be called from another
+    thread to end a blocked iteration (which then ends quietly)."""
+
+    def __init__(self, conn: Conn, service: str, method: str, request: dict, read_timeout: float | None):
+        self._conn = conn
+        self._name = f"{service}.{method}"
+        self._service, self._method, self._request = service, method, request
+        self._read_timeout = read_timeout
+        self._http: http.client.HTTPConnection | None = None
+        self._resp: http.client.HTTPResponse | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._reading = False
+        self._closing_requested = False
+        self.headers: dict[str, str] = {}
+
+    def _open(self) -> None:
+        conn = self._conn
+        h = conn._headers("application/connect+json", None)
+        body = json.dumps(self._request).encode()
+        self._http = conn._connection(self._read_timeout if self._read_timeout else conn.timeout)
+        try:
+            self._http.request("POST", conn._path(self._service, self._method), body=struct.pack(">BI", 0, len(body)) + body, headers=h)
+            self._resp = self._http.getresponse()
+        except socket.timeout as e:
+            self.close()
+            raise ConnectError(DEADLINE_EXCEEDED, f"{self._name}: the stream did not open in time") from e
+        except (OSError, http.client.HTTPException) as e:
+            self.close()
+            raise ConnectError(UNAVAILABLE, f"{self._name}: {e.__class__.__name__}: {e}") from e
+        self.headers = {k.lower(): v for k, v in self._resp.getheaders()}
+        if self._resp.status != 200:
+            data = self._resp.read(MAX_MESSAGE_BYTES)
+            self.close()
+            try:
+                decoded = json.loads(data) if data else None
+            except ValueError:
+                decoded = None
+            raise _error_from_json(decoded, _HTTP_CODES.get(self._resp.status, UNKNOWN))
+        # Once open, a stream waits as long as it is told to.
+        sock = self._http.sock
+        if sock is not None:
+            sock.settimeout(self._read_timeout)
+
+    def _read_exact(self, n: int) -> bytes:
+        assert self._resp is not None
+        out = b""
+        while len(out) < n:
+            chunk = self._resp.read(n - len(out))
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+    def __iter__(self) -> Iterator[dict]:
+        return self
+
+    def __next__(self) -> dict:
+        with self._lock:
+            if self._closed.is_set():
+                raise StopIteration
+            self._reading = True
+        try:
+            return self._next()
+        except ConnectError:
+            if self._closing_requested:
+                raise StopIteration from None
+            raise
+        except StopIteration:
+            raise
+        except Exception as e:
+            # A close() from another thread pulls the socket from under a
+            # blocked read: whatever that raises means "closed".
+            if self._closing_requested:
+                raise StopIteration from None
+            raise ConnectError(UNAVAILABLE, f"{self._name}: {e.__class__.__name__}: {e}") from e
+        finally:
+            with self._lock:
+                self._reading = False
+                release = self._closed.is_set()
+            if release:
+                self._release()
+
+    def _next(self) -> dict:
+        try:
+            head = self._read_exact(5)
+            if len(head) < 5:
+                self._closed.set()
+                if self._closing_requested:
+                    raise StopIteration
+                raise ConnectError(UNAVAILABLE, f"{self._name}: the stream ended without an end-of-stream message")
+            flags, length = struct.unpack(">BI", head)
+            if length > MAX_MESSAGE_BYTES:
+                self._closed.set()
+                raise ConnectError(RESOURCE_EXHAUSTED, f"{self._name}: a message of {length} bytes")
+            data = self._read_exact(length)
+            if len(data) < length:
+                self._closed.set()
+                raise ConnectError(UNAVAILABLE, f"{self._name}: the stream broke mid-message")
+        except socket.timeout as e:
+            self._closed.set()
+            raise ConnectError(DEADLINE_EXCEEDED, f"{self._name}: no message within {self._read_timeout}s") from e
+        except (OSError, http.client.HTTPException) as e:
+            closing = self._closing_requested
+            self._closed.set()
+            if closing:
+                raise StopIteration from None
+            raise ConnectError(UNAVAILABLE, f"{self._name}: {e.__class__.__name__}: {e}") from e
+        if flags & _COMPRESSED:
+            self._closed.set()
+            raise ConnectError(INTERNAL, f"{self._name}: a compressed message was not asked for")
+        try:
+            msg = json.loads(data) if data else {}
+        except ValueError as e:
+            self._closed.set()
+            raise ConnectError(INTERNAL, f"{self._name}: a message is not JSON") from e
+        if flags & _END_STREAM:
+            self._closed.set()
+            err = msg.get("error") if isinstance(msg, dict) else None
+            if err:
+                raise _error_from_json(err, UNKNOWN)
+            raise StopIteration
+        if not isinstance(msg, dict):
+            self._closed.set()
+            raise ConnectError(INTERNAL, f"{self._name}: a message is not a JSON object")
+        return msg
+
+    def close(self) -> None:
+        """Ends the stream; safe from any thread, and twice. A reader
+        blocked in another thread wakes up and its iteration ends."""
+        with self._lock:
+            self._closing_requested = True
+            self._closed.set()
+            reading = self._reading
+        h = self._http
+        if h is not None and h.sock is not None:
+            try:
+                h.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if not reading:
+            self._release()
+
+    def _release(self) -> None:
+        h = self._http
+        if h is not None:
+            try:
+                h.close()
+            except Exception:
+                pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def __enter__(self) -> "ServerStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,81 @@
+"""What both adapters share: a run's place in the agent tree."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import timedelta
+from typing import Any, Awaitable, Callable, TypeVar
+
+from ..agent import Aborted, Agent, Child, Grant, Signal
+from ..toolgate import Token, ToolGate
+
+T = TypeVar("T")
+
+
+class Node:
+    """A node a framework's agent runs as: its grant's token for the gate.
+    A child node is spawned lazily, on first use (a handoff taken, a
+    subgraph entered), so a sub-agent the run never reaches leaves no node."""
+
+    def __init__(self, token: Token | None = None, *, spawn: Callable[[], tuple[Child, Grant]] | None = None):
+        self._token = token
+        self._spawn = spawn
+        self._lock = threading.Lock()
+        self.child: Child | None = None
+        self.grant: Grant | None = None
+
+    def ensure(self) -> None:
+        with self._lock:
+            if self._token is None and self._spawn is not None:
+                self.child, self.grant = self._spawn()
+                self._token = self.grant.token
+
+    def token(self) -> str:
+        self.ensure()
+        tok = self._token
+        assert tok is not None
+        return tok() if callable(tok) else tok
+
+
+class Subtree:
+    """A run under one Tether agent (started: its signals followed) with its
+    grant. ``gate`` is a ToolGate reporting with the tool layer's own token."""
+
+    def __init__(self, agent: Agent, gate: ToolGate, token: Token, grant_id: str):
+        self.agent = agent
+        self.gate = gate
+        self.root = Node(token)
+        self.grant_id = grant_id
+        self.children: list[tuple[Child, Grant]] = []
+        self._lock = threading.Lock()
+
+    def child_node(self, name: str, scopes: list[str], ttl: float | timedelta = 600) -> Node:
+        """A child of this run's agent, spawned when first used, holding a
+        grant delegated from the run's with ``scopes`` (which the control
+        plane refuses to widen)."""
+
+        def spawn() -> tuple[Child, Grant]:
+            child = self.agent.spawn(name, {"tether.dev/sub-agent": name})
+            grant = self.agent.delegate(self.grant_id, child.node_id, scopes, ttl=ttl)
+            with self._lock:
+                self.children.append((child, grant))
+            return child, grant
+
+        return Node(spawn=spawn)
+
+    async def run_cancellable(self, make: Callable[[], Awaitable[T]]) -> T:
+        """Runs ``make()`` as a task cancelled when the agent is aborted;
+        raises Aborted then."""
+        task = asyncio.ensure_future(make())
+        self.agent.cancel_on_abort(task)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self.agent.aborted.is_set() and task.cancelled():
+                raise Aborted(self.agent.signal or Signal(abort=True)) from None
+            raise
+
+
+def name_of(obj: Any) -> str:
+    return str(getattr(obj, "name", None) or getattr(obj, "__name__", None) or "tool")

@@ -1,0 +1,392 @@
+"""Agent: one node of the agent tree, its credential, and the signals the
+control plane sends it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from . import _wire
+from ._connect import PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn
+
+log = logging.getLogger("tether_agentsdk")
+
+DRAIN = "SIGNAL_KIND_DRAIN"
+ABORT = "SIGNAL_KIND_ABORT"
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A drain or abort order from the control plane. Drain: finish what is
+    in flight, start nothing new, then exit. Abort: stop now."""
+
+    abort: bool
+    termination_id: str = ""
+    reason: str = ""
+    deadline: datetime | None = None
+
+    @classmethod
+    def from_json(cls, m: dict) -> "Signal":
+        return cls(
+            abort=m.get("kind") == ABORT,
+            termination_id=m.get("terminationId", ""),
+            reason=m.get("reason", ""),
+            deadline=_wire.parse_timestamp(m.get("deadline")),
+        )
+
+
+class Aborted(Exception):
+    """The control plane aborted the agent (or its credential was refused)."""
+
+    def __init__(self, signal: Signal):
+        super().__init__(f"aborted by the control plane: {signal.reason}" if signal.reason else "aborted by the control plane")
+        self.signal = signal
+
+
+@dataclass
+class Child:
+    """A spawned child: its node and the credential to hand to the child's
+    process (which calls Agent.join)."""
+
+    node: dict
+    credential: str
+
+    @property
+    def node_id(self) -> str:
+        return self.node["nodeId"]
+
+
+@dataclass
+class Grant:
+    """A capability grant with its current token (what the agent shows a
+    tool; never its credential)."""
+
+    grant: dict
+    token: str
+    expires_at: datetime | None
+
+    @property
+    def grant_id(self) -> str:
+        return self.grant["grantId"]
+
+    @property
+    def scopes(self) -> list[str]:
+        return list(self.grant.get("scopes", []))
+
+    @classmethod
+    def from_json(cls, m: dict) -> "Grant":
+        return cls(grant=m.get("grant", {}), token=m.get("token", ""), expires_at=_wire.parse_timestamp(m.get("tokenExpiresAt")))
+
+
+class Agent:
+    """One agent node: its credential, its signals, and the calls it makes as
+    itself. ``start()`` (or ``with agent:``) follows the signal stream and
+    sends heartbeats, which also bring a fresh credential before the old one
+    expires. An agent never holds its own kill switch: it can only propose
+    its own stop.
+
+    Signals surface as ``draining`` and ``aborted`` (threading.Event),
+    ``on_drain``/``on_abort`` callbacks, and for asyncio code
+    ``await wait_draining()``, ``await wait_aborted()``,
+    ``draining_event()``/``aborted_event()`` and ``cancel_on_abort(task)``.
+    An abort implies a drain.
+    """
+
+    #: Seconds between heartbeats (each also re-reads the node's signal, so
+    #: a signal stream that broke silently costs at most one period).
+    heartbeat_every: float = 5.0
+
+    def __init__(self, conn: Conn, node: dict):
+        self.conn = conn
+        self.node = node
+        self.draining = threading.Event()
+        self.aborted = threading.Event()
+        self.opened = threading.Event()
+        self.signal: Signal | None = None
+        self._lock = threading.Lock()
+        self._on_drain: list[Callable[[Signal], Any]] = []
+        self._on_abort: list[Callable[[Signal], Any]] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._stream = None
+        self.credential_expires_at: datetime | None = None
+        self.run_error: ConnectError | None = None
+
+    # -- joining the tree ---------------------------------------------------
+
+    @classmethod
+    def register_root(cls, operator: Conn, name: str, labels: dict[str, str] | None = None) -> "Agent":
+        """Registers a root agent with an operator connection and returns it,
+        connected with its own credential."""
+        resp = operator.call("AgentService", "RegisterRoot", {"name": name, "labels": labels or {}})
+        a = cls(operator.with_token(resp["credential"]), resp["node"])
+        a.credential_expires_at = _wire.parse_timestamp(resp.get("credentialExpiresAt"))
+        return a
+
+    @classmethod
+    def join(cls, base_url: str, credential: str, *, timeout: float = 30.0) -> "Agent":
+        """Connects a spawned child's process with the credential its parent
+        handed over."""
+        conn = Conn(base_url, credential, timeout=timeout)
+        who = conn.call("AuthService", "WhoAmI", {})
+        if not who.get("nodeId"):
+            raise ValueError("Agent.join needs an agent credential, not an operator token")
+        node = conn.call("AgentService", "GetNode", {"nodeId": who["nodeId"]})["node"]
+        return cls(conn, node)
+
+    @property
+    def node_id(self) -> str:
+        return self.node["nodeId"]
+
+    @property
+    def credential(self) -> str:
+        return self.conn.token
+
+    def spawn(self, name: str, labels: dict[str, str] | None = None) -> Child:
+        """Registers a child under this agent. Refused (failed_precondition)
+        once the agent is draining or aborting."""
+        resp = self.conn.call("AgentService", "Spawn", {"parentNodeId": self.node_id, "name": name, "labels": labels or {}})
+        return Child(node=resp["node"], credential=resp["credential"])
+
+    def delegate(self, parent_grant_id: str, child_node_id: str, scopes: list[str], ttl: float | timedelta | None = None) -> Grant:
+        """Derives a narrower grant from one this agent holds, for a node in
+        its subtree."""
+        req: dict[str, Any] = {"parentGrantId": parent_grant_id, "holderNodeId": child_node_id, "scopes": list(scopes)}
+        if ttl:
+            req["ttl"] = _wire.duration(ttl)
+        return Grant.from_json(self.conn.call("CapabilityService", "Delegate", req))
+
+    def refresh_token(self, grant_id: str) -> Grant:
+        """A fresh short-lived token for a grant this agent holds; the control
+        plane re-checks the whole chain first."""
+        return Grant.from_json(self.conn.call("CapabilityService", "Refresh", {"grantId": grant_id}))
+
+    def token_source(self, grant: Grant, *, refresh_when_left: float = 1 / 3) -> "TokenSource":
+        """A callable returning the grant's token, refreshed once less than
+        ``refresh_when_left`` of its life is left. Pass it where a token is
+        needed (``tool_gate(..., token=source)``)."""
+        return TokenSource(self, grant, refresh_when_left)
+
+    def confirm_exit(self, reason: str = "") -> dict:
+        """Says that this agent's process is exiting. The agent's own word is
+        recorded as such; a launcher's confirmation from outside the process
+        is stronger evidence."""
+        return self.conn.call("AgentService", "ConfirmExit", {"nodeId": self.node_id, "reason": reason})["node"]
+
+    def propose_stop(self, condition: str, reason: str = "") -> dict:
+        """Proposes this agent's own stop; the control plane decides."""
+        return self.conn.call("AgentService", "ProposeStop", {"nodeId": self.node_id, "condition": condition, "reason": reason})["proposal"]
+
+    def report_ready(self) -> dict:
+        return self.conn.call("AgentService", "ReportReady", {"nodeId": self.node_id})["node"]
+
+    # -- signals --------------------------------------------------------------
+
+    def on_drain(self, callback: Callable[[Signal], Any]) -> None:
+        """Runs ``callback(signal)`` once when a drain (or abort) arrives, at
+        once if it already has."""
+        with self._lock:
+            fired = self.signal if self.draining.is_set() else None
+            if fired is None:
+                self._on_drain.append(callback)
+        if fired is not None:
+            callback(fired)
+
+    def on_abort(self, callback: Callable[[Signal], Any]) -> None:
+        """Runs ``callback(signal)`` once when an abort arrives, at once if it
+        already has."""
+        with self._lock:
+            fired = self.signal if self.aborted.is_set() else None
+            if fired is None:
+                self._on_abort.append(callback)
+        if fired is not None:
+            callback(fired)
+
+    def _handle(self, sig: Signal) -> None:
+        drain_callbacks: list = []
+        abort_callbacks: list = []
+        with self._lock:
+            if not self.draining.is_set():
+                self.signal = sig
+                self.draining.set()
+                drain_callbacks, self._on_drain = self._on_drain, []
+            if sig.abort and not self.aborted.is_set():
+                self.signal = sig
+                self.aborted.set()
+                abort_callbacks, self._on_abort = self._on_abort, []
+        for cb in drain_callbacks + abort_callbacks:
+            try:
+                cb(sig)
+            except Exception:
+                log.exception("tether: a signal callback failed")
+
+    def check(self) -> None:
+        """Raises Aborted once the agent is aborted: a cheap check between
+        steps of synchronous work."""
+        if self.aborted.is_set():
+            raise Aborted(self.signal or Signal(abort=True))
+
+    def _loop_event(self, which: threading.Event, register: Callable[[Callable[[Signal], Any]], None]) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        ev = asyncio.Event()
+
+        def fire(_: Signal) -> None:
+            try:
+                loop.call_soon_threadsafe(ev.set)
+            except RuntimeError:
+                pass  # the loop is closed
+
+        if which.is_set():
+            ev.set()
+        else:
+            register(fire)
+        return ev
+
+    def draining_event(self) -> asyncio.Event:
+        """An asyncio.Event of the running loop, set on drain or abort."""
+        return self._loop_event(self.draining, self.on_drain)
+
+    def aborted_event(self) -> asyncio.Event:
+        """An asyncio.Event of the running loop, set on abort."""
+        return self._loop_event(self.aborted, self.on_abort)
+
+    async def wait_draining(self) -> Signal:
+        await self.draining_event().wait()
+        assert self.signal is not None
+        return self.signal
+
+    async def wait_aborted(self) -> Signal:
+        await self.aborted_event().wait()
+        assert self.signal is not None
+        return self.signal
+
+    def cancel_on_abort(self, task: asyncio.Task) -> None:
+        """Cancels ``task`` (on its own loop) when the agent is aborted."""
+        loop = task.get_loop()
+
+        def fire(sig: Signal) -> None:
+            try:
+                loop.call_soon_threadsafe(task.cancel, f"tether: {sig.reason or 'aborted'}")
+            except RuntimeError:
+                pass
+
+        self.on_abort(fire)
+
+    # -- the session ------------------------------------------------------------
+
+    def start(self) -> "Agent":
+        """Follows the signal stream and sends heartbeats in two daemon
+        threads until close(). Returns self."""
+        if self._threads:
+            return self
+        self._stop.clear()
+        for target, name in ((self._watch, "signals"), (self._beat, "heartbeat")):
+            t = threading.Thread(target=target, name=f"tether-{name}-{self.node_id}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def close(self) -> None:
+        """Stops following signals and sending heartbeats."""
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.close()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=10)
+        self._threads = []
+
+    def __enter__(self) -> "Agent":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    async def __aenter__(self) -> "Agent":
+        return self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await asyncio.to_thread(self.close)
+
+    def _credential_dead(self, err: ConnectError) -> bool:
+        if err.code not in (UNAUTHENTICATED, PERMISSION_DENIED):
+            return False
+        # Nothing to reconnect to (the node was terminated): make sure work
+        # stops, as the control plane has already stopped listening.
+        self.run_error = err
+        self._handle(Signal(abort=True, reason=f"credential rejected: {err.code}"))
+        self._stop.set()
+        return True
+
+    def _watch(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                stream = self.conn.stream("AgentService", "WatchSignals", {"nodeId": self.node_id})
+                self._stream = stream
+                if self._stop.is_set():
+                    stream.close()
+                    return
+                for msg in stream:
+                    if "opened" in msg:
+                        self.node = msg["opened"].get("node", self.node)
+                        self.opened.set()
+                        backoff = 0.1
+                    elif "signal" in msg:
+                        self._handle(Signal.from_json(msg["signal"]))
+                if self._stop.is_set():
+                    return
+            except ConnectError as e:
+                if self._credential_dead(e):
+                    return
+                log.warning("tether: signal stream interrupted (%s); reconnecting", e)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _beat(self) -> None:
+        while not self._stop.is_set():
+            try:
+                resp = self.conn.call("AgentService", "Heartbeat", {"nodeId": self.node_id, "sentAt": _wire.timestamp(datetime.now(timezone.utc))})
+                cred = resp.get("credential")
+                if cred and cred.get("credential"):
+                    self.conn.set_token(cred["credential"])
+                    self.credential_expires_at = _wire.parse_timestamp(cred.get("expiresAt"))
+                if resp.get("signal"):
+                    self._handle(Signal.from_json(resp["signal"]))
+            except ConnectError as e:
+                if self._credential_dead(e):
+                    return
+                log.warning("tether: heartbeat failed: %s", e)
+            self._stop.wait(self.heartbeat_every)
+
+    def __repr__(self) -> str:
+        return f"Agent({self.node.get('name', '')!r}, {self.node_id})"
+
+
+@dataclass
+class TokenSource:
+    """The current token of a grant, refreshed before it expires. Calling it
+    returns a token with more than ``refresh_when_left`` of its life left
+    (refreshing first when needed); safe from any thread."""
+
+    agent: Agent
+    grant: Grant
+    refresh_when_left: float = 1 / 3
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _issued: datetime = field(default_factory=lambda: datetime.now(timezone.utc), repr=False)
+
+    def __call__(self) -> str:
+        with self._lock:
+            now = datetime.now(timezone.utc)
+            exp = self.grant.expires_at
+            if exp is not None:
+                life = max((exp - self._issued).total_seconds(), 1.0)
+                if (exp - now).total_seconds() < life * self.refresh_when_left:
+                    self.grant = self.agent.refresh_token(self.grant.grant_id)
+                    self._issued = now
+            return self.grant.token

@@ -1,0 +1,330 @@
+"""LeaseWorker: work under fenced job leases (the job-lease protocol)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from . import _wire
+from ._connect import (
+    FAILED_PRECONDITION, INVALID_ARGUMENT, NOT_FOUND, OUT_OF_RANGE, PERMISSION_DENIED, UNIMPLEMENTED,
+    ConnectError, Conn,
+)
+
+log = logging.getLogger("tether_agentsdk")
+
+SUCCESS = "TERMINAL_RESULT_SUCCESS"
+FAILED = "TERMINAL_RESULT_FAILED"
+CANCELLED = "TERMINAL_RESULT_CANCELLED"
+
+# Why a job must stop (Job.cause).
+LEASE_CANCELLED = "cancelled"  # the coordinator requested cancellation
+LEASE_LOST = "lost"  # the generation no longer has authority (expired, superseded, terminal)
+JOB_ENDED = "ended"  # the worker completed or stopped the job
+
+# The RPC for each spooled message kind.
+_METHODS = {"ack": "Ack", "renew": "Renew", "progress": "Progress", "cancelAck": "CancelAck", "complete": "Complete"}
+
+
+class Spooled(Exception):
+    """The control plane could not be reached: the message is in the spool,
+    synced to disk, and will be replayed with its sequence and sent_at."""
+
+
+class AckRefused(Exception):
+    def __init__(self, job_id: str, decision: dict):
+        super().__init__(f"ack of job {job_id!r} refused: {decision.get('auditEvent', '')} {decision.get('reason', '')}".strip())
+        self.decision = decision
+
+
+def _retryable(err: ConnectError) -> bool:
+    """'Not judged, try later' rather than 'judged' or 'never judgeable'."""
+    return err.code not in (INVALID_ARGUMENT, PERMISSION_DENIED, NOT_FOUND, UNIMPLEMENTED, FAILED_PRECONDITION, OUT_OF_RANGE)
+
+
+def _now() -> str:
+    return _wire.timestamp(datetime.now(timezone.utc))
+
+
+class _Spool:
+    """An append-only JSON-lines log of undelivered lease messages: one line
+    per message ({"id": n, "kind": k, "request": {...}}) and one per
+    delivery ({"done": n}), each fsynced before the call returns. A torn
+    last line (a crash mid-append) is ignored; the file is truncated when
+    nothing is pending."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self.pending: list[tuple[int, str, dict]] = []
+        self._next = 1
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                for raw in f:
+                    try:
+                        line = json.loads(raw)
+                    except ValueError:
+                        continue
+                    if not isinstance(line, dict):
+                        continue
+                    if line.get("done"):
+                        self.pending = [p for p in self.pending if p[0] != line["done"]]
+                    elif line.get("id") and line.get("kind") in _METHODS and isinstance(line.get("request"), dict):
+                        self.pending.append((line["id"], line["kind"], line["request"]))
+                        self._next = max(self._next, line["id"] + 1)
+        self._f = open(path, "ab")
+        if not self.pending:
+            self._truncate()
+
+    def _write(self, line: dict) -> None:
+        self._f.write(json.dumps(line).encode() + b"\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def _truncate(self) -> None:
+        self._f.truncate(0)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def append(self, kind: str, request: dict) -> None:
+        with self._lock:
+            n = self._next
+            self._write({"id": n, "kind": kind, "request": request})
+            self._next += 1
+            self.pending.append((n, kind, request))
+
+    def first(self) -> tuple[int, str, dict] | None:
+        with self._lock:
+            return self.pending[0] if self.pending else None
+
+    def done(self, n: int) -> None:
+        with self._lock:
+            if self.pending and self.pending[0][0] == n:
+                self.pending.pop(0)
+            if not self.pending:
+                self._truncate()
+            else:
+                self._write({"done": n})
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class LeaseWorker:
+    """Works under fenced job leases for one agent: ACKs offers, keeps each
+    job's lease renewed until the coordinator says it ended, reports
+    progress and terminal results, turns a cancel request into the job's
+    ``cancelled`` event plus a callback and an acknowledgement, and keeps
+    what it could not deliver in an fsynced spool replayed in order once the
+    control plane answers again. Expiry is only ever learnt from the
+    coordinator: the worker's clock only schedules renewals.
+
+    ``conn`` is the agent's connection: its credential is the holder
+    identity the coordinator binds every message to. One LeaseWorker per
+    ``spool_dir`` at a time.
+    """
+
+    def __init__(self, conn: Conn, spool_dir: str, *, renew_every: float | None = None):
+        self.conn = conn
+        self.renew_every = renew_every
+        self._spool = _Spool(os.path.join(spool_dir, "lease-spool.jsonl"))
+        # Delivery in spool order: nothing new is sent directly while older
+        # messages wait in the spool.
+        self._send_lock = threading.Lock()
+
+    def close(self) -> None:
+        self._spool.close()
+
+    @property
+    def pending(self) -> int:
+        return len(self._spool.pending)
+
+    def _send(self, kind: str, request: dict) -> dict:
+        return self.conn.call("LeaseService", _METHODS[kind], request)
+
+    def replay(self) -> int:
+        """Delivers the spooled messages in order; returns how many the
+        coordinator answered. Stops at the first the control plane could not
+        be reached for. Each is judged on its own identity, generation and
+        sequence: a result from a generation that expired meanwhile is
+        recorded, never accepted."""
+        with self._send_lock:
+            return self._replay_locked()
+
+    def _replay_locked(self) -> int:
+        delivered = 0
+        while True:
+            entry = self._spool.first()
+            if entry is None:
+                return delivered
+            n, kind, request = entry
+            try:
+                self._send(kind, request)
+            except ConnectError as e:
+                if _retryable(e):
+                    raise
+                log.warning("tether: lease spool: dropping a message the control plane refuses: %s", e)
+            self._spool.done(n)
+            delivered += 1
+
+    def _deliver(self, kind: str, request: dict) -> dict:
+        with self._send_lock:
+            if self._spool.pending:
+                try:
+                    self._replay_locked()
+                except ConnectError:
+                    self._spool.append(kind, request)
+                    raise Spooled(kind) from None
+            try:
+                return self._send(kind, request)
+            except ConnectError as e:
+                if not _retryable(e):
+                    raise
+                self._spool.append(kind, request)
+                raise Spooled(kind) from e
+
+    def accept(self, offered: dict, *, on_cancel: Callable[[dict], Any] | None = None) -> "Job":
+        """ACKs an offered lease (which must be this agent's) and starts
+        renewing it. The job's ``stopped`` event is set when the coordinator
+        requests cancellation (cause LEASE_CANCELLED), says the generation
+        lost authority (LEASE_LOST), or the worker ends it (JOB_ENDED)."""
+        req = {"jobId": offered["jobId"], "leaseId": offered["leaseId"], "leaseGeneration": str(offered.get("leaseGeneration", "0")), "sentAt": _now()}
+        with self._send_lock:
+            self._replay_locked()
+            resp = self._send("ack", req)  # an ACK is never spooled: a late ACK is worthless
+        decision = resp.get("decision", {})
+        if decision.get("outcome") == "OUTCOME_REJECTED":
+            raise AckRefused(offered["jobId"], decision)
+        job = Job(self, resp["lease"], on_cancel)
+        job._start()
+        return job
+
+
+class Job:
+    """The work done under one generation of one job's lease."""
+
+    def __init__(self, worker: LeaseWorker, lease: dict, on_cancel: Callable[[dict], Any] | None):
+        self.worker = worker
+        self.lease = lease
+        self.on_cancel = on_cancel
+        #: Set when the job must stop; ``cause`` says why.
+        self.stopped = threading.Event()
+        #: Set when the coordinator requested cancellation.
+        self.cancelled = threading.Event()
+        self.cause: str | None = None
+        self._lock = threading.Lock()
+        self._renew_seq = 0
+        self._progress_seq = 0
+        self._cancel_seen = False
+        self._thread: threading.Thread | None = None
+        self.done = threading.Event()
+
+    @property
+    def job_id(self) -> str:
+        return self.lease["jobId"]
+
+    @property
+    def generation(self) -> int:
+        return _wire.uint64(self.lease.get("leaseGeneration"))
+
+    def headers(self) -> dict[str, str]:
+        """The fencing headers a tool server's Fence checks."""
+        return {"Tether-Job-Id": self.job_id, "Tether-Lease-Generation": str(self.generation)}
+
+    def _claim(self) -> dict:
+        return {"jobId": self.lease["jobId"], "leaseId": self.lease["leaseId"], "leaseGeneration": str(self.generation), "sentAt": _now()}
+
+    def _start(self) -> None:
+        every = self.worker.renew_every
+        if not every:
+            dur = _wire.parse_duration(self.lease.get("leaseDuration"))
+            every = max(dur.total_seconds() / 3 if dur else 10.0, 0.01)
+        self._every = every
+        self._thread = threading.Thread(target=self._renew_loop, name=f"tether-lease-{self.job_id}", daemon=True)
+        self._thread.start()
+
+    def _end(self, cause: str) -> None:
+        with self._lock:
+            if self.cause is None:
+                self.cause = cause
+        self.stopped.set()
+
+    def stop(self) -> None:
+        """Ends the renew loop without a message (the lease runs out on the
+        coordinator's clock)."""
+        self._end(JOB_ENDED)
+
+    def _renew_loop(self) -> None:
+        try:
+            while not self.stopped.wait(self._every):
+                try:
+                    self.renew()
+                except ConnectError as e:
+                    if not _retryable(e):
+                        log.warning("tether: lease renew of %s refused: %s", self.job_id, e)
+        finally:
+            self.done.set()
+
+    def renew(self) -> dict:
+        """Renews once (the loop calls it on schedule) and acts on the answer."""
+        with self._lock:
+            self._renew_seq += 1
+            seq = self._renew_seq
+        gen = self.generation
+        resp = self.worker._send("renew", {**self._claim(), "renewSequence": str(seq)})
+        self._observe(resp.get("lease"), gen)
+        return resp.get("decision", {})
+
+    def _observe(self, lease: dict | None, generation: int) -> None:
+        if not lease:
+            return
+        with self._lock:
+            self.lease = lease
+            first_cancel = bool(lease.get("cancelRequested")) and not self._cancel_seen
+            if first_cancel:
+                self._cancel_seen = True
+        lost = _wire.uint64(lease.get("leaseGeneration")) != generation or lease.get("state") != "LEASE_STATE_ACTIVE"
+        if first_cancel:
+            self.cancelled.set()
+            self._end(LEASE_CANCELLED)
+            if self.on_cancel is not None:
+                try:
+                    self.on_cancel(lease)
+                except Exception:
+                    log.exception("tether: on_cancel failed")
+            if not lease.get("cancelAck") and not lost:
+                try:
+                    self.worker._deliver("cancelAck", self._claim())
+                except Spooled:
+                    pass
+                except ConnectError as e:
+                    log.warning("tether: lease cancel ack of %s failed: %s", self.job_id, e)
+        if lost:
+            self._end(LEASE_LOST)
+
+    def progress(self, value: str) -> dict:
+        """Reports progress with the next sequence; raises Spooled when the
+        control plane is unreachable (the report is on disk)."""
+        with self._lock:
+            self._progress_seq += 1
+            seq = self._progress_seq
+        gen = self.generation
+        resp = self.worker._deliver("progress", {**self._claim(), "progressSequence": str(seq), "progressValue": value})
+        self._observe(resp.get("lease"), gen)
+        return resp.get("decision", {})
+
+    def complete(self, result: str = SUCCESS, detail: str = "") -> dict:
+        """Reports the terminal result (SUCCESS, FAILED or CANCELLED) and ends
+        the job. May raise Spooled, like progress."""
+        try:
+            resp = self.worker._deliver("complete", {**self._claim(), "result": result, "detail": detail})
+            if resp.get("lease"):
+                self.lease = resp["lease"]
+            return resp.get("decision", {})
+        finally:
+            self._end(JOB_ENDED)

@@ -1,0 +1,351 @@
+"""ToolGate and tool_gate: every tool call recorded in the control plane's
+ledger, refused while the caller's subtree drains, cancelled on abort."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import sys
+import threading
+from typing import Any, Callable, Union
+
+from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn
+
+log = logging.getLogger("tether_agentsdk")
+
+#: The header a tool server reads the caller's capability token from.
+CAPABILITY_HEADER = "X-Tether-Capability"
+
+Token = Union[str, Callable[[], str]]
+
+
+class ToolRefused(ConnectError):
+    """The control plane refused to begin the call: permission_denied for a
+    bad, revoked or too narrow token, failed_precondition while the caller's
+    subtree drains or aborts. The tool did not run."""
+
+    @property
+    def draining(self) -> bool:
+        return self.code == FAILED_PRECONDITION
+
+
+class ToolCallCancelled(Exception):
+    """The control plane cancelled the call (its subtree was aborted). Raised
+    out of the gated block or function once the tool has returned and the
+    cancellation was acknowledged."""
+
+    def __init__(self, call_id: str, reason: str = ""):
+        super().__init__(f"tool call {call_id} cancelled by the control plane" + (f": {reason}" if reason else ""))
+        self.call_id = call_id
+        self.reason = reason
+
+
+_current: contextvars.ContextVar["GateCall | None"] = contextvars.ContextVar("tether_gate_call", default=None)
+
+
+def current_call() -> "GateCall | None":
+    """The gated call the running code is inside, if any: a synchronous tool
+    polls ``current_call().cancelled`` (or calls ``check()``) to observe a
+    cancellation."""
+    return _current.get()
+
+
+class GateCall:
+    """One recorded call. ``cancelled`` is set when the control plane
+    cancels it; an asyncio tool is cancelled (CancelledError) as well."""
+
+    def __init__(self, gate: "ToolGate", call: dict):
+        self.gate = gate
+        self.record = call
+        self.call_id: str = call["callId"]
+        self.node_id: str = call.get("nodeId", "")
+        self.grant_id: str = call.get("grantId", "")
+        self.tool: str = call.get("tool", "")
+        self.cancelled = threading.Event()
+        self.reason = ""
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._active = True
+        self._task_cancelled = False
+
+    def check(self) -> None:
+        """Raises ToolCallCancelled once the call is cancelled."""
+        if self.cancelled.is_set():
+            raise ToolCallCancelled(self.call_id, self.reason)
+
+    def _cancel(self, reason: str) -> None:
+        # Called with the gate's lock held.
+        self.reason = reason
+        self.cancelled.set()
+        if self._task is not None and self._loop is not None:
+            task = self._task
+
+            def cancel_if_still_inside() -> None:
+                # Runs on the task's loop, where the call also leaves: a call
+                # that has already ended is not cancelled after the fact.
+                if self._active:
+                    self._task_cancelled = True
+                    task.cancel(f"tether: {reason or 'cancelled by the control plane'}")
+
+            try:
+                self._loop.call_soon_threadsafe(cancel_if_still_inside)
+            except RuntimeError:
+                pass
+
+
+class ToolGate:
+    """Stands in front of tools. For each call it has the control plane
+    verify the capability token and the caller's node state and record the
+    call; it follows the gate's cancel orders, cancelling the call's
+    ``GateCall.cancelled`` event (and the asyncio task running it); and it
+    reports the end — or, after a cancel, the cancel acknowledgement, sent
+    only once the tool has returned.
+
+    ``conn`` carries the tool server's own token (the gate reports as the
+    tool layer, never as the agent whose call it gates); ``gate_id`` names
+    the gate in the ledger. The caller's capability token is per call.
+    """
+
+    def __init__(self, conn: Conn, gate_id: str, *, never_ack: bool = False):
+        self.conn = conn
+        self.gate_id = gate_id
+        #: Fault injection for tests and demos: a gate that ignores cancel
+        #: orders and so never acknowledges them.
+        self.never_ack = never_ack
+        self.ready = threading.Event()
+        self._lock = threading.Lock()
+        self._inflight: dict[str, GateCall] = {}
+        self._orders: dict[str, str] = {}  # cancel orders that arrived before their call was registered here
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream = None
+
+    # -- cancel orders ----------------------------------------------------------
+
+    def start(self) -> "ToolGate":
+        """Starts following the gate's cancel orders (a daemon thread);
+        ``ready`` is set once the stream is open."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name=f"tether-gate-{self.gate_id}", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> "ToolGate":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _watch(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                stream = self.conn.stream("ToolService", "WatchCancels", {"gateId": self.gate_id})
+                self._stream = stream
+                self.ready.set()
+                if self._stop.is_set():
+                    stream.close()
+                    return
+                backoff = 0.1
+                for order in stream:
+                    if order.get("callId"):
+                        self._order(order["callId"], order.get("reason", ""))
+                if self._stop.is_set():
+                    return
+            except ConnectError as e:
+                log.warning("tether: gate %s: cancel orders interrupted (%s); reconnecting", self.gate_id, e)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _order(self, call_id: str, reason: str) -> None:
+        if self.never_ack:
+            return
+        with self._lock:
+            call = self._inflight.get(call_id)
+            if call is not None:
+                call._cancel(reason)
+            else:
+                self._orders[call_id] = reason
+
+    # -- calls --------------------------------------------------------------------
+
+    def _begin(self, token: Token, tool: str, required_scope: str) -> GateCall:
+        tok = token() if callable(token) else token
+        req = {"token": tok, "tool": tool, "gateId": self.gate_id}
+        if required_scope:
+            req["requiredScope"] = required_scope
+        try:
+            resp = self.conn.call("ToolService", "BeginCall", req)
+        except ConnectError as e:
+            if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
+                raise ToolRefused(e.code, e.message, details=e.details) from None
+            raise
+        return GateCall(self, resp["call"])
+
+    def _register(self, call: GateCall) -> None:
+        with self._lock:
+            self._inflight[call.call_id] = call
+            early = self._orders.pop(call.call_id, None)
+            if early is not None:
+                call._cancel(early)
+
+    def _unregister(self, call: GateCall) -> None:
+        with self._lock:
+            call._active = False
+            self._inflight.pop(call.call_id, None)
+
+    def _finish(self, call: GateCall, error: BaseException | None) -> None:
+        """Reports how the call ended. After a cancel order: the
+        acknowledgement (the tool has returned by now)."""
+        if call.cancelled.is_set():
+            self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
+            return
+        req: dict[str, Any] = {"callId": call.call_id, "gateId": self.gate_id}
+        if error is not None:
+            req["failed"] = True
+            req["error"] = (f"{error.__class__.__name__}: {error}")[:500]
+        self.conn.call("ToolService", "EndCall", req)
+
+    def call(self, token: Token, tool: str, *, required_scope: str = "") -> "_GatedBlock":
+        """A context manager (``with`` or ``async with``) around one call."""
+        return _GatedBlock(self, token, tool, required_scope)
+
+    def run(self, token: Token, tool: str, fn: Callable[..., Any], *args: Any, required_scope: str = "", **kwargs: Any) -> Any:
+        """Runs ``fn(*args, **kwargs)`` as one recorded call."""
+        with self.call(token, tool, required_scope=required_scope):
+            return fn(*args, **kwargs)
+
+    async def arun(self, token: Token, tool: str, fn: Callable[..., Any], *args: Any, required_scope: str = "", **kwargs: Any) -> Any:
+        """Awaits ``fn(*args, **kwargs)`` as one recorded call; an abort
+        cancels it."""
+        async with self.call(token, tool, required_scope=required_scope):
+            return await fn(*args, **kwargs)
+
+
+class _GatedBlock:
+    """One call as a sync and async context manager."""
+
+    def __init__(self, gate: ToolGate, token: Token, tool: str, required_scope: str):
+        self.gate, self.token, self.tool, self.required_scope = gate, token, tool, required_scope
+        self.call: GateCall | None = None
+        self._ctx_token: contextvars.Token | None = None
+
+    def __enter__(self) -> GateCall:
+        self.call = self.gate._begin(self.token, self.tool, self.required_scope)
+        self.gate._register(self.call)
+        self._ctx_token = _current.set(self.call)
+        return self.call
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        call = self.call
+        assert call is not None
+        if self._ctx_token is not None:
+            _current.reset(self._ctx_token)
+        self.gate._unregister(call)
+        self.gate._finish(call, None if isinstance(exc, ToolCallCancelled) else exc)
+        if call.cancelled.is_set() and not isinstance(exc, ToolCallCancelled):
+            # Whatever the tool returned or raised, its result is void.
+            raise ToolCallCancelled(call.call_id, call.reason) from exc
+        return False
+
+    async def __aenter__(self) -> GateCall:
+        self.call = await asyncio.to_thread(self.gate._begin, self.token, self.tool, self.required_scope)
+        # No await from here to the body: a cancel order is applied to this
+        # task only while the body runs.
+        self.call._loop = asyncio.get_running_loop()
+        self.call._task = asyncio.current_task()
+        self.gate._register(self.call)
+        self._ctx_token = _current.set(self.call)
+        return self.call
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        call = self.call
+        assert call is not None
+        if self._ctx_token is not None:
+            _current.reset(self._ctx_token)
+        self.gate._unregister(call)
+        ours = call.cancelled.is_set()
+        task = call._task
+        if call._task_cancelled and task is not None and sys.version_info >= (3, 11):
+            # The gate's own cancellation of the task: take it back (only
+            # it: a cancellation from elsewhere stays) and raise
+            # ToolCallCancelled instead.
+            task.uncancel()
+        error = None if (ours or isinstance(exc, ToolCallCancelled)) else exc
+        await asyncio.shield(asyncio.to_thread(self.gate._finish, call, error))
+        if ours and not isinstance(exc, ToolCallCancelled):
+            raise ToolCallCancelled(call.call_id, call.reason) from None
+        return False
+
+
+def tool_gate(gate: ToolGate, tool: str, *, token: Token, required_scope: str = "") -> "_ToolGateSpec":
+    """Gates a tool through ``gate``, presenting ``token`` (the calling
+    agent's capability token, or a callable returning it).
+
+    As a decorator, on a plain or an ``async def`` function::
+
+        @tool_gate(gate, "search", token=grant_tokens)
+        async def search(query: str) -> str: ...
+
+    As a context manager, ``with`` or ``async with``::
+
+        with tool_gate(gate, "search", token=tok) as call:
+            while not call.cancelled.is_set(): ...
+
+    A refused call raises ToolRefused without running the tool; a cancelled
+    one raises ToolCallCancelled after the tool returned and the cancel was
+    acknowledged. An asyncio tool observes the cancellation as
+    CancelledError; a synchronous one through ``current_call()``.
+    """
+    return _ToolGateSpec(gate, tool, token, required_scope)
+
+
+class _ToolGateSpec:
+    def __init__(self, gate: ToolGate, tool: str, token: Token, required_scope: str):
+        self.gate, self.tool, self.token, self.required_scope = gate, tool, token, required_scope
+        self._block: _GatedBlock | None = None
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def gated_async(*args: Any, **kwargs: Any) -> Any:
+                async with self.gate.call(self.token, self.tool, required_scope=self.required_scope):
+                    return await fn(*args, **kwargs)
+
+            return gated_async
+
+        @functools.wraps(fn)
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            with self.gate.call(self.token, self.tool, required_scope=self.required_scope):
+                return fn(*args, **kwargs)
+
+        return gated
+
+    def __enter__(self) -> GateCall:
+        self._block = self.gate.call(self.token, self.tool, required_scope=self.required_scope)
+        return self._block.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool:
+        assert self._block is not None
+        return self._block.__exit__(*exc)
+
+    async def __aenter__(self) -> GateCall:
+        self._block = self.gate.call(self.token, self.tool, required_scope=self.required_scope)
+        return await self._block.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> bool:
+        assert self._block is not None
+        return await self._block.__aexit__(*exc)

@@ -1,0 +1,451 @@
+"""Verifier: capability tokens checked for a tool or resource server.
+
+Offline when the ``cryptography`` package is importable: the EdDSA
+signature against the control plane's JWKS, the claims with the same rules
+as the control plane, and revocation against tombstones that follow the
+revocation feed (``CapabilityService.WatchRevocations``); every check fails
+closed once the feed is older than the staleness budget. Without
+``cryptography`` each check asks the control plane (``Introspect``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from . import _wire
+from ._connect import ConnectError, Conn
+
+log = logging.getLogger("tether_agentsdk")
+
+try:  # the optional extra
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    HAVE_CRYPTOGRAPHY = True
+except ImportError:  # pragma: no cover - exercised by the bare test run
+    HAVE_CRYPTOGRAPHY = False
+
+#: The aud of capability tokens: for tools, never accepted as credentials.
+AUDIENCE = "tether-tools"
+JWKS_PATH = "/.well-known/jwks.json"
+DEFAULT_STALENESS_BUDGET = 10.0
+DEFAULT_LEEWAY = 5.0
+MAX_LEEWAY = 30.0
+MAX_TOKEN_BYTES = 8 << 10
+MAX_TOKEN_TTL = 15 * 60
+MAX_CHAIN_DEPTH = 16
+MAX_SCOPES = 32
+MAX_SCOPE_BYTES = 128
+MAX_ID_BYTES = 128
+_ALPHABET = re.compile(r"^[A-Za-z0-9_.-]*$")
+
+
+class VerifyError(Exception):
+    """A token was not accepted. The message never contains the token."""
+
+
+class FeedStale(VerifyError):
+    """The revocation feed has not been heard from within the staleness
+    budget (or not yet): every verification fails closed."""
+
+
+class GrantRevoked(VerifyError):
+    """The token's grant, or an ancestor grant, is revoked."""
+
+
+class TokenExpired(VerifyError):
+    """The token is past its exp (beyond the leeway)."""
+
+
+class TokenInvalid(VerifyError):
+    """Malformed, badly signed, for another issuer or audience, or with
+    claims outside the rules."""
+
+
+class ScopeNotGranted(VerifyError):
+    """A valid, unrevoked token without the scope the call needs."""
+
+
+@dataclass(frozen=True)
+class Claims:
+    grant_id: str
+    holder_node_id: str
+    chain: tuple[str, ...]
+    scopes: tuple[str, ...]
+    issued_at: float
+    not_before: float
+    expires_at: float
+    key_id: str = ""
+
+
+def _scope_ok(s: Any) -> bool:
+    if not isinstance(s, str) or not s or len(s) > MAX_SCOPE_BYTES:
+        return False
+    if any(c < "!" or c > "~" for c in s):
+        return False
+    if "*" in s[:-1]:
+        return False
+    return not (s.startswith(":") or s.endswith(":") or "::" in s)
+
+
+def allows(granted: list[str] | tuple[str, ...], required: str) -> bool:
+    """Whether the granted scopes permit ``required``: a concrete scope
+    covers only itself; "p*" covers everything that starts with p."""
+    if not _scope_ok(required):
+        return False
+    for g in granted:
+        if not _scope_ok(g):
+            continue
+        if g.endswith("*"):
+            if required.startswith(g[:-1]):
+                return True
+        elif g == required:
+            return True
+    return False
+
+
+def _id_ok(s: Any) -> bool:
+    return isinstance(s, str) and 0 < len(s) <= MAX_ID_BYTES and all("!" <= c <= "~" for c in s)
+
+
+def _b64(part: str) -> bytes:
+    if len(part) % 4 == 1:
+        raise ValueError("bad base64url length")
+    raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    # Strict: one spelling per value (no stray bits in the last character).
+    if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != part:
+        raise ValueError("non-canonical base64url")
+    return raw
+
+
+def _number(claims: dict, name: str) -> float:
+    v = claims.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TokenInvalid(f"token claims: {name} is required")
+    return float(v)
+
+
+def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now: float, leeway: float) -> Claims:
+    """Verifies a capability token offline against ``keys`` (kid ->
+    Ed25519PublicKey) with the control plane's rules, without consulting
+    revocations."""
+    if len(token) > MAX_TOKEN_BYTES:
+        raise TokenInvalid(f"token of {len(token)} bytes exceeds {MAX_TOKEN_BYTES}")
+    if not _ALPHABET.match(token):
+        raise TokenInvalid("token malformed: not a compact JWS (only base64url and '.' are allowed)")
+    parts = token.split(".")
+    if len(parts) != 3:
+        raise TokenInvalid("token malformed: not a well-formed JWT")
+    try:
+        header = json.loads(_b64(parts[0]))
+        payload = _b64(parts[1])
+        signature = _b64(parts[2])
+        claims = json.loads(payload)
+    except ValueError:
+        raise TokenInvalid("token malformed: not a well-formed JWT") from None
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        raise TokenInvalid("token malformed: not a well-formed JWT")
+    if header.get("alg") != "EdDSA":
+        raise TokenInvalid("token algorithm not allowed: only EdDSA")
+    if "crit" in header:
+        raise TokenInvalid("token malformed: crit header is not supported")
+    kid = header.get("kid")
+    if not _id_ok(kid):
+        raise TokenInvalid("token malformed: kid header is missing or malformed")
+    key = keys.get(kid)
+    if key is None:
+        raise _UnknownKey(kid)
+    try:
+        key.verify(signature, (parts[0] + "." + parts[1]).encode())
+    except InvalidSignature:
+        raise TokenInvalid("token signature invalid") from None
+    if claims.get("iss") != issuer:
+        raise TokenInvalid("token issuer invalid")
+    aud = claims.get("aud")
+    auds = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    if AUDIENCE not in auds:
+        raise TokenInvalid("token audience invalid: not a capability token")
+    exp, nbf, iat = _number(claims, "exp"), _number(claims, "nbf"), _number(claims, "iat")
+    jti, sub = claims.get("jti"), claims.get("sub")
+    if not _id_ok(jti) or not _id_ok(sub):
+        raise TokenInvalid("token claims: jti and sub are required")
+    if now > exp + leeway:
+        raise TokenExpired(f"token for grant {jti} expired")
+    if nbf > now + leeway or iat > now + leeway:
+        raise TokenInvalid(f"token for grant {jti} is not valid yet")
+    chain = claims.get("chain")
+    if chain is None:
+        chain = []
+    if not isinstance(chain, list) or len(chain) > MAX_CHAIN_DEPTH or not all(_id_ok(c) for c in chain) or jti in chain or len(set(chain)) != len(chain):
+        raise TokenInvalid("token claims: chain malformed")
+    scopes = claims.get("scopes")
+    if not isinstance(scopes, list) or not (1 <= len(scopes) <= MAX_SCOPES) or not all(_scope_ok(s) for s in scopes):
+        raise TokenInvalid("token claims: scopes malformed")
+    if not (exp > iat and exp > nbf and exp - iat <= MAX_TOKEN_TTL):
+        raise TokenInvalid(f"token claims: lifetime from iat to exp must be within (0, {MAX_TOKEN_TTL}s]")
+    return Claims(grant_id=jti, holder_node_id=sub, chain=tuple(chain), scopes=tuple(scopes),
+                  issued_at=iat, not_before=nbf, expires_at=exp, key_id=kid)
+
+
+class _UnknownKey(TokenInvalid):
+    def __init__(self, kid: str):
+        super().__init__(f"token signed with an unknown key {kid!r}")
+        self.kid = kid
+
+
+def parse_jwks(data: bytes) -> dict[str, Any]:
+    """kid -> Ed25519PublicKey for the OKP/Ed25519 keys of a JWKS."""
+    doc = json.loads(data)
+    keys: dict[str, Any] = {}
+    for k in doc.get("keys", []):
+        if k.get("kty") != "OKP" or k.get("crv") != "Ed25519":
+            continue
+        raw = _b64(k.get("x", ""))
+        if len(raw) != 32 or not _id_ok(k.get("kid")):
+            raise ValueError(f"jwks: key {k.get('kid')!r} is malformed")
+        keys[k["kid"]] = Ed25519PublicKey.from_public_bytes(raw)
+    return keys
+
+
+@dataclass
+class _Tombstones:
+    by_grant: dict[str, dict] = field(default_factory=dict)
+    head: int = 0
+    synced_at: float | None = None
+
+
+class Verifier:
+    """Checks capability tokens for a tool or resource server.
+
+    ``conn`` reaches the control plane with any reader's token (a viewer
+    token, or an agent credential): the feed and Introspect need one.
+    ``offline`` None means offline when ``cryptography`` is importable.
+    Start it (``start()`` or ``with``) before verifying: offline, every
+    check fails closed (FeedStale) until the feed's first message and
+    whenever the feed is older than ``staleness_budget`` seconds. Keep the
+    budget several times the control plane's feed heartbeat (two seconds).
+    ``clock`` (wall seconds, for exp) and ``monotonic`` (for staleness) are
+    injectable for tests.
+    """
+
+    def __init__(self, conn: Conn, *, issuer: str = "tether", offline: bool | None = None,
+                 staleness_budget: float = DEFAULT_STALENESS_BUDGET, leeway: float = DEFAULT_LEEWAY,
+                 jwks_min_interval: float = 10.0,
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic):
+        if offline is None:
+            offline = HAVE_CRYPTOGRAPHY
+        if offline and not HAVE_CRYPTOGRAPHY:
+            raise RuntimeError("offline verification needs the cryptography package: pip install 'tether-agentsdk[crypto]'")
+        if not 0 <= leeway <= MAX_LEEWAY:
+            raise ValueError(f"leeway must be within [0, {MAX_LEEWAY}] seconds")
+        self.conn = conn
+        self.issuer = issuer
+        self.offline = offline
+        self.staleness_budget = staleness_budget
+        self.leeway = leeway
+        self.jwks_min_interval = jwks_min_interval
+        self.clock = clock
+        self.monotonic = monotonic
+        self.ready = threading.Event()
+        self._keys: dict[str, Any] = {}
+        self._keys_lock = threading.Lock()
+        self._last_on_demand: float | None = None
+        self._state = _Tombstones()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream = None
+
+    @property
+    def mode(self) -> str:
+        return "offline" if self.offline else "introspect"
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> "Verifier":
+        """Offline: fetches the key set and follows the revocation feed in
+        a daemon thread. Introspecting: nothing to start; ready at once."""
+        if not self.offline:
+            self.ready.set()
+            return self
+        if self._thread is None:
+            self._stop.clear()
+            try:
+                self._fetch_jwks()
+            except Exception as e:  # retried on the first unknown kid
+                log.warning("tether: fetching the key set failed: %s", e)
+            self._thread = threading.Thread(target=self._follow, name="tether-revocations", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> "Verifier":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- checks -------------------------------------------------------------------------
+
+    def fresh(self) -> None:
+        """Raises FeedStale unless the feed was heard from within the budget."""
+        synced = self._state.synced_at
+        if synced is None:
+            raise FeedStale("revocation feed not yet received: failing closed")
+        age = self.monotonic() - synced
+        if age > self.staleness_budget:
+            raise FeedStale(f"revocation feed last heard {age:.1f}s ago (budget {self.staleness_budget}s): failing closed")
+
+    def verify(self, token: str) -> Claims:
+        """Checks a token for use now and returns its claims; raises a
+        VerifyError (FeedStale, GrantRevoked, TokenExpired, TokenInvalid)."""
+        if not self.offline:
+            return self._introspect(token)
+        self.fresh()
+        now = self.clock()
+        try:
+            claims = parse_capability_token(token, self._keys, issuer=self.issuer, now=now, leeway=self.leeway)
+        except _UnknownKey:
+            # A key rotated in since the last fetch, or a made-up kid:
+            # refetch, rate-limited, and try once more.
+            self._refetch_after_miss()
+            claims = parse_capability_token(token, self._keys, issuer=self.issuer, now=now, leeway=self.leeway)
+        by_grant = self._state.by_grant
+        for gid in (*claims.chain, claims.grant_id):  # root first: the widest revocation is named
+            if gid in by_grant:
+                via = "" if gid == claims.grant_id else f" via ancestor grant {gid}"
+                raise GrantRevoked(f"grant {claims.grant_id} is revoked{via}")
+        return claims
+
+    def authorize(self, token: str, required_scope: str) -> Claims:
+        """verify() plus the scope the call needs."""
+        claims = self.verify(token)
+        if not allows(claims.scopes, required_scope):
+            shown = required_scope if _scope_ok(required_scope) else "(malformed scope)"
+            raise ScopeNotGranted(f"grant {claims.grant_id} does not allow scope {shown!r}")
+        return claims
+
+    def _introspect(self, token: str) -> Claims:
+        try:
+            resp = self.conn.call("CapabilityService", "Introspect", {"token": token})
+        except ConnectError as e:
+            raise VerifyError(f"introspection failed: {e}") from None
+        if not resp.get("active"):
+            reason = resp.get("reason", "inactive")
+            low = reason.lower()
+            if "revoked" in low:
+                raise GrantRevoked(reason)
+            if "expired" in low:
+                raise TokenExpired(reason)
+            raise TokenInvalid(reason)
+        grant = resp.get("grant", {})
+        exp = _wire.parse_timestamp(resp.get("expiresAt"))
+        return Claims(grant_id=grant.get("grantId", ""), holder_node_id=resp.get("holderNodeId", ""),
+                      chain=tuple(grant.get("chain", [])), scopes=tuple(resp.get("scopes", [])),
+                      issued_at=0.0, not_before=0.0, expires_at=exp.timestamp() if exp else 0.0)
+
+    # -- the feed -----------------------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        """The last feed sequence applied."""
+        return self._state.head
+
+    def wait_for_sequence(self, sequence: int, timeout: float | None = None) -> bool:
+        """Waits until the feed has applied ``sequence`` (e.g. the one a
+        Revoke answered with); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._state.head >= sequence, timeout)
+
+    def _apply(self, msg: dict) -> None:
+        tombstones = msg.get("tombstones", [])
+        head = _wire.uint64(msg.get("headSequence"))
+        with self._cond:
+            if msg.get("snapshot"):
+                state = _Tombstones(head=head, synced_at=self._state.synced_at)
+            else:
+                state = _Tombstones(dict(self._state.by_grant), self._state.head, self._state.synced_at)
+            for t in tombstones:
+                gid = t.get("grantId")
+                if not _id_ok(gid):
+                    raise ValueError("a tombstone without a grant id")
+                state.by_grant.setdefault(gid, t)
+                state.head = max(state.head, _wire.uint64(t.get("sequence")))
+            state.head = max(state.head, head)
+            now = self.clock()
+            for gid, t in list(state.by_grant.items()):
+                drop = _wire.parse_timestamp(t.get("dropAfter"))
+                if drop is not None and drop.timestamp() < now:
+                    del state.by_grant[gid]
+            # Freshness is this verifier's clock when the message arrived,
+            # not the server's time in it.
+            state.synced_at = self.monotonic()
+            self._state = state  # one reference swap: readers see old or new, whole
+            self._cond.notify_all()
+        self.ready.set()
+
+    def _follow(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            applied = 0
+            try:
+                # A stream silent for the budget is dead or stalled: the
+                # verifier is failing closed by then, and a new one may do
+                # better.
+                stream = self.conn.stream("CapabilityService", "WatchRevocations",
+                                          {"afterSequence": str(self._state.head)}, read_timeout=self.staleness_budget)
+                self._stream = stream
+                if self._stop.is_set():
+                    stream.close()
+                    return
+                for msg in stream:
+                    self._apply(msg)
+                    applied += 1
+                if self._stop.is_set():
+                    return
+            except (ConnectError, ValueError) as e:
+                if self._stop.is_set():
+                    return
+                log.warning("tether: revocation feed interrupted (%s); reconnecting", e)
+            if applied:
+                backoff = 0.05
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    # -- keys ----------------------------------------------------------------------------
+
+    def _fetch_jwks(self) -> None:
+        req = urllib.request.Request(self.conn.base_url + JWKS_PATH, headers={"User-Agent": "tether-agentsdk-python"})
+        with urllib.request.urlopen(req, timeout=self.conn.timeout) as resp:  # noqa: S310 - the configured control plane
+            data = resp.read((1 << 20) + 1)
+        if len(data) > 1 << 20:
+            raise ValueError("jwks larger than 1 MiB")
+        keys = parse_jwks(data)
+        with self._keys_lock:
+            self._keys = keys
+
+    def _refetch_after_miss(self) -> None:
+        with self._keys_lock:
+            now = self.monotonic()
+            if self._last_on_demand is not None and now - self._last_on_demand < self.jwks_min_interval:
+                return
+            self._last_on_demand = now
+        try:
+            self._fetch_jwks()
+        except Exception as e:
+            log.warning("tether: refreshing the key set failed: %s", e)

@@ -1,0 +1,138 @@
+"""A real Tether server for the tests: the binary built from this
+repository (or $TETHER_BIN), on a loopback port, over a temporary data
+directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# The tests run against the source tree, installed or not.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tether_agentsdk import Agent, Conn  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def tether_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    if os.environ.get("TETHER_BIN"):
+        return os.environ["TETHER_BIN"]
+    if not shutil.which("go"):
+        pytest.fail("no tether binary: set TETHER_BIN or install Go to build one")
+    out = tmp_path_factory.mktemp("bin") / "tether"
+    subprocess.run(["go", "build", "-o", str(out), "./cmd/tether"], cwd=REPO, check=True)
+    return str(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    admin: str
+    data_dir: Path
+    bin: str
+    proc: subprocess.Popen
+
+    def operator(self) -> Conn:
+        return Conn(self.url, self.admin)
+
+    def tool_server(self, name: str) -> Conn:
+        """A connection with a tool server's own token, named name (the gate id):
+        the tool ledger accepts only tool servers."""
+        minted = self.operator().call("tether.v1.AuthService", "CreateToken", {"toolServer": name})
+        return Conn(self.url, minted["token"])
+
+    def cli(self, *args: str) -> str:
+        """Runs the tether CLI against this server as the admin."""
+        out = subprocess.run([self.bin, "--addr", self.url, "--token", self.admin, *args],
+                             check=True, capture_output=True, text=True, timeout=60)
+        return out.stdout
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_server(bin_path: str, data_dir: Path, *extra: str) -> Server:
+    addr = f"127.0.0.1:{_free_port()}"
+    log = open(data_dir / "serve.log", "ab")
+    proc = subprocess.Popen([bin_path, "serve", "--data-dir", str(data_dir), "--listen", addr, "--log-level", "warn", *extra],
+                            stdout=subprocess.DEVNULL, stderr=log)
+    url = "http://" + addr
+    deadline = time.monotonic() + 30
+    while True:  # polling a condition another process makes true
+        if proc.poll() is not None:
+            raise RuntimeError("tether serve exited early:\n" + (data_dir / "serve.log").read_text()[-4000:])
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("tether serve did not become healthy in 30s")
+        time.sleep(0.02)
+    admin = (data_dir / "admin.token").read_text().strip()
+    return Server(url=url, admin=admin, data_dir=data_dir, bin=bin_path, proc=proc)
+
+
+@pytest.fixture(scope="session")
+def server(tether_bin: str, tmp_path_factory: pytest.TempPathFactory):
+    s = start_server(tether_bin, tmp_path_factory.mktemp("tether-data"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def operator(server: Server) -> Conn:
+    return server.operator()
+
+
+@dataclass
+class Tree:
+    """A root agent holding a root grant (tool:*), its running session,
+    and the operator that made them."""
+
+    operator: Conn
+    root: Agent
+    root_grant_id: str
+    root_token: str
+
+
+@pytest.fixture
+def tree(server: Server, request: pytest.FixtureRequest):
+    op = server.operator()
+    root = Agent.register_root(op, request.node.name[:60].replace("[", "-").replace("]", ""))
+    root.heartbeat_every = 0.5
+    g = op.call("CapabilityService", "IssueRoot", {"holderNodeId": root.node_id, "scopes": ["tool:*"], "ttl": "3600s"})
+    root.start()
+    assert root.opened.wait(10), "the root's signal stream did not open"
+    yield Tree(operator=op, root=root, root_grant_id=g["grant"]["grantId"], root_token=g["token"])
+    root.close()
+
+
+def require_extra(module: str):
+    """Imports an optional extra, or skips — unless TETHER_REQUIRE_EXTRAS is
+    set (the extras run), where a missing extra fails."""
+    if os.environ.get("TETHER_REQUIRE_EXTRAS"):
+        return __import__(module)
+    return pytest.importorskip(module)

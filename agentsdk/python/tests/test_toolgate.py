@@ -1,0 +1,180 @@
+"""tool_gate: every call in the ledger, refused while draining, cancelled on
+abort, the cancel acknowledged only after the tool returned."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import pytest
+
+from helpers import terminate, tool_calls, wait_for
+from tether_agentsdk import ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
+
+
+# The gate reports as the tool layer with a tool-server token of its own.
+@pytest.fixture
+def gate(server):
+    name = "pytest-gate-" + uuid.uuid4().hex[:8]
+    g = ToolGate(server.tool_server(name), name).start()
+    assert g.ready.wait(10)
+    yield g
+    g.close()
+
+
+def child_grant(tree, name: str, scopes=("tool:search",)):
+    child = tree.root.spawn(name)
+    grant = tree.root.delegate(tree.root_grant_id, child.node_id, list(scopes), ttl=600)
+    return child, grant
+
+
+def termination(operator, tid: str) -> dict:
+    return operator.call("SupervisorService", "GetTermination", {"terminationId": tid})["termination"]
+
+
+def test_calls_are_recorded_and_scopes_checked(server, tree, gate):
+    child, grant = child_grant(tree, "worker")
+
+    @tool_gate(gate, "search", token=grant.token)
+    def search(q: str) -> str:
+        call = current_call()
+        assert call is not None and call.node_id == child.node_id and call.grant_id == grant.grant_id
+        return "results for " + q
+
+    assert search("tether") == "results for tether"
+    assert search.__name__ == "search"
+    # Outside its grant's scopes: refused, and the tool never runs.
+    ran = []
+    with pytest.raises(ToolRefused) as e:
+        with tool_gate(gate, "shell", token=grant.token):
+            ran.append(True)
+    assert e.value.code == "permission_denied" and not ran
+    # A made-up token is refused too, and never echoed.
+    with pytest.raises(ToolRefused) as e:
+        gate.run("forged.token.here", "search", lambda: ran.append(True))
+    assert "forged.token.here" not in str(e.value) and not ran
+
+
+def test_a_draining_subtree_refuses_new_gated_calls(server, tree, gate):
+    # A call in flight keeps the drain open (drain lets it finish); a new
+    # call meanwhile is refused before the tool runs, and both are on the
+    # record.
+    child, grant = child_grant(tree, "worker")
+    inside, finish = threading.Event(), threading.Event()
+    ran = []
+
+    @tool_gate(gate, "search", token=grant.token)
+    async def search(n: int) -> str:
+        ran.append(n)
+        if n == 1:
+            inside.set()
+            await asyncio.to_thread(finish.wait, 30)
+        return f"result {n}"
+
+    async def main():
+        first = asyncio.ensure_future(search(1))
+        await asyncio.to_thread(inside.wait, 10)
+        term = await asyncio.to_thread(terminate, tree.operator, tree.root.node_id, "drain", confirm="1s")  # the child's ancestor
+        await asyncio.to_thread(tree.root.draining.wait, 10)
+        with pytest.raises(ToolRefused) as e:
+            await search(2)
+        assert e.value.draining and e.value.code == "failed_precondition"
+        with pytest.raises(ToolRefused):
+            with tool_gate(gate, "search", token=grant.token):
+                ran.append(3)
+        finish.set()
+        assert await asyncio.wait_for(first, 30) == "result 1"  # a drain is not an abort
+        return term
+
+    term = asyncio.run(main())
+    assert ran == [1]
+    wait_for("the termination to finish", lambda: termination(tree.operator, term["terminationId"])["state"] == "TERMINATION_STATE_TERMINATED")
+    assert sorted(c["resolution"] for c in tool_calls(tree.operator, term["terminationId"])) == [
+        "CALL_RESOLUTION_COMPLETED", "CALL_RESOLUTION_REJECTED_DRAINING", "CALL_RESOLUTION_REJECTED_DRAINING"]
+
+
+def test_abort_cancels_an_in_flight_async_call_and_the_record_shows_it(server, tree, gate):
+    child, grant = child_grant(tree, "worker")
+    inside = threading.Event()
+    observed = threading.Event()
+    acks_pending_while_returning: list[int] = []
+    term: dict = {}
+
+    @tool_gate(gate, "search", token=grant.token)
+    async def search() -> str:
+        inside.set()
+        try:
+            await asyncio.Event().wait()
+            return "never"
+        except asyncio.CancelledError:
+            observed.set()
+            # The tool has not returned yet: its cancel is not acknowledged.
+            t = await asyncio.to_thread(termination, tree.operator, term["id"])
+            acks_pending_while_returning.append(t["progress"].get("acksPending", 0))
+            raise
+
+    async def main():
+        task = asyncio.ensure_future(search())
+        await asyncio.to_thread(inside.wait, 10)
+        term["id"] = (await asyncio.to_thread(terminate, tree.operator, child.node_id, "abort", ack="60s", confirm="1s"))["terminationId"]
+        with pytest.raises(ToolCallCancelled):
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
+    assert observed.is_set()
+    assert acks_pending_while_returning == [1]
+    wait_for("the termination to finish", lambda: termination(tree.operator, term["id"])["state"] == "TERMINATION_STATE_TERMINATED")
+    calls = tool_calls(tree.operator, term["id"])
+    assert [(c["tool"], c["resolution"], c["gateId"]) for c in calls] == [("search", "CALL_RESOLUTION_CANCELLED_ACKED", gate.gate_id)]
+
+
+def test_abort_cancels_an_in_flight_sync_call(server, tree, gate):
+    child, grant = child_grant(tree, "worker")
+    inside = threading.Event()
+    result: dict = {}
+
+    def tool():
+        try:
+            with tool_gate(gate, "search", token=grant.token) as call:
+                inside.set()
+                # A synchronous tool polls its call's event between steps.
+                result["observed"] = call.cancelled.wait(30)
+        except ToolCallCancelled as e:
+            result["raised"] = e
+
+    t = threading.Thread(target=tool)
+    t.start()
+    assert inside.wait(10)
+    term = terminate(tree.operator, child.node_id, "abort", ack="60s", confirm="1s")
+    t.join(30)
+    assert result.get("observed") is True and isinstance(result.get("raised"), ToolCallCancelled)
+    wait_for("the termination to finish", lambda: termination(tree.operator, term["terminationId"])["state"] == "TERMINATION_STATE_TERMINATED")
+    assert [c["resolution"] for c in tool_calls(tree.operator, term["terminationId"])] == ["CALL_RESOLUTION_CANCELLED_ACKED"]
+
+
+def test_a_gate_that_never_acknowledges_is_on_the_record(server, tree):
+    # The rogue tool layer: it ignores the cancel order. The record does
+    # not take its silence for an acknowledgement.
+    rogue_name = "pytest-rogue-" + uuid.uuid4().hex[:8]
+    rogue = ToolGate(server.tool_server(rogue_name), rogue_name, never_ack=True).start()
+    assert rogue.ready.wait(10)
+    child, grant = child_grant(tree, "worker")
+    inside, release = threading.Event(), threading.Event()
+
+    def tool():
+        with tool_gate(rogue, "search", token=grant.token):
+            inside.set()
+            release.wait(60)
+
+    t = threading.Thread(target=tool)
+    t.start()
+    try:
+        assert inside.wait(10)
+        term = terminate(tree.operator, child.node_id, "abort", ack="1s", confirm="1s")
+        wait_for("the termination to finish", lambda: termination(tree.operator, term["terminationId"])["state"] == "TERMINATION_STATE_TERMINATED")
+        assert [c["resolution"] for c in tool_calls(tree.operator, term["terminationId"])] == ["CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED"]
+    finally:
+        release.set()
+        t.join(30)
+        rogue.close()

@@ -1,0 +1,76 @@
+"""A Python agent on tether_agentsdk: it joins the control plane with the
+credential its parent (or an operator) obtained for it, follows its signals,
+and calls a gated tool with its capability token, one step at a time, until
+it is told to stop: on drain it finishes the step in hand; on abort the step
+is cancelled mid-call (the gate acknowledges it once the tool returned).
+Then it confirms its exit.
+
+    tether agent register --name py-agent -o json | jq -r .credential > agent.cred
+    tether grant root --holder <node> --scope tool:fetch -o json | jq -r .token > agent.cap
+    python examples/python/agent.py --credential-file agent.cred --capability-file agent.cap \\
+        --tool-token-file tether-data/admin.token
+    tether terminate <node> --mode abort --wait && tether record show <termination> 
+
+The gate runs in this process for the example's sake; in production it lives
+in the tool server, with that server's own token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "agentsdk" / "python" / "src"))
+
+from tether_agentsdk import Aborted, Agent, Conn, ToolCallCancelled, ToolGate, ToolRefused, tool_gate  # noqa: E402
+
+
+def read(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+async def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--addr", default="http://127.0.0.1:7420")
+    p.add_argument("--credential-file", required=True, help="the agent's credential")
+    p.add_argument("--capability-file", required=True, help="the agent's capability token (scope tool:fetch)")
+    p.add_argument("--tool-token-file", required=True, help="the tool layer's own token, for the gate")
+    p.add_argument("--step", type=float, default=1.0, help="seconds one tool call takes")
+    args = p.parse_args()
+
+    agent = Agent.join(args.addr, read(args.credential_file))
+    agent.on_drain(lambda s: print(f"told to stop (abort={s.abort}): {s.reason}", flush=True))
+    gate = ToolGate(Conn(args.addr, read(args.tool_token_file)), "py-example-gate")
+    capability = read(args.capability_file)
+
+    @tool_gate(gate, "fetch", token=capability)
+    async def fetch(n: int) -> str:
+        print(f"calling {n}", flush=True)
+        await asyncio.sleep(args.step)  # an abort cancels it here
+        return f"page {n}"
+
+    with agent, gate:
+        print(f"joined as {agent.node_id}", flush=True)
+        work = asyncio.current_task()
+        assert work is not None
+        agent.cancel_on_abort(work)
+        n = 0
+        try:
+            while not agent.draining.is_set():
+                n += 1
+                await fetch(n)
+                print(f"call {n} done", flush=True)
+        except (asyncio.CancelledError, ToolCallCancelled, ToolRefused, Aborted) as e:
+            print(f"stopped during call {n}: {e.__class__.__name__}", flush=True)
+        try:
+            await asyncio.to_thread(agent.confirm_exit, "stopped by the control plane")
+        except Exception as e:  # the node may be terminated already: its credential is dead
+            print(f"confirm exit: {e}", flush=True)
+    print("exited", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
