@@ -56,7 +56,7 @@ class Server:
     def tool_server(self, name: str) -> Conn:
         """A connection with a tool server's own token, named name (the gate id):
         the tool ledger accepts only tool servers."""
-        minted = self.operator().call("tether.v1.AuthService", "CreateToken", {"toolServer": name})
+        minted = self.operator().call("AuthService", "CreateToken", {"toolServer": name})
         return Conn(self.url, minted["token"])
 
     def cli(self, *args: str) -> str:
