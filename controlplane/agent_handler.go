@@ -20,19 +20,23 @@ type agentService struct {
 }
 
 // agentActive is the interceptor's check that an agent credential's node may
-// still act: the credential dies with the node's termination.
-func (s *Server) agentActive(ctx context.Context, nodeID string) error {
+// still act. It returns the node's lineage (the root of its tree), which
+// the rate limiter charges.
+func (s *Server) agentActive(ctx context.Context, nodeID string) (string, error) {
 	n, err := s.tree.Get(ctx, nodeID)
 	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
-		return fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
+		return "", fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
 	if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
-		return fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
+		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
-	return nil
+	if len(n.Ancestors) > 0 {
+		return n.Ancestors[0], nil
+	}
+	return n.NodeId, nil
 }
 
 func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[tetherv1.RegisterRootRequest]) (*connect.Response[tetherv1.RegisterRootResponse], error) {

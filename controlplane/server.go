@@ -46,8 +46,17 @@ type Config struct {
 	DataDir string
 	// Listen is the address to serve on, e.g. "127.0.0.1:7420".
 	Listen string
-	// TLSCert and TLSKey enable TLS when both are set.
+	// TLSCert and TLSKey enable TLS; one without the other is an error.
 	TLSCert, TLSKey string
+	// TLSClientCA, when set, makes TLS mutual: every client must present a
+	// certificate this CA (a PEM file) signed.
+	TLSClientCA string
+	// InsecurePlaintext allows serving without TLS on an address other
+	// machines can reach (New refuses otherwise); the server warns.
+	InsecurePlaintext bool
+	// Conn bounds connections, request times and open streams; zero fields
+	// take DefaultConnLimits.
+	Conn ConnLimits
 	// Store overrides the embedded Badger store (tests, etcd). The server
 	// does not close a store it was given.
 	Store  store.Store
@@ -85,10 +94,19 @@ type Config struct {
 	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
 	// StopPolicy decides which stop proposals are approved automatically.
 	StopPolicy supervisor.ProposalPolicy
-	// RateLimit is each caller's sustained request rate per second, with
-	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited.
+	// RateLimit is each budget's sustained request rate per second, with
+	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited. An agent
+	// shares one budget with its whole lineage (its root and every
+	// descendant); an operator has its own. Every stream message costs one
+	// request, like a unary call.
 	RateLimit float64
 	RateBurst float64
+	// AnonymousRateLimit bounds, per source address, the requests that
+	// carry no valid credential (bursts of twice that); zero: unlimited.
+	AnonymousRateLimit float64
+	// OperatorTokenTTL is the lifetime of a token CreateToken mints when
+	// the request names none; default 24h.
+	OperatorTokenTTL time.Duration
 	// CapabilityTokenTTL is the lifetime of capability tokens; default
 	// capability.DefaultTokenTTL, at most capability.MaxTokenTTL.
 	CapabilityTokenTTL time.Duration
@@ -119,6 +137,10 @@ func (c *Config) defaults() {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:7420"
 	}
+	if c.OperatorTokenTTL == 0 {
+		c.OperatorTokenTTL = 24 * time.Hour
+	}
+	c.Conn.defaults()
 }
 
 // Server is one control-plane process.
@@ -139,6 +161,8 @@ type Server struct {
 	grants     *grantstore.Service
 	log        *slog.Logger
 	handler    http.Handler
+	authn      *auth.Interceptor
+	conns      *connLimiter
 	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
@@ -148,13 +172,21 @@ type Server struct {
 // New opens the store, loads the key ring and builds the handlers.
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.defaults()
+	if err := cfg.CheckTransport(); err != nil {
+		return nil, err
+	}
+	if cfg.TLSCert == "" && !loopback(cfg.Listen) {
+		cfg.Logger.Warn("serving plaintext on an address other machines can reach (--insecure-plaintext): credentials cross the network in the clear unless something in front encrypts them", "addr", cfg.Listen)
+	}
 	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Logger}
+	if cfg.DataDir != "" {
+		if err := privateDir(cfg.DataDir, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
 	if s.store == nil {
 		if cfg.DataDir == "" {
 			return nil, errors.New("controlplane: a data directory or a store is required")
-		}
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("controlplane: data dir: %w", err)
 		}
 		b, err := store.OpenBadger(filepath.Join(cfg.DataDir, "store"), store.BadgerOptions{Logger: cfg.Logger})
 		if err != nil {
@@ -206,6 +238,11 @@ func (s *Server) bootstrapAdminToken() error {
 	if err != nil {
 		return err
 	}
+	// Recorded, so that it can be listed and revoked (tether token
+	// rotate-admin) like any other.
+	if _, err := s.recordToken(context.Background(), token, "bootstrap"); err != nil {
+		return err
+	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(token+"\n"), 0o600); err != nil {
 		return fmt.Errorf("controlplane: write admin token: %w", err)
@@ -243,12 +280,17 @@ func (s *Server) buildHandler() error {
 		Policy:      Policy(),
 		Now:         s.cfg.Clock.Now,
 		AgentActive: s.agentActive,
+		Revoked:     s.tokenRevoked,
 		Limiter:     &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
+		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
+		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
 		Cache:       auth.NewTokenCache(0),
 	}
+	s.authn = authn
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
+		boundedGzip(s.cfg.MaxRequestBytes),
 		recoverPanic(s.log),
 	}
 	mux := http.NewServeMux()
@@ -258,7 +300,11 @@ func (s *Server) buildHandler() error {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
-	s.handler = mux
+	// Outermost first: a health-only connection answers only /healthz;
+	// every request gets its deadlines; RPCs are authenticated from their
+	// headers before their body is read; an admitted stream loses its
+	// deadlines.
+	s.handler = healthOnly(s.cfg.Conn.MaxConnections, withDeadlines(s.cfg.Conn, authn.Gate(streamsUnbounded(mux))))
 	return nil
 }
 
@@ -289,24 +335,37 @@ func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 
 // Run serves until ctx ends, then shuts down gracefully.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	limits := s.cfg.Conn
 	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler: s.handler,
+		// ReadTimeout and WriteTimeout stay zero: they would cut every
+		// long-lived stream. Each request gets its own deadlines instead
+		// (withDeadlines), lifted for authenticated streams.
+		ReadHeaderTimeout: limits.ReadHeaderTimeout,
+		IdleTimeout:       limits.IdleTimeout,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: limits.MaxStreamsPerConn,
+			SendPingTimeout:      limits.PingInterval,
+			PingTimeout:          limits.PingTimeout,
+		},
 	}
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
-	if s.cfg.TLSCert != "" && s.cfg.TLSKey != "" {
-		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+	if s.cfg.TLSCert != "" {
+		tlsConfig, err := s.cfg.serverTLS()
 		if err != nil {
-			return fmt.Errorf("controlplane: tls: %w", err)
+			return err
 		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		srv.TLSConfig = tlsConfig
 	} else {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
+	s.conns = &connLimiter{Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve, plaintext: srv.TLSConfig == nil}
+	ln = s.conns
 	// The background components (reconcilers, expiry scanners, feeds) run
 	// beside the HTTP server; the first to stop stops everything.
 	ctx, cancelComponents := context.WithCancel(ctx)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -15,9 +16,13 @@ import (
 
 func newServeCommand(g *globals) *cobra.Command {
 	var (
-		listen, tlsCert, tlsKey, logFormat, logLevel string
-		rateLimit                                    float64
-		storage                                      storeFlags
+		listen, tlsCert, tlsKey, tlsClientCA, logFormat, logLevel string
+		rateLimit, anonRateLimit                                  float64
+		insecurePlaintext                                         bool
+		maxRequestBytes                                           int
+		operatorTokenTTL                                          time.Duration
+		limits                                                    = controlplane.DefaultConnLimits
+		storage                                                   storeFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -31,7 +36,14 @@ func newServeCommand(g *globals) *cobra.Command {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()
 			cfg := controlplane.Config{
-				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
+				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, TLSClientCA: tlsClientCA,
+				InsecurePlaintext: insecurePlaintext, Logger: log, RateLimit: rateLimit, AnonymousRateLimit: anonRateLimit,
+				MaxRequestBytes: maxRequestBytes, OperatorTokenTTL: operatorTokenTTL, Conn: limits,
+			}
+			// Refuse a half-configured TLS or an exposed plaintext port
+			// before listening or touching the data directory.
+			if err := cfg.CheckTransport(); err != nil {
+				return err
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -41,7 +53,7 @@ func newServeCommand(g *globals) *cobra.Command {
 			}
 			defer ln.Close()
 			scheme := "http"
-			if tlsCert != "" {
+			if tlsCert != "" && tlsKey != "" {
 				scheme = "https"
 			}
 			closeStore, err := storage.apply(ctx, &cfg, log, scheme, ln.Addr())
@@ -61,12 +73,27 @@ func newServeCommand(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:7420", "address to listen on")
-	f.StringVar(&tlsCert, "tls-cert", "", "TLS certificate file (enables TLS with --tls-key)")
-	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file")
+	f.StringVar(&tlsCert, "tls-cert", "", "TLS certificate file (PEM); TLS needs both --tls-cert and --tls-key, one alone is an error")
+	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file (PEM)")
+	f.StringVar(&tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require every client to present a certificate it signed (mutual TLS; needs --tls-cert)")
+	f.BoolVar(&insecurePlaintext, "insecure-plaintext", false, "allow serving without TLS on an address other machines can reach (behind a TLS-terminating proxy or a mesh); logs a warning")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	storage.register(f)
-	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
+	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per budget, bursts of twice that; an agent's lineage (its root and every descendant) shares one budget, each operator has its own; every stream message counts as a request; 0 disables")
+	f.Float64Var(&anonRateLimit, "anonymous-rate-limit", 10, "requests per second per source address that carry no valid credential, bursts of twice that; 0 disables")
+	f.IntVar(&maxRequestBytes, "max-request-bytes", 1<<20, "largest request message, and each stream message, after decompression")
+	f.DurationVar(&operatorTokenTTL, "token-ttl", 24*time.Hour, "lifetime of a token that tether token create mints without --ttl")
+	f.DurationVar(&limits.ReadHeaderTimeout, "read-header-timeout", limits.ReadHeaderTimeout, "time to read a request's headers")
+	f.DurationVar(&limits.ReadTimeout, "read-timeout", limits.ReadTimeout, "time to read a unary call's body (authenticated streams have none)")
+	f.DurationVar(&limits.WriteTimeout, "write-timeout", limits.WriteTimeout, "time to write a unary call's answer (authenticated streams have none)")
+	f.DurationVar(&limits.IdleTimeout, "idle-timeout", limits.IdleTimeout, "close a connection with no request in flight (HTTP/1.1 keep-alive, HTTP/2 without streams) after this long")
+	f.DurationVar(&limits.PingInterval, "http2-ping-interval", limits.PingInterval, "ping an HTTP/2 connection silent this long")
+	f.DurationVar(&limits.PingTimeout, "http2-ping-timeout", limits.PingTimeout, "close an HTTP/2 connection whose ping is not answered within this")
+	f.IntVar(&limits.MaxStreamsPerConn, "max-streams-per-conn", limits.MaxStreamsPerConn, "concurrent streams per HTTP/2 connection")
+	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections; past it, --health-reserve more may only GET /healthz, the rest are answered 503")
+	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz")
+	f.IntVar(&limits.MaxStreamsPerCaller, "max-streams-per-caller", limits.MaxStreamsPerCaller, "open streams (sessions, watches, lease channels) per principal")
 	return cmd
 }
 
