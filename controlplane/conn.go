@@ -282,3 +282,13 @@ func (b *boundedGzipReader) Reset(r io.Reader) error {
 }
 
 func (b *boundedGzipReader) Close() error { return b.gz.Close() }
+
+// OpenConnections is how many connections the server holds open now
+// (health-only ones included); 0 before Run.
+func (s *Server) OpenConnections() int {
+	conns := s.conns.Load()
+	if conns == nil {
+		return 0
+	}
+	return int(conns.open.Load())
+}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -162,7 +163,7 @@ type Server struct {
 	log        *slog.Logger
 	handler    http.Handler
 	authn      *auth.Interceptor
-	conns      *connLimiter
+	conns      atomic.Pointer[connLimiter]
 	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
@@ -364,8 +365,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
-	s.conns = &connLimiter{Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve, plaintext: srv.TLSConfig == nil}
-	ln = s.conns
+	conns := &connLimiter{Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve, plaintext: srv.TLSConfig == nil}
+	s.conns.Store(conns)
+	ln = conns
 	// The background components (reconcilers, expiry scanners, feeds) run
 	// beside the HTTP server; the first to stop stops everything.
 	ctx, cancelComponents := context.WithCancel(ctx)
