@@ -292,3 +292,7 @@ func (s *Server) OpenConnections() int {
 	}
 	return int(conns.open.Load())
 }
+
+// OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
+// on this server now.
+func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
