@@ -27,6 +27,24 @@ func newServeCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (Connect, gRPC and gRPC-Web on one port)",
+		Long: `Run the control plane (Connect, gRPC and gRPC-Web on one port).
+
+Transport: TLS with --tls-cert and --tls-key (both or neither), mutual TLS with
+--tls-client-ca. Plaintext is allowed on loopback; on any other address only with
+--insecure-plaintext (logged as a warning).
+
+Limits, each with its default below: per-request read and write deadlines for unary
+calls (authenticated streams have none and live as long as their client), idle and
+HTTP/2 ping timeouts, streams per HTTP/2 connection, open connections (past the cap,
+--health-reserve more may only GET /healthz; the rest get 503), open streams per
+caller, the request size after decompression, and rate limits: per lineage for
+agents (a root and every descendant share one budget), per operator, and per source
+address for requests without a valid credential. Every stream message counts as a
+request. Refusals are resource_exhausted (or unavailable at the connection cap)
+with a Retry-After header. docs/reliability.md lists each limit and its test.
+
+The data directory is made private (0700) at start; admin.token is written there on
+first start (tether token rotate-admin replaces it).`,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat, logLevel)
