@@ -45,7 +45,7 @@ with a Retry-After header. docs/reliability.md lists each limit and its test.
 
 The data directory is made private (0700) at start; admin.token is written there on
 first start (tether token rotate-admin replaces it).`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
