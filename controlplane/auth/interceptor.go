@@ -313,23 +313,25 @@ func (i *Interceptor) OpenStreams(principal string) int {
 	return i.streams[principal]
 }
 
-// meteredConn charges every received message after the first.
+// meteredConn charges every received message after the first (paid for
+// when the stream opened).
 type meteredConn struct {
 	connect.StreamingHandlerConn
 	m        *meter
 	received int
 }
 
+// Receive charges a message once it has arrived (a stream waiting quietly
+// for its next message costs nothing); a message over the budget is
+// dropped unhandled and ends the stream with the refusal.
 func (c *meteredConn) Receive(msg any) error {
-	if c.received > 0 {
-		if err := c.m.i.spend(c.m.p, 1); err != nil {
-			return err
-		}
-	}
 	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
 		return err
 	}
 	c.received++
+	if c.received > 1 {
+		return c.m.i.spend(c.m.p, 1)
+	}
 	return nil
 }
 
