@@ -287,6 +287,7 @@ func (s *Server) buildHandler() error {
 		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
 		Cache:       auth.NewTokenCache(0),
 	}
+	authn.Refused = obs.record // refused at the Gate, before the observer interceptor
 	s.authn = authn
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),

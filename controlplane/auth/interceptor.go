@@ -47,6 +47,9 @@ type Interceptor struct {
 	MaxStreams int
 	// Cache remembers verified tokens (nil: verify every request).
 	Cache *TokenCache
+	// Refused, when set, observes every request the Gate refuses (it never
+	// reaches the Connect interceptors, the observer's included).
+	Refused func(ctx context.Context, procedure string, start time.Time, err error)
 
 	streamsMu sync.Mutex
 	streams   map[string]int
@@ -199,8 +202,12 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		start := time.Now()
 		ctx, err := i.authenticate(r.Context(), r.URL.Path, r.Header, r.RemoteAddr)
 		if err != nil {
+			if i.Refused != nil {
+				i.Refused(r.Context(), r.URL.Path, start, err)
+			}
 			// The body is never read: the server discards at most a little
 			// of it and closes an HTTP/1.1 connection; HTTP/2 resets the
 			// stream.
