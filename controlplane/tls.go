@@ -45,6 +45,26 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// peerTLS is the TLS a replica uses to forward calls to the leader: PeerTLS,
+// and when the replicas require client certificates (TLSClientCA), this
+// replica's own certificate presented as the client's — it must then allow
+// client authentication (extended key usage clientAuth).
+func (c *Config) peerTLS() *tls.Config {
+	if c.TLSClientCA == "" || c.TLSCert == "" {
+		return c.PeerTLS
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.PeerTLS != nil {
+		cfg = c.PeerTLS.Clone()
+	}
+	certFile, keyFile := c.TLSCert, c.TLSKey
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		return &cert, err
+	}
+	return cfg
+}
+
 // serverTLS loads the certificate and, with TLSClientCA, requires every
 // client to present a certificate that CA signed.
 func (c *Config) serverTLS() (*tls.Config, error) {
