@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/capability"
@@ -168,13 +169,21 @@ func TestRateLimitPerCaller(t *testing.T) {
 	wantLimit(t, "a limited agent's session", err, connect.CodeResourceExhausted, "rate limit")
 }
 
-// retryAfter is a refusal's Retry-After header.
+// retryAfter is a refusal's Retry-After header; the RetryInfo detail must
+// say the same.
 func retryAfter(err error) string {
 	var ce *connect.Error
-	if errors.As(err, &ce) {
-		return ce.Meta().Get("Retry-After")
+	if !errors.As(err, &ce) {
+		return ""
 	}
-	return ""
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if info, ok := v.(*errdetails.RetryInfo); ok && info.RetryDelay.AsDuration() > 0 {
+				return ce.Meta().Get("Retry-After")
+			}
+		}
+	}
+	return "no RetryInfo detail"
 }
 
 func whoAmI(c *testserver.Clients) error {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Interceptor authenticates every request and applies the Policy.
@@ -149,13 +151,17 @@ func (i *Interceptor) spend(p Principal, n int) error {
 }
 
 // rateLimited is the refusal of a rate limit: resource_exhausted, the
-// wait in the message and in a Retry-After header.
+// wait in the message, in a Retry-After header and in a RetryInfo detail.
 func rateLimited(who string, wait time.Duration) error {
 	if wait <= 0 {
 		wait = time.Millisecond
 	}
 	err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: rate limit for %s exceeded; retry in %s", who, wait.Round(time.Millisecond)))
 	err.Meta().Set(RetryAfterHeader, strconv.Itoa(int(math.Max(1, math.Ceil(wait.Seconds())))))
+	// The same hint for gRPC clients, which read google.rpc.RetryInfo.
+	if detail, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); derr == nil {
+		err.AddDetail(detail)
+	}
 	return err
 }
 
