@@ -146,3 +146,50 @@ func TestCompressedBodyIsBoundedByTheSameLimit(t *testing.T) {
 	wantLimit(t, "a gzip request inflating past the limit", err, connect.CodeResourceExhausted, "65536")
 	assertNodeCount(t, srv.AdminClients(), 0)
 }
+
+// TestOversizedBodiesAreNotReadToTheEnd: an authenticated caller's body
+// past the message limit costs the server at most the limit to refuse —
+// a long unary body, and an enveloped message (gRPC, Connect streams) whose
+// prefix declares 1 GiB — where Connect alone would read on to the end to
+// report the size.
+func TestOversizedBodiesAreNotReadToTheEnd(t *testing.T) {
+	const limit = 64 << 10
+	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.MaxRequestBytes = limit })
+	url, read := serveCounting(t, srv)
+	send := func(what, path, contentType string, body []byte, extra http.Header) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, url+path, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", contentType)
+		req.Header.Set("Authorization", "Bearer "+srv.Admin)
+		for k, v := range extra {
+			req.Header[k] = v
+		}
+		before := read.Load()
+		resp, err := testserver.H2CClient().Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if n := read.Load() - before; n > 2*limit {
+			t.Fatalf("%s: the server read %d bytes of a body past the %d limit", what, n, limit)
+		}
+		return resp, string(b)
+	}
+	// Connect unary: 8 MiB of JSON.
+	resp, body := send("a long unary body", "/tether.v1.AgentService/RegisterRoot", "application/json",
+		append([]byte(`{"name":"`), bytes.Repeat([]byte("x"), 8<<20)...), nil)
+	if !strings.Contains(body, "resource_exhausted") || !strings.Contains(body, "65536") {
+		t.Fatalf("a long unary body: %s %s", resp.Status, body)
+	}
+	// gRPC: one envelope declaring 1 GiB, followed by 4 MiB.
+	envelope := append([]byte{0, 0x40, 0, 0, 0}, make([]byte, 4<<20)...)
+	resp, _ = send("a 1 GiB envelope", "/tether.v1.AuthService/WhoAmI", "application/grpc", envelope, http.Header{"Te": {"trailers"}})
+	if got := resp.Trailer.Get("Grpc-Status") + resp.Header.Get("Grpc-Status"); got != "8" {
+		t.Fatalf("a 1 GiB envelope: grpc-status %q (%s), want 8 (resource_exhausted)", got, resp.Trailer.Get("Grpc-Message")+resp.Header.Get("Grpc-Message"))
+	}
+	assertNodeCount(t, srv.AdminClients(), 0)
+}

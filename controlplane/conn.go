@@ -4,12 +4,14 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -296,3 +298,64 @@ func (s *Server) OpenConnections() int {
 // OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
 // on this server now.
 func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
+
+// boundBodies bounds what an authenticated request's body can make the
+// server read. Connect, refusing a message past the limit, reads on to
+// the end of it to report its size: a unary body is read to its end,
+// however long, and an enveloped message (streams, gRPC) for as many bytes
+// as its 5-byte prefix declares — up to 4 GiB. Here a unary body fails one
+// byte past the limit, and an envelope declaring more than the limit fails
+// right after its prefix, so the refusal (resource_exhausted, naming the
+// limit) costs at most the limit.
+func boundBodies(limit int, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body != nil && r.Body != http.NoBody {
+			ct := r.Header.Get("Content-Type")
+			if strings.HasPrefix(ct, "application/connect+") || strings.HasPrefix(ct, "application/grpc") {
+				r.Body = &envelopeGuard{ReadCloser: r.Body, limit: int64(limit)}
+			} else {
+				r.Body = http.MaxBytesReader(w, r.Body, int64(limit)+1)
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// envelopeGuard follows the envelopes of a body as they are read and fails
+// the read after a prefix that declares a message larger than limit.
+type envelopeGuard struct {
+	io.ReadCloser
+	limit  int64
+	prefix [5]byte
+	seen   int   // bytes of the current prefix read so far
+	left   int64 // bytes of the current message still to come
+	err    error
+}
+
+func (g *envelopeGuard) Read(p []byte) (int, error) {
+	if g.err != nil {
+		return 0, g.err
+	}
+	n, err := g.ReadCloser.Read(p)
+	for i := 0; i < n; {
+		if g.left > 0 {
+			k := min(int64(n-i), g.left)
+			g.left -= k
+			i += int(k)
+			continue
+		}
+		g.prefix[g.seen] = p[i]
+		g.seen++
+		i++
+		if g.seen < len(g.prefix) {
+			continue
+		}
+		g.seen = 0
+		g.left = int64(binary.BigEndian.Uint32(g.prefix[1:]))
+		if g.left > g.limit {
+			g.err = fmt.Errorf("a message of %d bytes, larger than the limit of %d bytes; not reading it", g.left, g.limit)
+			return i, nil // the prefix, so that the reader learns the size
+		}
+	}
+	return n, err
+}

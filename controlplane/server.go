@@ -304,9 +304,10 @@ func (s *Server) buildHandler() error {
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
 	// Outermost first: a health-only connection answers only /healthz;
 	// every request gets its deadlines; RPCs are authenticated from their
-	// headers before their body is read; an admitted stream loses its
+	// headers before their body is read; an admitted request's body is
+	// bounded by the message limit; an admitted stream loses its
 	// deadlines.
-	s.handler = healthOnly(s.cfg.Conn.MaxConnections, withDeadlines(s.cfg.Conn, authn.Gate(streamsUnbounded(mux))))
+	s.handler = healthOnly(s.cfg.Conn.MaxConnections, withDeadlines(s.cfg.Conn, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(mux)))))
 	return nil
 }
 
