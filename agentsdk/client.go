@@ -2,7 +2,11 @@ package agentsdk
 
 import (
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 
@@ -32,7 +36,8 @@ type Conn struct {
 
 // Dial returns a connection to baseURL ("http://host:port" for HTTP/2
 // cleartext, "https://…" for TLS) presenting token. A nil client gets an
-// HTTP/2 client.
+// HTTP/2 client; pass HTTP2ClientTLS(baseURL, cfg) to trust a private CA or
+// present a client certificate (mutual TLS).
 func Dial(baseURL, token string, hc *http.Client) *Conn {
 	if hc == nil {
 		hc = HTTP2Client(baseURL)
@@ -62,13 +67,53 @@ func (c *Conn) SetToken(t string) {
 	c.mu.Unlock()
 }
 
-// HTTP2Client speaks HTTP/2: cleartext for http:// URLs, TLS for https://.
-func HTTP2Client(baseURL string) *http.Client {
+// HTTP2Client speaks HTTP/2: cleartext for http:// URLs, TLS for https://
+// (verified against the system roots).
+func HTTP2Client(baseURL string) *http.Client { return HTTP2ClientTLS(baseURL, nil) }
+
+// HTTP2ClientTLS is HTTP2Client with tlsConfig for https:// URLs: a private
+// CA to trust, a client certificate to present (TLSConfig builds one). nil
+// means the system roots and no client certificate.
+func HTTP2ClientTLS(baseURL string, tlsConfig *tls.Config) *http.Client {
 	p := new(http.Protocols)
 	if strings.HasPrefix(baseURL, "https://") {
 		p.SetHTTP2(true)
 	} else {
 		p.SetUnencryptedHTTP2(true)
 	}
-	return &http.Client{Transport: &http.Transport{Protocols: p, TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12}}}
+	if tlsConfig == nil {
+		tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: &http.Transport{Protocols: p, TLSClientConfig: tlsConfig}}
+}
+
+// TLSConfig builds the TLS configuration of a client of the control plane:
+// caFile (PEM) is the CA that signed the server's certificate ("" trusts
+// the system roots); certFile and keyFile (PEM, both or neither) are the
+// client certificate presented to a server that requires one
+// (tether serve --tls-client-ca).
+func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("agentsdk: TLS CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("agentsdk: TLS CA %s holds no PEM certificate", caFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("agentsdk: a client certificate needs both its certificate and its key")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("agentsdk: client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
 }

@@ -51,8 +51,10 @@ var ErrScopeNotGranted = errors.New("agentsdk: scope not granted")
 type VerifierConfig struct {
 	// Conn reaches the control plane: the key set is fetched from
 	// Conn.BaseURL + JWKSPath, and the revocation feed is followed with
-	// Conn's bearer token (any reader: a viewer token or an agent
-	// credential).
+	// Conn's bearer token. A tool server verifying tokens from any agent
+	// uses an operator token (a viewer's is enough), which sees the whole
+	// feed; an agent credential sees only its own lineage's revocations,
+	// so it suits only a verifier of tokens from that lineage.
 	Conn *Conn
 	// Issuer is the expected iss; default "tether".
 	Issuer string

@@ -23,6 +23,12 @@ type Tombstone struct {
 	// so the tombstone may leave the feed and every set. See DropAfter.
 	DropAfter time.Time
 	Reason    string
+	// Holder is the node holding the revoked grant and Lineage the root of
+	// its tree, so that the feed can show an agent only what concerns its
+	// own lineage. Both are empty for a revoked bearer token (GrantID then
+	// holds the token's id) and for tombstones written before they were
+	// recorded.
+	Holder, Lineage string
 }
 
 // DropAfter is the earliest safe drop time for a tombstone written at
@@ -46,6 +52,7 @@ func TombstoneFor(g Grant, sequence uint64) (Tombstone, error) {
 		RevokedAt: g.RevokedAt,
 		DropAfter: DropAfter(g.RevokedAt),
 		Reason:    g.Reason,
+		Holder:    g.HolderNodeID,
 	}, nil
 }
 

@@ -273,12 +273,20 @@ func TestHealthMetricsAndJWKS(t *testing.T) {
 		}
 	}
 	register(t, srv.AdminClients(), "metered")
+	// Refused at the Gate, before any interceptor: still observed.
+	if _, err := srv.Clients("forged").Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("a forged token: %v", err)
+	}
 	resp, err := srv.HTTP.Get(srv.URL + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := readAll(t, resp); !strings.Contains(body, `rpc_method="/tether.v1.AgentService/RegisterRoot"`) {
+	body := readAll(t, resp)
+	if !strings.Contains(body, `rpc_method="/tether.v1.AgentService/RegisterRoot"`) {
 		t.Fatalf("/metrics has no RegisterRoot series:\n%.2000s", body)
+	}
+	if !strings.Contains(body, `rpc_code="unauthenticated",rpc_method="/tether.v1.AuthService/WhoAmI"`) {
+		t.Fatalf("/metrics does not count the refused call:\n%.4000s", body)
 	}
 }
 

@@ -24,7 +24,9 @@ type agentService struct {
 // still act: the credential dies with the node's termination, and from the
 // moment its exit is confirmed every call with it (but a repeated
 // ConfirmExit) is refused and kept on the node as contradicting evidence.
-func (s *Server) agentActive(ctx context.Context, nodeID string) error {
+// It returns the node's lineage (the root of its tree), which the rate
+// limiter charges.
+func (s *Server) agentActive(ctx context.Context, nodeID string) (string, error) {
 	procedure := auth.ProcedureFromContext(ctx)
 	if procedure == tetherv1connect.AgentServiceConfirmExitProcedure {
 		return s.nodeAlive(ctx, nodeID)
@@ -37,7 +39,7 @@ func activityOf(procedure string) string {
 	switch {
 	case procedure == tetherv1connect.AgentServiceSpawnProcedure:
 		return supervisor.ActivitySpawn
-	case procedure == tetherv1connect.AgentServiceSessionProcedure:
+	case procedure == tetherv1connect.AgentServiceSessionProcedure, procedure == tetherv1connect.AgentServiceWatchSignalsProcedure:
 		return supervisor.ActivitySession
 	case procedure == tetherv1connect.CapabilityServiceDelegateProcedure:
 		return supervisor.ActivityDelegate
@@ -51,36 +53,44 @@ func activityOf(procedure string) string {
 
 // agentAct refuses activity from a node that is terminated or unknown
 // (revoked) or whose exit was confirmed (FailedPrecondition, kept as a
-// contradiction).
-func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) error {
+// contradiction), and returns its lineage.
+func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (string, error) {
 	n, err := s.tree.Act(ctx, nodeID, kind, detail)
 	switch {
 	case errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument):
-		return fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
+		return "", fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
 	case errors.Is(err, supervisor.ErrNodeExited):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
+		return "", connect.NewError(connect.CodeFailedPrecondition, err)
 	case err != nil:
-		return err
+		return "", err
 	case n.State == tetherv1.NodeState_NODE_STATE_TERMINATED:
-		return fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
+		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
-	return nil
+	return lineageOf(n), nil
+}
+
+// lineageOf is the root of a node's tree.
+func lineageOf(n *tetherv1.Node) string {
+	if len(n.Ancestors) > 0 {
+		return n.Ancestors[0]
+	}
+	return n.NodeId
 }
 
 // nodeAlive is agentActive without the exit check: the node is neither
 // terminated nor unknown.
-func (s *Server) nodeAlive(ctx context.Context, nodeID string) error {
+func (s *Server) nodeAlive(ctx context.Context, nodeID string) (string, error) {
 	n, err := s.tree.Get(ctx, nodeID)
 	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
-		return fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
+		return "", fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
 	if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
-		return fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
+		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
-	return nil
+	return lineageOf(n), nil
 }
 
 func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[tetherv1.RegisterRootRequest]) (*connect.Response[tetherv1.RegisterRootResponse], error) {

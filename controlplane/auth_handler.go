@@ -45,8 +45,8 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 		return nil, invalid("role is required: one of ROLE_VIEWER, ROLE_OPERATOR, ROLE_SECURITY, ROLE_ADMIN")
 	}
 	ttl := req.Msg.GetTtl().AsDuration()
-	if req.Msg.Ttl == nil {
-		ttl = 24 * time.Hour
+	if req.Msg.Ttl == nil || ttl == 0 {
+		ttl = a.s.cfg.OperatorTokenTTL
 	}
 	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
 		return nil, invalid("ttl must be positive and at most %s", MaxOperatorTokenTTL)
@@ -63,6 +63,11 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 		return nil, toConnect(err)
 	}
 	p, _ := auth.FromContext(ctx)
+	// Recorded before it is handed out: a token nobody can list or revoke
+	// is never returned.
+	if _, err := a.s.recordToken(ctx, token, p.ID()); err != nil {
+		return nil, toConnect(err)
+	}
 	a.s.log.Info("operator token created", "by", p.ID(), "subject", subject, "role", role.String(), "token_id", tokenID)
 	return connect.NewResponse(&tetherv1.CreateTokenResponse{Token: token, TokenId: tokenID, ExpiresAt: timestamppb.New(exp)}), nil
 }

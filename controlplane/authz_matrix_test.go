@@ -141,6 +141,8 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.AuthServiceWhoAmIProcedure:      allow(authenticated, toolServers),
 	tetherv1connect.AuthServiceRotateKeysProcedure:  allow(callers(admin)),
 	tetherv1connect.AuthServiceListKeysProcedure:    allow(everyReader),
+	tetherv1connect.AuthServiceRevokeTokenProcedure: allow(callers(security, admin)),
+	tetherv1connect.AuthServiceListTokensProcedure:  allow(callers(security, admin)),
 
 	tetherv1connect.AgentServiceRegisterRootProcedure: allow(operators),
 	tetherv1connect.AgentServiceSpawnProcedure:        allow(callers(self), operators),
@@ -467,6 +469,14 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 	},
 	tetherv1connect.AuthServiceListKeysProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		return plain(w.as(c).Auth.ListKeys(ctx, connect.NewRequest(&tetherv1.ListKeysRequest{})))
+	},
+	// A token id nobody minted: those allowed get not_found, and no
+	// token of the matrix is revoked.
+	tetherv1connect.AuthServiceRevokeTokenProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: "tok-never-minted", Reason: "matrix"})))
+	},
+	tetherv1connect.AuthServiceListTokensProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).Auth.ListTokens(ctx, connect.NewRequest(&tetherv1.ListTokensRequest{})))
 	},
 	tetherv1connect.AgentServiceReportReadyProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		return plain(w.as(c).Agent.ReportReady(ctx, connect.NewRequest(&tetherv1.ReportReadyRequest{NodeId: w.ids[self]})))

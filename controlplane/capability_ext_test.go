@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -983,5 +984,78 @@ func TestAcknowledgedRevocationsSurviveKill9(t *testing.T) {
 	}
 	if res.Sequence != uint64(len(feed))+1 {
 		t.Fatalf("the next revocation got sequence %d after %d tombstones", res.Sequence, len(feed))
+	}
+}
+
+// TestAgentsSeeOnlyTheirLineagesRevocations: an agent's WatchRevocations
+// carries the tombstones of grants held in its own tree, with an
+// operator's reason only when the revoked grant's holder is the agent or
+// one of its ancestors; operators see the whole feed, revoked tokens
+// included.
+func TestAgentsSeeOnlyTheirLineagesRevocations(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	a := register(t, admin, "a")
+	a1 := spawn(t, srv.Clients(a.Credential), a.Node.NodeId, "a1")
+	a2 := spawn(t, srv.Clients(a1.Credential), a1.Node.NodeId, "a2")
+	b := register(t, admin, "b")
+	issue := func(holder string) string {
+		resp, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: holder, Scopes: []string{"tool:x"}, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Grant.GrantId
+	}
+	revoke := func(grant, reason string) {
+		if _, err := admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grant}, Reason: reason})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ga1, gb := issue(a1.Node.NodeId), issue(b.Node.NodeId)
+	revoke(ga1, "a1 exfiltrated data to host evil.example")
+	revoke(gb, "b is being investigated")
+	tok := createToken(t, admin, tetherv1.Role_ROLE_VIEWER, "leaked", time.Hour)
+	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: tok.TokenId, Reason: "leaked in a ticket"})); err != nil {
+		t.Fatal(err)
+	}
+
+	// feed returns what a caller sees of the whole feed: grant → reason.
+	feed := func(token string) (map[string]string, uint64) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := srv.Clients(token).Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+		if err != nil || !stream.Receive() {
+			t.Fatalf("watch: %v %v", err, stream.Err())
+		}
+		seen := map[string]string{}
+		for _, ts := range stream.Msg().Tombstones {
+			seen[ts.GrantId] = ts.Reason
+		}
+		return seen, stream.Msg().HeadSequence
+	}
+	all, head := feed(srv.Admin)
+	if len(all) != 3 || all[ga1] == "" || all[tok.TokenId] != "leaked in a ticket" {
+		t.Fatalf("the operator's feed: %v", all)
+	}
+	for _, tc := range []struct {
+		name, token string
+		want        map[string]string
+	}{
+		// a2 is in the subtree of a1, whose grant was revoked: it sees why.
+		{"a2, below the holder", a2.Credential, map[string]string{ga1: "a1 exfiltrated data to host evil.example"}},
+		{"a1, the holder", a1.Credential, map[string]string{ga1: "a1 exfiltrated data to host evil.example"}},
+		// a, the root, is of the lineage but outside the affected subtree.
+		{"a, above the holder", a.Credential, map[string]string{ga1: ""}},
+		{"b, another lineage", b.Credential, map[string]string{gb: "b is being investigated"}},
+	} {
+		got, gotHead := feed(tc.token)
+		if !maps.Equal(got, tc.want) {
+			t.Fatalf("%s sees %v, want %v", tc.name, got, tc.want)
+		}
+		if gotHead != head {
+			t.Fatalf("%s: head %d, want the feed's %d", tc.name, gotHead, head)
+		}
 	}
 }

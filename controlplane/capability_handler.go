@@ -166,17 +166,27 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 }
 
 // WatchRevocations streams the revocation feed; see grantstore's package
-// documentation for the protocol.
+// documentation for the protocol. Operators and tool servers get the whole
+// feed. An agent gets only its own lineage's tombstones (the grants held in
+// its tree), with the reason only for grants held by itself or an ancestor
+// — the subtree the revocation affects; the sequence numbers and heads are
+// the feed's, so its position and snapshots work as for anyone.
 func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.Request[tetherv1.WatchRevocationsRequest], stream *connect.ServerStream[tetherv1.WatchRevocationsResponse]) error {
-	err := c.s.grants.WatchRevocations(ctx, req.Msg.AfterSequence, func(m grantstore.FeedMessage) error {
+	show, err := c.revocationFilter(ctx)
+	if err != nil {
+		return toConnect(err)
+	}
+	err = c.s.grants.WatchRevocations(ctx, req.Msg.AfterSequence, func(m grantstore.FeedMessage) error {
 		msg := &tetherv1.WatchRevocationsResponse{
-			Tombstones:   make([]*tetherv1.Tombstone, len(m.Tombstones)),
+			Tombstones:   make([]*tetherv1.Tombstone, 0, len(m.Tombstones)),
 			HeadSequence: m.Head,
 			ServerTime:   timestamppb.New(m.ServerTime),
 			Snapshot:     m.Snapshot,
 		}
-		for i, t := range m.Tombstones {
-			msg.Tombstones[i] = grantstore.TombstoneToProto(t)
+		for _, t := range m.Tombstones {
+			if t, ok := show(t); ok {
+				msg.Tombstones = append(msg.Tombstones, grantstore.TombstoneToProto(t))
+			}
 		}
 		return stream.Send(msg)
 	})
@@ -184,6 +194,35 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 		return nil // the follower went away
 	}
 	return toConnect(err)
+}
+
+// revocationFilter decides which tombstones the caller sees, and how.
+func (c *capabilityService) revocationFilter(ctx context.Context) (func(capability.Tombstone) (capability.Tombstone, bool), error) {
+	p, _ := auth.FromContext(ctx)
+	if !p.IsAgent() {
+		return func(t capability.Tombstone) (capability.Tombstone, bool) { return t, true }, nil
+	}
+	node, err := c.s.tree.Get(ctx, p.NodeID())
+	if err != nil {
+		return nil, err
+	}
+	lineage := node.NodeId
+	if len(node.Ancestors) > 0 {
+		lineage = node.Ancestors[0]
+	}
+	affects := map[string]bool{node.NodeId: true} // holders whose subtree holds the caller
+	for _, a := range node.Ancestors {
+		affects[a] = true
+	}
+	return func(t capability.Tombstone) (capability.Tombstone, bool) {
+		if t.Lineage == "" || t.Lineage != lineage {
+			return capability.Tombstone{}, false
+		}
+		if !affects[t.Holder] {
+			t.Reason = ""
+		}
+		return t, true
+	}, nil
 }
 
 // Grants is the capability tree's store-backed service: the supervisor's

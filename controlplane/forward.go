@@ -90,7 +90,7 @@ func (s *Server) buildLeaseRouting() {
 		leases:   s.leases,
 		observer: observer,
 		self:     observer.Self(),
-		http:     peerClient(s.cfg.PeerTLS),
+		http:     peerClient(s.cfg.peerTLS()),
 		log:      s.log,
 		changed:  make(chan struct{}),
 		clients:  map[string]tetherv1connect.LeaseServiceClient{},

@@ -607,6 +607,12 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 		batch := req.Batch
 		req.Batch = nil
 		if len(batch) > 0 {
+			// Each message of a batch costs the lineage's budget like a
+			// call of its own.
+			if err := auth.Spend(ctx, len(batch)); err != nil {
+				recvErr = err
+				break
+			}
 			out.batching.Store(true)
 		}
 		for i := -1; i < len(batch) && recvErr == nil; i++ {

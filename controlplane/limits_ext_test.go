@@ -2,12 +2,14 @@ package controlplane_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/capability"
@@ -165,4 +167,223 @@ func TestRateLimitPerCaller(t *testing.T) {
 	_ = stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: resp.Msg.Node.NodeId}}})
 	_, err = stream.Receive()
 	wantLimit(t, "a limited agent's session", err, connect.CodeResourceExhausted, "rate limit")
+}
+
+// retryAfter is a refusal's Retry-After header; the RetryInfo detail must
+// say the same.
+func retryAfter(err error) string {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	for _, d := range ce.Details() {
+		if v, derr := d.Value(); derr == nil {
+			if info, ok := v.(*errdetails.RetryInfo); ok && info.RetryDelay.AsDuration() > 0 {
+				return ce.Meta().Get("Retry-After")
+			}
+		}
+	}
+	return "no RetryInfo detail"
+}
+
+func whoAmI(c *testserver.Clients) error {
+	_, err := c.Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	return err
+}
+
+// TestRateLimitIsSharedByTheLineage plays a swarm that spawns children to
+// multiply its rate: a root and its 20 children share one budget, every
+// stream message spends from it, and a batch on a lease Channel costs
+// one per message it carries.
+func TestRateLimitIsSharedByTheLineage(t *testing.T) {
+	clk := clock.NewManual(time.Now().UTC())
+	const burst = 6
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, burst })
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	refill := func() { clk.Advance(10 * time.Second) } // a full bucket at 1/s
+	root := register(t, admin, "swarm")
+	rootClients := srv.Clients(root.Credential)
+	callers := []*testserver.Clients{rootClients}
+	for i := range 20 {
+		refill()
+		callers = append(callers, srv.Clients(spawn(t, rootClients, root.Node.NodeId, fmt.Sprintf("child-%d", i)).Credential))
+	}
+
+	// One instant, 21 agents of one lineage: one burst between them all.
+	refill()
+	allowed := 0
+	var refusal error
+	for _, c := range callers {
+		if err := whoAmI(c); err == nil {
+			allowed++
+		} else if refusal == nil {
+			refusal = err
+		}
+	}
+	if allowed != burst {
+		t.Fatalf("21 agents of one lineage made %d calls in one instant, want the lineage's burst of %d", allowed, burst)
+	}
+	wantLimit(t, "the lineage past its burst", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId, "retry in 1s")
+	if got := retryAfter(refusal); got != "1" {
+		t.Fatalf("Retry-After = %q, want 1", got)
+	}
+	// Another tree has its own budget, and so does the admin.
+	other := register(t, admin, "other")
+	if err := whoAmI(srv.Clients(other.Credential)); err != nil {
+		t.Fatalf("another lineage was limited by the swarm's: %v", err)
+	}
+
+	// A session: opening it costs one call, every heartbeat one more.
+	refill()
+	session := rootClients.Agent.Session(ctx)
+	defer func() { _ = session.CloseRequest(); _ = session.CloseResponse() }()
+	if err := session.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: root.Node.NodeId}}}); err != nil {
+		t.Fatal(err)
+	}
+	acks := 0
+	var sessionErr error
+	for sessionErr == nil {
+		_ = session.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}})
+		for {
+			m, err := session.Receive()
+			if err != nil {
+				sessionErr = err
+				break
+			}
+			if m.GetHeartbeatAck() != nil {
+				acks++
+				break
+			}
+		}
+		if acks > 100 {
+			t.Fatal("a session's heartbeats are not rate limited")
+		}
+	}
+	if acks != burst-1 {
+		t.Fatalf("%d heartbeats answered, want %d (the burst less the session's opening)", acks, burst-1)
+	}
+	wantLimit(t, "a heartbeat past the lineage's burst", sessionErr, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
+
+	// A lease Channel: a batch of n messages costs n (+1 for the stream
+	// message that carries it, after the first).
+	refill()
+	progress := func(id uint64) *tetherv1.ChannelRequest {
+		return &tetherv1.ChannelRequest{CorrelationId: id, Message: &tetherv1.ChannelRequest_Progress{Progress: &tetherv1.ProgressRequest{JobId: "job", ProgressValue: "1"}}}
+	}
+	channel := callers[1].Lease.Channel(ctx)
+	defer func() { _ = channel.CloseRequest(); _ = channel.CloseResponse() }()
+	first := progress(1)
+	first.Batch = []*tetherv1.ChannelRequest{progress(2), progress(3)} // open 1 + batch 2: 3 of 6
+	if err := channel.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	answered := 0
+	for answered < 3 {
+		m, err := channel.Receive()
+		if err != nil {
+			t.Fatalf("a batch within the budget: %v", err)
+		}
+		answered += 1 + len(m.Batch)
+	}
+	big := progress(10) // 1 for the message + 10 for its batch: past the 3 left
+	for i := range 10 {
+		big.Batch = append(big.Batch, progress(uint64(11+i)))
+	}
+	_ = channel.Send(big)
+	for {
+		m, err := channel.Receive()
+		if err != nil {
+			wantLimit(t, "a batch past the lineage's budget", err, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId, "batch of 10")
+			break
+		}
+		if m.CorrelationId >= 10 {
+			t.Fatalf("a message of the refused batch was judged: %v", m)
+		}
+	}
+}
+
+// TestRequestsWithoutCredentialAreLimitedPerAddress: a source that keeps
+// sending bad tokens is refused before its next token is verified, while a
+// caller whose token the server already verified goes on.
+func TestRequestsWithoutCredentialAreLimitedPerAddress(t *testing.T) {
+	clk := clock.NewManual(time.Now().UTC())
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.AnonymousRateLimit = 1 })
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	created, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{Role: tetherv1.Role_ROLE_VIEWER}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := srv.Clients("not-a-token")
+	none := testserver.NewClients(srv.HTTP, srv.URL, "")
+	for i, c := range []*testserver.Clients{bad, none} {
+		if err := whoAmI(c); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("bad request %d within the burst of 2: %v, want unauthenticated", i+1, err)
+		}
+	}
+	err = whoAmI(bad)
+	wantLimit(t, "the third bad request", err, connect.CodeResourceExhausted, "without a valid credential from 127.0.0.1", "retry in 1s")
+	if retryAfter(err) != "1" {
+		t.Fatalf("Retry-After = %q", retryAfter(err))
+	}
+	// A token already verified is not held up by its neighbours' failures;
+	// one never seen from this address waits its turn.
+	if err := whoAmI(admin); err != nil {
+		t.Fatalf("the admin, verified before: %v", err)
+	}
+	viewer := srv.Clients(created.Msg.Token)
+	wantLimit(t, "an unverified token from the flooded address", whoAmI(viewer), connect.CodeResourceExhausted, "without a valid credential")
+	clk.Advance(2 * time.Second)
+	if err := whoAmI(viewer); err != nil {
+		t.Fatalf("after the address's bucket refilled: %v", err)
+	}
+}
+
+// TestOpenStreamsPerCaller: one principal cannot hold more than its share
+// of quiet streams; the slot frees when a stream ends.
+func TestOpenStreamsPerCaller(t *testing.T) {
+	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.Conn.MaxStreamsPerCaller = 3 })
+	admin := srv.AdminClients()
+	hoarder := register(t, admin, "hoarder")
+	agent := srv.Clients(hoarder.Credential)
+	open := func(c *testserver.Clients) (context.CancelFunc, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		stream, err := c.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+		if err == nil && !stream.Receive() {
+			err = stream.Err()
+		}
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		return cancel, nil
+	}
+	var cancels []context.CancelFunc
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+	}()
+	for i := range 3 {
+		cancel, err := open(agent)
+		if err != nil {
+			t.Fatalf("stream %d of 3: %v", i+1, err)
+		}
+		cancels = append(cancels, cancel)
+	}
+	_, err := open(agent)
+	wantLimit(t, "a fourth stream", err, connect.CodeResourceExhausted, "agent:"+hoarder.Node.NodeId, "3 open streams")
+	if cancel, err := open(srv.Clients(register(t, admin, "neighbour").Credential)); err != nil {
+		t.Fatalf("another agent was limited by the hoarder: %v", err)
+	} else {
+		cancels = append(cancels, cancel)
+	}
+	cancels[0]()
+	testserver.WaitFor(t, 10*time.Second, "the closed stream to free its slot", func() bool { return srv.OpenStreams("agent:"+hoarder.Node.NodeId) == 2 })
+	if cancel, err := open(agent); err != nil {
+		t.Fatalf("after one stream closed: %v", err)
+	} else {
+		cancels = append(cancels, cancel)
+	}
 }

@@ -15,6 +15,8 @@ func Policy() auth.Policy {
 		tetherv1connect.AuthServiceWhoAmIProcedure:      auth.Identity,
 		tetherv1connect.AuthServiceRotateKeysProcedure:  auth.Admin,
 		tetherv1connect.AuthServiceListKeysProcedure:    auth.ReadOperators,
+		tetherv1connect.AuthServiceRevokeTokenProcedure: auth.Security,
+		tetherv1connect.AuthServiceListTokensProcedure:  auth.Security,
 
 		tetherv1connect.AgentServiceRegisterRootProcedure: auth.Operate,
 		tetherv1connect.AgentServiceSpawnProcedure:        auth.OperateOrAgent,

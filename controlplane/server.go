@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -47,8 +48,17 @@ type Config struct {
 	DataDir string
 	// Listen is the address to serve on, e.g. "127.0.0.1:7420".
 	Listen string
-	// TLSCert and TLSKey enable TLS when both are set.
+	// TLSCert and TLSKey enable TLS; one without the other is an error.
 	TLSCert, TLSKey string
+	// TLSClientCA, when set, makes TLS mutual: every client must present a
+	// certificate this CA (a PEM file) signed.
+	TLSClientCA string
+	// InsecurePlaintext allows serving without TLS on an address other
+	// machines can reach (New refuses otherwise); the server warns.
+	InsecurePlaintext bool
+	// Conn bounds connections, request times and open streams; zero fields
+	// take DefaultConnLimits.
+	Conn ConnLimits
 	// Store overrides the embedded Badger store (tests, etcd). The server
 	// does not close a store it was given.
 	Store  store.Store
@@ -96,10 +106,19 @@ type Config struct {
 	PrivilegeHookTimeout time.Duration
 	// StopPolicy decides which stop proposals are approved automatically.
 	StopPolicy supervisor.ProposalPolicy
-	// RateLimit is each caller's sustained request rate per second, with
-	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited.
+	// RateLimit is each budget's sustained request rate per second, with
+	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited. An agent
+	// shares one budget with its whole lineage (its root and every
+	// descendant); an operator has its own. Every stream message costs one
+	// request, like a unary call.
 	RateLimit float64
 	RateBurst float64
+	// AnonymousRateLimit bounds, per source address, the requests that
+	// carry no valid credential (bursts of twice that); zero: unlimited.
+	AnonymousRateLimit float64
+	// OperatorTokenTTL is the lifetime of a token CreateToken mints when
+	// the request names none; default 24h.
+	OperatorTokenTTL time.Duration
 	// CapabilityTokenTTL is the lifetime of capability tokens; default
 	// capability.DefaultTokenTTL, at most capability.MaxTokenTTL.
 	CapabilityTokenTTL time.Duration
@@ -130,6 +149,10 @@ func (c *Config) defaults() {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:7420"
 	}
+	if c.OperatorTokenTTL == 0 {
+		c.OperatorTokenTTL = 24 * time.Hour
+	}
+	c.Conn.defaults()
 }
 
 // Server is one control-plane process.
@@ -150,6 +173,8 @@ type Server struct {
 	grants     *grantstore.Service
 	log        *slog.Logger
 	handler    http.Handler
+	authn      *auth.Interceptor
+	conns      atomic.Pointer[connLimiter]
 	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
@@ -159,13 +184,21 @@ type Server struct {
 // New opens the store, loads the key ring and builds the handlers.
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.defaults()
+	if err := cfg.CheckTransport(); err != nil {
+		return nil, err
+	}
+	if cfg.TLSCert == "" && !loopback(cfg.Listen) {
+		cfg.Logger.Warn("serving plaintext on an address other machines can reach (--insecure-plaintext): credentials cross the network in the clear unless something in front encrypts them", "addr", cfg.Listen)
+	}
 	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Logger}
+	if cfg.DataDir != "" {
+		if err := privateDir(cfg.DataDir, cfg.Logger); err != nil {
+			return nil, err
+		}
+	}
 	if s.store == nil {
 		if cfg.DataDir == "" {
 			return nil, errors.New("controlplane: a data directory or a store is required")
-		}
-		if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-			return nil, fmt.Errorf("controlplane: data dir: %w", err)
 		}
 		b, err := store.OpenBadger(filepath.Join(cfg.DataDir, "store"), store.BadgerOptions{Logger: cfg.Logger})
 		if err != nil {
@@ -227,6 +260,11 @@ func (s *Server) bootstrapAdminToken() error {
 	if err != nil {
 		return err
 	}
+	// Recorded, so that it can be listed and revoked (tether token
+	// rotate-admin) like any other.
+	if _, err := s.recordToken(context.Background(), token, "bootstrap"); err != nil {
+		return err
+	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(token+"\n"), 0o600); err != nil {
 		return fmt.Errorf("controlplane: write admin token: %w", err)
@@ -264,12 +302,18 @@ func (s *Server) buildHandler() error {
 		Policy:      Policy(),
 		Now:         s.cfg.Clock.Now,
 		AgentActive: s.agentActive,
+		Revoked:     s.tokenRevoked,
 		Limiter:     &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
+		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
+		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
 		Cache:       auth.NewTokenCache(0),
 	}
+	authn.Refused = obs.record // refused at the Gate, before the observer interceptor
+	s.authn = authn
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes),
+		boundedGzip(s.cfg.MaxRequestBytes),
 		recoverPanic(s.log),
 	}
 	mux := http.NewServeMux()
@@ -279,7 +323,12 @@ func (s *Server) buildHandler() error {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
-	s.handler = mux
+	// Outermost first: a health-only connection answers only /healthz;
+	// every request gets its deadlines; RPCs are authenticated from their
+	// headers before their body is read; an admitted request's body is
+	// bounded by the message limit; an admitted stream loses its
+	// deadlines.
+	s.handler = healthOnly(s.cfg.Conn.MaxConnections, withDeadlines(s.cfg.Conn, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(mux)))))
 	return nil
 }
 
@@ -310,24 +359,38 @@ func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 
 // Run serves until ctx ends, then shuts down gracefully.
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
+	limits := s.cfg.Conn
 	srv := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: 10 * time.Second,
+		Handler: s.handler,
+		// ReadTimeout and WriteTimeout stay zero: they would cut every
+		// long-lived stream. Each request gets its own deadlines instead
+		// (withDeadlines), lifted for authenticated streams.
+		ReadHeaderTimeout: limits.ReadHeaderTimeout,
+		IdleTimeout:       limits.IdleTimeout,
+		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: limits.MaxStreamsPerConn,
+			SendPingTimeout:      limits.PingInterval,
+			PingTimeout:          limits.PingTimeout,
+		},
 	}
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
-	if s.cfg.TLSCert != "" && s.cfg.TLSKey != "" {
-		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCert, s.cfg.TLSKey)
+	if s.cfg.TLSCert != "" {
+		tlsConfig, err := s.cfg.serverTLS()
 		if err != nil {
-			return fmt.Errorf("controlplane: tls: %w", err)
+			return err
 		}
-		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		srv.TLSConfig = tlsConfig
 	} else {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
+	conns := &connLimiter{Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve, plaintext: srv.TLSConfig == nil}
+	s.conns.Store(conns)
+	ln = conns
 	// The background components (reconcilers, expiry scanners, feeds) run
 	// beside the HTTP server; the first to stop stops everything.
 	ctx, cancelComponents := context.WithCancel(ctx)

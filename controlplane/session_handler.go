@@ -92,7 +92,7 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 // terminated (or gone): the credential the session was opened with is
 // revoked, so the session ends as a new call with it would be refused.
 func (s *Server) sessionAlive(ctx context.Context, nodeID string) error {
-	err := s.nodeAlive(ctx, nodeID)
+	_, err := s.nodeAlive(ctx, nodeID)
 	switch {
 	case err == nil:
 		return nil
@@ -116,10 +116,10 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 	for {
 		msg, err := stream.Receive()
 		if err != nil {
-			if errors.Is(err, context.Canceled) || connect.CodeOf(err) == connect.CodeCanceled {
-				return nil
+			if connect.CodeOf(err) == connect.CodeResourceExhausted {
+				return err // the lineage's rate limit: the agent is told why
 			}
-			return nil // io.EOF or a broken stream: the session is over
+			return nil // io.EOF, a cancel or a broken stream: the session is over
 		}
 		switch msg.Kind.(type) {
 		case *tetherv1.SessionRequest_Heartbeat:
@@ -127,7 +127,7 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 			// credential is never refreshed, whatever signal it missed; a
 			// heartbeat after its exit was confirmed is refused and kept as
 			// contradicting evidence.
-			if err := a.s.agentAct(ctx, p.NodeID(), supervisor.ActivityHeartbeat, "a heartbeat on its session"); err != nil {
+			if _, err := a.s.agentAct(ctx, p.NodeID(), supervisor.ActivityHeartbeat, "a heartbeat on its session"); err != nil {
 				return err
 			}
 			if lastWritten, err = a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {

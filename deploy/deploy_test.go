@@ -275,6 +275,11 @@ func portOf(t *testing.T, where, listen string) int {
 // the test's), waits for the probe path to answer 200, and stops it.
 func runServe(t *testing.T, bin string, flags map[string]string, path string) {
 	t.Helper()
+	// The server refuses plaintext on a reachable address unless told:
+	// an artefact listening so must serve TLS or say --insecure-plaintext.
+	if host, _, _ := net.SplitHostPort(flags["listen"]); !isLoopback(host) && flags["tls-cert"] == "" && flags["insecure-plaintext"] != "true" {
+		t.Fatalf("--listen %s is reachable from other machines: the artefact needs --tls-cert/--tls-key or --insecure-plaintext=true", flags["listen"])
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -587,4 +592,40 @@ func TestDockerfileBuildsAStaticNonRootImage(t *testing.T) {
 		t.Fatalf("CMD listens on %d, want %d", port, defaultPort)
 	}
 	runServe(t, bin, flags, healthPath)
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// TestDockerignoreKeepsLocalStateOutOfTheImage: the build context (the
+// repository root) leaves out the data directory, built tools, benchmark
+// results and every other local state, so an admin.token or a store never
+// lands in an image layer.
+func TestDockerignoreKeepsLocalStateOutOfTheImage(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", ".dockerignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	patterns := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+			patterns[strings.TrimSuffix(strings.TrimPrefix(line, "/"), "/")] = true
+		}
+	}
+	for _, want := range []string{"tether-data", ".bin", "bench-results*", "node_modules", ".venv", ".git", "**/*.token"} {
+		if !patterns[want] {
+			t.Errorf(".dockerignore does not exclude %s", want)
+		}
+	}
+	// What the build needs stays in.
+	for _, keep := range []string{"go.mod", "go.sum", "cmd", "proto"} {
+		if patterns[keep] {
+			t.Errorf(".dockerignore excludes %s, which the build needs", keep)
+		}
+	}
 }

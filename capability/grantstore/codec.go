@@ -60,11 +60,13 @@ func FromProto(p *tetherv1.Grant) capability.Grant {
 // TombstoneToProto renders a tombstone as the feed sends it.
 func TombstoneToProto(t capability.Tombstone) *tetherv1.Tombstone {
 	return &tetherv1.Tombstone{
-		Sequence:  t.Sequence,
-		GrantId:   t.GrantID,
-		RevokedAt: timestamp(t.RevokedAt),
-		DropAfter: timestamp(t.DropAfter),
-		Reason:    t.Reason,
+		Sequence:     t.Sequence,
+		GrantId:      t.GrantID,
+		RevokedAt:    timestamp(t.RevokedAt),
+		DropAfter:    timestamp(t.DropAfter),
+		Reason:       t.Reason,
+		HolderNodeId: t.Holder,
+		Lineage:      t.Lineage,
 	}
 }
 
@@ -76,6 +78,8 @@ func TombstoneFromProto(p *tetherv1.Tombstone) capability.Tombstone {
 		RevokedAt: fromTimestamp(p.RevokedAt),
 		DropAfter: fromTimestamp(p.DropAfter),
 		Reason:    p.Reason,
+		Holder:    p.HolderNodeId,
+		Lineage:   p.Lineage,
 	}
 }
 

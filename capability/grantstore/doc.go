@@ -84,9 +84,21 @@
 // the control plane's clock (capability.DropAfter: revoked_at +
 // capability.MaxTokenTTL + capability.MaxLeeway, when no token that carries
 // the grant can still be accepted). PruneTombstones drops them oldest
-// first and stops at the first one still needed, so the pruned sequences
-// are always a prefix of the feed and grants/feed/compacted says where it
-// ends. Pruning never touches grants: a revoked grant stays revoked.
+// first and stops at the first grant tombstone still needed;
+// grants/feed/compacted is the highest sequence pruned. Pruning never
+// touches grants: a revoked grant stays revoked.
+//
+// The feed also carries the revocations of bearer tokens — operator tokens
+// and the other tokens the control plane mints for its own API —
+// (RevokeBearer, bearer.go): one tombstone named by the token's id, kept
+// until the token itself expires. The pruner skips such a tombstone rather
+// than stopping at it, so a long-lived one can sit below the compaction
+// point; a follower behind that point gets a snapshot of every live
+// tombstone, so it is never missed.
+//
+// Each grant tombstone names the grant's holder and lineage (the root of
+// the holder's tree), so that the control plane can show an agent only its
+// own lineage's revocations.
 //
 // # The marker
 //

@@ -275,10 +275,12 @@ func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(
 
 // PruneTombstones drops from the stored feed every tombstone, oldest
 // first, whose DropAfter has passed on the control plane's clock, and
-// advances the compaction point. It stops at the first one still needed, so
-// the compacted sequences are always a prefix of the feed. A follower
-// whose position is below the compaction point gets a snapshot. Grants are
-// untouched: their stored state still says revoked.
+// advances the compaction point. It stops at the first grant tombstone
+// still needed; a bearer token's tombstone, which lives as long as the
+// token, is skipped and stays while later ones go. A follower whose
+// position is below the compaction point gets a snapshot of every live
+// tombstone, so one kept behind the compaction point is never missed.
+// Grants are untouched: their stored state still says revoked.
 func (s *Service) PruneTombstones(ctx context.Context) (int, error) {
 	pruned := 0
 	for {
@@ -301,6 +303,12 @@ func (s *Service) PruneTombstones(ctx context.Context) (int, error) {
 					return err
 				}
 				if !now.After(t.DropAfter) {
+					if t.DropAfter.After(capability.DropAfter(t.RevokedAt)) {
+						// A bearer token's tombstone lives until the
+						// token expires, months perhaps: skip it, or it
+						// would hold every later tombstone in the feed.
+						return nil
+					}
 					return store.ErrStopScan
 				}
 				seq, err := sequenceOf(k, prefixTombstone)

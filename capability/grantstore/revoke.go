@@ -347,6 +347,9 @@ func writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) 
 		if err != nil {
 			return 0, err
 		}
+		if t.Lineage, err = lineageOf(tx, g.HolderNodeID); err != nil {
+			return 0, err
+		}
 		raw, err := encodeTombstone(t)
 		if err != nil {
 			return 0, err
@@ -368,6 +371,21 @@ func writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) 
 		}
 	}
 	return head, putCounter(tx, feedHeadKey, head)
+}
+
+// lineageOf is the root of node's tree (node itself for a root).
+func lineageOf(tx store.ReadTxn, nodeID string) (string, error) {
+	n, err := supervisor.GetNodeIn(tx, nodeID)
+	if errors.Is(err, supervisor.ErrNodeNotFound) {
+		return "", nil // shown to no agent: fails closed towards agents only
+	}
+	if err != nil {
+		return "", err
+	}
+	if len(n.Ancestors) > 0 {
+		return n.Ancestors[0], nil
+	}
+	return n.NodeId, nil
 }
 
 func hasDescendants(tx store.ReadTxn, grantID string) (bool, error) {

@@ -40,8 +40,18 @@ type clients struct {
 }
 
 // httpClient speaks HTTP/2 to the control plane: cleartext (h2c) for http://
-// addresses, TLS for https://.
-func httpClient(addr string) *http.Client { return agentsdk.HTTP2Client(addr) }
+// addresses, TLS for https:// (with --tls-ca and a client certificate when
+// given).
+func (g *globals) httpClient() (*http.Client, error) {
+	if g.tlsCA == "" && g.tlsClientCert == "" && g.tlsClientKey == "" {
+		return agentsdk.HTTP2Client(g.addr), nil
+	}
+	cfg, err := agentsdk.TLSConfig(g.tlsCA, g.tlsClientCert, g.tlsClientKey)
+	if err != nil {
+		return nil, err
+	}
+	return agentsdk.HTTP2ClientTLS(g.addr, cfg), nil
+}
 
 func (g *globals) resolveToken() (string, error) {
 	if g.token != "" {
@@ -82,7 +92,10 @@ func (g *globals) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	hc := httpClient(g.addr)
+	hc, err := g.httpClient()
+	if err != nil {
+		return nil, err
+	}
 	opts := []connect.ClientOption{connect.WithInterceptors(auth.BearerInterceptor{Token: func() string { return token }})}
 	return &clients{
 		agent:      tetherv1connect.NewAgentServiceClient(hc, g.addr, opts...),

@@ -14,6 +14,9 @@ type globals struct {
 	tokenFile string
 	dataDir   string
 	output    string
+	// TLS of the client: the server's CA, and a client certificate for a
+	// server that requires one (serve --tls-client-ca).
+	tlsCA, tlsClientCert, tlsClientKey string
 }
 
 func newRootCommand() *cobra.Command {
@@ -30,6 +33,9 @@ func newRootCommand() *cobra.Command {
 	f.StringVar(&g.tokenFile, "token-file", "", "file holding the bearer token")
 	f.StringVar(&g.dataDir, "data-dir", envOr("TETHER_DATA_DIR", "./tether-data"), "data directory (serve; and where the CLI finds the local admin token)")
 	f.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	f.StringVar(&g.tlsCA, "tls-ca", envOr("TETHER_TLS_CA", ""), "PEM CA that signed the server's certificate, for an https:// --addr (default: the system roots; $TETHER_TLS_CA)")
+	f.StringVar(&g.tlsClientCert, "tls-client-cert", envOr("TETHER_TLS_CLIENT_CERT", ""), "client certificate (PEM) to present to a server that requires one ($TETHER_TLS_CLIENT_CERT)")
+	f.StringVar(&g.tlsClientKey, "tls-client-key", envOr("TETHER_TLS_CLIENT_KEY", ""), "the client certificate's private key (PEM; $TETHER_TLS_CLIENT_KEY)")
 	root.AddCommand(
 		newServeCommand(g),
 		newAgentCommand(g),

@@ -17,18 +17,40 @@ import (
 
 func newServeCommand(g *globals) *cobra.Command {
 	var (
-		listen, tlsCert, tlsKey, logFormat, logLevel string
-		rateLimit                                    float64
-		agentCredentialTTL                           time.Duration
-		storage                                      storeFlags
-		hookAllow                                    []string
-		maxPrivileges                                int
-		hookTimeout                                  time.Duration
+		listen, tlsCert, tlsKey, tlsClientCA, logFormat, logLevel string
+		rateLimit, anonRateLimit                                  float64
+		insecurePlaintext                                         bool
+		maxRequestBytes                                           int
+		operatorTokenTTL                                          time.Duration
+		limits                                                    = controlplane.DefaultConnLimits
+		storage                                                   storeFlags
+		agentCredentialTTL                                        time.Duration
+		hookAllow                                                 []string
+		maxPrivileges                                             int
+		hookTimeout                                               time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the control plane (Connect, gRPC and gRPC-Web on one port)",
-		Args:  cobra.NoArgs,
+		Long: `Run the control plane (Connect, gRPC and gRPC-Web on one port).
+
+Transport: TLS with --tls-cert and --tls-key (both or neither), mutual TLS with
+--tls-client-ca. Plaintext is allowed on loopback; on any other address only with
+--insecure-plaintext (logged as a warning).
+
+Limits, each with its default below: per-request read and write deadlines for unary
+calls (authenticated streams have none and live as long as their client), idle and
+HTTP/2 ping timeouts, streams per HTTP/2 connection, open connections (past the cap,
+--health-reserve more may only GET /healthz; the rest get 503), open streams per
+caller, the request size after decompression, and rate limits: per lineage for
+agents (a root and every descendant share one budget), per operator, and per source
+address for requests without a valid credential. Every stream message counts as a
+request. Refusals are resource_exhausted (or unavailable at the connection cap)
+with a Retry-After header. docs/reliability.md lists each limit and its test.
+
+The data directory is made private (0700) at start; admin.token is written there on
+first start (tether token rotate-admin replaces it).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(logFormat, logLevel)
 			if err != nil {
@@ -40,9 +62,16 @@ func newServeCommand(g *globals) *cobra.Command {
 				return fmt.Errorf("--agent-credential-ttl %s: want between 3s and 24h", agentCredentialTTL)
 			}
 			cfg := controlplane.Config{
-				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
+				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, TLSClientCA: tlsClientCA,
+				InsecurePlaintext: insecurePlaintext, Logger: log, RateLimit: rateLimit, AnonymousRateLimit: anonRateLimit,
+				MaxRequestBytes: maxRequestBytes, OperatorTokenTTL: operatorTokenTTL, Conn: limits,
 				PrivilegeHookAllow: hookAllow, PrivilegeMaxPerNode: maxPrivileges, PrivilegeHookTimeout: hookTimeout,
 				AgentCredentialTTL: agentCredentialTTL,
+			}
+			// Refuse a half-configured TLS or an exposed plaintext port
+			// before listening or touching the data directory.
+			if err := cfg.CheckTransport(); err != nil {
+				return err
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -52,7 +81,7 @@ func newServeCommand(g *globals) *cobra.Command {
 			}
 			defer ln.Close()
 			scheme := "http"
-			if tlsCert != "" {
+			if tlsCert != "" && tlsKey != "" {
 				scheme = "https"
 			}
 			closeStore, err := storage.apply(ctx, &cfg, log, scheme, ln.Addr())
@@ -72,12 +101,27 @@ func newServeCommand(g *globals) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&listen, "listen", "127.0.0.1:7420", "address to listen on")
-	f.StringVar(&tlsCert, "tls-cert", "", "TLS certificate file (enables TLS with --tls-key)")
-	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file")
+	f.StringVar(&tlsCert, "tls-cert", "", "TLS certificate file (PEM); TLS needs both --tls-cert and --tls-key, one alone is an error")
+	f.StringVar(&tlsKey, "tls-key", "", "TLS private key file (PEM)")
+	f.StringVar(&tlsClientCA, "tls-client-ca", "", "PEM CA bundle: require every client to present a certificate it signed (mutual TLS; needs --tls-cert)")
+	f.BoolVar(&insecurePlaintext, "insecure-plaintext", false, "allow serving without TLS on an address other machines can reach (behind a TLS-terminating proxy or a mesh); logs a warning")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	storage.register(f)
-	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
+	f.Float64Var(&rateLimit, "rate-limit", 10000, "requests per second per budget, bursts of twice that; an agent's lineage (its root and every descendant) shares one budget, each operator has its own; every stream message counts as a request (a session heartbeats every 5s: 10,000 agents of one tree spend 2,000/s on heartbeats alone); 0 disables")
+	f.Float64Var(&anonRateLimit, "anonymous-rate-limit", 10, "requests per second per source address that carry no valid credential, bursts of twice that; 0 disables")
+	f.IntVar(&maxRequestBytes, "max-request-bytes", 1<<20, "largest request message, and each stream message, after decompression")
+	f.DurationVar(&operatorTokenTTL, "token-ttl", 24*time.Hour, "lifetime of a token that tether token create mints without --ttl")
+	f.DurationVar(&limits.ReadHeaderTimeout, "read-header-timeout", limits.ReadHeaderTimeout, "time to read a request's headers")
+	f.DurationVar(&limits.ReadTimeout, "read-timeout", limits.ReadTimeout, "time to read a unary call's body (authenticated streams have none)")
+	f.DurationVar(&limits.WriteTimeout, "write-timeout", limits.WriteTimeout, "time to write a unary call's answer (authenticated streams have none)")
+	f.DurationVar(&limits.IdleTimeout, "idle-timeout", limits.IdleTimeout, "close a connection with no request in flight (HTTP/1.1 keep-alive, HTTP/2 without streams) after this long")
+	f.DurationVar(&limits.PingInterval, "http2-ping-interval", limits.PingInterval, "ping an HTTP/2 connection silent this long")
+	f.DurationVar(&limits.PingTimeout, "http2-ping-timeout", limits.PingTimeout, "close an HTTP/2 connection whose ping is not answered within this")
+	f.IntVar(&limits.MaxStreamsPerConn, "max-streams-per-conn", limits.MaxStreamsPerConn, "concurrent streams per HTTP/2 connection")
+	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections; past it, --health-reserve more may only GET /healthz, the rest are answered 503")
+	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz")
+	f.IntVar(&limits.MaxStreamsPerCaller, "max-streams-per-caller", limits.MaxStreamsPerCaller, "open streams (sessions, watches, lease channels) per principal")
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", supervisor.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
 	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -14,7 +16,7 @@ import (
 
 func newTokenCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Operator tokens and capability tokens"}
-	cmd.AddCommand(tokenCreate(g), newTokenRefreshCommand(g), newTokenIntrospectCommand(g))
+	cmd.AddCommand(tokenCreate(g), tokenList(g), tokenRevoke(g), tokenRotateAdmin(g), newTokenRefreshCommand(g), newTokenIntrospectCommand(g))
 	return cmd
 }
 
@@ -25,7 +27,9 @@ func tokenCreate(g *globals) *cobra.Command {
 		Use:   "create (--role viewer|operator|security|admin [--subject NAME] | --tool-server NAME) [--ttl 24h]",
 		Short: "Create an operator token or a tool server's token (admins)",
 		Long: "Create an operator token with a role, or, with --tool-server, the token a tool server (a ToolGate,\n" +
-			"the MCP gateway) reports tool calls with. The tool server's name is its gate id in the ledger.",
+			"the MCP gateway) reports tool calls with. The tool server's name is its gate id in the ledger.\n" +
+			"Every token has an id and an expiry: --ttl, or the server's default (tether serve --token-ttl, 24h).\n" +
+			"`tether token list` shows it and `tether token revoke ID` stops it.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			req := &tetherv1.CreateTokenRequest{Ttl: durationpb.New(ttl), Subject: subject, ToolServer: toolServer}
@@ -45,6 +49,9 @@ func tokenCreate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if ttl == 0 {
+				req.Ttl = nil
+			}
 			resp, err := c.auth.CreateToken(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
@@ -60,9 +67,155 @@ func tokenCreate(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&role, "role", "", "role: viewer, operator, security or admin")
-	cmd.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "lifetime")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (default: the server's --token-ttl, 24h)")
 	cmd.Flags().StringVar(&subject, "subject", "", "who the token is for (default: the role)")
 	cmd.Flags().StringVar(&toolServer, "tool-server", "", "mint a tool server's token with this name (its gate id) instead of an operator token")
+	return cmd
+}
+
+func tokenList(g *globals) *cobra.Command {
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "list [--all]",
+		Short: "List the minted tokens, without their secrets (security, admins)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.auth.ListTokens(cmd.Context(), connect.NewRequest(&tetherv1.ListTokensRequest{IncludeInactive: all}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSONList(cmd.OutOrStdout(), resp.Msg.Tokens)
+			}
+			w := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(w, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED")
+			for _, t := range resp.Msg.Tokens {
+				revoked := "-"
+				if t.RevokedAt != nil {
+					revoked = t.RevokedAt.AsTime().Format(time.RFC3339) + " by " + t.RevokedBy
+				}
+				role := strings.ToLower(strings.TrimPrefix(t.Role.String(), "ROLE_"))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.TokenId, t.Principal, role,
+					t.CreatedAt.AsTime().Format(time.RFC3339), t.ExpiresAt.AsTime().Format(time.RFC3339), t.CreatedBy, revoked)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&all, "all", false, "also list expired and revoked tokens")
+	return cmd
+}
+
+func tokenRevoke(g *globals) *cobra.Command {
+	var reason, tokenFile string
+	cmd := &cobra.Command{
+		Use:   "revoke ID [--reason TEXT] | revoke --token-value-file FILE",
+		Short: "Revoke a minted token everywhere at once (security, admins)",
+		Long: "Revoke a token by its id (tether token list): from the next call every replica refuses it,\n" +
+			"whatever its expiry. --token-value-file revokes a token given by value instead (one minted\n" +
+			"before tokens were recorded, such as an old admin.token).",
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := &tetherv1.RevokeTokenRequest{Reason: reason}
+			switch {
+			case len(args) == 1 && tokenFile == "":
+				req.TokenId = args[0]
+			case len(args) == 0 && tokenFile != "":
+				b, err := os.ReadFile(tokenFile)
+				if err != nil {
+					return err
+				}
+				req.Token = strings.TrimSpace(string(b))
+			default:
+				return fmt.Errorf("give a token id or --token-value-file, not both")
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.auth.RevokeToken(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			if resp.Msg.AlreadyRevoked {
+				fmt.Fprintf(cmd.OutOrStdout(), "token %s (%s) was already revoked\n", resp.Msg.Token.TokenId, resp.Msg.Token.Principal)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked token %s (%s); revocation feed sequence %d\n", resp.Msg.Token.TokenId, resp.Msg.Token.Principal, resp.Msg.Sequence)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&reason, "reason", "", "why (kept with the token's record)")
+	cmd.Flags().StringVar(&tokenFile, "token-value-file", "", "file holding the token to revoke, instead of its id")
+	return cmd
+}
+
+// tokenRotateAdmin replaces the admin token in one command: a new admin
+// token is minted and written over the old file, then the old token is
+// revoked (by value, so an admin.token from before tokens were recorded
+// goes too).
+func tokenRotateAdmin(g *globals) *cobra.Command {
+	var out string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "rotate-admin [--out FILE] [--ttl 8760h]",
+		Short: "Replace the admin token: mint a new one, write it, revoke the old one",
+		Long: "Replace a leaked or old admin token in one step: with the current admin token (--token,\n" +
+			"$TETHER_TOKEN, --token-file, or <data-dir>/admin.token), mint a new admin token, write it to\n" +
+			"--out (default <data-dir>/admin.token, mode 0600, replaced atomically), then revoke the old\n" +
+			"token everywhere. Other admin tokens are not touched: list them with `tether token list`.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				out = filepath.Join(g.dataDir, "admin.token")
+			}
+			old, err := g.resolveToken()
+			if err != nil {
+				return err
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			created, err := c.auth.CreateToken(cmd.Context(), connect.NewRequest(&tetherv1.CreateTokenRequest{
+				Role: tetherv1.Role_ROLE_ADMIN, Subject: "admin", Ttl: durationpb.New(ttl),
+			}))
+			if err != nil {
+				return fmt.Errorf("mint the new admin token: %w", err)
+			}
+			tmp := out + ".tmp"
+			if err := os.WriteFile(tmp, []byte(created.Msg.Token+"\n"), 0o600); err != nil {
+				return fmt.Errorf("write the new admin token: %w", err)
+			}
+			if err := os.Rename(tmp, out); err != nil {
+				return fmt.Errorf("write the new admin token: %w", err)
+			}
+			g.token = created.Msg.Token
+			c, err = g.clients()
+			if err != nil {
+				return err
+			}
+			revoked, err := c.auth.RevokeToken(cmd.Context(), connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: old, Reason: "rotated (tether token rotate-admin)"}))
+			if err != nil {
+				return fmt.Errorf("the new admin token %s is in %s, but revoking the old one failed (revoke it with tether token revoke): %w", created.Msg.TokenId, out, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "new admin token %s written to %s (expires %s)\nold token %s revoked\n",
+				created.Msg.TokenId, out, created.Msg.ExpiresAt.AsTime().Format(time.RFC3339), revoked.Msg.Token.TokenId)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "where to write the new admin token (default <data-dir>/admin.token)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 365*24*time.Hour, "lifetime of the new admin token")
 	return cmd
 }
 

@@ -22,8 +22,10 @@ import (
 //   - the key that verified the token must still be in the ring, with the
 //     same public key, so a key dropped from the ring (tether keys rotate)
 //     rejects its cached tokens at once;
-//   - whether an agent's node may still act (AgentActive), the policy and
-//     the rate limit are checked on every call as before.
+//   - whether an agent's node may still act (AgentActive), whether the
+//     token was revoked (tether token revoke), the policy and the rate
+//     limit are checked on every call as before, so a revocation takes
+//     effect on the next call whether the token is cached or not.
 //
 // Entries are keyed by the token's SHA-256 (the cache holds no credential)
 // and bounded by Max; when full, expired entries go first, then arbitrary
@@ -77,15 +79,38 @@ func (c *TokenCache) Parse(issuer Issuer, token string, now time.Time) (Principa
 	if token == "" || len(token) > MaxTokenBytes {
 		return issuer.Parse(token, now) // the parser's own error
 	}
+	if p, ok := c.Lookup(issuer, token, now); ok {
+		return p, nil
+	}
+	return c.verify(issuer, token, now)
+}
+
+// Lookup answers from the cache alone: the principal of a token verified
+// before and still valid at now, or false (the token must be verified).
+// It counts a hit or a miss.
+func (c *TokenCache) Lookup(issuer Issuer, token string, now time.Time) (Principal, bool) {
+	if c == nil || token == "" || len(token) > MaxTokenBytes {
+		return Principal{}, false
+	}
 	sum := sha256.Sum256([]byte(token))
 	c.mu.Lock()
 	e, ok := c.entries[sum]
 	c.mu.Unlock()
 	if ok && e.stillValid(issuer, now) {
 		c.hits.Add(1)
-		return e.principal, nil
+		return e.principal, true
 	}
 	c.misses.Add(1)
+	return Principal{}, false
+}
+
+// verify verifies a token the cache could not answer for, and caches it
+// when it verifies.
+func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Principal, error) {
+	if c == nil {
+		return issuer.Parse(token, now)
+	}
+	sum := sha256.Sum256([]byte(token))
 	p, by, err := issuer.parse(token, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()

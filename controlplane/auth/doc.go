@@ -5,12 +5,16 @@
 //   - operators, with a role: viewer < operator, security, admin. Operator
 //     tokens have audience "tether-operator" and a "role" claim. The first
 //     admin token is written to <data-dir>/admin.token on first start.
+//     Every token has an id (jti) and an expiry; a revoked token id
+//     (Interceptor.Revoked) is refused on every call.
 //   - agents, with the credential returned by RegisterRoot or Spawn
 //     (audience "tether-agent", subject = node id). An agent credential stops
 //     working the moment its node is terminated, whatever its expiry.
 //
 // The interceptor authenticates first, then applies the procedure's Rule from
-// one table (Policy). A procedure with no rule is denied: adding an RPC
+// one table (Policy). It runs as HTTP middleware too (Interceptor.Gate),
+// deciding from the headers alone, so a request without a valid credential
+// never has its body read or decompressed. A procedure with no rule is denied: adding an RPC
 // without deciding who may call it fails closed, and a test checks every
 // procedure of every service has a rule. Finer checks that need the agent
 // tree (is the caller an ancestor of the target?) are made by the handlers
@@ -18,8 +22,16 @@
 //
 // A TokenCache (cache.go) spares the Ed25519 verification of a token the
 // interceptor already verified; expiry, the key's presence in the ring, the
-// agent's node, the policy and the rate limit are still checked on every
-// call.
+// token's revocation, the agent's node, the policy and the rate limit are
+// still checked on every call.
+//
+// Rate limits (RateLimiter) are token buckets per budget: an agent spends
+// from its lineage's (its root and every descendant share one), an
+// operator from its own, and requests without a valid credential from
+// their source address's. Every stream message costs one request, and a
+// batch on a lease Channel one per message it carries (Spend). A refusal
+// is ResourceExhausted, with the wait in the message and in a Retry-After
+// header. MaxStreams bounds the streams one principal holds open.
 //
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not

@@ -4,44 +4,115 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Interceptor authenticates every request and applies the Policy.
+//
+// It runs twice over, for defence in depth: as HTTP middleware (Gate), which
+// decides from the headers alone — before the body is read or inflated —
+// and as a Connect interceptor, which trusts the Gate's decision when the
+// request came through it and decides itself otherwise.
 type Interceptor struct {
 	Issuer Issuer
 	Policy Policy
 	Now    func() time.Time
-	// AgentActive returns nil when an agent credential's node may still act;
-	// an error wrapping ErrRevoked when the node is terminated or unknown,
-	// or a *connect.Error with the code to answer. Its context carries the
-	// procedure (ProcedureFromContext).
-	AgentActive func(ctx context.Context, nodeID string) error
-	// Limiter bounds the request rate of each principal (nil: unlimited).
+	// AgentActive returns the lineage (the root node id of the tree) of an
+	// agent credential's node when the node may still act; an error
+	// wrapping ErrRevoked when the node is terminated or unknown, or a
+	// *connect.Error with the code to answer (an exited node:
+	// FailedPrecondition). Its context carries the procedure
+	// (ProcedureFromContext).
+	AgentActive func(ctx context.Context, nodeID string) (lineage string, err error)
+	// Revoked reports whether a token id was revoked (tether token
+	// revoke); nil: no token is. It is consulted on every call, cached
+	// token or not; an error (the revocations cannot be read yet) refuses
+	// the call as unavailable.
+	Revoked func(ctx context.Context, tokenID string) (bool, error)
+	// Limiter bounds the request rate of each budget (Principal.Budget);
+	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
+	// Anonymous bounds, per source address, the requests that carry no
+	// valid credential (nil: unlimited). An address past it is refused
+	// before its next credential is verified.
+	Anonymous *RateLimiter
+	// MaxStreams bounds the streams one principal holds open at once
+	// (0: unlimited). An open stream is cheap only while it is quiet; this
+	// is what bounds the quiet ones.
+	MaxStreams int
 	// Cache remembers verified tokens (nil: verify every request).
 	Cache *TokenCache
+	// Refused, when set, observes every request the Gate refuses (it never
+	// reaches the Connect interceptors, the observer's included).
+	Refused func(ctx context.Context, procedure string, start time.Time, err error)
+
+	streamsMu sync.Mutex
+	streams   map[string]int
 }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
 
+// RetryAfterHeader carries a rate-limit refusal's retry hint, in whole
+// seconds (at least 1), as HTTP's Retry-After does; the message says it
+// in words too.
+const RetryAfterHeader = "Retry-After"
+
 // Authenticate checks the request's credential and the procedure's rule and
-// returns the context carrying the principal.
+// returns the context carrying the principal. It charges the principal's
+// rate-limit budget.
 func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header http.Header) (context.Context, error) {
+	return i.authenticate(ctx, procedure, header, "")
+}
+
+// authenticate is Authenticate with the request's source address, which
+// bounds the requests that fail authentication.
+func (i *Interceptor) authenticate(ctx context.Context, procedure string, header http.Header, peer string) (context.Context, error) {
+	now := i.Now()
 	token, err := bearer(header)
+	var p Principal
+	if err == nil {
+		var cached bool
+		if p, cached = i.Cache.Lookup(i.Issuer, token, now); !cached {
+			// A source that keeps failing is refused before the next
+			// verification: a flood of bad tokens costs a map lookup each.
+			if peer != "" {
+				if limited, wait := i.Anonymous.Exhausted(sourceBudget(peer)); limited {
+					return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", hostOf(peer)), wait)
+				}
+			}
+			p, err = i.Cache.verify(i.Issuer, token, now)
+		}
+	}
 	if err != nil {
+		if peer != "" {
+			if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
+				return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", hostOf(peer)), wait)
+			}
+		}
 		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
 	}
-	p, err := i.Cache.Parse(i.Issuer, token, i.Now())
-	if err != nil {
-		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
+	if i.Revoked != nil && p.TokenID != "" {
+		revoked, err := i.Revoked(ctx, p.TokenID)
+		if err != nil {
+			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
+		}
+		if revoked {
+			return ctx, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", ErrRevoked, p.TokenID))
+		}
 	}
 	if p.IsAgent() && i.AgentActive != nil {
-		if err := i.AgentActive(WithProcedure(ctx, procedure), p.Subject); err != nil {
+		lineage, err := i.AgentActive(WithProcedure(ctx, procedure), p.Subject)
+		if err != nil {
 			if errors.Is(err, ErrRevoked) {
 				return ctx, connect.NewError(connect.CodeUnauthenticated, err)
 			}
@@ -51,6 +122,7 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 			}
 			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the agent's node: %w", err))
 		}
+		p.Lineage = lineage
 	}
 	rule, ok := i.Policy[procedure]
 	if !ok {
@@ -66,8 +138,7 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 		}
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
 	}
-	if ok, wait := i.Limiter.Allow(p.ID()); !ok {
-		err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: rate limit for %s exceeded; retry in %s", p.ID(), wait.Round(time.Millisecond)))
+	if err := i.spend(p, 1); err != nil {
 		return ctx, err
 	}
 	return WithPrincipal(ctx, p), nil
@@ -86,13 +157,132 @@ func ProcedureFromContext(ctx context.Context) string {
 	return s
 }
 
+// spend charges n requests to p's budget.
+func (i *Interceptor) spend(p Principal, n int) error {
+	ok, wait := i.Limiter.AllowN(p.Budget(), n)
+	if ok {
+		return nil
+	}
+	who := p.ID()
+	if p.IsAgent() && p.Lineage != "" {
+		who = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID())
+	}
+	if n > 1 {
+		who = fmt.Sprintf("%s, for a batch of %d messages", who, n)
+	}
+	return rateLimited(who, wait)
+}
+
+// rateLimited is the refusal of a rate limit: resource_exhausted, the
+// wait in the message, in a Retry-After header and in a RetryInfo detail.
+func rateLimited(who string, wait time.Duration) error {
+	if wait <= 0 {
+		wait = time.Millisecond
+	}
+	err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: rate limit for %s exceeded; retry in %s", who, wait.Round(time.Millisecond)))
+	err.Meta().Set(RetryAfterHeader, strconv.Itoa(int(math.Max(1, math.Ceil(wait.Seconds())))))
+	// The same hint for gRPC clients, which read google.rpc.RetryInfo.
+	if detail, derr := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(wait)}); derr == nil {
+		err.AddDetail(detail)
+	}
+	return err
+}
+
+func sourceBudget(peer string) string { return "addr:" + hostOf(peer) }
+
+func hostOf(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
+// Spend charges n more requests to the budget of the stream's principal:
+// a stream message that carries a batch of n messages costs n, like n
+// unary calls. It is a no-op outside a stream the Interceptor admitted.
+func Spend(ctx context.Context, n int) error {
+	m, ok := ctx.Value(meterKey{}).(*meter)
+	if !ok || n <= 0 {
+		return nil
+	}
+	return m.i.spend(m.p, n)
+}
+
+type meterKey struct{}
+
+type meter struct {
+	i *Interceptor
+	p Principal
+}
+
+// gateKey marks a context whose request the Gate admitted.
+type gateKey struct{}
+
+// Gate is the Interceptor as HTTP middleware in front of the Connect
+// handlers: it authenticates and authorises an RPC from its headers alone,
+// before anything reads its body, so a request without a valid credential
+// never has its body read or decompressed — a gzip bomb is refused for
+// the price of a header lookup. Requests that are not RPCs (health,
+// metrics, JWKS) pass through.
+func (i *Interceptor) Gate(next http.Handler) http.Handler {
+	errw := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !i.guards(r.URL.Path) || !errw.IsSupported(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		ctx, err := i.authenticate(r.Context(), r.URL.Path, r.Header, r.RemoteAddr)
+		if err != nil {
+			if i.Refused != nil {
+				i.Refused(r.Context(), r.URL.Path, start, err)
+			}
+			// The body is never read: the server discards at most a little
+			// of it and closes an HTTP/1.1 connection; HTTP/2 resets the
+			// stream.
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close")
+			}
+			_ = errw.Write(w, r, err)
+			return
+		}
+		p, _ := FromContext(ctx)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, gateKey{}, p)))
+	})
+}
+
+// guards reports whether the Gate checks requests to path: every
+// procedure of the policy, and anything else under a tether service (which
+// the mux then answers 404 — to authenticated callers only). Other
+// endpoints (gRPC health, health, metrics, JWKS) are public.
+func (i *Interceptor) guards(path string) bool {
+	if _, ok := i.Policy[path]; ok {
+		return true
+	}
+	return strings.HasPrefix(path, "/tether.")
+}
+
+// admitted returns the principal the Gate admitted the request as, or
+// authenticates it now (a handler mounted without the Gate).
+func (i *Interceptor) admitted(ctx context.Context, procedure string, header http.Header, peer string) (context.Context, Principal, error) {
+	if p, ok := ctx.Value(gateKey{}).(Principal); ok {
+		return ctx, p, nil
+	}
+	ctx, err := i.authenticate(ctx, procedure, header, peer)
+	if err != nil {
+		return ctx, Principal{}, err
+	}
+	p, _ := FromContext(ctx)
+	return ctx, p, nil
+}
+
 // WrapUnary implements connect.Interceptor.
 func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		ctx, err := i.Authenticate(ctx, req.Spec().Procedure, req.Header())
+		ctx, _, err := i.admitted(ctx, req.Spec().Procedure, req.Header(), req.Peer().Addr)
 		if err != nil {
 			return nil, err
 		}
@@ -105,15 +295,80 @@ func (i *Interceptor) WrapStreamingClient(next connect.StreamingClientFunc) conn
 	return next
 }
 
-// WrapStreamingHandler implements connect.Interceptor.
+// WrapStreamingHandler implements connect.Interceptor: after admission,
+// the stream takes one of the principal's MaxStreams slots until it ends,
+// and every message after the first costs one request of its budget (the
+// first was paid for when the stream opened).
 func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		ctx, err := i.Authenticate(ctx, conn.Spec().Procedure, conn.RequestHeader())
+		ctx, p, err := i.admitted(ctx, conn.Spec().Procedure, conn.RequestHeader(), conn.Peer().Addr)
 		if err != nil {
 			return err
 		}
-		return next(ctx, conn)
+		release, err := i.openStream(p)
+		if err != nil {
+			return err
+		}
+		defer release()
+		m := &meter{i: i, p: p}
+		return next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
 	}
+}
+
+// openStream takes a stream slot of p.
+func (i *Interceptor) openStream(p Principal) (release func(), err error) {
+	if i.MaxStreams <= 0 {
+		return func() {}, nil
+	}
+	key := p.ID()
+	i.streamsMu.Lock()
+	defer i.streamsMu.Unlock()
+	if i.streams == nil {
+		i.streams = map[string]int{}
+	}
+	if i.streams[key] >= i.MaxStreams {
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already has %d open streams, the limit per caller; close one first", key, i.MaxStreams))
+	}
+	i.streams[key]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			i.streamsMu.Lock()
+			defer i.streamsMu.Unlock()
+			if i.streams[key]--; i.streams[key] <= 0 {
+				delete(i.streams, key)
+			}
+		})
+	}, nil
+}
+
+// OpenStreams returns how many streams principal (its ID) holds open.
+func (i *Interceptor) OpenStreams(principal string) int {
+	i.streamsMu.Lock()
+	defer i.streamsMu.Unlock()
+	return i.streams[principal]
+}
+
+// meteredConn charges every received message after the first (paid for
+// when the stream opened).
+type meteredConn struct {
+	connect.StreamingHandlerConn
+	m        *meter
+	received int
+}
+
+// Receive charges a message once it has arrived (a stream waiting quietly
+// for its next message costs nothing); a message over the budget is
+// dropped unhandled and ends the stream with the refusal.
+func (c *meteredConn) Receive(msg any) error {
+	if err := c.StreamingHandlerConn.Receive(msg); err != nil {
+		return err
+	}
+	c.received++
+	if c.received > 1 {
+		return c.m.i.spend(c.m.p, 1)
+	}
+	return nil
 }
 
 func bearer(h http.Header) (string, error) {

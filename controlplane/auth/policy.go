@@ -24,6 +24,9 @@ var (
 	Stop = Rule{Roles: []Role{RoleOperator, RoleSecurity}, Agents: true}
 	// Agent: agents only (the handler binds the caller to the holder).
 	Agent = Rule{Agents: true}
+	// Security: the security role and admins, e.g. revoking or listing
+	// operator tokens.
+	Security = Rule{Roles: []Role{RoleSecurity}}
 	// Admin: admins only.
 	Admin = Rule{Roles: []Role{RoleAdmin}}
 	// ToolLayer: tool servers only (the handler binds the caller to its

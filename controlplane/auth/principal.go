@@ -71,6 +71,20 @@ type Principal struct {
 	Role      Role
 	TokenID   string
 	ExpiresAt time.Time
+	// Lineage is an agent's lineage: the node id of the root of its tree
+	// (its own id for a root). The Interceptor fills it in from the node
+	// (AgentActive); it is not a claim of the token. Empty for operators.
+	Lineage string
+}
+
+// Budget names the rate-limit budget the principal spends from: an agent
+// shares its lineage's with its root and every descendant, so spawning
+// children buys no extra rate; any other caller has its own.
+func (p Principal) Budget() string {
+	if p.Kind == KindAgent && p.Lineage != "" {
+		return "lineage:" + p.Lineage
+	}
+	return p.ID()
 }
 
 // ID is the principal's stable name, as it appears in grants' revoker sets

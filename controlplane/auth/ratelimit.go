@@ -5,14 +5,19 @@ import (
 	"time"
 )
 
-// RateLimiter is a token bucket per principal: each caller may make Rate
-// requests per second on average, in bursts of up to Burst. Time comes from
-// Now, so tests drive it with a manual clock. The zero Rate disables it.
+// RateLimiter is a token bucket per budget: each budget may spend Rate
+// requests per second on average, in bursts of up to Burst. Time comes
+// from Now, so tests drive it with a manual clock. The zero Rate disables
+// it.
 //
-// It bounds what one caller — a runaway agent, a stuck retry loop — can
-// take from the control plane; it is not a fairness scheduler. Streams
-// count once when opened; the messages on a lease Channel are the
-// high-rate path and are not counted here.
+// It bounds what one caller — a runaway agent, a stuck retry loop, a
+// swarm spawning children to multiply its share — can take from the
+// control plane; it is not a fairness scheduler. The Interceptor decides
+// the budget a request spends from (Budget): an agent spends from its
+// lineage's (a root agent and every descendant share one), an operator
+// from its own, and a request without a valid credential from its source
+// address's. Every message of a stream costs one request, like a unary
+// call.
 type RateLimiter struct {
 	Rate  float64
 	Burst float64
@@ -28,9 +33,27 @@ type bucket struct {
 	last   time.Time
 }
 
-// Allow takes one token for principal and reports whether it had one, and
-// if not, how long until it will.
-func (l *RateLimiter) Allow(principal string) (bool, time.Duration) {
+// Allow takes one token from budget and reports whether it had one, and if
+// not, how long until it will.
+func (l *RateLimiter) Allow(budget string) (bool, time.Duration) {
+	return l.take(budget, 1, true)
+}
+
+// AllowN takes n tokens at once (a batch of n messages); it refuses, taking
+// nothing, when fewer than n are left. n beyond the burst can never pass.
+func (l *RateLimiter) AllowN(budget string, n int) (bool, time.Duration) {
+	return l.take(budget, float64(n), true)
+}
+
+// Exhausted reports whether budget has no token left, without taking one,
+// and if so how long until it will. It lets a caller refuse before doing
+// expensive work it would charge for afterwards.
+func (l *RateLimiter) Exhausted(budget string) (bool, time.Duration) {
+	ok, wait := l.take(budget, 1, false)
+	return !ok, wait
+}
+
+func (l *RateLimiter) take(budget string, n float64, spend bool) (bool, time.Duration) {
 	if l == nil || l.Rate <= 0 {
 		return true, 0
 	}
@@ -40,26 +63,31 @@ func (l *RateLimiter) Allow(principal string) (bool, time.Duration) {
 	if l.buckets == nil {
 		l.buckets = map[string]*bucket{}
 	}
-	b, ok := l.buckets[principal]
+	b, ok := l.buckets[budget]
 	if !ok {
+		if !spend {
+			return true, 0 // a full bucket
+		}
 		b = &bucket{tokens: l.Burst, last: now}
-		l.buckets[principal] = b
+		l.buckets[budget] = b
 	}
 	if elapsed := now.Sub(b.last).Seconds(); elapsed > 0 {
 		b.tokens = min(l.Burst, b.tokens+elapsed*l.Rate)
 		b.last = now
 	}
 	l.sweep(now)
-	if b.tokens >= 1 {
-		b.tokens--
+	if b.tokens >= n {
+		if spend {
+			b.tokens -= n
+		}
 		return true, 0
 	}
-	wait := time.Duration((1 - b.tokens) / l.Rate * float64(time.Second))
+	wait := time.Duration((n - b.tokens) / l.Rate * float64(time.Second))
 	return false, wait
 }
 
-// sweep forgets callers whose bucket has been full for a minute, so the map
-// does not grow with every agent that ever called.
+// sweep forgets budgets whose bucket has been full for a minute, so the map
+// does not grow with every agent or address that ever called.
 func (l *RateLimiter) sweep(now time.Time) {
 	if now.Sub(l.swept) < time.Minute {
 		return

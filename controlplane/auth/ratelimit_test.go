@@ -46,3 +46,35 @@ func TestZeroRateDisablesTheLimiter(t *testing.T) {
 		}
 	}
 }
+
+func TestAllowNAndExhausted(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	l := &RateLimiter{Rate: 10, Burst: 5, Now: clk.Now}
+	if limited, _ := l.Exhausted("lineage:n_a"); limited {
+		t.Fatal("an unseen budget is exhausted")
+	}
+	if ok, _ := l.AllowN("lineage:n_a", 4); !ok {
+		t.Fatal("a batch of 4 within a burst of 5 refused")
+	}
+	ok, wait := l.AllowN("lineage:n_a", 3)
+	if ok || wait != 200*time.Millisecond {
+		t.Fatalf("a batch of 3 with 1 token left: %v, wait %s; want refused, 200ms", ok, wait)
+	}
+	// A refused batch takes nothing; peeking takes nothing either.
+	if limited, _ := l.Exhausted("lineage:n_a"); limited {
+		t.Fatal("the refused batch took tokens")
+	}
+	if ok, _ := l.Allow("lineage:n_a"); !ok {
+		t.Fatal("the last token was not left")
+	}
+	if limited, wait := l.Exhausted("lineage:n_a"); !limited || wait != 100*time.Millisecond {
+		t.Fatalf("Exhausted after the last token: %v %s", limited, wait)
+	}
+	if ok, _ := l.AllowN("lineage:n_a", 6); ok {
+		t.Fatal("a batch larger than the burst passed")
+	}
+	var none *RateLimiter
+	if ok, _ := none.AllowN("x", 100); !ok {
+		t.Fatal("a nil limiter refused")
+	}
+}

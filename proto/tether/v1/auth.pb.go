@@ -574,6 +574,342 @@ func (x *ListKeysResponse) GetKeys() []*SigningKeyInfo {
 	return nil
 }
 
+// TokenInfo describes a minted token; never the token itself.
+type TokenInfo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	TokenId string                 `protobuf:"bytes,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	// The principal it authenticates, e.g. "operator:alice".
+	Principal string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
+	// The kind of token: "operator", or another kind the server mints.
+	Kind      string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Role      Role                   `protobuf:"varint,4,opt,name=role,proto3,enum=tether.v1.Role" json:"role,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Who minted it: a principal, or "bootstrap" for the first admin token.
+	CreatedBy string `protobuf:"bytes,7,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// Set once revoked.
+	RevokedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
+	RevokedBy     string                 `protobuf:"bytes,9,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	RevokeReason  string                 `protobuf:"bytes,10,opt,name=revoke_reason,json=revokeReason,proto3" json:"revoke_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_tether_v1_auth_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TokenInfo) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRole() Role {
+	if x != nil {
+		return x.Role
+	}
+	return Role_ROLE_UNSPECIFIED
+}
+
+func (x *TokenInfo) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRevokedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RevokedAt
+	}
+	return nil
+}
+
+func (x *TokenInfo) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRevokeReason() string {
+	if x != nil {
+		return x.RevokeReason
+	}
+	return ""
+}
+
+type RevokeTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The token's id (tether token list, or the id CreateToken returned).
+	TokenId string `protobuf:"bytes,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	Reason  string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Instead of token_id: the token itself, for a token minted before the
+	// control plane recorded its tokens (an old admin.token). Its signature
+	// must verify; it may have expired.
+	Token         string `protobuf:"bytes,3,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenRequest) Reset() {
+	*x = RevokeTokenRequest{}
+	mi := &file_tether_v1_auth_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenRequest) ProtoMessage() {}
+
+func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RevokeTokenRequest) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *RevokeTokenRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *RevokeTokenRequest) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type RevokeTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token *TokenInfo             `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// The revocation feed's sequence of the tombstone.
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// True when the token was already revoked (nothing was written).
+	AlreadyRevoked bool `protobuf:"varint,3,opt,name=already_revoked,json=alreadyRevoked,proto3" json:"already_revoked,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RevokeTokenResponse) Reset() {
+	*x = RevokeTokenResponse{}
+	mi := &file_tether_v1_auth_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenResponse) ProtoMessage() {}
+
+func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RevokeTokenResponse) GetToken() *TokenInfo {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *RevokeTokenResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *RevokeTokenResponse) GetAlreadyRevoked() bool {
+	if x != nil {
+		return x.AlreadyRevoked
+	}
+	return false
+}
+
+type ListTokensRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Also list expired and revoked tokens.
+	IncludeInactive bool `protobuf:"varint,1,opt,name=include_inactive,json=includeInactive,proto3" json:"include_inactive,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_tether_v1_auth_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListTokensRequest) GetIncludeInactive() bool {
+	if x != nil {
+		return x.IncludeInactive
+	}
+	return false
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*TokenInfo           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_tether_v1_auth_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_auth_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_auth_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListTokensResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 var File_tether_v1_auth_proto protoreflect.FileDescriptor
 
 const file_tether_v1_auth_proto_rawDesc = "" +
@@ -612,20 +948,52 @@ const file_tether_v1_auth_proto_rawDesc = "" +
 	"\x04keys\x18\x02 \x03(\v2\x19.tether.v1.SigningKeyInfoR\x04keys\"\x11\n" +
 	"\x0fListKeysRequest\"A\n" +
 	"\x10ListKeysResponse\x12-\n" +
-	"\x04keys\x18\x01 \x03(\v2\x19.tether.v1.SigningKeyInfoR\x04keys*c\n" +
+	"\x04keys\x18\x01 \x03(\v2\x19.tether.v1.SigningKeyInfoR\x04keys\"\x91\x03\n" +
+	"\tTokenInfo\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12#\n" +
+	"\x04role\x18\x04 \x01(\x0e2\x0f.tether.v1.RoleR\x04role\x129\n" +
+	"\n" +
+	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\a \x01(\tR\tcreatedBy\x129\n" +
+	"\n" +
+	"revoked_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\t \x01(\tR\trevokedBy\x12#\n" +
+	"\rrevoke_reason\x18\n" +
+	" \x01(\tR\frevokeReason\"]\n" +
+	"\x12RevokeTokenRequest\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\tR\atokenId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05token\x18\x03 \x01(\tR\x05token\"\x86\x01\n" +
+	"\x13RevokeTokenResponse\x12*\n" +
+	"\x05token\x18\x01 \x01(\v2\x14.tether.v1.TokenInfoR\x05token\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12'\n" +
+	"\x0falready_revoked\x18\x03 \x01(\bR\x0ealreadyRevoked\">\n" +
+	"\x11ListTokensRequest\x12)\n" +
+	"\x10include_inactive\x18\x01 \x01(\bR\x0fincludeInactive\"B\n" +
+	"\x12ListTokensResponse\x12,\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x14.tether.v1.TokenInfoR\x06tokens*c\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_VIEWER\x10\x01\x12\x11\n" +
 	"\rROLE_OPERATOR\x10\x02\x12\x11\n" +
 	"\rROLE_SECURITY\x10\x03\x12\x0e\n" +
 	"\n" +
-	"ROLE_ADMIN\x10\x042\xb2\x02\n" +
+	"ROLE_ADMIN\x10\x042\xcf\x03\n" +
 	"\vAuthService\x12N\n" +
 	"\vCreateToken\x12\x1d.tether.v1.CreateTokenRequest\x1a\x1e.tether.v1.CreateTokenResponse\"\x00\x12?\n" +
 	"\x06WhoAmI\x12\x18.tether.v1.WhoAmIRequest\x1a\x19.tether.v1.WhoAmIResponse\"\x00\x12K\n" +
 	"\n" +
 	"RotateKeys\x12\x1c.tether.v1.RotateKeysRequest\x1a\x1d.tether.v1.RotateKeysResponse\"\x00\x12E\n" +
-	"\bListKeys\x12\x1a.tether.v1.ListKeysRequest\x1a\x1b.tether.v1.ListKeysResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\bListKeys\x12\x1a.tether.v1.ListKeysRequest\x1a\x1b.tether.v1.ListKeysResponse\"\x00\x12N\n" +
+	"\vRevokeToken\x12\x1d.tether.v1.RevokeTokenRequest\x1a\x1e.tether.v1.RevokeTokenResponse\"\x00\x12K\n" +
+	"\n" +
+	"ListTokens\x12\x1c.tether.v1.ListTokensRequest\x1a\x1d.tether.v1.ListTokensResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_auth_proto_rawDescOnce sync.Once
@@ -640,7 +1008,7 @@ func file_tether_v1_auth_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_auth_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_tether_v1_auth_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_tether_v1_auth_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_tether_v1_auth_proto_goTypes = []any{
 	(Role)(0),                     // 0: tether.v1.Role
 	(*CreateTokenRequest)(nil),    // 1: tether.v1.CreateTokenRequest
@@ -652,35 +1020,50 @@ var file_tether_v1_auth_proto_goTypes = []any{
 	(*RotateKeysResponse)(nil),    // 7: tether.v1.RotateKeysResponse
 	(*ListKeysRequest)(nil),       // 8: tether.v1.ListKeysRequest
 	(*ListKeysResponse)(nil),      // 9: tether.v1.ListKeysResponse
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*TokenInfo)(nil),             // 10: tether.v1.TokenInfo
+	(*RevokeTokenRequest)(nil),    // 11: tether.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),   // 12: tether.v1.RevokeTokenResponse
+	(*ListTokensRequest)(nil),     // 13: tether.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 14: tether.v1.ListTokensResponse
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 16: google.protobuf.Timestamp
 }
 var file_tether_v1_auth_proto_depIdxs = []int32{
 	0,  // 0: tether.v1.CreateTokenRequest.role:type_name -> tether.v1.Role
-	10, // 1: tether.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	11, // 2: tether.v1.CreateTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
+	15, // 1: tether.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	16, // 2: tether.v1.CreateTokenResponse.expires_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: tether.v1.WhoAmIResponse.role:type_name -> tether.v1.Role
-	11, // 4: tether.v1.WhoAmIResponse.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 5: tether.v1.SigningKeyInfo.created_at:type_name -> google.protobuf.Timestamp
-	11, // 6: tether.v1.SigningKeyInfo.active_from:type_name -> google.protobuf.Timestamp
-	11, // 7: tether.v1.SigningKeyInfo.retire_after:type_name -> google.protobuf.Timestamp
-	10, // 8: tether.v1.RotateKeysRequest.publish_ahead:type_name -> google.protobuf.Duration
+	16, // 4: tether.v1.WhoAmIResponse.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 5: tether.v1.SigningKeyInfo.created_at:type_name -> google.protobuf.Timestamp
+	16, // 6: tether.v1.SigningKeyInfo.active_from:type_name -> google.protobuf.Timestamp
+	16, // 7: tether.v1.SigningKeyInfo.retire_after:type_name -> google.protobuf.Timestamp
+	15, // 8: tether.v1.RotateKeysRequest.publish_ahead:type_name -> google.protobuf.Duration
 	5,  // 9: tether.v1.RotateKeysResponse.key:type_name -> tether.v1.SigningKeyInfo
 	5,  // 10: tether.v1.RotateKeysResponse.keys:type_name -> tether.v1.SigningKeyInfo
 	5,  // 11: tether.v1.ListKeysResponse.keys:type_name -> tether.v1.SigningKeyInfo
-	1,  // 12: tether.v1.AuthService.CreateToken:input_type -> tether.v1.CreateTokenRequest
-	3,  // 13: tether.v1.AuthService.WhoAmI:input_type -> tether.v1.WhoAmIRequest
-	6,  // 14: tether.v1.AuthService.RotateKeys:input_type -> tether.v1.RotateKeysRequest
-	8,  // 15: tether.v1.AuthService.ListKeys:input_type -> tether.v1.ListKeysRequest
-	2,  // 16: tether.v1.AuthService.CreateToken:output_type -> tether.v1.CreateTokenResponse
-	4,  // 17: tether.v1.AuthService.WhoAmI:output_type -> tether.v1.WhoAmIResponse
-	7,  // 18: tether.v1.AuthService.RotateKeys:output_type -> tether.v1.RotateKeysResponse
-	9,  // 19: tether.v1.AuthService.ListKeys:output_type -> tether.v1.ListKeysResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	0,  // 12: tether.v1.TokenInfo.role:type_name -> tether.v1.Role
+	16, // 13: tether.v1.TokenInfo.created_at:type_name -> google.protobuf.Timestamp
+	16, // 14: tether.v1.TokenInfo.expires_at:type_name -> google.protobuf.Timestamp
+	16, // 15: tether.v1.TokenInfo.revoked_at:type_name -> google.protobuf.Timestamp
+	10, // 16: tether.v1.RevokeTokenResponse.token:type_name -> tether.v1.TokenInfo
+	10, // 17: tether.v1.ListTokensResponse.tokens:type_name -> tether.v1.TokenInfo
+	1,  // 18: tether.v1.AuthService.CreateToken:input_type -> tether.v1.CreateTokenRequest
+	3,  // 19: tether.v1.AuthService.WhoAmI:input_type -> tether.v1.WhoAmIRequest
+	6,  // 20: tether.v1.AuthService.RotateKeys:input_type -> tether.v1.RotateKeysRequest
+	8,  // 21: tether.v1.AuthService.ListKeys:input_type -> tether.v1.ListKeysRequest
+	11, // 22: tether.v1.AuthService.RevokeToken:input_type -> tether.v1.RevokeTokenRequest
+	13, // 23: tether.v1.AuthService.ListTokens:input_type -> tether.v1.ListTokensRequest
+	2,  // 24: tether.v1.AuthService.CreateToken:output_type -> tether.v1.CreateTokenResponse
+	4,  // 25: tether.v1.AuthService.WhoAmI:output_type -> tether.v1.WhoAmIResponse
+	7,  // 26: tether.v1.AuthService.RotateKeys:output_type -> tether.v1.RotateKeysResponse
+	9,  // 27: tether.v1.AuthService.ListKeys:output_type -> tether.v1.ListKeysResponse
+	12, // 28: tether.v1.AuthService.RevokeToken:output_type -> tether.v1.RevokeTokenResponse
+	14, // 29: tether.v1.AuthService.ListTokens:output_type -> tether.v1.ListTokensResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_auth_proto_init() }
@@ -694,7 +1077,7 @@ func file_tether_v1_auth_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_auth_proto_rawDesc), len(file_tether_v1_auth_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

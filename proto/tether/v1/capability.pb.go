@@ -1163,8 +1163,14 @@ type Tombstone struct {
 	GrantId   string                 `protobuf:"bytes,2,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
 	RevokedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=revoked_at,json=revokedAt,proto3" json:"revoked_at,omitempty"`
 	// After this time no token can carry the grant; the tombstone may leave the feed.
-	DropAfter     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=drop_after,json=dropAfter,proto3" json:"drop_after,omitempty"`
-	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	DropAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=drop_after,json=dropAfter,proto3" json:"drop_after,omitempty"`
+	Reason    string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The node holding the revoked grant, and its lineage (the root of its
+	// tree): an agent's WatchRevocations carries only its own lineage's
+	// tombstones. Both empty for a revoked bearer token (grant_id then holds
+	// the token's id), which agents never see.
+	HolderNodeId  string `protobuf:"bytes,6,opt,name=holder_node_id,json=holderNodeId,proto3" json:"holder_node_id,omitempty"`
+	Lineage       string `protobuf:"bytes,7,opt,name=lineage,proto3" json:"lineage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1230,6 +1236,20 @@ func (x *Tombstone) GetDropAfter() *timestamppb.Timestamp {
 func (x *Tombstone) GetReason() string {
 	if x != nil {
 		return x.Reason
+	}
+	return ""
+}
+
+func (x *Tombstone) GetHolderNodeId() string {
+	if x != nil {
+		return x.HolderNodeId
+	}
+	return ""
+}
+
+func (x *Tombstone) GetLineage() string {
+	if x != nil {
+		return x.Lineage
 	}
 	return ""
 }
@@ -1391,7 +1411,7 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"@\n" +
 	"\x17WatchRevocationsRequest\x12%\n" +
-	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\"\xd0\x01\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\"\x90\x02\n" +
 	"\tTombstone\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x19\n" +
 	"\bgrant_id\x18\x02 \x01(\tR\agrantId\x129\n" +
@@ -1399,7 +1419,9 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"revoked_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\trevokedAt\x129\n" +
 	"\n" +
 	"drop_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdropAfter\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xce\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12$\n" +
+	"\x0eholder_node_id\x18\x06 \x01(\tR\fholderNodeId\x12\x18\n" +
+	"\alineage\x18\a \x01(\tR\alineage\"\xce\x01\n" +
 	"\x18WatchRevocationsResponse\x124\n" +
 	"\n" +
 	"tombstones\x18\x01 \x03(\v2\x14.tether.v1.TombstoneR\n" +

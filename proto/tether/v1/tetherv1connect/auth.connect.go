@@ -41,6 +41,10 @@ const (
 	AuthServiceRotateKeysProcedure = "/tether.v1.AuthService/RotateKeys"
 	// AuthServiceListKeysProcedure is the fully-qualified name of the AuthService's ListKeys RPC.
 	AuthServiceListKeysProcedure = "/tether.v1.AuthService/ListKeys"
+	// AuthServiceRevokeTokenProcedure is the fully-qualified name of the AuthService's RevokeToken RPC.
+	AuthServiceRevokeTokenProcedure = "/tether.v1.AuthService/RevokeToken"
+	// AuthServiceListTokensProcedure is the fully-qualified name of the AuthService's ListTokens RPC.
+	AuthServiceListTokensProcedure = "/tether.v1.AuthService/ListTokens"
 )
 
 // AuthServiceClient is a client for the tether.v1.AuthService service.
@@ -56,6 +60,15 @@ type AuthServiceClient interface {
 	RotateKeys(context.Context, *connect.Request[v1.RotateKeysRequest]) (*connect.Response[v1.RotateKeysResponse], error)
 	// ListKeys lists the signing keys (public halves only).
 	ListKeys(context.Context, *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error)
+	// RevokeToken revokes a token this control plane minted (CreateToken,
+	// the bootstrap admin token): from the next call it is refused on every
+	// replica, cached or not, whatever its expiry. The revocation is a
+	// tombstone in the revocation feed, written durably as a grant's is.
+	// Security and admins.
+	RevokeToken(context.Context, *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error)
+	// ListTokens lists the minted tokens without their secrets: the live
+	// ones, or every one with include_inactive. Security and admins.
+	ListTokens(context.Context, *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error)
 }
 
 // NewAuthServiceClient constructs a client for the tether.v1.AuthService service. By default, it
@@ -93,6 +106,18 @@ func NewAuthServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(authServiceMethods.ByName("ListKeys")),
 			connect.WithClientOptions(opts...),
 		),
+		revokeToken: connect.NewClient[v1.RevokeTokenRequest, v1.RevokeTokenResponse](
+			httpClient,
+			baseURL+AuthServiceRevokeTokenProcedure,
+			connect.WithSchema(authServiceMethods.ByName("RevokeToken")),
+			connect.WithClientOptions(opts...),
+		),
+		listTokens: connect.NewClient[v1.ListTokensRequest, v1.ListTokensResponse](
+			httpClient,
+			baseURL+AuthServiceListTokensProcedure,
+			connect.WithSchema(authServiceMethods.ByName("ListTokens")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -102,6 +127,8 @@ type authServiceClient struct {
 	whoAmI      *connect.Client[v1.WhoAmIRequest, v1.WhoAmIResponse]
 	rotateKeys  *connect.Client[v1.RotateKeysRequest, v1.RotateKeysResponse]
 	listKeys    *connect.Client[v1.ListKeysRequest, v1.ListKeysResponse]
+	revokeToken *connect.Client[v1.RevokeTokenRequest, v1.RevokeTokenResponse]
+	listTokens  *connect.Client[v1.ListTokensRequest, v1.ListTokensResponse]
 }
 
 // CreateToken calls tether.v1.AuthService.CreateToken.
@@ -124,6 +151,16 @@ func (c *authServiceClient) ListKeys(ctx context.Context, req *connect.Request[v
 	return c.listKeys.CallUnary(ctx, req)
 }
 
+// RevokeToken calls tether.v1.AuthService.RevokeToken.
+func (c *authServiceClient) RevokeToken(ctx context.Context, req *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error) {
+	return c.revokeToken.CallUnary(ctx, req)
+}
+
+// ListTokens calls tether.v1.AuthService.ListTokens.
+func (c *authServiceClient) ListTokens(ctx context.Context, req *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error) {
+	return c.listTokens.CallUnary(ctx, req)
+}
+
 // AuthServiceHandler is an implementation of the tether.v1.AuthService service.
 type AuthServiceHandler interface {
 	// CreateToken mints an operator token with a role, or a tool server's
@@ -137,6 +174,15 @@ type AuthServiceHandler interface {
 	RotateKeys(context.Context, *connect.Request[v1.RotateKeysRequest]) (*connect.Response[v1.RotateKeysResponse], error)
 	// ListKeys lists the signing keys (public halves only).
 	ListKeys(context.Context, *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error)
+	// RevokeToken revokes a token this control plane minted (CreateToken,
+	// the bootstrap admin token): from the next call it is refused on every
+	// replica, cached or not, whatever its expiry. The revocation is a
+	// tombstone in the revocation feed, written durably as a grant's is.
+	// Security and admins.
+	RevokeToken(context.Context, *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error)
+	// ListTokens lists the minted tokens without their secrets: the live
+	// ones, or every one with include_inactive. Security and admins.
+	ListTokens(context.Context, *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error)
 }
 
 // NewAuthServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -170,6 +216,18 @@ func NewAuthServiceHandler(svc AuthServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(authServiceMethods.ByName("ListKeys")),
 		connect.WithHandlerOptions(opts...),
 	)
+	authServiceRevokeTokenHandler := connect.NewUnaryHandler(
+		AuthServiceRevokeTokenProcedure,
+		svc.RevokeToken,
+		connect.WithSchema(authServiceMethods.ByName("RevokeToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	authServiceListTokensHandler := connect.NewUnaryHandler(
+		AuthServiceListTokensProcedure,
+		svc.ListTokens,
+		connect.WithSchema(authServiceMethods.ByName("ListTokens")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/tether.v1.AuthService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AuthServiceCreateTokenProcedure:
@@ -180,6 +238,10 @@ func NewAuthServiceHandler(svc AuthServiceHandler, opts ...connect.HandlerOption
 			authServiceRotateKeysHandler.ServeHTTP(w, r)
 		case AuthServiceListKeysProcedure:
 			authServiceListKeysHandler.ServeHTTP(w, r)
+		case AuthServiceRevokeTokenProcedure:
+			authServiceRevokeTokenHandler.ServeHTTP(w, r)
+		case AuthServiceListTokensProcedure:
+			authServiceListTokensHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -203,4 +265,12 @@ func (UnimplementedAuthServiceHandler) RotateKeys(context.Context, *connect.Requ
 
 func (UnimplementedAuthServiceHandler) ListKeys(context.Context, *connect.Request[v1.ListKeysRequest]) (*connect.Response[v1.ListKeysResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AuthService.ListKeys is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) RevokeToken(context.Context, *connect.Request[v1.RevokeTokenRequest]) (*connect.Response[v1.RevokeTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AuthService.RevokeToken is not implemented"))
+}
+
+func (UnimplementedAuthServiceHandler) ListTokens(context.Context, *connect.Request[v1.ListTokensRequest]) (*connect.Response[v1.ListTokensResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AuthService.ListTokens is not implemented"))
 }

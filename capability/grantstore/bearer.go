@@ -1,0 +1,85 @@
+package grantstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/store"
+)
+
+// Bearer tokens (operator tokens and the other tokens the control plane
+// mints for its own API) are revoked through the same feed as grants: one
+// tombstone named by the token's id, durable before the revocation is
+// acknowledged, followed by every replica's feed watch. It differs from a
+// grant's only in how long it stays: until the token's own expiry (plus the
+// parser's leeway), which can be months — so the pruner skips such a
+// tombstone rather than stopping at it (PruneTombstones).
+
+// RevokeBearer writes a tombstone for the bearer token tokenID, which
+// expires at expiresAt, in one transaction with also (which records the
+// revocation wherever the caller keeps its tokens, and may return an error
+// to write nothing). It adds the tombstone to this replica's set before it
+// returns, so the next call with the token is refused here at once; the
+// other replicas refuse it as soon as their feed watch delivers it.
+func (s *Service) RevokeBearer(ctx context.Context, tokenID string, expiresAt time.Time, leeway time.Duration, reason string, also func(tx store.Txn, revokedAt time.Time) error) (uint64, error) {
+	if err := capability.ValidateID("token_id", tokenID); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	now := s.cfg.Clock.Now()
+	t := capability.Tombstone{GrantID: tokenID, RevokedAt: now, DropAfter: expiresAt.Add(leeway), Reason: clipReason(reason)}
+	if !t.DropAfter.After(now) {
+		t.DropAfter = now.Add(leeway) // an expired token: kept briefly, harmlessly
+	}
+	err := s.cfg.Store.Update(ctx, func(tx store.Txn) error {
+		if also != nil {
+			if err := also(tx, now); err != nil {
+				return err
+			}
+		}
+		head, err := getCounter(tx, feedHeadKey)
+		if err != nil {
+			return err
+		}
+		head++
+		t.Sequence = head
+		raw, err := encodeTombstone(t)
+		if err != nil {
+			return err
+		}
+		if err := tx.Put(tombstoneKey(head), raw); err != nil {
+			return err
+		}
+		return putCounter(tx, feedHeadKey, head)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if err := s.tombstones.Add(t); err != nil {
+		return 0, err
+	}
+	return t.Sequence, nil
+}
+
+// BearerRevoked reports whether this replica's tombstone set holds a
+// revocation of the bearer token tokenID: a lock-free map lookup, made on
+// every authenticated call. Until the feed's first load (just after
+// start) it waits for it, so a restarted replica never accepts a revoked
+// token it has not read yet; it fails (ErrStopped) if the feed stopped
+// before loading.
+func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, error) {
+	select {
+	case <-s.feed.ready:
+	default:
+		select {
+		case <-s.feed.ready:
+		case <-s.feed.stopped:
+			return false, fmt.Errorf("%w: the revocation feed is not loaded", ErrStopped)
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	_, ok := s.tombstones.Lookup(tokenID)
+	return ok, nil
+}

@@ -1,0 +1,235 @@
+package controlplane_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The connection limits are real network timeouts of the server, so these
+// tests configure them tiny and wait for their effect — the server closing
+// the connection, seen as EOF by a blocked read — never for a duration.
+// closeWait only bounds how long a broken server may keep the test waiting.
+const closeWait = 20 * time.Second
+
+// tinyLimits: every timeout a few tens of milliseconds (writing a little
+// longer than reading, so that a request cut by its read deadline is still
+// answered).
+func tinyLimits(cfg *controlplane.Config) {
+	cfg.Conn = controlplane.ConnLimits{
+		ReadHeaderTimeout: 40 * time.Millisecond,
+		ReadTimeout:       40 * time.Millisecond,
+		WriteTimeout:      200 * time.Millisecond,
+		IdleTimeout:       40 * time.Millisecond,
+		PingInterval:      40 * time.Millisecond,
+		PingTimeout:       40 * time.Millisecond,
+	}
+}
+
+func hostOf(t *testing.T, url string) string {
+	t.Helper()
+	return strings.TrimPrefix(url, "http://")
+}
+
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitClosed reads (and discards) until the server closes the connection,
+// returning what it read.
+func waitClosed(t *testing.T, what string, c net.Conn) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(closeWait))
+	var got strings.Builder
+	_, err := io.Copy(&got, c)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("%s: the server kept the connection open for %s", what, closeWait)
+	}
+	return got.String()
+}
+
+func TestIdleAndSlowConnectionsAreClosed(t *testing.T) {
+	srv := testserver.Start(t, tinyLimits)
+	addr := hostOf(t, srv.URL)
+	const n = 5
+	type probe struct {
+		name  string
+		start func(c net.Conn)
+		// want is in what the server wrote before closing ("" = anything).
+		want string
+	}
+	rpcHead := func(token string, length int) string {
+		h := "POST /tether.v1.AuthService/WhoAmI HTTP/1.1\r\nHost: tether\r\nContent-Type: application/json\r\n" +
+			fmt.Sprintf("Content-Length: %d\r\n", length)
+		if token != "" {
+			h += "Authorization: Bearer " + token + "\r\n"
+		}
+		return h + "\r\n"
+	}
+	probes := []probe{
+		{name: "slow headers", start: func(c net.Conn) {
+			_, _ = io.WriteString(c, "POST /tether.v1.AuthService/WhoAmI HTTP/1.1\r\nHost: tether\r\n")
+		}},
+		{name: "slow body, authenticated", want: "HTTP/1.1 ", start: func(c net.Conn) {
+			_, _ = io.WriteString(c, rpcHead(srv.Admin, 100)+"{")
+		}},
+		{name: "slow body, no credential", want: "401 Unauthorized", start: func(c net.Conn) {
+			_, _ = io.WriteString(c, rpcHead("", 1<<20)+"{")
+		}},
+		{name: "idle HTTP/1.1 keep-alive", want: "200 OK", start: func(c net.Conn) {
+			_, _ = io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: tether\r\n\r\n")
+		}},
+		{name: "idle HTTP/2", start: func(c net.Conn) {
+			// The client preface and an empty SETTINGS frame, then nothing:
+			// no stream, no answer to the server's SETTINGS or pings.
+			_, _ = io.WriteString(c, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+		}},
+	}
+	for _, p := range probes {
+		t.Run(p.name, func(t *testing.T) {
+			conns := make([]net.Conn, n)
+			for i := range conns {
+				conns[i] = dial(t, addr)
+				p.start(conns[i])
+			}
+			for i, c := range conns {
+				got := waitClosed(t, fmt.Sprintf("%s #%d", p.name, i), c)
+				if p.want != "" && !strings.Contains(got, p.want) {
+					t.Fatalf("%s: the server wrote %q before closing, want %q in it", p.name, got, p.want)
+				}
+			}
+		})
+	}
+	// Every connection is gone from the server's count.
+	testserver.WaitFor(t, closeWait, "the server to forget the closed connections", func() bool { return srv.OpenConnections() == 0 })
+}
+
+// TestActiveStreamsOutliveTheTimeouts: the timeouts are per request and per
+// idle connection, not per stream: an authenticated watch keeps receiving
+// long after them, and a session whose client was quiet meanwhile still
+// answers.
+func TestActiveStreamsOutliveTheTimeouts(t *testing.T) {
+	srv := testserver.Start(t, tinyLimits, func(cfg *controlplane.Config) { cfg.RevocationHeartbeat = 10 * time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin := srv.AdminClients()
+	root := register(t, admin, "long-lived")
+	agent := srv.Clients(root.Credential)
+
+	session := agent.Agent.Session(ctx)
+	defer func() { _ = session.CloseRequest(); _ = session.CloseResponse() }()
+	if err := session.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: root.Node.NodeId}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := session.Receive(); err != nil {
+		t.Fatalf("session opened: %v", err)
+	}
+
+	// Heartbeats every 10ms: 40 of them span ten times every timeout.
+	watch, err := agent.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		if !watch.Receive() {
+			t.Fatalf("the watch ended after %d messages: %v", i, watch.Err())
+		}
+	}
+	// The session's client sent nothing all that time; it is still served.
+	if err := session.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := session.Receive()
+		if err != nil {
+			t.Fatalf("the quiet session was cut: %v", err)
+		}
+		if m.GetHeartbeatAck() != nil {
+			break
+		}
+	}
+}
+
+// rawRequest sends one HTTP/1.1 request on a new connection and returns
+// the status line and body of the answer.
+func rawRequest(t *testing.T, addr, request string) (status, body string) {
+	t.Helper()
+	c := dial(t, addr)
+	defer c.Close()
+	if _, err := io.WriteString(c, request); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(closeWait))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to %q: %v", strings.SplitN(request, "\r\n", 2)[0], err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.Status, string(b)
+}
+
+func TestConnectionCapKeepsHealthAnswering(t *testing.T) {
+	const max, reserve = 8, 2
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.Conn = controlplane.ConnLimits{MaxConnections: max, HealthReserve: reserve}
+	})
+	addr := hostOf(t, srv.URL)
+	hoard := make([]net.Conn, max)
+	for i := range hoard {
+		hoard[i] = dial(t, addr)
+	}
+	testserver.WaitFor(t, closeWait, "the server to accept the hoarded connections", func() bool { return srv.OpenConnections() == max })
+
+	// At the cap, /healthz still answers (on a reserved connection)...
+	status, body := rawRequest(t, addr, "GET /healthz HTTP/1.1\r\nHost: tether\r\nConnection: close\r\n\r\n")
+	if status != "200 OK" || body != "ok\n" {
+		t.Fatalf("/healthz at the cap: %s %q", status, body)
+	}
+	// ...and an RPC is refused clearly, without reaching the service.
+	status, body = rawRequest(t, addr, "POST /tether.v1.AuthService/WhoAmI HTTP/1.1\r\nHost: tether\r\nConnection: close\r\n"+
+		"Content-Type: application/json\r\nAuthorization: Bearer "+srv.Admin+"\r\nContent-Length: 2\r\n\r\n{}")
+	if !strings.HasPrefix(status, "503") || !strings.Contains(body, "too many open connections") || !strings.Contains(body, "unavailable") {
+		t.Fatalf("an RPC at the cap: %s %q, want 503 unavailable naming the limit", status, body)
+	}
+	// A Connect client sees unavailable with the message.
+	_, err := srv.Clients(srv.Admin).Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	wantLimit(t, "a Connect call at the cap", err, connect.CodeUnavailable, "too many open connections")
+
+	// Past the reserve too, the server answers 503 itself and closes.
+	reserved := []net.Conn{dial(t, addr), dial(t, addr)}
+	testserver.WaitFor(t, closeWait, "the reserve to fill", func() bool { return srv.OpenConnections() >= max+reserve })
+	extra := dial(t, addr)
+	if got := waitClosed(t, "a connection past the reserve", extra); !strings.HasPrefix(got, "HTTP/1.1 503") || !strings.Contains(got, "too many open connections") {
+		t.Fatalf("past the reserve the server wrote %q, want a 503", got)
+	}
+
+	// Freed places are reused.
+	for _, c := range append(hoard, reserved...) {
+		c.Close()
+	}
+	testserver.WaitFor(t, closeWait, "the hoarded connections to be released", func() bool { return srv.OpenConnections() < max })
+	if _, err := testserver.NewClients(testserver.H2CClient(), srv.URL, srv.Admin).Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{})); err != nil {
+		t.Fatalf("after the hoard left: %v", err)
+	}
+}

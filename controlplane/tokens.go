@@ -1,0 +1,187 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/store"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Minted tokens: every token the control plane mints for its own API
+// through CreateToken (whatever its kind) and the bootstrap admin token is
+// recorded under tokenPrefix — its id, principal, role, creation and
+// expiry, never the token — so that `tether token list` can show the live
+// ones and `tether token revoke ID` can stop one. A revocation is a
+// tombstone in the revocation feed (grantstore.RevokeBearer), the same
+// durable path as a grant's; the interceptor consults this replica's
+// tombstone set on every call, so a revoked token is refused on the next
+// call, cached or not. Agent credentials are not recorded: they die with
+// their node (tether terminate), and the session refreshes them.
+
+const tokenPrefix = "auth/tokens/"
+
+func tokenKey(id string) []byte { return []byte(tokenPrefix + id) }
+
+// tokenKind is the kind of principal a token authenticates: the part of
+// its id before the colon ("operator", "agent", …).
+func tokenKind(p auth.Principal) string {
+	kind, _, _ := strings.Cut(p.ID(), ":")
+	return kind
+}
+
+// recordToken stores the record of a token just minted; createdBy is the
+// minting principal, or "bootstrap".
+func (s *Server) recordToken(ctx context.Context, token, createdBy string) (*tetherv1.TokenInfo, error) {
+	now := s.cfg.Clock.Now()
+	p, err := s.issuer.Parse(token, now)
+	if err != nil {
+		return nil, fmt.Errorf("controlplane: a token just minted does not parse: %w", err)
+	}
+	info := &tetherv1.TokenInfo{
+		TokenId: p.TokenID, Principal: p.ID(), Kind: tokenKind(p), Role: roleToProto(p.Role),
+		CreatedAt: timestamppb.New(now), ExpiresAt: timestamppb.New(p.ExpiresAt), CreatedBy: createdBy,
+	}
+	raw, err := proto.Marshal(info)
+	if err != nil {
+		return nil, err
+	}
+	err = s.store.Update(ctx, func(tx store.Txn) error { return tx.Put(tokenKey(p.TokenID), raw) })
+	return info, err
+}
+
+func getTokenInfo(tx store.ReadTxn, id string) (*tetherv1.TokenInfo, error) {
+	raw, err := tx.Get(tokenKey(id))
+	if err != nil {
+		return nil, err
+	}
+	info := &tetherv1.TokenInfo{}
+	if err := proto.Unmarshal(raw, info); err != nil {
+		return nil, fmt.Errorf("controlplane: token record %s does not decode: %w", id, err)
+	}
+	return info, nil
+}
+
+// tokenRevoked is the interceptor's revocation check.
+func (s *Server) tokenRevoked(ctx context.Context, tokenID string) (bool, error) {
+	return s.grants.BearerRevoked(ctx, tokenID)
+}
+
+var errAlreadyRevoked = errors.New("token already revoked")
+
+// RevokeToken revokes a minted token (see auth.proto).
+func (a *authService) RevokeToken(ctx context.Context, req *connect.Request[tetherv1.RevokeTokenRequest]) (*connect.Response[tetherv1.RevokeTokenResponse], error) {
+	caller, _ := auth.FromContext(ctx)
+	reason := req.Msg.Reason
+	if len(reason) > capability.MaxReasonBytes || !utf8.ValidString(reason) {
+		return nil, invalid("reason must be valid UTF-8 of at most %d bytes", capability.MaxReasonBytes)
+	}
+	if (req.Msg.TokenId == "") == (req.Msg.Token == "") {
+		return nil, invalid("exactly one of token_id and token is required")
+	}
+	id := req.Msg.TokenId
+	var fromToken *tetherv1.TokenInfo // a token revoked by value, maybe never recorded
+	if req.Msg.Token != "" {
+		p, err := a.s.issuer.ParseAnyTime(req.Msg.Token)
+		if err != nil {
+			return nil, invalid("token: %v", err)
+		}
+		if p.TokenID == "" {
+			return nil, invalid("token: it has no id (jti), so it cannot be revoked by id; rotate the signing keys (tether keys rotate) to end it")
+		}
+		id = p.TokenID
+		fromToken = &tetherv1.TokenInfo{
+			TokenId: p.TokenID, Principal: p.ID(), Kind: tokenKind(p), Role: roleToProto(p.Role),
+			ExpiresAt: timestamppb.New(p.ExpiresAt), CreatedBy: "unrecorded",
+		}
+	} else if err := capability.ValidateID("token_id", id); err != nil {
+		return nil, invalid("%v", err)
+	}
+	var info *tetherv1.TokenInfo
+	err := a.s.store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		info, err = getTokenInfo(tx, id)
+		if errors.Is(err, store.ErrNotFound) && fromToken != nil {
+			info, err = fromToken, nil
+		}
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("token_id %s is not a token this control plane recorded (tether token list); to revoke an older token, pass the token itself", id))
+	}
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	if info.RevokedAt != nil {
+		return connect.NewResponse(&tetherv1.RevokeTokenResponse{Token: info, AlreadyRevoked: true}), nil
+	}
+	var written *tetherv1.TokenInfo
+	seq, err := a.s.grants.RevokeBearer(ctx, id, info.ExpiresAt.AsTime(), auth.Leeway, reason, func(tx store.Txn, at time.Time) error {
+		current, err := getTokenInfo(tx, id)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			current = proto.Clone(info).(*tetherv1.TokenInfo)
+		case err != nil:
+			return err
+		case current.RevokedAt != nil:
+			written = current
+			return errAlreadyRevoked
+		}
+		current.RevokedAt, current.RevokedBy, current.RevokeReason = timestamppb.New(at), caller.ID(), reason
+		raw, err := proto.Marshal(current)
+		if err != nil {
+			return err
+		}
+		written = current
+		return tx.Put(tokenKey(id), raw)
+	})
+	if errors.Is(err, errAlreadyRevoked) {
+		return connect.NewResponse(&tetherv1.RevokeTokenResponse{Token: written, AlreadyRevoked: true}), nil
+	}
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	a.s.log.Info("token revoked", "by", caller.ID(), "token_id", id, "principal", written.Principal)
+	return connect.NewResponse(&tetherv1.RevokeTokenResponse{Token: written, Sequence: seq}), nil
+}
+
+// ListTokens lists the recorded tokens, live ones only unless asked.
+func (a *authService) ListTokens(ctx context.Context, req *connect.Request[tetherv1.ListTokensRequest]) (*connect.Response[tetherv1.ListTokensResponse], error) {
+	now := a.s.cfg.Clock.Now()
+	var out []*tetherv1.TokenInfo
+	err := a.s.store.View(ctx, func(tx store.ReadTxn) error {
+		out = out[:0]
+		return tx.Scan([]byte(tokenPrefix), nil, func(k, v []byte) error {
+			info := &tetherv1.TokenInfo{}
+			if err := proto.Unmarshal(v, info); err != nil {
+				return fmt.Errorf("controlplane: token record %s does not decode: %w", k, err)
+			}
+			live := info.RevokedAt == nil && now.Before(info.ExpiresAt.AsTime().Add(auth.Leeway))
+			if live || req.Msg.IncludeInactive {
+				out = append(out, info)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	slices.SortFunc(out, func(a, b *tetherv1.TokenInfo) int {
+		if c := a.CreatedAt.AsTime().Compare(b.CreatedAt.AsTime()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.TokenId, b.TokenId)
+	})
+	return connect.NewResponse(&tetherv1.ListTokensResponse{Tokens: out}), nil
+}
