@@ -339,7 +339,10 @@ type Termination struct {
 	// node_id is the first.
 	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
 	// The rollout this termination is a batch of, if any.
-	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	RolloutId string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// The stop rule whose proposal started the termination, with the values
+	// that made it true (self-reported ones labelled as such).
+	StopRule      *StopRuleFiring `protobuf:"bytes,17,opt,name=stop_rule,json=stopRule,proto3" json:"stop_rule,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -484,6 +487,13 @@ func (x *Termination) GetRolloutId() string {
 		return x.RolloutId
 	}
 	return ""
+}
+
+func (x *Termination) GetStopRule() *StopRuleFiring {
+	if x != nil {
+		return x.StopRule
+	}
+	return nil
 }
 
 type TerminateRequest struct {
@@ -1896,14 +1906,14 @@ var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
+	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x18tether/v1/stoprule.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
 	"\x13TerminationProgress\x12\x1f\n" +
 	"\vnodes_total\x18\x01 \x01(\rR\n" +
 	"nodesTotal\x12!\n" +
 	"\fnodes_marked\x18\x02 \x01(\rR\vnodesMarked\x12&\n" +
 	"\x0fcalls_in_flight\x18\x03 \x01(\rR\rcallsInFlight\x12!\n" +
 	"\facks_pending\x18\x04 \x01(\rR\vacksPending\x12$\n" +
-	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xea\x05\n" +
+	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xa2\x06\n" +
 	"\vTermination\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12.\n" +
@@ -1923,7 +1933,8 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\tescalated\x18\x0e \x01(\bR\tescalated\x12\"\n" +
 	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
 	"\n" +
-	"rollout_id\x18\x10 \x01(\tR\trolloutId\"\xbe\x02\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\x126\n" +
+	"\tstop_rule\x18\x11 \x01(\v2\x19.tether.v1.StopRuleFiringR\bstopRule\"\xbe\x02\n" +
 	"\x10TerminateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12.\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1a.tether.v1.TerminationModeR\x04mode\x12<\n" +
@@ -2127,23 +2138,24 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationMode)(0),              // 28: tether.v1.TerminationMode
 	(*durationpb.Duration)(nil),       // 29: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(CallResolution)(0),               // 31: tether.v1.CallResolution
-	(*StopProposal)(nil),              // 32: tether.v1.StopProposal
-	(ProposalState)(0),                // 33: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 34: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 35: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 36: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 37: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 38: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 39: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 40: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 41: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 42: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 43: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 44: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 45: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 46: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 47: tether.v1.AbortRolloutResponse
+	(*StopRuleFiring)(nil),            // 31: tether.v1.StopRuleFiring
+	(CallResolution)(0),               // 32: tether.v1.CallResolution
+	(*StopProposal)(nil),              // 33: tether.v1.StopProposal
+	(ProposalState)(0),                // 34: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 35: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 36: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 37: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 38: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 39: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 40: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 41: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 42: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 43: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 44: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 45: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 46: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 47: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 48: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	28, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
@@ -2154,70 +2166,71 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	30, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
 	30, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
-	28, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
-	29, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
-	29, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	29, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
-	5,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
-	5,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
-	5,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
-	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
-	30, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
-	30, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
-	31, // 18: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	2,  // 19: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	3,  // 20: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	30, // 21: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	29, // 22: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	28, // 23: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	12, // 24: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	13, // 25: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	14, // 26: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	15, // 27: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	16, // 28: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	30, // 29: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	17, // 30: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	17, // 31: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	32, // 32: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	5,  // 33: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	33, // 34: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	32, // 35: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	30, // 36: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 37: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	8,  // 38: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	10, // 39: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	18, // 40: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	20, // 41: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	22, // 42: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	24, // 43: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	26, // 44: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	34, // 45: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	35, // 46: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	36, // 47: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	37, // 48: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	38, // 49: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	39, // 50: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	40, // 51: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	7,  // 52: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	9,  // 53: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	11, // 54: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	19, // 55: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	21, // 56: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	23, // 57: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	25, // 58: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	27, // 59: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	41, // 60: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	42, // 61: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	43, // 62: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	44, // 63: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	45, // 64: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	46, // 65: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	47, // 66: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	52, // [52:67] is the sub-list for method output_type
-	37, // [37:52] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	31, // 8: tether.v1.Termination.stop_rule:type_name -> tether.v1.StopRuleFiring
+	28, // 9: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
+	29, // 10: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
+	29, // 11: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	29, // 12: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
+	5,  // 13: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
+	5,  // 14: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
+	5,  // 15: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
+	1,  // 16: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
+	30, // 17: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
+	30, // 18: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	32, // 19: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	2,  // 20: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	3,  // 21: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
+	30, // 22: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	29, // 23: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	28, // 24: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	12, // 25: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	13, // 26: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	14, // 27: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	15, // 28: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	16, // 29: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	30, // 30: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	17, // 31: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	17, // 32: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	33, // 33: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	5,  // 34: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	34, // 35: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	33, // 36: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	30, // 37: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 38: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	8,  // 39: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	10, // 40: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	18, // 41: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	20, // 42: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	22, // 43: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	24, // 44: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	26, // 45: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	35, // 46: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	36, // 47: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	37, // 48: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	38, // 49: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	39, // 50: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	40, // 51: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	41, // 52: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	7,  // 53: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	9,  // 54: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	11, // 55: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	19, // 56: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	21, // 57: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	23, // 58: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	25, // 59: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	27, // 60: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	42, // 61: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	43, // 62: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	44, // 63: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	45, // 64: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	46, // 65: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	47, // 66: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	48, // 67: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	53, // [53:68] is the sub-list for method output_type
+	38, // [38:53] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2227,6 +2240,7 @@ func file_tether_v1_supervisor_proto_init() {
 	}
 	file_tether_v1_proposal_proto_init()
 	file_tether_v1_rollout_proto_init()
+	file_tether_v1_stoprule_proto_init()
 	file_tether_v1_tool_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
