@@ -131,6 +131,9 @@ type Termination struct {
 	// to reassign, instead of cancelling them.
 	RolloutID     string `json:"rollout_id,omitempty"`
 	LeaseHandover bool   `json:"lease_handover,omitempty"`
+	// ProposalID is the stop proposal whose approval started the
+	// termination; the record names the stop rule that filed it, if any.
+	ProposalID string `json:"proposal_id,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.

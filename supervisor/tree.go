@@ -42,6 +42,8 @@ type Tree struct {
 	Store  store.Store
 	Clock  clock.Clock
 	Limits Limits
+	// Observer, when set, is told of every spawn (stop rules).
+	Observer Observer
 }
 
 var (
@@ -148,6 +150,11 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 		}
 		if err := putNode(tx, child); err != nil {
 			return err
+		}
+		if t.Observer != nil {
+			if err := t.Observer.ObserveSpawn(tx, child); err != nil {
+				return err
+			}
 		}
 		return tx.Put(childKey(parentID, childID), nil)
 	})

@@ -339,10 +339,7 @@ type Termination struct {
 	// node_id is the first.
 	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
 	// The rollout this termination is a batch of, if any.
-	RolloutId string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
-	// The stop rule whose proposal started the termination, with the values
-	// that made it true (self-reported ones labelled as such).
-	StopRule      *StopRuleFiring `protobuf:"bytes,17,opt,name=stop_rule,json=stopRule,proto3" json:"stop_rule,omitempty"`
+	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -487,13 +484,6 @@ func (x *Termination) GetRolloutId() string {
 		return x.RolloutId
 	}
 	return ""
-}
-
-func (x *Termination) GetStopRule() *StopRuleFiring {
-	if x != nil {
-		return x.StopRule
-	}
-	return nil
 }
 
 type TerminateRequest struct {
@@ -1225,7 +1215,10 @@ type ReconciliationRecord struct {
 	// Every subtree root when the termination had several (a rollout batch).
 	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
 	// The rollout the termination was a batch of, if any.
-	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	RolloutId string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// The stop rule whose proposal started the termination, with the values
+	// that made it true (self-reported ones labelled as such).
+	StopRule      *StopRuleFiring `protobuf:"bytes,17,opt,name=stop_rule,json=stopRule,proto3" json:"stop_rule,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1370,6 +1363,13 @@ func (x *ReconciliationRecord) GetRolloutId() string {
 		return x.RolloutId
 	}
 	return ""
+}
+
+func (x *ReconciliationRecord) GetStopRule() *StopRuleFiring {
+	if x != nil {
+		return x.StopRule
+	}
+	return nil
 }
 
 type GetRecordRequest struct {
@@ -1913,7 +1913,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\fnodes_marked\x18\x02 \x01(\rR\vnodesMarked\x12&\n" +
 	"\x0fcalls_in_flight\x18\x03 \x01(\rR\rcallsInFlight\x12!\n" +
 	"\facks_pending\x18\x04 \x01(\rR\vacksPending\x12$\n" +
-	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xa2\x06\n" +
+	"\rconfirmations\x18\x05 \x01(\rR\rconfirmations\"\xea\x05\n" +
 	"\vTermination\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12.\n" +
@@ -1933,8 +1933,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\tescalated\x18\x0e \x01(\bR\tescalated\x12\"\n" +
 	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
 	"\n" +
-	"rollout_id\x18\x10 \x01(\tR\trolloutId\x126\n" +
-	"\tstop_rule\x18\x11 \x01(\v2\x19.tether.v1.StopRuleFiringR\bstopRule\"\xbe\x02\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\"\xbe\x02\n" +
 	"\x10TerminateRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12.\n" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1a.tether.v1.TerminationModeR\x04mode\x12<\n" +
@@ -1991,7 +1990,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\n" +
 	"started_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
-	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xa4\x05\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xdc\x05\n" +
 	"\x14ReconciliationRecord\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
 	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\x12%\n" +
@@ -2014,7 +2013,8 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"written_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12\"\n" +
 	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
 	"\n" +
-	"rollout_id\x18\x10 \x01(\tR\trolloutId\"V\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\x126\n" +
+	"\tstop_rule\x18\x11 \x01(\v2\x19.tether.v1.StopRuleFiringR\bstopRule\"V\n" +
 	"\x10GetRecordRequest\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
 	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\"L\n" +
@@ -2138,8 +2138,8 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationMode)(0),              // 28: tether.v1.TerminationMode
 	(*durationpb.Duration)(nil),       // 29: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),     // 30: google.protobuf.Timestamp
-	(*StopRuleFiring)(nil),            // 31: tether.v1.StopRuleFiring
-	(CallResolution)(0),               // 32: tether.v1.CallResolution
+	(CallResolution)(0),               // 31: tether.v1.CallResolution
+	(*StopRuleFiring)(nil),            // 32: tether.v1.StopRuleFiring
 	(*StopProposal)(nil),              // 33: tether.v1.StopProposal
 	(ProposalState)(0),                // 34: tether.v1.ProposalState
 	(*RolloutRequest)(nil),            // 35: tether.v1.RolloutRequest
@@ -2166,29 +2166,29 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	30, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
 	30, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
-	31, // 8: tether.v1.Termination.stop_rule:type_name -> tether.v1.StopRuleFiring
-	28, // 9: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
-	29, // 10: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
-	29, // 11: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	29, // 12: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
-	5,  // 13: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
-	5,  // 14: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
-	5,  // 15: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
-	1,  // 16: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
-	30, // 17: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
-	30, // 18: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
-	32, // 19: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	2,  // 20: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	3,  // 21: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	30, // 22: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	29, // 23: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	28, // 24: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	12, // 25: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	13, // 26: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	14, // 27: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	15, // 28: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	16, // 29: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	30, // 30: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	28, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
+	29, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
+	29, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	29, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
+	5,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
+	5,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
+	5,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
+	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
+	30, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
+	30, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	31, // 18: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	2,  // 19: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	3,  // 20: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
+	30, // 21: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	29, // 22: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	28, // 23: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	12, // 24: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	13, // 25: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	14, // 26: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	15, // 27: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	16, // 28: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	30, // 29: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	32, // 30: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
 	17, // 31: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
 	17, // 32: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
 	33, // 33: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
