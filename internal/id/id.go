@@ -20,6 +20,7 @@ const (
 	Proposal    = "p"
 	Privilege   = "v"
 	Rollout     = "o"
+	StopRule    = "s"
 )
 
 var encoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
