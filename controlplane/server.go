@@ -37,6 +37,7 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // Config configures a control plane.
@@ -83,8 +84,13 @@ type Config struct {
 	RecordRetry time.Duration
 	// PrivilegeHandlers revoke privileges of a kind in process.
 	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
-	// StopPolicy decides which stop proposals are approved automatically.
+	// StopPolicy decides which stop proposals are approved automatically
+	// (agents' own, and those stop rules file: RuleActions).
 	StopPolicy supervisor.ProposalPolicy
+	// StopRuleFault, when set, is called by the stop-rule evaluator at
+	// "before-file" and "after-file"; an error stops the server as a crash
+	// would. Tests only.
+	StopRuleFault func(point string) error
 	// RateLimit is each caller's sustained request rate per second, with
 	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited.
 	RateLimit float64
@@ -134,6 +140,7 @@ type Server struct {
 	signals    *supervisor.Signals
 	supervisor *supervisor.Supervisor
 	rollouts   *supervisor.Rollouts
+	stopRules  *stoprule.Rules
 	leases     *coordinator.Coordinator
 	router     *leaseRouter // nil with a single replica (forward.go)
 	grants     *grantstore.Service
@@ -401,5 +408,6 @@ func serviceNames() []string {
 		tetherv1connect.AgentServiceName, tetherv1connect.AuthServiceName,
 		tetherv1connect.CapabilityServiceName, tetherv1connect.ToolServiceName,
 		tetherv1connect.SupervisorServiceName, tetherv1connect.LeaseServiceName,
+		tetherv1connect.StopRuleServiceName,
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
@@ -49,6 +50,15 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.ledger.Tokens = s.grants
 	s.supervisor.Grants = s.grants
 	s.addLeaderComponent("supervisor", s.afterLeases(s.supervisor.Run))
+	// Stop rules (stoprule_handler.go): counters kept in the ledger's and
+	// the tree's transactions; one evaluator per cluster.
+	s.stopRules = &stoprule.Rules{
+		Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Policy: s.cfg.StopPolicy,
+		Leases: s.leases, Grants: s.grants, Log: s.log, Fault: s.cfg.StopRuleFault,
+	}
+	s.ledger.Observer = s.stopRules
+	s.tree.Observer = s.stopRules
+	s.addLeaderComponent("stop-rules", s.afterLeases(s.stopRules.Run))
 	s.addComponent("session-signals", s.signals.Run)
 	s.addLeaderComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor, Retry: s.cfg.RecordRetry}).Run)
 	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
@@ -89,12 +99,14 @@ func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption)
 	mux.Handle(tetherv1connect.NewLeaseServiceHandler(s.leaseHandler(), append(opts, leaseHandlerOptions...)...))
 	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewStopRuleServiceHandler(&stopRuleService{s: s}, opts...))
 }
 
 // Poke makes the reconcilers re-read the clock now. Tests that move a
 // manual clock call it; with the real clock it is never needed.
 func (s *Server) Poke() {
 	s.supervisor.Poke()
+	s.stopRules.Poke()
 	s.rollouts.Poke()
 	s.keys.wake()
 }

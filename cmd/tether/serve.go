@@ -11,12 +11,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 func newServeCommand(g *globals) *cobra.Command {
 	var (
 		listen, tlsCert, tlsKey, logFormat, logLevel string
 		rateLimit                                    float64
+		ruleActions                                  []string
 		storage                                      storeFlags
 	)
 	cmd := &cobra.Command{
@@ -32,6 +34,13 @@ func newServeCommand(g *globals) *cobra.Command {
 			defer stop()
 			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
+			}
+			for _, s := range ruleActions {
+				a, err := supervisor.ParseRuleAction(s)
+				if err != nil {
+					return fmt.Errorf("--stop-rule-action: %w", err)
+				}
+				cfg.StopPolicy.RuleActions = append(cfg.StopPolicy.RuleActions, a)
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -66,6 +75,7 @@ func newServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	storage.register(f)
+	f.StringArrayVar(&ruleActions, "stop-rule-action", nil, "start a termination at once for the stop proposals of matching stop rules: drain:<match> or abort:<match>, where <match> is severity=<s>, label:<k=v,...> or * (repeatable; the first match wins; unmatched proposals wait for an operator)")
 	f.Float64Var(&rateLimit, "rate-limit", 2000, "requests per second per caller (bursts of twice that); 0 disables")
 	return cmd
 }

@@ -113,6 +113,7 @@ type Clients struct {
 	Tool       tetherv1connect.ToolServiceClient
 	Supervisor tetherv1connect.SupervisorServiceClient
 	Lease      tetherv1connect.LeaseServiceClient
+	StopRule   tetherv1connect.StopRuleServiceClient
 }
 
 // NewClients builds clients for baseURL presenting token ("" sends none).
@@ -127,6 +128,7 @@ func NewClients(hc *http.Client, baseURL, token string, opts ...connect.ClientOp
 		Tool:       tetherv1connect.NewToolServiceClient(hc, baseURL, opts...),
 		Supervisor: tetherv1connect.NewSupervisorServiceClient(hc, baseURL, opts...),
 		Lease:      tetherv1connect.NewLeaseServiceClient(hc, baseURL, opts...),
+		StopRule:   tetherv1connect.NewStopRuleServiceClient(hc, baseURL, opts...),
 	}
 }
 

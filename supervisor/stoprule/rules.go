@@ -356,7 +356,7 @@ func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
 func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1.StopRuleObservations, leases, revocations bool) (*tetherv1.StopRuleObservations, error) {
 	o := Snapshot(stored, n, r.Clock.Now())
 	if leases && r.Leases != nil {
-		ls, _, err := r.Leases.List(ctx, n.NodeId, "", 0)
+		ls, _, err := r.Leases.List(ctx, n.NodeId, "", 1000)
 		if err != nil {
 			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeId, err)
 		}
