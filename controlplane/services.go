@@ -11,8 +11,8 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
-	"github.com/tetherhq/tether/supervisor/stoprule"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // buildComponents creates the domain services on top of the store, in
