@@ -41,6 +41,7 @@ func newRootCommand() *cobra.Command {
 		newTerminationCommand(g),
 		newRecordCommand(g),
 		newProposalCommand(g),
+		newRuleCommand(g),
 		newRolloutCommand(g),
 		newKeysCommand(g),
 		newDemoCommand(),
