@@ -36,7 +36,8 @@ type index struct {
 	byID      map[string]*activeRule
 	nodes     map[string]nodeInfo // running nodes
 	dirty     map[string]bool
-	timed     int // rules that read the clock
+	retry     map[string]bool // failed evaluations, marked again at the next tick
+	timed     int             // rules that read the clock
 }
 
 // Poke makes Run evaluate the rules that read the clock now (tests that
@@ -99,8 +100,30 @@ func (r *Rules) run(ctx context.Context) error {
 	defer ticker.Stop()
 	poke := r.pokeChan()
 	for {
-		if err := r.evaluateDirty(ctx, ix); err != nil {
-			return err
+		// Take what the watches hold, then evaluate a slice of the marked
+		// nodes, so that a long backlog never stops the watches from being
+		// read (a watcher that falls behind is ended and costs a rescan).
+		for drained := false; !drained; {
+			select {
+			case batch, ok := <-rulesW.Events():
+				if !ok {
+					return watchEnded(rulesW)
+				}
+				r.applyEvents(ix, batch)
+			case batch, ok := <-nodesW.Events():
+				if !ok {
+					return watchEnded(nodesW)
+				}
+				r.applyEvents(ix, batch)
+			default:
+				drained = true
+			}
+		}
+		if len(ix.dirty) > 0 {
+			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
+				return err
+			}
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -117,11 +140,19 @@ func (r *Rules) run(ctx context.Context) error {
 			r.applyEvents(ix, batch)
 		case <-ticker.C:
 			ix.markTimed()
+			for id := range ix.retry {
+				ix.markNode(id)
+				delete(ix.retry, id)
+			}
 		case <-poke:
 			ix.markTimed()
 		}
 	}
 }
+
+// evaluateSlice is how many marked nodes are evaluated between two reads
+// of the watches.
+const evaluateSlice = 256
 
 func watchEnded(w store.Watcher) error {
 	if err := w.Err(); err != nil {
@@ -134,7 +165,7 @@ func watchEnded(w store.Watcher) error {
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
-		nodes: map[string]nodeInfo{}, dirty: map[string]bool{}}
+		nodes: map[string]nodeInfo{}, dirty: map[string]bool{}, retry: map[string]bool{}}
 	var rules []*tetherv1.StopRule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -300,9 +331,12 @@ func (ix *index) markNode(id string) {
 	}
 }
 
-// evaluateDirty evaluates every marked node, then clears the marks.
-func (r *Rules) evaluateDirty(ctx context.Context, ix *index) error {
+// evaluateDirty evaluates up to limit marked nodes and clears their marks.
+func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 	for id := range ix.dirty {
+		if limit--; limit < 0 {
+			return nil
+		}
 		delete(ix.dirty, id)
 		n, ok := ix.nodes[id]
 		if !ok {
@@ -319,7 +353,8 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index) error {
 			if errors.Is(err, errFault) {
 				return err
 			}
-			r.Log.Warn("stop rules: evaluation failed; will retry on the next change", "node_id", id, "error", err)
+			r.Log.Warn("stop rules: evaluation failed; retrying at the next tick", "node_id", id, "error", err)
+			ix.retry[id] = true
 		}
 	}
 	return nil
