@@ -91,6 +91,11 @@ type Config struct {
 	// "before-file" and "after-file"; an error stops the server as a crash
 	// would. Tests only.
 	StopRuleFault func(point string) error
+	// DisableStopRules runs without stop rules: no per-node counters in
+	// the ledger's and the tree's transactions and no evaluator (the
+	// benchmark's baseline for their added cost). StopRuleService answers
+	// unavailable.
+	DisableStopRules bool
 	// RateLimit is each caller's sustained request rate per second, with
 	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited.
 	RateLimit float64

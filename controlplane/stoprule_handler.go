@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 
 	"connectrpc.com/connect"
 
@@ -23,7 +24,10 @@ type stopRuleService struct {
 }
 
 // actor reads the caller fail-closed.
-func actor(ctx context.Context) (stoprule.Actor, error) {
+func (h *stopRuleService) actor(ctx context.Context) (stoprule.Actor, error) {
+	if h.s.stopRules == nil {
+		return stoprule.Actor{}, connect.NewError(connect.CodeUnavailable, errors.New("stop rules are disabled on this server"))
+	}
 	p, ok := auth.FromContext(ctx)
 	if !ok {
 		return stoprule.Actor{}, connect.NewError(connect.CodeUnauthenticated, auth.ErrNoCredential)
@@ -36,7 +40,7 @@ func actor(ctx context.Context) (stoprule.Actor, error) {
 }
 
 func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[tetherv1.AddStopRuleRequest]) (*connect.Response[tetherv1.AddStopRuleResponse], error) {
-	a, err := actor(ctx)
+	a, err := h.actor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +64,7 @@ func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[
 }
 
 func (h *stopRuleService) ListStopRules(ctx context.Context, req *connect.Request[tetherv1.ListStopRulesRequest]) (*connect.Response[tetherv1.ListStopRulesResponse], error) {
-	a, err := actor(ctx)
+	a, err := h.actor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +76,7 @@ func (h *stopRuleService) ListStopRules(ctx context.Context, req *connect.Reques
 }
 
 func (h *stopRuleService) RemoveStopRule(ctx context.Context, req *connect.Request[tetherv1.RemoveStopRuleRequest]) (*connect.Response[tetherv1.RemoveStopRuleResponse], error) {
-	a, err := actor(ctx)
+	a, err := h.actor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +88,7 @@ func (h *stopRuleService) RemoveStopRule(ctx context.Context, req *connect.Reque
 }
 
 func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request[tetherv1.TestStopRuleRequest]) (*connect.Response[tetherv1.TestStopRuleResponse], error) {
-	a, err := actor(ctx)
+	a, err := h.actor(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -105,7 +109,7 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 }
 
 func (h *stopRuleService) ReportCounters(ctx context.Context, req *connect.Request[tetherv1.ReportCountersRequest]) (*connect.Response[tetherv1.ReportCountersResponse], error) {
-	a, err := actor(ctx)
+	a, err := h.actor(ctx)
 	if err != nil {
 		return nil, err
 	}
