@@ -275,7 +275,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	if err != nil {
 		return TestResult{}, err
 	}
-	observed, err := r.snapshot(ctx, n, stored, true, true)
+	observed, err := r.snapshot(ctx, n, stored, c.UsesLeases, c.UsesRevocations)
 	if err != nil {
 		return TestResult{}, err
 	}
