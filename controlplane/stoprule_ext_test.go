@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
@@ -371,4 +372,40 @@ func TestStopRuleCrashBetweenFiringAndProposing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Rules over what changes without a write the evaluator watches — the
+// clock, the leases — are evaluated again as the control plane's clock
+// moves.
+func TestStopRulesOverTimeAndLeases(t *testing.T) {
+	clk := clock.NewManual(time.Now().UTC())
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "worker")
+	old := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "too-old", Expression: `observed.age_seconds > 7200.0`})
+	leases := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: worker.Node.NodeId, Name: "lease-hoarder", Expression: `observed.leases_held >= 2`})
+	ctx := context.Background()
+	for _, job := range []string{"job-a", "job-b"} {
+		if _, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []*tetherv1.StopProposal
+	testserver.WaitFor(t, 20*time.Second, "the lease rule to fire", func() bool {
+		srv.Poke()
+		got = ruleProposals(t, srv, leases.RuleId)
+		return len(got) == 1
+	})
+	if v := valueOf(got[0].Rule.Values, "observed.leases_held"); v.GetValue() != "2" {
+		t.Fatalf("values %v", got[0].Rule.Values)
+	}
+	if len(ruleProposals(t, srv, old.RuleId)) != 0 {
+		t.Fatal("too-old fired before the clock moved")
+	}
+	clk.Advance(3 * time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the age rule to fire", func() bool {
+		srv.Poke()
+		return len(ruleProposals(t, srv, old.RuleId)) == 2 // the planner and its worker
+	})
 }

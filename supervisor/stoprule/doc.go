@@ -34,9 +34,9 @@
 //   - Run is the level-triggered evaluator (leader-only). It watches the
 //     rules, the counters and the tree and evaluates the rules in effect
 //     at a node each time something a rule reads changes, never by polling
-//     agents; rules that read the clock are evaluated again every Tick.
-//     Lease and revocation counts are read at evaluation time, and only for
-//     rules that read them.
+//     agents. Lease and revocation counts are read at evaluation time, and
+//     only for rules that read them; those rules, and rules that read the
+//     clock, are evaluated again every Tick for the nodes they apply to.
 //   - A rule that is true files its proposal and its fired mark in one
 //     transaction (file), so it fires once per node, across crashes and
 //     leader changes; the policy's decision, and the termination it

@@ -37,7 +37,7 @@ type index struct {
 	nodes     map[string]nodeInfo // running nodes
 	dirty     map[string]bool
 	retry     map[string]bool // failed evaluations, marked again at the next tick
-	timed     int             // rules that read the clock
+	timed     int             // rules evaluated every tick (polled)
 }
 
 // Poke makes Run evaluate the rules that read the clock now (tests that
@@ -216,7 +216,7 @@ func (r *Rules) putRule(ix *index, rule *tetherv1.StopRule) {
 	}
 	a := &activeRule{rule: rule, compiled: c}
 	ix.byID[rule.RuleId] = a
-	if c.UsesTime {
+	if a.polled() {
 		ix.timed++
 	}
 	if rule.NodeId != "" {
@@ -231,6 +231,13 @@ func (r *Rules) putRule(ix *index, rule *tetherv1.StopRule) {
 	}
 }
 
+// polled: the rule reads what changes without a store write the evaluator
+// watches (the clock; the leases and revocations, read at evaluation time),
+// so the nodes it applies to are evaluated again every tick.
+func (a *activeRule) polled() bool {
+	return a.compiled.UsesTime || a.compiled.UsesLeases || a.compiled.UsesRevocations
+}
+
 func (ix *index) removeRule(ruleID string) {
 	a, ok := ix.byID[ruleID]
 	if !ok {
@@ -238,7 +245,7 @@ func (ix *index) removeRule(ruleID string) {
 	}
 	delete(ix.byID, ruleID)
 	delete(ix.selectors, ruleID)
-	if a.compiled.UsesTime {
+	if a.polled() {
 		ix.timed--
 	}
 	if list := ix.byNode[a.rule.NodeId]; len(list) > 0 {
@@ -288,7 +295,7 @@ func (ix *index) markTimed() {
 	}
 	for id, n := range ix.nodes {
 		for _, a := range ix.inEffect(id, n) {
-			if a.compiled.UsesTime {
+			if a.polled() {
 				ix.dirty[id] = true
 				break
 			}
