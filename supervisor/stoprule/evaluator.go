@@ -35,6 +35,7 @@ type index struct {
 	selectors map[string]*activeRule   // by rule id
 	byID      map[string]*activeRule
 	nodes     map[string]nodeInfo // running nodes
+	children  map[string]map[string]bool
 	dirty     map[string]bool
 	retry     map[string]bool // failed evaluations, marked again at the next tick
 	timed     int             // rules evaluated every tick (polled)
@@ -94,7 +95,7 @@ func (r *Rules) run(ctx context.Context) error {
 	}
 	tick := r.Tick
 	if tick <= 0 {
-		tick = time.Second
+		tick = DefaultTick
 	}
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
@@ -150,6 +151,11 @@ func (r *Rules) run(ctx context.Context) error {
 	}
 }
 
+// DefaultTick is how often polled rules are evaluated again: their values
+// change continuously, and each tick costs one evaluation per node they
+// apply to.
+const DefaultTick = 5 * time.Second
+
 // evaluateSlice is how many marked nodes are evaluated between two reads
 // of the watches.
 const evaluateSlice = 256
@@ -165,7 +171,7 @@ func watchEnded(w store.Watcher) error {
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
-		nodes: map[string]nodeInfo{}, dirty: map[string]bool{}, retry: map[string]bool{}}
+		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: map[string]bool{}, retry: map[string]bool{}}
 	var rules []*tetherv1.StopRule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -201,6 +207,27 @@ func (ix *index) putNode(n *tetherv1.Node) {
 	}
 	ix.nodes[n.NodeId] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
 	ix.dirty[n.NodeId] = true
+	if p := n.ParentNodeId; p != "" {
+		if ix.children[p] == nil {
+			ix.children[p] = map[string]bool{}
+		}
+		ix.children[p][n.NodeId] = true
+	}
+}
+
+// markSubtree marks the running nodes of root's subtree (a rule attached
+// there was added): a walk of the subtree, not of every node, so an agent
+// adding rules to itself costs in proportion to its own subtree.
+func (ix *index) markSubtree(root string) {
+	stack := []string{root}
+	for len(stack) > 0 {
+		id := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		ix.markNode(id)
+		for c := range ix.children[id] {
+			stack = append(stack, c)
+		}
+	}
 }
 
 func (r *Rules) putRule(ix *index, rule *tetherv1.StopRule) {
@@ -223,6 +250,10 @@ func (r *Rules) putRule(ix *index, rule *tetherv1.StopRule) {
 		ix.byNode[rule.NodeId] = append(ix.byNode[rule.NodeId], a)
 	} else {
 		ix.selectors[rule.RuleId] = a
+	}
+	if rule.NodeId != "" {
+		ix.markSubtree(rule.NodeId)
+		return
 	}
 	for id, n := range ix.nodes {
 		if ix.appliesTo(a, id, n) {

@@ -59,8 +59,9 @@ type Rules struct {
 	Leases LeaseLister             // nil: no lease observations
 	Grants supervisor.GrantRevoker // nil: no revocation observations
 	Log    *slog.Logger
-	// Tick is how often rules that read the clock (observed.age_seconds)
-	// are evaluated again; zero means a second.
+	// Tick is how often rules that read the clock (observed.age_seconds),
+	// the leases or the revocations are evaluated again; zero means
+	// DefaultTick.
 	Tick time.Duration
 	// Fault, when set, is called at "before-file" (a rule is true and its
 	// proposal is about to be written) and "after-file" (written); its
