@@ -176,7 +176,7 @@ type StopRuleObservations struct {
 	Calls       int64            `protobuf:"varint,1,opt,name=calls,proto3" json:"calls,omitempty"`
 	CallsByTool map[string]int64 `protobuf:"bytes,2,rep,name=calls_by_tool,json=callsByTool,proto3" json:"calls_by_tool,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Ended calls by outcome: completed, failed, cancelled_acked,
-	// cancel_unacknowledged, rejected_draining.
+	// rejected_draining (calls refused while the node was stopping).
 	CallsByOutcome map[string]int64 `protobuf:"bytes,3,rep,name=calls_by_outcome,json=callsByOutcome,proto3" json:"calls_by_outcome,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Calls that ended failed, in total and by tool.
 	Failures       int64            `protobuf:"varint,4,opt,name=failures,proto3" json:"failures,omitempty"`
@@ -188,8 +188,8 @@ type StopRuleObservations struct {
 	CallSecondsMax   float64 `protobuf:"fixed64,8,opt,name=call_seconds_max,json=callSecondsMax,proto3" json:"call_seconds_max,omitempty"`
 	// Children the node spawned.
 	Spawns int64 `protobuf:"varint,9,opt,name=spawns,proto3" json:"spawns,omitempty"`
-	// Nodes in the node's subtree (itself included), and how many levels
-	// below it the subtree reaches.
+	// Nodes ever registered in the node's subtree (itself included, stopped
+	// ones too), and how many levels below it the subtree reaches.
 	SubtreeSize  int64 `protobuf:"varint,10,opt,name=subtree_size,json=subtreeSize,proto3" json:"subtree_size,omitempty"`
 	SubtreeDepth int64 `protobuf:"varint,11,opt,name=subtree_depth,json=subtreeDepth,proto3" json:"subtree_depth,omitempty"`
 	// The node's own depth (a root is 0).
