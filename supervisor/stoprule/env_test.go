@@ -68,8 +68,11 @@ func TestEvaluateTreatsMissingKeysAsNotFiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := c.Evaluate(&tetherv1.StopRuleObservations{}, nil)
-	if r.Fired || r.Err == nil || r.Values[0].Value != "absent" {
-		t.Fatalf("%+v, want an error, not fired, the value absent", r)
+	if r.Fired || r.Err == nil || r.Values != nil {
+		t.Fatalf("%+v, want an error and not fired", r)
+	}
+	if v := c.ValuesOf(nil, nil); len(v) != 1 || v[0].Value != "absent" {
+		t.Fatalf("values %v, want the key absent", v)
 	}
 }
 

@@ -18,8 +18,8 @@ import (
 type Result struct {
 	// Fired: the expression evaluated to true.
 	Fired bool
-	// Values the expression read, from the same snapshot (set whether or
-	// not it fired).
+	// Values the expression read, from the same snapshot: set when the
+	// rule fired (ValuesOf reads them otherwise).
 	Values []*tetherv1.StopRuleValue
 	// Cost is what the evaluation cost, in CEL cost units.
 	Cost uint64
@@ -49,7 +49,7 @@ func (c *Compiled) Evaluate(observed *tetherv1.StopRuleObservations, selfReporte
 		selfReported = map[string]float64{}
 	}
 	out, details, err := c.program.Eval(map[string]any{VarObserved: observed, VarSelfReported: selfReported})
-	r := Result{Values: c.values(observed, selfReported)}
+	var r Result
 	if details != nil && details.ActualCost() != nil {
 		r.Cost = *details.ActualCost()
 	}
@@ -58,7 +58,19 @@ func (c *Compiled) Evaluate(observed *tetherv1.StopRuleObservations, selfReporte
 		return r
 	}
 	r.Fired = out == types.True
+	if r.Fired {
+		r.Values = c.values(observed, selfReported)
+	}
 	return r
+}
+
+// ValuesOf reads the values the expression reads from a snapshot, as a
+// firing would report them (for TestStopRule, whether or not it fires).
+func (c *Compiled) ValuesOf(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+	if observed == nil {
+		observed = &tetherv1.StopRuleObservations{}
+	}
+	return c.values(observed, selfReported)
 }
 
 // ref is one value an expression reads: a field of `observed` or a key of

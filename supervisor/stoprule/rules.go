@@ -280,7 +280,9 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	if err != nil {
 		return TestResult{}, err
 	}
-	return TestResult{Result: c.Evaluate(observed, self), Observed: observed, SelfReported: self}, nil
+	res := c.Evaluate(observed, self)
+	res.Values = c.ValuesOf(observed, self)
+	return TestResult{Result: res, Observed: observed, SelfReported: self}, nil
 }
 
 // Report records counters an agent reports about its own node: each value
