@@ -29,10 +29,23 @@ const (
 	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → tetherv1.StopRuleObservations (the stored counters)
 	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → tetherv1.ReportCountersResponse
 	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
+	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
+	prefixSel   = "stoprules/sel/"   // stoprules/sel/<rule id> → "" selector rules
 	prefixNode  = "agents/node/"     // the supervisor's nodes (watched)
 )
 
-func ruleKey(id string) []byte            { return []byte(prefixRule + id) }
+func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
+func onPrefix(node string) []byte    { return []byte(prefixOn + node + "/") }
+func onKey(node, rule string) []byte { return []byte(prefixOn + node + "/" + rule) }
+func selKey(rule string) []byte      { return []byte(prefixSel + rule) }
+
+// indexKey is where a rule is listed by what it is attached to.
+func indexKey(r *tetherv1.StopRule) []byte {
+	if r.NodeId != "" {
+		return onKey(r.NodeId, r.RuleId)
+	}
+	return selKey(r.RuleId)
+}
 func obsKey(node string) []byte           { return []byte(prefixObs + node) }
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
@@ -137,27 +150,31 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 		if err := CheckAttach(a, target); err != nil {
 			return err
 		}
-		all, err := allRules(tx)
+		// Only the rules that can matter are read: those attached to the
+		// target and its ancestors, and the selector rules (each set at
+		// most MaxRulesPerNode), never every rule.
+		own, err := rulesIndexed(tx, prefixOn+rule.NodeId+"/")
+		if rule.NodeId == "" {
+			own, err = rulesIndexed(tx, prefixSel)
+		}
 		if err != nil {
 			return err
 		}
-		attached := 0
-		var inEffect []*tetherv1.StopRule
-		for _, o := range all {
-			if o.NodeId == rule.NodeId && (rule.NodeId != "" || len(o.Selector) > 0) {
-				attached++
-			}
-			switch {
-			case target != nil && Applies(o, target):
-				inEffect = append(inEffect, o)
-			case target == nil && (o.Name == rule.Name):
-				inEffect = append(inEffect, o) // selector rules share one namespace with all
+		attached := len(own)
+		inEffect := own
+		if target != nil {
+			inEffect, err = rulesInEffect(tx, target)
+			if err != nil {
+				return err
 			}
 		}
 		if attached >= MaxRulesPerNode {
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
 		}
 		if err := CheckName(inEffect, rule.Name); err != nil {
+			return err
+		}
+		if err := tx.Put(indexKey(rule), nil); err != nil {
 			return err
 		}
 		return putProto(tx, ruleKey(rule.RuleId), rule)
@@ -193,6 +210,9 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*tetherv1.S
 		if err := CheckRemove(a, rule, setter); err != nil {
 			return err
 		}
+		if err := tx.Delete(indexKey(rule)); err != nil {
+			return err
+		}
 		return tx.Delete(ruleKey(ruleID))
 	})
 	return rule, err
@@ -207,17 +227,18 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*tetherv1.S
 	}
 	var out []*tetherv1.StopRule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
-		all, err := allRules(tx)
-		if err != nil || nodeID == "" {
-			out = all
+		if nodeID == "" {
+			var err error
+			out, err = allRules(tx)
 			return err
 		}
 		n, err := r.readable(tx, a, nodeID)
 		if err != nil {
 			return err
 		}
-		out = InEffect(all, n)
-		return nil
+		rules, err := rulesInEffect(tx, n)
+		out = InEffect(rules, n)
+		return err
 	})
 	return out, err
 }
@@ -382,6 +403,60 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1
 		}
 	}
 	return o, nil
+}
+
+// rulesInEffect reads the rules that may be in effect at n: attached to n
+// or an ancestor, and the selector rules (InEffect keeps those matching).
+func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*tetherv1.StopRule, error) {
+	out, err := rulesIndexed(tx, prefixSel)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeId) {
+		rs, err := rulesIndexed(tx, prefixOn+id+"/")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rs...)
+	}
+	kept := out[:0]
+	for _, r := range out {
+		if Applies(r, n) {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// rulesIndexed reads the rules listed under an index prefix.
+func rulesIndexed(tx store.ReadTxn, prefix string) ([]*tetherv1.StopRule, error) {
+	var ids []string
+	if err := tx.Scan([]byte(prefix), nil, func(k, _ []byte) error {
+		ids = append(ids, tail(k, prefix))
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := store.Prefetch(tx, keysOf(ids), nil); err != nil {
+		return nil, err
+	}
+	out := make([]*tetherv1.StopRule, 0, len(ids))
+	for _, id := range ids {
+		r := &tetherv1.StopRule{}
+		if err := getProto(tx, ruleKey(id), r); err != nil {
+			return nil, fmt.Errorf("stoprule: index names rule %s: %w", id, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func keysOf(ids []string) [][]byte {
+	out := make([][]byte, len(ids))
+	for i, id := range ids {
+		out[i] = ruleKey(id)
+	}
+	return out
 }
 
 func allRules(tx store.ReadTxn) ([]*tetherv1.StopRule, error) {
