@@ -35,6 +35,9 @@ func newServeCommand(g *globals) *cobra.Command {
 			cfg := controlplane.Config{
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, Logger: log, RateLimit: rateLimit,
 			}
+			if point := os.Getenv(crashStopRuleEnv); point != "" {
+				cfg.StopRuleFault = crashAt(point)
+			}
 			for _, s := range ruleActions {
 				a, err := supervisor.ParseRuleAction(s)
 				if err != nil {
@@ -93,5 +96,21 @@ func newLogger(format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
+}
+
+// crashStopRuleEnv names a fault point of the stop-rule evaluator
+// ("before-file", "after-file") at which the process kills itself with
+// SIGKILL: for the kill -9 tests of internal/testserver's subprocess mode,
+// never for production.
+const crashStopRuleEnv = "TETHER_TEST_CRASH_STOP_RULE"
+
+func crashAt(point string) func(string) error {
+	return func(p string) error {
+		if p == point {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL cannot be caught: nothing after this runs
+		}
+		return nil
 	}
 }

@@ -260,6 +260,9 @@ func StartProcessOn(t testing.TB, dataDir, addr string, extraArgs ...string) *Pr
 	return p
 }
 
+// Exited is closed when the process has exited (killed, or by itself).
+func (p *Process) Exited() <-chan struct{} { return p.exited }
+
 // Kill sends SIGKILL and waits for the process to be gone.
 func (p *Process) Kill() {
 	if p.cmd.Process == nil {
