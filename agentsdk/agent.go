@@ -328,6 +328,63 @@ func (a *Agent) ProposeStop(ctx context.Context, condition, reason string) (*tet
 	return resp.Msg.Proposal, nil
 }
 
+// StopRule describes a stop rule to attach (see docs/stop-rules.md).
+type StopRule struct {
+	// Name is unique among the rules in effect at the node.
+	Name string
+	// Expression is CEL of type bool over `observed` (what the control
+	// plane observed of the node) and `self_reported` (ReportCounters).
+	Expression string
+	// Action is a hint: "propose" (default), "drain" or "abort". The
+	// operator's policy decides.
+	Action      string
+	Severity    string
+	Labels      map[string]string
+	Description string
+}
+
+// AddStopRule attaches a stop rule to this agent's own node (nodeID "")
+// or to one of its descendants. The agent writes when it should stop; the
+// control plane evaluates the rule against what it observes and, when it
+// becomes true, files a stop proposal that the operator's policy decides.
+// The rule binds the agent's whole subtree, and neither the agent's
+// descendants nor the agent itself can loosen a rule its ancestors or
+// operators set. A malformed or too costly expression is refused with
+// its position.
+func (a *Agent) AddStopRule(ctx context.Context, nodeID string, r StopRule) (*tetherv1.StopRule, error) {
+	if nodeID == "" {
+		nodeID = a.id
+	}
+	resp, err := a.conn.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{
+		NodeId: nodeID, Name: r.Name, Expression: r.Expression, Action: r.Action,
+		Severity: r.Severity, Labels: r.Labels, Description: r.Description,
+	}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Rule, nil
+}
+
+// StopRules lists the rules in effect at the agent's node, inherited
+// ones included.
+func (a *Agent) StopRules(ctx context.Context) ([]*tetherv1.StopRule, error) {
+	resp, err := a.conn.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: a.id}))
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg.Rules, nil
+}
+
+// ReportCounters reports counters about this agent (cost, tokens, ...);
+// each value replaces the counter's earlier one. Rules read them as
+// `self_reported`, and every proposal and record labels them
+// self-reported: they are the agent's word, not the control plane's
+// observation.
+func (a *Agent) ReportCounters(ctx context.Context, counters map[string]float64) error {
+	_, err := a.conn.StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{NodeId: a.id, Counters: counters}))
+	return err
+}
+
 // Grant is a capability grant with its current token.
 type Grant struct {
 	*tetherv1.Grant

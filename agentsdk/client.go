@@ -32,6 +32,7 @@ type Conn struct {
 	Tool       tetherv1connect.ToolServiceClient
 	Supervisor tetherv1connect.SupervisorServiceClient
 	Lease      tetherv1connect.LeaseServiceClient
+	StopRule   tetherv1connect.StopRuleServiceClient
 }
 
 // Dial returns a connection to baseURL ("http://host:port" for HTTP/2
@@ -50,6 +51,7 @@ func Dial(baseURL, token string, hc *http.Client) *Conn {
 	c.Tool = tetherv1connect.NewToolServiceClient(hc, c.BaseURL, opts...)
 	c.Supervisor = tetherv1connect.NewSupervisorServiceClient(hc, c.BaseURL, opts...)
 	c.Lease = tetherv1connect.NewLeaseServiceClient(hc, c.BaseURL, opts...)
+	c.StopRule = tetherv1connect.NewStopRuleServiceClient(hc, c.BaseURL, opts...)
 	return c
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
@@ -227,4 +228,53 @@ func ExampleLeaseWorker() {
 	// write with generation 1 after reassignment: true
 	// progress: OUTCOME_ACCEPTED
 	// complete: OUTCOME_ACCEPTED
+}
+
+// An agent writes when it should stop: a stop rule over what the control
+// plane observes, and one over the cost it reports itself. When a rule
+// becomes true the control plane files a stop proposal naming the rule and
+// the values, labelling the agent's own numbers self-reported; the
+// operator's policy decides. A child cannot remove its parent's rule.
+func ExampleAgent_AddStopRule() {
+	ctx := context.Background()
+	operator, stop := controlPlane()
+	defer stop()
+
+	planner, _ := agentsdk.RegisterRoot(ctx, operator, "planner", nil)
+	child, _ := planner.Spawn(ctx, "worker", nil)
+	worker, _ := agentsdk.Join(ctx, operator.BaseURL, child.Credential, nil)
+
+	// The planner bounds its worker's subtree; the worker bounds its cost.
+	spawns, err := planner.AddStopRule(ctx, worker.NodeID(), agentsdk.StopRule{Name: "spawn-cap", Expression: `observed.subtree_size > 50`})
+	if err != nil {
+		panic(err)
+	}
+	_, err = worker.AddStopRule(ctx, "", agentsdk.StopRule{Name: "cost-cap", Expression: `self_reported.?cost_usd.orValue(0.0) > 5.0`, Severity: "critical"})
+	fmt.Println("rule added:", err == nil)
+	_, err = worker.Conn().StopRule.RemoveStopRule(ctx, connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: spawns.RuleId}))
+	fmt.Println("the worker removes its parent's rule:", connect.CodeOf(err))
+	_, err = worker.AddStopRule(ctx, "", agentsdk.StopRule{Name: "bad", Expression: `observed.calls >`})
+	fmt.Println(connect.CodeOf(err), strings.Contains(err.Error(), "1:17"))
+
+	if err := worker.ReportCounters(ctx, map[string]float64{"cost_usd": 6.25}); err != nil {
+		panic(err)
+	}
+	for {
+		resp, err := operator.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+		if err != nil {
+			panic(err)
+		}
+		if len(resp.Msg.Proposals) > 0 {
+			p := resp.Msg.Proposals[0]
+			v := p.Rule.Values[0]
+			fmt.Printf("proposal for the worker: %v, rule %s, %s = %s, self-reported %v\n", p.NodeId == worker.NodeID(), p.Rule.Name, v.Name, v.Value, v.SelfReported)
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Output:
+	// rule added: true
+	// the worker removes its parent's rule: permission_denied
+	// invalid_argument true
+	// proposal for the worker: true, rule cost-cap, self_reported.cost_usd = 6.25, self-reported true
 }

@@ -189,6 +189,15 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.SupervisorServiceResumeRolloutProcedure: allow(operators),
 	tetherv1connect.SupervisorServiceAbortRolloutProcedure:  allow(operators),
 
+	// Stop rules: an agent attaches rules to its own subtree; it removes
+	// only rules it or a descendant set (self's rule here); counters are
+	// reported by the agent about itself.
+	tetherv1connect.StopRuleServiceAddStopRuleProcedure:    allow(selfAndAbove, operators),
+	tetherv1connect.StopRuleServiceListStopRulesProcedure:  allow(subtreeReaders),
+	tetherv1connect.StopRuleServiceRemoveStopRuleProcedure: allow(selfAndAbove, operators),
+	tetherv1connect.StopRuleServiceTestStopRuleProcedure:   allow(subtreeReaders),
+	tetherv1connect.StopRuleServiceReportCountersProcedure: allow(callers(self)),
+
 	tetherv1connect.LeaseServiceOfferProcedure:         allow(callers(parent, ancestor), operators),
 	tetherv1connect.LeaseServiceAckProcedure:           holderOnly,
 	tetherv1connect.LeaseServiceRenewProcedure:         holderOnly,
@@ -275,6 +284,7 @@ type authzWorld struct {
 	lease     *tetherv1.Lease
 	term      *tetherv1.Termination
 	proposal  string
+	rule      string
 	callID    string
 	callGate  string
 	watchGate string
@@ -372,6 +382,16 @@ func (w *authzWorld) selfProposal() string {
 		w.proposal = resp.Msg.Proposal.ProposalId
 	}
 	return w.proposal
+}
+
+// selfRule is a stop rule self set on itself.
+func (w *authzWorld) selfRule() string {
+	if w.rule == "" {
+		resp, err := w.as(self).StopRule.AddStopRule(context.Background(), connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: w.ids[self], Name: "matrix", Expression: "observed.calls > 100"}))
+		w.must(err)
+		w.rule = resp.Msg.Rule.RuleId
+	}
+	return w.rule
 }
 
 // selfCall begins a tool call on self's grant through the tool server's
@@ -628,6 +648,23 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 		return plain(w.as(c).Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
 			NodeId: w.ids[self], Kind: "db-lock", ExternalId: "lock-1", ExpiresAt: timestamppb.New(w.s.clk.Now().Add(time.Hour)), RevokeUrl: "http://127.0.0.1:1/revoke",
 		})))
+	},
+
+	tetherv1connect.StopRuleServiceAddStopRuleProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: w.ids[self], Name: "matrix-" + c.String(), Expression: "observed.calls > 10"})))
+	},
+	tetherv1connect.StopRuleServiceListStopRulesProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		w.selfRule()
+		return plain(w.as(c).StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: w.ids[self]})))
+	},
+	tetherv1connect.StopRuleServiceRemoveStopRuleProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).StopRule.RemoveStopRule(ctx, connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: w.selfRule()})))
+	},
+	tetherv1connect.StopRuleServiceTestStopRuleProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: w.ids[self], Expression: "observed.calls > 10"})))
+	},
+	tetherv1connect.StopRuleServiceReportCountersProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{NodeId: w.ids[self], Counters: map[string]float64{"cost_usd": 1}})))
 	},
 
 	tetherv1connect.LeaseServiceOfferProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {

@@ -14,6 +14,7 @@ import (
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // errInvalid marks request validation failures made at the edge.
@@ -79,6 +80,16 @@ func toConnect(err error) error {
 		errors.Is(err, capability.ErrTokenExpired), errors.Is(err, capability.ErrTokenNotYetValid),
 		errors.Is(err, capability.ErrTokenClaims), errors.Is(err, capability.ErrUnknownKey):
 		code = connect.CodeUnauthenticated
+	case errors.Is(err, stoprule.ErrInvalidRule), errors.Is(err, stoprule.ErrOverBudget):
+		code = connect.CodeInvalidArgument
+	case errors.Is(err, stoprule.ErrDenied):
+		code = connect.CodePermissionDenied
+	case errors.Is(err, stoprule.ErrRuleNotFound):
+		code = connect.CodeNotFound
+	case errors.Is(err, stoprule.ErrDuplicate):
+		code = connect.CodeAlreadyExists
+	case errors.Is(err, stoprule.ErrLimit):
+		code = connect.CodeResourceExhausted
 	case errors.Is(err, supervisor.ErrLimit), errors.Is(err, store.ErrTooLarge):
 		code = connect.CodeResourceExhausted
 	case errors.Is(err, auth.ErrDenied):

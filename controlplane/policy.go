@@ -63,6 +63,15 @@ func Policy() auth.Policy {
 		tetherv1connect.SupervisorServiceResumeRolloutProcedure:     auth.Operate,
 		tetherv1connect.SupervisorServiceAbortRolloutProcedure:      auth.Operate,
 
+		// Stop rules: agents act on their own subtree (the handler and
+		// supervisor/stoprule's attenuation rule check it); counters are
+		// reported by the agent about itself only.
+		tetherv1connect.StopRuleServiceAddStopRuleProcedure:    auth.OperateOrAgent,
+		tetherv1connect.StopRuleServiceListStopRulesProcedure:  auth.Read,
+		tetherv1connect.StopRuleServiceRemoveStopRuleProcedure: auth.OperateOrAgent,
+		tetherv1connect.StopRuleServiceTestStopRuleProcedure:   auth.Read,
+		tetherv1connect.StopRuleServiceReportCountersProcedure: auth.Agent,
+
 		tetherv1connect.LeaseServiceOfferProcedure:         auth.OperateOrAgent,
 		tetherv1connect.LeaseServiceAckProcedure:           auth.Agent,
 		tetherv1connect.LeaseServiceRenewProcedure:         auth.Agent,

@@ -39,6 +39,7 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // Config configures a control plane.
@@ -104,8 +105,18 @@ type Config struct {
 	// PrivilegeHookTimeout bounds, in total, a termination's privilege
 	// revocations; zero means supervisor.DefaultHookTimeout.
 	PrivilegeHookTimeout time.Duration
-	// StopPolicy decides which stop proposals are approved automatically.
+	// StopPolicy decides which stop proposals are approved automatically
+	// (agents' own, and those stop rules file: RuleActions).
 	StopPolicy supervisor.ProposalPolicy
+	// StopRuleFault, when set, is called by the stop-rule evaluator at
+	// "before-file" and "after-file"; an error stops the server as a crash
+	// would. Tests only.
+	StopRuleFault func(point string) error
+	// DisableStopRules runs without stop rules: no per-node counters in
+	// the ledger's and the tree's transactions and no evaluator (the
+	// benchmark's baseline for their added cost). StopRuleService answers
+	// unavailable.
+	DisableStopRules bool
 	// RateLimit is each budget's sustained request rate per second, with
 	// bursts of RateBurst (default 2×RateLimit). Zero: unlimited. An agent
 	// shares one budget with its whole lineage (its root and every
@@ -168,6 +179,7 @@ type Server struct {
 	signals    *supervisor.Signals
 	supervisor *supervisor.Supervisor
 	rollouts   *supervisor.Rollouts
+	stopRules  *stoprule.Rules
 	leases     *coordinator.Coordinator
 	router     *leaseRouter // nil with a single replica (forward.go)
 	grants     *grantstore.Service
@@ -485,5 +497,6 @@ func serviceNames() []string {
 		tetherv1connect.AgentServiceName, tetherv1connect.AuthServiceName,
 		tetherv1connect.CapabilityServiceName, tetherv1connect.ToolServiceName,
 		tetherv1connect.SupervisorServiceName, tetherv1connect.LeaseServiceName,
+		tetherv1connect.StopRuleServiceName,
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // buildComponents creates the domain services on top of the store, in
@@ -52,6 +53,17 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.ledger.Tokens = s.grants
 	s.supervisor.Grants = s.grants
 	s.addLeaderComponent("supervisor", s.afterLeases(s.supervisor.Run))
+	// Stop rules (stoprule_handler.go): counters kept in the ledger's and
+	// the tree's transactions; one evaluator per cluster.
+	if !s.cfg.DisableStopRules {
+		s.stopRules = &stoprule.Rules{
+			Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Policy: s.cfg.StopPolicy,
+			Leases: s.leases, Grants: s.grants, Log: s.log, Fault: s.cfg.StopRuleFault,
+		}
+		s.ledger.Observer = s.stopRules
+		s.tree.Observer = s.stopRules
+		s.addLeaderComponent("stop-rules", s.afterLeases(s.stopRules.Run))
+	}
 	s.addComponent("session-signals", s.signals.Run)
 	s.addLeaderComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor, Retry: s.cfg.RecordRetry}).Run)
 	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
@@ -92,12 +104,25 @@ func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption)
 	mux.Handle(tetherv1connect.NewLeaseServiceHandler(s.leaseHandler(), append(opts, leaseHandlerOptions...)...))
 	mux.Handle(tetherv1connect.NewToolServiceHandler(&toolService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewSupervisorServiceHandler(&supervisorService{s: s}, opts...))
+	mux.Handle(tetherv1connect.NewStopRuleServiceHandler(&stopRuleService{s: s}, opts...))
+}
+
+// StopRuleStats are the stop-rule evaluator's counters (nil when stop
+// rules are disabled).
+func (s *Server) StopRuleStats() *stoprule.Stats {
+	if s.stopRules == nil {
+		return nil
+	}
+	return s.stopRules.Stats()
 }
 
 // Poke makes the reconcilers re-read the clock now. Tests that move a
 // manual clock call it; with the real clock it is never needed.
 func (s *Server) Poke() {
 	s.supervisor.Poke()
+	if s.stopRules != nil {
+		s.stopRules.Poke()
+	}
 	s.rollouts.Poke()
 	s.keys.wake()
 }

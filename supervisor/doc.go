@@ -38,4 +38,10 @@
 // the batch) and so one record; its job leases are left open (LeaseHandover)
 // and reassigned, generation + 1, to ready replacements. Callers of
 // TerminateIn must Kick the termination after their transaction commits.
+//
+// Stop rules (package supervisor/stoprule) plug in at two points: the
+// Ledger's and the Tree's Observer, told of each call and spawn inside the
+// writing transaction, and FileRuleProposal, which files a rule's proposal
+// and applies ProposalPolicy.RuleActions inside the caller's transaction
+// (the caller Kicks the termination it may have started).
 package supervisor

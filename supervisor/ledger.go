@@ -37,6 +37,8 @@ type Ledger struct {
 	Store  store.Store
 	Clock  clock.Clock
 	Tokens TokenChecker
+	// Observer, when set, is told of every call written (stop rules).
+	Observer Observer
 }
 
 var (
@@ -103,12 +105,18 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			if err := putCall(tx, call); err != nil {
 				return err
 			}
+			if err := l.observe(tx, nil, call); err != nil {
+				return err
+			}
 			if node.TerminationId != "" {
 				return tx.Put(termCallKey(node.TerminationId, call.CallId), nil)
 			}
 			return nil
 		}
 		if err := putCall(tx, call); err != nil {
+			return err
+		}
+		if err := l.observe(tx, nil, call); err != nil {
 			return err
 		}
 		return tx.Put(openCallKey(nodeID, call.CallId), nil)
@@ -180,9 +188,16 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 			out = c // idempotent: a retried end changes nothing
 			return nil
 		}
+		var before *tetherv1.ToolCall
+		if l.Observer != nil {
+			before = proto.CloneOf(c)
+		}
 		apply(c, now)
 		c.State = tetherv1.CallState_CALL_STATE_ENDED
 		out = c
+		if err := l.observe(tx, before, c); err != nil {
+			return err
+		}
 		if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
 			return err
 		}
@@ -192,6 +207,13 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 		return putCall(tx, c)
 	})
 	return out, err
+}
+
+func (l *Ledger) observe(tx store.Txn, before, after *tetherv1.ToolCall) error {
+	if l.Observer == nil {
+		return nil
+	}
+	return l.Observer.ObserveCall(tx, before, after)
 }
 
 // OpenCallsIn lists the calls in flight (or awaiting a cancel ack) on a node.

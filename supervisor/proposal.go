@@ -30,6 +30,113 @@ type ProposalPolicy struct {
 	// AutoApprove approves a proposal whose node carries every label of
 	// the selector and whose condition holds. Empty: operators decide.
 	AutoApprove map[string]string
+	// RuleActions start a termination at once for proposals filed by stop
+	// rules that match (the first match wins); a proposal no action
+	// matches waits for an operator.
+	RuleActions []RuleAction
+}
+
+// RuleAction is the policy for the proposals of matching stop rules: a
+// rule matches when it carries every label of Labels and, when Severity
+// is set, has that severity. Mode is how the termination stops the node.
+type RuleAction struct {
+	Labels   map[string]string
+	Severity string
+	Mode     Mode
+}
+
+// Matches reports whether the firing rule is one the action is for.
+func (a RuleAction) Matches(f *tetherv1.StopRuleFiring) bool {
+	if len(a.Labels) == 0 && a.Severity == "" {
+		return true
+	}
+	return MatchLabels(f.Labels, a.Labels) && (a.Severity == "" || a.Severity == f.Severity)
+}
+
+// ParseRuleAction parses the serve flag form "abort:severity=critical",
+// "drain:label:team=research,tier=batch" or "abort:*".
+func ParseRuleAction(s string) (RuleAction, error) {
+	modeName, match, ok := strings.Cut(s, ":")
+	var a RuleAction
+	switch modeName {
+	case "drain":
+		a.Mode = ModeDrain
+	case "abort":
+		a.Mode = ModeAbort
+	default:
+		return a, fmt.Errorf("%w: stop rule action %q: want drain:<match> or abort:<match>", ErrInvalidArgument, clip(s))
+	}
+	switch {
+	case !ok || match == "":
+		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or * after the mode", ErrInvalidArgument, clip(s))
+	case match == "*":
+	case strings.HasPrefix(match, "severity="):
+		a.Severity = strings.TrimPrefix(match, "severity=")
+	case strings.HasPrefix(match, "label:"):
+		sel, err := ParseSelector(strings.TrimPrefix(match, "label:"))
+		if err != nil || len(sel) == 0 {
+			return a, fmt.Errorf("%w: stop rule action %q: label:<k=v,...> wants at least one label", ErrInvalidArgument, clip(s))
+		}
+		a.Labels = sel
+	default:
+		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or *", ErrInvalidArgument, clip(s))
+	}
+	return a, nil
+}
+
+// FileRuleProposal files, inside the caller's transaction, the stop
+// proposal of a stop rule that became true for nodeID, and applies the
+// policy in the same transaction: an action that matches the rule
+// approves it and writes the termination (the caller Kicks termID once the
+// transaction has committed). mode is the mode the rule's action hint
+// suggests, for an operator who approves later.
+func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tetherv1.StopRuleFiring, mode Mode, policy ProposalPolicy) (p *tetherv1.StopProposal, termID string, err error) {
+	n, err := getNode(tx, nodeID)
+	if err != nil {
+		return nil, "", err
+	}
+	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, StateName(n.State))
+	}
+	if mode == 0 {
+		mode = ModeDrain
+	}
+	var values []string
+	for _, v := range firing.Values {
+		tag := ""
+		if v.SelfReported {
+			tag = " (self-reported)"
+		}
+		values = append(values, v.Name+"="+v.Value+tag)
+	}
+	reason := fmt.Sprintf("stop rule %q (%s, set by %s) is true: %s", firing.Name, firing.RuleId, firing.SetBy, strings.Join(values, ", "))
+	if len(reason) > 1024 {
+		reason = reason[:1021] + "..."
+	}
+	now := s.Clock.Now()
+	p = &tetherv1.StopProposal{
+		ProposalId: id.New(id.Proposal), NodeId: nodeID, Condition: "rule:" + firing.Name, Reason: reason,
+		State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING, ProposedBy: "stop-rule:" + firing.RuleId,
+		CreatedAt: timestamppb.New(now), Mode: modeToProto(mode), DrainWindow: durationpb.New(0), Rule: firing,
+	}
+	decidedBy := ""
+	for _, a := range policy.RuleActions {
+		if a.Matches(firing) {
+			p.Mode, decidedBy = modeToProto(a.Mode), "policy:stop-rule-action"
+			break
+		}
+	}
+	if decidedBy == "" && len(policy.AutoApprove) > 0 && MatchLabels(n.Labels, policy.AutoApprove) {
+		decidedBy = "policy:auto-approve"
+	}
+	if decidedBy == "" {
+		return p, "", putProto(tx, proposalKey(p.ProposalId), p)
+	}
+	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
+	if err != nil {
+		return nil, "", err
+	}
+	return p, term.ID, nil
 }
 
 // Conditions an agent may attach to a stop proposal:
@@ -146,40 +253,10 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 		if p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
 			return fmt.Errorf("%w: proposal_id %s is %s", ErrProposalDecided, proposalID, strings.ToLower(strings.TrimPrefix(p.State.String(), "PROPOSAL_STATE_")))
 		}
-		now := s.Clock.Now()
-		p.DecidedBy, p.DecidedAt = decidedBy, timestamppb.New(now)
-		if !approve {
-			p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
-			return putProto(tx, proposalKey(proposalID), p)
-		}
-		n, err := getNode(tx, p.NodeId)
-		if err != nil {
-			return err
-		}
-		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, StateName(n.State))
-		}
-		mode := ModeDrain
-		if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
-			mode = ModeAbort
-		}
-		drain := p.DrainWindow.AsDuration()
-		if drain == 0 {
-			drain = DefaultDrainWindow
-		}
-		term, err = NewTermination(id.New(id.Termination), p.NodeId, mode, drain, DefaultCancelAckTimeout, DefaultConfirmTimeout,
-			"stop proposal "+proposalID+": "+p.Reason, decidedBy, now)
-		if err != nil {
-			return err
-		}
-		term.HookTimeout = s.hookTimeout()
+		var err error
+		term, err = s.decideIn(tx, p, approve, reason, decidedBy, s.Clock.Now())
 		termID = term.ID
-		p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
-		p.TerminationId = termID
-		if err := putJSON(tx, terminationKey(term.ID), term); err != nil {
-			return err
-		}
-		return putProto(tx, proposalKey(proposalID), p)
+		return err
 	})
 	if err != nil {
 		return nil, nil, err
@@ -189,6 +266,45 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 	}
 	s.Kick(termID)
 	return p, &term, nil
+}
+
+// decideIn approves or rejects the pending proposal p inside tx and writes
+// it; approval writes the termination of its node (returned; the caller
+// Kicks it after the commit).
+func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bool, reason, decidedBy string, now time.Time) (Termination, error) {
+	p.DecidedBy, p.DecidedAt = decidedBy, timestamppb.New(now)
+	if !approve {
+		p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
+		return Termination{}, putProto(tx, proposalKey(p.ProposalId), p)
+	}
+	n, err := getNode(tx, p.NodeId)
+	if err != nil {
+		return Termination{}, err
+	}
+	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, StateName(n.State))
+	}
+	mode := ModeDrain
+	if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		mode = ModeAbort
+	}
+	drain := p.DrainWindow.AsDuration()
+	if drain == 0 {
+		drain = DefaultDrainWindow
+	}
+	term, err := NewTermination(id.New(id.Termination), p.NodeId, mode, drain, DefaultCancelAckTimeout, DefaultConfirmTimeout,
+		"stop proposal "+p.ProposalId+": "+p.Reason, decidedBy, now)
+	if err != nil {
+		return Termination{}, err
+	}
+	term.ProposalID = p.ProposalId
+	term.HookTimeout = s.hookTimeout()
+	p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
+	p.TerminationId = term.ID
+	if err := putJSON(tx, terminationKey(term.ID), term); err != nil {
+		return Termination{}, err
+	}
+	return term, putProto(tx, proposalKey(p.ProposalId), p)
 }
 
 // Proposals lists proposals, optionally in one state.

@@ -47,6 +47,13 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		RootNodeIds:   t.Roots,
 		RolloutId:     t.RolloutID,
 	}
+	if t.ProposalID != "" {
+		p := &tetherv1.StopProposal{}
+		if err := getProto(tx, proposalKey(t.ProposalID), p); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		rec.StopRule = p.Rule
+	}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
 	for _, g := range grants {

@@ -143,6 +143,9 @@ type Termination struct {
 	// root first (empty for operators): an agent's termination supersedes
 	// another agent's only when it is that agent's or an ancestor's.
 	RequesterLineage []string `json:"requester_lineage,omitempty"`
+	// ProposalID is the stop proposal whose approval started the
+	// termination; the record names the stop rule that filed it, if any.
+	ProposalID string `json:"proposal_id,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.

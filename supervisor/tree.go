@@ -45,6 +45,8 @@ type Tree struct {
 	// Instance names this control-plane process in the sessions it serves
 	// (see SessionOpened and CloseStaleSessions).
 	Instance string
+	// Observer, when set, is told of every spawn (stop rules).
+	Observer Observer
 }
 
 var (
@@ -151,6 +153,11 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 		}
 		if err := putNode(tx, child); err != nil {
 			return err
+		}
+		if t.Observer != nil {
+			if err := t.Observer.ObserveSpawn(tx, child); err != nil {
+				return err
+			}
 		}
 		return tx.Put(childKey(parentID, childID), nil)
 	})

@@ -37,6 +37,7 @@ type clients struct {
 	tool       tetherv1connect.ToolServiceClient
 	supervisor tetherv1connect.SupervisorServiceClient
 	lease      tetherv1connect.LeaseServiceClient
+	stopRule   tetherv1connect.StopRuleServiceClient
 }
 
 // httpClient speaks HTTP/2 to the control plane: cleartext (h2c) for http://
@@ -104,6 +105,7 @@ func (g *globals) clients() (*clients, error) {
 		tool:       tetherv1connect.NewToolServiceClient(hc, g.addr, opts...),
 		supervisor: tetherv1connect.NewSupervisorServiceClient(hc, g.addr, opts...),
 		lease:      tetherv1connect.NewLeaseServiceClient(hc, g.addr, opts...),
+		stopRule:   tetherv1connect.NewStopRuleServiceClient(hc, g.addr, opts...),
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -73,5 +74,71 @@ func TestAcknowledgedRegistrationsSurviveKill9(t *testing.T) {
 	t.Logf("%d acknowledged spawns, %d nodes after restart", len(acked), len(resp.Msg.Nodes)-1)
 	if len(acked) < killAt {
 		t.Fatalf("only %d spawns acknowledged before the kill", len(acked))
+	}
+}
+
+// TestStopRuleKill9BetweenFiringAndProposing: the real server kills itself
+// with SIGKILL the moment a stop rule is true and its proposal is about to
+// be written, and again just after it is written; restarted on the same
+// data directory, the rule has filed exactly one proposal, naming it.
+func TestStopRuleKill9BetweenFiringAndProposing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	for _, point := range []string{"before-file", "after-file"} {
+		t.Run(point, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			addr := testserver.FreeAddr(t)
+			t.Setenv(crashStopRuleEnv, point)
+			proc := testserver.StartProcessOn(t, dir, addr)
+			admin := proc.Clients(proc.Admin)
+			root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rule, err := admin.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: root.Msg.Node.NodeId, Name: "one-child", Expression: "observed.spawns >= 1"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The spawn makes the rule true; the process may die before it answers.
+			_, _ = admin.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "child"}))
+			<-proc.Exited()
+
+			t.Setenv(crashStopRuleEnv, "")
+			again := testserver.StartProcessOn(t, dir, addr)
+			c := again.Clients(again.Admin)
+			var filed []*tetherv1.StopProposal
+			// A second rule firing on the restarted server is the sign that its
+			// evaluator has looked at the node, with the first rule still true.
+			marker, err := c.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: root.Msg.Node.NodeId, Name: "marker", Expression: "observed.subtree_size >= 2"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			testserver.WaitFor(t, 30*time.Second, "both rules to file", func() bool {
+				resp, err := c.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				filed = resp.Msg.Proposals
+				byRule := map[string]int{}
+				for _, p := range filed {
+					byRule[p.Rule.GetRuleId()]++
+				}
+				return byRule[rule.Msg.Rule.RuleId] >= 1 && byRule[marker.Msg.Rule.RuleId] >= 1
+			})
+			n := 0
+			for _, p := range filed {
+				if p.Rule.GetRuleId() == rule.Msg.Rule.RuleId {
+					n++
+					if p.Rule.Name != "one-child" || p.NodeId != root.Msg.Node.NodeId {
+						t.Fatalf("proposal %v", p)
+					}
+				}
+			}
+			if n != 1 {
+				t.Fatalf("after kill -9 at %s the rule filed %d proposals, want exactly one", point, n)
+			}
+		})
 	}
 }

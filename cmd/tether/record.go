@@ -108,6 +108,10 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	if r.Reason != "" {
 		fmt.Fprintf(w, "  reason: %s\n", r.Reason)
 	}
+	if sr := r.StopRule; sr != nil {
+		fmt.Fprintf(w, "  stop rule %q (%s, set by %s): %s\n", sr.Name, sr.RuleId, sr.SetBy, sr.Expression)
+		printValues(w, sr.Values)
+	}
 	fmt.Fprintf(w, "  phases:")
 	for _, p := range r.Phases {
 		fmt.Fprintf(w, " %s %s;", p.Name, p.Duration.AsDuration().Round(1e6))

@@ -47,6 +47,7 @@ func newRootCommand() *cobra.Command {
 		newTerminationCommand(g),
 		newRecordCommand(g),
 		newProposalCommand(g),
+		newRuleCommand(g),
 		newRolloutCommand(g),
 		newKeysCommand(g),
 		newMCPCommand(g),

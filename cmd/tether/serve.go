@@ -28,6 +28,7 @@ func newServeCommand(g *globals) *cobra.Command {
 		hookAllow                                                 []string
 		maxPrivileges                                             int
 		hookTimeout                                               time.Duration
+		ruleActions                                               []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -72,6 +73,16 @@ first start (tether token rotate-admin replaces it).`,
 			// before listening or touching the data directory.
 			if err := cfg.CheckTransport(); err != nil {
 				return err
+			}
+			if point := os.Getenv(crashStopRuleEnv); point != "" {
+				cfg.StopRuleFault = crashAt(point)
+			}
+			for _, s := range ruleActions {
+				a, err := supervisor.ParseRuleAction(s)
+				if err != nil {
+					return fmt.Errorf("--stop-rule-action: %w", err)
+				}
+				cfg.StopPolicy.RuleActions = append(cfg.StopPolicy.RuleActions, a)
 			}
 			// Listen first: the replica publishes the address it serves on
 			// in the leader election (--advertise-url).
@@ -126,6 +137,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", supervisor.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
 	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")
 	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
+	f.StringArrayVar(&ruleActions, "stop-rule-action", nil, "start a termination at once for the stop proposals of matching stop rules: drain:<match> or abort:<match>, where <match> is severity=<s>, label:<k=v,...> or * (repeatable; the first match wins; unmatched proposals wait for an operator)")
 	return cmd
 }
 
@@ -142,5 +154,21 @@ func newLogger(format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
+	}
+}
+
+// crashStopRuleEnv names a fault point of the stop-rule evaluator
+// ("before-file", "after-file") at which the process kills itself with
+// SIGKILL: for the kill -9 tests of internal/testserver's subprocess mode,
+// never for production.
+const crashStopRuleEnv = "TETHER_TEST_CRASH_STOP_RULE"
+
+func crashAt(point string) func(string) error {
+	return func(p string) error {
+		if p == point {
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL cannot be caught: nothing after this runs
+		}
+		return nil
 	}
 }

@@ -21,6 +21,7 @@ const (
 	Privilege   = "v"
 	Rollout     = "o"
 	Session     = "s" // an agent's session (and a control-plane process: its instance)
+	StopRule    = "x" // a stop rule
 )
 
 var encoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)

@@ -120,6 +120,7 @@ type Clients struct {
 	Tool       tetherv1connect.ToolServiceClient
 	Supervisor tetherv1connect.SupervisorServiceClient
 	Lease      tetherv1connect.LeaseServiceClient
+	StopRule   tetherv1connect.StopRuleServiceClient
 }
 
 // NewClients builds clients for baseURL presenting token ("" sends none).
@@ -134,6 +135,7 @@ func NewClients(hc *http.Client, baseURL, token string, opts ...connect.ClientOp
 		Tool:       tetherv1connect.NewToolServiceClient(hc, baseURL, opts...),
 		Supervisor: tetherv1connect.NewSupervisorServiceClient(hc, baseURL, opts...),
 		Lease:      tetherv1connect.NewLeaseServiceClient(hc, baseURL, opts...),
+		StopRule:   tetherv1connect.NewStopRuleServiceClient(hc, baseURL, opts...),
 	}
 }
 
@@ -264,6 +266,9 @@ func StartProcessOn(t testing.TB, dataDir, addr string, extraArgs ...string) *Pr
 	p.Admin = strings.TrimSpace(string(token))
 	return p
 }
+
+// Exited is closed when the process has exited (killed, or by itself).
+func (p *Process) Exited() <-chan struct{} { return p.exited }
 
 // Kill sends SIGKILL and waits for the process to be gone.
 func (p *Process) Kill() {

@@ -138,6 +138,9 @@ type StopProposal struct {
 	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
 	Mode          TerminationMode        `protobuf:"varint,11,opt,name=mode,proto3,enum=tether.v1.TerminationMode" json:"mode,omitempty"`
 	DrainWindow   *durationpb.Duration   `protobuf:"bytes,12,opt,name=drain_window,json=drainWindow,proto3" json:"drain_window,omitempty"`
+	// The stop rule that filed the proposal, and the values that made it
+	// true (empty for a proposal an agent made itself).
+	Rule          *StopRuleFiring `protobuf:"bytes,13,opt,name=rule,proto3" json:"rule,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -256,11 +259,18 @@ func (x *StopProposal) GetDrainWindow() *durationpb.Duration {
 	return nil
 }
 
+func (x *StopProposal) GetRule() *StopRuleFiring {
+	if x != nil {
+		return x.Rule
+	}
+	return nil
+}
+
 var File_tether_v1_proposal_proto protoreflect.FileDescriptor
 
 const file_tether_v1_proposal_proto_rawDesc = "" +
 	"\n" +
-	"\x18tether/v1/proposal.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf9\x03\n" +
+	"\x18tether/v1/proposal.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18tether/v1/stoprule.proto\"\xa8\x04\n" +
 	"\fStopProposal\x12\x1f\n" +
 	"\vproposal_id\x18\x01 \x01(\tR\n" +
 	"proposalId\x12\x17\n" +
@@ -279,7 +289,8 @@ const file_tether_v1_proposal_proto_rawDesc = "" +
 	"decided_at\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12.\n" +
 	"\x04mode\x18\v \x01(\x0e2\x1a.tether.v1.TerminationModeR\x04mode\x12<\n" +
-	"\fdrain_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\vdrainWindow*k\n" +
+	"\fdrain_window\x18\f \x01(\v2\x19.google.protobuf.DurationR\vdrainWindow\x12-\n" +
+	"\x04rule\x18\r \x01(\v2\x19.tether.v1.StopRuleFiringR\x04rule*k\n" +
 	"\x0fTerminationMode\x12 \n" +
 	"\x1cTERMINATION_MODE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16TERMINATION_MODE_DRAIN\x10\x01\x12\x1a\n" +
@@ -310,6 +321,7 @@ var file_tether_v1_proposal_proto_goTypes = []any{
 	(*StopProposal)(nil),          // 2: tether.v1.StopProposal
 	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),   // 4: google.protobuf.Duration
+	(*StopRuleFiring)(nil),        // 5: tether.v1.StopRuleFiring
 }
 var file_tether_v1_proposal_proto_depIdxs = []int32{
 	1, // 0: tether.v1.StopProposal.state:type_name -> tether.v1.ProposalState
@@ -317,11 +329,12 @@ var file_tether_v1_proposal_proto_depIdxs = []int32{
 	3, // 2: tether.v1.StopProposal.decided_at:type_name -> google.protobuf.Timestamp
 	0, // 3: tether.v1.StopProposal.mode:type_name -> tether.v1.TerminationMode
 	4, // 4: tether.v1.StopProposal.drain_window:type_name -> google.protobuf.Duration
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 5: tether.v1.StopProposal.rule:type_name -> tether.v1.StopRuleFiring
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_proposal_proto_init() }
@@ -329,6 +342,7 @@ func file_tether_v1_proposal_proto_init() {
 	if File_tether_v1_proposal_proto != nil {
 		return
 	}
+	file_tether_v1_stoprule_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1422,7 +1422,10 @@ type ReconciliationRecord struct {
 	// Every subtree root when the termination had several (a rollout batch).
 	RootNodeIds []string `protobuf:"bytes,15,rep,name=root_node_ids,json=rootNodeIds,proto3" json:"root_node_ids,omitempty"`
 	// The rollout the termination was a batch of, if any.
-	RolloutId     string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	RolloutId string `protobuf:"bytes,16,opt,name=rollout_id,json=rolloutId,proto3" json:"rollout_id,omitempty"`
+	// The stop rule whose proposal started the termination, with the values
+	// that made it true (self-reported ones labelled as such).
+	StopRule      *StopRuleFiring `protobuf:"bytes,17,opt,name=stop_rule,json=stopRule,proto3" json:"stop_rule,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1567,6 +1570,13 @@ func (x *ReconciliationRecord) GetRolloutId() string {
 		return x.RolloutId
 	}
 	return ""
+}
+
+func (x *ReconciliationRecord) GetStopRule() *StopRuleFiring {
+	if x != nil {
+		return x.StopRule
+	}
+	return nil
 }
 
 type GetRecordRequest struct {
@@ -2103,7 +2113,7 @@ var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/agent.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
+	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/agent.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x18tether/v1/stoprule.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
 	"\x13TerminationProgress\x12\x1f\n" +
 	"\vnodes_total\x18\x01 \x01(\rR\n" +
 	"nodesTotal\x12!\n" +
@@ -2205,7 +2215,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\n" +
 	"started_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
-	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xa4\x05\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\"\xdc\x05\n" +
 	"\x14ReconciliationRecord\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
 	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\x12%\n" +
@@ -2228,7 +2238,8 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"written_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\twrittenAt\x12\"\n" +
 	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
 	"\n" +
-	"rollout_id\x18\x10 \x01(\tR\trolloutId\"V\n" +
+	"rollout_id\x18\x10 \x01(\tR\trolloutId\x126\n" +
+	"\tstop_rule\x18\x11 \x01(\v2\x19.tether.v1.StopRuleFiringR\bstopRule\"V\n" +
 	"\x10GetRecordRequest\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
 	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\"L\n" +
@@ -2362,22 +2373,23 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
 	(*Contradiction)(nil),             // 32: tether.v1.Contradiction
 	(CallResolution)(0),               // 33: tether.v1.CallResolution
-	(*StopProposal)(nil),              // 34: tether.v1.StopProposal
-	(ProposalState)(0),                // 35: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 36: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 37: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 38: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 39: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 40: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 41: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 42: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 43: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 44: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 45: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 46: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 47: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 48: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 49: tether.v1.AbortRolloutResponse
+	(*StopRuleFiring)(nil),            // 34: tether.v1.StopRuleFiring
+	(*StopProposal)(nil),              // 35: tether.v1.StopProposal
+	(ProposalState)(0),                // 36: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 37: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 38: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 39: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 40: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 41: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 42: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 43: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 44: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 45: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 46: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 47: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 48: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 49: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 50: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	29, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
@@ -2414,48 +2426,49 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	16, // 31: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
 	17, // 32: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
 	31, // 33: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	18, // 34: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	18, // 35: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	34, // 36: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	6,  // 37: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	35, // 38: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	34, // 39: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	31, // 40: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 41: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	9,  // 42: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	11, // 43: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	19, // 44: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	21, // 45: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	23, // 46: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	25, // 47: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	27, // 48: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	36, // 49: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	37, // 50: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	38, // 51: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	39, // 52: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	40, // 53: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	41, // 54: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	42, // 55: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	8,  // 56: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	10, // 57: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	12, // 58: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	20, // 59: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	22, // 60: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	24, // 61: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	26, // 62: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	28, // 63: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	43, // 64: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	44, // 65: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	45, // 66: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	46, // 67: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	47, // 68: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	48, // 69: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	49, // 70: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	56, // [56:71] is the sub-list for method output_type
-	41, // [41:56] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	34, // 34: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
+	18, // 35: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	18, // 36: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	35, // 37: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	6,  // 38: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	36, // 39: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	35, // 40: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	31, // 41: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	7,  // 42: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	9,  // 43: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	11, // 44: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	19, // 45: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	21, // 46: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	23, // 47: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	25, // 48: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	27, // 49: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	37, // 50: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	38, // 51: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	39, // 52: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	40, // 53: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	41, // 54: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	42, // 55: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	43, // 56: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	8,  // 57: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	10, // 58: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	12, // 59: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	20, // 60: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	22, // 61: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	24, // 62: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	26, // 63: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	28, // 64: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	44, // 65: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	45, // 66: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	46, // 67: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	47, // 68: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	48, // 69: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	49, // 70: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	50, // 71: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	57, // [57:72] is the sub-list for method output_type
+	42, // [42:57] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2466,6 +2479,7 @@ func file_tether_v1_supervisor_proto_init() {
 	file_tether_v1_agent_proto_init()
 	file_tether_v1_proposal_proto_init()
 	file_tether_v1_rollout_proto_init()
+	file_tether_v1_stoprule_proto_init()
 	file_tether_v1_tool_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/auth.proto.
  */
 export const file_tether_v1_auth: GenFile = /*@__PURE__*/
-  fileDesc("ChR0ZXRoZXIvdjEvYXV0aC5wcm90bxIJdGV0aGVyLnYxIoEBChJDcmVhdGVUb2tlblJlcXVlc3QSHQoEcm9sZRgBIAEoDjIPLnRldGhlci52MS5Sb2xlEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdzdWJqZWN0GAMgASgJEhMKC3Rvb2xfc2VydmVyGAQgASgJImYKE0NyZWF0ZVRva2VuUmVzcG9uc2USDQoFdG9rZW4YASABKAkSEAoIdG9rZW5faWQYAiABKAkSLgoKZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiDwoNV2hvQW1JUmVxdWVzdCKDAQoOV2hvQW1JUmVzcG9uc2USEQoJcHJpbmNpcGFsGAEgASgJEh0KBHJvbGUYAiABKA4yDy50ZXRoZXIudjEuUm9sZRIPCgdub2RlX2lkGAMgASgJEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIsEBCg5TaWduaW5nS2V5SW5mbxILCgNraWQYASABKAkSLgoKY3JlYXRlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLYWN0aXZlX2Zyb20YAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDHJldGlyZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHc2lnbmluZxgFIAEoCCJFChFSb3RhdGVLZXlzUmVxdWVzdBIwCg1wdWJsaXNoX2FoZWFkGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uImUKElJvdGF0ZUtleXNSZXNwb25zZRImCgNrZXkYASABKAsyGS50ZXRoZXIudjEuU2lnbmluZ0tleUluZm8SJwoEa2V5cxgCIAMoCzIZLnRldGhlci52MS5TaWduaW5nS2V5SW5mbyIRCg9MaXN0S2V5c1JlcXVlc3QiOwoQTGlzdEtleXNSZXNwb25zZRInCgRrZXlzGAEgAygLMhkudGV0aGVyLnYxLlNpZ25pbmdLZXlJbmZvKmMKBFJvbGUSFAoQUk9MRV9VTlNQRUNJRklFRBAAEg8KC1JPTEVfVklFV0VSEAESEQoNUk9MRV9PUEVSQVRPUhACEhEKDVJPTEVfU0VDVVJJVFkQAxIOCgpST0xFX0FETUlOEAQysgIKC0F1dGhTZXJ2aWNlEk4KC0NyZWF0ZVRva2VuEh0udGV0aGVyLnYxLkNyZWF0ZVRva2VuUmVxdWVzdBoeLnRldGhlci52MS5DcmVhdGVUb2tlblJlc3BvbnNlIgASPwoGV2hvQW1JEhgudGV0aGVyLnYxLldob0FtSVJlcXVlc3QaGS50ZXRoZXIudjEuV2hvQW1JUmVzcG9uc2UiABJLCgpSb3RhdGVLZXlzEhwudGV0aGVyLnYxLlJvdGF0ZUtleXNSZXF1ZXN0Gh0udGV0aGVyLnYxLlJvdGF0ZUtleXNSZXNwb25zZSIAEkUKCExpc3RLZXlzEhoudGV0aGVyLnYxLkxpc3RLZXlzUmVxdWVzdBobLnRldGhlci52MS5MaXN0S2V5c1Jlc3BvbnNlIgBCNVozZ2l0aHViLmNvbS90ZXRoZXJocS90ZXRoZXIvcHJvdG8vdGV0aGVyL3YxO3RldGhlcnYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChR0ZXRoZXIvdjEvYXV0aC5wcm90bxIJdGV0aGVyLnYxIoEBChJDcmVhdGVUb2tlblJlcXVlc3QSHQoEcm9sZRgBIAEoDjIPLnRldGhlci52MS5Sb2xlEiYKA3R0bBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIPCgdzdWJqZWN0GAMgASgJEhMKC3Rvb2xfc2VydmVyGAQgASgJImYKE0NyZWF0ZVRva2VuUmVzcG9uc2USDQoFdG9rZW4YASABKAkSEAoIdG9rZW5faWQYAiABKAkSLgoKZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiDwoNV2hvQW1JUmVxdWVzdCKDAQoOV2hvQW1JUmVzcG9uc2USEQoJcHJpbmNpcGFsGAEgASgJEh0KBHJvbGUYAiABKA4yDy50ZXRoZXIudjEuUm9sZRIPCgdub2RlX2lkGAMgASgJEi4KCmV4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIsEBCg5TaWduaW5nS2V5SW5mbxILCgNraWQYASABKAkSLgoKY3JlYXRlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLYWN0aXZlX2Zyb20YAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEjAKDHJldGlyZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHc2lnbmluZxgFIAEoCCJFChFSb3RhdGVLZXlzUmVxdWVzdBIwCg1wdWJsaXNoX2FoZWFkGAEgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uImUKElJvdGF0ZUtleXNSZXNwb25zZRImCgNrZXkYASABKAsyGS50ZXRoZXIudjEuU2lnbmluZ0tleUluZm8SJwoEa2V5cxgCIAMoCzIZLnRldGhlci52MS5TaWduaW5nS2V5SW5mbyIRCg9MaXN0S2V5c1JlcXVlc3QiOwoQTGlzdEtleXNSZXNwb25zZRInCgRrZXlzGAEgAygLMhkudGV0aGVyLnYxLlNpZ25pbmdLZXlJbmZvIqwCCglUb2tlbkluZm8SEAoIdG9rZW5faWQYASABKAkSEQoJcHJpbmNpcGFsGAIgASgJEgwKBGtpbmQYAyABKAkSHQoEcm9sZRgEIAEoDjIPLnRldGhlci52MS5Sb2xlEi4KCmNyZWF0ZWRfYXQYBSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi4KCmV4cGlyZXNfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhIKCmNyZWF0ZWRfYnkYByABKAkSLgoKcmV2b2tlZF9hdBgIIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEgoKcmV2b2tlZF9ieRgJIAEoCRIVCg1yZXZva2VfcmVhc29uGAogASgJIkUKElJldm9rZVRva2VuUmVxdWVzdBIQCgh0b2tlbl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkSDQoFdG9rZW4YAyABKAkiZQoTUmV2b2tlVG9rZW5SZXNwb25zZRIjCgV0b2tlbhgBIAEoCzIULnRldGhlci52MS5Ub2tlbkluZm8SEAoIc2VxdWVuY2UYAiABKAQSFwoPYWxyZWFkeV9yZXZva2VkGAMgASgIIi0KEUxpc3RUb2tlbnNSZXF1ZXN0EhgKEGluY2x1ZGVfaW5hY3RpdmUYASABKAgiOgoSTGlzdFRva2Vuc1Jlc3BvbnNlEiQKBnRva2VucxgBIAMoCzIULnRldGhlci52MS5Ub2tlbkluZm8qYwoEUm9sZRIUChBST0xFX1VOU1BFQ0lGSUVEEAASDwoLUk9MRV9WSUVXRVIQARIRCg1ST0xFX09QRVJBVE9SEAISEQoNUk9MRV9TRUNVUklUWRADEg4KClJPTEVfQURNSU4QBDLPAwoLQXV0aFNlcnZpY2USTgoLQ3JlYXRlVG9rZW4SHS50ZXRoZXIudjEuQ3JlYXRlVG9rZW5SZXF1ZXN0Gh4udGV0aGVyLnYxLkNyZWF0ZVRva2VuUmVzcG9uc2UiABI/CgZXaG9BbUkSGC50ZXRoZXIudjEuV2hvQW1JUmVxdWVzdBoZLnRldGhlci52MS5XaG9BbUlSZXNwb25zZSIAEksKClJvdGF0ZUtleXMSHC50ZXRoZXIudjEuUm90YXRlS2V5c1JlcXVlc3QaHS50ZXRoZXIudjEuUm90YXRlS2V5c1Jlc3BvbnNlIgASRQoITGlzdEtleXMSGi50ZXRoZXIudjEuTGlzdEtleXNSZXF1ZXN0GhsudGV0aGVyLnYxLkxpc3RLZXlzUmVzcG9uc2UiABJOCgtSZXZva2VUb2tlbhIdLnRldGhlci52MS5SZXZva2VUb2tlblJlcXVlc3QaHi50ZXRoZXIudjEuUmV2b2tlVG9rZW5SZXNwb25zZSIAEksKCkxpc3RUb2tlbnMSHC50ZXRoZXIudjEuTGlzdFRva2Vuc1JlcXVlc3QaHS50ZXRoZXIudjEuTGlzdFRva2Vuc1Jlc3BvbnNlIgBCNVozZ2l0aHViLmNvbS90ZXRoZXJocS90ZXRoZXIvcHJvdG8vdGV0aGVyL3YxO3RldGhlcnYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * @generated from message tether.v1.CreateTokenRequest
@@ -244,6 +244,178 @@ export const ListKeysResponseSchema: GenMessage<ListKeysResponse> = /*@__PURE__*
   messageDesc(file_tether_v1_auth, 8);
 
 /**
+ * TokenInfo describes a minted token; never the token itself.
+ *
+ * @generated from message tether.v1.TokenInfo
+ */
+export type TokenInfo = Message<"tether.v1.TokenInfo"> & {
+  /**
+   * @generated from field: string token_id = 1;
+   */
+  tokenId: string;
+
+  /**
+   * The principal it authenticates, e.g. "operator:alice".
+   *
+   * @generated from field: string principal = 2;
+   */
+  principal: string;
+
+  /**
+   * The kind of token: "operator", or another kind the server mints.
+   *
+   * @generated from field: string kind = 3;
+   */
+  kind: string;
+
+  /**
+   * @generated from field: tether.v1.Role role = 4;
+   */
+  role: Role;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp created_at = 5;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: google.protobuf.Timestamp expires_at = 6;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * Who minted it: a principal, or "bootstrap" for the first admin token.
+   *
+   * @generated from field: string created_by = 7;
+   */
+  createdBy: string;
+
+  /**
+   * Set once revoked.
+   *
+   * @generated from field: google.protobuf.Timestamp revoked_at = 8;
+   */
+  revokedAt?: Timestamp | undefined;
+
+  /**
+   * @generated from field: string revoked_by = 9;
+   */
+  revokedBy: string;
+
+  /**
+   * @generated from field: string revoke_reason = 10;
+   */
+  revokeReason: string;
+};
+
+/**
+ * Describes the message tether.v1.TokenInfo.
+ * Use `create(TokenInfoSchema)` to create a new message.
+ */
+export const TokenInfoSchema: GenMessage<TokenInfo> = /*@__PURE__*/
+  messageDesc(file_tether_v1_auth, 9);
+
+/**
+ * @generated from message tether.v1.RevokeTokenRequest
+ */
+export type RevokeTokenRequest = Message<"tether.v1.RevokeTokenRequest"> & {
+  /**
+   * The token's id (tether token list, or the id CreateToken returned).
+   *
+   * @generated from field: string token_id = 1;
+   */
+  tokenId: string;
+
+  /**
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+
+  /**
+   * Instead of token_id: the token itself, for a token minted before the
+   * control plane recorded its tokens (an old admin.token). Its signature
+   * must verify; it may have expired.
+   *
+   * @generated from field: string token = 3;
+   */
+  token: string;
+};
+
+/**
+ * Describes the message tether.v1.RevokeTokenRequest.
+ * Use `create(RevokeTokenRequestSchema)` to create a new message.
+ */
+export const RevokeTokenRequestSchema: GenMessage<RevokeTokenRequest> = /*@__PURE__*/
+  messageDesc(file_tether_v1_auth, 10);
+
+/**
+ * @generated from message tether.v1.RevokeTokenResponse
+ */
+export type RevokeTokenResponse = Message<"tether.v1.RevokeTokenResponse"> & {
+  /**
+   * @generated from field: tether.v1.TokenInfo token = 1;
+   */
+  token?: TokenInfo | undefined;
+
+  /**
+   * The revocation feed's sequence of the tombstone.
+   *
+   * @generated from field: uint64 sequence = 2;
+   */
+  sequence: bigint;
+
+  /**
+   * True when the token was already revoked (nothing was written).
+   *
+   * @generated from field: bool already_revoked = 3;
+   */
+  alreadyRevoked: boolean;
+};
+
+/**
+ * Describes the message tether.v1.RevokeTokenResponse.
+ * Use `create(RevokeTokenResponseSchema)` to create a new message.
+ */
+export const RevokeTokenResponseSchema: GenMessage<RevokeTokenResponse> = /*@__PURE__*/
+  messageDesc(file_tether_v1_auth, 11);
+
+/**
+ * @generated from message tether.v1.ListTokensRequest
+ */
+export type ListTokensRequest = Message<"tether.v1.ListTokensRequest"> & {
+  /**
+   * Also list expired and revoked tokens.
+   *
+   * @generated from field: bool include_inactive = 1;
+   */
+  includeInactive: boolean;
+};
+
+/**
+ * Describes the message tether.v1.ListTokensRequest.
+ * Use `create(ListTokensRequestSchema)` to create a new message.
+ */
+export const ListTokensRequestSchema: GenMessage<ListTokensRequest> = /*@__PURE__*/
+  messageDesc(file_tether_v1_auth, 12);
+
+/**
+ * @generated from message tether.v1.ListTokensResponse
+ */
+export type ListTokensResponse = Message<"tether.v1.ListTokensResponse"> & {
+  /**
+   * @generated from field: repeated tether.v1.TokenInfo tokens = 1;
+   */
+  tokens: TokenInfo[];
+};
+
+/**
+ * Describes the message tether.v1.ListTokensResponse.
+ * Use `create(ListTokensResponseSchema)` to create a new message.
+ */
+export const ListTokensResponseSchema: GenMessage<ListTokensResponse> = /*@__PURE__*/
+  messageDesc(file_tether_v1_auth, 13);
+
+/**
  * @generated from enum tether.v1.Role
  */
 export enum Role {
@@ -327,6 +499,31 @@ export const AuthService: GenService<{
     methodKind: "unary";
     input: typeof ListKeysRequestSchema;
     output: typeof ListKeysResponseSchema;
+  },
+  /**
+   * RevokeToken revokes a token this control plane minted (CreateToken,
+   * the bootstrap admin token): from the next call it is refused on every
+   * replica, cached or not, whatever its expiry. The revocation is a
+   * tombstone in the revocation feed, written durably as a grant's is.
+   * Security and admins.
+   *
+   * @generated from rpc tether.v1.AuthService.RevokeToken
+   */
+  revokeToken: {
+    methodKind: "unary";
+    input: typeof RevokeTokenRequestSchema;
+    output: typeof RevokeTokenResponseSchema;
+  },
+  /**
+   * ListTokens lists the minted tokens without their secrets: the live
+   * ones, or every one with include_inactive. Security and admins.
+   *
+   * @generated from rpc tether.v1.AuthService.ListTokens
+   */
+  listTokens: {
+    methodKind: "unary";
+    input: typeof ListTokensRequestSchema;
+    output: typeof ListTokensResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_tether_v1_auth, 0);

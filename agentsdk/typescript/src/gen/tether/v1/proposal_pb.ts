@@ -6,13 +6,15 @@ import type { GenEnum, GenFile, GenMessage } from "@bufbuild/protobuf/codegenv2"
 import { enumDesc, fileDesc, messageDesc } from "@bufbuild/protobuf/codegenv2";
 import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
 import { file_google_protobuf_duration, file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
+import type { StopRuleFiring } from "./stoprule_pb.js";
+import { file_tether_v1_stoprule } from "./stoprule_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file tether/v1/proposal.proto.
  */
 export const file_tether_v1_proposal: GenFile = /*@__PURE__*/
-  fileDesc("Chh0ZXRoZXIvdjEvcHJvcG9zYWwucHJvdG8SCXRldGhlci52MSL8AgoMU3RvcFByb3Bvc2FsEhMKC3Byb3Bvc2FsX2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSEQoJY29uZGl0aW9uGAMgASgJEg4KBnJlYXNvbhgEIAEoCRInCgVzdGF0ZRgFIAEoDjIYLnRldGhlci52MS5Qcm9wb3NhbFN0YXRlEhMKC3Byb3Bvc2VkX2J5GAYgASgJEhIKCmRlY2lkZWRfYnkYByABKAkSFgoOdGVybWluYXRpb25faWQYCCABKAkSLgoKY3JlYXRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZGVjaWRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoEbW9kZRgLIAEoDjIaLnRldGhlci52MS5UZXJtaW5hdGlvbk1vZGUSLwoMZHJhaW5fd2luZG93GAwgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uKmsKD1Rlcm1pbmF0aW9uTW9kZRIgChxURVJNSU5BVElPTl9NT0RFX1VOU1BFQ0lGSUVEEAASGgoWVEVSTUlOQVRJT05fTU9ERV9EUkFJThABEhoKFlRFUk1JTkFUSU9OX01PREVfQUJPUlQQAiqFAQoNUHJvcG9zYWxTdGF0ZRIeChpQUk9QT1NBTF9TVEFURV9VTlNQRUNJRklFRBAAEhoKFlBST1BPU0FMX1NUQVRFX1BFTkRJTkcQARIbChdQUk9QT1NBTF9TVEFURV9BUFBST1ZFRBACEhsKF1BST1BPU0FMX1NUQVRFX1JFSkVDVEVEEANCNVozZ2l0aHViLmNvbS90ZXRoZXJocS90ZXRoZXIvcHJvdG8vdGV0aGVyL3YxO3RldGhlcnYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("Chh0ZXRoZXIvdjEvcHJvcG9zYWwucHJvdG8SCXRldGhlci52MSKlAwoMU3RvcFByb3Bvc2FsEhMKC3Byb3Bvc2FsX2lkGAEgASgJEg8KB25vZGVfaWQYAiABKAkSEQoJY29uZGl0aW9uGAMgASgJEg4KBnJlYXNvbhgEIAEoCRInCgVzdGF0ZRgFIAEoDjIYLnRldGhlci52MS5Qcm9wb3NhbFN0YXRlEhMKC3Byb3Bvc2VkX2J5GAYgASgJEhIKCmRlY2lkZWRfYnkYByABKAkSFgoOdGVybWluYXRpb25faWQYCCABKAkSLgoKY3JlYXRlZF9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLgoKZGVjaWRlZF9hdBgKIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoEbW9kZRgLIAEoDjIaLnRldGhlci52MS5UZXJtaW5hdGlvbk1vZGUSLwoMZHJhaW5fd2luZG93GAwgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEicKBHJ1bGUYDSABKAsyGS50ZXRoZXIudjEuU3RvcFJ1bGVGaXJpbmcqawoPVGVybWluYXRpb25Nb2RlEiAKHFRFUk1JTkFUSU9OX01PREVfVU5TUEVDSUZJRUQQABIaChZURVJNSU5BVElPTl9NT0RFX0RSQUlOEAESGgoWVEVSTUlOQVRJT05fTU9ERV9BQk9SVBACKoUBCg1Qcm9wb3NhbFN0YXRlEh4KGlBST1BPU0FMX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWUFJPUE9TQUxfU1RBVEVfUEVORElORxABEhsKF1BST1BPU0FMX1NUQVRFX0FQUFJPVkVEEAISGwoXUFJPUE9TQUxfU1RBVEVfUkVKRUNURUQQA0I1WjNnaXRodWIuY29tL3RldGhlcmhxL3RldGhlci9wcm90by90ZXRoZXIvdjE7dGV0aGVydjFiBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_tether_v1_stoprule]);
 
 /**
  * @generated from message tether.v1.StopProposal
@@ -77,6 +79,14 @@ export type StopProposal = Message<"tether.v1.StopProposal"> & {
    * @generated from field: google.protobuf.Duration drain_window = 12;
    */
   drainWindow?: Duration | undefined;
+
+  /**
+   * The stop rule that filed the proposal, and the values that made it
+   * true (empty for a proposal an agent made itself).
+   *
+   * @generated from field: tether.v1.StopRuleFiring rule = 13;
+   */
+  rule?: StopRuleFiring | undefined;
 };
 
 /**

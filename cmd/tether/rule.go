@@ -1,0 +1,199 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// tether rule add|list|rm|test: stop rules (docs/stop-rules.md).
+func newRuleCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "rule", Short: "Stop rules: CEL conditions that file a stop proposal when they become true"}
+	cmd.AddCommand(newRuleAddCommand(g), newRuleListCommand(g), newRuleRemoveCommand(g), newRuleTestCommand(g))
+	return cmd
+}
+
+func newRuleAddCommand(g *globals) *cobra.Command {
+	var node, selector, name, action, severity, description string
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "add EXPRESSION --name NAME (--node NODE | --selector k=v)",
+		Short: "Attach a stop rule to a node's subtree (or, operators, by label selector)",
+		Example: `  tether rule add --node n_… --name shell-budget --severity warning 'observed.calls_by_tool[?"shell"].orValue(0) > 200'
+  tether rule add --selector team=research --name cost-cap --action abort 'self_reported.?cost_usd.orValue(0.0) > 25.0'`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			ls := map[string]string{}
+			for _, l := range labels {
+				k, v, ok := strings.Cut(l, "=")
+				if !ok {
+					return fmt.Errorf("--label %q: want k=v", l)
+				}
+				ls[k] = v
+			}
+			resp, err := c.stopRule.AddStopRule(cmd.Context(), connect.NewRequest(&tetherv1.AddStopRuleRequest{
+				NodeId: node, LabelSelector: selector, Name: name, Expression: args[0], Action: action,
+				Severity: severity, Labels: ls, Description: description,
+			}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil || asJSON {
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			printRule(cmd.OutOrStdout(), resp.Msg.Rule)
+			fmt.Fprintf(cmd.OutOrStdout(), "cost:        at most %d of a budget of %d\n", resp.Msg.EstimatedCost, resp.Msg.CostBudget)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&node, "node", "", "the node whose subtree the rule applies to")
+	f.StringVar(&selector, "selector", "", "operators: every node with these labels (k=v,k2=v2)")
+	f.StringVar(&name, "name", "", "the rule's name (unique among the rules in effect at the node)")
+	f.StringVar(&action, "action", "propose", "what the rule suggests: propose, drain or abort (the operator's policy decides)")
+	f.StringVar(&severity, "severity", "", "a severity the proposal policy can match (e.g. critical)")
+	f.StringArrayVar(&labels, "label", nil, "a label k=v the proposal policy can match (repeatable)")
+	f.StringVar(&description, "description", "", "why the rule exists")
+	return cmd
+}
+
+func newRuleListCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "list [NODE]",
+		Short: "List the rules in effect at a node (its own and inherited), or every rule",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			node := ""
+			if len(args) == 1 {
+				node = args[0]
+			}
+			resp, err := c.stopRule.ListStopRules(cmd.Context(), connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: node}))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil || asJSON {
+				if err != nil {
+					return err
+				}
+				return printJSONList(cmd.OutOrStdout(), resp.Msg.Rules)
+			}
+			tw := newTable(cmd.OutOrStdout())
+			fmt.Fprintln(tw, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION")
+			for _, r := range resp.Msg.Rules {
+				on := r.NodeId
+				if on == "" {
+					on = "selector " + selectorString(r.Selector)
+				}
+				if r.Inherited {
+					on += " (inherited)"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
+			}
+			return tw.Flush()
+		},
+	}
+}
+
+func newRuleRemoveCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm RULE",
+		Short: "Remove a rule (agents: only rules they or their descendants set)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			resp, err := c.stopRule.RemoveStopRule(cmd.Context(), connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: args[0]}))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", resp.Msg.Rule.RuleId, resp.Msg.Rule.Name)
+			return nil
+		},
+	}
+}
+
+func newRuleTestCommand(g *globals) *cobra.Command {
+	var ruleID string
+	cmd := &cobra.Command{
+		Use:   "test NODE [EXPRESSION | --rule RULE]",
+		Short: "Evaluate an expression (or a stored rule) against a node's current observations, without acting",
+		Args:  cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			req := &tetherv1.TestStopRuleRequest{NodeId: args[0], RuleId: ruleID}
+			if len(args) == 2 {
+				req.Expression = args[1]
+			}
+			resp, err := c.stopRule.TestStopRule(cmd.Context(), connect.NewRequest(req))
+			if err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil || asJSON {
+				if err != nil {
+					return err
+				}
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "result:  %v (cost %d)\n", resp.Msg.Result, resp.Msg.Cost)
+			if resp.Msg.Error != "" {
+				fmt.Fprintf(w, "error:   %s (a rule whose evaluation fails does not fire)\n", resp.Msg.Error)
+			}
+			printValues(w, resp.Msg.Values)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&ruleID, "rule", "", "evaluate this stored rule")
+	return cmd
+}
+
+func printRule(w io.Writer, r *tetherv1.StopRule) {
+	on := r.NodeId
+	if on == "" {
+		on = "selector " + selectorString(r.Selector)
+	}
+	fmt.Fprintf(w, "rule_id:     %s\nname:        %s\non:          %s\nset_by:      %s\naction:      %s\nseverity:    %s\nexpression:  %s\n",
+		r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
+}
+
+// printValues lists the values a rule read, self-reported ones labelled.
+func printValues(w io.Writer, vs []*tetherv1.StopRuleValue) {
+	for _, v := range vs {
+		tag := ""
+		if v.SelfReported {
+			tag = "  (self-reported)"
+		}
+		fmt.Fprintf(w, "  %s = %s%s\n", v.Name, v.Value, tag)
+	}
+}
+
+func selectorString(sel map[string]string) string {
+	parts := make([]string, 0, len(sel))
+	for k, v := range sel {
+		parts = append(parts, k+"="+v)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,121 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/auth"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/stoprule"
+)
+
+// stopRuleService is the edge of supervisor/stoprule. The policy admits
+// agents to AddStopRule, RemoveStopRule, ListStopRules and TestStopRule;
+// the attenuation rule narrows them to their own subtree (and, for
+// removal, to rules they or their descendants set). ReportCounters is
+// agents only, about themselves.
+type stopRuleService struct {
+	tetherv1connect.UnimplementedStopRuleServiceHandler
+	s *Server
+}
+
+// actor reads the caller fail-closed.
+func (h *stopRuleService) actor(ctx context.Context) (stoprule.Actor, error) {
+	if h.s.stopRules == nil {
+		return stoprule.Actor{}, connect.NewError(connect.CodeUnavailable, errors.New("stop rules are disabled on this server"))
+	}
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return stoprule.Actor{}, connect.NewError(connect.CodeUnauthenticated, auth.ErrNoCredential)
+	}
+	a := stoprule.Actor{ID: p.ID()}
+	if p.IsAgent() {
+		a.NodeID = p.NodeID()
+	}
+	return a, nil
+}
+
+func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[tetherv1.AddStopRuleRequest]) (*connect.Response[tetherv1.AddStopRuleResponse], error) {
+	a, err := h.actor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	rule := &tetherv1.StopRule{
+		NodeId: m.NodeId, Name: m.Name, Expression: m.Expression, Action: m.Action,
+		Severity: m.Severity, Labels: m.Labels, Description: m.Description,
+	}
+	if m.LabelSelector != "" {
+		sel, err := supervisor.ParseSelector(m.LabelSelector)
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		rule.Selector = sel
+	}
+	stored, compiled, err := h.s.stopRules.Add(ctx, a, rule)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.AddStopRuleResponse{Rule: stored, EstimatedCost: compiled.Cost, CostBudget: stoprule.CostBudget}), nil
+}
+
+func (h *stopRuleService) ListStopRules(ctx context.Context, req *connect.Request[tetherv1.ListStopRulesRequest]) (*connect.Response[tetherv1.ListStopRulesResponse], error) {
+	a, err := h.actor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := h.s.stopRules.List(ctx, a, req.Msg.NodeId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ListStopRulesResponse{Rules: rules}), nil
+}
+
+func (h *stopRuleService) RemoveStopRule(ctx context.Context, req *connect.Request[tetherv1.RemoveStopRuleRequest]) (*connect.Response[tetherv1.RemoveStopRuleResponse], error) {
+	a, err := h.actor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rule, err := h.s.stopRules.Remove(ctx, a, req.Msg.RuleId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.RemoveStopRuleResponse{Rule: rule}), nil
+}
+
+func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request[tetherv1.TestStopRuleRequest]) (*connect.Response[tetherv1.TestStopRuleResponse], error) {
+	a, err := h.actor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if (req.Msg.Expression == "") == (req.Msg.RuleId == "") {
+		return nil, invalid("exactly one of expression and rule_id is required")
+	}
+	res, err := h.s.stopRules.Test(ctx, a, req.Msg.NodeId, req.Msg.Expression, req.Msg.RuleId)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	resp := &tetherv1.TestStopRuleResponse{
+		Result: res.Fired, Values: res.Values, Observed: res.Observed, SelfReported: res.SelfReported, Cost: res.Cost,
+	}
+	if res.Err != nil {
+		resp.Error = res.Err.Error()
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (h *stopRuleService) ReportCounters(ctx context.Context, req *connect.Request[tetherv1.ReportCountersRequest]) (*connect.Response[tetherv1.ReportCountersResponse], error) {
+	a, err := h.actor(ctx)
+	if err != nil {
+		return nil, err
+	}
+	counters, err := h.s.stopRules.Report(ctx, a, req.Msg.NodeId, req.Msg.Counters)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ReportCountersResponse{Counters: counters}), nil
+}

@@ -1,0 +1,164 @@
+package stoprule
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// Errors of attaching and removing rules.
+var (
+	ErrDenied       = errors.New("stoprule: not allowed")
+	ErrRuleNotFound = errors.New("stoprule: rule not found")
+	ErrDuplicate    = errors.New("stoprule: rule name already in effect")
+	ErrLimit        = errors.New("stoprule: limit exceeded")
+)
+
+// Actor is who attaches, removes or reads a rule.
+type Actor struct {
+	// ID is the principal id: "agent:<node id>" or "operator:<name>".
+	ID string
+	// NodeID is the agent's node; empty for an operator.
+	NodeID string
+}
+
+// IsAgent reports whether the actor is an agent of the tree.
+func (a Actor) IsAgent() bool { return a.NodeID != "" }
+
+// Actions a rule may suggest. The hint sets the mode the proposal
+// suggests; the operator's policy decides.
+const (
+	ActionPropose = "propose"
+	ActionDrain   = "drain"
+	ActionAbort   = "abort"
+)
+
+var (
+	ruleName     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+	severityName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
+)
+
+// MaxRulesPerNode bounds the rules attached to one node (and the selector
+// rules in total), so a runaway agent cannot make evaluation unbounded.
+const MaxRulesPerNode = 64
+
+// Validate checks a rule's fields other than its expression.
+func Validate(r *tetherv1.StopRule) error {
+	switch {
+	case !ruleName.MatchString(r.Name):
+		return fmt.Errorf("%w: name must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidRule)
+	case r.NodeId == "" && len(r.Selector) == 0:
+		return fmt.Errorf("%w: node_id or label_selector is required", ErrInvalidRule)
+	case r.NodeId != "" && len(r.Selector) > 0:
+		return fmt.Errorf("%w: node_id and label_selector are exclusive", ErrInvalidRule)
+	case r.Severity != "" && !severityName.MatchString(r.Severity):
+		return fmt.Errorf("%w: severity must be 1-32 of a-z, 0-9, '_' and '-'", ErrInvalidRule)
+	case len(r.Labels) > 16:
+		return fmt.Errorf("%w: labels: at most 16", ErrInvalidRule)
+	case len(r.Description) > 512:
+		return fmt.Errorf("%w: description is longer than 512 bytes", ErrInvalidRule)
+	}
+	switch r.Action {
+	case "", ActionPropose, ActionDrain, ActionAbort:
+	default:
+		return fmt.Errorf("%w: action %q: want propose, drain or abort", ErrInvalidRule, clip(r.Action))
+	}
+	for k, v := range r.Labels {
+		if !ruleName.MatchString(k) || len(v) > 63 || strings.ContainsAny(v, ",= \n") {
+			return fmt.Errorf("%w: labels: %q is not a label (k=v, letters, digits, '.', '_', '-')", ErrInvalidRule, clip(k))
+		}
+	}
+	return nil
+}
+
+// CheckAttach is the attenuation rule for attaching: an operator attaches
+// a rule to any subtree, or by label selector; an agent attaches rules to
+// its own node and its descendants only, never by selector (a selector
+// reaches beyond its subtree). target is nil for a selector rule.
+func CheckAttach(a Actor, target *tetherv1.Node) error {
+	if !a.IsAgent() {
+		return nil
+	}
+	if target == nil {
+		return fmt.Errorf("%w: agent %s may attach rules only to its own subtree, not by label selector", ErrDenied, a.NodeID)
+	}
+	if target.NodeId != a.NodeID && !supervisor.IsAncestor(target, a.NodeID) {
+		return fmt.Errorf("%w: agent %s may attach rules only to itself and its descendants, not node_id %s", ErrDenied, a.NodeID, target.NodeId)
+	}
+	return nil
+}
+
+// CheckRemove is the attenuation rule for removing: an operator removes any
+// rule; an agent removes a rule only when it set the rule itself or a
+// descendant of it did. A rule an operator or an ancestor set is never
+// removed (so never loosened: rules cannot be edited, only added and
+// removed). setter is the setting agent's node, nil when an operator set
+// the rule.
+func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tetherv1.Node) error {
+	if !a.IsAgent() || r.SetBy == a.ID {
+		return nil
+	}
+	if setter != nil && supervisor.IsAncestor(setter, a.NodeID) {
+		return nil
+	}
+	return fmt.Errorf("%w: agent %s may not remove rule %q (%s): it was set by %s, and an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, r.Name, r.RuleId, r.SetBy)
+}
+
+// CheckRead: operators read every node's rules; an agent reads those of
+// its own node and its descendants.
+func CheckRead(a Actor, target *tetherv1.Node) error {
+	if !a.IsAgent() || target.NodeId == a.NodeID || supervisor.IsAncestor(target, a.NodeID) {
+		return nil
+	}
+	return fmt.Errorf("%w: agent %s may read the rules of its own subtree only, not node_id %s", ErrDenied, a.NodeID, target.NodeId)
+}
+
+// SetterNode is the node of the agent that set a rule ("" for an operator).
+func SetterNode(r *tetherv1.StopRule) string {
+	if n, ok := strings.CutPrefix(r.SetBy, "agent:"); ok {
+		return n
+	}
+	return ""
+}
+
+// Applies reports whether rule r is in effect at node n: attached to n or
+// to an ancestor of n (inherited), or a selector rule matching n's labels.
+func Applies(r *tetherv1.StopRule, n *tetherv1.Node) bool {
+	if r.NodeId != "" {
+		return r.NodeId == n.NodeId || supervisor.IsAncestor(n, r.NodeId)
+	}
+	return len(r.Selector) > 0 && supervisor.MatchLabels(n.Labels, r.Selector)
+}
+
+// InEffect returns the rules of all that are in effect at n, each a copy
+// marked inherited unless attached to n itself.
+func InEffect(all []*tetherv1.StopRule, n *tetherv1.Node) []*tetherv1.StopRule {
+	var out []*tetherv1.StopRule
+	for _, r := range all {
+		if Applies(r, n) {
+			c := cloneRule(r)
+			c.Inherited = r.NodeId != n.NodeId
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// CheckName refuses a name already in effect at the target: a descendant
+// cannot shadow an inherited rule with a looser one of the same name.
+func CheckName(inEffect []*tetherv1.StopRule, name string) error {
+	for _, r := range inEffect {
+		if r.Name == name {
+			where := "node " + r.NodeId
+			if r.NodeId == "" {
+				where = "a label selector"
+			}
+			return fmt.Errorf("%w: rule %q is already in effect here (set by %s on %s); rules only add, none is replaced", ErrDuplicate, name, r.SetBy, where)
+		}
+	}
+	return nil
+}

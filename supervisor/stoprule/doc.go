@@ -1,0 +1,51 @@
+// Package stoprule holds stop rules: named conditions, written in CEL, that
+// say when an agent should stop. The agent proposes; the control plane
+// decides. A rule is one input to the supervisor: when it becomes true for
+// a node, the supervisor files a stop proposal naming the rule and the
+// values that made it true, and the operator's proposal policy
+// (supervisor.ProposalPolicy) decides whether anything happens.
+//
+// The pure core (env.go, eval.go, attach.go, observe.go) has no store and
+// no clock:
+//   - Compile type-checks an expression against the documented
+//     environment (`observed`, the control plane's own observations of the
+//     node, tetherv1.StopRuleObservations; `self_reported`, the agent's own
+//     counters) and estimates its worst-case cost with every map bounded
+//     (MaxTools, MaxCounters); a rule over CostBudget is refused, and every
+//     refusal names the line and column in the expression.
+//   - Evaluate runs a compiled rule against one snapshot, stopped at
+//     CostBudget, and reports the values the expression read, each marked
+//     self-reported when it came from the agent.
+//   - The attenuation rule: a node inherits the rules of its ancestors
+//     (Applies, InEffect); an agent attaches rules to itself and its
+//     descendants only (CheckAttach) and removes only rules it or a
+//     descendant set (CheckRemove), so a rule an ancestor or an operator
+//     set is never removed or loosened by an agent (rules are never edited;
+//     CheckName refuses a name already in effect, so an inherited rule
+//     cannot be shadowed). Operators attach to any subtree and by label
+//     selector.
+//   - ApplyCall and ApplySpawn fold ledger and tree changes into a node's
+//     stored counters.
+//
+// The shell (rules.go, evaluator.go) is Rules:
+//   - As the supervisor's Observer (set on Ledger.Observer and
+//     Tree.Observer) it updates the counters inside the ledger's and the
+//     tree's own transactions, so they are exactly what the ledger holds.
+//   - Run is the level-triggered evaluator (leader-only). It watches the
+//     rules, the counters and the tree and evaluates the rules in effect
+//     at a node each time something a rule reads changes, never by polling
+//     agents. Lease and revocation counts are read at evaluation time, and
+//     only for rules that read them; those rules, and rules that read the
+//     clock, are evaluated again every Tick for the nodes they apply to.
+//   - A rule that is true files its proposal and its fired mark in one
+//     transaction (file), so it fires once per node, across crashes and
+//     leader changes; the policy's decision, and the termination it
+//     starts, are written in that same transaction.
+//
+// Caller duties, in order: set Rules as Observer on the Ledger and the Tree
+// before serving; run Run as a leader-only component; map the package's
+// sentinels (ErrInvalidRule, ErrOverBudget, ErrDenied, ErrRuleNotFound,
+// ErrDuplicate, ErrLimit) to error codes at the edge; never let the
+// workload write `observed` — self-reported counters go only through
+// Report, and only for the reporting agent's own node.
+package stoprule

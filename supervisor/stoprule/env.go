@@ -1,0 +1,241 @@
+package stoprule
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/google/cel-go/cel"
+	"github.com/google/cel-go/checker"
+	"github.com/google/cel-go/common/ast"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Errors of the pure core. Messages reach clients: they name the rule's
+// field and, for expressions, the line and column.
+var (
+	ErrInvalidRule = errors.New("stoprule: invalid rule")
+	ErrOverBudget  = errors.New("stoprule: rule over the cost budget")
+)
+
+// Bounds of a rule. The environment's maps are bounded too (MaxTools,
+// MaxCounters), so that the worst case of every expression is finite and
+// known when the rule is attached.
+const (
+	// MaxExpressionBytes bounds the expression text.
+	MaxExpressionBytes = 2048
+	// CostBudget is the most an expression may cost in the worst case, in
+	// CEL cost units (roughly one per operation). A rule over it is
+	// refused when attached; evaluation is also stopped at it.
+	CostBudget = 10_000
+	// MaxTools bounds the tools tracked per node; calls of further tools
+	// are counted under the tool name OtherTool.
+	MaxTools = 64
+	// MaxCounters bounds the self-reported counters per node.
+	MaxCounters = 32
+	// OtherTool collects the calls of tools past MaxTools.
+	OtherTool = "other"
+)
+
+// The variables of every rule.
+const (
+	// VarObserved is the control plane's own observations of the node
+	// (tetherv1.StopRuleObservations).
+	VarObserved = "observed"
+	// VarSelfReported is the agent's own counters (map of string to
+	// double). Values read from it are labelled self-reported.
+	VarSelfReported = "self_reported"
+)
+
+var (
+	envOnce sync.Once
+	env     *cel.Env
+	envErr  error
+)
+
+// Env is the CEL environment rules are compiled in: `observed` and
+// `self_reported`, the standard library, optional values (`.?key`,
+// `orValue`) and numeric comparisons across int and double.
+func Env() (*cel.Env, error) {
+	envOnce.Do(func() {
+		env, envErr = cel.NewEnv(
+			cel.Types(&tetherv1.StopRuleObservations{}),
+			cel.Variable(VarObserved, cel.ObjectType("tether.v1.StopRuleObservations")),
+			cel.Variable(VarSelfReported, cel.MapType(cel.StringType, cel.DoubleType)),
+			cel.OptionalTypes(),
+			cel.CrossTypeNumericComparisons(true),
+			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
+			cel.ParserRecursionLimit(32),
+		)
+	})
+	return env, envErr
+}
+
+// Compiled is a rule's expression, type-checked and cost-checked, ready to
+// evaluate. It is immutable and safe for concurrent use.
+type Compiled struct {
+	Expression string
+	// Cost is the worst-case cost estimate.
+	Cost    uint64
+	program cel.Program
+	// refs are the values the expression reads, for the record.
+	refs []ref
+	// UsesTime: the expression reads observed.age_seconds, which changes
+	// with the clock alone.
+	UsesTime bool
+	// UsesLeases, UsesRevocations: the expression reads observations the
+	// shell fetches only for rules that need them.
+	UsesLeases, UsesRevocations bool
+}
+
+// Compile parses, type-checks and cost-checks an expression. Errors wrap
+// ErrInvalidRule or ErrOverBudget and name the position (line:column).
+func Compile(expression string) (*Compiled, error) {
+	if strings.TrimSpace(expression) == "" {
+		return nil, fmt.Errorf("%w: expression is required", ErrInvalidRule)
+	}
+	if len(expression) > MaxExpressionBytes {
+		return nil, fmt.Errorf("%w: expression is %d bytes, more than %d", ErrInvalidRule, len(expression), MaxExpressionBytes)
+	}
+	e, err := Env()
+	if err != nil {
+		return nil, err
+	}
+	checked, issues := e.Compile(expression)
+	if issues != nil && issues.Err() != nil {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidRule, positions(issues))
+	}
+	if !checked.OutputType().IsExactType(cel.BoolType) {
+		return nil, fmt.Errorf("%w: 1:1: the expression is of type %s, want bool", ErrInvalidRule, checked.OutputType())
+	}
+	estimate, err := e.EstimateCost(checked, sizes{})
+	if err != nil {
+		return nil, fmt.Errorf("%w: cost: %v", ErrInvalidRule, err)
+	}
+	native := checked.NativeRep()
+	if estimate.Max > CostBudget {
+		return nil, fmt.Errorf("%w: the expression may cost %d, more than the budget of %d%s", ErrOverBudget, estimate.Max, CostBudget, loopPositions(native))
+	}
+	prg, err := e.Program(checked, cel.CostLimit(CostBudget), cel.EvalOptions(cel.OptOptimize))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+	}
+	c := &Compiled{Expression: expression, Cost: estimate.Max, program: prg, refs: references(native)}
+	for _, r := range c.refs {
+		switch r.field {
+		case "age_seconds":
+			c.UsesTime = true
+		case "leases_held", "leases_by_state":
+			c.UsesLeases = true
+		case "revocations":
+			c.UsesRevocations = true
+		}
+	}
+	return c, nil
+}
+
+// positions renders CEL's issues as "line:column: message; ...".
+func positions(issues *cel.Issues) string {
+	var parts []string
+	for _, e := range issues.Errors() {
+		loc := e.Location
+		parts = append(parts, fmt.Sprintf("%d:%d: %s", loc.Line(), loc.Column()+1, e.Message))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// loopPositions names where the expression's comprehensions (all, exists,
+// map, filter, ...) start: they are what makes a bounded expression cost
+// more than the budget.
+func loopPositions(a *ast.AST) string {
+	var locs []string
+	info := a.SourceInfo()
+	seen := map[string]bool{}
+	visit := func(e ast.Expr) {
+		if e.Kind() != ast.ComprehensionKind {
+			return
+		}
+		loc := info.GetStartLocation(e.ID())
+		s := fmt.Sprintf("%d:%d", loc.Line(), loc.Column()+1)
+		if !seen[s] {
+			seen[s] = true
+			locs = append(locs, s)
+		}
+	}
+	ast.PostOrderVisit(a.Expr(), ast.NewExprVisitor(visit))
+	if len(locs) == 0 {
+		return " (1:1)"
+	}
+	sort.Strings(locs)
+	return "; loops at " + strings.Join(locs, ", ")
+}
+
+var counterName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+
+// CheckCounters validates self-reported counters.
+func CheckCounters(counters map[string]float64) error {
+	if len(counters) > MaxCounters {
+		return fmt.Errorf("%w: counters: at most %d", ErrInvalidRule, MaxCounters)
+	}
+	for k, v := range counters {
+		if !counterName.MatchString(k) {
+			return fmt.Errorf("%w: counters: %q is not a counter name (1-63 of a-z, 0-9 and _, starting with a letter)", ErrInvalidRule, clip(k))
+		}
+		if v != v || v > 1e300 || v < -1e300 {
+			return fmt.Errorf("%w: counters[%s]: not a finite number", ErrInvalidRule, k)
+		}
+	}
+	return nil
+}
+
+// sizes bounds the environment's maps for the cost estimate.
+type sizes struct{}
+
+func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
+	path := n.Path()
+	if len(path) == 0 {
+		return nil
+	}
+	var max uint64
+	switch {
+	case path[0] == VarSelfReported:
+		max = MaxCounters
+	case path[0] == VarObserved && len(path) >= 2:
+		switch path[1] {
+		case "calls_by_tool", "failures_by_tool":
+			max = MaxTools + 1
+		case "calls_by_outcome", "leases_by_state":
+			max = 8
+		case "node_labels":
+			max = 32
+		case "node_name":
+			max = 63
+		default:
+			return nil
+		}
+		if len(path) > 2 { // a key or a value: a name
+			max = 128
+		}
+	default:
+		return nil
+	}
+	if path[0] == VarSelfReported && len(path) > 1 {
+		max = 63
+	}
+	return &checker.SizeEstimate{Min: 0, Max: max}
+}
+
+func (sizes) EstimateCallCost(string, string, *checker.AstNode, []checker.AstNode) *checker.CallEstimate {
+	return nil
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "…"
+	}
+	return s
+}

@@ -1,0 +1,239 @@
+package stoprule
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/google/cel-go/common/ast"
+	"github.com/google/cel-go/common/operators"
+	"github.com/google/cel-go/common/types"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Result is one evaluation of a rule against one node's snapshot.
+type Result struct {
+	// Fired: the expression evaluated to true.
+	Fired bool
+	// Values the expression read, from the same snapshot: set when the
+	// rule fired (ValuesOf reads them otherwise).
+	Values []*tetherv1.StopRuleValue
+	// Cost is what the evaluation cost, in CEL cost units.
+	Cost uint64
+	// Err is why the evaluation failed (a missing map key, the cost limit);
+	// a rule whose evaluation fails does not fire.
+	Err error
+}
+
+// SelfReported reports whether any value the rule read was self-reported.
+func (r Result) SelfReported() bool {
+	for _, v := range r.Values {
+		if v.SelfReported {
+			return true
+		}
+	}
+	return false
+}
+
+// Evaluate runs the rule against a snapshot of the node: what the control
+// plane observed, and the counters the agent reported. It is pure and
+// bounded: evaluation stops at CostBudget.
+func (c *Compiled) Evaluate(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) Result {
+	if observed == nil {
+		observed = &tetherv1.StopRuleObservations{}
+	}
+	if selfReported == nil {
+		selfReported = map[string]float64{}
+	}
+	out, details, err := c.program.Eval(map[string]any{VarObserved: observed, VarSelfReported: selfReported})
+	var r Result
+	if details != nil && details.ActualCost() != nil {
+		r.Cost = *details.ActualCost()
+	}
+	if err != nil {
+		r.Err = err
+		return r
+	}
+	r.Fired = out == types.True
+	if r.Fired {
+		r.Values = c.values(observed, selfReported)
+	}
+	return r
+}
+
+// ValuesOf reads the values the expression reads from a snapshot, as a
+// firing would report them (for TestStopRule, whether or not it fires).
+func (c *Compiled) ValuesOf(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+	if observed == nil {
+		observed = &tetherv1.StopRuleObservations{}
+	}
+	return c.values(observed, selfReported)
+}
+
+// ref is one value an expression reads: a field of `observed` or a key of
+// `self_reported`, with a constant map key when it has one.
+type ref struct {
+	variable, field, key string
+	hasKey               bool
+}
+
+func (r ref) name() string {
+	switch {
+	case r.variable == VarSelfReported && r.hasKey:
+		return VarSelfReported + "." + r.key
+	case r.variable == VarSelfReported:
+		return VarSelfReported
+	case r.hasKey:
+		return fmt.Sprintf("%s.%s[%s]", VarObserved, r.field, strconv.Quote(r.key))
+	}
+	return VarObserved + "." + r.field
+}
+
+// references finds the values an expression reads, in a stable order.
+func references(a *ast.AST) []ref {
+	var refs []ref
+	keyed := map[int64]bool{} // operands already named with their key
+	// observedField returns the field when e is `observed.<field>`.
+	observedField := func(e ast.Expr) (string, bool) {
+		if e.Kind() != ast.SelectKind {
+			return "", false
+		}
+		s := e.AsSelect()
+		if s.Operand().Kind() == ast.IdentKind && s.Operand().AsIdent() == VarObserved && !s.IsTestOnly() {
+			return s.FieldName(), true
+		}
+		return "", false
+	}
+	isSelf := func(e ast.Expr) bool { return e.Kind() == ast.IdentKind && e.AsIdent() == VarSelfReported }
+	constKey := func(e ast.Expr) (string, bool) {
+		if e.Kind() != ast.LiteralKind {
+			return "", false
+		}
+		s, ok := e.AsLiteral().(types.String)
+		return string(s), ok
+	}
+	visit := func(e ast.Expr) {
+		switch e.Kind() {
+		case ast.CallKind:
+			call := e.AsCall()
+			fn := call.FunctionName()
+			if (fn != operators.Index && fn != operators.OptIndex && fn != operators.OptSelect) || len(call.Args()) != 2 {
+				return
+			}
+			operand, key := call.Args()[0], call.Args()[1]
+			k, ok := constKey(key)
+			if !ok {
+				return
+			}
+			if f, ok := observedField(operand); ok {
+				refs = append(refs, ref{variable: VarObserved, field: f, key: k, hasKey: true})
+				keyed[operand.ID()] = true
+			} else if isSelf(operand) {
+				refs = append(refs, ref{variable: VarSelfReported, key: k, hasKey: true})
+				keyed[operand.ID()] = true
+			}
+		case ast.SelectKind:
+			s := e.AsSelect()
+			if isSelf(s.Operand()) {
+				refs = append(refs, ref{variable: VarSelfReported, key: s.FieldName(), hasKey: true})
+				keyed[s.Operand().ID()] = true
+			}
+		}
+	}
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(visit))
+	// Whole values: a field or the map read other than by a constant key.
+	wholes := func(e ast.Expr) {
+		if keyed[e.ID()] {
+			return
+		}
+		if f, ok := observedField(e); ok {
+			refs = append(refs, ref{variable: VarObserved, field: f})
+		} else if isSelf(e) {
+			refs = append(refs, ref{variable: VarSelfReported})
+		}
+	}
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(wholes))
+	sort.Slice(refs, func(i, j int) bool { return refs[i].name() < refs[j].name() })
+	out := refs[:0]
+	for i, r := range refs {
+		if i == 0 || r.name() != refs[i-1].name() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// values reads each reference from the snapshot.
+func (c *Compiled) values(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+	out := make([]*tetherv1.StopRuleValue, 0, len(c.refs))
+	m := observed.ProtoReflect()
+	for _, r := range c.refs {
+		v := &tetherv1.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
+		switch {
+		case r.variable == VarSelfReported && r.hasKey:
+			if x, ok := selfReported[r.key]; ok {
+				v.Value = formatFloat(x)
+			} else {
+				v.Value = "absent"
+			}
+		case r.variable == VarSelfReported:
+			v.Value = formatCounters(selfReported)
+		default:
+			fd := m.Descriptor().Fields().ByName(protoreflect.Name(r.field))
+			if fd == nil {
+				continue
+			}
+			val := m.Get(fd)
+			switch {
+			case fd.IsMap() && r.hasKey:
+				x := val.Map().Get(protoreflect.ValueOfString(r.key).MapKey())
+				if !x.IsValid() || !val.Map().Has(protoreflect.ValueOfString(r.key).MapKey()) {
+					v.Value = "absent"
+				} else {
+					v.Value = formatScalar(x)
+				}
+			case fd.IsMap():
+				v.Value = formatMap(val.Map())
+			default:
+				v.Value = formatScalar(val)
+			}
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func formatScalar(v protoreflect.Value) string {
+	switch x := v.Interface().(type) {
+	case float64:
+		return formatFloat(x)
+	case string:
+		return strconv.Quote(x)
+	default:
+		return fmt.Sprint(x)
+	}
+}
+
+func formatFloat(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+
+func formatMap(m protoreflect.Map) string {
+	var parts []string
+	m.Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
+		parts = append(parts, strconv.Quote(k.String())+": "+formatScalar(v))
+		return true
+	})
+	sort.Strings(parts)
+	return "{" + strings.Join(parts, ", ") + "}"
+}
+
+func formatCounters(m map[string]float64) string {
+	parts := make([]string, 0, len(m))
+	for k, v := range m {
+		parts = append(parts, strconv.Quote(k)+": "+formatFloat(v))
+	}
+	sort.Strings(parts)
+	return "{" + strings.Join(parts, ", ") + "}"
+}

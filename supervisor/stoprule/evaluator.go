@@ -1,0 +1,519 @@
+package stoprule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// activeRule is a stored rule with its compiled expression.
+type activeRule struct {
+	rule     *tetherv1.StopRule
+	compiled *Compiled
+}
+
+// nodeInfo is what the evaluator keeps of each running node to find the
+// rules in effect at it without reading the store.
+type nodeInfo struct {
+	ancestors []string
+	labels    map[string]string
+}
+
+// index is the evaluator's memory, rebuilt from the store each time Run
+// starts (after a restart or on gaining the lead).
+type index struct {
+	byNode    map[string][]*activeRule // attached to the node's subtree
+	selectors map[string]*activeRule   // by rule id
+	byID      map[string]*activeRule
+	nodes     map[string]nodeInfo // running nodes
+	children  map[string]map[string]bool
+	dirty     map[string]bool
+	retry     map[string]bool // failed evaluations, marked again at the next tick
+	timed     int             // rules evaluated every tick (polled)
+}
+
+// Poke makes Run evaluate the rules that read the clock now (tests that
+// move a manual clock call it).
+func (r *Rules) Poke() {
+	select {
+	case r.pokeChan() <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Rules) pokeChan() chan struct{} {
+	r.pokeOnce.Do(func() { r.poke = make(chan struct{}, 1) })
+	return r.poke
+}
+
+// Run is the level-triggered evaluator. It watches the rules, the
+// counters (observed and self-reported) and the tree, and evaluates the
+// rules in effect at a node whenever one of them changes; rules that read
+// the clock are evaluated again every Tick. It resumes from stored state,
+// so a rule that became true while no evaluator ran fires when Run starts.
+// It runs until ctx ends (leader-only: one evaluator per cluster).
+func (r *Rules) Run(ctx context.Context) error {
+	if r.Log == nil {
+		r.Log = slog.New(slog.DiscardHandler)
+	}
+	for {
+		err := r.run(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !errors.Is(err, store.ErrWatchLagged) {
+			return err
+		}
+		r.Log.Warn("stop rules: a watch fell behind; rescanning")
+	}
+}
+
+func (r *Rules) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Watch first, then scan: nothing written between the two is missed.
+	rulesW, err := r.Store.Watch(ctx, []byte(prefixAll))
+	if err != nil {
+		return err
+	}
+	nodesW, err := r.Store.Watch(ctx, []byte(prefixNode))
+	if err != nil {
+		return err
+	}
+	ix, err := r.load(ctx)
+	if err != nil {
+		return err
+	}
+	tick := r.Tick
+	if tick <= 0 {
+		tick = DefaultTick
+	}
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	poke := r.pokeChan()
+	for {
+		// Take what the watches hold, then evaluate a slice of the marked
+		// nodes, so that a long backlog never stops the watches from being
+		// read (a watcher that falls behind is ended and costs a rescan).
+		for drained := false; !drained; {
+			select {
+			case batch, ok := <-rulesW.Events():
+				if !ok {
+					return watchEnded(rulesW)
+				}
+				r.applyEvents(ix, batch)
+			case batch, ok := <-nodesW.Events():
+				if !ok {
+					return watchEnded(nodesW)
+				}
+				r.applyEvents(ix, batch)
+			default:
+				drained = true
+			}
+		}
+		if len(ix.dirty) > 0 {
+			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
+				return err
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case batch, ok := <-rulesW.Events():
+			if !ok {
+				return watchEnded(rulesW)
+			}
+			r.applyEvents(ix, batch)
+		case batch, ok := <-nodesW.Events():
+			if !ok {
+				return watchEnded(nodesW)
+			}
+			r.applyEvents(ix, batch)
+		case <-ticker.C:
+			ix.markTimed()
+			for id := range ix.retry {
+				ix.markNode(id)
+				delete(ix.retry, id)
+			}
+		case <-poke:
+			ix.markTimed()
+		}
+	}
+}
+
+// DefaultTick is how often polled rules are evaluated again: their values
+// change continuously, and each tick costs one evaluation per node they
+// apply to.
+const DefaultTick = 5 * time.Second
+
+// evaluateSlice is how many marked nodes are evaluated between two reads
+// of the watches.
+const evaluateSlice = 256
+
+func watchEnded(w store.Watcher) error {
+	if err := w.Err(); err != nil {
+		return err
+	}
+	return store.ErrWatchLagged
+}
+
+// load builds the index from the store: every rule, every running node,
+// and every running node marked for evaluation.
+func (r *Rules) load(ctx context.Context) (*index, error) {
+	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
+		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: map[string]bool{}, retry: map[string]bool{}}
+	var rules []*tetherv1.StopRule
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		if rules, err = allRules(tx); err != nil {
+			return err
+		}
+		return tx.Scan([]byte(prefixNode), nil, func(_, v []byte) error {
+			n := &tetherv1.Node{}
+			if err := proto.Unmarshal(v, n); err != nil {
+				return err
+			}
+			ix.putNode(n)
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, rule := range rules {
+		r.putRule(ix, rule)
+	}
+	for id := range ix.nodes {
+		ix.dirty[id] = true
+	}
+	return ix, nil
+}
+
+func (ix *index) putNode(n *tetherv1.Node) {
+	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		delete(ix.nodes, n.NodeId)
+		delete(ix.dirty, n.NodeId)
+		return
+	}
+	ix.nodes[n.NodeId] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
+	ix.dirty[n.NodeId] = true
+	if p := n.ParentNodeId; p != "" {
+		if ix.children[p] == nil {
+			ix.children[p] = map[string]bool{}
+		}
+		ix.children[p][n.NodeId] = true
+	}
+}
+
+// markSubtree marks the running nodes of root's subtree (a rule attached
+// there was added): a walk of the subtree, not of every node, so an agent
+// adding rules to itself costs in proportion to its own subtree.
+func (ix *index) markSubtree(root string) {
+	stack := []string{root}
+	for len(stack) > 0 {
+		id := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		ix.markNode(id)
+		for c := range ix.children[id] {
+			stack = append(stack, c)
+		}
+	}
+}
+
+func (r *Rules) putRule(ix *index, rule *tetherv1.StopRule) {
+	if _, ok := ix.byID[rule.RuleId]; ok {
+		return // rules never change once stored
+	}
+	c, err := r.compile(rule.Expression)
+	if err != nil {
+		// Checked when attached; a rule that no longer compiles (an older
+		// environment) never fires, and says so.
+		r.Log.Warn("stop rule does not compile; it will not fire", "rule_id", rule.RuleId, "error", err)
+		return
+	}
+	a := &activeRule{rule: rule, compiled: c}
+	ix.byID[rule.RuleId] = a
+	if a.polled() {
+		ix.timed++
+	}
+	if rule.NodeId != "" {
+		ix.byNode[rule.NodeId] = append(ix.byNode[rule.NodeId], a)
+	} else {
+		ix.selectors[rule.RuleId] = a
+	}
+	if rule.NodeId != "" {
+		ix.markSubtree(rule.NodeId)
+		return
+	}
+	for id, n := range ix.nodes {
+		if ix.appliesTo(a, id, n) {
+			ix.dirty[id] = true
+		}
+	}
+}
+
+// polled: the rule reads what changes without a store write the evaluator
+// watches (the clock; the leases and revocations, read at evaluation time),
+// so the nodes it applies to are evaluated again every tick.
+func (a *activeRule) polled() bool {
+	return a.compiled.UsesTime || a.compiled.UsesLeases || a.compiled.UsesRevocations
+}
+
+func (ix *index) removeRule(ruleID string) {
+	a, ok := ix.byID[ruleID]
+	if !ok {
+		return
+	}
+	delete(ix.byID, ruleID)
+	delete(ix.selectors, ruleID)
+	if a.polled() {
+		ix.timed--
+	}
+	if list := ix.byNode[a.rule.NodeId]; len(list) > 0 {
+		out := list[:0:0]
+		for _, x := range list {
+			if x != a {
+				out = append(out, x)
+			}
+		}
+		ix.byNode[a.rule.NodeId] = out
+	}
+}
+
+func (ix *index) appliesTo(a *activeRule, id string, n nodeInfo) bool {
+	if a.rule.NodeId == "" {
+		return supervisor.MatchLabels(n.labels, a.rule.Selector)
+	}
+	if a.rule.NodeId == id {
+		return true
+	}
+	for _, anc := range n.ancestors {
+		if anc == a.rule.NodeId {
+			return true
+		}
+	}
+	return false
+}
+
+// inEffect lists the rules in effect at a node: attached to it or an
+// ancestor, or selector rules matching it.
+func (ix *index) inEffect(id string, n nodeInfo) []*activeRule {
+	out := append([]*activeRule(nil), ix.byNode[id]...)
+	for _, anc := range n.ancestors {
+		out = append(out, ix.byNode[anc]...)
+	}
+	for _, a := range ix.selectors {
+		if supervisor.MatchLabels(n.labels, a.rule.Selector) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func (ix *index) markTimed() {
+	if ix.timed == 0 {
+		return
+	}
+	for id, n := range ix.nodes {
+		for _, a := range ix.inEffect(id, n) {
+			if a.polled() {
+				ix.dirty[id] = true
+				break
+			}
+		}
+	}
+}
+
+func (r *Rules) applyEvents(ix *index, batch []store.Event) {
+	for _, ev := range batch {
+		switch {
+		case isUnder(ev.Key, prefixRule):
+			if ev.Type == store.EventDelete {
+				ix.removeRule(tail(ev.Key, prefixRule))
+				continue
+			}
+			rule := &tetherv1.StopRule{}
+			if proto.Unmarshal(ev.Value, rule) == nil {
+				r.putRule(ix, rule)
+			}
+		case isUnder(ev.Key, prefixObs):
+			ix.markNode(tail(ev.Key, prefixObs))
+		case isUnder(ev.Key, prefixSelf):
+			ix.markNode(tail(ev.Key, prefixSelf))
+		case isUnder(ev.Key, prefixNode):
+			if ev.Type == store.EventDelete {
+				delete(ix.nodes, tail(ev.Key, prefixNode))
+				continue
+			}
+			n := &tetherv1.Node{}
+			if proto.Unmarshal(ev.Value, n) == nil {
+				ix.putNode(n)
+			}
+		}
+	}
+}
+
+func (ix *index) markNode(id string) {
+	if _, ok := ix.nodes[id]; ok {
+		ix.dirty[id] = true
+	}
+}
+
+// evaluateDirty evaluates up to limit marked nodes and clears their marks.
+func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
+	for id := range ix.dirty {
+		if limit--; limit < 0 {
+			return nil
+		}
+		delete(ix.dirty, id)
+		n, ok := ix.nodes[id]
+		if !ok {
+			continue
+		}
+		rules := ix.inEffect(id, n)
+		if len(rules) == 0 {
+			continue
+		}
+		if err := r.evaluateNode(ctx, id, rules); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, errFault) {
+				return err
+			}
+			r.Log.Warn("stop rules: evaluation failed; retrying at the next tick", "node_id", id, "error", err)
+			ix.retry[id] = true
+		}
+	}
+	return nil
+}
+
+var errFault = errors.New("stoprule: injected fault")
+
+// evaluateNode reads one consistent snapshot of the node and evaluates
+// every rule in effect that has not fired for it yet.
+func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) error {
+	start := time.Now()
+	var node *tetherv1.Node
+	var stored *tetherv1.StopRuleObservations
+	var self map[string]float64
+	fired := map[string]bool{}
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		if node, err = supervisor.GetNodeIn(tx, nodeID); err != nil {
+			return err
+		}
+		if stored, self, err = readNode(tx, nodeID); err != nil {
+			return err
+		}
+		p := firedPrefix(nodeID)
+		return tx.Scan(p, nil, func(k, _ []byte) error {
+			fired[tail(k, string(p))] = true
+			return nil
+		})
+	})
+	if errors.Is(err, supervisor.ErrNodeNotFound) {
+		return nil
+	}
+	if err != nil || node.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		return err
+	}
+	leases, revocations := false, false
+	for _, a := range rules {
+		leases = leases || a.compiled.UsesLeases
+		revocations = revocations || a.compiled.UsesRevocations
+	}
+	observed, err := r.snapshot(ctx, node, stored, leases, revocations)
+	if err != nil {
+		return err
+	}
+	r.stats.Nodes.Add(1)
+	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()
+	for _, a := range rules {
+		if fired[a.rule.RuleId] {
+			continue
+		}
+		r.stats.Evaluations.Add(1)
+		res := a.compiled.Evaluate(observed, self)
+		if !res.Fired {
+			continue
+		}
+		if err := r.file(ctx, node, a.rule, res); err != nil {
+			if errors.Is(err, supervisor.ErrAlreadyStopping) {
+				return nil // stopped meanwhile: nothing to propose
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// file writes the stop proposal of a rule that is true for the node, and
+// the rule's fired mark, in one transaction: a rule that fires once files
+// exactly one proposal, across crashes and leader changes.
+func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.StopRule, res Result) error {
+	if err := r.fault("before-file"); err != nil {
+		return err
+	}
+	firing := &tetherv1.StopRuleFiring{
+		RuleId: rule.RuleId, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
+		Labels: rule.Labels, RuleNodeId: rule.NodeId, NodeId: node.NodeId, Values: res.Values,
+		SelfReported: res.SelfReported(), FiredAt: timestamppb.New(r.Clock.Now()), Action: rule.Action,
+	}
+	mode := supervisor.ModeDrain
+	if rule.Action == ActionAbort {
+		mode = supervisor.ModeAbort
+	}
+	termID, filed := "", false
+	err := r.Store.Update(ctx, func(tx store.Txn) error {
+		termID, filed = "", false
+		if _, err := tx.Get(firedKey(node.NodeId, rule.RuleId)); err == nil {
+			return nil // fired already (another evaluation got there first)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		if _, err := tx.Get(ruleKey(rule.RuleId)); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return nil // removed meanwhile
+			}
+			return err
+		}
+		p, term, err := r.Supervisor.FileRuleProposal(tx, node.NodeId, firing, mode, r.Policy)
+		if err != nil {
+			return err
+		}
+		termID, filed = term, true
+		return tx.Put(firedKey(node.NodeId, rule.RuleId), []byte(p.ProposalId))
+	})
+	if err != nil {
+		return err
+	}
+	if filed {
+		r.stats.Fired.Add(1)
+		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleId, "rule", rule.Name, "node_id", node.NodeId, "termination_id", termID)
+	}
+	if termID != "" {
+		r.Supervisor.Kick(termID)
+	}
+	return r.fault("after-file")
+}
+
+func (r *Rules) fault(point string) error {
+	if r.Fault == nil {
+		return nil
+	}
+	if err := r.Fault(point); err != nil {
+		return fmt.Errorf("%w at %s: %w", errFault, point, err)
+	}
+	return nil
+}

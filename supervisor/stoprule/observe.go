@@ -1,0 +1,106 @@
+package stoprule
+
+import (
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// ApplyCall folds one ledger change into a node's stored observations:
+// before is the call as stored before the change (nil for a new call),
+// after as stored after it. Pure; the shell calls it inside the ledger's
+// own transaction, so the counters are exactly the ledger's.
+func ApplyCall(o *tetherv1.StopRuleObservations, before, after *tetherv1.ToolCall) {
+	if after == nil {
+		return
+	}
+	ended := after.State == tetherv1.CallState_CALL_STATE_ENDED
+	if before == nil {
+		if after.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+			bump(&o.CallsByOutcome, outcomeName(after.Resolution), 1)
+			return
+		}
+		o.Calls++
+		bump(&o.CallsByTool, toolKey(o.CallsByTool, after.Tool), 1)
+		o.CallsInFlight++
+		if !ended {
+			return
+		}
+	} else if before.State == tetherv1.CallState_CALL_STATE_ENDED || !ended {
+		return // a retried end, or a cancel order: nothing observed ends
+	}
+	o.CallsInFlight = max(o.CallsInFlight-1, 0)
+	bump(&o.CallsByOutcome, outcomeName(after.Resolution), 1)
+	if after.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED {
+		o.Failures++
+		bump(&o.FailuresByTool, toolKey(o.FailuresByTool, after.Tool), 1)
+	}
+	if after.BegunAt != nil && after.EndedAt != nil {
+		d := after.EndedAt.AsTime().Sub(after.BegunAt.AsTime())
+		if d > 0 {
+			s := d.Seconds()
+			o.CallSecondsTotal += s
+			o.CallSecondsMax = max(o.CallSecondsMax, s)
+		}
+	}
+}
+
+// ApplySpawn folds a spawn into the observations of the child's ancestors:
+// the parent spawned one more child, and every ancestor's subtree grew by
+// one node reaching (at least) the child's depth below it. get returns an
+// ancestor's stored observations for update.
+func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *tetherv1.StopRuleObservations) {
+	n := len(child.Ancestors)
+	for i, a := range child.Ancestors {
+		o := get(a)
+		if i == n-1 {
+			o.Spawns++
+		}
+		o.SubtreeSize = max(o.SubtreeSize, 1) + 1
+		o.SubtreeDepth = max(o.SubtreeDepth, int64(n-i))
+	}
+}
+
+// Snapshot completes a node's stored observations with what is read at
+// evaluation time: the node itself, its age on the control plane's clock,
+// and the lease and revocation counts when the shell fetched them. The
+// stored message is not modified.
+func Snapshot(stored *tetherv1.StopRuleObservations, n *tetherv1.Node, now time.Time) *tetherv1.StopRuleObservations {
+	o := &tetherv1.StopRuleObservations{}
+	if stored != nil {
+		o = proto.CloneOf(stored)
+	}
+	o.SubtreeSize = max(o.SubtreeSize, 1)
+	o.Depth = int64(len(n.Ancestors))
+	o.NodeName = n.Name
+	o.NodeLabels = n.Labels
+	if n.CreatedAt != nil {
+		o.AgeSeconds = max(now.Sub(n.CreatedAt.AsTime()).Seconds(), 0)
+	}
+	return o
+}
+
+func bump(m *map[string]int64, k string, by int64) {
+	if *m == nil {
+		*m = map[string]int64{}
+	}
+	(*m)[k] += by
+}
+
+// toolKey bounds the tools tracked per node: past MaxTools distinct tools,
+// the rest are counted as OtherTool.
+func toolKey(m map[string]int64, tool string) string {
+	if _, ok := m[tool]; ok || len(m) < MaxTools {
+		return tool
+	}
+	return OtherTool
+}
+
+func outcomeName(r tetherv1.CallResolution) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "CALL_RESOLUTION_"))
+}
+
+func cloneRule(r *tetherv1.StopRule) *tetherv1.StopRule { return proto.CloneOf(r) }

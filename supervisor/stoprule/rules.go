@@ -1,0 +1,510 @@
+package stoprule
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+// Store key layout.
+const (
+	prefixAll   = "stoprules/"
+	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → tetherv1.StopRule
+	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → tetherv1.StopRuleObservations (the stored counters)
+	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → tetherv1.ReportCountersResponse
+	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
+	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
+	prefixSel   = "stoprules/sel/"   // stoprules/sel/<rule id> → "" selector rules
+	prefixNode  = "agents/node/"     // the supervisor's nodes (watched)
+)
+
+func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
+func onPrefix(node string) []byte    { return []byte(prefixOn + node + "/") }
+func onKey(node, rule string) []byte { return []byte(prefixOn + node + "/" + rule) }
+func selKey(rule string) []byte      { return []byte(prefixSel + rule) }
+
+// indexKey is where a rule is listed by what it is attached to.
+func indexKey(r *tetherv1.StopRule) []byte {
+	if r.NodeId != "" {
+		return onKey(r.NodeId, r.RuleId)
+	}
+	return selKey(r.RuleId)
+}
+func obsKey(node string) []byte           { return []byte(prefixObs + node) }
+func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
+func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
+func firedKey(node, rule string) []byte   { return []byte(prefixFired + node + "/" + rule) }
+func isUnder(key []byte, p string) bool   { return strings.HasPrefix(string(key), p) }
+func tail(key []byte, p string) string    { return string(key[len(p):]) }
+func keyNode(key []byte, p string) string { n, _, _ := strings.Cut(tail(key, p), "/"); return n }
+
+// LeaseLister is the lease coordinator as the rules read it.
+type LeaseLister interface {
+	List(ctx context.Context, holder, after string, limit int) ([]lease.Lease, string, error)
+}
+
+// Rules is the stop-rule shell: it stores rules, keeps each node's
+// observed counters (as the supervisor's Observer), stores self-reported
+// counters, and (Run) evaluates the rules in effect at a node whenever
+// what they read changes, filing one stop proposal per rule and node.
+type Rules struct {
+	Store      store.Store
+	Clock      clock.Clock
+	Supervisor *supervisor.Supervisor
+	// Policy decides the proposals rules file (supervisor.ProposalPolicy).
+	Policy supervisor.ProposalPolicy
+	Leases LeaseLister             // nil: no lease observations
+	Grants supervisor.GrantRevoker // nil: no revocation observations
+	Log    *slog.Logger
+	// Tick is how often rules that read the clock (observed.age_seconds),
+	// the leases or the revocations are evaluated again; zero means
+	// DefaultTick.
+	Tick time.Duration
+	// Fault, when set, is called at "before-file" (a rule is true and its
+	// proposal is about to be written) and "after-file" (written); its
+	// error stops Run as a crash would. Tests only.
+	Fault func(point string) error
+
+	compiledMu sync.Mutex
+	compiled   map[string]*Compiled // by expression
+	stats      Stats
+	poke       chan struct{}
+	pokeOnce   sync.Once
+}
+
+// Stats count the evaluator's work (for the benchmark).
+type Stats struct {
+	Evaluations, Nodes, Fired atomic.Int64
+	EvalNanos                 atomic.Int64
+}
+
+// Stats returns the evaluator's counters.
+func (r *Rules) Stats() *Stats { return &r.stats }
+
+func (r *Rules) compile(expression string) (*Compiled, error) {
+	r.compiledMu.Lock()
+	defer r.compiledMu.Unlock()
+	if c, ok := r.compiled[expression]; ok {
+		return c, nil
+	}
+	c, err := Compile(expression)
+	if err != nil {
+		return nil, err
+	}
+	if r.compiled == nil || len(r.compiled) > 4096 {
+		r.compiled = map[string]*Compiled{}
+	}
+	r.compiled[expression] = c
+	return c, nil
+}
+
+// Add validates, compiles and stores a rule for actor. The rule's
+// node_id or selector, name, expression, action, severity, labels and
+// description are taken from in; the rest is set here.
+func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tetherv1.StopRule, *Compiled, error) {
+	rule := &tetherv1.StopRule{
+		RuleId: id.New(id.StopRule), Name: in.Name, Expression: in.Expression, Action: in.Action,
+		SetBy: a.ID, NodeId: in.NodeId, Selector: in.Selector, Severity: in.Severity, Labels: in.Labels,
+		Description: in.Description, CreatedAt: timestamppb.New(r.Clock.Now()),
+	}
+	if rule.NodeId != "" {
+		if err := id.Check(id.Node, "node_id", rule.NodeId); err != nil {
+			return nil, nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+		}
+	}
+	if err := Validate(rule); err != nil {
+		return nil, nil, err
+	}
+	if rule.Action == "" {
+		rule.Action = ActionPropose
+	}
+	c, err := r.compile(rule.Expression)
+	if err != nil {
+		return nil, nil, err
+	}
+	err = r.Store.Update(ctx, func(tx store.Txn) error {
+		var target *tetherv1.Node
+		if rule.NodeId != "" {
+			n, err := supervisor.GetNodeIn(tx, rule.NodeId)
+			if err != nil {
+				return err
+			}
+			target = n
+		}
+		if err := CheckAttach(a, target); err != nil {
+			return err
+		}
+		// Only the rules that can matter are read: those attached to the
+		// target and its ancestors, and the selector rules (each set at
+		// most MaxRulesPerNode), never every rule.
+		own, err := rulesIndexed(tx, prefixOn+rule.NodeId+"/")
+		if rule.NodeId == "" {
+			own, err = rulesIndexed(tx, prefixSel)
+		}
+		if err != nil {
+			return err
+		}
+		attached := len(own)
+		inEffect := own
+		if target != nil {
+			inEffect, err = rulesInEffect(tx, target)
+			if err != nil {
+				return err
+			}
+		}
+		if attached >= MaxRulesPerNode {
+			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
+		}
+		if err := CheckName(inEffect, rule.Name); err != nil {
+			return err
+		}
+		if err := tx.Put(indexKey(rule), nil); err != nil {
+			return err
+		}
+		return putProto(tx, ruleKey(rule.RuleId), rule)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return rule, c, nil
+}
+
+// Remove removes a rule, if actor may (CheckRemove).
+func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*tetherv1.StopRule, error) {
+	if err := id.Check(id.StopRule, "rule_id", ruleID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+	}
+	var rule *tetherv1.StopRule
+	err := r.Store.Update(ctx, func(tx store.Txn) error {
+		rule = &tetherv1.StopRule{}
+		if err := getProto(tx, ruleKey(ruleID), rule); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
+			}
+			return err
+		}
+		var setter *tetherv1.Node
+		if n := SetterNode(rule); n != "" {
+			s, err := supervisor.GetNodeIn(tx, n)
+			if err != nil && !errors.Is(err, supervisor.ErrNodeNotFound) {
+				return err
+			}
+			setter = s
+		}
+		if err := CheckRemove(a, rule, setter); err != nil {
+			return err
+		}
+		if err := tx.Delete(indexKey(rule)); err != nil {
+			return err
+		}
+		return tx.Delete(ruleKey(ruleID))
+	})
+	return rule, err
+}
+
+// List returns the rules in effect at nodeID (its own, inherited and
+// selector rules matching it), or every rule when nodeID is empty
+// (operators only).
+func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*tetherv1.StopRule, error) {
+	if nodeID == "" && a.IsAgent() {
+		return nil, fmt.Errorf("%w: agent %s must name a node_id of its subtree", ErrDenied, a.NodeID)
+	}
+	var out []*tetherv1.StopRule
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
+		if nodeID == "" {
+			var err error
+			out, err = allRules(tx)
+			return err
+		}
+		n, err := r.readable(tx, a, nodeID)
+		if err != nil {
+			return err
+		}
+		rules, err := rulesInEffect(tx, n)
+		out = InEffect(rules, n)
+		return err
+	})
+	return out, err
+}
+
+func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tetherv1.Node, error) {
+	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+	}
+	n, err := supervisor.GetNodeIn(tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	return n, CheckRead(a, n)
+}
+
+// TestResult is what Test answers.
+type TestResult struct {
+	Result
+	Observed     *tetherv1.StopRuleObservations
+	SelfReported map[string]float64
+}
+
+// Test evaluates an expression (or a stored rule's) against the node's
+// current observations, without acting.
+func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID string) (TestResult, error) {
+	if ruleID != "" {
+		if err := id.Check(id.StopRule, "rule_id", ruleID); err != nil {
+			return TestResult{}, fmt.Errorf("%w: %v", ErrInvalidRule, err)
+		}
+	}
+	var n *tetherv1.Node
+	var stored *tetherv1.StopRuleObservations
+	var self map[string]float64
+	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		if n, err = r.readable(tx, a, nodeID); err != nil {
+			return err
+		}
+		if ruleID != "" {
+			rule := &tetherv1.StopRule{}
+			if err := getProto(tx, ruleKey(ruleID), rule); err != nil {
+				if errors.Is(err, store.ErrNotFound) {
+					return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
+				}
+				return err
+			}
+			expression = rule.Expression
+		}
+		stored, self, err = readNode(tx, nodeID)
+		return err
+	})
+	if err != nil {
+		return TestResult{}, err
+	}
+	c, err := r.compile(expression)
+	if err != nil {
+		return TestResult{}, err
+	}
+	observed, err := r.snapshot(ctx, n, stored, c.UsesLeases, c.UsesRevocations)
+	if err != nil {
+		return TestResult{}, err
+	}
+	res := c.Evaluate(observed, self)
+	res.Values = c.ValuesOf(observed, self)
+	return TestResult{Result: res, Observed: observed, SelfReported: self}, nil
+}
+
+// Report records counters an agent reports about its own node: each value
+// replaces the counter's earlier one.
+func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map[string]float64) (map[string]float64, error) {
+	if nodeID == "" {
+		nodeID = a.NodeID
+	}
+	if !a.IsAgent() || nodeID != a.NodeID {
+		return nil, fmt.Errorf("%w: counters are reported by the agent about itself only (node_id %s)", ErrDenied, nodeID)
+	}
+	if err := CheckCounters(counters); err != nil {
+		return nil, err
+	}
+	var out map[string]float64
+	err := r.Store.Update(ctx, func(tx store.Txn) error {
+		if _, err := supervisor.GetNodeIn(tx, nodeID); err != nil {
+			return err
+		}
+		cur := &tetherv1.ReportCountersResponse{}
+		if err := getProto(tx, selfKey(nodeID), cur); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		if cur.Counters == nil {
+			cur.Counters = map[string]float64{}
+		}
+		maps.Copy(cur.Counters, counters)
+		if len(cur.Counters) > MaxCounters {
+			return fmt.Errorf("%w: counters: at most %d per node", ErrInvalidRule, MaxCounters)
+		}
+		out = cur.Counters
+		return putProto(tx, selfKey(nodeID), cur)
+	})
+	return out, err
+}
+
+// ObserveCall implements supervisor.Observer: it folds the call into its
+// node's counters inside the ledger's transaction.
+func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) error {
+	o, err := storedObs(tx, after.NodeId)
+	if err != nil {
+		return err
+	}
+	ApplyCall(o, before, after)
+	return putProto(tx, obsKey(after.NodeId), o)
+}
+
+// ObserveSpawn implements supervisor.Observer: the parent's spawns and
+// every ancestor's subtree size and depth, in the spawn's transaction.
+func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
+	loaded := map[string]*tetherv1.StopRuleObservations{}
+	var firstErr error
+	ApplySpawn(child, func(nodeID string) *tetherv1.StopRuleObservations {
+		o, err := storedObs(tx, nodeID)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		loaded[nodeID] = o
+		return o
+	})
+	if firstErr != nil {
+		return firstErr
+	}
+	for nodeID, o := range loaded {
+		if err := putProto(tx, obsKey(nodeID), o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// snapshot completes the stored counters with the node, the clock, and
+// (when asked) the leases and revocations.
+func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1.StopRuleObservations, leases, revocations bool) (*tetherv1.StopRuleObservations, error) {
+	o := Snapshot(stored, n, r.Clock.Now())
+	if leases && r.Leases != nil {
+		ls, _, err := r.Leases.List(ctx, n.NodeId, "", 1000)
+		if err != nil {
+			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeId, err)
+		}
+		for _, l := range ls {
+			bump(&o.LeasesByState, strings.ToLower(l.State.String()), 1)
+			if l.State == lease.StateOffered || l.State == lease.StateActive {
+				o.LeasesHeld++
+			}
+		}
+	}
+	if revocations && r.Grants != nil {
+		held, err := r.Grants.HeldBy(ctx, []string{n.NodeId})
+		if err != nil {
+			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeId, err)
+		}
+		for _, g := range held {
+			if g.Outcome == supervisor.OutcomeRevoked {
+				o.Revocations++
+			}
+		}
+	}
+	return o, nil
+}
+
+// rulesInEffect reads the rules that may be in effect at n: attached to n
+// or an ancestor, and the selector rules (InEffect keeps those matching).
+func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*tetherv1.StopRule, error) {
+	out, err := rulesIndexed(tx, prefixSel)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeId) {
+		rs, err := rulesIndexed(tx, prefixOn+id+"/")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rs...)
+	}
+	kept := out[:0]
+	for _, r := range out {
+		if Applies(r, n) {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// rulesIndexed reads the rules listed under an index prefix.
+func rulesIndexed(tx store.ReadTxn, prefix string) ([]*tetherv1.StopRule, error) {
+	var ids []string
+	if err := tx.Scan([]byte(prefix), nil, func(k, _ []byte) error {
+		ids = append(ids, tail(k, prefix))
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := store.Prefetch(tx, keysOf(ids), nil); err != nil {
+		return nil, err
+	}
+	out := make([]*tetherv1.StopRule, 0, len(ids))
+	for _, id := range ids {
+		r := &tetherv1.StopRule{}
+		if err := getProto(tx, ruleKey(id), r); err != nil {
+			return nil, fmt.Errorf("stoprule: index names rule %s: %w", id, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func keysOf(ids []string) [][]byte {
+	out := make([][]byte, len(ids))
+	for i, id := range ids {
+		out[i] = ruleKey(id)
+	}
+	return out
+}
+
+func allRules(tx store.ReadTxn) ([]*tetherv1.StopRule, error) {
+	var out []*tetherv1.StopRule
+	err := tx.Scan([]byte(prefixRule), nil, func(_, v []byte) error {
+		rule := &tetherv1.StopRule{}
+		if err := proto.Unmarshal(v, rule); err != nil {
+			return err
+		}
+		out = append(out, rule)
+		return nil
+	})
+	return out, err
+}
+
+// readNode reads a node's stored counters and self-reported counters.
+func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, map[string]float64, error) {
+	o, err := storedObs(tx, nodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	self := &tetherv1.ReportCountersResponse{}
+	if err := getProto(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, nil, err
+	}
+	return o, self.Counters, nil
+}
+
+func storedObs(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, error) {
+	o := &tetherv1.StopRuleObservations{}
+	if err := getProto(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	return o, nil
+}
+
+func putProto(tx store.Txn, key []byte, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return tx.Put(key, b)
+}
+
+func getProto(tx store.ReadTxn, key []byte, m proto.Message) error {
+	b, err := tx.Get(key)
+	if err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, m)
+}
