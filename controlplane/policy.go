@@ -38,6 +38,7 @@ func Policy() auth.Policy {
 		tetherv1connect.ToolServiceEndCallProcedure:      auth.OperateOrAgent,
 		tetherv1connect.ToolServiceCancelAckProcedure:    auth.OperateOrAgent,
 		tetherv1connect.ToolServiceWatchCancelsProcedure: auth.OperateOrAgent,
+		tetherv1connect.ToolServiceListCallsProcedure:    auth.ReadOperators,
 
 		tetherv1connect.SupervisorServiceTerminateProcedure:         auth.Stop,
 		tetherv1connect.SupervisorServiceGetTerminationProcedure:    auth.Read,
@@ -47,6 +48,7 @@ func Policy() auth.Policy {
 		tetherv1connect.SupervisorServiceDecideProposalProcedure:    auth.Operate,
 		tetherv1connect.SupervisorServiceListProposalsProcedure:     auth.ReadOperators,
 		tetherv1connect.SupervisorServiceRegisterPrivilegeProcedure: auth.OperateOrAgent,
+		tetherv1connect.SupervisorServiceListPrivilegesProcedure:    auth.ReadOperators,
 		tetherv1connect.SupervisorServiceRolloutProcedure:           auth.Operate,
 		tetherv1connect.SupervisorServiceGetRolloutProcedure:        auth.ReadOperators,
 		tetherv1connect.SupervisorServiceListRolloutsProcedure:      auth.ReadOperators,
