@@ -334,8 +334,9 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		again(http.StatusServiceUnavailable, "The console holds as many sessions as it may; try again when some have ended.")
 		return
 	}
+	// A browser-session cookie: the server decides when the session ends.
 	http.SetCookie(w, &http.Cookie{
-		Name: cookieName(r), Value: s.id, Path: "/", Expires: expires,
+		Name: cookieName(r), Value: s.id, Path: "/",
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode,
 	})
 	http.Redirect(w, r, "/ui/tree", http.StatusSeeOther)
