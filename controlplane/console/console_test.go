@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/csv"
 	"encoding/json"
@@ -327,5 +328,62 @@ func TestRecordAndEvidenceDownloads(t *testing.T) {
 	rrows, _ := csv.NewReader(strings.NewReader(rejected.body)).ReadAll()
 	if len(rrows) != 2 || !strings.HasPrefix(rrows[1][16], "REJECTED") {
 		t.Fatalf("rejected rows: %q", rrows)
+	}
+}
+
+func TestTerminationProgressIsStreamed(t *testing.T) {
+	w := newWorld(t)
+	term, err := w.admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{NodeId: w.nodes["worker-2"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := term.Msg.Termination.TerminationId
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	req, _ := http.NewRequest("GET", w.srv.URL+"/ui/terminations/"+id+"/events", nil)
+	resp, err := b.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
+		t.Fatalf("events: %d %s", resp.StatusCode, ct)
+	}
+	events := make(chan map[string]any)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(resp.Body)
+		event := ""
+		for sc.Scan() {
+			line := sc.Text()
+			if e, ok := strings.CutPrefix(line, "event: "); ok {
+				event = e
+			}
+			if data, ok := strings.CutPrefix(line, "data: "); ok && event == "termination" {
+				var m map[string]any
+				_ = json.Unmarshal([]byte(data), &m)
+				events <- m
+			}
+		}
+	}()
+	first := <-events
+	if first["id"] != id {
+		t.Fatalf("first event: %v", first)
+	}
+	// The termination moves (an exit is confirmed, then the timeout passes):
+	// each move arrives on the stream, up to terminated with the record.
+	if _, err := w.admin.Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.nodes["worker-2"].NodeId})); err != nil {
+		t.Fatal(err)
+	}
+	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	var last map[string]any
+	for m := range events {
+		last = m
+		if m["state"] == "terminated" && m["record_id"] != "" {
+			break
+		}
+	}
+	if last["state"] != "terminated" || last["confirmations"] != float64(1) {
+		t.Fatalf("last event: %v", last)
 	}
 }

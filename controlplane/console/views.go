@@ -40,6 +40,7 @@ type treeData struct {
 	State    string
 	Root     string
 	Open     string
+	Large    bool // not every level is open
 	Counts   map[string]int
 }
 
@@ -89,6 +90,7 @@ func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 			openDepth = n
 		}
 	}
+	d.Large = openDepth < 1<<30
 	d.Roots = buildTree(nodes, openDepth)
 	c.render(w, r, s, http.StatusOK, "tree", "Agent tree", d)
 }
