@@ -142,6 +142,13 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	screenshot(t, ctx, "tree")
 
+	// The rogue's page: its grant's chain and revokers, its lock, its call.
+	run(t, ctx, "the rogue's node page",
+		chromedp.Navigate(base+"/ui/nodes/"+ids("rogue")),
+		chromedp.WaitVisible(chromedp.CSS("#calls")),
+	)
+	screenshot(t, ctx, "node")
+
 	// Terminate worker-1's subtree with abort.
 	run(t, ctx, "terminate worker-1 with abort",
 		chromedp.Navigate(base+"/ui/nodes/"+ids("worker-1")),
@@ -152,17 +159,25 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.WaitVisible(chromedp.CSS("#termination")),
 	)
 	termID := get(t, ctx, "the termination page", chromedp.AttributeValue(chromedp.CSS("#termination"), "data-id")).Value
-	// The subtree reaches reconciling: every credential is revoked and the
-	// supervisor waits for exit confirmations. The page follows it live.
+	// Abort cancels the rogue's call; its gate never acknowledges. The page
+	// follows the termination live.
+	w.waitTermination(t, termID, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	run(t, ctx, "the page shows aborting with a cancel pending",
+		chromedp.WaitVisible(chromedp.CSS("#term-state.t-aborting")),
+		chromedp.Poll[chromedp.Void](`document.querySelector('[data-field="acks_pending"]').textContent === "1"`),
+	)
+	screenshot(t, ctx, "termination")
+	// The cancel-ack timeout passes (manual clock): every credential below is
+	// revoked and the supervisor waits for exit confirmations.
+	w.clk.Advance(time.Hour)
 	w.waitTermination(t, termID, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	run(t, ctx, "the page shows reconciling", chromedp.WaitVisible(chromedp.CSS("#term-state.t-reconciling")))
 	for _, n := range []string{"worker-1", "helper"} {
 		if _, err := w.admin.Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: ids(n)})); err != nil {
 			t.Fatal(err)
 		}
 	}
-	run(t, ctx, "the page shows reconciling", chromedp.WaitVisible(chromedp.CSS("#term-state.t-reconciling")))
-	screenshot(t, ctx, "termination")
-	// The rogue never confirms; the confirm timeout passes (manual clock).
+	// The rogue never confirms; the confirm timeout passes.
 	w.clk.Advance(time.Hour)
 	w.waitTermination(t, termID, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	run(t, ctx, "the page shows terminated and the record",

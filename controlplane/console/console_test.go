@@ -279,6 +279,8 @@ func TestRecordAndEvidenceDownloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := term.Msg.Termination.TerminationId
+	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(time.Hour) // the rogue's gate never acknowledges the cancel
 	w.waitTermination(t, id, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	for _, n := range []string{"worker-1", "helper"} {
 		if _, err := w.admin.Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.nodes[n].NodeId})); err != nil {
@@ -299,6 +301,11 @@ func TestRecordAndEvidenceDownloads(t *testing.T) {
 	}
 	if strings.Contains(rec.body, `data-node="`+w.nodes["helper"].NodeId+`"`) {
 		t.Fatal("the helper, which confirmed its exit, is marked unaccounted")
+	}
+	for _, want := range []string{`id="unresolved-calls"`, "cancel_unacknowledged", `id="failed-revocations"`, "webhook answered 503", "/data/train.lock"} {
+		if !strings.Contains(rec.body, want) {
+			t.Errorf("the record page does not show %s", want)
+		}
 	}
 	list := b.get("/ui/records")
 	if !strings.Contains(list.body, done.RecordId) || !strings.Contains(list.body, `class="attention"`) {
@@ -385,5 +392,39 @@ func TestTerminationProgressIsStreamed(t *testing.T) {
 	}
 	if last["state"] != "terminated" || last["confirmations"] != float64(1) {
 		t.Fatalf("last event: %v", last)
+	}
+}
+
+func TestNodePageShowsCallsInFlightAndPrivileges(t *testing.T) {
+	w := newWorld(t)
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	p := b.get("/ui/nodes/" + w.nodes["rogue"].NodeId)
+	if p.status != http.StatusOK {
+		t.Fatalf("node page: %d\n%s", p.status, p.body)
+	}
+	for _, want := range []string{
+		"Tool calls in flight (1)", "gate-http", "in_flight",
+		"Privileges (1)", "/data/train.lock", "file_lock", "webhook",
+		"Grants (1)", w.grants["planner"] + "</code></a> → ", w.grants["worker-1"] + "</code></a> → <code>" + w.grants["rogue"],
+		"agent:" + w.nodes["worker-1"].NodeId, // a revoker: the issuer of the rogue's grant
+	} {
+		if !strings.Contains(p.body, want) {
+			t.Errorf("the rogue's node page does not show %q", want)
+		}
+	}
+	if strings.Contains(p.body, "s3cr3t-webhook-key") {
+		t.Fatal("the node page shows the privilege's revoke_url")
+	}
+	// The RPCs behind the page: operators only, and no revoke_url.
+	privs, err := w.admin.Supervisor.ListPrivileges(context.Background(), connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: w.nodes["rogue"].NodeId}))
+	if err != nil || len(privs.Msg.Privileges) != 1 || privs.Msg.Privileges[0].Revoker != "webhook" || strings.Contains(privs.Msg.String(), "s3cr3t") {
+		t.Fatalf("ListPrivileges: %v %v", privs.Msg, err)
+	}
+	if _, err := w.srv.Clients(w.creds["rogue"]).Tool.ListCalls(context.Background(), connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.nodes["rogue"].NodeId})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("an agent listed calls: %v", err)
+	}
+	if _, err := w.admin.Tool.ListCalls(context.Background(), connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: "n_doesnotexist0000000000"})); connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeInvalidArgument {
+		t.Fatalf("ListCalls of a missing node: %v", err)
 	}
 }

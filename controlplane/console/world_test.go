@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
@@ -13,6 +14,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
@@ -24,7 +26,8 @@ import (
 //	planner
 //	├── worker-1          (holds job-1)
 //	│   ├── helper
-//	│   └── rogue         (never confirms its exit)
+//	│   └── rogue         (a tool call in flight, a lock whose revocation
+//	│                      webhook fails; never confirms its exit)
 //	└── worker-2
 //
 // and grants delegated down it by the agents themselves.
@@ -35,13 +38,15 @@ type world struct {
 	nodes  map[string]*tetherv1.Node
 	creds  map[string]string
 	grants map[string]string // holder name → grant id
+	tokens map[string]string // holder name → capability token
+	lockHook *httptest.Server // the lock service: refuses every revocation
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	clk := clock.NewManual(time.Date(2026, 3, 2, 9, 30, 0, 0, time.UTC))
 	srv := testserver.Start(t, testserver.WithClock(clk))
-	w := &world{srv: srv, clk: clk, admin: srv.AdminClients(), nodes: map[string]*tetherv1.Node{}, creds: map[string]string{}, grants: map[string]string{}}
+	w := &world{srv: srv, clk: clk, admin: srv.AdminClients(), nodes: map[string]*tetherv1.Node{}, creds: map[string]string{}, grants: map[string]string{}, tokens: map[string]string{}}
 	ctx := context.Background()
 	root, err := w.admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner", Labels: map[string]string{"team": "research"}}))
 	if err != nil {
@@ -77,7 +82,22 @@ func newWorld(t *testing.T) *world {
 		if err != nil {
 			t.Fatalf("delegate to %s: %v", d.to, err)
 		}
-		w.grants[d.to] = resp.Msg.Grant.GrantId
+		w.grants[d.to], w.tokens[d.to] = resp.Msg.Grant.GrantId, resp.Msg.Token
+	}
+	// The rogue holds a lock (revoked by a webhook that answers 503) and
+	// has a call in flight, begun by a tool server's gate.
+	w.lockHook = httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		http.Error(rw, "lock service unavailable", http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(w.lockHook.Close)
+	if _, err := w.admin.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+		NodeId: w.nodes["rogue"].NodeId, GrantId: w.grants["rogue"], Kind: "file_lock", ExternalId: "/data/train.lock",
+		ExpiresAt: timestamppb.New(clk.Now().Add(24 * time.Hour)), RevokeUrl: w.lockHook.URL + "/unlock?key=s3cr3t-webhook-key",
+	})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.tokens["rogue"], Tool: "http", GateId: "gate-http"})); err != nil {
+		t.Fatal(err)
 	}
 	// job-1: offered to worker-1, acknowledged, then a stale acknowledgement
 	// of a generation that does not exist (a rejected row in the matrix).
