@@ -32,14 +32,14 @@ import (
 //
 // and grants delegated down it by the agents themselves.
 type world struct {
-	srv    *testserver.Server
-	clk    *clock.Manual
-	admin  *testserver.Clients
-	nodes  map[string]*tetherv1.Node
-	creds  map[string]string
-	grants map[string]string // holder name → grant id
-	tokens map[string]string // holder name → capability token
-	lockHook *httptest.Server // the lock service: refuses every revocation
+	srv      *testserver.Server
+	clk      *clock.Manual
+	admin    *testserver.Clients
+	nodes    map[string]*tetherv1.Node
+	creds    map[string]string
+	grants   map[string]string // holder name → grant id
+	tokens   map[string]string // holder name → capability token
+	lockHook *httptest.Server  // the lock service: refuses every revocation
 }
 
 func newWorld(t *testing.T) *world {
