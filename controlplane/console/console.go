@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -61,6 +62,7 @@ type session struct {
 	csrf      string
 	principal string
 	role      tetherv1.Role
+	created   time.Time
 	expires   time.Time
 	clients   *clients
 }
@@ -246,6 +248,10 @@ func (c *Console) page(h func(http.ResponseWriter, *http.Request, *session)) htt
 	})
 }
 
+// maxSessionsPerPrincipal bounds the sessions one operator identity holds
+// at once; signing in again beyond it ends the oldest.
+const maxSessionsPerPrincipal = 32
+
 // maxFormBytes bounds a posted form.
 const maxFormBytes = 64 << 10
 
@@ -318,11 +324,27 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	if e := who.Msg.ExpiresAt; e != nil && e.AsTime().Before(expires) {
 		expires = e.AsTime()
 	}
-	s := &session{id: randomID(), csrf: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, expires: expires, clients: cl}
+	s := &session{id: randomID(), csrf: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, created: now, expires: expires, clients: cl}
 	c.mu.Lock()
+	// Drop expired sessions, the one this browser had, and the oldest of
+	// this principal's beyond maxSessionsPerPrincipal (one token cannot
+	// fill the table and lock everybody else out).
+	if old, err := r.Cookie(cookieName(r)); err == nil {
+		delete(c.sessions, old.Value)
+	}
+	var mine []*session
 	for id, old := range c.sessions {
-		if !now.Before(old.expires) {
+		switch {
+		case !now.Before(old.expires):
 			delete(c.sessions, id)
+		case old.principal == s.principal:
+			mine = append(mine, old)
+		}
+	}
+	if len(mine) >= maxSessionsPerPrincipal {
+		sort.Slice(mine, func(i, j int) bool { return mine[i].created.Before(mine[j].created) })
+		for _, old := range mine[:len(mine)-maxSessionsPerPrincipal+1] {
+			delete(c.sessions, old.id)
 		}
 	}
 	full := len(c.sessions) >= c.cfg.MaxSessions

@@ -331,6 +331,16 @@ func TestRecordAndEvidenceDownloads(t *testing.T) {
 	if len(rows) < 4 {
 		t.Fatalf("evidence rows: %d, want offer, ack, the rejected ack and the cancellation", len(rows)-1)
 	}
+	for _, row := range rows[1:] {
+		for _, cell := range row {
+			if strings.HasPrefix(cell, "=") {
+				t.Fatalf("a cell the agent wrote is a live spreadsheet formula: %q", cell)
+			}
+		}
+	}
+	if !strings.Contains(ev.body, `=HYPERLINK(""http://evil.example""`) {
+		t.Fatalf("the agent's progress value is not in the CSV:\n%s", ev.body)
+	}
 	rejected := b.get("/ui/jobs/job-1/evidence/csv?outcome=rejected")
 	rrows, _ := csv.NewReader(strings.NewReader(rejected.body)).ReadAll()
 	if len(rrows) != 2 || !strings.HasPrefix(rrows[1][16], "REJECTED") {
@@ -426,5 +436,23 @@ func TestNodePageShowsCallsInFlightAndPrivileges(t *testing.T) {
 	}
 	if _, err := w.admin.Tool.ListCalls(context.Background(), connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: "n_doesnotexist0000000000"})); connect.CodeOf(err) != connect.CodeNotFound && connect.CodeOf(err) != connect.CodeInvalidArgument {
 		t.Fatalf("ListCalls of a missing node: %v", err)
+	}
+}
+
+func TestOneTokenCannotFillTheSessionTable(t *testing.T) {
+	w := newWorld(t)
+	viewer := w.token(t, tetherv1.Role_ROLE_VIEWER)
+	first := newBrowser(t, w.srv.URL)
+	first.signIn(viewer)
+	for range 32 {
+		newBrowser(t, w.srv.URL).signIn(viewer)
+	}
+	if p := first.get("/ui/tree"); p.status != http.StatusSeeOther {
+		t.Fatalf("the oldest of 33 sessions of one operator is still open: %d", p.status)
+	}
+	// Another operator signs in as usual.
+	other := newBrowser(t, w.srv.URL)
+	if p := other.signIn(w.srv.Admin); p.status != http.StatusSeeOther || p.header.Get("Location") != "/ui/tree" {
+		t.Fatalf("admin sign-in: %d", p.status)
 	}
 }

@@ -113,6 +113,10 @@ func newWorld(t *testing.T) *world {
 	if _, err := worker.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration + 5})); err != nil {
 		t.Fatal(err)
 	}
+	// A progress value is the agent's own text: here, a spreadsheet formula.
+	if _, err := worker.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: "job-1", LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: `=HYPERLINK("http://evil.example","40%")`})); err != nil {
+		t.Fatal(err)
+	}
 	return w
 }
 
