@@ -53,6 +53,7 @@ type Console struct {
 	cop      *http.CrossOriginProtection
 	hc       *http.Client
 	mu       sync.Mutex
+	seq      uint64
 	sessions map[string]*session
 }
 
@@ -62,7 +63,7 @@ type session struct {
 	csrf      string
 	principal string
 	role      tetherv1.Role
-	created   time.Time
+	seq       uint64 // sign-in order
 	expires   time.Time
 	clients   *clients
 }
@@ -324,7 +325,7 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	if e := who.Msg.ExpiresAt; e != nil && e.AsTime().Before(expires) {
 		expires = e.AsTime()
 	}
-	s := &session{id: randomID(), csrf: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, created: now, expires: expires, clients: cl}
+	s := &session{id: randomID(), csrf: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, expires: expires, clients: cl}
 	c.mu.Lock()
 	// Drop expired sessions, the one this browser had, and the oldest of
 	// this principal's beyond maxSessionsPerPrincipal (one token cannot
@@ -342,13 +343,15 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if len(mine) >= maxSessionsPerPrincipal {
-		sort.Slice(mine, func(i, j int) bool { return mine[i].created.Before(mine[j].created) })
+		sort.Slice(mine, func(i, j int) bool { return mine[i].seq < mine[j].seq })
 		for _, old := range mine[:len(mine)-maxSessionsPerPrincipal+1] {
 			delete(c.sessions, old.id)
 		}
 	}
 	full := len(c.sessions) >= c.cfg.MaxSessions
 	if !full {
+		c.seq++
+		s.seq = c.seq
 		c.sessions[s.id] = s
 	}
 	c.mu.Unlock()
