@@ -19,6 +19,7 @@ import (
 	"connectrpc.com/connect"
 	cdpbrowser "github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -274,6 +275,23 @@ func TestConsoleInBrowser(t *testing.T) {
 	if role != "viewer" || terminateForms != 0 || revokeLinks != 0 {
 		t.Fatalf("viewer page: role %q, %d terminate controls, %d revoke links", role, terminateForms, revokeLinks)
 	}
+
+	// The live revocation feed shows a revocation made while it is open.
+	run(t, ctx, "the revocation feed",
+		chromedp.Navigate(base+"/ui/revocations"),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#feed-status").textContent === "Live."`),
+	)
+	fresh, err := w.admin.Capability.IssueRoot(context.Background(), connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: ids("worker-2"), Scopes: []string{"tool:http"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Capability.Revoke(context.Background(), connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: fresh.Msg.Grant.GrantId}, Reason: "leaked"})); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ctx, "the revocation arrives",
+		chromedp.WaitVisible(chromedp.CSS(`#feed tbody tr a[href="/ui/grants/`+fresh.Msg.Grant.GrantId+`"]`)),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#feed-status").textContent === "Live."`),
+	)
 }
 
 // TestConsoleTreeOfTenThousand loads the tree page of a 10,000-node swarm

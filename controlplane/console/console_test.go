@@ -456,3 +456,63 @@ func TestOneTokenCannotFillTheSessionTable(t *testing.T) {
 		t.Fatalf("admin sign-in: %d", p.status)
 	}
 }
+
+func TestRolloutPagesAndActions(t *testing.T) {
+	w := newWorld(t)
+	resp, err := w.admin.Supervisor.Rollout(context.Background(), connect.NewRequest(&tetherv1.RolloutRequest{Selector: "role=worker", TargetSelector: "version=v2", Batch: 1, Description: "model v2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.Rollout.RolloutId
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.srv.Admin)
+	if list := b.get("/ui/rollouts"); !strings.Contains(list.body, id) || !strings.Contains(list.body, "role=worker → version=v2") {
+		t.Fatalf("rollouts list:\n%s", list.body)
+	}
+	page := b.get("/ui/rollouts/" + id)
+	if page.status != http.StatusOK || !strings.Contains(page.body, `action="/ui/rollouts/`+id+`/pause"`) {
+		t.Fatalf("rollout page: %d\n%s", page.status, page.body)
+	}
+	csrf := csrfField.FindStringSubmatch(page.body)[1]
+	// A page that showed the rollout paused is stale: refused.
+	if p := b.post("/ui/rollouts/"+id+"/resume", url.Values{"csrf": {csrf}, "expected_state": {"paused"}}, b.sameOrigin()); p.status != http.StatusConflict {
+		t.Fatalf("stale resume: %d\n%s", p.status, p.body)
+	}
+	if p := b.post("/ui/rollouts/"+id+"/pause", url.Values{"csrf": {csrf}, "expected_state": {"running"}, "reason": {"hold"}}, b.sameOrigin()); p.status != http.StatusSeeOther {
+		t.Fatalf("pause: %d\n%s", p.status, p.body)
+	}
+	got, err := w.admin.Supervisor.GetRollout(context.Background(), connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
+	if err != nil || got.Msg.Rollout.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED {
+		t.Fatalf("after pause: %v %v", got.Msg.GetRollout().GetState(), err)
+	}
+	if p := b.get("/ui/rollouts/" + id); !strings.Contains(p.body, `action="/ui/rollouts/`+id+`/resume"`) {
+		t.Fatalf("the paused rollout's page offers no resume:\n%s", p.body)
+	}
+}
+
+func TestRevocationFeedIsStreamed(t *testing.T) {
+	w := newWorld(t)
+	if _, err := w.admin.Capability.Revoke(context.Background(), connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: w.grants["worker-2"]}, Reason: "leaked"})); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	if p := b.get("/ui/revocations"); p.status != http.StatusOK || !strings.Contains(p.body, `id="feed"`) {
+		t.Fatalf("feed page: %d", p.status)
+	}
+	resp, err := b.hc.Get(w.srv.URL + "/ui/revocations/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && strings.Contains(data, `"grant_id"`) {
+			if !strings.Contains(data, w.grants["worker-2"]) || !strings.Contains(data, "leaked") {
+				t.Fatalf("tombstone event: %s", data)
+			}
+			return
+		}
+	}
+	t.Fatalf("the stream ended without a tombstone: %v", sc.Err())
+}
