@@ -299,7 +299,7 @@ var terminationPhases = []string{"requested", "draining", "aborting", "reconcili
 
 func terminationView(t *tetherv1.Termination) terminationJSON {
 	p := t.GetProgress()
-	return terminationJSON{
+	v := terminationJSON{
 		ID: t.TerminationId, NodeID: t.NodeId, State: termState(t.State),
 		Mode: enumName(t.Mode.String(), "TERMINATION_MODE_"), Escalated: t.Escalated, RecordID: t.RecordId,
 		RequestedBy: t.RequestedBy, Reason: t.Reason, RequestedAt: ts(t.RequestedAt), UpdatedAt: ts(t.UpdatedAt),
@@ -307,6 +307,12 @@ func terminationView(t *tetherv1.Termination) terminationJSON {
 		NodesTotal:  p.GetNodesTotal(), NodesMarked: p.GetNodesMarked(), CallsInFlight: p.GetCallsInFlight(),
 		AcksPending: p.GetAcksPending(), Confirmations: p.GetConfirmations(), Phases: terminationPhases,
 	}
+	if t.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		// An abort never drains.
+		v.DrainWindow = "— (abort)"
+		v.Phases = []string{"requested", "aborting", "reconciling", "terminated"}
+	}
+	return v
 }
 
 // events starts a server-sent event stream.
