@@ -171,6 +171,7 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.ToolServiceEndCallProcedure:      allow(callers(toolServer)),
 	tetherv1connect.ToolServiceCancelAckProcedure:    allow(callers(toolServer)),
 	tetherv1connect.ToolServiceWatchCancelsProcedure: allow(callers(toolServer)),
+	tetherv1connect.ToolServiceListCallsProcedure:    allow(everyReader),
 
 	tetherv1connect.SupervisorServiceTerminateProcedure:         allow(callers(parent, ancestor, operator, security, admin)),
 	tetherv1connect.SupervisorServiceGetTerminationProcedure:    allow(callers(parent), everyReader),
@@ -180,6 +181,7 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.SupervisorServiceDecideProposalProcedure:    allow(operators),
 	tetherv1connect.SupervisorServiceListProposalsProcedure:     allow(everyReader),
 	tetherv1connect.SupervisorServiceRegisterPrivilegeProcedure: allow(callers(self), operators),
+	tetherv1connect.SupervisorServiceListPrivilegesProcedure:    allow(everyReader),
 	// Rollouts drain agents across the whole tree: operators only.
 	tetherv1connect.SupervisorServiceRolloutProcedure:       allow(operators),
 	tetherv1connect.SupervisorServiceGetRolloutProcedure:    allow(everyReader),
@@ -619,6 +621,10 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 		return cellResult{err: err}
 	},
 
+	tetherv1connect.ToolServiceListCallsProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.ids[self]})))
+	},
+
 	tetherv1connect.SupervisorServiceTerminateProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		return plain(w.as(c).Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{NodeId: w.ids[self], Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "matrix"})))
 	},
@@ -648,6 +654,9 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 		return plain(w.as(c).Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
 			NodeId: w.ids[self], Kind: "db-lock", ExternalId: "lock-1", ExpiresAt: timestamppb.New(w.s.clk.Now().Add(time.Hour)), RevokeUrl: "http://127.0.0.1:1/revoke",
 		})))
+	},
+	tetherv1connect.SupervisorServiceListPrivilegesProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: w.ids[self]})))
 	},
 
 	tetherv1connect.StopRuleServiceAddStopRuleProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {

@@ -46,6 +46,7 @@ func Policy() auth.Policy {
 		tetherv1connect.ToolServiceEndCallProcedure:      auth.ToolLayer,
 		tetherv1connect.ToolServiceCancelAckProcedure:    auth.ToolLayer,
 		tetherv1connect.ToolServiceWatchCancelsProcedure: auth.ToolLayer,
+		tetherv1connect.ToolServiceListCallsProcedure:    auth.ReadOperators,
 
 		tetherv1connect.SupervisorServiceTerminateProcedure:         auth.Stop,
 		tetherv1connect.SupervisorServiceGetTerminationProcedure:    auth.Read,
@@ -55,6 +56,7 @@ func Policy() auth.Policy {
 		tetherv1connect.SupervisorServiceDecideProposalProcedure:    auth.Operate,
 		tetherv1connect.SupervisorServiceListProposalsProcedure:     auth.ReadOperators,
 		tetherv1connect.SupervisorServiceRegisterPrivilegeProcedure: auth.OperateOrAgent,
+		tetherv1connect.SupervisorServiceListPrivilegesProcedure:    auth.ReadOperators,
 		tetherv1connect.SupervisorServiceRolloutProcedure:           auth.Operate,
 		tetherv1connect.SupervisorServiceGetRolloutProcedure:        auth.ReadOperators,
 		tetherv1connect.SupervisorServiceListRolloutsProcedure:      auth.ReadOperators,

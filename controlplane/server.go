@@ -32,6 +32,7 @@ import (
 
 	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/console"
 	"github.com/tetherhq/tether/controlplane/leader"
 	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
@@ -335,6 +336,13 @@ func (s *Server) buildHandler() error {
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
+	// The operator console (controlplane/console) on its own route: it
+	// calls the API in process through s.handler, as any client would.
+	ui, err := console.New(console.Config{API: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }), Now: s.cfg.Clock.Now, Log: s.log})
+	if err != nil {
+		return err
+	}
+	mux.Handle("/ui/", ui)
 	// Outermost first: a health-only connection answers only /healthz;
 	// every request gets its deadlines; RPCs are authenticated from their
 	// headers before their body is read; an admitted request's body is

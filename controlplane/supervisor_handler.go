@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
@@ -227,4 +228,44 @@ func modeToProto(m supervisor.Mode) tetherv1.TerminationMode {
 		return tetherv1.TerminationMode_TERMINATION_MODE_ABORT
 	}
 	return tetherv1.TerminationMode_TERMINATION_MODE_DRAIN
+}
+
+// ListPrivileges lists a node's registered privileges, without their
+// revoke_url (operators only: the policy's rule).
+func (h *supervisorService) ListPrivileges(ctx context.Context, req *connect.Request[tetherv1.ListPrivilegesRequest]) (*connect.Response[tetherv1.ListPrivilegesResponse], error) {
+	if _, err := h.s.tree.Get(ctx, req.Msg.NodeId); err != nil {
+		return nil, toConnect(err)
+	}
+	var privs []supervisor.Privilege
+	err := h.s.store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		privs, err = supervisor.PrivilegesIn(tx, []string{req.Msg.NodeId})
+		return err
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	out := make([]*tetherv1.Privilege, 0, len(privs))
+	for _, p := range privs {
+		pp := &tetherv1.Privilege{
+			PrivilegeId: p.ID, NodeId: p.NodeID, GrantId: p.GrantID, Kind: p.Kind, ExternalId: p.ExternalID,
+			ExpiresAt: timestamppb.New(p.ExpiresAt), Revoker: "handler", Error: p.Error,
+		}
+		if p.RevokeURL != "" {
+			pp.Revoker = "webhook"
+		}
+		switch p.Outcome {
+		case supervisor.OutcomeRevoked:
+			pp.Outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+		case supervisor.OutcomeExpired:
+			pp.Outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+		case supervisor.OutcomeRevokeFailed:
+			pp.Outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
+		}
+		if !p.DecidedAt.IsZero() {
+			pp.DecidedAt = timestamppb.New(p.DecidedAt)
+		}
+		out = append(out, pp)
+	}
+	return connect.NewResponse(&tetherv1.ListPrivilegesResponse{Privileges: out}), nil
 }

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
@@ -106,4 +107,21 @@ func (t *toolService) WatchCancels(ctx context.Context, req *connect.Request[tet
 		return nil
 	}
 	return toConnect(err)
+}
+
+// ListCalls lists a node's open calls (operators only: the policy's rule).
+func (t *toolService) ListCalls(ctx context.Context, req *connect.Request[tetherv1.ListCallsRequest]) (*connect.Response[tetherv1.ListCallsResponse], error) {
+	if _, err := t.s.tree.Get(ctx, req.Msg.NodeId); err != nil {
+		return nil, toConnect(err)
+	}
+	var calls []*tetherv1.ToolCall
+	err := t.s.store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		calls, err = supervisor.OpenCallsIn(tx, req.Msg.NodeId)
+		return err
+	})
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	return connect.NewResponse(&tetherv1.ListCallsResponse{Calls: calls}), nil
 }

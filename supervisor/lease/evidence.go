@@ -165,3 +165,25 @@ func csvEnum(v int32, name string) string {
 	}
 	return name
 }
+
+// SeedHeader returns the evidence matrix's 18 columns exactly as the
+// job-lease protocol names them. Paired columns ("ACK Deadline/State") hold
+// both values separated by " / " (SeedRecord).
+func SeedHeader() []string {
+	return []string{
+		"Job ID", "Lease ID", "Generation", "Holder Identity", "Issued At", "Lease Duration", "Expires At",
+		"ACK Deadline/State", "Renew Sequence/Time", "Progress Sequence/Value", "Cancel Requested/ACK",
+		"Terminal Result", "Stale Generation", "Late Progress", "Lease Expired", "Ownership Conflict", "Decision", "Reason",
+	}
+}
+
+// SeedRecord renders the row in SeedHeader's column order.
+func (r EvidenceRow) SeedRecord() []string {
+	f := r.Record()
+	pair := func(a, b string) string { return a + " / " + b }
+	return []string{
+		f[0], f[1], f[2], f[3], f[4], f[5], f[6],
+		pair(f[7], f[8]), pair(f[9], f[10]), pair(f[11], f[12]), pair(f[13], f[14]),
+		f[15], f[16], f[17], f[18], f[19], f[20], f[21],
+	}
+}

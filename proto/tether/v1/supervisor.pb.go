@@ -2109,6 +2109,215 @@ func (x *RegisterPrivilegeResponse) GetPrivilegeId() string {
 	return ""
 }
 
+// Privilege is a registered temporary privilege. Its revoke_url is not
+// returned (a webhook URL may carry a secret); revoker says which kind of
+// revocation it has.
+type Privilege struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	PrivilegeId string                 `protobuf:"bytes,1,opt,name=privilege_id,json=privilegeId,proto3" json:"privilege_id,omitempty"`
+	NodeId      string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	GrantId     string                 `protobuf:"bytes,3,opt,name=grant_id,json=grantId,proto3" json:"grant_id,omitempty"`
+	Kind        string                 `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	ExternalId  string                 `protobuf:"bytes,5,opt,name=external_id,json=externalId,proto3" json:"external_id,omitempty"`
+	ExpiresAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// "webhook" or "handler".
+	Revoker string `protobuf:"bytes,7,opt,name=revoker,proto3" json:"revoker,omitempty"`
+	// Unspecified until a termination dealt with the privilege.
+	Outcome       PrivilegeOutcome       `protobuf:"varint,8,opt,name=outcome,proto3,enum=tether.v1.PrivilegeOutcome" json:"outcome,omitempty"`
+	Error         string                 `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
+	DecidedAt     *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Privilege) Reset() {
+	*x = Privilege{}
+	mi := &file_tether_v1_supervisor_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Privilege) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Privilege) ProtoMessage() {}
+
+func (x *Privilege) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_supervisor_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Privilege.ProtoReflect.Descriptor instead.
+func (*Privilege) Descriptor() ([]byte, []int) {
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *Privilege) GetPrivilegeId() string {
+	if x != nil {
+		return x.PrivilegeId
+	}
+	return ""
+}
+
+func (x *Privilege) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Privilege) GetGrantId() string {
+	if x != nil {
+		return x.GrantId
+	}
+	return ""
+}
+
+func (x *Privilege) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Privilege) GetExternalId() string {
+	if x != nil {
+		return x.ExternalId
+	}
+	return ""
+}
+
+func (x *Privilege) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Privilege) GetRevoker() string {
+	if x != nil {
+		return x.Revoker
+	}
+	return ""
+}
+
+func (x *Privilege) GetOutcome() PrivilegeOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return PrivilegeOutcome_PRIVILEGE_OUTCOME_UNSPECIFIED
+}
+
+func (x *Privilege) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Privilege) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+type ListPrivilegesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPrivilegesRequest) Reset() {
+	*x = ListPrivilegesRequest{}
+	mi := &file_tether_v1_supervisor_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPrivilegesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPrivilegesRequest) ProtoMessage() {}
+
+func (x *ListPrivilegesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_supervisor_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPrivilegesRequest.ProtoReflect.Descriptor instead.
+func (*ListPrivilegesRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListPrivilegesRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ListPrivilegesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Privileges    []*Privilege           `protobuf:"bytes,1,rep,name=privileges,proto3" json:"privileges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPrivilegesResponse) Reset() {
+	*x = ListPrivilegesResponse{}
+	mi := &file_tether_v1_supervisor_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPrivilegesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPrivilegesResponse) ProtoMessage() {}
+
+func (x *ListPrivilegesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_supervisor_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPrivilegesResponse.ProtoReflect.Descriptor instead.
+func (*ListPrivilegesResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListPrivilegesResponse) GetPrivileges() []*Privilege {
+	if x != nil {
+		return x.Privileges
+	}
+	return nil
+}
+
 var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
@@ -2275,7 +2484,28 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
 	"revoke_url\x18\x06 \x01(\tR\trevokeUrl\">\n" +
 	"\x19RegisterPrivilegeResponse\x12!\n" +
-	"\fprivilege_id\x18\x01 \x01(\tR\vprivilegeId*\xdb\x01\n" +
+	"\fprivilege_id\x18\x01 \x01(\tR\vprivilegeId\"\xf4\x02\n" +
+	"\tPrivilege\x12!\n" +
+	"\fprivilege_id\x18\x01 \x01(\tR\vprivilegeId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x19\n" +
+	"\bgrant_id\x18\x03 \x01(\tR\agrantId\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x1f\n" +
+	"\vexternal_id\x18\x05 \x01(\tR\n" +
+	"externalId\x129\n" +
+	"\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x18\n" +
+	"\arevoker\x18\a \x01(\tR\arevoker\x125\n" +
+	"\aoutcome\x18\b \x01(\x0e2\x1b.tether.v1.PrivilegeOutcomeR\aoutcome\x12\x14\n" +
+	"\x05error\x18\t \x01(\tR\x05error\x129\n" +
+	"\n" +
+	"decided_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\"0\n" +
+	"\x15ListPrivilegesRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"N\n" +
+	"\x16ListPrivilegesResponse\x124\n" +
+	"\n" +
+	"privileges\x18\x01 \x03(\v2\x14.tether.v1.PrivilegeR\n" +
+	"privileges*\xdb\x01\n" +
 	"\x10TerminationState\x12!\n" +
 	"\x1dTERMINATION_STATE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bTERMINATION_STATE_REQUESTED\x10\x01\x12\x1e\n" +
@@ -2305,7 +2535,8 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x15LEASE_OUTCOME_EXPIRED\x10\x02\x12\x1c\n" +
 	"\x18LEASE_OUTCOME_UNRESOLVED\x10\x03\x12\x1b\n" +
 	"\x17LEASE_OUTCOME_COMPLETED\x10\x04\x12\x1d\n" +
-	"\x19LEASE_OUTCOME_HANDED_OVER\x10\x052\xf7\t\n" +
+	"\x19LEASE_OUTCOME_HANDED_OVER\x10\x052\xd0\n" +
+	"\n" +
 	"\x11SupervisorService\x12H\n" +
 	"\tTerminate\x12\x1b.tether.v1.TerminateRequest\x1a\x1c.tether.v1.TerminateResponse\"\x00\x12W\n" +
 	"\x0eGetTermination\x12 .tether.v1.GetTerminationRequest\x1a!.tether.v1.GetTerminationResponse\"\x00\x12_\n" +
@@ -2314,7 +2545,8 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\vListRecords\x12\x1d.tether.v1.ListRecordsRequest\x1a\x1e.tether.v1.ListRecordsResponse\"\x00\x12W\n" +
 	"\x0eDecideProposal\x12 .tether.v1.DecideProposalRequest\x1a!.tether.v1.DecideProposalResponse\"\x00\x12T\n" +
 	"\rListProposals\x12\x1f.tether.v1.ListProposalsRequest\x1a .tether.v1.ListProposalsResponse\"\x00\x12`\n" +
-	"\x11RegisterPrivilege\x12#.tether.v1.RegisterPrivilegeRequest\x1a$.tether.v1.RegisterPrivilegeResponse\"\x00\x12B\n" +
+	"\x11RegisterPrivilege\x12#.tether.v1.RegisterPrivilegeRequest\x1a$.tether.v1.RegisterPrivilegeResponse\"\x00\x12W\n" +
+	"\x0eListPrivileges\x12 .tether.v1.ListPrivilegesRequest\x1a!.tether.v1.ListPrivilegesResponse\"\x00\x12B\n" +
 	"\aRollout\x12\x19.tether.v1.RolloutRequest\x1a\x1a.tether.v1.RolloutResponse\"\x00\x12K\n" +
 	"\n" +
 	"GetRollout\x12\x1c.tether.v1.GetRolloutRequest\x1a\x1d.tether.v1.GetRolloutResponse\"\x00\x12Q\n" +
@@ -2337,7 +2569,7 @@ func file_tether_v1_supervisor_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_tether_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_tether_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationState)(0),             // 0: tether.v1.TerminationState
 	(NodeOutcome)(0),                  // 1: tether.v1.NodeOutcome
@@ -2368,107 +2600,116 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(*ListProposalsResponse)(nil),     // 26: tether.v1.ListProposalsResponse
 	(*RegisterPrivilegeRequest)(nil),  // 27: tether.v1.RegisterPrivilegeRequest
 	(*RegisterPrivilegeResponse)(nil), // 28: tether.v1.RegisterPrivilegeResponse
-	(TerminationMode)(0),              // 29: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),       // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 31: google.protobuf.Timestamp
-	(*Contradiction)(nil),             // 32: tether.v1.Contradiction
-	(CallResolution)(0),               // 33: tether.v1.CallResolution
-	(*StopRuleFiring)(nil),            // 34: tether.v1.StopRuleFiring
-	(*StopProposal)(nil),              // 35: tether.v1.StopProposal
-	(ProposalState)(0),                // 36: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 37: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 38: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 39: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 40: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 41: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 42: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 43: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 44: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 45: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 46: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 47: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 48: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 49: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 50: tether.v1.AbortRolloutResponse
+	(*Privilege)(nil),                 // 29: tether.v1.Privilege
+	(*ListPrivilegesRequest)(nil),     // 30: tether.v1.ListPrivilegesRequest
+	(*ListPrivilegesResponse)(nil),    // 31: tether.v1.ListPrivilegesResponse
+	(TerminationMode)(0),              // 32: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),       // 33: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
+	(*Contradiction)(nil),             // 35: tether.v1.Contradiction
+	(CallResolution)(0),               // 36: tether.v1.CallResolution
+	(*StopRuleFiring)(nil),            // 37: tether.v1.StopRuleFiring
+	(*StopProposal)(nil),              // 38: tether.v1.StopProposal
+	(ProposalState)(0),                // 39: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 40: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 41: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 42: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 43: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 44: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 45: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 46: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 47: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 48: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 49: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 50: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 51: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 52: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 53: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
-	29, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
-	30, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
-	30, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	30, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
+	32, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
+	33, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
+	33, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	33, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
 	0,  // 4: tether.v1.Termination.state:type_name -> tether.v1.TerminationState
-	31, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
-	31, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
+	34, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
+	34, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
 	5,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
-	29, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
-	30, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
-	30, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	30, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
+	32, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
+	33, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
+	33, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	33, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
 	6,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
 	6,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
 	6,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
 	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
-	31, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
-	31, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	34, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
+	34, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
 	2,  // 18: tether.v1.RecordNode.inner_outcome:type_name -> tether.v1.InnerOutcome
-	31, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
-	32, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
-	31, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
-	33, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	34, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
+	35, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
+	34, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
+	36, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
 	3,  // 23: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
 	4,  // 24: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	31, // 25: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	30, // 26: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	29, // 27: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	34, // 25: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	33, // 26: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	32, // 27: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
 	13, // 28: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
 	14, // 29: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
 	15, // 30: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
 	16, // 31: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
 	17, // 32: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	31, // 33: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	34, // 34: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
+	34, // 33: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	37, // 34: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
 	18, // 35: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
 	18, // 36: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	35, // 37: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	38, // 37: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
 	6,  // 38: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	36, // 39: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	35, // 40: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	31, // 41: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	7,  // 42: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	9,  // 43: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	11, // 44: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	19, // 45: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	21, // 46: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	23, // 47: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	25, // 48: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	27, // 49: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	37, // 50: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	38, // 51: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	39, // 52: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	40, // 53: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	41, // 54: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	42, // 55: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	43, // 56: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	8,  // 57: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	10, // 58: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	12, // 59: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	20, // 60: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	22, // 61: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	24, // 62: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	26, // 63: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	28, // 64: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	44, // 65: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	45, // 66: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	46, // 67: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	47, // 68: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	48, // 69: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	49, // 70: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	50, // 71: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	57, // [57:72] is the sub-list for method output_type
-	42, // [42:57] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	39, // 39: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	38, // 40: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	34, // 41: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 42: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 43: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	34, // 44: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
+	29, // 45: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
+	7,  // 46: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	9,  // 47: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	11, // 48: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	19, // 49: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	21, // 50: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	23, // 51: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	25, // 52: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	27, // 53: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	30, // 54: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
+	40, // 55: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	41, // 56: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	42, // 57: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	43, // 58: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	44, // 59: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	45, // 60: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	46, // 61: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	8,  // 62: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	10, // 63: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	12, // 64: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	20, // 65: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	22, // 66: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	24, // 67: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	26, // 68: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	28, // 69: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	31, // 70: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
+	47, // 71: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	48, // 72: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	49, // 73: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	50, // 74: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	51, // 75: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	52, // 76: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	53, // 77: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	62, // [62:78] is the sub-list for method output_type
+	46, // [46:62] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2487,7 +2728,7 @@ func file_tether_v1_supervisor_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_supervisor_proto_rawDesc), len(file_tether_v1_supervisor_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -736,6 +736,94 @@ func (x *WatchCancelsResponse) GetReason() string {
 	return ""
 }
 
+type ListCallsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCallsRequest) Reset() {
+	*x = ListCallsRequest{}
+	mi := &file_tether_v1_tool_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCallsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCallsRequest) ProtoMessage() {}
+
+func (x *ListCallsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_tool_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCallsRequest.ProtoReflect.Descriptor instead.
+func (*ListCallsRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_tool_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListCallsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ListCallsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Calls         []*ToolCall            `protobuf:"bytes,1,rep,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListCallsResponse) Reset() {
+	*x = ListCallsResponse{}
+	mi := &file_tether_v1_tool_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListCallsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListCallsResponse) ProtoMessage() {}
+
+func (x *ListCallsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_tool_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListCallsResponse.ProtoReflect.Descriptor instead.
+func (*ListCallsResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_tool_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListCallsResponse) GetCalls() []*ToolCall {
+	if x != nil {
+		return x.Calls
+	}
+	return nil
+}
+
 var File_tether_v1_tool_proto protoreflect.FileDescriptor
 
 const file_tether_v1_tool_proto_rawDesc = "" +
@@ -786,7 +874,11 @@ const file_tether_v1_tool_proto_rawDesc = "" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12%\n" +
 	"\x0etermination_id\x18\x03 \x01(\tR\rterminationId\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason*x\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"+\n" +
+	"\x10ListCallsRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\">\n" +
+	"\x11ListCallsResponse\x12)\n" +
+	"\x05calls\x18\x01 \x03(\v2\x13.tether.v1.ToolCallR\x05calls*x\n" +
 	"\tCallState\x12\x1a\n" +
 	"\x16CALL_STATE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14CALL_STATE_IN_FLIGHT\x10\x01\x12\x1f\n" +
@@ -798,12 +890,13 @@ const file_tether_v1_tool_proto_rawDesc = "" +
 	"\x1fCALL_RESOLUTION_CANCELLED_ACKED\x10\x02\x12)\n" +
 	"%CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED\x10\x03\x12%\n" +
 	"!CALL_RESOLUTION_REJECTED_DRAINING\x10\x04\x12\x1a\n" +
-	"\x16CALL_RESOLUTION_FAILED\x10\x052\xba\x02\n" +
+	"\x16CALL_RESOLUTION_FAILED\x10\x052\x84\x03\n" +
 	"\vToolService\x12H\n" +
 	"\tBeginCall\x12\x1b.tether.v1.BeginCallRequest\x1a\x1c.tether.v1.BeginCallResponse\"\x00\x12B\n" +
 	"\aEndCall\x12\x19.tether.v1.EndCallRequest\x1a\x1a.tether.v1.EndCallResponse\"\x00\x12H\n" +
 	"\tCancelAck\x12\x1b.tether.v1.CancelAckRequest\x1a\x1c.tether.v1.CancelAckResponse\"\x00\x12S\n" +
-	"\fWatchCancels\x12\x1e.tether.v1.WatchCancelsRequest\x1a\x1f.tether.v1.WatchCancelsResponse\"\x000\x01B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
+	"\fWatchCancels\x12\x1e.tether.v1.WatchCancelsRequest\x1a\x1f.tether.v1.WatchCancelsResponse\"\x000\x01\x12H\n" +
+	"\tListCalls\x12\x1b.tether.v1.ListCallsRequest\x1a\x1c.tether.v1.ListCallsResponse\"\x00B5Z3github.com/tetherhq/tether/proto/tether/v1;tetherv1b\x06proto3"
 
 var (
 	file_tether_v1_tool_proto_rawDescOnce sync.Once
@@ -818,7 +911,7 @@ func file_tether_v1_tool_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_tool_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_tool_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_tether_v1_tool_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_tether_v1_tool_proto_goTypes = []any{
 	(CallState)(0),                // 0: tether.v1.CallState
 	(CallResolution)(0),           // 1: tether.v1.CallResolution
@@ -831,31 +924,36 @@ var file_tether_v1_tool_proto_goTypes = []any{
 	(*CancelAckResponse)(nil),     // 8: tether.v1.CancelAckResponse
 	(*WatchCancelsRequest)(nil),   // 9: tether.v1.WatchCancelsRequest
 	(*WatchCancelsResponse)(nil),  // 10: tether.v1.WatchCancelsResponse
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*ListCallsRequest)(nil),      // 11: tether.v1.ListCallsRequest
+	(*ListCallsResponse)(nil),     // 12: tether.v1.ListCallsResponse
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_tether_v1_tool_proto_depIdxs = []int32{
 	0,  // 0: tether.v1.ToolCall.state:type_name -> tether.v1.CallState
 	1,  // 1: tether.v1.ToolCall.resolution:type_name -> tether.v1.CallResolution
-	11, // 2: tether.v1.ToolCall.begun_at:type_name -> google.protobuf.Timestamp
-	11, // 3: tether.v1.ToolCall.ended_at:type_name -> google.protobuf.Timestamp
-	11, // 4: tether.v1.ToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
-	11, // 5: tether.v1.ToolCall.cancel_acked_at:type_name -> google.protobuf.Timestamp
+	13, // 2: tether.v1.ToolCall.begun_at:type_name -> google.protobuf.Timestamp
+	13, // 3: tether.v1.ToolCall.ended_at:type_name -> google.protobuf.Timestamp
+	13, // 4: tether.v1.ToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	13, // 5: tether.v1.ToolCall.cancel_acked_at:type_name -> google.protobuf.Timestamp
 	2,  // 6: tether.v1.BeginCallResponse.call:type_name -> tether.v1.ToolCall
 	2,  // 7: tether.v1.EndCallResponse.call:type_name -> tether.v1.ToolCall
 	2,  // 8: tether.v1.CancelAckResponse.call:type_name -> tether.v1.ToolCall
-	3,  // 9: tether.v1.ToolService.BeginCall:input_type -> tether.v1.BeginCallRequest
-	5,  // 10: tether.v1.ToolService.EndCall:input_type -> tether.v1.EndCallRequest
-	7,  // 11: tether.v1.ToolService.CancelAck:input_type -> tether.v1.CancelAckRequest
-	9,  // 12: tether.v1.ToolService.WatchCancels:input_type -> tether.v1.WatchCancelsRequest
-	4,  // 13: tether.v1.ToolService.BeginCall:output_type -> tether.v1.BeginCallResponse
-	6,  // 14: tether.v1.ToolService.EndCall:output_type -> tether.v1.EndCallResponse
-	8,  // 15: tether.v1.ToolService.CancelAck:output_type -> tether.v1.CancelAckResponse
-	10, // 16: tether.v1.ToolService.WatchCancels:output_type -> tether.v1.WatchCancelsResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	2,  // 9: tether.v1.ListCallsResponse.calls:type_name -> tether.v1.ToolCall
+	3,  // 10: tether.v1.ToolService.BeginCall:input_type -> tether.v1.BeginCallRequest
+	5,  // 11: tether.v1.ToolService.EndCall:input_type -> tether.v1.EndCallRequest
+	7,  // 12: tether.v1.ToolService.CancelAck:input_type -> tether.v1.CancelAckRequest
+	9,  // 13: tether.v1.ToolService.WatchCancels:input_type -> tether.v1.WatchCancelsRequest
+	11, // 14: tether.v1.ToolService.ListCalls:input_type -> tether.v1.ListCallsRequest
+	4,  // 15: tether.v1.ToolService.BeginCall:output_type -> tether.v1.BeginCallResponse
+	6,  // 16: tether.v1.ToolService.EndCall:output_type -> tether.v1.EndCallResponse
+	8,  // 17: tether.v1.ToolService.CancelAck:output_type -> tether.v1.CancelAckResponse
+	10, // 18: tether.v1.ToolService.WatchCancels:output_type -> tether.v1.WatchCancelsResponse
+	12, // 19: tether.v1.ToolService.ListCalls:output_type -> tether.v1.ListCallsResponse
+	15, // [15:20] is the sub-list for method output_type
+	10, // [10:15] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_tool_proto_init() }
@@ -869,7 +967,7 @@ func file_tether_v1_tool_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_tool_proto_rawDesc), len(file_tether_v1_tool_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

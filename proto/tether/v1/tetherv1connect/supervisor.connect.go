@@ -57,6 +57,9 @@ const (
 	// SupervisorServiceRegisterPrivilegeProcedure is the fully-qualified name of the
 	// SupervisorService's RegisterPrivilege RPC.
 	SupervisorServiceRegisterPrivilegeProcedure = "/tether.v1.SupervisorService/RegisterPrivilege"
+	// SupervisorServiceListPrivilegesProcedure is the fully-qualified name of the SupervisorService's
+	// ListPrivileges RPC.
+	SupervisorServiceListPrivilegesProcedure = "/tether.v1.SupervisorService/ListPrivileges"
 	// SupervisorServiceRolloutProcedure is the fully-qualified name of the SupervisorService's Rollout
 	// RPC.
 	SupervisorServiceRolloutProcedure = "/tether.v1.SupervisorService/Rollout"
@@ -95,6 +98,9 @@ type SupervisorServiceClient interface {
 	// RegisterPrivilege records a temporary privilege (a lock, a reservation,
 	// an external credential) so termination revokes it.
 	RegisterPrivilege(context.Context, *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error)
+	// ListPrivileges lists the privileges registered for a node and, once a
+	// termination dealt with them, their outcome. Operators only.
+	ListPrivileges(context.Context, *connect.Request[v1.ListPrivilegesRequest]) (*connect.Response[v1.ListPrivilegesResponse], error)
 	// Rollout starts replacing the agents matching a selector in batches
 	// (see rollout.proto). Operators only.
 	Rollout(context.Context, *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error)
@@ -166,6 +172,12 @@ func NewSupervisorServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(supervisorServiceMethods.ByName("RegisterPrivilege")),
 			connect.WithClientOptions(opts...),
 		),
+		listPrivileges: connect.NewClient[v1.ListPrivilegesRequest, v1.ListPrivilegesResponse](
+			httpClient,
+			baseURL+SupervisorServiceListPrivilegesProcedure,
+			connect.WithSchema(supervisorServiceMethods.ByName("ListPrivileges")),
+			connect.WithClientOptions(opts...),
+		),
 		rollout: connect.NewClient[v1.RolloutRequest, v1.RolloutResponse](
 			httpClient,
 			baseURL+SupervisorServiceRolloutProcedure,
@@ -221,6 +233,7 @@ type supervisorServiceClient struct {
 	decideProposal    *connect.Client[v1.DecideProposalRequest, v1.DecideProposalResponse]
 	listProposals     *connect.Client[v1.ListProposalsRequest, v1.ListProposalsResponse]
 	registerPrivilege *connect.Client[v1.RegisterPrivilegeRequest, v1.RegisterPrivilegeResponse]
+	listPrivileges    *connect.Client[v1.ListPrivilegesRequest, v1.ListPrivilegesResponse]
 	rollout           *connect.Client[v1.RolloutRequest, v1.RolloutResponse]
 	getRollout        *connect.Client[v1.GetRolloutRequest, v1.GetRolloutResponse]
 	listRollouts      *connect.Client[v1.ListRolloutsRequest, v1.ListRolloutsResponse]
@@ -268,6 +281,11 @@ func (c *supervisorServiceClient) ListProposals(ctx context.Context, req *connec
 // RegisterPrivilege calls tether.v1.SupervisorService.RegisterPrivilege.
 func (c *supervisorServiceClient) RegisterPrivilege(ctx context.Context, req *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error) {
 	return c.registerPrivilege.CallUnary(ctx, req)
+}
+
+// ListPrivileges calls tether.v1.SupervisorService.ListPrivileges.
+func (c *supervisorServiceClient) ListPrivileges(ctx context.Context, req *connect.Request[v1.ListPrivilegesRequest]) (*connect.Response[v1.ListPrivilegesResponse], error) {
+	return c.listPrivileges.CallUnary(ctx, req)
 }
 
 // Rollout calls tether.v1.SupervisorService.Rollout.
@@ -320,6 +338,9 @@ type SupervisorServiceHandler interface {
 	// RegisterPrivilege records a temporary privilege (a lock, a reservation,
 	// an external credential) so termination revokes it.
 	RegisterPrivilege(context.Context, *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error)
+	// ListPrivileges lists the privileges registered for a node and, once a
+	// termination dealt with them, their outcome. Operators only.
+	ListPrivileges(context.Context, *connect.Request[v1.ListPrivilegesRequest]) (*connect.Response[v1.ListPrivilegesResponse], error)
 	// Rollout starts replacing the agents matching a selector in batches
 	// (see rollout.proto). Operators only.
 	Rollout(context.Context, *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error)
@@ -387,6 +408,12 @@ func NewSupervisorServiceHandler(svc SupervisorServiceHandler, opts ...connect.H
 		connect.WithSchema(supervisorServiceMethods.ByName("RegisterPrivilege")),
 		connect.WithHandlerOptions(opts...),
 	)
+	supervisorServiceListPrivilegesHandler := connect.NewUnaryHandler(
+		SupervisorServiceListPrivilegesProcedure,
+		svc.ListPrivileges,
+		connect.WithSchema(supervisorServiceMethods.ByName("ListPrivileges")),
+		connect.WithHandlerOptions(opts...),
+	)
 	supervisorServiceRolloutHandler := connect.NewUnaryHandler(
 		SupervisorServiceRolloutProcedure,
 		svc.Rollout,
@@ -447,6 +474,8 @@ func NewSupervisorServiceHandler(svc SupervisorServiceHandler, opts ...connect.H
 			supervisorServiceListProposalsHandler.ServeHTTP(w, r)
 		case SupervisorServiceRegisterPrivilegeProcedure:
 			supervisorServiceRegisterPrivilegeHandler.ServeHTTP(w, r)
+		case SupervisorServiceListPrivilegesProcedure:
+			supervisorServiceListPrivilegesHandler.ServeHTTP(w, r)
 		case SupervisorServiceRolloutProcedure:
 			supervisorServiceRolloutHandler.ServeHTTP(w, r)
 		case SupervisorServiceGetRolloutProcedure:
@@ -500,6 +529,10 @@ func (UnimplementedSupervisorServiceHandler) ListProposals(context.Context, *con
 
 func (UnimplementedSupervisorServiceHandler) RegisterPrivilege(context.Context, *connect.Request[v1.RegisterPrivilegeRequest]) (*connect.Response[v1.RegisterPrivilegeResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.RegisterPrivilege is not implemented"))
+}
+
+func (UnimplementedSupervisorServiceHandler) ListPrivileges(context.Context, *connect.Request[v1.ListPrivilegesRequest]) (*connect.Response[v1.ListPrivilegesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.SupervisorService.ListPrivileges is not implemented"))
 }
 
 func (UnimplementedSupervisorServiceHandler) Rollout(context.Context, *connect.Request[v1.RolloutRequest]) (*connect.Response[v1.RolloutResponse], error) {

@@ -42,6 +42,8 @@ const (
 	// ToolServiceWatchCancelsProcedure is the fully-qualified name of the ToolService's WatchCancels
 	// RPC.
 	ToolServiceWatchCancelsProcedure = "/tether.v1.ToolService/WatchCancels"
+	// ToolServiceListCallsProcedure is the fully-qualified name of the ToolService's ListCalls RPC.
+	ToolServiceListCallsProcedure = "/tether.v1.ToolService/ListCalls"
 )
 
 // ToolServiceClient is a client for the tether.v1.ToolService service.
@@ -54,6 +56,9 @@ type ToolServiceClient interface {
 	CancelAck(context.Context, *connect.Request[v1.CancelAckRequest]) (*connect.Response[v1.CancelAckResponse], error)
 	// WatchCancels streams cancel orders for the calls a gate reported.
 	WatchCancels(context.Context, *connect.Request[v1.WatchCancelsRequest]) (*connect.ServerStreamForClient[v1.WatchCancelsResponse], error)
+	// ListCalls lists a node's open calls: in flight, or cancelled and
+	// awaiting the gate's acknowledgement. Operators only.
+	ListCalls(context.Context, *connect.Request[v1.ListCallsRequest]) (*connect.Response[v1.ListCallsResponse], error)
 }
 
 // NewToolServiceClient constructs a client for the tether.v1.ToolService service. By default, it
@@ -91,6 +96,12 @@ func NewToolServiceClient(httpClient connect.HTTPClient, baseURL string, opts ..
 			connect.WithSchema(toolServiceMethods.ByName("WatchCancels")),
 			connect.WithClientOptions(opts...),
 		),
+		listCalls: connect.NewClient[v1.ListCallsRequest, v1.ListCallsResponse](
+			httpClient,
+			baseURL+ToolServiceListCallsProcedure,
+			connect.WithSchema(toolServiceMethods.ByName("ListCalls")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -100,6 +111,7 @@ type toolServiceClient struct {
 	endCall      *connect.Client[v1.EndCallRequest, v1.EndCallResponse]
 	cancelAck    *connect.Client[v1.CancelAckRequest, v1.CancelAckResponse]
 	watchCancels *connect.Client[v1.WatchCancelsRequest, v1.WatchCancelsResponse]
+	listCalls    *connect.Client[v1.ListCallsRequest, v1.ListCallsResponse]
 }
 
 // BeginCall calls tether.v1.ToolService.BeginCall.
@@ -122,6 +134,11 @@ func (c *toolServiceClient) WatchCancels(ctx context.Context, req *connect.Reque
 	return c.watchCancels.CallServerStream(ctx, req)
 }
 
+// ListCalls calls tether.v1.ToolService.ListCalls.
+func (c *toolServiceClient) ListCalls(ctx context.Context, req *connect.Request[v1.ListCallsRequest]) (*connect.Response[v1.ListCallsResponse], error) {
+	return c.listCalls.CallUnary(ctx, req)
+}
+
 // ToolServiceHandler is an implementation of the tether.v1.ToolService service.
 type ToolServiceHandler interface {
 	// BeginCall verifies the capability token and the node's state and records
@@ -132,6 +149,9 @@ type ToolServiceHandler interface {
 	CancelAck(context.Context, *connect.Request[v1.CancelAckRequest]) (*connect.Response[v1.CancelAckResponse], error)
 	// WatchCancels streams cancel orders for the calls a gate reported.
 	WatchCancels(context.Context, *connect.Request[v1.WatchCancelsRequest], *connect.ServerStream[v1.WatchCancelsResponse]) error
+	// ListCalls lists a node's open calls: in flight, or cancelled and
+	// awaiting the gate's acknowledgement. Operators only.
+	ListCalls(context.Context, *connect.Request[v1.ListCallsRequest]) (*connect.Response[v1.ListCallsResponse], error)
 }
 
 // NewToolServiceHandler builds an HTTP handler from the service implementation. It returns the path
@@ -165,6 +185,12 @@ func NewToolServiceHandler(svc ToolServiceHandler, opts ...connect.HandlerOption
 		connect.WithSchema(toolServiceMethods.ByName("WatchCancels")),
 		connect.WithHandlerOptions(opts...),
 	)
+	toolServiceListCallsHandler := connect.NewUnaryHandler(
+		ToolServiceListCallsProcedure,
+		svc.ListCalls,
+		connect.WithSchema(toolServiceMethods.ByName("ListCalls")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/tether.v1.ToolService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ToolServiceBeginCallProcedure:
@@ -175,6 +201,8 @@ func NewToolServiceHandler(svc ToolServiceHandler, opts ...connect.HandlerOption
 			toolServiceCancelAckHandler.ServeHTTP(w, r)
 		case ToolServiceWatchCancelsProcedure:
 			toolServiceWatchCancelsHandler.ServeHTTP(w, r)
+		case ToolServiceListCallsProcedure:
+			toolServiceListCallsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -198,4 +226,8 @@ func (UnimplementedToolServiceHandler) CancelAck(context.Context, *connect.Reque
 
 func (UnimplementedToolServiceHandler) WatchCancels(context.Context, *connect.Request[v1.WatchCancelsRequest], *connect.ServerStream[v1.WatchCancelsResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.ToolService.WatchCancels is not implemented"))
+}
+
+func (UnimplementedToolServiceHandler) ListCalls(context.Context, *connect.Request[v1.ListCallsRequest]) (*connect.Response[v1.ListCallsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.ToolService.ListCalls is not implemented"))
 }

@@ -1,0 +1,125 @@
+// The console's only script: the tree's quick filter and collapse buttons,
+// and live pages fed by server-sent events. Pages work without it (reload).
+"use strict";
+
+function $(sel) { return document.querySelector(sel); }
+
+// ---- the agent tree ----
+function setupTree() {
+  const tree = $("#tree");
+  if (!tree) return;
+  const all = (open) => tree.querySelectorAll("details").forEach((d) => { d.open = open; });
+  const ex = $("#expand-all"), co = $("#collapse-all");
+  if (ex) ex.addEventListener("click", () => all(true));
+  if (co) co.addEventListener("click", () => all(false));
+  const quick = $("#quick");
+  if (!quick) return;
+  let timer = 0;
+  quick.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => filterTree(tree, quick.value.trim().toLowerCase()), 120);
+  });
+}
+
+// filterTree shows the nodes matching q and their ancestors, opening the
+// path to each match; an empty q shows everything again.
+function filterTree(tree, q) {
+  const items = tree.querySelectorAll("li.n");
+  if (!q) {
+    items.forEach((li) => { li.hidden = false; li.classList.remove("hit"); });
+    return;
+  }
+  items.forEach((li) => { li.hidden = true; li.classList.remove("hit"); });
+  items.forEach((li) => {
+    const text = (li.dataset.name + " " + li.dataset.id + " " + li.dataset.labels).toLowerCase();
+    if (!text.includes(q)) return;
+    li.classList.add("hit");
+    for (let p = li; p && p !== tree; p = p.parentElement) {
+      if (p.tagName === "LI") p.hidden = false;
+      if (p.tagName === "DETAILS" && p !== li.firstElementChild) p.open = true;
+    }
+  });
+}
+
+// ---- a termination in progress ----
+function setupTermination() {
+  const box = $("#termination");
+  if (!box || !window.EventSource) return;
+  if (box.dataset.state === "terminated" && $("#record-link").getAttribute("href")) return;
+  const es = new EventSource("/ui/terminations/" + encodeURIComponent(box.dataset.id) + "/events");
+  es.addEventListener("termination", (ev) => showTermination(box, JSON.parse(ev.data)));
+  es.addEventListener("end", () => { es.close(); $("#term-live").textContent = "Finished."; });
+  es.addEventListener("failed", (ev) => { es.close(); $("#term-live").textContent = "Live updates stopped: " + JSON.parse(ev.data).error; });
+  es.onerror = () => { if (es.readyState === EventSource.CLOSED) $("#term-live").textContent = "Live updates stopped; reload the page."; };
+}
+
+function showTermination(box, t) {
+  box.dataset.state = t.state;
+  const st = $("#term-state");
+  st.textContent = t.state;
+  st.className = "badge t-" + t.state;
+  $("#term-escalated").hidden = !t.escalated;
+  let seen = true;
+  document.querySelectorAll("#phases li").forEach((li) => {
+    li.classList.remove("current", "done");
+    if (li.dataset.phase === t.state) { li.classList.add("current"); seen = false; } else if (seen) li.classList.add("done");
+  });
+  document.querySelectorAll("[data-field]").forEach((el) => {
+    const v = t[el.dataset.field];
+    if (v !== undefined) el.textContent = v;
+  });
+  const bar = $("#term-confirmed");
+  bar.max = t.nodes_total; bar.value = t.confirmations;
+  if (t.record_id) {
+    const a = $("#record-link");
+    a.href = "/ui/records/" + encodeURIComponent(t.record_id);
+    a.textContent = t.record_id;
+    $("#term-record").hidden = false;
+  }
+}
+
+// ---- a rollout: reload when it moved ----
+function setupRollout() {
+  const box = $("#rollout");
+  if (!box || !window.EventSource) return;
+  const es = new EventSource("/ui/rollouts/" + encodeURIComponent(box.dataset.id) + "/events");
+  es.addEventListener("rollout", (ev) => {
+    if (JSON.parse(ev.data).version !== box.dataset.version) { es.close(); location.reload(); }
+  });
+}
+
+// ---- the revocation feed ----
+function setupFeed() {
+  const feed = $("#feed");
+  if (!feed || !window.EventSource) return;
+  const body = feed.querySelector("tbody");
+  const es = new EventSource("/ui/revocations/events");
+  es.addEventListener("tombstone", (ev) => {
+    const t = JSON.parse(ev.data);
+    const tr = document.createElement("tr");
+    const cell = (text, code) => {
+      const td = document.createElement("td");
+      const el = code ? document.createElement("a") : td;
+      if (code) { el.href = "/ui/grants/" + encodeURIComponent(text); el.className = "id"; td.appendChild(el); }
+      el.textContent = text;
+      tr.appendChild(td);
+    };
+    cell(String(t.sequence)); cell(t.grant_id, true); cell(t.revoked_at); cell(t.reason || "");
+    body.insertBefore(tr, body.firstChild);
+    while (body.rows.length > 500) body.deleteRow(body.rows.length - 1);
+  });
+  es.addEventListener("head", (ev) => {
+    const h = JSON.parse(ev.data);
+    $("#feed-head").textContent = h.head;
+    $("#feed-time").textContent = h.server_time;
+    $("#feed-status").textContent = "Live.";
+  });
+  es.addEventListener("failed", (ev) => { es.close(); $("#feed-status").textContent = "Stopped: " + JSON.parse(ev.data).error; });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  setupTree();
+  setupTermination();
+  setupRollout();
+  setupFeed();
+});

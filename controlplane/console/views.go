@@ -1,0 +1,893 @@
+package console
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+)
+
+// ---- the agent tree ----
+
+// treeNode is one node of the rendered tree.
+type treeNode struct {
+	Node        *tetherv1.Node
+	Children    []*treeNode
+	Descendants int
+	Open        bool
+}
+
+type treeData struct {
+	Roots    []*treeNode
+	Matches  []*tetherv1.Node // when filtered: a flat list
+	Filtered bool
+	Total    int
+	Selector string
+	State    string
+	Root     string
+	Open     string
+	Large    bool // not every level is open
+	Counts   map[string]int
+}
+
+// openAllBelow: a tree this small is rendered fully expanded; a larger one
+// opens its first levels only (the rest is a click, or "expand all", away).
+const openAllBelow = 500
+
+func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	q := r.URL.Query()
+	d := treeData{Selector: q.Get("selector"), State: q.Get("state"), Root: q.Get("root"), Open: q.Get("open"), Counts: map[string]int{}}
+	var nodes []*tetherv1.Node
+	token := ""
+	for {
+		resp, err := s.clients.agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token}))
+		if err != nil {
+			c.apiFail(w, r, s, "Could not list the agent tree", err)
+			return
+		}
+		nodes = append(nodes, resp.Msg.Nodes...)
+		token = resp.Msg.NextPageToken
+		if token == "" {
+			break
+		}
+	}
+	d.Total = len(nodes)
+	for _, n := range nodes {
+		d.Counts[nodeState(n.State)]++
+	}
+	if d.Selector != "" || d.State != "" {
+		d.Filtered = true
+		for _, n := range nodes {
+			if d.State == "" || nodeState(n.State) == d.State {
+				d.Matches = append(d.Matches, n)
+			}
+		}
+		c.render(w, r, s, http.StatusOK, "tree", "Agent tree", d)
+		return
+	}
+	openDepth := 1
+	switch {
+	case d.Open == "all" || (d.Open == "" && len(nodes) <= openAllBelow):
+		openDepth = 1 << 30
+	case d.Open != "":
+		if n, err := strconv.Atoi(d.Open); err == nil && n >= 0 {
+			openDepth = n
+		}
+	}
+	d.Large = openDepth < 1<<30
+	d.Roots = buildTree(nodes, openDepth)
+	c.render(w, r, s, http.StatusOK, "tree", "Agent tree", d)
+}
+
+// buildTree links nodes to their parents (a node whose parent is not in
+// the list is a root), sorts siblings by name, and opens the first levels.
+func buildTree(nodes []*tetherv1.Node, openDepth int) []*treeNode {
+	byID := make(map[string]*treeNode, len(nodes))
+	for _, n := range nodes {
+		byID[n.NodeId] = &treeNode{Node: n}
+	}
+	var roots []*treeNode
+	for _, n := range nodes {
+		t := byID[n.NodeId]
+		if p, ok := byID[n.ParentNodeId]; ok && n.ParentNodeId != "" {
+			p.Children = append(p.Children, t)
+		} else {
+			roots = append(roots, t)
+		}
+	}
+	var walk func(ts []*treeNode, depth int) int
+	walk = func(ts []*treeNode, depth int) int {
+		sort.Slice(ts, func(i, j int) bool {
+			if ts[i].Node.Name != ts[j].Node.Name {
+				return ts[i].Node.Name < ts[j].Node.Name
+			}
+			return ts[i].Node.NodeId < ts[j].Node.NodeId
+		})
+		total := 0
+		for _, t := range ts {
+			t.Open = depth < openDepth
+			t.Descendants = walk(t.Children, depth+1)
+			total += 1 + t.Descendants
+		}
+		return total
+	}
+	walk(roots, 0)
+	return roots
+}
+
+// ---- a node ----
+
+type nodeData struct {
+	Node        *tetherv1.Node
+	State       string
+	Children    []*tetherv1.Node
+	Descendants int
+	Grants      []*tetherv1.Grant
+	Leases      []*tetherv1.Lease
+	Proposals   []*tetherv1.StopProposal
+	Calls       []*tetherv1.ToolCall
+	Privileges  []*tetherv1.Privilege
+	Errors      []string
+}
+
+func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	got, err := s.clients.agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read node "+id, err)
+		return
+	}
+	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
+	// The sections below are read one by one; a section the caller may not
+	// read shows the server's refusal instead of failing the page.
+	if sub, err := s.clients.agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); err != nil {
+		d.Errors = append(d.Errors, "children: "+errorText(err))
+	} else {
+		d.Descendants = len(sub.Msg.Nodes) - 1
+		for _, n := range sub.Msg.Nodes {
+			if n.ParentNodeId == id {
+				d.Children = append(d.Children, n)
+			}
+		}
+	}
+	if g, err := s.clients.capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); err != nil {
+		d.Errors = append(d.Errors, "grants: "+errorText(err))
+	} else {
+		d.Grants = g.Msg.Grants
+	}
+	if l, err := s.clients.lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); err != nil {
+		d.Errors = append(d.Errors, "leases: "+errorText(err))
+	} else {
+		d.Leases = l.Msg.Leases
+	}
+	if p, err := s.clients.supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); err != nil {
+		d.Errors = append(d.Errors, "stop proposals: "+errorText(err))
+	} else {
+		for _, prop := range p.Msg.Proposals {
+			if prop.NodeId == id {
+				d.Proposals = append(d.Proposals, prop)
+			}
+		}
+	}
+	if calls, err := s.clients.tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); err != nil {
+		d.Errors = append(d.Errors, "tool calls: "+errorText(err))
+	} else {
+		d.Calls = calls.Msg.Calls
+	}
+	if privs, err := s.clients.supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: id})); err != nil {
+		d.Errors = append(d.Errors, "privileges: "+errorText(err))
+	} else {
+		d.Privileges = privs.Msg.Privileges
+	}
+	c.render(w, r, s, http.StatusOK, "node", d.Node.Name+" ("+id+")", d)
+}
+
+// formDuration parses an optional duration field.
+func formDuration(r *http.Request, field string) (*durationpb.Duration, error) {
+	v := strings.TrimSpace(r.PostForm.Get(field))
+	if v == "" {
+		return nil, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return nil, fmt.Errorf("%s %q is not a duration such as 30s or 2m", strings.ReplaceAll(field, "_", " "), v)
+	}
+	return durationpb.New(d), nil
+}
+
+func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	req := &tetherv1.TerminateRequest{NodeId: id, Reason: strings.TrimSpace(r.PostForm.Get("reason"))}
+	switch r.PostForm.Get("mode") {
+	case "drain":
+		req.Mode = tetherv1.TerminationMode_TERMINATION_MODE_DRAIN
+	case "abort":
+		req.Mode = tetherv1.TerminationMode_TERMINATION_MODE_ABORT
+	default:
+		c.fail(w, r, s, http.StatusBadRequest, "refused: no mode", "Choose drain or abort. Nothing was done.")
+		return
+	}
+	var err error
+	if req.DrainWindow, err = formDuration(r, "drain_window"); err == nil {
+		req.ConfirmTimeout, err = formDuration(r, "confirm_timeout")
+	}
+	if err != nil {
+		c.fail(w, r, s, http.StatusBadRequest, "refused: bad duration", err.Error()+". Nothing was done.")
+		return
+	}
+	expected := r.PostForm.Get("expected_state")
+	got, err := s.clients.agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read node "+id, err)
+		return
+	}
+	if now := nodeState(got.Msg.Node.State); expected == "" || now != expected {
+		c.stale(w, r, s, "Node "+id, orUnknown(expected), now)
+		return
+	}
+	resp, err := s.clients.supervisor.Terminate(ctx, connect.NewRequest(req))
+	if err != nil {
+		c.apiFail(w, r, s, "The server refused to terminate "+id, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(resp.Msg.Termination.TerminationId), http.StatusSeeOther)
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "no state"
+	}
+	return s
+}
+
+// ---- terminations ----
+
+func (c *Console) termination(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	resp, err := s.clients.supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read termination "+id, err)
+		return
+	}
+	c.render(w, r, s, http.StatusOK, "termination", "Termination "+id, terminationView(resp.Msg.Termination))
+}
+
+// terminationJSON is what the page shows and the event stream sends.
+type terminationJSON struct {
+	ID            string `json:"id"`
+	NodeID        string `json:"node_id"`
+	State         string `json:"state"`
+	Mode          string `json:"mode"`
+	Escalated     bool   `json:"escalated"`
+	RecordID      string `json:"record_id"`
+	RequestedBy   string `json:"requested_by"`
+	Reason        string `json:"reason"`
+	RequestedAt   string `json:"requested_at"`
+	UpdatedAt     string `json:"updated_at"`
+	DrainWindow   string `json:"drain_window"`
+	NodesTotal    uint32 `json:"nodes_total"`
+	NodesMarked   uint32 `json:"nodes_marked"`
+	CallsInFlight uint32 `json:"calls_in_flight"`
+	AcksPending   uint32 `json:"acks_pending"`
+	Confirmations uint32 `json:"confirmations"`
+	Phases        []string
+}
+
+var terminationPhases = []string{"requested", "draining", "aborting", "reconciling", "terminated"}
+
+func terminationView(t *tetherv1.Termination) terminationJSON {
+	p := t.GetProgress()
+	v := terminationJSON{
+		ID: t.TerminationId, NodeID: t.NodeId, State: termState(t.State),
+		Mode: enumName(t.Mode.String(), "TERMINATION_MODE_"), Escalated: t.Escalated, RecordID: t.RecordId,
+		RequestedBy: t.RequestedBy, Reason: t.Reason, RequestedAt: ts(t.RequestedAt), UpdatedAt: ts(t.UpdatedAt),
+		DrainWindow: dur(t.DrainWindow),
+		NodesTotal:  p.GetNodesTotal(), NodesMarked: p.GetNodesMarked(), CallsInFlight: p.GetCallsInFlight(),
+		AcksPending: p.GetAcksPending(), Confirmations: p.GetConfirmations(), Phases: terminationPhases,
+	}
+	if t.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		// An abort never drains.
+		v.DrainWindow = "— (abort)"
+		v.Phases = []string{"requested", "aborting", "reconciling", "terminated"}
+	}
+	return v
+}
+
+// events starts a server-sent event stream.
+func events(w http.ResponseWriter) func(event string, v any) error {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	return func(event string, v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+}
+
+// streamFailed ends an event stream with the server's error.
+func streamFailed(send func(string, any) error, err error) {
+	if err != nil && connect.CodeOf(err) != connect.CodeCanceled {
+		_ = send("failed", map[string]string{"error": errorText(err)})
+	}
+}
+
+func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	stream, err := s.clients.supervisor.WatchTermination(r.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not watch termination "+id, err)
+		return
+	}
+	defer stream.Close()
+	send := events(w)
+	for stream.Receive() {
+		t := stream.Msg().Termination
+		if send("termination", terminationView(t)) != nil {
+			return
+		}
+		if t.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED && t.RecordId != "" {
+			_ = send("end", map[string]string{})
+			return
+		}
+	}
+	streamFailed(send, stream.Err())
+}
+
+// ---- records ----
+
+type recordSummary struct {
+	Record         *tetherv1.ReconciliationRecord
+	Unaccounted    int
+	Confirmed      int
+	UnresolvedCall int
+	FailedRevokes  int
+	Unresolved     int
+}
+
+func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
+	sum := recordSummary{Record: rec}
+	for _, n := range rec.Nodes {
+		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+			sum.Unaccounted++
+		} else {
+			sum.Confirmed++
+		}
+	}
+	for _, call := range rec.ToolCalls {
+		if unresolvedCall(call.Resolution) {
+			sum.UnresolvedCall++
+		}
+	}
+	for _, p := range rec.Privileges {
+		if p.Outcome == tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED {
+			sum.FailedRevokes++
+		}
+	}
+	for _, l := range rec.Leases {
+		if l.Outcome == tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED {
+			sum.Unresolved++
+		}
+	}
+	return sum
+}
+
+// unresolvedCall: a call whose end nobody vouched for.
+func unresolvedCall(r tetherv1.CallResolution) bool {
+	return r == tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED || r == tetherv1.CallResolution_CALL_RESOLUTION_UNSPECIFIED
+}
+
+type recordsData struct {
+	Records []recordSummary
+	Next    string
+}
+
+func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	resp, err := s.clients.supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not list records", err)
+		return
+	}
+	d := recordsData{Next: resp.Msg.NextPageToken}
+	for _, rec := range resp.Msg.Records {
+		d.Records = append(d.Records, summarize(rec))
+	}
+	c.render(w, r, s, http.StatusOK, "records", "Reconciliation records", d)
+}
+
+type recordData struct {
+	recordSummary
+	UnaccountedNodes []*tetherv1.RecordNode
+	UnresolvedCalls  []*tetherv1.RecordToolCall
+	FailedPrivileges []*tetherv1.RecordPrivilege
+	UnresolvedLeases []*tetherv1.RecordLease
+}
+
+func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	resp, err := s.clients.supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read record "+id, err)
+		return
+	}
+	rec := resp.Msg.Record
+	d := recordData{recordSummary: summarize(rec)}
+	for _, n := range rec.Nodes {
+		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+			d.UnaccountedNodes = append(d.UnaccountedNodes, n)
+		}
+	}
+	for _, call := range rec.ToolCalls {
+		if unresolvedCall(call.Resolution) {
+			d.UnresolvedCalls = append(d.UnresolvedCalls, call)
+		}
+	}
+	for _, p := range rec.Privileges {
+		if p.Outcome == tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED {
+			d.FailedPrivileges = append(d.FailedPrivileges, p)
+		}
+	}
+	for _, l := range rec.Leases {
+		if l.Outcome == tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED {
+			d.UnresolvedLeases = append(d.UnresolvedLeases, l)
+		}
+	}
+	c.render(w, r, s, http.StatusOK, "record", "Record "+id, d)
+}
+
+// recordJSON downloads the record exactly as the record sinks publish it
+// (docs/record.schema.json).
+func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	resp, err := s.clients.supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read record "+id, err)
+		return
+	}
+	b, err := supervisor.MarshalRecord(resp.Msg.Record)
+	if err != nil {
+		c.fail(w, r, s, http.StatusInternalServerError, "Could not render the record", err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Disposition", attachment("record-"+resp.Msg.Record.RecordId+".json"))
+	_, _ = w.Write(b)
+}
+
+// attachment is a Content-Disposition naming a download; ids are plain
+// ASCII, anything else is replaced.
+func attachment(name string) string {
+	safe := strings.Map(func(r rune) rune {
+		if r < 0x80 && (r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return r
+		}
+		return '_'
+	}, name)
+	return `attachment; filename="` + safe + `"`
+}
+
+// ---- leases and the evidence matrix ----
+
+type leasesData struct {
+	Holder string
+	Leases []*tetherv1.Lease
+	Next   string
+}
+
+func (c *Console) leases(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	q := r.URL.Query()
+	resp, err := s.clients.lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not list leases", err)
+		return
+	}
+	c.render(w, r, s, http.StatusOK, "leases", "Job leases", leasesData{Holder: q.Get("holder"), Leases: resp.Msg.Leases, Next: resp.Msg.NextPageToken})
+}
+
+// evidenceFilter narrows the matrix's rows.
+type evidenceFilter struct {
+	Outcome    string // accepted, duplicate, rejected
+	Message    string // offer, ack, renew, ...
+	Generation string
+	Flag       string // stale, late, expired, conflict, cancel
+}
+
+func (f evidenceFilter) match(r *tetherv1.EvidenceRow) bool {
+	if f.Outcome != "" && enumName(r.Decision.GetOutcome().String(), "OUTCOME_") != f.Outcome {
+		return false
+	}
+	if f.Message != "" && r.Message != f.Message {
+		return false
+	}
+	if f.Generation != "" && strconv.FormatUint(r.Generation, 10) != f.Generation {
+		return false
+	}
+	switch f.Flag {
+	case "stale":
+		return r.StaleGeneration
+	case "late":
+		return r.LateProgress
+	case "expired":
+		return r.LeaseExpired
+	case "conflict":
+		return r.OwnershipConflict
+	case "cancel":
+		return r.CancelRequested
+	}
+	return true
+}
+
+func (f evidenceFilter) query() string {
+	v := url.Values{}
+	for k, s := range map[string]string{"outcome": f.Outcome, "message": f.Message, "generation": f.Generation, "flag": f.Flag} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if len(v) == 0 {
+		return ""
+	}
+	return "?" + v.Encode()
+}
+
+type evidenceRowView struct {
+	Row     uint64
+	Cells   []string
+	Outcome string
+	Flagged bool
+}
+
+type evidenceData struct {
+	Job      string
+	Header   []string
+	Rows     []evidenceRowView
+	Total    int
+	Filter   evidenceFilter
+	CSV      string
+	Messages []string
+}
+
+func (c *Console) evidenceRows(w http.ResponseWriter, r *http.Request, s *session) (string, evidenceFilter, []*tetherv1.EvidenceRow, int, bool) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	job := r.PathValue("job")
+	q := r.URL.Query()
+	f := evidenceFilter{Outcome: q.Get("outcome"), Message: q.Get("message"), Generation: q.Get("generation"), Flag: q.Get("flag")}
+	resp, err := s.clients.lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read the evidence of job "+job, err)
+		return job, f, nil, 0, false
+	}
+	var rows []*tetherv1.EvidenceRow
+	for _, row := range resp.Msg.Rows {
+		if f.match(row) {
+			rows = append(rows, row)
+		}
+	}
+	return job, f, rows, len(resp.Msg.Rows), true
+}
+
+func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
+	job, f, rows, total, ok := c.evidenceRows(w, r, s)
+	if !ok {
+		return
+	}
+	d := evidenceData{Job: job, Header: seedHeader(), Total: total, Filter: f, CSV: "/ui/jobs/" + url.PathEscape(job) + "/evidence/csv" + f.query(),
+		Messages: []string{"offer", "ack", "renew", "progress", "cancel", "cancel_ack", "complete", "reassign", "resolve", "expire", "ack_deadline", "recover"}}
+	for _, row := range rows {
+		d.Rows = append(d.Rows, evidenceRowView{
+			Row: row.Row, Cells: coordinator.RowFromProto(row).SeedRecord(),
+			Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
+			Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
+		})
+	}
+	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+job, d)
+}
+
+func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session) {
+	job, _, rows, _, ok := c.evidenceRows(w, r, s)
+	if !ok {
+		return
+	}
+	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+	w.Header().Set("Content-Disposition", attachment("evidence-"+job+".csv"))
+	cw := csv.NewWriter(w)
+	_ = cw.Write(seedHeader())
+	for _, row := range rows {
+		_ = cw.Write(spreadsheetSafe(coordinator.RowFromProto(row).SeedRecord()))
+	}
+	cw.Flush()
+}
+
+// ---- grants ----
+
+type grantData struct {
+	Grant   *tetherv1.Grant
+	State   string
+	Derived []*tetherv1.Grant
+	More    bool
+	Revoked string
+}
+
+func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) (grantData, bool) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	g, err := s.clients.capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read grant "+id, err)
+		return grantData{}, false
+	}
+	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State), Revoked: r.URL.Query().Get("revoked")}
+	sub, err := s.clients.capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not list the grants derived from "+id, err)
+		return grantData{}, false
+	}
+	for _, x := range sub.Msg.Grants {
+		if x.GrantId != id {
+			d.Derived = append(d.Derived, x)
+		}
+	}
+	d.More = sub.Msg.NextPageToken != ""
+	return d, true
+}
+
+func (c *Console) grant(w http.ResponseWriter, r *http.Request, s *session) {
+	if d, ok := c.loadGrant(w, r, s); ok {
+		c.render(w, r, s, http.StatusOK, "grant", "Grant "+d.Grant.GrantId, d)
+	}
+}
+
+func (c *Console) revokeConfirm(w http.ResponseWriter, r *http.Request, s *session) {
+	if d, ok := c.loadGrant(w, r, s); ok {
+		c.render(w, r, s, http.StatusOK, "revoke", "Revoke grant "+d.Grant.GrantId+"?", d)
+	}
+}
+
+func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	if r.PostForm.Get("confirm") != "yes" {
+		c.fail(w, r, s, http.StatusBadRequest, "refused: not confirmed", "Revoking a grant needs the confirmation step. Nothing was revoked.")
+		return
+	}
+	g, err := s.clients.capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read grant "+id, err)
+		return
+	}
+	if now, expected := grantState(g.Msg.Grant.State), r.PostForm.Get("expected_state"); expected == "" || now != expected {
+		c.stale(w, r, s, "Grant "+id, orUnknown(expected), now)
+		return
+	}
+	resp, err := s.clients.capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))}))
+	if err != nil {
+		c.apiFail(w, r, s, "The server refused to revoke "+id, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/grants/"+url.PathEscape(id)+"?revoked="+strconv.FormatUint(resp.Msg.Sequence, 10), http.StatusSeeOther)
+}
+
+// ---- stop proposals ----
+
+func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	pending, err := s.clients.supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read stop proposal "+id, err)
+		return
+	}
+	var prop *tetherv1.StopProposal
+	for _, p := range pending.Msg.Proposals {
+		if p.ProposalId == id {
+			prop = p
+		}
+	}
+	if prop == nil {
+		c.fail(w, r, s, http.StatusNotFound, "No such stop proposal", "not_found: stop proposal "+id+" does not exist")
+		return
+	}
+	if now, expected := enumName(prop.State.String(), "PROPOSAL_STATE_"), r.PostForm.Get("expected_state"); expected == "" || now != expected {
+		c.stale(w, r, s, "Stop proposal "+id, orUnknown(expected), now)
+		return
+	}
+	resp, err := s.clients.supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{
+		ProposalId: id, Approve: r.PostForm.Get("decision") == "approve", Reason: strings.TrimSpace(r.PostForm.Get("reason")),
+	}))
+	if err != nil {
+		c.apiFail(w, r, s, "The server refused the decision on "+id, err)
+		return
+	}
+	if t := resp.Msg.Termination; t != nil {
+		http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(t.TerminationId), http.StatusSeeOther)
+		return
+	}
+	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(prop.NodeId), http.StatusSeeOther)
+}
+
+// ---- rollouts ----
+
+func (c *Console) rollouts(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	resp, err := s.clients.supervisor.ListRollouts(ctx, connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not list rollouts", err)
+		return
+	}
+	c.render(w, r, s, http.StatusOK, "rollouts", "Rollouts", resp.Msg.Rollouts)
+}
+
+type rolloutData struct {
+	Rollout *tetherv1.Rollout
+	State   string
+	Version string
+	Done    uint32
+	Total   uint32
+}
+
+func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id := r.PathValue("id")
+	resp, err := s.clients.supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read rollout "+id, err)
+		return
+	}
+	ro := resp.Msg.Rollout
+	d := rolloutData{Rollout: ro, State: enumName(ro.State.String(), "ROLLOUT_STATE_"), Version: rolloutVersion(ro)}
+	d.Done = ro.GetCounts().GetDrained()
+	d.Total = d.Done + ro.GetCounts().GetRemaining()
+	c.render(w, r, s, http.StatusOK, "rollout", "Rollout "+id, d)
+}
+
+// rolloutVersion identifies what the page shows, so the page reloads only
+// when the rollout moved.
+func rolloutVersion(ro *tetherv1.Rollout) string {
+	v := ro.GetUpdatedAt().AsTime().UnixNano()
+	return strconv.FormatInt(v, 10) + "-" + strconv.Itoa(len(ro.Batches))
+}
+
+func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	stream, err := s.clients.supervisor.WatchRollout(r.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not watch rollout "+id, err)
+		return
+	}
+	defer stream.Close()
+	send := events(w)
+	for stream.Receive() {
+		ro := stream.Msg().Rollout
+		if send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) != nil {
+			return
+		}
+	}
+	streamFailed(send, stream.Err())
+}
+
+func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *session) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	id, op := r.PathValue("id"), r.PathValue("op")
+	got, err := s.clients.supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read rollout "+id, err)
+		return
+	}
+	if now, expected := enumName(got.Msg.Rollout.State.String(), "ROLLOUT_STATE_"), r.PostForm.Get("expected_state"); expected == "" || now != expected {
+		c.stale(w, r, s, "Rollout "+id, orUnknown(expected), now)
+		return
+	}
+	reason := strings.TrimSpace(r.PostForm.Get("reason"))
+	switch op {
+	case "pause":
+		_, err = s.clients.supervisor.PauseRollout(ctx, connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: id, Reason: reason}))
+	case "resume":
+		_, err = s.clients.supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: id}))
+	case "abort":
+		_, err = s.clients.supervisor.AbortRollout(ctx, connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: id, Reason: reason}))
+	default:
+		err = connect.NewError(connect.CodeInvalidArgument, errors.New("a rollout can be paused, resumed or aborted"))
+	}
+	if err != nil {
+		c.apiFail(w, r, s, "The server refused to "+op+" rollout "+id, err)
+		return
+	}
+	http.Redirect(w, r, "/ui/rollouts/"+url.PathEscape(id), http.StatusSeeOther)
+}
+
+// ---- the revocation feed ----
+
+func (c *Console) revocations(w http.ResponseWriter, r *http.Request, s *session) {
+	c.render(w, r, s, http.StatusOK, "revocations", "Revocation feed", nil)
+}
+
+type tombstoneJSON struct {
+	Sequence  uint64 `json:"sequence"`
+	GrantID   string `json:"grant_id"`
+	RevokedAt string `json:"revoked_at"`
+	Reason    string `json:"reason"`
+}
+
+func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *session) {
+	stream, err := s.clients.capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not watch revocations", err)
+		return
+	}
+	defer stream.Close()
+	send := events(w)
+	for stream.Receive() {
+		m := stream.Msg()
+		for _, t := range m.Tombstones {
+			if send("tombstone", tombstoneJSON{Sequence: t.Sequence, GrantID: t.GrantId, RevokedAt: ts(t.RevokedAt), Reason: t.Reason}) != nil {
+				return
+			}
+		}
+		if send("head", map[string]any{"head": m.HeadSequence, "server_time": ts(m.ServerTime), "snapshot": m.Snapshot}) != nil {
+			return
+		}
+	}
+	streamFailed(send, stream.Err())
+}
+
+func seedHeader() []string { return lease.SeedHeader() }
+
+// spreadsheetSafe defuses cells a spreadsheet would run as a formula: a
+// progress value is the agent's own text, and "=HYPERLINK(…)" in a CSV an
+// operator opens is the agent's code in the operator's spreadsheet. Such a
+// cell gets a leading apostrophe (OWASP's advice); no cell the coordinator
+// writes itself (ids, numbers, times, booleans, enums) starts that way.
+func spreadsheetSafe(cells []string) []string {
+	for i, c := range cells {
+		if c != "" && strings.ContainsRune("=+-@\t\r", rune(c[0])) {
+			cells[i] = "'" + c
+		}
+	}
+	return cells
+}
