@@ -7,8 +7,11 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrPanicked is returned by Update when its function panicked. The panic is
@@ -34,6 +37,8 @@ type committer struct {
 	maxBatch int
 	limits   txnLimits
 	stats    *badgerCounters
+	// observers see each group commit (metrics).
+	observers commitObservers
 	// revision is the last durable revision. Only the committer goroutine
 	// uses it.
 	revision uint64
@@ -67,6 +72,8 @@ func (c *committer) run() {
 }
 
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
+	start := time.Now()
+	span := startBatchSpan(reqs)
 	b := newBatch(c.db, c.revision, c.limits)
 	for _, r := range reqs {
 		if err := r.ctx.Err(); err != nil {
@@ -84,7 +91,7 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		err := c.runFunction(r.fn, t)
 		t.finished = true
 		if err == nil {
-			b.apply(t)
+			b.apply(t, trace.SpanContextFromContext(r.ctx))
 		}
 		outcomes = append(outcomes, outcome{req: r, err: err, dependsOn: len(b.updates)})
 	}
@@ -115,6 +122,8 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		}
 		o.req.answer(err)
 	}
+	c.observers.observe(len(outcomes), time.Since(start))
+	endSpan(span, commitErr, attribute.Int("tether.store.batch.updates", len(b.updates)), attribute.Int64("tether.store.revision", int64(c.revision)))
 	return outcomes
 }
 
