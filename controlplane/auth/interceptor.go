@@ -23,6 +23,9 @@ type Interceptor struct {
 	Limiter *RateLimiter
 	// Cache remembers verified tokens (nil: verify every request).
 	Cache *TokenCache
+	// RateLimited, if set, is told of each request the Limiter refused,
+	// with its procedure (metrics; it must return quickly).
+	RateLimited func(procedure string)
 }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
@@ -58,6 +61,9 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
 	}
 	if ok, wait := i.Limiter.Allow(p.ID()); !ok {
+		if i.RateLimited != nil {
+			i.RateLimited(procedure)
+		}
 		err := connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: rate limit for %s exceeded; retry in %s", p.ID(), wait.Round(time.Millisecond)))
 		return ctx, err
 	}
