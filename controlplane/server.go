@@ -149,6 +149,7 @@ type Server struct {
 	grants     *grantstore.Service
 	log        *slog.Logger
 	handler    http.Handler
+	metrics    *metrics // metrics.go
 	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
@@ -188,6 +189,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		limits = supervisor.DefaultLimits
 	}
 	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: limits}
+	s.metrics = newMetrics(s)
 	if err := s.buildComponents(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -248,6 +250,8 @@ func (s *Server) buildHandler() error {
 	if err != nil {
 		return err
 	}
+	s.metrics.register(registry)
+	obs.streams = s.metrics.streams
 	authn := &auth.Interceptor{
 		Issuer:      s.issuer,
 		Policy:      Policy(),
@@ -255,6 +259,7 @@ func (s *Server) buildHandler() error {
 		AgentActive: s.agentActive,
 		Limiter:     &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
 		Cache:       auth.NewTokenCache(0),
+		RateLimited: s.metrics.rateLimitedCall,
 	}
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),
@@ -264,7 +269,8 @@ func (s *Server) buildHandler() error {
 	mux := http.NewServeMux()
 	s.mountServices(mux, opts)
 	checker := grpchealth.NewStaticChecker(serviceNames()...)
-	mux.Handle(grpchealth.NewHandler(checker))
+	mux.Handle(grpchealth.NewHandler(checker, connect.WithInterceptors(obs), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)))
+	s.mountReflection(mux, obs)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
@@ -303,6 +309,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		ConnState:         s.metrics.connState,
 	}
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
