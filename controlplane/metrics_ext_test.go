@@ -159,13 +159,15 @@ func TestMetricsAfterATerminationAndALeaseStorm(t *testing.T) {
 	}
 
 	// Grants: one revoked by the operator, one held by the agent about to
-	// be terminated (revoked by its termination), one left active.
+	// be terminated (revoked by its termination), one left active, one
+	// that expires.
 	revoked := issueRoot(t, w.admin, w.planner, time.Hour, "tool:*")
 	if _, err := revokeGrant(w.admin, revoked.grant.GrantId); err != nil {
 		t.Fatal(err)
 	}
 	issueRoot(t, w.admin, w.stranger, time.Hour, "tool:*")
 	issueRoot(t, w.admin, w.w1, time.Hour, "tool:*")
+	issueRoot(t, w.admin, w.w2, 10*time.Second, "tool:*") // expires when the clock moves on
 
 	// A termination whose agent never confirms: unaccounted in the record.
 	term := terminate(t, w.admin, w.stranger, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, 10*time.Second)
@@ -184,6 +186,7 @@ func TestMetricsAfterATerminationAndALeaseStorm(t *testing.T) {
 		expect("tether_supervisor_unaccounted_agents_total", nil, eq, 1),
 		expect("tether_capability_grants", map[string]string{"state": "active"}, eq, 1),
 		expect("tether_capability_grants", map[string]string{"state": "revoked"}, eq, 2),
+		expect("tether_capability_grants", map[string]string{"state": "expired"}, eq, 1),
 		expect("tether_capability_revocations_total", nil, eq, 2),
 		expect("tether_capability_revocation_feed_lag_sequences", nil, eq, 0),
 		expect("tether_capability_revocation_feed_lag_seconds", nil, eq, 0),
