@@ -102,6 +102,11 @@ func newMetrics(s *Server) *metrics {
 func (m *metrics) register(registry *prometheus.Registry) {
 	registry.MustRegister(m.connections, m.connectionsTotal, m.streams, m.rateLimited, m.commitDuration,
 		m.commitBatch, m.publishDelay, m.terminationTime, m.unaccounted, m)
+	// Every procedure's refusal count exists from the start, at 0, so that
+	// rate() sees the first refusal.
+	for procedure := range Policy() {
+		m.rateLimited.WithLabelValues(procedure)
+	}
 	for _, c := range []*census{m.agents, m.grants, m.terminations} {
 		m.s.addComponent("metrics-"+c.name, func(ctx context.Context) error { return c.run(ctx, m.s.store, m.s.log) })
 	}

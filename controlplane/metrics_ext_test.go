@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -226,6 +228,29 @@ func TestMetricsAfterATerminationAndALeaseStorm(t *testing.T) {
 	commits, _ := last.value("tether_store_commit_batch_updates", nil)
 	if updates := last.histogramSum("tether_store_commit_batch_updates"); updates < commits {
 		t.Fatalf("%g updates in %g commits", updates, commits)
+	}
+
+	// docs/observability.md lists exactly the domain metrics served.
+	doc, err := os.ReadFile("../docs/observability.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var documented []string
+	for _, line := range strings.Split(string(doc), "\n") {
+		if rest, ok := strings.CutPrefix(line, "| `tether_"); ok {
+			documented = append(documented, "tether_"+rest[:strings.IndexByte(rest, '`')])
+		}
+	}
+	var served []string
+	for name := range last {
+		if strings.HasPrefix(name, "tether_") {
+			served = append(served, name)
+		}
+	}
+	sort.Strings(documented)
+	sort.Strings(served)
+	if !slices.Equal(documented, served) {
+		t.Fatalf("docs/observability.md lists\n  %v\n/metrics serves\n  %v", documented, served)
 	}
 
 	// The stream gauge falls back when the follower leaves.
