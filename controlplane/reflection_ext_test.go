@@ -44,7 +44,6 @@ func reflectedMethod(t *testing.T, stream *grpcreflect.ClientStream, service, me
 	return m
 }
 
-
 // TestReflectionListsAndCallsServicesWithoutProtos is `grpcurl -plaintext
 // ADDR list` and `grpcurl ... grpc.health.v1.Health/Check`: a reflection
 // client, without a token, lists every service, and a plain gRPC client
