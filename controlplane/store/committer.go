@@ -10,7 +10,6 @@ import (
 	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -73,7 +72,7 @@ func (c *committer) run() {
 
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 	start := time.Now()
-	span := startBatchSpan(reqs)
+	var traced []trace.Link // the callers being traced (observe.go)
 	b := newBatch(c.db, c.revision, c.limits)
 	for _, r := range reqs {
 		if err := r.ctx.Err(); err != nil {
@@ -87,11 +86,15 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		if !r.state.CompareAndSwap(requestQueued, requestTaken) {
 			continue
 		}
+		cause := trace.SpanContextFromContext(r.ctx)
+		if cause.IsSampled() {
+			traced = append(traced, trace.Link{SpanContext: cause})
+		}
 		t := b.begin()
 		err := c.runFunction(r.fn, t)
 		t.finished = true
 		if err == nil {
-			b.apply(t, trace.SpanContextFromContext(r.ctx))
+			b.apply(t, cause)
 		}
 		outcomes = append(outcomes, outcome{req: r, err: err, dependsOn: len(b.updates)})
 	}
@@ -123,7 +126,9 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		o.req.answer(err)
 	}
 	c.observers.observe(len(outcomes), time.Since(start))
-	endSpan(span, commitErr, attribute.Int("tether.store.batch.updates", len(b.updates)), attribute.Int64("tether.store.revision", int64(c.revision)))
+	if traced != nil {
+		recordBatchSpan(start, traced, len(outcomes), len(b.updates), c.revision, commitErr)
+	}
 	return outcomes
 }
 

@@ -60,32 +60,19 @@ func tracer() trace.Tracer { return otel.Tracer("github.com/tetherhq/tether/cont
 // transaction (etcd).
 const commitSpanName = "store.commit"
 
-// startBatchSpan starts the span of a group commit when at least one of
-// its callers is traced: a child of the first traced caller's span (so
-// that its trace shows the commit it waited for), linked to every traced
-// caller's span. With no traced caller it starts nothing and costs one
-// context lookup per request.
-func startBatchSpan(reqs []*request) trace.Span {
-	var links []trace.Link
-	var parent context.Context
-	for _, r := range reqs {
-		sc := trace.SpanContextFromContext(r.ctx)
-		if !sc.IsSampled() {
-			continue
-		}
-		if parent == nil {
-			parent = trace.ContextWithSpanContext(context.Background(), sc)
-		}
-		links = append(links, trace.Link{SpanContext: sc})
-	}
-	if parent == nil {
-		return nil
-	}
+// recordBatchSpan records the span of a group commit that had traced
+// callers, once it is over: started when the batch was taken, a child of the
+// first traced caller's span (so that its trace shows the commit it waited
+// for) and linked to every traced caller's span. A batch with no traced
+// caller records nothing and costs one context lookup per request.
+func recordBatchSpan(start time.Time, traced []trace.Link, requests, updates int, revision uint64, err error) {
+	parent := trace.ContextWithSpanContext(context.Background(), traced[0].SpanContext)
 	_, span := tracer().Start(parent, commitSpanName,
+		trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithLinks(links...),
-		trace.WithAttributes(attribute.Int("tether.store.batch.requests", len(reqs))))
-	return span
+		trace.WithLinks(traced...),
+		trace.WithAttributes(attribute.Int("tether.store.batch.requests", requests)))
+	endSpan(span, err, attribute.Int("tether.store.batch.updates", updates), attribute.Int64("tether.store.revision", int64(revision)))
 }
 
 // endSpan ends span (if any), marking it failed with err.
