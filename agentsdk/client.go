@@ -11,6 +11,8 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/otelconnect"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
@@ -44,7 +46,7 @@ func Dial(baseURL, token string, hc *http.Client) *Conn {
 		hc = HTTP2Client(baseURL)
 	}
 	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token}
-	opts := []connect.ClientOption{connect.WithInterceptors(auth.BearerInterceptor{Token: c.Token})}
+	opts := []connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), auth.BearerInterceptor{Token: c.Token})}
 	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, opts...)
 	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, opts...)
 	c.Capability = tetherv1connect.NewCapabilityServiceClient(hc, c.BaseURL, opts...)
@@ -119,3 +121,21 @@ func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	}
 	return cfg, nil
 }
+
+// TraceInterceptor is the client side of tracing (otelconnect): a client
+// span per call, in the caller's trace, whose W3C trace context rides in the
+// request headers, so that the control plane's spans for the call (and the
+// store commit and revocation feed behind it) join the caller's trace. It
+// uses the global tracer provider: with none installed the spans are the
+// API's no-ops and nothing is sent. Dial installs it; clients built by hand
+// add it with connect.WithInterceptors.
+func TraceInterceptor() connect.Interceptor { return traceInterceptor() }
+
+var traceInterceptor = sync.OnceValue(func() connect.Interceptor {
+	i, err := otelconnect.NewInterceptor(otelconnect.WithoutMetrics(),
+		otelconnect.WithPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})))
+	if err != nil {
+		panic("agentsdk: otelconnect options: " + err.Error()) // static options: unreachable
+	}
+	return i
+})

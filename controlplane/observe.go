@@ -6,24 +6,51 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // observer is the outermost interceptor: a span, a duration histogram and a
 // log line per RPC, so that authentication failures are observed too. It
 // never logs request headers or bodies (they carry credentials).
+//
+// It continues the caller's trace: a W3C traceparent header makes the RPC's
+// span a child of the client's span (docs/observability.md says what that
+// trusts). Without a tracer provider installed the span is the API's no-op,
+// and the header is only looked up.
 type observer struct {
 	tracer   trace.Tracer
 	duration metric.Float64Histogram
 	requests metric.Int64Counter
 	log      *slog.Logger
+	// streams counts streaming RPCs in progress (nil: not counted).
+	streams *prometheus.GaugeVec
+}
+
+// traceContext extracts the caller's trace context (W3C tracecontext
+// only: the server neither trusts nor forwards a caller's baggage).
+var traceContext = propagation.TraceContext{}
+
+// startSpan starts the server span of an RPC, continuing the caller's trace.
+func (o *observer) startSpan(ctx context.Context, procedure string, header http.Header) (context.Context, trace.Span) {
+	if header.Get("traceparent") != "" {
+		ctx = traceContext.Extract(ctx, propagation.HeaderCarrier(header))
+	}
+	ctx, span := o.tracer.Start(ctx, strings.TrimPrefix(procedure, "/"), trace.WithSpanKind(trace.SpanKindServer))
+	if span.IsRecording() {
+		service, method, _ := strings.Cut(strings.TrimPrefix(procedure, "/"), "/")
+		span.SetAttributes(attribute.String("rpc.system", "connect_rpc"), attribute.String("rpc.service", service), attribute.String("rpc.method", method))
+	}
+	return ctx, span
 }
 
 func newObserver(meter metric.Meter, log *slog.Logger) (*observer, error) {
@@ -64,7 +91,7 @@ func (o *observer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return next(ctx, req)
 		}
 		start := time.Now()
-		ctx, span := o.tracer.Start(ctx, req.Spec().Procedure, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span := o.startSpan(ctx, req.Spec().Procedure, req.Header())
 		defer span.End()
 		resp, err := next(ctx, req)
 		if err != nil {
@@ -82,8 +109,13 @@ func (o *observer) WrapStreamingClient(next connect.StreamingClientFunc) connect
 func (o *observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
 		start := time.Now()
-		ctx, span := o.tracer.Start(ctx, conn.Spec().Procedure, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span := o.startSpan(ctx, conn.Spec().Procedure, conn.RequestHeader())
 		defer span.End()
+		if o.streams != nil {
+			open := o.streams.WithLabelValues(conn.Spec().Procedure)
+			open.Inc()
+			defer open.Dec()
+		}
 		err := next(ctx, conn)
 		if err != nil && !errors.Is(err, context.Canceled) {
 			span.SetStatus(codes.Error, connect.CodeOf(err).String())

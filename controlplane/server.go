@@ -188,6 +188,7 @@ type Server struct {
 	handler    http.Handler
 	authn      *auth.Interceptor
 	conns      atomic.Pointer[connLimiter]
+	metrics    *metrics // metrics.go
 	components []component
 	// AdminTokenPath is where the bootstrap admin token was written ("" when
 	// the server runs without a data directory).
@@ -245,6 +246,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 			s.log.Info("closed the sessions of a previous run", "sessions", n)
 		}
 	}
+	s.metrics = newMetrics(s)
 	if err := s.buildComponents(ctx); err != nil {
 		s.Close()
 		return nil, err
@@ -310,6 +312,8 @@ func (s *Server) buildHandler() error {
 	if err != nil {
 		return err
 	}
+	s.metrics.register(registry)
+	obs.streams = s.metrics.streams
 	authn := &auth.Interceptor{
 		Issuer:      s.issuer,
 		Policy:      Policy(),
@@ -320,6 +324,7 @@ func (s *Server) buildHandler() error {
 		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
 		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
 		Cache:       auth.NewTokenCache(0),
+		RateLimited: s.metrics.rateLimitedCall,
 	}
 	authn.Refused = obs.record // refused at the Gate, before the observer interceptor
 	s.authn = authn
@@ -332,7 +337,8 @@ func (s *Server) buildHandler() error {
 	mux := http.NewServeMux()
 	s.mountServices(mux, opts)
 	checker := grpchealth.NewStaticChecker(serviceNames()...)
-	mux.Handle(grpchealth.NewHandler(checker))
+	mux.Handle(grpchealth.NewHandler(checker, connect.WithInterceptors(obs), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)))
+	s.mountReflection(mux, obs)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
@@ -394,6 +400,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			SendPingTimeout:      limits.PingInterval,
 			PingTimeout:          limits.PingTimeout,
 		},
+		ConnState: s.metrics.connState,
 	}
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)

@@ -31,6 +31,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	grants, err := grantstore.New(grantstore.Config{
 		Store: s.store, Clock: s.cfg.Clock, Keys: s.keys.Get, Issuer: s.cfg.Issuer,
 		TokenTTL: s.cfg.CapabilityTokenTTL, Heartbeat: s.cfg.RevocationHeartbeat, Log: s.log,
+		OnPublish: s.metrics.published,
 	})
 	if err != nil {
 		return err

@@ -195,6 +195,7 @@ func (s *Service) followFeed(ctx context.Context) error {
 				}
 				s.feed.add(t)
 				added = append(added, t)
+				s.published(ctx, t, ev.Trace)
 			case store.EventDelete:
 				s.feed.remove(seq)
 				pruned = true

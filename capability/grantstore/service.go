@@ -54,6 +54,10 @@ type Config struct {
 	// PruneInterval is how often the pruner looks for droppable tombstones.
 	PruneInterval time.Duration
 	Log           *slog.Logger
+	// OnPublish, if set, sees each tombstone as this replica's feed
+	// publishes it from a live store event (metrics). It runs on the feed's
+	// goroutine and must return quickly.
+	OnPublish func(capability.Tombstone)
 }
 
 // Service is the store-backed capability tree: it persists grants,

@@ -97,7 +97,7 @@ func (g *globals) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []connect.ClientOption{connect.WithInterceptors(auth.BearerInterceptor{Token: func() string { return token }})}
+	opts := []connect.ClientOption{connect.WithInterceptors(agentsdk.TraceInterceptor(), auth.BearerInterceptor{Token: func() string { return token }})}
 	return &clients{
 		agent:      tetherv1connect.NewAgentServiceClient(hc, g.addr, opts...),
 		auth:       tetherv1connect.NewAuthServiceClient(hc, g.addr, opts...),

@@ -2,6 +2,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 
@@ -9,7 +10,8 @@ import (
 )
 
 func main() {
-	if err := newRootCommand().Execute(); err != nil {
+	err := run(context.Background(), os.Args[1:])
+	if err != nil {
 		if ce := new(connect.Error); asConnectError(err, &ce) {
 			fmt.Fprintf(os.Stderr, "error: %s: %s\n", ce.Code(), ce.Message())
 		} else {
@@ -17,4 +19,14 @@ func main() {
 		}
 		os.Exit(1)
 	}
+}
+
+// run executes one command inside the process's tracing (trace.go).
+func run(ctx context.Context, args []string) error {
+	root := newRootCommand()
+	root.SetArgs(args)
+	ctx, end := startTracing(ctx, root, args)
+	err := root.ExecuteContext(ctx)
+	end(err)
+	return err
 }

@@ -52,6 +52,9 @@ type Interceptor struct {
 	MaxStreams int
 	// Cache remembers verified tokens (nil: verify every request).
 	Cache *TokenCache
+	// RateLimited, if set, is told of each request the Limiter refused,
+	// with its procedure (metrics; it must return quickly).
+	RateLimited func(procedure string)
 	// Refused, when set, observes every request the Gate refuses (it never
 	// reaches the Connect interceptors, the observer's included).
 	Refused func(ctx context.Context, procedure string, start time.Time, err error)
@@ -139,6 +142,9 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
 	}
 	if err := i.spend(p, 1); err != nil {
+		if i.RateLimited != nil {
+			i.RateLimited(procedure)
+		}
 		return ctx, err
 	}
 	return WithPrincipal(ctx, p), nil

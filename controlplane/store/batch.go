@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // mutation is the final state of one key after a transaction.
@@ -112,7 +113,7 @@ func (b *batch) begin() *updateTxn {
 
 // apply folds a successful Update's writes into the batch and gives it the
 // next revision. Updates that wrote nothing take no revision.
-func (b *batch) apply(t *updateTxn) {
+func (b *batch) apply(t *updateTxn, cause trace.SpanContext) {
 	if len(t.writes) == 0 {
 		return
 	}
@@ -128,7 +129,7 @@ func (b *batch) apply(t *updateTxn) {
 	}
 	slices.SortFunc(u.writes, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
 	for _, m := range u.writes {
-		ev := Event{Type: EventPut, Key: m.key, Value: m.value, Revision: u.revision}
+		ev := Event{Type: EventPut, Key: m.key, Value: m.value, Revision: u.revision, Trace: cause}
 		if m.deleted {
 			ev.Type, ev.Value = EventDelete, nil
 		}

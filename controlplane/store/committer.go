@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	badger "github.com/dgraph-io/badger/v4"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrPanicked is returned by Update when its function panicked. The panic is
@@ -34,6 +36,8 @@ type committer struct {
 	maxBatch int
 	limits   txnLimits
 	stats    *badgerCounters
+	// observers see each group commit (metrics).
+	observers commitObservers
 	// revision is the last durable revision. Only the committer goroutine
 	// uses it.
 	revision uint64
@@ -67,6 +71,8 @@ func (c *committer) run() {
 }
 
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
+	start := time.Now()
+	var traced []trace.Link // the callers being traced (observe.go)
 	b := newBatch(c.db, c.revision, c.limits)
 	for _, r := range reqs {
 		if err := r.ctx.Err(); err != nil {
@@ -80,11 +86,15 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		if !r.state.CompareAndSwap(requestQueued, requestTaken) {
 			continue
 		}
+		cause := trace.SpanContextFromContext(r.ctx)
+		if cause.IsSampled() {
+			traced = append(traced, trace.Link{SpanContext: cause})
+		}
 		t := b.begin()
 		err := c.runFunction(r.fn, t)
 		t.finished = true
 		if err == nil {
-			b.apply(t)
+			b.apply(t, cause)
 		}
 		outcomes = append(outcomes, outcome{req: r, err: err, dependsOn: len(b.updates)})
 	}
@@ -114,6 +124,10 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 			c.stats.updates.Add(1)
 		}
 		o.req.answer(err)
+	}
+	c.observers.observe(len(outcomes), time.Since(start))
+	if traced != nil {
+		recordBatchSpan(start, traced, len(outcomes), len(b.updates), c.revision, commitErr)
 	}
 	return outcomes
 }

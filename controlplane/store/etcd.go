@@ -128,6 +128,8 @@ type Etcd struct {
 	watchers map[*etcdWatcher]struct{}
 
 	stats etcdCounters
+	// observers see each committed Update (metrics).
+	observers commitObservers
 
 	closeOnce sync.Once
 	closeErr  error
@@ -303,6 +305,8 @@ func (s *Etcd) Update(ctx context.Context, fn func(tx Txn) error) error {
 		return ErrClosed
 	}
 	defer s.active.Done()
+	start := time.Now()
+	ctx, span := startUpdateSpan(ctx)
 	var lastConflict error
 	for attempt := 1; attempt <= s.opts.MaxAttempts; attempt++ {
 		if attempt > 1 {
@@ -317,13 +321,17 @@ func (s *Etcd) Update(ctx context.Context, fn func(tx Txn) error) error {
 		if !conflict {
 			if err == nil {
 				s.stats.updates.Add(1)
+				s.observers.observe(1, time.Since(start))
 			}
+			endSpan(span, err)
 			return err
 		}
 		s.stats.conflicts.Add(1)
 		lastConflict = err
 	}
-	return fmt.Errorf("%w: gave up after %d attempts: %v", ErrConflict, s.opts.MaxAttempts, lastConflict)
+	err := fmt.Errorf("%w: gave up after %d attempts: %v", ErrConflict, s.opts.MaxAttempts, lastConflict)
+	endSpan(span, err)
+	return err
 }
 
 // attemptInTurn waits for its turn at the gate — alone, or beside other

@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"errors"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Sentinel errors. Backends wrap their own causes with these so callers can
@@ -122,6 +124,11 @@ type Event struct {
 	Key      []byte
 	Value    []byte // nil for deletes
 	Revision uint64 // the revision of the transaction that made the change
+	// Trace is the span context of the Update that made the change when
+	// its caller was traced and the change was committed by this process
+	// (zero otherwise, and always for changes seen from another replica):
+	// what a watcher links the spans of its own work to.
+	Trace trace.SpanContext
 }
 
 // Watcher delivers events until its context ends or the store closes.

@@ -138,6 +138,9 @@ type Coordinator struct {
 	unknownSeq uint64
 
 	commits, judged, commitNanos atomic.Uint64
+	// decided counts durable decisions by outcome and audit event
+	// (decisions.go).
+	decided [tallyOutcomes * tallyEvents]atomic.Uint64
 	// commitQueue is the current run's queue of sealed batches (tests
 	// look at its length).
 	commitQueue chan *batch

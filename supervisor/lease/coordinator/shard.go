@@ -89,6 +89,8 @@ type batch struct {
 	deletes [][]byte
 	answers []pendingAnswer
 	err     error
+	// decisions tallies what was judged, counted once durable.
+	decisions tally
 }
 
 type kv struct{ key, value []byte }
@@ -355,6 +357,7 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	next, decision, _ := lease.Step(current, m, now, s.c.cfg.Policy)
 	b := s.building
 	b.messages++
+	b.decisions.add(decision)
 	if e == nil && !next.Exists() {
 		// No lease, so no job record: the row goes to the bounded log.
 		seq := s.c.nextUnknown()
@@ -476,6 +479,7 @@ func (s *shard) complete(b *batch) {
 	s.owesReply = true
 	if b.err == nil {
 		s.c.judged.Add(uint64(b.messages))
+		s.c.countDecisions(&b.decisions)
 		for i, e := range b.touched {
 			e.durable = b.snapshots[i].Lease
 			e.durableRows = b.snapshots[i].Rows

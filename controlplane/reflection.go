@@ -1,0 +1,26 @@
+package controlplane
+
+import (
+	"net/http"
+
+	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
+	"connectrpc.com/grpcreflect"
+)
+
+// mountReflection serves gRPC server reflection (v1 and v1alpha), so that
+// grpcurl, buf curl and Postman list and call the services without a copy
+// of the protos.
+//
+// Reflection is public, like health: it answers with the descriptors of
+// the services listed here — the same .proto files the repository
+// publishes — and nothing else (no data, no configuration, no principal).
+// It passes through the observer (span, metrics, log) but not through
+// authentication, and its messages are bounded like every request's.
+func (s *Server) mountReflection(mux *http.ServeMux, obs *observer) {
+	names := append(serviceNames(), grpchealth.HealthV1ServiceName, grpcreflect.ReflectV1ServiceName)
+	reflector := grpcreflect.NewStaticReflector(names...)
+	opts := []connect.HandlerOption{connect.WithInterceptors(obs), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)}
+	mux.Handle(grpcreflect.NewHandlerV1(reflector, opts...))
+	mux.Handle(grpcreflect.NewHandlerV1Alpha(reflector, opts...))
+}
