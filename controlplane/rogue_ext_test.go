@@ -1,0 +1,99 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The rogue agent: each test here plays a member of the workload (the node
+// being stopped, an ancestor inside the stopped subtree, a node that
+// already said it exited) that tries to fake, delay or dodge a promise
+// through the real server, and checks that the promise holds.
+
+// TestAnExitedAncestorCannotVouchForItsChild: a parent claims its own exit
+// (from then on it may not act) and, "dead", still confirms its child's
+// exit while an operator stops the child. Standing outside the child's
+// stopped subtree, its word used to count as an attestation, and the child
+// — which never opened a session the control plane could watch end — was
+// recorded confirmed on the word of a node that itself said it was gone.
+// The confirmation is activity after the parent's own exit: refused and
+// kept on the parent as a contradiction, and the child stays unaccounted.
+func TestAnExitedAncestorCannotVouchForItsChild(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "root")
+	parent := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "parent")
+	parentC := srv.Clients(parent.Credential)
+	child := spawn(t, parentC, parent.Node.NodeId, "child")
+	if _, err := parentC.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: parent.Node.NodeId, Reason: "done"})); err != nil {
+		t.Fatal(err)
+	}
+
+	term := terminate(t, admin, child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	_, err := parentC.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: child.Node.NodeId, Reason: "reaped it, trust me"}))
+	wantExitedRefusal(t, "the exited parent's confirmation of its child", err)
+	if kinds := contradictionKinds(getNode(t, admin, parent.Node.NodeId).Contradictions); len(kinds) != 1 {
+		t.Fatalf("the parent's contradictions are %v, want its confirmation of the child kept", kinds)
+	}
+	if cs := getNode(t, admin, child.Node.NodeId).ExitConfirmations; len(cs) != 0 {
+		t.Fatalf("the refused confirmation was stored on the child: %v", cs)
+	}
+
+	clk.Advance(2 * time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rn := recordNode(t, record(t, admin, term.TerminationId), child.Node.NodeId)
+	if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ConfirmedBy != "" {
+		t.Fatalf("child: %s confirmed by %q, want unaccounted", rn.Outcome, rn.ConfirmedBy)
+	}
+}
+
+// TestAnAncestorStoppedByAnotherTerminationOnlyClaims: an operator aborts
+// a child; its parent is then drained by the grandparent agent (the child
+// stays with the operator's abort). The parent — itself being stopped, so
+// part of the workload — vouches for the child. It is not in the
+// operator's termination's subtree, which used to make its word an
+// attestation and the child confirmed although the control plane never saw
+// anything end. Any ancestor that is itself stopping, stopped or exited
+// only claims.
+func TestAnAncestorStoppedByAnotherTerminationOnlyClaims(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "root")
+	rootC := srv.Clients(root.Credential)
+	parent := spawn(t, rootC, root.Node.NodeId, "parent")
+	parentC := srv.Clients(parent.Credential)
+	child := spawn(t, parentC, parent.Node.NodeId, "child")
+
+	operators := terminate(t, admin, child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Hour)
+	waitState(t, srv, operators.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	agents := terminate(t, rootC, parent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 24*time.Hour, 24*time.Hour, 24*time.Hour)
+	waitState(t, srv, agents.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	if st := getNode(t, admin, child.Node.NodeId).TerminationId; st != operators.TerminationId {
+		t.Fatalf("the child is with termination %s, want the operator's %s", st, operators.TerminationId)
+	}
+
+	if _, err := parentC.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: child.Node.NodeId, Reason: "it is gone"})); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(2 * time.Hour)
+	waitState(t, srv, operators.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rn := recordNode(t, record(t, admin, operators.TerminationId), child.Node.NodeId)
+	if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ConfirmedBy != "" {
+		t.Fatalf("child: %s confirmed by %q, want unaccounted (its parent is being stopped itself)", rn.Outcome, rn.ConfirmedBy)
+	}
+	if rn.ClaimedBy != "agent:"+parent.Node.NodeId+" (ancestor)" {
+		t.Fatalf("child: claimed by %q, want the parent's word shown as a claim", rn.ClaimedBy)
+	}
+}
