@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +96,41 @@ func TestAnAncestorStoppedByAnotherTerminationOnlyClaims(t *testing.T) {
 	}
 	if rn.ClaimedBy != "agent:"+parent.Node.NodeId+" (ancestor)" {
 		t.Fatalf("child: claimed by %q, want the parent's word shown as a claim", rn.ClaimedBy)
+	}
+}
+
+// TestHookURLsCannotClimbOutOfTheAllowedPrefix: the operator allows revoke
+// webhooks under one URL prefix; a rogue agent registers hooks whose path
+// climbs out of it with dot segments, plain or percent-encoded, or with a
+// backslash. The prefix matched the raw path, so they were accepted, and a
+// server that normalises paths would have been called at whatever the
+// agent chose on that host. They are refused, and nothing is stored.
+func TestHookURLsCannotClimbOutOfTheAllowedPrefix(t *testing.T) {
+	ctx := context.Background()
+	srv := testserver.Start(t, testserver.AllowPrivilegeHooks("https://hooks.example/revoke/"))
+	agent := register(t, srv.AdminClients(), "agent")
+	c := srv.Clients(agent.Credential)
+	expires := time.Now().Add(time.Hour)
+	if err := registerPrivilege(ctx, c, agent.Node.NodeId, "lock", "https://hooks.example/revoke/lock-1", expires); err != nil {
+		t.Fatalf("a hook under the prefix: %v", err)
+	}
+	for _, url := range []string{
+		"https://hooks.example/revoke/../admin/drop",
+		"https://hooks.example/revoke/%2e%2e/admin/drop",
+		"https://hooks.example/revoke/.%2E/admin/drop",
+		"https://hooks.example/revoke/..%2fadmin/drop",
+		"https://hooks.example/revoke/./../admin",
+		"https://hooks.example/revoke/..\\admin",
+		"https://hooks.example/revoke/%5c..%5cadmin",
+	} {
+		err := registerPrivilege(ctx, c, agent.Node.NodeId, "lock", url, expires)
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "revoke_url") || strings.Contains(err.Error(), "admin") {
+			t.Errorf("%s: %v, want invalid_argument about revoke_url's path, not quoting it", url, err)
+		}
+	}
+	term := terminate(t, srv.AdminClients(), agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if privs := privilegeOutcomes(record(t, srv.AdminClients(), term.TerminationId)); len(privs) != 1 {
+		t.Fatalf("the record lists privileges %v, want the one allowed hook only", privs)
 	}
 }
