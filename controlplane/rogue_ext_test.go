@@ -7,10 +7,13 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // The rogue agent: each test here plays a member of the workload (the node
@@ -133,4 +136,68 @@ func TestHookURLsCannotClimbOutOfTheAllowedPrefix(t *testing.T) {
 	if privs := privilegeOutcomes(record(t, srv.AdminClients(), term.TerminationId)); len(privs) != 1 {
 		t.Fatalf("the record lists privileges %v, want the one allowed hook only", privs)
 	}
+}
+
+// TestASelfProposedStopDoesNotShieldTheNodeFromItsParent: an operator lets
+// agents labelled stop=self have their stop proposals approved by policy.
+// A rogue child holds a tool call open and proposes its own stop with a
+// 24 h drain window. The policy's approval used to rank as an operator's
+// termination: the child's own parent could then neither abort it nor
+// take it over ("already stopping"), and the child drained — credentials
+// live — for as long as it chose. A policy approval carries the proposing
+// agent's authority: its parent's abort takes the node over, cancels the
+// call at once, and the self-proposed termination ends superseded.
+func TestASelfProposedStopDoesNotShieldTheNodeFromItsParent(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.StopPolicy = supervisor.ProposalPolicy{AutoApprove: map[string]string{"stop": "self"}}
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	parent := register(t, admin, "parent")
+	parentC := srv.Clients(parent.Credential)
+	spawned, err := parentC.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent.Node.NodeId, Name: "rogue", Labels: map[string]string{"stop": "self"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue := spawned.Msg
+	grant := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	call, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	proposed, err := srv.Clients(rogue.Credential).Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{
+		Condition: "now", Reason: "I will stop myself, slowly", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(24 * time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := proposed.Msg.Proposal.TerminationId
+	if self == "" {
+		t.Fatalf("the proposal was not approved by the policy: %v", proposed.Msg.Proposal)
+	}
+	waitState(t, srv, self, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+
+	outer, err := parentC.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: rogue.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "stop now",
+		CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute),
+	}))
+	if err != nil {
+		t.Fatalf("the parent's abort of its child under a self-proposed drain: %v, want it accepted", err)
+	}
+	done := waitState(t, srv, self, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if len(done.SupersededBy) != 1 || done.SupersededBy[0] != outer.Msg.Termination.TerminationId {
+		t.Fatalf("the self-proposed termination is superseded by %v, want the parent's", done.SupersededBy)
+	}
+	if n := getNode(t, admin, rogue.Node.NodeId); n.TerminationId != outer.Msg.Termination.TerminationId {
+		t.Fatalf("the rogue is %s under %s, want the parent's abort", n.State, n.TerminationId)
+	}
+	// The call got its cancel order at once (the clock has not moved).
+	testserver.WaitFor(t, 10*time.Second, "the call's cancel order", func() bool {
+		srv.Poke()
+		return getTermination(t, admin, outer.Msg.Termination.TerminationId).Progress.GetAcksPending() == 1
+	})
+	_ = call
 }

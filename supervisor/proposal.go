@@ -23,6 +23,10 @@ var (
 	ErrProposalDecided  = errors.New("supervisor: proposal already decided")
 )
 
+// PolicyDecider prefixes the decider of a proposal the control plane's
+// policy approved on its own (no operator weighed it).
+const PolicyDecider = "policy:"
+
 // ProposalPolicy decides which stop proposals the control plane approves on
 // its own. The agent proposes; the control plane decides, always against
 // what it observes (the ledger, the clock), never the agent's claims.
@@ -123,7 +127,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 	if err != nil || !auto {
 		return p, nil, err
 	}
-	return s.Decide(ctx, p.ProposalId, true, "auto-approved by the label policy", "policy:auto-approve")
+	return s.Decide(ctx, p.ProposalId, true, "auto-approved by the label policy", PolicyDecider+"auto-approve")
 }
 
 // Decide approves or rejects a pending proposal. Approval starts a
@@ -173,6 +177,13 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 			return err
 		}
 		term.HookTimeout = s.hookTimeout()
+		if strings.HasPrefix(decidedBy, PolicyDecider) {
+			// No one outside the workload weighed this stop: the node
+			// chose its mode and window. It carries the proposing agent's
+			// authority, so that it never shields the node from its
+			// ancestors (nor from a rollout) with a window of its choosing.
+			term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeId)
+		}
 		termID = term.ID
 		p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
 		p.TerminationId = termID
