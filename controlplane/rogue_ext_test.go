@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -200,4 +201,56 @@ func TestASelfProposedStopDoesNotShieldTheNodeFromItsParent(t *testing.T) {
 		return getTermination(t, admin, outer.Msg.Termination.TerminationId).Progress.GetAcksPending() == 1
 	})
 	_ = call
+}
+
+// TestHostileBytesAtTheTruncationBoundaries: the ledger keeps the first 512
+// bytes of a call's error and a node keeps the first 256 of an exit reason.
+// A rogue agent makes its tool fail with a message (an echo of its own
+// input) whose multi-byte character straddles the cut: cutting bytes left
+// invalid UTF-8 that the store could not encode, so the gate's EndCall
+// failed with an internal error, the call stayed in flight, the drain of
+// the node waited out its whole window and the record called a call that
+// had ended cancel_unacknowledged. Cuts fall on character boundaries: the
+// end is recorded, the drain ends at once, and the claim is kept.
+func TestHostileBytesAtTheTruncationBoundaries(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	self := root.Node.NodeId
+	grant := issueRoot(t, admin, self, time.Hour, "tool:*")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	call, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 24*time.Hour, time.Second, time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+
+	message := strings.Repeat("a", 511) + "€ no such file"
+	ended, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call.Msg.Call.CallId, Failed: true, Error: message}))
+	if err != nil {
+		t.Fatalf("the gate's end of a call with a long error: %v", err)
+	}
+	if e := ended.Msg.Call.Error; !utf8.ValidString(e) || len(e) > 512 || !strings.HasPrefix(message, e) {
+		t.Fatalf("the stored error is %d bytes, valid UTF-8 %v", len(e), utf8.ValidString(e))
+	}
+	// The drain ends without the clock moving: nothing is left in flight.
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+
+	reason := strings.Repeat("b", 255) + "€"
+	claimed, err := srv.Clients(root.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: reason}))
+	if err != nil {
+		t.Fatalf("a claim with a long reason: %v", err)
+	}
+	if cs := claimed.Msg.Node.ExitConfirmations; len(cs) != 1 || !utf8.ValidString(cs[0].Reason) || len(cs[0].Reason) > 256 {
+		t.Fatalf("the kept confirmation is %v", cs)
+	}
+	clk.Advance(2 * time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, admin, term.TerminationId)
+	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].Resolution != tetherv1.CallResolution_CALL_RESOLUTION_FAILED || rec.ToolCalls[0].EndedBy != "tool:gate-1" {
+		t.Fatalf("record calls %v, want the one call failed, ended by the gate", rec.ToolCalls)
+	}
 }

@@ -68,9 +68,7 @@ func noteContradiction(n *tetherv1.Node, kind, detail string, now time.Time) boo
 	if len(n.Contradictions) >= MaxContradictions {
 		return false
 	}
-	if len(detail) > 200 {
-		detail = detail[:200]
-	}
+	detail = clipUTF8(detail, 200)
 	n.Contradictions = append(n.Contradictions, &tetherv1.Contradiction{Kind: kind, At: timestamppb.New(now), Detail: detail})
 	return true
 }
