@@ -254,3 +254,54 @@ func TestHostileBytesAtTheTruncationBoundaries(t *testing.T) {
 		t.Fatalf("record calls %v, want the one call failed, ended by the gate", rec.ToolCalls)
 	}
 }
+
+// TestAFloodOfStopProposalsIsBounded: a rogue agent proposes its own stop
+// in a loop. Each proposal was stored, pending, without bound, and
+// ListProposals answers them all in one message: the operators' view of
+// what waits for their decision grew without limit. A node may have a few
+// proposals pending; the next is refused with the limit named and nothing
+// stored, until an operator decides one.
+func TestAFloodOfStopProposalsIsBounded(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	agent := srv.Clients(root.Credential)
+	propose := func() (*tetherv1.StopProposal, error) {
+		resp, err := agent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "now", Reason: "again"}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.Proposal, nil
+	}
+	var first *tetherv1.StopProposal
+	for i := range supervisor.MaxPendingProposals {
+		p, err := propose()
+		if err != nil {
+			t.Fatalf("proposal %d: %v", i+1, err)
+		}
+		if first == nil {
+			first = p
+		}
+	}
+	for range 3 {
+		_, err := propose()
+		wantLimit(t, "a proposal over the limit", err, connect.CodeResourceExhausted, "stop proposals waiting", "maximum per node")
+	}
+	pending := func() int {
+		resp, err := admin.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(resp.Msg.Proposals)
+	}
+	if n := pending(); n != supervisor.MaxPendingProposals {
+		t.Fatalf("%d proposals pending, want %d (the refused ones stored nothing)", n, supervisor.MaxPendingProposals)
+	}
+	if _, err := admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: first.ProposalId, Approve: false, Reason: "no"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := propose(); err != nil {
+		t.Fatalf("a proposal after one was decided: %v", err)
+	}
+}

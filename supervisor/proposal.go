@@ -23,6 +23,11 @@ var (
 	ErrProposalDecided  = errors.New("supervisor: proposal already decided")
 )
 
+// MaxPendingProposals bounds the stop proposals of one node waiting for a
+// decision: an agent that proposes in a loop cannot bury the operators'
+// list (each further one is refused until one is decided).
+const MaxPendingProposals = 8
+
 // PolicyDecider prefixes the decider of a proposal the control plane's
 // policy approved on its own (no operator weighed it).
 const PolicyDecider = "policy:"
@@ -115,12 +120,28 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, StateName(n.State))
 		}
+		pending := 0
+		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, _ []byte) error {
+			pending++
+			if pending >= MaxPendingProposals {
+				return store.ErrStopScan
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if pending >= MaxPendingProposals {
+			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", ErrLimit, nodeID, pending)
+		}
 		auto = false
 		if len(policy.AutoApprove) > 0 && MatchLabels(n.Labels, policy.AutoApprove) {
 			cond, _ := parseCondition(condition)
 			if auto, err = cond(tx, nodeID, s.Clock.Now()); err != nil {
 				return err
 			}
+		}
+		if err := tx.Put(pendingPropKey(nodeID, p.ProposalId), nil); err != nil {
+			return err
 		}
 		return putProto(tx, proposalKey(p.ProposalId), p)
 	})
@@ -152,6 +173,9 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 		}
 		now := s.Clock.Now()
 		p.DecidedBy, p.DecidedAt = decidedBy, timestamppb.New(now)
+		if err := tx.Delete(pendingPropKey(p.NodeId, proposalID)); err != nil {
+			return err
+		}
 		if !approve {
 			p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
 			return putProto(tx, proposalKey(proposalID), p)
