@@ -305,3 +305,44 @@ func TestAFloodOfStopProposalsIsBounded(t *testing.T) {
 		t.Fatalf("a proposal after one was decided: %v", err)
 	}
 }
+
+// TestKill9KeepsTheProposalBound: the bound on pending proposals is stored
+// with them: after kill -9 of the real binary the rogue is still at its
+// limit, and a decision made after the restart frees a place.
+func TestKill9KeepsTheProposalBound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	dir, addr := t.TempDir(), testserver.FreeAddr(t)
+	proc := testserver.StartProcessOn(t, dir, addr)
+	ctx := context.Background()
+	root := register(t, proc.Clients(proc.Admin), "rogue")
+	propose := func(c *testserver.Clients) (*tetherv1.ProposeStopResponse, error) {
+		resp, err := c.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "now", Reason: "again"}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	var first string
+	for range supervisor.MaxPendingProposals {
+		p, err := propose(proc.Clients(root.Credential))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == "" {
+			first = p.Proposal.ProposalId
+		}
+	}
+	proc.Kill()
+	proc = testserver.StartProcessOn(t, dir, addr)
+	agent := proc.Clients(root.Credential)
+	_, err := propose(agent)
+	wantLimit(t, "a proposal over the limit after kill -9", err, connect.CodeResourceExhausted, "maximum per node")
+	if _, err := proc.Clients(proc.Admin).Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: first, Approve: false})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := propose(agent); err != nil {
+		t.Fatalf("a proposal after a decision, after kill -9: %v", err)
+	}
+}
