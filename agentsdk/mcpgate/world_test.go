@@ -159,9 +159,12 @@ func waitState(t *testing.T, w *world, id string, state tetherv1.TerminationStat
 	return last
 }
 
+// confirmExit is the agent's launcher attesting its exit (the agent never
+// opened a session, so its own word would be a bare claim the record waits
+// on until the confirm timeout).
 func confirmExit(t *testing.T, w *world) {
 	t.Helper()
-	if _, err := w.srv.Clients(w.agent.Credential).Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.agent.Node.NodeId})); err != nil {
+	if _, err := w.admin.Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.agent.Node.NodeId})); err != nil {
 		t.Fatal(err)
 	}
 }
