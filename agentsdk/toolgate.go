@@ -156,7 +156,9 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	}
 	req := &tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: herr != nil}
 	if herr != nil {
-		req.Error = herr.Error()
+		// The handler's error may echo anything (the agent's input): only
+		// valid UTF-8 can be sent, and the call's end must reach the ledger.
+		req.Error = strings.ToValidUTF8(herr.Error(), "\uFFFD")
 	}
 	if _, err := g.conn.Tool.EndCall(rctx, connect.NewRequest(req)); err != nil {
 		return errors.Join(herr, err)

@@ -21,6 +21,7 @@ type composeWorld struct {
 	srv               *testserver.Server
 	clk               *clock.Manual
 	admin             *testserver.Clients
+	gate              *testserver.Clients // the tool server gate-1
 	parent            *tetherv1.RegisterRootResponse
 	child, grandchild *tetherv1.SpawnResponse
 }
@@ -36,8 +37,8 @@ func newComposeWorld(t *testing.T) *composeWorld {
 	return &composeWorld{srv: srv, clk: clk, admin: admin, parent: parent, child: child, grandchild: grandchild}
 }
 
-// beginCall starts a tool call of node (through the gate's own tool-server
-// token) that nobody ends: it stays in flight until a termination
+// beginCall starts a tool call of node (reported by the tool server
+// gate-1) that nobody ends: it stays in flight until a termination
 // accounts for it.
 func (w *composeWorld) beginCall(t *testing.T, node string) string {
 	t.Helper()
@@ -46,8 +47,10 @@ func (w *composeWorld) beginCall(t *testing.T, node string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := w.srv.Clients(w.srv.ToolServerToken(t, "gate-1"))
-	call, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+	if w.gate == nil {
+		w.gate = w.srv.Clients(w.srv.ToolServerToken(t, "gate-1"))
+	}
+	call, err := w.gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,8 +289,8 @@ func TestKill9DuringATakeoverCoversEveryNodeExactlyOnce(t *testing.T) {
 	parent := register(t, admin, "parent")
 	child := spawn(t, proc.Clients(parent.Credential), parent.Node.NodeId, "child")
 	grandchild := spawn(t, proc.Clients(child.Credential), child.Node.NodeId, "grandchild")
-	var calls []string
 	gate := proc.Clients(proc.ToolServerToken(t, "gate-1"))
+	var calls []string
 	for _, node := range []string{child.Node.NodeId, grandchild.Node.NodeId} {
 		issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 		if err != nil {

@@ -177,6 +177,12 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 		kind = supervisor.ConfirmedBySelf
 		if req.Msg.NodeId != p.NodeID() {
 			kind = supervisor.ConfirmedByAncestor
+			// Vouching for another node is activity: a node whose own exit
+			// was confirmed may not (the interceptor lets only its own
+			// ConfirmExit through), and the attempt is kept against it.
+			if _, err := a.s.agentAct(ctx, p.NodeID(), supervisor.ActivityRequest, "a confirmation of another node's exit"); err != nil {
+				return nil, toConnect(err)
+			}
 			authorize = func(n *tetherv1.Node) error {
 				if !supervisor.IsAncestor(n, p.NodeID()) {
 					return fmt.Errorf("%w: agent %s may confirm only its own exit or a descendant's, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)

@@ -13,7 +13,9 @@
 // or included (it serialized before, and the mark's subtree walk sees it).
 //
 // Exit evidence (evidence.go). A node's exit is confirmed by its own word
-// or an ancestor's (a claim when the ancestor is itself being stopped) or by
+// or an ancestor's (a claim when the ancestor is itself stopping, stopped or
+// exited, under this termination or another; an exited agent may not vouch
+// at all) or by
 // an operator such as a launcher (an attestation); the record counts a
 // confirmation only when the control plane's own evidence agrees: no
 // session open (Tree.SessionOpened/SessionClosed store the observation on

@@ -17,9 +17,11 @@ import (
 // Who may say a node exited, and what the control plane does with it.
 //
 // The workload is the least reliable narrator of its own end: a node's own
-// word that it exited, or an ancestor's inside the subtree being stopped,
-// is a claim. An operator (a launcher that watched the process die) or an
-// agent outside the stopped subtree attests. Neither is enough on its own:
+// word that it exited, or an ancestor's inside the subtree being stopped
+// (or itself stopping, stopped or exited under any termination), is a
+// claim. An operator (a launcher that watched the process die) or an
+// ancestor agent still running outside every stop attests; an agent whose
+// own exit was confirmed may not vouch for anyone. Neither is enough on its own:
 // the record says CONFIRMED only when the control plane's own evidence
 // agrees — no session of the node is open, every grant it held is revoked
 // or expired, nothing arrived from it after the first confirmation, and,
@@ -66,9 +68,7 @@ func noteContradiction(n *tetherv1.Node, kind, detail string, now time.Time) boo
 	if len(n.Contradictions) >= MaxContradictions {
 		return false
 	}
-	if len(detail) > 200 {
-		detail = detail[:200]
-	}
+	detail = clipUTF8(detail, 200)
 	n.Contradictions = append(n.Contradictions, &tetherv1.Contradiction{Kind: kind, At: timestamppb.New(now), Detail: detail})
 	return true
 }
@@ -269,7 +269,8 @@ func confirmationsOf(n *tetherv1.Node) []*tetherv1.ExitConfirmation {
 }
 
 // isClaim says whether a confirmation is the workload's own word: the
-// node's, or an ancestor's that is itself being stopped (inStopped).
+// node's, or an ancestor's that is itself part of the workload being
+// stopped (inStopped: see Termination.workloadIn).
 func isClaim(c *tetherv1.ExitConfirmation, inStopped func(nodeID string) bool) bool {
 	switch c.Kind {
 	case ConfirmedBySelf:

@@ -36,13 +36,14 @@ func termCallKey(term, call string) []byte { return []byte(prefixTermCall + term
 
 // Termination, record, privilege and proposal keys.
 const (
-	prefixTermination  = "terminations/"    // terminations/<id> → Termination (JSON)
-	prefixRecord       = "records/"         // records/<id> → tetherv1.ReconciliationRecord header; records/<id>/part/<n> → entries
-	prefixRecordByTerm = "records-by-term/" // records-by-term/<termination id> → record id
-	prefixOutbox       = "outbox/records/"  // outbox/records/<record id> → "" until the sink has it
-	prefixPrivilege    = "privileges/priv/" // privileges/priv/<id> → Privilege (JSON)
-	prefixNodePriv     = "privileges/node/" // privileges/node/<node id>/<id> → ""
-	prefixProposal     = "proposals/"       // proposals/<id> → tetherv1.StopProposal
+	prefixTermination  = "terminations/"      // terminations/<id> → Termination (JSON)
+	prefixRecord       = "records/"           // records/<id> → tetherv1.ReconciliationRecord header; records/<id>/part/<n> → entries
+	prefixRecordByTerm = "records-by-term/"   // records-by-term/<termination id> → record id
+	prefixOutbox       = "outbox/records/"    // outbox/records/<record id> → "" until the sink has it
+	prefixPrivilege    = "privileges/priv/"   // privileges/priv/<id> → Privilege (JSON)
+	prefixNodePriv     = "privileges/node/"   // privileges/node/<node id>/<id> → ""
+	prefixProposal     = "proposals/"         // proposals/<id> → tetherv1.StopProposal
+	prefixPendingProp  = "proposals-pending/" // proposals-pending/<node id>/<id> → "" while pending
 )
 
 func terminationKey(id string) []byte { return []byte(prefixTermination + id) }
@@ -56,6 +57,10 @@ func privilegeKey(id string) []byte        { return []byte(prefixPrivilege + id)
 func nodePrivPrefix(node string) []byte    { return []byte(prefixNodePriv + node + "/") }
 func nodePrivKey(node, priv string) []byte { return []byte(prefixNodePriv + node + "/" + priv) }
 func proposalKey(id string) []byte         { return []byte(prefixProposal + id) }
+func pendingPropPrefix(node string) []byte { return []byte(prefixPendingProp + node + "/") }
+func pendingPropKey(node, id string) []byte {
+	return []byte(prefixPendingProp + node + "/" + id)
+}
 
 // Rollout keys.
 const prefixRollout = "rollouts/" // rollouts/<id> → Rollout (JSON)

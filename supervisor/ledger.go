@@ -151,10 +151,7 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 		default:
 			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED
 		}
-		if len(message) > 512 {
-			message = message[:512]
-		}
-		c.Error = message
+		c.Error = clipUTF8(message, 512)
 	})
 }
 

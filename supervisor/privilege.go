@@ -112,6 +112,14 @@ func (r *Privileges) CheckHookURL(raw string) error {
 	if u.User != nil {
 		return fmt.Errorf("%w: revoke_url must not carry credentials", ErrInvalidArgument)
 	}
+	// An allowed URL prefix confines the path: a dot segment or a
+	// backslash (plain or percent-encoded; u.Path is decoded) would climb
+	// out of it on a server that normalises paths.
+	for _, seg := range strings.Split(u.Path, "/") {
+		if seg == "." || seg == ".." || strings.Contains(seg, "\\") {
+			return fmt.Errorf("%w: revoke_url's path must not contain '.' or '..' segments or backslashes", ErrInvalidArgument)
+		}
+	}
 	if !hookAllowed(r.AllowHooks, u) {
 		return fmt.Errorf("%w: revoke_url's destination %q is not on the operator's allow-list (%s); ask an operator to allow it", ErrHookNotAllowed, u.Host, HookAllowFlag)
 	}

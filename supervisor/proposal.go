@@ -23,6 +23,15 @@ var (
 	ErrProposalDecided  = errors.New("supervisor: proposal already decided")
 )
 
+// MaxPendingProposals bounds the stop proposals of one node waiting for a
+// decision: an agent that proposes in a loop cannot bury the operators'
+// list (each further one is refused until one is decided).
+const MaxPendingProposals = 8
+
+// PolicyDecider prefixes the decider of a proposal the control plane's
+// policy approved on its own (no operator weighed it).
+const PolicyDecider = "policy:"
+
 // ProposalPolicy decides which stop proposals the control plane approves on
 // its own. The agent proposes; the control plane decides, always against
 // what it observes (the ledger, the clock), never the agent's claims.
@@ -111,7 +120,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 	}
 	reason := fmt.Sprintf("stop rule %q (%s, set by %s) is true: %s", firing.Name, firing.RuleId, firing.SetBy, strings.Join(values, ", "))
 	if len(reason) > 1024 {
-		reason = reason[:1021] + "..."
+		reason = clipUTF8(reason, 1021) + "..."
 	}
 	now := s.Clock.Now()
 	p = &tetherv1.StopProposal{
@@ -218,6 +227,19 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, StateName(n.State))
 		}
+		pending := 0
+		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, _ []byte) error {
+			pending++
+			if pending >= MaxPendingProposals {
+				return store.ErrStopScan
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if pending >= MaxPendingProposals {
+			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", ErrLimit, nodeID, pending)
+		}
 		auto = false
 		if len(policy.AutoApprove) > 0 && MatchLabels(n.Labels, policy.AutoApprove) {
 			cond, _ := parseCondition(condition)
@@ -225,12 +247,15 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 				return err
 			}
 		}
+		if err := tx.Put(pendingPropKey(nodeID, p.ProposalId), nil); err != nil {
+			return err
+		}
 		return putProto(tx, proposalKey(p.ProposalId), p)
 	})
 	if err != nil || !auto {
 		return p, nil, err
 	}
-	return s.Decide(ctx, p.ProposalId, true, "auto-approved by the label policy", "policy:auto-approve")
+	return s.Decide(ctx, p.ProposalId, true, "auto-approved by the label policy", PolicyDecider+"auto-approve")
 }
 
 // Decide approves or rejects a pending proposal. Approval starts a
@@ -273,6 +298,9 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 // Kicks it after the commit).
 func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bool, reason, decidedBy string, now time.Time) (Termination, error) {
 	p.DecidedBy, p.DecidedAt = decidedBy, timestamppb.New(now)
+	if err := tx.Delete(pendingPropKey(p.NodeId, p.ProposalId)); err != nil {
+		return Termination{}, err
+	}
 	if !approve {
 		p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
 		return Termination{}, putProto(tx, proposalKey(p.ProposalId), p)
@@ -299,6 +327,13 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 	}
 	term.ProposalID = p.ProposalId
 	term.HookTimeout = s.hookTimeout()
+	if strings.HasPrefix(decidedBy, PolicyDecider) {
+		// No one outside the workload weighed this stop: the node chose
+		// its mode and window. It carries the proposing agent's authority,
+		// so that it never shields the node from its ancestors (nor from a
+		// rollout) with a window of its choosing.
+		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeId)
+	}
 	p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
 	p.TerminationId = term.ID
 	if err := putJSON(tx, terminationKey(term.ID), term); err != nil {

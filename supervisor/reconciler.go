@@ -232,7 +232,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
 			return err
 		}
-		stopped := t.stoppedSet()
+		inWorkload := t.workloadIn(tx)
 		for _, m := range t.Members {
 			n, err := getNode(tx, m)
 			if err != nil {
@@ -240,7 +240,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			}
 			// Wait for a node until its verdict is settled: a claim may
 			// still be corroborated (its session's end observed).
-			if !judgeExit(n, func(id string) bool { return stopped[id] }, nil).settled {
+			if !judgeExit(n, inWorkload, nil).settled {
 				p.Unconfirmed++
 			}
 		}

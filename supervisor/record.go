@@ -78,13 +78,13 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 	if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
 		return nil, err
 	}
-	stopped := t.stoppedSet()
+	inWorkload := t.workloadIn(tx)
 	for _, m := range t.Members {
 		n, err := getNode(tx, m)
 		if err != nil {
 			return nil, err
 		}
-		rec.Nodes = append(rec.Nodes, recordNode(n, stopped, liveGrants[n.NodeId], heldGrants[n.NodeId], heldJobs[n.NodeId]))
+		rec.Nodes = append(rec.Nodes, recordNode(n, inWorkload, liveGrants[n.NodeId], heldGrants[n.NodeId], heldJobs[n.NodeId]))
 	}
 	if err := composeRecordNodes(tx, t, rec); err != nil {
 		return nil, err
@@ -236,8 +236,8 @@ func composeRecordNodes(tx store.Txn, t Termination, rec *tetherv1.Reconciliatio
 
 // recordNode is a node's entry: its exit weighed against the control
 // plane's evidence (judgeExit), the claim and the contradictions shown.
-func recordNode(n *tetherv1.Node, stopped map[string]bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
-	v := judgeExit(n, func(id string) bool { return stopped[id] }, liveGrants)
+func recordNode(n *tetherv1.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
+	v := judgeExit(n, inWorkload, liveGrants)
 	rn := &tetherv1.RecordNode{
 		NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
 		ClaimedBy: v.claimedBy, ClaimedAt: v.claimedAt, Contradictions: n.Contradictions,
@@ -263,6 +263,28 @@ func (t Termination) stoppedSet() map[string]bool {
 		set[m] = true
 	}
 	return set
+}
+
+// workloadIn reports, read in tx, whether a node is part of the workload
+// being stopped, so that its word about a descendant's exit is only a
+// claim: a node this termination stops, or one that is itself stopping,
+// stopped or exited — under another termination, or by its own claim. Only
+// an ancestor still running outside every stop attests.
+func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
+	stopped := t.stoppedSet()
+	seen := map[string]bool{}
+	return func(nodeID string) bool {
+		if stopped[nodeID] {
+			return true
+		}
+		in, ok := seen[nodeID]
+		if !ok {
+			n, err := getNode(tx, nodeID)
+			in = err != nil || n.State != tetherv1.NodeState_NODE_STATE_RUNNING || exitConfirmed(n)
+			seen[nodeID] = in
+		}
+		return in
+	}
 }
 
 // putRecord stores a record in parts under the store's value limit.

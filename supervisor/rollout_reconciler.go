@@ -513,12 +513,7 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-func clipText(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
+func clipText(s string, n int) string { return clipUTF8(s, n) }
 
 // handOver reassigns every open lease held by the batch's members to the
 // ready replacements, round robin, each with generation + 1. The old

@@ -145,9 +145,7 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason 
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if len(reason) > 256 {
-		reason = reason[:256]
-	}
+	reason = clipUTF8(reason, 256)
 	by := principal + " (" + kind + ")"
 	now := timestamppb.New(t.Clock.Now())
 	var out *tetherv1.Node

@@ -141,7 +141,9 @@ type Termination struct {
 	LeaseHandover bool   `json:"lease_handover,omitempty"`
 	// RequesterLineage is the requesting agent's ancestors and itself,
 	// root first (empty for operators): an agent's termination supersedes
-	// another agent's only when it is that agent's or an ancestor's.
+	// another agent's only when it is that agent's or an ancestor's. A
+	// stop an agent proposed for itself and the policy approved carries
+	// the proposer's lineage, and an agent's authority.
 	RequesterLineage []string `json:"requester_lineage,omitempty"`
 	// ProposalID is the stop proposal whose approval started the
 	// termination; the record names the stop rule that filed it, if any.
@@ -205,13 +207,23 @@ const (
 // Rank is the authority that requested the termination.
 func (t Termination) Rank() Rank {
 	switch {
-	case strings.HasPrefix(t.RequestedBy, "agent:"):
+	case strings.HasPrefix(t.RequestedBy, "agent:") || len(t.RequesterLineage) > 0:
 		return RankAgent
 	case t.RolloutID != "":
 		return RankRollout
 	default:
 		return RankOperator
 	}
+}
+
+// requester is the node of the agent behind an agent's termination: the
+// last of its lineage (the requester, or the node that proposed its own
+// stop).
+func (t Termination) requester() string {
+	if n := len(t.RequesterLineage); n > 0 {
+		return t.RequesterLineage[n-1]
+	}
+	return strings.TrimPrefix(t.RequestedBy, "agent:")
 }
 
 // Aborts reports whether the termination cancels in-flight calls: an
@@ -232,7 +244,7 @@ func Supersedes(t, other Termination) bool {
 	if t.Rank() != other.Rank() {
 		return t.Rank() > other.Rank()
 	}
-	if t.Rank() == RankAgent && !slices.Contains(other.RequesterLineage, strings.TrimPrefix(t.RequestedBy, "agent:")) {
+	if t.Rank() == RankAgent && !slices.Contains(other.RequesterLineage, t.requester()) {
 		return false
 	}
 	return t.Mode == ModeAbort || !other.Aborts()

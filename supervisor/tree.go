@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -346,7 +347,21 @@ func putNode(tx store.Txn, n *tetherv1.Node) error {
 
 func clip(s string) string {
 	if len(s) > 40 {
-		return s[:40] + "…"
+		return clipUTF8(s, 40) + "…"
 	}
 	return s
+}
+
+// clipUTF8 keeps at most n bytes of s, cut at a character boundary: a
+// multi-byte character split in two is invalid UTF-8, which the store
+// cannot encode (a caller could otherwise turn its own long text into an
+// internal error, and a write that never happens).
+func clipUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
