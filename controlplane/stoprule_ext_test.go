@@ -357,8 +357,13 @@ func TestStopRuleCrashBetweenFiringAndProposing(t *testing.T) {
 			gateCall(t, srv, grant.token, "shell", false)
 			// The second call makes the rule true; the server may be gone
 			// before it answers.
-			_, _ = admin.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "rules-gate"}))
-			<-crashed
+			gate := srv.Clients(srv.ToolServerToken(t, "rules-gate"))
+			_, _ = gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "rules-gate"}))
+			select {
+			case <-crashed:
+			case <-time.After(time.Minute): // a guard, not a synchronisation: the crash point was never reached
+				t.Fatalf("the rule never reached the %s crash point", point)
+			}
 			srv.Stop()
 
 			again := testserver.StartIn(t, dir)

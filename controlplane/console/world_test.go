@@ -45,7 +45,7 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	clk := clock.NewManual(time.Date(2026, 3, 2, 9, 30, 0, 0, time.UTC))
-	srv := testserver.Start(t, testserver.WithClock(clk))
+	srv := testserver.Start(t, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"))
 	w := &world{srv: srv, clk: clk, admin: srv.AdminClients(), nodes: map[string]*tetherv1.Node{}, creds: map[string]string{}, grants: map[string]string{}, tokens: map[string]string{}}
 	ctx := context.Background()
 	root, err := w.admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner", Labels: map[string]string{"team": "research"}}))
@@ -96,7 +96,8 @@ func newWorld(t *testing.T) *world {
 	})); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.tokens["rogue"], Tool: "http", GateId: "gate-http"})); err != nil {
+	gate := w.srv.Clients(w.srv.ToolServerToken(t, "gate-http"))
+	if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.tokens["rogue"], Tool: "http", GateId: "gate-http"})); err != nil {
 		t.Fatal(err)
 	}
 	// job-1: offered to worker-1, acknowledged, then a stale acknowledgement
