@@ -295,10 +295,11 @@ type memoEntry struct {
 }
 
 // Below memoMinBytes decoding is cheap; memoMaxEntries bounds the memory
-// (a few large terminations in progress at once).
+// (a few large terminations in progress at once; a value is at most
+// store.MaxValueSize). Terminated ones are not kept.
 const (
 	memoMinBytes   = 16 << 10
-	memoMaxEntries = 16
+	memoMaxEntries = 8
 )
 
 var decodedTerminations = &terminationMemo{entries: map[string]memoEntry{}}
@@ -321,6 +322,11 @@ func (m *terminationMemo) decode(id string, raw []byte, t *Termination) error {
 	*t = fresh.clone()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if fresh.Phase == PhaseTerminated {
+		// Finished: the reconciler is done with it, so the memo lets go.
+		delete(m.entries, id)
+		return nil
+	}
 	if _, ok := m.entries[id]; !ok && len(m.entries) >= memoMaxEntries {
 		for k := range m.entries {
 			delete(m.entries, k)

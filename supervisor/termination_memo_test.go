@@ -77,4 +77,16 @@ func TestTerminationMemo(t *testing.T) {
 	if third.Phase != PhaseReconciling || len(third.Members) != 1500 {
 		t.Fatalf("changed bytes read as phase %s with %d members, want reconciling with 1500", third.Phase, len(third.Members))
 	}
+	term.Phase = PhaseTerminated
+	raw3, err := json.Marshal(term)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fourth Termination
+	if err := m.decode("t1", raw3, &fourth); err != nil {
+		t.Fatal(err)
+	}
+	if fourth.Phase != PhaseTerminated || len(m.entries) != 0 {
+		t.Fatalf("a terminated termination read as %s, memo holds %d entries; want terminated and none", fourth.Phase, len(m.entries))
+	}
 }
