@@ -46,7 +46,9 @@ func (w *composeWorld) beginCall(t *testing.T, node string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	call, err := w.admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+	// Tool calls are reported by the tool server (gate-1), not an admin.
+	gate := w.srv.Clients(w.srv.ToolServerToken(t, "gate-1"))
+	call, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,13 +287,14 @@ func TestKill9DuringATakeoverCoversEveryNodeExactlyOnce(t *testing.T) {
 	parent := register(t, admin, "parent")
 	child := spawn(t, proc.Clients(parent.Credential), parent.Node.NodeId, "child")
 	grandchild := spawn(t, proc.Clients(child.Credential), child.Node.NodeId, "grandchild")
+	gate := proc.Clients(proc.ToolServerToken(t, "gate-1"))
 	var calls []string
 	for _, node := range []string{child.Node.NodeId, grandchild.Node.NodeId} {
 		issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		call, err := admin.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+		call, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
 		if err != nil {
 			t.Fatal(err)
 		}
