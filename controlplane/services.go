@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"path/filepath"
+	"slices"
 
 	"connectrpc.com/connect"
 
@@ -97,8 +98,17 @@ func (s *Server) recordSink() supervisor.RecordSink {
 	return sinks
 }
 
+// compressMinBytes is the smallest answer the services gzip for a client
+// that accepts it. Nearly every answer is a few hundred bytes, which gzip
+// barely shrinks, and each compression resets a flate compressor (tens of
+// KiB of tables): it was a tenth of the server's CPU while registering and
+// terminating a large swarm. Lists, records and evidence pages are larger
+// and still compressed.
+const compressMinBytes = 4 << 10
+
 // mountServices registers one Connect handler per service.
 func (s *Server) mountServices(mux *http.ServeMux, opts []connect.HandlerOption) {
+	opts = append(slices.Clip(opts), connect.WithCompressMinBytes(compressMinBytes))
 	mux.Handle(tetherv1connect.NewAuthServiceHandler(&authService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewAgentServiceHandler(&agentService{s: s}, opts...))
 	mux.Handle(tetherv1connect.NewCapabilityServiceHandler(&capabilityService{s: s}, opts...))

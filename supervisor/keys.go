@@ -5,9 +5,13 @@ import "fmt"
 // Store key layout of the supervisor. Keys are readable strings so that a
 // person debugging a data directory can follow them.
 const (
-	prefixNode    = "agents/node/"    // agents/node/<node id> → tetherv1.Node
-	prefixChild   = "agents/child/"   // agents/child/<parent id>/<child id> → ""
-	prefixSession = "agents/session/" // agents/session/<instance>/<node id>/<session id> → "" while open
+	prefixNode  = "agents/node/"  // agents/node/<node id> → tetherv1.Node
+	prefixChild = "agents/child/" // agents/child/<parent id>/<child id> → ""
+	// agents/children/<parent id> → the parent's number of children (uint64,
+	// big-endian), so a spawn checks the limit without counting them; a
+	// parent without it (spawned before it existed) is counted once.
+	prefixChildCount = "agents/children/"
+	prefixSession    = "agents/session/" // agents/session/<instance>/<node id>/<session id> → "" while open
 )
 
 func sessionKey(instance, node, session string) []byte {
@@ -17,6 +21,7 @@ func sessionKey(instance, node, session string) []byte {
 func nodeKey(id string) []byte             { return []byte(prefixNode + id) }
 func childPrefix(parent string) []byte     { return []byte(prefixChild + parent + "/") }
 func childKey(parent, child string) []byte { return []byte(prefixChild + parent + "/" + child) }
+func childCountKey(parent string) []byte   { return []byte(prefixChildCount + parent) }
 
 // Tool-call ledger keys.
 const (

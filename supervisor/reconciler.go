@@ -63,7 +63,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 				activeMu.Lock()
 				for _, ev := range batch {
 					if key := string(ev.Key); strings.HasPrefix(key, prefixTermination) && ev.Type == store.EventPut {
-						var t Termination
+						// Only the id and the phase: the members of a
+						// large termination are not worth decoding here.
+						var t terminationPhase
 						if json.Unmarshal(ev.Value, &t) == nil {
 							activeSet[t.ID] = t.Phase != PhaseTerminated
 						}
@@ -117,7 +119,7 @@ func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
 	var out []string
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		return tx.Scan([]byte(prefixTermination), nil, func(_, v []byte) error {
-			var t Termination
+			var t terminationPhase
 			if err := json.Unmarshal(v, &t); err != nil {
 				return err
 			}
@@ -600,7 +602,12 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 	return err
 }
 
-func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+// terminationPhase is the part of a stored Termination that says whether
+// it is finished.
+type terminationPhase struct {
+	ID    string `json:"termination_id"`
+	Phase Phase  `json:"phase"`
+}
 
 // membersOnly keeps the grants and leases held by t's members.
 func membersOnly(t Termination, grants []HeldGrant, leases []*tetherv1.RecordLease) ([]HeldGrant, []*tetherv1.RecordLease) {

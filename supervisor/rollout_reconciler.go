@@ -346,7 +346,10 @@ func (rs *Rollouts) kickFor(batch []store.Event) {
 			for rid := range rs.active {
 				kick[rid] = true
 			}
-		case strings.HasPrefix(key, prefixNode) && ev.Type == store.EventPut:
+		case strings.HasPrefix(key, prefixNode) && ev.Type == store.EventPut && len(rs.active) > 0:
+			// Without an active rollout there is nobody to kick: marking
+			// or recording a large subtree puts every node, and decoding
+			// each was a tenth of a termination's CPU.
 			n := &tetherv1.Node{}
 			if proto.Unmarshal(ev.Value, n) != nil {
 				continue

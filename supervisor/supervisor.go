@@ -1,10 +1,13 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/tetherhq/tether/controlplane/store"
@@ -242,7 +245,7 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 				continue
 			}
 			var next Termination
-			if err := jsonUnmarshal(ev.Value, &next); err != nil {
+			if err := decodedTerminations.decode(terminationID, ev.Value, &next); err != nil {
 				return err
 			}
 			if !next.UpdatedAt.After(last) && next.Phase == t.Phase {
@@ -264,9 +267,72 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 }
 
 func getTermination(tx store.ReadTxn, terminationID string, t *Termination) error {
-	err := getJSON(tx, terminationKey(terminationID), t)
+	raw, err := tx.Get(terminationKey(terminationID))
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: termination_id %s", ErrTerminationNotFound, terminationID)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	return decodedTerminations.decode(terminationID, raw, t)
+}
+
+// terminationMemo remembers the decoded form of large stored terminations.
+// A termination lists its members, so a 10,000-node one is hundreds of KiB
+// of JSON, and the reconciler reads it on every pass (each batch of cancel
+// acks is a pass): decoding it each time made a termination's cost grow
+// with members × passes. The memo is keyed by the stored bytes themselves,
+// so it can never answer for a value other than the one read (whatever the
+// store or the transaction); each caller gets its own copy.
+type terminationMemo struct {
+	mu      sync.Mutex
+	entries map[string]memoEntry
+}
+
+type memoEntry struct {
+	raw []byte
+	t   Termination
+}
+
+// Below memoMinBytes decoding is cheap; memoMaxEntries bounds the memory
+// (a few large terminations in progress at once; a value is at most
+// store.MaxValueSize). Terminated ones are not kept.
+const (
+	memoMinBytes   = 16 << 10
+	memoMaxEntries = 8
+)
+
+var decodedTerminations = &terminationMemo{entries: map[string]memoEntry{}}
+
+func (m *terminationMemo) decode(id string, raw []byte, t *Termination) error {
+	if len(raw) < memoMinBytes {
+		return json.Unmarshal(raw, t)
+	}
+	m.mu.Lock()
+	e, ok := m.entries[id]
+	m.mu.Unlock()
+	if ok && bytes.Equal(e.raw, raw) {
+		*t = e.t.clone()
+		return nil
+	}
+	var fresh Termination
+	if err := json.Unmarshal(raw, &fresh); err != nil {
+		return err
+	}
+	*t = fresh.clone()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if fresh.Phase == PhaseTerminated {
+		// Finished: the reconciler is done with it, so the memo lets go.
+		delete(m.entries, id)
+		return nil
+	}
+	if _, ok := m.entries[id]; !ok && len(m.entries) >= memoMaxEntries {
+		for k := range m.entries {
+			delete(m.entries, k)
+			break
+		}
+	}
+	m.entries[id] = memoEntry{raw: bytes.Clone(raw), t: fresh}
+	return nil
 }

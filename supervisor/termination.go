@@ -180,6 +180,20 @@ type Termination struct {
 	Progress Progress `json:"progress"`
 }
 
+// clone copies t deeply enough that changing the copy, its slices
+// included, leaves t alone. TestTerminationCloneIsDeep keeps it complete.
+func (t Termination) clone() Termination {
+	c := t
+	c.Phases = slices.Clone(t.Phases)
+	c.Roots = slices.Clone(t.Roots)
+	c.RequesterLineage = slices.Clone(t.RequesterLineage)
+	c.Members = slices.Clone(t.Members)
+	c.TakenOver = slices.Clone(t.TakenOver)
+	c.HandedOver = slices.Clone(t.HandedOver)
+	c.Prior = slices.Clone(t.Prior)
+	return c
+}
+
 // Handoff is a node of the subtree that another termination stops (or
 // stopped) as well.
 type Handoff struct {

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
@@ -128,17 +129,11 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 		if len(parent.Ancestors)+1 > t.Limits.MaxDepth {
 			return fmt.Errorf("%w: parent_node_id %s is at the maximum tree depth %d", ErrLimit, parentID, t.Limits.MaxDepth)
 		}
-		children := 0
-		if err := tx.Scan(childPrefix(parentID), nil, func(_, _ []byte) error {
-			children++
-			if children >= t.Limits.MaxChildren {
-				return store.ErrStopScan
-			}
-			return nil
-		}); err != nil {
+		children, err := childCount(tx, parentID)
+		if err != nil {
 			return err
 		}
-		if children >= t.Limits.MaxChildren {
+		if children >= uint64(t.Limits.MaxChildren) {
 			return fmt.Errorf("%w: parent_node_id %s already has %d children, the maximum per node", ErrLimit, parentID, children)
 		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
@@ -160,12 +155,37 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 				return err
 			}
 		}
+		if err := tx.Put(childCountKey(parentID), binary.BigEndian.AppendUint64(nil, children+1)); err != nil {
+			return err
+		}
 		return tx.Put(childKey(parentID, childID), nil)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return child, nil
+}
+
+// childCount is how many children parentID has: the stored count, or, for
+// a parent that has none stored yet (its children were spawned before the
+// count existed), the children counted once. Children are never removed,
+// so the count only grows, with each Spawn, in the same transaction.
+func childCount(tx store.Txn, parentID string) (uint64, error) {
+	v, err := tx.Get(childCountKey(parentID))
+	switch {
+	case err == nil && len(v) == 8:
+		return binary.BigEndian.Uint64(v), nil
+	case err == nil:
+		return 0, fmt.Errorf("supervisor: corrupt child count of %d bytes for node %s", len(v), parentID)
+	case !errors.Is(err, store.ErrNotFound):
+		return 0, err
+	}
+	var n uint64
+	err = tx.Scan(childPrefix(parentID), nil, func(_, _ []byte) error {
+		n++
+		return nil
+	})
+	return n, err
 }
 
 // Get returns one node.

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"slices"
 
 	badger "github.com/dgraph-io/badger/v4"
 	"go.opentelemetry.io/otel/trace"
@@ -41,7 +40,7 @@ type batch struct {
 	// that misses the batch, as many batches never read the database.
 	snapshot *badger.Txn
 	// pending is the latest state of every key written in the batch.
-	pending map[string]mutation
+	pending writeSet
 	updates []*appliedUpdate
 	// revision is the revision of the last applied update, or the committed
 	// revision if there is none yet.
@@ -57,7 +56,7 @@ type txnLimits struct {
 }
 
 func newBatch(db *badger.DB, revision uint64, limits txnLimits) *batch {
-	return &batch{db: db, pending: make(map[string]mutation), revision: revision, limits: limits}
+	return &batch{db: db, pending: newWriteSet(), revision: revision, limits: limits}
 }
 
 // release frees the read snapshot; the batch must not be read afterwards.
@@ -79,7 +78,7 @@ func (b *batch) readSnapshot() *badger.Txn {
 // pending writes, then the committed database. With wantValue it returns a
 // copy of the value that the caller owns.
 func (b *batch) lookup(key []byte, wantValue bool) (value []byte, found bool, err error) {
-	if m, ok := b.pending[string(key)]; ok {
+	if m, ok := b.pending.get(string(key)); ok {
 		if m.deleted {
 			return nil, false, nil
 		}
@@ -108,26 +107,25 @@ func (b *batch) lookup(key []byte, wantValue bool) (value []byte, found bool, er
 
 // begin starts the overlay transaction for the next Update of the batch.
 func (b *batch) begin() *updateTxn {
-	return &updateTxn{batch: b, writes: make(map[string]mutation)}
+	return &updateTxn{batch: b, writes: newWriteSet()}
 }
 
 // apply folds a successful Update's writes into the batch and gives it the
 // next revision. Updates that wrote nothing take no revision.
 func (b *batch) apply(t *updateTxn, cause trace.SpanContext) {
-	if len(t.writes) == 0 {
+	if t.writes.len() == 0 {
 		return
 	}
 	b.revision++
 	u := &appliedUpdate{
-		writes:   make([]mutation, 0, len(t.writes)),
+		writes:   make([]mutation, 0, t.writes.len()),
 		revision: b.revision,
-		events:   make([]Event, 0, len(t.writes)),
+		events:   make([]Event, 0, t.writes.len()),
 	}
-	for k, m := range t.writes {
+	t.writes.all(func(m mutation) {
 		u.writes = append(u.writes, m)
-		b.pending[k] = m
-	}
-	slices.SortFunc(u.writes, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
+		b.pending.set(m)
+	})
 	for _, m := range u.writes {
 		ev := Event{Type: EventPut, Key: m.key, Value: m.value, Revision: u.revision, Trace: cause}
 		if m.deleted {
@@ -144,7 +142,7 @@ func (b *batch) apply(t *updateTxn, cause trace.SpanContext) {
 // committed state.
 type updateTxn struct {
 	batch    *batch
-	writes   map[string]mutation
+	writes   writeSet
 	cost     int64
 	finished bool
 }
@@ -160,7 +158,7 @@ func (t *updateTxn) Get(key []byte) ([]byte, error) {
 	if err := checkBadgerKey(key); err != nil {
 		return nil, err
 	}
-	if m, ok := t.writes[string(key)]; ok {
+	if m, ok := t.writes.get(string(key)); ok {
 		if m.deleted {
 			return nil, ErrNotFound
 		}
@@ -209,9 +207,9 @@ func (t *updateTxn) Delete(key []byte) error {
 	if !existed {
 		// Deleting a key nobody below this Update can see changes nothing:
 		// drop any write of our own and emit no event, as etcd does.
-		if old, ok := t.writes[string(key)]; ok {
+		if old, ok := t.writes.get(string(key)); ok {
 			t.cost -= mutationCost(old)
-			delete(t.writes, string(key))
+			t.writes.remove(string(key))
 		}
 		return nil
 	}
@@ -222,8 +220,8 @@ func (t *updateTxn) Delete(key []byte) error {
 // transaction, which is the largest unit the store can apply atomically.
 func (t *updateTxn) record(m mutation) error {
 	cost := t.cost + mutationCost(m)
-	count := len(t.writes) + 1
-	if old, ok := t.writes[string(m.key)]; ok {
+	count := t.writes.len() + 1
+	if old, ok := t.writes.get(string(m.key)); ok {
 		cost -= mutationCost(old)
 		count--
 	}
@@ -231,7 +229,7 @@ func (t *updateTxn) record(m mutation) error {
 		return fmt.Errorf("%w: the transaction's writes exceed %d entries or %d bytes",
 			ErrTooLarge, t.batch.limits.count, t.batch.limits.cost)
 	}
-	t.writes[string(m.key)] = m
+	t.writes.set(m)
 	t.cost = cost
 	return nil
 }
@@ -244,24 +242,47 @@ func (t *updateTxn) Scan(prefix, start []byte, fn func(key, value []byte) error)
 		return err
 	}
 	lower := scanLowerBound(prefix, start)
-	inRange := func(key []byte) bool {
-		return bytes.HasPrefix(key, prefix) && bytes.Compare(key, lower) >= 0
-	}
 	// Writes made by fn during the scan are not visited: the uncommitted
-	// keys are gathered up front.
-	var overlay []mutation
-	for _, m := range t.writes {
-		if inRange(m.key) {
-			overlay = append(overlay, m)
+	// keys of the range are gathered up front, the Update's own over the
+	// batch's, each set visiting only the range.
+	var own, below []mutation
+	t.writes.ascend(prefix, lower, func(m mutation) bool {
+		own = append(own, m)
+		return true
+	})
+	t.batch.pending.ascend(prefix, lower, func(m mutation) bool {
+		below = append(below, m)
+		return true
+	})
+	return mergeScan(t.batch.readSnapshot(), prefix, lower, mergeOverlay(own, below), fn)
+}
+
+// mergeOverlay merges two key-sorted mutation lists; own wins on equal keys.
+func mergeOverlay(own, below []mutation) []mutation {
+	if len(below) == 0 {
+		return own
+	}
+	if len(own) == 0 {
+		return below
+	}
+	out := make([]mutation, 0, len(own)+len(below))
+	i, j := 0, 0
+	for i < len(own) && j < len(below) {
+		switch c := bytes.Compare(own[i].key, below[j].key); {
+		case c < 0:
+			out = append(out, own[i])
+			i++
+		case c > 0:
+			out = append(out, below[j])
+			j++
+		default:
+			out = append(out, own[i])
+			i++
+			j++
 		}
 	}
-	for k, m := range t.batch.pending {
-		if _, shadowed := t.writes[k]; !shadowed && inRange(m.key) {
-			overlay = append(overlay, m)
-		}
-	}
-	slices.SortFunc(overlay, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
-	return mergeScan(t.batch.readSnapshot(), prefix, lower, overlay, fn)
+	out = append(out, own[i:]...)
+	return append(out, below[j:]...)
 }
 
 // mergeScan visits, in key order, the keys under prefix from lower on in the
