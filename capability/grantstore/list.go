@@ -6,8 +6,8 @@ import (
 	"slices"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor"
 )
 

@@ -10,8 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -110,11 +110,11 @@ func leaseRenew(ctx context.Context, r *Report) error {
 
 // badgerStats reads the store's group-commit counters (zero on another
 // backend).
-func badgerStats(srv *benchServer) store.BadgerStats {
-	if b, ok := srv.Store().(*store.Badger); ok {
+func badgerStats(srv *benchServer) badgerstore.BadgerStats {
+	if b, ok := srv.Store().(*badgerstore.Badger); ok {
 		return b.Stats()
 	}
-	return store.BadgerStats{}
+	return badgerstore.BadgerStats{}
 }
 
 // pipelineWindow is how many renewals of one lease the pipelined stream

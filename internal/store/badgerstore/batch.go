@@ -1,9 +1,10 @@
-package store
+package badgerstore
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 	"slices"
 
 	badger "github.com/dgraph-io/badger/v4"
@@ -29,7 +30,7 @@ func mutationCost(m mutation) int64 {
 type appliedUpdate struct {
 	writes   []mutation // sorted by key
 	revision uint64
-	events   []Event
+	events   []store.Event
 }
 
 // batch is one group commit in the making: the Updates the committer has
@@ -120,7 +121,7 @@ func (b *batch) apply(t *updateTxn) {
 	u := &appliedUpdate{
 		writes:   make([]mutation, 0, len(t.writes)),
 		revision: b.revision,
-		events:   make([]Event, 0, len(t.writes)),
+		events:   make([]store.Event, 0, len(t.writes)),
 	}
 	for k, m := range t.writes {
 		u.writes = append(u.writes, m)
@@ -128,9 +129,9 @@ func (b *batch) apply(t *updateTxn) {
 	}
 	slices.SortFunc(u.writes, func(x, y mutation) int { return bytes.Compare(x.key, y.key) })
 	for _, m := range u.writes {
-		ev := Event{Type: EventPut, Key: m.key, Value: m.value, Revision: u.revision}
+		ev := store.Event{Type: store.EventPut, Key: m.key, Value: m.value, Revision: u.revision}
 		if m.deleted {
-			ev.Type, ev.Value = EventDelete, nil
+			ev.Type, ev.Value = store.EventDelete, nil
 		}
 		u.events = append(u.events, ev)
 	}
@@ -148,7 +149,7 @@ type updateTxn struct {
 	finished bool
 }
 
-var errTxnFinished = errors.New("store: transaction used after its Update function returned")
+var errTxnFinished = store.ErrTxnFinished
 
 func (t *updateTxn) Revision() uint64 { return t.batch.revision }
 
@@ -161,7 +162,7 @@ func (t *updateTxn) Get(key []byte) ([]byte, error) {
 	}
 	if m, ok := t.writes[string(key)]; ok {
 		if m.deleted {
-			return nil, ErrNotFound
+			return nil, store.ErrNotFound
 		}
 		return bytes.Clone(m.value), nil
 	}
@@ -170,7 +171,7 @@ func (t *updateTxn) Get(key []byte) ([]byte, error) {
 	case err != nil:
 		return nil, err
 	case !found:
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	return value, nil
 }
@@ -182,7 +183,7 @@ func (t *updateTxn) Put(key, value []byte) error {
 	if err := checkBadgerKey(key); err != nil {
 		return err
 	}
-	if err := checkValue(value); err != nil {
+	if err := store.CheckValue(value); err != nil {
 		return err
 	}
 	if value == nil {
@@ -228,7 +229,7 @@ func (t *updateTxn) record(m mutation) error {
 	}
 	if count > t.batch.limits.count || cost > t.batch.limits.cost {
 		return fmt.Errorf("%w: the transaction's writes exceed %d entries or %d bytes",
-			ErrTooLarge, t.batch.limits.count, t.batch.limits.cost)
+			store.ErrTooLarge, t.batch.limits.count, t.batch.limits.cost)
 	}
 	t.writes[string(m.key)] = m
 	t.cost = cost
@@ -239,10 +240,10 @@ func (t *updateTxn) Scan(prefix, start []byte, fn func(key, value []byte) error)
 	if t.finished {
 		return errTxnFinished
 	}
-	if err := checkPrefix(prefix); err != nil {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return err
 	}
-	lower := scanLowerBound(prefix, start)
+	lower := store.ScanLowerBound(prefix, start)
 	inRange := func(key []byte) bool {
 		return bytes.HasPrefix(key, prefix) && bytes.Compare(key, lower) >= 0
 	}
@@ -296,7 +297,7 @@ func mergeScan(snapshot *badger.Txn, prefix, lower []byte, overlay []mutation, f
 		default:
 			return nil
 		}
-		if errors.Is(err, ErrStopScan) {
+		if errors.Is(err, store.ErrStopScan) {
 			return nil
 		}
 		if err != nil {
