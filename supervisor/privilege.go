@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/capability"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -21,8 +22,8 @@ import (
 
 // Privilege outcomes, as they appear in the record.
 const (
-	OutcomeRevoked      = "revoked"
-	OutcomeExpired      = "expired"
+	OutcomeRevoked      = capability.OutcomeRevoked
+	OutcomeExpired      = capability.OutcomeExpired
 	OutcomeRevokeFailed = "revoke_failed"
 )
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/capability"
 	"log/slog"
 	"time"
 
@@ -31,10 +32,9 @@ type GrantRevoker interface {
 	HeldBy(ctx context.Context, nodeIDs []string) ([]HeldGrant, error)
 }
 
-// HeldGrant is a grant as the record lists it.
-type HeldGrant struct {
-	GrantID, NodeID, Outcome string
-}
+// HeldGrant is a grant as the record lists it. The capability layer owns
+// the type, so that grantstore reports it without importing the supervisor.
+type HeldGrant = capability.HeldGrant
 
 // LeaseCanceller is the lease module as the supervisor needs it.
 type LeaseCanceller interface {

@@ -83,7 +83,7 @@ func (w *world) open() {
 
 func (w *world) service(st store.Store) *Service {
 	w.t.Helper()
-	svc, err := New(Config{Store: st, Clock: w.clk, Keys: func() capability.KeyRing { return w.ring }, MarkBatch: w.batch, Heartbeat: 20 * time.Millisecond, Log: quiet})
+	svc, err := New(Config{Store: st, Tree: w.tree, Clock: w.clk, Keys: func() capability.KeyRing { return w.ring }, MarkBatch: w.batch, Heartbeat: 20 * time.Millisecond, Log: quiet})
 	if err != nil {
 		w.t.Fatal(err)
 	}
