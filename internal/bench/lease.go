@@ -232,7 +232,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 	if err != nil {
 		return nil, err
 	}
-	parent := agentsdk.Dial(srv.URL, root.Msg.Credential, nil)
+	parent := agentsdk.Dial(srv.URL, root.Msg.Credential)
 	var out []leaseHolder
 	for i := range n {
 		child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker-" + strconv.Itoa(i)}))
@@ -241,7 +241,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential, nil)})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential)})
 	}
 	return out, nil
 }
