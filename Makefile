@@ -31,7 +31,7 @@ test:
 # storm) against a three-member etcd cluster (make test runs them against
 # one member).
 test-cluster:
-	TETHER_REQUIRE_ETCD=1 TETHER_ETCD_MEMBERS=3 $(GO) test -race -count=1 -run 'Etcd|LeaderOnly' ./controlplane/store/... ./controlplane/leader/... ./controlplane/ ./supervisor/lease/coordinator/
+	TETHER_REQUIRE_ETCD=1 TETHER_ETCD_MEMBERS=3 $(GO) test -race -count=1 -run 'Etcd|LeaderOnly' ./internal/store/... ./controlplane/leader/... ./controlplane/ ./supervisor/lease/coordinator/
 
 # The end-to-end suites (real servers through internal/testserver) on an
 # etcd store instead of Badger.

@@ -71,7 +71,7 @@ func RegisterRoot(ctx context.Context, operator *Conn, name string, labels map[s
 	if err != nil {
 		return nil, err
 	}
-	return newAgent(Dial(operator.BaseURL, resp.Msg.Credential, operator.HTTP), resp.Msg.Node), nil
+	return newAgent(Dial(operator.BaseURL, resp.Msg.Credential, WithHTTPClient(operator.HTTP)), resp.Msg.Node), nil
 }
 
 // Child is a spawned child: its node and the credential to hand to the
@@ -94,7 +94,7 @@ func (a *Agent) Spawn(ctx context.Context, name string, labels map[string]string
 // Join connects a spawned child's process with the credential its parent
 // handed over.
 func Join(ctx context.Context, baseURL, credential string, hc *http.Client) (*Agent, error) {
-	conn := Dial(baseURL, credential, hc)
+	conn := Dial(baseURL, credential, WithHTTPClient(hc))
 	who, err := conn.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 	if err != nil {
 		return nil, err

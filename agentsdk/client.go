@@ -14,7 +14,6 @@ import (
 	"connectrpc.com/otelconnect"
 	"go.opentelemetry.io/otel/propagation"
 
-	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
@@ -37,23 +36,49 @@ type Conn struct {
 	StopRule   tetherv1connect.StopRuleServiceClient
 }
 
+// Option configures Dial.
+type Option func(*dialOptions)
+
+type dialOptions struct {
+	http    *http.Client
+	connect []connect.ClientOption
+}
+
+// WithHTTPClient makes the connection use hc: pass HTTP2ClientTLS(baseURL,
+// cfg) to trust a private CA or present a client certificate (mutual TLS).
+// Without it (or with nil) Dial uses HTTP2Client(baseURL).
+func WithHTTPClient(hc *http.Client) Option {
+	return func(o *dialOptions) { o.http = hc }
+}
+
+// WithClientOptions adds Connect client options (interceptors, codecs,
+// compression) to every service client, after the bearer interceptor.
+func WithClientOptions(opts ...connect.ClientOption) Option {
+	return func(o *dialOptions) { o.connect = append(o.connect, opts...) }
+}
+
 // Dial returns a connection to baseURL ("http://host:port" for HTTP/2
-// cleartext, "https://…" for TLS) presenting token. A nil client gets an
-// HTTP/2 client; pass HTTP2ClientTLS(baseURL, cfg) to trust a private CA or
-// present a client certificate (mutual TLS).
-func Dial(baseURL, token string, hc *http.Client) *Conn {
+// cleartext, "https://…" for TLS) presenting token ("" presents none) to
+// every service. It is the one place the service clients are assembled:
+// the CLI and the test server build theirs here too.
+func Dial(baseURL, token string, opts ...Option) *Conn {
+	var o dialOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	hc := o.http
 	if hc == nil {
 		hc = HTTP2Client(baseURL)
 	}
 	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token}
-	opts := []connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), auth.BearerInterceptor{Token: c.Token})}
-	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, opts...)
-	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, opts...)
-	c.Capability = tetherv1connect.NewCapabilityServiceClient(hc, c.BaseURL, opts...)
-	c.Tool = tetherv1connect.NewToolServiceClient(hc, c.BaseURL, opts...)
-	c.Supervisor = tetherv1connect.NewSupervisorServiceClient(hc, c.BaseURL, opts...)
-	c.Lease = tetherv1connect.NewLeaseServiceClient(hc, c.BaseURL, opts...)
-	c.StopRule = tetherv1connect.NewStopRuleServiceClient(hc, c.BaseURL, opts...)
+	copts := append([]connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), BearerInterceptor{Token: c.Token})}, o.connect...)
+	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, copts...)
+	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, copts...)
+	c.Capability = tetherv1connect.NewCapabilityServiceClient(hc, c.BaseURL, copts...)
+	c.Tool = tetherv1connect.NewToolServiceClient(hc, c.BaseURL, copts...)
+	c.Supervisor = tetherv1connect.NewSupervisorServiceClient(hc, c.BaseURL, copts...)
+	c.Lease = tetherv1connect.NewLeaseServiceClient(hc, c.BaseURL, copts...)
+	c.StopRule = tetherv1connect.NewStopRuleServiceClient(hc, c.BaseURL, copts...)
 	return c
 }
 

@@ -26,7 +26,7 @@ func controlPlane() (*agentsdk.Conn, func()) {
 	if err != nil {
 		panic(err)
 	}
-	return agentsdk.Dial(srv.URL, srv.AdminToken, nil), func() { srv.Stop(); os.RemoveAll(dir) }
+	return agentsdk.Dial(srv.URL, srv.AdminToken), func() { srv.Stop(); os.RemoveAll(dir) }
 }
 
 // An operator registers a root agent; the agent spawns a child and hands it
@@ -110,7 +110,7 @@ func ExampleToolGate() {
 	if err != nil {
 		panic(err)
 	}
-	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, operator.HTTP), "shell-gate")
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, agentsdk.WithHTTPClient(operator.HTTP)), "shell-gate")
 	defer gate.Close()
 	<-gate.Ready()
 

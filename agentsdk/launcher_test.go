@@ -70,7 +70,7 @@ func getNode(t *testing.T, c *testserver.Clients, id string) *tetherv1.Node {
 func TestLauncherRestartsTheAgentAtTheTargetVersionOnDrain(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
-	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
+	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
 	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
 		Operator: op, Name: "planner", Labels: map[string]string{"app": "launched"},
 		Versions: helperVersions(), Start: "v1", PollEvery: 20 * time.Millisecond, KillGrace: 5 * time.Second,
@@ -137,7 +137,7 @@ func TestLauncherRestartsTheAgentAtTheTargetVersionOnDrain(t *testing.T) {
 func TestLauncherTerminatesAndRestartsAnAgentThatDiesUnasked(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
-	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
+	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
 	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
 		Operator: op, Name: "flaky", Versions: helperVersions("TETHER_LAUNCHER_HELPER_CRASH=1"), Start: "v1",
 		PollEvery: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),

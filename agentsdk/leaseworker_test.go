@@ -46,19 +46,19 @@ func newLeaseSetup(t *testing.T) *leaseSetup {
 	t.Helper()
 	clk := clock.NewManual(leaseEpoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
-	admin := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
+	admin := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
 	ctx := context.Background()
 	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	planner := agentsdk.Dial(srv.URL, root.Msg.Credential, srv.HTTP)
+	planner := agentsdk.Dial(srv.URL, root.Msg.Credential, agentsdk.WithHTTPClient(srv.HTTP))
 	child, err := planner.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	net := &cuttable{next: testserver.H2CClient().Transport}
-	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, &http.Client{Transport: net})
+	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: net}))
 	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId, net: net}
 }
 

@@ -17,7 +17,7 @@ func benchVerifier(b *testing.B, cacheSize int) (*Verifier, string, ed25519.Publ
 	b.Helper()
 	ring := newRing(b)
 	keys := newKeyServer(b, ring)
-	v, err := NewVerifier(VerifierConfig{Conn: Dial(keys.url, "", keys.client), CacheSize: cacheSize})
+	v, err := NewVerifier(VerifierConfig{Conn: Dial(keys.url, "", WithHTTPClient(keys.client)), CacheSize: cacheSize})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func mint(t testing.TB, ring capability.KeyRing, g capability.Grant, now time.Ti
 
 func newTestVerifier(t *testing.T, keys *keyServer, clk Clock) *Verifier {
 	t.Helper()
-	v, err := NewVerifier(VerifierConfig{Conn: Dial(keys.url, "", keys.client), Clock: clk, StalenessBudget: 10 * time.Second, JWKSMinInterval: time.Minute})
+	v, err := NewVerifier(VerifierConfig{Conn: Dial(keys.url, "", WithHTTPClient(keys.client)), Clock: clk, StalenessBudget: 10 * time.Second, JWKSMinInterval: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

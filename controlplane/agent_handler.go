@@ -94,7 +94,10 @@ func (s *Server) nodeAlive(ctx context.Context, nodeID string) (string, error) {
 }
 
 func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[tetherv1.RegisterRootRequest]) (*connect.Response[tetherv1.RegisterRootResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	node, err := a.s.tree.RegisterRoot(ctx, req.Msg.Name, req.Msg.Labels, p.ID())
 	if err != nil {
 		return nil, toConnect(err)
@@ -107,7 +110,10 @@ func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[te
 }
 
 func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.SpawnRequest]) (*connect.Response[tetherv1.SpawnResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	authorize := func(parent *tetherv1.Node) error {
 		// An agent spawns only under its own node: an agent cannot grow
 		// another agent's subtree.
@@ -134,7 +140,10 @@ func canSee(p auth.Principal, n *tetherv1.Node) bool {
 }
 
 func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv1.GetNodeRequest]) (*connect.Response[tetherv1.GetNodeResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	n, err := a.s.tree.Get(ctx, req.Msg.NodeId)
 	if err != nil {
 		return nil, toConnect(err)
@@ -148,7 +157,10 @@ func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv
 const maxPageSize = 1000
 
 func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tetherv1.ListNodesRequest]) (*connect.Response[tetherv1.ListNodesResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	selector, err := supervisor.ParseSelector(req.Msg.LabelSelector)
 	if err != nil {
 		return nil, toConnect(err)

@@ -62,7 +62,10 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	// Recorded before it is handed out: a token nobody can list or revoke
 	// is never returned.
 	if _, err := a.s.recordToken(ctx, token, p.ID()); err != nil {
@@ -95,13 +98,19 @@ func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.C
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	a.s.log.Info("tool-server token created", "by", p.ID(), "tool_server", msg.ToolServer, "token_id", tokenID)
 	return connect.NewResponse(&tetherv1.CreateTokenResponse{Token: token, TokenId: tokenID, ExpiresAt: timestamppb.New(exp)}), nil
 }
 
 func (a *authService) WhoAmI(ctx context.Context, _ *connect.Request[tetherv1.WhoAmIRequest]) (*connect.Response[tetherv1.WhoAmIResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	return connect.NewResponse(&tetherv1.WhoAmIResponse{
 		Principal: p.ID(),
 		Role:      roleToProto(p.Role),

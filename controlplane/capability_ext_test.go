@@ -23,8 +23,8 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
@@ -217,7 +217,7 @@ func capState(t *testing.T, admin *testserver.Clients) string {
 func startVerifier(t *testing.T, url, token string, clk agentsdk.Clock) *agentsdk.Verifier {
 	t.Helper()
 	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{
-		Conn: agentsdk.Dial(url, token, testserver.H2CClient()), Clock: clk, StalenessBudget: 10 * time.Second,
+		Conn: agentsdk.Dial(url, token, agentsdk.WithHTTPClient(testserver.H2CClient())), Clock: clk, StalenessBudget: 10 * time.Second,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -789,7 +789,7 @@ func TestVerifierFailsClosedWhenTheFeedStalls(t *testing.T) {
 	}
 
 	// A verifier that never heard from its feed refuses from the start.
-	never, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: agentsdk.Dial(w.srv.URL, w.srv.Admin, nil), Clock: w.clk})
+	never, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: agentsdk.Dial(w.srv.URL, w.srv.Admin), Clock: w.clk})
 	if err != nil {
 		t.Fatal(err)
 	}

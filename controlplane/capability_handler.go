@@ -34,9 +34,13 @@ type capabilityService struct {
 
 // grantCaller names the authenticated principal as the capability core
 // does. An admin holds the admin role and a security operator the security
-// role; every revoker set contains both.
-func grantCaller(ctx context.Context) grantstore.Caller {
-	p, _ := auth.FromContext(ctx)
+// role; every revoker set contains both. Without an authenticated caller
+// it fails closed (principalOf).
+func grantCaller(ctx context.Context) (grantstore.Caller, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return grantstore.Caller{}, err
+	}
 	c := grantstore.Caller{Principal: p.ID()}
 	switch {
 	case p.IsAgent():
@@ -45,7 +49,7 @@ func grantCaller(ctx context.Context) grantstore.Caller {
 	case p.Role == auth.RoleSecurity:
 		c.Roles = []string{capability.RoleSecurity}
 	}
-	return c
+	return c, nil
 }
 
 func issuedResponse(i grantstore.Issued) (*tetherv1.Grant, string, *timestamppb.Timestamp) {
@@ -56,7 +60,11 @@ func (c *capabilityService) IssueRoot(ctx context.Context, req *connect.Request[
 	if err := req.Msg.GetTtl().CheckValid(); req.Msg.Ttl != nil && err != nil {
 		return nil, invalid("ttl: %v", err)
 	}
-	issued, err := c.s.grants.IssueRoot(ctx, grantCaller(ctx), grantstore.RootRequest{
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	issued, err := c.s.grants.IssueRoot(ctx, caller, grantstore.RootRequest{
 		HolderNodeID: req.Msg.HolderNodeId, Scopes: req.Msg.Scopes, TTL: req.Msg.GetTtl().AsDuration(),
 	})
 	if err != nil {
@@ -70,7 +78,11 @@ func (c *capabilityService) Delegate(ctx context.Context, req *connect.Request[t
 	if err := req.Msg.GetTtl().CheckValid(); req.Msg.Ttl != nil && err != nil {
 		return nil, invalid("ttl: %v", err)
 	}
-	issued, err := c.s.grants.Delegate(ctx, grantCaller(ctx), grantstore.DelegateRequest{
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	issued, err := c.s.grants.Delegate(ctx, caller, grantstore.DelegateRequest{
 		ParentGrantID: req.Msg.ParentGrantId, HolderNodeID: req.Msg.HolderNodeId, Scopes: req.Msg.Scopes, TTL: req.Msg.GetTtl().AsDuration(),
 	})
 	if err != nil {
@@ -81,7 +93,11 @@ func (c *capabilityService) Delegate(ctx context.Context, req *connect.Request[t
 }
 
 func (c *capabilityService) Refresh(ctx context.Context, req *connect.Request[tetherv1.RefreshRequest]) (*connect.Response[tetherv1.RefreshResponse], error) {
-	issued, err := c.s.grants.Refresh(ctx, grantCaller(ctx), req.Msg.GrantId)
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	issued, err := c.s.grants.Refresh(ctx, caller, req.Msg.GrantId)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -107,7 +123,11 @@ func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tet
 			return nil, invalid("issued_before must be after the Unix epoch")
 		}
 	}
-	result, err := c.s.grants.Revoke(ctx, grantCaller(ctx), target, req.Msg.Reason)
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	result, err := c.s.grants.Revoke(ctx, caller, target, req.Msg.Reason)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -115,7 +135,11 @@ func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tet
 }
 
 func (c *capabilityService) GetGrant(ctx context.Context, req *connect.Request[tetherv1.GetGrantRequest]) (*connect.Response[tetherv1.GetGrantResponse], error) {
-	g, err := c.s.grants.Get(ctx, grantCaller(ctx), req.Msg.GrantId)
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	g, err := c.s.grants.Get(ctx, caller, req.Msg.GrantId)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -123,7 +147,11 @@ func (c *capabilityService) GetGrant(ctx context.Context, req *connect.Request[t
 }
 
 func (c *capabilityService) ListGrants(ctx context.Context, req *connect.Request[tetherv1.ListGrantsRequest]) (*connect.Response[tetherv1.ListGrantsResponse], error) {
-	grants, next, err := c.s.grants.List(ctx, grantCaller(ctx), grantstore.ListQuery{
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	grants, next, err := c.s.grants.List(ctx, caller, grantstore.ListQuery{
 		HolderNodeID:       req.Msg.HolderNodeId,
 		DerivedFromGrantID: req.Msg.DerivedFromGrantId,
 		SubtreeNodeID:      req.Msg.SubtreeNodeId,
@@ -156,7 +184,11 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 		resp.HolderNodeId, resp.Scopes, resp.ExpiresAt = claims.HolderNodeID, claims.Scopes, timestamppb.New(claims.ExpiresAt)
 	}
 	if verdict.GrantFound {
-		if g, err := c.s.grants.Get(ctx, grantCaller(ctx), verdict.Grant.GrantID); err == nil {
+		caller, err := grantCaller(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if g, err := c.s.grants.Get(ctx, caller, verdict.Grant.GrantID); err == nil {
 			resp.Grant = grantstore.ToProto(g)
 		} else if !errors.Is(err, grantstore.ErrNotVisible) {
 			return nil, toConnect(err)
@@ -198,7 +230,10 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 
 // revocationFilter decides which tombstones the caller sees, and how.
 func (c *capabilityService) revocationFilter(ctx context.Context) (func(capability.Tombstone) (capability.Tombstone, bool), error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if !p.IsAgent() {
 		return func(t capability.Tombstone) (capability.Tombstone, bool) { return t, true }, nil
 	}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // censusRetry is how long a census whose watch failed (other than falling

@@ -10,7 +10,7 @@ import (
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // keyRingKey holds the signing keys. The data directory must be protected

@@ -12,8 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -49,7 +48,10 @@ func (a *authService) RotateKeys(ctx context.Context, req *connect.Request[tethe
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	a.s.log.Info("signing keys rotated", "by", p.ID(), "kid", key.ID, "active_from", key.ActiveFrom, "keys", len(ring.Keys))
 	now := a.s.cfg.Clock.Now()
 	return connect.NewResponse(&tetherv1.RotateKeysResponse{Key: keyInfo(ring, key, now), Keys: keyInfos(ring, now)}), nil

@@ -57,7 +57,10 @@ func (h *leaseService) leases() *coordinator.Coordinator { return h.s.leases }
 // the lease machine sees the message: no judgement, no ownership conflict,
 // no evidence row, and the same answer whether or not the job exists.
 func worker[Resp any](ctx context.Context, h *leaseService, build func(holder string) (lease.Message, error), wrap func(*tetherv1.Lease, *tetherv1.Decision) *Resp) (*connect.Response[Resp], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if !p.IsAgent() {
 		// Holder binding: the holder identity is the authenticated agent's
 		// node id, so only an agent can speak for a lease it holds.
@@ -290,7 +293,10 @@ func (h *leaseService) mayCoordinate(ctx context.Context, p auth.Principal, l le
 // (holder and owner must still be the ones checked), so a concurrent
 // reassignment cannot slip in between.
 func (h *leaseService) coordinate(ctx context.Context, job string, build func(current lease.Lease) (lease.Message, error), newHolder string) (coordinator.Result, error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return coordinator.Result{}, err
+	}
 	if err := coordinator.CheckID("job_id", job); err != nil {
 		return coordinator.Result{}, err
 	}
@@ -353,7 +359,10 @@ func (h *leaseService) checkHolder(ctx context.Context, p auth.Principal, holder
 // it belongs to the job's coordinating lineage, and learns nothing of that
 // lease (only that the id is taken).
 func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.OfferRequest]) (*connect.Response[tetherv1.OfferResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	m, err := coordinator.OfferMessage(req.Msg, id.New(id.Lease), h.leases().Policy())
 	if err != nil {
 		return nil, toConnect(err)
@@ -465,7 +474,10 @@ func (h *leaseService) readable(ctx context.Context, p auth.Principal, job strin
 }
 
 func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	l, err := h.readable(ctx, p, req.Msg.JobId)
 	if err != nil {
 		return nil, err
@@ -474,7 +486,10 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 }
 
 func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	holder := req.Msg.HolderIdentity
 	if p.IsAgent() && holder == "" {
 		holder = p.NodeID()
@@ -506,7 +521,10 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 }
 
 func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tetherv1.EvidenceRequest]) (*connect.Response[tetherv1.EvidenceResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if p.IsAgent() {
 		if _, err := h.readable(ctx, p, req.Msg.JobId); err != nil {
 			return nil, err
@@ -580,7 +598,10 @@ func (h *leaseService) GetPolicy(context.Context, *connect.Request[tetherv1.GetP
 // stream ends with Unavailable once what was in flight is answered; the
 // client reconnects and is routed to the leader (forward.go).
 func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[tetherv1.ChannelRequest, tetherv1.ChannelResponse]) error {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return err
+	}
 	if !p.IsAgent() {
 		return denied("%s is not an agent: only holder agents open a lease channel", p.ID())
 	}

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/leader"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -27,7 +27,7 @@ const replicaWait = 30 * time.Second
 // electionOf reads the leader election of the control plane under prefix.
 func electionOf(t *testing.T, cluster *etcdlocal.Cluster, prefix string) *leader.Etcd {
 	t.Helper()
-	st := etcdtest.OpenStore(t, cluster, func(o *store.EtcdOptions) { o.Prefix = prefix })
+	st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
 	return &leader.Etcd{Client: st.Client(), Prefix: st.MetadataPrefix("leader")}
 }
 
@@ -40,7 +40,7 @@ func startReplicas(t *testing.T, n int) (replicas []*testserver.Server, lead *te
 	byID := map[string]*testserver.Server{}
 	for i := range n {
 		id := fmt.Sprintf("replica-%d", i)
-		st := etcdtest.OpenStore(t, cluster, func(o *store.EtcdOptions) { o.Prefix = prefix })
+		st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
 		srv := testserver.Start(t, testserver.WithEtcdStore(st, id))
 		replicas = append(replicas, srv)
 		byID[id] = srv

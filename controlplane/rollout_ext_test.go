@@ -240,8 +240,8 @@ func TestRollout30AgentsFromV1ToV2InBatchesOf5(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	admin := srv.AdminClients()
-	op := agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP)
-	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.ToolServerToken(t, "gate-1"), srv.HTTP), "gate-1")
+	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
+	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, srv.ToolServerToken(t, "gate-1"), agentsdk.WithHTTPClient(srv.HTTP)), "gate-1")
 	defer gate.Close()
 	<-gate.Ready()
 	s := &swarm{t: t, srv: srv, clk: clk, op: op, admin: admin, gate: gate, ctx: ctx,

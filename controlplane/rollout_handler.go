@@ -18,7 +18,10 @@ import (
 // Rollout starts a rollout: operators only (the policy), since it drains
 // agents across the whole tree.
 func (h *supervisorService) Rollout(ctx context.Context, req *connect.Request[tetherv1.RolloutRequest]) (*connect.Response[tetherv1.RolloutResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	m := req.Msg
 	r, err := h.s.rollouts.Start(ctx, supervisor.RolloutRequest{
 		Selector: m.Selector, TargetSelector: m.TargetSelector,
@@ -65,7 +68,10 @@ func (h *supervisorService) WatchRollout(ctx context.Context, req *connect.Reque
 }
 
 func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string, d supervisor.RolloutDecision, reason string) (*tetherv1.Rollout, error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	r, err := h.s.rollouts.Decide(ctx, rolloutID, d, reason, p.ID())
 	if err != nil {
 		return nil, toConnect(rolloutError(err))
@@ -115,7 +121,10 @@ func rolloutError(err error) error {
 // launcher) reports it. A rollout counts ready agents matching its target
 // selector as replacements.
 func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tetherv1.ReportReadyRequest]) (*connect.Response[tetherv1.ReportReadyResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	authorize := func(n *tetherv1.Node) error {
 		if p.IsAgent() && n.NodeId != p.NodeID() {
 			return fmt.Errorf("%w: agent %s may report only its own readiness, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)

@@ -34,9 +34,10 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/console"
 	"github.com/tetherhq/tether/controlplane/leader"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -214,7 +215,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		if cfg.DataDir == "" {
 			return nil, errors.New("controlplane: a data directory or a store is required")
 		}
-		b, err := store.OpenBadger(filepath.Join(cfg.DataDir, "store"), store.BadgerOptions{Logger: cfg.Logger})
+		b, err := badgerstore.OpenBadger(filepath.Join(cfg.DataDir, "store"), badgerstore.BadgerOptions{Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}

@@ -22,7 +22,10 @@ import (
 // agent's own exit and ends the session. The session's opening and end are
 // stored on the node: the record weighs an exit confirmation against them.
 func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[tetherv1.SessionRequest, tetherv1.SessionResponse]) error {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return err
+	}
 	first, err := stream.Receive()
 	if err != nil {
 		return err
@@ -170,7 +173,10 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 // record decides what either is worth against the control plane's own
 // evidence (supervisor.judgeExit).
 func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tetherv1.ConfirmExitRequest]) (*connect.Response[tetherv1.ConfirmExitResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	kind := supervisor.ConfirmedByLauncher
 	authorize := func(n *tetherv1.Node) error { return nil }
 	if p.IsAgent() {
@@ -200,7 +206,10 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 
 // ProposeStop: an agent proposes its own stop; the control plane decides.
 func (a *agentService) ProposeStop(ctx context.Context, req *connect.Request[tetherv1.ProposeStopRequest]) (*connect.Response[tetherv1.ProposeStopResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	if req.Msg.NodeId != "" && req.Msg.NodeId != p.NodeID() {
 		return nil, denied("agent %s may propose only its own stop, not node_id %s", p.NodeID(), req.Msg.NodeId)
 	}

@@ -118,7 +118,7 @@ func TestRogueChildIsUnaccountedWhileItsCredentialIsRejected(t *testing.T) {
 	admin := srv.AdminClients()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	planner, err := agentsdk.RegisterRoot(ctx, agentsdk.Dial(srv.URL, srv.Admin, srv.HTTP), "planner", nil)
+	planner, err := agentsdk.RegisterRoot(ctx, agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP)), "planner", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
@@ -60,7 +60,10 @@ func modeFromProto(m tetherv1.TerminationMode) supervisor.Mode {
 }
 
 func (h *supervisorService) Terminate(ctx context.Context, req *connect.Request[tetherv1.TerminateRequest]) (*connect.Response[tetherv1.TerminateResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	m := req.Msg
 	mode := modeFromProto(m.Mode)
 	if m.Mode == tetherv1.TerminationMode_TERMINATION_MODE_UNSPECIFIED {
@@ -90,7 +93,10 @@ func canReadTermination(p auth.Principal, t supervisor.Termination) bool {
 }
 
 func (h *supervisorService) GetTermination(ctx context.Context, req *connect.Request[tetherv1.GetTerminationRequest]) (*connect.Response[tetherv1.GetTerminationResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	t, err := h.s.supervisor.Get(ctx, req.Msg.TerminationId)
 	if err != nil {
 		return nil, toConnect(err)
@@ -102,9 +108,12 @@ func (h *supervisorService) GetTermination(ctx context.Context, req *connect.Req
 }
 
 func (h *supervisorService) WatchTermination(ctx context.Context, req *connect.Request[tetherv1.WatchTerminationRequest], stream *connect.ServerStream[tetherv1.WatchTerminationResponse]) error {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return err
+	}
 	first := true
-	err := h.s.supervisor.Watch(ctx, req.Msg.TerminationId, func(t supervisor.Termination) error {
+	err = h.s.supervisor.Watch(ctx, req.Msg.TerminationId, func(t supervisor.Termination) error {
 		if first && !canReadTermination(p, t) {
 			return denied("agent %s did not request termination_id %s", p.NodeID(), t.ID)
 		}
@@ -141,7 +150,10 @@ func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Reques
 }
 
 func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Request[tetherv1.DecideProposalRequest]) (*connect.Response[tetherv1.DecideProposalResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	prop, term, err := h.s.supervisor.Decide(ctx, req.Msg.ProposalId, req.Msg.Approve, req.Msg.Reason, p.ID())
 	if err != nil {
 		return nil, toConnect(err)
@@ -162,7 +174,10 @@ func (h *supervisorService) ListProposals(ctx context.Context, req *connect.Requ
 }
 
 func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.Request[tetherv1.RegisterPrivilegeRequest]) (*connect.Response[tetherv1.RegisterPrivilegeResponse], error) {
-	p, _ := auth.FromContext(ctx)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	m := req.Msg
 	if p.IsAgent() && m.NodeId != p.NodeID() {
 		return nil, denied("agent %s may register privileges only for its own node, not node_id %s", p.NodeID(), m.NodeId)

@@ -44,7 +44,7 @@ func newToolWorld(t *testing.T, neverAck bool, opts ...testserver.Option) *toolW
 		t.Fatal(err)
 	}
 	gateToken := srv.ToolServerToken(t, "gate-1")
-	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, gateToken, srv.HTTP), "gate-1")
+	gate := agentsdk.NewToolGate(agentsdk.Dial(srv.URL, gateToken, agentsdk.WithHTTPClient(srv.HTTP)), "gate-1")
 	gate.NeverAck = neverAck
 	t.Cleanup(gate.Close)
 	<-gate.Ready()

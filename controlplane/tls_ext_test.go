@@ -89,7 +89,7 @@ func TestMutualTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn := agentsdk.Dial(url, token, agentsdk.HTTP2ClientTLS(url, cfg))
+		conn := agentsdk.Dial(url, token, agentsdk.WithHTTPClient(agentsdk.HTTP2ClientTLS(url, cfg)))
 		_, err = conn.Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 		return err
 	}
@@ -107,7 +107,7 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal("a client without a certificate got through")
 	}
 	// Plaintext HTTP/2 to a TLS port is not served either.
-	plain := agentsdk.Dial("http://"+ln.Addr().String(), token, nil)
+	plain := agentsdk.Dial("http://"+ln.Addr().String(), token)
 	if _, err := plain.Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{})); err == nil {
 		t.Fatal("a plaintext client was served on the TLS port")
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -82,7 +82,10 @@ var errAlreadyRevoked = errors.New("token already revoked")
 
 // RevokeToken revokes a minted token (see auth.proto).
 func (a *authService) RevokeToken(ctx context.Context, req *connect.Request[tetherv1.RevokeTokenRequest]) (*connect.Response[tetherv1.RevokeTokenResponse], error) {
-	caller, _ := auth.FromContext(ctx)
+	caller, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
 	reason := req.Msg.Reason
 	if len(reason) > capability.MaxReasonBytes || !utf8.ValidString(reason) {
 		return nil, invalid("reason must be valid UTF-8 of at most %d bytes", capability.MaxReasonBytes)
@@ -109,7 +112,7 @@ func (a *authService) RevokeToken(ctx context.Context, req *connect.Request[teth
 		return nil, invalid("%v", err)
 	}
 	var info *tetherv1.TokenInfo
-	err := a.s.store.View(ctx, func(tx store.ReadTxn) error {
+	err = a.s.store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		info, err = getTokenInfo(tx, id)
 		if errors.Is(err, store.ErrNotFound) && fromToken != nil {

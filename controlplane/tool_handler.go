@@ -8,7 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"

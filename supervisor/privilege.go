@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/capability"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -13,16 +14,16 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Privilege outcomes, as they appear in the record.
 const (
-	OutcomeRevoked      = "revoked"
-	OutcomeExpired      = "expired"
+	OutcomeRevoked      = capability.OutcomeRevoked
+	OutcomeExpired      = capability.OutcomeExpired
 	OutcomeRevokeFailed = "revoke_failed"
 )
 

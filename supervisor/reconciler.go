@@ -11,7 +11,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -32,9 +32,28 @@ func (s *Supervisor) Kick(terminationID string) { s.workQueue().add(terminationI
 // Run is the level-triggered reconciler: it resumes every unfinished
 // termination from stored state, re-runs a termination whenever the ledger,
 // the tree or the termination changes, and at its deadlines. It runs until
-// ctx ends.
+// ctx ends. A watch that ends early (it fell behind) loses events, not
+// state: Run re-establishes the watches and rescans.
 func (s *Supervisor) Run(ctx context.Context) error {
 	q := s.workQueue()
+	for {
+		err := s.run(ctx, q)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !errors.Is(err, store.ErrWatchLagged) {
+			return err
+		}
+		s.Log.Warn("termination watches lagged; rescanning", "error", err)
+	}
+}
+
+// run is one pass of Run: it returns when ctx ends, or with an error
+// wrapping store.ErrWatchLagged when one of its watches ended.
+func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ended := make(chan error, 3)
 	watches := make([]store.Watcher, 0, 3)
 	for _, prefix := range []string{"calls/", prefixNode, prefixTermination} {
 		w, err := s.Store.Watch(ctx, []byte(prefix))
@@ -78,6 +97,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 				}
 				activeMu.Unlock()
 			}
+			ended <- w.Err()
 		}()
 	}
 	for {
@@ -96,17 +116,25 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			}
 			q.done(id)
 		}
+		// One timer per wait, stopped when the wait ends: a deferred stop
+		// here would keep every timer of a leader term alive until Run
+		// returns.
 		var timerC <-chan time.Time
+		var tm *time.Timer
 		if !next.IsZero() {
-			tm := time.NewTimer(max(next.Sub(s.Clock.Now()), time.Millisecond))
-			defer tm.Stop()
+			tm = time.NewTimer(max(next.Sub(s.Clock.Now()), time.Millisecond))
 			timerC = tm.C
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case err := <-ended:
+			return errors.Join(store.ErrWatchLagged, err)
 		case <-q.signal:
 		case <-timerC:
+		}
+		if tm != nil {
+			tm.Stop()
 		}
 	}
 }

@@ -6,13 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/capability"
 	"log/slog"
 	"sync"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -34,10 +35,9 @@ type GrantRevoker interface {
 	HeldBy(ctx context.Context, nodeIDs []string) ([]HeldGrant, error)
 }
 
-// HeldGrant is a grant as the record lists it.
-type HeldGrant struct {
-	GrantID, NodeID, Outcome string
-}
+// HeldGrant is a grant as the record lists it. The capability layer owns
+// the type, so that grantstore reports it without importing the supervisor.
+type HeldGrant = capability.HeldGrant
 
 // LeaseCanceller is the lease module as the supervisor needs it.
 type LeaseCanceller interface {

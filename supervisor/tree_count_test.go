@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
 
 // TestSpawnCountsChildrenOfOlderParents: a parent whose children were
@@ -17,7 +18,7 @@ import (
 // the count) has them counted, so the fan-out limit still holds, and the
 // count then goes on from there.
 func TestSpawnCountsChildrenOfOlderParents(t *testing.T) {
-	st, err := store.OpenBadger(t.TempDir(), store.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
 	}

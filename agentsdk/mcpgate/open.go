@@ -49,7 +49,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
 	if err := validateUpstreams(cfg.Upstreams); err != nil {
 		return nil, err
 	}
-	conn := agentsdk.Dial(cfg.ControlPlane, cfg.Credential, cfg.HTTP)
+	conn := agentsdk.Dial(cfg.ControlPlane, cfg.Credential, agentsdk.WithHTTPClient(cfg.HTTP))
 	verifier, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: conn, StalenessBudget: cfg.StalenessBudget, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err

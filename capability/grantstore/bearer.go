@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // Bearer tokens (operator tokens and the other tokens the control plane

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // MaxFeedBatch bounds the tombstones of one feed message.

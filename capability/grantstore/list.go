@@ -6,9 +6,8 @@ import (
 	"slices"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/id"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // MaxPageSize bounds one page of ListGrants.
@@ -91,7 +90,7 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		if err := checkID(id.Node, "holder_node_id", q.HolderNodeID); err != nil {
 			return nil, false, err
 		}
-		if err := visible(tx, caller, q.HolderNodeID); err != nil {
+		if err := s.visible(tx, caller, q.HolderNodeID); err != nil {
 			return nil, false, err
 		}
 		return scanPage(tx, holderPrefix(q.HolderNodeID), q.PageToken, q.PageSize)
@@ -105,7 +104,7 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		}
 		// Delegation only goes down the agent tree, so whoever may see the
 		// grant may see everything derived from it.
-		if err := visible(tx, caller, root.HolderNodeID); err != nil {
+		if err := s.visible(tx, caller, root.HolderNodeID); err != nil {
 			return nil, false, err
 		}
 		ids, more, err := scanPage(tx, derivedPrefix(root.GrantID), q.PageToken, q.PageSize)
@@ -125,10 +124,10 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		if err := checkID(id.Node, "subtree_node_id", q.SubtreeNodeID); err != nil {
 			return nil, false, err
 		}
-		if err := visible(tx, caller, q.SubtreeNodeID); err != nil {
+		if err := s.visible(tx, caller, q.SubtreeNodeID); err != nil {
 			return nil, false, err
 		}
-		nodes, err := supervisor.SubtreeIn(tx, q.SubtreeNodeID)
+		nodes, err := s.cfg.Tree.SubtreeIn(tx, q.SubtreeNodeID)
 		if err != nil {
 			return nil, false, err
 		}

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // publishSpanName is the span of one tombstone reaching this replica's

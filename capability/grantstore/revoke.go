@@ -10,9 +10,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/id"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // bulkChunk bounds how many tombstones one bulk-revocation transaction
@@ -77,7 +76,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			return RevokeResult{}, err
 		}
 		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
-			if _, err := supervisor.GetNodeIn(tx, target.HolderNodeID); err != nil {
+			if _, err := s.cfg.Tree.GetNodeIn(tx, target.HolderNodeID); err != nil {
 				return nil, err
 			}
 			return heldIn(tx, []string{target.HolderNodeID})
@@ -87,7 +86,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			return RevokeResult{}, err
 		}
 		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
-			nodes, err := supervisor.SubtreeIn(tx, target.SubtreeNodeID)
+			nodes, err := s.cfg.Tree.SubtreeIn(tx, target.SubtreeNodeID)
 			if err != nil {
 				return nil, err
 			}
@@ -105,7 +104,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 	}
 }
 
-// RevokeHeldBy implements supervisor.GrantRevoker: it revokes every active
+// RevokeHeldBy implements the supervisor's GrantRevoker: it revokes every active
 // grant held by the nodes, one tombstone per top grant, on behalf of by
 // (e.g. "termination:<id>"). The termination was authorized when it was
 // requested, so the revocation uses the security role's authority, which
@@ -117,12 +116,12 @@ func (s *Service) RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason
 	return err
 }
 
-// HeldBy implements supervisor.GrantRevoker: every grant held by the nodes
-// with its outcome — supervisor.OutcomeRevoked (directly or through an
-// ancestor), supervisor.OutcomeExpired, or "" while active.
-func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]supervisor.HeldGrant, error) {
+// HeldBy implements the supervisor's GrantRevoker: every grant held by the nodes
+// with its outcome — capability.OutcomeRevoked (directly or through an
+// ancestor), capability.OutcomeExpired, or "" while active.
+func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]capability.HeldGrant, error) {
 	now := s.cfg.Clock.Now()
-	var out []supervisor.HeldGrant
+	var out []capability.HeldGrant
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = out[:0]
 		reads := newReader(tx)
@@ -142,11 +141,11 @@ func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]supervisor.He
 				outcome := ""
 				switch effective(g, reads.grant, now).State {
 				case capability.StateRevoked:
-					outcome = supervisor.OutcomeRevoked
+					outcome = capability.OutcomeRevoked
 				case capability.StateExpired:
-					outcome = supervisor.OutcomeExpired
+					outcome = capability.OutcomeExpired
 				}
-				out = append(out, supervisor.HeldGrant{GrantID: grantID, NodeID: node, Outcome: outcome})
+				out = append(out, capability.HeldGrant{GrantID: grantID, NodeID: node, Outcome: outcome})
 			}
 		}
 		return reads.failed()
@@ -213,7 +212,7 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 				stale = true
 				return nil
 			}
-			seq, err = writeRevocations(tx, []capability.Grant{revoked})
+			seq, err = s.writeRevocations(tx, []capability.Grant{revoked})
 			return err
 		})
 		if err != nil {
@@ -318,7 +317,7 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 				return nil
 			}
 			var err error
-			seq, err = writeRevocations(tx, revocations)
+			seq, err = s.writeRevocations(tx, revocations)
 			return err
 		})
 		if err != nil {
@@ -336,7 +335,7 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 // writeRevocations writes revoked grants with one tombstone each, and a
 // marking job for each grant that has descendants, advancing the feed head.
 // It returns the last sequence written.
-func writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) {
+func (s *Service) writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) {
 	head, err := getCounter(tx, feedHeadKey)
 	if err != nil {
 		return 0, err
@@ -347,7 +346,7 @@ func writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) 
 		if err != nil {
 			return 0, err
 		}
-		if t.Lineage, err = lineageOf(tx, g.HolderNodeID); err != nil {
+		if t.Lineage, err = s.lineageOf(tx, g.HolderNodeID); err != nil {
 			return 0, err
 		}
 		raw, err := encodeTombstone(t)
@@ -374,9 +373,9 @@ func writeRevocations(tx store.Txn, revoked []capability.Grant) (uint64, error) 
 }
 
 // lineageOf is the root of node's tree (node itself for a root).
-func lineageOf(tx store.ReadTxn, nodeID string) (string, error) {
-	n, err := supervisor.GetNodeIn(tx, nodeID)
-	if errors.Is(err, supervisor.ErrNodeNotFound) {
+func (s *Service) lineageOf(tx store.ReadTxn, nodeID string) (string, error) {
+	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
+	if s.cfg.Tree.NodeNotFound(err) {
 		return "", nil // shown to no agent: fails closed towards agents only
 	}
 	if err != nil {

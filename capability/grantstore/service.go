@@ -12,11 +12,10 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
 )
 
 // Audience is the aud of capability tokens. It differs from the operator
@@ -38,6 +37,8 @@ const (
 // Config configures a Service.
 type Config struct {
 	Store store.Store
+	// Tree is the agent tree the grants are held in; required.
+	Tree  Tree
 	Clock clock.Clock
 	// Keys returns the current signing key ring.
 	Keys func() capability.KeyRing
@@ -60,6 +61,25 @@ type Config struct {
 	OnPublish func(capability.Tombstone)
 }
 
+// Tree is the agent tree as grantstore reads it, inside grantstore's own
+// transactions: the holder of a grant, a node's subtree. The supervisor's
+// tree implements it and controlplane wires it in, so the capability layer
+// never imports the supervisor.
+type Tree interface {
+	// GetNodeIn returns the node, or an error for which NodeNotFound
+	// reports true when there is none.
+	GetNodeIn(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error)
+	// SubtreeIn returns the node rootID and all its descendants.
+	SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error)
+	// NodeNotFound reports whether err says that a node does not exist.
+	NodeNotFound(err error) bool
+}
+
+// stateName is a node state as messages show it ("running").
+func stateName(s tetherv1.NodeState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
+}
+
 // Service is the store-backed capability tree: it persists grants,
 // tombstones and the revocation feed, and runs the background work that
 // keeps them tidy (RunFeed, RunMarker, RunPruner). See the package
@@ -76,8 +96,8 @@ type Service struct {
 // New builds a Service. Nothing runs until RunFeed, RunMarker and
 // RunPruner are started.
 func New(cfg Config) (*Service, error) {
-	if cfg.Store == nil || cfg.Keys == nil {
-		return nil, errors.New("grantstore: a store and a key ring are required")
+	if cfg.Store == nil || cfg.Keys == nil || cfg.Tree == nil {
+		return nil, errors.New("grantstore: a store, a key ring and the agent tree are required")
 	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real{}
@@ -184,7 +204,7 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 		return Issued{}, err
 	}
 	err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
-		if err := requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
+		if err := s.requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
 			return err
 		}
 		return putGrant(tx, g, true)
@@ -250,15 +270,15 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 				}
 				return v.Err
 			}
-			if err := requireRunning(tx, callerNode, "the delegating node"); err != nil {
+			if err := s.requireRunning(tx, callerNode, "the delegating node"); err != nil {
 				return err
 			}
-			holder, err := supervisor.GetNodeIn(tx, req.HolderNodeID)
+			holder, err := s.cfg.Tree.GetNodeIn(tx, req.HolderNodeID)
 			if err != nil {
 				return err
 			}
 			if holder.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, supervisor.StateName(holder.State))
+				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, stateName(holder.State))
 			}
 			g, err = capability.Delegate(parent, capability.DelegateRequest{
 				GrantID: grantID, Issuer: caller.Principal, HolderNodeID: req.HolderNodeID, Scopes: req.Scopes, TTL: req.TTL,
@@ -281,10 +301,10 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			}
 			// Nodes change for reasons that do not matter here (heartbeats),
 			// so they are re-checked by meaning rather than by bytes.
-			if err := requireRunning(tx, callerNode, "the delegating node"); err != nil {
+			if err := s.requireRunning(tx, callerNode, "the delegating node"); err != nil {
 				return err
 			}
-			holder, err := supervisor.GetNodeIn(tx, req.HolderNodeID)
+			holder, err := s.cfg.Tree.GetNodeIn(tx, req.HolderNodeID)
 			if err != nil {
 				return err
 			}
@@ -332,8 +352,8 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 			}
 			return v.Err
 		}
-		n, err := supervisor.GetNodeIn(tx, g.HolderNodeID)
-		if errors.Is(err, supervisor.ErrNodeNotFound) {
+		n, err := s.cfg.Tree.GetNodeIn(tx, g.HolderNodeID)
+		if s.cfg.Tree.NodeNotFound(err) {
 			return fmt.Errorf("%w: holder node %s of grant %s is unknown", ErrNodeNotRunning, g.HolderNodeID, grantID)
 		}
 		if err != nil {
@@ -371,7 +391,7 @@ func (s *Service) Get(ctx context.Context, caller Caller, grantID string) (capab
 		if !ok {
 			return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
 		}
-		if err := visible(tx, caller, stored.HolderNodeID); err != nil {
+		if err := s.visible(tx, caller, stored.HolderNodeID); err != nil {
 			return err
 		}
 		g = effective(stored, reads.grant, now)
@@ -396,29 +416,29 @@ func effective(g capability.Grant, lookup capability.GrantLookup, now time.Time)
 }
 
 // requireRunning refuses a node that is unknown or not running.
-func requireRunning(tx store.ReadTxn, nodeID, what string) error {
-	n, err := supervisor.GetNodeIn(tx, nodeID)
+func (s *Service) requireRunning(tx store.ReadTxn, nodeID, what string) error {
+	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
 	if err != nil {
 		return err
 	}
 	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, nodeID, supervisor.StateName(n.State))
+		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, nodeID, stateName(n.State))
 	}
 	return nil
 }
 
 // visible returns nil when the caller may read grants held by holderNodeID:
 // operators read everything, an agent reads its own subtree.
-func visible(tx store.ReadTxn, caller Caller, holderNodeID string) error {
+func (s *Service) visible(tx store.ReadTxn, caller Caller, holderNodeID string) error {
 	node, isAgent := caller.agentNode()
 	if !isAgent || node == holderNodeID {
 		return nil
 	}
-	holder, err := supervisor.GetNodeIn(tx, holderNodeID)
-	if err == nil && supervisor.IsAncestor(holder, node) {
+	holder, err := s.cfg.Tree.GetNodeIn(tx, holderNodeID)
+	if err == nil && slices.Contains(holder.Ancestors, node) {
 		return nil
 	}
-	if err != nil && !errors.Is(err, supervisor.ErrNodeNotFound) {
+	if err != nil && !s.cfg.Tree.NodeNotFound(err) {
 		return err
 	}
 	return fmt.Errorf("%w: agent %s may read only grants held in its own subtree, not by node %s", ErrNotVisible, node, holderNodeID)

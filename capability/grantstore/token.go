@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // Introspect verifies a token and checks it against the stored grants and

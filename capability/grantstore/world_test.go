@@ -11,9 +11,10 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 )
@@ -71,7 +72,7 @@ func (w *world) stop() {
 // Service on it, as a restarted control plane would.
 func (w *world) open() {
 	w.t.Helper()
-	st, err := store.OpenBadger(w.dir, store.BadgerOptions{Logger: quiet})
+	st, err := badgerstore.OpenBadger(w.dir, badgerstore.BadgerOptions{Logger: quiet})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func (w *world) open() {
 
 func (w *world) service(st store.Store) *Service {
 	w.t.Helper()
-	svc, err := New(Config{Store: st, Clock: w.clk, Keys: func() capability.KeyRing { return w.ring }, MarkBatch: w.batch, Heartbeat: 20 * time.Millisecond, Log: quiet})
+	svc, err := New(Config{Store: st, Tree: w.tree, Clock: w.clk, Keys: func() capability.KeyRing { return w.ring }, MarkBatch: w.batch, Heartbeat: 20 * time.Millisecond, Log: quiet})
 	if err != nil {
 		w.t.Fatal(err)
 	}

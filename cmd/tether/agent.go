@@ -47,7 +47,7 @@ func agentRegister(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.agent.RegisterRoot(cmd.Context(), connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: l}))
+			resp, err := c.Agent.RegisterRoot(cmd.Context(), connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: l}))
 			if err != nil {
 				return err
 			}
@@ -75,7 +75,7 @@ func agentSpawn(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.agent.Spawn(cmd.Context(), connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent, Name: name, Labels: l}))
+			resp, err := c.Agent.Spawn(cmd.Context(), connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent, Name: name, Labels: l}))
 			if err != nil {
 				return err
 			}
@@ -129,7 +129,7 @@ func agentList(g *globals) *cobra.Command {
 			var nodes []*tetherv1.Node
 			token := ""
 			for {
-				resp, err := c.agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token}))
+				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token}))
 				if err != nil {
 					return err
 				}
@@ -182,7 +182,7 @@ func agentShow(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: args[0]}))
+			resp, err := c.Agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -209,7 +209,7 @@ func agentTree(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: args[0]}))
+			resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: args[0]}))
 			if err != nil {
 				return err
 			}

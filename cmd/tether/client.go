@@ -13,13 +13,10 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 func envOr(name, def string) string {
@@ -29,16 +26,8 @@ func envOr(name, def string) string {
 	return def
 }
 
-// clients holds one Connect client per service.
-type clients struct {
-	agent      tetherv1connect.AgentServiceClient
-	auth       tetherv1connect.AuthServiceClient
-	capability tetherv1connect.CapabilityServiceClient
-	tool       tetherv1connect.ToolServiceClient
-	supervisor tetherv1connect.SupervisorServiceClient
-	lease      tetherv1connect.LeaseServiceClient
-	stopRule   tetherv1connect.StopRuleServiceClient
-}
+// clients is one Connect client per service, assembled by agentsdk.Dial.
+type clients = agentsdk.Conn
 
 // httpClient speaks HTTP/2 to the control plane: cleartext (h2c) for http://
 // addresses, TLS for https:// (with --tls-ca and a client certificate when
@@ -97,16 +86,7 @@ func (g *globals) clients() (*clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []connect.ClientOption{connect.WithInterceptors(agentsdk.TraceInterceptor(), auth.BearerInterceptor{Token: func() string { return token }})}
-	return &clients{
-		agent:      tetherv1connect.NewAgentServiceClient(hc, g.addr, opts...),
-		auth:       tetherv1connect.NewAuthServiceClient(hc, g.addr, opts...),
-		capability: tetherv1connect.NewCapabilityServiceClient(hc, g.addr, opts...),
-		tool:       tetherv1connect.NewToolServiceClient(hc, g.addr, opts...),
-		supervisor: tetherv1connect.NewSupervisorServiceClient(hc, g.addr, opts...),
-		lease:      tetherv1connect.NewLeaseServiceClient(hc, g.addr, opts...),
-		stopRule:   tetherv1connect.NewStopRuleServiceClient(hc, g.addr, opts...),
-	}, nil
+	return agentsdk.Dial(g.addr, token, agentsdk.WithHTTPClient(hc)), nil
 }
 
 // printJSON writes a message as indented protojson (the same shape curl sees).

@@ -48,7 +48,7 @@ func grantRoot(g *globals) *cobra.Command {
 			if ttl != 0 {
 				req.Ttl = durationpb.New(ttl)
 			}
-			resp, err := c.capability.IssueRoot(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.Capability.IssueRoot(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -83,7 +83,7 @@ credential: --token or TETHER_TOKEN.`,
 			if ttl != 0 {
 				req.Ttl = durationpb.New(ttl)
 			}
-			resp, err := c.capability.Delegate(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.Capability.Delegate(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -136,7 +136,7 @@ grant.`,
 			if err != nil {
 				return err
 			}
-			resp, err := c.capability.Revoke(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.Capability.Revoke(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -175,7 +175,7 @@ func grantShow(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.capability.GetGrant(cmd.Context(), connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: args[0]}))
+			resp, err := c.Capability.GetGrant(cmd.Context(), connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -283,7 +283,7 @@ func drawGrantTree(w io.Writer, rootID string, grants []*tetherv1.Grant) {
 func listGrants(cmd *cobra.Command, c *clients, req *tetherv1.ListGrantsRequest) ([]*tetherv1.Grant, error) {
 	var out []*tetherv1.Grant
 	for {
-		resp, err := c.capability.ListGrants(cmd.Context(), connect.NewRequest(req))
+		resp, err := c.Capability.ListGrants(cmd.Context(), connect.NewRequest(req))
 		if err != nil {
 			return nil, err
 		}
@@ -345,7 +345,7 @@ func newTokenRefreshCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.capability.Refresh(cmd.Context(), connect.NewRequest(&tetherv1.RefreshRequest{GrantId: args[0]}))
+			resp, err := c.Capability.Refresh(cmd.Context(), connect.NewRequest(&tetherv1.RefreshRequest{GrantId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -381,7 +381,7 @@ func newTokenIntrospectCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.capability.Introspect(cmd.Context(), connect.NewRequest(&tetherv1.IntrospectRequest{Token: token}))
+			resp, err := c.Capability.Introspect(cmd.Context(), connect.NewRequest(&tetherv1.IntrospectRequest{Token: token}))
 			if err != nil {
 				return err
 			}

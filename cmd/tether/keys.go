@@ -24,7 +24,7 @@ func newKeysCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.auth.RotateKeys(cmd.Context(), connect.NewRequest(&tetherv1.RotateKeysRequest{PublishAhead: durationpb.New(ahead)}))
+			resp, err := c.Auth.RotateKeys(cmd.Context(), connect.NewRequest(&tetherv1.RotateKeysRequest{PublishAhead: durationpb.New(ahead)}))
 			if err != nil {
 				return err
 			}
@@ -48,7 +48,7 @@ func newKeysCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.auth.ListKeys(cmd.Context(), connect.NewRequest(&tetherv1.ListKeysRequest{}))
+			resp, err := c.Auth.ListKeys(cmd.Context(), connect.NewRequest(&tetherv1.ListKeysRequest{}))
 			if err != nil {
 				return err
 			}

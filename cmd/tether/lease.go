@@ -123,7 +123,7 @@ func leaseOffer(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Offer(cmd.Context(), connect.NewRequest(&tetherv1.OfferRequest{
+			resp, err := c.Lease.Offer(cmd.Context(), connect.NewRequest(&tetherv1.OfferRequest{
 				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout),
 			}))
 			if err != nil {
@@ -150,7 +150,7 @@ func leaseAck(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Ack(cmd.Context(), connect.NewRequest(&tetherv1.AckRequest{
+			resp, err := c.Lease.Ack(cmd.Context(), connect.NewRequest(&tetherv1.AckRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
 			}))
 			if err != nil {
@@ -175,7 +175,7 @@ func leaseRenew(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Renew(cmd.Context(), connect.NewRequest(&tetherv1.RenewRequest{
+			resp, err := c.Lease.Renew(cmd.Context(), connect.NewRequest(&tetherv1.RenewRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, RenewSequence: seq, SentAt: timestamppb.Now(),
 			}))
 			if err != nil {
@@ -203,7 +203,7 @@ func leaseProgress(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Progress(cmd.Context(), connect.NewRequest(&tetherv1.ProgressRequest{
+			resp, err := c.Lease.Progress(cmd.Context(), connect.NewRequest(&tetherv1.ProgressRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, ProgressSequence: seq, ProgressValue: value, SentAt: timestamppb.Now(),
 			}))
 			if err != nil {
@@ -230,7 +230,7 @@ func leaseCancel(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.RequestCancel(cmd.Context(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: args[0], Reason: reason}))
+			resp, err := c.Lease.RequestCancel(cmd.Context(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: args[0], Reason: reason}))
 			if err != nil {
 				return err
 			}
@@ -252,7 +252,7 @@ func leaseCancelAck(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.CancelAck(cmd.Context(), connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
+			resp, err := c.Lease.CancelAck(cmd.Context(), connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
 			}))
 			if err != nil {
@@ -293,7 +293,7 @@ func leaseComplete(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Complete(cmd.Context(), connect.NewRequest(&tetherv1.CompleteRequest{
+			resp, err := c.Lease.Complete(cmd.Context(), connect.NewRequest(&tetherv1.CompleteRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, Result: r, Detail: detail, SentAt: timestamppb.Now(),
 			}))
 			if err != nil {
@@ -321,7 +321,7 @@ func leaseReassign(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Reassign(cmd.Context(), connect.NewRequest(&tetherv1.ReassignRequest{
+			resp, err := c.Lease.Reassign(cmd.Context(), connect.NewRequest(&tetherv1.ReassignRequest{
 				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
 			}))
 			if err != nil {
@@ -354,7 +354,7 @@ func leaseResolve(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.Resolve(cmd.Context(), connect.NewRequest(&tetherv1.ResolveRequest{
+			resp, err := c.Lease.Resolve(cmd.Context(), connect.NewRequest(&tetherv1.ResolveRequest{
 				JobId: args[0], Result: r, UnresolvedBound: durationFlag(bound), Reason: reason,
 			}))
 			if err != nil {
@@ -384,7 +384,7 @@ func leaseShow(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.GetLease(cmd.Context(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: args[0]}))
+			resp, err := c.Lease.GetLease(cmd.Context(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -414,7 +414,7 @@ func leaseList(g *globals) *cobra.Command {
 			var all []*tetherv1.Lease
 			token := ""
 			for {
-				resp, err := c.lease.ListLeases(cmd.Context(), connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: holder, PageToken: token}))
+				resp, err := c.Lease.ListLeases(cmd.Context(), connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: holder, PageToken: token}))
 				if err != nil {
 					return err
 				}
@@ -479,7 +479,7 @@ message kind and decision time.`,
 			pages := func(each func([]*tetherv1.EvidenceRow) error) error {
 				token := ""
 				for {
-					resp, err := c.lease.Evidence(cmd.Context(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: args[0], PageToken: token}))
+					resp, err := c.Lease.Evidence(cmd.Context(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: args[0], PageToken: token}))
 					if err != nil {
 						return err
 					}
@@ -575,7 +575,7 @@ func leasePolicy(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.lease.GetPolicy(cmd.Context(), connect.NewRequest(&tetherv1.GetPolicyRequest{}))
+			resp, err := c.Lease.GetPolicy(cmd.Context(), connect.NewRequest(&tetherv1.GetPolicyRequest{}))
 			if err != nil {
 				return err
 			}

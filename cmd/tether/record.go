@@ -27,7 +27,7 @@ func newRecordCommand(g *globals) *cobra.Command {
 			if strings.HasPrefix(args[0], "t_") {
 				req = &tetherv1.GetRecordRequest{TerminationId: args[0]}
 			}
-			resp, err := c.supervisor.GetRecord(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.Supervisor.GetRecord(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -51,7 +51,7 @@ func newRecordCommand(g *globals) *cobra.Command {
 			var recs []*tetherv1.ReconciliationRecord
 			token := ""
 			for {
-				resp, err := c.supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
+				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
 				if err != nil {
 					return err
 				}
@@ -210,7 +210,7 @@ func newProposalCommand(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				resp, err := c.supervisor.DecideProposal(cmd.Context(), connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: args[0], Approve: approve, Reason: reason}))
+				resp, err := c.Supervisor.DecideProposal(cmd.Context(), connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: args[0], Approve: approve, Reason: reason}))
 				if err != nil {
 					return err
 				}
@@ -234,7 +234,7 @@ func newProposalCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.supervisor.ListProposals(cmd.Context(), connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+			resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(&tetherv1.ListProposalsRequest{}))
 			if err != nil {
 				return err
 			}

@@ -39,7 +39,7 @@ func newRolloutStartCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.supervisor.Rollout(cmd.Context(), connect.NewRequest(&tetherv1.RolloutRequest{
+			resp, err := c.Supervisor.Rollout(cmd.Context(), connect.NewRequest(&tetherv1.RolloutRequest{
 				Selector: selector, TargetSelector: target, Batch: batch, MaxUnavailable: maxUnavailable,
 				BatchDeadline: durationpb.New(deadline), DrainWindow: durationpb.New(window), ConfirmTimeout: durationpb.New(confirm),
 				Description: description,
@@ -82,7 +82,7 @@ func newRolloutStatusCommand(g *globals) *cobra.Command {
 			if watch {
 				return followRollout(g, cmd, c, args[0])
 			}
-			resp, err := c.supervisor.GetRollout(cmd.Context(), connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: args[0]}))
+			resp, err := c.Supervisor.GetRollout(cmd.Context(), connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -103,7 +103,7 @@ func newRolloutListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.supervisor.ListRollouts(cmd.Context(), connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
+			resp, err := c.Supervisor.ListRollouts(cmd.Context(), connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
 			if err != nil {
 				return err
 			}
@@ -137,19 +137,19 @@ func newRolloutDecisionCommand(g *globals, verb, short string) *cobra.Command {
 			var r *tetherv1.Rollout
 			switch verb {
 			case "pause":
-				resp, err := c.supervisor.PauseRollout(cmd.Context(), connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: args[0], Reason: reason}))
+				resp, err := c.Supervisor.PauseRollout(cmd.Context(), connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: args[0], Reason: reason}))
 				if err != nil {
 					return err
 				}
 				r = resp.Msg.Rollout
 			case "resume":
-				resp, err := c.supervisor.ResumeRollout(cmd.Context(), connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: args[0]}))
+				resp, err := c.Supervisor.ResumeRollout(cmd.Context(), connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: args[0]}))
 				if err != nil {
 					return err
 				}
 				r = resp.Msg.Rollout
 			case "abort":
-				resp, err := c.supervisor.AbortRollout(cmd.Context(), connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: args[0], Reason: reason}))
+				resp, err := c.Supervisor.AbortRollout(cmd.Context(), connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: args[0], Reason: reason}))
 				if err != nil {
 					return err
 				}
@@ -167,7 +167,7 @@ func newRolloutDecisionCommand(g *globals, verb, short string) *cobra.Command {
 // followRollout prints a progress line each time the rollout moves, until
 // it completes, pauses or is aborted.
 func followRollout(g *globals, cmd *cobra.Command, c *clients, id string) error {
-	stream, err := c.supervisor.WatchRollout(cmd.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
+	stream, err := c.Supervisor.WatchRollout(cmd.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
 	if err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func newRuleAddCommand(g *globals) *cobra.Command {
 				}
 				ls[k] = v
 			}
-			resp, err := c.stopRule.AddStopRule(cmd.Context(), connect.NewRequest(&tetherv1.AddStopRuleRequest{
+			resp, err := c.StopRule.AddStopRule(cmd.Context(), connect.NewRequest(&tetherv1.AddStopRuleRequest{
 				NodeId: node, LabelSelector: selector, Name: name, Expression: args[0], Action: action,
 				Severity: severity, Labels: ls, Description: description,
 			}))
@@ -84,7 +84,7 @@ func newRuleListCommand(g *globals) *cobra.Command {
 			if len(args) == 1 {
 				node = args[0]
 			}
-			resp, err := c.stopRule.ListStopRules(cmd.Context(), connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: node}))
+			resp, err := c.StopRule.ListStopRules(cmd.Context(), connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: node}))
 			if err != nil {
 				return err
 			}
@@ -121,7 +121,7 @@ func newRuleRemoveCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.stopRule.RemoveStopRule(cmd.Context(), connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: args[0]}))
+			resp, err := c.StopRule.RemoveStopRule(cmd.Context(), connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: args[0]}))
 			if err != nil {
 				return err
 			}
@@ -146,7 +146,7 @@ func newRuleTestCommand(g *globals) *cobra.Command {
 			if len(args) == 2 {
 				req.Expression = args[1]
 			}
-			resp, err := c.stopRule.TestStopRule(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.StopRule.TestStopRule(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}

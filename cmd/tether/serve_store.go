@@ -16,7 +16,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/leader"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
 // storeFlags choose the store `tether serve` runs on: the embedded Badger
@@ -91,7 +91,7 @@ func (f *storeFlags) apply(ctx context.Context, cfg *controlplane.Config, log *s
 		}
 		cfg.PeerTLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	s, err := store.OpenEtcd(ctx, store.EtcdOptions{Endpoints: f.endpoints, Prefix: f.etcdPrefix, Logger: log})
+	s, err := etcdstore.OpenEtcd(ctx, etcdstore.EtcdOptions{Endpoints: f.endpoints, Prefix: f.etcdPrefix, Logger: log})
 	if err != nil {
 		return nil, err
 	}

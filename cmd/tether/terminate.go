@@ -30,7 +30,7 @@ func newTerminateCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.supervisor.Terminate(cmd.Context(), connect.NewRequest(&tetherv1.TerminateRequest{
+			resp, err := c.Supervisor.Terminate(cmd.Context(), connect.NewRequest(&tetherv1.TerminateRequest{
 				NodeId: args[0], Mode: m, Reason: reason,
 				DrainWindow: durationpb.New(window), CancelAckTimeout: durationpb.New(ackTimeout), ConfirmTimeout: durationpb.New(confirmTimeout),
 			}))
@@ -42,7 +42,7 @@ func newTerminateCommand(g *globals) *cobra.Command {
 				return printTermination(g, cmd.OutOrStdout(), t)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "termination %s of %s (%s)\n", t.TerminationId, t.NodeId, strings.ToLower(strings.TrimPrefix(t.Mode.String(), "TERMINATION_MODE_")))
-			stream, err := c.supervisor.WatchTermination(cmd.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: t.TerminationId}))
+			stream, err := c.Supervisor.WatchTermination(cmd.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: t.TerminationId}))
 			if err != nil {
 				return err
 			}
@@ -107,7 +107,7 @@ func newTerminationCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.supervisor.GetTermination(cmd.Context(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: args[0]}))
+			resp, err := c.Supervisor.GetTermination(cmd.Context(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: args[0]}))
 			if err != nil {
 				return err
 			}

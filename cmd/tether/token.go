@@ -52,7 +52,7 @@ func tokenCreate(g *globals) *cobra.Command {
 			if ttl == 0 {
 				req.Ttl = nil
 			}
-			resp, err := c.auth.CreateToken(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.Auth.CreateToken(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -84,7 +84,7 @@ func tokenList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.auth.ListTokens(cmd.Context(), connect.NewRequest(&tetherv1.ListTokensRequest{IncludeInactive: all}))
+			resp, err := c.Auth.ListTokens(cmd.Context(), connect.NewRequest(&tetherv1.ListTokensRequest{IncludeInactive: all}))
 			if err != nil {
 				return err
 			}
@@ -138,7 +138,7 @@ func tokenRevoke(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.auth.RevokeToken(cmd.Context(), connect.NewRequest(req))
+			resp, err := c.Auth.RevokeToken(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -187,7 +187,7 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			created, err := c.auth.CreateToken(cmd.Context(), connect.NewRequest(&tetherv1.CreateTokenRequest{
+			created, err := c.Auth.CreateToken(cmd.Context(), connect.NewRequest(&tetherv1.CreateTokenRequest{
 				Role: tetherv1.Role_ROLE_ADMIN, Subject: "admin", Ttl: durationpb.New(ttl),
 			}))
 			if err != nil {
@@ -205,7 +205,7 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			revoked, err := c.auth.RevokeToken(cmd.Context(), connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: old, Reason: "rotated (tether token rotate-admin)"}))
+			revoked, err := c.Auth.RevokeToken(cmd.Context(), connect.NewRequest(&tetherv1.RevokeTokenRequest{Token: old, Reason: "rotated (tether token rotate-admin)"}))
 			if err != nil {
 				return fmt.Errorf("the new admin token %s is in %s, but revoking the old one failed (revoke it with tether token revoke): %w", created.Msg.TokenId, out, err)
 			}
@@ -229,7 +229,7 @@ func newWhoAmICommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.auth.WhoAmI(cmd.Context(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+			resp, err := c.Auth.WhoAmI(cmd.Context(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 			if err != nil {
 				return err
 			}

@@ -388,30 +388,3 @@ func bearer(h http.Header) (string, error) {
 	}
 	return strings.TrimSpace(token), nil
 }
-
-// BearerInterceptor is the client side: it adds the token to every request.
-type BearerInterceptor struct{ Token func() string }
-
-// WrapUnary implements connect.Interceptor.
-func (b BearerInterceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
-	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if req.Spec().IsClient {
-			req.Header().Set("Authorization", "Bearer "+b.Token())
-		}
-		return next(ctx, req)
-	}
-}
-
-// WrapStreamingClient implements connect.Interceptor.
-func (b BearerInterceptor) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
-	return func(ctx context.Context, spec connect.Spec) connect.StreamingClientConn {
-		conn := next(ctx, spec)
-		conn.RequestHeader().Set("Authorization", "Bearer "+b.Token())
-		return conn
-	}
-}
-
-// WrapStreamingHandler implements connect.Interceptor.
-func (b BearerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
-	return next
-}

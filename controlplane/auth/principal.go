@@ -89,15 +89,22 @@ func (p Principal) Budget() string {
 
 // ID is the principal's stable name, as it appears in grants' revoker sets
 // and in records: "operator:<subject>", "agent:<node id>" or
-// "tool:<tool server>".
+// "tool:<tool server>". A principal that is none of these (the zero value,
+// or one without a subject) has no ID: "", which names nobody, so a
+// missing principal never passes for an operator.
 func (p Principal) ID() string {
+	if p.Subject == "" {
+		return ""
+	}
 	switch p.Kind {
+	case KindOperator:
+		return "operator:" + p.Subject
 	case KindAgent:
 		return "agent:" + p.Subject
 	case KindToolServer:
 		return "tool:" + p.Subject
 	}
-	return "operator:" + p.Subject
+	return ""
 }
 
 // IsAgent reports whether the caller is an agent.

@@ -19,7 +19,7 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
@@ -83,7 +83,7 @@ type clients struct {
 const apiBase = "http://console.invalid"
 
 func (c *Console) newClients(token string) *clients {
-	opts := []connect.ClientOption{connect.WithInterceptors(auth.BearerInterceptor{Token: func() string { return token }})}
+	opts := []connect.ClientOption{connect.WithInterceptors(agentsdk.BearerInterceptor{Token: func() string { return token }})}
 	return &clients{
 		agent:      tetherv1connect.NewAgentServiceClient(c.hc, apiBase, opts...),
 		auth:       tetherv1connect.NewAuthServiceClient(c.hc, apiBase, opts...),

@@ -20,7 +20,7 @@ type Etcd struct {
 	// Client connects to the cluster; the elector does not close it.
 	Client *clientv3.Client
 	// Prefix is the election's key prefix, the same for every replica of
-	// one control plane: store.Etcd.MetadataPrefix("leader").
+	// one control plane: etcdstore.Etcd.MetadataPrefix("leader").
 	Prefix string
 	// Identity names this replica in the election (Leader reports it).
 	// Default: host name and process id.

@@ -36,7 +36,7 @@ func main() {
 	if err != nil {
 		log.Fatalf("token: %v", err)
 	}
-	gate := agentsdk.NewToolGate(agentsdk.Dial(*addr, strings.TrimSpace(string(token)), nil), *gateID)
+	gate := agentsdk.NewToolGate(agentsdk.Dial(*addr, strings.TrimSpace(string(token))), *gateID)
 	defer gate.Close()
 
 	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

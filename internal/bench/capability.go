@@ -19,8 +19,8 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -153,14 +153,14 @@ func registerLine(ctx context.Context, srv *benchServer, n int) ([]benchAgent, e
 	if err != nil {
 		return nil, err
 	}
-	line := []benchAgent{{id: resp.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, resp.Msg.Credential, nil)}}
+	line := []benchAgent{{id: resp.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, resp.Msg.Credential)}}
 	for i := 1; i < n; i++ {
 		parent := line[i-1]
 		child, err := parent.conn.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent.id, Name: fmt.Sprintf("bench-%d", i)}))
 		if err != nil {
 			return nil, err
 		}
-		line = append(line, benchAgent{id: child.Msg.Node.NodeId, ancestors: child.Msg.Node.Ancestors, conn: agentsdk.Dial(srv.URL, child.Msg.Credential, nil)})
+		line = append(line, benchAgent{id: child.Msg.Node.NodeId, ancestors: child.Msg.Node.Ancestors, conn: agentsdk.Dial(srv.URL, child.Msg.Credential)})
 	}
 	return line, nil
 }
@@ -240,7 +240,7 @@ func startBenchVerifier(ctx context.Context, srv *benchServer, cacheSize int) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: agentsdk.Dial(srv.URL, viewer.Msg.Token, nil), CacheSize: cacheSize})
+	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: agentsdk.Dial(srv.URL, viewer.Msg.Token), CacheSize: cacheSize})
 	if err != nil {
 		return nil, nil, err
 	}
@@ -441,7 +441,7 @@ func capabilityDurable(ctx context.Context, r *Report) error {
 	// Each client has its own connection, as separate agents would.
 	clients := make([]*agentsdk.Conn, workers)
 	for i := range clients {
-		clients[i] = agentsdk.Dial(srv.URL, line[0].conn.Token(), nil)
+		clients[i] = agentsdk.Dial(srv.URL, line[0].conn.Token())
 	}
 	var (
 		mu      sync.Mutex

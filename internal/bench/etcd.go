@@ -8,8 +8,9 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/etcdlocal"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
 func init() {
@@ -58,7 +59,7 @@ func storeEtcdDurableCommit(ctx context.Context, r *Report) error {
 // measureEtcdUpdates runs Updates of one key per writer on a fresh store
 // under prefix; with read, each Update reads its key before writing it.
 func measureEtcdUpdates(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix string, writers int, read bool) (float64, error) {
-	s, err := store.OpenEtcd(ctx, store.EtcdOptions{
+	s, err := etcdstore.OpenEtcd(ctx, etcdstore.EtcdOptions{
 		Endpoints: cluster.Endpoints(),
 		Prefix:    prefix,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -20,7 +20,8 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -162,11 +163,11 @@ func measureLoneRenew(ctx context.Context, r *Report, srv *benchServer, holder l
 
 // badgerStats reads the store's group-commit counters (zero on another
 // backend).
-func badgerStats(srv *benchServer) store.BadgerStats {
-	if b, ok := srv.Store().(*store.Badger); ok {
+func badgerStats(srv *benchServer) badgerstore.BadgerStats {
+	if b, ok := srv.Store().(*badgerstore.Badger); ok {
 		return b.Stats()
 	}
-	return store.BadgerStats{}
+	return badgerstore.BadgerStats{}
 }
 
 // pipelineWindow is how many renewals of one lease the pipelined stream
@@ -284,7 +285,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 	if err != nil {
 		return nil, err
 	}
-	parent := agentsdk.Dial(srv.URL, root.Msg.Credential, nil)
+	parent := agentsdk.Dial(srv.URL, root.Msg.Credential)
 	var out []leaseHolder
 	for i := range n {
 		child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker-" + strconv.Itoa(i)}))
@@ -293,7 +294,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential, nil)})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential)})
 	}
 	return out, nil
 }

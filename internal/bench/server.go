@@ -27,7 +27,7 @@ func startServer(ctx context.Context, r *Report, mutate ...func(*controlplane.Co
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	return &benchServer{Server: srv, Admin: agentsdk.Dial(srv.URL, srv.AdminToken, nil), dir: dir}, nil
+	return &benchServer{Server: srv, Admin: agentsdk.Dial(srv.URL, srv.AdminToken), dir: dir}, nil
 }
 
 // Stop stops the server and removes its data.

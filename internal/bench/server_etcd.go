@@ -11,8 +11,8 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/leader"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/etcdlocal"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
 func init() {
@@ -142,7 +142,7 @@ var etcdServers int
 func startEtcdServer(ctx context.Context, r *Report, cluster *etcdlocal.Cluster) (*benchServer, func(), error) {
 	etcdServers++
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := store.OpenEtcd(ctx, store.EtcdOptions{
+	st, err := etcdstore.OpenEtcd(ctx, etcdstore.EtcdOptions{
 		Endpoints: cluster.Endpoints(),
 		Prefix:    fmt.Sprintf("/bench/server-%d/", etcdServers),
 		Logger:    quiet,

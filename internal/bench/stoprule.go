@@ -109,7 +109,7 @@ func toolCallStream(ctx context.Context, r *Report, agents, rules, callers int, 
 	if err != nil {
 		return streamResult{}, err
 	}
-	gate := agentsdk.Dial(srv.URL, minted.Msg.Token, nil)
+	gate := agentsdk.Dial(srv.URL, minted.Msg.Token)
 	stats := srv.StopRuleStats()
 	// Let the evaluator finish with the tree and the rules first.
 	for last := int64(-1); stats != nil && stats.Nodes.Load() != last; time.Sleep(200 * time.Millisecond) {

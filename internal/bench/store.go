@@ -8,7 +8,8 @@ import (
 
 	badger "github.com/dgraph-io/badger/v4"
 
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
 
 func init() {
@@ -52,7 +53,7 @@ func measureGroupCommit(ctx context.Context, r *Report, writers int) (rate, upda
 		return 0, 0, err
 	}
 	defer os.RemoveAll(dir)
-	s, err := store.OpenBadger(dir, store.BadgerOptions{})
+	s, err := badgerstore.OpenBadger(dir, badgerstore.BadgerOptions{})
 	if err != nil {
 		return 0, 0, err
 	}

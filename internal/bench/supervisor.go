@@ -164,7 +164,7 @@ func callsInFlight(ctx context.Context, srv *benchServer, root string, n int) (i
 	if err != nil {
 		return 0, nil, err
 	}
-	gate := agentsdk.Dial(srv.URL, minted.Msg.Token, nil)
+	gate := agentsdk.Dial(srv.URL, minted.Msg.Token)
 	for i := 0; i < n; i++ {
 		node := nodes.Msg.Nodes[(i*10)%len(nodes.Msg.Nodes)]
 		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))

@@ -11,8 +11,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
@@ -35,7 +36,7 @@ func TestCoordinatorThroughTheStoreAgainstStep(t *testing.T) {
 		if rapid.Bool().Draw(rt, "strictRestart") {
 			p.Restart = lease.RestartStrict
 		}
-		st, err := store.OpenBadger("", store.BadgerOptions{InMemory: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		st, err := badgerstore.OpenBadger("", badgerstore.BadgerOptions{InMemory: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			rt.Fatal(err)
 		}

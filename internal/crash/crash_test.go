@@ -108,7 +108,7 @@ func newHarness(t *testing.T, seed int64) *harness {
 	h.start()
 	h.admin = testserver.NewClients(h.hc, h.url, h.proc.Admin)
 	h.security = testserver.NewClients(h.hc, h.url, h.token(tetherv1.Role_ROLE_SECURITY))
-	h.gate = agentsdk.NewToolGate(agentsdk.Dial(h.url, testserver.ToolServerToken(t, h.admin, "crash-gate"), h.hc), "crash-gate")
+	h.gate = agentsdk.NewToolGate(agentsdk.Dial(h.url, testserver.ToolServerToken(t, h.admin, "crash-gate"), agentsdk.WithHTTPClient(h.hc)), "crash-gate")
 	<-h.gate.Ready()
 	h.leases = newLeaseLoad(h)
 	h.caps = newCapLoad(h)

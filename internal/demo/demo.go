@@ -103,7 +103,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	}
 	defer srv.Stop()
 	url := srv.URL
-	admin := agentsdk.Dial(url, srv.AdminToken, nil)
+	admin := agentsdk.Dial(url, srv.AdminToken)
 	say("▶ control plane on %s (Badger in %s)", url, filepath.Join(dir, "data"))
 
 	// 2. Tool servers behind ToolGates, each with its own tool-server token
@@ -120,7 +120,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		gateConns[name] = agentsdk.Dial(url, minted.Msg.Token, nil)
+		gateConns[name] = agentsdk.Dial(url, minted.Msg.Token)
 	}
 	shellGate := agentsdk.NewToolGate(gateConns["shell-gate"], "shell-gate")
 	httpGate := agentsdk.NewToolGate(gateConns["http-gate"], "http-gate")

@@ -51,7 +51,7 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 		return nil, err
 	}
 	defer srv.Stop()
-	admin := agentsdk.Dial(srv.URL, srv.AdminToken, nil)
+	admin := agentsdk.Dial(srv.URL, srv.AdminToken)
 	say("▶ control plane on %s (Badger in %s)", srv.URL, filepath.Join(dir, "data"))
 
 	// An MCP server written with the Go SDK, and the gateway in front of
@@ -155,7 +155,7 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	if err := waitTermination(ctx, admin, termID, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING); err != nil {
 		return nil, err
 	}
-	if _, err := agentsdk.Dial(srv.URL, reg.Msg.Credential, nil).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: node})); err != nil {
+	if _, err := agentsdk.Dial(srv.URL, reg.Msg.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: node})); err != nil {
 		return nil, err
 	}
 	if err := waitTermination(ctx, admin, termID, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED); err != nil {

@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
 // BinaryEnv names the environment variable that points at the etcd binary.
@@ -38,8 +38,8 @@ var ErrNoBinary = errors.New("etcdlocal: no etcd binary: install etcd (Debian: a
 // the control plane commits a whole subtree in one transaction, far more
 // than etcd's defaults allow (128 operations, 1.5 MiB per request).
 var StoreFlags = []string{
-	"--max-txn-ops=" + strconv.Itoa(store.EtcdMaxTxnOps),
-	"--max-request-bytes=" + strconv.Itoa(store.EtcdMaxRequestBytes),
+	"--max-txn-ops=" + strconv.Itoa(etcdstore.EtcdMaxTxnOps),
+	"--max-request-bytes=" + strconv.Itoa(etcdstore.EtcdMaxRequestBytes),
 }
 
 // Config describes the members to start.

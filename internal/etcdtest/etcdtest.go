@@ -21,8 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/etcdlocal"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
 const (
@@ -110,9 +111,9 @@ func Prefix(t testing.TB) string {
 // OpenStore opens a store on c under a fresh Prefix, logging warnings to
 // the test's output, and closes it at cleanup. mutate adjusts the options
 // before opening.
-func OpenStore(t testing.TB, c *etcdlocal.Cluster, mutate ...func(*store.EtcdOptions)) *store.Etcd {
+func OpenStore(t testing.TB, c *etcdlocal.Cluster, mutate ...func(*etcdstore.EtcdOptions)) *etcdstore.Etcd {
 	t.Helper()
-	opts := store.EtcdOptions{
+	opts := etcdstore.EtcdOptions{
 		Endpoints: c.Endpoints(),
 		Prefix:    Prefix(t),
 		Logger:    slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
@@ -120,7 +121,7 @@ func OpenStore(t testing.TB, c *etcdlocal.Cluster, mutate ...func(*store.EtcdOpt
 	for _, m := range mutate {
 		m(&opts)
 	}
-	s, err := store.OpenEtcd(t.Context(), opts)
+	s, err := etcdstore.OpenEtcd(t.Context(), opts)
 	if err != nil {
 		t.Fatalf("OpenEtcd: %v", err)
 	}

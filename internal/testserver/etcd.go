@@ -8,9 +8,9 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/leader"
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
 // StoreEnv selects the store Start and StartIn run control planes on:
@@ -25,7 +25,7 @@ const StoreEnv = "TETHER_TEST_STORE"
 // servers that share s's etcd prefix; replicaID names this one, and its
 // address (http://<cfg.Listen>, which Start sets) is where the others
 // forward job-lease calls while it leads. The server does not close s.
-func WithEtcdStore(s *store.Etcd, replicaID string) Option {
+func WithEtcdStore(s *etcdstore.Etcd, replicaID string) Option {
 	return func(cfg *controlplane.Config) {
 		cfg.Store = s
 		cfg.Elector = &leader.Etcd{Client: s.Client(), Prefix: s.MetadataPrefix("leader"), Identity: replicaID, Address: "http://" + cfg.Listen, Log: cfg.Logger}
@@ -70,6 +70,6 @@ func storeFromEnv(t testing.TB, dataDir string) Option {
 		t.Cleanup(func() { etcdByDataDir.Delete(dataDir) })
 	}
 	sp := space.(etcdSpace)
-	s := etcdtest.OpenStore(t, sp.cluster, func(o *store.EtcdOptions) { o.Prefix = sp.prefix })
+	s := etcdtest.OpenStore(t, sp.cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = sp.prefix })
 	return WithEtcdStore(s, dataDir)
 }

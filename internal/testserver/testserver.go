@@ -25,10 +25,8 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 // Server is a control plane running in the test process.
@@ -112,31 +110,13 @@ func (s *Server) Stop() {
 // H2CClient is an HTTP client speaking HTTP/2 cleartext.
 func H2CClient() *http.Client { return agentsdk.HTTP2Client("http://") }
 
-// Clients is one Connect client per service, all with one bearer token.
-type Clients struct {
-	Agent      tetherv1connect.AgentServiceClient
-	Auth       tetherv1connect.AuthServiceClient
-	Capability tetherv1connect.CapabilityServiceClient
-	Tool       tetherv1connect.ToolServiceClient
-	Supervisor tetherv1connect.SupervisorServiceClient
-	Lease      tetherv1connect.LeaseServiceClient
-	StopRule   tetherv1connect.StopRuleServiceClient
-}
+// Clients is one Connect client per service, all with one bearer token:
+// the SDK's connection, assembled by agentsdk.Dial.
+type Clients = agentsdk.Conn
 
 // NewClients builds clients for baseURL presenting token ("" sends none).
 func NewClients(hc *http.Client, baseURL, token string, opts ...connect.ClientOption) *Clients {
-	if token != "" {
-		opts = append(opts, connect.WithInterceptors(auth.BearerInterceptor{Token: func() string { return token }}))
-	}
-	return &Clients{
-		Agent:      tetherv1connect.NewAgentServiceClient(hc, baseURL, opts...),
-		Auth:       tetherv1connect.NewAuthServiceClient(hc, baseURL, opts...),
-		Capability: tetherv1connect.NewCapabilityServiceClient(hc, baseURL, opts...),
-		Tool:       tetherv1connect.NewToolServiceClient(hc, baseURL, opts...),
-		Supervisor: tetherv1connect.NewSupervisorServiceClient(hc, baseURL, opts...),
-		Lease:      tetherv1connect.NewLeaseServiceClient(hc, baseURL, opts...),
-		StopRule:   tetherv1connect.NewStopRuleServiceClient(hc, baseURL, opts...),
-	}
+	return agentsdk.Dial(baseURL, token, agentsdk.WithHTTPClient(hc), agentsdk.WithClientOptions(opts...))
 }
 
 // Clients returns clients presenting token.

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"

@@ -13,9 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 

@@ -11,8 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -30,9 +31,9 @@ type harness struct {
 	done   chan error
 }
 
-func openStore(t *testing.T, dir string) *store.Badger {
+func openStore(t *testing.T, dir string) *badgerstore.Badger {
 	t.Helper()
-	st, err := store.OpenBadger(dir, store.BadgerOptions{Logger: quiet()})
+	st, err := badgerstore.OpenBadger(dir, badgerstore.BadgerOptions{Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )

@@ -1,10 +1,11 @@
-package store
+package etcdstore
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 	"slices"
 	"sort"
 	"strings"
@@ -16,6 +17,16 @@ import (
 
 // etcdScanPage is how many keys one range request of a Scan fetches.
 const etcdScanPage = 512
+
+// mutation is the final state of one key after a transaction.
+type mutation struct {
+	key     []byte
+	value   []byte
+	deleted bool
+}
+
+// defaultWatchBuffer is the WatchBuffer used when EtcdOptions leaves it 0.
+const defaultWatchBuffer = 1024
 
 // etcdPrefetchOps bounds the ranges of one prefetch request (a read-only
 // Txn), below etcd's default --max-txn-ops too.
@@ -140,7 +151,7 @@ func (r *etcdSnapshot) prefetchRanges(keys, prefixes [][]byte) []etcdRange {
 		qs = append(qs, etcdRange{key: r.store.keys.key(k)})
 	}
 	for _, p := range prefixes {
-		if sp := r.store.keys.span(p, scanLowerBound(p, nil)); !sp.empty() {
+		if sp := r.store.keys.span(p, store.ScanLowerBound(p, nil)); !sp.empty() {
 			qs = append(qs, etcdRange{key: sp.from, end: sp.to, limit: etcdScanPage})
 		}
 	}
@@ -199,7 +210,7 @@ func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccp
 		// Full slice expressions: an append by fn must not write into
 		// memory the store still uses.
 		err = fn(key[:len(key):len(key)], value[:len(value):len(value)])
-		if errors.Is(err, ErrStopScan) {
+		if errors.Is(err, store.ErrStopScan) {
 			return true, nil
 		}
 		return err != nil, err
@@ -268,9 +279,9 @@ type etcdReadTxn struct {
 
 func (t *etcdReadTxn) Get(key []byte) ([]byte, error) {
 	if t.finished {
-		return nil, errTxnFinished
+		return nil, store.ErrTxnFinished
 	}
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return nil, err
 	}
 	kv, err := t.snap.getKey(t.snap.store.keys.key(key))
@@ -278,7 +289,7 @@ func (t *etcdReadTxn) Get(key []byte) ([]byte, error) {
 	case err != nil:
 		return nil, err
 	case kv == nil:
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	// The response is this call's own: no copy needed.
 	if kv.Value == nil {
@@ -289,19 +300,19 @@ func (t *etcdReadTxn) Get(key []byte) ([]byte, error) {
 
 func (t *etcdReadTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {
 	if t.finished {
-		return errTxnFinished
+		return store.ErrTxnFinished
 	}
-	if err := checkPrefix(prefix); err != nil {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return err
 	}
-	sp := t.snap.store.keys.span(prefix, scanLowerBound(prefix, start))
+	sp := t.snap.store.keys.span(prefix, store.ScanLowerBound(prefix, start))
 	_, _, err := t.snap.scan(sp, nil, nil, fn)
 	return err
 }
 
-func (t *etcdReadTxn) prefetch(keys, prefixes [][]byte) error {
+func (t *etcdReadTxn) Prefetch(keys, prefixes [][]byte) error {
 	if t.finished {
-		return errTxnFinished
+		return store.ErrTxnFinished
 	}
 	return t.snap.prefetch(t.snap.prefetchRanges(keys, prefixes))
 }
@@ -363,14 +374,14 @@ func (t *etcdTxn) Revision() uint64 {
 
 func (t *etcdTxn) Get(key []byte) ([]byte, error) {
 	if t.finished {
-		return nil, errTxnFinished
+		return nil, store.ErrTxnFinished
 	}
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return nil, err
 	}
 	if m, ok := t.writes[string(key)]; ok {
 		if m.deleted {
-			return nil, ErrNotFound
+			return nil, store.ErrNotFound
 		}
 		return bytes.Clone(m.value), nil
 	}
@@ -392,17 +403,17 @@ func (t *etcdTxn) Get(key []byte) ([]byte, error) {
 		t.reads[etcdKey] = r
 	}
 	if r.modRevision == 0 {
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	return bytes.Clone(r.value), nil
 }
 
-// prefetch fetches ahead what Get and Scan will read. Reads it records
+// Prefetch fetches ahead what Get and Scan will read. Reads it records
 // (for the commit's comparisons) are only those fn then makes: a key
 // prefetched but never read guards nothing.
-func (t *etcdTxn) prefetch(keys, prefixes [][]byte) error {
+func (t *etcdTxn) Prefetch(keys, prefixes [][]byte) error {
 	if t.finished {
-		return errTxnFinished
+		return store.ErrTxnFinished
 	}
 	var wanted [][]byte
 	for _, k := range keys {
@@ -419,12 +430,12 @@ func (t *etcdTxn) prefetch(keys, prefixes [][]byte) error {
 
 func (t *etcdTxn) Put(key, value []byte) error {
 	if t.finished {
-		return errTxnFinished
+		return store.ErrTxnFinished
 	}
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
-	if err := checkValue(value); err != nil {
+	if err := store.CheckValue(value); err != nil {
 		return err
 	}
 	// Keep "present with an empty value" distinct from "absent".
@@ -437,9 +448,9 @@ func (t *etcdTxn) Put(key, value []byte) error {
 
 func (t *etcdTxn) Delete(key []byte) error {
 	if t.finished {
-		return errTxnFinished
+		return store.ErrTxnFinished
 	}
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	return t.record(mutation{key: bytes.Clone(key), deleted: true})
@@ -458,7 +469,7 @@ func (t *etcdTxn) record(m mutation) error {
 	}
 	if count > opts.MaxTxnOps || cost > opts.MaxRequestBytes {
 		return fmt.Errorf("%w: the transaction's writes exceed etcd's per-request limits of %d operations (--max-txn-ops) or %d bytes (--max-request-bytes)",
-			ErrTooLarge, opts.MaxTxnOps, opts.MaxRequestBytes)
+			store.ErrTooLarge, opts.MaxTxnOps, opts.MaxRequestBytes)
 	}
 	t.writes[string(m.key)] = m
 	t.writeBytes = cost
@@ -471,13 +482,13 @@ func writeCost(keys etcdKeyspace, m mutation) int {
 
 func (t *etcdTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {
 	if t.finished {
-		return errTxnFinished
+		return store.ErrTxnFinished
 	}
-	if err := checkPrefix(prefix); err != nil {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return err
 	}
 	keys := t.snap.store.keys
-	lower := scanLowerBound(prefix, start)
+	lower := store.ScanLowerBound(prefix, start)
 	sp := keys.span(prefix, lower)
 	// Writes made by fn during the scan are not visited: the overlay is
 	// gathered up front.
@@ -543,11 +554,11 @@ func (t *etcdTxn) commitRequest() (commitRequest, error) {
 	}
 	if len(req.compares) > opts.MaxTxnOps {
 		return req, fmt.Errorf("%w: the transaction read %d keys and ranges, each a comparison at commit; etcd allows %d (--max-txn-ops)",
-			ErrTooLarge, len(req.compares), opts.MaxTxnOps)
+			store.ErrTooLarge, len(req.compares), opts.MaxTxnOps)
 	}
 	if req.bytes > opts.MaxRequestBytes {
 		return req, fmt.Errorf("%w: the transaction's writes and the comparisons of its reads need about %d bytes; etcd allows %d (--max-request-bytes)",
-			ErrTooLarge, req.bytes, opts.MaxRequestBytes)
+			store.ErrTooLarge, req.bytes, opts.MaxRequestBytes)
 	}
 	keys := make([]string, 0, len(t.writes))
 	for k := range t.writes {

@@ -1,7 +1,8 @@
-package store
+package badgerstore
 
 import (
 	"context"
+	"github.com/tetherhq/tether/internal/store"
 	"sync"
 	"sync/atomic"
 )
@@ -18,7 +19,7 @@ const (
 // request is one Update waiting for the committer.
 type request struct {
 	ctx   context.Context
-	fn    func(Txn) error
+	fn    func(store.Txn) error
 	state atomic.Int32
 	// err is written by the committer before done is closed.
 	err  error
@@ -52,7 +53,7 @@ func (q *requestQueue) push(r *request) error {
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
-		return ErrClosed
+		return store.ErrClosed
 	}
 	q.items = append(q.items, r)
 	q.mu.Unlock()

@@ -1,9 +1,11 @@
-package store
+package badgerstore
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
+
+	"github.com/tetherhq/tether/internal/store"
 
 	badger "github.com/dgraph-io/badger/v4"
 	"go.opentelemetry.io/otel/trace"
@@ -29,7 +31,7 @@ func mutationCost(m mutation) int64 {
 type appliedUpdate struct {
 	writes   []mutation // sorted by key
 	revision uint64
-	events   []Event
+	events   []store.Event
 }
 
 // batch is one group commit in the making: the Updates the committer has
@@ -120,16 +122,16 @@ func (b *batch) apply(t *updateTxn, cause trace.SpanContext) {
 	u := &appliedUpdate{
 		writes:   make([]mutation, 0, t.writes.len()),
 		revision: b.revision,
-		events:   make([]Event, 0, t.writes.len()),
+		events:   make([]store.Event, 0, t.writes.len()),
 	}
 	t.writes.all(func(m mutation) {
 		u.writes = append(u.writes, m)
 		b.pending.set(m)
 	})
 	for _, m := range u.writes {
-		ev := Event{Type: EventPut, Key: m.key, Value: m.value, Revision: u.revision, Trace: cause}
+		ev := store.Event{Type: store.EventPut, Key: m.key, Value: m.value, Revision: u.revision, Trace: cause}
 		if m.deleted {
-			ev.Type, ev.Value = EventDelete, nil
+			ev.Type, ev.Value = store.EventDelete, nil
 		}
 		u.events = append(u.events, ev)
 	}
@@ -147,7 +149,7 @@ type updateTxn struct {
 	finished bool
 }
 
-var errTxnFinished = errors.New("store: transaction used after its Update function returned")
+var errTxnFinished = store.ErrTxnFinished
 
 func (t *updateTxn) Revision() uint64 { return t.batch.revision }
 
@@ -160,7 +162,7 @@ func (t *updateTxn) Get(key []byte) ([]byte, error) {
 	}
 	if m, ok := t.writes.get(string(key)); ok {
 		if m.deleted {
-			return nil, ErrNotFound
+			return nil, store.ErrNotFound
 		}
 		return bytes.Clone(m.value), nil
 	}
@@ -169,7 +171,7 @@ func (t *updateTxn) Get(key []byte) ([]byte, error) {
 	case err != nil:
 		return nil, err
 	case !found:
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	return value, nil
 }
@@ -181,7 +183,7 @@ func (t *updateTxn) Put(key, value []byte) error {
 	if err := checkBadgerKey(key); err != nil {
 		return err
 	}
-	if err := checkValue(value); err != nil {
+	if err := store.CheckValue(value); err != nil {
 		return err
 	}
 	if value == nil {
@@ -227,7 +229,7 @@ func (t *updateTxn) record(m mutation) error {
 	}
 	if count > t.batch.limits.count || cost > t.batch.limits.cost {
 		return fmt.Errorf("%w: the transaction's writes exceed %d entries or %d bytes",
-			ErrTooLarge, t.batch.limits.count, t.batch.limits.cost)
+			store.ErrTooLarge, t.batch.limits.count, t.batch.limits.cost)
 	}
 	t.writes.set(m)
 	t.cost = cost
@@ -238,10 +240,10 @@ func (t *updateTxn) Scan(prefix, start []byte, fn func(key, value []byte) error)
 	if t.finished {
 		return errTxnFinished
 	}
-	if err := checkPrefix(prefix); err != nil {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return err
 	}
-	lower := scanLowerBound(prefix, start)
+	lower := store.ScanLowerBound(prefix, start)
 	// Writes made by fn during the scan are not visited: the uncommitted
 	// keys of the range are gathered up front, the Update's own over the
 	// batch's, each set visiting only the range.
@@ -318,7 +320,7 @@ func mergeScan(snapshot *badger.Txn, prefix, lower []byte, overlay []mutation, f
 		default:
 			return nil
 		}
-		if errors.Is(err, ErrStopScan) {
+		if errors.Is(err, store.ErrStopScan) {
 			return nil
 		}
 		if err != nil {

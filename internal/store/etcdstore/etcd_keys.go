@@ -1,10 +1,11 @@
-package store
+package etcdstore
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"google.golang.org/grpc/codes"
@@ -35,7 +36,7 @@ func (k etcdKeyspace) key(key []byte) string { return k.prefix + string(key) }
 func (k etcdKeyspace) callerKey(etcdKey []byte) []byte { return etcdKey[len(k.prefix):] }
 
 // span is the etcd range [from, to) of the caller keys that start with
-// prefix and are >= lower (lower from scanLowerBound). from >= to means
+// prefix and are >= lower (lower from ScanLowerBound). from >= to means
 // the range is empty.
 func (k etcdKeyspace) span(prefix, lower []byte) etcdSpan {
 	sp := etcdSpan{from: k.key(lower), to: k.end}
@@ -47,7 +48,7 @@ func (k etcdKeyspace) span(prefix, lower []byte) etcdSpan {
 
 // reserved is the etcd prefix of the store's own keys called name.
 func (k etcdKeyspace) reserved(name string) string {
-	return k.prefix + string([]byte{reservedKeyByte}) + name
+	return k.prefix + string([]byte{store.ReservedKeyByte}) + name
 }
 
 // revisionProbe is a key no caller can write: reading it is the cheapest
@@ -82,7 +83,7 @@ const etcdOutcomeUnknown = "the outcome is unknown: the writes may or may not ha
 func (s *Etcd) readError(ctx context.Context, err error) error {
 	switch {
 	case s.lifetime.Err() != nil:
-		return fmt.Errorf("%w: a read was abandoned at close: %v", ErrClosed, err)
+		return fmt.Errorf("%w: a read was abandoned at close: %v", store.ErrClosed, err)
 	case ctx.Err() != nil:
 		return ctx.Err()
 	}
@@ -97,13 +98,13 @@ func (s *Etcd) commitError(err error, req commitRequest) error {
 	case errors.Is(err, rpctypes.ErrTooManyOps):
 		return fmt.Errorf("%w: etcd refused a transaction of %d writes and %d comparisons as too many operations; "+
 			"start every etcd member with --max-txn-ops=%d or more (docs/etcd.md) and set EtcdOptions.MaxTxnOps to it",
-			ErrTooLarge, len(req.ops), len(req.compares), max(len(req.ops), len(req.compares)))
+			store.ErrTooLarge, len(req.ops), len(req.compares), max(len(req.ops), len(req.compares)))
 	case errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted:
 		return fmt.Errorf("%w: etcd refused a transaction of about %d bytes as too large; "+
 			"start every etcd member with --max-request-bytes=%d or more (docs/etcd.md) and set EtcdOptions.MaxRequestBytes to it: %v",
-			ErrTooLarge, req.bytes, EtcdMaxRequestBytes, err)
+			store.ErrTooLarge, req.bytes, EtcdMaxRequestBytes, err)
 	case s.lifetime.Err() != nil:
-		return fmt.Errorf("%w: a commit was abandoned at close; %s", ErrClosed, etcdOutcomeUnknown)
+		return fmt.Errorf("%w: a commit was abandoned at close; %s", store.ErrClosed, etcdOutcomeUnknown)
 	}
 	return fmt.Errorf("store: etcd commit failed and %s: %w", etcdOutcomeUnknown, err)
 }

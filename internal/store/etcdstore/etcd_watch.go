@@ -1,9 +1,10 @@
-package store
+package etcdstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -17,14 +18,14 @@ import (
 // ErrWatchLagged, as on Badger, instead of letting the etcd client buffer
 // without bound.
 type etcdWatcher struct {
-	events   chan []Event
+	events   chan []store.Event
 	finished chan struct{} // closed after events
 
 	mu  sync.Mutex
 	err error
 }
 
-func (w *etcdWatcher) Events() <-chan []Event { return w.events }
+func (w *etcdWatcher) Events() <-chan []store.Event { return w.events }
 
 func (w *etcdWatcher) Err() error {
 	w.mu.Lock()
@@ -42,15 +43,15 @@ func (w *etcdWatcher) Err() error {
 // leaving it silent. So does a compaction past what the watch has
 // delivered, or any other end of the etcd watch; the consumer re-establishes
 // its watch and rescans, as it does after falling behind.
-func (s *Etcd) Watch(ctx context.Context, prefix []byte) (Watcher, error) {
-	if err := checkPrefix(prefix); err != nil {
+func (s *Etcd) Watch(ctx context.Context, prefix []byte) (store.Watcher, error) {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if !s.enter() {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	// Registered while counted as active, so that Close, which waits for
 	// the active operations before it ends the watchers, sees it.
@@ -71,12 +72,12 @@ func (s *Etcd) Watch(ctx context.Context, prefix []byte) (Watcher, error) {
 // entered the store.
 func (s *Etcd) watchFrom(ctx context.Context, prefix []byte, start int64) *etcdWatcher {
 	w := &etcdWatcher{
-		events:   make(chan []Event, s.opts.WatchBuffer),
+		events:   make(chan []store.Event, s.opts.WatchBuffer),
 		finished: make(chan struct{}),
 	}
 	watchCtx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	stop := context.AfterFunc(s.lifetime, cancel)
-	sp := s.keys.span(prefix, scanLowerBound(prefix, nil))
+	sp := s.keys.span(prefix, store.ScanLowerBound(prefix, nil))
 	ch := s.client.Watch(watchCtx, sp.from, clientv3.WithRange(sp.to), clientv3.WithRev(start))
 
 	s.mu.Lock()
@@ -91,11 +92,11 @@ func (s *Etcd) watchFrom(ctx context.Context, prefix []byte, start int64) *etcdW
 		}
 		switch {
 		case s.lifetime.Err() != nil:
-			err = ErrClosed
+			err = store.ErrClosed
 		case ctx.Err() != nil:
 			err = ctx.Err()
 		case err == nil:
-			err = fmt.Errorf("%w: etcd ended the watch", ErrWatchLagged)
+			err = fmt.Errorf("%w: etcd ended the watch", store.ErrWatchLagged)
 		}
 		s.mu.Lock()
 		delete(s.watchers, w)
@@ -117,23 +118,23 @@ func (s *Etcd) follow(w *etcdWatcher, ch clientv3.WatchChan) error {
 	for resp := range ch {
 		if err := resp.Err(); err != nil {
 			if errors.Is(err, rpctypes.ErrCompacted) {
-				return fmt.Errorf("%w: etcd compacted revision %d before the watch delivered it", ErrWatchLagged, resp.CompactRevision)
+				return fmt.Errorf("%w: etcd compacted revision %d before the watch delivered it", store.ErrWatchLagged, resp.CompactRevision)
 			}
-			return fmt.Errorf("%w: etcd ended the watch: %v", ErrWatchLagged, err)
+			return fmt.Errorf("%w: etcd ended the watch: %v", store.ErrWatchLagged, err)
 		}
 		// One etcd response holds whole revisions (responses are split
 		// only on request, with WithFragment), possibly several: each
 		// becomes one batch.
-		var batch []Event
+		var batch []store.Event
 		for _, ev := range resp.Events {
-			e := Event{
-				Type:     EventPut,
+			e := store.Event{
+				Type:     store.EventPut,
 				Key:      s.keys.callerKey(ev.Kv.Key),
 				Value:    ev.Kv.Value,
 				Revision: uint64(ev.Kv.ModRevision),
 			}
 			if ev.Type == mvccpb.DELETE {
-				e.Type, e.Value = EventDelete, nil
+				e.Type, e.Value = store.EventDelete, nil
 			} else if e.Value == nil {
 				e.Value = []byte{}
 			}
@@ -152,9 +153,9 @@ func (s *Etcd) follow(w *etcdWatcher, ch clientv3.WatchChan) error {
 	return nil
 }
 
-var errWatchBufferFull = fmt.Errorf("%w: the consumer left too many transactions unread", ErrWatchLagged)
+var errWatchBufferFull = fmt.Errorf("%w: the consumer left too many transactions unread", store.ErrWatchLagged)
 
-func (w *etcdWatcher) deliver(batch []Event) bool {
+func (w *etcdWatcher) deliver(batch []store.Event) bool {
 	select {
 	case w.events <- batch:
 		return true

@@ -1,4 +1,4 @@
-package store_test
+package badgerstore_test
 
 import (
 	"bufio"
@@ -16,21 +16,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
-	"github.com/tetherhq/tether/controlplane/store/storetest"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/internal/store/storetest"
 )
 
 const waitTimeout = 10 * time.Second
 
-func testOptions(t *testing.T) store.BadgerOptions {
-	return store.BadgerOptions{
+func testOptions(t *testing.T) badgerstore.BadgerOptions {
+	return badgerstore.BadgerOptions{
 		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 }
 
-func openBadger(t *testing.T, dir string, opts store.BadgerOptions) *store.Badger {
+func openBadger(t *testing.T, dir string, opts badgerstore.BadgerOptions) *badgerstore.Badger {
 	t.Helper()
-	s, err := store.OpenBadger(dir, opts)
+	s, err := badgerstore.OpenBadger(dir, opts)
 	if err != nil {
 		t.Fatalf("OpenBadger: %v", err)
 	}
@@ -40,7 +41,7 @@ func openBadger(t *testing.T, dir string, opts store.BadgerOptions) *store.Badge
 
 // closeWithin closes s, failing the test instead of hanging it if Close
 // does not return in time (say, because the committer is stuck).
-func closeWithin(t *testing.T, s *store.Badger) {
+func closeWithin(t *testing.T, s *badgerstore.Badger) {
 	t.Helper()
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
@@ -70,7 +71,7 @@ func TestBadgerConformance(t *testing.T) {
 }
 
 func TestOpenBadgerInMemory(t *testing.T) {
-	s, err := store.OpenBadgerInMemory()
+	s, err := badgerstore.OpenBadgerInMemory()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,15 +83,15 @@ func TestOpenBadgerInMemory(t *testing.T) {
 }
 
 func TestOpenBadgerRejectsBadOptions(t *testing.T) {
-	for name, open := range map[string]func() (*store.Badger, error){
-		"in-memory with a directory": func() (*store.Badger, error) {
-			return store.OpenBadger(t.TempDir(), store.BadgerOptions{InMemory: true})
+	for name, open := range map[string]func() (*badgerstore.Badger, error){
+		"in-memory with a directory": func() (*badgerstore.Badger, error) {
+			return badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{InMemory: true})
 		},
-		"no directory on disk": func() (*store.Badger, error) {
-			return store.OpenBadger("", store.BadgerOptions{})
+		"no directory on disk": func() (*badgerstore.Badger, error) {
+			return badgerstore.OpenBadger("", badgerstore.BadgerOptions{})
 		},
-		"tiny memtable": func() (*store.Badger, error) {
-			return store.OpenBadger(t.TempDir(), store.BadgerOptions{MemTableSize: 1 << 20})
+		"tiny memtable": func() (*badgerstore.Badger, error) {
+			return badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{MemTableSize: 1 << 20})
 		},
 	} {
 		if s, err := open(); err == nil {
@@ -114,7 +115,7 @@ func TestBadgerReservesBadgerKeys(t *testing.T) {
 func TestBadgerReopenSeesAcknowledgedWrites(t *testing.T) {
 	dir := t.TempDir()
 	const writers, each = 32, 20
-	s, err := store.OpenBadger(dir, testOptions(t))
+	s, err := badgerstore.OpenBadger(dir, testOptions(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +171,7 @@ func TestBadgerCrashHelper(t *testing.T) {
 	if dir == "" {
 		t.Skip("helper process for TestBadgerCrashKeepsAcknowledgedWrites")
 	}
-	s, err := store.OpenBadger(dir, store.BadgerOptions{})
+	s, err := badgerstore.OpenBadger(dir, badgerstore.BadgerOptions{})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(2)
@@ -317,7 +318,7 @@ func TestBadgerSplitsBatchTooBigForOneTransaction(t *testing.T) {
 	dir := t.TempDir()
 	opts := testOptions(t)
 	opts.MemTableSize = 8 << 20 // one transaction holds about 1.2 MiB
-	s, err := store.OpenBadger(dir, opts)
+	s, err := badgerstore.OpenBadger(dir, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,7 +593,7 @@ func TestBadgerWatchLagged(t *testing.T) {
 
 // --- helpers ------------------------------------------------------------------
 
-func inMemory(t *testing.T) store.BadgerOptions {
+func inMemory(t *testing.T) badgerstore.BadgerOptions {
 	opts := testOptions(t)
 	opts.InMemory = true
 	return opts
@@ -602,7 +603,7 @@ func inMemory(t *testing.T) store.BadgerOptions {
 // release, so that the test can line Updates up behind it. release returns
 // once that Update has completed. It writes nothing, so its batch counts
 // in neither BadgerStats.Batches nor Transactions, only in Updates.
-func holdCommitter(t *testing.T, s *store.Badger) (release func()) {
+func holdCommitter(t *testing.T, s *badgerstore.Badger) (release func()) {
 	t.Helper()
 	entered, gate, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
@@ -634,7 +635,7 @@ func holdCommitter(t *testing.T, s *store.Badger) (release func()) {
 
 // startUpdates starts n Updates one at a time, each queued before the next
 // starts so that their commit order is their index order.
-func startUpdates(t *testing.T, s *store.Badger, n int, fn func(i int) func(store.Txn) error) []chan error {
+func startUpdates(t *testing.T, s *badgerstore.Badger, n int, fn func(i int) func(store.Txn) error) []chan error {
 	t.Helper()
 	results := make([]chan error, n)
 	base := s.Stats().Queued
@@ -661,7 +662,7 @@ func collectResults(t *testing.T, results []chan error) []error {
 
 // waitQueued waits until n Updates wait for the committer. Stats offers no
 // notification, so this polls, bounded by a deadline.
-func waitQueued(t *testing.T, s *store.Badger, n int) {
+func waitQueued(t *testing.T, s *badgerstore.Badger, n int) {
 	t.Helper()
 	deadline := time.Now().Add(waitTimeout)
 	for s.Stats().Queued < n {

@@ -1,8 +1,9 @@
-package store
+package badgerstore
 
 import (
 	"bytes"
 	"context"
+	"github.com/tetherhq/tether/internal/store"
 	"sync"
 )
 
@@ -24,7 +25,7 @@ func newWatchHub(buffer int) *watchHub {
 // once, under the hub's lock.
 type watcher struct {
 	prefix []byte
-	events chan []Event
+	events chan []store.Event
 	// stopContext detaches the context callback once the watch has ended
 	// for another reason.
 	stopContext func() bool
@@ -33,7 +34,7 @@ type watcher struct {
 	err error
 }
 
-func (w *watcher) Events() <-chan []Event { return w.events }
+func (w *watcher) Events() <-chan []store.Event { return w.events }
 
 func (w *watcher) Err() error {
 	w.mu.Lock()
@@ -46,11 +47,11 @@ func (h *watchHub) add(ctx context.Context, prefix []byte) (*watcher, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	w := &watcher{prefix: bytes.Clone(prefix), events: make(chan []Event, h.buffer)}
+	w := &watcher{prefix: bytes.Clone(prefix), events: make(chan []store.Event, h.buffer)}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	h.watchers[w] = struct{}{}
 	// Registered under the lock so that endLocked always sees it; the
@@ -95,7 +96,7 @@ func (h *watchHub) publish(updates []*appliedUpdate) {
 			select {
 			case w.events <- events:
 			default:
-				h.endLocked(w, ErrWatchLagged)
+				h.endLocked(w, store.ErrWatchLagged)
 			}
 			if _, alive := h.watchers[w]; !alive {
 				break
@@ -106,7 +107,7 @@ func (h *watchHub) publish(updates []*appliedUpdate) {
 
 // matching returns the events whose key has prefix, without copying when
 // all of them do (the common case for a watch on a whole keyspace).
-func matching(events []Event, prefix []byte) []Event {
+func matching(events []store.Event, prefix []byte) []store.Event {
 	first := 0
 	for first < len(events) && !bytes.HasPrefix(events[first].Key, prefix) {
 		first++
@@ -124,7 +125,7 @@ func matching(events []Event, prefix []byte) []Event {
 	if all {
 		return events[first:len(events):len(events)]
 	}
-	var out []Event
+	var out []store.Event
 	for _, ev := range events[first:] {
 		if bytes.HasPrefix(ev.Key, prefix) {
 			out = append(out, ev)
@@ -139,6 +140,6 @@ func (h *watchHub) close() {
 	defer h.mu.Unlock()
 	h.closed = true
 	for w := range h.watchers {
-		h.endLocked(w, ErrClosed)
+		h.endLocked(w, store.ErrClosed)
 	}
 }

@@ -1,12 +1,16 @@
-package store
+package etcdstore
 
-import "context"
+import (
+	"context"
+
+	"github.com/tetherhq/tether/internal/store"
+)
 
 // EtcdWatchFrom starts a watch at a given revision, which callers of Watch
 // cannot: tests use it to watch from a compacted revision.
-func EtcdWatchFrom(ctx context.Context, s *Etcd, prefix []byte, revision int64) (Watcher, error) {
+func EtcdWatchFrom(ctx context.Context, s *Etcd, prefix []byte, revision int64) (store.Watcher, error) {
 	if !s.enter() {
-		return nil, ErrClosed
+		return nil, store.ErrClosed
 	}
 	defer s.active.Done()
 	return s.watchFrom(ctx, prefix, revision), nil

@@ -21,6 +21,13 @@ var (
 	// ErrTooLarge is returned when a transaction or value exceeds the
 	// backend's limits.
 	ErrTooLarge = errors.New("store: transaction too large")
+	// ErrPanicked is returned by Update when its function panicked. The
+	// panic is confined to that Update: its writes are discarded and the
+	// store goes on.
+	ErrPanicked = errors.New("store: update function panicked")
+	// ErrTxnFinished is returned by a transaction used after its View or
+	// Update function returned.
+	ErrTxnFinished = errors.New("store: transaction used after its Update function returned")
 )
 
 // Store is a transactional, ordered key-value store with prefix watches.
@@ -70,23 +77,26 @@ type ReadTxn interface {
 // it before loops that read one key or prefix per item of a known list.
 func Prefetch(tx ReadTxn, keys, prefixes [][]byte) error {
 	for _, k := range keys {
-		if err := checkKey(k); err != nil {
+		if err := CheckKey(k); err != nil {
 			return err
 		}
 	}
 	for _, p := range prefixes {
-		if err := checkPrefix(p); err != nil {
+		if err := CheckPrefix(p); err != nil {
 			return err
 		}
 	}
-	if p, ok := tx.(prefetcher); ok && (len(keys) > 0 || len(prefixes) > 0) {
-		return p.prefetch(keys, prefixes)
+	if p, ok := tx.(Prefetcher); ok && (len(keys) > 0 || len(prefixes) > 0) {
+		return p.Prefetch(keys, prefixes)
 	}
 	return nil
 }
 
-type prefetcher interface {
-	prefetch(keys, prefixes [][]byte) error
+// Prefetcher is implemented by the transactions of a backend whose reads
+// are network round trips. Callers use the function Prefetch, which checks
+// the keys and prefixes first; backends implement the method.
+type Prefetcher interface {
+	Prefetch(keys, prefixes [][]byte) error
 }
 
 // ErrStopScan ends a Scan early without an error.

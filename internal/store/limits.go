@@ -24,50 +24,50 @@ const (
 // 0x00), where backends keep their own metadata such as the revision.
 var ErrInvalidKey = errors.New("store: invalid key")
 
-// checkKey reports whether key may be read or written by callers.
-func checkKey(key []byte) error {
+// CheckKey reports whether key may be read or written by callers.
+func CheckKey(key []byte) error {
 	switch {
 	case len(key) == 0:
 		return fmt.Errorf("%w: empty key", ErrInvalidKey)
 	case len(key) > MaxKeySize:
 		return fmt.Errorf("%w: key of %d bytes exceeds the %d-byte limit", ErrInvalidKey, len(key), MaxKeySize)
-	case key[0] == reservedKeyByte:
+	case key[0] == ReservedKeyByte:
 		return fmt.Errorf("%w: keys starting with byte 0x00 are reserved for the store's metadata", ErrInvalidKey)
 	}
 	return nil
 }
 
-// checkPrefix reports whether prefix may be scanned or watched. An empty
+// CheckPrefix reports whether prefix may be scanned or watched. An empty
 // prefix means every caller key; the reserved namespace is never visible.
-func checkPrefix(prefix []byte) error {
-	if len(prefix) > 0 && prefix[0] == reservedKeyByte {
+func CheckPrefix(prefix []byte) error {
+	if len(prefix) > 0 && prefix[0] == ReservedKeyByte {
 		return fmt.Errorf("%w: prefix 0x00 is reserved for the store's metadata", ErrInvalidKey)
 	}
 	return nil
 }
 
-// checkValue reports whether value fits the store's limit.
-func checkValue(value []byte) error {
+// CheckValue reports whether value fits the store's limit.
+func CheckValue(value []byte) error {
 	if len(value) > MaxValueSize {
 		return fmt.Errorf("%w: value of %d bytes exceeds the %d-byte limit", ErrTooLarge, len(value), MaxValueSize)
 	}
 	return nil
 }
 
-// reservedKeyByte starts every key the store keeps for itself.
-const reservedKeyByte = 0x00
+// ReservedKeyByte starts every key the store keeps for itself.
+const ReservedKeyByte = 0x00
 
-// scanLowerBound is where a scan of prefix starting at start begins: the
+// ScanLowerBound is where a scan of prefix starting at start begins: the
 // larger of the two, and never inside the reserved namespace.
-func scanLowerBound(prefix, start []byte) []byte {
+func ScanLowerBound(prefix, start []byte) []byte {
 	lower := prefix
 	if string(start) > string(lower) {
 		lower = start
 	}
-	if len(lower) == 0 || lower[0] == reservedKeyByte {
+	if len(lower) == 0 || lower[0] == ReservedKeyByte {
 		// Every key starting with 0x00 sorts before 0x01, so seeking there
 		// skips the whole reserved namespace.
-		return []byte{reservedKeyByte + 1}
+		return []byte{ReservedKeyByte + 1}
 	}
 	return lower
 }

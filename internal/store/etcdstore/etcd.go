@@ -1,10 +1,11 @@
-package store
+package etcdstore
 
 import (
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
@@ -129,13 +130,13 @@ type Etcd struct {
 
 	stats etcdCounters
 	// observers see each committed Update (metrics).
-	observers commitObservers
+	observers store.CommitObservers
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
-var _ Store = (*Etcd)(nil)
+var _ store.Store = (*Etcd)(nil)
 
 // OpenEtcd connects to the etcd cluster at opts.Endpoints and checks that
 // it answers a read within DialTimeout. The store owns the client and
@@ -163,8 +164,8 @@ func OpenEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = EtcdMaxRequestBytes
 	}
-	if opts.MaxRequestBytes < MaxValueSize+MaxKeySize+1024 {
-		return nil, fmt.Errorf("store: open etcd: MaxRequestBytes %d cannot carry one value of MaxValueSize", opts.MaxRequestBytes)
+	if opts.MaxRequestBytes < store.MaxValueSize+store.MaxKeySize+1024 {
+		return nil, fmt.Errorf("store: open etcd: MaxRequestBytes %d cannot carry one value of store.MaxValueSize", opts.MaxRequestBytes)
 	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = defaultEtcdMaxAttempts
@@ -259,12 +260,12 @@ func (s *Etcd) operationContext(ctx context.Context) (context.Context, context.C
 // View runs fn on a snapshot: the first read fixes the revision (the
 // newest committed one, read linearizably), and every later read of fn is
 // served at that revision.
-func (s *Etcd) View(ctx context.Context, fn func(tx ReadTxn) error) error {
+func (s *Etcd) View(ctx context.Context, fn func(tx store.ReadTxn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if !s.enter() {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	defer s.active.Done()
 	opCtx, done := s.operationContext(ctx)
@@ -297,21 +298,21 @@ func (s *Etcd) View(ctx context.Context, fn func(tx ReadTxn) error) error {
 // whether the writes were applied. When Update returns nil the writes are
 // committed by etcd, which acknowledges only once a quorum of members has
 // them in its fsynced write-ahead log.
-func (s *Etcd) Update(ctx context.Context, fn func(tx Txn) error) error {
+func (s *Etcd) Update(ctx context.Context, fn func(tx store.Txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if !s.enter() {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	defer s.active.Done()
 	start := time.Now()
-	ctx, span := startUpdateSpan(ctx)
+	ctx, span := store.StartUpdateSpan(ctx)
 	var lastConflict error
 	for attempt := 1; attempt <= s.opts.MaxAttempts; attempt++ {
 		if attempt > 1 {
 			if s.isClosed() {
-				return fmt.Errorf("%w: while retrying a conflicting Update", ErrClosed)
+				return fmt.Errorf("%w: while retrying a conflicting Update", store.ErrClosed)
 			}
 			if err := sleepContext(ctx, retryBackoff(attempt)); err != nil {
 				return err
@@ -321,22 +322,22 @@ func (s *Etcd) Update(ctx context.Context, fn func(tx Txn) error) error {
 		if !conflict {
 			if err == nil {
 				s.stats.updates.Add(1)
-				s.observers.observe(1, time.Since(start))
+				s.observers.Observe(1, time.Since(start))
 			}
-			endSpan(span, err)
+			store.EndSpan(span, err)
 			return err
 		}
 		s.stats.conflicts.Add(1)
 		lastConflict = err
 	}
-	err := fmt.Errorf("%w: gave up after %d attempts: %v", ErrConflict, s.opts.MaxAttempts, lastConflict)
-	endSpan(span, err)
+	err := fmt.Errorf("%w: gave up after %d attempts: %v", store.ErrConflict, s.opts.MaxAttempts, lastConflict)
+	store.EndSpan(span, err)
 	return err
 }
 
 // attemptInTurn waits for its turn at the gate — alone, or beside other
 // shared attempts — then attempts.
-func (s *Etcd) attemptInTurn(ctx context.Context, fn func(tx Txn) error, alone bool) (conflict bool, err error) {
+func (s *Etcd) attemptInTurn(ctx context.Context, fn func(tx store.Txn) error, alone bool) (conflict bool, err error) {
 	weight := int64(1)
 	if alone {
 		weight = exclusiveWeight
@@ -359,7 +360,7 @@ func (s *Etcd) attemptInTurn(ctx context.Context, fn func(tx Txn) error, alone b
 
 // attempt runs fn once and commits its writes. conflict reports that the
 // attempt was void and may be retried.
-func (s *Etcd) attempt(ctx context.Context, fn func(tx Txn) error) (conflict bool, err error) {
+func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error) (conflict bool, err error) {
 	opCtx, done := s.operationContext(ctx)
 	defer done()
 	t := newEtcdTxn(s, opCtx)
@@ -382,11 +383,11 @@ func (s *Etcd) attempt(ctx context.Context, fn func(tx Txn) error) (conflict boo
 }
 
 // runFunction runs fn, turning a panic into an error for that Update alone.
-func (s *Etcd) runFunction(fn func(Txn) error, t *etcdTxn) (err error) {
+func (s *Etcd) runFunction(fn func(store.Txn) error, t *etcdTxn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			s.log.Error("store: update function panicked", "panic", p, "stack", string(debug.Stack()))
-			err = fmt.Errorf("%w: %v", ErrPanicked, p)
+			err = fmt.Errorf("%w: %v", store.ErrPanicked, p)
 		}
 	}()
 	return fn(t)
@@ -406,7 +407,7 @@ func (s *Etcd) commit(ctx context.Context, t *etcdTxn) (conflict bool, err error
 		return false, s.commitError(err, req)
 	}
 	if !resp.Succeeded {
-		return true, fmt.Errorf("%w: something read at revision %d changed before the commit", ErrConflict, t.snap.rev)
+		return true, fmt.Errorf("%w: something read at revision %d changed before the commit", store.ErrConflict, t.snap.rev)
 	}
 	return false, nil
 }
@@ -535,3 +536,7 @@ func warnIfNotDurable(ctx context.Context, client *clientv3.Client, opts EtcdOpt
 			"etcd_version", status.Version, "endpoint", opts.Endpoints[0])
 	}
 }
+
+// ObserveCommits makes fn see every committed Update from now on (nil
+// stops); with etcd each Update is its own transaction.
+func (s *Etcd) ObserveCommits(fn store.CommitObserver) { s.observers.Set(fn) }

@@ -1,9 +1,10 @@
-package store
+package badgerstore
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
 	"runtime/debug"
 	"sync/atomic"
@@ -13,13 +14,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// ErrPanicked is returned by Update when its function panicked. The panic is
-// confined to that Update: its writes are discarded and the store goes on.
-var ErrPanicked = errors.New("store: update function panicked")
-
 // revisionKey holds the last committed revision, big-endian, in the
 // reserved namespace so that no caller can read, write or scan it.
-var revisionKey = []byte{reservedKeyByte, 'r', 'e', 'v'}
+var revisionKey = []byte{store.ReservedKeyByte, 'r', 'e', 'v'}
 
 // revisionCost is what the revision entry adds to a Badger transaction.
 var revisionCost = mutationCost(mutation{key: revisionKey, value: make([]byte, 8)})
@@ -37,7 +34,7 @@ type committer struct {
 	limits   txnLimits
 	stats    *badgerCounters
 	// observers see each group commit (metrics).
-	observers commitObservers
+	observers store.CommitObservers
 	// revision is the last durable revision. Only the committer goroutine
 	// uses it.
 	revision uint64
@@ -125,20 +122,20 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		}
 		o.req.answer(err)
 	}
-	c.observers.observe(len(outcomes), time.Since(start))
+	c.observers.Observe(len(outcomes), time.Since(start))
 	if traced != nil {
-		recordBatchSpan(start, traced, len(outcomes), len(b.updates), c.revision, commitErr)
+		store.RecordBatchSpan(start, traced, len(outcomes), len(b.updates), c.revision, commitErr)
 	}
 	return outcomes
 }
 
 // runFunction runs an Update's function, turning a panic into an error for
 // that caller alone.
-func (c *committer) runFunction(fn func(Txn) error, t *updateTxn) (err error) {
+func (c *committer) runFunction(fn func(store.Txn) error, t *updateTxn) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.log.Error("store: update function panicked", "panic", p, "stack", string(debug.Stack()))
-			err = fmt.Errorf("%w: %v", ErrPanicked, p)
+			err = fmt.Errorf("%w: %v", store.ErrPanicked, p)
 		}
 	}()
 	return fn(t)
@@ -182,7 +179,7 @@ func (c *committer) commitPrefix(updates []*appliedUpdate) (int, error) {
 		}
 		if fitted == 0 {
 			// Unreachable while updateTxn.record enforces txnLimits.
-			return 0, fmt.Errorf("%w: one update does not fit in a Badger transaction", ErrTooLarge)
+			return 0, fmt.Errorf("%w: one update does not fit in a Badger transaction", store.ErrTooLarge)
 		}
 		n = fitted
 	}
@@ -227,3 +224,6 @@ func decodeRevision(b []byte) (uint64, error) {
 type badgerCounters struct {
 	batches, transactions, updates atomic.Uint64
 }
+
+// ObserveCommits makes fn see every group commit from now on (nil stops).
+func (s *Badger) ObserveCommits(fn store.CommitObserver) { s.committer.observers.Set(fn) }

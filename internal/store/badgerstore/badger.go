@@ -1,10 +1,11 @@
-package store
+package badgerstore
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
 	"sync"
 
@@ -57,7 +58,7 @@ type Badger struct {
 	closeErr  error
 }
 
-var _ Store = (*Badger)(nil)
+var _ store.Store = (*Badger)(nil)
 
 // OpenBadger opens (creating if needed) the store in dir.
 func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
@@ -160,14 +161,14 @@ func snapshotRevision(txn *badger.Txn) (uint64, error) {
 
 // View runs fn on a Badger snapshot. Views run concurrently with each other
 // and with the committer.
-func (s *Badger) View(ctx context.Context, fn func(tx ReadTxn) error) error {
+func (s *Badger) View(ctx context.Context, fn func(tx store.ReadTxn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.lifecycle.RLock()
 	defer s.lifecycle.RUnlock()
 	if s.closed {
-		return ErrClosed
+		return store.ErrClosed
 	}
 	txn := s.db.NewTransaction(false)
 	defer txn.Discard()
@@ -181,7 +182,7 @@ func (s *Badger) View(ctx context.Context, fn func(tx ReadTxn) error) error {
 // never runs; once fn has started, Update waits for the commit. Update must
 // not be called from inside another Update's function (the committer would
 // wait for itself).
-func (s *Badger) Update(ctx context.Context, fn func(tx Txn) error) error {
+func (s *Badger) Update(ctx context.Context, fn func(tx store.Txn) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -203,8 +204,8 @@ func (s *Badger) Update(ctx context.Context, fn func(tx Txn) error) error {
 }
 
 // Watch watches the keys under prefix; an empty prefix watches every key.
-func (s *Badger) Watch(ctx context.Context, prefix []byte) (Watcher, error) {
-	if err := checkPrefix(prefix); err != nil {
+func (s *Badger) Watch(ctx context.Context, prefix []byte) (store.Watcher, error) {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
 	w, err := s.hub.add(ctx, prefix)
@@ -263,11 +264,11 @@ func (s *Badger) Stats() BadgerStats {
 var badgerInternalPrefix = []byte("!badger!")
 
 func checkBadgerKey(key []byte) error {
-	if err := checkKey(key); err != nil {
+	if err := store.CheckKey(key); err != nil {
 		return err
 	}
 	if bytes.HasPrefix(key, badgerInternalPrefix) {
-		return fmt.Errorf("%w: keys starting with %q are reserved by Badger", ErrInvalidKey, badgerInternalPrefix)
+		return fmt.Errorf("%w: keys starting with %q are reserved by Badger", store.ErrInvalidKey, badgerInternalPrefix)
 	}
 	return nil
 }
@@ -290,7 +291,7 @@ func (t *readTxn) Get(key []byte) ([]byte, error) {
 	}
 	item, err := t.txn.Get(key)
 	if errors.Is(err, badger.ErrKeyNotFound) {
-		return nil, ErrNotFound
+		return nil, store.ErrNotFound
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: read key: %w", err)
@@ -309,10 +310,10 @@ func (t *readTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) e
 	if t.finished {
 		return errTxnFinished
 	}
-	if err := checkPrefix(prefix); err != nil {
+	if err := store.CheckPrefix(prefix); err != nil {
 		return err
 	}
-	return mergeScan(t.txn, prefix, scanLowerBound(prefix, start), nil, fn)
+	return mergeScan(t.txn, prefix, store.ScanLowerBound(prefix, start), nil, fn)
 }
 
 // Revision reads the revision record of the snapshot, so it is exactly the

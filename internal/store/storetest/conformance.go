@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/controlplane/store"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // waitTimeout bounds every wait for something the store must do by itself

@@ -26,12 +26,14 @@ type CommitStats struct {
 // store.
 type CommitObserver func(CommitStats)
 
-// commitObservers holds the observer a store was given (none by default).
-type commitObservers struct {
+// CommitObservers holds the observer a backend was given (none by
+// default); backends call Observe after each commit.
+type CommitObservers struct {
 	fn atomic.Pointer[CommitObserver]
 }
 
-func (o *commitObservers) set(fn CommitObserver) {
+// Set makes fn see every commit from now on (nil stops).
+func (o *CommitObservers) Set(fn CommitObserver) {
 	if fn == nil {
 		o.fn.Store(nil)
 		return
@@ -39,44 +41,38 @@ func (o *commitObservers) set(fn CommitObserver) {
 	o.fn.Store(&fn)
 }
 
-func (o *commitObservers) observe(updates int, took time.Duration) {
+// Observe reports one commit of updates Updates that took took.
+func (o *CommitObservers) Observe(updates int, took time.Duration) {
 	if fn := o.fn.Load(); fn != nil && updates > 0 {
 		(*fn)(CommitStats{Updates: updates, Duration: took})
 	}
 }
 
-// ObserveCommits makes fn see every group commit from now on (nil stops).
-func (s *Badger) ObserveCommits(fn CommitObserver) { s.committer.observers.set(fn) }
-
-// ObserveCommits makes fn see every committed Update from now on (nil
-// stops); with etcd each Update is its own transaction.
-func (s *Etcd) ObserveCommits(fn CommitObserver) { s.observers.set(fn) }
-
 // tracer names the store's spans. It is the global provider's: without
 // one installed, spans are the API's no-ops.
-func tracer() trace.Tracer { return otel.Tracer("github.com/tetherhq/tether/controlplane/store") }
+func tracer() trace.Tracer { return otel.Tracer("github.com/tetherhq/tether/internal/store") }
 
 // commitSpanName is the span of a group commit (Badger) or of one Update's
 // transaction (etcd).
 const commitSpanName = "store.commit"
 
-// recordBatchSpan records the span of a group commit that had traced
+// RecordBatchSpan records the span of a group commit that had traced
 // callers, once it is over: started when the batch was taken, a child of the
 // first traced caller's span (so that its trace shows the commit it waited
 // for) and linked to every traced caller's span. A batch with no traced
 // caller records nothing and costs one context lookup per request.
-func recordBatchSpan(start time.Time, traced []trace.Link, requests, updates int, revision uint64, err error) {
+func RecordBatchSpan(start time.Time, traced []trace.Link, requests, updates int, revision uint64, err error) {
 	parent := trace.ContextWithSpanContext(context.Background(), traced[0].SpanContext)
 	_, span := tracer().Start(parent, commitSpanName,
 		trace.WithTimestamp(start),
 		trace.WithSpanKind(trace.SpanKindInternal),
 		trace.WithLinks(traced...),
 		trace.WithAttributes(attribute.Int("tether.store.batch.requests", requests)))
-	endSpan(span, err, attribute.Int("tether.store.batch.updates", updates), attribute.Int64("tether.store.revision", int64(revision)))
+	EndSpan(span, err, attribute.Int("tether.store.batch.updates", updates), attribute.Int64("tether.store.revision", int64(revision)))
 }
 
-// endSpan ends span (if any), marking it failed with err.
-func endSpan(span trace.Span, err error, attrs ...attribute.KeyValue) {
+// EndSpan ends span (if any), marking it failed with err.
+func EndSpan(span trace.Span, err error, attrs ...attribute.KeyValue) {
 	if span == nil {
 		return
 	}
@@ -87,9 +83,9 @@ func endSpan(span trace.Span, err error, attrs ...attribute.KeyValue) {
 	span.End()
 }
 
-// startUpdateSpan starts the span of one etcd Update when its caller is
+// StartUpdateSpan starts the span of one etcd Update when its caller is
 // traced (nil otherwise).
-func startUpdateSpan(ctx context.Context) (context.Context, trace.Span) {
+func StartUpdateSpan(ctx context.Context) (context.Context, trace.Span) {
 	if !trace.SpanContextFromContext(ctx).IsSampled() {
 		return ctx, nil
 	}

@@ -1,4 +1,4 @@
-package store_test
+package etcdstore_test
 
 import (
 	"bytes"
@@ -16,10 +16,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/tetherhq/tether/controlplane/store"
-	"github.com/tetherhq/tether/controlplane/store/storetest"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
+	"github.com/tetherhq/tether/internal/store/storetest"
 )
 
 func TestEtcdConformance(t *testing.T) {
@@ -31,12 +32,12 @@ func TestEtcdConformance(t *testing.T) {
 
 // replicas opens n stores on one prefix, each with its own client: n
 // control-plane replicas sharing one keyspace.
-func replicas(t *testing.T, cluster *etcdlocal.Cluster, n int, mutate ...func(*store.EtcdOptions)) []*store.Etcd {
+func replicas(t *testing.T, cluster *etcdlocal.Cluster, n int, mutate ...func(*etcdstore.EtcdOptions)) []*etcdstore.Etcd {
 	t.Helper()
 	prefix := etcdtest.Prefix(t)
-	out := make([]*store.Etcd, n)
+	out := make([]*etcdstore.Etcd, n)
 	for i := range out {
-		out[i] = etcdtest.OpenStore(t, cluster, append([]func(*store.EtcdOptions){func(o *store.EtcdOptions) { o.Prefix = prefix }}, mutate...)...)
+		out[i] = etcdtest.OpenStore(t, cluster, append([]func(*etcdstore.EtcdOptions){func(o *etcdstore.EtcdOptions) { o.Prefix = prefix }}, mutate...)...)
 	}
 	return out
 }
@@ -303,7 +304,7 @@ func TestEtcdSerializable(t *testing.T) {
 	})
 
 	t.Run("ConflictsExhaustAttempts", func(t *testing.T) {
-		r := replicas(t, cluster, 2, func(o *store.EtcdOptions) { o.MaxAttempts = 3 })
+		r := replicas(t, cluster, 2, func(o *etcdstore.EtcdOptions) { o.MaxAttempts = 3 })
 		mustPut(t, r[0], "hot", "0")
 		attempts := 0
 		err := r[0].Update(t.Context(), func(tx store.Txn) error {
@@ -439,7 +440,7 @@ func TestEtcdTooLarge(t *testing.T) {
 
 	t.Run("StoreLimits", func(t *testing.T) {
 		cluster := etcdtest.Start(t)
-		s := etcdtest.OpenStore(t, cluster, func(o *store.EtcdOptions) { o.MaxTxnOps = 100 })
+		s := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.MaxTxnOps = 100 })
 		if err := s.Update(t.Context(), puts(100, 10)); err != nil {
 			t.Fatalf("100 writes with MaxTxnOps 100: %v", err)
 		}
@@ -571,7 +572,7 @@ func TestEtcdCompaction(t *testing.T) {
 
 	t.Run("ResumeFromCompactedRevision", func(t *testing.T) {
 		rev := compactNow(t, cluster)
-		w, err := store.EtcdWatchFrom(t.Context(), s, nil, rev-1)
+		w, err := etcdstore.EtcdWatchFrom(t.Context(), s, nil, rev-1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -679,14 +680,14 @@ func TestOpenEtcdUnreachable(t *testing.T) {
 	addr := l.Addr().String()
 	l.Close() // nothing listens there now
 	start := time.Now()
-	_, err = store.OpenEtcd(t.Context(), store.EtcdOptions{Endpoints: []string{"http://" + addr}, DialTimeout: 300 * time.Millisecond})
+	_, err = etcdstore.OpenEtcd(t.Context(), etcdstore.EtcdOptions{Endpoints: []string{"http://" + addr}, DialTimeout: 300 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("OpenEtcd with nothing listening: %v; want an error naming the endpoint", err)
 	}
 	if elapsed := time.Since(start); elapsed > 10*time.Second {
 		t.Fatalf("OpenEtcd took %v to give up with a 300ms DialTimeout", elapsed)
 	}
-	if _, err := store.OpenEtcd(t.Context(), store.EtcdOptions{}); err == nil {
+	if _, err := etcdstore.OpenEtcd(t.Context(), etcdstore.EtcdOptions{}); err == nil {
 		t.Fatal("OpenEtcd without endpoints succeeded")
 	}
 }

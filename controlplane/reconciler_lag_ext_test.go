@@ -1,0 +1,149 @@
+package controlplane_test
+
+import (
+	"context"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// laggingStore is the real Badger store whose open watches the test can end
+// with ErrWatchLagged, as a backend ends the watch of a consumer that fell
+// behind (Badger: a full buffer; etcd: a compacted revision). Everything
+// else — reads, writes, new watches — is Badger's. Each watch remembers the
+// functions that opened it, so the test can lag one component's watches.
+type laggingStore struct {
+	store.Store
+	mu      sync.Mutex
+	watches []*lagWatch
+}
+
+type lagWatch struct {
+	opener string // the opening goroutine's stack, function names only
+	events chan []store.Event
+	cut    chan struct{}
+	once   sync.Once
+	mu     sync.Mutex
+	err    error
+}
+
+func (w *lagWatch) Events() <-chan []store.Event { return w.events }
+
+func (w *lagWatch) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+func (s *laggingStore) Watch(ctx context.Context, prefix []byte) (store.Watcher, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	inner, err := s.Store.Watch(ctx, prefix)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	w := &lagWatch{opener: openerStack(), events: make(chan []store.Event), cut: make(chan struct{})}
+	s.mu.Lock()
+	s.watches = append(s.watches, w)
+	s.mu.Unlock()
+	go func() {
+		defer cancel()
+		end := func(err error) {
+			w.mu.Lock()
+			w.err = err
+			w.mu.Unlock()
+			close(w.events)
+		}
+		for {
+			select {
+			case <-w.cut:
+				end(store.ErrWatchLagged)
+				return
+			case batch, ok := <-inner.Events():
+				if !ok {
+					end(inner.Err())
+					return
+				}
+				select {
+				case w.events <- batch:
+				case <-w.cut:
+					end(store.ErrWatchLagged)
+					return
+				}
+			}
+		}
+	}()
+	return w, nil
+}
+
+// openerStack names the functions on the calling goroutine's stack.
+func openerStack() string {
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	var names []string
+	for {
+		f, more := frames.Next()
+		names = append(names, f.Function)
+		if !more {
+			return strings.Join(names, "\n")
+		}
+	}
+}
+
+// lag ends with ErrWatchLagged every open watch that a function named
+// opener opened, and returns how many it ended.
+func (s *laggingStore) lag(opener string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.watches {
+		if strings.Contains(w.opener, opener) {
+			w.once.Do(func() { close(w.cut) })
+			n++
+		}
+	}
+	return n
+}
+
+// A lagged watch loses events, not state: the termination reconciler
+// re-establishes its watches and rescans, so a change made after the lag
+// (here the exit confirmation a reconciling termination waits for) still
+// moves the termination on. Before, its watch goroutines simply ended and
+// the termination stayed in reconciling until its deadline.
+func TestTerminationSurvivesALaggedWatch(t *testing.T) {
+	b, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() }) // after the server stops (cleanups run last-in first-out)
+	st := &laggingStore{Store: b}
+	clk := clock.NewManual(time.Now().UTC())
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.Store = st })
+	admin := srv.AdminClients()
+	root := register(t, admin, "worker")
+
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+
+	// Only the termination reconciler's watches lag: how every other
+	// component survives a lag is its own test.
+	if n := st.lag("supervisor.(*Supervisor).Run"); n != 3 {
+		t.Fatalf("lagged %d of the termination reconciler's watches, want its 3", n)
+	}
+	if _, err := admin.Agent.ConfirmExit(context.Background(), connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: root.Node.NodeId})); err != nil {
+		t.Fatal(err)
+	}
+	// The manual clock does not move: only the confirmation can finish it.
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+}
