@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,6 +20,41 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 )
+
+// A procedure the server does not have: without a credential the caller
+// learns nothing (unauthenticated, the body never read); with one it is
+// told there is no such procedure (unimplemented), not that it may not
+// call it.
+func TestUnknownProceduresAreUnimplementedForTheAuthenticated(t *testing.T) {
+	srv := testserver.Start(t)
+	for _, tc := range []struct {
+		token string
+		want  int
+		code  string
+	}{
+		{"", http.StatusUnauthorized, "unauthenticated"},
+		{srv.Admin, http.StatusNotImplemented, "unimplemented"},
+	} {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/tether.v1.AgentService/NoSuchMethod", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		resp, err := srv.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body strings.Builder
+		_, _ = io.Copy(&body, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want || !strings.Contains(body.String(), `"code":"`+tc.code+`"`) {
+			t.Errorf("token %v: HTTP %d %s, want %d with code %s", tc.token != "", resp.StatusCode, body.String(), tc.want, tc.code)
+		}
+	}
+}
 
 func TestPolicyCoversEveryProcedure(t *testing.T) {
 	policy := controlplane.Policy()
