@@ -64,7 +64,9 @@ func WithClientOptions(opts ...connect.ClientOption) Option {
 func Dial(baseURL, token string, opts ...Option) *Conn {
 	var o dialOptions
 	for _, opt := range opts {
-		opt(&o)
+		if opt != nil {
+			opt(&o)
+		}
 	}
 	hc := o.http
 	if hc == nil {

@@ -278,3 +278,28 @@ func ExampleAgent_AddStopRule() {
 	// invalid_argument true
 	// proposal for the worker: true, rule cost-cap, self_reported.cost_usd = 6.25, self-reported true
 }
+
+// A grant lives for hours, each of its tokens for minutes: an agent takes
+// its token from a CapabilityToken, which refreshes it (the control plane
+// re-checks the chain) before it expires; once the grant is revoked, Token
+// returns the refusal instead.
+func ExampleAgent_CapabilityTokenFor() {
+	ctx := context.Background()
+	operator, stop := controlPlane()
+	defer stop()
+
+	agent, _ := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
+	root, _ := operator.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: agent.NodeID(), Scopes: []string{"tool:http"}, Ttl: durationpb.New(8 * time.Hour),
+	}))
+	capability, err := agent.CapabilityTokenFor(ctx, root.Msg.Grant.GrantId)
+	if err != nil {
+		panic(err)
+	}
+	token, err := capability.Token(ctx) // call before each use
+	fmt.Println("token:", token != "", err)
+	fmt.Println("token outlives the grant:", capability.Grant().ExpiresAt.After(root.Msg.Grant.ExpiresAt.AsTime()))
+	// Output:
+	// token: true <nil>
+	// token outlives the grant: false
+}

@@ -150,7 +150,7 @@ func NewRoot(req RootRequest, now time.Time) (Grant, error) {
 		return Grant{}, err
 	}
 	if req.TTL <= 0 {
-		return Grant{}, fmt.Errorf("%w: ttl must be positive, got %s", ErrInvalidTTL, req.TTL)
+		return Grant{}, fmt.Errorf("%w: ttl %s is out of range: want more than 0s", ErrInvalidTTL, req.TTL)
 	}
 	return Grant{
 		GrantID:      req.GrantID,
@@ -235,7 +235,7 @@ func Delegate(parent Grant, req DelegateRequest, holderAncestors []string, now t
 	expires := parent.ExpiresAt
 	switch {
 	case req.TTL < 0:
-		return Grant{}, fmt.Errorf("%w: ttl must not be negative, got %s", ErrInvalidTTL, req.TTL)
+		return Grant{}, fmt.Errorf("%w: ttl %s is out of range: want 0s (until the parent grant expires) or more", ErrInvalidTTL, req.TTL)
 	case req.TTL > 0:
 		expires = now.Add(req.TTL)
 		if expires.After(parent.ExpiresAt) {

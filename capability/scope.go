@@ -49,8 +49,11 @@ func scopeProblem(s string) error {
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
+		if c == ' ' {
+			return fmt.Errorf("scope %q has a space at offset %d: a scope is one word; give each scope separately", s, i)
+		}
 		if c < 0x21 || c > 0x7e {
-			return fmt.Errorf("scope has a non-printable or non-ASCII byte at offset %d", i)
+			return fmt.Errorf("scope has a control character or a non-ASCII byte at offset %d", i)
 		}
 		if c == Wildcard && i != len(s)-1 {
 			return fmt.Errorf("scope %q: %q may only be the last character", s, Wildcard)

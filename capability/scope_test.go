@@ -260,3 +260,12 @@ func TestMCPScopesFollowTheOneWildcardRule(t *testing.T) {
 		}
 	}
 }
+
+// A space is the mistake users make ("tool:a tool:b" as one scope): the
+// error says so in those words, not as a non-printable byte.
+func TestValidateScopeNamesASpace(t *testing.T) {
+	err := capability.ValidateScope("tool:http tool:shell")
+	if err == nil || !strings.Contains(err.Error(), "has a space at offset 9") || strings.Contains(err.Error(), "printable") {
+		t.Fatalf("ValidateScope with a space = %v; want it to name the space", err)
+	}
+}

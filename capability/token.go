@@ -95,7 +95,7 @@ func (m Minter) Mint(ring KeyRing, g Grant, now time.Time, ttl time.Duration) (t
 		ttl = DefaultTokenTTL
 	}
 	if ttl < 0 || ttl > MaxTokenTTL {
-		return "", time.Time{}, fmt.Errorf("%w: token ttl %s is outside (0, %s]", ErrInvalidTTL, ttl, MaxTokenTTL)
+		return "", time.Time{}, fmt.Errorf("%w: token ttl %s is out of range: want more than 0s and at most %s", ErrInvalidTTL, ttl, MaxTokenTTL)
 	}
 	if err := g.CheckActive(now); err != nil {
 		return "", time.Time{}, err

@@ -49,7 +49,7 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 		ttl = a.s.cfg.OperatorTokenTTL
 	}
 	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
-		return nil, invalid("ttl must be positive and at most %s", MaxOperatorTokenTTL)
+		return nil, invalid("ttl %s is out of range: want more than 0s and at most %s", ttl, MaxOperatorTokenTTL)
 	}
 	subject := req.Msg.Subject
 	if subject == "" {
@@ -92,7 +92,7 @@ func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.C
 		ttl = 24 * time.Hour
 	}
 	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
-		return nil, invalid("ttl must be positive and at most %s", MaxOperatorTokenTTL)
+		return nil, invalid("ttl %s is out of range: want more than 0s and at most %s", ttl, MaxOperatorTokenTTL)
 	}
 	token, tokenID, exp, err := a.s.issuer.MintToolServer(msg.ToolServer, a.s.cfg.Clock.Now(), ttl)
 	if err != nil {

@@ -357,6 +357,8 @@ func TestStopRuleCrashBetweenFiringAndProposing(t *testing.T) {
 			gateCall(t, srv, grant.token, "shell", false)
 			// The second call makes the rule true; the server may be gone
 			// before it answers.
+			// (Reported by the gate, with its tool-server token: ToolService
+			// refuses an operator's, and the rule would never fire.)
 			gate := srv.Clients(srv.ToolServerToken(t, "rules-gate"))
 			_, _ = gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "rules-gate"}))
 			select {

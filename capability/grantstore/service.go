@@ -109,7 +109,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.TokenTTL = capability.DefaultTokenTTL
 	}
 	if cfg.TokenTTL < 0 || cfg.TokenTTL > capability.MaxTokenTTL {
-		return nil, fmt.Errorf("grantstore: token ttl %s is outside (0, %s]", cfg.TokenTTL, capability.MaxTokenTTL)
+		return nil, fmt.Errorf("grantstore: token ttl %s is out of range: want more than 0s and at most %s", cfg.TokenTTL, capability.MaxTokenTTL)
 	}
 	if cfg.Heartbeat <= 0 {
 		cfg.Heartbeat = DefaultHeartbeat
@@ -188,7 +188,7 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 		ttl = DefaultRootTTL
 	}
 	if ttl < 0 || ttl > MaxRootTTL {
-		return Issued{}, fmt.Errorf("%w: ttl %s is outside (0, %s]", capability.ErrInvalidTTL, ttl, MaxRootTTL)
+		return Issued{}, fmt.Errorf("%w: ttl %s is out of range: want more than 0s and at most %s", capability.ErrInvalidTTL, ttl, MaxRootTTL)
 	}
 	now := s.cfg.Clock.Now()
 	g, err := capability.NewRoot(capability.RootRequest{

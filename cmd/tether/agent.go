@@ -51,11 +51,15 @@ func agentRegister(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+				return err
+			}
 			return printRegistered(g, cmd.OutOrStdout(), resp.Msg.Node, resp.Msg.Credential, resp.Msg)
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "agent name")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
+	addPrintFlag(cmd, "credential", "node_id")
 	return cmd
 }
 
@@ -79,12 +83,16 @@ func agentSpawn(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+				return err
+			}
 			return printRegistered(g, cmd.OutOrStdout(), resp.Msg.Node, resp.Msg.Credential, resp.Msg)
 		},
 	}
 	cmd.Flags().StringVar(&parent, "parent", "", "parent node id")
 	cmd.Flags().StringVar(&name, "name", "", "agent name")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
+	addPrintFlag(cmd, "credential", "node_id")
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -43,25 +44,51 @@ func (g *globals) httpClient() (*http.Client, error) {
 	return agentsdk.HTTP2ClientTLS(g.addr, cfg), nil
 }
 
+// resolveToken finds the bearer token in the order `tether --help`
+// documents. A token given but empty is an error, never a fall back to the
+// local admin token: an unset $PLANNER_CREDENTIAL must not turn a call
+// into the operator's.
 func (g *globals) resolveToken() (string, error) {
-	if g.token != "" {
+	if g.tokenGiven || g.token != "" {
+		if strings.TrimSpace(g.token) == "" {
+			return "", errors.New("--token is empty (an unset variable?); pass a token, or leave --token out to use $TETHER_TOKEN, --token-file or the local admin token")
+		}
 		return g.token, nil
 	}
-	if v := os.Getenv("TETHER_TOKEN"); v != "" {
+	if v, ok := os.LookupEnv("TETHER_TOKEN"); ok {
+		if strings.TrimSpace(v) == "" {
+			return "", errors.New("$TETHER_TOKEN is set but empty; unset it to use --token-file or the local admin token")
+		}
 		return v, nil
 	}
 	file := g.tokenFile
-	if file == "" && isLocal(g.addr) {
-		file = filepath.Join(g.dataDir, "admin.token")
-	}
 	if file == "" {
-		return "", errors.New("no token: pass --token or --token-file, or set TETHER_TOKEN")
+		if !isLocal(g.addr) {
+			return "", fmt.Errorf("no token for %s: pass --token or --token-file, or set TETHER_TOKEN", g.addr)
+		}
+		file = filepath.Join(g.dataDir, "admin.token")
+		b, err := os.ReadFile(file)
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("no token: %s does not exist; point --data-dir (or $TETHER_DATA_DIR) at the directory `tether serve` uses, or pass --token, --token-file or $TETHER_TOKEN", file)
+		}
+		if err != nil {
+			return "", fmt.Errorf("read the local admin token: %w", err)
+		}
+		return nonEmptyToken(b, file)
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		return "", fmt.Errorf("read --token-file: %w", err)
 	}
-	return strings.TrimSpace(string(b)), nil
+	return nonEmptyToken(b, file)
+}
+
+func nonEmptyToken(b []byte, file string) (string, error) {
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return "", fmt.Errorf("token file %s is empty", file)
+	}
+	return token, nil
 }
 
 func isLocal(addr string) bool {

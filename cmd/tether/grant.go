@@ -52,6 +52,9 @@ func grantRoot(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+				return err
+			}
 			return printIssued(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Grant, resp.Msg.Token, resp.Msg.TokenExpiresAt)
 		},
 	}
@@ -59,6 +62,7 @@ func grantRoot(g *globals) *cobra.Command {
 	f.StringVar(&holder, "holder", "", "node that holds the grant")
 	f.StringArrayVar(&scopes, "scope", nil, `scope (repeatable), e.g. tool:shell, tool:*, s3:read:bucket/prefix*`)
 	f.DurationVar(&ttl, "ttl", 0, "grant lifetime (default 24h)")
+	addPrintFlag(cmd, "grant_id", "token", "token_expires_at")
 	return cmd
 }
 
@@ -87,6 +91,9 @@ credential: --token or TETHER_TOKEN.`,
 			if err != nil {
 				return err
 			}
+			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+				return err
+			}
 			return printIssued(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Grant, resp.Msg.Token, resp.Msg.TokenExpiresAt)
 		},
 	}
@@ -95,6 +102,7 @@ credential: --token or TETHER_TOKEN.`,
 	f.StringVar(&holder, "holder", "", "node that will hold the new grant")
 	f.StringArrayVar(&scopes, "scope", nil, "scope (repeatable); each must be covered by a parent scope")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime (default: until the parent expires)")
+	addPrintFlag(cmd, "grant_id", "token", "token_expires_at")
 	return cmd
 }
 

@@ -462,8 +462,9 @@ func seedRecord(r lease.EvidenceRow) []string {
 
 func leaseEvidence(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:   "evidence JOB [-o csv|json|table]",
-		Short: "The evidence matrix: one row per decision, rejected messages included",
+		Use:         "evidence JOB [-o csv|json|table]",
+		Annotations: map[string]string{outputFormats: "table, json or csv (the evidence matrix's columns)"},
+		Short:       "The evidence matrix: one row per decision, rejected messages included",
 		Long: `The evidence matrix of a job: one row per message the coordinator judged, in order,
 rejected ones included. -o csv writes exactly the seed's columns (paired columns such as
 "ACK Deadline/State" hold both values separated by " / "); -o json adds each row's number,

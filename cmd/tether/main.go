@@ -7,11 +7,12 @@ import (
 	"os"
 
 	"connectrpc.com/connect"
+	"github.com/spf13/cobra"
 )
 
 func main() {
-	err := run(context.Background(), os.Args[1:])
-	if err != nil {
+	if cmd, err := run(context.Background(), os.Args[1:]); err != nil {
+		err = inUserVocabulary(cmd, err)
 		if ce := new(connect.Error); asConnectError(err, &ce) {
 			fmt.Fprintf(os.Stderr, "error: %s: %s\n", ce.Code(), ce.Message())
 		} else {
@@ -22,11 +23,11 @@ func main() {
 }
 
 // run executes one command inside the process's tracing (trace.go).
-func run(ctx context.Context, args []string) error {
+func run(ctx context.Context, args []string) (*cobra.Command, error) {
 	root := newRootCommand()
 	root.SetArgs(args)
 	ctx, end := startTracing(ctx, root, args)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	end(err)
-	return err
+	return cmd, err
 }

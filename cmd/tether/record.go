@@ -118,7 +118,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	}
 	fmt.Fprintln(w)
 
-	fmt.Fprintf(w, "\nTool calls (%d)\n", len(r.ToolCalls))
+	fmt.Fprintf(w, "\nTool calls in flight or refused during the termination (%d)\n", len(r.ToolCalls))
 	byRes := map[string]int{}
 	for _, c := range r.ToolCalls {
 		res := lower(c.Resolution.String(), "CALL_RESOLUTION_")

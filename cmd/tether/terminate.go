@@ -39,9 +39,18 @@ func newTerminateCommand(g *globals) *cobra.Command {
 			}
 			t := resp.Msg.Termination
 			if !wait {
+				if printed, err := printOneField(cmd, t); printed || err != nil {
+					return err
+				}
 				return printTermination(g, cmd.OutOrStdout(), t)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "termination %s of %s (%s)\n", t.TerminationId, t.NodeId, strings.ToLower(strings.TrimPrefix(t.Mode.String(), "TERMINATION_MODE_")))
+			// With --print, the progress goes to stderr, for the terminal,
+			// and stdout carries only the field, for a shell variable.
+			progress := cmd.OutOrStdout()
+			if f := cmd.Flags().Lookup("print"); f.Value.String() != "" {
+				progress = cmd.ErrOrStderr()
+			}
+			fmt.Fprintf(progress, "termination %s of %s (%s)\n", t.TerminationId, t.NodeId, strings.ToLower(strings.TrimPrefix(t.Mode.String(), "TERMINATION_MODE_")))
 			stream, err := c.Supervisor.WatchTermination(cmd.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: t.TerminationId}))
 			if err != nil {
 				return err
@@ -49,7 +58,7 @@ func newTerminateCommand(g *globals) *cobra.Command {
 			defer stream.Close()
 			for stream.Receive() {
 				t = stream.Msg().Termination
-				fmt.Fprintln(cmd.OutOrStdout(), progressLine(t))
+				fmt.Fprintln(progress, progressLine(t))
 				if t.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
 					break
 				}
@@ -57,8 +66,9 @@ func newTerminateCommand(g *globals) *cobra.Command {
 			if err := stream.Err(); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "record %s (tether record show %s)\n", t.RecordId, t.RecordId)
-			return nil
+			fmt.Fprintf(progress, "record %s (tether record show %s)\n", t.RecordId, t.RecordId)
+			_, err = printOneField(cmd, t)
+			return err
 		},
 	}
 	f := cmd.Flags()
@@ -68,6 +78,7 @@ func newTerminateCommand(g *globals) *cobra.Command {
 	f.DurationVar(&confirmTimeout, "confirm-timeout", 30*time.Second, "how long to wait for exit confirmations")
 	f.StringVar(&reason, "reason", "", "why (kept in the record)")
 	f.BoolVar(&wait, "wait", false, "follow the termination until it is terminated")
+	addPrintFlag(cmd, "termination_id", "record_id", "state")
 	return cmd
 }
 

@@ -56,6 +56,9 @@ func tokenCreate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+				return err
+			}
 			if asJSON, err := g.wantJSON(); err != nil {
 				return err
 			} else if asJSON {
@@ -70,6 +73,7 @@ func tokenCreate(g *globals) *cobra.Command {
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "lifetime (default: the server's --token-ttl, 24h)")
 	cmd.Flags().StringVar(&subject, "subject", "", "who the token is for (default: the role)")
 	cmd.Flags().StringVar(&toolServer, "tool-server", "", "mint a tool server's token with this name (its gate id) instead of an operator token")
+	addPrintFlag(cmd, "token", "token_id", "expires_at")
 	return cmd
 }
 
@@ -220,7 +224,7 @@ func tokenRotateAdmin(g *globals) *cobra.Command {
 }
 
 func newWhoAmICommand(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "whoami",
 		Short: "Show the principal of the current token",
 		Args:  cobra.NoArgs,
@@ -233,7 +237,20 @@ func newWhoAmICommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printJSON(cmd.OutOrStdout(), resp.Msg)
+			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+				return err
+			}
+			if asJSON, err := g.wantJSON(); err != nil {
+				return err
+			} else if asJSON {
+				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			}
+			w := resp.Msg
+			fmt.Fprintf(cmd.OutOrStdout(), "principal:   %s\nrole:        %s\nnode_id:     %s\nexpires_at:  %s\n",
+				w.Principal, roleName(w.Role), orDash(w.NodeId), formatTimestamp(w.ExpiresAt))
+			return nil
 		},
 	}
+	addPrintFlag(cmd, "principal", "node_id", "role", "expires_at")
+	return cmd
 }

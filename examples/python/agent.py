@@ -5,11 +5,13 @@ it is told to stop: on drain it finishes the step in hand; on abort the step
 is cancelled mid-call (the gate acknowledges it once the tool returned).
 Then it confirms its exit.
 
-    tether agent register --name py-agent -o json | jq -r .credential > agent.cred
-    tether grant root --holder <node> --scope tool:fetch -o json | jq -r .token > agent.cap
-    python examples/python/agent.py --credential-file agent.cred --capability-file agent.cap \\
-        --tool-token-file tether-data/admin.token
-    tether terminate <node> --mode abort --wait && tether record show <termination> 
+    tether token create --tool-server py-example-gate > tool.token
+    tether agent register --name py-agent --print credential > agent.cred
+    NODE=$(tether whoami --token-file agent.cred --print node_id)
+    GRANT=$(tether grant root --holder "$NODE" --scope tool:fetch --ttl 1h --print grant_id)
+    python examples/python/agent.py --credential-file agent.cred --grant "$GRANT" \\
+        --tool-token-file tool.token
+    tether terminate "$NODE" --mode abort --wait && tether record show <termination>
 
 The gate runs in this process for the example's sake; in production it lives
 in the tool server, with that server's own token.
@@ -35,15 +37,17 @@ async def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--addr", default="http://127.0.0.1:7420")
     p.add_argument("--credential-file", required=True, help="the agent's credential")
-    p.add_argument("--capability-file", required=True, help="the agent's capability token (scope tool:fetch)")
-    p.add_argument("--tool-token-file", required=True, help="the tool layer's own token, for the gate")
+    p.add_argument("--grant", required=True, help="id of the agent's grant (scope tool:fetch); its token is refreshed while the grant lives")
+    p.add_argument("--tool-token-file", required=True, help="the gate's own token (tether token create --tool-server py-example-gate)")
     p.add_argument("--step", type=float, default=1.0, help="seconds one tool call takes")
     args = p.parse_args()
 
     agent = Agent.join(args.addr, read(args.credential_file))
     agent.on_drain(lambda s: print(f"told to stop (abort={s.abort}): {s.reason}", flush=True))
     gate = ToolGate(Conn(args.addr, read(args.tool_token_file)), "py-example-gate")
-    capability = read(args.capability_file)
+    # A token lives minutes, the grant as long as its TTL: the source
+    # refreshes the token before it expires.
+    capability = agent.token_source(agent.refresh_token(args.grant))
 
     @tool_gate(gate, "fetch", token=capability)
     async def fetch(n: int) -> str:

@@ -26,7 +26,7 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "http://127.0.0.1:7420", "control plane address")
+	addr := flag.String("addr", addrFromEnv(), "control plane address ($TETHER_ADDR)")
 	tokenFile := flag.String("token-file", "", "file with this tool server's token (tether token create --tool-server NAME)")
 	listen := flag.String("listen", "127.0.0.1:8081", "address to serve the tool on")
 	gateID := flag.String("gate-id", "echo-gate", "the gate's name in the tool-call ledger: the tool server's name in its token")
@@ -64,4 +64,16 @@ func main() {
 	if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
 		log.Fatal(err)
 	}
+}
+
+// addrFromEnv is $TETHER_ADDR, as the CLI reads it, or the local default.
+func addrFromEnv() string {
+	addr := os.Getenv("TETHER_ADDR")
+	switch {
+	case addr == "":
+		return "http://127.0.0.1:7420"
+	case !strings.Contains(addr, "://"):
+		return "http://" + addr
+	}
+	return addr
 }

@@ -37,7 +37,7 @@ func supervisorSpawn(ctx context.Context, r *Report) error {
 		clients := make([]*agentsdk.Conn, workers)
 		parents := make([]string, workers)
 		for i := range clients {
-			clients[i] = agentsdk.Dial(srv.URL, srv.AdminToken, nil)
+			clients[i] = agentsdk.Dial(srv.URL, srv.AdminToken)
 			resp, err := clients[i].Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
 			if err != nil {
 				return err

@@ -35,21 +35,35 @@ func New(kind string) string {
 	return kind + "_" + encoding.EncodeToString(b[:])[:20]
 }
 
+// names are the identifier kinds as users call them.
+var names = map[string]string{
+	Node: "node", Grant: "grant", Lease: "lease", Termination: "termination", Record: "record",
+	Call: "tool call", Proposal: "stop proposal", Privilege: "privilege", Rollout: "rollout",
+	Session: "session", StopRule: "stop rule",
+}
+
 // Check reports whether s is a well-formed identifier of kind. field names
-// the request field in the error.
+// the request field in the error, which says what was expected in words:
+// `holder_node_id "g_…" is not a node id (n_ and 20 characters)`.
 func Check(kind, field, s string) error {
 	if s == "" {
 		return fmt.Errorf("%s is required", field)
 	}
-	if len(s) != len(kind)+21 || !strings.HasPrefix(s, kind+"_") {
-		return fmt.Errorf("%s %q is not a %s_ identifier", field, clip(s), kind)
+	ok := len(s) == len(kind)+21 && strings.HasPrefix(s, kind+"_")
+	for _, r := range s[min(len(kind)+1, len(s)):] {
+		ok = ok && strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", r)
 	}
-	for _, r := range s[len(kind)+1:] {
-		if !strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", r) {
-			return fmt.Errorf("%s %q is not a %s_ identifier", field, clip(s), kind)
-		}
+	if !ok {
+		return fmt.Errorf("%s %q is not a %s id (%s_ and 20 characters)", field, clip(s), kindName(kind), kind)
 	}
 	return nil
+}
+
+func kindName(kind string) string {
+	if n, ok := names[kind]; ok {
+		return n
+	}
+	return kind + "_"
 }
 
 // clip keeps error messages short when the input is huge.

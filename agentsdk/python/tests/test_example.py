@@ -16,11 +16,10 @@ def test_the_example_agent_is_stopped_mid_call_by_tether_terminate(server, tree,
     child = tree.root.spawn("py-example")
     grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:fetch"], ttl=600)
     (tmp_path / "agent.cred").write_text(child.credential)
-    (tmp_path / "agent.cap").write_text(grant.token)
     (tmp_path / "tool.token").write_text(server.tool_server("py-example-gate").token)
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples" / "python" / "agent.py"), "--addr", server.url,
-         "--credential-file", str(tmp_path / "agent.cred"), "--capability-file", str(tmp_path / "agent.cap"),
+         "--credential-file", str(tmp_path / "agent.cred"), "--grant", grant.grant_id,
          "--tool-token-file", str(tmp_path / "tool.token"), "--step", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()

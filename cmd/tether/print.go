@@ -1,0 +1,109 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// addPrintFlag gives a command that creates something --print FIELD, which
+// prints that one field of the answer and nothing else, for a shell to
+// capture: PLANNER_CREDENTIAL=$(tether agent register ... --print credential).
+func addPrintFlag(cmd *cobra.Command, fields ...string) {
+	cmd.Flags().String("print", "", "print only this field of the answer, for a shell variable: "+strings.Join(fields, ", "))
+	_ = cmd.Flags().SetAnnotation("print", printFields, fields)
+}
+
+const printFields = "print-fields"
+
+// checkPrintFlag refuses a --print field the command does not print, before
+// the command changes anything on the server.
+func checkPrintFlag(cmd *cobra.Command) error {
+	flag := cmd.Flags().Lookup("print")
+	if flag == nil || flag.Value.String() == "" {
+		return nil
+	}
+	fields := flag.Annotations[printFields]
+	for _, f := range fields {
+		if f == flag.Value.String() {
+			return nil
+		}
+	}
+	return fmt.Errorf("--print %q: want one of %s", flag.Value.String(), strings.Join(fields, ", "))
+}
+
+// printOneField prints the field --print names, if the command has the
+// flag and it is set; printed says whether it did.
+func printOneField(cmd *cobra.Command, msg proto.Message) (printed bool, err error) {
+	flag := cmd.Flags().Lookup("print")
+	if flag == nil || flag.Value.String() == "" {
+		return false, nil
+	}
+	v, ok := findField(msg.ProtoReflect(), flag.Value.String())
+	if !ok {
+		return false, fmt.Errorf("--print %q: the answer has no such field; %s", flag.Value.String(), flag.Usage)
+	}
+	_, err = fmt.Fprintln(cmd.OutOrStdout(), v)
+	return true, err
+}
+
+// findField finds a field by its name (node_id, credential, grant_id) or
+// path (node.node_id) in m, or one message down when the name is unique
+// enough to mean it (node_id in a SpawnResponse is node.node_id).
+func findField(m protoreflect.Message, name string) (string, bool) {
+	if head, rest, ok := strings.Cut(name, "."); ok {
+		fd := m.Descriptor().Fields().ByName(protoreflect.Name(head))
+		if fd == nil || fd.Message() == nil || fd.IsList() || fd.IsMap() {
+			return "", false
+		}
+		return findField(m.Get(fd).Message(), rest)
+	}
+	fields := m.Descriptor().Fields()
+	if fd := fields.ByName(protoreflect.Name(name)); fd != nil && !fd.IsList() && !fd.IsMap() {
+		return formatField(m, fd), true
+	}
+	for i := 0; i < fields.Len(); i++ {
+		fd := fields.Get(i)
+		if fd.Message() == nil || fd.IsList() || fd.IsMap() || isTimestamp(fd) {
+			continue
+		}
+		if v, ok := findField(m.Get(fd).Message(), name); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+func isTimestamp(fd protoreflect.FieldDescriptor) bool {
+	return fd.Message() != nil && fd.Message().FullName() == "google.protobuf.Timestamp"
+}
+
+func formatField(m protoreflect.Message, fd protoreflect.FieldDescriptor) string {
+	v := m.Get(fd)
+	switch {
+	case isTimestamp(fd):
+		ts := &timestamppb.Timestamp{}
+		proto.Merge(ts, v.Message().Interface())
+		return ts.AsTime().UTC().Format(time.RFC3339)
+	case fd.Enum() != nil:
+		if ev := fd.Enum().Values().ByNumber(v.Enum()); ev != nil {
+			return string(ev.Name())
+		}
+	}
+	return v.String()
+}
+
+// roleName is a role as users type it (--role security).
+func roleName(r tetherv1.Role) string {
+	if r == tetherv1.Role_ROLE_UNSPECIFIED {
+		return "-"
+	}
+	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
