@@ -47,7 +47,7 @@ type gateFlags struct {
 
 func (f *gateFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gateID, "gate-id", "mcp-gateway", "the gateway's name in the ledger and the record")
-	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential, a tool server's token (default: $"+envGateToken+", then --token/$TETHER_TOKEN/the local admin token)")
+	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential: a tool server's token named like --gate-id (tether token create --tool-server NAME; default: $"+envGateToken+", then --token/$TETHER_TOKEN, which must then be one)")
 	fs.DurationVar(&f.staleness, "staleness-budget", 0, "refuse every call when the revocation feed is older than this (default 10s)")
 }
 
@@ -62,6 +62,10 @@ func (f *gateFlags) credential(g *globals) (string, error) {
 	}
 	if v := os.Getenv(envGateToken); v != "" {
 		return v, nil
+	}
+	if g.token == "" && os.Getenv("TETHER_TOKEN") == "" && g.tokenFile == "" {
+		// The local admin token is an operator's: the ledger would refuse it.
+		return "", fmt.Errorf("the gateway needs a tool server's token: --gate-token-file or $%s (tether token create --tool-server %s)", envGateToken, f.gateID)
 	}
 	return g.resolveToken()
 }
