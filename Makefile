@@ -14,7 +14,7 @@ PYSDK := agentsdk/python
 .PHONY: run test test-ts ts-deps test-py test-short test-cluster test-e2e-etcd test-crash bench demo demo-mcp generate check-generate lint tools build clean fuzz
 
 build:
-	$(GO) build -o $(BIN)/tether ./cmd/tether
+	$(GO) build -buildvcs=auto -o $(BIN)/tether ./cmd/tether
 
 run: build
 	$(BIN)/tether serve --data-dir $(DATA_DIR) --listen $(LISTEN)
