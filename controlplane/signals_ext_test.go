@@ -148,6 +148,10 @@ func TestWatchSignalsEndsWhenTheNodeIsTerminated(t *testing.T) {
 	if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: root.Node.NodeId})); err != nil {
 		t.Fatal(err)
 	}
+	// The signals stream is a session the control plane sees open, so the
+	// record waits for the confirm deadline, which is set once the grants
+	// are revoked: move the clock past it only then.
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	clk.Advance(2 * time.Minute)
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	for stream.Receive() {

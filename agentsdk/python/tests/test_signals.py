@@ -98,12 +98,20 @@ def test_terminated_node_is_told_and_stops(server, tree):
         assert worker.opened.wait(10)
         term = terminate(tree.operator, worker.node_id, "abort", ack="1s", confirm="1s")
         assert worker.aborted.wait(20)
+        # The claim is the agent's last word: confirm_exit stops its signals
+        # stream and heartbeats first, so the control plane sees the session
+        # end and nothing after the claim, and counts it.
         worker.confirm_exit("aborted")
         wait_for("the termination to finish", lambda: tree.operator.call(
             "SupervisorService", "GetTermination", {"terminationId": term["terminationId"]})["termination"]["state"] == "TERMINATION_STATE_TERMINATED")
-        # The credential is dead: the agent's threads notice and stop.
-        wait_for("the agent to see its credential refused", lambda: worker.run_error is not None)
-    assert worker.run_error.code == "unauthenticated"
+    record = tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+    node = next(n for n in record["nodes"] if n["nodeId"] == worker.node_id)
+    assert node["outcome"] == "NODE_OUTCOME_CONFIRMED", node
+    assert node["confirmedBy"] == "control-plane" and "(self)" in node["claimedBy"], node
+    # The credential is dead.
+    with pytest.raises(ConnectError) as e:
+        worker.conn.call("AgentService", "Heartbeat", {"nodeId": worker.node_id})
+    assert e.value.code == "unauthenticated"
 
 
 @pytest.fixture(scope="module")

@@ -172,9 +172,13 @@ class Agent:
         return TokenSource(self, grant, refresh_when_left)
 
     def confirm_exit(self, reason: str = "") -> dict:
-        """Says that this agent's process is exiting. The agent's own word is
-        recorded as such; a launcher's confirmation from outside the process
-        is stronger evidence."""
+        """Claims that this agent's process is exiting; call it last. It first
+        stops following signals and sending heartbeats, so that the control
+        plane sees the agent's session end and nothing after the claim: the
+        record counts the claim only then (anything the agent sends after it
+        is refused and contradicts it). A launcher's confirmation from
+        outside the process is an attestation, stronger evidence."""
+        self.close()
         return self.conn.call("AgentService", "ConfirmExit", {"nodeId": self.node_id, "reason": reason})["node"]
 
     def propose_stop(self, condition: str, reason: str = "") -> dict:
