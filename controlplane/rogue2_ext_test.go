@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,5 +62,41 @@ func TestARevokedTokenLosesItsOpenStreams(t *testing.T) {
 	}
 	if connect.CodeOf(watch.Err()) != connect.CodeUnauthenticated {
 		t.Fatalf("the revoked viewer's open WatchTermination ended with %v, want unauthenticated", watch.Err())
+	}
+}
+
+// TestAnExitedHolderCannotWorkItsLeaseOverAnOpenChannel: a worker holds a
+// lease and a lease Channel open, claims its own exit, and goes on
+// renewing, reporting progress and completing the job over the stream it
+// opened before. A unary Renew is refused (failed_precondition) and kept
+// as a contradiction; the stream's messages were judged without that
+// check, so the "exited" worker kept its lease alive and could even
+// complete the job. Each is now refused as the unary call would be, kept
+// against the worker, and the lease is untouched.
+func TestAnExitedHolderCannotWorkItsLeaseOverAnOpenChannel(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	l := w.offer(t, w.job(), w.w1, time.Minute)
+	ch := openChannel(t, w.w1C)
+	l, _ = ch.send(t, ack(l))
+	l, _ = ch.send(t, renew(l, 1))
+	if _, err := w.w1C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w1, Reason: "done, gone"})); err != nil {
+		t.Fatal(err)
+	}
+	before := w.get(t, l.JobId)
+	if _, err := w.w1C.Lease.Renew(ctx, connect.NewRequest(renew(l, 2).GetRenew())); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("a unary renew after the exit: %v, want failed_precondition", err)
+	}
+	for _, m := range []*tetherv1.ChannelRequest{renew(l, 3), progress(l, 1, "50%"), complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS)} {
+		if _, d, errText := ch.try(t, m); !strings.HasPrefix(errText, connect.CodeFailedPrecondition.String()) {
+			t.Fatalf("%T after the exit over the open channel: decision %v, error %q; want failed_precondition", m.Message, d, errText)
+		}
+	}
+	after := w.get(t, l.JobId)
+	if after.State != before.State || after.RenewSequence != before.RenewSequence || after.ProgressSequence != before.ProgressSequence || after.TerminalResult != before.TerminalResult {
+		t.Fatalf("the exited worker's stream moved the lease: %v -> %v", before, after)
+	}
+	if n := len(getNode(t, w.admin, w.w1).Contradictions); n < 4 {
+		t.Fatalf("the worker has %d contradictions, want the unary renew and the three stream messages kept", n)
 	}
 }
