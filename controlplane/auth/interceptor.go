@@ -40,9 +40,9 @@ type Interceptor struct {
 	// the call as unavailable.
 	Revoked func(ctx context.Context, tokenID string) (bool, error)
 	// RevocationsChanged, when set with Revoked, returns a channel closed
-	// at the next revocation: an open stream of a revocable token is
-	// checked again then, and ends (Unauthenticated) once its token is
-	// revoked, as its next call would be refused.
+	// at the next revocation: an open stream of an operator's or a tool
+	// server's token is checked again then, and ends (Unauthenticated)
+	// once its token is revoked, as its next call would be refused.
 	RevocationsChanged func() <-chan struct{}
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
@@ -324,7 +324,10 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			return err
 		}
 		defer release()
-		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" {
+		// Operators' and tool servers' streams: an agent's end with its
+		// node (the session is told, and its credential dies with it), and
+		// thousands of sessions need not wake at every grant revocation.
+		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" && !p.IsAgent() {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
