@@ -170,10 +170,12 @@ func (s *Service) followFeed(ctx context.Context) error {
 	if n := len(log); n > 0 {
 		head = max(head, log[n-1].Sequence)
 	}
-	s.feed.reset(log, head, compacted)
+	// The set first: reset opens BearerRevoked (feed.ready), which must
+	// then find every revocation of the scan.
 	if err := s.tombstones.Replace(log, head); err != nil {
 		return err
 	}
+	s.feed.reset(log, head, compacted)
 	s.tombstones.MarkSynced(head, s.cfg.Clock.Now())
 
 	for batch := range w.Events() {
