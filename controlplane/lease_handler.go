@@ -677,6 +677,14 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 		out.push(&tetherv1.ChannelResponse{CorrelationId: correlation, Error: connect.CodeInvalidArgument.String() + ": " + err.Error()})
 		return
 	}
+	// Each message is activity, as a unary call is (the interceptor's
+	// check): a node whose exit was confirmed, or that was terminated,
+	// while its channel stayed open works no lease over it, and the
+	// attempt is kept against it.
+	if _, err := h.s.agentAct(ctx, p.NodeID(), supervisor.ActivityLease, "a lease message on its open channel"); err != nil {
+		out.pushResult(correlation, coordinator.Result{}, err)
+		return
+	}
 	if _, isAck := m.(lease.Ack); isAck {
 		if err := h.takesWork(ctx, p.NodeID(), "acknowledge"); err != nil {
 			out.pushResult(correlation, coordinator.Result{}, err)

@@ -83,3 +83,14 @@ func (s *Service) BearerRevoked(ctx context.Context, tokenID string) (bool, erro
 	_, ok := s.tombstones.Lookup(tokenID)
 	return ok, nil
 }
+
+// RevocationsChanged returns a channel closed at this replica's next
+// revocation (a grant's or a bearer token's) or pruning: an open stream
+// looks its token up again (BearerRevoked) when it closes, and ends once
+// the token is revoked. The tombstone set holds a revocation before the
+// channel of its arrival is closed.
+func (s *Service) RevocationsChanged() <-chan struct{} {
+	s.feed.mu.Lock()
+	defer s.feed.mu.Unlock()
+	return s.feed.changed
+}

@@ -170,16 +170,36 @@ func (s *Service) followFeed(ctx context.Context) error {
 	if n := len(log); n > 0 {
 		head = max(head, log[n-1].Sequence)
 	}
-	s.feed.reset(log, head, compacted)
+	// The set first: reset opens BearerRevoked (feed.ready), which must
+	// then find every revocation of the scan.
 	if err := s.tombstones.Replace(log, head); err != nil {
 		return err
 	}
+	s.feed.reset(log, head, compacted)
 	s.tombstones.MarkSynced(head, s.cfg.Clock.Now())
 
 	for batch := range w.Events() {
+		// The set learns the batch's tombstones before the feed wakes its
+		// waiters (RevocationsChanged): a waiter that looks a token up on
+		// the wake-up finds its revocation.
 		var added []capability.Tombstone
+		decoded := make([]capability.Tombstone, len(batch))
+		for i, ev := range batch {
+			if ev.Revision <= revision || ev.Type != store.EventPut {
+				continue
+			}
+			t, err := decodeTombstone(ev.Value)
+			if err != nil {
+				return err
+			}
+			decoded[i] = t
+			added = append(added, t)
+		}
+		if err := s.tombstones.Add(added...); err != nil {
+			return err
+		}
 		pruned := false
-		for _, ev := range batch {
+		for i, ev := range batch {
 			if ev.Revision <= revision {
 				continue
 			}
@@ -189,20 +209,12 @@ func (s *Service) followFeed(ctx context.Context) error {
 			}
 			switch ev.Type {
 			case store.EventPut:
-				t, err := decodeTombstone(ev.Value)
-				if err != nil {
-					return err
-				}
-				s.feed.add(t)
-				added = append(added, t)
-				s.published(ctx, t, ev.Trace)
+				s.feed.add(decoded[i])
+				s.published(ctx, decoded[i], ev.Trace)
 			case store.EventDelete:
 				s.feed.remove(seq)
 				pruned = true
 			}
-		}
-		if err := s.tombstones.Add(added...); err != nil {
-			return err
 		}
 		now := s.cfg.Clock.Now()
 		if pruned {

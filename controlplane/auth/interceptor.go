@@ -39,6 +39,11 @@ type Interceptor struct {
 	// token or not; an error (the revocations cannot be read yet) refuses
 	// the call as unavailable.
 	Revoked func(ctx context.Context, tokenID string) (bool, error)
+	// RevocationsChanged, when set with Revoked, returns a channel closed
+	// at the next revocation: an open stream of an operator's or a tool
+	// server's token is checked again then, and ends (Unauthenticated)
+	// once its token is revoked, as its next call would be refused.
+	RevocationsChanged func() <-chan struct{}
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
@@ -319,8 +324,42 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			return err
 		}
 		defer release()
+		// Operators' and tool servers' streams: an agent's end with its
+		// node (the session is told, and its credential dies with it), and
+		// thousands of sessions need not wake at every grant revocation.
+		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" && !p.IsAgent() {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			go i.endOnRevocation(ctx, p.TokenID, cancel)
+		}
 		m := &meter{i: i, p: p}
-		return next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
+		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
+		if cause := context.Cause(ctx); errors.Is(cause, ErrRevoked) {
+			return cause
+		}
+		return err
+	}
+}
+
+// endOnRevocation cancels a stream's context, with the refusal as its
+// cause, once the stream's token is revoked.
+func (i *Interceptor) endOnRevocation(ctx context.Context, tokenID string, cancel context.CancelCauseFunc) {
+	for {
+		changed := i.RevocationsChanged()
+		revoked, err := i.Revoked(ctx, tokenID)
+		if err != nil {
+			return // the stream's context ended, or the feed stopped (and with it the server)
+		}
+		if revoked {
+			cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked; the stream is over", ErrRevoked, tokenID)))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		}
 	}
 }
 
