@@ -891,6 +891,8 @@ func TestListGrants(t *testing.T) {
 // Introspect and by a fresh verifier.
 func TestAcknowledgedRevocationsSurviveKill9(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()

@@ -280,6 +280,8 @@ func TestAnAgentsDrainLeavesAnOperatorsAbortAlone(t *testing.T) {
 // exactly one record.
 func TestKill9DuringATakeoverCoversEveryNodeExactlyOnce(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()

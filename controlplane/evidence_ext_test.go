@@ -386,6 +386,8 @@ func TestContradictionsAreBounded(t *testing.T) {
 // credential still refused, and the record still says unaccounted.
 func TestKill9KeepsAClaimAndItsContradictions(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)
@@ -463,6 +465,8 @@ func TestASecondSilentSessionIsNotHiddenByClosingTheFirst(t *testing.T) {
 // open session, and a launcher's attestation is confirmed.
 func TestKill9EndsTheSessionsOfThePreviousRun(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)

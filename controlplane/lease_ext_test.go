@@ -659,6 +659,8 @@ func TestGetLeaseShowsKubernetesStyleFields(t *testing.T) {
 // after the restart and the lease goes on.
 func TestLeaseRenewSurvivesKill9(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()

@@ -635,6 +635,8 @@ func operatorLease(t *testing.T, admin *testserver.Clients, job string) *tetherv
 // resolves), and only the owner's resolution lets the job go on.
 func TestLeaseConflictSurvivesKill9(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()

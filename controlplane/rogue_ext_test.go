@@ -311,6 +311,8 @@ func TestAFloodOfStopProposalsIsBounded(t *testing.T) {
 // limit, and a decision made after the restart frees a place.
 func TestKill9KeepsTheProposalBound(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)

@@ -249,6 +249,8 @@ func TestPrivilegesAndLeasesOfTheSubtreeAppearInTheRecord(t *testing.T) {
 // directory, and checks that the termination completes with one record.
 func TestKill9DuringDrainingCompletesWithExactlyOneRecord(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()

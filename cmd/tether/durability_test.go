@@ -18,6 +18,8 @@ import (
 // registration that was acknowledged is there.
 func TestAcknowledgedRegistrationsSurviveKill9(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()
@@ -83,6 +85,8 @@ func TestAcknowledgedRegistrationsSurviveKill9(t *testing.T) {
 // data directory, the rule has filed exactly one proposal, naming it.
 func TestStopRuleKill9BetweenFiringAndProposing(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	for _, point := range []string{"before-file", "after-file"} {

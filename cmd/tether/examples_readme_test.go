@@ -48,6 +48,8 @@ func readmeBlocks(t *testing.T, readme, section string) string {
 // gate, and the README's stop commands drain it and show its record.
 func TestExamplesReadmeAgentAndToolServer(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("builds and runs the binaries")
 	}
 	_, file, _, _ := runtime.Caller(0)

@@ -106,6 +106,8 @@ func tourLine(line string) *regexp.Regexp {
 // printed, ids and "…" aside.
 func TestReadmeTourRunsAsWritten(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("builds and runs the binary")
 	}
 	// A new user has bash and curl; so must the test, rather than skip.

@@ -299,6 +299,8 @@ func TestConsoleInBrowser(t *testing.T) {
 // shows, not how fast (the figure is reported, in docs/console.md too).
 func TestConsoleTreeOfTenThousand(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("builds a 10,000-node tree")
 	}
 	ctx := chrome(t)
