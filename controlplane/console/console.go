@@ -21,7 +21,6 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 //go:embed templates/*.html
@@ -68,30 +67,16 @@ type session struct {
 	clients   *clients
 }
 
-// clients is one Connect client per service, presenting the session's token.
-type clients struct {
-	agent      tetherv1connect.AgentServiceClient
-	auth       tetherv1connect.AuthServiceClient
-	capability tetherv1connect.CapabilityServiceClient
-	tool       tetherv1connect.ToolServiceClient
-	supervisor tetherv1connect.SupervisorServiceClient
-	lease      tetherv1connect.LeaseServiceClient
-}
+// clients are the API's services, presenting the session's token: the
+// SDK's client, over the in-process transport.
+type clients = agentsdk.Conn
 
 // apiBase is the base URL of the in-process clients; the host is never
 // dialled (handlerTransport serves every request).
 const apiBase = "http://console.invalid"
 
 func (c *Console) newClients(token string) *clients {
-	opts := []connect.ClientOption{connect.WithInterceptors(agentsdk.BearerInterceptor{Token: func() string { return token }})}
-	return &clients{
-		agent:      tetherv1connect.NewAgentServiceClient(c.hc, apiBase, opts...),
-		auth:       tetherv1connect.NewAuthServiceClient(c.hc, apiBase, opts...),
-		capability: tetherv1connect.NewCapabilityServiceClient(c.hc, apiBase, opts...),
-		tool:       tetherv1connect.NewToolServiceClient(c.hc, apiBase, opts...),
-		supervisor: tetherv1connect.NewSupervisorServiceClient(c.hc, apiBase, opts...),
-		lease:      tetherv1connect.NewLeaseServiceClient(c.hc, apiBase, opts...),
-	}
+	return agentsdk.Dial(apiBase, token, agentsdk.WithHTTPClient(c.hc))
 }
 
 // New builds the console.
@@ -311,7 +296,7 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cl := c.newClients(token)
-	who, err := cl.auth.WhoAmI(r.Context(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	who, err := cl.Auth.WhoAmI(r.Context(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 	if err != nil {
 		again(http.StatusUnauthorized, errorText(err))
 		return

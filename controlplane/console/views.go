@@ -56,7 +56,7 @@ func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 	var nodes []*tetherv1.Node
 	token := ""
 	for {
-		resp, err := s.clients.agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token}))
+		resp, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token}))
 		if err != nil {
 			c.apiFail(w, r, s, "Could not list the agent tree", err)
 			return
@@ -150,7 +150,7 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	got, err := s.clients.agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
+	got, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read node "+id, err)
 		return
@@ -158,7 +158,7 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
 	// The sections below are read one by one; a section the caller may not
 	// read shows the server's refusal instead of failing the page.
-	if sub, err := s.clients.agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); err != nil {
+	if sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); err != nil {
 		d.Errors = append(d.Errors, "children: "+errorText(err))
 	} else {
 		d.Descendants = len(sub.Msg.Nodes) - 1
@@ -168,17 +168,17 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 			}
 		}
 	}
-	if g, err := s.clients.capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); err != nil {
+	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); err != nil {
 		d.Errors = append(d.Errors, "grants: "+errorText(err))
 	} else {
 		d.Grants = g.Msg.Grants
 	}
-	if l, err := s.clients.lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); err != nil {
+	if l, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); err != nil {
 		d.Errors = append(d.Errors, "leases: "+errorText(err))
 	} else {
 		d.Leases = l.Msg.Leases
 	}
-	if p, err := s.clients.supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); err != nil {
+	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); err != nil {
 		d.Errors = append(d.Errors, "stop proposals: "+errorText(err))
 	} else {
 		for _, prop := range p.Msg.Proposals {
@@ -187,12 +187,12 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 			}
 		}
 	}
-	if calls, err := s.clients.tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); err != nil {
+	if calls, err := s.clients.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); err != nil {
 		d.Errors = append(d.Errors, "tool calls: "+errorText(err))
 	} else {
 		d.Calls = calls.Msg.Calls
 	}
-	if privs, err := s.clients.supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: id})); err != nil {
+	if privs, err := s.clients.Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: id})); err != nil {
 		d.Errors = append(d.Errors, "privileges: "+errorText(err))
 	} else {
 		d.Privileges = privs.Msg.Privileges
@@ -236,7 +236,7 @@ func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	expected := r.PostForm.Get("expected_state")
-	got, err := s.clients.agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
+	got, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read node "+id, err)
 		return
@@ -245,7 +245,7 @@ func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) 
 		c.stale(w, r, s, "Node "+id, orUnknown(expected), now)
 		return
 	}
-	resp, err := s.clients.supervisor.Terminate(ctx, connect.NewRequest(req))
+	resp, err := s.clients.Supervisor.Terminate(ctx, connect.NewRequest(req))
 	if err != nil {
 		c.apiFail(w, r, s, "The server refused to terminate "+id, err)
 		return
@@ -266,7 +266,7 @@ func (c *Console) termination(w http.ResponseWriter, r *http.Request, s *session
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+	resp, err := s.clients.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read termination "+id, err)
 		return
@@ -345,7 +345,7 @@ func streamFailed(send func(string, any) error, err error) {
 
 func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	stream, err := s.clients.supervisor.WatchTermination(r.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
+	stream, err := s.clients.Supervisor.WatchTermination(r.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not watch termination "+id, err)
 		return
@@ -416,7 +416,7 @@ type recordsData struct {
 func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
-	resp, err := s.clients.supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")}))
+	resp, err := s.clients.Supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not list records", err)
 		return
@@ -440,7 +440,7 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
+	resp, err := s.clients.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
@@ -476,7 +476,7 @@ func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session)
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
+	resp, err := s.clients.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
@@ -515,7 +515,7 @@ func (c *Console) leases(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	q := r.URL.Query()
-	resp, err := s.clients.lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")}))
+	resp, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not list leases", err)
 		return
@@ -592,7 +592,7 @@ func (c *Console) evidenceRows(w http.ResponseWriter, r *http.Request, s *sessio
 	job := r.PathValue("job")
 	q := r.URL.Query()
 	f := evidenceFilter{Outcome: q.Get("outcome"), Message: q.Get("message"), Generation: q.Get("generation"), Flag: q.Get("flag")}
-	resp, err := s.clients.lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job}))
+	resp, err := s.clients.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read the evidence of job "+job, err)
 		return job, f, nil, 0, false
@@ -652,13 +652,13 @@ func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) 
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	g, err := s.clients.capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
+	g, err := s.clients.Capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read grant "+id, err)
 		return grantData{}, false
 	}
 	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State), Revoked: r.URL.Query().Get("revoked")}
-	sub, err := s.clients.capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200}))
+	sub, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not list the grants derived from "+id, err)
 		return grantData{}, false
@@ -692,7 +692,7 @@ func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, http.StatusBadRequest, "refused: not confirmed", "Revoking a grant needs the confirmation step. Nothing was revoked.")
 		return
 	}
-	g, err := s.clients.capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
+	g, err := s.clients.Capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read grant "+id, err)
 		return
@@ -701,7 +701,7 @@ func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
 		c.stale(w, r, s, "Grant "+id, orUnknown(expected), now)
 		return
 	}
-	resp, err := s.clients.capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))}))
+	resp, err := s.clients.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))}))
 	if err != nil {
 		c.apiFail(w, r, s, "The server refused to revoke "+id, err)
 		return
@@ -715,7 +715,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	pending, err := s.clients.supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+	pending, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read stop proposal "+id, err)
 		return
@@ -734,7 +734,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 		c.stale(w, r, s, "Stop proposal "+id, orUnknown(expected), now)
 		return
 	}
-	resp, err := s.clients.supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{
+	resp, err := s.clients.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{
 		ProposalId: id, Approve: r.PostForm.Get("decision") == "approve", Reason: strings.TrimSpace(r.PostForm.Get("reason")),
 	}))
 	if err != nil {
@@ -753,7 +753,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 func (c *Console) rollouts(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
-	resp, err := s.clients.supervisor.ListRollouts(ctx, connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
+	resp, err := s.clients.Supervisor.ListRollouts(ctx, connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not list rollouts", err)
 		return
@@ -773,7 +773,7 @@ func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
+	resp, err := s.clients.Supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read rollout "+id, err)
 		return
@@ -794,7 +794,7 @@ func rolloutVersion(ro *tetherv1.Rollout) string {
 
 func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	stream, err := s.clients.supervisor.WatchRollout(r.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
+	stream, err := s.clients.Supervisor.WatchRollout(r.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not watch rollout "+id, err)
 		return
@@ -814,7 +814,7 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id, op := r.PathValue("id"), r.PathValue("op")
-	got, err := s.clients.supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
+	got, err := s.clients.Supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read rollout "+id, err)
 		return
@@ -826,11 +826,11 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
 	switch op {
 	case "pause":
-		_, err = s.clients.supervisor.PauseRollout(ctx, connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: id, Reason: reason}))
+		_, err = s.clients.Supervisor.PauseRollout(ctx, connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: id, Reason: reason}))
 	case "resume":
-		_, err = s.clients.supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: id}))
+		_, err = s.clients.Supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: id}))
 	case "abort":
-		_, err = s.clients.supervisor.AbortRollout(ctx, connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: id, Reason: reason}))
+		_, err = s.clients.Supervisor.AbortRollout(ctx, connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: id, Reason: reason}))
 	default:
 		err = connect.NewError(connect.CodeInvalidArgument, errors.New("a rollout can be paused, resumed or aborted"))
 	}
@@ -855,7 +855,7 @@ type tombstoneJSON struct {
 }
 
 func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *session) {
-	stream, err := s.clients.capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+	stream, err := s.clients.Capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
 	if err != nil {
 		c.apiFail(w, r, s, "Could not watch revocations", err)
 		return
