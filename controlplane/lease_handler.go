@@ -608,6 +608,30 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 	out := &channelOutbox{ready: make(chan struct{}, 1), slots: make(chan struct{}, maxChannelInFlight)}
 	sent := make(chan error, 1)
 	go func() { sent <- out.pump(stream) }()
+	// Each message is activity, as a unary call is (the interceptor's
+	// check): a node whose exit was confirmed, or that was terminated,
+	// while its channel stayed open works no lease over it, and the
+	// attempt is kept against it. The node is read again only when its
+	// stored state changed (or after a refusal, so that every attempt is
+	// kept), not per message: renewals are this stream's hot path.
+	changed, unsubscribe := h.s.signals.Changes(p.NodeID())
+	defer unsubscribe()
+	var active bool
+	activity := func() error {
+		select {
+		case <-changed:
+			active = false
+		default:
+		}
+		if active {
+			return nil
+		}
+		if _, err := h.s.agentAct(ctx, p.NodeID(), supervisor.ActivityLease, "a lease message on its open channel"); err != nil {
+			return err
+		}
+		active = true
+		return nil
+	}
 
 	var recvErr error
 	for recvErr == nil {
@@ -651,6 +675,10 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 				out.push(&tetherv1.ChannelResponse{CorrelationId: m.CorrelationId, Error: connect.CodeInvalidArgument.String() + ": batch: a batched message cannot carry a batch of its own"})
 				continue
 			}
+			if err := activity(); err != nil {
+				out.pushResult(m.CorrelationId, coordinator.Result{}, err)
+				continue
+			}
 			h.submitChannel(ctx, p, m, out)
 		}
 	}
@@ -675,14 +703,6 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 	m, err := coordinator.ChannelMessage(req, p.NodeID())
 	if err != nil {
 		out.push(&tetherv1.ChannelResponse{CorrelationId: correlation, Error: connect.CodeInvalidArgument.String() + ": " + err.Error()})
-		return
-	}
-	// Each message is activity, as a unary call is (the interceptor's
-	// check): a node whose exit was confirmed, or that was terminated,
-	// while its channel stayed open works no lease over it, and the
-	// attempt is kept against it.
-	if _, err := h.s.agentAct(ctx, p.NodeID(), supervisor.ActivityLease, "a lease message on its open channel"); err != nil {
-		out.pushResult(correlation, coordinator.Result{}, err)
 		return
 	}
 	if _, isAck := m.(lease.Ack); isAck {

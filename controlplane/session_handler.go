@@ -201,6 +201,10 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	// Before answering: the node's open lease channels on this replica
+	// re-check it from their next message (other replicas learn it from
+	// the store's watch).
+	a.s.signals.NodeChanged(req.Msg.NodeId)
 	return connect.NewResponse(&tetherv1.ConfirmExitResponse{Node: n}), nil
 }
 

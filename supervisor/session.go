@@ -21,8 +21,57 @@ import (
 type Signals struct {
 	Store store.Store
 
-	mu   sync.Mutex
-	subs map[string]map[chan *tetherv1.SessionSignal]struct{}
+	mu      sync.Mutex
+	subs    map[string]map[chan *tetherv1.SessionSignal]struct{}
+	changes map[string]map[chan struct{}]struct{}
+}
+
+// Changes returns a channel that receives (coalesced) whenever nodeID's
+// stored node changes, and a cancel function: a stream that checked the
+// node once re-checks it only when it may have changed (a lease channel's
+// per-message activity check), instead of reading it per message. A lagged
+// watch notifies every subscriber.
+func (h *Signals) Changes(nodeID string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	h.mu.Lock()
+	if h.changes == nil {
+		h.changes = map[string]map[chan struct{}]struct{}{}
+	}
+	if h.changes[nodeID] == nil {
+		h.changes[nodeID] = map[chan struct{}]struct{}{}
+	}
+	h.changes[nodeID][ch] = struct{}{}
+	h.mu.Unlock()
+	return ch, func() {
+		h.mu.Lock()
+		delete(h.changes[nodeID], ch)
+		if len(h.changes[nodeID]) == 0 {
+			delete(h.changes, nodeID)
+		}
+		h.mu.Unlock()
+	}
+}
+
+// NodeChanged tells nodeID's change subscribers now (all of them when
+// nodeID is ""): the store's watch tells them too, a moment later.
+func (h *Signals) NodeChanged(nodeID string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	notify := func(set map[chan struct{}]struct{}) {
+		for ch := range set {
+			select {
+			case ch <- struct{}{}:
+			default: // a change is already pending
+			}
+		}
+	}
+	if nodeID == "" {
+		for _, set := range h.changes {
+			notify(set)
+		}
+		return
+	}
+	notify(h.changes[nodeID])
 }
 
 // SignalFor returns the signal a node in state n should be under, or nil.
@@ -92,6 +141,7 @@ func (h *Signals) Run(ctx context.Context) error {
 				if proto.Unmarshal(ev.Value, n) != nil {
 					continue
 				}
+				h.NodeChanged(n.NodeId)
 				h.mu.Lock()
 				_, watched := h.subs[n.NodeId]
 				h.mu.Unlock()
@@ -107,7 +157,8 @@ func (h *Signals) Run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		// The watch lagged: re-establish it (signals are level-triggered, and
-		// sessions re-read the state on open).
+		// sessions re-read the state on open); any node may have changed.
+		h.NodeChanged("")
 	}
 }
 
