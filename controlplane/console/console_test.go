@@ -13,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -207,6 +208,12 @@ func TestStalePageNeverActs(t *testing.T) {
 	if _, err := w.admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{NodeId: w.nodes["worker-2"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN})); err != nil {
 		t.Fatal(err)
 	}
+	// The drain marks the node asynchronously: count once it has (the
+	// count reads the nodes' termination ids).
+	testserver.WaitFor(t, 20*time.Second, "the drain to mark worker-2", func() bool {
+		n, err := w.admin.Agent.GetNode(context.Background(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: w.nodes["worker-2"].NodeId}))
+		return err == nil && n.Msg.Node.TerminationId != ""
+	})
 	before := len(listTerminations(t, w))
 	p := b.post(target+"/terminate", terminateForm(csrf, "running", "abort"), b.sameOrigin())
 	if p.status != http.StatusConflict || !strings.Contains(p.body, "stale") || !strings.Contains(p.body, "showed running") {
