@@ -94,6 +94,9 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open badger: %w", err)
 	}
+	if !opts.InMemory && !skipValueLogSync(db) {
+		opts.Logger.Warn("store: this Badger version hides the value log's sync option; every commit syncs the value log too (durable, one device flush slower)")
+	}
 	revision, err := readRevision(db)
 	if err != nil {
 		db.Close()
