@@ -114,6 +114,13 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		}
 		m.report(r, fmt.Sprintf("lease/renew/etcd-txn/leases=%d", n))
 		r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd/leases=%d", n), unary.rate/m.rate, "x")
+		if unary.cpu > 0 && m.cpu > 0 {
+			// Renews per CPU-second, client and server counted on both
+			// sides: the ratio a loaded machine does not skew (etcd's
+			// server runs in its own process, with its own share of the
+			// CPUs; Tether's shares this one with the bench's clients).
+			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-cpu/leases=%d", n), float64(m.cpu)/float64(unary.cpu), "x")
+		}
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-pipelined-vs-etcd/leases=%d", n), pipelined.rate/m.rate, "x")
 	}
@@ -238,16 +245,21 @@ func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, 
 // measures capacity, not policy.
 func disableRateLimit(cfg *controlplane.Config) { cfg.RateLimit = 0 }
 
-// leaseMeasurement is a throughput and its latency percentiles.
+// leaseMeasurement is a throughput and its latency percentiles, and the
+// CPU time a renew cost (zero when not measured).
 type leaseMeasurement struct {
 	rate     float64
 	p50, p99 time.Duration
+	cpu      time.Duration
 }
 
 func (m leaseMeasurement) report(r *Report, name string) {
 	r.Add(name, m.rate, "renews/s")
 	r.Add(name+"/p50", float64(m.p50.Microseconds())/1000, "ms")
 	r.Add(name+"/p99", float64(m.p99.Microseconds())/1000, "ms")
+	if m.cpu > 0 {
+		r.Add(name+"/cpu-per-renew", float64(m.cpu.Nanoseconds())/1000, "µs")
+	}
 }
 
 // recorder collects latencies once the warm-up is over.
@@ -256,6 +268,10 @@ type recorder struct {
 	count     atomic.Int64
 	mu        sync.Mutex
 	samples   []time.Duration
+	// cpu, when set, is the CPU time used so far by everything that serves
+	// and sends the renews (client and server): the recorder reports it
+	// per renew, a figure that does not depend on the machine's load.
+	cpu func() (time.Duration, bool)
 }
 
 func (rec *recorder) add(local *[]time.Duration, d time.Duration) {
@@ -291,11 +307,23 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 		_ = wait()
 		return leaseMeasurement{}, err
 	}
+	var cpuStart time.Duration
+	cpuOK := rec.cpu != nil
+	if cpuOK {
+		cpuStart, cpuOK = rec.cpu()
+	}
 	rec.measuring.Store(true)
 	start := time.Now()
 	serr := sleep(d)
 	rec.measuring.Store(false)
 	elapsed := time.Since(start)
+	var cpu time.Duration
+	if cpuOK {
+		cpuEnd, ok := rec.cpu()
+		if n := rec.count.Load(); ok && n > 0 {
+			cpu = (cpuEnd - cpuStart) / time.Duration(n)
+		}
+	}
 	cancel()
 	if err := wait(); err != nil {
 		return leaseMeasurement{}, err
@@ -310,7 +338,7 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	pct := func(p float64) time.Duration {
 		return rec.samples[min(len(rec.samples)-1, int(p*float64(len(rec.samples))))]
 	}
-	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99)}, nil
+	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu}, nil
 }
 
 // leaseHolder is an agent that holds leases, with its own connection.
@@ -399,7 +427,7 @@ func checkRenewed(d *tetherv1.Decision) error {
 
 func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease) (leaseMeasurement, error) {
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{}
+	rec := &recorder{cpu: processCPU} // the bench's clients and the server
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	for _, l := range leases {
@@ -444,7 +472,7 @@ func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLeas
 // stream allows because each renewal is judged on its own sequence.
 func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLease, window int) (leaseMeasurement, error) {
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{}
+	rec := &recorder{cpu: processCPU} // the bench's clients and the server
 	byHolder := map[*leaseHolder][]int{}
 	for i, l := range leases {
 		byHolder[l.holder] = append(byHolder[l.holder], i)
@@ -534,7 +562,16 @@ var errNoEtcd = errors.New("etcd not installed")
 type etcdServer struct {
 	client   *clientv3.Client
 	endpoint string
+	pid      int
 	stop     func()
+}
+
+// cpu is the CPU time of the etcd server and of this process (the bench's
+// etcd clients) together.
+func (s *etcdServer) cpu() (time.Duration, bool) {
+	server, ok1 := childCPU(s.pid)
+	clients, ok2 := processCPU()
+	return server + clients, ok1 && ok2
 }
 
 // clients returns n clients, each with its own connection, as n agent
@@ -617,7 +654,7 @@ func startEtcd(ctx context.Context, r *Report) (*etcdServer, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return &etcdServer{client: c, endpoint: client, stop: func() { c.Close(); stop() }}, nil
+	return &etcdServer{client: c, endpoint: client, pid: cmd.Process.Pid, stop: func() { c.Close(); stop() }}, nil
 }
 
 func freePorts(n int) ([]int, error) {
@@ -666,7 +703,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 		revs[i] = resp.Header.Revision
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{}
+	rec := &recorder{cpu: etcd.cpu}
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	for i := range n {
