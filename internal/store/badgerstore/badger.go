@@ -95,7 +95,7 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 		return nil, fmt.Errorf("store: open badger: %w", err)
 	}
 	if !opts.InMemory && !skipValueLogSync(db) {
-		opts.Logger.Warn("store: this Badger version hides the value log's sync option; every commit syncs the value log too (durable, one device flush slower)")
+		opts.Logger.Warn("store: cannot turn off Badger's per-commit sync of its value log (see vlogsync.go); every commit syncs it too: as durable, one device flush slower")
 	}
 	revision, err := readRevision(db)
 	if err != nil {
