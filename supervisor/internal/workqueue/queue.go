@@ -1,4 +1,4 @@
-package supervisor
+package workqueue
 
 import (
 	"container/heap"
