@@ -13,6 +13,9 @@ import (
 
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 var queueOnce sync.Mutex
@@ -27,7 +30,7 @@ func (s *Supervisor) workQueue() *workQueue {
 }
 
 // Kick asks the reconciler to look at a termination now.
-func (s *Supervisor) Kick(terminationID string) { s.workQueue().add(terminationID) }
+func (s *Supervisor) Kick(terminationID string) { s.workQueue().Add(terminationID) }
 
 // Run is the level-triggered reconciler: it resumes every unfinished
 // termination from stored state, re-runs a termination whenever the ledger,
@@ -68,7 +71,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 	}
 	var activeMu sync.Mutex
 	for _, id := range active {
-		q.add(id)
+		q.Add(id)
 	}
 	activeSet := map[string]bool{}
 	for _, id := range active {
@@ -92,7 +95,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 				}
 				for id, on := range activeSet {
 					if on {
-						q.add(id)
+						q.Add(id)
 					}
 				}
 				activeMu.Unlock()
@@ -101,20 +104,20 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 		}()
 	}
 	for {
-		next := q.promote(s.Clock.Now())
-		for id := q.take(); id != ""; id = q.take() {
+		next := q.Promote(s.Clock.Now())
+		for id := q.Take(); id != ""; id = q.Take() {
 			wake, err := s.Reconcile(ctx, id)
 			switch {
 			case err != nil && ctx.Err() != nil:
-				q.done(id)
+				q.Done(id)
 				return ctx.Err()
 			case err != nil:
 				s.Log.Warn("reconcile failed; retrying", "termination_id", id, "error", err)
-				q.addAt(id, s.Clock.Now().Add(time.Second))
+				q.AddAt(id, s.Clock.Now().Add(time.Second))
 			case !wake.IsZero():
-				q.addAt(id, wake)
+				q.AddAt(id, wake)
 			}
-			q.done(id)
+			q.Done(id)
 		}
 		// One timer per wait, stopped when the wait ends: a deferred stop
 		// here would keep every timer of a leader term alive until Run
@@ -130,7 +133,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 			return ctx.Err()
 		case err := <-ended:
 			return errors.Join(store.ErrWatchLagged, err)
-		case <-q.signal:
+		case <-q.Signal():
 		case <-timerC:
 		}
 		if tm != nil {
@@ -141,7 +144,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 
 // Poke makes the reconciler re-evaluate its timers now (tests that move a
 // manual clock call it).
-func (s *Supervisor) Poke() { s.workQueue().notify() }
+func (s *Supervisor) Poke() { s.workQueue().Notify() }
 
 func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
 	var out []string
@@ -251,7 +254,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		}
 		if countHooks {
 			var err error
-			if p.HooksPending, err = PendingIn(tx, t.Members, now); err != nil {
+			if p.HooksPending, err = privilege.PendingIn(tx, t.Members, now); err != nil {
 				return err
 			}
 		}
@@ -270,7 +273,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			}
 			// Wait for a node until its verdict is settled: a claim may
 			// still be corroborated (its session's end observed).
-			if !judgeExit(n, inWorkload, nil).settled {
+			if !judgeExit(n, inWorkload, nil).Settled {
 				p.Unconfirmed++
 			}
 		}
@@ -327,7 +330,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		mode = t.Mode
 		var nodes []*tetherv1.Node
 		for _, root := range t.RootIDs() {
-			subtree, err := SubtreeIn(tx, root)
+			subtree, err := tree.SubtreeIn(tx, root)
 			if err != nil {
 				return err
 			}
@@ -374,7 +377,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				t.HandedOver = append(t.HandedOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID})
 				continue
 			case ReachTakeOver:
-				t.TakenOver = append(t.TakenOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID, State: StateName(n.State)})
+				t.TakenOver = append(t.TakenOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID, State: tree.StateName(n.State)})
 				if taken[owner.ID] == nil {
 					taken[owner.ID] = map[string]bool{}
 				}
@@ -390,7 +393,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				return err
 			}
 			members = append(members, n.NodeId)
-			calls, err := OpenCallsIn(tx, n.NodeId)
+			calls, err := ledger.OpenCallsIn(tx, n.NodeId)
 			if err != nil {
 				return err
 			}
@@ -485,7 +488,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 					}
 				}
 			}
-			calls, err := OpenCallsIn(tx, m)
+			calls, err := ledger.OpenCallsIn(tx, m)
 			if err != nil {
 				return err
 			}
