@@ -1,6 +1,8 @@
 package supervisor
 
 import (
+	"time"
+
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -20,9 +22,26 @@ import (
 
 const prefixNode = tree.NodePrefix
 
-type workQueue = workqueue.Queue
+// workQueue is the reconciler's queue (shared with the rollouts'), under
+// the method names reconciler.go uses.
+type workQueue struct {
+	q      *workqueue.Queue
+	signal <-chan struct{}
+}
 
-func newWorkQueue() *workQueue { return workqueue.New() }
+func newWorkQueue() *workQueue {
+	q := workqueue.New()
+	return &workQueue{q: q, signal: q.Signal()}
+}
+
+func (w *workQueue) add(key string)                { w.q.Add(key) }
+func (w *workQueue) addAt(key string, t time.Time) { w.q.AddAt(key, t) }
+func (w *workQueue) promote(now time.Time) time.Time {
+	return w.q.Promote(now)
+}
+func (w *workQueue) take() string    { return w.q.Take() }
+func (w *workQueue) done(key string) { w.q.Done(key) }
+func (w *workQueue) notify()         { w.q.Notify() }
 
 func getNode(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) {
 	return tree.GetNodeIn(tx, nodeID)

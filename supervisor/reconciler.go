@@ -30,7 +30,7 @@ func (s *Supervisor) workQueue() *workQueue {
 }
 
 // Kick asks the reconciler to look at a termination now.
-func (s *Supervisor) Kick(terminationID string) { s.workQueue().Add(terminationID) }
+func (s *Supervisor) Kick(terminationID string) { s.workQueue().add(terminationID) }
 
 // Run is the level-triggered reconciler: it resumes every unfinished
 // termination from stored state, re-runs a termination whenever the ledger,
@@ -71,7 +71,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 	}
 	var activeMu sync.Mutex
 	for _, id := range active {
-		q.Add(id)
+		q.add(id)
 	}
 	activeSet := map[string]bool{}
 	for _, id := range active {
@@ -95,7 +95,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 				}
 				for id, on := range activeSet {
 					if on {
-						q.Add(id)
+						q.add(id)
 					}
 				}
 				activeMu.Unlock()
@@ -104,20 +104,20 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 		}()
 	}
 	for {
-		next := q.Promote(s.Clock.Now())
-		for id := q.Take(); id != ""; id = q.Take() {
+		next := q.promote(s.Clock.Now())
+		for id := q.take(); id != ""; id = q.take() {
 			wake, err := s.Reconcile(ctx, id)
 			switch {
 			case err != nil && ctx.Err() != nil:
-				q.Done(id)
+				q.done(id)
 				return ctx.Err()
 			case err != nil:
 				s.Log.Warn("reconcile failed; retrying", "termination_id", id, "error", err)
-				q.AddAt(id, s.Clock.Now().Add(time.Second))
+				q.addAt(id, s.Clock.Now().Add(time.Second))
 			case !wake.IsZero():
-				q.AddAt(id, wake)
+				q.addAt(id, wake)
 			}
-			q.Done(id)
+			q.done(id)
 		}
 		// One timer per wait, stopped when the wait ends: a deferred stop
 		// here would keep every timer of a leader term alive until Run
@@ -133,7 +133,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 			return ctx.Err()
 		case err := <-ended:
 			return errors.Join(store.ErrWatchLagged, err)
-		case <-q.Signal():
+		case <-q.signal:
 		case <-timerC:
 		}
 		if tm != nil {
@@ -144,7 +144,7 @@ func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
 
 // Poke makes the reconciler re-evaluate its timers now (tests that move a
 // manual clock call it).
-func (s *Supervisor) Poke() { s.workQueue().Notify() }
+func (s *Supervisor) Poke() { s.workQueue().notify() }
 
 func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
 	var out []string
