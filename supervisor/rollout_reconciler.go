@@ -532,7 +532,11 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	if err != nil {
 		return out, err
 	}
-	open, stuck, err := rs.Handover.Open(ctx, term.Members)
+	members, err := rs.Supervisor.Members(ctx, term)
+	if err != nil {
+		return out, err
+	}
+	open, stuck, err := rs.Handover.Open(ctx, members)
 	if err != nil {
 		return out, fmt.Errorf("list leases: %w", err)
 	}
@@ -578,7 +582,11 @@ func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 			if err := getTermination(tx, b.TerminationID, &t); err != nil {
 				return err
 			}
-			members, terminated = t.Members, t.Phase == PhaseTerminated
+			var err error
+			if members, err = membersIn(tx, t); err != nil {
+				return err
+			}
+			terminated = t.Phase == PhaseTerminated
 			if terminated || !t.LeaseHandover {
 				return nil
 			}
@@ -671,7 +679,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 				return err
 			}
 			bf := BatchFacts{Marked: t.Phase != PhaseRequested, Terminated: t.Phase == PhaseTerminated, RecordID: t.RecordID}
-			members[b.Index] = t.Members
+			if members[b.Index], err = membersIn(tx, t); err != nil {
+				return err
+			}
 			f.Batches[b.Index] = bf
 		}
 		return nil

@@ -66,7 +66,10 @@ type Supervisor struct {
 	// HookTimeout bounds, in total, a termination's privilege revocations
 	// (revoke webhooks and handlers); zero means DefaultHookTimeout.
 	HookTimeout time.Duration
-	Log         *slog.Logger
+	// ChunkSize bounds the nodes (or tool calls) one transaction of a
+	// termination handles (chunks.go); zero means DefaultChunkSize.
+	ChunkSize int
+	Log       *slog.Logger
 
 	queue *workQueue
 }
