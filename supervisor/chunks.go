@@ -1026,3 +1026,28 @@ func (s *Supervisor) index(ctx context.Context, id string) error {
 		return putJSON(tx, terminationKey(id), t)
 	})
 }
+
+// chunkCounter counts the chunks of each step this process has committed
+// (for Supervisor.ChunkFault).
+type chunkCounter struct {
+	mu sync.Mutex
+	n  map[Action]int
+}
+
+// chunkDone tells ChunkFault that a chunk of step committed.
+func (s *Supervisor) chunkDone(step Action) {
+	if s.ChunkFault == nil {
+		return
+	}
+	s.chunks.mu.Lock()
+	if s.chunks.n == nil {
+		s.chunks.n = map[Action]int{}
+	}
+	s.chunks.n[step]++
+	n := s.chunks.n[step]
+	s.chunks.mu.Unlock()
+	name := map[Action]string{ActMark: "mark", ActEscalate: "escalate", ActCancelCalls: "cancel", ActRevoke: "revoke", ActWriteRecord: "record"}[step]
+	if name != "" {
+		s.ChunkFault(name, n)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -215,6 +214,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		if err != nil {
 			return time.Time{}, err
 		}
+		s.chunkDone(action)
 	}
 	return s.Clock.Now(), nil // more to do: come back at once
 }
