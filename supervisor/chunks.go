@@ -36,15 +36,19 @@ import (
 // The stored termination keeps only the counts, so it stays small whatever
 // the subtree.
 //
-// Spawns. A node is marked in the transaction that lists it, before any of
-// its children are listed; Spawn refuses a parent that is not running in
-// the transaction that writes the child. So a spawn under a node already
-// listed is refused, and a spawn under a node not yet listed commits before
-// that node's children are listed, which lists the new child too: every
-// node of the subtree is covered, once (a node has one parent; a root named
-// inside another root's subtree is skipped there). Tool calls begun by a
-// node before its chunk are stamped into the termination with it, and
-// none can begin after.
+// Spawns. The first chunk marks the roots, and Spawn refuses, in the
+// transaction that writes the child, a parent that is not running or one
+// of whose ancestors is stopping or stopped: from the first chunk on no
+// node of the subtree can spawn, however far the mark has got, so the
+// subtree the mark walks is fixed and the mark ends. (Marking top down
+// would cover a racing spawn even without the ancestor check — a node is
+// marked in the transaction that lists it, before its children are listed,
+// so a spawn under a node not yet listed commits before that node's
+// children are listed — but a swarm spawning faster than the mark lists
+// could keep it going.) Every node of the subtree gets one entry (a node
+// has one parent; a root named inside another root's subtree is skipped
+// there). Tool calls begun by a node before its chunk are stamped into the
+// termination with it, and none can begin after.
 //
 // Revocation is immediate for verifiers as before: the first revocation
 // chunk holds the roots, whose grants' tombstones revoke every grant
