@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -149,8 +151,18 @@ func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *
 // alone does not fit in one store transaction (Badger with an 8 MiB
 // memtable holds about 1.2 MB per transaction): the termination goes
 // through in chunks, and its record lists every node exactly once.
+//
+// TETHER_TEST_TERMINATION_AGENTS sets the subtree's size (default 12,000)
+// for a one-off run at scale; the test logs how long the termination took.
 func TestATerminationLargerThanOneTransaction(t *testing.T) {
-	const agents = 12000
+	agents := 12000
+	if v := os.Getenv("TETHER_TEST_TERMINATION_AGENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("TETHER_TEST_TERMINATION_AGENTS=%q: want a positive number", v)
+		}
+		agents = n
+	}
 	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{MemTableSize: 8 << 20}, 0)
 	root, all := buildTree(t, st, agents, 50)
 	ctx := context.Background()
@@ -181,7 +193,9 @@ func TestATerminationLargerThanOneTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	began := time.Now()
 	term = reconcileToEnd(t, s, term.ID)
+	t.Logf("%d agents terminated in %s (chunks of %d)", len(all), time.Since(began).Round(time.Millisecond), DefaultChunkSize)
 	if term.Counts.Listed != len(all) || term.Counts.Members != len(all) || term.Progress.Unconfirmed != len(all) {
 		t.Fatalf("counts %+v, unconfirmed %d; want %d members", term.Counts, term.Progress.Unconfirmed, len(all))
 	}

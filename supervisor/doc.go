@@ -7,10 +7,17 @@
 // keys.go's layout; a child index makes a subtree walk a sequence of prefix
 // scans, never a full scan.
 //
-// Spawning checks the parent's state inside the same transaction that writes
-// the child. Marking a subtree for termination is also one transaction, so a
-// spawn racing a termination is either refused (it serialized after the mark)
-// or included (it serialized before, and the mark's subtree walk sees it).
+// Spawning checks the parent's state, and its ancestors', inside the same
+// transaction that writes the child. A termination marks its subtree top
+// down in bounded chunks (chunks.go), the roots first, so a spawn racing a
+// termination is either refused (it serialized after the roots' chunk: an
+// ancestor is stopping) or included (it serialized before, and the mark's
+// walk, which starts after, sees it). Every step of a termination that
+// touches the subtree node by node — mark, escalation, cancel orders,
+// revocation, the record — runs in chunks of at most Supervisor.ChunkSize
+// nodes or calls, each one transaction that also persists how far it got,
+// so no subtree is too large for a store transaction and a restart resumes
+// after the last chunk that committed.
 //
 // Exit evidence (evidence.go). A node's exit is confirmed by its own word
 // or an ancestor's (a claim when the ancestor is itself stopping, stopped or
