@@ -69,9 +69,18 @@ type Supervisor struct {
 	// HookTimeout bounds, in total, a termination's privilege revocations
 	// (revoke webhooks and handlers); zero means DefaultHookTimeout.
 	HookTimeout time.Duration
-	Log         *slog.Logger
+	// ChunkSize bounds the nodes (or tool calls) one transaction of a
+	// termination handles (chunks.go); zero means DefaultChunkSize.
+	ChunkSize int
+	// ChunkFault, when set, is called after each chunk of a termination
+	// commits, with the step ("mark", "escalate", "cancel", "revoke",
+	// "record") and how many chunks of it this process has committed.
+	// Tests only (the kill -9 tests stop the process there).
+	ChunkFault func(step string, n int)
+	Log        *slog.Logger
 
-	queue *workQueue
+	queue  *workQueue
+	chunks chunkCounter
 }
 
 // Defaults for a termination's windows when the request leaves them empty.
