@@ -22,6 +22,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -170,6 +171,14 @@ func badgerStats(srv *benchServer) badgerstore.BadgerStats {
 	return badgerstore.BadgerStats{}
 }
 
+// etcdStats reads the etcd store's counters (zero on another backend).
+func etcdStats(srv *benchServer) etcdstore.EtcdStats {
+	if e, ok := srv.Store().(*etcdstore.Etcd); ok {
+		return e.Stats()
+	}
+	return etcdstore.EtcdStats{}
+}
+
 // pipelineWindow is how many renewals of one lease the pipelined stream
 // measurement keeps in flight.
 const pipelineWindow = 8
@@ -179,18 +188,23 @@ const pipelineWindow = 8
 // renewals shared a coordinator commit and a store sync, and how long a
 // commit took.
 func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, name string, leases []*benchLease, window int) (leaseMeasurement, error) {
-	before, storeBefore := srv.Leases().Stats(), badgerStats(srv)
+	before, storeBefore, etcdBefore := srv.Leases().Stats(), badgerStats(srv), etcdStats(srv)
 	m, err := measureStreamRenew(ctx, r.Duration, leases, window)
 	if err != nil {
 		return m, err
 	}
-	after, storeAfter := srv.Leases().Stats(), badgerStats(srv)
+	after, storeAfter, etcdAfter := srv.Leases().Stats(), badgerStats(srv), etcdStats(srv)
 	m.report(r, name)
 	commits := float64(max(1, after.Commits-before.Commits))
 	r.Add(name+"/renews-per-commit", float64(after.Judged-before.Judged)/commits, "renews")
 	r.Add(name+"/commit-ms", (after.CommitTime-before.CommitTime).Seconds()*1000/commits, "ms")
 	if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
 		r.Add(name+"/renews-per-sync", float64(after.Judged-before.Judged)/float64(syncs), "renews")
+	}
+	if updates := etcdAfter.Updates - etcdBefore.Updates; updates > 0 {
+		// Every store Update of the run, the coordinator's among them: the
+		// read round trips an Update makes before its commit.
+		r.Add(name+"/etcd-reads-per-update", float64(etcdAfter.ReadRequests-etcdBefore.ReadRequests)/float64(updates), "reads")
 	}
 	return m, nil
 }

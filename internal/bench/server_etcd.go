@@ -83,11 +83,10 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 			if err != nil {
 				return fmt.Errorf("%s, %d leases: %w", b.name, n, err)
 			}
-			m, err := measureStreamRenew(ctx, r.Duration, leases, 1)
+			m, err := measureStreamWithCommits(ctx, r, servers[i], fmt.Sprintf("server/%s/renew-stream/leases=%d", b.name, n), leases, 1)
 			if err != nil {
 				return fmt.Errorf("%s, %d leases: %w", b.name, n, err)
 			}
-			m.report(r, fmt.Sprintf("server/%s/renew-stream/leases=%d", b.name, n))
 			rates[b.name] = m.rate
 		}
 		if rates["etcd"] > 0 {
