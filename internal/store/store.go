@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 
@@ -97,6 +98,42 @@ func Prefetch(tx ReadTxn, keys, prefixes [][]byte) error {
 // the keys and prefixes first; backends implement the method.
 type Prefetcher interface {
 	Prefetch(keys, prefixes [][]byte) error
+}
+
+// Expect reports whether key holds want (want nil: key is absent) in tx.
+// Inside an Update it is a read of key compared with want, and the Update
+// commits only if that comparison still holds at the commit — the
+// guarantee of any read. The difference: a backend whose reads are network
+// round trips (etcd) may skip the read on an Update's first attempt,
+// answer true, and check the comparison inside the commit instead; if it
+// fails there, the attempt is void and the function runs again, and then
+// Expect reads. So an Update whose only read is Expect costs one round
+// trip, not two. Use it for a fencing token the function only compares
+// (a term, an epoch), never for a value it needs: a false answer says the
+// key does not hold want, and the caller reads the key to learn what it
+// holds. Backends that read locally (Badger) and Views read and compare.
+func Expect(tx ReadTxn, key, want []byte) (bool, error) {
+	if err := CheckKey(key); err != nil {
+		return false, err
+	}
+	if e, ok := tx.(Expecter); ok {
+		return e.Expect(key, want)
+	}
+	v, err := tx.Get(key)
+	if errors.Is(err, ErrNotFound) {
+		return want == nil, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return want != nil && bytes.Equal(v, want), nil
+}
+
+// Expecter is implemented by the transactions of a backend that checks
+// Expect at commit. Callers use the function Expect, which checks the key
+// first; backends implement the method.
+type Expecter interface {
+	Expect(key, want []byte) (bool, error)
 }
 
 // ErrStopScan ends a Scan early without an error.

@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,6 +61,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CloseWithUpdatesInFlight", testCloseWithUpdatesInFlight},
 		{"PrefetchChangesNoAnswer", testPrefetchChangesNoAnswer},
 		{"PrefetchKeepsConflictDetection", testPrefetchKeepsConflictDetection},
+		{"ExpectAnswers", testExpectAnswers},
+		{"ExpectFencesWriters", testExpectFencesWriters},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1310,4 +1313,200 @@ func testPrefetchKeepsConflictDetection(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	wantValue(t, s, "x", strconv.Itoa(goroutines*increments))
+}
+
+// testExpectAnswers: Expect answers as a read compared with the wanted
+// value would, in Views and in Updates, including when the answer is
+// false (a backend that deferred the comparison to the commit runs the
+// function again and then answers false) and when the key was written by
+// the transaction itself.
+func testExpectAnswers(t *testing.T, s store.Store) {
+	put(t, s, "token", "7", "empty", "")
+	cases := []struct {
+		key  string
+		want []byte
+		ok   bool
+	}{
+		{"token", []byte("7"), true},
+		{"token", []byte("8"), false},
+		{"token", nil, false},
+		{"token", []byte{}, false},
+		{"empty", []byte{}, true},
+		{"empty", nil, false},
+		{"absent", nil, true},
+		{"absent", []byte{}, false},
+		{"absent", []byte("7"), false},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("Expect(%s, %q)", c.key, c.want)
+		if c.want == nil {
+			name = fmt.Sprintf("Expect(%s, absent)", c.key)
+		}
+		var got bool
+		if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+			got, err = store.Expect(tx, []byte(c.key), c.want)
+			return err
+		}); err != nil || got != c.ok {
+			t.Fatalf("View: %s = %v, %v; want %v", name, got, err, c.ok)
+		}
+		// In an Update that writes what it concluded: the value written
+		// must follow the final answer, and a false answer must not let
+		// the write of a true one through.
+		if err := s.Update(t.Context(), func(tx store.Txn) (err error) {
+			got, err = store.Expect(tx, []byte(c.key), c.want)
+			if err != nil {
+				return err
+			}
+			return tx.Put([]byte("concluded"), []byte(strconv.FormatBool(got)))
+		}); err != nil || got != c.ok {
+			t.Fatalf("Update: %s = %v, %v; want %v", name, got, err, c.ok)
+		}
+		wantValue(t, s, "concluded", strconv.FormatBool(c.ok))
+		// In an Update that writes nothing.
+		if err := s.Update(t.Context(), func(tx store.Txn) (err error) {
+			got, err = store.Expect(tx, []byte(c.key), c.want)
+			return err
+		}); err != nil || got != c.ok {
+			t.Fatalf("read-only Update: %s = %v, %v; want %v", name, got, err, c.ok)
+		}
+	}
+	// The transaction's own writes are what Expect compares with, and a
+	// write after Expect does not change what Expect saw.
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		if ok, err := store.Expect(tx, []byte("token"), []byte("7")); err != nil || !ok {
+			return fmt.Errorf("Expect(token, 7) before writing = %v, %v", ok, err)
+		}
+		if err := tx.Put([]byte("token"), []byte("8")); err != nil {
+			return err
+		}
+		if ok, err := store.Expect(tx, []byte("token"), []byte("8")); err != nil || !ok {
+			return fmt.Errorf("Expect(token, 8) after writing 8 = %v, %v", ok, err)
+		}
+		if err := tx.Delete([]byte("empty")); err != nil {
+			return err
+		}
+		if ok, err := store.Expect(tx, []byte("empty"), nil); err != nil || !ok {
+			return fmt.Errorf("Expect(empty, absent) after deleting it = %v, %v", ok, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, s, "token", "8")
+	wantAbsent(t, s, "empty")
+	err = s.Update(t.Context(), func(tx store.Txn) error {
+		_, err := store.Expect(tx, []byte("\x00reserved"), nil)
+		return err
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("Expect of a reserved key: %v, want ErrInvalidKey", err)
+	}
+}
+
+// testExpectFencesWriters plays fencing: writers count under the token
+// they hold (Expect(token, theirs), then increment count/<theirs>), while
+// a fencer moves the token on and, in the same Update, freezes the count
+// of the token it retires. A writer whose Expect was true must have
+// committed while its token was current, so no count may move after it
+// was frozen — an Expect that were not checked at the commit would let a
+// writer that started before the move commit after it.
+func testExpectFencesWriters(t *testing.T, s store.Store) {
+	const writers, moves = 8, 30
+	put(t, s, "token", "0")
+	var token atomic.Int64
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, writers+1)
+	// progress gets a tick per finished writer Update (dropped when full).
+	progress := make(chan struct{}, writers)
+	for range writers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				mine := strconv.FormatInt(token.Load(), 10)
+				err := s.Update(context.Background(), func(tx store.Txn) error {
+					ok, err := store.Expect(tx, []byte("token"), []byte(mine))
+					if err != nil || !ok {
+						return err
+					}
+					n := 0
+					v, err := tx.Get([]byte("count/" + mine))
+					switch {
+					case errors.Is(err, store.ErrNotFound):
+					case err != nil:
+						return err
+					default:
+						if n, err = strconv.Atoi(string(v)); err != nil {
+							return err
+						}
+					}
+					return tx.Put([]byte("count/"+mine), []byte(strconv.Itoa(n+1)))
+				})
+				if err != nil {
+					errs <- err
+					return
+				}
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		defer close(done)
+		for i := range moves {
+			// Let the writers commit under this token before it moves.
+			for range writers {
+				select {
+				case <-progress:
+				case <-time.After(waitTimeout):
+					errs <- fmt.Errorf("no writer finished an Update within %v", waitTimeout)
+					return
+				}
+			}
+			err := s.Update(context.Background(), func(tx store.Txn) error {
+				old := strconv.Itoa(i)
+				if v, err := tx.Get([]byte("token")); err != nil || string(v) != old {
+					return fmt.Errorf("token = %q, %v; want %s", v, err, old)
+				}
+				v, err := tx.Get([]byte("count/" + old))
+				if errors.Is(err, store.ErrNotFound) {
+					v, err = []byte("0"), nil
+				}
+				if err != nil {
+					return err
+				}
+				if err := tx.Put([]byte("frozen/"+old), v); err != nil {
+					return err
+				}
+				return tx.Put([]byte("token"), []byte(strconv.Itoa(i+1)))
+			})
+			if err != nil {
+				errs <- err
+				return
+			}
+			token.Store(int64(i + 1))
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i := range moves {
+		frozen, _ := get(t, s, "frozen/"+strconv.Itoa(i))
+		count, _ := get(t, s, "count/"+strconv.Itoa(i))
+		if count == "" {
+			count = "0"
+		}
+		if frozen != count {
+			t.Fatalf("token %d: %s increments were counted, but it was frozen at %s: a writer committed under a retired token", i, count, frozen)
+		}
+	}
 }
