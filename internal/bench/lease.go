@@ -189,10 +189,14 @@ const pipelineWindow = 8
 // commit took.
 func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, name string, leases []*benchLease, window int) (leaseMeasurement, error) {
 	before, storeBefore, etcdBefore := srv.Leases().Stats(), badgerStats(srv), etcdStats(srv)
+	cpuBefore, cpuOK := processCPU()
+	etcdCPUBefore, etcdCPUOK := srv.etcdCPU()
 	m, err := measureStreamRenew(ctx, r.Duration, leases, window)
 	if err != nil {
 		return m, err
 	}
+	cpuAfter, _ := processCPU()
+	etcdCPUAfter, _ := srv.etcdCPU()
 	after, storeAfter, etcdAfter := srv.Leases().Stats(), badgerStats(srv), etcdStats(srv)
 	m.report(r, name)
 	commits := float64(max(1, after.Commits-before.Commits))
@@ -200,6 +204,16 @@ func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, 
 	r.Add(name+"/commit-ms", (after.CommitTime-before.CommitTime).Seconds()*1000/commits, "ms")
 	if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
 		r.Add(name+"/renews-per-sync", float64(after.Judged-before.Judged)/float64(syncs), "renews")
+	}
+	// CPU per renewal, which the machine's other load changes far less
+	// than the rate: this process (clients and server, warm-up included)
+	// and, on etcd, the members. On an idle machine the rate cannot exceed
+	// the cores divided by their sum.
+	if judged := float64(after.Judged - before.Judged); judged > 0 && cpuOK {
+		r.Add(name+"/cpu-us-per-renew", float64((cpuAfter-cpuBefore).Microseconds())/judged, "µs")
+		if etcdCPUOK {
+			r.Add(name+"/etcd-cpu-us-per-renew", float64((etcdCPUAfter-etcdCPUBefore).Microseconds())/judged, "µs")
+		}
 	}
 	if updates := etcdAfter.Updates - etcdBefore.Updates; updates > 0 {
 		// Every store Update of the run, the coordinator's among them: the

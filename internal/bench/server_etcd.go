@@ -157,5 +157,8 @@ func startEtcdServer(ctx context.Context, r *Report, cluster *etcdlocal.Cluster)
 		st.Close()
 		return nil, nil, err
 	}
+	for _, m := range cluster.Members {
+		srv.etcdPids = append(srv.etcdPids, m.Pid())
+	}
 	return srv, func() { srv.Stop(); st.Close() }, nil
 }
