@@ -306,6 +306,17 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 type leaseHolder struct {
 	nodeID string
 	conn   *agentsdk.Conn
+	cred   string
+}
+
+// dialedTo returns the holders with connections of their own to the
+// server at url (another replica), with the same credentials.
+func dialedTo(holders []leaseHolder, url string) []leaseHolder {
+	out := make([]leaseHolder, len(holders))
+	for i, h := range holders {
+		out[i] = leaseHolder{nodeID: h.nodeID, conn: agentsdk.Dial(url, h.cred), cred: h.cred}
+	}
+	return out
 }
 
 func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, error) {
@@ -322,7 +333,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential)})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential), cred: child.Msg.Credential})
 	}
 	return out, nil
 }
