@@ -158,6 +158,18 @@ func (r *etcdSnapshot) prefetchRanges(keys, prefixes [][]byte) []etcdRange {
 	return qs
 }
 
+// scanRanges turns a PrefetchScansFrom call's scans (checked by it) into
+// the range requests of their first pages, as scan will make them.
+func (r *etcdSnapshot) scanRanges(scans []store.ScanFrom) []etcdRange {
+	qs := make([]etcdRange, 0, len(scans))
+	for _, sc := range scans {
+		if sp := r.store.keys.span(sc.Prefix, store.ScanLowerBound(sc.Prefix, sc.Start)); !sp.empty() {
+			qs = append(qs, etcdRange{key: sp.from, end: sp.to, limit: etcdScanPage})
+		}
+	}
+	return qs
+}
+
 // get runs a range request at the snapshot's revision.
 func (r *etcdSnapshot) get(key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	if r.rev != 0 {
@@ -315,6 +327,13 @@ func (t *etcdReadTxn) Prefetch(keys, prefixes [][]byte) error {
 		return store.ErrTxnFinished
 	}
 	return t.snap.prefetch(t.snap.prefetchRanges(keys, prefixes))
+}
+
+func (t *etcdReadTxn) PrefetchScansFrom(scans []store.ScanFrom) error {
+	if t.finished {
+		return store.ErrTxnFinished
+	}
+	return t.snap.prefetch(t.snap.scanRanges(scans))
 }
 
 // Revision is the etcd revision the View reads at. Called before any read,
@@ -489,6 +508,15 @@ func (t *etcdTxn) Prefetch(keys, prefixes [][]byte) error {
 		wanted = append(wanted, k)
 	}
 	return t.snap.prefetch(t.snap.prefetchRanges(wanted, prefixes))
+}
+
+// PrefetchScansFrom fetches ahead the first page of each scan; like
+// Prefetch it guards nothing until fn scans.
+func (t *etcdTxn) PrefetchScansFrom(scans []store.ScanFrom) error {
+	if t.finished {
+		return store.ErrTxnFinished
+	}
+	return t.snap.prefetch(t.snap.scanRanges(scans))
 }
 
 func (t *etcdTxn) Put(key, value []byte) error {

@@ -61,6 +61,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CloseWithUpdatesInFlight", testCloseWithUpdatesInFlight},
 		{"PrefetchChangesNoAnswer", testPrefetchChangesNoAnswer},
 		{"PrefetchKeepsConflictDetection", testPrefetchKeepsConflictDetection},
+		{"PrefetchScansFromChangesNoAnswer", testPrefetchScansFromChangesNoAnswer},
 		{"ExpectAnswers", testExpectAnswers},
 		{"ExpectFencesWriters", testExpectFencesWriters},
 	}
@@ -1509,4 +1510,80 @@ func testExpectFencesWriters(t *testing.T, s store.Store) {
 			t.Fatalf("token %d: %s increments were counted, but it was frozen at %s: a writer committed under a retired token", i, count, frozen)
 		}
 	}
+}
+
+// testPrefetchScansFromChangesNoAnswer: scans that start inside their
+// prefix read the same with their first pages prefetched, in a View and in
+// an Update (where the transaction's own writes still win), including a
+// scan longer than one page and starts past the end.
+func testPrefetchScansFromChangesNoAnswer(t *testing.T, s store.Store) {
+	var pairs []string
+	for i := range 700 {
+		pairs = append(pairs, fmt.Sprintf("rows/a/%04d", i), strconv.Itoa(i))
+	}
+	for i := range 5 {
+		pairs = append(pairs, fmt.Sprintf("rows/b/%04d", i), strconv.Itoa(i))
+	}
+	put(t, s, pairs...)
+	scans := []store.ScanFrom{
+		{Prefix: []byte("rows/a/"), Start: []byte("rows/a/0100")},
+		{Prefix: []byte("rows/a/"), Start: []byte("rows/a/0699")},
+		{Prefix: []byte("rows/b/"), Start: []byte("rows/b/0003")},
+		{Prefix: []byte("rows/b/"), Start: []byte("rows/b/9999")},
+		{Prefix: []byte("rows/b/"), Start: nil},
+		{Prefix: []byte("rows/c/"), Start: []byte("rows/c/0001")},
+	}
+	read := func(tx store.ReadTxn) (string, error) {
+		var out strings.Builder
+		for _, sc := range scans {
+			got, err := collect(tx, string(sc.Prefix), string(sc.Start))
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&out, "%q from %q: %d keys %v; ", sc.Prefix, sc.Start, len(got), got[:min(3, len(got))])
+		}
+		return out.String(), nil
+	}
+	var plain, prefetched string
+	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+		plain, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+		if err := store.PrefetchScansFrom(tx, scans); err != nil {
+			return err
+		}
+		prefetched, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if plain != prefetched {
+		t.Fatalf("View reads differ after PrefetchScansFrom:\n plain      %s\n prefetched %s", plain, prefetched)
+	}
+	if !strings.Contains(plain, `"rows/a/" from "rows/a/0100": 600 keys`) {
+		t.Fatalf("the long scan was cut short: %s", plain)
+	}
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		if err := store.PrefetchScansFrom(tx, scans); err != nil {
+			return err
+		}
+		if err := tx.Put([]byte("rows/b/0004"), []byte("mine")); err != nil {
+			return err
+		}
+		got, err := collect(tx, "rows/b/", "rows/b/0003")
+		if err != nil {
+			return err
+		}
+		if len(got) != 2 || got[1] != (kv{"rows/b/0004", "mine"}) {
+			return fmt.Errorf("scan of rows/b/ from 0003 inside the Update: %v; want 0003 and the transaction's own 0004", got)
+		}
+		return store.PrefetchScansFrom(tx, []store.ScanFrom{{Prefix: []byte("\x00reserved")}})
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("PrefetchScansFrom of a reserved prefix: %v, want ErrInvalidKey (and nothing written)", err)
+	}
+	wantValue(t, s, "rows/b/0004", "4")
 }

@@ -227,12 +227,24 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 		if err != nil {
 			return err
 		}
-		for _, r := range checkpoints {
-			checkpoint := r.Rows
-			if err := catchUp(tx, &r); err != nil {
+		for start := 0; start < len(checkpoints); start += loadChunk {
+			chunk := checkpoints[start:min(start+loadChunk, len(checkpoints))]
+			// On etcd each catch-up scan would be a round trip of its own:
+			// fetch the chunk's first pages together.
+			scans := make([]store.ScanFrom, len(chunk))
+			for i, r := range chunk {
+				scans[i] = store.ScanFrom{Prefix: evidencePrefix(r.Lease.JobID), Start: evidenceKey(r.Lease.JobID, r.Rows+1)}
+			}
+			if err := store.PrefetchScansFrom(tx, scans); err != nil {
 				return err
 			}
-			c.shardOf(r.Lease.JobID).load(r, checkpoint)
+			for _, r := range chunk {
+				checkpoint := r.Rows
+				if err := catchUp(tx, &r); err != nil {
+					return err
+				}
+				c.shardOf(r.Lease.JobID).load(r, checkpoint)
+			}
 		}
 		err = tx.Scan([]byte(prefixAlive), nil, func(key, value []byte) error {
 			d := decoder{b: value}
@@ -265,6 +277,10 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 	c.unknownMu.Unlock()
 	return lastAlive, nil
 }
+
+// loadChunk is how many jobs' rows a load fetches ahead at a time (on
+// etcd, in requests of a few hundred scans each).
+const loadChunk = 4096
 
 // catchUp brings a job record read from the store to the job's newest
 // state: the record is a checkpoint, and the evidence rows written after
