@@ -411,7 +411,10 @@ func (s *Etcd) commit(ctx context.Context, t *etcdTxn) (conflict bool, err error
 		return false, s.commitError(err, req)
 	}
 	if !resp.Succeeded {
-		return true, fmt.Errorf("%w: something read at revision %d changed before the commit", store.ErrConflict, t.snap.rev)
+		if t.snap.rev == 0 {
+			return true, fmt.Errorf("%w: a key did not hold the value an Expect asked for at the commit", store.ErrConflict)
+		}
+		return true, fmt.Errorf("%w: something read at revision %d changed, or an Expect did not hold, at the commit", store.ErrConflict, t.snap.rev)
 	}
 	return false, nil
 }
