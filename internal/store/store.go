@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 
@@ -97,6 +98,73 @@ func Prefetch(tx ReadTxn, keys, prefixes [][]byte) error {
 // the keys and prefixes first; backends implement the method.
 type Prefetcher interface {
 	Prefetch(keys, prefixes [][]byte) error
+}
+
+// ScanFrom names a scan a transaction is about to make: of Prefix, from
+// the first key >= Start (nil: from the prefix's first key), as
+// ReadTxn.Scan takes them.
+type ScanFrom struct {
+	Prefix, Start []byte
+}
+
+// PrefetchScansFrom is Prefetch for scans that start inside their prefix
+// (the rows after a checkpoint, say): a backend whose reads are round trips
+// fetches the first page of each of them together, in one request per few
+// hundred scans. Like Prefetch it changes no answer and no guarantee, and
+// backends that read locally ignore it.
+func PrefetchScansFrom(tx ReadTxn, scans []ScanFrom) error {
+	for _, sc := range scans {
+		if err := CheckPrefix(sc.Prefix); err != nil {
+			return err
+		}
+	}
+	if p, ok := tx.(ScanPrefetcher); ok && len(scans) > 0 {
+		return p.PrefetchScansFrom(scans)
+	}
+	return nil
+}
+
+// ScanPrefetcher is implemented by the transactions of a backend whose
+// reads are network round trips. Callers use the function
+// PrefetchScansFrom, which checks the prefixes first.
+type ScanPrefetcher interface {
+	PrefetchScansFrom(scans []ScanFrom) error
+}
+
+// Expect reports whether key holds want (want nil: key is absent) in tx.
+// Inside an Update it is a read of key compared with want, and the Update
+// commits only if that comparison still holds at the commit — the
+// guarantee of any read. The difference: a backend whose reads are network
+// round trips (etcd) may skip the read on an Update's first attempt,
+// answer true, and check the comparison inside the commit instead; if it
+// fails there, the attempt is void and the function runs again, and then
+// Expect reads. So an Update whose only read is Expect costs one round
+// trip, not two. Use it for a fencing token the function only compares
+// (a term, an epoch), never for a value it needs: a false answer says the
+// key does not hold want, and the caller reads the key to learn what it
+// holds. Backends that read locally (Badger) and Views read and compare.
+func Expect(tx ReadTxn, key, want []byte) (bool, error) {
+	if err := CheckKey(key); err != nil {
+		return false, err
+	}
+	if e, ok := tx.(Expecter); ok {
+		return e.Expect(key, want)
+	}
+	v, err := tx.Get(key)
+	if errors.Is(err, ErrNotFound) {
+		return want == nil, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return want != nil && bytes.Equal(v, want), nil
+}
+
+// Expecter is implemented by the transactions of a backend that checks
+// Expect at commit. Callers use the function Expect, which checks the key
+// first; backends implement the method.
+type Expecter interface {
+	Expect(key, want []byte) (bool, error)
 }
 
 // ErrStopScan ends a Scan early without an error.
