@@ -1,19 +1,20 @@
 package supervisor
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Rollout errors.
 var (
-	ErrRolloutNotFound = errors.New("supervisor: rollout not found")
+	ErrRolloutNotFound = fault.New(fault.NotFound, "supervisor: rollout not found")
 	// ErrRolloutFinished: the rollout completed or was aborted; it cannot
 	// be paused, resumed or aborted any more.
-	ErrRolloutFinished = errors.New("supervisor: rollout is finished")
+	ErrRolloutFinished = fault.New(fault.Precondition, "supervisor: rollout is finished")
 )
 
 // RolloutState is a rollout's state: running ⇄ paused → completed | aborted.

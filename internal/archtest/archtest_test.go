@@ -44,6 +44,11 @@ var rules = []rule{
 		},
 	},
 	{
+		why:  "domain packages say what went wrong with an error category (internal/fault); only the RPC edge knows connect and picks codes",
+		from: []string{module + "/capability/...", module + "/supervisor/...", module + "/internal/store/...", module + "/internal/fault/..."},
+		to:   []string{"connectrpc.com/..."},
+	},
+	{
 		why:  "nothing imports a command",
 		from: []string{"..."},
 		to:   []string{module + "/cmd/..."},
@@ -144,6 +149,7 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor", Deps: []string{"go.etcd.io/etcd/client/v3"}},
 		{ImportPath: module + "/capability", Deps: []string{"github.com/dgraph-io/badger/v4"}},
 		{ImportPath: module + "/internal/bench", Deps: []string{module + "/cmd/tether"}},
+		{ImportPath: module + "/supervisor/stoprule", Deps: []string{"connectrpc.com/connect"}},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Errorf("violations found %d of %d forbidden dependencies: %q", len(got), len(bad), got)
@@ -151,7 +157,8 @@ func TestRulesBite(t *testing.T) {
 	good := []pkg{
 		{ImportPath: module + "/capability/grantstore", Deps: []string{module + "/internal/store", module + "/capability", module + "/supervisorx"}},
 		{ImportPath: module + "/controlplane", Deps: []string{module + "/supervisor", module + "/internal/store/badgerstore", "go.etcd.io/etcd/client/v3"}},
-		{ImportPath: module + "/agentsdk", Deps: []string{module + "/capability", module + "/proto/tether/v1"}},
+		{ImportPath: module + "/agentsdk", Deps: []string{module + "/capability", module + "/internal/fault", module + "/proto/tether/v1", "connectrpc.com/connect"}},
+		{ImportPath: module + "/controlplane/auth", Deps: []string{module + "/internal/fault", "connectrpc.com/connect"}},
 	}
 	if got := violations(good); len(got) != 0 {
 		t.Errorf("violations reported allowed dependencies: %q", got)

@@ -2,10 +2,10 @@ package coordinator
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -59,7 +59,7 @@ func encodeRowAnchor(dst []byte, r storedRow) []byte {
 }
 
 // ErrCorrupt is returned when a stored record cannot be decoded.
-var ErrCorrupt = errors.New("coordinator: corrupt lease record")
+var ErrCorrupt = fault.New(fault.Internal, "coordinator: corrupt lease record")
 
 // record is a lease as stored: the lease and how many evidence rows the
 // job has (the number of the last row, which is also the record's version:
