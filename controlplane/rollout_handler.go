@@ -103,7 +103,6 @@ func (h *supervisorService) AbortRollout(ctx context.Context, req *connect.Reque
 	return connect.NewResponse(&tetherv1.AbortRolloutResponse{Rollout: r}), nil
 }
 
-
 // ReportReady: an agent reports its own node ready, or an operator (its
 // launcher) reports it. A rollout counts ready agents matching its target
 // selector as replacements.
