@@ -39,7 +39,10 @@ func toConnect(err error) error {
 	if errors.As(err, &ce) {
 		return err
 	}
-	code := codeOf[fault.KindOf(err)]
+	code := connect.CodeInternal
+	if k := fault.KindOf(err); int(k) < len(codeOf) {
+		code = codeOf[k]
+	}
 	if code == connect.CodeInternal {
 		switch {
 		case errors.Is(err, context.Canceled):
