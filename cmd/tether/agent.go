@@ -127,15 +127,9 @@ func agentList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), nodes); done || err != nil {
-				return err
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "NODE\tNAME\tPARENT\tSTATE\tLABELS")
-			for _, n := range nodes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), formatLabels(n.Labels))
-			}
-			return tw.Flush()
+			return printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), formatLabels(n.Labels))
+			})
 		}),
 	}
 	cmd.Flags().StringVar(&selector, "selector", "", "label selector k=v,k2=v2")

@@ -185,6 +185,20 @@ func printedAsJSONList[M proto.Message](g *globals, w io.Writer, ms []M) (done b
 	return g.printedJSON(func() error { return printJSONList(w, ms) })
 }
 
+// printList prints items as a JSON list under -o json, else as a table:
+// header, then row(item) for each item (cells separated by tabs).
+func printList[M proto.Message](g *globals, w io.Writer, items []M, header string, row func(M) string) error {
+	if done, err := printedAsJSONList(g, w, items); done || err != nil {
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, header)
+	for _, item := range items {
+		fmt.Fprintln(tw, row(item))
+	}
+	return tw.Flush()
+}
+
 func (g *globals) printedJSON(print func() error) (done bool, err error) {
 	asJSON, err := g.wantJSON()
 	if err != nil || !asJSON {

@@ -180,15 +180,9 @@ func grantList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), grants); done || err != nil {
-				return err
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES")
-			for _, gr := range grants {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt))
-			}
-			return tw.Flush()
+			return printList(g, cmd.OutOrStdout(), grants, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES", func(gr *tetherv1.Grant) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt))
+			})
 		}),
 	}
 	f := cmd.Flags()

@@ -359,9 +359,8 @@ func leaseList(g *globals) *cobra.Command {
 		Short: "List leases, in job id order",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := g.wantJSON()
-			if err != nil {
-				return err
+			if _, err := g.wantJSON(); err != nil {
+				return err // a bad -o is refused before any call
 			}
 			c, err := g.clients()
 			if err != nil {
@@ -377,16 +376,10 @@ func leaseList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSONList(cmd.OutOrStdout(), all)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT")
-			for _, l := range all {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", l.JobId, l.LeaseGeneration, l.HolderIdentity,
+			return printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) string {
+				return fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s", l.JobId, l.LeaseGeneration, l.HolderIdentity,
 					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_"))
-			}
-			return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().StringVar(&holder, "holder", "", "only leases held by this agent")

@@ -48,16 +48,10 @@ func newRecordCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), recs); done || err != nil {
-				return err
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN")
-			for _, r := range recs {
+			return printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) string {
 				_, unaccounted := countNodes(r)
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
-			}
-			return tw.Flush()
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
+			})
 		}),
 	})
 	return cmd
@@ -216,15 +210,9 @@ func newProposalCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Proposals); done || err != nil {
-				return err
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION")
-			for _, p := range resp.Msg.Proposals {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
-			}
-			return tw.Flush()
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Proposals, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
+			})
 		}),
 	}, decide(true), decide(false))
 	return cmd

@@ -95,16 +95,10 @@ func newRolloutListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Rollouts); done || err != nil {
-				return err
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "ROLLOUT\tSTATE\tSELECTOR\tTARGET\tBATCHES\tREMAINING\tCREATED")
-			for _, r := range resp.Msg.Rollouts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\n", r.RolloutId, rolloutStateName(r.State), r.Selector, r.TargetSelector,
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Rollouts, "ROLLOUT\tSTATE\tSELECTOR\tTARGET\tBATCHES\tREMAINING\tCREATED", func(r *tetherv1.Rollout) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%d\t%s", r.RolloutId, rolloutStateName(r.State), r.Selector, r.TargetSelector,
 					r.GetCounts().GetBatchesDone(), len(r.Batches), r.GetCounts().GetRemaining(), r.CreatedAt.AsTime().Format(time.RFC3339))
-			}
-			return tw.Flush()
+			})
 		}),
 	}
 }

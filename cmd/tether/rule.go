@@ -77,12 +77,7 @@ func newRuleListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Rules); done || err != nil {
-				return err
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION")
-			for _, r := range resp.Msg.Rules {
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Rules, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION", func(r *tetherv1.StopRule) string {
 				on := r.NodeId
 				if on == "" {
 					on = "selector " + selectorString(r.Selector)
@@ -90,9 +85,8 @@ func newRuleListCommand(g *globals) *cobra.Command {
 				if r.Inherited {
 					on += " (inherited)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
-			}
-			return tw.Flush()
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
+			})
 		}),
 	}
 }

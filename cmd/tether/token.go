@@ -83,21 +83,14 @@ func tokenList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Tokens); done || err != nil {
-				return err
-			}
-			w := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(w, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED")
-			for _, t := range resp.Msg.Tokens {
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Tokens, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED", func(t *tetherv1.TokenInfo) string {
 				revoked := "-"
 				if t.RevokedAt != nil {
 					revoked = t.RevokedAt.AsTime().Format(time.RFC3339) + " by " + t.RevokedBy
 				}
-				role := strings.ToLower(strings.TrimPrefix(t.Role.String(), "ROLE_"))
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.TokenId, t.Principal, role,
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", t.TokenId, t.Principal, lower(t.Role.String(), "ROLE_"),
 					t.CreatedAt.AsTime().Format(time.RFC3339), t.ExpiresAt.AsTime().Format(time.RFC3339), t.CreatedBy, revoked)
-			}
-			return w.Flush()
+			})
 		}),
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "also list expired and revoked tokens")
