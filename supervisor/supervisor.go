@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/fault"
 	"log/slog"
 	"sync"
 	"time"
@@ -22,9 +23,9 @@ import (
 
 // Termination errors.
 var (
-	ErrTerminationNotFound = errors.New("supervisor: termination not found")
-	ErrAlreadyStopping     = errors.New("supervisor: node is already stopping")
-	ErrRecordNotFound      = errors.New("supervisor: record not found")
+	ErrTerminationNotFound = fault.New(fault.NotFound, "supervisor: termination not found")
+	ErrAlreadyStopping     = fault.New(fault.Precondition, "supervisor: node is already stopping")
+	ErrRecordNotFound      = fault.New(fault.NotFound, "supervisor: record not found")
 )
 
 // GrantRevoker is the capability tree as the supervisor needs it.

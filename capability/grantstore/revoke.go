@@ -272,12 +272,9 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		reads := newReader(tx)
 		active := make(map[string]capability.Grant, len(ids))
 		for _, grantID := range ids {
-			g, ok := reads.grant(grantID)
-			if !ok {
-				if err := reads.failed(); err != nil {
-					return err
-				}
-				return fmt.Errorf("%w: an index names missing grant %s", ErrCorrupt, grantID)
+			g, err := reads.indexed(grantID)
+			if err != nil {
+				return err
 			}
 			if effective(g, reads.grant, now).State == capability.StateActive {
 				active[grantID] = g

@@ -29,20 +29,15 @@ func init() {
 // started here with the flags the store needs, its data on the bench
 // directory's disk; the control plane is one replica, which leads.
 func serverEtcdVsBadger(ctx context.Context, r *Report) error {
-	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-server-*")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-server-*")
 	switch {
 	case errors.Is(err, etcdlocal.ErrNoBinary):
 		fmt.Fprintln(os.Stderr, "  server/etcd-vs-badger: etcd not installed (apt-get install etcd-server): measuring Badger alone")
 		cluster = nil
 	case err != nil:
-		return fmt.Errorf("start etcd: %w", err)
+		return err
 	default:
-		defer cluster.Stop()
+		defer stop()
 	}
 	type backend struct {
 		name  string

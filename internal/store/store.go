@@ -6,29 +6,31 @@ import (
 	"errors"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Sentinel errors. Backends wrap their own causes with these so callers can
 // test with errors.Is.
 var (
 	// ErrNotFound is returned by Get when a key does not exist.
-	ErrNotFound = errors.New("store: key not found")
+	ErrNotFound = fault.New(fault.NotFound, "store: key not found")
 	// ErrConflict is returned by a backend when a read-write transaction lost
 	// a race; Update retries it internally and returns it only when the
 	// retry budget is exhausted.
-	ErrConflict = errors.New("store: transaction conflict")
+	ErrConflict = fault.New(fault.Internal, "store: transaction conflict")
 	// ErrClosed is returned after Close.
-	ErrClosed = errors.New("store: closed")
+	ErrClosed = fault.New(fault.Unavailable, "store: closed")
 	// ErrTooLarge is returned when a transaction or value exceeds the
 	// backend's limits.
-	ErrTooLarge = errors.New("store: transaction too large")
+	ErrTooLarge = fault.New(fault.Exhausted, "store: transaction too large")
 	// ErrPanicked is returned by Update when its function panicked. The
 	// panic is confined to that Update: its writes are discarded and the
 	// store goes on.
-	ErrPanicked = errors.New("store: update function panicked")
+	ErrPanicked = fault.New(fault.Internal, "store: update function panicked")
 	// ErrTxnFinished is returned by a transaction used after its View or
 	// Update function returned.
-	ErrTxnFinished = errors.New("store: transaction used after its Update function returned")
+	ErrTxnFinished = fault.New(fault.Internal, "store: transaction used after its Update function returned")
 )
 
 // Store is a transactional, ordered key-value store with prefix watches.
@@ -168,7 +170,7 @@ type Expecter interface {
 }
 
 // ErrStopScan ends a Scan early without an error.
-var ErrStopScan = errors.New("store: stop scan")
+var ErrStopScan = fault.New(fault.Internal, "store: stop scan")
 
 // Txn is a read-write transaction. Reads see the transaction's own writes.
 type Txn interface {
@@ -221,4 +223,4 @@ type Watcher interface {
 
 // ErrWatchLagged ends a watch whose consumer fell too far behind; the
 // consumer should re-establish the watch and rescan.
-var ErrWatchLagged = errors.New("store: watcher fell behind")
+var ErrWatchLagged = fault.New(fault.Internal, "store: watcher fell behind")

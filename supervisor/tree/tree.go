@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -21,11 +22,11 @@ import (
 
 // Errors of the agent tree.
 var (
-	ErrNodeNotFound     = errors.New("supervisor: node not found")
-	ErrParentNotRunning = errors.New("supervisor: parent is not running")
-	ErrInvalidArgument  = errors.New("supervisor: invalid argument")
-	ErrLimit            = errors.New("supervisor: limit exceeded")
-	ErrNodeStopping     = errors.New("supervisor: node is stopping")
+	ErrNodeNotFound     = fault.New(fault.NotFound, "supervisor: node not found")
+	ErrParentNotRunning = fault.New(fault.Precondition, "supervisor: parent is not running")
+	ErrInvalidArgument  = fault.New(fault.Invalid, "supervisor: invalid argument")
+	ErrLimit            = fault.New(fault.Exhausted, "supervisor: limit exceeded")
+	ErrNodeStopping     = fault.New(fault.Precondition, "supervisor: node is stopping")
 )
 
 // Limits bound the tree so that one misbehaving agent cannot exhaust the

@@ -849,27 +849,12 @@ func testWatchRevisionsUnderConcurrency(t *testing.T, s store.Store) {
 	const writers, each = 8, 40
 	w := watch(t, s, t.Context(), "c/")
 	before := revision(t, s)
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for g := range writers {
-		wg.Go(func() {
-			for i := range each {
-				key := fmt.Sprintf("c/%d/%d", g, i)
-				err := s.Update(context.Background(), func(tx store.Txn) error {
-					return tx.Put([]byte(key), []byte("v"))
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
+	updateConcurrently(t, writers, each, func(g, i int) error {
+		key := fmt.Sprintf("c/%d/%d", g, i)
+		return s.Update(context.Background(), func(tx store.Txn) error {
+			return tx.Put([]byte(key), []byte("v"))
 		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	})
 	seen := map[string]bool{}
 	last := before
 	for len(seen) < writers*each {
@@ -896,26 +881,51 @@ func testWatchRevisionsUnderConcurrency(t *testing.T, s store.Store) {
 
 func testConcurrentCounter(t *testing.T, s store.Store) {
 	const goroutines, increments = 64, 50
-	key := []byte("counter")
 	put(t, s, "counter", "0")
 	before := revision(t, s)
+	incrementConcurrently(t, s, "counter", goroutines, increments, nil)
+	if got := revision(t, s) - before; got != goroutines*increments {
+		t.Fatalf("%d Updates advanced the revision by %d", goroutines*increments, got)
+	}
+}
+
+// incrementConcurrently runs goroutines × increments read-modify-write
+// Updates of the counter at key, each calling first (when not nil) before
+// it reads, and checks that no increment was lost.
+func incrementConcurrently(t *testing.T, s store.Store, key string, goroutines, increments int, first func(store.Txn) error) {
+	t.Helper()
+	updateConcurrently(t, goroutines, increments, func(_, _ int) error {
+		return s.Update(context.Background(), func(tx store.Txn) error {
+			if first != nil {
+				if err := first(tx); err != nil {
+					return err
+				}
+			}
+			v, err := tx.Get([]byte(key))
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(string(v))
+			if err != nil {
+				return err
+			}
+			return tx.Put([]byte(key), []byte(strconv.Itoa(n+1)))
+		})
+	})
+	wantValue(t, s, key, strconv.Itoa(goroutines*increments))
+}
+
+// updateConcurrently runs update(g, i) for i from 0 to each-1 on each of
+// goroutines goroutines g, a goroutine stopping at its first error, and
+// fails t with the errors once all are done.
+func updateConcurrently(t *testing.T, goroutines, each int, update func(g, i int) error) {
+	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
-	for range goroutines {
+	for g := range goroutines {
 		wg.Go(func() {
-			for range increments {
-				err := s.Update(context.Background(), func(tx store.Txn) error {
-					v, err := tx.Get(key)
-					if err != nil {
-						return err
-					}
-					n, err := strconv.Atoi(string(v))
-					if err != nil {
-						return err
-					}
-					return tx.Put(key, []byte(strconv.Itoa(n+1)))
-				})
-				if err != nil {
+			for i := range each {
+				if err := update(g, i); err != nil {
 					errs <- err
 					return
 				}
@@ -926,10 +936,6 @@ func testConcurrentCounter(t *testing.T, s store.Store) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
-	}
-	wantValue(t, s, "counter", strconv.Itoa(goroutines*increments))
-	if got := revision(t, s) - before; got != goroutines*increments {
-		t.Fatalf("%d Updates advanced the revision by %d", goroutines*increments, got)
 	}
 }
 
@@ -1280,40 +1286,10 @@ func testPrefetchChangesNoAnswer(t *testing.T, s store.Store) {
 // prefetched read went stale is run again, from fresh reads, as without
 // Prefetch.
 func testPrefetchKeepsConflictDetection(t *testing.T, s store.Store) {
-	const goroutines, increments = 16, 20
 	put(t, s, "x", "0")
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
-	for range goroutines {
-		wg.Go(func() {
-			for range increments {
-				err := s.Update(context.Background(), func(tx store.Txn) error {
-					if err := store.Prefetch(tx, [][]byte{[]byte("x"), []byte("unread")}, [][]byte{[]byte("x")}); err != nil {
-						return err
-					}
-					v, err := tx.Get([]byte("x"))
-					if err != nil {
-						return err
-					}
-					n, err := strconv.Atoi(string(v))
-					if err != nil {
-						return err
-					}
-					return tx.Put([]byte("x"), []byte(strconv.Itoa(n+1)))
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	wantValue(t, s, "x", strconv.Itoa(goroutines*increments))
+	incrementConcurrently(t, s, "x", 16, 20, func(tx store.Txn) error {
+		return store.Prefetch(tx, [][]byte{[]byte("x"), []byte("unread")}, [][]byte{[]byte("x")})
+	})
 }
 
 // testExpectAnswers: Expect answers as a read compared with the wanted

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -22,21 +23,21 @@ import (
 // Sentinel errors.
 var (
 	// ErrNotFound: the job has no lease (GetLease, Evidence).
-	ErrNotFound = errors.New("coordinator: no lease for the job")
+	ErrNotFound = fault.New(fault.NotFound, "coordinator: no lease for the job")
 	// ErrStopped: the coordinator is not serving — it is shutting down,
 	// between two runs (this replica lost the lead), or was fenced off by
 	// a newer run (ErrFenced) — so the message was not judged. Retry: the
 	// replica that leads answers.
-	ErrStopped = errors.New("coordinator: not serving")
+	ErrStopped = fault.New(fault.Unavailable, "coordinator: not serving")
 	// ErrCommit: the decision could not be made durable, so it was not
 	// made: the lease is as it was before the message.
-	ErrCommit = errors.New("coordinator: commit failed")
+	ErrCommit = fault.New(fault.Unavailable, "coordinator: commit failed")
 	// ErrPrecondition: a guard refused the message because the lease
 	// changed between the caller's check and the judgement (for example a
 	// concurrent reassignment changed the holder); nothing was judged.
-	ErrPrecondition = errors.New("coordinator: lease changed")
+	ErrPrecondition = fault.New(fault.Conflict, "coordinator: lease changed")
 	// ErrInvalidArgument: a malformed request; nothing was judged.
-	ErrInvalidArgument = errors.New("coordinator: invalid argument")
+	ErrInvalidArgument = fault.New(fault.Invalid, "coordinator: invalid argument")
 )
 
 // Config configures a Coordinator.

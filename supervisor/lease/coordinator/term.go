@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/store"
 )
 
@@ -33,7 +34,7 @@ var termKey = []byte("leases/term")
 
 // ErrFenced is why a commit of a run that a newer run fenced off failed
 // (wrapped in ErrCommit); such a coordinator stops serving.
-var ErrFenced = errors.New("coordinator: fenced off by a newer run (another replica leads the leases)")
+var ErrFenced = fault.New(fault.Unavailable, "coordinator: fenced off by a newer run (another replica leads the leases)")
 
 func encodeTerm(term uint64) []byte {
 	e := encoder{b: []byte{termSchema}}
