@@ -6,9 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
-	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Rollout errors.

@@ -90,6 +90,11 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 	if opts.MemTableSize != 0 {
 		bopts = bopts.WithMemTableSize(opts.MemTableSize)
 	}
+	if !opts.InMemory {
+		if err := removeEmptyMemtables(dir, opts.Logger); err != nil {
+			return nil, err
+		}
+	}
 	db, err := badger.Open(bopts)
 	if err != nil {
 		return nil, fmt.Errorf("store: open badger: %w", err)

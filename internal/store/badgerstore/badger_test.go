@@ -719,3 +719,33 @@ func revision(t *testing.T, s store.Store) uint64 {
 	}
 	return rev
 }
+
+// A process killed between Badger creating a memtable log and sizing it
+// leaves a zero-byte .mem file; the store must still open, with every
+// acknowledged write, and keep working.
+func TestOpenAfterACrashLeftAnEmptyMemtableLog(t *testing.T) {
+	dir := t.TempDir()
+	s, err := badgerstore.OpenBadger(dir, testOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Update(t.Context(), func(tx store.Txn) error { return tx.Put([]byte("k/acked"), []byte("v")) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// What a kill -9 right after Badger's create leaves behind.
+	if err := os.WriteFile(dir+"/00099.mem", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = openBadger(t, dir, testOptions(t))
+	if err := s.Update(t.Context(), func(tx store.Txn) error { return tx.Put([]byte("k/after"), []byte("v")) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"k/acked", "k/after"} {
+		if err := s.View(t.Context(), func(tx store.ReadTxn) error { _, err := tx.Get([]byte(k)); return err }); err != nil {
+			t.Fatalf("%s after reopen: %v", k, err)
+		}
+	}
+}
