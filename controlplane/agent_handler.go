@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/internal/id"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
@@ -122,15 +124,33 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 		}
 		return nil
 	}
-	node, err := a.s.tree.Spawn(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), authorize)
+	// The child's credential is signed while the spawn commits (the
+	// signature is the larger part of a spawn's own CPU and needs only the
+	// child's id); it is handed out only once the child is durable, and
+	// dropped, never sent, when the spawn is refused.
+	childID := id.New(id.Node)
+	minted := make(chan mintedCredential, 1)
+	go func() {
+		var m mintedCredential
+		m.token, m.expires, m.err = a.s.issuer.MintAgent(childID, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+		minted <- m
+	}()
+	node, err := a.s.tree.SpawnAs(ctx, childID, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), authorize)
+	cred := <-minted
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
-	if err != nil {
-		return nil, toConnect(err)
+	if cred.err != nil {
+		return nil, toConnect(cred.err)
 	}
-	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred.token, CredentialExpiresAt: timestamppb.New(cred.expires)}), nil
+}
+
+// mintedCredential is an agent credential minted beside a spawn.
+type mintedCredential struct {
+	token   string
+	expires time.Time
+	err     error
 }
 
 // canSee says whether p may read node n: operators see everything, an agent

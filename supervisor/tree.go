@@ -104,18 +104,33 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 // transaction). authorize is called inside the transaction with the parent,
 // so the caller's check and the write see the same state.
 func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
+	return t.SpawnAs(ctx, id.New(id.Node), parentID, name, labels, createdBy, authorize)
+}
+
+// SpawnAs is Spawn with the child's id chosen by the caller (a fresh
+// id.New(id.Node)), so that the caller can mint the child's credential
+// while the spawn commits. An id that is already a node is refused.
+func (t *Tree) SpawnAs(ctx context.Context, childID, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
 	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	if err := id.Check(id.Node, "node_id", childID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	if err := t.ValidateNode(name, labels); err != nil {
 		return nil, err
 	}
-	childID := id.New(id.Node)
 	now := timestamppb.New(t.Clock.Now())
 	var child *tetherv1.Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
 		parent, err := getNode(tx, parentID)
 		if err != nil {
+			return err
+		}
+		switch _, err := tx.Get(nodeKey(childID)); {
+		case err == nil:
+			return fmt.Errorf("%w: node_id %s already exists", ErrInvalidArgument, childID)
+		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
 		if authorize != nil {

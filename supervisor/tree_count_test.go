@@ -53,3 +53,39 @@ func TestSpawnCountsChildrenOfOlderParents(t *testing.T) {
 		t.Fatalf("subtree of %d nodes, want the root and 5 children", len(nodes))
 	}
 }
+
+// TestSpawnAsRefusesAnExistingID: SpawnAs takes the child's id from its
+// caller, so an id that is already a node (the parent, a sibling) is
+// refused and nothing is overwritten.
+func TestSpawnAsRefusesAnExistingID(t *testing.T) {
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	tree := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: Limits{MaxDepth: 4, MaxChildren: 5, MaxLabels: 4}}
+	root, err := tree.RegisterRoot(ctx, "root", nil, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := tree.Spawn(ctx, root.NodeId, "child", nil, "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, existing := range []string{root.NodeId, child.NodeId} {
+		if _, err := tree.SpawnAs(ctx, existing, root.NodeId, "again", nil, "test", nil); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("SpawnAs with the id of an existing node: err = %v, want ErrInvalidArgument", err)
+		}
+	}
+	if _, err := tree.SpawnAs(ctx, "not-an-id", root.NodeId, "bad", nil, "test", nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("SpawnAs with a malformed id: err = %v, want ErrInvalidArgument", err)
+	}
+	nodes, err := tree.Subtree(ctx, root.NodeId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(nodes) != 2 || nodes[0].Name != "root" || nodes[1].Name != "child" {
+		t.Fatalf("after refused SpawnAs calls the subtree is %v, want the root and its one child unchanged", nodes)
+	}
+}
