@@ -2,17 +2,22 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/etcdlocal"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 func init() {
 	Register("supervisor/spawn", supervisorSpawn)
+	Register("supervisor/spawn-etcd", supervisorSpawnEtcd)
 }
 
 // supervisorSpawn measures durable spawns with credential issuance: each
@@ -29,11 +34,43 @@ func supervisorSpawn(ctx context.Context, r *Report) error {
 		return err
 	}
 	defer srv.Stop()
+	return measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64})
+}
+
+// supervisorSpawnEtcd is supervisor/spawn on a local single-member etcd:
+// every spawn is its own etcd transaction, so besides the rate it reports
+// how many attempts per spawn lost a race (the spawns of one tree share
+// their ancestors' stop-rule counters).
+func supervisorSpawnEtcd(ctx context.Context, r *Report) error {
+	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-spawn-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	if errors.Is(err, etcdlocal.ErrNoBinary) {
+		fmt.Fprintln(os.Stderr, "  supervisor/spawn-etcd: etcd not installed (apt-get install etcd-server): skipped")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	defer cluster.Stop()
+	srv, stop, err := startEtcdServer(ctx, r, cluster)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return measureSpawns(ctx, r, srv, "supervisor/spawn-etcd", []int{1, 64})
+}
+
+// measureSpawns measures spawns with each number of clients in turn.
+func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string, levels []int) error {
 	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-root"}))
 	if err != nil {
 		return err
 	}
-	for _, workers := range []int{1, 8, 64} {
+	for _, workers := range levels {
 		clients := make([]*agentsdk.Conn, workers)
 		parents := make([]string, workers)
 		for i := range clients {
@@ -57,22 +94,35 @@ func supervisorSpawn(ctx context.Context, r *Report) error {
 			return nil
 		}
 		cpuBefore, cpuOK := processCPU()
-		storeBefore := badgerStats(srv)
+		storeBefore, etcdBefore := badgerStats(srv), etcdStats(srv)
 		rate, err := Throughput(ctx, workers, r.Duration, spawn)
 		if err != nil {
 			return err
 		}
 		cpuAfter, _ := processCPU()
-		storeAfter := badgerStats(srv)
+		storeAfter, etcdAfter := badgerStats(srv), etcdStats(srv)
 		if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
 			// The whole run, warm-up included: how many spawns shared a sync.
-			r.Add(fmt.Sprintf("supervisor/spawn-durable/clients=%d/spawns-per-sync", workers), float64(spawned.Load())/float64(syncs), "agents")
+			r.Add(fmt.Sprintf("%s/clients=%d/spawns-per-sync", name, workers), float64(spawned.Load())/float64(syncs), "agents")
 		}
-		r.Add(fmt.Sprintf("supervisor/spawn-durable/clients=%d", workers), rate, "agents/s")
-		if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 {
+		if n := spawned.Load(); n > 0 && etcdAfter.Updates > etcdBefore.Updates {
+			// Conflicts of the whole run, warm-up included, per spawn.
+			r.Add(fmt.Sprintf("%s/clients=%d/conflicts-per-spawn", name, workers), float64(etcdAfter.Conflicts-etcdBefore.Conflicts)/float64(n), "conflicts")
+		}
+		r.Add(fmt.Sprintf("%s/clients=%d", name, workers), rate, "agents/s")
+		if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 && etcdAfter.Updates == 0 {
+			// Not on etcd, whose work is in another process.
 			// The whole run, warm-up included, over its CPU time.
-			r.Add(fmt.Sprintf("supervisor/spawn-durable-per-cpu-second/clients=%d", workers), float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
+			r.Add(fmt.Sprintf("%s-per-cpu-second/clients=%d", name, workers), float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
 		}
 	}
 	return nil
+}
+
+// etcdStats reads the etcd store's counters (zero on another backend).
+func etcdStats(srv *benchServer) etcdstore.EtcdStats {
+	if e, ok := srv.Store().(*etcdstore.Etcd); ok {
+		return e.Stats()
+	}
+	return etcdstore.EtcdStats{}
 }
