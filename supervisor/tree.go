@@ -123,6 +123,10 @@ func (t *Tree) SpawnAs(ctx context.Context, childID, parentID, name string, labe
 	now := timestamppb.New(t.Clock.Now())
 	var child *tetherv1.Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		// One round trip on etcd for the three reads.
+		if err := store.Prefetch(tx, [][]byte{nodeKey(parentID), nodeKey(childID), childCountKey(parentID)}, nil); err != nil {
+			return err
+		}
 		parent, err := getNode(tx, parentID)
 		if err != nil {
 			return err

@@ -1,7 +1,9 @@
 package stoprule
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +29,7 @@ const (
 	prefixAll   = "stoprules/"
 	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → tetherv1.StopRule
 	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → tetherv1.StopRuleObservations (the stored counters)
+	prefixGrow  = "stoprules/grow/"  // stoprules/grow/<ancestor id>/<node id> → uvarint levels below: a spawn not yet folded into the ancestor's counters
 	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → tetherv1.ReportCountersResponse
 	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
@@ -47,6 +50,8 @@ func indexKey(r *tetherv1.StopRule) []byte {
 	return selKey(r.RuleId)
 }
 func obsKey(node string) []byte           { return []byte(prefixObs + node) }
+func growPrefix(node string) []byte       { return []byte(prefixGrow + node + "/") }
+func growKey(anc, node string) []byte     { return []byte(prefixGrow + anc + "/" + node) }
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
 func firedKey(node, rule string) []byte   { return []byte(prefixFired + node + "/" + rule) }
@@ -351,28 +356,72 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) erro
 	return putProto(tx, obsKey(after.NodeId), o)
 }
 
-// ObserveSpawn implements supervisor.Observer: the parent's spawns and
-// every ancestor's subtree size and depth, in the spawn's transaction.
+// ObserveSpawn implements supervisor.Observer: the spawn is written, in
+// the spawn's transaction, as one growth entry per ancestor (a key of its
+// own, never read here), which readers add to the ancestor's stored
+// counters and the evaluator folds into them later (fold). A spawn thus
+// reads and rewrites no ancestor's counters: concurrent spawns anywhere in
+// one tree share no key here (on etcd they conflicted on the root's
+// counters once per spawn), and the counters stay exact, as every growth
+// entry is counted either pending or folded, never both.
 func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
-	loaded := map[string]*tetherv1.StopRuleObservations{}
-	var firstErr error
-	ApplySpawn(child, func(nodeID string) *tetherv1.StopRuleObservations {
-		o, err := storedObs(tx, nodeID)
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-		loaded[nodeID] = o
-		return o
-	})
-	if firstErr != nil {
-		return firstErr
-	}
-	for nodeID, o := range loaded {
-		if err := putProto(tx, obsKey(nodeID), o); err != nil {
+	n := len(child.Ancestors)
+	for i, a := range child.Ancestors {
+		if err := tx.Put(growKey(a, child.NodeId), binary.AppendUvarint(nil, uint64(n-i))); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// foldChunk bounds the growth entries one fold moves into the counters,
+// so that a fold is a small transaction on every backend (etcd's default
+// limit is 128 operations per transaction).
+const foldChunk = 100
+
+// fold moves up to foldChunk of a node's growth entries into its stored
+// counters, in one transaction (so each is counted exactly once), and
+// reports whether entries remain.
+func (r *Rules) fold(ctx context.Context, nodeID string) (more bool, err error) {
+	err = r.Store.Update(ctx, func(tx store.Txn) error {
+		more = false
+		o, err := storedObs(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		var keys [][]byte
+		err = tx.Scan(growPrefix(nodeID), nil, func(k, v []byte) error {
+			if len(keys) == foldChunk {
+				more = true
+				return store.ErrStopScan
+			}
+			below, err := growthOf(v)
+			if err != nil {
+				return err
+			}
+			ApplyGrowth(o, below)
+			keys = append(keys, bytes.Clone(k))
+			return nil
+		})
+		if err != nil || len(keys) == 0 {
+			return err
+		}
+		for _, k := range keys {
+			if err := tx.Delete(k); err != nil {
+				return err
+			}
+		}
+		return putProto(tx, obsKey(nodeID), o)
+	})
+	return more, err
+}
+
+func growthOf(v []byte) (int64, error) {
+	below, n := binary.Uvarint(v)
+	if n != len(v) || below == 0 || below > 1<<20 {
+		return 0, fmt.Errorf("stoprule: corrupt growth entry of %d bytes", len(v))
+	}
+	return int64(below), nil
 }
 
 // snapshot completes the stored counters with the node, the clock, and
@@ -478,6 +527,17 @@ func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, 
 	if err != nil {
 		return nil, nil, err
 	}
+	// The spawns below not folded yet.
+	err = tx.Scan(growPrefix(nodeID), nil, func(_, v []byte) error {
+		below, err := growthOf(v)
+		if err == nil {
+			ApplyGrowth(o, below)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
 	self := &tetherv1.ReportCountersResponse{}
 	if err := getProto(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, nil, err
@@ -485,6 +545,8 @@ func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, 
 	return o, self.Counters, nil
 }
 
+// storedObs reads a node's stored counters alone, without the growth
+// entries not folded yet (readNode adds them): what is written back.
 func storedObs(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, error) {
 	o := &tetherv1.StopRuleObservations{}
 	if err := getProto(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {
