@@ -111,31 +111,69 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 // id.New(id.Node)), so that the caller can mint the child's credential
 // while the spawn commits. An id that is already a node is refused.
 func (t *Tree) SpawnAs(ctx context.Context, childID, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
+	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{ID: childID, Name: name, Labels: labels}}, createdBy, authorize)
+	if err != nil {
+		return nil, err
+	}
+	return nodes[0], nil
+}
+
+// ChildSpec is one child of SpawnMany: its id (a fresh id.New(id.Node)),
+// name and labels.
+type ChildSpec struct {
+	ID     string
+	Name   string
+	Labels map[string]string
+}
+
+// SpawnMany registers children under parentID in one transaction, all or
+// none, with Spawn's checks: the parent running and authorize called with
+// it inside the transaction, the depth and fan-out limits counting every
+// child of the call, and no id that is already a node (or twice in the
+// call).
+func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec, createdBy string, authorize func(parent *tetherv1.Node) error) ([]*tetherv1.Node, error) {
 	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if err := id.Check(id.Node, "node_id", childID); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("%w: no child to spawn", ErrInvalidArgument)
 	}
-	if err := t.ValidateNode(name, labels); err != nil {
-		return nil, err
+	seen := make(map[string]bool, len(specs))
+	for _, c := range specs {
+		if err := id.Check(id.Node, "node_id", c.ID); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		}
+		if seen[c.ID] {
+			return nil, fmt.Errorf("%w: node_id %s twice", ErrInvalidArgument, c.ID)
+		}
+		seen[c.ID] = true
+		if err := t.ValidateNode(c.Name, c.Labels); err != nil {
+			return nil, err
+		}
 	}
 	now := timestamppb.New(t.Clock.Now())
-	var child *tetherv1.Node
+	var out []*tetherv1.Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
-		// One round trip on etcd for the three reads.
-		if err := store.Prefetch(tx, [][]byte{nodeKey(parentID), nodeKey(childID), childCountKey(parentID)}, nil); err != nil {
+		out = out[:0]
+		// One round trip on etcd for the reads.
+		keys := [][]byte{nodeKey(parentID), childCountKey(parentID)}
+		for _, c := range specs {
+			keys = append(keys, nodeKey(c.ID))
+		}
+		if err := store.Prefetch(tx, keys, nil); err != nil {
 			return err
 		}
 		parent, err := getNode(tx, parentID)
 		if err != nil {
 			return err
 		}
-		switch _, err := tx.Get(nodeKey(childID)); {
-		case err == nil:
-			return fmt.Errorf("%w: node_id %s already exists", ErrInvalidArgument, childID)
-		case !errors.Is(err, store.ErrNotFound):
-			return err
+		for _, c := range specs {
+			switch _, err := tx.Get(nodeKey(c.ID)); {
+			case err == nil:
+				return fmt.Errorf("%w: node_id %s already exists", ErrInvalidArgument, c.ID)
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
 		}
 		if authorize != nil {
 			if err := authorize(parent); err != nil {
@@ -152,37 +190,43 @@ func (t *Tree) SpawnAs(ctx context.Context, childID, parentID, name string, labe
 		if err != nil {
 			return err
 		}
-		if children >= uint64(t.Limits.MaxChildren) {
-			return fmt.Errorf("%w: parent_node_id %s already has %d children, the maximum per node", ErrLimit, parentID, children)
+		if children+uint64(len(specs)) > uint64(t.Limits.MaxChildren) {
+			if len(specs) == 1 {
+				return fmt.Errorf("%w: parent_node_id %s already has %d children, the maximum per node", ErrLimit, parentID, children)
+			}
+			return fmt.Errorf("%w: parent_node_id %s has %d children; %d more would pass the maximum of %d per node", ErrLimit, parentID, children, len(specs), t.Limits.MaxChildren)
 		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
-		child = &tetherv1.Node{
-			NodeId:       childID,
-			ParentNodeId: parentID,
-			Ancestors:    ancestors,
-			Name:         name,
-			Labels:       labels,
-			State:        tetherv1.NodeState_NODE_STATE_RUNNING,
-			CreatedAt:    now,
-			CreatedBy:    createdBy,
-		}
-		if err := putNode(tx, child); err != nil {
-			return err
-		}
-		if t.Observer != nil {
-			if err := t.Observer.ObserveSpawn(tx, child); err != nil {
+		for _, c := range specs {
+			child := &tetherv1.Node{
+				NodeId:       c.ID,
+				ParentNodeId: parentID,
+				Ancestors:    ancestors,
+				Name:         c.Name,
+				Labels:       c.Labels,
+				State:        tetherv1.NodeState_NODE_STATE_RUNNING,
+				CreatedAt:    now,
+				CreatedBy:    createdBy,
+			}
+			if err := putNode(tx, child); err != nil {
 				return err
 			}
+			if t.Observer != nil {
+				if err := t.Observer.ObserveSpawn(tx, child); err != nil {
+					return err
+				}
+			}
+			if err := tx.Put(childKey(parentID, c.ID), nil); err != nil {
+				return err
+			}
+			out = append(out, child)
 		}
-		if err := tx.Put(childCountKey(parentID), binary.BigEndian.AppendUint64(nil, children+1)); err != nil {
-			return err
-		}
-		return tx.Put(childKey(parentID, childID), nil)
+		return tx.Put(childCountKey(parentID), binary.BigEndian.AppendUint64(nil, children+uint64(len(specs))))
 	})
 	if err != nil {
 		return nil, err
 	}
-	return child, nil
+	return out, nil
 }
 
 // childCount is how many children parentID has: the stored count, or, for
