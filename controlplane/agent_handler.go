@@ -127,26 +127,19 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 		}
 		return nil
 	}
-	// The child's credential is signed while the spawn commits (the
-	// signature is the larger part of a spawn's own CPU and needs only the
-	// child's id); it is handed out only once the child is durable, and
-	// dropped, never sent, when the spawn is refused.
-	childID := id.New(id.Node)
-	minted := make(chan mintedCredential, 1)
-	go func() {
-		var m mintedCredential
-		m.token, m.expires, m.err = a.s.issuer.MintAgent(childID, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
-		minted <- m
-	}()
-	node, err := a.s.tree.SpawnAs(ctx, childID, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), authorize)
-	cred := <-minted
+	node, err := a.s.tree.Spawn(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), authorize)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	if cred.err != nil {
-		return nil, toConnect(cred.err)
+	// Signed after the child is durable, not beside the commit: a goroutine
+	// signing during the commit made a lone caller's spawns slower on a
+	// loaded machine (its wake-ups competed with the committer's), and
+	// with many callers the CPU, not the wait, is the bound.
+	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	if err != nil {
+		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred.token, CredentialExpiresAt: timestamppb.New(cred.expires)}), nil
+	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
 }
 
 // MaxSpawnBatch bounds the children of one SpawnBatch call (one store

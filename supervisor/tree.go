@@ -104,14 +104,7 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 // transaction). authorize is called inside the transaction with the parent,
 // so the caller's check and the write see the same state.
 func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
-	return t.SpawnAs(ctx, id.New(id.Node), parentID, name, labels, createdBy, authorize)
-}
-
-// SpawnAs is Spawn with the child's id chosen by the caller (a fresh
-// id.New(id.Node)), so that the caller can mint the child's credential
-// while the spawn commits. An id that is already a node is refused.
-func (t *Tree) SpawnAs(ctx context.Context, childID, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
-	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{ID: childID, Name: name, Labels: labels}}, createdBy, authorize)
+	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{ID: id.New(id.Node), Name: name, Labels: labels}}, createdBy, authorize)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 )
@@ -54,10 +55,10 @@ func TestSpawnCountsChildrenOfOlderParents(t *testing.T) {
 	}
 }
 
-// TestSpawnAsRefusesAnExistingID: SpawnAs takes the child's id from its
-// caller, so an id that is already a node (the parent, a sibling) is
-// refused and nothing is overwritten.
-func TestSpawnAsRefusesAnExistingID(t *testing.T) {
+// TestSpawnManyRefusesAnExistingID: SpawnMany takes the children's ids
+// from its caller, so an id that is already a node (the parent, a
+// sibling), or one given twice, is refused and nothing is written.
+func TestSpawnManyRefusesAnExistingID(t *testing.T) {
 	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
@@ -73,19 +74,22 @@ func TestSpawnAsRefusesAnExistingID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, existing := range []string{root.NodeId, child.NodeId} {
-		if _, err := tree.SpawnAs(ctx, existing, root.NodeId, "again", nil, "test", nil); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("SpawnAs with the id of an existing node: err = %v, want ErrInvalidArgument", err)
+	fresh := id.New(id.Node)
+	for _, specs := range [][]ChildSpec{
+		{{ID: root.NodeId, Name: "again"}},
+		{{ID: fresh, Name: "new"}, {ID: child.NodeId, Name: "again"}},
+		{{ID: fresh, Name: "new"}, {ID: fresh, Name: "twice"}},
+		{{ID: "not-an-id", Name: "bad"}},
+	} {
+		if _, err := tree.SpawnMany(ctx, root.NodeId, specs, "test", nil); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("SpawnMany of %v: err = %v, want ErrInvalidArgument", specs, err)
 		}
-	}
-	if _, err := tree.SpawnAs(ctx, "not-an-id", root.NodeId, "bad", nil, "test", nil); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("SpawnAs with a malformed id: err = %v, want ErrInvalidArgument", err)
 	}
 	nodes, err := tree.Subtree(ctx, root.NodeId)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(nodes) != 2 || nodes[0].Name != "root" || nodes[1].Name != "child" {
-		t.Fatalf("after refused SpawnAs calls the subtree is %v, want the root and its one child unchanged", nodes)
+		t.Fatalf("after refused SpawnMany calls the subtree is %v, want the root and its one child unchanged", nodes)
 	}
 }

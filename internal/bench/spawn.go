@@ -8,11 +8,13 @@ import (
 	"sync/atomic"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 func init() {
@@ -34,7 +36,74 @@ func supervisorSpawn(ctx context.Context, r *Report) error {
 		return err
 	}
 	defer srv.Stop()
-	return measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64})
+	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}); err != nil {
+		return err
+	}
+	return measureSpawnBatches(ctx, r, srv, 8, 64)
+}
+
+// measureSpawnBatches measures SpawnBatch for fan-out: workers clients,
+// each spawning batch children per call under its own parent (a fresh
+// parent when one is full), in agents per second: the same durable
+// spawns and credentials as Spawn, one RPC and one transaction a batch.
+func measureSpawnBatches(ctx context.Context, r *Report, srv *benchServer, workers, batch int) error {
+	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-batch-root"}))
+	if err != nil {
+		return err
+	}
+	req := &tetherv1.SpawnBatchRequest{}
+	for range batch {
+		req.Children = append(req.Children, &tetherv1.SpawnBatchChild{Name: "agent"})
+	}
+	clients := make([]*agentsdk.Conn, workers)
+	parents := make([]string, workers)
+	calls := make([]int, workers)
+	newParent := func(ctx context.Context, w int) error {
+		resp, err := clients[w].Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
+		if err == nil {
+			parents[w], calls[w] = resp.Msg.Node.NodeId, 0
+		}
+		return err
+	}
+	for w := range clients {
+		clients[w] = agentsdk.Dial(srv.URL, srv.AdminToken)
+		if err := newParent(ctx, w); err != nil {
+			return err
+		}
+	}
+	var spawned atomic.Int64
+	perParent := supervisor.DefaultLimits.MaxChildren / batch
+	op := func(ctx context.Context, w int) error {
+		if calls[w] == perParent {
+			if err := newParent(ctx, w); err != nil {
+				return err
+			}
+		}
+		m := proto.CloneOf(req)
+		m.ParentNodeId = parents[w]
+		resp, err := clients[w].Agent.SpawnBatch(ctx, connect.NewRequest(m))
+		if err != nil {
+			return err
+		}
+		if len(resp.Msg.Spawned) != batch || resp.Msg.Spawned[batch-1].Credential == "" {
+			return fmt.Errorf("a batch of %d spawned %d", batch, len(resp.Msg.Spawned))
+		}
+		calls[w]++
+		spawned.Add(int64(batch))
+		return nil
+	}
+	cpuBefore, cpuOK := processCPU()
+	rate, err := Throughput(ctx, workers, r.Duration, op)
+	if err != nil {
+		return err
+	}
+	cpuAfter, _ := processCPU()
+	name := fmt.Sprintf("supervisor/spawn-batch-durable/clients=%d/batch=%d", workers, batch)
+	r.Add(name, rate*float64(batch), "agents/s")
+	if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 {
+		r.Add(name+"/per-cpu-second", float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
+	}
+	return nil
 }
 
 // supervisorSpawnEtcd is supervisor/spawn on a local single-member etcd:
