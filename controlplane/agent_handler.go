@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
-	"github.com/tetherhq/tether/internal/id"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
@@ -148,7 +147,7 @@ const MaxSpawnBatch = 256
 
 // SpawnBatch is Spawn for many children of one parent: one call, one
 // transaction (all or none), authorised as Spawn, each child with its own
-// credential, signed while the children commit.
+// credential.
 func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[tetherv1.SpawnBatchRequest]) (*connect.Response[tetherv1.SpawnBatchResponse], error) {
 	p, err := principalOf(ctx)
 	if err != nil {
@@ -172,30 +171,27 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 		if err := a.s.tree.ValidateNode(c.Name, c.Labels); err != nil {
 			return nil, toConnect(fmt.Errorf("children[%d]: %w", i, err))
 		}
-		specs[i] = supervisor.ChildSpec{ID: id.New(id.Node), Name: c.Name, Labels: c.Labels}
+		specs[i] = supervisor.ChildSpec{Name: c.Name, Labels: c.Labels}
 	}
-	creds := make([]mintedCredential, len(specs))
-	minted := make(chan struct{})
-	go func() {
-		defer close(minted)
-		now := a.s.cfg.Clock.Now()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range min(runtime.GOMAXPROCS(0), len(specs)) {
-			wg.Go(func() {
-				for i := int(next.Add(1) - 1); i < len(specs); i = int(next.Add(1) - 1) {
-					c := &creds[i]
-					c.token, c.expires, c.err = a.s.issuer.MintAgent(specs[i].ID, now, a.s.cfg.AgentCredentialTTL)
-				}
-			})
-		}
-		wg.Wait()
-	}()
 	nodes, err := a.s.tree.SpawnMany(ctx, req.Msg.ParentNodeId, specs, p.ID(), authorize)
-	<-minted
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	// The credentials, once the children are durable, signed on every
+	// core.
+	creds := make([]mintedCredential, len(nodes))
+	now := a.s.cfg.Clock.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(nodes)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(nodes); i = int(next.Add(1) - 1) {
+				c := &creds[i]
+				c.token, c.expires, c.err = a.s.issuer.MintAgent(nodes[i].NodeId, now, a.s.cfg.AgentCredentialTTL)
+			}
+		})
+	}
+	wg.Wait()
 	out := &tetherv1.SpawnBatchResponse{Spawned: make([]*tetherv1.SpawnResponse, len(nodes))}
 	for i, n := range nodes {
 		if creds[i].err != nil {
@@ -206,7 +202,7 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 	return connect.NewResponse(out), nil
 }
 
-// mintedCredential is an agent credential minted beside a spawn.
+// mintedCredential is an agent credential minted for a child of a batch.
 type mintedCredential struct {
 	token   string
 	expires time.Time

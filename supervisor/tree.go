@@ -104,26 +104,23 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 // transaction). authorize is called inside the transaction with the parent,
 // so the caller's check and the write see the same state.
 func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
-	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{ID: id.New(id.Node), Name: name, Labels: labels}}, createdBy, authorize)
+	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{Name: name, Labels: labels}}, createdBy, authorize)
 	if err != nil {
 		return nil, err
 	}
 	return nodes[0], nil
 }
 
-// ChildSpec is one child of SpawnMany: its id (a fresh id.New(id.Node)),
-// name and labels.
+// ChildSpec is one child of SpawnMany: its name and labels.
 type ChildSpec struct {
-	ID     string
 	Name   string
 	Labels map[string]string
 }
 
 // SpawnMany registers children under parentID in one transaction, all or
-// none, with Spawn's checks: the parent running and authorize called with
-// it inside the transaction, the depth and fan-out limits counting every
-// child of the call, and no id that is already a node (or twice in the
-// call).
+// none, in the order given, each with a fresh id, with Spawn's checks: the
+// parent running and authorize called with it inside the transaction,
+// and the depth and fan-out limits counting every child of the call.
 func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec, createdBy string, authorize func(parent *tetherv1.Node) error) ([]*tetherv1.Node, error) {
 	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -131,42 +128,24 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 	if len(specs) == 0 {
 		return nil, fmt.Errorf("%w: no child to spawn", ErrInvalidArgument)
 	}
-	seen := make(map[string]bool, len(specs))
-	for _, c := range specs {
-		if err := id.Check(id.Node, "node_id", c.ID); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-		}
-		if seen[c.ID] {
-			return nil, fmt.Errorf("%w: node_id %s twice", ErrInvalidArgument, c.ID)
-		}
-		seen[c.ID] = true
+	ids := make([]string, len(specs))
+	for i, c := range specs {
 		if err := t.ValidateNode(c.Name, c.Labels); err != nil {
 			return nil, err
 		}
+		ids[i] = id.New(id.Node)
 	}
 	now := timestamppb.New(t.Clock.Now())
 	var out []*tetherv1.Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
 		out = out[:0]
-		// One round trip on etcd for the reads.
-		keys := [][]byte{nodeKey(parentID), childCountKey(parentID)}
-		for _, c := range specs {
-			keys = append(keys, nodeKey(c.ID))
-		}
-		if err := store.Prefetch(tx, keys, nil); err != nil {
+		// One round trip on etcd for the two reads.
+		if err := store.Prefetch(tx, [][]byte{nodeKey(parentID), childCountKey(parentID)}, nil); err != nil {
 			return err
 		}
 		parent, err := getNode(tx, parentID)
 		if err != nil {
 			return err
-		}
-		for _, c := range specs {
-			switch _, err := tx.Get(nodeKey(c.ID)); {
-			case err == nil:
-				return fmt.Errorf("%w: node_id %s already exists", ErrInvalidArgument, c.ID)
-			case !errors.Is(err, store.ErrNotFound):
-				return err
-			}
 		}
 		if authorize != nil {
 			if err := authorize(parent); err != nil {
@@ -190,9 +169,9 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 			return fmt.Errorf("%w: parent_node_id %s has %d children; %d more would pass the maximum of %d per node", ErrLimit, parentID, children, len(specs), t.Limits.MaxChildren)
 		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
-		for _, c := range specs {
+		for i, c := range specs {
 			child := &tetherv1.Node{
-				NodeId:       c.ID,
+				NodeId:       ids[i],
 				ParentNodeId: parentID,
 				Ancestors:    ancestors,
 				Name:         c.Name,
@@ -209,7 +188,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 					return err
 				}
 			}
-			if err := tx.Put(childKey(parentID, c.ID), nil); err != nil {
+			if err := tx.Put(childKey(parentID, ids[i]), nil); err != nil {
 				return err
 			}
 			out = append(out, child)
