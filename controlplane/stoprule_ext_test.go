@@ -418,12 +418,11 @@ func TestStopRulesOverTimeAndLeases(t *testing.T) {
 	})
 }
 
-// TestSpawnRuleFiresOnExactCountsPastAFold: spawns are counted into their
-// ancestors' counters by growth entries the evaluator folds in chunks of
-// a hundred; a rule over the spawn counters fires on the exact count
-// across folds, and the counters read back exact, while spawns arrive
-// concurrently from several clients.
-func TestSpawnRuleFiresOnExactCountsPastAFold(t *testing.T) {
+// TestSpawnRuleFiresOnExactSpawnCounts: spawns are counted into growth
+// records of their ancestors rather than into the ancestors' counters; a
+// rule over the spawn counters fires on the exact count, and the counters
+// read back exact, while spawns arrive concurrently from several clients.
+func TestSpawnRuleFiresOnExactSpawnCounts(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
 	root := register(t, admin, "planner")

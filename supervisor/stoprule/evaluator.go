@@ -39,11 +39,6 @@ type index struct {
 	dirty     map[string]bool
 	retry     map[string]bool // failed evaluations, marked again at the next tick
 	timed     int             // rules evaluated every tick (polled)
-	// growth counts, per ancestor, the spawns below it seen since its
-	// last fold (an estimate: the fold itself counts exactly); folds
-	// holds the ancestors whose growth entries are due to be folded.
-	growth map[string]int
-	folds  map[string]bool
 }
 
 // Poke makes Run evaluate the rules that read the clock now (tests that
@@ -125,11 +120,6 @@ func (r *Rules) run(ctx context.Context) error {
 				drained = true
 			}
 		}
-		if len(ix.folds) > 0 {
-			if err := r.foldDue(ctx, ix, evaluateSlice); err != nil {
-				return err
-			}
-		}
 		if len(ix.dirty) > 0 {
 			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
 				return err
@@ -151,11 +141,6 @@ func (r *Rules) run(ctx context.Context) error {
 			r.applyEvents(ix, batch)
 		case <-ticker.C:
 			ix.markTimed()
-			for id, n := range ix.growth {
-				if n > 0 {
-					ix.folds[id] = true // what failed or was left below foldChunk
-				}
-			}
 			for id := range ix.retry {
 				ix.markNode(id)
 				delete(ix.retry, id)
@@ -186,30 +171,19 @@ func watchEnded(w store.Watcher) error {
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
-		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: map[string]bool{}, retry: map[string]bool{},
-		growth: map[string]int{}, folds: map[string]bool{}}
+		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: map[string]bool{}, retry: map[string]bool{}}
 	var rules []*tetherv1.StopRule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if rules, err = allRules(tx); err != nil {
 			return err
 		}
-		err = tx.Scan([]byte(prefixNode), nil, func(_, v []byte) error {
+		return tx.Scan([]byte(prefixNode), nil, func(_, v []byte) error {
 			n := &tetherv1.Node{}
 			if err := proto.Unmarshal(v, n); err != nil {
 				return err
 			}
 			ix.putNode(n)
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		// Growth entries left by spawns while no evaluator folded them.
-		return tx.Scan([]byte(prefixGrow), nil, func(k, _ []byte) error {
-			id := keyNode(k, prefixGrow)
-			ix.growth[id]++
-			ix.folds[id] = true
 			return nil
 		})
 	})
@@ -375,14 +349,7 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 		case isUnder(ev.Key, prefixObs):
 			ix.markNode(tail(ev.Key, prefixObs))
 		case isUnder(ev.Key, prefixGrow):
-			if ev.Type == store.EventDelete {
-				continue // folded
-			}
-			id := keyNode(ev.Key, prefixGrow)
-			ix.markNode(id)
-			if ix.growth[id]++; ix.growth[id] >= foldChunk {
-				ix.folds[id] = true
-			}
+			ix.markNode(keyNode(ev.Key, prefixGrow))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, prefixNode):
@@ -402,30 +369,6 @@ func (ix *index) markNode(id string) {
 	if _, ok := ix.nodes[id]; ok {
 		ix.dirty[id] = true
 	}
-}
-
-// foldDue folds the growth entries of up to limit ancestors that are due.
-// A fold that fails is tried again at the next tick.
-func (r *Rules) foldDue(ctx context.Context, ix *index, limit int) error {
-	for id := range ix.folds {
-		if limit--; limit < 0 {
-			return nil
-		}
-		more, err := r.fold(ctx, id)
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			r.Log.Warn("stop rules: folding spawns into the counters failed; retrying at the next tick", "node_id", id, "error", err)
-			delete(ix.folds, id)
-			continue
-		}
-		if !more {
-			delete(ix.folds, id)
-			delete(ix.growth, id)
-		}
-	}
-	return nil
 }
 
 // evaluateDirty evaluates up to limit marked nodes and clears their marks.

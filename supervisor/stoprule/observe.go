@@ -55,19 +55,13 @@ func ApplyCall(o *tetherv1.StopRuleObservations, before, after *tetherv1.ToolCal
 func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *tetherv1.StopRuleObservations) {
 	n := len(child.Ancestors)
 	for i, a := range child.Ancestors {
-		ApplyGrowth(get(a), int64(n-i))
+		o := get(a)
+		if i == n-1 {
+			o.Spawns++
+		}
+		o.SubtreeSize = max(o.SubtreeSize, 1) + 1
+		o.SubtreeDepth = max(o.SubtreeDepth, int64(n-i))
 	}
-}
-
-// ApplyGrowth folds one node spawned below into an ancestor's
-// observations: below is how many levels below the ancestor it is (1: a
-// child, which the ancestor spawned).
-func ApplyGrowth(o *tetherv1.StopRuleObservations, below int64) {
-	if below == 1 {
-		o.Spawns++
-	}
-	o.SubtreeSize = max(o.SubtreeSize, 1) + 1
-	o.SubtreeDepth = max(o.SubtreeDepth, below)
 }
 
 // Snapshot completes a node's stored observations with what is read at
