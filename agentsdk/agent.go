@@ -91,6 +91,31 @@ func (a *Agent) Spawn(ctx context.Context, name string, labels map[string]string
 	return Child{Node: resp.Msg.Node, Credential: resp.Msg.Credential}, nil
 }
 
+// ChildSpec is one child of SpawnBatch.
+type ChildSpec struct {
+	Name   string
+	Labels map[string]string
+}
+
+// SpawnBatch registers up to 256 children under this agent in one call
+// and one transaction, all or none, for fan-out; each has its own
+// credential. It costs the rate budget of as many Spawn calls.
+func (a *Agent) SpawnBatch(ctx context.Context, children []ChildSpec) ([]Child, error) {
+	req := &tetherv1.SpawnBatchRequest{ParentNodeId: a.id, Children: make([]*tetherv1.SpawnBatchChild, len(children))}
+	for i, c := range children {
+		req.Children[i] = &tetherv1.SpawnBatchChild{Name: c.Name, Labels: c.Labels}
+	}
+	resp, err := a.conn.Agent.SpawnBatch(ctx, connect.NewRequest(req))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Child, len(resp.Msg.Spawned))
+	for i, s := range resp.Msg.Spawned {
+		out[i] = Child{Node: s.Node, Credential: s.Credential}
+	}
+	return out, nil
+}
+
 // Join connects a spawned child's process with the credential its parent
 // handed over.
 func Join(ctx context.Context, baseURL, credential string, hc *http.Client) (*Agent, error) {

@@ -2,6 +2,7 @@ package capability
 
 import (
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -173,16 +174,11 @@ func SignJWT(ring KeyRing, claims jwt.Claims, now time.Time) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	t := jwt.NewWithClaims(jwt.SigningMethodEdDSA, claims)
-	t.Header["kid"] = key.ID
-	signed, err := t.SignedString(key.Private)
+	payload, err := json.Marshal(claims)
 	if err != nil {
-		return "", fmt.Errorf("capability: sign token with key %q: %w", key.ID, err)
+		return "", fmt.Errorf("capability: encode claims: %w", err)
 	}
-	if len(signed) > MaxTokenBytes {
-		return "", fmt.Errorf("%w: token of %d bytes exceeds %d; narrow the scopes or the chain", ErrTokenTooLarge, len(signed), MaxTokenBytes)
-	}
-	return signed, nil
+	return SignEncodedJWT(key, payload)
 }
 
 // Verifier checks Tether JWTs offline: signature against a KeyLookup,

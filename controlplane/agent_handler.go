@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -37,7 +41,7 @@ func (s *Server) agentActive(ctx context.Context, nodeID string) (string, error)
 // activityOf names the kind of activity a procedure is, for the record.
 func activityOf(procedure string) string {
 	switch {
-	case procedure == tetherv1connect.AgentServiceSpawnProcedure:
+	case procedure == tetherv1connect.AgentServiceSpawnProcedure, procedure == tetherv1connect.AgentServiceSpawnBatchProcedure:
 		return tree.ActivitySpawn
 	case procedure == tetherv1connect.AgentServiceSessionProcedure, procedure == tetherv1connect.AgentServiceWatchSignalsProcedure:
 		return tree.ActivitySession
@@ -126,11 +130,83 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	// Signed after the child is durable, not beside the commit: a goroutine
+	// signing during the commit made a lone caller's spawns slower on a
+	// loaded machine (its wake-ups competed with the committer's), and
+	// with many callers the CPU, not the wait, is the bound.
 	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
 	if err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+}
+
+// MaxSpawnBatch bounds the children of one SpawnBatch call (one store
+// transaction, one response).
+const MaxSpawnBatch = 256
+
+// SpawnBatch is Spawn for many children of one parent: one call, one
+// transaction (all or none), authorised as Spawn, each child with its own
+// credential.
+func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[tetherv1.SpawnBatchRequest]) (*connect.Response[tetherv1.SpawnBatchResponse], error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(req.Msg.Children); n == 0 || n > MaxSpawnBatch {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("children: %d given; a batch spawns 1 to %d children", n, MaxSpawnBatch))
+	}
+	// A batch of n costs the caller's rate budget what n Spawn calls do.
+	if err := auth.Spend(ctx, len(req.Msg.Children)-1); err != nil {
+		return nil, err
+	}
+	authorize := func(parent *tetherv1.Node) error {
+		if p.IsAgent() && parent.NodeId != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeId)
+		}
+		return nil
+	}
+	specs := make([]tree.ChildSpec, len(req.Msg.Children))
+	for i, c := range req.Msg.Children {
+		if err := a.s.tree.ValidateNode(c.Name, c.Labels); err != nil {
+			return nil, toConnect(fmt.Errorf("children[%d]: %w", i, err))
+		}
+		specs[i] = tree.ChildSpec{Name: c.Name, Labels: c.Labels}
+	}
+	nodes, err := a.s.tree.SpawnMany(ctx, req.Msg.ParentNodeId, specs, p.ID(), authorize)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	// The credentials, once the children are durable, signed on every
+	// core.
+	creds := make([]mintedCredential, len(nodes))
+	now := a.s.cfg.Clock.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(nodes)) {
+		wg.Go(func() {
+			for i := int(next.Add(1) - 1); i < len(nodes); i = int(next.Add(1) - 1) {
+				c := &creds[i]
+				c.token, c.expires, c.err = a.s.issuer.MintAgent(nodes[i].NodeId, now, a.s.cfg.AgentCredentialTTL)
+			}
+		})
+	}
+	wg.Wait()
+	out := &tetherv1.SpawnBatchResponse{Spawned: make([]*tetherv1.SpawnResponse, len(nodes))}
+	for i, n := range nodes {
+		if creds[i].err != nil {
+			return nil, toConnect(creds[i].err)
+		}
+		out.Spawned[i] = &tetherv1.SpawnResponse{Node: n, Credential: creds[i].token, CredentialExpiresAt: timestamppb.New(creds[i].expires)}
+	}
+	return connect.NewResponse(out), nil
+}
+
+// mintedCredential is an agent credential minted for a child of a batch.
+type mintedCredential struct {
+	token   string
+	expires time.Time
+	err     error
 }
 
 // canSee says whether p may read node n: operators see everything, an agent

@@ -146,6 +146,7 @@ var authzMatrix = map[string]expectation{
 
 	tetherv1connect.AgentServiceRegisterRootProcedure: allow(operators),
 	tetherv1connect.AgentServiceSpawnProcedure:        allow(callers(self), operators),
+	tetherv1connect.AgentServiceSpawnBatchProcedure:   allow(callers(self), operators),
 	tetherv1connect.AgentServiceSessionProcedure:      allow(callers(self)),
 	tetherv1connect.AgentServiceConfirmExitProcedure:  allow(selfAndAbove, operators),
 	tetherv1connect.AgentServiceGetNodeProcedure:      allow(subtreeReaders),
@@ -534,6 +535,10 @@ var authzRequests = map[string]func(ctx context.Context, w *authzWorld, c caller
 	},
 	tetherv1connect.AgentServiceSpawnProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		return plain(w.as(c).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.ids[self], Name: "matrix-child"})))
+	},
+	tetherv1connect.AgentServiceSpawnBatchProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
+		return plain(w.as(c).Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: w.ids[self],
+			Children: []*tetherv1.SpawnBatchChild{{Name: "matrix-child-1"}, {Name: "matrix-child-2"}}})))
 	},
 	tetherv1connect.AgentServiceSessionProcedure: func(ctx context.Context, w *authzWorld, c caller) cellResult {
 		stream := w.as(c).Agent.Session(ctx)

@@ -20,6 +20,7 @@ func Policy() auth.Policy {
 
 		tetherv1connect.AgentServiceRegisterRootProcedure: auth.Operate,
 		tetherv1connect.AgentServiceSpawnProcedure:        auth.OperateOrAgent,
+		tetherv1connect.AgentServiceSpawnBatchProcedure:   auth.OperateOrAgent,
 		tetherv1connect.AgentServiceSessionProcedure:      auth.Agent,
 		tetherv1connect.AgentServiceConfirmExitProcedure:  auth.OperateOrAgent,
 		tetherv1connect.AgentServiceGetNodeProcedure:      auth.Read,

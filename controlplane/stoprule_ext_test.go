@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -415,4 +416,46 @@ func TestStopRulesOverTimeAndLeases(t *testing.T) {
 		srv.Poke()
 		return len(ruleProposals(t, srv, old.RuleId)) == 2 // the planner and its worker
 	})
+}
+
+// TestSpawnRuleFiresOnExactSpawnCounts: spawns are counted into growth
+// records of their ancestors rather than into the ancestors' counters; a
+// rule over the spawn counters fires on the exact count, and the counters
+// read back exact, while spawns arrive concurrently from several clients.
+func TestSpawnRuleFiresOnExactSpawnCounts(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	mid := spawn(t, admin, root.Node.NodeId, "mid")
+	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "fan-out", Expression: `observed.subtree_size > 250`})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		c := srv.Clients(srv.Admin)
+		wg.Go(func() {
+			for i := w; i < 249; i += 4 {
+				if _, err := c.Agent.Spawn(context.Background(), connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: mid.Node.NodeId, Name: "w" + strconv.Itoa(i)})); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	// 1 + mid + 249 = 251 nodes: the 249th spawn under mid made it true.
+	p := waitRuleProposal(t, srv, rule.RuleId)
+	if v := valueOf(p.Rule.Values, "observed.subtree_size"); v.GetValue() != "251" {
+		t.Fatalf("proposal's values %v, want observed.subtree_size = 251", p.Rule.Values)
+	}
+	for _, tc := range []struct {
+		node                string
+		size, depth, spawns int64
+	}{{root.Node.NodeId, 251, 2, 1}, {mid.Node.NodeId, 250, 1, 249}} {
+		tr, err := admin.StopRule.TestStopRule(context.Background(), connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: tc.node, Expression: "true"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := tr.Msg.Observed; o.SubtreeSize != tc.size || o.SubtreeDepth != tc.depth || o.Spawns != tc.spawns {
+			t.Errorf("node %s: subtree_size %d, subtree_depth %d, spawns %d; want %d, %d, %d", tc.node, o.SubtreeSize, o.SubtreeDepth, o.Spawns, tc.size, tc.depth, tc.spawns)
+		}
+	}
 }

@@ -211,9 +211,10 @@ func hostOf(addr string) string {
 	return addr
 }
 
-// Spend charges n more requests to the budget of the stream's principal:
+// Spend charges n more requests to the budget of the caller's principal:
 // a stream message that carries a batch of n messages costs n, like n
-// unary calls. It is a no-op outside a stream the Interceptor admitted.
+// unary calls, and so does a unary call that does the work of n (a batch
+// of n children). It is a no-op outside a call the Interceptor admitted.
 func Spend(ctx context.Context, n int) error {
 	m, ok := ctx.Value(meterKey{}).(*meter)
 	if !ok || n <= 0 {
@@ -296,11 +297,12 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		ctx, _, err := i.admitted(ctx, req.Spec().Procedure, req.Header(), req.Peer().Addr)
+		ctx, p, err := i.admitted(ctx, req.Spec().Procedure, req.Header(), req.Peer().Addr)
 		if err != nil {
 			return nil, err
 		}
-		return next(ctx, req)
+		// A batch call (SpawnBatch) charges its further items with Spend.
+		return next(context.WithValue(ctx, meterKey{}, &meter{i: i, p: p}), req)
 	}
 }
 

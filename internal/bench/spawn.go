@@ -2,23 +2,29 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/supervisor/tree"
+	"os"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/etcdlocal"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 func init() {
 	Register("supervisor/spawn", supervisorSpawn)
+	Register("supervisor/spawn-etcd", supervisorSpawnEtcd)
 }
 
 // supervisorSpawn measures durable spawns with credential issuance: each
 // call registers a child in the tree (committed to Badger with SyncWrites
 // before it is answered) and mints the child's agent credential (an
-// EdDSA-signed JWT). With 1 client and with 64, each on its own connection
+// EdDSA-signed JWT). With 1, 8 and 64 clients, each on its own connection
 // and spawning under its own parent, as separate agents growing their
 // subtrees would. Besides the rate, it reports the rate per CPU-second of
 // the whole process (server and clients), which on a shared machine tracks
@@ -29,11 +35,110 @@ func supervisorSpawn(ctx context.Context, r *Report) error {
 		return err
 	}
 	defer srv.Stop()
+	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}); err != nil {
+		return err
+	}
+	return measureSpawnBatches(ctx, r, srv, 8, 64)
+}
+
+// measureSpawnBatches measures SpawnBatch for fan-out: workers clients,
+// each spawning batch children per call under its own parent (a fresh
+// parent when one is full), in agents per second: the same durable
+// spawns and credentials as Spawn, one RPC and one transaction a batch.
+func measureSpawnBatches(ctx context.Context, r *Report, srv *benchServer, workers, batch int) error {
+	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-batch-root"}))
+	if err != nil {
+		return err
+	}
+	req := &tetherv1.SpawnBatchRequest{}
+	for range batch {
+		req.Children = append(req.Children, &tetherv1.SpawnBatchChild{Name: "agent"})
+	}
+	clients := make([]*agentsdk.Conn, workers)
+	parents := make([]string, workers)
+	calls := make([]int, workers)
+	newParent := func(ctx context.Context, w int) error {
+		resp, err := clients[w].Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
+		if err == nil {
+			parents[w], calls[w] = resp.Msg.Node.NodeId, 0
+		}
+		return err
+	}
+	for w := range clients {
+		clients[w] = agentsdk.Dial(srv.URL, srv.AdminToken)
+		if err := newParent(ctx, w); err != nil {
+			return err
+		}
+	}
+	var spawned atomic.Int64
+	perParent := tree.DefaultLimits.MaxChildren / batch
+	op := func(ctx context.Context, w int) error {
+		if calls[w] == perParent {
+			if err := newParent(ctx, w); err != nil {
+				return err
+			}
+		}
+		m := proto.CloneOf(req)
+		m.ParentNodeId = parents[w]
+		resp, err := clients[w].Agent.SpawnBatch(ctx, connect.NewRequest(m))
+		if err != nil {
+			return err
+		}
+		if len(resp.Msg.Spawned) != batch || resp.Msg.Spawned[batch-1].Credential == "" {
+			return fmt.Errorf("a batch of %d spawned %d", batch, len(resp.Msg.Spawned))
+		}
+		calls[w]++
+		spawned.Add(int64(batch))
+		return nil
+	}
+	cpuBefore, cpuOK := processCPU()
+	rate, err := Throughput(ctx, workers, r.Duration, op)
+	if err != nil {
+		return err
+	}
+	cpuAfter, _ := processCPU()
+	name := fmt.Sprintf("supervisor/spawn-batch-durable/clients=%d/batch=%d", workers, batch)
+	r.Add(name, rate*float64(batch), "agents/s")
+	if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 {
+		r.Add(name+"/per-cpu-second", float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
+	}
+	return nil
+}
+
+// supervisorSpawnEtcd is supervisor/spawn on a local single-member etcd:
+// every spawn is its own etcd transaction, so besides the rate it reports
+// how many attempts per spawn lost a race (the spawns of one tree share
+// their ancestors' stop-rule counters).
+func supervisorSpawnEtcd(ctx context.Context, r *Report) error {
+	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-spawn-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	if errors.Is(err, etcdlocal.ErrNoBinary) {
+		fmt.Fprintln(os.Stderr, "  supervisor/spawn-etcd: etcd not installed (apt-get install etcd-server): skipped")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	defer cluster.Stop()
+	srv, stop, err := startEtcdServer(ctx, r, cluster)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return measureSpawns(ctx, r, srv, "supervisor/spawn-etcd", []int{1, 64})
+}
+
+// measureSpawns measures spawns with each number of clients in turn.
+func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string, levels []int) error {
 	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-root"}))
 	if err != nil {
 		return err
 	}
-	for _, workers := range []int{1, 64} {
+	for _, workers := range levels {
 		clients := make([]*agentsdk.Conn, workers)
 		parents := make([]string, workers)
 		for i := range clients {
@@ -57,15 +162,26 @@ func supervisorSpawn(ctx context.Context, r *Report) error {
 			return nil
 		}
 		cpuBefore, cpuOK := processCPU()
+		storeBefore, etcdBefore := badgerStats(srv), etcdStats(srv)
 		rate, err := Throughput(ctx, workers, r.Duration, spawn)
 		if err != nil {
 			return err
 		}
 		cpuAfter, _ := processCPU()
-		r.Add(fmt.Sprintf("supervisor/spawn-durable/clients=%d", workers), rate, "agents/s")
-		if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 {
+		storeAfter, etcdAfter := badgerStats(srv), etcdStats(srv)
+		if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
+			// The whole run, warm-up included: how many spawns shared a sync.
+			r.Add(fmt.Sprintf("%s/clients=%d/spawns-per-sync", name, workers), float64(spawned.Load())/float64(syncs), "agents")
+		}
+		if n := spawned.Load(); n > 0 && etcdAfter.Updates > etcdBefore.Updates {
+			// Conflicts of the whole run, warm-up included, per spawn.
+			r.Add(fmt.Sprintf("%s/clients=%d/conflicts-per-spawn", name, workers), float64(etcdAfter.Conflicts-etcdBefore.Conflicts)/float64(n), "conflicts")
+		}
+		r.Add(fmt.Sprintf("%s/clients=%d", name, workers), rate, "agents/s")
+		if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 && etcdAfter.Updates == 0 {
+			// Not on etcd, whose work is in another process.
 			// The whole run, warm-up included, over its CPU time.
-			r.Add(fmt.Sprintf("supervisor/spawn-durable-per-cpu-second/clients=%d", workers), float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
+			r.Add(fmt.Sprintf("%s-per-cpu-second/clients=%d", name, workers), float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
 		}
 	}
 	return nil

@@ -31,6 +31,11 @@
 //   - As the supervisor's Observer (set on Ledger.Observer and
 //     Tree.Observer) it updates the counters inside the ledger's and the
 //     tree's own transactions, so they are exactly what the ledger holds.
+//     A spawn counts itself into one of 256 growth records of each
+//     ancestor, chosen by the spawn's parent, rather than into the
+//     ancestors' counters, so spawns under different parents share no
+//     record but by a hash collision (the root's counters are not a hot
+//     key); readers add the records up.
 //   - Run is the level-triggered evaluator (leader-only). It watches the
 //     rules, the counters and the tree and evaluates the rules in effect
 //     at a node each time something a rule reads changes, never by polling

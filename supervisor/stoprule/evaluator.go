@@ -349,6 +349,8 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			}
 		case isUnder(ev.Key, prefixObs):
 			ix.markNode(tail(ev.Key, prefixObs))
+		case isUnder(ev.Key, prefixGrow):
+			ix.markNode(keyNode(ev.Key, prefixGrow))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, prefixNode):

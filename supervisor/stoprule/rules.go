@@ -2,8 +2,10 @@ package stoprule
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"maps"
 	"strings"
@@ -29,6 +31,7 @@ const (
 	prefixAll   = "stoprules/"
 	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → tetherv1.StopRule
 	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → tetherv1.StopRuleObservations (the stored counters)
+	prefixGrow  = "stoprules/grow/"  // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
 	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → tetherv1.ReportCountersResponse
 	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
@@ -48,7 +51,11 @@ func indexKey(r *tetherv1.StopRule) []byte {
 	}
 	return selKey(r.RuleId)
 }
-func obsKey(node string) []byte           { return []byte(prefixObs + node) }
+func obsKey(node string) []byte     { return []byte(prefixObs + node) }
+func growPrefix(node string) []byte { return []byte(prefixGrow + node + "/") }
+func growKey(anc string, shard uint32) []byte {
+	return fmt.Appendf(nil, "%s%s/%02x", prefixGrow, anc, shard)
+}
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
 func firedKey(node, rule string) []byte   { return []byte(prefixFired + node + "/" + rule) }
@@ -354,27 +361,80 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) erro
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
-// every ancestor's subtree size and depth, in the spawn's transaction.
+// every ancestor's subtree size and depth, in the spawn's transaction. The
+// ancestors' spawn counters are kept in growShards records per ancestor,
+// the record chosen by the spawn's parent, beside the counters the ledger
+// writes: spawns under one parent share one record (they share the
+// parent's child count anyway), and spawns under different parents share
+// none but by a hash collision, so concurrent spawns across a tree do not
+// all read and rewrite the root's counters (on etcd, 64 clients under one
+// root had conflicted once per spawn). Readers add the records up
+// (readNode); every spawn is in exactly one record of each ancestor.
 func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
-	loaded := map[string]*tetherv1.StopRuleObservations{}
-	var firstErr error
-	ApplySpawn(child, func(nodeID string) *tetherv1.StopRuleObservations {
-		o, err := storedObs(tx, nodeID)
-		if err != nil && firstErr == nil {
-			firstErr = err
+	n := len(child.Ancestors)
+	shard := growShard(child.ParentNodeId)
+	for i, a := range child.Ancestors {
+		key := growKey(a, shard)
+		g, err := getGrowth(tx, key)
+		if err != nil {
+			return err
 		}
-		loaded[nodeID] = o
-		return o
-	})
-	if firstErr != nil {
-		return firstErr
-	}
-	for nodeID, o := range loaded {
-		if err := putProto(tx, obsKey(nodeID), o); err != nil {
+		below := uint64(n - i)
+		g.nodes++
+		g.depth = max(g.depth, below)
+		if below == 1 {
+			g.children++
+		}
+		if err := tx.Put(key, g.append(nil)); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// growShards is how many growth records an ancestor's spawn counters are
+// spread over: a reader adds up to this many small records.
+const growShards = 256
+
+func growShard(parentID string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(parentID))
+	return h.Sum32() % growShards
+}
+
+// growth is one record of an ancestor's spawn counters: the nodes spawned
+// below it (under parents of one shard), the deepest of them (levels
+// below), and how many are its children.
+type growth struct{ nodes, depth, children uint64 }
+
+func (g growth) append(b []byte) []byte {
+	return binary.AppendUvarint(binary.AppendUvarint(binary.AppendUvarint(b, g.nodes), g.depth), g.children)
+}
+
+func decodeGrowth(v []byte) (growth, error) {
+	var g growth
+	for _, f := range []*uint64{&g.nodes, &g.depth, &g.children} {
+		x, n := binary.Uvarint(v)
+		if n <= 0 {
+			return growth{}, fmt.Errorf("stoprule: corrupt growth record of %d bytes", len(v))
+		}
+		*f, v = x, v[n:]
+	}
+	if len(v) != 0 {
+		return growth{}, errors.New("stoprule: corrupt growth record: trailing bytes")
+	}
+	return g, nil
+}
+
+func getGrowth(tx store.ReadTxn, key []byte) (growth, error) {
+	v, err := tx.Get(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return growth{}, nil
+	}
+	if err != nil {
+		return growth{}, err
+	}
+	return decodeGrowth(v)
 }
 
 // snapshot completes the stored counters with the node, the clock, and
@@ -480,6 +540,25 @@ func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, 
 	if err != nil {
 		return nil, nil, err
 	}
+	// The spawns below, from the growth records (counters stored by an
+	// older version, which folded spawns into o, are kept and added to).
+	var nodes uint64
+	err = tx.Scan(growPrefix(nodeID), nil, func(_, v []byte) error {
+		g, err := decodeGrowth(v)
+		if err != nil {
+			return err
+		}
+		nodes += g.nodes
+		o.Spawns += int64(g.children)
+		o.SubtreeDepth = max(o.SubtreeDepth, int64(g.depth))
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if nodes > 0 {
+		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
+	}
 	self := &tetherv1.ReportCountersResponse{}
 	if err := getProto(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, nil, err
@@ -487,6 +566,8 @@ func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, 
 	return o, self.Counters, nil
 }
 
+// storedObs reads a node's stored counters alone, without the growth
+// records (readNode adds them): what is written back.
 func storedObs(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, error) {
 	o := &tetherv1.StopRuleObservations{}
 	if err := getProto(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {

@@ -106,16 +106,45 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 // transaction). authorize is called inside the transaction with the parent,
 // so the caller's check and the write see the same state.
 func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
+	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{Name: name, Labels: labels}}, createdBy, authorize)
+	if err != nil {
+		return nil, err
+	}
+	return nodes[0], nil
+}
+
+// ChildSpec is one child of SpawnMany: its name and labels.
+type ChildSpec struct {
+	Name   string
+	Labels map[string]string
+}
+
+// SpawnMany registers children under parentID in one transaction, all or
+// none, in the order given, each with a fresh id, with Spawn's checks: the
+// parent running and authorize called with it inside the transaction,
+// and the depth and fan-out limits counting every child of the call.
+func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec, createdBy string, authorize func(parent *tetherv1.Node) error) ([]*tetherv1.Node, error) {
 	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	if err := t.ValidateNode(name, labels); err != nil {
-		return nil, err
+	if len(specs) == 0 {
+		return nil, fmt.Errorf("%w: no child to spawn", ErrInvalidArgument)
 	}
-	childID := id.New(id.Node)
+	ids := make([]string, len(specs))
+	for i, c := range specs {
+		if err := t.ValidateNode(c.Name, c.Labels); err != nil {
+			return nil, err
+		}
+		ids[i] = id.New(id.Node)
+	}
 	now := timestamppb.New(t.Clock.Now())
-	var child *tetherv1.Node
+	var out []*tetherv1.Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		out = out[:0]
+		// One round trip on etcd for the two reads.
+		if err := store.Prefetch(tx, [][]byte{nodeKey(parentID), childCountKey(parentID)}, nil); err != nil {
+			return err
+		}
 		parent, err := getNode(tx, parentID)
 		if err != nil {
 			return err
@@ -141,37 +170,43 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 		if err != nil {
 			return err
 		}
-		if children >= uint64(t.Limits.MaxChildren) {
-			return fmt.Errorf("%w: parent_node_id %s already has %d children, the maximum per node", ErrLimit, parentID, children)
+		if children+uint64(len(specs)) > uint64(t.Limits.MaxChildren) {
+			if len(specs) == 1 {
+				return fmt.Errorf("%w: parent_node_id %s already has %d children, the maximum per node", ErrLimit, parentID, children)
+			}
+			return fmt.Errorf("%w: parent_node_id %s has %d children; %d more would pass the maximum of %d per node", ErrLimit, parentID, children, len(specs), t.Limits.MaxChildren)
 		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
-		child = &tetherv1.Node{
-			NodeId:       childID,
-			ParentNodeId: parentID,
-			Ancestors:    ancestors,
-			Name:         name,
-			Labels:       labels,
-			State:        tetherv1.NodeState_NODE_STATE_RUNNING,
-			CreatedAt:    now,
-			CreatedBy:    createdBy,
-		}
-		if err := putNode(tx, child); err != nil {
-			return err
-		}
-		if t.Observer != nil {
-			if err := t.Observer.ObserveSpawn(tx, child); err != nil {
+		for i, c := range specs {
+			child := &tetherv1.Node{
+				NodeId:       ids[i],
+				ParentNodeId: parentID,
+				Ancestors:    ancestors,
+				Name:         c.Name,
+				Labels:       c.Labels,
+				State:        tetherv1.NodeState_NODE_STATE_RUNNING,
+				CreatedAt:    now,
+				CreatedBy:    createdBy,
+			}
+			if err := putNode(tx, child); err != nil {
 				return err
 			}
+			if t.Observer != nil {
+				if err := t.Observer.ObserveSpawn(tx, child); err != nil {
+					return err
+				}
+			}
+			if err := tx.Put(childKey(parentID, ids[i]), nil); err != nil {
+				return err
+			}
+			out = append(out, child)
 		}
-		if err := tx.Put(childCountKey(parentID), binary.BigEndian.AppendUint64(nil, children+1)); err != nil {
-			return err
-		}
-		return tx.Put(childKey(parentID, childID), nil)
+		return tx.Put(childCountKey(parentID), binary.BigEndian.AppendUint64(nil, children+uint64(len(specs))))
 	})
 	if err != nil {
 		return nil, err
 	}
-	return child, nil
+	return out, nil
 }
 
 // stoppingAncestor refuses a parent one of whose ancestors is stopping or

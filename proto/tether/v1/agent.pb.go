@@ -753,6 +753,156 @@ func (x *SpawnResponse) GetCredentialExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+type SpawnBatchRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ParentNodeId string                 `protobuf:"bytes,1,opt,name=parent_node_id,json=parentNodeId,proto3" json:"parent_node_id,omitempty"`
+	// The children, 1 to 256; each as the name and labels of a SpawnRequest.
+	Children      []*SpawnBatchChild `protobuf:"bytes,2,rep,name=children,proto3" json:"children,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpawnBatchRequest) Reset() {
+	*x = SpawnBatchRequest{}
+	mi := &file_tether_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpawnBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpawnBatchRequest) ProtoMessage() {}
+
+func (x *SpawnBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpawnBatchRequest.ProtoReflect.Descriptor instead.
+func (*SpawnBatchRequest) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SpawnBatchRequest) GetParentNodeId() string {
+	if x != nil {
+		return x.ParentNodeId
+	}
+	return ""
+}
+
+func (x *SpawnBatchRequest) GetChildren() []*SpawnBatchChild {
+	if x != nil {
+		return x.Children
+	}
+	return nil
+}
+
+type SpawnBatchChild struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpawnBatchChild) Reset() {
+	*x = SpawnBatchChild{}
+	mi := &file_tether_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpawnBatchChild) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpawnBatchChild) ProtoMessage() {}
+
+func (x *SpawnBatchChild) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpawnBatchChild.ProtoReflect.Descriptor instead.
+func (*SpawnBatchChild) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SpawnBatchChild) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SpawnBatchChild) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type SpawnBatchResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The children in the order requested, each with its credential.
+	Spawned       []*SpawnResponse `protobuf:"bytes,1,rep,name=spawned,proto3" json:"spawned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpawnBatchResponse) Reset() {
+	*x = SpawnBatchResponse{}
+	mi := &file_tether_v1_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpawnBatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpawnBatchResponse) ProtoMessage() {}
+
+func (x *SpawnBatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpawnBatchResponse.ProtoReflect.Descriptor instead.
+func (*SpawnBatchResponse) Descriptor() ([]byte, []int) {
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SpawnBatchResponse) GetSpawned() []*SpawnResponse {
+	if x != nil {
+		return x.Spawned
+	}
+	return nil
+}
+
 type SessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -767,7 +917,7 @@ type SessionRequest struct {
 
 func (x *SessionRequest) Reset() {
 	*x = SessionRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[8]
+	mi := &file_tether_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +929,7 @@ func (x *SessionRequest) String() string {
 func (*SessionRequest) ProtoMessage() {}
 
 func (x *SessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[8]
+	mi := &file_tether_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +942,7 @@ func (x *SessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
 func (*SessionRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SessionRequest) GetKind() isSessionRequest_Kind {
@@ -860,7 +1010,7 @@ type SessionHello struct {
 
 func (x *SessionHello) Reset() {
 	*x = SessionHello{}
-	mi := &file_tether_v1_agent_proto_msgTypes[9]
+	mi := &file_tether_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1022,7 @@ func (x *SessionHello) String() string {
 func (*SessionHello) ProtoMessage() {}
 
 func (x *SessionHello) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[9]
+	mi := &file_tether_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1035,7 @@ func (x *SessionHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionHello.ProtoReflect.Descriptor instead.
 func (*SessionHello) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SessionHello) GetNodeId() string {
@@ -905,7 +1055,7 @@ type SessionHeartbeat struct {
 
 func (x *SessionHeartbeat) Reset() {
 	*x = SessionHeartbeat{}
-	mi := &file_tether_v1_agent_proto_msgTypes[10]
+	mi := &file_tether_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -917,7 +1067,7 @@ func (x *SessionHeartbeat) String() string {
 func (*SessionHeartbeat) ProtoMessage() {}
 
 func (x *SessionHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[10]
+	mi := &file_tether_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -930,7 +1080,7 @@ func (x *SessionHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionHeartbeat.ProtoReflect.Descriptor instead.
 func (*SessionHeartbeat) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SessionHeartbeat) GetSentAt() *timestamppb.Timestamp {
@@ -956,7 +1106,7 @@ type SessionExit struct {
 
 func (x *SessionExit) Reset() {
 	*x = SessionExit{}
-	mi := &file_tether_v1_agent_proto_msgTypes[11]
+	mi := &file_tether_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -968,7 +1118,7 @@ func (x *SessionExit) String() string {
 func (*SessionExit) ProtoMessage() {}
 
 func (x *SessionExit) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[11]
+	mi := &file_tether_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -981,7 +1131,7 @@ func (x *SessionExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionExit.ProtoReflect.Descriptor instead.
 func (*SessionExit) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SessionExit) GetReason() string {
@@ -1006,7 +1156,7 @@ type SessionResponse struct {
 
 func (x *SessionResponse) Reset() {
 	*x = SessionResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[12]
+	mi := &file_tether_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1168,7 @@ func (x *SessionResponse) String() string {
 func (*SessionResponse) ProtoMessage() {}
 
 func (x *SessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[12]
+	mi := &file_tether_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1181,7 @@ func (x *SessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
 func (*SessionResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *SessionResponse) GetKind() isSessionResponse_Kind {
@@ -1114,7 +1264,7 @@ type SessionOpened struct {
 
 func (x *SessionOpened) Reset() {
 	*x = SessionOpened{}
-	mi := &file_tether_v1_agent_proto_msgTypes[13]
+	mi := &file_tether_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1126,7 +1276,7 @@ func (x *SessionOpened) String() string {
 func (*SessionOpened) ProtoMessage() {}
 
 func (x *SessionOpened) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[13]
+	mi := &file_tether_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1139,7 +1289,7 @@ func (x *SessionOpened) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionOpened.ProtoReflect.Descriptor instead.
 func (*SessionOpened) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SessionOpened) GetNode() *Node {
@@ -1161,7 +1311,7 @@ type SessionSignal struct {
 
 func (x *SessionSignal) Reset() {
 	*x = SessionSignal{}
-	mi := &file_tether_v1_agent_proto_msgTypes[14]
+	mi := &file_tether_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1323,7 @@ func (x *SessionSignal) String() string {
 func (*SessionSignal) ProtoMessage() {}
 
 func (x *SessionSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[14]
+	mi := &file_tether_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1336,7 @@ func (x *SessionSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionSignal.ProtoReflect.Descriptor instead.
 func (*SessionSignal) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SessionSignal) GetKind() SignalKind {
@@ -1227,7 +1377,7 @@ type SessionCredential struct {
 
 func (x *SessionCredential) Reset() {
 	*x = SessionCredential{}
-	mi := &file_tether_v1_agent_proto_msgTypes[15]
+	mi := &file_tether_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1389,7 @@ func (x *SessionCredential) String() string {
 func (*SessionCredential) ProtoMessage() {}
 
 func (x *SessionCredential) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[15]
+	mi := &file_tether_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1402,7 @@ func (x *SessionCredential) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionCredential.ProtoReflect.Descriptor instead.
 func (*SessionCredential) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SessionCredential) GetCredential() string {
@@ -1278,7 +1428,7 @@ type SessionHeartbeatAck struct {
 
 func (x *SessionHeartbeatAck) Reset() {
 	*x = SessionHeartbeatAck{}
-	mi := &file_tether_v1_agent_proto_msgTypes[16]
+	mi := &file_tether_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1290,7 +1440,7 @@ func (x *SessionHeartbeatAck) String() string {
 func (*SessionHeartbeatAck) ProtoMessage() {}
 
 func (x *SessionHeartbeatAck) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[16]
+	mi := &file_tether_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1303,7 +1453,7 @@ func (x *SessionHeartbeatAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionHeartbeatAck.ProtoReflect.Descriptor instead.
 func (*SessionHeartbeatAck) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SessionHeartbeatAck) GetServerTime() *timestamppb.Timestamp {
@@ -1323,7 +1473,7 @@ type ConfirmExitRequest struct {
 
 func (x *ConfirmExitRequest) Reset() {
 	*x = ConfirmExitRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[17]
+	mi := &file_tether_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1485,7 @@ func (x *ConfirmExitRequest) String() string {
 func (*ConfirmExitRequest) ProtoMessage() {}
 
 func (x *ConfirmExitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[17]
+	mi := &file_tether_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1498,7 @@ func (x *ConfirmExitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmExitRequest.ProtoReflect.Descriptor instead.
 func (*ConfirmExitRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ConfirmExitRequest) GetNodeId() string {
@@ -1374,7 +1524,7 @@ type ConfirmExitResponse struct {
 
 func (x *ConfirmExitResponse) Reset() {
 	*x = ConfirmExitResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[18]
+	mi := &file_tether_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1386,7 +1536,7 @@ func (x *ConfirmExitResponse) String() string {
 func (*ConfirmExitResponse) ProtoMessage() {}
 
 func (x *ConfirmExitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[18]
+	mi := &file_tether_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1399,7 +1549,7 @@ func (x *ConfirmExitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfirmExitResponse.ProtoReflect.Descriptor instead.
 func (*ConfirmExitResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ConfirmExitResponse) GetNode() *Node {
@@ -1418,7 +1568,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[19]
+	mi := &file_tether_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1580,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[19]
+	mi := &file_tether_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1593,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetNodeRequest) GetNodeId() string {
@@ -1462,7 +1612,7 @@ type GetNodeResponse struct {
 
 func (x *GetNodeResponse) Reset() {
 	*x = GetNodeResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[20]
+	mi := &file_tether_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1624,7 @@ func (x *GetNodeResponse) String() string {
 func (*GetNodeResponse) ProtoMessage() {}
 
 func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[20]
+	mi := &file_tether_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1637,7 @@ func (x *GetNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeResponse.ProtoReflect.Descriptor instead.
 func (*GetNodeResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetNodeResponse) GetNode() *Node {
@@ -1511,7 +1661,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[21]
+	mi := &file_tether_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1673,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[21]
+	mi := &file_tether_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1686,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListNodesRequest) GetRootNodeId() string {
@@ -1577,7 +1727,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[22]
+	mi := &file_tether_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1589,7 +1739,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[22]
+	mi := &file_tether_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1602,7 +1752,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -1632,7 +1782,7 @@ type ProposeStopRequest struct {
 
 func (x *ProposeStopRequest) Reset() {
 	*x = ProposeStopRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[23]
+	mi := &file_tether_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +1794,7 @@ func (x *ProposeStopRequest) String() string {
 func (*ProposeStopRequest) ProtoMessage() {}
 
 func (x *ProposeStopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[23]
+	mi := &file_tether_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +1807,7 @@ func (x *ProposeStopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeStopRequest.ProtoReflect.Descriptor instead.
 func (*ProposeStopRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProposeStopRequest) GetNodeId() string {
@@ -1704,7 +1854,7 @@ type ProposeStopResponse struct {
 
 func (x *ProposeStopResponse) Reset() {
 	*x = ProposeStopResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[24]
+	mi := &file_tether_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1716,7 +1866,7 @@ func (x *ProposeStopResponse) String() string {
 func (*ProposeStopResponse) ProtoMessage() {}
 
 func (x *ProposeStopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[24]
+	mi := &file_tether_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1729,7 +1879,7 @@ func (x *ProposeStopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeStopResponse.ProtoReflect.Descriptor instead.
 func (*ProposeStopResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProposeStopResponse) GetProposal() *StopProposal {
@@ -1748,7 +1898,7 @@ type ReportReadyRequest struct {
 
 func (x *ReportReadyRequest) Reset() {
 	*x = ReportReadyRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[25]
+	mi := &file_tether_v1_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +1910,7 @@ func (x *ReportReadyRequest) String() string {
 func (*ReportReadyRequest) ProtoMessage() {}
 
 func (x *ReportReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[25]
+	mi := &file_tether_v1_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +1923,7 @@ func (x *ReportReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReadyRequest.ProtoReflect.Descriptor instead.
 func (*ReportReadyRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportReadyRequest) GetNodeId() string {
@@ -1792,7 +1942,7 @@ type ReportReadyResponse struct {
 
 func (x *ReportReadyResponse) Reset() {
 	*x = ReportReadyResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[26]
+	mi := &file_tether_v1_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1954,7 @@ func (x *ReportReadyResponse) String() string {
 func (*ReportReadyResponse) ProtoMessage() {}
 
 func (x *ReportReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[26]
+	mi := &file_tether_v1_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1967,7 @@ func (x *ReportReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportReadyResponse.ProtoReflect.Descriptor instead.
 func (*ReportReadyResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{26}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReportReadyResponse) GetNode() *Node {
@@ -1837,7 +1987,7 @@ type WatchSignalsRequest struct {
 
 func (x *WatchSignalsRequest) Reset() {
 	*x = WatchSignalsRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[27]
+	mi := &file_tether_v1_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +1999,7 @@ func (x *WatchSignalsRequest) String() string {
 func (*WatchSignalsRequest) ProtoMessage() {}
 
 func (x *WatchSignalsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[27]
+	mi := &file_tether_v1_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2012,7 @@ func (x *WatchSignalsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSignalsRequest.ProtoReflect.Descriptor instead.
 func (*WatchSignalsRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{27}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WatchSignalsRequest) GetNodeId() string {
@@ -1885,7 +2035,7 @@ type WatchSignalsResponse struct {
 
 func (x *WatchSignalsResponse) Reset() {
 	*x = WatchSignalsResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[28]
+	mi := &file_tether_v1_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1897,7 +2047,7 @@ func (x *WatchSignalsResponse) String() string {
 func (*WatchSignalsResponse) ProtoMessage() {}
 
 func (x *WatchSignalsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[28]
+	mi := &file_tether_v1_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1910,7 +2060,7 @@ func (x *WatchSignalsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchSignalsResponse.ProtoReflect.Descriptor instead.
 func (*WatchSignalsResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{28}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WatchSignalsResponse) GetKind() isWatchSignalsResponse_Kind {
@@ -1968,7 +2118,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_tether_v1_agent_proto_msgTypes[29]
+	mi := &file_tether_v1_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2130,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[29]
+	mi := &file_tether_v1_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2143,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{29}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *HeartbeatRequest) GetNodeId() string {
@@ -2031,7 +2181,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_tether_v1_agent_proto_msgTypes[30]
+	mi := &file_tether_v1_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2043,7 +2193,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_agent_proto_msgTypes[30]
+	mi := &file_tether_v1_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2056,7 +2206,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_agent_proto_rawDescGZIP(), []int{30}
+	return file_tether_v1_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HeartbeatResponse) GetServerTime() *timestamppb.Timestamp {
@@ -2149,7 +2299,18 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"credential\x18\x02 \x01(\tR\n" +
 	"credential\x12N\n" +
-	"\x15credential_expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x13credentialExpiresAt\"\xb4\x01\n" +
+	"\x15credential_expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x13credentialExpiresAt\"q\n" +
+	"\x11SpawnBatchRequest\x12$\n" +
+	"\x0eparent_node_id\x18\x01 \x01(\tR\fparentNodeId\x126\n" +
+	"\bchildren\x18\x02 \x03(\v2\x1a.tether.v1.SpawnBatchChildR\bchildren\"\xa0\x01\n" +
+	"\x0fSpawnBatchChild\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12>\n" +
+	"\x06labels\x18\x02 \x03(\v2&.tether.v1.SpawnBatchChild.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
+	"\x12SpawnBatchResponse\x122\n" +
+	"\aspawned\x18\x01 \x03(\v2\x18.tether.v1.SpawnResponseR\aspawned\"\xb4\x01\n" +
 	"\x0eSessionRequest\x12/\n" +
 	"\x05hello\x18\x01 \x01(\v2\x17.tether.v1.SessionHelloH\x00R\x05hello\x12;\n" +
 	"\theartbeat\x18\x02 \x01(\v2\x1b.tether.v1.SessionHeartbeatH\x00R\theartbeat\x12,\n" +
@@ -2245,10 +2406,12 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"SignalKind\x12\x1b\n" +
 	"\x17SIGNAL_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11SIGNAL_KIND_DRAIN\x10\x01\x12\x15\n" +
-	"\x11SIGNAL_KIND_ABORT\x10\x022\x84\x06\n" +
+	"\x11SIGNAL_KIND_ABORT\x10\x022\xd1\x06\n" +
 	"\fAgentService\x12Q\n" +
 	"\fRegisterRoot\x12\x1e.tether.v1.RegisterRootRequest\x1a\x1f.tether.v1.RegisterRootResponse\"\x00\x12<\n" +
-	"\x05Spawn\x12\x17.tether.v1.SpawnRequest\x1a\x18.tether.v1.SpawnResponse\"\x00\x12F\n" +
+	"\x05Spawn\x12\x17.tether.v1.SpawnRequest\x1a\x18.tether.v1.SpawnResponse\"\x00\x12K\n" +
+	"\n" +
+	"SpawnBatch\x12\x1c.tether.v1.SpawnBatchRequest\x1a\x1d.tether.v1.SpawnBatchResponse\"\x00\x12F\n" +
 	"\aSession\x12\x19.tether.v1.SessionRequest\x1a\x1a.tether.v1.SessionResponse\"\x00(\x010\x01\x12N\n" +
 	"\vConfirmExit\x12\x1d.tether.v1.ConfirmExitRequest\x1a\x1e.tether.v1.ConfirmExitResponse\"\x00\x12B\n" +
 	"\aGetNode\x12\x19.tether.v1.GetNodeRequest\x1a\x1a.tether.v1.GetNodeResponse\"\x00\x12H\n" +
@@ -2271,7 +2434,7 @@ func file_tether_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_tether_v1_agent_proto_goTypes = []any{
 	(NodeState)(0),                // 0: tether.v1.NodeState
 	(SignalKind)(0),               // 1: tether.v1.SignalKind
@@ -2283,109 +2446,118 @@ var file_tether_v1_agent_proto_goTypes = []any{
 	(*RegisterRootResponse)(nil),  // 7: tether.v1.RegisterRootResponse
 	(*SpawnRequest)(nil),          // 8: tether.v1.SpawnRequest
 	(*SpawnResponse)(nil),         // 9: tether.v1.SpawnResponse
-	(*SessionRequest)(nil),        // 10: tether.v1.SessionRequest
-	(*SessionHello)(nil),          // 11: tether.v1.SessionHello
-	(*SessionHeartbeat)(nil),      // 12: tether.v1.SessionHeartbeat
-	(*SessionExit)(nil),           // 13: tether.v1.SessionExit
-	(*SessionResponse)(nil),       // 14: tether.v1.SessionResponse
-	(*SessionOpened)(nil),         // 15: tether.v1.SessionOpened
-	(*SessionSignal)(nil),         // 16: tether.v1.SessionSignal
-	(*SessionCredential)(nil),     // 17: tether.v1.SessionCredential
-	(*SessionHeartbeatAck)(nil),   // 18: tether.v1.SessionHeartbeatAck
-	(*ConfirmExitRequest)(nil),    // 19: tether.v1.ConfirmExitRequest
-	(*ConfirmExitResponse)(nil),   // 20: tether.v1.ConfirmExitResponse
-	(*GetNodeRequest)(nil),        // 21: tether.v1.GetNodeRequest
-	(*GetNodeResponse)(nil),       // 22: tether.v1.GetNodeResponse
-	(*ListNodesRequest)(nil),      // 23: tether.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 24: tether.v1.ListNodesResponse
-	(*ProposeStopRequest)(nil),    // 25: tether.v1.ProposeStopRequest
-	(*ProposeStopResponse)(nil),   // 26: tether.v1.ProposeStopResponse
-	(*ReportReadyRequest)(nil),    // 27: tether.v1.ReportReadyRequest
-	(*ReportReadyResponse)(nil),   // 28: tether.v1.ReportReadyResponse
-	(*WatchSignalsRequest)(nil),   // 29: tether.v1.WatchSignalsRequest
-	(*WatchSignalsResponse)(nil),  // 30: tether.v1.WatchSignalsResponse
-	(*HeartbeatRequest)(nil),      // 31: tether.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 32: tether.v1.HeartbeatResponse
-	nil,                           // 33: tether.v1.Node.LabelsEntry
-	nil,                           // 34: tether.v1.RegisterRootRequest.LabelsEntry
-	nil,                           // 35: tether.v1.SpawnRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
-	(TerminationMode)(0),          // 37: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),   // 38: google.protobuf.Duration
-	(*StopProposal)(nil),          // 39: tether.v1.StopProposal
+	(*SpawnBatchRequest)(nil),     // 10: tether.v1.SpawnBatchRequest
+	(*SpawnBatchChild)(nil),       // 11: tether.v1.SpawnBatchChild
+	(*SpawnBatchResponse)(nil),    // 12: tether.v1.SpawnBatchResponse
+	(*SessionRequest)(nil),        // 13: tether.v1.SessionRequest
+	(*SessionHello)(nil),          // 14: tether.v1.SessionHello
+	(*SessionHeartbeat)(nil),      // 15: tether.v1.SessionHeartbeat
+	(*SessionExit)(nil),           // 16: tether.v1.SessionExit
+	(*SessionResponse)(nil),       // 17: tether.v1.SessionResponse
+	(*SessionOpened)(nil),         // 18: tether.v1.SessionOpened
+	(*SessionSignal)(nil),         // 19: tether.v1.SessionSignal
+	(*SessionCredential)(nil),     // 20: tether.v1.SessionCredential
+	(*SessionHeartbeatAck)(nil),   // 21: tether.v1.SessionHeartbeatAck
+	(*ConfirmExitRequest)(nil),    // 22: tether.v1.ConfirmExitRequest
+	(*ConfirmExitResponse)(nil),   // 23: tether.v1.ConfirmExitResponse
+	(*GetNodeRequest)(nil),        // 24: tether.v1.GetNodeRequest
+	(*GetNodeResponse)(nil),       // 25: tether.v1.GetNodeResponse
+	(*ListNodesRequest)(nil),      // 26: tether.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 27: tether.v1.ListNodesResponse
+	(*ProposeStopRequest)(nil),    // 28: tether.v1.ProposeStopRequest
+	(*ProposeStopResponse)(nil),   // 29: tether.v1.ProposeStopResponse
+	(*ReportReadyRequest)(nil),    // 30: tether.v1.ReportReadyRequest
+	(*ReportReadyResponse)(nil),   // 31: tether.v1.ReportReadyResponse
+	(*WatchSignalsRequest)(nil),   // 32: tether.v1.WatchSignalsRequest
+	(*WatchSignalsResponse)(nil),  // 33: tether.v1.WatchSignalsResponse
+	(*HeartbeatRequest)(nil),      // 34: tether.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 35: tether.v1.HeartbeatResponse
+	nil,                           // 36: tether.v1.Node.LabelsEntry
+	nil,                           // 37: tether.v1.RegisterRootRequest.LabelsEntry
+	nil,                           // 38: tether.v1.SpawnRequest.LabelsEntry
+	nil,                           // 39: tether.v1.SpawnBatchChild.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(TerminationMode)(0),          // 41: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
+	(*StopProposal)(nil),          // 43: tether.v1.StopProposal
 }
 var file_tether_v1_agent_proto_depIdxs = []int32{
-	36, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
-	36, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
-	33, // 2: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
+	40, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
+	40, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
+	36, // 2: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
 	0,  // 3: tether.v1.Node.state:type_name -> tether.v1.NodeState
-	36, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	36, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	36, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
-	36, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
+	40, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	40, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	40, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
+	40, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
 	2,  // 8: tether.v1.Node.exit_confirmations:type_name -> tether.v1.ExitConfirmation
 	3,  // 9: tether.v1.Node.contradictions:type_name -> tether.v1.Contradiction
-	36, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
-	36, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
+	40, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
+	40, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
 	5,  // 12: tether.v1.Node.open_sessions:type_name -> tether.v1.OpenSession
-	36, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
-	34, // 14: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
+	40, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
+	37, // 14: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
 	4,  // 15: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
-	36, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	35, // 17: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
+	40, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	38, // 17: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
 	4,  // 18: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
-	36, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
-	11, // 20: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
-	12, // 21: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
-	13, // 22: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
-	36, // 23: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
-	15, // 24: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
-	16, // 25: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
-	17, // 26: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
-	18, // 27: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
-	4,  // 28: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
-	1,  // 29: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
-	36, // 30: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
-	36, // 31: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
-	36, // 32: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
-	4,  // 33: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
-	4,  // 34: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
-	4,  // 35: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	37, // 36: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
-	38, // 37: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
-	39, // 38: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
-	4,  // 39: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
-	15, // 40: tether.v1.WatchSignalsResponse.opened:type_name -> tether.v1.SessionOpened
-	16, // 41: tether.v1.WatchSignalsResponse.signal:type_name -> tether.v1.SessionSignal
-	36, // 42: tether.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	36, // 43: tether.v1.HeartbeatResponse.server_time:type_name -> google.protobuf.Timestamp
-	16, // 44: tether.v1.HeartbeatResponse.signal:type_name -> tether.v1.SessionSignal
-	17, // 45: tether.v1.HeartbeatResponse.credential:type_name -> tether.v1.SessionCredential
-	6,  // 46: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
-	8,  // 47: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
-	10, // 48: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
-	19, // 49: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
-	21, // 50: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
-	23, // 51: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	25, // 52: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
-	27, // 53: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
-	29, // 54: tether.v1.AgentService.WatchSignals:input_type -> tether.v1.WatchSignalsRequest
-	31, // 55: tether.v1.AgentService.Heartbeat:input_type -> tether.v1.HeartbeatRequest
-	7,  // 56: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
-	9,  // 57: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
-	14, // 58: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
-	20, // 59: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
-	22, // 60: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
-	24, // 61: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	26, // 62: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
-	28, // 63: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
-	30, // 64: tether.v1.AgentService.WatchSignals:output_type -> tether.v1.WatchSignalsResponse
-	32, // 65: tether.v1.AgentService.Heartbeat:output_type -> tether.v1.HeartbeatResponse
-	56, // [56:66] is the sub-list for method output_type
-	46, // [46:56] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	40, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	11, // 20: tether.v1.SpawnBatchRequest.children:type_name -> tether.v1.SpawnBatchChild
+	39, // 21: tether.v1.SpawnBatchChild.labels:type_name -> tether.v1.SpawnBatchChild.LabelsEntry
+	9,  // 22: tether.v1.SpawnBatchResponse.spawned:type_name -> tether.v1.SpawnResponse
+	14, // 23: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
+	15, // 24: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
+	16, // 25: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
+	40, // 26: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	18, // 27: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
+	19, // 28: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
+	20, // 29: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
+	21, // 30: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
+	4,  // 31: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
+	1,  // 32: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
+	40, // 33: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
+	40, // 34: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
+	40, // 35: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
+	4,  // 36: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
+	4,  // 37: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
+	4,  // 38: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
+	41, // 39: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
+	42, // 40: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
+	43, // 41: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
+	4,  // 42: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
+	18, // 43: tether.v1.WatchSignalsResponse.opened:type_name -> tether.v1.SessionOpened
+	19, // 44: tether.v1.WatchSignalsResponse.signal:type_name -> tether.v1.SessionSignal
+	40, // 45: tether.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	40, // 46: tether.v1.HeartbeatResponse.server_time:type_name -> google.protobuf.Timestamp
+	19, // 47: tether.v1.HeartbeatResponse.signal:type_name -> tether.v1.SessionSignal
+	20, // 48: tether.v1.HeartbeatResponse.credential:type_name -> tether.v1.SessionCredential
+	6,  // 49: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
+	8,  // 50: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
+	10, // 51: tether.v1.AgentService.SpawnBatch:input_type -> tether.v1.SpawnBatchRequest
+	13, // 52: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
+	22, // 53: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
+	24, // 54: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
+	26, // 55: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	28, // 56: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
+	30, // 57: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
+	32, // 58: tether.v1.AgentService.WatchSignals:input_type -> tether.v1.WatchSignalsRequest
+	34, // 59: tether.v1.AgentService.Heartbeat:input_type -> tether.v1.HeartbeatRequest
+	7,  // 60: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
+	9,  // 61: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
+	12, // 62: tether.v1.AgentService.SpawnBatch:output_type -> tether.v1.SpawnBatchResponse
+	17, // 63: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
+	23, // 64: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
+	25, // 65: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
+	27, // 66: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	29, // 67: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
+	31, // 68: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
+	33, // 69: tether.v1.AgentService.WatchSignals:output_type -> tether.v1.WatchSignalsResponse
+	35, // 70: tether.v1.AgentService.Heartbeat:output_type -> tether.v1.HeartbeatResponse
+	60, // [60:71] is the sub-list for method output_type
+	49, // [49:60] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_agent_proto_init() }
@@ -2394,18 +2566,18 @@ func file_tether_v1_agent_proto_init() {
 		return
 	}
 	file_tether_v1_proposal_proto_init()
-	file_tether_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
+	file_tether_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
 		(*SessionRequest_Hello)(nil),
 		(*SessionRequest_Heartbeat)(nil),
 		(*SessionRequest_Exit)(nil),
 	}
-	file_tether_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_tether_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*SessionResponse_Opened)(nil),
 		(*SessionResponse_Signal)(nil),
 		(*SessionResponse_Credential)(nil),
 		(*SessionResponse_HeartbeatAck)(nil),
 	}
-	file_tether_v1_agent_proto_msgTypes[28].OneofWrappers = []any{
+	file_tether_v1_agent_proto_msgTypes[31].OneofWrappers = []any{
 		(*WatchSignalsResponse_Opened)(nil),
 		(*WatchSignalsResponse_Signal)(nil),
 	}
@@ -2415,7 +2587,7 @@ func file_tether_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_agent_proto_rawDesc), len(file_tether_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   34,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

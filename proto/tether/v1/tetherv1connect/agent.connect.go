@@ -38,6 +38,8 @@ const (
 	AgentServiceRegisterRootProcedure = "/tether.v1.AgentService/RegisterRoot"
 	// AgentServiceSpawnProcedure is the fully-qualified name of the AgentService's Spawn RPC.
 	AgentServiceSpawnProcedure = "/tether.v1.AgentService/Spawn"
+	// AgentServiceSpawnBatchProcedure is the fully-qualified name of the AgentService's SpawnBatch RPC.
+	AgentServiceSpawnBatchProcedure = "/tether.v1.AgentService/SpawnBatch"
 	// AgentServiceSessionProcedure is the fully-qualified name of the AgentService's Session RPC.
 	AgentServiceSessionProcedure = "/tether.v1.AgentService/Session"
 	// AgentServiceConfirmExitProcedure is the fully-qualified name of the AgentService's ConfirmExit
@@ -67,6 +69,10 @@ type AgentServiceClient interface {
 	// Spawn registers a child under a running parent. The caller is the parent
 	// agent itself or an operator.
 	Spawn(context.Context, *connect.Request[v1.SpawnRequest]) (*connect.Response[v1.SpawnResponse], error)
+	// SpawnBatch registers up to 256 children under one running parent in one
+	// call and one transaction, for fan-out: authorised as Spawn, all or none
+	// (a refusal spawns no child), each child with its own credential.
+	SpawnBatch(context.Context, *connect.Request[v1.SpawnBatchRequest]) (*connect.Response[v1.SpawnBatchResponse], error)
 	// Session is the agent's control stream: heartbeats up, drain/abort signals
 	// and refreshed credentials down.
 	Session(context.Context) *connect.BidiStreamForClient[v1.SessionRequest, v1.SessionResponse]
@@ -124,6 +130,12 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(agentServiceMethods.ByName("Spawn")),
 			connect.WithClientOptions(opts...),
 		),
+		spawnBatch: connect.NewClient[v1.SpawnBatchRequest, v1.SpawnBatchResponse](
+			httpClient,
+			baseURL+AgentServiceSpawnBatchProcedure,
+			connect.WithSchema(agentServiceMethods.ByName("SpawnBatch")),
+			connect.WithClientOptions(opts...),
+		),
 		session: connect.NewClient[v1.SessionRequest, v1.SessionResponse](
 			httpClient,
 			baseURL+AgentServiceSessionProcedure,
@@ -179,6 +191,7 @@ func NewAgentServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 type agentServiceClient struct {
 	registerRoot *connect.Client[v1.RegisterRootRequest, v1.RegisterRootResponse]
 	spawn        *connect.Client[v1.SpawnRequest, v1.SpawnResponse]
+	spawnBatch   *connect.Client[v1.SpawnBatchRequest, v1.SpawnBatchResponse]
 	session      *connect.Client[v1.SessionRequest, v1.SessionResponse]
 	confirmExit  *connect.Client[v1.ConfirmExitRequest, v1.ConfirmExitResponse]
 	getNode      *connect.Client[v1.GetNodeRequest, v1.GetNodeResponse]
@@ -197,6 +210,11 @@ func (c *agentServiceClient) RegisterRoot(ctx context.Context, req *connect.Requ
 // Spawn calls tether.v1.AgentService.Spawn.
 func (c *agentServiceClient) Spawn(ctx context.Context, req *connect.Request[v1.SpawnRequest]) (*connect.Response[v1.SpawnResponse], error) {
 	return c.spawn.CallUnary(ctx, req)
+}
+
+// SpawnBatch calls tether.v1.AgentService.SpawnBatch.
+func (c *agentServiceClient) SpawnBatch(ctx context.Context, req *connect.Request[v1.SpawnBatchRequest]) (*connect.Response[v1.SpawnBatchResponse], error) {
+	return c.spawnBatch.CallUnary(ctx, req)
 }
 
 // Session calls tether.v1.AgentService.Session.
@@ -246,6 +264,10 @@ type AgentServiceHandler interface {
 	// Spawn registers a child under a running parent. The caller is the parent
 	// agent itself or an operator.
 	Spawn(context.Context, *connect.Request[v1.SpawnRequest]) (*connect.Response[v1.SpawnResponse], error)
+	// SpawnBatch registers up to 256 children under one running parent in one
+	// call and one transaction, for fan-out: authorised as Spawn, all or none
+	// (a refusal spawns no child), each child with its own credential.
+	SpawnBatch(context.Context, *connect.Request[v1.SpawnBatchRequest]) (*connect.Response[v1.SpawnBatchResponse], error)
 	// Session is the agent's control stream: heartbeats up, drain/abort signals
 	// and refreshed credentials down.
 	Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error
@@ -297,6 +319,12 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 		AgentServiceSpawnProcedure,
 		svc.Spawn,
 		connect.WithSchema(agentServiceMethods.ByName("Spawn")),
+		connect.WithHandlerOptions(opts...),
+	)
+	agentServiceSpawnBatchHandler := connect.NewUnaryHandler(
+		AgentServiceSpawnBatchProcedure,
+		svc.SpawnBatch,
+		connect.WithSchema(agentServiceMethods.ByName("SpawnBatch")),
 		connect.WithHandlerOptions(opts...),
 	)
 	agentServiceSessionHandler := connect.NewBidiStreamHandler(
@@ -353,6 +381,8 @@ func NewAgentServiceHandler(svc AgentServiceHandler, opts ...connect.HandlerOpti
 			agentServiceRegisterRootHandler.ServeHTTP(w, r)
 		case AgentServiceSpawnProcedure:
 			agentServiceSpawnHandler.ServeHTTP(w, r)
+		case AgentServiceSpawnBatchProcedure:
+			agentServiceSpawnBatchHandler.ServeHTTP(w, r)
 		case AgentServiceSessionProcedure:
 			agentServiceSessionHandler.ServeHTTP(w, r)
 		case AgentServiceConfirmExitProcedure:
@@ -384,6 +414,10 @@ func (UnimplementedAgentServiceHandler) RegisterRoot(context.Context, *connect.R
 
 func (UnimplementedAgentServiceHandler) Spawn(context.Context, *connect.Request[v1.SpawnRequest]) (*connect.Response[v1.SpawnResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.Spawn is not implemented"))
+}
+
+func (UnimplementedAgentServiceHandler) SpawnBatch(context.Context, *connect.Request[v1.SpawnBatchRequest]) (*connect.Response[v1.SpawnBatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("tether.v1.AgentService.SpawnBatch is not implemented"))
 }
 
 func (UnimplementedAgentServiceHandler) Session(context.Context, *connect.BidiStream[v1.SessionRequest, v1.SessionResponse]) error {

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file tether/v1/agent.proto.
  */
 export const file_tether_v1_agent: GenFile = /*@__PURE__*/
-  fileDesc("ChV0ZXRoZXIvdjEvYWdlbnQucHJvdG8SCXRldGhlci52MSJkChBFeGl0Q29uZmlybWF0aW9uEgoKAmJ5GAEgASgJEgwKBGtpbmQYAiABKAkSJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnJlYXNvbhgEIAEoCSJVCg1Db250cmFkaWN0aW9uEgwKBGtpbmQYASABKAkSJgoCYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmRldGFpbBgDIAEoCSLfBQoETm9kZRIPCgdub2RlX2lkGAEgASgJEhYKDnBhcmVudF9ub2RlX2lkGAIgASgJEhEKCWFuY2VzdG9ycxgDIAMoCRIMCgRuYW1lGAQgASgJEisKBmxhYmVscxgFIAMoCzIbLnRldGhlci52MS5Ob2RlLkxhYmVsc0VudHJ5EiMKBXN0YXRlGAYgASgOMhQudGV0aGVyLnYxLk5vZGVTdGF0ZRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAggASgJEjAKDGxhc3Rfc2Vlbl9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZXhpdGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFleGl0X2NvbmZpcm1lZF9ieRgLIAEoCRIWCg50ZXJtaW5hdGlvbl9pZBgMIAEoCRIsCghyZWFkeV9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoSZXhpdF9jb25maXJtYXRpb25zGA4gAygLMhsudGV0aGVyLnYxLkV4aXRDb25maXJtYXRpb24SMAoOY29udHJhZGljdGlvbnMYDyADKAsyGC50ZXRoZXIudjEuQ29udHJhZGljdGlvbhI1ChFzZXNzaW9uX29wZW5lZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNQoRc2Vzc2lvbl9jbG9zZWRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KDW9wZW5fc2Vzc2lvbnMYEiADKAsyFi50ZXRoZXIudjEuT3BlblNlc3Npb24aLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJiCgtPcGVuU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEi0KCW9wZW5lZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIaW5zdGFuY2UYAyABKAkijgEKE1JlZ2lzdGVyUm9vdFJlcXVlc3QSDAoEbmFtZRgBIAEoCRI6CgZsYWJlbHMYAiADKAsyKi50ZXRoZXIudjEuUmVnaXN0ZXJSb290UmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoQBChRSZWdpc3RlclJvb3RSZXNwb25zZRIdCgRub2RlGAEgASgLMg8udGV0aGVyLnYxLk5vZGUSEgoKY3JlZGVudGlhbBgCIAEoCRI5ChVjcmVkZW50aWFsX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpgBCgxTcGF3blJlcXVlc3QSFgoOcGFyZW50X25vZGVfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIzCgZsYWJlbHMYAyADKAsyIy50ZXRoZXIudjEuU3Bhd25SZXF1ZXN0LkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEifQoNU3Bhd25SZXNwb25zZRIdCgRub2RlGAEgASgLMg8udGV0aGVyLnYxLk5vZGUSEgoKY3JlZGVudGlhbBgCIAEoCRI5ChVjcmVkZW50aWFsX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpwBCg5TZXNzaW9uUmVxdWVzdBIoCgVoZWxsbxgBIAEoCzIXLnRldGhlci52MS5TZXNzaW9uSGVsbG9IABIwCgloZWFydGJlYXQYAiABKAsyGy50ZXRoZXIudjEuU2Vzc2lvbkhlYXJ0YmVhdEgAEiYKBGV4aXQYAyABKAsyFi50ZXRoZXIudjEuU2Vzc2lvbkV4aXRIAEIGCgRraW5kIh8KDFNlc3Npb25IZWxsbxIPCgdub2RlX2lkGAEgASgJIlgKEFNlc3Npb25IZWFydGJlYXQSKwoHc2VudF9hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFwoPY2FsbHNfaW5fZmxpZ2h0GAIgASgNIh0KC1Nlc3Npb25FeGl0Eg4KBnJlYXNvbhgBIAEoCSLeAQoPU2Vzc2lvblJlc3BvbnNlEioKBm9wZW5lZBgBIAEoCzIYLnRldGhlci52MS5TZXNzaW9uT3BlbmVkSAASKgoGc2lnbmFsGAIgASgLMhgudGV0aGVyLnYxLlNlc3Npb25TaWduYWxIABIyCgpjcmVkZW50aWFsGAMgASgLMhwudGV0aGVyLnYxLlNlc3Npb25DcmVkZW50aWFsSAASNwoNaGVhcnRiZWF0X2FjaxgEIAEoCzIeLnRldGhlci52MS5TZXNzaW9uSGVhcnRiZWF0QWNrSABCBgoEa2luZCIuCg1TZXNzaW9uT3BlbmVkEh0KBG5vZGUYASABKAsyDy50ZXRoZXIudjEuTm9kZSKKAQoNU2Vzc2lvblNpZ25hbBIjCgRraW5kGAEgASgOMhUudGV0aGVyLnYxLlNpZ25hbEtpbmQSFgoOdGVybWluYXRpb25faWQYAiABKAkSLAoIZGVhZGxpbmUYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnJlYXNvbhgEIAEoCSJXChFTZXNzaW9uQ3JlZGVudGlhbBISCgpjcmVkZW50aWFsGAEgASgJEi4KCmV4cGlyZXNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIkYKE1Nlc3Npb25IZWFydGJlYXRBY2sSLwoLc2VydmVyX3RpbWUYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjUKEkNvbmZpcm1FeGl0UmVxdWVzdBIPCgdub2RlX2lkGAEgASgJEg4KBnJlYXNvbhgCIAEoCSI0ChNDb25maXJtRXhpdFJlc3BvbnNlEh0KBG5vZGUYASABKAsyDy50ZXRoZXIudjEuTm9kZSIhCg5HZXROb2RlUmVxdWVzdBIPCgdub2RlX2lkGAEgASgJIjAKD0dldE5vZGVSZXNwb25zZRIdCgRub2RlGAEgASgLMg8udGV0aGVyLnYxLk5vZGUiZwoQTGlzdE5vZGVzUmVxdWVzdBIUCgxyb290X25vZGVfaWQYASABKAkSFgoObGFiZWxfc2VsZWN0b3IYAiABKAkSEQoJcGFnZV9zaXplGAMgASgFEhIKCnBhZ2VfdG9rZW4YBCABKAkiTAoRTGlzdE5vZGVzUmVzcG9uc2USHgoFbm9kZXMYASADKAsyDy50ZXRoZXIudjEuTm9kZRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiowEKElByb3Bvc2VTdG9wUmVxdWVzdBIPCgdub2RlX2lkGAEgASgJEhEKCWNvbmRpdGlvbhgCIAEoCRIOCgZyZWFzb24YAyABKAkSKAoEbW9kZRgEIAEoDjIaLnRldGhlci52MS5UZXJtaW5hdGlvbk1vZGUSLwoMZHJhaW5fd2luZG93GAUgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIkAKE1Byb3Bvc2VTdG9wUmVzcG9uc2USKQoIcHJvcG9zYWwYASABKAsyFy50ZXRoZXIudjEuU3RvcFByb3Bvc2FsIiUKElJlcG9ydFJlYWR5UmVxdWVzdBIPCgdub2RlX2lkGAEgASgJIjQKE1JlcG9ydFJlYWR5UmVzcG9uc2USHQoEbm9kZRgBIAEoCzIPLnRldGhlci52MS5Ob2RlIiYKE1dhdGNoU2lnbmFsc1JlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCSJ2ChRXYXRjaFNpZ25hbHNSZXNwb25zZRIqCgZvcGVuZWQYASABKAsyGC50ZXRoZXIudjEuU2Vzc2lvbk9wZW5lZEgAEioKBnNpZ25hbBgCIAEoCzIYLnRldGhlci52MS5TZXNzaW9uU2lnbmFsSABCBgoEa2luZCJpChBIZWFydGJlYXRSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkSFwoPY2FsbHNfaW5fZmxpZ2h0GAIgASgNEisKB3NlbnRfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIqABChFIZWFydGJlYXRSZXNwb25zZRIvCgtzZXJ2ZXJfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKAoGc2lnbmFsGAIgASgLMhgudGV0aGVyLnYxLlNlc3Npb25TaWduYWwSMAoKY3JlZGVudGlhbBgDIAEoCzIcLnRldGhlci52MS5TZXNzaW9uQ3JlZGVudGlhbCqjAQoJTm9kZVN0YXRlEhoKFk5PREVfU1RBVEVfVU5TUEVDSUZJRUQQABIWChJOT0RFX1NUQVRFX1JVTk5JTkcQARIXChNOT0RFX1NUQVRFX0RSQUlOSU5HEAISFwoTTk9ERV9TVEFURV9BQk9SVElORxADEhkKFU5PREVfU1RBVEVfVEVSTUlOQVRFRBAEEhUKEU5PREVfU1RBVEVfRVhJVEVEEAUqVwoKU2lnbmFsS2luZBIbChdTSUdOQUxfS0lORF9VTlNQRUNJRklFRBAAEhUKEVNJR05BTF9LSU5EX0RSQUlOEAESFQoRU0lHTkFMX0tJTkRfQUJPUlQQAjKEBgoMQWdlbnRTZXJ2aWNlElEKDFJlZ2lzdGVyUm9vdBIeLnRldGhlci52MS5SZWdpc3RlclJvb3RSZXF1ZXN0Gh8udGV0aGVyLnYxLlJlZ2lzdGVyUm9vdFJlc3BvbnNlIgASPAoFU3Bhd24SFy50ZXRoZXIudjEuU3Bhd25SZXF1ZXN0GhgudGV0aGVyLnYxLlNwYXduUmVzcG9uc2UiABJGCgdTZXNzaW9uEhkudGV0aGVyLnYxLlNlc3Npb25SZXF1ZXN0GhoudGV0aGVyLnYxLlNlc3Npb25SZXNwb25zZSIAKAEwARJOCgtDb25maXJtRXhpdBIdLnRldGhlci52MS5Db25maXJtRXhpdFJlcXVlc3QaHi50ZXRoZXIudjEuQ29uZmlybUV4aXRSZXNwb25zZSIAEkIKB0dldE5vZGUSGS50ZXRoZXIudjEuR2V0Tm9kZVJlcXVlc3QaGi50ZXRoZXIudjEuR2V0Tm9kZVJlc3BvbnNlIgASSAoJTGlzdE5vZGVzEhsudGV0aGVyLnYxLkxpc3ROb2Rlc1JlcXVlc3QaHC50ZXRoZXIudjEuTGlzdE5vZGVzUmVzcG9uc2UiABJOCgtQcm9wb3NlU3RvcBIdLnRldGhlci52MS5Qcm9wb3NlU3RvcFJlcXVlc3QaHi50ZXRoZXIudjEuUHJvcG9zZVN0b3BSZXNwb25zZSIAEk4KC1JlcG9ydFJlYWR5Eh0udGV0aGVyLnYxLlJlcG9ydFJlYWR5UmVxdWVzdBoeLnRldGhlci52MS5SZXBvcnRSZWFkeVJlc3BvbnNlIgASUwoMV2F0Y2hTaWduYWxzEh4udGV0aGVyLnYxLldhdGNoU2lnbmFsc1JlcXVlc3QaHy50ZXRoZXIudjEuV2F0Y2hTaWduYWxzUmVzcG9uc2UiADABEkgKCUhlYXJ0YmVhdBIbLnRldGhlci52MS5IZWFydGJlYXRSZXF1ZXN0GhwudGV0aGVyLnYxLkhlYXJ0YmVhdFJlc3BvbnNlIgBCNVozZ2l0aHViLmNvbS90ZXRoZXJocS90ZXRoZXIvcHJvdG8vdGV0aGVyL3YxO3RldGhlcnYxYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_tether_v1_proposal]);
+  fileDesc("ChV0ZXRoZXIvdjEvYWdlbnQucHJvdG8SCXRldGhlci52MSJkChBFeGl0Q29uZmlybWF0aW9uEgoKAmJ5GAEgASgJEgwKBGtpbmQYAiABKAkSJgoCYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBnJlYXNvbhgEIAEoCSJVCg1Db250cmFkaWN0aW9uEgwKBGtpbmQYASABKAkSJgoCYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg4KBmRldGFpbBgDIAEoCSLfBQoETm9kZRIPCgdub2RlX2lkGAEgASgJEhYKDnBhcmVudF9ub2RlX2lkGAIgASgJEhEKCWFuY2VzdG9ycxgDIAMoCRIMCgRuYW1lGAQgASgJEisKBmxhYmVscxgFIAMoCzIbLnRldGhlci52MS5Ob2RlLkxhYmVsc0VudHJ5EiMKBXN0YXRlGAYgASgOMhQudGV0aGVyLnYxLk5vZGVTdGF0ZRIuCgpjcmVhdGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBISCgpjcmVhdGVkX2J5GAggASgJEjAKDGxhc3Rfc2Vlbl9hdBgJIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLQoJZXhpdGVkX2F0GAogASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIZChFleGl0X2NvbmZpcm1lZF9ieRgLIAEoCRIWCg50ZXJtaW5hdGlvbl9pZBgMIAEoCRIsCghyZWFkeV9hdBgNIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNwoSZXhpdF9jb25maXJtYXRpb25zGA4gAygLMhsudGV0aGVyLnYxLkV4aXRDb25maXJtYXRpb24SMAoOY29udHJhZGljdGlvbnMYDyADKAsyGC50ZXRoZXIudjEuQ29udHJhZGljdGlvbhI1ChFzZXNzaW9uX29wZW5lZF9hdBgQIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNQoRc2Vzc2lvbl9jbG9zZWRfYXQYESABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi0KDW9wZW5fc2Vzc2lvbnMYEiADKAsyFi50ZXRoZXIudjEuT3BlblNlc3Npb24aLQoLTGFiZWxzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASJiCgtPcGVuU2Vzc2lvbhISCgpzZXNzaW9uX2lkGAEgASgJEi0KCW9wZW5lZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIaW5zdGFuY2UYAyABKAkijgEKE1JlZ2lzdGVyUm9vdFJlcXVlc3QSDAoEbmFtZRgBIAEoCRI6CgZsYWJlbHMYAiADKAsyKi50ZXRoZXIudjEuUmVnaXN0ZXJSb290UmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIoQBChRSZWdpc3RlclJvb3RSZXNwb25zZRIdCgRub2RlGAEgASgLMg8udGV0aGVyLnYxLk5vZGUSEgoKY3JlZGVudGlhbBgCIAEoCRI5ChVjcmVkZW50aWFsX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIpgBCgxTcGF3blJlcXVlc3QSFgoOcGFyZW50X25vZGVfaWQYASABKAkSDAoEbmFtZRgCIAEoCRIzCgZsYWJlbHMYAyADKAsyIy50ZXRoZXIudjEuU3Bhd25SZXF1ZXN0LkxhYmVsc0VudHJ5Gi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEifQoNU3Bhd25SZXNwb25zZRIdCgRub2RlGAEgASgLMg8udGV0aGVyLnYxLk5vZGUSEgoKY3JlZGVudGlhbBgCIAEoCRI5ChVjcmVkZW50aWFsX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIlkKEVNwYXduQmF0Y2hSZXF1ZXN0EhYKDnBhcmVudF9ub2RlX2lkGAEgASgJEiwKCGNoaWxkcmVuGAIgAygLMhoudGV0aGVyLnYxLlNwYXduQmF0Y2hDaGlsZCKGAQoPU3Bhd25CYXRjaENoaWxkEgwKBG5hbWUYASABKAkSNgoGbGFiZWxzGAIgAygLMiYudGV0aGVyLnYxLlNwYXduQmF0Y2hDaGlsZC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIj8KElNwYXduQmF0Y2hSZXNwb25zZRIpCgdzcGF3bmVkGAEgAygLMhgudGV0aGVyLnYxLlNwYXduUmVzcG9uc2UinAEKDlNlc3Npb25SZXF1ZXN0EigKBWhlbGxvGAEgASgLMhcudGV0aGVyLnYxLlNlc3Npb25IZWxsb0gAEjAKCWhlYXJ0YmVhdBgCIAEoCzIbLnRldGhlci52MS5TZXNzaW9uSGVhcnRiZWF0SAASJgoEZXhpdBgDIAEoCzIWLnRldGhlci52MS5TZXNzaW9uRXhpdEgAQgYKBGtpbmQiHwoMU2Vzc2lvbkhlbGxvEg8KB25vZGVfaWQYASABKAkiWAoQU2Vzc2lvbkhlYXJ0YmVhdBIrCgdzZW50X2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIXCg9jYWxsc19pbl9mbGlnaHQYAiABKA0iHQoLU2Vzc2lvbkV4aXQSDgoGcmVhc29uGAEgASgJIt4BCg9TZXNzaW9uUmVzcG9uc2USKgoGb3BlbmVkGAEgASgLMhgudGV0aGVyLnYxLlNlc3Npb25PcGVuZWRIABIqCgZzaWduYWwYAiABKAsyGC50ZXRoZXIudjEuU2Vzc2lvblNpZ25hbEgAEjIKCmNyZWRlbnRpYWwYAyABKAsyHC50ZXRoZXIudjEuU2Vzc2lvbkNyZWRlbnRpYWxIABI3Cg1oZWFydGJlYXRfYWNrGAQgASgLMh4udGV0aGVyLnYxLlNlc3Npb25IZWFydGJlYXRBY2tIAEIGCgRraW5kIi4KDVNlc3Npb25PcGVuZWQSHQoEbm9kZRgBIAEoCzIPLnRldGhlci52MS5Ob2RlIooBCg1TZXNzaW9uU2lnbmFsEiMKBGtpbmQYASABKA4yFS50ZXRoZXIudjEuU2lnbmFsS2luZBIWCg50ZXJtaW5hdGlvbl9pZBgCIAEoCRIsCghkZWFkbGluZRgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGcmVhc29uGAQgASgJIlcKEVNlc3Npb25DcmVkZW50aWFsEhIKCmNyZWRlbnRpYWwYASABKAkSLgoKZXhwaXJlc19hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiRgoTU2Vzc2lvbkhlYXJ0YmVhdEFjaxIvCgtzZXJ2ZXJfdGltZRgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiNQoSQ29uZmlybUV4aXRSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkSDgoGcmVhc29uGAIgASgJIjQKE0NvbmZpcm1FeGl0UmVzcG9uc2USHQoEbm9kZRgBIAEoCzIPLnRldGhlci52MS5Ob2RlIiEKDkdldE5vZGVSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkiMAoPR2V0Tm9kZVJlc3BvbnNlEh0KBG5vZGUYASABKAsyDy50ZXRoZXIudjEuTm9kZSJnChBMaXN0Tm9kZXNSZXF1ZXN0EhQKDHJvb3Rfbm9kZV9pZBgBIAEoCRIWCg5sYWJlbF9zZWxlY3RvchgCIAEoCRIRCglwYWdlX3NpemUYAyABKAUSEgoKcGFnZV90b2tlbhgEIAEoCSJMChFMaXN0Tm9kZXNSZXNwb25zZRIeCgVub2RlcxgBIAMoCzIPLnRldGhlci52MS5Ob2RlEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSKjAQoSUHJvcG9zZVN0b3BSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkSEQoJY29uZGl0aW9uGAIgASgJEg4KBnJlYXNvbhgDIAEoCRIoCgRtb2RlGAQgASgOMhoudGV0aGVyLnYxLlRlcm1pbmF0aW9uTW9kZRIvCgxkcmFpbl93aW5kb3cYBSABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iQAoTUHJvcG9zZVN0b3BSZXNwb25zZRIpCghwcm9wb3NhbBgBIAEoCzIXLnRldGhlci52MS5TdG9wUHJvcG9zYWwiJQoSUmVwb3J0UmVhZHlSZXF1ZXN0Eg8KB25vZGVfaWQYASABKAkiNAoTUmVwb3J0UmVhZHlSZXNwb25zZRIdCgRub2RlGAEgASgLMg8udGV0aGVyLnYxLk5vZGUiJgoTV2F0Y2hTaWduYWxzUmVxdWVzdBIPCgdub2RlX2lkGAEgASgJInYKFFdhdGNoU2lnbmFsc1Jlc3BvbnNlEioKBm9wZW5lZBgBIAEoCzIYLnRldGhlci52MS5TZXNzaW9uT3BlbmVkSAASKgoGc2lnbmFsGAIgASgLMhgudGV0aGVyLnYxLlNlc3Npb25TaWduYWxIAEIGCgRraW5kImkKEEhlYXJ0YmVhdFJlcXVlc3QSDwoHbm9kZV9pZBgBIAEoCRIXCg9jYWxsc19pbl9mbGlnaHQYAiABKA0SKwoHc2VudF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAioAEKEUhlYXJ0YmVhdFJlc3BvbnNlEi8KC3NlcnZlcl90aW1lGAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIoCgZzaWduYWwYAiABKAsyGC50ZXRoZXIudjEuU2Vzc2lvblNpZ25hbBIwCgpjcmVkZW50aWFsGAMgASgLMhwudGV0aGVyLnYxLlNlc3Npb25DcmVkZW50aWFsKqMBCglOb2RlU3RhdGUSGgoWTk9ERV9TVEFURV9VTlNQRUNJRklFRBAAEhYKEk5PREVfU1RBVEVfUlVOTklORxABEhcKE05PREVfU1RBVEVfRFJBSU5JTkcQAhIXChNOT0RFX1NUQVRFX0FCT1JUSU5HEAMSGQoVTk9ERV9TVEFURV9URVJNSU5BVEVEEAQSFQoRTk9ERV9TVEFURV9FWElURUQQBSpXCgpTaWduYWxLaW5kEhsKF1NJR05BTF9LSU5EX1VOU1BFQ0lGSUVEEAASFQoRU0lHTkFMX0tJTkRfRFJBSU4QARIVChFTSUdOQUxfS0lORF9BQk9SVBACMtEGCgxBZ2VudFNlcnZpY2USUQoMUmVnaXN0ZXJSb290Eh4udGV0aGVyLnYxLlJlZ2lzdGVyUm9vdFJlcXVlc3QaHy50ZXRoZXIudjEuUmVnaXN0ZXJSb290UmVzcG9uc2UiABI8CgVTcGF3bhIXLnRldGhlci52MS5TcGF3blJlcXVlc3QaGC50ZXRoZXIudjEuU3Bhd25SZXNwb25zZSIAEksKClNwYXduQmF0Y2gSHC50ZXRoZXIudjEuU3Bhd25CYXRjaFJlcXVlc3QaHS50ZXRoZXIudjEuU3Bhd25CYXRjaFJlc3BvbnNlIgASRgoHU2Vzc2lvbhIZLnRldGhlci52MS5TZXNzaW9uUmVxdWVzdBoaLnRldGhlci52MS5TZXNzaW9uUmVzcG9uc2UiACgBMAESTgoLQ29uZmlybUV4aXQSHS50ZXRoZXIudjEuQ29uZmlybUV4aXRSZXF1ZXN0Gh4udGV0aGVyLnYxLkNvbmZpcm1FeGl0UmVzcG9uc2UiABJCCgdHZXROb2RlEhkudGV0aGVyLnYxLkdldE5vZGVSZXF1ZXN0GhoudGV0aGVyLnYxLkdldE5vZGVSZXNwb25zZSIAEkgKCUxpc3ROb2RlcxIbLnRldGhlci52MS5MaXN0Tm9kZXNSZXF1ZXN0GhwudGV0aGVyLnYxLkxpc3ROb2Rlc1Jlc3BvbnNlIgASTgoLUHJvcG9zZVN0b3ASHS50ZXRoZXIudjEuUHJvcG9zZVN0b3BSZXF1ZXN0Gh4udGV0aGVyLnYxLlByb3Bvc2VTdG9wUmVzcG9uc2UiABJOCgtSZXBvcnRSZWFkeRIdLnRldGhlci52MS5SZXBvcnRSZWFkeVJlcXVlc3QaHi50ZXRoZXIudjEuUmVwb3J0UmVhZHlSZXNwb25zZSIAElMKDFdhdGNoU2lnbmFscxIeLnRldGhlci52MS5XYXRjaFNpZ25hbHNSZXF1ZXN0Gh8udGV0aGVyLnYxLldhdGNoU2lnbmFsc1Jlc3BvbnNlIgAwARJICglIZWFydGJlYXQSGy50ZXRoZXIudjEuSGVhcnRiZWF0UmVxdWVzdBocLnRldGhlci52MS5IZWFydGJlYXRSZXNwb25zZSIAQjVaM2dpdGh1Yi5jb20vdGV0aGVyaHEvdGV0aGVyL3Byb3RvL3RldGhlci92MTt0ZXRoZXJ2MWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp, file_tether_v1_proposal]);
 
 /**
  * ExitConfirmation is one party's word that a node's process exited.
@@ -344,6 +344,71 @@ export const SpawnResponseSchema: GenMessage<SpawnResponse> = /*@__PURE__*/
   messageDesc(file_tether_v1_agent, 7);
 
 /**
+ * @generated from message tether.v1.SpawnBatchRequest
+ */
+export type SpawnBatchRequest = Message<"tether.v1.SpawnBatchRequest"> & {
+  /**
+   * @generated from field: string parent_node_id = 1;
+   */
+  parentNodeId: string;
+
+  /**
+   * The children, 1 to 256; each as the name and labels of a SpawnRequest.
+   *
+   * @generated from field: repeated tether.v1.SpawnBatchChild children = 2;
+   */
+  children: SpawnBatchChild[];
+};
+
+/**
+ * Describes the message tether.v1.SpawnBatchRequest.
+ * Use `create(SpawnBatchRequestSchema)` to create a new message.
+ */
+export const SpawnBatchRequestSchema: GenMessage<SpawnBatchRequest> = /*@__PURE__*/
+  messageDesc(file_tether_v1_agent, 8);
+
+/**
+ * @generated from message tether.v1.SpawnBatchChild
+ */
+export type SpawnBatchChild = Message<"tether.v1.SpawnBatchChild"> & {
+  /**
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * @generated from field: map<string, string> labels = 2;
+   */
+  labels: { [key: string]: string };
+};
+
+/**
+ * Describes the message tether.v1.SpawnBatchChild.
+ * Use `create(SpawnBatchChildSchema)` to create a new message.
+ */
+export const SpawnBatchChildSchema: GenMessage<SpawnBatchChild> = /*@__PURE__*/
+  messageDesc(file_tether_v1_agent, 9);
+
+/**
+ * @generated from message tether.v1.SpawnBatchResponse
+ */
+export type SpawnBatchResponse = Message<"tether.v1.SpawnBatchResponse"> & {
+  /**
+   * The children in the order requested, each with its credential.
+   *
+   * @generated from field: repeated tether.v1.SpawnResponse spawned = 1;
+   */
+  spawned: SpawnResponse[];
+};
+
+/**
+ * Describes the message tether.v1.SpawnBatchResponse.
+ * Use `create(SpawnBatchResponseSchema)` to create a new message.
+ */
+export const SpawnBatchResponseSchema: GenMessage<SpawnBatchResponse> = /*@__PURE__*/
+  messageDesc(file_tether_v1_agent, 10);
+
+/**
  * @generated from message tether.v1.SessionRequest
  */
 export type SessionRequest = Message<"tether.v1.SessionRequest"> & {
@@ -376,7 +441,7 @@ export type SessionRequest = Message<"tether.v1.SessionRequest"> & {
  * Use `create(SessionRequestSchema)` to create a new message.
  */
 export const SessionRequestSchema: GenMessage<SessionRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 8);
+  messageDesc(file_tether_v1_agent, 11);
 
 /**
  * @generated from message tether.v1.SessionHello
@@ -393,7 +458,7 @@ export type SessionHello = Message<"tether.v1.SessionHello"> & {
  * Use `create(SessionHelloSchema)` to create a new message.
  */
 export const SessionHelloSchema: GenMessage<SessionHello> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 9);
+  messageDesc(file_tether_v1_agent, 12);
 
 /**
  * @generated from message tether.v1.SessionHeartbeat
@@ -415,7 +480,7 @@ export type SessionHeartbeat = Message<"tether.v1.SessionHeartbeat"> & {
  * Use `create(SessionHeartbeatSchema)` to create a new message.
  */
 export const SessionHeartbeatSchema: GenMessage<SessionHeartbeat> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 10);
+  messageDesc(file_tether_v1_agent, 13);
 
 /**
  * @generated from message tether.v1.SessionExit
@@ -432,7 +497,7 @@ export type SessionExit = Message<"tether.v1.SessionExit"> & {
  * Use `create(SessionExitSchema)` to create a new message.
  */
 export const SessionExitSchema: GenMessage<SessionExit> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 11);
+  messageDesc(file_tether_v1_agent, 14);
 
 /**
  * @generated from message tether.v1.SessionResponse
@@ -473,7 +538,7 @@ export type SessionResponse = Message<"tether.v1.SessionResponse"> & {
  * Use `create(SessionResponseSchema)` to create a new message.
  */
 export const SessionResponseSchema: GenMessage<SessionResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 12);
+  messageDesc(file_tether_v1_agent, 15);
 
 /**
  * @generated from message tether.v1.SessionOpened
@@ -490,7 +555,7 @@ export type SessionOpened = Message<"tether.v1.SessionOpened"> & {
  * Use `create(SessionOpenedSchema)` to create a new message.
  */
 export const SessionOpenedSchema: GenMessage<SessionOpened> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 13);
+  messageDesc(file_tether_v1_agent, 16);
 
 /**
  * @generated from message tether.v1.SessionSignal
@@ -522,7 +587,7 @@ export type SessionSignal = Message<"tether.v1.SessionSignal"> & {
  * Use `create(SessionSignalSchema)` to create a new message.
  */
 export const SessionSignalSchema: GenMessage<SessionSignal> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 14);
+  messageDesc(file_tether_v1_agent, 17);
 
 /**
  * @generated from message tether.v1.SessionCredential
@@ -544,7 +609,7 @@ export type SessionCredential = Message<"tether.v1.SessionCredential"> & {
  * Use `create(SessionCredentialSchema)` to create a new message.
  */
 export const SessionCredentialSchema: GenMessage<SessionCredential> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 15);
+  messageDesc(file_tether_v1_agent, 18);
 
 /**
  * @generated from message tether.v1.SessionHeartbeatAck
@@ -561,7 +626,7 @@ export type SessionHeartbeatAck = Message<"tether.v1.SessionHeartbeatAck"> & {
  * Use `create(SessionHeartbeatAckSchema)` to create a new message.
  */
 export const SessionHeartbeatAckSchema: GenMessage<SessionHeartbeatAck> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 16);
+  messageDesc(file_tether_v1_agent, 19);
 
 /**
  * @generated from message tether.v1.ConfirmExitRequest
@@ -583,7 +648,7 @@ export type ConfirmExitRequest = Message<"tether.v1.ConfirmExitRequest"> & {
  * Use `create(ConfirmExitRequestSchema)` to create a new message.
  */
 export const ConfirmExitRequestSchema: GenMessage<ConfirmExitRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 17);
+  messageDesc(file_tether_v1_agent, 20);
 
 /**
  * @generated from message tether.v1.ConfirmExitResponse
@@ -600,7 +665,7 @@ export type ConfirmExitResponse = Message<"tether.v1.ConfirmExitResponse"> & {
  * Use `create(ConfirmExitResponseSchema)` to create a new message.
  */
 export const ConfirmExitResponseSchema: GenMessage<ConfirmExitResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 18);
+  messageDesc(file_tether_v1_agent, 21);
 
 /**
  * @generated from message tether.v1.GetNodeRequest
@@ -617,7 +682,7 @@ export type GetNodeRequest = Message<"tether.v1.GetNodeRequest"> & {
  * Use `create(GetNodeRequestSchema)` to create a new message.
  */
 export const GetNodeRequestSchema: GenMessage<GetNodeRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 19);
+  messageDesc(file_tether_v1_agent, 22);
 
 /**
  * @generated from message tether.v1.GetNodeResponse
@@ -634,7 +699,7 @@ export type GetNodeResponse = Message<"tether.v1.GetNodeResponse"> & {
  * Use `create(GetNodeResponseSchema)` to create a new message.
  */
 export const GetNodeResponseSchema: GenMessage<GetNodeResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 20);
+  messageDesc(file_tether_v1_agent, 23);
 
 /**
  * @generated from message tether.v1.ListNodesRequest
@@ -670,7 +735,7 @@ export type ListNodesRequest = Message<"tether.v1.ListNodesRequest"> & {
  * Use `create(ListNodesRequestSchema)` to create a new message.
  */
 export const ListNodesRequestSchema: GenMessage<ListNodesRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 21);
+  messageDesc(file_tether_v1_agent, 24);
 
 /**
  * @generated from message tether.v1.ListNodesResponse
@@ -692,7 +757,7 @@ export type ListNodesResponse = Message<"tether.v1.ListNodesResponse"> & {
  * Use `create(ListNodesResponseSchema)` to create a new message.
  */
 export const ListNodesResponseSchema: GenMessage<ListNodesResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 22);
+  messageDesc(file_tether_v1_agent, 25);
 
 /**
  * @generated from message tether.v1.ProposeStopRequest
@@ -729,7 +794,7 @@ export type ProposeStopRequest = Message<"tether.v1.ProposeStopRequest"> & {
  * Use `create(ProposeStopRequestSchema)` to create a new message.
  */
 export const ProposeStopRequestSchema: GenMessage<ProposeStopRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 23);
+  messageDesc(file_tether_v1_agent, 26);
 
 /**
  * @generated from message tether.v1.ProposeStopResponse
@@ -746,7 +811,7 @@ export type ProposeStopResponse = Message<"tether.v1.ProposeStopResponse"> & {
  * Use `create(ProposeStopResponseSchema)` to create a new message.
  */
 export const ProposeStopResponseSchema: GenMessage<ProposeStopResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 24);
+  messageDesc(file_tether_v1_agent, 27);
 
 /**
  * @generated from message tether.v1.ReportReadyRequest
@@ -763,7 +828,7 @@ export type ReportReadyRequest = Message<"tether.v1.ReportReadyRequest"> & {
  * Use `create(ReportReadyRequestSchema)` to create a new message.
  */
 export const ReportReadyRequestSchema: GenMessage<ReportReadyRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 25);
+  messageDesc(file_tether_v1_agent, 28);
 
 /**
  * @generated from message tether.v1.ReportReadyResponse
@@ -780,7 +845,7 @@ export type ReportReadyResponse = Message<"tether.v1.ReportReadyResponse"> & {
  * Use `create(ReportReadyResponseSchema)` to create a new message.
  */
 export const ReportReadyResponseSchema: GenMessage<ReportReadyResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 26);
+  messageDesc(file_tether_v1_agent, 29);
 
 /**
  * @generated from message tether.v1.WatchSignalsRequest
@@ -799,7 +864,7 @@ export type WatchSignalsRequest = Message<"tether.v1.WatchSignalsRequest"> & {
  * Use `create(WatchSignalsRequestSchema)` to create a new message.
  */
 export const WatchSignalsRequestSchema: GenMessage<WatchSignalsRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 27);
+  messageDesc(file_tether_v1_agent, 30);
 
 /**
  * @generated from message tether.v1.WatchSignalsResponse
@@ -830,7 +895,7 @@ export type WatchSignalsResponse = Message<"tether.v1.WatchSignalsResponse"> & {
  * Use `create(WatchSignalsResponseSchema)` to create a new message.
  */
 export const WatchSignalsResponseSchema: GenMessage<WatchSignalsResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 28);
+  messageDesc(file_tether_v1_agent, 31);
 
 /**
  * @generated from message tether.v1.HeartbeatRequest
@@ -861,7 +926,7 @@ export type HeartbeatRequest = Message<"tether.v1.HeartbeatRequest"> & {
  * Use `create(HeartbeatRequestSchema)` to create a new message.
  */
 export const HeartbeatRequestSchema: GenMessage<HeartbeatRequest> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 29);
+  messageDesc(file_tether_v1_agent, 32);
 
 /**
  * @generated from message tether.v1.HeartbeatResponse
@@ -893,7 +958,7 @@ export type HeartbeatResponse = Message<"tether.v1.HeartbeatResponse"> & {
  * Use `create(HeartbeatResponseSchema)` to create a new message.
  */
 export const HeartbeatResponseSchema: GenMessage<HeartbeatResponse> = /*@__PURE__*/
-  messageDesc(file_tether_v1_agent, 30);
+  messageDesc(file_tether_v1_agent, 33);
 
 /**
  * @generated from enum tether.v1.NodeState
@@ -994,6 +1059,18 @@ export const AgentService: GenService<{
     methodKind: "unary";
     input: typeof SpawnRequestSchema;
     output: typeof SpawnResponseSchema;
+  },
+  /**
+   * SpawnBatch registers up to 256 children under one running parent in one
+   * call and one transaction, for fan-out: authorised as Spawn, all or none
+   * (a refusal spawns no child), each child with its own credential.
+   *
+   * @generated from rpc tether.v1.AgentService.SpawnBatch
+   */
+  spawnBatch: {
+    methodKind: "unary";
+    input: typeof SpawnBatchRequestSchema;
+    output: typeof SpawnBatchResponseSchema;
   },
   /**
    * Session is the agent's control stream: heartbeats up, drain/abort signals
