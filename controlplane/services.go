@@ -126,14 +126,3 @@ func (s *Server) StopRuleStats() *stoprule.Stats {
 	}
 	return s.stopRules.Stats()
 }
-
-// Poke makes the reconcilers re-read the clock now. Tests that move a
-// manual clock call it; with the real clock it is never needed.
-func (s *Server) Poke() {
-	s.supervisor.Poke()
-	if s.stopRules != nil {
-		s.stopRules.Poke()
-	}
-	s.rollouts.Poke()
-	s.keys.wake()
-}

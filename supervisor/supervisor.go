@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -68,7 +69,8 @@ type Supervisor struct {
 	HookTimeout time.Duration
 	Log         *slog.Logger
 
-	queue *workQueue
+	loopOnce   sync.Once
+	reconciler *reconcile.Loop
 }
 
 // Defaults for a termination's windows when the request leaves them empty.
