@@ -93,15 +93,17 @@ func (m *Manual) BlockUntil(ctx context.Context, n int) error {
 	}
 }
 
-// NextDeadline is the earliest pending timer's deadline (false when none is
-// pending).
-func (m *Manual) NextDeadline() (time.Time, bool) {
+// Armed reports whether a timer is pending with deadline t: a test that
+// knows the wake-up a worker must arm waits for it before moving the clock.
+func (m *Manual) Armed(t time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.timers) == 0 {
-		return time.Time{}, false
+	for _, x := range m.timers {
+		if x.at.Equal(t) {
+			return true
+		}
 	}
-	return m.timers[0].at, true
+	return false
 }
 
 func (m *Manual) notifyLocked() {
