@@ -46,7 +46,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers,
 		AllowHooks: s.cfg.PrivilegeHookAllow, MaxPerNode: s.cfg.PrivilegeMaxPerNode, Log: s.log,
 	}
-	s.signals = &supervisor.Signals{Store: s.store}
+	s.signals = &supervisor.Signals{Store: s.store, Clock: s.cfg.Clock, Log: s.log}
 	s.supervisor = &supervisor.Supervisor{
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
