@@ -8,9 +8,10 @@ import (
 )
 
 // Manual is a clock moved only by its owner. Tests use it so that behaviour
-// never depends on the real passage of time: Advance and Set fire every
-// timer that came due, in deadline order (timers due at the same instant in
-// the order they were armed), before they return.
+// never depends on the real passage of time: Advance and Set move the
+// clock at once, then fire every timer that came due, in deadline order
+// (timers due at the same instant in the order they were armed), before
+// they return.
 type Manual struct {
 	mu      sync.Mutex
 	now     time.Time
@@ -43,22 +44,25 @@ func (m *Manual) Advance(d time.Duration) {
 // moving back fires none (they fire when the clock reaches them again).
 func (m *Manual) Set(t time.Time) { m.moveTo(t.UTC()) }
 
-// moveTo fires the due timers one at a time, the clock reading each one's
-// deadline while it fires, then settles at target. A timer's function runs
-// without the clock's lock, so it may arm, stop or reset timers (one it
-// arms that is already due fires in this same move).
+// moveTo sets the clock to target, then fires the timers due by then one
+// at a time in deadline order. The clock reads target throughout, as the
+// real one would after a jump, so a worker that a timer wakes never sees a
+// time between the old reading and the new. A timer's function runs
+// without the clock's lock, so it may arm, stop or reset timers; one it
+// arms is due no earlier than target plus its duration, so a worker that
+// re-arms itself runs once per move, as a ticker drops the ticks its
+// receiver missed.
 func (m *Manual) moveTo(target time.Time) {
+	m.mu.Lock()
+	m.now = target
+	m.mu.Unlock()
 	for {
 		m.mu.Lock()
-		if len(m.timers) == 0 || m.timers[0].at.After(target) {
-			m.now = target
+		if len(m.timers) == 0 || m.timers[0].at.After(m.now) {
 			m.mu.Unlock()
 			return
 		}
 		t := heap.Pop(&m.timers).(*manualTimer)
-		if t.at.After(m.now) {
-			m.now = t.at
-		}
 		m.notifyLocked()
 		f := t.fireLocked()
 		m.mu.Unlock()
