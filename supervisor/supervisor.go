@@ -250,7 +250,9 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 			if err := decodedTerminations.decode(terminationID, ev.Value, &next); err != nil {
 				return err
 			}
-			if !next.UpdatedAt.After(last) && next.Phase == t.Phase {
+			// A progress change at the same instant is news too (on a
+			// clock that has not moved, the cancel orders follow the mark).
+			if !next.UpdatedAt.After(last) && next.Phase == t.Phase && next.Progress == t.Progress {
 				continue
 			}
 			t, last = next, next.UpdatedAt
