@@ -28,15 +28,15 @@ type CapabilityToken struct {
 type CapabilityTokenOption func(*CapabilityToken)
 
 // WithTokenClock sets the clock a CapabilityToken reads to decide when to
-// refresh (default time.Now); tests inject a manual one.
-func WithTokenClock(now func() time.Time) CapabilityTokenOption {
-	return func(t *CapabilityToken) { t.now = now }
+// refresh (default WallClock); tests inject a manual one.
+func WithTokenClock(c Clock) CapabilityTokenOption {
+	return func(t *CapabilityToken) { t.now = c.Now }
 }
 
 // CapabilityToken keeps g's token fresh (g as Delegate or RefreshToken
 // returned it).
 func (a *Agent) CapabilityToken(g Grant, opts ...CapabilityTokenOption) *CapabilityToken {
-	t := &CapabilityToken{agent: a, now: time.Now, grant: g}
+	t := &CapabilityToken{agent: a, now: WallClock.Now, grant: g}
 	for _, o := range opts {
 		o(t)
 	}

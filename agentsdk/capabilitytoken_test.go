@@ -33,7 +33,7 @@ func TestCapabilityTokenRefreshesForTheGrantsLifetime(t *testing.T) {
 		t.Fatal(err)
 	}
 	grantID := root.Msg.Grant.GrantId
-	source, err := me.CapabilityTokenFor(ctx, grantID, agentsdk.WithTokenClock(clk.Now))
+	source, err := me.CapabilityTokenFor(ctx, grantID, agentsdk.WithTokenClock(clk))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,9 +76,9 @@ type LeaseWorkerConfig struct {
 	// control plane is unreachable. Required; one LeaseWorker per
 	// directory at a time.
 	SpoolDir string
-	// Now stamps sent_at (evidence only: the coordinator decides on its
-	// own clock). Nil means the wall clock.
-	Now func() time.Time
+	// Clock stamps sent_at (evidence only: the coordinator decides on
+	// its own clock). Nil means WallClock.
+	Clock Clock
 	// RenewEvery is how often a job renews; 0 means a third of its lease
 	// duration. It only schedules renewals: expiry is whatever the
 	// coordinator answers.
@@ -109,8 +109,8 @@ func NewLeaseWorker(cfg LeaseWorkerConfig) (*LeaseWorker, error) {
 	if cfg.SpoolDir == "" {
 		return nil, errors.New("agentsdk: LeaseWorker needs a SpoolDir")
 	}
-	if cfg.Now == nil {
-		cfg.Now = func() time.Time { return time.Now().UTC() }
+	if cfg.Clock == nil {
+		cfg.Clock = WallClock
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -278,7 +278,7 @@ type Job struct {
 // ends it (ErrJobEnded).
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
 	req := &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Ack{Ack: &tetherv1.AckRequest{
-		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Now()),
+		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Clock.Now()),
 	}}}
 	w.sendMu.Lock()
 	if _, err := w.replayLocked(ctx); err != nil {
@@ -332,7 +332,7 @@ func (j *Job) end(cause error) {
 
 func (j *Job) claim() (job, leaseID string, generation uint64, sent *timestamppb.Timestamp) {
 	l := j.Lease()
-	return l.GetJobId(), l.GetLeaseId(), l.GetLeaseGeneration(), timestamppb.New(j.w.cfg.Now())
+	return l.GetJobId(), l.GetLeaseId(), l.GetLeaseGeneration(), timestamppb.New(j.w.cfg.Clock.Now())
 }
 
 func (j *Job) renewLoop() {

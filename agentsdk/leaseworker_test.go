@@ -82,7 +82,7 @@ func (s *leaseSetup) get(t *testing.T, job string) *tetherv1.Lease {
 
 func (s *leaseSetup) newWorker(t *testing.T, dir string, every time.Duration) *agentsdk.LeaseWorker {
 	t.Helper()
-	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: dir, Now: s.clock.Now, RenewEvery: every})
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: dir, Clock: s.clock, RenewEvery: every})
 	if err != nil {
 		t.Fatal(err)
 	}

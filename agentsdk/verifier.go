@@ -35,14 +35,6 @@ const (
 	maxBackoff       = 5 * time.Second
 )
 
-// Clock tells a Verifier the time. Tests inject a manual clock; the zero
-// config uses the wall clock.
-type Clock interface{ Now() time.Time }
-
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now().UTC() }
-
 // ErrScopeNotGranted is returned by Authorize when a valid, unrevoked token
 // does not carry the scope the call needs.
 var ErrScopeNotGranted = errors.New("agentsdk: scope not granted")
@@ -129,7 +121,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		cfg.JWKSMinInterval = DefaultJWKSMinInterval
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = wallClock{}
+		cfg.Clock = WallClock
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -429,7 +429,6 @@ func (w *authzWorld) cancelOrders() string {
 		terms = append(terms, terminate(w.t, w.s.admin, w.ids[root], tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour, time.Hour).TerminationId)
 	}
 	testserver.WaitFor(w.t, 20*time.Second, "a cancel order for every agent's call", func() bool {
-		w.s.srv.Poke()
 		pending := 0
 		for _, id := range terms {
 			pending += int(getTermination(w.t, w.s.admin, id).Progress.GetAcksPending())

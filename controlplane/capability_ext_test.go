@@ -848,9 +848,11 @@ func TestWatchRevocationsResumesAndSnapshots(t *testing.T) {
 	}
 
 	// Prune the first tombstone: a follower at 0 now gets a snapshot.
+	// (Moving the clock also fires the background pruner's timer: between
+	// it and this call, the first tombstone is pruned, and only it.)
 	w.clk.Set(capability.DropAfter(epoch).Add(time.Second))
-	if n, err := w.srv.Grants().PruneTombstones(ctx); err != nil || n != 1 {
-		t.Fatalf("pruned %d (%v), want 1", n, err)
+	if n, err := w.srv.Grants().PruneTombstones(ctx); err != nil || n > 1 {
+		t.Fatalf("pruned %d (%v), want at most 1", n, err)
 	}
 	testserver.WaitFor(t, 10*time.Second, "a snapshot for a follower at 0", func() bool { return firstFeedMessage(t, w.admin, 0).Snapshot })
 	m = firstFeedMessage(t, w.admin, 0)

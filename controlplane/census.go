@@ -3,17 +3,14 @@ package controlplane
 import (
 	"container/heap"
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 )
-
-// censusRetry is how long a census whose watch failed (other than falling
-// behind) waits before it tries again. Metrics must never stop the server.
-const censusRetry = 5 * time.Second
 
 // censusEntry is what a census keeps of one stored object: its label (a
 // state) and, for objects that expire, when.
@@ -69,22 +66,12 @@ func (c *census) snapshot() (map[string]int, bool) {
 	return out, true
 }
 
-func (c *census) run(ctx context.Context, st store.Store, log *slog.Logger) error {
-	for {
-		err := c.follow(ctx, st)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(err, store.ErrWatchLagged) {
-			continue
-		}
-		log.Warn("metrics: census stopped; retrying", "census", c.name, "error", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(censusRetry):
-		}
-	}
+// run keeps the census until ctx ends: after its watch fell behind it
+// scans again at once, after a failure after a backoff on the clock
+// (reconcile.Passes). Metrics never stop the server.
+func (c *census) run(ctx context.Context, st store.Store, clk clock.Clock, log *slog.Logger) error {
+	reconcile.Passes(ctx, "metrics census "+c.name, clk, log, func(ctx context.Context) error { return c.follow(ctx, st) })
+	return nil
 }
 
 func (c *census) follow(ctx context.Context, st store.Store) error {
@@ -117,10 +104,7 @@ func (c *census) follow(ctx context.Context, st store.Store) error {
 			}
 		}
 	}
-	if err := w.Err(); err != nil {
-		return err
-	}
-	return ctx.Err()
+	return reconcile.WatchEnded(w)
 }
 
 func (c *census) reset(entries map[string]censusEntry) {

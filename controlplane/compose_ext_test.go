@@ -183,12 +183,10 @@ func TestAnOperatorAbortOfANodeAnAgentIsDrainingIsAcceptedAndEscalates(t *testin
 
 	outer := terminate(t, w.admin, w.child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Minute, time.Minute)
 	testserver.WaitFor(t, 10*time.Second, "the abort to take the child over", func() bool {
-		w.srv.Poke()
 		n := w.node(t, w.child.Node.NodeId)
 		return n.State == tetherv1.NodeState_NODE_STATE_ABORTING && n.TerminationId == outer.TerminationId
 	})
 	testserver.WaitFor(t, 10*time.Second, "the call's cancel order", func() bool {
-		w.srv.Poke()
 		return getTermination(t, w.admin, outer.TerminationId).Progress.GetAcksPending() == 1
 	})
 	waitState(t, w.srv, inner.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)

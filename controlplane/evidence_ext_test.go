@@ -122,7 +122,6 @@ func TestAgentCannotAcknowledgeItsOwnToolCalls(t *testing.T) {
 	done := w.startCall(t, release)
 	term := terminate(t, w.admin, w.agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second, 0)
 	testserver.WaitFor(t, 10*time.Second, "the cancel order", func() bool {
-		w.srv.Poke()
 		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 1
 	})
 

@@ -416,7 +416,6 @@ func TestAgentThatHeartbeatsButIgnoresTheDrain(t *testing.T) {
 		clk.Advance(5 * time.Second)
 		lastSeen = clk.Now()
 		heartbeat()
-		srv.Poke()
 	}
 	clk.Advance(time.Minute)
 	done := waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)

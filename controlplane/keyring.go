@@ -20,8 +20,6 @@ var keyRingKey = []byte("keys/ring")
 // of truth (rotation writes it and then swaps the cache).
 type keyRing struct {
 	current atomic.Pointer[capability.KeyRing]
-	// changed wakes the pruner (keys.go) when the ring changes or on Poke.
-	changed chan struct{}
 }
 
 func (k *keyRing) Get() capability.KeyRing { return *k.current.Load() }
@@ -54,7 +52,7 @@ func loadOrCreateKeyRing(ctx context.Context, st store.Store, now time.Time) (*k
 	if err != nil {
 		return nil, false, fmt.Errorf("controlplane: key ring: %w", err)
 	}
-	k := &keyRing{changed: make(chan struct{}, 1)}
+	k := &keyRing{}
 	k.current.Store(&ring)
 	return k, created, nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -103,91 +103,87 @@ func writeKeyRing(tx store.Txn, ring capability.KeyRing) error {
 	return tx.Put(keyRingKey, v)
 }
 
-// set swaps the cached ring and wakes the pruner.
-func (k *keyRing) set(ring capability.KeyRing) {
-	k.current.Store(&ring)
-	k.wake()
-}
-
-func (k *keyRing) wake() {
-	select {
-	case k.changed <- struct{}{}:
-	default:
-	}
-}
+// set swaps the cached ring.
+func (k *keyRing) set(ring capability.KeyRing) { k.current.Store(&ring) }
 
 // followKeyRing keeps this replica's cached ring equal to the stored one,
 // so a rotation or a prune made by any replica reaches every verifier and
-// signer here. Runs on every replica.
+// signer here. Runs on every replica; a watch that falls behind or fails
+// costs a re-read (reconcile.Passes).
 func (s *Server) followKeyRing(ctx context.Context) error {
-	for {
-		w, err := s.store.Watch(ctx, keyRingKey)
-		if err != nil {
-			return err
-		}
-		// Re-read after establishing the watch: nothing committed in
-		// between is missed.
-		var ring capability.KeyRing
-		if err := s.store.View(ctx, func(tx store.ReadTxn) error {
-			var err error
-			ring, err = readKeyRing(tx)
-			return err
-		}); err != nil {
-			return err
-		}
-		s.keys.set(ring)
-		for batch := range w.Events() {
-			for _, ev := range batch {
-				if ev.Type != store.EventPut || !bytes.Equal(ev.Key, keyRingKey) {
-					continue
-				}
-				var next capability.KeyRing
-				if err := json.Unmarshal(ev.Value, &next); err != nil {
-					return fmt.Errorf("controlplane: stored key ring: %w", err)
-				}
-				s.keys.set(next)
+	return reconcile.Passes(ctx, "key ring", s.cfg.Clock, s.log, s.followKeyRingOnce)
+}
+
+func (s *Server) followKeyRingOnce(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := s.store.Watch(ctx, keyRingKey)
+	if err != nil {
+		return err
+	}
+	// Re-read after establishing the watch: nothing committed in between
+	// is missed.
+	var ring capability.KeyRing
+	if err := s.store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		ring, err = readKeyRing(tx)
+		return err
+	}); err != nil {
+		return err
+	}
+	s.keys.set(ring)
+	for batch := range w.Events() {
+		for _, ev := range batch {
+			if ev.Type != store.EventPut || !bytes.Equal(ev.Key, keyRingKey) {
+				continue
 			}
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err := w.Err(); err != nil && !errors.Is(err, store.ErrWatchLagged) {
-			return err
+			var next capability.KeyRing
+			if err := json.Unmarshal(ev.Value, &next); err != nil {
+				return fmt.Errorf("controlplane: stored key ring: %w", err)
+			}
+			s.keys.set(next)
 		}
 	}
+	return reconcile.WatchEnded(w)
 }
 
 // pruneKeyRing drops retired keys from the stored ring when the last token
 // they could have signed has expired (on the server's clock). One replica
-// (the leader) runs it.
+// (the leader) runs it: a reconcile loop of one key, woken by the ring's
+// changes and at the next retirement.
 func (s *Server) pruneKeyRing(ctx context.Context) error {
-	for {
-		if _, err := s.PruneKeys(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("pruning retired keys failed; retrying", "error", err)
-		}
-		now := s.cfg.Clock.Now()
-		// Look again at the next retirement, a minute later at most (a
-		// clock moved by hand is noticed then, or on Poke), or when the
-		// ring changes.
-		wait := time.Minute
-		if next := nextRetirement(s.keys.Get()); !next.IsZero() {
-			wait = min(max(next.Sub(now), 0)+time.Millisecond, time.Minute)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-s.keys.changed:
-		case <-t.C:
-		}
-		t.Stop()
-	}
+	const ringKey = "ring"
+	return reconcile.New(reconcile.Config{
+		Name: "key pruner", Store: s.store, Clock: s.cfg.Clock, Log: s.log,
+		Watch:   [][]byte{keyRingKey},
+		Scan:    func(context.Context) ([]string, error) { return []string{ringKey}, nil },
+		Changed: func(_ []store.Event, kick func(string)) { kick(ringKey) },
+		Reconcile: func(ctx context.Context, _ string) (time.Time, error) {
+			ring, _, err := s.pruneKeys(ctx)
+			if err != nil {
+				return time.Time{}, err
+			}
+			// Look again at the next retirement, and a minute later at
+			// most: a wall clock that jumps is noticed then.
+			now := s.cfg.Clock.Now()
+			wake := now.Add(time.Minute)
+			if next := nextRetirement(ring); next.After(now) && next.Before(wake) {
+				wake = next
+			}
+			return wake, nil
+		},
+	}).Run(ctx)
 }
 
 // PruneKeys drops every key whose tokens have all expired; it reports how
 // many it dropped. Idempotent.
 func (s *Server) PruneKeys(ctx context.Context) (int, error) {
+	_, dropped, err := s.pruneKeys(ctx)
+	return dropped, err
+}
+
+// pruneKeys is PruneKeys, and also returns the stored ring it leaves.
+func (s *Server) pruneKeys(ctx context.Context) (capability.KeyRing, int, error) {
 	var ring capability.KeyRing
 	dropped := 0
 	err := s.store.Update(ctx, func(tx store.Txn) error {
@@ -203,11 +199,11 @@ func (s *Server) PruneKeys(ctx context.Context) (int, error) {
 		return writeKeyRing(tx, ring)
 	})
 	if err != nil || dropped == 0 {
-		return 0, err
+		return ring, 0, err
 	}
 	s.keys.current.Store(&ring)
 	s.log.Info("retired signing keys pruned", "dropped", dropped, "keys", len(ring.Keys))
-	return dropped, nil
+	return ring, dropped, nil
 }
 
 // nextRetirement is the earliest time a key of ring may be pruned.

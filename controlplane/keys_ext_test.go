@@ -132,15 +132,13 @@ func TestKeyRotation(t *testing.T) {
 	}
 
 	// Just before retirement the old key stays; after it, the pruner drops
-	// it (moved by the manual clock and Poke).
+	// it (the manual clock fires its wake-up).
 	clk.Set(retire)
-	srv.Poke()
 	if kids := jwksKids(t, srv); len(kids) != 2 {
 		t.Fatalf("jwks at the retirement instant %v, want both keys still", kids)
 	}
 	clk.Set(retire.Add(time.Second))
 	testserver.WaitFor(t, 10*time.Second, "the retired key to be pruned", func() bool {
-		srv.Poke()
 		kids := jwksKids(t, srv)
 		return len(kids) == 1 && kids[0] == newKid
 	})

@@ -774,7 +774,6 @@ func TestTerminationReconcilesTheSubtreesLeases(t *testing.T) {
 	term := terminate(t, w.admin, w.w1, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, 0)
 	w.clock.Advance(2 * time.Second) // past the drain window and the cancel-ack timeout
 	testserver.WaitFor(t, 20*time.Second, "the termination to finish", func() bool {
-		w.srv.Poke()
 		return getTermination(t, w.admin, term.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	rec := record(t, w.admin, term.TerminationId)

@@ -419,7 +419,6 @@ func TestLeaseNoNewLeaseForADrainingNode(t *testing.T) {
 	rows := len(w.evidence(t, job))
 	term := terminate(t, w.admin, w.w1, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Hour)
 	testserver.WaitFor(t, 20*time.Second, "w1 to drain", func() bool {
-		w.srv.Poke()
 		n, err := w.admin.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: w.w1}))
 		return err == nil && n.Msg.Node.State == tetherv1.NodeState_NODE_STATE_DRAINING
 	})
@@ -574,7 +573,6 @@ func TestRolloutDoesNotHandOverAConflictedLease(t *testing.T) {
 	term := r.Batches[0].TerminationId
 	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
 		clk.Advance(2 * time.Second)
-		srv.Poke()
 		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	outcomes := map[string]tetherv1.LeaseOutcome{}
@@ -597,7 +595,6 @@ func TestRolloutDoesNotHandOverAConflictedLease(t *testing.T) {
 	if got := operatorLease(t, admin, "job-y"); got.LeaseGeneration != 2 || got.HolderIdentity != v2.Node.NodeId {
 		t.Fatalf("the clean lease was not handed over: %v", got)
 	}
-	srv.Poke()
 	if r = getRollout(t, admin, r.RolloutId); r.Batches[0].State == tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE || r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED {
 		t.Fatalf("batch %s, rollout %s with a conflicted lease unresolved", r.Batches[0].State, r.State)
 	}

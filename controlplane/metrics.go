@@ -108,7 +108,7 @@ func (m *metrics) register(registry *prometheus.Registry) {
 		m.rateLimited.WithLabelValues(procedure)
 	}
 	for _, c := range []*census{m.agents, m.grants, m.terminations} {
-		m.s.addComponent("metrics-"+c.name, func(ctx context.Context) error { return c.run(ctx, m.s.store, m.s.log) })
+		m.s.addComponent("metrics-"+c.name, func(ctx context.Context) error { return c.run(ctx, m.s.store, m.s.cfg.Clock, m.s.log) })
 	}
 	if o, ok := m.s.store.(interface{ ObserveCommits(store.CommitObserver) }); ok {
 		o.ObserveCommits(m.committed)

@@ -210,7 +210,6 @@ func TestMetricsAfterATerminationAndALeaseStorm(t *testing.T) {
 	// say what is still missing if they never get there.
 	var last scrape
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		w.srv.Poke()
 		last = scrapeMetrics(t, w.srv.HTTP, w.srv.URL)
 		unmet := last.unmet(exps)
 		if len(unmet) == 0 {

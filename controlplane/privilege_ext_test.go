@@ -80,7 +80,6 @@ func TestHangingHooksOfOneAgentDelayNoOtherTermination(t *testing.T) {
 	}
 	rogueTerm := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
 	testserver.WaitFor(t, 10*time.Second, "every hook called at once (in parallel)", func() bool {
-		srv.Poke()
 		return hook.calls.Load() == hooks
 	})
 	if st := getTermination(t, admin, rogueTerm.TerminationId).State; st != tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {
@@ -243,7 +242,7 @@ func TestAHookInterruptedByARestartIsCalledAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	term := terminate(t, admin, agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
-	testserver.WaitFor(t, 10*time.Second, "the hook to be called", func() bool { srv.Poke(); return calls.Load() == 1 })
+	testserver.WaitFor(t, 10*time.Second, "the hook to be called", func() bool { return calls.Load() == 1 })
 	srv.Stop()
 
 	answer.Store(http.StatusNoContent)

@@ -27,6 +27,7 @@ type laggingStore struct {
 	store.Store
 	mu      sync.Mutex
 	watches []*lagWatch
+	held    map[string]chan struct{} // opener → closed when its new watches may open
 }
 
 type lagWatch struct {
@@ -47,13 +48,29 @@ func (w *lagWatch) Err() error {
 }
 
 func (s *laggingStore) Watch(ctx context.Context, prefix []byte) (store.Watcher, error) {
+	opener := openerStack()
+	s.mu.Lock()
+	var wait []chan struct{}
+	for o, ch := range s.held {
+		if strings.Contains(opener, o) {
+			wait = append(wait, ch)
+		}
+	}
+	s.mu.Unlock()
+	for _, ch := range wait {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	inner, err := s.Store.Watch(ctx, prefix)
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	w := &lagWatch{opener: openerStack(), events: make(chan []store.Event), cut: make(chan struct{})}
+	w := &lagWatch{opener: opener, events: make(chan []store.Event), cut: make(chan struct{})}
 	s.mu.Lock()
 	s.watches = append(s.watches, w)
 	s.mu.Unlock()
@@ -98,6 +115,24 @@ func openerStack() string {
 		if !more {
 			return strings.Join(names, "\n")
 		}
+	}
+}
+
+// hold makes the new watches a function named opener opens wait until
+// release is called: the component stays without a watch meanwhile.
+func (s *laggingStore) hold(opener string) (release func()) {
+	ch := make(chan struct{})
+	s.mu.Lock()
+	if s.held == nil {
+		s.held = map[string]chan struct{}{}
+	}
+	s.held[opener] = ch
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		delete(s.held, opener)
+		s.mu.Unlock()
+		close(ch)
 	}
 }
 
@@ -146,4 +181,46 @@ func TestTerminationSurvivesALaggedWatch(t *testing.T) {
 	}
 	// The manual clock does not move: only the confirmation can finish it.
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+}
+
+// A lagged watch loses events, not state, for the session signals too: an
+// abort decided while their watch was down still reaches the agent's open
+// session once the watch is back (the signals rescan the open sessions'
+// nodes). Before, the re-established watch waited for the next change, and
+// the session never heard of the abort.
+func TestSessionSignalSurvivesALaggedWatch(t *testing.T) {
+	b, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	st := &laggingStore{Store: b}
+	clk := clock.NewManual(time.Now().UTC())
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.Store = st })
+	admin := srv.AdminClients()
+	root := register(t, admin, "worker")
+	// A bound so that a missing signal fails the test instead of hanging
+	// it; nothing waits for it to pass.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream, err := srv.Clients(root.Credential).Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	if !stream.Receive() || stream.Msg().GetOpened() == nil {
+		t.Fatalf("first message %v (%v)", stream.Msg(), stream.Err())
+	}
+
+	const signals = "supervisor.(*Signals).Run"
+	release := st.hold(signals)
+	if n := st.lag(signals); n != 1 {
+		t.Fatalf("lagged %d of the session signals' watches, want its 1", n)
+	}
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Minute, time.Minute)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	release()
+	if sig := nextSignal(t, stream); sig.Kind != tetherv1.SignalKind_SIGNAL_KIND_ABORT || sig.TerminationId != term.TerminationId {
+		t.Fatalf("pushed %v, want abort of %s", sig, term.TerminationId)
+	}
 }

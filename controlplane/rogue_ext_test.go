@@ -197,7 +197,6 @@ func TestASelfProposedStopDoesNotShieldTheNodeFromItsParent(t *testing.T) {
 	}
 	// The call got its cancel order at once (the clock has not moved).
 	testserver.WaitFor(t, 10*time.Second, "the call's cancel order", func() bool {
-		srv.Poke()
 		return getTermination(t, admin, outer.Msg.Termination.TerminationId).Progress.GetAcksPending() == 1
 	})
 	_ = call

@@ -456,7 +456,6 @@ func waitRollout(t *testing.T, srv *testserver.Server, id, what string, cond fun
 	t.Helper()
 	var last *tetherv1.Rollout
 	testserver.WaitFor(t, 20*time.Second, "rollout "+id+" "+what, func() bool {
-		srv.Poke()
 		last = getRollout(t, srv.AdminClients(), id)
 		return cond(last)
 	})
@@ -514,7 +513,6 @@ func TestRolloutBatchMissingItsDeadlinePausesAndResumes(t *testing.T) {
 	r = waitRollout(t, srv, r.RolloutId, "to finish batch 0", func(r *tetherv1.Rollout) bool {
 		return r.Batches[0].State == tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE
 	})
-	srv.Poke()
 	if r = getRollout(t, admin, r.RolloutId); len(r.Batches) != 1 || r.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED {
 		t.Fatalf("paused rollout moved on: %d batches, %s", len(r.Batches), r.State)
 	}
@@ -584,7 +582,6 @@ func TestRolloutAbortReleasesTheDrainingBatchsLeases(t *testing.T) {
 	// termination finishes as a plain one.
 	testserver.WaitFor(t, 20*time.Second, "the released batch's termination to finish", func() bool {
 		clk.Advance(10 * time.Second)
-		srv.Poke()
 		return getTermination(t, admin, r.Batches[0].TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	rec := record(t, admin, r.Batches[0].TerminationId)
@@ -598,7 +595,6 @@ func TestRolloutAbortReleasesTheDrainingBatchsLeases(t *testing.T) {
 	if l.Msg.Lease.LeaseGeneration != 1 || l.Msg.Lease.State != tetherv1.LeaseState_LEASE_STATE_TERMINAL {
 		t.Fatalf("%s after abort: generation %d %s, want generation 1 terminal", job, l.Msg.Lease.LeaseGeneration, l.Msg.Lease.State)
 	}
-	srv.Poke()
 	if r = getRollout(t, admin, r.RolloutId); len(r.Batches) != 1 {
 		t.Fatalf("an aborted rollout started batch %d", len(r.Batches)-1)
 	}

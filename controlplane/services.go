@@ -50,7 +50,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers,
 		AllowHooks: s.cfg.PrivilegeHookAllow, MaxPerNode: s.cfg.PrivilegeMaxPerNode, Log: s.log,
 	}
-	s.signals = &tree.Signals{Store: s.store}
+	s.signals = &tree.Signals{Store: s.store, Clock: s.cfg.Clock, Log: s.log}
 	s.supervisor = &supervisor.Supervisor{
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
@@ -130,15 +130,4 @@ func (s *Server) StopRuleStats() *stoprule.Stats {
 		return nil
 	}
 	return s.stopRules.Stats()
-}
-
-// Poke makes the reconcilers re-read the clock now. Tests that move a
-// manual clock call it; with the real clock it is never needed.
-func (s *Server) Poke() {
-	s.supervisor.Poke()
-	if s.stopRules != nil {
-		s.stopRules.Poke()
-	}
-	s.rollouts.Poke()
-	s.keys.wake()
 }

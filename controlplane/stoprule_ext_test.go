@@ -17,6 +17,7 @@ import (
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // Stop rules through the real server: the agent proposes (writes when it
@@ -162,7 +163,6 @@ func TestStopRuleWithAnAutoAbortPolicyAbortsTheSubtreeAndTheRecordNamesTheRule(t
 	var term *tetherv1.Termination
 	testserver.WaitFor(t, 20*time.Second, "the abort to terminate", func() bool {
 		clk.Advance(time.Minute) // past the cancel-ack and confirm windows
-		srv.Poke()
 		term = getTermination(t, admin, p.TerminationId)
 		return term.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
@@ -284,7 +284,6 @@ func TestSelfReportedCounterDrivesARuleAndIsLabelledInTheRecord(t *testing.T) {
 	}
 	testserver.WaitFor(t, 20*time.Second, "the abort to terminate", func() bool {
 		clk.Advance(time.Minute)
-		srv.Poke()
 		return getTermination(t, admin, p.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	rec := record(t, admin, p.TerminationId)
@@ -399,9 +398,11 @@ func TestStopRulesOverTimeAndLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Leases are read at evaluation time: the next tick of the evaluator
+	// (on the manual clock) sees them.
+	clk.Advance(stoprule.DefaultTick)
 	var got []*tetherv1.StopProposal
 	testserver.WaitFor(t, 20*time.Second, "the lease rule to fire", func() bool {
-		srv.Poke()
 		got = ruleProposals(t, srv, leases.RuleId)
 		return len(got) == 1
 	})
@@ -413,7 +414,6 @@ func TestStopRulesOverTimeAndLeases(t *testing.T) {
 	}
 	clk.Advance(3 * time.Hour)
 	testserver.WaitFor(t, 20*time.Second, "the age rule to fire", func() bool {
-		srv.Poke()
 		return len(ruleProposals(t, srv, old.RuleId)) == 2 // the planner and its worker
 	})
 }

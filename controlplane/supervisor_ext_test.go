@@ -47,7 +47,6 @@ func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.T
 	t.Helper()
 	var last *tetherv1.Termination
 	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
-		srv.Poke()
 		last = getTermination(t, srv.AdminClients(), id)
 		return last.State == state
 	})
@@ -158,7 +157,6 @@ func TestRogueChildIsUnaccountedWhileItsCredentialIsRejected(t *testing.T) {
 		t.Fatalf("rogue spawn while draining: %v", err)
 	}
 	testserver.WaitFor(t, 10*time.Second, "two confirmations", func() bool {
-		srv.Poke()
 		return getTermination(t, admin, term.TerminationId).Progress.GetConfirmations() == 2
 	})
 	if st := getTermination(t, admin, term.TerminationId).State; st != tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {

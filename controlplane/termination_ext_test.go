@@ -135,7 +135,6 @@ func TestDrainOutlastingItsWindowEscalatesAndCancels(t *testing.T) {
 	term := terminate(t, w.admin, w.agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, time.Minute, 0)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
 	w.clk.Advance(11 * time.Second)
-	w.srv.Poke()
 	// The gate gets the cancel order, cancels the handler, then acks.
 	if err := <-done; !errors.Is(err, agentsdk.ErrCancelled) && !errors.Is(err, context.Canceled) {
 		t.Fatalf("the call ended with %v, want cancellation", err)
@@ -161,7 +160,6 @@ func TestAbortAgainstAGateThatNeverAcksRecordsCancelUnacknowledged(t *testing.T)
 	w.startCall(t, release)
 	term := terminate(t, w.admin, w.agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second, 0)
 	testserver.WaitFor(t, 10*time.Second, "the cancel order to be pending", func() bool {
-		w.srv.Poke()
 		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 1
 	})
 	if st := getTermination(t, w.admin, term.TerminationId).State; st != tetherv1.TerminationState_TERMINATION_STATE_ABORTING {

@@ -136,9 +136,11 @@ func TestMintedTokensExpireAndCanBeRevoked(t *testing.T) {
 	if _, err := admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grant.Msg.Grant.GrantId}})); err != nil {
 		t.Fatal(err)
 	}
+	// (Moving the clock also fires the background pruner's timer: between
+	// it and this call, the grant's one tombstone is pruned, and only it.)
 	clk.Advance(capability.MaxTokenTTL + capability.MaxLeeway + time.Minute)
-	if n, err := srv.Grants().PruneTombstones(ctx); err != nil || n != 1 {
-		t.Fatalf("pruned %d tombstones (%v), want the grant's one", n, err)
+	if n, err := srv.Grants().PruneTombstones(ctx); err != nil || n > 1 {
+		t.Fatalf("pruned %d tombstones (%v), want at most the grant's one", n, err)
 	}
 	testserver.WaitFor(t, 10*time.Second, "the feed to drop the grant's tombstone", func() bool {
 		_, ok := srv.Grants().Tombstones().Lookup(grant.Msg.Grant.GrantId)

@@ -48,6 +48,16 @@
 //     LeaseCanceller, the privilege registry) and, for rollout batches, a
 //     LeaseHandover (batch.go); nil leaves that part out of the record.
 //
+// Background work. The termination reconciler (Supervisor.Run), the
+// rollout reconciler (Rollouts.Run) and the record outbox (Outbox.Run) are
+// loops of internal/reconcile, keyed by termination, rollout and record
+// id: they resume from stored state, are kicked by store watches (and by
+// Kick), wake at their keys' deadlines on the Clock, and rescan after a
+// watch fell behind. None of them returns before its context ends; a
+// record sink that fails is retried with a doubling backoff on the Clock.
+// The caller runs the three as leader-only components, and moves a manual
+// Clock in tests (its timers fire the wake-ups that came due).
+//
 // Stop rules (package supervisor/stoprule) plug in at two points: the
 // ledger's and the tree's Observers, told of each call and spawn inside
 // the writing transaction, and FileRuleProposal, which files a rule's

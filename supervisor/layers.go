@@ -1,15 +1,12 @@
 package supervisor
 
 import (
-	"time"
-
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
-	"github.com/tetherhq/tether/supervisor/internal/workqueue"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -21,27 +18,6 @@ import (
 // under the short names its files use; each is only a call.
 
 const prefixNode = tree.NodePrefix
-
-// workQueue is the reconciler's queue (shared with the rollouts'), under
-// the method names reconciler.go uses.
-type workQueue struct {
-	q      *workqueue.Queue
-	signal <-chan struct{}
-}
-
-func newWorkQueue() *workQueue {
-	q := workqueue.New()
-	return &workQueue{q: q, signal: q.Signal()}
-}
-
-func (w *workQueue) add(key string)                { w.q.Add(key) }
-func (w *workQueue) addAt(key string, t time.Time) { w.q.AddAt(key, t) }
-func (w *workQueue) promote(now time.Time) time.Time {
-	return w.q.Promote(now)
-}
-func (w *workQueue) take() string    { return w.q.Take() }
-func (w *workQueue) done(key string) { w.q.Done(key) }
-func (w *workQueue) notify()         { w.q.Notify() }
 
 func getNode(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) {
 	return tree.GetNodeIn(tx, nodeID)

@@ -8,138 +8,83 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/privilege"
 )
 
-var queueOnce sync.Mutex
-
-func (s *Supervisor) workQueue() *workQueue {
-	queueOnce.Lock()
-	defer queueOnce.Unlock()
-	if s.queue == nil {
-		s.queue = newWorkQueue()
-	}
-	return s.queue
+// loop is the termination reconciler's loop, built on first use (Kick may
+// come before Run).
+func (s *Supervisor) loop() *reconcile.Loop {
+	s.loopOnce.Do(func() {
+		k := &terminationKicks{active: map[string]bool{}}
+		s.reconciler = reconcile.New(reconcile.Config{
+			Name: "terminations", Store: s.Store, Clock: s.Clock, Log: s.Log,
+			Watch: [][]byte{[]byte("calls/"), []byte(prefixNode), []byte(prefixTermination)},
+			Scan: func(ctx context.Context) ([]string, error) {
+				ids, err := s.unfinished(ctx)
+				if err == nil {
+					k.reset(ids)
+				}
+				return ids, err
+			},
+			Changed:   k.changed,
+			Reconcile: s.Reconcile,
+		})
+	})
+	return s.reconciler
 }
 
 // Kick asks the reconciler to look at a termination now.
-func (s *Supervisor) Kick(terminationID string) { s.workQueue().add(terminationID) }
+func (s *Supervisor) Kick(terminationID string) { s.loop().Kick(terminationID) }
 
-// Run is the level-triggered reconciler: it resumes every unfinished
-// termination from stored state, re-runs a termination whenever the ledger,
-// the tree or the termination changes, and at its deadlines. It runs until
-// ctx ends. A watch that ends early (it fell behind) loses events, not
-// state: Run re-establishes the watches and rescans.
-func (s *Supervisor) Run(ctx context.Context) error {
-	q := s.workQueue()
-	for {
-		err := s.run(ctx, q)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !errors.Is(err, store.ErrWatchLagged) {
-			return err
-		}
-		s.Log.Warn("termination watches lagged; rescanning", "error", err)
+// Run is the level-triggered reconciler (internal/reconcile): it resumes
+// every unfinished termination from stored state, re-runs a termination
+// whenever the ledger, the tree or the termination changes, and at its
+// deadlines. It runs until ctx ends; a watch that falls behind costs a
+// rescan.
+func (s *Supervisor) Run(ctx context.Context) error { return s.loop().Run(ctx) }
+
+// terminationKicks knows which terminations are unfinished, from the scan
+// and the termination puts since.
+type terminationKicks struct {
+	mu     sync.Mutex
+	active map[string]bool
+}
+
+func (k *terminationKicks) reset(ids []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	clear(k.active)
+	for _, id := range ids {
+		k.active[id] = true
 	}
 }
 
-// run is one pass of Run: it returns when ctx ends, or with an error
-// wrapping store.ErrWatchLagged when one of its watches ended.
-func (s *Supervisor) run(ctx context.Context, q *workQueue) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ended := make(chan error, 3)
-	watches := make([]store.Watcher, 0, 3)
-	for _, prefix := range []string{"calls/", prefixNode, prefixTermination} {
-		w, err := s.Store.Watch(ctx, []byte(prefix))
-		if err != nil {
-			return err
-		}
-		watches = append(watches, w)
-	}
-	active, err := s.unfinished(ctx)
-	if err != nil {
-		return err
-	}
-	var activeMu sync.Mutex
-	for _, id := range active {
-		q.add(id)
-	}
-	activeSet := map[string]bool{}
-	for _, id := range active {
-		activeSet[id] = true
-	}
-	// A change anywhere in the ledger or the tree may move any unfinished
-	// termination: kick them all (the queue coalesces).
-	for _, w := range watches {
-		go func() {
-			for batch := range w.Events() {
-				activeMu.Lock()
-				for _, ev := range batch {
-					if key := string(ev.Key); strings.HasPrefix(key, prefixTermination) && ev.Type == store.EventPut {
-						// Only the id and the phase: the members of a
-						// large termination are not worth decoding here.
-						var t terminationPhase
-						if json.Unmarshal(ev.Value, &t) == nil {
-							activeSet[t.ID] = t.Phase != PhaseTerminated
-						}
-					}
+// changed kicks every unfinished termination: a change anywhere in the
+// ledger or the tree may move any of them (the queue coalesces).
+func (k *terminationKicks) changed(batch []store.Event, kick func(string)) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, ev := range batch {
+		if key := string(ev.Key); strings.HasPrefix(key, prefixTermination) && ev.Type == store.EventPut {
+			// Only the id and the phase: the members of a large
+			// termination are not worth decoding here.
+			var t terminationPhase
+			if json.Unmarshal(ev.Value, &t) == nil {
+				if t.Phase == PhaseTerminated {
+					delete(k.active, t.ID)
+				} else {
+					k.active[t.ID] = true
 				}
-				for id, on := range activeSet {
-					if on {
-						q.add(id)
-					}
-				}
-				activeMu.Unlock()
 			}
-			ended <- w.Err()
-		}()
+		}
 	}
-	for {
-		next := q.promote(s.Clock.Now())
-		for id := q.take(); id != ""; id = q.take() {
-			wake, err := s.Reconcile(ctx, id)
-			switch {
-			case err != nil && ctx.Err() != nil:
-				q.done(id)
-				return ctx.Err()
-			case err != nil:
-				s.Log.Warn("reconcile failed; retrying", "termination_id", id, "error", err)
-				q.addAt(id, s.Clock.Now().Add(time.Second))
-			case !wake.IsZero():
-				q.addAt(id, wake)
-			}
-			q.done(id)
-		}
-		// One timer per wait, stopped when the wait ends: a deferred stop
-		// here would keep every timer of a leader term alive until Run
-		// returns.
-		var timerC <-chan time.Time
-		var tm *time.Timer
-		if !next.IsZero() {
-			tm = time.NewTimer(max(next.Sub(s.Clock.Now()), time.Millisecond))
-			timerC = tm.C
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-ended:
-			return errors.Join(store.ErrWatchLagged, err)
-		case <-q.signal:
-		case <-timerC:
-		}
-		if tm != nil {
-			tm.Stop()
-		}
+	for id := range k.active {
+		kick(id)
 	}
 }
-
-// Poke makes the reconciler re-evaluate its timers now (tests that move a
-// manual clock call it).
-func (s *Supervisor) Poke() { s.workQueue().notify() }
 
 func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
 	var out []string

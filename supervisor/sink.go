@@ -3,6 +3,7 @@ package supervisor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -111,80 +113,55 @@ func (m MultiSink) Deliver(ctx context.Context, rec *tetherv1.ReconciliationReco
 // Outbox delivers persisted records to the sink until each is delivered:
 // the record is written to the store with an outbox entry in the same
 // transaction, and the entry is removed only after the sink accepted it. A
-// sink that is down delays delivery; it never loses a record.
+// sink that is down delays delivery; it never loses a record, and it never
+// stops the server: each record is retried on its own, with a backoff on
+// the supervisor's clock, until the sink takes it. Run is a reconcile loop
+// (internal/reconcile) keyed by record id, so a restart, a change of
+// leader or a lagged watch resumes every undelivered record from the store.
 type Outbox struct {
 	Supervisor *Supervisor
-	// Retry is the wait after a failed delivery (default 2s, doubling to 1m).
-	Retry time.Duration
-	// Wait is how the outbox waits between retries; tests substitute it.
-	Wait func(ctx context.Context, d time.Duration) error
+	// Retry is the wait after a failed delivery (default 2s, doubling to
+	// MaxRetry, default one minute).
+	Retry, MaxRetry time.Duration
 }
 
-// Run delivers until ctx ends.
+// Default backoff of a failed delivery.
+const (
+	DefaultRecordRetry    = 2 * time.Second
+	DefaultRecordMaxRetry = time.Minute
+)
+
+// Run delivers until ctx ends; it returns only then, with ctx's error.
 func (o *Outbox) Run(ctx context.Context) error {
 	s := o.Supervisor
 	if s.Sink == nil {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	wait := o.Wait
-	if wait == nil {
-		wait = func(ctx context.Context, d time.Duration) error {
-			t := time.NewTimer(d)
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.C:
-				return nil
-			}
-		}
+	retry := o.Retry
+	if retry <= 0 {
+		retry = DefaultRecordRetry
 	}
-	w, err := s.Store.Watch(ctx, []byte(prefixOutbox))
-	if err != nil {
-		return err
+	maxRetry := o.MaxRetry
+	if maxRetry <= 0 {
+		maxRetry = max(retry, DefaultRecordMaxRetry)
 	}
-	backoff := o.Retry
-	if backoff <= 0 {
-		backoff = 2 * time.Second
-	}
-	delay := backoff
-	for {
-		pending, err := o.pending(ctx)
-		if err != nil {
-			return err
-		}
-		failed := false
-		for _, rid := range pending {
-			if err := o.deliver(ctx, rid); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
+	return reconcile.New(reconcile.Config{
+		Name: "record outbox", Store: s.Store, Clock: s.Clock, Log: s.Log,
+		Watch: [][]byte{[]byte(prefixOutbox)},
+		Scan:  o.pending,
+		Changed: func(batch []store.Event, kick func(string)) {
+			for _, ev := range batch {
+				if ev.Type == store.EventPut {
+					kick(strings.TrimPrefix(string(ev.Key), prefixOutbox))
 				}
-				s.Log.Warn("record delivery failed; will retry", "record_id", rid, "error", err)
-				failed = true
-				break
 			}
-		}
-		if failed {
-			if err := wait(ctx, delay); err != nil {
-				return err
-			}
-			delay = min(delay*2, time.Minute)
-			continue
-		}
-		delay = backoff
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case _, ok := <-w.Events():
-			if !ok {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return w.Err()
-			}
-		}
-	}
+		},
+		Reconcile: func(ctx context.Context, recordID string) (time.Time, error) {
+			return time.Time{}, o.deliver(ctx, recordID)
+		},
+		Retry: retry, MaxRetry: maxRetry,
+	}).Run(ctx)
 }
 
 func (o *Outbox) pending(ctx context.Context) ([]string, error) {
@@ -199,11 +176,20 @@ func (o *Outbox) pending(ctx context.Context) ([]string, error) {
 	return out, err
 }
 
+// deliver hands one record to the sink and then clears its outbox entry.
+// An entry already cleared (delivered before a kick came) is not sent
+// again.
 func (o *Outbox) deliver(ctx context.Context, recordID string) error {
 	s := o.Supervisor
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error { _, err := tx.Get(outboxKey(recordID)); return err })
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
 	rec, err := s.Record(ctx, recordID, "")
 	if err != nil {
-		return err
+		return fmt.Errorf("record outbox: read record %s: %w", recordID, err)
 	}
 	if err := s.Sink.Deliver(ctx, rec); err != nil {
 		return err

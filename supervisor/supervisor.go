@@ -14,6 +14,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/ledger"
@@ -80,8 +81,10 @@ type Supervisor struct {
 	ChunkFault func(step string, n int)
 	Log        *slog.Logger
 
-	queue  *workQueue
 	chunks chunkCounter
+
+	loopOnce   sync.Once
+	reconciler *reconcile.Loop
 }
 
 // Defaults for a termination's windows when the request leaves them empty.
@@ -261,7 +264,9 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 			if err := decodedTerminations.decode(terminationID, ev.Value, &next); err != nil {
 				return err
 			}
-			if !next.UpdatedAt.After(last) && next.Phase == t.Phase {
+			// A progress change at the same instant is news too (on a
+			// clock that has not moved, the cancel orders follow the mark).
+			if !next.UpdatedAt.After(last) && next.Phase == t.Phase && next.Progress == t.Progress {
 				continue
 			}
 			t, last = next, next.UpdatedAt

@@ -66,7 +66,6 @@ func TestGatewayKilledMidCallLeavesTheCallUnresolved(t *testing.T) {
 
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second)
 	testserver.WaitFor(t, 20*time.Second, "the cancel order to be pending", func() bool {
-		w.srv.Poke()
 		return waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING).Progress.GetAcksPending() == 1
 	})
 	w.clk.Advance(6 * time.Second)

@@ -148,7 +148,6 @@ func waitState(t *testing.T, w *world, id string, state tetherv1.TerminationStat
 	t.Helper()
 	var last *tetherv1.Termination
 	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
-		w.srv.Poke()
 		resp, err := w.admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
 		if err != nil {
 			t.Fatal(err)

@@ -115,9 +115,11 @@
 //     that handles its last descendant.
 //
 // A crash or restart therefore repeats at most one uncommitted batch, and
-// repeating one is harmless. The marker is woken by every revocation and
-// otherwise looks for jobs every ten seconds (another replica's, or one
-// whose batch failed). Each descendant is marked by the earliest
+// repeating one is harmless. The marker is a reconcile loop
+// (internal/reconcile) of one key: a stored job — this replica's or
+// another's — wakes it through its store watch, a failed batch is retried
+// with a backoff on the clock, and a lagged watch costs a rescan. Each
+// descendant is marked by the earliest
 // revocation among its ancestors (see covered), unless it had expired by
 // then, so the outcome depends neither on the order in which jobs run nor
 // on when the marker runs — and it is what the read paths show before it.

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 )
 
@@ -353,15 +354,12 @@ func (s *Service) PruneTombstones(ctx context.Context) (int, error) {
 	}
 }
 
-// RunPruner prunes the stored feed every PruneInterval until ctx ends.
+// RunPruner prunes the stored feed every PruneInterval (on the clock)
+// until ctx ends.
 func (s *Service) RunPruner(ctx context.Context) error {
-	ticker := time.NewTicker(s.cfg.PruneInterval)
-	defer ticker.Stop()
 	for {
-		select {
-		case <-ctx.Done():
+		if clock.Sleep(ctx, s.cfg.Clock, s.cfg.PruneInterval) != nil {
 			return nil
-		case <-ticker.C:
 		}
 		if _, err := s.PruneTombstones(ctx); err != nil && ctx.Err() == nil {
 			s.cfg.Log.Error("pruning the revocation feed failed; will retry", "error", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 )
 
@@ -29,16 +30,37 @@ func putMarkJob(tx store.Txn, seq uint64, job markJob) error {
 	return tx.Put(markKey(seq), raw)
 }
 
-// markerIdle is how often the marker looks for work when nobody woke it:
-// a job written by another replica, or left by a failed batch.
-const markerIdle = 10 * time.Second
+// markerKey is the marker loop's one key: "the stored marking jobs".
+const markerKey = "marks"
 
-func (s *Service) wakeMarker() {
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
+// newMarker is the marker's reconcile loop: a stored job (written by a
+// revocation here or on another replica) kicks it, a failed batch is
+// retried on the clock, and a pass after a lagged watch looks again.
+func (s *Service) newMarker() *reconcile.Loop {
+	return reconcile.New(reconcile.Config{
+		Name: "grant marker", Store: s.cfg.Store, Clock: s.cfg.Clock, Log: s.cfg.Log,
+		Watch: [][]byte{[]byte(prefixMark)},
+		Scan:  func(context.Context) ([]string, error) { return []string{markerKey}, nil },
+		Changed: func(batch []store.Event, kick func(string)) {
+			for _, ev := range batch {
+				if ev.Type == store.EventPut {
+					kick(markerKey)
+					return
+				}
+			}
+		},
+		Reconcile: func(ctx context.Context, _ string) (time.Time, error) {
+			_, err := s.MarkPending(ctx)
+			return time.Time{}, err
+		},
+		Retry: time.Second, MaxRetry: markerMaxRetry,
+	})
 }
+
+// markerMaxRetry bounds the wait before a failed marking batch is retried.
+const markerMaxRetry = 10 * time.Second
+
+func (s *Service) wakeMarker() { s.marker.Kick(markerKey) }
 
 // RunMarker marks the descendants of revoked grants, in the background,
 // until ctx ends. Revocation does not depend on it — the tombstone already
@@ -48,23 +70,10 @@ func (s *Service) wakeMarker() {
 // transaction, the decisions made outside the committer) and restartable
 // (jobs and their cursors are stored; a restart resumes them).
 func (s *Service) RunMarker(ctx context.Context) error {
-	for {
-		if _, err := s.MarkPending(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			s.cfg.Log.Error("grant marker failed; will retry", "error", err)
-		}
-		timer := time.NewTimer(markerIdle)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return nil
-		case <-s.kick:
-		case <-timer.C:
-		}
-		timer.Stop()
+	if err := s.marker.Run(ctx); ctx.Err() == nil {
+		return err
 	}
+	return nil
 }
 
 // MarkPending runs every stored marking job to completion and returns how

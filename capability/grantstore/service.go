@@ -14,6 +14,7 @@ import (
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -90,7 +91,7 @@ type Service struct {
 	verifier   capability.Verifier
 	tombstones *capability.TombstoneSet
 	feed       *feed
-	kick       chan struct{}
+	marker     *reconcile.Loop
 }
 
 // New builds a Service. Nothing runs until RunFeed, RunMarker and
@@ -131,14 +132,15 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{
+	s := &Service{
 		cfg:        cfg,
 		minter:     minter,
 		verifier:   verifier,
 		tombstones: &capability.TombstoneSet{},
 		feed:       newFeed(),
-		kick:       make(chan struct{}, 1),
-	}, nil
+	}
+	s.marker = s.newMarker()
+	return s, nil
 }
 
 // Tombstones is the service's own tombstone set, fed by RunFeed.

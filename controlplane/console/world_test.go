@@ -144,7 +144,6 @@ func (w *world) waitTermination(t *testing.T, id string, state tetherv1.Terminat
 	t.Helper()
 	var last *tetherv1.Termination
 	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
-		w.srv.Poke()
 		resp, err := w.admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
 		if err != nil {
 			t.Fatal(err)

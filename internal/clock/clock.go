@@ -1,50 +1,67 @@
-// Package clock is the injected source of time. State machines never read
-// the clock; the shells around them take a Clock and pass `now` in.
 package clock
 
 import (
-	"sync"
+	"context"
 	"time"
 )
 
-// Clock tells the time.
+// Clock tells the time and wakes its callers when a time comes.
 type Clock interface {
+	// Now is the current time, in UTC.
 	Now() time.Time
+	// NewTimer returns a timer that sends the time on its channel once d
+	// has passed (at once when d <= 0).
+	NewTimer(d time.Duration) Timer
+	// AfterFunc calls f in its own goroutine once d has passed (Real), or
+	// from the Advance or Set that makes it due (Manual). The returned
+	// timer's C is nil.
+	AfterFunc(d time.Duration, f func()) Timer
 }
 
-// Real is the wall clock, in UTC.
+// Timer is a single pending wake-up. Stop and Reset follow the time
+// package's semantics since Go 1.23: after either returns, no value sent
+// before it is received from C.
+type Timer interface {
+	// C receives the time when the timer fires (nil for AfterFunc).
+	C() <-chan time.Time
+	// Stop prevents the timer from firing; it reports whether it stopped a
+	// pending timer.
+	Stop() bool
+	// Reset makes the timer fire d from now; it reports whether the timer
+	// was pending.
+	Reset(d time.Duration) bool
+}
+
+// Sleep waits until d has passed on c, or ctx ends (then it returns the
+// context's error).
+func Sleep(ctx context.Context, c Clock, d time.Duration) error {
+	t := c.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C():
+		return nil
+	}
+}
+
+// Until is the time left on c before t (negative when t has passed).
+func Until(c Clock, t time.Time) time.Duration { return t.Sub(c.Now()) }
+
+// Real is the wall clock, in UTC; its timers are the time package's.
 type Real struct{}
 
 // Now returns the current wall-clock time in UTC.
 func (Real) Now() time.Time { return time.Now().UTC() }
 
-// Manual is a clock moved only by its owner. Tests use it so that behaviour
-// never depends on the real passage of time.
-type Manual struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// NewTimer returns a time.Timer.
+func (Real) NewTimer(d time.Duration) Timer { return realTimer{time.NewTimer(d)} }
 
-// NewManual returns a manual clock set to start.
-func NewManual(start time.Time) *Manual { return &Manual{now: start.UTC()} }
+// AfterFunc returns a time.AfterFunc timer.
+func (Real) AfterFunc(d time.Duration, f func()) Timer { return realTimer{time.AfterFunc(d, f)} }
 
-// Now returns the clock's current time.
-func (m *Manual) Now() time.Time {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.now
-}
+type realTimer struct{ t *time.Timer }
 
-// Advance moves the clock forward by d.
-func (m *Manual) Advance(d time.Duration) {
-	m.mu.Lock()
-	m.now = m.now.Add(d)
-	m.mu.Unlock()
-}
-
-// Set moves the clock to t.
-func (m *Manual) Set(t time.Time) {
-	m.mu.Lock()
-	m.now = t.UTC()
-	m.mu.Unlock()
-}
+func (r realTimer) C() <-chan time.Time        { return r.t.C }
+func (r realTimer) Stop() bool                 { return r.t.Stop() }
+func (r realTimer) Reset(d time.Duration) bool { return r.t.Reset(d) }

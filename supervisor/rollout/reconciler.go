@@ -15,11 +15,11 @@ import (
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
-	"github.com/tetherhq/tether/supervisor/internal/workqueue"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -35,8 +35,8 @@ type Rollouts struct {
 	Handover supervisor.LeaseHandover
 	Log      *slog.Logger
 
-	queueMu sync.Mutex
-	queue   *workqueue.Queue
+	loopOnce   sync.Once
+	reconciler *reconcile.Loop
 
 	activeMu sync.Mutex
 	active   map[string]selectors // unfinished rollouts' selectors
@@ -44,21 +44,21 @@ type Rollouts struct {
 
 type selectors struct{ from, to map[string]string }
 
-func (rs *Rollouts) workQueue() *workqueue.Queue {
-	rs.queueMu.Lock()
-	defer rs.queueMu.Unlock()
-	if rs.queue == nil {
-		rs.queue = workqueue.New()
-	}
-	return rs.queue
+// loop is the rollout reconciler's loop, built on first use (Kick may
+// come before Run).
+func (rs *Rollouts) loop() *reconcile.Loop {
+	rs.loopOnce.Do(func() {
+		rs.reconciler = reconcile.New(reconcile.Config{
+			Name: "rollouts", Store: rs.Store, Clock: rs.Clock, Log: rs.Log,
+			Watch: [][]byte{[]byte(prefixRollout), []byte(prefixTermination), []byte(prefixNode)},
+			Scan:  rs.unfinished, Changed: rs.kickFor, Reconcile: rs.Reconcile,
+		})
+	})
+	return rs.reconciler
 }
 
 // Kick asks the reconciler to look at a rollout now.
-func (rs *Rollouts) Kick(rolloutID string) { rs.workQueue().Add(rolloutID) }
-
-// Poke makes the reconciler re-evaluate its timers now (tests that move a
-// manual clock call it).
-func (rs *Rollouts) Poke() { rs.workQueue().Notify() }
+func (rs *Rollouts) Kick(rolloutID string) { rs.loop().Kick(rolloutID) }
 
 // Start validates and persists a rollout; the reconciler does the rest.
 func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, error) {
@@ -212,92 +212,34 @@ func (rs *Rollouts) track(r Rollout) {
 	rs.active[r.ID] = selectors{from, to}
 }
 
-// Run is the level-triggered reconciler: it resumes every unfinished
-// rollout from stored state and re-runs one whenever the rollout, a
-// termination, or a node its selectors match changes, and at its batch
-// deadlines. It runs until ctx ends.
-func (rs *Rollouts) Run(ctx context.Context) error {
-	q := rs.workQueue()
-	for {
-		err := rs.run(ctx, q)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !errors.Is(err, store.ErrWatchLagged) {
-			return err
-		}
-		// A watch fell behind: re-establish the watches and rescan (the
-		// state is in the store, so nothing was lost).
-		rs.Log.Warn("rollout watches lagged; rescanning")
-	}
-}
+// Run is the level-triggered reconciler (internal/reconcile): it resumes
+// every unfinished rollout from stored state and re-runs one whenever the
+// rollout, a termination, or a node its selectors match changes, and at
+// its batch deadlines. It runs until ctx ends; a watch that falls behind
+// costs a rescan.
+func (rs *Rollouts) Run(ctx context.Context) error { return rs.loop().Run(ctx) }
 
-func (rs *Rollouts) run(ctx context.Context, q *workqueue.Queue) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	lagged := make(chan error, 3)
-	for _, prefix := range []string{prefixRollout, prefixTermination, prefixNode} {
-		w, err := rs.Store.Watch(ctx, []byte(prefix))
-		if err != nil {
-			return err
-		}
-		go func() {
-			for batch := range w.Events() {
-				rs.kickFor(batch)
-			}
-			lagged <- w.Err()
-		}()
-	}
+// unfinished lists the unfinished rollouts, and remembers their selectors
+// for kickFor.
+func (rs *Rollouts) unfinished(ctx context.Context) ([]string, error) {
 	all, err := rs.List(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var ids []string
 	for _, r := range all {
 		rs.track(r)
 		if !r.Finished() {
-			q.Add(r.ID)
+			ids = append(ids, r.ID)
 		}
 	}
-	for {
-		next := q.Promote(rs.Clock.Now())
-		for rid := q.Take(); rid != ""; rid = q.Take() {
-			wake, err := rs.Reconcile(ctx, rid)
-			switch {
-			case err != nil && ctx.Err() != nil:
-				q.Done(rid)
-				return ctx.Err()
-			case err != nil:
-				rs.Log.Warn("rollout reconcile failed; retrying", "rollout_id", rid, "error", err)
-				q.AddAt(rid, rs.Clock.Now().Add(time.Second))
-			case !wake.IsZero():
-				q.AddAt(rid, wake)
-			}
-			q.Done(rid)
-		}
-		var timerC <-chan time.Time
-		var tm *time.Timer
-		if !next.IsZero() {
-			tm = time.NewTimer(max(next.Sub(rs.Clock.Now()), time.Millisecond))
-			timerC = tm.C
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-lagged:
-			return errors.Join(store.ErrWatchLagged, err)
-		case <-q.Signal():
-		case <-timerC:
-		}
-		if tm != nil {
-			tm.Stop()
-		}
-	}
+	return ids, nil
 }
 
 // kickFor kicks the unfinished rollouts a batch of changes may move: a
 // rollout itself, any termination (a batch's), or a node one of their
 // selectors matches (a candidate drained, a replacement ready).
-func (rs *Rollouts) kickFor(batch []store.Event) {
+func (rs *Rollouts) kickFor(batch []store.Event, kickKey func(string)) {
 	kick := map[string]bool{}
 	for _, ev := range batch {
 		if !strings.HasPrefix(string(ev.Key), prefixRollout) || ev.Type != store.EventPut {
@@ -335,7 +277,7 @@ func (rs *Rollouts) kickFor(batch []store.Event) {
 	rs.activeMu.Unlock()
 	for rid, on := range kick {
 		if on {
-			rs.Kick(rid)
+			kickKey(rid)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
@@ -42,20 +43,6 @@ type index struct {
 	timed     int             // rules evaluated every tick (polled)
 }
 
-// Poke makes Run evaluate the rules that read the clock now (tests that
-// move a manual clock call it).
-func (r *Rules) Poke() {
-	select {
-	case r.pokeChan() <- struct{}{}:
-	default:
-	}
-}
-
-func (r *Rules) pokeChan() chan struct{} {
-	r.pokeOnce.Do(func() { r.poke = make(chan struct{}, 1) })
-	return r.poke
-}
-
 // Run is the level-triggered evaluator. It watches the rules, the
 // counters (observed and self-reported) and the tree, and evaluates the
 // rules in effect at a node whenever one of them changes; rules that read
@@ -66,16 +53,7 @@ func (r *Rules) Run(ctx context.Context) error {
 	if r.Log == nil {
 		r.Log = slog.New(slog.DiscardHandler)
 	}
-	for {
-		err := r.run(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if !errors.Is(err, store.ErrWatchLagged) {
-			return err
-		}
-		r.Log.Warn("stop rules: a watch fell behind; rescanning")
-	}
+	return reconcile.Passes(ctx, "stop rules", r.Clock, r.Log, r.run)
 }
 
 func (r *Rules) run(ctx context.Context) error {
@@ -98,9 +76,10 @@ func (r *Rules) run(ctx context.Context) error {
 	if tick <= 0 {
 		tick = DefaultTick
 	}
-	ticker := time.NewTicker(tick)
+	// The tick is a timer on the clock, armed again each time it fires:
+	// a test moves a manual clock past it instead of poking.
+	ticker := r.Clock.NewTimer(tick)
 	defer ticker.Stop()
-	poke := r.pokeChan()
 	for {
 		// Take what the watches hold, then evaluate a slice of the marked
 		// nodes, so that a long backlog never stops the watches from being
@@ -140,14 +119,13 @@ func (r *Rules) run(ctx context.Context) error {
 				return watchEnded(nodesW)
 			}
 			r.applyEvents(ix, batch)
-		case <-ticker.C:
+		case <-ticker.C():
+			ticker.Reset(tick)
 			ix.markTimed()
 			for id := range ix.retry {
 				ix.markNode(id)
 				delete(ix.retry, id)
 			}
-		case <-poke:
-			ix.markTimed()
 		}
 	}
 }
@@ -161,12 +139,7 @@ const DefaultTick = 5 * time.Second
 // of the watches.
 const evaluateSlice = 256
 
-func watchEnded(w store.Watcher) error {
-	if err := w.Err(); err != nil {
-		return err
-	}
-	return store.ErrWatchLagged
-}
+func watchEnded(w store.Watcher) error { return reconcile.WatchEnded(w) }
 
 // load builds the index from the store: every rule, every running node,
 // and every running node marked for evaluation.
@@ -392,7 +365,7 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 				return ctx.Err()
 			}
 			if errors.Is(err, errFault) {
-				return err
+				return reconcile.Permanent(err) // an injected crash ends Run
 			}
 			r.Log.Warn("stop rules: evaluation failed; retrying at the next tick", "node_id", id, "error", err)
 			ix.retry[id] = true

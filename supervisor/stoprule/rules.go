@@ -93,8 +93,6 @@ type Rules struct {
 	compiledMu sync.Mutex
 	compiled   map[string]*Compiled // by expression
 	stats      Stats
-	poke       chan struct{}
-	pokeOnce   sync.Once
 }
 
 // Stats count the evaluator's work (for the benchmark).

@@ -2,14 +2,18 @@ package tree
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
@@ -21,6 +25,8 @@ import (
 // or before a restart, reaches the session wherever it is connected.
 type Signals struct {
 	Store store.Store
+	Clock clock.Clock  // the backoff after a failed watch; nil: the wall clock
+	Log   *slog.Logger // nil: no logs
 
 	mu      sync.Mutex
 	subs    map[string]map[chan *tetherv1.SessionSignal]struct{}
@@ -126,41 +132,95 @@ func (h *Signals) publish(nodeID string, sig *tetherv1.SessionSignal) {
 	}
 }
 
-// Run follows node changes until ctx ends.
+// Run follows node changes until ctx ends. A watch that falls behind (or
+// fails) costs a rescan, as for every background worker (reconcile.Passes):
+// the watch is re-established, every Changes subscriber is notified, and
+// every open session's node is read again and its signal sent, so a drain
+// decided while the watch was behind still reaches the session.
 func (h *Signals) Run(ctx context.Context) error {
-	for {
-		w, err := h.Store.Watch(ctx, []byte(prefixNode))
-		if err != nil {
+	c := h.Clock
+	if c == nil {
+		c = clock.Real{}
+	}
+	first := true
+	return reconcile.Passes(ctx, "session signals", c, h.Log, func(ctx context.Context) error {
+		rescan := !first
+		first = false
+		return h.follow(ctx, rescan)
+	})
+}
+
+func (h *Signals) follow(ctx context.Context, rescan bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := h.Store.Watch(ctx, []byte(prefixNode))
+	if err != nil {
+		return err
+	}
+	if rescan {
+		// After the watch is established, so nothing in between is missed.
+		h.NodeChanged("")
+		if err := h.resend(ctx); err != nil {
 			return err
 		}
-		for batch := range w.Events() {
-			for _, ev := range batch {
-				if ev.Type != store.EventPut {
-					continue
-				}
-				n := &tetherv1.Node{}
-				if proto.Unmarshal(ev.Value, n) != nil {
-					continue
-				}
-				h.NodeChanged(n.NodeId)
-				h.mu.Lock()
-				_, watched := h.subs[n.NodeId]
-				h.mu.Unlock()
-				if !watched {
-					continue
-				}
-				if sig := SignalFor(n); sig != nil {
-					h.publish(n.NodeId, sig)
-				}
+	}
+	for batch := range w.Events() {
+		for _, ev := range batch {
+			if ev.Type != store.EventPut {
+				continue
+			}
+			n := &tetherv1.Node{}
+			if proto.Unmarshal(ev.Value, n) != nil {
+				continue
+			}
+			h.NodeChanged(n.NodeId)
+			h.mu.Lock()
+			_, watched := h.subs[n.NodeId]
+			h.mu.Unlock()
+			if !watched {
+				continue
+			}
+			if sig := SignalFor(n); sig != nil {
+				h.publish(n.NodeId, sig)
 			}
 		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		// The watch lagged: re-establish it (signals are level-triggered, and
-		// sessions re-read the state on open); any node may have changed.
-		h.NodeChanged("")
 	}
+	return reconcile.WatchEnded(w)
+}
+
+// resend sends every open session its node's current signal (signals are
+// level-triggered: a session may receive one twice).
+func (h *Signals) resend(ctx context.Context) error {
+	h.mu.Lock()
+	ids := make([]string, 0, len(h.subs))
+	for id := range h.subs {
+		ids = append(ids, id)
+	}
+	h.mu.Unlock()
+	var nodes []*tetherv1.Node
+	err := h.Store.View(ctx, func(tx store.ReadTxn) error {
+		nodes = nodes[:0]
+		for _, id := range ids {
+			n, err := getNode(tx, id)
+			if errors.Is(err, ErrNodeNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			nodes = append(nodes, n)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if sig := SignalFor(n); sig != nil {
+			h.publish(n.NodeId, sig)
+		}
+	}
+	return nil
 }
 
 // Confirmation strengths: a launcher (outside the process) beats an

@@ -1,0 +1,153 @@
+package reconcile
+
+import (
+	"container/heap"
+	"sync"
+	"time"
+)
+
+// queue holds the keys waiting to be reconciled: a key added while it
+// waits is not duplicated, and a key added while it is being reconciled
+// runs once more afterwards. Each key has at most one wake-up time ("look
+// again at t"), kept in a heap; the clock that decides when one is due is
+// the loop's.
+type queue struct {
+	mu       sync.Mutex
+	ready    []string
+	queued   map[string]bool
+	active   map[string]bool
+	dirty    map[string]bool
+	wakes    map[string]time.Time // the key's current wake-up; heap entries that differ are stale
+	timers   wakeHeap
+	failures map[string]int // consecutive failed reconciles, for the backoff
+	signal   chan struct{}
+}
+
+func newQueue() *queue {
+	return &queue{
+		queued: map[string]bool{}, active: map[string]bool{}, dirty: map[string]bool{},
+		wakes: map[string]time.Time{}, failures: map[string]int{}, signal: make(chan struct{}, 1),
+	}
+}
+
+func (q *queue) add(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.addLocked(key)
+}
+
+func (q *queue) addLocked(key string) {
+	if q.active[key] {
+		q.dirty[key] = true
+		return
+	}
+	if !q.queued[key] {
+		q.queued[key] = true
+		q.ready = append(q.ready, key)
+	}
+	q.notify()
+}
+
+func (q *queue) notify() {
+	select {
+	case q.signal <- struct{}{}:
+	default:
+	}
+}
+
+// wakeAt sets key's wake-up to t, replacing the one it had; a zero t
+// clears it (the key waits for a change).
+func (q *queue) wakeAt(key string, t time.Time) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if t.IsZero() {
+		delete(q.wakes, key)
+		return
+	}
+	if at, ok := q.wakes[key]; ok && at.Equal(t) {
+		return
+	}
+	q.wakes[key] = t
+	heap.Push(&q.timers, wake{key: key, at: t})
+	q.notify()
+}
+
+// promote moves the keys whose wake-up is due to the ready list and
+// returns the next wake-up (zero: none).
+func (q *queue) promote(now time.Time) time.Time {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.timers) > 0 {
+		w := q.timers[0]
+		if at, ok := q.wakes[w.key]; !ok || !at.Equal(w.at) {
+			heap.Pop(&q.timers) // stale: replaced or cleared since
+			continue
+		}
+		if w.at.After(now) {
+			return w.at
+		}
+		heap.Pop(&q.timers)
+		delete(q.wakes, w.key)
+		q.addLocked(w.key)
+	}
+	return time.Time{}
+}
+
+// take returns a ready key, or "" when none is ready.
+func (q *queue) take() string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.ready) == 0 {
+		return ""
+	}
+	k := q.ready[0]
+	q.ready[0] = ""
+	q.ready = q.ready[1:]
+	delete(q.queued, k)
+	q.active[k] = true
+	return k
+}
+
+// done marks key finished; if it was added meanwhile, it is queued again.
+func (q *queue) done(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.active, key)
+	if q.dirty[key] {
+		delete(q.dirty, key)
+		q.addLocked(key)
+	}
+}
+
+// failed counts a failed reconcile of key and returns how many failed in a
+// row; succeeded resets the count.
+func (q *queue) failed(key string) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.failures[key]++
+	return q.failures[key]
+}
+
+func (q *queue) succeeded(key string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	delete(q.failures, key)
+}
+
+type wake struct {
+	key string
+	at  time.Time
+}
+
+type wakeHeap []wake
+
+func (h wakeHeap) Len() int           { return len(h) }
+func (h wakeHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(wake)) }
+func (h *wakeHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
