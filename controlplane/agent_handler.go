@@ -57,8 +57,13 @@ func activityOf(procedure string) string {
 
 // agentAct refuses activity from a node that is terminated or unknown
 // (revoked) or whose exit was confirmed (FailedPrecondition, kept as a
-// contradiction), and returns its lineage.
+// contradiction), and returns its lineage. A node that may act is remembered (activeNodes) until it changes, so an
+// agent's calls do not read its node each time.
 func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (string, error) {
+	lineage, ok, gen := s.active.lookup(nodeID)
+	if ok {
+		return lineage, nil
+	}
 	n, err := s.tree.Act(ctx, nodeID, kind, detail)
 	switch {
 	case errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument):
@@ -70,7 +75,9 @@ func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (str
 	case n.State == tetherv1.NodeState_NODE_STATE_TERMINATED:
 		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
-	return lineageOf(n), nil
+	lineage = lineageOf(n)
+	s.active.remember(nodeID, lineage, gen)
+	return lineage, nil
 }
 
 // lineageOf is the root of a node's tree.

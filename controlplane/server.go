@@ -187,6 +187,7 @@ type Server struct {
 	keys       *keyRing
 	issuer     auth.Issuer
 	tree       *tree.Tree
+	active     *activeNodes // nil: every agent call reads its node
 	ledger     *ledger.Ledger
 	privileges *privilege.Privileges
 	signals    *tree.Signals
@@ -236,6 +237,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		s.Close()
 		return nil, err
 	}
+	s.active = newActiveNodes(s.store)
 	keys, _, err := loadOrCreateKeyRing(ctx, s.store, cfg.Clock.Now())
 	if err != nil {
 		s.Close()
@@ -493,6 +495,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 
 // Close releases the store (when the server opened it).
 func (s *Server) Close() error {
+	s.active.close()
 	if s.ownStore && s.store != nil {
 		return s.store.Close()
 	}

@@ -48,7 +48,9 @@ func leaseStreams(leases int) int { return min(leases, 8) }
 // answer to the previous one arrived. The pipelined stream keeps
 // pipelineWindow renews per lease in flight, which the stream allows
 // (each renew is judged on its own sequence) and a compare-and-swap does
-// not (it needs the revision the previous write returned).
+// not (it needs the revision the previous write returned). The unary
+// renews compared with etcd are served by the real binary in a process of
+// its own, as etcd's are; the in-process server's are reported beside them.
 func leaseRenew(ctx context.Context, r *Report) error {
 	srv, err := startServer(ctx, r, disableRateLimit)
 	if err != nil {
@@ -57,6 +59,20 @@ func leaseRenew(ctx context.Context, r *Report) error {
 	defer srv.Stop()
 	maxLeases := slices.Max(leaseConcurrency)
 	holders, err := leaseHolders(ctx, srv, leaseStreams(maxLeases))
+	if err != nil {
+		return err
+	}
+	// The unary figures compared with etcd come from the real binary in a
+	// process of its own, as etcd runs in its own: in this process the
+	// server would share the scheduler, heap and collector with up to 1,024
+	// client goroutines, a handicap etcd does not have. The in-process
+	// figures are kept beside them (unary-in-process).
+	proc, err := startProcessServer(ctx, r, "--rate-limit", "0")
+	if err != nil {
+		return fmt.Errorf("tether serve: %w", err)
+	}
+	defer proc.stop()
+	procHolders, err := leaseHolders(ctx, proc, leaseStreams(maxLeases))
 	if err != nil {
 		return err
 	}
@@ -81,12 +97,12 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		m, err := measureUnaryRenew(ctx, r.Duration, leases)
+		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU) // the bench's clients and the server
 		if err != nil {
-			return fmt.Errorf("unary, %d leases: %w", n, err)
+			return fmt.Errorf("unary in process, %d leases: %w", n, err)
 		}
-		m.report(r, fmt.Sprintf("lease/renew/unary/leases=%d", n))
-		unary := m
+		m.report(r, fmt.Sprintf("lease/renew/unary-in-process/leases=%d", n))
+		inProcess := m
 
 		leases, err = offerLeases(ctx, srv, holders[:leaseStreams(n)], n)
 		if err != nil {
@@ -106,6 +122,16 @@ func leaseRenew(ctx context.Context, r *Report) error {
 			return fmt.Errorf("stream pipelined, %d leases: %w", n, err)
 		}
 
+		leases, err = offerLeases(ctx, proc, procHolders, n)
+		if err != nil {
+			return err
+		}
+		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu)
+		if err != nil {
+			return fmt.Errorf("unary, %d leases: %w", n, err)
+		}
+		unary.report(r, fmt.Sprintf("lease/renew/unary/leases=%d", n))
+
 		if etcd == nil {
 			continue
 		}
@@ -117,11 +143,11 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd/leases=%d", n), unary.rate/m.rate, "x")
 		if unary.cpu > 0 && m.cpu > 0 {
 			// Renews per CPU-second, client and server counted on both
-			// sides: the ratio a loaded machine does not skew (etcd's
-			// server runs in its own process, with its own share of the
-			// CPUs; Tether's shares this one with the bench's clients).
+			// sides (each server in a process of its own): the ratio a
+			// loaded machine does not skew.
 			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-cpu/leases=%d", n), float64(m.cpu)/float64(unary.cpu), "x")
 		}
+		r.Add(fmt.Sprintf("lease/renew/unary-in-process-vs-etcd/leases=%d", n), inProcess.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-pipelined-vs-etcd/leases=%d", n), pipelined.rate/m.rate, "x")
 	}
@@ -386,12 +412,21 @@ func dialedTo(holders []leaseHolder, url string) []leaseHolder {
 	return out
 }
 
-func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, error) {
-	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-coordinator"}))
+// leaseTarget is a server leases are measured on: in this process
+// (benchServer) or in its own (processServer).
+type leaseTarget interface {
+	endpoint() (url string, admin *agentsdk.Conn)
+}
+
+func (b *benchServer) endpoint() (string, *agentsdk.Conn) { return b.URL, b.Admin }
+
+func leaseHolders(ctx context.Context, srv leaseTarget, n int) ([]leaseHolder, error) {
+	url, admin := srv.endpoint()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-coordinator"}))
 	if err != nil {
 		return nil, err
 	}
-	parent := agentsdk.Dial(srv.URL, root.Msg.Credential)
+	parent := agentsdk.Dial(url, root.Msg.Credential)
 	var out []leaseHolder
 	for i := range n {
 		child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker-" + strconv.Itoa(i)}))
@@ -400,7 +435,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential), cred: child.Msg.Credential})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(url, child.Msg.Credential), cred: child.Msg.Credential})
 	}
 	return out, nil
 }
@@ -415,7 +450,8 @@ type benchLease struct {
 var leaseJobs atomic.Int64
 
 // offerLeases offers n fresh jobs round-robin to holders and ACKs them.
-func offerLeases(ctx context.Context, srv *benchServer, holders []leaseHolder, n int) ([]*benchLease, error) {
+func offerLeases(ctx context.Context, srv leaseTarget, holders []leaseHolder, n int) ([]*benchLease, error) {
+	_, admin := srv.endpoint()
 	out := make([]*benchLease, n)
 	errs := make(chan error, n)
 	sem := make(chan struct{}, 64)
@@ -426,7 +462,7 @@ func offerLeases(ctx context.Context, srv *benchServer, holders []leaseHolder, n
 			defer func() { <-sem }()
 			h := &holders[i%len(holders)]
 			job := fmt.Sprintf("bench-job-%d", leaseJobs.Add(1))
-			offer, err := srv.Admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: h.nodeID, LeaseDuration: durationpb.New(10 * time.Minute)}))
+			offer, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: h.nodeID, LeaseDuration: durationpb.New(10 * time.Minute)}))
 			if err != nil {
 				errs <- err
 				return
@@ -464,9 +500,11 @@ func checkRenewed(d *tetherv1.Decision) error {
 	return nil
 }
 
-func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease) (leaseMeasurement, error) {
+// measureUnaryRenew renews each lease in a closed loop of unary calls;
+// cpu counts the CPU time of the clients and the server.
+func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu func() (time.Duration, bool)) (leaseMeasurement, error) {
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{cpu: processCPU} // the bench's clients and the server
+	rec := &recorder{cpu: cpu}
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	for _, l := range leases {

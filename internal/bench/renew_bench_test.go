@@ -2,9 +2,11 @@ package bench
 
 import (
 	"context"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,4 +134,50 @@ func (p *p50) report() {
 func (p *p50) time() func() {
 	start := time.Now()
 	return func() { p.times = append(p.times, time.Since(start)) }
+}
+
+// BenchmarkRenewUnary64 renews 64 leases of 8 holders over unary calls from
+// 64 goroutines at once: what a unary renew costs under concurrency (the
+// lease/renew scenario's middle row), in CPU per renew (client and server,
+// this process) beside the wall-clock ns/op.
+func BenchmarkRenewUnary64(b *testing.B) {
+	const n = 64
+	ctx := context.Background()
+	srv, err := startServer(ctx, &Report{Dir: b.TempDir()}, disableRateLimit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(srv.Stop)
+	holders, err := leaseHolders(ctx, srv, leaseStreams(n))
+	if err != nil {
+		b.Fatal(err)
+	}
+	leases, err := offerLeases(ctx, srv, holders, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	cpuStart, _ := processCPU()
+	b.SetParallelism((n + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := int(next.Add(1) - 1)
+		if i >= n {
+			return // one goroutine per lease: a lease's renewals are sequential
+		}
+		l := leases[i]
+		for pb.Next() {
+			resp, err := l.holder.conn.Lease.Renew(ctx, connect.NewRequest(l.renewRequest()))
+			if err == nil {
+				err = checkRenewed(resp.Msg.Decision)
+			}
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cpuEnd, _ := processCPU()
+	b.ReportMetric(float64((cpuEnd-cpuStart).Microseconds())/float64(b.N), "cpu-µs/op")
 }

@@ -216,11 +216,32 @@ func (s *Badger) Watch(ctx context.Context, prefix []byte) (store.Watcher, error
 	if err := store.CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
-	w, err := s.hub.add(ctx, prefix)
+	w, err := s.hub.add(ctx, prefix, false)
 	if err != nil {
 		return nil, err
 	}
 	return w, nil
+}
+
+// WatchVisible is Watch for a consumer that keeps a view of the keys under
+// prefix in memory and must never answer from it what a reader of the
+// store could already contradict. Besides the events (which, as with every
+// watch, are in the watcher's buffer before the Update that made them
+// returns), it reports through unseen whether a change under prefix may
+// already be visible to readers while its events are not yet in the
+// buffer: from just before its commit until they are. A consumer that
+// reads unseen() first and then drains the buffer has seen every change a
+// read made before could have returned, or knows it may not have (unseen
+// was true).
+func (s *Badger) WatchVisible(ctx context.Context, prefix []byte) (w store.Watcher, unseen func() bool, err error) {
+	if err := store.CheckPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
+	hw, err := s.hub.add(ctx, prefix, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return hw, func() bool { return hw.unseen.Load() > 0 }, nil
 }
 
 // Close lets the committer finish every Update queued before it, ends all

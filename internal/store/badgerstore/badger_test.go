@@ -749,3 +749,98 @@ func TestOpenAfterACrashLeftAnEmptyMemtableLog(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchVisibleKnowsEveryChangeAReaderCanSee: the committer is held
+// between a write's commit and the publication of its events — a reader
+// can see the write, the watch has not had it — and the WatchVisible
+// consumer is told so (unseen); once the Update returned, its events are
+// in the buffer and nothing is unseen. Writes under another prefix are
+// neither delivered nor unseen. A watch established in that gap is told
+// so too.
+func TestWatchVisibleKnowsEveryChangeAReaderCanSee(t *testing.T) {
+	committed, release, failed := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	reset := badgerstore.SetAfterCommit(func() {
+		select {
+		case committed <- struct{}{}:
+			select {
+			case <-release:
+			case <-failed:
+			}
+		case <-failed:
+		}
+	})
+	t.Cleanup(reset) // after the store's close: cleanups run last first
+	s := openBadger(t, t.TempDir(), testOptions(t))
+	t.Cleanup(func() { close(failed) }) // lets the committer go if the test stopped holding it
+	ctx := context.Background()
+	w, unseen, err := s.WatchVisible(ctx, []byte("node/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	buffered := func() bool {
+		select {
+		case batch, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("the watch ended: %v", w.Err())
+			}
+			if len(batch) != 1 || !bytes.HasPrefix(batch[0].Key, []byte("node/")) {
+				t.Fatalf("unexpected events %v", batch)
+			}
+			return true
+		default:
+			return false
+		}
+	}
+	var late store.Watcher
+	var lateUnseen func() bool
+	write := func(key string) {
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Update(ctx, func(tx store.Txn) error { return tx.Put([]byte(key), []byte("v")) })
+		}()
+		<-committed
+		if key == "node/late" {
+			// A watch established now was not there when the batch was
+			// marked: it too is told a change may be unseen.
+			if late, lateUnseen, err = s.WatchVisible(ctx, []byte("node/")); err != nil {
+				t.Fatal(err)
+			}
+			if !lateUnseen() {
+				t.Fatal("a watch established while a commit was visible and unpublished is not told so")
+			}
+		}
+		if err := s.View(ctx, func(tx store.ReadTxn) error {
+			_, err := tx.Get([]byte(key))
+			return err
+		}); err != nil {
+			t.Fatalf("%s committed but not visible: %v", key, err)
+		}
+		u, b := unseen(), buffered()
+		release <- struct{}{}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		under := strings.HasPrefix(key, "node/")
+		if b || u != under {
+			t.Fatalf("%s visible to a reader, not yet published: buffered %v, unseen %v; want unseen %v", key, b, u, under)
+		}
+		if buffered() != under || unseen() {
+			t.Fatalf("%s answered: want its events buffered (%v) and nothing unseen", key, under)
+		}
+	}
+	write("node/1")
+	write("lease/1")
+	write("node/2")
+	write("node/late")
+	if lateUnseen() {
+		t.Fatal("the late watch still says unseen once the commit settled")
+	}
+	select {
+	case batch := <-late.Events():
+		if len(batch) != 1 || string(batch[0].Key) != "node/late" {
+			t.Fatalf("the late watch got %v", batch)
+		}
+	default:
+		t.Fatal("the late watch did not get the write it was told of")
+	}
+}

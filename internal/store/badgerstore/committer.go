@@ -21,6 +21,11 @@ var revisionKey = []byte{store.ReservedKeyByte, 'r', 'e', 'v'}
 // revisionCost is what the revision entry adds to a Badger transaction.
 var revisionCost = mutationCost(mutation{key: revisionKey, value: make([]byte, 8)})
 
+// afterCommit, set by tests before a store is opened, runs on the
+// committer between a batch's commit and the publication of its events:
+// the moment a reader can see writes whose watchers have not had them.
+var afterCommit func()
+
 // committer is the single writer of a Badger store. It turns the Updates
 // that are waiting when it becomes free into one group commit: it runs
 // their functions one after another, commits all their writes with one
@@ -97,11 +102,16 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 	}
 	b.release()
 
+	marked := c.hub.committing(b.updates)
 	committed, commitErr := c.commit(b.updates)
+	if afterCommit != nil {
+		afterCommit()
+	}
 	if committed > 0 {
 		c.revision = b.updates[committed-1].revision
 		c.hub.publish(b.updates[:committed])
 	}
+	c.hub.settled(marked)
 	if commitErr != nil {
 		c.log.Error("store: group commit failed", "err", commitErr,
 			"committed_updates", committed, "failed_updates", len(b.updates)-committed)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"github.com/tetherhq/tether/internal/store"
 	"sync"
+	"sync/atomic"
 )
 
 // watchHub fans committed events out to prefix watchers. The committer
@@ -15,6 +16,15 @@ type watchHub struct {
 	watchers map[*watcher]struct{}
 	closed   bool
 	buffer   int
+	// visible counts the watchers from WatchVisible, so that a batch
+	// looks for them only when there are some.
+	visible atomic.Int64
+	// inFlight: a batch is between committing and settled (the committer
+	// is serial: at most one is). fresh are the WatchVisible watchers
+	// added meanwhile: that batch was not marked for them, so each counts
+	// it unseen until it settles.
+	inFlight bool
+	fresh    []*watcher
 }
 
 func newWatchHub(buffer int) *watchHub {
@@ -29,6 +39,11 @@ type watcher struct {
 	// stopContext detaches the context callback once the watch has ended
 	// for another reason.
 	stopContext func() bool
+	// visible: a WatchVisible watcher, whose unseen counts the batches with
+	// a change under its prefix that are committing or committed and not
+	// yet delivered.
+	visible bool
+	unseen  atomic.Int64
 
 	mu  sync.Mutex
 	err error
@@ -43,17 +58,24 @@ func (w *watcher) Err() error {
 }
 
 // add registers a watch on prefix that ends when ctx does.
-func (h *watchHub) add(ctx context.Context, prefix []byte) (*watcher, error) {
+func (h *watchHub) add(ctx context.Context, prefix []byte, visible bool) (*watcher, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	w := &watcher{prefix: bytes.Clone(prefix), events: make(chan []store.Event, h.buffer)}
+	w := &watcher{prefix: bytes.Clone(prefix), events: make(chan []store.Event, h.buffer), visible: visible}
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		return nil, store.ErrClosed
 	}
 	h.watchers[w] = struct{}{}
+	if visible {
+		h.visible.Add(1)
+		if h.inFlight {
+			w.unseen.Store(1)
+			h.fresh = append(h.fresh, w)
+		}
+	}
 	// Registered under the lock so that endLocked always sees it; the
 	// callback runs on its own goroutine, so it cannot deadlock on h.mu.
 	w.stopContext = context.AfterFunc(ctx, func() { h.end(w, ctx.Err()) })
@@ -72,6 +94,9 @@ func (h *watchHub) endLocked(w *watcher, err error) {
 		return
 	}
 	delete(h.watchers, w)
+	if w.visible {
+		h.visible.Add(-1)
+	}
 	w.mu.Lock()
 	w.err = err
 	w.mu.Unlock()
@@ -79,6 +104,56 @@ func (h *watchHub) endLocked(w *watcher, err error) {
 	// err is set first.
 	close(w.events)
 	w.stopContext()
+}
+
+// committing marks, before updates are committed, the WatchVisible
+// watchers with a change among them as having one unseen, and returns them
+// for seen once the events are published.
+func (h *watchHub) committing(updates []*appliedUpdate) []*watcher {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.inFlight = true
+	if h.visible.Load() == 0 {
+		return nil
+	}
+	var out []*watcher
+	for w := range h.watchers {
+		if !w.visible {
+			continue
+		}
+		if changes(updates, w.prefix) {
+			w.unseen.Add(1)
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// changes reports whether updates change a key under prefix.
+func changes(updates []*appliedUpdate, prefix []byte) bool {
+	for _, u := range updates {
+		for _, ev := range u.events {
+			if bytes.HasPrefix(ev.Key, prefix) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// settled undoes committing once the batch's events were published (or
+// its commit failed), for the watchers it marked and those added since.
+func (h *watchHub) settled(marked []*watcher) {
+	for _, w := range marked {
+		w.unseen.Add(-1)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.inFlight = false
+	for _, w := range h.fresh {
+		w.unseen.Add(-1)
+	}
+	h.fresh = nil
 }
 
 // publish delivers the events of committed updates, in commit order, one
