@@ -2,6 +2,7 @@
 // internal/bench), prints a table and writes the results as JSON for CI.
 //
 //	tether-bench [-run regexp] [-duration 2s] [-out bench-results.json] [-dir path] [-cpuprofile file]
+//	             [-million] [-step-timeout 15m]
 package main
 
 import (
@@ -32,6 +33,8 @@ func run() error {
 	dir := flag.String("dir", "", "directory for scratch databases (default: the system's temporary directory); use a disk like production's")
 	list := flag.Bool("list", false, "list the scenarios and exit")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (client and server share the process) to this file")
+	million := flag.Bool("million", false, "run the large scenarios too (million/...: 1,000,000 agents on Badger, 100,000 on etcd; many minutes and a few GiB)")
+	stepTimeout := flag.Duration("step-timeout", 15*time.Minute, "bound on each step of a large scenario that may not finish (the termination of the whole swarm, the revocation marker)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -45,6 +48,10 @@ func run() error {
 	}
 	if *list {
 		for _, s := range bench.Scenarios() {
+			if s.Large {
+				fmt.Println(s.Name, "(with -million)")
+				continue
+			}
 			fmt.Println(s.Name)
 		}
 		return nil
@@ -64,7 +71,7 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	report := &bench.Report{Duration: *duration, Dir: *dir}
+	report := &bench.Report{Duration: *duration, Dir: *dir, Large: *million, StepTimeout: *stepTimeout}
 	runErr := bench.Run(ctx, report, match.MatchString, os.Stderr)
 	// Whatever was measured is reported, even when a scenario failed.
 	if err := report.WriteTable(os.Stdout); err != nil {
