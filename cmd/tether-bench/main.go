@@ -3,6 +3,12 @@
 //
 //	tether-bench [-run regexp] [-duration 2s] [-out bench-results.json] [-dir path] [-cpuprofile file]
 //	             [-million] [-step-timeout 15m]
+//	tether-bench -summarize results.json[,more.json]
+//
+// After the table of every result it prints the scale summary (figure |
+// value | target, bench.Summary); -summarize prints that summary from
+// results written before (several runs' files merge, later ones winning),
+// such as a make bench run and a make bench-million run.
 package main
 
 import (
@@ -13,6 +19,7 @@ import (
 	"os/signal"
 	"regexp"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,6 +42,7 @@ func run() error {
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (client and server share the process) to this file")
 	million := flag.Bool("million", false, "run the large scenarios too (million/...: 1,000,000 agents on Badger, 100,000 on etcd; many minutes and a few GiB)")
 	stepTimeout := flag.Duration("step-timeout", 15*time.Minute, "bound on each step of a large scenario that may not finish (the termination of the whole swarm, the revocation marker)")
+	summarize := flag.String("summarize", "", "print the summary of these results files (comma-separated, written by -out) and exit")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -45,6 +53,13 @@ func run() error {
 	match, err := regexp.Compile(*filter)
 	if err != nil {
 		return fmt.Errorf("-run: %w", err)
+	}
+	if *summarize != "" {
+		results, err := bench.ReadResults(strings.Split(*summarize, ",")...)
+		if err != nil {
+			return err
+		}
+		return bench.WriteSummary(os.Stdout, results)
 	}
 	if *list {
 		for _, s := range bench.Scenarios() {
@@ -72,9 +87,21 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	report := &bench.Report{Duration: *duration, Dir: *dir, Large: *million, StepTimeout: *stepTimeout}
+	// The machine's load beside the figures: on a shared machine they
+	// move with it.
+	if load, ok := bench.LoadAverage(); ok {
+		report.Add("machine/load-average/start", load, "load")
+	}
 	runErr := bench.Run(ctx, report, match.MatchString, os.Stderr)
+	if load, ok := bench.LoadAverage(); ok {
+		report.Add("machine/load-average/end", load, "load")
+	}
 	// Whatever was measured is reported, even when a scenario failed.
 	if err := report.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	fmt.Println()
+	if err := bench.WriteSummary(os.Stdout, report.Results()); err != nil {
 		return err
 	}
 	if err := report.WriteJSON(*out); err != nil {

@@ -76,3 +76,18 @@ func diskBytes(dir string) (uint64, bool) {
 	})
 	return total, err == nil
 }
+
+// LoadAverage is the machine's one-minute load average (as uptime shows
+// it), from /proc/loadavg.
+func LoadAverage() (float64, bool) {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	fields := strings.Fields(string(data))
+	if len(fields) == 0 {
+		return 0, false
+	}
+	load, err := strconv.ParseFloat(fields[0], 64)
+	return load, err == nil
+}

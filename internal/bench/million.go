@@ -157,12 +157,26 @@ func largeSwarm(ctx context.Context, r *Report, name string, srv *benchServer, d
 		r.Add(fmt.Sprintf("%s/marker-background/descendants=%d", name, descendants), ms(time.Since(start)), "ms")
 	}
 
+	if err := terminateSwarm(ctx, r, name, srv, tree, agents, r.stepTimeout()); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// terminateSwarm terminates tree's whole swarm of agents in abort mode,
+// one tool call in flight on each of tree.sample, and reports under name
+// the time from Terminate until the termination is terminated and its
+// record lists every agent (terminate-abort/agents=N), and the process's
+// CPU time over it. A termination that fails or does not finish within
+// the bound is reported as terminate-abort/unfinished/agents=N (the time
+// until it failed or was given up), its last state logged and returned.
+func terminateSwarm(ctx context.Context, r *Report, name string, srv *benchServer, tree wideTree, agents int, within time.Duration) error {
 	calls, stopGate, err := callsInFlightOn(ctx, srv, tree.sample)
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		return err
 	}
 	cpuBefore, cpuOK := processCPU()
-	elapsed, nodes, last, err := timeTerminationWithin(ctx, srv, tree.root, r.stepTimeout())
+	elapsed, nodes, last, err := timeTerminationWithin(ctx, srv, tree.root, within)
 	cpuAfter, _ := processCPU()
 	acked := stopGate()
 	switch {
@@ -176,13 +190,13 @@ func largeSwarm(ctx context.Context, r *Report, name string, srv *benchServer, d
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "  %s: %v\n", name, err)
 		r.Add(fmt.Sprintf("%s/terminate-abort/unfinished/agents=%d", name, agents), ms(elapsed), "ms")
-		return errors.Join(append(errs, err)...)
+		return err
 	}
 	r.Add(fmt.Sprintf("%s/terminate-abort/agents=%d", name, agents), ms(elapsed), "ms")
 	if cpuOK {
 		r.Add(fmt.Sprintf("%s/terminate-abort-cpu/agents=%d", name, agents), ms(cpuAfter-cpuBefore), "ms")
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // memoryNow is the Go heap in use and the process's resident memory after
