@@ -51,10 +51,24 @@ type Report struct {
 
 	mu      sync.Mutex
 	results []Result
+	// log, when set, is told of every result as it is added (logging).
+	log    io.Writer
+	parent *Report
+}
+
+// logging returns a view of r that also writes each result to w as it is
+// added, for scenarios that run for many minutes.
+func (r *Report) logging(w io.Writer) *Report {
+	return &Report{Duration: r.Duration, Dir: r.Dir, Large: r.Large, StepTimeout: r.StepTimeout, log: w, parent: r}
 }
 
 // Add records a result.
 func (r *Report) Add(name string, value float64, unit string) {
+	if r.parent != nil {
+		fmt.Fprintf(r.log, "  %s: %s %s\n", name, formatValue(value), unit)
+		r.parent.Add(name, value, unit)
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.results = append(r.results, Result{Name: name, Value: value, Unit: unit})

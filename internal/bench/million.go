@@ -93,6 +93,7 @@ func millionEtcd(ctx context.Context, r *Report) error {
 //     time it was given), its last state logged, and returned as the
 //     scenario's error after the other figures.
 func largeSwarm(ctx context.Context, r *Report, name string, srv *benchServer, dataDir string, peerPID, top, per int) error {
+	r = r.logging(os.Stderr)
 	agents := 1 + top + top*per
 	descendants := agents - 1
 	verifier, stopVerifier, err := startBenchVerifier(ctx, srv, -1)
