@@ -21,7 +21,7 @@ func init() {
 // terminateBeyondOneTxnWithin bounds each termination of the scenario: at
 // the rate the design aims for (10,000 agents in a second on Badger, etcd
 // within 3× of it) they take seconds.
-const terminateBeyondOneTxnWithin = 90 * time.Second
+const terminateBeyondOneTxnWithin = time.Minute
 
 // supervisorTerminateBeyondOneTxn terminates, in abort mode, a swarm larger
 // than one store transaction can hold: 120,001 agents on Badger (an Update
