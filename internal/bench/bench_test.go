@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetherhq/tether/internal/etcdtest"
 )
 
 func TestReportWritesJSONList(t *testing.T) {
@@ -140,31 +142,47 @@ func TestThroughput(t *testing.T) {
 }
 
 // TestLargeSwarmSmall runs the million/ scenarios' steps on a swarm of 111
-// agents on Badger: the tree and its grants are real (the record of the
-// termination lists every agent, the revocation reaches a grandchild's
-// token through the verifier), and every figure is reported.
+// agents, on Badger and on etcd: the tree and its grants are real (the
+// record of the termination lists every agent, the revocation reaches a
+// grandchild's token through the verifier), and every figure is reported.
 func TestLargeSwarmSmall(t *testing.T) {
-	r := &Report{Dir: t.TempDir(), StepTimeout: time.Minute}
-	srv, err := startServer(t.Context(), r, disableRateLimit)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Stop()
-	if err := largeSwarm(t.Context(), r, "small", srv, srv.dir, 0, 10, 10); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]bool{}
-	for _, res := range r.Results() {
-		got[res.Name] = true
-	}
-	for _, name := range []string{
-		"small/build-agents-per-s", "small/heap-per-agent/agents=111", "small/rss-per-agent/agents=111",
-		"small/revoke-to-verifier-reject/descendants=110", "small/revoke-rpc/descendants=110",
-		"small/marker-background/descendants=110", "small/terminate-abort/agents=111",
-	} {
-		if !got[name] {
-			t.Errorf("no result %s; have %v", name, r.Results())
-		}
+	for _, backend := range []string{"badger", "etcd"} {
+		t.Run(backend, func(t *testing.T) {
+			r := &Report{Dir: t.TempDir(), StepTimeout: time.Minute}
+			var srv *benchServer
+			if backend == "etcd" {
+				cluster := etcdtest.Start(t)
+				s, stop, err := startEtcdServer(t.Context(), r, cluster)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer stop()
+				srv = s
+			} else {
+				s, err := startServer(t.Context(), r, disableRateLimit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Stop()
+				srv = s
+			}
+			if err := largeSwarm(t.Context(), r, "small", srv, r.Dir, 0, 10, 10); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for _, res := range r.Results() {
+				got[res.Name] = true
+			}
+			for _, name := range []string{
+				"small/build-agents-per-s", "small/heap-per-agent/agents=111", "small/rss-per-agent/agents=111",
+				"small/revoke-to-verifier-reject/descendants=110", "small/revoke-rpc/descendants=110",
+				"small/marker-background/descendants=110", "small/terminate-abort/agents=111",
+			} {
+				if !got[name] {
+					t.Errorf("no result %s; have %v", name, r.Results())
+				}
+			}
+		})
 	}
 }
 
