@@ -18,7 +18,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // A procedure the server does not have: without a credential the caller
@@ -203,12 +203,12 @@ func TestBadInputIsRefusedWithoutStateChange(t *testing.T) {
 	stopped := spawn(t, admin, root.Node.NodeId, "stopped")
 	// Stop one node directly in the store (terminations arrive in a later layer).
 	err := srv.Store().Update(context.Background(), func(tx store.Txn) error {
-		n, err := supervisor.GetNodeIn(tx, stopped.Node.NodeId)
+		n, err := tree.GetNodeIn(tx, stopped.Node.NodeId)
 		if err != nil {
 			return err
 		}
 		n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
-		return supervisor.PutNodeIn(tx, n)
+		return tree.PutNodeIn(tx, n)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 type agentService struct {
@@ -38,17 +38,17 @@ func (s *Server) agentActive(ctx context.Context, nodeID string) (string, error)
 func activityOf(procedure string) string {
 	switch {
 	case procedure == tetherv1connect.AgentServiceSpawnProcedure:
-		return supervisor.ActivitySpawn
+		return tree.ActivitySpawn
 	case procedure == tetherv1connect.AgentServiceSessionProcedure, procedure == tetherv1connect.AgentServiceWatchSignalsProcedure:
-		return supervisor.ActivitySession
+		return tree.ActivitySession
 	case procedure == tetherv1connect.CapabilityServiceDelegateProcedure:
-		return supervisor.ActivityDelegate
+		return tree.ActivityDelegate
 	case procedure == tetherv1connect.CapabilityServiceRefreshProcedure:
-		return supervisor.ActivityRefresh
+		return tree.ActivityRefresh
 	case strings.HasPrefix(procedure, "/"+tetherv1connect.LeaseServiceName+"/"):
-		return supervisor.ActivityLease
+		return tree.ActivityLease
 	}
-	return supervisor.ActivityRequest
+	return tree.ActivityRequest
 }
 
 // agentAct refuses activity from a node that is terminated or unknown
@@ -57,9 +57,9 @@ func activityOf(procedure string) string {
 func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (string, error) {
 	n, err := s.tree.Act(ctx, nodeID, kind, detail)
 	switch {
-	case errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument):
+	case errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument):
 		return "", fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
-	case errors.Is(err, supervisor.ErrNodeExited):
+	case errors.Is(err, tree.ErrNodeExited):
 		return "", connect.NewError(connect.CodeFailedPrecondition, err)
 	case err != nil:
 		return "", err
@@ -81,7 +81,7 @@ func lineageOf(n *tetherv1.Node) string {
 // terminated nor unknown.
 func (s *Server) nodeAlive(ctx context.Context, nodeID string) (string, error) {
 	n, err := s.tree.Get(ctx, nodeID)
-	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
+	if errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument) {
 		return "", fmt.Errorf("%w: the credential's node is unknown", auth.ErrRevoked)
 	}
 	if err != nil {
@@ -136,7 +136,7 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 // canSee says whether p may read node n: operators see everything, an agent
 // sees its own subtree.
 func canSee(p auth.Principal, n *tetherv1.Node) bool {
-	return !p.IsAgent() || n.NodeId == p.NodeID() || supervisor.IsAncestor(n, p.NodeID())
+	return !p.IsAgent() || n.NodeId == p.NodeID() || tree.IsAncestor(n, p.NodeID())
 }
 
 func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv1.GetNodeRequest]) (*connect.Response[tetherv1.GetNodeResponse], error) {
@@ -161,7 +161,7 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 	if err != nil {
 		return nil, err
 	}
-	selector, err := supervisor.ParseSelector(req.Msg.LabelSelector)
+	selector, err := tree.ParseSelector(req.Msg.LabelSelector)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -192,7 +192,7 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 	}
 	out := nodes[:0]
 	for _, n := range nodes {
-		if supervisor.MatchLabels(n.Labels, selector) {
+		if tree.MatchLabels(n.Labels, selector) {
 			out = append(out, n)
 		}
 	}

@@ -27,7 +27,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // capAgent is a registered agent and a client presenting its credential.
@@ -254,12 +254,12 @@ func viewerToken(t *testing.T, admin *testserver.Clients, role tetherv1.Role) st
 func terminateInStore(t *testing.T, srv *testserver.Server, nodeID string) {
 	t.Helper()
 	err := srv.Store().Update(context.Background(), func(tx store.Txn) error {
-		n, err := supervisor.GetNodeIn(tx, nodeID)
+		n, err := tree.GetNodeIn(tx, nodeID)
 		if err != nil {
 			return err
 		}
 		n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
-		return supervisor.PutNodeIn(tx, n)
+		return tree.PutNodeIn(tx, n)
 	})
 	if err != nil {
 		t.Fatal(err)

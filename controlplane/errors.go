@@ -14,7 +14,10 @@ import (
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // errInvalid marks request validation failures made at the edge.
@@ -34,7 +37,7 @@ func toConnect(err error) error {
 	}
 	code := connect.CodeInternal
 	switch {
-	case errors.Is(err, errInvalid), errors.Is(err, supervisor.ErrInvalidArgument),
+	case errors.Is(err, errInvalid), errors.Is(err, tree.ErrInvalidArgument),
 		errors.Is(err, coordinator.ErrInvalidArgument), errors.Is(err, lease.ErrInvalidMessage):
 		code = connect.CodeInvalidArgument
 	case errors.Is(err, coordinator.ErrNotFound):
@@ -43,17 +46,17 @@ func toConnect(err error) error {
 		code = connect.CodeAborted
 	case errors.Is(err, coordinator.ErrStopped), errors.Is(err, coordinator.ErrCommit):
 		code = connect.CodeUnavailable
-	case errors.Is(err, supervisor.ErrNodeNotFound), errors.Is(err, store.ErrNotFound),
-		errors.Is(err, supervisor.ErrCallNotFound), errors.Is(err, supervisor.ErrTerminationNotFound),
+	case errors.Is(err, tree.ErrNodeNotFound), errors.Is(err, store.ErrNotFound),
+		errors.Is(err, ledger.ErrCallNotFound), errors.Is(err, supervisor.ErrTerminationNotFound),
 		errors.Is(err, supervisor.ErrRecordNotFound), errors.Is(err, supervisor.ErrProposalNotFound):
 		code = connect.CodeNotFound
-	case errors.Is(err, supervisor.ErrParentNotRunning), errors.Is(err, supervisor.ErrNodeStopping),
-		errors.Is(err, supervisor.ErrNodeExited),
+	case errors.Is(err, tree.ErrParentNotRunning), errors.Is(err, tree.ErrNodeStopping),
+		errors.Is(err, tree.ErrNodeExited),
 		errors.Is(err, supervisor.ErrAlreadyStopping), errors.Is(err, supervisor.ErrProposalDecided):
 		code = connect.CodeFailedPrecondition
-	case errors.Is(err, supervisor.ErrWrongGate), errors.Is(err, supervisor.ErrHookNotAllowed):
+	case errors.Is(err, ledger.ErrWrongGate), errors.Is(err, privilege.ErrHookNotAllowed):
 		code = connect.CodePermissionDenied
-	case errors.Is(err, supervisor.ErrTokenRejected):
+	case errors.Is(err, ledger.ErrTokenRejected):
 		code = connect.CodePermissionDenied
 	// The capability tree: the pure core's sentinels and grantstore's.
 	case errors.Is(err, grantstore.ErrInvalidArgument), errors.Is(err, capability.ErrInvalidGrant),
@@ -90,7 +93,7 @@ func toConnect(err error) error {
 		code = connect.CodeAlreadyExists
 	case errors.Is(err, stoprule.ErrLimit):
 		code = connect.CodeResourceExhausted
-	case errors.Is(err, supervisor.ErrLimit), errors.Is(err, store.ErrTooLarge):
+	case errors.Is(err, tree.ErrLimit), errors.Is(err, store.ErrTooLarge):
 		code = connect.CodeResourceExhausted
 	case errors.Is(err, auth.ErrDenied):
 		code = connect.CodePermissionDenied

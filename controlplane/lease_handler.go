@@ -16,9 +16,9 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // leaseService is LeaseService: authentication, holder binding and
@@ -173,7 +173,7 @@ func sameParties(checked lease.Lease) func(lease.Lease) error {
 // or stopped must not start new work.
 func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error {
 	n, err := h.s.tree.Get(ctx, nodeID)
-	if errors.Is(err, supervisor.ErrNodeNotFound) {
+	if errors.Is(err, tree.ErrNodeNotFound) {
 		return connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", nodeID))
 	}
 	if err != nil {
@@ -255,13 +255,13 @@ func (h *leaseService) isAncestor(ctx context.Context, agent, node string) (bool
 		return false, nil
 	}
 	n, err := h.s.tree.Get(ctx, node)
-	if errors.Is(err, supervisor.ErrNodeNotFound) || errors.Is(err, supervisor.ErrInvalidArgument) {
+	if errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return supervisor.IsAncestor(n, agent), nil
+	return tree.IsAncestor(n, agent), nil
 }
 
 // mayCoordinate reports whether p belongs to the lineage that coordinates
@@ -626,7 +626,7 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 		if active {
 			return nil
 		}
-		if _, err := h.s.agentAct(ctx, p.NodeID(), supervisor.ActivityLease, "a lease message on its open channel"); err != nil {
+		if _, err := h.s.agentAct(ctx, p.NodeID(), tree.ActivityLease, "a lease message on its open channel"); err != nil {
 			return err
 		}
 		active = true

@@ -17,7 +17,7 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Every bound on what one caller can make the control plane hold or do is
@@ -63,7 +63,7 @@ func TestRequestSizeLimit(t *testing.T) {
 }
 
 func TestTreeDepthAndFanOutLimits(t *testing.T) {
-	limits := supervisor.Limits{MaxDepth: 3, MaxChildren: 2, MaxLabels: 4}
+	limits := tree.Limits{MaxDepth: 3, MaxChildren: 2, MaxLabels: 4}
 	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.TreeLimits = limits })
 	admin := srv.AdminClients()
 	ctx := context.Background()

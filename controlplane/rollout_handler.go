@@ -13,6 +13,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/rollout"
 )
 
 // Rollout starts a rollout: operators only (the policy), since it drains
@@ -23,7 +24,7 @@ func (h *supervisorService) Rollout(ctx context.Context, req *connect.Request[te
 		return nil, err
 	}
 	m := req.Msg
-	r, err := h.s.rollouts.Start(ctx, supervisor.RolloutRequest{
+	r, err := h.s.rollouts.Start(ctx, rollout.RolloutRequest{
 		Selector: m.Selector, TargetSelector: m.TargetSelector,
 		Batch: int(m.Batch), MaxUnavailable: int(m.MaxUnavailable),
 		BatchDeadline:  durationOr(m.BatchDeadline, 0),
@@ -58,7 +59,7 @@ func (h *supervisorService) ListRollouts(ctx context.Context, _ *connect.Request
 }
 
 func (h *supervisorService) WatchRollout(ctx context.Context, req *connect.Request[tetherv1.WatchRolloutRequest], stream *connect.ServerStream[tetherv1.WatchRolloutResponse]) error {
-	err := h.s.rollouts.Watch(ctx, req.Msg.RolloutId, func(r supervisor.Rollout) error {
+	err := h.s.rollouts.Watch(ctx, req.Msg.RolloutId, func(r rollout.Rollout) error {
 		return stream.Send(&tetherv1.WatchRolloutResponse{Rollout: rolloutToProto(r)})
 	})
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -67,7 +68,7 @@ func (h *supervisorService) WatchRollout(ctx context.Context, req *connect.Reque
 	return toConnect(rolloutError(err))
 }
 
-func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string, d supervisor.RolloutDecision, reason string) (*tetherv1.Rollout, error) {
+func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string, d rollout.RolloutDecision, reason string) (*tetherv1.Rollout, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
@@ -80,7 +81,7 @@ func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string,
 }
 
 func (h *supervisorService) PauseRollout(ctx context.Context, req *connect.Request[tetherv1.PauseRolloutRequest]) (*connect.Response[tetherv1.PauseRolloutResponse], error) {
-	r, err := h.decideRollout(ctx, req.Msg.RolloutId, supervisor.DecidePause, req.Msg.Reason)
+	r, err := h.decideRollout(ctx, req.Msg.RolloutId, rollout.DecidePause, req.Msg.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +89,7 @@ func (h *supervisorService) PauseRollout(ctx context.Context, req *connect.Reque
 }
 
 func (h *supervisorService) ResumeRollout(ctx context.Context, req *connect.Request[tetherv1.ResumeRolloutRequest]) (*connect.Response[tetherv1.ResumeRolloutResponse], error) {
-	r, err := h.decideRollout(ctx, req.Msg.RolloutId, supervisor.DecideResume, "")
+	r, err := h.decideRollout(ctx, req.Msg.RolloutId, rollout.DecideResume, "")
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +97,7 @@ func (h *supervisorService) ResumeRollout(ctx context.Context, req *connect.Requ
 }
 
 func (h *supervisorService) AbortRollout(ctx context.Context, req *connect.Request[tetherv1.AbortRolloutRequest]) (*connect.Response[tetherv1.AbortRolloutResponse], error) {
-	r, err := h.decideRollout(ctx, req.Msg.RolloutId, supervisor.DecideAbort, req.Msg.Reason)
+	r, err := h.decideRollout(ctx, req.Msg.RolloutId, rollout.DecideAbort, req.Msg.Reason)
 	if err != nil {
 		return nil, err
 	}
@@ -109,9 +110,9 @@ func rolloutError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, supervisor.ErrRolloutNotFound):
+	case errors.Is(err, rollout.ErrRolloutNotFound):
 		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, supervisor.ErrRolloutFinished):
+	case errors.Is(err, rollout.ErrRolloutFinished):
 		return connect.NewError(connect.CodeFailedPrecondition, err)
 	}
 	return err
@@ -138,12 +139,12 @@ func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tet
 	return connect.NewResponse(&tetherv1.ReportReadyResponse{Node: n}), nil
 }
 
-func rolloutToProto(r supervisor.Rollout) *tetherv1.Rollout {
-	state := map[supervisor.RolloutState]tetherv1.RolloutState{
-		supervisor.RolloutRunning:   tetherv1.RolloutState_ROLLOUT_STATE_RUNNING,
-		supervisor.RolloutPaused:    tetherv1.RolloutState_ROLLOUT_STATE_PAUSED,
-		supervisor.RolloutCompleted: tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED,
-		supervisor.RolloutAborted:   tetherv1.RolloutState_ROLLOUT_STATE_ABORTED,
+func rolloutToProto(r rollout.Rollout) *tetherv1.Rollout {
+	state := map[rollout.RolloutState]tetherv1.RolloutState{
+		rollout.RolloutRunning:   tetherv1.RolloutState_ROLLOUT_STATE_RUNNING,
+		rollout.RolloutPaused:    tetherv1.RolloutState_ROLLOUT_STATE_PAUSED,
+		rollout.RolloutCompleted: tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED,
+		rollout.RolloutAborted:   tetherv1.RolloutState_ROLLOUT_STATE_ABORTED,
 	}[r.State]
 	out := &tetherv1.Rollout{
 		RolloutId: r.ID, Selector: r.Selector, TargetSelector: r.TargetSelector,
@@ -158,7 +159,7 @@ func rolloutToProto(r supervisor.Rollout) *tetherv1.Rollout {
 		},
 	}
 	for _, b := range r.Batches {
-		if b.State() == supervisor.BatchDone {
+		if b.State() == rollout.BatchDone {
 			out.Counts.BatchesDone++
 		}
 		out.Batches = append(out.Batches, &tetherv1.RolloutBatch{
@@ -172,15 +173,15 @@ func rolloutToProto(r supervisor.Rollout) *tetherv1.Rollout {
 	return out
 }
 
-func batchStateToProto(s supervisor.BatchState) tetherv1.RolloutBatchState {
+func batchStateToProto(s rollout.BatchState) tetherv1.RolloutBatchState {
 	switch s {
-	case supervisor.BatchDraining:
+	case rollout.BatchDraining:
 		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DRAINING
-	case supervisor.BatchReplacing:
+	case rollout.BatchReplacing:
 		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_REPLACING
-	case supervisor.BatchDone:
+	case rollout.BatchDone:
 		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE
-	case supervisor.BatchReleased:
+	case rollout.BatchReleased:
 		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_RELEASED
 	}
 	return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_UNSPECIFIED

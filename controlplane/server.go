@@ -41,7 +41,11 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/rollout"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Config configures a control plane.
@@ -84,8 +88,8 @@ type Config struct {
 	// MaxRequestBytes bounds every request message.
 	MaxRequestBytes int
 	// TreeLimits bound the agent tree (depth, children per node, labels);
-	// the zero value means supervisor.DefaultLimits.
-	TreeLimits supervisor.Limits
+	// the zero value means tree.DefaultLimits.
+	TreeLimits tree.Limits
 	// RecordDir receives each reconciliation record as JSON; default
 	// <data-dir>/records.
 	RecordDir string
@@ -96,13 +100,13 @@ type Config struct {
 	// doubling up to a minute; zero means the outbox's default (2s).
 	RecordRetry time.Duration
 	// PrivilegeHandlers revoke privileges of a kind in process.
-	PrivilegeHandlers map[string]supervisor.PrivilegeRevoker
+	PrivilegeHandlers map[string]privilege.PrivilegeRevoker
 	// PrivilegeHookAllow are the destinations a privilege's revoke_url may
-	// name (hosts, host:port or URL prefixes; see supervisor.Privileges).
+	// name (hosts, host:port or URL prefixes; see privilege.Privileges).
 	// Empty: no revoke webhooks are accepted.
 	PrivilegeHookAllow []string
 	// PrivilegeMaxPerNode bounds the live privileges of one node; zero
-	// means supervisor.DefaultMaxPrivilegesPerNode.
+	// means privilege.DefaultMaxPrivilegesPerNode.
 	PrivilegeMaxPerNode int
 	// PrivilegeHookTimeout bounds, in total, a termination's privilege
 	// revocations; zero means supervisor.DefaultHookTimeout.
@@ -175,12 +179,12 @@ type Server struct {
 	ownStore   bool
 	keys       *keyRing
 	issuer     auth.Issuer
-	tree       *supervisor.Tree
-	ledger     *supervisor.Ledger
-	privileges *supervisor.Privileges
-	signals    *supervisor.Signals
+	tree       *tree.Tree
+	ledger     *ledger.Ledger
+	privileges *privilege.Privileges
+	signals    *tree.Signals
 	supervisor *supervisor.Supervisor
-	rollouts   *supervisor.Rollouts
+	rollouts   *rollout.Rollouts
 	stopRules  *stoprule.Rules
 	leases     *coordinator.Coordinator
 	router     *leaseRouter // nil with a single replica (forward.go)
@@ -233,10 +237,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	s.keys = keys
 	s.issuer = auth.Issuer{Name: cfg.Issuer, Ring: keys.Get}
 	limits := cfg.TreeLimits
-	if limits == (supervisor.Limits{}) {
-		limits = supervisor.DefaultLimits
+	if limits == (tree.Limits{}) {
+		limits = tree.DefaultLimits
 	}
-	s.tree = &supervisor.Tree{Store: s.store, Clock: cfg.Clock, Limits: limits, Instance: id.New(id.Session)}
+	s.tree = &tree.Tree{Store: s.store, Clock: cfg.Clock, Limits: limits, Instance: id.New(id.Session)}
 	if s.ownStore {
 		// This process alone owns the data directory: the sessions its
 		// previous life served ended with it.

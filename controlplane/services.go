@@ -13,7 +13,11 @@ import (
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/rollout"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // buildComponents creates the domain services on top of the store, in
@@ -41,12 +45,12 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.addComponent("grants-feed", grants.RunFeed)
 	s.addLeaderComponent("grants-marker", grants.RunMarker)
 	s.addLeaderComponent("grants-pruner", grants.RunPruner)
-	s.ledger = &supervisor.Ledger{Store: s.store, Clock: s.cfg.Clock}
-	s.privileges = &supervisor.Privileges{
+	s.ledger = &ledger.Ledger{Store: s.store, Clock: s.cfg.Clock}
+	s.privileges = &privilege.Privileges{
 		Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers,
 		AllowHooks: s.cfg.PrivilegeHookAllow, MaxPerNode: s.cfg.PrivilegeMaxPerNode, Log: s.log,
 	}
-	s.signals = &supervisor.Signals{Store: s.store}
+	s.signals = &tree.Signals{Store: s.store}
 	s.supervisor = &supervisor.Supervisor{
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
@@ -71,7 +75,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
 	handover := leaseHandover{leases: s.leases}
 	s.supervisor.Handover = handover
-	s.rollouts = &supervisor.Rollouts{Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Handover: handover, Log: s.log}
+	s.rollouts = &rollout.Rollouts{Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Handover: handover, Log: s.log}
 	s.addLeaderComponent("rollouts", s.afterLeases(s.rollouts.Run))
 	s.addComponent("key-ring", s.followKeyRing)
 	s.addLeaderComponent("key-pruner", s.pruneKeyRing)

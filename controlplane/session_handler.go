@@ -11,7 +11,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane/auth"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Session is an agent's control stream. The agent says hello for its own
@@ -62,7 +62,7 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 	if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
 		return err
 	}
-	if sig := supervisor.SignalFor(node); sig != nil {
+	if sig := tree.SignalFor(node); sig != nil {
 		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: sig}}); err != nil {
 			return err
 		}
@@ -130,7 +130,7 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 			// credential is never refreshed, whatever signal it missed; a
 			// heartbeat after its exit was confirmed is refused and kept as
 			// contradicting evidence.
-			if _, err := a.s.agentAct(ctx, p.NodeID(), supervisor.ActivityHeartbeat, "a heartbeat on its session"); err != nil {
+			if _, err := a.s.agentAct(ctx, p.NodeID(), tree.ActivityHeartbeat, "a heartbeat on its session"); err != nil {
 				return err
 			}
 			if lastWritten, err = a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
@@ -154,7 +154,7 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 		case *tetherv1.SessionRequest_Exit:
 			// The agent's own word: a claim. The session ends here, so the
 			// control plane observes its end right after the claim.
-			if _, err := a.s.tree.ConfirmExit(ctx, p.NodeID(), p.ID(), supervisor.ConfirmedBySelf, msg.GetExit().GetReason(), nil); err != nil {
+			if _, err := a.s.tree.ConfirmExit(ctx, p.NodeID(), p.ID(), tree.ConfirmedBySelf, msg.GetExit().GetReason(), nil); err != nil {
 				return toConnect(err)
 			}
 			return nil
@@ -177,20 +177,20 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, err
 	}
-	kind := supervisor.ConfirmedByLauncher
+	kind := tree.ConfirmedByLauncher
 	authorize := func(n *tetherv1.Node) error { return nil }
 	if p.IsAgent() {
-		kind = supervisor.ConfirmedBySelf
+		kind = tree.ConfirmedBySelf
 		if req.Msg.NodeId != p.NodeID() {
-			kind = supervisor.ConfirmedByAncestor
+			kind = tree.ConfirmedByAncestor
 			// Vouching for another node is activity: a node whose own exit
 			// was confirmed may not (the interceptor lets only its own
 			// ConfirmExit through), and the attempt is kept against it.
-			if _, err := a.s.agentAct(ctx, p.NodeID(), supervisor.ActivityRequest, "a confirmation of another node's exit"); err != nil {
+			if _, err := a.s.agentAct(ctx, p.NodeID(), tree.ActivityRequest, "a confirmation of another node's exit"); err != nil {
 				return nil, toConnect(err)
 			}
 			authorize = func(n *tetherv1.Node) error {
-				if !supervisor.IsAncestor(n, p.NodeID()) {
+				if !tree.IsAncestor(n, p.NodeID()) {
 					return fmt.Errorf("%w: agent %s may confirm only its own exit or a descendant's, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)
 				}
 				return nil
@@ -260,7 +260,7 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 	if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
 		return err
 	}
-	if sig := supervisor.SignalFor(node); sig != nil {
+	if sig := tree.SignalFor(node); sig != nil {
 		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: sig}}); err != nil {
 			return err
 		}
@@ -307,7 +307,7 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 		return nil, toConnect(err)
 	}
 	now := a.s.cfg.Clock.Now()
-	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: supervisor.SignalFor(node)}
+	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: tree.SignalFor(node)}
 	if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
 		cred, exp, err := a.s.issuer.MintAgent(p.NodeID(), now, a.s.cfg.AgentCredentialTTL)
 		if err != nil {

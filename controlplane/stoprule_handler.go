@@ -9,8 +9,8 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // stopRuleService is the edge of supervisor/stoprule. The policy admits
@@ -50,7 +50,7 @@ func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[
 		Severity: m.Severity, Labels: m.Labels, Description: m.Description,
 	}
 	if m.LabelSelector != "" {
-		sel, err := supervisor.ParseSelector(m.LabelSelector)
+		sel, err := tree.ParseSelector(m.LabelSelector)
 		if err != nil {
 			return nil, toConnect(err)
 		}

@@ -16,6 +16,8 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 type supervisorService struct {
@@ -35,7 +37,7 @@ func authorizeStop(p auth.Principal) func(*tetherv1.Node) error {
 		if p.NodeID() == target.NodeId {
 			return fmt.Errorf("%w: an agent cannot terminate itself; propose a stop instead (AgentService.ProposeStop)", auth.ErrDenied)
 		}
-		if !supervisor.IsAncestor(target, p.NodeID()) {
+		if !tree.IsAncestor(target, p.NodeID()) {
 			return fmt.Errorf("%w: agent %s is not an ancestor of node_id %s", auth.ErrDenied, p.NodeID(), target.NodeId)
 		}
 		return nil
@@ -185,7 +187,7 @@ func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.
 	if m.ExpiresAt == nil {
 		return nil, invalid("expires_at is required")
 	}
-	priv, err := h.s.privileges.Register(ctx, supervisor.Privilege{
+	priv, err := h.s.privileges.Register(ctx, privilege.Privilege{
 		NodeID: m.NodeId, GrantID: m.GrantId, Kind: m.Kind, ExternalID: m.ExternalId,
 		ExpiresAt: m.ExpiresAt.AsTime(), RevokeURL: m.RevokeUrl,
 	})
@@ -251,10 +253,10 @@ func (h *supervisorService) ListPrivileges(ctx context.Context, req *connect.Req
 	if _, err := h.s.tree.Get(ctx, req.Msg.NodeId); err != nil {
 		return nil, toConnect(err)
 	}
-	var privs []supervisor.Privilege
+	var privs []privilege.Privilege
 	err := h.s.store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
-		privs, err = supervisor.PrivilegesIn(tx, []string{req.Msg.NodeId})
+		privs, err = privilege.PrivilegesIn(tx, []string{req.Msg.NodeId})
 		return err
 	})
 	if err != nil {
@@ -270,11 +272,11 @@ func (h *supervisorService) ListPrivileges(ctx context.Context, req *connect.Req
 			pp.Revoker = "webhook"
 		}
 		switch p.Outcome {
-		case supervisor.OutcomeRevoked:
+		case privilege.OutcomeRevoked:
 			pp.Outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-		case supervisor.OutcomeExpired:
+		case privilege.OutcomeExpired:
 			pp.Outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-		case supervisor.OutcomeRevokeFailed:
+		case privilege.OutcomeRevokeFailed:
 			pp.Outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
 		}
 		if !p.DecidedAt.IsZero() {

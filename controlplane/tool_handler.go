@@ -11,7 +11,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/ledger"
 )
 
 // toolService is the tool-call ledger's edge. Only the tool layer feeds it:
@@ -40,7 +40,7 @@ func gateOf(ctx context.Context, requested string) (auth.Principal, string, erro
 	return p, p.ToolServer(), nil
 }
 
-func (t *toolService) ledger() (*supervisor.Ledger, error) {
+func (t *toolService) ledger() (*ledger.Ledger, error) {
 	if t.s.ledger.Tokens == nil {
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("capability tokens are not configured on this server"))
 	}
@@ -117,7 +117,7 @@ func (t *toolService) ListCalls(ctx context.Context, req *connect.Request[tether
 	var calls []*tetherv1.ToolCall
 	err := t.s.store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
-		calls, err = supervisor.OpenCallsIn(tx, req.Msg.NodeId)
+		calls, err = ledger.OpenCallsIn(tx, req.Msg.NodeId)
 		return err
 	})
 	if err != nil {

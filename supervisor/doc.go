@@ -1,49 +1,44 @@
-// Package supervisor holds the agent tree and (in later files) the
-// termination state machine, its reconciler and the reconciliation records.
+// Package supervisor holds the termination and its reconciliation record:
+// the state machine (termination.go, pure: Next and Advance), the shell
+// that persists each step before the next (supervisor.go, reconciler.go),
+// the record built and written in the transaction that terminates the
+// subtree (record.go, schema.go), its delivery to a sink (sink.go), and the
+// stop proposals whose approval starts a termination (proposal.go).
 //
-// The agent tree is the enumeration of every credential-bearing agent:
-// credentials are only issued to registered nodes, so walking a node's
-// subtree finds everything that must stop with it. Nodes are stored under
-// keys.go's layout; a child index makes a subtree walk a sequence of prefix
-// scans, never a full scan.
+// The supervisor's other concepts live in their own packages, each below
+// or above this one:
 //
-// Spawning checks the parent's state inside the same transaction that writes
-// the child. Marking a subtree for termination is also one transaction, so a
-// spawn racing a termination is either refused (it serialized after the mark)
-// or included (it serialized before, and the mark's subtree walk sees it).
+//	supervisor/tree       the agent tree, sessions and exit evidence (bottom)
+//	supervisor/ledger     the tool-call ledger (reads the tree)
+//	supervisor/privilege  temporary privileges and their revoke hooks
+//	supervisor            the termination, its record, stop proposals
+//	supervisor/rollout    rollouts: batches of terminations (above)
+//	supervisor/stoprule   stop rules: file proposals that stop (above)
+//	supervisor/lease      the job-lease machine (beside; the supervisor
+//	                      reaches leases through LeaseCanceller)
 //
-// Exit evidence (evidence.go). A node's exit is confirmed by its own word
-// or an ancestor's (a claim when the ancestor is itself stopping, stopped or
-// exited, under this termination or another; an exited agent may not vouch
-// at all) or by
-// an operator such as a launcher (an attestation); the record counts a
-// confirmation only when the control plane's own evidence agrees: no
-// session open (Tree.SessionOpened/SessionClosed store the observation on
-// the node), every grant revoked or expired, no activity after it, and for a
-// bare claim the session's end observed. From the first confirmation the
-// node may not act: Tree.Act and the ledger refuse it (ErrNodeExited) and
-// keep each attempt on the node as a contradiction (at most
-// MaxContradictions). A confirmation outside a termination moves a running
-// node to EXITED; a later termination covering it includes it (Terminate and
-// the mark accept an exited node no termination covers yet). Callers of Act
-// refuse the request when it returns ErrNodeExited; it has already stored
-// the contradiction.
+// The termination reads and writes the tree's nodes and the ledger's calls
+// inside its own transactions (layers.go names what it uses of them).
+// Marking a subtree for termination is one transaction, and a spawn checks
+// its parent's state inside the transaction that writes the child, so a
+// spawn racing a termination is either refused (it serialized after the
+// mark) or included (it serialized before, and the mark's subtree walk
+// sees it). The record weighs each node's exit with tree.JudgeExit: a
+// confirmation counts only when the control plane's own evidence agrees.
 //
-// The tool-call ledger (ledger.go) records who reported each step (a tool
-// server's principal id); the edge allows only tool servers to report, each
-// as its own gate.
-//
-// Rollouts (rollout.go, rollout_reconciler.go) replace the agents matching
-// a selector in batches: the pure NextRollout decides, the Rollouts shell
-// persists each step before the next. Each batch is one termination of
-// several subtree roots (TerminateIn, written in the same transaction as
-// the batch) and so one record; its job leases are left open (LeaseHandover)
-// and reassigned, generation + 1, to ready replacements. Callers of
-// TerminateIn must Kick the termination after their transaction commits.
+// Callers' duties:
+//   - Run the reconciler (Supervisor.Run) and the record outbox
+//     (Outbox.Run) for as long as the process leads; Terminate, Propose
+//     and Decide only persist a request, and Run does the rest.
+//   - Kick a termination written with TerminateIn or FileRuleProposal once
+//     the caller's transaction has committed.
+//   - Give the Supervisor the layers it revokes through (GrantRevoker,
+//     LeaseCanceller, the privilege registry) and, for rollout batches, a
+//     LeaseHandover (batch.go); nil leaves that part out of the record.
 //
 // Stop rules (package supervisor/stoprule) plug in at two points: the
-// Ledger's and the Tree's Observer, told of each call and spawn inside the
-// writing transaction, and FileRuleProposal, which files a rule's proposal
-// and applies ProposalPolicy.RuleActions inside the caller's transaction
-// (the caller Kicks the termination it may have started).
+// ledger's and the tree's Observers, told of each call and spawn inside
+// the writing transaction, and FileRuleProposal, which files a rule's
+// proposal and applies ProposalPolicy.RuleActions inside the caller's
+// transaction (the caller Kicks the termination it may have started).
 package supervisor

@@ -15,6 +15,8 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Proposal errors.
@@ -59,7 +61,7 @@ func (a RuleAction) Matches(f *tetherv1.StopRuleFiring) bool {
 	if len(a.Labels) == 0 && a.Severity == "" {
 		return true
 	}
-	return MatchLabels(f.Labels, a.Labels) && (a.Severity == "" || a.Severity == f.Severity)
+	return tree.MatchLabels(f.Labels, a.Labels) && (a.Severity == "" || a.Severity == f.Severity)
 }
 
 // ParseRuleAction parses the serve flag form "abort:severity=critical",
@@ -73,22 +75,22 @@ func ParseRuleAction(s string) (RuleAction, error) {
 	case "abort":
 		a.Mode = ModeAbort
 	default:
-		return a, fmt.Errorf("%w: stop rule action %q: want drain:<match> or abort:<match>", ErrInvalidArgument, clip(s))
+		return a, fmt.Errorf("%w: stop rule action %q: want drain:<match> or abort:<match>", tree.ErrInvalidArgument, clip(s))
 	}
 	switch {
 	case !ok || match == "":
-		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or * after the mode", ErrInvalidArgument, clip(s))
+		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or * after the mode", tree.ErrInvalidArgument, clip(s))
 	case match == "*":
 	case strings.HasPrefix(match, "severity="):
 		a.Severity = strings.TrimPrefix(match, "severity=")
 	case strings.HasPrefix(match, "label:"):
-		sel, err := ParseSelector(strings.TrimPrefix(match, "label:"))
+		sel, err := tree.ParseSelector(strings.TrimPrefix(match, "label:"))
 		if err != nil || len(sel) == 0 {
-			return a, fmt.Errorf("%w: stop rule action %q: label:<k=v,...> wants at least one label", ErrInvalidArgument, clip(s))
+			return a, fmt.Errorf("%w: stop rule action %q: label:<k=v,...> wants at least one label", tree.ErrInvalidArgument, clip(s))
 		}
 		a.Labels = sel
 	default:
-		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or *", ErrInvalidArgument, clip(s))
+		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or *", tree.ErrInvalidArgument, clip(s))
 	}
 	return a, nil
 }
@@ -105,7 +107,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 		return nil, "", err
 	}
 	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, StateName(n.State))
+		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {
 		mode = ModeDrain
@@ -135,7 +137,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 			break
 		}
 	}
-	if decidedBy == "" && len(policy.AutoApprove) > 0 && MatchLabels(n.Labels, policy.AutoApprove) {
+	if decidedBy == "" && len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
 		decidedBy = "policy:auto-approve"
 	}
 	if decidedBy == "" {
@@ -162,39 +164,20 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 	case strings.HasPrefix(c, "after:"):
 		at, err := time.Parse(time.RFC3339, strings.TrimPrefix(c, "after:"))
 		if err != nil {
-			return nil, fmt.Errorf("%w: condition: after: wants an RFC 3339 time", ErrInvalidArgument)
+			return nil, fmt.Errorf("%w: condition: after: wants an RFC 3339 time", tree.ErrInvalidArgument)
 		}
 		return func(_ store.ReadTxn, _ string, now time.Time) (bool, error) { return !now.Before(at), nil }, nil
 	case strings.HasPrefix(c, "calls>="):
 		n, err := strconv.Atoi(strings.TrimPrefix(c, "calls>="))
 		if err != nil || n < 0 {
-			return nil, fmt.Errorf("%w: condition: calls>= wants a non-negative integer", ErrInvalidArgument)
+			return nil, fmt.Errorf("%w: condition: calls>= wants a non-negative integer", tree.ErrInvalidArgument)
 		}
 		return func(tx store.ReadTxn, nodeID string, _ time.Time) (bool, error) {
-			count, err := countCalls(tx, nodeID, n)
+			count, err := ledger.CountCallsIn(tx, nodeID, n)
 			return count >= n, err
 		}, nil
 	}
-	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", ErrInvalidArgument, clip(c))
-}
-
-// countCalls counts the node's calls in the ledger, stopping at limit.
-func countCalls(tx store.ReadTxn, nodeID string, limit int) (int, error) {
-	count := 0
-	err := tx.Scan([]byte(prefixCall), nil, func(_, v []byte) error {
-		c := &tetherv1.ToolCall{}
-		if err := proto.Unmarshal(v, c); err != nil {
-			return err
-		}
-		if c.NodeId == nodeID && c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
-			count++
-			if count >= limit {
-				return store.ErrStopScan
-			}
-		}
-		return nil
-	})
-	return count, err
+	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", tree.ErrInvalidArgument, clip(c))
 }
 
 // Propose records a stop proposal by an agent for its own node. It changes
@@ -205,13 +188,13 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		return nil, nil, err
 	}
 	if len(reason) > 1024 {
-		return nil, nil, fmt.Errorf("%w: reason is longer than 1024 bytes", ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("%w: reason is longer than 1024 bytes", tree.ErrInvalidArgument)
 	}
 	if mode == 0 {
 		mode = ModeDrain
 	}
 	if drain < 0 || drain > MaxTerminationWindow {
-		return nil, nil, fmt.Errorf("%w: drain_window must be between 0 and %s", ErrInvalidArgument, MaxTerminationWindow)
+		return nil, nil, fmt.Errorf("%w: drain_window must be between 0 and %s", tree.ErrInvalidArgument, MaxTerminationWindow)
 	}
 	p := &tetherv1.StopProposal{
 		ProposalId: id.New(id.Proposal), NodeId: nodeID, Condition: condition, Reason: reason,
@@ -225,7 +208,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 			return err
 		}
 		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, StateName(n.State))
+			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 		}
 		pending := 0
 		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, _ []byte) error {
@@ -238,10 +221,10 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 			return err
 		}
 		if pending >= MaxPendingProposals {
-			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", ErrLimit, nodeID, pending)
+			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", tree.ErrLimit, nodeID, pending)
 		}
 		auto = false
-		if len(policy.AutoApprove) > 0 && MatchLabels(n.Labels, policy.AutoApprove) {
+		if len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
 			cond, _ := parseCondition(condition)
 			if auto, err = cond(tx, nodeID, s.Clock.Now()); err != nil {
 				return err
@@ -262,7 +245,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 // termination of the proposing node, requested by the decider.
 func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool, reason, decidedBy string) (*tetherv1.StopProposal, *Termination, error) {
 	if err := id.Check(id.Proposal, "proposal_id", proposalID); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return nil, nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	var p *tetherv1.StopProposal
 	termID := ""
@@ -310,7 +293,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 		return Termination{}, err
 	}
 	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, StateName(n.State))
+		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, tree.StateName(n.State))
 	}
 	mode := ModeDrain
 	if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
@@ -359,20 +342,4 @@ func (s *Supervisor) Proposals(ctx context.Context, state tetherv1.ProposalState
 		})
 	})
 	return out, err
-}
-
-func putProto(tx store.Txn, key []byte, m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return err
-	}
-	return tx.Put(key, b)
-}
-
-func getProto(tx store.ReadTxn, key []byte, m proto.Message) error {
-	b, err := tx.Get(key)
-	if err != nil {
-		return err
-	}
-	return proto.Unmarshal(b, m)
 }

@@ -13,6 +13,9 @@ import (
 
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 var queueOnce sync.Mutex
@@ -251,7 +254,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		}
 		if countHooks {
 			var err error
-			if p.HooksPending, err = PendingIn(tx, t.Members, now); err != nil {
+			if p.HooksPending, err = privilege.PendingIn(tx, t.Members, now); err != nil {
 				return err
 			}
 		}
@@ -270,7 +273,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			}
 			// Wait for a node until its verdict is settled: a claim may
 			// still be corroborated (its session's end observed).
-			if !judgeExit(n, inWorkload, nil).settled {
+			if !judgeExit(n, inWorkload, nil).Settled {
 				p.Unconfirmed++
 			}
 		}
@@ -327,7 +330,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		mode = t.Mode
 		var nodes []*tetherv1.Node
 		for _, root := range t.RootIDs() {
-			subtree, err := SubtreeIn(tx, root)
+			subtree, err := tree.SubtreeIn(tx, root)
 			if err != nil {
 				return err
 			}
@@ -374,7 +377,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				t.HandedOver = append(t.HandedOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID})
 				continue
 			case ReachTakeOver:
-				t.TakenOver = append(t.TakenOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID, State: StateName(n.State)})
+				t.TakenOver = append(t.TakenOver, Handoff{NodeID: n.NodeId, TerminationID: owner.ID, State: tree.StateName(n.State)})
 				if taken[owner.ID] == nil {
 					taken[owner.ID] = map[string]bool{}
 				}
@@ -390,7 +393,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				return err
 			}
 			members = append(members, n.NodeId)
-			calls, err := OpenCallsIn(tx, n.NodeId)
+			calls, err := ledger.OpenCallsIn(tx, n.NodeId)
 			if err != nil {
 				return err
 			}
@@ -485,7 +488,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 					}
 				}
 			}
-			calls, err := OpenCallsIn(tx, m)
+			calls, err := ledger.OpenCallsIn(tx, m)
 			if err != nil {
 				return err
 			}

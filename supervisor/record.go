@@ -16,6 +16,8 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // RecordSchemaVersion is the version of the reconciliation record's schema
@@ -60,9 +62,9 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
 		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
 		switch g.Outcome {
-		case OutcomeRevoked:
+		case privilege.OutcomeRevoked:
 			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-		case OutcomeExpired:
+		case privilege.OutcomeExpired:
 			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
 		default:
 			liveGrants[g.NodeID] = append(liveGrants[g.NodeID], g.GrantID)
@@ -89,16 +91,16 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 	if err := composeRecordNodes(tx, t, rec); err != nil {
 		return nil, err
 	}
-	privs, err := PrivilegesIn(tx, t.Members)
+	privs, err := privilege.PrivilegesIn(tx, t.Members)
 	if err != nil {
 		return nil, err
 	}
 	for _, p := range privs {
 		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
 		switch p.Outcome {
-		case OutcomeRevoked:
+		case privilege.OutcomeRevoked:
 			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-		case OutcomeExpired:
+		case privilege.OutcomeExpired:
 			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
 		}
 		rec.Privileges = append(rec.Privileges, &tetherv1.RecordPrivilege{
@@ -173,7 +175,7 @@ func composeRecordNodes(tx store.Txn, t Termination, rec *tetherv1.Reconciliatio
 			}
 			rn.InnerTerminationId = h.TerminationID
 			rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING
-			if h.State == StateName(tetherv1.NodeState_NODE_STATE_ABORTING) {
+			if h.State == tree.StateName(tetherv1.NodeState_NODE_STATE_ABORTING) {
 				rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_ABORTING
 			}
 		}
@@ -240,16 +242,16 @@ func recordNode(n *tetherv1.Node, inWorkload func(nodeID string) bool, liveGrant
 	v := judgeExit(n, inWorkload, liveGrants)
 	rn := &tetherv1.RecordNode{
 		NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
-		ClaimedBy: v.claimedBy, ClaimedAt: v.claimedAt, Contradictions: n.Contradictions,
+		ClaimedBy: v.ClaimedBy, ClaimedAt: v.ClaimedAt, Contradictions: n.Contradictions,
 		SessionClosedAt: n.SessionClosedAt, SessionOpen: sessionOpen(n),
 	}
-	if v.confirmed {
+	if v.Confirmed {
 		rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
-		rn.ConfirmedBy, rn.ConfirmedAt = v.confirmedBy, v.confirmedAt
+		rn.ConfirmedBy, rn.ConfirmedAt = v.ConfirmedBy, v.ConfirmedAt
 		return rn
 	}
 	rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED
-	rn.UnaccountedReason = v.unaccountedReason
+	rn.UnaccountedReason = v.UnaccountedReason
 	rn.HeldGrantIds = heldGrants
 	rn.HeldJobIds = heldJobs
 	return rn
@@ -339,14 +341,14 @@ func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string)
 	switch {
 	case recordID != "":
 		if err := id.Check(id.Record, "record_id", recordID); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+			return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 		}
 	case terminationID != "":
 		if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+			return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 		}
 	default:
-		return nil, fmt.Errorf("%w: record_id or termination_id is required", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: record_id or termination_id is required", tree.ErrInvalidArgument)
 	}
 	var rec *tetherv1.ReconciliationRecord
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {

@@ -15,6 +15,9 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Termination errors.
@@ -54,13 +57,13 @@ type LeaseCanceller interface {
 type Supervisor struct {
 	Store      store.Store
 	Clock      clock.Clock
-	Tree       *Tree
-	Ledger     *Ledger
-	Privileges *Privileges
+	Tree       *tree.Tree
+	Ledger     *ledger.Ledger
+	Privileges *privilege.Privileges
 	Grants     GrantRevoker   // nil: no grants to revoke
 	Leases     LeaseCanceller // nil: no leases to cancel
 	// Handover lists the leases a rollout batch leaves open for its
-	// replacements (see rollout.go); nil: rollout batches list none.
+	// replacements (see batch.go); nil: rollout batches list none.
 	Handover LeaseHandover
 	Sink     RecordSink // nil: records stay in the store only
 	// HookTimeout bounds, in total, a termination's privilege revocations
@@ -137,11 +140,11 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 		roots = []string{req.NodeID}
 	}
 	if len(roots) > MaxTerminationRoots {
-		return Termination{}, fmt.Errorf("%w: at most %d subtree roots per termination", ErrInvalidArgument, MaxTerminationRoots)
+		return Termination{}, fmt.Errorf("%w: at most %d subtree roots per termination", tree.ErrInvalidArgument, MaxTerminationRoots)
 	}
 	for _, r := range roots {
 		if err := id.Check(id.Node, "node_id", r); err != nil {
-			return Termination{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+			return Termination{}, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 		}
 	}
 	t, err := NewTermination(id.New(id.Termination), roots[0], req.Mode, req.DrainWindow, req.CancelAckTimeout, req.ConfirmTimeout, req.Reason, req.RequestedBy, s.Clock.Now())
@@ -159,14 +162,14 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 			return Termination{}, err
 		}
 		if requester.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeId, StateName(requester.State), requester.TerminationId)
+			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeId, tree.StateName(requester.State), requester.TerminationId)
 		}
 		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeId)
 	}
 	seen := make(map[string]bool, len(roots))
 	for _, r := range roots {
 		if seen[r] {
-			return Termination{}, fmt.Errorf("%w: node_id %s is named twice", ErrInvalidArgument, r)
+			return Termination{}, fmt.Errorf("%w: node_id %s is named twice", tree.ErrInvalidArgument, r)
 		}
 		seen[r] = true
 		target, err := getNode(tx, r)
@@ -205,7 +208,7 @@ func mayStop(tx store.ReadTxn, t Termination, target *tetherv1.Node) error {
 	if ReachNode(t, target.State, owner) == ReachTakeOver {
 		return nil
 	}
-	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeId, StateName(target.State), owner.ID)
+	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeId, tree.StateName(target.State), owner.ID)
 }
 
 // MaxTerminationRoots bounds the subtree roots of one termination.
@@ -214,7 +217,7 @@ const MaxTerminationRoots = 1000
 // Get returns a termination.
 func (s *Supervisor) Get(ctx context.Context, terminationID string) (Termination, error) {
 	if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
-		return Termination{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return Termination{}, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	var t Termination
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error { return getTermination(tx, terminationID, &t) })
@@ -225,7 +228,7 @@ func (s *Supervisor) Get(ctx context.Context, terminationID string) (Termination
 // terminated or ctx ends.
 func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(Termination) error) error {
 	if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	w, err := s.Store.Watch(ctx, terminationKey(terminationID))
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Phase is a termination's state: requested → draining | aborting →
@@ -462,18 +463,18 @@ func enter(t Termination, next Phase, now time.Time) Termination {
 // NewTermination validates a request and returns the requested state.
 func NewTermination(id, nodeID string, mode Mode, drain, cancelAck, confirm time.Duration, reason, requestedBy string, now time.Time) (Termination, error) {
 	if mode != ModeDrain && mode != ModeAbort {
-		return Termination{}, fmt.Errorf("%w: mode must be drain or abort", ErrInvalidArgument)
+		return Termination{}, fmt.Errorf("%w: mode must be drain or abort", tree.ErrInvalidArgument)
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
 	}{{"drain_window", drain}, {"cancel_ack_timeout", cancelAck}, {"confirm_timeout", confirm}} {
 		if d.v < 0 || d.v > MaxTerminationWindow {
-			return Termination{}, fmt.Errorf("%w: %s must be between 0 and %s", ErrInvalidArgument, d.name, MaxTerminationWindow)
+			return Termination{}, fmt.Errorf("%w: %s must be between 0 and %s", tree.ErrInvalidArgument, d.name, MaxTerminationWindow)
 		}
 	}
 	if len(reason) > 1024 {
-		return Termination{}, fmt.Errorf("%w: reason is longer than 1024 bytes", ErrInvalidArgument)
+		return Termination{}, fmt.Errorf("%w: reason is longer than 1024 bytes", tree.ErrInvalidArgument)
 	}
 	t := Termination{
 		ID: id, NodeID: nodeID, Mode: mode, DrainWindow: drain, CancelAckTimeout: cancelAck,

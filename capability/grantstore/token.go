@@ -34,7 +34,7 @@ func (s *Service) Introspect(ctx context.Context, token string) (capability.Clai
 	return claims, verdict, nil
 }
 
-// CheckToken implements supervisor.TokenChecker for the tool-call ledger:
+// CheckToken implements ledger.TokenChecker for the tool-call ledger:
 // the token's signature and times, its grant and whole chain against the
 // store and the tombstones, and the scope the call needs
 // (capability.Allows). It returns the holder's node id and the grant id.

@@ -16,7 +16,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -31,7 +31,7 @@ type world struct {
 	st    store.Store
 	clk   *clock.Manual
 	ring  capability.KeyRing
-	tree  *supervisor.Tree
+	tree  *tree.Tree
 	svc   *Service
 	batch int
 	// stops stops what runs on the current store, before it closes.
@@ -77,7 +77,7 @@ func (w *world) open() {
 		w.t.Fatal(err)
 	}
 	w.st = st
-	w.tree = &supervisor.Tree{Store: st, Clock: w.clk, Limits: supervisor.DefaultLimits}
+	w.tree = &tree.Tree{Store: st, Clock: w.clk, Limits: tree.DefaultLimits}
 	w.svc = w.service(st)
 }
 

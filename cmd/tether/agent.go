@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 func newAgentCommand(g *globals) *cobra.Command {
@@ -112,7 +112,7 @@ func printRegistered(g *globals, w io.Writer, n *tetherv1.Node, credential strin
 		}
 	}
 	fmt.Fprintf(w, "node_id:     %s\nname:        %s\nparent:      %s\nstate:       %s\ncredential:  %s\n",
-		n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), credential)
+		n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), credential)
 	return nil
 }
 
@@ -154,7 +154,7 @@ func agentList(g *globals) *cobra.Command {
 			tw := newTable(cmd.OutOrStdout())
 			fmt.Fprintln(tw, "NODE\tNAME\tPARENT\tSTATE\tLABELS")
 			for _, n := range nodes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), formatLabels(n.Labels))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels))
 			}
 			return tw.Flush()
 		},
@@ -201,7 +201,7 @@ func agentShow(g *globals) *cobra.Command {
 			}
 			n := resp.Msg.Node
 			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
-				n.NodeId, n.Name, orDash(n.ParentNodeId), supervisor.StateName(n.State), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
+				n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
 			return nil
 		},
 	}
@@ -231,7 +231,7 @@ func agentTree(g *globals) *cobra.Command {
 				children[n.ParentNodeId] = append(children[n.ParentNodeId], n)
 			}
 			label := func(n *tetherv1.Node) string {
-				return fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, supervisor.StateName(n.State))
+				return fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, tree.StateName(n.State))
 			}
 			drawTree(cmd.OutOrStdout(), resp.Msg.Nodes[0], func(n *tetherv1.Node) []*tetherv1.Node {
 				kids := children[n.NodeId]

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/privilege"
 )
 
 func newServeCommand(g *globals) *cobra.Command {
@@ -134,7 +135,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz")
 	f.IntVar(&limits.MaxStreamsPerCaller, "max-streams-per-caller", limits.MaxStreamsPerCaller, "open streams (sessions, watches, lease channels) per principal")
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
-	f.IntVar(&maxPrivileges, "privilege-max-per-node", supervisor.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
+	f.IntVar(&maxPrivileges, "privilege-max-per-node", privilege.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
 	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")
 	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
 	f.StringArrayVar(&ruleActions, "stop-rule-action", nil, "start a termination at once for the stop proposals of matching stop rules: drain:<match> or abort:<match>, where <match> is severity=<s>, label:<k=v,...> or * (repeatable; the first match wins; unmatched proposals wait for an operator)")

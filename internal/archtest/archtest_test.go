@@ -44,6 +44,26 @@ var rules = []rule{
 		},
 	},
 	{
+		why:  "nothing under supervisor reaches up into the server: controlplane wires the supervisor's packages, never the reverse",
+		from: []string{module + "/supervisor/..."},
+		to:   []string{module + "/controlplane/..."},
+	},
+	{
+		why:  "the agent tree, the ledger and the privileges sit below the termination: they never import it, nor what sits above it (rollouts, stop rules)",
+		from: []string{module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/..."},
+		to:   []string{module + "/supervisor", module + "/supervisor/rollout/...", module + "/supervisor/stoprule/..."},
+	},
+	{
+		why:  "the agent tree is the bottom of the supervisor: the ledger and the privileges read it, it reads neither",
+		from: []string{module + "/supervisor/tree/..."},
+		to:   []string{module + "/supervisor/ledger/...", module + "/supervisor/privilege/..."},
+	},
+	{
+		why:  "the termination sits below the rollouts and the stop rules, which start terminations: it never imports them",
+		from: []string{module + "/supervisor"},
+		to:   []string{module + "/supervisor/rollout/...", module + "/supervisor/stoprule/..."},
+	},
+	{
 		why:  "nothing imports a command",
 		from: []string{"..."},
 		to:   []string{module + "/cmd/..."},
@@ -124,7 +144,11 @@ func TestDependenciesRunOneWay(t *testing.T) {
 	pkgs := listModule(t)
 	// The rules must be about packages that exist: a rename that leaves a
 	// rule matching nothing would silently disable it.
-	for _, want := range []string{module + "/capability/grantstore", module + "/supervisor", module + "/agentsdk", module + "/internal/store", module + "/cmd/tether"} {
+	for _, want := range []string{
+		module + "/capability/grantstore", module + "/supervisor", module + "/supervisor/tree", module + "/supervisor/ledger",
+		module + "/supervisor/privilege", module + "/supervisor/rollout", module + "/supervisor/stoprule",
+		module + "/agentsdk", module + "/internal/store", module + "/cmd/tether",
+	} {
 		if !slices.ContainsFunc(pkgs, func(p pkg) bool { return p.ImportPath == want }) {
 			t.Fatalf("go list did not report %s; the rules would check nothing", want)
 		}
@@ -144,6 +168,12 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor", Deps: []string{"go.etcd.io/etcd/client/v3"}},
 		{ImportPath: module + "/capability", Deps: []string{"github.com/dgraph-io/badger/v4"}},
 		{ImportPath: module + "/internal/bench", Deps: []string{module + "/cmd/tether"}},
+		{ImportPath: module + "/supervisor/stoprule", Deps: []string{module + "/controlplane/auth"}},
+		{ImportPath: module + "/supervisor/tree", Deps: []string{module + "/supervisor"}},
+		{ImportPath: module + "/supervisor/ledger", Deps: []string{module + "/supervisor/rollout"}},
+		{ImportPath: module + "/supervisor/privilege", Deps: []string{module + "/supervisor/stoprule"}},
+		{ImportPath: module + "/supervisor/tree", Deps: []string{module + "/supervisor/ledger"}},
+		{ImportPath: module + "/supervisor", Deps: []string{module + "/supervisor/rollout"}},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Errorf("violations found %d of %d forbidden dependencies: %q", len(got), len(bad), got)
@@ -152,6 +182,10 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/capability/grantstore", Deps: []string{module + "/internal/store", module + "/capability", module + "/supervisorx"}},
 		{ImportPath: module + "/controlplane", Deps: []string{module + "/supervisor", module + "/internal/store/badgerstore", "go.etcd.io/etcd/client/v3"}},
 		{ImportPath: module + "/agentsdk", Deps: []string{module + "/capability", module + "/proto/tether/v1"}},
+		{ImportPath: module + "/supervisor/ledger", Deps: []string{module + "/supervisor/tree", module + "/supervisor/internal/kv"}},
+		{ImportPath: module + "/supervisor", Deps: []string{module + "/supervisor/tree", module + "/supervisor/ledger", module + "/supervisor/privilege"}},
+		{ImportPath: module + "/supervisor/rollout", Deps: []string{module + "/supervisor", module + "/supervisor/tree"}},
+		{ImportPath: module + "/supervisor/stoprule", Deps: []string{module + "/supervisor", module + "/supervisor/lease"}},
 	}
 	if got := violations(good); len(got) != 0 {
 		t.Errorf("violations reported allowed dependencies: %q", got)

@@ -30,7 +30,7 @@ func init() {
 }
 
 // leaseConcurrency is how many leases renew at once in each measurement.
-var leaseConcurrency = []int{1, 64, 1024}
+var leaseConcurrency = []int{1, 8, 64, 1024}
 
 // leaseStreams is how many Channel streams carry the streaming renewals:
 // one per holder agent, each multiplexing its leases, as an agent process
@@ -71,7 +71,8 @@ func leaseRenew(ctx context.Context, r *Report) error {
 	default:
 		defer etcd.stop()
 	}
-	if err := measureLoneRenew(ctx, r, srv, holders[0]); err != nil {
+	floors, err := measureLoneRenew(ctx, r, srv, holders[0])
+	if err != nil {
 		return fmt.Errorf("lone renew: %w", err)
 	}
 	for _, n := range leaseConcurrency {
@@ -84,6 +85,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 			return fmt.Errorf("unary, %d leases: %w", n, err)
 		}
 		m.report(r, fmt.Sprintf("lease/renew/unary/leases=%d", n))
+		unary := m
 
 		leases, err = offerLeases(ctx, srv, holders[:leaseStreams(n)], n)
 		if err != nil {
@@ -92,6 +94,11 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		stream, err := measureStreamWithCommits(ctx, r, srv, fmt.Sprintf("lease/renew/stream/leases=%d", n), leases, 1)
 		if err != nil {
 			return fmt.Errorf("stream, %d leases: %w", n, err)
+		}
+		if n == 1 {
+			// A closed loop on one lease is one message and one commit
+			// per renew: what it costs beyond one RPC and one fsync.
+			r.Add("lease/renew/stream/leases=1/p50-over-floors", ms(stream.p50)-floors.rpc-floors.fsync, "ms")
 		}
 		pipelined, err := measureStreamWithCommits(ctx, r, srv, fmt.Sprintf("lease/renew/stream-pipelined/leases=%d", n), leases, pipelineWindow)
 		if err != nil {
@@ -106,26 +113,54 @@ func leaseRenew(ctx context.Context, r *Report) error {
 			return fmt.Errorf("etcd, %d leases: %w", n, err)
 		}
 		m.report(r, fmt.Sprintf("lease/renew/etcd-txn/leases=%d", n))
+		r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd/leases=%d", n), unary.rate/m.rate, "x")
+		if unary.cpu > 0 && m.cpu > 0 {
+			// Renews per CPU-second, client and server counted on both
+			// sides: the ratio a loaded machine does not skew (etcd's
+			// server runs in its own process, with its own share of the
+			// CPUs; Tether's shares this one with the bench's clients).
+			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-cpu/leases=%d", n), float64(m.cpu)/float64(unary.cpu), "x")
+		}
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-pipelined-vs-etcd/leases=%d", n), pipelined.rate/m.rate, "x")
 	}
 	return nil
 }
 
+// loneFloors are the medians of measureLoneRenew's floors, in ms.
+type loneFloors struct{ rpc, commit, fsync float64 }
+
 // measureLoneRenew takes a lone unary renew apart: in one closed loop it
 // alternates a renew, the RPC floor (an authenticated unary read on the
-// holder's connection, which writes nothing) and the durability floor (one
-// durable store Update of one small key: one group commit, one sync), so
-// the three medians are taken under the same load of the machine and its
-// disk. A renew is one RPC plus one commit; what it costs beyond the two
-// floors is the coordinator's judging and its goroutine hand-offs.
-func measureLoneRenew(ctx context.Context, r *Report, srv *benchServer, holder leaseHolder) error {
+// holder's connection, which writes nothing), the commit floor (one
+// durable store Update of one small key: one group commit, one Badger
+// transaction, one sync) and the fsync floor (a small write to a
+// preallocated file and an fdatasync, what etcd's WAL does per batch), so
+// the medians are taken under the same load of the machine and its disk.
+// A renew is one RPC plus one commit; what it costs beyond those two
+// floors is the coordinator's judging and its goroutine hand-offs, and
+// what the commit costs beyond the fsync is Badger's.
+func measureLoneRenew(ctx context.Context, r *Report, srv *benchServer, holder leaseHolder) (loneFloors, error) {
 	leases, err := offerLeases(ctx, srv, []leaseHolder{holder}, 1)
 	if err != nil {
-		return err
+		return loneFloors{}, err
 	}
 	l := leases[0]
-	var renew, rpc, commit []time.Duration
+	wal, err := os.CreateTemp(r.Dir, "tether-bench-fsync-*")
+	if err != nil {
+		return loneFloors{}, err
+	}
+	defer os.Remove(wal.Name())
+	defer wal.Close()
+	const walSize = 64 << 20
+	if err := wal.Truncate(walSize); err != nil {
+		return loneFloors{}, err
+	}
+	if err := wal.Sync(); err != nil {
+		return loneFloors{}, err
+	}
+	record := make([]byte, 256)
+	var renew, rpc, commit, fsync []time.Duration
 	key := []byte("bench/lone-commit")
 	deadline := time.Now().Add(r.Duration)
 	for i := 0; time.Now().Before(deadline); i++ {
@@ -135,30 +170,41 @@ func measureLoneRenew(ctx context.Context, r *Report, srv *benchServer, holder l
 			err = checkRenewed(resp.Msg.Decision)
 		}
 		if err != nil {
-			return err
+			return loneFloors{}, err
 		}
 		renew = append(renew, time.Since(start))
 		start = time.Now()
 		if _, err := l.holder.conn.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: l.holder.nodeID})); err != nil {
-			return err
+			return loneFloors{}, err
 		}
 		rpc = append(rpc, time.Since(start))
 		start = time.Now()
 		if err := srv.Store().Update(ctx, func(tx store.Txn) error { return tx.Put(key, []byte(strconv.Itoa(i))) }); err != nil {
-			return err
+			return loneFloors{}, err
 		}
 		commit = append(commit, time.Since(start))
+		start = time.Now()
+		if _, err := wal.WriteAt(record, int64(i*len(record))%walSize); err != nil {
+			return loneFloors{}, err
+		}
+		if err := datasync(wal); err != nil {
+			return loneFloors{}, err
+		}
+		fsync = append(fsync, time.Since(start))
 	}
 	p50 := func(d []time.Duration) float64 {
 		slices.Sort(d)
-		return float64(d[len(d)/2].Microseconds()) / 1000
+		return ms(d[len(d)/2])
 	}
-	renewP50, rpcP50, commitP50 := p50(renew), p50(rpc), p50(commit)
+	renewP50 := p50(renew)
+	f := loneFloors{rpc: p50(rpc), commit: p50(commit), fsync: p50(fsync)}
 	r.Add("lease/renew/lone-unary/p50", renewP50, "ms")
-	r.Add("lease/renew/lone-floor-rpc/p50", rpcP50, "ms")
-	r.Add("lease/renew/lone-floor-commit/p50", commitP50, "ms")
-	r.Add("lease/renew/lone-unary-over-floors/p50", renewP50-rpcP50-commitP50, "ms")
-	return nil
+	r.Add("lease/renew/lone-floor-rpc/p50", f.rpc, "ms")
+	r.Add("lease/renew/lone-floor-commit/p50", f.commit, "ms")
+	r.Add("lease/renew/lone-floor-fsync/p50", f.fsync, "ms")
+	r.Add("lease/renew/lone-unary-over-floors/p50", renewP50-f.rpc-f.commit, "ms")
+	r.Add("lease/renew/lone-commit-over-fsync/p50", f.commit-f.fsync, "ms")
+	return f, nil
 }
 
 // badgerStats reads the store's group-commit counters (zero on another
@@ -199,16 +245,21 @@ func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, 
 // measures capacity, not policy.
 func disableRateLimit(cfg *controlplane.Config) { cfg.RateLimit = 0 }
 
-// leaseMeasurement is a throughput and its latency percentiles.
+// leaseMeasurement is a throughput and its latency percentiles, and the
+// CPU time a renew cost (zero when not measured).
 type leaseMeasurement struct {
 	rate     float64
 	p50, p99 time.Duration
+	cpu      time.Duration
 }
 
 func (m leaseMeasurement) report(r *Report, name string) {
 	r.Add(name, m.rate, "renews/s")
 	r.Add(name+"/p50", float64(m.p50.Microseconds())/1000, "ms")
 	r.Add(name+"/p99", float64(m.p99.Microseconds())/1000, "ms")
+	if m.cpu > 0 {
+		r.Add(name+"/cpu-per-renew", float64(m.cpu.Nanoseconds())/1000, "µs")
+	}
 }
 
 // recorder collects latencies once the warm-up is over.
@@ -217,6 +268,10 @@ type recorder struct {
 	count     atomic.Int64
 	mu        sync.Mutex
 	samples   []time.Duration
+	// cpu, when set, is the CPU time used so far by everything that serves
+	// and sends the renews (client and server): the recorder reports it
+	// per renew, a figure that does not depend on the machine's load.
+	cpu func() (time.Duration, bool)
 }
 
 func (rec *recorder) add(local *[]time.Duration, d time.Duration) {
@@ -252,11 +307,23 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 		_ = wait()
 		return leaseMeasurement{}, err
 	}
+	var cpuStart time.Duration
+	cpuOK := rec.cpu != nil
+	if cpuOK {
+		cpuStart, cpuOK = rec.cpu()
+	}
 	rec.measuring.Store(true)
 	start := time.Now()
 	serr := sleep(d)
 	rec.measuring.Store(false)
 	elapsed := time.Since(start)
+	var cpu time.Duration
+	if cpuOK {
+		cpuEnd, ok := rec.cpu()
+		if n := rec.count.Load(); ok && n > 0 {
+			cpu = (cpuEnd - cpuStart) / time.Duration(n)
+		}
+	}
 	cancel()
 	if err := wait(); err != nil {
 		return leaseMeasurement{}, err
@@ -271,7 +338,7 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	pct := func(p float64) time.Duration {
 		return rec.samples[min(len(rec.samples)-1, int(p*float64(len(rec.samples))))]
 	}
-	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99)}, nil
+	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu}, nil
 }
 
 // leaseHolder is an agent that holds leases, with its own connection.
@@ -360,7 +427,7 @@ func checkRenewed(d *tetherv1.Decision) error {
 
 func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease) (leaseMeasurement, error) {
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{}
+	rec := &recorder{cpu: processCPU} // the bench's clients and the server
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	for _, l := range leases {
@@ -405,7 +472,7 @@ func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLeas
 // stream allows because each renewal is judged on its own sequence.
 func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLease, window int) (leaseMeasurement, error) {
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{}
+	rec := &recorder{cpu: processCPU} // the bench's clients and the server
 	byHolder := map[*leaseHolder][]int{}
 	for i, l := range leases {
 		byHolder[l.holder] = append(byHolder[l.holder], i)
@@ -495,7 +562,16 @@ var errNoEtcd = errors.New("etcd not installed")
 type etcdServer struct {
 	client   *clientv3.Client
 	endpoint string
+	pid      int
 	stop     func()
+}
+
+// cpu is the CPU time of the etcd server and of this process (the bench's
+// etcd clients) together.
+func (s *etcdServer) cpu() (time.Duration, bool) {
+	server, ok1 := childCPU(s.pid)
+	clients, ok2 := processCPU()
+	return server + clients, ok1 && ok2
 }
 
 // clients returns n clients, each with its own connection, as n agent
@@ -578,7 +654,7 @@ func startEtcd(ctx context.Context, r *Report) (*etcdServer, error) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return &etcdServer{client: c, endpoint: client, stop: func() { c.Close(); stop() }}, nil
+	return &etcdServer{client: c, endpoint: client, pid: cmd.Process.Pid, stop: func() { c.Close(); stop() }}, nil
 }
 
 func freePorts(n int) ([]int, error) {
@@ -627,7 +703,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 		revs[i] = resp.Header.Revision
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	rec := &recorder{}
+	rec := &recorder{cpu: etcd.cpu}
 	var wg sync.WaitGroup
 	var firstErr atomic.Value
 	for i := range n {

@@ -97,13 +97,13 @@ func BenchmarkDurableCommitLone(b *testing.B) {
 }
 
 // BenchmarkLoneRenewVsFloors runs the lease/renew scenario's lone-renew
-// measurement (a renew, the RPC floor and the commit floor interleaved)
+// measurement (a renew and the RPC, commit and fsync floors interleaved)
 // for the benchmark time and reports its medians.
 func BenchmarkLoneRenewVsFloors(b *testing.B) {
 	srv, l := loneLease(b)
 	r := &Report{Duration: 3 * time.Second}
 	for b.Loop() {
-		if err := measureLoneRenew(context.Background(), r, srv, *l.holder); err != nil {
+		if _, err := measureLoneRenew(context.Background(), r, srv, *l.holder); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -27,6 +27,9 @@
 // an overlay that reads its own writes, then the batch's, then the committed
 // state, so they serialize without conflicts — commits the batch as one
 // Badger transaction with SyncWrites, and only then returns to each caller.
+// That sync is one: Badger's memtable log (WAL), which holds every value
+// of the store; Badger's value log holds none (values stay below its
+// threshold) and is not synced per commit (badgerstore/vlogsync.go).
 // A batch too big for one Badger transaction is split between Updates, never
 // inside one, and nobody is answered until all of it has committed. Badger's
 // own SyncWrites syncs once per transaction and never shares the sync, so

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Errors of attaching and removing rules.
@@ -86,7 +86,7 @@ func CheckAttach(a Actor, target *tetherv1.Node) error {
 	if target == nil {
 		return fmt.Errorf("%w: agent %s may attach rules only to its own subtree, not by label selector", ErrDenied, a.NodeID)
 	}
-	if target.NodeId != a.NodeID && !supervisor.IsAncestor(target, a.NodeID) {
+	if target.NodeId != a.NodeID && !tree.IsAncestor(target, a.NodeID) {
 		return fmt.Errorf("%w: agent %s may attach rules only to itself and its descendants, not node_id %s", ErrDenied, a.NodeID, target.NodeId)
 	}
 	return nil
@@ -102,7 +102,7 @@ func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tetherv1.Node) error {
 	if !a.IsAgent() || r.SetBy == a.ID {
 		return nil
 	}
-	if setter != nil && supervisor.IsAncestor(setter, a.NodeID) {
+	if setter != nil && tree.IsAncestor(setter, a.NodeID) {
 		return nil
 	}
 	return fmt.Errorf("%w: agent %s may not remove rule %q (%s): it was set by %s, and an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, r.Name, r.RuleId, r.SetBy)
@@ -111,7 +111,7 @@ func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tetherv1.Node) error {
 // CheckRead: operators read every node's rules; an agent reads those of
 // its own node and its descendants.
 func CheckRead(a Actor, target *tetherv1.Node) error {
-	if !a.IsAgent() || target.NodeId == a.NodeID || supervisor.IsAncestor(target, a.NodeID) {
+	if !a.IsAgent() || target.NodeId == a.NodeID || tree.IsAncestor(target, a.NodeID) {
 		return nil
 	}
 	return fmt.Errorf("%w: agent %s may read the rules of its own subtree only, not node_id %s", ErrDenied, a.NodeID, target.NodeId)
@@ -129,9 +129,9 @@ func SetterNode(r *tetherv1.StopRule) string {
 // to an ancestor of n (inherited), or a selector rule matching n's labels.
 func Applies(r *tetherv1.StopRule, n *tetherv1.Node) bool {
 	if r.NodeId != "" {
-		return r.NodeId == n.NodeId || supervisor.IsAncestor(n, r.NodeId)
+		return r.NodeId == n.NodeId || tree.IsAncestor(n, r.NodeId)
 	}
-	return len(r.Selector) > 0 && supervisor.MatchLabels(n.Labels, r.Selector)
+	return len(r.Selector) > 0 && tree.MatchLabels(n.Labels, r.Selector)
 }
 
 // InEffect returns the rules of all that are in effect at n, each a copy

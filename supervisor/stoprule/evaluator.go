@@ -13,6 +13,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // activeRule is a stored rule with its compiled expression.
@@ -292,7 +293,7 @@ func (ix *index) removeRule(ruleID string) {
 
 func (ix *index) appliesTo(a *activeRule, id string, n nodeInfo) bool {
 	if a.rule.NodeId == "" {
-		return supervisor.MatchLabels(n.labels, a.rule.Selector)
+		return tree.MatchLabels(n.labels, a.rule.Selector)
 	}
 	if a.rule.NodeId == id {
 		return true
@@ -313,7 +314,7 @@ func (ix *index) inEffect(id string, n nodeInfo) []*activeRule {
 		out = append(out, ix.byNode[anc]...)
 	}
 	for _, a := range ix.selectors {
-		if supervisor.MatchLabels(n.labels, a.rule.Selector) {
+		if tree.MatchLabels(n.labels, a.rule.Selector) {
 			out = append(out, a)
 		}
 	}
@@ -410,7 +411,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	fired := map[string]bool{}
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
-		if node, err = supervisor.GetNodeIn(tx, nodeID); err != nil {
+		if node, err = tree.GetNodeIn(tx, nodeID); err != nil {
 			return err
 		}
 		if stored, self, err = readNode(tx, nodeID); err != nil {
@@ -422,7 +423,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			return nil
 		})
 	})
-	if errors.Is(err, supervisor.ErrNodeNotFound) {
+	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil
 	}
 	if err != nil || node.State != tetherv1.NodeState_NODE_STATE_RUNNING {

@@ -14,12 +14,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Store key layout.
@@ -141,7 +143,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 	err = r.Store.Update(ctx, func(tx store.Txn) error {
 		var target *tetherv1.Node
 		if rule.NodeId != "" {
-			n, err := supervisor.GetNodeIn(tx, rule.NodeId)
+			n, err := tree.GetNodeIn(tx, rule.NodeId)
 			if err != nil {
 				return err
 			}
@@ -201,8 +203,8 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*tetherv1.S
 		}
 		var setter *tetherv1.Node
 		if n := SetterNode(rule); n != "" {
-			s, err := supervisor.GetNodeIn(tx, n)
-			if err != nil && !errors.Is(err, supervisor.ErrNodeNotFound) {
+			s, err := tree.GetNodeIn(tx, n)
+			if err != nil && !errors.Is(err, tree.ErrNodeNotFound) {
 				return err
 			}
 			setter = s
@@ -247,7 +249,7 @@ func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tetherv1.No
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 	}
-	n, err := supervisor.GetNodeIn(tx, nodeID)
+	n, err := tree.GetNodeIn(tx, nodeID)
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +322,7 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 	}
 	var out map[string]float64
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
-		if _, err := supervisor.GetNodeIn(tx, nodeID); err != nil {
+		if _, err := tree.GetNodeIn(tx, nodeID); err != nil {
 			return err
 		}
 		cur := &tetherv1.ReportCountersResponse{}
@@ -340,7 +342,7 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 	return out, err
 }
 
-// ObserveCall implements supervisor.Observer: it folds the call into its
+// ObserveCall implements ledger.Observer: it folds the call into its
 // node's counters inside the ledger's transaction.
 func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) error {
 	o, err := storedObs(tx, after.NodeId)
@@ -351,7 +353,7 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) erro
 	return putProto(tx, obsKey(after.NodeId), o)
 }
 
-// ObserveSpawn implements supervisor.Observer: the parent's spawns and
+// ObserveSpawn implements tree.Observer: the parent's spawns and
 // every ancestor's subtree size and depth, in the spawn's transaction.
 func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
 	loaded := map[string]*tetherv1.StopRuleObservations{}
@@ -397,7 +399,7 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1
 			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeId, err)
 		}
 		for _, g := range held {
-			if g.Outcome == supervisor.OutcomeRevoked {
+			if g.Outcome == capability.OutcomeRevoked {
 				o.Revocations++
 			}
 		}

@@ -94,6 +94,9 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: open badger: %w", err)
 	}
+	if !opts.InMemory && !skipValueLogSync(db) {
+		opts.Logger.Warn("store: cannot turn off Badger's per-commit sync of its value log (see vlogsync.go); every commit syncs it too: as durable, one device flush slower")
+	}
 	revision, err := readRevision(db)
 	if err != nil {
 		db.Close()

@@ -1,4 +1,4 @@
-package supervisor
+package rollout
 
 import (
 	"errors"
@@ -6,6 +6,9 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Rollout errors.
@@ -490,7 +493,7 @@ func (d RolloutDecision) String() string {
 // spent paused does not count against it.
 func DecideRollout(r Rollout, d RolloutDecision, reason, by string, now time.Time) (next Rollout, changed bool, err error) {
 	if len(reason) > 1024 {
-		return r, false, fmt.Errorf("%w: reason is longer than 1024 bytes", ErrInvalidArgument)
+		return r, false, fmt.Errorf("%w: reason is longer than 1024 bytes", tree.ErrInvalidArgument)
 	}
 	who := by
 	if reason != "" {
@@ -521,7 +524,7 @@ func DecideRollout(r Rollout, d RolloutDecision, reason, by string, now time.Tim
 			r.ReleasePending = r.ReleasePending || !b.finished()
 		}
 	default:
-		return r, false, fmt.Errorf("%w: unknown decision %d", ErrInvalidArgument, int(d))
+		return r, false, fmt.Errorf("%w: unknown decision %d", tree.ErrInvalidArgument, int(d))
 	}
 	r.UpdatedAt = now
 	return r, true, nil
@@ -530,7 +533,7 @@ func DecideRollout(r Rollout, d RolloutDecision, reason, by string, now time.Tim
 // Rollout limits and defaults.
 const (
 	DefaultBatchDeadline = 10 * time.Minute
-	MaxRolloutBatch      = MaxTerminationRoots
+	MaxRolloutBatch      = supervisor.MaxTerminationRoots
 )
 
 // RolloutRequest is an authenticated request to start a rollout.
@@ -548,21 +551,21 @@ type RolloutRequest struct {
 // Zero Batch means 1, zero MaxUnavailable means Batch, zero BatchDeadline
 // means DefaultBatchDeadline.
 func NewRollout(rolloutID string, req RolloutRequest, baselineReady int, now time.Time) (Rollout, error) {
-	sel, err := ParseSelector(req.Selector)
+	sel, err := tree.ParseSelector(req.Selector)
 	if err != nil {
 		return Rollout{}, err
 	}
-	target, err := ParseSelector(req.TargetSelector)
+	target, err := tree.ParseSelector(req.TargetSelector)
 	if err != nil {
 		return Rollout{}, fmt.Errorf("%w (target_selector)", err)
 	}
 	switch {
 	case len(sel) == 0:
-		return Rollout{}, fmt.Errorf("%w: selector is required (a rollout of every agent is not a rollout)", ErrInvalidArgument)
+		return Rollout{}, fmt.Errorf("%w: selector is required (a rollout of every agent is not a rollout)", tree.ErrInvalidArgument)
 	case len(target) == 0:
-		return Rollout{}, fmt.Errorf("%w: target_selector is required: it is how replacements are recognised", ErrInvalidArgument)
+		return Rollout{}, fmt.Errorf("%w: target_selector is required: it is how replacements are recognised", tree.ErrInvalidArgument)
 	case selectorSubset(target, sel):
-		return Rollout{}, fmt.Errorf("%w: every agent matching target_selector %q also matches selector %q: a replacement would be replaced in turn", ErrInvalidArgument, req.TargetSelector, req.Selector)
+		return Rollout{}, fmt.Errorf("%w: every agent matching target_selector %q also matches selector %q: a replacement would be replaced in turn", tree.ErrInvalidArgument, req.TargetSelector, req.Selector)
 	}
 	batch, maxUnavailable := req.Batch, req.MaxUnavailable
 	if batch == 0 {
@@ -577,18 +580,18 @@ func NewRollout(rolloutID string, req RolloutRequest, baselineReady int, now tim
 	}
 	switch {
 	case batch < 0 || batch > MaxRolloutBatch:
-		return Rollout{}, fmt.Errorf("%w: batch must be between 1 and %d", ErrInvalidArgument, MaxRolloutBatch)
+		return Rollout{}, fmt.Errorf("%w: batch must be between 1 and %d", tree.ErrInvalidArgument, MaxRolloutBatch)
 	case maxUnavailable < batch:
-		return Rollout{}, fmt.Errorf("%w: max_unavailable (%d) must be at least batch (%d): one batch alone makes batch agents unavailable", ErrInvalidArgument, maxUnavailable, batch)
-	case req.DrainWindow < 0 || req.DrainWindow > MaxTerminationWindow || req.ConfirmTimeout < 0 || req.ConfirmTimeout > MaxTerminationWindow:
-		return Rollout{}, fmt.Errorf("%w: drain_window and confirm_timeout must be between 0 and %s", ErrInvalidArgument, MaxTerminationWindow)
-	case deadline < 0 || deadline > MaxTerminationWindow:
-		return Rollout{}, fmt.Errorf("%w: batch_deadline must be between 0 and %s", ErrInvalidArgument, MaxTerminationWindow)
-	case deadline <= req.DrainWindow+DefaultCancelAckTimeout+req.ConfirmTimeout:
-		return Rollout{}, fmt.Errorf("%w: batch_deadline %s is too short: a batch's termination alone may take drain_window + %s + confirm_timeout = %s", ErrInvalidArgument,
-			deadline, DefaultCancelAckTimeout, req.DrainWindow+DefaultCancelAckTimeout+req.ConfirmTimeout)
+		return Rollout{}, fmt.Errorf("%w: max_unavailable (%d) must be at least batch (%d): one batch alone makes batch agents unavailable", tree.ErrInvalidArgument, maxUnavailable, batch)
+	case req.DrainWindow < 0 || req.DrainWindow > supervisor.MaxTerminationWindow || req.ConfirmTimeout < 0 || req.ConfirmTimeout > supervisor.MaxTerminationWindow:
+		return Rollout{}, fmt.Errorf("%w: drain_window and confirm_timeout must be between 0 and %s", tree.ErrInvalidArgument, supervisor.MaxTerminationWindow)
+	case deadline < 0 || deadline > supervisor.MaxTerminationWindow:
+		return Rollout{}, fmt.Errorf("%w: batch_deadline must be between 0 and %s", tree.ErrInvalidArgument, supervisor.MaxTerminationWindow)
+	case deadline <= req.DrainWindow+supervisor.DefaultCancelAckTimeout+req.ConfirmTimeout:
+		return Rollout{}, fmt.Errorf("%w: batch_deadline %s is too short: a batch's termination alone may take drain_window + %s + confirm_timeout = %s", tree.ErrInvalidArgument,
+			deadline, supervisor.DefaultCancelAckTimeout, req.DrainWindow+supervisor.DefaultCancelAckTimeout+req.ConfirmTimeout)
 	case len(req.Description) > 1024:
-		return Rollout{}, fmt.Errorf("%w: description is longer than 1024 bytes", ErrInvalidArgument)
+		return Rollout{}, fmt.Errorf("%w: description is longer than 1024 bytes", tree.ErrInvalidArgument)
 	}
 	return Rollout{
 		ID: rolloutID, Selector: FormatSelector(sel), TargetSelector: FormatSelector(target),

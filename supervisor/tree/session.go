@@ -1,4 +1,4 @@
-package supervisor
+package tree
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
 // Signals pushes drain and abort signals to open agent sessions the moment
@@ -191,12 +192,12 @@ func hasSuffix(s, suffix string) bool {
 // ConfirmedByLauncher). Each party's first word is kept; exited_at is the
 // first confirmation and exit_confirmed_by the strongest. A running node
 // becomes EXITED: from now on it may not act (see Act), and whether the
-// confirmation counts is decided by the record (judgeExit).
+// confirmation counts is decided by the record (JudgeExit).
 func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	reason = clipUTF8(reason, 256)
+	reason = kv.ClipUTF8(reason, 256)
 	by := principal + " (" + kind + ")"
 	now := timestamppb.New(t.Clock.Now())
 	var out *tetherv1.Node

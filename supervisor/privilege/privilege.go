@@ -1,4 +1,4 @@
-package supervisor
+package privilege
 
 import (
 	"bytes"
@@ -6,18 +6,21 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tetherhq/tether/capability"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Privilege outcomes, as they appear in the record.
@@ -90,6 +93,9 @@ type Privileges struct {
 	inFlight map[string]bool // privilege ids being revoked now
 }
 
+// kindPattern is the syntax of a privilege's kind (a tool name's).
+var kindPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
 // Defaults of the privilege registry.
 const (
 	DefaultMaxPrivilegesPerNode = 64
@@ -108,17 +114,17 @@ const HookAllowFlag = "tether serve --privilege-hook-allow"
 func (r *Privileges) CheckHookURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("%w: revoke_url must be an http or https URL", ErrInvalidArgument)
+		return fmt.Errorf("%w: revoke_url must be an http or https URL", tree.ErrInvalidArgument)
 	}
 	if u.User != nil {
-		return fmt.Errorf("%w: revoke_url must not carry credentials", ErrInvalidArgument)
+		return fmt.Errorf("%w: revoke_url must not carry credentials", tree.ErrInvalidArgument)
 	}
 	// An allowed URL prefix confines the path: a dot segment or a
 	// backslash (plain or percent-encoded; u.Path is decoded) would climb
 	// out of it on a server that normalises paths.
 	for _, seg := range strings.Split(u.Path, "/") {
 		if seg == "." || seg == ".." || strings.Contains(seg, "\\") {
-			return fmt.Errorf("%w: revoke_url's path must not contain '.' or '..' segments or backslashes", ErrInvalidArgument)
+			return fmt.Errorf("%w: revoke_url's path must not contain '.' or '..' segments or backslashes", tree.ErrInvalidArgument)
 		}
 	}
 	if !hookAllowed(r.AllowHooks, u) {
@@ -165,38 +171,38 @@ func hookAllowed(allow []string, u *url.URL) bool {
 // Register records a privilege held by a running node.
 func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, error) {
 	if err := id.Check(id.Node, "node_id", p.NodeID); err != nil {
-		return p, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return p, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
-	if !toolPattern.MatchString(p.Kind) {
-		return p, fmt.Errorf("%w: kind must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+	if !kindPattern.MatchString(p.Kind) {
+		return p, fmt.Errorf("%w: kind must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
 	}
 	if p.ExternalID == "" || len(p.ExternalID) > 512 {
-		return p, fmt.Errorf("%w: external_id must be 1-512 bytes", ErrInvalidArgument)
+		return p, fmt.Errorf("%w: external_id must be 1-512 bytes", tree.ErrInvalidArgument)
 	}
 	now := r.Clock.Now()
 	if p.ExpiresAt.IsZero() || !p.ExpiresAt.After(now) {
-		return p, fmt.Errorf("%w: expires_at must be in the future", ErrInvalidArgument)
+		return p, fmt.Errorf("%w: expires_at must be in the future", tree.ErrInvalidArgument)
 	}
 	if p.RevokeURL != "" {
 		if len(p.RevokeURL) > 2048 {
-			return p, fmt.Errorf("%w: revoke_url is longer than 2048 bytes", ErrInvalidArgument)
+			return p, fmt.Errorf("%w: revoke_url is longer than 2048 bytes", tree.ErrInvalidArgument)
 		}
 		if err := r.CheckHookURL(p.RevokeURL); err != nil {
 			return p, err
 		}
 	} else if _, ok := r.Handlers[p.Kind]; !ok {
-		return p, fmt.Errorf("%w: kind %q has no revocation handler; give a revoke_url", ErrInvalidArgument, p.Kind)
+		return p, fmt.Errorf("%w: kind %q has no revocation handler; give a revoke_url", tree.ErrInvalidArgument, p.Kind)
 	}
 	p.ID = id.New(id.Privilege)
 	p.Outcome, p.Error = "", ""
 	limit := r.maxPerNode()
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
-		n, err := getNode(tx, p.NodeID)
+		n, err := tree.GetNodeIn(tx, p.NodeID)
 		if err != nil {
 			return err
 		}
 		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return fmt.Errorf("%w: node_id %s is %s", ErrParentNotRunning, p.NodeID, StateName(n.State))
+			return fmt.Errorf("%w: node_id %s is %s", tree.ErrParentNotRunning, p.NodeID, tree.StateName(n.State))
 		}
 		held, err := PrivilegesIn(tx, []string{p.NodeID})
 		if err != nil {
@@ -209,9 +215,9 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 			}
 		}
 		if live >= limit {
-			return fmt.Errorf("%w: node_id %s already holds %d unexpired privileges, the maximum per node (tether serve --privilege-max-per-node)", ErrLimit, p.NodeID, live)
+			return fmt.Errorf("%w: node_id %s already holds %d unexpired privileges, the maximum per node (tether serve --privilege-max-per-node)", tree.ErrLimit, p.NodeID, live)
 		}
-		if err := putJSON(tx, privilegeKey(p.ID), p); err != nil {
+		if err := kv.PutJSON(tx, privilegeKey(p.ID), p); err != nil {
 			return err
 		}
 		return tx.Put(nodePrivKey(p.NodeID, p.ID), nil)
@@ -228,7 +234,7 @@ func (r *Privileges) maxPerNode() int {
 
 // PrivilegesIn lists the privileges of the nodes.
 func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
-	if err := store.Prefetch(tx, nil, keysOf(nodeIDs, nodePrivPrefix)); err != nil {
+	if err := store.Prefetch(tx, nil, kv.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
 		return nil, err
 	}
 	var out []Privilege
@@ -243,7 +249,7 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 		}
 		for _, pid := range ids {
 			var priv Privilege
-			if err := getJSON(tx, privilegeKey(pid), &priv); err != nil {
+			if err := kv.GetJSON(tx, privilegeKey(pid), &priv); err != nil {
 				return nil, err
 			}
 			out = append(out, priv)
@@ -403,14 +409,18 @@ func (r *Privileges) revokeOne(ctx context.Context, p Privilege, deadline time.T
 // putDecided stores a decided privilege unless it was decided already.
 func (r *Privileges) putDecided(tx store.Txn, p Privilege) error {
 	var stored Privilege
-	if err := getJSON(tx, privilegeKey(p.ID), &stored); err != nil {
+	if err := kv.GetJSON(tx, privilegeKey(p.ID), &stored); err != nil {
 		return err
 	}
 	if stored.Outcome != "" {
 		return nil
 	}
-	return putJSON(tx, privilegeKey(p.ID), p)
+	return kv.PutJSON(tx, privilegeKey(p.ID), p)
 }
+
+// PutIn stores p as it is, inside the caller's transaction: the record
+// decides, at the deadline, the privileges that never answered.
+func PutIn(tx store.Txn, p Privilege) error { return kv.PutJSON(tx, privilegeKey(p.ID), p) }
 
 // PendingIn counts the undecided, unexpired privileges of the nodes.
 func PendingIn(tx store.ReadTxn, nodeIDs []string, now time.Time) (int, error) {
@@ -425,35 +435,6 @@ func PendingIn(tx store.ReadTxn, nodeIDs []string, now time.Time) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-// decideUnansweredPrivileges decides, inside the transaction that writes
-// t's record, every privilege of its members still undecided: expired if
-// past its expiry, otherwise revoke_failed (no answer by the deadline). A
-// late answer never overwrites it.
-func decideUnansweredPrivileges(tx store.Txn, t Termination, now time.Time) error {
-	privs, err := PrivilegesIn(tx, t.Members)
-	if err != nil {
-		return err
-	}
-	for _, p := range privs {
-		if p.Outcome != "" {
-			continue
-		}
-		p.DecidedAt = now
-		if !now.Before(p.ExpiresAt) {
-			p.Outcome = OutcomeExpired
-		} else {
-			p.Outcome, p.Error = OutcomeRevokeFailed, "no answer within the termination's deadline"
-			if t.HookTimeout > 0 {
-				p.Error = fmt.Sprintf("no answer within the %s deadline", t.HookTimeout)
-			}
-		}
-		if err := putJSON(tx, privilegeKey(p.ID), p); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // hookClient is r.HTTP (or a default client) that never follows a
@@ -500,20 +481,4 @@ func (r *Privileges) revoke(ctx context.Context, p Privilege) error {
 		return fmt.Errorf("webhook answered %d", resp.StatusCode)
 	}
 	return nil
-}
-
-func putJSON(tx store.Txn, key []byte, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return tx.Put(key, b)
-}
-
-func getJSON(tx store.ReadTxn, key []byte, v any) error {
-	b, err := tx.Get(key)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
 }

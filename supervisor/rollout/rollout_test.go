@@ -1,4 +1,4 @@
-package supervisor
+package rollout
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Rollout transcripts replay rollouts from testdata/rollout/*.txt through
@@ -73,14 +75,14 @@ func runRolloutTranscript(t *testing.T, file string) {
 		fields := strings.Fields(text)
 		switch fields[0] {
 		case "rollout":
-			tr.start(kv(fields[1:]))
+			tr.start(pairs(fields[1:]))
 		case "at":
 			tr.apply()
 			tr.observe(fields[1], fields[2:])
 		case "=>":
 			tr.expect(fields[1:])
 		case "outcome":
-			tr.setOutcome(kv(fields[1:]))
+			tr.setOutcome(pairs(fields[1:]))
 		case "decide", "decide!":
 			tr.apply()
 			tr.decide(fields[0] == "decide!", fields[1], strings.Join(fields[2:], " "))
@@ -97,7 +99,10 @@ func runRolloutTranscript(t *testing.T, file string) {
 	tr.apply()
 }
 
-func kv(fields []string) map[string]string {
+// t0 is the transcripts' epoch.
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func pairs(fields []string) map[string]string {
 	out := map[string]string{}
 	for _, f := range fields {
 		k, v, _ := strings.Cut(f, "=")
@@ -153,7 +158,7 @@ func (tr *rolloutTranscript) observe(at string, fields []string) {
 			f.Batches[b.Index] = BatchFacts{}
 		}
 	}
-	for k, v := range kv(fields) {
+	for k, v := range pairs(fields) {
 		switch {
 		case k == "candidates":
 			if v != "" {
@@ -367,7 +372,7 @@ func TestNewRolloutRefusesWhatCannotWork(t *testing.T) {
 		{"batch too large", RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: MaxRolloutBatch + 1}, "batch must be"},
 	} {
 		_, err := NewRollout("o_1", tc.req, 0, t0)
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+		if !errors.Is(err, tree.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want invalid argument containing %q", tc.name, err, tc.want)
 		}
 	}

@@ -1,4 +1,4 @@
-package supervisor
+package rollout
 
 import (
 	"context"
@@ -12,45 +12,16 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+	"github.com/tetherhq/tether/supervisor/internal/workqueue"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
-
-// ErrHandoverRefused: the lease module refused to reassign a lease (a
-// cancel request or an ownership conflict came first).
-var ErrHandoverRefused = errors.New("supervisor: lease handover refused")
-
-// HandoverLease is a lease a rollout batch's agent holds.
-type HandoverLease struct {
-	JobID, LeaseID, Holder string
-	Generation             uint64
-	// Why a lease cannot be handed over ("" when it can).
-	Why string
-	// Conflict: it cannot be handed over because an ownership conflict is
-	// recorded on it; the batch waits until the conflict is resolved.
-	Conflict bool
-}
-
-// LeaseHandover is the lease module as a rollout needs it.
-type LeaseHandover interface {
-	// HeldBy reports every lease held by the holders without changing any:
-	// open ones the rollout can reassign as HANDED_OVER, ones it cannot
-	// (an ownership conflict, a cancel request) as they stand, terminal ones
-	// with their outcome. For a rollout batch's record.
-	HeldBy(ctx context.Context, holders []string) ([]*tetherv1.RecordLease, error)
-	// Open lists the open (not terminal) leases held by the holders:
-	// those that can be reassigned, and those that cannot (Why says why).
-	Open(ctx context.Context, holders []string) (open, stuck []HandoverLease, err error)
-	// Reassign issues generation + 1 of l's job to holder, provided the
-	// job is still at l's generation with l's holder (else it reports the
-	// lease module's precondition error and changes nothing). A refusal is
-	// ErrHandoverRefused.
-	Reassign(ctx context.Context, l HandoverLease, holder, reason string) (generation uint64, err error)
-}
 
 // Rollouts replaces the agents matching a selector in batches through the
 // supervisor's terminations. A rollout is a persisted desired state;
@@ -58,14 +29,14 @@ type LeaseHandover interface {
 type Rollouts struct {
 	Store      store.Store
 	Clock      clock.Clock
-	Supervisor *Supervisor
+	Supervisor *supervisor.Supervisor
 	// Handover reassigns the leases of drained agents; nil: leases stay
 	// where they are (and expire).
-	Handover LeaseHandover
+	Handover supervisor.LeaseHandover
 	Log      *slog.Logger
 
 	queueMu sync.Mutex
-	queue   *workQueue
+	queue   *workqueue.Queue
 
 	activeMu sync.Mutex
 	active   map[string]selectors // unfinished rollouts' selectors
@@ -73,25 +44,25 @@ type Rollouts struct {
 
 type selectors struct{ from, to map[string]string }
 
-func (rs *Rollouts) workQueue() *workQueue {
+func (rs *Rollouts) workQueue() *workqueue.Queue {
 	rs.queueMu.Lock()
 	defer rs.queueMu.Unlock()
 	if rs.queue == nil {
-		rs.queue = newWorkQueue()
+		rs.queue = workqueue.New()
 	}
 	return rs.queue
 }
 
 // Kick asks the reconciler to look at a rollout now.
-func (rs *Rollouts) Kick(rolloutID string) { rs.workQueue().add(rolloutID) }
+func (rs *Rollouts) Kick(rolloutID string) { rs.workQueue().Add(rolloutID) }
 
 // Poke makes the reconciler re-evaluate its timers now (tests that move a
 // manual clock call it).
-func (rs *Rollouts) Poke() { rs.workQueue().notify() }
+func (rs *Rollouts) Poke() { rs.workQueue().Notify() }
 
 // Start validates and persists a rollout; the reconciler does the rest.
 func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, error) {
-	target, err := ParseSelector(req.TargetSelector)
+	target, err := tree.ParseSelector(req.TargetSelector)
 	if err != nil {
 		return Rollout{}, err
 	}
@@ -99,7 +70,7 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 	err = rs.Store.Update(ctx, func(tx store.Txn) error {
 		ready := 0
 		if err := scanNodes(tx, func(n *tetherv1.Node) {
-			if isReady(n) && MatchLabels(n.Labels, target) {
+			if isReady(n) && tree.MatchLabels(n.Labels, target) {
 				ready++
 			}
 		}); err != nil {
@@ -109,7 +80,7 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 		if err != nil {
 			return err
 		}
-		return putJSON(tx, rolloutKey(r.ID), r)
+		return kv.PutJSON(tx, rolloutKey(r.ID), r)
 	})
 	if err != nil {
 		return Rollout{}, err
@@ -123,7 +94,7 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 // Get returns a rollout.
 func (rs *Rollouts) Get(ctx context.Context, rolloutID string) (Rollout, error) {
 	if err := id.Check(id.Rollout, "rollout_id", rolloutID); err != nil {
-		return Rollout{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return Rollout{}, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	var r Rollout
 	err := rs.Store.View(ctx, func(tx store.ReadTxn) error { return getRollout(tx, rolloutID, &r) })
@@ -151,7 +122,7 @@ func (rs *Rollouts) List(ctx context.Context) ([]Rollout, error) {
 // Decide applies an operator's pause, resume or abort.
 func (rs *Rollouts) Decide(ctx context.Context, rolloutID string, d RolloutDecision, reason, by string) (Rollout, error) {
 	if err := id.Check(id.Rollout, "rollout_id", rolloutID); err != nil {
-		return Rollout{}, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return Rollout{}, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	var r Rollout
 	changed := false
@@ -165,7 +136,7 @@ func (rs *Rollouts) Decide(ctx context.Context, rolloutID string, d RolloutDecis
 		if err != nil || !changed {
 			return err
 		}
-		return putJSON(tx, rolloutKey(r.ID), r)
+		return kv.PutJSON(tx, rolloutKey(r.ID), r)
 	})
 	if err != nil {
 		return Rollout{}, err
@@ -181,7 +152,7 @@ func (rs *Rollouts) Decide(ctx context.Context, rolloutID string, d RolloutDecis
 // finished or ctx ends.
 func (rs *Rollouts) Watch(ctx context.Context, rolloutID string, send func(Rollout) error) error {
 	if err := id.Check(id.Rollout, "rollout_id", rolloutID); err != nil {
-		return fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	key := string(rolloutKey(rolloutID))
 	w, err := rs.Store.Watch(ctx, []byte(key))
@@ -219,7 +190,7 @@ func (rs *Rollouts) Watch(ctx context.Context, rolloutID string, send func(Rollo
 }
 
 func getRollout(tx store.ReadTxn, rolloutID string, r *Rollout) error {
-	err := getJSON(tx, rolloutKey(rolloutID), r)
+	err := kv.GetJSON(tx, rolloutKey(rolloutID), r)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: rollout_id %s", ErrRolloutNotFound, rolloutID)
 	}
@@ -236,8 +207,8 @@ func (rs *Rollouts) track(r Rollout) {
 		delete(rs.active, r.ID)
 		return
 	}
-	from, _ := ParseSelector(r.Selector)
-	to, _ := ParseSelector(r.TargetSelector)
+	from, _ := tree.ParseSelector(r.Selector)
+	to, _ := tree.ParseSelector(r.TargetSelector)
 	rs.active[r.ID] = selectors{from, to}
 }
 
@@ -261,7 +232,7 @@ func (rs *Rollouts) Run(ctx context.Context) error {
 	}
 }
 
-func (rs *Rollouts) run(ctx context.Context, q *workQueue) error {
+func (rs *Rollouts) run(ctx context.Context, q *workqueue.Queue) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	lagged := make(chan error, 3)
@@ -284,24 +255,24 @@ func (rs *Rollouts) run(ctx context.Context, q *workQueue) error {
 	for _, r := range all {
 		rs.track(r)
 		if !r.Finished() {
-			q.add(r.ID)
+			q.Add(r.ID)
 		}
 	}
 	for {
-		next := q.promote(rs.Clock.Now())
-		for rid := q.take(); rid != ""; rid = q.take() {
+		next := q.Promote(rs.Clock.Now())
+		for rid := q.Take(); rid != ""; rid = q.Take() {
 			wake, err := rs.Reconcile(ctx, rid)
 			switch {
 			case err != nil && ctx.Err() != nil:
-				q.done(rid)
+				q.Done(rid)
 				return ctx.Err()
 			case err != nil:
 				rs.Log.Warn("rollout reconcile failed; retrying", "rollout_id", rid, "error", err)
-				q.addAt(rid, rs.Clock.Now().Add(time.Second))
+				q.AddAt(rid, rs.Clock.Now().Add(time.Second))
 			case !wake.IsZero():
-				q.addAt(rid, wake)
+				q.AddAt(rid, wake)
 			}
-			q.done(rid)
+			q.Done(rid)
 		}
 		var timerC <-chan time.Time
 		var tm *time.Timer
@@ -314,7 +285,7 @@ func (rs *Rollouts) run(ctx context.Context, q *workQueue) error {
 			return ctx.Err()
 		case err := <-lagged:
 			return errors.Join(store.ErrWatchLagged, err)
-		case <-q.signal:
+		case <-q.Signal():
 		case <-timerC:
 		}
 		if tm != nil {
@@ -355,7 +326,7 @@ func (rs *Rollouts) kickFor(batch []store.Event) {
 				continue
 			}
 			for rid, sel := range rs.active {
-				if MatchLabels(n.Labels, sel.from) || MatchLabels(n.Labels, sel.to) {
+				if tree.MatchLabels(n.Labels, sel.from) || tree.MatchLabels(n.Labels, sel.to) {
 					kick[rid] = true
 				}
 			}
@@ -443,7 +414,7 @@ func (rs *Rollouts) save(ctx context.Context, r Rollout, step RolloutStep, out R
 		if step.Action == ActRolloutWait {
 			next.UpdatedAt = now
 		}
-		return putJSON(tx, rolloutKey(r.ID), next)
+		return kv.PutJSON(tx, rolloutKey(r.ID), next)
 	})
 }
 
@@ -456,9 +427,9 @@ func sameVersion(a, b Rollout) bool {
 // crash leaves either both or neither: one termination, one record, per
 // batch. Agents that stopped meanwhile are left out.
 func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep, f RolloutFacts, now time.Time) error {
-	var term Termination
+	var term supervisor.Termination
 	err := rs.Store.Update(ctx, func(tx store.Txn) error {
-		term = Termination{}
+		term = supervisor.Termination{}
 		var stored Rollout
 		if err := getRollout(tx, r.ID, &stored); err != nil {
 			return err
@@ -468,8 +439,8 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		}
 		var nodes []string
 		for _, nid := range step.Nodes {
-			n, err := getNode(tx, nid)
-			if errors.Is(err, ErrNodeNotFound) {
+			n, err := tree.GetNodeIn(tx, nid)
+			if errors.Is(err, tree.ErrNodeNotFound) {
 				continue
 			}
 			if err != nil {
@@ -488,9 +459,9 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 			reason += ": " + r.Description
 		}
 		var err error
-		term, err = rs.Supervisor.TerminateIn(tx, TerminateRequest{
-			Roots: nodes, Mode: ModeDrain, DrainWindow: orDefault(r.DrainWindow, DefaultDrainWindow),
-			CancelAckTimeout: DefaultCancelAckTimeout, ConfirmTimeout: orDefault(r.ConfirmTimeout, DefaultConfirmTimeout),
+		term, err = rs.Supervisor.TerminateIn(tx, supervisor.TerminateRequest{
+			Roots: nodes, Mode: supervisor.ModeDrain, DrainWindow: orDefault(r.DrainWindow, supervisor.DefaultDrainWindow),
+			CancelAckTimeout: supervisor.DefaultCancelAckTimeout, ConfirmTimeout: orDefault(r.ConfirmTimeout, supervisor.DefaultConfirmTimeout),
 			Reason: clipText(reason, 1024), RequestedBy: r.RequestedBy, RolloutID: r.ID, LeaseHandover: true,
 		})
 		if err != nil {
@@ -500,7 +471,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		if err != nil {
 			return err
 		}
-		return putJSON(tx, rolloutKey(r.ID), next)
+		return kv.PutJSON(tx, rolloutKey(r.ID), next)
 	})
 	if err == nil && term.ID != "" {
 		rs.Supervisor.Kick(term.ID)
@@ -516,7 +487,7 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-func clipText(s string, n int) string { return clipUTF8(s, n) }
+func clipText(s string, n int) string { return kv.ClipUTF8(s, n) }
 
 // handOver reassigns every open lease held by the batch's members to the
 // ready replacements, round robin, each with generation + 1. The old
@@ -548,7 +519,7 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		to := targets[(offset+i)%len(targets)]
 		gen, err := rs.Handover.Reassign(ctx, l, to, reason)
 		switch {
-		case errors.Is(err, ErrHandoverRefused):
+		case errors.Is(err, supervisor.ErrHandoverRefused):
 			out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+err.Error())
 		case err != nil:
 			// The lease moved meanwhile (or the module is unavailable): the
@@ -574,16 +545,9 @@ func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 		var members []string
 		terminated := false
 		err := rs.Store.Update(ctx, func(tx store.Txn) error {
-			var t Termination
-			if err := getTermination(tx, b.TerminationID, &t); err != nil {
-				return err
-			}
-			members, terminated = t.Members, t.Phase == PhaseTerminated
-			if terminated || !t.LeaseHandover {
-				return nil
-			}
-			t.LeaseHandover = false
-			return putJSON(tx, terminationKey(t.ID), t)
+			t, err := supervisor.EndLeaseHandoverIn(tx, b.TerminationID)
+			members, terminated = t.Members, t.Phase == supervisor.PhaseTerminated
+			return err
 		})
 		if err != nil {
 			return err
@@ -605,11 +569,11 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 	if r.Finished() {
 		return f, nil, nil
 	}
-	from, err := ParseSelector(r.Selector)
+	from, err := tree.ParseSelector(r.Selector)
 	if err != nil {
 		return f, nil, err
 	}
-	to, err := ParseSelector(r.TargetSelector)
+	to, err := tree.ParseSelector(r.TargetSelector)
 	if err != nil {
 		return f, nil, err
 	}
@@ -631,13 +595,13 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 				return
 			}
-			if MatchLabels(n.Labels, to) {
+			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
 					targets = append(targets, n.NodeId)
 				}
 				return
 			}
-			if MatchLabels(n.Labels, from) && !inBatch[n.NodeId] {
+			if tree.MatchLabels(n.Labels, from) && !inBatch[n.NodeId] {
 				candidates = append(candidates, n)
 				set[n.NodeId] = true
 			}
@@ -666,11 +630,11 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 			if b.finished() {
 				continue
 			}
-			var t Termination
-			if err := getTermination(tx, b.TerminationID, &t); err != nil {
+			t, err := supervisor.GetTerminationIn(tx, b.TerminationID)
+			if err != nil {
 				return err
 			}
-			bf := BatchFacts{Marked: t.Phase != PhaseRequested, Terminated: t.Phase == PhaseTerminated, RecordID: t.RecordID}
+			bf := BatchFacts{Marked: t.Phase != supervisor.PhaseRequested, Terminated: t.Phase == supervisor.PhaseTerminated, RecordID: t.RecordID}
 			members[b.Index] = t.Members
 			f.Batches[b.Index] = bf
 		}
@@ -717,36 +681,4 @@ func scanNodes(tx store.ReadTxn, fn func(*tetherv1.Node)) error {
 
 func isReady(n *tetherv1.Node) bool {
 	return n.State == tetherv1.NodeState_NODE_STATE_RUNNING && n.ReadyAt != nil
-}
-
-// ReportReady records that a running node is ready to take work (its own
-// word, or its launcher's). The first report's time is kept; a node that
-// is stopping or stopped cannot become ready.
-func (t *Tree) ReportReady(ctx context.Context, nodeID string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
-	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
-	}
-	now := timestamppb.New(t.Clock.Now())
-	var out *tetherv1.Node
-	err := t.Store.Update(ctx, func(tx store.Txn) error {
-		n, err := getNode(tx, nodeID)
-		if err != nil {
-			return err
-		}
-		if authorize != nil {
-			if err := authorize(n); err != nil {
-				return err
-			}
-		}
-		out = n
-		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return fmt.Errorf("%w: node %s is %s and cannot become ready", ErrNodeStopping, nodeID, StateName(n.State))
-		}
-		if n.ReadyAt != nil {
-			return nil
-		}
-		n.ReadyAt = now
-		return putNode(tx, n)
-	})
-	return out, err
 }

@@ -1,4 +1,4 @@
-package supervisor
+package tree
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
 // Who may say a node exited, and what the control plane does with it.
@@ -59,23 +60,23 @@ const (
 // when only a claim exists and its own observation corroborates it.
 const ConfirmedByControlPlane = "control-plane"
 
-// exitConfirmed reports whether anyone confirmed n's exit.
-func exitConfirmed(n *tetherv1.Node) bool { return n.ExitedAt != nil }
+// ExitConfirmed reports whether anyone confirmed n's exit.
+func ExitConfirmed(n *tetherv1.Node) bool { return n.ExitedAt != nil }
 
-// noteContradiction keeps one piece of contradicting evidence on n and
+// NoteContradiction keeps one piece of contradicting evidence on n and
 // reports whether n changed (false once the bound is reached).
-func noteContradiction(n *tetherv1.Node, kind, detail string, now time.Time) bool {
+func NoteContradiction(n *tetherv1.Node, kind, detail string, now time.Time) bool {
 	if len(n.Contradictions) >= MaxContradictions {
 		return false
 	}
-	detail = clipUTF8(detail, 200)
+	detail = kv.ClipUTF8(detail, 200)
 	n.Contradictions = append(n.Contradictions, &tetherv1.Contradiction{Kind: kind, At: timestamppb.New(now), Detail: detail})
 	return true
 }
 
-// exitedError is the refusal of activity from a confirmed-exited node; it
+// ExitedError is the refusal of activity from a confirmed-exited node; it
 // names the state, who confirmed and when.
-func exitedError(n *tetherv1.Node, kind string) error {
+func ExitedError(n *tetherv1.Node, kind string) error {
 	by := n.ExitConfirmedBy
 	if by == "" {
 		by = "someone"
@@ -91,7 +92,7 @@ func exitedError(n *tetherv1.Node, kind string) error {
 // node as read.
 func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.Node, error) {
 	n, err := t.Get(ctx, nodeID)
-	if err != nil || !exitConfirmed(n) || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+	if err != nil || !ExitConfirmed(n) || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
 		// A terminated node's record is written: its credential is dead
 		// (the caller refuses it as revoked) and nothing can change it.
 		return n, err
@@ -102,7 +103,7 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.
 		if err != nil {
 			return err
 		}
-		if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED || !noteContradiction(n, kind, detail, now) {
+		if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED || !NoteContradiction(n, kind, detail, now) {
 			return nil
 		}
 		return putNode(tx, n)
@@ -110,7 +111,7 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.
 	if err != nil {
 		return nil, err
 	}
-	return n, exitedError(n, kind)
+	return n, ExitedError(n, kind)
 }
 
 // MaxOpenSessions bounds the sessions a node may hold open at once.
@@ -133,9 +134,9 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node
 			return err
 		}
 		out = n
-		if exitConfirmed(n) && n.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
-			refused = exitedError(n, ActivitySession)
-			if !noteContradiction(n, ActivitySession, "a session was opened", now) {
+		if ExitConfirmed(n) && n.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
+			refused = ExitedError(n, ActivitySession)
+			if !NoteContradiction(n, ActivitySession, "a session was opened", now) {
 				return nil
 			}
 			return putNode(tx, n)
@@ -238,21 +239,22 @@ func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
 	return len(found), nil
 }
 
-// sessionOpen reports whether, by the control plane's observation, a
+// SessionOpen reports whether, by the control plane's observation, a
 // session of n is open.
-func sessionOpen(n *tetherv1.Node) bool { return len(n.OpenSessions) > 0 }
+func SessionOpen(n *tetherv1.Node) bool { return len(n.OpenSessions) > 0 }
 
-// exitVerdict is what the record says about one node's exit.
-type exitVerdict struct {
-	confirmed         bool
-	confirmedBy       string
-	confirmedAt       *timestamppb.Timestamp
-	claimedBy         string
-	claimedAt         *timestamppb.Timestamp
-	unaccountedReason string
-	// settled: no later evidence can change the verdict (the reconciler
+// ExitVerdict is what the record says about one node's exit: confirmed
+// (by whom, when), or unaccounted and why, and the claim it weighed.
+type ExitVerdict struct {
+	Confirmed         bool
+	ConfirmedBy       string
+	ConfirmedAt       *timestamppb.Timestamp
+	ClaimedBy         string
+	ClaimedAt         *timestamppb.Timestamp
+	UnaccountedReason string
+	// Settled: no later evidence can change the verdict (the reconciler
 	// stops waiting for the node).
-	settled bool
+	Settled bool
 }
 
 // confirmationsOf returns n's confirmations, reading a node stored before
@@ -270,7 +272,7 @@ func confirmationsOf(n *tetherv1.Node) []*tetherv1.ExitConfirmation {
 
 // isClaim says whether a confirmation is the workload's own word: the
 // node's, or an ancestor's that is itself part of the workload being
-// stopped (inStopped: see Termination.workloadIn).
+// stopped (inStopped: the termination's view of its workload).
 func isClaim(c *tetherv1.ExitConfirmation, inStopped func(nodeID string) bool) bool {
 	switch c.Kind {
 	case ConfirmedBySelf:
@@ -281,45 +283,45 @@ func isClaim(c *tetherv1.ExitConfirmation, inStopped func(nodeID string) bool) b
 	return false
 }
 
-// judgeExit weighs a node's confirmations against the control plane's own
+// JudgeExit weighs a node's confirmations against the control plane's own
 // evidence. liveGrants are grants the node held that are neither revoked
 // nor expired.
-func judgeExit(n *tetherv1.Node, inStopped func(nodeID string) bool, liveGrants []string) exitVerdict {
-	var v exitVerdict
+func JudgeExit(n *tetherv1.Node, inStopped func(nodeID string) bool, liveGrants []string) ExitVerdict {
+	var v ExitVerdict
 	var attestation *tetherv1.ExitConfirmation
 	for _, c := range confirmationsOf(n) {
 		if isClaim(c, inStopped) {
-			if v.claimedBy == "" {
-				v.claimedBy, v.claimedAt = c.By+" ("+c.Kind+")", c.At
+			if v.ClaimedBy == "" {
+				v.ClaimedBy, v.ClaimedAt = c.By+" ("+c.Kind+")", c.At
 			}
 		} else if attestation == nil {
 			attestation = c
 		}
 	}
 	switch {
-	case v.claimedBy == "" && attestation == nil:
-		v.unaccountedReason = "nobody confirmed its exit"
+	case v.ClaimedBy == "" && attestation == nil:
+		v.UnaccountedReason = "nobody confirmed its exit"
 	case len(n.Contradictions) > 0:
-		v.unaccountedReason = fmt.Sprintf("activity after its exit was confirmed contradicts the confirmation (%d recorded)", len(n.Contradictions))
-		v.settled = true
-	case sessionOpen(n):
-		v.unaccountedReason = "its session is still open"
+		v.UnaccountedReason = fmt.Sprintf("activity after its exit was confirmed contradicts the confirmation (%d recorded)", len(n.Contradictions))
+		v.Settled = true
+	case SessionOpen(n):
+		v.UnaccountedReason = "its session is still open"
 	case len(liveGrants) > 0:
-		v.unaccountedReason = "a grant it held is still live: " + strings.Join(liveGrants, ", ")
-		v.settled = true
+		v.UnaccountedReason = "a grant it held is still live: " + strings.Join(liveGrants, ", ")
+		v.Settled = true
 	case attestation != nil:
-		v.confirmed, v.settled = true, true
-		v.confirmedBy, v.confirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
+		v.Confirmed, v.Settled = true, true
+		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
 	case n.SessionClosedAt != nil:
 		// A bare claim, corroborated: the control plane saw the session
 		// end and nothing from the node since the claim.
-		v.confirmed, v.settled = true, true
-		v.confirmedBy, v.confirmedAt = ConfirmedByControlPlane, n.SessionClosedAt
-		if n.SessionClosedAt.AsTime().Before(v.claimedAt.AsTime()) {
-			v.confirmedAt = v.claimedAt
+		v.Confirmed, v.Settled = true, true
+		v.ConfirmedBy, v.ConfirmedAt = ConfirmedByControlPlane, n.SessionClosedAt
+		if n.SessionClosedAt.AsTime().Before(v.ClaimedAt.AsTime()) {
+			v.ConfirmedAt = v.ClaimedAt
 		}
 	default:
-		v.unaccountedReason = "only a claim by " + v.claimedBy + ": the control plane never saw the node's session end"
+		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": the control plane never saw the node's session end"
 	}
 	return v
 }

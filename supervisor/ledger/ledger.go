@@ -1,4 +1,4 @@
-package supervisor
+package ledger
 
 import (
 	"context"
@@ -13,12 +13,13 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Ledger errors.
 var (
 	ErrCallNotFound  = errors.New("supervisor: tool call not found")
-	ErrNodeStopping  = errors.New("supervisor: node is stopping")
 	ErrWrongGate     = errors.New("supervisor: call was reported by another gate")
 	ErrCallEnded     = errors.New("supervisor: call already ended")
 	ErrTokenRejected = errors.New("supervisor: capability token rejected")
@@ -41,6 +42,18 @@ type Ledger struct {
 	Observer Observer
 }
 
+// Observer is told, inside the writing transaction, of each call written,
+// which stop rules observe (supervisor/stoprule keeps per-node counters
+// with them). Being in the writer's transaction, the counters are exactly
+// what the ledger holds: no event can be lost or counted twice across a
+// crash. An Observer must be cheap (it runs on the commit path) and must
+// not call Update.
+type Observer interface {
+	// ObserveCall: a call was written; before is the stored call before
+	// the change (nil for a new call).
+	ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) error
+}
+
 var (
 	gatePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 	toolPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
@@ -48,19 +61,19 @@ var (
 
 // Begin verifies the token and the node's state and records the call as in
 // flight, begun by the tool server by (a principal id). A node that is
-// draining or aborting gets ErrNodeStopping, and the refused call is
+// draining or aborting gets tree.ErrNodeStopping, and the refused call is
 // recorded (rejected_draining) for the termination's record. A node whose
 // exit was confirmed gets ErrNodeExited, and the attempt is kept on the node
 // as contradicting evidence.
 func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*tetherv1.ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
-		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
 	}
 	if !gatePattern.MatchString(gateID) {
-		return nil, fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
 	}
 	if token == "" {
-		return nil, fmt.Errorf("%w: token is required", ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: token is required", tree.ErrInvalidArgument)
 	}
 	if requiredScope == "" {
 		requiredScope = "tool:" + tool
@@ -78,14 +91,14 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	var stopping error
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
 		stopping = nil
-		node, err := getNode(tx, nodeID)
+		node, err := tree.GetNodeIn(tx, nodeID)
 		if err != nil {
 			return err
 		}
-		if exitConfirmed(node) && node.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
-			stopping = exitedError(node, ActivityToolCall)
-			if noteContradiction(node, ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), clockNow) {
-				if err := putNode(tx, node); err != nil {
+		if tree.ExitConfirmed(node) && node.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
+			stopping = tree.ExitedError(node, tree.ActivityToolCall)
+			if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), clockNow) {
+				if err := tree.PutNodeIn(tx, node); err != nil {
 					return err
 				}
 			}
@@ -96,7 +109,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if node.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			// Refuse, and keep the refusal as evidence for the record.
 			if stopping == nil { // (an exited node's refusal names its confirmation)
-				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", ErrNodeStopping, nodeID, StateName(node.State))
+				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
 			}
 			call.State = tetherv1.CallState_CALL_STATE_ENDED
 			call.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING
@@ -151,7 +164,7 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 		default:
 			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED
 		}
-		c.Error = clipUTF8(message, 512)
+		c.Error = kv.ClipUTF8(message, 512)
 	})
 }
 
@@ -169,7 +182,7 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*tet
 
 func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+		return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
 	now := timestamppb.New(l.Clock.Now())
 	var out *tetherv1.ToolCall
@@ -234,8 +247,9 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*tetherv1.ToolCall, error) 
 	return out, nil
 }
 
-// requestCancelIn writes a cancel order for an in-flight call.
-func requestCancelIn(tx store.Txn, c *tetherv1.ToolCall, terminationID string, now *timestamppb.Timestamp) error {
+// RequestCancelIn writes a cancel order for an in-flight call, for the
+// termination that orders it.
+func RequestCancelIn(tx store.Txn, c *tetherv1.ToolCall, terminationID string, now *timestamppb.Timestamp) error {
 	if c.State != tetherv1.CallState_CALL_STATE_IN_FLIGHT {
 		return nil
 	}
@@ -278,7 +292,7 @@ func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*tetherv1
 // reconnect); gates treat them idempotently.
 func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tetherv1.ToolCall) error) error {
 	if !gatePattern.MatchString(gateID) {
-		return fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", ErrInvalidArgument)
+		return fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
 	}
 	// Watch first, then scan: nothing written between the two is missed.
 	w, err := l.Store.Watch(ctx, cancelPrefix(gateID))
@@ -357,4 +371,33 @@ func putCall(tx store.Txn, c *tetherv1.ToolCall) error {
 		return err
 	}
 	return tx.Put(callKey(c.CallId), v)
+}
+
+// GetCallIn reads a call inside a transaction.
+func GetCallIn(tx store.ReadTxn, callID string) (*tetherv1.ToolCall, error) {
+	return getCall(tx, callID)
+}
+
+// PutCallIn writes a call inside a transaction (the termination marks its
+// calls and closes the unacknowledged ones in its record).
+func PutCallIn(tx store.Txn, c *tetherv1.ToolCall) error { return putCall(tx, c) }
+
+// CountCallsIn counts the node's calls in the ledger (a call refused
+// because the node was stopping does not count), stopping at limit.
+func CountCallsIn(tx store.ReadTxn, nodeID string, limit int) (int, error) {
+	count := 0
+	err := tx.Scan([]byte(prefixCall), nil, func(_, v []byte) error {
+		c := &tetherv1.ToolCall{}
+		if err := proto.Unmarshal(v, c); err != nil {
+			return err
+		}
+		if c.NodeId == nodeID && c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+			count++
+			if count >= limit {
+				return store.ErrStopScan
+			}
+		}
+		return nil
+	})
+	return count, err
 }

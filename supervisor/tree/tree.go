@@ -1,4 +1,4 @@
-package supervisor
+package tree
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"regexp"
 	"sort"
 	"strings"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,6 +16,7 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
 // Errors of the agent tree.
@@ -25,6 +25,7 @@ var (
 	ErrParentNotRunning = errors.New("supervisor: parent is not running")
 	ErrInvalidArgument  = errors.New("supervisor: invalid argument")
 	ErrLimit            = errors.New("supervisor: limit exceeded")
+	ErrNodeStopping     = errors.New("supervisor: node is stopping")
 )
 
 // Limits bound the tree so that one misbehaving agent cannot exhaust the
@@ -70,7 +71,7 @@ func (t *Tree) ValidateNode(name string, labels map[string]string) error {
 	}
 	for k, v := range labels {
 		if !labelKeyPattern.MatchString(k) {
-			return fmt.Errorf("%w: labels: key %q is not a valid label key", ErrInvalidArgument, clip(k))
+			return fmt.Errorf("%w: labels: key %q is not a valid label key", ErrInvalidArgument, kv.Clip(k))
 		}
 		if !labelValPattern.MatchString(v) {
 			return fmt.Errorf("%w: labels[%s]: value is not a valid label value (≤63 of letters, digits, '.', '_', '-')", ErrInvalidArgument, k)
@@ -232,7 +233,7 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
 		for i, n := range level {
 			parents[i] = n.NodeId
 		}
-		if err := store.Prefetch(tx, nil, keysOf(parents, childPrefix)); err != nil {
+		if err := store.Prefetch(tx, nil, kv.KeysOf(parents, childPrefix)); err != nil {
 			return nil, err
 		}
 		var ids []string
@@ -246,7 +247,7 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
 				return nil, err
 			}
 		}
-		if err := store.Prefetch(tx, keysOf(ids, nodeKey), nil); err != nil {
+		if err := store.Prefetch(tx, kv.KeysOf(ids, nodeKey), nil); err != nil {
 			return nil, err
 		}
 		next := len(out)
@@ -299,7 +300,7 @@ func ParseSelector(s string) (map[string]string, error) {
 	for _, part := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("%w: label_selector: %q is not k=v", ErrInvalidArgument, clip(part))
+			return nil, fmt.Errorf("%w: label_selector: %q is not k=v", ErrInvalidArgument, kv.Clip(part))
 		}
 		out[k] = v
 	}
@@ -363,25 +364,4 @@ func putNode(tx store.Txn, n *tetherv1.Node) error {
 		return fmt.Errorf("supervisor: encode node: %w", err)
 	}
 	return tx.Put(nodeKey(n.NodeId), v)
-}
-
-func clip(s string) string {
-	if len(s) > 40 {
-		return clipUTF8(s, 40) + "…"
-	}
-	return s
-}
-
-// clipUTF8 keeps at most n bytes of s, cut at a character boundary: a
-// multi-byte character split in two is invalid UTF-8, which the store
-// cannot encode (a caller could otherwise turn its own long text into an
-// internal error, and a write that never happens).
-func clipUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

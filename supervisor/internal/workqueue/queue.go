@@ -1,4 +1,4 @@
-package supervisor
+package workqueue
 
 import (
 	"container/heap"
@@ -6,11 +6,11 @@ import (
 	"time"
 )
 
-// workQueue is the reconciler's queue of termination ids: a key enqueued
+// Queue is a reconciler's queue of keys (termination or rollout ids): a key enqueued
 // while it waits is not duplicated, and a key enqueued while it is being
 // reconciled runs once more afterwards. Timers ("look again at t") live in
 // a heap; the clock that decides when they are due is the caller's.
-type workQueue struct {
+type Queue struct {
 	mu     sync.Mutex
 	ready  []string
 	queued map[string]bool
@@ -20,11 +20,13 @@ type workQueue struct {
 	signal chan struct{}
 }
 
-func newWorkQueue() *workQueue {
-	return &workQueue{queued: map[string]bool{}, active: map[string]bool{}, dirty: map[string]bool{}, signal: make(chan struct{}, 1)}
+// New returns an empty queue.
+func New() *Queue {
+	return &Queue{queued: map[string]bool{}, active: map[string]bool{}, dirty: map[string]bool{}, signal: make(chan struct{}, 1)}
 }
 
-func (q *workQueue) add(key string) {
+// Add enqueues key.
+func (q *Queue) Add(key string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.active[key] {
@@ -35,26 +37,27 @@ func (q *workQueue) add(key string) {
 		q.queued[key] = true
 		q.ready = append(q.ready, key)
 	}
-	q.notify()
+	q.Notify()
 }
 
-func (q *workQueue) notify() {
+// Notify wakes the reconciler waiting on Signal (to re-evaluate its timers).
+func (q *Queue) Notify() {
 	select {
 	case q.signal <- struct{}{}:
 	default:
 	}
 }
 
-// addAt schedules key at t.
-func (q *workQueue) addAt(key string, t time.Time) {
+// AddAt schedules key at t.
+func (q *Queue) AddAt(key string, t time.Time) {
 	q.mu.Lock()
 	heap.Push(&q.timers, timer{key: key, at: t})
 	q.mu.Unlock()
-	q.notify()
+	q.Notify()
 }
 
-// promote moves due timers to the ready list and returns the next due time.
-func (q *workQueue) promote(now time.Time) time.Time {
+// Promote moves due timers to the ready list and returns the next due time.
+func (q *Queue) Promote(now time.Time) time.Time {
 	q.mu.Lock()
 	var due []string
 	for len(q.timers) > 0 && !q.timers[0].at.After(now) {
@@ -66,13 +69,13 @@ func (q *workQueue) promote(now time.Time) time.Time {
 	}
 	q.mu.Unlock()
 	for _, k := range due {
-		q.add(k)
+		q.Add(k)
 	}
 	return next
 }
 
-// take returns a ready key, or "" when none is ready.
-func (q *workQueue) take() string {
+// Take returns a ready key, or "" when none is ready.
+func (q *Queue) Take() string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if len(q.ready) == 0 {
@@ -85,17 +88,20 @@ func (q *workQueue) take() string {
 	return k
 }
 
-// done marks key finished; if it was added meanwhile, it is queued again.
-func (q *workQueue) done(key string) {
+// Done marks key finished; if it was added meanwhile, it is queued again.
+func (q *Queue) Done(key string) {
 	q.mu.Lock()
 	delete(q.active, key)
 	again := q.dirty[key]
 	delete(q.dirty, key)
 	q.mu.Unlock()
 	if again {
-		q.add(key)
+		q.Add(key)
 	}
 }
+
+// Signal receives when a key was added or Notify called.
+func (q *Queue) Signal() <-chan struct{} { return q.signal }
 
 type timer struct {
 	key string

@@ -1,0 +1,74 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+
+	"github.com/tetherhq/tether/internal/store"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// A rollout (package supervisor/rollout) runs each batch as one
+// termination of several subtree roots that leaves the batch's job leases
+// open for the rollout to hand over (TerminateIn with LeaseHandover). This
+// file is what it needs of the termination beyond TerminateIn, Kick and
+// Get: the lease module as the batch's record and the rollout see it, and
+// the termination read and released inside the rollout's transactions.
+
+// ErrHandoverRefused: the lease module refused to reassign a lease (a
+// cancel request or an ownership conflict came first).
+var ErrHandoverRefused = errors.New("supervisor: lease handover refused")
+
+// HandoverLease is a lease a rollout batch's agent holds.
+type HandoverLease struct {
+	JobID, LeaseID, Holder string
+	Generation             uint64
+	// Why a lease cannot be handed over ("" when it can).
+	Why string
+	// Conflict: it cannot be handed over because an ownership conflict is
+	// recorded on it; the batch waits until the conflict is resolved.
+	Conflict bool
+}
+
+// LeaseHandover is the lease module as a rollout needs it.
+type LeaseHandover interface {
+	// HeldBy reports every lease held by the holders without changing any:
+	// open ones the rollout can reassign as HANDED_OVER, ones it cannot
+	// (an ownership conflict, a cancel request) as they stand, terminal ones
+	// with their outcome. For a rollout batch's record.
+	HeldBy(ctx context.Context, holders []string) ([]*tetherv1.RecordLease, error)
+	// Open lists the open (not terminal) leases held by the holders:
+	// those that can be reassigned, and those that cannot (Why says why).
+	Open(ctx context.Context, holders []string) (open, stuck []HandoverLease, err error)
+	// Reassign issues generation + 1 of l's job to holder, provided the
+	// job is still at l's generation with l's holder (else it reports the
+	// lease module's precondition error and changes nothing). A refusal is
+	// ErrHandoverRefused.
+	Reassign(ctx context.Context, l HandoverLease, holder, reason string) (generation uint64, err error)
+}
+
+// GetTerminationIn reads a termination inside the caller's transaction
+// (ErrTerminationNotFound if there is none).
+func GetTerminationIn(tx store.ReadTxn, terminationID string) (Termination, error) {
+	var t Termination
+	err := getTermination(tx, terminationID, &t)
+	return t, err
+}
+
+// EndLeaseHandoverIn makes a rollout batch's termination a plain one,
+// inside the caller's transaction: unless it is terminated already, it no
+// longer leaves the batch's leases for the rollout but cancels and
+// resolves them itself (its record says how). It returns the termination
+// as it was read; the caller Kicks it once the transaction has committed.
+func EndLeaseHandoverIn(tx store.Txn, terminationID string) (Termination, error) {
+	var t Termination
+	if err := getTermination(tx, terminationID, &t); err != nil {
+		return t, err
+	}
+	if t.Phase == PhaseTerminated || !t.LeaseHandover {
+		return t, nil
+	}
+	next := t
+	next.LeaseHandover = false
+	return t, putJSON(tx, terminationKey(t.ID), next)
+}

@@ -1,0 +1,83 @@
+// Package kv holds the small helpers the supervisor's packages share to
+// keep values in the store: JSON and protobuf values under a key, the keys
+// of a list of ids, and caller text clipped to fit (valid UTF-8, which the
+// store can encode). It holds no key layout: each package owns its own.
+package kv
+
+import (
+	"encoding/json"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/tetherhq/tether/internal/store"
+)
+
+// PutJSON stores v as JSON under key.
+func PutJSON(tx store.Txn, key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.Put(key, b)
+}
+
+// GetJSON decodes the JSON stored under key into v; a missing key is
+// store.ErrNotFound.
+func GetJSON(tx store.ReadTxn, key []byte, v any) error {
+	b, err := tx.Get(key)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// PutProto stores m in its protobuf encoding under key.
+func PutProto(tx store.Txn, key []byte, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return tx.Put(key, b)
+}
+
+// GetProto decodes the protobuf stored under key into m; a missing key is
+// store.ErrNotFound.
+func GetProto(tx store.ReadTxn, key []byte, m proto.Message) error {
+	b, err := tx.Get(key)
+	if err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, m)
+}
+
+// KeysOf maps ids to their keys (for store.Prefetch).
+func KeysOf(ids []string, key func(string) []byte) [][]byte {
+	out := make([][]byte, len(ids))
+	for i, id := range ids {
+		out[i] = key(id)
+	}
+	return out
+}
+
+// Clip shortens caller text quoted in an error message to 40 bytes.
+func Clip(s string) string {
+	if len(s) > 40 {
+		return ClipUTF8(s, 40) + "…"
+	}
+	return s
+}
+
+// ClipUTF8 keeps at most n bytes of s, cut at a character boundary: a
+// multi-byte character split in two is invalid UTF-8, which the store
+// cannot encode (a caller could otherwise turn its own long text into an
+// internal error, and a write that never happens).
+func ClipUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

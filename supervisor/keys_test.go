@@ -1,0 +1,27 @@
+package supervisor
+
+import "testing"
+
+// TestKeyLayout pins the termination's, the records' and the proposals'
+// storage keys: data written by an earlier version must still load, so a
+// key may never change.
+func TestKeyLayout(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{string(terminationKey("t_1")), "terminations/t_1"},
+		{TerminationPrefix, "terminations/"},
+		{string(recordKey("r_1")), "records/r_1"},
+		{string(recordPartKey("r_1", 2)), "records/r_1/part/000002"},
+		{string(recordByTermKey("t_1")), "records-by-term/t_1"},
+		{string(outboxKey("r_1")), "outbox/records/r_1"},
+		{string(proposalKey("p_1")), "proposals/p_1"},
+		{string(pendingPropPrefix("n_1")), "proposals-pending/n_1/"},
+		{string(pendingPropKey("n_1", "p_1")), "proposals-pending/n_1/p_1"},
+		{prefixNode, "agents/node/"},
+		{string(nodeKey("n_1")), "agents/node/n_1"},
+		{string(termCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},
+	} {
+		if c.got != c.want {
+			t.Errorf("key %q, want %q", c.got, c.want)
+		}
+	}
+}

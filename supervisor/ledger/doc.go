@@ -1,0 +1,17 @@
+// Package ledger is the tool-call ledger: every call a gate begins, ends,
+// is asked to cancel and acknowledges, with the gate (a tool server's
+// principal) that reported each step. It reads the agent tree (a call from
+// a stopping or exited node is refused and kept as evidence) and never the
+// termination, which reads and writes the ledger's calls inside its own
+// transactions (GetCallIn, PutCallIn, RequestCancelIn and the keys in
+// keys.go).
+//
+// Callers' duties:
+//   - Allow only tool servers to report, each as its own gate: End and
+//     CancelAck refuse a call begun by another gate (ErrWrongGate).
+//   - Give the Ledger a TokenChecker that verifies the capability token
+//     (signature, expiry, revocation chain, scope) before a call begins.
+//   - Treat the cancel orders WatchCancels sends as idempotent: they may
+//     repeat after a reconnect.
+//   - Keep an Observer cheap: it runs inside the call's transaction.
+package ledger

@@ -1,0 +1,38 @@
+package ledger
+
+// Tool-call ledger keys.
+const (
+	prefixCall     = "calls/call/"   // calls/call/<call id> → tetherv1.ToolCall
+	prefixOpenCall = "calls/open/"   // calls/open/<node id>/<call id> → "" while in flight
+	prefixCancel   = "calls/cancel/" // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
+	prefixTermCall = "calls/term/"   // calls/term/<termination id>/<call id> → "" calls a termination must account for
+)
+
+func callKey(id string) []byte             { return []byte(prefixCall + id) }
+func openCallPrefix(node string) []byte    { return []byte(prefixOpenCall + node + "/") }
+func openCallKey(node, call string) []byte { return []byte(prefixOpenCall + node + "/" + call) }
+func cancelKey(gate, call string) []byte   { return []byte(prefixCancel + gate + "/" + call) }
+func cancelPrefix(gate string) []byte      { return []byte(prefixCancel + gate + "/") }
+func termCallPrefix(term string) []byte    { return []byte(prefixTermCall + term + "/") }
+func termCallKey(term, call string) []byte { return []byte(prefixTermCall + term + "/" + call) }
+
+// The keys a termination reads and writes inside its own transactions (it
+// marks calls, orders cancels and closes them in its record).
+
+// CallKey is a call's key.
+func CallKey(id string) []byte { return callKey(id) }
+
+// OpenCallPrefix prefixes the node's calls in flight.
+func OpenCallPrefix(node string) []byte { return openCallPrefix(node) }
+
+// OpenCallKey marks a call of the node in flight.
+func OpenCallKey(node, call string) []byte { return openCallKey(node, call) }
+
+// CancelKey marks a cancel order the gate has not acknowledged.
+func CancelKey(gate, call string) []byte { return cancelKey(gate, call) }
+
+// TermCallPrefix prefixes the calls a termination accounts for.
+func TermCallPrefix(term string) []byte { return termCallPrefix(term) }
+
+// TermCallKey marks a call the termination accounts for.
+func TermCallKey(term, call string) []byte { return termCallKey(term, call) }

@@ -1,0 +1,22 @@
+package ledger
+
+import "testing"
+
+// TestKeyLayout pins the ledger's storage keys: data written by an earlier
+// version must still load, so a key may never change. (The termination
+// watches "calls/" for every ledger change.)
+func TestKeyLayout(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{string(CallKey("c_1")), "calls/call/c_1"},
+		{string(OpenCallPrefix("n_1")), "calls/open/n_1/"},
+		{string(OpenCallKey("n_1", "c_1")), "calls/open/n_1/c_1"},
+		{string(cancelPrefix("g")), "calls/cancel/g/"},
+		{string(CancelKey("g", "c_1")), "calls/cancel/g/c_1"},
+		{string(TermCallPrefix("t_1")), "calls/term/t_1/"},
+		{string(TermCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},
+	} {
+		if c.got != c.want {
+			t.Errorf("key %q, want %q", c.got, c.want)
+		}
+	}
+}

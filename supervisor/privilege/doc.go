@@ -1,0 +1,22 @@
+// Package privilege is the registry of temporary privileges a node holds
+// outside Tether (a file lock, a queue reservation, a cloud credential)
+// and their revocation: an in-process revoker by kind, or a webhook per
+// privilege. A termination revokes its members' privileges (Dispatch) and
+// its record lists each outcome; the record's transaction decides, at the
+// deadline, those that never answered (revoke_failed).
+//
+// Nothing the workload registers can hold a termination hostage: a revoke
+// webhook may only point at a destination the operator allowed
+// (AllowHooks), a node holds at most MaxPerNode live privileges, and the
+// revocations run in parallel off the reconciler's path, each bounded by
+// the termination's hook deadline, redirects never followed.
+//
+// Callers' duties:
+//   - Set AllowHooks from the operator's configuration (HookAllowFlag);
+//     empty allows no webhook at all.
+//   - Give Dispatch a context that lives as long as the reconciler: the
+//     calls it starts outlive the call to Dispatch, and a restarted
+//     reconciler calls it again for what is undecided.
+//   - Make in-process revokers idempotent: a privilege may be revoked
+//     again after a restart.
+package privilege

@@ -1,0 +1,38 @@
+// Package tree is the agent tree: the enumeration of every
+// credential-bearing agent, its sessions and the evidence of its exit.
+// Credentials are only issued to registered nodes, so walking a node's
+// subtree finds everything that must stop with it. Nodes are stored under
+// keys.go's layout; a child index makes a subtree walk a sequence of
+// prefix scans, never a full scan. It is the bottom of the supervisor: it
+// imports none of the supervisor's other packages.
+//
+// Spawning checks the parent's state inside the same transaction that
+// writes the child, so a spawn racing a termination's mark (one
+// transaction, in package supervisor) is either refused or included.
+//
+// Exit evidence (evidence.go, session.go). A node's exit is confirmed by
+// its own word or an ancestor's (a claim when the ancestor is itself
+// stopping, stopped or exited, under this termination or another; an
+// exited agent may not vouch at all) or by an operator such as a launcher
+// (an attestation); JudgeExit counts a confirmation only when the control
+// plane's own evidence agrees: no session open (SessionOpened and
+// SessionClosed store the observation on the node), every grant revoked or
+// expired, no activity after it, and for a bare claim the session's end
+// observed. From the first confirmation the node may not act: Act and the
+// ledger refuse it (ErrNodeExited) and keep each attempt on the node as a
+// contradiction (at most MaxContradictions). A confirmation outside a
+// termination moves a running node to EXITED; a later termination covering
+// it includes it.
+//
+// Signals pushes drain and abort signals to open sessions from the nodes'
+// stored state (a watch on the nodes), wherever the decision was made.
+//
+// Callers' duties:
+//   - Refuse the request when Act returns ErrNodeExited: it has already
+//     stored the contradiction.
+//   - Call SessionClosed when a session ends, with a context that outlives
+//     the stream; call CloseStaleSessions at start only in a process that
+//     owns its store alone.
+//   - Run Signals (Signals.Run) for as long as sessions are served.
+//   - Keep an Observer cheap: it runs inside the spawn's transaction.
+package tree

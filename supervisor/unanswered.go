@@ -1,0 +1,38 @@
+package supervisor
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/privilege"
+)
+
+// decideUnansweredPrivileges decides, inside the transaction that writes
+// t's record, every privilege of its members still undecided: expired if
+// past its expiry, otherwise revoke_failed (no answer by the deadline). A
+// late answer never overwrites it.
+func decideUnansweredPrivileges(tx store.Txn, t Termination, now time.Time) error {
+	privs, err := privilege.PrivilegesIn(tx, t.Members)
+	if err != nil {
+		return err
+	}
+	for _, p := range privs {
+		if p.Outcome != "" {
+			continue
+		}
+		p.DecidedAt = now
+		if !now.Before(p.ExpiresAt) {
+			p.Outcome = privilege.OutcomeExpired
+		} else {
+			p.Outcome, p.Error = privilege.OutcomeRevokeFailed, "no answer within the termination's deadline"
+			if t.HookTimeout > 0 {
+				p.Error = fmt.Sprintf("no answer within the %s deadline", t.HookTimeout)
+			}
+		}
+		if err := privilege.PutIn(tx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
