@@ -201,6 +201,9 @@ func TestSummary(t *testing.T) {
 	r.Add("lease/renew/unary/leases=64", 3000, "renews/s")
 	r.Add("lease/renew/etcd-txn/leases=64", 2000, "renews/s")
 	r.Add("capability/revoke-to-verifier-reject/descendants=100000", 4.1, "ms")
+	r.Add("lease/renew/stream/leases=1/p50", 0.5, "ms")
+	r.Add("lease/renew/lone-floor-rpc/p50", 0.15, "ms")
+	r.Add("lease/renew/lone-floor-fsync/p50", 0.1, "ms")
 	rows := map[string]string{}
 	for _, row := range Summary(r.Results()) {
 		rows[row.Figure] = row.Value
@@ -212,6 +215,8 @@ func TestSummary(t *testing.T) {
 		"largest subtree one termination covered":    "Badger 120,001 (9,000 ms); 1,000,001 unfinished after 900.0 s; etcd 1,000 (300 ms); 20,001 unfinished after 120.0 s",
 		"revoke → offline verifier rejects":          "100k 4.10 ms (1M: -million)",
 		"spawn + credential, durable, 64 clients":    notMeasured,
+		"closed-loop stream renew, 1 lease, p50":     "0.50 ms = floor 0.25 ms (RPC 0.15 ms + fsync 0.10 ms) +0.25 ms",
+		"floors, p50":                                "fsync 0.10 ms, RPC 0.15 ms",
 	} {
 		if got, ok := rows[figure]; !ok || got != want {
 			t.Errorf("%s: got %q, want %q", figure, got, want)

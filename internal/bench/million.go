@@ -21,7 +21,7 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 func init() {
@@ -74,7 +74,7 @@ func millionEtcd(ctx context.Context, r *Report) error {
 // (see buildWideTree) and reports, under name:
 //
 //   - build-agents-per-s: how fast the setup wrote it (spawns through the
-//     supervisor's Tree, grants in batches; no RPC, no credentials);
+//     agent tree's tree.Tree, grants in batches; no RPC, no credentials);
 //   - heap-per-agent, rss-per-agent: the process's Go heap in use and
 //     resident memory after a GC (and the heap's pages returned to the
 //     system), grown from before the build, over the agents; the process
@@ -223,7 +223,7 @@ type wideTree struct {
 }
 
 // buildWideTree writes top children below root and per children below each
-// of them. Every node is a real node, spawned through the supervisor's
+// of them. Every node is a real node, spawned through the agent tree's
 // Tree as the Spawn handler does (one durable Update each, which checks
 // the parent and the limits and keeps the child count), without the RPC
 // and the credential; every node holds a grant delegated from its
@@ -233,7 +233,7 @@ type wideTree struct {
 // child count), the children's subtrees concurrently. progress is called
 // every ten seconds.
 func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, rootGrant *tetherv1.Grant, top, per int, progress func(done int)) (wideTree, error) {
-	tree := &supervisor.Tree{Store: srv.Store(), Clock: clock.Real{}, Limits: supervisor.DefaultLimits, Instance: "bench"}
+	agents := &tree.Tree{Store: srv.Store(), Clock: clock.Real{}, Limits: tree.DefaultLimits, Instance: "bench"}
 	now := time.Now().UTC()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -299,7 +299,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 	}
 
 	spawn := func(parent *tetherv1.Node, parentGrant capability.Grant, scopes ...string) (*tetherv1.Node, capability.Grant, error) {
-		child, err := tree.Spawn(ctx, parent.NodeId, "agent", nil, "bench", nil)
+		child, err := agents.Spawn(ctx, parent.NodeId, "agent", nil, "bench", nil)
 		if err != nil {
 			return nil, capability.Grant{}, fmt.Errorf("spawn under %s: %w", parent.NodeId, err)
 		}

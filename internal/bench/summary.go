@@ -61,7 +61,7 @@ func Summary(results []Result) []SummaryRow {
 
 	// Unary renew against etcd's own fenced renew, at each concurrency.
 	var parts []string
-	for _, n := range []int{1, 64, 1024} {
+	for _, n := range []int{1, 8, 64, 1024} {
 		u, ok1 := get(fmt.Sprintf("lease/renew/unary/leases=%d", n))
 		e, ok2 := get(fmt.Sprintf("lease/renew/etcd-txn/leases=%d", n))
 		if !ok1 || !ok2 || e == 0 {
@@ -75,12 +75,14 @@ func Summary(results []Result) []SummaryRow {
 	}
 	add("unary renew ÷ etcd fenced renew, by leases", "≥ 1× at every concurrency", orNotMeasured(strings.Join(parts, "; ")))
 
+	// The floors are lease/renew's, measured in one loop beside a lone
+	// renew.
+	rpc, hasRPC := get("lease/renew/lone-floor-rpc/p50")
+	fsync, hasFsync := get("lease/renew/lone-floor-fsync/p50")
 	value = notMeasured
 	if p50, ok := get("lease/renew/stream/leases=1/p50"); ok {
 		value = fmtMS(p50)
-		rpc, ok1 := get("floor/rpc/p50")
-		fsync, ok2 := get("floor/fsync/p50")
-		if ok1 && ok2 {
+		if hasRPC && hasFsync {
 			value += fmt.Sprintf(" = floor %s (RPC %s + fsync %s) %+.2f ms", fmtMS(rpc+fsync), fmtMS(rpc), fmtMS(fsync), p50-rpc-fsync)
 		}
 		if commit, ok := get("lease/renew/lone-floor-commit/p50"); ok {
@@ -131,8 +133,7 @@ func Summary(results []Result) []SummaryRow {
 	add("memory per agent (with its grant)", "—", value)
 
 	value = notMeasured
-	if fsync, ok := get("floor/fsync/p50"); ok {
-		rpc, _ := get("floor/rpc/p50")
+	if hasRPC && hasFsync {
 		value = fmt.Sprintf("fsync %s, RPC %s", fmtMS(fsync), fmtMS(rpc))
 	}
 	add("floors, p50", "—", value)
