@@ -86,9 +86,11 @@ func millionEtcd(ctx context.Context, r *Report) error {
 //     (as capability/revoke-subtree), and marker-background, the time
 //     until the stored states of every descendant grant are rewritten;
 //   - terminate-abort: Terminate of the whole subtree in abort mode, one
-//     tool call in flight under each of the root's children, until the
-//     termination is terminated and its record lists every agent; and
-//     its CPU time. A termination that fails or does not finish within
+//     tool call in flight under each of the root's children (each call
+//     under a fresh root grant of its agent: the agents' delegated grants
+//     were revoked by the step before, so the termination finds them
+//     revoked and records them so), until the termination is terminated
+//     and its record lists every agent; and its CPU time. A termination that fails or does not finish within
 //     Report.StepTimeout is reported as terminate-abort/unfinished (the
 //     time it was given), its last state logged, and returned as the
 //     scenario's error after the other figures.
