@@ -123,14 +123,14 @@ func Summary(results []Result) []SummaryRow {
 	value = notMeasured
 	if heap, ok := get("million/badger/heap-per-agent/agents=1000001"); ok {
 		rss, _ := get("million/badger/rss-per-agent/agents=1000001")
-		value = fmt.Sprintf("1M on Badger: heap %s B, RSS %s B", formatValue(heap), formatValue(rss))
+		value = fmt.Sprintf("1M on Badger, each with a grant: heap %s B, RSS %s B", formatValue(heap), formatValue(rss))
 		if disk, ok := get("million/badger/disk-per-agent/agents=1000001"); ok {
 			value += fmt.Sprintf(", disk %s B", formatValue(disk))
 		}
 	} else if heap, ok := get("supervisor/server-heap-per-agent"); ok {
-		value = fmt.Sprintf("10k on Badger: heap %s B (1M: -million)", formatValue(heap))
+		value = fmt.Sprintf("10k on Badger, no grants: heap %s B (1M: -million)", formatValue(heap))
 	}
-	add("memory per agent (with its grant)", "—", value)
+	add("memory per agent, after GC", "—", value)
 
 	value = notMeasured
 	if hasRPC && hasFsync {
