@@ -7,7 +7,7 @@
 // decision takes the time as an argument; ids and keys are drawn from an
 // io.Reader the caller passes. It does not import the generated protobuf,
 // Connect or the store: the RPC layer maps these types to tether.v1 and the
-// errors to Connect codes.
+// errors' categories (internal/fault) to Connect codes.
 //
 // # Grants
 //

@@ -6,15 +6,16 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"sort"
 	"time"
+
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // ErrUnknownKey is returned when a token names a kid the ring does not hold.
-var ErrUnknownKey = errors.New("capability: unknown signing key")
+var ErrUnknownKey = fault.New(fault.Unauthenticated, "capability: unknown signing key")
 
 // SigningKey is one Ed25519 key of the ring.
 type SigningKey struct {

@@ -31,6 +31,16 @@ import (
 // again, exactly as if the caller had come to it directly; a forwarded
 // call carries no authority of the forwarding replica.
 //
+// What is forwarded and what is not (docs/design.md §6 states the rule):
+// every message that is judged (Offer … Resolve, and the Channel stream)
+// goes to the leader, which alone holds the pending leases it is judged
+// against; ListLeases too, because the leader lists from memory what a
+// follower would have to rebuild lease by lease from the store. The point
+// reads — GetLease, Evidence, GetPolicy — are served where they arrive:
+// the lease and its evidence are durable state, which every replica reads
+// from the store with a linearizable read, so a follower answers exactly
+// what the leader would, without the hop, and even while no replica leads.
+//
 // Trade-offs, chosen for simplicity:
 //   - A forwarded call costs one more hop and a second authentication.
 //     Agents that renew at high rates can connect to the leader directly
@@ -298,16 +308,23 @@ func (f *leaseForwarder) Resolve(ctx context.Context, req *connect.Request[tethe
 	return forwardUnary(ctx, f, req, f.local.Resolve, tetherv1connect.LeaseServiceClient.Resolve)
 }
 
+// GetLease is served by every replica: where the coordinator does not
+// serve, it reads the lease from the store (coordinator.StoredLease), with
+// a linearizable read on etcd — every decision acknowledged before the
+// call is in it, whichever replica made it — and the same authorisation.
 func (f *leaseForwarder) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
-	return forwardUnary(ctx, f, req, f.local.GetLease, tetherv1connect.LeaseServiceClient.GetLease)
+	return f.local.GetLease(ctx, req)
 }
 
 func (f *leaseForwarder) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {
 	return forwardUnary(ctx, f, req, f.local.ListLeases, tetherv1connect.LeaseServiceClient.ListLeases)
 }
 
+// Evidence is served by every replica: the rows are read from the store
+// on any replica, and so is the lease its authorisation looks at (see
+// GetLease).
 func (f *leaseForwarder) Evidence(ctx context.Context, req *connect.Request[tetherv1.EvidenceRequest]) (*connect.Response[tetherv1.EvidenceResponse], error) {
-	return forwardUnary(ctx, f, req, f.local.Evidence, tetherv1connect.LeaseServiceClient.Evidence)
+	return f.local.Evidence(ctx, req)
 }
 
 // GetPolicy is served by every replica: the policy is configuration, the

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/leader"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/etcdtest"
@@ -212,5 +214,118 @@ func TestEtcdReplicasServeEveryLeaseCall(t *testing.T) {
 	got, err = as(next).Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.JobId}))
 	if err != nil || got.Msg.Lease.RenewSequence != seq-1 || got.Msg.Lease.LeaseGeneration != 1 {
 		t.Fatalf("the lease after the takeover: %v %v", err, got.Msg.GetLease())
+	}
+}
+
+// A follower answers the point reads of the leases — GetLease and Evidence
+// — from the store, without the leader: here the leader publishes an
+// address nobody can reach, so everything the follower forwards fails with
+// Unavailable (a renew, a list), while its reads answer at once what the
+// leader answers, including a renew the leader acknowledged just before
+// (the read is linearizable), and refuse a stranger exactly as the leader
+// does.
+func TestEtcdFollowerServesLeaseReadsWithoutTheLeader(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	open := func() *etcdstore.Etcd {
+		return etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	}
+	unreachable := func(cfg *controlplane.Config) { cfg.Elector.(*leader.Etcd).Address = "http://127.0.0.1:1" }
+	lead := testserver.Start(t, testserver.WithEtcdStore(open(), "replica-lead"), unreachable)
+	testserver.WaitFor(t, replicaWait, "the first replica to lead and serve the leases", func() bool {
+		serving, _ := lead.Leases().Serving()
+		return serving
+	})
+	follower := testserver.Start(t, testserver.WithEtcdStore(open(), "replica-follower"))
+	ctx := context.Background()
+
+	admin := lead.AdminClients()
+	root := register(t, admin, "owner")
+	worker := spawn(t, lead.Clients(root.Credential), root.Node.NodeId, "worker")
+	stranger := register(t, admin, "stranger")
+	offer, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offer.Msg.Lease
+	onLead, onFollower := lead.Clients(worker.Credential), follower.Clients(worker.Credential)
+	if _, err := onLead.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	// The follower forwards what is judged, and cannot reach the leader.
+	_, err = onFollower.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, RenewSequence: 1}))
+	if connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("a renew through the follower: %v, want Unavailable (its leader is unreachable)", err)
+	}
+	if _, err := follower.Clients(worker.Credential).Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{})); connect.CodeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("a list through the follower: %v, want Unavailable (lists stay with the leader)", err)
+	}
+
+	for seq := uint64(1); seq <= 3; seq++ {
+		resp, err := onLead.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, RenewSequence: seq}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantDecision(t, "renew on the leader", resp.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		// At once, no waiting: the follower's read sees the acknowledged
+		// renew, and answers what the leader answers.
+		got, err := onFollower.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.JobId}))
+		if err != nil {
+			t.Fatalf("get through the follower after renew %d: %v", seq, err)
+		}
+		want, err := onLead.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.JobId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Msg.Lease.RenewSequence != seq || !proto.Equal(got.Msg.Lease, want.Msg.Lease) {
+			t.Fatalf("after renew %d the follower reads %v, the leader %v", seq, got.Msg.Lease, want.Msg.Lease)
+		}
+	}
+	for _, c := range []struct {
+		who        string
+		lead, here *testserver.Clients
+	}{
+		{"the holder", onLead, onFollower},
+		{"an operator", admin, follower.Clients(lead.Admin)},
+	} {
+		want, err := c.lead.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: l.JobId, PageSize: 2}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.here.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: l.JobId, PageSize: 2}))
+		if err != nil {
+			t.Fatalf("evidence for %s through the follower: %v", c.who, err)
+		}
+		if !proto.Equal(got.Msg, want.Msg) || len(got.Msg.Rows) != 2 || got.Msg.NextPageToken == "" {
+			t.Fatalf("evidence for %s: the follower answers %v, the leader %v", c.who, got.Msg, want.Msg)
+		}
+		rest, err := c.here.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: l.JobId, PageToken: got.Msg.NextPageToken}))
+		if err != nil || len(rest.Msg.Rows) != 3 {
+			t.Fatalf("the rest of the evidence for %s through the follower: %v, %d rows; want the three renews", c.who, err, len(rest.Msg.GetRows()))
+		}
+	}
+	// Refusals are the leader's: a stranger, a job that does not exist,
+	// a malformed id.
+	for _, c := range []struct {
+		what     string
+		lead     *testserver.Clients
+		follower *testserver.Clients
+		job      string
+	}{
+		{"a stranger reading the lease", lead.Clients(stranger.Credential), follower.Clients(stranger.Credential), l.JobId},
+		{"the holder reading a job that does not exist", onLead, onFollower, "job-nobody-offered"},
+		{"an operator reading a job that does not exist", admin, follower.Clients(lead.Admin), "job-nobody-offered"},
+		{"a malformed job id", onLead, onFollower, strings.Repeat("x", 4096)},
+	} {
+		_, want := c.lead.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: c.job}))
+		_, got := c.follower.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: c.job}))
+		if want == nil || connect.CodeOf(got) != connect.CodeOf(want) {
+			t.Fatalf("%s: the follower answers %v, the leader %v", c.what, got, want)
+		}
+		_, want = c.lead.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: c.job}))
+		_, got = c.follower.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: c.job}))
+		if want == nil || connect.CodeOf(got) != connect.CodeOf(want) {
+			t.Fatalf("%s, its evidence: the follower answers %v, the leader %v", c.what, got, want)
+		}
 	}
 }

@@ -33,7 +33,7 @@ func (h *supervisorService) Rollout(ctx context.Context, req *connect.Request[te
 		Description:    m.Description, RequestedBy: p.ID(),
 	})
 	if err != nil {
-		return nil, toConnect(rolloutError(err))
+		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.RolloutResponse{Rollout: rolloutToProto(r)}), nil
 }
@@ -41,7 +41,7 @@ func (h *supervisorService) Rollout(ctx context.Context, req *connect.Request[te
 func (h *supervisorService) GetRollout(ctx context.Context, req *connect.Request[tetherv1.GetRolloutRequest]) (*connect.Response[tetherv1.GetRolloutResponse], error) {
 	r, err := h.s.rollouts.Get(ctx, req.Msg.RolloutId)
 	if err != nil {
-		return nil, toConnect(rolloutError(err))
+		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.GetRolloutResponse{Rollout: rolloutToProto(r)}), nil
 }
@@ -65,7 +65,7 @@ func (h *supervisorService) WatchRollout(ctx context.Context, req *connect.Reque
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
-	return toConnect(rolloutError(err))
+	return toConnect(err)
 }
 
 func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string, d rollout.RolloutDecision, reason string) (*tetherv1.Rollout, error) {
@@ -75,7 +75,7 @@ func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string,
 	}
 	r, err := h.s.rollouts.Decide(ctx, rolloutID, d, reason, p.ID())
 	if err != nil {
-		return nil, toConnect(rolloutError(err))
+		return nil, toConnect(err)
 	}
 	return rolloutToProto(r), nil
 }
@@ -102,20 +102,6 @@ func (h *supervisorService) AbortRollout(ctx context.Context, req *connect.Reque
 		return nil, err
 	}
 	return connect.NewResponse(&tetherv1.AbortRolloutResponse{Rollout: r}), nil
-}
-
-// rolloutError maps the rollout sentinels here rather than in the shared
-// toConnect switch.
-func rolloutError(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, rollout.ErrRolloutNotFound):
-		return connect.NewError(connect.CodeNotFound, err)
-	case errors.Is(err, rollout.ErrRolloutFinished):
-		return connect.NewError(connect.CodeFailedPrecondition, err)
-	}
-	return err
 }
 
 // ReportReady: an agent reports its own node ready, or an operator (its

@@ -111,6 +111,13 @@ type Config struct {
 	// PrivilegeHookTimeout bounds, in total, a termination's privilege
 	// revocations; zero means supervisor.DefaultHookTimeout.
 	PrivilegeHookTimeout time.Duration
+	// TerminationChunk bounds the nodes (or tool calls) one transaction
+	// of a termination handles; zero means supervisor.DefaultChunkSize.
+	TerminationChunk int
+	// TerminationFault, when set, is called after each chunk of a
+	// termination commits (see supervisor.Supervisor.ChunkFault). Tests
+	// only.
+	TerminationFault func(step string, n int)
 	// StopPolicy decides which stop proposals are approved automatically
 	// (agents' own, and those stop rules file: RuleActions).
 	StopPolicy supervisor.ProposalPolicy

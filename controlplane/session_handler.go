@@ -37,20 +37,11 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 	if hello.NodeId != p.NodeID() {
 		return denied("agent %s may open a session only for its own node, not node_id %s", p.NodeID(), hello.NodeId)
 	}
-	signals, unsubscribe := a.s.signals.Subscribe(p.NodeID())
-	defer unsubscribe()
-	node, sessionID, err := a.s.tree.SessionOpened(ctx, p.NodeID())
+	node, signals, closeSession, err := a.s.openSession(ctx, p.NodeID(), "session")
 	if err != nil {
-		return toConnect(err)
+		return err
 	}
-	defer func() {
-		// Outlive the stream's context: the end must be stored.
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := a.s.tree.SessionClosed(closeCtx, p.NodeID(), sessionID); err != nil {
-			a.s.log.Warn("could not store the end of a session", "node_id", p.NodeID(), "error", err)
-		}
-	}()
+	defer closeSession()
 
 	out := make(chan *tetherv1.SessionResponse, 8)
 	ctx, cancel := context.WithCancel(ctx)
@@ -239,24 +230,14 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 	if req.Msg.NodeId != "" && req.Msg.NodeId != p.NodeID() {
 		return denied("agent %s may watch only its own signals, not node_id %s", p.NodeID(), req.Msg.NodeId)
 	}
-	// Subscribe before reading the state: a change between the two is
-	// then pushed rather than lost.
-	signals, unsubscribe := a.s.signals.Subscribe(p.NodeID())
-	defer unsubscribe()
 	// A signals stream is a session in the exit evidence's sense: while it
 	// is open the node is not gone, and its end is what corroborates the
 	// agent's claim to have exited (as for Session).
-	node, sessionID, err := a.s.tree.SessionOpened(ctx, p.NodeID())
+	node, signals, closeSession, err := a.s.openSession(ctx, p.NodeID(), "signals stream")
 	if err != nil {
-		return toConnect(err)
+		return err
 	}
-	defer func() {
-		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := a.s.tree.SessionClosed(closeCtx, p.NodeID(), sessionID); err != nil {
-			a.s.log.Warn("could not store the end of a signals stream", "node_id", p.NodeID(), "error", err)
-		}
-	}()
+	defer closeSession()
 	if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
 		return err
 	}
@@ -316,4 +297,28 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 		resp.Credential = &tetherv1.SessionCredential{Credential: cred, ExpiresAt: timestamppb.New(exp)}
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// openSession subscribes to the node's signals and stores that a session
+// opened (a stream whose being open says the node is not gone); it returns
+// the node as stored then. closeSession stores the session's end, outliving
+// ctx (the end must be stored), then unsubscribes; what names the stream in
+// the log.
+func (s *Server) openSession(ctx context.Context, nodeID, what string) (node *tetherv1.Node, signals <-chan *tetherv1.SessionSignal, closeSession func(), err error) {
+	// Subscribe before reading the state: a change between the two is
+	// then pushed rather than lost.
+	signals, unsubscribe := s.signals.Subscribe(nodeID)
+	node, sessionID, err := s.tree.SessionOpened(ctx, nodeID)
+	if err != nil {
+		unsubscribe()
+		return nil, nil, nil, toConnect(err)
+	}
+	return node, signals, func() {
+		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.tree.SessionClosed(closeCtx, nodeID, sessionID); err != nil {
+			s.log.Warn("could not store the end of a "+what, "node_id", nodeID, "error", err)
+		}
+		unsubscribe()
+	}, nil
 }

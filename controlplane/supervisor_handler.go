@@ -212,34 +212,22 @@ func terminationToProto(t supervisor.Termination) *tetherv1.Termination {
 		RequestedAt:      timestamppb.New(t.RequestedAt),
 		UpdatedAt:        timestamppb.New(t.UpdatedAt),
 		Progress: &tetherv1.TerminationProgress{
-			NodesTotal:    uint32(len(t.Members)),
-			NodesMarked:   uint32(len(t.Members)),
+			NodesTotal:    uint32(t.MemberCount()),
+			NodesMarked:   uint32(t.MemberCount()),
 			CallsInFlight: uint32(t.Progress.CallsInFlight),
 			AcksPending:   uint32(t.Progress.CancelsPending),
-			Confirmations: uint32(len(t.Members) - t.Progress.Unconfirmed),
+			Confirmations: uint32(max(0, t.MemberCount()-t.Progress.Unconfirmed)),
 		},
 		RecordId:     t.RecordID,
 		Escalated:    t.Escalated,
 		RootNodeIds:  t.Roots,
 		RolloutId:    t.RolloutID,
-		TookOverFrom: handoffTerminations(t.TakenOver),
-		SupersededBy: handoffTerminations(t.HandedOver),
+		TookOverFrom: t.TookOverFromIDs(),
+		SupersededBy: t.SupersededByIDs(),
 	}
 }
 
 // handoffTerminations are the distinct other terminations, in order.
-func handoffTerminations(hs []supervisor.Handoff) []string {
-	var out []string
-	seen := map[string]bool{}
-	for _, h := range hs {
-		if !seen[h.TerminationID] {
-			seen[h.TerminationID] = true
-			out = append(out, h.TerminationID)
-		}
-	}
-	return out
-}
-
 func modeToProto(m supervisor.Mode) tetherv1.TerminationMode {
 	if m == supervisor.ModeAbort {
 		return tetherv1.TerminationMode_TERMINATION_MODE_ABORT

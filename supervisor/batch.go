@@ -60,15 +60,23 @@ func GetTerminationIn(tx store.ReadTxn, terminationID string) (Termination, erro
 // longer leaves the batch's leases for the rollout but cancels and
 // resolves them itself (its record says how). It returns the termination
 // as it was read; the caller Kicks it once the transaction has committed.
-func EndLeaseHandoverIn(tx store.Txn, terminationID string) (Termination, error) {
+func EndLeaseHandoverIn(tx store.Txn, terminationID string) (Termination, []string, error) {
 	var t Termination
 	if err := getTermination(tx, terminationID, &t); err != nil {
-		return t, err
+		return t, nil, err
+	}
+	members, err := membersIn(tx, t)
+	if err != nil {
+		return t, nil, err
 	}
 	if t.Phase == PhaseTerminated || !t.LeaseHandover {
-		return t, nil
+		return t, members, nil
 	}
 	next := t
 	next.LeaseHandover = false
-	return t, putJSON(tx, terminationKey(t.ID), next)
+	return t, members, putJSON(tx, terminationKey(t.ID), next)
 }
+
+// MembersIn lists the nodes t stops itself (its subtree index, in walk
+// order), read in tx.
+func MembersIn(tx store.ReadTxn, t Termination) ([]string, error) { return membersIn(tx, t) }

@@ -17,6 +17,18 @@
 //	supervisor/lease      the job-lease machine (beside; the supervisor
 //	                      reaches leases through LeaseCanceller)
 //
+// Spawning checks the parent's state, and its ancestors', inside the same
+// transaction that writes the child. A termination marks its subtree top
+// down in bounded chunks (chunks.go), the roots first, so a spawn racing a
+// termination is either refused (it serialized after the roots' chunk: an
+// ancestor is stopping) or included (it serialized before, and the mark's
+// walk, which starts after, sees it). Every step of a termination that
+// touches the subtree node by node — mark, escalation, cancel orders,
+// revocation, the record — runs in chunks of at most Supervisor.ChunkSize
+// nodes or calls, each one transaction that also persists how far it got,
+// so no subtree is too large for a store transaction and a restart resumes
+// after the last chunk that committed.
+//
 // The termination reads and writes the tree's nodes and the ledger's calls
 // inside its own transactions (layers.go names what it uses of them).
 // Marking a subtree for termination is one transaction, and a spawn checks

@@ -76,5 +76,7 @@ func putProto(tx store.Txn, key []byte, m proto.Message) error {
 func getProto(tx store.ReadTxn, key []byte, m proto.Message) error {
 	return kv.GetProto(tx, key, m)
 }
-func clip(s string) string            { return kv.Clip(s) }
-func clipUTF8(s string, n int) string { return kv.ClipUTF8(s, n) }
+func clip(s string) string                 { return kv.Clip(s) }
+func clipUTF8(s string, n int) string      { return kv.ClipUTF8(s, n) }
+func childPrefix(parent string) []byte     { return tree.ChildPrefix(parent) }
+func childKey(parent, child string) []byte { return tree.ChildKey(parent, child) }

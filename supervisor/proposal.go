@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -21,8 +22,8 @@ import (
 
 // Proposal errors.
 var (
-	ErrProposalNotFound = errors.New("supervisor: proposal not found")
-	ErrProposalDecided  = errors.New("supervisor: proposal already decided")
+	ErrProposalNotFound = fault.New(fault.NotFound, "supervisor: proposal not found")
+	ErrProposalDecided  = fault.New(fault.Precondition, "supervisor: proposal already decided")
 )
 
 // MaxPendingProposals bounds the stop proposals of one node waiting for a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -26,17 +25,19 @@ import (
 const RecordSchemaVersion = 1
 
 // recordPartBytes keeps each stored part of a record under the store's
-// value limit; a record of a 10,000-agent subtree spans a few parts.
+// value limit; each chunk of a termination writes one part or a few
+// (chunks.go), so a record spans as many parts as its subtree needs.
 const recordPartBytes = 512 << 10
 
-// buildRecord assembles the record from stored state inside the
-// transaction that terminates the subtree: nodes and their confirmations,
-// the calls the termination had to account for, privileges, grants and
-// leases. Open calls still waiting for a cancel ack are closed here as
-// cancel_unacknowledged.
-func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*tetherv1.RecordLease, now time.Time) (*tetherv1.ReconciliationRecord, error) {
+// newRecordID allocates a record's id (when its first part is written).
+func newRecordID() string { return id.New(id.Record) }
+
+// recordHeaderOf is the part of the record that describes the whole
+// termination, written last (chunks.go writes the nodes, privileges,
+// leases and calls before it, in parts).
+func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.Time) (*tetherv1.ReconciliationRecord, error) {
 	rec := &tetherv1.ReconciliationRecord{
-		RecordId:      id.New(id.Record),
+		RecordId:      recordID,
 		TerminationId: t.ID,
 		SchemaVersion: RecordSchemaVersion,
 		NodeId:        t.NodeID,
@@ -45,7 +46,6 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		Reason:        t.Reason,
 		Escalated:     t.Escalated,
 		WrittenAt:     timestamppb.New(now),
-		Leases:        leases,
 		RootNodeIds:   t.Roots,
 		RolloutId:     t.RolloutID,
 	}
@@ -56,98 +56,6 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 		}
 		rec.StopRule = p.Rule
 	}
-	heldGrants := map[string][]string{}
-	liveGrants := map[string][]string{}
-	for _, g := range grants {
-		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
-		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
-		switch g.Outcome {
-		case privilege.OutcomeRevoked:
-			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-		case privilege.OutcomeExpired:
-			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-		default:
-			liveGrants[g.NodeID] = append(liveGrants[g.NodeID], g.GrantID)
-		}
-		rec.Privileges = append(rec.Privileges, &tetherv1.RecordPrivilege{
-			PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome,
-		})
-	}
-	heldJobs := map[string][]string{}
-	for _, l := range leases {
-		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobId)
-	}
-	if err := store.Prefetch(tx, keysOf(t.Members, nodeKey), nil); err != nil {
-		return nil, err
-	}
-	inWorkload := t.workloadIn(tx)
-	for _, m := range t.Members {
-		n, err := getNode(tx, m)
-		if err != nil {
-			return nil, err
-		}
-		rec.Nodes = append(rec.Nodes, recordNode(n, inWorkload, liveGrants[n.NodeId], heldGrants[n.NodeId], heldJobs[n.NodeId]))
-	}
-	if err := composeRecordNodes(tx, t, rec); err != nil {
-		return nil, err
-	}
-	privs, err := privilege.PrivilegesIn(tx, t.Members)
-	if err != nil {
-		return nil, err
-	}
-	for _, p := range privs {
-		outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
-		switch p.Outcome {
-		case privilege.OutcomeRevoked:
-			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-		case privilege.OutcomeExpired:
-			outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-		}
-		rec.Privileges = append(rec.Privileges, &tetherv1.RecordPrivilege{
-			PrivilegeId: p.ID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID, Outcome: outcome, Error: p.Error,
-		})
-	}
-	// Every call the termination had to account for.
-	var callIDs []string
-	prefix := termCallPrefix(t.ID)
-	if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
-		callIDs = append(callIDs, string(k[len(prefix):]))
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	if err := store.Prefetch(tx, keysOf(callIDs, callKey), nil); err != nil {
-		return nil, err
-	}
-	ts := timestamppb.New(now)
-	for _, cid := range callIDs {
-		c, err := getCall(tx, cid)
-		if err != nil {
-			return nil, err
-		}
-		if c.State != tetherv1.CallState_CALL_STATE_ENDED {
-			// Never acknowledged (or, after an escalation, never ended):
-			// close it in the ledger so the record and the ledger agree.
-			c.State = tetherv1.CallState_CALL_STATE_ENDED
-			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
-			c.EndedAt = ts
-			c.EndedBy = "termination:" + t.ID
-			if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
-				return nil, err
-			}
-			if err := tx.Delete(cancelKey(c.GateId, c.CallId)); err != nil {
-				return nil, err
-			}
-			if err := putCall(tx, c); err != nil {
-				return nil, err
-			}
-		}
-		rec.ToolCalls = append(rec.ToolCalls, &tetherv1.RecordToolCall{
-			CallId: c.CallId, NodeId: c.NodeId, Tool: c.Tool, GateId: c.GateId, Resolution: c.Resolution,
-			BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
-		})
-	}
-	sort.Slice(rec.ToolCalls, func(i, j int) bool { return rec.ToolCalls[i].CallId < rec.ToolCalls[j].CallId })
 	for _, ph := range t.Phases {
 		rec.Phases = append(rec.Phases, &tetherv1.RecordPhase{
 			Name: ph.Phase.String(), StartedAt: timestamppb.New(ph.StartedAt), Duration: durationpb.New(ph.Duration),
@@ -156,84 +64,58 @@ func buildRecord(tx store.Txn, t Termination, grants []HeldGrant, leases []*teth
 	return rec, nil
 }
 
-// composeRecordNodes completes the record's nodes where terminations
-// composed: members taken over from another termination name it and the
-// node's state under it; nodes another termination accounts for are listed
-// superseded, naming it; nodes an earlier termination had terminated are
-// listed with that termination, its record and the outcome it gave them.
-// With the members, every node of the subtree is listed exactly once.
-func composeRecordNodes(tx store.Txn, t Termination, rec *tetherv1.ReconciliationRecord) error {
-	if len(t.TakenOver) > 0 {
-		taken := make(map[string]Handoff, len(t.TakenOver))
-		for _, h := range t.TakenOver {
-			taken[h.NodeID] = h
-		}
-		for _, rn := range rec.Nodes {
-			h, ok := taken[rn.NodeId]
-			if !ok {
-				continue
-			}
-			rn.InnerTerminationId = h.TerminationID
-			rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING
-			if h.State == tree.StateName(tetherv1.NodeState_NODE_STATE_ABORTING) {
-				rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_ABORTING
-			}
-		}
+// grantPrivilege is a grant as the record lists it.
+func grantPrivilege(g HeldGrant) *tetherv1.RecordPrivilege {
+	outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
+	switch g.Outcome {
+	case privilege.OutcomeRevoked:
+		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+	case privilege.OutcomeExpired:
+		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
 	}
-	others := append(append([]Handoff(nil), t.HandedOver...), t.Prior...)
-	if len(others) == 0 {
+	return &tetherv1.RecordPrivilege{PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome}
+}
+
+// registeredPrivilege is a registered privilege as the record lists it.
+func registeredPrivilege(p privilege.Privilege) *tetherv1.RecordPrivilege {
+	outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
+	switch p.Outcome {
+	case privilege.OutcomeRevoked:
+		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+	case privilege.OutcomeExpired:
+		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+	}
+	return &tetherv1.RecordPrivilege{
+		PrivilegeId: p.ID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID, Outcome: outcome, Error: p.Error,
+	}
+}
+
+// closeUnacknowledged closes a call the termination accounts for that
+// never ended (never acknowledged, or, after an escalation, never ended)
+// in the ledger, so the record and the ledger agree.
+func closeUnacknowledged(tx store.Txn, terminationID string, c *tetherv1.ToolCall, now *timestamppb.Timestamp) error {
+	if c.State == tetherv1.CallState_CALL_STATE_ENDED {
 		return nil
 	}
-	ids := make([]string, len(others))
-	for i, h := range others {
-		ids[i] = h.NodeID
-	}
-	if err := store.Prefetch(tx, keysOf(ids, nodeKey), nil); err != nil {
+	c.State = tetherv1.CallState_CALL_STATE_ENDED
+	c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
+	c.EndedAt = now
+	c.EndedBy = "termination:" + terminationID
+	if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
 		return err
 	}
-	for _, h := range t.HandedOver {
-		n, err := getNode(tx, h.NodeID)
-		if err != nil {
-			return err
-		}
-		rec.Nodes = append(rec.Nodes, &tetherv1.RecordNode{
-			NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
-			Outcome: tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED, SupersededByTerminationId: h.TerminationID,
-		})
+	if err := tx.Delete(cancelKey(c.GateId, c.CallId)); err != nil {
+		return err
 	}
-	// The outcome an earlier record gave each prior node (each record
-	// read once).
-	earlier := map[string]map[string]*tetherv1.RecordNode{}
-	for _, h := range t.Prior {
-		n, err := getNode(tx, h.NodeID)
-		if err != nil {
-			return err
-		}
-		rn := &tetherv1.RecordNode{
-			NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
-			Outcome:            tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED,
-			InnerTerminationId: h.TerminationID, InnerOutcome: tetherv1.InnerOutcome_INNER_OUTCOME_TERMINATED, InnerRecordId: h.RecordID,
-		}
-		if h.RecordID != "" {
-			nodes, ok := earlier[h.RecordID]
-			if !ok {
-				prev, err := getRecord(tx, h.RecordID)
-				if err != nil {
-					return err
-				}
-				nodes = make(map[string]*tetherv1.RecordNode, len(prev.Nodes))
-				for _, pn := range prev.Nodes {
-					nodes[pn.NodeId] = pn
-				}
-				earlier[h.RecordID] = nodes
-			}
-			if pn, ok := nodes[n.NodeId]; ok {
-				rn.Outcome, rn.ConfirmedBy, rn.ConfirmedAt = pn.Outcome, pn.ConfirmedBy, pn.ConfirmedAt
-			}
-		}
-		rec.Nodes = append(rec.Nodes, rn)
+	return putCall(tx, c)
+}
+
+// recordCall is a call as the record lists it.
+func recordCall(c *tetherv1.ToolCall) *tetherv1.RecordToolCall {
+	return &tetherv1.RecordToolCall{
+		CallId: c.CallId, NodeId: c.NodeId, Tool: c.Tool, GateId: c.GateId, Resolution: c.Resolution,
+		BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
 	}
-	return nil
 }
 
 // recordNode is a node's entry: its exit weighed against the control
@@ -289,24 +171,13 @@ func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 	}
 }
 
-// putRecord stores a record in parts under the store's value limit.
-func putRecord(tx store.Txn, rec *tetherv1.ReconciliationRecord) error {
-	b, err := proto.Marshal(rec)
-	if err != nil {
+// putRecordHeader makes a record written in parts visible: its header
+// (the number of parts) and its termination's index.
+func putRecordHeader(tx store.Txn, recordID, terminationID string, parts int) error {
+	if err := tx.Put(recordKey(recordID), []byte(strconv.Itoa(parts))); err != nil {
 		return err
 	}
-	parts := 0
-	for off := 0; off < len(b) || parts == 0; off += recordPartBytes {
-		end := min(off+recordPartBytes, len(b))
-		if err := tx.Put(recordPartKey(rec.RecordId, parts), b[off:end]); err != nil {
-			return err
-		}
-		parts++
-	}
-	if err := tx.Put(recordKey(rec.RecordId), []byte(strconv.Itoa(parts))); err != nil {
-		return err
-	}
-	return tx.Put(recordByTermKey(rec.TerminationId), []byte(rec.RecordId))
+	return tx.Put(recordByTermKey(terminationID), []byte(recordID))
 }
 
 func getRecord(tx store.ReadTxn, recordID string) (*tetherv1.ReconciliationRecord, error) {

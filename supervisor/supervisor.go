@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/fault"
 	"log/slog"
 	"sync"
 	"time"
@@ -22,9 +23,9 @@ import (
 
 // Termination errors.
 var (
-	ErrTerminationNotFound = errors.New("supervisor: termination not found")
-	ErrAlreadyStopping     = errors.New("supervisor: node is already stopping")
-	ErrRecordNotFound      = errors.New("supervisor: record not found")
+	ErrTerminationNotFound = fault.New(fault.NotFound, "supervisor: termination not found")
+	ErrAlreadyStopping     = fault.New(fault.Precondition, "supervisor: node is already stopping")
+	ErrRecordNotFound      = fault.New(fault.NotFound, "supervisor: record not found")
 )
 
 // GrantRevoker is the capability tree as the supervisor needs it.
@@ -69,9 +70,18 @@ type Supervisor struct {
 	// HookTimeout bounds, in total, a termination's privilege revocations
 	// (revoke webhooks and handlers); zero means DefaultHookTimeout.
 	HookTimeout time.Duration
-	Log         *slog.Logger
+	// ChunkSize bounds the nodes (or tool calls) one transaction of a
+	// termination handles (chunks.go); zero means DefaultChunkSize.
+	ChunkSize int
+	// ChunkFault, when set, is called after each chunk of a termination
+	// commits, with the step ("mark", "escalate", "cancel", "revoke",
+	// "record") and how many chunks of it this process has committed.
+	// Tests only (the kill -9 tests stop the process there).
+	ChunkFault func(step string, n int)
+	Log        *slog.Logger
 
-	queue *workQueue
+	queue  *workQueue
+	chunks chunkCounter
 }
 
 // Defaults for a termination's windows when the request leaves them empty.

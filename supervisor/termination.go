@@ -69,8 +69,8 @@ type Action int
 const (
 	// ActWait: nothing to do until a fact changes or the returned deadline.
 	ActWait Action = iota
-	// ActMark marks the whole subtree draining or aborting in one
-	// transaction and signals the sessions.
+	// ActMark marks the whole subtree draining or aborting, top down, in
+	// bounded chunks (chunks.go), and signals the sessions.
 	ActMark
 	// ActEndDrain: every in-flight call finished inside the drain window.
 	ActEndDrain
@@ -174,9 +174,28 @@ type Termination struct {
 	// may not take them). Prior: nodes an earlier termination had already
 	// terminated when this one marked. Each node of the subtree is in
 	// exactly one of Members, HandedOver and Prior.
+	//
+	// These lists (and Members) are how terminations stored before the
+	// subtree index kept their subtree; an Indexed termination lists it
+	// node by node in the store instead (chunks.go) and keeps only the
+	// counts and the other terminations' ids here, so that the stored
+	// termination stays small whatever the subtree's size.
 	TakenOver  []Handoff `json:"taken_over,omitempty"`
 	HandedOver []Handoff `json:"handed_over,omitempty"`
 	Prior      []Handoff `json:"prior,omitempty"`
+	// Indexed: the subtree is listed in the subtree index (chunks.go);
+	// Members, TakenOver, HandedOver and Prior stay empty.
+	Indexed bool `json:"indexed,omitempty"`
+	// Counts counts the subtree index's lists.
+	Counts Counts `json:"counts,omitzero"`
+	// TookOverFrom and SupersededBy name, once each, the terminations this
+	// one took nodes over from and the ones that account for nodes of its
+	// subtree instead of it (an Indexed termination's TakenOver and
+	// HandedOver, by termination).
+	TookOverFrom []string `json:"took_over_from,omitempty"`
+	SupersededBy []string `json:"superseded_by,omitempty"`
+	// Cursor is how far the chunked step in progress has got (zero: none).
+	Cursor Cursor `json:"cursor,omitzero"`
 	// Progress last observed (for GetTermination / WatchTermination).
 	Progress Progress `json:"progress"`
 }
@@ -192,6 +211,8 @@ func (t Termination) clone() Termination {
 	c.TakenOver = slices.Clone(t.TakenOver)
 	c.HandedOver = slices.Clone(t.HandedOver)
 	c.Prior = slices.Clone(t.Prior)
+	c.TookOverFrom = slices.Clone(t.TookOverFrom)
+	c.SupersededBy = slices.Clone(t.SupersededBy)
 	return c
 }
 
@@ -315,12 +336,69 @@ func MarkedState(t Termination, current tetherv1.NodeState) tetherv1.NodeState {
 // taken over by others: nothing is left for it to stop, and it finishes
 // with a record that names them.
 func (t Termination) Superseded() bool {
-	return len(t.Members) == 0 && len(t.HandedOver) > 0 && t.Phase != PhaseRequested && t.Phase != PhaseTerminated
+	return t.MemberCount() == 0 && t.HandedOverCount() > 0 && t.Phase != PhaseRequested && t.Phase != PhaseTerminated
+}
+
+// MemberCount is how many nodes the termination stops (Members).
+func (t Termination) MemberCount() int {
+	if t.Indexed {
+		return t.Counts.Members
+	}
+	return len(t.Members)
+}
+
+// HandedOverCount is how many nodes of the subtree other terminations
+// account for (HandedOver).
+func (t Termination) HandedOverCount() int {
+	if t.Indexed {
+		return t.Counts.HandedOver
+	}
+	return len(t.HandedOver)
+}
+
+// TookOverFromIDs names, once each, the terminations t took nodes over from.
+func (t Termination) TookOverFromIDs() []string {
+	if t.Indexed {
+		return t.TookOverFrom
+	}
+	return handoffTerminations(t.TakenOver)
+}
+
+// SupersededByIDs names, once each, the terminations that account for
+// nodes of t's subtree instead of t.
+func (t Termination) SupersededByIDs() []string {
+	if t.Indexed {
+		return t.SupersededBy
+	}
+	return handoffTerminations(t.HandedOver)
+}
+
+func handoffTerminations(hs []Handoff) []string {
+	var out []string
+	for _, h := range hs {
+		if !slices.Contains(out, h.TerminationID) {
+			out = append(out, h.TerminationID)
+		}
+	}
+	return out
 }
 
 // HandOver removes the nodes another termination (to) has taken over from
 // the members and notes them in HandedOver.
 func HandOver(t Termination, nodes map[string]bool, to string, now time.Time) Termination {
+	if t.Indexed {
+		// The index keeps its entries: a member whose node now names
+		// another termination is that one's (chunks.go).
+		removed := min(len(nodes), t.Counts.Members)
+		t.Counts.Members -= removed
+		t.Counts.HandedOver += removed
+		if !slices.Contains(t.SupersededBy, to) {
+			t.SupersededBy = append(t.SupersededBy, to)
+		}
+		t.Progress.Unconfirmed = max(0, t.Progress.Unconfirmed-removed)
+		t.UpdatedAt = now
+		return t
+	}
 	members := make([]string, 0, len(t.Members))
 	for _, m := range t.Members {
 		if nodes[m] {
@@ -349,6 +427,10 @@ func (t Termination) RootIDs() []string {
 // then calls Advance to record it. wake is when to look again if nothing
 // changes (zero: no timer needed).
 func Next(t Termination, p Progress, now time.Time) (action Action, wake time.Time) {
+	if t.Cursor.Step != ActWait && t.Phase != PhaseTerminated {
+		// A chunked step in progress is finished before anything else.
+		return t.Cursor.Step, time.Time{}
+	}
 	if t.Superseded() {
 		return ActWriteRecord, time.Time{}
 	}
@@ -399,6 +481,9 @@ func Next(t Termination, p Progress, now time.Time) (action Action, wake time.Ti
 func Advance(t Termination, action Action, p Progress, now time.Time) (Termination, error) {
 	t.Progress = p
 	t.UpdatedAt = now
+	if action != ActWait {
+		t.Cursor = Cursor{} // the step is done
+	}
 	switch {
 	case action == ActMark && t.Phase == PhaseRequested:
 		if t.Mode == ModeAbort {
@@ -427,7 +512,8 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 		}
 		t.Revoked = true
 		t.ConfirmDeadline = now.Add(t.ConfirmTimeout)
-		if t.HookTimeout > 0 {
+		if t.HookTimeout > 0 && t.HookDeadline.IsZero() {
+			// (A chunked revocation sets it when it starts its first chunk.)
 			t.HookDeadline = now.Add(t.HookTimeout)
 		}
 	case action == ActWriteRecord && (t.Phase == PhaseReconciling && t.Revoked || t.Superseded()):
@@ -479,6 +565,7 @@ func NewTermination(id, nodeID string, mode Mode, drain, cancelAck, confirm time
 	t := Termination{
 		ID: id, NodeID: nodeID, Mode: mode, DrainWindow: drain, CancelAckTimeout: cancelAck,
 		ConfirmTimeout: confirm, Reason: reason, RequestedBy: requestedBy, RequestedAt: now, UpdatedAt: now,
+		Indexed: true,
 	}
 	return enter(t, PhaseRequested, now), nil
 }

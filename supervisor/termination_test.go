@@ -227,15 +227,15 @@ func TestAnOperatorAbortSupersedesAnAgentsLongDrain(t *testing.T) {
 		{0, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActMark, PhaseDraining},
 		{time.Second, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActWait, PhaseDraining},
 	})
-	inner.Members = []string{"n_child", "n_grandchild"}
+	inner.Counts = Counts{Listed: 2, Members: 2} // the index lists n_child, n_grandchild
 	outer := newTermBy(t, "t_outer", "operator:alice", ModeAbort, 0)
 	if !Supersedes(outer, inner) {
 		t.Fatal("an operator's abort does not supersede an agent's drain")
 	}
 	// The outer's mark takes both nodes over: the inner hands them over.
 	inner = HandOver(inner, map[string]bool{"n_child": true, "n_grandchild": true}, outer.ID, t0.Add(2*time.Second))
-	if len(inner.Members) != 0 || len(inner.HandedOver) != 2 || inner.HandedOver[0].TerminationID != "t_outer" {
-		t.Fatalf("after the handover: members %v, handed over %v", inner.Members, inner.HandedOver)
+	if inner.MemberCount() != 0 || inner.HandedOverCount() != 2 || len(inner.SupersededByIDs()) != 1 || inner.SupersededByIDs()[0] != "t_outer" {
+		t.Fatalf("after the handover: %d members, %d handed over to %v", inner.MemberCount(), inner.HandedOverCount(), inner.SupersededByIDs())
 	}
 	if !inner.Superseded() {
 		t.Fatal("a termination with every node taken over is not superseded")
@@ -247,7 +247,7 @@ func TestAnOperatorAbortSupersedesAnAgentsLongDrain(t *testing.T) {
 	if a, _ := Next(inner, Progress{}, t0.Add(3*time.Second)); a != ActNone {
 		t.Fatalf("a superseded termination, finished: Next = %s", a)
 	}
-	outer.Members = []string{"n_parent", "n_child", "n_grandchild"}
+	outer.Counts = Counts{Listed: 3, Members: 3}
 	runTranscript(t, outer, t0.Add(2*time.Second), []step{
 		{0, Progress{CallsInFlight: 1, Unconfirmed: 3}, ActMark, PhaseAborting},
 		{0, Progress{CallsInFlight: 1, Unconfirmed: 3}, ActCancelCalls, PhaseAborting},
@@ -261,11 +261,11 @@ func TestAnOperatorAbortSupersedesAnAgentsLongDrain(t *testing.T) {
 // its phases for the rest and is not superseded.
 func TestAPartlyTakenOverTerminationGoesOn(t *testing.T) {
 	term := newTerm(t, ModeDrain)
-	term.Members = []string{"n_a", "n_b"}
+	term.Counts = Counts{Listed: 2, Members: 2}
 	term = runTranscript(t, term, t0, []step{{0, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActMark, PhaseDraining}})
 	term = HandOver(term, map[string]bool{"n_b": true}, "t_other", t0.Add(time.Second))
-	if term.Superseded() || len(term.Members) != 1 || term.Progress.Unconfirmed != 1 {
-		t.Fatalf("after handing one of two over: superseded=%v members=%v unconfirmed=%d", term.Superseded(), term.Members, term.Progress.Unconfirmed)
+	if term.Superseded() || term.MemberCount() != 1 || term.Progress.Unconfirmed != 1 {
+		t.Fatalf("after handing one of two over: superseded=%v members=%d unconfirmed=%d", term.Superseded(), term.MemberCount(), term.Progress.Unconfirmed)
 	}
 	runTranscript(t, term, t0, []step{
 		{5 * time.Second, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActWait, PhaseDraining},

@@ -9,11 +9,11 @@ import (
 )
 
 // decideUnansweredPrivileges decides, inside the transaction that writes
-// t's record, every privilege of its members still undecided: expired if
+// a part of t's record, every privilege of those members still undecided: expired if
 // past its expiry, otherwise revoke_failed (no answer by the deadline). A
 // late answer never overwrites it.
-func decideUnansweredPrivileges(tx store.Txn, t Termination, now time.Time) error {
-	privs, err := privilege.PrivilegesIn(tx, t.Members)
+func decideUnansweredPrivileges(tx store.Txn, t Termination, members []string, now time.Time) error {
+	privs, err := privilege.PrivilegesIn(tx, members)
 	if err != nil {
 		return err
 	}

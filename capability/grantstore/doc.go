@@ -127,6 +127,6 @@
 // The control plane authenticates the caller and passes its principal and
 // roles (Caller); it runs RunFeed, RunMarker and RunPruner for as long as
 // it serves, and maps errors (this package's sentinels and the core's) to
-// Connect codes with one errors.Is switch. Messages name fields, grants,
+// Connect codes by their category (internal/fault). Messages name fields, grants,
 // scopes and nodes, never token text.
 package grantstore

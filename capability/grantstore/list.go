@@ -66,12 +66,9 @@ func (s *Service) List(ctx context.Context, caller Caller, q ListQuery) ([]capab
 		}
 		reads := newReader(tx)
 		for _, grantID := range ids {
-			g, ok := reads.grant(grantID)
-			if !ok {
-				if err := reads.failed(); err != nil {
-					return err
-				}
-				return fmt.Errorf("%w: an index names missing grant %s", ErrCorrupt, grantID)
+			g, err := reads.indexed(grantID)
+			if err != nil {
+				return err
 			}
 			out = append(out, effective(g, reads.grant, now))
 		}

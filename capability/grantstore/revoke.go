@@ -125,12 +125,34 @@ func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]capability.He
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = out[:0]
 		reads := newReader(tx)
-		for _, node := range nodeIDs {
+		// One read per node and per grant: on etcd, fetch each kind
+		// together (store.Prefetch) instead of a round trip each.
+		held := make([][]string, len(nodeIDs))
+		var all []string
+		prefixes := make([][]byte, len(nodeIDs))
+		for i, node := range nodeIDs {
+			prefixes[i] = holderPrefix(node)
+		}
+		if err := store.Prefetch(tx, nil, prefixes); err != nil {
+			return err
+		}
+		for i, node := range nodeIDs {
 			ids, err := heldIn(tx, []string{node})
 			if err != nil {
 				return err
 			}
-			for _, grantID := range ids {
+			held[i] = ids
+			all = append(all, ids...)
+		}
+		keys := make([][]byte, len(all))
+		for i, g := range all {
+			keys[i] = grantKey(g)
+		}
+		if err := store.Prefetch(tx, keys, nil); err != nil {
+			return err
+		}
+		for i, node := range nodeIDs {
+			for _, grantID := range held[i] {
 				g, ok := reads.grant(grantID)
 				if !ok {
 					if err := reads.failed(); err != nil {
@@ -250,12 +272,9 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		reads := newReader(tx)
 		active := make(map[string]capability.Grant, len(ids))
 		for _, grantID := range ids {
-			g, ok := reads.grant(grantID)
-			if !ok {
-				if err := reads.failed(); err != nil {
-					return err
-				}
-				return fmt.Errorf("%w: an index names missing grant %s", ErrCorrupt, grantID)
+			g, err := reads.indexed(grantID)
+			if err != nil {
+				return err
 			}
 			if effective(g, reads.grant, now).State == capability.StateActive {
 				active[grantID] = g

@@ -493,6 +493,17 @@ func (r *reader) grant(grantID string) (capability.Grant, bool) {
 
 func (r *reader) failed() error { return r.err }
 
+// indexed reads a grant an index names: a grant missing is corruption.
+func (r *reader) indexed(grantID string) (capability.Grant, error) {
+	if g, ok := r.grant(grantID); ok {
+		return g, nil
+	}
+	if err := r.failed(); err != nil {
+		return capability.Grant{}, err
+	}
+	return capability.Grant{}, fmt.Errorf("%w: an index names missing grant %s", ErrCorrupt, grantID)
+}
+
 // changed reports whether any grant read differs in tx.
 func (r *reader) changed(tx store.ReadTxn) (bool, error) {
 	for grantID, was := range r.seen {

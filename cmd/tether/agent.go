@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -38,11 +39,7 @@ func agentRegister(g *globals) *cobra.Command {
 		Use:   "register --name NAME [--label k=v]",
 		Short: "Register a root agent (operators)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			l, err := parseLabels(labels)
 			if err != nil {
 				return err
@@ -51,11 +48,8 @@ func agentRegister(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
-				return err
-			}
-			return printRegistered(g, cmd.OutOrStdout(), resp.Msg.Node, resp.Msg.Credential, resp.Msg)
-		},
+			return printRegistered(g, cmd, resp.Msg)
+		}),
 	}
 	cmd.Flags().StringVar(&name, "name", "", "agent name")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
@@ -70,11 +64,7 @@ func agentSpawn(g *globals) *cobra.Command {
 		Use:   "spawn --parent NODE --name NAME [--label k=v]",
 		Short: "Spawn a child agent under a running parent",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			l, err := parseLabels(labels)
 			if err != nil {
 				return err
@@ -83,11 +73,8 @@ func agentSpawn(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
-				return err
-			}
-			return printRegistered(g, cmd.OutOrStdout(), resp.Msg.Node, resp.Msg.Credential, resp.Msg)
-		},
+			return printRegistered(g, cmd, resp.Msg)
+		}),
 	}
 	cmd.Flags().StringVar(&parent, "parent", "", "parent node id")
 	cmd.Flags().StringVar(&name, "name", "", "agent name")
@@ -96,21 +83,21 @@ func agentSpawn(g *globals) *cobra.Command {
 	return cmd
 }
 
-func printRegistered(g *globals, w io.Writer, n *tetherv1.Node, credential string, msg interface {
+// registeredAnswer is the answer of a call that registers an agent: its
+// node and its credential.
+type registeredAnswer interface {
+	proto.Message
 	GetNode() *tetherv1.Node
-}) error {
-	asJSON, err := g.wantJSON()
-	if err != nil {
+	GetCredential() string
+}
+
+// printRegistered prints the field --print names, or the whole answer.
+func printRegistered(g *globals, cmd *cobra.Command, msg registeredAnswer) error {
+	if done, err := g.printedAsAsked(cmd, msg); done || err != nil {
 		return err
 	}
-	if asJSON {
-		switch m := msg.(type) {
-		case *tetherv1.RegisterRootResponse:
-			return printJSON(w, m)
-		case *tetherv1.SpawnResponse:
-			return printJSON(w, m)
-		}
-	}
+	w := cmd.OutOrStdout()
+	n, credential := msg.GetNode(), msg.GetCredential()
 	fmt.Fprintf(w, "node_id:     %s\nname:        %s\nparent:      %s\nstate:       %s\ncredential:  %s\n",
 		n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), credential)
 	return nil
@@ -129,35 +116,21 @@ func agentList(g *globals) *cobra.Command {
 		Use:   "ls [--root NODE] [--selector k=v]",
 		Short: "List agents",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
+			nodes, err := allPages(func(token string) ([]*tetherv1.Node, string, error) {
+				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.Nodes, resp.Msg.NextPageToken, nil
+			})
 			if err != nil {
 				return err
 			}
-			var nodes []*tetherv1.Node
-			token := ""
-			for {
-				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token}))
-				if err != nil {
-					return err
-				}
-				nodes = append(nodes, resp.Msg.Nodes...)
-				if token = resp.Msg.NextPageToken; token == "" {
-					break
-				}
-			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), nodes)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "NODE\tNAME\tPARENT\tSTATE\tLABELS")
-			for _, n := range nodes {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels))
-			}
-			return tw.Flush()
-		},
+			return printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels))
+			})
+		}),
 	}
 	cmd.Flags().StringVar(&selector, "selector", "", "label selector k=v,k2=v2")
 	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree")
@@ -185,25 +158,19 @@ func agentShow(g *globals) *cobra.Command {
 		Use:   "show NODE",
 		Short: "Show one agent",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.Agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: args[0]}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg.Node); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg.Node)
 			}
 			n := resp.Msg.Node
 			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
 				n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -212,19 +179,13 @@ func agentTree(g *globals) *cobra.Command {
 		Use:   "tree NODE",
 		Short: "Draw a node's subtree",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: args[0]}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Nodes); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), resp.Msg.Nodes)
 			}
 			children := map[string][]*tetherv1.Node{}
 			for _, n := range resp.Msg.Nodes {
@@ -239,7 +200,7 @@ func agentTree(g *globals) *cobra.Command {
 				return kids
 			}, label)
 			return nil
-		},
+		}),
 	}
 }
 

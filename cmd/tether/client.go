@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
@@ -116,6 +117,35 @@ func (g *globals) clients() (*clients, error) {
 	return agentsdk.Dial(g.addr, token, agentsdk.WithHTTPClient(hc)), nil
 }
 
+// dialed is a command's RunE that dials the control plane before run.
+func (g *globals) dialed(run func(cmd *cobra.Command, args []string, c *clients) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := g.clients()
+		if err != nil {
+			return err
+		}
+		return run(cmd, args, c)
+	}
+}
+
+// allPages collects every page of a paged list. page fetches the page a
+// token names ("" for the first) and returns its items and the next
+// token, "" after the last page.
+func allPages[T any](page func(token string) ([]T, string, error)) ([]T, error) {
+	var all []T
+	token := ""
+	for {
+		items, next, err := page(token)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, items...)
+		if token = next; token == "" {
+			return all, nil
+		}
+	}
+}
+
 // printJSON writes a message as indented protojson (the same shape curl sees).
 func printJSON(w io.Writer, m proto.Message) error {
 	b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(m)
@@ -142,6 +172,39 @@ func printJSONList[M proto.Message](w io.Writer, ms []M) error {
 	}
 	_, err = fmt.Fprintln(w, string(b))
 	return err
+}
+
+// printedAsJSON prints msg as JSON if -o json asks for it; done says
+// whether it did (or failed trying), so the caller prints no table.
+func (g *globals) printedAsJSON(w io.Writer, msg proto.Message) (done bool, err error) {
+	return g.printedJSON(func() error { return printJSON(w, msg) })
+}
+
+// printedAsJSONList is printedAsJSON for a list.
+func printedAsJSONList[M proto.Message](g *globals, w io.Writer, ms []M) (done bool, err error) {
+	return g.printedJSON(func() error { return printJSONList(w, ms) })
+}
+
+// printList prints items as a JSON list under -o json, else as a table:
+// header, then row(item) for each item (cells separated by tabs).
+func printList[M proto.Message](g *globals, w io.Writer, items []M, header string, row func(M) string) error {
+	if done, err := printedAsJSONList(g, w, items); done || err != nil {
+		return err
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, header)
+	for _, item := range items {
+		fmt.Fprintln(tw, row(item))
+	}
+	return tw.Flush()
+}
+
+func (g *globals) printedJSON(print func() error) (done bool, err error) {
+	asJSON, err := g.wantJSON()
+	if err != nil || !asJSON {
+		return err != nil, err
+	}
+	return true, print()
 }
 
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }

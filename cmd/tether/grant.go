@@ -12,7 +12,6 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -39,24 +38,14 @@ func grantRoot(g *globals) *cobra.Command {
 		Use:   "root --holder NODE --scope SCOPE [--scope SCOPE] [--ttl 24h]",
 		Short: "Issue a root grant to a node (operators)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			req := &tetherv1.IssueRootRequest{HolderNodeId: holder, Scopes: scopes}
-			if ttl != 0 {
-				req.Ttl = durationpb.New(ttl)
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
+			req := &tetherv1.IssueRootRequest{HolderNodeId: holder, Scopes: scopes, Ttl: durationFlag(ttl)}
 			resp, err := c.Capability.IssueRoot(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
-			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
-				return err
-			}
-			return printIssued(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Grant, resp.Msg.Token, resp.Msg.TokenExpiresAt)
-		},
+			return printIssued(g, cmd, resp.Msg)
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&holder, "holder", "", "node that holds the grant")
@@ -78,24 +67,14 @@ subtree. The scopes must be covered by the parent's and the expiry may not pass
 the parent's (no --ttl: the parent's expiry). Call it with the holder agent's
 credential: --token or TETHER_TOKEN.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			req := &tetherv1.DelegateRequest{ParentGrantId: parent, HolderNodeId: holder, Scopes: scopes}
-			if ttl != 0 {
-				req.Ttl = durationpb.New(ttl)
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
+			req := &tetherv1.DelegateRequest{ParentGrantId: parent, HolderNodeId: holder, Scopes: scopes, Ttl: durationFlag(ttl)}
 			resp, err := c.Capability.Delegate(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
-			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
-				return err
-			}
-			return printIssued(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Grant, resp.Msg.Token, resp.Msg.TokenExpiresAt)
-		},
+			return printIssued(g, cmd, resp.Msg)
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&parent, "from", "", "the parent grant (held by the caller)")
@@ -148,10 +127,8 @@ grant.`,
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			w := cmd.OutOrStdout()
 			if len(resp.Msg.RevokedGrantIds) == 0 {
@@ -178,23 +155,17 @@ func grantShow(g *globals) *cobra.Command {
 		Use:   "show GRANT",
 		Short: "Show one grant",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.Capability.GetGrant(cmd.Context(), connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: args[0]}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg.Grant); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg.Grant)
 			}
 			printGrant(cmd.OutOrStdout(), resp.Msg.Grant)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -204,27 +175,15 @@ func grantList(g *globals) *cobra.Command {
 		Use:   "ls [--holder NODE | --subtree NODE | --derived-from GRANT]",
 		Short: "List grants",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			grants, err := listGrants(cmd, c, &tetherv1.ListGrantsRequest{HolderNodeId: holder, SubtreeNodeId: subtree, DerivedFromGrantId: derived})
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), grants)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES")
-			for _, gr := range grants {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt))
-			}
-			return tw.Flush()
-		},
+			return printList(g, cmd.OutOrStdout(), grants, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES", func(gr *tetherv1.Grant) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt))
+			})
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&holder, "holder", "", "grants held by this node")
@@ -238,23 +197,17 @@ func grantTree(g *globals) *cobra.Command {
 		Use:   "tree GRANT",
 		Short: "Draw a grant's derivation tree with states",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			grants, err := listGrants(cmd, c, &tetherv1.ListGrantsRequest{DerivedFromGrantId: args[0]})
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), grants); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), grants)
 			}
 			drawGrantTree(cmd.OutOrStdout(), args[0], grants)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -289,17 +242,14 @@ func drawGrantTree(w io.Writer, rootID string, grants []*tetherv1.Grant) {
 }
 
 func listGrants(cmd *cobra.Command, c *clients, req *tetherv1.ListGrantsRequest) ([]*tetherv1.Grant, error) {
-	var out []*tetherv1.Grant
-	for {
+	return allPages(func(token string) ([]*tetherv1.Grant, string, error) {
+		req.PageToken = token
 		resp, err := c.Capability.ListGrants(cmd.Context(), connect.NewRequest(req))
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		out = append(out, resp.Msg.Grants...)
-		if req.PageToken = resp.Msg.NextPageToken; req.PageToken == "" {
-			return out, nil
-		}
-	}
+		return resp.Msg.Grants, resp.Msg.NextPageToken, nil
+	})
 }
 
 // grantState names a grant's state, and what revoked it when that was an
@@ -328,18 +278,24 @@ func printGrant(w io.Writer, gr *tetherv1.Grant) {
 	}
 }
 
-// printIssued prints a grant with its fresh token: the token alone on the
-// last line, so `| tail -1` captures it.
-func printIssued(g *globals, w io.Writer, msg proto.Message, gr *tetherv1.Grant, token string, exp *timestamppb.Timestamp) error {
-	asJSON, err := g.wantJSON()
-	if err != nil {
+// issuedAnswer is the answer of a call that issues a grant: the grant and
+// its first token.
+type issuedAnswer interface {
+	proto.Message
+	GetGrant() *tetherv1.Grant
+	GetToken() string
+	GetTokenExpiresAt() *timestamppb.Timestamp
+}
+
+// printIssued prints the field --print names, or the grant with its fresh
+// token: the token alone on the last line, so `| tail -1` captures it.
+func printIssued(g *globals, cmd *cobra.Command, msg issuedAnswer) error {
+	if done, err := g.printedAsAsked(cmd, msg); done || err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(w, msg)
-	}
-	printGrant(w, gr)
-	fmt.Fprintf(w, "token expires at %s:\n%s\n", formatTimestamp(exp), token)
+	w := cmd.OutOrStdout()
+	printGrant(w, msg.GetGrant())
+	fmt.Fprintf(w, "token expires at %s:\n%s\n", formatTimestamp(msg.GetTokenExpiresAt()), msg.GetToken())
 	return nil
 }
 
@@ -348,24 +304,18 @@ func newTokenRefreshCommand(g *globals) *cobra.Command {
 		Use:   "refresh GRANT",
 		Short: "Mint a fresh capability token for a grant, after re-checking its whole chain",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.Capability.Refresh(cmd.Context(), connect.NewRequest(&tetherv1.RefreshRequest{GrantId: args[0]}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), resp.Msg.Token)
 			fmt.Fprintf(cmd.ErrOrStderr(), "token for grant %s expires %s\n", resp.Msg.Grant.GetGrantId(), formatTimestamp(resp.Msg.TokenExpiresAt))
 			return nil
-		},
+		}),
 	}
 }
 
@@ -393,10 +343,8 @@ func newTokenIntrospectCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			m := resp.Msg
 			w := cmd.OutOrStdout()

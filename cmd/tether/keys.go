@@ -19,46 +19,34 @@ func newKeysCommand(g *globals) *cobra.Command {
 		Use:   "rotate [--publish-ahead 5m]",
 		Short: "Add a new signing key; old keys stay in JWKS until their last token expired (admin)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Auth.RotateKeys(cmd.Context(), connect.NewRequest(&tetherv1.RotateKeysRequest{PublishAhead: durationpb.New(ahead)}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			k := resp.Msg.Key
 			fmt.Fprintf(cmd.OutOrStdout(), "new key %s: in JWKS now, signs from %s\n", k.Kid, k.ActiveFrom.AsTime().Format(time.RFC3339))
 			return printKeys(cmd.OutOrStdout(), resp.Msg.Keys)
-		},
+		}),
 	}
 	rotate.Flags().DurationVar(&ahead, "publish-ahead", 5*time.Minute, "how long JWKS shows the new key before it signs (verifiers cache JWKS)")
 	list := &cobra.Command{
 		Use:   "ls",
 		Short: "List the signing keys",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Auth.ListKeys(cmd.Context(), connect.NewRequest(&tetherv1.ListKeysRequest{}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Keys); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), resp.Msg.Keys)
 			}
 			return printKeys(cmd.OutOrStdout(), resp.Msg.Keys)
-		},
+		}),
 	}
 	cmd.AddCommand(rotate, list)
 	return cmd

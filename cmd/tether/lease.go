@@ -48,15 +48,35 @@ func (c *claimFlags) add(cmd *cobra.Command) {
 	_ = cmd.MarkFlagRequired("generation")
 }
 
+// decidedAnswer is a lease mutation's answer: the coordinator's decision
+// and the lease it left.
+type decidedAnswer interface {
+	proto.Message
+	GetLease() *tetherv1.Lease
+	GetDecision() *tetherv1.Decision
+}
+
+// printDecided prints the answer of a lease mutation, or returns its error:
+// return printDecided(c.Lease.Ack(ctx, req))(g, cmd).
+func printDecided[R any, M interface {
+	*R
+	decidedAnswer
+}](resp *connect.Response[R], err error) func(*globals, *cobra.Command) error {
+	return func(g *globals, cmd *cobra.Command) error {
+		if err != nil {
+			return err
+		}
+		var msg M = resp.Msg
+		return printDecision(g, cmd.OutOrStdout(), msg)
+	}
+}
+
 // printDecision prints a mutation's answer.
-func printDecision(g *globals, w io.Writer, msg proto.Message, l *tetherv1.Lease, d *tetherv1.Decision) error {
-	asJSON, err := g.wantJSON()
-	if err != nil {
+func printDecision(g *globals, w io.Writer, msg decidedAnswer) error {
+	if done, err := g.printedAsJSON(w, msg); done || err != nil {
 		return err
 	}
-	if asJSON {
-		return printJSON(w, msg)
-	}
+	l, d := msg.GetLease(), msg.GetDecision()
 	fmt.Fprintf(w, "decision:  %s %s\nreason:    %s\n", strings.TrimPrefix(d.GetOutcome().String(), "OUTCOME_"),
 		strings.TrimPrefix(d.GetAuditEvent().String(), "AUDIT_EVENT_"), d.GetReason())
 	if l != nil {
@@ -118,19 +138,11 @@ func leaseOffer(g *globals) *cobra.Command {
 		Use:   "offer JOB --holder NODE [--duration 30s] [--ack-timeout 10s]",
 		Short: "Offer a job to a holder: generation 1, OFFERED until it ACKs",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.Offer(cmd.Context(), connect.NewRequest(&tetherv1.OfferRequest{
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.Offer(cmd.Context(), connect.NewRequest(&tetherv1.OfferRequest{
 				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout),
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+			})))(g, cmd)
+		}),
 	}
 	cmd.Flags().StringVar(&holder, "holder", "", "the holder's agent node id")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the policy's)")
@@ -145,19 +157,11 @@ func leaseAck(g *globals) *cobra.Command {
 		Use:   "ack JOB --lease-id L --generation N",
 		Short: "Accept an offer (holder): ACTIVE until the expiry; never completion",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.Ack(cmd.Context(), connect.NewRequest(&tetherv1.AckRequest{
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.Ack(cmd.Context(), connect.NewRequest(&tetherv1.AckRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+			})))(g, cmd)
+		}),
 	}
 	cf.add(cmd)
 	return cmd
@@ -170,19 +174,11 @@ func leaseRenew(g *globals) *cobra.Command {
 		Use:   "renew JOB --lease-id L --generation N --sequence S",
 		Short: "Renew the lease (holder), with a renew sequence above the accepted one",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.Renew(cmd.Context(), connect.NewRequest(&tetherv1.RenewRequest{
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.Renew(cmd.Context(), connect.NewRequest(&tetherv1.RenewRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, RenewSequence: seq, SentAt: timestamppb.Now(),
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+			})))(g, cmd)
+		}),
 	}
 	cf.add(cmd)
 	cmd.Flags().Uint64Var(&seq, "sequence", 0, "renew sequence")
@@ -198,19 +194,11 @@ func leaseProgress(g *globals) *cobra.Command {
 		Use:   "progress JOB --lease-id L --generation N --sequence S --value V",
 		Short: "Report progress (holder); progress never renews",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.Progress(cmd.Context(), connect.NewRequest(&tetherv1.ProgressRequest{
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.Progress(cmd.Context(), connect.NewRequest(&tetherv1.ProgressRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, ProgressSequence: seq, ProgressValue: value, SentAt: timestamppb.Now(),
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+			})))(g, cmd)
+		}),
 	}
 	cf.add(cmd)
 	cmd.Flags().Uint64Var(&seq, "sequence", 0, "progress sequence")
@@ -225,17 +213,9 @@ func leaseCancel(g *globals) *cobra.Command {
 		Use:   "cancel JOB [--reason R]",
 		Short: "Request cancellation (coordinator): intent only; the job still needs a terminal result",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.RequestCancel(cmd.Context(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: args[0], Reason: reason}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.RequestCancel(cmd.Context(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: args[0], Reason: reason})))(g, cmd)
+		}),
 	}
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	return cmd
@@ -247,19 +227,11 @@ func leaseCancelAck(g *globals) *cobra.Command {
 		Use:   "cancel-ack JOB --lease-id L --generation N",
 		Short: "Acknowledge a cancel request (holder); it does not prove the work stopped",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.CancelAck(cmd.Context(), connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.CancelAck(cmd.Context(), connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+			})))(g, cmd)
+		}),
 	}
 	cf.add(cmd)
 	return cmd
@@ -293,13 +265,9 @@ func leaseComplete(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.Lease.Complete(cmd.Context(), connect.NewRequest(&tetherv1.CompleteRequest{
+			return printDecided(c.Lease.Complete(cmd.Context(), connect.NewRequest(&tetherv1.CompleteRequest{
 				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, Result: r, Detail: detail, SentAt: timestamppb.Now(),
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+			})))(g, cmd)
 		},
 	}
 	cf.add(cmd)
@@ -316,19 +284,11 @@ func leaseReassign(g *globals) *cobra.Command {
 		Use:   "reassign JOB --holder NODE [--duration D] [--ack-timeout T] [--reason R]",
 		Short: "Issue generation + 1 to a holder (coordinator); fences off every earlier generation and settles an ownership conflict",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			resp, err := c.Lease.Reassign(cmd.Context(), connect.NewRequest(&tetherv1.ReassignRequest{
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
+			return printDecided(c.Lease.Reassign(cmd.Context(), connect.NewRequest(&tetherv1.ReassignRequest{
 				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
-		},
+			})))(g, cmd)
+		}),
 	}
 	cmd.Flags().StringVar(&holder, "holder", "", "the new holder's agent node id")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the current generation's)")
@@ -354,13 +314,9 @@ func leaseResolve(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			resp, err := c.Lease.Resolve(cmd.Context(), connect.NewRequest(&tetherv1.ResolveRequest{
+			return printDecided(c.Lease.Resolve(cmd.Context(), connect.NewRequest(&tetherv1.ResolveRequest{
 				JobId: args[0], Result: r, UnresolvedBound: durationFlag(bound), Reason: reason,
-			}))
-			if err != nil {
-				return err
-			}
-			return printDecision(g, cmd.OutOrStdout(), resp.Msg, resp.Msg.Lease, resp.Msg.Decision)
+			})))(g, cmd)
 		},
 	}
 	cmd.Flags().StringVar(&result, "result", "", "cancelled, failed or unresolved")
@@ -403,36 +359,27 @@ func leaseList(g *globals) *cobra.Command {
 		Short: "List leases, in job id order",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			asJSON, err := g.wantJSON()
-			if err != nil {
-				return err
+			if _, err := g.wantJSON(); err != nil {
+				return err // a bad -o is refused before any call
 			}
 			c, err := g.clients()
 			if err != nil {
 				return err
 			}
-			var all []*tetherv1.Lease
-			token := ""
-			for {
+			all, err := allPages(func(token string) ([]*tetherv1.Lease, string, error) {
 				resp, err := c.Lease.ListLeases(cmd.Context(), connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: holder, PageToken: token}))
 				if err != nil {
-					return err
+					return nil, "", err
 				}
-				all = append(all, resp.Msg.Leases...)
-				if token = resp.Msg.NextPageToken; token == "" {
-					break
-				}
+				return resp.Msg.Leases, resp.Msg.NextPageToken, nil
+			})
+			if err != nil {
+				return err
 			}
-			if asJSON {
-				return printJSONList(cmd.OutOrStdout(), all)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT")
-			for _, l := range all {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", l.JobId, l.LeaseGeneration, l.HolderIdentity,
+			return printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) string {
+				return fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s", l.JobId, l.LeaseGeneration, l.HolderIdentity,
 					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_"))
-			}
-			return tw.Flush()
+			})
 		},
 	}
 	cmd.Flags().StringVar(&holder, "holder", "", "only leases held by this agent")
@@ -470,11 +417,7 @@ rejected ones included. -o csv writes exactly the seed's columns (paired columns
 "ACK Deadline/State" hold both values separated by " / "); -o json adds each row's number,
 message kind and decision time.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			// The server pages the evidence (at most 1000 rows an answer);
 			// csv and table rows are written page by page as they arrive.
 			pages := func(each func([]*tetherv1.EvidenceRow) error) error {
@@ -536,7 +479,7 @@ message kind and decision time.`,
 				return tw.Flush()
 			}
 			return fmt.Errorf("-o %q: want csv, json or table", g.output)
-		},
+		}),
 	}
 }
 

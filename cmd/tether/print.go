@@ -39,6 +39,16 @@ func checkPrintFlag(cmd *cobra.Command) error {
 	return fmt.Errorf("--print %q: want one of %s", flag.Value.String(), strings.Join(fields, ", "))
 }
 
+// printedAsAsked prints the one field --print names, or the whole answer
+// as JSON under -o json; done says whether it printed (or failed trying),
+// so the caller prints its own rendering only when not.
+func (g *globals) printedAsAsked(cmd *cobra.Command, msg proto.Message) (done bool, err error) {
+	if printed, err := printOneField(cmd, msg); printed || err != nil {
+		return true, err
+	}
+	return g.printedAsJSON(cmd.OutOrStdout(), msg)
+}
+
 // printOneField prints the field --print names, if the command has the
 // flag and it is set; printed says whether it did.
 func printOneField(cmd *cobra.Command, msg proto.Message) (printed bool, err error) {

@@ -18,11 +18,7 @@ func newRecordCommand(g *globals) *cobra.Command {
 		Use:   "show ID",
 		Short: "Show a record (a readable summary; -o json for the full record). ID is a record or termination id",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			req := &tetherv1.GetRecordRequest{RecordId: args[0]}
 			if strings.HasPrefix(args[0], "t_") {
 				req = &tetherv1.GetRecordRequest{TerminationId: args[0]}
@@ -31,48 +27,32 @@ func newRecordCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg.Record); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg.Record)
 			}
 			PrintRecordSummary(cmd.OutOrStdout(), resp.Msg.Record)
 			return nil
-		},
+		}),
 	}, &cobra.Command{
 		Use:   "ls",
 		Short: "List records",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
+			recs, err := allPages(func(token string) ([]*tetherv1.ReconciliationRecord, string, error) {
+				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.Records, resp.Msg.NextPageToken, nil
+			})
 			if err != nil {
 				return err
 			}
-			var recs []*tetherv1.ReconciliationRecord
-			token := ""
-			for {
-				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
-				if err != nil {
-					return err
-				}
-				recs = append(recs, resp.Msg.Records...)
-				if token = resp.Msg.NextPageToken; token == "" {
-					break
-				}
-			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), recs)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN")
-			for _, r := range recs {
+			return printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) string {
 				_, unaccounted := countNodes(r)
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
-			}
-			return tw.Flush()
-		},
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
+			})
+		}),
 	})
 	return cmd
 }
@@ -205,11 +185,7 @@ func newProposalCommand(g *globals) *cobra.Command {
 			Use:   verb + " ID",
 			Short: strings.ToUpper(verb[:1]) + verb[1:] + " a stop proposal",
 			Args:  cobra.ExactArgs(1),
-			RunE: func(cmd *cobra.Command, args []string) error {
-				c, err := g.clients()
-				if err != nil {
-					return err
-				}
+			RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 				resp, err := c.Supervisor.DecideProposal(cmd.Context(), connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: args[0], Approve: approve, Reason: reason}))
 				if err != nil {
 					return err
@@ -220,7 +196,7 @@ func newProposalCommand(g *globals) *cobra.Command {
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), "rejected")
 				return nil
-			},
+			}),
 		}
 		c.Flags().StringVar(&reason, "reason", "", "why")
 		return c
@@ -229,27 +205,15 @@ func newProposalCommand(g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List stop proposals",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(&tetherv1.ListProposalsRequest{}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), resp.Msg.Proposals)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION")
-			for _, p := range resp.Msg.Proposals {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
-			}
-			return tw.Flush()
-		},
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Proposals, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
+			})
+		}),
 	}, decide(true), decide(false))
 	return cmd
 }

@@ -34,11 +34,7 @@ func newRolloutStartCommand(g *globals) *cobra.Command {
 		Use:   "start --selector version=v1 --target version=v2 [--batch 5] [--max-unavailable 5] [--wait]",
 		Short: "Start replacing the agents matching --selector with agents matching --target",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Supervisor.Rollout(cmd.Context(), connect.NewRequest(&tetherv1.RolloutRequest{
 				Selector: selector, TargetSelector: target, Batch: batch, MaxUnavailable: maxUnavailable,
 				BatchDeadline: durationpb.New(deadline), DrainWindow: durationpb.New(window), ConfirmTimeout: durationpb.New(confirm),
@@ -51,7 +47,7 @@ func newRolloutStartCommand(g *globals) *cobra.Command {
 				return printRollout(g, cmd.OutOrStdout(), resp.Msg.Rollout)
 			}
 			return followRollout(g, cmd, c, resp.Msg.Rollout.RolloutId)
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&selector, "selector", "", "the agents to replace, k=v[,k2=v2] (required)")
@@ -74,11 +70,7 @@ func newRolloutStatusCommand(g *globals) *cobra.Command {
 		Use:   "status ID [--watch]",
 		Short: "Show a rollout and its batches; --watch follows it live",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			if watch {
 				return followRollout(g, cmd, c, args[0])
 			}
@@ -87,7 +79,7 @@ func newRolloutStatusCommand(g *globals) *cobra.Command {
 				return err
 			}
 			return printRollout(g, cmd.OutOrStdout(), resp.Msg.Rollout)
-		},
+		}),
 	}
 	cmd.Flags().BoolVarP(&watch, "watch", "w", false, "follow the rollout until it completes, pauses or is aborted")
 	return cmd
@@ -98,28 +90,16 @@ func newRolloutListCommand(g *globals) *cobra.Command {
 		Use:   "ls",
 		Short: "List rollouts, newest first",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Supervisor.ListRollouts(cmd.Context(), connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), resp.Msg.Rollouts)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "ROLLOUT\tSTATE\tSELECTOR\tTARGET\tBATCHES\tREMAINING\tCREATED")
-			for _, r := range resp.Msg.Rollouts {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\n", r.RolloutId, rolloutStateName(r.State), r.Selector, r.TargetSelector,
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Rollouts, "ROLLOUT\tSTATE\tSELECTOR\tTARGET\tBATCHES\tREMAINING\tCREATED", func(r *tetherv1.Rollout) string {
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%d\t%s", r.RolloutId, rolloutStateName(r.State), r.Selector, r.TargetSelector,
 					r.GetCounts().GetBatchesDone(), len(r.Batches), r.GetCounts().GetRemaining(), r.CreatedAt.AsTime().Format(time.RFC3339))
-			}
-			return tw.Flush()
-		},
+			})
+		}),
 	}
 }
 
@@ -129,11 +109,7 @@ func newRolloutDecisionCommand(g *globals, verb, short string) *cobra.Command {
 		Use:   verb + " ID",
 		Short: short,
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			var r *tetherv1.Rollout
 			switch verb {
 			case "pause":
@@ -156,7 +132,7 @@ func newRolloutDecisionCommand(g *globals, verb, short string) *cobra.Command {
 				r = resp.Msg.Rollout
 			}
 			return printRollout(g, cmd.OutOrStdout(), r)
-		},
+		}),
 	}
 	if verb != "resume" {
 		cmd.Flags().StringVar(&reason, "reason", "", "why (kept in the rollout)")
@@ -222,10 +198,8 @@ func rolloutProgressLine(r *tetherv1.Rollout) string {
 }
 
 func printRollout(g *globals, w io.Writer, r *tetherv1.Rollout) error {
-	if asJSON, err := g.wantJSON(); err != nil {
+	if done, err := g.printedAsJSON(w, r); done || err != nil {
 		return err
-	} else if asJSON {
-		return printJSON(w, r)
 	}
 	fmt.Fprintf(w, "rollout_id:       %s\nstate:            %s\nreason:           %s\nselector:         %s\ntarget:           %s\nbatch:            %d (max unavailable %d, deadline %s)\nrequested_by:     %s\n%s\n",
 		r.RolloutId, rolloutStateName(r.State), orDash(r.Reason), r.Selector, r.TargetSelector, r.Batch, r.MaxUnavailable,

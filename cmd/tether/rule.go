@@ -28,11 +28,7 @@ func newRuleAddCommand(g *globals) *cobra.Command {
 		Example: `  tether rule add --node n_… --name shell-budget --severity warning 'observed.calls_by_tool[?"shell"].orValue(0) > 200'
   tether rule add --selector team=research --name cost-cap --action abort 'self_reported.?cost_usd.orValue(0.0) > 25.0'`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			ls := map[string]string{}
 			for _, l := range labels {
 				k, v, ok := strings.Cut(l, "=")
@@ -48,16 +44,13 @@ func newRuleAddCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil || asJSON {
-				if err != nil {
-					return err
-				}
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
+				return err
 			}
 			printRule(cmd.OutOrStdout(), resp.Msg.Rule)
 			fmt.Fprintf(cmd.OutOrStdout(), "cost:        at most %d of a budget of %d\n", resp.Msg.EstimatedCost, resp.Msg.CostBudget)
 			return nil
-		},
+		}),
 	}
 	f := cmd.Flags()
 	f.StringVar(&node, "node", "", "the node whose subtree the rule applies to")
@@ -75,11 +68,7 @@ func newRuleListCommand(g *globals) *cobra.Command {
 		Use:   "list [NODE]",
 		Short: "List the rules in effect at a node (its own and inherited), or every rule",
 		Args:  cobra.MaximumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			node := ""
 			if len(args) == 1 {
 				node = args[0]
@@ -88,15 +77,7 @@ func newRuleListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil || asJSON {
-				if err != nil {
-					return err
-				}
-				return printJSONList(cmd.OutOrStdout(), resp.Msg.Rules)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION")
-			for _, r := range resp.Msg.Rules {
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Rules, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION", func(r *tetherv1.StopRule) string {
 				on := r.NodeId
 				if on == "" {
 					on = "selector " + selectorString(r.Selector)
@@ -104,10 +85,9 @@ func newRuleListCommand(g *globals) *cobra.Command {
 				if r.Inherited {
 					on += " (inherited)"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
-			}
-			return tw.Flush()
-		},
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
+			})
+		}),
 	}
 }
 
@@ -116,18 +96,14 @@ func newRuleRemoveCommand(g *globals) *cobra.Command {
 		Use:   "rm RULE",
 		Short: "Remove a rule (agents: only rules they or their descendants set)",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.StopRule.RemoveStopRule(cmd.Context(), connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: args[0]}))
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", resp.Msg.Rule.RuleId, resp.Msg.Rule.Name)
 			return nil
-		},
+		}),
 	}
 }
 
@@ -137,11 +113,7 @@ func newRuleTestCommand(g *globals) *cobra.Command {
 		Use:   "test NODE [EXPRESSION | --rule RULE]",
 		Short: "Evaluate an expression (or a stored rule) against a node's current observations, without acting",
 		Args:  cobra.RangeArgs(1, 2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			req := &tetherv1.TestStopRuleRequest{NodeId: args[0], RuleId: ruleID}
 			if len(args) == 2 {
 				req.Expression = args[1]
@@ -150,11 +122,8 @@ func newRuleTestCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil || asJSON {
-				if err != nil {
-					return err
-				}
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
+				return err
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "result:  %v (cost %d)\n", resp.Msg.Result, resp.Msg.Cost)
@@ -163,7 +132,7 @@ func newRuleTestCommand(g *globals) *cobra.Command {
 			}
 			printValues(w, resp.Msg.Values)
 			return nil
-		},
+		}),
 	}
 	cmd.Flags().StringVar(&ruleID, "rule", "", "evaluate this stored rule")
 	return cmd

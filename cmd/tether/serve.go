@@ -29,6 +29,7 @@ func newServeCommand(g *globals) *cobra.Command {
 		hookAllow                                                 []string
 		maxPrivileges                                             int
 		hookTimeout                                               time.Duration
+		terminationChunk                                          int
 		ruleActions                                               []string
 	)
 	cmd := &cobra.Command{
@@ -68,6 +69,7 @@ first start (tether token rotate-admin replaces it).`,
 				InsecurePlaintext: insecurePlaintext, Logger: log, RateLimit: rateLimit, AnonymousRateLimit: anonRateLimit,
 				MaxRequestBytes: maxRequestBytes, OperatorTokenTTL: operatorTokenTTL, Conn: limits,
 				PrivilegeHookAllow: hookAllow, PrivilegeMaxPerNode: maxPrivileges, PrivilegeHookTimeout: hookTimeout,
+				TerminationChunk:   terminationChunk,
 				AgentCredentialTTL: agentCredentialTTL,
 			}
 			// Refuse a half-configured TLS or an exposed plaintext port
@@ -77,6 +79,9 @@ first start (tether token rotate-admin replaces it).`,
 			}
 			if point := os.Getenv(crashStopRuleEnv); point != "" {
 				cfg.StopRuleFault = crashAt(point)
+			}
+			if point := os.Getenv(crashTerminationEnv); point != "" {
+				cfg.TerminationFault = func(step string, n int) { _ = crashAt(point)(fmt.Sprintf("%s:%d", step, n)) }
 			}
 			for _, s := range ruleActions {
 				a, err := supervisor.ParseRuleAction(s)
@@ -137,6 +142,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", privilege.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
 	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")
+	f.IntVar(&terminationChunk, "termination-chunk", supervisor.DefaultChunkSize, "nodes (or tool calls) one store transaction of a termination handles: a termination marks, revokes and records its subtree in chunks of this size, so no subtree is too large for one transaction")
 	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
 	f.StringArrayVar(&ruleActions, "stop-rule-action", nil, "start a termination at once for the stop proposals of matching stop rules: drain:<match> or abort:<match>, where <match> is severity=<s>, label:<k=v,...> or * (repeatable; the first match wins; unmatched proposals wait for an operator)")
 	return cmd
@@ -163,6 +169,12 @@ func newLogger(format, level string) (*slog.Logger, error) {
 // SIGKILL: for the kill -9 tests of internal/testserver's subprocess mode,
 // never for production.
 const crashStopRuleEnv = "TETHER_TEST_CRASH_STOP_RULE"
+
+// crashTerminationEnv names a chunk of a termination ("<step>:<n>", e.g.
+// "record:3": after the third chunk of a record this process commits) after
+// which the process kills itself with SIGKILL: for the kill -9 tests, never
+// for production.
+const crashTerminationEnv = "TETHER_TEST_CRASH_TERMINATION"
 
 func crashAt(point string) func(string) error {
 	return func(p string) error {

@@ -97,10 +97,8 @@ func progressLine(t *tetherv1.Termination) string {
 }
 
 func printTermination(g *globals, w io.Writer, t *tetherv1.Termination) error {
-	if asJSON, err := g.wantJSON(); err != nil {
+	if done, err := g.printedAsJSON(w, t); done || err != nil {
 		return err
-	} else if asJSON {
-		return printJSON(w, t)
 	}
 	fmt.Fprintf(w, "termination_id: %s\nnode_id:        %s\nmode:           %s\nstate:          %s\nrequested_by:   %s\nrecord_id:      %s\n%s\n",
 		t.TerminationId, t.NodeId, strings.ToLower(strings.TrimPrefix(t.Mode.String(), "TERMINATION_MODE_")), stateName(t.State), t.RequestedBy, orDash(t.RecordId), progressLine(t))
@@ -113,17 +111,13 @@ func newTerminationCommand(g *globals) *cobra.Command {
 		Use:   "show ID",
 		Short: "Show a termination",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			resp, err := c.Supervisor.GetTermination(cmd.Context(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: args[0]}))
 			if err != nil {
 				return err
 			}
 			return printTermination(g, cmd.OutOrStdout(), resp.Msg.Termination)
-		},
+		}),
 	})
 	return cmd
 }

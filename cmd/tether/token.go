@@ -56,13 +56,8 @@ func tokenCreate(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+			if done, err := g.printedAsAsked(cmd, resp.Msg); done || err != nil {
 				return err
-			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), resp.Msg.Token)
 			fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s) expires %s\n", resp.Msg.TokenId, role, resp.Msg.ExpiresAt.AsTime().Format(time.RFC3339))
@@ -83,33 +78,20 @@ func tokenList(g *globals) *cobra.Command {
 		Use:   "list [--all]",
 		Short: "List the minted tokens, without their secrets (security, admins)",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Auth.ListTokens(cmd.Context(), connect.NewRequest(&tetherv1.ListTokensRequest{IncludeInactive: all}))
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSONList(cmd.OutOrStdout(), resp.Msg.Tokens)
-			}
-			w := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(w, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED")
-			for _, t := range resp.Msg.Tokens {
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Tokens, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED", func(t *tetherv1.TokenInfo) string {
 				revoked := "-"
 				if t.RevokedAt != nil {
 					revoked = t.RevokedAt.AsTime().Format(time.RFC3339) + " by " + t.RevokedBy
 				}
-				role := strings.ToLower(strings.TrimPrefix(t.Role.String(), "ROLE_"))
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.TokenId, t.Principal, role,
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", t.TokenId, t.Principal, lower(t.Role.String(), "ROLE_"),
 					t.CreatedAt.AsTime().Format(time.RFC3339), t.ExpiresAt.AsTime().Format(time.RFC3339), t.CreatedBy, revoked)
-			}
-			return w.Flush()
-		},
+			})
+		}),
 	}
 	cmd.Flags().BoolVar(&all, "all", false, "also list expired and revoked tokens")
 	return cmd
@@ -146,10 +128,8 @@ func tokenRevoke(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON, err := g.wantJSON(); err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			if resp.Msg.AlreadyRevoked {
 				fmt.Fprintf(cmd.OutOrStdout(), "token %s (%s) was already revoked\n", resp.Msg.Token.TokenId, resp.Msg.Token.Principal)
@@ -228,28 +208,19 @@ func newWhoAmICommand(g *globals) *cobra.Command {
 		Use:   "whoami",
 		Short: "Show the principal of the current token",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
+		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			resp, err := c.Auth.WhoAmI(cmd.Context(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 			if err != nil {
 				return err
 			}
-			if printed, err := printOneField(cmd, resp.Msg); printed || err != nil {
+			if done, err := g.printedAsAsked(cmd, resp.Msg); done || err != nil {
 				return err
-			}
-			if asJSON, err := g.wantJSON(); err != nil {
-				return err
-			} else if asJSON {
-				return printJSON(cmd.OutOrStdout(), resp.Msg)
 			}
 			w := resp.Msg
 			fmt.Fprintf(cmd.OutOrStdout(), "principal:   %s\nrole:        %s\nnode_id:     %s\nexpires_at:  %s\n",
 				w.Principal, roleName(w.Role), orDash(w.NodeId), formatTimestamp(w.ExpiresAt))
 			return nil
-		},
+		}),
 	}
 	addPrintFlag(cmd, "principal", "node_id", "role", "expires_at")
 	return cmd

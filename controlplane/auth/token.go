@@ -11,6 +11,7 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Audiences keep the kinds of token apart: a capability token (for tools)
@@ -28,10 +29,10 @@ const (
 
 // Sentinel errors; messages never contain the token.
 var (
-	ErrNoCredential  = errors.New("auth: no bearer credential")
-	ErrBadCredential = errors.New("auth: credential is not valid")
-	ErrRevoked       = errors.New("auth: credential revoked")
-	ErrDenied        = errors.New("auth: permission denied")
+	ErrNoCredential  = fault.New(fault.Unauthenticated, "auth: no bearer credential")
+	ErrBadCredential = fault.New(fault.Unauthenticated, "auth: credential is not valid")
+	ErrRevoked       = fault.New(fault.Unauthenticated, "auth: credential revoked")
+	ErrDenied        = fault.New(fault.Denied, "auth: permission denied")
 )
 
 type claims struct {

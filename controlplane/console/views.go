@@ -158,9 +158,13 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
 	// The sections below are read one by one; a section the caller may not
 	// read shows the server's refusal instead of failing the page.
-	if sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); err != nil {
-		d.Errors = append(d.Errors, "children: "+errorText(err))
-	} else {
+	section := func(name string, err error) bool {
+		if err != nil {
+			d.Errors = append(d.Errors, name+": "+errorText(err))
+		}
+		return err == nil
+	}
+	if sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); section("children", err) {
 		d.Descendants = len(sub.Msg.Nodes) - 1
 		for _, n := range sub.Msg.Nodes {
 			if n.ParentNodeId == id {
@@ -168,33 +172,23 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 			}
 		}
 	}
-	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); err != nil {
-		d.Errors = append(d.Errors, "grants: "+errorText(err))
-	} else {
+	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); section("grants", err) {
 		d.Grants = g.Msg.Grants
 	}
-	if l, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); err != nil {
-		d.Errors = append(d.Errors, "leases: "+errorText(err))
-	} else {
+	if l, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); section("leases", err) {
 		d.Leases = l.Msg.Leases
 	}
-	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); err != nil {
-		d.Errors = append(d.Errors, "stop proposals: "+errorText(err))
-	} else {
+	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); section("stop proposals", err) {
 		for _, prop := range p.Msg.Proposals {
 			if prop.NodeId == id {
 				d.Proposals = append(d.Proposals, prop)
 			}
 		}
 	}
-	if calls, err := s.clients.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); err != nil {
-		d.Errors = append(d.Errors, "tool calls: "+errorText(err))
-	} else {
+	if calls, err := s.clients.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); section("tool calls", err) {
 		d.Calls = calls.Msg.Calls
 	}
-	if privs, err := s.clients.Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: id})); err != nil {
-		d.Errors = append(d.Errors, "privileges: "+errorText(err))
-	} else {
+	if privs, err := s.clients.Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: id})); section("privileges", err) {
 		d.Privileges = privs.Msg.Privileges
 	}
 	c.render(w, r, s, http.StatusOK, "node", d.Node.Name+" ("+id+")", d)

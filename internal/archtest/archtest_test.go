@@ -64,6 +64,11 @@ var rules = []rule{
 		to:   []string{module + "/supervisor/rollout/...", module + "/supervisor/stoprule/..."},
 	},
 	{
+		why:  "domain packages say what went wrong with an error category (internal/fault); only the RPC edge knows connect and picks codes",
+		from: []string{module + "/capability/...", module + "/supervisor/...", module + "/internal/store/...", module + "/internal/fault/..."},
+		to:   []string{"connectrpc.com/..."},
+	},
+	{
 		why:  "nothing imports a command",
 		from: []string{"..."},
 		to:   []string{module + "/cmd/..."},
@@ -174,6 +179,7 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor/privilege", Deps: []string{module + "/supervisor/stoprule"}},
 		{ImportPath: module + "/supervisor/tree", Deps: []string{module + "/supervisor/ledger"}},
 		{ImportPath: module + "/supervisor", Deps: []string{module + "/supervisor/rollout"}},
+		{ImportPath: module + "/supervisor/stoprule", Deps: []string{"connectrpc.com/connect"}},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Errorf("violations found %d of %d forbidden dependencies: %q", len(got), len(bad), got)
@@ -186,6 +192,8 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor", Deps: []string{module + "/supervisor/tree", module + "/supervisor/ledger", module + "/supervisor/privilege"}},
 		{ImportPath: module + "/supervisor/rollout", Deps: []string{module + "/supervisor", module + "/supervisor/tree"}},
 		{ImportPath: module + "/supervisor/stoprule", Deps: []string{module + "/supervisor", module + "/supervisor/lease"}},
+		{ImportPath: module + "/agentsdk", Deps: []string{module + "/capability", module + "/internal/fault", module + "/proto/tether/v1", "connectrpc.com/connect"}},
+		{ImportPath: module + "/controlplane/auth", Deps: []string{module + "/internal/fault", "connectrpc.com/connect"}},
 	}
 	if got := violations(good); len(got) != 0 {
 		t.Errorf("violations reported allowed dependencies: %q", got)

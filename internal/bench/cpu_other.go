@@ -6,3 +6,6 @@ import "time"
 
 // processCPU is not measured on this platform.
 func processCPU() (time.Duration, bool) { return 0, false }
+
+// childCPU is not measured on this platform.
+func childCPU(int) (time.Duration, bool) { return 0, false }

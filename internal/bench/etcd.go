@@ -24,16 +24,11 @@ func init() {
 // read-modify-write of that key (an Update that reads the key, so its
 // commit compares the key's revision: the shape of a fenced lease renew).
 func storeEtcdDurableCommit(ctx context.Context, r *Report) error {
-	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-*")
+	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-*")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
-	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
-	}
-	defer cluster.Stop()
+	defer stop()
 
 	for _, writers := range []int{1, 64, 1024} {
 		rate, err := measureEtcdUpdates(ctx, r, cluster, fmt.Sprintf("/bench/blind-%d/", writers), writers, false)
@@ -54,6 +49,26 @@ func storeEtcdDurableCommit(ctx context.Context, r *Report) error {
 	}
 	r.Add("store/etcd/read-modify-write/writers=64", rate, "ops/s")
 	return nil
+}
+
+// startLocalEtcd starts a single local etcd member, with the flags the store
+// needs, its data in a new directory under r.Dir named after pattern; stop
+// stops it and removes the directory. Without an etcd binary the error
+// wraps etcdlocal.ErrNoBinary.
+func startLocalEtcd(ctx context.Context, r *Report, pattern string) (cluster *etcdlocal.Cluster, stop func(), err error) {
+	dir, err := os.MkdirTemp(r.Dir, pattern)
+	if err != nil {
+		return nil, nil, err
+	}
+	cluster, err = etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fmt.Errorf("start etcd: %w", err)
+	}
+	return cluster, func() {
+		cluster.Stop()
+		_ = os.RemoveAll(dir)
+	}, nil
 }
 
 // measureEtcdUpdates runs Updates of one key per writer on a fresh store

@@ -2,12 +2,6 @@
 
 package bench
 
-import (
-	"os"
-	"time"
-)
+import "os"
 
 func datasync(f *os.File) error { return f.Sync() }
-
-// childCPU is not measured on this platform.
-func childCPU(int) (time.Duration, bool) { return 0, false }

@@ -22,6 +22,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -216,6 +217,14 @@ func badgerStats(srv *benchServer) badgerstore.BadgerStats {
 	return badgerstore.BadgerStats{}
 }
 
+// etcdStats reads the etcd store's counters (zero on another backend).
+func etcdStats(srv *benchServer) etcdstore.EtcdStats {
+	if e, ok := srv.Store().(*etcdstore.Etcd); ok {
+		return e.Stats()
+	}
+	return etcdstore.EtcdStats{}
+}
+
 // pipelineWindow is how many renewals of one lease the pipelined stream
 // measurement keeps in flight.
 const pipelineWindow = 8
@@ -225,18 +234,37 @@ const pipelineWindow = 8
 // renewals shared a coordinator commit and a store sync, and how long a
 // commit took.
 func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, name string, leases []*benchLease, window int) (leaseMeasurement, error) {
-	before, storeBefore := srv.Leases().Stats(), badgerStats(srv)
+	before, storeBefore, etcdBefore := srv.Leases().Stats(), badgerStats(srv), etcdStats(srv)
+	cpuBefore, cpuOK := processCPU()
+	etcdCPUBefore, etcdCPUOK := srv.etcdCPU()
 	m, err := measureStreamRenew(ctx, r.Duration, leases, window)
 	if err != nil {
 		return m, err
 	}
-	after, storeAfter := srv.Leases().Stats(), badgerStats(srv)
+	cpuAfter, _ := processCPU()
+	etcdCPUAfter, _ := srv.etcdCPU()
+	after, storeAfter, etcdAfter := srv.Leases().Stats(), badgerStats(srv), etcdStats(srv)
 	m.report(r, name)
 	commits := float64(max(1, after.Commits-before.Commits))
 	r.Add(name+"/renews-per-commit", float64(after.Judged-before.Judged)/commits, "renews")
 	r.Add(name+"/commit-ms", (after.CommitTime-before.CommitTime).Seconds()*1000/commits, "ms")
 	if syncs := storeAfter.Batches - storeBefore.Batches; syncs > 0 {
 		r.Add(name+"/renews-per-sync", float64(after.Judged-before.Judged)/float64(syncs), "renews")
+	}
+	// CPU per renewal, which the machine's other load changes far less
+	// than the rate: this process (clients and server, warm-up included)
+	// and, on etcd, the members. On an idle machine the rate cannot exceed
+	// the cores divided by their sum.
+	if judged := float64(after.Judged - before.Judged); judged > 0 && cpuOK {
+		r.Add(name+"/cpu-us-per-renew", float64((cpuAfter-cpuBefore).Microseconds())/judged, "µs")
+		if etcdCPUOK {
+			r.Add(name+"/etcd-cpu-us-per-renew", float64((etcdCPUAfter-etcdCPUBefore).Microseconds())/judged, "µs")
+		}
+	}
+	if updates := etcdAfter.Updates - etcdBefore.Updates; updates > 0 {
+		// Every store Update of the run, the coordinator's among them: the
+		// read round trips an Update makes before its commit.
+		r.Add(name+"/etcd-reads-per-update", float64(etcdAfter.ReadRequests-etcdBefore.ReadRequests)/float64(updates), "reads")
 	}
 	return m, nil
 }
@@ -345,6 +373,17 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 type leaseHolder struct {
 	nodeID string
 	conn   *agentsdk.Conn
+	cred   string
+}
+
+// dialedTo returns the holders with connections of their own to the
+// server at url (another replica), with the same credentials.
+func dialedTo(holders []leaseHolder, url string) []leaseHolder {
+	out := make([]leaseHolder, len(holders))
+	for i, h := range holders {
+		out[i] = leaseHolder{nodeID: h.nodeID, conn: agentsdk.Dial(url, h.cred), cred: h.cred}
+	}
+	return out
 }
 
 func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, error) {
@@ -361,7 +400,7 @@ func leaseHolders(ctx context.Context, srv *benchServer, n int) ([]leaseHolder, 
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential)})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(srv.URL, child.Msg.Credential), cred: child.Msg.Credential})
 	}
 	return out, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
 	"time"
@@ -48,7 +47,9 @@ func mcpToolsCall(ctx context.Context, r *Report) error {
 	}
 
 	upstream := mcptest.NewServer(nil)
-	upURL, stopUp, err := serveLoopback(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return upstream }, nil))
+	upURL, stopUp, err := mcptest.ServeLoopback(func(string) http.Handler {
+		return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return upstream }, nil)
+	})
 	if err != nil {
 		return err
 	}
@@ -65,17 +66,15 @@ func mcpToolsCall(ctx context.Context, r *Report) error {
 		return err
 	}
 	defer gw.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	gwBase, stopGateway, err := mcptest.ServeLoopback(func(base string) http.Handler { return gw.Handler(mcpgate.HTTPOptions{BaseURL: base}) })
 	if err != nil {
 		return err
 	}
-	gwServer := &http.Server{Handler: gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + ln.Addr().String()})}
-	go func() { _ = gwServer.Serve(ln) }()
-	defer gwServer.Close()
-	gwURL := "http://" + ln.Addr().String() + mcpgate.EndpointPath
+	defer stopGateway()
+	gwURL := gwBase + mcpgate.EndpointPath
 
 	open := func(endpoint, token string) (*mcp.ClientSession, error) {
-		hc := &http.Client{Transport: &bearerTransport{token: token, next: &http.Transport{MaxIdleConnsPerHost: 64}}}
+		hc := &http.Client{Transport: mcptest.Bearer{Token: token, Next: &http.Transport{MaxIdleConnsPerHost: 64}}}
 		return mcp.NewClient(&mcp.Implementation{Name: "bench-agent", Version: "1"}, nil).
 			Connect(ctx, &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: hc}, nil)
 	}
@@ -145,30 +144,6 @@ func mcpToolsCall(ctx context.Context, r *Report) error {
 		r.Add("mcp/tools-call/"+s.name+"-throughput-16-agents", rate, "calls/s")
 	}
 	return nil
-}
-
-type bearerTransport struct {
-	token string
-	next  http.RoundTripper
-}
-
-func (b *bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if b.token != "" {
-		r = r.Clone(r.Context())
-		r.Header.Set("Authorization", "Bearer "+b.token)
-	}
-	return b.next.RoundTrip(r)
-}
-
-// serveLoopback serves h on a loopback port.
-func serveLoopback(h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	s := &http.Server{Handler: h}
-	go func() { _ = s.Serve(ln) }()
-	return "http://" + ln.Addr().String(), func() { _ = s.Close() }, nil
 }
 
 func percentile(d []time.Duration, p float64) time.Duration {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"os"
+	"time"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
@@ -15,6 +16,23 @@ type benchServer struct {
 	*embedded.Server
 	Admin *agentsdk.Conn
 	dir   string
+	// etcdPids are the processes of the etcd members the server's store
+	// uses (none on Badger), whose CPU time a measurement may count.
+	etcdPids []int
+}
+
+// etcdCPU is the CPU time the server's etcd members have used (false when
+// there are none, or it cannot be read).
+func (b *benchServer) etcdCPU() (time.Duration, bool) {
+	var total time.Duration
+	for _, pid := range b.etcdPids {
+		d, ok := childCPU(pid)
+		if !ok {
+			return 0, false
+		}
+		total += d
+	}
+	return total, len(b.etcdPids) > 0
 }
 
 func startServer(ctx context.Context, r *Report, mutate ...func(*controlplane.Config)) (*benchServer, error) {

@@ -17,6 +17,7 @@ import (
 
 func init() {
 	Register("server/etcd-vs-badger", serverEtcdVsBadger)
+	Register("server/etcd-follower", serverEtcdFollower)
 }
 
 // serverEtcdVsBadger measures the whole control plane on etcd beside the
@@ -28,20 +29,15 @@ func init() {
 // started here with the flags the store needs, its data on the bench
 // directory's disk; the control plane is one replica, which leads.
 func serverEtcdVsBadger(ctx context.Context, r *Report) error {
-	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-server-*")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-server-*")
 	switch {
 	case errors.Is(err, etcdlocal.ErrNoBinary):
 		fmt.Fprintln(os.Stderr, "  server/etcd-vs-badger: etcd not installed (apt-get install etcd-server): measuring Badger alone")
 		cluster = nil
 	case err != nil:
-		return fmt.Errorf("start etcd: %w", err)
+		return err
 	default:
-		defer cluster.Stop()
+		defer stop()
 	}
 	type backend struct {
 		name  string
@@ -83,11 +79,10 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 			if err != nil {
 				return fmt.Errorf("%s, %d leases: %w", b.name, n, err)
 			}
-			m, err := measureStreamRenew(ctx, r.Duration, leases, 1)
+			m, err := measureStreamWithCommits(ctx, r, servers[i], fmt.Sprintf("server/%s/renew-stream/leases=%d", b.name, n), leases, 1)
 			if err != nil {
 				return fmt.Errorf("%s, %d leases: %w", b.name, n, err)
 			}
-			m.report(r, fmt.Sprintf("server/%s/renew-stream/leases=%d", b.name, n))
 			rates[b.name] = m.rate
 		}
 		if rates["etcd"] > 0 {
@@ -135,16 +130,116 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 	return nil
 }
 
+// serverEtcdFollower measures job-lease renewals on a three-member etcd
+// cluster with two control-plane replicas, through the leader and through
+// the follower, which relays every judged message to the leader (Channel
+// streams and unary calls alike; docs/etcd.md): the same leases, holders
+// and closed loops as server/etcd-vs-badger, back to back, so the ratio
+// is the cost of the extra hop. Each replica has its own connection to
+// the cluster (the client picks a member), as separate machines would.
+func serverEtcdFollower(ctx context.Context, r *Report) error {
+	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-follower-*")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir, Members: 3})
+	switch {
+	case errors.Is(err, etcdlocal.ErrNoBinary):
+		fmt.Fprintln(os.Stderr, "  server/etcd-follower: etcd not installed (apt-get install etcd-server): skipped")
+		return nil
+	case err != nil:
+		return fmt.Errorf("start a three-member etcd cluster: %w", err)
+	}
+	defer cluster.Stop()
+	etcdServers++
+	prefix := fmt.Sprintf("/bench/replicas-%d/", etcdServers)
+	lead, stopLead, err := startEtcdReplica(ctx, r, cluster, prefix, "bench-lead")
+	if err != nil {
+		return err
+	}
+	defer stopLead()
+	// The first replica leads once its coordinator serves; the second
+	// starts after, and follows.
+	for {
+		serving, changed := lead.Leases().Serving()
+		if serving {
+			break
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	follower, stopFollower, err := startEtcdReplica(ctx, r, cluster, prefix, "bench-follower")
+	if err != nil {
+		return err
+	}
+	defer stopFollower()
+	if serving, _ := follower.Leases().Serving(); serving {
+		return errors.New("the second replica's coordinator serves: it should follow")
+	}
+
+	holders, err := leaseHolders(ctx, lead, leaseStreams(1024))
+	if err != nil {
+		return err
+	}
+	routes := []struct {
+		name    string
+		holders []leaseHolder
+	}{{"leader", holders}, {"follower", dialedTo(holders, follower.URL)}}
+	for _, n := range []int{64, 1024} {
+		rates := map[string]float64{}
+		for _, route := range routes {
+			leases, err := offerLeases(ctx, lead, route.holders[:leaseStreams(n)], n)
+			if err != nil {
+				return fmt.Errorf("%s, %d leases: %w", route.name, n, err)
+			}
+			m, err := measureStreamWithCommits(ctx, r, lead, fmt.Sprintf("server/etcd-3/via-%s/renew-stream/leases=%d", route.name, n), leases, 1)
+			if err != nil {
+				return fmt.Errorf("via the %s, %d leases: %w", route.name, n, err)
+			}
+			rates[route.name] = m.rate
+		}
+		r.Add(fmt.Sprintf("server/etcd-3/follower-vs-leader/renew-stream/leases=%d", n), rates["follower"]/rates["leader"], "x")
+	}
+	const unary = 64
+	rates := map[string]float64{}
+	for _, route := range routes {
+		leases, err := offerLeases(ctx, lead, route.holders, unary)
+		if err != nil {
+			return err
+		}
+		m, err := measureUnaryRenew(ctx, r.Duration, leases)
+		if err != nil {
+			return fmt.Errorf("unary via the %s: %w", route.name, err)
+		}
+		m.report(r, fmt.Sprintf("server/etcd-3/via-%s/renew-unary/leases=%d", route.name, unary))
+		rates[route.name] = m.rate
+	}
+	r.Add(fmt.Sprintf("server/etcd-3/follower-vs-leader/renew-unary/leases=%d", unary), rates["follower"]/rates["leader"], "x")
+	return nil
+}
+
 var etcdServers int
 
 // startEtcdServer runs a control plane on a fresh keyspace of cluster: one
 // replica, which wins the election at once.
 func startEtcdServer(ctx context.Context, r *Report, cluster *etcdlocal.Cluster) (*benchServer, func(), error) {
 	etcdServers++
+	return startEtcdReplica(ctx, r, cluster, fmt.Sprintf("/bench/server-%d/", etcdServers), "bench")
+}
+
+// startEtcdReplica runs a control-plane replica called identity on the
+// keyspace prefix of cluster, with a store (and connection) of its own; it
+// publishes its address in the election, so that the others forward to it
+// while it leads.
+func startEtcdReplica(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix, identity string) (*benchServer, func(), error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := etcdstore.OpenEtcd(ctx, etcdstore.EtcdOptions{
 		Endpoints: cluster.Endpoints(),
-		Prefix:    fmt.Sprintf("/bench/server-%d/", etcdServers),
+		Prefix:    prefix,
 		Logger:    quiet,
 	})
 	if err != nil {
@@ -152,11 +247,14 @@ func startEtcdServer(ctx context.Context, r *Report, cluster *etcdlocal.Cluster)
 	}
 	srv, err := startServer(ctx, r, disableRateLimit, func(cfg *controlplane.Config) {
 		cfg.Store = st
-		cfg.Elector = &leader.Etcd{Client: st.Client(), Prefix: st.MetadataPrefix("leader"), Identity: "bench", Log: quiet}
+		cfg.Elector = &leader.Etcd{Client: st.Client(), Prefix: st.MetadataPrefix("leader"), Identity: identity, Address: "http://" + cfg.Listen, Log: quiet}
 	})
 	if err != nil {
 		st.Close()
 		return nil, nil, err
+	}
+	for _, m := range cluster.Members {
+		srv.etcdPids = append(srv.etcdPids, m.Pid())
 	}
 	return srv, func() { srv.Stop(); st.Close() }, nil
 }

@@ -47,6 +47,18 @@ type Options struct {
 	Dir string
 }
 
+// prepare fills in the drain window's default and returns the directory
+// the run keeps its data in: Dir, or a new temporary one named tempPrefix*.
+func (o *Options) prepare(tempPrefix string) (string, error) {
+	if o.DrainWindow <= 0 {
+		o.DrainWindow = 2 * time.Second
+	}
+	if o.Dir != "" {
+		return o.Dir, nil
+	}
+	return os.MkdirTemp("", tempPrefix)
+}
+
 // Result is what the demo produced.
 type Result struct {
 	Record     *tetherv1.ReconciliationRecord
@@ -77,17 +89,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	if opts.Mode != "drain" && opts.Mode != "abort" {
 		return nil, fmt.Errorf("mode %q: want drain or abort", opts.Mode)
 	}
-	if opts.DrainWindow <= 0 {
-		opts.DrainWindow = 2 * time.Second
-	}
 	rng := rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x9e3779b97f4a7c15))
-	dir := opts.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tether-demo-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
+	dir, err := opts.prepare("tether-demo-")
+	if err != nil {
+		return nil, err
 	}
 	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 

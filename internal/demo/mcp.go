@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,16 +31,9 @@ import (
 // reported them. Like Run, it waits for facts, not for time (apart from
 // the drain window itself).
 func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
-	if opts.DrainWindow <= 0 {
-		opts.DrainWindow = 2 * time.Second
-	}
-	dir := opts.Dir
-	if dir == "" {
-		d, err := os.MkdirTemp("", "tether-demo-mcp-")
-		if err != nil {
-			return nil, err
-		}
-		dir = d
+	dir, err := opts.prepare("tether-demo-mcp-")
+	if err != nil {
+		return nil, err
 	}
 	say := func(format string, args ...any) { fmt.Fprintf(out, format+"\n", args...) }
 	ctx, cancel := context.WithCancel(ctx)
@@ -57,7 +49,9 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	// An MCP server written with the Go SDK, and the gateway in front of
 	// it with its own credential (not the agent's).
 	events := &mcptest.Events{}
-	upstreamURL, stopUpstream, err := serve(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(events) }, nil))
+	upstreamURL, stopUpstream, err := mcptest.ServeLoopback(func(string) http.Handler {
+		return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(events) }, nil)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -74,14 +68,11 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 		return nil, err
 	}
 	defer gw.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	gwBase, stopGateway, err := mcptest.ServeLoopback(func(base string) http.Handler { return gw.Handler(mcpgate.HTTPOptions{BaseURL: base}) })
 	if err != nil {
 		return nil, err
 	}
-	gwBase := "http://" + ln.Addr().String()
-	gwServer := &http.Server{Handler: gw.Handler(mcpgate.HTTPOptions{BaseURL: gwBase})}
-	go func() { _ = gwServer.Serve(ln) }()
-	defer gwServer.Close()
+	defer stopGateway()
 	say("▶ MCP server \"research\" (tools echo, slow, fail) behind the gateway at %s%s", gwBase, mcpgate.EndpointPath)
 
 	// The agent and its grant.
@@ -96,7 +87,7 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	hc := &http.Client{Transport: bearerRoundTripper{token: grant.Msg.Token}}
+	hc := &http.Client{Transport: mcptest.Bearer{Token: grant.Msg.Token}}
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "analyst", Version: "1"}, nil).
 		Connect(ctx, &mcp.StreamableClientTransport{Endpoint: gwBase + mcpgate.EndpointPath, HTTPClient: hc}, nil)
 	if err != nil {
@@ -180,24 +171,6 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	}
 	say("▶ full record (JSON, schema docs/record.schema.json): %s", res.RecordPath)
 	return res, nil
-}
-
-type bearerRoundTripper struct{ token string }
-
-func (b bearerRoundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
-}
-
-func serve(h http.Handler) (string, func(), error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	s := &http.Server{Handler: h}
-	go func() { _ = s.Serve(ln) }()
-	return "http://" + ln.Addr().String(), func() { _ = s.Close() }, nil
 }
 
 // waitTermination follows the termination until it reaches state.

@@ -28,17 +28,19 @@ type Server struct {
 // Start serves a control plane on dataDir (created if needed) until Stop.
 // Logs are discarded unless cfg sets a logger.
 func Start(ctx context.Context, dataDir string, mutate ...func(*controlplane.Config)) (*Server, error) {
-	cfg := controlplane.Config{DataDir: dataDir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	// Listen first, so that mutate knows the address (cfg.Listen): a
+	// replica on etcd publishes it in the leader election.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	cfg := controlplane.Config{DataDir: dataDir, Listen: ln.Addr().String(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, m := range mutate {
 		m(&cfg)
 	}
 	srv, err := controlplane.New(ctx, cfg)
 	if err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		srv.Close()
+		ln.Close()
 		return nil, err
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))

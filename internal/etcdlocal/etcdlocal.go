@@ -325,6 +325,17 @@ func (m *Member) Running() bool {
 	}
 }
 
+// Pid returns the process id of the member's running process, 0 when it
+// is not running (benchmarks read its CPU time).
+func (m *Member) Pid() int {
+	if !m.Running() {
+		return 0
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cmd.Process.Pid
+}
+
 // Kill ends the member with SIGKILL, as a crash would, and waits for it.
 func (m *Member) Kill() error {
 	return m.signalAndWait(syscall.SIGKILL, 0)

@@ -63,6 +63,15 @@
 //     true at the commit, so Updates are serializable. An Update that reads
 //     nothing commits without comparisons (a blind write never conflicts);
 //     one that writes nothing needs no commit.
+//   - Expect (a fencing read: does this key hold this value?) reads
+//     nothing on an Update's first attempt: it answers true and adds a
+//     comparison of the key's value (or, for absence, its creation
+//     revision) to the commit, which stands for a read of the key at the
+//     commit's revision. If it fails, the attempt is a conflict like any
+//     other, and on later attempts Expect reads. An Update whose only read
+//     is a fencing token (the lease coordinator's term) is one request; one
+//     that writes nothing but deferred an Expect commits the comparisons
+//     alone.
 //   - Conflicts: a failed comparison, or a snapshot compacted away while
 //     the function was reading it, runs the function again on a fresh
 //     snapshot. The first attempt runs beside the process's other Updates;

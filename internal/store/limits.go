@@ -1,8 +1,9 @@
 package store
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Limits every backend enforces, so that a caller that works against one
@@ -22,7 +23,7 @@ const (
 // ErrInvalidKey is returned for keys the store cannot hold: empty keys, keys
 // longer than MaxKeySize, and keys in the reserved namespace (first byte
 // 0x00), where backends keep their own metadata such as the revision.
-var ErrInvalidKey = errors.New("store: invalid key")
+var ErrInvalidKey = fault.New(fault.Internal, "store: invalid key")
 
 // CheckKey reports whether key may be read or written by callers.
 func CheckKey(key []byte) error {

@@ -1,33 +1,36 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Sentinel errors. Backends wrap their own causes with these so callers can
 // test with errors.Is.
 var (
 	// ErrNotFound is returned by Get when a key does not exist.
-	ErrNotFound = errors.New("store: key not found")
+	ErrNotFound = fault.New(fault.NotFound, "store: key not found")
 	// ErrConflict is returned by a backend when a read-write transaction lost
 	// a race; Update retries it internally and returns it only when the
 	// retry budget is exhausted.
-	ErrConflict = errors.New("store: transaction conflict")
+	ErrConflict = fault.New(fault.Internal, "store: transaction conflict")
 	// ErrClosed is returned after Close.
-	ErrClosed = errors.New("store: closed")
+	ErrClosed = fault.New(fault.Unavailable, "store: closed")
 	// ErrTooLarge is returned when a transaction or value exceeds the
 	// backend's limits.
-	ErrTooLarge = errors.New("store: transaction too large")
+	ErrTooLarge = fault.New(fault.Exhausted, "store: transaction too large")
 	// ErrPanicked is returned by Update when its function panicked. The
 	// panic is confined to that Update: its writes are discarded and the
 	// store goes on.
-	ErrPanicked = errors.New("store: update function panicked")
+	ErrPanicked = fault.New(fault.Internal, "store: update function panicked")
 	// ErrTxnFinished is returned by a transaction used after its View or
 	// Update function returned.
-	ErrTxnFinished = errors.New("store: transaction used after its Update function returned")
+	ErrTxnFinished = fault.New(fault.Internal, "store: transaction used after its Update function returned")
 )
 
 // Store is a transactional, ordered key-value store with prefix watches.
@@ -99,8 +102,75 @@ type Prefetcher interface {
 	Prefetch(keys, prefixes [][]byte) error
 }
 
+// ScanFrom names a scan a transaction is about to make: of Prefix, from
+// the first key >= Start (nil: from the prefix's first key), as
+// ReadTxn.Scan takes them.
+type ScanFrom struct {
+	Prefix, Start []byte
+}
+
+// PrefetchScansFrom is Prefetch for scans that start inside their prefix
+// (the rows after a checkpoint, say): a backend whose reads are round trips
+// fetches the first page of each of them together, in one request per few
+// hundred scans. Like Prefetch it changes no answer and no guarantee, and
+// backends that read locally ignore it.
+func PrefetchScansFrom(tx ReadTxn, scans []ScanFrom) error {
+	for _, sc := range scans {
+		if err := CheckPrefix(sc.Prefix); err != nil {
+			return err
+		}
+	}
+	if p, ok := tx.(ScanPrefetcher); ok && len(scans) > 0 {
+		return p.PrefetchScansFrom(scans)
+	}
+	return nil
+}
+
+// ScanPrefetcher is implemented by the transactions of a backend whose
+// reads are network round trips. Callers use the function
+// PrefetchScansFrom, which checks the prefixes first.
+type ScanPrefetcher interface {
+	PrefetchScansFrom(scans []ScanFrom) error
+}
+
+// Expect reports whether key holds want (want nil: key is absent) in tx.
+// Inside an Update it is a read of key compared with want, and the Update
+// commits only if that comparison still holds at the commit — the
+// guarantee of any read. The difference: a backend whose reads are network
+// round trips (etcd) may skip the read on an Update's first attempt,
+// answer true, and check the comparison inside the commit instead; if it
+// fails there, the attempt is void and the function runs again, and then
+// Expect reads. So an Update whose only read is Expect costs one round
+// trip, not two. Use it for a fencing token the function only compares
+// (a term, an epoch), never for a value it needs: a false answer says the
+// key does not hold want, and the caller reads the key to learn what it
+// holds. Backends that read locally (Badger) and Views read and compare.
+func Expect(tx ReadTxn, key, want []byte) (bool, error) {
+	if err := CheckKey(key); err != nil {
+		return false, err
+	}
+	if e, ok := tx.(Expecter); ok {
+		return e.Expect(key, want)
+	}
+	v, err := tx.Get(key)
+	if errors.Is(err, ErrNotFound) {
+		return want == nil, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return want != nil && bytes.Equal(v, want), nil
+}
+
+// Expecter is implemented by the transactions of a backend that checks
+// Expect at commit. Callers use the function Expect, which checks the key
+// first; backends implement the method.
+type Expecter interface {
+	Expect(key, want []byte) (bool, error)
+}
+
 // ErrStopScan ends a Scan early without an error.
-var ErrStopScan = errors.New("store: stop scan")
+var ErrStopScan = fault.New(fault.Internal, "store: stop scan")
 
 // Txn is a read-write transaction. Reads see the transaction's own writes.
 type Txn interface {
@@ -153,4 +223,4 @@ type Watcher interface {
 
 // ErrWatchLagged ends a watch whose consumer fell too far behind; the
 // consumer should re-establish the watch and rescan.
-var ErrWatchLagged = errors.New("store: watcher fell behind")
+var ErrWatchLagged = fault.New(fault.Internal, "store: watcher fell behind")

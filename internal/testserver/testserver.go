@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,6 +41,12 @@ type Server struct {
 	cancel  context.CancelFunc
 	done    chan error
 }
+
+// TerminationChunkEnv, when set, is the chunk size of every test server's
+// terminations (controlplane.Config.TerminationChunk): run the termination
+// tests with TETHER_TEST_TERMINATION_CHUNK=2 to take every step of them
+// through many chunks.
+const TerminationChunkEnv = "TETHER_TEST_TERMINATION_CHUNK"
 
 // Option changes the config before the server starts.
 type Option func(*controlplane.Config)
@@ -71,6 +78,13 @@ func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
 	cfg := controlplane.Config{DataDir: dataDir, Listen: ln.Addr().String(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if o := storeFromEnv(t, dataDir); o != nil {
 		opts = append([]Option{o}, opts...)
+	}
+	if v := os.Getenv(TerminationChunkEnv); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("%s=%q: want a positive number of nodes", TerminationChunkEnv, v)
+		}
+		cfg.TerminationChunk = n
 	}
 	for _, o := range opts {
 		o(&cfg)

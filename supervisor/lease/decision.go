@@ -88,7 +88,8 @@ func (d Decision) String() string {
 
 // Err is nil unless the message was rejected; then it wraps one of the
 // package's sentinel errors (ErrStaleGeneration, ErrHolderMismatch, …) with
-// the reason, so the RPC layer can pick a status code with errors.Is. A
+// the reason; the sentinel's category (internal/fault) picks the status
+// code a caller that returns it as an error would answer with. A
 // rejection is still an answered message: the caller persists its evidence
 // row either way.
 func (d Decision) Err() error {

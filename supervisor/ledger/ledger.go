@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -19,10 +20,9 @@ import (
 
 // Ledger errors.
 var (
-	ErrCallNotFound  = errors.New("supervisor: tool call not found")
-	ErrWrongGate     = errors.New("supervisor: call was reported by another gate")
-	ErrCallEnded     = errors.New("supervisor: call already ended")
-	ErrTokenRejected = errors.New("supervisor: capability token rejected")
+	ErrCallNotFound  = fault.New(fault.NotFound, "supervisor: tool call not found")
+	ErrWrongGate     = fault.New(fault.Denied, "supervisor: call was reported by another gate")
+	ErrTokenRejected = fault.New(fault.Denied, "supervisor: capability token rejected")
 )
 
 // TokenChecker verifies a capability token for a tool call: signature,

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/fault"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -103,7 +104,7 @@ const (
 )
 
 // ErrHookNotAllowed refuses a revoke_url outside the operator's allow-list.
-var ErrHookNotAllowed = errors.New("supervisor: revoke_url destination not allowed")
+var ErrHookNotAllowed = fault.New(fault.Denied, "supervisor: revoke_url destination not allowed")
 
 // HookAllowFlag names the serve flag that sets AllowHooks, for messages.
 const HookAllowFlag = "tether serve --privilege-hook-allow"

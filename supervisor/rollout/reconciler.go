@@ -503,7 +503,11 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	if err != nil {
 		return out, err
 	}
-	open, stuck, err := rs.Handover.Open(ctx, term.Members)
+	members, err := rs.Supervisor.Members(ctx, term)
+	if err != nil {
+		return out, err
+	}
+	open, stuck, err := rs.Handover.Open(ctx, members)
 	if err != nil {
 		return out, fmt.Errorf("list leases: %w", err)
 	}
@@ -545,8 +549,8 @@ func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 		var members []string
 		terminated := false
 		err := rs.Store.Update(ctx, func(tx store.Txn) error {
-			t, err := supervisor.EndLeaseHandoverIn(tx, b.TerminationID)
-			members, terminated = t.Members, t.Phase == supervisor.PhaseTerminated
+			t, m, err := supervisor.EndLeaseHandoverIn(tx, b.TerminationID)
+			members, terminated = m, t.Phase == supervisor.PhaseTerminated
 			return err
 		})
 		if err != nil {
@@ -635,7 +639,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 				return err
 			}
 			bf := BatchFacts{Marked: t.Phase != supervisor.PhaseRequested, Terminated: t.Phase == supervisor.PhaseTerminated, RecordID: t.RecordID}
-			members[b.Index] = t.Members
+			if members[b.Index], err = supervisor.MembersIn(tx, t); err != nil {
+				return err
+			}
 			f.Batches[b.Index] = bf
 		}
 		return nil

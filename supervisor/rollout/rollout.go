@@ -1,7 +1,6 @@
 package rollout
 
 import (
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -9,14 +8,15 @@ import (
 
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
+	"github.com/tetherhq/tether/internal/fault"
 )
 
 // Rollout errors.
 var (
-	ErrRolloutNotFound = errors.New("supervisor: rollout not found")
+	ErrRolloutNotFound = fault.New(fault.NotFound, "supervisor: rollout not found")
 	// ErrRolloutFinished: the rollout completed or was aborted; it cannot
 	// be paused, resumed or aborted any more.
-	ErrRolloutFinished = errors.New("supervisor: rollout is finished")
+	ErrRolloutFinished = fault.New(fault.Precondition, "supervisor: rollout is finished")
 )
 
 // RolloutState is a rollout's state: running ⇄ paused → completed | aborted.

@@ -1,21 +1,21 @@
 package stoprule
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 
+	"github.com/tetherhq/tether/internal/fault"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Errors of attaching and removing rules.
 var (
-	ErrDenied       = errors.New("stoprule: not allowed")
-	ErrRuleNotFound = errors.New("stoprule: rule not found")
-	ErrDuplicate    = errors.New("stoprule: rule name already in effect")
-	ErrLimit        = errors.New("stoprule: limit exceeded")
+	ErrDenied       = fault.New(fault.Denied, "stoprule: not allowed")
+	ErrRuleNotFound = fault.New(fault.NotFound, "stoprule: rule not found")
+	ErrDuplicate    = fault.New(fault.Exists, "stoprule: rule name already in effect")
+	ErrLimit        = fault.New(fault.Exhausted, "stoprule: limit exceeded")
 )
 
 // Actor is who attaches, removes or reads a rule.

@@ -1,7 +1,6 @@
 package stoprule
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"sort"
@@ -12,14 +11,15 @@ import (
 	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/ast"
 
+	"github.com/tetherhq/tether/internal/fault"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Errors of the pure core. Messages reach clients: they name the rule's
 // field and, for expressions, the line and column.
 var (
-	ErrInvalidRule = errors.New("stoprule: invalid rule")
-	ErrOverBudget  = errors.New("stoprule: rule over the cost budget")
+	ErrInvalidRule = fault.New(fault.Invalid, "stoprule: invalid rule")
+	ErrOverBudget  = fault.New(fault.Invalid, "stoprule: rule over the cost budget")
 )
 
 // Bounds of a rule. The environment's maps are bounded too (MaxTools,

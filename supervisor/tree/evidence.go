@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -35,7 +36,7 @@ import (
 // makes the node unaccounted in the record, whoever confirmed it.
 
 // ErrNodeExited refuses activity from a node whose exit was confirmed.
-var ErrNodeExited = errors.New("supervisor: the node's exit was confirmed")
+var ErrNodeExited = fault.New(fault.Precondition, "supervisor: the node's exit was confirmed")
 
 // MaxContradictions bounds the contradicting evidence kept per node: the
 // first few prove the point, and a node that floods cannot grow its entry.

@@ -28,3 +28,14 @@ func childCountKey(parent string) []byte   { return []byte(prefixChildCount + pa
 // NodeKey is a node's key, for callers that prefetch nodes they then read
 // with GetNodeIn.
 func NodeKey(id string) []byte { return nodeKey(id) }
+
+// ChildPrefix is the prefix under which a parent's children are listed
+// (ChildKey(parent, child) for each), for callers that walk a subtree in
+// bounded, resumable steps (the termination's mark).
+func ChildPrefix(parent string) []byte { return childPrefix(parent) }
+
+// ChildKey is the key listing child under parent.
+func ChildKey(parent, child string) []byte { return childKey(parent, child) }
+
+// ChildCountKey holds parent's number of children (uint64, big-endian).
+func ChildCountKey(parent string) []byte { return childCountKey(parent) }

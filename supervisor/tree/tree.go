@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -21,11 +22,11 @@ import (
 
 // Errors of the agent tree.
 var (
-	ErrNodeNotFound     = errors.New("supervisor: node not found")
-	ErrParentNotRunning = errors.New("supervisor: parent is not running")
-	ErrInvalidArgument  = errors.New("supervisor: invalid argument")
-	ErrLimit            = errors.New("supervisor: limit exceeded")
-	ErrNodeStopping     = errors.New("supervisor: node is stopping")
+	ErrNodeNotFound     = fault.New(fault.NotFound, "supervisor: node not found")
+	ErrParentNotRunning = fault.New(fault.Precondition, "supervisor: parent is not running")
+	ErrInvalidArgument  = fault.New(fault.Invalid, "supervisor: invalid argument")
+	ErrLimit            = fault.New(fault.Exhausted, "supervisor: limit exceeded")
+	ErrNodeStopping     = fault.New(fault.Precondition, "supervisor: node is stopping")
 )
 
 // Limits bound the tree so that one misbehaving agent cannot exhaust the
@@ -127,6 +128,12 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 		if parent.State != tetherv1.NodeState_NODE_STATE_RUNNING {
 			return fmt.Errorf("%w: parent_node_id %s is %s", ErrParentNotRunning, parentID, StateName(parent.State))
 		}
+		// A termination marks its subtree top down, in chunks: from its
+		// first chunk (the roots) no node below a root may spawn, however
+		// far the mark has got.
+		if err := stoppingAncestor(tx, parent); err != nil {
+			return err
+		}
 		if len(parent.Ancestors)+1 > t.Limits.MaxDepth {
 			return fmt.Errorf("%w: parent_node_id %s is at the maximum tree depth %d", ErrLimit, parentID, t.Limits.MaxDepth)
 		}
@@ -165,6 +172,26 @@ func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[stri
 		return nil, err
 	}
 	return child, nil
+}
+
+// stoppingAncestor refuses a parent one of whose ancestors is stopping or
+// stopped (a termination is marking, or has marked, its subtree), read in
+// tx so that the spawn serializes with the mark.
+func stoppingAncestor(tx store.ReadTxn, parent *tetherv1.Node) error {
+	if err := store.Prefetch(tx, kv.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
+		return err
+	}
+	for _, a := range parent.Ancestors {
+		n, err := getNode(tx, a)
+		if err != nil {
+			return err
+		}
+		switch n.State {
+		case tetherv1.NodeState_NODE_STATE_DRAINING, tetherv1.NodeState_NODE_STATE_ABORTING, tetherv1.NodeState_NODE_STATE_TERMINATED:
+			return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeId, a, StateName(n.State), n.TerminationId)
+		}
+	}
+	return nil
 }
 
 // childCount is how many children parentID has: the stored count, or, for

@@ -318,7 +318,7 @@ func (s *Etcd) Update(ctx context.Context, fn func(tx store.Txn) error) error {
 				return err
 			}
 		}
-		conflict, err := s.attemptInTurn(ctx, fn, attempt > optimisticAttempts)
+		conflict, err := s.attemptInTurn(ctx, fn, attempt)
 		if !conflict {
 			if err == nil {
 				s.stats.updates.Add(1)
@@ -337,7 +337,8 @@ func (s *Etcd) Update(ctx context.Context, fn func(tx store.Txn) error) error {
 
 // attemptInTurn waits for its turn at the gate — alone, or beside other
 // shared attempts — then attempts.
-func (s *Etcd) attemptInTurn(ctx context.Context, fn func(tx store.Txn) error, alone bool) (conflict bool, err error) {
+func (s *Etcd) attemptInTurn(ctx context.Context, fn func(tx store.Txn) error, attempt int) (conflict bool, err error) {
+	alone := attempt > optimisticAttempts
 	weight := int64(1)
 	if alone {
 		weight = exclusiveWeight
@@ -355,15 +356,17 @@ func (s *Etcd) attemptInTurn(ctx context.Context, fn func(tx store.Txn) error, a
 	if alone {
 		s.stats.exclusive.Add(1)
 	}
-	return s.attempt(ctx, fn)
+	return s.attempt(ctx, fn, attempt == 1)
 }
 
 // attempt runs fn once and commits its writes. conflict reports that the
-// attempt was void and may be retried.
-func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error) (conflict bool, err error) {
+// attempt was void and may be retried. On the first attempt, Expect defers
+// its comparisons to the commit (see etcdTxn.Expect); later attempts read.
+func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error, first bool) (conflict bool, err error) {
 	opCtx, done := s.operationContext(ctx)
 	defer done()
 	t := newEtcdTxn(s, opCtx)
+	t.deferExpect = first
 	err = s.runFunction(fn, t)
 	t.finished = true
 	if t.snap.lost != nil {
@@ -374,9 +377,10 @@ func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error) (confli
 	if err == nil {
 		err = t.snap.revisionErr
 	}
-	if err != nil || len(t.writes) == 0 {
+	if err != nil || (len(t.writes) == 0 && len(t.expects) == 0) {
 		// A read-only Update is a consistent read at its snapshot and
-		// needs no commit.
+		// needs no commit. (One that deferred an Expect commits no write
+		// but its comparisons, which stand for the deferred read.)
 		return false, err
 	}
 	return s.commit(ctx, t)
@@ -407,7 +411,10 @@ func (s *Etcd) commit(ctx context.Context, t *etcdTxn) (conflict bool, err error
 		return false, s.commitError(err, req)
 	}
 	if !resp.Succeeded {
-		return true, fmt.Errorf("%w: something read at revision %d changed before the commit", store.ErrConflict, t.snap.rev)
+		if t.snap.rev == 0 {
+			return true, fmt.Errorf("%w: a key did not hold the value an Expect asked for at the commit", store.ErrConflict)
+		}
+		return true, fmt.Errorf("%w: something read at revision %d changed, or an Expect did not hold, at the commit", store.ErrConflict, t.snap.rev)
 	}
 	return false, nil
 }

@@ -158,6 +158,18 @@ func (r *etcdSnapshot) prefetchRanges(keys, prefixes [][]byte) []etcdRange {
 	return qs
 }
 
+// scanRanges turns a PrefetchScansFrom call's scans (checked by it) into
+// the range requests of their first pages, as scan will make them.
+func (r *etcdSnapshot) scanRanges(scans []store.ScanFrom) []etcdRange {
+	qs := make([]etcdRange, 0, len(scans))
+	for _, sc := range scans {
+		if sp := r.store.keys.span(sc.Prefix, store.ScanLowerBound(sc.Prefix, sc.Start)); !sp.empty() {
+			qs = append(qs, etcdRange{key: sp.from, end: sp.to, limit: etcdScanPage})
+		}
+	}
+	return qs
+}
+
 // get runs a range request at the snapshot's revision.
 func (r *etcdSnapshot) get(key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	if r.rev != 0 {
@@ -317,6 +329,13 @@ func (t *etcdReadTxn) Prefetch(keys, prefixes [][]byte) error {
 	return t.snap.prefetch(t.snap.prefetchRanges(keys, prefixes))
 }
 
+func (t *etcdReadTxn) PrefetchScansFrom(scans []store.ScanFrom) error {
+	if t.finished {
+		return store.ErrTxnFinished
+	}
+	return t.snap.prefetch(t.snap.scanRanges(scans))
+}
+
 // Revision is the etcd revision the View reads at. Called before any read,
 // it fixes the snapshot at the newest revision.
 func (t *etcdReadTxn) Revision() uint64 {
@@ -347,7 +366,15 @@ type etcdTxn struct {
 	// writes are the final state of each key written, by caller key.
 	writes     map[string]mutation
 	writeBytes int
-	finished   bool
+	// expects are the comparisons Expect deferred to the commit, by etcd
+	// key: the value the key must hold (nil: absent). deferExpect says
+	// whether Expect may defer (the first attempt only: after a failed
+	// commit, Expect reads, so that a false expectation is reported to fn
+	// instead of failing every attempt).
+	expects     map[string][]byte
+	expectBytes int
+	deferExpect bool
+	finished    bool
 }
 
 // etcdRead is what fn learned about a committed key.
@@ -408,6 +435,61 @@ func (t *etcdTxn) Get(key []byte) ([]byte, error) {
 	return bytes.Clone(r.value), nil
 }
 
+// Expect answers whether key holds want. On the first attempt of an Update
+// it does not read a key fn has not read or written: it answers true and
+// adds the comparison to the commit (Value(key) = want, or, for want nil,
+// CreateRevision(key) = 0: absent), so the commit applies only if the key
+// holds want when it commits. That is a read of the key at the commit's
+// revision; every other read of fn is checked to be unchanged up to that
+// revision, so fn still saw one state, and Updates stay serializable. If
+// the comparison fails, the attempt is void like any conflict, and on the
+// next attempt Expect reads.
+func (t *etcdTxn) Expect(key, want []byte) (bool, error) {
+	if t.finished {
+		return false, store.ErrTxnFinished
+	}
+	if err := store.CheckKey(key); err != nil {
+		return false, err
+	}
+	etcdKey := t.snap.store.keys.key(key)
+	_, written := t.writes[string(key)]
+	r, read := t.reads[etcdKey]
+	prior, expected := t.expects[etcdKey]
+	if !t.deferExpect || written || (read && r.valueKnown) || (expected && !sameExpectation(prior, want)) {
+		v, err := t.Get(key)
+		if errors.Is(err, store.ErrNotFound) {
+			return want == nil, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return want != nil && bytes.Equal(v, want), nil
+	}
+	if expected {
+		return true, nil
+	}
+	cost := len(etcdKey) + len(want) + etcdCompareOverhead
+	if t.expectBytes+cost > t.snap.store.opts.MaxRequestBytes {
+		return false, fmt.Errorf("%w: the transaction's expectations exceed etcd's per-request limit of %d bytes (--max-request-bytes)",
+			store.ErrTooLarge, t.snap.store.opts.MaxRequestBytes)
+	}
+	if t.expects == nil {
+		t.expects = make(map[string][]byte)
+	}
+	if want != nil {
+		want = bytes.Clone(want)
+	}
+	t.expects[etcdKey] = want
+	t.expectBytes += cost
+	return true, nil
+}
+
+// sameExpectation reports whether two Expect values ask for the same
+// state (nil is absence, distinct from an empty value).
+func sameExpectation(a, b []byte) bool {
+	return (a == nil) == (b == nil) && bytes.Equal(a, b)
+}
+
 // Prefetch fetches ahead what Get and Scan will read. Reads it records
 // (for the commit's comparisons) are only those fn then makes: a key
 // prefetched but never read guards nothing.
@@ -426,6 +508,15 @@ func (t *etcdTxn) Prefetch(keys, prefixes [][]byte) error {
 		wanted = append(wanted, k)
 	}
 	return t.snap.prefetch(t.snap.prefetchRanges(wanted, prefixes))
+}
+
+// PrefetchScansFrom fetches ahead the first page of each scan; like
+// Prefetch it guards nothing until fn scans.
+func (t *etcdTxn) PrefetchScansFrom(scans []store.ScanFrom) error {
+	if t.finished {
+		return store.ErrTxnFinished
+	}
+	return t.snap.prefetch(t.snap.scanRanges(scans))
 }
 
 func (t *etcdTxn) Put(key, value []byte) error {
@@ -552,6 +643,16 @@ func (t *etcdTxn) commitRequest() (commitRequest, error) {
 		req.compares = append(req.compares, clientv3.Compare(clientv3.ModRevision(key), "=", r.modRevision))
 		req.bytes += len(key) + etcdCompareOverhead
 	}
+	for key, want := range t.expects {
+		if want == nil {
+			// etcd fails every Value comparison on a missing key, so
+			// absence is asked of the creation revision.
+			req.compares = append(req.compares, clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		} else {
+			req.compares = append(req.compares, clientv3.Compare(clientv3.Value(key), "=", string(want)))
+		}
+	}
+	req.bytes += t.expectBytes
 	if len(req.compares) > opts.MaxTxnOps {
 		return req, fmt.Errorf("%w: the transaction read %d keys and ranges, each a comparison at commit; etcd allows %d (--max-txn-ops)",
 			store.ErrTooLarge, len(req.compares), opts.MaxTxnOps)

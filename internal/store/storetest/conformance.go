@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -60,6 +61,9 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CloseWithUpdatesInFlight", testCloseWithUpdatesInFlight},
 		{"PrefetchChangesNoAnswer", testPrefetchChangesNoAnswer},
 		{"PrefetchKeepsConflictDetection", testPrefetchKeepsConflictDetection},
+		{"PrefetchScansFromChangesNoAnswer", testPrefetchScansFromChangesNoAnswer},
+		{"ExpectAnswers", testExpectAnswers},
+		{"ExpectFencesWriters", testExpectFencesWriters},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -845,27 +849,12 @@ func testWatchRevisionsUnderConcurrency(t *testing.T, s store.Store) {
 	const writers, each = 8, 40
 	w := watch(t, s, t.Context(), "c/")
 	before := revision(t, s)
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for g := range writers {
-		wg.Go(func() {
-			for i := range each {
-				key := fmt.Sprintf("c/%d/%d", g, i)
-				err := s.Update(context.Background(), func(tx store.Txn) error {
-					return tx.Put([]byte(key), []byte("v"))
-				})
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
+	updateConcurrently(t, writers, each, func(g, i int) error {
+		key := fmt.Sprintf("c/%d/%d", g, i)
+		return s.Update(context.Background(), func(tx store.Txn) error {
+			return tx.Put([]byte(key), []byte("v"))
 		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	})
 	seen := map[string]bool{}
 	last := before
 	for len(seen) < writers*each {
@@ -892,26 +881,51 @@ func testWatchRevisionsUnderConcurrency(t *testing.T, s store.Store) {
 
 func testConcurrentCounter(t *testing.T, s store.Store) {
 	const goroutines, increments = 64, 50
-	key := []byte("counter")
 	put(t, s, "counter", "0")
 	before := revision(t, s)
+	incrementConcurrently(t, s, "counter", goroutines, increments, nil)
+	if got := revision(t, s) - before; got != goroutines*increments {
+		t.Fatalf("%d Updates advanced the revision by %d", goroutines*increments, got)
+	}
+}
+
+// incrementConcurrently runs goroutines × increments read-modify-write
+// Updates of the counter at key, each calling first (when not nil) before
+// it reads, and checks that no increment was lost.
+func incrementConcurrently(t *testing.T, s store.Store, key string, goroutines, increments int, first func(store.Txn) error) {
+	t.Helper()
+	updateConcurrently(t, goroutines, increments, func(_, _ int) error {
+		return s.Update(context.Background(), func(tx store.Txn) error {
+			if first != nil {
+				if err := first(tx); err != nil {
+					return err
+				}
+			}
+			v, err := tx.Get([]byte(key))
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(string(v))
+			if err != nil {
+				return err
+			}
+			return tx.Put([]byte(key), []byte(strconv.Itoa(n+1)))
+		})
+	})
+	wantValue(t, s, key, strconv.Itoa(goroutines*increments))
+}
+
+// updateConcurrently runs update(g, i) for i from 0 to each-1 on each of
+// goroutines goroutines g, a goroutine stopping at its first error, and
+// fails t with the errors once all are done.
+func updateConcurrently(t *testing.T, goroutines, each int, update func(g, i int) error) {
+	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
-	for range goroutines {
+	for g := range goroutines {
 		wg.Go(func() {
-			for range increments {
-				err := s.Update(context.Background(), func(tx store.Txn) error {
-					v, err := tx.Get(key)
-					if err != nil {
-						return err
-					}
-					n, err := strconv.Atoi(string(v))
-					if err != nil {
-						return err
-					}
-					return tx.Put(key, []byte(strconv.Itoa(n+1)))
-				})
-				if err != nil {
+			for i := range each {
+				if err := update(g, i); err != nil {
 					errs <- err
 					return
 				}
@@ -922,10 +936,6 @@ func testConcurrentCounter(t *testing.T, s store.Store) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
-	}
-	wantValue(t, s, "counter", strconv.Itoa(goroutines*increments))
-	if got := revision(t, s) - before; got != goroutines*increments {
-		t.Fatalf("%d Updates advanced the revision by %d", goroutines*increments, got)
 	}
 }
 
@@ -1276,38 +1286,280 @@ func testPrefetchChangesNoAnswer(t *testing.T, s store.Store) {
 // prefetched read went stale is run again, from fresh reads, as without
 // Prefetch.
 func testPrefetchKeepsConflictDetection(t *testing.T, s store.Store) {
-	const goroutines, increments = 16, 20
 	put(t, s, "x", "0")
+	incrementConcurrently(t, s, "x", 16, 20, func(tx store.Txn) error {
+		return store.Prefetch(tx, [][]byte{[]byte("x"), []byte("unread")}, [][]byte{[]byte("x")})
+	})
+}
+
+// testExpectAnswers: Expect answers as a read compared with the wanted
+// value would, in Views and in Updates, including when the answer is
+// false (a backend that deferred the comparison to the commit runs the
+// function again and then answers false) and when the key was written by
+// the transaction itself.
+func testExpectAnswers(t *testing.T, s store.Store) {
+	put(t, s, "token", "7", "empty", "")
+	cases := []struct {
+		key  string
+		want []byte
+		ok   bool
+	}{
+		{"token", []byte("7"), true},
+		{"token", []byte("8"), false},
+		{"token", nil, false},
+		{"token", []byte{}, false},
+		{"empty", []byte{}, true},
+		{"empty", nil, false},
+		{"absent", nil, true},
+		{"absent", []byte{}, false},
+		{"absent", []byte("7"), false},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("Expect(%s, %q)", c.key, c.want)
+		if c.want == nil {
+			name = fmt.Sprintf("Expect(%s, absent)", c.key)
+		}
+		var got bool
+		if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+			got, err = store.Expect(tx, []byte(c.key), c.want)
+			return err
+		}); err != nil || got != c.ok {
+			t.Fatalf("View: %s = %v, %v; want %v", name, got, err, c.ok)
+		}
+		// In an Update that writes what it concluded: the value written
+		// must follow the final answer, and a false answer must not let
+		// the write of a true one through.
+		if err := s.Update(t.Context(), func(tx store.Txn) (err error) {
+			got, err = store.Expect(tx, []byte(c.key), c.want)
+			if err != nil {
+				return err
+			}
+			return tx.Put([]byte("concluded"), []byte(strconv.FormatBool(got)))
+		}); err != nil || got != c.ok {
+			t.Fatalf("Update: %s = %v, %v; want %v", name, got, err, c.ok)
+		}
+		wantValue(t, s, "concluded", strconv.FormatBool(c.ok))
+		// In an Update that writes nothing.
+		if err := s.Update(t.Context(), func(tx store.Txn) (err error) {
+			got, err = store.Expect(tx, []byte(c.key), c.want)
+			return err
+		}); err != nil || got != c.ok {
+			t.Fatalf("read-only Update: %s = %v, %v; want %v", name, got, err, c.ok)
+		}
+	}
+	// The transaction's own writes are what Expect compares with, and a
+	// write after Expect does not change what Expect saw.
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		if ok, err := store.Expect(tx, []byte("token"), []byte("7")); err != nil || !ok {
+			return fmt.Errorf("Expect(token, 7) before writing = %v, %v", ok, err)
+		}
+		if err := tx.Put([]byte("token"), []byte("8")); err != nil {
+			return err
+		}
+		if ok, err := store.Expect(tx, []byte("token"), []byte("8")); err != nil || !ok {
+			return fmt.Errorf("Expect(token, 8) after writing 8 = %v, %v", ok, err)
+		}
+		if err := tx.Delete([]byte("empty")); err != nil {
+			return err
+		}
+		if ok, err := store.Expect(tx, []byte("empty"), nil); err != nil || !ok {
+			return fmt.Errorf("Expect(empty, absent) after deleting it = %v, %v", ok, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantValue(t, s, "token", "8")
+	wantAbsent(t, s, "empty")
+	err = s.Update(t.Context(), func(tx store.Txn) error {
+		_, err := store.Expect(tx, []byte("\x00reserved"), nil)
+		return err
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("Expect of a reserved key: %v, want ErrInvalidKey", err)
+	}
+}
+
+// testExpectFencesWriters plays fencing: writers count under the token
+// they hold (Expect(token, theirs), then increment count/<theirs>), while
+// a fencer moves the token on and, in the same Update, freezes the count
+// of the token it retires. A writer whose Expect was true must have
+// committed while its token was current, so no count may move after it
+// was frozen — an Expect that were not checked at the commit would let a
+// writer that started before the move commit after it.
+func testExpectFencesWriters(t *testing.T, s store.Store) {
+	const writers, moves = 8, 30
+	put(t, s, "token", "0")
+	var token atomic.Int64
+	done := make(chan struct{})
 	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
-	for range goroutines {
+	errs := make(chan error, writers+1)
+	// progress gets a tick per finished writer Update (dropped when full).
+	progress := make(chan struct{}, writers)
+	for range writers {
 		wg.Go(func() {
-			for range increments {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				mine := strconv.FormatInt(token.Load(), 10)
 				err := s.Update(context.Background(), func(tx store.Txn) error {
-					if err := store.Prefetch(tx, [][]byte{[]byte("x"), []byte("unread")}, [][]byte{[]byte("x")}); err != nil {
+					ok, err := store.Expect(tx, []byte("token"), []byte(mine))
+					if err != nil || !ok {
 						return err
 					}
-					v, err := tx.Get([]byte("x"))
-					if err != nil {
+					n := 0
+					v, err := tx.Get([]byte("count/" + mine))
+					switch {
+					case errors.Is(err, store.ErrNotFound):
+					case err != nil:
 						return err
+					default:
+						if n, err = strconv.Atoi(string(v)); err != nil {
+							return err
+						}
 					}
-					n, err := strconv.Atoi(string(v))
-					if err != nil {
-						return err
-					}
-					return tx.Put([]byte("x"), []byte(strconv.Itoa(n+1)))
+					return tx.Put([]byte("count/"+mine), []byte(strconv.Itoa(n+1)))
 				})
 				if err != nil {
 					errs <- err
 					return
 				}
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
 			}
 		})
 	}
+	wg.Go(func() {
+		defer close(done)
+		for i := range moves {
+			// Let the writers commit under this token before it moves.
+			for range writers {
+				select {
+				case <-progress:
+				case <-time.After(waitTimeout):
+					errs <- fmt.Errorf("no writer finished an Update within %v", waitTimeout)
+					return
+				}
+			}
+			err := s.Update(context.Background(), func(tx store.Txn) error {
+				old := strconv.Itoa(i)
+				if v, err := tx.Get([]byte("token")); err != nil || string(v) != old {
+					return fmt.Errorf("token = %q, %v; want %s", v, err, old)
+				}
+				v, err := tx.Get([]byte("count/" + old))
+				if errors.Is(err, store.ErrNotFound) {
+					v, err = []byte("0"), nil
+				}
+				if err != nil {
+					return err
+				}
+				if err := tx.Put([]byte("frozen/"+old), v); err != nil {
+					return err
+				}
+				return tx.Put([]byte("token"), []byte(strconv.Itoa(i+1)))
+			})
+			if err != nil {
+				errs <- err
+				return
+			}
+			token.Store(int64(i + 1))
+		}
+	})
 	wg.Wait()
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
 	}
-	wantValue(t, s, "x", strconv.Itoa(goroutines*increments))
+	for i := range moves {
+		frozen, _ := get(t, s, "frozen/"+strconv.Itoa(i))
+		count, _ := get(t, s, "count/"+strconv.Itoa(i))
+		if count == "" {
+			count = "0"
+		}
+		if frozen != count {
+			t.Fatalf("token %d: %s increments were counted, but it was frozen at %s: a writer committed under a retired token", i, count, frozen)
+		}
+	}
+}
+
+// testPrefetchScansFromChangesNoAnswer: scans that start inside their
+// prefix read the same with their first pages prefetched, in a View and in
+// an Update (where the transaction's own writes still win), including a
+// scan longer than one page and starts past the end.
+func testPrefetchScansFromChangesNoAnswer(t *testing.T, s store.Store) {
+	var pairs []string
+	for i := range 700 {
+		pairs = append(pairs, fmt.Sprintf("rows/a/%04d", i), strconv.Itoa(i))
+	}
+	for i := range 5 {
+		pairs = append(pairs, fmt.Sprintf("rows/b/%04d", i), strconv.Itoa(i))
+	}
+	put(t, s, pairs...)
+	scans := []store.ScanFrom{
+		{Prefix: []byte("rows/a/"), Start: []byte("rows/a/0100")},
+		{Prefix: []byte("rows/a/"), Start: []byte("rows/a/0699")},
+		{Prefix: []byte("rows/b/"), Start: []byte("rows/b/0003")},
+		{Prefix: []byte("rows/b/"), Start: []byte("rows/b/9999")},
+		{Prefix: []byte("rows/b/"), Start: nil},
+		{Prefix: []byte("rows/c/"), Start: []byte("rows/c/0001")},
+	}
+	read := func(tx store.ReadTxn) (string, error) {
+		var out strings.Builder
+		for _, sc := range scans {
+			got, err := collect(tx, string(sc.Prefix), string(sc.Start))
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&out, "%q from %q: %d keys %v; ", sc.Prefix, sc.Start, len(got), got[:min(3, len(got))])
+		}
+		return out.String(), nil
+	}
+	var plain, prefetched string
+	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+		plain, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+		if err := store.PrefetchScansFrom(tx, scans); err != nil {
+			return err
+		}
+		prefetched, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if plain != prefetched {
+		t.Fatalf("View reads differ after PrefetchScansFrom:\n plain      %s\n prefetched %s", plain, prefetched)
+	}
+	if !strings.Contains(plain, `"rows/a/" from "rows/a/0100": 600 keys`) {
+		t.Fatalf("the long scan was cut short: %s", plain)
+	}
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		if err := store.PrefetchScansFrom(tx, scans); err != nil {
+			return err
+		}
+		if err := tx.Put([]byte("rows/b/0004"), []byte("mine")); err != nil {
+			return err
+		}
+		got, err := collect(tx, "rows/b/", "rows/b/0003")
+		if err != nil {
+			return err
+		}
+		if len(got) != 2 || got[1] != (kv{"rows/b/0004", "mine"}) {
+			return fmt.Errorf("scan of rows/b/ from 0003 inside the Update: %v; want 0003 and the transaction's own 0004", got)
+		}
+		return store.PrefetchScansFrom(tx, []store.ScanFrom{{Prefix: []byte("\x00reserved")}})
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("PrefetchScansFrom of a reserved prefix: %v, want ErrInvalidKey (and nothing written)", err)
+	}
+	wantValue(t, s, "rows/b/0004", "4")
 }

@@ -2,10 +2,10 @@ package coordinator
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"time"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -59,7 +59,7 @@ func encodeRowAnchor(dst []byte, r storedRow) []byte {
 }
 
 // ErrCorrupt is returned when a stored record cannot be decoded.
-var ErrCorrupt = errors.New("coordinator: corrupt lease record")
+var ErrCorrupt = fault.New(fault.Internal, "coordinator: corrupt lease record")
 
 // record is a lease as stored: the lease and how many evidence rows the
 // job has (the number of the last row, which is also the record's version:
@@ -90,19 +90,12 @@ func (e *encoder) flag(v bool) {
 	}
 }
 
-// time stores presence first: the zero time.Time has no Unix nanosecond
-// value.
-func (e *encoder) time(t time.Time) {
-	if t.IsZero() {
-		e.b = append(e.b, 0)
-		return
-	}
-	e.b = append(e.b, 1)
-	e.int(t.UnixNano())
-}
+// time stores t as Unix nanoseconds.
+func (e *encoder) time(t time.Time) { e.timeFrom(t, 0) }
 
 // timeFrom stores t relative to base (Unix nanoseconds; 0 gives the
 // absolute encoding of time): a lease's times sit close to the decision's.
+// Presence comes first: the zero time.Time has no Unix nanosecond value.
 func (e *encoder) timeFrom(t time.Time, base int64) {
 	if t.IsZero() {
 		e.b = append(e.b, 0)
@@ -136,16 +129,13 @@ func (d *decoder) uint() uint64 {
 	return v
 }
 
+// int reads what binary.AppendVarint wrote: a zigzag-encoded uint.
 func (d *decoder) int() int64 {
-	if d.err != nil {
-		return 0
+	u := d.uint()
+	v := int64(u >> 1)
+	if u&1 != 0 {
+		v = ^v
 	}
-	v, n := binary.Varint(d.b)
-	if n <= 0 {
-		d.fail("integer")
-		return 0
-	}
-	d.b = d.b[n:]
 	return v
 }
 
@@ -189,16 +179,7 @@ func (d *decoder) flag() bool {
 	return false
 }
 
-func (d *decoder) time() time.Time {
-	if !d.flag() {
-		return time.Time{}
-	}
-	n := d.int()
-	if d.err != nil {
-		return time.Time{}
-	}
-	return time.Unix(0, n).UTC()
-}
+func (d *decoder) time() time.Time { return d.timeFrom(0) }
 
 func (d *decoder) timeFrom(base int64) time.Time {
 	if !d.flag() {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -22,21 +23,21 @@ import (
 // Sentinel errors.
 var (
 	// ErrNotFound: the job has no lease (GetLease, Evidence).
-	ErrNotFound = errors.New("coordinator: no lease for the job")
+	ErrNotFound = fault.New(fault.NotFound, "coordinator: no lease for the job")
 	// ErrStopped: the coordinator is not serving — it is shutting down,
 	// between two runs (this replica lost the lead), or was fenced off by
 	// a newer run (ErrFenced) — so the message was not judged. Retry: the
 	// replica that leads answers.
-	ErrStopped = errors.New("coordinator: not serving")
+	ErrStopped = fault.New(fault.Unavailable, "coordinator: not serving")
 	// ErrCommit: the decision could not be made durable, so it was not
 	// made: the lease is as it was before the message.
-	ErrCommit = errors.New("coordinator: commit failed")
+	ErrCommit = fault.New(fault.Unavailable, "coordinator: commit failed")
 	// ErrPrecondition: a guard refused the message because the lease
 	// changed between the caller's check and the judgement (for example a
 	// concurrent reassignment changed the holder); nothing was judged.
-	ErrPrecondition = errors.New("coordinator: lease changed")
+	ErrPrecondition = fault.New(fault.Conflict, "coordinator: lease changed")
 	// ErrInvalidArgument: a malformed request; nothing was judged.
-	ErrInvalidArgument = errors.New("coordinator: invalid argument")
+	ErrInvalidArgument = fault.New(fault.Invalid, "coordinator: invalid argument")
 )
 
 // Config configures a Coordinator.
@@ -227,26 +228,24 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 		if err != nil {
 			return err
 		}
-		// A job's newest state is its newest evidence row: the record is a
-		// checkpoint, and rows written after it carry the lease too.
-		for _, r := range checkpoints {
-			checkpoint := r.Rows
-			job := r.Lease.JobID
-			rows := rowReader{prev: r.Lease, number: checkpoint}
-			err := tx.Scan(evidencePrefix(job), evidenceKey(job, checkpoint+1), func(key, value []byte) error {
-				row, err := rows.next(value)
-				if err != nil {
-					return fmt.Errorf("%s: %w", key, err)
-				}
-				if row.Number > r.Rows {
-					r.Lease, r.Rows = row.Lease, row.Number
-				}
-				return nil
-			})
-			if err != nil {
+		for start := 0; start < len(checkpoints); start += loadChunk {
+			chunk := checkpoints[start:min(start+loadChunk, len(checkpoints))]
+			// On etcd each catch-up scan would be a round trip of its own:
+			// fetch the chunk's first pages together.
+			scans := make([]store.ScanFrom, len(chunk))
+			for i, r := range chunk {
+				scans[i] = store.ScanFrom{Prefix: evidencePrefix(r.Lease.JobID), Start: evidenceKey(r.Lease.JobID, r.Rows+1)}
+			}
+			if err := store.PrefetchScansFrom(tx, scans); err != nil {
 				return err
 			}
-			c.shardOf(job).load(r, checkpoint)
+			for _, r := range chunk {
+				checkpoint := r.Rows
+				if err := catchUp(tx, &r); err != nil {
+					return err
+				}
+				c.shardOf(r.Lease.JobID).load(r, checkpoint)
+			}
 		}
 		err = tx.Scan([]byte(prefixAlive), nil, func(key, value []byte) error {
 			d := decoder{b: value}
@@ -278,6 +277,64 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 	c.unknownSeq = unknownSeq
 	c.unknownMu.Unlock()
 	return lastAlive, nil
+}
+
+// loadChunk is how many jobs' rows a load fetches ahead at a time (on
+// etcd, in requests of a few hundred scans each).
+const loadChunk = 4096
+
+// catchUp brings a job record read from the store to the job's newest
+// state: the record is a checkpoint, and the evidence rows written after
+// it carry the lease too.
+func catchUp(tx store.ReadTxn, r *record) error {
+	job := r.Lease.JobID
+	rows := rowReader{prev: r.Lease, number: r.Rows}
+	return tx.Scan(evidencePrefix(job), evidenceKey(job, r.Rows+1), func(key, value []byte) error {
+		row, err := rows.next(value)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		if row.Number > r.Rows {
+			r.Lease, r.Rows = row.Lease, row.Number
+		}
+		return nil
+	})
+}
+
+// StoredLease reads the job's durable lease from the store (its record and
+// the evidence rows after it), on any replica, whether or not a run serves
+// here: what Get answers where no run serves. The read is one consistent
+// snapshot, and on etcd its first read is linearizable, so it sees every
+// decision acknowledged before it began, by whichever replica led — the
+// same promise as Get on the leader (never less than an answer implies,
+// nothing that can be lost). It may also see a decision made durable whose
+// answer is still on its way to the caller.
+func (c *Coordinator) StoredLease(ctx context.Context, job string) (lease.Lease, error) {
+	var r record
+	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		r = record{}
+		b, err := tx.Get(jobKey(job))
+		if errors.Is(err, store.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if r, err = decodeRecord(b); err != nil {
+			return fmt.Errorf("%s: %w", jobKey(job), err)
+		}
+		if r.Lease.JobID != job {
+			return fmt.Errorf("%w: the record of job %q names job %q", ErrCorrupt, job, r.Lease.JobID)
+		}
+		return catchUp(tx, &r)
+	})
+	if err != nil {
+		return lease.Lease{}, err
+	}
+	if !r.Lease.Exists() {
+		return lease.Lease{}, fmt.Errorf("%w: job %q", ErrNotFound, job)
+	}
+	return r.Lease, nil
 }
 
 // Policy returns the declared time policy.
@@ -570,11 +627,21 @@ func wait(ctx context.Context, ch chan answer) (Result, error) {
 }
 
 // Get returns the job's lease as last made durable: a decision judged but
-// not yet committed is not visible (see the package documentation).
+// not yet committed is not visible (see the package documentation). While
+// a run serves here, its shard answers from memory; otherwise — on a
+// replica that does not lead, between runs, in a run fenced off — Get
+// reads the store (StoredLease), which holds the same durable state.
 func (c *Coordinator) Get(ctx context.Context, job string) (lease.Lease, error) {
+	if serving, _ := c.Serving(); !serving {
+		return c.StoredLease(ctx, job)
+	}
 	ch := make(chan answer, 1)
 	c.send(c.shardOf(job), op{kind: opGet, job: job, done: func(r Result, err error) { ch <- answer{r, err} }})
 	r, err := wait(ctx, ch)
+	if errors.Is(err, ErrStopped) {
+		// The run stopped between the check and the send.
+		return c.StoredLease(ctx, job)
+	}
 	return r.Lease, err
 }
 

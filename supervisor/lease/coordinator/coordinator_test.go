@@ -767,3 +767,53 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 		t.Fatalf("a job with no rows: %v", err)
 	}
 }
+
+// A coordinator that does not serve (a replica that does not lead, or a
+// run that stopped) answers Get from the store: the same durable lease the
+// serving run answers — including the decisions written as evidence rows
+// after the job's last record — as soon as the serving run acknowledged
+// it, and ErrNotFound for a job without a lease.
+func TestGetWhereNoRunServesReadsTheStore(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	follower, err := coordinator.New(context.Background(), coordinator.Config{Store: st, Clock: clk, Policy: lease.DefaultPolicy(), Log: quiet(), Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	followerGet := func(job string) lease.Lease {
+		t.Helper()
+		l, err := follower.Get(context.Background(), job)
+		if err != nil {
+			t.Fatalf("Get(%s) where no run serves: %v", job, err)
+		}
+		return l
+	}
+	h.active("job-1", "w1", 10*time.Minute)
+	h.active("job-2", "w2", 10*time.Minute)
+	// Past one checkpoint (a record every 64 rows), so the newest state is
+	// in the rows after the record.
+	for seq := uint64(1); seq <= 70; seq++ {
+		clk.Advance(time.Second)
+		r := h.want(lease.Renew{Claim: claim("job-1", "L-job-1", 1, "w1"), RenewSequence: seq}, lease.OutcomeAccepted, lease.EventRenewed)
+		if got := followerGet("job-1"); got != r.Lease {
+			t.Fatalf("after renew %d the store reads\n %+v\nthe run answered\n %+v", seq, got, r.Lease)
+		}
+	}
+	h.want(lease.Renew{Claim: claim("job-2", "L-job-2", 1, "w9"), RenewSequence: 1}, lease.OutcomeRejected, lease.EventOwnershipConflict)
+	for _, job := range []string{"job-1", "job-2"} {
+		if got, want := followerGet(job), h.get(job); got != want {
+			t.Fatalf("%s: the store reads\n %+v\nthe run answers\n %+v", job, got, want)
+		}
+	}
+	if _, err := follower.Get(context.Background(), "job-none"); !errors.Is(err, coordinator.ErrNotFound) {
+		t.Fatalf("Get of a job without a lease where no run serves: %v, want ErrNotFound", err)
+	}
+	// The run that stopped reads the store too.
+	want := h.get("job-1")
+	h.stop()
+	if got := h.get("job-1"); got != want {
+		t.Fatalf("after the run stopped Get answers\n %+v\nwant\n %+v", got, want)
+	}
+}

@@ -44,159 +44,167 @@ const (
 )
 
 // encodeField writes field i of l; times relative to base (Unix
-// nanoseconds). A switch rather than a table of closures: l does not
-// escape, so encoding a row allocates no lease.
+// nanoseconds).
 func encodeField(e *encoder, i int, l *lease.Lease, base int64) {
-	switch i {
-	case 0:
-		e.str(l.JobID)
-	case 1:
-		e.str(l.LeaseID)
-	case 2:
-		e.uint(l.Generation)
-	case 3:
-		e.str(l.HolderIdentity)
-	case 4:
-		e.timeFrom(l.IssuedAt, base)
-	case 5:
-		e.dur(l.LeaseDuration)
-	case 6:
-		e.timeFrom(l.ExpiresAt, base)
-	case 7:
-		e.timeFrom(l.AckDeadline, base)
-	case 8:
-		e.uint(uint64(l.AckState))
-	case 9:
-		e.uint(uint64(l.State))
-	case 10:
-		e.uint(l.RenewSequence)
-	case 11:
-		e.timeFrom(l.RenewTime, base)
-	case 12:
-		e.uint(l.ProgressSequence)
-	case 13:
-		e.str(l.ProgressValue)
-	case 14:
-		e.flag(l.CancelRequested)
-	case 15:
-		e.timeFrom(l.CancelRequestedAt, base)
-	case 16:
-		e.flag(l.CancelAck)
-	case 17:
-		e.timeFrom(l.CancelAckedAt, base)
-	case 18:
-		e.uint(uint64(l.TerminalResult))
-	case 19:
-		e.timeFrom(l.TerminalAt, base)
-	case 20:
-		e.str(l.TerminalDetail)
-	case 21:
-		e.timeFrom(l.UnresolvedUntil, base)
-	case 22:
-		e.flag(l.StaleGeneration)
-	case 23:
-		e.flag(l.LateProgress)
-	case 24:
-		e.flag(l.LeaseExpired)
-	case 25:
-		e.flag(l.OwnershipConflict)
-	case 26:
-		e.str(l.ConflictHolder)
-	case 27:
-		e.timeFrom(l.AcquireTime, base)
-	case 28:
-		e.timeFrom(l.LastRenewTime, base)
-	case 29:
-		e.uint(l.Transitions)
-	case 30:
-		e.str(l.Owner)
-	case 31:
-		n := 0
-		for n < len(l.FormerHolders) && l.FormerHolders[n] != "" {
-			n++
-		}
-		e.uint(uint64(n))
-		for _, h := range l.FormerHolders[:n] {
-			e.str(h)
-		}
-	}
+	fieldCodec{e: e, base: base}.field(i, l)
 }
 
 // decodeField reads what encodeField(i) wrote into l.
 func decodeField(d *decoder, i int, l *lease.Lease, base int64) {
+	fieldCodec{d: d, base: base}.field(i, l)
+}
+
+// fieldCodec moves one lease field between a lease and a row: it decodes
+// into the field when d is set, else encodes the field with e. One switch
+// serves both directions, so they cannot drift apart; a switch rather than
+// a table of closures, and pointers only to the methods below (none keeps
+// them), so l does not escape and encoding a row allocates no lease.
+type fieldCodec struct {
+	e    *encoder
+	d    *decoder
+	base int64
+}
+
+func (c fieldCodec) field(i int, l *lease.Lease) {
 	switch i {
 	case 0:
-		l.JobID = d.str()
+		c.str(&l.JobID)
 	case 1:
-		l.LeaseID = d.str()
+		c.str(&l.LeaseID)
 	case 2:
-		l.Generation = d.uint()
+		c.uint(&l.Generation)
 	case 3:
-		l.HolderIdentity = d.str()
+		c.str(&l.HolderIdentity)
 	case 4:
-		l.IssuedAt = d.timeFrom(base)
+		c.time(&l.IssuedAt)
 	case 5:
-		l.LeaseDuration = d.dur()
+		c.dur(&l.LeaseDuration)
 	case 6:
-		l.ExpiresAt = d.timeFrom(base)
+		c.time(&l.ExpiresAt)
 	case 7:
-		l.AckDeadline = d.timeFrom(base)
+		c.time(&l.AckDeadline)
 	case 8:
-		l.AckState = lease.AckState(d.uint())
+		codeEnum(c, &l.AckState)
 	case 9:
-		l.State = lease.State(d.uint())
+		codeEnum(c, &l.State)
 	case 10:
-		l.RenewSequence = d.uint()
+		c.uint(&l.RenewSequence)
 	case 11:
-		l.RenewTime = d.timeFrom(base)
+		c.time(&l.RenewTime)
 	case 12:
-		l.ProgressSequence = d.uint()
+		c.uint(&l.ProgressSequence)
 	case 13:
-		l.ProgressValue = d.str()
+		c.str(&l.ProgressValue)
 	case 14:
-		l.CancelRequested = d.flag()
+		c.flag(&l.CancelRequested)
 	case 15:
-		l.CancelRequestedAt = d.timeFrom(base)
+		c.time(&l.CancelRequestedAt)
 	case 16:
-		l.CancelAck = d.flag()
+		c.flag(&l.CancelAck)
 	case 17:
-		l.CancelAckedAt = d.timeFrom(base)
+		c.time(&l.CancelAckedAt)
 	case 18:
-		l.TerminalResult = lease.TerminalResult(d.uint())
+		codeEnum(c, &l.TerminalResult)
 	case 19:
-		l.TerminalAt = d.timeFrom(base)
+		c.time(&l.TerminalAt)
 	case 20:
-		l.TerminalDetail = d.str()
+		c.str(&l.TerminalDetail)
 	case 21:
-		l.UnresolvedUntil = d.timeFrom(base)
+		c.time(&l.UnresolvedUntil)
 	case 22:
-		l.StaleGeneration = d.flag()
+		c.flag(&l.StaleGeneration)
 	case 23:
-		l.LateProgress = d.flag()
+		c.flag(&l.LateProgress)
 	case 24:
-		l.LeaseExpired = d.flag()
+		c.flag(&l.LeaseExpired)
 	case 25:
-		l.OwnershipConflict = d.flag()
+		c.flag(&l.OwnershipConflict)
 	case 26:
-		l.ConflictHolder = d.str()
+		c.str(&l.ConflictHolder)
 	case 27:
-		l.AcquireTime = d.timeFrom(base)
+		c.time(&l.AcquireTime)
 	case 28:
-		l.LastRenewTime = d.timeFrom(base)
+		c.time(&l.LastRenewTime)
 	case 29:
-		l.Transitions = d.uint()
+		c.uint(&l.Transitions)
 	case 30:
-		l.Owner = d.str()
+		c.str(&l.Owner)
 	case 31:
-		l.FormerHolders = [lease.MaxFormerHolders]string{}
-		n := d.uint()
-		if n > lease.MaxFormerHolders {
-			d.fail("former holders")
-			return
+		c.formerHolders(&l.FormerHolders)
+	}
+}
+
+func (c fieldCodec) str(p *string) {
+	if c.d != nil {
+		*p = c.d.str()
+	} else {
+		c.e.str(*p)
+	}
+}
+
+func (c fieldCodec) uint(p *uint64) {
+	if c.d != nil {
+		*p = c.d.uint()
+	} else {
+		c.e.uint(*p)
+	}
+}
+
+func (c fieldCodec) flag(p *bool) {
+	if c.d != nil {
+		*p = c.d.flag()
+	} else {
+		c.e.flag(*p)
+	}
+}
+
+func (c fieldCodec) dur(p *time.Duration) {
+	if c.d != nil {
+		*p = c.d.dur()
+	} else {
+		c.e.dur(*p)
+	}
+}
+
+func (c fieldCodec) time(p *time.Time) {
+	if c.d != nil {
+		*p = c.d.timeFrom(c.base)
+	} else {
+		c.e.timeFrom(*p, c.base)
+	}
+}
+
+// codeEnum stores an enum as its number.
+func codeEnum[T ~int32](c fieldCodec, p *T) {
+	if c.d != nil {
+		*p = T(c.d.uint())
+	} else {
+		c.e.uint(uint64(*p))
+	}
+}
+
+// formerHolders stores the holders up to the first empty slot: a count,
+// then each.
+func (c fieldCodec) formerHolders(p *[lease.MaxFormerHolders]string) {
+	if c.d == nil {
+		n := 0
+		for n < len(p) && p[n] != "" {
+			n++
 		}
-		for i := range n {
-			l.FormerHolders[i] = d.str()
+		c.e.uint(uint64(n))
+		for _, h := range p[:n] {
+			c.e.str(h)
 		}
+		return
+	}
+	*p = [lease.MaxFormerHolders]string{}
+	n := c.d.uint()
+	if n > lease.MaxFormerHolders {
+		c.d.fail("former holders")
+		return
+	}
+	for i := range n {
+		p[i] = c.d.str()
 	}
 }
 

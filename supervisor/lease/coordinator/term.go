@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/store"
 )
 
@@ -20,9 +21,9 @@ import (
 //  3. every shard commit reads the counter inside its Update and refuses
 //     to write unless it still holds this run's term.
 //
-// The store makes step 3 serializable (etcd compares the counter's mod
-// revision when the transaction commits; Badger's committer runs Updates
-// one at a time), so each commit of an earlier run either happened before
+// The store makes step 3 serializable (on etcd the commit itself compares
+// the counter's value, store.Expect; Badger's committer runs Updates one
+// at a time), so each commit of an earlier run either happened before
 // step 1 — and step 2 loaded it — or fails with ErrFenced and was never
 // acknowledged. No acknowledged decision is lost and none is overwritten.
 
@@ -33,7 +34,7 @@ var termKey = []byte("leases/term")
 
 // ErrFenced is why a commit of a run that a newer run fenced off failed
 // (wrapped in ErrCommit); such a coordinator stops serving.
-var ErrFenced = errors.New("coordinator: fenced off by a newer run (another replica leads the leases)")
+var ErrFenced = fault.New(fault.Unavailable, "coordinator: fenced off by a newer run (another replica leads the leases)")
 
 func encodeTerm(term uint64) []byte {
 	e := encoder{b: []byte{termSchema}}
@@ -72,8 +73,15 @@ func startTerm(tx store.Txn) (uint64, error) {
 	return term, tx.Put(termKey, encodeTerm(term))
 }
 
-// checkTerm refuses a commit unless term is still the current one.
+// checkTerm refuses a commit unless term is still the current one. It
+// asks with store.Expect, which on etcd checks the counter inside the
+// commit instead of reading it first: a shard commit is then one round
+// trip to the cluster, not two. Only when the counter has moved does it
+// read, to say which term now holds.
 func checkTerm(tx store.ReadTxn, term uint64) error {
+	if ok, err := store.Expect(tx, termKey, encodeTerm(term)); err != nil || ok {
+		return err
+	}
 	current, err := readTerm(tx)
 	if err != nil {
 		return err

@@ -291,3 +291,55 @@ func TestARunThatCannotLoadFails(t *testing.T) {
 		t.Fatal("a run that failed to load serves")
 	}
 }
+
+// A run that takes over on etcd loads every lease without a round trip per
+// lease: the rows after each job's record are fetched in batches
+// (store.PrefetchScansFrom), so a takeover's load costs a handful of
+// requests for hundreds of leases, not one each — and loads them right.
+func TestEtcdLoadFetchesEveryLeasesRowsInBatches(t *testing.T) {
+	const jobs = 300
+	st := etcdtest.OpenStore(t, etcdtest.Start(t))
+	clk := clock.NewManual(t0)
+	first := start(t, st, clk, lease.DefaultPolicy())
+	var wg sync.WaitGroup
+	errs := make(chan error, jobs)
+	for i := range jobs {
+		wg.Go(func() {
+			job := fmt.Sprintf("job-%03d", i)
+			for _, m := range []lease.Message{
+				lease.Offer{JobID: job, LeaseID: "L-" + job, HolderIdentity: "w1", LeaseDuration: 10 * time.Minute},
+				lease.Ack{Claim: claim(job, "L-"+job, 1, "w1")},
+				lease.Renew{Claim: claim(job, "L-"+job, 1, "w1"), RenewSequence: 1},
+			} {
+				if r, err := first.c.Apply(context.Background(), m); err != nil || r.Decision.Outcome != lease.OutcomeAccepted {
+					errs <- fmt.Errorf("%s %T: %v %v", job, m, r.Decision, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	want := map[string]lease.Lease{}
+	for i := range jobs {
+		job := fmt.Sprintf("job-%03d", i)
+		want[job] = first.get(job)
+	}
+	// The second run starts while the first still runs (a takeover): the
+	// rows after each record are what it must catch up on.
+	before := st.Stats().ReadRequests
+	second := start(t, st, clk, lease.DefaultPolicy())
+	reads := st.Stats().ReadRequests - before
+	t.Logf("the takeover's start (term, load) made %d read requests for %d leases", reads, jobs)
+	if reads > 20 {
+		t.Fatalf("the takeover's load of %d leases made %d read requests: a round trip per lease", jobs, reads)
+	}
+	for job, l := range want {
+		if got := second.get(job); got != l {
+			t.Fatalf("%s after the takeover:\n got %+v\nwant %+v", job, got, l)
+		}
+	}
+}

@@ -1,0 +1,1060 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/internal/store"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Chunked terminations.
+//
+// A termination's work grows with its subtree, a store transaction's does
+// not: so every step that touches the subtree node by node — marking,
+// escalating, cancelling, revoking, writing the record — runs in chunks of
+// at most ChunkSize nodes (or calls), one transaction each, and persists in
+// that same transaction how far it has got (Termination.Cursor). A chunk is
+// guarded by the cursor it read: a repeated chunk (a crash before it
+// committed, a second reconciler) does nothing twice, and a restart resumes
+// after the last chunk that committed.
+//
+// The subtree index. The mark lists the subtree node by node under
+// terminations-nodes/<termination id>/<sequence>, in the order it finds the
+// nodes (breadth first, the roots first), each with what the termination
+// does with it (Reach) and the other termination involved, if any. The
+// index is the mark's work queue as well: entry k's children are listed,
+// marked and appended after entry k-1's, and the cursor is the entry being
+// expanded and its last child listed. Later steps walk the index in order.
+// The stored termination keeps only the counts, so it stays small whatever
+// the subtree.
+//
+// Spawns. The first chunk marks the roots, and Spawn refuses, in the
+// transaction that writes the child, a parent that is not running or one
+// of whose ancestors is stopping or stopped: from the first chunk on no
+// node of the subtree can spawn, however far the mark has got, so the
+// subtree the mark walks is fixed and the mark ends. (Marking top down
+// would cover a racing spawn even without the ancestor check — a node is
+// marked in the transaction that lists it, before its children are listed,
+// so a spawn under a node not yet listed commits before that node's
+// children are listed — but a swarm spawning faster than the mark lists
+// could keep it going.) Every node of the subtree gets one entry (a node
+// has one parent; a root named inside another root's subtree is skipped
+// there). Tool calls begun by a node before its chunk are stamped into the
+// termination with it, and none can begin after.
+//
+// Revocation is immediate for verifiers as before: the first revocation
+// chunk holds the roots, whose grants' tombstones revoke every grant
+// derived from them at once; later chunks revoke what the subtree holds
+// from elsewhere.
+//
+// Ownership. A node taken over by another termination names it
+// (Node.TerminationId); the entry stays. A step that acts on the members
+// acts on the entries whose node still names this termination, and the
+// record lists the others as superseded, naming the one that has them.
+
+// DefaultChunkSize is how many nodes (or tool calls) one transaction of a
+// termination handles when Supervisor.ChunkSize is zero. 1,000 nodes keep a
+// mark chunk to a few thousand writes and a record part to a few hundred
+// KiB, well inside Badger's and etcd's transaction limits.
+const DefaultChunkSize = 1000
+
+func (s *Supervisor) chunkSize() int {
+	if s.ChunkSize > 0 {
+		return s.ChunkSize
+	}
+	return DefaultChunkSize
+}
+
+// Counts counts an Indexed termination's subtree index.
+type Counts struct {
+	// Listed: entries in the index (the subtree's nodes found so far).
+	Listed int `json:"listed,omitempty"`
+	// Members: nodes this termination stops (marked or taken over, less
+	// those handed over since). TakenOver: of those, taken over from
+	// another termination.
+	Members   int `json:"members,omitempty"`
+	TakenOver int `json:"taken_over,omitempty"`
+	// HandedOver: nodes another termination accounts for (left to it at
+	// the mark, or taken over by it since). Prior: nodes an earlier
+	// termination had terminated.
+	HandedOver int `json:"handed_over,omitempty"`
+	Prior      int `json:"prior,omitempty"`
+}
+
+// Cursor is how far a chunked step has got. Step is the step (ActWait: none
+// in progress); Entry the next entry of the subtree index to handle; After
+// the last child listed of that entry (mark) or the last call handled
+// (cancel, record).
+type Cursor struct {
+	Step  Action `json:"step,omitempty"`
+	Entry int    `json:"entry,omitempty"`
+	After string `json:"after,omitempty"`
+	// The record being written: its id, the parts written so far, whether
+	// its calls are done, and its unaccounted members so far.
+	RecordID    string `json:"record_id,omitempty"`
+	Parts       int    `json:"parts,omitempty"`
+	CallsDone   bool   `json:"calls_done,omitempty"`
+	Unaccounted int    `json:"unaccounted,omitempty"`
+}
+
+const prefixSubtree = "terminations-nodes/" // terminations-nodes/<termination id>/<sequence> → subtreeEntry (JSON)
+
+func subtreePrefix(term string) []byte { return []byte(prefixSubtree + term + "/") }
+func subtreeKey(term string, seq int) []byte {
+	return []byte(fmt.Sprintf("%s%s/%010d", prefixSubtree, term, seq))
+}
+
+// subtreeEntry is one node of a termination's subtree index.
+type subtreeEntry struct {
+	Node  string `json:"n"`
+	Reach Reach  `json:"r"`
+	// Other: the termination the node was taken over from (ReachTakeOver),
+	// left to (ReachLeave) or terminated by (ReachPrior). State: the
+	// node's state under it when taken over. Record: its record (prior).
+	Other  string `json:"o,omitempty"`
+	State  string `json:"s,omitempty"`
+	Record string `json:"rec,omitempty"`
+}
+
+func (e subtreeEntry) member() bool { return e.Reach == ReachMark || e.Reach == ReachTakeOver }
+
+// readEntries reads up to limit entries of the index from sequence from.
+func readEntries(tx store.ReadTxn, term string, from, limit int) ([]subtreeEntry, error) {
+	var out []subtreeEntry
+	err := tx.Scan(subtreePrefix(term), subtreeKey(term, from), func(k, v []byte) error {
+		if len(out) == limit {
+			return store.ErrStopScan
+		}
+		var e subtreeEntry
+		if err := json.Unmarshal(v, &e); err != nil {
+			return fmt.Errorf("supervisor: decode %s: %w", k, err)
+		}
+		out = append(out, e)
+		return nil
+	})
+	return out, err
+}
+
+// entryNodes reads the nodes of entries (every entry's when all, else the
+// members').
+func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]*tetherv1.Node, error) {
+	ids := make([]string, 0, len(entries))
+	for _, e := range entries {
+		if all || e.member() {
+			ids = append(ids, e.Node)
+		}
+	}
+	if err := store.Prefetch(tx, keysOf(ids, nodeKey), nil); err != nil {
+		return nil, err
+	}
+	out := make(map[string]*tetherv1.Node, len(ids))
+	for _, id := range ids {
+		n, err := getNode(tx, id)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, nil
+}
+
+// owned is the entries' members whose node still names t.
+func owned(t Termination, entries []subtreeEntry, nodes map[string]*tetherv1.Node) []string {
+	var ids []string
+	for _, e := range entries {
+		if n := nodes[e.Node]; e.member() && n != nil && n.TerminationId == t.ID {
+			ids = append(ids, e.Node)
+		}
+	}
+	return ids
+}
+
+// membersIn lists the nodes t stops now, read in tx: its Members, or, for
+// an Indexed termination, the index's members whose node still names it.
+// It reads the whole subtree: for the steps that need every member at once
+// (counting confirmations, a rollout batch's leases), not for the chunks.
+func membersIn(tx store.ReadTxn, t Termination) ([]string, error) {
+	if !t.Indexed {
+		return t.Members, nil
+	}
+	var ids []string
+	for from := 0; from < t.Counts.Listed; {
+		entries, err := readEntries(tx, t.ID, from, DefaultChunkSize)
+		if err != nil {
+			return nil, err
+		}
+		if len(entries) == 0 {
+			break
+		}
+		nodes, err := entryNodes(tx, entries, false)
+		if err != nil {
+			return nil, err
+		}
+		ids = append(ids, owned(t, entries, nodes)...)
+		from += len(entries)
+	}
+	return ids, nil
+}
+
+// Members lists the nodes a termination stops now (see membersIn).
+func (s *Supervisor) Members(ctx context.Context, t Termination) ([]string, error) {
+	var ids []string
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		ids, err = membersIn(tx, t)
+		return err
+	})
+	return ids, err
+}
+
+// markChunk is one chunk of the mark, inside its transaction.
+type markChunk struct {
+	tx       store.Txn
+	t        *Termination
+	inFlight int
+	others   map[string]*Termination    // the other terminations met, by id
+	taken    map[string]map[string]bool // other termination → nodes taken from it
+}
+
+// mark marks the next chunk of the subtree (the roots first, then the
+// children of the entries after the cursor, top down) and, when the whole
+// subtree is listed, moves the termination on. A node another termination
+// is stopping is taken over (with its open calls) when this one supersedes
+// that one, or left to it; a node already terminated is listed with the
+// termination that did it (ReachNode). Every node of the subtree gets
+// exactly one entry.
+func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
+	var handedOver []string
+	var members, listed int
+	var done bool
+	var mode Mode
+	budget := s.chunkSize()
+	err := s.Store.Update(ctx, func(tx store.Txn) error {
+		handedOver, done = nil, false
+		var t Termination
+		if err := getTermination(tx, id, &t); err != nil {
+			return err
+		}
+		if t.Phase != PhaseRequested {
+			return nil
+		}
+		mode = t.Mode
+		t.Indexed = true // a request stored before the index is listed here too
+		c := &markChunk{tx: tx, t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
+		if t.Cursor.Step != ActMark {
+			// The roots, in one chunk (at most MaxTerminationRoots).
+			t.Cursor = Cursor{Step: ActMark}
+			roots := t.RootIDs()
+			if err := store.Prefetch(tx, keysOf(roots, nodeKey), keysOf(roots, openCallPrefix)); err != nil {
+				return err
+			}
+			for i, r := range roots {
+				if slices.Contains(roots[:i], r) {
+					continue
+				}
+				n, err := getNode(tx, r)
+				if err != nil {
+					return err
+				}
+				if err := c.discover(n); err != nil {
+					return err
+				}
+			}
+		} else if err := c.expand(budget); err != nil {
+			return err
+		}
+		for oid, nodes := range c.taken {
+			other := HandOver(*c.others[oid], nodes, t.ID, now)
+			if err := putJSON(tx, terminationKey(oid), other); err != nil {
+				return err
+			}
+			handedOver = append(handedOver, oid)
+		}
+		members, listed = t.Counts.Members, t.Counts.Listed
+		t.UpdatedAt = now
+		if t.Cursor.Entry < t.Counts.Listed {
+			return putJSON(tx, terminationKey(id), t)
+		}
+		done = true
+		next, err := Advance(t, ActMark, Progress{Unconfirmed: t.Counts.Members}, now)
+		if err != nil {
+			return err
+		}
+		return putJSON(tx, terminationKey(id), next)
+	})
+	if err == nil && done && members > 0 {
+		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", members, "listed", listed)
+	}
+	for _, oid := range handedOver {
+		s.Log.Info("termination took over nodes from another", "termination_id", id, "superseded_termination_id", oid)
+		s.Kick(oid)
+	}
+	return err
+}
+
+// expand lists, marks and appends up to budget children of the entries
+// from the cursor on, and moves the cursor past them.
+func (c *markChunk) expand(budget int) error {
+	t, tx := c.t, c.tx
+	cur := t.Cursor
+	entries, err := readEntries(tx, t.ID, cur.Entry, budget)
+	if err != nil {
+		return err
+	}
+	parents := make([]string, len(entries))
+	for i, e := range entries {
+		parents[i] = e.Node
+	}
+	if err := store.Prefetch(tx, nil, keysOf(parents, childPrefix)); err != nil {
+		return err
+	}
+	var kids []string
+	entry, after := cur.Entry, cur.After
+	for i, parent := range parents {
+		idx := cur.Entry + i
+		var start []byte
+		if idx == cur.Entry && cur.After != "" {
+			start = append(childKey(parent, cur.After), 0)
+		}
+		p := childPrefix(parent)
+		full := false
+		err := tx.Scan(p, start, func(k, _ []byte) error {
+			if len(kids) == budget {
+				full = true
+				return store.ErrStopScan
+			}
+			kid := string(k[len(p):])
+			kids = append(kids, kid)
+			entry, after = idx, kid
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if full {
+			break
+		}
+		entry, after = idx+1, ""
+	}
+	if err := store.Prefetch(tx, keysOf(kids, nodeKey), keysOf(kids, openCallPrefix)); err != nil {
+		return err
+	}
+	roots := t.RootIDs()
+	for _, kid := range kids {
+		if len(roots) > 1 && slices.Contains(roots, kid) {
+			continue // a root inside another root's subtree: listed as a root
+		}
+		n, err := getNode(tx, kid)
+		if err != nil {
+			return fmt.Errorf("supervisor: child index names %s: %w", kid, err)
+		}
+		if err := c.discover(n); err != nil {
+			return err
+		}
+	}
+	t.Cursor.Entry, t.Cursor.After = entry, after
+	return nil
+}
+
+// discover lists one node of the subtree and, unless another termination
+// accounts for it, marks it and stamps its open calls.
+func (c *markChunk) discover(n *tetherv1.Node) error {
+	t, tx := c.t, c.tx
+	if n.TerminationId == t.ID && n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		return nil // already listed (only a repeated root can get here)
+	}
+	var owner Termination
+	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING && n.TerminationId != "" {
+		o, ok := c.others[n.TerminationId]
+		if !ok {
+			o = &Termination{}
+			if err := getTermination(tx, n.TerminationId, o); err != nil {
+				return err
+			}
+			c.others[n.TerminationId] = o
+		}
+		owner = *o
+	}
+	reach := ReachNode(*t, n.State, owner)
+	if reach == ReachPrior && owner.ID != "" && owner.Phase != PhaseTerminated {
+		// Terminated by a termination still writing its record (chunk by
+		// chunk): that one accounts for it.
+		reach = ReachLeave
+	}
+	e := subtreeEntry{Node: n.NodeId, Reach: reach}
+	switch reach {
+	case ReachPrior:
+		rid, err := recordIDOf(tx, owner.ID)
+		if err != nil {
+			return err
+		}
+		e.Other, e.Record = owner.ID, rid
+		t.Counts.Prior++
+	case ReachLeave:
+		e.Other = owner.ID
+		t.Counts.HandedOver++
+		if !slices.Contains(t.SupersededBy, owner.ID) {
+			t.SupersededBy = append(t.SupersededBy, owner.ID)
+		}
+	case ReachTakeOver:
+		e.Other, e.State = owner.ID, tree.StateName(n.State)
+		t.Counts.TakenOver++
+		if !slices.Contains(t.TookOverFrom, owner.ID) {
+			t.TookOverFrom = append(t.TookOverFrom, owner.ID)
+		}
+		if c.taken[owner.ID] == nil {
+			c.taken[owner.ID] = map[string]bool{}
+		}
+		c.taken[owner.ID][n.NodeId] = true
+	}
+	if err := putJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
+		return err
+	}
+	t.Counts.Listed++
+	if !e.member() {
+		return nil
+	}
+	t.Counts.Members++
+	// An exited node keeps its state (it may not act, and the record
+	// weighs its exit); every other node stops.
+	if n.State != tetherv1.NodeState_NODE_STATE_EXITED {
+		n.State = MarkedState(*t, n.State)
+	}
+	n.TerminationId = t.ID
+	if err := putNode(tx, n); err != nil {
+		return err
+	}
+	calls, err := ledger.OpenCallsIn(tx, n.NodeId)
+	if err != nil {
+		return err
+	}
+	for _, call := range calls {
+		if call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+			c.inFlight++
+		}
+		if reach == ReachTakeOver && call.TerminationId != "" {
+			// The call moves to this termination's account (a cancel
+			// order already sent stands): each call is accounted for by
+			// exactly one termination.
+			if err := tx.Delete(termCallKey(call.TerminationId, call.CallId)); err != nil {
+				return err
+			}
+		}
+		call.TerminationId = t.ID
+		if err := putCall(tx, call); err != nil {
+			return err
+		}
+		if err := tx.Put(termCallKey(t.ID, call.CallId), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// termCallsAfter lists up to limit ids of the calls t accounts for after
+// the call id after, and whether there are more.
+func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, bool, error) {
+	prefix := termCallPrefix(term)
+	var start []byte
+	if after != "" {
+		start = append(termCallKey(term, after), 0)
+	}
+	var ids []string
+	more := false
+	err := tx.Scan(prefix, start, func(k, _ []byte) error {
+		if len(ids) == limit {
+			more = true
+			return store.ErrStopScan
+		}
+		ids = append(ids, string(k[len(prefix):]))
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return ids, more, store.Prefetch(tx, keysOf(ids, callKey), nil)
+}
+
+// cancelCalls does one chunk of an escalation (the members' nodes go from
+// draining to aborting: the sessions abort now) or of the cancel orders
+// (one per in-flight call the termination accounts for; gates watching
+// their orders get them at once), and advances when both are done.
+func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
+	ts := timestamppb.New(now)
+	budget := s.chunkSize()
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Phase != t.Phase || stored.Cursor != t.Cursor {
+			return nil // moved on (or another pass did this chunk): re-read
+		}
+		if stored.Cursor.Step != action {
+			stored.Cursor = Cursor{Step: action}
+		}
+		cur := &stored.Cursor
+		stored.UpdatedAt = now
+		if action == ActEscalate && cur.Entry < stored.Counts.Listed {
+			entries, err := readEntries(tx, stored.ID, cur.Entry, budget)
+			if err != nil {
+				return err
+			}
+			nodes, err := entryNodes(tx, entries, false)
+			if err != nil {
+				return err
+			}
+			for _, id := range owned(stored, entries, nodes) {
+				if n := nodes[id]; n.State == tetherv1.NodeState_NODE_STATE_DRAINING {
+					n.State = tetherv1.NodeState_NODE_STATE_ABORTING
+					if err := putNode(tx, n); err != nil {
+						return err
+					}
+				}
+			}
+			cur.Entry += max(1, len(entries))
+			return putJSON(tx, terminationKey(t.ID), stored)
+		}
+		// The calls the termination accounts for (stamped by the mark, or
+		// taken over with their nodes): no call can begin after the mark.
+		ids, more, err := termCallsAfter(tx, stored.ID, cur.After, budget)
+		if err != nil {
+			return err
+		}
+		for _, cid := range ids {
+			c, err := getCall(tx, cid)
+			if err != nil {
+				return err
+			}
+			if err := requestCancelIn(tx, c, t.ID, ts); err != nil {
+				return err
+			}
+		}
+		if more {
+			cur.After = ids[len(ids)-1]
+			return putJSON(tx, terminationKey(t.ID), stored)
+		}
+		next, err := Advance(stored, action, p, now)
+		if err != nil {
+			return err
+		}
+		return putJSON(tx, terminationKey(t.ID), next)
+	})
+}
+
+// revoke revokes, chunk by chunk, the members' grants, starts revoking
+// their privileges and cancels their leases, then records that it did. Each
+// part is idempotent, so a crash in a chunk repeats only that chunk.
+func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now time.Time) error {
+	if t.Revoked {
+		return s.advance(ctx, t, ActRevoke, p, now)
+	}
+	cur := t.Cursor
+	if cur.Step != ActRevoke {
+		cur = Cursor{Step: ActRevoke}
+	}
+	deadline := t.HookDeadline
+	if deadline.IsZero() && t.HookTimeout > 0 {
+		deadline = now.Add(t.HookTimeout)
+	}
+	var ids []string
+	read := 0
+	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		entries, err := readEntries(tx, t.ID, cur.Entry, s.chunkSize())
+		if err != nil {
+			return err
+		}
+		nodes, err := entryNodes(tx, entries, false)
+		if err != nil {
+			return err
+		}
+		ids, read = owned(t, entries, nodes), max(1, len(entries))
+		return nil
+	}); err != nil {
+		return err
+	}
+	if len(ids) > 0 {
+		by := "termination:" + t.ID
+		reason := "terminated: " + t.Reason
+		if s.Grants != nil {
+			if err := s.Grants.RevokeHeldBy(ctx, ids, by, reason); err != nil {
+				return fmt.Errorf("revoke grants: %w", err)
+			}
+		}
+		// Privileges are revoked off this path, in parallel and within
+		// the termination's hook deadline.
+		if s.Privileges != nil {
+			if err := s.Privileges.Dispatch(ctx, ids, deadline, func() { s.Kick(t.ID) }); err != nil {
+				return fmt.Errorf("revoke privileges: %w", err)
+			}
+		}
+		// A rollout batch leaves its leases to the rollout, which hands
+		// them over to the replacements with generation + 1.
+		if s.Leases != nil && !t.LeaseHandover {
+			if err := s.Leases.CancelHeldBy(ctx, ids, reason); err != nil {
+				return fmt.Errorf("cancel leases: %w", err)
+			}
+		}
+	}
+	cur.Entry += read
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Phase != t.Phase || stored.Cursor != t.Cursor {
+			return nil
+		}
+		stored.HookDeadline = deadline
+		stored.UpdatedAt = now
+		if cur.Entry < stored.Counts.Listed {
+			stored.Cursor = cur
+			return putJSON(tx, terminationKey(t.ID), stored)
+		}
+		next, err := Advance(stored, ActRevoke, p, now)
+		if err != nil {
+			return err
+		}
+		return putJSON(tx, terminationKey(t.ID), next)
+	})
+}
+
+// writeRecord writes the reconciliation record in parts, one transaction
+// each: the members' entries chunk by chunk (each chunk terminates its
+// nodes in the same transaction), then the calls, then the header, which
+// makes the record visible and terminates the termination. Every step is
+// guarded by the cursor, so exactly one record exists however often this
+// runs; a record without its header (a crash in the middle) is never read.
+func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
+	switch cur := t.Cursor; {
+	case cur.Step != ActWriteRecord:
+		return s.Store.Update(ctx, func(tx store.Txn) error {
+			var stored Termination
+			if err := getTermination(tx, t.ID, &stored); err != nil {
+				return err
+			}
+			if stored.Phase != PhaseReconciling && !stored.Superseded() || stored.Cursor != t.Cursor {
+				return nil
+			}
+			if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
+				return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
+			}
+			stored.Cursor = Cursor{Step: ActWriteRecord, RecordID: newRecordID()}
+			stored.UpdatedAt = now
+			return putJSON(tx, terminationKey(t.ID), stored)
+		})
+	case cur.Entry < t.Counts.Listed:
+		return s.recordNodes(ctx, t, now)
+	case !cur.CallsDone:
+		return s.recordCalls(ctx, t, now)
+	default:
+		return s.recordHeader(ctx, t, p, now)
+	}
+}
+
+// recordNodes writes the next chunk of the record's nodes with their
+// privileges and leases, and terminates the members among them.
+func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Time) error {
+	budget := s.chunkSize()
+	var ids []string
+	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		entries, err := readEntries(tx, t.ID, t.Cursor.Entry, budget)
+		if err != nil {
+			return err
+		}
+		nodes, err := entryNodes(tx, entries, false)
+		ids = owned(t, entries, nodes)
+		return err
+	}); err != nil {
+		return err
+	}
+	var leases []*tetherv1.RecordLease
+	var grants []HeldGrant
+	var err error
+	if len(ids) > 0 {
+		switch {
+		case t.LeaseHandover && s.Handover != nil:
+			if leases, err = s.Handover.HeldBy(ctx, ids); err != nil {
+				return fmt.Errorf("list leases: %w", err)
+			}
+		case s.Leases != nil && !t.LeaseHandover:
+			if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, "terminated: "+t.Reason); err != nil {
+				return fmt.Errorf("finalize leases: %w", err)
+			}
+		}
+		if s.Grants != nil {
+			if grants, err = s.Grants.HeldBy(ctx, ids); err != nil {
+				return fmt.Errorf("list grants: %w", err)
+			}
+		}
+	}
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Cursor != t.Cursor {
+			return nil
+		}
+		cur := &stored.Cursor
+		entries, err := readEntries(tx, t.ID, cur.Entry, budget)
+		if err != nil {
+			return err
+		}
+		nodes, err := entryNodes(tx, entries, true)
+		if err != nil {
+			return err
+		}
+		// Grants and leases were listed before this transaction: keep
+		// those of the members still this termination's (another may have
+		// taken some over since), so each is in exactly one record.
+		members := owned(stored, entries, nodes)
+		grants, leases := heldByOnly(members, grants, leases)
+		if err := decideUnansweredPrivileges(tx, stored, members, now); err != nil {
+			return err
+		}
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, leases)
+		if err != nil {
+			return err
+		}
+		for _, m := range members {
+			n := nodes[m]
+			n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
+			if err := putNode(tx, n); err != nil {
+				return err
+			}
+		}
+		if cur.Parts, err = putRecordParts(tx, cur.RecordID, cur.Parts, part); err != nil {
+			return err
+		}
+		cur.Entry += max(1, len(entries))
+		cur.Unaccounted += unaccounted
+		stored.UpdatedAt = now
+		return putJSON(tx, terminationKey(t.ID), stored)
+	})
+}
+
+// recordPart is the part of the record for one chunk of the index: its
+// nodes (members judged, the others superseded or prior), the members'
+// privileges (grants first) and leases. unaccounted counts the members
+// nobody accounted for.
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tetherv1.Node, grants []HeldGrant, leases []*tetherv1.RecordLease) (*tetherv1.ReconciliationRecord, int, error) {
+	part := &tetherv1.ReconciliationRecord{Leases: leases}
+	heldGrants := map[string][]string{}
+	liveGrants := map[string][]string{}
+	for _, g := range grants {
+		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
+		if g.Outcome != privilege.OutcomeRevoked && g.Outcome != privilege.OutcomeExpired {
+			liveGrants[g.NodeID] = append(liveGrants[g.NodeID], g.GrantID)
+		}
+		part.Privileges = append(part.Privileges, grantPrivilege(g))
+	}
+	heldJobs := map[string][]string{}
+	for _, l := range leases {
+		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobId)
+	}
+	inWorkload := t.workloadIn(tx)
+	unaccounted := 0
+	var members []string
+	for _, e := range entries {
+		n := nodes[e.Node]
+		switch {
+		case e.member() && n.TerminationId == t.ID:
+			rn := recordNode(n, inWorkload, liveGrants[n.NodeId], heldGrants[n.NodeId], heldJobs[n.NodeId])
+			if e.Reach == ReachTakeOver {
+				rn.InnerTerminationId = e.Other
+				rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING
+				if e.State == tree.StateName(tetherv1.NodeState_NODE_STATE_ABORTING) {
+					rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_ABORTING
+				}
+			}
+			if rn.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+				unaccounted++
+			}
+			part.Nodes = append(part.Nodes, rn)
+			members = append(members, n.NodeId)
+		case e.Reach == ReachPrior:
+			rn := &tetherv1.RecordNode{
+				NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
+				Outcome:            tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED,
+				InnerTerminationId: e.Other, InnerOutcome: tetherv1.InnerOutcome_INNER_OUTCOME_TERMINATED, InnerRecordId: e.Record,
+			}
+			if e.Record != "" {
+				earlier, err := earlierOutcomes(tx, e.Record)
+				if err != nil {
+					return nil, 0, err
+				}
+				if pn, ok := earlier[n.NodeId]; ok {
+					rn.Outcome, rn.ConfirmedBy, rn.ConfirmedAt = pn.Outcome, pn.ConfirmedBy, pn.ConfirmedAt
+				}
+			}
+			part.Nodes = append(part.Nodes, rn)
+		default:
+			// Left to another termination at the mark, or taken over by
+			// one since: the one the node names accounts for it.
+			by := e.Other
+			if e.member() {
+				by = n.TerminationId
+			}
+			part.Nodes = append(part.Nodes, &tetherv1.RecordNode{
+				NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
+				Outcome: tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED, SupersededByTerminationId: by,
+			})
+		}
+	}
+	privs, err := privilege.PrivilegesIn(tx, members)
+	if err != nil {
+		return nil, 0, err
+	}
+	for _, p := range privs {
+		part.Privileges = append(part.Privileges, registeredPrivilege(p))
+	}
+	return part, unaccounted, nil
+}
+
+// recordCalls writes the next chunk of the calls the termination had to
+// account for (in call id order). Calls still waiting for a cancel ack
+// are closed here as cancel_unacknowledged.
+func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Time) error {
+	budget := s.chunkSize()
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Cursor != t.Cursor {
+			return nil
+		}
+		cur := &stored.Cursor
+		ids, more, err := termCallsAfter(tx, t.ID, cur.After, budget)
+		if err != nil {
+			return err
+		}
+		part := &tetherv1.ReconciliationRecord{}
+		ts := timestamppb.New(now)
+		for _, cid := range ids {
+			c, err := getCall(tx, cid)
+			if err != nil {
+				return err
+			}
+			if err := closeUnacknowledged(tx, t.ID, c, ts); err != nil {
+				return err
+			}
+			part.ToolCalls = append(part.ToolCalls, recordCall(c))
+		}
+		if len(part.ToolCalls) > 0 {
+			if cur.Parts, err = putRecordParts(tx, cur.RecordID, cur.Parts, part); err != nil {
+				return err
+			}
+		}
+		if more {
+			cur.After = ids[len(ids)-1]
+		} else {
+			cur.After, cur.CallsDone = "", true
+		}
+		stored.UpdatedAt = now
+		return putJSON(tx, terminationKey(t.ID), stored)
+	})
+}
+
+// recordHeader writes the record's last part (what describes the whole
+// termination) and its header, which makes it visible, and terminates the
+// termination: all in one transaction.
+func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress, now time.Time) error {
+	var written *tetherv1.ReconciliationRecord
+	var unaccounted int
+	err := s.Store.Update(ctx, func(tx store.Txn) error {
+		written = nil
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Cursor != t.Cursor {
+			return nil
+		}
+		cur := stored.Cursor
+		if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
+			return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
+		}
+		next, err := Advance(stored, ActWriteRecord, p, now)
+		if err != nil {
+			return err
+		}
+		rec, err := recordHeaderOf(tx, next, cur.RecordID, now)
+		if err != nil {
+			return err
+		}
+		parts, err := putRecordParts(tx, rec.RecordId, cur.Parts, rec)
+		if err != nil {
+			return err
+		}
+		if err := putRecordHeader(tx, rec.RecordId, t.ID, parts); err != nil {
+			return err
+		}
+		if err := tx.Put(outboxKey(rec.RecordId), nil); err != nil {
+			return err
+		}
+		next.RecordID = rec.RecordId
+		// The final progress is the record's: every node counted once.
+		next.Progress.Unconfirmed = cur.Unaccounted
+		next.Progress.HooksPending = 0
+		written, unaccounted = rec, cur.Unaccounted
+		return putJSON(tx, terminationKey(t.ID), next)
+	})
+	if err == nil && written != nil {
+		s.Log.Info("termination complete", "termination_id", t.ID, "record_id", written.RecordId, "nodes", t.Counts.Listed, "unaccounted", unaccounted)
+	}
+	return err
+}
+
+// heldByOnly keeps the grants and leases held by members.
+func heldByOnly(members []string, grants []HeldGrant, leases []*tetherv1.RecordLease) ([]HeldGrant, []*tetherv1.RecordLease) {
+	member := make(map[string]bool, len(members))
+	for _, m := range members {
+		member[m] = true
+	}
+	var g []HeldGrant
+	for _, x := range grants {
+		if member[x.NodeID] {
+			g = append(g, x)
+		}
+	}
+	var l []*tetherv1.RecordLease
+	for _, x := range leases {
+		if member[x.HolderIdentity] {
+			l = append(l, x)
+		}
+	}
+	return g, l
+}
+
+// earlierOutcomes is the outcome an earlier record gave each of its nodes.
+// Records never change once written, so the last one read is kept: the
+// prior nodes of a chunk, and of the next chunks, mostly name one record.
+func earlierOutcomes(tx store.ReadTxn, recordID string) (map[string]*tetherv1.RecordNode, error) {
+	earlier.mu.Lock()
+	if earlier.id == recordID {
+		defer earlier.mu.Unlock()
+		return earlier.nodes, nil
+	}
+	earlier.mu.Unlock()
+	prev, err := getRecord(tx, recordID)
+	if err != nil {
+		return nil, err
+	}
+	nodes := make(map[string]*tetherv1.RecordNode, len(prev.Nodes))
+	for _, pn := range prev.Nodes {
+		nodes[pn.NodeId] = pn
+	}
+	earlier.mu.Lock()
+	earlier.id, earlier.nodes = recordID, nodes
+	earlier.mu.Unlock()
+	return nodes, nil
+}
+
+var earlier struct {
+	mu    sync.Mutex
+	id    string
+	nodes map[string]*tetherv1.RecordNode
+}
+
+// putRecordParts appends part to a record's stored parts from number from
+// (split under the store's value limit) and returns the next part number.
+// A record is the concatenation of its parts' bytes: protobuf appends the
+// repeated fields of concatenated messages, so a record written in parts
+// reads as one.
+func putRecordParts(tx store.Txn, recordID string, from int, part *tetherv1.ReconciliationRecord) (int, error) {
+	b, err := proto.Marshal(part)
+	if err != nil {
+		return from, err
+	}
+	n := from
+	for off := 0; off < len(b) || n == from; off += recordPartBytes {
+		end := min(off+recordPartBytes, len(b))
+		if err := tx.Put(recordPartKey(recordID, n), b[off:end]); err != nil {
+			return from, err
+		}
+		n++
+	}
+	return n, nil
+}
+
+// index moves a termination stored before the subtree index (its subtree
+// listed in Members, TakenOver, HandedOver and Prior) to the index, in one
+// transaction (its lists fitted in one value, so they fit in one
+// transaction), so that every step after the mark has one form to handle.
+func (s *Supervisor) index(ctx context.Context, id string) error {
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var t Termination
+		if err := getTermination(tx, id, &t); err != nil {
+			return err
+		}
+		if t.Indexed || t.Phase == PhaseRequested || t.Phase == PhaseTerminated {
+			return nil
+		}
+		taken := map[string]Handoff{}
+		for _, h := range t.TakenOver {
+			taken[h.NodeID] = h
+		}
+		var entries []subtreeEntry
+		for _, m := range t.Members {
+			e := subtreeEntry{Node: m, Reach: ReachMark}
+			if h, ok := taken[m]; ok {
+				e = subtreeEntry{Node: m, Reach: ReachTakeOver, Other: h.TerminationID, State: h.State}
+			}
+			entries = append(entries, e)
+		}
+		for _, h := range t.HandedOver {
+			entries = append(entries, subtreeEntry{Node: h.NodeID, Reach: ReachLeave, Other: h.TerminationID})
+		}
+		for _, h := range t.Prior {
+			entries = append(entries, subtreeEntry{Node: h.NodeID, Reach: ReachPrior, Other: h.TerminationID, Record: h.RecordID})
+		}
+		for i, e := range entries {
+			if err := putJSON(tx, subtreeKey(id, i), e); err != nil {
+				return err
+			}
+		}
+		t.Counts = Counts{Listed: len(entries), Members: len(t.Members), TakenOver: len(t.TakenOver), HandedOver: len(t.HandedOver), Prior: len(t.Prior)}
+		t.TookOverFrom, t.SupersededBy = handoffTerminations(t.TakenOver), handoffTerminations(t.HandedOver)
+		t.Members, t.TakenOver, t.HandedOver, t.Prior = nil, nil, nil, nil
+		t.Indexed = true
+		return putJSON(tx, terminationKey(id), t)
+	})
+}
+
+// chunkCounter counts the chunks of each step this process has committed
+// (for Supervisor.ChunkFault).
+type chunkCounter struct {
+	mu sync.Mutex
+	n  map[Action]int
+}
+
+// chunkDone tells ChunkFault that a chunk of step committed.
+func (s *Supervisor) chunkDone(step Action) {
+	if s.ChunkFault == nil {
+		return
+	}
+	s.chunks.mu.Lock()
+	if s.chunks.n == nil {
+		s.chunks.n = map[Action]int{}
+	}
+	s.chunks.n[step]++
+	n := s.chunks.n[step]
+	s.chunks.mu.Unlock()
+	name := map[Action]string{ActMark: "mark", ActEscalate: "escalate", ActCancelCalls: "cancel", ActRevoke: "revoke", ActWriteRecord: "record"}[step]
+	if name != "" {
+		s.ChunkFault(name, n)
+	}
+}

@@ -1,0 +1,335 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+func chunkTestSupervisor(t *testing.T, opts badgerstore.BadgerOptions, chunk int) (*Supervisor, store.Store) {
+	t.Helper()
+	opts.Logger = slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
+	st, err := badgerstore.OpenBadger(t.TempDir(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	tr := &tree.Tree{Store: st, Clock: clk, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 100000, MaxLabels: 4}}
+	return &Supervisor{Store: st, Clock: clk, Tree: tr, ChunkSize: chunk, Log: opts.Logger}, st
+}
+
+// buildTree writes a root and n descendants (fan-out wide, breadth first)
+// in Updates of at most 1,000 nodes, as Spawn writes them, and returns the
+// root and every node's id.
+func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
+	t.Helper()
+	ctx := context.Background()
+	now := timestamppb.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	nodes := []*tetherv1.Node{{NodeId: id.New(id.Node), Name: "root", State: tetherv1.NodeState_NODE_STATE_RUNNING, CreatedAt: now}}
+	for i := 1; i <= n; i++ {
+		parent := nodes[(i-1)/fanout]
+		nodes = append(nodes, &tetherv1.Node{
+			NodeId: id.New(id.Node), ParentNodeId: parent.NodeId, Ancestors: append(append([]string(nil), parent.Ancestors...), parent.NodeId),
+			Name: fmt.Sprintf("agent-%d", i), State: tetherv1.NodeState_NODE_STATE_RUNNING, CreatedAt: now,
+		})
+	}
+	children := map[string]uint64{}
+	for from := 0; from < len(nodes); from += 1000 {
+		part := nodes[from:min(from+1000, len(nodes))]
+		if err := st.Update(ctx, func(tx store.Txn) error {
+			for _, nd := range part {
+				if err := putNode(tx, nd); err != nil {
+					return err
+				}
+				if nd.ParentNodeId == "" {
+					continue
+				}
+				if err := tx.Put(childKey(nd.ParentNodeId, nd.NodeId), nil); err != nil {
+					return err
+				}
+				c := children[nd.ParentNodeId] + 1
+				if err := tx.Put(tree.ChildCountKey(nd.ParentNodeId), binary.BigEndian.AppendUint64(nil, c)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for _, nd := range part {
+			if nd.ParentNodeId != "" {
+				children[nd.ParentNodeId]++
+			}
+		}
+	}
+	ids := make([]string, len(nodes))
+	for i, nd := range nodes {
+		ids[i] = nd.NodeId
+	}
+	return nodes[0].NodeId, ids
+}
+
+// reconcileToEnd runs the reconciler's passes until the termination is
+// terminated, as Run would (each pass re-reads stored state).
+func reconcileToEnd(t *testing.T, s *Supervisor, id string) Termination {
+	t.Helper()
+	ctx := context.Background()
+	for range 100000 {
+		if _, err := s.Reconcile(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		term, err := s.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if term.Phase == PhaseTerminated {
+			return term
+		}
+	}
+	t.Fatal("the termination did not finish")
+	return Termination{}
+}
+
+// checkRecord checks that the termination's record lists every node of
+// want exactly once (and nothing else), and that each is terminated.
+func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *tetherv1.ReconciliationRecord {
+	t.Helper()
+	ctx := context.Background()
+	rec, err := s.Record(ctx, "", term.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[string]int, len(rec.Nodes))
+	for _, n := range rec.Nodes {
+		seen[n.NodeId]++
+	}
+	for _, w := range want {
+		if seen[w] != 1 {
+			t.Fatalf("node %s is in the record %d times, want once", w, seen[w])
+		}
+	}
+	if len(rec.Nodes) != len(want) {
+		t.Fatalf("the record lists %d nodes, the subtree has %d", len(rec.Nodes), len(want))
+	}
+	if rec.TerminationId != term.ID || rec.RecordId != term.RecordID || len(rec.Phases) == 0 {
+		t.Fatalf("record header: termination %s record %s, %d phases", rec.TerminationId, rec.RecordId, len(rec.Phases))
+	}
+	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		for _, w := range want {
+			n, err := getNode(tx, w)
+			if err != nil {
+				return err
+			}
+			if n.State != tetherv1.NodeState_NODE_STATE_TERMINATED || n.TerminationId != term.ID {
+				return fmt.Errorf("node %s is %s under %q", w, tree.StateName(n.State), n.TerminationId)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
+// TestATerminationLargerThanOneTransaction terminates a subtree whose mark
+// alone does not fit in one store transaction (Badger with an 8 MiB
+// memtable holds about 1.2 MB per transaction): the termination goes
+// through in chunks, and its record lists every node exactly once.
+//
+// TETHER_TEST_TERMINATION_AGENTS sets the subtree's size (default 12,000)
+// for a one-off run at scale; the test logs how long the termination took.
+func TestATerminationLargerThanOneTransaction(t *testing.T) {
+	agents := 12000
+	if v := os.Getenv("TETHER_TEST_TERMINATION_AGENTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("TETHER_TEST_TERMINATION_AGENTS=%q: want a positive number", v)
+		}
+		agents = n
+	}
+	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{MemTableSize: 8 << 20}, 0)
+	root, all := buildTree(t, st, agents, 50)
+	ctx := context.Background()
+	// What a one-transaction mark would write, the nodes alone: too large.
+	err := st.Update(ctx, func(tx store.Txn) error {
+		return store.Prefetch(tx, keysOf(all, nodeKey), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = st.Update(ctx, func(tx store.Txn) error {
+		for _, nid := range all {
+			n, err := getNode(tx, nid)
+			if err != nil {
+				return err
+			}
+			n.State, n.TerminationId = tetherv1.NodeState_NODE_STATE_ABORTING, "term_x"
+			if err := putNode(tx, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("marking %d nodes in one transaction: %v, want ErrTooLarge (the subtree must not fit one transaction)", len(all), err)
+	}
+	term, err := s.Terminate(ctx, TerminateRequest{NodeID: root, Mode: ModeAbort, Reason: "too large for one transaction", RequestedBy: "operator:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	term = reconcileToEnd(t, s, term.ID)
+	t.Logf("%d agents terminated in %s (chunks of %d)", len(all), time.Since(began).Round(time.Millisecond), DefaultChunkSize)
+	if term.Counts.Listed != len(all) || term.Counts.Members != len(all) || term.Progress.Unconfirmed != len(all) {
+		t.Fatalf("counts %+v, unconfirmed %d; want %d members", term.Counts, term.Progress.Unconfirmed, len(all))
+	}
+	checkRecord(t, s, term, all)
+	var parts int
+	if err := st.View(ctx, func(tx store.ReadTxn) error {
+		v, err := tx.Get(recordKey(term.RecordID))
+		fmt.Sscan(string(v), &parts)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if parts < agents/DefaultChunkSize {
+		t.Fatalf("the record is stored in %d parts, want one per chunk at least (%d)", parts, agents/DefaultChunkSize)
+	}
+}
+
+// TestARogueSpawnerCannotOutrunAChunkedMark plays the agent that spawns as
+// fast as it can under every node of its subtree while the subtree is
+// marked a few nodes at a time: each spawn is refused (its parent is
+// marked) or its node is covered by the termination; none escapes.
+func TestARogueSpawnerCannotOutrunAChunkedMark(t *testing.T) {
+	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 2)
+	root, all := buildTree(t, st, 20, 3)
+	ctx := context.Background()
+	term, err := s.Terminate(ctx, TerminateRequest{NodeID: root, Mode: ModeAbort, Reason: "rogue", RequestedBy: "operator:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	spawned := map[string]bool{}
+	parents := append([]string(nil), all...)
+	refused, accepted := 0, 0
+	spawnEverywhere := func() {
+		mu.Lock()
+		ps := append([]string(nil), parents...)
+		mu.Unlock()
+		for _, p := range ps {
+			child, err := s.Tree.Spawn(ctx, p, "rogue", nil, "agent:rogue", nil)
+			mu.Lock()
+			switch {
+			case errors.Is(err, tree.ErrParentNotRunning):
+				refused++
+			case err != nil:
+				mu.Unlock()
+				t.Errorf("spawn under %s: %v", p, err)
+				return
+			default:
+				accepted++
+				spawned[child.NodeId] = true
+				if len(spawned) < 40 {
+					parents = append(parents, child.NodeId) // and under the new ones
+				}
+			}
+			mu.Unlock()
+		}
+	}
+	// Deterministically: a spawn attempt under every node between chunks.
+	for chunk := 0; ; chunk++ {
+		spawnEverywhere()
+		stored, err := s.Get(ctx, term.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stored.Phase != PhaseRequested {
+			break
+		}
+		if chunk > 1000 {
+			t.Fatal("the mark does not end while agents spawn")
+		}
+		if err := s.mark(ctx, term.ID, s.Clock.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// And concurrently, while the rest runs (nothing is left to mark).
+	done := make(chan struct{})
+	go func() { defer close(done); spawnEverywhere() }()
+	term = reconcileToEnd(t, s, term.ID)
+	<-done
+	if refused == 0 || accepted == 0 {
+		t.Fatalf("%d spawns accepted, %d refused: the test must see both", accepted, refused)
+	}
+	want := append([]string(nil), all...)
+	for c := range spawned {
+		want = append(want, c)
+	}
+	checkRecord(t, s, term, want)
+	// And the tree agrees: the subtree is exactly what the record lists.
+	sub, err := s.Tree.Subtree(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sub) != len(want) {
+		t.Fatalf("the subtree has %d nodes, the record %d", len(sub), len(want))
+	}
+}
+
+// TestALegacyTerminationIsIndexed: a termination stored before the
+// subtree index (its members listed in the termination) is moved to the
+// index and finishes with every member in its record once.
+func TestALegacyTerminationIsIndexed(t *testing.T) {
+	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 2)
+	root, all := buildTree(t, st, 6, 2)
+	ctx := context.Background()
+	now := s.Clock.Now()
+	legacy, err := NewTermination(id.New(id.Termination), root, ModeAbort, 0, 0, 0, "legacy", "operator:test", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy.Indexed = false
+	legacy.Members = all
+	legacy, err = Advance(legacy, ActMark, Progress{Unconfirmed: len(all)}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Update(ctx, func(tx store.Txn) error {
+		for _, m := range all {
+			n, err := getNode(tx, m)
+			if err != nil {
+				return err
+			}
+			n.State, n.TerminationId = tetherv1.NodeState_NODE_STATE_ABORTING, legacy.ID
+			if err := putNode(tx, n); err != nil {
+				return err
+			}
+		}
+		return putJSON(tx, terminationKey(legacy.ID), legacy)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	term := reconcileToEnd(t, s, legacy.ID)
+	if !term.Indexed || len(term.Members) != 0 || term.Counts.Members != len(all) {
+		t.Fatalf("after the run: indexed=%v, %d members inline, counts %+v", term.Indexed, len(term.Members), term.Counts)
+	}
+	checkRecord(t, s, term, all)
+}
