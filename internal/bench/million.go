@@ -83,7 +83,10 @@ func millionEtcd(ctx context.Context, r *Report) error {
 //     etcd-rss-per-agent likewise for that process; disk-per-agent: the
 //     blocks under dataDir;
 //   - revoke-to-verifier-reject and revoke-rpc at top+top*per descendants
-//     (as capability/revoke-subtree), and marker-background, the time
+//     (as capability/revoke-subtree), beside commit-floor-before-revoke
+//     (the median of 21 lone durable commits just before: a revocation is
+//     one commit, and the store may still be busy with the build's
+//     writes), and marker-background, the time
 //     until the stored states of every descendant grant are rewritten;
 //   - terminate-abort: Terminate of the whole subtree in abort mode, one
 //     tool call in flight under each of the root's children (each call
@@ -145,6 +148,14 @@ func largeSwarm(ctx context.Context, r *Report, name string, srv *benchServer, d
 	if _, err := verifier.Verify(ctx, refreshed.Msg.Token); err != nil {
 		return fmt.Errorf("a leaf's token before the revocation: %w", err)
 	}
+	// The store's commit floor just before, beside the revocation: a
+	// revocation is one commit, and right after a million writes the
+	// store may still be compacting them.
+	floor, err := commitFloor(ctx, srv, 21)
+	if err != nil {
+		return err
+	}
+	r.Add(name+"/commit-floor-before-revoke/p50", ms(floor), "ms")
 	start = time.Now()
 	roundTrip, rpc, err := revokeToReject(ctx, srv, verifier, rootGrant.Msg.Grant.GrantId, refreshed.Msg.Token)
 	if err != nil {
@@ -200,6 +211,21 @@ func terminateSwarm(ctx context.Context, r *Report, name string, srv *benchServe
 		r.Add(fmt.Sprintf("%s/terminate-abort-cpu/agents=%d", name, agents), ms(cpuAfter-cpuBefore), "ms")
 	}
 	return nil
+}
+
+// commitFloor is the median of n durable store Updates of one small key,
+// one after another.
+func commitFloor(ctx context.Context, srv *benchServer, n int) (time.Duration, error) {
+	var ds []time.Duration
+	key := []byte("bench/commit-floor")
+	for range n {
+		start := time.Now()
+		if err := srv.Store().Update(ctx, func(tx store.Txn) error { return tx.Put(key, storeValue) }); err != nil {
+			return 0, err
+		}
+		ds = append(ds, time.Since(start))
+	}
+	return median(ds), nil
 }
 
 // memoryNow is the Go heap in use and the process's resident memory after
