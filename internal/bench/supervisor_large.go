@@ -20,8 +20,9 @@ func init() {
 
 // terminateBeyondOneTxnWithin bounds each termination of the scenario: at
 // the rate the design aims for (10,000 agents in a second on Badger, etcd
-// within 3× of it) they take seconds.
-const terminateBeyondOneTxnWithin = time.Minute
+// within 3× of it) they take seconds; chunked, a 120,001-agent one was
+// still reconciling after a minute on the shared machine (load 15).
+const terminateBeyondOneTxnWithin = 2 * time.Minute
 
 // supervisorTerminateBeyondOneTxn terminates, in abort mode, a swarm larger
 // than one store transaction can hold: 120,001 agents on Badger (an Update
