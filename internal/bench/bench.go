@@ -41,16 +41,45 @@ type Report struct {
 	// Dir is where scenarios create scratch files and databases. Disk
 	// figures mean something only on a disk like production's, not tmpfs.
 	Dir string
+	// Large runs the large scenarios too (RegisterLarge: the
+	// 1,000,000-agent figures), which take many minutes and gigabytes.
+	Large bool
+	// StepTimeout bounds each step of a large scenario that may not
+	// finish, such as the termination of a million agents; zero means
+	// 15 minutes.
+	StepTimeout time.Duration
 
 	mu      sync.Mutex
 	results []Result
+	// log, when set, is told of every result as it is added (logging).
+	log    io.Writer
+	parent *Report
+}
+
+// logging returns a view of r that also writes each result to w as it is
+// added, for scenarios that run for many minutes.
+func (r *Report) logging(w io.Writer) *Report {
+	return &Report{Duration: r.Duration, Dir: r.Dir, Large: r.Large, StepTimeout: r.StepTimeout, log: w, parent: r}
 }
 
 // Add records a result.
 func (r *Report) Add(name string, value float64, unit string) {
+	if r.parent != nil {
+		fmt.Fprintf(r.log, "  %s: %s %s\n", name, formatValue(value), unit)
+		r.parent.Add(name, value, unit)
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.results = append(r.results, Result{Name: name, Value: value, Unit: unit})
+}
+
+// stepTimeout is StepTimeout or its default.
+func (r *Report) stepTimeout() time.Duration {
+	if r.StepTimeout > 0 {
+		return r.StepTimeout
+	}
+	return 15 * time.Minute
 }
 
 // Results returns the results in the order they were added.
@@ -115,6 +144,8 @@ func (r *Report) WriteJSON(path string) error {
 type Scenario struct {
 	Name string
 	Run  func(ctx context.Context, r *Report) error
+	// Large scenarios run only when the report asks for them (Report.Large).
+	Large bool
 }
 
 var (
@@ -125,12 +156,22 @@ var (
 // Register adds a scenario. It panics on a duplicate name, which is a
 // programming error caught the first time the binary starts.
 func Register(name string, fn func(ctx context.Context, r *Report) error) {
+	register(Scenario{Name: name, Run: fn})
+}
+
+// RegisterLarge adds a scenario that runs only when Report.Large is set
+// (tether-bench -million): one that takes minutes, not seconds.
+func RegisterLarge(name string, fn func(ctx context.Context, r *Report) error) {
+	register(Scenario{Name: name, Run: fn, Large: true})
+}
+
+func register(s Scenario) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic("bench: scenario " + name + " registered twice")
+	if _, dup := registry[s.Name]; dup {
+		panic("bench: scenario " + s.Name + " registered twice")
 	}
-	registry[name] = Scenario{Name: name, Run: fn}
+	registry[s.Name] = s
 }
 
 // Scenarios returns the registered scenarios sorted by name.
@@ -145,14 +186,14 @@ func Scenarios() []Scenario {
 	return out
 }
 
-// Run runs the scenarios whose names match, in name order, and reports
-// progress to log. A failed scenario does not stop the others; their errors
+// Run runs the scenarios whose names match, in name order (the large ones
+// only when r.Large is set), and reports progress to log. A failed scenario does not stop the others; their errors
 // are returned together.
 func Run(ctx context.Context, r *Report, match func(name string) bool, log io.Writer) error {
 	var errs []error
 	ran := 0
 	for _, s := range Scenarios() {
-		if !match(s.Name) {
+		if !match(s.Name) || (s.Large && !r.Large) {
 			continue
 		}
 		if err := ctx.Err(); err != nil {

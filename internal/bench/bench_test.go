@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tetherhq/tether/internal/etcdtest"
 )
 
 func TestReportWritesJSONList(t *testing.T) {
@@ -136,5 +138,95 @@ func TestThroughput(t *testing.T) {
 	})
 	if !errors.Is(err, errOp) {
 		t.Fatalf("Throughput returned %v, want the op's error without waiting out the run", err)
+	}
+}
+
+// TestLargeSwarmSmall runs the million/ scenarios' steps on a swarm of 111
+// agents, on Badger and on etcd: the tree and its grants are real (the
+// record of the termination lists every agent, the revocation reaches a
+// grandchild's token through the verifier), and every figure is reported.
+func TestLargeSwarmSmall(t *testing.T) {
+	for _, backend := range []string{"badger", "etcd"} {
+		t.Run(backend, func(t *testing.T) {
+			r := &Report{Dir: t.TempDir(), StepTimeout: time.Minute}
+			var srv *benchServer
+			if backend == "etcd" {
+				cluster := etcdtest.Start(t)
+				s, stop, err := startEtcdServer(t.Context(), r, cluster)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer stop()
+				srv = s
+			} else {
+				s, err := startServer(t.Context(), r, disableRateLimit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Stop()
+				srv = s
+			}
+			if err := largeSwarm(t.Context(), r, "small", srv, r.Dir, 0, 10, 10); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]bool{}
+			for _, res := range r.Results() {
+				got[res.Name] = true
+			}
+			for _, name := range []string{
+				"small/build-agents-per-s", "small/heap-per-agent/agents=111", "small/rss-per-agent/agents=111",
+				"small/revoke-to-verifier-reject/descendants=110", "small/revoke-rpc/descendants=110",
+				"small/marker-background/descendants=110", "small/terminate-abort/agents=111",
+			} {
+				if !got[name] {
+					t.Errorf("no result %s; have %v", name, r.Results())
+				}
+			}
+		})
+	}
+}
+
+func TestSummary(t *testing.T) {
+	r := &Report{}
+	r.Add("supervisor/terminate-abort/agents=1000", 100, "ms")
+	r.Add("supervisor/terminate-abort/agents=10000", 1500, "ms")
+	r.Add("supervisor/terminate-abort-cpu/agents=1000", 50, "ms")
+	r.Add("supervisor/terminate-abort-cpu/agents=10000", 600, "ms")
+	r.Add("server/etcd/terminate-abort/agents=1000", 300, "ms")
+	r.Add("supervisor/terminate-beyond-one-txn/badger/terminate-abort/agents=120001", 9000, "ms")
+	r.Add("supervisor/terminate-beyond-one-txn/etcd/terminate-abort/unfinished/agents=20001", 120000, "ms")
+	r.Add("million/badger/terminate-abort/unfinished/agents=1000001", 900000, "ms")
+	r.Add("lease/renew/unary/leases=1", 800, "renews/s")
+	r.Add("lease/renew/etcd-txn/leases=1", 1000, "renews/s")
+	r.Add("lease/renew/unary/leases=64", 3000, "renews/s")
+	r.Add("lease/renew/etcd-txn/leases=64", 2000, "renews/s")
+	r.Add("capability/revoke-to-verifier-reject/descendants=100000", 4.1, "ms")
+	r.Add("lease/renew/stream/leases=1/p50", 0.5, "ms")
+	r.Add("lease/renew/lone-floor-rpc/p50", 0.15, "ms")
+	r.Add("lease/renew/lone-floor-fsync/p50", 0.1, "ms")
+	rows := map[string]string{}
+	for _, row := range Summary(r.Results()) {
+		rows[row.Figure] = row.Value
+	}
+	for figure, want := range map[string]string{
+		"terminate (abort) 10,000 agents, Badger":    "1,500 ms; 10k ÷ 1k: 15.00× wall, 12.00× CPU",
+		"terminate 1,000 agents, etcd vs Badger":     notMeasured, // no ratio in the results
+		"unary renew ÷ etcd fenced renew, by leases": "1: 0.80× (800 vs 1,000/s); 64: 1.50×",
+		"largest subtree one termination covered":    "Badger 120,001 (9,000 ms); 1,000,001 unfinished after 900.0 s; etcd 1,000 (300 ms); 20,001 unfinished after 120.0 s",
+		"revoke → offline verifier rejects":          "100k 4.10 ms (1M: -million)",
+		"spawn + credential, durable, 64 clients":    notMeasured,
+		"closed-loop stream renew, 1 lease, p50":     "0.50 ms = floor 0.25 ms (RPC 0.15 ms + fsync 0.10 ms) +0.25 ms",
+		"floors, p50":                                "fsync 0.10 ms, RPC 0.15 ms",
+	} {
+		if got, ok := rows[figure]; !ok || got != want {
+			t.Errorf("%s: got %q, want %q", figure, got, want)
+		}
+	}
+	var b strings.Builder
+	if err := WriteSummary(&b, r.Results()); err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(b.String()), "\n"); len(lines) != len(rows)+2 || !strings.HasPrefix(lines[0], "| figure") {
+		t.Fatalf("summary table:\n%s", b.String())
 	}
 }

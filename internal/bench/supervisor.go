@@ -124,30 +124,47 @@ func buildSubtree(ctx context.Context, srv *benchServer, size int) (string, erro
 }
 
 func timeTermination(ctx context.Context, srv *benchServer, root string) (time.Duration, int, error) {
+	elapsed, nodes, _, err := timeTerminationWithin(ctx, srv, root, 0)
+	return elapsed, nodes, err
+}
+
+// timeTerminationWithin terminates root's subtree in abort mode and waits
+// until it is terminated, at most within (zero: no bound but ctx's). It
+// returns the time from the Terminate call, the nodes in the record, and
+// the last state the watch reported, which says how far a termination
+// that failed or ran out of time got.
+func timeTerminationWithin(ctx context.Context, srv *benchServer, root string, within time.Duration) (time.Duration, int, string, error) {
+	if within > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, within)
+		defer cancel()
+	}
 	start := time.Now()
 	resp, err := srv.Admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 		NodeId: root, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
 		CancelAckTimeout: durationpb.New(5 * time.Second), ConfirmTimeout: durationpb.New(0),
 	}))
 	if err != nil {
-		return 0, 0, err
+		return time.Since(start), 0, "not started", fmt.Errorf("terminate: %w", err)
 	}
+	last := resp.Msg.Termination.State.String()
 	stream, err := srv.Admin.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: resp.Msg.Termination.TerminationId}))
 	if err != nil {
-		return 0, 0, err
+		return time.Since(start), 0, last, err
 	}
 	defer stream.Close()
 	for stream.Receive() {
+		last = stream.Msg().Termination.State.String()
 		if stream.Msg().Termination.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
 			elapsed := time.Since(start)
 			rec, err := srv.Admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: resp.Msg.Termination.TerminationId}))
 			if err != nil {
-				return 0, 0, err
+				return elapsed, 0, last, err
 			}
-			return elapsed, len(rec.Msg.Record.Nodes), nil
+			return elapsed, len(rec.Msg.Record.Nodes), last, nil
 		}
 	}
-	return 0, 0, fmt.Errorf("watch ended before the termination: %v", stream.Err())
+	return time.Since(start), 0, last, fmt.Errorf("watch ended before the termination: %v", stream.Err())
 }
 
 // callsInFlight begins n tool calls on agents of the subtree (each agent
@@ -159,15 +176,24 @@ func callsInFlight(ctx context.Context, srv *benchServer, root string, n int) (i
 	if err != nil {
 		return 0, nil, err
 	}
+	var ids []string
+	for i := 0; i < n; i++ {
+		ids = append(ids, nodes.Msg.Nodes[(i*10)%len(nodes.Msg.Nodes)].NodeId)
+	}
+	return callsInFlightOn(ctx, srv, ids)
+}
+
+// callsInFlightOn is callsInFlight on the given nodes, one call each.
+func callsInFlightOn(ctx context.Context, srv *benchServer, nodes []string) (int, func() int, error) {
+	n := len(nodes)
 	// The gate reports as a tool server, with its own token.
 	minted, err := srv.Admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "bench-gate"}))
 	if err != nil {
 		return 0, nil, err
 	}
 	gate := agentsdk.Dial(srv.URL, minted.Msg.Token)
-	for i := 0; i < n; i++ {
-		node := nodes.Msg.Nodes[(i*10)%len(nodes.Msg.Nodes)]
-		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	for _, node := range nodes {
+		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 		if err != nil {
 			return 0, nil, err
 		}
