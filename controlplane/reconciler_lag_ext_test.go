@@ -212,7 +212,7 @@ func TestSessionSignalSurvivesALaggedWatch(t *testing.T) {
 		t.Fatalf("first message %v (%v)", stream.Msg(), stream.Err())
 	}
 
-	const signals = "supervisor.(*Signals).Run"
+	const signals = "tree.(*Signals).Run"
 	release := st.hold(signals)
 	if n := st.lag(signals); n != 1 {
 		t.Fatalf("lagged %d of the session signals' watches, want its 1", n)

@@ -33,6 +33,8 @@ type world struct {
 	// hold, when set, blocks Changed (the watch is not read) until closed.
 	mu   sync.Mutex
 	hold chan struct{}
+	// changed reports each key Changed kicked (the watch delivered it).
+	changed chan string
 }
 
 func newWorld(t *testing.T, opts badgerstore.BadgerOptions) *world {
@@ -42,7 +44,7 @@ func newWorld(t *testing.T, opts badgerstore.BadgerOptions) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	w := &world{t: t, store: st, clk: clock.NewManual(start), seen: make(chan string, 100), scans: make(chan struct{}, 100), gate: make(chan struct{})}
+	w := &world{t: t, store: st, clk: clock.NewManual(start), seen: make(chan string, 100), scans: make(chan struct{}, 100), gate: make(chan struct{}), changed: make(chan string, 100)}
 	w.loop = reconcile.New(reconcile.Config{
 		Name: "items", Store: st, Clock: w.clk, Watch: [][]byte{[]byte(prefix)},
 		Scan: func(ctx context.Context) ([]string, error) {
@@ -65,7 +67,12 @@ func newWorld(t *testing.T, opts badgerstore.BadgerOptions) *world {
 			}
 			for _, ev := range batch {
 				if ev.Type == store.EventPut {
-					kick(strings.TrimPrefix(string(ev.Key), prefix))
+					key := strings.TrimPrefix(string(ev.Key), prefix)
+					kick(key)
+					select {
+					case w.changed <- key:
+					default:
+					}
 				}
 			}
 		},
@@ -133,6 +140,21 @@ func (w *world) expect(want ...string) {
 			}
 		case <-time.After(20 * time.Second): // a guard, not a synchronisation
 			w.t.Fatalf("no reconcile; want %q", x)
+		}
+	}
+}
+
+// watched waits until the watch delivered a change of key to Changed.
+func (w *world) watched(key string) {
+	w.t.Helper()
+	for {
+		select {
+		case got := <-w.changed:
+			if got == key {
+				return
+			}
+		case <-time.After(20 * time.Second): // a guard, not a synchronisation
+			w.t.Fatalf("the watch never delivered %q", key)
 		}
 	}
 }
@@ -208,6 +230,7 @@ func TestLoopDeduplicatesKicks(t *testing.T) {
 		w.loop.Kick("a")
 	}
 	w.put("b", "done")
+	w.watched("b") // the put's own kick is in, so it cannot come after b ran
 	for range 10 {
 		w.loop.Kick("b")
 	}
