@@ -288,11 +288,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			return kv.PutJSON(tx, terminationKey(id), t)
 		}
 		done = true
-		next, err := Advance(t, ActMark, Progress{Unconfirmed: t.Counts.Members}, now)
-		if err != nil {
-			return err
-		}
-		return kv.PutJSON(tx, terminationKey(id), next)
+		return putAdvanced(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members}, now)
 	})
 	if err == nil && done && members > 0 {
 		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", members, "listed", listed)
@@ -546,11 +542,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 			cur.After = ids[len(ids)-1]
 			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
-		next, err := Advance(stored, action, p, now)
-		if err != nil {
-			return err
-		}
-		return kv.PutJSON(tx, terminationKey(t.ID), next)
+		return putAdvanced(tx, stored, action, p, now)
 	})
 }
 
@@ -623,11 +615,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 			stored.Cursor = cur
 			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
-		next, err := Advance(stored, ActRevoke, p, now)
-		if err != nil {
-			return err
-		}
-		return kv.PutJSON(tx, terminationKey(t.ID), next)
+		return putAdvanced(tx, stored, ActRevoke, p, now)
 	})
 }
 
@@ -1058,4 +1046,14 @@ func (s *Supervisor) chunkDone(step Action) {
 	if name != "" {
 		s.ChunkFault(name, n)
 	}
+}
+
+// putAdvanced writes the termination as Advance leaves it after action
+// (the last chunk of a step, in that chunk's transaction).
+func putAdvanced(tx store.Txn, t Termination, action Action, p Progress, now time.Time) error {
+	next, err := Advance(t, action, p, now)
+	if err != nil {
+		return err
+	}
+	return kv.PutJSON(tx, terminationKey(t.ID), next)
 }
