@@ -490,14 +490,9 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
 	ts := timestamppb.New(now)
 	budget := s.chunkSize()
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Phase != t.Phase || stored.Cursor != t.Cursor {
-			return nil // moved on (or another pass did this chunk): re-read
-		}
+	// (When the termination moved on, or another pass did this chunk, it
+	// is read again.)
+	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
 		if stored.Cursor.Step != action {
 			stored.Cursor = Cursor{Step: action}
 		}
@@ -601,14 +596,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		}
 	}
 	cur.Entry += read
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Phase != t.Phase || stored.Cursor != t.Cursor {
-			return nil
-		}
+	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
 		stored.HookDeadline = deadline
 		stored.UpdatedAt = now
 		if cur.Entry < stored.Counts.Listed {
@@ -628,14 +616,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
 	switch cur := t.Cursor; {
 	case cur.Step != ActWriteRecord:
-		return s.Store.Update(ctx, func(tx store.Txn) error {
-			var stored Termination
-			if err := getTermination(tx, t.ID, &stored); err != nil {
-				return err
-			}
-			if stored.Phase != PhaseReconciling && !stored.Superseded() || stored.Cursor != t.Cursor {
-				return nil
-			}
+		return s.inChunk(ctx, t, notReconciling, func(tx store.Txn, stored Termination) error {
 			if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
 				return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
 			}
@@ -688,14 +669,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 			}
 		}
 	}
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Cursor != t.Cursor {
-			return nil
-		}
+	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		entries, err := readEntries(tx, t.ID, cur.Entry, budget)
 		if err != nil {
@@ -817,14 +791,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 // are closed here as cancel_unacknowledged.
 func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Time) error {
 	budget := s.chunkSize()
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Cursor != t.Cursor {
-			return nil
-		}
+	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		ids, more, err := termCallsAfter(tx, t.ID, cur.After, budget)
 		if err != nil {
@@ -1056,4 +1023,28 @@ func putAdvanced(tx store.Txn, t Termination, action Action, p Progress, now tim
 		return err
 	}
 	return kv.PutJSON(tx, terminationKey(t.ID), next)
+}
+
+// inChunk runs one chunk of t's current step in its own transaction, on
+// the termination as stored; it does nothing when the stored termination
+// has moved on from t: its cursor moved, or moved (when set) says so.
+func (s *Supervisor) inChunk(ctx context.Context, t Termination, moved func(stored, t *Termination) bool, chunk func(tx store.Txn, stored Termination) error) error {
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Cursor != t.Cursor || moved != nil && moved(&stored, &t) {
+			return nil
+		}
+		return chunk(tx, stored)
+	})
+}
+
+// phaseMoved: the termination left the phase the chunk was planned in.
+func phaseMoved(stored, t *Termination) bool { return stored.Phase != t.Phase }
+
+// notReconciling: the termination is neither reconciling nor superseded.
+func notReconciling(stored, _ *Termination) bool {
+	return stored.Phase != PhaseReconciling && !stored.Superseded()
 }
