@@ -68,25 +68,25 @@ func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.T
 
 // grantPrivilege is a grant as the record lists it.
 func grantPrivilege(g HeldGrant) *tetherv1.RecordPrivilege {
-	outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
-	switch g.Outcome {
-	case privilege.OutcomeRevoked:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-	case privilege.OutcomeExpired:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-	}
+	outcome := privilegeOutcome(g.Outcome)
 	return &tetherv1.RecordPrivilege{PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome}
+}
+
+// privilegeOutcome is a privilege's outcome as the record states it:
+// anything but revoked or expired is a failed revocation.
+func privilegeOutcome(o string) tetherv1.PrivilegeOutcome {
+	switch o {
+	case privilege.OutcomeRevoked:
+		return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+	case privilege.OutcomeExpired:
+		return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+	}
+	return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
 }
 
 // registeredPrivilege is a registered privilege as the record lists it.
 func registeredPrivilege(p privilege.Privilege) *tetherv1.RecordPrivilege {
-	outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
-	switch p.Outcome {
-	case privilege.OutcomeRevoked:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-	case privilege.OutcomeExpired:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-	}
+	outcome := privilegeOutcome(p.Outcome)
 	return &tetherv1.RecordPrivilege{
 		PrivilegeId: p.ID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID, Outcome: outcome, Error: p.Error,
 	}
