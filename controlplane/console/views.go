@@ -254,10 +254,8 @@ func orUnknown(s string) string {
 // ---- terminations ----
 
 func (c *Console) termination(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not read termination "+id, s.clients.Supervisor.GetTermination, &tetherv1.GetTerminationRequest{TerminationId: id})
+	resp, ok := pageCall(c, w, r, s, "Could not read termination "+id, s.clients.Supervisor.GetTermination, &tetherv1.GetTerminationRequest{TerminationId: id})
 	if !ok {
 		return
 	}
@@ -404,9 +402,7 @@ type recordsData struct {
 }
 
 func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not list records", s.clients.Supervisor.ListRecords, &tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")})
+	resp, ok := pageCall(c, w, r, s, "Could not list records", s.clients.Supervisor.ListRecords, &tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")})
 	if !ok {
 		return
 	}
@@ -426,10 +422,8 @@ type recordData struct {
 }
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
+	resp, ok := pageCall(c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
 	if !ok {
 		return
 	}
@@ -461,10 +455,8 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 // recordJSON downloads the record exactly as the record sinks publish it
 // (docs/record.schema.json).
 func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
+	resp, ok := pageCall(c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
 	if !ok {
 		return
 	}
@@ -499,10 +491,8 @@ type leasesData struct {
 }
 
 func (c *Console) leases(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	q := r.URL.Query()
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not list leases", s.clients.Lease.ListLeases, &tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")})
+	resp, ok := pageCall(c, w, r, s, "Could not list leases", s.clients.Lease.ListLeases, &tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")})
 	if !ok {
 		return
 	}
@@ -573,12 +563,10 @@ type evidenceData struct {
 }
 
 func (c *Console) evidenceRows(w http.ResponseWriter, r *http.Request, s *session) (string, evidenceFilter, []*tetherv1.EvidenceRow, int, bool) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	job := r.PathValue("job")
 	q := r.URL.Query()
 	f := evidenceFilter{Outcome: q.Get("outcome"), Message: q.Get("message"), Generation: q.Get("generation"), Flag: q.Get("flag")}
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not read the evidence of job "+job, s.clients.Lease.Evidence, &tetherv1.EvidenceRequest{JobId: job})
+	resp, ok := pageCall(c, w, r, s, "Could not read the evidence of job "+job, s.clients.Lease.Evidence, &tetherv1.EvidenceRequest{JobId: job})
 	if !ok {
 		return job, f, nil, 0, false
 	}
@@ -731,9 +719,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 // ---- rollouts ----
 
 func (c *Console) rollouts(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not list rollouts", s.clients.Supervisor.ListRollouts, &tetherv1.ListRolloutsRequest{})
+	resp, ok := pageCall(c, w, r, s, "Could not list rollouts", s.clients.Supervisor.ListRollouts, &tetherv1.ListRolloutsRequest{})
 	if !ok {
 		return
 	}
@@ -749,10 +735,8 @@ type rolloutData struct {
 }
 
 func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, ok := apiCall(ctx, c, w, r, s, "Could not read rollout "+id, s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
+	resp, ok := pageCall(c, w, r, s, "Could not read rollout "+id, s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
 	if !ok {
 		return
 	}
