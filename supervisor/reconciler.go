@@ -24,7 +24,7 @@ func (s *Supervisor) loop() *reconcile.Loop {
 		k := &terminationKicks{active: map[string]bool{}}
 		s.reconciler = reconcile.New(reconcile.Config{
 			Name: "terminations", Store: s.Store, Clock: s.Clock, Log: s.Log,
-			Watch: [][]byte{[]byte("calls/"), []byte(tree.NodePrefix), []byte(prefixTermination)},
+			Watch: [][]byte{[]byte(ledger.Prefix), []byte(tree.NodePrefix), []byte(prefixTermination)},
 			Scan: func(ctx context.Context) ([]string, error) {
 				ids, err := s.unfinished(ctx)
 				if err == nil {

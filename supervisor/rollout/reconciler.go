@@ -404,7 +404,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		term, err = rs.Supervisor.TerminateIn(tx, supervisor.TerminateRequest{
 			Roots: nodes, Mode: supervisor.ModeDrain, DrainWindow: orDefault(r.DrainWindow, supervisor.DefaultDrainWindow),
 			CancelAckTimeout: supervisor.DefaultCancelAckTimeout, ConfirmTimeout: orDefault(r.ConfirmTimeout, supervisor.DefaultConfirmTimeout),
-			Reason: clipText(reason, 1024), RequestedBy: r.RequestedBy, RolloutID: r.ID, LeaseHandover: true,
+			Reason: kv.ClipUTF8(reason, 1024), RequestedBy: r.RequestedBy, RolloutID: r.ID, LeaseHandover: true,
 		})
 		if err != nil {
 			return err
@@ -428,8 +428,6 @@ func orDefault(d, def time.Duration) time.Duration {
 	}
 	return d
 }
-
-func clipText(s string, n int) string { return kv.ClipUTF8(s, n) }
 
 // handOver reassigns every open lease held by the batch's members to the
 // ready replacements, round robin, each with generation + 1. The old
