@@ -6,6 +6,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
 // A rollout (package supervisor/rollout) runs each batch as one
@@ -74,7 +75,7 @@ func EndLeaseHandoverIn(tx store.Txn, terminationID string) (Termination, []stri
 	}
 	next := t
 	next.LeaseHandover = false
-	return t, members, putJSON(tx, terminationKey(t.ID), next)
+	return t, members, kv.PutJSON(tx, terminationKey(t.ID), next)
 }
 
 // MembersIn lists the nodes t stops itself (its subtree index, in walk

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -155,12 +156,12 @@ func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]
 			ids = append(ids, e.Node)
 		}
 	}
-	if err := store.Prefetch(tx, keysOf(ids, nodeKey), nil); err != nil {
+	if err := store.Prefetch(tx, kv.KeysOf(ids, tree.NodeKey), nil); err != nil {
 		return nil, err
 	}
 	out := make(map[string]*tetherv1.Node, len(ids))
 	for _, id := range ids {
-		n, err := getNode(tx, id)
+		n, err := tree.GetNodeIn(tx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -256,14 +257,14 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
 			roots := t.RootIDs()
-			if err := store.Prefetch(tx, keysOf(roots, nodeKey), keysOf(roots, openCallPrefix)); err != nil {
+			if err := store.Prefetch(tx, kv.KeysOf(roots, tree.NodeKey), kv.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
 				return err
 			}
 			for i, r := range roots {
 				if slices.Contains(roots[:i], r) {
 					continue
 				}
-				n, err := getNode(tx, r)
+				n, err := tree.GetNodeIn(tx, r)
 				if err != nil {
 					return err
 				}
@@ -276,7 +277,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
-			if err := putJSON(tx, terminationKey(oid), other); err != nil {
+			if err := kv.PutJSON(tx, terminationKey(oid), other); err != nil {
 				return err
 			}
 			handedOver = append(handedOver, oid)
@@ -284,14 +285,10 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		members, listed = t.Counts.Members, t.Counts.Listed
 		t.UpdatedAt = now
 		if t.Cursor.Entry < t.Counts.Listed {
-			return putJSON(tx, terminationKey(id), t)
+			return kv.PutJSON(tx, terminationKey(id), t)
 		}
 		done = true
-		next, err := Advance(t, ActMark, Progress{Unconfirmed: t.Counts.Members}, now)
-		if err != nil {
-			return err
-		}
-		return putJSON(tx, terminationKey(id), next)
+		return putAdvanced(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members}, now)
 	})
 	if err == nil && done && members > 0 {
 		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", members, "listed", listed)
@@ -316,7 +313,7 @@ func (c *markChunk) expand(budget int) error {
 	for i, e := range entries {
 		parents[i] = e.Node
 	}
-	if err := store.Prefetch(tx, nil, keysOf(parents, childPrefix)); err != nil {
+	if err := store.Prefetch(tx, nil, kv.KeysOf(parents, tree.ChildPrefix)); err != nil {
 		return err
 	}
 	var kids []string
@@ -325,9 +322,9 @@ func (c *markChunk) expand(budget int) error {
 		idx := cur.Entry + i
 		var start []byte
 		if idx == cur.Entry && cur.After != "" {
-			start = append(childKey(parent, cur.After), 0)
+			start = append(tree.ChildKey(parent, cur.After), 0)
 		}
-		p := childPrefix(parent)
+		p := tree.ChildPrefix(parent)
 		full := false
 		err := tx.Scan(p, start, func(k, _ []byte) error {
 			if len(kids) == budget {
@@ -347,7 +344,7 @@ func (c *markChunk) expand(budget int) error {
 		}
 		entry, after = idx+1, ""
 	}
-	if err := store.Prefetch(tx, keysOf(kids, nodeKey), keysOf(kids, openCallPrefix)); err != nil {
+	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), kv.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
 		return err
 	}
 	roots := t.RootIDs()
@@ -355,7 +352,7 @@ func (c *markChunk) expand(budget int) error {
 		if len(roots) > 1 && slices.Contains(roots, kid) {
 			continue // a root inside another root's subtree: listed as a root
 		}
-		n, err := getNode(tx, kid)
+		n, err := tree.GetNodeIn(tx, kid)
 		if err != nil {
 			return fmt.Errorf("supervisor: child index names %s: %w", kid, err)
 		}
@@ -418,7 +415,7 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 		}
 		c.taken[owner.ID][n.NodeId] = true
 	}
-	if err := putJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
+	if err := kv.PutJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
 		return err
 	}
 	t.Counts.Listed++
@@ -432,7 +429,7 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 		n.State = MarkedState(*t, n.State)
 	}
 	n.TerminationId = t.ID
-	if err := putNode(tx, n); err != nil {
+	if err := tree.PutNodeIn(tx, n); err != nil {
 		return err
 	}
 	calls, err := ledger.OpenCallsIn(tx, n.NodeId)
@@ -447,15 +444,15 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 			// The call moves to this termination's account (a cancel
 			// order already sent stands): each call is accounted for by
 			// exactly one termination.
-			if err := tx.Delete(termCallKey(call.TerminationId, call.CallId)); err != nil {
+			if err := tx.Delete(ledger.TermCallKey(call.TerminationId, call.CallId)); err != nil {
 				return err
 			}
 		}
 		call.TerminationId = t.ID
-		if err := putCall(tx, call); err != nil {
+		if err := ledger.PutCallIn(tx, call); err != nil {
 			return err
 		}
-		if err := tx.Put(termCallKey(t.ID, call.CallId), nil); err != nil {
+		if err := tx.Put(ledger.TermCallKey(t.ID, call.CallId), nil); err != nil {
 			return err
 		}
 	}
@@ -465,10 +462,10 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 // termCallsAfter lists up to limit ids of the calls t accounts for after
 // the call id after, and whether there are more.
 func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, bool, error) {
-	prefix := termCallPrefix(term)
+	prefix := ledger.TermCallPrefix(term)
 	var start []byte
 	if after != "" {
-		start = append(termCallKey(term, after), 0)
+		start = append(ledger.TermCallKey(term, after), 0)
 	}
 	var ids []string
 	more := false
@@ -483,7 +480,7 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 	if err != nil {
 		return nil, false, err
 	}
-	return ids, more, store.Prefetch(tx, keysOf(ids, callKey), nil)
+	return ids, more, store.Prefetch(tx, kv.KeysOf(ids, ledger.CallKey), nil)
 }
 
 // cancelCalls does one chunk of an escalation (the members' nodes go from
@@ -493,14 +490,9 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
 	ts := timestamppb.New(now)
 	budget := s.chunkSize()
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Phase != t.Phase || stored.Cursor != t.Cursor {
-			return nil // moved on (or another pass did this chunk): re-read
-		}
+	// (When the termination moved on, or another pass did this chunk, it
+	// is read again.)
+	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
 		if stored.Cursor.Step != action {
 			stored.Cursor = Cursor{Step: action}
 		}
@@ -518,13 +510,13 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 			for _, id := range owned(stored, entries, nodes) {
 				if n := nodes[id]; n.State == tetherv1.NodeState_NODE_STATE_DRAINING {
 					n.State = tetherv1.NodeState_NODE_STATE_ABORTING
-					if err := putNode(tx, n); err != nil {
+					if err := tree.PutNodeIn(tx, n); err != nil {
 						return err
 					}
 				}
 			}
 			cur.Entry += max(1, len(entries))
-			return putJSON(tx, terminationKey(t.ID), stored)
+			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
 		// The calls the termination accounts for (stamped by the mark, or
 		// taken over with their nodes): no call can begin after the mark.
@@ -533,23 +525,19 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 			return err
 		}
 		for _, cid := range ids {
-			c, err := getCall(tx, cid)
+			c, err := ledger.GetCallIn(tx, cid)
 			if err != nil {
 				return err
 			}
-			if err := requestCancelIn(tx, c, t.ID, ts); err != nil {
+			if err := ledger.RequestCancelIn(tx, c, t.ID, ts); err != nil {
 				return err
 			}
 		}
 		if more {
 			cur.After = ids[len(ids)-1]
-			return putJSON(tx, terminationKey(t.ID), stored)
+			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
-		next, err := Advance(stored, action, p, now)
-		if err != nil {
-			return err
-		}
-		return putJSON(tx, terminationKey(t.ID), next)
+		return putAdvanced(tx, stored, action, p, now)
 	})
 }
 
@@ -608,25 +596,14 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		}
 	}
 	cur.Entry += read
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Phase != t.Phase || stored.Cursor != t.Cursor {
-			return nil
-		}
+	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
 		stored.HookDeadline = deadline
 		stored.UpdatedAt = now
 		if cur.Entry < stored.Counts.Listed {
 			stored.Cursor = cur
-			return putJSON(tx, terminationKey(t.ID), stored)
+			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
-		next, err := Advance(stored, ActRevoke, p, now)
-		if err != nil {
-			return err
-		}
-		return putJSON(tx, terminationKey(t.ID), next)
+		return putAdvanced(tx, stored, ActRevoke, p, now)
 	})
 }
 
@@ -639,20 +616,13 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
 	switch cur := t.Cursor; {
 	case cur.Step != ActWriteRecord:
-		return s.Store.Update(ctx, func(tx store.Txn) error {
-			var stored Termination
-			if err := getTermination(tx, t.ID, &stored); err != nil {
-				return err
-			}
-			if stored.Phase != PhaseReconciling && !stored.Superseded() || stored.Cursor != t.Cursor {
-				return nil
-			}
+		return s.inChunk(ctx, t, notReconciling, func(tx store.Txn, stored Termination) error {
 			if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
 				return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
 			}
 			stored.Cursor = Cursor{Step: ActWriteRecord, RecordID: newRecordID()}
 			stored.UpdatedAt = now
-			return putJSON(tx, terminationKey(t.ID), stored)
+			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		})
 	case cur.Entry < t.Counts.Listed:
 		return s.recordNodes(ctx, t, now)
@@ -699,14 +669,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 			}
 		}
 	}
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Cursor != t.Cursor {
-			return nil
-		}
+	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		entries, err := readEntries(tx, t.ID, cur.Entry, budget)
 		if err != nil {
@@ -731,7 +694,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 		for _, m := range members {
 			n := nodes[m]
 			n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
-			if err := putNode(tx, n); err != nil {
+			if err := tree.PutNodeIn(tx, n); err != nil {
 				return err
 			}
 		}
@@ -741,7 +704,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 		cur.Entry += max(1, len(entries))
 		cur.Unaccounted += unaccounted
 		stored.UpdatedAt = now
-		return putJSON(tx, terminationKey(t.ID), stored)
+		return kv.PutJSON(tx, terminationKey(t.ID), stored)
 	})
 }
 
@@ -828,14 +791,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 // are closed here as cancel_unacknowledged.
 func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Time) error {
 	budget := s.chunkSize()
-	return s.Store.Update(ctx, func(tx store.Txn) error {
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Cursor != t.Cursor {
-			return nil
-		}
+	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		ids, more, err := termCallsAfter(tx, t.ID, cur.After, budget)
 		if err != nil {
@@ -844,7 +800,7 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 		part := &tetherv1.ReconciliationRecord{}
 		ts := timestamppb.New(now)
 		for _, cid := range ids {
-			c, err := getCall(tx, cid)
+			c, err := ledger.GetCallIn(tx, cid)
 			if err != nil {
 				return err
 			}
@@ -864,7 +820,7 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 			cur.After, cur.CallsDone = "", true
 		}
 		stored.UpdatedAt = now
-		return putJSON(tx, terminationKey(t.ID), stored)
+		return kv.PutJSON(tx, terminationKey(t.ID), stored)
 	})
 }
 
@@ -910,7 +866,7 @@ func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress
 		next.Progress.Unconfirmed = cur.Unaccounted
 		next.Progress.HooksPending = 0
 		written, unaccounted = rec, cur.Unaccounted
-		return putJSON(tx, terminationKey(t.ID), next)
+		return kv.PutJSON(tx, terminationKey(t.ID), next)
 	})
 	if err == nil && written != nil {
 		s.Log.Info("termination complete", "termination_id", t.ID, "record_id", written.RecordId, "nodes", t.Counts.Listed, "unaccounted", unaccounted)
@@ -1022,7 +978,7 @@ func (s *Supervisor) index(ctx context.Context, id string) error {
 			entries = append(entries, subtreeEntry{Node: h.NodeID, Reach: ReachPrior, Other: h.TerminationID, Record: h.RecordID})
 		}
 		for i, e := range entries {
-			if err := putJSON(tx, subtreeKey(id, i), e); err != nil {
+			if err := kv.PutJSON(tx, subtreeKey(id, i), e); err != nil {
 				return err
 			}
 		}
@@ -1030,7 +986,7 @@ func (s *Supervisor) index(ctx context.Context, id string) error {
 		t.TookOverFrom, t.SupersededBy = handoffTerminations(t.TakenOver), handoffTerminations(t.HandedOver)
 		t.Members, t.TakenOver, t.HandedOver, t.Prior = nil, nil, nil, nil
 		t.Indexed = true
-		return putJSON(tx, terminationKey(id), t)
+		return kv.PutJSON(tx, terminationKey(id), t)
 	})
 }
 
@@ -1057,4 +1013,38 @@ func (s *Supervisor) chunkDone(step Action) {
 	if name != "" {
 		s.ChunkFault(name, n)
 	}
+}
+
+// putAdvanced writes the termination as Advance leaves it after action
+// (the last chunk of a step, in that chunk's transaction).
+func putAdvanced(tx store.Txn, t Termination, action Action, p Progress, now time.Time) error {
+	next, err := Advance(t, action, p, now)
+	if err != nil {
+		return err
+	}
+	return kv.PutJSON(tx, terminationKey(t.ID), next)
+}
+
+// inChunk runs one chunk of t's current step in its own transaction, on
+// the termination as stored; it does nothing when the stored termination
+// has moved on from t: its cursor moved, or moved (when set) says so.
+func (s *Supervisor) inChunk(ctx context.Context, t Termination, moved func(stored, t *Termination) bool, chunk func(tx store.Txn, stored Termination) error) error {
+	return s.Store.Update(ctx, func(tx store.Txn) error {
+		var stored Termination
+		if err := getTermination(tx, t.ID, &stored); err != nil {
+			return err
+		}
+		if stored.Cursor != t.Cursor || moved != nil && moved(&stored, &t) {
+			return nil
+		}
+		return chunk(tx, stored)
+	})
+}
+
+// phaseMoved: the termination left the phase the chunk was planned in.
+func phaseMoved(stored, t *Termination) bool { return stored.Phase != t.Phase }
+
+// notReconciling: the termination is neither reconciling nor superseded.
+func notReconciling(stored, _ *Termination) bool {
+	return stored.Phase != PhaseReconciling && !stored.Superseded()
 }

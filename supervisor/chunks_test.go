@@ -19,6 +19,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -55,13 +56,13 @@ func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
 		part := nodes[from:min(from+1000, len(nodes))]
 		if err := st.Update(ctx, func(tx store.Txn) error {
 			for _, nd := range part {
-				if err := putNode(tx, nd); err != nil {
+				if err := tree.PutNodeIn(tx, nd); err != nil {
 					return err
 				}
 				if nd.ParentNodeId == "" {
 					continue
 				}
-				if err := tx.Put(childKey(nd.ParentNodeId, nd.NodeId), nil); err != nil {
+				if err := tx.Put(tree.ChildKey(nd.ParentNodeId, nd.NodeId), nil); err != nil {
 					return err
 				}
 				c := children[nd.ParentNodeId] + 1
@@ -133,7 +134,7 @@ func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *
 	}
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		for _, w := range want {
-			n, err := getNode(tx, w)
+			n, err := tree.GetNodeIn(tx, w)
 			if err != nil {
 				return err
 			}
@@ -169,19 +170,19 @@ func TestATerminationLargerThanOneTransaction(t *testing.T) {
 	ctx := context.Background()
 	// What a one-transaction mark would write, the nodes alone: too large.
 	err := st.Update(ctx, func(tx store.Txn) error {
-		return store.Prefetch(tx, keysOf(all, nodeKey), nil)
+		return store.Prefetch(tx, kv.KeysOf(all, tree.NodeKey), nil)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = st.Update(ctx, func(tx store.Txn) error {
 		for _, nid := range all {
-			n, err := getNode(tx, nid)
+			n, err := tree.GetNodeIn(tx, nid)
 			if err != nil {
 				return err
 			}
 			n.State, n.TerminationId = tetherv1.NodeState_NODE_STATE_ABORTING, "term_x"
-			if err := putNode(tx, n); err != nil {
+			if err := tree.PutNodeIn(tx, n); err != nil {
 				return err
 			}
 		}
@@ -314,16 +315,16 @@ func TestALegacyTerminationIsIndexed(t *testing.T) {
 	}
 	if err := st.Update(ctx, func(tx store.Txn) error {
 		for _, m := range all {
-			n, err := getNode(tx, m)
+			n, err := tree.GetNodeIn(tx, m)
 			if err != nil {
 				return err
 			}
 			n.State, n.TerminationId = tetherv1.NodeState_NODE_STATE_ABORTING, legacy.ID
-			if err := putNode(tx, n); err != nil {
+			if err := tree.PutNodeIn(tx, n); err != nil {
 				return err
 			}
 		}
-		return putJSON(tx, terminationKey(legacy.ID), legacy)
+		return kv.PutJSON(tx, terminationKey(legacy.ID), legacy)
 	}); err != nil {
 		t.Fatal(err)
 	}

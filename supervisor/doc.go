@@ -30,7 +30,8 @@
 // after the last chunk that committed.
 //
 // The termination reads and writes the tree's nodes and the ledger's calls
-// inside its own transactions (layers.go names what it uses of them).
+// inside its own transactions, calling the operations of supervisor/tree and
+// supervisor/ledger (and supervisor/internal/kv) by their qualified names.
 // Marking a subtree for termination is one transaction, and a spawn checks
 // its parent's state inside the transaction that writes the child, so a
 // spawn racing a termination is either refused (it serialized after the

@@ -1,6 +1,11 @@
 package supervisor
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
 
 // TestKeyLayout pins the termination's, the records' and the proposals'
 // storage keys: data written by an earlier version must still load, so a
@@ -16,9 +21,9 @@ func TestKeyLayout(t *testing.T) {
 		{string(proposalKey("p_1")), "proposals/p_1"},
 		{string(pendingPropPrefix("n_1")), "proposals-pending/n_1/"},
 		{string(pendingPropKey("n_1", "p_1")), "proposals-pending/n_1/p_1"},
-		{prefixNode, "agents/node/"},
-		{string(nodeKey("n_1")), "agents/node/n_1"},
-		{string(termCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},
+		{tree.NodePrefix, "agents/node/"},
+		{string(tree.NodeKey("n_1")), "agents/node/n_1"},
+		{string(ledger.TermCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},
 	} {
 		if c.got != c.want {
 			t.Errorf("key %q, want %q", c.got, c.want)

@@ -16,6 +16,7 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -76,22 +77,22 @@ func ParseRuleAction(s string) (RuleAction, error) {
 	case "abort":
 		a.Mode = ModeAbort
 	default:
-		return a, fmt.Errorf("%w: stop rule action %q: want drain:<match> or abort:<match>", tree.ErrInvalidArgument, clip(s))
+		return a, fmt.Errorf("%w: stop rule action %q: want drain:<match> or abort:<match>", tree.ErrInvalidArgument, kv.Clip(s))
 	}
 	switch {
 	case !ok || match == "":
-		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or * after the mode", tree.ErrInvalidArgument, clip(s))
+		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or * after the mode", tree.ErrInvalidArgument, kv.Clip(s))
 	case match == "*":
 	case strings.HasPrefix(match, "severity="):
 		a.Severity = strings.TrimPrefix(match, "severity=")
 	case strings.HasPrefix(match, "label:"):
 		sel, err := tree.ParseSelector(strings.TrimPrefix(match, "label:"))
 		if err != nil || len(sel) == 0 {
-			return a, fmt.Errorf("%w: stop rule action %q: label:<k=v,...> wants at least one label", tree.ErrInvalidArgument, clip(s))
+			return a, fmt.Errorf("%w: stop rule action %q: label:<k=v,...> wants at least one label", tree.ErrInvalidArgument, kv.Clip(s))
 		}
 		a.Labels = sel
 	default:
-		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or *", tree.ErrInvalidArgument, clip(s))
+		return a, fmt.Errorf("%w: stop rule action %q: want severity=<s>, label:<k=v,...> or *", tree.ErrInvalidArgument, kv.Clip(s))
 	}
 	return a, nil
 }
@@ -103,7 +104,7 @@ func ParseRuleAction(s string) (RuleAction, error) {
 // transaction has committed). mode is the mode the rule's action hint
 // suggests, for an operator who approves later.
 func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tetherv1.StopRuleFiring, mode Mode, policy ProposalPolicy) (p *tetherv1.StopProposal, termID string, err error) {
-	n, err := getNode(tx, nodeID)
+	n, err := tree.GetNodeIn(tx, nodeID)
 	if err != nil {
 		return nil, "", err
 	}
@@ -123,7 +124,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 	}
 	reason := fmt.Sprintf("stop rule %q (%s, set by %s) is true: %s", firing.Name, firing.RuleId, firing.SetBy, strings.Join(values, ", "))
 	if len(reason) > 1024 {
-		reason = clipUTF8(reason, 1021) + "..."
+		reason = kv.ClipUTF8(reason, 1021) + "..."
 	}
 	now := s.Clock.Now()
 	p = &tetherv1.StopProposal{
@@ -142,7 +143,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 		decidedBy = "policy:auto-approve"
 	}
 	if decidedBy == "" {
-		return p, "", putProto(tx, proposalKey(p.ProposalId), p)
+		return p, "", kv.PutProto(tx, proposalKey(p.ProposalId), p)
 	}
 	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
 	if err != nil {
@@ -178,7 +179,7 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 			return count >= n, err
 		}, nil
 	}
-	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", tree.ErrInvalidArgument, clip(c))
+	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", tree.ErrInvalidArgument, kv.Clip(c))
 }
 
 // Propose records a stop proposal by an agent for its own node. It changes
@@ -204,7 +205,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 	}
 	auto := false
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
-		n, err := getNode(tx, nodeID)
+		n, err := tree.GetNodeIn(tx, nodeID)
 		if err != nil {
 			return err
 		}
@@ -234,7 +235,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if err := tx.Put(pendingPropKey(nodeID, p.ProposalId), nil); err != nil {
 			return err
 		}
-		return putProto(tx, proposalKey(p.ProposalId), p)
+		return kv.PutProto(tx, proposalKey(p.ProposalId), p)
 	})
 	if err != nil || !auto {
 		return p, nil, err
@@ -253,7 +254,7 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 	var term Termination
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
 		p = &tetherv1.StopProposal{}
-		if err := getProto(tx, proposalKey(proposalID), p); err != nil {
+		if err := kv.GetProto(tx, proposalKey(proposalID), p); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return fmt.Errorf("%w: proposal_id %s", ErrProposalNotFound, proposalID)
 			}
@@ -287,9 +288,9 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 	}
 	if !approve {
 		p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
-		return Termination{}, putProto(tx, proposalKey(p.ProposalId), p)
+		return Termination{}, kv.PutProto(tx, proposalKey(p.ProposalId), p)
 	}
-	n, err := getNode(tx, p.NodeId)
+	n, err := tree.GetNodeIn(tx, p.NodeId)
 	if err != nil {
 		return Termination{}, err
 	}
@@ -320,10 +321,10 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 	}
 	p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
 	p.TerminationId = term.ID
-	if err := putJSON(tx, terminationKey(term.ID), term); err != nil {
+	if err := kv.PutJSON(tx, terminationKey(term.ID), term); err != nil {
 		return Termination{}, err
 	}
-	return term, putProto(tx, proposalKey(p.ProposalId), p)
+	return term, kv.PutProto(tx, proposalKey(p.ProposalId), p)
 }
 
 // Proposals lists proposals, optionally in one state.

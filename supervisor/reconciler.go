@@ -11,7 +11,10 @@ import (
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // loop is the termination reconciler's loop, built on first use (Kick may
@@ -21,7 +24,7 @@ func (s *Supervisor) loop() *reconcile.Loop {
 		k := &terminationKicks{active: map[string]bool{}}
 		s.reconciler = reconcile.New(reconcile.Config{
 			Name: "terminations", Store: s.Store, Clock: s.Clock, Log: s.Log,
-			Watch: [][]byte{[]byte("calls/"), []byte(prefixNode), []byte(prefixTermination)},
+			Watch: [][]byte{[]byte(ledger.Prefix), []byte(tree.NodePrefix), []byte(prefixTermination)},
 			Scan: func(ctx context.Context) ([]string, error) {
 				ids, err := s.unfinished(ctx)
 				if err == nil {
@@ -186,7 +189,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.ConfirmDeadline)
 	countHooks := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.HookDeadline)
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		prefix := termCallPrefix(t.ID)
+		prefix := ledger.TermCallPrefix(t.ID)
 		var ids []string
 		if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
 			ids = append(ids, string(k[len(prefix):]))
@@ -194,11 +197,11 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		}); err != nil {
 			return err
 		}
-		if err := store.Prefetch(tx, keysOf(ids, callKey), nil); err != nil {
+		if err := store.Prefetch(tx, kv.KeysOf(ids, ledger.CallKey), nil); err != nil {
 			return err
 		}
 		for _, cid := range ids {
-			c, err := getCall(tx, cid)
+			c, err := ledger.GetCallIn(tx, cid)
 			if err != nil {
 				return err
 			}
@@ -225,18 +228,18 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			return nil
 		}
 		p.Unconfirmed = 0
-		if err := store.Prefetch(tx, keysOf(members, nodeKey), nil); err != nil {
+		if err := store.Prefetch(tx, kv.KeysOf(members, tree.NodeKey), nil); err != nil {
 			return err
 		}
 		inWorkload := t.workloadIn(tx)
 		for _, m := range members {
-			n, err := getNode(tx, m)
+			n, err := tree.GetNodeIn(tx, m)
 			if err != nil {
 				return err
 			}
 			// Wait for a node until its verdict is settled: a claim may
 			// still be corroborated (its session's end observed).
-			if !judgeExit(n, inWorkload, nil).Settled {
+			if !tree.JudgeExit(n, inWorkload, nil).Settled {
 				p.Unconfirmed++
 			}
 		}
@@ -258,7 +261,7 @@ func (s *Supervisor) save(ctx context.Context, id string, phase Phase, fn func(*
 		if err := fn(&t); err != nil {
 			return err
 		}
-		return putJSON(tx, terminationKey(id), t)
+		return kv.PutJSON(tx, terminationKey(id), t)
 	})
 }
 

@@ -15,6 +15,8 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -51,7 +53,7 @@ func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.T
 	}
 	if t.ProposalID != "" {
 		p := &tetherv1.StopProposal{}
-		if err := getProto(tx, proposalKey(t.ProposalID), p); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := kv.GetProto(tx, proposalKey(t.ProposalID), p); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return nil, err
 		}
 		rec.StopRule = p.Rule
@@ -66,25 +68,25 @@ func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.T
 
 // grantPrivilege is a grant as the record lists it.
 func grantPrivilege(g HeldGrant) *tetherv1.RecordPrivilege {
-	outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
-	switch g.Outcome {
-	case privilege.OutcomeRevoked:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-	case privilege.OutcomeExpired:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-	}
+	outcome := privilegeOutcome(g.Outcome)
 	return &tetherv1.RecordPrivilege{PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome}
+}
+
+// privilegeOutcome is a privilege's outcome as the record states it:
+// anything but revoked or expired is a failed revocation.
+func privilegeOutcome(o string) tetherv1.PrivilegeOutcome {
+	switch o {
+	case privilege.OutcomeRevoked:
+		return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+	case privilege.OutcomeExpired:
+		return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+	}
+	return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
 }
 
 // registeredPrivilege is a registered privilege as the record lists it.
 func registeredPrivilege(p privilege.Privilege) *tetherv1.RecordPrivilege {
-	outcome := tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
-	switch p.Outcome {
-	case privilege.OutcomeRevoked:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
-	case privilege.OutcomeExpired:
-		outcome = tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
-	}
+	outcome := privilegeOutcome(p.Outcome)
 	return &tetherv1.RecordPrivilege{
 		PrivilegeId: p.ID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID, Outcome: outcome, Error: p.Error,
 	}
@@ -101,13 +103,13 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *tetherv1.ToolCal
 	c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
 	c.EndedAt = now
 	c.EndedBy = "termination:" + terminationID
-	if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
+	if err := tx.Delete(ledger.OpenCallKey(c.NodeId, c.CallId)); err != nil {
 		return err
 	}
-	if err := tx.Delete(cancelKey(c.GateId, c.CallId)); err != nil {
+	if err := tx.Delete(ledger.CancelKey(c.GateId, c.CallId)); err != nil {
 		return err
 	}
-	return putCall(tx, c)
+	return ledger.PutCallIn(tx, c)
 }
 
 // recordCall is a call as the record lists it.
@@ -119,13 +121,13 @@ func recordCall(c *tetherv1.ToolCall) *tetherv1.RecordToolCall {
 }
 
 // recordNode is a node's entry: its exit weighed against the control
-// plane's evidence (judgeExit), the claim and the contradictions shown.
+// plane's evidence (tree.JudgeExit), the claim and the contradictions shown.
 func recordNode(n *tetherv1.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
-	v := judgeExit(n, inWorkload, liveGrants)
+	v := tree.JudgeExit(n, inWorkload, liveGrants)
 	rn := &tetherv1.RecordNode{
 		NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
 		ClaimedBy: v.ClaimedBy, ClaimedAt: v.ClaimedAt, Contradictions: n.Contradictions,
-		SessionClosedAt: n.SessionClosedAt, SessionOpen: sessionOpen(n),
+		SessionClosedAt: n.SessionClosedAt, SessionOpen: tree.SessionOpen(n),
 	}
 	if v.Confirmed {
 		rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
@@ -163,8 +165,8 @@ func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 		}
 		in, ok := seen[nodeID]
 		if !ok {
-			n, err := getNode(tx, nodeID)
-			in = err != nil || n.State != tetherv1.NodeState_NODE_STATE_RUNNING || exitConfirmed(n)
+			n, err := tree.GetNodeIn(tx, nodeID)
+			in = err != nil || n.State != tetherv1.NodeState_NODE_STATE_RUNNING || tree.ExitConfirmed(n)
 			seen[nodeID] = in
 		}
 		return in

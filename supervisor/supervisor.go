@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/fault"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"log/slog"
 	"sync"
 	"time"
@@ -170,7 +171,7 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 	t.RolloutID, t.LeaseHandover = req.RolloutID, req.LeaseHandover
 	t.HookTimeout = s.hookTimeout()
 	if req.RequesterNodeID != "" {
-		requester, err := getNode(tx, req.RequesterNodeID)
+		requester, err := tree.GetNodeIn(tx, req.RequesterNodeID)
 		if err != nil {
 			return Termination{}, err
 		}
@@ -185,7 +186,7 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 			return Termination{}, fmt.Errorf("%w: node_id %s is named twice", tree.ErrInvalidArgument, r)
 		}
 		seen[r] = true
-		target, err := getNode(tx, r)
+		target, err := tree.GetNodeIn(tx, r)
 		if err != nil {
 			return Termination{}, err
 		}
@@ -198,7 +199,7 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 			return Termination{}, err
 		}
 	}
-	return t, putJSON(tx, terminationKey(t.ID), t)
+	return t, kv.PutJSON(tx, terminationKey(t.ID), t)
 }
 
 // mayStop refuses a target that is terminated, or that another termination

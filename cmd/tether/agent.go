@@ -138,19 +138,7 @@ func agentList(g *globals) *cobra.Command {
 }
 
 func formatLabels(l map[string]string) string {
-	if len(l) == 0 {
-		return "-"
-	}
-	keys := make([]string, 0, len(l))
-	for k := range l {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + l[k]
-	}
-	return strings.Join(parts, ",")
+	return joinSorted(l, "-", ",", func(k, v string) string { return k + "=" + v })
 }
 
 func agentShow(g *globals) *cobra.Command {

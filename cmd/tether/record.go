@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -158,19 +157,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 }
 
 func countsLine(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%d %s", m[k], k)
-	}
-	return strings.Join(parts, ", ")
+	return joinSorted(m, "none", ", ", func(k string, n int) string { return fmt.Sprintf("%d %s", n, k) })
 }
 
 func newProposalCommand(g *globals) *cobra.Command {

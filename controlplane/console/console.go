@@ -455,3 +455,22 @@ func (c *Console) stale(w http.ResponseWriter, r *http.Request, s *session, what
 func pageContext(r *http.Request) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.Context(), 30*time.Second)
 }
+
+// pageCall is apiCall for a page that makes only this call, with the
+// page's deadline.
+func pageCall[Req, Resp any](c *Console, w http.ResponseWriter, r *http.Request, s *session, what string, rpc func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), req *Req) (*connect.Response[Resp], bool) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	return apiCall(ctx, c, w, r, s, what, rpc, req)
+}
+
+// apiCall makes one API call for a page; if it fails, it renders the
+// failure (what could not be done) and reports false.
+func apiCall[Req, Resp any](ctx context.Context, c *Console, w http.ResponseWriter, r *http.Request, s *session, what string, rpc func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), req *Req) (*connect.Response[Resp], bool) {
+	resp, err := rpc(ctx, connect.NewRequest(req))
+	if err != nil {
+		c.apiFail(w, r, s, what, err)
+		return nil, false
+	}
+	return resp, true
+}

@@ -56,9 +56,8 @@ func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 	var nodes []*tetherv1.Node
 	token := ""
 	for {
-		resp, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token}))
-		if err != nil {
-			c.apiFail(w, r, s, "Could not list the agent tree", err)
+		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token})
+		if !ok {
 			return
 		}
 		nodes = append(nodes, resp.Msg.Nodes...)
@@ -150,9 +149,8 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	got, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read node "+id, err)
+	got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+id, s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: id})
+	if !ok {
 		return
 	}
 	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
@@ -230,9 +228,8 @@ func (c *Console) terminate(w http.ResponseWriter, r *http.Request, s *session) 
 		return
 	}
 	expected := r.PostForm.Get("expected_state")
-	got, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read node "+id, err)
+	got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+id, s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: id})
+	if !ok {
 		return
 	}
 	if now := nodeState(got.Msg.Node.State); expected == "" || now != expected {
@@ -257,12 +254,9 @@ func orUnknown(s string) string {
 // ---- terminations ----
 
 func (c *Console) termination(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read termination "+id, err)
+	resp, ok := pageCall(c, w, r, s, "Could not read termination "+id, s.clients.Supervisor.GetTermination, &tetherv1.GetTerminationRequest{TerminationId: id})
+	if !ok {
 		return
 	}
 	c.render(w, r, s, http.StatusOK, "termination", "Termination "+id, terminationView(resp.Msg.Termination))
@@ -408,11 +402,8 @@ type recordsData struct {
 }
 
 func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
-	resp, err := s.clients.Supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not list records", err)
+	resp, ok := pageCall(c, w, r, s, "Could not list records", s.clients.Supervisor.ListRecords, &tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")})
+	if !ok {
 		return
 	}
 	d := recordsData{Next: resp.Msg.NextPageToken}
@@ -431,12 +422,9 @@ type recordData struct {
 }
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read record "+id, err)
+	resp, ok := pageCall(c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
+	if !ok {
 		return
 	}
 	rec := resp.Msg.Record
@@ -467,12 +455,9 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 // recordJSON downloads the record exactly as the record sinks publish it
 // (docs/record.schema.json).
 func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read record "+id, err)
+	resp, ok := pageCall(c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
+	if !ok {
 		return
 	}
 	b, err := supervisor.MarshalRecord(resp.Msg.Record)
@@ -506,12 +491,9 @@ type leasesData struct {
 }
 
 func (c *Console) leases(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	q := r.URL.Query()
-	resp, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not list leases", err)
+	resp, ok := pageCall(c, w, r, s, "Could not list leases", s.clients.Lease.ListLeases, &tetherv1.ListLeasesRequest{HolderIdentity: q.Get("holder"), PageSize: 200, PageToken: q.Get("page")})
+	if !ok {
 		return
 	}
 	c.render(w, r, s, http.StatusOK, "leases", "Job leases", leasesData{Holder: q.Get("holder"), Leases: resp.Msg.Leases, Next: resp.Msg.NextPageToken})
@@ -581,14 +563,11 @@ type evidenceData struct {
 }
 
 func (c *Console) evidenceRows(w http.ResponseWriter, r *http.Request, s *session) (string, evidenceFilter, []*tetherv1.EvidenceRow, int, bool) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	job := r.PathValue("job")
 	q := r.URL.Query()
 	f := evidenceFilter{Outcome: q.Get("outcome"), Message: q.Get("message"), Generation: q.Get("generation"), Flag: q.Get("flag")}
-	resp, err := s.clients.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read the evidence of job "+job, err)
+	resp, ok := pageCall(c, w, r, s, "Could not read the evidence of job "+job, s.clients.Lease.Evidence, &tetherv1.EvidenceRequest{JobId: job})
+	if !ok {
 		return job, f, nil, 0, false
 	}
 	var rows []*tetherv1.EvidenceRow
@@ -646,15 +625,13 @@ func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) 
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	g, err := s.clients.Capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read grant "+id, err)
+	g, ok := apiCall(ctx, c, w, r, s, "Could not read grant "+id, s.clients.Capability.GetGrant, &tetherv1.GetGrantRequest{GrantId: id})
+	if !ok {
 		return grantData{}, false
 	}
 	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State), Revoked: r.URL.Query().Get("revoked")}
-	sub, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not list the grants derived from "+id, err)
+	sub, ok := apiCall(ctx, c, w, r, s, "Could not list the grants derived from "+id, s.clients.Capability.ListGrants, &tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200})
+	if !ok {
 		return grantData{}, false
 	}
 	for _, x := range sub.Msg.Grants {
@@ -686,18 +663,16 @@ func (c *Console) revoke(w http.ResponseWriter, r *http.Request, s *session) {
 		c.fail(w, r, s, http.StatusBadRequest, "refused: not confirmed", "Revoking a grant needs the confirmation step. Nothing was revoked.")
 		return
 	}
-	g, err := s.clients.Capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read grant "+id, err)
+	g, ok := apiCall(ctx, c, w, r, s, "Could not read grant "+id, s.clients.Capability.GetGrant, &tetherv1.GetGrantRequest{GrantId: id})
+	if !ok {
 		return
 	}
 	if now, expected := grantState(g.Msg.Grant.State), r.PostForm.Get("expected_state"); expected == "" || now != expected {
 		c.stale(w, r, s, "Grant "+id, orUnknown(expected), now)
 		return
 	}
-	resp, err := s.clients.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))}))
-	if err != nil {
-		c.apiFail(w, r, s, "The server refused to revoke "+id, err)
+	resp, ok := apiCall(ctx, c, w, r, s, "The server refused to revoke "+id, s.clients.Capability.Revoke, &tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: strings.TrimSpace(r.PostForm.Get("reason"))})
+	if !ok {
 		return
 	}
 	http.Redirect(w, r, "/ui/grants/"+url.PathEscape(id)+"?revoked="+strconv.FormatUint(resp.Msg.Sequence, 10), http.StatusSeeOther)
@@ -709,9 +684,8 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	pending, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read stop proposal "+id, err)
+	pending, ok := apiCall(ctx, c, w, r, s, "Could not read stop proposal "+id, s.clients.Supervisor.ListProposals, &tetherv1.ListProposalsRequest{})
+	if !ok {
 		return
 	}
 	var prop *tetherv1.StopProposal
@@ -745,11 +719,8 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 // ---- rollouts ----
 
 func (c *Console) rollouts(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
-	resp, err := s.clients.Supervisor.ListRollouts(ctx, connect.NewRequest(&tetherv1.ListRolloutsRequest{}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not list rollouts", err)
+	resp, ok := pageCall(c, w, r, s, "Could not list rollouts", s.clients.Supervisor.ListRollouts, &tetherv1.ListRolloutsRequest{})
+	if !ok {
 		return
 	}
 	c.render(w, r, s, http.StatusOK, "rollouts", "Rollouts", resp.Msg.Rollouts)
@@ -764,12 +735,9 @@ type rolloutData struct {
 }
 
 func (c *Console) rollout(w http.ResponseWriter, r *http.Request, s *session) {
-	ctx, cancel := pageContext(r)
-	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.Supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read rollout "+id, err)
+	resp, ok := pageCall(c, w, r, s, "Could not read rollout "+id, s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
+	if !ok {
 		return
 	}
 	ro := resp.Msg.Rollout
@@ -808,9 +776,8 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id, op := r.PathValue("id"), r.PathValue("op")
-	got, err := s.clients.Supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not read rollout "+id, err)
+	got, ok := apiCall(ctx, c, w, r, s, "Could not read rollout "+id, s.clients.Supervisor.GetRollout, &tetherv1.GetRolloutRequest{RolloutId: id})
+	if !ok {
 		return
 	}
 	if now, expected := enumName(got.Msg.Rollout.State.String(), "ROLLOUT_STATE_"), r.PostForm.Get("expected_state"); expected == "" || now != expected {
@@ -818,6 +785,7 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 		return
 	}
 	reason := strings.TrimSpace(r.PostForm.Get("reason"))
+	var err error
 	switch op {
 	case "pause":
 		_, err = s.clients.Supervisor.PauseRollout(ctx, connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: id, Reason: reason}))

@@ -12,6 +12,8 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // Etcd elects one leader among the replicas that share an etcd cluster
@@ -95,8 +97,7 @@ func (e *Etcd) Lead(ctx context.Context, fn func(ctx context.Context) error) err
 		}
 		failures++
 		cfg.Log.Warn("not leading; campaigning again", "identity", cfg.Identity, "reason", err)
-		window := min(campaignBackoffMax, campaignBackoffBase<<min(failures-1, 10))
-		if err := sleep(ctx, window/2+rand.N(window/2)); err != nil {
+		if err := backoff(ctx, failures); err != nil {
 			break
 		}
 	}
@@ -243,13 +244,10 @@ func (e *Etcd) Current(ctx context.Context) (Candidate, error) {
 	return decodeCandidate(resp.Kvs[0].Value), nil
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+// backoff waits after the failures-th failure in a row: a random time in
+// the upper half of a window that doubles with each failure, up to
+// campaignBackoffMax, or until ctx ends.
+func backoff(ctx context.Context, failures int) error {
+	window := min(campaignBackoffMax, campaignBackoffBase<<min(failures-1, 10))
+	return clock.Sleep(ctx, clock.Real{}, window/2+rand.N(window/2))
 }

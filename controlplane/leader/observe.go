@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -105,8 +104,7 @@ func (e *Etcd) Observe(ctx context.Context, fn func(Candidate)) error {
 		}
 		failures++
 		log.Debug("observing the election; retrying", "error", err)
-		window := min(campaignBackoffMax, campaignBackoffBase<<min(failures-1, 10))
-		if sleep(ctx, window/2+rand.N(window/2)) != nil {
+		if backoff(ctx, failures) != nil {
 			break
 		}
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
@@ -346,16 +347,7 @@ func (rec *recorder) merge(local []time.Duration) {
 // context; wait must return once every worker merged its samples.
 func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.CancelFunc, wait func() error) (leaseMeasurement, error) {
 	warmup := min(d/4, time.Second)
-	sleep := func(d time.Duration) error {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	sleep := func(d time.Duration) error { return clock.Sleep(ctx, clock.Real{}, d) }
 	if err := sleep(warmup); err != nil {
 		cancel()
 		_ = wait()

@@ -33,8 +33,12 @@ type Timer interface {
 }
 
 // Sleep waits until d has passed on c, or ctx ends (then it returns the
-// context's error).
+// context's error). A d of zero or less returns at once, with the
+// context's error if it has ended.
 func Sleep(ctx context.Context, c Clock, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
 	t := c.NewTimer(d)
 	defer t.Stop()
 	select {

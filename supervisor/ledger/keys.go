@@ -16,6 +16,10 @@ func cancelPrefix(gate string) []byte      { return []byte(prefixCancel + gate +
 func termCallPrefix(term string) []byte    { return []byte(prefixTermCall + term + "/") }
 func termCallKey(term, call string) []byte { return []byte(prefixTermCall + term + "/" + call) }
 
+// Prefix prefixes every key of the ledger (the termination watches it for
+// any change of a call).
+const Prefix = "calls/"
+
 // The keys a termination reads and writes inside its own transactions (it
 // marks calls, orders cancels and closes them in its record).
 

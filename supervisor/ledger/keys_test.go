@@ -4,9 +4,10 @@ import "testing"
 
 // TestKeyLayout pins the ledger's storage keys: data written by an earlier
 // version must still load, so a key may never change. (The termination
-// watches "calls/" for every ledger change.)
+// watches Prefix for every ledger change.)
 func TestKeyLayout(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
+		{Prefix, "calls/"},
 		{string(CallKey("c_1")), "calls/call/c_1"},
 		{string(OpenCallPrefix("n_1")), "calls/open/n_1/"},
 		{string(OpenCallKey("n_1", "c_1")), "calls/open/n_1/c_1"},

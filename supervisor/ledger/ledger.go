@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"regexp"
 
@@ -351,16 +350,9 @@ func (l *Ledger) GetCall(ctx context.Context, callID string) (*tetherv1.ToolCall
 }
 
 func getCall(tx store.ReadTxn, callID string) (*tetherv1.ToolCall, error) {
-	v, err := tx.Get(callKey(callID))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: call_id %s", ErrCallNotFound, callID)
-	}
-	if err != nil {
-		return nil, err
-	}
 	c := &tetherv1.ToolCall{}
-	if err := proto.Unmarshal(v, c); err != nil {
-		return nil, fmt.Errorf("supervisor: decode call %s: %w", callID, err)
+	if err := kv.GetProtoOf(tx, callKey(callID), c, ErrCallNotFound, "call_id ", "call", callID); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -1,6 +1,11 @@
 package rollout
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
 
 // TestKeyLayout pins the rollouts' storage keys, and the prefixes of the
 // tree and the terminations its reconciler watches: data written by an
@@ -8,8 +13,8 @@ import "testing"
 func TestKeyLayout(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
 		{string(rolloutKey("o_1")), "rollouts/o_1"},
-		{prefixNode, "agents/node/"},
-		{prefixTermination, "terminations/"},
+		{tree.NodePrefix, "agents/node/"},
+		{supervisor.TerminationPrefix, "terminations/"},
 	} {
 		if c.got != c.want {
 			t.Errorf("key %q, want %q", c.got, c.want)

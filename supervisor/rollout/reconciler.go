@@ -50,7 +50,7 @@ func (rs *Rollouts) loop() *reconcile.Loop {
 	rs.loopOnce.Do(func() {
 		rs.reconciler = reconcile.New(reconcile.Config{
 			Name: "rollouts", Store: rs.Store, Clock: rs.Clock, Log: rs.Log,
-			Watch: [][]byte{[]byte(prefixRollout), []byte(prefixTermination), []byte(prefixNode)},
+			Watch: [][]byte{[]byte(prefixRollout), []byte(supervisor.TerminationPrefix), []byte(tree.NodePrefix)},
 			Scan:  rs.unfinished, Changed: rs.kickFor, Reconcile: rs.Reconcile,
 		})
 	})
@@ -255,11 +255,11 @@ func (rs *Rollouts) kickFor(batch []store.Event, kickKey func(string)) {
 	for _, ev := range batch {
 		key := string(ev.Key)
 		switch {
-		case strings.HasPrefix(key, prefixTermination):
+		case strings.HasPrefix(key, supervisor.TerminationPrefix):
 			for rid := range rs.active {
 				kick[rid] = true
 			}
-		case strings.HasPrefix(key, prefixNode) && ev.Type == store.EventPut && len(rs.active) > 0:
+		case strings.HasPrefix(key, tree.NodePrefix) && ev.Type == store.EventPut && len(rs.active) > 0:
 			// Without an active rollout there is nobody to kick: marking
 			// or recording a large subtree puts every node, and decoding
 			// each was a tenth of a termination's CPU.
@@ -404,7 +404,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		term, err = rs.Supervisor.TerminateIn(tx, supervisor.TerminateRequest{
 			Roots: nodes, Mode: supervisor.ModeDrain, DrainWindow: orDefault(r.DrainWindow, supervisor.DefaultDrainWindow),
 			CancelAckTimeout: supervisor.DefaultCancelAckTimeout, ConfirmTimeout: orDefault(r.ConfirmTimeout, supervisor.DefaultConfirmTimeout),
-			Reason: clipText(reason, 1024), RequestedBy: r.RequestedBy, RolloutID: r.ID, LeaseHandover: true,
+			Reason: kv.ClipUTF8(reason, 1024), RequestedBy: r.RequestedBy, RolloutID: r.ID, LeaseHandover: true,
 		})
 		if err != nil {
 			return err
@@ -428,8 +428,6 @@ func orDefault(d, def time.Duration) time.Duration {
 	}
 	return d
 }
-
-func clipText(s string, n int) string { return kv.ClipUTF8(s, n) }
 
 // handOver reassigns every open lease held by the batch's members to the
 // ready replacements, round robin, each with generation + 1. The old
@@ -617,7 +615,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 
 // scanNodes calls fn with every node, in id order.
 func scanNodes(tx store.ReadTxn, fn func(*tetherv1.Node)) error {
-	return tx.Scan([]byte(prefixNode), nil, func(k, v []byte) error {
+	return tx.Scan([]byte(tree.NodePrefix), nil, func(k, v []byte) error {
 		n := &tetherv1.Node{}
 		if err := proto.Unmarshal(v, n); err != nil {
 			return fmt.Errorf("supervisor: decode %s: %w", k, err)

@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/tetherhq/tether/internal/fault"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -140,7 +142,7 @@ func InEffect(all []*tetherv1.StopRule, n *tetherv1.Node) []*tetherv1.StopRule {
 	var out []*tetherv1.StopRule
 	for _, r := range all {
 		if Applies(r, n) {
-			c := cloneRule(r)
+			c := proto.CloneOf(r)
 			c.Inherited = r.NodeId != n.NodeId
 			out = append(out, c)
 		}

@@ -64,7 +64,7 @@ func (r *Rules) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	nodesW, err := r.Store.Watch(ctx, []byte(prefixNode))
+	nodesW, err := r.Store.Watch(ctx, []byte(tree.NodePrefix))
 	if err != nil {
 		return err
 	}
@@ -88,12 +88,12 @@ func (r *Rules) run(ctx context.Context) error {
 			select {
 			case batch, ok := <-rulesW.Events():
 				if !ok {
-					return watchEnded(rulesW)
+					return reconcile.WatchEnded(rulesW)
 				}
 				r.applyEvents(ix, batch)
 			case batch, ok := <-nodesW.Events():
 				if !ok {
-					return watchEnded(nodesW)
+					return reconcile.WatchEnded(nodesW)
 				}
 				r.applyEvents(ix, batch)
 			default:
@@ -111,12 +111,12 @@ func (r *Rules) run(ctx context.Context) error {
 			return ctx.Err()
 		case batch, ok := <-rulesW.Events():
 			if !ok {
-				return watchEnded(rulesW)
+				return reconcile.WatchEnded(rulesW)
 			}
 			r.applyEvents(ix, batch)
 		case batch, ok := <-nodesW.Events():
 			if !ok {
-				return watchEnded(nodesW)
+				return reconcile.WatchEnded(nodesW)
 			}
 			r.applyEvents(ix, batch)
 		case <-ticker.C():
@@ -139,8 +139,6 @@ const DefaultTick = 5 * time.Second
 // of the watches.
 const evaluateSlice = 256
 
-func watchEnded(w store.Watcher) error { return reconcile.WatchEnded(w) }
-
 // load builds the index from the store: every rule, every running node,
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
@@ -152,7 +150,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 		if rules, err = allRules(tx); err != nil {
 			return err
 		}
-		return tx.Scan([]byte(prefixNode), nil, func(_, v []byte) error {
+		return tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
 			n := &tetherv1.Node{}
 			if err := proto.Unmarshal(v, n); err != nil {
 				return err
@@ -326,9 +324,9 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			ix.markNode(keyNode(ev.Key, prefixGrow))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
-		case isUnder(ev.Key, prefixNode):
+		case isUnder(ev.Key, tree.NodePrefix):
 			if ev.Type == store.EventDelete {
-				delete(ix.nodes, tail(ev.Key, prefixNode))
+				delete(ix.nodes, tail(ev.Key, tree.NodePrefix))
 				continue
 			}
 			n := &tetherv1.Node{}

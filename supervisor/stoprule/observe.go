@@ -102,5 +102,3 @@ func toolKey(m map[string]int64, tool string) string {
 func outcomeName(r tetherv1.CallResolution) string {
 	return strings.ToLower(strings.TrimPrefix(r.String(), "CALL_RESOLUTION_"))
 }
-
-func cloneRule(r *tetherv1.StopRule) *tetherv1.StopRule { return proto.CloneOf(r) }

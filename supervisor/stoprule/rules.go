@@ -36,7 +36,6 @@ const (
 	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
 	prefixSel   = "stoprules/sel/"   // stoprules/sel/<rule id> → "" selector rules
-	prefixNode  = "agents/node/"     // the supervisor's nodes (watched)
 )
 
 func ruleKey(id string) []byte       { return []byte(prefixRule + id) }

@@ -260,18 +260,7 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason 
 	reason = kv.ClipUTF8(reason, 256)
 	by := principal + " (" + kind + ")"
 	now := timestamppb.New(t.Clock.Now())
-	var out *tetherv1.Node
-	err := t.Store.Update(ctx, func(tx store.Txn) error {
-		n, err := getNode(tx, nodeID)
-		if err != nil {
-			return err
-		}
-		if authorize != nil {
-			if err := authorize(n); err != nil {
-				return err
-			}
-		}
-		out = n
+	return t.updateNode(ctx, nodeID, authorize, func(tx store.Txn, n *tetherv1.Node) error {
 		changed := false
 		known := false
 		for _, c := range n.ExitConfirmations {
@@ -298,7 +287,6 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason 
 		}
 		return putNode(tx, n)
 	})
-	return out, err
 }
 
 // LastSeenEvery bounds how often heartbeats are written: the record needs

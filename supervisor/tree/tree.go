@@ -400,16 +400,9 @@ func SortByID(nodes []*tetherv1.Node) {
 }
 
 func getNode(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) {
-	v, err := tx.Get(nodeKey(nodeID))
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %s", ErrNodeNotFound, nodeID)
-	}
-	if err != nil {
-		return nil, err
-	}
 	n := &tetherv1.Node{}
-	if err := proto.Unmarshal(v, n); err != nil {
-		return nil, fmt.Errorf("supervisor: decode node %s: %w", nodeID, err)
+	if err := kv.GetProtoOf(tx, nodeKey(nodeID), n, ErrNodeNotFound, "", "node", nodeID); err != nil {
+		return nil, err
 	}
 	return n, nil
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
 	"math/rand/v2"
@@ -314,7 +315,7 @@ func (s *Etcd) Update(ctx context.Context, fn func(tx store.Txn) error) error {
 			if s.isClosed() {
 				return fmt.Errorf("%w: while retrying a conflicting Update", store.ErrClosed)
 			}
-			if err := sleepContext(ctx, retryBackoff(attempt)); err != nil {
+			if err := clock.Sleep(ctx, clock.Real{}, retryBackoff(attempt)); err != nil {
 				return err
 			}
 		}
@@ -503,20 +504,6 @@ type etcdCounters struct {
 func retryBackoff(attempt int) time.Duration {
 	window := min(retryBackoffMax, retryBackoffBase<<min(attempt-2, 16))
 	return rand.N(window)
-}
-
-func sleepContext(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // durableSince is, per minor release line, the first etcd release that

@@ -1222,22 +1222,7 @@ func testPrefetchChangesNoAnswer(t *testing.T, s store.Store) {
 		}
 		return out.String(), nil
 	}
-	var plain, prefetched string
-	if err := s.View(context.Background(), func(tx store.ReadTxn) (err error) {
-		plain, err = read(tx)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.View(context.Background(), func(tx store.ReadTxn) (err error) {
-		if err := store.Prefetch(tx, keys, prefixes); err != nil {
-			return err
-		}
-		prefetched, err = read(tx)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	plain, prefetched := readPlainAndPrefetched(t, s, read, func(tx store.ReadTxn) error { return store.Prefetch(tx, keys, prefixes) })
 	if plain != prefetched {
 		t.Fatalf("View reads differ after Prefetch:\n plain      %s\n prefetched %s", plain, prefetched)
 	}
@@ -1520,22 +1505,7 @@ func testPrefetchScansFromChangesNoAnswer(t *testing.T, s store.Store) {
 		}
 		return out.String(), nil
 	}
-	var plain, prefetched string
-	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
-		plain, err = read(tx)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
-		if err := store.PrefetchScansFrom(tx, scans); err != nil {
-			return err
-		}
-		prefetched, err = read(tx)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	plain, prefetched := readPlainAndPrefetched(t, s, read, func(tx store.ReadTxn) error { return store.PrefetchScansFrom(tx, scans) })
 	if plain != prefetched {
 		t.Fatalf("View reads differ after PrefetchScansFrom:\n plain      %s\n prefetched %s", plain, prefetched)
 	}
@@ -1562,4 +1532,26 @@ func testPrefetchScansFromChangesNoAnswer(t *testing.T, s store.Store) {
 		t.Fatalf("PrefetchScansFrom of a reserved prefix: %v, want ErrInvalidKey (and nothing written)", err)
 	}
 	wantValue(t, s, "rows/b/0004", "4")
+}
+
+// readPlainAndPrefetched runs read in a View, then in another View after
+// prefetch, so a test can check that prefetching changes no answer.
+func readPlainAndPrefetched(t *testing.T, s store.Store, read func(store.ReadTxn) (string, error), prefetch func(store.ReadTxn) error) (plain, prefetched string) {
+	t.Helper()
+	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+		plain, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.View(t.Context(), func(tx store.ReadTxn) (err error) {
+		if err := prefetch(tx); err != nil {
+			return err
+		}
+		prefetched, err = read(tx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return plain, prefetched
 }

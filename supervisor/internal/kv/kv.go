@@ -6,6 +6,8 @@ package kv
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
@@ -49,6 +51,23 @@ func GetProto(tx store.ReadTxn, key []byte, m proto.Message) error {
 		return err
 	}
 	return proto.Unmarshal(b, m)
+}
+
+// GetProtoOf is GetProto for a value the caller names, in its own words:
+// a missing key is notFound (its message ends with missing and id), and a
+// value that does not decode names its kind and id.
+func GetProtoOf(tx store.ReadTxn, key []byte, m proto.Message, notFound error, missing, kind, id string) error {
+	b, err := tx.Get(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: %s%s", notFound, missing, id)
+	}
+	if err != nil {
+		return err
+	}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return fmt.Errorf("supervisor: decode %s %s: %w", kind, id, err)
+	}
+	return nil
 }
 
 // KeysOf maps ids to their keys (for store.Prefetch).
