@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -23,14 +24,15 @@ func newRecordCommand(g *globals) *cobra.Command {
 			if strings.HasPrefix(args[0], "t_") {
 				req = &tetherv1.GetRecordRequest{TerminationId: args[0]}
 			}
-			resp, err := c.Supervisor.GetRecord(cmd.Context(), connect.NewRequest(req))
+			// A large record arrives in pages: read them all.
+			rec, err := agentsdk.ReadRecord(cmd.Context(), c.Supervisor, req)
 			if err != nil {
 				return err
 			}
-			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg.Record); done || err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), rec); done || err != nil {
 				return err
 			}
-			PrintRecordSummary(cmd.OutOrStdout(), resp.Msg.Record)
+			PrintRecordSummary(cmd.OutOrStdout(), rec)
 			return nil
 		}),
 	}, &cobra.Command{

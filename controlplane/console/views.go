@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -434,12 +435,12 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
+	// A large record arrives in pages: the summary counts all of them.
+	rec, err := agentsdk.ReadRecord(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id})
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
-	rec := resp.Msg.Record
 	d := recordData{recordSummary: summarize(rec)}
 	for _, n := range rec.Nodes {
 		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
@@ -470,18 +471,18 @@ func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session)
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	resp, err := s.clients.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: id}))
+	rec, err := agentsdk.ReadRecord(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id})
 	if err != nil {
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
-	b, err := supervisor.MarshalRecord(resp.Msg.Record)
+	b, err := supervisor.MarshalRecord(rec)
 	if err != nil {
 		c.fail(w, r, s, http.StatusInternalServerError, "Could not render the record", err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Disposition", attachment("record-"+resp.Msg.Record.RecordId+".json"))
+	w.Header().Set("Content-Disposition", attachment("record-"+rec.RecordId+".json"))
 	_, _ = w.Write(b)
 }
 
