@@ -147,11 +147,11 @@ func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Reques
 	if size == 0 || size > 100 {
 		size = 100
 	}
-	recs, next, err := h.s.supervisor.Records(ctx, req.Msg.PageToken, size)
+	recs, next, partial, err := h.s.supervisor.Records(ctx, req.Msg.PageToken, size)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: recs, NextPageToken: next}), nil
+	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: recs, NextPageToken: next, PartialRecordIds: partial}), nil
 }
 
 func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Request[tetherv1.DecideProposalRequest]) (*connect.Response[tetherv1.DecideProposalResponse], error) {

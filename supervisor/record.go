@@ -264,12 +264,13 @@ func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string)
 	return rec, err
 }
 
-// Records lists records in id order after pageToken.
-func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) ([]*tetherv1.ReconciliationRecord, string, error) {
-	var out []*tetherv1.ReconciliationRecord
-	next := ""
-	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		out, next = nil, ""
+// Records lists records in id order after pageToken, within
+// RecordPageBytes: the page ends before a record that would pass it, and a
+// record that alone passes it is listed with its header and first entries
+// only (its id in partial), as GetRecord's first page.
+func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) (out []*tetherv1.ReconciliationRecord, next string, partial []string, err error) {
+	err = s.Store.View(ctx, func(tx store.ReadTxn) error {
+		out, next, partial = nil, "", nil
 		var ids []string
 		var start []byte
 		if pageToken != "" {
@@ -290,16 +291,25 @@ func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int
 		if err != nil {
 			return err
 		}
-		for _, rid := range ids {
-			rec, err := getRecord(tx, rid)
+		size := 0
+		for i, rid := range ids {
+			rec, more, err := recordPage(tx, rid, nil, MaxRecordPageSize, RecordPageBytes-size)
 			if err != nil {
 				return err
 			}
+			if more != "" && i > 0 {
+				next = ids[i-1] // the next page starts with this record
+				return nil
+			}
+			if more != "" {
+				partial = append(partial, rid)
+			}
 			out = append(out, rec)
+			size += proto.Size(rec)
 		}
 		return nil
 	})
-	return out, next, err
+	return out, next, partial, err
 }
 
 func modeToProto(m Mode) tetherv1.TerminationMode {

@@ -97,7 +97,15 @@ func TestRecordPagesEqualTheWholeRecord(t *testing.T) {
 	check("page_size 7", readPages(t, s, term.ID, 7), len(all)/7)
 	defer func(b int) { RecordPageBytes = b }(RecordPageBytes)
 	RecordPageBytes = 4000
-	check("4,000 bytes a page", readPages(t, s, term.ID, 0), 5)
+	pages := readPages(t, s, term.ID, 0)
+	check("4,000 bytes a page", pages, 5)
+	// ListRecords stays within the bound too: the record alone passes it,
+	// so it is listed with its first page, and named partial.
+	list, next, partial, err := s.Records(context.Background(), "", 100)
+	if err != nil || len(list) != 1 || next != "" || len(partial) != 1 || partial[0] != term.RecordID || !proto.Equal(list[0], pages[0]) {
+		t.Fatalf("Records within 4,000 bytes: %d records, next %q, partial %v, equal to the first page %v, %v",
+			len(list), next, partial, len(list) == 1 && proto.Equal(list[0], pages[0]), err)
+	}
 }
 
 // TestRecordPageTokenForged plays a caller that alters a page token: to

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 
@@ -44,6 +45,15 @@ func newRecordCommand(g *globals) *cobra.Command {
 				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
 				if err != nil {
 					return nil, "", err
+				}
+				// A record too large to list whole is listed in part: read
+				// it whole, so its counts are right.
+				for i, r := range resp.Msg.Records {
+					if slices.Contains(resp.Msg.PartialRecordIds, r.RecordId) {
+						if resp.Msg.Records[i], err = agentsdk.ReadRecord(cmd.Context(), c.Supervisor, &tetherv1.GetRecordRequest{RecordId: r.RecordId}); err != nil {
+							return nil, "", err
+						}
+					}
 				}
 				return resp.Msg.Records, resp.Msg.NextPageToken, nil
 			})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -369,6 +370,9 @@ type recordSummary struct {
 	UnresolvedCall int
 	FailedRevokes  int
 	Unresolved     int
+	// Partial: the list carried only the record's first entries (a record
+	// too large to list whole); the counts are theirs.
+	Partial bool
 }
 
 func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
@@ -418,7 +422,9 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	d := recordsData{Next: resp.Msg.NextPageToken}
 	for _, rec := range resp.Msg.Records {
-		d.Records = append(d.Records, summarize(rec))
+		sum := summarize(rec)
+		sum.Partial = slices.Contains(resp.Msg.PartialRecordIds, rec.RecordId)
+		d.Records = append(d.Records, sum)
 	}
 	c.render(w, r, s, http.StatusOK, "records", "Reconciliation records", d)
 }

@@ -1772,12 +1772,18 @@ func (x *ListRecordsRequest) GetPageToken() string {
 	return ""
 }
 
+// An answer stays within a few MiB: a page ends early rather than grow
+// past that, and a record too large to list whole alone is listed with its
+// header and first entries only, its id in partial_record_ids.
 type ListRecordsResponse struct {
 	state         protoimpl.MessageState  `protogen:"open.v1"`
 	Records       []*ReconciliationRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
 	NextPageToken string                  `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Records in this answer listed with their header and first entries
+	// only: read them whole with GetRecord (in pages).
+	PartialRecordIds []string `protobuf:"bytes,3,rep,name=partial_record_ids,json=partialRecordIds,proto3" json:"partial_record_ids,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListRecordsResponse) Reset() {
@@ -1822,6 +1828,13 @@ func (x *ListRecordsResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListRecordsResponse) GetPartialRecordIds() []string {
+	if x != nil {
+		return x.PartialRecordIds
+	}
+	return nil
 }
 
 type DecideProposalRequest struct {
@@ -2505,10 +2518,11 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x12ListRecordsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"x\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xa6\x01\n" +
 	"\x13ListRecordsResponse\x129\n" +
 	"\arecords\x18\x01 \x03(\v2\x1f.tether.v1.ReconciliationRecordR\arecords\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"j\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12,\n" +
+	"\x12partial_record_ids\x18\x03 \x03(\tR\x10partialRecordIds\"j\n" +
 	"\x15DecideProposalRequest\x12\x1f\n" +
 	"\vproposal_id\x18\x01 \x01(\tR\n" +
 	"proposalId\x12\x18\n" +
