@@ -129,11 +129,14 @@ func (h *supervisorService) WatchTermination(ctx context.Context, req *connect.R
 }
 
 func (h *supervisorService) GetRecord(ctx context.Context, req *connect.Request[tetherv1.GetRecordRequest]) (*connect.Response[tetherv1.GetRecordResponse], error) {
-	rec, err := h.s.supervisor.Record(ctx, req.Msg.RecordId, req.Msg.TerminationId)
+	// A record larger than one message (or page_size) answers in pages,
+	// never with a failure; a page token reads only the record it names,
+	// under this procedure's authorisation (policy.go).
+	rec, next, err := h.s.supervisor.RecordPage(ctx, req.Msg.RecordId, req.Msg.TerminationId, req.Msg.PageToken, int(req.Msg.PageSize))
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.GetRecordResponse{Record: rec}), nil
+	return connect.NewResponse(&tetherv1.GetRecordResponse{Record: rec, NextPageToken: next}), nil
 }
 
 func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Request[tetherv1.ListRecordsRequest]) (*connect.Response[tetherv1.ListRecordsResponse], error) {
@@ -144,11 +147,11 @@ func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Reques
 	if size == 0 || size > 100 {
 		size = 100
 	}
-	recs, next, err := h.s.supervisor.Records(ctx, req.Msg.PageToken, size)
+	recs, next, partial, err := h.s.supervisor.Records(ctx, req.Msg.PageToken, size)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: recs, NextPageToken: next}), nil
+	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: recs, NextPageToken: next, PartialRecordIds: partial}), nil
 }
 
 func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Request[tetherv1.DecideProposalRequest]) (*connect.Response[tetherv1.DecideProposalResponse], error) {

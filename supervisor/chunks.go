@@ -855,7 +855,7 @@ func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress
 		if err != nil {
 			return err
 		}
-		if err := putRecordHeader(tx, rec.RecordId, t.ID, parts); err != nil {
+		if err := putRecordHeader(tx, rec.RecordId, t.ID, parts, cur.Parts); err != nil {
 			return err
 		}
 		if err := tx.Put(outboxKey(rec.RecordId), nil); err != nil {

@@ -28,8 +28,9 @@ const RecordSchemaVersion = 1
 
 // recordPartBytes keeps each stored part of a record under the store's
 // value limit; each chunk of a termination writes one part or a few
-// (chunks.go), so a record spans as many parts as its subtree needs.
-const recordPartBytes = 512 << 10
+// (chunks.go), so a record spans as many parts as its subtree needs. A
+// variable so tests can split entries across parts.
+var recordPartBytes = 512 << 10
 
 // newRecordID allocates a record's id (when its first part is written).
 func newRecordID() string { return id.New(id.Record) }
@@ -174,9 +175,10 @@ func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 }
 
 // putRecordHeader makes a record written in parts visible: its header
-// (the number of parts) and its termination's index.
-func putRecordHeader(tx store.Txn, recordID, terminationID string, parts int) error {
-	if err := tx.Put(recordKey(recordID), []byte(strconv.Itoa(parts))); err != nil {
+// (the number of parts, then the number of the first part of the header,
+// where the entries end: "parts head") and its termination's index.
+func putRecordHeader(tx store.Txn, recordID, terminationID string, parts, head int) error {
+	if err := tx.Put(recordKey(recordID), []byte(strconv.Itoa(parts)+" "+strconv.Itoa(head))); err != nil {
 		return err
 	}
 	return tx.Put(recordByTermKey(terminationID), []byte(recordID))
@@ -190,9 +192,9 @@ func getRecord(tx store.ReadTxn, recordID string) (*tetherv1.ReconciliationRecor
 	if err != nil {
 		return nil, err
 	}
-	parts, err := strconv.Atoi(string(v))
+	parts, _, err := parseRecordHeader(recordID, v)
 	if err != nil {
-		return nil, fmt.Errorf("supervisor: record %s header: %w", recordID, err)
+		return nil, err
 	}
 	var b []byte
 	for i := range parts {
@@ -207,6 +209,27 @@ func getRecord(tx store.ReadTxn, recordID string) (*tetherv1.ReconciliationRecor
 		return nil, fmt.Errorf("supervisor: decode record %s: %w", recordID, err)
 	}
 	return rec, nil
+}
+
+// parseRecordHeader reads a record's header value: its number of parts
+// and the first part of its header (where its entries end). A record
+// written before the header's part was kept ("parts" alone) answers head
+// = parts: its header is read with the whole record.
+func parseRecordHeader(recordID string, v []byte) (parts, head int, err error) {
+	f := strings.Fields(string(v))
+	if len(f) == 0 || len(f) > 2 {
+		return 0, 0, fmt.Errorf("supervisor: record %s header %q", recordID, v)
+	}
+	if parts, err = strconv.Atoi(f[0]); err != nil {
+		return 0, 0, fmt.Errorf("supervisor: record %s header: %w", recordID, err)
+	}
+	head = parts
+	if len(f) == 2 {
+		if head, err = strconv.Atoi(f[1]); err != nil || head < 0 || head > parts {
+			return 0, 0, fmt.Errorf("supervisor: record %s header %q", recordID, v)
+		}
+	}
+	return parts, head, nil
 }
 
 // Record returns a record by its id or its termination's id.
@@ -243,12 +266,13 @@ func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string)
 	return rec, err
 }
 
-// Records lists records in id order after pageToken.
-func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) ([]*tetherv1.ReconciliationRecord, string, error) {
-	var out []*tetherv1.ReconciliationRecord
-	next := ""
-	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		out, next = nil, ""
+// Records lists records in id order after pageToken, within
+// RecordPageBytes: the page ends before a record that would pass it, and a
+// record that alone passes it is listed with its header and first entries
+// only (its id in partial), as GetRecord's first page.
+func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) (out []*tetherv1.ReconciliationRecord, next string, partial []string, err error) {
+	err = s.Store.View(ctx, func(tx store.ReadTxn) error {
+		out, next, partial = nil, "", nil
 		var ids []string
 		var start []byte
 		if pageToken != "" {
@@ -269,16 +293,25 @@ func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int
 		if err != nil {
 			return err
 		}
-		for _, rid := range ids {
-			rec, err := getRecord(tx, rid)
+		size := 0
+		for i, rid := range ids {
+			rec, more, err := recordPage(tx, rid, nil, MaxRecordPageSize, RecordPageBytes-size)
 			if err != nil {
 				return err
 			}
+			if more != "" && i > 0 {
+				next = ids[i-1] // the next page starts with this record
+				return nil
+			}
+			if more != "" {
+				partial = append(partial, rid)
+			}
 			out = append(out, rec)
+			size += proto.Size(rec)
 		}
 		return nil
 	})
-	return out, next, err
+	return out, next, partial, err
 }
 
 func modeToProto(m Mode) tetherv1.TerminationMode {

@@ -3,11 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
+	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -22,14 +24,15 @@ func newRecordCommand(g *globals) *cobra.Command {
 			if strings.HasPrefix(args[0], "t_") {
 				req = &tetherv1.GetRecordRequest{TerminationId: args[0]}
 			}
-			resp, err := c.Supervisor.GetRecord(cmd.Context(), connect.NewRequest(req))
+			// A large record arrives in pages: read them all.
+			rec, err := agentsdk.ReadRecord(cmd.Context(), c.Supervisor, req)
 			if err != nil {
 				return err
 			}
-			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg.Record); done || err != nil {
+			if done, err := g.printedAsJSON(cmd.OutOrStdout(), rec); done || err != nil {
 				return err
 			}
-			PrintRecordSummary(cmd.OutOrStdout(), resp.Msg.Record)
+			PrintRecordSummary(cmd.OutOrStdout(), rec)
 			return nil
 		}),
 	}, &cobra.Command{
@@ -41,6 +44,15 @@ func newRecordCommand(g *globals) *cobra.Command {
 				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
 				if err != nil {
 					return nil, "", err
+				}
+				// A record too large to list whole is listed in part: read
+				// it whole, so its counts are right.
+				for i, r := range resp.Msg.Records {
+					if slices.Contains(resp.Msg.PartialRecordIds, r.RecordId) {
+						if resp.Msg.Records[i], err = agentsdk.ReadRecord(cmd.Context(), c.Supervisor, &tetherv1.GetRecordRequest{RecordId: r.RecordId}); err != nil {
+							return nil, "", err
+						}
+					}
 				}
 				return resp.Msg.Records, resp.Msg.NextPageToken, nil
 			})

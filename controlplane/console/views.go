@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -362,6 +364,9 @@ type recordSummary struct {
 	UnresolvedCall int
 	FailedRevokes  int
 	Unresolved     int
+	// Partial: the list carried only the record's first entries (a record
+	// too large to list whole); the counts are theirs.
+	Partial bool
 }
 
 func summarize(rec *tetherv1.ReconciliationRecord) recordSummary {
@@ -408,7 +413,9 @@ func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	d := recordsData{Next: resp.Msg.NextPageToken}
 	for _, rec := range resp.Msg.Records {
-		d.Records = append(d.Records, summarize(rec))
+		sum := summarize(rec)
+		sum.Partial = slices.Contains(resp.Msg.PartialRecordIds, rec.RecordId)
+		d.Records = append(d.Records, sum)
 	}
 	c.render(w, r, s, http.StatusOK, "records", "Reconciliation records", d)
 }
@@ -423,11 +430,14 @@ type recordData struct {
 
 func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	resp, ok := pageCall(c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
-	if !ok {
+	// A large record arrives in pages: the summary counts all of them.
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	rec, err := agentsdk.ReadRecord(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id})
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
-	rec := resp.Msg.Record
 	d := recordData{recordSummary: summarize(rec)}
 	for _, n := range rec.Nodes {
 		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
@@ -456,17 +466,20 @@ func (c *Console) record(w http.ResponseWriter, r *http.Request, s *session) {
 // (docs/record.schema.json).
 func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	resp, ok := pageCall(c, w, r, s, "Could not read record "+id, s.clients.Supervisor.GetRecord, &tetherv1.GetRecordRequest{RecordId: id})
-	if !ok {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	rec, err := agentsdk.ReadRecord(ctx, s.clients.Supervisor, &tetherv1.GetRecordRequest{RecordId: id})
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
-	b, err := supervisor.MarshalRecord(resp.Msg.Record)
+	b, err := supervisor.MarshalRecord(rec)
 	if err != nil {
 		c.fail(w, r, s, http.StatusInternalServerError, "Could not render the record", err.Error())
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Disposition", attachment("record-"+resp.Msg.Record.RecordId+".json"))
+	w.Header().Set("Content-Disposition", attachment("record-"+rec.RecordId+".json"))
 	_, _ = w.Write(b)
 }
 

@@ -157,11 +157,12 @@ func timeTerminationWithin(ctx context.Context, srv *benchServer, root string, w
 		last = stream.Msg().Termination.State.String()
 		if stream.Msg().Termination.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
 			elapsed := time.Since(start)
-			rec, err := srv.Admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: resp.Msg.Termination.TerminationId}))
+			// A large record arrives in pages: count every page's nodes.
+			rec, err := agentsdk.ReadRecord(ctx, srv.Admin.Supervisor, &tetherv1.GetRecordRequest{TerminationId: resp.Msg.Termination.TerminationId})
 			if err != nil {
 				return elapsed, 0, last, err
 			}
-			return elapsed, len(rec.Msg.Record.Nodes), last, nil
+			return elapsed, len(rec.Nodes), last, nil
 		}
 	}
 	return time.Since(start), 0, last, fmt.Errorf("watch ended before the termination: %v", stream.Err())

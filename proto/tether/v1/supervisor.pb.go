@@ -1581,9 +1581,22 @@ func (x *ReconciliationRecord) GetStopRule() *StopRuleFiring {
 
 type GetRecordRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Either the record id or the termination id.
+	// Either the record id or the termination id. With page_token both may
+	// be left empty (the token names its record); if set, they must name
+	// the token's record.
 	RecordId      string `protobuf:"bytes,1,opt,name=record_id,json=recordId,proto3" json:"record_id,omitempty"`
 	TerminationId string `protobuf:"bytes,2,opt,name=termination_id,json=terminationId,proto3" json:"termination_id,omitempty"`
+	// The most entries (nodes, tool calls, privileges and leases together)
+	// one answer carries; 0 means as many as fit in one message. Whatever
+	// page_size says, an answer stays within a few MiB (under gRPC clients'
+	// default 4 MiB receive limit).
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of an earlier answer about the same record. A token
+	// reads only the record it was given for, under the same authorisation
+	// as any GetRecord; a token that is not one (altered, or for another
+	// record than record_id/termination_id name) is refused with
+	// INVALID_ARGUMENT.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1632,9 +1645,33 @@ func (x *GetRecordRequest) GetTerminationId() string {
 	return ""
 }
 
+func (x *GetRecordRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *GetRecordRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// A record is read whole in one answer when it fits, as before paging
+// existed. A record too large for one message (or than page_size entries)
+// is never refused: the first answer carries the record's header (every
+// field but nodes, tool_calls, privileges and leases) with the first page
+// of those entries and next_page_token; each following answer carries only
+// the next entries (the header fields left empty). Appending the pages'
+// nodes, tool_calls, privileges and leases in order gives the whole
+// record's lists, each entry exactly once.
 type GetRecordResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Record        *ReconciliationRecord  `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Record *ReconciliationRecord  `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	// Set when entries remain: pass it as page_token to read them.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1674,6 +1711,13 @@ func (x *GetRecordResponse) GetRecord() *ReconciliationRecord {
 		return x.Record
 	}
 	return nil
+}
+
+func (x *GetRecordResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type ListRecordsRequest struct {
@@ -1728,12 +1772,18 @@ func (x *ListRecordsRequest) GetPageToken() string {
 	return ""
 }
 
+// An answer stays within a few MiB: a page ends early rather than grow
+// past that, and a record too large to list whole alone is listed with its
+// header and first entries only, its id in partial_record_ids.
 type ListRecordsResponse struct {
 	state         protoimpl.MessageState  `protogen:"open.v1"`
 	Records       []*ReconciliationRecord `protobuf:"bytes,1,rep,name=records,proto3" json:"records,omitempty"`
 	NextPageToken string                  `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Records in this answer listed with their header and first entries
+	// only: read them whole with GetRecord (in pages).
+	PartialRecordIds []string `protobuf:"bytes,3,rep,name=partial_record_ids,json=partialRecordIds,proto3" json:"partial_record_ids,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListRecordsResponse) Reset() {
@@ -1778,6 +1828,13 @@ func (x *ListRecordsResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListRecordsResponse) GetPartialRecordIds() []string {
+	if x != nil {
+		return x.PartialRecordIds
+	}
+	return nil
 }
 
 type DecideProposalRequest struct {
@@ -2448,19 +2505,24 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\rroot_node_ids\x18\x0f \x03(\tR\vrootNodeIds\x12\x1d\n" +
 	"\n" +
 	"rollout_id\x18\x10 \x01(\tR\trolloutId\x126\n" +
-	"\tstop_rule\x18\x11 \x01(\v2\x19.tether.v1.StopRuleFiringR\bstopRule\"V\n" +
+	"\tstop_rule\x18\x11 \x01(\v2\x19.tether.v1.StopRuleFiringR\bstopRule\"\x92\x01\n" +
 	"\x10GetRecordRequest\x12\x1b\n" +
 	"\trecord_id\x18\x01 \x01(\tR\brecordId\x12%\n" +
-	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\"L\n" +
+	"\x0etermination_id\x18\x02 \x01(\tR\rterminationId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"t\n" +
 	"\x11GetRecordResponse\x127\n" +
-	"\x06record\x18\x01 \x01(\v2\x1f.tether.v1.ReconciliationRecordR\x06record\"P\n" +
+	"\x06record\x18\x01 \x01(\v2\x1f.tether.v1.ReconciliationRecordR\x06record\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"P\n" +
 	"\x12ListRecordsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"x\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xa6\x01\n" +
 	"\x13ListRecordsResponse\x129\n" +
 	"\arecords\x18\x01 \x03(\v2\x1f.tether.v1.ReconciliationRecordR\arecords\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"j\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12,\n" +
+	"\x12partial_record_ids\x18\x03 \x03(\tR\x10partialRecordIds\"j\n" +
 	"\x15DecideProposalRequest\x12\x1f\n" +
 	"\vproposal_id\x18\x01 \x01(\tR\n" +
 	"proposalId\x12\x18\n" +
