@@ -107,7 +107,10 @@
 //
 //   - one job at a time, oldest sequence first;
 //   - at most Config.MarkBatch descendants (default 512) per transaction,
-//     read in grants/derived/ order after the job's cursor;
+//     read in grants/derived/ order after the job's cursor, in slices of
+//     the index rather than to its end (on etcd a range request costs the
+//     whole range: see descendantsAfter), with the batch's grants fetched
+//     together;
 //   - the decisions are made on a read snapshot, outside the committer, and
 //     the write re-checks each grant and decides again if it changed;
 //   - the job's cursor (the last descendant handled) is written in the same

@@ -16,10 +16,14 @@ import (
 // markJob is the persisted intent to mark the descendants of a revoked
 // grant. Cursor is the last descendant id handled; marking resumes after
 // it, so a restart repeats at most one batch, and repeating one is
-// harmless (MarkRevokedVia refuses a grant already revoked).
+// harmless (MarkRevokedVia refuses a grant already revoked). Depth is a
+// hint only (see descendantsAfter): how many leading bytes of an id name
+// the slice of the derived index one scan reads; a job without it starts
+// from 0, the whole index.
 type markJob struct {
 	GrantID string `json:"grant_id"`
 	Cursor  string `json:"cursor,omitempty"`
+	Depth   int    `json:"depth,omitempty"`
 }
 
 func putMarkJob(tx store.Txn, seq uint64, job markJob) error {
@@ -138,26 +142,41 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		next    string
 		more    bool
 	)
+	depth := job.Depth
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		changes, next, more = changes[:0], job.Cursor, false
-		prefix := derivedPrefix(job.GrantID)
-		var start []byte
-		if job.Cursor != "" {
-			start = append(derivedKey(job.GrantID, job.Cursor), 0)
-		}
 		var ids []string
-		err := tx.Scan(prefix, start, func(k, _ []byte) error {
-			if len(ids) == s.cfg.MarkBatch {
-				more = true
-				return store.ErrStopScan
-			}
-			ids = append(ids, idAfter(k, prefix))
-			return nil
-		})
+		var err error
+		ids, more, depth, err = descendantsAfter(tx, job.GrantID, job.Cursor, job.Depth, s.cfg.MarkBatch)
 		if err != nil {
 			return err
 		}
+		// One request per few hundred grants, not a round trip each: the
+		// batch's grants, then the ancestors their chains name.
+		keys := make([][]byte, len(ids))
+		for i, grantID := range ids {
+			keys[i] = grantKey(grantID)
+		}
+		if err := store.Prefetch(tx, keys, nil); err != nil {
+			return err
+		}
 		reads := newReader(tx)
+		keys, asked := keys[:0], map[string]bool{}
+		for _, grantID := range ids {
+			g, ok := reads.grant(grantID)
+			if !ok {
+				continue // reported below
+			}
+			for _, ancestorID := range g.Chain {
+				if _, cached := reads.cache[ancestorID]; !cached && !asked[ancestorID] {
+					asked[ancestorID] = true
+					keys = append(keys, grantKey(ancestorID))
+				}
+			}
+		}
+		if err := store.Prefetch(tx, keys, nil); err != nil {
+			return err
+		}
 		for _, grantID := range ids {
 			next = grantID
 			g, ok := reads.grant(grantID)
@@ -194,6 +213,13 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 	written := 0
 	err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
 		written = 0
+		keys := make([][]byte, len(changes))
+		for i, c := range changes {
+			keys[i] = grantKey(c.grantID)
+		}
+		if err := store.Prefetch(tx, keys, nil); err != nil {
+			return err
+		}
 		for _, c := range changes {
 			current, err := tx.Get(grantKey(c.grantID))
 			if err != nil {
@@ -230,7 +256,7 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		if !more {
 			return tx.Delete(markKey(seq))
 		}
-		return putMarkJob(tx, seq, markJob{GrantID: job.GrantID, Cursor: next})
+		return putMarkJob(tx, seq, markJob{GrantID: job.GrantID, Cursor: next, Depth: depth})
 	})
 	if err != nil {
 		return 0, markJob{}, err
@@ -238,7 +264,102 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 	if !more {
 		return written, markJob{}, nil
 	}
-	return written, markJob{GrantID: job.GrantID, Cursor: next}, nil
+	return written, markJob{GrantID: job.GrantID, Cursor: next, Depth: depth}, nil
+}
+
+// maxMarkDepth bounds the depth hint of a marking job: past the bytes an
+// id's randomness spreads keys over, a deeper slice holds one key or none.
+const maxMarkDepth = 16
+
+// descendantsAfter returns up to limit ids from the derived index of
+// grantID after cursor (from its first id when cursor is empty), in key
+// order, whether more follow, and the depth hint for the next call.
+//
+// It does not scan the index from cursor to its end: on etcd a range
+// request costs as much as the keys in its range, however few it returns,
+// so a page read from a far end makes marking a large subtree quadratic.
+// It reads the index in slices instead — the ids sharing their first depth
+// bytes with the position reached — which tile the index in key order, so
+// the ids returned are exactly those a scan to the end would have
+// returned. depth adapts to the index: a batch that fits in one slice
+// narrows the next ones by a byte at least, or to the bytes its first and
+// last ids share; a batch that needed more than 8 slices widens them by a
+// byte (so a slice holds from a few dozen ids to a few batches, whatever
+// the subtree's size); and a slice found empty widens the next to the rest of its parent slice,
+// so the gaps between the bytes ids use cost a request each, not one per
+// byte value.
+func descendantsAfter(tx store.ReadTxn, grantID, cursor string, depth, limit int) (ids []string, more bool, nextDepth int, err error) {
+	base := derivedPrefix(grantID)
+	pos := ""
+	if cursor != "" {
+		pos = cursor + "\x00"
+	}
+	depth = min(max(depth, 0), maxMarkDepth)
+	d, parts := depth, 0
+	for {
+		slice := pos[:min(d, len(pos))]
+		var start []byte
+		if pos != "" {
+			start = append(bytes.Clone(base), pos...)
+		}
+		found := 0
+		err := tx.Scan(append(bytes.Clone(base), slice...), start, func(k, _ []byte) error {
+			if len(ids) == limit {
+				more = true
+				return store.ErrStopScan
+			}
+			ids = append(ids, idAfter(k, base))
+			found++
+			return nil
+		})
+		if err != nil {
+			return nil, false, depth, err
+		}
+		parts++
+		if more {
+			break
+		}
+		end := prefixEnd(slice)
+		if end == nil {
+			break // the slice reached the end of the index
+		}
+		pos = string(end)
+		if found == 0 && d > 0 {
+			d = min(d, len(slice)) - 1
+		} else {
+			d = depth
+		}
+	}
+	if more && parts == 1 {
+		// The batch fitted in one slice: narrow, at least to what the
+		// batch spans.
+		depth = min(max(depth+1, commonPrefix(ids[0], ids[len(ids)-1])), maxMarkDepth)
+	} else if parts > 8 && depth > 0 {
+		depth--
+	}
+	return ids, more, depth, nil
+}
+
+// prefixEnd is the first string after every string starting with prefix,
+// or nil when there is none (prefix empty or all 0xff).
+func prefixEnd(prefix string) []byte {
+	end := []byte(prefix)
+	for i := len(end) - 1; i >= 0; i-- {
+		if end[i] < 0xff {
+			end[i]++
+			return end[:i+1]
+		}
+	}
+	return nil
+}
+
+// commonPrefix is the length of the longest common prefix of a and b.
+func commonPrefix(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
 
 // covered decides how a stored grant is revoked through its chain: an

@@ -1,12 +1,17 @@
 package grantstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/store"
 )
 
 // Revoking a grant writes the same few keys whether it has one descendant
@@ -216,5 +221,80 @@ func TestMarkingOutcomeDoesNotDependOnJobOrder(t *testing.T) {
 	}
 	if got := w.stored(short.GrantID); got.State != capability.StateActive {
 		t.Fatalf("the expired grant was marked %v", got.State)
+	}
+}
+
+// The marker reads a large derived index in slices (descendantsAfter), not
+// from its cursor to the index's end. Whatever the ids' bytes, the depth
+// hint and the batch size, walking it batch by batch returns every id
+// exactly once, in key order, and says when none remain.
+func TestDescendantsAfterWalksTheIndexExactlyOnce(t *testing.T) {
+	w := newWorld(t, 0)
+	rng := rand.New(rand.NewPCG(7, 11))
+	const ancestor = "grt_ancestor"
+	alphabets := []string{"abcdefghijklmnopqrstuvwxyz234567", "ab", "\x00\x01\xfe\xff", "a\xff"}
+	for round := range 40 {
+		alphabet := alphabets[round%len(alphabets)]
+		want := map[string]bool{}
+		for range rng.IntN(300) {
+			b := make([]byte, 1+rng.IntN(6))
+			for i := range b {
+				b[i] = alphabet[rng.IntN(len(alphabet))]
+			}
+			want[string(b)] = true
+		}
+		sorted := slices.Sorted(maps.Keys(want))
+		err := w.st.Update(context.Background(), func(tx store.Txn) error {
+			if err := tx.Scan(derivedPrefix(ancestor), nil, func(k, _ []byte) error { return tx.Delete(bytes.Clone(k)) }); err != nil {
+				return err
+			}
+			// Neighbours the walk must not reach.
+			if err := tx.Put(derivedKey(ancestor+"\xff", "x"), nil); err != nil {
+				return err
+			}
+			if err := tx.Put([]byte(prefixDerived+"grt_ancestor"), nil); err != nil {
+				return err
+			}
+			for _, id := range sorted {
+				if err := tx.Put(derivedKey(ancestor, id), nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		limit, depth := 1+rng.IntN(40), rng.IntN(maxMarkDepth+3)-1
+		var got []string
+		cursor := ""
+		for batches := 0; ; batches++ {
+			if batches > len(sorted)+1 {
+				t.Fatalf("round %d: the walk does not end", round)
+			}
+			var (
+				ids  []string
+				more bool
+			)
+			err := w.st.View(context.Background(), func(tx store.ReadTxn) error {
+				var err error
+				ids, more, depth, err = descendantsAfter(tx, ancestor, cursor, depth, limit)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) > limit || (more && len(ids) != limit) {
+				t.Fatalf("round %d: a batch of %d ids (more %v) with limit %d", round, len(ids), more, limit)
+			}
+			got = append(got, ids...)
+			if !more {
+				break
+			}
+			cursor = ids[len(ids)-1]
+		}
+		if !slices.Equal(got, sorted) {
+			t.Fatalf("round %d (alphabet %q, limit %d): walked %d ids, want the %d stored, in order\ngot  %q\nwant %q", round, alphabet, limit, len(got), len(sorted), got, sorted)
+		}
 	}
 }

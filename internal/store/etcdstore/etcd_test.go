@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -812,4 +813,89 @@ func TestEtcdPrefetchBatchesReads(t *testing.T) {
 		t.Fatalf("350 reads took %d requests plainly and %d after Prefetch; want ≥ 350 and ≤ 5", plain, prefetched)
 	}
 	t.Logf("350 reads: %d requests plainly, %d after Prefetch", plain, prefetched)
+}
+
+// A scan of many pages reads the pages after the first in slices of the
+// keys (a range request costs etcd the whole range, however few keys it
+// returns). Whatever bytes the keys use and wherever the scan starts, it
+// visits every key of the prefix from its start exactly once, in order —
+// in a View and, merged with the transaction's own writes, in an Update.
+func TestEtcdLongScanVisitsEveryKeyOnceInOrder(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	st := etcdtest.OpenStore(t, cluster)
+	ctx := context.Background()
+	alphabets := []string{"0123456789", "\x00\x01\xfe\xff", "ab", "abcdefghijklmnopqrstuvwxyz234567"}
+	for round, alphabet := range alphabets {
+		prefix := fmt.Sprintf("long%d/", round)
+		seed := uint64(round)
+		want := map[string]bool{}
+		for len(want) < 3000 {
+			n := 1 + int((seed>>40)%12) // "ab" alone makes 8,190 keys of 1 to 12 bytes
+			key := []byte(prefix)
+			for range n {
+				seed = seed*6364136223846793005 + 1442695040888963407
+				key = append(key, alphabet[(seed>>33)%uint64(len(alphabet))])
+			}
+			want[string(key)] = true
+		}
+		sorted := make([]string, 0, len(want))
+		for k := range want {
+			sorted = append(sorted, k)
+		}
+		slices.Sort(sorted)
+		for i := 0; i < len(sorted); i += 400 {
+			err := st.Update(ctx, func(tx store.Txn) error {
+				for _, k := range sorted[i:min(i+400, len(sorted))] {
+					if err := tx.Put([]byte(k), []byte("v")); err != nil {
+						return err
+					}
+				}
+				// Neighbours on both sides of the prefix.
+				if err := tx.Put([]byte(strings.TrimSuffix(prefix, "/")), nil); err != nil {
+					return err
+				}
+				return tx.Put([]byte(strings.TrimSuffix(prefix, "/")+"0"), nil)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, from := range []int{0, 1, len(sorted) / 3, len(sorted) - 600} {
+			start := []byte(sorted[from])
+			if from == 0 {
+				start = nil
+			}
+			var got []string
+			err := st.View(ctx, func(tx store.ReadTxn) error {
+				return tx.Scan([]byte(prefix), start, func(k, _ []byte) error { got = append(got, string(k)); return nil })
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, sorted[from:]) {
+				t.Fatalf("alphabet %q from %d: a View's scan visited %d keys, want the %d stored from there, in order", alphabet, from, len(got), len(sorted)-from)
+			}
+		}
+		// In an Update: its own writes (one new key, one deleted) merged in.
+		added, deleted := prefix+strings.Repeat("\xff", 13), sorted[1500] // longer than any stored key
+		wantTx := append(slices.Clone(sorted[:1500]), sorted[1501:]...)
+		wantTx = append(wantTx, added)
+		var got []string
+		err := st.Update(ctx, func(tx store.Txn) error {
+			got = got[:0]
+			if err := tx.Put([]byte(added), nil); err != nil {
+				return err
+			}
+			if err := tx.Delete([]byte(deleted)); err != nil {
+				return err
+			}
+			return tx.Scan([]byte(prefix), nil, func(k, _ []byte) error { got = append(got, string(k)); return nil })
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, wantTx) {
+			t.Fatalf("alphabet %q: an Update's scan visited %d keys, want %d", alphabet, len(got), len(wantTx))
+		}
+	}
 }

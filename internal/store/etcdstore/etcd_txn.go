@@ -242,9 +242,15 @@ func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccp
 		return false, nil
 	}
 
-	from := sp.from
-	for !sp.empty() {
-		resp, err := r.read(etcdRange{key: from, end: sp.to, limit: etcdScanPage})
+	// The first page is read to the span's end (what a prefetch fetched,
+	// and, for the few keys most scans visit, the only request). A range
+	// request costs etcd as much as the keys in its range, however few it
+	// returns, so the pages after it read slices of the rest instead
+	// (etcdSlices): a scan of n keys then costs O(n), not O(n²/page).
+	from, end := sp.from, sp.to
+	var slices etcdSlices
+	for from < sp.to {
+		resp, err := r.read(etcdRange{key: from, end: end, limit: etcdScanPage})
 		if err != nil {
 			return last, false, err
 		}
@@ -272,15 +278,74 @@ func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccp
 				return last, false, err
 			}
 		}
-		if !resp.More || len(resp.Kvs) == 0 {
-			break
-		}
-		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		from, end = slices.next(resp, from, end, sp.to)
 	}
 	if stop, err := yieldOverlay(nil); stop {
 		return last, false, err
 	}
 	return last, true, nil
+}
+
+// etcdSlices chooses the ranges of a scan's pages after the first: the
+// keys from the position reached that share its first depth bytes, up to
+// the span's end. depth adapts to the keys: the first page's keys fix it
+// (the bytes its first and last keys share: a slice then holds about a
+// page, or a few dozen pages), a range counted at more than 8 pages (etcd
+// counts the keys of every range it reads) narrows the next by a byte,
+// and a slice with few keys widens it by one, so the gaps
+// between the bytes keys use cost a request each, not one per byte value.
+// The slices tile the span in key order: a scan visits the same keys.
+type etcdSlices struct {
+	depth   int
+	started bool
+}
+
+// next returns the range of the request after resp, the answer to the
+// range [from, end) of a span ending at to; from == to when the span is
+// done.
+func (s *etcdSlices) next(resp *clientv3.GetResponse, from, end, to string) (string, string) {
+	first := !s.started
+	s.started = true
+	n := len(resp.Kvs)
+	switch {
+	case resp.More && n > 0:
+		// More keys in [from, end): go on after the last.
+		lastKey := resp.Kvs[n-1].Key
+		if first {
+			s.depth = commonPrefixLen(string(resp.Kvs[0].Key), string(lastKey))
+		} else if resp.Count > 8*etcdScanPage {
+			s.depth++
+		}
+		from = string(lastKey) + "\x00"
+	case end >= to:
+		return to, to
+	default:
+		// The slice is done: on to the next.
+		if n < etcdScanPage/8 && s.depth > 0 {
+			s.depth--
+		}
+		from = end
+	}
+	return from, sliceEnd(from, s.depth, to)
+}
+
+// sliceEnd is the end of the slice at from: the first key after those that
+// share from's first depth bytes, or to if that is sooner.
+func sliceEnd(from string, depth int, to string) string {
+	end := prefixEnd([]byte(from[:min(depth, len(from))]))
+	if end == nil || string(end) >= to {
+		return to
+	}
+	return string(end)
+}
+
+// commonPrefixLen is the length of the longest common prefix of a and b.
+func commonPrefixLen(a, b string) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
 
 // etcdReadTxn is the ReadTxn of View.
