@@ -222,6 +222,7 @@ func (s *Supervisor) Members(ctx context.Context, t Termination) ([]string, erro
 // markChunk is one chunk of the mark, inside its transaction.
 type markChunk struct {
 	tx       store.Txn
+	now      *timestamppb.Timestamp
 	t        *Termination
 	inFlight int
 	others   map[string]*Termination    // the other terminations met, by id
@@ -252,7 +253,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		}
 		mode = t.Mode
 		t.Indexed = true // a request stored before the index is listed here too
-		c := &markChunk{tx: tx, t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
+		c := &markChunk{tx: tx, now: timestamppb.New(now), t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
@@ -288,7 +289,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			return kv.PutJSON(tx, terminationKey(id), t)
 		}
 		done = true
-		return putAdvanced(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members}, now)
+		return putAdvanced(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CancelsPending: t.Progress.CancelsPending}, now)
 	})
 	if err == nil && done && members > 0 {
 		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", members, "listed", listed)
@@ -455,6 +456,18 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 		if err := tx.Put(ledger.TermCallKey(t.ID, call.CallId), nil); err != nil {
 			return err
 		}
+		// An aborting node's calls are ordered cancelled in the
+		// transaction that marks it: whoever sees the node aborting (the
+		// agent, on its signals) finds its calls' cancel orders already
+		// there, so a gate that ends a call the agent gave up on reports a
+		// cancelled call, not a failed one. The cancel step finds them
+		// ordered and moves on.
+		if n.State == tetherv1.NodeState_NODE_STATE_ABORTING && call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+			if err := ledger.RequestCancelIn(tx, call, t.ID, c.now); err != nil {
+				return err
+			}
+			t.Progress.CancelsPending++ // shown at once, before the next observation
+		}
 	}
 	return nil
 }
@@ -512,6 +525,19 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 					n.State = tetherv1.NodeState_NODE_STATE_ABORTING
 					if err := tree.PutNodeIn(tx, n); err != nil {
 						return err
+					}
+					// As the mark does for an abort: the node's calls are
+					// ordered cancelled as it turns aborting.
+					calls, err := ledger.OpenCallsIn(tx, id)
+					if err != nil {
+						return err
+					}
+					for _, c := range calls {
+						if c.TerminationId == t.ID {
+							if err := ledger.RequestCancelIn(tx, c, t.ID, ts); err != nil {
+								return err
+							}
+						}
 					}
 				}
 			}
