@@ -47,26 +47,22 @@ func millionBadger(ctx context.Context, r *Report) error {
 // one replica that leads. It also reports etcd's own resident memory and
 // disk per agent.
 func millionEtcd(ctx context.Context, r *Report) error {
-	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-large-*")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	cluster, stopEtcd, err := startLocalEtcd(ctx, r, "tether-bench-etcd-large-*")
 	if errors.Is(err, etcdlocal.ErrNoBinary) {
 		fmt.Fprintln(os.Stderr, "  million/etcd: etcd not installed (apt-get install etcd-server): skipped")
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
+		return err
 	}
-	defer cluster.Stop()
+	defer stopEtcd()
 	srv, stop, err := startEtcdServer(ctx, r, cluster)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	pid, _ := processWithArg(cluster.Members[0].Dir)
+	dir := cluster.Members[0].Dir // the member's data: its disk per agent
+	pid, _ := processWithArg(dir)
 	return largeSwarm(ctx, r, "million/etcd", srv, dir, pid, 100, 999)
 }
 

@@ -110,20 +110,15 @@ func measureSpawnBatches(ctx context.Context, r *Report, srv *benchServer, worke
 // how many attempts per spawn lost a race (the spawns of one tree share
 // their ancestors' stop-rule counters).
 func supervisorSpawnEtcd(ctx context.Context, r *Report) error {
-	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-spawn-*")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	cluster, err := etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	cluster, stopEtcd, err := startLocalEtcd(ctx, r, "tether-bench-etcd-spawn-*")
 	if errors.Is(err, etcdlocal.ErrNoBinary) {
 		fmt.Fprintln(os.Stderr, "  supervisor/spawn-etcd: etcd not installed (apt-get install etcd-server): skipped")
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("start etcd: %w", err)
+		return err
 	}
-	defer cluster.Stop()
+	defer stopEtcd()
 	srv, stop, err := startEtcdServer(ctx, r, cluster)
 	if err != nil {
 		return err
