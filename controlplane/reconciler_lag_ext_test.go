@@ -218,7 +218,12 @@ func TestSessionSignalSurvivesALaggedWatch(t *testing.T) {
 		t.Fatalf("lagged %d of the session signals' watches, want its 1", n)
 	}
 	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Minute, time.Minute)
-	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	// The abort is decided once the node is marked; the termination may
+	// already have moved on to reconciling (nothing to cancel), so wait
+	// on the node, which stays aborting.
+	testserver.WaitFor(t, 20*time.Second, "the node to be aborting", func() bool {
+		return getNode(t, admin, root.Node.NodeId).State == tetherv1.NodeState_NODE_STATE_ABORTING
+	})
 	release()
 	if sig := nextSignal(t, stream); sig.Kind != tetherv1.SignalKind_SIGNAL_KIND_ABORT || sig.TerminationId != term.TerminationId {
 		t.Fatalf("pushed %v, want abort of %s", sig, term.TerminationId)
