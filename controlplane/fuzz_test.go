@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -171,7 +172,7 @@ func connectError(rec *httptest.ResponseRecorder, streaming bool) (code, message
 
 // FuzzStreamMessages covers the bidirectional streams' messages: any bytes,
 // as protobuf or JSON, decoded as a Channel message and turned into a
-// lease message the way the stream does (coordinator.ChannelMessage), and
+// lease message the way the stream does (wire.ChannelMessage), and
 // as a Session message. Nothing panics, and what the Channel accepts is a
 // message the state machine can judge: a malformed message is refused at
 // the edge, never judged.
@@ -201,7 +202,7 @@ func FuzzStreamMessages(f *testing.F) {
 		if unmarshal(&req) != nil {
 			return
 		}
-		m, err := coordinator.ChannelMessage(&req, "n_00000000000000000001")
+		m, err := wire.ChannelMessage(&req, "n_00000000000000000001")
 		if err != nil {
 			if !errors.Is(err, coordinator.ErrInvalidArgument) {
 				t.Fatalf("a malformed message is refused with %v, not as invalid", err)

@@ -13,6 +13,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/id"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
@@ -85,7 +86,7 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(wrap(coordinator.LeaseToProto(res.Lease), coordinator.DecisionToProto(res.Decision))), nil
+	return connect.NewResponse(wrap(wire.LeaseToProto(res.Lease), wire.DecisionToProto(res.Decision))), nil
 }
 
 // Outcomes of partyGuard: the job has no lease, or the caller is neither
@@ -188,35 +189,35 @@ func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error
 }
 
 func (h *leaseService) Ack(ctx context.Context, req *connect.Request[tetherv1.AckRequest]) (*connect.Response[tetherv1.AckResponse], error) {
-	return worker(ctx, h, func(holder string) (lease.Message, error) { return coordinator.AckMessage(req.Msg, holder) },
+	return worker(ctx, h, func(holder string) (lease.Message, error) { return wire.AckMessage(req.Msg, holder) },
 		func(l *tetherv1.Lease, d *tetherv1.Decision) *tetherv1.AckResponse {
 			return &tetherv1.AckResponse{Lease: l, Decision: d}
 		})
 }
 
 func (h *leaseService) Renew(ctx context.Context, req *connect.Request[tetherv1.RenewRequest]) (*connect.Response[tetherv1.RenewResponse], error) {
-	return worker(ctx, h, func(holder string) (lease.Message, error) { return coordinator.RenewMessage(req.Msg, holder) },
+	return worker(ctx, h, func(holder string) (lease.Message, error) { return wire.RenewMessage(req.Msg, holder) },
 		func(l *tetherv1.Lease, d *tetherv1.Decision) *tetherv1.RenewResponse {
 			return &tetherv1.RenewResponse{Lease: l, Decision: d}
 		})
 }
 
 func (h *leaseService) Progress(ctx context.Context, req *connect.Request[tetherv1.ProgressRequest]) (*connect.Response[tetherv1.ProgressResponse], error) {
-	return worker(ctx, h, func(holder string) (lease.Message, error) { return coordinator.ProgressMessage(req.Msg, holder) },
+	return worker(ctx, h, func(holder string) (lease.Message, error) { return wire.ProgressMessage(req.Msg, holder) },
 		func(l *tetherv1.Lease, d *tetherv1.Decision) *tetherv1.ProgressResponse {
 			return &tetherv1.ProgressResponse{Lease: l, Decision: d}
 		})
 }
 
 func (h *leaseService) CancelAck(ctx context.Context, req *connect.Request[tetherv1.LeaseServiceCancelAckRequest]) (*connect.Response[tetherv1.LeaseServiceCancelAckResponse], error) {
-	return worker(ctx, h, func(holder string) (lease.Message, error) { return coordinator.CancelAckMessage(req.Msg, holder) },
+	return worker(ctx, h, func(holder string) (lease.Message, error) { return wire.CancelAckMessage(req.Msg, holder) },
 		func(l *tetherv1.Lease, d *tetherv1.Decision) *tetherv1.LeaseServiceCancelAckResponse {
 			return &tetherv1.LeaseServiceCancelAckResponse{Lease: l, Decision: d}
 		})
 }
 
 func (h *leaseService) Complete(ctx context.Context, req *connect.Request[tetherv1.CompleteRequest]) (*connect.Response[tetherv1.CompleteResponse], error) {
-	return worker(ctx, h, func(holder string) (lease.Message, error) { return coordinator.CompleteMessage(req.Msg, holder) },
+	return worker(ctx, h, func(holder string) (lease.Message, error) { return wire.CompleteMessage(req.Msg, holder) },
 		func(l *tetherv1.Lease, d *tetherv1.Decision) *tetherv1.CompleteResponse {
 			return &tetherv1.CompleteResponse{Lease: l, Decision: d}
 		})
@@ -297,7 +298,7 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 	if err != nil {
 		return coordinator.Result{}, err
 	}
-	if err := coordinator.CheckID("job_id", job); err != nil {
+	if err := wire.CheckID("job_id", job); err != nil {
 		return coordinator.Result{}, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -363,7 +364,7 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, err
 	}
-	m, err := coordinator.OfferMessage(req.Msg, id.New(id.Lease), h.leases().Policy())
+	m, err := wire.OfferMessage(req.Msg, id.New(id.Lease), h.leases().Policy())
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -401,37 +402,37 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.OfferResponse{Lease: coordinator.LeaseToProto(res.Lease), Decision: coordinator.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.OfferResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
 }
 
 func (h *leaseService) Reassign(ctx context.Context, req *connect.Request[tetherv1.ReassignRequest]) (*connect.Response[tetherv1.ReassignResponse], error) {
 	res, err := h.coordinate(ctx, req.Msg.JobId, func(current lease.Lease) (lease.Message, error) {
-		return coordinator.ReassignMessage(req.Msg, id.New(id.Lease), current, h.leases().Policy())
+		return wire.ReassignMessage(req.Msg, id.New(id.Lease), current, h.leases().Policy())
 	}, req.Msg.HolderIdentity)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ReassignResponse{Lease: coordinator.LeaseToProto(res.Lease), Decision: coordinator.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.ReassignResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
 }
 
 func (h *leaseService) RequestCancel(ctx context.Context, req *connect.Request[tetherv1.RequestCancelRequest]) (*connect.Response[tetherv1.RequestCancelResponse], error) {
 	res, err := h.coordinate(ctx, req.Msg.JobId, func(lease.Lease) (lease.Message, error) {
-		return coordinator.RequestCancelMessage(req.Msg)
+		return wire.RequestCancelMessage(req.Msg)
 	}, "")
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RequestCancelResponse{Lease: coordinator.LeaseToProto(res.Lease), Decision: coordinator.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.RequestCancelResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
 }
 
 func (h *leaseService) Resolve(ctx context.Context, req *connect.Request[tetherv1.ResolveRequest]) (*connect.Response[tetherv1.ResolveResponse], error) {
 	res, err := h.coordinate(ctx, req.Msg.JobId, func(lease.Lease) (lease.Message, error) {
-		return coordinator.ResolveMessage(req.Msg, h.leases().Policy())
+		return wire.ResolveMessage(req.Msg, h.leases().Policy())
 	}, "")
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ResolveResponse{Lease: coordinator.LeaseToProto(res.Lease), Decision: coordinator.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.ResolveResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
 }
 
 // mayRead reports whether p may read leases held by holder: operators of
@@ -447,7 +448,7 @@ func (h *leaseService) mayRead(ctx context.Context, p auth.Principal, holder str
 // and its coordinating lineage. An agent gets noLease for a job it may not
 // read and for a job that does not exist alike.
 func (h *leaseService) readable(ctx context.Context, p auth.Principal, job string) (lease.Lease, error) {
-	if err := coordinator.CheckID("job_id", job); err != nil {
+	if err := wire.CheckID("job_id", job); err != nil {
 		return lease.Lease{}, toConnect(err)
 	}
 	l, err := h.leases().Get(ctx, job)
@@ -482,7 +483,7 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: coordinator.LeaseToProto(l)}), nil
+	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.LeaseToProto(l)}), nil
 }
 
 func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {
@@ -495,7 +496,7 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 		holder = p.NodeID()
 	}
 	if holder != "" {
-		if err := coordinator.CheckID("holder_identity", holder); err != nil {
+		if err := wire.CheckID("holder_identity", holder); err != nil {
 			return nil, toConnect(err)
 		}
 		if err := h.mayRead(ctx, p, holder); err != nil {
@@ -515,7 +516,7 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 	}
 	out := make([]*tetherv1.Lease, len(leases))
 	for i, l := range leases {
-		out[i] = coordinator.LeaseToProto(l)
+		out[i] = wire.LeaseToProto(l)
 	}
 	return connect.NewResponse(&tetherv1.ListLeasesResponse{Leases: out, NextPageToken: next}), nil
 }
@@ -529,7 +530,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 		if _, err := h.readable(ctx, p, req.Msg.JobId); err != nil {
 			return nil, err
 		}
-	} else if err := coordinator.CheckID("job_id", req.Msg.JobId); err != nil {
+	} else if err := wire.CheckID("job_id", req.Msg.JobId); err != nil {
 		return nil, toConnect(err)
 	}
 	if req.Msg.PageSize < 0 {
@@ -549,7 +550,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 	}
 	out := make([]*tetherv1.EvidenceRow, len(page.Rows))
 	for i, r := range page.Rows {
-		out[i] = coordinator.RowToProto(r)
+		out[i] = wire.RowToProto(r)
 	}
 	resp := &tetherv1.EvidenceResponse{Rows: out}
 	if page.More {
@@ -585,7 +586,7 @@ func parseEvidenceToken(token string) (coordinator.EvidenceCursor, error) {
 }
 
 func (h *leaseService) GetPolicy(context.Context, *connect.Request[tetherv1.GetPolicyRequest]) (*connect.Response[tetherv1.GetPolicyResponse], error) {
-	return connect.NewResponse(&tetherv1.GetPolicyResponse{Policy: coordinator.PolicyToProto(h.leases().Policy())}), nil
+	return connect.NewResponse(&tetherv1.GetPolicyResponse{Policy: wire.PolicyToProto(h.leases().Policy())}), nil
 }
 
 // Channel judges worker messages as they arrive, each on its own identity,
@@ -700,7 +701,7 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 // agents that are not parties).
 func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req *tetherv1.ChannelRequest, out *channelOutbox) {
 	correlation := req.CorrelationId
-	m, err := coordinator.ChannelMessage(req, p.NodeID())
+	m, err := wire.ChannelMessage(req, p.NodeID())
 	if err != nil {
 		out.push(&tetherv1.ChannelResponse{CorrelationId: correlation, Error: connect.CodeInvalidArgument.String() + ": " + err.Error()})
 		return
@@ -752,8 +753,8 @@ func (a channelAnswer) response() *tetherv1.ChannelResponse {
 		}
 		return resp
 	}
-	resp.Lease = coordinator.LeaseToProto(a.result.Lease)
-	resp.Decision = coordinator.DecisionToProto(a.result.Decision)
+	resp.Lease = wire.LeaseToProto(a.result.Lease)
+	resp.Decision = wire.DecisionToProto(a.result.Decision)
 	return resp
 }
 

@@ -13,9 +13,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/lease"
-	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 func newLeaseCommand(g *globals) *cobra.Command {
@@ -458,7 +458,7 @@ message kind and decision time.`,
 				}
 				if err := pages(func(page []*tetherv1.EvidenceRow) error {
 					for _, r := range page {
-						if err := w.Write(seedRecord(coordinator.RowFromProto(r))); err != nil {
+						if err := w.Write(seedRecord(wire.RowFromProto(r))); err != nil {
 							return err
 						}
 					}

@@ -17,10 +17,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
-	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // ---- the agent tree ----
@@ -601,7 +601,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		Messages: []string{"offer", "ack", "renew", "progress", "cancel", "cancel_ack", "complete", "reassign", "resolve", "expire", "ack_deadline", "recover"}}
 	for _, row := range rows {
 		d.Rows = append(d.Rows, evidenceRowView{
-			Row: row.Row, Cells: coordinator.RowFromProto(row).SeedRecord(),
+			Row: row.Row, Cells: wire.RowFromProto(row).SeedRecord(),
 			Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
 			Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
 		})
@@ -619,7 +619,7 @@ func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session
 	cw := csv.NewWriter(w)
 	_ = cw.Write(seedHeader())
 	for _, row := range rows {
-		_ = cw.Write(spreadsheetSafe(coordinator.RowFromProto(row).SeedRecord()))
+		_ = cw.Write(spreadsheetSafe(wire.RowFromProto(row).SeedRecord()))
 	}
 	cw.Flush()
 }

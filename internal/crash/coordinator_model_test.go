@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"pgregory.net/rapid"
 
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
@@ -162,7 +163,7 @@ func observed(l lease.Lease, now time.Time, p lease.Policy) lease.Lease {
 
 func sameLease(t *rapid.T, what string, got, want lease.Lease) {
 	t.Helper()
-	g, w := coordinator.LeaseToProto(got), coordinator.LeaseToProto(want)
+	g, w := wire.LeaseToProto(got), wire.LeaseToProto(want)
 	if !proto.Equal(g, w) {
 		t.Fatalf("%s:\n coordinator %v\n Step        %v", what, g, w)
 	}

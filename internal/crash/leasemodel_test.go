@@ -9,9 +9,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"pgregory.net/rapid"
 
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/lease"
-	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // history builds operations for the model tests: each op is [call, ret].
@@ -175,8 +175,8 @@ func TestLeaseModelAgreesWithStep(t *testing.T) {
 				continue // malformed for the server too: never judged
 			}
 			next, d, _ := lease.Step(l, m, now, p)
-			got := coordinator.LeaseToProto(next)
-			states := StepLease(model, in, LeaseOutput{Answered: true, Outcome: coordinator.DecisionToProto(d).Outcome, Lease: ViewOf(got)})
+			got := wire.LeaseToProto(next)
+			states := StepLease(model, in, LeaseOutput{Answered: true, Outcome: wire.DecisionToProto(d).Outcome, Lease: ViewOf(got)})
 			if len(states) != 1 {
 				t.Fatalf("step %d %s: Step says %s (%s) leaving %s; the model disagrees from %s", i, in.Op, d.Outcome, d.Reason, ViewOf(got), model)
 			}
@@ -190,23 +190,23 @@ func toMessage(in LeaseInput, newLeaseID string, current lease.Lease, p lease.Po
 	long := durationpb.New(10 * time.Minute)
 	switch in.Op {
 	case OpOffer:
-		return coordinator.OfferMessage(&tetherv1.OfferRequest{JobId: in.Job, HolderIdentity: in.Holder, LeaseDuration: long}, newLeaseID, p)
+		return wire.OfferMessage(&tetherv1.OfferRequest{JobId: in.Job, HolderIdentity: in.Holder, LeaseDuration: long}, newLeaseID, p)
 	case OpReassign:
-		return coordinator.ReassignMessage(&tetherv1.ReassignRequest{JobId: in.Job, HolderIdentity: in.Holder, LeaseDuration: long}, newLeaseID, current, p)
+		return wire.ReassignMessage(&tetherv1.ReassignRequest{JobId: in.Job, HolderIdentity: in.Holder, LeaseDuration: long}, newLeaseID, current, p)
 	case OpRequestCancel:
-		return coordinator.RequestCancelMessage(&tetherv1.RequestCancelRequest{JobId: in.Job, Reason: "test"})
+		return wire.RequestCancelMessage(&tetherv1.RequestCancelRequest{JobId: in.Job, Reason: "test"})
 	case OpResolve:
-		return coordinator.ResolveMessage(&tetherv1.ResolveRequest{JobId: in.Job, Result: in.Result, Reason: "test"}, p)
+		return wire.ResolveMessage(&tetherv1.ResolveRequest{JobId: in.Job, Result: in.Result, Reason: "test"}, p)
 	case OpAck:
-		return coordinator.AckMessage(&tetherv1.AckRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation}, in.Holder)
+		return wire.AckMessage(&tetherv1.AckRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation}, in.Holder)
 	case OpRenew:
-		return coordinator.RenewMessage(&tetherv1.RenewRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation, RenewSequence: in.Sequence}, in.Holder)
+		return wire.RenewMessage(&tetherv1.RenewRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation, RenewSequence: in.Sequence}, in.Holder)
 	case OpProgress:
-		return coordinator.ProgressMessage(&tetherv1.ProgressRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation, ProgressSequence: in.Sequence, ProgressValue: in.Value}, in.Holder)
+		return wire.ProgressMessage(&tetherv1.ProgressRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation, ProgressSequence: in.Sequence, ProgressValue: in.Value}, in.Holder)
 	case OpCancelAck:
-		return coordinator.CancelAckMessage(&tetherv1.LeaseServiceCancelAckRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation}, in.Holder)
+		return wire.CancelAckMessage(&tetherv1.LeaseServiceCancelAckRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation}, in.Holder)
 	case OpComplete:
-		return coordinator.CompleteMessage(&tetherv1.CompleteRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation, Result: in.Result}, in.Holder)
+		return wire.CompleteMessage(&tetherv1.CompleteRequest{JobId: in.Job, LeaseId: in.LeaseID, LeaseGeneration: in.Generation, Result: in.Result}, in.Holder)
 	}
 	return nil, fmt.Errorf("no message for %s", in.Op)
 }

@@ -1,4 +1,4 @@
-package coordinator
+package wire
 
 import (
 	"fmt"
@@ -11,6 +11,7 @@ import (
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // This file converts between tether.v1 and the lease package. Requests
@@ -29,30 +30,30 @@ func LeaseToProto(l lease.Lease) *tetherv1.Lease {
 		LeaseId:           l.LeaseID,
 		LeaseGeneration:   l.Generation,
 		HolderIdentity:    l.HolderIdentity,
-		IssuedAt:          stamp(l.IssuedAt),
-		LeaseDuration:     durationOrNil(l.LeaseDuration),
-		ExpiresAt:         stamp(l.ExpiresAt),
-		AckDeadline:       stamp(l.AckDeadline),
+		IssuedAt:          timestamp(l.IssuedAt),
+		LeaseDuration:     duration(l.LeaseDuration),
+		ExpiresAt:         timestamp(l.ExpiresAt),
+		AckDeadline:       timestamp(l.AckDeadline),
 		AckState:          tetherv1.AckState(l.AckState),
 		State:             tetherv1.LeaseState(l.State),
 		RenewSequence:     l.RenewSequence,
-		RenewTime:         stamp(l.RenewTime),
+		RenewTime:         timestamp(l.RenewTime),
 		ProgressSequence:  l.ProgressSequence,
 		ProgressValue:     l.ProgressValue,
 		CancelRequested:   l.CancelRequested,
-		CancelRequestedAt: stamp(l.CancelRequestedAt),
+		CancelRequestedAt: timestamp(l.CancelRequestedAt),
 		CancelAck:         l.CancelAck,
-		CancelAckedAt:     stamp(l.CancelAckedAt),
+		CancelAckedAt:     timestamp(l.CancelAckedAt),
 		TerminalResult:    tetherv1.TerminalResult(l.TerminalResult),
-		TerminalAt:        stamp(l.TerminalAt),
+		TerminalAt:        timestamp(l.TerminalAt),
 		StaleGeneration:   l.StaleGeneration,
 		LateProgress:      l.LateProgress,
 		LeaseExpired:      l.LeaseExpired,
 		OwnershipConflict: l.OwnershipConflict,
 		ConflictHolder:    l.ConflictHolder,
-		UnresolvedUntil:   stamp(l.UnresolvedUntil),
-		AcquireTime:       stamp(l.AcquireTime),
-		LastRenewTime:     stamp(l.LastRenewTime),
+		UnresolvedUntil:   timestamp(l.UnresolvedUntil),
+		AcquireTime:       timestamp(l.AcquireTime),
+		LastRenewTime:     timestamp(l.LastRenewTime),
 		LeaseTransitions:  l.Transitions,
 		TerminalDetail:    l.TerminalDetail,
 	}
@@ -64,19 +65,19 @@ func DecisionToProto(d lease.Decision) *tetherv1.Decision {
 }
 
 // RowToProto renders an evidence row.
-func RowToProto(r Row) *tetherv1.EvidenceRow {
+func RowToProto(r coordinator.Row) *tetherv1.EvidenceRow {
 	return &tetherv1.EvidenceRow{
 		JobId:             r.JobID,
 		LeaseId:           r.LeaseID,
 		Generation:        r.Generation,
 		HolderIdentity:    r.HolderIdentity,
-		IssuedAt:          stamp(r.IssuedAt),
-		LeaseDuration:     durationOrNil(r.LeaseDuration),
-		ExpiresAt:         stamp(r.ExpiresAt),
-		AckDeadline:       stamp(r.AckDeadline),
+		IssuedAt:          timestamp(r.IssuedAt),
+		LeaseDuration:     duration(r.LeaseDuration),
+		ExpiresAt:         timestamp(r.ExpiresAt),
+		AckDeadline:       timestamp(r.AckDeadline),
 		AckState:          tetherv1.AckState(r.AckState),
 		RenewSequence:     r.RenewSequence,
-		RenewTime:         stamp(r.RenewTime),
+		RenewTime:         timestamp(r.RenewTime),
 		ProgressSequence:  r.ProgressSequence,
 		ProgressValue:     r.ProgressValue,
 		CancelRequested:   r.CancelRequested,
@@ -89,7 +90,7 @@ func RowToProto(r Row) *tetherv1.EvidenceRow {
 		Decision:          DecisionToProto(r.Decision),
 		Reason:            r.Reason,
 		Message:           r.Message.String(),
-		DecidedAt:         stamp(r.DecidedAt),
+		DecidedAt:         timestamp(r.DecidedAt),
 		Row:               r.Number,
 	}
 }
@@ -108,13 +109,13 @@ func RowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
 		LeaseID:           p.GetLeaseId(),
 		Generation:        p.GetGeneration(),
 		HolderIdentity:    p.GetHolderIdentity(),
-		IssuedAt:          fromStamp(p.GetIssuedAt()),
+		IssuedAt:          timeOf(p.GetIssuedAt()),
 		LeaseDuration:     p.GetLeaseDuration().AsDuration(),
-		ExpiresAt:         fromStamp(p.GetExpiresAt()),
-		AckDeadline:       fromStamp(p.GetAckDeadline()),
+		ExpiresAt:         timeOf(p.GetExpiresAt()),
+		AckDeadline:       timeOf(p.GetAckDeadline()),
 		AckState:          lease.AckState(p.GetAckState()),
 		RenewSequence:     p.GetRenewSequence(),
-		RenewTime:         fromStamp(p.GetRenewTime()),
+		RenewTime:         timeOf(p.GetRenewTime()),
 		ProgressSequence:  p.GetProgressSequence(),
 		ProgressValue:     p.GetProgressValue(),
 		CancelRequested:   p.GetCancelRequested(),
@@ -131,7 +132,7 @@ func RowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
 		},
 		Reason:    p.GetReason(),
 		Message:   kind,
-		DecidedAt: fromStamp(p.GetDecidedAt()),
+		DecidedAt: timeOf(p.GetDecidedAt()),
 	}
 }
 
@@ -149,29 +150,8 @@ func PolicyToProto(p lease.Policy) *tetherv1.LeasePolicy {
 	}
 }
 
-func stamp(t time.Time) *timestamppb.Timestamp {
-	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
-}
-
-func fromStamp(t *timestamppb.Timestamp) time.Time {
-	if t == nil {
-		return time.Time{}
-	}
-	return t.AsTime()
-}
-
-func durationOrNil(d time.Duration) *durationpb.Duration {
-	if d == 0 {
-		return nil
-	}
-	return durationpb.New(d)
-}
-
-func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+func invalidLease(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{coordinator.ErrInvalidArgument}, args...)...)
 }
 
 // CheckID checks an identifier field (job_id, lease_id, holder_identity):
@@ -179,15 +159,15 @@ func invalid(format string, args ...any) error {
 func CheckID(field, v string) error {
 	switch {
 	case v == "":
-		return invalid("%s is required", field)
+		return invalidLease("%s is required", field)
 	case len(v) > lease.MaxIDBytes:
-		return invalid("%s is %d bytes, more than the %d-byte limit", field, len(v), lease.MaxIDBytes)
+		return invalidLease("%s is %d bytes, more than the %d-byte limit", field, len(v), lease.MaxIDBytes)
 	case !utf8.ValidString(v):
-		return invalid("%s is not valid UTF-8", field)
+		return invalidLease("%s is not valid UTF-8", field)
 	}
 	for _, r := range v {
 		if unicode.IsControl(r) {
-			return invalid("%s contains a control character", field)
+			return invalidLease("%s contains a control character", field)
 		}
 	}
 	return nil
@@ -197,9 +177,9 @@ func CheckID(field, v string) error {
 func CheckText(field, v string) error {
 	switch {
 	case len(v) > lease.MaxValueBytes:
-		return invalid("%s is %d bytes, more than the %d-byte limit", field, len(v), lease.MaxValueBytes)
+		return invalidLease("%s is %d bytes, more than the %d-byte limit", field, len(v), lease.MaxValueBytes)
 	case !utf8.ValidString(v):
-		return invalid("%s is not valid UTF-8", field)
+		return invalidLease("%s is not valid UTF-8", field)
 	}
 	return nil
 }
@@ -209,7 +189,7 @@ func sentAt(t *timestamppb.Timestamp) (time.Time, error) {
 		return time.Time{}, nil
 	}
 	if err := t.CheckValid(); err != nil {
-		return time.Time{}, invalid("sent_at: %v", err)
+		return time.Time{}, invalidLease("sent_at: %v", err)
 	}
 	return t.AsTime(), nil
 }
@@ -222,7 +202,7 @@ func claim(job, leaseID string, generation uint64, holder string, sent *timestam
 		return lease.Claim{}, err
 	}
 	if generation == 0 {
-		return lease.Claim{}, invalid("lease_generation must be at least 1 (generation 0 is never issued)")
+		return lease.Claim{}, invalidLease("lease_generation must be at least 1 (generation 0 is never issued)")
 	}
 	if err := CheckID("holder_identity (the caller's node id)", holder); err != nil {
 		return lease.Claim{}, err
@@ -245,7 +225,7 @@ func AckMessage(r *tetherv1.AckRequest, holder string) (lease.Message, error) {
 func RenewMessage(r *tetherv1.RenewRequest, holder string) (lease.Message, error) {
 	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
 	if err == nil && r.GetRenewSequence() == 0 {
-		err = invalid("renew_sequence must be at least 1")
+		err = invalidLease("renew_sequence must be at least 1")
 	}
 	return lease.Renew{Claim: c, RenewSequence: r.GetRenewSequence()}, err
 }
@@ -254,7 +234,7 @@ func RenewMessage(r *tetherv1.RenewRequest, holder string) (lease.Message, error
 func ProgressMessage(r *tetherv1.ProgressRequest, holder string) (lease.Message, error) {
 	c, err := claim(r.GetJobId(), r.GetLeaseId(), r.GetLeaseGeneration(), holder, r.GetSentAt())
 	if err == nil && r.GetProgressSequence() == 0 {
-		err = invalid("progress_sequence must be at least 1")
+		err = invalidLease("progress_sequence must be at least 1")
 	}
 	if err == nil {
 		err = CheckText("progress_value", r.GetProgressValue())
@@ -277,7 +257,7 @@ func CompleteMessage(r *tetherv1.CompleteRequest, holder string) (lease.Message,
 		switch result {
 		case lease.ResultSuccess, lease.ResultFailed, lease.ResultCancelled:
 		default:
-			err = invalid("result must be SUCCESS, FAILED or CANCELLED, not %s", result)
+			err = invalidLease("result must be SUCCESS, FAILED or CANCELLED, not %s", result)
 		}
 	}
 	if err == nil {
@@ -300,24 +280,24 @@ func ChannelMessage(r *tetherv1.ChannelRequest, holder string) (lease.Message, e
 	case *tetherv1.ChannelRequest_Complete:
 		return CompleteMessage(m.Complete, holder)
 	}
-	return nil, invalid("message is empty: set one of ack, renew, progress, cancel_ack, complete")
+	return nil, invalidLease("message is empty: set one of ack, renew, progress, cancel_ack, complete")
 }
 
-// duration reads an optional duration field: nil means def; otherwise it
+// durationField reads an optional duration field: nil means def; otherwise it
 // must be within (0, max] (or [0, max] when zero is allowed).
-func duration(field string, d *durationpb.Duration, def, limit time.Duration, zeroOK bool) (time.Duration, error) {
+func durationField(field string, d *durationpb.Duration, def, limit time.Duration, zeroOK bool) (time.Duration, error) {
 	if d == nil {
 		return def, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return 0, invalid("%s: %v", field, err)
+		return 0, invalidLease("%s: %v", field, err)
 	}
 	v := d.AsDuration()
 	switch {
 	case v < 0 || (v == 0 && !zeroOK):
-		return 0, invalid("%s must be positive, got %s", field, v)
+		return 0, invalidLease("%s must be positive, got %s", field, v)
 	case v > limit:
-		return 0, invalid("%s %s exceeds the policy maximum %s", field, v, limit)
+		return 0, invalidLease("%s %s exceeds the policy maximum %s", field, v, limit)
 	}
 	return v, nil
 }
@@ -331,11 +311,11 @@ func OfferMessage(r *tetherv1.OfferRequest, leaseID string, p lease.Policy) (lea
 	if err := CheckID("holder_identity", r.GetHolderIdentity()); err != nil {
 		return nil, err
 	}
-	d, err := duration("lease_duration", r.GetLeaseDuration(), p.DefaultLeaseDuration, p.MaxLeaseDuration, false)
+	d, err := durationField("lease_duration", r.GetLeaseDuration(), p.DefaultLeaseDuration, p.MaxLeaseDuration, false)
 	if err != nil {
 		return nil, err
 	}
-	ack, err := duration("ack_timeout", r.GetAckTimeout(), 0, p.MaxLeaseDuration, false)
+	ack, err := durationField("ack_timeout", r.GetAckTimeout(), 0, p.MaxLeaseDuration, false)
 	if err != nil {
 		return nil, err
 	}
@@ -355,11 +335,11 @@ func ReassignMessage(r *tetherv1.ReassignRequest, leaseID string, current lease.
 	if def == 0 {
 		def = p.DefaultLeaseDuration
 	}
-	d, err := duration("lease_duration", r.GetLeaseDuration(), def, p.MaxLeaseDuration, false)
+	d, err := durationField("lease_duration", r.GetLeaseDuration(), def, p.MaxLeaseDuration, false)
 	if err != nil {
 		return nil, err
 	}
-	ack, err := duration("ack_timeout", r.GetAckTimeout(), 0, p.MaxLeaseDuration, false)
+	ack, err := durationField("ack_timeout", r.GetAckTimeout(), 0, p.MaxLeaseDuration, false)
 	if err != nil {
 		return nil, err
 	}
@@ -393,17 +373,17 @@ func ResolveMessage(r *tetherv1.ResolveRequest, p lease.Policy) (lease.Message, 
 	switch result {
 	case lease.ResultCancelled, lease.ResultFailed:
 		if r.GetUnresolvedBound() != nil {
-			return nil, invalid("unresolved_bound goes only with result UNRESOLVED")
+			return nil, invalidLease("unresolved_bound goes only with result UNRESOLVED")
 		}
 	case lease.ResultUnresolved:
 		var err error
-		if bound, err = duration("unresolved_bound", r.GetUnresolvedBound(), 0, p.MaxUnresolvedBound, false); err != nil {
+		if bound, err = durationField("unresolved_bound", r.GetUnresolvedBound(), 0, p.MaxUnresolvedBound, false); err != nil {
 			return nil, err
 		}
 	case lease.ResultSuccess:
-		return nil, invalid("result SUCCESS cannot be declared by the coordinator; only the holder's Complete reports success")
+		return nil, invalidLease("result SUCCESS cannot be declared by the coordinator; only the holder's Complete reports success")
 	default:
-		return nil, invalid("result must be CANCELLED, FAILED or UNRESOLVED, not %s", result)
+		return nil, invalidLease("result must be CANCELLED, FAILED or UNRESOLVED, not %s", result)
 	}
 	if err := CheckText("reason", r.GetReason()); err != nil {
 		return nil, err
