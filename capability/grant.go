@@ -65,32 +65,32 @@ func (s *State) UnmarshalText(text []byte) error {
 // Grant is one node of the capability tree: a set of scopes held by one
 // agent node for a window of time, derived from its parent grant.
 type Grant struct {
-	GrantID string `json:"grant_id"`
+	GrantID string `json:"grant_id" pb:"1"`
 	// ParentGrantID is empty for a root grant.
-	ParentGrantID string `json:"parent_grant_id,omitempty"`
+	ParentGrantID string `json:"parent_grant_id,omitempty" pb:"2"`
 	// HolderNodeID is the agent node that holds (and may use) the grant.
-	HolderNodeID string `json:"holder_node_id"`
+	HolderNodeID string `json:"holder_node_id" pb:"3"`
 	// Issuer is the principal that created the grant: an operator for a
 	// root, the parent's holder ("agent:<node_id>") for a delegation.
-	Issuer    string    `json:"issuer"`
-	Scopes    []string  `json:"scopes"`
-	NotBefore time.Time `json:"not_before"`
-	ExpiresAt time.Time `json:"expires_at"`
+	Issuer    string    `json:"issuer" pb:"4"`
+	Scopes    []string  `json:"scopes" pb:"5"`
+	NotBefore time.Time `json:"not_before" pb:"6"`
+	ExpiresAt time.Time `json:"expires_at" pb:"7"`
 	// Chain is the ancestor grant ids, root first, excluding this grant.
-	Chain []string `json:"chain,omitempty"`
+	Chain []string `json:"chain,omitempty" pb:"8"`
 	// Revokers is the sorted set of principals allowed to revoke the grant:
 	// its issuer, the holder of every ancestor grant, the root's issuer and
 	// the security and admin roles. Never the holder itself.
-	Revokers []string `json:"revokers"`
+	Revokers []string `json:"revokers" pb:"9"`
 	// State is the stored state; StateAt adds expiry by the clock.
-	State     State     `json:"state"`
-	RevokedBy string    `json:"revoked_by,omitempty"`
-	RevokedAt time.Time `json:"revoked_at,omitzero"`
+	State     State     `json:"state" pb:"10"`
+	RevokedBy string    `json:"revoked_by,omitempty" pb:"11"`
+	RevokedAt time.Time `json:"revoked_at,omitzero" pb:"12"`
 	// RevokedVia is the grant whose revocation revoked this one: itself,
 	// or the ancestor whose tombstone covers it.
-	RevokedVia string    `json:"revoked_via,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
+	RevokedVia string    `json:"revoked_via,omitempty" pb:"15"`
+	Reason     string    `json:"reason,omitempty" pb:"13"`
+	CreatedAt  time.Time `json:"created_at" pb:"14"`
 }
 
 // StateAt is the grant's effective state at now: a stored revocation wins;

@@ -16,19 +16,20 @@ import (
 type Tombstone struct {
 	// Sequence orders tombstones in the revocation feed; it is assigned by
 	// the control plane when the tombstone is committed.
-	Sequence  uint64
-	GrantID   string
-	RevokedAt time.Time
+	Sequence  uint64    `pb:"1"`
+	GrantID   string    `pb:"2"`
+	RevokedAt time.Time `pb:"3"`
 	// DropAfter is when no token carrying the grant can still be accepted,
 	// so the tombstone may leave the feed and every set. See DropAfter.
-	DropAfter time.Time
-	Reason    string
+	DropAfter time.Time `pb:"4"`
+	Reason    string    `pb:"5"`
 	// Holder is the node holding the revoked grant and Lineage the root of
 	// its tree, so that the feed can show an agent only what concerns its
 	// own lineage. Both are empty for a revoked bearer token (GrantID then
 	// holds the token's id) and for tombstones written before they were
 	// recorded.
-	Holder, Lineage string
+	Holder  string `pb:"6"`
+	Lineage string `pb:"7"`
 }
 
 // DropAfter is the earliest safe drop time for a tombstone written at

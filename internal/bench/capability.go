@@ -19,6 +19,7 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -203,7 +204,7 @@ func writeSubtree(ctx context.Context, srv *benchServer, rootProto *tetherv1.Gra
 	if children+children*perChild != size {
 		return "", fmt.Errorf("a subtree of %d does not split into %d children", size, children)
 	}
-	root := grantstore.FromProto(rootProto)
+	root := wire.GrantFromProto(rootProto)
 	now := time.Now().UTC()
 	var batch []capability.Grant
 	flush := func() error {

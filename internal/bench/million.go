@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/id"
@@ -346,7 +347,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 		node  *tetherv1.Node
 		grant capability.Grant
 	}
-	rootG := grantstore.FromProto(rootGrant)
+	rootG := wire.GrantFromProto(rootGrant)
 	children := make([]branch, top)
 	next := atomic.Int64{}
 	var wg sync.WaitGroup
