@@ -4,101 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
-
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/internal/storecodec"
 )
 
-// ToProto renders a grant as tether.v1 shows it. The state enums share
-// their numbering, so the state maps by conversion.
-func ToProto(g capability.Grant) *tetherv1.Grant {
-	return &tetherv1.Grant{
-		GrantId:       g.GrantID,
-		ParentGrantId: g.ParentGrantID,
-		HolderNodeId:  g.HolderNodeID,
-		Issuer:        g.Issuer,
-		Scopes:        g.Scopes,
-		NotBefore:     timestamp(g.NotBefore),
-		ExpiresAt:     timestamp(g.ExpiresAt),
-		Chain:         g.Chain,
-		Revokers:      g.Revokers,
-		State:         tetherv1.GrantState(g.State),
-		RevokedBy:     g.RevokedBy,
-		RevokedAt:     timestamp(g.RevokedAt),
-		Reason:        g.Reason,
-		CreatedAt:     timestamp(g.CreatedAt),
-		RevokedVia:    g.RevokedVia,
-	}
-}
-
-// FromProto is the inverse of ToProto.
-func FromProto(p *tetherv1.Grant) capability.Grant {
-	return capability.Grant{
-		GrantID:       p.GrantId,
-		ParentGrantID: p.ParentGrantId,
-		HolderNodeID:  p.HolderNodeId,
-		Issuer:        p.Issuer,
-		Scopes:        p.Scopes,
-		NotBefore:     fromTimestamp(p.NotBefore),
-		ExpiresAt:     fromTimestamp(p.ExpiresAt),
-		Chain:         p.Chain,
-		Revokers:      p.Revokers,
-		State:         capability.State(p.State),
-		RevokedBy:     p.RevokedBy,
-		RevokedAt:     fromTimestamp(p.RevokedAt),
-		RevokedVia:    p.RevokedVia,
-		Reason:        p.Reason,
-		CreatedAt:     fromTimestamp(p.CreatedAt),
-	}
-}
-
-// TombstoneToProto renders a tombstone as the feed sends it.
-func TombstoneToProto(t capability.Tombstone) *tetherv1.Tombstone {
-	return &tetherv1.Tombstone{
-		Sequence:     t.Sequence,
-		GrantId:      t.GrantID,
-		RevokedAt:    timestamp(t.RevokedAt),
-		DropAfter:    timestamp(t.DropAfter),
-		Reason:       t.Reason,
-		HolderNodeId: t.Holder,
-		Lineage:      t.Lineage,
-	}
-}
-
-// TombstoneFromProto is the inverse of TombstoneToProto.
-func TombstoneFromProto(p *tetherv1.Tombstone) capability.Tombstone {
-	return capability.Tombstone{
-		Sequence:  p.Sequence,
-		GrantID:   p.GrantId,
-		RevokedAt: fromTimestamp(p.RevokedAt),
-		DropAfter: fromTimestamp(p.DropAfter),
-		Reason:    p.Reason,
-		Holder:    p.HolderNodeId,
-		Lineage:   p.Lineage,
-	}
-}
-
-func timestamp(t time.Time) *timestamppb.Timestamp {
-	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
-}
-
-func fromTimestamp(ts *timestamppb.Timestamp) time.Time {
-	if ts == nil {
-		return time.Time{}
-	}
-	return ts.AsTime()
-}
-
 func encodeGrant(g capability.Grant) ([]byte, error) {
-	b, err := proto.Marshal(ToProto(g))
+	b, err := storecodec.Marshal(&g)
 	if err != nil {
 		return nil, fmt.Errorf("grantstore: encode grant %s: %w", g.GrantID, err)
 	}
@@ -106,18 +19,18 @@ func encodeGrant(g capability.Grant) ([]byte, error) {
 }
 
 func decodeGrant(id string, raw []byte) (capability.Grant, error) {
-	var p tetherv1.Grant
-	if err := proto.Unmarshal(raw, &p); err != nil {
+	var g capability.Grant
+	if err := storecodec.Unmarshal(raw, &g); err != nil {
 		return capability.Grant{}, fmt.Errorf("%w: grant %s does not decode: %v", ErrCorrupt, id, err)
 	}
-	if p.GrantId != id {
-		return capability.Grant{}, fmt.Errorf("%w: key of grant %s holds grant %s", ErrCorrupt, id, p.GrantId)
+	if g.GrantID != id {
+		return capability.Grant{}, fmt.Errorf("%w: key of grant %s holds grant %s", ErrCorrupt, id, g.GrantID)
 	}
-	return FromProto(&p), nil
+	return g, nil
 }
 
 func encodeTombstone(t capability.Tombstone) ([]byte, error) {
-	b, err := proto.Marshal(TombstoneToProto(t))
+	b, err := storecodec.Marshal(&t)
 	if err != nil {
 		return nil, fmt.Errorf("grantstore: encode tombstone %d: %w", t.Sequence, err)
 	}
@@ -125,11 +38,11 @@ func encodeTombstone(t capability.Tombstone) ([]byte, error) {
 }
 
 func decodeTombstone(raw []byte) (capability.Tombstone, error) {
-	var p tetherv1.Tombstone
-	if err := proto.Unmarshal(raw, &p); err != nil {
+	var t capability.Tombstone
+	if err := storecodec.Unmarshal(raw, &t); err != nil {
 		return capability.Tombstone{}, fmt.Errorf("%w: tombstone does not decode: %v", ErrCorrupt, err)
 	}
-	return TombstoneFromProto(&p), nil
+	return t, nil
 }
 
 // getGrant reads one grant; a missing grant is capability.ErrUnknownGrant.

@@ -16,13 +16,13 @@
 // Keys are readable strings, like the supervisor's. Sequences are
 // zero-padded to 20 digits so that byte order is numeric order.
 //
-//	grants/grant/<grant id>                         tetherv1.Grant (protobuf): the stored grant
+//	grants/grant/<grant id>                         capability.Grant (tether.v1.Grant's encoding, internal/storecodec)
 //	grants/holder/<node id>/<grant id>              "" — grants held by a node
 //	grants/child/<parent grant id>/<grant id>       "" — direct delegations of a grant
 //	grants/derived/<ancestor grant id>/<grant id>   "" — one entry per chain entry, so the whole
 //	                                                     subtree of a grant is one prefix
 //	grants/issued/<unix nanos, 20 digits>/<grant id> "" — creation order, for revoke-issued-before
-//	grants/tombstone/<sequence>                     tetherv1.Tombstone (protobuf): the revocation feed
+//	grants/tombstone/<sequence>                     capability.Tombstone (tether.v1.Tombstone's encoding): the revocation feed
 //	grants/feed/head                                the last sequence assigned (decimal)
 //	grants/feed/compacted                           the highest sequence pruned (decimal)
 //	grants/mark/<sequence>                          markJob (JSON): a subtree still to be marked
