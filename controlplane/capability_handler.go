@@ -54,7 +54,7 @@ func grantCaller(ctx context.Context) (grantstore.Caller, error) {
 }
 
 func issuedResponse(i grantstore.Issued) (*tetherv1.Grant, string, *timestamppb.Timestamp) {
-	return wire.GrantToProto(i.Grant), i.Token, timestamppb.New(i.TokenExpiresAt)
+	return wire.Grant(i.Grant), i.Token, timestamppb.New(i.TokenExpiresAt)
 }
 
 func (c *capabilityService) IssueRoot(ctx context.Context, req *connect.Request[tetherv1.IssueRootRequest]) (*connect.Response[tetherv1.IssueRootResponse], error) {
@@ -144,7 +144,7 @@ func (c *capabilityService) GetGrant(ctx context.Context, req *connect.Request[t
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.GetGrantResponse{Grant: wire.GrantToProto(g)}), nil
+	return connect.NewResponse(&tetherv1.GetGrantResponse{Grant: wire.Grant(g)}), nil
 }
 
 func (c *capabilityService) ListGrants(ctx context.Context, req *connect.Request[tetherv1.ListGrantsRequest]) (*connect.Response[tetherv1.ListGrantsResponse], error) {
@@ -164,7 +164,7 @@ func (c *capabilityService) ListGrants(ctx context.Context, req *connect.Request
 	}
 	out := make([]*tetherv1.Grant, len(grants))
 	for i, g := range grants {
-		out[i] = wire.GrantToProto(g)
+		out[i] = wire.Grant(g)
 	}
 	return connect.NewResponse(&tetherv1.ListGrantsResponse{Grants: out, NextPageToken: next}), nil
 }
@@ -190,7 +190,7 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 			return nil, err
 		}
 		if g, err := c.s.grants.Get(ctx, caller, verdict.Grant.GrantID); err == nil {
-			resp.Grant = wire.GrantToProto(g)
+			resp.Grant = wire.Grant(g)
 		} else if !errors.Is(err, grantstore.ErrNotVisible) {
 			return nil, toConnect(err)
 		}
@@ -218,7 +218,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 		}
 		for _, t := range m.Tombstones {
 			if t, ok := show(t); ok {
-				msg.Tombstones = append(msg.Tombstones, wire.TombstoneToProto(t))
+				msg.Tombstones = append(msg.Tombstones, wire.Tombstone(t))
 			}
 		}
 		return stream.Send(msg)

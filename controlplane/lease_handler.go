@@ -86,7 +86,7 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(wrap(wire.LeaseToProto(res.Lease), wire.DecisionToProto(res.Decision))), nil
+	return connect.NewResponse(wrap(wire.Lease(res.Lease), wire.Decision(res.Decision))), nil
 }
 
 // Outcomes of partyGuard: the job has no lease, or the caller is neither
@@ -402,7 +402,7 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.OfferResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.OfferResponse{Lease: wire.Lease(res.Lease), Decision: wire.Decision(res.Decision)}), nil
 }
 
 func (h *leaseService) Reassign(ctx context.Context, req *connect.Request[tetherv1.ReassignRequest]) (*connect.Response[tetherv1.ReassignResponse], error) {
@@ -412,7 +412,7 @@ func (h *leaseService) Reassign(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ReassignResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.ReassignResponse{Lease: wire.Lease(res.Lease), Decision: wire.Decision(res.Decision)}), nil
 }
 
 func (h *leaseService) RequestCancel(ctx context.Context, req *connect.Request[tetherv1.RequestCancelRequest]) (*connect.Response[tetherv1.RequestCancelResponse], error) {
@@ -422,7 +422,7 @@ func (h *leaseService) RequestCancel(ctx context.Context, req *connect.Request[t
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RequestCancelResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.RequestCancelResponse{Lease: wire.Lease(res.Lease), Decision: wire.Decision(res.Decision)}), nil
 }
 
 func (h *leaseService) Resolve(ctx context.Context, req *connect.Request[tetherv1.ResolveRequest]) (*connect.Response[tetherv1.ResolveResponse], error) {
@@ -432,7 +432,7 @@ func (h *leaseService) Resolve(ctx context.Context, req *connect.Request[tetherv
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ResolveResponse{Lease: wire.LeaseToProto(res.Lease), Decision: wire.DecisionToProto(res.Decision)}), nil
+	return connect.NewResponse(&tetherv1.ResolveResponse{Lease: wire.Lease(res.Lease), Decision: wire.Decision(res.Decision)}), nil
 }
 
 // mayRead reports whether p may read leases held by holder: operators of
@@ -483,7 +483,7 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.LeaseToProto(l)}), nil
+	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l)}), nil
 }
 
 func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {
@@ -516,7 +516,7 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 	}
 	out := make([]*tetherv1.Lease, len(leases))
 	for i, l := range leases {
-		out[i] = wire.LeaseToProto(l)
+		out[i] = wire.Lease(l)
 	}
 	return connect.NewResponse(&tetherv1.ListLeasesResponse{Leases: out, NextPageToken: next}), nil
 }
@@ -550,7 +550,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 	}
 	out := make([]*tetherv1.EvidenceRow, len(page.Rows))
 	for i, r := range page.Rows {
-		out[i] = wire.RowToProto(r)
+		out[i] = wire.EvidenceRow(r)
 	}
 	resp := &tetherv1.EvidenceResponse{Rows: out}
 	if page.More {
@@ -586,7 +586,7 @@ func parseEvidenceToken(token string) (coordinator.EvidenceCursor, error) {
 }
 
 func (h *leaseService) GetPolicy(context.Context, *connect.Request[tetherv1.GetPolicyRequest]) (*connect.Response[tetherv1.GetPolicyResponse], error) {
-	return connect.NewResponse(&tetherv1.GetPolicyResponse{Policy: wire.PolicyToProto(h.leases().Policy())}), nil
+	return connect.NewResponse(&tetherv1.GetPolicyResponse{Policy: wire.LeasePolicy(h.leases().Policy())}), nil
 }
 
 // Channel judges worker messages as they arrive, each on its own identity,
@@ -753,8 +753,8 @@ func (a channelAnswer) response() *tetherv1.ChannelResponse {
 		}
 		return resp
 	}
-	resp.Lease = wire.LeaseToProto(a.result.Lease)
-	resp.Decision = wire.DecisionToProto(a.result.Decision)
+	resp.Lease = wire.Lease(a.result.Lease)
+	resp.Decision = wire.Decision(a.result.Decision)
 	return resp
 }
 

@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor/stoprule"
@@ -45,8 +46,8 @@ func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	m := req.Msg
-	rule := &tetherv1.StopRule{
-		NodeId: m.NodeId, Name: m.Name, Expression: m.Expression, Action: m.Action,
+	rule := &stoprule.Rule{
+		NodeID: m.NodeId, Name: m.Name, Expression: m.Expression, Action: m.Action,
 		Severity: m.Severity, Labels: m.Labels, Description: m.Description,
 	}
 	if m.LabelSelector != "" {
@@ -60,7 +61,7 @@ func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.AddStopRuleResponse{Rule: stored, EstimatedCost: compiled.Cost, CostBudget: stoprule.CostBudget}), nil
+	return connect.NewResponse(&tetherv1.AddStopRuleResponse{Rule: wire.StopRule(stored), EstimatedCost: compiled.Cost, CostBudget: stoprule.CostBudget}), nil
 }
 
 func (h *stopRuleService) ListStopRules(ctx context.Context, req *connect.Request[tetherv1.ListStopRulesRequest]) (*connect.Response[tetherv1.ListStopRulesResponse], error) {
@@ -72,7 +73,7 @@ func (h *stopRuleService) ListStopRules(ctx context.Context, req *connect.Reques
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListStopRulesResponse{Rules: rules}), nil
+	return connect.NewResponse(&tetherv1.ListStopRulesResponse{Rules: wire.StopRules(rules)}), nil
 }
 
 func (h *stopRuleService) RemoveStopRule(ctx context.Context, req *connect.Request[tetherv1.RemoveStopRuleRequest]) (*connect.Response[tetherv1.RemoveStopRuleResponse], error) {
@@ -84,7 +85,7 @@ func (h *stopRuleService) RemoveStopRule(ctx context.Context, req *connect.Reque
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RemoveStopRuleResponse{Rule: rule}), nil
+	return connect.NewResponse(&tetherv1.RemoveStopRuleResponse{Rule: wire.StopRule(rule)}), nil
 }
 
 func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request[tetherv1.TestStopRuleRequest]) (*connect.Response[tetherv1.TestStopRuleResponse], error) {
@@ -100,7 +101,7 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 		return nil, toConnect(err)
 	}
 	resp := &tetherv1.TestStopRuleResponse{
-		Result: res.Fired, Values: res.Values, Observed: res.Observed, SelfReported: res.SelfReported, Cost: res.Cost,
+		Result: res.Fired, Values: res.Values, Observed: wire.StopRuleObservations(res.Observed), SelfReported: res.SelfReported, Cost: res.Cost,
 	}
 	if res.Err != nil {
 		resp.Error = res.Err.Error()

@@ -87,10 +87,10 @@ func TestStoredGrantsKeepTheirBytes(t *testing.T) {
 		if err := proto.Unmarshal(raw, &m); err != nil {
 			t.Fatalf("the stored grant does not decode as tether.v1.Grant: %v", err)
 		}
-		if want := wire.GrantToProto(g); !proto.Equal(&m, want) {
+		if want := wire.Grant(g); !proto.Equal(&m, want) {
 			t.Fatalf("stored grant decodes as\n%v\nthe edge converts it to\n%v", &m, want)
 		}
-		old, err := proto.Marshal(wire.GrantToProto(g)) // as the previous version stored it
+		old, err := proto.Marshal(wire.Grant(g)) // as the previous version stored it
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,10 +115,10 @@ func TestStoredTombstonesKeepTheirBytes(t *testing.T) {
 		if err := proto.Unmarshal(raw, &m); err != nil {
 			t.Fatalf("the stored tombstone does not decode as tether.v1.Tombstone: %v", err)
 		}
-		if want := wire.TombstoneToProto(ts); !proto.Equal(&m, want) {
+		if want := wire.Tombstone(ts); !proto.Equal(&m, want) {
 			t.Fatalf("stored tombstone decodes as\n%v\nthe edge converts it to\n%v", &m, want)
 		}
-		old, err := proto.Marshal(wire.TombstoneToProto(ts))
+		old, err := proto.Marshal(wire.Tombstone(ts))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,8 +149,8 @@ func TestStoredGrantBytesAreThePreviousVersions(t *testing.T) {
 		enc  func() ([]byte, error)
 		old  proto.Message
 	}{
-		{"grant", func() ([]byte, error) { return encodeGrant(g) }, wire.GrantToProto(g)},
-		{"tombstone", func() ([]byte, error) { return encodeTombstone(ts) }, wire.TombstoneToProto(ts)},
+		{"grant", func() ([]byte, error) { return encodeGrant(g) }, wire.Grant(g)},
+		{"tombstone", func() ([]byte, error) { return encodeTombstone(ts) }, wire.Tombstone(ts)},
 	} {
 		got, err := c.enc()
 		if err != nil {

@@ -458,7 +458,7 @@ message kind and decision time.`,
 				}
 				if err := pages(func(page []*tetherv1.EvidenceRow) error {
 					for _, r := range page {
-						if err := w.Write(seedRecord(wire.RowFromProto(r))); err != nil {
+						if err := w.Write(seedRecord(wire.EvidenceRowFromProto(r))); err != nil {
 							return err
 						}
 					}

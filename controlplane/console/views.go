@@ -601,7 +601,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		Messages: []string{"offer", "ack", "renew", "progress", "cancel", "cancel_ack", "complete", "reassign", "resolve", "expire", "ack_deadline", "recover"}}
 	for _, row := range rows {
 		d.Rows = append(d.Rows, evidenceRowView{
-			Row: row.Row, Cells: wire.RowFromProto(row).SeedRecord(),
+			Row: row.Row, Cells: wire.EvidenceRowFromProto(row).SeedRecord(),
 			Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
 			Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
 		})
@@ -619,7 +619,7 @@ func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session
 	cw := csv.NewWriter(w)
 	_ = cw.Write(seedHeader())
 	for _, row := range rows {
-		_ = cw.Write(spreadsheetSafe(wire.RowFromProto(row).SeedRecord()))
+		_ = cw.Write(spreadsheetSafe(wire.EvidenceRowFromProto(row).SeedRecord()))
 	}
 	cw.Flush()
 }

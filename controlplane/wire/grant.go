@@ -5,9 +5,9 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// GrantToProto renders a grant as tether.v1 shows it. The state enums share
+// Grant renders a grant as tether.v1 shows it. The state enums share
 // their numbering, so the state maps by conversion.
-func GrantToProto(g capability.Grant) *tetherv1.Grant {
+func Grant(g capability.Grant) *tetherv1.Grant {
 	return &tetherv1.Grant{
 		GrantId:       g.GrantID,
 		ParentGrantId: g.ParentGrantID,
@@ -27,7 +27,7 @@ func GrantToProto(g capability.Grant) *tetherv1.Grant {
 	}
 }
 
-// GrantFromProto is the inverse of GrantToProto; a nil grant is the zero
+// GrantFromProto is the inverse of Grant; a nil grant is the zero
 // grant.
 func GrantFromProto(p *tetherv1.Grant) capability.Grant {
 	if p == nil {
@@ -52,8 +52,8 @@ func GrantFromProto(p *tetherv1.Grant) capability.Grant {
 	}
 }
 
-// TombstoneToProto renders a tombstone as the revocation feed sends it.
-func TombstoneToProto(t capability.Tombstone) *tetherv1.Tombstone {
+// Tombstone renders a tombstone as the revocation feed sends it.
+func Tombstone(t capability.Tombstone) *tetherv1.Tombstone {
 	return &tetherv1.Tombstone{
 		Sequence:     t.Sequence,
 		GrantId:      t.GrantID,
@@ -65,7 +65,7 @@ func TombstoneToProto(t capability.Tombstone) *tetherv1.Tombstone {
 	}
 }
 
-// TombstoneFromProto is the inverse of TombstoneToProto; a nil tombstone
+// TombstoneFromProto is the inverse of Tombstone; a nil tombstone
 // is the zero tombstone.
 func TombstoneFromProto(p *tetherv1.Tombstone) capability.Tombstone {
 	if p == nil {

@@ -20,8 +20,8 @@ import (
 // Connect InvalidArgument, nothing recorded). The lease package's enums
 // have the proto's numeric values, so they convert with a cast.
 
-// LeaseToProto renders a lease; nil for a job without one.
-func LeaseToProto(l lease.Lease) *tetherv1.Lease {
+// Lease renders a lease; nil for a job without one.
+func Lease(l lease.Lease) *tetherv1.Lease {
 	if !l.Exists() {
 		return nil
 	}
@@ -59,13 +59,13 @@ func LeaseToProto(l lease.Lease) *tetherv1.Lease {
 	}
 }
 
-// DecisionToProto renders a decision.
-func DecisionToProto(d lease.Decision) *tetherv1.Decision {
+// Decision renders a decision.
+func Decision(d lease.Decision) *tetherv1.Decision {
 	return &tetherv1.Decision{Outcome: tetherv1.Outcome(d.Outcome), AuditEvent: tetherv1.AuditEvent(d.Event), Reason: d.Reason}
 }
 
-// RowToProto renders an evidence row.
-func RowToProto(r coordinator.Row) *tetherv1.EvidenceRow {
+// EvidenceRow renders an evidence row.
+func EvidenceRow(r coordinator.Row) *tetherv1.EvidenceRow {
 	return &tetherv1.EvidenceRow{
 		JobId:             r.JobID,
 		LeaseId:           r.LeaseID,
@@ -87,7 +87,7 @@ func RowToProto(r coordinator.Row) *tetherv1.EvidenceRow {
 		LateProgress:      r.LateProgress,
 		LeaseExpired:      r.LeaseExpired,
 		OwnershipConflict: r.OwnershipConflict,
-		Decision:          DecisionToProto(r.Decision),
+		Decision:          Decision(r.Decision),
 		Reason:            r.Reason,
 		Message:           r.Message.String(),
 		DecidedAt:         timestamp(r.DecidedAt),
@@ -95,9 +95,9 @@ func RowToProto(r coordinator.Row) *tetherv1.EvidenceRow {
 	}
 }
 
-// RowFromProto is the inverse of RowToProto (the CLI renders rows with the
+// EvidenceRowFromProto is the inverse of EvidenceRow (the CLI renders rows with the
 // lease package's CSV writer).
-func RowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
+func EvidenceRowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
 	kind := lease.KindUnspecified
 	for k := lease.KindOffer; k <= lease.KindRecover; k++ {
 		if k.String() == p.GetMessage() {
@@ -136,8 +136,8 @@ func RowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
 	}
 }
 
-// PolicyToProto publishes the declared time policy.
-func PolicyToProto(p lease.Policy) *tetherv1.LeasePolicy {
+// LeasePolicy publishes the declared time policy.
+func LeasePolicy(p lease.Policy) *tetherv1.LeasePolicy {
 	return &tetherv1.LeasePolicy{
 		ClockSource:          p.ClockSource,
 		SkewAllowance:        durationpb.New(p.SkewAllowance),

@@ -163,7 +163,7 @@ func observed(l lease.Lease, now time.Time, p lease.Policy) lease.Lease {
 
 func sameLease(t *rapid.T, what string, got, want lease.Lease) {
 	t.Helper()
-	g, w := wire.LeaseToProto(got), wire.LeaseToProto(want)
+	g, w := wire.Lease(got), wire.Lease(want)
 	if !proto.Equal(g, w) {
 		t.Fatalf("%s:\n coordinator %v\n Step        %v", what, g, w)
 	}

@@ -175,8 +175,8 @@ func TestLeaseModelAgreesWithStep(t *testing.T) {
 				continue // malformed for the server too: never judged
 			}
 			next, d, _ := lease.Step(l, m, now, p)
-			got := wire.LeaseToProto(next)
-			states := StepLease(model, in, LeaseOutput{Answered: true, Outcome: wire.DecisionToProto(d).Outcome, Lease: ViewOf(got)})
+			got := wire.Lease(next)
+			states := StepLease(model, in, LeaseOutput{Answered: true, Outcome: wire.Decision(d).Outcome, Lease: ViewOf(got)})
 			if len(states) != 1 {
 				t.Fatalf("step %d %s: Step says %s (%s) leaving %s; the model disagrees from %s", i, in.Op, d.Outcome, d.Reason, ViewOf(got), model)
 			}

@@ -5,8 +5,6 @@ import (
 	"regexp"
 	"strings"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/tetherhq/tether/internal/fault"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -49,13 +47,13 @@ var (
 const MaxRulesPerNode = 64
 
 // Validate checks a rule's fields other than its expression.
-func Validate(r *tetherv1.StopRule) error {
+func Validate(r *Rule) error {
 	switch {
 	case !ruleName.MatchString(r.Name):
 		return fmt.Errorf("%w: name must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidRule)
-	case r.NodeId == "" && len(r.Selector) == 0:
+	case r.NodeID == "" && len(r.Selector) == 0:
 		return fmt.Errorf("%w: node_id or label_selector is required", ErrInvalidRule)
-	case r.NodeId != "" && len(r.Selector) > 0:
+	case r.NodeID != "" && len(r.Selector) > 0:
 		return fmt.Errorf("%w: node_id and label_selector are exclusive", ErrInvalidRule)
 	case r.Severity != "" && !severityName.MatchString(r.Severity):
 		return fmt.Errorf("%w: severity must be 1-32 of a-z, 0-9, '_' and '-'", ErrInvalidRule)
@@ -100,14 +98,14 @@ func CheckAttach(a Actor, target *tetherv1.Node) error {
 // removed (so never loosened: rules cannot be edited, only added and
 // removed). setter is the setting agent's node, nil when an operator set
 // the rule.
-func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tetherv1.Node) error {
+func CheckRemove(a Actor, r *Rule, setter *tetherv1.Node) error {
 	if !a.IsAgent() || r.SetBy == a.ID {
 		return nil
 	}
 	if setter != nil && tree.IsAncestor(setter, a.NodeID) {
 		return nil
 	}
-	return fmt.Errorf("%w: agent %s may not remove rule %q (%s): it was set by %s, and an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, r.Name, r.RuleId, r.SetBy)
+	return fmt.Errorf("%w: agent %s may not remove rule %q (%s): it was set by %s, and an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, r.Name, r.RuleID, r.SetBy)
 }
 
 // CheckRead: operators read every node's rules; an agent reads those of
@@ -120,7 +118,7 @@ func CheckRead(a Actor, target *tetherv1.Node) error {
 }
 
 // SetterNode is the node of the agent that set a rule ("" for an operator).
-func SetterNode(r *tetherv1.StopRule) string {
+func SetterNode(r *Rule) string {
 	if n, ok := strings.CutPrefix(r.SetBy, "agent:"); ok {
 		return n
 	}
@@ -129,21 +127,21 @@ func SetterNode(r *tetherv1.StopRule) string {
 
 // Applies reports whether rule r is in effect at node n: attached to n or
 // to an ancestor of n (inherited), or a selector rule matching n's labels.
-func Applies(r *tetherv1.StopRule, n *tetherv1.Node) bool {
-	if r.NodeId != "" {
-		return r.NodeId == n.NodeId || tree.IsAncestor(n, r.NodeId)
+func Applies(r *Rule, n *tetherv1.Node) bool {
+	if r.NodeID != "" {
+		return r.NodeID == n.NodeId || tree.IsAncestor(n, r.NodeID)
 	}
 	return len(r.Selector) > 0 && tree.MatchLabels(n.Labels, r.Selector)
 }
 
 // InEffect returns the rules of all that are in effect at n, each a copy
 // marked inherited unless attached to n itself.
-func InEffect(all []*tetherv1.StopRule, n *tetherv1.Node) []*tetherv1.StopRule {
-	var out []*tetherv1.StopRule
+func InEffect(all []*Rule, n *tetherv1.Node) []*Rule {
+	var out []*Rule
 	for _, r := range all {
 		if Applies(r, n) {
-			c := proto.CloneOf(r)
-			c.Inherited = r.NodeId != n.NodeId
+			c := r.clone()
+			c.Inherited = r.NodeID != n.NodeId
 			out = append(out, c)
 		}
 	}
@@ -152,11 +150,11 @@ func InEffect(all []*tetherv1.StopRule, n *tetherv1.Node) []*tetherv1.StopRule {
 
 // CheckName refuses a name already in effect at the target: a descendant
 // cannot shadow an inherited rule with a looser one of the same name.
-func CheckName(inEffect []*tetherv1.StopRule, name string) error {
+func CheckName(inEffect []*Rule, name string) error {
 	for _, r := range inEffect {
 		if r.Name == name {
-			where := "node " + r.NodeId
-			if r.NodeId == "" {
+			where := "node " + r.NodeID
+			if r.NodeID == "" {
 				where = "a label selector"
 			}
 			return fmt.Errorf("%w: rule %q is already in effect here (set by %s on %s); rules only add, none is replaced", ErrDuplicate, name, r.SetBy, where)

@@ -5,14 +5,16 @@
 // values that made it true, and the operator's proposal policy
 // (supervisor.ProposalPolicy) decides whether anything happens.
 //
-// The pure core (env.go, eval.go, attach.go, observe.go) has no store and
-// no clock:
+// The pure core (env.go, cel.go, eval.go, attach.go, observe.go) has no
+// store and no clock:
 //   - Compile type-checks an expression against the documented
 //     environment (`observed`, the control plane's own observations of the
-//     node, tetherv1.StopRuleObservations; `self_reported`, the agent's own
-//     counters) and estimates its worst-case cost with every map bounded
-//     (MaxTools, MaxCounters); a rule over CostBudget is refused, and every
-//     refusal names the line and column in the expression.
+//     node: Observations, which CEL knows by its API name
+//     tether.v1.StopRuleObservations, so rules read as they always did;
+//     `self_reported`, the agent's own counters) and estimates its
+//     worst-case cost with every map bounded (MaxTools, MaxCounters); a
+//     rule over CostBudget is refused, and every refusal names the line and
+//     column in the expression.
 //   - Evaluate runs a compiled rule against one snapshot, stopped at
 //     CostBudget, and reports the values the expression read, each marked
 //     self-reported when it came from the agent.
@@ -46,6 +48,11 @@
 //     transaction (file), so it fires once per node, across crashes and
 //     leader changes; the policy's decision, and the termination it
 //     starts, are written in that same transaction.
+//
+// Rules and counters are the package's own types (types.go), stored in the
+// protobuf encoding of the tether.v1 messages of the same names
+// (internal/storecodec), so what any version stored reads back;
+// controlplane/wire converts them to and from the API's messages.
 //
 // Caller duties, in order: set Rules as Observer on the Ledger and the Tree
 // before serving; run Run as a leader-only component; map the package's

@@ -12,7 +12,6 @@ import (
 	"github.com/google/cel-go/common/ast"
 
 	"github.com/tetherhq/tether/internal/fault"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Errors of the pure core. Messages reach clients: they name the rule's
@@ -44,7 +43,7 @@ const (
 // The variables of every rule.
 const (
 	// VarObserved is the control plane's own observations of the node
-	// (tetherv1.StopRuleObservations).
+	// (Observations, of CEL type tether.v1.StopRuleObservations).
 	VarObserved = "observed"
 	// VarSelfReported is the agent's own counters (map of string to
 	// double). Values read from it are labelled self-reported.
@@ -63,8 +62,8 @@ var (
 func Env() (*cel.Env, error) {
 	envOnce.Do(func() {
 		env, envErr = cel.NewEnv(
-			cel.Types(&tetherv1.StopRuleObservations{}),
-			cel.Variable(VarObserved, cel.ObjectType("tether.v1.StopRuleObservations")),
+			cel.Types(observationsType{}),
+			cel.Variable(VarObserved, cel.ObjectType(ObservationsType)),
 			cel.Variable(VarSelfReported, cel.MapType(cel.StringType, cel.DoubleType)),
 			cel.OptionalTypes(),
 			cel.CrossTypeNumericComparisons(true),

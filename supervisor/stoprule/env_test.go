@@ -37,7 +37,7 @@ func TestCompileRefusesWithPositions(t *testing.T) {
 
 func TestCompiledRulesStayWithinTheirBudget(t *testing.T) {
 	// The worst case the estimate allows, evaluated: every map at its bound.
-	full := &tetherv1.StopRuleObservations{CallsByTool: map[string]int64{}, FailuresByTool: map[string]int64{}, NodeLabels: map[string]string{}}
+	full := &stoprule.Observations{CallsByTool: map[string]int64{}, FailuresByTool: map[string]int64{}, NodeLabels: map[string]string{}}
 	self := map[string]float64{}
 	for i := range stoprule.MaxTools + 1 {
 		name := strings.Repeat("t", 60) + string(rune('A'+i%26)) + string(rune('a'+i/26))
@@ -67,7 +67,7 @@ func TestEvaluateTreatsMissingKeysAsNotFiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := c.Evaluate(&tetherv1.StopRuleObservations{}, nil)
+	r := c.Evaluate(&stoprule.Observations{}, nil)
 	if r.Fired || r.Err == nil || r.Values != nil {
 		t.Fatalf("%+v, want an error and not fired", r)
 	}
@@ -120,25 +120,25 @@ func TestInEffectMatchesATreeWalk(t *testing.T) {
 				nodes[i].Labels["team"] = "x"
 			}
 		}
-		var rules []*tetherv1.StopRule
+		var rules []*stoprule.Rule
 		for i := range rapid.IntRange(0, 10).Draw(t, "rules") {
-			r := &tetherv1.StopRule{Name: "r" + string(rune('a'+i))}
+			r := &stoprule.Rule{Name: "r" + string(rune('a'+i))}
 			if rapid.Bool().Draw(t, "selector") {
 				r.Selector = map[string]string{"team": "x"}
 			} else {
-				r.NodeId = nodes[rapid.IntRange(0, n-1).Draw(t, "on")].NodeId
+				r.NodeID = nodes[rapid.IntRange(0, n-1).Draw(t, "on")].NodeId
 			}
 			rules = append(rules, r)
 		}
 		for i, node := range nodes {
 			want := map[string]bool{}
 			for _, r := range rules {
-				if r.NodeId == "" {
+				if r.NodeID == "" {
 					want[r.Name] = node.Labels["team"] == "x"
 					continue
 				}
 				for j := i; j >= 0; j = parent[j] {
-					if nodes[j].NodeId == r.NodeId {
+					if nodes[j].NodeId == r.NodeID {
 						want[r.Name] = true
 					}
 				}

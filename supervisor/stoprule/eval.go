@@ -9,7 +9,6 @@ import (
 	"github.com/google/cel-go/common/ast"
 	"github.com/google/cel-go/common/operators"
 	"github.com/google/cel-go/common/types"
-	"google.golang.org/protobuf/reflect/protoreflect"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -41,9 +40,9 @@ func (r Result) SelfReported() bool {
 // Evaluate runs the rule against a snapshot of the node: what the control
 // plane observed, and the counters the agent reported. It is pure and
 // bounded: evaluation stops at CostBudget.
-func (c *Compiled) Evaluate(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) Result {
+func (c *Compiled) Evaluate(observed *Observations, selfReported map[string]float64) Result {
 	if observed == nil {
-		observed = &tetherv1.StopRuleObservations{}
+		observed = &Observations{}
 	}
 	if selfReported == nil {
 		selfReported = map[string]float64{}
@@ -66,9 +65,9 @@ func (c *Compiled) Evaluate(observed *tetherv1.StopRuleObservations, selfReporte
 
 // ValuesOf reads the values the expression reads from a snapshot, as a
 // firing would report them (for TestStopRule, whether or not it fires).
-func (c *Compiled) ValuesOf(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+func (c *Compiled) ValuesOf(observed *Observations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
 	if observed == nil {
-		observed = &tetherv1.StopRuleObservations{}
+		observed = &Observations{}
 	}
 	return c.values(observed, selfReported)
 }
@@ -167,9 +166,8 @@ func references(a *ast.AST) []ref {
 }
 
 // values reads each reference from the snapshot.
-func (c *Compiled) values(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+func (c *Compiled) values(observed *Observations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
 	out := make([]*tetherv1.StopRuleValue, 0, len(c.refs))
-	m := observed.ProtoReflect()
 	for _, r := range c.refs {
 		v := &tetherv1.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
 		switch {
@@ -180,23 +178,17 @@ func (c *Compiled) values(observed *tetherv1.StopRuleObservations, selfReported 
 				v.Value = "absent"
 			}
 		case r.variable == VarSelfReported:
-			v.Value = formatCounters(selfReported)
+			v.Value = formatEntry(selfReported, "", false)
 		default:
-			fd := m.Descriptor().Fields().ByName(protoreflect.Name(r.field))
-			if fd == nil {
+			f, ok := observedByName[r.field]
+			if !ok {
 				continue
 			}
-			val := m.Get(fd)
-			switch {
-			case fd.IsMap() && r.hasKey:
-				x := val.Map().Get(protoreflect.ValueOfString(r.key).MapKey())
-				if !x.IsValid() || !val.Map().Has(protoreflect.ValueOfString(r.key).MapKey()) {
-					v.Value = "absent"
-				} else {
-					v.Value = formatScalar(x)
-				}
-			case fd.IsMap():
-				v.Value = formatMap(val.Map())
+			switch val := f.get(observed).(type) {
+			case counts:
+				v.Value = formatEntry(val, r.key, r.hasKey)
+			case map[string]string:
+				v.Value = formatEntry(val, r.key, r.hasKey)
 			default:
 				v.Value = formatScalar(val)
 			}
@@ -206,8 +198,8 @@ func (c *Compiled) values(observed *tetherv1.StopRuleObservations, selfReported 
 	return out
 }
 
-func formatScalar(v protoreflect.Value) string {
-	switch x := v.Interface().(type) {
+func formatScalar(v any) string {
+	switch x := v.(type) {
 	case float64:
 		return formatFloat(x)
 	case string:
@@ -217,23 +209,22 @@ func formatScalar(v protoreflect.Value) string {
 	}
 }
 
-func formatFloat(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
-
-func formatMap(m protoreflect.Map) string {
-	var parts []string
-	m.Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
-		parts = append(parts, strconv.Quote(k.String())+": "+formatScalar(v))
-		return true
-	})
-	sort.Strings(parts)
-	return "{" + strings.Join(parts, ", ") + "}"
-}
-
-func formatCounters(m map[string]float64) string {
+// formatEntry renders a map's entry under key (when hasKey) or the whole
+// map, its entries in order.
+func formatEntry[V any](m map[string]V, key string, hasKey bool) string {
+	if hasKey {
+		x, ok := m[key]
+		if !ok {
+			return "absent"
+		}
+		return formatScalar(x)
+	}
 	parts := make([]string, 0, len(m))
-	for k, v := range m {
-		parts = append(parts, strconv.Quote(k)+": "+formatFloat(v))
+	for k, x := range m {
+		parts = append(parts, strconv.Quote(k)+": "+formatScalar(x))
 	}
 	sort.Strings(parts)
 	return "{" + strings.Join(parts, ", ") + "}"
 }
+
+func formatFloat(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }

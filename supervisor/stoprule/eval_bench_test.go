@@ -3,14 +3,13 @@ package stoprule_test
 import (
 	"testing"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // BenchmarkEvaluate: one rule against one snapshot, the pure part of a
 // node's evaluation.
 func BenchmarkEvaluate(b *testing.B) {
-	observed := &tetherv1.StopRuleObservations{
+	observed := &stoprule.Observations{
 		Calls: 120, Failures: 9, CallsByTool: map[string]int64{"shell": 70, "http": 40, "sql": 10},
 		FailuresByTool: map[string]int64{"http": 9}, SubtreeSize: 12,
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/storecodec"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -19,7 +20,7 @@ import (
 
 // activeRule is a stored rule with its compiled expression.
 type activeRule struct {
-	rule     *tetherv1.StopRule
+	rule     *Rule
 	compiled *Compiled
 }
 
@@ -144,7 +145,7 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: map[string]bool{}, retry: map[string]bool{}}
-	var rules []*tetherv1.StopRule
+	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if rules, err = allRules(tx); err != nil {
@@ -202,29 +203,29 @@ func (ix *index) markSubtree(root string) {
 	}
 }
 
-func (r *Rules) putRule(ix *index, rule *tetherv1.StopRule) {
-	if _, ok := ix.byID[rule.RuleId]; ok {
+func (r *Rules) putRule(ix *index, rule *Rule) {
+	if _, ok := ix.byID[rule.RuleID]; ok {
 		return // rules never change once stored
 	}
 	c, err := r.compile(rule.Expression)
 	if err != nil {
 		// Checked when attached; a rule that no longer compiles (an older
 		// environment) never fires, and says so.
-		r.Log.Warn("stop rule does not compile; it will not fire", "rule_id", rule.RuleId, "error", err)
+		r.Log.Warn("stop rule does not compile; it will not fire", "rule_id", rule.RuleID, "error", err)
 		return
 	}
 	a := &activeRule{rule: rule, compiled: c}
-	ix.byID[rule.RuleId] = a
+	ix.byID[rule.RuleID] = a
 	if a.polled() {
 		ix.timed++
 	}
-	if rule.NodeId != "" {
-		ix.byNode[rule.NodeId] = append(ix.byNode[rule.NodeId], a)
+	if rule.NodeID != "" {
+		ix.byNode[rule.NodeID] = append(ix.byNode[rule.NodeID], a)
 	} else {
-		ix.selectors[rule.RuleId] = a
+		ix.selectors[rule.RuleID] = a
 	}
-	if rule.NodeId != "" {
-		ix.markSubtree(rule.NodeId)
+	if rule.NodeID != "" {
+		ix.markSubtree(rule.NodeID)
 		return
 	}
 	for id, n := range ix.nodes {
@@ -251,26 +252,26 @@ func (ix *index) removeRule(ruleID string) {
 	if a.polled() {
 		ix.timed--
 	}
-	if list := ix.byNode[a.rule.NodeId]; len(list) > 0 {
+	if list := ix.byNode[a.rule.NodeID]; len(list) > 0 {
 		out := list[:0:0]
 		for _, x := range list {
 			if x != a {
 				out = append(out, x)
 			}
 		}
-		ix.byNode[a.rule.NodeId] = out
+		ix.byNode[a.rule.NodeID] = out
 	}
 }
 
 func (ix *index) appliesTo(a *activeRule, id string, n nodeInfo) bool {
-	if a.rule.NodeId == "" {
+	if a.rule.NodeID == "" {
 		return tree.MatchLabels(n.labels, a.rule.Selector)
 	}
-	if a.rule.NodeId == id {
+	if a.rule.NodeID == id {
 		return true
 	}
 	for _, anc := range n.ancestors {
-		if anc == a.rule.NodeId {
+		if anc == a.rule.NodeID {
 			return true
 		}
 	}
@@ -314,8 +315,8 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				ix.removeRule(tail(ev.Key, prefixRule))
 				continue
 			}
-			rule := &tetherv1.StopRule{}
-			if proto.Unmarshal(ev.Value, rule) == nil {
+			rule := &Rule{}
+			if storecodec.Unmarshal(ev.Value, rule) == nil {
 				r.putRule(ix, rule)
 			}
 		case isUnder(ev.Key, prefixObs):
@@ -379,7 +380,7 @@ var errFault = errors.New("stoprule: injected fault")
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) error {
 	start := time.Now()
 	var node *tetherv1.Node
-	var stored *tetherv1.StopRuleObservations
+	var stored *Observations
 	var self map[string]float64
 	fired := map[string]bool{}
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -414,7 +415,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	r.stats.Nodes.Add(1)
 	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()
 	for _, a := range rules {
-		if fired[a.rule.RuleId] {
+		if fired[a.rule.RuleID] {
 			continue
 		}
 		r.stats.Evaluations.Add(1)
@@ -435,13 +436,13 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 // file writes the stop proposal of a rule that is true for the node, and
 // the rule's fired mark, in one transaction: a rule that fires once files
 // exactly one proposal, across crashes and leader changes.
-func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.StopRule, res Result) error {
+func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *Rule, res Result) error {
 	if err := r.fault("before-file"); err != nil {
 		return err
 	}
 	firing := &tetherv1.StopRuleFiring{
-		RuleId: rule.RuleId, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
-		Labels: rule.Labels, RuleNodeId: rule.NodeId, NodeId: node.NodeId, Values: res.Values,
+		RuleId: rule.RuleID, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
+		Labels: rule.Labels, RuleNodeId: rule.NodeID, NodeId: node.NodeId, Values: res.Values,
 		SelfReported: res.SelfReported(), FiredAt: timestamppb.New(r.Clock.Now()), Action: rule.Action,
 	}
 	mode := supervisor.ModeDrain
@@ -451,12 +452,12 @@ func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.St
 	termID, filed := "", false
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
 		termID, filed = "", false
-		if _, err := tx.Get(firedKey(node.NodeId, rule.RuleId)); err == nil {
+		if _, err := tx.Get(firedKey(node.NodeId, rule.RuleID)); err == nil {
 			return nil // fired already (another evaluation got there first)
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
-		if _, err := tx.Get(ruleKey(rule.RuleId)); err != nil {
+		if _, err := tx.Get(ruleKey(rule.RuleID)); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return nil // removed meanwhile
 			}
@@ -467,14 +468,14 @@ func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.St
 			return err
 		}
 		termID, filed = term, true
-		return tx.Put(firedKey(node.NodeId, rule.RuleId), []byte(p.ProposalId))
+		return tx.Put(firedKey(node.NodeId, rule.RuleID), []byte(p.ProposalId))
 	})
 	if err != nil {
 		return err
 	}
 	if filed {
 		r.stats.Fired.Add(1)
-		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleId, "rule", rule.Name, "node_id", node.NodeId, "termination_id", termID)
+		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleID, "rule", rule.Name, "node_id", node.NodeId, "termination_id", termID)
 	}
 	if termID != "" {
 		r.Supervisor.Kick(termID)

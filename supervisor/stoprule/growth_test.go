@@ -45,8 +45,8 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	}
 	// An older version folded spawns into the stored counters: the root
 	// arrives with two children, one grandchild, already counted.
-	old := &tetherv1.StopRuleObservations{Spawns: 2, SubtreeSize: 4, SubtreeDepth: 2}
-	if err := st.Update(ctx, func(tx store.Txn) error { return putProto(tx, obsKey(root.NodeId), old) }); err != nil {
+	old := &Observations{Spawns: 2, SubtreeSize: 4, SubtreeDepth: 2}
+	if err := st.Update(ctx, func(tx store.Txn) error { return put(tx, obsKey(root.NodeId), old) }); err != nil {
 		t.Fatal(err)
 	}
 	// Levels: 12 parents under the root, each with children, some of
@@ -100,18 +100,18 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	}
 	wg.Wait()
 
-	want := map[string]*tetherv1.StopRuleObservations{root.NodeId: old}
+	want := map[string]*Observations{root.NodeId: old}
 	for _, n := range nodes {
-		ApplySpawn(n, func(id string) *tetherv1.StopRuleObservations {
+		ApplySpawn(n, func(id string) *Observations {
 			if want[id] == nil {
-				want[id] = &tetherv1.StopRuleObservations{}
+				want[id] = &Observations{}
 			}
 			return want[id]
 		})
 	}
 	checked := 0
 	for _, n := range nodes {
-		var got *tetherv1.StopRuleObservations
+		var got *Observations
 		if err := st.View(ctx, func(tx store.ReadTxn) error {
 			var err error
 			got, _, err = readNode(tx, n.NodeId)
@@ -121,7 +121,7 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 		}
 		w := want[n.NodeId]
 		if w == nil {
-			w = &tetherv1.StopRuleObservations{}
+			w = &Observations{}
 		}
 		if got.SubtreeSize != w.SubtreeSize || got.SubtreeDepth != w.SubtreeDepth || got.Spawns != w.Spawns {
 			t.Errorf("node %s: subtree_size %d, subtree_depth %d, spawns %d; want %d, %d, %d",

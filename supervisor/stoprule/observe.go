@@ -4,8 +4,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -13,7 +11,7 @@ import (
 // before is the call as stored before the change (nil for a new call),
 // after as stored after it. Pure; the shell calls it inside the ledger's
 // own transaction, so the counters are exactly the ledger's.
-func ApplyCall(o *tetherv1.StopRuleObservations, before, after *tetherv1.ToolCall) {
+func ApplyCall(o *Observations, before, after *tetherv1.ToolCall) {
 	if after == nil {
 		return
 	}
@@ -52,7 +50,7 @@ func ApplyCall(o *tetherv1.StopRuleObservations, before, after *tetherv1.ToolCal
 // the parent spawned one more child, and every ancestor's subtree grew by
 // one node reaching (at least) the child's depth below it. get returns an
 // ancestor's stored observations for update.
-func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *tetherv1.StopRuleObservations) {
+func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *Observations) {
 	n := len(child.Ancestors)
 	for i, a := range child.Ancestors {
 		o := get(a)
@@ -68,10 +66,10 @@ func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *tetherv1.StopRule
 // evaluation time: the node itself, its age on the control plane's clock,
 // and the lease and revocation counts when the shell fetched them. The
 // stored message is not modified.
-func Snapshot(stored *tetherv1.StopRuleObservations, n *tetherv1.Node, now time.Time) *tetherv1.StopRuleObservations {
-	o := &tetherv1.StopRuleObservations{}
+func Snapshot(stored *Observations, n *tetherv1.Node, now time.Time) *Observations {
+	o := &Observations{}
 	if stored != nil {
-		o = proto.CloneOf(stored)
+		o = stored.Clone()
 	}
 	o.SubtreeSize = max(o.SubtreeSize, 1)
 	o.Depth = int64(len(n.Ancestors))

@@ -13,13 +13,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/storecodec"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -29,10 +27,10 @@ import (
 // Store key layout.
 const (
 	prefixAll   = "stoprules/"
-	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → tetherv1.StopRule
-	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → tetherv1.StopRuleObservations (the stored counters)
+	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → Rule (as tether.v1.StopRule)
+	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
 	prefixGrow  = "stoprules/grow/"  // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
-	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → tetherv1.ReportCountersResponse
+	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
 	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
 	prefixSel   = "stoprules/sel/"   // stoprules/sel/<rule id> → "" selector rules
@@ -44,11 +42,11 @@ func onKey(node, rule string) []byte { return []byte(prefixOn + node + "/" + rul
 func selKey(rule string) []byte      { return []byte(prefixSel + rule) }
 
 // indexKey is where a rule is listed by what it is attached to.
-func indexKey(r *tetherv1.StopRule) []byte {
-	if r.NodeId != "" {
-		return onKey(r.NodeId, r.RuleId)
+func indexKey(r *Rule) []byte {
+	if r.NodeID != "" {
+		return onKey(r.NodeID, r.RuleID)
 	}
-	return selKey(r.RuleId)
+	return selKey(r.RuleID)
 }
 func obsKey(node string) []byte     { return []byte(prefixObs + node) }
 func growPrefix(node string) []byte { return []byte(prefixGrow + node + "/") }
@@ -123,14 +121,14 @@ func (r *Rules) compile(expression string) (*Compiled, error) {
 // Add validates, compiles and stores a rule for actor. The rule's
 // node_id or selector, name, expression, action, severity, labels and
 // description are taken from in; the rest is set here.
-func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tetherv1.StopRule, *Compiled, error) {
-	rule := &tetherv1.StopRule{
-		RuleId: id.New(id.StopRule), Name: in.Name, Expression: in.Expression, Action: in.Action,
-		SetBy: a.ID, NodeId: in.NodeId, Selector: in.Selector, Severity: in.Severity, Labels: in.Labels,
-		Description: in.Description, CreatedAt: timestamppb.New(r.Clock.Now()),
+func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, error) {
+	rule := &Rule{
+		RuleID: id.New(id.StopRule), Name: in.Name, Expression: in.Expression, Action: in.Action,
+		SetBy: a.ID, NodeID: in.NodeID, Selector: in.Selector, Severity: in.Severity, Labels: in.Labels,
+		Description: in.Description, CreatedAt: r.Clock.Now(),
 	}
-	if rule.NodeId != "" {
-		if err := id.Check(id.Node, "node_id", rule.NodeId); err != nil {
+	if rule.NodeID != "" {
+		if err := id.Check(id.Node, "node_id", rule.NodeID); err != nil {
 			return nil, nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 		}
 	}
@@ -146,8 +144,8 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 	}
 	err = r.Store.Update(ctx, func(tx store.Txn) error {
 		var target *tetherv1.Node
-		if rule.NodeId != "" {
-			n, err := tree.GetNodeIn(tx, rule.NodeId)
+		if rule.NodeID != "" {
+			n, err := tree.GetNodeIn(tx, rule.NodeID)
 			if err != nil {
 				return err
 			}
@@ -159,8 +157,8 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 		// Only the rules that can matter are read: those attached to the
 		// target and its ancestors, and the selector rules (each set at
 		// most MaxRulesPerNode), never every rule.
-		own, err := rulesIndexed(tx, prefixOn+rule.NodeId+"/")
-		if rule.NodeId == "" {
+		own, err := rulesIndexed(tx, prefixOn+rule.NodeID+"/")
+		if rule.NodeID == "" {
 			own, err = rulesIndexed(tx, prefixSel)
 		}
 		if err != nil {
@@ -183,7 +181,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 		if err := tx.Put(indexKey(rule), nil); err != nil {
 			return err
 		}
-		return putProto(tx, ruleKey(rule.RuleId), rule)
+		return put(tx, ruleKey(rule.RuleID), rule)
 	})
 	if err != nil {
 		return nil, nil, err
@@ -192,14 +190,14 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 }
 
 // Remove removes a rule, if actor may (CheckRemove).
-func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*tetherv1.StopRule, error) {
+func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*Rule, error) {
 	if err := id.Check(id.StopRule, "rule_id", ruleID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 	}
-	var rule *tetherv1.StopRule
+	var rule *Rule
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
-		rule = &tetherv1.StopRule{}
-		if err := getProto(tx, ruleKey(ruleID), rule); err != nil {
+		rule = &Rule{}
+		if err := get(tx, ruleKey(ruleID), rule); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
 			}
@@ -227,11 +225,11 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*tetherv1.S
 // List returns the rules in effect at nodeID (its own, inherited and
 // selector rules matching it), or every rule when nodeID is empty
 // (operators only).
-func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*tetherv1.StopRule, error) {
+func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*Rule, error) {
 	if nodeID == "" && a.IsAgent() {
 		return nil, fmt.Errorf("%w: agent %s must name a node_id of its subtree", ErrDenied, a.NodeID)
 	}
-	var out []*tetherv1.StopRule
+	var out []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		if nodeID == "" {
 			var err error
@@ -263,7 +261,7 @@ func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tetherv1.No
 // TestResult is what Test answers.
 type TestResult struct {
 	Result
-	Observed     *tetherv1.StopRuleObservations
+	Observed     *Observations
 	SelfReported map[string]float64
 }
 
@@ -276,7 +274,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 		}
 	}
 	var n *tetherv1.Node
-	var stored *tetherv1.StopRuleObservations
+	var stored *Observations
 	var self map[string]float64
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -284,8 +282,8 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			return err
 		}
 		if ruleID != "" {
-			rule := &tetherv1.StopRule{}
-			if err := getProto(tx, ruleKey(ruleID), rule); err != nil {
+			rule := &Rule{}
+			if err := get(tx, ruleKey(ruleID), rule); err != nil {
 				if errors.Is(err, store.ErrNotFound) {
 					return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
 				}
@@ -329,8 +327,8 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 		if _, err := tree.GetNodeIn(tx, nodeID); err != nil {
 			return err
 		}
-		cur := &tetherv1.ReportCountersResponse{}
-		if err := getProto(tx, selfKey(nodeID), cur); err != nil && !errors.Is(err, store.ErrNotFound) {
+		cur := &reported{}
+		if err := get(tx, selfKey(nodeID), cur); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		if cur.Counters == nil {
@@ -341,7 +339,7 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 			return fmt.Errorf("%w: counters: at most %d per node", ErrInvalidRule, MaxCounters)
 		}
 		out = cur.Counters
-		return putProto(tx, selfKey(nodeID), cur)
+		return put(tx, selfKey(nodeID), cur)
 	})
 	return out, err
 }
@@ -354,7 +352,7 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) erro
 		return err
 	}
 	ApplyCall(o, before, after)
-	return putProto(tx, obsKey(after.NodeId), o)
+	return put(tx, obsKey(after.NodeId), o)
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -436,7 +434,7 @@ func getGrowth(tx store.ReadTxn, key []byte) (growth, error) {
 
 // snapshot completes the stored counters with the node, the clock, and
 // (when asked) the leases and revocations.
-func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1.StopRuleObservations, leases, revocations bool) (*tetherv1.StopRuleObservations, error) {
+func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *Observations, leases, revocations bool) (*Observations, error) {
 	o := Snapshot(stored, n, r.Clock.Now())
 	if leases && r.Leases != nil {
 		ls, _, err := r.Leases.List(ctx, n.NodeId, "", 1000)
@@ -466,7 +464,7 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1
 
 // rulesInEffect reads the rules that may be in effect at n: attached to n
 // or an ancestor, and the selector rules (InEffect keeps those matching).
-func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*tetherv1.StopRule, error) {
+func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*Rule, error) {
 	out, err := rulesIndexed(tx, prefixSel)
 	if err != nil {
 		return nil, err
@@ -488,7 +486,7 @@ func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*tetherv1.StopRule, er
 }
 
 // rulesIndexed reads the rules listed under an index prefix.
-func rulesIndexed(tx store.ReadTxn, prefix string) ([]*tetherv1.StopRule, error) {
+func rulesIndexed(tx store.ReadTxn, prefix string) ([]*Rule, error) {
 	var ids []string
 	if err := tx.Scan([]byte(prefix), nil, func(k, _ []byte) error {
 		ids = append(ids, tail(k, prefix))
@@ -499,10 +497,10 @@ func rulesIndexed(tx store.ReadTxn, prefix string) ([]*tetherv1.StopRule, error)
 	if err := store.Prefetch(tx, keysOf(ids), nil); err != nil {
 		return nil, err
 	}
-	out := make([]*tetherv1.StopRule, 0, len(ids))
+	out := make([]*Rule, 0, len(ids))
 	for _, id := range ids {
-		r := &tetherv1.StopRule{}
-		if err := getProto(tx, ruleKey(id), r); err != nil {
+		r := &Rule{}
+		if err := get(tx, ruleKey(id), r); err != nil {
 			return nil, fmt.Errorf("stoprule: index names rule %s: %w", id, err)
 		}
 		out = append(out, r)
@@ -518,11 +516,11 @@ func keysOf(ids []string) [][]byte {
 	return out
 }
 
-func allRules(tx store.ReadTxn) ([]*tetherv1.StopRule, error) {
-	var out []*tetherv1.StopRule
+func allRules(tx store.ReadTxn) ([]*Rule, error) {
+	var out []*Rule
 	err := tx.Scan([]byte(prefixRule), nil, func(_, v []byte) error {
-		rule := &tetherv1.StopRule{}
-		if err := proto.Unmarshal(v, rule); err != nil {
+		rule := &Rule{}
+		if err := storecodec.Unmarshal(v, rule); err != nil {
 			return err
 		}
 		out = append(out, rule)
@@ -532,7 +530,7 @@ func allRules(tx store.ReadTxn) ([]*tetherv1.StopRule, error) {
 }
 
 // readNode reads a node's stored counters and self-reported counters.
-func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, map[string]float64, error) {
+func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float64, error) {
 	o, err := storedObs(tx, nodeID)
 	if err != nil {
 		return nil, nil, err
@@ -556,8 +554,8 @@ func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, 
 	if nodes > 0 {
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
 	}
-	self := &tetherv1.ReportCountersResponse{}
-	if err := getProto(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
+	self := &reported{}
+	if err := get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, nil, err
 	}
 	return o, self.Counters, nil
@@ -565,26 +563,28 @@ func readNode(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, 
 
 // storedObs reads a node's stored counters alone, without the growth
 // records (readNode adds them): what is written back.
-func storedObs(tx store.ReadTxn, nodeID string) (*tetherv1.StopRuleObservations, error) {
-	o := &tetherv1.StopRuleObservations{}
-	if err := getProto(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {
+func storedObs(tx store.ReadTxn, nodeID string) (*Observations, error) {
+	o := &Observations{}
+	if err := get(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
 	return o, nil
 }
 
-func putProto(tx store.Txn, key []byte, m proto.Message) error {
-	b, err := proto.Marshal(m)
+// put stores v (a Rule, Observations or reported) in its tether.v1
+// message's encoding.
+func put(tx store.Txn, key []byte, v any) error {
+	b, err := storecodec.Marshal(v)
 	if err != nil {
 		return err
 	}
 	return tx.Put(key, b)
 }
 
-func getProto(tx store.ReadTxn, key []byte, m proto.Message) error {
+func get(tx store.ReadTxn, key []byte, v any) error {
 	b, err := tx.Get(key)
 	if err != nil {
 		return err
 	}
-	return proto.Unmarshal(b, m)
+	return storecodec.Unmarshal(b, v)
 }

@@ -43,9 +43,9 @@ func TestTranscripts(t *testing.T) {
 
 type world struct {
 	nodes    map[string]*tetherv1.Node
-	obs      map[string]*tetherv1.StopRuleObservations
+	obs      map[string]*stoprule.Observations
 	self     map[string]map[string]float64
-	rules    []*tetherv1.StopRule
+	rules    []*stoprule.Rule
 	lastEval map[string]stoprule.Result
 	last     error
 	seq      int
@@ -68,15 +68,15 @@ func (w *world) node(t *testing.T, name string) *tetherv1.Node {
 	return n
 }
 
-func (w *world) observed(name string) *tetherv1.StopRuleObservations {
+func (w *world) observed(name string) *stoprule.Observations {
 	if w.obs[name] == nil {
-		w.obs[name] = &tetherv1.StopRuleObservations{}
+		w.obs[name] = &stoprule.Observations{}
 	}
 	return w.obs[name]
 }
 
 // add runs the checks the shell runs, in its order.
-func (w *world) add(a stoprule.Actor, r *tetherv1.StopRule) error {
+func (w *world) add(a stoprule.Actor, r *stoprule.Rule) error {
 	if err := stoprule.Validate(r); err != nil {
 		return err
 	}
@@ -84,13 +84,13 @@ func (w *world) add(a stoprule.Actor, r *tetherv1.StopRule) error {
 		return err
 	}
 	var target *tetherv1.Node
-	if r.NodeId != "" {
-		target = w.nodes[r.NodeId]
+	if r.NodeID != "" {
+		target = w.nodes[r.NodeID]
 	}
 	if err := stoprule.CheckAttach(a, target); err != nil {
 		return err
 	}
-	var inEffect []*tetherv1.StopRule
+	var inEffect []*stoprule.Rule
 	for _, o := range w.rules {
 		if (target != nil && stoprule.Applies(o, target)) || (target == nil && o.Name == r.Name) {
 			inEffect = append(inEffect, o)
@@ -124,7 +124,7 @@ func runTranscript(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w := &world{nodes: map[string]*tetherv1.Node{}, obs: map[string]*tetherv1.StopRuleObservations{}, self: map[string]map[string]float64{}}
+	w := &world{nodes: map[string]*tetherv1.Node{}, obs: map[string]*stoprule.Observations{}, self: map[string]map[string]float64{}}
 	sc := bufio.NewScanner(f)
 	lineNo := 0
 	for sc.Scan() {
@@ -167,13 +167,13 @@ func runTranscript(t *testing.T, path string) {
 				fail("want ': EXPR'")
 			}
 			s := strings.Fields(spec)
-			r := &tetherv1.StopRule{RuleId: "r" + strconv.Itoa(w.seq), Name: s[1], Expression: strings.TrimSpace(expr)}
+			r := &stoprule.Rule{RuleID: "r" + strconv.Itoa(w.seq), Name: s[1], Expression: strings.TrimSpace(expr)}
 			w.seq++
 			if s[5] == "selector" {
 				k, v, _ := strings.Cut(s[6], "=")
 				r.Selector = map[string]string{k: v}
 			} else {
-				r.NodeId = s[5]
+				r.NodeID = s[5]
 			}
 			w.last = w.add(w.actor(s[3]), r)
 		case "remove":
@@ -184,7 +184,7 @@ func runTranscript(t *testing.T, path string) {
 				var got []string
 				for _, r := range stoprule.InEffect(w.rules, w.node(t, fields[1])) {
 					switch {
-					case r.NodeId == "":
+					case r.NodeID == "":
 						got = append(got, r.Name+"(selector)")
 					case r.Inherited:
 						got = append(got, r.Name+"(inherited)")
