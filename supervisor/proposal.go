@@ -108,7 +108,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 	if err != nil {
 		return nil, "", err
 	}
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if n.State != tree.NodeStateRunning {
 		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {
@@ -209,7 +209,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if err != nil {
 			return err
 		}
-		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 		}
 		pending := 0
@@ -294,7 +294,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 	if err != nil {
 		return Termination{}, err
 	}
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if n.State != tree.NodeStateRunning {
 		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, tree.StateName(n.State))
 	}
 	mode := ModeDrain
@@ -317,7 +317,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 		// its mode and window. It carries the proposing agent's authority,
 		// so that it never shields the node from its ancestors (nor from a
 		// rollout) with a window of its choosing.
-		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeId)
+		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
 	}
 	p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
 	p.TerminationId = term.ID

@@ -123,16 +123,16 @@ func recordCall(c *tetherv1.ToolCall) *tetherv1.RecordToolCall {
 
 // recordNode is a node's entry: its exit weighed against the control
 // plane's evidence (tree.JudgeExit), the claim and the contradictions shown.
-func recordNode(n *tetherv1.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
+func recordNode(n *tree.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
 	v := tree.JudgeExit(n, inWorkload, liveGrants)
 	rn := &tetherv1.RecordNode{
-		NodeId: n.NodeId, Name: n.Name, ParentNodeId: n.ParentNodeId, LastSeenAt: n.LastSeenAt,
-		ClaimedBy: v.ClaimedBy, ClaimedAt: v.ClaimedAt, Contradictions: n.Contradictions,
-		SessionClosedAt: n.SessionClosedAt, SessionOpen: tree.SessionOpen(n),
+		NodeId: n.NodeID, Name: n.Name, ParentNodeId: n.ParentNodeID, LastSeenAt: pbTime(n.LastSeenAt),
+		ClaimedBy: v.ClaimedBy, ClaimedAt: pbTime(v.ClaimedAt), Contradictions: pbContradictions(n.Contradictions),
+		SessionClosedAt: pbTime(n.SessionClosedAt), SessionOpen: tree.SessionOpen(n),
 	}
 	if v.Confirmed {
 		rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
-		rn.ConfirmedBy, rn.ConfirmedAt = v.ConfirmedBy, v.ConfirmedAt
+		rn.ConfirmedBy, rn.ConfirmedAt = v.ConfirmedBy, pbTime(v.ConfirmedAt)
 		return rn
 	}
 	rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED
@@ -167,7 +167,7 @@ func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 		in, ok := seen[nodeID]
 		if !ok {
 			n, err := tree.GetNodeIn(tx, nodeID)
-			in = err != nil || n.State != tetherv1.NodeState_NODE_STATE_RUNNING || tree.ExitConfirmed(n)
+			in = err != nil || n.State != tree.NodeStateRunning || tree.ExitConfirmed(n)
 			seen[nodeID] = in
 		}
 		return in

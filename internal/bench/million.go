@@ -329,7 +329,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 			return nil, capability.Grant{}, fmt.Errorf("spawn under %s: %w", parent.NodeId, err)
 		}
 		g, err := capability.Delegate(parentGrant, capability.DelegateRequest{
-			GrantID: id.New(id.Grant), Issuer: capability.AgentPrincipal(parent.NodeId), HolderNodeID: child.NodeId, Scopes: scopes,
+			GrantID: id.New(id.Grant), Issuer: capability.AgentPrincipal(parent.NodeId), HolderNodeID: child.NodeID, Scopes: scopes,
 		}, child.Ancestors, now)
 		if err != nil {
 			return nil, capability.Grant{}, err
@@ -340,7 +340,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 			return nil, capability.Grant{}, context.Cause(ctx)
 		}
 		done.Add(1)
-		return child, g, nil
+		return wire.Node(child), g, nil
 	}
 
 	type branch struct {

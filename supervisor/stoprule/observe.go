@@ -5,6 +5,7 @@ import (
 	"time"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // ApplyCall folds one ledger change into a node's stored observations:
@@ -50,7 +51,7 @@ func ApplyCall(o *Observations, before, after *tetherv1.ToolCall) {
 // the parent spawned one more child, and every ancestor's subtree grew by
 // one node reaching (at least) the child's depth below it. get returns an
 // ancestor's stored observations for update.
-func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *Observations) {
+func ApplySpawn(child *tree.Node, get func(nodeID string) *Observations) {
 	n := len(child.Ancestors)
 	for i, a := range child.Ancestors {
 		o := get(a)
@@ -66,7 +67,7 @@ func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *Observations) {
 // evaluation time: the node itself, its age on the control plane's clock,
 // and the lease and revocation counts when the shell fetched them. The
 // stored message is not modified.
-func Snapshot(stored *Observations, n *tetherv1.Node, now time.Time) *Observations {
+func Snapshot(stored *Observations, n *tree.Node, now time.Time) *Observations {
 	o := &Observations{}
 	if stored != nil {
 		o = stored.Clone()
@@ -75,8 +76,8 @@ func Snapshot(stored *Observations, n *tetherv1.Node, now time.Time) *Observatio
 	o.Depth = int64(len(n.Ancestors))
 	o.NodeName = n.Name
 	o.NodeLabels = n.Labels
-	if n.CreatedAt != nil {
-		o.AgeSeconds = max(now.Sub(n.CreatedAt.AsTime()).Seconds(), 0)
+	if !n.CreatedAt.IsZero() {
+		o.AgeSeconds = max(now.Sub(n.CreatedAt).Seconds(), 0)
 	}
 	return o
 }

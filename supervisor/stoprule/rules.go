@@ -143,7 +143,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		return nil, nil, err
 	}
 	err = r.Store.Update(ctx, func(tx store.Txn) error {
-		var target *tetherv1.Node
+		var target *tree.Node
 		if rule.NodeID != "" {
 			n, err := tree.GetNodeIn(tx, rule.NodeID)
 			if err != nil {
@@ -203,7 +203,7 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*Rule, erro
 			}
 			return err
 		}
-		var setter *tetherv1.Node
+		var setter *tree.Node
 		if n := SetterNode(rule); n != "" {
 			s, err := tree.GetNodeIn(tx, n)
 			if err != nil && !errors.Is(err, tree.ErrNodeNotFound) {
@@ -247,7 +247,7 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*Rule, erro
 	return out, err
 }
 
-func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tetherv1.Node, error) {
+func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tree.Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 	}
@@ -273,7 +273,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			return TestResult{}, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 		}
 	}
-	var n *tetherv1.Node
+	var n *tree.Node
 	var stored *Observations
 	var self map[string]float64
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -365,9 +365,9 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) erro
 // all read and rewrite the root's counters (on etcd, 64 clients under one
 // root had conflicted once per spawn). Readers add the records up
 // (readNode); every spawn is in exactly one record of each ancestor.
-func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
+func (r *Rules) ObserveSpawn(tx store.Txn, child *tree.Node) error {
 	n := len(child.Ancestors)
-	shard := growShard(child.ParentNodeId)
+	shard := growShard(child.ParentNodeID)
 	for i, a := range child.Ancestors {
 		key := growKey(a, shard)
 		g, err := getGrowth(tx, key)
@@ -434,12 +434,12 @@ func getGrowth(tx store.ReadTxn, key []byte) (growth, error) {
 
 // snapshot completes the stored counters with the node, the clock, and
 // (when asked) the leases and revocations.
-func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *Observations, leases, revocations bool) (*Observations, error) {
+func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations, leases, revocations bool) (*Observations, error) {
 	o := Snapshot(stored, n, r.Clock.Now())
 	if leases && r.Leases != nil {
-		ls, _, err := r.Leases.List(ctx, n.NodeId, "", 1000)
+		ls, _, err := r.Leases.List(ctx, n.NodeID, "", 1000)
 		if err != nil {
-			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeId, err)
+			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeID, err)
 		}
 		for _, l := range ls {
 			bump(&o.LeasesByState, strings.ToLower(l.State.String()), 1)
@@ -449,9 +449,9 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *Observat
 		}
 	}
 	if revocations && r.Grants != nil {
-		held, err := r.Grants.HeldBy(ctx, []string{n.NodeId})
+		held, err := r.Grants.HeldBy(ctx, []string{n.NodeID})
 		if err != nil {
-			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeId, err)
+			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeID, err)
 		}
 		for _, g := range held {
 			if g.Outcome == capability.OutcomeRevoked {
@@ -464,12 +464,12 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *Observat
 
 // rulesInEffect reads the rules that may be in effect at n: attached to n
 // or an ancestor, and the selector rules (InEffect keeps those matching).
-func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*Rule, error) {
+func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*Rule, error) {
 	out, err := rulesIndexed(tx, prefixSel)
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeId) {
+	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeID) {
 		rs, err := rulesIndexed(tx, prefixOn+id+"/")
 		if err != nil {
 			return nil, err
