@@ -7,6 +7,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor/stoprule"
@@ -100,7 +101,7 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 		return nil, toConnect(err)
 	}
 	resp := &tetherv1.TestStopRuleResponse{
-		Result: res.Fired, Values: res.Values, Observed: res.Observed, SelfReported: res.SelfReported, Cost: res.Cost,
+		Result: res.Fired, Values: wire.StopRuleValues(res.Values), Observed: res.Observed, SelfReported: res.SelfReported, Cost: res.Cost,
 	}
 	if res.Err != nil {
 		resp.Error = res.Err.Error()

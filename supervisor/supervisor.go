@@ -53,7 +53,7 @@ type LeaseCanceller interface {
 	// FinalizeHeldBy reconciles those leases explicitly (cancelled when the
 	// worker acknowledged, expired when the lease ran out, otherwise a
 	// bounded unresolved) and reports each. Idempotent.
-	FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]*tetherv1.RecordLease, error)
+	FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]RecordLease, error)
 }
 
 // Supervisor terminates subtrees and writes reconciliation records.

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
@@ -473,7 +473,7 @@ func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session)
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
-	b, err := supervisor.MarshalRecord(rec)
+	b, err := wire.RecordJSON(rec)
 	if err != nil {
 		c.fail(w, r, s, http.StatusInternalServerError, "Could not render the record", err.Error())
 		return

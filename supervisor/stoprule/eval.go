@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // Result is one evaluation of a rule against one node's snapshot.
@@ -20,7 +21,7 @@ type Result struct {
 	Fired bool
 	// Values the expression read, from the same snapshot: set when the
 	// rule fired (ValuesOf reads them otherwise).
-	Values []*tetherv1.StopRuleValue
+	Values []supervisor.StopRuleValue
 	// Cost is what the evaluation cost, in CEL cost units.
 	Cost uint64
 	// Err is why the evaluation failed (a missing map key, the cost limit);
@@ -66,7 +67,7 @@ func (c *Compiled) Evaluate(observed *tetherv1.StopRuleObservations, selfReporte
 
 // ValuesOf reads the values the expression reads from a snapshot, as a
 // firing would report them (for TestStopRule, whether or not it fires).
-func (c *Compiled) ValuesOf(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+func (c *Compiled) ValuesOf(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []supervisor.StopRuleValue {
 	if observed == nil {
 		observed = &tetherv1.StopRuleObservations{}
 	}
@@ -167,11 +168,11 @@ func references(a *ast.AST) []ref {
 }
 
 // values reads each reference from the snapshot.
-func (c *Compiled) values(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
-	out := make([]*tetherv1.StopRuleValue, 0, len(c.refs))
+func (c *Compiled) values(observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []supervisor.StopRuleValue {
+	out := make([]supervisor.StopRuleValue, 0, len(c.refs))
 	m := observed.ProtoReflect()
 	for _, r := range c.refs {
-		v := &tetherv1.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
+		v := supervisor.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
 		switch {
 		case r.variable == VarSelfReported && r.hasKey:
 			if x, ok := selfReported[r.key]; ok {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
@@ -439,10 +438,10 @@ func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.St
 	if err := r.fault("before-file"); err != nil {
 		return err
 	}
-	firing := &tetherv1.StopRuleFiring{
-		RuleId: rule.RuleId, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
-		Labels: rule.Labels, RuleNodeId: rule.NodeId, NodeId: node.NodeId, Values: res.Values,
-		SelfReported: res.SelfReported(), FiredAt: timestamppb.New(r.Clock.Now()), Action: rule.Action,
+	firing := &supervisor.StopRuleFiring{
+		RuleID: rule.RuleId, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
+		Labels: rule.Labels, RuleNodeID: rule.NodeId, NodeID: node.NodeId, Values: res.Values,
+		SelfReported: res.SelfReported(), FiredAt: r.Clock.Now(), Action: rule.Action,
 	}
 	mode := supervisor.ModeDrain
 	if rule.Action == ActionAbort {
@@ -467,7 +466,7 @@ func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.St
 			return err
 		}
 		termID, filed = term, true
-		return tx.Put(firedKey(node.NodeId, rule.RuleId), []byte(p.ProposalId))
+		return tx.Put(firedKey(node.NodeId, rule.RuleId), []byte(p.ProposalID))
 	})
 	if err != nil {
 		return err
