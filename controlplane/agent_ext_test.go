@@ -207,7 +207,7 @@ func TestBadInputIsRefusedWithoutStateChange(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
+		n.State = tree.NodeStateTerminated
 		return tree.PutNodeIn(tx, n)
 	})
 	if err != nil {

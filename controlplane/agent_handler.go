@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -72,7 +73,7 @@ func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (str
 		return "", connect.NewError(connect.CodeFailedPrecondition, err)
 	case err != nil:
 		return "", err
-	case n.State == tetherv1.NodeState_NODE_STATE_TERMINATED:
+	case n.State == tree.NodeStateTerminated:
 		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
 	lineage = lineageOf(n)
@@ -81,11 +82,11 @@ func (s *Server) agentAct(ctx context.Context, nodeID, kind, detail string) (str
 }
 
 // lineageOf is the root of a node's tree.
-func lineageOf(n *tetherv1.Node) string {
+func lineageOf(n *tree.Node) string {
 	if len(n.Ancestors) > 0 {
 		return n.Ancestors[0]
 	}
-	return n.NodeId
+	return n.NodeID
 }
 
 // nodeAlive is agentActive without the exit check: the node is neither
@@ -98,7 +99,7 @@ func (s *Server) nodeAlive(ctx context.Context, nodeID string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+	if n.State == tree.NodeStateTerminated {
 		return "", fmt.Errorf("%w: node %s is terminated", auth.ErrRevoked, nodeID)
 	}
 	return lineageOf(n), nil
@@ -113,11 +114,11 @@ func (a *agentService) RegisterRoot(ctx context.Context, req *connect.Request[te
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	cred, exp, err := a.s.issuer.MintAgent(node.NodeID, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RegisterRootResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+	return connect.NewResponse(&tetherv1.RegisterRootResponse{Node: wire.Node(node), Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
 }
 
 func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.SpawnRequest]) (*connect.Response[tetherv1.SpawnResponse], error) {
@@ -125,11 +126,11 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, err
 	}
-	authorize := func(parent *tetherv1.Node) error {
+	authorize := func(parent *tree.Node) error {
 		// An agent spawns only under its own node: an agent cannot grow
 		// another agent's subtree.
-		if p.IsAgent() && parent.NodeId != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeId)
+		if p.IsAgent() && parent.NodeID != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeID)
 		}
 		return nil
 	}
@@ -141,11 +142,11 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 	// signing during the commit made a lone caller's spawns slower on a
 	// loaded machine (its wake-ups competed with the committer's), and
 	// with many callers the CPU, not the wait, is the bound.
-	cred, exp, err := a.s.issuer.MintAgent(node.NodeId, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
+	cred, exp, err := a.s.issuer.MintAgent(node.NodeID, a.s.cfg.Clock.Now(), a.s.cfg.AgentCredentialTTL)
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.SpawnResponse{Node: node, Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+	return connect.NewResponse(&tetherv1.SpawnResponse{Node: wire.Node(node), Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
 }
 
 // MaxSpawnBatch bounds the children of one SpawnBatch call (one store
@@ -167,9 +168,9 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 	if err := auth.Spend(ctx, len(req.Msg.Children)-1); err != nil {
 		return nil, err
 	}
-	authorize := func(parent *tetherv1.Node) error {
-		if p.IsAgent() && parent.NodeId != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeId)
+	authorize := func(parent *tree.Node) error {
+		if p.IsAgent() && parent.NodeID != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeID)
 		}
 		return nil
 	}
@@ -194,7 +195,7 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < len(nodes); i = int(next.Add(1) - 1) {
 				c := &creds[i]
-				c.token, c.expires, c.err = a.s.issuer.MintAgent(nodes[i].NodeId, now, a.s.cfg.AgentCredentialTTL)
+				c.token, c.expires, c.err = a.s.issuer.MintAgent(nodes[i].NodeID, now, a.s.cfg.AgentCredentialTTL)
 			}
 		})
 	}
@@ -204,7 +205,7 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 		if creds[i].err != nil {
 			return nil, toConnect(creds[i].err)
 		}
-		out.Spawned[i] = &tetherv1.SpawnResponse{Node: n, Credential: creds[i].token, CredentialExpiresAt: timestamppb.New(creds[i].expires)}
+		out.Spawned[i] = &tetherv1.SpawnResponse{Node: wire.Node(n), Credential: creds[i].token, CredentialExpiresAt: timestamppb.New(creds[i].expires)}
 	}
 	return connect.NewResponse(out), nil
 }
@@ -218,8 +219,8 @@ type mintedCredential struct {
 
 // canSee says whether p may read node n: operators see everything, an agent
 // sees its own subtree.
-func canSee(p auth.Principal, n *tetherv1.Node) bool {
-	return !p.IsAgent() || n.NodeId == p.NodeID() || tree.IsAncestor(n, p.NodeID())
+func canSee(p auth.Principal, n *tree.Node) bool {
+	return !p.IsAgent() || n.NodeID == p.NodeID() || tree.IsAncestor(n, p.NodeID())
 }
 
 func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv1.GetNodeRequest]) (*connect.Response[tetherv1.GetNodeResponse], error) {
@@ -232,9 +233,9 @@ func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv
 		return nil, toConnect(err)
 	}
 	if !canSee(p, n) {
-		return nil, denied("agent %s may read only its own subtree, not node_id %s", p.NodeID(), n.NodeId)
+		return nil, denied("agent %s may read only its own subtree, not node_id %s", p.NodeID(), n.NodeID)
 	}
-	return connect.NewResponse(&tetherv1.GetNodeResponse{Node: n}), nil
+	return connect.NewResponse(&tetherv1.GetNodeResponse{Node: wire.Node(n)}), nil
 }
 
 const maxPageSize = 1000
@@ -264,7 +265,7 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 		if err != nil {
 			return nil, toConnect(err)
 		}
-		return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: nodes, NextPageToken: next}), nil
+		return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(nodes), NextPageToken: next}), nil
 	}
 	nodes, err := a.s.tree.Subtree(ctx, root)
 	if err != nil {
@@ -279,5 +280,5 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 			out = append(out, n)
 		}
 	}
-	return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: out}), nil
+	return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(out)}), nil
 }

@@ -258,7 +258,7 @@ func terminateInStore(t *testing.T, srv *testserver.Server, nodeID string) {
 		if err != nil {
 			return err
 		}
-		n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
+		n.State = tree.NodeStateTerminated
 		return tree.PutNodeIn(tx, n)
 	})
 	if err != nil {

@@ -241,11 +241,11 @@ func (c *capabilityService) revocationFilter(ctx context.Context) (func(capabili
 	if err != nil {
 		return nil, err
 	}
-	lineage := node.NodeId
+	lineage := node.NodeID
 	if len(node.Ancestors) > 0 {
 		lineage = node.Ancestors[0]
 	}
-	affects := map[string]bool{node.NodeId: true} // holders whose subtree holds the caller
+	affects := map[string]bool{node.NodeID: true} // holders whose subtree holds the caller
 	for _, a := range node.Ancestors {
 		affects[a] = true
 	}

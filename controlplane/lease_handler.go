@@ -179,7 +179,7 @@ func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error
 	if err != nil {
 		return toConnect(err)
 	}
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if n.State != tree.NodeStateRunning {
 		state := strings.ToLower(strings.TrimPrefix(n.State.String(), "NODE_STATE_"))
 		return connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("agent %s is %s: a node that is draining, aborting or stopped cannot %s a new lease", nodeID, state, what))

@@ -15,6 +15,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Store prefixes the censuses watch. They are the supervisor's and the
@@ -207,8 +208,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 // needed; a node that does not decode is left out rather than failing the
 // census.
 func classifyNode(_, value []byte) (censusEntry, bool) {
-	var n tetherv1.Node
-	if err := proto.Unmarshal(value, &n); err != nil {
+	var n tree.Node
+	if err := tree.UnmarshalNode(value, &n); err != nil {
 		return censusEntry{}, false
 	}
 	return censusEntry{label: enumLabel(n.State.String(), "NODE_STATE_")}, true

@@ -11,9 +11,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/rollout"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Rollout starts a rollout: operators only (the policy), since it drains
@@ -112,9 +114,9 @@ func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, err
 	}
-	authorize := func(n *tetherv1.Node) error {
-		if p.IsAgent() && n.NodeId != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may report only its own readiness, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)
+	authorize := func(n *tree.Node) error {
+		if p.IsAgent() && n.NodeID != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may report only its own readiness, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeID)
 		}
 		return nil
 	}
@@ -122,7 +124,7 @@ func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ReportReadyResponse{Node: n}), nil
+	return connect.NewResponse(&tetherv1.ReportReadyResponse{Node: wire.Node(n)}), nil
 }
 
 func rolloutToProto(r rollout.Rollout) *tetherv1.Rollout {

@@ -35,7 +35,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.addLeaderComponent("leases", leases.Run)
 	s.buildLeaseRouting()
 	grants, err := grantstore.New(grantstore.Config{
-		Store: s.store, Tree: s.tree, Clock: s.cfg.Clock, Keys: s.keys.Get, Issuer: s.cfg.Issuer,
+		Store: s.store, Tree: grantTree{s.tree}, Clock: s.cfg.Clock, Keys: s.keys.Get, Issuer: s.cfg.Issuer,
 		TokenTTL: s.cfg.CapabilityTokenTTL, Heartbeat: s.cfg.RevocationHeartbeat, Log: s.log,
 		OnPublish: s.metrics.published,
 	})

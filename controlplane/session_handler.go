@@ -51,18 +51,18 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 	go func() { recvErr <- a.receiveSession(ctx, stream, p, out) }()
 
 	send := func(m *tetherv1.SessionResponse) error { return stream.Send(m) }
-	if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
+	if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Opened{Opened: &tetherv1.SessionOpened{Node: wire.Node(node)}}}); err != nil {
 		return err
 	}
 	if sig := tree.SignalFor(node); sig != nil {
-		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: sig}}); err != nil {
+		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
 			return err
 		}
 	}
 	for {
 		select {
 		case sig := <-signals:
-			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: sig}}); err != nil {
+			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
 				return err
 			}
 			// The session dies with the node: once it is terminated, its
@@ -170,7 +170,7 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 		return nil, err
 	}
 	kind := tree.ConfirmedByLauncher
-	authorize := func(n *tetherv1.Node) error { return nil }
+	authorize := func(n *tree.Node) error { return nil }
 	if p.IsAgent() {
 		kind = tree.ConfirmedBySelf
 		if req.Msg.NodeId != p.NodeID() {
@@ -181,9 +181,9 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 			if _, err := a.s.agentAct(ctx, p.NodeID(), tree.ActivityRequest, "a confirmation of another node's exit"); err != nil {
 				return nil, toConnect(err)
 			}
-			authorize = func(n *tetherv1.Node) error {
+			authorize = func(n *tree.Node) error {
 				if !tree.IsAncestor(n, p.NodeID()) {
-					return fmt.Errorf("%w: agent %s may confirm only its own exit or a descendant's, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeId)
+					return fmt.Errorf("%w: agent %s may confirm only its own exit or a descendant's, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeID)
 				}
 				return nil
 			}
@@ -197,7 +197,7 @@ func (a *agentService) ConfirmExit(ctx context.Context, req *connect.Request[tet
 	// re-check it from their next message (other replicas learn it from
 	// the store's watch).
 	a.s.signals.NodeChanged(req.Msg.NodeId)
-	return connect.NewResponse(&tetherv1.ConfirmExitResponse{Node: n}), nil
+	return connect.NewResponse(&tetherv1.ConfirmExitResponse{Node: wire.Node(n)}), nil
 }
 
 // ProposeStop: an agent proposes its own stop; the control plane decides.
@@ -239,11 +239,11 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 		return err
 	}
 	defer closeSession()
-	if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Opened{Opened: &tetherv1.SessionOpened{Node: node}}}); err != nil {
+	if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Opened{Opened: &tetherv1.SessionOpened{Node: wire.Node(node)}}}); err != nil {
 		return err
 	}
 	if sig := tree.SignalFor(node); sig != nil {
-		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: sig}}); err != nil {
+		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
 			return err
 		}
 	}
@@ -252,7 +252,7 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 		case <-ctx.Done():
 			return nil
 		case sig := <-signals:
-			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: sig}}); err != nil {
+			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
 				return err
 			}
 			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
@@ -281,15 +281,11 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 		return nil, toConnect(err)
 	}
 	// The stored last seen throttles the write as a session's memory does.
-	var lastWritten time.Time
-	if node.LastSeenAt != nil {
-		lastWritten = node.LastSeenAt.AsTime()
-	}
-	if _, err := a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
+	if _, err := a.s.tree.Heartbeat(ctx, p.NodeID(), node.LastSeenAt); err != nil {
 		return nil, toConnect(err)
 	}
 	now := a.s.cfg.Clock.Now()
-	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: tree.SignalFor(node)}
+	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: wire.SessionSignal(tree.SignalFor(node))}
 	if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
 		cred, exp, err := a.s.issuer.MintAgent(p.NodeID(), now, a.s.cfg.AgentCredentialTTL)
 		if err != nil {
@@ -305,7 +301,7 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 // the node as stored then. closeSession stores the session's end, outliving
 // ctx (the end must be stored), then unsubscribes; what names the stream in
 // the log.
-func (s *Server) openSession(ctx context.Context, nodeID, what string) (node *tetherv1.Node, signals <-chan *tetherv1.SessionSignal, closeSession func(), err error) {
+func (s *Server) openSession(ctx context.Context, nodeID, what string) (node *tree.Node, signals <-chan *tree.SessionSignal, closeSession func(), err error) {
 	// Subscribe before reading the state: a change between the two is
 	// then pushed rather than lost.
 	signals, unsubscribe := s.signals.Subscribe(nodeID)

@@ -30,16 +30,16 @@ type supervisorService struct {
 // is a strict ancestor of the target. The target itself and its
 // descendants are refused: the transition out of requested is started by an
 // authority outside the workload.
-func authorizeStop(p auth.Principal) func(*tetherv1.Node) error {
-	return func(target *tetherv1.Node) error {
+func authorizeStop(p auth.Principal) func(*tree.Node) error {
+	return func(target *tree.Node) error {
 		if !p.IsAgent() {
 			return nil
 		}
-		if p.NodeID() == target.NodeId {
+		if p.NodeID() == target.NodeID {
 			return fmt.Errorf("%w: an agent cannot terminate itself; propose a stop instead (AgentService.ProposeStop)", auth.ErrDenied)
 		}
 		if !tree.IsAncestor(target, p.NodeID()) {
-			return fmt.Errorf("%w: agent %s is not an ancestor of node_id %s", auth.ErrDenied, p.NodeID(), target.NodeId)
+			return fmt.Errorf("%w: agent %s is not an ancestor of node_id %s", auth.ErrDenied, p.NodeID(), target.NodeID)
 		}
 		return nil
 	}

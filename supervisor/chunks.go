@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/store"
@@ -149,7 +148,7 @@ func readEntries(tx store.ReadTxn, term string, from, limit int) ([]subtreeEntry
 
 // entryNodes reads the nodes of entries (every entry's when all, else the
 // members').
-func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]*tetherv1.Node, error) {
+func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]*tree.Node, error) {
 	ids := make([]string, 0, len(entries))
 	for _, e := range entries {
 		if all || e.member() {
@@ -159,7 +158,7 @@ func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]
 	if err := store.Prefetch(tx, kv.KeysOf(ids, tree.NodeKey), nil); err != nil {
 		return nil, err
 	}
-	out := make(map[string]*tetherv1.Node, len(ids))
+	out := make(map[string]*tree.Node, len(ids))
 	for _, id := range ids {
 		n, err := tree.GetNodeIn(tx, id)
 		if err != nil {
@@ -171,10 +170,10 @@ func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]
 }
 
 // owned is the entries' members whose node still names t.
-func owned(t Termination, entries []subtreeEntry, nodes map[string]*tetherv1.Node) []string {
+func owned(t Termination, entries []subtreeEntry, nodes map[string]*tree.Node) []string {
 	var ids []string
 	for _, e := range entries {
-		if n := nodes[e.Node]; e.member() && n != nil && n.TerminationId == t.ID {
+		if n := nodes[e.Node]; e.member() && n != nil && n.TerminationID == t.ID {
 			ids = append(ids, e.Node)
 		}
 	}
@@ -367,20 +366,20 @@ func (c *markChunk) expand(budget int) error {
 
 // discover lists one node of the subtree and, unless another termination
 // accounts for it, marks it and stamps its open calls.
-func (c *markChunk) discover(n *tetherv1.Node) error {
+func (c *markChunk) discover(n *tree.Node) error {
 	t, tx := c.t, c.tx
-	if n.TerminationId == t.ID && n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if n.TerminationID == t.ID && n.State != tree.NodeStateRunning {
 		return nil // already listed (only a repeated root can get here)
 	}
 	var owner Termination
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING && n.TerminationId != "" {
-		o, ok := c.others[n.TerminationId]
+	if n.State != tree.NodeStateRunning && n.TerminationID != "" {
+		o, ok := c.others[n.TerminationID]
 		if !ok {
 			o = &Termination{}
-			if err := getTermination(tx, n.TerminationId, o); err != nil {
+			if err := getTermination(tx, n.TerminationID, o); err != nil {
 				return err
 			}
-			c.others[n.TerminationId] = o
+			c.others[n.TerminationID] = o
 		}
 		owner = *o
 	}
@@ -390,7 +389,7 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 		// chunk): that one accounts for it.
 		reach = ReachLeave
 	}
-	e := subtreeEntry{Node: n.NodeId, Reach: reach}
+	e := subtreeEntry{Node: n.NodeID, Reach: reach}
 	switch reach {
 	case ReachPrior:
 		rid, err := recordIDOf(tx, owner.ID)
@@ -414,7 +413,7 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 		if c.taken[owner.ID] == nil {
 			c.taken[owner.ID] = map[string]bool{}
 		}
-		c.taken[owner.ID][n.NodeId] = true
+		c.taken[owner.ID][n.NodeID] = true
 	}
 	if err := kv.PutJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
 		return err
@@ -426,14 +425,14 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 	t.Counts.Members++
 	// An exited node keeps its state (it may not act, and the record
 	// weighs its exit); every other node stops.
-	if n.State != tetherv1.NodeState_NODE_STATE_EXITED {
+	if n.State != tree.NodeStateExited {
 		n.State = MarkedState(*t, n.State)
 	}
-	n.TerminationId = t.ID
+	n.TerminationID = t.ID
 	if err := tree.PutNodeIn(tx, n); err != nil {
 		return err
 	}
-	calls, err := ledger.OpenCallsIn(tx, n.NodeId)
+	calls, err := ledger.OpenCallsIn(tx, n.NodeID)
 	if err != nil {
 		return err
 	}
@@ -462,7 +461,7 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 		// there, so a gate that ends a call the agent gave up on reports a
 		// cancelled call, not a failed one. The cancel step finds them
 		// ordered and moves on.
-		if n.State == tetherv1.NodeState_NODE_STATE_ABORTING && call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+		if n.State == tree.NodeStateAborting && call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
 			if err := ledger.RequestCancelIn(tx, call, t.ID, c.now); err != nil {
 				return err
 			}
@@ -521,8 +520,8 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 				return err
 			}
 			for _, id := range owned(stored, entries, nodes) {
-				if n := nodes[id]; n.State == tetherv1.NodeState_NODE_STATE_DRAINING {
-					n.State = tetherv1.NodeState_NODE_STATE_ABORTING
+				if n := nodes[id]; n.State == tree.NodeStateDraining {
+					n.State = tree.NodeStateAborting
 					if err := tree.PutNodeIn(tx, n); err != nil {
 						return err
 					}
@@ -719,7 +718,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 		}
 		for _, m := range members {
 			n := nodes[m]
-			n.State = tetherv1.NodeState_NODE_STATE_TERMINATED
+			n.State = tree.NodeStateTerminated
 			if err := tree.PutNodeIn(tx, n); err != nil {
 				return err
 			}
@@ -738,7 +737,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 // nodes (members judged, the others superseded or prior), the members'
 // privileges (grants first) and leases. unaccounted counts the members
 // nobody accounted for.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tetherv1.Node, grants []HeldGrant, leases []RecordLease) (*ReconciliationRecord, int, error) {
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants []HeldGrant, leases []RecordLease) (*ReconciliationRecord, int, error) {
 	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
@@ -759,12 +758,12 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	for _, e := range entries {
 		n := nodes[e.Node]
 		switch {
-		case e.member() && n.TerminationId == t.ID:
-			rn := recordNode(n, inWorkload, liveGrants[n.NodeId], heldGrants[n.NodeId], heldJobs[n.NodeId])
+		case e.member() && n.TerminationID == t.ID:
+			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID])
 			if e.Reach == ReachTakeOver {
 				rn.InnerTerminationID = e.Other
 				rn.InnerOutcome = InnerOutcomeTakenOverDraining
-				if e.State == tree.StateName(tetherv1.NodeState_NODE_STATE_ABORTING) {
+				if e.State == tree.StateName(tree.NodeStateAborting) {
 					rn.InnerOutcome = InnerOutcomeTakenOverAborting
 				}
 			}
@@ -772,7 +771,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 				unaccounted++
 			}
 			part.Nodes = append(part.Nodes, rn)
-			members = append(members, n.NodeId)
+			members = append(members, n.NodeID)
 		case e.Reach == ReachPrior:
 			rn := RecordNode{
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
@@ -794,7 +793,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			// one since: the one the node names accounts for it.
 			by := e.Other
 			if e.member() {
-				by = n.TerminationId
+				by = n.TerminationID
 			}
 			part.Nodes = append(part.Nodes, RecordNode{
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,

@@ -12,13 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -42,13 +39,13 @@ func chunkTestSupervisor(t *testing.T, opts badgerstore.BadgerOptions, chunk int
 func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
 	t.Helper()
 	ctx := context.Background()
-	now := timestamppb.New(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	nodes := []*tetherv1.Node{{NodeId: id.New(id.Node), Name: "root", State: tetherv1.NodeState_NODE_STATE_RUNNING, CreatedAt: now}}
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	nodes := []*tree.Node{{NodeID: id.New(id.Node), Name: "root", State: tree.NodeStateRunning, CreatedAt: now}}
 	for i := 1; i <= n; i++ {
 		parent := nodes[(i-1)/fanout]
-		nodes = append(nodes, &tetherv1.Node{
-			NodeId: id.New(id.Node), ParentNodeId: parent.NodeId, Ancestors: append(append([]string(nil), parent.Ancestors...), parent.NodeId),
-			Name: fmt.Sprintf("agent-%d", i), State: tetherv1.NodeState_NODE_STATE_RUNNING, CreatedAt: now,
+		nodes = append(nodes, &tree.Node{
+			NodeID: id.New(id.Node), ParentNodeID: parent.NodeID, Ancestors: append(append([]string(nil), parent.Ancestors...), parent.NodeID),
+			Name: fmt.Sprintf("agent-%d", i), State: tree.NodeStateRunning, CreatedAt: now,
 		})
 	}
 	children := map[string]uint64{}
@@ -59,14 +56,14 @@ func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
 				if err := tree.PutNodeIn(tx, nd); err != nil {
 					return err
 				}
-				if nd.ParentNodeId == "" {
+				if nd.ParentNodeID == "" {
 					continue
 				}
-				if err := tx.Put(tree.ChildKey(nd.ParentNodeId, nd.NodeId), nil); err != nil {
+				if err := tx.Put(tree.ChildKey(nd.ParentNodeID, nd.NodeID), nil); err != nil {
 					return err
 				}
-				c := children[nd.ParentNodeId] + 1
-				if err := tx.Put(tree.ChildCountKey(nd.ParentNodeId), binary.BigEndian.AppendUint64(nil, c)); err != nil {
+				c := children[nd.ParentNodeID] + 1
+				if err := tx.Put(tree.ChildCountKey(nd.ParentNodeID), binary.BigEndian.AppendUint64(nil, c)); err != nil {
 					return err
 				}
 			}
@@ -75,16 +72,16 @@ func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
 			t.Fatal(err)
 		}
 		for _, nd := range part {
-			if nd.ParentNodeId != "" {
-				children[nd.ParentNodeId]++
+			if nd.ParentNodeID != "" {
+				children[nd.ParentNodeID]++
 			}
 		}
 	}
 	ids := make([]string, len(nodes))
 	for i, nd := range nodes {
-		ids[i] = nd.NodeId
+		ids[i] = nd.NodeID
 	}
-	return nodes[0].NodeId, ids
+	return nodes[0].NodeID, ids
 }
 
 // reconcileToEnd runs the reconciler's passes until the termination is
@@ -138,8 +135,8 @@ func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *
 			if err != nil {
 				return err
 			}
-			if n.State != tetherv1.NodeState_NODE_STATE_TERMINATED || n.TerminationId != term.ID {
-				return fmt.Errorf("node %s is %s under %q", w, tree.StateName(n.State), n.TerminationId)
+			if n.State != tree.NodeStateTerminated || n.TerminationID != term.ID {
+				return fmt.Errorf("node %s is %s under %q", w, tree.StateName(n.State), n.TerminationID)
 			}
 		}
 		return nil
@@ -181,7 +178,7 @@ func TestATerminationLargerThanOneTransaction(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			n.State, n.TerminationId = tetherv1.NodeState_NODE_STATE_ABORTING, "term_x"
+			n.State, n.TerminationID = tree.NodeStateAborting, "term_x"
 			if err := tree.PutNodeIn(tx, n); err != nil {
 				return err
 			}
@@ -247,9 +244,9 @@ func TestARogueSpawnerCannotOutrunAChunkedMark(t *testing.T) {
 				return
 			default:
 				accepted++
-				spawned[child.NodeId] = true
+				spawned[child.NodeID] = true
 				if len(spawned) < 40 {
-					parents = append(parents, child.NodeId) // and under the new ones
+					parents = append(parents, child.NodeID) // and under the new ones
 				}
 			}
 			mu.Unlock()
@@ -319,7 +316,7 @@ func TestALegacyTerminationIsIndexed(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			n.State, n.TerminationId = tetherv1.NodeState_NODE_STATE_ABORTING, legacy.ID
+			n.State, n.TerminationID = tree.NodeStateAborting, legacy.ID
 			if err := tree.PutNodeIn(tx, n); err != nil {
 				return err
 			}

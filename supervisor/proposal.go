@@ -102,7 +102,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if err != nil {
 		return nil, "", err
 	}
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if n.State != tree.NodeStateRunning {
 		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {
@@ -203,7 +203,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if err != nil {
 			return err
 		}
-		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 		}
 		pending := 0
@@ -285,7 +285,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	if err != nil {
 		return Termination{}, err
 	}
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if n.State != tree.NodeStateRunning {
 		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeID, tree.StateName(n.State))
 	}
 	mode := ModeDrain
@@ -308,7 +308,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		// its mode and window. It carries the proposing agent's authority,
 		// so that it never shields the node from its ancestors (nor from a
 		// rollout) with a window of its choosing.
-		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeId)
+		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
 	}
 	p.State = ProposalStateApproved
 	p.TerminationID = term.ID

@@ -8,10 +8,11 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -111,9 +112,9 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *tetherv1.ToolCal
 }
 
 // recordCall is a call as the record lists it.
-func recordCall(c *ledger.ToolCall) RecordToolCall {
+func recordCall(c *tetherv1.ToolCall) RecordToolCall {
 	return RecordToolCall{
-		CallID: c.CallID, NodeID: c.NodeID, Tool: c.Tool, GateID: c.GateID, Resolution: c.Resolution,
+		CallID: c.CallId, NodeID: c.NodeId, Tool: c.Tool, GateID: c.GateId, Resolution: c.Resolution,
 		BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
 	}
 }
@@ -164,7 +165,7 @@ func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 		in, ok := seen[nodeID]
 		if !ok {
 			n, err := tree.GetNodeIn(tx, nodeID)
-			in = err != nil || n.State != tetherv1.NodeState_NODE_STATE_RUNNING || tree.ExitConfirmed(n)
+			in = err != nil || n.State != tree.NodeStateRunning || tree.ExitConfirmed(n)
 			seen[nodeID] = in
 		}
 		return in

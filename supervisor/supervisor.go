@@ -17,7 +17,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -113,7 +112,7 @@ type TerminateRequest struct {
 	RequestedBy                                   string
 	// Authorize is called inside the transaction with the target node
 	// (with each root, when there are several).
-	Authorize func(target *tetherv1.Node) error
+	Authorize func(target *tree.Node) error
 	// RequesterNodeID is the requesting agent's node ("" for operators).
 	// An agent that is itself being stopped may not start a termination:
 	// inside a stopping subtree it is the workload, not an authority.
@@ -175,10 +174,10 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 		if err != nil {
 			return Termination{}, err
 		}
-		if requester.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeId, tree.StateName(requester.State), requester.TerminationId)
+		if requester.State != tree.NodeStateRunning {
+			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeID, tree.StateName(requester.State), requester.TerminationID)
 		}
-		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeId)
+		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeID)
 	}
 	seen := make(map[string]bool, len(roots))
 	for _, r := range roots {
@@ -205,24 +204,24 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 // mayStop refuses a target that is terminated, or that another termination
 // is stopping and t would not supersede (Supersedes): an abort, or a
 // termination by a higher authority, is accepted and takes the node over.
-func mayStop(tx store.ReadTxn, t Termination, target *tetherv1.Node) error {
+func mayStop(tx store.ReadTxn, t Termination, target *tree.Node) error {
 	switch target.State {
-	case tetherv1.NodeState_NODE_STATE_RUNNING:
+	case tree.NodeStateRunning:
 		return nil
-	case tetherv1.NodeState_NODE_STATE_TERMINATED:
-		return fmt.Errorf("%w: node_id %s is terminated (termination %s)", ErrAlreadyStopping, target.NodeId, target.TerminationId)
+	case tree.NodeStateTerminated:
+		return fmt.Errorf("%w: node_id %s is terminated (termination %s)", ErrAlreadyStopping, target.NodeID, target.TerminationID)
 	}
-	if target.TerminationId == "" {
+	if target.TerminationID == "" {
 		return nil
 	}
 	var owner Termination
-	if err := getTermination(tx, target.TerminationId, &owner); err != nil {
+	if err := getTermination(tx, target.TerminationID, &owner); err != nil {
 		return err
 	}
 	if ReachNode(t, target.State, owner) == ReachTakeOver {
 		return nil
 	}
-	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeId, tree.StateName(target.State), owner.ID)
+	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeID, tree.StateName(target.State), owner.ID)
 }
 
 // MaxTerminationRoots bounds the subtree roots of one termination.

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -305,15 +304,15 @@ const (
 
 // ReachNode decides Reach for a node in state with owner (the
 // termination the node names, if it is stopping or stopped).
-func ReachNode(t Termination, state tetherv1.NodeState, owner Termination) Reach {
+func ReachNode(t Termination, state tree.NodeState, owner Termination) Reach {
 	switch {
-	case state == tetherv1.NodeState_NODE_STATE_RUNNING:
+	case state == tree.NodeStateRunning:
 		return ReachMark
-	case state != tetherv1.NodeState_NODE_STATE_TERMINATED && owner.ID == "":
+	case state != tree.NodeStateTerminated && owner.ID == "":
 		// Stopped outside any termination (an exit confirmed on its own):
 		// this termination still covers it.
 		return ReachMark
-	case state == tetherv1.NodeState_NODE_STATE_TERMINATED || owner.Phase == PhaseTerminated:
+	case state == tree.NodeStateTerminated || owner.Phase == PhaseTerminated:
 		return ReachPrior
 	case Supersedes(t, owner):
 		return ReachTakeOver
@@ -325,11 +324,11 @@ func ReachNode(t Termination, state tetherv1.NodeState, owner Termination) Reach
 // MarkedState is the state a node gets when t marks or takes it over:
 // aborting for an abort, draining for a drain, and never back from
 // aborting to draining.
-func MarkedState(t Termination, current tetherv1.NodeState) tetherv1.NodeState {
-	if t.Mode == ModeAbort || t.Escalated || current == tetherv1.NodeState_NODE_STATE_ABORTING {
-		return tetherv1.NodeState_NODE_STATE_ABORTING
+func MarkedState(t Termination, current tree.NodeState) tree.NodeState {
+	if t.Mode == ModeAbort || t.Escalated || current == tree.NodeStateAborting {
+		return tree.NodeStateAborting
 	}
-	return tetherv1.NodeState_NODE_STATE_DRAINING
+	return tree.NodeStateDraining
 }
 
 // Superseded reports whether every node the termination marked has been

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // step is one line of a termination transcript: observe progress at an
@@ -198,21 +198,21 @@ func TestReachNode(t *testing.T) {
 	agentOuter := newTermBy(t, "t_agent", "agent:n_top", ModeDrain, time.Hour)
 	for _, tc := range []struct {
 		t     Termination
-		state tetherv1.NodeState
+		state tree.NodeState
 		owner Termination
 		want  Reach
 	}{
-		{outer, tetherv1.NodeState_NODE_STATE_RUNNING, Termination{}, ReachMark},
-		{outer, tetherv1.NodeState_NODE_STATE_DRAINING, inner, ReachTakeOver},
-		{outer, tetherv1.NodeState_NODE_STATE_TERMINATED, done, ReachPrior},
-		{agentOuter, tetherv1.NodeState_NODE_STATE_ABORTING, opAbort, ReachLeave},
-		{agentOuter, tetherv1.NodeState_NODE_STATE_DRAINING, inner, ReachTakeOver},
+		{outer, tree.NodeStateRunning, Termination{}, ReachMark},
+		{outer, tree.NodeStateDraining, inner, ReachTakeOver},
+		{outer, tree.NodeStateTerminated, done, ReachPrior},
+		{agentOuter, tree.NodeStateAborting, opAbort, ReachLeave},
+		{agentOuter, tree.NodeStateDraining, inner, ReachTakeOver},
 	} {
 		if got := ReachNode(tc.t, tc.state, tc.owner); got != tc.want {
 			t.Errorf("%s reaching a %s node of %s: %d, want %d", tc.t.ID, tc.state, tc.owner.ID, got, tc.want)
 		}
 	}
-	if s := MarkedState(newTermBy(t, "t_x", "operator:a", ModeDrain, time.Minute), tetherv1.NodeState_NODE_STATE_ABORTING); s != tetherv1.NodeState_NODE_STATE_ABORTING {
+	if s := MarkedState(newTermBy(t, "t_x", "operator:a", ModeDrain, time.Minute), tree.NodeStateAborting); s != tree.NodeStateAborting {
 		t.Fatalf("a drain taking over an aborting node made it %s: a node never goes back to draining", s)
 	}
 }

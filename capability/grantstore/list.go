@@ -130,7 +130,7 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		}
 		nodeIDs := make([]string, len(nodes))
 		for i, n := range nodes {
-			nodeIDs[i] = n.NodeId
+			nodeIDs[i] = n.NodeID
 		}
 		all, err := heldIn(tx, nodeIDs)
 		if err != nil {

@@ -32,7 +32,7 @@ func BenchmarkMarkerEtcd(b *testing.B) {
 			}
 			clk := clock.NewManual(epoch)
 			tr := &tree.Tree{Store: st, Clock: clk, Limits: tree.DefaultLimits}
-			svc, err := New(Config{Store: st, Tree: tr, Clock: clk, Keys: func() capability.KeyRing { return capability.KeyRing{Keys: []capability.SigningKey{key}} }, Log: quiet})
+			svc, err := New(Config{Store: st, Tree: agentTree{tr}, Clock: clk, Keys: func() capability.KeyRing { return capability.KeyRing{Keys: []capability.SigningKey{key}} }, Log: quiet})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -41,13 +41,13 @@ func BenchmarkMarkerEtcd(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			holders := []string{rootNode.NodeId}
+			holders := []string{rootNode.NodeID}
 			for i := 1; i < 3; i++ {
 				child, err := tr.Spawn(ctx, holders[i-1], "child", nil, "operator:alice", nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				holders = append(holders, child.NodeId)
+				holders = append(holders, child.NodeID)
 			}
 			fanout := 1
 			for fanout+fanout*fanout < n {

@@ -92,7 +92,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			}
 			ids := make([]string, len(nodes))
 			for i, n := range nodes {
-				ids[i] = n.NodeId
+				ids[i] = n.NodeID
 			}
 			return heldIn(tx, ids)
 		})
@@ -403,7 +403,7 @@ func (s *Service) lineageOf(tx store.ReadTxn, nodeID string) (string, error) {
 	if len(n.Ancestors) > 0 {
 		return n.Ancestors[0], nil
 	}
-	return n.NodeId, nil
+	return n.NodeID, nil
 }
 
 // hasDescendants says whether any grant derives from grantID: whether it

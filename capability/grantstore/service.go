@@ -16,7 +16,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Audience is the aud of capability tokens. It differs from the operator
@@ -63,23 +62,34 @@ type Config struct {
 }
 
 // Tree is the agent tree as grantstore reads it, inside grantstore's own
-// transactions: the holder of a grant, a node's subtree. The supervisor's
-// tree implements it and controlplane wires it in, so the capability layer
-// never imports the supervisor.
+// transactions: the holder of a grant, a node's subtree. controlplane wires
+// in the supervisor's tree, so the capability layer never imports the
+// supervisor.
 type Tree interface {
 	// GetNodeIn returns the node, or an error for which NodeNotFound
 	// reports true when there is none.
-	GetNodeIn(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error)
+	GetNodeIn(tx store.ReadTxn, nodeID string) (*Node, error)
 	// SubtreeIn returns the node rootID and all its descendants.
-	SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error)
+	SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error)
 	// NodeNotFound reports whether err says that a node does not exist.
 	NodeNotFound(err error) bool
 }
 
-// stateName is a node state as messages show it ("running").
-func stateName(s tetherv1.NodeState) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
+// Node is what grantstore reads of an agent-tree node.
+type Node struct {
+	NodeID string
+	// Ancestors, root first, excluding the node itself.
+	Ancestors []string
+	// State as messages show it: NodeRunning, NodeTerminated, or another
+	// ("draining", "aborting", "exited").
+	State string
 }
+
+// Node states grantstore tells apart.
+const (
+	NodeRunning    = "running"
+	NodeTerminated = "terminated"
+)
 
 // Service is the store-backed capability tree: it persists grants,
 // tombstones and the revocation feed, and runs the background work that
@@ -279,8 +289,8 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			if err != nil {
 				return err
 			}
-			if holder.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, stateName(holder.State))
+			if holder.State != NodeRunning {
+				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, holder.State)
 			}
 			g, err = capability.Delegate(parent, capability.DelegateRequest{
 				GrantID: grantID, Issuer: caller.Principal, HolderNodeID: req.HolderNodeID, Scopes: req.Scopes, TTL: req.TTL,
@@ -310,7 +320,7 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			if err != nil {
 				return err
 			}
-			if holder.State != tetherv1.NodeState_NODE_STATE_RUNNING || !slices.Contains(holder.Ancestors, callerNode) {
+			if holder.State != NodeRunning || !slices.Contains(holder.Ancestors, callerNode) {
 				stale = true
 				return nil
 			}
@@ -361,7 +371,7 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 		if err != nil {
 			return err
 		}
-		if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+		if n.State == NodeTerminated {
 			return fmt.Errorf("%w: holder node %s of grant %s is terminated", ErrNodeNotRunning, g.HolderNodeID, grantID)
 		}
 		return nil
@@ -423,8 +433,8 @@ func (s *Service) requireRunning(tx store.ReadTxn, nodeID, what string) error {
 	if err != nil {
 		return err
 	}
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, nodeID, stateName(n.State))
+	if n.State != NodeRunning {
+		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, nodeID, n.State)
 	}
 	return nil
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -83,7 +82,7 @@ func (w *world) open() {
 
 func (w *world) service(st store.Store) *Service {
 	w.t.Helper()
-	svc, err := New(Config{Store: st, Tree: w.tree, Clock: w.clk, Keys: func() capability.KeyRing { return w.ring }, MarkBatch: w.batch, Heartbeat: 20 * time.Millisecond, Log: quiet})
+	svc, err := New(Config{Store: st, Tree: agentTree{w.tree}, Clock: w.clk, Keys: func() capability.KeyRing { return w.ring }, MarkBatch: w.batch, Heartbeat: 20 * time.Millisecond, Log: quiet})
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -109,13 +108,13 @@ func (w *world) chainOfNodes(n int) []string {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	ids := []string{root.NodeId}
+	ids := []string{root.NodeID}
 	for i := 1; i < n; i++ {
-		child, err := w.tree.Spawn(ctx, ids[i-1], "child", nil, "operator:alice", func(*tetherv1.Node) error { return nil })
+		child, err := w.tree.Spawn(ctx, ids[i-1], "child", nil, "operator:alice", func(*tree.Node) error { return nil })
 		if err != nil {
 			w.t.Fatal(err)
 		}
-		ids = append(ids, child.NodeId)
+		ids = append(ids, child.NodeID)
 	}
 	return ids
 }

@@ -99,7 +99,7 @@ func printRegistered(g *globals, cmd *cobra.Command, msg registeredAnswer) error
 	w := cmd.OutOrStdout()
 	n, credential := msg.GetNode(), msg.GetCredential()
 	fmt.Fprintf(w, "node_id:     %s\nname:        %s\nparent:      %s\nstate:       %s\ncredential:  %s\n",
-		n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), credential)
+		n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), credential)
 	return nil
 }
 
@@ -128,7 +128,7 @@ func agentList(g *globals) *cobra.Command {
 				return err
 			}
 			return printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels))
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels))
 			})
 		}),
 	}
@@ -156,7 +156,7 @@ func agentShow(g *globals) *cobra.Command {
 			}
 			n := resp.Msg.Node
 			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
-				n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(n.State), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
+				n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
 			return nil
 		}),
 	}
@@ -180,7 +180,7 @@ func agentTree(g *globals) *cobra.Command {
 				children[n.ParentNodeId] = append(children[n.ParentNodeId], n)
 			}
 			label := func(n *tetherv1.Node) string {
-				return fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, tree.StateName(n.State))
+				return fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, tree.StateName(tree.NodeState(n.State)))
 			}
 			drawTree(cmd.OutOrStdout(), resp.Msg.Nodes[0], func(n *tetherv1.Node) []*tetherv1.Node {
 				kids := children[n.NodeId]

@@ -76,7 +76,7 @@ func RecordNode(n *supervisor.RecordNode) *tetherv1.RecordNode {
 	if n == nil {
 		return nil
 	}
-	return &tetherv1.RecordNode{
+	m := &tetherv1.RecordNode{
 		NodeId:                    n.NodeID,
 		Name:                      n.Name,
 		ParentNodeId:              n.ParentNodeID,
@@ -92,11 +92,14 @@ func RecordNode(n *supervisor.RecordNode) *tetherv1.RecordNode {
 		SupersededByTerminationId: n.SupersededByTerminationID,
 		ClaimedBy:                 n.ClaimedBy,
 		ClaimedAt:                 timestamp(n.ClaimedAt),
-		Contradictions:            Contradictions(n.Contradictions),
 		SessionClosedAt:           timestamp(n.SessionClosedAt),
 		SessionOpen:               n.SessionOpen,
 		UnaccountedReason:         n.UnaccountedReason,
 	}
+	for _, c := range n.Contradictions {
+		m.Contradictions = append(m.Contradictions, Contradiction(c))
+	}
+	return m
 }
 
 // RecordToolCall is a record's tool call entry as the API carries it.

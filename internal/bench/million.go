@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/id"
@@ -328,7 +329,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 			return nil, capability.Grant{}, fmt.Errorf("spawn under %s: %w", parent.NodeId, err)
 		}
 		g, err := capability.Delegate(parentGrant, capability.DelegateRequest{
-			GrantID: id.New(id.Grant), Issuer: capability.AgentPrincipal(parent.NodeId), HolderNodeID: child.NodeId, Scopes: scopes,
+			GrantID: id.New(id.Grant), Issuer: capability.AgentPrincipal(parent.NodeId), HolderNodeID: child.NodeID, Scopes: scopes,
 		}, child.Ancestors, now)
 		if err != nil {
 			return nil, capability.Grant{}, err
@@ -339,7 +340,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 			return nil, capability.Grant{}, context.Cause(ctx)
 		}
 		done.Add(1)
-		return child, g, nil
+		return wire.Node(child), g, nil
 	}
 
 	type branch struct {

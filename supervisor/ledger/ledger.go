@@ -94,18 +94,18 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err != nil {
 			return err
 		}
-		if tree.ExitConfirmed(node) && node.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
+		if tree.ExitConfirmed(node) && node.State != tree.NodeStateTerminated {
 			stopping = tree.ExitedError(node, tree.ActivityToolCall)
 			if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), clockNow) {
 				if err := tree.PutNodeIn(tx, node); err != nil {
 					return err
 				}
 			}
-			if node.State == tetherv1.NodeState_NODE_STATE_EXITED {
+			if node.State == tree.NodeStateExited {
 				return nil // no termination to account for a refused call
 			}
 		}
-		if node.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		if node.State != tree.NodeStateRunning {
 			// Refuse, and keep the refusal as evidence for the record.
 			if stopping == nil { // (an exited node's refusal names its confirmation)
 				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
@@ -113,15 +113,15 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			call.State = tetherv1.CallState_CALL_STATE_ENDED
 			call.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING
 			call.EndedAt = now
-			call.TerminationId = node.TerminationId
+			call.TerminationId = node.TerminationID
 			if err := putCall(tx, call); err != nil {
 				return err
 			}
 			if err := l.observe(tx, nil, call); err != nil {
 				return err
 			}
-			if node.TerminationId != "" {
-				return tx.Put(termCallKey(node.TerminationId, call.CallId), nil)
+			if node.TerminationID != "" {
+				return tx.Put(termCallKey(node.TerminationID, call.CallId), nil)
 			}
 			return nil
 		}

@@ -19,7 +19,6 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -202,7 +201,7 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 		if err != nil {
 			return err
 		}
-		if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s", tree.ErrParentNotRunning, p.NodeID, tree.StateName(n.State))
 		}
 		held, err := PrivilegesIn(tx, []string{p.NodeID})

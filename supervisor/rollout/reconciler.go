@@ -11,13 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -69,7 +66,7 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 	var r Rollout
 	err = rs.Store.Update(ctx, func(tx store.Txn) error {
 		ready := 0
-		if err := scanNodes(tx, func(n *tetherv1.Node) {
+		if err := scanNodes(tx, func(n *tree.Node) {
 			if isReady(n) && tree.MatchLabels(n.Labels, target) {
 				ready++
 			}
@@ -263,8 +260,8 @@ func (rs *Rollouts) kickFor(batch []store.Event, kickKey func(string)) {
 			// Without an active rollout there is nobody to kick: marking
 			// or recording a large subtree puts every node, and decoding
 			// each was a tenth of a termination's CPU.
-			n := &tetherv1.Node{}
-			if proto.Unmarshal(ev.Value, n) != nil {
+			n := &tree.Node{}
+			if tree.UnmarshalNode(ev.Value, n) != nil {
 				continue
 			}
 			for rid, sel := range rs.active {
@@ -388,7 +385,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 			if err != nil {
 				return err
 			}
-			if n.State == tetherv1.NodeState_NODE_STATE_RUNNING {
+			if n.State == tree.NodeStateRunning {
 				nodes = append(nodes, nid)
 			}
 		}
@@ -533,21 +530,21 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 	members := map[int][]string{}
 	err = rs.Store.View(ctx, func(tx store.ReadTxn) error {
 		targets = nil
-		var candidates []*tetherv1.Node
+		var candidates []*tree.Node
 		set := map[string]bool{}
-		err := scanNodes(tx, func(n *tetherv1.Node) {
-			if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		err := scanNodes(tx, func(n *tree.Node) {
+			if n.State != tree.NodeStateRunning {
 				return
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, n.NodeId)
+					targets = append(targets, n.NodeID)
 				}
 				return
 			}
-			if tree.MatchLabels(n.Labels, from) && !inBatch[n.NodeId] {
+			if tree.MatchLabels(n.Labels, from) && !inBatch[n.NodeID] {
 				candidates = append(candidates, n)
-				set[n.NodeId] = true
+				set[n.NodeID] = true
 			}
 		})
 		if err != nil {
@@ -562,7 +559,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 				covered = covered || set[a]
 			}
 			if !covered {
-				f.Candidates = append(f.Candidates, n.NodeId)
+				f.Candidates = append(f.Candidates, n.NodeID)
 			}
 		}
 		f.Remaining = len(f.Candidates)
@@ -614,10 +611,10 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 }
 
 // scanNodes calls fn with every node, in id order.
-func scanNodes(tx store.ReadTxn, fn func(*tetherv1.Node)) error {
+func scanNodes(tx store.ReadTxn, fn func(*tree.Node)) error {
 	return tx.Scan([]byte(tree.NodePrefix), nil, func(k, v []byte) error {
-		n := &tetherv1.Node{}
-		if err := proto.Unmarshal(v, n); err != nil {
+		n := &tree.Node{}
+		if err := tree.UnmarshalNode(v, n); err != nil {
 			return fmt.Errorf("supervisor: decode %s: %w", k, err)
 		}
 		fn(n)
@@ -625,6 +622,6 @@ func scanNodes(tx store.ReadTxn, fn func(*tetherv1.Node)) error {
 	})
 }
 
-func isReady(n *tetherv1.Node) bool {
-	return n.State == tetherv1.NodeState_NODE_STATE_RUNNING && n.ReadyAt != nil
+func isReady(n *tree.Node) bool {
+	return n.State == tree.NodeStateRunning && !n.ReadyAt.IsZero()
 }

@@ -81,15 +81,15 @@ func Validate(r *tetherv1.StopRule) error {
 // a rule to any subtree, or by label selector; an agent attaches rules to
 // its own node and its descendants only, never by selector (a selector
 // reaches beyond its subtree). target is nil for a selector rule.
-func CheckAttach(a Actor, target *tetherv1.Node) error {
+func CheckAttach(a Actor, target *tree.Node) error {
 	if !a.IsAgent() {
 		return nil
 	}
 	if target == nil {
 		return fmt.Errorf("%w: agent %s may attach rules only to its own subtree, not by label selector", ErrDenied, a.NodeID)
 	}
-	if target.NodeId != a.NodeID && !tree.IsAncestor(target, a.NodeID) {
-		return fmt.Errorf("%w: agent %s may attach rules only to itself and its descendants, not node_id %s", ErrDenied, a.NodeID, target.NodeId)
+	if target.NodeID != a.NodeID && !tree.IsAncestor(target, a.NodeID) {
+		return fmt.Errorf("%w: agent %s may attach rules only to itself and its descendants, not node_id %s", ErrDenied, a.NodeID, target.NodeID)
 	}
 	return nil
 }
@@ -100,7 +100,7 @@ func CheckAttach(a Actor, target *tetherv1.Node) error {
 // removed (so never loosened: rules cannot be edited, only added and
 // removed). setter is the setting agent's node, nil when an operator set
 // the rule.
-func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tetherv1.Node) error {
+func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tree.Node) error {
 	if !a.IsAgent() || r.SetBy == a.ID {
 		return nil
 	}
@@ -112,11 +112,11 @@ func CheckRemove(a Actor, r *tetherv1.StopRule, setter *tetherv1.Node) error {
 
 // CheckRead: operators read every node's rules; an agent reads those of
 // its own node and its descendants.
-func CheckRead(a Actor, target *tetherv1.Node) error {
-	if !a.IsAgent() || target.NodeId == a.NodeID || tree.IsAncestor(target, a.NodeID) {
+func CheckRead(a Actor, target *tree.Node) error {
+	if !a.IsAgent() || target.NodeID == a.NodeID || tree.IsAncestor(target, a.NodeID) {
 		return nil
 	}
-	return fmt.Errorf("%w: agent %s may read the rules of its own subtree only, not node_id %s", ErrDenied, a.NodeID, target.NodeId)
+	return fmt.Errorf("%w: agent %s may read the rules of its own subtree only, not node_id %s", ErrDenied, a.NodeID, target.NodeID)
 }
 
 // SetterNode is the node of the agent that set a rule ("" for an operator).
@@ -129,21 +129,21 @@ func SetterNode(r *tetherv1.StopRule) string {
 
 // Applies reports whether rule r is in effect at node n: attached to n or
 // to an ancestor of n (inherited), or a selector rule matching n's labels.
-func Applies(r *tetherv1.StopRule, n *tetherv1.Node) bool {
+func Applies(r *tetherv1.StopRule, n *tree.Node) bool {
 	if r.NodeId != "" {
-		return r.NodeId == n.NodeId || tree.IsAncestor(n, r.NodeId)
+		return r.NodeId == n.NodeID || tree.IsAncestor(n, r.NodeId)
 	}
 	return len(r.Selector) > 0 && tree.MatchLabels(n.Labels, r.Selector)
 }
 
 // InEffect returns the rules of all that are in effect at n, each a copy
 // marked inherited unless attached to n itself.
-func InEffect(all []*tetherv1.StopRule, n *tetherv1.Node) []*tetherv1.StopRule {
+func InEffect(all []*tetherv1.StopRule, n *tree.Node) []*tetherv1.StopRule {
 	var out []*tetherv1.StopRule
 	for _, r := range all {
 		if Applies(r, n) {
 			c := proto.CloneOf(r)
-			c.Inherited = r.NodeId != n.NodeId
+			c.Inherited = r.NodeId != n.NodeID
 			out = append(out, c)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 func TestCompileRefusesWithPositions(t *testing.T) {
@@ -106,15 +107,15 @@ func FuzzCompile(f *testing.F) {
 func TestInEffectMatchesATreeWalk(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 30).Draw(t, "nodes")
-		nodes := make([]*tetherv1.Node, n)
+		nodes := make([]*tree.Node, n)
 		parent := make([]int, n)
 		for i := range n {
-			nodes[i] = &tetherv1.Node{NodeId: "n" + string(rune('a'+i)), Labels: map[string]string{}}
+			nodes[i] = &tree.Node{NodeID: "n" + string(rune('a'+i)), Labels: map[string]string{}}
 			parent[i] = -1
 			if i > 0 && rapid.Bool().Draw(t, "child") {
 				parent[i] = rapid.IntRange(0, i-1).Draw(t, "parent")
 				p := nodes[parent[i]]
-				nodes[i].Ancestors = append(append([]string(nil), p.Ancestors...), p.NodeId)
+				nodes[i].Ancestors = append(append([]string(nil), p.Ancestors...), p.NodeID)
 			}
 			if rapid.Bool().Draw(t, "labelled") {
 				nodes[i].Labels["team"] = "x"
@@ -126,7 +127,7 @@ func TestInEffectMatchesATreeWalk(t *testing.T) {
 			if rapid.Bool().Draw(t, "selector") {
 				r.Selector = map[string]string{"team": "x"}
 			} else {
-				r.NodeId = nodes[rapid.IntRange(0, n-1).Draw(t, "on")].NodeId
+				r.NodeId = nodes[rapid.IntRange(0, n-1).Draw(t, "on")].NodeID
 			}
 			rules = append(rules, r)
 		}
@@ -138,7 +139,7 @@ func TestInEffectMatchesATreeWalk(t *testing.T) {
 					continue
 				}
 				for j := i; j >= 0; j = parent[j] {
-					if nodes[j].NodeId == r.NodeId {
+					if nodes[j].NodeID == r.NodeId {
 						want[r.Name] = true
 					}
 				}
@@ -149,7 +150,7 @@ func TestInEffectMatchesATreeWalk(t *testing.T) {
 			}
 			for _, r := range rules {
 				if got[r.Name] != want[r.Name] {
-					t.Fatalf("rule %s at node %s: in effect %v, the tree walk says %v", r.Name, node.NodeId, got[r.Name], want[r.Name])
+					t.Fatalf("rule %s at node %s: in effect %v, the tree walk says %v", r.Name, node.NodeID, got[r.Name], want[r.Name])
 				}
 			}
 		}

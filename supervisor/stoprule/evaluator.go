@@ -150,8 +150,8 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 			return err
 		}
 		return tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
-			n := &tetherv1.Node{}
-			if err := proto.Unmarshal(v, n); err != nil {
+			n := &tree.Node{}
+			if err := tree.UnmarshalNode(v, n); err != nil {
 				return err
 			}
 			ix.putNode(n)
@@ -170,19 +170,19 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	return ix, nil
 }
 
-func (ix *index) putNode(n *tetherv1.Node) {
-	if n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
-		delete(ix.nodes, n.NodeId)
-		delete(ix.dirty, n.NodeId)
+func (ix *index) putNode(n *tree.Node) {
+	if n.State != tree.NodeStateRunning {
+		delete(ix.nodes, n.NodeID)
+		delete(ix.dirty, n.NodeID)
 		return
 	}
-	ix.nodes[n.NodeId] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
-	ix.dirty[n.NodeId] = true
-	if p := n.ParentNodeId; p != "" {
+	ix.nodes[n.NodeID] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
+	ix.dirty[n.NodeID] = true
+	if p := n.ParentNodeID; p != "" {
 		if ix.children[p] == nil {
 			ix.children[p] = map[string]bool{}
 		}
-		ix.children[p][n.NodeId] = true
+		ix.children[p][n.NodeID] = true
 	}
 }
 
@@ -328,8 +328,8 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				delete(ix.nodes, tail(ev.Key, tree.NodePrefix))
 				continue
 			}
-			n := &tetherv1.Node{}
-			if proto.Unmarshal(ev.Value, n) == nil {
+			n := &tree.Node{}
+			if tree.UnmarshalNode(ev.Value, n) == nil {
 				ix.putNode(n)
 			}
 		}
@@ -377,7 +377,7 @@ var errFault = errors.New("stoprule: injected fault")
 // every rule in effect that has not fired for it yet.
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) error {
 	start := time.Now()
-	var node *tetherv1.Node
+	var node *tree.Node
 	var stored *tetherv1.StopRuleObservations
 	var self map[string]float64
 	fired := map[string]bool{}
@@ -398,7 +398,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil
 	}
-	if err != nil || node.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+	if err != nil || node.State != tree.NodeStateRunning {
 		return err
 	}
 	leases, revocations := false, false
@@ -434,13 +434,13 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 // file writes the stop proposal of a rule that is true for the node, and
 // the rule's fired mark, in one transaction: a rule that fires once files
 // exactly one proposal, across crashes and leader changes.
-func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.StopRule, res Result) error {
+func (r *Rules) file(ctx context.Context, node *tree.Node, rule *tetherv1.StopRule, res Result) error {
 	if err := r.fault("before-file"); err != nil {
 		return err
 	}
 	firing := &supervisor.StopRuleFiring{
 		RuleID: rule.RuleId, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
-		Labels: rule.Labels, RuleNodeID: rule.NodeId, NodeID: node.NodeId, Values: res.Values,
+		Labels: rule.Labels, RuleNodeID: rule.NodeId, NodeID: node.NodeID, Values: res.Values,
 		SelfReported: res.SelfReported(), FiredAt: r.Clock.Now(), Action: rule.Action,
 	}
 	mode := supervisor.ModeDrain
@@ -450,7 +450,7 @@ func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.St
 	termID, filed := "", false
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
 		termID, filed = "", false
-		if _, err := tx.Get(firedKey(node.NodeId, rule.RuleId)); err == nil {
+		if _, err := tx.Get(firedKey(node.NodeID, rule.RuleId)); err == nil {
 			return nil // fired already (another evaluation got there first)
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
@@ -461,19 +461,19 @@ func (r *Rules) file(ctx context.Context, node *tetherv1.Node, rule *tetherv1.St
 			}
 			return err
 		}
-		p, term, err := r.Supervisor.FileRuleProposal(tx, node.NodeId, firing, mode, r.Policy)
+		p, term, err := r.Supervisor.FileRuleProposal(tx, node.NodeID, firing, mode, r.Policy)
 		if err != nil {
 			return err
 		}
 		termID, filed = term, true
-		return tx.Put(firedKey(node.NodeId, rule.RuleId), []byte(p.ProposalID))
+		return tx.Put(firedKey(node.NodeID, rule.RuleId), []byte(p.ProposalID))
 	})
 	if err != nil {
 		return err
 	}
 	if filed {
 		r.stats.Fired.Add(1)
-		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleId, "rule", rule.Name, "node_id", node.NodeId, "termination_id", termID)
+		r.Log.Info("stop rule fired; proposal filed", "rule_id", rule.RuleId, "rule", rule.Name, "node_id", node.NodeID, "termination_id", termID)
 	}
 	if termID != "" {
 		r.Supervisor.Kick(termID)

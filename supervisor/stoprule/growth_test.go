@@ -31,14 +31,14 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	ctx := context.Background()
 	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	rules := &Rules{Store: st, Clock: clk}
-	tree := &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}
-	root, err := tree.RegisterRoot(ctx, "root", nil, "test")
+	agents := &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}
+	root, err := agents.RegisterRoot(ctx, "root", nil, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	nodes := []*tetherv1.Node{root}
-	add := func(n *tetherv1.Node) {
+	nodes := []*tree.Node{root}
+	add := func(n *tree.Node) {
 		mu.Lock()
 		nodes = append(nodes, n)
 		mu.Unlock()
@@ -46,14 +46,14 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	// An older version folded spawns into the stored counters: the root
 	// arrives with two children, one grandchild, already counted.
 	old := &tetherv1.StopRuleObservations{Spawns: 2, SubtreeSize: 4, SubtreeDepth: 2}
-	if err := st.Update(ctx, func(tx store.Txn) error { return putProto(tx, obsKey(root.NodeId), old) }); err != nil {
+	if err := st.Update(ctx, func(tx store.Txn) error { return putProto(tx, obsKey(root.NodeID), old) }); err != nil {
 		t.Fatal(err)
 	}
 	// Levels: 12 parents under the root, each with children, some of
 	// which have children of their own; every level spawned concurrently.
-	var parents []*tetherv1.Node
+	var parents []*tree.Node
 	for i := range 12 {
-		p, err := tree.Spawn(ctx, root.NodeId, fmt.Sprintf("p%d", i), nil, "test", nil)
+		p, err := agents.Spawn(ctx, root.NodeID, fmt.Sprintf("p%d", i), nil, "test", nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,11 +61,11 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 		add(p)
 	}
 	var wg sync.WaitGroup
-	var mids []*tetherv1.Node
+	var mids []*tree.Node
 	for w, p := range parents {
 		wg.Go(func() {
 			for i := range 15 {
-				c, err := tree.Spawn(ctx, p.NodeId, fmt.Sprintf("c%d", i), nil, "test", nil)
+				c, err := agents.Spawn(ctx, p.NodeID, fmt.Sprintf("c%d", i), nil, "test", nil)
 				if err != nil {
 					t.Error(err)
 					return
@@ -78,7 +78,7 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 				}
 			}
 			if w == 0 {
-				call := &tetherv1.ToolCall{CallId: "call-1", NodeId: root.NodeId, Tool: "http", State: tetherv1.CallState_CALL_STATE_IN_FLIGHT}
+				call := &tetherv1.ToolCall{CallId: "call-1", NodeId: root.NodeID, Tool: "http", State: tetherv1.CallState_CALL_STATE_IN_FLIGHT}
 				if err := st.Update(ctx, func(tx store.Txn) error { return rules.ObserveCall(tx, nil, call) }); err != nil {
 					t.Error(err)
 				}
@@ -89,7 +89,7 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	for _, m := range mids {
 		wg.Go(func() {
 			for i := range 5 {
-				c, err := tree.Spawn(ctx, m.NodeId, fmt.Sprintf("g%d", i), nil, "test", nil)
+				c, err := agents.Spawn(ctx, m.NodeID, fmt.Sprintf("g%d", i), nil, "test", nil)
 				if err != nil {
 					t.Error(err)
 					return
@@ -100,7 +100,7 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	}
 	wg.Wait()
 
-	want := map[string]*tetherv1.StopRuleObservations{root.NodeId: old}
+	want := map[string]*tetherv1.StopRuleObservations{root.NodeID: old}
 	for _, n := range nodes {
 		ApplySpawn(n, func(id string) *tetherv1.StopRuleObservations {
 			if want[id] == nil {
@@ -114,12 +114,12 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 		var got *tetherv1.StopRuleObservations
 		if err := st.View(ctx, func(tx store.ReadTxn) error {
 			var err error
-			got, _, err = readNode(tx, n.NodeId)
+			got, _, err = readNode(tx, n.NodeID)
 			return err
 		}); err != nil {
 			t.Fatal(err)
 		}
-		w := want[n.NodeId]
+		w := want[n.NodeID]
 		if w == nil {
 			w = &tetherv1.StopRuleObservations{}
 		}
@@ -127,13 +127,13 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 			t.Errorf("node %s: subtree_size %d, subtree_depth %d, spawns %d; want %d, %d, %d",
 				n.Name, got.SubtreeSize, got.SubtreeDepth, got.Spawns, w.SubtreeSize, w.SubtreeDepth, w.Spawns)
 		}
-		if n.NodeId == root.NodeId && (got.Calls != 1 || got.CallsInFlight != 1) {
+		if n.NodeID == root.NodeID && (got.Calls != 1 || got.CallsInFlight != 1) {
 			t.Errorf("the root's call counters: calls %d, in flight %d; want 1 and 1", got.Calls, got.CallsInFlight)
 		}
 		checked++
 	}
-	if want[root.NodeId].SubtreeSize != 4+12+12*15+24*5 {
-		t.Fatalf("the model's root subtree_size is %d: the test does not spawn what it says", want[root.NodeId].SubtreeSize)
+	if want[root.NodeID].SubtreeSize != 4+12+12*15+24*5 {
+		t.Fatalf("the model's root subtree_size is %d: the test does not spawn what it says", want[root.NodeID].SubtreeSize)
 	}
 	t.Logf("checked the counters of %d nodes", checked)
 }

@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // ApplyCall folds one ledger change into a node's stored observations:
@@ -52,7 +53,7 @@ func ApplyCall(o *tetherv1.StopRuleObservations, before, after *tetherv1.ToolCal
 // the parent spawned one more child, and every ancestor's subtree grew by
 // one node reaching (at least) the child's depth below it. get returns an
 // ancestor's stored observations for update.
-func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *tetherv1.StopRuleObservations) {
+func ApplySpawn(child *tree.Node, get func(nodeID string) *tetherv1.StopRuleObservations) {
 	n := len(child.Ancestors)
 	for i, a := range child.Ancestors {
 		o := get(a)
@@ -68,7 +69,7 @@ func ApplySpawn(child *tetherv1.Node, get func(nodeID string) *tetherv1.StopRule
 // evaluation time: the node itself, its age on the control plane's clock,
 // and the lease and revocation counts when the shell fetched them. The
 // stored message is not modified.
-func Snapshot(stored *tetherv1.StopRuleObservations, n *tetherv1.Node, now time.Time) *tetherv1.StopRuleObservations {
+func Snapshot(stored *tetherv1.StopRuleObservations, n *tree.Node, now time.Time) *tetherv1.StopRuleObservations {
 	o := &tetherv1.StopRuleObservations{}
 	if stored != nil {
 		o = proto.CloneOf(stored)
@@ -77,8 +78,8 @@ func Snapshot(stored *tetherv1.StopRuleObservations, n *tetherv1.Node, now time.
 	o.Depth = int64(len(n.Ancestors))
 	o.NodeName = n.Name
 	o.NodeLabels = n.Labels
-	if n.CreatedAt != nil {
-		o.AgeSeconds = max(now.Sub(n.CreatedAt.AsTime()).Seconds(), 0)
+	if !n.CreatedAt.IsZero() {
+		o.AgeSeconds = max(now.Sub(n.CreatedAt).Seconds(), 0)
 	}
 	return o
 }

@@ -145,7 +145,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *tetherv1.StopRule) (*tethe
 		return nil, nil, err
 	}
 	err = r.Store.Update(ctx, func(tx store.Txn) error {
-		var target *tetherv1.Node
+		var target *tree.Node
 		if rule.NodeId != "" {
 			n, err := tree.GetNodeIn(tx, rule.NodeId)
 			if err != nil {
@@ -205,7 +205,7 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*tetherv1.S
 			}
 			return err
 		}
-		var setter *tetherv1.Node
+		var setter *tree.Node
 		if n := SetterNode(rule); n != "" {
 			s, err := tree.GetNodeIn(tx, n)
 			if err != nil && !errors.Is(err, tree.ErrNodeNotFound) {
@@ -249,7 +249,7 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*tetherv1.S
 	return out, err
 }
 
-func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tetherv1.Node, error) {
+func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tree.Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 	}
@@ -275,7 +275,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			return TestResult{}, fmt.Errorf("%w: %v", ErrInvalidRule, err)
 		}
 	}
-	var n *tetherv1.Node
+	var n *tree.Node
 	var stored *tetherv1.StopRuleObservations
 	var self map[string]float64
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -367,9 +367,9 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) erro
 // all read and rewrite the root's counters (on etcd, 64 clients under one
 // root had conflicted once per spawn). Readers add the records up
 // (readNode); every spawn is in exactly one record of each ancestor.
-func (r *Rules) ObserveSpawn(tx store.Txn, child *tetherv1.Node) error {
+func (r *Rules) ObserveSpawn(tx store.Txn, child *tree.Node) error {
 	n := len(child.Ancestors)
-	shard := growShard(child.ParentNodeId)
+	shard := growShard(child.ParentNodeID)
 	for i, a := range child.Ancestors {
 		key := growKey(a, shard)
 		g, err := getGrowth(tx, key)
@@ -436,12 +436,12 @@ func getGrowth(tx store.ReadTxn, key []byte) (growth, error) {
 
 // snapshot completes the stored counters with the node, the clock, and
 // (when asked) the leases and revocations.
-func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1.StopRuleObservations, leases, revocations bool) (*tetherv1.StopRuleObservations, error) {
+func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *tetherv1.StopRuleObservations, leases, revocations bool) (*tetherv1.StopRuleObservations, error) {
 	o := Snapshot(stored, n, r.Clock.Now())
 	if leases && r.Leases != nil {
-		ls, _, err := r.Leases.List(ctx, n.NodeId, "", 1000)
+		ls, _, err := r.Leases.List(ctx, n.NodeID, "", 1000)
 		if err != nil {
-			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeId, err)
+			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeID, err)
 		}
 		for _, l := range ls {
 			bump(&o.LeasesByState, strings.ToLower(l.State.String()), 1)
@@ -451,9 +451,9 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1
 		}
 	}
 	if revocations && r.Grants != nil {
-		held, err := r.Grants.HeldBy(ctx, []string{n.NodeId})
+		held, err := r.Grants.HeldBy(ctx, []string{n.NodeID})
 		if err != nil {
-			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeId, err)
+			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeID, err)
 		}
 		for _, g := range held {
 			if g.Outcome == capability.OutcomeRevoked {
@@ -466,12 +466,12 @@ func (r *Rules) snapshot(ctx context.Context, n *tetherv1.Node, stored *tetherv1
 
 // rulesInEffect reads the rules that may be in effect at n: attached to n
 // or an ancestor, and the selector rules (InEffect keeps those matching).
-func rulesInEffect(tx store.ReadTxn, n *tetherv1.Node) ([]*tetherv1.StopRule, error) {
+func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*tetherv1.StopRule, error) {
 	out, err := rulesIndexed(tx, prefixSel)
 	if err != nil {
 		return nil, err
 	}
-	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeId) {
+	for _, id := range append(append([]string(nil), n.Ancestors...), n.NodeID) {
 		rs, err := rulesIndexed(tx, prefixOn+id+"/")
 		if err != nil {
 			return nil, err

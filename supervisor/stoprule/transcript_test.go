@@ -15,6 +15,7 @@ import (
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Transcript tests replay stop-rule scenarios from testdata/*.txt against
@@ -42,7 +43,7 @@ func TestTranscripts(t *testing.T) {
 }
 
 type world struct {
-	nodes    map[string]*tetherv1.Node
+	nodes    map[string]*tree.Node
 	obs      map[string]*tetherv1.StopRuleObservations
 	self     map[string]map[string]float64
 	rules    []*tetherv1.StopRule
@@ -60,7 +61,7 @@ func (w *world) actor(name string) stoprule.Actor {
 	return stoprule.Actor{ID: "agent:" + name, NodeID: name}
 }
 
-func (w *world) node(t *testing.T, name string) *tetherv1.Node {
+func (w *world) node(t *testing.T, name string) *tree.Node {
 	n, ok := w.nodes[name]
 	if !ok {
 		t.Fatalf("no node %q", name)
@@ -83,7 +84,7 @@ func (w *world) add(a stoprule.Actor, r *tetherv1.StopRule) error {
 	if _, err := stoprule.Compile(r.Expression); err != nil {
 		return err
 	}
-	var target *tetherv1.Node
+	var target *tree.Node
 	if r.NodeId != "" {
 		target = w.nodes[r.NodeId]
 	}
@@ -124,7 +125,7 @@ func runTranscript(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w := &world{nodes: map[string]*tetherv1.Node{}, obs: map[string]*tetherv1.StopRuleObservations{}, self: map[string]map[string]float64{}}
+	w := &world{nodes: map[string]*tree.Node{}, obs: map[string]*tetherv1.StopRuleObservations{}, self: map[string]map[string]float64{}}
 	sc := bufio.NewScanner(f)
 	lineNo := 0
 	for sc.Scan() {
@@ -145,12 +146,12 @@ func runTranscript(t *testing.T, path string) {
 		fields := strings.Fields(head)
 		switch fields[0] {
 		case "node":
-			n := &tetherv1.Node{NodeId: fields[1], Name: fields[1], Labels: map[string]string{}, CreatedAt: timestamppb.New(epoch),
-				State: tetherv1.NodeState_NODE_STATE_RUNNING}
+			n := &tree.Node{NodeID: fields[1], Name: fields[1], Labels: map[string]string{}, CreatedAt: epoch,
+				State: tree.NodeStateRunning}
 			rest := fields[2:]
 			if len(rest) >= 2 && rest[0] == "<" {
 				p := w.node(t, rest[1])
-				n.ParentNodeId, n.Ancestors = p.NodeId, append(append([]string(nil), p.Ancestors...), p.NodeId)
+				n.ParentNodeID, n.Ancestors = p.NodeID, append(append([]string(nil), p.Ancestors...), p.NodeID)
 				rest = rest[2:]
 				stoprule.ApplySpawn(n, w.observed)
 			}
@@ -160,7 +161,7 @@ func runTranscript(t *testing.T, path string) {
 					n.Labels[k] = v
 				}
 			}
-			w.nodes[n.NodeId] = n
+			w.nodes[n.NodeID] = n
 		case "add":
 			spec, expr, ok := strings.Cut(line, ":")
 			if !ok {
@@ -230,7 +231,7 @@ func runTranscript(t *testing.T, path string) {
 				}
 			case "eval":
 				n := w.node(t, fields[1])
-				snap := stoprule.Snapshot(w.obs[n.NodeId], n, epoch.Add(time.Hour))
+				snap := stoprule.Snapshot(w.obs[n.NodeID], n, epoch.Add(time.Hour))
 				w.lastEval = map[string]stoprule.Result{}
 				var fired []string
 				for _, r := range stoprule.InEffect(w.rules, n) {
@@ -238,7 +239,7 @@ func runTranscript(t *testing.T, path string) {
 					if err != nil {
 						fail("%v", err)
 					}
-					res := c.Evaluate(snap, w.self[n.NodeId])
+					res := c.Evaluate(snap, w.self[n.NodeID])
 					if res.Err != nil {
 						fail("rule %s: %v", r.Name, res.Err)
 					}

@@ -7,12 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
@@ -62,28 +59,28 @@ const (
 const ConfirmedByControlPlane = "control-plane"
 
 // ExitConfirmed reports whether anyone confirmed n's exit.
-func ExitConfirmed(n *tetherv1.Node) bool { return n.ExitedAt != nil }
+func ExitConfirmed(n *Node) bool { return !n.ExitedAt.IsZero() }
 
 // NoteContradiction keeps one piece of contradicting evidence on n and
 // reports whether n changed (false once the bound is reached).
-func NoteContradiction(n *tetherv1.Node, kind, detail string, now time.Time) bool {
+func NoteContradiction(n *Node, kind, detail string, now time.Time) bool {
 	if len(n.Contradictions) >= MaxContradictions {
 		return false
 	}
 	detail = kv.ClipUTF8(detail, 200)
-	n.Contradictions = append(n.Contradictions, &tetherv1.Contradiction{Kind: kind, At: timestamppb.New(now), Detail: detail})
+	n.Contradictions = append(n.Contradictions, Contradiction{Kind: kind, At: now, Detail: detail})
 	return true
 }
 
 // ExitedError is the refusal of activity from a confirmed-exited node; it
 // names the state, who confirmed and when.
-func ExitedError(n *tetherv1.Node, kind string) error {
+func ExitedError(n *Node, kind string) error {
 	by := n.ExitConfirmedBy
 	if by == "" {
 		by = "someone"
 	}
 	return fmt.Errorf("%w: node %s is %s (its exit was confirmed by %s at %s): this %s contradicts that and is recorded as evidence",
-		ErrNodeExited, n.NodeId, StateName(n.State), by, n.ExitedAt.AsTime().UTC().Format(time.RFC3339), strings.ReplaceAll(kind, "_", " "))
+		ErrNodeExited, n.NodeID, StateName(n.State), by, n.ExitedAt.UTC().Format(time.RFC3339), strings.ReplaceAll(kind, "_", " "))
 }
 
 // Act checks that a node may still act, for activity of the given kind
@@ -91,9 +88,9 @@ func ExitedError(n *tetherv1.Node, kind string) error {
 // exit was confirmed is refused with ErrNodeExited, and the attempt is
 // stored on the node as a contradiction before Act returns. It returns the
 // node as read.
-func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.Node, error) {
+func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*Node, error) {
 	n, err := t.Get(ctx, nodeID)
-	if err != nil || !ExitConfirmed(n) || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+	if err != nil || !ExitConfirmed(n) || n.State == NodeStateTerminated {
 		// A terminated node's record is written: its credential is dead
 		// (the caller refuses it as revoked) and nothing can change it.
 		return n, err
@@ -104,7 +101,7 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*tetherv1.
 		if err != nil {
 			return err
 		}
-		if n.State == tetherv1.NodeState_NODE_STATE_TERMINATED || !NoteContradiction(n, kind, detail, now) {
+		if n.State == NodeStateTerminated || !NoteContradiction(n, kind, detail, now) {
 			return nil
 		}
 		return putNode(tx, n)
@@ -123,10 +120,10 @@ const MaxOpenSessions = 8
 // one: the attempt is a contradiction. The sessions are kept on the node
 // one by one, so that a second, silent session cannot hide behind the
 // close of the first.
-func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node, string, error) {
+func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*Node, string, error) {
 	now := t.Clock.Now()
 	sessionID := id.New(id.Session)
-	var out *tetherv1.Node
+	var out *Node
 	var refused error
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
 		refused = nil
@@ -135,7 +132,7 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node
 			return err
 		}
 		out = n
-		if ExitConfirmed(n) && n.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
+		if ExitConfirmed(n) && n.State != NodeStateTerminated {
 			refused = ExitedError(n, ActivitySession)
 			if !NoteContradiction(n, ActivitySession, "a session was opened", now) {
 				return nil
@@ -146,8 +143,8 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node
 			refused = fmt.Errorf("%w: node %s already has %d sessions open, the maximum", ErrLimit, nodeID, len(n.OpenSessions))
 			return nil
 		}
-		n.SessionOpenedAt = timestamppb.New(now)
-		n.OpenSessions = append(n.OpenSessions, &tetherv1.OpenSession{SessionId: sessionID, OpenedAt: n.SessionOpenedAt, Instance: t.Instance})
+		n.SessionOpenedAt = now
+		n.OpenSessions = append(n.OpenSessions, OpenSession{SessionID: sessionID, OpenedAt: n.SessionOpenedAt, Instance: t.Instance})
 		if err := putNode(tx, n); err != nil {
 			return err
 		}
@@ -162,7 +159,7 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*tetherv1.Node
 // SessionClosed records that a session ended. The caller passes a context
 // that outlives the stream.
 func (t *Tree) SessionClosed(ctx context.Context, nodeID, sessionID string) error {
-	now := timestamppb.New(t.Clock.Now())
+	now := t.Clock.Now()
 	return t.Store.Update(ctx, func(tx store.Txn) error {
 		n, err := getNode(tx, nodeID)
 		if err != nil {
@@ -176,10 +173,10 @@ func (t *Tree) SessionClosed(ctx context.Context, nodeID, sessionID string) erro
 	})
 }
 
-func closeSession(n *tetherv1.Node, sessionID string, now *timestamppb.Timestamp) {
+func closeSession(n *Node, sessionID string, now time.Time) {
 	kept := n.OpenSessions[:0]
 	for _, s := range n.OpenSessions {
-		if s.SessionId != sessionID {
+		if s.SessionID != sessionID {
 			kept = append(kept, s)
 		}
 	}
@@ -213,7 +210,7 @@ func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	now := timestamppb.New(t.Clock.Now())
+	now := t.Clock.Now()
 	for start := 0; start < len(found); start += 256 {
 		batch := found[start:min(start+256, len(found))]
 		err := t.Store.Update(ctx, func(tx store.Txn) error {
@@ -242,16 +239,16 @@ func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
 
 // SessionOpen reports whether, by the control plane's observation, a
 // session of n is open.
-func SessionOpen(n *tetherv1.Node) bool { return len(n.OpenSessions) > 0 }
+func SessionOpen(n *Node) bool { return len(n.OpenSessions) > 0 }
 
 // ExitVerdict is what the record says about one node's exit: confirmed
 // (by whom, when), or unaccounted and why, and the claim it weighed.
 type ExitVerdict struct {
 	Confirmed         bool
 	ConfirmedBy       string
-	ConfirmedAt       *timestamppb.Timestamp
+	ConfirmedAt       time.Time
 	ClaimedBy         string
-	ClaimedAt         *timestamppb.Timestamp
+	ClaimedAt         time.Time
 	UnaccountedReason string
 	// Settled: no later evidence can change the verdict (the reconciler
 	// stops waiting for the node).
@@ -260,21 +257,21 @@ type ExitVerdict struct {
 
 // confirmationsOf returns n's confirmations, reading a node stored before
 // they were kept one by one from its strongest confirmation.
-func confirmationsOf(n *tetherv1.Node) []*tetherv1.ExitConfirmation {
-	if len(n.ExitConfirmations) > 0 || n.ExitedAt == nil {
+func confirmationsOf(n *Node) []ExitConfirmation {
+	if len(n.ExitConfirmations) > 0 || n.ExitedAt.IsZero() {
 		return n.ExitConfirmations
 	}
 	by, kind := n.ExitConfirmedBy, ConfirmedBySelf
 	if i := strings.LastIndex(by, " ("); i >= 0 && strings.HasSuffix(by, ")") {
 		by, kind = by[:i], by[i+2:len(by)-1]
 	}
-	return []*tetherv1.ExitConfirmation{{By: by, Kind: kind, At: n.ExitedAt}}
+	return []ExitConfirmation{{By: by, Kind: kind, At: n.ExitedAt}}
 }
 
 // isClaim says whether a confirmation is the workload's own word: the
 // node's, or an ancestor's that is itself part of the workload being
 // stopped (inStopped: the termination's view of its workload).
-func isClaim(c *tetherv1.ExitConfirmation, inStopped func(nodeID string) bool) bool {
+func isClaim(c ExitConfirmation, inStopped func(nodeID string) bool) bool {
 	switch c.Kind {
 	case ConfirmedBySelf:
 		return true
@@ -287,16 +284,16 @@ func isClaim(c *tetherv1.ExitConfirmation, inStopped func(nodeID string) bool) b
 // JudgeExit weighs a node's confirmations against the control plane's own
 // evidence. liveGrants are grants the node held that are neither revoked
 // nor expired.
-func JudgeExit(n *tetherv1.Node, inStopped func(nodeID string) bool, liveGrants []string) ExitVerdict {
+func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string) ExitVerdict {
 	var v ExitVerdict
-	var attestation *tetherv1.ExitConfirmation
+	var attestation *ExitConfirmation
 	for _, c := range confirmationsOf(n) {
 		if isClaim(c, inStopped) {
 			if v.ClaimedBy == "" {
 				v.ClaimedBy, v.ClaimedAt = c.By+" ("+c.Kind+")", c.At
 			}
 		} else if attestation == nil {
-			attestation = c
+			attestation = &c
 		}
 	}
 	switch {
@@ -313,12 +310,12 @@ func JudgeExit(n *tetherv1.Node, inStopped func(nodeID string) bool, liveGrants 
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
-	case n.SessionClosedAt != nil:
+	case !n.SessionClosedAt.IsZero():
 		// A bare claim, corroborated: the control plane saw the session
 		// end and nothing from the node since the claim.
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = ConfirmedByControlPlane, n.SessionClosedAt
-		if n.SessionClosedAt.AsTime().Before(v.ClaimedAt.AsTime()) {
+		if n.SessionClosedAt.Before(v.ClaimedAt) {
 			v.ConfirmedAt = v.ClaimedAt
 		}
 	default:

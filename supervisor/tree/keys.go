@@ -3,7 +3,7 @@ package tree
 // Store key layout of the agent tree. Keys are readable strings so that a
 // person debugging a data directory can follow them.
 const (
-	prefixNode  = "agents/node/"  // agents/node/<node id> → tetherv1.Node
+	prefixNode  = "agents/node/"  // agents/node/<node id> → Node
 	prefixChild = "agents/child/" // agents/child/<parent id>/<child id> → ""
 	// agents/children/<parent id> → the parent's number of children (uint64,
 	// big-endian), so a spawn checks the limit without counting them; a

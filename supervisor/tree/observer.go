@@ -2,7 +2,6 @@ package tree
 
 import (
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Observer is told, inside the writing transaction, of each spawn, which
@@ -13,5 +12,5 @@ import (
 // runs on the commit path) and must not call Update.
 type Observer interface {
 	// ObserveSpawn: a child was written under its parent.
-	ObserveSpawn(tx store.Txn, child *tetherv1.Node) error
+	ObserveSpawn(tx store.Txn, child *Node) error
 }

@@ -8,14 +8,10 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
@@ -29,7 +25,7 @@ type Signals struct {
 	Log   *slog.Logger // nil: no logs
 
 	mu      sync.Mutex
-	subs    map[string]map[chan *tetherv1.SessionSignal]struct{}
+	subs    map[string]map[chan *SessionSignal]struct{}
 	changes map[string]map[chan struct{}]struct{}
 }
 
@@ -82,16 +78,16 @@ func (h *Signals) NodeChanged(nodeID string) {
 }
 
 // SignalFor returns the signal a node in state n should be under, or nil.
-func SignalFor(n *tetherv1.Node) *tetherv1.SessionSignal {
+func SignalFor(n *Node) *SessionSignal {
 	switch n.State {
-	case tetherv1.NodeState_NODE_STATE_DRAINING:
-		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_DRAIN, TerminationId: n.TerminationId, Reason: "the subtree is draining: finish in-flight work, start nothing new, then exit"}
-	case tetherv1.NodeState_NODE_STATE_ABORTING:
-		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the subtree is aborting: stop now and exit"}
-	case tetherv1.NodeState_NODE_STATE_TERMINATED:
-		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the node is terminated"}
-	case tetherv1.NodeState_NODE_STATE_EXITED:
-		return &tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationId: n.TerminationId, Reason: "the node's exit was confirmed: stop now"}
+	case NodeStateDraining:
+		return &SessionSignal{Kind: SignalKindDrain, TerminationID: n.TerminationID, Reason: "the subtree is draining: finish in-flight work, start nothing new, then exit"}
+	case NodeStateAborting:
+		return &SessionSignal{Kind: SignalKindAbort, TerminationID: n.TerminationID, Reason: "the subtree is aborting: stop now and exit"}
+	case NodeStateTerminated:
+		return &SessionSignal{Kind: SignalKindAbort, TerminationID: n.TerminationID, Reason: "the node is terminated"}
+	case NodeStateExited:
+		return &SessionSignal{Kind: SignalKindAbort, TerminationID: n.TerminationID, Reason: "the node's exit was confirmed: stop now"}
 	}
 	return nil
 }
@@ -100,14 +96,14 @@ func SignalFor(n *tetherv1.Node) *tetherv1.SessionSignal {
 // The channel holds the latest few signals; a session that lags misses
 // only duplicates (signals are level-triggered: the node's state is the
 // truth, and a reconnecting session is told it on open).
-func (h *Signals) Subscribe(nodeID string) (<-chan *tetherv1.SessionSignal, func()) {
-	ch := make(chan *tetherv1.SessionSignal, 4)
+func (h *Signals) Subscribe(nodeID string) (<-chan *SessionSignal, func()) {
+	ch := make(chan *SessionSignal, 4)
 	h.mu.Lock()
 	if h.subs == nil {
-		h.subs = map[string]map[chan *tetherv1.SessionSignal]struct{}{}
+		h.subs = map[string]map[chan *SessionSignal]struct{}{}
 	}
 	if h.subs[nodeID] == nil {
-		h.subs[nodeID] = map[chan *tetherv1.SessionSignal]struct{}{}
+		h.subs[nodeID] = map[chan *SessionSignal]struct{}{}
 	}
 	h.subs[nodeID][ch] = struct{}{}
 	h.mu.Unlock()
@@ -121,7 +117,7 @@ func (h *Signals) Subscribe(nodeID string) (<-chan *tetherv1.SessionSignal, func
 	}
 }
 
-func (h *Signals) publish(nodeID string, sig *tetherv1.SessionSignal) {
+func (h *Signals) publish(nodeID string, sig *SessionSignal) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for ch := range h.subs[nodeID] {
@@ -169,19 +165,19 @@ func (h *Signals) follow(ctx context.Context, rescan bool) error {
 			if ev.Type != store.EventPut {
 				continue
 			}
-			n := &tetherv1.Node{}
-			if proto.Unmarshal(ev.Value, n) != nil {
+			n := &Node{}
+			if UnmarshalNode(ev.Value, n) != nil {
 				continue
 			}
-			h.NodeChanged(n.NodeId)
+			h.NodeChanged(n.NodeID)
 			h.mu.Lock()
-			_, watched := h.subs[n.NodeId]
+			_, watched := h.subs[n.NodeID]
 			h.mu.Unlock()
 			if !watched {
 				continue
 			}
 			if sig := SignalFor(n); sig != nil {
-				h.publish(n.NodeId, sig)
+				h.publish(n.NodeID, sig)
 			}
 		}
 	}
@@ -197,7 +193,7 @@ func (h *Signals) resend(ctx context.Context) error {
 		ids = append(ids, id)
 	}
 	h.mu.Unlock()
-	var nodes []*tetherv1.Node
+	var nodes []*Node
 	err := h.Store.View(ctx, func(tx store.ReadTxn) error {
 		nodes = nodes[:0]
 		for _, id := range ids {
@@ -217,7 +213,7 @@ func (h *Signals) resend(ctx context.Context) error {
 	}
 	for _, n := range nodes {
 		if sig := SignalFor(n); sig != nil {
-			h.publish(n.NodeId, sig)
+			h.publish(n.NodeID, sig)
 		}
 	}
 	return nil
@@ -253,24 +249,24 @@ func hasSuffix(s, suffix string) bool {
 // first confirmation and exit_confirmed_by the strongest. A running node
 // becomes EXITED: from now on it may not act (see Act), and whether the
 // confirmation counts is decided by the record (JudgeExit).
-func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason string, authorize func(*tetherv1.Node) error) (*tetherv1.Node, error) {
+func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason string, authorize func(*Node) error) (*Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
 	reason = kv.ClipUTF8(reason, 256)
 	by := principal + " (" + kind + ")"
-	now := timestamppb.New(t.Clock.Now())
-	return t.updateNode(ctx, nodeID, authorize, func(tx store.Txn, n *tetherv1.Node) error {
+	now := t.Clock.Now()
+	return t.updateNode(ctx, nodeID, authorize, func(tx store.Txn, n *Node) error {
 		changed := false
 		known := false
 		for _, c := range n.ExitConfirmations {
 			known = known || c.By == principal
 		}
 		if !known && len(n.ExitConfirmations) < maxConfirmations {
-			n.ExitConfirmations = append(n.ExitConfirmations, &tetherv1.ExitConfirmation{By: principal, Kind: kind, At: now, Reason: reason})
+			n.ExitConfirmations = append(n.ExitConfirmations, ExitConfirmation{By: principal, Kind: kind, At: now, Reason: reason})
 			changed = true
 		}
-		if n.ExitedAt == nil {
+		if n.ExitedAt.IsZero() {
 			n.ExitedAt = now
 			changed = true
 		}
@@ -278,8 +274,8 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason 
 			n.ExitConfirmedBy = by
 			changed = true
 		}
-		if n.State == tetherv1.NodeState_NODE_STATE_RUNNING {
-			n.State = tetherv1.NodeState_NODE_STATE_EXITED
+		if n.State == NodeStateRunning {
+			n.State = NodeStateExited
 			changed = true
 		}
 		if !changed {
@@ -304,7 +300,7 @@ func (t *Tree) Heartbeat(ctx context.Context, nodeID string, lastWritten time.Ti
 		if err != nil {
 			return err
 		}
-		n.LastSeenAt = timestamppb.New(now)
+		n.LastSeenAt = now
 		return putNode(tx, n)
 	})
 	if err != nil {

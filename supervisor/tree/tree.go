@@ -9,14 +9,10 @@ import (
 	"sort"
 	"strings"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
@@ -82,16 +78,16 @@ func (t *Tree) ValidateNode(name string, labels map[string]string) error {
 }
 
 // RegisterRoot registers a root node.
-func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]string, createdBy string) (*tetherv1.Node, error) {
+func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]string, createdBy string) (*Node, error) {
 	if err := t.ValidateNode(name, labels); err != nil {
 		return nil, err
 	}
-	node := &tetherv1.Node{
-		NodeId:    id.New(id.Node),
+	node := &Node{
+		NodeID:    id.New(id.Node),
 		Name:      name,
 		Labels:    labels,
-		State:     tetherv1.NodeState_NODE_STATE_RUNNING,
-		CreatedAt: timestamppb.New(t.Clock.Now()),
+		State:     NodeStateRunning,
+		CreatedAt: t.Clock.Now(),
 		CreatedBy: createdBy,
 	}
 	err := t.Store.Update(ctx, func(tx store.Txn) error { return putNode(tx, node) })
@@ -105,7 +101,7 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 // running at the moment the child is written (checked in the same
 // transaction). authorize is called inside the transaction with the parent,
 // so the caller's check and the write see the same state.
-func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *tetherv1.Node) error) (*tetherv1.Node, error) {
+func (t *Tree) Spawn(ctx context.Context, parentID, name string, labels map[string]string, createdBy string, authorize func(parent *Node) error) (*Node, error) {
 	nodes, err := t.SpawnMany(ctx, parentID, []ChildSpec{{Name: name, Labels: labels}}, createdBy, authorize)
 	if err != nil {
 		return nil, err
@@ -123,7 +119,7 @@ type ChildSpec struct {
 // none, in the order given, each with a fresh id, with Spawn's checks: the
 // parent running and authorize called with it inside the transaction,
 // and the depth and fan-out limits counting every child of the call.
-func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec, createdBy string, authorize func(parent *tetherv1.Node) error) ([]*tetherv1.Node, error) {
+func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec, createdBy string, authorize func(parent *Node) error) ([]*Node, error) {
 	if err := id.Check(id.Node, "parent_node_id", parentID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -137,8 +133,8 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 		}
 		ids[i] = id.New(id.Node)
 	}
-	now := timestamppb.New(t.Clock.Now())
-	var out []*tetherv1.Node
+	now := t.Clock.Now()
+	var out []*Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
 		out = out[:0]
 		// One round trip on etcd for the two reads.
@@ -154,7 +150,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 				return err
 			}
 		}
-		if parent.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		if parent.State != NodeStateRunning {
 			return fmt.Errorf("%w: parent_node_id %s is %s", ErrParentNotRunning, parentID, StateName(parent.State))
 		}
 		// A termination marks its subtree top down, in chunks: from its
@@ -178,13 +174,13 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
 		for i, c := range specs {
-			child := &tetherv1.Node{
-				NodeId:       ids[i],
-				ParentNodeId: parentID,
+			child := &Node{
+				NodeID:       ids[i],
+				ParentNodeID: parentID,
 				Ancestors:    ancestors,
 				Name:         c.Name,
 				Labels:       c.Labels,
-				State:        tetherv1.NodeState_NODE_STATE_RUNNING,
+				State:        NodeStateRunning,
 				CreatedAt:    now,
 				CreatedBy:    createdBy,
 			}
@@ -212,7 +208,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 // stoppingAncestor refuses a parent one of whose ancestors is stopping or
 // stopped (a termination is marking, or has marked, its subtree), read in
 // tx so that the spawn serializes with the mark.
-func stoppingAncestor(tx store.ReadTxn, parent *tetherv1.Node) error {
+func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
 	if err := store.Prefetch(tx, kv.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
 		return err
 	}
@@ -222,8 +218,8 @@ func stoppingAncestor(tx store.ReadTxn, parent *tetherv1.Node) error {
 			return err
 		}
 		switch n.State {
-		case tetherv1.NodeState_NODE_STATE_DRAINING, tetherv1.NodeState_NODE_STATE_ABORTING, tetherv1.NodeState_NODE_STATE_TERMINATED:
-			return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeId, a, StateName(n.State), n.TerminationId)
+		case NodeStateDraining, NodeStateAborting, NodeStateTerminated:
+			return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeID, a, StateName(n.State), n.TerminationID)
 		}
 	}
 	return nil
@@ -252,11 +248,11 @@ func childCount(tx store.Txn, parentID string) (uint64, error) {
 }
 
 // Get returns one node.
-func (t *Tree) Get(ctx context.Context, nodeID string) (*tetherv1.Node, error) {
+func (t *Tree) Get(ctx context.Context, nodeID string) (*Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	var n *tetherv1.Node
+	var n *Node
 	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		n, err = getNode(tx, nodeID)
@@ -267,11 +263,11 @@ func (t *Tree) Get(ctx context.Context, nodeID string) (*tetherv1.Node, error) {
 
 // Subtree returns rootID and every descendant, breadth first, from one
 // consistent snapshot.
-func (t *Tree) Subtree(ctx context.Context, rootID string) ([]*tetherv1.Node, error) {
+func (t *Tree) Subtree(ctx context.Context, rootID string) ([]*Node, error) {
 	if err := id.Check(id.Node, "root_node_id", rootID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	var out []*tetherv1.Node
+	var out []*Node
 	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		out, err = SubtreeIn(tx, rootID)
@@ -281,19 +277,19 @@ func (t *Tree) Subtree(ctx context.Context, rootID string) ([]*tetherv1.Node, er
 }
 
 // SubtreeIn walks a subtree inside an existing transaction.
-func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
+func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 	root, err := getNode(tx, rootID)
 	if err != nil {
 		return nil, err
 	}
-	out := []*tetherv1.Node{root}
+	out := []*Node{root}
 	// Level by level, so that each level's child lists, then its nodes,
 	// are read together (store.Prefetch: one round trip per level and few
 	// hundred nodes on etcd instead of two per node).
 	for level := out; len(level) > 0; {
 		parents := make([]string, len(level))
 		for i, n := range level {
-			parents[i] = n.NodeId
+			parents[i] = n.NodeID
 		}
 		if err := store.Prefetch(tx, nil, kv.KeysOf(parents, childPrefix)); err != nil {
 			return nil, err
@@ -326,8 +322,8 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
 }
 
 // List returns nodes in id order after pageToken, matching selector.
-func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken string, pageSize int) ([]*tetherv1.Node, string, error) {
-	var out []*tetherv1.Node
+func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken string, pageSize int) ([]*Node, string, error) {
+	var out []*Node
 	next := ""
 	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
 		var start []byte
@@ -335,15 +331,15 @@ func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken s
 			start = append(nodeKey(pageToken), 0)
 		}
 		return tx.Scan([]byte(prefixNode), start, func(k, v []byte) error {
-			n := &tetherv1.Node{}
-			if err := proto.Unmarshal(v, n); err != nil {
+			n := &Node{}
+			if err := UnmarshalNode(v, n); err != nil {
 				return fmt.Errorf("supervisor: decode %s: %w", k, err)
 			}
 			if !MatchLabels(n.Labels, selector) {
 				return nil
 			}
 			if len(out) == pageSize {
-				next = out[len(out)-1].NodeId
+				next = out[len(out)-1].NodeID
 				return store.ErrStopScan
 			}
 			out = append(out, n)
@@ -380,7 +376,7 @@ func MatchLabels(labels, selector map[string]string) bool {
 }
 
 // IsAncestor reports whether ancestorID is a strict ancestor of n.
-func IsAncestor(n *tetherv1.Node, ancestorID string) bool {
+func IsAncestor(n *Node, ancestorID string) bool {
 	for _, a := range n.Ancestors {
 		if a == ancestorID {
 			return true
@@ -390,33 +386,33 @@ func IsAncestor(n *tetherv1.Node, ancestorID string) bool {
 }
 
 // StateName is the lower-case name of a node state.
-func StateName(s tetherv1.NodeState) string {
+func StateName(s NodeState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
 }
 
 // SortByID sorts nodes by id (for stable output).
-func SortByID(nodes []*tetherv1.Node) {
-	sort.Slice(nodes, func(i, j int) bool { return nodes[i].NodeId < nodes[j].NodeId })
+func SortByID(nodes []*Node) {
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].NodeID < nodes[j].NodeID })
 }
 
-func getNode(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) {
-	n := &tetherv1.Node{}
-	if err := kv.GetProtoOf(tx, nodeKey(nodeID), n, ErrNodeNotFound, "", "node", nodeID); err != nil {
+func getNode(tx store.ReadTxn, nodeID string) (*Node, error) {
+	n := &Node{}
+	if err := kv.GetOf(tx, nodeKey(nodeID), func(b []byte) error { return UnmarshalNode(b, n) }, ErrNodeNotFound, "", "node", nodeID); err != nil {
 		return nil, err
 	}
 	return n, nil
 }
 
 // GetNodeIn reads a node inside a transaction.
-func GetNodeIn(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) { return getNode(tx, nodeID) }
+func GetNodeIn(tx store.ReadTxn, nodeID string) (*Node, error) { return getNode(tx, nodeID) }
 
 // PutNodeIn writes a node inside a transaction.
-func PutNodeIn(tx store.Txn, n *tetherv1.Node) error { return putNode(tx, n) }
+func PutNodeIn(tx store.Txn, n *Node) error { return putNode(tx, n) }
 
-func putNode(tx store.Txn, n *tetherv1.Node) error {
-	v, err := proto.Marshal(n)
+func putNode(tx store.Txn, n *Node) error {
+	v, err := encodeNode(n)
 	if err != nil {
 		return fmt.Errorf("supervisor: encode node: %w", err)
 	}
-	return tx.Put(nodeKey(n.NodeId), v)
+	return tx.Put(nodeKey(n.NodeID), v)
 }

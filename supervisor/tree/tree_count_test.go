@@ -30,22 +30,22 @@ func TestSpawnCountsChildrenOfOlderParents(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		if _, err := tree.Spawn(ctx, root.NodeId, fmt.Sprintf("c%d", i), nil, "test", nil); err != nil {
+		if _, err := tree.Spawn(ctx, root.NodeID, fmt.Sprintf("c%d", i), nil, "test", nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := st.Update(ctx, func(tx store.Txn) error { return tx.Delete(childCountKey(root.NodeId)) }); err != nil {
+	if err := st.Update(ctx, func(tx store.Txn) error { return tx.Delete(childCountKey(root.NodeID)) }); err != nil {
 		t.Fatal(err)
 	}
 	for i := 3; i < 5; i++ {
-		if _, err := tree.Spawn(ctx, root.NodeId, fmt.Sprintf("c%d", i), nil, "test", nil); err != nil {
+		if _, err := tree.Spawn(ctx, root.NodeID, fmt.Sprintf("c%d", i), nil, "test", nil); err != nil {
 			t.Fatalf("child %d of 5: %v", i+1, err)
 		}
 	}
-	if _, err := tree.Spawn(ctx, root.NodeId, "c5", nil, "test", nil); !errors.Is(err, ErrLimit) {
+	if _, err := tree.Spawn(ctx, root.NodeID, "c5", nil, "test", nil); !errors.Is(err, ErrLimit) {
 		t.Fatalf("a sixth child with a limit of 5: err = %v, want ErrLimit", err)
 	}
-	nodes, err := tree.Subtree(ctx, root.NodeId)
+	nodes, err := tree.Subtree(ctx, root.NodeID)
 	if err != nil {
 		t.Fatal(err)
 	}

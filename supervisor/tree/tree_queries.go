@@ -4,21 +4,19 @@ import (
 	"errors"
 
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// The tree queries other layers read inside their own transactions. They
-// make *Tree satisfy grantstore.Tree, the capability layer's view of the
-// agent tree, which controlplane wires in: grantstore never imports the
-// supervisor.
+// The tree queries other layers read inside their own transactions.
+// controlplane adapts them to grantstore.Tree, the capability layer's view
+// of the agent tree: grantstore never imports the supervisor.
 
 // GetNodeIn returns a node inside a transaction (see the function GetNodeIn).
-func (t *Tree) GetNodeIn(tx store.ReadTxn, nodeID string) (*tetherv1.Node, error) {
+func (t *Tree) GetNodeIn(tx store.ReadTxn, nodeID string) (*Node, error) {
 	return GetNodeIn(tx, nodeID)
 }
 
 // SubtreeIn returns rootID's node and its descendants inside a transaction.
-func (t *Tree) SubtreeIn(tx store.ReadTxn, rootID string) ([]*tetherv1.Node, error) {
+func (t *Tree) SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 	return SubtreeIn(tx, rootID)
 }
 

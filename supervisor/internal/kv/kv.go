@@ -57,6 +57,12 @@ func GetProto(tx store.ReadTxn, key []byte, m proto.Message) error {
 // a missing key is notFound (its message ends with missing and id), and a
 // value that does not decode names its kind and id.
 func GetProtoOf(tx store.ReadTxn, key []byte, m proto.Message, notFound error, missing, kind, id string) error {
+	return GetOf(tx, key, func(b []byte) error { return proto.Unmarshal(b, m) }, notFound, missing, kind, id)
+}
+
+// GetOf is GetProtoOf for a value that decode decodes (a domain type in
+// its stored encoding).
+func GetOf(tx store.ReadTxn, key []byte, decode func([]byte) error, notFound error, missing, kind, id string) error {
 	b, err := tx.Get(key)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("%w: %s%s", notFound, missing, id)
@@ -64,7 +70,7 @@ func GetProtoOf(tx store.ReadTxn, key []byte, m proto.Message, notFound error, m
 	if err != nil {
 		return err
 	}
-	if err := proto.Unmarshal(b, m); err != nil {
+	if err := decode(b); err != nil {
 		return fmt.Errorf("supervisor: decode %s %s: %w", kind, id, err)
 	}
 	return nil

@@ -1,0 +1,37 @@
+package controlplane
+
+import (
+	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+// grantTree is the agent tree as the capability layer reads it
+// (grantstore.Tree): grantstore never imports the supervisor.
+type grantTree struct{ t *tree.Tree }
+
+func (g grantTree) GetNodeIn(tx store.ReadTxn, nodeID string) (*grantstore.Node, error) {
+	n, err := g.t.GetNodeIn(tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	return grantNode(n), nil
+}
+
+func (g grantTree) SubtreeIn(tx store.ReadTxn, rootID string) ([]*grantstore.Node, error) {
+	nodes, err := g.t.SubtreeIn(tx, rootID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*grantstore.Node, len(nodes))
+	for i, n := range nodes {
+		out[i] = grantNode(n)
+	}
+	return out, nil
+}
+
+func (g grantTree) NodeNotFound(err error) bool { return g.t.NodeNotFound(err) }
+
+func grantNode(n *tree.Node) *grantstore.Node {
+	return &grantstore.Node{NodeID: n.NodeID, Ancestors: n.Ancestors, State: tree.StateName(n.State)}
+}

@@ -1,0 +1,135 @@
+package tree
+
+import (
+	"strconv"
+	"time"
+)
+
+// Node is one agent in the tree. Its stored form is the protobuf encoding
+// of tether.v1.Node (the pb tags are that message's field numbers), so a
+// node written by any version reads back.
+type Node struct {
+	NodeID       string `pb:"1"`
+	ParentNodeID string `pb:"2"`
+	// Ancestors, root first, excluding the node itself.
+	Ancestors []string          `pb:"3"`
+	Name      string            `pb:"4"`
+	Labels    map[string]string `pb:"5"`
+	State     NodeState         `pb:"6"`
+	CreatedAt time.Time         `pb:"7"`
+	// Who registered or spawned the node (principal id).
+	CreatedBy  string    `pb:"8"`
+	LastSeenAt time.Time `pb:"9"`
+	// The first confirmation of its exit (zero: none), and the strongest
+	// confirming party.
+	ExitedAt        time.Time `pb:"10"`
+	ExitConfirmedBy string    `pb:"11"`
+	// The termination that stopped (or is stopping) this node, if any.
+	TerminationID string `pb:"12"`
+	// When the agent (or its launcher) reported it ready to take work.
+	ReadyAt time.Time `pb:"13"`
+	// Every party that confirmed the exit (first word of each, bounded).
+	ExitConfirmations []ExitConfirmation `pb:"14"`
+	// Activity after ExitedAt (bounded: the first few are kept).
+	Contradictions []Contradiction `pb:"15"`
+	// The control plane's own observation of the agent's session: when one
+	// was last opened and last closed.
+	SessionOpenedAt time.Time `pb:"16"`
+	SessionClosedAt time.Time `pb:"17"`
+	// The node's sessions open now, as the control plane sees them
+	// (bounded).
+	OpenSessions []OpenSession `pb:"18"`
+}
+
+// NodeState is where a node is in its life; the values are tether.v1's.
+type NodeState int32
+
+// Node states.
+const (
+	NodeStateUnspecified NodeState = 0
+	NodeStateRunning     NodeState = 1
+	NodeStateDraining    NodeState = 2
+	NodeStateAborting    NodeState = 3
+	NodeStateTerminated  NodeState = 4
+	// Its exit was confirmed outside a termination: it can no longer
+	// spawn, begin tool calls, take leases, open a session or refresh
+	// credentials. A later termination covering it accounts for it.
+	NodeStateExited NodeState = 5
+)
+
+var nodeStateNames = [...]string{
+	NodeStateUnspecified: "NODE_STATE_UNSPECIFIED",
+	NodeStateRunning:     "NODE_STATE_RUNNING",
+	NodeStateDraining:    "NODE_STATE_DRAINING",
+	NodeStateAborting:    "NODE_STATE_ABORTING",
+	NodeStateTerminated:  "NODE_STATE_TERMINATED",
+	NodeStateExited:      "NODE_STATE_EXITED",
+}
+
+// String is the state's tether.v1 name ("NODE_STATE_RUNNING"), or its
+// number when it has none.
+func (s NodeState) String() string {
+	if s >= 0 && int(s) < len(nodeStateNames) {
+		return nodeStateNames[s]
+	}
+	return strconv.Itoa(int(s))
+}
+
+// ExitConfirmation is one party's word that a node's process exited.
+type ExitConfirmation struct {
+	// The principal id, e.g. "agent:<node_id>" or "operator:launcher".
+	By string `pb:"1"`
+	// ConfirmedBySelf, ConfirmedByAncestor or ConfirmedByLauncher.
+	Kind   string    `pb:"2"`
+	At     time.Time `pb:"3"`
+	Reason string    `pb:"4"`
+}
+
+// Contradiction is activity from a node after its exit was confirmed: the
+// control plane refused it and kept it as evidence.
+type Contradiction struct {
+	Kind   string    `pb:"1"` // one of the Activity kinds
+	At     time.Time `pb:"2"`
+	Detail string    `pb:"3"`
+}
+
+// OpenSession is one open session of a node.
+type OpenSession struct {
+	SessionID string    `pb:"1"`
+	OpenedAt  time.Time `pb:"2"`
+	// The control-plane process serving it.
+	Instance string `pb:"3"`
+}
+
+// SessionSignal tells an open session to drain or abort (Signals).
+type SessionSignal struct {
+	Kind          SignalKind
+	TerminationID string
+	Deadline      time.Time // zero: none
+	Reason        string
+}
+
+// SignalKind is what a session is told to do; the values are tether.v1's.
+type SignalKind int32
+
+// Signal kinds.
+const (
+	SignalKindUnspecified SignalKind = 0
+	SignalKindDrain       SignalKind = 1
+	SignalKindAbort       SignalKind = 2
+)
+
+var signalKindNames = [...]string{
+	SignalKindUnspecified: "SIGNAL_KIND_UNSPECIFIED",
+	SignalKindDrain:       "SIGNAL_KIND_DRAIN",
+	SignalKindAbort:       "SIGNAL_KIND_ABORT",
+}
+
+// String is the kind's tether.v1 name ("SIGNAL_KIND_DRAIN"), or its number
+// when it has none.
+func (k SignalKind) String() string {
+	if k >= 0 && int(k) < len(signalKindNames) {
+		return signalKindNames[k]
+	}
+	return strconv.Itoa(int(k))
+}
