@@ -33,9 +33,15 @@ func messageSchema(md protoreflect.MessageDescriptor, defs map[string]any) map[s
 	fields := md.Fields()
 	for i := 0; i < fields.Len(); i++ {
 		f := fields.Get(i)
-		s := fieldSchema(f, defs)
-		if f.IsList() {
-			s = map[string]any{"type": "array", "items": s}
+		var s map[string]any
+		switch {
+		case f.IsMap():
+			// protojson writes a map as an object keyed by the map's keys.
+			s = map[string]any{"type": "object", "additionalProperties": fieldSchema(f.MapValue(), defs)}
+		case f.IsList():
+			s = map[string]any{"type": "array", "items": fieldSchema(f, defs)}
+		default:
+			s = fieldSchema(f, defs)
 		}
 		props[f.JSONName()] = s
 	}

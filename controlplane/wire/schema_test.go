@@ -66,9 +66,12 @@ func checkAgainst(t *testing.T, path string, v any, s map[string]any, defs map[s
 		if !ok {
 			t.Fatalf("%s: want an object, got %T", path, v)
 		}
-		props := s["properties"].(map[string]any)
+		props, _ := s["properties"].(map[string]any)
 		for k, val := range obj {
 			ps, ok := props[k].(map[string]any)
+			if extra, isMap := s["additionalProperties"].(map[string]any); isMap && props == nil {
+				ps, ok = extra, true // a map: any key, values of one schema
+			}
 			if !ok {
 				t.Fatalf("%s.%s is written but not in the schema", path, k)
 			}
