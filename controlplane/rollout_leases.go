@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/internal/id"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -47,22 +46,22 @@ func (h leaseHandover) held(ctx context.Context, holders []string) ([]lease.Leas
 	return out, nil
 }
 
-func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]*tetherv1.RecordLease, error) {
+func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]supervisor.RecordLease, error) {
 	held, err := h.held(ctx, holders)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*tetherv1.RecordLease, 0, len(held))
+	out := make([]supervisor.RecordLease, 0, len(held))
 	for _, l := range held {
 		// HANDED_OVER only for what the rollout can reassign: a lease with
 		// an ownership conflict (or a cancel request) is left as it stands,
 		// UNRESOLVED until someone allowed to resolves it.
 		outcome := coordinator.RecordOutcome(l)
 		if handoverable(l) {
-			outcome = tetherv1.LeaseOutcome_LEASE_OUTCOME_HANDED_OVER
+			outcome = supervisor.LeaseOutcomeHandedOver
 		}
-		out = append(out, &tetherv1.RecordLease{
-			JobId: l.JobID, LeaseId: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity, Outcome: outcome,
+		out = append(out, supervisor.RecordLease{
+			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity, Outcome: outcome,
 		})
 	}
 	return out, nil

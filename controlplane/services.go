@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -72,7 +73,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		s.addLeaderComponent("stop-rules", s.afterLeases(s.stopRules.Run))
 	}
 	s.addComponent("session-signals", s.signals.Run)
-	s.addLeaderComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor, Retry: s.cfg.RecordRetry}).Run)
+	s.addLeaderComponent("record-outbox", (&supervisor.Outbox{Supervisor: s.supervisor, Render: wire.RenderRecord, Retry: s.cfg.RecordRetry}).Run)
 	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
 	handover := leaseHandover{leases: s.leases}
 	s.supervisor.Handover = handover

@@ -215,7 +215,7 @@ func (a *agentService) ProposeStop(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ProposeStopResponse{Proposal: prop}), nil
+	return connect.NewResponse(&tetherv1.ProposeStopResponse{Proposal: wire.Proposal(prop)}), nil
 }
 
 // WatchSignals is Session's signal half for clients without bidirectional

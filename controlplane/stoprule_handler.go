@@ -101,7 +101,7 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 		return nil, toConnect(err)
 	}
 	resp := &tetherv1.TestStopRuleResponse{
-		Result: res.Fired, Values: res.Values, Observed: wire.StopRuleObservations(res.Observed), SelfReported: res.SelfReported, Cost: res.Cost,
+		Result: res.Fired, Values: wire.StopRuleValues(res.Values), Observed: wire.StopRuleObservations(res.Observed), SelfReported: res.SelfReported, Cost: res.Cost,
 	}
 	if res.Err != nil {
 		resp.Error = res.Err.Error()

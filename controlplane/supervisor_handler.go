@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
@@ -136,7 +137,7 @@ func (h *supervisorService) GetRecord(ctx context.Context, req *connect.Request[
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.GetRecordResponse{Record: rec, NextPageToken: next}), nil
+	return connect.NewResponse(&tetherv1.GetRecordResponse{Record: wire.Record(rec), NextPageToken: next}), nil
 }
 
 func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Request[tetherv1.ListRecordsRequest]) (*connect.Response[tetherv1.ListRecordsResponse], error) {
@@ -151,7 +152,7 @@ func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Reques
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: recs, NextPageToken: next, PartialRecordIds: partial}), nil
+	return connect.NewResponse(&tetherv1.ListRecordsResponse{Records: wire.Records(recs), NextPageToken: next, PartialRecordIds: partial}), nil
 }
 
 func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Request[tetherv1.DecideProposalRequest]) (*connect.Response[tetherv1.DecideProposalResponse], error) {
@@ -163,7 +164,7 @@ func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Req
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	resp := &tetherv1.DecideProposalResponse{Proposal: prop}
+	resp := &tetherv1.DecideProposalResponse{Proposal: wire.Proposal(prop)}
 	if term != nil {
 		resp.Termination = terminationToProto(*term)
 	}
@@ -171,11 +172,11 @@ func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Req
 }
 
 func (h *supervisorService) ListProposals(ctx context.Context, req *connect.Request[tetherv1.ListProposalsRequest]) (*connect.Response[tetherv1.ListProposalsResponse], error) {
-	props, err := h.s.supervisor.Proposals(ctx, req.Msg.State)
+	props, err := h.s.supervisor.Proposals(ctx, supervisor.ProposalState(req.Msg.State))
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListProposalsResponse{Proposals: props}), nil
+	return connect.NewResponse(&tetherv1.ListProposalsResponse{Proposals: wire.Proposals(props)}), nil
 }
 
 func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.Request[tetherv1.RegisterPrivilegeRequest]) (*connect.Response[tetherv1.RegisterPrivilegeResponse], error) {

@@ -5,7 +5,6 @@ import (
 	"errors"
 
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
@@ -37,7 +36,7 @@ type LeaseHandover interface {
 	// open ones the rollout can reassign as HANDED_OVER, ones it cannot
 	// (an ownership conflict, a cancel request) as they stand, terminal ones
 	// with their outcome. For a rollout batch's record.
-	HeldBy(ctx context.Context, holders []string) ([]*tetherv1.RecordLease, error)
+	HeldBy(ctx context.Context, holders []string) ([]RecordLease, error)
 	// Open lists the open (not terminal) leases held by the holders:
 	// those that can be reassigned, and those that cannot (Why says why).
 	Open(ctx context.Context, holders []string) (open, stuck []HandoverLease, err error)

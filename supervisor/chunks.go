@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/store"
@@ -675,7 +674,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	}); err != nil {
 		return err
 	}
-	var leases []*tetherv1.RecordLease
+	var leases []RecordLease
 	var grants []HeldGrant
 	var err error
 	if len(ids) > 0 {
@@ -738,8 +737,8 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 // nodes (members judged, the others superseded or prior), the members'
 // privileges (grants first) and leases. unaccounted counts the members
 // nobody accounted for.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants []HeldGrant, leases []*tetherv1.RecordLease) (*tetherv1.ReconciliationRecord, int, error) {
-	part := &tetherv1.ReconciliationRecord{Leases: leases}
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants []HeldGrant, leases []RecordLease) (*ReconciliationRecord, int, error) {
+	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
 	for _, g := range grants {
@@ -751,7 +750,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	}
 	heldJobs := map[string][]string{}
 	for _, l := range leases {
-		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobId)
+		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobID)
 	}
 	inWorkload := t.workloadIn(tx)
 	unaccounted := 0
@@ -762,22 +761,22 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		case e.member() && n.TerminationID == t.ID:
 			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID])
 			if e.Reach == ReachTakeOver {
-				rn.InnerTerminationId = e.Other
-				rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_DRAINING
+				rn.InnerTerminationID = e.Other
+				rn.InnerOutcome = InnerOutcomeTakenOverDraining
 				if e.State == tree.StateName(tree.NodeStateAborting) {
-					rn.InnerOutcome = tetherv1.InnerOutcome_INNER_OUTCOME_TAKEN_OVER_ABORTING
+					rn.InnerOutcome = InnerOutcomeTakenOverAborting
 				}
 			}
-			if rn.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+			if rn.Outcome == NodeOutcomeUnaccounted {
 				unaccounted++
 			}
 			part.Nodes = append(part.Nodes, rn)
 			members = append(members, n.NodeID)
 		case e.Reach == ReachPrior:
-			rn := &tetherv1.RecordNode{
-				NodeId: n.NodeID, Name: n.Name, ParentNodeId: n.ParentNodeID, LastSeenAt: pbTime(n.LastSeenAt),
-				Outcome:            tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED,
-				InnerTerminationId: e.Other, InnerOutcome: tetherv1.InnerOutcome_INNER_OUTCOME_TERMINATED, InnerRecordId: e.Record,
+			rn := RecordNode{
+				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
+				Outcome:            NodeOutcomeUnaccounted,
+				InnerTerminationID: e.Other, InnerOutcome: InnerOutcomeTerminated, InnerRecordID: e.Record,
 			}
 			if e.Record != "" {
 				earlier, err := earlierOutcomes(tx, e.Record)
@@ -796,9 +795,9 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			if e.member() {
 				by = n.TerminationID
 			}
-			part.Nodes = append(part.Nodes, &tetherv1.RecordNode{
-				NodeId: n.NodeID, Name: n.Name, ParentNodeId: n.ParentNodeID, LastSeenAt: pbTime(n.LastSeenAt),
-				Outcome: tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED, SupersededByTerminationId: by,
+			part.Nodes = append(part.Nodes, RecordNode{
+				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
+				Outcome: NodeOutcomeSuperseded, SupersededByTerminationID: by,
 			})
 		}
 	}
@@ -823,7 +822,7 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 		if err != nil {
 			return err
 		}
-		part := &tetherv1.ReconciliationRecord{}
+		part := &ReconciliationRecord{}
 		ts := timestamppb.New(now)
 		for _, cid := range ids {
 			c, err := ledger.GetCallIn(tx, cid)
@@ -854,7 +853,7 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 // termination) and its header, which makes it visible, and terminates the
 // termination: all in one transaction.
 func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress, now time.Time) error {
-	var written *tetherv1.ReconciliationRecord
+	var written *ReconciliationRecord
 	var unaccounted int
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
 		written = nil
@@ -877,17 +876,17 @@ func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress
 		if err != nil {
 			return err
 		}
-		parts, err := putRecordParts(tx, rec.RecordId, cur.Parts, rec)
+		parts, err := putRecordParts(tx, rec.RecordID, cur.Parts, rec)
 		if err != nil {
 			return err
 		}
-		if err := putRecordHeader(tx, rec.RecordId, t.ID, parts, cur.Parts); err != nil {
+		if err := putRecordHeader(tx, rec.RecordID, t.ID, parts, cur.Parts); err != nil {
 			return err
 		}
-		if err := tx.Put(outboxKey(rec.RecordId), nil); err != nil {
+		if err := tx.Put(outboxKey(rec.RecordID), nil); err != nil {
 			return err
 		}
-		next.RecordID = rec.RecordId
+		next.RecordID = rec.RecordID
 		// The final progress is the record's: every node counted once.
 		next.Progress.Unconfirmed = cur.Unaccounted
 		next.Progress.HooksPending = 0
@@ -895,13 +894,13 @@ func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress
 		return kv.PutJSON(tx, terminationKey(t.ID), next)
 	})
 	if err == nil && written != nil {
-		s.Log.Info("termination complete", "termination_id", t.ID, "record_id", written.RecordId, "nodes", t.Counts.Listed, "unaccounted", unaccounted)
+		s.Log.Info("termination complete", "termination_id", t.ID, "record_id", written.RecordID, "nodes", t.Counts.Listed, "unaccounted", unaccounted)
 	}
 	return err
 }
 
 // heldByOnly keeps the grants and leases held by members.
-func heldByOnly(members []string, grants []HeldGrant, leases []*tetherv1.RecordLease) ([]HeldGrant, []*tetherv1.RecordLease) {
+func heldByOnly(members []string, grants []HeldGrant, leases []RecordLease) ([]HeldGrant, []RecordLease) {
 	member := make(map[string]bool, len(members))
 	for _, m := range members {
 		member[m] = true
@@ -912,7 +911,7 @@ func heldByOnly(members []string, grants []HeldGrant, leases []*tetherv1.RecordL
 			g = append(g, x)
 		}
 	}
-	var l []*tetherv1.RecordLease
+	var l []RecordLease
 	for _, x := range leases {
 		if member[x.HolderIdentity] {
 			l = append(l, x)
@@ -924,7 +923,7 @@ func heldByOnly(members []string, grants []HeldGrant, leases []*tetherv1.RecordL
 // earlierOutcomes is the outcome an earlier record gave each of its nodes.
 // Records never change once written, so the last one read is kept: the
 // prior nodes of a chunk, and of the next chunks, mostly name one record.
-func earlierOutcomes(tx store.ReadTxn, recordID string) (map[string]*tetherv1.RecordNode, error) {
+func earlierOutcomes(tx store.ReadTxn, recordID string) (map[string]RecordNode, error) {
 	earlier.mu.Lock()
 	if earlier.id == recordID {
 		defer earlier.mu.Unlock()
@@ -935,9 +934,9 @@ func earlierOutcomes(tx store.ReadTxn, recordID string) (map[string]*tetherv1.Re
 	if err != nil {
 		return nil, err
 	}
-	nodes := make(map[string]*tetherv1.RecordNode, len(prev.Nodes))
+	nodes := make(map[string]RecordNode, len(prev.Nodes))
 	for _, pn := range prev.Nodes {
-		nodes[pn.NodeId] = pn
+		nodes[pn.NodeID] = pn
 	}
 	earlier.mu.Lock()
 	earlier.id, earlier.nodes = recordID, nodes
@@ -948,7 +947,7 @@ func earlierOutcomes(tx store.ReadTxn, recordID string) (map[string]*tetherv1.Re
 var earlier struct {
 	mu    sync.Mutex
 	id    string
-	nodes map[string]*tetherv1.RecordNode
+	nodes map[string]RecordNode
 }
 
 // putRecordParts appends part to a record's stored parts from number from
@@ -956,8 +955,8 @@ var earlier struct {
 // A record is the concatenation of its parts' bytes: protobuf appends the
 // repeated fields of concatenated messages, so a record written in parts
 // reads as one.
-func putRecordParts(tx store.Txn, recordID string, from int, part *tetherv1.ReconciliationRecord) (int, error) {
-	b, err := proto.Marshal(part)
+func putRecordParts(tx store.Txn, recordID string, from int, part *ReconciliationRecord) (int, error) {
+	b, err := encodeRecord(part)
 	if err != nil {
 		return from, err
 	}

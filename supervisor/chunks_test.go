@@ -16,7 +16,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -108,7 +107,7 @@ func reconcileToEnd(t *testing.T, s *Supervisor, id string) Termination {
 
 // checkRecord checks that the termination's record lists every node of
 // want exactly once (and nothing else), and that each is terminated.
-func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *tetherv1.ReconciliationRecord {
+func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *ReconciliationRecord {
 	t.Helper()
 	ctx := context.Background()
 	rec, err := s.Record(ctx, "", term.ID)
@@ -117,7 +116,7 @@ func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *
 	}
 	seen := make(map[string]int, len(rec.Nodes))
 	for _, n := range rec.Nodes {
-		seen[n.NodeId]++
+		seen[n.NodeID]++
 	}
 	for _, w := range want {
 		if seen[w] != 1 {
@@ -127,8 +126,8 @@ func checkRecord(t *testing.T, s *Supervisor, term Termination, want []string) *
 	if len(rec.Nodes) != len(want) {
 		t.Fatalf("the record lists %d nodes, the subtree has %d", len(rec.Nodes), len(want))
 	}
-	if rec.TerminationId != term.ID || rec.RecordId != term.RecordID || len(rec.Phases) == 0 {
-		t.Fatalf("record header: termination %s record %s, %d phases", rec.TerminationId, rec.RecordId, len(rec.Phases))
+	if rec.TerminationID != term.ID || rec.RecordID != term.RecordID || len(rec.Phases) == 0 {
+		t.Fatalf("record header: termination %s record %s, %d phases", rec.TerminationID, rec.RecordID, len(rec.Phases))
 	}
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		for _, w := range want {

@@ -2,8 +2,13 @@
 // the state machine (termination.go, pure: Next and Advance), the shell
 // that persists each step before the next (supervisor.go, reconciler.go),
 // the record built and written in the transaction that terminates the
-// subtree (record.go, schema.go), its delivery to a sink (sink.go), and the
-// stop proposals whose approval starts a termination (proposal.go).
+// subtree (record.go, recordtypes.go), its delivery to a sink (sink.go),
+// and the stop proposals whose approval starts a termination (proposal.go,
+// proposaltypes.go). The record and the proposals are this package's own
+// types, stored in their tether.v1 messages' encoding (codec.go);
+// controlplane/wire converts them to the messages the API carries and
+// renders the record's published JSON, which the outbox's Render hands to
+// the sink.
 //
 // The supervisor's other concepts live in their own packages, each below
 // or above this one:
@@ -41,8 +46,9 @@
 //
 // Callers' duties:
 //   - Run the reconciler (Supervisor.Run) and the record outbox
-//     (Outbox.Run) for as long as the process leads; Terminate, Propose
-//     and Decide only persist a request, and Run does the rest.
+//     (Outbox.Run, with a Render when there is a Sink) for as long as the
+//     process leads; Terminate, Propose and Decide only persist a
+//     request, and Run does the rest.
 //   - Kick a termination written with TerminateIn or FileRuleProposal once
 //     the caller's transaction has committed.
 //   - Give the Supervisor the layers it revokes through (GrantRevoker,

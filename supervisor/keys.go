@@ -8,10 +8,10 @@ import "fmt"
 // keep theirs in their own packages.)
 const (
 	prefixTermination  = "terminations/"      // terminations/<id> → Termination (JSON)
-	prefixRecord       = "records/"           // records/<id> → tetherv1.ReconciliationRecord header; records/<id>/part/<n> → entries
+	prefixRecord       = "records/"           // records/<id> → "parts head"; records/<id>/part/<n> → ReconciliationRecord bytes (storecodec)
 	prefixRecordByTerm = "records-by-term/"   // records-by-term/<termination id> → record id
 	prefixOutbox       = "outbox/records/"    // outbox/records/<record id> → "" until the sink has it
-	prefixProposal     = "proposals/"         // proposals/<id> → tetherv1.StopProposal
+	prefixProposal     = "proposals/"         // proposals/<id> → StopProposal (storecodec)
 	prefixPendingProp  = "proposals-pending/" // proposals-pending/<node id>/<id> → "" while pending
 )
 

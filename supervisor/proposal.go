@@ -2,20 +2,14 @@ package supervisor
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -59,7 +53,7 @@ type RuleAction struct {
 }
 
 // Matches reports whether the firing rule is one the action is for.
-func (a RuleAction) Matches(f *tetherv1.StopRuleFiring) bool {
+func (a RuleAction) Matches(f *StopRuleFiring) bool {
 	if len(a.Labels) == 0 && a.Severity == "" {
 		return true
 	}
@@ -103,7 +97,7 @@ func ParseRuleAction(s string) (RuleAction, error) {
 // approves it and writes the termination (the caller Kicks termID once the
 // transaction has committed). mode is the mode the rule's action hint
 // suggests, for an operator who approves later.
-func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tetherv1.StopRuleFiring, mode Mode, policy ProposalPolicy) (p *tetherv1.StopProposal, termID string, err error) {
+func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopRuleFiring, mode Mode, policy ProposalPolicy) (p *StopProposal, termID string, err error) {
 	n, err := tree.GetNodeIn(tx, nodeID)
 	if err != nil {
 		return nil, "", err
@@ -122,20 +116,20 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 		}
 		values = append(values, v.Name+"="+v.Value+tag)
 	}
-	reason := fmt.Sprintf("stop rule %q (%s, set by %s) is true: %s", firing.Name, firing.RuleId, firing.SetBy, strings.Join(values, ", "))
+	reason := fmt.Sprintf("stop rule %q (%s, set by %s) is true: %s", firing.Name, firing.RuleID, firing.SetBy, strings.Join(values, ", "))
 	if len(reason) > 1024 {
 		reason = kv.ClipUTF8(reason, 1021) + "..."
 	}
 	now := s.Clock.Now()
-	p = &tetherv1.StopProposal{
-		ProposalId: id.New(id.Proposal), NodeId: nodeID, Condition: "rule:" + firing.Name, Reason: reason,
-		State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING, ProposedBy: "stop-rule:" + firing.RuleId,
-		CreatedAt: timestamppb.New(now), Mode: modeToProto(mode), DrainWindow: durationpb.New(0), Rule: firing,
+	p = &StopProposal{
+		ProposalID: id.New(id.Proposal), NodeID: nodeID, Condition: "rule:" + firing.Name, Reason: reason,
+		State: ProposalStatePending, ProposedBy: "stop-rule:" + firing.RuleID,
+		CreatedAt: now, Mode: mode, Rule: firing,
 	}
 	decidedBy := ""
 	for _, a := range policy.RuleActions {
 		if a.Matches(firing) {
-			p.Mode, decidedBy = modeToProto(a.Mode), "policy:stop-rule-action"
+			p.Mode, decidedBy = a.Mode, "policy:stop-rule-action"
 			break
 		}
 	}
@@ -143,7 +137,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *tethe
 		decidedBy = "policy:auto-approve"
 	}
 	if decidedBy == "" {
-		return p, "", kv.PutProto(tx, proposalKey(p.ProposalId), p)
+		return p, "", putProposal(tx, p)
 	}
 	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
 	if err != nil {
@@ -185,7 +179,7 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 // Propose records a stop proposal by an agent for its own node. It changes
 // nothing else: only a decision (an operator's, or the policy's) starts a
 // termination.
-func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, proposedBy string, mode Mode, drain time.Duration, policy ProposalPolicy) (*tetherv1.StopProposal, *Termination, error) {
+func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, proposedBy string, mode Mode, drain time.Duration, policy ProposalPolicy) (*StopProposal, *Termination, error) {
 	if _, err := parseCondition(condition); err != nil {
 		return nil, nil, err
 	}
@@ -198,10 +192,10 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 	if drain < 0 || drain > MaxTerminationWindow {
 		return nil, nil, fmt.Errorf("%w: drain_window must be between 0 and %s", tree.ErrInvalidArgument, MaxTerminationWindow)
 	}
-	p := &tetherv1.StopProposal{
-		ProposalId: id.New(id.Proposal), NodeId: nodeID, Condition: condition, Reason: reason,
-		State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING, ProposedBy: proposedBy,
-		CreatedAt: timestamppb.New(s.Clock.Now()), Mode: modeToProto(mode), DrainWindow: durationpb.New(drain),
+	p := &StopProposal{
+		ProposalID: id.New(id.Proposal), NodeID: nodeID, Condition: condition, Reason: reason,
+		State: ProposalStatePending, ProposedBy: proposedBy,
+		CreatedAt: s.Clock.Now(), Mode: mode, DrainWindow: drain,
 	}
 	auto := false
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
@@ -232,35 +226,32 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 				return err
 			}
 		}
-		if err := tx.Put(pendingPropKey(nodeID, p.ProposalId), nil); err != nil {
+		if err := tx.Put(pendingPropKey(nodeID, p.ProposalID), nil); err != nil {
 			return err
 		}
-		return kv.PutProto(tx, proposalKey(p.ProposalId), p)
+		return putProposal(tx, p)
 	})
 	if err != nil || !auto {
 		return p, nil, err
 	}
-	return s.Decide(ctx, p.ProposalId, true, "auto-approved by the label policy", PolicyDecider+"auto-approve")
+	return s.Decide(ctx, p.ProposalID, true, "auto-approved by the label policy", PolicyDecider+"auto-approve")
 }
 
 // Decide approves or rejects a pending proposal. Approval starts a
 // termination of the proposing node, requested by the decider.
-func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool, reason, decidedBy string) (*tetherv1.StopProposal, *Termination, error) {
+func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool, reason, decidedBy string) (*StopProposal, *Termination, error) {
 	if err := id.Check(id.Proposal, "proposal_id", proposalID); err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
-	var p *tetherv1.StopProposal
+	var p *StopProposal
 	termID := ""
 	var term Termination
 	err := s.Store.Update(ctx, func(tx store.Txn) error {
-		p = &tetherv1.StopProposal{}
-		if err := kv.GetProto(tx, proposalKey(proposalID), p); err != nil {
-			if errors.Is(err, store.ErrNotFound) {
-				return fmt.Errorf("%w: proposal_id %s", ErrProposalNotFound, proposalID)
-			}
+		p = &StopProposal{}
+		if err := getProposal(tx, proposalID, p); err != nil {
 			return err
 		}
-		if p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+		if p.State != ProposalStatePending {
 			return fmt.Errorf("%w: proposal_id %s is %s", ErrProposalDecided, proposalID, strings.ToLower(strings.TrimPrefix(p.State.String(), "PROPOSAL_STATE_")))
 		}
 		var err error
@@ -281,36 +272,36 @@ func (s *Supervisor) Decide(ctx context.Context, proposalID string, approve bool
 // decideIn approves or rejects the pending proposal p inside tx and writes
 // it; approval writes the termination of its node (returned; the caller
 // Kicks it after the commit).
-func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bool, reason, decidedBy string, now time.Time) (Termination, error) {
-	p.DecidedBy, p.DecidedAt = decidedBy, timestamppb.New(now)
-	if err := tx.Delete(pendingPropKey(p.NodeId, p.ProposalId)); err != nil {
+func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reason, decidedBy string, now time.Time) (Termination, error) {
+	p.DecidedBy, p.DecidedAt = decidedBy, now
+	if err := tx.Delete(pendingPropKey(p.NodeID, p.ProposalID)); err != nil {
 		return Termination{}, err
 	}
 	if !approve {
-		p.State = tetherv1.ProposalState_PROPOSAL_STATE_REJECTED
-		return Termination{}, kv.PutProto(tx, proposalKey(p.ProposalId), p)
+		p.State = ProposalStateRejected
+		return Termination{}, putProposal(tx, p)
 	}
-	n, err := tree.GetNodeIn(tx, p.NodeId)
+	n, err := tree.GetNodeIn(tx, p.NodeID)
 	if err != nil {
 		return Termination{}, err
 	}
 	if n.State != tree.NodeStateRunning {
-		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeId, tree.StateName(n.State))
+		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeID, tree.StateName(n.State))
 	}
 	mode := ModeDrain
-	if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+	if p.Mode == ModeAbort {
 		mode = ModeAbort
 	}
-	drain := p.DrainWindow.AsDuration()
+	drain := p.DrainWindow
 	if drain == 0 {
 		drain = DefaultDrainWindow
 	}
-	term, err := NewTermination(id.New(id.Termination), p.NodeId, mode, drain, DefaultCancelAckTimeout, DefaultConfirmTimeout,
-		"stop proposal "+p.ProposalId+": "+p.Reason, decidedBy, now)
+	term, err := NewTermination(id.New(id.Termination), p.NodeID, mode, drain, DefaultCancelAckTimeout, DefaultConfirmTimeout,
+		"stop proposal "+p.ProposalID+": "+p.Reason, decidedBy, now)
 	if err != nil {
 		return Termination{}, err
 	}
-	term.ProposalID = p.ProposalId
+	term.ProposalID = p.ProposalID
 	term.HookTimeout = s.hookTimeout()
 	if strings.HasPrefix(decidedBy, PolicyDecider) {
 		// No one outside the workload weighed this stop: the node chose
@@ -319,25 +310,25 @@ func (s *Supervisor) decideIn(tx store.Txn, p *tetherv1.StopProposal, approve bo
 		// rollout) with a window of its choosing.
 		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
 	}
-	p.State = tetherv1.ProposalState_PROPOSAL_STATE_APPROVED
-	p.TerminationId = term.ID
+	p.State = ProposalStateApproved
+	p.TerminationID = term.ID
 	if err := kv.PutJSON(tx, terminationKey(term.ID), term); err != nil {
 		return Termination{}, err
 	}
-	return term, kv.PutProto(tx, proposalKey(p.ProposalId), p)
+	return term, putProposal(tx, p)
 }
 
 // Proposals lists proposals, optionally in one state.
-func (s *Supervisor) Proposals(ctx context.Context, state tetherv1.ProposalState) ([]*tetherv1.StopProposal, error) {
-	var out []*tetherv1.StopProposal
+func (s *Supervisor) Proposals(ctx context.Context, state ProposalState) ([]*StopProposal, error) {
+	var out []*StopProposal
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
 		return tx.Scan([]byte(prefixProposal), nil, func(_, v []byte) error {
-			p := &tetherv1.StopProposal{}
-			if err := proto.Unmarshal(v, p); err != nil {
+			p := &StopProposal{}
+			if err := decodeProposal(v, p); err != nil {
 				return err
 			}
-			if state == tetherv1.ProposalState_PROPOSAL_STATE_UNSPECIFIED || p.State == state {
+			if state == ProposalStateUnspecified || p.State == state {
 				out = append(out, p)
 			}
 			return nil

@@ -8,14 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -38,58 +35,59 @@ func newRecordID() string { return id.New(id.Record) }
 // recordHeaderOf is the part of the record that describes the whole
 // termination, written last (chunks.go writes the nodes, privileges,
 // leases and calls before it, in parts).
-func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.Time) (*tetherv1.ReconciliationRecord, error) {
-	rec := &tetherv1.ReconciliationRecord{
-		RecordId:      recordID,
-		TerminationId: t.ID,
+func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.Time) (*ReconciliationRecord, error) {
+	rec := &ReconciliationRecord{
+		RecordID:      recordID,
+		TerminationID: t.ID,
 		SchemaVersion: RecordSchemaVersion,
-		NodeId:        t.NodeID,
-		Mode:          modeToProto(t.Mode),
+		NodeID:        t.NodeID,
+		Mode:          t.Mode,
 		RequestedBy:   t.RequestedBy,
 		Reason:        t.Reason,
 		Escalated:     t.Escalated,
-		WrittenAt:     timestamppb.New(now),
-		RootNodeIds:   t.Roots,
-		RolloutId:     t.RolloutID,
+		WrittenAt:     now,
+		RootNodeIDs:   t.Roots,
+		RolloutID:     t.RolloutID,
+	}
+	if rec.Mode != ModeAbort {
+		rec.Mode = ModeDrain
 	}
 	if t.ProposalID != "" {
-		p := &tetherv1.StopProposal{}
-		if err := kv.GetProto(tx, proposalKey(t.ProposalID), p); err != nil && !errors.Is(err, store.ErrNotFound) {
+		p := &StopProposal{}
+		if err := getProposal(tx, t.ProposalID, p); err != nil && !errors.Is(err, ErrProposalNotFound) {
 			return nil, err
 		}
 		rec.StopRule = p.Rule
 	}
 	for _, ph := range t.Phases {
-		rec.Phases = append(rec.Phases, &tetherv1.RecordPhase{
-			Name: ph.Phase.String(), StartedAt: timestamppb.New(ph.StartedAt), Duration: durationpb.New(ph.Duration),
-		})
+		rec.Phases = append(rec.Phases, RecordPhase{Name: ph.Phase.String(), StartedAt: ph.StartedAt, Duration: ph.Duration})
 	}
 	return rec, nil
 }
 
 // grantPrivilege is a grant as the record lists it.
-func grantPrivilege(g HeldGrant) *tetherv1.RecordPrivilege {
+func grantPrivilege(g HeldGrant) RecordPrivilege {
 	outcome := privilegeOutcome(g.Outcome)
-	return &tetherv1.RecordPrivilege{PrivilegeId: g.GrantID, Kind: "grant", ExternalId: g.GrantID, NodeId: g.NodeID, Outcome: outcome}
+	return RecordPrivilege{PrivilegeID: g.GrantID, Kind: "grant", ExternalID: g.GrantID, NodeID: g.NodeID, Outcome: outcome}
 }
 
 // privilegeOutcome is a privilege's outcome as the record states it:
 // anything but revoked or expired is a failed revocation.
-func privilegeOutcome(o string) tetherv1.PrivilegeOutcome {
+func privilegeOutcome(o string) PrivilegeOutcome {
 	switch o {
 	case privilege.OutcomeRevoked:
-		return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+		return PrivilegeOutcomeRevoked
 	case privilege.OutcomeExpired:
-		return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED
+		return PrivilegeOutcomeExpired
 	}
-	return tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED
+	return PrivilegeOutcomeRevokeFailed
 }
 
 // registeredPrivilege is a registered privilege as the record lists it.
-func registeredPrivilege(p privilege.Privilege) *tetherv1.RecordPrivilege {
+func registeredPrivilege(p privilege.Privilege) RecordPrivilege {
 	outcome := privilegeOutcome(p.Outcome)
-	return &tetherv1.RecordPrivilege{
-		PrivilegeId: p.ID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID, Outcome: outcome, Error: p.Error,
+	return RecordPrivilege{
+		PrivilegeID: p.ID, Kind: p.Kind, ExternalID: p.ExternalID, NodeID: p.NodeID, Outcome: outcome, Error: p.Error,
 	}
 }
 
@@ -114,31 +112,31 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *tetherv1.ToolCal
 }
 
 // recordCall is a call as the record lists it.
-func recordCall(c *tetherv1.ToolCall) *tetherv1.RecordToolCall {
-	return &tetherv1.RecordToolCall{
-		CallId: c.CallId, NodeId: c.NodeId, Tool: c.Tool, GateId: c.GateId, Resolution: c.Resolution,
+func recordCall(c *tetherv1.ToolCall) RecordToolCall {
+	return RecordToolCall{
+		CallID: c.CallId, NodeID: c.NodeId, Tool: c.Tool, GateID: c.GateId, Resolution: c.Resolution,
 		BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
 	}
 }
 
 // recordNode is a node's entry: its exit weighed against the control
 // plane's evidence (tree.JudgeExit), the claim and the contradictions shown.
-func recordNode(n *tree.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string) *tetherv1.RecordNode {
+func recordNode(n *tree.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string) RecordNode {
 	v := tree.JudgeExit(n, inWorkload, liveGrants)
-	rn := &tetherv1.RecordNode{
-		NodeId: n.NodeID, Name: n.Name, ParentNodeId: n.ParentNodeID, LastSeenAt: pbTime(n.LastSeenAt),
-		ClaimedBy: v.ClaimedBy, ClaimedAt: pbTime(v.ClaimedAt), Contradictions: pbContradictions(n.Contradictions),
-		SessionClosedAt: pbTime(n.SessionClosedAt), SessionOpen: tree.SessionOpen(n),
+	rn := RecordNode{
+		NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
+		ClaimedBy: v.ClaimedBy, ClaimedAt: v.ClaimedAt, Contradictions: n.Contradictions,
+		SessionClosedAt: n.SessionClosedAt, SessionOpen: tree.SessionOpen(n),
 	}
 	if v.Confirmed {
-		rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED
-		rn.ConfirmedBy, rn.ConfirmedAt = v.ConfirmedBy, pbTime(v.ConfirmedAt)
+		rn.Outcome = NodeOutcomeConfirmed
+		rn.ConfirmedBy, rn.ConfirmedAt = v.ConfirmedBy, v.ConfirmedAt
 		return rn
 	}
-	rn.Outcome = tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED
+	rn.Outcome = NodeOutcomeUnaccounted
 	rn.UnaccountedReason = v.UnaccountedReason
-	rn.HeldGrantIds = heldGrants
-	rn.HeldJobIds = heldJobs
+	rn.HeldGrantIDs = heldGrants
+	rn.HeldJobIDs = heldJobs
 	return rn
 }
 
@@ -184,7 +182,7 @@ func putRecordHeader(tx store.Txn, recordID, terminationID string, parts, head i
 	return tx.Put(recordByTermKey(terminationID), []byte(recordID))
 }
 
-func getRecord(tx store.ReadTxn, recordID string) (*tetherv1.ReconciliationRecord, error) {
+func getRecord(tx store.ReadTxn, recordID string) (*ReconciliationRecord, error) {
 	v, err := tx.Get(recordKey(recordID))
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: record_id %s", ErrRecordNotFound, recordID)
@@ -204,8 +202,8 @@ func getRecord(tx store.ReadTxn, recordID string) (*tetherv1.ReconciliationRecor
 		}
 		b = append(b, part...)
 	}
-	rec := &tetherv1.ReconciliationRecord{}
-	if err := proto.Unmarshal(b, rec); err != nil {
+	rec := &ReconciliationRecord{}
+	if err := decodeRecord(b, rec); err != nil {
 		return nil, fmt.Errorf("supervisor: decode record %s: %w", recordID, err)
 	}
 	return rec, nil
@@ -233,7 +231,7 @@ func parseRecordHeader(recordID string, v []byte) (parts, head int, err error) {
 }
 
 // Record returns a record by its id or its termination's id.
-func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string) (*tetherv1.ReconciliationRecord, error) {
+func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string) (*ReconciliationRecord, error) {
 	switch {
 	case recordID != "":
 		if err := id.Check(id.Record, "record_id", recordID); err != nil {
@@ -246,7 +244,7 @@ func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string)
 	default:
 		return nil, fmt.Errorf("%w: record_id or termination_id is required", tree.ErrInvalidArgument)
 	}
-	var rec *tetherv1.ReconciliationRecord
+	var rec *ReconciliationRecord
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		rid := recordID
 		if rid == "" {
@@ -270,7 +268,7 @@ func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string)
 // RecordPageBytes: the page ends before a record that would pass it, and a
 // record that alone passes it is listed with its header and first entries
 // only (its id in partial), as GetRecord's first page.
-func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) (out []*tetherv1.ReconciliationRecord, next string, partial []string, err error) {
+func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) (out []*ReconciliationRecord, next string, partial []string, err error) {
 	err = s.Store.View(ctx, func(tx store.ReadTxn) error {
 		out, next, partial = nil, "", nil
 		var ids []string
@@ -307,16 +305,13 @@ func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int
 				partial = append(partial, rid)
 			}
 			out = append(out, rec)
-			size += proto.Size(rec)
+			n, err := recordSize(rec)
+			if err != nil {
+				return err
+			}
+			size += n
 		}
 		return nil
 	})
 	return out, next, partial, err
-}
-
-func modeToProto(m Mode) tetherv1.TerminationMode {
-	if m == ModeAbort {
-		return tetherv1.TerminationMode_TERMINATION_MODE_ABORT
-	}
-	return tetherv1.TerminationMode_TERMINATION_MODE_DRAIN
 }

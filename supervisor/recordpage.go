@@ -11,11 +11,9 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -85,7 +83,7 @@ func parseRecordToken(token string) (recordCursor, error) {
 // first entries; the following ones carry entries only. Only the stored
 // parts a page needs are read. A small record reads whole in one page,
 // exactly as Record returns it.
-func (s *Supervisor) RecordPage(ctx context.Context, recordID, terminationID, pageToken string, pageSize int) (*tetherv1.ReconciliationRecord, string, error) {
+func (s *Supervisor) RecordPage(ctx context.Context, recordID, terminationID, pageToken string, pageSize int) (*ReconciliationRecord, string, error) {
 	if pageSize < 0 {
 		return nil, "", fmt.Errorf("%w: page_size must not be negative", tree.ErrInvalidArgument)
 	}
@@ -112,7 +110,7 @@ func (s *Supervisor) RecordPage(ctx context.Context, recordID, terminationID, pa
 	case from == nil:
 		return nil, "", fmt.Errorf("%w: record_id or termination_id is required", tree.ErrInvalidArgument)
 	}
-	var rec *tetherv1.ReconciliationRecord
+	var rec *ReconciliationRecord
 	var next string
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		rec, next = nil, ""
@@ -142,7 +140,7 @@ func (s *Supervisor) RecordPage(ctx context.Context, recordID, terminationID, pa
 
 // recordPage reads a page of a record in tx: from the first entry (with
 // the header) or from a cursor (entries only).
-func recordPage(tx store.ReadTxn, recordID string, from *recordCursor, maxEntries, maxBytes int) (*tetherv1.ReconciliationRecord, string, error) {
+func recordPage(tx store.ReadTxn, recordID string, from *recordCursor, maxEntries, maxBytes int) (*ReconciliationRecord, string, error) {
 	v, err := tx.Get(recordKey(recordID))
 	if errors.Is(err, store.ErrNotFound) {
 		if from != nil {
@@ -157,7 +155,7 @@ func recordPage(tx store.ReadTxn, recordID string, from *recordCursor, maxEntrie
 	if err != nil {
 		return nil, "", err
 	}
-	rec := &tetherv1.ReconciliationRecord{}
+	rec := &ReconciliationRecord{}
 	start := recordCursor{RecordID: recordID}
 	if from == nil {
 		// The header: its own parts, or (a record stored before they were
@@ -174,11 +172,15 @@ func recordPage(tx store.ReadTxn, recordID string, from *recordCursor, maxEntrie
 			}
 			b = append(b, p...)
 		}
-		if err := proto.Unmarshal(b, rec); err != nil {
+		if err := decodeRecord(b, rec); err != nil {
 			return nil, "", fmt.Errorf("supervisor: decode record %s: %w", recordID, err)
 		}
 		rec.Nodes, rec.ToolCalls, rec.Privileges, rec.Leases = nil, nil, nil, nil
-		maxBytes -= proto.Size(rec)
+		size, err := recordSize(rec)
+		if err != nil {
+			return nil, "", err
+		}
+		maxBytes -= size
 	} else {
 		if from.Part >= head {
 			return nil, "", errBadRecordToken
@@ -214,16 +216,8 @@ func recordPage(tx store.ReadTxn, recordID string, from *recordCursor, maxEntrie
 		if first && from != nil && cursorSum(recordID, at.Part, at.Offset, raw) != from.Sum {
 			return nil, "", errBadRecordToken
 		}
-		var m proto.Message
 		switch num {
-		case fieldNodes:
-			m = &tetherv1.RecordNode{}
-		case fieldToolCalls:
-			m = &tetherv1.RecordToolCall{}
-		case fieldPrivileges:
-			m = &tetherv1.RecordPrivilege{}
-		case fieldLeases:
-			m = &tetherv1.RecordLease{}
+		case fieldNodes, fieldToolCalls, fieldPrivileges, fieldLeases:
 		default:
 			if first && from != nil {
 				return nil, "", errBadRecordToken
@@ -239,21 +233,11 @@ func recordPage(tx store.ReadTxn, recordID string, from *recordCursor, maxEntrie
 		if m2 < 0 {
 			return nil, "", fmt.Errorf("supervisor: decode record %s: entry of field %d is not a message", recordID, num)
 		}
-		if err := proto.Unmarshal(val, m); err != nil {
+		if err := appendEntry(rec, num, val); err != nil {
 			if first && from != nil {
 				return nil, "", errBadRecordToken
 			}
 			return nil, "", fmt.Errorf("supervisor: decode record %s: %w", recordID, err)
-		}
-		switch e := m.(type) {
-		case *tetherv1.RecordNode:
-			rec.Nodes = append(rec.Nodes, e)
-		case *tetherv1.RecordToolCall:
-			rec.ToolCalls = append(rec.ToolCalls, e)
-		case *tetherv1.RecordPrivilege:
-			rec.Privileges = append(rec.Privileges, e)
-		case *tetherv1.RecordLease:
-			rec.Leases = append(rec.Leases, e)
 		}
 		entries++
 		size += len(raw)

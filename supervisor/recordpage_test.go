@@ -4,21 +4,19 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // readPages reads a record page by page and returns the pages.
-func readPages(t *testing.T, s *Supervisor, terminationID string, size int) []*tetherv1.ReconciliationRecord {
+func readPages(t *testing.T, s *Supervisor, terminationID string, size int) []*ReconciliationRecord {
 	t.Helper()
-	var pages []*tetherv1.ReconciliationRecord
+	var pages []*ReconciliationRecord
 	rec, next, err := s.RecordPage(context.Background(), "", terminationID, "", size)
 	for {
 		if err != nil {
@@ -36,8 +34,9 @@ func readPages(t *testing.T, s *Supervisor, terminationID string, size int) []*t
 }
 
 // joined appends the pages' entries to the first page's header.
-func joined(pages []*tetherv1.ReconciliationRecord) *tetherv1.ReconciliationRecord {
-	all := proto.Clone(pages[0]).(*tetherv1.ReconciliationRecord)
+func joined(pages []*ReconciliationRecord) *ReconciliationRecord {
+	first := *pages[0]
+	all := &first
 	for _, p := range pages[1:] {
 		all.Nodes = append(all.Nodes, p.Nodes...)
 		all.ToolCalls = append(all.ToolCalls, p.ToolCalls...)
@@ -67,30 +66,30 @@ func TestRecordPagesEqualTheWholeRecord(t *testing.T) {
 	whole := checkRecord(t, s, term, all)
 
 	one := readPages(t, s, term.ID, 0)
-	if len(one) != 1 || !proto.Equal(one[0], whole) {
-		t.Fatalf("without a page size: %d pages, equal to the record: %v; want the whole record in one", len(one), len(one) == 1 && proto.Equal(one[0], whole))
+	if len(one) != 1 || !reflect.DeepEqual(one[0], whole) {
+		t.Fatalf("without a page size: %d pages, equal to the record: %v; want the whole record in one", len(one), len(one) == 1 && reflect.DeepEqual(one[0], whole))
 	}
-	check := func(name string, pages []*tetherv1.ReconciliationRecord, want int) {
+	check := func(name string, pages []*ReconciliationRecord, want int) {
 		t.Helper()
 		if len(pages) < want {
 			t.Fatalf("%s: %d pages, want at least %d", name, len(pages), want)
 		}
 		for i, p := range pages[1:] {
-			if p.RecordId != "" || p.TerminationId != "" || len(p.Phases) != 0 || p.WrittenAt != nil {
+			if p.RecordID != "" || p.TerminationID != "" || len(p.Phases) != 0 || !p.WrittenAt.IsZero() {
 				t.Fatalf("%s: page %d carries header fields", name, i+1)
 			}
 		}
 		got := joined(pages)
 		seen := map[string]int{}
 		for _, n := range got.Nodes {
-			seen[n.NodeId]++
+			seen[n.NodeID]++
 		}
 		for _, n := range all {
 			if seen[n] != 1 {
 				t.Fatalf("%s: node %s is in the pages %d times, want once", name, n, seen[n])
 			}
 		}
-		if !proto.Equal(got, whole) {
+		if !reflect.DeepEqual(got, whole) {
 			t.Fatalf("%s: the pages put together differ from the record read whole", name)
 		}
 	}
@@ -102,9 +101,9 @@ func TestRecordPagesEqualTheWholeRecord(t *testing.T) {
 	// ListRecords stays within the bound too: the record alone passes it,
 	// so it is listed with its first page, and named partial.
 	list, next, partial, err := s.Records(context.Background(), "", 100)
-	if err != nil || len(list) != 1 || next != "" || len(partial) != 1 || partial[0] != term.RecordID || !proto.Equal(list[0], pages[0]) {
+	if err != nil || len(list) != 1 || next != "" || len(partial) != 1 || partial[0] != term.RecordID || !reflect.DeepEqual(list[0], pages[0]) {
 		t.Fatalf("Records within 4,000 bytes: %d records, next %q, partial %v, equal to the first page %v, %v",
-			len(list), next, partial, len(list) == 1 && proto.Equal(list[0], pages[0]), err)
+			len(list), next, partial, len(list) == 1 && reflect.DeepEqual(list[0], pages[0]), err)
 	}
 }
 

@@ -11,38 +11,27 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protojson"
-
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// RecordSink receives each reconciliation record once it is persisted.
-// Delivery is at least once: a sink must accept the same record twice.
+// RecordSink receives each reconciliation record once it is persisted, as
+// the published document: doc is the record rendered by the outbox's
+// Render (the JSON of docs/record.schema.json). Delivery is at least once:
+// a sink must accept the same record twice.
 type RecordSink interface {
-	Deliver(ctx context.Context, rec *tetherv1.ReconciliationRecord) error
-}
-
-// MarshalRecord renders a record as the JSON published by
-// docs/record.schema.json (protobuf JSON names, lowerCamelCase).
-func MarshalRecord(rec *tetherv1.ReconciliationRecord) ([]byte, error) {
-	return protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(rec)
+	Deliver(ctx context.Context, recordID string, doc []byte) error
 }
 
 // DirSink writes <dir>/<record id>.json atomically.
 type DirSink struct{ Dir string }
 
 // Deliver writes the record file (rename makes it appear whole).
-func (d DirSink) Deliver(_ context.Context, rec *tetherv1.ReconciliationRecord) error {
-	b, err := MarshalRecord(rec)
-	if err != nil {
-		return err
-	}
+func (d DirSink) Deliver(_ context.Context, recordID string, b []byte) error {
 	if err := os.MkdirAll(d.Dir, 0o750); err != nil {
 		return err
 	}
-	final := filepath.Join(d.Dir, rec.RecordId+".json")
+	final := filepath.Join(d.Dir, recordID+".json")
 	tmp := final + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o640)
 	if err != nil {
@@ -69,11 +58,7 @@ type WebhookSink struct {
 }
 
 // Deliver posts the record.
-func (w WebhookSink) Deliver(ctx context.Context, rec *tetherv1.ReconciliationRecord) error {
-	b, err := MarshalRecord(rec)
-	if err != nil {
-		return err
-	}
+func (w WebhookSink) Deliver(ctx context.Context, _ string, b []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.URL, bytes.NewReader(b))
@@ -101,9 +86,9 @@ func (w WebhookSink) Deliver(ctx context.Context, rec *tetherv1.ReconciliationRe
 type MultiSink []RecordSink
 
 // Deliver delivers to each sink in turn.
-func (m MultiSink) Deliver(ctx context.Context, rec *tetherv1.ReconciliationRecord) error {
+func (m MultiSink) Deliver(ctx context.Context, recordID string, doc []byte) error {
 	for _, s := range m {
-		if err := s.Deliver(ctx, rec); err != nil {
+		if err := s.Deliver(ctx, recordID, doc); err != nil {
 			return err
 		}
 	}
@@ -120,6 +105,10 @@ func (m MultiSink) Deliver(ctx context.Context, rec *tetherv1.ReconciliationReco
 // leader or a lagged watch resumes every undelivered record from the store.
 type Outbox struct {
 	Supervisor *Supervisor
+	// Render turns a record into the document the sink publishes (the
+	// caller wires the rendering of docs/record.schema.json); required
+	// when the supervisor has a Sink.
+	Render func(*ReconciliationRecord) ([]byte, error)
 	// Retry is the wait after a failed delivery (default 2s, doubling to
 	// MaxRetry, default one minute).
 	Retry, MaxRetry time.Duration
@@ -137,6 +126,9 @@ func (o *Outbox) Run(ctx context.Context) error {
 	if s.Sink == nil {
 		<-ctx.Done()
 		return ctx.Err()
+	}
+	if o.Render == nil {
+		return errors.New("record outbox: a sink without Render: the outbox cannot render records")
 	}
 	retry := o.Retry
 	if retry <= 0 {
@@ -191,7 +183,11 @@ func (o *Outbox) deliver(ctx context.Context, recordID string) error {
 	if err != nil {
 		return fmt.Errorf("record outbox: read record %s: %w", recordID, err)
 	}
-	if err := s.Sink.Deliver(ctx, rec); err != nil {
+	doc, err := o.Render(rec)
+	if err != nil {
+		return fmt.Errorf("record outbox: render record %s: %w", recordID, err)
+	}
+	if err := s.Sink.Deliver(ctx, recordID, doc); err != nil {
 		return err
 	}
 	return s.Store.Update(ctx, func(tx store.Txn) error { return tx.Delete(outboxKey(recordID)) })

@@ -17,7 +17,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -53,7 +52,7 @@ type LeaseCanceller interface {
 	// FinalizeHeldBy reconciles those leases explicitly (cancelled when the
 	// worker acknowledged, expired when the lease ran out, otherwise a
 	// bounded unresolved) and reports each. Idempotent.
-	FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]*tetherv1.RecordLease, error)
+	FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]RecordLease, error)
 }
 
 // Supervisor terminates subtrees and writes reconciliation records.

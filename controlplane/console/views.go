@@ -19,7 +19,6 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -473,7 +472,7 @@ func (c *Console) recordJSON(w http.ResponseWriter, r *http.Request, s *session)
 		c.apiFail(w, r, s, "Could not read record "+id, err)
 		return
 	}
-	b, err := supervisor.MarshalRecord(rec)
+	b, err := wire.RecordJSON(rec)
 	if err != nil {
 		c.fail(w, r, s, http.StatusInternalServerError, "Could not render the record", err.Error())
 		return

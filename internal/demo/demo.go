@@ -28,9 +28,9 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/embedded"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
 )
 
 // Options shape the swarm.
@@ -342,7 +342,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	_, err = gateConns["http-gate"].Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: rogue.grant.Token, Tool: "http", GateId: "http-gate"}))
 	res.RogueAfter = connect.CodeOf(err)
 
-	b, err := supervisor.MarshalRecord(rec.Msg.Record)
+	b, err := wire.RecordJSON(rec.Msg.Record)
 	if err != nil {
 		return nil, err
 	}

@@ -17,10 +17,10 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/embedded"
 	"github.com/tetherhq/tether/internal/mcptest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
-	"github.com/tetherhq/tether/supervisor"
 )
 
 // RunMCP plays the MCP story: an agent reaches an MCP server through the
@@ -161,7 +161,7 @@ func RunMCP(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	for _, c := range rec.Msg.Record.ToolCalls {
 		say("    %-16s %-22s reported by gate %s", c.Tool, strings.ToLower(strings.TrimPrefix(c.Resolution.String(), "CALL_RESOLUTION_")), c.GateId)
 	}
-	b, err := supervisor.MarshalRecord(rec.Msg.Record)
+	b, err := wire.RecordJSON(rec.Msg.Record)
 	if err != nil {
 		return nil, err
 	}

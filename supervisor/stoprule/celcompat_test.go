@@ -2,6 +2,7 @@ package stoprule
 
 import (
 	"fmt"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"pgregory.net/rapid"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // The rules were written against the generated tether.v1 message; the
@@ -223,7 +225,7 @@ func TestObservationsEvaluateAsTheProtoMessageDid(t *testing.T) {
 			if p.refs == nil {
 				continue
 			}
-			if got, want := p.refs.ValuesOf(o, self), protoValues(p.refs, m, self); fmt.Sprint(got) != fmt.Sprint(want) {
+			if got, want := p.refs.ValuesOf(o, self), protoValues(p.refs, m, self); !reflect.DeepEqual(got, want) {
 				t.Fatalf("%s: values %v, read from the message %v", p.expression, got, want)
 			}
 		}
@@ -240,7 +242,7 @@ func mustEnv(t testing.TB) *cel.Env {
 
 // protoValues is how the previous version read the values a rule read:
 // from the message, by reflection.
-func protoValues(c *Compiled, observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+func protoValues(c *Compiled, observed *tetherv1.StopRuleObservations, selfReported map[string]float64) []supervisor.StopRuleValue {
 	format := func(v protoreflect.Value) string {
 		switch x := v.Interface().(type) {
 		case float64:
@@ -251,10 +253,10 @@ func protoValues(c *Compiled, observed *tetherv1.StopRuleObservations, selfRepor
 			return fmt.Sprint(x)
 		}
 	}
-	out := make([]*tetherv1.StopRuleValue, 0, len(c.refs))
+	out := make([]supervisor.StopRuleValue, 0, len(c.refs))
 	m := observed.ProtoReflect()
 	for _, r := range c.refs {
-		v := &tetherv1.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
+		v := supervisor.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
 		switch {
 		case r.variable == VarSelfReported && r.hasKey:
 			if x, ok := selfReported[r.key]; ok {

@@ -10,7 +10,7 @@ import (
 	"github.com/google/cel-go/common/operators"
 	"github.com/google/cel-go/common/types"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // Result is one evaluation of a rule against one node's snapshot.
@@ -19,7 +19,7 @@ type Result struct {
 	Fired bool
 	// Values the expression read, from the same snapshot: set when the
 	// rule fired (ValuesOf reads them otherwise).
-	Values []*tetherv1.StopRuleValue
+	Values []supervisor.StopRuleValue
 	// Cost is what the evaluation cost, in CEL cost units.
 	Cost uint64
 	// Err is why the evaluation failed (a missing map key, the cost limit);
@@ -65,7 +65,7 @@ func (c *Compiled) Evaluate(observed *Observations, selfReported map[string]floa
 
 // ValuesOf reads the values the expression reads from a snapshot, as a
 // firing would report them (for TestStopRule, whether or not it fires).
-func (c *Compiled) ValuesOf(observed *Observations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
+func (c *Compiled) ValuesOf(observed *Observations, selfReported map[string]float64) []supervisor.StopRuleValue {
 	if observed == nil {
 		observed = &Observations{}
 	}
@@ -166,10 +166,10 @@ func references(a *ast.AST) []ref {
 }
 
 // values reads each reference from the snapshot.
-func (c *Compiled) values(observed *Observations, selfReported map[string]float64) []*tetherv1.StopRuleValue {
-	out := make([]*tetherv1.StopRuleValue, 0, len(c.refs))
+func (c *Compiled) values(observed *Observations, selfReported map[string]float64) []supervisor.StopRuleValue {
+	out := make([]supervisor.StopRuleValue, 0, len(c.refs))
 	for _, r := range c.refs {
-		v := &tetherv1.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
+		v := supervisor.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
 		switch {
 		case r.variable == VarSelfReported && r.hasKey:
 			if x, ok := selfReported[r.key]; ok {

@@ -7,12 +7,9 @@ import (
 	"log/slog"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/storecodec"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -439,10 +436,10 @@ func (r *Rules) file(ctx context.Context, node *tree.Node, rule *Rule, res Resul
 	if err := r.fault("before-file"); err != nil {
 		return err
 	}
-	firing := &tetherv1.StopRuleFiring{
-		RuleId: rule.RuleID, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
-		Labels: rule.Labels, RuleNodeId: rule.NodeID, NodeId: node.NodeID, Values: res.Values,
-		SelfReported: res.SelfReported(), FiredAt: timestamppb.New(r.Clock.Now()), Action: rule.Action,
+	firing := &supervisor.StopRuleFiring{
+		RuleID: rule.RuleID, Name: rule.Name, Expression: rule.Expression, SetBy: rule.SetBy, Severity: rule.Severity,
+		Labels: rule.Labels, RuleNodeID: rule.NodeID, NodeID: node.NodeID, Values: res.Values,
+		SelfReported: res.SelfReported(), FiredAt: r.Clock.Now(), Action: rule.Action,
 	}
 	mode := supervisor.ModeDrain
 	if rule.Action == ActionAbort {
@@ -467,7 +464,7 @@ func (r *Rules) file(ctx context.Context, node *tree.Node, rule *Rule, res Resul
 			return err
 		}
 		termID, filed = term, true
-		return tx.Put(firedKey(node.NodeID, rule.RuleID), []byte(p.ProposalId))
+		return tx.Put(firedKey(node.NodeID, rule.RuleID), []byte(p.ProposalID))
 	})
 	if err != nil {
 		return err

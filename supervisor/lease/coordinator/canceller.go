@@ -6,7 +6,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -51,12 +51,12 @@ func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason
 //
 // It is idempotent: a second call finds the terminal results and reports
 // the same outcomes.
-func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]*tetherv1.RecordLease, error) {
+func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]supervisor.RecordLease, error) {
 	jobs, err := c.heldBy(ctx, holders)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]*tetherv1.RecordLease, 0, len(jobs))
+	out := make([]supervisor.RecordLease, 0, len(jobs))
 	for _, job := range jobs {
 		res, err := c.applyComputed(ctx, job, func(l lease.Lease) (lease.Message, bool) {
 			return finalMessage(l, c.cfg.Clock.Now(), reason)
@@ -68,9 +68,9 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 		if !l.Exists() {
 			continue
 		}
-		out = append(out, &tetherv1.RecordLease{
-			JobId:           l.JobID,
-			LeaseId:         l.LeaseID,
+		out = append(out, supervisor.RecordLease{
+			JobID:           l.JobID,
+			LeaseID:         l.LeaseID,
 			LeaseGeneration: l.Generation,
 			HolderIdentity:  l.HolderIdentity,
 			Outcome:         RecordOutcome(l),
@@ -100,18 +100,18 @@ func finalMessage(l lease.Lease, now time.Time, reason string) (lease.Message, b
 }
 
 // RecordOutcome is how a reconciliation record reports a lease.
-func RecordOutcome(l lease.Lease) tetherv1.LeaseOutcome {
+func RecordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 	switch {
 	case l.TerminalResult == lease.ResultUnresolved:
-		return tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED
+		return supervisor.LeaseOutcomeUnresolved
 	case l.TerminalResult == lease.ResultCancelled:
-		return tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED
+		return supervisor.LeaseOutcomeCancelled
 	case l.LeaseExpired || l.State == lease.StateExpired:
-		return tetherv1.LeaseOutcome_LEASE_OUTCOME_EXPIRED
+		return supervisor.LeaseOutcomeExpired
 	case l.TerminalResult.Final():
-		return tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED
+		return supervisor.LeaseOutcomeCompleted
 	}
-	return tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED
+	return supervisor.LeaseOutcomeUnresolved
 }
 
 // clipReason keeps a composed reason within the message limit.

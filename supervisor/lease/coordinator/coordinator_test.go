@@ -14,7 +14,7 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
@@ -605,12 +605,12 @@ func TestCancelAndFinalizeHeldBy(t *testing.T) {
 	h.want(lease.CancelAck{Claim: claim("acked", "L-acked", 1, "w1")}, lease.OutcomeAccepted, lease.EventCancelAcked)
 	clk.Advance(15 * time.Second)
 
-	want := map[string]tetherv1.LeaseOutcome{
-		"acked":    tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED,
-		"silent":   tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED,
-		"expiring": tetherv1.LeaseOutcome_LEASE_OUTCOME_EXPIRED,
-		"done":     tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED,
-		"offered":  tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED,
+	want := map[string]supervisor.LeaseOutcome{
+		"acked":    supervisor.LeaseOutcomeCancelled,
+		"silent":   supervisor.LeaseOutcomeUnresolved,
+		"expiring": supervisor.LeaseOutcomeExpired,
+		"done":     supervisor.LeaseOutcomeCompleted,
+		"offered":  supervisor.LeaseOutcomeCancelled,
 	}
 	for round := range 2 { // idempotent: the second round reports the same
 		got, err := h.c.FinalizeHeldBy(ctx, holders, "terminated")
@@ -621,8 +621,8 @@ func TestCancelAndFinalizeHeldBy(t *testing.T) {
 			t.Fatalf("round %d: %d leases reported, want %d", round, len(got), len(want))
 		}
 		for _, r := range got {
-			if r.Outcome != want[r.JobId] {
-				t.Errorf("round %d: %s is %s, want %s", round, r.JobId, r.Outcome, want[r.JobId])
+			if r.Outcome != want[r.JobID] {
+				t.Errorf("round %d: %s is %s, want %s", round, r.JobID, r.Outcome, want[r.JobID])
 			}
 		}
 	}

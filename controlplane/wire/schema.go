@@ -1,4 +1,4 @@
-package supervisor
+package wire
 
 import (
 	"encoding/json"
@@ -8,10 +8,11 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // RecordJSONSchema derives the JSON Schema (draft 2020-12) of the
-// reconciliation record as MarshalRecord writes it, from the protobuf
+// reconciliation record as RecordJSON writes it, from the protobuf
 // descriptor: one source of truth, so the published schema cannot drift
 // from the code. docs/record.schema.json is this output; a test keeps them
 // equal, which makes every schema change a visible diff. Changes must stay
@@ -20,7 +21,7 @@ func RecordJSONSchema() ([]byte, error) {
 	defs := map[string]any{}
 	root := messageSchema((&tetherv1.ReconciliationRecord{}).ProtoReflect().Descriptor(), defs)
 	root["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-	root["$id"] = fmt.Sprintf("https://tether.dev/schemas/reconciliation-record/v%d.json", RecordSchemaVersion)
+	root["$id"] = fmt.Sprintf("https://tether.dev/schemas/reconciliation-record/v%d.json", supervisor.RecordSchemaVersion)
 	root["title"] = "Tether reconciliation record"
 	root["description"] = "Written by the control plane, outside the workload, when a termination completes: every node of the subtree exactly once (confirmed, unaccounted, or superseded by the termination that accounts for it, and naming any other termination that had it first), every tool call the termination accounted for and its resolution, every privilege and lease with its outcome, and the duration of each phase. Protobuf JSON mapping: lowerCamelCase names, enums as strings, timestamps RFC 3339, durations like \"1.5s\"; fields at their zero value are omitted."
 	root["$defs"] = defs
@@ -32,9 +33,15 @@ func messageSchema(md protoreflect.MessageDescriptor, defs map[string]any) map[s
 	fields := md.Fields()
 	for i := 0; i < fields.Len(); i++ {
 		f := fields.Get(i)
-		s := fieldSchema(f, defs)
-		if f.IsList() {
-			s = map[string]any{"type": "array", "items": s}
+		var s map[string]any
+		switch {
+		case f.IsMap():
+			// protojson writes a map as an object keyed by the map's keys.
+			s = map[string]any{"type": "object", "additionalProperties": fieldSchema(f.MapValue(), defs)}
+		case f.IsList():
+			s = map[string]any{"type": "array", "items": fieldSchema(f, defs)}
+		default:
+			s = fieldSchema(f, defs)
 		}
 		props[f.JSONName()] = s
 	}

@@ -1,0 +1,151 @@
+package wire
+
+import (
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
+)
+
+// Record is a reconciliation record as the API carries it (GetRecord,
+// ListRecords) and as it is published (RecordJSON).
+func Record(r *supervisor.ReconciliationRecord) *tetherv1.ReconciliationRecord {
+	if r == nil {
+		return nil
+	}
+	m := &tetherv1.ReconciliationRecord{
+		RecordId:      r.RecordID,
+		TerminationId: r.TerminationID,
+		SchemaVersion: r.SchemaVersion,
+		NodeId:        r.NodeID,
+		Mode:          tetherv1.TerminationMode(r.Mode),
+		RequestedBy:   r.RequestedBy,
+		Reason:        r.Reason,
+		Escalated:     r.Escalated,
+		WrittenAt:     timestamp(r.WrittenAt),
+		RootNodeIds:   r.RootNodeIDs,
+		RolloutId:     r.RolloutID,
+		StopRule:      StopRuleFiring(r.StopRule),
+	}
+	if len(r.Nodes) > 0 {
+		m.Nodes = make([]*tetherv1.RecordNode, len(r.Nodes))
+		for i := range r.Nodes {
+			m.Nodes[i] = RecordNode(&r.Nodes[i])
+		}
+	}
+	if len(r.ToolCalls) > 0 {
+		m.ToolCalls = make([]*tetherv1.RecordToolCall, len(r.ToolCalls))
+		for i := range r.ToolCalls {
+			m.ToolCalls[i] = RecordToolCall(&r.ToolCalls[i])
+		}
+	}
+	if len(r.Privileges) > 0 {
+		m.Privileges = make([]*tetherv1.RecordPrivilege, len(r.Privileges))
+		for i := range r.Privileges {
+			m.Privileges[i] = RecordPrivilege(&r.Privileges[i])
+		}
+	}
+	if len(r.Leases) > 0 {
+		m.Leases = make([]*tetherv1.RecordLease, len(r.Leases))
+		for i := range r.Leases {
+			m.Leases[i] = RecordLease(&r.Leases[i])
+		}
+	}
+	for _, p := range r.Phases {
+		// A phase always states its duration, "0s" included.
+		m.Phases = append(m.Phases, &tetherv1.RecordPhase{Name: p.Name, StartedAt: timestamp(p.StartedAt), Duration: durationpb.New(p.Duration)})
+	}
+	return m
+}
+
+// Records is Record of each.
+func Records(rs []*supervisor.ReconciliationRecord) []*tetherv1.ReconciliationRecord {
+	if len(rs) == 0 {
+		return nil
+	}
+	out := make([]*tetherv1.ReconciliationRecord, len(rs))
+	for i, r := range rs {
+		out[i] = Record(r)
+	}
+	return out
+}
+
+// RecordNode is a record's node entry as the API carries it.
+func RecordNode(n *supervisor.RecordNode) *tetherv1.RecordNode {
+	if n == nil {
+		return nil
+	}
+	m := &tetherv1.RecordNode{
+		NodeId:                    n.NodeID,
+		Name:                      n.Name,
+		ParentNodeId:              n.ParentNodeID,
+		Outcome:                   tetherv1.NodeOutcome(n.Outcome),
+		ConfirmedBy:               n.ConfirmedBy,
+		ConfirmedAt:               timestamp(n.ConfirmedAt),
+		LastSeenAt:                timestamp(n.LastSeenAt),
+		HeldGrantIds:              n.HeldGrantIDs,
+		HeldJobIds:                n.HeldJobIDs,
+		InnerTerminationId:        n.InnerTerminationID,
+		InnerOutcome:              tetherv1.InnerOutcome(n.InnerOutcome),
+		InnerRecordId:             n.InnerRecordID,
+		SupersededByTerminationId: n.SupersededByTerminationID,
+		ClaimedBy:                 n.ClaimedBy,
+		ClaimedAt:                 timestamp(n.ClaimedAt),
+		SessionClosedAt:           timestamp(n.SessionClosedAt),
+		SessionOpen:               n.SessionOpen,
+		UnaccountedReason:         n.UnaccountedReason,
+	}
+	for _, c := range n.Contradictions {
+		m.Contradictions = append(m.Contradictions, Contradiction(c))
+	}
+	return m
+}
+
+// RecordToolCall is a record's tool call entry as the API carries it.
+func RecordToolCall(c *supervisor.RecordToolCall) *tetherv1.RecordToolCall {
+	if c == nil {
+		return nil
+	}
+	return &tetherv1.RecordToolCall{
+		CallId: c.CallID, NodeId: c.NodeID, Tool: c.Tool, GateId: c.GateID,
+		Resolution: tetherv1.CallResolution(c.Resolution),
+		BegunBy:    c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
+	}
+}
+
+// RecordPrivilege is a record's privilege entry as the API carries it.
+func RecordPrivilege(p *supervisor.RecordPrivilege) *tetherv1.RecordPrivilege {
+	if p == nil {
+		return nil
+	}
+	return &tetherv1.RecordPrivilege{
+		PrivilegeId: p.PrivilegeID, Kind: p.Kind, ExternalId: p.ExternalID, NodeId: p.NodeID,
+		Outcome: tetherv1.PrivilegeOutcome(p.Outcome), Error: p.Error,
+	}
+}
+
+// RecordLease is a record's lease entry as the API carries it.
+func RecordLease(l *supervisor.RecordLease) *tetherv1.RecordLease {
+	if l == nil {
+		return nil
+	}
+	return &tetherv1.RecordLease{
+		JobId: l.JobID, LeaseId: l.LeaseID, LeaseGeneration: l.LeaseGeneration, HolderIdentity: l.HolderIdentity,
+		Outcome: tetherv1.LeaseOutcome(l.Outcome),
+	}
+}
+
+// RecordJSON renders a record message as the JSON published by
+// docs/record.schema.json (protobuf JSON names, lowerCamelCase, fields at
+// their zero value omitted): what the record sinks deliver, the console
+// shows and the demo prints.
+func RecordJSON(m *tetherv1.ReconciliationRecord) ([]byte, error) {
+	return protojson.MarshalOptions{Multiline: true, Indent: "  ", EmitUnpopulated: false}.Marshal(m)
+}
+
+// RenderRecord is the published JSON of a record: the record outbox's
+// Render (supervisor.Outbox).
+func RenderRecord(r *supervisor.ReconciliationRecord) ([]byte, error) {
+	return RecordJSON(Record(r))
+}

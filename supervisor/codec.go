@@ -1,0 +1,90 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/storecodec"
+)
+
+// The stored forms of the proposals and the records: the protobuf encoding
+// of their tether.v1 messages, written and read by internal/storecodec
+// from the types' pb tags, so that what any version wrote reads back.
+
+func putProposal(tx store.Txn, p *StopProposal) error {
+	b, err := storecodec.Marshal(p)
+	if err != nil {
+		return err
+	}
+	return tx.Put(proposalKey(p.ProposalID), b)
+}
+
+// getProposal reads a proposal (ErrProposalNotFound if there is none).
+func getProposal(tx store.ReadTxn, proposalID string, p *StopProposal) error {
+	b, err := tx.Get(proposalKey(proposalID))
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%w: proposal_id %s", ErrProposalNotFound, proposalID)
+	}
+	if err != nil {
+		return err
+	}
+	return decodeProposal(b, p)
+}
+
+func decodeProposal(b []byte, p *StopProposal) error {
+	if err := storecodec.Unmarshal(b, p); err != nil {
+		return fmt.Errorf("supervisor: decode proposal: %w", err)
+	}
+	return nil
+}
+
+// encodeRecord is a record's (or a part's) stored bytes. A record is the
+// concatenation of its parts: the entries of concatenated parts append,
+// as protobuf's repeated fields do.
+func encodeRecord(rec *ReconciliationRecord) ([]byte, error) { return storecodec.Marshal(rec) }
+
+func decodeRecord(b []byte, rec *ReconciliationRecord) error { return storecodec.Unmarshal(b, rec) }
+
+// recordSize is the size of a record's encoding (what it weighs in an
+// answer).
+func recordSize(rec *ReconciliationRecord) (int, error) {
+	b, err := storecodec.Marshal(rec)
+	return len(b), err
+}
+
+// appendEntry decodes one entry of a record's stored parts (the value of
+// field num, one of the entries' fields) and appends it to rec.
+func appendEntry(rec *ReconciliationRecord, num protowire.Number, val []byte) error {
+	switch num {
+	case fieldNodes:
+		var e RecordNode
+		if err := storecodec.Unmarshal(val, &e); err != nil {
+			return err
+		}
+		rec.Nodes = append(rec.Nodes, e)
+	case fieldToolCalls:
+		var e RecordToolCall
+		if err := storecodec.Unmarshal(val, &e); err != nil {
+			return err
+		}
+		rec.ToolCalls = append(rec.ToolCalls, e)
+	case fieldPrivileges:
+		var e RecordPrivilege
+		if err := storecodec.Unmarshal(val, &e); err != nil {
+			return err
+		}
+		rec.Privileges = append(rec.Privileges, e)
+	case fieldLeases:
+		var e RecordLease
+		if err := storecodec.Unmarshal(val, &e); err != nil {
+			return err
+		}
+		rec.Leases = append(rec.Leases, e)
+	default:
+		return fmt.Errorf("field %d is not an entry", num)
+	}
+	return nil
+}

@@ -1,0 +1,222 @@
+package supervisor
+
+import (
+	"strconv"
+	"time"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+// The reconciliation record, as the termination writes it. Its stored form
+// is the protobuf encoding of tether.v1.ReconciliationRecord (the pb tags
+// are that message's field numbers, written by internal/storecodec), so a
+// record written by any version reads back; controlplane/wire converts it
+// to the message the API and the published JSON (docs/record.schema.json)
+// carry.
+
+// ReconciliationRecord is what a termination accounts for: every node of
+// its subtree exactly once, every tool call, privilege and lease with its
+// outcome, and the duration of each phase. Nodes, ToolCalls, Privileges
+// and Leases are its entries (a page of the record carries a slice of
+// them); every other field is its header.
+type ReconciliationRecord struct {
+	RecordID      string            `pb:"1"`
+	TerminationID string            `pb:"2"`
+	SchemaVersion uint32            `pb:"3"`
+	NodeID        string            `pb:"4"`
+	Mode          Mode              `pb:"5"`
+	RequestedBy   string            `pb:"6"`
+	Reason        string            `pb:"7"`
+	Escalated     bool              `pb:"8"`
+	Nodes         []RecordNode      `pb:"9"`
+	ToolCalls     []RecordToolCall  `pb:"10"`
+	Privileges    []RecordPrivilege `pb:"11"`
+	Leases        []RecordLease     `pb:"12"`
+	Phases        []RecordPhase     `pb:"13"`
+	WrittenAt     time.Time         `pb:"14"`
+	// Every subtree root when the termination had several (a rollout batch).
+	RootNodeIDs []string `pb:"15"`
+	// The rollout the termination was a batch of, if any.
+	RolloutID string `pb:"16"`
+	// The stop rule whose proposal started the termination, with the values
+	// that made it true.
+	StopRule *StopRuleFiring `pb:"17"`
+}
+
+// RecordNode is one node's entry: its exit weighed against the control
+// plane's evidence (tree.JudgeExit), the claim and the contradictions shown.
+type RecordNode struct {
+	NodeID       string      `pb:"1"`
+	Name         string      `pb:"2"`
+	ParentNodeID string      `pb:"3"`
+	Outcome      NodeOutcome `pb:"4"`
+	// The party whose word counts as evidence.
+	ConfirmedBy string    `pb:"5"`
+	ConfirmedAt time.Time `pb:"6"`
+	LastSeenAt  time.Time `pb:"7"`
+	// What an unaccounted node still held when the record was written.
+	HeldGrantIDs []string `pb:"8"`
+	HeldJobIDs   []string `pb:"9"`
+	// A claim: the node's own word, or an ancestor's inside the stopped
+	// subtree. Shown, never counted as evidence by itself.
+	ClaimedBy string    `pb:"10"`
+	ClaimedAt time.Time `pb:"11"`
+	// Activity the control plane saw after the confirmation.
+	Contradictions []tree.Contradiction `pb:"12"`
+	// The control plane's observation of the node's session.
+	SessionClosedAt time.Time `pb:"13"`
+	SessionOpen     bool      `pb:"14"`
+	// Why the node is unaccounted, in words.
+	UnaccountedReason string `pb:"15"`
+	// Set when another termination had the node before this one reached it.
+	InnerTerminationID string       `pb:"20"`
+	InnerOutcome       InnerOutcome `pb:"21"`
+	InnerRecordID      string       `pb:"22"`
+	// Set with NodeOutcomeSuperseded: the termination that accounts for
+	// the node instead of this one.
+	SupersededByTerminationID string `pb:"23"`
+}
+
+// RecordToolCall is a call the termination accounted for.
+type RecordToolCall struct {
+	CallID     string                  `pb:"1"`
+	NodeID     string                  `pb:"2"`
+	Tool       string                  `pb:"3"`
+	GateID     string                  `pb:"4"`
+	Resolution tetherv1.CallResolution `pb:"5"` // TEMPORARY: ledger.CallResolution once the ledger has its types
+	// Who reported each step (see ledger.ToolCall).
+	BegunBy        string `pb:"6"`
+	EndedBy        string `pb:"7"`
+	AcknowledgedBy string `pb:"8"`
+}
+
+// RecordPrivilege is a grant or a registered privilege and what its
+// revocation came to.
+type RecordPrivilege struct {
+	PrivilegeID string `pb:"1"`
+	// "grant", "file_lock", "queue_reservation", ...
+	Kind       string           `pb:"2"`
+	ExternalID string           `pb:"3"`
+	NodeID     string           `pb:"4"`
+	Outcome    PrivilegeOutcome `pb:"5"`
+	Error      string           `pb:"6"`
+}
+
+// RecordLease is a job lease a member held and how it ended.
+type RecordLease struct {
+	JobID           string       `pb:"1"`
+	LeaseID         string       `pb:"2"`
+	LeaseGeneration uint64       `pb:"3"`
+	HolderIdentity  string       `pb:"4"`
+	Outcome         LeaseOutcome `pb:"5"`
+}
+
+// RecordPhase is one phase of the termination and how long it took.
+type RecordPhase struct {
+	Name      string        `pb:"1"`
+	StartedAt time.Time     `pb:"2"`
+	Duration  time.Duration `pb:"3"`
+}
+
+// NodeOutcome is what the record concludes about a node; the values are
+// tether.v1's.
+type NodeOutcome int32
+
+// Node outcomes.
+const (
+	NodeOutcomeUnspecified NodeOutcome = 0
+	NodeOutcomeConfirmed   NodeOutcome = 1
+	NodeOutcomeUnaccounted NodeOutcome = 2
+	// Another termination accounts for the node.
+	NodeOutcomeSuperseded NodeOutcome = 10
+)
+
+var nodeOutcomeNames = [...]string{
+	NodeOutcomeUnspecified: "NODE_OUTCOME_UNSPECIFIED",
+	NodeOutcomeConfirmed:   "NODE_OUTCOME_CONFIRMED",
+	NodeOutcomeUnaccounted: "NODE_OUTCOME_UNACCOUNTED",
+	NodeOutcomeSuperseded:  "NODE_OUTCOME_SUPERSEDED",
+}
+
+// String is the outcome's tether.v1 name ("NODE_OUTCOME_CONFIRMED").
+func (o NodeOutcome) String() string { return enumName(nodeOutcomeNames[:], int32(o)) }
+
+// InnerOutcome is how another termination stood with a node when this one
+// reached it; the values are tether.v1's.
+type InnerOutcome int32
+
+// Inner outcomes.
+const (
+	InnerOutcomeUnspecified       InnerOutcome = 0
+	InnerOutcomeTakenOverDraining InnerOutcome = 1
+	InnerOutcomeTakenOverAborting InnerOutcome = 2
+	InnerOutcomeTerminated        InnerOutcome = 3
+)
+
+var innerOutcomeNames = [...]string{
+	InnerOutcomeUnspecified:       "INNER_OUTCOME_UNSPECIFIED",
+	InnerOutcomeTakenOverDraining: "INNER_OUTCOME_TAKEN_OVER_DRAINING",
+	InnerOutcomeTakenOverAborting: "INNER_OUTCOME_TAKEN_OVER_ABORTING",
+	InnerOutcomeTerminated:        "INNER_OUTCOME_TERMINATED",
+}
+
+// String is the outcome's tether.v1 name ("INNER_OUTCOME_TERMINATED").
+func (o InnerOutcome) String() string { return enumName(innerOutcomeNames[:], int32(o)) }
+
+// PrivilegeOutcome is what a privilege's revocation came to; the values
+// are tether.v1's.
+type PrivilegeOutcome int32
+
+// Privilege outcomes.
+const (
+	PrivilegeOutcomeUnspecified  PrivilegeOutcome = 0
+	PrivilegeOutcomeRevoked      PrivilegeOutcome = 1
+	PrivilegeOutcomeExpired      PrivilegeOutcome = 2
+	PrivilegeOutcomeRevokeFailed PrivilegeOutcome = 3
+)
+
+var privilegeOutcomeNames = [...]string{
+	PrivilegeOutcomeUnspecified:  "PRIVILEGE_OUTCOME_UNSPECIFIED",
+	PrivilegeOutcomeRevoked:      "PRIVILEGE_OUTCOME_REVOKED",
+	PrivilegeOutcomeExpired:      "PRIVILEGE_OUTCOME_EXPIRED",
+	PrivilegeOutcomeRevokeFailed: "PRIVILEGE_OUTCOME_REVOKE_FAILED",
+}
+
+// String is the outcome's tether.v1 name ("PRIVILEGE_OUTCOME_REVOKED").
+func (o PrivilegeOutcome) String() string { return enumName(privilegeOutcomeNames[:], int32(o)) }
+
+// LeaseOutcome is how a job lease ended for the record; the values are
+// tether.v1's.
+type LeaseOutcome int32
+
+// Lease outcomes.
+const (
+	LeaseOutcomeUnspecified LeaseOutcome = 0
+	LeaseOutcomeCancelled   LeaseOutcome = 1
+	LeaseOutcomeExpired     LeaseOutcome = 2
+	LeaseOutcomeUnresolved  LeaseOutcome = 3
+	LeaseOutcomeCompleted   LeaseOutcome = 4
+	// Left open for a rollout to reassign (generation + 1) to a replacement.
+	LeaseOutcomeHandedOver LeaseOutcome = 5
+)
+
+var leaseOutcomeNames = [...]string{
+	LeaseOutcomeUnspecified: "LEASE_OUTCOME_UNSPECIFIED",
+	LeaseOutcomeCancelled:   "LEASE_OUTCOME_CANCELLED",
+	LeaseOutcomeExpired:     "LEASE_OUTCOME_EXPIRED",
+	LeaseOutcomeUnresolved:  "LEASE_OUTCOME_UNRESOLVED",
+	LeaseOutcomeCompleted:   "LEASE_OUTCOME_COMPLETED",
+	LeaseOutcomeHandedOver:  "LEASE_OUTCOME_HANDED_OVER",
+}
+
+// String is the outcome's tether.v1 name ("LEASE_OUTCOME_CANCELLED").
+func (o LeaseOutcome) String() string { return enumName(leaseOutcomeNames[:], int32(o)) }
+
+// enumName is names[v], or v's number when it has no name.
+func enumName(names []string, v int32) string {
+	if v >= 0 && int(v) < len(names) && names[v] != "" {
+		return names[v]
+	}
+	return strconv.Itoa(int(v))
+}
