@@ -56,7 +56,7 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]supervis
 		// HANDED_OVER only for what the rollout can reassign: a lease with
 		// an ownership conflict (or a cancel request) is left as it stands,
 		// UNRESOLVED until someone allowed to resolves it.
-		outcome := coordinator.RecordOutcome(l)
+		outcome := recordOutcome(l)
 		if handoverable(l) {
 			outcome = supervisor.LeaseOutcomeHandedOver
 		}

@@ -57,7 +57,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
 		ChunkSize: s.cfg.TerminationChunk, ChunkFault: s.cfg.TerminationFault,
 	}
-	s.supervisor.Leases = s.leases
+	s.supervisor.Leases = leaseCanceller{s.leases}
 	s.ledger.Tokens = s.grants
 	s.supervisor.Grants = s.grants
 	s.addLeaderComponent("supervisor", s.afterLeases(s.supervisor.Run))

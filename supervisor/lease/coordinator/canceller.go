@@ -6,7 +6,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
 
@@ -35,28 +34,30 @@ func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason
 }
 
 // FinalizeHeldBy is the explicit terminal reconciliation of every lease
-// held by one of holders, for a termination's record. Each job ends as:
+// held by one of holders, for a termination's record; it returns each
+// lease as it stands after it (controlplane reports them in the record).
+// Each job ends as:
 //
 //   - CANCELLED when its holder acknowledged the cancel request or
 //     reported CANCELLED (Resolve CANCELLED if not yet terminal);
-//   - EXPIRED when its lease ran out (or its ACK deadline passed) without
-//     a terminal result; it is resolved FAILED, since success was never
+//   - expired, resolved FAILED, when its lease ran out (or its ACK
+//     deadline passed) without a terminal result, since success was never
 //     proven;
 //   - CANCELLED when the offer was never ACKed: the holder never had
 //     authority (Resolve CANCELLED);
 //   - otherwise UNRESOLVED: the holder still has authority until its
 //     expiry and did not acknowledge; it is resolved UNRESOLVED bounded by
 //     the policy's MaxUnresolvedBound, after which it closes as FAILED;
-//   - COMPLETED when the holder had already reported SUCCESS or FAILED.
+//   - as it was when the holder had already reported SUCCESS or FAILED.
 //
-// It is idempotent: a second call finds the terminal results and reports
-// the same outcomes.
-func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]supervisor.RecordLease, error) {
+// It is idempotent: a second call finds the terminal results and returns
+// the same leases.
+func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]lease.Lease, error) {
 	jobs, err := c.heldBy(ctx, holders)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]supervisor.RecordLease, 0, len(jobs))
+	out := make([]lease.Lease, 0, len(jobs))
 	for _, job := range jobs {
 		res, err := c.applyComputed(ctx, job, func(l lease.Lease) (lease.Message, bool) {
 			return finalMessage(l, c.cfg.Clock.Now(), reason)
@@ -64,17 +65,9 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 		if err != nil {
 			return nil, fmt.Errorf("coordinator: finalize job %q: %w", job, err)
 		}
-		l := res.Lease
-		if !l.Exists() {
-			continue
+		if res.Lease.Exists() {
+			out = append(out, res.Lease)
 		}
-		out = append(out, supervisor.RecordLease{
-			JobID:           l.JobID,
-			LeaseID:         l.LeaseID,
-			LeaseGeneration: l.Generation,
-			HolderIdentity:  l.HolderIdentity,
-			Outcome:         RecordOutcome(l),
-		})
 	}
 	return out, nil
 }
@@ -97,21 +90,6 @@ func finalMessage(l lease.Lease, now time.Time, reason string) (lease.Message, b
 	}
 	return lease.Resolve{JobID: l.JobID, Result: lease.ResultUnresolved,
 		Reason: clipReason("the holder still had authority and did not acknowledge the cancel request; " + reason)}, true
-}
-
-// RecordOutcome is how a reconciliation record reports a lease.
-func RecordOutcome(l lease.Lease) supervisor.LeaseOutcome {
-	switch {
-	case l.TerminalResult == lease.ResultUnresolved:
-		return supervisor.LeaseOutcomeUnresolved
-	case l.TerminalResult == lease.ResultCancelled:
-		return supervisor.LeaseOutcomeCancelled
-	case l.LeaseExpired || l.State == lease.StateExpired:
-		return supervisor.LeaseOutcomeExpired
-	case l.TerminalResult.Final():
-		return supervisor.LeaseOutcomeCompleted
-	}
-	return supervisor.LeaseOutcomeUnresolved
 }
 
 // clipReason keeps a composed reason within the message limit.

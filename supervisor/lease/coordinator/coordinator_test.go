@@ -14,7 +14,6 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
@@ -605,12 +604,17 @@ func TestCancelAndFinalizeHeldBy(t *testing.T) {
 	h.want(lease.CancelAck{Claim: claim("acked", "L-acked", 1, "w1")}, lease.OutcomeAccepted, lease.EventCancelAcked)
 	clk.Advance(15 * time.Second)
 
-	want := map[string]supervisor.LeaseOutcome{
-		"acked":    supervisor.LeaseOutcomeCancelled,
-		"silent":   supervisor.LeaseOutcomeUnresolved,
-		"expiring": supervisor.LeaseOutcomeExpired,
-		"done":     supervisor.LeaseOutcomeCompleted,
-		"offered":  supervisor.LeaseOutcomeCancelled,
+	// How each job ends: its terminal result, and whether its lease ran out.
+	type end struct {
+		result  lease.TerminalResult
+		expired bool
+	}
+	want := map[string]end{
+		"acked":    {lease.ResultCancelled, false},
+		"silent":   {lease.ResultUnresolved, false},
+		"expiring": {lease.ResultFailed, true},
+		"done":     {lease.ResultSuccess, false},
+		"offered":  {lease.ResultCancelled, true}, // its ACK deadline passed
 	}
 	for round := range 2 { // idempotent: the second round reports the same
 		got, err := h.c.FinalizeHeldBy(ctx, holders, "terminated")
@@ -620,9 +624,9 @@ func TestCancelAndFinalizeHeldBy(t *testing.T) {
 		if len(got) != len(want) {
 			t.Fatalf("round %d: %d leases reported, want %d", round, len(got), len(want))
 		}
-		for _, r := range got {
-			if r.Outcome != want[r.JobID] {
-				t.Errorf("round %d: %s is %s, want %s", round, r.JobID, r.Outcome, want[r.JobID])
+		for _, l := range got {
+			if e := (end{l.TerminalResult, l.LeaseExpired}); e != want[l.JobID] {
+				t.Errorf("round %d: %s ended %+v, want %+v", round, l.JobID, e, want[l.JobID])
 			}
 		}
 	}
