@@ -96,27 +96,27 @@ func registeredPrivilege(p privilege.Privilege) *tetherv1.RecordPrivilege {
 // closeUnacknowledged closes a call the termination accounts for that
 // never ended (never acknowledged, or, after an escalation, never ended)
 // in the ledger, so the record and the ledger agree.
-func closeUnacknowledged(tx store.Txn, terminationID string, c *tetherv1.ToolCall, now *timestamppb.Timestamp) error {
-	if c.State == tetherv1.CallState_CALL_STATE_ENDED {
+func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall, now time.Time) error {
+	if c.State == ledger.CallStateEnded {
 		return nil
 	}
-	c.State = tetherv1.CallState_CALL_STATE_ENDED
-	c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
+	c.State = ledger.CallStateEnded
+	c.Resolution = ledger.CallResolutionCancelUnacknowledged
 	c.EndedAt = now
 	c.EndedBy = "termination:" + terminationID
-	if err := tx.Delete(ledger.OpenCallKey(c.NodeId, c.CallId)); err != nil {
+	if err := tx.Delete(ledger.OpenCallKey(c.NodeID, c.CallID)); err != nil {
 		return err
 	}
-	if err := tx.Delete(ledger.CancelKey(c.GateId, c.CallId)); err != nil {
+	if err := tx.Delete(ledger.CancelKey(c.GateID, c.CallID)); err != nil {
 		return err
 	}
 	return ledger.PutCallIn(tx, c)
 }
 
 // recordCall is a call as the record lists it.
-func recordCall(c *tetherv1.ToolCall) *tetherv1.RecordToolCall {
+func recordCall(c *ledger.ToolCall) *tetherv1.RecordToolCall {
 	return &tetherv1.RecordToolCall{
-		CallId: c.CallId, NodeId: c.NodeId, Tool: c.Tool, GateId: c.GateId, Resolution: c.Resolution,
+		CallId: c.CallID, NodeId: c.NodeID, Tool: c.Tool, GateId: c.GateID, Resolution: tetherv1.CallResolution(c.Resolution),
 		BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
 	}
 }
