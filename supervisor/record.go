@@ -38,16 +38,13 @@ func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.T
 		TerminationID: t.ID,
 		SchemaVersion: RecordSchemaVersion,
 		NodeID:        t.NodeID,
-		Mode:          t.Mode,
+		Mode:          recordedMode(t.Mode),
 		RequestedBy:   t.RequestedBy,
 		Reason:        t.Reason,
 		Escalated:     t.Escalated,
 		WrittenAt:     now,
 		RootNodeIDs:   t.Roots,
 		RolloutID:     t.RolloutID,
-	}
-	if rec.Mode != ModeAbort {
-		rec.Mode = ModeDrain
 	}
 	if t.ProposalID != "" {
 		p := &StopProposal{}
@@ -311,4 +308,13 @@ func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int
 		return nil
 	})
 	return out, next, partial, err
+}
+
+// recordedMode is a mode as a record or a proposal states it: an abort,
+// or else a drain.
+func recordedMode(m Mode) Mode {
+	if m == ModeAbort {
+		return ModeAbort
+	}
+	return ModeDrain
 }
