@@ -69,6 +69,9 @@ func TestStoredNodesKeepTheTetherV1Encoding(t *testing.T) {
 	if want := wire.Node(n); !proto.Equal(&m, want) {
 		t.Fatalf("the stored node reads as\n%v\nwant (as the edge shows it)\n%v", &m, want)
 	}
+	if state, err := tree.StoredState(stored); err != nil || state != n.State {
+		t.Fatalf("StoredState (the census's decoding) = %v, %v; want %v", state, err, n.State)
+	}
 
 	old := wire.Node(n)
 	old.NodeId = "n_older"
