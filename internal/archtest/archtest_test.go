@@ -59,8 +59,8 @@ var rules = []rule{
 		to:   []string{module + "/supervisor/ledger/...", module + "/supervisor/privilege/..."},
 	},
 	{
-		why:  "the agent tree, the ledger and the privileges have their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
-		from: []string{module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/..."},
+		why:  "the agent tree, the ledger, the privileges and the termination (its record, its proposals) have their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
+		from: []string{module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/...", module + "/supervisor"},
 		to:   []string{module + "/proto/tether/v1"},
 	},
 	{
@@ -186,6 +186,7 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor", Deps: []string{module + "/supervisor/rollout"}},
 		{ImportPath: module + "/supervisor/stoprule", Deps: []string{"connectrpc.com/connect"}},
 		{ImportPath: module + "/supervisor/ledger", Deps: []string{module + "/proto/tether/v1"}},
+		{ImportPath: module + "/supervisor", Deps: []string{module + "/proto/tether/v1"}},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Errorf("violations found %d of %d forbidden dependencies: %q", len(got), len(bad), got)
