@@ -208,11 +208,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 // needed; a node that does not decode is left out rather than failing the
 // census.
 func classifyNode(_, value []byte) (censusEntry, bool) {
-	var n tree.Node
-	if err := tree.UnmarshalNode(value, &n); err != nil {
+	state, err := tree.StoredState(value)
+	if err != nil {
 		return censusEntry{}, false
 	}
-	return censusEntry{label: enumLabel(n.State.String(), "NODE_STATE_")}, true
+	return censusEntry{label: enumLabel(state.String(), "NODE_STATE_")}, true
 }
 
 func classifyGrant(_, value []byte) (censusEntry, bool) {

@@ -8,6 +8,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/controlplane/auth"
+	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
@@ -60,7 +61,7 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.BeginCallResponse{Call: call}), nil
+	return connect.NewResponse(&tetherv1.BeginCallResponse{Call: wire.ToolCall(call)}), nil
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {
@@ -72,7 +73,7 @@ func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.EndCallResponse{Call: call}), nil
+	return connect.NewResponse(&tetherv1.EndCallResponse{Call: wire.ToolCall(call)}), nil
 }
 
 func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tetherv1.CancelAckRequest]) (*connect.Response[tetherv1.CancelAckResponse], error) {
@@ -84,7 +85,7 @@ func (t *toolService) CancelAck(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.CancelAckResponse{Call: call}), nil
+	return connect.NewResponse(&tetherv1.CancelAckResponse{Call: wire.ToolCall(call)}), nil
 }
 
 func (t *toolService) WatchCancels(ctx context.Context, req *connect.Request[tetherv1.WatchCancelsRequest], stream *connect.ServerStream[tetherv1.WatchCancelsResponse]) error {
@@ -97,10 +98,10 @@ func (t *toolService) WatchCancels(ctx context.Context, req *connect.Request[tet
 	if err := stream.Send(nil); err != nil {
 		return err
 	}
-	err = t.s.ledger.WatchCancels(ctx, gate, func(c *tetherv1.ToolCall) error {
+	err = t.s.ledger.WatchCancels(ctx, gate, func(c *ledger.ToolCall) error {
 		return stream.Send(&tetherv1.WatchCancelsResponse{
-			CallId: c.CallId, NodeId: c.NodeId, TerminationId: c.TerminationId,
-			Reason: fmt.Sprintf("termination %s cancelled the call", c.TerminationId),
+			CallId: c.CallID, NodeId: c.NodeID, TerminationId: c.TerminationID,
+			Reason: fmt.Sprintf("termination %s cancelled the call", c.TerminationID),
 		})
 	})
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
@@ -114,7 +115,7 @@ func (t *toolService) ListCalls(ctx context.Context, req *connect.Request[tether
 	if _, err := t.s.tree.Get(ctx, req.Msg.NodeId); err != nil {
 		return nil, toConnect(err)
 	}
-	var calls []*tetherv1.ToolCall
+	var calls []*ledger.ToolCall
 	err := t.s.store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		calls, err = ledger.OpenCallsIn(tx, req.Msg.NodeId)
@@ -123,5 +124,5 @@ func (t *toolService) ListCalls(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListCallsResponse{Calls: calls}), nil
+	return connect.NewResponse(&tetherv1.ListCallsResponse{Calls: wire.ToolCalls(calls)}), nil
 }

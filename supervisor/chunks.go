@@ -12,10 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // Chunked terminations.
@@ -221,7 +218,7 @@ func (s *Supervisor) Members(ctx context.Context, t Termination) ([]string, erro
 // markChunk is one chunk of the mark, inside its transaction.
 type markChunk struct {
 	tx       store.Txn
-	now      *timestamppb.Timestamp
+	now      time.Time
 	t        *Termination
 	inFlight int
 	others   map[string]*Termination    // the other terminations met, by id
@@ -252,7 +249,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		}
 		mode = t.Mode
 		t.Indexed = true // a request stored before the index is listed here too
-		c := &markChunk{tx: tx, now: timestamppb.New(now), t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
+		c := &markChunk{tx: tx, now: now, t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
@@ -437,22 +434,22 @@ func (c *markChunk) discover(n *tree.Node) error {
 		return err
 	}
 	for _, call := range calls {
-		if call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+		if call.State == ledger.CallStateInFlight {
 			c.inFlight++
 		}
-		if reach == ReachTakeOver && call.TerminationId != "" {
+		if reach == ReachTakeOver && call.TerminationID != "" {
 			// The call moves to this termination's account (a cancel
 			// order already sent stands): each call is accounted for by
 			// exactly one termination.
-			if err := tx.Delete(ledger.TermCallKey(call.TerminationId, call.CallId)); err != nil {
+			if err := tx.Delete(ledger.TermCallKey(call.TerminationID, call.CallID)); err != nil {
 				return err
 			}
 		}
-		call.TerminationId = t.ID
+		call.TerminationID = t.ID
 		if err := ledger.PutCallIn(tx, call); err != nil {
 			return err
 		}
-		if err := tx.Put(ledger.TermCallKey(t.ID, call.CallId), nil); err != nil {
+		if err := tx.Put(ledger.TermCallKey(t.ID, call.CallID), nil); err != nil {
 			return err
 		}
 		// An aborting node's calls are ordered cancelled in the
@@ -461,7 +458,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 		// there, so a gate that ends a call the agent gave up on reports a
 		// cancelled call, not a failed one. The cancel step finds them
 		// ordered and moves on.
-		if n.State == tree.NodeStateAborting && call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+		if n.State == tree.NodeStateAborting && call.State == ledger.CallStateInFlight {
 			if err := ledger.RequestCancelIn(tx, call, t.ID, c.now); err != nil {
 				return err
 			}
@@ -500,7 +497,6 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 // (one per in-flight call the termination accounts for; gates watching
 // their orders get them at once), and advances when both are done.
 func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
-	ts := timestamppb.New(now)
 	budget := s.chunkSize()
 	// (When the termination moved on, or another pass did this chunk, it
 	// is read again.)
@@ -532,8 +528,8 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 						return err
 					}
 					for _, c := range calls {
-						if c.TerminationId == t.ID {
-							if err := ledger.RequestCancelIn(tx, c, t.ID, ts); err != nil {
+						if c.TerminationID == t.ID {
+							if err := ledger.RequestCancelIn(tx, c, t.ID, now); err != nil {
 								return err
 							}
 						}
@@ -554,7 +550,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 			if err != nil {
 				return err
 			}
-			if err := ledger.RequestCancelIn(tx, c, t.ID, ts); err != nil {
+			if err := ledger.RequestCancelIn(tx, c, t.ID, now); err != nil {
 				return err
 			}
 		}
@@ -823,13 +819,12 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 			return err
 		}
 		part := &ReconciliationRecord{}
-		ts := timestamppb.New(now)
 		for _, cid := range ids {
 			c, err := ledger.GetCallIn(tx, cid)
 			if err != nil {
 				return err
 			}
-			if err := closeUnacknowledged(tx, t.ID, c, ts); err != nil {
+			if err := closeUnacknowledged(tx, t.ID, c, now); err != nil {
 				return err
 			}
 			part.ToolCalls = append(part.ToolCalls, recordCall(c))

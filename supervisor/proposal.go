@@ -124,12 +124,12 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	p = &StopProposal{
 		ProposalID: id.New(id.Proposal), NodeID: nodeID, Condition: "rule:" + firing.Name, Reason: reason,
 		State: ProposalStatePending, ProposedBy: "stop-rule:" + firing.RuleID,
-		CreatedAt: now, Mode: mode, Rule: firing,
+		CreatedAt: now, Mode: recordedMode(mode), Rule: firing,
 	}
 	decidedBy := ""
 	for _, a := range policy.RuleActions {
 		if a.Matches(firing) {
-			p.Mode, decidedBy = a.Mode, "policy:stop-rule-action"
+			p.Mode, decidedBy = recordedMode(a.Mode), "policy:stop-rule-action"
 			break
 		}
 	}
@@ -195,7 +195,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 	p := &StopProposal{
 		ProposalID: id.New(id.Proposal), NodeID: nodeID, Condition: condition, Reason: reason,
 		State: ProposalStatePending, ProposedBy: proposedBy,
-		CreatedAt: s.Clock.Now(), Mode: mode, DrainWindow: drain,
+		CreatedAt: s.Clock.Now(), Mode: recordedMode(mode), DrainWindow: drain,
 	}
 	auto := false
 	err := s.Store.Update(ctx, func(tx store.Txn) error {

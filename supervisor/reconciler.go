@@ -10,7 +10,6 @@ import (
 
 	"github.com/tetherhq/tether/internal/reconcile"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
@@ -206,9 +205,9 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 				return err
 			}
 			switch c.State {
-			case tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED:
+			case ledger.CallStateCancelRequested:
 				p.CancelsPending++
-			case tetherv1.CallState_CALL_STATE_IN_FLIGHT:
+			case ledger.CallStateInFlight:
 				p.CallsInFlight++
 			}
 		}

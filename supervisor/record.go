@@ -8,11 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -41,16 +38,13 @@ func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.T
 		TerminationID: t.ID,
 		SchemaVersion: RecordSchemaVersion,
 		NodeID:        t.NodeID,
-		Mode:          t.Mode,
+		Mode:          recordedMode(t.Mode),
 		RequestedBy:   t.RequestedBy,
 		Reason:        t.Reason,
 		Escalated:     t.Escalated,
 		WrittenAt:     now,
 		RootNodeIDs:   t.Roots,
 		RolloutID:     t.RolloutID,
-	}
-	if rec.Mode != ModeAbort {
-		rec.Mode = ModeDrain
 	}
 	if t.ProposalID != "" {
 		p := &StopProposal{}
@@ -94,27 +88,27 @@ func registeredPrivilege(p privilege.Privilege) RecordPrivilege {
 // closeUnacknowledged closes a call the termination accounts for that
 // never ended (never acknowledged, or, after an escalation, never ended)
 // in the ledger, so the record and the ledger agree.
-func closeUnacknowledged(tx store.Txn, terminationID string, c *tetherv1.ToolCall, now *timestamppb.Timestamp) error {
-	if c.State == tetherv1.CallState_CALL_STATE_ENDED {
+func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall, now time.Time) error {
+	if c.State == ledger.CallStateEnded {
 		return nil
 	}
-	c.State = tetherv1.CallState_CALL_STATE_ENDED
-	c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED
+	c.State = ledger.CallStateEnded
+	c.Resolution = ledger.CallResolutionCancelUnacknowledged
 	c.EndedAt = now
 	c.EndedBy = "termination:" + terminationID
-	if err := tx.Delete(ledger.OpenCallKey(c.NodeId, c.CallId)); err != nil {
+	if err := tx.Delete(ledger.OpenCallKey(c.NodeID, c.CallID)); err != nil {
 		return err
 	}
-	if err := tx.Delete(ledger.CancelKey(c.GateId, c.CallId)); err != nil {
+	if err := tx.Delete(ledger.CancelKey(c.GateID, c.CallID)); err != nil {
 		return err
 	}
 	return ledger.PutCallIn(tx, c)
 }
 
 // recordCall is a call as the record lists it.
-func recordCall(c *tetherv1.ToolCall) RecordToolCall {
+func recordCall(c *ledger.ToolCall) RecordToolCall {
 	return RecordToolCall{
-		CallID: c.CallId, NodeID: c.NodeId, Tool: c.Tool, GateID: c.GateId, Resolution: c.Resolution,
+		CallID: c.CallID, NodeID: c.NodeID, Tool: c.Tool, GateID: c.GateID, Resolution: c.Resolution,
 		BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
 	}
 }
@@ -314,4 +308,13 @@ func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int
 		return nil
 	})
 	return out, next, partial, err
+}
+
+// recordedMode is a mode as a record or a proposal states it: an abort,
+// or else a drain.
+func recordedMode(m Mode) Mode {
+	if m == ModeAbort {
+		return ModeAbort
+	}
+	return ModeDrain
 }

@@ -4,7 +4,7 @@ import (
 	"strconv"
 	"time"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -80,11 +80,11 @@ type RecordNode struct {
 
 // RecordToolCall is a call the termination accounted for.
 type RecordToolCall struct {
-	CallID     string                  `pb:"1"`
-	NodeID     string                  `pb:"2"`
-	Tool       string                  `pb:"3"`
-	GateID     string                  `pb:"4"`
-	Resolution tetherv1.CallResolution `pb:"5"` // TEMPORARY: ledger.CallResolution once the ledger has its types
+	CallID     string                `pb:"1"`
+	NodeID     string                `pb:"2"`
+	Tool       string                `pb:"3"`
+	GateID     string                `pb:"4"`
+	Resolution ledger.CallResolution `pb:"5"`
 	// Who reported each step (see ledger.ToolCall).
 	BegunBy        string `pb:"6"`
 	EndedBy        string `pb:"7"`

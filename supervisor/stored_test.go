@@ -18,6 +18,7 @@ import (
 	"github.com/tetherhq/tether/internal/storecodec"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -68,7 +69,7 @@ func fullRecord(recordID, terminationID string) *supervisor.ReconciliationRecord
 	call := func(i int) supervisor.RecordToolCall {
 		return supervisor.RecordToolCall{
 			CallID: fmt.Sprint("call_", i), NodeID: "node_1", Tool: "shell", GateID: "gate-1",
-			Resolution: tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED, BegunBy: "gate:gate-1", EndedBy: "termination:term_1", AcknowledgedBy: "agent:node_1",
+			Resolution: ledger.CallResolutionCancelUnacknowledged, BegunBy: "gate:gate-1", EndedBy: "termination:term_1", AcknowledgedBy: "agent:node_1",
 		}
 	}
 	priv := func(i int) supervisor.RecordPrivilege {

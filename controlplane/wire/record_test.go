@@ -12,6 +12,7 @@ import (
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -60,7 +61,7 @@ func record() *supervisor.ReconciliationRecord {
 			{NodeID: "node_3", Name: "c", ParentNodeID: "node_0", Outcome: supervisor.NodeOutcomeSuperseded, SupersededByTerminationID: "term_other"},
 		},
 		ToolCalls: []supervisor.RecordToolCall{{CallID: "call_1", NodeID: "node_1", Tool: "shell", GateID: "gate-1",
-			Resolution: tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED, BegunBy: "gate:gate-1", EndedBy: "termination:term_1", AcknowledgedBy: "agent:node_1"}},
+			Resolution: ledger.CallResolutionCancelUnacknowledged, BegunBy: "gate:gate-1", EndedBy: "termination:term_1", AcknowledgedBy: "agent:node_1"}},
 		Privileges: []supervisor.RecordPrivilege{
 			{PrivilegeID: "grant_1", Kind: "grant", ExternalID: "grant_1", NodeID: "node_1", Outcome: supervisor.PrivilegeOutcomeRevoked},
 			{PrivilegeID: "priv_1", Kind: "file_lock", ExternalID: "/tmp/l", NodeID: "node_1", Outcome: supervisor.PrivilegeOutcomeRevokeFailed, Error: "500"},

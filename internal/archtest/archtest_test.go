@@ -59,6 +59,11 @@ var rules = []rule{
 		to:   []string{module + "/supervisor/ledger/...", module + "/supervisor/privilege/..."},
 	},
 	{
+		why:  "the agent tree, the ledger, the privileges and the termination (its record, its proposals) have their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
+		from: []string{module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/...", module + "/supervisor"},
+		to:   []string{module + "/proto/tether/v1"},
+	},
+	{
 		why:  "the termination sits below the rollouts and the stop rules, which start terminations: it never imports them",
 		from: []string{module + "/supervisor"},
 		to:   []string{module + "/supervisor/rollout/...", module + "/supervisor/stoprule/..."},
@@ -180,6 +185,8 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor/tree", Deps: []string{module + "/supervisor/ledger"}},
 		{ImportPath: module + "/supervisor", Deps: []string{module + "/supervisor/rollout"}},
 		{ImportPath: module + "/supervisor/stoprule", Deps: []string{"connectrpc.com/connect"}},
+		{ImportPath: module + "/supervisor/ledger", Deps: []string{module + "/proto/tether/v1"}},
+		{ImportPath: module + "/supervisor", Deps: []string{module + "/proto/tether/v1"}},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Errorf("violations found %d of %d forbidden dependencies: %q", len(got), len(bad), got)

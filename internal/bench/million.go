@@ -323,13 +323,13 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 		return nil
 	}
 
-	spawn := func(parent *tetherv1.Node, parentGrant capability.Grant, scopes ...string) (*tetherv1.Node, capability.Grant, error) {
-		child, err := agents.Spawn(ctx, parent.NodeId, "agent", nil, "bench", nil)
+	spawn := func(parentID string, parentGrant capability.Grant, scopes ...string) (*tree.Node, capability.Grant, error) {
+		child, err := agents.Spawn(ctx, parentID, "agent", nil, "bench", nil)
 		if err != nil {
-			return nil, capability.Grant{}, fmt.Errorf("spawn under %s: %w", parent.NodeId, err)
+			return nil, capability.Grant{}, fmt.Errorf("spawn under %s: %w", parentID, err)
 		}
 		g, err := capability.Delegate(parentGrant, capability.DelegateRequest{
-			GrantID: id.New(id.Grant), Issuer: capability.AgentPrincipal(parent.NodeId), HolderNodeID: child.NodeID, Scopes: scopes,
+			GrantID: id.New(id.Grant), Issuer: capability.AgentPrincipal(parentID), HolderNodeID: child.NodeID, Scopes: scopes,
 		}, child.Ancestors, now)
 		if err != nil {
 			return nil, capability.Grant{}, err
@@ -340,11 +340,11 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 			return nil, capability.Grant{}, context.Cause(ctx)
 		}
 		done.Add(1)
-		return wire.Node(child), g, nil
+		return child, g, nil
 	}
 
 	type branch struct {
-		node  *tetherv1.Node
+		node  string
 		grant capability.Grant
 	}
 	rootG := wire.GrantFromProto(rootGrant)
@@ -354,12 +354,12 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 	for range 4 {
 		wg.Go(func() {
 			for i := int(next.Add(1) - 1); i < top && ctx.Err() == nil; i = int(next.Add(1) - 1) {
-				n, g, err := spawn(root, rootG, "tool:shell", "tool:fs:*")
+				n, g, err := spawn(root.NodeId, rootG, "tool:shell", "tool:fs:*")
 				if err != nil {
 					fail(err)
 					return
 				}
-				children[i] = branch{n, g}
+				children[i] = branch{n.NodeID, g}
 			}
 		})
 	}
@@ -381,7 +381,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 						return
 					}
 					if j == 0 {
-						out.sample[i] = n.NodeId
+						out.sample[i] = n.NodeID
 						leaf.Store(g.GrantID)
 					}
 				}

@@ -6,6 +6,11 @@
 // transactions (GetCallIn, PutCallIn, RequestCancelIn and the keys in
 // keys.go).
 //
+// ToolCall, CallState and CallResolution are its own types: a call is
+// stored in tether.v1.ToolCall's protobuf encoding, written from the pb
+// tags by internal/storecodec; the RPC edge (controlplane/wire) converts
+// them to the API's messages.
+//
 // Callers' duties:
 //   - Allow only tool servers to report, each as its own gate: End and
 //     CancelAck refuse a call begun by another gate (ErrWrongGate).

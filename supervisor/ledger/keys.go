@@ -2,7 +2,7 @@ package ledger
 
 // Tool-call ledger keys.
 const (
-	prefixCall     = "calls/call/"   // calls/call/<call id> → tetherv1.ToolCall
+	prefixCall     = "calls/call/"   // calls/call/<call id> → ToolCall
 	prefixOpenCall = "calls/open/"   // calls/open/<node id>/<call id> → "" while in flight
 	prefixCancel   = "calls/cancel/" // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
 	prefixTermCall = "calls/term/"   // calls/term/<termination id>/<call id> → "" calls a termination must account for

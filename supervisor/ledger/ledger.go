@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"regexp"
-
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
+	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -50,7 +47,7 @@ type Ledger struct {
 type Observer interface {
 	// ObserveCall: a call was written; before is the stored call before
 	// the change (nil for a new call).
-	ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) error
+	ObserveCall(tx store.Txn, before, after *ToolCall) error
 }
 
 var (
@@ -64,7 +61,7 @@ var (
 // recorded (rejected_draining) for the termination's record. A node whose
 // exit was confirmed gets ErrNodeExited, and the attempt is kept on the node
 // as contradicting evidence.
-func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*tetherv1.ToolCall, error) {
+func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
 		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
 	}
@@ -81,11 +78,10 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
 	}
-	clockNow := l.Clock.Now()
-	now := timestamppb.New(clockNow)
-	call := &tetherv1.ToolCall{
-		CallId: id.New(id.Call), NodeId: nodeID, GrantId: grantID, Tool: tool, GateId: gateID,
-		State: tetherv1.CallState_CALL_STATE_IN_FLIGHT, BegunAt: now, BegunBy: by,
+	now := l.Clock.Now()
+	call := &ToolCall{
+		CallID: id.New(id.Call), NodeID: nodeID, GrantID: grantID, Tool: tool, GateID: gateID,
+		State: CallStateInFlight, BegunAt: now, BegunBy: by,
 	}
 	var stopping error
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
@@ -96,7 +92,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		}
 		if tree.ExitConfirmed(node) && node.State != tree.NodeStateTerminated {
 			stopping = tree.ExitedError(node, tree.ActivityToolCall)
-			if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), clockNow) {
+			if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), now) {
 				if err := tree.PutNodeIn(tx, node); err != nil {
 					return err
 				}
@@ -110,10 +106,10 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			if stopping == nil { // (an exited node's refusal names its confirmation)
 				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
 			}
-			call.State = tetherv1.CallState_CALL_STATE_ENDED
-			call.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING
+			call.State = CallStateEnded
+			call.Resolution = CallResolutionRejectedDraining
 			call.EndedAt = now
-			call.TerminationId = node.TerminationID
+			call.TerminationID = node.TerminationID
 			if err := putCall(tx, call); err != nil {
 				return err
 			}
@@ -121,7 +117,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 				return err
 			}
 			if node.TerminationID != "" {
-				return tx.Put(termCallKey(node.TerminationID, call.CallId), nil)
+				return tx.Put(termCallKey(node.TerminationID, call.CallID), nil)
 			}
 			return nil
 		}
@@ -131,13 +127,13 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := l.observe(tx, nil, call); err != nil {
 			return err
 		}
-		return tx.Put(openCallKey(nodeID, call.CallId), nil)
+		return tx.Put(openCallKey(nodeID, call.CallID), nil)
 	})
 	if err != nil {
 		return nil, err
 	}
 	if stopping != nil {
-		if call.State != tetherv1.CallState_CALL_STATE_ENDED {
+		if call.State != CallStateEnded {
 			return nil, stopping
 		}
 		return call, stopping
@@ -149,19 +145,19 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 // tool server by through its gate gateID (the gate that began it). A call
 // that had a cancel order and ends is resolved cancelled_acked: the handler
 // returned.
-func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*tetherv1.ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
+	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) {
 		c.EndedAt = now
 		c.EndedBy = by
 		switch {
-		case c.State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED:
-			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
+		case c.State == CallStateCancelRequested:
+			c.Resolution = CallResolutionCancelledAcked
 			c.CancelAckedAt = now
 			c.AcknowledgedBy = by
 		case failed:
-			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_FAILED
+			c.Resolution = CallResolutionFailed
 		default:
-			c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED
+			c.Resolution = CallResolutionCompleted
 		}
 		c.Error = kv.ClipUTF8(message, 512)
 	})
@@ -169,48 +165,49 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 
 // CancelAck records that the gate cancelled the call and its handler
 // returned, reported by the tool server by through gateID.
-func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*tetherv1.ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *tetherv1.ToolCall, now *timestamppb.Timestamp) {
+func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
+	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) {
 		c.EndedAt = now
 		c.EndedBy = by
 		c.CancelAckedAt = now
 		c.AcknowledgedBy = by
-		c.Resolution = tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED
+		c.Resolution = CallResolutionCancelledAcked
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*tetherv1.ToolCall, *timestamppb.Timestamp)) (*tetherv1.ToolCall, error) {
+func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*ToolCall, time.Time)) (*ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
-	now := timestamppb.New(l.Clock.Now())
-	var out *tetherv1.ToolCall
+	now := l.Clock.Now()
+	var out *ToolCall
 	err := l.Store.Update(ctx, func(tx store.Txn) error {
 		c, err := getCall(tx, callID)
 		if err != nil {
 			return err
 		}
-		if c.GateId != gateID {
+		if c.GateID != gateID {
 			return fmt.Errorf("%w: call_id %s was begun by another gate, not gate_id %q", ErrWrongGate, callID, gateID)
 		}
-		if c.State == tetherv1.CallState_CALL_STATE_ENDED {
+		if c.State == CallStateEnded {
 			out = c // idempotent: a retried end changes nothing
 			return nil
 		}
-		var before *tetherv1.ToolCall
+		var before *ToolCall
 		if l.Observer != nil {
-			before = proto.CloneOf(c)
+			copied := *c // (no slice or map: a copy is a deep copy)
+			before = &copied
 		}
 		apply(c, now)
-		c.State = tetherv1.CallState_CALL_STATE_ENDED
+		c.State = CallStateEnded
 		out = c
 		if err := l.observe(tx, before, c); err != nil {
 			return err
 		}
-		if err := tx.Delete(openCallKey(c.NodeId, c.CallId)); err != nil {
+		if err := tx.Delete(openCallKey(c.NodeID, c.CallID)); err != nil {
 			return err
 		}
-		if err := tx.Delete(cancelKey(c.GateId, c.CallId)); err != nil {
+		if err := tx.Delete(cancelKey(c.GateID, c.CallID)); err != nil {
 			return err
 		}
 		return putCall(tx, c)
@@ -218,7 +215,7 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 	return out, err
 }
 
-func (l *Ledger) observe(tx store.Txn, before, after *tetherv1.ToolCall) error {
+func (l *Ledger) observe(tx store.Txn, before, after *ToolCall) error {
 	if l.Observer == nil {
 		return nil
 	}
@@ -226,7 +223,7 @@ func (l *Ledger) observe(tx store.Txn, before, after *tetherv1.ToolCall) error {
 }
 
 // OpenCallsIn lists the calls in flight (or awaiting a cancel ack) on a node.
-func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*tetherv1.ToolCall, error) {
+func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*ToolCall, error) {
 	var ids []string
 	p := openCallPrefix(nodeID)
 	if err := tx.Scan(p, nil, func(k, _ []byte) error {
@@ -235,7 +232,7 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*tetherv1.ToolCall, error) 
 	}); err != nil {
 		return nil, err
 	}
-	out := make([]*tetherv1.ToolCall, 0, len(ids))
+	out := make([]*ToolCall, 0, len(ids))
 	for _, cid := range ids {
 		c, err := getCall(tx, cid)
 		if err != nil {
@@ -248,22 +245,22 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*tetherv1.ToolCall, error) 
 
 // RequestCancelIn writes a cancel order for an in-flight call, for the
 // termination that orders it.
-func RequestCancelIn(tx store.Txn, c *tetherv1.ToolCall, terminationID string, now *timestamppb.Timestamp) error {
-	if c.State != tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+func RequestCancelIn(tx store.Txn, c *ToolCall, terminationID string, now time.Time) error {
+	if c.State != CallStateInFlight {
 		return nil
 	}
-	c.State = tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED
+	c.State = CallStateCancelRequested
 	c.CancelRequestedAt = now
-	c.TerminationId = terminationID
+	c.TerminationID = terminationID
 	if err := putCall(tx, c); err != nil {
 		return err
 	}
-	return tx.Put(cancelKey(c.GateId, c.CallId), nil)
+	return tx.Put(cancelKey(c.GateID, c.CallID), nil)
 }
 
 // PendingCancels lists the cancel orders a gate has not acknowledged.
-func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*tetherv1.ToolCall, error) {
-	var out []*tetherv1.ToolCall
+func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*ToolCall, error) {
+	var out []*ToolCall
 	err := l.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
 		var ids []string
@@ -289,7 +286,7 @@ func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*tetherv1
 // WatchCancels sends every unacknowledged cancel order for gateID, then
 // each new one as it is written, until ctx ends. Orders may repeat (after a
 // reconnect); gates treat them idempotently.
-func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tetherv1.ToolCall) error) error {
+func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*ToolCall) error) error {
 	if !gatePattern.MatchString(gateID) {
 		return fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
 	}
@@ -304,7 +301,7 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tet
 	}
 	sent := map[string]bool{}
 	for _, c := range pending {
-		sent[c.CallId] = true
+		sent[c.CallID] = true
 		if err := send(c); err != nil {
 			return err
 		}
@@ -319,7 +316,7 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tet
 				continue
 			}
 			sent[cid] = true
-			var c *tetherv1.ToolCall
+			var c *ToolCall
 			if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
 				var err error
 				c, err = getCall(tx, cid)
@@ -339,8 +336,8 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tet
 }
 
 // GetCall returns one call.
-func (l *Ledger) GetCall(ctx context.Context, callID string) (*tetherv1.ToolCall, error) {
-	var c *tetherv1.ToolCall
+func (l *Ledger) GetCall(ctx context.Context, callID string) (*ToolCall, error) {
+	var c *ToolCall
 	err := l.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		c, err = getCall(tx, callID)
@@ -349,41 +346,41 @@ func (l *Ledger) GetCall(ctx context.Context, callID string) (*tetherv1.ToolCall
 	return c, err
 }
 
-func getCall(tx store.ReadTxn, callID string) (*tetherv1.ToolCall, error) {
-	c := &tetherv1.ToolCall{}
-	if err := kv.GetProtoOf(tx, callKey(callID), c, ErrCallNotFound, "call_id ", "call", callID); err != nil {
+func getCall(tx store.ReadTxn, callID string) (*ToolCall, error) {
+	c := &ToolCall{}
+	if err := kv.GetOf(tx, callKey(callID), func(b []byte) error { return UnmarshalCall(b, c) }, ErrCallNotFound, "call_id ", "call", callID); err != nil {
 		return nil, err
 	}
 	return c, nil
 }
 
-func putCall(tx store.Txn, c *tetherv1.ToolCall) error {
-	v, err := proto.Marshal(c)
+func putCall(tx store.Txn, c *ToolCall) error {
+	v, err := encodeCall(c)
 	if err != nil {
 		return err
 	}
-	return tx.Put(callKey(c.CallId), v)
+	return tx.Put(callKey(c.CallID), v)
 }
 
 // GetCallIn reads a call inside a transaction.
-func GetCallIn(tx store.ReadTxn, callID string) (*tetherv1.ToolCall, error) {
+func GetCallIn(tx store.ReadTxn, callID string) (*ToolCall, error) {
 	return getCall(tx, callID)
 }
 
 // PutCallIn writes a call inside a transaction (the termination marks its
 // calls and closes the unacknowledged ones in its record).
-func PutCallIn(tx store.Txn, c *tetherv1.ToolCall) error { return putCall(tx, c) }
+func PutCallIn(tx store.Txn, c *ToolCall) error { return putCall(tx, c) }
 
 // CountCallsIn counts the node's calls in the ledger (a call refused
 // because the node was stopping does not count), stopping at limit.
 func CountCallsIn(tx store.ReadTxn, nodeID string, limit int) (int, error) {
 	count := 0
 	err := tx.Scan([]byte(prefixCall), nil, func(_, v []byte) error {
-		c := &tetherv1.ToolCall{}
-		if err := proto.Unmarshal(v, c); err != nil {
+		c := &ToolCall{}
+		if err := UnmarshalCall(v, c); err != nil {
 			return err
 		}
-		if c.NodeId == nodeID && c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+		if c.NodeID == nodeID && c.Resolution != CallResolutionRejectedDraining {
 			count++
 			if count >= limit {
 				return store.ErrStopScan

@@ -3,6 +3,7 @@ package stoprule
 import (
 	"context"
 	"fmt"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 	"log/slog"
 	"sync"
@@ -12,7 +13,6 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // TestSpawnCountersStayExactAcrossShards: a spawn counts itself into one
@@ -78,7 +78,7 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 				}
 			}
 			if w == 0 {
-				call := &tetherv1.ToolCall{CallId: "call-1", NodeId: root.NodeID, Tool: "http", State: tetherv1.CallState_CALL_STATE_IN_FLIGHT}
+				call := &ledger.ToolCall{CallID: "call-1", NodeID: root.NodeID, Tool: "http", State: ledger.CallStateInFlight}
 				if err := st.Update(ctx, func(tx store.Txn) error { return rules.ObserveCall(tx, nil, call) }); err != nil {
 					t.Error(err)
 				}

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"time"
 
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -12,13 +12,13 @@ import (
 // before is the call as stored before the change (nil for a new call),
 // after as stored after it. Pure; the shell calls it inside the ledger's
 // own transaction, so the counters are exactly the ledger's.
-func ApplyCall(o *Observations, before, after *tetherv1.ToolCall) {
+func ApplyCall(o *Observations, before, after *ledger.ToolCall) {
 	if after == nil {
 		return
 	}
-	ended := after.State == tetherv1.CallState_CALL_STATE_ENDED
+	ended := after.State == ledger.CallStateEnded
 	if before == nil {
-		if after.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+		if after.Resolution == ledger.CallResolutionRejectedDraining {
 			bump(&o.CallsByOutcome, outcomeName(after.Resolution), 1)
 			return
 		}
@@ -28,17 +28,17 @@ func ApplyCall(o *Observations, before, after *tetherv1.ToolCall) {
 		if !ended {
 			return
 		}
-	} else if before.State == tetherv1.CallState_CALL_STATE_ENDED || !ended {
+	} else if before.State == ledger.CallStateEnded || !ended {
 		return // a retried end, or a cancel order: nothing observed ends
 	}
 	o.CallsInFlight = max(o.CallsInFlight-1, 0)
 	bump(&o.CallsByOutcome, outcomeName(after.Resolution), 1)
-	if after.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_FAILED {
+	if after.Resolution == ledger.CallResolutionFailed {
 		o.Failures++
 		bump(&o.FailuresByTool, toolKey(o.FailuresByTool, after.Tool), 1)
 	}
-	if after.BegunAt != nil && after.EndedAt != nil {
-		d := after.EndedAt.AsTime().Sub(after.BegunAt.AsTime())
+	if !after.BegunAt.IsZero() && !after.EndedAt.IsZero() {
+		d := after.EndedAt.Sub(after.BegunAt)
 		if d > 0 {
 			s := d.Seconds()
 			o.CallSecondsTotal += s
@@ -98,6 +98,6 @@ func toolKey(m map[string]int64, tool string) string {
 	return OtherTool
 }
 
-func outcomeName(r tetherv1.CallResolution) string {
+func outcomeName(r ledger.CallResolution) string {
 	return strings.ToLower(strings.TrimPrefix(r.String(), "CALL_RESOLUTION_"))
 }

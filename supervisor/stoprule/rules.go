@@ -18,9 +18,9 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/storecodec"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -346,13 +346,13 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 
 // ObserveCall implements ledger.Observer: it folds the call into its
 // node's counters inside the ledger's transaction.
-func (r *Rules) ObserveCall(tx store.Txn, before, after *tetherv1.ToolCall) error {
-	o, err := storedObs(tx, after.NodeId)
+func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error {
+	o, err := storedObs(tx, after.NodeID)
 	if err != nil {
 		return err
 	}
 	ApplyCall(o, before, after)
-	return put(tx, obsKey(after.NodeId), o)
+	return put(tx, obsKey(after.NodeID), o)
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and

@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/timestamppb"
-
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/stoprule"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -199,9 +197,9 @@ func runTranscript(t *testing.T, path string) {
 				}
 			case "call", "reject":
 				n := fields[1]
-				call := &tetherv1.ToolCall{CallId: "c", NodeId: n, Tool: fields[2], State: tetherv1.CallState_CALL_STATE_IN_FLIGHT, BegunAt: timestamppb.New(epoch)}
+				call := &ledger.ToolCall{CallID: "c", NodeID: n, Tool: fields[2], State: ledger.CallStateInFlight, BegunAt: epoch}
 				if fields[0] == "reject" {
-					call.State, call.Resolution = tetherv1.CallState_CALL_STATE_ENDED, tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING
+					call.State, call.Resolution = ledger.CallStateEnded, ledger.CallResolutionRejectedDraining
 					stoprule.ApplyCall(w.observed(n), nil, call)
 					continue
 				}
@@ -211,9 +209,9 @@ func runTranscript(t *testing.T, path string) {
 				if err != nil {
 					fail("duration: %v", err)
 				}
-				call.State, call.EndedAt = tetherv1.CallState_CALL_STATE_ENDED, timestamppb.New(epoch.Add(d))
-				call.Resolution = map[string]tetherv1.CallResolution{"completed": tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED, "failed": tetherv1.CallResolution_CALL_RESOLUTION_FAILED}[fields[3]]
-				stoprule.ApplyCall(w.observed(n), &tetherv1.ToolCall{State: begun}, call)
+				call.State, call.EndedAt = ledger.CallStateEnded, epoch.Add(d)
+				call.Resolution = map[string]ledger.CallResolution{"completed": ledger.CallResolutionCompleted, "failed": ledger.CallResolutionFailed}[fields[3]]
+				stoprule.ApplyCall(w.observed(n), &ledger.ToolCall{State: begun}, call)
 			case "report":
 				if w.self[fields[1]] == nil {
 					w.self[fields[1]] = map[string]float64{}

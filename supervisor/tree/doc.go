@@ -6,6 +6,11 @@
 // prefix scans, never a full scan. It is the bottom of the supervisor: it
 // imports none of the supervisor's other packages.
 //
+// Its types (Node, NodeState, SessionSignal, ...) are its own: a node is
+// stored in tether.v1.Node's protobuf encoding, written from Node's pb
+// tags by internal/storecodec, so a node any version stored reads back;
+// the RPC edge (controlplane/wire) converts them to the API's messages.
+//
 // Spawning checks the parent's state inside the same transaction that
 // writes the child, so a spawn racing a termination's mark (one
 // transaction, in package supervisor) is either refused or included.
