@@ -64,6 +64,19 @@ var rules = []rule{
 		to:   []string{module + "/proto/tether/v1"},
 	},
 	{
+		why:  "the capability layer, the stop rules and the job leases have their own types, stored by internal/storecodec: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
+		from: []string{module + "/capability/...", module + "/supervisor/stoprule/...", module + "/supervisor/lease/..."},
+		to:   []string{module + "/proto/tether/v1"},
+	},
+	{
+		why: "the job-lease machine is a peer of the termination and the capability layer, below controlplane: it imports neither (controlplane reports its leases in the record)",
+		from: []string{module + "/supervisor/lease/..."},
+		to: []string{
+			module + "/supervisor", module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/...",
+			module + "/supervisor/rollout/...", module + "/supervisor/stoprule/...", module + "/capability/...",
+		},
+	},
+	{
 		why:  "the termination sits below the rollouts and the stop rules, which start terminations: it never imports them",
 		from: []string{module + "/supervisor"},
 		to:   []string{module + "/supervisor/rollout/...", module + "/supervisor/stoprule/..."},
@@ -187,6 +200,10 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor/stoprule", Deps: []string{"connectrpc.com/connect"}},
 		{ImportPath: module + "/supervisor/ledger", Deps: []string{module + "/proto/tether/v1"}},
 		{ImportPath: module + "/supervisor", Deps: []string{module + "/proto/tether/v1"}},
+		{ImportPath: module + "/capability/grantstore", Deps: []string{module + "/proto/tether/v1"}},
+		{ImportPath: module + "/supervisor/stoprule", Deps: []string{module + "/proto/tether/v1"}},
+		{ImportPath: module + "/supervisor/lease/coordinator", Deps: []string{module + "/proto/tether/v1"}},
+		{ImportPath: module + "/supervisor/lease/coordinator", Deps: []string{module + "/supervisor"}},
 	}
 	if got := violations(bad); len(got) != len(bad) {
 		t.Errorf("violations found %d of %d forbidden dependencies: %q", len(got), len(bad), got)
