@@ -69,7 +69,7 @@ var rules = []rule{
 		to:   []string{module + "/proto/tether/v1"},
 	},
 	{
-		why: "the job-lease machine is a peer of the termination and the capability layer, below controlplane: it imports neither (controlplane reports its leases in the record)",
+		why:  "the job-lease machine is a peer of the termination and the capability layer, below controlplane: it imports neither (controlplane reports its leases in the record)",
 		from: []string{module + "/supervisor/lease/..."},
 		to: []string{
 			module + "/supervisor", module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/...",
