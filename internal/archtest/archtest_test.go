@@ -64,9 +64,12 @@ var rules = []rule{
 		to:   []string{module + "/proto/tether/v1"},
 	},
 	{
-		why:  "the capability layer, the stop rules and the job leases have their own types, stored by internal/storecodec: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
-		from: []string{module + "/capability/...", module + "/supervisor/stoprule/...", module + "/supervisor/lease/..."},
-		to:   []string{module + "/proto/tether/v1"},
+		why: "the capability layer, the stop rules, the job leases and the rollouts have their own types, stored by internal/storecodec: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
+		from: []string{
+			module + "/capability/...", module + "/supervisor/stoprule/...", module + "/supervisor/lease/...",
+			module + "/supervisor/rollout/...", module + "/supervisor/internal/...",
+		},
+		to: []string{module + "/proto/tether/v1"},
 	},
 	{
 		why:  "the job-lease machine is a peer of the termination and the capability layer, below controlplane: it imports neither (controlplane reports its leases in the record)",
