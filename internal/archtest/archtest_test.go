@@ -64,7 +64,7 @@ var rules = []rule{
 		to:   []string{module + "/proto/tether/v1"},
 	},
 	{
-		why: "the capability layer, the stop rules, the job leases and the rollouts have their own types, stored by internal/storecodec: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
+		why: "the capability layer, the stop rules, the job leases and the rollouts have their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
 		from: []string{
 			module + "/capability/...", module + "/supervisor/stoprule/...", module + "/supervisor/lease/...",
 			module + "/supervisor/rollout/...", module + "/supervisor/internal/...",
