@@ -134,7 +134,7 @@ func (observationsType) FindFieldType(name string) (*types.FieldType, bool) {
 
 // NewValue builds an Observations in an expression
 // (tether.v1.StopRuleObservations{calls: 3}).
-func (observationsType) NewValue(adapter types.Adapter, fields map[string]celref.Val) celref.Val {
+func (observationsType) NewValue(_ types.Adapter, fields map[string]celref.Val) celref.Val {
 	o := &Observations{}
 	for name, v := range fields {
 		f, ok := observedByName[name]
