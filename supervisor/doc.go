@@ -60,7 +60,8 @@
 // loops of internal/reconcile, keyed by termination, rollout and record
 // id: they resume from stored state, are kicked by store watches (and by
 // Kick), wake at their keys' deadlines on the Clock, and rescan after a
-// watch fell behind. None of them returns before its context ends; a
+// watch fell behind. None of them returns before its context ends (but
+// an outbox with a Sink and no Render, a wiring error, does not start); a
 // record sink that fails is retried with a doubling backoff on the Clock.
 // The caller runs the three as leader-only components, and moves a manual
 // Clock in tests (its timers fire the wake-ups that came due).

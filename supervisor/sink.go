@@ -120,7 +120,8 @@ const (
 	DefaultRecordMaxRetry = time.Minute
 )
 
-// Run delivers until ctx ends; it returns only then, with ctx's error.
+// Run delivers until ctx ends; it returns only then, with ctx's error
+// (or at once when there is a Sink but no Render: a wiring error).
 func (o *Outbox) Run(ctx context.Context) error {
 	s := o.Supervisor
 	if s.Sink == nil {
