@@ -165,3 +165,49 @@ func TestStoredGrantBytesAreThePreviousVersions(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkGrantCodec: a grant stored and read by the store codec, and as
+// the previous version did (through the tether.v1 message), in one run.
+func BenchmarkGrantCodec(b *testing.B) {
+	at := time.Date(2026, 12, 1, 20, 0, 0, 123, time.UTC)
+	g := capability.Grant{
+		GrantID: "g_01JDZ0000000000000000000", ParentGrantID: "g_01JDZ0000000000000000001", HolderNodeID: "n_01JDZ0000000000000000002",
+		Issuer: "agent:n_01JDZ0000000000000000003", Scopes: []string{"tools:shell", "tools:http"}, NotBefore: at, ExpiresAt: at.Add(time.Hour),
+		Chain: []string{"g_01JDZ0000000000000000004", "g_01JDZ0000000000000000001"}, Revokers: []string{"agent:n_1", "operator:root", "role:admin", "role:security"},
+		State: capability.StateActive, CreatedAt: at,
+	}
+	raw, err := encodeGrant(g)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("storecodec/encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := encodeGrant(g); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("proto/encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := proto.Marshal(wire.Grant(g)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("storecodec/decode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := decodeGrant(g.GrantID, raw); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("proto/decode", func(b *testing.B) {
+		for b.Loop() {
+			var m tetherv1.Grant
+			if err := proto.Unmarshal(raw, &m); err != nil {
+				b.Fatal(err)
+			}
+			_ = wire.GrantFromProto(&m)
+		}
+	})
+}

@@ -122,3 +122,48 @@ func TestEdgeConversionsAreInverse(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkObservationsCodec: a node's counters stored and read by the
+// store codec (each tool call's transaction reads and writes them once),
+// and as the previous version did, in one run.
+func BenchmarkObservationsCodec(b *testing.B) {
+	o := &stoprule.Observations{
+		Calls: 120, CallsByTool: map[string]int64{"shell": 70, "http": 40, "sql": 10}, CallsByOutcome: map[string]int64{"completed": 100, "failed": 9},
+		Failures: 9, FailuresByTool: map[string]int64{"http": 9}, CallsInFlight: 2, CallSecondsTotal: 812.5, CallSecondsMax: 31,
+	}
+	raw, err := storecodec.Marshal(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("storecodec/encode", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := storecodec.Marshal(o); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("proto/encode", func(b *testing.B) {
+		m := wire.StopRuleObservations(o)
+		for b.Loop() {
+			if _, err := proto.Marshal(m); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("storecodec/decode", func(b *testing.B) {
+		for b.Loop() {
+			var got stoprule.Observations
+			if err := storecodec.Unmarshal(raw, &got); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("proto/decode", func(b *testing.B) {
+		for b.Loop() {
+			var m tetherv1.StopRuleObservations
+			if err := proto.Unmarshal(raw, &m); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
