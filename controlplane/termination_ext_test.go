@@ -159,12 +159,18 @@ func TestAbortAgainstAGateThatNeverAcksRecordsCancelUnacknowledged(t *testing.T)
 	defer close(release)
 	w.startCall(t, release)
 	term := terminate(t, w.admin, w.agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second, 0)
-	testserver.WaitFor(t, 10*time.Second, "the cancel order to be pending", func() bool {
-		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 1
+	// The mark shows the pending order at once, while the termination may
+	// still be moving from requested to aborting; without the clock moving
+	// it waits there for the ack, and goes no further.
+	testserver.WaitFor(t, 10*time.Second, "the termination to wait for the cancel ack", func() bool {
+		got := getTermination(t, w.admin, term.TerminationId)
+		switch got.State {
+		case tetherv1.TerminationState_TERMINATION_STATE_REQUESTED, tetherv1.TerminationState_TERMINATION_STATE_ABORTING:
+		default:
+			t.Fatalf("before the ack timeout: %s, want aborting", got.State)
+		}
+		return got.State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && got.Progress.GetAcksPending() == 1
 	})
-	if st := getTermination(t, w.admin, term.TerminationId).State; st != tetherv1.TerminationState_TERMINATION_STATE_ABORTING {
-		t.Fatalf("before the ack timeout: %s, want aborting", st)
-	}
 	w.clk.Advance(6 * time.Second)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	if got := resolutions(record(t, w.admin, term.TerminationId)); got[tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED] != 1 || len(got) != 1 {
