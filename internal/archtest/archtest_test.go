@@ -59,17 +59,9 @@ var rules = []rule{
 		to:   []string{module + "/supervisor/ledger/...", module + "/supervisor/privilege/..."},
 	},
 	{
-		why:  "the agent tree, the ledger, the privileges and the termination (its record, its proposals) have their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
-		from: []string{module + "/supervisor/tree/...", module + "/supervisor/ledger/...", module + "/supervisor/privilege/...", module + "/supervisor"},
-		to:   []string{module + "/proto/tether/v1"},
-	},
-	{
-		why: "the capability layer, the stop rules, the job leases and the rollouts have their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire)",
-		from: []string{
-			module + "/capability/...", module + "/supervisor/stoprule/...", module + "/supervisor/lease/...",
-			module + "/supervisor/rollout/...", module + "/supervisor/internal/...",
-		},
-		to: []string{module + "/proto/tether/v1"},
+		why:  "domain packages hold their own types: conversion to the tether.v1 messages lives at the RPC edge (controlplane/wire), and what they store is written by internal/storecodec",
+		from: []string{module + "/capability/...", module + "/supervisor/..."},
+		to:   []string{module + "/proto/tether/v1/..."},
 	},
 	{
 		why:  "the job-lease machine is a peer of the termination and the capability layer, below controlplane: it imports neither (controlplane reports its leases in the record)",
