@@ -227,6 +227,9 @@ type markChunk struct {
 	inFlight int
 	others   map[string]*Termination    // the other terminations met, by id
 	taken    map[string]map[string]bool // other termination → nodes taken from it
+	// calls are the open calls of the chunk's nodes, read together
+	// before the chunk discovers them (ledger.OpenCallsOf).
+	calls map[string][]*tetherv1.ToolCall
 }
 
 // mark marks the next chunk of the subtree (the roots first, then the
@@ -259,6 +262,10 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			t.Cursor = Cursor{Step: ActMark}
 			roots := t.RootIDs()
 			if err := store.Prefetch(tx, kv.KeysOf(roots, tree.NodeKey), kv.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
+				return err
+			}
+			var err error
+			if c.calls, err = ledger.OpenCallsOf(tx, roots); err != nil {
 				return err
 			}
 			for i, r := range roots {
@@ -348,6 +355,9 @@ func (c *markChunk) expand(budget int) error {
 	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), kv.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
 		return err
 	}
+	if c.calls, err = ledger.OpenCallsOf(tx, kids); err != nil {
+		return err
+	}
 	roots := t.RootIDs()
 	for _, kid := range kids {
 		if len(roots) > 1 && slices.Contains(roots, kid) {
@@ -433,11 +443,7 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 	if err := tree.PutNodeIn(tx, n); err != nil {
 		return err
 	}
-	calls, err := ledger.OpenCallsIn(tx, n.NodeId)
-	if err != nil {
-		return err
-	}
-	for _, call := range calls {
+	for _, call := range c.calls[n.NodeId] {
 		if call.State == tetherv1.CallState_CALL_STATE_IN_FLIGHT {
 			c.inFlight++
 		}

@@ -274,14 +274,11 @@ func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*tetherv1
 		}); err != nil {
 			return err
 		}
+		calls, err := callsIn(tx, ids)
 		for _, cid := range ids {
-			c, err := getCall(tx, cid)
-			if err != nil {
-				return err
-			}
-			out = append(out, c)
+			out = append(out, calls[cid])
 		}
-		return nil
+		return err
 	})
 	return out, err
 }
@@ -310,6 +307,9 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tet
 		}
 	}
 	for batch := range w.Events() {
+		// A termination orders a chunk's calls cancelled in one
+		// transaction: their calls are read together.
+		var ids []string
 		for _, ev := range batch {
 			if ev.Type != store.EventPut {
 				continue
@@ -319,15 +319,21 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tet
 				continue
 			}
 			sent[cid] = true
-			var c *tetherv1.ToolCall
-			if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
-				var err error
-				c, err = getCall(tx, cid)
-				return err
-			}); err != nil {
-				return err
-			}
-			if err := send(c); err != nil {
+			ids = append(ids, cid)
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		var calls map[string]*tetherv1.ToolCall
+		if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
+			var err error
+			calls, err = callsIn(tx, ids)
+			return err
+		}); err != nil {
+			return err
+		}
+		for _, cid := range ids {
+			if err := send(calls[cid]); err != nil {
 				return err
 			}
 		}
