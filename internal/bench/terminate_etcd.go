@@ -22,6 +22,7 @@ func init() {
 // (Updates) and the read requests (a prefetch of many reads is one). A
 // fresh server and keyspace each, on one local etcd member.
 func supervisorTerminateEtcd(ctx context.Context, r *Report) error {
+	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-terminate-*")
 	if errors.Is(err, etcdlocal.ErrNoBinary) {
 		fmt.Fprintln(os.Stderr, "  supervisor/terminate-etcd: etcd not installed (apt-get install etcd-server): skipped")
 		return nil
@@ -62,8 +63,6 @@ func supervisorTerminateEtcd(ctx context.Context, r *Report) error {
 				before = st.Stats()
 			}
 			elapsed, nodes, err := timeTermination(ctx, srv, root)
-			stopProf()
-			stopEtcdProf()
 			var after etcdstore.EtcdStats
 			if st != nil {
 				after = st.Stats()
