@@ -130,18 +130,25 @@ type subtreeEntry struct {
 
 func (e subtreeEntry) member() bool { return e.Reach == ReachMark || e.Reach == ReachTakeOver }
 
-// readEntries reads up to limit entries of the index from sequence from.
-func readEntries(tx store.ReadTxn, term string, from, limit int) ([]subtreeEntry, error) {
-	var out []subtreeEntry
-	err := tx.Scan(subtreePrefix(term), subtreeKey(term, from), func(k, v []byte) error {
-		if len(out) == limit {
-			return store.ErrStopScan
-		}
+// readEntries reads up to limit entries of t's index from sequence from
+// (no further than the index's length, Counts.Listed): the scan stops at
+// the last, so that a backend that reads in pages (etcd) asks for no
+// more than it must.
+func readEntries(tx store.ReadTxn, t *Termination, from, limit int) ([]subtreeEntry, error) {
+	limit = min(limit, t.Counts.Listed-from)
+	if limit <= 0 {
+		return nil, nil
+	}
+	out := make([]subtreeEntry, 0, limit)
+	err := tx.Scan(subtreePrefix(t.ID), subtreeKey(t.ID, from), func(k, v []byte) error {
 		var e subtreeEntry
 		if err := json.Unmarshal(v, &e); err != nil {
 			return fmt.Errorf("supervisor: decode %s: %w", k, err)
 		}
 		out = append(out, e)
+		if len(out) == limit {
+			return store.ErrStopScan
+		}
 		return nil
 	})
 	return out, err
@@ -191,7 +198,7 @@ func membersIn(tx store.ReadTxn, t Termination) ([]string, error) {
 	}
 	var ids []string
 	for from := 0; from < t.Counts.Listed; {
-		entries, err := readEntries(tx, t.ID, from, DefaultChunkSize)
+		entries, err := readEntries(tx, &t, from, DefaultChunkSize)
 		if err != nil {
 			return nil, err
 		}
@@ -230,6 +237,9 @@ type markChunk struct {
 	// calls are the open calls of the chunk's nodes, read together
 	// before the chunk discovers them (ledger.OpenCallsOf).
 	calls map[string][]*tetherv1.ToolCall
+	// fresh are the entries this chunk appended to the index, by
+	// sequence: what expanding them reads, without a scan.
+	fresh map[int]subtreeEntry
 }
 
 // mark marks the next chunk of the subtree (the roots first, then the
@@ -256,7 +266,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		}
 		mode = t.Mode
 		t.Indexed = true // a request stored before the index is listed here too
-		c := &markChunk{tx: tx, now: timestamppb.New(now), t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
+		c := &markChunk{tx: tx, now: timestamppb.New(now), t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}, fresh: map[int]subtreeEntry{}}
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
@@ -280,8 +290,24 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 					return err
 				}
 			}
-		} else if err := c.expand(budget); err != nil {
-			return err
+		} else {
+			// Up to budget nodes listed, from as many levels as that
+			// takes: the entries this chunk lists are expanded in it too
+			// (their children listed after theirs, as the next chunk
+			// would), so a subtree of budget nodes is marked in one chunk
+			// after the roots', not one per level. The entries expanded
+			// are bounded too (each costs a read), at about twice budget.
+			for kids, expanded := budget, 0; kids > 0 && expanded < budget && t.Cursor.Entry < t.Counts.Listed; {
+				listed, from := t.Counts.Listed, t.Cursor.Entry
+				if err := c.expand(budget, kids); err != nil {
+					return err
+				}
+				if t.Counts.Listed == listed && t.Cursor.Entry == from {
+					break // (an index shorter than its count: no progress)
+				}
+				kids -= t.Counts.Listed - listed
+				expanded += t.Cursor.Entry - from
+			}
 		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
@@ -308,32 +334,47 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	return err
 }
 
-// expand lists, marks and appends up to budget children of the entries
-// from the cursor on, and moves the cursor past them.
-func (c *markChunk) expand(budget int) error {
+// expand lists, marks and appends up to budget children of up to limit
+// entries from the cursor on, and moves the cursor past them.
+func (c *markChunk) expand(limit, budget int) error {
 	t, tx := c.t, c.tx
 	cur := t.Cursor
-	entries, err := readEntries(tx, t.ID, cur.Entry, budget)
-	if err != nil {
-		return err
+	var entries []subtreeEntry
+	if _, ok := c.fresh[cur.Entry]; ok {
+		// Listed by this chunk: known without reading them back.
+		for seq := cur.Entry; len(entries) < limit; seq++ {
+			e, ok := c.fresh[seq]
+			if !ok {
+				break
+			}
+			entries = append(entries, e)
+		}
+	} else {
+		var err error
+		if entries, err = readEntries(tx, t, cur.Entry, limit); err != nil {
+			return err
+		}
 	}
 	parents := make([]string, len(entries))
+	scans := make([]store.ScanFrom, len(entries))
 	for i, e := range entries {
 		parents[i] = e.Node
+		scans[i] = store.ScanFrom{Prefix: tree.ChildPrefix(e.Node)}
 	}
-	if err := store.Prefetch(tx, nil, kv.KeysOf(parents, tree.ChildPrefix)); err != nil {
+	if len(entries) > 0 && cur.After != "" {
+		scans[0].Start = append(tree.ChildKey(parents[0], cur.After), 0)
+	}
+	// (Already fetched when the previous level listed them.)
+	if err := store.PrefetchScansFrom(tx, scans); err != nil {
 		return err
 	}
 	var kids []string
 	entry, after := cur.Entry, cur.After
-	for i, parent := range parents {
+	full := false
+	for i := range parents {
 		idx := cur.Entry + i
-		var start []byte
-		if idx == cur.Entry && cur.After != "" {
-			start = append(tree.ChildKey(parent, cur.After), 0)
-		}
-		p := tree.ChildPrefix(parent)
-		full := false
+		start := scans[i].Start
+		p := scans[i].Prefix
 		err := tx.Scan(p, start, func(k, _ []byte) error {
 			if len(kids) == budget {
 				full = true
@@ -352,9 +393,16 @@ func (c *markChunk) expand(budget int) error {
 		}
 		entry, after = idx+1, ""
 	}
-	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), kv.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
+	// The kids' nodes and open calls, and, when this chunk goes on to
+	// expand them, their children: one request for the level.
+	prefixes := kv.KeysOf(kids, ledger.OpenCallPrefix)
+	if !full {
+		prefixes = append(prefixes, kv.KeysOf(kids, tree.ChildPrefix)...)
+	}
+	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), prefixes); err != nil {
 		return err
 	}
+	var err error
 	if c.calls, err = ledger.OpenCallsOf(tx, kids); err != nil {
 		return err
 	}
@@ -428,6 +476,9 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 	}
 	if err := kv.PutJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
 		return err
+	}
+	if c.fresh != nil {
+		c.fresh[t.Counts.Listed] = e
 	}
 	t.Counts.Listed++
 	if !e.member() {
@@ -518,7 +569,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		cur := &stored.Cursor
 		stored.UpdatedAt = now
 		if action == ActEscalate && cur.Entry < stored.Counts.Listed {
-			entries, err := readEntries(tx, stored.ID, cur.Entry, budget)
+			entries, err := readEntries(tx, &stored, cur.Entry, budget)
 			if err != nil {
 				return err
 			}
@@ -591,7 +642,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	var ids []string
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, err := readEntries(tx, t.ID, cur.Entry, s.chunkSize())
+		entries, err := readEntries(tx, &t, cur.Entry, s.chunkSize())
 		if err != nil {
 			return err
 		}
@@ -671,7 +722,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	budget := s.chunkSize()
 	var ids []string
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, err := readEntries(tx, t.ID, t.Cursor.Entry, budget)
+		entries, err := readEntries(tx, &t, t.Cursor.Entry, budget)
 		if err != nil {
 			return err
 		}
@@ -703,7 +754,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	}
 	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
-		entries, err := readEntries(tx, t.ID, cur.Entry, budget)
+		entries, err := readEntries(tx, &stored, cur.Entry, budget)
 		if err != nil {
 			return err
 		}
