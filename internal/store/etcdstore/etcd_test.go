@@ -929,3 +929,38 @@ func TestEtcdLongScanVisitsEveryKeyOnceInOrder(t *testing.T) {
 		}
 	}
 }
+
+// A scan that outruns its first page and reaches the end of its prefix
+// takes a request per page (or slice) and two to find nothing more: not
+// one per byte of the keys it probes past the last (a walk of a
+// 1,000-entry index, %010d keys, took ten requests).
+func TestEtcdScanToTheEndTakesARequestPerPage(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	s := etcdtest.OpenStore(t, cluster)
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		for i := range 1000 {
+			if err := tx.Put(fmt.Appendf(nil, "index/%010d", i), nil); err != nil {
+				return err
+			}
+		}
+		// A neighbour after the prefix, which the scan must not reach.
+		return tx.Put([]byte("index0"), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []int{0, 300} {
+		before := s.Stats().ReadRequests
+		seen := 0
+		err := s.View(t.Context(), func(tx store.ReadTxn) error {
+			return tx.Scan([]byte("index/"), fmt.Appendf(nil, "index/%010d", from), func(_, _ []byte) error { seen++; return nil })
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		requests := s.Stats().ReadRequests - before
+		if seen != 1000-from || requests > 4 {
+			t.Fatalf("a scan from %d visited %d keys (want %d) in %d requests (want at most 4)", from, seen, 1000-from, requests)
+		}
+	}
+}

@@ -394,7 +394,9 @@ func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccp
 // page, or a few dozen pages), a range counted at more than 8 pages (etcd
 // counts the keys of every range it reads) narrows the next by a byte,
 // and a slice with few keys widens it by one, so the gaps
-// between the bytes keys use cost a request each, not one per byte value.
+// between the bytes keys use cost a request each, not one per byte value;
+// after an empty slice the next request reads to the span's end, and the
+// page it returns fixes the depth again.
 // The slices tile the span in key order: a scan visits the same keys.
 type etcdSlices struct {
 	depth   int
@@ -420,6 +422,14 @@ func (s *etcdSlices) next(resp *clientv3.GetResponse, from, end, to string) (str
 		from = string(lastKey) + "\x00"
 	case end >= to:
 		return to, to
+	case n == 0:
+		// An empty slice: the keys left, if any, lie further on. One
+		// request to the span's end finds them (or that there are none:
+		// where most scans that outrun their first page end), and their
+		// page fixes the slices' depth again, as the first page did —
+		// instead of a request per byte of depth given up.
+		s.started = false
+		return end, to
 	default:
 		// The slice is done: on to the next.
 		if n < etcdScanPage/8 && s.depth > 0 {
