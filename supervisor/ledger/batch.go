@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"sync"
+
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
@@ -67,4 +69,64 @@ func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*tetherv1.ToolCall,
 		out[cid] = c
 	}
 	return out, nil
+}
+
+// KeyedObserver is an Observer that can say which keys ObserveCall reads
+// for a call of a node, so that the ledger fetches them with the call
+// (store.Prefetch): on etcd, ending a call is then one read and a commit,
+// not two reads in turn.
+type KeyedObserver interface {
+	ObservedKeys(nodeID string) [][]byte
+}
+
+// prefetchFinish fetches what ending callID reads, when the node of the
+// call is known here (a call begun, or ordered cancelled, through this
+// ledger): the call and what the Observer reads for its node, together.
+// It is a hint: the reads that follow are what the transaction reads,
+// whatever it fetched.
+func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string) error {
+	keys := [][]byte{callKey(callID)}
+	if o, ok := l.Observer.(KeyedObserver); ok {
+		node, known := l.nodes.of(callID)
+		if !known {
+			return nil // one key: nothing to fetch together
+		}
+		keys = append(keys, o.ObservedKeys(node)...)
+	}
+	return store.Prefetch(tx, keys, nil)
+}
+
+// callNodes remembers the node of the open calls this process has seen
+// (begun, or ordered cancelled), for prefetchFinish. It is bounded: when
+// full it starts afresh (a call it forgot costs a read more, no more).
+type callNodes struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+const maxCallNodes = 1 << 16
+
+func (c *callNodes) remember(call *tetherv1.ToolCall) {
+	if call == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxCallNodes {
+		c.m = make(map[string]string)
+	}
+	c.m[call.CallId] = call.NodeId
+}
+
+func (c *callNodes) forget(callID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, callID)
+}
+
+func (c *callNodes) of(callID string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	node, ok := c.m[callID]
+	return node, ok
 }

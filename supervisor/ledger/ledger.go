@@ -39,6 +39,8 @@ type Ledger struct {
 	Tokens TokenChecker
 	// Observer, when set, is told of every call written (stop rules).
 	Observer Observer
+
+	nodes callNodes // the node of calls begun or ordered cancelled here (batch.go)
 }
 
 // Observer is told, inside the writing transaction, of each call written,
@@ -136,6 +138,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if err != nil {
 		return nil, err
 	}
+	if call.State != tetherv1.CallState_CALL_STATE_ENDED {
+		l.nodes.remember(call)
+	}
 	if stopping != nil {
 		if call.State != tetherv1.CallState_CALL_STATE_ENDED {
 			return nil, stopping
@@ -186,6 +191,9 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 	now := timestamppb.New(l.Clock.Now())
 	var out *tetherv1.ToolCall
 	err := l.Store.Update(ctx, func(tx store.Txn) error {
+		if err := l.prefetchFinish(tx, callID); err != nil {
+			return err
+		}
 		c, err := getCall(tx, callID)
 		if err != nil {
 			return err
@@ -215,6 +223,9 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 		}
 		return putCall(tx, c)
 	})
+	if err == nil {
+		l.nodes.forget(callID)
+	}
 	return out, err
 }
 
@@ -280,6 +291,9 @@ func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*tetherv1
 		}
 		return err
 	})
+	for _, c := range out {
+		l.nodes.remember(c)
+	}
 	return out, err
 }
 
@@ -333,6 +347,7 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*tet
 			return err
 		}
 		for _, cid := range ids {
+			l.nodes.remember(calls[cid])
 			if err := send(calls[cid]); err != nil {
 				return err
 			}

@@ -64,7 +64,11 @@ type etcdSnapshot struct {
 	// lost is set when a read found the snapshot's revision compacted.
 	lost error
 	// prefetched holds range responses fetched ahead by prefetch, by the
-	// request that will ask for them; each is served once.
+	// request that will ask for them. They are served as often as asked
+	// (all at the snapshot's revision, so the same answer), so that a
+	// transaction that reads a range twice (two steps of a chunk each
+	// listing the nodes' privileges) fetches it once; readers copy what
+	// they hand out to be kept.
 	prefetched map[etcdRange]*clientv3.GetResponse
 }
 
@@ -78,7 +82,6 @@ type etcdRange struct {
 // read serves q from what prefetch fetched, or with its own request.
 func (r *etcdSnapshot) read(q etcdRange) (*clientv3.GetResponse, error) {
 	if resp, ok := r.prefetched[q]; ok {
-		delete(r.prefetched, q)
 		return resp, nil
 	}
 	var opts []clientv3.OpOption
@@ -479,11 +482,11 @@ func (t *etcdReadTxn) Get(key []byte) ([]byte, error) {
 	case kv == nil:
 		return nil, store.ErrNotFound
 	}
-	// The response is this call's own: no copy needed.
+	// A prefetched response may be served again: the caller gets a copy.
 	if kv.Value == nil {
 		return []byte{}, nil
 	}
-	return kv.Value, nil
+	return bytes.Clone(kv.Value), nil
 }
 
 func (t *etcdReadTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {
