@@ -237,9 +237,6 @@ type markChunk struct {
 	// calls are the open calls of the chunk's nodes, read together
 	// before the chunk discovers them (ledger.OpenCallsOf).
 	calls map[string][]*tetherv1.ToolCall
-	// fresh are the entries this chunk appended to the index, by
-	// sequence: what expanding them reads, without a scan.
-	fresh map[int]subtreeEntry
 }
 
 // mark marks the next chunk of the subtree (the roots first, then the
@@ -255,7 +252,11 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	var done bool
 	var mode Mode
 	budget := s.chunkSize()
-	err := s.Store.Update(ctx, func(tx store.Txn) error {
+	plan, err := s.planMark(ctx, id, budget)
+	if err != nil {
+		return err
+	}
+	err = s.Store.Update(ctx, func(tx store.Txn) error {
 		handedOver, done = nil, false
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
@@ -266,7 +267,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		}
 		mode = t.Mode
 		t.Indexed = true // a request stored before the index is listed here too
-		c := &markChunk{tx: tx, now: timestamppb.New(now), t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}, fresh: map[int]subtreeEntry{}}
+		c := &markChunk{tx: tx, now: timestamppb.New(now), t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
@@ -291,23 +292,19 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				}
 			}
 		} else {
-			// Up to budget nodes listed, from as many levels as that
-			// takes: the entries this chunk lists are expanded in it too
-			// (their children listed after theirs, as the next chunk
-			// would), so a subtree of budget nodes is marked in one chunk
-			// after the roots', not one per level. The entries expanded
-			// are bounded too (each costs a read), at about twice budget.
-			for kids, expanded := budget, 0; kids > 0 && expanded < budget && t.Cursor.Entry < t.Counts.Listed; {
-				listed, from := t.Counts.Listed, t.Cursor.Entry
-				if err := c.expand(budget, kids); err != nil {
-					return err
-				}
-				if t.Counts.Listed == listed && t.Cursor.Entry == from {
-					break // (an index shorter than its count: no progress)
-				}
-				kids -= t.Counts.Listed - listed
-				expanded += t.Cursor.Entry - from
+			// The walk read before this transaction, if it starts where
+			// the mark stands (else another pass did this chunk: the
+			// next pass plans afresh).
+			if plan == nil || plan.from != t.Cursor {
+				return nil
 			}
+			if err := c.list(plan.kids); err != nil {
+				return err
+			}
+			if t.Counts.Listed != plan.listed {
+				return fmt.Errorf("supervisor: the mark listed %d nodes of termination %s where its walk planned %d", t.Counts.Listed, id, plan.listed)
+			}
+			t.Cursor = plan.to
 		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
@@ -334,72 +331,109 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	return err
 }
 
-// expand lists, marks and appends up to budget children of up to limit
-// entries from the cursor on, and moves the cursor past them.
-func (c *markChunk) expand(limit, budget int) error {
-	t, tx := c.t, c.tx
-	cur := t.Cursor
-	var entries []subtreeEntry
-	if _, ok := c.fresh[cur.Entry]; ok {
-		// Listed by this chunk: known without reading them back.
-		for seq := cur.Entry; len(entries) < limit; seq++ {
-			e, ok := c.fresh[seq]
-			if !ok {
+// markPlan is the walk of the subtree index one chunk of the mark lists:
+// from the cursor from, the children of each entry in order (the entries
+// the walk lists expanded after the index's, as later chunks would), up
+// to the chunk's budget of nodes; to is the cursor after them.
+type markPlan struct {
+	from, to Cursor
+	kids     []string
+	// listed is the index's length once the kids are listed.
+	listed int
+}
+
+// planMark reads, before the chunk's transaction, the children the next
+// chunk of the mark lists (nil when the mark is not past its roots). The
+// child lists are read outside the transaction that marks: the roots'
+// chunk has committed, and from then on Spawn refuses every node of the
+// subtree (an ancestor is stopping), so no child list of the subtree can
+// change — reading them inside would only make etcd compare every list
+// again at the commit. What can still change (a node's state, its open
+// calls, the cursor) the transaction reads and guards itself. Entries the
+// walk lists are expanded by it too, so a subtree of budget nodes is
+// marked in one chunk after the roots', not one per level; the entries
+// expanded are bounded (four times budget: leaves cost a read each and
+// list nothing).
+func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*markPlan, error) {
+	var plan *markPlan
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		plan = nil
+		var t Termination
+		if err := getTermination(tx, id, &t); err != nil {
+			return err
+		}
+		if t.Phase != PhaseRequested || t.Cursor.Step != ActMark {
+			return nil
+		}
+		p := &markPlan{from: t.Cursor, to: t.Cursor, listed: t.Counts.Listed}
+		roots := t.RootIDs()
+		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
+		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
+			var parents []string
+			if p.to.Entry < t.Counts.Listed {
+				entries, err := readEntries(tx, &t, p.to.Entry, budget)
+				if err != nil {
+					return err
+				}
+				for _, e := range entries {
+					parents = append(parents, e.Node)
+				}
+			} else {
+				off := p.to.Entry - t.Counts.Listed
+				parents = fresh[off:min(len(fresh), off+budget)]
+			}
+			if len(parents) == 0 {
+				break // (an index shorter than its count)
+			}
+			scans := make([]store.ScanFrom, len(parents))
+			for i, parent := range parents {
+				scans[i] = store.ScanFrom{Prefix: tree.ChildPrefix(parent)}
+			}
+			if p.to.After != "" {
+				scans[0].Start = append(tree.ChildKey(parents[0], p.to.After), 0)
+			}
+			if err := store.PrefetchScansFrom(tx, scans); err != nil {
+				return err
+			}
+			base, full := p.to.Entry, false
+			for i, sc := range scans {
+				err := tx.Scan(sc.Prefix, sc.Start, func(k, _ []byte) error {
+					if len(p.kids) == budget {
+						full = true
+						return store.ErrStopScan
+					}
+					kid := string(k[len(sc.Prefix):])
+					p.kids = append(p.kids, kid)
+					p.to.Entry, p.to.After = base+i, kid
+					if len(roots) == 1 || !slices.Contains(roots, kid) {
+						fresh = append(fresh, kid)
+						p.listed++
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+				if full {
+					break
+				}
+				p.to.Entry, p.to.After = base+i+1, ""
+				expanded++
+			}
+			if full {
 				break
 			}
-			entries = append(entries, e)
 		}
-	} else {
-		var err error
-		if entries, err = readEntries(tx, t, cur.Entry, limit); err != nil {
-			return err
-		}
-	}
-	parents := make([]string, len(entries))
-	scans := make([]store.ScanFrom, len(entries))
-	for i, e := range entries {
-		parents[i] = e.Node
-		scans[i] = store.ScanFrom{Prefix: tree.ChildPrefix(e.Node)}
-	}
-	if len(entries) > 0 && cur.After != "" {
-		scans[0].Start = append(tree.ChildKey(parents[0], cur.After), 0)
-	}
-	// (Already fetched when the previous level listed them.)
-	if err := store.PrefetchScansFrom(tx, scans); err != nil {
-		return err
-	}
-	var kids []string
-	entry, after := cur.Entry, cur.After
-	full := false
-	for i := range parents {
-		idx := cur.Entry + i
-		start := scans[i].Start
-		p := scans[i].Prefix
-		err := tx.Scan(p, start, func(k, _ []byte) error {
-			if len(kids) == budget {
-				full = true
-				return store.ErrStopScan
-			}
-			kid := string(k[len(p):])
-			kids = append(kids, kid)
-			entry, after = idx, kid
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		if full {
-			break
-		}
-		entry, after = idx+1, ""
-	}
-	// The kids' nodes and open calls, and, when this chunk goes on to
-	// expand them, their children: one request for the level.
-	prefixes := kv.KeysOf(kids, ledger.OpenCallPrefix)
-	if !full {
-		prefixes = append(prefixes, kv.KeysOf(kids, tree.ChildPrefix)...)
-	}
-	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), prefixes); err != nil {
+		plan = p
+		return nil
+	})
+	return plan, err
+}
+
+// list lists, marks and appends the kids (a plan's), in order.
+func (c *markChunk) list(kids []string) error {
+	t, tx := c.t, c.tx
+	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), kv.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
 		return err
 	}
 	var err error
@@ -419,7 +453,6 @@ func (c *markChunk) expand(limit, budget int) error {
 			return err
 		}
 	}
-	t.Cursor.Entry, t.Cursor.After = entry, after
 	return nil
 }
 
@@ -476,9 +509,6 @@ func (c *markChunk) discover(n *tetherv1.Node) error {
 	}
 	if err := kv.PutJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
 		return err
-	}
-	if c.fresh != nil {
-		c.fresh[t.Counts.Listed] = e
 	}
 	t.Counts.Listed++
 	if !e.member() {
