@@ -44,12 +44,11 @@ import (
 // transaction that writes the child, a parent that is not running or one
 // of whose ancestors is stopping or stopped: from the first chunk on no
 // node of the subtree can spawn, however far the mark has got, so the
-// subtree the mark walks is fixed and the mark ends. (Marking top down
-// would cover a racing spawn even without the ancestor check — a node is
-// marked in the transaction that lists it, before its children are listed,
-// so a spawn under a node not yet listed commits before that node's
-// children are listed — but a swarm spawning faster than the mark lists
-// could keep it going.) Every node of the subtree gets one entry (a node
+// subtree the mark walks is fixed and the mark ends. The chunks after the
+// roots' rely on that: they read the child lists they walk before their
+// transaction, unguarded (planMark), since none of them can change any
+// more; what can (a node's state, its open calls) each chunk reads and
+// guards in its transaction. Every node of the subtree gets one entry (a node
 // has one parent; a root named inside another root's subtree is skipped
 // there). Tool calls begun by a node before its chunk are stamped into the
 // termination with it, and none can begin after.
