@@ -40,12 +40,11 @@ import (
 // transaction that writes the child, a parent that is not running or one
 // of whose ancestors is stopping or stopped: from the first chunk on no
 // node of the subtree can spawn, however far the mark has got, so the
-// subtree the mark walks is fixed and the mark ends. (Marking top down
-// would cover a racing spawn even without the ancestor check — a node is
-// marked in the transaction that lists it, before its children are listed,
-// so a spawn under a node not yet listed commits before that node's
-// children are listed — but a swarm spawning faster than the mark lists
-// could keep it going.) Every node of the subtree gets one entry (a node
+// subtree the mark walks is fixed and the mark ends. The chunks after the
+// roots' rely on that: they read the child lists they walk before their
+// transaction, unguarded (planMark), since none of them can change any
+// more; what can (a node's state, its open calls) each chunk reads and
+// guards in its transaction. Every node of the subtree gets one entry (a node
 // has one parent; a root named inside another root's subtree is skipped
 // there). Tool calls begun by a node before its chunk are stamped into the
 // termination with it, and none can begin after.
@@ -126,18 +125,25 @@ type subtreeEntry struct {
 
 func (e subtreeEntry) member() bool { return e.Reach == ReachMark || e.Reach == ReachTakeOver }
 
-// readEntries reads up to limit entries of the index from sequence from.
-func readEntries(tx store.ReadTxn, term string, from, limit int) ([]subtreeEntry, error) {
-	var out []subtreeEntry
-	err := tx.Scan(subtreePrefix(term), subtreeKey(term, from), func(k, v []byte) error {
-		if len(out) == limit {
-			return store.ErrStopScan
-		}
+// readEntries reads up to limit entries of t's index from sequence from
+// (no further than the index's length, Counts.Listed): the scan stops at
+// the last, so that a backend that reads in pages (etcd) asks for no
+// more than it must.
+func readEntries(tx store.ReadTxn, t *Termination, from, limit int) ([]subtreeEntry, error) {
+	limit = min(limit, t.Counts.Listed-from)
+	if limit <= 0 {
+		return nil, nil
+	}
+	out := make([]subtreeEntry, 0, limit)
+	err := tx.Scan(subtreePrefix(t.ID), subtreeKey(t.ID, from), func(k, v []byte) error {
 		var e subtreeEntry
 		if err := json.Unmarshal(v, &e); err != nil {
 			return fmt.Errorf("supervisor: decode %s: %w", k, err)
 		}
 		out = append(out, e)
+		if len(out) == limit {
+			return store.ErrStopScan
+		}
 		return nil
 	})
 	return out, err
@@ -187,7 +193,7 @@ func membersIn(tx store.ReadTxn, t Termination) ([]string, error) {
 	}
 	var ids []string
 	for from := 0; from < t.Counts.Listed; {
-		entries, err := readEntries(tx, t.ID, from, DefaultChunkSize)
+		entries, err := readEntries(tx, &t, from, DefaultChunkSize)
 		if err != nil {
 			return nil, err
 		}
@@ -223,6 +229,9 @@ type markChunk struct {
 	inFlight int
 	others   map[string]*Termination    // the other terminations met, by id
 	taken    map[string]map[string]bool // other termination → nodes taken from it
+	// calls are the open calls of the chunk's nodes, read together
+	// before the chunk discovers them (ledger.OpenCallsOf).
+	calls map[string][]*ledger.ToolCall
 }
 
 // mark marks the next chunk of the subtree (the roots first, then the
@@ -238,7 +247,11 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	var done bool
 	var mode Mode
 	budget := s.chunkSize()
-	err := s.Store.Update(ctx, func(tx store.Txn) error {
+	plan, err := s.planMark(ctx, id, budget)
+	if err != nil {
+		return err
+	}
+	err = s.Store.Update(ctx, func(tx store.Txn) error {
 		handedOver, done = nil, false
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
@@ -257,6 +270,10 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			if err := store.Prefetch(tx, kv.KeysOf(roots, tree.NodeKey), kv.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
 				return err
 			}
+			var err error
+			if c.calls, err = ledger.OpenCallsOf(tx, roots); err != nil {
+				return err
+			}
 			for i, r := range roots {
 				if slices.Contains(roots[:i], r) {
 					continue
@@ -269,8 +286,20 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 					return err
 				}
 			}
-		} else if err := c.expand(budget); err != nil {
-			return err
+		} else {
+			// The walk read before this transaction, if it starts where
+			// the mark stands (else another pass did this chunk: the
+			// next pass plans afresh).
+			if plan == nil || plan.from != t.Cursor {
+				return nil
+			}
+			if err := c.list(plan.kids); err != nil {
+				return err
+			}
+			if t.Counts.Listed != plan.listed {
+				return fmt.Errorf("supervisor: the mark listed %d nodes of termination %s where its walk planned %d", t.Counts.Listed, id, plan.listed)
+			}
+			t.Cursor = plan.to
 		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
@@ -297,51 +326,113 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	return err
 }
 
-// expand lists, marks and appends up to budget children of the entries
-// from the cursor on, and moves the cursor past them.
-func (c *markChunk) expand(budget int) error {
-	t, tx := c.t, c.tx
-	cur := t.Cursor
-	entries, err := readEntries(tx, t.ID, cur.Entry, budget)
-	if err != nil {
-		return err
-	}
-	parents := make([]string, len(entries))
-	for i, e := range entries {
-		parents[i] = e.Node
-	}
-	if err := store.Prefetch(tx, nil, kv.KeysOf(parents, tree.ChildPrefix)); err != nil {
-		return err
-	}
-	var kids []string
-	entry, after := cur.Entry, cur.After
-	for i, parent := range parents {
-		idx := cur.Entry + i
-		var start []byte
-		if idx == cur.Entry && cur.After != "" {
-			start = append(tree.ChildKey(parent, cur.After), 0)
-		}
-		p := tree.ChildPrefix(parent)
-		full := false
-		err := tx.Scan(p, start, func(k, _ []byte) error {
-			if len(kids) == budget {
-				full = true
-				return store.ErrStopScan
-			}
-			kid := string(k[len(p):])
-			kids = append(kids, kid)
-			entry, after = idx, kid
-			return nil
-		})
-		if err != nil {
+// markPlan is the walk of the subtree index one chunk of the mark lists:
+// from the cursor from, the children of each entry in order (the entries
+// the walk lists expanded after the index's, as later chunks would), up
+// to the chunk's budget of nodes; to is the cursor after them.
+type markPlan struct {
+	from, to Cursor
+	kids     []string
+	// listed is the index's length once the kids are listed.
+	listed int
+}
+
+// planMark reads, before the chunk's transaction, the children the next
+// chunk of the mark lists (nil when the mark is not past its roots). The
+// child lists are read outside the transaction that marks: the roots'
+// chunk has committed, and from then on Spawn refuses every node of the
+// subtree (an ancestor is stopping), so no child list of the subtree can
+// change — reading them inside would only make etcd compare every list
+// again at the commit. What can still change (a node's state, its open
+// calls, the cursor) the transaction reads and guards itself. Entries the
+// walk lists are expanded by it too, so a subtree of budget nodes is
+// marked in one chunk after the roots', not one per level; the entries
+// expanded are bounded (four times budget: leaves cost a read each and
+// list nothing).
+func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*markPlan, error) {
+	var plan *markPlan
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		plan = nil
+		var t Termination
+		if err := getTermination(tx, id, &t); err != nil {
 			return err
 		}
-		if full {
-			break
+		if t.Phase != PhaseRequested || t.Cursor.Step != ActMark {
+			return nil
 		}
-		entry, after = idx+1, ""
-	}
+		p := &markPlan{from: t.Cursor, to: t.Cursor, listed: t.Counts.Listed}
+		roots := t.RootIDs()
+		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
+		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
+			var parents []string
+			if p.to.Entry < t.Counts.Listed {
+				entries, err := readEntries(tx, &t, p.to.Entry, budget)
+				if err != nil {
+					return err
+				}
+				for _, e := range entries {
+					parents = append(parents, e.Node)
+				}
+			} else {
+				off := p.to.Entry - t.Counts.Listed
+				parents = fresh[off:min(len(fresh), off+budget)]
+			}
+			if len(parents) == 0 {
+				break // (an index shorter than its count)
+			}
+			scans := make([]store.ScanFrom, len(parents))
+			for i, parent := range parents {
+				scans[i] = store.ScanFrom{Prefix: tree.ChildPrefix(parent)}
+			}
+			if p.to.After != "" {
+				scans[0].Start = append(tree.ChildKey(parents[0], p.to.After), 0)
+			}
+			if err := store.PrefetchScansFrom(tx, scans); err != nil {
+				return err
+			}
+			base, full := p.to.Entry, false
+			for i, sc := range scans {
+				err := tx.Scan(sc.Prefix, sc.Start, func(k, _ []byte) error {
+					if len(p.kids) == budget {
+						full = true
+						return store.ErrStopScan
+					}
+					kid := string(k[len(sc.Prefix):])
+					p.kids = append(p.kids, kid)
+					p.to.Entry, p.to.After = base+i, kid
+					if len(roots) == 1 || !slices.Contains(roots, kid) {
+						fresh = append(fresh, kid)
+						p.listed++
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+				if full {
+					break
+				}
+				p.to.Entry, p.to.After = base+i+1, ""
+				expanded++
+			}
+			if full {
+				break
+			}
+		}
+		plan = p
+		return nil
+	})
+	return plan, err
+}
+
+// list lists, marks and appends the kids (a plan's), in order.
+func (c *markChunk) list(kids []string) error {
+	t, tx := c.t, c.tx
 	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), kv.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
+		return err
+	}
+	var err error
+	if c.calls, err = ledger.OpenCallsOf(tx, kids); err != nil {
 		return err
 	}
 	roots := t.RootIDs()
@@ -357,7 +448,6 @@ func (c *markChunk) expand(budget int) error {
 			return err
 		}
 	}
-	t.Cursor.Entry, t.Cursor.After = entry, after
 	return nil
 }
 
@@ -429,11 +519,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 	if err := tree.PutNodeIn(tx, n); err != nil {
 		return err
 	}
-	calls, err := ledger.OpenCallsIn(tx, n.NodeID)
-	if err != nil {
-		return err
-	}
-	for _, call := range calls {
+	for _, call := range c.calls[n.NodeID] {
 		if call.State == ledger.CallStateInFlight {
 			c.inFlight++
 		}
@@ -507,7 +593,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		cur := &stored.Cursor
 		stored.UpdatedAt = now
 		if action == ActEscalate && cur.Entry < stored.Counts.Listed {
-			entries, err := readEntries(tx, stored.ID, cur.Entry, budget)
+			entries, err := readEntries(tx, &stored, cur.Entry, budget)
 			if err != nil {
 				return err
 			}
@@ -580,7 +666,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	var ids []string
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, err := readEntries(tx, t.ID, cur.Entry, s.chunkSize())
+		entries, err := readEntries(tx, &t, cur.Entry, s.chunkSize())
 		if err != nil {
 			return err
 		}
@@ -660,7 +746,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	budget := s.chunkSize()
 	var ids []string
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, err := readEntries(tx, t.ID, t.Cursor.Entry, budget)
+		entries, err := readEntries(tx, &t, t.Cursor.Entry, budget)
 		if err != nil {
 			return err
 		}
@@ -692,7 +778,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	}
 	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
-		entries, err := readEntries(tx, t.ID, cur.Entry, budget)
+		entries, err := readEntries(tx, &stored, cur.Entry, budget)
 		if err != nil {
 			return err
 		}

@@ -270,6 +270,20 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 			return err
 		}
 		reads := newReader(tx)
+		// The grants, then their chains: on etcd a request each, not a
+		// round trip per grant.
+		if err := prefetchGrants(tx, reads, ids); err != nil {
+			return err
+		}
+		var chains []string
+		for _, grantID := range ids {
+			if g, ok := reads.grant(grantID); ok {
+				chains = append(chains, g.Chain...)
+			}
+		}
+		if err := prefetchGrants(tx, reads, chains); err != nil {
+			return err
+		}
 		active := make(map[string]capability.Grant, len(ids))
 		for _, grantID := range ids {
 			g, err := reads.indexed(grantID)
@@ -311,6 +325,13 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		)
 		err := s.cfg.Store.Update(ctx, func(tx store.Txn) error {
 			written, seq = written[:0], 0
+			planned := make([]capability.Grant, len(chunk))
+			for i, p := range chunk {
+				planned[i] = p.revoked
+			}
+			if err := s.prefetchRevocations(tx, planned); err != nil {
+				return err
+			}
 			var revocations []capability.Grant
 			for _, p := range chunk {
 				grantID := p.revoked.GrantID
@@ -349,6 +370,46 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		}
 	}
 	return result, nil
+}
+
+// prefetchGrants fetches together the grants of ids that reads has not
+// read yet (store.Prefetch).
+func prefetchGrants(tx store.ReadTxn, reads *reader, ids []string) error {
+	var keys [][]byte
+	for _, id := range ids {
+		if _, ok := reads.seen[id]; !ok {
+			keys = append(keys, grantKey(id))
+		}
+	}
+	return store.Prefetch(tx, keys, nil)
+}
+
+// nodePrefetcher is a Tree that can fetch nodes together ahead of
+// GetNodeIn (the supervisor's tree does).
+type nodePrefetcher interface {
+	PrefetchNodesIn(tx store.ReadTxn, nodeIDs []string) error
+}
+
+// prefetchRevocations fetches together what revoking grants reads of
+// each (writeRevocations): the grant, its holder (the tombstone's
+// lineage), its children (whether it needs a marking job) and the feed's
+// head — on etcd one request, not a round trip per grant.
+func (s *Service) prefetchRevocations(tx store.ReadTxn, grants []capability.Grant) error {
+	keys := [][]byte{feedHeadKey}
+	prefixes := make([][]byte, 0, len(grants))
+	holders := make([]string, 0, len(grants))
+	for _, g := range grants {
+		keys = append(keys, grantKey(g.GrantID))
+		prefixes = append(prefixes, childPrefix(g.GrantID))
+		holders = append(holders, g.HolderNodeID)
+	}
+	if err := store.Prefetch(tx, keys, prefixes); err != nil {
+		return err
+	}
+	if p, ok := s.cfg.Tree.(nodePrefetcher); ok {
+		return p.PrefetchNodesIn(tx, holders)
+	}
+	return nil
 }
 
 // writeRevocations writes revoked grants with one tombstone each, and a

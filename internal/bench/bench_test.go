@@ -230,3 +230,27 @@ func TestSummary(t *testing.T) {
 		t.Fatalf("summary table:\n%s", b.String())
 	}
 }
+
+// The termination alone on both stores (supervisor/terminate-stores) joins
+// the etcd-vs-Badger row, and its results are no "largest subtree" of
+// etcd's when they are Badger's.
+func TestSummaryTerminationAlone(t *testing.T) {
+	r := &Report{}
+	r.Add("supervisor/terminate-stores/badger/terminate-abort/agents=1000", 40, "ms")
+	r.Add("supervisor/terminate-stores/etcd/terminate-abort/agents=1000", 100, "ms")
+	r.Add("supervisor/terminate-stores/etcd-vs-badger/agents=1000", 2.5, "x")
+	r.Add("supervisor/terminate-stores/etcd-vs-badger-cpu/agents=1000", 3, "x")
+	r.Add("supervisor/terminate-stores/badger/terminate-abort/agents=10000", 500, "ms")
+	rows := map[string]string{}
+	for _, row := range Summary(r.Results()) {
+		rows[row.Figure] = row.Value
+	}
+	for figure, want := range map[string]string{
+		"terminate 1,000 agents, etcd vs Badger":  "termination alone 1k: 100 ms vs 40.00 ms, 2.50× (3.00× CPU)",
+		"largest subtree one termination covered": "Badger 10,000 (500 ms); etcd 1,000 (100 ms)",
+	} {
+		if got := rows[figure]; got != want {
+			t.Errorf("%s: got %q, want %q", figure, got, want)
+		}
+	}
+}

@@ -236,6 +236,13 @@ func startEtcdServer(ctx context.Context, r *Report, cluster *etcdlocal.Cluster)
 // publishes its address in the election, so that the others forward to it
 // while it leads.
 func startEtcdReplica(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix, identity string) (*benchServer, func(), error) {
+	srv, _, stop, err := startEtcdReplicaStore(ctx, r, cluster, prefix, identity)
+	return srv, stop, err
+}
+
+// startEtcdReplicaStore is startEtcdReplica that also returns the
+// replica's store.
+func startEtcdReplicaStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix, identity string) (*benchServer, *etcdstore.Etcd, func(), error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := etcdstore.OpenEtcd(ctx, etcdstore.EtcdOptions{
 		Endpoints: cluster.Endpoints(),
@@ -243,7 +250,7 @@ func startEtcdReplica(ctx context.Context, r *Report, cluster *etcdlocal.Cluster
 		Logger:    quiet,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	srv, err := startServer(ctx, r, disableRateLimit, func(cfg *controlplane.Config) {
 		cfg.Store = st
@@ -251,10 +258,10 @@ func startEtcdReplica(ctx context.Context, r *Report, cluster *etcdlocal.Cluster
 	})
 	if err != nil {
 		st.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for _, m := range cluster.Members {
 		srv.etcdPids = append(srv.etcdPids, m.Pid())
 	}
-	return srv, func() { srv.Stop(); st.Close() }, nil
+	return srv, st, func() { srv.Stop(); st.Close() }, nil
 }

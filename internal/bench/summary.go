@@ -54,6 +54,30 @@ func Summary(results []Result) []SummaryRow {
 		b, _ := get("server/badger/terminate-abort/agents=1000")
 		value = fmt.Sprintf("%s vs %s: %s", fmtMS(e), fmtMS(b), fmtX(x))
 	}
+	// The termination alone (supervisor/terminate-stores), at 1,000 and
+	// 10,000 agents, with its CPU ratio (process and etcd member).
+	var alone []string
+	for _, n := range []string{"1000", "10000"} {
+		x, ok := get("supervisor/terminate-stores/etcd-vs-badger/agents=" + n)
+		if !ok {
+			continue
+		}
+		e, _ := get("supervisor/terminate-stores/etcd/terminate-abort/agents=" + n)
+		b, _ := get("supervisor/terminate-stores/badger/terminate-abort/agents=" + n)
+		part := fmt.Sprintf("%s: %s vs %s, %s", map[string]string{"1000": "1k", "10000": "10k"}[n], fmtMS(e), fmtMS(b), fmtX(x))
+		if c, ok := get("supervisor/terminate-stores/etcd-vs-badger-cpu/agents=" + n); ok {
+			part += fmt.Sprintf(" (%s CPU)", fmtX(c))
+		}
+		alone = append(alone, part)
+	}
+	if len(alone) > 0 {
+		text := "termination alone " + strings.Join(alone, "; ")
+		if value == notMeasured {
+			value = text
+		} else {
+			value += "; " + text
+		}
+	}
 	add("terminate 1,000 agents, etcd vs Badger", "≤ 3×", value)
 
 	value = joinFound(get, " / ", fmtX, "server/etcd-vs-badger/renew-stream/leases=64", "server/etcd-vs-badger/renew-stream/leases=1024")

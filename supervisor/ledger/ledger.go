@@ -36,6 +36,8 @@ type Ledger struct {
 	Tokens TokenChecker
 	// Observer, when set, is told of every call written (stop rules).
 	Observer Observer
+
+	nodes callNodes // the node of calls begun or ordered cancelled here (batch.go)
 }
 
 // Observer is told, inside the writing transaction, of each call written,
@@ -132,6 +134,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if err != nil {
 		return nil, err
 	}
+	if call.State != CallStateEnded {
+		l.nodes.remember(call)
+	}
 	if stopping != nil {
 		if call.State != CallStateEnded {
 			return nil, stopping
@@ -182,6 +187,9 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 	now := l.Clock.Now()
 	var out *ToolCall
 	err := l.Store.Update(ctx, func(tx store.Txn) error {
+		if err := l.prefetchFinish(tx, callID); err != nil {
+			return err
+		}
 		c, err := getCall(tx, callID)
 		if err != nil {
 			return err
@@ -212,6 +220,9 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 		}
 		return putCall(tx, c)
 	})
+	if err == nil {
+		l.nodes.forget(callID)
+	}
 	return out, err
 }
 
@@ -271,15 +282,15 @@ func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*ToolCall
 		}); err != nil {
 			return err
 		}
+		calls, err := callsIn(tx, ids)
 		for _, cid := range ids {
-			c, err := getCall(tx, cid)
-			if err != nil {
-				return err
-			}
-			out = append(out, c)
+			out = append(out, calls[cid])
 		}
-		return nil
+		return err
 	})
+	for _, c := range out {
+		l.nodes.remember(c)
+	}
 	return out, err
 }
 
@@ -307,6 +318,9 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 		}
 	}
 	for batch := range w.Events() {
+		// A termination orders a chunk's calls cancelled in one
+		// transaction: their calls are read together.
+		var ids []string
 		for _, ev := range batch {
 			if ev.Type != store.EventPut {
 				continue
@@ -316,15 +330,22 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 				continue
 			}
 			sent[cid] = true
-			var c *ToolCall
-			if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
-				var err error
-				c, err = getCall(tx, cid)
-				return err
-			}); err != nil {
-				return err
-			}
-			if err := send(c); err != nil {
+			ids = append(ids, cid)
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		var calls map[string]*ToolCall
+		if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
+			var err error
+			calls, err = callsIn(tx, ids)
+			return err
+		}); err != nil {
+			return err
+		}
+		for _, cid := range ids {
+			l.nodes.remember(calls[cid])
+			if err := send(calls[cid]); err != nil {
 				return err
 			}
 		}

@@ -237,9 +237,8 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 	if err := store.Prefetch(tx, nil, kv.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
 		return nil, err
 	}
-	var out []Privilege
+	var ids []string
 	for _, n := range nodeIDs {
-		var ids []string
 		p := nodePrivPrefix(n)
 		if err := tx.Scan(p, nil, func(k, _ []byte) error {
 			ids = append(ids, string(k[len(p):]))
@@ -247,13 +246,18 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 		}); err != nil {
 			return nil, err
 		}
-		for _, pid := range ids {
-			var priv Privilege
-			if err := kv.GetJSON(tx, privilegeKey(pid), &priv); err != nil {
-				return nil, err
-			}
-			out = append(out, priv)
+	}
+	// The privileges themselves, fetched together too.
+	if err := store.Prefetch(tx, kv.KeysOf(ids, privilegeKey), nil); err != nil {
+		return nil, err
+	}
+	var out []Privilege
+	for _, pid := range ids {
+		var priv Privilege
+		if err := kv.GetJSON(tx, privilegeKey(pid), &priv); err != nil {
+			return nil, err
 		}
+		out = append(out, priv)
 	}
 	return out, nil
 }

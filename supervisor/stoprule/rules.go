@@ -344,6 +344,10 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 	return out, err
 }
 
+// ObservedKeys implements ledger.KeyedObserver: ObserveCall reads the
+// node's observations.
+func (r *Rules) ObservedKeys(nodeID string) [][]byte { return [][]byte{obsKey(nodeID)} }
+
 // ObserveCall implements ledger.Observer: it folds the call into its
 // node's counters inside the ledger's transaction.
 func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error {

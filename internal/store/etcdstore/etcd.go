@@ -130,6 +130,10 @@ type Etcd struct {
 	watchers map[*etcdWatcher]struct{}
 
 	stats etcdCounters
+	// prefetchOps is how many ranges one prefetch request carries
+	// (etcdPrefetchOps, or etcd's default bound after a member refused
+	// that many).
+	prefetchOps atomic.Int64
 	// observers see each committed Update (metrics).
 	observers store.CommitObservers
 
@@ -208,7 +212,7 @@ func OpenEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	warnIfNotDurable(ctx, client, opts)
 
 	lifetime, abandon := context.WithCancel(context.Background())
-	return &Etcd{
+	s := &Etcd{
 		client:   client,
 		keys:     keys,
 		opts:     opts,
@@ -217,7 +221,9 @@ func OpenEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 		lifetime: lifetime,
 		abandon:  abandon,
 		watchers: make(map[*etcdWatcher]struct{}),
-	}, nil
+	}
+	s.prefetchOps.Store(etcdPrefetchOps)
+	return s, nil
 }
 
 // Client returns the store's etcd client, for what shares its cluster and

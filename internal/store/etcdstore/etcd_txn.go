@@ -9,10 +9,12 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"golang.org/x/sync/errgroup"
 )
 
 // etcdScanPage is how many keys one range request of a Scan fetches.
@@ -29,8 +31,17 @@ type mutation struct {
 const defaultWatchBuffer = 1024
 
 // etcdPrefetchOps bounds the ranges of one prefetch request (a read-only
-// Txn), below etcd's default --max-txn-ops too.
-const etcdPrefetchOps = 128
+// Txn; EtcdOptions.MaxTxnOps, the server's --max-txn-ops, bounds it too):
+// a chunk of a termination (1,000 nodes) prefetches in one request.
+// etcdPrefetchParallel bounds the requests of one prefetch in flight at
+// once, for the prefetches larger than one request.
+const (
+	etcdPrefetchOps      = 1024
+	etcdPrefetchParallel = 4
+	// etcdDefaultMaxTxnOps is etcd's default --max-txn-ops: the bound
+	// prefetches fall back to when a member refuses a larger one.
+	etcdDefaultMaxTxnOps = 128
+)
 
 // Rough upper bounds of what one comparison or one write adds to a commit
 // request beyond its key and value (protobuf tags, lengths, revisions).
@@ -53,7 +64,11 @@ type etcdSnapshot struct {
 	// lost is set when a read found the snapshot's revision compacted.
 	lost error
 	// prefetched holds range responses fetched ahead by prefetch, by the
-	// request that will ask for them; each is served once.
+	// request that will ask for them. They are served as often as asked
+	// (all at the snapshot's revision, so the same answer), so that a
+	// transaction that reads a range twice (two steps of a chunk each
+	// listing the nodes' privileges) fetches it once; readers copy what
+	// they hand out to be kept.
 	prefetched map[etcdRange]*clientv3.GetResponse
 }
 
@@ -67,7 +82,6 @@ type etcdRange struct {
 // read serves q from what prefetch fetched, or with its own request.
 func (r *etcdSnapshot) read(q etcdRange) (*clientv3.GetResponse, error) {
 	if resp, ok := r.prefetched[q]; ok {
-		delete(r.prefetched, q)
 		return resp, nil
 	}
 	var opts []clientv3.OpOption
@@ -81,17 +95,15 @@ func (r *etcdSnapshot) read(q etcdRange) (*clientv3.GetResponse, error) {
 }
 
 // prefetch fetches qs at the snapshot's revision in as few requests as
-// etcd allows (one read-only Txn per MaxTxnOps ranges), so that the reads
-// that follow are answered from memory instead of a round trip each. The
-// answers are those the reads would have got: same revision, same ranges.
+// etcd allows (one read-only Txn per etcdPrefetchOps ranges, a few of them
+// in flight at once), so that the reads that follow are answered from
+// memory instead of a round trip each. The answers are those the reads
+// would have got: same revision, same ranges. A prefetch that is the
+// snapshot's first read fixes its revision with its first request (a Txn
+// is linearizable, as the first read must be), not with a read of its own.
 func (r *etcdSnapshot) prefetch(qs []etcdRange) error {
 	if r.lost != nil {
 		return r.lost
-	}
-	if r.rev == 0 {
-		if r.revision(); r.revisionErr != nil {
-			return r.revisionErr
-		}
 	}
 	if r.prefetched == nil {
 		r.prefetched = make(map[etcdRange]*clientv3.GetResponse, len(qs))
@@ -105,42 +117,134 @@ func (r *etcdSnapshot) prefetch(qs []etcdRange) error {
 			todo = append(todo, q)
 		}
 	}
-	chunk := max(1, min(r.store.opts.MaxTxnOps, etcdPrefetchOps))
+	if len(todo) == 0 {
+		return nil
+	}
+	chunk := max(1, min(r.store.opts.MaxTxnOps, int(r.store.prefetchOps.Load())))
+	var parts [][]etcdRange
 	for len(todo) > 0 {
 		part := todo[:min(chunk, len(todo))]
 		todo = todo[len(part):]
-		ops := make([]clientv3.Op, len(part))
-		for i, q := range part {
-			opts := []clientv3.OpOption{clientv3.WithRev(r.rev)}
-			if q.end != "" {
-				opts = append(opts, clientv3.WithRange(q.end))
+		parts = append(parts, part)
+	}
+	if r.rev == 0 || len(parts) == 1 {
+		// The first part fixes the revision the others read at.
+		if err := r.prefetchPart(parts[0]); err != nil {
+			if r.smallerPrefetches(err, chunk) {
+				return r.prefetch(qs)
 			}
-			if q.limit > 0 {
-				opts = append(opts, clientv3.WithLimit(q.limit))
-			}
-			ops[i] = clientv3.OpGet(q.key, opts...)
+			return err
 		}
-		r.store.stats.reads.Add(1)
-		resp, err := r.store.client.Txn(r.ctx).Then(ops...).Commit()
-		if err != nil {
-			if errors.Is(err, rpctypes.ErrCompacted) {
-				r.lost = fmt.Errorf("store: etcd compacted revision %d while a transaction was reading it: %w", r.rev, err)
-				return r.lost
+		parts = parts[1:]
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	// The parts read at one fixed revision, so their order does not
+	// matter: a few at once.
+	var mu sync.Mutex
+	g, _ := errgroup.WithContext(r.ctx)
+	g.SetLimit(etcdPrefetchParallel)
+	answers := make([][]*clientv3.GetResponse, len(parts))
+	for i, part := range parts {
+		g.Go(func() error {
+			resps, err := r.fetchPart(part)
+			if err != nil {
+				mu.Lock()
+				defer mu.Unlock()
+				if errors.Is(err, rpctypes.ErrCompacted) && r.lost == nil {
+					r.lost = fmt.Errorf("store: etcd compacted revision %d while a transaction was reading it: %w", r.rev, err)
+				}
+				return err
 			}
-			return r.store.readError(r.ctx, err)
+			answers[i] = resps
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		if r.lost != nil {
+			return r.lost
 		}
-		if len(resp.Responses) != len(part) {
-			return fmt.Errorf("store: etcd answered %d of %d prefetched ranges", len(resp.Responses), len(part))
+		if r.smallerPrefetches(err, chunk) {
+			return r.prefetch(qs)
 		}
-		for i, q := range part {
-			rr := resp.Responses[i].GetResponseRange()
-			if rr == nil {
-				return fmt.Errorf("store: etcd answered a prefetched range with %T", resp.Responses[i].Response)
-			}
-			r.prefetched[q] = (*clientv3.GetResponse)(rr)
+		return r.store.readError(r.ctx, err)
+	}
+	for i, part := range parts {
+		for j, q := range part {
+			r.prefetched[q] = answers[i][j]
 		}
 	}
 	return nil
+}
+
+// smallerPrefetches reports whether err is a server's refusal of a
+// prefetch of chunk ranges as too many operations (a member started
+// without the --max-txn-ops the store asks for) and, if so, makes the
+// store's prefetches use etcd's default bound from now on.
+func (r *etcdSnapshot) smallerPrefetches(err error, chunk int) bool {
+	if chunk <= etcdDefaultMaxTxnOps || !errors.Is(err, rpctypes.ErrTooManyOps) {
+		return false
+	}
+	r.store.prefetchOps.Store(etcdDefaultMaxTxnOps)
+	return true
+}
+
+// prefetchPart fetches one part of a prefetch and keeps its answers; at
+// revision 0 it reads at the newest revision and fixes the snapshot's.
+func (r *etcdSnapshot) prefetchPart(part []etcdRange) error {
+	resps, err := r.fetchPart(part)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			r.lost = fmt.Errorf("store: etcd compacted revision %d while a transaction was reading it: %w", r.rev, err)
+			return r.lost
+		}
+		return r.store.readError(r.ctx, err)
+	}
+	for j, q := range part {
+		r.prefetched[q] = resps[j]
+	}
+	return nil
+}
+
+// fetchPart reads the ranges of part in one read-only Txn, at the
+// snapshot's revision (at the newest when it has none yet, which it then
+// fixes: only prefetchPart calls it so). It changes nothing else.
+func (r *etcdSnapshot) fetchPart(part []etcdRange) ([]*clientv3.GetResponse, error) {
+	ops := make([]clientv3.Op, len(part))
+	for i, q := range part {
+		var opts []clientv3.OpOption
+		if r.rev != 0 {
+			opts = append(opts, clientv3.WithRev(r.rev))
+		}
+		if q.end != "" {
+			opts = append(opts, clientv3.WithRange(q.end))
+		}
+		if q.limit > 0 {
+			opts = append(opts, clientv3.WithLimit(q.limit))
+		}
+		ops[i] = clientv3.OpGet(q.key, opts...)
+	}
+	r.store.stats.reads.Add(1)
+	resp, err := r.store.client.Txn(r.ctx).Then(ops...).Commit()
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Responses) != len(part) {
+		return nil, fmt.Errorf("store: etcd answered %d of %d prefetched ranges", len(resp.Responses), len(part))
+	}
+	out := make([]*clientv3.GetResponse, len(part))
+	for i := range part {
+		rr := resp.Responses[i].GetResponseRange()
+		if rr == nil {
+			return nil, fmt.Errorf("store: etcd answered a prefetched range with %T", resp.Responses[i].Response)
+		}
+		out[i] = (*clientv3.GetResponse)(rr)
+	}
+	if r.rev == 0 {
+		r.rev = resp.Header.Revision
+	}
+	return out, nil
 }
 
 // prefetchRanges turns a Prefetch call's keys and prefixes (checked by
@@ -293,7 +397,9 @@ func (r *etcdSnapshot) scan(sp etcdSpan, overlay []mutation, observe func(*mvccp
 // page, or a few dozen pages), a range counted at more than 8 pages (etcd
 // counts the keys of every range it reads) narrows the next by a byte,
 // and a slice with few keys widens it by one, so the gaps
-// between the bytes keys use cost a request each, not one per byte value.
+// between the bytes keys use cost a request each, not one per byte value;
+// after an empty slice the next request reads to the span's end, and the
+// page it returns fixes the depth again.
 // The slices tile the span in key order: a scan visits the same keys.
 type etcdSlices struct {
 	depth   int
@@ -319,6 +425,14 @@ func (s *etcdSlices) next(resp *clientv3.GetResponse, from, end, to string) (str
 		from = string(lastKey) + "\x00"
 	case end >= to:
 		return to, to
+	case n == 0:
+		// An empty slice: the keys left, if any, lie further on. One
+		// request to the span's end finds them (or that there are none:
+		// where most scans that outrun their first page end), and their
+		// page fixes the slices' depth again, as the first page did —
+		// instead of a request per byte of depth given up.
+		s.started = false
+		return end, to
 	default:
 		// The slice is done: on to the next.
 		if n < etcdScanPage/8 && s.depth > 0 {
@@ -368,11 +482,11 @@ func (t *etcdReadTxn) Get(key []byte) ([]byte, error) {
 	case kv == nil:
 		return nil, store.ErrNotFound
 	}
-	// The response is this call's own: no copy needed.
+	// A prefetched response may be served again: the caller gets a copy.
 	if kv.Value == nil {
 		return []byte{}, nil
 	}
-	return kv.Value, nil
+	return bytes.Clone(kv.Value), nil
 }
 
 func (t *etcdReadTxn) Scan(prefix, start []byte, fn func(key, value []byte) error) error {

@@ -1,0 +1,119 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/tetherhq/tether/internal/etcdlocal"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
+)
+
+func init() {
+	Register("supervisor/terminate-stores", supervisorTerminateEtcd)
+}
+
+// supervisorTerminateEtcd measures the termination alone on etcd beside
+// Badger, in the same run, at 1,000 and 10,000 agents (abort mode, a tool
+// call in flight on one agent in ten, as supervisor/terminate measures it),
+// and counts the etcd requests the termination took: the commits
+// (Updates) and the read requests (a prefetch of many reads is one), and
+// the CPU time it took (the process's and the etcd member's). A fresh
+// server and keyspace each, on one local etcd member.
+func supervisorTerminateEtcd(ctx context.Context, r *Report) error {
+	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-terminate-*")
+	if errors.Is(err, etcdlocal.ErrNoBinary) {
+		fmt.Fprintln(os.Stderr, "  supervisor/terminate-stores: etcd not installed (apt-get install etcd-server): skipped")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer stop()
+	for _, agents := range []int{1000, 10000} {
+		times, cpus := map[string]time.Duration{}, map[string]time.Duration{}
+		for _, backend := range []string{"badger", "etcd"} {
+			var srv *benchServer
+			var st *etcdstore.Etcd
+			stopServer := func() {}
+			if backend == "badger" {
+				srv, err = startServer(ctx, r, disableRateLimit)
+				if err == nil {
+					stopServer = srv.Stop
+				}
+			} else {
+				srv, st, stopServer, err = startEtcdServerStore(ctx, r, cluster)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", backend, err)
+			}
+			root, err := buildSubtree(ctx, srv, agents)
+			if err != nil {
+				stopServer()
+				return fmt.Errorf("%s: %w", backend, err)
+			}
+			calls, stopGate, err := callsInFlight(ctx, srv, root, agents/10)
+			if err != nil {
+				stopServer()
+				return fmt.Errorf("%s: %w", backend, err)
+			}
+			var before etcdstore.EtcdStats
+			if st != nil {
+				before = st.Stats()
+			}
+			cpuBefore, cpuOK := processCPU()
+			etcdBefore, _ := srv.etcdCPU()
+			elapsed, nodes, err := timeTermination(ctx, srv, root)
+			cpuAfter, _ := processCPU()
+			etcdAfter, _ := srv.etcdCPU()
+			var after etcdstore.EtcdStats
+			if st != nil {
+				after = st.Stats()
+			}
+			acked := stopGate()
+			stopServer()
+			if err != nil {
+				return fmt.Errorf("%s: %w", backend, err)
+			}
+			if nodes != agents {
+				return fmt.Errorf("%s: the record of a %d-agent subtree lists %d nodes", backend, agents, nodes)
+			}
+			if acked != calls {
+				return fmt.Errorf("%s: %d calls in flight, %d cancel acks", backend, calls, acked)
+			}
+			name := fmt.Sprintf("supervisor/terminate-stores/%s/terminate-abort/agents=%d", backend, agents)
+			r.Add(name, float64(elapsed.Microseconds())/1000, "ms")
+			if st != nil {
+				// Every commit the process made meanwhile (the gate's
+				// cancel acks and the termination's own), and its reads.
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/commits/agents=%d", agents), float64(after.Updates-before.Updates), "commits")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/attempts/agents=%d", agents), float64(after.Attempts-before.Attempts), "attempts")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/read-requests/agents=%d", agents), float64(after.ReadRequests-before.ReadRequests), "requests")
+			}
+			times[backend] = elapsed
+			if cpuOK {
+				// The CPU time of the process (server, gate and client)
+				// and of the etcd member over the same interval: on a
+				// shared machine it moves less with the load than the
+				// wall-clock time does.
+				cpu := cpuAfter - cpuBefore + etcdAfter - etcdBefore
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/%s/terminate-abort-cpu/agents=%d", backend, agents), float64(cpu.Microseconds())/1000, "ms")
+				cpus[backend] = cpu
+			}
+		}
+		r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd-vs-badger/agents=%d", agents), float64(times["etcd"])/float64(times["badger"]), "x")
+		if cpus["etcd"] > 0 && cpus["badger"] > 0 {
+			r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd-vs-badger-cpu/agents=%d", agents), float64(cpus["etcd"])/float64(cpus["badger"]), "x")
+		}
+	}
+	return nil
+}
+
+// startEtcdServerStore is startEtcdServer that also returns the server's
+// store, for its request counters.
+func startEtcdServerStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster) (*benchServer, *etcdstore.Etcd, func(), error) {
+	etcdServers++
+	return startEtcdReplicaStore(ctx, r, cluster, fmt.Sprintf("/bench/server-%d/", etcdServers), "bench")
+}

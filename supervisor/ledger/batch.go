@@ -1,0 +1,131 @@
+package ledger
+
+import (
+	"sync"
+
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+)
+
+// Batched reads: what OpenCallsIn and GetCallIn read for one node or one
+// call, for many at once, fetched together (store.Prefetch) — on etcd a
+// round trip for a batch, not one per node or per call.
+
+// OpenCallsOf lists the open calls of each node (OpenCallsIn for each),
+// by node id; a node with none has no entry.
+func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, error) {
+	if err := store.Prefetch(tx, nil, kv.KeysOf(nodeIDs, openCallPrefix)); err != nil {
+		return nil, err
+	}
+	ids := map[string][]string{}
+	var all []string
+	for _, node := range nodeIDs {
+		if _, done := ids[node]; done {
+			continue
+		}
+		p := openCallPrefix(node)
+		var calls []string
+		if err := tx.Scan(p, nil, func(k, _ []byte) error {
+			calls = append(calls, string(k[len(p):]))
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		ids[node] = calls
+		all = append(all, calls...)
+	}
+	got, err := callsIn(tx, all)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]*ToolCall, len(all))
+	for node, calls := range ids {
+		for _, cid := range calls {
+			out[node] = append(out[node], got[cid])
+		}
+	}
+	return out, nil
+}
+
+// CallsIn reads the calls (GetCallIn for each), by call id.
+func CallsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
+	return callsIn(tx, callIDs)
+}
+
+func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
+	if err := store.Prefetch(tx, kv.KeysOf(callIDs, callKey), nil); err != nil {
+		return nil, err
+	}
+	out := make(map[string]*ToolCall, len(callIDs))
+	for _, cid := range callIDs {
+		if _, ok := out[cid]; ok {
+			continue
+		}
+		c, err := getCall(tx, cid)
+		if err != nil {
+			return nil, err
+		}
+		out[cid] = c
+	}
+	return out, nil
+}
+
+// KeyedObserver is an Observer that can say which keys ObserveCall reads
+// for a call of a node, so that the ledger fetches them with the call
+// (store.Prefetch): on etcd, ending a call is then one read and a commit,
+// not two reads in turn.
+type KeyedObserver interface {
+	ObservedKeys(nodeID string) [][]byte
+}
+
+// prefetchFinish fetches what ending callID reads, when the node of the
+// call is known here (a call begun, or ordered cancelled, through this
+// ledger): the call and what the Observer reads for its node, together.
+// It is a hint: the reads that follow are what the transaction reads,
+// whatever it fetched.
+func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string) error {
+	keys := [][]byte{callKey(callID)}
+	if o, ok := l.Observer.(KeyedObserver); ok {
+		node, known := l.nodes.of(callID)
+		if !known {
+			return nil // one key: nothing to fetch together
+		}
+		keys = append(keys, o.ObservedKeys(node)...)
+	}
+	return store.Prefetch(tx, keys, nil)
+}
+
+// callNodes remembers the node of the open calls this process has seen
+// (begun, or ordered cancelled), for prefetchFinish. It is bounded: when
+// full it starts afresh (a call it forgot costs a read more, no more).
+type callNodes struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+const maxCallNodes = 1 << 16
+
+func (c *callNodes) remember(call *ToolCall) {
+	if call == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxCallNodes {
+		c.m = make(map[string]string)
+	}
+	c.m[call.CallID] = call.NodeID
+}
+
+func (c *callNodes) forget(callID string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.m, callID)
+}
+
+func (c *callNodes) of(callID string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	node, ok := c.m[callID]
+	return node, ok
+}
