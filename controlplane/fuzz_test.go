@@ -54,17 +54,6 @@ func fuzzProcedures(t testing.TB) []procedure {
 	return out
 }
 
-// unaryProcedures lists every unary procedure of tether.v1.
-func unaryProcedures(t testing.TB) []string {
-	var out []string
-	for _, p := range fuzzProcedures(t) {
-		if !p.serverStreaming {
-			out = append(out, p.path)
-		}
-	}
-	return out
-}
-
 // FuzzRequestDecoding sends arbitrary bodies, as Connect protobuf and as
 // Connect JSON, to every procedure with a single request message (unary
 // and server streams) of the real handler, with a valid admin token or an

@@ -359,13 +359,6 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	return res, nil
 }
 
-func escalated(t *tetherv1.Termination) string {
-	if t.Escalated {
-		return " (drain window over: escalated to abort)"
-	}
-	return ""
-}
-
 func names(swarm []*swarmAgent) map[string]string {
 	out := map[string]string{}
 	for _, a := range swarm {

@@ -47,11 +47,6 @@ func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, er
 	return out, nil
 }
 
-// CallsIn reads the calls (GetCallIn for each), by call id.
-func CallsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
-	return callsIn(tx, callIDs)
-}
-
 func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
 	if err := store.Prefetch(tx, kv.KeysOf(callIDs, callKey), nil); err != nil {
 		return nil, err

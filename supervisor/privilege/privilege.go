@@ -52,14 +52,6 @@ type PrivilegeRevoker interface {
 	RevokePrivilege(ctx context.Context, p Privilege) error
 }
 
-// PrivilegeRevokerFunc adapts a function.
-type PrivilegeRevokerFunc func(ctx context.Context, p Privilege) error
-
-// RevokePrivilege calls f.
-func (f PrivilegeRevokerFunc) RevokePrivilege(ctx context.Context, p Privilege) error {
-	return f(ctx, p)
-}
-
 // Privileges is the registry of temporary privileges and their revocation
 // handlers: in-process revokers by kind, or an HTTP webhook per privilege.
 //

@@ -37,7 +37,6 @@ const (
 )
 
 func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
-func onPrefix(node string) []byte    { return []byte(prefixOn + node + "/") }
 func onKey(node, rule string) []byte { return []byte(prefixOn + node + "/" + rule) }
 func selKey(rule string) []byte      { return []byte(prefixSel + rule) }
 

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"sort"
 	"strings"
 
 	"github.com/tetherhq/tether/internal/clock"
@@ -388,11 +387,6 @@ func IsAncestor(n *Node, ancestorID string) bool {
 // StateName is the lower-case name of a node state.
 func StateName(s NodeState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
-}
-
-// SortByID sorts nodes by id (for stable output).
-func SortByID(nodes []*Node) {
-	sort.Slice(nodes, func(i, j int) bool { return nodes[i].NodeID < nodes[j].NodeID })
 }
 
 func getNode(tx store.ReadTxn, nodeID string) (*Node, error) {

@@ -1,7 +1,7 @@
 // Package kv holds the small helpers the supervisor's packages share to
-// keep values in the store: JSON and protobuf values under a key, the keys
-// of a list of ids, and caller text clipped to fit (valid UTF-8, which the
-// store can encode). It holds no key layout: each package owns its own.
+// keep values in the store: JSON values, and values in a domain type's own
+// stored encoding, under a key; the keys of a list of ids; and caller
+// text clipped to fit (valid UTF-8, which the store can encode). It holds no key layout: each package owns its own.
 package kv
 
 import (
@@ -9,8 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
-
-	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/internal/store"
 )
@@ -34,34 +32,10 @@ func GetJSON(tx store.ReadTxn, key []byte, v any) error {
 	return json.Unmarshal(b, v)
 }
 
-// PutProto stores m in its protobuf encoding under key.
-func PutProto(tx store.Txn, key []byte, m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return err
-	}
-	return tx.Put(key, b)
-}
-
-// GetProto decodes the protobuf stored under key into m; a missing key is
-// store.ErrNotFound.
-func GetProto(tx store.ReadTxn, key []byte, m proto.Message) error {
-	b, err := tx.Get(key)
-	if err != nil {
-		return err
-	}
-	return proto.Unmarshal(b, m)
-}
-
-// GetProtoOf is GetProto for a value the caller names, in its own words:
-// a missing key is notFound (its message ends with missing and id), and a
-// value that does not decode names its kind and id.
-func GetProtoOf(tx store.ReadTxn, key []byte, m proto.Message, notFound error, missing, kind, id string) error {
-	return GetOf(tx, key, func(b []byte) error { return proto.Unmarshal(b, m) }, notFound, missing, kind, id)
-}
-
-// GetOf is GetProtoOf for a value that decode decodes (a domain type in
-// its stored encoding).
+// GetOf decodes the value stored under key with decode (a domain type in
+// its stored encoding), in the caller's words: a missing key is notFound
+// (its message ends with missing and id), and a value that does not decode
+// names its kind and id.
 func GetOf(tx store.ReadTxn, key []byte, decode func([]byte) error, notFound error, missing, kind, id string) error {
 	b, err := tx.Get(key)
 	if errors.Is(err, store.ErrNotFound) {
