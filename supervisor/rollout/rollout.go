@@ -8,6 +8,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/enumname"
 	"github.com/tetherhq/tether/internal/fault"
+	"github.com/tetherhq/tether/internal/sortedmap"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -602,16 +603,7 @@ func selectorSubset(a, b map[string]string) bool {
 
 // FormatSelector renders a selector canonically ("k=v,k2=v2", keys sorted).
 func FormatSelector(sel map[string]string) string {
-	keys := make([]string, 0, len(sel))
-	for k := range sel {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + sel[k]
-	}
-	return strings.Join(parts, ",")
+	return sortedmap.Join(sel, "", ",", func(k, v string) string { return k + "=" + v })
 }
 
 func mergeSorted(a, b []string) []string {
