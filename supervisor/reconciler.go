@@ -188,12 +188,8 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.ConfirmDeadline)
 	countHooks := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.HookDeadline)
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		prefix := ledger.TermCallPrefix(t.ID)
-		var ids []string
-		if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
-			ids = append(ids, string(k[len(prefix):]))
-			return nil
-		}); err != nil {
+		ids, err := kv.AppendIDs(tx, nil, ledger.TermCallPrefix(t.ID))
+		if err != nil {
 			return err
 		}
 		if err := store.Prefetch(tx, kv.KeysOf(ids, ledger.CallKey), nil); err != nil {

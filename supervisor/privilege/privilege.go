@@ -239,12 +239,8 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 	}
 	var out []Privilege
 	for _, n := range nodeIDs {
-		var ids []string
-		p := nodePrivPrefix(n)
-		if err := tx.Scan(p, nil, func(k, _ []byte) error {
-			ids = append(ids, string(k[len(p):]))
-			return nil
-		}); err != nil {
+		ids, err := kv.AppendIDs(tx, nil, nodePrivPrefix(n))
+		if err != nil {
 			return nil, err
 		}
 		for _, pid := range ids {

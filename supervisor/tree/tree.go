@@ -296,12 +296,8 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 		}
 		var ids []string
 		for _, parent := range parents {
-			p := childPrefix(parent)
-			err := tx.Scan(p, nil, func(k, _ []byte) error {
-				ids = append(ids, string(k[len(p):]))
-				return nil
-			})
-			if err != nil {
+			var err error
+			if ids, err = kv.AppendIDs(tx, ids, childPrefix(parent)); err != nil {
 				return nil, err
 			}
 		}

@@ -1,7 +1,9 @@
 // Package kv holds the small helpers the supervisor's packages share to
-// keep values in the store: JSON and protobuf values under a key, the keys
-// of a list of ids, and caller text clipped to fit (valid UTF-8, which the
-// store can encode). It holds no key layout: each package owns its own.
+// keep values in the store: JSON values and values in their stored
+// encoding (internal/storecodec) under a key, the ids listed under a
+// prefix, the keys of a list of ids, and caller text clipped to fit (valid
+// UTF-8, which the store can encode). It holds no key layout: each package
+// owns its own.
 package kv
 
 import (
@@ -10,9 +12,8 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/storecodec"
 )
 
 // PutJSON stores v as JSON under key.
@@ -34,34 +35,30 @@ func GetJSON(tx store.ReadTxn, key []byte, v any) error {
 	return json.Unmarshal(b, v)
 }
 
-// PutProto stores m in its protobuf encoding under key.
-func PutProto(tx store.Txn, key []byte, m proto.Message) error {
-	b, err := proto.Marshal(m)
+// Put stores v (a pointer to a struct with pb tags) in its stored
+// encoding, written by internal/storecodec, under key.
+func Put(tx store.Txn, key []byte, v any) error {
+	b, err := storecodec.Marshal(v)
 	if err != nil {
 		return err
 	}
 	return tx.Put(key, b)
 }
 
-// GetProto decodes the protobuf stored under key into m; a missing key is
+// Get decodes the value Put stored under key into v; a missing key is
 // store.ErrNotFound.
-func GetProto(tx store.ReadTxn, key []byte, m proto.Message) error {
+func Get(tx store.ReadTxn, key []byte, v any) error {
 	b, err := tx.Get(key)
 	if err != nil {
 		return err
 	}
-	return proto.Unmarshal(b, m)
+	return storecodec.Unmarshal(b, v)
 }
 
-// GetProtoOf is GetProto for a value the caller names, in its own words:
-// a missing key is notFound (its message ends with missing and id), and a
-// value that does not decode names its kind and id.
-func GetProtoOf(tx store.ReadTxn, key []byte, m proto.Message, notFound error, missing, kind, id string) error {
-	return GetOf(tx, key, func(b []byte) error { return proto.Unmarshal(b, m) }, notFound, missing, kind, id)
-}
-
-// GetOf is GetProtoOf for a value that decode decodes (a domain type in
-// its stored encoding).
+// GetOf decodes the value stored under key with decode, for a value the
+// caller names in its own words: a missing key is notFound (its message
+// ends with missing and id), and a value that does not decode names its
+// kind and id.
 func GetOf(tx store.ReadTxn, key []byte, decode func([]byte) error, notFound error, missing, kind, id string) error {
 	b, err := tx.Get(key)
 	if errors.Is(err, store.ErrNotFound) {
@@ -74,6 +71,16 @@ func GetOf(tx store.ReadTxn, key []byte, decode func([]byte) error, notFound err
 		return fmt.Errorf("supervisor: decode %s %s: %w", kind, id, err)
 	}
 	return nil
+}
+
+// AppendIDs appends to ids the rest of every key under prefix (the ids an
+// index lists there), in key order.
+func AppendIDs(tx store.ReadTxn, ids []string, prefix []byte) ([]string, error) {
+	err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+		ids = append(ids, string(k[len(prefix):]))
+		return nil
+	})
+	return ids, err
 }
 
 // KeysOf maps ids to their keys (for store.Prefetch).
