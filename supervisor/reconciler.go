@@ -192,7 +192,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		if err != nil {
 			return err
 		}
-		if err := store.Prefetch(tx, kv.KeysOf(ids, ledger.CallKey), nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(ids, ledger.CallKey), nil); err != nil {
 			return err
 		}
 		for _, cid := range ids {
@@ -223,7 +223,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			return nil
 		}
 		p.Unconfirmed = 0
-		if err := store.Prefetch(tx, kv.KeysOf(members, tree.NodeKey), nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(members, tree.NodeKey), nil); err != nil {
 			return err
 		}
 		inWorkload := t.workloadIn(tx)

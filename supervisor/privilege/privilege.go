@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tetherhq/tether/internal/fault"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tetherhq/tether/internal/fault"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
@@ -234,7 +235,7 @@ func (r *Privileges) maxPerNode() int {
 
 // PrivilegesIn lists the privileges of the nodes.
 func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
-	if err := store.Prefetch(tx, nil, kv.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
+	if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
 		return nil, err
 	}
 	var out []Privilege

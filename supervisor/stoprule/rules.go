@@ -495,7 +495,7 @@ func rulesIndexed(tx store.ReadTxn, prefix string) ([]*Rule, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := store.Prefetch(tx, keysOf(ids), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(ids, ruleKey), nil); err != nil {
 		return nil, err
 	}
 	out := make([]*Rule, 0, len(ids))
@@ -507,14 +507,6 @@ func rulesIndexed(tx store.ReadTxn, prefix string) ([]*Rule, error) {
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-func keysOf(ids []string) [][]byte {
-	out := make([][]byte, len(ids))
-	for i, id := range ids {
-		out[i] = ruleKey(id)
-	}
-	return out
 }
 
 func allRules(tx store.ReadTxn) ([]*Rule, error) {

@@ -209,7 +209,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 // stopped (a termination is marking, or has marked, its subtree), read in
 // tx so that the spawn serializes with the mark.
 func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
-	if err := store.Prefetch(tx, kv.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
 		return err
 	}
 	for _, a := range parent.Ancestors {
@@ -291,7 +291,7 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 		for i, n := range level {
 			parents[i] = n.NodeID
 		}
-		if err := store.Prefetch(tx, nil, kv.KeysOf(parents, childPrefix)); err != nil {
+		if err := store.Prefetch(tx, nil, store.KeysOf(parents, childPrefix)); err != nil {
 			return nil, err
 		}
 		var ids []string
@@ -301,7 +301,7 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 				return nil, err
 			}
 		}
-		if err := store.Prefetch(tx, kv.KeysOf(ids, nodeKey), nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(ids, nodeKey), nil); err != nil {
 			return nil, err
 		}
 		next := len(out)

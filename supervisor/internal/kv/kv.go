@@ -83,14 +83,8 @@ func AppendIDs(tx store.ReadTxn, ids []string, prefix []byte) ([]string, error) 
 	return ids, err
 }
 
-// KeysOf maps ids to their keys (for store.Prefetch).
-func KeysOf(ids []string, key func(string) []byte) [][]byte {
-	out := make([][]byte, len(ids))
-	for i, id := range ids {
-		out[i] = key(id)
-	}
-	return out
-}
+// KeysOf is store.KeysOf.
+func KeysOf(ids []string, key func(string) []byte) [][]byte { return store.KeysOf(ids, key) }
 
 // Clip shortens caller text quoted in an error message to 40 bytes.
 func Clip(s string) string {
