@@ -200,46 +200,38 @@ func retryable(err error) bool {
 
 func (w *LeaseWorker) send(ctx context.Context, req *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, error) {
 	c := w.cfg.Conn.Lease
-	type answer interface {
-		GetLease() *tetherv1.Lease
-		GetDecision() *tetherv1.Decision
-	}
-	var (
-		a   answer
-		err error
-	)
 	switch m := req.Message.(type) {
 	case *tetherv1.ChannelRequest_Ack:
-		var r *connect.Response[tetherv1.AckResponse]
-		if r, err = c.Ack(ctx, connect.NewRequest(m.Ack)); err == nil {
-			a = r.Msg
-		}
+		return leaseCall(ctx, c.Ack, m.Ack)
 	case *tetherv1.ChannelRequest_Renew:
-		var r *connect.Response[tetherv1.RenewResponse]
-		if r, err = c.Renew(ctx, connect.NewRequest(m.Renew)); err == nil {
-			a = r.Msg
-		}
+		return leaseCall(ctx, c.Renew, m.Renew)
 	case *tetherv1.ChannelRequest_Progress:
-		var r *connect.Response[tetherv1.ProgressResponse]
-		if r, err = c.Progress(ctx, connect.NewRequest(m.Progress)); err == nil {
-			a = r.Msg
-		}
+		return leaseCall(ctx, c.Progress, m.Progress)
 	case *tetherv1.ChannelRequest_CancelAck:
-		var r *connect.Response[tetherv1.LeaseServiceCancelAckResponse]
-		if r, err = c.CancelAck(ctx, connect.NewRequest(m.CancelAck)); err == nil {
-			a = r.Msg
-		}
+		return leaseCall(ctx, c.CancelAck, m.CancelAck)
 	case *tetherv1.ChannelRequest_Complete:
-		var r *connect.Response[tetherv1.CompleteResponse]
-		if r, err = c.Complete(ctx, connect.NewRequest(m.Complete)); err == nil {
-			a = r.Msg
-		}
+		return leaseCall(ctx, c.Complete, m.Complete)
 	default:
 		return nil, nil, fmt.Errorf("agentsdk: empty lease message")
 	}
+}
+
+// leaseAnswer is what every lease RPC answers: the lease and the decision.
+type leaseAnswer interface {
+	GetLease() *tetherv1.Lease
+	GetDecision() *tetherv1.Decision
+}
+
+// leaseCall sends msg with the unary lease RPC call and returns its answer.
+func leaseCall[Req, Resp any, A interface {
+	*Resp
+	leaseAnswer
+}](ctx context.Context, call func(context.Context, *connect.Request[Req]) (*connect.Response[Resp], error), msg *Req) (*tetherv1.Lease, *tetherv1.Decision, error) {
+	r, err := call(ctx, connect.NewRequest(msg))
 	if err != nil {
 		return nil, nil, err
 	}
+	a := A(r.Msg)
 	return a.GetLease(), a.GetDecision(), nil
 }
 
@@ -363,10 +355,7 @@ func (j *Job) renewLoop() {
 // OnCancel and acknowledges; an answer saying the generation has no
 // authority ends the job. Expiry is only ever learnt from the coordinator.
 func (j *Job) Renew(ctx context.Context) (*tetherv1.Decision, error) {
-	j.mu.Lock()
-	j.renewSeq++
-	seq := j.renewSeq
-	j.mu.Unlock()
+	seq := j.next(&j.renewSeq)
 	job, leaseID, gen, sent := j.claim()
 	l, d, err := j.w.send(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{
 		JobId: job, LeaseId: leaseID, LeaseGeneration: gen, RenewSequence: seq, SentAt: sent,
@@ -376,6 +365,14 @@ func (j *Job) Renew(ctx context.Context) (*tetherv1.Decision, error) {
 	}
 	j.observe(ctx, l, gen, d)
 	return d, nil
+}
+
+// next advances one of the job's sequences and returns its new value.
+func (j *Job) next(seq *uint64) uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	*seq++
+	return *seq
 }
 
 // observe updates the job from a coordinator answer.
@@ -426,10 +423,7 @@ func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64,
 // is unreachable it returns ErrSpooled: the report is on disk and will be
 // replayed with its sequence and sent_at.
 func (j *Job) Progress(ctx context.Context, value string) (*tetherv1.Decision, error) {
-	j.mu.Lock()
-	j.progressSeq++
-	seq := j.progressSeq
-	j.mu.Unlock()
+	seq := j.next(&j.progressSeq)
 	job, leaseID, gen, sent := j.claim()
 	l, d, err := j.w.deliver(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Progress{Progress: &tetherv1.ProgressRequest{
 		JobId: job, LeaseId: leaseID, LeaseGeneration: gen, ProgressSequence: seq, ProgressValue: value, SentAt: sent,

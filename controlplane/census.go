@@ -45,7 +45,7 @@ type census struct {
 	loaded   bool
 	entries  map[string]censusEntry
 	counts   map[string]int
-	expiring expiryHeap
+	expiring reconcile.Wakes
 }
 
 // counts returns the count of each label, or false before the first scan.
@@ -150,40 +150,22 @@ func (c *census) apply(ev store.Event) {
 // trackLocked remembers when an active entry expires.
 func (c *census) trackLocked(key string, e censusEntry) {
 	if c.activeLabel != "" && e.label == c.activeLabel && !e.expires.IsZero() {
-		heap.Push(&c.expiring, expiry{key: key, at: e.expires})
+		heap.Push(&c.expiring, reconcile.Wake{Key: key, At: e.expires})
 	}
 }
 
 // expireLocked relabels the active entries whose time has passed. Heap
 // items of entries that changed since are stale and only dropped.
 func (c *census) expireLocked(now time.Time) {
-	for len(c.expiring) > 0 && !c.expiring[0].at.After(now) {
-		x := heap.Pop(&c.expiring).(expiry)
-		e, ok := c.entries[x.key]
-		if !ok || e.label != c.activeLabel || !e.expires.Equal(x.at) {
+	for len(c.expiring) > 0 && !c.expiring[0].At.After(now) {
+		x := heap.Pop(&c.expiring).(reconcile.Wake)
+		e, ok := c.entries[x.Key]
+		if !ok || e.label != c.activeLabel || !e.expires.Equal(x.At) {
 			continue
 		}
 		c.counts[e.label]--
 		e.label = c.expiredLabel
-		c.entries[x.key] = e
+		c.entries[x.Key] = e
 		c.counts[e.label]++
 	}
-}
-
-type expiry struct {
-	key string
-	at  time.Time
-}
-
-type expiryHeap []expiry
-
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(expiry)) }
-func (h *expiryHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
 }

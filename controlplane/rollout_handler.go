@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/wire"
@@ -37,7 +34,7 @@ func (h *supervisorService) Rollout(ctx context.Context, req *connect.Request[te
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RolloutResponse{Rollout: rolloutToProto(r)}), nil
+	return connect.NewResponse(&tetherv1.RolloutResponse{Rollout: wire.Rollout(r)}), nil
 }
 
 func (h *supervisorService) GetRollout(ctx context.Context, req *connect.Request[tetherv1.GetRolloutRequest]) (*connect.Response[tetherv1.GetRolloutResponse], error) {
@@ -45,7 +42,7 @@ func (h *supervisorService) GetRollout(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.GetRolloutResponse{Rollout: rolloutToProto(r)}), nil
+	return connect.NewResponse(&tetherv1.GetRolloutResponse{Rollout: wire.Rollout(r)}), nil
 }
 
 func (h *supervisorService) ListRollouts(ctx context.Context, _ *connect.Request[tetherv1.ListRolloutsRequest]) (*connect.Response[tetherv1.ListRolloutsResponse], error) {
@@ -55,14 +52,14 @@ func (h *supervisorService) ListRollouts(ctx context.Context, _ *connect.Request
 	}
 	out := make([]*tetherv1.Rollout, len(rs))
 	for i, r := range rs {
-		out[i] = rolloutToProto(r)
+		out[i] = wire.Rollout(r)
 	}
 	return connect.NewResponse(&tetherv1.ListRolloutsResponse{Rollouts: out}), nil
 }
 
 func (h *supervisorService) WatchRollout(ctx context.Context, req *connect.Request[tetherv1.WatchRolloutRequest], stream *connect.ServerStream[tetherv1.WatchRolloutResponse]) error {
 	err := h.s.rollouts.Watch(ctx, req.Msg.RolloutId, func(r rollout.Rollout) error {
-		return stream.Send(&tetherv1.WatchRolloutResponse{Rollout: rolloutToProto(r)})
+		return stream.Send(&tetherv1.WatchRolloutResponse{Rollout: wire.Rollout(r)})
 	})
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
@@ -79,7 +76,7 @@ func (h *supervisorService) decideRollout(ctx context.Context, rolloutID string,
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return rolloutToProto(r), nil
+	return wire.Rollout(r), nil
 }
 
 func (h *supervisorService) PauseRollout(ctx context.Context, req *connect.Request[tetherv1.PauseRolloutRequest]) (*connect.Response[tetherv1.PauseRolloutResponse], error) {
@@ -125,59 +122,4 @@ func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tet
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.ReportReadyResponse{Node: wire.Node(n)}), nil
-}
-
-func rolloutToProto(r rollout.Rollout) *tetherv1.Rollout {
-	state := map[rollout.RolloutState]tetherv1.RolloutState{
-		rollout.RolloutRunning:   tetherv1.RolloutState_ROLLOUT_STATE_RUNNING,
-		rollout.RolloutPaused:    tetherv1.RolloutState_ROLLOUT_STATE_PAUSED,
-		rollout.RolloutCompleted: tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED,
-		rollout.RolloutAborted:   tetherv1.RolloutState_ROLLOUT_STATE_ABORTED,
-	}[r.State]
-	out := &tetherv1.Rollout{
-		RolloutId: r.ID, Selector: r.Selector, TargetSelector: r.TargetSelector,
-		Batch: uint32(r.Batch), MaxUnavailable: uint32(r.MaxUnavailable),
-		BatchDeadline: durationpb.New(r.BatchDeadline), DrainWindow: durationpb.New(r.DrainWindow), ConfirmTimeout: durationpb.New(r.ConfirmTimeout),
-		State: state, Reason: r.Reason, RequestedBy: r.RequestedBy, Description: r.Description,
-		CreatedAt: timestamppb.New(r.CreatedAt), UpdatedAt: timestamppb.New(r.UpdatedAt),
-		Counts: &tetherv1.RolloutCounts{
-			Remaining: uint32(r.Remaining), Drained: uint32(r.Drained()),
-			ReplacementsReady: uint32(r.Replacements(r.ReadyTarget)), Unavailable: uint32(r.Unavailable(r.ReadyTarget)),
-			LeasesHandedOver: uint32(r.LeasesHandedOver()),
-		},
-	}
-	for _, b := range r.Batches {
-		if b.State() == rollout.BatchDone {
-			out.Counts.BatchesDone++
-		}
-		out.Batches = append(out.Batches, &tetherv1.RolloutBatch{
-			Index: uint32(b.Index), State: batchStateToProto(b.State()), NodeIds: b.NodeIDs,
-			TerminationId: b.TerminationID, RecordId: b.RecordID,
-			StartedAt: timestamppb.New(b.StartedAt), Deadline: timestamppb.New(b.Deadline),
-			TerminatedAt: optionalTime(b.TerminatedAt), ReplacedAt: optionalTime(b.ReplacedAt), CompletedAt: optionalTime(b.CompletedAt),
-			LeasesHandedOver: uint32(b.LeasesHandedOver), LeasesNotHandedOver: b.LeasesNotHandedOver,
-		})
-	}
-	return out
-}
-
-func batchStateToProto(s rollout.BatchState) tetherv1.RolloutBatchState {
-	switch s {
-	case rollout.BatchDraining:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DRAINING
-	case rollout.BatchReplacing:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_REPLACING
-	case rollout.BatchDone:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE
-	case rollout.BatchReleased:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_RELEASED
-	}
-	return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_UNSPECIFIED
-}
-
-func optionalTime(t time.Time) *timestamppb.Timestamp {
-	if t.IsZero() {
-		return nil
-	}
-	return timestamppb.New(t)
 }

@@ -158,7 +158,7 @@ func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]
 			ids = append(ids, e.Node)
 		}
 	}
-	if err := store.Prefetch(tx, kv.KeysOf(ids, tree.NodeKey), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(ids, tree.NodeKey), nil); err != nil {
 		return nil, err
 	}
 	out := make(map[string]*tree.Node, len(ids))
@@ -267,7 +267,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
 			roots := t.RootIDs()
-			if err := store.Prefetch(tx, kv.KeysOf(roots, tree.NodeKey), kv.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
+			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
 				return err
 			}
 			var err error
@@ -428,7 +428,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 // list lists, marks and appends the kids (a plan's), in order.
 func (c *markChunk) list(kids []string) error {
 	t, tx := c.t, c.tx
-	if err := store.Prefetch(tx, kv.KeysOf(kids, tree.NodeKey), kv.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), store.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
 		return err
 	}
 	var err error
@@ -575,7 +575,7 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 	if err != nil {
 		return nil, false, err
 	}
-	return ids, more, store.Prefetch(tx, kv.KeysOf(ids, ledger.CallKey), nil)
+	return ids, more, store.Prefetch(tx, store.KeysOf(ids, ledger.CallKey), nil)
 }
 
 // cancelCalls does one chunk of an escalation (the members' nodes go from

@@ -167,7 +167,7 @@ func TestATerminationLargerThanOneTransaction(t *testing.T) {
 	ctx := context.Background()
 	// What a one-transaction mark would write, the nodes alone: too large.
 	err := st.Update(ctx, func(tx store.Txn) error {
-		return store.Prefetch(tx, kv.KeysOf(all, tree.NodeKey), nil)
+		return store.Prefetch(tx, store.KeysOf(all, tree.NodeKey), nil)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -60,31 +60,24 @@ func recordSize(rec *ReconciliationRecord) (int, error) {
 func appendEntry(rec *ReconciliationRecord, num protowire.Number, val []byte) error {
 	switch num {
 	case fieldNodes:
-		var e RecordNode
-		if err := storecodec.Unmarshal(val, &e); err != nil {
-			return err
-		}
-		rec.Nodes = append(rec.Nodes, e)
+		return appendDecoded(&rec.Nodes, val)
 	case fieldToolCalls:
-		var e RecordToolCall
-		if err := storecodec.Unmarshal(val, &e); err != nil {
-			return err
-		}
-		rec.ToolCalls = append(rec.ToolCalls, e)
+		return appendDecoded(&rec.ToolCalls, val)
 	case fieldPrivileges:
-		var e RecordPrivilege
-		if err := storecodec.Unmarshal(val, &e); err != nil {
-			return err
-		}
-		rec.Privileges = append(rec.Privileges, e)
+		return appendDecoded(&rec.Privileges, val)
 	case fieldLeases:
-		var e RecordLease
-		if err := storecodec.Unmarshal(val, &e); err != nil {
-			return err
-		}
-		rec.Leases = append(rec.Leases, e)
+		return appendDecoded(&rec.Leases, val)
 	default:
 		return fmt.Errorf("field %d is not an entry", num)
 	}
+}
+
+// appendDecoded decodes one entry and appends it to entries.
+func appendDecoded[E any](entries *[]E, val []byte) error {
+	var e E
+	if err := storecodec.Unmarshal(val, &e); err != nil {
+		return err
+	}
+	*entries = append(*entries, e)
 	return nil
 }

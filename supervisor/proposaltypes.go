@@ -2,6 +2,8 @@ package supervisor
 
 import (
 	"time"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // StopProposal is a request that a node be stopped: by the agent itself,
@@ -48,7 +50,7 @@ var proposalStateNames = [...]string{
 }
 
 // String is the state's tether.v1 name ("PROPOSAL_STATE_PENDING").
-func (s ProposalState) String() string { return enumName(proposalStateNames[:], int32(s)) }
+func (s ProposalState) String() string { return enumname.Of(proposalStateNames[:], s, "") }
 
 // StopRuleFiring is a stop rule that became true for a node: carried by
 // the stop proposal it filed and by the record of the resulting

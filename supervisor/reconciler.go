@@ -188,15 +188,11 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.ConfirmDeadline)
 	countHooks := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.HookDeadline)
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		prefix := ledger.TermCallPrefix(t.ID)
-		var ids []string
-		if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
-			ids = append(ids, string(k[len(prefix):]))
-			return nil
-		}); err != nil {
+		ids, err := kv.AppendIDs(tx, nil, ledger.TermCallPrefix(t.ID))
+		if err != nil {
 			return err
 		}
-		if err := store.Prefetch(tx, kv.KeysOf(ids, ledger.CallKey), nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(ids, ledger.CallKey), nil); err != nil {
 			return err
 		}
 		for _, cid := range ids {
@@ -227,7 +223,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			return nil
 		}
 		p.Unconfirmed = 0
-		if err := store.Prefetch(tx, kv.KeysOf(members, tree.NodeKey), nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(members, tree.NodeKey), nil); err != nil {
 			return err
 		}
 		inWorkload := t.workloadIn(tx)

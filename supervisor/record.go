@@ -226,36 +226,53 @@ func parseRecordHeader(recordID string, v []byte) (parts, head int, err error) {
 
 // Record returns a record by its id or its termination's id.
 func (s *Supervisor) Record(ctx context.Context, recordID, terminationID string) (*ReconciliationRecord, error) {
-	switch {
-	case recordID != "":
-		if err := id.Check(id.Record, "record_id", recordID); err != nil {
-			return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
-		}
-	case terminationID != "":
-		if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
-			return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
-		}
-	default:
-		return nil, fmt.Errorf("%w: record_id or termination_id is required", tree.ErrInvalidArgument)
+	if err := checkRecordRef(recordID, terminationID, true); err != nil {
+		return nil, err
 	}
 	var rec *ReconciliationRecord
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		rid := recordID
-		if rid == "" {
-			v, err := tx.Get(recordByTermKey(terminationID))
-			if errors.Is(err, store.ErrNotFound) {
-				return fmt.Errorf("%w: termination_id %s has no record yet", ErrRecordNotFound, terminationID)
-			}
-			if err != nil {
-				return err
-			}
-			rid = string(v)
+		rid, err := recordIDIn(tx, recordID, terminationID)
+		if err != nil {
+			return err
 		}
-		var err error
 		rec, err = getRecord(tx, rid)
 		return err
 	})
 	return rec, err
+}
+
+// checkRecordRef checks how a record is asked for: by its id or, without
+// one, by its termination's id; neither is an error when required.
+func checkRecordRef(recordID, terminationID string, required bool) error {
+	switch {
+	case recordID != "":
+		if err := id.Check(id.Record, "record_id", recordID); err != nil {
+			return fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
+		}
+	case terminationID != "":
+		if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
+			return fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
+		}
+	case required:
+		return fmt.Errorf("%w: record_id or termination_id is required", tree.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// recordIDIn is recordID, or, when it is empty, the id of the record
+// terminationID wrote ("" when both are empty).
+func recordIDIn(tx store.ReadTxn, recordID, terminationID string) (string, error) {
+	if recordID != "" || terminationID == "" {
+		return recordID, nil
+	}
+	v, err := tx.Get(recordByTermKey(terminationID))
+	if errors.Is(err, store.ErrNotFound) {
+		return "", fmt.Errorf("%w: termination_id %s has no record yet", ErrRecordNotFound, terminationID)
+	}
+	if err != nil {
+		return "", err
+	}
+	return string(v), nil
 }
 
 // Records lists records in id order after pageToken, within

@@ -98,32 +98,16 @@ func (s *Supervisor) RecordPage(ctx context.Context, recordID, terminationID, pa
 		}
 		from = &c
 	}
-	switch {
-	case recordID != "":
-		if err := id.Check(id.Record, "record_id", recordID); err != nil {
-			return nil, "", fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
-		}
-	case terminationID != "":
-		if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
-			return nil, "", fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
-		}
-	case from == nil:
-		return nil, "", fmt.Errorf("%w: record_id or termination_id is required", tree.ErrInvalidArgument)
+	if err := checkRecordRef(recordID, terminationID, from == nil); err != nil {
+		return nil, "", err
 	}
 	var rec *ReconciliationRecord
 	var next string
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		rec, next = nil, ""
-		rid := recordID
-		if rid == "" && terminationID != "" {
-			v, err := tx.Get(recordByTermKey(terminationID))
-			if errors.Is(err, store.ErrNotFound) {
-				return fmt.Errorf("%w: termination_id %s has no record yet", ErrRecordNotFound, terminationID)
-			}
-			if err != nil {
-				return err
-			}
-			rid = string(v)
+		rid, err := recordIDIn(tx, recordID, terminationID)
+		if err != nil {
+			return err
 		}
 		if from != nil {
 			if rid != "" && rid != from.RecordID {
@@ -131,7 +115,6 @@ func (s *Supervisor) RecordPage(ctx context.Context, recordID, terminationID, pa
 			}
 			rid = from.RecordID
 		}
-		var err error
 		rec, next, err = recordPage(tx, rid, from, pageSize, RecordPageBytes)
 		return err
 	})

@@ -1,9 +1,9 @@
 package supervisor
 
 import (
-	"strconv"
 	"time"
 
+	"github.com/tetherhq/tether/internal/enumname"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -140,7 +140,7 @@ var nodeOutcomeNames = [...]string{
 }
 
 // String is the outcome's tether.v1 name ("NODE_OUTCOME_CONFIRMED").
-func (o NodeOutcome) String() string { return enumName(nodeOutcomeNames[:], int32(o)) }
+func (o NodeOutcome) String() string { return enumname.Of(nodeOutcomeNames[:], o, "") }
 
 // InnerOutcome is how another termination stood with a node when this one
 // reached it; the values are tether.v1's.
@@ -162,7 +162,7 @@ var innerOutcomeNames = [...]string{
 }
 
 // String is the outcome's tether.v1 name ("INNER_OUTCOME_TERMINATED").
-func (o InnerOutcome) String() string { return enumName(innerOutcomeNames[:], int32(o)) }
+func (o InnerOutcome) String() string { return enumname.Of(innerOutcomeNames[:], o, "") }
 
 // PrivilegeOutcome is what a privilege's revocation came to; the values
 // are tether.v1's.
@@ -184,7 +184,7 @@ var privilegeOutcomeNames = [...]string{
 }
 
 // String is the outcome's tether.v1 name ("PRIVILEGE_OUTCOME_REVOKED").
-func (o PrivilegeOutcome) String() string { return enumName(privilegeOutcomeNames[:], int32(o)) }
+func (o PrivilegeOutcome) String() string { return enumname.Of(privilegeOutcomeNames[:], o, "") }
 
 // LeaseOutcome is how a job lease ended for the record; the values are
 // tether.v1's.
@@ -211,12 +211,4 @@ var leaseOutcomeNames = [...]string{
 }
 
 // String is the outcome's tether.v1 name ("LEASE_OUTCOME_CANCELLED").
-func (o LeaseOutcome) String() string { return enumName(leaseOutcomeNames[:], int32(o)) }
-
-// enumName is names[v], or v's number when it has no name.
-func enumName(names []string, v int32) string {
-	if v >= 0 && int(v) < len(names) && names[v] != "" {
-		return names[v]
-	}
-	return strconv.Itoa(int(v))
-}
+func (o LeaseOutcome) String() string { return enumname.Of(leaseOutcomeNames[:], o, "") }

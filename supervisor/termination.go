@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetherhq/tether/internal/enumname"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -21,22 +22,15 @@ const (
 	PhaseTerminated
 )
 
-func (p Phase) String() string {
-	switch p {
-	case PhaseRequested:
-		return "requested"
-	case PhaseDraining:
-		return "draining"
-	case PhaseAborting:
-		return "aborting"
-	case PhaseReconciling:
-		return "reconciling"
-	case PhaseTerminated:
-		return "terminated"
-	default:
-		return fmt.Sprintf("phase(%d)", int(p))
-	}
+var phaseNames = [...]string{
+	PhaseRequested:   "requested",
+	PhaseDraining:    "draining",
+	PhaseAborting:    "aborting",
+	PhaseReconciling: "reconciling",
+	PhaseTerminated:  "terminated",
 }
+
+func (p Phase) String() string { return enumname.Of(phaseNames[:], p, "phase") }
 
 // Mode is how a termination treats in-flight tool calls.
 type Mode int
@@ -50,16 +44,9 @@ const (
 	ModeAbort
 )
 
-func (m Mode) String() string {
-	switch m {
-	case ModeDrain:
-		return "drain"
-	case ModeAbort:
-		return "abort"
-	default:
-		return fmt.Sprintf("mode(%d)", int(m))
-	}
-}
+var modeNames = [...]string{ModeDrain: "drain", ModeAbort: "abort"}
+
+func (m Mode) String() string { return enumname.Of(modeNames[:], m, "mode") }
 
 // Action is the one piece of work the reconciler must do (and persist) to
 // move a termination on. Every action is idempotent in the shell.
@@ -86,9 +73,9 @@ const (
 	ActNone
 )
 
-func (a Action) String() string {
-	return [...]string{"wait", "mark", "end_drain", "escalate", "cancel_calls", "revoke", "write_record", "none"}[a]
-}
+var actionNames = [...]string{"wait", "mark", "end_drain", "escalate", "cancel_calls", "revoke", "write_record", "none"}
+
+func (a Action) String() string { return enumname.Of(actionNames[:], a, "action") }
 
 // PhaseTiming is when a phase began (and, once left, how long it lasted).
 type PhaseTiming struct {

@@ -60,7 +60,7 @@ func TestDrainLetsCallsFinishInsideTheWindow(t *testing.T) {
 	if term.Escalated {
 		t.Fatal("a drain that finished in its window was marked escalated")
 	}
-	if got := phaseNames(term); got != "requested,draining,reconciling" {
+	if got := phasesOf(term); got != "requested,draining,reconciling" {
 		t.Fatalf("phases %s", got)
 	}
 	if term.Phases[1].Duration != 20*time.Second {
@@ -127,7 +127,7 @@ func TestNewTerminationValidates(t *testing.T) {
 	}
 }
 
-func phaseNames(t Termination) string {
+func phasesOf(t Termination) string {
 	var names []string
 	for _, p := range t.Phases {
 		names = append(names, p.Phase.String())

@@ -153,10 +153,7 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		}
 		// One request per few hundred grants, not a round trip each: the
 		// batch's grants, then the ancestors their chains name.
-		keys := make([][]byte, len(ids))
-		for i, grantID := range ids {
-			keys[i] = grantKey(grantID)
-		}
+		keys := store.KeysOf(ids, grantKey)
 		if err := store.Prefetch(tx, keys, nil); err != nil {
 			return err
 		}

@@ -129,11 +129,7 @@ func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]capability.He
 		// together (store.Prefetch) instead of a round trip each.
 		held := make([][]string, len(nodeIDs))
 		var all []string
-		prefixes := make([][]byte, len(nodeIDs))
-		for i, node := range nodeIDs {
-			prefixes[i] = holderPrefix(node)
-		}
-		if err := store.Prefetch(tx, nil, prefixes); err != nil {
+		if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, holderPrefix)); err != nil {
 			return err
 		}
 		for i, node := range nodeIDs {
@@ -144,11 +140,7 @@ func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]capability.He
 			held[i] = ids
 			all = append(all, ids...)
 		}
-		keys := make([][]byte, len(all))
-		for i, g := range all {
-			keys[i] = grantKey(g)
-		}
-		if err := store.Prefetch(tx, keys, nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(all, grantKey), nil); err != nil {
 			return err
 		}
 		for i, node := range nodeIDs {
@@ -487,11 +479,7 @@ func hasDescendants(tx store.ReadTxn, grantID string) (bool, error) {
 func heldIn(tx store.ReadTxn, nodeIDs []string) ([]string, error) {
 	if len(nodeIDs) > 1 {
 		// One read per node: on etcd, fetch them together.
-		prefixes := make([][]byte, len(nodeIDs))
-		for i, node := range nodeIDs {
-			prefixes[i] = holderPrefix(node)
-		}
-		if err := store.Prefetch(tx, nil, prefixes); err != nil {
+		if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, holderPrefix)); err != nil {
 			return nil, err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -138,7 +139,7 @@ func agentList(g *globals) *cobra.Command {
 }
 
 func formatLabels(l map[string]string) string {
-	return joinSorted(l, "-", ",", func(k, v string) string { return k + "=" + v })
+	return sortedmap.Join(l, "-", ",", func(k, v string) string { return k + "=" + v })
 }
 
 func agentShow(g *globals) *cobra.Command {

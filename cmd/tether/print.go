@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 	"time"
 
@@ -117,22 +116,4 @@ func roleName(r tetherv1.Role) string {
 		return "-"
 	}
 	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
-}
-
-// joinSorted formats m's entries with pair in the order of their keys,
-// joined by sep (empty when m is).
-func joinSorted[V any](m map[string]V, empty, sep string, pair func(k string, v V) string) string {
-	if len(m) == 0 {
-		return empty
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = pair(k, m[k])
-	}
-	return strings.Join(parts, sep)
 }

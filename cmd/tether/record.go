@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -169,7 +170,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 }
 
 func countsLine(m map[string]int) string {
-	return joinSorted(m, "none", ", ", func(k string, n int) string { return fmt.Sprintf("%d %s", n, k) })
+	return sortedmap.Join(m, "none", ", ", func(k string, n int) string { return fmt.Sprintf("%d %s", n, k) })
 }
 
 func newProposalCommand(g *globals) *cobra.Command {

@@ -2,13 +2,13 @@ package console
 
 import (
 	"html/template"
-	"sort"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -80,14 +80,5 @@ func dur(d *durationpb.Duration) string {
 
 // labels renders a label map as "k=v, k2=v2", sorted.
 func labels(m map[string]string) string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, 0, len(keys))
-	for _, k := range keys {
-		parts = append(parts, k+"="+m[k])
-	}
-	return strings.Join(parts, ", ")
+	return sortedmap.Join(m, "", ", ", func(k, v string) string { return k + "=" + v })
 }

@@ -31,13 +31,4 @@ func ToolCall(c *ledger.ToolCall) *tetherv1.ToolCall {
 }
 
 // ToolCalls are calls as the API shows them.
-func ToolCalls(cs []*ledger.ToolCall) []*tetherv1.ToolCall {
-	if cs == nil {
-		return nil
-	}
-	out := make([]*tetherv1.ToolCall, len(cs))
-	for i, c := range cs {
-		out[i] = ToolCall(c)
-	}
-	return out
-}
+func ToolCalls(cs []*ledger.ToolCall) []*tetherv1.ToolCall { return each(cs, ToolCall) }

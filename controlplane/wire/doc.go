@@ -1,6 +1,6 @@
 // Package wire converts between the domain packages' types (the agent
 // tree's nodes, the ledger's calls, the records, proposals, stop rules,
-// grants and leases) and the tether.v1 messages the RPCs carry. The
+// grants, leases and rollouts) and the tether.v1 messages the RPCs carry. The
 // handlers call it; the domain packages never import the generated proto
 // types, so what an API client sees and what a domain package means can
 // each change without the other.

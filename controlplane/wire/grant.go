@@ -64,20 +64,3 @@ func Tombstone(t capability.Tombstone) *tetherv1.Tombstone {
 		Lineage:      t.Lineage,
 	}
 }
-
-// TombstoneFromProto is the inverse of Tombstone; a nil tombstone
-// is the zero tombstone.
-func TombstoneFromProto(p *tetherv1.Tombstone) capability.Tombstone {
-	if p == nil {
-		return capability.Tombstone{}
-	}
-	return capability.Tombstone{
-		Sequence:  p.Sequence,
-		GrantID:   p.GrantId,
-		RevokedAt: timeOf(p.RevokedAt),
-		DropAfter: timeOf(p.DropAfter),
-		Reason:    p.Reason,
-		Holder:    p.HolderNodeId,
-		Lineage:   p.Lineage,
-	}
-}

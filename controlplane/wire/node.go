@@ -10,46 +10,38 @@ func Node(n *tree.Node) *tetherv1.Node {
 	if n == nil {
 		return nil
 	}
-	m := &tetherv1.Node{
-		NodeId:          n.NodeID,
-		ParentNodeId:    n.ParentNodeID,
-		Ancestors:       n.Ancestors,
-		Name:            n.Name,
-		Labels:          n.Labels,
-		State:           tetherv1.NodeState(n.State),
-		CreatedAt:       timestamp(n.CreatedAt),
-		CreatedBy:       n.CreatedBy,
-		LastSeenAt:      timestamp(n.LastSeenAt),
-		ExitedAt:        timestamp(n.ExitedAt),
-		ExitConfirmedBy: n.ExitConfirmedBy,
-		TerminationId:   n.TerminationID,
-		ReadyAt:         timestamp(n.ReadyAt),
-		SessionOpenedAt: timestamp(n.SessionOpenedAt),
-		SessionClosedAt: timestamp(n.SessionClosedAt),
+	return &tetherv1.Node{
+		NodeId:            n.NodeID,
+		ParentNodeId:      n.ParentNodeID,
+		Ancestors:         n.Ancestors,
+		Name:              n.Name,
+		Labels:            n.Labels,
+		State:             tetherv1.NodeState(n.State),
+		CreatedAt:         timestamp(n.CreatedAt),
+		CreatedBy:         n.CreatedBy,
+		LastSeenAt:        timestamp(n.LastSeenAt),
+		ExitedAt:          timestamp(n.ExitedAt),
+		ExitConfirmedBy:   n.ExitConfirmedBy,
+		TerminationId:     n.TerminationID,
+		ReadyAt:           timestamp(n.ReadyAt),
+		SessionOpenedAt:   timestamp(n.SessionOpenedAt),
+		SessionClosedAt:   timestamp(n.SessionClosedAt),
+		ExitConfirmations: each(n.ExitConfirmations, exitConfirmation),
+		Contradictions:    each(n.Contradictions, Contradiction),
+		OpenSessions:      each(n.OpenSessions, openSession),
 	}
-	for _, c := range n.ExitConfirmations {
-		m.ExitConfirmations = append(m.ExitConfirmations, &tetherv1.ExitConfirmation{By: c.By, Kind: c.Kind, At: timestamp(c.At), Reason: c.Reason})
-	}
-	for _, c := range n.Contradictions {
-		m.Contradictions = append(m.Contradictions, Contradiction(c))
-	}
-	for _, s := range n.OpenSessions {
-		m.OpenSessions = append(m.OpenSessions, &tetherv1.OpenSession{SessionId: s.SessionID, OpenedAt: timestamp(s.OpenedAt), Instance: s.Instance})
-	}
-	return m
+}
+
+func exitConfirmation(c tree.ExitConfirmation) *tetherv1.ExitConfirmation {
+	return &tetherv1.ExitConfirmation{By: c.By, Kind: c.Kind, At: timestamp(c.At), Reason: c.Reason}
+}
+
+func openSession(s tree.OpenSession) *tetherv1.OpenSession {
+	return &tetherv1.OpenSession{SessionId: s.SessionID, OpenedAt: timestamp(s.OpenedAt), Instance: s.Instance}
 }
 
 // Nodes are nodes as the API shows them.
-func Nodes(ns []*tree.Node) []*tetherv1.Node {
-	if ns == nil {
-		return nil
-	}
-	out := make([]*tetherv1.Node, len(ns))
-	for i, n := range ns {
-		out[i] = Node(n)
-	}
-	return out
-}
+func Nodes(ns []*tree.Node) []*tetherv1.Node { return each(ns, Node) }
 
 // Contradiction is one piece of activity after a node's confirmed exit as
 // the API (and the record) shows it.

@@ -31,16 +31,7 @@ func Proposal(p *supervisor.StopProposal) *tetherv1.StopProposal {
 }
 
 // Proposals is Proposal of each.
-func Proposals(ps []*supervisor.StopProposal) []*tetherv1.StopProposal {
-	if len(ps) == 0 {
-		return nil
-	}
-	out := make([]*tetherv1.StopProposal, len(ps))
-	for i, p := range ps {
-		out[i] = Proposal(p)
-	}
-	return out
-}
+func Proposals(ps []*supervisor.StopProposal) []*tetherv1.StopProposal { return each(ps, Proposal) }
 
 // StopRuleFiring is a stop rule's firing as a proposal and a record carry
 // it.
@@ -66,12 +57,7 @@ func StopRuleFiring(f *supervisor.StopRuleFiring) *tetherv1.StopRuleFiring {
 
 // StopRuleValues are the values a stop rule read, as the API carries them.
 func StopRuleValues(vs []supervisor.StopRuleValue) []*tetherv1.StopRuleValue {
-	if len(vs) == 0 {
-		return nil
-	}
-	out := make([]*tetherv1.StopRuleValue, len(vs))
-	for i, v := range vs {
-		out[i] = &tetherv1.StopRuleValue{Name: v.Name, Value: v.Value, SelfReported: v.SelfReported}
-	}
-	return out
+	return each(vs, func(v supervisor.StopRuleValue) *tetherv1.StopRuleValue {
+		return &tetherv1.StopRuleValue{Name: v.Name, Value: v.Value, SelfReported: v.SelfReported}
+	})
 }

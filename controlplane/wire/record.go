@@ -14,7 +14,7 @@ func Record(r *supervisor.ReconciliationRecord) *tetherv1.ReconciliationRecord {
 	if r == nil {
 		return nil
 	}
-	m := &tetherv1.ReconciliationRecord{
+	return &tetherv1.ReconciliationRecord{
 		RecordId:      r.RecordID,
 		TerminationId: r.TerminationID,
 		SchemaVersion: r.SchemaVersion,
@@ -27,48 +27,17 @@ func Record(r *supervisor.ReconciliationRecord) *tetherv1.ReconciliationRecord {
 		RootNodeIds:   r.RootNodeIDs,
 		RolloutId:     r.RolloutID,
 		StopRule:      StopRuleFiring(r.StopRule),
+		Nodes:         eachOf(r.Nodes, RecordNode),
+		ToolCalls:     eachOf(r.ToolCalls, RecordToolCall),
+		Privileges:    eachOf(r.Privileges, RecordPrivilege),
+		Leases:        eachOf(r.Leases, RecordLease),
+		Phases:        each(r.Phases, recordPhase),
 	}
-	if len(r.Nodes) > 0 {
-		m.Nodes = make([]*tetherv1.RecordNode, len(r.Nodes))
-		for i := range r.Nodes {
-			m.Nodes[i] = RecordNode(&r.Nodes[i])
-		}
-	}
-	if len(r.ToolCalls) > 0 {
-		m.ToolCalls = make([]*tetherv1.RecordToolCall, len(r.ToolCalls))
-		for i := range r.ToolCalls {
-			m.ToolCalls[i] = RecordToolCall(&r.ToolCalls[i])
-		}
-	}
-	if len(r.Privileges) > 0 {
-		m.Privileges = make([]*tetherv1.RecordPrivilege, len(r.Privileges))
-		for i := range r.Privileges {
-			m.Privileges[i] = RecordPrivilege(&r.Privileges[i])
-		}
-	}
-	if len(r.Leases) > 0 {
-		m.Leases = make([]*tetherv1.RecordLease, len(r.Leases))
-		for i := range r.Leases {
-			m.Leases[i] = RecordLease(&r.Leases[i])
-		}
-	}
-	for _, p := range r.Phases {
-		// A phase always states its duration, "0s" included.
-		m.Phases = append(m.Phases, &tetherv1.RecordPhase{Name: p.Name, StartedAt: timestamp(p.StartedAt), Duration: durationpb.New(p.Duration)})
-	}
-	return m
 }
 
 // Records is Record of each.
 func Records(rs []*supervisor.ReconciliationRecord) []*tetherv1.ReconciliationRecord {
-	if len(rs) == 0 {
-		return nil
-	}
-	out := make([]*tetherv1.ReconciliationRecord, len(rs))
-	for i, r := range rs {
-		out[i] = Record(r)
-	}
-	return out
+	return each(rs, Record)
 }
 
 // RecordNode is a record's node entry as the API carries it.
@@ -76,7 +45,7 @@ func RecordNode(n *supervisor.RecordNode) *tetherv1.RecordNode {
 	if n == nil {
 		return nil
 	}
-	m := &tetherv1.RecordNode{
+	return &tetherv1.RecordNode{
 		NodeId:                    n.NodeID,
 		Name:                      n.Name,
 		ParentNodeId:              n.ParentNodeID,
@@ -95,11 +64,8 @@ func RecordNode(n *supervisor.RecordNode) *tetherv1.RecordNode {
 		SessionClosedAt:           timestamp(n.SessionClosedAt),
 		SessionOpen:               n.SessionOpen,
 		UnaccountedReason:         n.UnaccountedReason,
+		Contradictions:            each(n.Contradictions, Contradiction),
 	}
-	for _, c := range n.Contradictions {
-		m.Contradictions = append(m.Contradictions, Contradiction(c))
-	}
-	return m
 }
 
 // RecordToolCall is a record's tool call entry as the API carries it.
@@ -134,6 +100,12 @@ func RecordLease(l *supervisor.RecordLease) *tetherv1.RecordLease {
 		JobId: l.JobID, LeaseId: l.LeaseID, LeaseGeneration: l.LeaseGeneration, HolderIdentity: l.HolderIdentity,
 		Outcome: tetherv1.LeaseOutcome(l.Outcome),
 	}
+}
+
+// recordPhase is a record's phase as the API carries it: it always states
+// its duration, "0s" included.
+func recordPhase(p supervisor.RecordPhase) *tetherv1.RecordPhase {
+	return &tetherv1.RecordPhase{Name: p.Name, StartedAt: timestamp(p.StartedAt), Duration: durationpb.New(p.Duration)}
 }
 
 // RecordJSON renders a record message as the JSON published by

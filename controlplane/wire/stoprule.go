@@ -27,13 +27,7 @@ func StopRule(r *stoprule.Rule) *tetherv1.StopRule {
 }
 
 // StopRules renders stop rules.
-func StopRules(rs []*stoprule.Rule) []*tetherv1.StopRule {
-	out := make([]*tetherv1.StopRule, len(rs))
-	for i, r := range rs {
-		out[i] = StopRule(r)
-	}
-	return out
-}
+func StopRules(rs []*stoprule.Rule) []*tetherv1.StopRule { return each(rs, StopRule) }
 
 // StopRuleFromProto is the inverse of StopRule.
 func StopRuleFromProto(p *tetherv1.StopRule) *stoprule.Rule {

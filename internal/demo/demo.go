@@ -30,6 +30,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/embedded"
+	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -508,17 +509,5 @@ func PrintRecord(w io.Writer, r *tetherv1.ReconciliationRecord, names map[string
 }
 
 func counts(m map[string]int) string {
-	if len(m) == 0 {
-		return "none"
-	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = fmt.Sprintf("%d %s", m[k], k)
-	}
-	return strings.Join(parts, ", ")
+	return sortedmap.Join(m, "none", ", ", func(k string, n int) string { return fmt.Sprintf("%d %s", n, k) })
 }

@@ -18,7 +18,7 @@ type queue struct {
 	active   map[string]bool
 	dirty    map[string]bool
 	wakes    map[string]time.Time // the key's current wake-up; heap entries that differ are stale
-	timers   wakeHeap
+	timers   Wakes
 	failures map[string]int // consecutive failed reconciles, for the backoff
 	signal   chan struct{}
 }
@@ -68,7 +68,7 @@ func (q *queue) wakeAt(key string, t time.Time) {
 		return
 	}
 	q.wakes[key] = t
-	heap.Push(&q.timers, wake{key: key, at: t})
+	heap.Push(&q.timers, Wake{Key: key, At: t})
 	q.notify()
 }
 
@@ -79,16 +79,16 @@ func (q *queue) promote(now time.Time) time.Time {
 	defer q.mu.Unlock()
 	for len(q.timers) > 0 {
 		w := q.timers[0]
-		if at, ok := q.wakes[w.key]; !ok || !at.Equal(w.at) {
+		if at, ok := q.wakes[w.Key]; !ok || !at.Equal(w.At) {
 			heap.Pop(&q.timers) // stale: replaced or cleared since
 			continue
 		}
-		if w.at.After(now) {
-			return w.at
+		if w.At.After(now) {
+			return w.At
 		}
 		heap.Pop(&q.timers)
-		delete(q.wakes, w.key)
-		q.addLocked(w.key)
+		delete(q.wakes, w.Key)
+		q.addLocked(w.Key)
 	}
 	return time.Time{}
 }
@@ -134,18 +134,23 @@ func (q *queue) succeeded(key string) {
 	delete(q.failures, key)
 }
 
-type wake struct {
-	key string
-	at  time.Time
+// Wake is a key's wake-up time.
+type Wake struct {
+	Key string
+	At  time.Time
 }
 
-type wakeHeap []wake
+// Wakes is a min-heap of wake-ups for container/heap, the earliest first:
+// the queue's timers, and any timed set that wakes keys (the metrics'
+// census expires entries with it). Its holder drops the entries that went
+// stale (replaced or cleared since they were pushed) as it pops them.
+type Wakes []Wake
 
-func (h wakeHeap) Len() int           { return len(h) }
-func (h wakeHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h wakeHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *wakeHeap) Push(x any)        { *h = append(*h, x.(wake)) }
-func (h *wakeHeap) Pop() any {
+func (h Wakes) Len() int           { return len(h) }
+func (h Wakes) Less(i, j int) bool { return h[i].At.Before(h[j].At) }
+func (h Wakes) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *Wakes) Push(x any)        { *h = append(*h, x.(Wake)) }
+func (h *Wakes) Pop() any {
 	old := *h
 	x := old[len(old)-1]
 	*h = old[:len(old)-1]

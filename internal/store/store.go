@@ -70,6 +70,15 @@ type ReadTxn interface {
 	Revision() uint64
 }
 
+// KeysOf maps ids to their keys (or prefixes), for Prefetch.
+func KeysOf(ids []string, key func(string) []byte) [][]byte {
+	out := make([][]byte, len(ids))
+	for i, id := range ids {
+		out[i] = key(id)
+	}
+	return out
+}
+
 // Prefetch tells tx which reads are coming — Gets of keys, and Scans of
 // prefixes (from their first key) — so that a backend whose reads are
 // network round trips (etcd) fetches them together, in one request per

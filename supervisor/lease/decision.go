@@ -3,6 +3,8 @@ package lease
 import (
 	"fmt"
 	"time"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // Outcome is the answer to one message. Values equal tether.v1.Outcome.
@@ -22,7 +24,7 @@ const (
 
 var outcomeNames = [...]string{"UNSPECIFIED", "ACCEPTED", "DUPLICATE", "REJECTED"}
 
-func (o Outcome) String() string { return enumName(outcomeNames[:], int32(o)) }
+func (o Outcome) String() string { return enumname.Of(outcomeNames[:], o, "UNKNOWN") }
 
 // AuditEvent names what a decision did or why it refused. Values and names
 // equal tether.v1.AuditEvent without the AUDIT_EVENT_ prefix.
@@ -66,7 +68,7 @@ var auditEventNames = [...]string{
 	"UNKNOWN_LEASE", "STALE_RENEW", "DUPLICATE_CANCEL",
 }
 
-func (e AuditEvent) String() string { return enumName(auditEventNames[:], int32(e)) }
+func (e AuditEvent) String() string { return enumname.Of(auditEventNames[:], e, "UNKNOWN") }
 
 // Decision is the answer to one message: the outcome, the audit event it
 // produced and a reason a reviewer can read without other context (it names

@@ -1,8 +1,9 @@
 package lease
 
 import (
-	"strconv"
 	"time"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // State is where a job's lease is in its lifecycle. The numeric values are
@@ -34,7 +35,7 @@ const (
 
 var stateNames = [...]string{"UNSPECIFIED", "OFFERED", "ACKED", "ACTIVE", "EXPIRED", "TERMINAL"}
 
-func (s State) String() string { return enumName(stateNames[:], int32(s)) }
+func (s State) String() string { return enumname.Of(stateNames[:], s, "UNKNOWN") }
 
 // AckState records whether the holder of the current generation accepted the
 // offer. Values equal tether.v1.AckState.
@@ -53,7 +54,7 @@ const (
 
 var ackStateNames = [...]string{"UNSPECIFIED", "PENDING", "ACKED", "MISSED"}
 
-func (a AckState) String() string { return enumName(ackStateNames[:], int32(a)) }
+func (a AckState) String() string { return enumname.Of(ackStateNames[:], a, "UNKNOWN") }
 
 // TerminalResult is how a job ended. Values equal tether.v1.TerminalResult.
 type TerminalResult int32
@@ -75,18 +76,11 @@ const (
 
 var resultNames = [...]string{"UNSPECIFIED", "SUCCESS", "FAILED", "CANCELLED", "UNRESOLVED"}
 
-func (r TerminalResult) String() string { return enumName(resultNames[:], int32(r)) }
+func (r TerminalResult) String() string { return enumname.Of(resultNames[:], r, "UNKNOWN") }
 
 // Final reports whether r is a result that can never change again.
 func (r TerminalResult) Final() bool {
 	return r == ResultSuccess || r == ResultFailed || r == ResultCancelled
-}
-
-func enumName(names []string, v int32) string {
-	if v >= 0 && int(v) < len(names) {
-		return names[v]
-	}
-	return "UNKNOWN(" + strconv.Itoa(int(v)) + ")"
 }
 
 // Lease is the complete record of one job's lease: its current generation,

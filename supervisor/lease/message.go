@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 	"unicode/utf8"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // Kind names a message type. Its String is the "message" column of the
@@ -30,7 +32,7 @@ var kindNames = [...]string{
 	"cancel_ack", "complete", "reassign", "resolve", "tick", "recover",
 }
 
-func (k Kind) String() string { return enumName(kindNames[:], int32(k)) }
+func (k Kind) String() string { return enumname.Of(kindNames[:], k, "UNKNOWN") }
 
 // Message is one input to Step. The set is closed: Offer, RequestCancel,
 // Reassign, Resolve, Tick and Recover come from the coordinator; Ack, Renew,

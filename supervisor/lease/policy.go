@@ -3,6 +3,8 @@ package lease
 import (
 	"fmt"
 	"time"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // AckMissPolicy says what follows a missed ACK deadline.
@@ -19,7 +21,7 @@ const (
 )
 
 func (a AckMissPolicy) String() string {
-	return enumName([]string{"expire", "reassign"}, int32(a))
+	return enumname.Of([]string{"expire", "reassign"}, a, "UNKNOWN")
 }
 
 // RestartPolicy says what a coordinator restart does to pending deadlines.
@@ -38,7 +40,7 @@ const (
 )
 
 func (r RestartPolicy) String() string {
-	return enumName([]string{"extend", "strict"}, int32(r))
+	return enumname.Of([]string{"extend", "strict"}, r, "UNKNOWN")
 }
 
 // Policy is the coordinator's declared time policy. Every time-dependent

@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/tetherhq/tether/internal/store"
-	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
 // Batched reads: what OpenCallsIn and GetCallIn read for one node or one
@@ -14,7 +13,7 @@ import (
 // OpenCallsOf lists the open calls of each node (OpenCallsIn for each),
 // by node id; a node with none has no entry.
 func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, error) {
-	if err := store.Prefetch(tx, nil, kv.KeysOf(nodeIDs, openCallPrefix)); err != nil {
+	if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, openCallPrefix)); err != nil {
 		return nil, err
 	}
 	ids := map[string][]string{}
@@ -48,7 +47,7 @@ func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, er
 }
 
 func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
-	if err := store.Prefetch(tx, kv.KeysOf(callIDs, callKey), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(callIDs, callKey), nil); err != nil {
 		return nil, err
 	}
 	out := make(map[string]*ToolCall, len(callIDs))

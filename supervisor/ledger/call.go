@@ -1,8 +1,9 @@
 package ledger
 
 import (
-	"strconv"
 	"time"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // ToolCall is one call in the ledger. Its stored form is the protobuf
@@ -52,12 +53,7 @@ var callStateNames = [...]string{
 
 // String is the state's tether.v1 name ("CALL_STATE_IN_FLIGHT"), or its
 // number when it has none.
-func (s CallState) String() string {
-	if s >= 0 && int(s) < len(callStateNames) {
-		return callStateNames[s]
-	}
-	return strconv.Itoa(int(s))
-}
+func (s CallState) String() string { return enumname.Of(callStateNames[:], s, "") }
 
 // CallResolution is how a call ended; the values are tether.v1's.
 type CallResolution int32
@@ -83,9 +79,4 @@ var callResolutionNames = [...]string{
 
 // String is the resolution's tether.v1 name ("CALL_RESOLUTION_FAILED"), or
 // its number when it has none.
-func (r CallResolution) String() string {
-	if r >= 0 && int(r) < len(callResolutionNames) {
-		return callResolutionNames[r]
-	}
-	return strconv.Itoa(int(r))
-}
+func (r CallResolution) String() string { return enumname.Of(callResolutionNames[:], r, "") }

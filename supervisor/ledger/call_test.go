@@ -3,6 +3,7 @@ package ledger
 import (
 	"testing"
 
+	"github.com/tetherhq/tether/internal/enumname/enumtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -11,14 +12,7 @@ import (
 // returns tether.v1's names, which the stop rules' counters and the
 // console show: every value of the generated enums is pinned.
 func TestCallStateIsTetherV1s(t *testing.T) {
-	if len(callStateNames) != len(tetherv1.CallState_name) {
-		t.Fatalf("%d call states, tether.v1 has %d", len(callStateNames), len(tetherv1.CallState_name))
-	}
-	for v, name := range tetherv1.CallState_name {
-		if got := CallState(v).String(); got != name {
-			t.Errorf("CallState(%d).String() = %q, want %q", v, got, name)
-		}
-	}
+	enumtest.Pin(t, "CallState", tetherv1.CallState_name, len(callStateNames), func(v int32) string { return CallState(v).String() })
 	for s, want := range map[CallState]tetherv1.CallState{
 		CallStateUnspecified:     tetherv1.CallState_CALL_STATE_UNSPECIFIED,
 		CallStateInFlight:        tetherv1.CallState_CALL_STATE_IN_FLIGHT,
@@ -29,20 +23,10 @@ func TestCallStateIsTetherV1s(t *testing.T) {
 			t.Errorf("%v = %d, tether.v1 says %d", s, s, want)
 		}
 	}
-	if got := CallState(99).String(); got != tetherv1.CallState(99).String() {
-		t.Errorf("an unknown state reads %q, tether.v1 reads %q", got, tetherv1.CallState(99).String())
-	}
 }
 
 func TestCallResolutionIsTetherV1s(t *testing.T) {
-	if len(callResolutionNames) != len(tetherv1.CallResolution_name) {
-		t.Fatalf("%d resolutions, tether.v1 has %d", len(callResolutionNames), len(tetherv1.CallResolution_name))
-	}
-	for v, name := range tetherv1.CallResolution_name {
-		if got := CallResolution(v).String(); got != name {
-			t.Errorf("CallResolution(%d).String() = %q, want %q", v, got, name)
-		}
-	}
+	enumtest.Pin(t, "CallResolution", tetherv1.CallResolution_name, len(callResolutionNames), func(v int32) string { return CallResolution(v).String() })
 	for r, want := range map[CallResolution]tetherv1.CallResolution{
 		CallResolutionUnspecified:          tetherv1.CallResolution_CALL_RESOLUTION_UNSPECIFIED,
 		CallResolutionCompleted:            tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED,

@@ -235,12 +235,8 @@ func (l *Ledger) observe(tx store.Txn, before, after *ToolCall) error {
 
 // OpenCallsIn lists the calls in flight (or awaiting a cancel ack) on a node.
 func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*ToolCall, error) {
-	var ids []string
-	p := openCallPrefix(nodeID)
-	if err := tx.Scan(p, nil, func(k, _ []byte) error {
-		ids = append(ids, string(k[len(p):]))
-		return nil
-	}); err != nil {
+	ids, err := kv.AppendIDs(tx, nil, openCallPrefix(nodeID))
+	if err != nil {
 		return nil, err
 	}
 	out := make([]*ToolCall, 0, len(ids))
@@ -274,12 +270,8 @@ func (l *Ledger) PendingCancels(ctx context.Context, gateID string) ([]*ToolCall
 	var out []*ToolCall
 	err := l.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
-		var ids []string
-		p := cancelPrefix(gateID)
-		if err := tx.Scan(p, nil, func(k, _ []byte) error {
-			ids = append(ids, string(k[len(p):]))
-			return nil
-		}); err != nil {
+		ids, err := kv.AppendIDs(tx, nil, cancelPrefix(gateID))
+		if err != nil {
 			return err
 		}
 		calls, err := callsIn(tx, ids)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tetherhq/tether/internal/fault"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tetherhq/tether/internal/fault"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
@@ -226,21 +227,18 @@ func (r *Privileges) maxPerNode() int {
 
 // PrivilegesIn lists the privileges of the nodes.
 func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
-	if err := store.Prefetch(tx, nil, kv.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
+	if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
 		return nil, err
 	}
 	var ids []string
 	for _, n := range nodeIDs {
-		p := nodePrivPrefix(n)
-		if err := tx.Scan(p, nil, func(k, _ []byte) error {
-			ids = append(ids, string(k[len(p):]))
-			return nil
-		}); err != nil {
+		var err error
+		if ids, err = kv.AppendIDs(tx, ids, nodePrivPrefix(n)); err != nil {
 			return nil, err
 		}
 	}
 	// The privileges themselves, fetched together too.
-	if err := store.Prefetch(tx, kv.KeysOf(ids, privilegeKey), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(ids, privilegeKey), nil); err != nil {
 		return nil, err
 	}
 	var out []Privilege

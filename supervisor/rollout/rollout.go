@@ -6,7 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tetherhq/tether/internal/enumname"
 	"github.com/tetherhq/tether/internal/fault"
+	"github.com/tetherhq/tether/internal/sortedmap"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -30,20 +32,14 @@ const (
 	RolloutAborted
 )
 
-func (s RolloutState) String() string {
-	switch s {
-	case RolloutRunning:
-		return "running"
-	case RolloutPaused:
-		return "paused"
-	case RolloutCompleted:
-		return "completed"
-	case RolloutAborted:
-		return "aborted"
-	default:
-		return fmt.Sprintf("rollout_state(%d)", int(s))
-	}
+var rolloutStateNames = [...]string{
+	RolloutRunning:   "running",
+	RolloutPaused:    "paused",
+	RolloutCompleted: "completed",
+	RolloutAborted:   "aborted",
 }
+
+func (s RolloutState) String() string { return enumname.Of(rolloutStateNames[:], s, "rollout_state") }
 
 // Finished reports whether the state is terminal.
 func (s RolloutState) Finished() bool { return s == RolloutCompleted || s == RolloutAborted }
@@ -60,20 +56,14 @@ const (
 	BatchReleased
 )
 
-func (s BatchState) String() string {
-	switch s {
-	case BatchDraining:
-		return "draining"
-	case BatchReplacing:
-		return "replacing"
-	case BatchDone:
-		return "done"
-	case BatchReleased:
-		return "released"
-	default:
-		return fmt.Sprintf("batch_state(%d)", int(s))
-	}
+var batchStateNames = [...]string{
+	BatchDraining:  "draining",
+	BatchReplacing: "replacing",
+	BatchDone:      "done",
+	BatchReleased:  "released",
 }
+
+func (s BatchState) String() string { return enumname.Of(batchStateNames[:], s, "batch_state") }
 
 // RolloutBatch is one batch: the agents it drains through one termination
 // (one record), and how far it got.
@@ -245,12 +235,10 @@ const (
 	ActRolloutNone
 )
 
+var rolloutActionNames = [...]string{"wait", "start_batch", "note_terminated", "note_replaced", "hand_over", "complete_batch", "pause", "complete", "release", "none"}
+
 func (a RolloutAction) String() string {
-	names := [...]string{"wait", "start_batch", "note_terminated", "note_replaced", "hand_over", "complete_batch", "pause", "complete", "release", "none"}
-	if int(a) < len(names) {
-		return names[a]
-	}
-	return fmt.Sprintf("rollout_action(%d)", int(a))
+	return enumname.Of(rolloutActionNames[:], a, "rollout_action")
 }
 
 // RolloutStep is a decision of NextRollout.
@@ -615,16 +603,7 @@ func selectorSubset(a, b map[string]string) bool {
 
 // FormatSelector renders a selector canonically ("k=v,k2=v2", keys sorted).
 func FormatSelector(sel map[string]string) string {
-	keys := make([]string, 0, len(sel))
-	for k := range sel {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	parts := make([]string, len(keys))
-	for i, k := range keys {
-		parts[i] = k + "=" + sel[k]
-	}
-	return strings.Join(parts, ",")
+	return sortedmap.Join(sel, "", ",", func(k, v string) string { return k + "=" + v })
 }
 
 func mergeSorted(a, b []string) []string {

@@ -3,12 +3,14 @@ package stoprule
 import (
 	"context"
 	"fmt"
-	"github.com/tetherhq/tether/supervisor/ledger"
-	"github.com/tetherhq/tether/supervisor/tree"
 	"log/slog"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tetherhq/tether/supervisor/internal/kv"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/tree"
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
@@ -46,7 +48,7 @@ func TestSpawnCountersStayExactAcrossShards(t *testing.T) {
 	// An older version folded spawns into the stored counters: the root
 	// arrives with two children, one grandchild, already counted.
 	old := &Observations{Spawns: 2, SubtreeSize: 4, SubtreeDepth: 2}
-	if err := st.Update(ctx, func(tx store.Txn) error { return put(tx, obsKey(root.NodeID), old) }); err != nil {
+	if err := st.Update(ctx, func(tx store.Txn) error { return kv.Put(tx, obsKey(root.NodeID), old) }); err != nil {
 		t.Fatal(err)
 	}
 	// Levels: 12 parents under the root, each with children, some of

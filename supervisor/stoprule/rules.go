@@ -19,6 +19,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/storecodec"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -180,7 +181,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		if err := tx.Put(indexKey(rule), nil); err != nil {
 			return err
 		}
-		return put(tx, ruleKey(rule.RuleID), rule)
+		return kv.Put(tx, ruleKey(rule.RuleID), rule)
 	})
 	if err != nil {
 		return nil, nil, err
@@ -196,7 +197,7 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*Rule, erro
 	var rule *Rule
 	err := r.Store.Update(ctx, func(tx store.Txn) error {
 		rule = &Rule{}
-		if err := get(tx, ruleKey(ruleID), rule); err != nil {
+		if err := kv.Get(tx, ruleKey(ruleID), rule); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
 			}
@@ -282,7 +283,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 		}
 		if ruleID != "" {
 			rule := &Rule{}
-			if err := get(tx, ruleKey(ruleID), rule); err != nil {
+			if err := kv.Get(tx, ruleKey(ruleID), rule); err != nil {
 				if errors.Is(err, store.ErrNotFound) {
 					return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
 				}
@@ -327,7 +328,7 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 			return err
 		}
 		cur := &reported{}
-		if err := get(tx, selfKey(nodeID), cur); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := kv.Get(tx, selfKey(nodeID), cur); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		if cur.Counters == nil {
@@ -338,7 +339,7 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 			return fmt.Errorf("%w: counters: at most %d per node", ErrInvalidRule, MaxCounters)
 		}
 		out = cur.Counters
-		return put(tx, selfKey(nodeID), cur)
+		return kv.Put(tx, selfKey(nodeID), cur)
 	})
 	return out, err
 }
@@ -355,7 +356,7 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 		return err
 	}
 	ApplyCall(o, before, after)
-	return put(tx, obsKey(after.NodeID), o)
+	return kv.Put(tx, obsKey(after.NodeID), o)
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -497,26 +498,18 @@ func rulesIndexed(tx store.ReadTxn, prefix string) ([]*Rule, error) {
 	}); err != nil {
 		return nil, err
 	}
-	if err := store.Prefetch(tx, keysOf(ids), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(ids, ruleKey), nil); err != nil {
 		return nil, err
 	}
 	out := make([]*Rule, 0, len(ids))
 	for _, id := range ids {
 		r := &Rule{}
-		if err := get(tx, ruleKey(id), r); err != nil {
+		if err := kv.Get(tx, ruleKey(id), r); err != nil {
 			return nil, fmt.Errorf("stoprule: index names rule %s: %w", id, err)
 		}
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-func keysOf(ids []string) [][]byte {
-	out := make([][]byte, len(ids))
-	for i, id := range ids {
-		out[i] = ruleKey(id)
-	}
-	return out
 }
 
 func allRules(tx store.ReadTxn) ([]*Rule, error) {
@@ -558,7 +551,7 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
 	}
 	self := &reported{}
-	if err := get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := kv.Get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, nil, err
 	}
 	return o, self.Counters, nil
@@ -568,26 +561,8 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 // records (readNode adds them): what is written back.
 func storedObs(tx store.ReadTxn, nodeID string) (*Observations, error) {
 	o := &Observations{}
-	if err := get(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {
+	if err := kv.Get(tx, obsKey(nodeID), o); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
 	return o, nil
-}
-
-// put stores v (a Rule, Observations or reported) in its tether.v1
-// message's encoding.
-func put(tx store.Txn, key []byte, v any) error {
-	b, err := storecodec.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return tx.Put(key, b)
-}
-
-func get(tx store.ReadTxn, key []byte, v any) error {
-	b, err := tx.Get(key)
-	if err != nil {
-		return err
-	}
-	return storecodec.Unmarshal(b, v)
 }

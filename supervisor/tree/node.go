@@ -1,8 +1,9 @@
 package tree
 
 import (
-	"strconv"
 	"time"
+
+	"github.com/tetherhq/tether/internal/enumname"
 )
 
 // Node is one agent in the tree. Its stored form is the protobuf encoding
@@ -68,12 +69,7 @@ var nodeStateNames = [...]string{
 
 // String is the state's tether.v1 name ("NODE_STATE_RUNNING"), or its
 // number when it has none.
-func (s NodeState) String() string {
-	if s >= 0 && int(s) < len(nodeStateNames) {
-		return nodeStateNames[s]
-	}
-	return strconv.Itoa(int(s))
-}
+func (s NodeState) String() string { return enumname.Of(nodeStateNames[:], s, "") }
 
 // ExitConfirmation is one party's word that a node's process exited.
 type ExitConfirmation struct {
@@ -127,9 +123,4 @@ var signalKindNames = [...]string{
 
 // String is the kind's tether.v1 name ("SIGNAL_KIND_DRAIN"), or its number
 // when it has none.
-func (k SignalKind) String() string {
-	if k >= 0 && int(k) < len(signalKindNames) {
-		return signalKindNames[k]
-	}
-	return strconv.Itoa(int(k))
-}
+func (k SignalKind) String() string { return enumname.Of(signalKindNames[:], k, "") }

@@ -208,7 +208,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 // stopped (a termination is marking, or has marked, its subtree), read in
 // tx so that the spawn serializes with the mark.
 func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
-	if err := store.Prefetch(tx, kv.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
 		return err
 	}
 	for _, a := range parent.Ancestors {
@@ -290,21 +290,17 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 		for i, n := range level {
 			parents[i] = n.NodeID
 		}
-		if err := store.Prefetch(tx, nil, kv.KeysOf(parents, childPrefix)); err != nil {
+		if err := store.Prefetch(tx, nil, store.KeysOf(parents, childPrefix)); err != nil {
 			return nil, err
 		}
 		var ids []string
 		for _, parent := range parents {
-			p := childPrefix(parent)
-			err := tx.Scan(p, nil, func(k, _ []byte) error {
-				ids = append(ids, string(k[len(p):]))
-				return nil
-			})
-			if err != nil {
+			var err error
+			if ids, err = kv.AppendIDs(tx, ids, childPrefix(parent)); err != nil {
 				return nil, err
 			}
 		}
-		if err := store.Prefetch(tx, kv.KeysOf(ids, nodeKey), nil); err != nil {
+		if err := store.Prefetch(tx, store.KeysOf(ids, nodeKey), nil); err != nil {
 			return nil, err
 		}
 		next := len(out)

@@ -1,7 +1,8 @@
 // Package kv holds the small helpers the supervisor's packages share to
-// keep values in the store: JSON values, and values in a domain type's own
-// stored encoding, under a key; the keys of a list of ids; and caller
-// text clipped to fit (valid UTF-8, which the store can encode). It holds no key layout: each package owns its own.
+// keep values in the store: JSON values and values in their stored
+// encoding (internal/storecodec) under a key, the ids listed under a
+// prefix, and caller text clipped to fit (valid UTF-8, which the store can
+// encode). It holds no key layout: each package owns its own.
 package kv
 
 import (
@@ -11,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/storecodec"
 )
 
 // PutJSON stores v as JSON under key.
@@ -32,10 +34,30 @@ func GetJSON(tx store.ReadTxn, key []byte, v any) error {
 	return json.Unmarshal(b, v)
 }
 
-// GetOf decodes the value stored under key with decode (a domain type in
-// its stored encoding), in the caller's words: a missing key is notFound
-// (its message ends with missing and id), and a value that does not decode
-// names its kind and id.
+// Put stores v (a pointer to a struct with pb tags) in its stored
+// encoding, written by internal/storecodec, under key.
+func Put(tx store.Txn, key []byte, v any) error {
+	b, err := storecodec.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return tx.Put(key, b)
+}
+
+// Get decodes the value Put stored under key into v; a missing key is
+// store.ErrNotFound.
+func Get(tx store.ReadTxn, key []byte, v any) error {
+	b, err := tx.Get(key)
+	if err != nil {
+		return err
+	}
+	return storecodec.Unmarshal(b, v)
+}
+
+// GetOf decodes the value stored under key with decode, for a value the
+// caller names in its own words: a missing key is notFound (its message
+// ends with missing and id), and a value that does not decode names its
+// kind and id.
 func GetOf(tx store.ReadTxn, key []byte, decode func([]byte) error, notFound error, missing, kind, id string) error {
 	b, err := tx.Get(key)
 	if errors.Is(err, store.ErrNotFound) {
@@ -50,13 +72,14 @@ func GetOf(tx store.ReadTxn, key []byte, decode func([]byte) error, notFound err
 	return nil
 }
 
-// KeysOf maps ids to their keys (for store.Prefetch).
-func KeysOf(ids []string, key func(string) []byte) [][]byte {
-	out := make([][]byte, len(ids))
-	for i, id := range ids {
-		out[i] = key(id)
-	}
-	return out
+// AppendIDs appends to ids the rest of every key under prefix (the ids an
+// index lists there), in key order.
+func AppendIDs(tx store.ReadTxn, ids []string, prefix []byte) ([]string, error) {
+	err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+		ids = append(ids, string(k[len(prefix):]))
+		return nil
+	})
+	return ids, err
 }
 
 // Clip shortens caller text quoted in an error message to 40 bytes.

@@ -17,7 +17,7 @@ import socket
 import ssl
 import struct
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
 PACKAGE = "tether.v1"
@@ -332,6 +332,43 @@ class ServerStream:
 
     def __enter__(self) -> "ServerStream":
         return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_F = TypeVar("_F", bound="StreamFollower")
+
+
+class StreamFollower:
+    """What a client that follows a server stream on a daemon thread shares:
+    the stop event, the open stream and the thread, which ``close`` stops,
+    and ``with`` around ``start`` and ``close``. A subclass's ``start``
+    starts the thread (``_follow_in_thread``); its loop leaves when
+    ``_stop`` is set and keeps the stream it reads in ``_stream``."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stream = None
+
+    def start(self: _F) -> _F:
+        raise NotImplementedError
+
+    def _follow_in_thread(self, target: Callable[[], None], name: str) -> None:
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self: _F) -> _F:
+        return self.start()
 
     def __exit__(self, *exc: Any) -> None:
         self.close()

@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Union
 
-from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn
+from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -96,7 +96,7 @@ class GateCall:
                 pass
 
 
-class ToolGate:
+class ToolGate(StreamFollower):
     """Stands in front of tools. For each call it has the control plane
     verify the capability token and the caller's node state and record the
     call; it follows the gate's cancel orders, cancelling the call's
@@ -110,6 +110,7 @@ class ToolGate:
     """
 
     def __init__(self, conn: Conn, gate_id: str, *, never_ack: bool = False):
+        super().__init__()
         self.conn = conn
         self.gate_id = gate_id
         #: Fault injection for tests and demos: a gate that ignores cancel
@@ -119,9 +120,6 @@ class ToolGate:
         self._lock = threading.Lock()
         self._inflight: dict[str, GateCall] = {}
         self._orders: dict[str, str] = {}  # cancel orders that arrived before their call was registered here
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stream = None
 
     # -- cancel orders ----------------------------------------------------------
 
@@ -130,23 +128,8 @@ class ToolGate:
         ``ready`` is set once the stream is open."""
         if self._thread is None:
             self._stop.clear()
-            self._thread = threading.Thread(target=self._watch, name=f"tether-gate-{self.gate_id}", daemon=True)
-            self._thread.start()
+            self._follow_in_thread(self._watch, f"tether-gate-{self.gate_id}")
         return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._stream is not None:
-            self._stream.close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def __enter__(self) -> "ToolGate":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def _watch(self) -> None:
         backoff = 0.1

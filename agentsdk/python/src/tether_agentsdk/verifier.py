@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import ConnectError, Conn
+from ._connect import ConnectError, Conn, StreamFollower
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -222,7 +222,7 @@ class _Tombstones:
     synced_at: float | None = None
 
 
-class Verifier:
+class Verifier(StreamFollower):
     """Checks capability tokens for a tool or resource server.
 
     ``conn`` reaches the control plane with any reader's token (a viewer
@@ -246,6 +246,7 @@ class Verifier:
             raise RuntimeError("offline verification needs the cryptography package: pip install 'tether-agentsdk[crypto]'")
         if not 0 <= leeway <= MAX_LEEWAY:
             raise ValueError(f"leeway must be within [0, {MAX_LEEWAY}] seconds")
+        super().__init__()
         self.conn = conn
         self.issuer = issuer
         self.offline = offline
@@ -260,9 +261,6 @@ class Verifier:
         self._last_on_demand: float | None = None
         self._state = _Tombstones()
         self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._stream = None
 
     @property
     def mode(self) -> str:
@@ -282,23 +280,8 @@ class Verifier:
                 self._fetch_jwks()
             except Exception as e:  # retried on the first unknown kid
                 log.warning("tether: fetching the key set failed: %s", e)
-            self._thread = threading.Thread(target=self._follow, name="tether-revocations", daemon=True)
-            self._thread.start()
+            self._follow_in_thread(self._follow, "tether-revocations")
         return self
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._stream is not None:
-            self._stream.close()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
-
-    def __enter__(self) -> "Verifier":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     # -- checks -------------------------------------------------------------------------
 
