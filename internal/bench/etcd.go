@@ -71,6 +71,35 @@ func startLocalEtcd(ctx context.Context, r *Report, pattern string) (cluster *et
 	}, nil
 }
 
+// withLocalEtcd runs fn with a single local etcd member (startLocalEtcd),
+// and stops it after; without an etcd binary it says that scenario is
+// skipped and returns nil.
+func withLocalEtcd(ctx context.Context, r *Report, scenario, pattern string, fn func(*etcdlocal.Cluster) error) error {
+	cluster, stop, err := startLocalEtcd(ctx, r, pattern)
+	if errors.Is(err, etcdlocal.ErrNoBinary) {
+		fmt.Fprintf(os.Stderr, "  %s: etcd not installed (apt-get install etcd-server): skipped\n", scenario)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return fn(cluster)
+}
+
+// withEtcdServer runs fn with a control plane on a single local etcd
+// member (withLocalEtcd, startEtcdServer), and stops both after.
+func withEtcdServer(ctx context.Context, r *Report, scenario, pattern string, fn func(*etcdlocal.Cluster, *benchServer) error) error {
+	return withLocalEtcd(ctx, r, scenario, pattern, func(cluster *etcdlocal.Cluster) error {
+		srv, stop, err := startEtcdServer(ctx, r, cluster)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		return fn(cluster, srv)
+	})
+}
+
 // measureEtcdUpdates runs Updates of one key per writer on a fresh store
 // under prefix; with read, each Update reads its key before writing it.
 func measureEtcdUpdates(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix string, writers int, read bool) (float64, error) {

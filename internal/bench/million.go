@@ -48,23 +48,11 @@ func millionBadger(ctx context.Context, r *Report) error {
 // one replica that leads. It also reports etcd's own resident memory and
 // disk per agent.
 func millionEtcd(ctx context.Context, r *Report) error {
-	cluster, stopEtcd, err := startLocalEtcd(ctx, r, "tether-bench-etcd-large-*")
-	if errors.Is(err, etcdlocal.ErrNoBinary) {
-		fmt.Fprintln(os.Stderr, "  million/etcd: etcd not installed (apt-get install etcd-server): skipped")
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer stopEtcd()
-	srv, stop, err := startEtcdServer(ctx, r, cluster)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	dir := cluster.Members[0].Dir // the member's data: its disk per agent
-	pid, _ := processWithArg(dir)
-	return largeSwarm(ctx, r, "million/etcd", srv, dir, pid, 100, 999)
+	return withEtcdServer(ctx, r, "million/etcd", "tether-bench-etcd-large-*", func(cluster *etcdlocal.Cluster, srv *benchServer) error {
+		dir := cluster.Members[0].Dir // the member's data: its disk per agent
+		pid, _ := processWithArg(dir)
+		return largeSwarm(ctx, r, "million/etcd", srv, dir, pid, 100, 999)
+	})
 }
 
 // largeSwarm builds a swarm of 1 + top + top*per agents below one root

@@ -2,10 +2,8 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/supervisor/tree"
-	"os"
 	"sync/atomic"
 
 	"connectrpc.com/connect"
@@ -110,21 +108,9 @@ func measureSpawnBatches(ctx context.Context, r *Report, srv *benchServer, worke
 // how many attempts per spawn lost a race (the spawns of one tree share
 // their ancestors' stop-rule counters).
 func supervisorSpawnEtcd(ctx context.Context, r *Report) error {
-	cluster, stopEtcd, err := startLocalEtcd(ctx, r, "tether-bench-etcd-spawn-*")
-	if errors.Is(err, etcdlocal.ErrNoBinary) {
-		fmt.Fprintln(os.Stderr, "  supervisor/spawn-etcd: etcd not installed (apt-get install etcd-server): skipped")
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer stopEtcd()
-	srv, stop, err := startEtcdServer(ctx, r, cluster)
-	if err != nil {
-		return err
-	}
-	defer stop()
-	return measureSpawns(ctx, r, srv, "supervisor/spawn-etcd", []int{1, 64})
+	return withEtcdServer(ctx, r, "supervisor/spawn-etcd", "tether-bench-etcd-spawn-*", func(_ *etcdlocal.Cluster, srv *benchServer) error {
+		return measureSpawns(ctx, r, srv, "supervisor/spawn-etcd", []int{1, 64})
+	})
 }
 
 // measureSpawns measures spawns with each number of clients in turn.

@@ -2,9 +2,7 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/tetherhq/tether/internal/etcdlocal"
@@ -23,20 +21,18 @@ func init() {
 // the CPU time it took (the process's and the etcd member's). A fresh
 // server and keyspace each, on one local etcd member.
 func supervisorTerminateEtcd(ctx context.Context, r *Report) error {
-	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-terminate-*")
-	if errors.Is(err, etcdlocal.ErrNoBinary) {
-		fmt.Fprintln(os.Stderr, "  supervisor/terminate-stores: etcd not installed (apt-get install etcd-server): skipped")
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer stop()
+	return withLocalEtcd(ctx, r, "supervisor/terminate-stores", "tether-bench-etcd-terminate-*", func(cluster *etcdlocal.Cluster) error {
+		return terminateOnStores(ctx, r, cluster)
+	})
+}
+
+func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluster) error {
 	for _, agents := range []int{1000, 10000} {
 		times, cpus := map[string]time.Duration{}, map[string]time.Duration{}
 		for _, backend := range []string{"badger", "etcd"} {
 			var srv *benchServer
 			var st *etcdstore.Etcd
+			var err error
 			stopServer := func() {}
 			if backend == "badger" {
 				srv, err = startServer(ctx, r, disableRateLimit)
