@@ -5,6 +5,7 @@ package testserver
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -159,24 +160,36 @@ var (
 	buildErr  error
 )
 
-// Binary builds cmd/tether once per test binary and returns its path.
+// Binary builds cmd/tether once per test binary and returns its path. The
+// build lands in one directory per checkout under the system's temporary
+// directory, replaced atomically by each test binary's build (a running
+// server keeps the file it started from), so test runs do not leave a
+// binary each behind.
 func Binary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tether-bin-")
+		_, file, _, _ := runtime.Caller(0)
+		root := filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+		sum := sha256.Sum256([]byte(root))
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("tether-bin-%x", sum[:8]))
+		if buildErr = os.MkdirAll(dir, 0o755); buildErr != nil {
+			return
+		}
+		tmp, err := os.CreateTemp(dir, "tether-*.building")
 		if err != nil {
 			buildErr = err
 			return
 		}
-		binPath = filepath.Join(dir, "tether")
-		_, file, _, _ := runtime.Caller(0)
-		root := filepath.Join(filepath.Dir(file), "..", "..")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/tether")
+		_ = tmp.Close()
+		defer func() { _ = os.Remove(tmp.Name()) }()
+		cmd := exec.Command("go", "build", "-o", tmp.Name(), "./cmd/tether")
 		cmd.Dir = root
-		out, err := cmd.CombinedOutput()
-		if err != nil {
+		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+			return
 		}
+		binPath = filepath.Join(dir, "tether")
+		buildErr = os.Rename(tmp.Name(), binPath)
 	})
 	if buildErr != nil {
 		t.Fatal(buildErr)
