@@ -30,11 +30,3 @@ func duration(d time.Duration) *durationpb.Duration {
 	}
 	return durationpb.New(d)
 }
-
-// durationOf is the duration of a message; an absent one is zero.
-func durationOf(d *durationpb.Duration) time.Duration {
-	if d == nil {
-		return 0
-	}
-	return d.AsDuration()
-}

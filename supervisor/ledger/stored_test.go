@@ -1,18 +1,11 @@
 package ledger_test
 
 import (
-	"context"
-	"log/slog"
-	"reflect"
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/tetherhq/tether/controlplane/wire"
-	"github.com/tetherhq/tether/internal/populated"
-	"github.com/tetherhq/tether/internal/store"
-	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/internal/compattest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/ledger"
 )
@@ -34,56 +27,9 @@ func fullCall() *ledger.ToolCall {
 // previous version, which stored and read the message itself, reads it),
 // and a call the previous version stored reads back as the same call.
 func TestStoredCallsKeepTheTetherV1Encoding(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	ctx := context.Background()
-	c := fullCall()
-	if unset := populated.Unset(c); len(unset) > 0 {
-		t.Fatalf("the test call leaves %v unset: set them, or the test does not cover them", unset)
-	}
-
-	var stored []byte
-	err = st.Update(ctx, func(tx store.Txn) error {
-		if err := ledger.PutCallIn(tx, c); err != nil {
-			return err
-		}
-		stored, err = tx.Get(ledger.CallKey(c.CallID))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m tetherv1.ToolCall
-	if err := proto.Unmarshal(stored, &m); err != nil {
-		t.Fatalf("the stored call is not a tether.v1.ToolCall: %v", err)
-	}
-	if want := wire.ToolCall(c); !proto.Equal(&m, want) {
-		t.Fatalf("the stored call reads as\n%v\nwant (as the edge shows it)\n%v", &m, want)
-	}
-
-	old := wire.ToolCall(c)
-	old.CallId = "c_older"
-	b, err := proto.Marshal(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got *ledger.ToolCall
-	err = st.Update(ctx, func(tx store.Txn) error {
-		if err := tx.Put(ledger.CallKey(old.CallId), b); err != nil {
-			return err
-		}
-		got, err = ledger.GetCallIn(tx, old.CallId)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := fullCall()
-	want.CallID = "c_older"
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("a call the previous version stored reads as\n%+v\nwant\n%+v", got, want)
-	}
+	compattest.Check(t, compattest.Stored[ledger.ToolCall, *tetherv1.ToolCall]{
+		Kind: "call", Full: fullCall,
+		SetID: func(c *ledger.ToolCall, id string) { c.CallID = id },
+		Key:   ledger.CallKey, Put: ledger.PutCallIn, Get: ledger.GetCallIn, Wire: wire.ToolCall,
+	}, "c_1", "c_older")
 }

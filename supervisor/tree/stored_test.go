@@ -1,18 +1,12 @@
 package tree_test
 
 import (
-	"context"
-	"log/slog"
 	"reflect"
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/tetherhq/tether/controlplane/wire"
-	"github.com/tetherhq/tether/internal/populated"
-	"github.com/tetherhq/tether/internal/store"
-	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/internal/compattest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -40,63 +34,18 @@ func fullNode() *tree.Node {
 // version, which stored and read the message itself, reads it), and a
 // node the previous version stored reads back as the same node.
 func TestStoredNodesKeepTheTetherV1Encoding(t *testing.T) {
-	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	ctx := context.Background()
-	n := fullNode()
-	if unset := populated.Unset(n); len(unset) > 0 {
-		t.Fatalf("the test node leaves %v unset: set them, or the test does not cover them", unset)
-	}
-
-	var stored []byte
-	err = st.Update(ctx, func(tx store.Txn) error {
-		if err := tree.PutNodeIn(tx, n); err != nil {
-			return err
-		}
-		stored, err = tx.Get(tree.NodeKey(n.NodeID))
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m tetherv1.Node
-	if err := proto.Unmarshal(stored, &m); err != nil {
-		t.Fatalf("the stored node is not a tether.v1.Node: %v", err)
-	}
-	if want := wire.Node(n); !proto.Equal(&m, want) {
-		t.Fatalf("the stored node reads as\n%v\nwant (as the edge shows it)\n%v", &m, want)
-	}
-	if state, err := tree.StoredState(stored); err != nil || state != n.State {
-		t.Fatalf("StoredState (the census's decoding) = %v, %v; want %v", state, err, n.State)
-	}
-
-	old := wire.Node(n)
-	old.NodeId = "n_older"
-	b, err := proto.Marshal(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got *tree.Node
-	err = st.Update(ctx, func(tx store.Txn) error {
-		if err := tx.Put(tree.NodeKey(old.NodeId), b); err != nil {
-			return err
-		}
-		got, err = tree.GetNodeIn(tx, old.NodeId)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	stored, previous := compattest.Check(t, compattest.Stored[tree.Node, *tetherv1.Node]{
+		Kind: "node", Full: fullNode,
+		SetID: func(n *tree.Node, id string) { n.NodeID = id },
+		Key:   tree.NodeKey, Put: tree.PutNodeIn, Get: tree.GetNodeIn, Wire: wire.Node,
+	}, fullNode().NodeID, "n_older")
+	if state, err := tree.StoredState(stored); err != nil || state != fullNode().State {
+		t.Fatalf("StoredState (the census's decoding) = %v, %v; want %v", state, err, fullNode().State)
 	}
 	want := fullNode()
 	want.NodeID = "n_older"
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("a node the previous version stored reads as\n%+v\nwant\n%+v", got, want)
-	}
 	var watched tree.Node
-	if err := tree.UnmarshalNode(b, &watched); err != nil || !reflect.DeepEqual(&watched, want) {
+	if err := tree.UnmarshalNode(previous, &watched); err != nil || !reflect.DeepEqual(&watched, want) {
 		t.Fatalf("UnmarshalNode (the watchers' decoding) = %+v, %v; want %+v", &watched, err, want)
 	}
 }
