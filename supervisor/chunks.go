@@ -172,6 +172,17 @@ func entryNodes(tx store.ReadTxn, entries []subtreeEntry, all bool) (map[string]
 	return out, nil
 }
 
+// readChunk reads up to limit entries of t's index from sequence from, and
+// their nodes (every entry's when all, else the members').
+func readChunk(tx store.ReadTxn, t *Termination, from, limit int, all bool) ([]subtreeEntry, map[string]*tree.Node, error) {
+	entries, err := readEntries(tx, t, from, limit)
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes, err := entryNodes(tx, entries, all)
+	return entries, nodes, err
+}
+
 // owned is the entries' members whose node still names t.
 func owned(t Termination, entries []subtreeEntry, nodes map[string]*tree.Node) []string {
 	var ids []string
@@ -193,16 +204,12 @@ func membersIn(tx store.ReadTxn, t Termination) ([]string, error) {
 	}
 	var ids []string
 	for from := 0; from < t.Counts.Listed; {
-		entries, err := readEntries(tx, &t, from, DefaultChunkSize)
+		entries, nodes, err := readChunk(tx, &t, from, DefaultChunkSize, false)
 		if err != nil {
 			return nil, err
 		}
 		if len(entries) == 0 {
 			break
-		}
-		nodes, err := entryNodes(tx, entries, false)
-		if err != nil {
-			return nil, err
 		}
 		ids = append(ids, owned(t, entries, nodes)...)
 		from += len(entries)
@@ -593,11 +600,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		cur := &stored.Cursor
 		stored.UpdatedAt = now
 		if action == ActEscalate && cur.Entry < stored.Counts.Listed {
-			entries, err := readEntries(tx, &stored, cur.Entry, budget)
-			if err != nil {
-				return err
-			}
-			nodes, err := entryNodes(tx, entries, false)
+			entries, nodes, err := readChunk(tx, &stored, cur.Entry, budget, false)
 			if err != nil {
 				return err
 			}
@@ -666,11 +669,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	var ids []string
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, err := readEntries(tx, &t, cur.Entry, s.chunkSize())
-		if err != nil {
-			return err
-		}
-		nodes, err := entryNodes(tx, entries, false)
+		entries, nodes, err := readChunk(tx, &t, cur.Entry, s.chunkSize(), false)
 		if err != nil {
 			return err
 		}
@@ -746,11 +745,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	budget := s.chunkSize()
 	var ids []string
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, err := readEntries(tx, &t, t.Cursor.Entry, budget)
-		if err != nil {
-			return err
-		}
-		nodes, err := entryNodes(tx, entries, false)
+		entries, nodes, err := readChunk(tx, &t, t.Cursor.Entry, budget, false)
 		ids = owned(t, entries, nodes)
 		return err
 	}); err != nil {
@@ -778,11 +773,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	}
 	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
-		entries, err := readEntries(tx, &stored, cur.Entry, budget)
-		if err != nil {
-			return err
-		}
-		nodes, err := entryNodes(tx, entries, true)
+		entries, nodes, err := readChunk(tx, &stored, cur.Entry, budget, true)
 		if err != nil {
 			return err
 		}

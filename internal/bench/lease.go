@@ -495,38 +495,60 @@ func checkRenewed(d *tetherv1.Decision) error {
 // measureUnaryRenew renews each lease in a closed loop of unary calls;
 // cpu counts the CPU time of the clients and the server.
 func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu func() (time.Duration, bool)) (leaseMeasurement, error) {
-	runCtx, cancel := context.WithCancel(ctx)
+	w := newWorkers(ctx)
 	rec := &recorder{cpu: cpu}
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
 	for _, l := range leases {
-		wg.Go(func() {
+		w.wg.Go(func() {
 			var local []time.Duration
 			defer func() { rec.merge(local) }()
-			for runCtx.Err() == nil {
+			for w.ctx.Err() == nil {
 				start := time.Now()
-				resp, err := l.holder.conn.Lease.Renew(runCtx, connect.NewRequest(l.renewRequest()))
+				resp, err := l.holder.conn.Lease.Renew(w.ctx, connect.NewRequest(l.renewRequest()))
 				if err == nil {
 					err = checkRenewed(resp.Msg.Decision)
 				}
 				if err != nil {
-					if runCtx.Err() == nil {
-						firstErr.CompareAndSwap(nil, err)
-						cancel()
-					}
+					w.fail(err)
 					return
 				}
 				rec.add(&local, time.Since(start))
 			}
 		})
 	}
-	return rec.run(ctx, d, cancel, func() error {
-		wg.Wait()
-		if err, ok := firstErr.Load().(error); ok {
-			return err
-		}
-		return nil
-	})
+	return rec.run(ctx, d, w.cancel, w.wait)
+}
+
+// workers are the closed loops of one measurement: the first error a
+// worker reports stops them all and is the measurement's error.
+type workers struct {
+	ctx    context.Context // ends with the measurement or the first failure
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	first  atomic.Value
+}
+
+func newWorkers(ctx context.Context) *workers {
+	w := &workers{}
+	w.ctx, w.cancel = context.WithCancel(ctx)
+	return w
+}
+
+// fail stops every worker with err, unless the measurement already ended
+// (then the workers' errors are only the end's echo).
+func (w *workers) fail(err error) {
+	if w.ctx.Err() == nil {
+		w.first.CompareAndSwap(nil, err)
+		w.cancel()
+	}
+}
+
+// wait waits for every worker and returns the first error one reported.
+func (w *workers) wait() error {
+	w.wg.Wait()
+	if err, ok := w.first.Load().(error); ok {
+		return err
+	}
+	return nil
 }
 
 // measureStreamRenew renews each lease in a closed loop over its holder's
@@ -540,24 +562,16 @@ func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLeas
 // a holder sends renewal n+1 before renewal n is answered, which the
 // stream allows because each renewal is judged on its own sequence.
 func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLease, window int) (leaseMeasurement, error) {
-	runCtx, cancel := context.WithCancel(ctx)
+	w := newWorkers(ctx)
 	rec := &recorder{cpu: processCPU} // the bench's clients and the server
 	byHolder := map[*leaseHolder][]int{}
 	for i, l := range leases {
 		byHolder[l.holder] = append(byHolder[l.holder], i)
 	}
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
-	fail := func(err error) {
-		if runCtx.Err() == nil {
-			firstErr.CompareAndSwap(nil, err)
-			cancel()
-		}
-	}
 	for h, idx := range byHolder {
-		wg.Go(func() {
-			stream := h.conn.Lease.Channel(runCtx)
-			stop := context.AfterFunc(runCtx, func() { _ = stream.CloseResponse() })
+		w.wg.Go(func() {
+			stream := h.conn.Lease.Channel(w.ctx)
+			stop := context.AfterFunc(w.ctx, func() { _ = stream.CloseResponse() })
 			defer stop()
 			// A renewal's correlation id is its slot: lease i, sequence s
 			// uses slot i*window + s%window, free again once answered.
@@ -586,13 +600,13 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 				ready = append(ready, idx...)
 			}
 			if err := send(ready); err != nil {
-				fail(err)
+				w.fail(err)
 				return
 			}
-			for runCtx.Err() == nil {
+			for w.ctx.Err() == nil {
 				resp, err := stream.Receive()
 				if err != nil {
-					fail(err)
+					w.fail(err)
 					return
 				}
 				answers := append([]*tetherv1.ChannelResponse{resp}, resp.Batch...)
@@ -600,30 +614,24 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 				for _, a := range answers {
 					slot := int(a.CorrelationId)
 					if a.Error != "" {
-						fail(errors.New(a.Error))
+						w.fail(errors.New(a.Error))
 						return
 					}
 					if err := checkRenewed(a.Decision); err != nil {
-						fail(err)
+						w.fail(err)
 						return
 					}
 					rec.add(&local, time.Since(sentAt[slot]))
 					ready = append(ready, slot/window)
 				}
 				if err := send(ready); err != nil {
-					fail(err)
+					w.fail(err)
 					return
 				}
 			}
 		})
 	}
-	return rec.run(ctx, d, cancel, func() error {
-		wg.Wait()
-		if err, ok := firstErr.Load().(error); ok {
-			return err
-		}
-		return nil
-	})
+	return rec.run(ctx, d, w.cancel, w.wait)
 }
 
 var errNoEtcd = errors.New("etcd not installed")
@@ -771,17 +779,15 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 		}
 		revs[i] = resp.Header.Revision
 	}
-	runCtx, cancel := context.WithCancel(ctx)
+	w := newWorkers(ctx)
 	rec := &recorder{cpu: etcd.cpu}
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
 	for i := range n {
-		wg.Go(func() {
+		w.wg.Go(func() {
 			var local []time.Duration
 			defer func() { rec.merge(local) }()
-			for seq := uint64(1); runCtx.Err() == nil; seq++ {
+			for seq := uint64(1); w.ctx.Err() == nil; seq++ {
 				start := time.Now()
-				resp, err := clients[i%len(clients)].Txn(runCtx).
+				resp, err := clients[i%len(clients)].Txn(w.ctx).
 					If(clientv3.Compare(clientv3.ModRevision(keys[i]), "=", revs[i])).
 					Then(clientv3.OpPut(keys[i], etcdValue(i, seq))).
 					Else(clientv3.OpGet(keys[i])).
@@ -790,10 +796,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 					err = fmt.Errorf("renew of %s lost its fence", keys[i])
 				}
 				if err != nil {
-					if runCtx.Err() == nil {
-						firstErr.CompareAndSwap(nil, err)
-						cancel()
-					}
+					w.fail(err)
 					return
 				}
 				revs[i] = resp.Header.Revision
@@ -801,13 +804,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 			}
 		})
 	}
-	return rec.run(ctx, d, cancel, func() error {
-		wg.Wait()
-		if err, ok := firstErr.Load().(error); ok {
-			return err
-		}
-		return nil
-	})
+	return rec.run(ctx, d, w.cancel, w.wait)
 }
 
 func etcdValue(i int, seq uint64) string {

@@ -81,21 +81,19 @@ func (r *Rules) run(ctx context.Context) error {
 		// Take what the watches hold, then evaluate a slice of the marked
 		// nodes, so that a long backlog never stops the watches from being
 		// read (a watcher that falls behind is ended and costs a rescan).
-		for drained := false; !drained; {
+		var err error
+		for drained := false; !drained && err == nil; {
 			select {
 			case batch, ok := <-rulesW.Events():
-				if !ok {
-					return reconcile.WatchEnded(rulesW)
-				}
-				r.applyEvents(ix, batch)
+				err = r.take(ix, rulesW, batch, ok)
 			case batch, ok := <-nodesW.Events():
-				if !ok {
-					return reconcile.WatchEnded(nodesW)
-				}
-				r.applyEvents(ix, batch)
+				err = r.take(ix, nodesW, batch, ok)
 			default:
 				drained = true
 			}
+		}
+		if err != nil {
+			return err
 		}
 		if len(ix.dirty) > 0 {
 			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
@@ -107,15 +105,9 @@ func (r *Rules) run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case batch, ok := <-rulesW.Events():
-			if !ok {
-				return reconcile.WatchEnded(rulesW)
-			}
-			r.applyEvents(ix, batch)
+			err = r.take(ix, rulesW, batch, ok)
 		case batch, ok := <-nodesW.Events():
-			if !ok {
-				return reconcile.WatchEnded(nodesW)
-			}
-			r.applyEvents(ix, batch)
+			err = r.take(ix, nodesW, batch, ok)
 		case <-ticker.C():
 			ticker.Reset(tick)
 			ix.markTimed()
@@ -123,6 +115,9 @@ func (r *Rules) run(ctx context.Context) error {
 				ix.markNode(id)
 				delete(ix.retry, id)
 			}
+		}
+		if err != nil {
+			return err
 		}
 	}
 }
@@ -301,6 +296,16 @@ func (ix *index) markTimed() {
 			}
 		}
 	}
+}
+
+// take applies a batch from watch w or, when w has ended (ok false),
+// returns why.
+func (r *Rules) take(ix *index, w store.Watcher, batch []store.Event, ok bool) error {
+	if !ok {
+		return reconcile.WatchEnded(w)
+	}
+	r.applyEvents(ix, batch)
+	return nil
 }
 
 func (r *Rules) applyEvents(ix *index, batch []store.Event) {

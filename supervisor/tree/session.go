@@ -36,22 +36,28 @@ type Signals struct {
 // watch notifies every subscriber.
 func (h *Signals) Changes(nodeID string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
-	h.mu.Lock()
-	if h.changes == nil {
-		h.changes = map[string]map[chan struct{}]struct{}{}
+	return ch, subscribe(&h.mu, &h.changes, nodeID, ch)
+}
+
+// subscribe adds ch to nodeID's set in *subs (made on first use), under mu,
+// and returns the function that removes it again.
+func subscribe[C comparable](mu *sync.Mutex, subs *map[string]map[C]struct{}, nodeID string, ch C) (cancel func()) {
+	mu.Lock()
+	defer mu.Unlock()
+	if *subs == nil {
+		*subs = map[string]map[C]struct{}{}
 	}
-	if h.changes[nodeID] == nil {
-		h.changes[nodeID] = map[chan struct{}]struct{}{}
+	if (*subs)[nodeID] == nil {
+		(*subs)[nodeID] = map[C]struct{}{}
 	}
-	h.changes[nodeID][ch] = struct{}{}
-	h.mu.Unlock()
-	return ch, func() {
-		h.mu.Lock()
-		delete(h.changes[nodeID], ch)
-		if len(h.changes[nodeID]) == 0 {
-			delete(h.changes, nodeID)
+	(*subs)[nodeID][ch] = struct{}{}
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		delete((*subs)[nodeID], ch)
+		if len((*subs)[nodeID]) == 0 {
+			delete(*subs, nodeID)
 		}
-		h.mu.Unlock()
 	}
 }
 
@@ -98,23 +104,7 @@ func SignalFor(n *Node) *SessionSignal {
 // truth, and a reconnecting session is told it on open).
 func (h *Signals) Subscribe(nodeID string) (<-chan *SessionSignal, func()) {
 	ch := make(chan *SessionSignal, 4)
-	h.mu.Lock()
-	if h.subs == nil {
-		h.subs = map[string]map[chan *SessionSignal]struct{}{}
-	}
-	if h.subs[nodeID] == nil {
-		h.subs[nodeID] = map[chan *SessionSignal]struct{}{}
-	}
-	h.subs[nodeID][ch] = struct{}{}
-	h.mu.Unlock()
-	return ch, func() {
-		h.mu.Lock()
-		delete(h.subs[nodeID], ch)
-		if len(h.subs[nodeID]) == 0 {
-			delete(h.subs, nodeID)
-		}
-		h.mu.Unlock()
-	}
+	return ch, subscribe(&h.mu, &h.subs, nodeID, ch)
 }
 
 func (h *Signals) publish(nodeID string, sig *SessionSignal) {

@@ -16,42 +16,34 @@ import (
 )
 
 // PutJSON stores v as JSON under key.
-func PutJSON(tx store.Txn, key []byte, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	return tx.Put(key, b)
-}
+func PutJSON(tx store.Txn, key []byte, v any) error { return put(tx, key, v, json.Marshal) }
 
 // GetJSON decodes the JSON stored under key into v; a missing key is
 // store.ErrNotFound.
-func GetJSON(tx store.ReadTxn, key []byte, v any) error {
-	b, err := tx.Get(key)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
-}
+func GetJSON(tx store.ReadTxn, key []byte, v any) error { return get(tx, key, v, json.Unmarshal) }
 
 // Put stores v (a pointer to a struct with pb tags) in its stored
 // encoding, written by internal/storecodec, under key.
-func Put(tx store.Txn, key []byte, v any) error {
-	b, err := storecodec.Marshal(v)
+func Put(tx store.Txn, key []byte, v any) error { return put(tx, key, v, storecodec.Marshal) }
+
+// Get decodes the value Put stored under key into v; a missing key is
+// store.ErrNotFound.
+func Get(tx store.ReadTxn, key []byte, v any) error { return get(tx, key, v, storecodec.Unmarshal) }
+
+func put(tx store.Txn, key []byte, v any, marshal func(any) ([]byte, error)) error {
+	b, err := marshal(v)
 	if err != nil {
 		return err
 	}
 	return tx.Put(key, b)
 }
 
-// Get decodes the value Put stored under key into v; a missing key is
-// store.ErrNotFound.
-func Get(tx store.ReadTxn, key []byte, v any) error {
+func get(tx store.ReadTxn, key []byte, v any, unmarshal func([]byte, any) error) error {
 	b, err := tx.Get(key)
 	if err != nil {
 		return err
 	}
-	return storecodec.Unmarshal(b, v)
+	return unmarshal(b, v)
 }
 
 // GetOf decodes the value stored under key with decode, for a value the
