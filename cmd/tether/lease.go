@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/csv"
 	"fmt"
 	"io"
@@ -35,19 +36,6 @@ the audit event and the reason.`,
 	return cmd
 }
 
-// claimFlags are the flags every worker command carries.
-type claimFlags struct {
-	leaseID    string
-	generation uint64
-}
-
-func (c *claimFlags) add(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&c.leaseID, "lease-id", "", "the lease id of the generation you hold")
-	cmd.Flags().Uint64Var(&c.generation, "generation", 0, "the lease generation you hold")
-	_ = cmd.MarkFlagRequired("lease-id")
-	_ = cmd.MarkFlagRequired("generation")
-}
-
 // decidedAnswer is a lease mutation's answer: the coordinator's decision
 // and the lease it left.
 type decidedAnswer interface {
@@ -56,19 +44,67 @@ type decidedAnswer interface {
 	GetDecision() *tetherv1.Decision
 }
 
-// printDecided prints the answer of a lease mutation, or returns its error:
-// return printDecided(c.Lease.Ack(ctx, req))(g, cmd).
-func printDecided[R any, M interface {
+// decided is a lease mutation's answer, or its error:
+// return decided(c.Lease.Ack(ctx, req)).
+func decided[R any, M interface {
 	*R
 	decidedAnswer
-}](resp *connect.Response[R], err error) func(*globals, *cobra.Command) error {
-	return func(g *globals, cmd *cobra.Command) error {
-		if err != nil {
-			return err
-		}
-		var msg M = resp.Msg
-		return printDecision(g, cmd.OutOrStdout(), msg)
+}](resp *connect.Response[R], err error) (decidedAnswer, error) {
+	if err != nil {
+		return nil, err
 	}
+	return M(resp.Msg), nil
+}
+
+// leaseMutation is a command that sends one message about JOB to the
+// coordinator and prints its decision. check, when not nil, reads the
+// command's flags before anything is dialed.
+func leaseMutation(g *globals, use, short string, check func() error, send func(ctx context.Context, c *clients, job string) (decidedAnswer, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if check != nil {
+				if err := check(); err != nil {
+					return err
+				}
+			}
+			c, err := g.clients()
+			if err != nil {
+				return err
+			}
+			msg, err := send(cmd.Context(), c, args[0])
+			if err != nil {
+				return err
+			}
+			return printDecision(g, cmd.OutOrStdout(), msg)
+		},
+	}
+}
+
+// claim is what a holder's message names: the job, the lease id and
+// generation it holds (--lease-id, --generation), and when it was sent.
+type claim struct {
+	job        string
+	leaseID    string
+	generation uint64
+	sentAt     *timestamppb.Timestamp
+}
+
+// holderMutation is a worker command: a lease mutation whose message
+// carries the holder's claim, from the flags every worker command has.
+func holderMutation(g *globals, use, short string, check func() error, send func(ctx context.Context, c *clients, h claim) (decidedAnswer, error)) *cobra.Command {
+	h := claim{}
+	cmd := leaseMutation(g, use, short, check, func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
+		h.job, h.sentAt = job, timestamppb.Now()
+		return send(ctx, c, h)
+	})
+	cmd.Flags().StringVar(&h.leaseID, "lease-id", "", "the lease id of the generation you hold")
+	cmd.Flags().Uint64Var(&h.generation, "generation", 0, "the lease generation you hold")
+	_ = cmd.MarkFlagRequired("lease-id")
+	_ = cmd.MarkFlagRequired("generation")
+	return cmd
 }
 
 // printDecision prints a mutation's answer.
@@ -134,16 +170,13 @@ func durationFlag(d time.Duration) *durationpb.Duration {
 func leaseOffer(g *globals) *cobra.Command {
 	var holder string
 	var duration, ackTimeout time.Duration
-	cmd := &cobra.Command{
-		Use:   "offer JOB --holder NODE [--duration 30s] [--ack-timeout 10s]",
-		Short: "Offer a job to a holder: generation 1, OFFERED until it ACKs",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.Offer(cmd.Context(), connect.NewRequest(&tetherv1.OfferRequest{
-				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout),
-			})))(g, cmd)
-		}),
-	}
+	cmd := leaseMutation(g, "offer JOB --holder NODE [--duration 30s] [--ack-timeout 10s]",
+		"Offer a job to a holder: generation 1, OFFERED until it ACKs", nil,
+		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
+			return decided(c.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{
+				JobId: job, HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout),
+			})))
+		})
 	cmd.Flags().StringVar(&holder, "holder", "", "the holder's agent node id")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the policy's)")
 	cmd.Flags().DurationVar(&ackTimeout, "ack-timeout", 0, "how long the holder has to ACK (default: the policy's)")
@@ -152,55 +185,39 @@ func leaseOffer(g *globals) *cobra.Command {
 }
 
 func leaseAck(g *globals) *cobra.Command {
-	var cf claimFlags
-	cmd := &cobra.Command{
-		Use:   "ack JOB --lease-id L --generation N",
-		Short: "Accept an offer (holder): ACTIVE until the expiry; never completion",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.Ack(cmd.Context(), connect.NewRequest(&tetherv1.AckRequest{
-				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
-			})))(g, cmd)
-		}),
-	}
-	cf.add(cmd)
-	return cmd
+	return holderMutation(g, "ack JOB --lease-id L --generation N",
+		"Accept an offer (holder): ACTIVE until the expiry; never completion", nil,
+		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
+			return decided(c.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{
+				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, SentAt: h.sentAt,
+			})))
+		})
 }
 
 func leaseRenew(g *globals) *cobra.Command {
-	var cf claimFlags
 	var seq uint64
-	cmd := &cobra.Command{
-		Use:   "renew JOB --lease-id L --generation N --sequence S",
-		Short: "Renew the lease (holder), with a renew sequence above the accepted one",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.Renew(cmd.Context(), connect.NewRequest(&tetherv1.RenewRequest{
-				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, RenewSequence: seq, SentAt: timestamppb.Now(),
-			})))(g, cmd)
-		}),
-	}
-	cf.add(cmd)
+	cmd := holderMutation(g, "renew JOB --lease-id L --generation N --sequence S",
+		"Renew the lease (holder), with a renew sequence above the accepted one", nil,
+		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
+			return decided(c.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{
+				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, RenewSequence: seq, SentAt: h.sentAt,
+			})))
+		})
 	cmd.Flags().Uint64Var(&seq, "sequence", 0, "renew sequence")
 	_ = cmd.MarkFlagRequired("sequence")
 	return cmd
 }
 
 func leaseProgress(g *globals) *cobra.Command {
-	var cf claimFlags
 	var seq uint64
 	var value string
-	cmd := &cobra.Command{
-		Use:   "progress JOB --lease-id L --generation N --sequence S --value V",
-		Short: "Report progress (holder); progress never renews",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.Progress(cmd.Context(), connect.NewRequest(&tetherv1.ProgressRequest{
-				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, ProgressSequence: seq, ProgressValue: value, SentAt: timestamppb.Now(),
-			})))(g, cmd)
-		}),
-	}
-	cf.add(cmd)
+	cmd := holderMutation(g, "progress JOB --lease-id L --generation N --sequence S --value V",
+		"Report progress (holder); progress never renews", nil,
+		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
+			return decided(c.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{
+				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, ProgressSequence: seq, ProgressValue: value, SentAt: h.sentAt,
+			})))
+		})
 	cmd.Flags().Uint64Var(&seq, "sequence", 0, "progress sequence")
 	cmd.Flags().StringVar(&value, "value", "", "progress value")
 	_ = cmd.MarkFlagRequired("sequence")
@@ -209,87 +226,76 @@ func leaseProgress(g *globals) *cobra.Command {
 
 func leaseCancel(g *globals) *cobra.Command {
 	var reason string
-	cmd := &cobra.Command{
-		Use:   "cancel JOB [--reason R]",
-		Short: "Request cancellation (coordinator): intent only; the job still needs a terminal result",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.RequestCancel(cmd.Context(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: args[0], Reason: reason})))(g, cmd)
-		}),
-	}
+	cmd := leaseMutation(g, "cancel JOB [--reason R]",
+		"Request cancellation (coordinator): intent only; the job still needs a terminal result", nil,
+		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
+			return decided(c.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: reason})))
+		})
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	return cmd
 }
 
 func leaseCancelAck(g *globals) *cobra.Command {
-	var cf claimFlags
-	cmd := &cobra.Command{
-		Use:   "cancel-ack JOB --lease-id L --generation N",
-		Short: "Acknowledge a cancel request (holder); it does not prove the work stopped",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.CancelAck(cmd.Context(), connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
-				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, SentAt: timestamppb.Now(),
-			})))(g, cmd)
-		}),
-	}
-	cf.add(cmd)
-	return cmd
+	return holderMutation(g, "cancel-ack JOB --lease-id L --generation N",
+		"Acknowledge a cancel request (holder); it does not prove the work stopped", nil,
+		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
+			return decided(c.Lease.CancelAck(ctx, connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
+				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, SentAt: h.sentAt,
+			})))
+		})
 }
 
-func parseResult(s string, allowed ...tetherv1.TerminalResult) (tetherv1.TerminalResult, error) {
+// resultFlag is --result: one of the terminal results allowed, parsed
+// before anything is dialed.
+type resultFlag struct {
+	text    string
+	allowed []tetherv1.TerminalResult
+	result  tetherv1.TerminalResult
+}
+
+func (f *resultFlag) add(cmd *cobra.Command, usage string) {
+	cmd.Flags().StringVar(&f.text, "result", "", usage)
+	_ = cmd.MarkFlagRequired("result")
+}
+
+func (f *resultFlag) parse() error {
 	var names []string
-	for _, r := range allowed {
+	for _, r := range f.allowed {
 		name := strings.ToLower(strings.TrimPrefix(r.String(), "TERMINAL_RESULT_"))
 		names = append(names, name)
-		if strings.EqualFold(s, name) {
-			return r, nil
+		if strings.EqualFold(f.text, name) {
+			f.result = r
+			return nil
 		}
 	}
-	return 0, fmt.Errorf("--result %q: want one of %s", s, strings.Join(names, ", "))
+	return fmt.Errorf("--result %q: want one of %s", f.text, strings.Join(names, ", "))
 }
 
 func leaseComplete(g *globals) *cobra.Command {
-	var cf claimFlags
-	var result, detail string
-	cmd := &cobra.Command{
-		Use:   "complete JOB --lease-id L --generation N --result success|failed|cancelled [--detail D]",
-		Short: "Report the terminal result (holder), accepted only within the active lease",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := parseResult(result, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED)
-			if err != nil {
-				return err
-			}
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			return printDecided(c.Lease.Complete(cmd.Context(), connect.NewRequest(&tetherv1.CompleteRequest{
-				JobId: args[0], LeaseId: cf.leaseID, LeaseGeneration: cf.generation, Result: r, Detail: detail, SentAt: timestamppb.Now(),
-			})))(g, cmd)
-		},
-	}
-	cf.add(cmd)
-	cmd.Flags().StringVar(&result, "result", "", "success, failed or cancelled")
+	result := &resultFlag{allowed: []tetherv1.TerminalResult{tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED}}
+	var detail string
+	cmd := holderMutation(g, "complete JOB --lease-id L --generation N --result success|failed|cancelled [--detail D]",
+		"Report the terminal result (holder), accepted only within the active lease", result.parse,
+		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
+			return decided(c.Lease.Complete(ctx, connect.NewRequest(&tetherv1.CompleteRequest{
+				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, Result: result.result, Detail: detail, SentAt: h.sentAt,
+			})))
+		})
+	result.add(cmd, "success, failed or cancelled")
 	cmd.Flags().StringVar(&detail, "detail", "", "detail")
-	_ = cmd.MarkFlagRequired("result")
 	return cmd
 }
 
 func leaseReassign(g *globals) *cobra.Command {
 	var holder, reason string
 	var duration, ackTimeout time.Duration
-	cmd := &cobra.Command{
-		Use:   "reassign JOB --holder NODE [--duration D] [--ack-timeout T] [--reason R]",
-		Short: "Issue generation + 1 to a holder (coordinator); fences off every earlier generation and settles an ownership conflict",
-		Args:  cobra.ExactArgs(1),
-		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			return printDecided(c.Lease.Reassign(cmd.Context(), connect.NewRequest(&tetherv1.ReassignRequest{
-				JobId: args[0], HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
-			})))(g, cmd)
-		}),
-	}
+	cmd := leaseMutation(g, "reassign JOB --holder NODE [--duration D] [--ack-timeout T] [--reason R]",
+		"Issue generation + 1 to a holder (coordinator); fences off every earlier generation and settles an ownership conflict", nil,
+		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
+			return decided(c.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{
+				JobId: job, HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
+			})))
+		})
 	cmd.Flags().StringVar(&holder, "holder", "", "the new holder's agent node id")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the current generation's)")
 	cmd.Flags().DurationVar(&ackTimeout, "ack-timeout", 0, "ACK timeout (default: the policy's)")
@@ -299,30 +305,19 @@ func leaseReassign(g *globals) *cobra.Command {
 }
 
 func leaseResolve(g *globals) *cobra.Command {
-	var result, reason string
+	result := &resultFlag{allowed: []tetherv1.TerminalResult{tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED}}
+	var reason string
 	var bound time.Duration
-	cmd := &cobra.Command{
-		Use:   "resolve JOB --result cancelled|failed|unresolved [--bound D] [--reason R]",
-		Short: "Explicit terminal reconciliation (coordinator); UNRESOLVED is bounded, then FAILED",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := parseResult(result, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED)
-			if err != nil {
-				return err
-			}
-			c, err := g.clients()
-			if err != nil {
-				return err
-			}
-			return printDecided(c.Lease.Resolve(cmd.Context(), connect.NewRequest(&tetherv1.ResolveRequest{
-				JobId: args[0], Result: r, UnresolvedBound: durationFlag(bound), Reason: reason,
-			})))(g, cmd)
-		},
-	}
-	cmd.Flags().StringVar(&result, "result", "", "cancelled, failed or unresolved")
+	cmd := leaseMutation(g, "resolve JOB --result cancelled|failed|unresolved [--bound D] [--reason R]",
+		"Explicit terminal reconciliation (coordinator); UNRESOLVED is bounded, then FAILED", result.parse,
+		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
+			return decided(c.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{
+				JobId: job, Result: result.result, UnresolvedBound: durationFlag(bound), Reason: reason,
+			})))
+		})
+	result.add(cmd, "cancelled, failed or unresolved")
 	cmd.Flags().DurationVar(&bound, "bound", 0, "for unresolved: how long until it must be revisited (default: the policy's maximum)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
-	_ = cmd.MarkFlagRequired("result")
 	return cmd
 }
 

@@ -165,11 +165,7 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 	}
 	if sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); section("children", err) {
 		d.Descendants = len(sub.Msg.Nodes) - 1
-		for _, n := range sub.Msg.Nodes {
-			if n.ParentNodeId == id {
-				d.Children = append(d.Children, n)
-			}
-		}
+		d.Children = slices.DeleteFunc(sub.Msg.Nodes, func(n *tetherv1.Node) bool { return n.ParentNodeId != id })
 	}
 	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); section("grants", err) {
 		d.Grants = g.Msg.Grants
@@ -178,11 +174,7 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 		d.Leases = l.Msg.Leases
 	}
 	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); section("stop proposals", err) {
-		for _, prop := range p.Msg.Proposals {
-			if prop.NodeId == id {
-				d.Proposals = append(d.Proposals, prop)
-			}
-		}
+		d.Proposals = slices.DeleteFunc(p.Msg.Proposals, func(p *tetherv1.StopProposal) bool { return p.NodeId != id })
 	}
 	if calls, err := s.clients.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); section("tool calls", err) {
 		d.Calls = calls.Msg.Calls
@@ -305,7 +297,7 @@ func terminationView(t *tetherv1.Termination) terminationJSON {
 }
 
 // events starts a server-sent event stream.
-func events(w http.ResponseWriter) func(event string, v any) error {
+func events(w http.ResponseWriter) sendEvent {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")
@@ -325,9 +317,26 @@ func events(w http.ResponseWriter) func(event string, v any) error {
 	}
 }
 
-// streamFailed ends an event stream with the server's error.
-func streamFailed(send func(string, any) error, err error) {
-	if err != nil && connect.CodeOf(err) != connect.CodeCanceled {
+// sendEvent sends one server-sent event: its name and its JSON data.
+type sendEvent = func(event string, v any) error
+
+// relayEvents relays a server stream, opened with err, as server-sent
+// events: each sends a message's events and says whether the stream goes
+// on; the server's error ends it as a "failed" event. A stream that did not
+// open is an error page that says what could not be watched.
+func relayEvents[M any](c *Console, w http.ResponseWriter, r *http.Request, s *session, what string, stream *connect.ServerStreamForClient[M], err error, each func(send sendEvent, m *M) (more bool)) {
+	if err != nil {
+		c.apiFail(w, r, s, what, err)
+		return
+	}
+	defer stream.Close()
+	send := events(w)
+	for stream.Receive() {
+		if !each(send, stream.Msg()) {
+			return
+		}
+	}
+	if err := stream.Err(); err != nil && connect.CodeOf(err) != connect.CodeCanceled {
 		_ = send("failed", map[string]string{"error": errorText(err)})
 	}
 }
@@ -335,23 +344,17 @@ func streamFailed(send func(string, any) error, err error) {
 func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	stream, err := s.clients.Supervisor.WatchTermination(r.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not watch termination "+id, err)
-		return
-	}
-	defer stream.Close()
-	send := events(w)
-	for stream.Receive() {
-		t := stream.Msg().Termination
+	relayEvents(c, w, r, s, "Could not watch termination "+id, stream, err, func(send sendEvent, m *tetherv1.WatchTerminationResponse) bool {
+		t := m.Termination
 		if send("termination", terminationView(t)) != nil {
-			return
+			return false
 		}
 		if t.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED && t.RecordId != "" {
 			_ = send("end", map[string]string{})
-			return
+			return false
 		}
-	}
-	streamFailed(send, stream.Err())
+		return true
+	})
 }
 
 // ---- records ----
@@ -769,19 +772,10 @@ func rolloutVersion(ro *tetherv1.Rollout) string {
 func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
 	stream, err := s.clients.Supervisor.WatchRollout(r.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not watch rollout "+id, err)
-		return
-	}
-	defer stream.Close()
-	send := events(w)
-	for stream.Receive() {
-		ro := stream.Msg().Rollout
-		if send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) != nil {
-			return
-		}
-	}
-	streamFailed(send, stream.Err())
+	relayEvents(c, w, r, s, "Could not watch rollout "+id, stream, err, func(send sendEvent, m *tetherv1.WatchRolloutResponse) bool {
+		ro := m.Rollout
+		return send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) == nil
+	})
 }
 
 func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *session) {
@@ -830,24 +824,14 @@ type tombstoneJSON struct {
 
 func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	stream, err := s.clients.Capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
-	if err != nil {
-		c.apiFail(w, r, s, "Could not watch revocations", err)
-		return
-	}
-	defer stream.Close()
-	send := events(w)
-	for stream.Receive() {
-		m := stream.Msg()
+	relayEvents(c, w, r, s, "Could not watch revocations", stream, err, func(send sendEvent, m *tetherv1.WatchRevocationsResponse) bool {
 		for _, t := range m.Tombstones {
 			if send("tombstone", tombstoneJSON{Sequence: t.Sequence, GrantID: t.GrantId, RevokedAt: ts(t.RevokedAt), Reason: t.Reason}) != nil {
-				return
+				return false
 			}
 		}
-		if send("head", map[string]any{"head": m.HeadSequence, "server_time": ts(m.ServerTime), "snapshot": m.Snapshot}) != nil {
-			return
-		}
-	}
-	streamFailed(send, stream.Err())
+		return send("head", map[string]any{"head": m.HeadSequence, "server_time": ts(m.ServerTime), "snapshot": m.Snapshot}) == nil
+	})
 }
 
 func seedHeader() []string { return lease.SeedHeader() }

@@ -193,20 +193,20 @@ class Agent:
     def on_drain(self, callback: Callable[[Signal], Any]) -> None:
         """Runs ``callback(signal)`` once when a drain (or abort) arrives, at
         once if it already has."""
-        with self._lock:
-            fired = self.signal if self.draining.is_set() else None
-            if fired is None:
-                self._on_drain.append(callback)
-        if fired is not None:
-            callback(fired)
+        self._once(self.draining, self._on_drain, callback)
 
     def on_abort(self, callback: Callable[[Signal], Any]) -> None:
         """Runs ``callback(signal)`` once when an abort arrives, at once if it
         already has."""
+        self._once(self.aborted, self._on_abort, callback)
+
+    def _once(self, arrived: threading.Event, waiting: list, callback: Callable[[Signal], Any]) -> None:
+        """Runs ``callback(signal)`` now if ``arrived`` is set, else queues it
+        in ``waiting``, which ``_handle`` runs when the signal arrives."""
         with self._lock:
-            fired = self.signal if self.aborted.is_set() else None
+            fired = self.signal if arrived.is_set() else None
             if fired is None:
-                self._on_abort.append(callback)
+                waiting.append(callback)
         if fired is not None:
             callback(fired)
 
