@@ -26,9 +26,9 @@ import (
 )
 
 func init() {
-	Register("capability/revoke-subtree", capabilityRevokeSubtree)
-	Register("capability/verify", capabilityVerify)
-	Register("capability/durable", capabilityDurable)
+	Register("capability/revoke-subtree", onServer(capabilityRevokeSubtree))
+	Register("capability/verify", onServer(capabilityVerify))
+	Register("capability/durable", onServer(capabilityDurable))
 }
 
 // capabilityRevokeSubtree revokes the root of subtrees of 1,000, 10,000
@@ -40,12 +40,7 @@ func init() {
 // then takes to rewrite the subtree's stored states (not on any request
 // path). The trees are written straight into the store in big batches, as
 // Delegate would write them; a leaf's token comes from a real Refresh.
-func capabilityRevokeSubtree(ctx context.Context, r *Report) error {
-	srv, err := startServer(ctx, r)
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
+func capabilityRevokeSubtree(ctx context.Context, r *Report, srv *benchServer) error {
 	verifier, stopVerifier, err := startBenchVerifier(ctx, srv, -1)
 	if err != nil {
 		return err
@@ -283,12 +278,7 @@ func startBenchVerifier(ctx context.Context, srv *benchServer, cacheSize int) (*
 // number of goroutines in the same run. The tokens are real: minted by
 // the server for a grant four delegations deep, and the verifier holds a
 // thousand live tombstones, so the chain check does real lookups.
-func capabilityVerify(ctx context.Context, r *Report) error {
-	srv, err := startServer(ctx, r)
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
+func capabilityVerify(ctx context.Context, r *Report, srv *benchServer) error {
 	line, err := registerLine(ctx, srv, 5)
 	if err != nil {
 		return err
@@ -442,12 +432,7 @@ func revokeUnrelated(ctx context.Context, srv *benchServer, holder string, n int
 // grant and its index entries and mints a token); revocations revoke
 // those grants one by one, as their parent's holder (each writes the
 // grant, a tombstone and the feed head).
-func capabilityDurable(ctx context.Context, r *Report) error {
-	srv, err := startServer(ctx, r)
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
+func capabilityDurable(ctx context.Context, r *Report, srv *benchServer) error {
 	line, err := registerLine(ctx, srv, 2)
 	if err != nil {
 		return err

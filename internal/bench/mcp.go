@@ -10,7 +10,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/internal/mcptest"
@@ -18,7 +17,7 @@ import (
 )
 
 func init() {
-	Register("mcp/tools-call", mcpToolsCall)
+	Register("mcp/tools-call", onServer(mcpToolsCall))
 }
 
 // mcpToolsCall measures what the MCP gateway adds to a tools/call: the
@@ -29,19 +28,8 @@ func init() {
 // is 16 agents, each with its own session, calling as fast as they can.
 // The gated call includes the offline scope check and the ledger's
 // BeginCall and EndCall (durable commits on the control plane).
-func mcpToolsCall(ctx context.Context, r *Report) error {
-	srv, err := startServer(ctx, r)
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
-	agent, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-mcp-agent"}))
-	if err != nil {
-		return err
-	}
-	grant, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
-		HolderNodeId: agent.Msg.Node.NodeId, Scopes: []string{"mcp:bench/*"}, Ttl: durationpb.New(time.Hour),
-	}))
+func mcpToolsCall(ctx context.Context, r *Report, srv *benchServer) error {
+	_, grant, err := rootWithGrant(ctx, srv, "bench-mcp-agent", time.Hour, "mcp:bench/*")
 	if err != nil {
 		return err
 	}
@@ -91,7 +79,7 @@ func mcpToolsCall(ctx context.Context, r *Report) error {
 		return err
 	}
 	defer direct.Close()
-	gated, err := open(gwURL, grant.Msg.Token)
+	gated, err := open(gwURL, grant.Token)
 	if err != nil {
 		return err
 	}
@@ -127,7 +115,7 @@ func mcpToolsCall(ctx context.Context, r *Report) error {
 	const agents = 16
 	for _, s := range []struct {
 		name, endpoint, token string
-	}{{"direct", upURL, ""}, {"gateway", gwURL, grant.Msg.Token}} {
+	}{{"direct", upURL, ""}, {"gateway", gwURL, grant.Token}} {
 		sessions := make([]*mcp.ClientSession, agents)
 		for i := range sessions {
 			if sessions[i], err = open(s.endpoint, s.token); err != nil {

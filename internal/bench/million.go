@@ -94,18 +94,12 @@ func largeSwarm(ctx context.Context, r *Report, name string, srv *benchServer, d
 
 	heapBefore, rssBefore := memoryNow()
 	peerBefore, _ := residentBytes(peerPID)
-	rootResp, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-swarm"}))
-	if err != nil {
-		return err
-	}
-	rootGrant, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
-		HolderNodeId: rootResp.Msg.Node.NodeId, Scopes: []string{"tool:*", "s3:read:logs/*"}, Ttl: durationpb.New(6 * time.Hour),
-	}))
+	root, rootGrant, err := rootWithGrant(ctx, srv, "bench-swarm", 6*time.Hour, "tool:*", "s3:read:logs/*")
 	if err != nil {
 		return err
 	}
 	start := time.Now()
-	tree, err := buildWideTree(ctx, srv, rootResp.Msg.Node, rootGrant.Msg.Grant, top, per, func(done int) {
+	tree, err := buildWideTree(ctx, srv, root, rootGrant.Grant, top, per, func(done int) {
 		fmt.Fprintf(os.Stderr, "  %s: %d of %d agents, %.0f/s\n", name, done, agents, float64(done)/time.Since(start).Seconds())
 	})
 	if err != nil {
@@ -142,7 +136,7 @@ func largeSwarm(ctx context.Context, r *Report, name string, srv *benchServer, d
 	}
 	r.Add(name+"/commit-floor-before-revoke/p50", ms(floor), "ms")
 	start = time.Now()
-	roundTrip, rpc, err := revokeToReject(ctx, srv, verifier, rootGrant.Msg.Grant.GrantId, refreshed.Msg.Token)
+	roundTrip, rpc, err := revokeToReject(ctx, srv, verifier, rootGrant.Grant.GrantId, refreshed.Msg.Token)
 	if err != nil {
 		return err
 	}
@@ -245,6 +239,22 @@ type wideTree struct {
 // another (on etcd, concurrent spawns under one parent conflict on its
 // child count), the children's subtrees concurrently. progress is called
 // every ten seconds.
+// rootWithGrant registers a root agent named name and issues it a root
+// grant of scopes for ttl: the agent's node, and the grant with its token.
+func rootWithGrant(ctx context.Context, srv *benchServer, name string, ttl time.Duration, scopes ...string) (*tetherv1.Node, *tetherv1.IssueRootResponse, error) {
+	agent, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name}))
+	if err != nil {
+		return nil, nil, err
+	}
+	grant, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: agent.Msg.Node.NodeId, Scopes: scopes, Ttl: durationpb.New(ttl),
+	}))
+	if err != nil {
+		return nil, nil, err
+	}
+	return agent.Msg.Node, grant.Msg, nil
+}
+
 func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, rootGrant *tetherv1.Grant, top, per int, progress func(done int)) (wideTree, error) {
 	agents := &tree.Tree{Store: srv.Store(), Clock: clock.Real{}, Limits: tree.DefaultLimits, Instance: "bench"}
 	now := time.Now().UTC()

@@ -48,6 +48,19 @@ func startServer(ctx context.Context, r *Report, mutate ...func(*controlplane.Co
 	return &benchServer{Server: srv, Admin: agentsdk.Dial(srv.URL, srv.AdminToken), dir: dir}, nil
 }
 
+// onServer makes a scenario of measure, run against a fresh server
+// (startServer) that is stopped, and its data removed, after.
+func onServer(measure func(ctx context.Context, r *Report, srv *benchServer) error) func(context.Context, *Report) error {
+	return func(ctx context.Context, r *Report) error {
+		srv, err := startServer(ctx, r)
+		if err != nil {
+			return err
+		}
+		defer srv.Stop()
+		return measure(ctx, r, srv)
+	}
+}
+
 // Stop stops the server and removes its data.
 func (b *benchServer) Stop() {
 	b.Server.Stop()

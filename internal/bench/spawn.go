@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	Register("supervisor/spawn", supervisorSpawn)
+	Register("supervisor/spawn", onServer(supervisorSpawn))
 	Register("supervisor/spawn-etcd", supervisorSpawnEtcd)
 }
 
@@ -27,12 +27,7 @@ func init() {
 // subtrees would. Besides the rate, it reports the rate per CPU-second of
 // the whole process (server and clients), which on a shared machine tracks
 // the work where the wall-clock rate tracks the load.
-func supervisorSpawn(ctx context.Context, r *Report) error {
-	srv, err := startServer(ctx, r)
-	if err != nil {
-		return err
-	}
-	defer srv.Stop()
+func supervisorSpawn(ctx context.Context, r *Report, srv *benchServer) error {
 	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}); err != nil {
 		return err
 	}

@@ -7,11 +7,7 @@ import (
 	"os"
 	"time"
 
-	"connectrpc.com/connect"
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/tetherhq/tether/internal/etcdlocal"
-	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 func init() {
@@ -69,17 +65,11 @@ func supervisorTerminateBeyondOneTxn(ctx context.Context, r *Report) error {
 // terminateWideSwarm builds a swarm of 1 + top + top*per agents with their
 // grants (buildWideTree) and terminates it (terminateSwarm).
 func terminateWideSwarm(ctx context.Context, r *Report, name string, srv *benchServer, top, per int) error {
-	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-swarm"}))
+	root, grant, err := rootWithGrant(ctx, srv, "bench-swarm", time.Hour, "tool:*")
 	if err != nil {
 		return err
 	}
-	grant, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
-		HolderNodeId: root.Msg.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour),
-	}))
-	if err != nil {
-		return err
-	}
-	tree, err := buildWideTree(ctx, srv, root.Msg.Node, grant.Msg.Grant, top, per, func(done int) {
+	tree, err := buildWideTree(ctx, srv, root, grant.Grant, top, per, func(done int) {
 		fmt.Fprintf(os.Stderr, "  %s: %d agents built\n", name, done)
 	})
 	if err != nil {

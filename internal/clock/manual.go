@@ -118,13 +118,7 @@ func (m *Manual) notifyLocked() {
 // NewTimer arms a timer d from now; one already due fires at once.
 func (m *Manual) NewTimer(d time.Duration) Timer {
 	t := &manualTimer{m: m, c: make(chan time.Time, 1), index: -1}
-	m.mu.Lock()
-	t.armLocked(d)
-	f := m.fireIfDueLocked(t)
-	m.mu.Unlock()
-	if f != nil {
-		f()
-	}
+	t.Reset(d) // arming a new timer is resetting one that never ran
 	return t
 }
 
@@ -133,13 +127,7 @@ func (m *Manual) NewTimer(d time.Duration) Timer {
 // comes due later runs in the Advance or Set that makes it due.
 func (m *Manual) AfterFunc(d time.Duration, f func()) Timer {
 	t := &manualTimer{m: m, f: f, index: -1}
-	m.mu.Lock()
-	t.armLocked(d)
-	due := m.fireIfDueLocked(t)
-	m.mu.Unlock()
-	if due != nil {
-		go due()
-	}
+	t.Reset(d)
 	return t
 }
 
