@@ -123,12 +123,8 @@ func (s *Server) followKeyRingOnce(ctx context.Context) error {
 	}
 	// Re-read after establishing the watch: nothing committed in between
 	// is missed.
-	var ring capability.KeyRing
-	if err := s.store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		ring, err = readKeyRing(tx)
-		return err
-	}); err != nil {
+	ring, err := store.Read(ctx, s.store, readKeyRing)
+	if err != nil {
 		return err
 	}
 	s.keys.set(ring)

@@ -245,11 +245,8 @@ func (h *supervisorService) ListPrivileges(ctx context.Context, req *connect.Req
 	if _, err := h.s.tree.Get(ctx, req.Msg.NodeId); err != nil {
 		return nil, toConnect(err)
 	}
-	var privs []privilege.Privilege
-	err := h.s.store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		privs, err = privilege.PrivilegesIn(tx, []string{req.Msg.NodeId})
-		return err
+	privs, err := store.Read(ctx, h.s.store, func(tx store.ReadTxn) ([]privilege.Privilege, error) {
+		return privilege.PrivilegesIn(tx, []string{req.Msg.NodeId})
 	})
 	if err != nil {
 		return nil, toConnect(err)

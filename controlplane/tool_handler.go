@@ -115,11 +115,8 @@ func (t *toolService) ListCalls(ctx context.Context, req *connect.Request[tether
 	if _, err := t.s.tree.Get(ctx, req.Msg.NodeId); err != nil {
 		return nil, toConnect(err)
 	}
-	var calls []*ledger.ToolCall
-	err := t.s.store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		calls, err = ledger.OpenCallsIn(tx, req.Msg.NodeId)
-		return err
+	calls, err := store.Read(ctx, t.s.store, func(tx store.ReadTxn) ([]*ledger.ToolCall, error) {
+		return ledger.OpenCallsIn(tx, req.Msg.NodeId)
 	})
 	if err != nil {
 		return nil, toConnect(err)

@@ -219,13 +219,7 @@ func membersIn(tx store.ReadTxn, t Termination) ([]string, error) {
 
 // Members lists the nodes a termination stops now (see membersIn).
 func (s *Supervisor) Members(ctx context.Context, t Termination) ([]string, error) {
-	var ids []string
-	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		ids, err = membersIn(tx, t)
-		return err
-	})
-	return ids, err
+	return store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]string, error) { return membersIn(tx, t) })
 }
 
 // markChunk is one chunk of the mark, inside its transaction.

@@ -1,13 +1,13 @@
 package supervisor
 
 import (
-	"errors"
 	"fmt"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/storecodec"
+	"github.com/tetherhq/tether/supervisor/internal/kv"
 )
 
 // The stored forms of the proposals and the records: the protobuf encoding
@@ -24,14 +24,8 @@ func putProposal(tx store.Txn, p *StopProposal) error {
 
 // getProposal reads a proposal (ErrProposalNotFound if there is none).
 func getProposal(tx store.ReadTxn, proposalID string, p *StopProposal) error {
-	b, err := tx.Get(proposalKey(proposalID))
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: proposal_id %s", ErrProposalNotFound, proposalID)
-	}
-	if err != nil {
-		return err
-	}
-	return decodeProposal(b, p)
+	decode := func(b []byte) error { return storecodec.Unmarshal(b, p) }
+	return kv.GetOf(tx, proposalKey(proposalID), decode, ErrProposalNotFound, "proposal_id ", "proposal", proposalID)
 }
 
 func decodeProposal(b []byte, p *StopProposal) error {

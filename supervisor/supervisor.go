@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/fault"
@@ -285,14 +284,8 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 }
 
 func getTermination(tx store.ReadTxn, terminationID string, t *Termination) error {
-	raw, err := tx.Get(terminationKey(terminationID))
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%w: termination_id %s", ErrTerminationNotFound, terminationID)
-	}
-	if err != nil {
-		return err
-	}
-	return decodedTerminations.decode(terminationID, raw, t)
+	decode := func(raw []byte) error { return decodedTerminations.decode(terminationID, raw, t) }
+	return kv.GetOf(tx, terminationKey(terminationID), decode, ErrTerminationNotFound, "termination_id ", "termination", terminationID)
 }
 
 // terminationMemo remembers the decoded form of large stored terminations.

@@ -70,6 +70,17 @@ type ReadTxn interface {
 	Revision() uint64
 }
 
+// Read runs read in a View of s and returns what it read.
+func Read[T any](ctx context.Context, s Store, read func(tx ReadTxn) (T, error)) (T, error) {
+	var out T
+	err := s.View(ctx, func(tx ReadTxn) error {
+		var err error
+		out, err = read(tx)
+		return err
+	})
+	return out, err
+}
+
 // KeysOf maps ids to their keys (or prefixes), for Prefetch.
 func KeysOf(ids []string, key func(string) []byte) [][]byte {
 	out := make([][]byte, len(ids))

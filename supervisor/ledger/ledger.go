@@ -327,12 +327,8 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 		if len(ids) == 0 {
 			continue
 		}
-		var calls map[string]*ToolCall
-		if err := l.Store.View(ctx, func(tx store.ReadTxn) error {
-			var err error
-			calls, err = callsIn(tx, ids)
-			return err
-		}); err != nil {
+		calls, err := store.Read(ctx, l.Store, func(tx store.ReadTxn) (map[string]*ToolCall, error) { return callsIn(tx, ids) })
+		if err != nil {
 			return err
 		}
 		for _, cid := range ids {
@@ -350,13 +346,7 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 
 // GetCall returns one call.
 func (l *Ledger) GetCall(ctx context.Context, callID string) (*ToolCall, error) {
-	var c *ToolCall
-	err := l.Store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		c, err = getCall(tx, callID)
-		return err
-	})
-	return c, err
+	return store.Read(ctx, l.Store, func(tx store.ReadTxn) (*ToolCall, error) { return getCall(tx, callID) })
 }
 
 func getCall(tx store.ReadTxn, callID string) (*ToolCall, error) {

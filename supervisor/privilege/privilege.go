@@ -265,12 +265,8 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 // bounds the calls' lifetime (the reconciler's); decided, when set, is
 // called after each outcome is persisted.
 func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline time.Time, decided func()) error {
-	var privs []Privilege
-	if err := r.Store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		privs, err = PrivilegesIn(tx, nodeIDs)
-		return err
-	}); err != nil {
+	privs, err := store.Read(ctx, r.Store, func(tx store.ReadTxn) ([]Privilege, error) { return PrivilegesIn(tx, nodeIDs) })
+	if err != nil {
 		return err
 	}
 	now := r.Clock.Now()

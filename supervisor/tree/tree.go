@@ -251,13 +251,7 @@ func (t *Tree) Get(ctx context.Context, nodeID string) (*Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	var n *Node
-	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		n, err = getNode(tx, nodeID)
-		return err
-	})
-	return n, err
+	return store.Read(ctx, t.Store, func(tx store.ReadTxn) (*Node, error) { return getNode(tx, nodeID) })
 }
 
 // Subtree returns rootID and every descendant, breadth first, from one
@@ -266,13 +260,7 @@ func (t *Tree) Subtree(ctx context.Context, rootID string) ([]*Node, error) {
 	if err := id.Check(id.Node, "root_node_id", rootID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
-	var out []*Node
-	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
-		var err error
-		out, err = SubtreeIn(tx, rootID)
-		return err
-	})
-	return out, err
+	return store.Read(ctx, t.Store, func(tx store.ReadTxn) ([]*Node, error) { return SubtreeIn(tx, rootID) })
 }
 
 // SubtreeIn walks a subtree inside an existing transaction.
