@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"sort"
@@ -34,50 +35,44 @@ func parseLabels(pairs []string) (map[string]string, error) {
 }
 
 func agentRegister(g *globals) *cobra.Command {
-	var name string
-	var labels []string
-	cmd := &cobra.Command{
-		Use:   "register --name NAME [--label k=v]",
-		Short: "Register a root agent (operators)",
-		Args:  cobra.NoArgs,
-		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
-			l, err := parseLabels(labels)
-			if err != nil {
-				return err
-			}
-			resp, err := c.Agent.RegisterRoot(cmd.Context(), connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: l}))
-			if err != nil {
-				return err
-			}
-			return printRegistered(g, cmd, resp.Msg)
-		}),
-	}
-	cmd.Flags().StringVar(&name, "name", "", "agent name")
-	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
-	addPrintFlag(cmd, "credential", "node_id")
-	return cmd
+	return agentRegistration(g, "register --name NAME [--label k=v]", "Register a root agent (operators)",
+		func(ctx context.Context, c *clients, name string, labels map[string]string) (registeredAnswer, error) {
+			return answer(c.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: labels})))
+		})
 }
 
 func agentSpawn(g *globals) *cobra.Command {
-	var name, parent string
+	var parent string
+	cmd := agentRegistration(g, "spawn --parent NODE --name NAME [--label k=v]", "Spawn a child agent under a running parent",
+		func(ctx context.Context, c *clients, name string, labels map[string]string) (registeredAnswer, error) {
+			return answer(c.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent, Name: name, Labels: labels})))
+		})
+	cmd.Flags().StringVar(&parent, "parent", "", "parent node id")
+	return cmd
+}
+
+// agentRegistration is a command that registers an agent (a root, or a
+// child by spawning it) with --name and --label, and prints its node and
+// credential.
+func agentRegistration(g *globals, use, short string, register func(ctx context.Context, c *clients, name string, labels map[string]string) (registeredAnswer, error)) *cobra.Command {
+	var name string
 	var labels []string
 	cmd := &cobra.Command{
-		Use:   "spawn --parent NODE --name NAME [--label k=v]",
-		Short: "Spawn a child agent under a running parent",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
 			l, err := parseLabels(labels)
 			if err != nil {
 				return err
 			}
-			resp, err := c.Agent.Spawn(cmd.Context(), connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent, Name: name, Labels: l}))
+			msg, err := register(cmd.Context(), c, name, l)
 			if err != nil {
 				return err
 			}
-			return printRegistered(g, cmd, resp.Msg)
+			return printRegistered(g, cmd, msg)
 		}),
 	}
-	cmd.Flags().StringVar(&parent, "parent", "", "parent node id")
 	cmd.Flags().StringVar(&name, "name", "", "agent name")
 	cmd.Flags().StringArrayVar(&labels, "label", nil, "label k=v (repeatable)")
 	addPrintFlag(cmd, "credential", "node_id")

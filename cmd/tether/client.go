@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -126,6 +127,15 @@ func (g *globals) dialed(run func(cmd *cobra.Command, args []string, c *clients)
 		}
 		return run(cmd, args, c)
 	}
+}
+
+// answer is a call's answer, or the call's error:
+// return answer(c.Lease.Ack(ctx, req)).
+func answer[R any](resp *connect.Response[R], err error) (*R, error) {
+	if err != nil {
+		return nil, err
+	}
+	return resp.Msg, nil
 }
 
 // allPages collects every page of a paged list. page fetches the page a

@@ -44,18 +44,6 @@ type decidedAnswer interface {
 	GetDecision() *tetherv1.Decision
 }
 
-// decided is a lease mutation's answer, or its error:
-// return decided(c.Lease.Ack(ctx, req)).
-func decided[R any, M interface {
-	*R
-	decidedAnswer
-}](resp *connect.Response[R], err error) (decidedAnswer, error) {
-	if err != nil {
-		return nil, err
-	}
-	return M(resp.Msg), nil
-}
-
 // leaseMutation is a command that sends one message about JOB to the
 // coordinator and prints its decision. check, when not nil, reads the
 // command's flags before anything is dialed.
@@ -173,7 +161,7 @@ func leaseOffer(g *globals) *cobra.Command {
 	cmd := leaseMutation(g, "offer JOB --holder NODE [--duration 30s] [--ack-timeout 10s]",
 		"Offer a job to a holder: generation 1, OFFERED until it ACKs", nil,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
-			return decided(c.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{
+			return answer(c.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{
 				JobId: job, HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout),
 			})))
 		})
@@ -188,7 +176,7 @@ func leaseAck(g *globals) *cobra.Command {
 	return holderMutation(g, "ack JOB --lease-id L --generation N",
 		"Accept an offer (holder): ACTIVE until the expiry; never completion", nil,
 		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
-			return decided(c.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{
+			return answer(c.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{
 				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, SentAt: h.sentAt,
 			})))
 		})
@@ -199,7 +187,7 @@ func leaseRenew(g *globals) *cobra.Command {
 	cmd := holderMutation(g, "renew JOB --lease-id L --generation N --sequence S",
 		"Renew the lease (holder), with a renew sequence above the accepted one", nil,
 		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
-			return decided(c.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{
+			return answer(c.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{
 				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, RenewSequence: seq, SentAt: h.sentAt,
 			})))
 		})
@@ -214,7 +202,7 @@ func leaseProgress(g *globals) *cobra.Command {
 	cmd := holderMutation(g, "progress JOB --lease-id L --generation N --sequence S --value V",
 		"Report progress (holder); progress never renews", nil,
 		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
-			return decided(c.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{
+			return answer(c.Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{
 				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, ProgressSequence: seq, ProgressValue: value, SentAt: h.sentAt,
 			})))
 		})
@@ -229,7 +217,7 @@ func leaseCancel(g *globals) *cobra.Command {
 	cmd := leaseMutation(g, "cancel JOB [--reason R]",
 		"Request cancellation (coordinator): intent only; the job still needs a terminal result", nil,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
-			return decided(c.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: reason})))
+			return answer(c.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: reason})))
 		})
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	return cmd
@@ -239,7 +227,7 @@ func leaseCancelAck(g *globals) *cobra.Command {
 	return holderMutation(g, "cancel-ack JOB --lease-id L --generation N",
 		"Acknowledge a cancel request (holder); it does not prove the work stopped", nil,
 		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
-			return decided(c.Lease.CancelAck(ctx, connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
+			return answer(c.Lease.CancelAck(ctx, connect.NewRequest(&tetherv1.LeaseServiceCancelAckRequest{
 				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, SentAt: h.sentAt,
 			})))
 		})
@@ -277,7 +265,7 @@ func leaseComplete(g *globals) *cobra.Command {
 	cmd := holderMutation(g, "complete JOB --lease-id L --generation N --result success|failed|cancelled [--detail D]",
 		"Report the terminal result (holder), accepted only within the active lease", result.parse,
 		func(ctx context.Context, c *clients, h claim) (decidedAnswer, error) {
-			return decided(c.Lease.Complete(ctx, connect.NewRequest(&tetherv1.CompleteRequest{
+			return answer(c.Lease.Complete(ctx, connect.NewRequest(&tetherv1.CompleteRequest{
 				JobId: h.job, LeaseId: h.leaseID, LeaseGeneration: h.generation, Result: result.result, Detail: detail, SentAt: h.sentAt,
 			})))
 		})
@@ -292,7 +280,7 @@ func leaseReassign(g *globals) *cobra.Command {
 	cmd := leaseMutation(g, "reassign JOB --holder NODE [--duration D] [--ack-timeout T] [--reason R]",
 		"Issue generation + 1 to a holder (coordinator); fences off every earlier generation and settles an ownership conflict", nil,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
-			return decided(c.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{
+			return answer(c.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{
 				JobId: job, HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
 			})))
 		})
@@ -311,7 +299,7 @@ func leaseResolve(g *globals) *cobra.Command {
 	cmd := leaseMutation(g, "resolve JOB --result cancelled|failed|unresolved [--bound D] [--reason R]",
 		"Explicit terminal reconciliation (coordinator); UNRESOLVED is bounded, then FAILED", result.parse,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
-			return decided(c.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{
+			return answer(c.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{
 				JobId: job, Result: result.result, UnresolvedBound: durationFlag(bound), Reason: reason,
 			})))
 		})

@@ -110,28 +110,20 @@ func newRolloutDecisionCommand(g *globals, verb, short string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			var r *tetherv1.Rollout
+			var decided interface{ GetRollout() *tetherv1.Rollout }
+			var err error
 			switch verb {
 			case "pause":
-				resp, err := c.Supervisor.PauseRollout(cmd.Context(), connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: args[0], Reason: reason}))
-				if err != nil {
-					return err
-				}
-				r = resp.Msg.Rollout
+				decided, err = answer(c.Supervisor.PauseRollout(cmd.Context(), connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: args[0], Reason: reason})))
 			case "resume":
-				resp, err := c.Supervisor.ResumeRollout(cmd.Context(), connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: args[0]}))
-				if err != nil {
-					return err
-				}
-				r = resp.Msg.Rollout
+				decided, err = answer(c.Supervisor.ResumeRollout(cmd.Context(), connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: args[0]})))
 			case "abort":
-				resp, err := c.Supervisor.AbortRollout(cmd.Context(), connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: args[0], Reason: reason}))
-				if err != nil {
-					return err
-				}
-				r = resp.Msg.Rollout
+				decided, err = answer(c.Supervisor.AbortRollout(cmd.Context(), connect.NewRequest(&tetherv1.AbortRolloutRequest{RolloutId: args[0], Reason: reason})))
 			}
-			return printRollout(g, cmd.OutOrStdout(), r)
+			if err != nil {
+				return err
+			}
+			return printRollout(g, cmd.OutOrStdout(), decided.GetRollout())
 		}),
 	}
 	if verb != "resume" {
