@@ -558,21 +558,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 // termCallsAfter lists up to limit ids of the calls t accounts for after
 // the call id after, and whether there are more.
 func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, bool, error) {
-	prefix := ledger.TermCallPrefix(term)
-	var start []byte
-	if after != "" {
-		start = append(ledger.TermCallKey(term, after), 0)
-	}
-	var ids []string
-	more := false
-	err := tx.Scan(prefix, start, func(k, _ []byte) error {
-		if len(ids) == limit {
-			more = true
-			return store.ErrStopScan
-		}
-		ids = append(ids, string(k[len(prefix):]))
-		return nil
-	})
+	ids, more, err := store.IDsAfter(tx, ledger.TermCallPrefix(term), after, limit)
 	if err != nil {
 		return nil, false, err
 	}

@@ -90,7 +90,7 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		if err := s.visible(tx, caller, q.HolderNodeID); err != nil {
 			return nil, false, err
 		}
-		return scanPage(tx, holderPrefix(q.HolderNodeID), q.PageToken, q.PageSize)
+		return store.IDsAfter(tx, holderPrefix(q.HolderNodeID), q.PageToken, q.PageSize)
 	case q.DerivedFromGrantID != "":
 		if err := checkID(id.Grant, "derived_from_grant_id", q.DerivedFromGrantID); err != nil {
 			return nil, false, err
@@ -104,7 +104,7 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		if err := s.visible(tx, caller, root.HolderNodeID); err != nil {
 			return nil, false, err
 		}
-		ids, more, err := scanPage(tx, derivedPrefix(root.GrantID), q.PageToken, q.PageSize)
+		ids, more, err := store.IDsAfter(tx, derivedPrefix(root.GrantID), q.PageToken, q.PageSize)
 		if err != nil {
 			return nil, false, err
 		}
@@ -150,25 +150,6 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		if _, isAgent := caller.agentNode(); isAgent {
 			return nil, false, fmt.Errorf("%w: agents list only their own subtree", ErrNotVisible)
 		}
-		return scanPage(tx, []byte(prefixGrant), q.PageToken, q.PageSize)
+		return store.IDsAfter(tx, []byte(prefixGrant), q.PageToken, q.PageSize)
 	}
-}
-
-// scanPage returns up to size ids under prefix after the id `after`.
-func scanPage(tx store.ReadTxn, prefix []byte, after string, size int) ([]string, bool, error) {
-	var start []byte
-	if after != "" {
-		start = append(append(slices.Clone(prefix), after...), 0)
-	}
-	var ids []string
-	more := false
-	err := tx.Scan(prefix, start, func(k, _ []byte) error {
-		if len(ids) == size {
-			more = true
-			return store.ErrStopScan
-		}
-		ids = append(ids, idAfter(k, prefix))
-		return nil
-	})
-	return ids, more, err
 }

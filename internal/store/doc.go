@@ -1,8 +1,10 @@
 // Package store is Tether's transactional key-value contract: the Store
-// interface, its errors and limits, and Prefetch. It links no backend, so
-// every layer (capability, supervisor, the lease machine) imports it freely;
-// the backends live beneath it, in badgerstore and etcdstore, and only the
-// composition root (controlplane, cmd) and test harnesses open one.
+// interface, its errors and limits, and the helpers every caller or backend
+// shares (Prefetch, Read, IDsAfter; RunUpdate and WatchEnd for backends).
+// It links no backend, so every layer (capability, supervisor, the lease
+// machine) imports it freely; the backends live beneath it, in badgerstore
+// and etcdstore, and only the composition root (controlplane, cmd) and test
+// harnesses open one.
 //
 // Everything the control plane persists goes through Store: one interface,
 // two backends (Badger embedded by default; etcd for several replicas). The

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -79,6 +83,40 @@ func Read[T any](ctx context.Context, s Store, read func(tx ReadTxn) (T, error))
 		return err
 	})
 	return out, err
+}
+
+// RunUpdate runs an Update's function fn on tx, for a backend: a panic in
+// fn is logged with its stack and becomes ErrPanicked for that Update
+// alone, so the updates that share its commit go on.
+func RunUpdate(log *slog.Logger, fn func(Txn) error, tx Txn) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error("store: update function panicked", "panic", p, "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: %v", ErrPanicked, p)
+		}
+	}()
+	return fn(tx)
+}
+
+// IDsAfter lists up to limit ids of an index whose keys are prefix + id:
+// those after the id after ("" for the first), in key order, and whether
+// more follow.
+func IDsAfter(tx ReadTxn, prefix []byte, after string, limit int) ([]string, bool, error) {
+	var start []byte
+	if after != "" {
+		start = append(append(bytes.Clone(prefix), after...), 0)
+	}
+	var ids []string
+	more := false
+	err := tx.Scan(prefix, start, func(k, _ []byte) error {
+		if len(ids) == limit {
+			more = true
+			return ErrStopScan
+		}
+		ids = append(ids, string(k[len(prefix):]))
+		return nil
+	})
+	return ids, more, err
 }
 
 // KeysOf maps ids to their keys (or prefixes), for Prefetch.
@@ -230,6 +268,22 @@ type Event struct {
 	// what a watcher links the spans of its own work to.
 	Trace trace.SpanContext
 }
+
+// WatchEnd is why a backend's watch ended, for its Watcher's Err: the
+// backend records it with End before it closes the watch's events, so that
+// a consumer that sees them closed reads the reason.
+type WatchEnd struct{ err atomic.Pointer[error] }
+
+// Err returns why the watch ended; nil while it runs.
+func (e *WatchEnd) Err() error {
+	if err := e.err.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// End records why the watch ended; the backend closes its events after.
+func (e *WatchEnd) End(err error) { e.err.Store(&err) }
 
 // Watcher delivers events until its context ends or the store closes.
 type Watcher interface {

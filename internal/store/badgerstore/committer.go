@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
-	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -93,7 +92,7 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 			traced = append(traced, trace.Link{SpanContext: cause})
 		}
 		t := b.begin()
-		err := c.runFunction(r.fn, t)
+		err := store.RunUpdate(c.log, r.fn, t)
 		t.finished = true
 		if err == nil {
 			b.apply(t, cause)
@@ -137,18 +136,6 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 		store.RecordBatchSpan(start, traced, len(outcomes), len(b.updates), c.revision, commitErr)
 	}
 	return outcomes
-}
-
-// runFunction runs an Update's function, turning a panic into an error for
-// that caller alone.
-func (c *committer) runFunction(fn func(store.Txn) error, t *updateTxn) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			c.log.Error("store: update function panicked", "panic", p, "stack", string(debug.Stack()))
-			err = fmt.Errorf("%w: %v", store.ErrPanicked, p)
-		}
-	}()
-	return fn(t)
 }
 
 // commit makes updates durable, in order, in as few Badger transactions as

@@ -45,17 +45,10 @@ type watcher struct {
 	visible bool
 	unseen  atomic.Int64
 
-	mu  sync.Mutex
-	err error
+	store.WatchEnd
 }
 
 func (w *watcher) Events() <-chan []store.Event { return w.events }
-
-func (w *watcher) Err() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.err
-}
 
 // add registers a watch on prefix that ends when ctx does.
 func (h *watchHub) add(ctx context.Context, prefix []byte, visible bool) (*watcher, error) {
@@ -97,11 +90,7 @@ func (h *watchHub) endLocked(w *watcher, err error) {
 	if w.visible {
 		h.visible.Add(-1)
 	}
-	w.mu.Lock()
-	w.err = err
-	w.mu.Unlock()
-	// The consumer learns why from Err after it sees the channel close, so
-	// err is set first.
+	w.End(err)
 	close(w.events)
 	w.stopContext()
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
 	"math/rand/v2"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,15 +235,20 @@ func (s *Etcd) Client() *clientv3.Client { return s.client }
 // scan nor watch. Leader elections live there.
 func (s *Etcd) MetadataPrefix(name string) string { return s.keys.reserved(name) }
 
-// enter registers a View or Update, or reports that the store is closed.
-func (s *Etcd) enter() bool {
+// enter registers a View, Update or Watch, which calls s.active.Done when
+// it returns, or says why it may not start: ctx ended, or the store is
+// closed.
+func (s *Etcd) enter(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return false
+		return store.ErrClosed
 	}
 	s.active.Add(1)
-	return true
+	return nil
 }
 
 func (s *Etcd) isClosed() bool {
@@ -268,11 +272,8 @@ func (s *Etcd) operationContext(ctx context.Context) (context.Context, context.C
 // newest committed one, read linearizably), and every later read of fn is
 // served at that revision.
 func (s *Etcd) View(ctx context.Context, fn func(tx store.ReadTxn) error) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return err
-	}
-	if !s.enter() {
-		return store.ErrClosed
 	}
 	defer s.active.Done()
 	opCtx, done := s.operationContext(ctx)
@@ -306,11 +307,8 @@ func (s *Etcd) View(ctx context.Context, fn func(tx store.ReadTxn) error) error 
 // committed by etcd, which acknowledges only once a quorum of members has
 // them in its fsynced write-ahead log.
 func (s *Etcd) Update(ctx context.Context, fn func(tx store.Txn) error) error {
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return err
-	}
-	if !s.enter() {
-		return store.ErrClosed
 	}
 	defer s.active.Done()
 	start := time.Now()
@@ -374,7 +372,7 @@ func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error, first b
 	defer done()
 	t := newEtcdTxn(s, opCtx)
 	t.deferExpect = first
-	err = s.runFunction(fn, t)
+	err = store.RunUpdate(s.log, fn, t)
 	t.finished = true
 	if t.snap.lost != nil {
 		// fn saw a read fail because its snapshot was compacted away;
@@ -391,17 +389,6 @@ func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error, first b
 		return false, err
 	}
 	return s.commit(ctx, t)
-}
-
-// runFunction runs fn, turning a panic into an error for that Update alone.
-func (s *Etcd) runFunction(fn func(store.Txn) error, t *etcdTxn) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			s.log.Error("store: update function panicked", "panic", p, "stack", string(debug.Stack()))
-			err = fmt.Errorf("%w: %v", store.ErrPanicked, p)
-		}
-	}()
-	return fn(t)
 }
 
 func (s *Etcd) commit(ctx context.Context, t *etcdTxn) (conflict bool, err error) {

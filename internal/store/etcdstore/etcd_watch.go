@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/internal/store"
-	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -21,17 +20,10 @@ type etcdWatcher struct {
 	events   chan []store.Event
 	finished chan struct{} // closed after events
 
-	mu  sync.Mutex
-	err error
+	store.WatchEnd
 }
 
 func (w *etcdWatcher) Events() <-chan []store.Event { return w.events }
-
-func (w *etcdWatcher) Err() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.err
-}
 
 // Watch watches the keys under prefix; an empty prefix watches every key.
 // It first reads the current revision R (linearizably), then watches from
@@ -47,11 +39,8 @@ func (s *Etcd) Watch(ctx context.Context, prefix []byte) (store.Watcher, error) 
 	if err := store.CheckPrefix(prefix); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
+	if err := s.enter(ctx); err != nil {
 		return nil, err
-	}
-	if !s.enter() {
-		return nil, store.ErrClosed
 	}
 	// Registered while counted as active, so that Close, which waits for
 	// the active operations before it ends the watchers, sees it.
@@ -101,11 +90,7 @@ func (s *Etcd) watchFrom(ctx context.Context, prefix []byte, start int64) *etcdW
 		s.mu.Lock()
 		delete(s.watchers, w)
 		s.mu.Unlock()
-		w.mu.Lock()
-		w.err = err
-		w.mu.Unlock()
-		// The consumer learns why from Err after it sees the channel close,
-		// so err is set first.
+		w.End(err)
 		close(w.events)
 		close(w.finished)
 	}()
