@@ -227,15 +227,9 @@ func (r *Privileges) maxPerNode() int {
 
 // PrivilegesIn lists the privileges of the nodes.
 func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
-	if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, nodePrivPrefix)); err != nil {
+	ids, err := kv.IDsOf(tx, nodeIDs, nodePrivPrefix)
+	if err != nil {
 		return nil, err
-	}
-	var ids []string
-	for _, n := range nodeIDs {
-		var err error
-		if ids, err = kv.AppendIDs(tx, ids, nodePrivPrefix(n)); err != nil {
-			return nil, err
-		}
 	}
 	// The privileges themselves, fetched together too.
 	if err := store.Prefetch(tx, store.KeysOf(ids, privilegeKey), nil); err != nil {

@@ -33,17 +33,26 @@ func (t *Tree) ReportReady(ctx context.Context, nodeID string, authorize func(*N
 func (t *Tree) updateNode(ctx context.Context, nodeID string, authorize func(*Node) error, fn func(tx store.Txn, n *Node) error) (*Node, error) {
 	var out *Node
 	err := t.Store.Update(ctx, func(tx store.Txn) error {
-		n, err := getNode(tx, nodeID)
+		n, err := getAuthorized(tx, nodeID, authorize)
 		if err != nil {
 			return err
-		}
-		if authorize != nil {
-			if err := authorize(n); err != nil {
-				return err
-			}
 		}
 		out = n
 		return fn(tx, n)
 	})
 	return out, err
+}
+
+// getAuthorized reads a node, which authorize (when set) must accept.
+func getAuthorized(tx store.ReadTxn, nodeID string, authorize func(*Node) error) (*Node, error) {
+	n, err := getNode(tx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	if authorize != nil {
+		if err := authorize(n); err != nil {
+			return nil, err
+		}
+	}
+	return n, nil
 }

@@ -140,14 +140,9 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 		if err := store.Prefetch(tx, [][]byte{nodeKey(parentID), childCountKey(parentID)}, nil); err != nil {
 			return err
 		}
-		parent, err := getNode(tx, parentID)
+		parent, err := getAuthorized(tx, parentID, authorize)
 		if err != nil {
 			return err
-		}
-		if authorize != nil {
-			if err := authorize(parent); err != nil {
-				return err
-			}
 		}
 		if parent.State != NodeStateRunning {
 			return fmt.Errorf("%w: parent_node_id %s is %s", ErrParentNotRunning, parentID, StateName(parent.State))
@@ -278,15 +273,9 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 		for i, n := range level {
 			parents[i] = n.NodeID
 		}
-		if err := store.Prefetch(tx, nil, store.KeysOf(parents, childPrefix)); err != nil {
+		ids, err := kv.IDsOf(tx, parents, childPrefix)
+		if err != nil {
 			return nil, err
-		}
-		var ids []string
-		for _, parent := range parents {
-			var err error
-			if ids, err = kv.AppendIDs(tx, ids, childPrefix(parent)); err != nil {
-				return nil, err
-			}
 		}
 		if err := store.Prefetch(tx, store.KeysOf(ids, nodeKey), nil); err != nil {
 			return nil, err

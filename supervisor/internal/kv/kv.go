@@ -74,6 +74,23 @@ func AppendIDs(tx store.ReadTxn, ids []string, prefix []byte) ([]string, error) 
 	return ids, err
 }
 
+// IDsOf lists the ids under the index prefix of each owner, owner by owner
+// and in key order under each, reading the prefixes together
+// (store.Prefetch: one round trip on etcd).
+func IDsOf(tx store.ReadTxn, owners []string, prefix func(owner string) []byte) ([]string, error) {
+	if err := store.Prefetch(tx, nil, store.KeysOf(owners, prefix)); err != nil {
+		return nil, err
+	}
+	var ids []string
+	for _, o := range owners {
+		var err error
+		if ids, err = AppendIDs(tx, ids, prefix(o)); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
 // Clip shortens caller text quoted in an error message to 40 bytes.
 func Clip(s string) string {
 	if len(s) > 40 {

@@ -19,7 +19,8 @@ type stored struct {
 
 // A value Put stores reads back with Get; a missing key is
 // store.ErrNotFound. AppendIDs lists the ids under a prefix in key order,
-// after those it is given, and nothing beyond the prefix.
+// after those it is given, and nothing beyond the prefix; IDsOf does so
+// for several owners' prefixes.
 func TestPutGetAndAppendIDs(t *testing.T) {
 	ctx := context.Background()
 	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.DiscardHandler)})
@@ -59,6 +60,14 @@ func TestPutGetAndAppendIDs(t *testing.T) {
 		}
 		if !reflect.DeepEqual(ids, []string{"x", "1", "2"}) {
 			t.Errorf("AppendIDs = %q, want [x 1 2]", ids)
+		}
+		// IDsOf: owner by owner, in the owners' order; "a" is not "ab".
+		ids, err = kv.IDsOf(tx, []string{"b", "a", "none"}, func(owner string) []byte { return []byte("ix/" + owner + "/") })
+		if err != nil {
+			return err
+		}
+		if !reflect.DeepEqual(ids, []string{"9", "1", "2"}) {
+			t.Errorf("IDsOf = %q, want [9 1 2]", ids)
 		}
 		return nil
 	})
