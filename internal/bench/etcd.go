@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/store"
@@ -55,12 +56,12 @@ func storeEtcdDurableCommit(ctx context.Context, r *Report) error {
 // needs, its data in a new directory under r.Dir named after pattern; stop
 // stops it and removes the directory. Without an etcd binary the error
 // wraps etcdlocal.ErrNoBinary.
-func startLocalEtcd(ctx context.Context, r *Report, pattern string) (cluster *etcdlocal.Cluster, stop func(), err error) {
+func startLocalEtcd(ctx context.Context, r *Report, pattern string, flags ...string) (cluster *etcdlocal.Cluster, stop func(), err error) {
 	dir, err := os.MkdirTemp(r.Dir, pattern)
 	if err != nil {
 		return nil, nil, err
 	}
-	cluster, err = etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir})
+	cluster, err = etcdlocal.Start(ctx, etcdlocal.Config{Dir: dir, Flags: append(slices.Clone(etcdlocal.StoreFlags), flags...)})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, nil, fmt.Errorf("start etcd: %w", err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
@@ -82,7 +82,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 	// conditions (this machine's load varies between minutes).
 	etcd, err := startEtcd(ctx, r)
 	switch {
-	case errors.Is(err, errNoEtcd):
+	case errors.Is(err, etcdlocal.ErrNoBinary):
 		fmt.Fprintln(os.Stderr, "  lease/renew: etcd not installed (apt-get install etcd-server): skipping the etcd comparison")
 	case err != nil:
 		return err
@@ -634,8 +634,6 @@ func measureStreamRenew(ctx context.Context, d time.Duration, leases []*benchLea
 	return rec.run(ctx, d, w.cancel, w.wait)
 }
 
-var errNoEtcd = errors.New("etcd not installed")
-
 type etcdServer struct {
 	client   *clientv3.Client
 	endpoint string
@@ -671,67 +669,22 @@ func (s *etcdServer) clients(n int) ([]*clientv3.Client, func(), error) {
 	return out, closeAll, nil
 }
 
-// startEtcd runs Debian's etcd-server on loopback with a scratch data
-// directory and default durability (the WAL is fsynced before a write is
-// acknowledged).
+// startEtcd runs a local etcd member (startLocalEtcd) with default
+// durability (the WAL is fsynced before a write is acknowledged) and a
+// client of it. Its backend quota is raised: the renew loops write a
+// revision per renewal.
 func startEtcd(ctx context.Context, r *Report) (*etcdServer, error) {
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		return nil, errNoEtcd
-	}
-	dir, err := os.MkdirTemp(r.Dir, "tether-bench-etcd-*")
+	cluster, stop, err := startLocalEtcd(ctx, r, "tether-bench-etcd-*", "--quota-backend-bytes="+strconv.Itoa(8<<30))
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2)
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	cmd := exec.Command(bin, "--name", "bench", "--data-dir", dir,
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "bench="+peer, "--log-level", "error", "--quota-backend-bytes", strconv.Itoa(8<<30))
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	stop := func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		os.RemoveAll(dir)
-	}
-	c, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	endpoint := cluster.Endpoints()[0]
+	c, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
 		stop()
 		return nil, err
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err = c.Put(pctx, "/bench/ready", "1")
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			c.Close()
-			stop()
-			return nil, fmt.Errorf("etcd did not become ready: %w", err)
-		}
-		select {
-		case <-exited:
-			c.Close()
-			stop()
-			return nil, errors.New("etcd exited during start-up")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return &etcdServer{client: c, endpoint: client, pid: cmd.Process.Pid, stop: func() { c.Close(); stop() }}, nil
+	return &etcdServer{client: c, endpoint: endpoint, pid: cluster.Members[0].Pid(), stop: func() { c.Close(); stop() }}, nil
 }
 
 func freePorts(n int) ([]int, error) {
