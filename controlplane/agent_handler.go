@@ -126,15 +126,7 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 	if err != nil {
 		return nil, err
 	}
-	authorize := func(parent *tree.Node) error {
-		// An agent spawns only under its own node: an agent cannot grow
-		// another agent's subtree.
-		if p.IsAgent() && parent.NodeID != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeID)
-		}
-		return nil
-	}
-	node, err := a.s.tree.Spawn(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), authorize)
+	node, err := a.s.tree.Spawn(ctx, req.Msg.ParentNodeId, req.Msg.Name, req.Msg.Labels, p.ID(), spawnsUnderOwnNode(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -147,6 +139,25 @@ func (a *agentService) Spawn(ctx context.Context, req *connect.Request[tetherv1.
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.SpawnResponse{Node: wire.Node(node), Credential: cred, CredentialExpiresAt: timestamppb.New(exp)}), nil
+}
+
+// spawnsUnderOwnNode authorises a spawn under parent: an agent spawns only
+// under its own node (it cannot grow another agent's subtree); operators
+// spawn anywhere.
+func spawnsUnderOwnNode(p auth.Principal) func(parent *tree.Node) error {
+	return ownNodeOnly(p, "spawn only under its own node", "parent_node_id")
+}
+
+// ownNodeOnly is a tree authorize function for an action an agent may
+// take on its own node only (operators on any): the agent "may <may>, not
+// <field> <node id>".
+func ownNodeOnly(p auth.Principal, may, field string) func(*tree.Node) error {
+	return func(n *tree.Node) error {
+		if p.IsAgent() && n.NodeID != p.NodeID() {
+			return fmt.Errorf("%w: agent %s may %s, not %s %s", auth.ErrDenied, p.NodeID(), may, field, n.NodeID)
+		}
+		return nil
+	}
 }
 
 // MaxSpawnBatch bounds the children of one SpawnBatch call (one store
@@ -168,12 +179,6 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 	if err := auth.Spend(ctx, len(req.Msg.Children)-1); err != nil {
 		return nil, err
 	}
-	authorize := func(parent *tree.Node) error {
-		if p.IsAgent() && parent.NodeID != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may spawn only under its own node, not parent_node_id %s", auth.ErrDenied, p.NodeID(), parent.NodeID)
-		}
-		return nil
-	}
 	specs := make([]tree.ChildSpec, len(req.Msg.Children))
 	for i, c := range req.Msg.Children {
 		if err := a.s.tree.ValidateNode(c.Name, c.Labels); err != nil {
@@ -181,7 +186,7 @@ func (a *agentService) SpawnBatch(ctx context.Context, req *connect.Request[teth
 		}
 		specs[i] = tree.ChildSpec{Name: c.Name, Labels: c.Labels}
 	}
-	nodes, err := a.s.tree.SpawnMany(ctx, req.Msg.ParentNodeId, specs, p.ID(), authorize)
+	nodes, err := a.s.tree.SpawnMany(ctx, req.Msg.ParentNodeId, specs, p.ID(), spawnsUnderOwnNode(p))
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -3,16 +3,13 @@ package controlplane
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"connectrpc.com/connect"
 
-	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/rollout"
-	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Rollout starts a rollout: operators only (the policy), since it drains
@@ -111,13 +108,7 @@ func (a *agentService) ReportReady(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, err
 	}
-	authorize := func(n *tree.Node) error {
-		if p.IsAgent() && n.NodeID != p.NodeID() {
-			return fmt.Errorf("%w: agent %s may report only its own readiness, not node_id %s", auth.ErrDenied, p.NodeID(), n.NodeID)
-		}
-		return nil
-	}
-	n, err := a.s.tree.ReportReady(ctx, req.Msg.NodeId, authorize)
+	n, err := a.s.tree.ReportReady(ctx, req.Msg.NodeId, ownNodeOnly(p, "report only its own readiness", "node_id"))
 	if err != nil {
 		return nil, toConnect(err)
 	}
