@@ -110,33 +110,24 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	}
 	fmt.Fprintln(w)
 
-	fmt.Fprintf(w, "\nTool calls in flight or refused during the termination (%d)\n", len(r.ToolCalls))
-	byRes := map[string]int{}
-	for _, c := range r.ToolCalls {
+	printTallied(w, "Tool calls in flight or refused during the termination", r.ToolCalls, func(c *tetherv1.RecordToolCall) (string, string) {
 		res := lower(c.Resolution.String(), "CALL_RESOLUTION_")
-		byRes[res]++
 		by := ""
 		if c.AcknowledgedBy != "" {
 			by = ", acknowledged by " + c.AcknowledgedBy
 		} else if c.EndedBy != "" {
 			by = ", ended by " + c.EndedBy
 		}
-		fmt.Fprintf(w, "  %-24s %-12s %-22s gate %s%s\n", res, c.Tool, c.NodeId, c.GateId, by)
-	}
-	fmt.Fprintf(w, "  totals: %s\n", countsLine(byRes))
-
-	fmt.Fprintf(w, "\nPrivileges (%d)\n", len(r.Privileges))
-	byOut := map[string]int{}
-	for _, p := range r.Privileges {
+		return res, fmt.Sprintf("%-24s %-12s %-22s gate %s%s", res, c.Tool, c.NodeId, c.GateId, by)
+	})
+	printTallied(w, "Privileges", r.Privileges, func(p *tetherv1.RecordPrivilege) (string, string) {
 		out := lower(p.Outcome.String(), "PRIVILEGE_OUTCOME_")
-		byOut[out]++
 		extra := ""
 		if p.Error != "" {
 			extra = " (" + p.Error + ")"
 		}
-		fmt.Fprintf(w, "  %-14s %-18s %-24s %s%s\n", out, p.Kind, p.ExternalId, p.NodeId, extra)
-	}
-	fmt.Fprintf(w, "  totals: %s\n", countsLine(byOut))
+		return out, fmt.Sprintf("%-14s %-18s %-24s %s%s", out, p.Kind, p.ExternalId, p.NodeId, extra)
+	})
 
 	if len(r.Leases) > 0 {
 		fmt.Fprintf(w, "\nLeases (%d)\n", len(r.Leases))
@@ -167,6 +158,20 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 			fmt.Fprintf(w, "               after the confirmation, %s: %s at %s\n", c.Kind, c.Detail, c.At.AsTime().Format("15:04:05Z"))
 		}
 	}
+}
+
+// printTallied prints a section of the summary: its heading with the
+// number of items, a line for each (line returns the item's category and
+// its text), then how many items each category has.
+func printTallied[T any](w io.Writer, heading string, items []T, line func(T) (category, text string)) {
+	fmt.Fprintf(w, "\n%s (%d)\n", heading, len(items))
+	byCategory := map[string]int{}
+	for _, item := range items {
+		category, text := line(item)
+		byCategory[category]++
+		fmt.Fprintf(w, "  %s\n", text)
+	}
+	fmt.Fprintf(w, "  totals: %s\n", countsLine(byCategory))
 }
 
 func countsLine(m map[string]int) string {
