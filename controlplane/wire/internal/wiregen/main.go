@@ -122,7 +122,9 @@ func generate(ps []pair) ([]byte, error) {
 	}
 	sort.Strings(paths)
 	// The standard library and other modules first, then this module's.
-	sort.SliceStable(paths, func(i, j int) bool { return !strings.HasPrefix(paths[i], module) && strings.HasPrefix(paths[j], module) })
+	sort.SliceStable(paths, func(i, j int) bool {
+		return !strings.HasPrefix(paths[i], module) && strings.HasPrefix(paths[j], module)
+	})
 	for i, p := range paths {
 		if i > 0 && strings.HasPrefix(p, module) && !strings.HasPrefix(paths[i-1], module) {
 			b.WriteString("\n")
