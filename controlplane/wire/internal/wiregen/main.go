@@ -321,7 +321,7 @@ func (g *gen) pair(p *pair) {
 		}
 		fmt.Fprintf(w, "\treturn &%s{\n", m)
 		for _, f := range fields {
-			if expr, ok := g.toExpr(p, f, "x."+f.domain.Name); ok {
+			if expr, ok := g.conv(p, f, true, "x."+f.domain.Name); ok {
 				fmt.Fprintf(w, "\t\t%s: %s,\n", f.msg.Name, expr)
 			}
 		}
@@ -361,7 +361,7 @@ func (g *gen) pair(p *pair) {
 				g.fail(p, "domain field %s is promoted from an embedded struct: a message cannot be converted to it", f.domain.Name)
 				continue
 			}
-			if expr, ok := g.fromExpr(p, f, "p."+f.msg.Name); ok {
+			if expr, ok := g.conv(p, f, false, "p."+f.msg.Name); ok {
 				fmt.Fprintf(w, "\t\t%s: %s,\n", f.domain.Name, expr)
 			}
 		}
@@ -393,117 +393,86 @@ func (g *gen) scalar(from, to reflect.Type, expr string) (string, bool) {
 	return "", false
 }
 
-// toExpr is the expression converting the domain field f (expr) to its
-// message field.
-func (g *gen) toExpr(p *pair, f field, expr string) (string, bool) {
+// conv is the expression converting field f, read by expr, to the other
+// side: to the message when toMsg, else to the domain type.
+func (g *gen) conv(p *pair, f field, toMsg bool, expr string) (string, bool) {
 	dt, mt := f.domain.Type, f.msg.Type
-	always := slices.Contains(p.always, f.msg.Name)
+	src, dst := dt, mt
+	if !toMsg {
+		src, dst = mt, dt
+	}
+	always := toMsg && slices.Contains(p.always, f.msg.Name)
+	isMsg := func(name string) bool { return mt.Kind() == reflect.Pointer && mt.Elem().String() == name }
 	switch {
-	case dt == timeType && mt.Kind() == reflect.Pointer && mt.Elem().String() == timestampName:
-		if always {
+	case dt == timeType && isMsg(timestampName):
+		switch {
+		case !toMsg:
+			return "timeOf(" + expr + ")", true
+		case always:
 			g.typ(mt)
 			return "timestamppb.New(" + expr + ")", true
 		}
 		return "timestamp(" + expr + ")", true
-	case dt == durationType && mt.Kind() == reflect.Pointer && mt.Elem().String() == durationName:
-		if always {
+	case dt == durationType && isMsg(durationName):
+		switch {
+		case !toMsg:
+			return expr + ".AsDuration()", true
+		case always:
 			g.typ(mt)
 			return "durationpb.New(" + expr + ")", true
 		}
 		return "duration(" + expr + ")", true
 	case mt.Kind() == reflect.Pointer && mt.Elem().Kind() == reflect.Struct:
-		return g.nestedTo(p, f, dt, mt.Elem(), expr, false)
+		return g.nested(p, f, dt, mt.Elem(), toMsg, expr, false)
 	case mt.Kind() == reflect.Slice && mt.Elem().Kind() == reflect.Pointer && mt.Elem().Elem().Kind() == reflect.Struct:
-		if dt.Kind() != reflect.Slice {
-			break
+		if dt.Kind() == reflect.Slice {
+			return g.nested(p, f, dt.Elem(), mt.Elem().Elem(), toMsg, expr, true)
 		}
-		return g.nestedTo(p, f, dt.Elem(), mt.Elem().Elem(), expr, true)
 	case mt.Kind() == reflect.Slice || mt.Kind() == reflect.Map:
 		if dt == mt {
 			return expr, true
 		}
 	default:
-		if s, ok := g.scalar(dt, mt, expr); ok {
+		if s, ok := g.scalar(src, dst, expr); ok {
 			return s, true
 		}
 	}
-	g.fail(p, "domain field %s (%s) has no conversion to message field %s (%s)", f.domain.Name, dt, f.msg.Name, mt)
+	if toMsg {
+		g.fail(p, "domain field %s (%s) has no conversion to message field %s (%s)", f.domain.Name, dt, f.msg.Name, mt)
+	} else {
+		g.fail(p, "message field %s (%s) has no conversion to domain field %s (%s)", f.msg.Name, mt, f.domain.Name, dt)
+	}
 	return "", false
 }
 
-// nestedTo converts a nested domain struct (or pointer to one; a slice of
-// either when list) to its message through the pair's own function.
-func (g *gen) nestedTo(p *pair, f field, dt, mt reflect.Type, expr string, list bool) (string, bool) {
+// nested converts a nested domain struct dt (or a pointer to one; a slice
+// of either when list) to or from message mt through their pair's own
+// function.
+func (g *gen) nested(p *pair, f field, dt, mt reflect.Type, toMsg bool, expr string, list bool) (string, bool) {
 	ptr := dt.Kind() == reflect.Pointer
 	if ptr {
 		dt = dt.Elem()
 	}
 	q := g.find(dt, mt)
-	if q == nil || q.to == "" {
-		g.fail(p, "domain field %s: no pair converts %s to %s (add one to pairs.go)", f.domain.Name, dt, mt)
-		return "", false
+	fn := ""
+	if q != nil && toMsg {
+		fn = q.to
+	} else if q != nil {
+		fn = q.from
 	}
 	switch {
-	case list && ptr == !q.value:
-		return "each(" + expr + ", " + q.to + ")", true
-	case list && !ptr && !q.value:
-		return "eachOf(" + expr + ", " + q.to + ")", true
-	case !list && ptr == !q.value:
-		return q.to + "(" + expr + ")", true
-	case !list && !ptr && !q.value:
-		return q.to + "(&" + expr + ")", true
-	}
-	g.fail(p, "domain field %s: %s converts %s by value, the field holds pointers", f.domain.Name, q.to, dt)
-	return "", false
-}
-
-// fromExpr is the expression converting the message field f (expr) to
-// its domain field.
-func (g *gen) fromExpr(p *pair, f field, expr string) (string, bool) {
-	dt, mt := f.domain.Type, f.msg.Type
-	switch {
-	case dt == timeType && mt.Kind() == reflect.Pointer && mt.Elem().String() == timestampName:
-		return "timeOf(" + expr + ")", true
-	case dt == durationType && mt.Kind() == reflect.Pointer && mt.Elem().String() == durationName:
-		return expr + ".AsDuration()", true
-	case mt.Kind() == reflect.Pointer && mt.Elem().Kind() == reflect.Struct:
-		return g.nestedFrom(p, f, dt, mt.Elem(), expr, false)
-	case mt.Kind() == reflect.Slice && mt.Elem().Kind() == reflect.Pointer && mt.Elem().Elem().Kind() == reflect.Struct:
-		if dt.Kind() != reflect.Slice {
-			break
-		}
-		return g.nestedFrom(p, f, dt.Elem(), mt.Elem().Elem(), expr, true)
-	case mt.Kind() == reflect.Slice || mt.Kind() == reflect.Map:
-		if dt == mt {
-			return expr, true
-		}
-	default:
-		if s, ok := g.scalar(mt, dt, expr); ok {
-			return s, true
-		}
-	}
-	g.fail(p, "message field %s (%s) has no conversion to domain field %s (%s)", f.msg.Name, mt, f.domain.Name, dt)
-	return "", false
-}
-
-// nestedFrom converts a nested message (or a list of them) to the domain
-// struct, or pointer to one, through the pair's own function.
-func (g *gen) nestedFrom(p *pair, f field, dt, mt reflect.Type, expr string, list bool) (string, bool) {
-	ptr := dt.Kind() == reflect.Pointer
-	if ptr {
-		dt = dt.Elem()
-	}
-	q := g.find(dt, mt)
-	if q == nil || q.from == "" {
-		g.fail(p, "message field %s: no pair converts %s to %s (add one to pairs.go)", f.msg.Name, mt, dt)
+	case fn == "":
+		g.fail(p, "field %s: no pair converts %s and %s that way (add one to pairs.go)", f.domain.Name, dt, mt)
 		return "", false
+	case ptr == !q.value && list:
+		return "each(" + expr + ", " + fn + ")", true
+	case ptr == !q.value:
+		return fn + "(" + expr + ")", true
+	case toMsg && !ptr && list:
+		return "eachOf(" + expr + ", " + fn + ")", true
+	case toMsg && !ptr:
+		return fn + "(&" + expr + ")", true
 	}
-	if ptr == q.value {
-		g.fail(p, "message field %s: %s gives %s by value or pointer, not as the field holds it", f.msg.Name, q.from, dt)
-		return "", false
-	}
-	if list {
-		return "each(" + expr + ", " + q.from + ")", true
-	}
-	return q.from + "(" + expr + ")", true
+	g.fail(p, "field %s holds %s as %s does not take or give it (by value or by pointer)", f.domain.Name, dt, fn)
+	return "", false
 }
