@@ -545,9 +545,9 @@ func evidenceRowProto(x coordinator.Row) *tetherv1.EvidenceRow {
 // evidenceRowFromProto reads an evidence row message as the lease package holds it, but for its message kind.
 //
 // Not converted here:
+// domain Message: read back from its name (EvidenceRowFromProto).
 // message Message: the name of the judged message's kind (EvidenceRowFromProto).
 // message Row: the row's number in the job's evidence, which a lease.EvidenceRow does not hold.
-// domain Message: read back from its name (EvidenceRowFromProto).
 func evidenceRowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
 	if p == nil {
 		return lease.EvidenceRow{}

@@ -307,13 +307,16 @@ func (g *gen) pair(p *pair) {
 			fmt.Fprintf(w, "// %s %s: %s.\n", what, n, side[n])
 		}
 	}
-	if p.to != "" {
-		fmt.Fprintf(w, "\n// %s %s.\n", p.to, p.doc)
+	notHere := func() {
 		if len(p.handMsg)+len(p.handDomain) > 0 {
 			w.WriteString("//\n// Not converted here:\n")
 			hand(p.handDomain, "domain")
 			hand(p.handMsg, "message")
 		}
+	}
+	if p.to != "" {
+		fmt.Fprintf(w, "\n// %s %s.\n", p.to, p.doc)
+		notHere()
 		if p.value {
 			fmt.Fprintf(w, "func %s(x %s) *%s {\n", p.to, d, m)
 		} else {
@@ -346,11 +349,7 @@ func (g *gen) pair(p *pair) {
 		default:
 			fmt.Fprintf(w, "\n// %s is the inverse of %s.\n", p.from, p.to)
 		}
-		if len(p.handMsg)+len(p.handDomain) > 0 {
-			w.WriteString("//\n// Not converted here:\n")
-			hand(p.handMsg, "message")
-			hand(p.handDomain, "domain")
-		}
+		notHere()
 		if p.value {
 			fmt.Fprintf(w, "func %s(p *%s) %s {\n\tif p == nil {\n\t\treturn %s{}\n\t}\n\treturn %s{\n", p.from, m, d, d, d)
 		} else {
