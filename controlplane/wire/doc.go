@@ -9,7 +9,8 @@
 // internal/wiregen (go generate, make generate) from the list of pairs in
 // internal/wiregen/pairs.go. It matches a domain field to the message
 // field by number (the domain field's pb tag, which internal/storecodec
-// also stores by; by name for the lease package's untagged types) and
+// also stores by; by name for types without tags, the lease package's and
+// tree.SessionSignal) and
 // refuses a field on one side only unless the pair lists it as converted
 // by hand, so a field added to the proto and the domain type converts
 // without anyone writing it, and one added to only one side fails the
