@@ -31,9 +31,8 @@ const maxActiveNodes = 1 << 17
 // unseen: so a termination or an exit confirmation that any reader could
 // see before a call began — acknowledged or not — is applied before that
 // call looks, and the very next call is refused. A lookup that missed
-// reads the node at a generation, and its answer is remembered only if
-// the changes since did not name that node (a read that raced a write of
-// its node is not kept; one that raced the spawn of other nodes is). On
+// reads the node at a generation, and its answer is remembered only if no
+// node changed in between (a read that raced a write is not kept). On
 // etcd a change committed by another replica reaches this one's watch
 // after readers can see it, so there the node is read on every call
 // (newActiveNodes returns nil).
@@ -48,23 +47,7 @@ type activeNodes struct {
 	unseen  func() bool   // a node change may be visible and not yet in w
 	lineage map[string]string
 	gen     uint64 // advanced whenever a node may have changed
-	// changed names the nodes the drains saw change after generation
-	// tracked, oldest first: a read at generation tracked or later is
-	// kept unless they name its node.
-	changed []changedNode
-	tracked uint64
 }
-
-// changedNode is a node a drain saw change, and the generation the
-// change advanced to.
-type changedNode struct {
-	gen uint64
-	id  string
-}
-
-// maxChangedNodes bounds activeNodes.changed; past it, the older half is
-// forgotten, and a read from before what is left is not kept.
-const maxChangedNodes = 4096
 
 // newActiveNodes watches st's nodes; nil (every call reads its node) when
 // st is not a Badger store or cannot be watched.
@@ -116,13 +99,8 @@ func (a *activeNodes) remember(nodeID, lineage string, gen uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.drainLocked()
-	if a.w == nil || gen < a.tracked {
+	if a.w == nil || a.gen != gen {
 		return
-	}
-	for i := len(a.changed) - 1; i >= 0 && a.changed[i].gen > gen; i-- {
-		if a.changed[i].id == nodeID {
-			return
-		}
 	}
 	if len(a.lineage) >= maxActiveNodes {
 		clear(a.lineage)
@@ -144,32 +122,13 @@ func (a *activeNodes) drainLocked() {
 				a.restartLocked()
 				return
 			}
-			a.gen++
 			for _, ev := range batch {
 				delete(a.lineage, strings.TrimPrefix(string(ev.Key), tree.NodePrefix))
 			}
-			a.trackLocked(batch)
+			a.gen++
 		default:
 			return
 		}
-	}
-}
-
-// trackLocked adds the nodes of a drained batch (generation a.gen) to
-// a.changed, forgetting the older half (and so the reads from before
-// them) when it would pass maxChangedNodes.
-func (a *activeNodes) trackLocked(batch []store.Event) {
-	if len(batch) > maxChangedNodes {
-		a.changed, a.tracked = a.changed[:0], a.gen
-		return
-	}
-	if over := len(a.changed) + len(batch) - maxChangedNodes; over > 0 {
-		drop := max(over, len(a.changed)/2)
-		a.tracked = a.changed[drop-1].gen
-		a.changed = append(a.changed[:0], a.changed[drop:]...)
-	}
-	for _, ev := range batch {
-		a.changed = append(a.changed, changedNode{gen: a.gen, id: strings.TrimPrefix(string(ev.Key), tree.NodePrefix)})
 	}
 }
 
@@ -181,7 +140,6 @@ func (a *activeNodes) restartLocked() {
 	a.w, a.unseen = w, unseen
 	clear(a.lineage)
 	a.gen++
-	a.changed, a.tracked = a.changed[:0], a.gen
 }
 
 // close ends the watch.
