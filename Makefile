@@ -89,7 +89,7 @@ tools:
 # pinned by agentsdk/typescript/package-lock.json (npm ci, from the cache
 # when it has the packages).
 TS_DIR := agentsdk/typescript
-GENERATED := proto/ $(TS_DIR)/src/gen/
+GENERATED := proto/ $(TS_DIR)/src/gen/ controlplane/wire/conv.gen.go
 
 ts-deps:
 	cd $(TS_DIR) && npm ci --prefer-offline --no-audit --no-fund
@@ -97,6 +97,7 @@ ts-deps:
 generate: tools ts-deps
 	PATH=$(BIN):$$PATH $(BIN)/buf generate
 	$(BIN)/buf generate --template buf.gen.ts.yaml
+	$(GO) generate ./controlplane/wire
 
 check-generate: generate
 	@git diff --exit-code -- $(GENERATED) || (echo "generated code is stale: run 'make generate' and commit" >&2; exit 1)

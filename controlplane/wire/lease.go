@@ -25,129 +25,36 @@ func Lease(l lease.Lease) *tetherv1.Lease {
 	if !l.Exists() {
 		return nil
 	}
-	return &tetherv1.Lease{
-		JobId:             l.JobID,
-		LeaseId:           l.LeaseID,
-		LeaseGeneration:   l.Generation,
-		HolderIdentity:    l.HolderIdentity,
-		IssuedAt:          timestamp(l.IssuedAt),
-		LeaseDuration:     duration(l.LeaseDuration),
-		ExpiresAt:         timestamp(l.ExpiresAt),
-		AckDeadline:       timestamp(l.AckDeadline),
-		AckState:          tetherv1.AckState(l.AckState),
-		State:             tetherv1.LeaseState(l.State),
-		RenewSequence:     l.RenewSequence,
-		RenewTime:         timestamp(l.RenewTime),
-		ProgressSequence:  l.ProgressSequence,
-		ProgressValue:     l.ProgressValue,
-		CancelRequested:   l.CancelRequested,
-		CancelRequestedAt: timestamp(l.CancelRequestedAt),
-		CancelAck:         l.CancelAck,
-		CancelAckedAt:     timestamp(l.CancelAckedAt),
-		TerminalResult:    tetherv1.TerminalResult(l.TerminalResult),
-		TerminalAt:        timestamp(l.TerminalAt),
-		StaleGeneration:   l.StaleGeneration,
-		LateProgress:      l.LateProgress,
-		LeaseExpired:      l.LeaseExpired,
-		OwnershipConflict: l.OwnershipConflict,
-		ConflictHolder:    l.ConflictHolder,
-		UnresolvedUntil:   timestamp(l.UnresolvedUntil),
-		AcquireTime:       timestamp(l.AcquireTime),
-		LastRenewTime:     timestamp(l.LastRenewTime),
-		LeaseTransitions:  l.Transitions,
-		TerminalDetail:    l.TerminalDetail,
-	}
+	return leaseProto(l)
 }
 
-// Decision renders a decision.
-func Decision(d lease.Decision) *tetherv1.Decision {
-	return &tetherv1.Decision{Outcome: tetherv1.Outcome(d.Outcome), AuditEvent: tetherv1.AuditEvent(d.Event), Reason: d.Reason}
-}
-
-// EvidenceRow renders an evidence row.
+// EvidenceRow renders an evidence row: the judged message's kind goes by
+// its name.
 func EvidenceRow(r coordinator.Row) *tetherv1.EvidenceRow {
-	return &tetherv1.EvidenceRow{
-		JobId:             r.JobID,
-		LeaseId:           r.LeaseID,
-		Generation:        r.Generation,
-		HolderIdentity:    r.HolderIdentity,
-		IssuedAt:          timestamp(r.IssuedAt),
-		LeaseDuration:     duration(r.LeaseDuration),
-		ExpiresAt:         timestamp(r.ExpiresAt),
-		AckDeadline:       timestamp(r.AckDeadline),
-		AckState:          tetherv1.AckState(r.AckState),
-		RenewSequence:     r.RenewSequence,
-		RenewTime:         timestamp(r.RenewTime),
-		ProgressSequence:  r.ProgressSequence,
-		ProgressValue:     r.ProgressValue,
-		CancelRequested:   r.CancelRequested,
-		CancelAck:         r.CancelAck,
-		TerminalResult:    tetherv1.TerminalResult(r.TerminalResult),
-		StaleGeneration:   r.StaleGeneration,
-		LateProgress:      r.LateProgress,
-		LeaseExpired:      r.LeaseExpired,
-		OwnershipConflict: r.OwnershipConflict,
-		Decision:          Decision(r.Decision),
-		Reason:            r.Reason,
-		Message:           r.Message.String(),
-		DecidedAt:         timestamp(r.DecidedAt),
-		Row:               r.Number,
-	}
+	m := evidenceRowProto(r)
+	m.Message = r.Message.String()
+	return m
 }
 
-// EvidenceRowFromProto is the inverse of EvidenceRow (the CLI renders rows with the
-// lease package's CSV writer).
+// EvidenceRowFromProto is the inverse of EvidenceRow (the CLI renders rows
+// with the lease package's CSV writer); a kind it does not know is
+// lease.KindUnspecified.
 func EvidenceRowFromProto(p *tetherv1.EvidenceRow) lease.EvidenceRow {
-	kind := lease.KindUnspecified
+	r := evidenceRowFromProto(p)
 	for k := lease.KindOffer; k <= lease.KindRecover; k++ {
 		if k.String() == p.GetMessage() {
-			kind = k
+			r.Message = k
 		}
 	}
-	return lease.EvidenceRow{
-		JobID:             p.GetJobId(),
-		LeaseID:           p.GetLeaseId(),
-		Generation:        p.GetGeneration(),
-		HolderIdentity:    p.GetHolderIdentity(),
-		IssuedAt:          timeOf(p.GetIssuedAt()),
-		LeaseDuration:     p.GetLeaseDuration().AsDuration(),
-		ExpiresAt:         timeOf(p.GetExpiresAt()),
-		AckDeadline:       timeOf(p.GetAckDeadline()),
-		AckState:          lease.AckState(p.GetAckState()),
-		RenewSequence:     p.GetRenewSequence(),
-		RenewTime:         timeOf(p.GetRenewTime()),
-		ProgressSequence:  p.GetProgressSequence(),
-		ProgressValue:     p.GetProgressValue(),
-		CancelRequested:   p.GetCancelRequested(),
-		CancelAck:         p.GetCancelAck(),
-		TerminalResult:    lease.TerminalResult(p.GetTerminalResult()),
-		StaleGeneration:   p.GetStaleGeneration(),
-		LateProgress:      p.GetLateProgress(),
-		LeaseExpired:      p.GetLeaseExpired(),
-		OwnershipConflict: p.GetOwnershipConflict(),
-		Decision: lease.Decision{
-			Outcome: lease.Outcome(p.GetDecision().GetOutcome()),
-			Event:   lease.AuditEvent(p.GetDecision().GetAuditEvent()),
-			Reason:  p.GetDecision().GetReason(),
-		},
-		Reason:    p.GetReason(),
-		Message:   kind,
-		DecidedAt: timeOf(p.GetDecidedAt()),
-	}
+	return r
 }
 
-// LeasePolicy publishes the declared time policy.
+// LeasePolicy publishes the declared time policy, its restart and
+// missed-ACK rules as sentences.
 func LeasePolicy(p lease.Policy) *tetherv1.LeasePolicy {
-	return &tetherv1.LeasePolicy{
-		ClockSource:          p.ClockSource,
-		SkewAllowance:        durationpb.New(p.SkewAllowance),
-		RestartBehavior:      p.RestartBehavior(),
-		DefaultLeaseDuration: durationpb.New(p.DefaultLeaseDuration),
-		MaxLeaseDuration:     durationpb.New(p.MaxLeaseDuration),
-		DefaultAckTimeout:    durationpb.New(p.DefaultAckTimeout),
-		MaxUnresolvedBound:   durationpb.New(p.MaxUnresolvedBound),
-		AckMissPolicy:        p.AckMissBehavior(),
-	}
+	m := leasePolicyProto(p)
+	m.RestartBehavior, m.AckMissPolicy = p.RestartBehavior(), p.AckMissBehavior()
+	return m
 }
 
 func invalidLease(format string, args ...any) error {

@@ -10,17 +10,11 @@ import (
 
 // Rollout is a rollout as the API carries it, with its counts.
 func Rollout(r rollout.Rollout) *tetherv1.Rollout {
-	state := map[rollout.RolloutState]tetherv1.RolloutState{
-		rollout.RolloutRunning:   tetherv1.RolloutState_ROLLOUT_STATE_RUNNING,
-		rollout.RolloutPaused:    tetherv1.RolloutState_ROLLOUT_STATE_PAUSED,
-		rollout.RolloutCompleted: tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED,
-		rollout.RolloutAborted:   tetherv1.RolloutState_ROLLOUT_STATE_ABORTED,
-	}[r.State]
 	out := &tetherv1.Rollout{
 		RolloutId: r.ID, Selector: r.Selector, TargetSelector: r.TargetSelector,
 		Batch: uint32(r.Batch), MaxUnavailable: uint32(r.MaxUnavailable),
 		BatchDeadline: durationpb.New(r.BatchDeadline), DrainWindow: durationpb.New(r.DrainWindow), ConfirmTimeout: durationpb.New(r.ConfirmTimeout),
-		State: state, Reason: r.Reason, RequestedBy: r.RequestedBy, Description: r.Description,
+		State: rolloutStates[r.State], Reason: r.Reason, RequestedBy: r.RequestedBy, Description: r.Description,
 		CreatedAt: timestamppb.New(r.CreatedAt), UpdatedAt: timestamppb.New(r.UpdatedAt),
 		Counts: &tetherv1.RolloutCounts{
 			Remaining: uint32(r.Remaining), Drained: uint32(r.Drained()),
@@ -33,7 +27,7 @@ func Rollout(r rollout.Rollout) *tetherv1.Rollout {
 			out.Counts.BatchesDone++
 		}
 		out.Batches = append(out.Batches, &tetherv1.RolloutBatch{
-			Index: uint32(b.Index), State: rolloutBatchState(b.State()), NodeIds: b.NodeIDs,
+			Index: uint32(b.Index), State: rolloutBatchStates[b.State()], NodeIds: b.NodeIDs,
 			TerminationId: b.TerminationID, RecordId: b.RecordID,
 			StartedAt: timestamppb.New(b.StartedAt), Deadline: timestamppb.New(b.Deadline),
 			TerminatedAt: timestamp(b.TerminatedAt), ReplacedAt: timestamp(b.ReplacedAt), CompletedAt: timestamp(b.CompletedAt),
@@ -43,17 +37,19 @@ func Rollout(r rollout.Rollout) *tetherv1.Rollout {
 	return out
 }
 
-// rolloutBatchState is a batch's state as the API carries it.
-func rolloutBatchState(s rollout.BatchState) tetherv1.RolloutBatchState {
-	switch s {
-	case rollout.BatchDraining:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DRAINING
-	case rollout.BatchReplacing:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_REPLACING
-	case rollout.BatchDone:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE
-	case rollout.BatchReleased:
-		return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_RELEASED
+// rolloutStates and rolloutBatchStates are the API's names of a rollout's
+// and a batch's states; a state not listed is UNSPECIFIED.
+var (
+	rolloutStates = map[rollout.RolloutState]tetherv1.RolloutState{
+		rollout.RolloutRunning:   tetherv1.RolloutState_ROLLOUT_STATE_RUNNING,
+		rollout.RolloutPaused:    tetherv1.RolloutState_ROLLOUT_STATE_PAUSED,
+		rollout.RolloutCompleted: tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED,
+		rollout.RolloutAborted:   tetherv1.RolloutState_ROLLOUT_STATE_ABORTED,
 	}
-	return tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_UNSPECIFIED
-}
+	rolloutBatchStates = map[rollout.BatchState]tetherv1.RolloutBatchState{
+		rollout.BatchDraining:  tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DRAINING,
+		rollout.BatchReplacing: tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_REPLACING,
+		rollout.BatchDone:      tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE,
+		rollout.BatchReleased:  tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_RELEASED,
+	}
+)

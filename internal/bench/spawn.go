@@ -22,13 +22,17 @@ func init() {
 // supervisorSpawn measures durable spawns with credential issuance: each
 // call registers a child in the tree (committed to Badger with SyncWrites
 // before it is answered) and mints the child's agent credential (an
-// EdDSA-signed JWT). With 1, 8 and 64 clients, each on its own connection
-// and spawning under its own parent, as separate agents growing their
-// subtrees would. Besides the rate, it reports the rate per CPU-second of
-// the whole process (server and clients), which on a shared machine tracks
-// the work where the wall-clock rate tracks the load.
+// EdDSA-signed JWT). With 1, 8 and 64 clients, each a parent agent on its
+// own connection spawning under its own node with its own credential, as
+// separate agents growing their subtrees would. Besides the rate, it
+// reports the rate per CPU-second of the whole process (server and
+// clients), which on a shared machine tracks the work where the wall-clock
+// rate tracks the load, and beside it the RPC floor: the same clients
+// reading their own node (GetNode, authenticated and authorised as a
+// spawn is, writing nothing), so that the CPU a spawn costs beyond one
+// round trip of the RPC stack is measured in the same run.
 func supervisorSpawn(ctx context.Context, r *Report, srv *benchServer) error {
-	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}); err != nil {
+	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}, true); err != nil {
 		return err
 	}
 	return measureSpawnBatches(ctx, r, srv, 8, 64)
@@ -104,12 +108,13 @@ func measureSpawnBatches(ctx context.Context, r *Report, srv *benchServer, worke
 // their ancestors' stop-rule counters).
 func supervisorSpawnEtcd(ctx context.Context, r *Report) error {
 	return withEtcdServer(ctx, r, "supervisor/spawn-etcd", "tether-bench-etcd-spawn-*", func(_ *etcdlocal.Cluster, srv *benchServer) error {
-		return measureSpawns(ctx, r, srv, "supervisor/spawn-etcd", []int{1, 64})
+		return measureSpawns(ctx, r, srv, "supervisor/spawn-etcd", []int{1, 64}, false)
 	})
 }
 
-// measureSpawns measures spawns with each number of clients in turn.
-func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string, levels []int) error {
+// measureSpawns measures spawns with each number of clients in turn, and
+// with floor the RPC floor beside them (measureRPCFloor).
+func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string, levels []int, floor bool) error {
 	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-root"}))
 	if err != nil {
 		return err
@@ -118,12 +123,18 @@ func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string
 		clients := make([]*agentsdk.Conn, workers)
 		parents := make([]string, workers)
 		for i := range clients {
-			clients[i] = agentsdk.Dial(srv.URL, srv.AdminToken)
-			resp, err := clients[i].Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
+			resp, err := srv.Admin.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
 			if err != nil {
 				return err
 			}
+			// The parent agent, with the credential its spawn returned.
+			clients[i] = agentsdk.Dial(srv.URL, resp.Msg.Credential)
 			parents[i] = resp.Msg.Node.NodeId
+		}
+		if floor {
+			if err := measureRPCFloor(ctx, r, name, clients, parents); err != nil {
+				return err
+			}
 		}
 		var spawned atomic.Int64
 		spawn := func(ctx context.Context, worker int) error {
@@ -159,6 +170,42 @@ func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string
 			// The whole run, warm-up included, over its CPU time.
 			r.Add(fmt.Sprintf("%s-per-cpu-second/clients=%d", name, workers), float64(spawned.Load())/cpu.Seconds(), "agents/cpu-s")
 		}
+	}
+	return nil
+}
+
+// measureRPCFloor measures the clients of a spawn measurement reading
+// their own nodes (GetNode): the same connections, credentials,
+// authentication and authorisation as their spawns, and no write. It
+// reports the rate and the rate per CPU-second of the process.
+func measureRPCFloor(ctx context.Context, r *Report, name string, clients []*agentsdk.Conn, parents []string) error {
+	read := func(ctx context.Context, w int) error {
+		resp, err := clients[w].Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: parents[w]}))
+		if err != nil {
+			return err
+		}
+		if resp.Msg.Node.GetNodeId() != parents[w] {
+			return fmt.Errorf("GetNode of %s returned %s", parents[w], resp.Msg.Node.GetNodeId())
+		}
+		return nil
+	}
+	var reads atomic.Int64
+	op := func(ctx context.Context, w int) error {
+		err := read(ctx, w)
+		if err == nil {
+			reads.Add(1)
+		}
+		return err
+	}
+	cpuBefore, cpuOK := processCPU()
+	rate, err := Throughput(ctx, len(clients), r.Duration, op)
+	if err != nil {
+		return err
+	}
+	cpuAfter, _ := processCPU()
+	r.Add(fmt.Sprintf("%s/rpc-floor/clients=%d", name, len(clients)), rate, "calls/s")
+	if cpu := cpuAfter - cpuBefore; cpuOK && cpu > 0 {
+		r.Add(fmt.Sprintf("%s/rpc-floor-per-cpu-second/clients=%d", name, len(clients)), float64(reads.Load())/cpu.Seconds(), "calls/cpu-s")
 	}
 	return nil
 }
