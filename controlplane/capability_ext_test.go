@@ -1020,24 +1020,34 @@ func TestAgentsSeeOnlyTheirLineagesRevocations(t *testing.T) {
 	revoke(ga1, "a1 exfiltrated data to host evil.example")
 	revoke(gb, "b is being investigated")
 	tok := createToken(t, admin, tetherv1.Role_ROLE_VIEWER, "leaked", time.Hour)
-	if _, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: tok.TokenId, Reason: "leaked in a ticket"})); err != nil {
+	revoked, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: tok.TokenId, Reason: "leaked in a ticket"}))
+	if err != nil {
 		t.Fatal(err)
 	}
 
 	// feed returns what a caller sees of the whole feed: grant → reason.
+	// The feed publishes a tombstone once the store's watch delivers it,
+	// a moment after the revocation's answer: it reads until the feed's
+	// head has reached the last revocation.
 	feed := func(token string) (map[string]string, uint64) {
 		t.Helper()
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		stream, err := srv.Clients(token).Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
-		if err != nil || !stream.Receive() {
-			t.Fatalf("watch: %v %v", err, stream.Err())
+		if err != nil {
+			t.Fatalf("watch: %v", err)
 		}
 		seen := map[string]string{}
-		for _, ts := range stream.Msg().Tombstones {
-			seen[ts.GrantId] = ts.Reason
+		for stream.Receive() {
+			for _, ts := range stream.Msg().Tombstones {
+				seen[ts.GrantId] = ts.Reason
+			}
+			if head := stream.Msg().HeadSequence; head >= revoked.Msg.Sequence {
+				return seen, head
+			}
 		}
-		return seen, stream.Msg().HeadSequence
+		t.Fatalf("watch ended before the feed reached sequence %d: %v", revoked.Msg.Sequence, stream.Err())
+		return nil, 0
 	}
 	all, head := feed(srv.Admin)
 	if len(all) != 3 || all[ga1] == "" || all[tok.TokenId] != "leaked in a ticket" {
