@@ -1,9 +1,19 @@
 package controlplane_test
 
 import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -53,4 +63,120 @@ func testWaitAcks(t *testing.T, w *composeWorld, termID string) {
 	testserver.WaitFor(t, 20*time.Second, "the escalation's cancel order", func() bool {
 		return getTermination(t, w.admin, termID).Progress.GetAcksPending() > 0
 	})
+}
+
+// TestARogueThatRenewsAcrossItsTerminationOverAnOpenChannel: the holder
+// keeps the lease Channel it opened before its termination and goes on
+// renewing, reporting progress and completing over it once its node is
+// terminated (its credential died with the node, but the stream was
+// admitted before). Every message is refused as unauthenticated before the
+// lease machine: no evidence row, the lease unchanged.
+func TestARogueThatRenewsAcrossItsTerminationOverAnOpenChannel(t *testing.T) {
+	w := newLeaseWorld(t)
+	l := w.offer(t, w.job(), w.w1, 10*time.Minute)
+	ch := openChannel(t, w.w1C)
+	l, _ = ch.send(t, ack(l))
+	l, _ = ch.send(t, renew(l, 1))
+	term := terminate(t, w.admin, w.w1, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, 0)
+	w.clock.Advance(2 * time.Second)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	before, rows := w.get(t, l.JobId), len(w.evidence(t, l.JobId))
+	for _, m := range []*tetherv1.ChannelRequest{renew(l, 2), progress(l, 1, "50%"), complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS)} {
+		if _, d, errText := ch.try(t, m); !strings.HasPrefix(errText, connect.CodeUnauthenticated.String()) {
+			t.Fatalf("%T from the terminated holder over its open channel: decision %v, error %q; want unauthenticated", m.Message, d, errText)
+		}
+	}
+	after := w.get(t, l.JobId)
+	if !proto.Equal(before, after) {
+		t.Fatalf("the terminated holder's stream moved the lease:\n%v\n->\n%v", before, after)
+	}
+	if n := len(w.evidence(t, l.JobId)); n != rows {
+		t.Fatalf("the terminated holder's messages wrote %d evidence rows, want none", n-rows)
+	}
+}
+
+// TestARogueThatBeginsCallsWhileItsAncestorIsBeingMarkedIsAccountedOnce:
+// an operator aborts a root whose subtree the termination marks two nodes
+// a chunk, while a tool server the workload controls begins calls for
+// every node of it as fast as it can. A call is begun before its node's
+// chunk (then it is the termination's, with a cancel order) or refused
+// after (rejected_draining, in the record too): whatever the interleaving,
+// every call the gate was told began is in the record exactly once, and
+// none is left in flight once the node is terminated.
+func TestARogueThatBeginsCallsWhileItsAncestorIsBeingMarkedIsAccountedOnce(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.TerminationChunk = 2 })
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "root")
+	nodes := []string{root.Node.NodeId}
+	for i := range 12 {
+		nodes = append(nodes, spawn(t, admin, nodes[i/3], fmt.Sprintf("n%d", i)).Node.NodeId)
+	}
+	tokens := make([]string, len(nodes))
+	for i, n := range nodes {
+		issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: n, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens[i] = issued.Msg.Token
+	}
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+
+	var mu sync.Mutex
+	begun := map[string]string{} // call id -> node
+	refused := 0
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for i := range nodes {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: tokens[i], Tool: "shell", GateId: "gate-1"}))
+				mu.Lock()
+				switch {
+				case err == nil:
+					begun[resp.Msg.Call.CallId] = nodes[i]
+				case connect.CodeOf(err) == connect.CodeFailedPrecondition || connect.CodeOf(err) == connect.CodePermissionDenied || connect.CodeOf(err) == connect.CodeUnauthenticated:
+					refused++
+				default:
+					mu.Unlock()
+					t.Errorf("BeginCall for %s: %v", nodes[i], err)
+					return
+				}
+				mu.Unlock()
+				if err != nil {
+					return // the node is stopping: its calls are refused from now on
+				}
+			}
+		})
+	}
+	testserver.WaitFor(t, 20*time.Second, "calls in flight on every node", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(begun) >= 2*len(nodes)
+	})
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, 0)
+	wg.Wait()
+	close(stop)
+	clk.Advance(2 * time.Second) // past the cancel-ack timeout: the gate acknowledges nothing
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, admin, term.TerminationId)
+	seen := map[string]int{}
+	for _, c := range rec.ToolCalls {
+		seen[c.CallId]++
+	}
+	for call, node := range begun {
+		if seen[call] != 1 {
+			t.Errorf("call %s of node %s, begun while the mark ran, is in the record %d times, want once", call, node, seen[call])
+		}
+	}
+	if len(recordNodes(t, rec)) != len(nodes) {
+		t.Fatalf("the record lists %d nodes, want %d", len(rec.Nodes), len(nodes))
+	}
+	t.Logf("%d calls begun, %d refused", len(begun), refused)
 }
