@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
@@ -179,4 +180,54 @@ func TestARogueThatBeginsCallsWhileItsAncestorIsBeingMarkedIsAccountedOnce(t *te
 		t.Fatalf("the record lists %d nodes, want %d", len(rec.Nodes), len(nodes))
 	}
 	t.Logf("%d calls begun, %d refused", len(begun), refused)
+}
+
+// TestARogueThatBackdatesItsWorkPastExpiryGainsNothing: the holder lets
+// its lease expire on the coordinator's clock, then completes the job
+// SUCCESS and reports progress with sent_at set to a minute after the
+// offer, well inside its lease, and a former holder completes its old
+// generation after the job was reassigned. sent_at is the worker's word:
+// expiry is judged on the coordinator's receipt time, so the completion
+// is refused (LEASE_EXPIRED), the progress is not applied, the former
+// holder's completion is stale, and no lease is SUCCESS.
+func TestARogueThatBackdatesItsWorkPastExpiryGainsNothing(t *testing.T) {
+	transports2(t, func(t *testing.T, w *leaseWorld, via func(c *testserver.Clients) tryTransport) {
+		backdate := func(m *tetherv1.ChannelRequest) *tetherv1.ChannelRequest {
+			at := timestamppb.New(epoch.Add(time.Minute))
+			switch m := m.Message.(type) {
+			case *tetherv1.ChannelRequest_Complete:
+				m.Complete.SentAt = at
+			case *tetherv1.ChannelRequest_Progress:
+				m.Progress.SentAt = at
+			}
+			return m
+		}
+		l := w.offer(t, w.job(), w.w1, 10*time.Minute)
+		holder := via(w.w1C)
+		if _, d, errText := holder.try(t, ack(l)); d.GetOutcome() != tetherv1.Outcome_OUTCOME_ACCEPTED {
+			t.Fatalf("ack: %v %s", d, errText)
+		}
+		w.clock.Advance(11 * time.Minute) // past the expiry, on the coordinator's clock
+		for _, m := range []*tetherv1.ChannelRequest{backdate(progress(l, 1, "99%")), backdate(complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))} {
+			if _, d, errText := holder.try(t, m); d.GetOutcome() == tetherv1.Outcome_OUTCOME_ACCEPTED {
+				t.Fatalf("%T sent after the expiry, dated inside the lease, was accepted: %v %s", m.Message, d, errText)
+			}
+		}
+		if got := w.get(t, l.JobId); got.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS || got.ProgressSequence != 0 {
+			t.Fatalf("the backdated messages moved the lease: %v", got)
+		}
+
+		// A former holder's completion of its own, older generation.
+		l2 := w.offer(t, w.job(), w.w1, 10*time.Minute)
+		if _, d, errText := holder.try(t, ack(l2)); d.GetOutcome() != tetherv1.Outcome_OUTCOME_ACCEPTED {
+			t.Fatalf("ack: %v %s", d, errText)
+		}
+		next := w.reassign(t, l2.JobId, w.w2, 10*time.Minute)
+		if _, d, errText := holder.try(t, backdate(complete(l2, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))); d.GetOutcome() == tetherv1.Outcome_OUTCOME_ACCEPTED {
+			t.Fatalf("the former holder's completion of generation %d was accepted: %v %s", l2.LeaseGeneration, d, errText)
+		}
+		if got := w.get(t, l2.JobId); got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || got.LeaseGeneration != next.LeaseGeneration || got.HolderIdentity != w.w2 {
+			t.Fatalf("the former holder's completion moved the reassigned lease: %v", got)
+		}
+	})
 }
