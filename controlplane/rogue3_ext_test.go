@@ -231,3 +231,38 @@ func TestARogueThatBackdatesItsWorkPastExpiryGainsNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestARogueThatAcknowledgesACancelNobodyOrderedIsRefused: a tool server
+// the workload runs acknowledges the cancellation of its call while the
+// node only drains (a drain orders no cancel), so that the record would
+// say the call was cancelled and acknowledged when nobody cancelled it. An
+// acknowledgement answers a cancel order: without one it is refused
+// (failed_precondition), the call stays in flight, and the record shows
+// how the gate really ended it.
+func TestARogueThatAcknowledgesACancelNobodyOrderedIsRefused(t *testing.T) {
+	w := newComposeWorld(t)
+	ctx := context.Background()
+	call := w.beginCall(t, w.child.Node.NodeId)
+	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("an acknowledgement of a cancel nobody ordered, while the node runs: %v, want failed_precondition", err)
+	}
+	term := terminate(t, w.admin, w.child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Second, 0)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("an acknowledgement of a cancel the drain never ordered: %v, want failed_precondition", err)
+	}
+	calls, err := w.admin.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.child.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls.Msg.Calls) != 1 || calls.Msg.Calls[0].State != tetherv1.CallState_CALL_STATE_IN_FLIGHT {
+		t.Fatalf("after the refused acknowledgements the node's open calls are %v, want the call still in flight", calls.Msg.Calls)
+	}
+	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if got := callIDs(record(t, w.admin, term.TerminationId))[call]; got != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED {
+		t.Fatalf("the drain's record says the call %v, want completed (its real end)", got)
+	}
+}
