@@ -266,3 +266,125 @@ func TestARogueThatAcknowledgesACancelNobodyOrderedIsRefused(t *testing.T) {
 		t.Fatalf("the drain's record says the call %v, want completed (its real end)", got)
 	}
 }
+
+// TestARogueThatSendsPathologicalIdsGetsAClearRefusal: an agent names
+// nodes, jobs, grants and terminations with ids that are 90 KB long, hold
+// control characters, a NUL, a right-to-left override, a path, invalid
+// characters of every kind, or nothing. Each call is refused with a code
+// that says what is wrong (invalid_argument, not_found, permission_denied),
+// never an internal error; the refusal quotes no more than a short piece
+// of the id and no control character; and nothing is created or kept
+// against the agent.
+func TestARogueThatSendsPathologicalIdsGetsAClearRefusal(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "root")
+	child := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "child")
+	rogue := srv.Clients(child.Credential)
+	nodesBefore, leasesBefore := countNodes(t, admin), countLeases(t, admin)
+
+	ids := []string{
+		strings.Repeat("n_a", 30000), "n_\x00\x1b[2J", "n_\u202e0000000000000000000", "../../../../etc/passwd",
+		"n_" + strings.Repeat("é", 40), "", " ", "n_%2e%2e", "j\r\nforged: yes",
+	}
+	calls := map[string]func(id string) error{
+		"GetNode": func(id string) error {
+			_, err := rogue.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
+			return err
+		},
+		"ConfirmExit": func(id string) error {
+			_, err := rogue.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: id}))
+			return err
+		},
+		"Terminate": func(id string) error {
+			_, err := rogue.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{NodeId: id}))
+			return err
+		},
+		"Spawn": func(id string) error {
+			_, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: id, Name: "x"}))
+			return err
+		},
+		"ListNodes": func(id string) error {
+			_, err := rogue.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id}))
+			return err
+		},
+		"GetLease": func(id string) error {
+			_, err := rogue.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: id}))
+			return err
+		},
+		"Offer": func(id string) error {
+			_, err := rogue.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: id, HolderIdentity: child.Node.NodeId}))
+			return err
+		},
+		"GetGrant": func(id string) error {
+			_, err := rogue.Capability.GetGrant(ctx, connect.NewRequest(&tetherv1.GetGrantRequest{GrantId: id}))
+			return err
+		},
+		"ProposeStop": func(id string) error {
+			_, err := rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: id, Condition: "now"}))
+			return err
+		},
+		"Heartbeat": func(id string) error {
+			_, err := rogue.Agent.Heartbeat(ctx, connect.NewRequest(&tetherv1.HeartbeatRequest{NodeId: id}))
+			return err
+		},
+		"RegisterPrivilege": func(id string) error {
+			_, err := rogue.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{NodeId: id, Kind: "k", ExternalId: "e", ExpiresAt: timestamppb.New(epoch.Add(time.Hour))}))
+			return err
+		},
+		"GetTermination": func(id string) error {
+			_, err := rogue.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+			return err
+		},
+	}
+	for name, call := range calls {
+		for _, id := range ids {
+			if id == "" && (name == "ListNodes" || name == "ProposeStop" || name == "Heartbeat") {
+				continue // the caller's own subtree
+			}
+			err := call(id)
+			switch connect.CodeOf(err) {
+			case connect.CodeInvalidArgument, connect.CodeNotFound, connect.CodePermissionDenied:
+			default:
+				t.Errorf("%s(%.20q): %v, want invalid_argument, not_found or permission_denied", name, id, err)
+				continue
+			}
+			msg := connect.NewError(connect.CodeUnknown, err).Message()
+			if len(msg) > 512 {
+				t.Errorf("%s(%.20q): the refusal is %d bytes long, quoting the id whole", name, id, len(msg))
+			}
+			for _, r := range msg {
+				if r < 0x20 || r == 0x7f || r == '\u202e' {
+					t.Errorf("%s(%.20q): the refusal carries the control character %q: %q", name, id, r, msg)
+					break
+				}
+			}
+		}
+	}
+	if n, l := countNodes(t, admin), countLeases(t, admin); n != nodesBefore || l != leasesBefore {
+		t.Fatalf("the refused calls changed the world: %d nodes (was %d), %d leases (was %d)", n, nodesBefore, l, leasesBefore)
+	}
+	if cs := getNode(t, admin, child.Node.NodeId).Contradictions; len(cs) != 0 {
+		t.Fatalf("the refused calls were kept against the agent: %v", cs)
+	}
+}
+
+func countNodes(t *testing.T, c *testserver.Clients) int {
+	t.Helper()
+	resp, err := c.Agent.ListNodes(context.Background(), connect.NewRequest(&tetherv1.ListNodesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Msg.Nodes)
+}
+
+func countLeases(t *testing.T, c *testserver.Clients) int {
+	t.Helper()
+	resp, err := c.Lease.ListLeases(context.Background(), connect.NewRequest(&tetherv1.ListLeasesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(resp.Msg.Leases)
+}
