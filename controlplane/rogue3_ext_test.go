@@ -162,8 +162,16 @@ func TestARogueThatBeginsCallsWhileItsAncestorIsBeingMarkedIsAccountedOnce(t *te
 		return len(begun) >= 2*len(nodes)
 	})
 	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, 0)
+	testserver.WaitFor(t, 20*time.Second, "the mark to reach every node", func() bool {
+		for _, n := range nodes {
+			if getNode(t, admin, n).State == tetherv1.NodeState_NODE_STATE_RUNNING {
+				return false
+			}
+		}
+		return true
+	})
+	close(stop) // (each begin loop has ended on its refusal by now, unless calls of a marked node were let in)
 	wg.Wait()
-	close(stop)
 	clk.Advance(2 * time.Second) // past the cancel-ack timeout: the gate acknowledges nothing
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, admin, term.TerminationId)
