@@ -342,6 +342,14 @@ func TestARogueThatSendsPathologicalIdsGetsAClearRefusal(t *testing.T) {
 			_, err := rogue.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{NodeId: id, Kind: "k", ExternalId: "e", ExpiresAt: timestamppb.New(epoch.Add(time.Hour))}))
 			return err
 		},
+		"ListNodes(label_selector)": func(id string) error {
+			_, err := rogue.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{LabelSelector: id + "=x,in(" + id}))
+			return err
+		},
+		"Spawn(name, labels)": func(id string) error {
+			_, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: child.Node.NodeId, Name: id, Labels: map[string]string{id: id}}))
+			return err
+		},
 		"GetTermination": func(id string) error {
 			_, err := rogue.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
 			return err
