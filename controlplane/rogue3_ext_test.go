@@ -59,6 +59,35 @@ func TestARogueThatDrainsItsChildForADayDoesNotStallAnOperatorsDrain(t *testing.
 	}
 }
 
+// TestARogueThatAbortsItsChildWithADayToAckDoesNotStallAnOperatorsDrain:
+// the rogue parent aborts its own child, giving the gate a day to
+// acknowledge the cancel of the child's call that will never be
+// acknowledged, then the operator drains the parent with a second for
+// everything. The child stays aborting (a node never goes back to
+// draining) but is the operator's now, on the operator's deadlines: the
+// operator's termination ends once its own second has passed, the call
+// cancel_unacknowledged, and the agent's ends superseded.
+func TestARogueThatAbortsItsChildWithADayToAckDoesNotStallAnOperatorsDrain(t *testing.T) {
+	w := newComposeWorld(t)
+	childCall := w.beginCall(t, w.child.Node.NodeId)
+	agent := w.srv.Clients(w.parent.Credential)
+	inner := terminate(t, agent, w.child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 24*time.Hour, 24*time.Hour)
+	waitState(t, w.srv, inner.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+
+	outer := terminate(t, w.admin, w.parent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Second, time.Second, time.Second)
+	waitState(t, w.srv, inner.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if n := w.node(t, w.child.Node.NodeId); n.TerminationId != outer.TerminationId || n.State != tetherv1.NodeState_NODE_STATE_ABORTING {
+		t.Fatalf("the child is %s under %s, want aborting under the operator's %s", n.State, n.TerminationId, outer.TerminationId)
+	}
+	for range 3 { // the drain window, the cancel-ack timeout, the confirm timeout: a second each
+		w.clk.Advance(2 * time.Second)
+	}
+	waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if got := callIDs(record(t, w.admin, outer.TerminationId))[childCall]; got != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED {
+		t.Fatalf("the child's call in the operator's record: %v, want cancel_unacknowledged", got)
+	}
+}
+
 func testWaitAcks(t *testing.T, w *composeWorld, termID string) {
 	t.Helper()
 	testserver.WaitFor(t, 20*time.Second, "the escalation's cancel order", func() bool {
