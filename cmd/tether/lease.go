@@ -95,7 +95,7 @@ func ts(t *timestamppb.Timestamp) string {
 
 func printLease(w io.Writer, l *tetherv1.Lease) error {
 	tw := newTable(w)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, printable(v)) }
 	row("job_id", l.JobId)
 	row("lease_id", l.LeaseId)
 	row("generation", fmt.Sprint(l.LeaseGeneration))

@@ -23,12 +23,13 @@ func (revokeNothing) RevokePrivilege(context.Context, privilege.Privilege) error
 // TestARogueThatWritesTerminalControlsCannotRewriteTheOperatorsView: the
 // agents being stopped write the free text the operator reads in their
 // terminal — a stop proposal's reason, a termination's reason, a
-// privilege's external id — and fill it with terminal controls: a
-// carriage return and escape sequences that move the cursor up and erase
-// the line (so "UNACCOUNTED" could be overwritten by a forged "confirmed"),
-// a line break followed by a forged line, a right-to-left override. `tether
-// proposal ls` and `tether record show` print each of them escaped: no
-// control character of the agents' reaches the terminal, no line is forged.
+// privilege's external id, a job's completion detail — and fill it with
+// terminal controls: a carriage return and escape sequences that move the
+// cursor up and erase the line (so "UNACCOUNTED" could be overwritten by a
+// forged "confirmed"), a line break followed by a forged line, a
+// right-to-left override. `tether proposal ls`, `tether record show` and
+// `tether lease show` print each of them escaped: no control character of
+// the agents' reaches the terminal, no line is forged.
 func TestARogueThatWritesTerminalControlsCannotRewriteTheOperatorsView(t *testing.T) {
 	srv := testserver.Start(t, func(cfg *controlplane.Config) {
 		cfg.PrivilegeHandlers = map[string]privilege.PrivilegeRevoker{"db-role": revokeNothing{}}
@@ -55,6 +56,17 @@ func TestARogueThatWritesTerminalControlsCannotRewriteTheOperatorsView(t *testin
 	})); err != nil {
 		t.Fatal(err)
 	}
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: child.Msg.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	if _, err := rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rogue.Lease.Complete(ctx, connect.NewRequest(&tetherv1.CompleteRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, Result: tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, Detail: hostile})); err != nil {
+		t.Fatal(err)
+	}
 	term, err := parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 		NodeId: child.Msg.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
 		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0), Reason: hostile,
@@ -66,7 +78,7 @@ func TestARogueThatWritesTerminalControlsCannotRewriteTheOperatorsView(t *testin
 		_, err := admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term.Msg.Termination.TerminationId}))
 		return err == nil
 	})
-	for _, args := range [][]string{{"proposal", "ls"}, {"record", "show", term.Msg.Termination.TerminationId}} {
+	for _, args := range [][]string{{"proposal", "ls"}, {"record", "show", term.Msg.Termination.TerminationId}, {"lease", "show", "job-1"}} {
 		out := mustCLI(t, srv.URL, srv.Admin, args...)
 		if !strings.Contains(out, "fine") {
 			t.Fatalf("tether %s does not show the agent's text at all:\n%s", strings.Join(args, " "), out)
