@@ -3,7 +3,12 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -62,6 +67,44 @@ func invalid(format string, args ...any) error {
 // denied builds a PermissionDenied error.
 func denied(format string, args ...any) error {
 	return connect.NewError(connect.CodePermissionDenied, errorf(format, args...))
+}
+
+// errorf formats a refusal. Its string arguments are the caller's own
+// text quoted back to it (an id it named, which a rogue can make 90 KB
+// long, or fill with a line break, an escape sequence or a right-to-left
+// override): each is cut to maxQuoted bytes and its control characters
+// and bidirectional overrides are escaped, so that a refusal carries
+// neither a megabyte nor a forged line into a client's terminal or log.
+func errorf(format string, args ...any) error {
+	for i, a := range args {
+		if s, ok := a.(string); ok {
+			args[i] = quotable(s)
+		}
+	}
+	return fmt.Errorf(format, args...)
+}
+
+const maxQuoted = 128
+
+func quotable(s string) string {
+	unsafe := func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }
+	if len(s) <= maxQuoted && strings.IndexFunc(s, unsafe) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for i, r := range s {
+		if i >= maxQuoted {
+			b.WriteString("…")
+			break
+		}
+		if r == utf8.RuneError || unsafe(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)

@@ -417,10 +417,11 @@ func TestAgentThatHeartbeatsButIgnoresTheDrain(t *testing.T) {
 		lastSeen = clk.Now()
 		heartbeat()
 	}
-	// Past the drain window it escalates and, with no call to cancel,
-	// reconciles: its confirm timeout runs from there, so the clock moves
-	// past it only once the termination is there (a reconciler that fell
-	// behind the clock would otherwise start that timeout late and wait on).
+	// With no call in flight the drain ends and it reconciles: its
+	// confirm timeout runs from the revocation, so the clock moves past it
+	// only once the revocation is there (waitState waits for it; a
+	// reconciler that fell behind the clock would otherwise start that
+	// timeout late and wait on).
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	clk.Advance(time.Minute)
 	done := waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)

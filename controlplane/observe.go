@@ -133,5 +133,3 @@ func recoverPanic(log *slog.Logger) connect.HandlerOption {
 		return connect.NewError(connect.CodeInternal, errors.New("internal error"))
 	})
 }
-
-func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }

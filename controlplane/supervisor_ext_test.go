@@ -14,8 +14,10 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -46,10 +48,31 @@ func getTermination(t *testing.T, c *testserver.Clients, id string) *tetherv1.Te
 func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.TerminationState) *tetherv1.Termination {
 	t.Helper()
 	var last *tetherv1.Termination
+	defer func() {
+		// A wait that timed out says where the termination stood.
+		if last != nil && last.State != state {
+			t.Logf("termination %s was last seen as: %v", id, last)
+		}
+	}()
 	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
 		last = getTermination(t, srv.AdminClients(), id)
 		return last.State == state
 	})
+	if state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {
+		// A drain that ends reconciles a pass before it revokes, and the
+		// confirm timeout runs from the revocation: a test that moves the
+		// clock past that timeout waits for the revocation first (on etcd
+		// the pass in between is often slower than the test).
+		testserver.WaitFor(t, 20*time.Second, "termination "+id+" to revoke its subtree", func() bool {
+			var revoked bool
+			err := srv.Store().View(context.Background(), func(tx store.ReadTxn) error {
+				stored, err := supervisor.GetTerminationIn(tx, id)
+				revoked = stored.Revoked || stored.Phase != supervisor.PhaseReconciling
+				return err
+			})
+			return err == nil && revoked
+		})
+	}
 	return last
 }
 

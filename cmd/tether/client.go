@@ -204,7 +204,7 @@ func printList[M proto.Message](g *globals, w io.Writer, items []M, header strin
 	tw := newTable(w)
 	fmt.Fprintln(tw, header)
 	for _, item := range items {
-		fmt.Fprintln(tw, row(item))
+		fmt.Fprintln(tw, printableRow(row(item)))
 	}
 	return tw.Flush()
 }

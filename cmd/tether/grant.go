@@ -274,7 +274,7 @@ func printGrant(w io.Writer, gr *tetherv1.Grant) {
 		gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, gr.Issuer, strings.Join(gr.Scopes, ", "), grantState(gr),
 		formatTimestamp(gr.NotBefore), formatTimestamp(gr.ExpiresAt), orDash(strings.Join(gr.Chain, " → ")), strings.Join(gr.Revokers, ", "))
 	if gr.State == tetherv1.GrantState_GRANT_STATE_REVOKED {
-		fmt.Fprintf(w, "revoked:     %s by %s (%s)\n", formatTimestamp(gr.RevokedAt), orDash(gr.RevokedBy), orDash(gr.Reason))
+		fmt.Fprintf(w, "revoked:     %s by %s (%s)\n", formatTimestamp(gr.RevokedAt), orDash(gr.RevokedBy), printable(orDash(gr.Reason)))
 	}
 }
 
@@ -352,7 +352,7 @@ func newTokenIntrospectCommand(g *globals) *cobra.Command {
 			if m.Active {
 				active = "yes"
 			}
-			fmt.Fprintf(w, "active:   %s\nreason:   %s\n", active, m.Reason)
+			fmt.Fprintf(w, "active:   %s\nreason:   %s\n", active, printable(m.Reason))
 			if m.HolderNodeId != "" {
 				fmt.Fprintf(w, "holder:   %s\nscopes:   %s\nexpires:  %s\n", m.HolderNodeId, strings.Join(m.Scopes, ", "), formatTimestamp(m.ExpiresAt))
 			}

@@ -102,7 +102,7 @@ func printDecision(g *globals, w io.Writer, msg decidedAnswer) error {
 	}
 	l, d := msg.GetLease(), msg.GetDecision()
 	fmt.Fprintf(w, "decision:  %s %s\nreason:    %s\n", strings.TrimPrefix(d.GetOutcome().String(), "OUTCOME_"),
-		strings.TrimPrefix(d.GetAuditEvent().String(), "AUDIT_EVENT_"), d.GetReason())
+		strings.TrimPrefix(d.GetAuditEvent().String(), "AUDIT_EVENT_"), printable(d.GetReason()))
 	if l != nil {
 		fmt.Fprintln(w)
 		return printLease(w, l)
@@ -119,7 +119,7 @@ func ts(t *timestamppb.Timestamp) string {
 
 func printLease(w io.Writer, l *tetherv1.Lease) error {
 	tw := newTable(w)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, printable(v)) }
 	row("job_id", l.JobId)
 	row("lease_id", l.LeaseId)
 	row("generation", fmt.Sprint(l.LeaseGeneration))
@@ -482,7 +482,8 @@ func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
 		if len(reason) > 100 {
 			reason = reason[:100] + "…"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, r.HolderIdentity, strings.Join(flags, ","),
+		reason = printable(reason)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, printable(r.HolderIdentity), strings.Join(flags, ","),
 			strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
 	}
 	return nil

@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
@@ -116,4 +118,35 @@ func roleName(r tetherv1.Role) string {
 		return "-"
 	}
 	return strings.ToLower(strings.TrimPrefix(r.String(), "ROLE_"))
+}
+
+// printable is s as it may reach an operator's terminal. Much of what the
+// CLI prints was written by the agents it reports on (a stop proposal's
+// reason, a termination an agent requested, a privilege's external id, a
+// hook's answer), so a control character — a carriage return, an escape
+// sequence that moves the cursor or erases a line, a line break before a
+// forged line — or a bidirectional override is shown escaped, as Go quotes
+// it (\r, \x1b, \n, \u202e), and never acts on the terminal.
+func printable(s string) string { return escapeControls(s, false) }
+
+// printableRow is printable for a table row, whose tabs separate its cells.
+func printableRow(s string) string { return escapeControls(s, true) }
+
+func escapeControls(s string, keepTabs bool) string {
+	unsafe := func(r rune) bool {
+		return (unicode.IsControl(r) && !(keepTabs && r == '\t')) || unicode.Is(unicode.Bidi_Control, r)
+	}
+	if strings.IndexFunc(s, unsafe) < 0 {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unsafe(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

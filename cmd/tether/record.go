@@ -98,10 +98,10 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	fmt.Fprintf(w, "Reconciliation record %s (schema v%d)\n", r.RecordId, r.SchemaVersion)
 	fmt.Fprintf(w, "  termination %s of %s, mode %s%s, requested by %s\n", r.TerminationId, r.NodeId, modeName(r.Mode), esc, r.RequestedBy)
 	if r.Reason != "" {
-		fmt.Fprintf(w, "  reason: %s\n", r.Reason)
+		fmt.Fprintf(w, "  reason: %s\n", printable(r.Reason))
 	}
 	if sr := r.StopRule; sr != nil {
-		fmt.Fprintf(w, "  stop rule %q (%s, set by %s): %s\n", sr.Name, sr.RuleId, sr.SetBy, sr.Expression)
+		fmt.Fprintf(w, "  stop rule %q (%s, set by %s): %s\n", sr.Name, sr.RuleId, sr.SetBy, printable(sr.Expression))
 		printValues(w, sr.Values)
 	}
 	fmt.Fprintf(w, "  phases:")
@@ -124,15 +124,15 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		out := lower(p.Outcome.String(), "PRIVILEGE_OUTCOME_")
 		extra := ""
 		if p.Error != "" {
-			extra = " (" + p.Error + ")"
+			extra = " (" + printable(p.Error) + ")"
 		}
-		return out, fmt.Sprintf("%-14s %-18s %-24s %s%s", out, p.Kind, p.ExternalId, p.NodeId, extra)
+		return out, fmt.Sprintf("%-14s %-18s %-24s %s%s", out, p.Kind, printable(p.ExternalId), p.NodeId, extra)
 	})
 
 	if len(r.Leases) > 0 {
 		fmt.Fprintf(w, "\nLeases (%d)\n", len(r.Leases))
 		for _, l := range r.Leases {
-			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), l.JobId, l.LeaseGeneration, l.HolderIdentity)
+			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), printable(l.JobId), l.LeaseGeneration, printable(l.HolderIdentity))
 		}
 	}
 
@@ -152,10 +152,10 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		}
 		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v%s\n", n.Name, n.NodeId, seen, n.HeldGrantIds, n.HeldJobIds, claim)
 		if n.UnaccountedReason != "" {
-			fmt.Fprintf(w, "               why: %s\n", n.UnaccountedReason)
+			fmt.Fprintf(w, "               why: %s\n", printable(n.UnaccountedReason))
 		}
 		for _, c := range n.Contradictions {
-			fmt.Fprintf(w, "               after the confirmation, %s: %s at %s\n", c.Kind, c.Detail, c.At.AsTime().Format("15:04:05Z"))
+			fmt.Fprintf(w, "               after the confirmation, %s: %s at %s\n", c.Kind, printable(c.Detail), c.At.AsTime().Format("15:04:05Z"))
 		}
 	}
 }

@@ -154,7 +154,7 @@ func printValues(w io.Writer, vs []*tetherv1.StopRuleValue) {
 		if v.SelfReported {
 			tag = "  (self-reported)"
 		}
-		fmt.Fprintf(w, "  %s = %s%s\n", v.Name, v.Value, tag)
+		fmt.Fprintf(w, "  %s = %s%s\n", printable(v.Name), printable(v.Value), tag)
 	}
 }
 

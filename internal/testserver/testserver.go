@@ -76,7 +76,7 @@ func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := controlplane.Config{DataDir: dataDir, Listen: ln.Addr().String(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	cfg := controlplane.Config{DataDir: dataDir, Listen: ln.Addr().String(), Logger: testLogger()}
 	if o := storeFromEnv(t, dataDir); o != nil {
 		opts = append([]Option{o}, opts...)
 	}
@@ -320,4 +320,16 @@ func (s *Server) ToolServerToken(t testing.TB, name string) string {
 func (p *Process) ToolServerToken(t testing.TB, name string) string {
 	t.Helper()
 	return ToolServerToken(t, p.Clients(p.Admin), name)
+}
+
+// LogEnv, when set, sends every test server's log, debug lines included,
+// to the test binary's stderr: run a failing test with TETHER_TEST_LOG=1 to
+// see what the server did (it is silent otherwise).
+const LogEnv = "TETHER_TEST_LOG"
+
+func testLogger() *slog.Logger {
+	if os.Getenv(LogEnv) == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }

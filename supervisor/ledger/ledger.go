@@ -19,6 +19,7 @@ var (
 	ErrCallNotFound  = fault.New(fault.NotFound, "supervisor: tool call not found")
 	ErrWrongGate     = fault.New(fault.Denied, "supervisor: call was reported by another gate")
 	ErrTokenRejected = fault.New(fault.Denied, "supervisor: capability token rejected")
+	ErrNoCancelOrder = fault.New(fault.Precondition, "supervisor: no cancel order to acknowledge")
 )
 
 // TokenChecker verifies a capability token for a tool call: signature,
@@ -151,7 +152,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 // that had a cancel order and ends is resolved cancelled_acked: the handler
 // returned.
 func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) {
+	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) error {
 		c.EndedAt = now
 		c.EndedBy = by
 		switch {
@@ -165,22 +166,30 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 			c.Resolution = CallResolutionCompleted
 		}
 		c.Error = kv.ClipUTF8(message, 512)
+		return nil
 	})
 }
 
 // CancelAck records that the gate cancelled the call and its handler
-// returned, reported by the tool server by through gateID.
+// returned, reported by the tool server by through gateID. It answers a
+// cancel order: a call nobody asked to cancel (a drain orders none) is
+// refused (ErrNoCancelOrder) and stays in flight, so the record never says
+// a call was cancelled when no termination cancelled it.
 func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) {
+	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) error {
+		if c.State != CallStateCancelRequested {
+			return fmt.Errorf("%w: call_id %s was not asked to cancel (no termination ordered it); report how it ended with EndCall", ErrNoCancelOrder, callID)
+		}
 		c.EndedAt = now
 		c.EndedBy = by
 		c.CancelAckedAt = now
 		c.AcknowledgedBy = by
 		c.Resolution = CallResolutionCancelledAcked
+		return nil
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*ToolCall, time.Time)) (*ToolCall, error) {
+func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
@@ -206,7 +215,9 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 			copied := *c // (no slice or map: a copy is a deep copy)
 			before = &copied
 		}
-		apply(c, now)
+		if err := apply(c, now); err != nil {
+			return err
+		}
 		c.State = CallStateEnded
 		out = c
 		if err := l.observe(tx, before, c); err != nil {
