@@ -15,3 +15,30 @@ func EtcdWatchFrom(ctx context.Context, s *Etcd, prefix []byte, revision int64) 
 	defer s.active.Done()
 	return s.watchFrom(ctx, prefix, revision), nil
 }
+
+// HoldCommits makes s's group commit behave as if a merged commit were in
+// flight: commits queue until release, which sends them as the queue's
+// merged commits. Tests use it to put chosen Updates in one batch.
+func HoldCommits(s *Etcd) (release func()) {
+	g := &s.group
+	g.mu.Lock()
+	g.busy = true
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.busy = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		s.flushGroup()
+	}
+}
+
+// QueuedCommits is how many commits wait in s's group commit queue.
+func QueuedCommits(s *Etcd) int {
+	s.group.mu.Lock()
+	defer s.group.mu.Unlock()
+	return len(s.group.queue)
+}
