@@ -130,8 +130,10 @@ type Etcd struct {
 	watchers map[*etcdWatcher]struct{}
 
 	stats etcdCounters
-	// group merges the commits of concurrent Updates (etcd_group.go).
+	// group merges the commits of concurrent Updates, reads the first
+	// reads of concurrent snapshots (etcd_group.go).
 	group etcdGroup
+	reads etcdReadGroup
 	// prefetchOps is how many ranges one prefetch request carries
 	// (etcdPrefetchOps, or etcd's default bound after a member refused
 	// that many).

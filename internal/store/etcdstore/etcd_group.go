@@ -1,9 +1,11 @@
 package etcdstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -282,4 +284,130 @@ func (s *Etcd) commitEachAlone(batch []*groupMember) {
 // applying anything.
 func tooLarge(err error) bool {
 	return errors.Is(err, rpctypes.ErrTooManyOps) || errors.Is(err, rpctypes.ErrRequestTooLarge) || status.Code(err) == codes.ResourceExhausted
+}
+
+// First reads are merged the same way. A View's or an Update attempt's
+// first read fixes its snapshot's revision and must see every commit
+// acknowledged before the snapshot began (it is linearizable); a read
+// request sent after several snapshots began sees, for each of them, all
+// that. So the first reads of snapshots that wait while one is in flight
+// go together, as one read-only Txn, and share its revision: concurrent
+// cancel acknowledgements, each a read then a commit, then cost two
+// requests per batch of them instead of two each.
+
+// groupMaxReadOps bounds the ranges of a first read that is merged (and
+// of a merged one, with the store's prefetch bound): larger ones go alone.
+const groupMaxReadOps = 64
+
+// etcdReadGroup is the queue of first reads waiting for the one in flight.
+type etcdReadGroup struct {
+	mu    sync.Mutex
+	queue []*firstRead
+	busy  bool
+}
+
+type firstRead struct {
+	ctx  context.Context
+	ops  []clientv3.Op
+	done chan firstReadOutcome
+}
+
+type firstReadOutcome struct {
+	resps []*clientv3.GetResponse
+	rev   int64
+	err   error
+}
+
+// firstRead reads ops (ranges) as the snapshot's first read, merged with
+// the first reads of other snapshots waiting meanwhile, and fixes the
+// snapshot's revision. Errors are etcd's, as the request returned them.
+func (r *etcdSnapshot) firstRead(ops []clientv3.Op) ([]*clientv3.GetResponse, error) {
+	s := r.store
+	m := &firstRead{ctx: r.ctx, ops: ops, done: make(chan firstReadOutcome, 1)}
+	g := &s.reads
+	g.mu.Lock()
+	g.queue = append(g.queue, m)
+	start := !g.busy
+	g.busy = true
+	g.mu.Unlock()
+	if start {
+		s.flushReads()
+	}
+	select {
+	case o := <-m.done:
+		if o.err == nil {
+			r.rev = o.rev
+		}
+		return o.resps, o.err
+	case <-r.ctx.Done():
+		return nil, r.ctx.Err()
+	}
+}
+
+// flushReads sends the queue's next merged read and answers its members;
+// if more wait, another goroutine sends the next.
+func (s *Etcd) flushReads() {
+	g := &s.reads
+	g.mu.Lock()
+	budget := min(s.opts.MaxTxnOps, int(s.prefetchOps.Load()))
+	var batch []*firstRead
+	n := 0
+	for len(g.queue) > 0 && (len(batch) == 0 || n+len(g.queue[0].ops) <= budget) {
+		batch = append(batch, g.queue[0])
+		n += len(g.queue[0].ops)
+		g.queue = g.queue[1:]
+	}
+	g.mu.Unlock()
+	s.readMerged(batch, n)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.queue) == 0 {
+		g.busy = false
+		return
+	}
+	go s.flushReads()
+}
+
+// readMerged sends batch's reads as one read-only Txn and answers each
+// member. The request ends when every member has stopped waiting for it,
+// or at Close.
+func (s *Etcd) readMerged(batch []*firstRead, n int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stopAtClose := context.AfterFunc(s.lifetime, cancel)
+	defer stopAtClose()
+	var waiting atomic.Int32
+	waiting.Store(int32(len(batch)))
+	ops := make([]clientv3.Op, 0, n)
+	for _, m := range batch {
+		ops = append(ops, m.ops...)
+		stop := context.AfterFunc(m.ctx, func() {
+			if waiting.Add(-1) == 0 {
+				cancel()
+			}
+		})
+		defer stop()
+	}
+	s.stats.reads.Add(1)
+	resp, err := s.client.Txn(ctx).Then(ops...).Commit()
+	if err == nil && len(resp.Responses) != len(ops) {
+		err = fmt.Errorf("store: etcd answered %d of %d ranges", len(resp.Responses), len(ops))
+	}
+	i := 0
+	for _, m := range batch {
+		if err != nil {
+			m.done <- firstReadOutcome{err: err}
+			continue
+		}
+		o := firstReadOutcome{rev: resp.Header.Revision, resps: make([]*clientv3.GetResponse, len(m.ops))}
+		for j := range m.ops {
+			rr := resp.Responses[i].GetResponseRange()
+			i++
+			if rr == nil && o.err == nil {
+				o.err = fmt.Errorf("store: etcd answered a range with %T", resp.Responses[i-1].Response)
+			}
+			o.resps[j] = (*clientv3.GetResponse)(rr)
+		}
+		m.done <- o
+	}
 }

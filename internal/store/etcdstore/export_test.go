@@ -42,3 +42,29 @@ func QueuedCommits(s *Etcd) int {
 	defer s.group.mu.Unlock()
 	return len(s.group.queue)
 }
+
+// HoldReads makes s's first reads queue as if a merged one were in
+// flight, until release sends them.
+func HoldReads(s *Etcd) (release func()) {
+	g := &s.reads
+	g.mu.Lock()
+	g.busy = true
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		if len(g.queue) == 0 {
+			g.busy = false
+			g.mu.Unlock()
+			return
+		}
+		g.mu.Unlock()
+		s.flushReads()
+	}
+}
+
+// QueuedReads is how many first reads wait in s's queue.
+func QueuedReads(s *Etcd) int {
+	s.reads.mu.Lock()
+	defer s.reads.mu.Unlock()
+	return len(s.reads.queue)
+}
