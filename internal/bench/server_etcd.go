@@ -99,10 +99,9 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 	}
 
 	// Terminations: a fresh server each, with the renewal servers stopped,
-	// so that the leases above do not weigh on it: left running, their
-	// 2,048 holders' connections and two lease coordinators (one on the
-	// same etcd member) took CPU from the termination on 2 cores, and
-	// from the etcd one more than the Badger one.
+	// so that the leases above do not weigh on it (left running, their
+	// holders' connections and lease coordinators, one of them on the same
+	// etcd member, would share the machine with the termination).
 	stopRenewalServers()
 	const agents = 1000
 	times := map[string]time.Duration{}
