@@ -130,8 +130,8 @@ type Etcd struct {
 	watchers map[*etcdWatcher]struct{}
 
 	stats etcdCounters
-	// group merges the commits of concurrent Updates, reads the first
-	// reads of concurrent snapshots (etcd_group.go).
+	// group merges the commits of concurrent Updates, and reads the
+	// first reads of concurrent snapshots (etcd_group.go).
 	group etcdGroup
 	reads etcdReadGroup
 	// prefetchOps is how many ranges one prefetch request carries
@@ -579,5 +579,6 @@ func warnIfNotDurable(ctx context.Context, client *clientv3.Client, opts EtcdOpt
 }
 
 // ObserveCommits makes fn see every committed Update from now on (nil
-// stops); with etcd each Update is its own transaction.
+// stops); with etcd each Update is reported on its own, also when its
+// commit went merged with others' (etcd_group.go).
 func (s *Etcd) ObserveCommits(fn store.CommitObserver) { s.observers.Set(fn) }
