@@ -132,8 +132,8 @@ type Etcd struct {
 	stats etcdCounters
 	// group merges the commits of concurrent Updates, and reads the
 	// first reads of concurrent snapshots (etcd_group.go).
-	group etcdGroup
-	reads etcdReadGroup
+	group mergeQueue[*groupMember]
+	reads mergeQueue[*firstRead]
 	// prefetchOps is how many ranges one prefetch request carries
 	// (etcdPrefetchOps, or etcd's default bound after a member refused
 	// that many).

@@ -54,13 +54,59 @@ const (
 	groupNestOverhead = 16
 )
 
-// etcdGroup is the queue of commits waiting for the one in flight.
-type etcdGroup struct {
+// mergeQueue is what waits for the merged request in flight: items that
+// arrive while one is in flight queue, and the queue goes as the next
+// request when it returns; an item that finds none in flight goes at once.
+type mergeQueue[T any] struct {
 	mu    sync.Mutex
-	queue []*groupMember
-	// busy is set while a merged commit is in flight (or about to be
-	// sent); commits that arrive meanwhile queue.
+	queue []T
+	// busy is set while a merged request is in flight (or about to be
+	// sent).
 	busy bool
+}
+
+// join queues it and reports whether the caller is to send the queue now
+// (no request was in flight).
+func (q *mergeQueue[T]) join(it T) (send bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.queue = append(q.queue, it)
+	send = !q.busy
+	q.busy = true
+	return send
+}
+
+// next takes the next request's items with take, which returns them and
+// the items left waiting, in order.
+func (q *mergeQueue[T]) next(take func([]T) (batch, rest []T)) []T {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	batch, rest := take(q.queue)
+	q.queue = rest
+	return batch
+}
+
+// sent is called when a request returned; it reports whether more wait,
+// to be sent by the caller (then still busy), or the queue is idle.
+func (q *mergeQueue[T]) sent() (more bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.busy = len(q.queue) > 0
+	return q.busy
+}
+
+// hold makes items queue as if a request were in flight (tests).
+func (q *mergeQueue[T]) hold() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.busy = true
+}
+
+// waiting is how many items wait (tests).
+func (q *mergeQueue[T]) waiting() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.queue)
 }
 
 // groupMember is one Update's commit waiting in the queue.
@@ -106,13 +152,7 @@ func newGroupMember(t *etcdTxn, req commitRequest) *groupMember {
 // Updates that are waiting meanwhile, and returns its outcome once the
 // request that carried it has returned.
 func (s *Etcd) commitInGroup(m *groupMember) (conflict bool, err error) {
-	g := &s.group
-	g.mu.Lock()
-	g.queue = append(g.queue, m)
-	start := !g.busy
-	g.busy = true
-	g.mu.Unlock()
-	if start {
+	if s.group.join(m) {
 		s.flushGroup()
 	}
 	o := <-m.done
@@ -121,28 +161,19 @@ func (s *Etcd) commitInGroup(m *groupMember) (conflict bool, err error) {
 
 // flushGroup sends the queue's next merged commit and answers its members;
 // if more wait, another goroutine sends the next (so that this one can
-// return to its Update), else the group is idle again.
+// return to its Update).
 func (s *Etcd) flushGroup() {
-	g := &s.group
-	g.mu.Lock()
-	batch := g.take()
-	g.mu.Unlock()
-	s.commitMerged(batch)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.queue) == 0 {
-		g.busy = false
-		return
+	s.commitMerged(s.group.next(takeCommits))
+	if s.group.sent() {
+		go s.flushGroup()
 	}
-	go s.flushGroup()
 }
 
-// take removes from the queue, in order, the members that can go in one
+// takeCommits takes from queue, in order, the members that can go in one
 // commit: disjoint as the package comment says, within the bounds.
-func (g *etcdGroup) take() []*groupMember {
-	var batch, rest []*groupMember
+func takeCommits(queue []*groupMember) (batch, rest []*groupMember) {
 	var b groupBatch
-	for _, m := range g.queue {
+	for _, m := range queue {
 		if len(batch) < groupMaxMembers && b.admits(m) {
 			b.add(m)
 			batch = append(batch, m)
@@ -150,8 +181,7 @@ func (g *etcdGroup) take() []*groupMember {
 		}
 		rest = append(rest, m)
 	}
-	g.queue = rest
-	return batch
+	return batch, rest
 }
 
 // groupBatch is what the members taken so far touch, and their size.
@@ -225,7 +255,10 @@ func inSpans(spans []etcdSpan, key string) bool {
 // commitMerged sends batch as one commit (a member alone as its own Txn)
 // and answers every member.
 func (s *Etcd) commitMerged(batch []*groupMember) {
-	if len(batch) == 1 {
+	switch len(batch) {
+	case 0:
+		return
+	case 1:
 		conflict, err := s.commitAlone(batch[0].t, batch[0].req)
 		batch[0].done <- groupOutcome{conflict, err}
 		return
@@ -299,13 +332,6 @@ func tooLarge(err error) bool {
 // of a merged one, with the store's prefetch bound): larger ones go alone.
 const groupMaxReadOps = 64
 
-// etcdReadGroup is the queue of first reads waiting for the one in flight.
-type etcdReadGroup struct {
-	mu    sync.Mutex
-	queue []*firstRead
-	busy  bool
-}
-
 type firstRead struct {
 	ctx  context.Context
 	ops  []clientv3.Op
@@ -324,13 +350,7 @@ type firstReadOutcome struct {
 func (r *etcdSnapshot) firstRead(ops []clientv3.Op) ([]*clientv3.GetResponse, error) {
 	s := r.store
 	m := &firstRead{ctx: r.ctx, ops: ops, done: make(chan firstReadOutcome, 1)}
-	g := &s.reads
-	g.mu.Lock()
-	g.queue = append(g.queue, m)
-	start := !g.busy
-	g.busy = true
-	g.mu.Unlock()
-	if start {
+	if s.reads.join(m) {
 		s.flushReads()
 	}
 	select {
@@ -347,38 +367,34 @@ func (r *etcdSnapshot) firstRead(ops []clientv3.Op) ([]*clientv3.GetResponse, er
 // flushReads sends the queue's next merged read and answers its members;
 // if more wait, another goroutine sends the next.
 func (s *Etcd) flushReads() {
-	g := &s.reads
-	g.mu.Lock()
 	budget := min(s.opts.MaxTxnOps, int(s.prefetchOps.Load()))
-	var batch []*firstRead
-	n := 0
-	for len(g.queue) > 0 && (len(batch) == 0 || n+len(g.queue[0].ops) <= budget) {
-		batch = append(batch, g.queue[0])
-		n += len(g.queue[0].ops)
-		g.queue = g.queue[1:]
+	s.readMerged(s.reads.next(func(queue []*firstRead) (batch, rest []*firstRead) {
+		n := 0
+		for len(queue) > 0 && (len(batch) == 0 || n+len(queue[0].ops) <= budget) {
+			n += len(queue[0].ops)
+			batch, queue = append(batch, queue[0]), queue[1:]
+		}
+		return batch, queue
+	}))
+	if s.reads.sent() {
+		go s.flushReads()
 	}
-	g.mu.Unlock()
-	s.readMerged(batch, n)
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.queue) == 0 {
-		g.busy = false
-		return
-	}
-	go s.flushReads()
 }
 
 // readMerged sends batch's reads as one read-only Txn and answers each
 // member. The request ends when every member has stopped waiting for it,
 // or at Close.
-func (s *Etcd) readMerged(batch []*firstRead, n int) {
+func (s *Etcd) readMerged(batch []*firstRead) {
+	if len(batch) == 0 {
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stopAtClose := context.AfterFunc(s.lifetime, cancel)
 	defer stopAtClose()
 	var waiting atomic.Int32
 	waiting.Store(int32(len(batch)))
-	ops := make([]clientv3.Op, 0, n)
+	var ops []clientv3.Op
 	for _, m := range batch {
 		ops = append(ops, m.ops...)
 		stop := context.AfterFunc(m.ctx, func() {

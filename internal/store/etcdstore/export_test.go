@@ -20,51 +20,19 @@ func EtcdWatchFrom(ctx context.Context, s *Etcd, prefix []byte, revision int64) 
 // flight: commits queue until release, which sends them as the queue's
 // merged commits. Tests use it to put chosen Updates in one batch.
 func HoldCommits(s *Etcd) (release func()) {
-	g := &s.group
-	g.mu.Lock()
-	g.busy = true
-	g.mu.Unlock()
-	return func() {
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.busy = false
-			g.mu.Unlock()
-			return
-		}
-		g.mu.Unlock()
-		s.flushGroup()
-	}
+	s.group.hold()
+	return func() { s.flushGroup() }
 }
 
 // QueuedCommits is how many commits wait in s's group commit queue.
-func QueuedCommits(s *Etcd) int {
-	s.group.mu.Lock()
-	defer s.group.mu.Unlock()
-	return len(s.group.queue)
-}
+func QueuedCommits(s *Etcd) int { return s.group.waiting() }
 
 // HoldReads makes s's first reads queue as if a merged one were in
 // flight, until release sends them.
 func HoldReads(s *Etcd) (release func()) {
-	g := &s.reads
-	g.mu.Lock()
-	g.busy = true
-	g.mu.Unlock()
-	return func() {
-		g.mu.Lock()
-		if len(g.queue) == 0 {
-			g.busy = false
-			g.mu.Unlock()
-			return
-		}
-		g.mu.Unlock()
-		s.flushReads()
-	}
+	s.reads.hold()
+	return func() { s.flushReads() }
 }
 
 // QueuedReads is how many first reads wait in s's queue.
-func QueuedReads(s *Etcd) int {
-	s.reads.mu.Lock()
-	defer s.reads.mu.Unlock()
-	return len(s.reads.queue)
-}
+func QueuedReads(s *Etcd) int { return s.reads.waiting() }
