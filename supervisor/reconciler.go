@@ -187,11 +187,17 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	now := s.Clock.Now()
 	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.ConfirmDeadline)
 	countHooks := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.HookDeadline)
+	var ended []string
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		ended = ended[:0]
 		ids, err := kv.AppendIDs(tx, nil, ledger.TermCallPrefix(t.ID))
 		if err != nil {
 			return err
 		}
+		// A call ended stays ended: those seen ended on an earlier
+		// pass count for nothing and are not read again (a pass per
+		// batch of acknowledgements would re-read them all).
+		ids = s.ended.open(ids)
 		if err := store.Prefetch(tx, store.KeysOf(ids, ledger.CallKey), nil); err != nil {
 			return err
 		}
@@ -205,6 +211,8 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 				p.CancelsPending++
 			case ledger.CallStateInFlight:
 				p.CallsInFlight++
+			case ledger.CallStateEnded:
+				ended = append(ended, cid)
 			}
 		}
 		if !countHooks && !countConfirmations {
@@ -240,7 +248,46 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		}
 		return nil
 	})
+	if err == nil {
+		s.ended.remember(ended)
+	}
 	return p, err
+}
+
+// endedCalls is a set of calls seen ended. It is bounded: when full it
+// starts afresh (a call it forgot costs a read again, no more).
+type endedCalls struct {
+	mu  sync.Mutex
+	ids map[string]struct{}
+}
+
+const maxEndedCalls = 1 << 16
+
+// open returns the ids not known to be ended, in order.
+func (e *endedCalls) open(ids []string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := ids[:0:0]
+	for _, id := range ids {
+		if _, done := e.ids[id]; !done {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (e *endedCalls) remember(ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.ids == nil || len(e.ids)+len(ids) > maxEndedCalls {
+		e.ids = make(map[string]struct{}, len(ids))
+	}
+	for _, id := range ids {
+		e.ids[id] = struct{}{}
+	}
 }
 
 // save applies fn to the stored termination if it is still in phase.

@@ -81,6 +81,9 @@ type Supervisor struct {
 	Log        *slog.Logger
 
 	chunks chunkCounter
+	// ended remembers the calls the reconciler has seen ended, which it
+	// need not read again (reconciler.go).
+	ended endedCalls
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop

@@ -61,12 +61,20 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 	// under the same conditions.
 	servers := make([]*benchServer, len(backends))
 	holders := make([][]leaseHolder, len(backends))
+	var stops []func()
+	stopRenewalServers := func() {
+		for _, stop := range stops {
+			stop()
+		}
+		stops = nil
+	}
+	defer stopRenewalServers()
 	for i, b := range backends {
 		srv, stop, err := b.start(ctx)
 		if err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
 		}
-		defer stop()
+		stops = append(stops, stop)
 		servers[i] = srv
 		if holders[i], err = leaseHolders(ctx, srv, leaseStreams(1024)); err != nil {
 			return fmt.Errorf("%s: %w", b.name, err)
@@ -90,8 +98,11 @@ func serverEtcdVsBadger(ctx context.Context, r *Report) error {
 		}
 	}
 
-	// Terminations: a fresh server each, so that the leases above do not
-	// weigh on it.
+	// Terminations: a fresh server each, with the renewal servers stopped,
+	// so that the leases above do not weigh on it (left running, their
+	// holders' connections and lease coordinators, one of them on the same
+	// etcd member, would share the machine with the termination).
+	stopRenewalServers()
 	const agents = 1000
 	times := map[string]time.Duration{}
 	for _, b := range backends {

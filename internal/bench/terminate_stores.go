@@ -17,7 +17,8 @@ func init() {
 // Badger, in the same run, at 1,000 and 10,000 agents (abort mode, a tool
 // call in flight on one agent in ten, as supervisor/terminate measures it),
 // and counts the etcd requests the termination took: the commits
-// (Updates) and the read requests (a prefetch of many reads is one), and
+// (Updates), the commit requests (merged commits share one) and the read
+// requests (a prefetch of many reads is one), and
 // the CPU time it took (the process's and the etcd member's). A fresh
 // server and keyspace each, on one local etcd member.
 func supervisorTerminateEtcd(ctx context.Context, r *Report) error {
@@ -87,6 +88,9 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/commits/agents=%d", agents), float64(after.Updates-before.Updates), "commits")
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/attempts/agents=%d", agents), float64(after.Attempts-before.Attempts), "attempts")
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/read-requests/agents=%d", agents), float64(after.ReadRequests-before.ReadRequests), "requests")
+				// Commit requests: Updates whose commits went merged
+				// (etcd's group commit) share one.
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/commit-requests/agents=%d", agents), float64(after.CommitRequests-before.CommitRequests), "requests")
 			}
 			times[backend] = elapsed
 			if cpuOK {

@@ -47,7 +47,10 @@ var (
 //     If fn returns an error, none of its writes are applied and Update
 //     returns that error unchanged.
 //   - Concurrent Updates may share one durable sync (group commit); each
-//     still returns only after its own writes are durable.
+//     still returns only after its own writes are durable. A backend may
+//     commit several as one transaction (etcd merges small concurrent
+//     commits that touch disjoint keys): they then share a revision, and a
+//     watch delivers their changes in one batch.
 //   - View runs fn on a consistent snapshot.
 //   - Watch delivers, in commit order, the changes under a prefix committed
 //     after the watch was established. To resume without gaps, establish the
@@ -288,7 +291,8 @@ func (e *WatchEnd) End(err error) { e.err.Store(&err) }
 // Watcher delivers events until its context ends or the store closes.
 type Watcher interface {
 	// Events delivers batches of events, one batch per committed
-	// transaction, in commit order. It is closed when the watch ends.
+	// transaction (Updates committed together count as one), in commit
+	// order. It is closed when the watch ends.
 	Events() <-chan []Event
 	// Err reports why the watch ended (nil while it is running, the
 	// context's error, ErrClosed, or ErrWatchLagged).

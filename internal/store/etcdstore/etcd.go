@@ -129,6 +129,10 @@ type Etcd struct {
 	watchers map[*etcdWatcher]struct{}
 
 	stats etcdCounters
+	// group merges the commits of concurrent Updates, and reads the
+	// first reads of concurrent snapshots (etcd_group.go).
+	group mergeQueue[*groupMember]
+	reads mergeQueue[*firstRead]
 	// prefetchOps is how many ranges one prefetch request carries
 	// (etcdPrefetchOps, or etcd's default bound after a member refused
 	// that many).
@@ -388,29 +392,57 @@ func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error, first b
 		// but its comparisons, which stand for the deferred read.)
 		return false, err
 	}
-	return s.commit(ctx, t)
+	return s.commit(t)
 }
 
-func (s *Etcd) commit(ctx context.Context, t *etcdTxn) (conflict bool, err error) {
+// commit commits the attempt's writes: merged with the commits of other
+// Updates waiting meanwhile when it is small (etcd_group.go), alone when
+// it is large.
+func (s *Etcd) commit(t *etcdTxn) (conflict bool, err error) {
 	req, err := t.commitRequest()
 	if err != nil {
 		return false, err
 	}
-	commitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.CommitTimeout)
+	if !groupable(req) {
+		return s.commitAlone(t, req)
+	}
+	return s.commitInGroup(newGroupMember(t, req))
+}
+
+// commitAlone sends req as a transaction of its own.
+func (s *Etcd) commitAlone(t *etcdTxn, req commitRequest) (conflict bool, err error) {
+	ctx, cancel := s.commitContext()
 	defer cancel()
-	stop := context.AfterFunc(s.lifetime, cancel)
-	defer stop()
-	resp, err := s.client.Txn(commitCtx).If(req.compares...).Then(req.ops...).Commit()
+	s.stats.commits.Add(1)
+	resp, err := s.client.Txn(ctx).If(req.compares...).Then(req.ops...).Commit()
 	if err != nil {
 		return false, s.commitError(err, req)
 	}
 	if !resp.Succeeded {
-		if t.snap.rev == 0 {
-			return true, fmt.Errorf("%w: a key did not hold the value an Expect asked for at the commit", store.ErrConflict)
-		}
-		return true, fmt.Errorf("%w: something read at revision %d changed, or an Expect did not hold, at the commit", store.ErrConflict, t.snap.rev)
+		return true, conflictError(t)
 	}
 	return false, nil
+}
+
+// commitContext bounds one commit request: by CommitTimeout, and by Close
+// abandoning running operations — not by the Update's context, since the
+// Update reports the commit's outcome once its function ran.
+func (s *Etcd) commitContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.CommitTimeout)
+	stop := context.AfterFunc(s.lifetime, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
+}
+
+// conflictError is the error of an attempt whose commit's comparisons did
+// not hold.
+func conflictError(t *etcdTxn) error {
+	if t.snap.rev == 0 {
+		return fmt.Errorf("%w: a key did not hold the value an Expect asked for at the commit", store.ErrConflict)
+	}
+	return fmt.Errorf("%w: something read at revision %d changed, or an Expect did not hold, at the commit", store.ErrConflict, t.snap.rev)
 }
 
 // Close refuses new operations, lets running ones finish (abandoning them
@@ -469,6 +501,13 @@ type EtcdStats struct {
 	// ReadRequests is the number of read requests sent to etcd by Views
 	// and Update attempts (a prefetch of many reads is one).
 	ReadRequests uint64
+	// CommitRequests is the number of commit requests sent to etcd: one
+	// per attempt that had something to commit, except that the commits
+	// of concurrent Updates merged into one request count once.
+	CommitRequests uint64
+	// Merged is the number of Update attempts whose commit went merged
+	// with others' (counted in CommitRequests once per merged request).
+	Merged uint64
 	// Waiting is the number of Updates waiting now for their turn: behind
 	// a retry that runs alone, or, for a retry, for the others to finish.
 	Waiting int
@@ -477,18 +516,20 @@ type EtcdStats struct {
 // Stats returns the store's counters.
 func (s *Etcd) Stats() EtcdStats {
 	return EtcdStats{
-		Updates:      s.stats.updates.Load(),
-		Attempts:     s.stats.attempts.Load(),
-		Conflicts:    s.stats.conflicts.Load(),
-		Exclusive:    s.stats.exclusive.Load(),
-		ReadRequests: s.stats.reads.Load(),
-		Waiting:      int(s.stats.waiting.Load()),
+		Updates:        s.stats.updates.Load(),
+		Attempts:       s.stats.attempts.Load(),
+		Conflicts:      s.stats.conflicts.Load(),
+		Exclusive:      s.stats.exclusive.Load(),
+		ReadRequests:   s.stats.reads.Load(),
+		CommitRequests: s.stats.commits.Load(),
+		Merged:         s.stats.merged.Load(),
+		Waiting:        int(s.stats.waiting.Load()),
 	}
 }
 
 type etcdCounters struct {
-	updates, attempts, conflicts, exclusive, reads atomic.Uint64
-	waiting                                        atomic.Int64
+	updates, attempts, conflicts, exclusive, reads, commits, merged atomic.Uint64
+	waiting                                                         atomic.Int64
 }
 
 // retryBackoff is the wait before attempt n: full jitter over an
@@ -525,5 +566,6 @@ func warnIfNotDurable(ctx context.Context, client *clientv3.Client, opts EtcdOpt
 }
 
 // ObserveCommits makes fn see every committed Update from now on (nil
-// stops); with etcd each Update is its own transaction.
+// stops); with etcd each Update is reported on its own, also when its
+// commit went merged with others' (etcd_group.go).
 func (s *Etcd) ObserveCommits(fn store.CommitObserver) { s.observers.Set(fn) }

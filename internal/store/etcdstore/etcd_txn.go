@@ -225,6 +225,10 @@ func (r *etcdSnapshot) fetchPart(part []etcdRange) ([]*clientv3.GetResponse, err
 		}
 		ops[i] = clientv3.OpGet(q.key, opts...)
 	}
+	if r.rev == 0 && len(ops) <= groupMaxReadOps {
+		// The snapshot's first read: merged with others' (etcd_group.go).
+		return r.firstRead(ops)
+	}
 	r.store.stats.reads.Add(1)
 	resp, err := r.store.client.Txn(r.ctx).Then(ops...).Commit()
 	if err != nil {
@@ -276,9 +280,15 @@ func (r *etcdSnapshot) scanRanges(scans []store.ScanFrom) []etcdRange {
 
 // get runs a range request at the snapshot's revision.
 func (r *etcdSnapshot) get(key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
-	if r.rev != 0 {
-		opts = append(opts, clientv3.WithRev(r.rev))
+	if r.rev == 0 {
+		// The snapshot's first read: merged with others' (etcd_group.go).
+		resps, err := r.firstRead([]clientv3.Op{clientv3.OpGet(key, opts...)})
+		if err != nil {
+			return nil, r.store.readError(r.ctx, err)
+		}
+		return resps[0], nil
 	}
+	opts = append(opts, clientv3.WithRev(r.rev))
 	r.store.stats.reads.Add(1)
 	resp, err := r.store.client.Get(r.ctx, key, opts...)
 	if err != nil {
