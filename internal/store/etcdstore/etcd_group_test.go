@@ -11,6 +11,7 @@ import (
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
+	"github.com/tetherhq/tether/internal/store/storetest"
 )
 
 // heldUpdates runs fns as concurrent Updates on s while its group commit
@@ -63,20 +64,6 @@ func getInt(t *testing.T, s store.Store, key string) int {
 		t.Fatal(err)
 	}
 	return n
-}
-
-func increment(key string) func(tx store.Txn) error {
-	return func(tx store.Txn) error {
-		v, err := tx.Get([]byte(key))
-		if err != nil {
-			return err
-		}
-		n, err := strconv.Atoi(string(v))
-		if err != nil {
-			return err
-		}
-		return tx.Put([]byte(key), []byte(strconv.Itoa(n+1)))
-	}
 }
 
 // TestEtcdGroupCommit plays concurrent Updates merged into one etcd
@@ -136,13 +123,13 @@ func TestEtcdGroupCommit(t *testing.T) {
 		// then a scan of a prefix against an insert into it.
 		attempts := heldUpdates(t, s,
 			func(tx store.Txn) error {
-				if err := increment("n")(tx); err != nil {
+				if err := storetest.Increment("n")(tx); err != nil {
 					return err
 				}
 				return tx.Put([]byte("own/a"), []byte("a"))
 			},
 			func(tx store.Txn) error {
-				if err := increment("n")(tx); err != nil {
+				if err := storetest.Increment("n")(tx); err != nil {
 					return err
 				}
 				return tx.Put([]byte("own/b"), []byte("b"))
@@ -205,18 +192,18 @@ func TestEtcdGroupCommit(t *testing.T) {
 		var once sync.Once
 		attempts := heldUpdates(t, s,
 			func(tx store.Txn) error {
-				if err := increment("a")(tx); err != nil {
+				if err := storetest.Increment("a")(tx); err != nil {
 					return err
 				}
 				// Another replica changes a after this attempt read it:
 				// this member's comparison fails inside the merged commit.
 				var err error
 				once.Do(func() {
-					err = other.Update(context.Background(), increment("a"))
+					err = other.Update(context.Background(), storetest.Increment("a"))
 				})
 				return err
 			},
-			increment("b"),
+			storetest.Increment("b"),
 		)
 		after := s.Stats()
 		if attempts[0] != 2 || attempts[1] != 1 {
@@ -284,7 +271,7 @@ func TestEtcdFirstReadsMerged(t *testing.T) {
 	release = etcdstore.HoldReads(s)
 	for range 2 {
 		wg.Go(func() {
-			if err := s.Update(context.Background(), increment("n")); err != nil {
+			if err := s.Update(context.Background(), storetest.Increment("n")); err != nil {
 				t.Error(err)
 			}
 		})

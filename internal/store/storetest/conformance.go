@@ -905,18 +905,26 @@ func incrementConcurrently(t *testing.T, s store.Store, key string, goroutines, 
 					return err
 				}
 			}
-			v, err := tx.Get([]byte(key))
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(string(v))
-			if err != nil {
-				return err
-			}
-			return tx.Put([]byte(key), []byte(strconv.Itoa(n+1)))
+			return Increment(key)(tx)
 		})
 	})
 	wantValue(t, s, key, strconv.Itoa(goroutines*increments))
+}
+
+// Increment is an Update function that adds one to the decimal counter
+// at key: a read-modify-write, for the tests that race them.
+func Increment(key string) func(tx store.Txn) error {
+	return func(tx store.Txn) error {
+		v, err := tx.Get([]byte(key))
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(string(v))
+		if err != nil {
+			return err
+		}
+		return tx.Put([]byte(key), []byte(strconv.Itoa(n+1)))
+	}
 }
 
 // updateConcurrently runs update(g, i) for i from 0 to each-1 on each of
