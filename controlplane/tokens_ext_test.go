@@ -136,6 +136,13 @@ func TestMintedTokensExpireAndCanBeRevoked(t *testing.T) {
 	if _, err := admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grant.Msg.Grant.GrantId}})); err != nil {
 		t.Fatal(err)
 	}
+	// The set learns a grant's revocation from the feed's store watch,
+	// which on etcd delivers after the commit returns: wait for it, or the
+	// wait for its pruning below would hold before the feed saw anything.
+	testserver.WaitFor(t, 10*time.Second, "the feed to deliver the grant's tombstone", func() bool {
+		_, ok := srv.Grants().Tombstones().Lookup(grant.Msg.Grant.GrantId)
+		return ok
+	})
 	// (Moving the clock also fires the background pruner's timer: between
 	// it and this call, the grant's one tombstone is pruned, and only it.)
 	clk.Advance(capability.MaxTokenTTL + capability.MaxLeeway + time.Minute)
@@ -153,7 +160,7 @@ func TestMintedTokensExpireAndCanBeRevoked(t *testing.T) {
 		t.Fatalf("watch: %v %v", err, watch.Err())
 	}
 	if !slices.ContainsFunc(watch.Msg().Tombstones, func(ts *tetherv1.Tombstone) bool { return ts.GrantId == viewer.TokenId }) {
-		t.Fatalf("the feed's snapshot lost the token's tombstone: %v", watch.Msg().Tombstones)
+		t.Fatalf("the feed's first message lost the token's tombstone: %v (snapshot %v, head %d)", watch.Msg().Tombstones, watch.Msg().Snapshot, watch.Msg().HeadSequence)
 	}
 	_ = watch.Close()
 
