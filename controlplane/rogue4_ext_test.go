@@ -1,0 +1,100 @@
+package controlplane_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The fourth rogue pass: what the first three did not try. Each test plays
+// one rogue through the real server (Badger on disk, HTTP/2, real JWTs,
+// the manual clock).
+
+// spawnLabelled spawns a child with labels of the parent's choosing.
+func spawnLabelled(t *testing.T, c *testserver.Clients, parent, name string, labels map[string]string) *tetherv1.SpawnResponse {
+	t.Helper()
+	resp, err := c.Agent.Spawn(context.Background(), connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent, Name: name, Labels: labels}))
+	if err != nil {
+		t.Fatalf("spawn %s under %s: %v", name, parent, err)
+	}
+	return resp.Msg
+}
+
+// A rogue in another tree labels a child of its own like the replacements
+// of a rollout it has nothing to do with, and has it report ready. Labels
+// of a spawned agent are its parent's word: the rollout may count it, but
+// must not hand it a job of another tree, which would make the child the
+// holder of a stranger's job (free to complete it SUCCESS) and the rogue
+// its coordinator. The job waits, the rollout pauses at the batch deadline
+// saying so, and a replacement spawned in the job's own tree gets it.
+func TestARogueThatLabelsItsChildAReplacementGetsNoOtherTreesJob(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+
+	planner := registerLabelled(t, admin, "planner", map[string]string{"app": "planner"})
+	pc := srv.Clients(planner.Credential)
+	w1 := spawnLabelled(t, pc, planner.Node.NodeId, "w1", map[string]string{"version": "v1"})
+	offered, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-a", HolderIdentity: w1.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary{srv.Clients(w1.Credential)}.send(t, ack(offered.Msg.Lease))
+
+	rogue := registerLabelled(t, admin, "rogue", map[string]string{"team": "other"})
+	rc := srv.Clients(rogue.Credential)
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(5 * time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	fake := spawnLabelled(t, rc, rogue.Node.NodeId, "fake", map[string]string{"version": "v2"})
+	fc := srv.Clients(fake.Credential)
+	reportReady(t, fc, fake.Node.NodeId)
+	// The rollout counts the fake (a label is the spawning parent's word)
+	// and takes the batch as replaced; it then hands the batch's leases
+	// over before it looks at the deadline.
+	waitRollout(t, srv, r.RolloutId, "to take the rogue's child for a replacement", func(r *tetherv1.Rollout) bool { return r.Batches[0].ReplacedAt != nil })
+	clk.Advance(5 * time.Minute)
+	r = waitRollout(t, srv, r.RolloutId, "to pause at the batch deadline (or, handing the job to the rogue, complete)", func(r *tetherv1.Rollout) bool {
+		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED || r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
+	})
+	if l := operatorLease(t, admin, "job-a"); l.HolderIdentity != w1.Node.NodeId || l.LeaseGeneration != 1 {
+		t.Fatalf("job-a went to %s generation %d (the rogue's child is %s): a job of another tree must never be handed to an agent that only labelled itself a replacement",
+			l.HolderIdentity, l.LeaseGeneration, fake.Node.NodeId)
+	}
+	for name, c := range map[string]*testserver.Clients{"rogue": rc, "fake": fc} {
+		if _, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job-a"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("%s reads job-a: %v, want permission_denied (a stranger to the job)", name, err)
+		}
+	}
+	if r.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED || !strings.Contains(r.Reason, "1 leases wait for a ready replacement in their job's own tree") {
+		t.Fatalf("rollout %s, reason %q: want paused, saying the job waits for a replacement it may go to", r.State, r.Reason)
+	}
+
+	w2 := spawnLabelled(t, pc, planner.Node.NodeId, "w2", map[string]string{"version": "v2"})
+	reportReady(t, srv.Clients(w2.Credential), w2.Node.NodeId)
+	if _, err := admin.Supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: r.RolloutId})); err != nil {
+		t.Fatal(err)
+	}
+	r = waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
+	if l := operatorLease(t, admin, "job-a"); l.HolderIdentity != w2.Node.NodeId || l.LeaseGeneration != 2 {
+		t.Fatalf("job-a is held by %s generation %d, want the planner's replacement %s generation 2", l.HolderIdentity, l.LeaseGeneration, w2.Node.NodeId)
+	}
+	if r.Counts.LeasesHandedOver != 1 {
+		t.Fatalf("%d leases handed over, want 1", r.Counts.LeasesHandedOver)
+	}
+}
