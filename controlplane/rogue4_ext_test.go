@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // The fourth rogue pass: what the first three did not try. Each test plays
@@ -96,5 +98,48 @@ func TestARogueThatLabelsItsChildAReplacementGetsNoOtherTreesJob(t *testing.T) {
 	}
 	if r.Counts.LeasesHandedOver != 1 {
 		t.Fatalf("%d leases handed over, want 1", r.Counts.LeasesHandedOver)
+	}
+}
+
+// A rogue takes up every rule slot of its own node (64 rules that are
+// never true) and, on its child, the name its operator's standard budget
+// rule uses, hoping the operator's rules are refused — "at most 64 rules
+// per node", "already in effect" — and so never fire. An operator's rule
+// is never blocked by the workload's: agents' and operators' rules count
+// apart, and an agent's rule keeps no name from an operator. Both of the
+// operator's rules are stored and fire; the rogue itself is still held to
+// 64 rules, and still cannot shadow its operator's rule.
+func TestARogueThatFillsItsRuleSlotsAndSquatsANameDoesNotBlockItsOperatorsRules(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rogue := register(t, admin, "rogue")
+	rc := srv.Clients(rogue.Credential)
+	child := spawn(t, rc, rogue.Node.NodeId, "child")
+
+	addRule(t, rc, &tetherv1.AddStopRuleRequest{NodeId: child.Node.NodeId, Name: "budget", Expression: `false`})
+	for i := range stoprule.MaxRulesPerNode {
+		addRule(t, rc, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: fmt.Sprintf("filler-%02d", i), Expression: `false`})
+	}
+	_, err := rc.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "one-more", Expression: `false`}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's rule %d: %v, want resource_exhausted", stoprule.MaxRulesPerNode+1, err)
+	}
+
+	cap := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "cap", Expression: `observed.calls >= 1`})
+	budget := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: child.Node.NodeId, Name: "budget", Expression: `observed.calls >= 1`})
+	// The rogue cannot take the operator's name on itself either way.
+	_, err = rc.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: child.Node.NodeId, Name: "cap", Expression: `false`}))
+	if connect.CodeOf(err) != connect.CodeAlreadyExists {
+		t.Fatalf("the rogue shadowing the operator's rule on its child: %v, want already_exists", err)
+	}
+
+	gateCall(t, srv, issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*").token, "shell", false)
+	if p := waitRuleProposal(t, srv, cap.RuleId); p.NodeId != rogue.Node.NodeId {
+		t.Fatalf("the operator's cap filed %v, want a proposal for the rogue", p)
+	}
+	gateCall(t, srv, issueRoot(t, admin, child.Node.NodeId, time.Hour, "tool:*").token, "shell", false)
+	if p := waitRuleProposal(t, srv, budget.RuleId); p.NodeId != child.Node.NodeId {
+		t.Fatalf("the operator's budget filed %v, want a proposal for the child", p)
 	}
 }

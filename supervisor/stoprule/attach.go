@@ -41,8 +41,10 @@ var (
 	severityName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 )
 
-// MaxRulesPerNode bounds the rules attached to one node (and the selector
-// rules in total), so a runaway agent cannot make evaluation unbounded.
+// MaxRulesPerNode bounds the rules agents attach to one node, and apart
+// from them those operators attach (and the selector rules in total), so a
+// runaway agent cannot make evaluation unbounded, nor use up the room an
+// operator's rule needs.
 const MaxRulesPerNode = 64
 
 // Validate checks a rule's fields other than its expression.
@@ -149,6 +151,8 @@ func InEffect(all []*Rule, n *tree.Node) []*Rule {
 
 // CheckName refuses a name already in effect at the target: a descendant
 // cannot shadow an inherited rule with a looser one of the same name.
+// (Rules.Add passes an operator only the operators' rules: an agent cannot
+// keep an operator from a name by taking it first.)
 func CheckName(inEffect []*Rule, name string) error {
 	for _, r := range inEffect {
 		if r.Name == name {

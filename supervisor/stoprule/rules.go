@@ -164,7 +164,6 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		if err != nil {
 			return err
 		}
-		attached := len(own)
 		inEffect := own
 		if target != nil {
 			inEffect, err = rulesInEffect(tx, target)
@@ -172,8 +171,14 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 				return err
 			}
 		}
-		if attached >= MaxRulesPerNode {
+		if attached := len(sameSide(a, own)); attached >= MaxRulesPerNode {
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
+		}
+		if !a.IsAgent() {
+			// An operator's rule is never blocked by the workload's: an
+			// agent's rule of the same name shadows nothing an operator
+			// adds (rules only add), so an agent cannot squat a name.
+			inEffect = sameSide(a, inEffect)
 		}
 		if err := CheckName(inEffect, rule.Name); err != nil {
 			return err
@@ -187,6 +192,19 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		return nil, nil, err
 	}
 	return rule, c, nil
+}
+
+// sameSide keeps the rules set by the actor's side: operators' rules for an
+// operator, agents' for an agent. Each side has its own MaxRulesPerNode
+// at a node, so agents filling a node's rules never block an operator's.
+func sameSide(a Actor, rules []*Rule) []*Rule {
+	var out []*Rule
+	for _, r := range rules {
+		if (SetterNode(r) != "") == a.IsAgent() {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Remove removes a rule, if actor may (CheckRemove).
