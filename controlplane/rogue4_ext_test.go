@@ -9,8 +9,10 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/stoprule"
@@ -141,5 +143,51 @@ func TestARogueThatFillsItsRuleSlotsAndSquatsANameDoesNotBlockItsOperatorsRules(
 	gateCall(t, srv, issueRoot(t, admin, child.Node.NodeId, time.Hour, "tool:*").token, "shell", false)
 	if p := waitRuleProposal(t, srv, budget.RuleId); p.NodeId != child.Node.NodeId {
 		t.Fatalf("the operator's budget filed %v, want a proposal for the child", p)
+	}
+}
+
+// A rogue registers a revoke hook for a privilege of its own node but ties
+// it to a grant it was never given — another tree's, whose id it learnt —
+// so that the hook, told the privilege was obtained under that grant, acts
+// on the victim's grant when the rogue is stopped. A privilege names only
+// a grant its node holds: the registration is refused permission_denied,
+// reading the same as for a grant that does not exist, and nothing is
+// stored; with its own grant the rogue registers as before.
+func TestARogueCannotTieItsPrivilegeToAGrantItWasNeverGiven(t *testing.T) {
+	const hook = "http://127.0.0.1:9/revoke"
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), testserver.AllowPrivilegeHooks("http://127.0.0.1:9/"))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	victim := register(t, admin, "victim")
+	theirs := issueRoot(t, admin, victim.Node.NodeId, time.Hour, "tool:*").grant.GrantId
+	rogue := register(t, admin, "rogue")
+	ours := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*").grant.GrantId
+	rc := srv.Clients(rogue.Credential)
+	reg := func(grantID string) error {
+		_, err := rc.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+			NodeId: rogue.Node.NodeId, GrantId: grantID, Kind: "file_lock", ExternalId: "/srv/lock", ExpiresAt: timestamppb.New(epoch.Add(time.Hour)), RevokeUrl: hook,
+		}))
+		return err
+	}
+	var answers []string
+	for _, g := range []string{theirs, id.New(id.Grant)} {
+		err := reg(g)
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("the rogue's privilege under grant %s: %v, want permission_denied", g, err)
+		}
+		answers = append(answers, strings.ReplaceAll(err.Error(), g, "<grant>"))
+	}
+	if answers[0] != answers[1] {
+		t.Fatalf("the refusal tells another tree's grant (%q) from a missing one (%q)", answers[0], answers[1])
+	}
+	if err := reg(ours); err != nil {
+		t.Fatalf("the rogue's privilege under its own grant: %v", err)
+	}
+	list, err := admin.Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: rogue.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Msg.Privileges) != 1 || list.Msg.Privileges[0].GrantId != ours {
+		t.Fatalf("privileges stored for the rogue: %v, want only the one under its own grant", list.Msg.Privileges)
 	}
 }
