@@ -191,3 +191,43 @@ func TestARogueCannotTieItsPrivilegeToAGrantItWasNeverGiven(t *testing.T) {
 		t.Fatalf("privileges stored for the rogue: %v, want only the one under its own grant", list.Msg.Privileges)
 	}
 }
+
+// An operator caps the tool calls of every agent labelled team=research
+// with a selector rule. A rogue so labelled spawns a child with no labels
+// at all and does its calls through it, hoping the rule — matched by
+// labels its parent chose — does not reach the child. A selector rule is
+// inherited as an attached one is: the child lives under it (ListStopRules
+// shows it, inherited) and the rule fires for the child.
+func TestARogueCannotSpawnItsWayOutOfASelectorRule(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{LabelSelector: "team=research", Name: "call-cap", Expression: `observed.calls >= 1`})
+	rogue := register(t, admin, "rogue") // team=research
+	rc := srv.Clients(rogue.Credential)
+	child := spawnLabelled(t, rc, rogue.Node.NodeId, "unlabelled", nil)
+	grandchild := spawnLabelled(t, srv.Clients(child.Credential), child.Node.NodeId, "deeper", map[string]string{"team": "other"})
+
+	for _, n := range []*tetherv1.SpawnResponse{child, grandchild} {
+		list, err := rc.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: n.Node.NodeId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Msg.Rules) != 1 || list.Msg.Rules[0].RuleId != rule.RuleId || !list.Msg.Rules[0].Inherited {
+			t.Fatalf("rules in effect at %s: %v, want the operator's selector rule, inherited", n.Node.Name, list.Msg.Rules)
+		}
+	}
+	gateCall(t, srv, issueRoot(t, admin, grandchild.Node.NodeId, time.Hour, "tool:*").token, "shell", false)
+	if p := waitRuleProposal(t, srv, rule.RuleId); p.NodeId != grandchild.Node.NodeId {
+		t.Fatalf("the selector rule filed %v, want a proposal for the rogue's grandchild", p)
+	}
+	// A tree the selector does not reach is not under it.
+	other := registerLabelled(t, admin, "other", map[string]string{"team": "other"})
+	list, err := admin.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: other.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Msg.Rules) != 0 {
+		t.Fatalf("rules in effect at an unmatched root: %v", list.Msg.Rules)
+	}
+}

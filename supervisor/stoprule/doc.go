@@ -18,8 +18,9 @@
 //   - Evaluate runs a compiled rule against one snapshot, stopped at
 //     CostBudget, and reports the values the expression read, each marked
 //     self-reported when it came from the agent.
-//   - The attenuation rule: a node inherits the rules of its ancestors
-//     (Applies, InEffect); an agent attaches rules to itself and its
+//   - The attenuation rule: a node inherits the rules of its ancestors,
+//     the selector rules matching an ancestor included (Applies,
+//     InEffect); an agent attaches rules to itself and its
 //     descendants only (CheckAttach) and removes only rules it or a
 //     descendant set (CheckRemove), so a rule an ancestor or an operator
 //     set is never removed or loosened by an agent (rules are never edited;

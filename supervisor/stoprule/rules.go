@@ -259,7 +259,11 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*Rule, erro
 			return err
 		}
 		rules, err := rulesInEffect(tx, n)
-		out = InEffect(rules, n)
+		if err != nil {
+			return err
+		}
+		ancestors, err := ancestorNodes(tx, n)
+		out = InEffect(rules, n, ancestors...)
 		return err
 	})
 	return out, err
@@ -484,8 +488,8 @@ func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations
 	return o, nil
 }
 
-// rulesInEffect reads the rules that may be in effect at n: attached to n
-// or an ancestor, and the selector rules (InEffect keeps those matching).
+// rulesInEffect reads the rules in effect at n: attached to n or an
+// ancestor, and the selector rules matching n or an ancestor.
 func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*Rule, error) {
 	out, err := rulesIndexed(tx, prefixSel)
 	if err != nil {
@@ -498,13 +502,36 @@ func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*Rule, error) {
 		}
 		out = append(out, rs...)
 	}
+	var ancestors []*tree.Node
+	if len(out) > 0 && len(n.Ancestors) > 0 {
+		if ancestors, err = ancestorNodes(tx, n); err != nil {
+			return nil, err
+		}
+	}
 	kept := out[:0]
 	for _, r := range out {
-		if Applies(r, n) {
+		if Applies(r, n, ancestors...) {
 			kept = append(kept, r)
 		}
 	}
 	return kept, nil
+}
+
+// ancestorNodes reads n's ancestors (for the selector rules they pass
+// down); one that is gone is skipped.
+func ancestorNodes(tx store.ReadTxn, n *tree.Node) ([]*tree.Node, error) {
+	out := make([]*tree.Node, 0, len(n.Ancestors))
+	for _, id := range n.Ancestors {
+		a, err := tree.GetNodeIn(tx, id)
+		if errors.Is(err, tree.ErrNodeNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // rulesIndexed reads the rules listed under an index prefix.
