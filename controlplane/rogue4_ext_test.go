@@ -231,3 +231,63 @@ func TestARogueCannotSpawnItsWayOutOfASelectorRule(t *testing.T) {
 		t.Fatalf("rules in effect at an unmatched root: %v", list.Msg.Rules)
 	}
 }
+
+// A rogue parent keeps its v1 child out of a rollout by draining it first,
+// with a day to drain: the rollout picked only running agents, so it
+// completed at once without the child, which kept its job for the day. An
+// agent's termination never shields a node from a rollout (a rollout's
+// termination outranks an agent's): the child is a candidate all the
+// same, its batch takes it over and ends on the rollout's own window, the
+// agent's termination ends superseded. (The child's job is not handed
+// over: the parent's drain requested its cancellation, and such a job is
+// resolved, never reassigned, by a rollout.)
+func TestARogueThatDrainsItsChildForADayDoesNotKeepItOutOfARollout(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	parent := registerLabelled(t, admin, "parent", map[string]string{"app": "orch"})
+	pc := srv.Clients(parent.Credential)
+	child := spawnLabelled(t, pc, parent.Node.NodeId, "child", map[string]string{"version": "v1"})
+	offered, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-c", HolderIdentity: child.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary{srv.Clients(child.Credential)}.send(t, ack(offered.Msg.Lease))
+	shield := terminate(t, pc, child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 24*time.Hour, 24*time.Hour, 24*time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the parent's termination to mark the child", func() bool {
+		return getTermination(t, admin, shield.TerminationId).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
+	})
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(5 * time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch (or, leaving the shielded child out, complete)", func(r *tetherv1.Rollout) bool {
+		return len(r.Batches) == 1 || r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
+	})
+	if len(r.Batches) != 1 || len(r.Batches[0].NodeIds) != 1 || r.Batches[0].NodeIds[0] != child.Node.NodeId {
+		t.Fatalf("rollout %s with batches %v: the child its parent drains for a day must be replaced like any v1 agent", r.State, r.Batches)
+	}
+	batch := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish on the rollout's window", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, batch).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	if clk.Now().Sub(epoch) > time.Hour {
+		t.Fatalf("the batch took %s of the clock, want the rollout's seconds, not the agent's day", clk.Now().Sub(epoch))
+	}
+	waitState(t, srv, shield.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	node, err := admin.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: child.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node.Msg.Node.TerminationId != batch {
+		t.Fatalf("the child ended under %s, want the rollout's batch %s (taking it over from its parent's %s)", node.Msg.Node.TerminationId, batch, shield.TerminationId)
+	}
+
+	v2 := registerLabelled(t, admin, "v2", map[string]string{"version": "v2"})
+	reportReady(t, admin, v2.Node.NodeId)
+	r = waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
+	if r.Counts.Drained != 1 || len(r.Batches[0].LeasesNotHandedOver) != 1 || !strings.Contains(r.Batches[0].LeasesNotHandedOver[0], "job-c: cancellation was requested") {
+		t.Fatalf("completed rollout: %d drained, leases not handed over %v; want the child drained, and its job, whose cancellation the parent's drain requested, left to be resolved", r.Counts.Drained, r.Batches[0].LeasesNotHandedOver)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -343,7 +344,10 @@ func (rs *Rollouts) save(ctx context.Context, r Rollout, step RolloutStep, out R
 		if err := getRollout(tx, r.ID, &stored); err != nil {
 			return err
 		}
-		if !sameVersion(stored, r) {
+		// A hand-over's outcome is leases already reassigned: it is
+		// counted even when the rollout changed meanwhile (a pause or a
+		// resume), or the count would miss them.
+		if !sameVersion(stored, r) && step.Action != ActRolloutHandOver {
 			return nil
 		}
 		next, err := AdvanceRollout(stored, step, out, f, now)
@@ -385,7 +389,11 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 			if err != nil {
 				return err
 			}
-			if n.State == tree.NodeStateRunning {
+			shielded, err := agentShielded(tx, n)
+			if err != nil {
+				return err
+			}
+			if n.State == tree.NodeStateRunning || shielded {
 				nodes = append(nodes, nid)
 			}
 		}
@@ -610,11 +618,16 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		var candidates []*tree.Node
 		set := map[string]bool{}
 		vouched := map[string]bool{} // roots matching the target selector
+		var shields []*tree.Node     // stopped by another termination: taken over?
 		err := scanNodes(tx, func(n *tree.Node) {
 			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, to) {
 				vouched[n.NodeID] = true
 			}
 			if n.State != tree.NodeStateRunning {
+				if n.State != tree.NodeStateTerminated && n.TerminationID != "" && !inBatch[n.NodeID] &&
+					tree.MatchLabels(n.Labels, from) && !tree.MatchLabels(n.Labels, to) {
+					shields = append(shields, n)
+				}
 				return
 			}
 			if tree.MatchLabels(n.Labels, to) {
@@ -631,6 +644,17 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		if err != nil {
 			return err
 		}
+		for _, n := range shields {
+			ok, err := agentShielded(tx, n)
+			if err != nil {
+				return err
+			}
+			if ok {
+				candidates = append(candidates, n)
+				set[n.NodeID] = true
+			}
+		}
+		slices.SortFunc(candidates, func(a, b *tree.Node) int { return strings.Compare(a.NodeID, b.NodeID) })
 		for i := range targets {
 			targets[i].vouched = vouched[targets[i].root]
 		}
@@ -702,6 +726,22 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		}
 	}
 	return f, targets, nil
+}
+
+// agentShielded reports whether n is being stopped by an agent's
+// termination, which a rollout's outranks (supervisor.Supersedes): such a
+// node is still a candidate, and its batch takes it over, so that an agent
+// cannot keep a node out of a rollout — and its leases from the
+// replacements — by draining it first with a window of its choosing.
+func agentShielded(tx store.ReadTxn, n *tree.Node) (bool, error) {
+	if n.State == tree.NodeStateRunning || n.State == tree.NodeStateTerminated || n.TerminationID == "" {
+		return false, nil
+	}
+	owner, err := supervisor.GetTerminationIn(tx, n.TerminationID)
+	if err != nil {
+		return false, err
+	}
+	return owner.Rank() == supervisor.RankAgent && owner.Phase != supervisor.PhaseTerminated, nil
 }
 
 // scanNodes calls fn with every node, in id order.
