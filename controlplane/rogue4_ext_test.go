@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/testserver"
@@ -289,5 +290,49 @@ func TestARogueThatDrainsItsChildForADayDoesNotKeepItOutOfARollout(t *testing.T)
 	r = waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
 	if r.Counts.Drained != 1 || len(r.Batches[0].LeasesNotHandedOver) != 1 || !strings.Contains(r.Batches[0].LeasesNotHandedOver[0], "job-c: cancellation was requested") {
 		t.Fatalf("completed rollout: %d drained, leases not handed over %v; want the child drained, and its job, whose cancellation the parent's drain requested, left to be resolved", r.Counts.Drained, r.Batches[0].LeasesNotHandedOver)
+	}
+}
+
+// A rogue floods a shared tool gate with calls until the gate's rate
+// budget is spent. The gate's own new calls are then refused (a call not
+// begun leaves no evidence to lose), but the ends and cancel
+// acknowledgements of calls already begun are evidence the record needs:
+// were they refused, an innocent agent's call the gate saw end would stay
+// in flight in the ledger, and its record would say unresolved. They are
+// not charged: the victim's call ends as the gate reported it.
+func TestARogueThatSpendsItsGatesRateBudgetCannotKeepOtherCallsFromEnding(t *testing.T) {
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 16 })
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	victim := register(t, admin, "victim")
+	rogue := register(t, admin, "rogue")
+	victimToken := issueRoot(t, admin, victim.Node.NodeId, time.Hour, "tool:*").token
+	rogueToken := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*").token
+	gate := srv.Clients(srv.ToolServerToken(t, "shared-gate"))
+
+	begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: victimToken, Tool: "shell"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flooded := false
+	for range 64 {
+		_, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: rogueToken, Tool: "shell"}))
+		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+			flooded = true
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !flooded {
+		t.Fatal("the gate's budget never ran out; the probe tests nothing")
+	}
+	ended, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: begun.Msg.Call.CallId}))
+	if err != nil {
+		t.Fatalf("the gate reporting the end of the victim's call once the rogue spent its budget: %v", err)
+	}
+	if ended.Msg.Call.State != tetherv1.CallState_CALL_STATE_ENDED {
+		t.Fatalf("the victim's call is %s, want ended", ended.Msg.Call.State)
 	}
 }
