@@ -258,12 +258,12 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*Rule, erro
 		if err != nil {
 			return err
 		}
-		rules, err := rulesInEffect(tx, n)
-		if err != nil {
-			return err
+		rules, err := rulesInEffect(tx, n) // only those in effect
+		for _, r := range rules {
+			c := r.clone()
+			c.Inherited = r.NodeID != n.NodeID
+			out = append(out, c)
 		}
-		ancestors, err := ancestorNodes(tx, n)
-		out = InEffect(rules, n, ancestors...)
 		return err
 	})
 	return out, err
@@ -503,9 +503,13 @@ func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*Rule, error) {
 		out = append(out, rs...)
 	}
 	var ancestors []*tree.Node
-	if len(out) > 0 && len(n.Ancestors) > 0 {
-		if ancestors, err = ancestorNodes(tx, n); err != nil {
-			return nil, err
+	for _, r := range out {
+		if r.NodeID == "" && !tree.MatchLabels(n.Labels, r.Selector) && len(n.Ancestors) > 0 {
+			// A selector rule not matching n may be inherited.
+			if ancestors, err = ancestorNodes(tx, n); err != nil {
+				return nil, err
+			}
+			break
 		}
 	}
 	kept := out[:0]
