@@ -336,10 +336,14 @@ func (s *Server) buildHandler() error {
 		Revoked:            s.tokenRevoked,
 		RevocationsChanged: s.grants.RevocationsChanged,
 		Limiter:            &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
-		Anonymous:          &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
-		MaxStreams:         s.cfg.Conn.MaxStreamsPerCaller,
-		Cache:              auth.NewTokenCache(0),
-		RateLimited:        s.metrics.rateLimitedCall,
+		Evidence: map[string]bool{
+			tetherv1connect.ToolServiceEndCallProcedure:   true,
+			tetherv1connect.ToolServiceCancelAckProcedure: true,
+		},
+		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
+		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
+		Cache:       auth.NewTokenCache(0),
+		RateLimited: s.metrics.rateLimitedCall,
 	}
 	authn.Refused = obs.record // refused at the Gate, before the observer interceptor
 	s.authn = authn

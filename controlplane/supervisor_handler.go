@@ -11,6 +11,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/store"
@@ -191,6 +193,9 @@ func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.
 	if m.ExpiresAt == nil {
 		return nil, invalid("expires_at is required")
 	}
+	if err := h.grantOfNode(ctx, m.GrantId, m.NodeId); err != nil {
+		return nil, err
+	}
 	priv, err := h.s.privileges.Register(ctx, privilege.Privilege{
 		NodeID: m.NodeId, GrantID: m.GrantId, Kind: m.Kind, ExternalID: m.ExternalId,
 		ExpiresAt: m.ExpiresAt.AsTime(), RevokeURL: m.RevokeUrl,
@@ -199,6 +204,30 @@ func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.RegisterPrivilegeResponse{PrivilegeId: priv.ID}), nil
+}
+
+// grantOfNode checks that a privilege's grant_id, when given, names a
+// grant node holds: the revoke hook is told the privilege was obtained
+// under that grant, so a node must not tie its privilege to a grant it was
+// never given (another agent's, say). The refusal reads the same whether
+// or not the grant exists.
+func (h *supervisorService) grantOfNode(ctx context.Context, grantID, nodeID string) error {
+	if grantID == "" || h.s.grants == nil {
+		return nil
+	}
+	caller, err := grantCaller(ctx)
+	if err != nil {
+		return err
+	}
+	g, err := h.s.grants.Get(ctx, caller, grantID)
+	switch {
+	case err == nil && g.HolderNodeID == nodeID:
+		return nil
+	case err == nil, errors.Is(err, capability.ErrUnknownGrant), errors.Is(err, grantstore.ErrNotVisible):
+		return denied("grant_id %s is not a grant held by node_id %s; a privilege names only a grant of its own node", grantID, nodeID)
+	default:
+		return toConnect(err)
+	}
 }
 
 func terminationToProto(t supervisor.Termination) *tetherv1.Termination {

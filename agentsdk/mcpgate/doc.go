@@ -42,6 +42,13 @@
 // for it and told it to stop. A gateway that dies mid-call acknowledges
 // nothing, and the record shows the call unresolved.
 //
+// # Sessions
+//
+// Over HTTP every session is held in the gateway's memory: a node keeps at
+// most HTTPOptions.MaxSessionsPerNode open at once (its next initialize is
+// refused with CodeTooManySessions), and a session idle for
+// HTTPOptions.SessionIdleTimeout is closed.
+//
 // # What passes through
 //
 // Arguments, results (including isError results), structured content,

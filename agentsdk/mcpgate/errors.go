@@ -31,6 +31,9 @@ const (
 	// stale, the control plane or the upstream is unreachable). Fail closed;
 	// retry later.
 	CodeUnavailable = -32066
+	// CodeTooManySessions: the token holder already has the gateway's
+	// maximum of MCP sessions open; close one (DELETE) or let one idle out.
+	CodeTooManySessions = -32067
 	// CodeNotGated: resources and prompts are refused (only tools pass).
 	CodeNotGated = jsonrpc.CodeMethodNotFound
 )

@@ -54,6 +54,7 @@ type Gateway struct {
 	progress     sync.Map // the gateway's progress token (string) → *progressRoute
 	nextProgress atomic.Uint64
 
+	sessions   sessionCount // HTTP sessions by node (Handler sets the maximum)
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup
@@ -272,6 +273,10 @@ func (g *Gateway) route(name string) *route {
 func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
+		case "initialize":
+			if err := g.sessions.admit(req); err != nil {
+				return nil, err
+			}
 		case "tools/list":
 			token, rerr := g.tokenOf(req)
 			if rerr != nil {

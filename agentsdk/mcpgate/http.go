@@ -1,12 +1,16 @@
 package mcpgate
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 )
@@ -32,13 +36,31 @@ type HTTPOptions struct {
 	// AuthorizationServers are listed in the metadata (e.g. the control
 	// plane's URL when it issues the agents' tokens); may be empty.
 	AuthorizationServers []string
+	// MaxSessionsPerNode bounds the MCP sessions one node (the holder of
+	// the tokens that opened them) keeps open at once: its next initialize
+	// is refused with CodeTooManySessions. Zero means
+	// DefaultMaxSessionsPerNode.
+	MaxSessionsPerNode int
+	// SessionIdleTimeout closes a session that has had no request for
+	// this long (an agent that died without closing its sessions does not
+	// hold them forever). Zero means DefaultSessionIdleTimeout.
+	SessionIdleTimeout time.Duration
 }
+
+// Defaults of HTTPOptions.
+const (
+	DefaultMaxSessionsPerNode = 16
+	DefaultSessionIdleTimeout = 30 * time.Minute
+)
 
 // Handler serves the gateway as a Streamable HTTP MCP endpoint at
 // EndpointPath. Every request must carry the agent's capability token as
 // its bearer; a request without a valid one gets 401 with a
 // WWW-Authenticate header pointing at the protected-resource metadata, and
-// every request gets 503 while the revocation feed is stale. A revoked
+// every request gets 503 while the revocation feed is stale.
+// A node keeps at most MaxSessionsPerNode sessions open: every session is
+// held in the gateway's memory, so an agent opening them in a loop must
+// not exhaust the gateway the other agents' calls go through. A revoked
 // token passes this door and is refused by the MCP request it carries,
 // with the reason (CodeDenied). A session belongs to the node that holds
 // the token that opened it.
@@ -51,7 +73,10 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		ResourceName:           "Tether MCP gateway",
 		ScopesSupported:        g.Scopes(),
 	}
-	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{})
+	g.sessions.setMax(cmp.Or(opts.MaxSessionsPerNode, DefaultMaxSessionsPerNode))
+	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{
+		SessionTimeout: cmp.Or(opts.SessionIdleTimeout, DefaultSessionIdleTimeout),
+	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
 	})(mcpHandler)
@@ -85,4 +110,60 @@ func (g *Gateway) verifyBearer(ctx context.Context, token string, _ *http.Reques
 		UserID:     claims.HolderNodeID,
 		Extra:      map[string]any{tokenKey: token},
 	}, nil
+}
+
+// sessionCount counts the open HTTP sessions of each node.
+type sessionCount struct {
+	mu     sync.Mutex
+	max    int
+	byNode map[string]map[*mcp.ServerSession]bool
+}
+
+func (c *sessionCount) setMax(n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.max = n
+}
+
+// admit counts the session an initialize opens for its token's holder,
+// until the session closes, or refuses it when the holder is at the
+// maximum (the SDK then closes the session it had opened). Sessions not
+// opened over HTTP (stdio: one per process) are not counted.
+func (c *sessionCount) admit(req mcp.Request) *jsonrpc.Error {
+	extra := req.GetExtra()
+	ss, ok := req.GetSession().(*mcp.ServerSession)
+	if extra == nil || extra.TokenInfo == nil || !ok {
+		return nil
+	}
+	node := extra.TokenInfo.UserID
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.max <= 0 {
+		return nil
+	}
+	open := c.byNode[node]
+	if open[ss] {
+		return nil
+	}
+	if len(open) >= c.max {
+		return rpcError(CodeTooManySessions, "node %s already has %d MCP sessions open on this gateway, the maximum; close one (DELETE the session) or let one idle out", node, len(open))
+	}
+	if open == nil {
+		if c.byNode == nil {
+			c.byNode = map[string]map[*mcp.ServerSession]bool{}
+		}
+		open = map[*mcp.ServerSession]bool{}
+		c.byNode[node] = open
+	}
+	open[ss] = true
+	go func() {
+		_ = ss.Wait()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(open, ss)
+		if len(open) == 0 && len(c.byNode[node]) == 0 {
+			delete(c.byNode, node)
+		}
+	}()
+	return nil
 }

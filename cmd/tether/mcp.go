@@ -133,6 +133,8 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 		listen, publicURL string
 		authServers       []string
 		logLevel          string
+		maxSessions       int
+		idleTimeout       time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --upstream-cmd NAME='cmd…' | --upstream-url NAME=URL | --config FILE",
@@ -159,7 +161,9 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 			if base == "" {
 				base = "http://" + ln.Addr().String()
 			}
-			srv := &http.Server{Handler: gw.Handler(mcpgate.HTTPOptions{BaseURL: base, AuthorizationServers: authServers}), ReadHeaderTimeout: 10 * time.Second}
+			srv := &http.Server{Handler: gw.Handler(mcpgate.HTTPOptions{
+				BaseURL: base, AuthorizationServers: authServers, MaxSessionsPerNode: maxSessions, SessionIdleTimeout: idleTimeout,
+			}), ReadHeaderTimeout: 10 * time.Second}
 			go func() {
 				<-ctx.Done()
 				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -179,6 +183,8 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&publicURL, "public-url", "", "the URL agents reach the gateway at, for the protected-resource metadata (default http://<listen>)")
 	f.StringArrayVar(&authServers, "authorization-server", nil, "an authorization server to list in the protected-resource metadata; repeatable")
 	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
+	f.IntVar(&maxSessions, "max-sessions-per-node", mcpgate.DefaultMaxSessionsPerNode, "MCP sessions one node may keep open on the gateway at once")
+	f.DurationVar(&idleTimeout, "session-idle-timeout", mcpgate.DefaultSessionIdleTimeout, "close an MCP session with no request for this long")
 	gf.register(f)
 	uf.register(f)
 	return cmd

@@ -47,6 +47,13 @@ type Interceptor struct {
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
+	// Evidence are the procedures by which a tool server reports what
+	// became of a call it already began (its end, its cancel
+	// acknowledgement). A tool server is not charged for them: they are
+	// bounded by the calls it began, which were charged, and refusing one
+	// would leave a call the gate saw end in flight in the record — which a
+	// rogue could bring about by spending a shared gate's budget.
+	Evidence map[string]bool
 	// Anonymous bounds, per source address, the requests that carry no
 	// valid credential (nil: unlimited). An address past it is refused
 	// before its next credential is verified.
@@ -148,6 +155,9 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			who = "tool servers"
 		}
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
+	}
+	if p.Kind == KindToolServer && i.Evidence[procedure] {
+		return WithPrincipal(ctx, p), nil
 	}
 	if err := i.spend(p, 1); err != nil {
 		if i.RateLimited != nil {

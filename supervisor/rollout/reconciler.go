@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -343,7 +344,10 @@ func (rs *Rollouts) save(ctx context.Context, r Rollout, step RolloutStep, out R
 		if err := getRollout(tx, r.ID, &stored); err != nil {
 			return err
 		}
-		if !sameVersion(stored, r) {
+		// A hand-over's outcome is leases already reassigned: it is
+		// counted even when the rollout changed meanwhile (a pause or a
+		// resume), or the count would miss them.
+		if !sameVersion(stored, r) && step.Action != ActRolloutHandOver {
 			return nil
 		}
 		next, err := AdvanceRollout(stored, step, out, f, now)
@@ -385,7 +389,11 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 			if err != nil {
 				return err
 			}
-			if n.State == tree.NodeStateRunning {
+			shielded, err := agentShielded(tx, n)
+			if err != nil {
+				return err
+			}
+			if n.State == tree.NodeStateRunning || shielded {
 				nodes = append(nodes, nid)
 			}
 		}
@@ -430,7 +438,7 @@ func orDefault(d, def time.Duration) time.Duration {
 // ready replacements, round robin, each with generation + 1. The old
 // generation is fenced off from that moment: its late renewals and
 // progress are recorded by the lease module as stale.
-func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, targets []string) (RolloutOutcome, error) {
+func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, targets []replacement) (RolloutOutcome, error) {
 	var out RolloutOutcome
 	if rs.Handover == nil {
 		return out, nil
@@ -454,10 +462,21 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	if len(open) > 0 && len(targets) == 0 {
 		return out, fmt.Errorf("supervisor: rollout %s: batch %d is replaced but no ready agent matches %q", r.ID, b.Index, r.TargetSelector)
 	}
+	roots, err := rs.rootsOf(ctx, open)
+	if err != nil {
+		return out, err
+	}
 	offset := r.LeasesHandedOver()
 	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
 	for i, l := range open {
-		to := targets[(offset+i)%len(targets)]
+		may := mayTake(targets, roots[l.Holder])
+		if len(may) == 0 {
+			// Left open (WaitingLeases): a replacement in the job's tree,
+			// or in a tree an operator registered, may still become
+			// ready; the batch waits for it and pauses at its deadline.
+			continue
+		}
+		to := may[(offset+i)%len(may)]
 		gen, err := rs.Handover.Reassign(ctx, l, to, reason)
 		switch {
 		case errors.Is(err, supervisor.ErrHandoverRefused):
@@ -472,6 +491,42 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		}
 	}
 	return out, nil
+}
+
+// mayTake lists the replacements that may take a job held in the tree
+// rooted at holderRoot, in order.
+func mayTake(targets []replacement, holderRoot string) []string {
+	var may []string
+	for _, t := range targets {
+		if t.mayTake(holderRoot) {
+			may = append(may, t.id)
+		}
+	}
+	return may
+}
+
+// rootsOf reads the root of each lease holder's tree ("" when the holder
+// is not a node).
+func (rs *Rollouts) rootsOf(ctx context.Context, open []supervisor.HandoverLease) (map[string]string, error) {
+	roots := map[string]string{}
+	err := rs.Store.View(ctx, func(tx store.ReadTxn) error {
+		for _, l := range open {
+			if _, ok := roots[l.Holder]; ok {
+				continue
+			}
+			n, err := tree.GetNodeIn(tx, l.Holder)
+			switch {
+			case errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument):
+				roots[l.Holder] = ""
+			case err != nil:
+				return err
+			default:
+				roots[l.Holder] = rootOf(n)
+			}
+		}
+		return nil
+	})
+	return roots, err
 }
 
 // release turns every unfinished batch of an aborted rollout into a plain
@@ -503,9 +558,39 @@ func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 	return nil
 }
 
+// replacement is a ready agent matching a rollout's target selector.
+type replacement struct {
+	id   string
+	root string // the root of its tree (itself for a root)
+	// vouched: its tree's root matches the target selector. A root's
+	// labels are an operator's word (only operators register roots); a
+	// spawned agent's are its parent's, so any agent can label a child to
+	// look like a replacement.
+	vouched bool
+}
+
+// rootOf is the root of n's tree.
+func rootOf(n *tree.Node) string {
+	if len(n.Ancestors) > 0 {
+		return n.Ancestors[0]
+	}
+	return n.NodeID
+}
+
+// mayTake reports whether a job held by an agent of the tree rooted at
+// holderRoot may be handed to rep: a replacement in the job's own tree
+// (where the job's lineage could have reassigned it itself), or in a tree
+// an operator registered as a replacement. Any other agent labelled like
+// a replacement is a stranger to the job: it would gain the job's
+// authority (and its parent the job's coordination) by choosing its
+// child's labels.
+func (rep replacement) mayTake(holderRoot string) bool {
+	return rep.vouched || (holderRoot != "" && rep.root == holderRoot)
+}
+
 // observe reads the rollout's facts from the tree, the terminations and
-// the lease module; targets are the ready replacements' ids in order.
-func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []string, error) {
+// the lease module; targets are the ready replacements in id order.
+func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []replacement, error) {
 	f := RolloutFacts{Batches: map[int]BatchFacts{}}
 	if r.Finished() {
 		return f, nil, nil
@@ -526,19 +611,28 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 			}
 		}
 	}
-	var targets []string
+	var targets []replacement
 	members := map[int][]string{}
 	err = rs.Store.View(ctx, func(tx store.ReadTxn) error {
 		targets = nil
 		var candidates []*tree.Node
 		set := map[string]bool{}
+		vouched := map[string]bool{} // roots matching the target selector
+		var shields []*tree.Node     // stopped by another termination: taken over?
 		err := scanNodes(tx, func(n *tree.Node) {
+			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, to) {
+				vouched[n.NodeID] = true
+			}
 			if n.State != tree.NodeStateRunning {
+				if n.State != tree.NodeStateTerminated && n.TerminationID != "" && !inBatch[n.NodeID] &&
+					tree.MatchLabels(n.Labels, from) && !tree.MatchLabels(n.Labels, to) {
+					shields = append(shields, n)
+				}
 				return
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, n.NodeID)
+					targets = append(targets, replacement{id: n.NodeID, root: rootOf(n)})
 				}
 				return
 			}
@@ -549,6 +643,20 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 		})
 		if err != nil {
 			return err
+		}
+		for _, n := range shields {
+			ok, err := agentShielded(tx, n)
+			if err != nil {
+				return err
+			}
+			if ok {
+				candidates = append(candidates, n)
+				set[n.NodeID] = true
+			}
+		}
+		slices.SortFunc(candidates, func(a, b *tree.Node) int { return strings.Compare(a.NodeID, b.NodeID) })
+		for i := range targets {
+			targets[i].vouched = vouched[targets[i].root]
 		}
 		// A candidate under another candidate goes with its ancestor's
 		// subtree; count and drain only the topmost.
@@ -598,7 +706,17 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 			if err != nil {
 				return f, nil, fmt.Errorf("list leases: %w", err)
 			}
-			bf.OpenLeases = len(open)
+			roots, err := rs.rootsOf(ctx, open)
+			if err != nil {
+				return f, nil, err
+			}
+			for _, l := range open {
+				if len(mayTake(targets, roots[l.Holder])) > 0 {
+					bf.OpenLeases++
+				} else {
+					bf.WaitingLeases++
+				}
+			}
 			for _, l := range stuck {
 				if l.Conflict {
 					bf.ConflictedLeases++
@@ -608,6 +726,22 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []str
 		}
 	}
 	return f, targets, nil
+}
+
+// agentShielded reports whether n is being stopped by an agent's
+// termination, which a rollout's outranks (supervisor.Supersedes): such a
+// node is still a candidate, and its batch takes it over, so that an agent
+// cannot keep a node out of a rollout — and its leases from the
+// replacements — by draining it first with a window of its choosing.
+func agentShielded(tx store.ReadTxn, n *tree.Node) (bool, error) {
+	if n.State == tree.NodeStateRunning || n.State == tree.NodeStateTerminated || n.TerminationID == "" {
+		return false, nil
+	}
+	owner, err := supervisor.GetTerminationIn(tx, n.TerminationID)
+	if err != nil {
+		return false, err
+	}
+	return owner.Rank() == supervisor.RankAgent && owner.Phase != supervisor.PhaseTerminated, nil
 }
 
 // scanNodes calls fn with every node, in id order.

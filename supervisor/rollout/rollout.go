@@ -183,6 +183,13 @@ type BatchFacts struct {
 	// (Reassign or Resolve) first, so the rollout never reports the batch
 	// clean over a job whose ownership is in question.
 	ConflictedLeases int
+	// WaitingLeases: open leases held by the batch's members that no ready
+	// replacement may take (none in the job's own tree, none in a tree an
+	// operator registered with the target labels). The batch is not done
+	// while any is left, and at its deadline the rollout pauses saying so:
+	// a job is never handed to an agent outside its lineage that merely
+	// labelled itself a replacement.
+	WaitingLeases int
 }
 
 // RolloutFacts is the control plane's view, read from stored state by the
@@ -296,7 +303,7 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 			return RolloutStep{Action: ActRolloutNoteReplaced, Batch: b.Index}
 		case !b.ReplacedAt.IsZero() && bf.Marked && (!b.HandedOver || bf.OpenLeases > 0):
 			return RolloutStep{Action: ActRolloutHandOver, Batch: b.Index}
-		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0:
+		case !b.TerminatedAt.IsZero() && !b.ReplacedAt.IsZero() && b.HandedOver && bf.OpenLeases == 0 && bf.ConflictedLeases == 0 && bf.WaitingLeases == 0:
 			return RolloutStep{Action: ActRolloutCompleteBatch, Batch: b.Index}
 		}
 		if b.TerminatedAt.IsZero() {
@@ -349,6 +356,9 @@ func missedDeadline(r Rollout, b RolloutBatch, f RolloutFacts, replacements int)
 		waiting = append(waiting, fmt.Sprintf("%d of %d replacements matching %q are ready", replacements, covered, r.TargetSelector))
 	} else if open := f.Batches[b.Index].OpenLeases; open > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases are not handed over yet", open))
+	}
+	if w := f.Batches[b.Index].WaitingLeases; w > 0 {
+		waiting = append(waiting, fmt.Sprintf("%d leases wait for a ready replacement in their job's own tree or in a tree registered with labels %q", w, r.TargetSelector))
 	}
 	if conflicted := f.Batches[b.Index].ConflictedLeases; conflicted > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases have an unresolved ownership conflict and cannot be handed over; resolve them (lease reassign or resolve)", conflicted))

@@ -41,8 +41,10 @@ var (
 	severityName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 )
 
-// MaxRulesPerNode bounds the rules attached to one node (and the selector
-// rules in total), so a runaway agent cannot make evaluation unbounded.
+// MaxRulesPerNode bounds the rules agents attach to one node, and apart
+// from them those operators attach (and the selector rules in total), so a
+// runaway agent cannot make evaluation unbounded, nor use up the room an
+// operator's rule needs.
 const MaxRulesPerNode = 64
 
 // Validate checks a rule's fields other than its expression.
@@ -125,20 +127,36 @@ func SetterNode(r *Rule) string {
 }
 
 // Applies reports whether rule r is in effect at node n: attached to n or
-// to an ancestor of n (inherited), or a selector rule matching n's labels.
-func Applies(r *Rule, n *tree.Node) bool {
+// to an ancestor of n (inherited), or a selector rule matching the labels
+// of n or of one of ancestors, n's ancestor nodes (inherited likewise: the
+// children of a node the rule matches live under it whatever labels their
+// parent gives them, so an agent cannot spawn its way out of an operator's
+// selector rule).
+func Applies(r *Rule, n *tree.Node, ancestors ...*tree.Node) bool {
 	if r.NodeID != "" {
 		return r.NodeID == n.NodeID || tree.IsAncestor(n, r.NodeID)
 	}
-	return len(r.Selector) > 0 && tree.MatchLabels(n.Labels, r.Selector)
+	if len(r.Selector) == 0 {
+		return false
+	}
+	if tree.MatchLabels(n.Labels, r.Selector) {
+		return true
+	}
+	for _, a := range ancestors {
+		if a != nil && tree.MatchLabels(a.Labels, r.Selector) {
+			return true
+		}
+	}
+	return false
 }
 
-// InEffect returns the rules of all that are in effect at n, each a copy
-// marked inherited unless attached to n itself.
-func InEffect(all []*Rule, n *tree.Node) []*Rule {
+// InEffect returns the rules of all that are in effect at n (whose
+// ancestor nodes are ancestors), each a copy marked inherited unless
+// attached to n itself.
+func InEffect(all []*Rule, n *tree.Node, ancestors ...*tree.Node) []*Rule {
 	var out []*Rule
 	for _, r := range all {
-		if Applies(r, n) {
+		if Applies(r, n, ancestors...) {
 			c := r.clone()
 			c.Inherited = r.NodeID != n.NodeID
 			out = append(out, c)
@@ -149,6 +167,8 @@ func InEffect(all []*Rule, n *tree.Node) []*Rule {
 
 // CheckName refuses a name already in effect at the target: a descendant
 // cannot shadow an inherited rule with a looser one of the same name.
+// (Rules.Add passes an operator only the operators' rules: an agent cannot
+// keep an operator from a name by taking it first.)
 func CheckName(inEffect []*Rule, name string) error {
 	for _, r := range inEffect {
 		if r.Name == name {

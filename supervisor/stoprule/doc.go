@@ -18,14 +18,17 @@
 //   - Evaluate runs a compiled rule against one snapshot, stopped at
 //     CostBudget, and reports the values the expression read, each marked
 //     self-reported when it came from the agent.
-//   - The attenuation rule: a node inherits the rules of its ancestors
-//     (Applies, InEffect); an agent attaches rules to itself and its
+//   - The attenuation rule: a node inherits the rules of its ancestors,
+//     the selector rules matching an ancestor included (Applies,
+//     InEffect); an agent attaches rules to itself and its
 //     descendants only (CheckAttach) and removes only rules it or a
 //     descendant set (CheckRemove), so a rule an ancestor or an operator
 //     set is never removed or loosened by an agent (rules are never edited;
 //     CheckName refuses a name already in effect, so an inherited rule
-//     cannot be shadowed). Operators attach to any subtree and by label
-//     selector.
+//     cannot be shadowed; an agent's rule never keeps an operator from a
+//     name, and agents' and operators' rules count apart against
+//     MaxRulesPerNode, so the workload cannot block an operator's rule).
+//     Operators attach to any subtree and by label selector.
 //   - ApplyCall and ApplySpawn fold ledger and tree changes into a node's
 //     stored counters.
 //

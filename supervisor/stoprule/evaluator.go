@@ -256,7 +256,7 @@ func (ix *index) removeRule(ruleID string) {
 
 func (ix *index) appliesTo(a *activeRule, id string, n nodeInfo) bool {
 	if a.rule.NodeID == "" {
-		return tree.MatchLabels(n.labels, a.rule.Selector)
+		return ix.selected(a, n)
 	}
 	if a.rule.NodeID == id {
 		return true
@@ -270,18 +270,33 @@ func (ix *index) appliesTo(a *activeRule, id string, n nodeInfo) bool {
 }
 
 // inEffect lists the rules in effect at a node: attached to it or an
-// ancestor, or selector rules matching it.
+// ancestor, or selector rules matching it or an ancestor.
 func (ix *index) inEffect(id string, n nodeInfo) []*activeRule {
 	out := append([]*activeRule(nil), ix.byNode[id]...)
 	for _, anc := range n.ancestors {
 		out = append(out, ix.byNode[anc]...)
 	}
 	for _, a := range ix.selectors {
-		if tree.MatchLabels(n.labels, a.rule.Selector) {
+		if ix.selected(a, n) {
 			out = append(out, a)
 		}
 	}
 	return out
+}
+
+// selected reports whether selector rule a matches n or one of its
+// ancestors (a selector rule is inherited as an attached one is:
+// Applies).
+func (ix *index) selected(a *activeRule, n nodeInfo) bool {
+	if tree.MatchLabels(n.labels, a.rule.Selector) {
+		return true
+	}
+	for _, anc := range n.ancestors {
+		if p, ok := ix.nodes[anc]; ok && tree.MatchLabels(p.labels, a.rule.Selector) {
+			return true
+		}
+	}
+	return false
 }
 
 func (ix *index) markTimed() {

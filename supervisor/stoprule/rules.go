@@ -164,7 +164,6 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		if err != nil {
 			return err
 		}
-		attached := len(own)
 		inEffect := own
 		if target != nil {
 			inEffect, err = rulesInEffect(tx, target)
@@ -172,8 +171,14 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 				return err
 			}
 		}
-		if attached >= MaxRulesPerNode {
+		if attached := len(sameSide(a, own)); attached >= MaxRulesPerNode {
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
+		}
+		if !a.IsAgent() {
+			// An operator's rule is never blocked by the workload's: an
+			// agent's rule of the same name shadows nothing an operator
+			// adds (rules only add), so an agent cannot squat a name.
+			inEffect = sameSide(a, inEffect)
 		}
 		if err := CheckName(inEffect, rule.Name); err != nil {
 			return err
@@ -187,6 +192,19 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		return nil, nil, err
 	}
 	return rule, c, nil
+}
+
+// sameSide keeps the rules set by the actor's side: operators' rules for an
+// operator, agents' for an agent. Each side has its own MaxRulesPerNode
+// at a node, so agents filling a node's rules never block an operator's.
+func sameSide(a Actor, rules []*Rule) []*Rule {
+	var out []*Rule
+	for _, r := range rules {
+		if (SetterNode(r) != "") == a.IsAgent() {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // Remove removes a rule, if actor may (CheckRemove).
@@ -240,8 +258,12 @@ func (r *Rules) List(ctx context.Context, a Actor, nodeID string) ([]*Rule, erro
 		if err != nil {
 			return err
 		}
-		rules, err := rulesInEffect(tx, n)
-		out = InEffect(rules, n)
+		rules, err := rulesInEffect(tx, n) // only those in effect
+		for _, r := range rules {
+			c := r.clone()
+			c.Inherited = r.NodeID != n.NodeID
+			out = append(out, c)
+		}
 		return err
 	})
 	return out, err
@@ -466,8 +488,8 @@ func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations
 	return o, nil
 }
 
-// rulesInEffect reads the rules that may be in effect at n: attached to n
-// or an ancestor, and the selector rules (InEffect keeps those matching).
+// rulesInEffect reads the rules in effect at n: attached to n or an
+// ancestor, and the selector rules matching n or an ancestor.
 func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*Rule, error) {
 	out, err := rulesIndexed(tx, prefixSel)
 	if err != nil {
@@ -480,13 +502,40 @@ func rulesInEffect(tx store.ReadTxn, n *tree.Node) ([]*Rule, error) {
 		}
 		out = append(out, rs...)
 	}
+	var ancestors []*tree.Node
+	for _, r := range out {
+		if r.NodeID == "" && !tree.MatchLabels(n.Labels, r.Selector) && len(n.Ancestors) > 0 {
+			// A selector rule not matching n may be inherited.
+			if ancestors, err = ancestorNodes(tx, n); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
 	kept := out[:0]
 	for _, r := range out {
-		if Applies(r, n) {
+		if Applies(r, n, ancestors...) {
 			kept = append(kept, r)
 		}
 	}
 	return kept, nil
+}
+
+// ancestorNodes reads n's ancestors (for the selector rules they pass
+// down); one that is gone is skipped.
+func ancestorNodes(tx store.ReadTxn, n *tree.Node) ([]*tree.Node, error) {
+	out := make([]*tree.Node, 0, len(n.Ancestors))
+	for _, id := range n.Ancestors {
+		a, err := tree.GetNodeIn(tx, id)
+		if errors.Is(err, tree.ErrNodeNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // rulesIndexed reads the rules listed under an index prefix.
