@@ -37,7 +37,8 @@ type StopRule struct {
 	SetBy string `protobuf:"bytes,5,opt,name=set_by,json=setBy,proto3" json:"set_by,omitempty"`
 	// The subtree the rule is attached to (empty for a selector rule).
 	NodeId string `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// Operators only: the rule applies to every node carrying these labels.
+	// Operators only: the rule applies to every node carrying these labels
+	// and, as rules attached to a node do, to each of their descendants.
 	Selector map[string]string `protobuf:"bytes,7,rep,name=selector,proto3" json:"selector,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Free-form severity ("info", "warning", "critical", ...) that the
 	// proposal policy can match.

@@ -60,7 +60,8 @@ export type StopRule = Message<"tether.v1.StopRule"> & {
   nodeId: string;
 
   /**
-   * Operators only: the rule applies to every node carrying these labels.
+   * Operators only: the rule applies to every node carrying these labels
+   * and, as rules attached to a node do, to each of their descendants.
    *
    * @generated from field: map<string, string> selector = 7;
    */
