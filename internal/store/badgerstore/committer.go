@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -30,18 +29,7 @@ var afterCommit func()
 // that are waiting when it becomes free into one group commit: it runs
 // their functions one after another, commits all their writes with one
 // synced Badger transaction, and only then answers their callers.
-//
-// It runs on whichever goroutine holds lead: an Update that finds nobody
-// committing commits the queue itself, on its caller's goroutine (a lone
-// Update then costs no hand-off to the committer's goroutine and back);
-// otherwise it wakes the committer's goroutine, which takes what waits as
-// soon as the leader is done. Either way one group commit runs at a time.
 type committer struct {
-	// lead is held by the goroutine committing; it guards revision and
-	// the spare slices.
-	lead     sync.Mutex
-	spare    []*request
-	outcomes []outcome
 	db       *badger.DB
 	queue    *requestQueue
 	hub      *watchHub
@@ -67,49 +55,20 @@ type outcome struct {
 	dependsOn int
 }
 
-// run is the committer's goroutine: woken by queue.ready, it commits what
-// waits, until the queue is closed and empty.
 func (c *committer) run() {
 	defer close(c.done)
-	for range c.queue.ready {
-		c.lead.Lock()
-		closed := c.commitQueued()
-		c.lead.Unlock()
-		if closed {
+	var spare []*request
+	var outcomes []outcome
+	for {
+		reqs := c.queue.take(c.maxBatch, spare)
+		if reqs == nil {
 			return
 		}
-		if c.queue.len() > 0 || c.queue.isClosed() {
-			c.queue.signal()
-		}
-	}
-}
-
-// submit commits the queue on the caller's goroutine if nobody is
-// committing, or else wakes the committer's goroutine (which waits for
-// the leader and then takes what is still queued).
-func (c *committer) submit() {
-	if !c.lead.TryLock() {
-		c.queue.signal()
-		return
-	}
-	c.commitQueued()
-	c.lead.Unlock()
-	if c.queue.len() > 0 {
-		c.queue.signal()
-	}
-}
-
-// commitQueued runs one group commit of what is queued, if anything, and
-// reports whether the queue is closed and empty. lead is held.
-func (c *committer) commitQueued() (closed bool) {
-	reqs, closed := c.queue.take(c.maxBatch, c.spare)
-	if len(reqs) > 0 {
-		c.outcomes = c.runBatch(reqs, c.outcomes[:0])
-		clear(c.outcomes)
+		outcomes = c.runBatch(reqs, outcomes[:0])
+		clear(outcomes)
 		clear(reqs)
+		spare = reqs
 	}
-	c.spare = reqs
-	return closed
 }
 
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {

@@ -48,9 +48,7 @@ func newRequestQueue() *requestQueue {
 	return &requestQueue{ready: make(chan struct{}, 1)}
 }
 
-// push enqueues r, or returns ErrClosed once the queue is closed. It does
-// not wake the committer: the caller either commits the queue itself or
-// signals (committer.lead).
+// push enqueues r, or returns ErrClosed once the queue is closed.
 func (q *requestQueue) push(r *request) error {
 	q.mu.Lock()
 	if q.closed {
@@ -59,6 +57,7 @@ func (q *requestQueue) push(r *request) error {
 	}
 	q.items = append(q.items, r)
 	q.mu.Unlock()
+	q.signal()
 	return nil
 }
 
@@ -69,28 +68,34 @@ func (q *requestQueue) signal() {
 	}
 }
 
-// take returns up to max of the queued requests, oldest first, reusing
-// spare as storage, without waiting: none (an empty slice) when none is
-// queued, and closed once the queue is closed. Only the committer's
-// leader may call it (committer.lead).
-func (q *requestQueue) take(max int, spare []*request) (reqs []*request, closed bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	n := len(q.items)
-	switch {
-	case n == 0:
-		return spare[:0], q.closed
-	case n <= max:
-		// Swap buffers: the common case allocates nothing.
-		out := q.items
-		q.items = spare[:0]
-		return out, false
+// take blocks until at least one request is queued and returns up to max of
+// them, oldest first, reusing spare as storage. It returns nil once the
+// queue is closed and empty. Only one goroutine may call take.
+func (q *requestQueue) take(max int, spare []*request) []*request {
+	for {
+		q.mu.Lock()
+		if n := len(q.items); n > 0 {
+			var out []*request
+			if n <= max {
+				// Swap buffers: the common case allocates nothing.
+				out = q.items
+				q.items = spare[:0]
+			} else {
+				out = append(spare[:0], q.items[:max]...)
+				rest := copy(q.items, q.items[max:])
+				clear(q.items[rest:])
+				q.items = q.items[:rest]
+			}
+			q.mu.Unlock()
+			return out
+		}
+		closed := q.closed
+		q.mu.Unlock()
+		if closed {
+			return nil
+		}
+		<-q.ready
 	}
-	out := append(spare[:0], q.items[:max]...)
-	rest := copy(q.items, q.items[max:])
-	clear(q.items[rest:])
-	q.items = q.items[:rest]
-	return out, false
 }
 
 // close makes further pushes fail; requests already queued are still taken.
@@ -99,13 +104,6 @@ func (q *requestQueue) close() {
 	q.closed = true
 	q.mu.Unlock()
 	q.signal()
-}
-
-// isClosed reports whether close was called.
-func (q *requestQueue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
 }
 
 // len is the number of requests waiting for the committer.
