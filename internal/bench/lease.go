@@ -98,7 +98,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU) // the bench's clients and the server
+		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil) // the bench's clients and the server
 		if err != nil {
 			return fmt.Errorf("unary in process, %d leases: %w", n, err)
 		}
@@ -127,7 +127,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu)
+		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU)
 		if err != nil {
 			return fmt.Errorf("unary, %d leases: %w", n, err)
 		}
@@ -147,6 +147,11 @@ func leaseRenew(ctx context.Context, r *Report) error {
 			// sides (each server in a process of its own): the ratio a
 			// loaded machine does not skew.
 			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-cpu/leases=%d", n), float64(m.cpu)/float64(unary.cpu), "x")
+		}
+		if unary.serverCPU > 0 && m.serverCPU > 0 {
+			// The servers alone: the clients' stacks (Connect over
+			// net/http, gRPC) differ, and count in the ratio above.
+			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-server-cpu/leases=%d", n), float64(m.serverCPU)/float64(unary.serverCPU), "x")
 		}
 		r.Add(fmt.Sprintf("lease/renew/unary-in-process-vs-etcd/leases=%d", n), inProcess.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
@@ -306,6 +311,10 @@ type leaseMeasurement struct {
 	rate     float64
 	p50, p99 time.Duration
 	cpu      time.Duration
+	// serverCPU is the share of cpu the server process spent, when the
+	// server runs in a process of its own (tether serve, etcd): the rest
+	// is the clients', whose stacks differ between the two systems.
+	serverCPU time.Duration
 }
 
 func (m leaseMeasurement) report(r *Report, name string) {
@@ -314,6 +323,9 @@ func (m leaseMeasurement) report(r *Report, name string) {
 	r.Add(name+"/p99", float64(m.p99.Microseconds())/1000, "ms")
 	if m.cpu > 0 {
 		r.Add(name+"/cpu-per-renew", float64(m.cpu.Nanoseconds())/1000, "µs")
+	}
+	if m.serverCPU > 0 {
+		r.Add(name+"/server-cpu-per-renew", float64(m.serverCPU.Nanoseconds())/1000, "µs")
 	}
 }
 
@@ -327,6 +339,9 @@ type recorder struct {
 	// and sends the renews (client and server): the recorder reports it
 	// per renew, a figure that does not depend on the machine's load.
 	cpu func() (time.Duration, bool)
+	// serverCPU, when set, is the part of cpu spent by the server's own
+	// process, read at the same moments.
+	serverCPU func() (time.Duration, bool)
 }
 
 func (rec *recorder) add(local *[]time.Duration, d time.Duration) {
@@ -353,21 +368,30 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 		_ = wait()
 		return leaseMeasurement{}, err
 	}
-	var cpuStart time.Duration
-	cpuOK := rec.cpu != nil
+	var cpuStart, serverStart time.Duration
+	cpuOK, serverOK := rec.cpu != nil, rec.serverCPU != nil
 	if cpuOK {
 		cpuStart, cpuOK = rec.cpu()
+	}
+	if serverOK {
+		serverStart, serverOK = rec.serverCPU()
 	}
 	rec.measuring.Store(true)
 	start := time.Now()
 	serr := sleep(d)
 	rec.measuring.Store(false)
 	elapsed := time.Since(start)
-	var cpu time.Duration
+	var cpu, serverCPU time.Duration
 	if cpuOK {
 		cpuEnd, ok := rec.cpu()
 		if n := rec.count.Load(); ok && n > 0 {
 			cpu = (cpuEnd - cpuStart) / time.Duration(n)
+		}
+	}
+	if serverOK {
+		serverEnd, ok := rec.serverCPU()
+		if n := rec.count.Load(); ok && n > 0 {
+			serverCPU = (serverEnd - serverStart) / time.Duration(n)
 		}
 	}
 	cancel()
@@ -384,7 +408,7 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	pct := func(p float64) time.Duration {
 		return rec.samples[min(len(rec.samples)-1, int(p*float64(len(rec.samples))))]
 	}
-	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu}, nil
+	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu, serverCPU: serverCPU}, nil
 }
 
 // leaseHolder is an agent that holds leases, with its own connection.
@@ -494,9 +518,9 @@ func checkRenewed(d *tetherv1.Decision) error {
 
 // measureUnaryRenew renews each lease in a closed loop of unary calls;
 // cpu counts the CPU time of the clients and the server.
-func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu func() (time.Duration, bool)) (leaseMeasurement, error) {
+func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool)) (leaseMeasurement, error) {
 	w := newWorkers(ctx)
-	rec := &recorder{cpu: cpu}
+	rec := &recorder{cpu: cpu, serverCPU: serverCPU}
 	for _, l := range leases {
 		w.wg.Go(func() {
 			var local []time.Duration
@@ -733,7 +757,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 		revs[i] = resp.Header.Revision
 	}
 	w := newWorkers(ctx)
-	rec := &recorder{cpu: etcd.cpu}
+	rec := &recorder{cpu: etcd.cpu, serverCPU: func() (time.Duration, bool) { return childCPU(etcd.pid) }}
 	for i := range n {
 		w.wg.Go(func() {
 			var local []time.Duration

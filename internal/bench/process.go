@@ -38,6 +38,9 @@ func (p *processServer) cpu() (time.Duration, bool) {
 	return server + clients, ok1 && ok2
 }
 
+// serverCPU is the CPU time of the server process alone.
+func (p *processServer) serverCPU() (time.Duration, bool) { return childCPU(p.pid) }
+
 // buildTether builds cmd/tether into dir.
 func buildTether(dir string) (string, error) {
 	_, file, _, ok := runtime.Caller(0)

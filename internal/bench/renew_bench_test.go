@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -180,4 +182,70 @@ func BenchmarkRenewUnary64(b *testing.B) {
 	b.StopTimer()
 	cpuEnd, _ := processCPU()
 	b.ReportMetric(float64((cpuEnd-cpuStart).Microseconds())/float64(b.N), "cpu-µs/op")
+}
+
+// BenchmarkUnaryVsEtcd takes lease/renew's unary-vs-etcd figures at 1 and
+// 8 leases apart: the real `tether serve` in a process of its own and
+// etcd's fenced compare-and-swap, measured back to back for a second each,
+// several rounds per benchmark iteration, reporting the medians of the
+// per-round ratios (rate, and renews per CPU-second) and of the CPU per
+// renew. Interleaving each round keeps a shared machine's swings out of
+// the ratios, which is what an A/B of the unary path needs:
+//
+//	go test -run '^$' -bench 'UnaryVsEtcd' -benchtime 1x ./internal/bench/
+func BenchmarkUnaryVsEtcd(b *testing.B) {
+	ctx := context.Background()
+	r := &Report{Dir: b.TempDir()}
+	proc, err := startProcessServer(ctx, r, "--rate-limit", "0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(proc.stop)
+	etcd, err := startEtcd(ctx, r)
+	if errors.Is(err, etcdlocal.ErrNoBinary) {
+		b.Skip("etcd is not installed")
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(etcd.stop)
+	holders, err := leaseHolders(ctx, proc, leaseStreams(8))
+	if err != nil {
+		b.Fatal(err)
+	}
+	const rounds = 5
+	for _, n := range []int{1, 8} {
+		b.Run("leases="+strconv.Itoa(n), func(b *testing.B) {
+			leases, err := offerLeases(ctx, proc, holders, n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var rate, perCPU, cpu, etcdCPU, serverCPU, etcdServerCPU []float64
+			for b.Loop() {
+				for range rounds {
+					u, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU)
+					if err != nil {
+						b.Fatal(err)
+					}
+					e, err := measureEtcdRenew(ctx, time.Second, etcd, n)
+					if err != nil {
+						b.Fatal(err)
+					}
+					serverCPU = append(serverCPU, float64(u.serverCPU.Microseconds()))
+					etcdServerCPU = append(etcdServerCPU, float64(e.serverCPU.Microseconds()))
+					rate = append(rate, u.rate/e.rate)
+					perCPU = append(perCPU, float64(e.cpu)/float64(u.cpu))
+					cpu = append(cpu, float64(u.cpu.Microseconds()))
+					etcdCPU = append(etcdCPU, float64(e.cpu.Microseconds()))
+				}
+			}
+			median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+			b.ReportMetric(median(rate), "vs-etcd")
+			b.ReportMetric(median(perCPU), "vs-etcd-per-cpu")
+			b.ReportMetric(median(cpu), "cpu-µs/renew")
+			b.ReportMetric(median(etcdCPU), "etcd-cpu-µs/renew")
+			b.ReportMetric(median(serverCPU), "server-cpu-µs/renew")
+			b.ReportMetric(median(etcdServerCPU), "etcd-server-cpu-µs/renew")
+		})
+	}
 }
