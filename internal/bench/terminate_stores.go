@@ -91,6 +91,13 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 				// Commit requests: Updates whose commits went merged
 				// (etcd's group commit) share one.
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/commit-requests/agents=%d", agents), float64(after.CommitRequests-before.CommitRequests), "requests")
+				// The volume: ranges asked for and keys returned by the
+				// reads, comparisons and writes carried by the commits.
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/ranges/agents=%d", agents), float64(after.Ranges-before.Ranges), "ranges")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/keys-read/agents=%d", agents), float64(after.KeysRead-before.KeysRead), "keys")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/compares/agents=%d", agents), float64(after.Compares-before.Compares), "compares")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/writes/agents=%d", agents), float64(after.Writes-before.Writes), "writes")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/watch-events/agents=%d", agents), float64(after.WatchEvents-before.WatchEvents), "events")
 			}
 			times[backend] = elapsed
 			if cpuOK {
