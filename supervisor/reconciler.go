@@ -127,6 +127,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		}
 		now := s.Clock.Now()
 		action, wake := Next(t, progress, now)
+
 		switch action {
 		case ActNone:
 			return time.Time{}, nil
@@ -214,6 +215,12 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			case ledger.CallStateEnded:
 				ended = append(ended, cid)
 			}
+		}
+		if countHooks && t.HeldIndexed {
+			if p.HooksPending, err = pendingHeld(tx, t, now); err != nil {
+				return err
+			}
+			countHooks = false
 		}
 		if !countHooks && !countConfirmations {
 			return nil
@@ -332,4 +339,47 @@ func recordIDOf(tx store.ReadTxn, terminationID string) (string, error) {
 type terminationPhase struct {
 	ID    string `json:"termination_id"`
 	Phase Phase  `json:"phase"`
+}
+
+// pendingHeld counts the undecided, unexpired privileges of t's members,
+// from the held index: the privileges its revocation listed, less those of
+// nodes another termination has taken over since (only the nodes of
+// privileges still pending are read).
+func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) (int, error) {
+	items, err := readHeld(tx, t.ID, heldPrivilege, 0, -1)
+	if err != nil || len(items) == 0 {
+		return 0, err
+	}
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.id
+	}
+	privs, err := privilege.ByID(tx, ids)
+	if err != nil {
+		return 0, err
+	}
+	var pending []privilege.Privilege
+	for _, p := range privs {
+		if privilege.Pending([]privilege.Privilege{p}, now) > 0 {
+			pending = append(pending, p)
+		}
+	}
+	nodes := make([]string, len(pending))
+	for i, p := range pending {
+		nodes[i] = p.NodeID
+	}
+	if err := store.Prefetch(tx, store.KeysOf(nodes, tree.NodeKey), nil); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range pending {
+		node, err := tree.GetNodeIn(tx, p.NodeID)
+		if err != nil {
+			return 0, err
+		}
+		if node.TerminationID == t.ID {
+			n++
+		}
+	}
+	return n, nil
 }

@@ -174,6 +174,11 @@ type Termination struct {
 	Indexed bool `json:"indexed,omitempty"`
 	// Counts counts the subtree index's lists.
 	Counts Counts `json:"counts,omitzero"`
+	// HeldIndexed: the revocation listed, chunk by chunk, the grants and
+	// privileges its members hold in the held index (chunks.go), and the
+	// steps after it read them there. (A termination whose revocation
+	// began before the held index lists them node by node, as it did.)
+	HeldIndexed bool `json:"held_indexed,omitempty"`
 	// TookOverFrom and SupersededBy name, once each, the terminations this
 	// one took nodes over from and the ones that account for nodes of its
 	// subtree instead of it (an Indexed termination's TakenOver and
