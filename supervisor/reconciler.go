@@ -127,7 +127,6 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		}
 		now := s.Clock.Now()
 		action, wake := Next(t, progress, now)
-
 		switch action {
 		case ActNone:
 			return time.Time{}, nil
