@@ -647,6 +647,22 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 // their orders get them at once), and advances when both are done.
 func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
 	budget := s.chunkSize()
+	// An escalation's entries are read before its transaction, as the
+	// record's are: an entry never changes once the mark wrote it, and the
+	// cursor the transaction reads says which are still to do.
+	var entries []subtreeEntry
+	if action == ActEscalate {
+		from := 0
+		if t.Cursor.Step == action {
+			from = t.Cursor.Entry
+		}
+		var err error
+		if entries, err = store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]subtreeEntry, error) {
+			return readEntries(tx, &t, from, budget)
+		}); err != nil {
+			return err
+		}
+	}
 	// (When the termination moved on, or another pass did this chunk, it
 	// is read again.)
 	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
@@ -656,7 +672,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		cur := &stored.Cursor
 		stored.UpdatedAt = now
 		if action == ActEscalate && cur.Entry < stored.Counts.Listed {
-			entries, nodes, err := readChunk(tx, &stored, cur.Entry, budget, false)
+			nodes, err := entryNodes(tx, entries, false)
 			if err != nil {
 				return err
 			}
