@@ -259,6 +259,32 @@ func readChunk(tx store.ReadTxn, t *Termination, from, limit int, all bool) ([]s
 	return entries, nodes, err
 }
 
+// ownedIn reads up to limit entries of t's index from sequence from, and
+// the members among them whose node still names t. While t, as stored in
+// tx, says no member has been taken over since the mark (MembersIntact),
+// every member the index lists still names it, and no node is read.
+func ownedIn(tx store.ReadTxn, t Termination, from, limit int) ([]subtreeEntry, []string, error) {
+	var stored Termination
+	if err := getTermination(tx, t.ID, &stored); err != nil {
+		return nil, nil, err
+	}
+	if !stored.MembersIntact {
+		entries, nodes, err := readChunk(tx, &t, from, limit, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		return entries, owned(t, entries, nodes), nil
+	}
+	entries, err := readEntries(tx, &t, from, limit)
+	var ids []string
+	for _, e := range entries {
+		if e.member() {
+			ids = append(ids, e.Node)
+		}
+	}
+	return entries, ids, err
+}
+
 // owned is the entries' members whose node still names t.
 func owned(t Termination, entries []subtreeEntry, nodes map[string]*tree.Node) []string {
 	var ids []string
@@ -343,6 +369,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
+			t.MembersIntact = true
 			roots := t.RootIDs()
 			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
 				return err
@@ -746,11 +773,11 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	seqOf := map[string]int{}
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, nodes, err := readChunk(tx, &t, cur.Entry, s.chunkSize(), false)
+		entries, members, err := ownedIn(tx, t, cur.Entry, s.chunkSize())
 		if err != nil {
 			return err
 		}
-		ids, read = owned(t, entries, nodes), max(1, len(entries))
+		ids, read = members, max(1, len(entries))
 		for i, e := range entries {
 			seqOf[e.Node] = cur.Entry + i
 		}
@@ -853,13 +880,12 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	var held []heldItem
 	var entries []subtreeEntry
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		var nodes map[string]*tree.Node
 		var err error
-		entries, nodes, err = readChunk(tx, &t, t.Cursor.Entry, budget, false)
+		entries, ids, err = ownedIn(tx, t, t.Cursor.Entry, budget)
 		if err != nil {
 			return err
 		}
-		ids, held = owned(t, entries, nodes), nil
+		held = nil
 		if t.HeldIndexed && len(ids) > 0 {
 			held, err = readHeld(tx, t.ID, heldGrant, t.Cursor.Entry, t.Cursor.Entry+len(entries))
 			held = heldOf(held, setOf(ids))
