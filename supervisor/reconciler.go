@@ -133,13 +133,25 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		case ActWait:
 			if progress.HooksPending > 0 && s.Privileges != nil {
 				// After a restart the revocations still undecided are
-				// started again (a no-op for those already running).
-				members, err := s.Members(ctx, t)
-				if err != nil {
-					return time.Time{}, err
-				}
-				if err := s.Privileges.Dispatch(ctx, members, t.HookDeadline, func() { s.Kick(t.ID) }); err != nil {
-					return time.Time{}, err
+				// started again (a no-op for those already running):
+				// those the held index lists, or else every member's.
+				kick := func() { s.Kick(t.ID) }
+				if t.HeldIndexed {
+					pending, err := store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]privilege.Privilege, error) { return pendingHeld(tx, t, now) })
+					if err == nil {
+						err = s.Privileges.DispatchRead(ctx, pending, t.HookDeadline, kick)
+					}
+					if err != nil {
+						return time.Time{}, err
+					}
+				} else {
+					members, err := s.Members(ctx, t)
+					if err != nil {
+						return time.Time{}, err
+					}
+					if err := s.Privileges.Dispatch(ctx, members, t.HookDeadline, kick); err != nil {
+						return time.Time{}, err
+					}
 				}
 			}
 			if progress != t.Progress {
@@ -216,10 +228,11 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			}
 		}
 		if countHooks && t.HeldIndexed {
-			if p.HooksPending, err = pendingHeld(tx, t, now); err != nil {
+			pending, err := pendingHeld(tx, t, now)
+			if err != nil {
 				return err
 			}
-			countHooks = false
+			p.HooksPending, countHooks = len(pending), false
 		}
 		if !countHooks && !countConfirmations {
 			return nil
@@ -340,14 +353,14 @@ type terminationPhase struct {
 	Phase Phase  `json:"phase"`
 }
 
-// pendingHeld counts the undecided, unexpired privileges of t's members,
-// from the held index: the privileges its revocation listed, less those of
-// nodes another termination has taken over since (only the nodes of
-// privileges still pending are read).
-func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) (int, error) {
+// pendingHeld is the undecided, unexpired privileges of t's members, from
+// the held index: the privileges its revocation listed, less those of nodes
+// another termination has taken over since (only the nodes of privileges
+// still pending are read).
+func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) ([]privilege.Privilege, error) {
 	items, err := readHeld(tx, t.ID, heldPrivilege, 0, -1)
 	if err != nil || len(items) == 0 {
-		return 0, err
+		return nil, err
 	}
 	ids := make([]string, len(items))
 	for i, it := range items {
@@ -355,30 +368,28 @@ func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) (int, error) {
 	}
 	privs, err := privilege.ByID(tx, ids)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	var pending []privilege.Privilege
+	var nodes []string
 	for _, p := range privs {
 		if privilege.Pending([]privilege.Privilege{p}, now) > 0 {
 			pending = append(pending, p)
+			nodes = append(nodes, p.NodeID)
 		}
 	}
-	nodes := make([]string, len(pending))
-	for i, p := range pending {
-		nodes[i] = p.NodeID
-	}
 	if err := store.Prefetch(tx, store.KeysOf(nodes, tree.NodeKey), nil); err != nil {
-		return 0, err
+		return nil, err
 	}
-	n := 0
+	out := pending[:0]
 	for _, p := range pending {
 		node, err := tree.GetNodeIn(tx, p.NodeID)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		if node.TerminationID == t.ID {
-			n++
+			out = append(out, p)
 		}
 	}
-	return n, nil
+	return out, nil
 }
