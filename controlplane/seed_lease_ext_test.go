@@ -164,6 +164,17 @@ func TestSeedLeaseProgressDatedInTheFutureDecidesNothing(t *testing.T) {
 	// And a higher sequence dated in the past is simply the next one.
 	r = send(6, "60%", now.Add(-10*time.Hour))
 	wantDecision(t, "the next sequence dated in the past", r.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+	// The last second the wire allows: the skew used to go unnoted (the
+	// difference saturates and its negation overflowed).
+	r = send(7, "70%", time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC))
+	wantDecision(t, "progress dated in the year 9999", r.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+	const note = "sent_at 9999-12-31T23:59:59Z differs from the coordinator clock by more than 290 years"
+	if !strings.Contains(r.Decision.Reason, note) {
+		t.Fatalf("the skew of a date in the year 9999 is not noted: %q", r.Decision.Reason)
+	}
+	if ev := w.evidence(t, job); !strings.Contains(ev[len(ev)-1].Reason, note) || !r.Lease.ExpiresAt.AsTime().Equal(l.ExpiresAt.AsTime()) {
+		t.Fatalf("the evidence row does not keep the note, or the expiry moved: %v", ev[len(ev)-1])
+	}
 }
 
 // Reading what it should not: a former holder's late traffic is judged (as
