@@ -225,3 +225,74 @@ func TestSeedLeaseAFormerHolderReadsNothingOfItsSuccessor(t *testing.T) {
 		}
 	})
 }
+
+// Seed §9 and §10: a job whose end cannot be told is reconciled as
+// UNRESOLVED only for a bound, on the coordinator's clock. Meanwhile the
+// holder's success, renew and progress change nothing (late evidence);
+// the coordinator may still settle it (CANCELLED); if nobody does, the
+// coordinator itself closes it as FAILED when the bound elapses — never
+// success — and nothing changes it afterwards.
+func TestSeedLeaseUnresolvedIsBoundedOnTheCoordinatorsClock(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	unresolved := func(job string) *tetherv1.Lease {
+		t.Helper()
+		l, _ := unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+		if _, err := w.plannerC.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "worker unreachable"})); err != nil {
+			t.Fatal(err)
+		}
+		r, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED,
+			UnresolvedBound: durationpb.New(2 * time.Minute), Reason: "cannot tell whether it stopped"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantDecision(t, "resolve as UNRESOLVED", r.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
+		if got := r.Msg.Lease; got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED || !got.UnresolvedUntil.AsTime().Equal(w.clock.Now().Add(2*time.Minute)) {
+			t.Fatalf("the unresolved lease: %v", got)
+		}
+		return l
+	}
+	settled, lapsed := w.job(), w.job()
+	ls := unresolved(settled)
+	ll := unresolved(lapsed)
+
+	for _, l := range []*tetherv1.Lease{ls, ll} {
+		before := w.get(t, l.JobId)
+		for _, m := range []*tetherv1.ChannelRequest{complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS), complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED), renew(l, 1)} {
+			if _, d := (unary{w.w1C}).send(t, m); d.Outcome != tetherv1.Outcome_OUTCOME_REJECTED {
+				t.Fatalf("%T while UNRESOLVED: %v", m.Message, d)
+			}
+		}
+		_, d := unary{w.w1C}.send(t, progress(l, 1, "still going"))
+		wantDecision(t, "progress while UNRESOLVED", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS)
+		after := w.get(t, l.JobId)
+		if after.TerminalResult != before.TerminalResult || after.State != before.State || after.ProgressSequence != 0 || !after.LateProgress {
+			t.Fatalf("the holder changed an UNRESOLVED job:\nbefore %v\nafter  %v", before, after)
+		}
+	}
+
+	r, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: settled, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "confirmed stopped"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecision(t, "settling within the bound", r.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
+
+	w.clock.Advance(2 * time.Minute)
+	testserver.WaitFor(t, 20*time.Second, "the coordinator to close the lapsed UNRESOLVED job", func() bool {
+		return w.get(t, lapsed).TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED
+	})
+	ev := w.evidence(t, lapsed)
+	if last := ev[len(ev)-1]; last.Message != "tick" || last.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_FAILED || !strings.Contains(last.Reason, "FAILED") {
+		t.Fatalf("the coordinator's closing row: %v", last)
+	}
+	closed := w.get(t, lapsed)
+	r, err = w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: lapsed, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "too late"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecision(t, "settling after the bound", r.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+	w.sameLease(t, "settling after the bound", closed)
+	if got := w.get(t, settled); got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED {
+		t.Fatalf("the settled job after the bound: %v", got)
+	}
+}
