@@ -255,6 +255,12 @@ type Job struct {
 	done   chan struct{}
 	once   sync.Once
 
+	// The generation this Job accepted. Every message it sends and its
+	// fencing header speak for it, whatever later generation an answer
+	// shows: a Job that lost its lease must never pass for its successor.
+	jobID, leaseID string
+	generation     uint64
+
 	mu          sync.Mutex
 	lease       *tetherv1.Lease
 	renewSeq    uint64
@@ -286,7 +292,8 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 		return nil, d, fmt.Errorf("agentsdk: ack of job %q refused: %s %s", offered.GetJobId(), d.GetAuditEvent(), d.GetReason())
 	}
 	jctx, cancel := context.WithCancelCause(context.Background())
-	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l}
+	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l,
+		jobID: offered.GetJobId(), leaseID: offered.GetLeaseId(), generation: offered.GetLeaseGeneration()}
 	go j.renewLoop()
 	return j, d, nil
 }
@@ -304,11 +311,11 @@ func (j *Job) Lease() *tetherv1.Lease {
 	return j.lease
 }
 
-// Header sets the fencing headers a Fence middleware checks.
+// Header sets the fencing headers a Fence middleware checks: the job and
+// the generation this Job accepted.
 func (j *Job) Header(h http.Header) {
-	l := j.Lease()
-	h.Set(HeaderJobID, l.GetJobId())
-	h.Set(HeaderLeaseGeneration, strconv.FormatUint(l.GetLeaseGeneration(), 10))
+	h.Set(HeaderJobID, j.jobID)
+	h.Set(HeaderLeaseGeneration, strconv.FormatUint(j.generation, 10))
 }
 
 // Stop ends the renew loop without a message (the lease runs out on the
@@ -323,8 +330,7 @@ func (j *Job) end(cause error) {
 }
 
 func (j *Job) claim() (job, leaseID string, generation uint64, sent *timestamppb.Timestamp) {
-	l := j.Lease()
-	return l.GetJobId(), l.GetLeaseId(), l.GetLeaseGeneration(), timestamppb.New(j.w.cfg.Clock.Now())
+	return j.jobID, j.leaseID, j.generation, timestamppb.New(j.w.cfg.Clock.Now())
 }
 
 func (j *Job) renewLoop() {

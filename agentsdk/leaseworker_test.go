@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -293,4 +294,55 @@ func TestLeaseWorkerCancelsTheJobOnAnOwnershipConflict(t *testing.T) {
 	if got := s.get(t, "job-c"); got.OwnershipConflict || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_FAILED {
 		t.Fatalf("after Resolve: %v", got)
 	}
+}
+
+// A Job speaks for its own generation only. The coordinator reassigns the
+// job to the same worker (generation 2), which accepts it as a new Job;
+// the old Job learns from a stale answer that it lost the lease. A zombie
+// that keeps working with the old Job must not pass for generation 2: its
+// fencing header still says generation 1 (a Fence refuses it once it saw
+// generation 2), and its late success is judged as generation 1's and
+// refused. The old Job used to adopt the answered lease — generation 2's
+// id and number — so its header passed the fence and its success completed
+// the new generation.
+func TestLeaseWorkerAStaleJobNeverSpeaksForTheNextGeneration(t *testing.T) {
+	s := newLeaseSetup(t)
+	w := s.newWorker(t, t.TempDir(), time.Hour) // renewals driven by the test
+	ctx := context.Background()
+	old, d, err := w.Accept(ctx, s.offer(t, "job-1", time.Minute), agentsdk.JobOptions{})
+	accepted(t, "accept generation 1", d, err)
+	r, err := s.planner.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-1", HolderIdentity: s.node, LeaseDuration: durationpb.New(time.Minute), Reason: "restart the job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err = old.Renew(ctx)
+	if err != nil || d.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION {
+		t.Fatalf("the old job's renew after the reassignment: %v %v", d, err)
+	}
+	if !errors.Is(context.Cause(old.Context()), agentsdk.ErrLeaseLost) {
+		t.Fatalf("the old job's context cause: %v", context.Cause(old.Context()))
+	}
+	current, d, err := w.Accept(ctx, r.Msg.Lease, agentsdk.JobOptions{})
+	accepted(t, "accept generation 2", d, err)
+
+	h := http.Header{}
+	old.Header(h)
+	if got := h.Get(agentsdk.HeaderLeaseGeneration); got != "1" {
+		t.Fatalf("the old job's fencing header says generation %s, want 1", got)
+	}
+	var fence agentsdk.Fence
+	fence.Observe("job-1", 2) // the tool server saw generation 2's side effects
+	gen, _ := strconv.ParseUint(h.Get(agentsdk.HeaderLeaseGeneration), 10, 64)
+	if err := fence.Admit("job-1", gen); !errors.Is(err, agentsdk.ErrFenced) {
+		t.Fatalf("the fence admitted the old job's side effect: %v", err)
+	}
+	d, err = old.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "zombie")
+	if err != nil || d.Outcome != tetherv1.Outcome_OUTCOME_REJECTED || d.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION {
+		t.Fatalf("the old job's success: %v %v, want REJECTED STALE_GENERATION", d, err)
+	}
+	if l := s.get(t, "job-1"); l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || l.LeaseGeneration != 2 {
+		t.Fatalf("after the old job's success: %v", l)
+	}
+	d, err = current.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "done")
+	accepted(t, "generation 2's success", d, err)
 }

@@ -236,8 +236,14 @@ func TestLeaseProbeLateRenewFromAnExpiredGeneration(t *testing.T) {
 			t.Fatalf("generation 8: %v", gen8)
 		}
 
-		after, d := w1.send(t, renew(gen7, 1))
+		answer, d := w1.send(t, renew(gen7, 1))
 		wantDecision(t, "late renew from generation 7", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+		// The former holder is told only that generation 8 is active; the
+		// coordinating side reads the rest.
+		if answer.LeaseGeneration != 8 || answer.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || answer.HolderIdentity != "" {
+			t.Fatalf("the answer to the late renew: %v", answer)
+		}
+		after := w.get(t, job)
 		if after.LeaseGeneration != 8 || after.HolderIdentity != w.w2 || after.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE ||
 			!after.ExpiresAt.AsTime().Equal(gen8.ExpiresAt.AsTime()) || after.RenewSequence != 0 || !after.StaleGeneration {
 			t.Fatalf("after the late renew: %v", after)

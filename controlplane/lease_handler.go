@@ -82,6 +82,8 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 		return nil, noLease(m.Job())
 	case errors.Is(err, errNotParty):
 		res, err = h.judgeForLineage(ctx, p, m)
+	default:
+		res = forParty(p.NodeID(), res)
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -113,6 +115,24 @@ func partyGuard(caller string, m lease.Message) func(lease.Lease) error {
 		}
 		return errNotParty
 	}
+}
+
+// forParty is the answer to a party's judged message. The holder sees its
+// lease. A former holder (its late traffic is judged as stale evidence)
+// may read nothing of the generation that replaced its own — GetLease and
+// Evidence refuse it — so its answer says only that it was fenced off: the
+// job, the current generation and its state; the reason keeps its
+// judgement but withholds the current lease id and holder. The evidence
+// row keeps everything.
+func forParty(caller string, r coordinator.Result) coordinator.Result {
+	l := r.Lease
+	if !l.Exists() || l.HolderIdentity == caller {
+		return r
+	}
+	withheld := strings.NewReplacer(strconv.Quote(l.LeaseID), "(withheld)", strconv.Quote(l.HolderIdentity), "(withheld)")
+	r.Decision.Reason = withheld.Replace(r.Decision.Reason)
+	r.Lease = lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
+	return r
 }
 
 // noLease is the one answer a caller gets for a job it may not touch,
@@ -727,6 +747,8 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 				out.pushResult(correlation, r, err)
 			}()
 			return
+		case err == nil:
+			r = forParty(p.NodeID(), r)
 		}
 		out.pushResult(correlation, r, err)
 	})

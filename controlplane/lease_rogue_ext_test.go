@@ -304,7 +304,8 @@ func TestLeaseFormerHolderLateRenewIsRecordedStale(t *testing.T) {
 	if got := w.get(t, job); got.HolderIdentity != w.w2 || got.LeaseGeneration != 2 || !got.StaleGeneration || got.OwnershipConflict {
 		t.Fatalf("after the late renew: %v", got)
 	}
-	// The rogue former holder now knows generation 2's lease id and claims
+	// The rogue former holder learns generation 2's lease id (a stale
+	// answer no longer shows it) and claims
 	// it, hoping to record a conflict and halt w2's work: it does not hold
 	// generation 2, so it is a stranger to it, refused before the machine.
 	before := w.get(t, job)

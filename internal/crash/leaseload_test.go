@@ -162,7 +162,9 @@ func (j *job) readNotFound() bool {
 
 // observe takes an answer's lease into the clients' view.
 func (j *job) observe(l *tetherv1.Lease) {
-	if l == nil || l.LeaseGeneration == 0 {
+	if l == nil || l.LeaseGeneration == 0 || l.HolderIdentity == "" {
+		// No lease, or the answer to a former holder, which withholds the
+		// lease that replaced its own: the coordinator's reads tell more.
 		return
 	}
 	j.mu.Lock()

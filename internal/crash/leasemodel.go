@@ -199,6 +199,20 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 	}
 	s := state
 	seen := out.Lease
+	if seen.Exists && seen.Holder == "" {
+		// The answer to a former holder's (stale) message withholds the
+		// lease that replaced its own: it shows the generation and its
+		// state only (controlplane's forParty).
+		if seen.Generation == s.Generation && seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
+			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
+			s.State = tetherv1.LeaseState_LEASE_STATE_EXPIRED
+		}
+		next, outcome := judge(s, in, unknownLeaseID)
+		if outcome != out.Outcome || next.Generation != seen.Generation || next.State != seen.State {
+			return nil
+		}
+		return []any{next}
+	}
 	if s.Exists && seen.Exists && seen.Generation == s.Generation {
 		// The answer names the lease id the server chose for a
 		// generation whose own answer was lost.

@@ -37,6 +37,9 @@ func TestLeaseModelAcceptsASequentialHistory(t *testing.T) {
 	h.add(6, 7, LeaseInput{Op: OpRenew, Job: "j", Holder: "w1", LeaseID: "L1", Generation: 1, Sequence: 1}, answered(duplicate, view(1, "L1", "w1", active, 1)))
 	h.add(8, 9, LeaseInput{Op: OpReassign, Job: "j", Holder: "w2"}, answered(accepted, view(2, "L2", "w2", offered, 0)))
 	h.add(10, 11, LeaseInput{Op: OpRenew, Job: "j", Holder: "w1", LeaseID: "L1", Generation: 1, Sequence: 2}, answered(rejected, view(2, "L2", "w2", offered, 0)))
+	// A former holder's answer withholds the successor's lease: the
+	// generation and its state only.
+	h.add(10, 11, LeaseInput{Op: OpRenew, Job: "j", Holder: "w1", LeaseID: "L1", Generation: 1, Sequence: 3}, answered(rejected, LeaseView{Exists: true, Generation: 2, State: offered}))
 	h.add(12, 13, LeaseInput{Op: OpGet, Job: "j"}, answered(0, view(2, "L2", "w2", offered, 0)))
 	h.add(0, 1, LeaseInput{Op: OpGet, Job: "other"}, answered(0, LeaseView{}))
 	if res := porcupine.CheckOperations(LeaseModel(), h); !res {
@@ -80,6 +83,10 @@ func TestLeaseModelRejectsViolations(t *testing.T) {
 		"a stale generation accepted after a reassignment": func(h *history) {
 			h.add(10, 11, LeaseInput{Op: OpReassign, Job: "j", Holder: "w2"}, answered(accepted, view(2, "L2", "w2", offered, 0)))
 			h.add(12, 13, renew(4), answered(accepted, view(1, "L1", "w1", active, 4)))
+		},
+		"a former holder's withheld answer naming a generation never issued": func(h *history) {
+			h.add(10, 11, LeaseInput{Op: OpReassign, Job: "j", Holder: "w2"}, answered(accepted, view(2, "L2", "w2", offered, 0)))
+			h.add(12, 13, renew(4), answered(rejected, LeaseView{Exists: true, Generation: 3, State: offered}))
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

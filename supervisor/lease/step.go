@@ -2,6 +2,7 @@ package lease
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 )
@@ -211,10 +212,16 @@ func (j *judge) compose(m Message, reason string) string {
 	parts := append(append([]string(nil), j.notes...), reason)
 	if w, ok := m.(workerMessage); ok {
 		if sent := w.claimed().SentAt; !sent.IsZero() {
+			// Sub saturates for dates centuries off, and negating the
+			// most negative Duration overflows: compare without negating.
 			skew := j.now.Sub(sent)
-			if skew > j.p.SkewAllowance || -skew > j.p.SkewAllowance {
+			if skew > j.p.SkewAllowance || skew < -j.p.SkewAllowance {
+				by := skew.String()
+				if skew == math.MinInt64 || skew == math.MaxInt64 {
+					by = "more than 290 years"
+				}
 				parts = append(parts, fmt.Sprintf("worker sent_at %s differs from the coordinator clock by %s (allowance %s); sent_at is evidence only",
-					ts(sent), skew, j.p.SkewAllowance))
+					ts(sent), by, j.p.SkewAllowance))
 			}
 		}
 	}

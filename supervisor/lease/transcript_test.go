@@ -29,8 +29,9 @@ import (
 //
 // Message arguments: job (default j1), lease, gen, holder, seq, value, sent,
 // result, detail, duration, ack_timeout, owner, reason, bound,
-// resolve_conflict, automatic, last_alive, extend_to. Times are offsets from the transcript
-// epoch. Every step is also checked against the invariants in checkStep.
+// resolve_conflict, automatic, last_alive, extend_to. Times are offsets from
+// the transcript epoch, or absolute RFC 3339 dates (for times no offset
+// reaches). Every step is also checked against the invariants in checkStep.
 func TestTranscripts(t *testing.T) {
 	files, err := filepath.Glob(filepath.Join("testdata", "*.txt"))
 	if err != nil {
@@ -202,6 +203,9 @@ func (tr *transcript) parseTime(s string) (time.Time, error) {
 func offsetTime(s string) (time.Time, error) {
 	if s == "-" {
 		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil // an absolute date, for times no offset reaches
 	}
 	d, err := time.ParseDuration(s)
 	return epoch.Add(d), err

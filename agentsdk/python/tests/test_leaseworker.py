@@ -66,3 +66,23 @@ def test_undeliverable_progress_is_spooled_and_replayed_by_a_later_worker(server
     assert again.replay() == 1 and again.pending == 0
     assert lease(tree.operator, job_id)["progressValue"] == "three quarters"
     again.close()
+
+
+def test_a_job_that_lost_its_lease_never_speaks_for_the_next_generation(server, tree, tmp_path):
+    # The job is reassigned to the same worker (generation 2) and accepted
+    # again; the old Job learns from a stale answer that it lost the lease.
+    # Its fencing headers and its late success still speak for generation 1.
+    child = tree.root.spawn("worker")
+    job_id = "job-zombie-" + child.node_id
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    old = w.accept(offer(tree.operator, job_id, child.node_id))
+    gen2 = tree.operator.call("LeaseService", "Reassign", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "30s", "reason": "restart"})["lease"]
+    assert old.renew()["auditEvent"] == "AUDIT_EVENT_STALE_GENERATION"
+    assert old.stopped.is_set()
+    current = w.accept(gen2)
+    assert old.headers() == {"Tether-Job-Id": job_id, "Tether-Lease-Generation": "1"}
+    assert old.complete(SUCCESS, "zombie")["auditEvent"] == "AUDIT_EVENT_STALE_GENERATION"
+    assert lease(tree.operator, job_id).get("terminalResult", "TERMINAL_RESULT_UNSPECIFIED") == "TERMINAL_RESULT_UNSPECIFIED"
+    assert current.headers() == {"Tether-Job-Id": job_id, "Tether-Lease-Generation": "2"}
+    assert current.complete(SUCCESS, "done")["outcome"] == "OUTCOME_ACCEPTED"
+    w.close()

@@ -100,6 +100,11 @@ export class LeaseWorker {
 export class Job {
   readonly #worker: LeaseWorker;
   readonly #options: JobOptions;
+  // The generation this job accepted: its claims and fencing headers speak
+  // for it, whatever later generation an answer shows, so a job that lost
+  // its lease never passes for its successor.
+  readonly #jobId: string;
+  readonly #leaseId: string;
   readonly #generation: bigint;
   readonly #abort = new AbortController();
   readonly #warn: (message: string) => void;
@@ -115,6 +120,8 @@ export class Job {
     this.#worker = worker;
     this.#lease = lease;
     this.#options = options;
+    this.#jobId = lease.jobId;
+    this.#leaseId = lease.leaseId;
     this.#generation = lease.leaseGeneration;
     this.#warn = warn;
     this.#done = new Promise((resolve) => (this.#markDone = resolve));
@@ -140,7 +147,7 @@ export class Job {
 
   /** The fencing headers a tool server's Fence checks before any side effect. */
   headers(): Record<string, string> {
-    return { "X-Tether-Job-Id": this.#lease.jobId, "X-Tether-Lease-Generation": String(this.#lease.leaseGeneration) };
+    return { "X-Tether-Job-Id": this.#jobId, "X-Tether-Lease-Generation": String(this.#generation) };
   }
 
   /** Ends the renew loop without a message (the lease runs out on the coordinator's clock). */
@@ -156,7 +163,7 @@ export class Job {
   }
 
   #claim() {
-    return { jobId: this.#lease.jobId, leaseId: this.#lease.leaseId, leaseGeneration: this.#generation, sentAt: this.#worker.sentAt() };
+    return { jobId: this.#jobId, leaseId: this.#leaseId, leaseGeneration: this.#generation, sentAt: this.#worker.sentAt() };
   }
 
   /**

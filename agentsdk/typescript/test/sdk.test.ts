@@ -17,6 +17,7 @@ import {
   Verifier,
   type Grant,
 } from "../src/index.js";
+import { AuditEvent } from "../src/gen/tether/v1/lease_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -227,6 +228,27 @@ describe("LeaseWorker", () => {
     assert.ok(job.signal.aborted, "the old generation's signal fired");
     assert.ok(job.signal.reason instanceof JobEnded && job.signal.reason.kind === "lost", String(job.signal.reason));
     job.stop();
+    await f.close();
+  });
+
+  test("a job that lost its lease never speaks for the next generation", async () => {
+    // Reassigned to the same worker (generation 2) and accepted again: the
+    // old job's headers and late success still speak for generation 1.
+    const f = await family("zombie");
+    const offered = await server.operator.lease.offer({ jobId: "ts-job-3", holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n } });
+    const worker = new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 });
+    const old = await worker.accept(offered.lease!);
+    const gen2 = await server.operator.lease.reassign({ jobId: "ts-job-3", holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n }, reason: "restart" });
+    await old.renew();
+    assert.ok(old.signal.aborted, "the old generation's signal fired");
+    const current = await worker.accept(gen2.lease!);
+    assert.deepEqual(old.headers(), { "X-Tether-Job-Id": "ts-job-3", "X-Tether-Lease-Generation": "1" });
+    const zombie = await old.complete(TerminalResult.SUCCESS, "zombie");
+    assert.equal(zombie?.auditEvent, AuditEvent.STALE_GENERATION);
+    const got = await server.operator.lease.getLease({ jobId: "ts-job-3" });
+    assert.equal(got.lease?.terminalResult, TerminalResult.UNSPECIFIED);
+    assert.deepEqual(current.headers(), { "X-Tether-Job-Id": "ts-job-3", "X-Tether-Lease-Generation": "2" });
+    await current.complete(TerminalResult.SUCCESS, "done");
     await f.close();
   });
 });

@@ -211,6 +211,12 @@ class Job:
     def __init__(self, worker: LeaseWorker, lease: dict, on_cancel: Callable[[dict], Any] | None):
         self.worker = worker
         self.lease = lease
+        # The generation this job accepted: its claims and fencing headers
+        # speak for it, whatever later generation an answer shows, so a job
+        # that lost its lease never passes for its successor.
+        self._job_id = lease["jobId"]
+        self._lease_id = lease["leaseId"]
+        self._generation = _wire.uint64(lease.get("leaseGeneration"))
         self.on_cancel = on_cancel
         #: Set when the job must stop; ``cause`` says why.
         self.stopped = threading.Event()
@@ -226,18 +232,19 @@ class Job:
 
     @property
     def job_id(self) -> str:
-        return self.lease["jobId"]
+        return self._job_id
 
     @property
     def generation(self) -> int:
-        return _wire.uint64(self.lease.get("leaseGeneration"))
+        """The generation this job accepted (``lease`` shows the last answer)."""
+        return self._generation
 
     def headers(self) -> dict[str, str]:
         """The fencing headers a tool server's Fence checks."""
         return {"Tether-Job-Id": self.job_id, "Tether-Lease-Generation": str(self.generation)}
 
     def _claim(self) -> dict:
-        return {"jobId": self.lease["jobId"], "leaseId": self.lease["leaseId"], "leaseGeneration": str(self.generation), "sentAt": _now()}
+        return {"jobId": self._job_id, "leaseId": self._lease_id, "leaseGeneration": str(self._generation), "sentAt": _now()}
 
     def _start(self) -> None:
         every = self.worker.renew_every
