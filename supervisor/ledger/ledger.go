@@ -20,6 +20,7 @@ var (
 	ErrWrongGate     = fault.New(fault.Denied, "supervisor: call was reported by another gate")
 	ErrTokenRejected = fault.New(fault.Denied, "supervisor: capability token rejected")
 	ErrNoCancelOrder = fault.New(fault.Precondition, "supervisor: no cancel order to acknowledge")
+	ErrCallClosed    = fault.New(fault.Precondition, "supervisor: call already closed")
 )
 
 // TokenChecker verifies a capability token for a tool call: signature,
@@ -152,7 +153,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 // that had a cancel order and ends is resolved cancelled_acked: the handler
 // returned.
 func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) error {
+	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		c.EndedAt = now
 		c.EndedBy = by
 		switch {
@@ -176,7 +177,7 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 // refused (ErrNoCancelOrder) and stays in flight, so the record never says
 // a call was cancelled when no termination cancelled it.
 func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) error {
+	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		if c.State != CallStateCancelRequested {
 			return fmt.Errorf("%w: call_id %s was not asked to cancel (no termination ordered it); report how it ended with EndCall", ErrNoCancelOrder, callID)
 		}
@@ -189,7 +190,7 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
+func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
@@ -207,7 +208,12 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 			return fmt.Errorf("%w: call_id %s was begun by another gate, not gate_id %q", ErrWrongGate, callID, gateID)
 		}
 		if c.State == CallStateEnded {
-			out = c // idempotent: a retried end changes nothing
+			// The gate's retry changes nothing; a report of a call a
+			// termination closed is refused (reportOnEnded).
+			if err := reportOnEnded(c, by); err != nil {
+				return err
+			}
+			out = c
 			return nil
 		}
 		var before *ToolCall

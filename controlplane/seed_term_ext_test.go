@@ -1,0 +1,248 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Acceptance probes of the termination protocol, clause by clause, through
+// the real server: what the agent being stopped could do to grow, arm,
+// shield or re-start itself while it drains, and what a late word about a
+// finished termination can change.
+
+// seedWorld is an operator-registered parent P with a child C, P holding a
+// root tool grant and C one P delegated, and the tool server gate-1.
+type seedWorld struct {
+	srv            *testserver.Server
+	clk            *clock.Manual
+	admin, gate    *testserver.Clients
+	p              *tetherv1.RegisterRootResponse
+	c              *tetherv1.SpawnResponse
+	pAgent, cAgent *testserver.Clients
+	gP, gC         held
+}
+
+func newSeedWorld(t *testing.T) *seedWorld {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"))
+	w := &seedWorld{srv: srv, clk: clk, admin: srv.AdminClients()}
+	w.p = register(t, w.admin, "parent")
+	w.pAgent = srv.Clients(w.p.Credential)
+	w.c = spawn(t, w.pAgent, w.p.Node.NodeId, "child")
+	w.cAgent = srv.Clients(w.c.Credential)
+	w.gP = issueRoot(t, w.admin, w.p.Node.NodeId, time.Hour, "tool:*")
+	w.gC = delegate(t, w.pAgent, w.gP, w.c.Node.NodeId, "tool:shell")
+	w.gate = srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	return w
+}
+
+func (w *seedWorld) begin(token string) (string, error) {
+	resp, err := w.gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: "shell", GateId: "gate-1"}))
+	if err != nil {
+		return "", err
+	}
+	return resp.Msg.Call.CallId, nil
+}
+
+// snapshot is what a refused request must leave as it was: the tree, the
+// grants with their states, the privileges, the terminations.
+func (w *seedWorld) snapshot(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	var b strings.Builder
+	nodes, err := w.admin.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes.Msg.Nodes {
+		fmt.Fprintf(&b, "node %s %s %s\n", n.NodeId, n.ParentNodeId, n.State)
+	}
+	for _, g := range allGrants(t, w.admin, &tetherv1.ListGrantsRequest{}) {
+		fmt.Fprintf(&b, "grant %s %s %s %v\n", g.GrantId, g.HolderNodeId, g.State, g.Scopes)
+	}
+	for _, id := range []string{w.p.Node.NodeId, w.c.Node.NodeId} {
+		privs, err := w.admin.Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range privs.Msg.Privileges {
+			fmt.Fprintf(&b, "privilege %s %s\n", p.PrivilegeId, p.NodeId)
+		}
+	}
+	props, err := w.admin.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&b, "proposals %d\n", len(props.Msg.Proposals))
+	return b.String()
+}
+
+// wantRefused checks a refusal's code and that its message names what the
+// caller must know, in its own words, without the caller's secrets.
+func wantRefused(t *testing.T, what string, err error, code connect.Code, words ...string) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: accepted, want %s", what, code)
+		return
+	}
+	if connect.CodeOf(err) != code {
+		t.Errorf("%s: %v, want %s", what, err, code)
+		return
+	}
+	t.Logf("%s: %v", what, err)
+	for _, word := range words {
+		if !strings.Contains(err.Error(), word) {
+			t.Errorf("%s: %q does not say %q", what, err.Error(), word)
+		}
+	}
+}
+
+// TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself: draining refuses
+// new tool calls while the call in flight runs on. The parent being drained
+// (its child's call keeps the drain open) tries everything that would let
+// it outlive the drain: a new call with its own grant and with the child's,
+// a spawn, a batch of spawns, a delegation to its child, a fresh grant, a
+// privilege, a termination of its child with a day's window, a new root
+// for itself, a stop proposal. Each is refused with the code and a message
+// that names the state; none changes the tree, the grants, the privileges
+// or the proposals. The record then lists both nodes once, the call that
+// was in flight completed, the refused calls rejected_draining, and both
+// grants revoked.
+func TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	inflight, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	before := w.snapshot(t)
+
+	_, err = w.begin(w.gP.token)
+	wantRefused(t, "a new call with the parent's grant", err, connect.CodeFailedPrecondition, "draining")
+	_, err = w.begin(w.gC.token)
+	wantRefused(t, "a new call with the child's grant", err, connect.CodeFailedPrecondition, "draining")
+
+	_, err = w.pAgent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.p.Node.NodeId, Name: "escape"}))
+	wantRefused(t, "spawn", err, connect.CodeFailedPrecondition, "draining")
+	_, err = w.cAgent.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: w.c.Node.NodeId, Children: []*tetherv1.SpawnBatchChild{{Name: "a"}, {Name: "b"}}}))
+	wantRefused(t, "spawn batch", err, connect.CodeFailedPrecondition, "draining")
+
+	_, err = w.pAgent.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: w.gP.grant.GrantId, HolderNodeId: w.c.Node.NodeId, Scopes: []string{"tool:*"}}))
+	wantRefused(t, "delegate to the child", err, connect.CodeFailedPrecondition, "draining")
+	_, err = w.pAgent.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: w.p.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	wantRefused(t, "issue a root grant to itself", err, connect.CodePermissionDenied)
+
+	_, err = w.pAgent.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+		NodeId: w.p.Node.NodeId, Kind: "file_lock", ExternalId: "/locks/late", ExpiresAt: timestamppb.New(w.clk.Now().Add(time.Hour)), RevokeUrl: "http://127.0.0.1:1/revoke",
+	}))
+	wantRefused(t, "register a privilege", err, connect.CodeFailedPrecondition, "node_id "+w.p.Node.NodeId+" is draining; a privilege is registered only for a running node")
+
+	_, err = w.pAgent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.c.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(24 * time.Hour),
+	}))
+	wantRefused(t, "terminate its own child", err, connect.CodeFailedPrecondition, "draining")
+
+	_, err = w.pAgent.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "parent-again"}))
+	wantRefused(t, "register a new root", err, connect.CodePermissionDenied)
+
+	_, err = w.cAgent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Reason: "let me stop myself, slowly", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(24 * time.Hour)}))
+	wantRefused(t, "propose its own stop", err, connect.CodeFailedPrecondition, "draining")
+
+	if after := w.snapshot(t); after != before {
+		t.Fatalf("refused requests changed state:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+
+	// The call in flight was let run; the gate reports it completed.
+	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: inflight, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	for _, id := range []string{w.c.Node.NodeId, w.p.Node.NodeId} {
+		if _, err := w.admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: id, Reason: "launcher saw it exit"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	final := waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if final.Escalated {
+		t.Fatal("the drain escalated although its call finished in the window")
+	}
+	rec := record(t, w.admin, term.TerminationId)
+	nodes := recordNodes(t, rec)
+	if len(nodes) != 2 || nodes[w.p.Node.NodeId].GetOutcome() != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || nodes[w.c.Node.NodeId].GetOutcome() != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
+		t.Fatalf("record nodes %v, want P and C confirmed, nothing else", nodeOutcomes(rec))
+	}
+	calls := resolutions(rec)
+	if calls[tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED] != 1 || calls[tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING] != 2 || len(rec.ToolCalls) != 3 {
+		t.Fatalf("record calls %v, want the in-flight one completed and the two new ones rejected_draining", calls)
+	}
+	for _, c := range rec.ToolCalls {
+		if c.BegunBy != "tool:gate-1" || c.GateId != "gate-1" {
+			t.Errorf("call %s begun by %q at gate %q, want the tool server gate-1", c.CallId, c.BegunBy, c.GateId)
+		}
+		if c.CallId == inflight && c.EndedBy != "tool:gate-1" {
+			t.Errorf("the in-flight call was ended by %q, want the tool server gate-1", c.EndedBy)
+		}
+	}
+	grants := map[string]tetherv1.PrivilegeOutcome{}
+	for _, p := range rec.Privileges {
+		if p.Kind == "grant" {
+			grants[p.ExternalId] = p.Outcome
+		}
+	}
+	if len(rec.Privileges) != 2 || grants[w.gP.grant.GrantId] != tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED || grants[w.gC.grant.GrantId] != tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED {
+		t.Fatalf("record privileges %v, want the two grants revoked and nothing else", rec.Privileges)
+	}
+}
+
+// TestSeedALateWordAboutAFinishedTerminationChangesNothing: once the record
+// is written, nothing said afterwards changes it. An abort gives the gate a
+// second to acknowledge a cancel it never sends; the record says
+// cancel_unacknowledged. The gate's late end and acknowledgement of that
+// call, the stopped agents' claims of their exits, and an operator's
+// attestation all come after the record: the record reads the same.
+func TestSeedALateWordAboutAFinishedTerminationChangesNothing(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(2 * time.Second)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	if got := callIDs(rec); got[call] != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED || len(got) != 1 {
+		t.Fatalf("record calls %v, want %s cancel_unacknowledged", got, call)
+	}
+
+	_, err = w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
+	wantRefused(t, "a cancel acknowledgement after the record", err, connect.CodeFailedPrecondition, call)
+	_, err = w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-1"}))
+	wantRefused(t, "an end after the record", err, connect.CodeFailedPrecondition, call)
+	_, err = w.cAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.c.Node.NodeId, Reason: "I did stop"}))
+	wantRefused(t, "the stopped child's claim", err, connect.CodeUnauthenticated)
+	if _, err := w.admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.c.Node.NodeId, Reason: "late"})); err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("an operator's late attestation: %v", err)
+	}
+	if after := record(t, w.admin, term.TerminationId); !proto.Equal(after, rec) {
+		t.Fatalf("the record changed after it was written:\nbefore %v\nafter  %v", rec, after)
+	}
+}
