@@ -246,3 +246,55 @@ func TestSeedALateWordAboutAFinishedTerminationChangesNothing(t *testing.T) {
 		t.Fatalf("the record changed after it was written:\nbefore %v\nafter  %v", rec, after)
 	}
 }
+
+// TestSeedAChildThatClaimsItsExitAndKeepsUsingItsGrantIsUnaccounted: a
+// child counts as confirmed only if nothing of it acts afterwards. The
+// rogue child of a drained parent claims its exit (it never opened a
+// session, so the control plane's observation agrees at first) while the
+// parent's open session keeps the termination reconciling; then it goes on
+// calling a tool with the grant its parent delegated to it, which the
+// termination has revoked. The gate's call is refused permission_denied as
+// revoked — and the attempt is the child's activity after its confirmation:
+// kept on the node, and the record lists the child unaccounted, never
+// confirmed.
+func TestSeedAChildThatClaimsItsExitAndKeepsUsingItsGrantIsUnaccounted(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	if _, err := openSession(t, w.pAgent, w.p.Node.NodeId); err != nil {
+		t.Fatal(err)
+	}
+	sess, err := openSession(t, w.cAgent, w.c.Node.NodeId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	// The child plays the honest exit: its claim, then its session ends.
+	if _, err := w.cAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.c.Node.NodeId, Reason: "done, gone"})); err != nil {
+		t.Fatal(err)
+	}
+	sess.close()
+	testserver.WaitFor(t, 10*time.Second, "the child's confirmation", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetConfirmations() == 1
+	})
+
+	_, err = w.begin(w.gC.token)
+	wantRefused(t, "a call with the child's revoked grant", err, connect.CodePermissionDenied, "revoked")
+	if n := getNode(t, w.admin, w.c.Node.NodeId); strings.Join(contradictionKinds(n.Contradictions), ",") != "tool_call" {
+		t.Errorf("the child's contradictions %v, want its tool call kept", contradictionKinds(n.Contradictions))
+	}
+
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	c := recordNode(t, rec, w.c.Node.NodeId)
+	if c.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || c.ConfirmedBy != "" || strings.Join(contradictionKinds(c.Contradictions), ",") != "tool_call" {
+		t.Fatalf("record: child %s confirmed by %q with contradictions %v, want unaccounted with its tool call", c.Outcome, c.ConfirmedBy, contradictionKinds(c.Contradictions))
+	}
+	if c.ClaimedBy != "agent:"+w.c.Node.NodeId+" (self)" {
+		t.Fatalf("record: child claimed by %q, want its own claim shown", c.ClaimedBy)
+	}
+	if p := recordNode(t, rec, w.p.Node.NodeId); p.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !p.SessionOpen {
+		t.Fatalf("record: parent %s (session open %v), want unaccounted with its session open", p.Outcome, p.SessionOpen)
+	}
+}

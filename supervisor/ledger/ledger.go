@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"time"
@@ -25,7 +26,9 @@ var (
 
 // TokenChecker verifies a capability token for a tool call: signature,
 // expiry, the revocation chain and the required scope. It returns the
-// holder's node id and the grant id.
+// holder's node id and the grant id, and both with the error for a token
+// that verifies but whose grant is revoked (the ledger keeps that use of a
+// dead credential as the holder's activity when its exit was confirmed).
 type TokenChecker interface {
 	CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error)
 }
@@ -80,6 +83,12 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	}
 	nodeID, grantID, err := l.Tokens.CheckToken(ctx, token, requiredScope)
 	if err != nil {
+		if nodeID != "" {
+			// A dead credential of a known node, still in use.
+			if nerr := l.noteDeadCredential(ctx, nodeID, grantID, tool, gateID); nerr != nil {
+				return nil, nerr
+			}
+		}
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
 	}
 	now := l.Clock.Now()
@@ -167,6 +176,32 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 			c.Resolution = CallResolutionCompleted
 		}
 		c.Error = kv.ClipUTF8(message, 512)
+		return nil
+	})
+}
+
+// noteDeadCredential keeps a refused call with a revoked grant of a node
+// whose exit was confirmed as contradicting evidence on the node: the
+// node's credential is dead, but something still holds and uses it, so its
+// exit is not confirmed by the control plane's observation (tree.JudgeExit
+// sees the contradiction). A node not claimed to have exited, or already
+// terminated (its record written), is left alone.
+func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) error {
+	now := l.Clock.Now()
+	return l.Store.Update(ctx, func(tx store.Txn) error {
+		node, err := tree.GetNodeIn(tx, nodeID)
+		if errors.Is(err, tree.ErrNodeNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !tree.ExitConfirmed(node) || node.State == tree.NodeStateTerminated {
+			return nil
+		}
+		if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now) {
+			return tree.PutNodeIn(tx, node)
+		}
 		return nil
 	})
 }
