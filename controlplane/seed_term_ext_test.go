@@ -110,6 +110,29 @@ func wantRefused(t *testing.T, what string, err error, code connect.Code, words 
 	}
 }
 
+// wantHeader checks a record's header against its finished termination:
+// the seed's phases in order, and who asked, why, how, and when it was
+// written (the termination's last change: terminated only once written).
+func wantHeader(t *testing.T, rec *tetherv1.ReconciliationRecord, term *tetherv1.Termination, phases ...string) {
+	t.Helper()
+	if rec.RecordId == "" || rec.RecordId != term.RecordId || rec.TerminationId != term.TerminationId || rec.NodeId != term.NodeId {
+		t.Errorf("record %s of termination %s for node %s, want record %s of %s for %s", rec.RecordId, rec.TerminationId, rec.NodeId, term.RecordId, term.TerminationId, term.NodeId)
+	}
+	if rec.Mode != term.Mode || rec.RequestedBy != term.RequestedBy || !strings.HasPrefix(rec.RequestedBy, "operator:") || rec.Reason != term.Reason || rec.Escalated != term.Escalated {
+		t.Errorf("record says mode %s requested by %q for %q (escalated %v), the termination %s by %q for %q (%v)", rec.Mode, rec.RequestedBy, rec.Reason, rec.Escalated, term.Mode, term.RequestedBy, term.Reason, term.Escalated)
+	}
+	if rec.SchemaVersion == 0 || rec.WrittenAt == nil || rec.WrittenAt.AsTime().After(term.UpdatedAt.AsTime()) {
+		t.Errorf("record schema %d written at %v, after the termination's last change at %v", rec.SchemaVersion, rec.WrittenAt, term.UpdatedAt)
+	}
+	var got []string
+	for _, p := range rec.Phases {
+		got = append(got, p.Name)
+	}
+	if strings.Join(got, ",") != strings.Join(phases, ",") {
+		t.Errorf("record phases %v, want %v", got, phases)
+	}
+}
+
 // TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself: draining refuses
 // new tool calls while the call in flight runs on. The parent being drained
 // (its child's call keeps the drain open) tries everything that would let
@@ -167,11 +190,16 @@ func TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself(t *testing.T) {
 		t.Fatalf("refused requests changed state:\nbefore:\n%s\nafter:\n%s", before, after)
 	}
 
-	// The call in flight was let run; the gate reports it completed.
+	// The call in flight was let run; ten seconds on, the gate reports it
+	// completed.
+	w.clk.Advance(10 * time.Second)
 	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: inflight, GateId: "gate-1"})); err != nil {
 		t.Fatal(err)
 	}
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	// Reconciling writes the record; until it has, there is none.
+	_, err = w.admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term.TerminationId}))
+	wantRefused(t, "the record while reconciling", err, connect.CodeNotFound, "has no record yet")
 	for _, id := range []string{w.c.Node.NodeId, w.p.Node.NodeId} {
 		if _, err := w.admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: id, Reason: "launcher saw it exit"})); err != nil {
 			t.Fatal(err)
@@ -182,6 +210,10 @@ func TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself(t *testing.T) {
 		t.Fatal("the drain escalated although its call finished in the window")
 	}
 	rec := record(t, w.admin, term.TerminationId)
+	wantHeader(t, rec, final, "requested", "draining", "reconciling")
+	if d := rec.Phases[1].Duration.AsDuration(); d != 10*time.Second {
+		t.Errorf("draining lasted %s in the record, want the 10s its call ran on", d)
+	}
 	nodes := recordNodes(t, rec)
 	if len(nodes) != 2 || nodes[w.p.Node.NodeId].GetOutcome() != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || nodes[w.c.Node.NodeId].GetOutcome() != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
 		t.Fatalf("record nodes %v, want P and C confirmed, nothing else", nodeOutcomes(rec))
@@ -227,8 +259,9 @@ func TestSeedALateWordAboutAFinishedTerminationChangesNothing(t *testing.T) {
 	w.clk.Advance(2 * time.Second)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	w.clk.Advance(2 * time.Minute)
-	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	final := waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)
+	wantHeader(t, rec, final, "requested", "aborting", "reconciling")
 	if got := callIDs(rec); got[call] != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED || len(got) != 1 {
 		t.Fatalf("record calls %v, want %s cancel_unacknowledged", got, call)
 	}
