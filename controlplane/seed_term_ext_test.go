@@ -209,6 +209,9 @@ func TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself(t *testing.T) {
 	if final.Escalated {
 		t.Fatal("the drain escalated although its call finished in the window")
 	}
+	if pr := final.Progress; pr.GetNodesTotal() != 2 || pr.GetConfirmations() != 2 || pr.GetCallsInFlight() != 0 {
+		t.Errorf("the finished termination: %v, want both nodes confirmed and no call in flight", pr)
+	}
 	rec := record(t, w.admin, term.TerminationId)
 	wantHeader(t, rec, final, "requested", "draining", "reconciling")
 	if d := rec.Phases[1].Duration.AsDuration(); d != 10*time.Second {
@@ -318,7 +321,10 @@ func TestSeedAChildThatClaimsItsExitAndKeepsUsingItsGrantIsUnaccounted(t *testin
 	}
 
 	w.clk.Advance(2 * time.Minute)
-	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	final := waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if pr := final.Progress; pr.GetNodesTotal() != 2 || pr.GetConfirmations() != 0 {
+		t.Errorf("the finished termination counts %d of %d nodes confirmed, want none: the record confirms neither", pr.GetConfirmations(), pr.GetNodesTotal())
+	}
 	rec := record(t, w.admin, term.TerminationId)
 	c := recordNode(t, rec, w.c.Node.NodeId)
 	if c.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || c.ConfirmedBy != "" || strings.Join(contradictionKinds(c.Contradictions), ",") != "tool_call" {
