@@ -2,7 +2,10 @@ package controlplane_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -335,5 +338,90 @@ func TestSeedAChildThatClaimsItsExitAndKeepsUsingItsGrantIsUnaccounted(t *testin
 	}
 	if p := recordNode(t, rec, w.p.Node.NodeId); p.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !p.SessionOpen {
 		t.Fatalf("record: parent %s (session open %v), want unaccounted with its session open", p.Outcome, p.SessionOpen)
+	}
+}
+
+// TestSeedTheRecordTellsRevokedPrivilegesFromExpiredOnes: which privileges
+// were revoked and which expired. The parent P holds a root grant and a
+// file lock for an hour; its child C holds the grant P delegated and a
+// lock that lapses in 30 s; its second child C2 holds a grant P delegated
+// for a minute. Two minutes on, an operator aborts P. The record says the
+// live grants and P's lock revoked (its hook called), and C2's grant and
+// C's lock expired — the expired lock's hook never called, since there was
+// nothing left to revoke; every privilege once, on its own node.
+func TestSeedTheRecordTellsRevokedPrivilegesFromExpiredOnes(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	c2 := spawn(t, w.pAgent, w.p.Node.NodeId, "child-2")
+	gC2 := delegateFor(t, w.pAgent, w.gP, c2.Node.NodeId, time.Minute, "tool:shell")
+	hooked := make(chan string, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		var body struct {
+			ExternalID string `json:"external_id"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		hooked <- body.ExternalID
+		rw.WriteHeader(http.StatusNoContent)
+	}))
+	defer hook.Close()
+	now := w.clk.Now()
+	privs := map[string]string{} // privilege id -> external id
+	for _, p := range []struct {
+		agent *testserver.Clients
+		node  string
+		lock  string
+		ttl   time.Duration
+	}{{w.pAgent, w.p.Node.NodeId, "/locks/p", time.Hour}, {w.cAgent, w.c.Node.NodeId, "/locks/c", 30 * time.Second}} {
+		resp, err := p.agent.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+			NodeId: p.node, Kind: "file_lock", ExternalId: p.lock, ExpiresAt: timestamppb.New(now.Add(p.ttl)), RevokeUrl: hook.URL,
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		privs[resp.Msg.PrivilegeId] = p.lock
+	}
+	w.clk.Advance(2 * time.Minute)
+
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Minute) // nobody confirms: every node unaccounted
+	final := waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	wantHeader(t, rec, final, "requested", "aborting", "reconciling")
+
+	type entry struct {
+		node    string
+		outcome tetherv1.PrivilegeOutcome
+	}
+	want := map[string]entry{
+		w.gP.grant.GrantId: {w.p.Node.NodeId, tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED},
+		w.gC.grant.GrantId: {w.c.Node.NodeId, tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED},
+		gC2.grant.GrantId:  {c2.Node.NodeId, tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED},
+		"/locks/p":         {w.p.Node.NodeId, tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED},
+		"/locks/c":         {w.c.Node.NodeId, tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_EXPIRED},
+	}
+	got := map[string]entry{}
+	for _, p := range rec.Privileges {
+		if _, dup := got[p.ExternalId]; dup {
+			t.Errorf("privilege %s listed twice", p.ExternalId)
+		}
+		got[p.ExternalId] = entry{p.NodeId, p.Outcome}
+		if p.Kind == "file_lock" && privs[p.PrivilegeId] != p.ExternalId {
+			t.Errorf("privilege %s in the record is %q, registered as %q", p.PrivilegeId, p.ExternalId, privs[p.PrivilegeId])
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("record privileges\n%v\nwant\n%v", got, want)
+	}
+	if called := <-hooked; called != "/locks/p" {
+		t.Fatalf("the hook was called for %q, want /locks/p", called)
+	}
+	select {
+	case extra := <-hooked:
+		t.Fatalf("the hook was also called for %q, which had expired", extra)
+	default:
+	}
+	if n := len(rec.Nodes); n != 3 {
+		t.Fatalf("record lists %d nodes, want P, C and C2", n)
 	}
 }
