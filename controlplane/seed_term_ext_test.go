@@ -252,7 +252,9 @@ func TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself(t *testing.T) {
 // second to acknowledge a cancel it never sends; the record says
 // cancel_unacknowledged. The gate's late end and acknowledgement of that
 // call, the stopped agents' claims of their exits, and an operator's
-// attestation all come after the record: the record reads the same.
+// attestation all come after the record, and so do the stopped agents'
+// calls, refreshes, spawns and sessions with their dead credentials (all
+// refused): the record reads the same.
 func TestSeedALateWordAboutAFinishedTerminationChangesNothing(t *testing.T) {
 	w := newSeedWorld(t)
 	ctx := context.Background()
@@ -280,6 +282,16 @@ func TestSeedALateWordAboutAFinishedTerminationChangesNothing(t *testing.T) {
 	wantRefused(t, "the stopped child's claim", err, connect.CodeUnauthenticated)
 	if _, err := w.admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.c.Node.NodeId, Reason: "late"})); err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("an operator's late attestation: %v", err)
+	}
+	// The stopped agents keep using their credentials: all dead.
+	_, err = w.begin(w.gC.token)
+	wantRefused(t, "a call with the child's grant after the record", err, connect.CodePermissionDenied, "revoked")
+	_, err = w.cAgent.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: w.gC.grant.GrantId}))
+	wantRefused(t, "the child's token refresh", err, connect.CodeUnauthenticated, "terminated")
+	_, err = w.pAgent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.p.Node.NodeId, Name: "again"}))
+	wantRefused(t, "the parent's spawn", err, connect.CodeUnauthenticated, "terminated")
+	if _, err := openSession(t, w.pAgent, w.p.Node.NodeId); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Errorf("the parent's new session: %v, want unauthenticated", err)
 	}
 	if after := record(t, w.admin, term.TerminationId); !proto.Equal(after, rec) {
 		t.Fatalf("the record changed after it was written:\nbefore %v\nafter  %v", rec, after)

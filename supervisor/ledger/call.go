@@ -94,7 +94,7 @@ func reportOnEnded(c *ToolCall, by string) error {
 	if c.EndedBy == by || c.EndedBy == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: call_id %s was already closed %s by %s at %s, when the termination stopped waiting for the gate; a report after that is not recorded",
+	return fmt.Errorf("%w: call_id %s was closed %s by %s at %s, when the termination stopped waiting for the gate; a report after that is not recorded",
 		ErrCallClosed, c.CallID, resolutionWord(c.Resolution), c.EndedBy, c.EndedAt.UTC().Format(time.RFC3339))
 }
 
