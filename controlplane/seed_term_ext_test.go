@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -435,5 +436,44 @@ func TestSeedTheRecordTellsRevokedPrivilegesFromExpiredOnes(t *testing.T) {
 	}
 	if n := len(rec.Nodes); n != 3 {
 		t.Fatalf("record lists %d nodes, want P, C and C2", n)
+	}
+}
+
+// TestSeedAnAgentsLongProposalDoesNotBlockItsApproval: the agent proposes,
+// the control plane decides. A rogue proposes its own stop with a reason of
+// the full 1,024 bytes it may send (ending in multi-byte characters); the
+// operator's approval must not fail on the agent's words. It used to be
+// refused invalid_argument "reason is longer than 1024 bytes" — the
+// operator's own reason was two bytes — because the termination's reason
+// is the agent's with the proposal's label in front. The approval starts
+// the termination; its reason (and its record's) is the label and the
+// agent's words cut to the bound on a character boundary, and the proposal
+// keeps them whole.
+func TestSeedAnAgentsLongProposalDoesNotBlockItsApproval(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	reason := strings.Repeat("a", 1024-3*6) + strings.Repeat("é", 9) // 1,024 bytes
+	prop, err := w.cAgent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Reason: reason, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	decided, err := w.admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: prop.Msg.Proposal.ProposalId, Approve: true, Reason: "ok"}))
+	if err != nil {
+		t.Fatalf("the operator's approval: %v", err)
+	}
+	term := decided.Msg.Termination
+	label := "stop proposal " + prop.Msg.Proposal.ProposalId + ": "
+	if !strings.HasPrefix(term.Reason, label) || len(term.Reason) > 1024 || !utf8.ValidString(term.Reason) || !strings.HasPrefix(reason, strings.TrimPrefix(term.Reason, label)) {
+		t.Fatalf("termination reason %q (%d bytes), want the label and the agent's words cut to 1024 bytes", term.Reason, len(term.Reason))
+	}
+	if decided.Msg.Proposal.Reason != reason {
+		t.Fatalf("the proposal's reason is %d bytes, want the agent's 1024 kept whole", len(decided.Msg.Proposal.Reason))
+	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(time.Hour)
+	final := waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	if rec.Reason != term.Reason || final.NodeId != w.c.Node.NodeId || len(rec.Nodes) != 1 {
+		t.Fatalf("record of %s: reason %q, %d nodes, want the termination's reason and the child alone", final.NodeId, rec.Reason, len(rec.Nodes))
 	}
 }
