@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
+
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
@@ -111,6 +113,80 @@ func subtreeKey(term string, seq int) []byte {
 	return []byte(fmt.Sprintf("%s%s/%010d", prefixSubtree, term, seq))
 }
 
+// The held index. The revocation lists, in the transaction that moves its
+// cursor past a chunk, the grants and the privileges the chunk's members
+// hold, under terminations-held/<termination id>/<g|p>/<sequence>/<id>
+// (the sequence of the member's entry in the subtree index; the value is
+// the node's id). A node is issued no grant and registers no privilege
+// once it is marked (both refuse a node that is not running, in a
+// transaction that reads the node), so the list is what the members hold
+// until the record: the record's chunks and the reconciler's count of
+// hooks still pending read it, a range per chunk (or per termination),
+// instead of each member's grants and privileges, a range per node.
+const prefixHeld = "terminations-held/"
+
+// Kinds of the held index.
+const (
+	heldGrant     = 'g'
+	heldPrivilege = 'p'
+)
+
+func heldPrefix(term string, kind byte) []byte {
+	return []byte(prefixHeld + term + "/" + string(kind) + "/")
+}
+func heldKey(term string, kind byte, seq int, id string) []byte {
+	return []byte(fmt.Sprintf("%s%010d/%s", heldPrefix(term, kind), seq, id))
+}
+
+// heldItem is one grant or privilege of the held index.
+type heldItem struct {
+	seq      int
+	id, node string
+}
+
+// readHeld reads the items of kind the held index lists for the entries
+// from sequence from up to (not including) to; to < 0: to the end.
+func readHeld(tx store.ReadTxn, term string, kind byte, from, to int) ([]heldItem, error) {
+	prefix := heldPrefix(term, kind)
+	var start []byte
+	if from > 0 {
+		start = []byte(fmt.Sprintf("%s%010d/", prefix, from))
+	}
+	var out []heldItem
+	err := tx.Scan(prefix, start, func(k, v []byte) error {
+		rest := string(k[len(prefix):])
+		seq, err := strconv.Atoi(rest[:min(10, len(rest))])
+		if err != nil || len(rest) < 12 {
+			return fmt.Errorf("supervisor: malformed held index key %q", k)
+		}
+		if to >= 0 && seq >= to {
+			return store.ErrStopScan
+		}
+		out = append(out, heldItem{seq: seq, id: rest[11:], node: string(v)})
+		return nil
+	})
+	return out, err
+}
+
+// heldOf keeps the items held by members, their ids in order.
+func heldOf(items []heldItem, members map[string]bool) []heldItem {
+	var out []heldItem
+	for _, it := range items {
+		if members[it.node] {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+func setOf(ids []string) map[string]bool {
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
+}
+
 // subtreeEntry is one node of a termination's subtree index.
 type subtreeEntry struct {
 	Node  string `json:"n"`
@@ -181,6 +257,32 @@ func readChunk(tx store.ReadTxn, t *Termination, from, limit int, all bool) ([]s
 	}
 	nodes, err := entryNodes(tx, entries, all)
 	return entries, nodes, err
+}
+
+// ownedIn reads up to limit entries of t's index from sequence from, and
+// the members among them whose node still names t. While t, as stored in
+// tx, says no member has been taken over since the mark (MembersIntact),
+// every member the index lists still names it, and no node is read.
+func ownedIn(tx store.ReadTxn, t Termination, from, limit int) ([]subtreeEntry, []string, error) {
+	var stored Termination
+	if err := getTermination(tx, t.ID, &stored); err != nil {
+		return nil, nil, err
+	}
+	if !stored.MembersIntact {
+		entries, nodes, err := readChunk(tx, &t, from, limit, false)
+		if err != nil {
+			return nil, nil, err
+		}
+		return entries, owned(t, entries, nodes), nil
+	}
+	entries, err := readEntries(tx, &t, from, limit)
+	var ids []string
+	for _, e := range entries {
+		if e.member() {
+			ids = append(ids, e.Node)
+		}
+	}
+	return entries, ids, err
 }
 
 // owned is the entries' members whose node still names t.
@@ -267,6 +369,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
+			t.MembersIntact = true
 			roots := t.RootIDs()
 			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
 				return err
@@ -571,6 +674,22 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 // their orders get them at once), and advances when both are done.
 func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
 	budget := s.chunkSize()
+	// An escalation's entries are read before its transaction, as the
+	// record's are: an entry never changes once the mark wrote it, and the
+	// cursor the transaction reads says which are still to do.
+	var entries []subtreeEntry
+	if action == ActEscalate {
+		from := 0
+		if t.Cursor.Step == action {
+			from = t.Cursor.Entry
+		}
+		var err error
+		if entries, err = store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]subtreeEntry, error) {
+			return readEntries(tx, &t, from, budget)
+		}); err != nil {
+			return err
+		}
+	}
 	// (When the termination moved on, or another pass did this chunk, it
 	// is read again.)
 	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
@@ -580,7 +699,7 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		cur := &stored.Cursor
 		stored.UpdatedAt = now
 		if action == ActEscalate && cur.Entry < stored.Counts.Listed {
-			entries, nodes, err := readChunk(tx, &stored, cur.Entry, budget, false)
+			nodes, err := entryNodes(tx, entries, false)
 			if err != nil {
 				return err
 			}
@@ -646,30 +765,51 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	if deadline.IsZero() && t.HookTimeout > 0 {
 		deadline = now.Add(t.HookTimeout)
 	}
+	// A revocation that began with the held index lists what each chunk's
+	// members hold there (one begun before it goes on without).
+	indexing := t.Cursor.Step != ActRevoke || t.HeldIndexed
 	var ids []string
+	var privs []privilege.Privilege
+	seqOf := map[string]int{}
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, nodes, err := readChunk(tx, &t, cur.Entry, s.chunkSize(), false)
+		entries, members, err := ownedIn(tx, t, cur.Entry, s.chunkSize())
 		if err != nil {
 			return err
 		}
-		ids, read = owned(t, entries, nodes), max(1, len(entries))
-		return nil
+		ids, read = members, max(1, len(entries))
+		for i, e := range entries {
+			seqOf[e.Node] = cur.Entry + i
+		}
+		privs = nil
+		if indexing && len(ids) > 0 {
+			privs, err = privilege.PrivilegesIn(tx, ids)
+		}
+		return err
 	}); err != nil {
 		return err
 	}
+	var grants []HeldGrant
 	if len(ids) > 0 {
 		by := "termination:" + t.ID
 		reason := "terminated: " + t.Reason
 		if s.Grants != nil {
-			if err := s.Grants.RevokeHeldBy(ctx, ids, by, reason); err != nil {
+			var err error
+			if grants, err = s.Grants.RevokeHeldBy(ctx, ids, by, reason); err != nil {
 				return fmt.Errorf("revoke grants: %w", err)
 			}
 		}
 		// Privileges are revoked off this path, in parallel and within
 		// the termination's hook deadline.
 		if s.Privileges != nil {
-			if err := s.Privileges.Dispatch(ctx, ids, deadline, func() { s.Kick(t.ID) }); err != nil {
+			kick := func() { s.Kick(t.ID) }
+			var err error
+			if indexing {
+				err = s.Privileges.DispatchRead(ctx, privs, deadline, kick)
+			} else {
+				err = s.Privileges.Dispatch(ctx, ids, deadline, kick)
+			}
+			if err != nil {
 				return fmt.Errorf("revoke privileges: %w", err)
 			}
 		}
@@ -685,6 +825,19 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
 		stored.HookDeadline = deadline
 		stored.UpdatedAt = now
+		if indexing {
+			stored.HeldIndexed = true
+			for _, g := range grants {
+				if err := tx.Put(heldKey(t.ID, heldGrant, seqOf[g.NodeID], g.GrantID), []byte(g.NodeID)); err != nil {
+					return err
+				}
+			}
+			for _, p := range privs {
+				if err := tx.Put(heldKey(t.ID, heldPrivilege, seqOf[p.NodeID], p.ID), []byte(p.NodeID)); err != nil {
+					return err
+				}
+			}
+		}
 		if cur.Entry < stored.Counts.Listed {
 			stored.Cursor = cur
 			return kv.PutJSON(tx, terminationKey(t.ID), stored)
@@ -724,9 +877,19 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Time) error {
 	budget := s.chunkSize()
 	var ids []string
+	var held []heldItem
+	var entries []subtreeEntry
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		entries, nodes, err := readChunk(tx, &t, t.Cursor.Entry, budget, false)
-		ids = owned(t, entries, nodes)
+		var err error
+		entries, ids, err = ownedIn(tx, t, t.Cursor.Entry, budget)
+		if err != nil {
+			return err
+		}
+		held = nil
+		if t.HeldIndexed && len(ids) > 0 {
+			held, err = readHeld(tx, t.ID, heldGrant, t.Cursor.Entry, t.Cursor.Entry+len(entries))
+			held = heldOf(held, setOf(ids))
+		}
 		return err
 	}); err != nil {
 		return err
@@ -745,7 +908,16 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 				return fmt.Errorf("finalize leases: %w", err)
 			}
 		}
-		if s.Grants != nil {
+		switch {
+		case s.Grants != nil && t.HeldIndexed:
+			listed := make([]HeldGrant, len(held))
+			for i, it := range held {
+				listed[i] = HeldGrant{GrantID: it.id, NodeID: it.node}
+			}
+			if grants, err = s.Grants.Outcomes(ctx, listed); err != nil {
+				return fmt.Errorf("list grants: %w", err)
+			}
+		case s.Grants != nil:
 			if grants, err = s.Grants.HeldBy(ctx, ids); err != nil {
 				return fmt.Errorf("list grants: %w", err)
 			}
@@ -753,7 +925,11 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	}
 	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
-		entries, nodes, err := readChunk(tx, &stored, cur.Entry, budget, true)
+		// The entries as read before this transaction: an entry never
+		// changes once the mark wrote it, and the cursor (read here, and
+		// the same) says the chunk is still to do; reading them again
+		// here would make etcd compare each of them at the commit.
+		nodes, err := entryNodes(tx, entries, true)
 		if err != nil {
 			return err
 		}
@@ -762,10 +938,14 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 		// taken some over since), so each is in exactly one record.
 		members := owned(stored, entries, nodes)
 		grants, leases := heldByOnly(members, grants, leases)
-		if err := decideUnansweredPrivileges(tx, stored, members, now); err != nil {
+		privs, err := membersPrivileges(tx, stored, cur.Entry, len(entries), members)
+		if err != nil {
 			return err
 		}
-		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, leases)
+		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
+			return err
+		}
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, privs, leases)
 		if err != nil {
 			return err
 		}
@@ -790,7 +970,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 // nodes (members judged, the others superseded or prior), the members'
 // privileges (grants first) and leases. unaccounted counts the members
 // nobody accounted for.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants []HeldGrant, leases []RecordLease) (*ReconciliationRecord, int, error) {
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants []HeldGrant, privs []privilege.Privilege, leases []RecordLease) (*ReconciliationRecord, int, error) {
 	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
@@ -807,7 +987,6 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	}
 	inWorkload := t.workloadIn(tx)
 	unaccounted := 0
-	var members []string
 	for _, e := range entries {
 		n := nodes[e.Node]
 		switch {
@@ -824,7 +1003,6 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 				unaccounted++
 			}
 			part.Nodes = append(part.Nodes, rn)
-			members = append(members, n.NodeID)
 		case e.Reach == ReachPrior:
 			rn := RecordNode{
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
@@ -854,14 +1032,32 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			})
 		}
 	}
-	privs, err := privilege.PrivilegesIn(tx, members)
-	if err != nil {
-		return nil, 0, err
-	}
 	for _, p := range privs {
 		part.Privileges = append(part.Privileges, registeredPrivilege(p))
 	}
 	return part, unaccounted, nil
+}
+
+// membersPrivileges reads the privileges of a chunk's members (the n
+// entries from sequence from): from the held index when the revocation
+// listed them there, else node by node.
+func membersPrivileges(tx store.ReadTxn, t Termination, from, n int, members []string) ([]privilege.Privilege, error) {
+	if len(members) == 0 {
+		return nil, nil
+	}
+	if !t.HeldIndexed {
+		return privilege.PrivilegesIn(tx, members)
+	}
+	items, err := readHeld(tx, t.ID, heldPrivilege, from, from+n)
+	if err != nil {
+		return nil, err
+	}
+	items = heldOf(items, setOf(members))
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.id
+	}
+	return privilege.ByID(tx, ids)
 }
 
 // recordCalls writes the next chunk of the calls the termination had to

@@ -331,3 +331,64 @@ func TestALegacyTerminationIsIndexed(t *testing.T) {
 	}
 	checkRecord(t, s, term, all)
 }
+
+// TestATakeOverAfterTheMarkIsSeenByTheStepsThatSkipTheNodes: the revocation
+// and the record take a termination's members from its index without
+// reading their nodes while no member has been taken over since the mark
+// (MembersIntact). An operator's abort that takes part of an agent's
+// drain over must end that: the drain's members are then read node by
+// node again, and the nodes taken over are not among them.
+func TestATakeOverAfterTheMarkIsSeenByTheStepsThatSkipTheNodes(t *testing.T) {
+	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 4)
+	root, all := buildTree(t, st, 30, 5)
+	ctx := context.Background()
+	drain, err := s.Terminate(ctx, TerminateRequest{NodeID: root, Mode: ModeDrain, DrainWindow: time.Hour, Reason: "the agent's long drain", RequestedBy: "agent:n_parent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for drain.Phase == PhaseRequested {
+		if _, err := s.Reconcile(ctx, drain.ID); err != nil {
+			t.Fatal(err)
+		}
+		if drain, err = s.Get(ctx, drain.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	members := func() []string {
+		t.Helper()
+		ids, err := store.Read(ctx, st, func(tx store.ReadTxn) ([]string, error) {
+			_, ids, err := ownedIn(tx, drain, 0, len(all))
+			return ids, err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	if !drain.MembersIntact || len(members()) != len(all) {
+		t.Fatalf("after the mark: intact=%v, %d members of %d", drain.MembersIntact, len(members()), len(all))
+	}
+	// all[1] is the root's first child: it and its subtree (6 nodes with
+	// fan-out 5 and 30 agents: all[1], all[6..10]) go to the abort.
+	abort, err := s.Terminate(ctx, TerminateRequest{NodeID: all[1], Mode: ModeAbort, Reason: "the operator's abort", RequestedBy: "operator:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconcileToEnd(t, s, abort.ID)
+	if drain, err = s.Get(ctx, drain.ID); err != nil {
+		t.Fatal(err)
+	}
+	taken := map[string]bool{all[1]: true}
+	for _, n := range all[6:11] {
+		taken[n] = true
+	}
+	got := members()
+	if drain.MembersIntact || len(got) != len(all)-len(taken) {
+		t.Fatalf("after the take-over: intact=%v, %d members, want %d", drain.MembersIntact, len(got), len(all)-len(taken))
+	}
+	for _, m := range got {
+		if taken[m] {
+			t.Fatalf("node %s, taken over by the abort, is still listed as the drain's", m)
+		}
+	}
+}

@@ -32,7 +32,9 @@
 // revocation, the record — runs in chunks of at most Supervisor.ChunkSize
 // nodes or calls, each one transaction that also persists how far it got,
 // so no subtree is too large for a store transaction and a restart resumes
-// after the last chunk that committed.
+// after the last chunk that committed. The revocation lists each chunk's
+// grants and privileges in a held index as it goes (a marked node gets no
+// new ones), and the record reads them there, a range per chunk.
 //
 // The termination reads and writes the tree's nodes and the ledger's calls
 // inside its own transactions, calling the operations of supervisor/tree and

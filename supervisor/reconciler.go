@@ -133,13 +133,25 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		case ActWait:
 			if progress.HooksPending > 0 && s.Privileges != nil {
 				// After a restart the revocations still undecided are
-				// started again (a no-op for those already running).
-				members, err := s.Members(ctx, t)
-				if err != nil {
-					return time.Time{}, err
-				}
-				if err := s.Privileges.Dispatch(ctx, members, t.HookDeadline, func() { s.Kick(t.ID) }); err != nil {
-					return time.Time{}, err
+				// started again (a no-op for those already running):
+				// those the held index lists, or else every member's.
+				kick := func() { s.Kick(t.ID) }
+				if t.HeldIndexed {
+					pending, err := store.Read(ctx, s.Store, func(tx store.ReadTxn) ([]privilege.Privilege, error) { return pendingHeld(tx, t, now) })
+					if err == nil {
+						err = s.Privileges.DispatchRead(ctx, pending, t.HookDeadline, kick)
+					}
+					if err != nil {
+						return time.Time{}, err
+					}
+				} else {
+					members, err := s.Members(ctx, t)
+					if err != nil {
+						return time.Time{}, err
+					}
+					if err := s.Privileges.Dispatch(ctx, members, t.HookDeadline, kick); err != nil {
+						return time.Time{}, err
+					}
 				}
 			}
 			if progress != t.Progress {
@@ -214,6 +226,13 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 			case ledger.CallStateEnded:
 				ended = append(ended, cid)
 			}
+		}
+		if countHooks && t.HeldIndexed {
+			pending, err := pendingHeld(tx, t, now)
+			if err != nil {
+				return err
+			}
+			p.HooksPending, countHooks = len(pending), false
 		}
 		if !countHooks && !countConfirmations {
 			return nil
@@ -332,4 +351,45 @@ func recordIDOf(tx store.ReadTxn, terminationID string) (string, error) {
 type terminationPhase struct {
 	ID    string `json:"termination_id"`
 	Phase Phase  `json:"phase"`
+}
+
+// pendingHeld is the undecided, unexpired privileges of t's members, from
+// the held index: the privileges its revocation listed, less those of nodes
+// another termination has taken over since (only the nodes of privileges
+// still pending are read).
+func pendingHeld(tx store.ReadTxn, t Termination, now time.Time) ([]privilege.Privilege, error) {
+	items, err := readHeld(tx, t.ID, heldPrivilege, 0, -1)
+	if err != nil || len(items) == 0 {
+		return nil, err
+	}
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = it.id
+	}
+	privs, err := privilege.ByID(tx, ids)
+	if err != nil {
+		return nil, err
+	}
+	var pending []privilege.Privilege
+	var nodes []string
+	for _, p := range privs {
+		if privilege.Pending([]privilege.Privilege{p}, now) > 0 {
+			pending = append(pending, p)
+			nodes = append(nodes, p.NodeID)
+		}
+	}
+	if err := store.Prefetch(tx, store.KeysOf(nodes, tree.NodeKey), nil); err != nil {
+		return nil, err
+	}
+	out := pending[:0]
+	for _, p := range pending {
+		node, err := tree.GetNodeIn(tx, p.NodeID)
+		if err != nil {
+			return nil, err
+		}
+		if node.TerminationID == t.ID {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }

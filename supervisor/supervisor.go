@@ -32,11 +32,15 @@ var (
 type GrantRevoker interface {
 	// RevokeHeldBy revokes every active grant held by the nodes, one
 	// tombstone per top grant (a grant whose parent is not itself being
-	// revoked). Idempotent.
-	RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) error
+	// revoked), and returns every grant they hold (no outcomes), in node
+	// order. Idempotent.
+	RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) ([]HeldGrant, error)
 	// HeldBy reports every grant held by the nodes and its outcome
 	// (OutcomeRevoked, OutcomeExpired, or "" while active).
 	HeldBy(ctx context.Context, nodeIDs []string) ([]HeldGrant, error)
+	// Outcomes reports the outcome of each grant of held (as RevokeHeldBy
+	// listed them), as HeldBy would.
+	Outcomes(ctx context.Context, held []HeldGrant) ([]HeldGrant, error)
 }
 
 // HeldGrant is a grant as the record lists it. The capability layer owns

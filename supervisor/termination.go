@@ -174,6 +174,18 @@ type Termination struct {
 	Indexed bool `json:"indexed,omitempty"`
 	// Counts counts the subtree index's lists.
 	Counts Counts `json:"counts,omitzero"`
+	// HeldIndexed: the revocation listed, chunk by chunk, the grants and
+	// privileges its members hold in the held index (chunks.go), and the
+	// steps after it read them there. (A termination whose revocation
+	// began before the held index lists them node by node, as it did.)
+	HeldIndexed bool `json:"held_indexed,omitempty"`
+	// MembersIntact: no member of the subtree index has been taken over
+	// by another termination since the mark listed it, so each still
+	// names this one. The mark's first chunk sets it and HandOver clears
+	// it (a version that does not know it drops it when it writes the
+	// termination); while it holds, the steps that act on the members
+	// take them from the index without reading their nodes.
+	MembersIntact bool `json:"members_intact,omitempty"`
 	// TookOverFrom and SupersededBy name, once each, the terminations this
 	// one took nodes over from and the ones that account for nodes of its
 	// subtree instead of it (an Indexed termination's TakenOver and
@@ -377,6 +389,7 @@ func HandOver(t Termination, nodes map[string]bool, to string, now time.Time) Te
 		// another termination is that one's (chunks.go).
 		removed := min(len(nodes), t.Counts.Members)
 		t.Counts.Members -= removed
+		t.MembersIntact = false
 		t.Counts.HandedOver += removed
 		if !slices.Contains(t.SupersededBy, to) {
 			t.SupersededBy = append(t.SupersededBy, to)

@@ -9,15 +9,14 @@ import (
 )
 
 // decideUnansweredPrivileges decides, inside the transaction that writes
-// a part of t's record, every privilege of those members still undecided: expired if
-// past its expiry, otherwise revoke_failed (no answer by the deadline). A
-// late answer never overwrites it.
-func decideUnansweredPrivileges(tx store.Txn, t Termination, members []string, now time.Time) error {
-	privs, err := privilege.PrivilegesIn(tx, members)
-	if err != nil {
-		return err
-	}
-	for _, p := range privs {
+// a part of t's record, every privilege of privs (those of the chunk's
+// members) still undecided: expired if past its expiry, otherwise
+// revoke_failed (no answer by the deadline). A late answer never
+// overwrites it. It returns privs as they now stand.
+func decideUnansweredPrivileges(tx store.Txn, t Termination, privs []privilege.Privilege, now time.Time) ([]privilege.Privilege, error) {
+	out := make([]privilege.Privilege, len(privs))
+	for i, p := range privs {
+		out[i] = p
 		if p.Outcome != "" {
 			continue
 		}
@@ -31,8 +30,9 @@ func decideUnansweredPrivileges(tx store.Txn, t Termination, members []string, n
 			}
 		}
 		if err := privilege.PutIn(tx, p); err != nil {
-			return err
+			return nil, err
 		}
+		out[i] = p
 	}
-	return nil
+	return out, nil
 }

@@ -108,63 +108,79 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 // grant held by the nodes, one tombstone per top grant, on behalf of by
 // (e.g. "termination:<id>"). The termination was authorized when it was
 // requested, so the revocation uses the security role's authority, which
-// every revoker set holds. Idempotent.
-func (s *Service) RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) error {
+// every revoker set holds. Idempotent. It returns every grant the nodes
+// hold (active or not, without outcomes), in node order, as it read them:
+// a termination keeps the list, since a stopped node is issued no more
+// grants, and asks only their Outcomes later instead of listing them again.
+func (s *Service) RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) ([]capability.HeldGrant, error) {
+	var held []capability.HeldGrant
 	_, err := s.revokeMany(ctx, by, []string{capability.RoleSecurity}, clipReason(reason), func(tx store.ReadTxn) ([]string, error) {
-		return heldIn(tx, nodeIDs)
+		var err error
+		held, err = heldPairs(tx, nodeIDs)
+		ids := make([]string, len(held))
+		for i, h := range held {
+			ids[i] = h.GrantID
+		}
+		return ids, err
 	})
-	return err
+	return held, err
 }
 
 // HeldBy implements the supervisor's GrantRevoker: every grant held by the nodes
 // with its outcome — capability.OutcomeRevoked (directly or through an
 // ancestor), capability.OutcomeExpired, or "" while active.
 func (s *Service) HeldBy(ctx context.Context, nodeIDs []string) ([]capability.HeldGrant, error) {
-	now := s.cfg.Clock.Now()
-	var out []capability.HeldGrant
-	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
-		out = out[:0]
-		reads := newReader(tx)
-		// One read per node and per grant: on etcd, fetch each kind
-		// together (store.Prefetch) instead of a round trip each.
-		held := make([][]string, len(nodeIDs))
-		var all []string
-		if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, holderPrefix)); err != nil {
-			return err
+	return store.Read(ctx, s.cfg.Store, func(tx store.ReadTxn) ([]capability.HeldGrant, error) {
+		held, err := heldPairs(tx, nodeIDs)
+		if err != nil {
+			return nil, err
 		}
-		for i, node := range nodeIDs {
-			ids, err := heldIn(tx, []string{node})
-			if err != nil {
-				return err
-			}
-			held[i] = ids
-			all = append(all, ids...)
-		}
-		if err := store.Prefetch(tx, store.KeysOf(all, grantKey), nil); err != nil {
-			return err
-		}
-		for i, node := range nodeIDs {
-			for _, grantID := range held[i] {
-				g, ok := reads.grant(grantID)
-				if !ok {
-					if err := reads.failed(); err != nil {
-						return err
-					}
-					return fmt.Errorf("%w: holder index of %s names missing grant %s", ErrCorrupt, node, grantID)
-				}
-				outcome := ""
-				switch effective(g, reads.grant, now).State {
-				case capability.StateRevoked:
-					outcome = capability.OutcomeRevoked
-				case capability.StateExpired:
-					outcome = capability.OutcomeExpired
-				}
-				out = append(out, capability.HeldGrant{GrantID: grantID, NodeID: node, Outcome: outcome})
-			}
-		}
-		return reads.failed()
+		return s.outcomesIn(tx, held)
 	})
-	return out, err
+}
+
+// Outcomes implements the supervisor's GrantRevoker: the grants (as
+// RevokeHeldBy listed them) with their outcomes now, as HeldBy reports
+// them, without reading the holders' indexes again.
+func (s *Service) Outcomes(ctx context.Context, held []capability.HeldGrant) ([]capability.HeldGrant, error) {
+	if len(held) == 0 {
+		return nil, nil
+	}
+	return store.Read(ctx, s.cfg.Store, func(tx store.ReadTxn) ([]capability.HeldGrant, error) { return s.outcomesIn(tx, held) })
+}
+
+// outcomesIn is held with each grant's outcome, read in tx.
+func (s *Service) outcomesIn(tx store.ReadTxn, held []capability.HeldGrant) ([]capability.HeldGrant, error) {
+	now := s.cfg.Clock.Now()
+	reads := newReader(tx)
+	// One read per grant: on etcd, fetched together (store.Prefetch)
+	// instead of a round trip each.
+	all := make([]string, len(held))
+	for i, h := range held {
+		all[i] = h.GrantID
+	}
+	if err := store.Prefetch(tx, store.KeysOf(all, grantKey), nil); err != nil {
+		return nil, err
+	}
+	out := make([]capability.HeldGrant, 0, len(held))
+	for _, h := range held {
+		g, ok := reads.grant(h.GrantID)
+		if !ok {
+			if err := reads.failed(); err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: holder index of %s names missing grant %s", ErrCorrupt, h.NodeID, h.GrantID)
+		}
+		outcome := ""
+		switch effective(g, reads.grant, now).State {
+		case capability.StateRevoked:
+			outcome = capability.OutcomeRevoked
+		case capability.StateExpired:
+			outcome = capability.OutcomeExpired
+		}
+		out = append(out, capability.HeldGrant{GrantID: h.GrantID, NodeID: h.NodeID, Outcome: outcome})
+	}
+	return out, reads.failed()
 }
 
 func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reason string) (RevokeResult, error) {
@@ -477,24 +493,35 @@ func hasDescendants(tx store.ReadTxn, grantID string) (bool, error) {
 
 // heldIn returns the ids of the grants held by the nodes, in index order.
 func heldIn(tx store.ReadTxn, nodeIDs []string) ([]string, error) {
+	held, err := heldPairs(tx, nodeIDs)
+	ids := make([]string, len(held))
+	for i, h := range held {
+		ids[i] = h.GrantID
+	}
+	return ids, err
+}
+
+// heldPairs lists the grants held by the nodes (no outcomes), in node
+// order and, per node, in its holder index's order.
+func heldPairs(tx store.ReadTxn, nodeIDs []string) ([]capability.HeldGrant, error) {
 	if len(nodeIDs) > 1 {
 		// One read per node: on etcd, fetch them together.
 		if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, holderPrefix)); err != nil {
 			return nil, err
 		}
 	}
-	var ids []string
+	var out []capability.HeldGrant
 	for _, node := range nodeIDs {
 		prefix := holderPrefix(node)
 		err := tx.Scan(prefix, nil, func(k, _ []byte) error {
-			ids = append(ids, idAfter(k, prefix))
+			out = append(out, capability.HeldGrant{GrantID: idAfter(k, prefix), NodeID: node})
 			return nil
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
-	return ids, nil
+	return out, nil
 }
 
 // issuedBefore returns the ids of grants created before t.

@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/testserver"
@@ -26,7 +29,9 @@ const chunkedAgents = 300
 // kills it with SIGKILL after a chunk of the mark, of the revocation or of
 // the record has committed, restarts it on the same data, and checks that
 // the termination finishes with one record that lists every node of the
-// subtree exactly once, each terminated.
+// subtree exactly once, each terminated, and every grant and privilege its
+// agents held exactly once, revoked (the revocation lists them chunk by
+// chunk in its held index, and the record reads them there).
 func TestAChunkedTerminationSurvivesKill9(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
@@ -42,7 +47,7 @@ func TestAChunkedTerminationSurvivesKill9(t *testing.T) {
 					cluster := etcdtest.StartWithFlags(t, []string{})
 					args = []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", etcdtest.Prefix(t)}
 				}
-				killMidTermination(t, append(args, "--termination-chunk", "8", "--rate-limit", "0"), point)
+				killMidTermination(t, append(args, "--termination-chunk", "8", "--rate-limit", "0", "--privilege-hook-allow", "127.0.0.1"), point)
 			})
 		}
 	}
@@ -66,6 +71,31 @@ func killMidTermination(t *testing.T, args []string, point string) {
 		}
 		want[resp.Msg.Node.NodeId] = true
 		parents = append(parents, resp.Msg.Node.NodeId)
+	}
+	// Some agents hold a grant, some a privilege whose webhook answers at
+	// once: every one of them must be in the record once, revoked.
+	hook := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(hook.Close)
+	held := map[string]string{} // grant or privilege id → node
+	i := 0
+	for node := range want {
+		i++
+		switch {
+		case i%7 == 0:
+			g, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:read"}, Ttl: durationpb.New(time.Hour)}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held[g.Msg.Grant.GrantId] = node
+		case i%11 == 0:
+			p, err := admin.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+				NodeId: node, Kind: "file_lock", ExternalId: "lock-" + node, ExpiresAt: timestamppb.New(time.Now().Add(time.Hour)), RevokeUrl: hook.URL + "/revoke",
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held[p.Msg.PrivilegeId] = node
+		}
 	}
 	// Restart with the crash point set, so the spawns above were not cut.
 	proc.Kill()
@@ -107,6 +137,21 @@ func killMidTermination(t *testing.T, args []string, point string) {
 	for n := range want {
 		if seen[n] != 1 {
 			t.Fatalf("node %s is in the record %d times, want once", n, seen[n])
+		}
+	}
+	listed := map[string]int{}
+	for _, p := range rec.Privileges {
+		listed[p.PrivilegeId]++
+		if held[p.PrivilegeId] != p.NodeId {
+			t.Fatalf("the record lists %s %s of %s, which the subtree's agents were not given", p.Kind, p.PrivilegeId, p.NodeId)
+		}
+		if p.Outcome != tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED {
+			t.Fatalf("%s %s of %s is %s in the record, want revoked (%s)", p.Kind, p.PrivilegeId, p.NodeId, p.Outcome, p.Error)
+		}
+	}
+	for h, node := range held {
+		if listed[h] != 1 {
+			t.Fatalf("%s of %s is in the record %d times, want once", h, node, listed[h])
 		}
 	}
 	nodes, err := admin.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root.Msg.Node.NodeId}))

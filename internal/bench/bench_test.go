@@ -254,3 +254,24 @@ func TestSummaryTerminationAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestMCPToolsCallScenario runs the MCP scenario briefly: its 16 agents
+// are 16 nodes, so the gateway's per-node bound on sessions does not
+// refuse them (a single node's 17 sessions are refused).
+func TestMCPToolsCallScenario(t *testing.T) {
+	r := &Report{Dir: t.TempDir(), Duration: 50 * time.Millisecond}
+	srv, err := startServer(t.Context(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	if err := mcpToolsCall(t.Context(), r, srv); err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range r.Results() {
+		if res.Name == "mcp/tools-call/gateway-throughput-16-agents" && res.Value > 0 {
+			return
+		}
+	}
+	t.Fatalf("no gateway throughput in %v", r.Results())
+}

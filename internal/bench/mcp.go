@@ -111,14 +111,24 @@ func mcpToolsCall(ctx context.Context, r *Report, srv *benchServer) error {
 	r.Add("mcp/tools-call/added-p50", ms(gp50-dp50), "ms")
 	r.Add("mcp/tools-call/added-p99", ms(gp99-dp99), "ms")
 
-	// Throughput: 16 agents, one session each.
+	// Throughput: 16 agents, each its own node with its own grant and one
+	// session (the gateway bounds the sessions of one node).
 	const agents = 16
+	tokens := make([]string, agents)
+	for i := range tokens {
+		_, g, err := rootWithGrant(ctx, srv, fmt.Sprintf("bench-mcp-agent-%d", i), time.Hour, "mcp:bench/*")
+		if err != nil {
+			return err
+		}
+		tokens[i] = g.Token
+	}
 	for _, s := range []struct {
-		name, endpoint, token string
-	}{{"direct", upURL, ""}, {"gateway", gwURL, grant.Token}} {
+		name, endpoint string
+		tokens         []string
+	}{{"direct", upURL, make([]string, agents)}, {"gateway", gwURL, tokens}} {
 		sessions := make([]*mcp.ClientSession, agents)
 		for i := range sessions {
-			if sessions[i], err = open(s.endpoint, s.token); err != nil {
+			if sessions[i], err = open(s.endpoint, s.tokens[i]); err != nil {
 				return err
 			}
 		}

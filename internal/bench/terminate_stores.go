@@ -91,6 +91,13 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 				// Commit requests: Updates whose commits went merged
 				// (etcd's group commit) share one.
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/commit-requests/agents=%d", agents), float64(after.CommitRequests-before.CommitRequests), "requests")
+				// The volume: ranges asked for and keys returned by the
+				// reads, comparisons and writes carried by the commits.
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/ranges/agents=%d", agents), float64(after.Ranges-before.Ranges), "ranges")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/keys-read/agents=%d", agents), float64(after.KeysRead-before.KeysRead), "keys")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/compares/agents=%d", agents), float64(after.Compares-before.Compares), "compares")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/writes/agents=%d", agents), float64(after.Writes-before.Writes), "writes")
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/watch-events/agents=%d", agents), float64(after.WatchEvents-before.WatchEvents), "events")
 			}
 			times[backend] = elapsed
 			if cpuOK {
@@ -99,6 +106,11 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 				// shared machine it moves less with the load than the
 				// wall-clock time does.
 				cpu := cpuAfter - cpuBefore + etcdAfter - etcdBefore
+				if backend == "etcd" {
+					// Each side apart: the member's share is what the
+					// keys read, compared and written cost etcd.
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/terminate-abort-cpu-member/agents=%d", agents), float64((etcdAfter-etcdBefore).Microseconds())/1000, "ms")
+				}
 				r.Add(fmt.Sprintf("supervisor/terminate-stores/%s/terminate-abort-cpu/agents=%d", backend, agents), float64(cpu.Microseconds())/1000, "ms")
 				cpus[backend] = cpu
 			}

@@ -236,18 +236,7 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 		return nil, err
 	}
 	// The privileges themselves, fetched together too.
-	if err := store.Prefetch(tx, store.KeysOf(ids, privilegeKey), nil); err != nil {
-		return nil, err
-	}
-	var out []Privilege
-	for _, pid := range ids {
-		var priv Privilege
-		if err := kv.GetJSON(tx, privilegeKey(pid), &priv); err != nil {
-			return nil, err
-		}
-		out = append(out, priv)
-	}
-	return out, nil
+	return ByID(tx, ids)
 }
 
 // Dispatch starts revoking every undecided privilege of the nodes and
@@ -267,6 +256,13 @@ func (r *Privileges) Dispatch(ctx context.Context, nodeIDs []string, deadline ti
 	if err != nil {
 		return err
 	}
+	return r.DispatchRead(ctx, privs, deadline, decided)
+}
+
+// DispatchRead is Dispatch of privileges the caller has read (PrivilegesIn
+// in a transaction of its own, as a termination's revocation does to keep
+// the list).
+func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadline time.Time, decided func()) error {
 	now := r.Clock.Now()
 	var expired []Privilege
 	byNode := map[string][]Privilege{}
@@ -416,13 +412,34 @@ func PendingIn(tx store.ReadTxn, nodeIDs []string, now time.Time) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	return Pending(privs, now), nil
+}
+
+// Pending counts the undecided, unexpired privileges of privs.
+func Pending(privs []Privilege, now time.Time) int {
 	n := 0
 	for _, p := range privs {
 		if p.Outcome == "" && now.Before(p.ExpiresAt) {
 			n++
 		}
 	}
-	return n, nil
+	return n
+}
+
+// ByID reads the privileges ids names, in order, fetched together.
+func ByID(tx store.ReadTxn, ids []string) ([]Privilege, error) {
+	if err := store.Prefetch(tx, store.KeysOf(ids, privilegeKey), nil); err != nil {
+		return nil, err
+	}
+	out := make([]Privilege, 0, len(ids))
+	for _, pid := range ids {
+		var priv Privilege
+		if err := kv.GetJSON(tx, privilegeKey(pid), &priv); err != nil {
+			return nil, err
+		}
+		out = append(out, priv)
+	}
+	return out, nil
 }
 
 // hookClient is r.HTTP (or a default client) that never follows a

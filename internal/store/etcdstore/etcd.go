@@ -403,6 +403,8 @@ func (s *Etcd) commit(t *etcdTxn) (conflict bool, err error) {
 	if err != nil {
 		return false, err
 	}
+	s.stats.compares.Add(uint64(len(req.compares)))
+	s.stats.writes.Add(uint64(len(req.ops)))
 	if !groupable(req) {
 		return s.commitAlone(t, req)
 	}
@@ -508,6 +510,17 @@ type EtcdStats struct {
 	// Merged is the number of Update attempts whose commit went merged
 	// with others' (counted in CommitRequests once per merged request).
 	Merged uint64
+	// Ranges is the number of ranges (point reads and scans' pages) the
+	// read requests asked for, and KeysRead the keys they returned: the
+	// volume of reading, where ReadRequests counts round trips.
+	Ranges, KeysRead uint64
+	// Compares and Writes are the comparisons and the writes (puts and
+	// deletes) the commit requests carried, retried attempts included:
+	// the volume of committing.
+	Compares, Writes uint64
+	// WatchEvents is the number of events the store's watches received
+	// (a key written is received once per watch whose prefix holds it).
+	WatchEvents uint64
 	// Waiting is the number of Updates waiting now for their turn: behind
 	// a retry that runs alone, or, for a retry, for the others to finish.
 	Waiting int
@@ -523,13 +536,32 @@ func (s *Etcd) Stats() EtcdStats {
 		ReadRequests:   s.stats.reads.Load(),
 		CommitRequests: s.stats.commits.Load(),
 		Merged:         s.stats.merged.Load(),
+		Ranges:         s.stats.ranges.Load(),
+		KeysRead:       s.stats.keysRead.Load(),
+		Compares:       s.stats.compares.Load(),
+		Writes:         s.stats.writes.Load(),
+		WatchEvents:    s.stats.watchEvents.Load(),
 		Waiting:        int(s.stats.waiting.Load()),
 	}
 }
 
 type etcdCounters struct {
 	updates, attempts, conflicts, exclusive, reads, commits, merged atomic.Uint64
+	ranges, keysRead, compares, writes, watchEvents                 atomic.Uint64
 	waiting                                                         atomic.Int64
+}
+
+// countRead counts the ranges of one read request and the keys it
+// returned.
+func (c *etcdCounters) countRead(resps ...*clientv3.GetResponse) {
+	n := 0
+	for _, r := range resps {
+		if r != nil {
+			n += len(r.Kvs)
+		}
+	}
+	c.ranges.Add(uint64(len(resps)))
+	c.keysRead.Add(uint64(n))
 }
 
 // retryBackoff is the wait before attempt n: full jitter over an

@@ -424,6 +424,7 @@ func (s *Etcd) readMerged(batch []*firstRead) {
 			}
 			o.resps[j] = (*clientv3.GetResponse)(rr)
 		}
+		s.stats.countRead(o.resps...)
 		m.done <- o
 	}
 }

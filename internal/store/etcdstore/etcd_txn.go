@@ -245,6 +245,7 @@ func (r *etcdSnapshot) fetchPart(part []etcdRange) ([]*clientv3.GetResponse, err
 		}
 		out[i] = (*clientv3.GetResponse)(rr)
 	}
+	r.store.stats.countRead(out...)
 	if r.rev == 0 {
 		r.rev = resp.Header.Revision
 	}
@@ -298,6 +299,7 @@ func (r *etcdSnapshot) get(key string, opts ...clientv3.OpOption) (*clientv3.Get
 		}
 		return nil, r.store.readError(r.ctx, err)
 	}
+	r.store.stats.countRead(resp)
 	if r.rev == 0 {
 		r.rev = resp.Header.Revision
 	}

@@ -110,6 +110,7 @@ func (s *Etcd) follow(w *etcdWatcher, ch clientv3.WatchChan) error {
 		// One etcd response holds whole revisions (responses are split
 		// only on request, with WithFragment), possibly several: each
 		// becomes one batch.
+		s.stats.watchEvents.Add(uint64(len(resp.Events)))
 		var batch []store.Event
 		for _, ev := range resp.Events {
 			e := store.Event{
