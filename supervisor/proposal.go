@@ -297,7 +297,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		drain = DefaultDrainWindow
 	}
 	term, err := NewTermination(id.New(id.Termination), p.NodeID, mode, drain, DefaultCancelAckTimeout, DefaultConfirmTimeout,
-		"stop proposal "+p.ProposalID+": "+p.Reason, decidedBy, now)
+		proposalReason(p), decidedBy, now)
 	if err != nil {
 		return Termination{}, err
 	}
@@ -319,6 +319,15 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 }
 
 // Proposals lists proposals, optionally in one state.
+// proposalReason is the reason of the termination a proposal starts: the
+// proposal's label and its reason, cut to a termination reason's bound on
+// a character boundary. The proposer's reason may be as long as that bound
+// itself; a decision must not fail on its words (the proposal keeps them
+// whole).
+func proposalReason(p *StopProposal) string {
+	return kv.ClipUTF8("stop proposal "+p.ProposalID+": "+p.Reason, MaxReasonBytes)
+}
+
 func (s *Supervisor) Proposals(ctx context.Context, state ProposalState) ([]*StopProposal, error) {
 	var out []*StopProposal
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {

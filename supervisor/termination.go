@@ -558,8 +558,8 @@ func NewTermination(id, nodeID string, mode Mode, drain, cancelAck, confirm time
 			return Termination{}, fmt.Errorf("%w: %s must be between 0 and %s", tree.ErrInvalidArgument, d.name, MaxTerminationWindow)
 		}
 	}
-	if len(reason) > 1024 {
-		return Termination{}, fmt.Errorf("%w: reason is longer than 1024 bytes", tree.ErrInvalidArgument)
+	if len(reason) > MaxReasonBytes {
+		return Termination{}, fmt.Errorf("%w: reason is longer than %d bytes", tree.ErrInvalidArgument, MaxReasonBytes)
 	}
 	t := Termination{
 		ID: id, NodeID: nodeID, Mode: mode, DrainWindow: drain, CancelAckTimeout: cancelAck,
@@ -568,6 +568,9 @@ func NewTermination(id, nodeID string, mode Mode, drain, cancelAck, confirm time
 	}
 	return enter(t, PhaseRequested, now), nil
 }
+
+// MaxReasonBytes bounds a termination's reason (and a stop proposal's).
+const MaxReasonBytes = 1024
 
 // MaxTerminationWindow bounds each of a termination's windows.
 const MaxTerminationWindow = 24 * time.Hour

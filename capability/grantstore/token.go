@@ -37,7 +37,10 @@ func (s *Service) Introspect(ctx context.Context, token string) (capability.Clai
 // CheckToken implements ledger.TokenChecker for the tool-call ledger:
 // the token's signature and times, its grant and whole chain against the
 // store and the tombstones, and the scope the call needs
-// (capability.Allows). It returns the holder's node id and the grant id.
+// (capability.Allows). It returns the holder's node id and the grant id;
+// with a token that verifies but whose grant (or chain) is revoked or
+// expired in the store, it returns them with the error too: the ledger
+// keeps the use of a dead credential as its holder's activity.
 func (s *Service) CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error) {
 	if err := capability.ValidateScope(requiredScope); err != nil {
 		return "", "", fmt.Errorf("%w: required scope: %w", ErrInvalidArgument, err)
@@ -47,7 +50,7 @@ func (s *Service) CheckToken(ctx context.Context, token, requiredScope string) (
 		return "", "", err
 	}
 	if !verdict.Active {
-		return "", "", verdict.Err
+		return claims.HolderNodeID, claims.GrantID, verdict.Err
 	}
 	if !capability.Allows(claims.Scopes, requiredScope) {
 		return "", "", fmt.Errorf("%w: grant %s does not allow scope %q", ErrScopeNotGranted, claims.GrantID, requiredScope)

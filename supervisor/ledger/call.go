@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tetherhq/tether/internal/enumname"
@@ -80,3 +82,24 @@ var callResolutionNames = [...]string{
 // String is the resolution's tether.v1 name ("CALL_RESOLUTION_FAILED"), or
 // its number when it has none.
 func (r CallResolution) String() string { return enumname.Of(callResolutionNames[:], r, "") }
+
+// reportOnEnded answers a gate's report (an end or a cancel
+// acknowledgement) of a call that has already ended. The gate's own retry
+// is idempotent (nil: the call is answered as it stands). A call a
+// termination closed — it stopped waiting for the gate and wrote the call
+// cancel_unacknowledged into its record — refuses the report: answering it
+// would tell the gate its word was recorded when the record says otherwise.
+// A call stored before calls named who ended them keeps the old answer.
+func reportOnEnded(c *ToolCall, by string) error {
+	if c.EndedBy == by || c.EndedBy == "" {
+		return nil
+	}
+	return fmt.Errorf("%w: call_id %s was closed %s by %s at %s, when the termination stopped waiting for the gate; a report after that is not recorded",
+		ErrCallClosed, c.CallID, resolutionWord(c.Resolution), c.EndedBy, c.EndedAt.UTC().Format(time.RFC3339))
+}
+
+// resolutionWord is a resolution as the record's readers know it
+// ("cancel_unacknowledged").
+func resolutionWord(r CallResolution) string {
+	return strings.ToLower(strings.TrimPrefix(r.String(), "CALL_RESOLUTION_"))
+}

@@ -1,7 +1,10 @@
 package ledger
 
 import (
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/tetherhq/tether/internal/enumname/enumtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -37,6 +40,43 @@ func TestCallResolutionIsTetherV1s(t *testing.T) {
 	} {
 		if int32(r) != int32(want) {
 			t.Errorf("%v = %d, tether.v1 says %d", r, r, want)
+		}
+	}
+}
+
+// A report of a call already ended: the gate that ended it may repeat
+// itself; a termination's closing (cancel_unacknowledged) is final, and a
+// late end or acknowledgement is refused with what the record says.
+func TestAReportAfterATerminationClosedTheCallIsRefused(t *testing.T) {
+	at := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		endedBy string
+		res     CallResolution
+		by      string
+		refused bool
+	}{
+		{"the gate's own retry", "tool:gate-1", CallResolutionCompleted, "tool:gate-1", false},
+		{"the gate's retried ack", "tool:gate-1", CallResolutionCancelledAcked, "tool:gate-1", false},
+		{"a call stored before provenance", "", CallResolutionCompleted, "tool:gate-1", false},
+		{"a late ack after the termination closed it", "termination:t_1", CallResolutionCancelUnacknowledged, "tool:gate-1", true},
+	} {
+		c := &ToolCall{CallID: "c_1", State: CallStateEnded, Resolution: tc.res, EndedBy: tc.endedBy, EndedAt: at}
+		err := reportOnEnded(c, tc.by)
+		if (err != nil) != tc.refused {
+			t.Errorf("%s: %v, refused want %v", tc.name, err, tc.refused)
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, ErrCallClosed) {
+			t.Errorf("%s: %v is not ErrCallClosed", tc.name, err)
+		}
+		for _, word := range []string{"c_1", "cancel_unacknowledged", "termination:t_1", "2026-11-30T12:00:00Z", "not recorded"} {
+			if !strings.Contains(err.Error(), word) {
+				t.Errorf("%s: %q does not say %q", tc.name, err, word)
+			}
 		}
 	}
 }

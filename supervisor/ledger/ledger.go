@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"regexp"
 	"time"
@@ -20,11 +21,14 @@ var (
 	ErrWrongGate     = fault.New(fault.Denied, "supervisor: call was reported by another gate")
 	ErrTokenRejected = fault.New(fault.Denied, "supervisor: capability token rejected")
 	ErrNoCancelOrder = fault.New(fault.Precondition, "supervisor: no cancel order to acknowledge")
+	ErrCallClosed    = fault.New(fault.Precondition, "supervisor: call already closed")
 )
 
 // TokenChecker verifies a capability token for a tool call: signature,
 // expiry, the revocation chain and the required scope. It returns the
-// holder's node id and the grant id.
+// holder's node id and the grant id, and both with the error for a token
+// that verifies but whose grant is revoked (the ledger keeps that use of a
+// dead credential as the holder's activity when its exit was confirmed).
 type TokenChecker interface {
 	CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error)
 }
@@ -79,6 +83,12 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	}
 	nodeID, grantID, err := l.Tokens.CheckToken(ctx, token, requiredScope)
 	if err != nil {
+		if nodeID != "" {
+			// A dead credential of a known node, still in use.
+			if nerr := l.noteDeadCredential(ctx, nodeID, grantID, tool, gateID); nerr != nil {
+				return nil, nerr
+			}
+		}
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
 	}
 	now := l.Clock.Now()
@@ -152,7 +162,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 // that had a cancel order and ends is resolved cancelled_acked: the handler
 // returned.
 func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) error {
+	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		c.EndedAt = now
 		c.EndedBy = by
 		switch {
@@ -170,13 +180,39 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 	})
 }
 
+// noteDeadCredential keeps a refused call with a revoked grant of a node
+// whose exit was confirmed as contradicting evidence on the node: the
+// node's credential is dead, but something still holds and uses it, so its
+// exit is not confirmed by the control plane's observation (tree.JudgeExit
+// sees the contradiction). A node not claimed to have exited, or already
+// terminated (its record written), is left alone.
+func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) error {
+	now := l.Clock.Now()
+	return l.Store.Update(ctx, func(tx store.Txn) error {
+		node, err := tree.GetNodeIn(tx, nodeID)
+		if errors.Is(err, tree.ErrNodeNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !tree.ExitConfirmed(node) || node.State == tree.NodeStateTerminated {
+			return nil
+		}
+		if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now) {
+			return tree.PutNodeIn(tx, node)
+		}
+		return nil
+	})
+}
+
 // CancelAck records that the gate cancelled the call and its handler
 // returned, reported by the tool server by through gateID. It answers a
 // cancel order: a call nobody asked to cancel (a drain orders none) is
 // refused (ErrNoCancelOrder) and stays in flight, so the record never says
 // a call was cancelled when no termination cancelled it.
 func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
-	return l.finish(ctx, callID, gateID, func(c *ToolCall, now time.Time) error {
+	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		if c.State != CallStateCancelRequested {
 			return fmt.Errorf("%w: call_id %s was not asked to cancel (no termination ordered it); report how it ended with EndCall", ErrNoCancelOrder, callID)
 		}
@@ -189,7 +225,7 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
+func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
@@ -207,7 +243,12 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID string, apply func(*
 			return fmt.Errorf("%w: call_id %s was begun by another gate, not gate_id %q", ErrWrongGate, callID, gateID)
 		}
 		if c.State == CallStateEnded {
-			out = c // idempotent: a retried end changes nothing
+			// The gate's retry changes nothing; a report of a call a
+			// termination closed is refused (reportOnEnded).
+			if err := reportOnEnded(c, by); err != nil {
+				return err
+			}
+			out = c
 			return nil
 		}
 		var before *ToolCall

@@ -98,6 +98,10 @@ const (
 // ErrHookNotAllowed refuses a revoke_url outside the operator's allow-list.
 var ErrHookNotAllowed = fault.New(fault.Denied, "supervisor: revoke_url destination not allowed")
 
+// ErrNodeNotRunning refuses a privilege for a node that is stopping or
+// stopped: a termination already revoked (or is revoking) what it held.
+var ErrNodeNotRunning = fault.New(fault.Precondition, "supervisor: node is not running")
+
 // HookAllowFlag names the serve flag that sets AllowHooks, for messages.
 const HookAllowFlag = "tether serve --privilege-hook-allow"
 
@@ -195,7 +199,7 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 			return err
 		}
 		if n.State != tree.NodeStateRunning {
-			return fmt.Errorf("%w: node_id %s is %s", tree.ErrParentNotRunning, p.NodeID, tree.StateName(n.State))
+			return fmt.Errorf("%w: node_id %s is %s; a privilege is registered only for a running node", ErrNodeNotRunning, p.NodeID, tree.StateName(n.State))
 		}
 		held, err := PrivilegesIn(tx, []string{p.NodeID})
 		if err != nil {
