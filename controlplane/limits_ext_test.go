@@ -165,8 +165,30 @@ func TestRateLimitPerCaller(t *testing.T) {
 	stream := agent.Agent.Session(ctx)
 	defer func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() }()
 	_ = stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: resp.Msg.Node.NodeId}}})
-	_, err = stream.Receive()
-	wantLimit(t, "a limited agent's session", err, connect.CodeResourceExhausted, "rate limit")
+	// Its lineage's budget is spent, but a session is upkeep: it opens on
+	// the node's own reserve (controlplane.UpkeepReserveBurst), and its
+	// heartbeats run on it until that is spent too.
+	if _, err = stream.Receive(); err != nil {
+		t.Fatalf("a limited agent's session, on its node's reserve: %v", err)
+	}
+	acks := 0
+	for err == nil {
+		_ = stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}})
+		var m *tetherv1.SessionResponse
+		for err == nil {
+			if m, err = stream.Receive(); err == nil && m.GetHeartbeatAck() != nil {
+				acks++
+				break
+			}
+		}
+		if acks > 100 {
+			t.Fatal("the reserve does not run out")
+		}
+	}
+	if acks != controlplane.UpkeepReserveBurst-1 {
+		t.Fatalf("%d heartbeats on the reserve, want %d (its burst less the session's opening)", acks, controlplane.UpkeepReserveBurst-1)
+	}
+	wantLimit(t, "a limited agent's session past its reserve", err, connect.CodeResourceExhausted, "rate limit")
 }
 
 // retryAfter is a refusal's Retry-After header; the RetryInfo detail must
@@ -260,8 +282,10 @@ func TestRateLimitIsSharedByTheLineage(t *testing.T) {
 			t.Fatal("a session's heartbeats are not rate limited")
 		}
 	}
-	if acks != burst-1 {
-		t.Fatalf("%d heartbeats answered, want %d (the burst less the session's opening)", acks, burst-1)
+	// The node's own reserve for its upkeep (a heartbeat is upkeep) comes
+	// after the lineage's budget.
+	if acks != burst-1+controlplane.UpkeepReserveBurst {
+		t.Fatalf("%d heartbeats answered, want %d (the burst less the session's opening, then the node's reserve)", acks, burst-1+controlplane.UpkeepReserveBurst)
 	}
 	wantLimit(t, "a heartbeat past the lineage's burst", sessionErr, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
 
@@ -286,15 +310,15 @@ func TestRateLimitIsSharedByTheLineage(t *testing.T) {
 		}
 		answered += 1 + len(m.Batch)
 	}
-	big := progress(10) // 1 for the message + 10 for its batch: past the 3 left
-	for i := range 10 {
+	big := progress(10) // 1 for the message + 20 for its batch: past the 3 left, and past the node's reserve
+	for i := range 20 {
 		big.Batch = append(big.Batch, progress(uint64(11+i)))
 	}
 	_ = channel.Send(big)
 	for {
 		m, err := channel.Receive()
 		if err != nil {
-			wantLimit(t, "a batch past the lineage's budget", err, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId, "batch of 10")
+			wantLimit(t, "a batch past the lineage's budget", err, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId, "batch of 20")
 			break
 		}
 		if m.CorrelationId >= 10 {

@@ -340,6 +340,18 @@ func (s *Server) buildHandler() error {
 			tetherv1connect.ToolServiceEndCallProcedure:   true,
 			tetherv1connect.ToolServiceCancelAckProcedure: true,
 		},
+		Upkeep: map[string]bool{
+			tetherv1connect.AgentServiceSessionProcedure:     true,
+			tetherv1connect.AgentServiceHeartbeatProcedure:   true,
+			tetherv1connect.AgentServiceConfirmExitProcedure: true,
+			tetherv1connect.ToolServiceEndCallProcedure:      true,
+			tetherv1connect.ToolServiceCancelAckProcedure:    true,
+			tetherv1connect.LeaseServiceRenewProcedure:       true,
+			tetherv1connect.LeaseServiceCancelAckProcedure:   true,
+			tetherv1connect.LeaseServiceCompleteProcedure:    true,
+			tetherv1connect.LeaseServiceChannelProcedure:     true,
+		},
+		Reserve:     &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
 		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
 		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
 		Cache:       auth.NewTokenCache(0),
@@ -535,3 +547,15 @@ func serviceNames() []string {
 		tetherv1connect.StopRuleServiceName,
 	}
 }
+
+// UpkeepReserveRate and UpkeepReserveBurst size each agent node's own
+// reserve for its upkeep (auth.Interceptor.Upkeep): what its session, its
+// leases, its gate and its exit need once another member of its lineage
+// has spent the budget the lineage shares. A heartbeat every 5 s and a
+// renewal a third of a lease's life fit it many times over; a rogue's
+// children each bring a reserve only for their own upkeep, and each was a
+// spawn its lineage paid for.
+const (
+	UpkeepReserveRate  = 2
+	UpkeepReserveBurst = 16
+)

@@ -54,6 +54,16 @@ type Interceptor struct {
 	// would leave a call the gate saw end in flight in the record — which a
 	// rogue could bring about by spending a shared gate's budget.
 	Evidence map[string]bool
+	// Upkeep are the procedures by which an agent keeps itself accounted
+	// for: its session and heartbeats, its lease renewals, cancel
+	// acknowledgements and completions, its tool calls' ends and cancel
+	// acknowledgements, its exit confirmation. Once its lineage's budget is
+	// spent they draw on its node's own small Reserve, so that one member
+	// of a lineage spending the shared budget cannot starve another's
+	// upkeep: let a lease lapse, end a session, or keep a drained node's
+	// exit from being confirmed. Nil Reserve: no reserve.
+	Upkeep  map[string]bool
+	Reserve *RateLimiter
 	// Anonymous bounds, per source address, the requests that carry no
 	// valid credential (nil: unlimited). An address past it is refused
 	// before its next credential is verified.
@@ -159,7 +169,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	if p.Kind == KindToolServer && i.Evidence[procedure] {
 		return WithPrincipal(ctx, p), nil
 	}
-	if err := i.spend(p, 1); err != nil {
+	if err := i.charge(p, procedure, 1); err != nil {
 		if i.RateLimited != nil {
 			i.RateLimited(procedure)
 		}
@@ -197,6 +207,19 @@ func (i *Interceptor) spend(p Principal, n int) error {
 	return rateLimited(who, wait)
 }
 
+// charge is spend, with an agent's Upkeep falling back on its node's
+// Reserve once its lineage's budget is spent.
+func (i *Interceptor) charge(p Principal, procedure string, n int) error {
+	err := i.spend(p, n)
+	if err == nil || !p.IsAgent() || !i.Upkeep[procedure] || i.Reserve == nil {
+		return err
+	}
+	if ok, _ := i.Reserve.AllowN("upkeep:"+p.ID(), n); ok {
+		return nil
+	}
+	return err
+}
+
 // rateLimited is the refusal of a rate limit: resource_exhausted, the
 // wait in the message, in a Retry-After header and in a RetryInfo detail.
 func rateLimited(who string, wait time.Duration) error {
@@ -230,14 +253,15 @@ func Spend(ctx context.Context, n int) error {
 	if !ok || n <= 0 {
 		return nil
 	}
-	return m.i.spend(m.p, n)
+	return m.i.charge(m.p, m.procedure, n)
 }
 
 type meterKey struct{}
 
 type meter struct {
-	i *Interceptor
-	p Principal
+	i         *Interceptor
+	p         Principal
+	procedure string
 }
 
 // gateKey marks a context whose request the Gate admitted.
@@ -312,7 +336,7 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return nil, err
 		}
 		// A batch call (SpawnBatch) charges its further items with Spend.
-		return next(context.WithValue(ctx, meterKey{}, &meter{i: i, p: p}), req)
+		return next(context.WithValue(ctx, meterKey{}, &meter{i: i, p: p, procedure: req.Spec().Procedure}), req)
 	}
 }
 
@@ -345,7 +369,7 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			defer cancel(nil)
 			go i.endOnRevocation(ctx, p.TokenID, cancel)
 		}
-		m := &meter{i: i, p: p}
+		m := &meter{i: i, p: p, procedure: conn.Spec().Procedure}
 		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
 		if cause := context.Cause(ctx); errors.Is(cause, ErrRevoked) {
 			return cause
@@ -426,7 +450,7 @@ func (c *meteredConn) Receive(msg any) error {
 	}
 	c.received++
 	if c.received > 1 {
-		return c.m.i.spend(c.m.p, 1)
+		return c.m.i.charge(c.m.p, c.m.procedure, 1)
 	}
 	return nil
 }

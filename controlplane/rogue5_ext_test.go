@@ -1,0 +1,93 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The fifth rogue pass: combinations the first four did not try. Each test
+// plays one rogue through the real server (Badger on disk, HTTP/2, real
+// JWTs, the manual clock).
+
+// spendLineage has the rogue call GetNode on itself until its lineage's
+// rate budget is spent (the manual clock refills nothing meanwhile).
+func spendLineage(t *testing.T, rogue *testserver.Clients, self string) {
+	t.Helper()
+	for range 256 {
+		_, err := rogue.Agent.GetNode(context.Background(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: self}))
+		if connect.CodeOf(err) == connect.CodeResourceExhausted {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("the lineage's budget never ran out; the probe tests nothing")
+}
+
+// A rogue spends the rate budget its lineage shares (its root and every
+// descendant share one, so that spawning children buys nothing) while its
+// sibling works a lease and is then drained by the operator. The budget
+// bounds what a lineage asks of the server; it must not let one member
+// silence another's upkeep: were the sibling's heartbeat, renewals,
+// completion and exit confirmation refused, its lease would lapse (a job
+// frozen by a stranger to it), and the operator's drain would wait its
+// whole window for an exit already done and record the sibling
+// unaccounted. Each node has a small reserve of its own for that upkeep:
+// the sibling's go through, and the rogue, its budget spent, gets nothing
+// more for anything else.
+func TestARogueThatSpendsItsLineagesBudgetCannotSilenceItsSiblingsUpkeep(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 16 })
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "planner")
+	rootC := srv.Clients(root.Credential)
+	honest := spawn(t, rootC, root.Node.NodeId, "honest")
+	rogue := spawn(t, rootC, root.Node.NodeId, "rogue")
+	honestC, rogueC := srv.Clients(honest.Credential), srv.Clients(rogue.Credential)
+	self := honest.Node.NodeId
+
+	sess, err := openSession(t, honestC, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: self, LeaseDuration: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := unary{honestC}.send(t, ack(offered.Msg.Lease))
+
+	spendLineage(t, rogueC, rogue.Node.NodeId)
+	if _, err := rogueC.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: rogue.Node.NodeId})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's next call: %v, want resource_exhausted (its reserve is for upkeep only)", err)
+	}
+
+	if err := sess.heartbeat(); err != nil {
+		t.Fatalf("the sibling's heartbeat once the rogue spent the lineage's budget: %v", err)
+	}
+	if _, _, errText := (unary{honestC}).try(t, renew(l, 1)); errText != "" {
+		t.Fatalf("the sibling's renew once the rogue spent the lineage's budget: %s", errText)
+	}
+	term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Hour, time.Hour)
+	if _, _, errText := (unary{honestC}).try(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS)); errText != "" {
+		t.Fatalf("the sibling's completion: %s", errText)
+	}
+	if _, err := honestC.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "drained"})); err != nil {
+		t.Fatalf("the drained sibling's exit confirmation once the rogue spent the lineage's budget: %v", err)
+	}
+	if n := getNode(t, admin, self); n.ExitConfirmedBy == "" {
+		t.Fatalf("the sibling's exit is not confirmed: %v", n)
+	}
+	// The drain does not wait out its hour for an exit already confirmed.
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+}
