@@ -59,6 +59,12 @@ type ConnLimits struct {
 	// MaxStreamsPerCaller bounds the streams one principal holds open at
 	// once, over every connection.
 	MaxStreamsPerCaller int
+	// MaxHeaderBytes bounds a request's headers (HTTP/1.1: 431; HTTP/2:
+	// the header list size the server advertises). A stream keeps its
+	// headers while it lives, so this times the open streams is what
+	// headers may hold; Go's default is a megabyte, far above the 8 KiB
+	// of a credential.
+	MaxHeaderBytes int
 }
 
 // DefaultConnLimits are the limits `tether serve` starts with.
@@ -73,6 +79,7 @@ var DefaultConnLimits = ConnLimits{
 	MaxConnections:      10000,
 	HealthReserve:       32,
 	MaxStreamsPerCaller: 256,
+	MaxHeaderBytes:      64 << 10,
 }
 
 func (l *ConnLimits) defaults() {
@@ -96,6 +103,9 @@ func (l *ConnLimits) defaults() {
 	}
 	if l.HealthReserve == 0 {
 		l.HealthReserve = d.HealthReserve
+	}
+	if l.MaxHeaderBytes == 0 {
+		l.MaxHeaderBytes = d.MaxHeaderBytes
 	}
 	if l.MaxStreamsPerCaller == 0 {
 		l.MaxStreamsPerCaller = d.MaxStreamsPerCaller

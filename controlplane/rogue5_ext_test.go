@@ -2,6 +2,9 @@ package controlplane_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,4 +93,50 @@ func TestARogueThatSpendsItsLineagesBudgetCannotSilenceItsSiblingsUpkeep(t *test
 	}
 	// The drain does not wait out its hour for an exit already confirmed.
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+}
+
+// A rogue with a valid credential pads the headers of its requests: a
+// stream it holds open keeps its headers for as long as it lives, and an
+// agent may hold 256 streams, each of its children 256 more. Headers are
+// bounded well below Go's default megabyte (a credential is at most 8 KiB):
+// 512 KiB of padding is refused, over HTTP/1.1 with 431 before any handler
+// runs and over HTTP/2 by the limit the server advertises; 16 KiB passes.
+func TestARogueThatPadsItsHeadersIsRefused(t *testing.T) {
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)))
+	root := register(t, srv.AdminClients(), "padder")
+	ctx := context.Background()
+	call := func(pad int) error {
+		req := connect.NewRequest(&tetherv1.WhoAmIRequest{})
+		req.Header().Set("X-Pad", strings.Repeat("a", pad))
+		_, err := srv.Clients(root.Credential).Auth.WhoAmI(ctx, req)
+		return err
+	}
+	if err := call(16 << 10); err != nil {
+		t.Fatalf("a request with 16 KiB of headers: %v", err)
+	}
+	if err := call(512 << 10); err == nil {
+		t.Fatal("HTTP/2: a request with 512 KiB of headers was served")
+	}
+	http1 := func(pad int) int {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/tether.v1.AuthService/WhoAmI", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+root.Credential)
+		req.Header.Set("X-Pad", strings.Repeat("a", pad))
+		resp, err := (&http.Client{Transport: &http.Transport{}}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	if got := http1(16 << 10); got != http.StatusOK {
+		t.Fatalf("HTTP/1.1 with 16 KiB of headers: %d, want 200", got)
+	}
+	if got := http1(512 << 10); got != http.StatusRequestHeaderFieldsTooLarge {
+		t.Fatalf("HTTP/1.1 with 512 KiB of headers: %d, want 431", got)
+	}
 }

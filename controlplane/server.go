@@ -423,6 +423,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		// long-lived stream. Each request gets its own deadlines instead
 		// (withDeadlines), lifted for authenticated streams.
 		ReadHeaderTimeout: limits.ReadHeaderTimeout,
+		MaxHeaderBytes:    limits.MaxHeaderBytes,
 		IdleTimeout:       limits.IdleTimeout,
 		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),

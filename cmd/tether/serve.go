@@ -139,6 +139,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections; past it, --health-reserve more may only GET /healthz, the rest are answered 503")
 	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz")
 	f.IntVar(&limits.MaxStreamsPerCaller, "max-streams-per-caller", limits.MaxStreamsPerCaller, "open streams (sessions, watches, lease channels) per principal")
+	f.IntVar(&limits.MaxHeaderBytes, "max-header-bytes", limits.MaxHeaderBytes, "largest request headers (HTTP/1.1: 431; HTTP/2: the advertised header list size); an open stream keeps its headers while it lives")
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", privilege.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")
 	f.DurationVar(&hookTimeout, "privilege-hook-timeout", supervisor.DefaultHookTimeout, "total time a termination waits for its privilege revocations (called in parallel, redirects never followed); what has not answered is revoke_failed in the record")
