@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -138,5 +139,59 @@ func TestARogueThatPadsItsHeadersIsRefused(t *testing.T) {
 	}
 	if got := http1(512 << 10); got != http.StatusRequestHeaderFieldsTooLarge {
 		t.Fatalf("HTTP/1.1 with 512 KiB of headers: %d, want 431", got)
+	}
+}
+
+// A rogue spawns a chain of descendants (it holds every credential), and
+// once the operator drains the chain, has the deepest node and seven of its
+// ancestors claim its exit: eight parties, the number of confirmations a
+// node keeps. The launcher, which watched the process and attests its exit
+// from outside, must still be heard: its attestation was dropped for want
+// of room, so the workload's own words crowded out the only evidence from
+// outside and the node could only be recorded unaccounted. The workload's
+// claims have their room, and an operator's attestations theirs.
+func TestARogueThatFillsAnExitsConfirmationsCannotCrowdOutTheLauncher(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	parent := root.Node.NodeId
+	parentC := srv.Clients(root.Credential)
+	var chain []*testserver.Clients
+	var ids []string
+	for i := range 8 {
+		c := spawn(t, parentC, parent, fmt.Sprintf("link-%d", i))
+		parent, parentC = c.Node.NodeId, srv.Clients(c.Credential)
+		chain, ids = append(chain, parentC), append(ids, parent)
+	}
+	deepest := ids[len(ids)-1]
+	term := terminate(t, admin, ids[0], tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Minute, time.Minute)
+	for i, c := range chain {
+		if _, err := c.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: deepest, Reason: fmt.Sprintf("claim %d", i)})); err != nil {
+			t.Fatalf("claim %d: %v", i, err)
+		}
+	}
+	if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: deepest, Reason: "process exited"})); err != nil {
+		t.Fatal(err)
+	}
+	n := getNode(t, admin, deepest)
+	attested := false
+	for _, c := range n.ExitConfirmations {
+		attested = attested || c.Kind == "launcher"
+	}
+	if !attested {
+		t.Fatalf("the launcher's attestation was not kept beside the workload's %d claims: %v", len(n.ExitConfirmations), n.ExitConfirmations)
+	}
+	for _, id := range ids[:len(ids)-1] {
+		if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: id, Reason: "process exited"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	clk.Advance(2 * time.Minute)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if got := nodeOutcomes(record(t, admin, term.TerminationId))[deepest]; got != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
+		t.Fatalf("the deepest node in the record: %v, want confirmed on the launcher's attestation", got)
 	}
 }

@@ -39,7 +39,8 @@ var ErrNodeExited = fault.New(fault.Precondition, "supervisor: the node's exit w
 // first few prove the point, and a node that floods cannot grow its entry.
 const MaxContradictions = 16
 
-// maxConfirmations bounds the confirmations kept per node (one per party).
+// maxConfirmations bounds the confirmations kept per node (one per party),
+// agents' and operators' each.
 const maxConfirmations = 8
 
 // Kinds of activity that contradict a confirmed exit.

@@ -248,11 +248,18 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason 
 	now := t.Clock.Now()
 	return t.updateNode(ctx, nodeID, authorize, func(tx store.Txn, n *Node) error {
 		changed := false
-		known := false
+		// Agents' words (the node's, its ancestors') and operators'
+		// attestations are bounded apart: a workload that holds its
+		// ancestors' credentials must not fill the room with claims and
+		// crowd out the launcher's attestation from outside.
+		known, alike := false, 0
 		for _, c := range n.ExitConfirmations {
 			known = known || c.By == principal
+			if (c.Kind == ConfirmedByLauncher) == (kind == ConfirmedByLauncher) {
+				alike++
+			}
 		}
-		if !known && len(n.ExitConfirmations) < maxConfirmations {
+		if !known && alike < maxConfirmations {
 			n.ExitConfirmations = append(n.ExitConfirmations, ExitConfirmation{By: principal, Kind: kind, At: now, Reason: reason})
 			changed = true
 		}
