@@ -195,3 +195,40 @@ func TestARogueThatFillsAnExitsConfirmationsCannotCrowdOutTheLauncher(t *testing
 		t.Fatalf("the deepest node in the record: %v, want confirmed on the launcher's attestation", got)
 	}
 }
+
+// A rogue fills its node's privilege slots with privileges of its own
+// making before its operator registers the one that matters (a credential
+// the operator handed it, with the hook that revokes it). The operator's
+// registration must not be refused for room the agent took: a privilege
+// never registered is never revoked when the agent is stopped. An agent's
+// registrations and an operator's count apart against the bound.
+func TestARogueThatFillsItsPrivilegeSlotsCannotKeepItsOperatorsOut(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"),
+		func(cfg *controlplane.Config) { cfg.PrivilegeMaxPerNode = 3 })
+	admin := srv.AdminClients()
+	agent := register(t, admin, "rogue")
+	self := agent.Node.NodeId
+	rogue := srv.Clients(agent.Credential)
+	ctx := context.Background()
+	expires := clk.Now().Add(time.Hour)
+	for i := range 3 {
+		if err := registerPrivilege(ctx, rogue, self, fmt.Sprintf("junk-%d", i), "http://127.0.0.1:1/revoke", expires); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := registerPrivilege(ctx, rogue, self, "junk-3", "http://127.0.0.1:1/revoke", expires); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's fourth privilege: %v, want resource_exhausted", err)
+	}
+	if err := registerPrivilege(ctx, admin, self, "db-credential", "http://127.0.0.1:1/revoke", expires); err != nil {
+		t.Fatalf("the operator's privilege for the node whose slots the agent filled: %v", err)
+	}
+	for i := range 2 {
+		if err := registerPrivilege(ctx, admin, self, fmt.Sprintf("op-%d", i), "http://127.0.0.1:1/revoke", expires); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := registerPrivilege(ctx, admin, self, "op-2", "http://127.0.0.1:1/revoke", expires); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the operator's fourth privilege: %v, want resource_exhausted (operators have their own bound)", err)
+	}
+}

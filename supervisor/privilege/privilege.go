@@ -42,6 +42,12 @@ type Privilege struct {
 	ExternalID string    `json:"external_id"`
 	ExpiresAt  time.Time `json:"expires_at"`
 	RevokeURL  string    `json:"revoke_url,omitempty"`
+	// ByOperator: an operator registered it, not the agent. Agents' and
+	// operators' privileges count apart against MaxPerNode, so an agent
+	// filling its node's room cannot keep its operator's privilege (the
+	// one a termination must revoke) from being registered. A privilege
+	// stored before this was kept counts as the agent's.
+	ByOperator bool `json:"by_operator,omitempty"`
 	// Outcome is set once, when a termination dealt with the privilege.
 	Outcome   string    `json:"outcome,omitempty"`
 	Error     string    `json:"error,omitempty"`
@@ -58,7 +64,8 @@ type PrivilegeRevoker interface {
 //
 // Nothing the workload registers can hold a termination hostage: a revoke
 // webhook may only point at a destination the operator allowed
-// (AllowHooks), a node holds at most MaxPerNode live privileges, and a
+// (AllowHooks), a node holds at most MaxPerNode live privileges of agents'
+// registering (and as many of operators'), and a
 // termination's revocations run in parallel off the reconciler's path
 // (Dispatch), each bounded by the termination's hook deadline, redirects
 // never followed. What has not answered by the deadline is revoke_failed
@@ -207,12 +214,16 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 		}
 		live := 0
 		for _, h := range held {
-			if h.Outcome == "" && now.Before(h.ExpiresAt) {
+			if h.Outcome == "" && now.Before(h.ExpiresAt) && h.ByOperator == p.ByOperator {
 				live++
 			}
 		}
 		if live >= limit {
-			return fmt.Errorf("%w: node_id %s already holds %d unexpired privileges, the maximum per node (tether serve --privilege-max-per-node)", tree.ErrLimit, p.NodeID, live)
+			who := "agents"
+			if p.ByOperator {
+				who = "operators"
+			}
+			return fmt.Errorf("%w: node_id %s already holds %d unexpired privileges registered by %s, the maximum per node (tether serve --privilege-max-per-node)", tree.ErrLimit, p.NodeID, live, who)
 		}
 		if err := kv.PutJSON(tx, privilegeKey(p.ID), p); err != nil {
 			return err
