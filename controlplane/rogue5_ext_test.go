@@ -70,6 +70,7 @@ func TestARogueThatSpendsItsLineagesBudgetCannotSilenceItsSiblingsUpkeep(t *test
 		t.Fatal(err)
 	}
 	l, _ := unary{honestC}.send(t, ack(offered.Msg.Lease))
+	channel := openChannel(t, honestC)
 
 	spendLineage(t, rogueC, rogue.Node.NodeId)
 	if _, err := rogueC.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: rogue.Node.NodeId})); connect.CodeOf(err) != connect.CodeResourceExhausted {
@@ -81,6 +82,9 @@ func TestARogueThatSpendsItsLineagesBudgetCannotSilenceItsSiblingsUpkeep(t *test
 	}
 	if _, _, errText := (unary{honestC}).try(t, renew(l, 1)); errText != "" {
 		t.Fatalf("the sibling's renew once the rogue spent the lineage's budget: %s", errText)
+	}
+	if _, _, errText := channel.try(t, renew(l, 2)); errText != "" {
+		t.Fatalf("the sibling's renew on its lease channel once the rogue spent the lineage's budget: %s", errText)
 	}
 	term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Hour, time.Hour)
 	if _, _, errText := (unary{honestC}).try(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS)); errText != "" {
