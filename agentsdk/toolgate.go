@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -157,8 +158,9 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	req := &tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: herr != nil}
 	if herr != nil {
 		// The handler's error may echo anything (the agent's input): only
-		// valid UTF-8 can be sent, and the call's end must reach the ledger.
-		req.Error = strings.ToValidUTF8(herr.Error(), "\uFFFD")
+		// valid UTF-8 of a bounded size can be sent, and the call's end
+		// must reach the ledger (which keeps maxCallErrorBytes anyway).
+		req.Error = clipUTF8(strings.ToValidUTF8(herr.Error(), "\uFFFD"), maxCallErrorBytes)
 	}
 	if _, err := g.conn.Tool.EndCall(rctx, connect.NewRequest(req)); err != nil {
 		return errors.Join(herr, err)
@@ -201,6 +203,22 @@ func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 			http.Error(w, "tool gate: "+errMessage(err), http.StatusBadGateway)
 		}
 	})
+}
+
+// maxCallErrorBytes is as much of a handler's error as the ledger keeps.
+// Sending more could make EndCall larger than the control plane accepts,
+// and the call's end would never be recorded.
+const maxCallErrorBytes = 512
+
+// clipUTF8 keeps at most n bytes of s, cut at a character boundary.
+func clipUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func errMessage(err error) string {
