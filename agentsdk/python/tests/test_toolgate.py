@@ -178,3 +178,23 @@ def test_a_gate_that_never_acknowledges_is_on_the_record(server, tree):
         release.set()
         t.join(30)
         rogue.close()
+
+
+def test_a_tool_error_with_a_lone_surrogate_still_ends_the_call(server, tree, gate):
+    # A hostile agent's JSON input may hold a lone surrogate ("\udcff" is
+    # valid JSON; Python decodes it, and so do undecodable file names):
+    # a tool error echoing it is still reported, with U+FFFD in its place,
+    # and the caller sees the tool's own error. Before, EndCall carried
+    # invalid UTF-8, the control plane refused it, and the ended call stayed
+    # in flight.
+    child, grant = child_grant(tree, "surrogate-worker")
+
+    @tool_gate(gate, "search", token=grant.token)
+    def search(q: str) -> str:
+        raise ValueError("no such file: " + q)
+
+    with pytest.raises(ValueError) as e:
+        search("bad\udcffname")
+    assert "no such file" in str(e.value)
+    still_open = tree.operator.call("ToolService", "ListCalls", {"nodeId": child.node_id}).get("calls", [])
+    assert still_open == [], "the call's end was never recorded"

@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Union
 
+from . import _wire
 from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower
 
 log = logging.getLogger("tether_agentsdk")
@@ -198,7 +199,10 @@ class ToolGate(StreamFollower):
         req: dict[str, Any] = {"callId": call.call_id, "gateId": self.gate_id}
         if error is not None:
             req["failed"] = True
-            req["error"] = (f"{error.__class__.__name__}: {error}")[:500]
+            # The error may echo the agent's input: only UTF-8 is sent, or
+            # the control plane would refuse the report and the call's end
+            # would never be recorded.
+            req["error"] = _wire.text(f"{error.__class__.__name__}: {error}"[:500])
         self.conn.call("ToolService", "EndCall", req)
 
     def call(self, token: Token, tool: str, *, required_scope: str = "") -> "_GatedBlock":
