@@ -18,6 +18,7 @@ import {
   type Grant,
 } from "../src/index.js";
 import { AuditEvent } from "../src/gen/tether/v1/lease_pb.js";
+import type { ToolCall } from "../src/gen/tether/v1/tool_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -117,6 +118,28 @@ describe("ToolGate", () => {
     assert.equal(entry?.gateId, "search-gate-abort");
     // The agent heard the abort on its session.
     assert.ok(f.child.signal.aborted && f.child.signal.reason instanceof StopSignalled);
+    await f.close();
+    await gate.close();
+  });
+  test("a tool error echoing a hostile input (huge, with a lone surrogate) still ends the call in the ledger", async () => {
+    // The same probe as the Go and Python gates' tests: the error goes out
+    // clipped and as UTF-8, so EndCall is recorded and the caller gets the
+    // tool's own error.
+    const recorded: ToolCall[] = [];
+    const gate = await server.gate("search-gate-hostile-error", { onRecorded: (c) => recorded.push(c) });
+    const f = await family("hostile-error");
+    const toolError = new Error("no such file: bad\udcff" + "é".repeat(1 << 20));
+    await assert.rejects(
+      gate.call(f.grant.token, "search", () => {
+        throw toolError;
+      }),
+      (err: unknown) => err === toolError,
+    );
+    assert.equal(recorded.length, 1, "the call's end was recorded");
+    assert.equal(recorded[0].resolution, CallResolution.FAILED);
+    assert.ok(recorded[0].error.startsWith("no such file: bad\ufffd"), `recorded error: ${recorded[0].error.slice(0, 40)}`);
+    const open = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
+    assert.equal(open.calls.length, 0, "no call of the node is left open");
     await f.close();
     await gate.close();
   });
@@ -276,5 +299,23 @@ describe("Agent", () => {
   test("an unauthenticated call is a clear Connect error", async () => {
     const conn = server.dial("not-a-token");
     await assert.rejects(conn.auth.whoAmI({}), (e: unknown) => e instanceof ConnectError && e.code === Code.Unauthenticated);
+  });
+
+  test("a token a header cannot carry is refused without quoting it", async () => {
+    // A CRLF with a header of its own, or a space: nothing is sent, and the
+    // error never quotes the token (Headers' own TypeError quoted the whole
+    // value). The same probe as the Python SDK's; Go's refuses without the
+    // value too.
+    for (const bad of [`${server.adminToken}\r\nX-Evil: 1`, `${server.adminToken.slice(0, 20)} ${server.adminToken.slice(20)}`, `${server.adminToken}\n`]) {
+      const conn = server.dial(bad);
+      for (const call of [() => conn.auth.whoAmI({}), async () => { for await (const _ of conn.capability.watchRevocations({})) break; }]) {
+        await assert.rejects(call(), (e: unknown) => {
+          assert.ok(e instanceof ConnectError && e.code === Code.Unauthenticated, `got ${String(e).slice(0, 80)}`);
+          assert.ok(!e.message.includes(server.adminToken.slice(0, 40)), "the error quotes the token");
+          return true;
+        });
+      }
+      conn.close();
+    }
   });
 });
