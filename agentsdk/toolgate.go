@@ -122,7 +122,15 @@ func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ct
 // tool "fs/read_file" under the scope "mcp:fs/read_file"). An empty
 // requiredScope means "tool:" + tool.
 func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope string, handler func(ctx context.Context) error) error {
-	begin, err := g.conn.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID, RequiredScope: requiredScope}))
+	// BeginCall does not follow the caller's cancellation: a caller that
+	// gives up once the control plane has recorded the begin, but before
+	// the answer arrives, would leave a call in flight in the ledger that
+	// nobody ends (the gate never learns its id), blocking a drain and then
+	// recorded as the gate's unacknowledged cancel. The gate waits for the
+	// answer, and ends a call whose caller is gone without running it.
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	begin, err := g.conn.Tool.BeginCall(bctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID, RequiredScope: requiredScope}))
+	bcancel()
 	if err != nil {
 		return err
 	}
@@ -137,7 +145,12 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	if early {
 		cancel(ErrCancelled)
 	}
-	herr := handler(hctx)
+	var herr error
+	if err := ctx.Err(); err != nil {
+		herr = context.Cause(ctx) // the caller left before the tool ran
+	} else {
+		herr = handler(hctx)
+	}
 	g.mu.Lock()
 	delete(g.inflight, callID)
 	g.mu.Unlock()

@@ -3,6 +3,7 @@ package agentsdk_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -76,4 +77,73 @@ func shorten(err error) string {
 		return s[:200] + "..."
 	}
 	return s
+}
+
+// cancelAfter cancels a caller's context once a BeginCall request has been
+// answered by the control plane, before the gate reads the answer: the
+// moment a rogue MCP client picks to drop its request.
+type cancelAfter struct {
+	base   http.RoundTripper
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfter) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	if strings.HasSuffix(r.URL.Path, "/BeginCall") {
+		c.cancel()
+	}
+	return resp, err
+}
+
+// A caller that gives up after the control plane recorded the begin, but
+// before the gate heard the answer, leaves no call in flight: the gate
+// waits for the answer and ends the call without running the tool. Before,
+// BeginCall failed with the caller's cancellation, the gate never learned
+// the call id, and the ledger kept a call nobody would end (a drain waits
+// for it; an abort then records the gate's unacknowledged cancel).
+func TestToolGateEndsACallItsCallerLeftDuringTheBegin(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	srv, err := embedded.Start(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
+	agent, err := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := operator.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: agent.NodeID(), Scopes: []string{"tool:shell"}, Ttl: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted, err := operator.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "shell-gate"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	callCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hc := &http.Client{Transport: &cancelAfter{base: operator.HTTP.Transport, cancel: cancel}}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, agentsdk.WithHTTPClient(hc)), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+
+	ran := false
+	err = gate.Call(callCtx, root.Msg.Token, "shell", func(context.Context) error { ran = true; return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call returned %v, want the caller's cancellation", err)
+	}
+	if ran {
+		t.Fatal("the tool ran for a caller that had left")
+	}
+	open, err := operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: agent.NodeID()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(open.Msg.Calls) != 0 {
+		t.Fatalf("the ledger still holds call %s as %s: nobody will end it", open.Msg.Calls[0].CallId, open.Msg.Calls[0].State)
+	}
 }
