@@ -2,7 +2,8 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
 import {
   Agent,
@@ -12,7 +13,9 @@ import {
   LeaseWorker,
   StopSignalled,
   TerminalResult,
+  Conn,
   ToolCallCancelled,
+  ToolGate,
   TokenError,
   Verifier,
   type Grant,
@@ -121,6 +124,45 @@ describe("ToolGate", () => {
     await f.close();
     await gate.close();
   });
+  test("a caller that leaves during the begin leaves no call in flight, and its tool never runs", async () => {
+    // The same probe as the Go gate's test: the caller's signal aborts once
+    // the control plane has recorded the begin (the call is open in the
+    // ledger), whether or not its answer has reached the gate yet.
+    const f = await family("leaver");
+    const caller = new AbortController();
+    const resp = await server.operator.auth.createToken({ toolServer: "search-gate-leaver", ttl: { seconds: 3600n } });
+    const leaveOnceBegun: Interceptor = (next) => async (req) => {
+      const answer = next(req);
+      if (req.method.name === "BeginCall") {
+        while ((await server.operator.tool.listCalls({ nodeId: f.child.nodeId })).calls.length === 0) {
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+        caller.abort(new Error("the caller left"));
+      }
+      return answer;
+    };
+    const sessions = new Http2SessionManager(server.baseUrl);
+    cleanups.push(async () => sessions.abort());
+    const conn = Conn.dial(server.baseUrl, resp.token, {
+      transport: (bearer) => createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager: sessions, interceptors: [bearer, leaveOnceBegun] }),
+    });
+    const gate = new ToolGate(conn, "search-gate-leaver");
+    await gate.ready;
+    let ran = false;
+    await assert.rejects(
+      gate.call(f.grant.token, "search", () => {
+        ran = true;
+        return "ran";
+      }, { signal: caller.signal }),
+      /the caller left/,
+    );
+    assert.equal(ran, false, "the tool ran for a caller that had left");
+    const open = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
+    assert.equal(open.calls.length, 0, "a call is left in flight that nobody will end");
+    await f.close();
+    await gate.close();
+  });
+
   test("a tool error echoing a hostile input (huge, with a lone surrogate) still ends the call in the ledger", async () => {
     // The same probe as the Go and Python gates' tests: the error goes out
     // clipped and as UTF-8, so EndCall is recorded and the caller gets the
