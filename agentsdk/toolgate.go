@@ -112,6 +112,8 @@ func (g *ToolGate) cancel(callID string) {
 // Call runs handler as one recorded tool call. It returns the control
 // plane's refusal (permission_denied for a bad or revoked token,
 // failed_precondition while the node drains) without running the handler.
+// A call whose ctx ends while the control plane begins it is recorded as
+// failed, also without running the handler.
 // The token must allow the scope "tool:" + tool.
 func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ctx context.Context) error) error {
 	return g.CallScoped(ctx, token, tool, "", handler)

@@ -20,7 +20,11 @@ export async function tokenOf(source: TokenSource): Promise<string> {
 export interface CallOptions {
   /** The scope the call needs, e.g. "tool:shell"; default "tool:<tool>". */
   requiredScope?: string;
-  /** The caller's own signal: the tool function's signal aborts when it does, too. */
+  /**
+   * The caller's own signal: the tool function's signal aborts when it does,
+   * too. A call it aborts while the control plane begins it is ended
+   * without running the tool.
+   */
   signal?: AbortSignal;
 }
 
