@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -111,6 +112,8 @@ func (g *ToolGate) cancel(callID string) {
 // Call runs handler as one recorded tool call. It returns the control
 // plane's refusal (permission_denied for a bad or revoked token,
 // failed_precondition while the node drains) without running the handler.
+// A call whose ctx ends while the control plane begins it is recorded as
+// failed, also without running the handler.
 // The token must allow the scope "tool:" + tool.
 func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ctx context.Context) error) error {
 	return g.CallScoped(ctx, token, tool, "", handler)
@@ -121,7 +124,15 @@ func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ct
 // tool "fs/read_file" under the scope "mcp:fs/read_file"). An empty
 // requiredScope means "tool:" + tool.
 func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope string, handler func(ctx context.Context) error) error {
-	begin, err := g.conn.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID, RequiredScope: requiredScope}))
+	// BeginCall does not follow the caller's cancellation: a caller that
+	// gives up once the control plane has recorded the begin, but before
+	// the answer arrives, would leave a call in flight in the ledger that
+	// nobody ends (the gate never learns its id), blocking a drain and then
+	// recorded as the gate's unacknowledged cancel. The gate waits for the
+	// answer, and ends a call whose caller is gone without running it.
+	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	begin, err := g.conn.Tool.BeginCall(bctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID, RequiredScope: requiredScope}))
+	bcancel()
 	if err != nil {
 		return err
 	}
@@ -136,7 +147,12 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	if early {
 		cancel(ErrCancelled)
 	}
-	herr := handler(hctx)
+	var herr error
+	if err := ctx.Err(); err != nil {
+		herr = context.Cause(ctx) // the caller left before the tool ran
+	} else {
+		herr = handler(hctx)
+	}
 	g.mu.Lock()
 	delete(g.inflight, callID)
 	g.mu.Unlock()
@@ -157,8 +173,9 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	req := &tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: herr != nil}
 	if herr != nil {
 		// The handler's error may echo anything (the agent's input): only
-		// valid UTF-8 can be sent, and the call's end must reach the ledger.
-		req.Error = strings.ToValidUTF8(herr.Error(), "\uFFFD")
+		// valid UTF-8 of a bounded size can be sent, and the call's end
+		// must reach the ledger (which keeps maxCallErrorBytes anyway).
+		req.Error = clipUTF8(strings.ToValidUTF8(herr.Error(), "\uFFFD"), maxCallErrorBytes)
 	}
 	if _, err := g.conn.Tool.EndCall(rctx, connect.NewRequest(req)); err != nil {
 		return errors.Join(herr, err)
@@ -201,6 +218,22 @@ func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 			http.Error(w, "tool gate: "+errMessage(err), http.StatusBadGateway)
 		}
 	})
+}
+
+// maxCallErrorBytes is as much of a handler's error as the ledger keeps.
+// Sending more could make EndCall larger than the control plane accepts,
+// and the call's end would never be recorded.
+const maxCallErrorBytes = 512
+
+// clipUTF8 keeps at most n bytes of s, cut at a character boundary.
+func clipUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 func errMessage(err error) string {

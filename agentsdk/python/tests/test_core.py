@@ -101,3 +101,20 @@ def test_register_spawn_join_and_confirm_exit(server, tree):
     assert e.value.code == "permission_denied"
     node = me.confirm_exit("done")
     assert node["exitedAt"] and node["exitConfirmedBy"].endswith("(self)")
+
+
+def test_a_token_a_header_cannot_carry_is_refused_without_quoting_it(server):
+    # A token read from a file with its newline, or one carrying a CRLF and
+    # a header of its own: nothing is sent, and the error never quotes the
+    # token (http.client's own ValueError quoted the whole header value).
+    # Go's SDK refuses both without the value too.
+    for bad in (server.admin + "\n", server.admin + "\r\nX-Evil: 1", server.admin[:20] + " " + server.admin[20:]):
+        conn = Conn(server.url, bad)
+        with pytest.raises(ConnectError) as e:
+            conn.call("AuthService", "ListTokens", {})
+        assert e.value.code == "unauthenticated"
+        assert server.admin[:40] not in str(e.value) and "trim" in str(e.value)
+        with pytest.raises(ConnectError) as e:
+            next(iter(conn.stream("CapabilityService", "WatchRevocations", {})))
+        assert e.value.code == "unauthenticated" and server.admin[:40] not in str(e.value)
+    assert Conn(server.url, server.admin).call("AuthService", "ListTokens", {}) is not None

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from typing import Callable
 
 import pytest
 
 from helpers import terminate, tool_calls, wait_for
-from tether_agentsdk import ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
+from tether_agentsdk import Conn, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
 
 
 # The gate reports as the tool layer with a tool-server token of its own.
@@ -178,3 +179,69 @@ def test_a_gate_that_never_acknowledges_is_on_the_record(server, tree):
         release.set()
         t.join(30)
         rogue.close()
+
+
+def test_a_tool_error_with_a_lone_surrogate_still_ends_the_call(server, tree, gate):
+    # A hostile agent's JSON input may hold a lone surrogate ("\udcff" is
+    # valid JSON; Python decodes it, and so do undecodable file names):
+    # a tool error echoing it is still reported, with U+FFFD in its place,
+    # and the caller sees the tool's own error. Before, EndCall carried
+    # invalid UTF-8, the control plane refused it, and the ended call stayed
+    # in flight.
+    child, grant = child_grant(tree, "surrogate-worker")
+
+    @tool_gate(gate, "search", token=grant.token)
+    def search(q: str) -> str:
+        raise ValueError("no such file: " + q)
+
+    with pytest.raises(ValueError) as e:
+        search("bad\udcffname")
+    assert "no such file" in str(e.value)
+    still_open = tree.operator.call("ToolService", "ListCalls", {"nodeId": child.node_id}).get("calls", [])
+    assert still_open == [], "the call's end was never recorded"
+
+
+class _LeaveOnceBegun(Conn):
+    """The gate's connection, cancelling the caller's task as soon as the
+    control plane has answered BeginCall, before the gate reads it: the
+    moment a rogue caller picks to leave."""
+
+    leave: Callable[[], None] = staticmethod(lambda: None)
+
+    def call(self, service, method, request=None, *, timeout=None):
+        answer = super().call(service, method, request, timeout=timeout)
+        if method == "BeginCall":
+            self.leave()
+        return answer
+
+
+def test_a_caller_that_leaves_during_the_begin_leaves_no_call_in_flight(server, tree):
+    # The same probe as the Go and TypeScript gates' tests. Before, the
+    # task's cancellation dropped the begun call: the ledger kept it in
+    # flight, nobody would end it, a drain waited for it.
+    child, grant = child_grant(tree, "leaver")
+    name = "pytest-gate-leaver-" + uuid.uuid4().hex[:6]
+    minted = server.tool_server(name)
+    conn = _LeaveOnceBegun(minted.base_url, minted.token)
+    gate = ToolGate(conn, name).start()
+    assert gate.ready.wait(10)
+    ran = []
+
+    @tool_gate(gate, "search", token=grant.token)
+    async def search() -> str:
+        ran.append(True)
+        return "ran"
+
+    async def main():
+        task = asyncio.ensure_future(search())
+        loop = asyncio.get_running_loop()
+        conn.leave = lambda: loop.call_soon_threadsafe(task.cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(main())
+        assert not ran, "the tool ran for a caller that had left"
+        wait_for("the abandoned call's end", lambda: tree.operator.call("ToolService", "ListCalls", {"nodeId": child.node_id}).get("calls", []) == [])
+    finally:
+        gate.close()

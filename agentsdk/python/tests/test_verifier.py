@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import require_extra
-from tether_agentsdk import FeedStale, GrantRevoked, ScopeNotGranted, TokenInvalid, Verifier, allows
+from tether_agentsdk import FeedStale, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, Verifier, allows
 from tether_agentsdk import _wire
 
 BUDGET = 10.0
@@ -132,3 +132,21 @@ def test_scope_rules_match_the_control_plane():
     assert not allows(["tool:shell"], "tool:sh*")
     assert not allows(["tool:*"], "tool::x")
     assert not allows(["to*ol"], "toXol")
+
+
+def test_a_token_is_expired_at_exp_plus_the_leeway_as_in_go_and_typescript(server, tree):
+    # Go's and TypeScript's verifiers refuse a token from exp + leeway on
+    # (now >= exp + leeway); the Python one used to accept it for that
+    # instant (now > exp + leeway).
+    require_extra("cryptography")
+    _, grant = delegated(tree, "worker")
+    exp = json.loads(base64.urlsafe_b64decode(grant.token.split(".")[1] + "=="))["exp"]
+    wall = [float(exp)]
+    v = Verifier(server.operator(), staleness_budget=BUDGET, leeway=5.0, clock=lambda: wall[0])
+    with v:
+        assert v.ready.wait(10)
+        wall[0] = exp + 5.0 - 0.001
+        v.verify(grant.token)
+        wall[0] = exp + 5.0
+        with pytest.raises(TokenExpired):
+            v.verify(grant.token)

@@ -1,4 +1,4 @@
-import { createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client, type Interceptor, type Transport } from "@connectrpc/connect";
 import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
 import { AgentService } from "./gen/tether/v1/agent_pb.js";
@@ -7,6 +7,10 @@ import { CapabilityService } from "./gen/tether/v1/capability_pb.js";
 import { LeaseService } from "./gen/tether/v1/lease_pb.js";
 import { SupervisorService } from "./gen/tether/v1/supervisor_pb.js";
 import { ToolService } from "./gen/tether/v1/tool_pb.js";
+
+// A bearer token is printable ASCII without spaces (a JWT is base64url and
+// dots).
+const bareToken = /^[!-~]*$/;
 
 /** Options for {@link Conn.dial}. */
 export interface DialOptions {
@@ -44,6 +48,14 @@ export class Conn {
     this.baseUrl = baseUrl.replace(/\/+$/, "");
     this.#token = token;
     const bearer: Interceptor = (next) => async (req) => {
+      // Headers would refuse it with the whole value (the token) in its
+      // error: refuse it here, unquoted, as the Go and Python SDKs do.
+      if (!bareToken.test(this.#token)) {
+        throw new ConnectError(
+          "the bearer token holds a space, line break or other character a header cannot carry (trim a token read from a file); it was not sent",
+          Code.Unauthenticated,
+        );
+      }
       req.header.set("Authorization", `Bearer ${this.#token}`);
       return next(req);
     };

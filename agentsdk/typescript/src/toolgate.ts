@@ -20,7 +20,11 @@ export async function tokenOf(source: TokenSource): Promise<string> {
 export interface CallOptions {
   /** The scope the call needs, e.g. "tool:shell"; default "tool:<tool>". */
   requiredScope?: string;
-  /** The caller's own signal: the tool function's signal aborts when it does, too. */
+  /**
+   * The caller's own signal: the tool function's signal aborts when it does,
+   * too. A call it aborts while the control plane begins it is ended
+   * without running the tool.
+   */
   signal?: AbortSignal;
 }
 
@@ -136,9 +140,14 @@ export class ToolGate {
   }
 
   async #call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions): Promise<T> {
+    // BeginCall does not follow the caller's signal: a caller that gives up
+    // once the control plane has recorded the begin, but before the answer
+    // arrives, would leave a call in flight in the ledger that nobody ends
+    // (the gate never learns its id). The gate waits for the answer and
+    // ends a call whose caller is gone without running it.
     const begin = await this.conn.tool.beginCall(
       { token: await tokenOf(token), tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
-      { signal: options.signal },
+      { signal: AbortSignal.timeout(10_000) },
     );
     const call = begin.call as ToolCall;
     const callId = call.callId;
@@ -149,6 +158,7 @@ export class ToolGate {
     let failure: unknown;
     let failed = false;
     try {
+      if (options.signal?.aborted) throw options.signal.reason; // the caller left before the tool ran
       result = await fn(anySignal([cancel.signal, options.signal]));
     } catch (err) {
       failure = err;

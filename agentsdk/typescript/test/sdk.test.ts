@@ -2,7 +2,8 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
 import {
   Agent,
@@ -12,12 +13,15 @@ import {
   LeaseWorker,
   StopSignalled,
   TerminalResult,
+  Conn,
   ToolCallCancelled,
+  ToolGate,
   TokenError,
   Verifier,
   type Grant,
 } from "../src/index.js";
 import { AuditEvent } from "../src/gen/tether/v1/lease_pb.js";
+import type { ToolCall } from "../src/gen/tether/v1/tool_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -117,6 +121,67 @@ describe("ToolGate", () => {
     assert.equal(entry?.gateId, "search-gate-abort");
     // The agent heard the abort on its session.
     assert.ok(f.child.signal.aborted && f.child.signal.reason instanceof StopSignalled);
+    await f.close();
+    await gate.close();
+  });
+  test("a caller that leaves during the begin leaves no call in flight, and its tool never runs", async () => {
+    // The same probe as the Go gate's test: the caller's signal aborts once
+    // the control plane has recorded the begin (the call is open in the
+    // ledger), whether or not its answer has reached the gate yet.
+    const f = await family("leaver");
+    const caller = new AbortController();
+    const resp = await server.operator.auth.createToken({ toolServer: "search-gate-leaver", ttl: { seconds: 3600n } });
+    const leaveOnceBegun: Interceptor = (next) => async (req) => {
+      const answer = next(req);
+      if (req.method.name === "BeginCall") {
+        while ((await server.operator.tool.listCalls({ nodeId: f.child.nodeId })).calls.length === 0) {
+          await new Promise((resolve) => setTimeout(resolve, 5));
+        }
+        caller.abort(new Error("the caller left"));
+      }
+      return answer;
+    };
+    const sessions = new Http2SessionManager(server.baseUrl);
+    cleanups.push(async () => sessions.abort());
+    const conn = Conn.dial(server.baseUrl, resp.token, {
+      transport: (bearer) => createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager: sessions, interceptors: [bearer, leaveOnceBegun] }),
+    });
+    const gate = new ToolGate(conn, "search-gate-leaver");
+    await gate.ready;
+    let ran = false;
+    await assert.rejects(
+      gate.call(f.grant.token, "search", () => {
+        ran = true;
+        return "ran";
+      }, { signal: caller.signal }),
+      /the caller left/,
+    );
+    assert.equal(ran, false, "the tool ran for a caller that had left");
+    const open = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
+    assert.equal(open.calls.length, 0, "a call is left in flight that nobody will end");
+    await f.close();
+    await gate.close();
+  });
+
+  test("a tool error echoing a hostile input (huge, with a lone surrogate) still ends the call in the ledger", async () => {
+    // The same probe as the Go and Python gates' tests: the error goes out
+    // clipped and as UTF-8, so EndCall is recorded and the caller gets the
+    // tool's own error.
+    const recorded: ToolCall[] = [];
+    const gate = await server.gate("search-gate-hostile-error", { onRecorded: (c) => recorded.push(c) });
+    const f = await family("hostile-error");
+    const toolError = new Error("no such file: bad\udcff" + "é".repeat(1 << 20));
+    await assert.rejects(
+      gate.call(f.grant.token, "search", () => {
+        throw toolError;
+      }),
+      (err: unknown) => err === toolError,
+    );
+    assert.equal(recorded.length, 1, "the call's end was recorded");
+    assert.equal(recorded[0].resolution, CallResolution.FAILED);
+    assert.ok(recorded[0].error.startsWith("no such file: bad\ufffd"), `recorded error: ${recorded[0].error.slice(0, 40)}`);
+    const open = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
+    assert.equal(open.calls.length, 0, "no call of the node is left open");
     await f.close();
     await gate.close();
   });
@@ -276,5 +341,23 @@ describe("Agent", () => {
   test("an unauthenticated call is a clear Connect error", async () => {
     const conn = server.dial("not-a-token");
     await assert.rejects(conn.auth.whoAmI({}), (e: unknown) => e instanceof ConnectError && e.code === Code.Unauthenticated);
+  });
+
+  test("a token a header cannot carry is refused without quoting it", async () => {
+    // A CRLF with a header of its own, or a space: nothing is sent, and the
+    // error never quotes the token (Headers' own TypeError quoted the whole
+    // value). The same probe as the Python SDK's; Go's refuses without the
+    // value too.
+    for (const bad of [`${server.adminToken}\r\nX-Evil: 1`, `${server.adminToken.slice(0, 20)} ${server.adminToken.slice(20)}`, `${server.adminToken}\n`]) {
+      const conn = server.dial(bad);
+      for (const call of [() => conn.auth.whoAmI({}), async () => { for await (const _ of conn.capability.watchRevocations({})) break; }]) {
+        await assert.rejects(call(), (e: unknown) => {
+          assert.ok(e instanceof ConnectError && e.code === Code.Unauthenticated, `got ${String(e).slice(0, 80)}`);
+          assert.ok(!e.message.includes(server.adminToken.slice(0, 40)), "the error quotes the token");
+          return true;
+        });
+      }
+      conn.close();
+    }
   });
 });

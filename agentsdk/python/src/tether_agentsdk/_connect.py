@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import ssl
 import struct
@@ -65,6 +66,9 @@ _COMPRESSED = 0x01
 # Larger messages are refused rather than read: nothing the control plane
 # sends comes near it.
 MAX_MESSAGE_BYTES = 16 << 20
+# A bearer token is printable ASCII without spaces (a JWT is base64url and
+# dots).
+_BARE_TOKEN = re.compile(r"[!-~]+\Z")
 
 
 class ConnectError(Exception):
@@ -129,6 +133,11 @@ class Conn:
         h = {"Content-Type": content_type, "Connect-Protocol-Version": "1", "User-Agent": "tether-agentsdk-python"}
         token = self.token
         if token:
+            if not _BARE_TOKEN.match(token):
+                # http.client would refuse it with the whole header value
+                # (the token) in its error: refuse it here, unquoted.
+                raise ConnectError(UNAUTHENTICATED, "the bearer token holds a space, line break or other character a header cannot carry "
+                                   "(trim a token read from a file); it was not sent")
             h["Authorization"] = "Bearer " + token
         if timeout is not None:
             h["Connect-Timeout-Ms"] = str(max(1, int(timeout * 1000)))

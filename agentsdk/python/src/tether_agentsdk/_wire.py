@@ -56,3 +56,13 @@ def uint64(value: object) -> int:
     if value is None or value == "":
         return 0
     return int(value)  # type: ignore[arg-type]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def text(value: str) -> str:
+    """A protobuf string from free text: a lone surrogate (what a JSON
+    "\\udcff" or an undecodable file name decodes to) is not UTF-8, and the
+    control plane refuses a message that holds one, so each becomes U+FFFD."""
+    return _SURROGATE.sub("\ufffd", value)

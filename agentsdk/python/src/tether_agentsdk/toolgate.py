@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import Any, Callable, Union
 
+from . import _wire
 from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower
 
 log = logging.getLogger("tether_agentsdk")
@@ -198,8 +199,18 @@ class ToolGate(StreamFollower):
         req: dict[str, Any] = {"callId": call.call_id, "gateId": self.gate_id}
         if error is not None:
             req["failed"] = True
-            req["error"] = (f"{error.__class__.__name__}: {error}")[:500]
+            # The error may echo the agent's input: only UTF-8 is sent, or
+            # the control plane would refuse the report and the call's end
+            # would never be recorded.
+            req["error"] = _wire.text(f"{error.__class__.__name__}: {error}"[:500])
         self.conn.call("ToolService", "EndCall", req)
+
+    def _end_abandoned(self, call: GateCall) -> None:
+        """Ends a call whose caller was cancelled while it began."""
+        try:
+            self._finish(call, asyncio.CancelledError("the caller left before the tool ran"))
+        except ConnectError as e:
+            log.warning("tether: gate %s: ending abandoned call %s failed (%s)", self.gate_id, call.call_id, e)
 
     def call(self, token: Token, tool: str, *, required_scope: str = "") -> "_GatedBlock":
         """A context manager (``with`` or ``async with``) around one call."""
@@ -244,7 +255,31 @@ class _GatedBlock:
         return False
 
     async def __aenter__(self) -> GateCall:
-        self.call = await asyncio.to_thread(self.gate._begin, self.token, self.tool, self.required_scope)
+        # A caller cancelled during the begin, which the control plane may
+        # have recorded, must not leave the call in flight for nobody to
+        # end: whichever of the begin's thread and this task comes second
+        # ends it, without running the tool.
+        lock = threading.Lock()
+        left = False
+        begun: list[GateCall] = []
+
+        def begin() -> GateCall:
+            call = self.gate._begin(self.token, self.tool, self.required_scope)
+            with lock:
+                if not left:
+                    begun.append(call)
+                    return call
+            self.gate._end_abandoned(call)
+            return call
+
+        try:
+            self.call = await asyncio.to_thread(begin)
+        except asyncio.CancelledError:
+            with lock:
+                left = True
+            if begun:
+                threading.Thread(target=self.gate._end_abandoned, args=(begun[0],), daemon=True).start()
+            raise
         # No await from here to the body: a cancel order is applied to this
         # task only while the body runs.
         self.call._loop = asyncio.get_running_loop()

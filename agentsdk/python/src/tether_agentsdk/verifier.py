@@ -177,7 +177,7 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
     jti, sub = claims.get("jti"), claims.get("sub")
     if not _id_ok(jti) or not _id_ok(sub):
         raise TokenInvalid("token claims: jti and sub are required")
-    if now > exp + leeway:
+    if now >= exp + leeway:  # as the Go and TypeScript verifiers
         raise TokenExpired(f"token for grant {jti} expired")
     if nbf > now + leeway or iat > now + leeway:
         raise TokenInvalid(f"token for grant {jti} is not valid yet")

@@ -1,0 +1,149 @@
+package agentsdk_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/embedded"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// A hostile agent hands a tool an input far larger than a request may be,
+// and the tool's error echoes it: the gate still records the call's end
+// (its error clipped to what the ledger keeps), and returns the tool's own error.
+// Before, EndCall carried the whole error, the control plane refused the
+// oversized request, and the call stayed in flight in the ledger.
+func TestToolGateRecordsTheEndOfACallWhoseErrorIsHuge(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	srv, err := embedded.Start(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
+
+	agent, err := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := operator.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: agent.NodeID(), Scopes: []string{"tool:shell"}, Ttl: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted, err := operator.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "shell-gate"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, agentsdk.WithHTTPClient(operator.HTTP)), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+
+	// 2 MiB of the agent's input, ending in a character split by any clip.
+	input := strings.Repeat("é", 1<<20)
+	toolErr := errors.New("no such file: " + input)
+	err = gate.Call(ctx, root.Msg.Token, "shell", func(context.Context) error { return toolErr })
+	if err != toolErr {
+		t.Fatalf("Call returned %v, want only the tool's own error (the end was not recorded?)", shorten(err))
+	}
+	// ListCalls lists the calls still open: none, the end is recorded.
+	open, err := operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: agent.NodeID()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(open.Msg.Calls) != 0 {
+		c := open.Msg.Calls[0]
+		t.Fatalf("the ledger still holds call %s as %s: its end was never recorded", c.CallId, c.State)
+	}
+}
+
+func shorten(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	s := err.Error()
+	if len(s) > 200 {
+		return s[:200] + "..."
+	}
+	return s
+}
+
+// cancelAfter cancels a caller's context once a BeginCall request has been
+// answered by the control plane, before the gate reads the answer: the
+// moment a rogue MCP client picks to drop its request.
+type cancelAfter struct {
+	base   http.RoundTripper
+	cancel context.CancelFunc
+}
+
+func (c *cancelAfter) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	if strings.HasSuffix(r.URL.Path, "/BeginCall") {
+		c.cancel()
+	}
+	return resp, err
+}
+
+// A caller that gives up after the control plane recorded the begin, but
+// before the gate heard the answer, leaves no call in flight: the gate
+// waits for the answer and ends the call without running the tool. Before,
+// BeginCall failed with the caller's cancellation, the gate never learned
+// the call id, and the ledger kept a call nobody would end (a drain waits
+// for it; an abort then records the gate's unacknowledged cancel).
+func TestToolGateEndsACallItsCallerLeftDuringTheBegin(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	srv, err := embedded.Start(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
+	agent, err := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := operator.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: agent.NodeID(), Scopes: []string{"tool:shell"}, Ttl: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	minted, err := operator.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "shell-gate"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	callCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hc := &http.Client{Transport: &cancelAfter{base: operator.HTTP.Transport, cancel: cancel}}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, agentsdk.WithHTTPClient(hc)), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+
+	ran := false
+	err = gate.Call(callCtx, root.Msg.Token, "shell", func(context.Context) error { ran = true; return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call returned %v, want the caller's cancellation", err)
+	}
+	if ran {
+		t.Fatal("the tool ran for a caller that had left")
+	}
+	open, err := operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: agent.NodeID()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(open.Msg.Calls) != 0 {
+		t.Fatalf("the ledger still holds call %s as %s: nobody will end it", open.Msg.Calls[0].CallId, open.Msg.Calls[0].State)
+	}
+}
