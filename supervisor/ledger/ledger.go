@@ -186,23 +186,36 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 // exit is not confirmed by the control plane's observation (tree.JudgeExit
 // sees the contradiction). A node not claimed to have exited, or already
 // terminated (its record written), is left alone.
+//
+// Most refusals of a revoked credential concern no such node, and a rogue
+// may send them as fast as its gate's budget allows: they are judged on a
+// read, and only one that may add evidence takes a write transaction.
 func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) error {
 	now := l.Clock.Now()
-	return l.Store.Update(ctx, func(tx store.Txn) error {
+	// kept reports whether the node takes the contradiction (and adds it).
+	kept := func(tx store.ReadTxn) (*tree.Node, bool, error) {
 		node, err := tree.GetNodeIn(tx, nodeID)
 		if errors.Is(err, tree.ErrNodeNotFound) {
-			return nil
+			return nil, false, nil
 		}
-		if err != nil {
+		if err != nil || !tree.ExitConfirmed(node) || node.State == tree.NodeStateTerminated {
+			return nil, false, err
+		}
+		return node, tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now), nil
+	}
+	may, err := store.Read(ctx, l.Store, func(tx store.ReadTxn) (bool, error) {
+		_, ok, err := kept(tx)
+		return ok, err
+	})
+	if err != nil || !may {
+		return err
+	}
+	return l.Store.Update(ctx, func(tx store.Txn) error {
+		node, ok, err := kept(tx)
+		if err != nil || !ok {
 			return err
 		}
-		if !tree.ExitConfirmed(node) || node.State == tree.NodeStateTerminated {
-			return nil
-		}
-		if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now) {
-			return tree.PutNodeIn(tx, node)
-		}
-		return nil
+		return tree.PutNodeIn(tx, node)
 	})
 }
 
