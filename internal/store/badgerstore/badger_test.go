@@ -545,36 +545,32 @@ func TestBadgerWatchLagged(t *testing.T) {
 		t.Fatal(err)
 	}
 	const updates = 5
-	// Write from another goroutine: if publishing blocked on the slow
-	// watcher, these Updates would never return, and the test must say so
-	// rather than hang.
-	writerDone := make(chan error, 1)
-	go func() {
-		for i := range updates {
-			if err := s.Update(context.Background(), func(tx store.Txn) error {
-				return tx.Put(fmt.Appendf(nil, "k/%d", i), []byte("v"))
-			}); err != nil {
-				writerDone <- err
-				return
-			}
-		}
-		writerDone <- nil
-	}()
+	// Each Update runs on another goroutine: if publishing blocked on the
+	// slow watcher, it would never return, and the test must say so rather
+	// than hang. The next Update waits for the healthy watcher to take the
+	// batch before, so that only the slow one can fall behind (with a
+	// buffer of 2, a healthy reader a scheduling delay late would too).
 	deadline := time.After(waitTimeout)
-	for range updates {
+	for i := range updates {
+		done := make(chan error, 1)
+		go func() {
+			done <- s.Update(context.Background(), func(tx store.Txn) error {
+				return tx.Put(fmt.Appendf(nil, "k/%d", i), []byte("v"))
+			})
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatal("Updates blocked behind a slow watcher")
+		}
 		select {
 		case <-healthy.Events():
 		case <-deadline:
 			t.Fatal("healthy watcher starved: the committer is blocked")
 		}
-	}
-	select {
-	case err := <-writerDone:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-deadline:
-		t.Fatal("Updates blocked behind a slow watcher")
 	}
 	delivered := 0
 	for range slow.Events() {
