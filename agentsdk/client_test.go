@@ -2,14 +2,12 @@ package agentsdk_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/internal/embedded"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -18,12 +16,7 @@ import (
 // probe as the TypeScript and Python SDKs' tests.
 func TestATokenAHeaderCannotCarryIsNotQuoted(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	srv, err := embedded.Start(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	srv := startEmbedded(t)
 	tok := srv.AdminToken
 	for _, bad := range []string{tok + "\n", tok + "\r\nX-Evil: 1", tok[:20] + " " + tok[20:]} {
 		conn := agentsdk.Dial(srv.URL, bad)

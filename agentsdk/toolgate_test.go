@@ -24,36 +24,16 @@ import (
 // oversized request, and the call stayed in flight in the ledger.
 func TestToolGateRecordsTheEndOfACallWhoseErrorIsHuge(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	srv, err := embedded.Start(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
-	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
-
-	agent, err := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	root, err := operator.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
-		HolderNodeId: agent.NodeID(), Scopes: []string{"tool:shell"}, Ttl: durationpb.New(time.Hour),
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	minted, err := operator.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "shell-gate"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, agentsdk.WithHTTPClient(operator.HTTP)), "shell-gate")
+	w := startShellWorld(t)
+	operator, agent := w.operator, w.agent
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(operator.HTTP)), "shell-gate")
 	t.Cleanup(gate.Close)
 	<-gate.Ready()
 
 	// 2 MiB of the agent's input, ending in a character split by any clip.
 	input := strings.Repeat("é", 1<<20)
 	toolErr := errors.New("no such file: " + input)
-	err = gate.Call(ctx, root.Msg.Token, "shell", func(context.Context) error { return toolErr })
+	err := gate.Call(ctx, w.rootToken, "shell", func(context.Context) error { return toolErr })
 	if err != toolErr {
 		t.Fatalf("Call returned %v, want only the tool's own error (the end was not recorded?)", shorten(err))
 	}
@@ -103,12 +83,44 @@ func (c *cancelAfter) RoundTrip(r *http.Request) (*http.Response, error) {
 // for it; an abort then records the gate's unacknowledged cancel).
 func TestToolGateEndsACallItsCallerLeftDuringTheBegin(t *testing.T) {
 	ctx := context.Background()
-	dir := t.TempDir()
-	srv, err := embedded.Start(ctx, dir)
+	w := startShellWorld(t)
+	operator, agent := w.operator, w.agent
+	callCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	hc := &http.Client{Transport: &cancelAfter{base: operator.HTTP.Transport, cancel: cancel}}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(hc)), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+
+	ran := false
+	err := gate.Call(callCtx, w.rootToken, "shell", func(context.Context) error { ran = true; return nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Call returned %v, want the caller's cancellation", err)
+	}
+	if ran {
+		t.Fatal("the tool ran for a caller that had left")
+	}
+	open, err := operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: agent.NodeID()}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	if len(open.Msg.Calls) != 0 {
+		t.Fatalf("the ledger still holds call %s as %s: nobody will end it", open.Msg.Calls[0].CallId, open.Msg.Calls[0].State)
+	}
+}
+
+// shellWorld is an embedded control plane with one root agent holding
+// tool:shell and a tool server's token for the gate "shell-gate".
+type shellWorld struct {
+	operator             *agentsdk.Conn
+	agent                *agentsdk.Agent
+	rootToken, gateToken string
+}
+
+func startShellWorld(t *testing.T) shellWorld {
+	t.Helper()
+	ctx := context.Background()
+	srv := startEmbedded(t)
 	operator := agentsdk.Dial(srv.URL, srv.AdminToken)
 	agent, err := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
 	if err != nil {
@@ -124,26 +136,18 @@ func TestToolGateEndsACallItsCallerLeftDuringTheBegin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	callCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	hc := &http.Client{Transport: &cancelAfter{base: operator.HTTP.Transport, cancel: cancel}}
-	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, minted.Msg.Token, agentsdk.WithHTTPClient(hc)), "shell-gate")
-	t.Cleanup(gate.Close)
-	<-gate.Ready()
+	return shellWorld{operator: operator, agent: agent, rootToken: root.Msg.Token, gateToken: minted.Msg.Token}
+}
 
-	ran := false
-	err = gate.Call(callCtx, root.Msg.Token, "shell", func(context.Context) error { ran = true; return nil })
-	if !errors.Is(err, context.Canceled) {
-		t.Fatalf("Call returned %v, want the caller's cancellation", err)
-	}
-	if ran {
-		t.Fatal("the tool ran for a caller that had left")
-	}
-	open, err := operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: agent.NodeID()}))
+// startEmbedded starts an embedded control plane on a scratch directory,
+// stopped when the test ends.
+func startEmbedded(t *testing.T) *embedded.Server {
+	t.Helper()
+	dir := t.TempDir()
+	srv, err := embedded.Start(context.Background(), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(open.Msg.Calls) != 0 {
-		t.Fatalf("the ledger still holds call %s as %s: nobody will end it", open.Msg.Calls[0].CallId, open.Msg.Calls[0].State)
-	}
+	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
+	return srv
 }
