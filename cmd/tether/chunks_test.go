@@ -47,7 +47,7 @@ func TestAChunkedTerminationSurvivesKill9(t *testing.T) {
 					cluster := etcdtest.StartWithFlags(t, []string{})
 					args = []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", etcdtest.Prefix(t)}
 				}
-				killMidTermination(t, append(args, "--termination-chunk", "8", "--rate-limit", "0", "--privilege-hook-allow", "127.0.0.1"), point)
+				killMidTermination(t, append(args, "--termination-chunk", "8", "--rate-limit", "0", "--privilege-hook-allow", "127.0.0.1", "--privilege-hook-timeout", "1m"), point)
 			})
 		}
 	}
