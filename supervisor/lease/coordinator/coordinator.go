@@ -145,6 +145,9 @@ type Coordinator struct {
 	// commitQueue is the current run's queue of sealed batches (tests
 	// look at its length).
 	commitQueue chan *batch
+	// evlog is the evidence log as the run's committer knows it
+	// (evidencelog.go): set by the run's load, then the committer's.
+	evlog evidenceLog
 }
 
 // runPhase is where the coordinator is between and within runs.
@@ -216,8 +219,18 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 			s.reset(term)
 		}
 		lastAlive, unknownSeq = time.Time{}, 0
+		var err error
+		if c.evlog, err = loadLog(tx); err != nil {
+			return err
+		}
+		logRows := make(map[string][]logRow)
+		for _, commit := range c.evlog.window {
+			for _, r := range commit.rows {
+				logRows[r.job] = append(logRows[r.job], r)
+			}
+		}
 		var checkpoints []record
-		err := tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
+		err = tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
 			r, err := decodeRecord(value)
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
@@ -234,14 +247,14 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 			// fetch the chunk's first pages together.
 			scans := make([]store.ScanFrom, len(chunk))
 			for i, r := range chunk {
-				scans[i] = store.ScanFrom{Prefix: evidencePrefix(r.Lease.JobID), Start: evidenceKey(r.Lease.JobID, r.Rows+1)}
+				scans[i] = store.ScanFrom{Prefix: evidencePrefix(r.Lease.JobID), Start: evidenceKey(r.Lease.JobID, anchorBefore(r.Rows+1))}
 			}
 			if err := store.PrefetchScansFrom(tx, scans); err != nil {
 				return err
 			}
 			for _, r := range chunk {
 				checkpoint := r.Rows
-				if err := catchUp(tx, &r); err != nil {
+				if err := catchUp(tx, &r, logRows[r.Lease.JobID]); err != nil {
 					return err
 				}
 				c.shardOf(r.Lease.JobID).load(r, checkpoint)
@@ -285,11 +298,11 @@ const loadChunk = 4096
 
 // catchUp brings a job record read from the store to the job's newest
 // state: the record is a checkpoint, and the evidence rows written after
-// it carry the lease too.
-func catchUp(tx store.ReadTxn, r *record) error {
+// it carry the lease too (log: the job's rows in the evidence log).
+func catchUp(tx store.ReadTxn, r *record, log []logRow) error {
 	job := r.Lease.JobID
 	rows := rowReader{prev: r.Lease, number: r.Rows}
-	return tx.Scan(evidencePrefix(job), evidenceKey(job, r.Rows+1), func(key, value []byte) error {
+	return jobRows(tx, job, r.Rows+1, log, func(_ uint64, key, value []byte) error {
 		row, err := rows.next(value)
 		if err != nil {
 			return fmt.Errorf("%s: %w", key, err)
@@ -326,7 +339,11 @@ func (c *Coordinator) StoredLease(ctx context.Context, job string) (lease.Lease,
 		if r.Lease.JobID != job {
 			return fmt.Errorf("%w: the record of job %q names job %q", ErrCorrupt, job, r.Lease.JobID)
 		}
-		return catchUp(tx, &r)
+		log, err := readLog(tx, job)
+		if err != nil {
+			return err
+		}
+		return catchUp(tx, &r, log)
 	})
 	if err != nil {
 		return lease.Lease{}, err
@@ -683,26 +700,35 @@ func (c *Coordinator) List(ctx context.Context, holder, after string, limit int)
 func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 	var rows []Row
 	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
+		rows = rows[:0]
 		// A job's rows decode in order, each against the one before; rows
 		// of the unknown-job log stand alone.
-		scan := func(prefix []byte, decode func([]byte) (storedRow, error), keep func(Row) bool) error {
-			return tx.Scan(prefix, nil, func(key, value []byte) error {
-				stored, err := decode(value)
-				if err != nil {
-					return fmt.Errorf("%s: %w", key, err)
-				}
-				if r := stored.row(); keep(r) {
-					rows = append(rows, r)
-				}
-				return nil
-			})
-		}
-		var jobRows rowReader
-		if err := scan(evidencePrefix(job), jobRows.next, func(Row) bool { return true }); err != nil || len(rows) > 0 {
+		log, err := readLog(tx, job)
+		if err != nil {
 			return err
 		}
-		alone := func(b []byte) (storedRow, error) { return decodeRow(lease.Lease{}, b) }
-		return scan([]byte(prefixUnknown), alone, func(r Row) bool { return r.JobID == job })
+		var rr rowReader
+		err = jobRows(tx, job, 1, log, func(_ uint64, key, value []byte) error {
+			stored, err := rr.next(value)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			rows = append(rows, stored.row())
+			return nil
+		})
+		if err != nil || len(rows) > 0 {
+			return err
+		}
+		return tx.Scan([]byte(prefixUnknown), nil, func(key, value []byte) error {
+			stored, err := decodeRow(lease.Lease{}, value)
+			if err != nil {
+				return fmt.Errorf("%s: %w", key, err)
+			}
+			if r := stored.row(); r.JobID == job {
+				rows = append(rows, r)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -753,11 +779,16 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 			return nil
 		}
 		if !cursor.Unknown {
+			log, err := readLog(tx, job)
+			if err != nil {
+				return err
+			}
 			scanFrom := func(start uint64) error {
 				page.Rows = page.Rows[:0]
+				page.More = false
 				var rr rowReader
 				first := true
-				return tx.Scan(evidencePrefix(job), evidenceKey(job, start), func(key, value []byte) error {
+				return jobRows(tx, job, start, log, func(_ uint64, key, value []byte) error {
 					if first && start > 1 && (len(value) == 0 || value[0] != evidenceSchemaAnchor) {
 						return errNoAnchor
 					}
@@ -772,7 +803,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 					return keep(stored.row())
 				})
 			}
-			err := scanFrom(anchorBefore(cursor.After + 1))
+			err = scanFrom(anchorBefore(cursor.After + 1))
 			if errors.Is(err, errNoAnchor) {
 				err = scanFrom(1)
 			}
@@ -923,6 +954,11 @@ func (c *Coordinator) commitGroup(group []*batch) {
 	// Not a caller's context: a batch carries many callers, and a decision
 	// is either durable for all of them or for none.
 	start := time.Now()
+	var rows []logRow
+	for _, b := range group {
+		rows = append(rows, b.rows...)
+	}
+	log := c.evlog.plan(rows)
 	err := c.cfg.Store.Update(context.Background(), func(tx store.Txn) error {
 		if err := checkTerm(tx, group[0].term); err != nil {
 			return err
@@ -939,11 +975,22 @@ func (c *Coordinator) commitGroup(group []*batch) {
 				}
 			}
 		}
+		for _, w := range log.puts {
+			if err := tx.Put(w.key, w.value); err != nil {
+				return err
+			}
+		}
+		for _, k := range log.deletes {
+			if err := tx.Delete(k); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	c.commitNanos.Add(uint64(time.Since(start)))
 	if err == nil {
 		c.commits.Add(1)
+		c.evlog.apply(log)
 	}
 	// Hand each batch back first, then answer from here rather than from
 	// the shards: one goroutine hop less per message. Readers still never

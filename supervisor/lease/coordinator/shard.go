@@ -87,6 +87,9 @@ type batch struct {
 	final   bool
 	puts    []kv
 	deletes [][]byte
+	// rows are the evidence rows, in judgement order: the committer packs
+	// them into the log (evidencelog.go).
+	rows    []logRow
 	answers []pendingAnswer
 	err     error
 	// decisions tallies what was judged, counted once durable.
@@ -379,9 +382,9 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	e.pendingRows++
 	row := storedRow{Number: e.pendingRows, Lease: next, Decision: decision, Kind: m.Kind(), DecidedAt: now}
 	if isAnchor(row.Number) {
-		b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRowAnchor(nil, row)})
+		b.rows = append(b.rows, logRow{job, row.Number, encodeRowAnchor(nil, row)})
 	} else {
-		b.puts = append(b.puts, kv{evidenceKey(job, row.Number), encodeRow(nil, current, row)})
+		b.rows = append(b.rows, logRow{job, row.Number, encodeRow(nil, current, row)})
 	}
 	if e.mark != b.seq {
 		e.mark = b.seq
