@@ -705,3 +705,90 @@ func TestLeaseConflictSurvivesKill9(t *testing.T) {
 	_, d = unary{worker}.send(t, renew(l2, 1))
 	wantDecision(t, "renew of the new generation", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
 }
+
+// The evidence of many jobs shares a key in the store (a commit's rows go
+// under one key of the evidence log, folded into a key per job later).
+// A rogue holder whose job id mimics the victim's keys, and whose progress
+// values carry bytes laid out like a packed row naming the victim's job,
+// neither reads nor forges the victim's evidence through the packing: the
+// victim's history is its own rows only, numbered without a gap, before and
+// after the rows were folded; the rogue's values come back verbatim in its
+// own history; the rogue cannot read the victim's.
+func TestLeaseRogueCannotReadOrForgeEvidenceThroughPackedRows(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	victim := w.job()
+	vl, _ := unary{w.w1C}.send(t, ack(w.offer(t, victim, w.w1, time.Minute)))
+
+	rogueChild := spawn(t, w.strangerC, w.stranger, "rogue")
+	rogueC := w.srv.Clients(rogueChild.Credential)
+	rogueJob := victim + "/0000000000000002"
+	offered, err := w.strangerC.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: rogueJob, HolderIdentity: rogueChild.Node.NodeId, LeaseDuration: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl, _ := unary{rogueC}.send(t, ack(offered.Msg.Lease))
+
+	// A row "entry" as the log lays it out: a length, the victim's job id,
+	// a length, a row of schema 3 numbered like the victim's next rows.
+	forged := func(i int) string {
+		row := fmt.Sprintf("\x03%c\x05L-fake\x01%c%s", rune(3+i%60), rune(len(rogueChild.Node.NodeId)), rogueChild.Node.NodeId)
+		return fmt.Sprintf("%c%s%c%s", rune(len(victim)), victim, rune(len(row)), row)
+	}
+	const rounds = 40 // each call its own commit: more than the log keeps
+	var values []string
+	for i := range rounds {
+		_, d := unary{w.w1C}.send(t, renew(vl, uint64(i+1)))
+		wantDecision(t, "the victim's renew", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		values = append(values, forged(i))
+		_, d = unary{rogueC}.send(t, progress(rl, uint64(i+1), values[i]))
+		wantDecision(t, "the rogue's progress", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+	}
+
+	pages := func(c *testserver.Clients, job string) []*tetherv1.EvidenceRow {
+		t.Helper()
+		var rows []*tetherv1.EvidenceRow
+		token := ""
+		for {
+			resp, err := c.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job, PageSize: 3, PageToken: token}))
+			if err != nil {
+				t.Fatalf("evidence of %s: %v", job, err)
+			}
+			rows = append(rows, resp.Msg.Rows...)
+			if token = resp.Msg.NextPageToken; token == "" {
+				return rows
+			}
+		}
+	}
+	rows := pages(w.plannerC, victim)
+	if len(rows) != 2+rounds {
+		t.Fatalf("the victim's evidence has %d rows, want %d", len(rows), 2+rounds)
+	}
+	for i, r := range rows {
+		if r.Row != uint64(i+1) || r.JobId != victim || r.LeaseId != vl.LeaseId || r.HolderIdentity != w.w1 || r.ProgressValue != "" {
+			t.Fatalf("the victim's row %d: %v", i+1, r)
+		}
+	}
+	if last := rows[len(rows)-1]; last.RenewSequence != rounds || w.get(t, victim).RenewSequence != rounds {
+		t.Fatalf("the victim's last row %v, lease %v", last, w.get(t, victim))
+	}
+	own := pages(w.strangerC, rogueJob)
+	if len(own) != 2+rounds {
+		t.Fatalf("the rogue's evidence has %d rows, want %d", len(own), 2+rounds)
+	}
+	for i, r := range own[2:] {
+		if r.JobId != rogueJob || r.ProgressValue != values[i] {
+			t.Fatalf("the rogue's row %d: %v", i+3, r)
+		}
+	}
+	_, err = rogueC.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: victim}))
+	if connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("the rogue reading the victim's evidence: %v", err)
+	}
+	for _, page := range []string{"r0", "r2", "r30"} {
+		_, err = w.strangerC.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: victim, PageToken: page}))
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("the rogue's tree reading the victim's evidence from %s: %v", page, err)
+		}
+	}
+}
