@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -468,4 +471,160 @@ func renewOnChannel(ctx context.Context, hc *http.Client, url, credential string
 		}
 	}
 	return ctx.Err()
+}
+
+// TestEtcdKill9MidCommitKeepsEveryAcknowledgedEvidenceRow kills (SIGKILL)
+// a `tether serve` on etcd while 24 leases renew in closed loops, so
+// commits are in flight, after enough commits that the evidence rows have
+// been packed (a commit's rows under one key of the evidence log, folded
+// into packs under each job's key). After the restart every acknowledged
+// renewal is there: each lease has at least its highest acknowledged
+// sequence, each accepted renew its evidence row, the rows are numbered
+// without a gap and read the same whole and page by page, and the leases
+// go on.
+func TestEtcdKill9MidCommitKeepsEveryAcknowledgedEvidenceRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	args := []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", prefix,
+		"--election-ttl", "2s", "--rate-limit", "0"}
+	dir := t.TempDir()
+	proc := testserver.StartProcess(t, dir, args...)
+	hc := testserver.H2CClient()
+	ctx := context.Background()
+	admin := testserver.NewClients(hc, proc.URL, proc.Admin)
+	root := register(t, admin, "kill")
+	holders := []*tetherv1.SpawnResponse{spawn(t, admin, root.Node.NodeId, "h0"), spawn(t, admin, root.Node.NodeId, "h1")}
+	var leases []*stormLease
+	for i := range 24 {
+		h := i % len(holders)
+		job := fmt.Sprintf("kill-%d", i)
+		var offered *connect.Response[tetherv1.OfferResponse]
+		testserver.WaitFor(t, replicaWait, "the leases to be served", func() bool {
+			var err error
+			offered, err = admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holders[h].Node.NodeId, LeaseDuration: durationpb.New(time.Minute)}))
+			return err == nil
+		})
+		l := offered.Msg.Lease
+		ack, err := testserver.NewClients(hc, proc.URL, holders[h].Credential).Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration}))
+		if err != nil || ack.Msg.Decision.Outcome != tetherv1.Outcome_OUTCOME_ACCEPTED {
+			t.Fatalf("ack %s: %v %v", job, err, ack.Msg.GetDecision())
+		}
+		leases = append(leases, &stormLease{lease: ack.Msg.Lease, holder: h})
+	}
+
+	stormCtx, stopStorm := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var errMu sync.Mutex
+	var refusals []error
+	for _, l := range leases {
+		c := testserver.NewClients(hc, proc.URL, holders[l.holder].Credential)
+		wg.Go(func() {
+			for stormCtx.Err() == nil {
+				seq := l.next()
+				resp, err := c.Lease.Renew(stormCtx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.lease.JobId, LeaseId: l.lease.LeaseId, LeaseGeneration: l.lease.LeaseGeneration, RenewSequence: seq}))
+				if err != nil {
+					return // the kill
+				}
+				if err := l.answer(seq, resp.Msg.Decision); err != nil {
+					errMu.Lock()
+					refusals = append(refusals, err)
+					errMu.Unlock()
+				}
+			}
+		})
+	}
+	defer func() { stopStorm(); wg.Wait() }()
+	// 40 renewals each: far more commits than the evidence log keeps, so
+	// rows have been folded into packs when the kill comes.
+	testserver.WaitFor(t, 2*time.Minute, "every lease to be renewed 40 times", func() bool {
+		for _, l := range leases {
+			if acked, _ := l.state(); acked < 40 {
+				return false
+			}
+		}
+		return true
+	})
+	proc.Kill() // the renewers have calls in flight: a commit is under way
+	stopStorm()
+	wg.Wait()
+	for _, err := range refusals {
+		t.Error(err)
+	}
+
+	// The store holds fewer evidence keys than rows: the rows were packed.
+	st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	var keys int
+	if err := st.View(ctx, func(tx store.ReadTxn) error {
+		keys = 0
+		return tx.Scan([]byte("leases/evidence/"), nil, func(_, _ []byte) error { keys++; return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	proc = testserver.StartProcess(t, dir, args...)
+	admin = testserver.NewClients(hc, proc.URL, proc.Admin)
+	rows := 0
+	for _, l := range leases {
+		acked, _ := l.state()
+		whole, err := admin.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: l.lease.JobId}))
+		if err != nil {
+			t.Fatalf("evidence of %s: %v", l.lease.JobId, err)
+		}
+		var paged []*tetherv1.EvidenceRow
+		for token := ""; ; {
+			resp, err := admin.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: l.lease.JobId, PageSize: 7, PageToken: token}))
+			if err != nil {
+				t.Fatalf("evidence of %s from %q: %v", l.lease.JobId, token, err)
+			}
+			paged = append(paged, resp.Msg.Rows...)
+			if token = resp.Msg.NextPageToken; token == "" {
+				break
+			}
+		}
+		if len(paged) != len(whole.Msg.Rows) {
+			t.Fatalf("%s: %d rows page by page, %d whole", l.lease.JobId, len(paged), len(whole.Msg.Rows))
+		}
+		inEvidence := map[uint64]bool{}
+		for i, row := range whole.Msg.Rows {
+			if row.Row != uint64(i+1) || !proto.Equal(row, paged[i]) {
+				t.Fatalf("%s: row %d is numbered %d, or differs page by page:\n%v\n%v", l.lease.JobId, i+1, row.Row, row, paged[i])
+			}
+			if row.Message == "renew" && row.Decision.GetOutcome() == tetherv1.Outcome_OUTCOME_ACCEPTED {
+				inEvidence[row.RenewSequence] = true
+			}
+		}
+		rows += len(whole.Msg.Rows)
+		for _, seq := range l.accepted {
+			if !inEvidence[seq] {
+				t.Errorf("%s: renew %d was accepted, and its evidence row is missing after kill -9", l.lease.JobId, seq)
+			}
+		}
+		got, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.lease.JobId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Msg.Lease.RenewSequence < acked {
+			t.Errorf("%s: renew %d was acknowledged, the lease says %d after kill -9", l.lease.JobId, acked, got.Msg.Lease.RenewSequence)
+		}
+		// The lease goes on: the next sequence after every one sent.
+		c := testserver.NewClients(hc, proc.URL, holders[l.holder].Credential)
+		seq := l.next()
+		testserver.WaitFor(t, replicaWait, "the restarted coordinator to serve", func() bool {
+			resp, err := c.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.lease.JobId, LeaseId: l.lease.LeaseId, LeaseGeneration: l.lease.LeaseGeneration, RenewSequence: seq}))
+			if err != nil {
+				return false
+			}
+			if resp.Msg.Decision.Outcome != tetherv1.Outcome_OUTCOME_ACCEPTED {
+				t.Fatalf("%s: renew %d after the restart: %v", l.lease.JobId, seq, resp.Msg.Decision)
+			}
+			return true
+		})
+	}
+	if keys*4 > rows {
+		t.Fatalf("%d evidence keys for %d rows: the rows were not packed", keys, rows)
+	}
+	t.Logf("%d rows under %d keys of the jobs' own", rows, keys)
 }
