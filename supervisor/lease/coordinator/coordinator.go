@@ -991,6 +991,8 @@ func (c *Coordinator) commitGroup(group []*batch) {
 	if err == nil {
 		c.commits.Add(1)
 		c.evlog.apply(log)
+	} else {
+		c.evlog.failed(log)
 	}
 	// Hand each batch back first, then answer from here rather than from
 	// the shards: one goroutine hop less per message. Readers still never

@@ -208,6 +208,11 @@ type evidenceLog struct {
 	seq     uint64
 	window  []logCommit
 	pending map[string][]logRow
+	// failedParts is how many log keys the last failed commit meant to
+	// write at seq+1: the next commit takes that seq again and deletes
+	// those it does not rewrite, should the failed one have reached the
+	// store after all.
+	failedParts int
 }
 
 // loadLog rebuilds the log's state from the store. What a previous run
@@ -274,6 +279,9 @@ func (l *evidenceLog) plan(rows []logRow) logPlan {
 		p.puts = append(p.puts, kv{logKey(p.seq, c.parts), encodePack(nil, rows[start:end], true)})
 		start = end
 	}
+	for part := c.parts; part < l.failedParts; part++ {
+		p.deletes = append(p.deletes, logKey(p.seq, part))
+	}
 	for _, r := range rows {
 		// Clip: never append into the array the current state holds.
 		p.pending[r.job] = append(slices.Clip(unfolded(r.job)), r)
@@ -311,8 +319,18 @@ func appendPacks(puts []kv, job string, rows []logRow) []kv {
 	return append(puts, kv{evidenceKey(job, rows[start].number), encodePack(nil, rows[start:], false)})
 }
 
+// failed notes a plan whose commit failed.
+func (l *evidenceLog) failed(p logPlan) {
+	if p.seq > l.seq {
+		l.failedParts = max(l.failedParts, p.window[len(p.window)-1].parts)
+	}
+}
+
 // apply makes a committed plan the log's state.
 func (l *evidenceLog) apply(p logPlan) {
+	if p.seq > l.seq {
+		l.failedParts = 0
+	}
 	l.seq, l.window = p.seq, p.window
 	for job, rs := range p.pending {
 		if len(rs) == 0 {
