@@ -49,21 +49,30 @@
 //
 // See keys.go for the layout. Every decision writes one evidence row; the
 // job record is a checkpoint rewritten every checkpointEvery rows (and for
-// every job on a clean stop), so a renewal costs one write, not two. A row
+// every job on a clean stop), so a renewal costs one row, not a row and a
+// record. The rows of one commit, of every job, go under one key of the
+// evidence log (evidencelog.go), and every job's rows are folded from the
+// log into a key of its own (a pack of consecutive rows) once per
+// logWindow commits, in the commit that deletes the log key: on etcd a
+// written key costs the member CPU whatever its size, so a renewal no
+// longer writes a key of its own. Readers take a job's rows from its keys
+// (a key of one row, as written before the log, or a pack) and then from
+// the log, each row number once (jobRows); a pack never crosses an anchor
+// row, so a page still finds the anchor it decodes from by its key. A row
 // is a delta against the row before it (delta.go): the lease fields that
 // changed, times relative to the decision, and the reason with its ids and
 // timestamps as short references — about 100 bytes for a renewal instead
 // of 350, which matters because Badger's synced commits cost by the entry
 // and the byte. Loading a job reads its record and applies the rows after
-// it in order; Evidence applies a job's rows from the first, EvidencePage
-// from the anchor row at or before its first row (every anchorEvery-th row
-// of a job is written whole), so a page costs the same however long the
-// history. A gap in a
-// job's row numbers is reported as corruption. Rows about jobs that have
-// no lease go to a bounded log (Config.UnknownLogSize) and stand alone.
-// Records and rows carry a schema version byte; a reader refuses a version
-// it does not know (rows of schema 1, which held the whole lease, are
-// still read).
+// it in order (from its keys, then the log); Evidence applies a job's rows
+// from the first, EvidencePage from the anchor row at or before its first
+// row (every anchorEvery-th row of a job is written whole), so a page
+// costs the same however long the history. A gap in a job's row numbers is
+// reported as corruption. Rows about jobs that have no lease go to a
+// bounded log (Config.UnknownLogSize) and stand alone. Records, rows and
+// packs carry a schema version byte; a reader refuses a version it does
+// not know (rows of schema 1, which held the whole lease, are still read),
+// and a pack under one job's key that names another job.
 //
 // # Time
 //

@@ -9,7 +9,9 @@ import (
 // data directory can follow them.
 //
 //	leases/job/<job id>                        → the job's lease record (codec.go)
-//	leases/evidence/<len>:<job id>/<row, hex>  → one evidence row per decision
+//	leases/log/<commit, hex>/<part, hex>       → a commit's evidence rows, of every job (evidencelog.go)
+//	leases/evidence/<len>:<job id>/<row, hex>  → the job's rows from that row on: one (written before
+//	                                             the log) or a pack of consecutive rows folded from the log
 //	leases/unknown/<seq, hex>                  → rows for jobs without a lease (a bounded log)
 //	leases/alive/<shard>                       → the shard's last decision time (restart planning)
 //	leases/term                                → the current run's term (term.go: fencing)
