@@ -1,0 +1,101 @@
+package coordinator
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/tetherhq/tether/internal/store"
+)
+
+func testRow(job string, n uint64, size int) logRow {
+	b := append([]byte{evidenceSchemaDelta}, byte(n&0x7f))
+	if n > 0x7f {
+		b = append([]byte{evidenceSchemaDelta}, byte(n&0x7f|0x80), byte(n>>7))
+	}
+	return logRow{job: job, number: n, row: append(b, bytes.Repeat([]byte{'x'}, size)...)}
+}
+
+// A pack is read only as the key's job's rows: one under job a's key that
+// names job b is corrupt, not b's evidence, and a log row must name its
+// job.
+func TestPackUnderAJobsKeyCannotCarryAnotherJobsRows(t *testing.T) {
+	rows := []logRow{testRow("b", 1, 10)}
+	named := encodePack(nil, rows, true)
+	if err := decodePack(named, "a", func(logRow) error { return nil }); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a pack under job a naming job b: %v", err)
+	}
+	unnamed := encodePack(nil, rows, false)
+	if err := decodePack(unnamed, "", func(logRow) error { return nil }); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a log row without a job: %v", err)
+	}
+	var got []logRow
+	if err := decodePack(unnamed, "a", func(r logRow) error { got = append(got, r); return nil }); err != nil || len(got) != 1 || got[0].job != "a" || got[0].number != 1 {
+		t.Fatalf("a pack of job a: %+v, %v", got, err)
+	}
+	for cut := 1; cut < len(named); cut++ {
+		if err := decodePack(named[:cut], "", func(logRow) error { return nil }); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("a pack cut at %d of %d bytes: %v", cut, len(named), err)
+		}
+	}
+}
+
+// A commit's log is cut into parts that fit the store; a fold is cut at
+// every anchor; a commit that failed leaves no part behind once the next
+// takes its sequence.
+func TestLogPlanFitsTheStoreAndCutsAtAnchors(t *testing.T) {
+	l := evidenceLog{pending: map[string][]logRow{}}
+	var big []logRow
+	for i := range 12 {
+		big = append(big, testRow("big", uint64(i+1), 60<<10))
+	}
+	failed := l.plan(big)
+	if len(failed.puts) < 3 {
+		t.Fatalf("%d parts for 720 KB of rows", len(failed.puts))
+	}
+	for _, p := range failed.puts {
+		if err := store.CheckValue(p.value); err != nil || len(p.value) > packBytes+(64<<10) {
+			t.Fatalf("a log part of %d bytes: %v", len(p.value), err)
+		}
+	}
+	l.failed(failed)
+	retry := l.plan([]logRow{testRow("big", 1, 10)})
+	if len(retry.puts) != 1 || !bytes.Equal(retry.puts[0].key, logKey(1, 0)) || len(retry.deletes) != len(failed.puts)-1 {
+		t.Fatalf("the retry writes %d keys and deletes %d, after a failure of %d parts", len(retry.puts), len(retry.deletes), len(failed.puts))
+	}
+	l.apply(retry)
+
+	// Job "a" writes rows 2.. one per commit; when the first commit
+	// leaves the window every row in it is folded, cut at row 64.
+	n := uint64(1)
+	for range logWindow + 60 {
+		n++
+		p := l.plan([]logRow{testRow("a", n, 10)})
+		for _, put := range p.puts {
+			if !strings.HasPrefix(string(put.key), string(evidencePrefix("a"))) {
+				continue
+			}
+			var first, last uint64
+			if err := decodePack(put.value, "a", func(r logRow) error {
+				if first == 0 {
+					first = r.number
+				}
+				if last != 0 && r.number != last+1 {
+					t.Fatalf("pack %s: row %d after %d", put.key, r.number, last)
+				}
+				last = r.number
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if next := (first/anchorEvery + 1) * anchorEvery; !bytes.Equal(put.key, evidenceKey("a", first)) || next <= last {
+				t.Fatalf("pack %s holds rows %d to %d", put.key, first, last)
+			}
+		}
+		l.apply(p)
+	}
+	if len(l.window) != logWindow || len(l.pending["a"]) == 0 || len(l.pending) != 1 {
+		t.Fatalf("window of %d commits, pending %v", len(l.window), len(l.pending))
+	}
+}
