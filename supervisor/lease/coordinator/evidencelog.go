@@ -17,12 +17,14 @@ import (
 // revision, an index entry, a bbolt entry): about 20 µs per renewal even
 // in commits of hundreds. So every commit writes all its rows, of every
 // job, packed under one key of the log (leases/log/<seq>/<part>: a part
-// per packBytes). A row stays in the log for logWindow commits; when its
-// commit leaves the window, each of its jobs whose rows there are not yet
-// folded gets one key (a pack) holding all its rows in the window, under
-// the job's own prefix, named by the pack's first row, in the same
-// transaction that deletes the log key. A job renewing in every commit
-// thus writes a key of its own every logWindow commits, not every commit.
+// per packBytes). A row stays in the log for logWindow commits (fewer when
+// they hold more than logWindowBytes: a reader of one job reads the whole
+// log); when its commit leaves the window, each of its jobs whose rows
+// there are not yet folded gets one key (a pack) holding all its rows in
+// the window, under the job's own prefix, named by the pack's first row,
+// in the same transaction that deletes the log key. A job renewing in
+// every commit thus writes a key of its own every logWindow commits, not
+// every commit.
 //
 // A job's rows are therefore: the keys under its prefix, each one row
 // (written before packing) or a pack of consecutive rows, in row order;
@@ -42,10 +44,13 @@ import (
 
 const (
 	prefixLog = "leases/log/"
-	// logWindow is how many commits' rows the log keeps: a job's rows are
-	// folded into a key of its own once per logWindow commits at most, and
-	// a reader of one job's evidence reads at most logWindow commits' log.
-	logWindow = 16
+	// logWindow is how many commits' rows the log keeps, and
+	// logWindowBytes how many bytes of rows (beyond its newest commit): a
+	// job's rows are folded into a key of its own once per logWindow
+	// commits at most, and a reader of one job's evidence or lease reads
+	// the whole log, so at most about logWindowBytes.
+	logWindow      = 16
+	logWindowBytes = 256 << 10
 	// packBytes is where a log pack or a job's pack is cut, well inside
 	// store.MaxValueSize.
 	packBytes = 256 << 10
@@ -198,6 +203,14 @@ type logCommit struct {
 	seq   uint64
 	parts int
 	rows  []logRow
+	bytes int
+}
+
+func rowsBytes(rows []logRow) (n int) {
+	for _, r := range rows {
+		n += len(r.row) + len(r.job)
+	}
+	return n
 }
 
 // evidenceLog is the committer's view of the log: the commits in the
@@ -207,6 +220,7 @@ type logCommit struct {
 type evidenceLog struct {
 	seq     uint64
 	window  []logCommit
+	bytes   int // of the window's rows
 	pending map[string][]logRow
 	// failedParts is how many log keys the last failed commit meant to
 	// write at seq+1: the next commit takes that seq again and deletes
@@ -233,6 +247,8 @@ func loadLog(tx store.ReadTxn) (evidenceLog, error) {
 		c.parts = max(c.parts, part+1)
 		err := decodePack(value, "", func(r logRow) error {
 			c.rows = append(c.rows, r)
+			c.bytes += len(r.row) + len(r.job)
+			l.bytes += len(r.row) + len(r.job)
 			l.pending[r.job] = append(l.pending[r.job], r)
 			return nil
 		})
@@ -252,6 +268,7 @@ type logPlan struct {
 	deletes [][]byte
 	seq     uint64
 	window  []logCommit
+	bytes   int
 	// pending: the jobs whose unfolded rows change (empty: all folded).
 	pending map[string][]logRow
 }
@@ -260,7 +277,7 @@ type logPlan struct {
 // the window. Nothing changes until apply (the commit may fail).
 func (l *evidenceLog) plan(rows []logRow) logPlan {
 	if len(rows) == 0 {
-		return logPlan{seq: l.seq, window: l.window}
+		return logPlan{seq: l.seq, window: l.window, bytes: l.bytes}
 	}
 	p := logPlan{seq: l.seq + 1, pending: make(map[string][]logRow)}
 	unfolded := func(job string) []logRow {
@@ -269,7 +286,7 @@ func (l *evidenceLog) plan(rows []logRow) logPlan {
 		}
 		return l.pending[job]
 	}
-	c := logCommit{seq: p.seq, rows: rows}
+	c := logCommit{seq: p.seq, rows: rows, bytes: rowsBytes(rows)}
 	for start := 0; start < len(rows); c.parts++ {
 		end, size := start, 0
 		for end < len(rows) && (end == start || size+len(rows[end].row)+len(rows[end].job) < packBytes) {
@@ -287,9 +304,11 @@ func (l *evidenceLog) plan(rows []logRow) logPlan {
 		p.pending[r.job] = append(slices.Clip(unfolded(r.job)), r)
 	}
 	p.window = append(slices.Clip(l.window), c)
-	for len(p.window) > logWindow {
+	p.bytes = l.bytes + c.bytes
+	for len(p.window) > logWindow || (len(p.window) > 1 && p.bytes-c.bytes > logWindowBytes) {
 		old := p.window[0]
 		p.window = p.window[1:]
+		p.bytes -= old.bytes
 		for _, r := range old.rows {
 			rs := unfolded(r.job)
 			if len(rs) == 0 || rs[0].number > r.number {
@@ -331,7 +350,7 @@ func (l *evidenceLog) apply(p logPlan) {
 	if p.seq > l.seq {
 		l.failedParts = 0
 	}
-	l.seq, l.window = p.seq, p.window
+	l.seq, l.window, l.bytes = p.seq, p.window, p.bytes
 	for job, rs := range p.pending {
 		if len(rs) == 0 {
 			delete(l.pending, job)
