@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -231,6 +232,9 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 		}
 		var checkpoints []record
 		err = tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
+			if bytes.Equal(key, layoutKey) {
+				return nil
+			}
 			r, err := decodeRecord(value)
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
@@ -323,6 +327,9 @@ func catchUp(tx store.ReadTxn, r *record, log []logRow) error {
 // nothing that can be lost). It may also see a decision made durable whose
 // answer is still on its way to the caller.
 func (c *Coordinator) StoredLease(ctx context.Context, job string) (lease.Lease, error) {
+	if jobKeyIsReserved(job) {
+		return lease.Lease{}, fmt.Errorf("%w: job %q", ErrNotFound, job)
+	}
 	var r record
 	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		r = record{}
@@ -534,7 +541,10 @@ func (c *Coordinator) startOnce(ctx context.Context) (time.Time, error) {
 	err := c.cfg.Store.Update(ctx, func(tx store.Txn) error {
 		var err error
 		term, err = startTerm(tx)
-		return err
+		if err != nil {
+			return err
+		}
+		return tx.Put(layoutKey, []byte{layoutMarker})
 	})
 	if err != nil {
 		return time.Time{}, fmt.Errorf("coordinator: start a term: %w", err)
@@ -598,6 +608,10 @@ func (c *Coordinator) send(s *shard, o op) {
 func (c *Coordinator) Submit(m lease.Message, guard func(lease.Lease) error, done func(Result, error)) {
 	if m == nil {
 		done(Result{}, fmt.Errorf("%w: nil message", ErrInvalidArgument))
+		return
+	}
+	if jobKeyIsReserved(m.Job()) {
+		done(Result{}, fmt.Errorf("%w: job id %q is reserved", ErrInvalidArgument, m.Job()))
 		return
 	}
 	c.send(c.shardOf(m.Job()), op{kind: opJudge, msg: m, guard: guard, done: done})

@@ -60,6 +60,21 @@ const (
 	evidenceSchemaPack byte = 4
 )
 
+// layoutKey marks a store written with the evidence log, where a binary
+// from before it looks for job records: such a binary reads rows only
+// under the jobs' keys, and would load leases without their newest rows
+// (acknowledged decisions). It refuses a record whose schema it does not
+// know, and fails to start, so every run writes this one, whose version
+// (layoutMarker) no lease record has. The key is no job's: job ids hold
+// no control character.
+var layoutKey = []byte(prefixJob + "\x01evidence-log")
+
+const layoutMarker byte = 0x7f
+
+// jobKeyIsReserved: job's record would be the layout marker. The RPCs
+// refuse such an id anyway (a control character).
+func jobKeyIsReserved(job string) bool { return prefixJob+job == string(layoutKey) }
+
 func logKey(seq uint64, part int) []byte {
 	return fmt.Appendf(nil, "%s%016x/%04x", prefixLog, seq, part)
 }

@@ -2,11 +2,18 @@ package coordinator
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+	"github.com/tetherhq/tether/supervisor/lease"
 )
 
 func testRow(job string, n uint64, size int) logRow {
@@ -98,4 +105,57 @@ func TestLogPlanFitsTheStoreAndCutsAtAnchors(t *testing.T) {
 	if len(l.window) != logWindow || len(l.pending["a"]) == 0 || len(l.pending) != 1 {
 		t.Fatalf("window of %d commits, pending %v", len(l.window), len(l.pending))
 	}
+}
+
+// A binary from before the evidence log would load leases without the
+// rows in the log. Every run leaves a marker where such a binary reads job
+// records, which it refuses (an unknown schema: it fails to start rather
+// than serve leases that lost acknowledged decisions); this binary skips
+// it, and no job can take its key.
+func TestTheLayoutMarkerStopsABinaryFromBeforeTheLog(t *testing.T) {
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c, err := New(context.Background(), Config{Store: st, Clock: clock.NewManual(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)), Policy: lease.DefaultPolicy(), Shards: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	run := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { done <- c.Run(ctx) }()
+		for serving, changed := c.Serving(); !serving; serving, changed = c.Serving() {
+			<-changed
+		}
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		}
+	}
+	stop := run()
+	var marker []byte
+	if err := st.View(context.Background(), func(tx store.ReadTxn) error {
+		marker, err = tx.Get(layoutKey)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := decodeRecord(marker); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("the marker reads as a lease record: %v", err)
+	}
+	reserved := layoutKey[len(prefixJob):]
+	_, err = c.Apply(context.Background(), lease.Offer{JobID: string(reserved), LeaseID: "L", HolderIdentity: "w", LeaseDuration: time.Minute})
+	if !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("an offer of the marker's job id: %v", err)
+	}
+	if _, err := c.StoredLease(context.Background(), string(reserved)); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("the marker's job id read: %v", err)
+	}
+	// A restart skips the marker.
+	stop()
+	run()()
 }

@@ -74,7 +74,9 @@ func UnpackEvidence(st store.Store) error {
 		}
 		var jobs []string
 		err = tx.Scan([]byte(prefixJob), nil, func(key, _ []byte) error {
-			jobs = append(jobs, string(key[len(prefixJob):]))
+			if !bytes.Equal(key, layoutKey) {
+				jobs = append(jobs, string(key[len(prefixJob):]))
+			}
 			return nil
 		})
 		if err != nil {
@@ -110,6 +112,9 @@ func UnpackEvidence(st store.Store) error {
 					return err
 				}
 			}
+		}
+		if err := tx.Delete(layoutKey); err != nil { // no marker before the log
+			return err
 		}
 		for _, k := range logKeys {
 			if err := tx.Delete(k); err != nil {

@@ -13,6 +13,8 @@ import (
 //	leases/evidence/<len>:<job id>/<row, hex>  → the job's rows from that row on: one (written before
 //	                                             the log) or a pack of consecutive rows folded from the log
 //	leases/unknown/<seq, hex>                  → rows for jobs without a lease (a bounded log)
+//	leases/job/\x01evidence-log                → the layout marker (evidencelog.go): no job id
+//	                                             holds a control character
 //	leases/alive/<shard>                       → the shard's last decision time (restart planning)
 //	leases/term                                → the current run's term (term.go: fencing)
 //
