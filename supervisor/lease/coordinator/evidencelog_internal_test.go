@@ -127,7 +127,11 @@ func TestTheLayoutMarkerStopsABinaryFromBeforeTheLog(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		go func() { done <- c.Run(ctx) }()
 		for serving, changed := c.Serving(); !serving; serving, changed = c.Serving() {
-			<-changed
+			select {
+			case <-changed:
+			case err := <-done:
+				t.Fatalf("the run ended before it served: %v", err)
+			}
 		}
 		return func() {
 			cancel()
