@@ -2,11 +2,15 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -86,5 +90,159 @@ func TestSeed2AnEndAfterTheCancelOrderIsNotAnAcknowledgement(t *testing.T) {
 	}
 	if len(rec.ToolCalls) != 3 {
 		t.Errorf("record lists %d calls, want 3", len(rec.ToolCalls))
+	}
+}
+
+// newLeaseWorldIn is newLeaseWorld on a data directory and clock the test
+// keeps, so that it can restart the server on them.
+func newLeaseWorldIn(t *testing.T, dir string, clk *clock.Manual) *leaseWorld {
+	t.Helper()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
+	root := register(t, w.admin, "planner")
+	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)
+	a := spawn(t, w.plannerC, w.planner, "w1")
+	w.w1, w.w1C = a.Node.NodeId, srv.Clients(a.Credential)
+	b := spawn(t, w.plannerC, w.planner, "w2")
+	w.w2, w.w2C = b.Node.NodeId, srv.Clients(b.Credential)
+	s := register(t, w.admin, "stranger")
+	w.stranger, w.strangerC = s.Node.NodeId, srv.Clients(s.Credential)
+	return w
+}
+
+// authority is what a lease says about who may do what until when: every
+// field but the evidence flags, which a refused message may set.
+func authority(l *tetherv1.Lease) *tetherv1.Lease {
+	a := proto.Clone(l).(*tetherv1.Lease)
+	a.StaleGeneration, a.LateProgress, a.OwnershipConflict, a.ConflictHolder = false, false, false, ""
+	return a
+}
+
+// Seed 000 §10 and §11: a terminal result closes the job, and a duplicate
+// terminal attempt is an explicit audit event that changes nothing. The
+// job's holder completes it SUCCESS; then everyone who could still speak
+// about it tries to change that — the holder (another result, a renew,
+// progress, a cancel ack), the job's owner and an operator (a cancel
+// request, a reassignment that would open generation 2, a resolution to
+// FAILED, CANCELLED or UNRESOLVED, an offer of the same job id), and an
+// operator's abort of the holder, whose termination reconciles the leases
+// it held. Each is judged and kept as an evidence row; none moves the
+// result, its time, the generation or the holder, and the termination's
+// record reports the job COMPLETED. After a restart of the server on the
+// same data directory the job still reads SUCCESS with the same evidence,
+// and a reassignment is still refused.
+func TestSeed2ATerminalResultIsFinalWhoeverSpeaksAfterIt(t *testing.T) {
+	dir := t.TempDir()
+	clk := clock.NewManual(epoch)
+	w := newLeaseWorldIn(t, dir, clk)
+	ctx := context.Background()
+	job := w.job()
+	resp, err := w.plannerC.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.w1, LeaseDuration: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := unary{w.w1C}
+	l, _ := holder.send(t, ack(resp.Msg.Lease))
+	holder.send(t, progress(l, 1, "done"))
+	done, d := holder.send(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	wantDecision(t, "SUCCESS", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	final := authority(done)
+	rows := len(w.evidence(t, job))
+	unchanged := func(what string) {
+		t.Helper()
+		rows++
+		if got := authority(w.get(t, job)); !proto.Equal(got, final) {
+			t.Fatalf("%s changed the finished job:\nbefore %v\nafter  %v", what, final, got)
+		}
+		if n := len(w.evidence(t, job)); n != rows {
+			t.Fatalf("%s: %d evidence rows, want %d (each attempt judged and kept)", what, n, rows)
+		}
+	}
+	clk.Advance(10 * time.Second)
+
+	for _, tc := range []struct {
+		what    string
+		m       *tetherv1.ChannelRequest
+		outcome tetherv1.Outcome
+		event   tetherv1.AuditEvent
+	}{
+		{"the holder's FAILED", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL},
+		{"the holder's SUCCESS again", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS), tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL},
+		{"the holder's renew", renew(l, 1), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION},
+		{"the holder's progress", progress(l, 2, "more"), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS},
+		{"the holder's cancel ack", cancelAck(l), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION},
+		{"the holder's ACK", ack(l), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION},
+	} {
+		_, d := holder.send(t, tc.m)
+		wantDecision(t, tc.what, d, tc.outcome, tc.event)
+		unchanged(tc.what)
+	}
+	for _, c := range []struct {
+		who string
+		cl  *testserver.Clients
+	}{{"the owner", w.plannerC}, {"an operator", w.admin}} {
+		r, err := c.cl.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "changed my mind"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantDecision(t, c.who+"'s cancel request", r.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
+		unchanged(c.who + "'s cancel request")
+		re, err := c.cl.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: job, HolderIdentity: w.w2, LeaseDuration: durationpb.New(time.Minute), Reason: "run it again"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantDecision(t, c.who+"'s reassignment", re.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
+		unchanged(c.who + "'s reassignment")
+		for _, result := range []tetherv1.TerminalResult{tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED} {
+			rs, err := c.cl.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: result, Reason: "override"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			what := fmt.Sprintf("%s's resolution to %s", c.who, result)
+			wantDecision(t, what, rs.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+			unchanged(what)
+		}
+		of, err := c.cl.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.w2, LeaseDuration: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantDecision(t, c.who+"'s offer of the same job", of.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
+		unchanged(c.who + "'s offer of the same job")
+	}
+
+	// The holder's termination reconciles the leases it held: a finished
+	// job is reported as it ended, not cancelled.
+	term := terminate(t, w.admin, w.w1, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Second)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	clk.Advance(2 * time.Second)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	if len(rec.Leases) != 1 || rec.Leases[0].JobId != job || rec.Leases[0].Outcome != tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED ||
+		rec.Leases[0].LeaseGeneration != 1 || rec.Leases[0].HolderIdentity != w.w1 {
+		t.Fatalf("record leases %v, want %s generation 1 of %s COMPLETED", rec.Leases, job, w.w1)
+	}
+	if got := authority(w.get(t, job)); !proto.Equal(got, final) {
+		t.Fatalf("the holder's termination changed the finished job:\nbefore %v\nafter  %v", final, got)
+	}
+	ev := w.evidence(t, job)
+
+	// Restarted on the same data directory (and store), the job is as it
+	// was, and still refuses a reassignment.
+	w.srv.Stop()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	w.srv, w.admin = srv, srv.AdminClients()
+	if got := authority(w.get(t, job)); !proto.Equal(got, final) {
+		t.Fatalf("after a restart:\nbefore %v\nafter  %v", final, got)
+	}
+	if again := w.evidence(t, job); len(again) != len(ev) || !proto.Equal(again[len(again)-1], ev[len(ev)-1]) {
+		t.Fatalf("after a restart the evidence has %d rows (last %v), want %d (last %v)", len(again), again[len(again)-1], len(ev), ev[len(ev)-1])
+	}
+	re, err := w.admin.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: job, HolderIdentity: w.w2, LeaseDuration: durationpb.New(time.Minute), Reason: "after the restart"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecision(t, "a reassignment after the restart", re.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
+	if got := authority(w.get(t, job)); !proto.Equal(got, final) {
+		t.Fatalf("a reassignment after the restart changed the job:\nbefore %v\nafter  %v", final, got)
 	}
 }
