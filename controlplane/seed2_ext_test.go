@@ -246,3 +246,142 @@ func TestSeed2ATerminalResultIsFinalWhoeverSpeaksAfterIt(t *testing.T) {
 		t.Fatalf("a reassignment after the restart changed the job:\nbefore %v\nafter  %v", final, got)
 	}
 }
+
+// Seed 000 §6, §11 and §15: a renew is bound to its sequence, and a
+// duplicate of an accepted one is ignored without mutation — whenever it
+// arrives. A holder replays its last accepted renew (and its ACK) half a
+// lease later, hoping the coordinator takes it for a fresh one: both are
+// duplicates and the expiry stays where the original put it; an older
+// sequence is a stale renew; the next sequence, even far ahead, is simply
+// the next. Progress reusing an accepted sequence with another value is
+// refused, never applied. Once the expiry passes, nothing — a replay, a
+// higher sequence, progress — brings the generation back. Every message
+// is one evidence row with its own audit event.
+func TestSeed2AReplayedRenewExtendsNothing(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		w1 := via(w.w1C)
+		job := w.job()
+		l, _ := w1.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+		for seq := uint64(1); seq <= 3; seq++ {
+			w.clock.Advance(time.Second)
+			_, d := w1.send(t, renew(l, seq))
+			wantDecision(t, "renew", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		}
+		w1.send(t, progress(l, 5, "a"))
+		accepted := w.get(t, job)
+		expiry := accepted.ExpiresAt.AsTime()
+		if want := epoch.Add(3 * time.Second).Add(time.Minute); !expiry.Equal(want) {
+			t.Fatalf("after renew 3 the lease expires at %s, want %s", expiry, want)
+		}
+		rows := len(w.evidence(t, job))
+		w.clock.Advance(30 * time.Second)
+		for _, tc := range []struct {
+			what    string
+			m       *tetherv1.ChannelRequest
+			outcome tetherv1.Outcome
+			event   tetherv1.AuditEvent
+		}{
+			{"renew 3 replayed", renew(l, 3), tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_RENEW},
+			{"the ACK replayed", ack(l), tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_ACK},
+			{"renew 2", renew(l, 2), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_RENEW},
+			{"progress 5 with another value", progress(l, 5, "b"), tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_PROGRESS},
+			{"progress 5 replayed", progress(l, 5, "a"), tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_PROGRESS},
+		} {
+			got, d := w1.send(t, tc.m)
+			wantDecision(t, tc.what, d, tc.outcome, tc.event)
+			rows++
+			if !got.ExpiresAt.AsTime().Equal(expiry) || got.RenewSequence != 3 || got.ProgressSequence != 5 || got.ProgressValue != "a" {
+				t.Fatalf("%s moved the lease: expires %s renew %d progress %d %q, want %s, 3, 5, \"a\"",
+					tc.what, got.ExpiresAt.AsTime(), got.RenewSequence, got.ProgressSequence, got.ProgressValue, expiry)
+			}
+			if n := len(w.evidence(t, job)); n != rows {
+				t.Fatalf("%s: %d evidence rows, want %d", tc.what, n, rows)
+			}
+		}
+		if got := authority(w.get(t, job)); !proto.Equal(got, authority(accepted)) {
+			t.Fatalf("the replays changed the lease:\nbefore %v\nafter  %v", accepted, got)
+		}
+		// The next sequence, however far ahead, is the next renew.
+		next, d := w1.send(t, renew(l, 1000))
+		wantDecision(t, "renew 1000", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		expiry = next.ExpiresAt.AsTime()
+		if want := w.clock.Now().Add(time.Minute); !expiry.Equal(want) {
+			t.Fatalf("renew 1000: expires %s, want %s", expiry, want)
+		}
+		// Past the expiry, nothing revives the generation.
+		w.clock.Advance(time.Minute)
+		for _, tc := range []struct {
+			what  string
+			m     *tetherv1.ChannelRequest
+			event tetherv1.AuditEvent
+		}{
+			{"renew 1000 replayed after the expiry", renew(l, 1000), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+			{"renew 1001 after the expiry", renew(l, 1001), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+			{"the ACK after the expiry", ack(l), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+			{"progress after the expiry", progress(l, 6, "c"), tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS},
+			{"success after the expiry", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS), tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED},
+		} {
+			got, d := w1.send(t, tc.m)
+			wantDecision(t, tc.what, d, tetherv1.Outcome_OUTCOME_REJECTED, tc.event)
+			if got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || !got.LeaseExpired || got.RenewSequence != 1000 || got.ProgressSequence != 5 || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
+				t.Fatalf("%s: %v, want generation 1 EXPIRED at renew 1000, progress 5, no result", tc.what, got)
+			}
+		}
+	})
+}
+
+// Seed 000 §5, §7 and §10: delivery is an offer, not authority, and the
+// coordinator's deadlines are instants. A holder that never ACKs acts as
+// if it owned the job — renew, progress, success — and is refused each
+// time, the offer unchanged; its ACK at the very instant of the deadline
+// is too late. A holder that did ACK loses its authority at the very
+// instant its lease expires: a renew or a success arriving then is
+// refused, a nanosecond earlier it is accepted.
+func TestSeed2AuthorityBeginsWithTheAckAndEndsAtTheInstantDeclared(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		w1 := via(w.w1C)
+		ctx := context.Background()
+		job := w.job()
+		resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.w1,
+			LeaseDuration: durationpb.New(time.Minute), AckTimeout: durationpb.New(5 * time.Second)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		offered := resp.Msg.Lease
+		for _, tc := range []struct {
+			what string
+			m    *tetherv1.ChannelRequest
+		}{
+			{"a renew before the ACK", renew(offered, 1)},
+			{"progress before the ACK", progress(offered, 1, "10%")},
+			{"success before the ACK", complete(offered, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS)},
+			{"a cancel ack before the ACK", cancelAck(offered)},
+		} {
+			_, d := w1.send(t, tc.m)
+			wantDecision(t, tc.what, d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
+			if got := authority(w.get(t, job)); !proto.Equal(got, authority(offered)) {
+				t.Fatalf("%s changed the offer:\nbefore %v\nafter  %v", tc.what, offered, got)
+			}
+		}
+		w.clock.Set(offered.AckDeadline.AsTime())
+		late, d := w1.send(t, ack(offered))
+		wantDecision(t, "an ACK at the deadline", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_ACK_DEADLINE_MISSED)
+		if late.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || late.AckState != tetherv1.AckState_ACK_STATE_MISSED || late.ExpiresAt != nil {
+			t.Fatalf("after the ACK at the deadline: %v", late)
+		}
+
+		job2 := w.job()
+		l, _ := w1.send(t, ack(w.offer(t, job2, w.w1, time.Minute)))
+		w.clock.Set(l.ExpiresAt.AsTime().Add(-time.Nanosecond))
+		l, d = w1.send(t, renew(l, 1))
+		wantDecision(t, "a renew a nanosecond before the expiry", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		w.clock.Set(l.ExpiresAt.AsTime())
+		_, d = w1.send(t, renew(l, 2))
+		wantDecision(t, "a renew at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+		got, d := w1.send(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+		wantDecision(t, "success at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+		if got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || got.RenewSequence != 1 {
+			t.Fatalf("after the expiry: %v", got)
+		}
+	})
+}
