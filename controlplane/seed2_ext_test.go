@@ -2,13 +2,22 @@ package controlplane_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/google/jsonschema-go/jsonschema"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
@@ -384,4 +393,188 @@ func TestSeed2AuthorityBeginsWithTheAckAndEndsAtTheInstantDeclared(t *testing.T)
 			t.Fatalf("after the expiry: %v", got)
 		}
 	})
+}
+
+// Seed 003: the termination is a persisted desired state, and a restart
+// of the control plane neither forgives a deadline nor loses a step. An
+// operator drains parent P (child C, each with a grant; P with a file lock
+// whose revoke hook answers; C holding a job lease it ACKed); C has two
+// calls in flight. The gate ends one within the window. The server is
+// stopped, and the drain window runs out while it is down: restarted, the
+// termination escalates at once, on the clock it started on (the window
+// is not started again), and orders the cancel of the call left. Stopped
+// again, the acknowledgement timeout runs out: restarted, the termination
+// revokes and reconciles without waiting any longer. The launcher attests
+// both exits. The one record says it
+// all: phases requested → draining → aborting → reconciling, escalated,
+// the first call completed and the second cancel_unacknowledged, both
+// grants and the lock revoked, the lease UNRESOLVED (C never acknowledged
+// its cancel and still had authority), both nodes confirmed by the
+// launcher; the JSON the record sink wrote validates against
+// docs/record.schema.json and is the record the API serves.
+func TestSeed2ARestartResumesATerminationOnTheClockItStartedOn(t *testing.T) {
+	hooked := make(chan string, 4)
+	hook := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		var body struct {
+			ExternalID string `json:"external_id"`
+		}
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		hooked <- body.ExternalID
+		rw.WriteHeader(http.StatusNoContent)
+	}))
+	defer hook.Close()
+	dir := t.TempDir()
+	clk := clock.NewManual(epoch)
+	start := func() (*testserver.Server, *testserver.Clients) {
+		srv := testserver.StartIn(t, dir, testserver.WithClock(clk), testserver.AllowPrivilegeHooks("127.0.0.1"))
+		return srv, srv.AdminClients()
+	}
+	srv, admin := start()
+	ctx := context.Background()
+	p := register(t, admin, "parent")
+	pAgent := srv.Clients(p.Credential)
+	c := spawn(t, pAgent, p.Node.NodeId, "child")
+	cAgent := srv.Clients(c.Credential)
+	gP := issueRoot(t, admin, p.Node.NodeId, time.Hour, "tool:*")
+	gC := delegate(t, pAgent, gP, c.Node.NodeId, "tool:shell")
+	if _, err := admin.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+		NodeId: p.Node.NodeId, Kind: "file_lock", ExternalId: "/locks/p", ExpiresAt: timestamppb.New(clk.Now().Add(time.Hour)), RevokeUrl: hook.URL,
+	})); err != nil {
+		t.Fatal(err)
+	}
+	offered, err := pAgent.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "index", HolderIdentity: c.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := unary{cAgent}.send(t, ack(offered.Msg.Lease))
+	gateToken := srv.ToolServerToken(t, "gate-1")
+	gate := srv.Clients(gateToken)
+	var calls []string
+	for range 2 {
+		resp, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: gC.token, Tool: "shell", GateId: "gate-1"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, resp.Msg.Call.CallId)
+	}
+	finished, hanging := calls[0], calls[1]
+
+	term := terminate(t, admin, p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 20*time.Second, time.Minute)
+	requested := clk.Now()
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	clk.Advance(5 * time.Second)
+	if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: finished, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+
+	clk.Advance(6 * time.Second) // the window ran out while the server was down
+	srv, admin = start()
+	testserver.WaitFor(t, 20*time.Second, "the escalation and its cancel order after the restart", func() bool {
+		got := getTermination(t, admin, term.TerminationId)
+		return got.State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && got.Escalated && got.Progress.GetAcksPending() == 1
+	})
+	srv.Stop()
+
+	clk.Advance(21 * time.Second) // the acknowledgement timeout ran out while it was down
+	srv, admin = start()
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	for _, id := range []string{c.Node.NodeId, p.Node.NodeId} {
+		if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: id, Reason: "launcher: process gone"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	final := waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+
+	rec := record(t, admin, term.TerminationId)
+	wantHeader(t, rec, final, "requested", "draining", "aborting", "reconciling")
+	if !rec.Escalated {
+		t.Error("the record does not say the drain escalated")
+	}
+	if ab := rec.Phases[2]; ab.StartedAt.AsTime().Before(requested.Add(10 * time.Second)) {
+		t.Errorf("aborting started at %s, before the drain window (10s from %s) ran out", ab.StartedAt.AsTime(), requested)
+	}
+	if got := callIDs(rec); len(got) != 2 || got[finished] != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || got[hanging] != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED {
+		t.Errorf("record calls %v, want %s completed and %s cancel_unacknowledged", got, finished, hanging)
+	}
+	privs := map[string]tetherv1.PrivilegeOutcome{}
+	for _, pr := range rec.Privileges {
+		privs[pr.ExternalId] = pr.Outcome
+	}
+	want := map[string]tetherv1.PrivilegeOutcome{
+		gP.grant.GrantId: tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED,
+		gC.grant.GrantId: tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED,
+		"/locks/p":       tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED,
+	}
+	if fmt.Sprint(privs) != fmt.Sprint(want) || len(rec.Privileges) != 3 {
+		t.Errorf("record privileges %v, want %v", privs, want)
+	}
+	if got := <-hooked; got != "/locks/p" {
+		t.Errorf("the hook was called for %q", got)
+	}
+	if len(rec.Leases) != 1 || rec.Leases[0].JobId != "index" || rec.Leases[0].LeaseId != l.LeaseId || rec.Leases[0].Outcome != tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED {
+		t.Errorf("record leases %v, want index UNRESOLVED", rec.Leases)
+	}
+	nodes := recordNodes(t, rec)
+	for _, id := range []string{p.Node.NodeId, c.Node.NodeId} {
+		if n := nodes[id]; n.GetOutcome() != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || !strings.HasPrefix(n.GetConfirmedBy(), "operator:") {
+			t.Errorf("record node %s: %s confirmed by %q, want confirmed by the launcher", id, n.GetOutcome(), n.GetConfirmedBy())
+		}
+	}
+	if len(nodes) != 2 {
+		t.Errorf("record lists %d nodes, want 2", len(nodes))
+	}
+	recs, err := admin.Supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(recs.Msg.Records); n != 1 {
+		t.Errorf("%d records after two restarts, want 1", n)
+	}
+	wantPublishedRecord(t, filepath.Join(dir, "records"), rec)
+}
+
+// wantPublishedRecord waits for the record sink's file of rec in dir, and
+// checks it against the published schema (docs/record.schema.json, with a
+// JSON Schema validator) and against the record the API serves.
+func wantPublishedRecord(t *testing.T, dir string, rec *tetherv1.ReconciliationRecord) {
+	t.Helper()
+	var file string
+	testserver.WaitFor(t, 20*time.Second, "the record sink's file", func() bool {
+		matches, _ := filepath.Glob(filepath.Join(dir, "*"+rec.RecordId+"*"))
+		if len(matches) == 1 {
+			file = matches[0]
+		}
+		return file != ""
+	})
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schemaBytes, err := os.ReadFile(filepath.Join("..", "docs", "record.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var schema jsonschema.Schema
+	if err := json.Unmarshal(schemaBytes, &schema); err != nil {
+		t.Fatal(err)
+	}
+	resolved, err := schema.Resolve(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := resolved.Validate(doc); err != nil {
+		t.Fatalf("the published record %s does not validate against docs/record.schema.json: %v", file, err)
+	}
+	var published tetherv1.ReconciliationRecord
+	if err := protojson.Unmarshal(raw, &published); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(&published, rec) {
+		t.Fatalf("the published record is not the record the API serves:\npublished %v\nserved    %v", &published, rec)
+	}
 }
