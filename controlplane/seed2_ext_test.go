@@ -578,3 +578,71 @@ func wantPublishedRecord(t *testing.T, dir string, rec *tetherv1.ReconciliationR
 		t.Fatalf("the published record is not the record the API serves:\npublished %v\nserved    %v", &published, rec)
 	}
 }
+
+// Seed 000 §7: expiry is the authority boundary on the coordinator's
+// declared clock, and an expired generation is never revived — not by a
+// restart either. The declared restart policy (GetPolicy: extend) gives a
+// deadline that fell while no coordinator was serving a grace period; one
+// that fell while the coordinator was up is not extended. Four jobs: E
+// expired (and was ticked) while the server ran; X expired at the very
+// instant the server stopped (on the coordinator's clock it had no
+// authority then: a renew at that instant is refused); D's lease and O's
+// ACK deadline fell while the server was down. After the restart E and X
+// stay EXPIRED and refuse renew and ACK; D and O got their grace (within
+// the declared grace and spread), and their holder renews and ACKs.
+func TestSeed2ARestartNeverRevivesAnExpiredGeneration(t *testing.T) {
+	dir := t.TempDir()
+	clk := clock.NewManual(epoch)
+	w := newLeaseWorldIn(t, dir, clk)
+	ctx := context.Background()
+	pol, err := w.admin.Lease.GetPolicy(ctx, connect.NewRequest(&tetherv1.GetPolicyRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(pol.Msg.Policy.RestartBehavior, "extend") {
+		t.Fatalf("the declared restart behaviour is %q; this probe is about extend", pol.Msg.Policy.RestartBehavior)
+	}
+	holder := unary{w.w1C}
+	e, _ := holder.send(t, ack(w.offer(t, "E", w.w1, 10*time.Second)))
+	x, _ := holder.send(t, ack(w.offer(t, "X", w.w1, time.Minute)))
+	d, _ := holder.send(t, ack(w.offer(t, "D", w.w1, 2*time.Minute)))
+	resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "O", HolderIdentity: w.w1,
+		LeaseDuration: durationpb.New(time.Minute), AckTimeout: durationpb.New(100 * time.Second)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := resp.Msg.Lease
+	clk.Advance(10 * time.Second)
+	testserver.WaitFor(t, 20*time.Second, "E to expire while the server runs", func() bool {
+		return w.get(t, "E").State == tetherv1.LeaseState_LEASE_STATE_EXPIRED
+	})
+	clk.Set(x.ExpiresAt.AsTime())
+	w.srv.Stop() // at X's expiry: its holder's authority ended at this instant
+
+	clk.Set(epoch.Add(200 * time.Second)) // D's expiry and O's ACK deadline fall while it is down
+	restartAt := clk.Now()
+	w.srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	w.admin, w.w1C = w.srv.AdminClients(), w.srv.Clients(credentialOf(t, w.srv, w.w1))
+	holder = unary{w.w1C}
+	for _, l := range []*tetherv1.Lease{e, x} {
+		if got := w.get(t, l.JobId); got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED {
+			t.Errorf("%s after the restart: %s until %s; it expired at %s, before the server stopped or as it stopped",
+				l.JobId, got.State, got.ExpiresAt.AsTime(), l.ExpiresAt.AsTime())
+		}
+		_, dec := holder.send(t, renew(l, 1))
+		wantDecision(t, l.JobId+"'s renew after the restart", dec, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+		_, dec = holder.send(t, ack(l))
+		wantDecision(t, l.JobId+"'s ACK after the restart", dec, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+	}
+	lo, hi := restartAt.Add(30*time.Second), restartAt.Add(45*time.Second)
+	if got := w.get(t, "D").ExpiresAt.AsTime(); got.Before(lo) || got.After(hi) {
+		t.Errorf("D expires at %s after the restart, want the grace: between %s and %s", got, lo, hi)
+	}
+	if got := w.get(t, "O").AckDeadline.AsTime(); got.Before(lo) || got.After(hi) {
+		t.Errorf("O's ACK is due at %s after the restart, want the grace: between %s and %s", got, lo, hi)
+	}
+	_, dec := holder.send(t, renew(d, 1))
+	wantDecision(t, "D's renew within its grace", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+	_, dec = holder.send(t, ack(o))
+	wantDecision(t, "O's ACK within its grace", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+}
