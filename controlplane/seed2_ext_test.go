@@ -797,3 +797,73 @@ func leaseColumns(l *tetherv1.Lease) *tetherv1.EvidenceRow {
 		StaleGeneration: l.StaleGeneration, LateProgress: l.LateProgress, LeaseExpired: l.LeaseExpired, OwnershipConflict: l.OwnershipConflict,
 	}
 }
+
+// Seed 003 (aborting) across kill -9: a cancel order is the control
+// plane's durable word, not a message that dies with the process. The real
+// binary aborts an agent with a call in flight and is killed (kill -9)
+// once the order is durable, before any gate has heard it. Restarted on
+// the same data directory, the tool server's first WatchCancels carries
+// that order; the gate acknowledges, the launcher attests the exit, and the
+// one record says the call was cancelled and acknowledged by that gate.
+func TestSeed2ACancelOrderSurvivesKill9AndReachesTheGate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	dir, addr := t.TempDir(), testserver.FreeAddr(t)
+	proc := testserver.StartProcessOn(t, dir, addr)
+	admin := proc.Clients(proc.Admin)
+	ctx := context.Background()
+	root := register(t, admin, "worker")
+	issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: root.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gateToken := proc.ToolServerToken(t, "gate-1")
+	begun, err := proc.Clients(gateToken).Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := begun.Msg.Call.CallId
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Minute, 10*time.Minute)
+	testserver.WaitFor(t, 20*time.Second, "the abort's cancel order", func() bool {
+		return getTermination(t, admin, term.TerminationId).Progress.GetAcksPending() == 1
+	})
+	proc.Kill()
+
+	proc = testserver.StartProcessOn(t, dir, addr)
+	admin = proc.Clients(proc.Admin)
+	gate := proc.Clients(gateToken)
+	wctx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	watch, err := gate.Tool.WatchCancels(wctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order *tetherv1.WatchCancelsResponse
+	for order == nil || order.CallId == "" {
+		if !watch.Receive() {
+			t.Fatalf("the gate's watch after the restart ended without the order: %v", watch.Err())
+		}
+		order = watch.Msg()
+	}
+	if order.CallId != call || order.TerminationId != term.TerminationId || order.NodeId != root.Node.NodeId {
+		t.Fatalf("the order after the restart: %v, want call %s of termination %s", order, call, term.TerminationId)
+	}
+	stop()
+	if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: root.Node.NodeId, Reason: "launcher: process gone"})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the termination to finish after the restart", func() bool {
+		return getTermination(t, admin, term.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	rec := record(t, admin, term.TerminationId)
+	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].CallId != call || rec.ToolCalls[0].Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED || rec.ToolCalls[0].AcknowledgedBy != "tool:gate-1" {
+		t.Fatalf("record calls %v, want %s cancelled_acked by tool:gate-1", rec.ToolCalls, call)
+	}
+	if n := rec.Nodes[0]; n.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
+		t.Fatalf("record node %v, want confirmed by the launcher", n)
+	}
+}
