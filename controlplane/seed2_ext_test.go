@@ -867,3 +867,69 @@ func TestSeed2ACancelOrderSurvivesKill9AndReachesTheGate(t *testing.T) {
 		t.Fatalf("record node %v, want confirmed by the launcher", n)
 	}
 }
+
+// Seed 000 §9 and §10 in the record: SUCCESS, FAILED and CANCELLED are
+// different ends, an expiry without a result is not success, and a job
+// whose end cannot be told is UNRESOLVED. A worker holds six jobs when an
+// operator aborts it: one it completed SUCCESS, one FAILED, one whose lease
+// ran out without a result, one whose cancel it acknowledges, one whose
+// cancel it ignores, and one offer it never ACKed. The record lists each
+// with how the lease ended and the job's terminal result, the same the
+// lease itself states: a FAILED job is no longer indistinguishable from a
+// successful one (both were only COMPLETED).
+func TestSeed2TheRecordSaysHowEachJobEnded(t *testing.T) {
+	w := newLeaseWorld(t)
+	holder := unary{w.w1C}
+	held := func(job string, d time.Duration) *tetherv1.Lease {
+		t.Helper()
+		l, _ := holder.send(t, ack(w.offer(t, job, w.w1, d)))
+		return l
+	}
+	lapsed := held("lapsed", 10*time.Second)
+	ok, bad := held("ok", 10*time.Minute), held("bad", 10*time.Minute)
+	held("acks-cancel", 10*time.Minute)
+	held("ignores-cancel", 10*time.Minute)
+	w.offer(t, "never-acked", w.w1, 10*time.Minute)
+	_, d := holder.send(t, complete(ok, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	wantDecision(t, "SUCCESS", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	_, d = holder.send(t, complete(bad, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED))
+	wantDecision(t, "FAILED", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	w.clock.Advance(11 * time.Second)
+	testserver.WaitFor(t, 20*time.Second, "the lapsed lease to expire", func() bool {
+		return w.get(t, lapsed.JobId).State == tetherv1.LeaseState_LEASE_STATE_EXPIRED
+	})
+
+	term := terminate(t, w.admin, w.w1, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	testserver.WaitFor(t, 20*time.Second, "the termination's cancel request", func() bool {
+		return w.get(t, "acks-cancel").CancelRequested
+	})
+	_, d = holder.send(t, cancelAck(w.get(t, "acks-cancel")))
+	wantDecision(t, "the cancel ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_ACKED)
+	w.clock.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+
+	type end struct {
+		outcome tetherv1.LeaseOutcome
+		result  tetherv1.TerminalResult
+	}
+	want := map[string]end{
+		"ok":             {tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS},
+		"bad":            {tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED},
+		"lapsed":         {tetherv1.LeaseOutcome_LEASE_OUTCOME_EXPIRED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED},
+		"acks-cancel":    {tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED},
+		"ignores-cancel": {tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED},
+		"never-acked":    {tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED},
+	}
+	got := map[string]end{}
+	for _, l := range rec.Leases {
+		got[l.JobId] = end{l.Outcome, l.TerminalResult}
+		if now := w.get(t, l.JobId); now.TerminalResult != l.TerminalResult {
+			t.Errorf("record says %s ended %s, its lease says %s", l.JobId, l.TerminalResult, now.TerminalResult)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("record leases\n%v\nwant\n%v", got, want)
+	}
+}
