@@ -933,3 +933,58 @@ func TestSeed2TheRecordSaysHowEachJobEnded(t *testing.T) {
 		t.Fatalf("record leases\n%v\nwant\n%v", got, want)
 	}
 }
+
+// Seed 003 (the single-process assumption): a parent that is gone does not
+// leave its child's credentials standing. Parent P claims its own exit and
+// closes its session (its node is exited); its child C keeps working with
+// the grant P delegated to it. The operator's termination of P — a node
+// already gone — still covers its subtree: C's in-flight call is
+// cancelled, C's grant (and P's) revoked, C's next call refused, and the
+// record lists both nodes, P with its own claim.
+func TestSeed2AGoneParentsTerminationStillStopsItsChild(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	sess, err := openSession(t, w.pAgent, w.p.Node.NodeId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.pAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.p.Node.NodeId, Reason: "parent done"})); err != nil {
+		t.Fatal(err)
+	}
+	sess.close()
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatalf("the child's call after its parent left: %v", err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
+	testserver.WaitFor(t, 20*time.Second, "the child's call to get its cancel order", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 1
+	})
+	w.clk.Advance(2 * time.Second)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	_, err = w.begin(w.gC.token)
+	wantRefused(t, "the child's next call", err, connect.CodePermissionDenied, "revoked")
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	nodes := recordNodes(t, rec)
+	if len(nodes) != 2 || nodes[w.c.Node.NodeId] == nil || nodes[w.p.Node.NodeId] == nil {
+		t.Fatalf("record nodes %v, want P and C", nodeOutcomes(rec))
+	}
+	if c := nodes[w.c.Node.NodeId]; c.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+		t.Errorf("record: the child is %s, want unaccounted (nobody confirmed it)", c.Outcome)
+	}
+	if p := nodes[w.p.Node.NodeId]; p.ClaimedBy == "" {
+		t.Errorf("record: the parent's own claim is not shown: %v", p)
+	}
+	if got := callIDs(rec); got[call] != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED {
+		t.Errorf("record calls %v, want the child's call cancel_unacknowledged", got)
+	}
+	revoked := map[string]bool{}
+	for _, pr := range rec.Privileges {
+		revoked[pr.ExternalId] = pr.Outcome == tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED
+	}
+	if !revoked[w.gP.grant.GrantId] || !revoked[w.gC.grant.GrantId] {
+		t.Errorf("record privileges %v, want both grants revoked", rec.Privileges)
+	}
+}
