@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -987,4 +988,117 @@ func TestSeed2AGoneParentsTerminationStillStopsItsChild(t *testing.T) {
 	if !revoked[w.gP.grant.GrantId] || !revoked[w.gC.grant.GrantId] {
 		t.Errorf("record privileges %v, want both grants revoked", rec.Privileges)
 	}
+}
+
+// Seed 003's state machine as an observer sees it: requested → draining
+// → reconciling → terminated, or through aborting, and terminated only
+// once the record exists. An operator drains a parent whose child has a
+// call the gate never ends; a viewer follows the termination with
+// WatchTermination while the window and then the acknowledgement timeout
+// run out. Every state it is shown moves forward along the seed's edges
+// (draining → aborting only as an escalation, which stays recorded), and
+// the first terminated state it sees already names a record that
+// GetRecord serves.
+func TestSeed2AnObserverSeesOnlyTheSeedsStateMachine(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	if _, err := w.begin(w.gC.token); err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Minute)
+	viewer := w.srv.Clients(viewerToken(t, w.admin, tetherv1.Role_ROLE_VIEWER))
+	wctx, stop := context.WithTimeout(ctx, time.Minute)
+	defer stop()
+	stream, err := viewer.Supervisor.WatchTermination(wctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: term.TerminationId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		seen []*tetherv1.Termination
+		done = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		for stream.Receive() {
+			mu.Lock()
+			seen = append(seen, stream.Msg().Termination)
+			mu.Unlock()
+			if stream.Msg().Termination.GetState() == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
+				return
+			}
+		}
+	}()
+	// The clock moves on only once the viewer was shown each state.
+	shown := func(state tetherv1.TerminationState) {
+		t.Helper()
+		waitState(t, w.srv, term.TerminationId, state)
+		testserver.WaitFor(t, 20*time.Second, "the watch to show "+state.String(), func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(seen) > 0 && seen[len(seen)-1].State == state
+		})
+	}
+	shown(tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(11 * time.Second)
+	shown(tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(11 * time.Second)
+	shown(tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	<-done
+
+	edges := map[[2]tetherv1.TerminationState]bool{}
+	for _, e := range [][2]tetherv1.TerminationState{
+		{tetherv1.TerminationState_TERMINATION_STATE_REQUESTED, tetherv1.TerminationState_TERMINATION_STATE_DRAINING},
+		{tetherv1.TerminationState_TERMINATION_STATE_DRAINING, tetherv1.TerminationState_TERMINATION_STATE_ABORTING},
+		{tetherv1.TerminationState_TERMINATION_STATE_DRAINING, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING},
+		{tetherv1.TerminationState_TERMINATION_STATE_ABORTING, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING},
+		{tetherv1.TerminationState_TERMINATION_STATE_RECONCILING, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED},
+	} {
+		edges[e] = true
+	}
+	var path []string
+	var last *tetherv1.Termination
+	for _, got := range seen {
+		if last != nil && got.State != last.State {
+			if !edges[[2]tetherv1.TerminationState{last.State, got.State}] {
+				// A watch may coalesce states, but never go back or jump
+				// over an edge the seed does not have.
+				if got.State <= last.State {
+					t.Fatalf("the watch went from %s back to %s (path %v)", last.State, got.State, path)
+				}
+			}
+			if last.State == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && got.State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && !got.Escalated {
+				t.Fatalf("draining became aborting without an escalation: %v", got)
+			}
+		}
+		if last != nil && last.Escalated && !got.Escalated {
+			t.Fatalf("the escalation was forgotten: %v", got)
+		}
+		if got.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
+			if got.RecordId == "" {
+				t.Fatalf("terminated without a record: %v", got)
+			}
+			if r := record(t, viewer, term.TerminationId); r.RecordId != got.RecordId {
+				t.Fatalf("the terminated state names record %s, GetRecord serves %s", got.RecordId, r.RecordId)
+			}
+		}
+		if len(path) == 0 || path[len(path)-1] != got.State.String() {
+			path = append(path, got.State.String())
+		}
+		last = got
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("the watch ended with %v (path %v)", err, path)
+	}
+	if last.GetState() != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED || !last.Escalated {
+		t.Fatalf("the watch's last state %v (path %v), want terminated and escalated", last, path)
+	}
+	for _, want := range []string{"TERMINATION_STATE_DRAINING", "TERMINATION_STATE_ABORTING", "TERMINATION_STATE_RECONCILING"} {
+		if !strings.Contains(strings.Join(path, " "), want) {
+			t.Errorf("the watch never showed %s (path %v)", want, path)
+		}
+	}
+	t.Logf("path seen: %v", path)
 }
