@@ -22,7 +22,7 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 	for i, l := range ls {
 		out[i] = supervisor.RecordLease{
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
-			Outcome: recordOutcome(l),
+			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
 	}
 	return out, nil

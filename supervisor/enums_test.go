@@ -17,6 +17,7 @@ func TestEnumsAreTetherV1s(t *testing.T) {
 	enumtest.Pin(t, "InnerOutcome", tetherv1.InnerOutcome_name, len(innerOutcomeNames), func(v int32) string { return InnerOutcome(v).String() })
 	enumtest.Pin(t, "PrivilegeOutcome", tetherv1.PrivilegeOutcome_name, len(privilegeOutcomeNames), func(v int32) string { return PrivilegeOutcome(v).String() })
 	enumtest.Pin(t, "LeaseOutcome", tetherv1.LeaseOutcome_name, len(leaseOutcomeNames), func(v int32) string { return LeaseOutcome(v).String() })
+	enumtest.Pin(t, "LeaseResult", tetherv1.TerminalResult_name, len(leaseResultNames), func(v int32) string { return LeaseResult(v).String() })
 	enumtest.Pin(t, "ProposalState", tetherv1.ProposalState_name, len(proposalStateNames), func(v int32) string { return ProposalState(v).String() })
 	named := map[string]int32{
 		"NODE_OUTCOME_UNSPECIFIED": int32(NodeOutcomeUnspecified), "NODE_OUTCOME_CONFIRMED": int32(NodeOutcomeConfirmed),
@@ -28,6 +29,9 @@ func TestEnumsAreTetherV1s(t *testing.T) {
 		"LEASE_OUTCOME_UNSPECIFIED": int32(LeaseOutcomeUnspecified), "LEASE_OUTCOME_CANCELLED": int32(LeaseOutcomeCancelled),
 		"LEASE_OUTCOME_EXPIRED": int32(LeaseOutcomeExpired), "LEASE_OUTCOME_UNRESOLVED": int32(LeaseOutcomeUnresolved),
 		"LEASE_OUTCOME_COMPLETED": int32(LeaseOutcomeCompleted), "LEASE_OUTCOME_HANDED_OVER": int32(LeaseOutcomeHandedOver),
+		"TERMINAL_RESULT_UNSPECIFIED": int32(LeaseResultUnspecified), "TERMINAL_RESULT_SUCCESS": int32(LeaseResultSuccess),
+		"TERMINAL_RESULT_FAILED": int32(LeaseResultFailed), "TERMINAL_RESULT_CANCELLED": int32(LeaseResultCancelled),
+		"TERMINAL_RESULT_UNRESOLVED": int32(LeaseResultUnresolved),
 		"PROPOSAL_STATE_UNSPECIFIED": int32(ProposalStateUnspecified), "PROPOSAL_STATE_PENDING": int32(ProposalStatePending),
 		"PROPOSAL_STATE_APPROVED": int32(ProposalStateApproved), "PROPOSAL_STATE_REJECTED": int32(ProposalStateRejected),
 		// The record's and the proposal's mode is the termination's Mode.
@@ -35,7 +39,7 @@ func TestEnumsAreTetherV1s(t *testing.T) {
 	}
 	values := map[string]int32{}
 	for _, m := range []map[string]int32{tetherv1.NodeOutcome_value, tetherv1.InnerOutcome_value, tetherv1.PrivilegeOutcome_value,
-		tetherv1.LeaseOutcome_value, tetherv1.ProposalState_value, tetherv1.TerminationMode_value} {
+		tetherv1.LeaseOutcome_value, tetherv1.TerminalResult_value, tetherv1.ProposalState_value, tetherv1.TerminationMode_value} {
 		for k, v := range m {
 			values[k] = v
 		}

@@ -110,6 +110,9 @@ type RecordLease struct {
 	LeaseGeneration uint64       `pb:"3"`
 	HolderIdentity  string       `pb:"4"`
 	Outcome         LeaseOutcome `pb:"5"`
+	// TerminalResult is the job's result as its lease states it when the
+	// record is written (unspecified for a lease handed over).
+	TerminalResult LeaseResult `pb:"6"`
 }
 
 // RecordPhase is one phase of the termination and how long it took.
@@ -212,3 +215,27 @@ var leaseOutcomeNames = [...]string{
 
 // String is the outcome's tether.v1 name ("LEASE_OUTCOME_CANCELLED").
 func (o LeaseOutcome) String() string { return enumname.Of(leaseOutcomeNames[:], o, "") }
+
+// LeaseResult is a job's terminal result as the record states it; the
+// values are tether.v1's TerminalResult.
+type LeaseResult int32
+
+// Lease results.
+const (
+	LeaseResultUnspecified LeaseResult = 0
+	LeaseResultSuccess     LeaseResult = 1
+	LeaseResultFailed      LeaseResult = 2
+	LeaseResultCancelled   LeaseResult = 3
+	LeaseResultUnresolved  LeaseResult = 4
+)
+
+var leaseResultNames = [...]string{
+	LeaseResultUnspecified: "TERMINAL_RESULT_UNSPECIFIED",
+	LeaseResultSuccess:     "TERMINAL_RESULT_SUCCESS",
+	LeaseResultFailed:      "TERMINAL_RESULT_FAILED",
+	LeaseResultCancelled:   "TERMINAL_RESULT_CANCELLED",
+	LeaseResultUnresolved:  "TERMINAL_RESULT_UNRESOLVED",
+}
+
+// String is the result's tether.v1 name ("TERMINAL_RESULT_FAILED").
+func (r LeaseResult) String() string { return enumname.Of(leaseResultNames[:], r, "") }

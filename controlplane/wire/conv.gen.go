@@ -278,6 +278,7 @@ func RecordLease(x *supervisor.RecordLease) *tetherv1.RecordLease {
 		LeaseGeneration: x.LeaseGeneration,
 		HolderIdentity:  x.HolderIdentity,
 		Outcome:         tetherv1.LeaseOutcome(x.Outcome),
+		TerminalResult:  tetherv1.TerminalResult(x.TerminalResult),
 	}
 }
 

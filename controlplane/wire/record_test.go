@@ -66,7 +66,8 @@ func record() *supervisor.ReconciliationRecord {
 			{PrivilegeID: "grant_1", Kind: "grant", ExternalID: "grant_1", NodeID: "node_1", Outcome: supervisor.PrivilegeOutcomeRevoked},
 			{PrivilegeID: "priv_1", Kind: "file_lock", ExternalID: "/tmp/l", NodeID: "node_1", Outcome: supervisor.PrivilegeOutcomeRevokeFailed, Error: "500"},
 		},
-		Leases: []supervisor.RecordLease{{JobID: "job-a", LeaseID: "L-1", LeaseGeneration: 3, HolderIdentity: "node_1", Outcome: supervisor.LeaseOutcomeUnresolved}},
+		Leases: []supervisor.RecordLease{{JobID: "job-a", LeaseID: "L-1", LeaseGeneration: 3, HolderIdentity: "node_1", Outcome: supervisor.LeaseOutcomeUnresolved,
+			TerminalResult: supervisor.LeaseResultUnresolved}},
 		Phases: []supervisor.RecordPhase{
 			{Name: "requested", StartedAt: t0},
 			{Name: "draining", StartedAt: t0, Duration: 1500 * time.Millisecond},
@@ -96,7 +97,8 @@ func recordMessage() *tetherv1.ReconciliationRecord {
 			{PrivilegeId: "grant_1", Kind: "grant", ExternalId: "grant_1", NodeId: "node_1", Outcome: tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED},
 			{PrivilegeId: "priv_1", Kind: "file_lock", ExternalId: "/tmp/l", NodeId: "node_1", Outcome: tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKE_FAILED, Error: "500"},
 		},
-		Leases: []*tetherv1.RecordLease{{JobId: "job-a", LeaseId: "L-1", LeaseGeneration: 3, HolderIdentity: "node_1", Outcome: tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED}},
+		Leases: []*tetherv1.RecordLease{{JobId: "job-a", LeaseId: "L-1", LeaseGeneration: 3, HolderIdentity: "node_1", Outcome: tetherv1.LeaseOutcome_LEASE_OUTCOME_UNRESOLVED,
+			TerminalResult: tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED}},
 		Phases: []*tetherv1.RecordPhase{
 			{Name: "requested", StartedAt: ts(0), Duration: durationpb.New(0)},
 			{Name: "draining", StartedAt: ts(0), Duration: durationpb.New(1500 * time.Millisecond)},

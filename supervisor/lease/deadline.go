@@ -128,13 +128,14 @@ func (h *deadlineHeap) Pop() any {
 // before serving traffic.
 //
 // Under RestartExtend, every OFFERED or ACTIVE lease whose deadline fell in
-// [lastAlive, restartAt + RestartGrace) gets a new deadline in
+// (lastAlive, restartAt + RestartGrace) gets a new deadline in
 // [restartAt + RestartGrace, restartAt + RestartGrace + RestartSpread),
 // assigned in the order of the original deadlines (ties by job id), evenly
 // spaced, so the pile-up left by the downtime does not expire — or get
-// reassigned — all at once. Deadlines before lastAlive passed while the
-// coordinator was still up: they are not extended and expire on their
-// first Tick. Under RestartStrict the plan is empty.
+// reassigned — all at once. Deadlines up to lastAlive passed while the
+// coordinator was still up (a lease has no authority at its deadline's
+// instant): they are not extended and expire on their first Tick. Under
+// RestartStrict the plan is empty.
 func PlanRestart(leases []Lease, lastAlive, restartAt time.Time, p Policy) []Recover {
 	if p.Restart != RestartExtend {
 		return nil
@@ -146,7 +147,7 @@ func PlanRestart(leases []Lease, lastAlive, restartAt time.Time, p Policy) []Rec
 			continue
 		}
 		at, _ := NextDeadline(l)
-		if at.Before(lastAlive) || !at.Before(floor) {
+		if !at.After(lastAlive) || !at.Before(floor) {
 			continue
 		}
 		pending = append(pending, Deadline{JobID: l.JobID, At: at})

@@ -158,6 +158,7 @@ func TestPlanRestartSpreadsPileUp(t *testing.T) {
 	}
 	leases := []lease.Lease{
 		active("before-stop", 90), // expired while the coordinator was up: not extended
+		active("at-stop", 100),    // expired at the instant it was last alive: not extended either
 		active("b", 150),
 		active("a", 150),
 		active("c", 120),
@@ -194,9 +195,17 @@ func TestPlanRestartSpreadsPileUp(t *testing.T) {
 			t.Fatalf("recover %s: deadline %v, want %v", r.JobID, next, r.ExtendTo)
 		}
 	}
-	// The lease left out of the plan expires on its first tick.
-	if _, d, _ := lease.Step(byJob["before-stop"], lease.Tick{JobID: "before-stop"}, restartAt, p); d.Event != lease.EventLeaseExpired {
-		t.Fatalf("tick of before-stop: %s", d)
+	// The leases left out of the plan expire on their first tick, and a
+	// recovery that names them anyway is refused: at the last alive
+	// instant they had already expired on the coordinator's clock.
+	for _, job := range []string{"before-stop", "at-stop"} {
+		if _, d, _ := lease.Step(byJob[job], lease.Tick{JobID: job}, restartAt, p); d.Event != lease.EventLeaseExpired {
+			t.Fatalf("tick of %s: %s", job, d)
+		}
+		r := lease.Recover{JobID: job, LastAlive: lastAlive, ExtendTo: at(230)}
+		if l, d, _ := lease.Step(byJob[job], r, restartAt, p); d.Outcome != lease.OutcomeRejected || l.State != lease.StateExpired {
+			t.Fatalf("recover %s: %s, lease %s", job, d, l.State)
+		}
 	}
 
 	p.Restart = lease.RestartStrict

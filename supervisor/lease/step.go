@@ -606,7 +606,9 @@ func (j *judge) recover(m Recover) Decision {
 			return reject(EventLeaseExpired, ErrLeaseExpired, "restart recovery refused: %s; an expired generation is never revived", j.current())
 		}
 		return reject(EventInvalidTransition, ErrInvalidTransition, "restart recovery refused: %s, no deadline to extend", j.current())
-	case deadline.Before(m.LastAlive):
+	case !deadline.After(m.LastAlive):
+		// At its deadline's instant a lease has no authority left, so a
+		// deadline at lastAlive passed while the coordinator was up.
 		j.observe()
 		return reject(EventLeaseExpired, ErrLeaseExpired,
 			"restart recovery refused: the deadline %s passed before the coordinator stopped (last alive %s)", ts(deadline), ts(m.LastAlive))

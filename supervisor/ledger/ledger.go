@@ -158,18 +158,16 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 }
 
 // End records the end of a call (completed or failed), reported by the
-// tool server by through its gate gateID (the gate that began it). A call
-// that had a cancel order and ends is resolved cancelled_acked: the handler
-// returned.
+// tool server by through its gate gateID (the gate that began it). An end
+// is not an acknowledgement, even of a call a termination had asked to
+// cancel: the gate says how the call ended (a gate that never saw the
+// order, or let the tool finish, reports completed, and the side effect
+// happened), and the record says so; only CancelAck acknowledges a cancel.
 func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
 	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		c.EndedAt = now
 		c.EndedBy = by
 		switch {
-		case c.State == CallStateCancelRequested:
-			c.Resolution = CallResolutionCancelledAcked
-			c.CancelAckedAt = now
-			c.AcknowledgedBy = by
 		case failed:
 			c.Resolution = CallResolutionFailed
 		default:

@@ -1274,8 +1274,13 @@ type RecordLease struct {
 	LeaseGeneration uint64                 `protobuf:"varint,3,opt,name=lease_generation,json=leaseGeneration,proto3" json:"lease_generation,omitempty"`
 	HolderIdentity  string                 `protobuf:"bytes,4,opt,name=holder_identity,json=holderIdentity,proto3" json:"holder_identity,omitempty"`
 	Outcome         LeaseOutcome           `protobuf:"varint,5,opt,name=outcome,proto3,enum=tether.v1.LeaseOutcome" json:"outcome,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The job's terminal result as the lease states it when the record is
+	// written (SUCCESS, FAILED, CANCELLED or UNRESOLVED; unspecified for a
+	// lease handed over): COMPLETED says the job ended before the
+	// termination reconciled it, this says how.
+	TerminalResult TerminalResult `protobuf:"varint,6,opt,name=terminal_result,json=terminalResult,proto3,enum=tether.v1.TerminalResult" json:"terminal_result,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RecordLease) Reset() {
@@ -1341,6 +1346,13 @@ func (x *RecordLease) GetOutcome() LeaseOutcome {
 		return x.Outcome
 	}
 	return LeaseOutcome_LEASE_OUTCOME_UNSPECIFIED
+}
+
+func (x *RecordLease) GetTerminalResult() TerminalResult {
+	if x != nil {
+		return x.TerminalResult
+	}
+	return TerminalResult_TERMINAL_RESULT_UNSPECIFIED
 }
 
 type RecordPhase struct {
@@ -2379,7 +2391,7 @@ var File_tether_v1_supervisor_proto protoreflect.FileDescriptor
 
 const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
-	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/agent.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x18tether/v1/stoprule.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
+	"\x1atether/v1/supervisor.proto\x12\ttether.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15tether/v1/agent.proto\x1a\x15tether/v1/lease.proto\x1a\x18tether/v1/proposal.proto\x1a\x17tether/v1/rollout.proto\x1a\x18tether/v1/stoprule.proto\x1a\x14tether/v1/tool.proto\"\xca\x01\n" +
 	"\x13TerminationProgress\x12\x1f\n" +
 	"\vnodes_total\x18\x01 \x01(\rR\n" +
 	"nodesTotal\x12!\n" +
@@ -2470,13 +2482,14 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"externalId\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x125\n" +
 	"\aoutcome\x18\x05 \x01(\x0e2\x1b.tether.v1.PrivilegeOutcomeR\aoutcome\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xc6\x01\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\x8a\x02\n" +
 	"\vRecordLease\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
 	"\x10lease_generation\x18\x03 \x01(\x04R\x0fleaseGeneration\x12'\n" +
 	"\x0fholder_identity\x18\x04 \x01(\tR\x0eholderIdentity\x121\n" +
-	"\aoutcome\x18\x05 \x01(\x0e2\x17.tether.v1.LeaseOutcomeR\aoutcome\"\x93\x01\n" +
+	"\aoutcome\x18\x05 \x01(\x0e2\x17.tether.v1.LeaseOutcomeR\aoutcome\x12B\n" +
+	"\x0fterminal_result\x18\x06 \x01(\x0e2\x19.tether.v1.TerminalResultR\x0eterminalResult\"\x93\x01\n" +
 	"\vRecordPhase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\n" +
@@ -2670,23 +2683,24 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
 	(*Contradiction)(nil),             // 35: tether.v1.Contradiction
 	(CallResolution)(0),               // 36: tether.v1.CallResolution
-	(*StopRuleFiring)(nil),            // 37: tether.v1.StopRuleFiring
-	(*StopProposal)(nil),              // 38: tether.v1.StopProposal
-	(ProposalState)(0),                // 39: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 40: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 41: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 42: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 43: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 44: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 45: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 46: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 47: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 48: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 49: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 50: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 51: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 52: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 53: tether.v1.AbortRolloutResponse
+	(TerminalResult)(0),               // 37: tether.v1.TerminalResult
+	(*StopRuleFiring)(nil),            // 38: tether.v1.StopRuleFiring
+	(*StopProposal)(nil),              // 39: tether.v1.StopProposal
+	(ProposalState)(0),                // 40: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 41: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 42: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 43: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 44: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 45: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 46: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 47: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 48: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 49: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 50: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 51: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 52: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 53: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 54: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	32, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
@@ -2714,64 +2728,65 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	36, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
 	3,  // 23: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
 	4,  // 24: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	34, // 25: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	33, // 26: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	32, // 27: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	13, // 28: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	14, // 29: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	15, // 30: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	16, // 31: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	17, // 32: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	34, // 33: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	37, // 34: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
-	18, // 35: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	18, // 36: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	38, // 37: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	6,  // 38: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	39, // 39: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	38, // 40: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	34, // 41: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 42: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 43: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	34, // 44: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
-	29, // 45: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
-	7,  // 46: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	9,  // 47: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	11, // 48: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	19, // 49: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	21, // 50: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	23, // 51: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	25, // 52: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	27, // 53: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	30, // 54: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
-	40, // 55: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	41, // 56: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	42, // 57: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	43, // 58: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	44, // 59: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	45, // 60: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	46, // 61: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	8,  // 62: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	10, // 63: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	12, // 64: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	20, // 65: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	22, // 66: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	24, // 67: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	26, // 68: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	28, // 69: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	31, // 70: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
-	47, // 71: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	48, // 72: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	49, // 73: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	50, // 74: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	51, // 75: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	52, // 76: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	53, // 77: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	62, // [62:78] is the sub-list for method output_type
-	46, // [46:62] is the sub-list for method input_type
-	46, // [46:46] is the sub-list for extension type_name
-	46, // [46:46] is the sub-list for extension extendee
-	0,  // [0:46] is the sub-list for field type_name
+	37, // 25: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
+	34, // 26: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	33, // 27: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	32, // 28: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	13, // 29: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	14, // 30: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	15, // 31: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	16, // 32: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	17, // 33: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	34, // 34: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	38, // 35: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
+	18, // 36: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	18, // 37: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	39, // 38: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	6,  // 39: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	40, // 40: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	39, // 41: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	34, // 42: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 43: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 44: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	34, // 45: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
+	29, // 46: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
+	7,  // 47: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	9,  // 48: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	11, // 49: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	19, // 50: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	21, // 51: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	23, // 52: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	25, // 53: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	27, // 54: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	30, // 55: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
+	41, // 56: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	42, // 57: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	43, // 58: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	44, // 59: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	45, // 60: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	46, // 61: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	47, // 62: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	8,  // 63: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	10, // 64: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	12, // 65: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	20, // 66: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	22, // 67: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	24, // 68: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	26, // 69: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	28, // 70: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	31, // 71: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
+	48, // 72: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	49, // 73: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	50, // 74: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	51, // 75: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	52, // 76: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	53, // 77: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	54, // 78: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	63, // [63:79] is the sub-list for method output_type
+	47, // [47:63] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2780,6 +2795,7 @@ func file_tether_v1_supervisor_proto_init() {
 		return
 	}
 	file_tether_v1_agent_proto_init()
+	file_tether_v1_lease_proto_init()
 	file_tether_v1_proposal_proto_init()
 	file_tether_v1_rollout_proto_init()
 	file_tether_v1_stoprule_proto_init()

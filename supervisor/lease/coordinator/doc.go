@@ -110,12 +110,13 @@
 // clean stop records the stop time. A run's load reads every lease and the
 // latest of those times (LastAlive); then, before serving, it applies the
 // restart policy: lease.PlanRestart picks the OFFERED and ACTIVE leases
-// whose deadline fell at or after LastAlive — while no coordinator was
+// whose deadline fell after LastAlive — while no coordinator was
 // deciding, so their holders could not renew — and, under the default
 // policy (extend), each gets a Recover extending it to at least
 // RestartGrace after the restart, spread over RestartSpread so they do not
 // all expire at once. Deadlines that passed while a coordinator was still
-// deciding are not extended and expire on the first tick. An EXPIRED
+// deciding (at LastAlive included: a lease has no authority at its
+// deadline's instant) are not extended and expire on the first tick. An EXPIRED
 // generation is never revived (lease.Step refuses it). Under RestartStrict
 // nothing is extended. After a crash (or a leader cut off) LastAlive is
 // the last commit (or alive record) before it, so leases whose deadline

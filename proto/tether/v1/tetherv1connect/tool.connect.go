@@ -51,6 +51,9 @@ type ToolServiceClient interface {
 	// BeginCall verifies the capability token and the node's state and records
 	// the call as in flight.
 	BeginCall(context.Context, *connect.Request[v1.BeginCallRequest]) (*connect.Response[v1.BeginCallResponse], error)
+	// EndCall reports how a call ended: completed, or failed with its error.
+	// It is never an acknowledgement, even of a call a termination asked to
+	// cancel: the record says what the gate reported.
 	EndCall(context.Context, *connect.Request[v1.EndCallRequest]) (*connect.Response[v1.EndCallResponse], error)
 	// CancelAck acknowledges a cancel order after the handler returned.
 	CancelAck(context.Context, *connect.Request[v1.CancelAckRequest]) (*connect.Response[v1.CancelAckResponse], error)
@@ -144,6 +147,9 @@ type ToolServiceHandler interface {
 	// BeginCall verifies the capability token and the node's state and records
 	// the call as in flight.
 	BeginCall(context.Context, *connect.Request[v1.BeginCallRequest]) (*connect.Response[v1.BeginCallResponse], error)
+	// EndCall reports how a call ended: completed, or failed with its error.
+	// It is never an acknowledgement, even of a call a termination asked to
+	// cancel: the record says what the gate reported.
 	EndCall(context.Context, *connect.Request[v1.EndCallRequest]) (*connect.Response[v1.EndCallResponse], error)
 	// CancelAck acknowledges a cancel order after the handler returned.
 	CancelAck(context.Context, *connect.Request[v1.CancelAckRequest]) (*connect.Response[v1.CancelAckResponse], error)

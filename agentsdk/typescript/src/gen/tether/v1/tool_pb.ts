@@ -432,6 +432,10 @@ export const ToolService: GenService<{
     output: typeof BeginCallResponseSchema;
   },
   /**
+   * EndCall reports how a call ended: completed, or failed with its error.
+   * It is never an acknowledgement, even of a call a termination asked to
+   * cancel: the record says what the gate reported.
+   *
    * @generated from rpc tether.v1.ToolService.EndCall
    */
   endCall: {
