@@ -103,6 +103,75 @@ func TestSeed2AnEndAfterTheCancelOrderIsNotAnAcknowledgement(t *testing.T) {
 	}
 }
 
+// Seed 003 (aborting): the abort waits for each cancel's acknowledgement
+// up to its timeout; a call not acknowledged by then is recorded
+// cancel_unacknowledged. A rogue's tool server that acknowledges once the
+// timeout has run out — after the termination stopped waiting for it and
+// went on to revoke — must not turn that call into a cancelled one in the
+// record: the tool kept running past the time the termination allowed it.
+// The acknowledgement used to be taken as long as the record was not yet
+// written (here, while the record waits for the exit confirmations), and
+// the record said cancelled_acked. It is refused failed_precondition, at
+// the deadline's instant already (whether or not the reconciler has moved
+// on yet), and the record says cancel_unacknowledged; an acknowledgement
+// before the deadline still counts.
+func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	var calls []string
+	for range 3 {
+		id, err := w.begin(w.gC.token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, id)
+	}
+	inTime, atDeadline, afterMoving := calls[0], calls[1], calls[2]
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the abort's three cancel orders", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 3
+	})
+	ack := func(call string) error {
+		_, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
+		return err
+	}
+	w.clk.Advance(10*time.Second - time.Millisecond)
+	if err := ack(inTime); err != nil {
+		t.Fatalf("an acknowledgement a millisecond before the deadline: %v", err)
+	}
+	w.clk.Advance(time.Millisecond)
+	refused := func(call, when string) {
+		t.Helper()
+		err := ack(call)
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancel_unacknowledged") {
+			t.Errorf("an acknowledgement %s: %v; want failed_precondition saying the call is recorded cancel_unacknowledged", when, err)
+		}
+	}
+	refused(atDeadline, "at the deadline's instant")
+	// The record waits an hour for exit confirmations: the termination has
+	// stopped waiting for acknowledgements and revoked, the record is not
+	// written yet.
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	refused(afterMoving, "once the termination went on to revoke")
+	w.clk.Advance(time.Hour)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	want := map[string]tetherv1.CallResolution{
+		inTime:      tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED,
+		atDeadline:  tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
+		afterMoving: tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
+	}
+	for _, c := range rec.ToolCalls {
+		if c.Resolution != want[c.CallId] {
+			t.Errorf("call %s recorded %s, want %s", c.CallId, c.Resolution, want[c.CallId])
+		}
+		delete(want, c.CallId)
+	}
+	if len(want) != 0 {
+		t.Errorf("calls missing from the record: %v", want)
+	}
+}
+
 // newLeaseWorldIn is newLeaseWorld on a data directory and clock the test
 // keeps, so that it can restart the server on them.
 func newLeaseWorldIn(t *testing.T, dir string, clk *clock.Manual) *leaseWorld {

@@ -105,6 +105,30 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall,
 	return ledger.PutCallIn(tx, c)
 }
 
+// CancelAckWindow is the ledger's AckWindow: a cancel acknowledgement
+// counts only while the termination that ordered it still waits for it,
+// before its acknowledgement deadline and while it is aborting (draining,
+// it has ordered no cancel of its own; taken-over calls it carries wait
+// with the rest). Past that the termination has gone on, or goes on at
+// its next pass, to revoke, and its record closes the call
+// cancel_unacknowledged (recordCalls): the error says so.
+func CancelAckWindow(tx store.ReadTxn, terminationID string, now time.Time) error {
+	var t Termination
+	if err := getTermination(tx, terminationID, &t); err != nil {
+		if errors.Is(err, ErrTerminationNotFound) {
+			return nil
+		}
+		return err
+	}
+	switch {
+	case t.Phase >= PhaseReconciling:
+		return fmt.Errorf("the termination stopped waiting for cancel acknowledgements and is %s; the record lists the call cancel_unacknowledged", t.Phase)
+	case t.Phase == PhaseAborting && !t.CancelDeadline.IsZero() && !now.Before(t.CancelDeadline):
+		return fmt.Errorf("the termination's acknowledgement deadline %s has passed; the record lists the call cancel_unacknowledged", t.CancelDeadline.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
 // recordCall is a call as the record lists it.
 func recordCall(c *ledger.ToolCall) RecordToolCall {
 	return RecordToolCall{

@@ -22,6 +22,7 @@ var (
 	ErrTokenRejected = fault.New(fault.Denied, "supervisor: capability token rejected")
 	ErrNoCancelOrder = fault.New(fault.Precondition, "supervisor: no cancel order to acknowledge")
 	ErrCallClosed    = fault.New(fault.Precondition, "supervisor: call already closed")
+	ErrAckTooLate    = fault.New(fault.Precondition, "supervisor: the termination no longer waits for this acknowledgement")
 )
 
 // TokenChecker verifies a capability token for a tool call: signature,
@@ -41,6 +42,13 @@ type Ledger struct {
 	Tokens TokenChecker
 	// Observer, when set, is told of every call written (stop rules).
 	Observer Observer
+	// AckWindow, when set, says whether the termination that ordered a
+	// call's cancel (terminationID) still waits for its acknowledgement at
+	// now, or returns the error that refuses a late one (the supervisor's
+	// CancelAckWindow): an acknowledgement after the termination's
+	// timeout would otherwise turn a call the record must call
+	// cancel_unacknowledged into a cancelled one.
+	AckWindow func(tx store.ReadTxn, terminationID string, now time.Time) error
 
 	nodes callNodes // the node of calls begun or ordered cancelled here (batch.go)
 }
@@ -223,6 +231,9 @@ func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, 
 // refused (ErrNoCancelOrder) and stays in flight, so the record never says
 // a call was cancelled when no termination cancelled it.
 func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
+	if err := l.ackInTime(ctx, callID, gateID); err != nil {
+		return nil, err
+	}
 	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		if c.State != CallStateCancelRequested {
 			return fmt.Errorf("%w: call_id %s was not asked to cancel (no termination ordered it); report how it ended with EndCall", ErrNoCancelOrder, callID)
@@ -232,6 +243,31 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 		c.CancelAckedAt = now
 		c.AcknowledgedBy = by
 		c.Resolution = CallResolutionCancelledAcked
+		return nil
+	})
+}
+
+// ackInTime refuses an acknowledgement the call's termination no longer
+// waits for (AckWindow). It reads before the acknowledgement's own
+// transaction, so the termination, rewritten by each reconciler pass, is
+// not part of the commit's conflicts: the acknowledgement's time is taken
+// first, and a termination leaves aborting before its deadline only once
+// every cancel it ordered was acknowledged or ended, so what this read
+// allowed was in time. Whatever this read cannot judge (an unknown call,
+// another gate's, one with no order) finish refuses in its own words.
+func (l *Ledger) ackInTime(ctx context.Context, callID, gateID string) error {
+	if l.AckWindow == nil || id.Check(id.Call, "call_id", callID) != nil {
+		return nil
+	}
+	now := l.Clock.Now()
+	return l.Store.View(ctx, func(tx store.ReadTxn) error {
+		c, err := getCall(tx, callID)
+		if err != nil || c.GateID != gateID || c.State != CallStateCancelRequested || c.TerminationID == "" {
+			return nil
+		}
+		if err := l.AckWindow(tx, c.TerminationID, now); err != nil {
+			return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
+		}
 		return nil
 	})
 }
