@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bufio"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -170,12 +171,24 @@ type connLimiter struct {
 }
 
 // limitedConn is a counted connection; closing it frees its place.
+//
+// Its reads are buffered: Go's HTTP/2 server reads each frame's 9-byte
+// header and then its payload straight from the connection, two system
+// calls a frame (a unary call is a HEADERS and a DATA frame at least),
+// where one read usually brings in everything the peer has sent.
 type limitedConn struct {
 	net.Conn
+	r          *bufio.Reader
 	healthOnly bool
 	once       sync.Once
 	l          *connLimiter
 }
+
+// connReadBuffer is each connection's read buffer: room for a unary call's
+// frames (a credential's HEADERS, a small DATA) in one read.
+const connReadBuffer = 4 << 10
+
+func (c *limitedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 func (c *limitedConn) Close() error {
 	c.once.Do(func() { c.l.open.Add(-1) })
@@ -190,7 +203,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		}
 		n := l.open.Add(1)
 		if n <= int64(l.max+l.reserve) {
-			return &limitedConn{Conn: c, healthOnly: n > int64(l.max), l: l}, nil
+			return &limitedConn{Conn: c, r: bufio.NewReaderSize(c, connReadBuffer), healthOnly: n > int64(l.max), l: l}, nil
 		}
 		l.open.Add(-1)
 		l.refused.Add(1)
