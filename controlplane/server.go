@@ -324,7 +324,11 @@ func (s *Server) buildHandler() error {
 		return fmt.Errorf("controlplane: metrics: %w", err)
 	}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	obs, err := newObserver(provider.Meter("github.com/tetherhq/tether/controlplane"), s.log)
+	procedures := map[string]bool{}
+	for p := range Policy() {
+		procedures[p] = true
+	}
+	obs, err := newObserver(provider.Meter("github.com/tetherhq/tether/controlplane"), s.log, procedures)
 	if err != nil {
 		return err
 	}
