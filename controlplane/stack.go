@@ -30,8 +30,8 @@ var (
 
 // growStack has a frame of stackReserve bytes, so calling it makes the
 // runtime grow the goroutine's stack at once to a size that holds it (the
-// runtime doubles the stack until the frame fits). The array is never
-// written, so it costs no zeroing.
+// runtime doubles the stack until the frame fits). The compiler zeroes
+// the array on entry: 8 KiB, a fraction of a microsecond.
 //
 //go:noinline
 func growStack() {
