@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bufio"
 	"compress/gzip"
 	"context"
 	"crypto/tls"
@@ -170,11 +171,30 @@ type connLimiter struct {
 }
 
 // limitedConn is a counted connection; closing it frees its place.
+//
+// On a plaintext listener its reads are buffered: Go's HTTP/2 server
+// reads each frame's 9-byte header and then its payload straight from the
+// connection, two system calls a frame (a unary call is a HEADERS and a
+// DATA frame at least), where one read usually brings in everything the
+// peer has sent. (Under TLS the frames are read from the TLS connection's
+// own buffer of decrypted records, so r is nil there.)
 type limitedConn struct {
 	net.Conn
+	r          *bufio.Reader // nil: unbuffered
 	healthOnly bool
 	once       sync.Once
 	l          *connLimiter
+}
+
+// connReadBuffer is each connection's read buffer: room for a unary call's
+// frames (a credential's HEADERS, a small DATA) in one read.
+const connReadBuffer = 4 << 10
+
+func (c *limitedConn) Read(p []byte) (int, error) {
+	if c.r == nil {
+		return c.Conn.Read(p)
+	}
+	return c.r.Read(p)
 }
 
 func (c *limitedConn) Close() error {
@@ -190,7 +210,11 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		}
 		n := l.open.Add(1)
 		if n <= int64(l.max+l.reserve) {
-			return &limitedConn{Conn: c, healthOnly: n > int64(l.max), l: l}, nil
+			lc := &limitedConn{Conn: c, healthOnly: n > int64(l.max), l: l}
+			if l.plaintext {
+				lc.r = bufio.NewReaderSize(c, connReadBuffer)
+			}
+			return lc, nil
 		}
 		l.open.Add(-1)
 		l.refused.Add(1)

@@ -124,6 +124,40 @@ func TestIdleAndSlowConnectionsAreClosed(t *testing.T) {
 	testserver.WaitFor(t, closeWait, "the server to forget the closed connections", func() bool { return srv.OpenConnections() == 0 })
 }
 
+// TestSlowHTTP2BodyIsCut: over HTTP/2 the read deadline is the stream's.
+// An authenticated unary call whose body never ends is answered with an
+// error once the read timeout passes, instead of holding its stream (and
+// the handler's goroutine) for as long as the client likes.
+func TestSlowHTTP2BodyIsCut(t *testing.T) {
+	srv := testserver.Start(t, tinyLimits)
+	body, feed := io.Pipe()
+	defer feed.Close()
+	go func() { _, _ = io.WriteString(feed, "{") }() // and never the rest
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/tether.v1.AuthService/WhoAmI", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+srv.Admin)
+	resp, err := testserver.H2CClient().Do(req)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the server waited %s for the rest of the body", closeWait)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, _ := io.ReadAll(resp.Body)
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("answered over HTTP/%d, want HTTP/2", resp.ProtoMajor)
+	}
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("a call whose body never ended was answered 200: %s", got)
+	}
+}
+
 // TestActiveStreamsOutliveTheTimeouts: the timeouts are per request and per
 // idle connection, not per stream: an authenticated watch keeps receiving
 // long after them, and a session whose client was quiet meanwhile still

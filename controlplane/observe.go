@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -34,6 +35,29 @@ type observer struct {
 	log      *slog.Logger
 	// streams counts streaming RPCs in progress (nil: not counted).
 	streams *prometheus.GaugeVec
+	// procedures are the procedures whose metric attributes are kept in
+	// attrs (an observerKey's metric.MeasurementOption), built once
+	// instead of on every call; any other path (a caller may name one that
+	// does not exist) has its attributes built each time, so attrs stays
+	// bounded.
+	procedures map[string]bool
+	attrs      sync.Map
+}
+
+type observerKey struct{ procedure, code string }
+
+// attributes are the metric attributes of a call to procedure that ended
+// with code.
+func (o *observer) attributes(procedure, code string) metric.MeasurementOption {
+	if !o.procedures[procedure] {
+		return metric.WithAttributes(attribute.String("rpc.method", procedure), attribute.String("rpc.code", code))
+	}
+	k := observerKey{procedure, code}
+	if a, ok := o.attrs.Load(k); ok {
+		return a.(metric.MeasurementOption)
+	}
+	a, _ := o.attrs.LoadOrStore(k, metric.WithAttributeSet(attribute.NewSet(attribute.String("rpc.method", procedure), attribute.String("rpc.code", code))))
+	return a.(metric.MeasurementOption)
 }
 
 // traceContext extracts the caller's trace context (W3C tracecontext
@@ -53,7 +77,7 @@ func (o *observer) startSpan(ctx context.Context, procedure string, header http.
 	return ctx, span
 }
 
-func newObserver(meter metric.Meter, log *slog.Logger) (*observer, error) {
+func newObserver(meter metric.Meter, log *slog.Logger, procedures map[string]bool) (*observer, error) {
 	duration, err := meter.Float64Histogram("rpc.server.duration",
 		metric.WithUnit("s"), metric.WithDescription("Duration of control-plane RPCs."))
 	if err != nil {
@@ -64,7 +88,7 @@ func newObserver(meter metric.Meter, log *slog.Logger) (*observer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &observer{tracer: otel.Tracer("github.com/tetherhq/tether/controlplane"), duration: duration, requests: requests, log: log}, nil
+	return &observer{tracer: otel.Tracer("github.com/tetherhq/tether/controlplane"), duration: duration, requests: requests, log: log, procedures: procedures}, nil
 }
 
 func (o *observer) record(ctx context.Context, procedure string, start time.Time, err error) {
@@ -72,12 +96,17 @@ func (o *observer) record(ctx context.Context, procedure string, start time.Time
 	if err != nil {
 		code = connect.CodeOf(err).String()
 	}
-	attrs := metric.WithAttributes(attribute.String("rpc.method", procedure), attribute.String("rpc.code", code))
-	o.duration.Record(ctx, time.Since(start).Seconds(), attrs)
+	attrs := o.attributes(procedure, code)
+	elapsed := time.Since(start)
+	o.duration.Record(ctx, elapsed.Seconds(), attrs)
 	o.requests.Add(ctx, 1, attrs)
 	switch {
 	case err == nil:
-		o.log.Debug("rpc", "procedure", procedure, "duration", time.Since(start))
+		// Checked first: the arguments would be boxed (allocated) for a
+		// line that is usually not written.
+		if o.log.Enabled(ctx, slog.LevelDebug) {
+			o.log.Debug("rpc", "procedure", procedure, "duration", elapsed)
+		}
 	case connect.CodeOf(err) == connect.CodeInternal || connect.CodeOf(err) == connect.CodeUnknown:
 		o.log.Error("rpc failed", "procedure", procedure, "code", code, "error", err)
 	default:

@@ -198,7 +198,8 @@ type Server struct {
 	router     *leaseRouter // nil with a single replica (forward.go)
 	grants     *grantstore.Service
 	log        *slog.Logger
-	handler    http.Handler
+	handler    http.Handler // Handler: served returned with its deadlines
+	served     http.Handler // Run: the http.Server sets the deadlines
 	authn      *auth.Interceptor
 	conns      atomic.Pointer[connLimiter]
 	metrics    *metrics // metrics.go
@@ -311,7 +312,8 @@ func (s *Server) Issuer() auth.Issuer { return s.issuer }
 // Store returns the server's store.
 func (s *Server) Store() store.Store { return s.store }
 
-// Handler returns the HTTP handler serving every endpoint.
+// Handler returns the HTTP handler serving every endpoint, giving each
+// request its read and write deadlines (ConnLimits) itself.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 func (s *Server) buildHandler() error {
@@ -322,7 +324,11 @@ func (s *Server) buildHandler() error {
 		return fmt.Errorf("controlplane: metrics: %w", err)
 	}
 	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	obs, err := newObserver(provider.Meter("github.com/tetherhq/tether/controlplane"), s.log)
+	procedures := map[string]bool{}
+	for p := range Policy() {
+		procedures[p] = true
+	}
+	obs, err := newObserver(provider.Meter("github.com/tetherhq/tether/controlplane"), s.log, procedures)
 	if err != nil {
 		return err
 	}
@@ -380,12 +386,20 @@ func (s *Server) buildHandler() error {
 		return err
 	}
 	mux.Handle("/ui/", ui)
-	// Outermost first: a health-only connection answers only /healthz;
-	// every request gets its deadlines; RPCs are authenticated from their
-	// headers before their body is read; an admitted request's body is
-	// bounded by the message limit; an admitted stream loses its
-	// deadlines.
-	s.handler = healthOnly(s.cfg.Conn.MaxConnections, withDeadlines(s.cfg.Conn, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(mux)))))
+	// Outermost first: the request's goroutine gets its stack at once;
+	// every request gets its deadlines; a health-only connection answers
+	// only /healthz; RPCs are authenticated from their headers before
+	// their body is read; an admitted request's body is bounded by the
+	// message limit; an admitted stream loses its deadlines.
+	//
+	// Run's http.Server sets the deadlines itself (ReadTimeout and
+	// WriteTimeout: on HTTP/2, per stream, when the serving goroutine opens
+	// it), so what it serves skips withDeadlines, whose two
+	// ResponseController calls are two messages to that goroutine per
+	// request; Handler, for any other server, keeps them.
+	inner := healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(mux))))
+	s.served = withStack(inner)
+	s.handler = withStack(withDeadlines(s.cfg.Conn, inner))
 	return nil
 }
 
@@ -418,10 +432,13 @@ func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	limits := s.cfg.Conn
 	srv := &http.Server{
-		Handler: s.handler,
-		// ReadTimeout and WriteTimeout stay zero: they would cut every
-		// long-lived stream. Each request gets its own deadlines instead
-		// (withDeadlines), lifted for authenticated streams.
+		Handler: s.served,
+		// Every request's read and write deadlines, from its start (on
+		// HTTP/1.1, the connection's while it is read and answered; on
+		// HTTP/2, its stream's), lifted for authenticated streams
+		// (streamsUnbounded), which would otherwise be cut.
+		ReadTimeout:       limits.ReadTimeout,
+		WriteTimeout:      limits.WriteTimeout,
 		ReadHeaderTimeout: limits.ReadHeaderTimeout,
 		MaxHeaderBytes:    limits.MaxHeaderBytes,
 		IdleTimeout:       limits.IdleTimeout,

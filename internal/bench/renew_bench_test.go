@@ -249,3 +249,83 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRPCFloorProcess measures the RPC floor on the real `tether
+// serve` in a process of its own: agents reading their own nodes
+// (GetNode, authenticated and authorised, no write) from 1, 8 and 64
+// clients, each on its own connection, and reports the server process's
+// CPU per call (read from /proc, so the clients' CPU is not in it) and the
+// median round trip, medians of several one-second rounds. It is what a
+// change to the server's request path (HTTP/2, Connect, the interceptors,
+// authentication) should move; A/B it against the base in the same
+// minutes:
+//
+//	go test -run '^$' -bench 'RPCFloorProcess' -benchtime 1x ./internal/bench/
+func BenchmarkRPCFloorProcess(b *testing.B) {
+	ctx := context.Background()
+	r := &Report{Dir: b.TempDir()}
+	proc, err := startProcessServer(ctx, r, "--rate-limit", "0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(proc.stop)
+	holders, err := leaseHolders(ctx, proc, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const rounds = 5
+	for _, n := range []int{1, 8, 64} {
+		b.Run("clients="+strconv.Itoa(n), func(b *testing.B) {
+			var cpu, rate, p50s []float64
+			for b.Loop() {
+				for range rounds {
+					var calls atomic.Int64
+					times := make([][]time.Duration, n)
+					op := func(ctx context.Context, w int) error {
+						h := &holders[w]
+						start := time.Now()
+						resp, err := h.conn.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: h.nodeID}))
+						if err != nil {
+							return err
+						}
+						if resp.Msg.Node.GetNodeId() != h.nodeID {
+							return errors.New("GetNode returned another node")
+						}
+						times[w] = append(times[w], time.Since(start))
+						calls.Add(1)
+						return nil
+					}
+					before, ok1 := proc.serverCPU()
+					calls.Store(0)
+					r, err := Throughput(ctx, n, time.Second, op)
+					if err != nil {
+						b.Fatal(err)
+					}
+					after, ok2 := proc.serverCPU()
+					if ok1 && ok2 && calls.Load() > 0 {
+						cpu = append(cpu, float64((after-before).Microseconds())/float64(calls.Load()))
+					}
+					rate = append(rate, r)
+					var all []time.Duration
+					for _, t := range times {
+						all = append(all, t...)
+					}
+					slices.Sort(all)
+					if len(all) > 0 {
+						p50s = append(p50s, float64(all[len(all)/2].Microseconds()))
+					}
+				}
+			}
+			median := func(v []float64) float64 {
+				if len(v) == 0 {
+					return 0
+				}
+				slices.Sort(v)
+				return v[len(v)/2]
+			}
+			b.ReportMetric(median(cpu), "server-cpu-µs/call")
+			b.ReportMetric(median(rate), "calls/s")
+			b.ReportMetric(median(p50s), "p50-µs")
+		})
+	}
+}
