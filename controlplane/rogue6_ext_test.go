@@ -8,8 +8,11 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
@@ -79,5 +82,76 @@ func TestARogueCannotLockOperatorsOutOfTheConsoleSignIn(t *testing.T) {
 	status, page := signInAt(t, operator, srv.URL, created.Msg.Token)
 	if status != http.StatusSeeOther {
 		t.Fatalf("the operator's sign-in from another address: status %d, want 303 (signed in):\n%s", status, page)
+	}
+}
+
+// A coordinating agent cannot pass its own word in the evidence matrix for
+// an operator's or the control plane's. The lineage that coordinates a job
+// (the agent that offered it, and its ancestors) may cancel, reassign and
+// resolve it; the evidence row of that decision said only "by the
+// coordinator (reason …)", the reason being the caller's free text, so a
+// rogue parent could resolve its child's job with the very words the
+// control plane writes when an operator's termination finalises a lease
+// ("the holder acknowledged the cancel request; terminated: …"), or sign
+// it "operator:…", and the row, the job's terminal detail and GetLease read
+// exactly as the operator's would. The reason of a coordinator's message
+// now begins with the principal that sent it, whoever it is: the reviewer
+// rebuilding the job's history sees who decided.
+func TestARogueCoordinatorCannotPassItsResolutionForTheOperators(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	job := w.job()
+	offered, err := w.plannerC.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.w1, LeaseDuration: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	if _, err := w.w1C.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	// The operator asks for the cancellation: its row names the operator.
+	who, err := w.admin.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel, err := w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "budget"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecision(t, "the operator's cancel request", cancel.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_REQUESTED)
+	if r := cancel.Msg.Decision.Reason; !strings.Contains(r, `(reason "`+who.Msg.Principal+`: budget")`) {
+		t.Fatalf("the operator's cancel request does not name the operator: %s", r)
+	}
+	// The rogue parent resolves its child's job in the control plane's own
+	// words, signed as an operator.
+	forged := "the holder acknowledged the cancel request; terminated: " + who.Msg.Principal + " aborted the subtree"
+	resolved, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: forged}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecision(t, "the rogue's resolution", resolved.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
+	signed := "agent:" + w.planner + ": " + forged
+	rows := w.evidence(t, job)
+	last := rows[len(rows)-1]
+	if !strings.Contains(last.Reason, `(reason "`+signed+`")`) {
+		t.Fatalf("the evidence row of the rogue's resolution does not name the rogue:\n%s", last.Reason)
+	}
+	if got := w.get(t, job).TerminalDetail; got != signed {
+		t.Fatalf("the job's terminal detail = %q, want %q", got, signed)
+	}
+	// A reason at the size limit still fits once signed, cut on a
+	// character boundary.
+	job2 := w.job()
+	if _, err := w.plannerC.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job2, HolderIdentity: w.w1, LeaseDuration: durationpb.New(time.Minute)})); err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("é", 2048) // 4,096 bytes, the limit
+	cancelled, err := w.plannerC.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job2, Reason: long}))
+	if err != nil {
+		t.Fatalf("a reason of the full 4,096 bytes: %v", err)
+	}
+	wantDecision(t, "a long cancel request", cancelled.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_REQUESTED)
+	if r := cancelled.Msg.Decision.Reason; !strings.Contains(r, `(reason "agent:`+w.planner+`: é`) || !utf8.ValidString(r) {
+		t.Fatalf("a long cancel request's reason: %.200s…", r)
 	}
 }
