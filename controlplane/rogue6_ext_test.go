@@ -155,3 +155,47 @@ func TestARogueCoordinatorCannotPassItsResolutionForTheOperators(t *testing.T) {
 		t.Fatalf("a long cancel request's reason: %.200s…", r)
 	}
 }
+
+// A rogue cannot buy the stop-rule evaluator's time with a regular
+// expression. A rule's worst-case cost is checked when it is attached, and
+// CEL costs a match by the length of the pattern's text (four characters a
+// state, it guesses); a counted repetition breaks the guess: a rule over
+// the agent's own 32 labels matching "(?:[a-z]{0,100}){0,10}b" was
+// estimated at a quarter of the budget and took 15 ms an evaluation (the
+// text times a program of two thousand states). An agent may attach 64
+// such rules to each node of its subtree, and the evaluator — one for the
+// whole cluster — runs every rule in effect at a node whenever the node
+// reports its counters, so the rogue could keep it busy, and the operators'
+// rules on other trees would fire late. A match is now costed by its
+// compiled program, and a pattern the expression computes (whose program
+// is unknown until it runs) is refused; both refusals name the position,
+// and nothing is stored. An ordinary pattern is still accepted.
+func TestARogueCannotStallTheRuleEvaluatorWithARegularExpression(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	rogue := srv.Clients(root.Credential)
+	ctx := context.Background()
+	for _, tc := range []struct{ expression, want string }{
+		{`observed.node_labels.exists(k, observed.node_labels[k].matches("(?:[a-z]{0,100}){0,10}b"))`, "more than the budget of 10000"},
+		{`observed.node_name.matches("[a-z]{0,1000}b")`, "more than the budget of 10000"},
+		{`observed.node_name.matches(observed.node_labels[?"pattern"].orValue("x"))`, "1:27: matches() takes a literal pattern"},
+		{`matches(observed.node_name, observed.node_name + "{0,1000}")`, "1:8: matches() takes a literal pattern"},
+	} {
+		for _, c := range []*testserver.Clients{rogue, admin} {
+			_, err := c.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "slow", Expression: tc.expression}))
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%s: %v, want invalid_argument mentioning %q", tc.expression, err, tc.want)
+			}
+		}
+		_, err := rogue.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: root.Node.NodeId, Expression: tc.expression}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Fatalf("TestStopRule %s: %v, want invalid_argument", tc.expression, err)
+		}
+	}
+	all, err := admin.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{}))
+	if err != nil || len(all.Msg.Rules) != 0 {
+		t.Fatalf("refused rules changed state: %v %v", all.Msg.GetRules(), err)
+	}
+	addRule(t, rogue, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "named", Expression: `observed.node_name.matches("^w[a-z]*$") && observed.calls > 10`})
+}
