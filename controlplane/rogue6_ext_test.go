@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -198,4 +199,61 @@ func TestARogueCannotStallTheRuleEvaluatorWithARegularExpression(t *testing.T) {
 		t.Fatalf("refused rules changed state: %v %v", all.Msg.GetRules(), err)
 	}
 	addRule(t, rogue, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "named", Expression: `observed.node_name.matches("^w[a-z]*$") && observed.calls > 10`})
+}
+
+// A rogue cannot make a rollout drain the fleet with nothing ready in its
+// place. A batch counts as replaced when enough agents matching the target
+// selector have reported ready, and a new batch starts while the drained
+// agents not yet replaced stay within max_unavailable. Any agent may label
+// its children like replacements and have them report ready: the rollout
+// counted them, took its batches as replaced, and drained the operator's
+// agents one batch after another with no replacement up. A replacement now
+// counts only when an operator vouched for its tree (its root, which only
+// operators register, matches the target), or for an agent the rollout
+// drained in its own tree. The rogue's children do not count: the batch
+// waits for a real replacement and the rollout pauses at the deadline
+// saying so, the operator's second agent still running; once the operator's
+// replacement is ready the rollout goes on.
+func TestARogueCannotHaveARolloutDrainTheFleetWithFakeReplacements(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	a0 := registerLabelled(t, admin, "a0", map[string]string{"version": "v1"})
+	a1 := registerLabelled(t, admin, "a1", map[string]string{"version": "v1"})
+	rogue := registerLabelled(t, admin, "rogue", map[string]string{"team": "other"})
+	rc := srv.Clients(rogue.Credential)
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(5 * time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	for i := range 3 {
+		fake := spawnLabelled(t, rc, rogue.Node.NodeId, fmt.Sprintf("fake-%d", i), map[string]string{"version": "v2"})
+		reportReady(t, srv.Clients(fake.Credential), fake.Node.NodeId)
+	}
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	clk.Advance(5 * time.Minute)
+	r = waitRollout(t, srv, r.RolloutId, "to pause at the batch deadline (or, counting the rogue's children, go on)", func(r *tetherv1.Rollout) bool {
+		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED || r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED || len(r.Batches) > 1
+	})
+	drainedFirst, other := a0.Node.NodeId, a1.Node.NodeId
+	if r.Batches[0].NodeIds[0] == other {
+		drainedFirst, other = other, drainedFirst
+	}
+	if n := getNode(t, admin, other); len(r.Batches) != 1 || n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+		t.Fatalf("the rollout started %d batches and %s is %s: the rogue's children labelled v2 were taken for replacements of %s", len(r.Batches), other, n.State, drainedFirst)
+	}
+	if r.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED || !strings.Contains(r.Reason, `0 of 1 replacements matching "version=v2" are ready`) {
+		t.Fatalf("rollout %s, reason %q: want paused, no replacement ready", r.State, r.Reason)
+	}
+	// The operator's replacement is ready: the rollout goes on.
+	reportReady(t, admin, registerLabelled(t, admin, "b0", map[string]string{"version": "v2"}).Node.NodeId)
+	if _, err := admin.Supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: r.RolloutId})); err != nil {
+		t.Fatal(err)
+	}
+	waitRollout(t, srv, r.RolloutId, "to start its second batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 2 })
 }
