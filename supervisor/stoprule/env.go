@@ -263,13 +263,16 @@ func (sizes) EstimateCallCost(_, overloadID string, target *checker.AstNode, arg
 	if size == nil {
 		return nil // unknown: CEL's estimate is then unbounded, and refused
 	}
-	// One step per character and state (CEL counts a character as 0.1).
+	// One step per character and state (CEL counts a character as 0.1),
+	// and never less than CEL's own estimate, which its cost limit
+	// charges at run time (a pattern's length over four).
 	cost := (size.Max/10 + 1) * uint64(states)
 	return &checker.CallEstimate{CostEstimate: checker.CostEstimate{Min: 1, Max: cost}}
 }
 
 // patternStates is the number of instructions of the compiled program of
-// the literal pattern e, as RE2 (Go's regexp) runs it.
+// the literal pattern e, as RE2 (Go's regexp) runs it, and at least a
+// quarter of its length (CEL's guess, which its run-time cost limit uses).
 func patternStates(e ast.Expr) (int, bool) {
 	if e.Kind() != ast.LiteralKind {
 		return 0, false
@@ -278,6 +281,7 @@ func patternStates(e ast.Expr) (int, bool) {
 	if !ok {
 		return 0, false
 	}
+	byLength := (len(p) + 3) / 4
 	re, err := syntax.Parse(string(p), syntax.Perl)
 	if err != nil {
 		return 0, false
@@ -286,7 +290,7 @@ func patternStates(e ast.Expr) (int, bool) {
 	if err != nil {
 		return 0, false
 	}
-	return len(prog.Inst), true
+	return max(len(prog.Inst), byLength), true
 }
 
 // literalPatterns refuses a match against a pattern the expression
