@@ -257,3 +257,51 @@ func TestARogueCannotHaveARolloutDrainTheFleetWithFakeReplacements(t *testing.T)
 	}
 	waitRollout(t, srv, r.RolloutId, "to start its second batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 2 })
 }
+
+// A client cannot hold an HTTP/2 connection by never finishing a request's
+// headers. The header block of a stream is a HEADERS frame and as many
+// CONTINUATION frames as the client likes, and until the last one arrives
+// there is no stream: no request for the header timeout, and the
+// connection reads frames all along. A rogue, before any credential,
+// trickles a header field every 10 ms: the server, hearing no complete
+// frame, pings it, and a client in the middle of a header block cannot
+// answer (nothing may come between its frames); the connection is closed
+// within the ping and idle timeouts, long before the header size limit.
+// (It held.)
+func TestAnHTTP2HeaderBlockThatNeverEndsIsClosed(t *testing.T) {
+	srv := testserver.Start(t, tinyLimits)
+	c := dial(t, hostOf(t, srv.URL))
+	closed := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, c); close(closed) }()
+	frame := func(typ, flags byte, payload []byte) []byte {
+		n := len(payload)
+		h := []byte{byte(n >> 16), byte(n >> 8), byte(n), typ, flags, 0, 0, 0, 1} // stream 1
+		return append(h, payload...)
+	}
+	field := []byte{0x00, 3, 'x', '-', 'a', 1, 'a'} // a literal header "x-a: a"
+	const headers, continuation, settings = 0x1, 0x9, 0x4
+	start := append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, settings, 0, 0, 0, 0, 0)
+	start = append(start, frame(headers, 0, append([]byte{0x82, 0x84, 0x86}, field...))...) // GET / http, no END_HEADERS
+	if _, err := c.Write(start); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	for sent := 0; ; {
+		select {
+		case <-closed:
+			// A field counts 32 bytes beyond its name and value (RFC 7541).
+			if sent*(32+3+1) >= controlplane.DefaultConnLimits.MaxHeaderBytes*9/10 {
+				t.Fatalf("closed only at the header size limit (%d fields sent)", sent)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("the server kept a header block open for 20s (%d fields sent)", sent)
+		case <-tick.C:
+			if _, err := c.Write(frame(continuation, 0, field)); err == nil {
+				sent++
+			}
+		}
+	}
+}
