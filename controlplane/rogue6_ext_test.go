@@ -305,3 +305,37 @@ func TestAnHTTP2HeaderBlockThatNeverEndsIsClosed(t *testing.T) {
 		}
 	}
 }
+
+// A rogue cannot read another tree's stop rule by testing it. TestStopRule
+// evaluates a stored rule (by id) against a node the caller may read, and
+// answers whether it would fire and the values it reads; it checked the
+// node, not the rule: a rogue holding the id of an operator's rule on
+// another tree learnt that it exists, which fields it reads, and — trying
+// its own self-reported counters against it — its thresholds. A rule an
+// agent may not list is now answered as one that does not exist; a rule
+// in effect at its node, inherited from an operator, it still may test.
+func TestARogueCannotTestAnotherTreesRule(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	other := register(t, admin, "other")
+	rogue := register(t, admin, "rogue")
+	rc := srv.Clients(rogue.Credential)
+	foreign := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: other.Node.NodeId, Name: "spend", Expression: `self_reported.?spend_usd.orValue(0.0) > 250.0`})
+	if _, err := rc.StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{NodeId: rogue.Node.NodeId, Counters: map[string]float64{"spend_usd": 300}})); err != nil {
+		t.Fatal(err)
+	}
+	_, err := rc.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: rogue.Node.NodeId, RuleId: foreign.RuleId}))
+	_, missing := rc.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: rogue.Node.NodeId, RuleId: "x_00000000000000000000"}))
+	if connect.CodeOf(err) != connect.CodeNotFound || connect.CodeOf(missing) != connect.CodeNotFound {
+		t.Fatalf("the rogue tests another tree's rule: %v (a rule that does not exist: %v), want not_found for both", err, missing)
+	}
+	// An operator's rule in effect at the rogue's node (inherited by its
+	// child) is the rogue's to test.
+	child := spawn(t, rc, rogue.Node.NodeId, "child")
+	mine := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "spend", Expression: `self_reported.?spend_usd.orValue(0.0) > 250.0`})
+	res, err := rc.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: child.Node.NodeId, RuleId: mine.RuleId}))
+	if err != nil || res.Msg.Result {
+		t.Fatalf("the rogue tests its operator's rule on its child: %v, %v (want false: the child reported nothing)", res, err)
+	}
+}
