@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -346,6 +347,7 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 		if err != nil {
 			return coordinator.Result{}, err
 		}
+		m = signed(m, p.ID())
 		res, err := h.leases().ApplyIf(ctx, m, func(l lease.Lease) error {
 			if l.Exists() != current.Exists() || l.HolderIdentity != current.HolderIdentity || l.Owner != current.Owner {
 				return fmt.Errorf("%w: job %q changed holder while the request was checked; retry", coordinator.ErrPrecondition, job)
@@ -357,6 +359,42 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 		}
 		return res, err
 	}
+}
+
+// signed begins a coordinator message's reason with the principal that
+// sent it, so that the evidence row (and a resolution's terminal detail)
+// says who cancelled, reassigned or resolved the job: the coordinating
+// lineage includes agents, whose free text must not read as an operator's
+// word or as the control plane's own (the reasons it writes when a
+// termination finalises a lease begin with no principal). The signed
+// reason is cut to the message limit on a character boundary.
+func signed(m lease.Message, who string) lease.Message {
+	sign := func(reason string) string {
+		if reason == "" {
+			return who
+		}
+		s := who + ": " + reason
+		if len(s) <= lease.MaxValueBytes {
+			return s
+		}
+		n := lease.MaxValueBytes
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		return s[:n]
+	}
+	switch v := m.(type) {
+	case lease.RequestCancel:
+		v.Reason = sign(v.Reason)
+		return v
+	case lease.Reassign:
+		v.Reason = sign(v.Reason)
+		return v
+	case lease.Resolve:
+		v.Reason = sign(v.Reason)
+		return v
+	}
+	return m
 }
 
 // checkHolder checks that a holder named in an Offer or Reassign is a

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -45,13 +46,75 @@ type HTTPOptions struct {
 	// this long (an agent that died without closing its sessions does not
 	// hold them forever). Zero means DefaultSessionIdleTimeout.
 	SessionIdleTimeout time.Duration
+
+	// The connection limits of HTTPServer (network timeouts, on the real
+	// clock); zero means the default. ReadHeaderTimeout bounds reading a
+	// request's headers, ReadTimeout its body (once the body is read, the
+	// answer — a slow tool's, an SSE stream — has no deadline), and
+	// IdleTimeout a keep-alive connection with no request in flight.
+	// MaxHeaderBytes bounds a request's headers.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
+	MaxHeaderBytes                              int
 }
 
-// Defaults of HTTPOptions.
+// Defaults of HTTPOptions (the connection limits are `tether serve`'s).
 const (
 	DefaultMaxSessionsPerNode = 16
 	DefaultSessionIdleTimeout = 30 * time.Minute
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultReadTimeout        = 30 * time.Second
+	DefaultIdleTimeout        = 2 * time.Minute
+	DefaultMaxHeaderBytes     = 64 << 10
 )
+
+// HTTPServer is the server `tether mcp serve` runs: Handler behind
+// connection limits. Without them, a client (any, before its bearer is
+// checked) could hold keep-alive connections, slow bodies and slow
+// headers open for ever, and enough of them take the gateway's file
+// handles — the ones it needs to accept the other agents and to reach the
+// control plane, where it reports how their calls ended.
+func (g *Gateway) HTTPServer(opts HTTPOptions) *http.Server {
+	read := cmp.Or(opts.ReadTimeout, DefaultReadTimeout)
+	return &http.Server{
+		Handler:           bodyDeadline(read, g.Handler(opts)),
+		ReadHeaderTimeout: cmp.Or(opts.ReadHeaderTimeout, DefaultReadHeaderTimeout),
+		IdleTimeout:       cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
+		MaxHeaderBytes:    cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+	}
+}
+
+// bodyDeadline gives a request's body d to arrive, from the request's
+// start; once it is read to its end (or there is none) the deadline is
+// lifted, so that a long answer — a slow tool's result, a session's SSE
+// stream — lives as long as it needs. (http.Server's ReadTimeout would
+// cancel those too.)
+func bodyDeadline(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		if r.Body == nil || r.Body == http.NoBody {
+			_ = rc.SetReadDeadline(time.Time{})
+		} else {
+			_ = rc.SetReadDeadline(time.Now().Add(d))
+			r.Body = &liftAtEOF{ReadCloser: r.Body, rc: rc}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// liftAtEOF lifts the connection's read deadline once the body is read.
+type liftAtEOF struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	once sync.Once
+}
+
+func (b *liftAtEOF) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.once.Do(func() { _ = b.rc.SetReadDeadline(time.Time{}) })
+	}
+	return n, err
+}
 
 // Handler serves the gateway as a Streamable HTTP MCP endpoint at
 // EndpointPath. Every request must carry the agent's capability token as

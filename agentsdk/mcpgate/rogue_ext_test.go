@@ -2,6 +2,10 @@ package mcpgate_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -80,4 +84,85 @@ func TestARogueThatOpensSessionsInALoopIsHeldToItsShare(t *testing.T) {
 		t.Fatalf("echo on the new session: %q, %v", got, err)
 	}
 	refused("session 17 after the swap")
+}
+
+// A hostile client cannot hoard the gateway's connections. `tether mcp
+// serve` bounded only the time to send headers: a keep-alive connection
+// with no request in flight, and a body trickled a byte at a time (with
+// or without a bearer), stayed open for ever, and enough of them took the
+// gateway's file handles, which it needs to accept the other agents and
+// to reach the control plane where it reports how their calls ended. Its
+// server (HTTPServer) now closes idle and slow connections as the control
+// plane's does; a call whose answer takes longer than every timeout still
+// gets it (the body's deadline is lifted once the body is read).
+func TestAHostileClientCannotHoardTheGatewaysConnections(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base, ReadHeaderTimeout: 50 * time.Millisecond, ReadTimeout: 100 * time.Millisecond, IdleTimeout: 100 * time.Millisecond})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	const closeWait = 10 * time.Second
+	waitClosed := func(what string, c net.Conn) string {
+		t.Helper()
+		_ = c.SetReadDeadline(time.Now().Add(closeWait))
+		var got strings.Builder
+		_, err := io.Copy(&got, c)
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("%s: the gateway kept the connection open for %s", what, closeWait)
+		}
+		return got.String()
+	}
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	post := func(token string, length int) string {
+		h := "POST " + mcpgate.EndpointPath + " HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n" +
+			fmt.Sprintf("Content-Length: %d\r\n", length)
+		if token != "" {
+			h += "Authorization: Bearer " + token + "\r\n"
+		}
+		return h + "\r\n{"
+	}
+
+	// A slow call is in flight through an honest session meanwhile.
+	cs := connectAgent(t, base+mcpgate.EndpointPath, w.grant.Token, nil)
+	done := startSlow(t, cs, w.events.Started("long"), "long")
+	t.Cleanup(func() { w.events.Release("long") }) // before the gateway closes, should the test fail
+
+	for _, p := range []struct{ name, send, want string }{
+		{"slow headers", "POST " + mcpgate.EndpointPath + " HTTP/1.1\r\nHost: gw\r\n", ""},
+		{"slow body, with the agent's bearer", post(w.grant.Token, 1<<10), ""},
+		{"slow body, no bearer", post("", 1<<20), "401 Unauthorized"},
+		{"idle keep-alive", "GET " + mcpgate.MetadataPath + " HTTP/1.1\r\nHost: gw\r\n\r\n", "200 OK"},
+	} {
+		conns := make([]net.Conn, 3)
+		for i := range conns {
+			conns[i] = dial()
+			if _, err := io.WriteString(conns[i], p.send); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, c := range conns {
+			if got := waitClosed(fmt.Sprintf("%s #%d", p.name, i), c); !strings.Contains(got, p.want) {
+				t.Fatalf("%s: the gateway wrote %q before closing, want %q in it", p.name, got, p.want)
+			}
+		}
+	}
+	// Every timeout has passed many times over: the slow call still ends
+	// with its answer.
+	w.events.Release("long")
+	if err := <-done; err != nil {
+		t.Fatalf("the slow call, answered after the timeouts: %v", err)
+	}
 }

@@ -135,6 +135,7 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 		logLevel          string
 		maxSessions       int
 		idleTimeout       time.Duration
+		conns             mcpgate.HTTPOptions
 	)
 	cmd := &cobra.Command{
 		Use:   "serve --upstream-cmd NAME='cmd…' | --upstream-url NAME=URL | --config FILE",
@@ -161,9 +162,8 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 			if base == "" {
 				base = "http://" + ln.Addr().String()
 			}
-			srv := &http.Server{Handler: gw.Handler(mcpgate.HTTPOptions{
-				BaseURL: base, AuthorizationServers: authServers, MaxSessionsPerNode: maxSessions, SessionIdleTimeout: idleTimeout,
-			}), ReadHeaderTimeout: 10 * time.Second}
+			conns.BaseURL, conns.AuthorizationServers, conns.MaxSessionsPerNode, conns.SessionIdleTimeout = base, authServers, maxSessions, idleTimeout
+			srv := gw.HTTPServer(conns)
 			go func() {
 				<-ctx.Done()
 				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -185,6 +185,10 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 	f.StringVar(&logLevel, "log-level", "warn", "log level: debug, info, warn, error")
 	f.IntVar(&maxSessions, "max-sessions-per-node", mcpgate.DefaultMaxSessionsPerNode, "MCP sessions one node may keep open on the gateway at once")
 	f.DurationVar(&idleTimeout, "session-idle-timeout", mcpgate.DefaultSessionIdleTimeout, "close an MCP session with no request for this long")
+	f.DurationVar(&conns.ReadHeaderTimeout, "read-header-timeout", mcpgate.DefaultReadHeaderTimeout, "time to read a request's headers")
+	f.DurationVar(&conns.ReadTimeout, "read-timeout", mcpgate.DefaultReadTimeout, "time to read a request's body (the answer, a slow tool's or a stream, has none)")
+	f.DurationVar(&conns.IdleTimeout, "idle-timeout", mcpgate.DefaultIdleTimeout, "close a keep-alive connection with no request in flight after this long")
+	f.IntVar(&conns.MaxHeaderBytes, "max-header-bytes", mcpgate.DefaultMaxHeaderBytes, "largest request headers (431 past it)")
 	gf.register(f)
 	uf.register(f)
 	return cmd

@@ -152,7 +152,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(r.URL.Path, "/ui/static/") {
 		h.Set("Cache-Control", "no-store")
 	}
-	c.mux.ServeHTTP(w, r)
+	c.mux.ServeHTTP(w, withPeer(r))
 }
 
 func (c *Console) routes() {

@@ -1,17 +1,41 @@
 package console
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"sync"
 )
+
+// peerKey carries, in a console request's context, the address of the
+// browser it serves (see withPeer).
+type peerKey struct{}
+
+// withPeer returns r with its source address in its context, so that the
+// API calls made for it come from that address: the API bounds per source
+// address the requests that carry no valid credential, and a sign-in
+// posted from anywhere must be charged to the address that posted it, not
+// to one address every operator shares.
+func withPeer(r *http.Request) *http.Request {
+	return r.WithContext(context.WithValue(r.Context(), peerKey{}, r.RemoteAddr))
+}
+
+// peerOf is the source address withPeer put in ctx, or "console" for a
+// call made outside any browser's request.
+func peerOf(ctx context.Context) string {
+	if addr, ok := ctx.Value(peerKey{}).(string); ok && addr != "" {
+		return addr
+	}
+	return "console"
+}
 
 // handlerTransport is an http.RoundTripper that serves each request with an
 // http.Handler in process, streaming the response body through a pipe (so
 // server-streaming RPCs such as WatchTermination work). The console's
 // Connect clients use it with the server's own handler: the request goes
 // through the same mux, interceptors and policy as a request from the
-// network, without a socket.
+// network, without a socket, and from the address of the browser whose page
+// it serves (withPeer).
 type handlerTransport struct {
 	handler http.Handler
 }
@@ -22,7 +46,7 @@ func (t handlerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	in := req.Clone(req.Context())
 	in.RequestURI = req.URL.RequestURI()
 	in.Host = req.URL.Host
-	in.RemoteAddr = "console"
+	in.RemoteAddr = peerOf(req.Context())
 	in.Proto, in.ProtoMajor, in.ProtoMinor = "HTTP/1.1", 1, 1
 	if in.Body == nil {
 		in.Body = http.NoBody

@@ -66,13 +66,26 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 	}
 	var r Rollout
 	err = rs.Store.Update(ctx, func(tx store.Txn) error {
-		ready := 0
+		// The baseline: the replacements that were ready already. Only
+		// vouched ones count at all until the rollout drains a node of
+		// their tree (credited), and those must report ready afterwards.
+		var readyRoots []string
+		vouched := map[string]bool{}
 		if err := scanNodes(tx, func(n *tree.Node) {
+			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, target) {
+				vouched[n.NodeID] = true
+			}
 			if isReady(n) && tree.MatchLabels(n.Labels, target) {
-				ready++
+				readyRoots = append(readyRoots, rootOf(n))
 			}
 		}); err != nil {
 			return err
+		}
+		ready := 0
+		for _, root := range readyRoots {
+			if vouched[root] {
+				ready++
+			}
 		}
 		r, err = NewRollout(id.New(id.Rollout), req, ready, rs.Clock.Now())
 		if err != nil {
@@ -567,6 +580,33 @@ type replacement struct {
 	// spawned agent's are its parent's, so any agent can label a child to
 	// look like a replacement.
 	vouched bool
+	readyAt time.Time
+}
+
+// credited is how many of targets count as replacements of r (the
+// rollout's facts' ReadyTarget): every vouched one, and in any other tree
+// only those that reported ready after the rollout started, at most as
+// many as the rollout drained there (drained: the roots of the nodes of
+// its batches). A replacement covers an agent drained in its own tree;
+// otherwise a rogue labelling its children like replacements, and having
+// them report ready, had the rollout count them, take its batches as
+// replaced and drain the rest of the fleet with nothing ready in its
+// place.
+func credited(r Rollout, targets []replacement, drained map[string]int) int {
+	n := 0
+	late := map[string]int{}
+	for _, t := range targets {
+		switch {
+		case t.vouched:
+			n++
+		case !t.readyAt.Before(r.CreatedAt):
+			late[t.root]++
+		}
+	}
+	for root, ready := range late {
+		n += min(ready, drained[root])
+	}
+	return n
 }
 
 // rootOf is the root of n's tree.
@@ -604,13 +644,17 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		return f, nil, err
 	}
 	inBatch := map[string]bool{}
+	batched := map[string]bool{} // every batch's nodes, finished or not
 	for _, b := range r.Batches {
-		if !b.finished() {
-			for _, n := range b.NodeIDs {
+		for _, n := range b.NodeIDs {
+			batched[n] = true
+			if !b.finished() {
 				inBatch[n] = true
 			}
 		}
 	}
+	drained := map[string]int{} // per tree root
+
 	var targets []replacement
 	members := map[int][]string{}
 	err = rs.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -619,9 +663,13 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		set := map[string]bool{}
 		vouched := map[string]bool{} // roots matching the target selector
 		var shields []*tree.Node     // stopped by another termination: taken over?
+		clear(drained)
 		err := scanNodes(tx, func(n *tree.Node) {
 			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, to) {
 				vouched[n.NodeID] = true
+			}
+			if batched[n.NodeID] {
+				drained[rootOf(n)]++
 			}
 			if n.State != tree.NodeStateRunning {
 				if n.State != tree.NodeStateTerminated && n.TerminationID != "" && !inBatch[n.NodeID] &&
@@ -632,7 +680,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, replacement{id: n.NodeID, root: rootOf(n)})
+					targets = append(targets, replacement{id: n.NodeID, root: rootOf(n), readyAt: n.ReadyAt})
 				}
 				return
 			}
@@ -674,7 +722,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		if len(f.Candidates) > r.Batch {
 			f.Candidates = f.Candidates[:r.Batch]
 		}
-		f.ReadyTarget = len(targets)
+		f.ReadyTarget = credited(r, targets, drained)
 		for _, b := range r.Batches {
 			if b.finished() {
 				continue

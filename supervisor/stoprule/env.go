@@ -3,6 +3,7 @@ package stoprule
 import (
 	"fmt"
 	"regexp"
+	"regexp/syntax"
 	"sort"
 	"strings"
 	"sync"
@@ -10,6 +11,8 @@ import (
 	"github.com/google/cel-go/cel"
 	"github.com/google/cel-go/checker"
 	"github.com/google/cel-go/common/ast"
+	"github.com/google/cel-go/common/overloads"
+	"github.com/google/cel-go/common/types"
 
 	"github.com/tetherhq/tether/internal/fault"
 )
@@ -110,6 +113,9 @@ func Compile(expression string) (*Compiled, error) {
 	}
 	if !checked.OutputType().IsExactType(cel.BoolType) {
 		return nil, fmt.Errorf("%w: 1:1: the expression is of type %s, want bool", ErrInvalidRule, checked.OutputType())
+	}
+	if err := literalPatterns(checked.NativeRep()); err != nil {
+		return nil, err
 	}
 	estimate, err := e.EstimateCost(checked, sizes{})
 	if err != nil {
@@ -228,8 +234,94 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 	return &checker.SizeEstimate{Min: 0, Max: max}
 }
 
-func (sizes) EstimateCallCost(string, string, *checker.AstNode, []checker.AstNode) *checker.CallEstimate {
-	return nil
+// EstimateCallCost costs a regular expression match by the size of the
+// pattern's compiled program, not of its text: CEL's own estimate guesses
+// four characters of pattern per state, which a counted repetition breaks
+// ("[a-z]{0,1000}" is 13 characters and a thousand states), and RE2's
+// work is the text's length times the states. A rogue's rule estimated at
+// a quarter of the budget took 15 ms an evaluation, and the evaluator
+// (one for the cluster) runs every rule in effect at a node each time the
+// node's counters change. Patterns are literals (literalPatterns).
+func (sizes) EstimateCallCost(_, overloadID string, target *checker.AstNode, args []checker.AstNode) *checker.CallEstimate {
+	var text, pattern checker.AstNode
+	switch {
+	case overloadID == overloads.MatchesString && target != nil && len(args) == 1:
+		text, pattern = *target, args[0]
+	case overloadID == overloads.Matches && target == nil && len(args) == 2:
+		text, pattern = args[0], args[1]
+	default:
+		return nil
+	}
+	states, ok := patternStates(pattern.Expr())
+	if !ok {
+		return nil // refused by literalPatterns, or by the regexp's compiler
+	}
+	size := text.ComputedSize()
+	if size == nil {
+		size = sizes{}.EstimateSize(text)
+	}
+	if size == nil {
+		return nil // unknown: CEL's estimate is then unbounded, and refused
+	}
+	// One step per character and state (CEL counts a character as 0.1),
+	// and never less than CEL's own estimate, which its cost limit
+	// charges at run time (a pattern's length over four).
+	cost := (size.Max/10 + 1) * uint64(states)
+	return &checker.CallEstimate{CostEstimate: checker.CostEstimate{Min: 1, Max: cost}}
+}
+
+// patternStates is the number of instructions of the compiled program of
+// the literal pattern e, as RE2 (Go's regexp) runs it, and at least a
+// quarter of its length (CEL's guess, which its run-time cost limit uses).
+func patternStates(e ast.Expr) (int, bool) {
+	if e.Kind() != ast.LiteralKind {
+		return 0, false
+	}
+	p, ok := e.AsLiteral().(types.String)
+	if !ok {
+		return 0, false
+	}
+	byLength := (len(p) + 3) / 4
+	re, err := syntax.Parse(string(p), syntax.Perl)
+	if err != nil {
+		return 0, false
+	}
+	prog, err := syntax.Compile(re.Simplify())
+	if err != nil {
+		return 0, false
+	}
+	return max(len(prog.Inst), byLength), true
+}
+
+// literalPatterns refuses a match against a pattern the expression
+// computes (a label's value, say): its cost cannot be known when the rule
+// is attached, only its text's length, and a pattern of a few characters
+// can compile to thousands of states.
+func literalPatterns(a *ast.AST) error {
+	var bad []string
+	info := a.SourceInfo()
+	visit := func(e ast.Expr) {
+		if e.Kind() != ast.CallKind || e.AsCall().FunctionName() != overloads.Matches {
+			return
+		}
+		call := e.AsCall()
+		args := call.Args()
+		if len(args) == 0 {
+			return
+		}
+		pattern := args[len(args)-1]
+		if pattern.Kind() == ast.LiteralKind {
+			return
+		}
+		loc := info.GetStartLocation(e.ID())
+		bad = append(bad, fmt.Sprintf("%d:%d", loc.Line(), loc.Column()+1))
+	}
+	ast.PostOrderVisit(a.Expr(), ast.NewExprVisitor(visit))
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return fmt.Errorf("%w: %s: matches() takes a literal pattern (a string in quotes): the cost of a computed one is not known when the rule is attached", ErrInvalidRule, strings.Join(bad, ", "))
 }
 
 func clip(s string) string {

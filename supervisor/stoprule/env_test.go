@@ -27,6 +27,10 @@ func TestCompileRefusesWithPositions(t *testing.T) {
 		// Every comprehension's position is named: they are what costs.
 		{`observed.calls_by_tool.all(a, observed.calls_by_tool.all(b, observed.calls_by_tool.all(c, a + b + c != "")))`, stoprule.ErrOverBudget, "loops at 1:27, 1:57, 1:87"},
 		{`self_reported.exists(k, self_reported.exists(j, observed.node_labels.exists(l, k + j + l == "x")))`, stoprule.ErrOverBudget, "more than the budget of 10000"},
+		// A match costs its compiled program, not its text; a computed
+		// pattern's program is unknown.
+		{`observed.node_labels.exists(k, observed.node_labels[k].matches("(?:[a-z]{0,100}){0,10}b"))`, stoprule.ErrOverBudget, "more than the budget of 10000; loops at 1:28"},
+		{`observed.node_name.matches(observed.node_labels[?"p"].orValue("x"))`, stoprule.ErrInvalidRule, "1:27: matches() takes a literal pattern"},
 	} {
 		_, err := stoprule.Compile(tc.expression)
 		if !errors.Is(err, tc.sentinel) || !strings.Contains(err.Error(), tc.want) {
@@ -46,10 +50,16 @@ func TestCompiledRulesStayWithinTheirBudget(t *testing.T) {
 	for i := range stoprule.MaxCounters {
 		self[strings.Repeat("c", 10)+string(rune('a'+i))] = float64(i)
 	}
+	for i := range 32 {
+		full.NodeLabels[strings.Repeat("k", 60)+string(rune('a'+i))] = strings.Repeat("a", 63)
+	}
+	full.NodeName = strings.Repeat("a", 63)
 	for _, e := range []string{
 		`observed.calls_by_tool.exists(t, observed.failures_by_tool[?t].orValue(0) * 2 > observed.calls_by_tool[t])`,
 		`observed.calls_by_tool.filter(t, observed.calls_by_tool[t] > 10).size() > 3 && observed.node_labels.all(k, k != "")`,
 		`self_reported.exists(k, self_reported[k] > 100.0)`,
+		`observed.node_name.matches("^w[a-z]*$") || observed.node_labels.exists(k, observed.node_labels[k].matches("^[a-z]{0,8}b"))`,
+		`observed.node_labels.exists(k, observed.node_labels[k].matches("\\p{Greek}\\p{Greek}\\p{Greek}\\p{Greek}\\p{Greek}\\p{Greek}"))`,
 	} {
 		c, err := stoprule.Compile(e)
 		if err != nil {

@@ -280,6 +280,38 @@ func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tree.Node, 
 	return n, CheckRead(a, n)
 }
 
+// testable reports whether a may test the stored rule against n: an
+// operator any rule; an agent a rule in effect at n (attached to n or an
+// ancestor, or a selector rule matching n or an ancestor) or attached in
+// its own subtree, as ListStopRules shows it.
+func testable(tx store.ReadTxn, a Actor, rule *Rule, n *tree.Node) (bool, error) {
+	if !a.IsAgent() {
+		return true, nil
+	}
+	if rule.NodeID != "" {
+		if Applies(rule, n) {
+			return true, nil
+		}
+		at, err := tree.GetNodeIn(tx, rule.NodeID)
+		if errors.Is(err, tree.ErrNodeNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		return CheckRead(a, at) == nil, nil
+	}
+	ancestors := make([]*tree.Node, 0, len(n.Ancestors))
+	for _, id := range n.Ancestors {
+		anc, err := tree.GetNodeIn(tx, id)
+		if err != nil && !errors.Is(err, tree.ErrNodeNotFound) {
+			return false, err
+		}
+		ancestors = append(ancestors, anc)
+	}
+	return Applies(rule, n, ancestors...), nil
+}
+
 // TestResult is what Test answers.
 type TestResult struct {
 	Result
@@ -308,6 +340,16 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			if err := kv.Get(tx, ruleKey(ruleID), rule); err != nil {
 				if errors.Is(err, store.ErrNotFound) {
 					return fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
+				}
+				return err
+			}
+			if ok, err := testable(tx, a, rule, n); err != nil || !ok {
+				if err == nil {
+					// As for a rule that does not exist: an agent learns
+					// nothing of another tree's rules, not even that one
+					// exists (nor, by trying its own counters against it,
+					// its thresholds).
+					err = fmt.Errorf("%w: rule_id %s", ErrRuleNotFound, ruleID)
 				}
 				return err
 			}
