@@ -556,10 +556,32 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		p := &markPlan{from: t.Cursor, to: t.Cursor, listed: t.Counts.Listed}
 		roots := t.RootIDs()
 		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
+		lastBatch, kidsBefore := 0, 0
 		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
+			// As many parents as should fill the budget at the children
+			// per parent the walk has found so far (this chunk's, else
+			// the earlier chunks'), and an eighth more: the child lists
+			// are read together, and each one read but not walked is
+			// read again by the next chunk. At least an eighth of the
+			// budget, and twice the last batch after one that found no
+			// children, so that leaves cost a few requests, not one per
+			// handful.
+			batch := budget
+			need := budget - len(p.kids)
+			switch {
+			case expanded > 0 && len(p.kids) > 0:
+				batch = need * expanded / len(p.kids) * 9 / 8
+			case expanded == 0 && t.Cursor.Entry > 0 && t.Counts.Listed > len(roots):
+				batch = need * t.Cursor.Entry / (t.Counts.Listed - len(roots)) * 9 / 8
+			}
+			if lastBatch > 0 && len(p.kids) == kidsBefore {
+				batch = max(batch, 2*lastBatch)
+			}
+			batch = min(max(batch, budget/8, 1), budget)
+			lastBatch, kidsBefore = batch, len(p.kids)
 			var parents []string
 			if p.to.Entry < t.Counts.Listed {
-				entries, err := readEntries(tx, &t, p.to.Entry, budget)
+				entries, err := readEntries(tx, &t, p.to.Entry, batch)
 				if err != nil {
 					return err
 				}
@@ -568,7 +590,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 				}
 			} else {
 				off := p.to.Entry - t.Counts.Listed
-				parents = fresh[off:min(len(fresh), off+budget)]
+				parents = fresh[off:min(len(fresh), off+batch)]
 			}
 			if len(parents) == 0 {
 				break // (an index shorter than its count)
