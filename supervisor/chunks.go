@@ -557,6 +557,8 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		roots := t.RootIDs()
 		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
 		lastBatch, kidsBefore := 0, 0
+		var indexed []string // the nodes of the index's entries from indexFrom on
+		indexFrom := 0
 		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
 			// As many parents as should fill the budget at the children
 			// per parent the walk has found so far (this chunk's, else
@@ -581,13 +583,20 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 			lastBatch, kidsBefore = batch, len(p.kids)
 			var parents []string
 			if p.to.Entry < t.Counts.Listed {
-				entries, err := readEntries(tx, &t, p.to.Entry, batch)
-				if err != nil {
-					return err
+				// The index's entries are read a chunk's worth at a time
+				// (a pack is decoded whole), the batches taken from them.
+				if p.to.Entry < indexFrom || p.to.Entry >= indexFrom+len(indexed) {
+					entries, err := readEntries(tx, &t, p.to.Entry, budget)
+					if err != nil {
+						return err
+					}
+					indexFrom, indexed = p.to.Entry, indexed[:0]
+					for _, e := range entries {
+						indexed = append(indexed, e.Node)
+					}
 				}
-				for _, e := range entries {
-					parents = append(parents, e.Node)
-				}
+				off := p.to.Entry - indexFrom
+				parents = indexed[off:min(len(indexed), off+batch)]
 			} else {
 				off := p.to.Entry - t.Counts.Listed
 				parents = fresh[off:min(len(fresh), off+batch)]
