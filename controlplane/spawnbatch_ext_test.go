@@ -11,6 +11,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -112,9 +113,19 @@ func TestSpawnBatch(t *testing.T) {
 	assertNodeCount(t, admin, 4+burst)
 
 	// Once the worker is draining, no batch lands under it: not its own,
-	// not an operator's.
+	// not an operator's. (The request alone marks nothing: a batch before
+	// the mark is covered by the termination instead, so wait for it.)
 	refill()
 	terminate(t, admin, workerID, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the worker to be marked", func() bool {
+		var marked bool
+		err := srv.Store().View(ctx, func(tx store.ReadTxn) error {
+			n, err := tree.GetNodeIn(tx, workerID)
+			marked = err == nil && n.State != tree.NodeStateRunning
+			return err
+		})
+		return err == nil && marked
+	})
 	for _, c := range []*testserver.Clients{worker, admin} {
 		refill()
 		_, err = c.Agent.SpawnBatch(ctx, batchOf(workerID, "late-0", "late-1"))

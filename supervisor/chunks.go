@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 
@@ -28,11 +29,14 @@ import (
 // committed, a second reconciler) does nothing twice, and a restart resumes
 // after the last chunk that committed.
 //
-// The subtree index. The mark lists the subtree node by node under
-// terminations-nodes/<termination id>/<sequence>, in the order it finds the
-// nodes (breadth first, the roots first), each with what the termination
-// does with it (Reach) and the other termination involved, if any. The
-// index is the mark's work queue as well: entry k's children are listed,
+// The subtree index. The mark lists the subtree node by node, in the order
+// it finds the nodes (breadth first, the roots first), each entry with a
+// sequence number, what the termination does with the node (Reach) and the
+// other termination involved, if any. Each chunk stores its entries packed
+// (subtreePack): one key per pack of up to subtreePackEntries entries,
+// terminations-nodes/<termination id>/<sequence of the pack's last entry>,
+// not one key per node, so that the index costs a write per pack and its
+// readers a key per pack. The index is the mark's work queue as well: entry k's children are listed,
 // marked and appended after entry k-1's, and the cursor is the entry being
 // expanded and its last child listed. Later steps walk the index in order.
 // The stored termination keeps only the counts, so it stays small whatever
@@ -106,7 +110,7 @@ type Cursor struct {
 	Unaccounted int    `json:"unaccounted,omitempty"`
 }
 
-const prefixSubtree = "terminations-nodes/" // terminations-nodes/<termination id>/<sequence> → subtreeEntry (JSON)
+const prefixSubtree = "terminations-nodes/" // terminations-nodes/<termination id>/<sequence of the last entry> → []subtreeEntry (JSON), or one subtreeEntry (JSON) as stored before the packs
 
 func subtreePrefix(term string) []byte { return []byte(prefixSubtree + term + "/") }
 func subtreeKey(term string, seq int) []byte {
@@ -201,22 +205,100 @@ type subtreeEntry struct {
 
 func (e subtreeEntry) member() bool { return e.Reach == ReachMark || e.Reach == ReachTakeOver }
 
+// Packs of the subtree index. A pack holds consecutive entries, at most
+// subtreePackEntries of them and about subtreePackBytes of JSON, under the
+// sequence of its last entry: packs are written in sequence order and never
+// overlap, so a scan from the key of sequence k starts at the pack that
+// holds entry k. An entry never changes once the mark wrote it. An index
+// stored before the packs holds one entry per key, under its own sequence:
+// a pack of one, read the same way. Variables so tests can split packs.
+var (
+	subtreePackEntries = DefaultChunkSize
+	subtreePackBytes   = 256 << 10
+)
+
+// putSubtreeEntries stores entries, the index's entries from sequence
+// first on, in packs.
+func putSubtreeEntries(tx store.Txn, term string, first int, entries []subtreeEntry) error {
+	buf := []byte{'['}
+	n := 0
+	flush := func() error {
+		if n == 0 {
+			return nil
+		}
+		buf = append(buf, ']')
+		if err := tx.Put(subtreeKey(term, first+n-1), buf); err != nil {
+			return err
+		}
+		first += n
+		buf, n = []byte{'['}, 0
+		return nil
+	}
+	for _, e := range entries {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		if n == subtreePackEntries || n > 0 && len(buf)+len(b) > subtreePackBytes {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		if n > 0 {
+			buf = append(buf, ',')
+		}
+		buf = append(buf, b...)
+		n++
+	}
+	return flush()
+}
+
+// decodeSubtreePack decodes one key of the index: its entries and the
+// sequence of the first.
+func decodeSubtreePack(prefix, k, v []byte) (first int, entries []subtreeEntry, err error) {
+	last, err := strconv.Atoi(string(k[len(prefix):]))
+	if err != nil {
+		return 0, nil, fmt.Errorf("supervisor: malformed subtree index key %q", k)
+	}
+	if len(v) > 0 && v[0] == '[' {
+		err = json.Unmarshal(v, &entries)
+	} else {
+		entries = make([]subtreeEntry, 1)
+		err = json.Unmarshal(v, &entries[0])
+	}
+	if err == nil && len(entries) == 0 {
+		err = errors.New("an empty pack")
+	}
+	if err != nil {
+		return 0, nil, fmt.Errorf("supervisor: decode %s: %w", k, err)
+	}
+	return last - len(entries) + 1, entries, nil
+}
+
 // readEntries reads up to limit entries of t's index from sequence from
 // (no further than the index's length, Counts.Listed): the scan stops at
-// the last, so that a backend that reads in pages (etcd) asks for no
-// more than it must.
+// the pack that holds the last, so that a backend that reads in pages
+// (etcd) asks for no more than it must.
 func readEntries(tx store.ReadTxn, t *Termination, from, limit int) ([]subtreeEntry, error) {
 	limit = min(limit, t.Counts.Listed-from)
 	if limit <= 0 {
 		return nil, nil
 	}
 	out := make([]subtreeEntry, 0, limit)
-	err := tx.Scan(subtreePrefix(t.ID), subtreeKey(t.ID, from), func(k, v []byte) error {
-		var e subtreeEntry
-		if err := json.Unmarshal(v, &e); err != nil {
-			return fmt.Errorf("supervisor: decode %s: %w", k, err)
+	prefix := subtreePrefix(t.ID)
+	next := from
+	err := tx.Scan(prefix, subtreeKey(t.ID, from), func(k, v []byte) error {
+		first, entries, err := decodeSubtreePack(prefix, k, v)
+		if err != nil {
+			return err
 		}
-		out = append(out, e)
+		if first > next || first+len(entries) <= next {
+			return fmt.Errorf("supervisor: the subtree index of termination %s has no entry %d (key %s)", t.ID, next, k)
+		}
+		entries = entries[next-first:]
+		entries = entries[:min(len(entries), limit-len(out))]
+		out = append(out, entries...)
+		next += len(entries)
 		if len(out) == limit {
 			return store.ErrStopScan
 		}
@@ -335,6 +417,10 @@ type markChunk struct {
 	// calls are the open calls of the chunk's nodes, read together
 	// before the chunk discovers them (ledger.OpenCallsOf).
 	calls map[string][]*ledger.ToolCall
+	// entries are the entries the chunk lists, from sequence first on,
+	// stored packed when the chunk ends (putSubtreeEntries).
+	first   int
+	entries []subtreeEntry
 }
 
 // mark marks the next chunk of the subtree (the roots first, then the
@@ -365,7 +451,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		}
 		mode = t.Mode
 		t.Indexed = true // a request stored before the index is listed here too
-		c := &markChunk{tx: tx, now: now, t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}}
+		c := &markChunk{tx: tx, now: now, t: &t, others: map[string]*Termination{}, taken: map[string]map[string]bool{}, first: t.Counts.Listed}
 		if t.Cursor.Step != ActMark {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
@@ -404,6 +490,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				return fmt.Errorf("supervisor: the mark listed %d nodes of termination %s where its walk planned %d", t.Counts.Listed, id, plan.listed)
 			}
 			t.Cursor = plan.to
+		}
+		if err := putSubtreeEntries(tx, id, c.first, c.entries); err != nil {
+			return err
 		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
@@ -467,19 +556,50 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		p := &markPlan{from: t.Cursor, to: t.Cursor, listed: t.Counts.Listed}
 		roots := t.RootIDs()
 		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
+		lastBatch, kidsBefore := 0, 0
+		var indexed []string // the nodes of the index's entries from indexFrom on
+		indexFrom := 0
 		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
+			// As many parents as should fill the budget at the children
+			// per parent the walk has found so far (this chunk's, else
+			// the earlier chunks'), and an eighth more: the child lists
+			// are read together, and each one read but not walked is
+			// read again by the next chunk. At least an eighth of the
+			// budget, and twice the last batch after one that found no
+			// children, so that leaves cost a few requests, not one per
+			// handful.
+			batch := budget
+			need := budget - len(p.kids)
+			switch {
+			case expanded > 0 && len(p.kids) > 0:
+				batch = need * expanded / len(p.kids) * 9 / 8
+			case expanded == 0 && t.Cursor.Entry > 0 && t.Counts.Listed > len(roots):
+				batch = need * t.Cursor.Entry / (t.Counts.Listed - len(roots)) * 9 / 8
+			}
+			if lastBatch > 0 && len(p.kids) == kidsBefore {
+				batch = max(batch, 2*lastBatch)
+			}
+			batch = min(max(batch, budget/8, 1), budget)
+			lastBatch, kidsBefore = batch, len(p.kids)
 			var parents []string
 			if p.to.Entry < t.Counts.Listed {
-				entries, err := readEntries(tx, &t, p.to.Entry, budget)
-				if err != nil {
-					return err
+				// The index's entries are read a chunk's worth at a time
+				// (a pack is decoded whole), the batches taken from them.
+				if p.to.Entry < indexFrom || p.to.Entry >= indexFrom+len(indexed) {
+					entries, err := readEntries(tx, &t, p.to.Entry, budget)
+					if err != nil {
+						return err
+					}
+					indexFrom, indexed = p.to.Entry, indexed[:0]
+					for _, e := range entries {
+						indexed = append(indexed, e.Node)
+					}
 				}
-				for _, e := range entries {
-					parents = append(parents, e.Node)
-				}
+				off := p.to.Entry - indexFrom
+				parents = indexed[off:min(len(indexed), off+batch)]
 			} else {
 				off := p.to.Entry - t.Counts.Listed
-				parents = fresh[off:min(len(fresh), off+budget)]
+				parents = fresh[off:min(len(fresh), off+batch)]
 			}
 			if len(parents) == 0 {
 				break // (an index shorter than its count)
@@ -606,9 +726,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 		}
 		c.taken[owner.ID][n.NodeID] = true
 	}
-	if err := kv.PutJSON(tx, subtreeKey(t.ID, t.Counts.Listed), e); err != nil {
-		return err
-	}
+	c.entries = append(c.entries, e)
 	t.Counts.Listed++
 	if !e.member() {
 		return nil
@@ -1250,10 +1368,8 @@ func (s *Supervisor) index(ctx context.Context, id string) error {
 		for _, h := range t.Prior {
 			entries = append(entries, subtreeEntry{Node: h.NodeID, Reach: ReachPrior, Other: h.TerminationID, Record: h.RecordID})
 		}
-		for i, e := range entries {
-			if err := kv.PutJSON(tx, subtreeKey(id, i), e); err != nil {
-				return err
-			}
+		if err := putSubtreeEntries(tx, id, 0, entries); err != nil {
+			return err
 		}
 		t.Counts = Counts{Listed: len(entries), Members: len(t.Members), TakenOver: len(t.TakenOver), HandedOver: len(t.HandedOver), Prior: len(t.Prior)}
 		t.TookOverFrom, t.SupersededBy = handoffTerminations(t.TakenOver), handoffTerminations(t.HandedOver)

@@ -210,6 +210,18 @@ func TestATerminationLargerThanOneTransaction(t *testing.T) {
 	if parts < agents/DefaultChunkSize {
 		t.Fatalf("the record is stored in %d parts, want one per chunk at least (%d)", parts, agents/DefaultChunkSize)
 	}
+	// The subtree index is stored a pack per chunk of the mark (the roots'
+	// chunk, then chunks of up to DefaultChunkSize nodes), not a key per
+	// node.
+	keys := 0
+	if err := st.View(ctx, func(tx store.ReadTxn) error {
+		return tx.Scan(subtreePrefix(term.ID), nil, func(_, _ []byte) error { keys++; return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := 1 + (len(all)-1+DefaultChunkSize-1)/DefaultChunkSize; keys != want {
+		t.Fatalf("the subtree index of %d nodes takes %d keys, want %d (a pack per chunk)", len(all), keys, want)
+	}
 }
 
 // TestARogueSpawnerCannotOutrunAChunkedMark plays the agent that spawns as
@@ -389,6 +401,62 @@ func TestATakeOverAfterTheMarkIsSeenByTheStepsThatSkipTheNodes(t *testing.T) {
 	for _, m := range got {
 		if taken[m] {
 			t.Fatalf("node %s, taken over by the abort, is still listed as the drain's", m)
+		}
+	}
+}
+
+// TestTheSubtreeIndexReadsAcrossPacks reads an index whose first entries
+// are stored one a key (as before the packs) and the rest in packs of at
+// most three entries: every slice of it, from every entry and of every
+// length, is the entries in order, none twice or missing; and the packs
+// took a key each, not one per entry.
+func TestTheSubtreeIndexReadsAcrossPacks(t *testing.T) {
+	defer func(n int) { subtreePackEntries = n }(subtreePackEntries)
+	subtreePackEntries = 3
+	_, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 0)
+	ctx := context.Background()
+	term := &Termination{ID: "term_packs", Counts: Counts{Listed: 12}}
+	var all []subtreeEntry
+	for i := range term.Counts.Listed {
+		all = append(all, subtreeEntry{Node: fmt.Sprintf("node_%02d", i), Reach: ReachMark})
+	}
+	all[6].Reach, all[6].Other = ReachLeave, "term_other"
+	if err := st.Update(ctx, func(tx store.Txn) error {
+		for i, e := range all[:5] {
+			if err := kv.PutJSON(tx, subtreeKey(term.ID, i), e); err != nil {
+				return err
+			}
+		}
+		// Two chunks' worth of packs: 4 entries (a pack of 3, one of 1),
+		// then 3 (one pack).
+		if err := putSubtreeEntries(tx, term.ID, 5, all[5:9]); err != nil {
+			return err
+		}
+		return putSubtreeEntries(tx, term.ID, 9, all[9:])
+	}); err != nil {
+		t.Fatal(err)
+	}
+	keys := 0
+	if err := st.View(ctx, func(tx store.ReadTxn) error {
+		return tx.Scan(subtreePrefix(term.ID), nil, func(_, _ []byte) error { keys++; return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if keys != 5+3 {
+		t.Fatalf("the index takes %d keys, want 8 (5 entries one a key, 7 in 3 packs)", keys)
+	}
+	for from := range len(all) + 1 {
+		for limit := 1; limit <= len(all)+1; limit++ {
+			got, err := store.Read(ctx, st, func(tx store.ReadTxn) ([]subtreeEntry, error) {
+				return readEntries(tx, term, from, limit)
+			})
+			if err != nil {
+				t.Fatalf("from %d limit %d: %v", from, limit, err)
+			}
+			want := all[from:min(len(all), from+limit)]
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("from %d limit %d: read %v, want %v", from, limit, got, want)
+			}
 		}
 	}
 }
