@@ -193,13 +193,21 @@ class ToolGate(StreamFollower):
             call._active = False
             self._inflight.pop(call.call_id, None)
 
-    def _finish(self, call: GateCall, error: BaseException | None, *, stopped: bool = False) -> None:
+    def _finish(self, call: GateCall, error: BaseException | None, *, stopped: bool = False, ack_if_ordered: bool = False) -> None:
         """Reports how the call ended (the tool has returned by now): the
         acknowledgement if the cancel order stopped it, otherwise the end,
-        completed or failed with ``error``."""
-        if stopped:
-            self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
-            return
+        completed or failed with ``error``. With ``ack_if_ordered`` (the tool
+        left with a cancellation that did not come from an order the gate
+        heard, e.g. the agent's run cancelled on its own abort signal, which
+        can come first) it acknowledges if the control plane has ordered the
+        cancel, and otherwise reports the call failed."""
+        if stopped or ack_if_ordered:
+            try:
+                self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
+                return
+            except ConnectError as e:
+                if not ack_if_ordered or e.code != FAILED_PRECONDITION:
+                    raise
         req: dict[str, Any] = {"callId": call.call_id, "gateId": self.gate_id}
         if error is not None:
             req["failed"] = True
@@ -305,7 +313,9 @@ class _GatedBlock:
             # ToolCallCancelled instead.
             task.uncancel()
         stopped = _stopped_by_cancel(call, exc)
-        await asyncio.shield(asyncio.to_thread(functools.partial(self.gate._finish, call, None if stopped else exc, stopped=stopped)))
+        cancelled_elsewhere = not stopped and isinstance(exc, asyncio.CancelledError)
+        await asyncio.shield(asyncio.to_thread(functools.partial(
+            self.gate._finish, call, None if stopped else exc, stopped=stopped, ack_if_ordered=cancelled_elsewhere)))
         if stopped and not isinstance(exc, ToolCallCancelled):
             raise ToolCallCancelled(call.call_id, call.reason) from None
         return False
