@@ -19,7 +19,10 @@
 //   - ToolGate wraps a tool handler (a Go function or net/http middleware):
 //     it has the control plane verify the caller's capability token and
 //     record the call, cancels the handler's context when a cancel order
-//     arrives, and acknowledges the cancel only after the handler returned.
+//     arrives, and acknowledges the cancel only after the handler returned,
+//     and only if the cancel stopped it (it returned the context's error);
+//     a handler that returned nil or its own error after the order is
+//     recorded completed or failed.
 //     It authenticates with a tool-server token (tether token create
 //     --tool-server NAME), never with an agent's credential: what a call's
 //     end or cancel acknowledgement says must not come from the agent.

@@ -21,8 +21,11 @@ const CapabilityHeader = "X-Tether-Capability"
 // ToolGate stands in front of tools. For each call it has the control plane
 // verify the capability token and the caller's node state and record the
 // call; it runs the handler under a context that a cancel order from the
-// control plane cancels; and it reports the end — or, after a cancel, the
-// cancel acknowledgement, sent only once the handler has returned.
+// control plane cancels; and once the handler has returned it reports what
+// the handler did: the cancel acknowledgement only when the handler stopped
+// because of the cancel (it returned the context's error, context.Canceled
+// or ErrCancelled), otherwise the end, completed (it returned nil, even
+// after the order) or failed (its own error).
 //
 // A gate is the tool layer, not the agent: it authenticates with a
 // tool-server token (`tether token create --tool-server NAME`, or
@@ -113,7 +116,10 @@ func (g *ToolGate) cancel(callID string) {
 // plane's refusal (permission_denied for a bad or revoked token,
 // failed_precondition while the node drains) without running the handler.
 // A call whose ctx ends while the control plane begins it is recorded as
-// failed, also without running the handler.
+// failed, also without running the handler. After a cancel order, a handler
+// that stops returns ctx's error (and Call returns ErrCancelled once the
+// cancel is acknowledged); a handler that returns nil or its own error is
+// recorded completed or failed, and Call returns what it returned.
 // The token must allow the scope "tool:" + tool.
 func (g *ToolGate) Call(ctx context.Context, token, tool string, handler func(ctx context.Context) error) error {
 	return g.CallScoped(ctx, token, tool, "", handler)
@@ -161,11 +167,15 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	// must hear how the call ended.
 	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer rcancel()
-	if errors.Is(context.Cause(hctx), ErrCancelled) {
+	// Only a handler the cancel order stopped acknowledges it. One that
+	// returned a result after the order ran to its end (its side effect
+	// happened), and one that failed on its own account failed: the ledger
+	// records them as such, never as cancelled.
+	if errors.Is(context.Cause(hctx), ErrCancelled) && (errors.Is(herr, context.Canceled) || errors.Is(herr, ErrCancelled)) {
 		if _, err := g.conn.Tool.CancelAck(rctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: callID, GateId: g.ID})); err != nil {
 			return errors.Join(herr, err)
 		}
-		if herr == nil {
+		if !errors.Is(herr, ErrCancelled) {
 			herr = ErrCancelled
 		}
 		return herr
@@ -187,6 +197,8 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 // X-Tether-Capability header (or "Authorization: Capability <token>"). A
 // refused call answers 403 (bad or revoked token), 409 (node stopping) or
 // 401 (no token); a cancelled call answers 499 if the handler wrote nothing.
+// A handler that wrote its answer is recorded completed, even after a cancel
+// order: the gate cannot tell what it did before it answered.
 func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := r.Header.Get(CapabilityHeader)
@@ -202,6 +214,10 @@ func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 		rw := &trackingWriter{ResponseWriter: w}
 		err := g.Call(r.Context(), token, tool, func(ctx context.Context) error {
 			next.ServeHTTP(rw, r.WithContext(ctx))
+			if rw.wrote {
+				// It answered: whatever it did happened, even after a cancel.
+				return nil
+			}
 			return ctx.Err()
 		})
 		if rw.wrote || err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/internal/embedded"
+	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -150,4 +152,134 @@ func startEmbedded(t *testing.T) *embedded.Server {
 	}
 	t.Cleanup(func() { srv.Stop(); os.RemoveAll(dir) })
 	return srv
+}
+
+// A rogue tool (or the agent behind it) would like a call whose side
+// effect happened recorded as cancelled. After the cancel order reaches a
+// call, the gate reports what the handler did: a handler that returned a
+// result is recorded completed, one that returned its own error failed, and
+// only one that stopped because of the cancellation (its context's error)
+// is acknowledged. Through the real server, in abort mode: every call is
+// settled once its report lands, so the abort does not wait out its hour of
+// acknowledgement timeout. Before, the gate sent CancelAck for all three,
+// and the record said cancelled_acked for calls that ran to the end.
+func TestToolGateAfterACancelReportsWhatTheHandlerDid(t *testing.T) {
+	ctx := context.Background()
+	w := startShellWorld(t)
+	operator, agent := w.operator, w.agent
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(operator.HTTP)), "shell-gate")
+	t.Cleanup(gate.Close)
+	<-gate.Ready()
+
+	toolErr := errors.New("disk full")
+	handlers := map[string]func(ctx context.Context) error{
+		"completed": func(ctx context.Context) error { <-ctx.Done(); return nil },
+		"failed":    func(ctx context.Context) error { <-ctx.Done(); return toolErr },
+		"stopped":   func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() },
+	}
+	type outcome struct {
+		name string
+		err  error
+	}
+	started := make(chan string, len(handlers)+1)
+	done := make(chan outcome, len(handlers)+1)
+	for name, h := range handlers {
+		go func() {
+			err := gate.Call(ctx, w.rootToken, "shell", func(ctx context.Context) error {
+				started <- name
+				return h(ctx)
+			})
+			done <- outcome{name, err}
+		}()
+	}
+	// An HTTP tool that writes its answer after the order: completed.
+	recorder := httptest.NewRecorder()
+	httpReq := httptest.NewRequest("POST", "/shell", nil).WithContext(ctx)
+	httpReq.Header.Set(agentsdk.CapabilityHeader, w.rootToken)
+	go func() {
+		gate.Middleware("shell", http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+			started <- "http"
+			<-r.Context().Done()
+			rw.Write([]byte("written anyway"))
+		})).ServeHTTP(recorder, httpReq)
+		done <- outcome{"http", nil}
+	}()
+	for range len(handlers) + 1 {
+		<-started
+	}
+
+	term, err := operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: agent.NodeID(), Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range len(handlers) + 1 {
+		o := <-done
+		switch o.name {
+		case "completed":
+			if o.err != nil {
+				t.Errorf("a call that completed after the order returned %v, want nil", o.err)
+			}
+		case "failed":
+			if o.err != toolErr {
+				t.Errorf("a call that failed after the order returned %v, want the tool's own error", o.err)
+			}
+		case "stopped":
+			if !errors.Is(o.err, agentsdk.ErrCancelled) {
+				t.Errorf("a call the cancel stopped returned %v, want ErrCancelled", o.err)
+			}
+		case "http":
+			if recorder.Body.String() != "written anyway" {
+				t.Errorf("the HTTP tool's answer: %q", recorder.Body.String())
+			}
+		}
+	}
+	id := term.Msg.Termination.TerminationId
+	state := func() tetherv1.TerminationState {
+		got, err := operator.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Msg.Termination.State
+	}
+	// Every call is settled: the abort moves on without its hour.
+	testserver.WaitFor(t, 20*time.Second, "the abort to reconcile", func() bool {
+		return state() == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING
+	})
+	if _, err := operator.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: agent.NodeID()})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the abort to terminate", func() bool {
+		return state() == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	got, err := operator.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := operator.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: got.Msg.Termination.RecordId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := map[tetherv1.CallResolution]int{}
+	for _, c := range rec.Msg.Record.ToolCalls {
+		count[c.Resolution]++
+		if c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
+			if c.AcknowledgedBy != "tool:shell-gate" {
+				t.Errorf("call %s acknowledged by %q, want tool:shell-gate", c.CallId, c.AcknowledgedBy)
+			}
+		} else if c.AcknowledgedBy != "" {
+			t.Errorf("call %s is %s but acknowledged by %q", c.CallId, c.Resolution, c.AcknowledgedBy)
+		}
+	}
+	want := map[tetherv1.CallResolution]int{
+		tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED:       2,
+		tetherv1.CallResolution_CALL_RESOLUTION_FAILED:          1,
+		tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED: 1,
+	}
+	if len(count) != len(want) || count[tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED] != 2 ||
+		count[tetherv1.CallResolution_CALL_RESOLUTION_FAILED] != 1 || count[tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED] != 1 {
+		t.Fatalf("record: %v, want %v", count, want)
+	}
 }

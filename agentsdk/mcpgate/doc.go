@@ -35,11 +35,13 @@
 // go on. When the control plane cancels a call (abort, or a drain window
 // that ran out), the gateway abandons the upstream request — the Go SDK
 // sends notifications/cancelled, on stdio and on Streamable HTTP — and only
-// after the upstream call has returned or been abandoned acknowledges the
-// cancel in the ledger. The agent gets CodeCancelled. MCP cancellation is
-// advisory: an upstream that ignores notifications/cancelled may go on
-// working; the ledger's acknowledgement says the gateway stopped waiting
-// for it and told it to stop. A gateway that dies mid-call acknowledges
+// after the upstream call has been abandoned acknowledges the cancel in the
+// ledger; the agent gets CodeCancelled. An upstream whose answer arrived
+// before the cancel took effect ran the call: the ledger records it
+// completed (or failed), never cancelled, and the agent gets the answer.
+// MCP cancellation is advisory: an upstream that ignores
+// notifications/cancelled may go on working; the ledger's acknowledgement
+// says the gateway stopped waiting for it and told it to stop. A gateway that dies mid-call acknowledges
 // nothing, and the record shows the call unresolved.
 //
 // # Sessions

@@ -375,10 +375,13 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
 			// When the control plane cancels ctx, the SDK abandons the call
 			// and sends notifications/cancelled upstream; CallScoped
-			// acknowledges the cancel only after this returns.
+			// acknowledges the cancel only after this returns, and only if
+			// the cancel stopped the call (the SDK returned ctx's error). An
+			// upstream that answered first ran the call: its answer is
+			// recorded (completed, or failed) and passed to the agent.
 			a := upstreamAnswer{ran: true}
 			a.result, a.err = session.CallTool(ctx, params)
-			a.cancelled = errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
+			a.cancelled = a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
 			switch {
 			case a.err != nil:
 				herr = a.err

@@ -2,7 +2,7 @@
 credential its parent (or an operator) obtained for it, follows its signals,
 and calls a gated tool with its capability token, one step at a time, until
 it is told to stop: on drain it finishes the step in hand; on abort the step
-is cancelled mid-call (the gate acknowledges it once the tool returned).
+is cancelled mid-call (the gate acknowledges it once the tool stopped).
 Then it confirms its exit.
 
     tether token create --tool-server py-example-gate > tool.token

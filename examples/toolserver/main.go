@@ -1,7 +1,8 @@
 // Command toolserver serves one tool, "echo", behind an agentsdk.ToolGate:
 // every call is verified and recorded by the control plane, and a cancel
 // order from a termination cancels the handler's context; the gate
-// acknowledges the cancel once the handler returned. The gate reports with
+// acknowledges the cancel once the handler stopped without answering (one
+// that writes its answer is recorded completed). The gate reports with
 // its own tool-server token, never an agent's credential: a call's end and
 // its cancel acknowledgement are evidence the agent must not be able to
 // write.

@@ -139,8 +139,11 @@ def test_abort_cancels_an_in_flight_sync_call(server, tree, gate):
         try:
             with tool_gate(gate, "search", token=grant.token) as call:
                 inside.set()
-                # A synchronous tool polls its call's event between steps.
+                # A synchronous tool polls its call's event between steps,
+                # and stops by raising (check()): a block that ends normally
+                # ran to its end, and is recorded completed.
                 result["observed"] = call.cancelled.wait(30)
+                call.check()
         except ToolCallCancelled as e:
             result["raised"] = e
 
@@ -152,6 +155,99 @@ def test_abort_cancels_an_in_flight_sync_call(server, tree, gate):
     assert result.get("observed") is True and isinstance(result.get("raised"), ToolCallCancelled)
     wait_for("the termination to finish", lambda: termination(tree.operator, term["terminationId"])["state"] == "TERMINATION_STATE_TERMINATED")
     assert [c["resolution"] for c in tool_calls(tree.operator, term["terminationId"])] == ["CALL_RESOLUTION_CANCELLED_ACKED"]
+
+
+def test_after_a_cancel_only_a_tool_the_cancel_stopped_is_acknowledged(server, tree, gate):
+    # The same probe as the Go and TypeScript gates' tests: a rogue tool
+    # would like a call whose side effect happened recorded as cancelled.
+    # After the order, a tool that returns its result is recorded completed
+    # (and its caller gets the result), one that raises its own error failed,
+    # and only one the cancellation stopped (CancelledError, or the call's
+    # ToolCallCancelled) is acknowledged. Every call is settled by its
+    # report: the abort does not wait out its minute of ack timeout.
+    child, grant = child_grant(tree, "worker")
+    started = {name: threading.Event() for name in ("completed", "failed", "stopped", "sync-completed", "sync-stopped")}
+    ids: dict[str, str] = {}
+
+    def gated_async(name: str, after: Callable[[], str]):
+        @tool_gate(gate, "search", token=grant.token)
+        async def tool() -> str:
+            ids[name] = current_call().call_id
+            started[name].set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                return after()
+            return "never"
+        return tool
+
+    def written() -> str:
+        return "written anyway"
+
+    def disk_full() -> str:
+        raise RuntimeError("disk full")
+
+    def stop() -> str:
+        raise asyncio.CancelledError()
+
+    def gated_sync(name: str, stops: bool) -> dict:
+        out: dict = {}
+
+        def run() -> None:
+            try:
+                with tool_gate(gate, "search", token=grant.token) as call:
+                    ids[name] = call.call_id
+                    started[name].set()
+                    call.cancelled.wait(30)
+                    if stops:
+                        call.check()
+                out["result"] = "returned"
+            except BaseException as e:  # noqa: BLE001 - the test reports what came out
+                out["result"] = e
+
+        out["thread"] = threading.Thread(target=run)
+        out["thread"].start()
+        return out
+
+    sync_completed = gated_sync("sync-completed", stops=False)
+    sync_stopped = gated_sync("sync-stopped", stops=True)
+
+    async def main():
+        tasks = {name: asyncio.ensure_future(gated_async(name, after)()) for name, after in
+                 (("completed", written), ("failed", disk_full), ("stopped", stop))}
+        for ev in started.values():
+            assert await asyncio.to_thread(ev.wait, 10)
+        term = await asyncio.to_thread(terminate, tree.operator, child.node_id, "abort", ack="60s", confirm="60s")
+        out = {}
+        for name, task in tasks.items():
+            try:
+                out[name] = await asyncio.wait_for(task, 30)
+            except BaseException as e:  # noqa: BLE001
+                out[name] = e
+        return term, out
+
+    term, out = asyncio.run(main())
+    for s in (sync_completed, sync_stopped):
+        s["thread"].join(30)
+    assert out["completed"] == "written anyway", out["completed"]
+    assert isinstance(out["failed"], RuntimeError) and str(out["failed"]) == "disk full", repr(out["failed"])
+    assert isinstance(out["stopped"], ToolCallCancelled), repr(out["stopped"])
+    assert sync_completed["result"] == "returned", repr(sync_completed["result"])
+    assert isinstance(sync_stopped["result"], ToolCallCancelled), repr(sync_stopped["result"])
+    # Settled without the ack timeout: the abort reconciles at once (the
+    # child never opened a session; its exit is confirmed below).
+    tid = term["terminationId"]
+    wait_for("the abort to reconcile", lambda: termination(tree.operator, tid)["state"] in ("TERMINATION_STATE_RECONCILING", "TERMINATION_STATE_TERMINATED"))
+    tree.operator.call("AgentService", "ConfirmExit", {"nodeId": child.node_id})
+    wait_for("the termination to finish", lambda: termination(tree.operator, tid)["state"] == "TERMINATION_STATE_TERMINATED")
+    by_id = {c["callId"]: c for c in tool_calls(tree.operator, tid)}
+    want = {"completed": "CALL_RESOLUTION_COMPLETED", "failed": "CALL_RESOLUTION_FAILED", "stopped": "CALL_RESOLUTION_CANCELLED_ACKED",
+            "sync-completed": "CALL_RESOLUTION_COMPLETED", "sync-stopped": "CALL_RESOLUTION_CANCELLED_ACKED"}
+    got = {name: by_id.get(ids[name], {}).get("resolution") for name in want}
+    assert got == want
+    for name, resolution in want.items():
+        acked_by = by_id[ids[name]].get("acknowledgedBy", "")
+        assert bool(acked_by) == (resolution == "CALL_RESOLUTION_CANCELLED_ACKED"), (name, acked_by)
 
 
 def test_a_gate_that_never_acknowledges_is_on_the_record(server, tree):

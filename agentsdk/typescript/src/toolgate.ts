@@ -47,9 +47,12 @@ export interface ToolGateOptions {
  * ToolGate stands in front of tools. For each call it has the control plane
  * verify the capability token and the caller's node state and record the
  * call (ToolService.BeginCall); it runs the tool function with an
- * AbortSignal that a cancel order from the control plane aborts; and it
- * reports the end (EndCall) or — after a cancel — the cancel
- * acknowledgement (CancelAck), sent only once the function has returned.
+ * AbortSignal that a cancel order from the control plane aborts; and once
+ * the function has settled it reports what the function did: the cancel
+ * acknowledgement (CancelAck) only when it stopped because of the cancel
+ * (rejected with the signal's reason or an AbortError), otherwise the end
+ * (EndCall): completed when it returned a result, even after the order,
+ * failed when it threw its own error.
  *
  * The gate authenticates as the tool server (its own token, never an
  * agent's credential): the ledger's evidence of a call comes from the tool
@@ -128,8 +131,10 @@ export class ToolGate {
    * refusal (a ConnectError: permission_denied for a bad or revoked token,
    * failed_precondition while the node drains) without running fn. When
    * the control plane cancels the call, fn's signal aborts with a
-   * {@link ToolCallCancelled}; the gate acknowledges the cancel once fn has
-   * settled and then rejects with that error (or fn's own).
+   * {@link ToolCallCancelled}: fn stops by rejecting with it (or an
+   * AbortError), and the gate acknowledges the cancel and rejects with it.
+   * An fn that returns a result or throws its own error after the order is
+   * recorded completed or failed, and the call resolves or rejects as fn did.
    */
   call<T>(token: TokenSource, tool: string, fn: (signal: AbortSignal) => Promise<T> | T, options: CallOptions = {}): Promise<T> {
     const call = this.#call(token, tool, fn, options);
@@ -169,10 +174,14 @@ export class ToolGate {
     // Report without the caller's signal: the ledger must hear how the call
     // ended even when the caller gave up.
     const report = { signal: AbortSignal.timeout(10_000) };
-    if (cancel.signal.aborted) {
+    // Only a function the cancel order stopped acknowledges it: one that
+    // returned a result after the order ran to its end (its side effect
+    // happened), and one that failed on its own account failed. The ledger
+    // records them as such, never as cancelled.
+    if (cancel.signal.aborted && failed && stoppedBy(failure, cancel.signal.reason)) {
       const acked = await this.conn.tool.cancelAck({ callId, gateId: this.id }, report);
       if (acked.call) this.#onRecorded?.(acked.call);
-      throw failed ? failure : cancel.signal.reason;
+      throw failure;
     }
     const ended = await this.conn.tool.endCall(
       { callId, gateId: this.id, failed, error: failed ? describe(failure) : "" },
@@ -195,6 +204,15 @@ export class ToolGate {
   ): (...args: A) => Promise<T> {
     return (...args: A) => this.call(token, tool, (signal) => fn(signal, ...args), options);
   }
+}
+
+/**
+ * Reports whether a tool function's rejection is the cancellation itself:
+ * the signal's reason (a {@link ToolCallCancelled}), or an AbortError (what
+ * fetch and other signal-aware APIs reject with).
+ */
+function stoppedBy(failure: unknown, reason: unknown): boolean {
+  return failure === reason || failure instanceof ToolCallCancelled || (failure instanceof Error && failure.name === "AbortError");
 }
 
 function describe(err: unknown): string {

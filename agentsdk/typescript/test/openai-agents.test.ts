@@ -125,7 +125,10 @@ describe("@openai/agents adapter", () => {
         await TestServer.aborted(signal);
         observed = signal.reason;
         finish();
-        return "partial";
+        // It stops: the framework passes the signal's reason on, and the
+        // gate acknowledges the cancel. (Returning a result here would be
+        // recorded completed: the gate cannot know it stopped.)
+        throw signal.reason;
       },
     });
     const crawler = new OpenAIAgent({

@@ -107,7 +107,7 @@ describe("ToolGate", () => {
       started();
       await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
       observed = signal.reason;
-      return "finished anyway";
+      throw signal.reason; // it stops
     });
     await running;
     const terminationId = await server.terminate(f.root.agent.nodeId, "abort");
@@ -121,6 +121,58 @@ describe("ToolGate", () => {
     assert.equal(entry?.gateId, "search-gate-abort");
     // The agent heard the abort on its session.
     assert.ok(f.child.signal.aborted && f.child.signal.reason instanceof StopSignalled);
+    await f.close();
+    await gate.close();
+  });
+  test("after a cancel order only a tool the cancel stopped is acknowledged: a result is recorded completed, its own error failed", async () => {
+    // The same probe as the Go and Python gates' tests: a rogue tool would
+    // like a call whose side effect happened recorded as cancelled.
+    const recorded: ToolCall[] = [];
+    const gate = await server.gate("search-gate-after-cancel", { onRecorded: (c) => recorded.push(c) });
+    const f = await family("finisher");
+    const ids = new Map<string, string>();
+    const starts: Promise<void>[] = [];
+    const run = (name: string, then: (signal: AbortSignal) => unknown) => {
+      let started!: () => void;
+      starts.push(new Promise<void>((resolve) => (started = resolve)));
+      return gate.call(f.grant.token, "search", async (signal) => {
+        started();
+        await TestServer.aborted(signal);
+        ids.set(name, (signal.reason as ToolCallCancelled).callId);
+        return then(signal);
+      });
+    };
+    const completed = run("completed", () => "written anyway");
+    const failed = run("failed", () => {
+      throw new Error("disk full");
+    });
+    const stopped = run("stopped", (signal) => {
+      throw signal.reason;
+    });
+    const domAbort = run("aborterror", () => {
+      throw new DOMException("The operation was aborted.", "AbortError");
+    });
+    await Promise.all(starts);
+    const terminationId = await server.terminate(f.root.agent.nodeId, "abort");
+    assert.equal(await completed, "written anyway", "a tool that returned its result after the order: its result");
+    await assert.rejects(failed, (err: unknown) => err instanceof Error && err.message === "disk full");
+    await assert.rejects(stopped, (err: unknown) => err instanceof ToolCallCancelled);
+    await assert.rejects(domAbort, (err: unknown) => err instanceof ToolCallCancelled || (err instanceof Error && err.name === "AbortError"));
+
+    const record = await server.record(terminationId);
+    const want: [string, CallResolution][] = [
+      ["completed", CallResolution.COMPLETED],
+      ["failed", CallResolution.FAILED],
+      ["stopped", CallResolution.CANCELLED_ACKED],
+      ["aborterror", CallResolution.CANCELLED_ACKED],
+    ];
+    for (const [name, resolution] of want) {
+      const entry = record.toolCalls.find((c) => c.callId === ids.get(name));
+      assert.equal(entry?.resolution, resolution, `${name}: record entry ${JSON.stringify(entry)}`);
+      assert.equal(entry?.acknowledgedBy !== "", resolution === CallResolution.CANCELLED_ACKED, `${name}: acknowledged by ${entry?.acknowledgedBy}`);
+    }
+    const failedEntry = recorded.find((c) => c.callId === ids.get("failed"));
+    assert.match(failedEntry?.error ?? "", /disk full/, "the failed call's error reached the ledger");
     await f.close();
     await gate.close();
   });

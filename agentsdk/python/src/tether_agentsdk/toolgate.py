@@ -100,10 +100,13 @@ class GateCall:
 class ToolGate(StreamFollower):
     """Stands in front of tools. For each call it has the control plane
     verify the capability token and the caller's node state and record the
-    call; it follows the gate's cancel orders, cancelling the call's
-    ``GateCall.cancelled`` event (and the asyncio task running it); and it
-    reports the end — or, after a cancel, the cancel acknowledgement, sent
-    only once the tool has returned.
+    call; it follows the gate's cancel orders, setting the call's
+    ``GateCall.cancelled`` event (and cancelling the asyncio task running
+    it); and once the tool has returned it reports what the tool did: the
+    cancel acknowledgement only when the cancellation stopped it (it left
+    with CancelledError, or ToolCallCancelled from ``check()``), otherwise
+    the end: completed when it returned, even after the order, failed when
+    it raised its own error.
 
     ``conn`` carries the tool server's own token (the gate reports as the
     tool layer, never as the agent whose call it gates); ``gate_id`` names
@@ -190,12 +193,21 @@ class ToolGate(StreamFollower):
             call._active = False
             self._inflight.pop(call.call_id, None)
 
-    def _finish(self, call: GateCall, error: BaseException | None) -> None:
-        """Reports how the call ended. After a cancel order: the
-        acknowledgement (the tool has returned by now)."""
-        if call.cancelled.is_set():
-            self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
-            return
+    def _finish(self, call: GateCall, error: BaseException | None, *, stopped: bool = False, ack_if_ordered: bool = False) -> None:
+        """Reports how the call ended (the tool has returned by now): the
+        acknowledgement if the cancel order stopped it, otherwise the end,
+        completed or failed with ``error``. With ``ack_if_ordered`` (the tool
+        left with a cancellation that did not come from an order the gate
+        heard, e.g. the agent's run cancelled on its own abort signal, which
+        can come first) it acknowledges if the control plane has ordered the
+        cancel, and otherwise reports the call failed."""
+        if stopped or ack_if_ordered:
+            try:
+                self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
+                return
+            except ConnectError as e:
+                if not ack_if_ordered or e.code != FAILED_PRECONDITION:
+                    raise
         req: dict[str, Any] = {"callId": call.call_id, "gateId": self.gate_id}
         if error is not None:
             req["failed"] = True
@@ -248,9 +260,9 @@ class _GatedBlock:
         if self._ctx_token is not None:
             _current.reset(self._ctx_token)
         self.gate._unregister(call)
-        self.gate._finish(call, None if isinstance(exc, ToolCallCancelled) else exc)
-        if call.cancelled.is_set() and not isinstance(exc, ToolCallCancelled):
-            # Whatever the tool returned or raised, its result is void.
+        stopped = _stopped_by_cancel(call, exc)
+        self.gate._finish(call, None if stopped else exc, stopped=stopped)
+        if stopped and not isinstance(exc, ToolCallCancelled):
             raise ToolCallCancelled(call.call_id, call.reason) from exc
         return False
 
@@ -294,18 +306,32 @@ class _GatedBlock:
         if self._ctx_token is not None:
             _current.reset(self._ctx_token)
         self.gate._unregister(call)
-        ours = call.cancelled.is_set()
         task = call._task
         if call._task_cancelled and task is not None and sys.version_info >= (3, 11):
             # The gate's own cancellation of the task: take it back (only
             # it: a cancellation from elsewhere stays) and raise
             # ToolCallCancelled instead.
             task.uncancel()
-        error = None if (ours or isinstance(exc, ToolCallCancelled)) else exc
-        await asyncio.shield(asyncio.to_thread(self.gate._finish, call, error))
-        if ours and not isinstance(exc, ToolCallCancelled):
+        stopped = _stopped_by_cancel(call, exc)
+        cancelled_elsewhere = not stopped and isinstance(exc, asyncio.CancelledError)
+        await asyncio.shield(asyncio.to_thread(functools.partial(
+            self.gate._finish, call, None if stopped else exc, stopped=stopped, ack_if_ordered=cancelled_elsewhere)))
+        if stopped and not isinstance(exc, ToolCallCancelled):
             raise ToolCallCancelled(call.call_id, call.reason) from None
         return False
+
+
+def _stopped_by_cancel(call: GateCall, exc: BaseException | None) -> bool:
+    """Whether the cancel order stopped the call: the tool left with the
+    cancellation (CancelledError, or this call's ToolCallCancelled) after the
+    order arrived. A tool that returned, or raised its own error, after the
+    order ran to its end or failed on its own account: the ledger records
+    that, never an acknowledgement."""
+    if not call.cancelled.is_set():
+        return False
+    if isinstance(exc, ToolCallCancelled):
+        return exc.call_id == call.call_id
+    return isinstance(exc, asyncio.CancelledError)
 
 
 def tool_gate(gate: ToolGate, tool: str, *, token: Token, required_scope: str = "") -> "_ToolGateSpec":
@@ -320,12 +346,17 @@ def tool_gate(gate: ToolGate, tool: str, *, token: Token, required_scope: str = 
     As a context manager, ``with`` or ``async with``::
 
         with tool_gate(gate, "search", token=tok) as call:
-            while not call.cancelled.is_set(): ...
+            for step in steps:
+                call.check()  # raises ToolCallCancelled once cancelled
+                ...
 
     A refused call raises ToolRefused without running the tool; a cancelled
-    one raises ToolCallCancelled after the tool returned and the cancel was
+    one raises ToolCallCancelled after the tool stopped and the cancel was
     acknowledged. An asyncio tool observes the cancellation as
-    CancelledError; a synchronous one through ``current_call()``.
+    CancelledError; a synchronous one through ``current_call()`` (and stops
+    by raising, with ``check()``). A tool that returns or raises its own
+    error after the cancel is recorded completed or failed, and its caller
+    gets what it returned or raised.
     """
     return _ToolGateSpec(gate, tool, token, required_scope)
 

@@ -11,7 +11,8 @@
 
 - Tools: ``tools()`` returns LangChain tools that run inside the gate (the
   call is recorded; refused while the subtree drains; on abort the tool's
-  task is cancelled and the cancel acknowledged once it returned). ToolNode
+  task is cancelled and the cancel acknowledged once it stopped; a tool that
+  returns anyway is recorded completed). ToolNode
   re-raises ToolRefused and ToolCallCancelled, so they end the run.
 - Sub-agents: ``sub_agent()`` is a child node, spawned when its subgraph is
   entered (or its first tool called), holding a grant delegated from the

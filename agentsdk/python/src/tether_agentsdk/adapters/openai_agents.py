@@ -10,7 +10,7 @@
 - Tools: every FunctionTool of an agent passed through ``agent()`` runs
   inside the gate (the call is recorded; refused while the subtree drains;
   on abort the tool's task is cancelled and the cancel acknowledged once it
-  returned). A refusal or cancellation fails the run with ToolRefused or
+  stopped; a tool that returns anyway is recorded completed). A refusal or cancellation fails the run with ToolRefused or
   ToolCallCancelled.
 - Sub-agents: ``handoff()`` and ``subagent()`` make the target agent a
   spawned child node (spawned when the handoff is taken) whose tools present
