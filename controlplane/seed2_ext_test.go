@@ -119,17 +119,17 @@ func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
 	w := newSeedWorld(t)
 	ctx := context.Background()
 	var calls []string
-	for range 3 {
+	for range 4 {
 		id, err := w.begin(w.gC.token)
 		if err != nil {
 			t.Fatal(err)
 		}
 		calls = append(calls, id)
 	}
-	inTime, atDeadline, afterMoving := calls[0], calls[1], calls[2]
+	inTime, atDeadline, afterMoving, endedLate := calls[0], calls[1], calls[2], calls[3]
 	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
 	testserver.WaitFor(t, 20*time.Second, "the abort's three cancel orders", func() bool {
-		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 3
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 4
 	})
 	ack := func(call string) error {
 		_, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
@@ -153,6 +153,11 @@ func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
 	// written yet.
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	refused(afterMoving, "once the termination went on to revoke")
+	// Nor does a report of the call's end dodge the mark.
+	_, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: endedLate, GateId: "gate-1", Failed: true, Error: "stopped late"}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancel_unacknowledged") {
+		t.Errorf("an EndCall after the deadline: %v; want failed_precondition saying the call is recorded cancel_unacknowledged", err)
+	}
 	w.clk.Advance(time.Hour)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)
@@ -160,6 +165,7 @@ func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
 		inTime:      tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED,
 		atDeadline:  tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
 		afterMoving: tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
+		endedLate:   tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
 	}
 	for _, c := range rec.ToolCalls {
 		if c.Resolution != want[c.CallId] {

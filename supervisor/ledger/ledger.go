@@ -22,7 +22,7 @@ var (
 	ErrTokenRejected = fault.New(fault.Denied, "supervisor: capability token rejected")
 	ErrNoCancelOrder = fault.New(fault.Precondition, "supervisor: no cancel order to acknowledge")
 	ErrCallClosed    = fault.New(fault.Precondition, "supervisor: call already closed")
-	ErrAckTooLate    = fault.New(fault.Precondition, "supervisor: the termination no longer waits for this acknowledgement")
+	ErrAckTooLate    = fault.New(fault.Precondition, "supervisor: the termination no longer waits for word of this call")
 )
 
 // TokenChecker verifies a capability token for a tool call: signature,
@@ -172,6 +172,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 // order, or let the tool finish, reports completed, and the side effect
 // happened), and the record says so; only CancelAck acknowledges a cancel.
 func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
+	if err := l.ackInTime(ctx, callID, gateID); err != nil {
+		return nil, err
+	}
 	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
 		c.EndedAt = now
 		c.EndedBy = by
@@ -248,7 +251,9 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 }
 
 // ackInTime refuses an acknowledgement the call's termination no longer
-// waits for (AckWindow). It reads before the acknowledgement's own
+// waits for (AckWindow), and a report of the end of such a call: past the
+// deadline the record says cancel_unacknowledged, and a late EndCall
+// would otherwise dodge that as well as a late CancelAck. It reads before the acknowledgement's own
 // transaction, so the termination, rewritten by each reconciler pass, is
 // not part of the commit's conflicts: the acknowledgement's time is taken
 // first, and a termination leaves aborting before its deadline only once
