@@ -238,7 +238,10 @@ func (a *agentService) GetNode(ctx context.Context, req *connect.Request[tetherv
 		return nil, toConnect(err)
 	}
 	if !canSee(p, n) {
-		return nil, denied("agent %s may read only its own subtree, not node_id %s", p.NodeID(), n.NodeID)
+		// Answered as a node that does not exist (the store's own
+		// not-found), so an agent cannot learn by its id whether a node
+		// outside its subtree exists.
+		return nil, toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, n.NodeID))
 	}
 	return connect.NewResponse(&tetherv1.GetNodeResponse{Node: wire.Node(n)}), nil
 }

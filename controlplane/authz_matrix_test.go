@@ -811,6 +811,17 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 }
 
+// concealed lists the reads by id that answer an agent refused the object
+// not_found, as for an id that names nothing, so that an agent cannot learn
+// whether another tree's object exists (policy refusals, before the object
+// is read, stay permission_denied).
+var concealed = map[string]bool{
+	tetherv1connect.AgentServiceGetNodeProcedure:               true,
+	tetherv1connect.CapabilityServiceGetGrantProcedure:         true,
+	tetherv1connect.SupervisorServiceGetTerminationProcedure:   true,
+	tetherv1connect.SupervisorServiceWatchTerminationProcedure: true,
+}
+
 // checkCell makes one caller's call in w and checks its verdict.
 func checkCell(t *testing.T, w *authzWorld, procedure string, c caller, want verdict) {
 	t.Helper()
@@ -824,6 +835,12 @@ func checkCell(t *testing.T, w *authzWorld, procedure string, c caller, want ver
 	case c == anonymous || c == expired:
 		if code != connect.CodeUnauthenticated {
 			t.Errorf("%s: %v, want unauthenticated", where, got.err)
+		}
+	case want == denied && concealed[procedure] && slices.Contains(everyAgent, c):
+		// An agent may not learn that the object exists: it is refused
+		// as if the id named nothing.
+		if code != connect.CodeNotFound {
+			t.Errorf("%s: %v, want not_found, as for an id that names nothing", where, got.err)
 		}
 	case want == denied:
 		if code != connect.CodePermissionDenied {

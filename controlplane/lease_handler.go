@@ -72,6 +72,7 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	m = signed(m, p.ID())
 	if _, isAck := m.(lease.Ack); isAck {
 		if err := h.takesWork(ctx, p.NodeID(), "acknowledge"); err != nil {
 			return nil, err
@@ -361,13 +362,14 @@ func (h *leaseService) coordinate(ctx context.Context, job string, build func(cu
 	}
 }
 
-// signed begins a coordinator message's reason with the principal that
-// sent it, so that the evidence row (and a resolution's terminal detail)
-// says who cancelled, reassigned or resolved the job: the coordinating
-// lineage includes agents, whose free text must not read as an operator's
-// word or as the control plane's own (the reasons it writes when a
-// termination finalises a lease begin with no principal). The signed
-// reason is cut to the message limit on a character boundary.
+// signed begins a coordinator message's reason, and a Complete's detail,
+// with the principal that sent it, so that the evidence row and the job's
+// terminal detail say who cancelled, reassigned, resolved or completed
+// the job: the coordinating lineage and the holder are agents, whose free
+// text must not read as an operator's word or as the control plane's own
+// (the reasons it writes when a termination finalises a lease begin with
+// no principal). The signed text is cut to the message limit on a
+// character boundary.
 func signed(m lease.Message, who string) lease.Message {
 	sign := func(reason string) string {
 		if reason == "" {
@@ -392,6 +394,9 @@ func signed(m lease.Message, who string) lease.Message {
 		return v
 	case lease.Resolve:
 		v.Reason = sign(v.Reason)
+		return v
+	case lease.Complete:
+		v.Detail = sign(v.Detail)
 		return v
 	}
 	return m
@@ -764,6 +769,7 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 		out.push(&tetherv1.ChannelResponse{CorrelationId: correlation, Error: connect.CodeInvalidArgument.String() + ": " + err.Error()})
 		return
 	}
+	m = signed(m, p.ID())
 	if _, isAck := m.(lease.Ack); isAck {
 		if err := h.takesWork(ctx, p.NodeID(), "acknowledge"); err != nil {
 			out.pushResult(correlation, coordinator.Result{}, err)

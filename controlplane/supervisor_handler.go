@@ -97,6 +97,14 @@ func canReadTermination(p auth.Principal, t supervisor.Termination) bool {
 	return !p.IsAgent() || t.RequestedBy == p.ID()
 }
 
+// noTermination answers an agent that asks for a termination it did not
+// request exactly as for one that does not exist (the store's own
+// not-found), so an agent cannot learn whether another tree's termination
+// exists by its id.
+func noTermination(id string) error {
+	return toConnect(fmt.Errorf("%w: termination_id %s", supervisor.ErrTerminationNotFound, id))
+}
+
 func (h *supervisorService) GetTermination(ctx context.Context, req *connect.Request[tetherv1.GetTerminationRequest]) (*connect.Response[tetherv1.GetTerminationResponse], error) {
 	p, err := principalOf(ctx)
 	if err != nil {
@@ -107,7 +115,7 @@ func (h *supervisorService) GetTermination(ctx context.Context, req *connect.Req
 		return nil, toConnect(err)
 	}
 	if !canReadTermination(p, t) {
-		return nil, denied("agent %s did not request termination_id %s", p.NodeID(), t.ID)
+		return nil, noTermination(t.ID)
 	}
 	return connect.NewResponse(&tetherv1.GetTerminationResponse{Termination: terminationToProto(t)}), nil
 }
@@ -120,7 +128,7 @@ func (h *supervisorService) WatchTermination(ctx context.Context, req *connect.R
 	first := true
 	err = h.s.supervisor.Watch(ctx, req.Msg.TerminationId, func(t supervisor.Termination) error {
 		if first && !canReadTermination(p, t) {
-			return denied("agent %s did not request termination_id %s", p.NodeID(), t.ID)
+			return noTermination(t.ID)
 		}
 		first = false
 		return stream.Send(&tetherv1.WatchTerminationResponse{Termination: terminationToProto(t)})

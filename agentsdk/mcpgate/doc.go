@@ -55,8 +55,10 @@
 //
 // Arguments, results (including isError results), structured content,
 // upstream JSON-RPC errors and progress notifications pass unchanged
-// (progress tokens are rewritten on the way up and restored on the way
-// down, so that agents sharing an upstream never see each other's).
+// (progress tokens are rewritten on the way up, to a random token per
+// call, and restored on the way down, so that agents sharing an upstream
+// never see each other's; progress from an upstream under a token the
+// gateway did not issue for a call to that upstream is dropped).
 // Resources, resource templates and prompts are refused explicitly
 // (CodeNotGated): they would bypass the ledger, and a read is as much a
 // tool call as a write. Sampling and elicitation requests from upstreams

@@ -2,6 +2,8 @@ package mcpgate
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -51,8 +52,7 @@ type Gateway struct {
 	upstreams map[string]*upstream // by name
 	routes    map[string]*route    // by the tool name agents see
 
-	progress     sync.Map // the gateway's progress token (string) → *progressRoute
-	nextProgress atomic.Uint64
+	progress sync.Map // the gateway's progress token (string) → *progressRoute
 
 	sessions   sessionCount // HTTP sessions by node (Handler sets the maximum)
 	stdioToken atomic.Pointer[TokenSource]
@@ -75,9 +75,19 @@ type route struct {
 }
 
 type progressRoute struct {
-	ctx     context.Context // the agent's request, so progress reaches its stream
-	session *mcp.ServerSession
-	token   any // the agent's own progress token
+	ctx      context.Context // the agent's request, so progress reaches its stream
+	session  *mcp.ServerSession
+	token    any                // the agent's own progress token
+	upstream *mcp.ClientSession // the only connection its progress may come from
+}
+
+// progressToken is a fresh progress token for one upstream call: 128
+// random bits, so that no upstream (nor agent) can guess the token of
+// another's call from its own.
+func progressToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "tether-" + hex.EncodeToString(b[:])
 }
 
 // New returns a gateway; Start connects it to its upstreams.
@@ -355,8 +365,8 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		params.Meta = maps.Clone(req.Params.Meta)
 	}
 	if pt := req.Params.GetProgressToken(); pt != nil {
-		ours := "tether-" + strconv.FormatUint(g.nextProgress.Add(1), 36)
-		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt})
+		ours := progressToken()
+		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt, upstream: session})
 		defer g.progress.Delete(ours)
 		params.SetProgressToken(ours)
 	}
@@ -440,7 +450,9 @@ type upstreamAnswer struct {
 var errToolError = errors.New("the tool returned an error result")
 
 // relayProgress hands an upstream's progress to the agent whose call it
-// belongs to, under the agent's own progress token.
+// belongs to, under the agent's own progress token. Progress under a token
+// the gateway did not issue for a call to that very upstream connection is
+// dropped: one upstream cannot speak to another's callers.
 func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 	key, ok := req.Params.ProgressToken.(string)
 	if !ok {
@@ -451,6 +463,10 @@ func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotification
 		return
 	}
 	pr := v.(*progressRoute)
+	if req.Session != pr.upstream {
+		g.log.Debug("mcpgate: dropped progress from an upstream the call did not go to")
+		return
+	}
 	p := *req.Params
 	p.ProgressToken = pr.token
 	if err := pr.session.NotifyProgress(pr.ctx, &p); err != nil {

@@ -387,7 +387,8 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 }
 
 // Get returns a grant in its effective state (see effective). Agents see
-// only grants held in their own subtree.
+// only grants held in their own subtree; another is capability.ErrUnknownGrant,
+// as a grant that does not exist.
 func (s *Service) Get(ctx context.Context, caller Caller, grantID string) (capability.Grant, error) {
 	if err := checkID(id.Grant, "grant_id", grantID); err != nil {
 		return capability.Grant{}, err
@@ -404,6 +405,12 @@ func (s *Service) Get(ctx context.Context, caller Caller, grantID string) (capab
 			return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
 		}
 		if err := s.visible(tx, caller, stored.HolderNodeID); err != nil {
+			if errors.Is(err, ErrNotVisible) {
+				// Answered as a grant that does not exist, so an agent
+				// cannot learn by its id whether a grant outside its
+				// subtree exists.
+				return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
+			}
 			return err
 		}
 		g = effective(stored, reads.grant, now)
