@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 
 from helpers import terminate, tool_calls, wait_for
-from tether_agentsdk import Conn, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
+from tether_agentsdk import ConnectError, Conn, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
 
 
 # The gate reports as the tool layer with a tool-server token of its own.
@@ -258,11 +258,15 @@ def test_a_gate_that_never_acknowledges_is_on_the_record(server, tree):
     assert rogue.ready.wait(10)
     child, grant = child_grant(tree, "worker")
     inside, release = threading.Event(), threading.Event()
+    late: list[ConnectError] = []
 
     def tool():
-        with tool_gate(rogue, "search", token=grant.token):
-            inside.set()
-            release.wait(60)
+        try:
+            with tool_gate(rogue, "search", token=grant.token):
+                inside.set()
+                release.wait(60)
+        except ConnectError as e:
+            late.append(e)
 
     t = threading.Thread(target=tool)
     t.start()
@@ -275,6 +279,9 @@ def test_a_gate_that_never_acknowledges_is_on_the_record(server, tree):
         release.set()
         t.join(30)
         rogue.close()
+    # The rogue's report of the call's end, once the record is written,
+    # is refused: it changes nothing on the record.
+    assert [e.code for e in late] == ["failed_precondition"], late
 
 
 def test_a_tool_error_with_a_lone_surrogate_still_ends_the_call(server, tree, gate):
