@@ -172,10 +172,10 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 // order, or let the tool finish, reports completed, and the side effect
 // happened), and the record says so; only CancelAck acknowledges a cancel.
 func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool, message string) (*ToolCall, error) {
-	if err := l.ackInTime(ctx, callID, gateID); err != nil {
-		return nil, err
-	}
-	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
+	// An end of a call with a cancel order is judged in the transaction
+	// (finish's lateness check): rare, and not worth a read before every
+	// EndCall, the hot path of every tool call.
+	return l.finish(ctx, callID, gateID, by, true, func(c *ToolCall, now time.Time) error {
 		c.EndedAt = now
 		c.EndedBy = by
 		switch {
@@ -237,7 +237,7 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	if err := l.ackInTime(ctx, callID, gateID); err != nil {
 		return nil, err
 	}
-	return l.finish(ctx, callID, gateID, by, func(c *ToolCall, now time.Time) error {
+	return l.finish(ctx, callID, gateID, by, false, func(c *ToolCall, now time.Time) error {
 		if c.State != CallStateCancelRequested {
 			return fmt.Errorf("%w: call_id %s was not asked to cancel (no termination ordered it); report how it ended with EndCall", ErrNoCancelOrder, callID)
 		}
@@ -251,9 +251,8 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 }
 
 // ackInTime refuses an acknowledgement the call's termination no longer
-// waits for (AckWindow), and a report of the end of such a call: past the
-// deadline the record says cancel_unacknowledged, and a late EndCall
-// would otherwise dodge that as well as a late CancelAck. It reads before the acknowledgement's own
+// waits for (AckWindow): past the deadline the record says
+// cancel_unacknowledged. It reads before the acknowledgement's own
 // transaction, so the termination, rewritten by each reconciler pass, is
 // not part of the commit's conflicts: the acknowledgement's time is taken
 // first, and a termination leaves aborting before its deadline only once
@@ -277,7 +276,11 @@ func (l *Ledger) ackInTime(ctx context.Context, callID, gateID string) error {
 	})
 }
 
-func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
+// finish ends a call with apply. lateEnd: an end reported after the
+// call's termination stopped waiting for word of it (AckWindow) is refused
+// — it would dodge the cancel_unacknowledged mark as a late CancelAck
+// would; read in the transaction, for the few calls with a cancel order.
+func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd bool, apply func(*ToolCall, time.Time) error) (*ToolCall, error) {
 	if err := id.Check(id.Call, "call_id", callID); err != nil {
 		return nil, fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
@@ -302,6 +305,11 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, apply fu
 			}
 			out = c
 			return nil
+		}
+		if lateEnd && l.AckWindow != nil && c.State == CallStateCancelRequested && c.TerminationID != "" {
+			if err := l.AckWindow(tx, c.TerminationID, now); err != nil {
+				return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
+			}
 		}
 		var before *ToolCall
 		if l.Observer != nil {
