@@ -2,14 +2,20 @@ package controlplane_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // Restart probes: what the control plane acknowledged before a restart on
@@ -137,5 +143,114 @@ func TestRestartKeepsAReassignedLeasesGenerationAndFencesTheFormerHolder(t *test
 	wantDecision(t, "the new holder's acknowledgement", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
 	if got := w.get(t, job); got.LeaseGeneration != moved.LeaseGeneration {
 		t.Fatalf("generation moved to %d", got.LeaseGeneration)
+	}
+}
+
+// TestRestartInTheSecondBatchResumesItAndLeavesTheFirstAlone: a rollout
+// restarted while its second batch drains carries on with that batch —
+// the same termination, not a new one — and does not start over from
+// batch 0 or drain the first batch's (already replaced) agents again.
+func TestRestartInTheSecondBatchResumesItAndLeavesTheFirstAlone(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	for i := range 4 {
+		registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"})
+	}
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 2,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start batch 0", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	for _, n := range r.Batches[0].NodeIds {
+		launcherConfirmsExit(t, admin, n)
+		reportReady(t, admin, registerLabelled(t, admin, "v2", map[string]string{"version": "v2"}).Node.NodeId)
+	}
+	r = waitRollout(t, srv, r.RolloutId, "to start batch 1", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 2 })
+	before := r
+	srv.Stop()
+
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin = srv.AdminClients()
+	r = waitRollout(t, srv, r.RolloutId, "to be read back", func(r *tetherv1.Rollout) bool { return len(r.Batches) >= 2 })
+	for _, n := range r.Batches[1].NodeIds {
+		launcherConfirmsExit(t, admin, n)
+		reportReady(t, admin, registerLabelled(t, admin, "v2", map[string]string{"version": "v2"}).Node.NodeId)
+	}
+	r = waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
+	if len(r.Batches) != 2 || r.Batches[0].TerminationId != before.Batches[0].TerminationId || r.Batches[1].TerminationId != before.Batches[1].TerminationId {
+		t.Fatalf("after the restart the batches are %v, want the two from before it (%v)", r.Batches, before.Batches)
+	}
+	seen := map[string]bool{}
+	for _, b := range r.Batches {
+		for _, n := range b.NodeIds {
+			if seen[n] {
+				t.Fatalf("node %s drained in two batches", n)
+			}
+			seen[n] = true
+		}
+	}
+	recs, err := admin.Supervisor.ListRecords(context.Background(), connect.NewRequest(&tetherv1.ListRecordsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	perTermination := map[string]int{}
+	for _, rec := range recs.Msg.Records {
+		perTermination[rec.TerminationId]++
+	}
+	if len(perTermination) != 2 || perTermination[r.Batches[0].TerminationId] != 1 || perTermination[r.Batches[1].TerminationId] != 1 {
+		t.Fatalf("records per termination %v, want one for each of the two batches", perTermination)
+	}
+}
+
+// TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce: a rule whose policy
+// aborts at once fires, and the server stops right after the proposal and
+// its termination are written; restarted, that one termination runs to
+// its record, and the rule does not fire a second time.
+func TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	policy := withStopPolicy(supervisor.ProposalPolicy{RuleActions: []supervisor.RuleAction{{Labels: map[string]string{"kind": "runaway"}, Mode: supervisor.ModeAbort}}})
+	crashed := make(chan struct{})
+	var once sync.Once
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk), policy, func(cfg *controlplane.Config) {
+		cfg.StopRuleFault = func(p string) error {
+			if p != "after-file" {
+				return nil
+			}
+			once.Do(func() { close(crashed) })
+			return errors.New("crash")
+		}
+	})
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	grant := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "runaway", Labels: map[string]string{"kind": "runaway"}, Expression: `observed.calls >= 1`})
+	gateCall(t, srv, grant.token, "shell", false)
+	select {
+	case <-crashed:
+	case <-time.After(time.Minute): // a guard, not a synchronisation
+		t.Fatal("the rule never reached the after-file crash point")
+	}
+	srv.Stop()
+
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk), policy)
+	admin = srv.AdminClients()
+	p := waitRuleProposal(t, srv, rule.RuleId)
+	if p.TerminationId == "" {
+		t.Fatalf("proposal %v has no termination under an auto-abort policy", p)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the abort to terminate", func() bool {
+		clk.Advance(time.Minute)
+		return getTermination(t, admin, p.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	if got := ruleProposals(t, srv, rule.RuleId); len(got) != 1 {
+		t.Fatalf("the rule filed %d proposals across the restart, want one", len(got))
+	}
+	recs, err := admin.Supervisor.ListRecords(context.Background(), connect.NewRequest(&tetherv1.ListRecordsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs.Msg.Records) != 1 || recs.Msg.Records[0].TerminationId != p.TerminationId {
+		t.Fatalf("%d records, want the one of %s", len(recs.Msg.Records), p.TerminationId)
 	}
 }
