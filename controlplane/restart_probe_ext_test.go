@@ -254,3 +254,107 @@ func TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce(t *testing.T) {
 		t.Fatalf("%d records, want the one of %s", len(recs.Msg.Records), p.TerminationId)
 	}
 }
+
+// TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged: the real
+// binary is killed with SIGKILL right after acknowledged writes — two
+// tool calls a rule counts, a rule filed and left pending, a lease
+// reassigned to another worker, a proposal rejected. Restarted on the same
+// data directory, each one is there: the rule fires on the call that
+// crosses its threshold (the two before the kill counted), the pending
+// proposal is still pending and the rejected one rejected, the lease keeps
+// its generation and the former holder is fenced.
+func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	proc := testserver.StartProcess(t, dir)
+	admin := proc.Clients(proc.Admin)
+	call := func(p *testserver.Process, token string) {
+		t.Helper()
+		gate := p.Clients(p.ToolServerToken(t, "probe-gate"))
+		begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: "shell", GateId: "probe-gate"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: begun.Msg.Call.CallId, GateId: "probe-gate"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proposals := func(p *testserver.Process, ruleID string) []*tetherv1.StopProposal {
+		t.Helper()
+		resp, err := p.Clients(p.Admin).Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []*tetherv1.StopProposal
+		for _, pr := range resp.Msg.Proposals {
+			if pr.Rule.GetRuleId() == ruleID {
+				out = append(out, pr)
+			}
+		}
+		return out
+	}
+	rogue := register(t, admin, "rogue")
+	grant := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*")
+	counted := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "three-calls", Expression: `observed.calls >= 3`})
+	pending := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "one-call", Expression: `observed.calls >= 1`})
+	rejected := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "two-calls", Expression: `observed.calls >= 2`})
+	call(proc, grant.token)
+	call(proc, grant.token)
+	var toReject *tetherv1.StopProposal
+	testserver.WaitFor(t, 20*time.Second, "the one- and two-call rules to file", func() bool {
+		if got := proposals(proc, rejected.RuleId); len(got) == 1 {
+			toReject = got[0]
+		}
+		return toReject != nil && len(proposals(proc, pending.RuleId)) == 1
+	})
+	pendingID := proposals(proc, pending.RuleId)[0].ProposalId
+	if _, err := admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: toReject.ProposalId, Reason: "probe"})); err != nil {
+		t.Fatal(err)
+	}
+	planner := register(t, admin, "planner")
+	w1 := spawn(t, proc.Clients(planner.Credential), planner.Node.NodeId, "w1")
+	w2 := spawn(t, proc.Clients(planner.Credential), planner.Node.NodeId, "w2")
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: w1.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := unary{proc.Clients(w1.Credential)}.send(t, ack(offered.Msg.Lease))
+	moved, err := admin.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job", HolderIdentity: w2.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute), Reason: "probe"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc.Kill()
+
+	proc = testserver.StartProcess(t, dir)
+	admin = proc.Clients(proc.Admin)
+	if got := proposals(proc, counted.RuleId); len(got) != 0 {
+		t.Fatalf("the three-call rule filed after two calls: %v", got)
+	}
+	if got := proposals(proc, pending.RuleId); len(got) != 1 || got[0].ProposalId != pendingID || got[0].State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+		t.Fatalf("the pending proposal after kill -9: %v", got)
+	}
+	if got := proposals(proc, rejected.RuleId); len(got) != 1 || got[0].State != tetherv1.ProposalState_PROPOSAL_STATE_REJECTED {
+		t.Fatalf("the rejected proposal after kill -9: %v", got)
+	}
+	call(proc, grant.token)
+	var fired []*tetherv1.StopProposal
+	testserver.WaitFor(t, 20*time.Second, "the three-call rule to file on the third call", func() bool {
+		fired = proposals(proc, counted.RuleId)
+		return len(fired) > 0
+	})
+	if v := valueOf(fired[0].Rule.Values, "observed.calls"); len(fired) != 1 || v.GetValue() != "3" {
+		t.Fatalf("the three-call rule filed %v", fired)
+	}
+	l, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Msg.Lease.LeaseGeneration != moved.Msg.Lease.LeaseGeneration || l.Msg.Lease.HolderIdentity != w2.Node.NodeId {
+		t.Fatalf("the lease after kill -9: generation %d held by %s, want %d held by %s", l.Msg.Lease.LeaseGeneration, l.Msg.Lease.HolderIdentity, moved.Msg.Lease.LeaseGeneration, w2.Node.NodeId)
+	}
+	_, d := unary{proc.Clients(w1.Credential)}.send(t, renew(old, 1))
+	wantDecision(t, "the former holder's renew after kill -9", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+}
