@@ -258,11 +258,13 @@ func TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce(t *testing.T) {
 // TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged: the real
 // binary is killed with SIGKILL right after acknowledged writes — two
 // tool calls a rule counts, a rule filed and left pending, a lease
-// reassigned to another worker, a proposal rejected. Restarted on the same
+// reassigned to another worker, a proposal rejected, a grant revoked.
+// Restarted on the same
 // data directory, each one is there: the rule fires on the call that
 // crosses its threshold (the two before the kill counted), the pending
 // proposal is still pending and the rejected one rejected, the lease keeps
-// its generation and the former holder is fenced.
+// its generation and the former holder is fenced, and a verifier resuming
+// the revocation feed where it was gets the tombstone.
 func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the real binary")
@@ -326,6 +328,13 @@ func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) 
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Last before the kill: a grant revoked; a verifier following the feed
+	// had seen every tombstone before this one.
+	victim := issueRoot(t, admin, w1.Node.NodeId, time.Hour, "tool:*")
+	revoked, err := revokeGrant(admin, victim.grant.GrantId)
+	if err != nil {
+		t.Fatal(err)
+	}
 	proc.Kill()
 
 	proc = testserver.StartProcess(t, dir)
@@ -357,4 +366,26 @@ func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) 
 	}
 	_, d := unary{proc.Clients(w1.Credential)}.send(t, renew(old, 1))
 	wantDecision(t, "the former holder's renew after kill -9", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+
+	// The verifier resumes the feed where it was and gets the tombstone;
+	// a gate is refused the revoked token.
+	stream, err := admin.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{AfterSequence: revoked.Sequence - 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !stream.Receive() {
+		t.Fatal(stream.Err())
+	}
+	var seen bool
+	for _, ts := range stream.Msg().Tombstones {
+		seen = seen || (ts.GrantId == victim.grant.GrantId && ts.Sequence == revoked.Sequence)
+	}
+	stream.Close()
+	if !seen {
+		t.Fatalf("the feed resumed after %d lacks the tombstone of %s: %v", revoked.Sequence-1, victim.grant.GrantId, stream.Msg().Tombstones)
+	}
+	gate := proc.Clients(proc.ToolServerToken(t, "probe-gate"))
+	if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: victim.token, Tool: "shell", GateId: "probe-gate"})); err == nil {
+		t.Fatal("a call on the grant revoked before kill -9 was begun")
+	}
 }
