@@ -389,3 +389,45 @@ func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) 
 		t.Fatal("a call on the grant revoked before kill -9 was begun")
 	}
 }
+
+// TestRestartKeepsAnOperatorsPauseOfARollout: an operator pauses a rollout
+// while its first batch drains; restarted, the rollout is still paused:
+// the batch finishes (its agent exits, its replacement reports ready) and
+// the next batch does not start until the operator resumes.
+func TestRestartKeepsAnOperatorsPauseOfARollout(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	for i := range 2 {
+		registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"})
+	}
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start batch 0", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	if _, err := admin.Supervisor.PauseRollout(context.Background(), connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: r.RolloutId, Reason: "probe: hold"})); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin = srv.AdminClients()
+	if got := getRollout(t, admin, r.RolloutId); got.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED {
+		t.Fatalf("after the restart the paused rollout is %s (%s)", got.State, got.Reason)
+	}
+	launcherConfirmsExit(t, admin, r.Batches[0].NodeIds[0])
+	reportReady(t, admin, registerLabelled(t, admin, "b0", map[string]string{"version": "v2"}).Node.NodeId)
+	waitRollout(t, srv, r.RolloutId, "to finish batch 0", func(r *tetherv1.Rollout) bool {
+		return r.Batches[0].State == tetherv1.RolloutBatchState_ROLLOUT_BATCH_STATE_DONE
+	})
+	if got := getRollout(t, admin, r.RolloutId); len(got.Batches) != 1 || got.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED {
+		t.Fatalf("the paused rollout moved on after the restart: %d batches, %s", len(got.Batches), got.State)
+	}
+	if _, err := admin.Supervisor.ResumeRollout(context.Background(), connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: r.RolloutId})); err != nil {
+		t.Fatal(err)
+	}
+	r = waitRollout(t, srv, r.RolloutId, "to start batch 1", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 2 })
+	if r.Batches[1].NodeIds[0] == r.Batches[0].NodeIds[0] {
+		t.Fatalf("batch 1 drains batch 0's %s again", r.Batches[1].NodeIds[0])
+	}
+}
