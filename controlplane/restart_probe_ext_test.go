@@ -431,3 +431,44 @@ func TestRestartKeepsAnOperatorsPauseOfARollout(t *testing.T) {
 		t.Fatalf("batch 1 drains batch 0's %s again", r.Batches[1].NodeIds[0])
 	}
 }
+
+// TestRestartKeepsSpawnAndInFlightCounters: a rogue that spawned children
+// and holds calls open before a restart is still held to its rules after
+// it: a rule over observed.spawns and observed.subtree_size, and one over
+// observed.calls_in_flight, fire on the spawn and the call that cross
+// their thresholds after the restart, with what came before counted.
+func TestRestartKeepsSpawnAndInFlightCounters(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	grant := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	spawns := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "three-children", Expression: `observed.spawns >= 3 && observed.subtree_size >= 4`})
+	open := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "three-open", Expression: `observed.calls_in_flight >= 3`})
+	me := srv.Clients(root.Credential)
+	spawn(t, me, root.Node.NodeId, "c1")
+	spawn(t, me, root.Node.NodeId, "c2")
+	begin := func(srv *testserver.Server) {
+		t.Helper()
+		gate := srv.Clients(srv.ToolServerToken(t, "probe-gate"))
+		if _, err := gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "probe-gate"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	begin(srv)
+	begin(srv)
+	srv.Stop()
+
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "c3")
+	begin(srv)
+	p := waitRuleProposal(t, srv, spawns.RuleId)
+	if v, s := valueOf(p.Rule.Values, "observed.spawns"), valueOf(p.Rule.Values, "observed.subtree_size"); v.GetValue() != "3" || s.GetValue() != "4" {
+		t.Errorf("the spawn rule fired on %v, want spawns 3 and subtree_size 4", p.Rule.Values)
+	}
+	p = waitRuleProposal(t, srv, open.RuleId)
+	if v := valueOf(p.Rule.Values, "observed.calls_in_flight"); v.GetValue() != "3" {
+		t.Errorf("the in-flight rule fired on %v, want calls_in_flight 3", p.Rule.Values)
+	}
+}
