@@ -16,6 +16,7 @@ import (
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
 // Restart probes: what the control plane acknowledged before a restart on
@@ -471,4 +472,37 @@ func TestRestartKeepsSpawnAndInFlightCounters(t *testing.T) {
 	if v := valueOf(p.Rule.Values, "observed.calls_in_flight"); v.GetValue() != "3" {
 		t.Errorf("the in-flight rule fired on %v, want calls_in_flight 3", p.Rule.Values)
 	}
+}
+
+// TestRestartKeepsRulesOverLeasesAndTheClockTicking: rules read at each
+// tick (over leases held and the node's age) are still evaluated after a
+// restart, with nothing written since: a rogue that took a second lease
+// and outlived its age limit just before the restart, before any tick saw
+// it, is caught by the first ticks after it.
+func TestRestartKeepsRulesOverLeasesAndTheClockTicking(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	worker := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "worker")
+	leases := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: worker.Node.NodeId, Name: "lease-hoarder", Expression: `observed.leases_held >= 2`})
+	old := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: worker.Node.NodeId, Name: "too-old", Expression: `observed.age_seconds > 7200.0`})
+	for _, job := range []string{"job-a", "job-b"} {
+		if _, err := admin.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Stop()
+
+	clk.Advance(3 * time.Hour) // while the server is down
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	// The restarted evaluator arms its tick; one tick, and both rules are
+	// evaluated over what is stored.
+	tick := clk.Now().Add(stoprule.DefaultTick)
+	testserver.WaitFor(t, 20*time.Second, "the restarted evaluator to arm its tick", func() bool { return clk.Armed(tick) })
+	clk.Advance(stoprule.DefaultTick)
+	testserver.WaitFor(t, 20*time.Second, "the lease and age rules to fire after the restart", func() bool {
+		return len(ruleProposals(t, srv, leases.RuleId)) == 1 && len(ruleProposals(t, srv, old.RuleId)) == 1
+	})
 }
