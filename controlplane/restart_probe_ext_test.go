@@ -11,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
@@ -504,5 +505,42 @@ func TestRestartKeepsRulesOverLeasesAndTheClockTicking(t *testing.T) {
 	clk.Advance(stoprule.DefaultTick)
 	testserver.WaitFor(t, 20*time.Second, "the lease and age rules to fire after the restart", func() bool {
 		return len(ruleProposals(t, srv, leases.RuleId)) == 1 && len(ruleProposals(t, srv, old.RuleId)) == 1
+	})
+}
+
+// TestAVerifierFollowsTheFeedAcrossKill9: a verifier following the
+// revocation feed of the real binary, which is killed (SIGKILL) right
+// after acknowledging a revocation the verifier may not have heard of yet;
+// restarted on the same address and data directory, the verifier resumes
+// the feed and refuses the revoked grant, and still accepts a live one.
+func TestAVerifierFollowsTheFeedAcrossKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	ctx := context.Background()
+	dir, addr := t.TempDir(), testserver.FreeAddr(t)
+	proc := testserver.StartProcessOn(t, dir, addr)
+	admin := proc.Clients(proc.Admin)
+	holder := register(t, admin, "holder")
+	live := issueRoot(t, admin, holder.Node.NodeId, time.Hour, "tool:*")
+	victim := issueRoot(t, admin, holder.Node.NodeId, time.Hour, "tool:*")
+	verifier := startVerifier(t, proc.URL, proc.Admin, clock.Real{})
+	if _, err := verifier.Verify(ctx, victim.token); err != nil {
+		t.Fatalf("the grant before its revocation: %v", err)
+	}
+	if _, err := revokeGrant(admin, victim.grant.GrantId); err != nil {
+		t.Fatal(err)
+	}
+	proc.Kill()
+
+	proc = testserver.StartProcessOn(t, dir, addr)
+	var last error
+	testserver.WaitFor(t, 30*time.Second, "the verifier to hear of the revocation after the restart", func() bool {
+		_, last = verifier.Verify(ctx, victim.token)
+		return errors.Is(last, capability.ErrGrantRevoked)
+	})
+	testserver.WaitFor(t, 30*time.Second, "the verifier to accept the live grant", func() bool {
+		_, last = verifier.Verify(ctx, live.token)
+		return last == nil
 	})
 }
