@@ -484,6 +484,8 @@ func renewOnChannel(ctx context.Context, hc *http.Client, url, credential string
 // go on.
 func TestEtcdKill9MidCommitKeepsEveryAcknowledgedEvidenceRow(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	cluster := etcdtest.Start(t)

@@ -269,6 +269,8 @@ func TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce(t *testing.T) {
 // the revocation feed where it was gets the tombstone.
 func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	ctx := context.Background()
@@ -515,6 +517,8 @@ func TestRestartKeepsRulesOverLeasesAndTheClockTicking(t *testing.T) {
 // the feed and refuses the revoked grant, and still accepts a live one.
 func TestAVerifierFollowsTheFeedAcrossKill9(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	ctx := context.Background()

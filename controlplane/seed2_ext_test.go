@@ -883,6 +883,8 @@ func leaseColumns(l *tetherv1.Lease) *tetherv1.EvidenceRow {
 // one record says the call was cancelled and acknowledged by that gate.
 func TestSeed2ACancelOrderSurvivesKill9AndReachesTheGate(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)
