@@ -199,7 +199,7 @@ func (s *Service) followFeed(ctx context.Context) error {
 		if err := s.tombstones.Add(added...); err != nil {
 			return err
 		}
-		pruned := false
+		var pruned []uint64
 		for i, ev := range batch {
 			if ev.Revision <= revision {
 				continue
@@ -213,13 +213,17 @@ func (s *Service) followFeed(ctx context.Context) error {
 				s.feed.add(decoded[i])
 				s.published(ctx, decoded[i], ev.Trace)
 			case store.EventDelete:
-				s.feed.remove(seq)
-				pruned = true
+				pruned = append(pruned, seq)
 			}
 		}
 		now := s.cfg.Clock.Now()
-		if pruned {
+		if len(pruned) > 0 {
+			// The service's own set first: once the feed shows a
+			// compaction, no lookup here still finds what it dropped.
 			s.tombstones.Prune(now)
+			for _, seq := range pruned {
+				s.feed.remove(seq)
+			}
 		}
 		s.tombstones.MarkSynced(s.tombstones.Head(), now)
 	}
