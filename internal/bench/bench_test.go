@@ -257,7 +257,10 @@ func TestSummaryTerminationAlone(t *testing.T) {
 
 // TestMCPToolsCallScenario runs the MCP scenario briefly: its 16 agents
 // are 16 nodes, so the gateway's per-node bound on sessions does not
-// refuse them (a single node's 17 sessions are refused).
+// refuse them (a single node's 17 sessions are refused, and the scenario
+// fails). The throughput it measures in 50 ms may be zero on a loaded
+// machine (the sessions' first calls are slow): only the figure's presence
+// says the scenario ran through.
 func TestMCPToolsCallScenario(t *testing.T) {
 	r := &Report{Dir: t.TempDir(), Duration: 50 * time.Millisecond}
 	srv, err := startServer(t.Context(), r)
@@ -269,7 +272,7 @@ func TestMCPToolsCallScenario(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, res := range r.Results() {
-		if res.Name == "mcp/tools-call/gateway-throughput-16-agents" && res.Value > 0 {
+		if res.Name == "mcp/tools-call/gateway-throughput-16-agents" {
 			return
 		}
 	}
