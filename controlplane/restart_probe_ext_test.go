@@ -153,16 +153,7 @@ func TestRestartKeepsAReassignedLeasesGenerationAndFencesTheFormerHolder(t *test
 // the same termination, not a new one — and does not start over from
 // batch 0 or drain the first batch's (already replaced) agents again.
 func TestRestartInTheSecondBatchResumesItAndLeavesTheFirstAlone(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	dir := t.TempDir()
-	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
-	admin := srv.AdminClients()
-	for i := range 4 {
-		registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"})
-	}
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 2,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)})
-	r = waitRollout(t, srv, r.RolloutId, "to start batch 0", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	clk, dir, srv, admin, r := startV1Rollout(t, 4, 2)
 	for _, n := range r.Batches[0].NodeIds {
 		launcherConfirmsExit(t, admin, n)
 		reportReady(t, admin, registerLabelled(t, admin, "v2", map[string]string{"version": "v2"}).Node.NodeId)
@@ -399,16 +390,7 @@ func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) 
 // the batch finishes (its agent exits, its replacement reports ready) and
 // the next batch does not start until the operator resumes.
 func TestRestartKeepsAnOperatorsPauseOfARollout(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	dir := t.TempDir()
-	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
-	admin := srv.AdminClients()
-	for i := range 2 {
-		registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"})
-	}
-	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
-		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)})
-	r = waitRollout(t, srv, r.RolloutId, "to start batch 0", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	clk, dir, srv, admin, r := startV1Rollout(t, 2, 1)
 	if _, err := admin.Supervisor.PauseRollout(context.Background(), connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: r.RolloutId, Reason: "probe: hold"})); err != nil {
 		t.Fatal(err)
 	}
@@ -547,4 +529,22 @@ func TestAVerifierFollowsTheFeedAcrossKill9(t *testing.T) {
 		_, last = verifier.Verify(ctx, live.token)
 		return last == nil
 	})
+}
+
+// startV1Rollout starts, on a server it keeps the clock and data directory
+// of (to restart it), a rollout of agents agents labelled version=v1 to
+// version=v2 in batches of batch, and waits for its first batch.
+func startV1Rollout(t *testing.T, agents int, batch uint32) (*clock.Manual, string, *testserver.Server, *testserver.Clients, *tetherv1.Rollout) {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	for i := range agents {
+		registerLabelled(t, admin, fmt.Sprintf("a%d", i), map[string]string{"version": "v1"})
+	}
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: batch,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start batch 0", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	return clk, dir, srv, admin, r
 }
