@@ -2,12 +2,15 @@ package controlplane_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/testserver"
@@ -120,6 +123,321 @@ func TestSeed1ARestartGivesNoGraceToACancelledOrConflictedLease(t *testing.T) {
 		wantDecision(t, "the reconciliation of "+job, r.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
 		if !strings.HasPrefix(r.Msg.Lease.TerminalDetail, "agent:"+w.planner+": ") {
 			t.Fatalf("%s's terminal detail does not say who reconciled it: %q", job, r.Msg.Lease.TerminalDetail)
+		}
+	}
+}
+
+// Seed 000 §6, §10 and §11: a terminal result is bound to the active
+// generation, not to the worker. The job is reassigned to the same holder
+// (generation 2, which it ACKs and works on); everything it still sends
+// for generation 1 — SUCCESS and FAILED (the result of the run it lost),
+// a renew, progress, a cancel ack, the ACK — is stale: answered
+// STALE_GENERATION, kept as one evidence row each (the stale flag set,
+// the row naming generation 2 as the job's), and generation 2's
+// authority, sequences and progress are untouched; generation 2's own
+// result is then accepted.
+func TestSeed1AStaleGenerationsResultIsRefusedWhenItsHolderHoldsTheNext(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		w1 := via(w.w1C)
+		job := w.job()
+		l1, _ := w1.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+		w1.send(t, progress(l1, 1, "gen1 10%"))
+		l2, d := w1.send(t, ack(w.reassign(t, job, w.w1, time.Minute)))
+		wantDecision(t, "the ACK of generation 2", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+		w.clock.Advance(time.Second)
+		w1.send(t, renew(l2, 1))
+		l2, _ = w1.send(t, progress(l2, 1, "gen2 5%"))
+		for _, tc := range []struct {
+			what string
+			m    *tetherv1.ChannelRequest
+		}{
+			{"generation 1's SUCCESS", complete(l1, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS)},
+			{"generation 1's FAILED", complete(l1, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED)},
+			{"generation 1's renew", renew(l1, 7)},
+			{"generation 1's progress", progress(l1, 9, "gen1 100%")},
+			{"generation 1's cancel ack", cancelAck(l1)},
+			{"generation 1's ACK", ack(l1)},
+		} {
+			rows := len(w.evidence(t, job))
+			got, d := w1.send(t, tc.m)
+			wantDecision(t, tc.what, d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+			if a, b := authority(got), authority(l2); !proto.Equal(a, b) {
+				t.Fatalf("%s changed generation 2:\nbefore %v\nafter  %v", tc.what, b, a)
+			}
+			ev := w.evidence(t, job)
+			if last := ev[len(ev)-1]; len(ev) != rows+1 || !last.StaleGeneration || last.Generation != 2 || last.LeaseId != l2.LeaseId ||
+				last.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || last.ProgressValue != "gen2 5%" ||
+				!strings.Contains(last.Reason, "gen 1 lease "+strconv.Quote(l1.LeaseId)) {
+				t.Fatalf("%s: the evidence (%d rows, want %d) does not keep the stale attempt against generation 2: %v", tc.what, len(ev), rows+1, last)
+			}
+		}
+		if got := w.get(t, job); got.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || !got.StaleGeneration {
+			t.Fatalf("after generation 1's attempts: %v", got)
+		}
+		done, d := w1.send(t, complete(l2, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+		wantDecision(t, "generation 2's SUCCESS", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+		if done.LeaseGeneration != 2 || done.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS {
+			t.Fatalf("generation 2's result: %v", done)
+		}
+	})
+}
+
+// Seed 000 §9, §12 and §13, and the trust model: the holder's evidence —
+// its ACK, its progress, its cancel acknowledgement, its result — is only
+// ever the holder's. The planner that offered the job (its coordinator,
+// the holder's parent) tries to write each in the holder's place: an ACK
+// of the offer (HOLDER_MISMATCH: the offer stays unacknowledged), then,
+// once the holder works on it and a cancel is requested, a cancel ack,
+// progress and a CANCELLED result claiming the holder's generation
+// (OWNERSHIP_CONFLICT: none is applied, and the conflict halts the job).
+// An operator's worker messages are refused before the lease machine, as
+// is a resolution to SUCCESS. Each of the planner's rows names the planner
+// as the sender and none carries what it claimed. The holder's own cancel
+// ack is then accepted, and the planner's resolution is signed as its own.
+func TestSeed1ACoordinatorCannotWriteTheHoldersEvidence(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		ctx := context.Background()
+		holder, planner := via(w.w1C), via(w.plannerC)
+		job := w.job()
+		resp, err := w.plannerC.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.w1, LeaseDuration: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		offered := resp.Msg.Lease
+		from := "from " + strconv.Quote(w.planner)
+		plannerRow := func(what string, rows int) *tetherv1.EvidenceRow {
+			t.Helper()
+			ev := w.evidence(t, job)
+			last := ev[len(ev)-1]
+			if len(ev) != rows+1 || !strings.Contains(last.Reason, from) {
+				t.Fatalf("%s: %d rows, want %d, the last naming the planner as the sender: %v", what, len(ev), rows+1, last)
+			}
+			return last
+		}
+
+		rows := len(w.evidence(t, job))
+		_, d := planner.send(t, ack(offered))
+		wantDecision(t, "the planner's ACK of the holder's offer", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_HOLDER_MISMATCH)
+		if r := plannerRow("the planner's ACK", rows); r.AckState != tetherv1.AckState_ACK_STATE_PENDING {
+			t.Fatalf("the planner's ACK row: %v", r)
+		}
+		if got := w.get(t, job); got.State != tetherv1.LeaseState_LEASE_STATE_OFFERED || got.AckState != tetherv1.AckState_ACK_STATE_PENDING || got.ExpiresAt != nil {
+			t.Fatalf("the planner acknowledged the holder's offer: %v", got)
+		}
+
+		l, _ := holder.send(t, ack(offered))
+		l, _ = holder.send(t, progress(l, 1, "10%"))
+		if _, err := w.plannerC.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "budget"})); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			what string
+			m    *tetherv1.ChannelRequest
+		}{
+			{"the planner's cancel ack", cancelAck(l)},
+			{"the planner's progress", progress(l, 2, "forged 90%")},
+			{"the planner's CANCELLED", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED)},
+			{"the planner's FAILED", complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED)},
+		} {
+			rows := len(w.evidence(t, job))
+			_, d := planner.send(t, tc.m)
+			wantDecision(t, tc.what, d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT)
+			r := plannerRow(tc.what, rows)
+			if r.CancelAck || r.ProgressSequence != 1 || r.ProgressValue != "10%" || r.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED || !r.OwnershipConflict {
+				t.Fatalf("%s: the row carries what the planner claimed: %v", tc.what, r)
+			}
+		}
+		got := w.get(t, job)
+		if got.CancelAck || got.ProgressValue != "10%" || got.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || !got.OwnershipConflict || got.ConflictHolder != w.planner {
+			t.Fatalf("after the planner's claims: %v", got)
+		}
+
+		// An operator is no holder at all, and nobody declares success but
+		// the holder.
+		rows = len(w.evidence(t, job))
+		if _, err := w.admin.Lease.CancelAck(ctx, connect.NewRequest(cancelAck(l).GetCancelAck())); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("an operator's cancel ack: %v, want permission_denied", err)
+		}
+		if _, err := w.admin.Lease.Complete(ctx, connect.NewRequest(complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED).GetComplete())); connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Fatalf("an operator's completion: %v, want permission_denied", err)
+		}
+		for _, c := range []*testserver.Clients{w.admin, w.plannerC} {
+			if _, err := c.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, Reason: "it finished"})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+				t.Fatalf("a resolution to SUCCESS: %v, want invalid_argument", err)
+			}
+		}
+		if n := len(w.evidence(t, job)); n != rows {
+			t.Fatalf("refused requests wrote %d evidence rows", n-rows)
+		}
+
+		// The holder's own acknowledgement is its evidence; the planner's
+		// reconciliation is signed as the planner's.
+		acked, d := holder.send(t, cancelAck(l))
+		wantDecision(t, "the holder's cancel ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_ACKED)
+		if !acked.CancelAck {
+			t.Fatalf("the holder's cancel ack: %v", acked)
+		}
+		res, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "stopped"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantDecision(t, "the planner's resolution", res.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
+		if res.Msg.Lease.TerminalDetail != "agent:"+w.planner+": stopped" || res.Msg.Lease.OwnershipConflict {
+			t.Fatalf("the planner's resolution: %v", res.Msg.Lease)
+		}
+	})
+}
+
+// withSentAt dates a worker message on the worker's clock.
+func withSentAt(m *tetherv1.ChannelRequest, at time.Time) *tetherv1.ChannelRequest {
+	ts := timestamppb.New(at)
+	switch v := m.Message.(type) {
+	case *tetherv1.ChannelRequest_Ack:
+		v.Ack.SentAt = ts
+	case *tetherv1.ChannelRequest_Renew:
+		v.Renew.SentAt = ts
+	case *tetherv1.ChannelRequest_Progress:
+		v.Progress.SentAt = ts
+	case *tetherv1.ChannelRequest_CancelAck:
+		v.CancelAck.SentAt = ts
+	case *tetherv1.ChannelRequest_Complete:
+		v.Complete.SentAt = ts
+	}
+	return m
+}
+
+// Seed 000 §3, §4, §7 and §13: every time in the evidence matrix is the
+// coordinator's observation. A holder dates every message it sends a day
+// off, some ahead and some behind: the ACK, three renews, progress, the
+// cancel ack and the result. Each row's decision time is the coordinator's
+// clock when it judged the message, the renew time the receipt of the
+// accepted renew, the expiry one lease duration after the ACK or that
+// renew, the issue time and ACK deadline those of the offer; the worker's
+// dates appear only in the note that says they were ignored.
+func TestSeed1EveryTimeInTheMatrixIsTheCoordinators(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		ctx := context.Background()
+		holder := via(w.w1C)
+		job := w.job()
+		resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w.w1,
+			LeaseDuration: durationpb.New(time.Minute), AckTimeout: durationpb.New(7 * time.Second)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		offered := resp.Msg.Lease
+		issued := w.clock.Now()
+		if !offered.IssuedAt.AsTime().Equal(issued) || !offered.AckDeadline.AsTime().Equal(issued.Add(7*time.Second)) {
+			t.Fatalf("the offer: %v, want issued at %s with the ACK due 7s later", offered, issued)
+		}
+		if _, err := w.plannerC.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job})); err != nil {
+			t.Fatal(err)
+		}
+		day := 24 * time.Hour
+		var lastRenew time.Time
+		var l *tetherv1.Lease = offered
+		for i, tc := range []struct {
+			what  string
+			m     func(l *tetherv1.Lease) *tetherv1.ChannelRequest
+			renew bool
+			skew  time.Duration
+		}{
+			{"the ACK", func(l *tetherv1.Lease) *tetherv1.ChannelRequest { return ack(l) }, true, -day},
+			{"renew 1", func(l *tetherv1.Lease) *tetherv1.ChannelRequest { return renew(l, 1) }, true, day},
+			{"renew 2", func(l *tetherv1.Lease) *tetherv1.ChannelRequest { return renew(l, 2) }, true, -day},
+			{"progress", func(l *tetherv1.Lease) *tetherv1.ChannelRequest { return progress(l, 1, "1%") }, false, day},
+			{"renew 3", func(l *tetherv1.Lease) *tetherv1.ChannelRequest { return renew(l, 3) }, true, day},
+		} {
+			w.clock.Advance(time.Duration(i+1) * time.Second)
+			now := w.clock.Now()
+			got, d := holder.send(t, withSentAt(tc.m(l), now.Add(tc.skew)))
+			if d.Outcome != tetherv1.Outcome_OUTCOME_ACCEPTED {
+				t.Fatalf("%s: %v", tc.what, d)
+			}
+			l = got
+			if tc.renew {
+				lastRenew = now
+			}
+			ev := w.evidence(t, job)
+			r := ev[len(ev)-1]
+			sent := now.Add(tc.skew).UTC().Format(time.RFC3339Nano)
+			switch {
+			case !r.DecidedAt.AsTime().Equal(now):
+				t.Fatalf("%s was decided at %s by the row, at %s by the coordinator's clock", tc.what, r.DecidedAt.AsTime(), now)
+			case !r.ExpiresAt.AsTime().Equal(lastRenew.Add(time.Minute)):
+				t.Fatalf("%s: the row's expiry %s, want a minute after the last renewal's receipt %s", tc.what, r.ExpiresAt.AsTime(), lastRenew)
+			case r.RenewSequence > 0 && !r.RenewTime.AsTime().Equal(lastRenew):
+				t.Fatalf("%s: the row's renew time %s, want the receipt %s", tc.what, r.RenewTime.AsTime(), lastRenew)
+			case !r.IssuedAt.AsTime().Equal(issued) || !r.AckDeadline.AsTime().Equal(issued.Add(7*time.Second)):
+				t.Fatalf("%s: the row's issue time or ACK deadline moved: %v", tc.what, r)
+			case !strings.Contains(r.Reason, "sent_at "+sent) || !strings.Contains(r.Reason, "evidence only"):
+				t.Fatalf("%s: the row does not note the worker's date %s as ignored: %s", tc.what, sent, r.Reason)
+			}
+		}
+		// The cancel and the result, dated a day off, are decided at the
+		// coordinator's time too; the lease's own times say the same.
+		if _, err := w.plannerC.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "budget"})); err != nil {
+			t.Fatal(err)
+		}
+		w.clock.Advance(time.Second)
+		acked, _ := holder.send(t, withSentAt(cancelAck(l), w.clock.Now().Add(-day)))
+		if !acked.CancelAckedAt.AsTime().Equal(w.clock.Now()) {
+			t.Fatalf("the cancel ack is dated %s, the coordinator received it at %s", acked.CancelAckedAt.AsTime(), w.clock.Now())
+		}
+		w.clock.Advance(time.Second)
+		done, _ := holder.send(t, withSentAt(complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED), w.clock.Now().Add(day)))
+		if !done.TerminalAt.AsTime().Equal(w.clock.Now()) || !done.RenewTime.AsTime().Equal(lastRenew) || !done.AcquireTime.AsTime().Equal(epoch.Add(time.Second)) {
+			t.Fatalf("the finished lease's times are not the coordinator's: %v", done)
+		}
+	})
+}
+
+// Seed 000 §9 and §13 in a termination: when a termination reconciles the
+// leases its nodes held, the lease's terminal detail and the evidence row
+// of that reconciliation name who asked for the termination. The planner
+// (the holder's parent, an agent of the job's lineage) aborts the holder
+// with a reason written to read as an operator's; the reconciliation the
+// control plane wrote used to carry that text as "terminated: <reason>",
+// with no principal — the one reason an agent could still pass for the
+// control plane's or an operator's. It now reads "terminated by
+// agent:<planner>: <reason>", and an operator's termination names the
+// operator.
+func TestSeed1ATerminationsReconciliationNamesWhoTerminated(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	holder := unary{w.w1C}
+	la, _ := holder.send(t, ack(w.offer(t, w.job(), w.w1, 10*time.Minute)))
+	lb, _ := unary{w.w2C}.send(t, ack(w.offer(t, w.job(), w.w2, 10*time.Minute)))
+	who, err := w.admin.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := who.Msg.Principal + " aborted the subtree after an incident"
+	for _, tc := range []struct {
+		c    *testserver.Clients
+		node string
+		l    *tetherv1.Lease
+		by   string
+	}{
+		{w.plannerC, w.w1, la, "agent:" + w.planner},
+		{w.admin, w.w2, lb, who.Msg.Principal},
+	} {
+		resp, err := tc.c.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{NodeId: tc.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: forged,
+			CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		term := resp.Msg.Termination
+		waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+		w.clock.Advance(2 * time.Second)
+		waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+		want := "terminated by " + tc.by + ": " + forged
+		got := w.get(t, tc.l.JobId)
+		if got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED || !strings.HasSuffix(got.TerminalDetail, want) {
+			t.Fatalf("the lease after %s's termination: %s, detail %q; want UNRESOLVED with a detail ending %q", tc.by, got.TerminalResult, got.TerminalDetail, want)
+		}
+		ev := w.evidence(t, tc.l.JobId)
+		if last := ev[len(ev)-1]; last.Decision.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED || !strings.Contains(last.Reason, want) {
+			t.Fatalf("the reconciliation's evidence row does not name %s: %s", tc.by, last.Reason)
 		}
 	}
 }
