@@ -441,3 +441,61 @@ func TestSeed1ATerminationsReconciliationNamesWhoTerminated(t *testing.T) {
 		}
 	}
 }
+
+// Seed 000 §9 and §10 at a restart: an UNRESOLVED reconciliation is bounded
+// on the coordinator's clock, and a restart is no second chance. The
+// planner cancels its child's job and resolves it UNRESOLVED for two
+// minutes; the coordinator stops, and the bound falls while it is down.
+// Restarted, the job is FAILED as of the bound (not of the restart), with a
+// row that says the bound elapsed: the planner's CANCELLED arriving first
+// after the restart is refused DUPLICATE_TERMINAL, and so is the holder's;
+// the restart gave the bound no grace.
+func TestSeed1AnUnresolvedBoundThatFellDuringARestartClosesTheJobFailed(t *testing.T) {
+	dir := t.TempDir()
+	clk := clock.NewManual(epoch)
+	w := newLeaseWorldIn(t, dir, clk)
+	ctx := context.Background()
+	job := w.job()
+	l, _ := unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+	if _, err := w.plannerC.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "worker unreachable"})); err != nil {
+		t.Fatal(err)
+	}
+	r, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED,
+		UnresolvedBound: durationpb.New(2 * time.Minute), Reason: "cannot tell whether it stopped"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := r.Msg.Lease.UnresolvedUntil.AsTime()
+	clk.Advance(10 * time.Second)
+	w.srv.Stop()
+	clk.Set(bound.Add(time.Hour))
+	w.srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	w.admin, w.w1C, w.plannerC = w.srv.AdminClients(), w.srv.Clients(credentialOf(t, w.srv, w.w1)), w.srv.Clients(credentialOf(t, w.srv, w.planner))
+
+	late, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "it stopped after all"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantDecision(t, "the planner's CANCELLED after the bound fell during the downtime", late.Msg.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+	got := late.Msg.Lease
+	if got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_FAILED || !got.TerminalAt.AsTime().Equal(bound) {
+		t.Fatalf("after the restart: %s at %s, want FAILED at the bound %s", got.TerminalResult, got.TerminalAt.AsTime(), bound)
+	}
+	_, d := unary{w.w1C}.send(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED))
+	wantDecision(t, "the holder's CANCELLED after the restart", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+	ev := w.evidence(t, job)
+	var closing *tetherv1.EvidenceRow
+	for _, r := range ev {
+		if closing == nil && r.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED {
+			closing = r
+		}
+	}
+	if closing == nil || !strings.Contains(closing.Reason, "UNRESOLVED bound") || !strings.Contains(closing.Reason, "FAILED") {
+		t.Fatalf("no row says the bound elapsed and closed the job FAILED: %v", closing)
+	}
+	for _, r := range ev {
+		if r.Message == "recover" {
+			t.Fatalf("the restart extended the unresolved job: %v", r)
+		}
+	}
+}
