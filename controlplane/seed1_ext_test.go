@@ -499,3 +499,95 @@ func TestSeed1AnUnresolvedBoundThatFellDuringARestartClosesTheJobFailed(t *testi
 		}
 	}
 }
+
+// Seed 000 §9 and §15: on a stream that reorders, cancellation stays
+// authoritative whatever the arrival order. Two jobs of one holder are
+// cancelled while it is cut off; meanwhile it queued, for each, a renew,
+// two progress reports, a cancel ack, SUCCESS and CANCELLED. Reconnected,
+// it sends them in one Channel batch: in order for one job, reversed for
+// the other. Both jobs end the same: CANCELLED, progress where it stood
+// before the cancel (the queued reports late evidence), the renew refused
+// and the expiry unmoved, SUCCESS refused; every message answered and kept
+// as its own evidence row. Only the audit may differ (a cancel ack after
+// the result is refused).
+func TestSeed1AReorderedStreamCannotOutrunACancellation(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	holder := unary{w.w1C}
+	var jobs []*tetherv1.Lease
+	for range 2 {
+		l, _ := holder.send(t, ack(w.offer(t, w.job(), w.w1, time.Minute)))
+		holder.send(t, renew(l, 1))
+		l, _ = holder.send(t, progress(l, 1, "10%"))
+		jobs = append(jobs, l)
+	}
+	w.clock.Advance(time.Second)
+	for _, l := range jobs {
+		if _, err := w.plannerC.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: l.JobId, Reason: "budget"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := make([]int, len(jobs))
+	for i, l := range jobs {
+		rows[i] = len(w.evidence(t, l.JobId))
+	}
+	w.clock.Advance(time.Second)
+	queued := func(l *tetherv1.Lease) []*tetherv1.ChannelRequest {
+		return []*tetherv1.ChannelRequest{
+			renew(l, 2), progress(l, 2, "20%"), progress(l, 3, "30%"), cancelAck(l),
+			complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS), complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED),
+		}
+	}
+	var all []*tetherv1.ChannelRequest
+	all = append(all, queued(jobs[0])...)
+	reversed := queued(jobs[1])
+	for i := len(reversed) - 1; i >= 0; i-- {
+		all = append(all, reversed[i])
+	}
+	for i, m := range all {
+		m.CorrelationId = uint64(i + 1)
+	}
+	first := all[0]
+	first.Batch = all[1:]
+	stream := w.w1C.Lease.Channel(ctx)
+	defer func() { _ = stream.CloseRequest(); _ = stream.CloseResponse() }()
+	if err := stream.Send(first); err != nil {
+		t.Fatal(err)
+	}
+	got := map[uint64]*tetherv1.ChannelResponse{}
+	for len(got) < len(all) {
+		resp, err := stream.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range append([]*tetherv1.ChannelResponse{resp}, resp.Batch...) {
+			if a.Error != "" || a.Decision == nil || got[a.CorrelationId] != nil {
+				t.Fatalf("answer %d: %v", a.CorrelationId, a)
+			}
+			got[a.CorrelationId] = a
+		}
+	}
+	for i, l := range jobs {
+		after := w.get(t, l.JobId)
+		if after.State != tetherv1.LeaseState_LEASE_STATE_TERMINAL || after.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED ||
+			after.ProgressSequence != 1 || after.ProgressValue != "10%" || after.RenewSequence != 1 || !after.LateProgress ||
+			!after.ExpiresAt.AsTime().Equal(l.ExpiresAt.AsTime()) || !after.CancelRequested {
+			t.Fatalf("job %d (%s) after its queued messages: %v", i, []string{"in order", "reversed"}[i], after)
+		}
+		if n := len(w.evidence(t, l.JobId)); n != rows[i]+len(queued(l)) {
+			t.Fatalf("job %d: %d new evidence rows for %d messages", i, n-rows[i], len(queued(l)))
+		}
+	}
+	for i, m := range all {
+		a := got[uint64(i+1)]
+		if c := m.GetComplete(); c != nil && c.Result == tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS && a.Decision.Outcome != tetherv1.Outcome_OUTCOME_REJECTED {
+			t.Fatalf("SUCCESS after the cancel: %v", a.Decision)
+		}
+		if m.GetRenew() != nil && a.Decision.Outcome != tetherv1.Outcome_OUTCOME_REJECTED {
+			t.Fatalf("a renew after the cancel: %v", a.Decision)
+		}
+		if p := m.GetProgress(); p != nil && a.Decision.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS {
+			t.Fatalf("progress %d after the cancel: %v", p.ProgressSequence, a.Decision)
+		}
+	}
+}
