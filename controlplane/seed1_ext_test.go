@@ -591,3 +591,69 @@ func TestSeed1AReorderedStreamCannotOutrunACancellation(t *testing.T) {
 		}
 	}
 }
+
+// Seed 000 §10 in a rollout's record: SUCCESS and FAILED are different
+// ends, whoever writes the record. A rollout drains an agent whose
+// children hold four jobs — one completed SUCCESS, one FAILED, one still
+// running (handed over to the replacement) and one whose expiry passed
+// without a result. The batch's record lists each with how it ended and,
+// for the ones that ended, the terminal result its lease states; the
+// handed-over one has none. A rollout's record used to leave the result
+// out for every lease, so its FAILED job read like its successful one
+// (both COMPLETED), which a termination's record no longer does.
+func TestSeed1ARolloutsRecordSaysHowEachJobEnded(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	p := registerLabelled(t, admin, "p", map[string]string{"version": "v1"})
+	pc := srv.Clients(p.Credential)
+	c1, c2 := spawn(t, pc, p.Node.NodeId, "c1"), spawn(t, pc, p.Node.NodeId, "c2")
+	h1, h2 := unary{srv.Clients(c1.Credential)}, unary{srv.Clients(c2.Credential)}
+	offer := func(job, holder string, d time.Duration) *tetherv1.Lease {
+		resp, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(d)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Lease
+	}
+	s, _ := h1.send(t, ack(offer("job-s", c1.Node.NodeId, 10*time.Minute)))
+	f, _ := h1.send(t, ack(offer("job-f", c1.Node.NodeId, 10*time.Minute)))
+	h2.send(t, ack(offer("job-h", c2.Node.NodeId, 10*time.Minute)))
+	h2.send(t, ack(offer("job-e", c2.Node.NodeId, time.Second)))
+	h1.send(t, complete(s, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	h1.send(t, complete(f, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED))
+	clk.Advance(time.Second)
+	testserver.WaitFor(t, 20*time.Second, "job-e to expire", func() bool {
+		return operatorLease(t, admin, "job-e").State == tetherv1.LeaseState_LEASE_STATE_EXPIRED
+	})
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	want := map[string]struct {
+		outcome tetherv1.LeaseOutcome
+		result  tetherv1.TerminalResult
+	}{
+		"job-s": {tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS},
+		"job-f": {tetherv1.LeaseOutcome_LEASE_OUTCOME_COMPLETED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED},
+		"job-h": {tetherv1.LeaseOutcome_LEASE_OUTCOME_HANDED_OVER, tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED},
+		"job-e": {tetherv1.LeaseOutcome_LEASE_OUTCOME_HANDED_OVER, tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED},
+	}
+	rec := record(t, admin, term)
+	for _, l := range rec.Leases {
+		w, ok := want[l.JobId]
+		if !ok || l.Outcome != w.outcome || l.TerminalResult != w.result {
+			t.Errorf("the rollout's record lists %s as %s with result %s; want %s with %s", l.JobId, l.Outcome, l.TerminalResult, w.outcome, w.result)
+		}
+		delete(want, l.JobId)
+	}
+	if len(want) != 0 {
+		t.Errorf("jobs missing from the rollout's record: %v", want)
+	}
+}
