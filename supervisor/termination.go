@@ -250,6 +250,19 @@ func (t Termination) Rank() Rank {
 	}
 }
 
+// finalReason is the reason the termination gives the grants it revokes
+// and the leases it reconciles: the termination's own reason, after the
+// principal that requested it. The reason is the requester's free text,
+// and an agent may terminate its subtree: unsigned, an agent's reason
+// ("operator:admin aborted the subtree") would read as an operator's, or
+// as the control plane's own, in the lease's terminal detail and evidence.
+func (t Termination) finalReason() string {
+	if t.RequestedBy == "" {
+		return "terminated: " + t.Reason
+	}
+	return "terminated by " + t.RequestedBy + ": " + t.Reason
+}
+
 // requester is the node of the agent behind an agent's termination: the
 // last of its lineage (the requester, or the node that proposed its own
 // stop).
