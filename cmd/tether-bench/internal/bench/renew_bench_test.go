@@ -24,7 +24,7 @@ import (
 // small key, one group commit with one sync) on the same server and disk.
 // Profile with, for example:
 //
-//	go test -run '^$' -bench 'Lone' -cpuprofile cpu.out ./internal/bench/
+//	go test -run '^$' -bench 'Lone' -cpuprofile cpu.out ./cmd/tether-bench/internal/bench/
 func loneLease(b *testing.B) (*benchServer, *benchLease) {
 	b.Helper()
 	ctx := context.Background()
@@ -192,7 +192,7 @@ func BenchmarkRenewUnary64(b *testing.B) {
 // renew. Interleaving each round keeps a shared machine's swings out of
 // the ratios, which is what an A/B of the unary path needs:
 //
-//	go test -run '^$' -bench 'UnaryVsEtcd' -benchtime 1x ./internal/bench/
+//	go test -run '^$' -bench 'UnaryVsEtcd' -benchtime 1x ./cmd/tether-bench/internal/bench/
 func BenchmarkUnaryVsEtcd(b *testing.B) {
 	ctx := context.Background()
 	r := &Report{Dir: b.TempDir()}
@@ -260,7 +260,7 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 // authentication) should move; A/B it against the base in the same
 // minutes:
 //
-//	go test -run '^$' -bench 'RPCFloorProcess' -benchtime 1x ./internal/bench/
+//	go test -run '^$' -bench 'RPCFloorProcess' -benchtime 1x ./cmd/tether-bench/internal/bench/
 func BenchmarkRPCFloorProcess(b *testing.B) {
 	ctx := context.Background()
 	r := &Report{Dir: b.TempDir()}
