@@ -53,6 +53,9 @@ func newOwnConn(t *testing.T, srv *testserver.Server, token string) *ownConn {
 	return c
 }
 
+// h2Preface is an HTTP/2 client's preface and an empty SETTINGS frame.
+const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
 // as is another caller's clients over the same connection.
 func (c *ownConn) as(token string) *testserver.Clients {
 	return testserver.NewClients(c.hc, c.url, token)
@@ -75,14 +78,23 @@ func TestARogueWithoutACredentialCannotFillTheServer(t *testing.T) {
 		cfg.Conn = controlplane.ConnLimits{MaxConnections: max, HealthReserve: 2, PreAuthTimeout: time.Hour}
 	})
 	addr := hostOf(t, srv.URL)
+	// Each of the rogue's connections opens HTTP/2 and sends nothing
+	// more: no request, so no header timeout; it waits out the idle one.
+	rogueDial := func() net.Conn {
+		c := dial(t, addr)
+		if _, err := io.WriteString(c, h2Preface); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
 	hoard := make([]net.Conn, 2*max)
 	for i := range max {
-		hoard[i] = dial(t, addr)
+		hoard[i] = rogueDial()
 	}
 	testserver.WaitFor(t, closeWait, "the server to accept the rogue's connections", func() bool { return srv.OpenConnections() == max })
 	// Past the cap, each new connection pushes out the oldest.
 	for i := max; i < len(hoard); i++ {
-		hoard[i] = dial(t, addr)
+		hoard[i] = rogueDial()
 		waitClosed(t, fmt.Sprintf("the rogue's connection #%d, the oldest that never authenticated, once #%d came", i-max, i), hoard[i-max])
 	}
 	if n := srv.OpenConnections(); n != max {
@@ -105,7 +117,7 @@ func TestARogueWithoutACredentialCannotFillTheServer(t *testing.T) {
 	// and its next calls go over it.
 	flood := make([]net.Conn, 2*max)
 	for i := range flood {
-		flood[i] = dial(t, addr)
+		flood[i] = rogueDial()
 	}
 	// Beside the operator's, max-1 places: the last of the flood pushes
 	// out the one max-1 before it.
@@ -137,8 +149,7 @@ func TestAConnectionThatNeverAuthenticatesIsClosed(t *testing.T) {
 
 	quiet := dial(t, addr)
 	h2 := dial(t, addr)
-	// The client preface and an empty SETTINGS frame; no stream ever.
-	_, _ = io.WriteString(h2, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+	_, _ = io.WriteString(h2, h2Preface)
 	busy := dial(t, addr)
 	done := make(chan int, 1)
 	go func() {
