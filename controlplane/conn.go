@@ -506,9 +506,10 @@ func healthOnly(max int, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if r.ProtoMajor == 1 {
-			w.Header().Set("Connection", "close")
-		}
+		// Closed after the answer (HTTP/2: GOAWAY), so that the client's
+		// next call opens a connection that may find a place, instead of
+		// being refused on this one for as long as it keeps it.
+		w.Header().Set("Connection", "close")
 		w.Header().Set("Retry-After", "1")
 		err := fmt.Errorf("too many open connections (the server's limit is %d); retry later", max)
 		if errw.IsSupported(r) {
