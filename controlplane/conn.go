@@ -438,14 +438,14 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		return nil
 	}
 	if n := l.callers[key]; n >= l.perCaller {
-		who := key
+		who, per := key, "caller"
 		if p.IsAgent() && p.Lineage != "" {
-			who = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID())
+			who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
 		}
-		return tooManyConnections(fmt.Sprintf("%s already holds %d connections to this server, the most one lineage, operator or tool server may (tether serve --max-connections-per-lineage)", who, n))
+		return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)", who, connections(n), per))
 	}
 	if p.IsAgent() && !c.agent && l.agents >= l.max-l.operatorReserve {
-		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %d connections; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, l.max, l.operatorReserve))
+		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
 	}
 	if l.callers == nil {
 		l.callers = map[string]int{}
@@ -470,8 +470,15 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	return nil
 }
 
+func connections(n int) string {
+	if n == 1 {
+		return "1 connection"
+	}
+	return fmt.Sprintf("%d connections", n)
+}
+
 func tooManyConnections(what string) error {
-	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: %s; this connection is being closed: send further calls over a connection you hold (HTTP/2 carries many at once) or close one first", auth.ErrTooManyConnections, what))
+	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: %s; this connection is being closed: send further calls over one you hold (HTTP/2 carries many at once) or close one first", auth.ErrTooManyConnections, what))
 }
 
 // bindConn is auth.Interceptor.Bind: it binds the connection a request

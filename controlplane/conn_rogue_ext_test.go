@@ -39,7 +39,12 @@ type ownConn struct {
 
 func newOwnConn(t *testing.T, srv *testserver.Server, token string) *ownConn {
 	t.Helper()
-	c := &ownConn{url: srv.URL}
+	return ownConnTo(t, srv.URL, token)
+}
+
+func ownConnTo(t *testing.T, url, token string) *ownConn {
+	t.Helper()
+	c := &ownConn{url: url}
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
 	var d net.Dialer
@@ -49,7 +54,7 @@ func newOwnConn(t *testing.T, srv *testserver.Server, token string) *ownConn {
 	}}
 	t.Cleanup(tr.CloseIdleConnections)
 	c.hc = &http.Client{Transport: tr}
-	c.Clients = testserver.NewClients(c.hc, srv.URL, token)
+	c.Clients = testserver.NewClients(c.hc, url, token)
 	return c
 }
 
@@ -225,7 +230,7 @@ func TestARogueLineageHoldsOnlyItsShareOfTheConnections(t *testing.T) {
 		t.Fatalf("the rogue lineage was given %d connections, want its share, %d", held, share)
 	}
 	wantLimit(t, "the rogue lineage's connection past its share", refused, connect.CodeResourceExhausted,
-		"lineage "+rogue.Node.NodeId, fmt.Sprintf("already holds %d connections", share), "--max-connections-per-lineage")
+		"lineage "+rogue.Node.NodeId, fmt.Sprintf("already holds %d connections to this server, the limit per lineage", share), "--max-connections-per-lineage")
 	if strings.Contains(refused.Error(), rogue.Credential) {
 		t.Fatal("the refusal quotes the credential")
 	}
@@ -278,7 +283,7 @@ func TestARefusedHTTP1ConnectionIsClosed(t *testing.T) {
 	_, _ = io.WriteString(c, "POST /tether.v1.AuthService/WhoAmI HTTP/1.1\r\nHost: tether\r\nContent-Type: application/json\r\n"+
 		"Authorization: Bearer "+root.Credential+"\r\nContent-Length: 2\r\n\r\n{}")
 	got := waitClosed(t, "a refused HTTP/1.1 connection", c)
-	for _, want := range []string{"HTTP/1.1 429", "Connection: close", "resource_exhausted", "already holds 1 connections", "--max-connections-per-lineage"} {
+	for _, want := range []string{"HTTP/1.1 429", "Connection: close", "resource_exhausted", "already holds 1 connection to", "--max-connections-per-lineage"} {
 		if !strings.Contains(got, want) {
 			t.Fatalf("the refusal %q does not contain %q", got, want)
 		}
@@ -336,5 +341,30 @@ func TestAConnectionCarryingTwoLineagesCountsAgainstBoth(t *testing.T) {
 	}
 	if err := whoAmI(newOwnConn(t, srv, b.Credential).Clients); err != nil {
 		t.Fatalf("b, the shared connection closed: %v", err)
+	}
+}
+
+// The real binary: `tether serve`'s flags reach the limits, and limits
+// that would leave agents no connection are refused at start.
+func TestServeFlagsBoundTheConnections(t *testing.T) {
+	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
+		t.Skip("starts the tether binary")
+	}
+	p := testserver.StartProcess(t, t.TempDir(), "--max-connections", "6", "--max-connections-per-lineage", "1", "--operator-reserve", "2", "--preauth-timeout", "100ms")
+	root := register(t, p.Clients(p.Admin), "rogue")
+	if err := whoAmI(ownConnTo(t, p.URL, root.Credential).Clients); err != nil {
+		t.Fatal(err)
+	}
+	err := whoAmI(ownConnTo(t, p.URL, root.Credential).Clients)
+	wantLimit(t, "the lineage's second connection", err, connect.CodeResourceExhausted, "already holds 1 connection to", "--max-connections-per-lineage")
+	quiet := dial(t, strings.TrimPrefix(p.URL, "http://"))
+	_, _ = io.WriteString(quiet, h2Preface)
+	waitClosed(t, "a connection past --preauth-timeout", quiet)
+
+	_, err = controlplane.New(context.Background(), controlplane.Config{DataDir: t.TempDir(), Conn: controlplane.ConnLimits{MaxConnections: 4, OperatorReserve: 4}})
+	if err == nil || !strings.Contains(err.Error(), "--operator-reserve must be below --max-connections") {
+		t.Fatalf("an operator reserve of every connection: %v, want refused", err)
 	}
 }
