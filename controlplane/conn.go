@@ -80,6 +80,9 @@ type ConnLimits struct {
 	// MaxStreamsPerCaller bounds the streams one principal holds open at
 	// once, over every connection.
 	MaxStreamsPerCaller int
+	// fileLimited is the MaxConnections asked for, when the open-file
+	// limit lowered it (fitFileLimit); New logs it.
+	fileLimited int
 	// MaxHeaderBytes bounds a request's headers (HTTP/1.1: 431; HTTP/2:
 	// the header list size the server advertises). A stream keeps its
 	// headers while it lives, so this times the open streams is what
@@ -126,6 +129,7 @@ func (l *ConnLimits) defaults() {
 	if l.HealthReserve == 0 {
 		l.HealthReserve = d.HealthReserve
 	}
+	l.fitFileLimit(openFileLimit())
 	set(&l.PreAuthTimeout, d.PreAuthTimeout)
 	if l.MaxConnectionsPerLineage == 0 {
 		l.MaxConnectionsPerLineage = max(1, l.MaxConnections/2)
@@ -140,6 +144,27 @@ func (l *ConnLimits) defaults() {
 		l.MaxStreamsPerCaller = d.MaxStreamsPerCaller
 	}
 }
+
+// fitFileLimit lowers MaxConnections to what the process's open-file
+// limit leaves room for, beside the health reserve and the store's own
+// files (an eighth of the limit, at least fileHeadroom). Past the file
+// limit the server cannot accept at all — not an operator's connection,
+// nor one to close the oldest unauthenticated connection for — so a cap
+// above it is no cap: whoever opened connections first would hold them.
+func (l *ConnLimits) fitFileLimit(files int) {
+	if files <= 0 {
+		return
+	}
+	room := files - max(fileHeadroom, files/8) - l.HealthReserve
+	if l.MaxConnections > room {
+		l.fileLimited = l.MaxConnections
+		l.MaxConnections = max(1, room)
+	}
+}
+
+// fileHeadroom are the open files kept for the store, the listener and
+// the server's own use when the open-file limit bounds the connections.
+const fileHeadroom = 256
 
 // check refuses limits that leave agents no connection.
 func (l ConnLimits) check() error {
@@ -287,13 +312,14 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 	}
 	c.gone = true
 	l.open.Add(-1)
-	if c.healthOnly {
-		l.health.Remove(c.elem)
-	} else {
+	switch {
+	case c.healthOnly:
+		l.health.Remove(c.elem) // a health-only connection is never bound
+	case c.elem != nil:
+		l.unauth.Remove(c.elem)
+	}
+	if !c.healthOnly {
 		l.normal--
-		if c.elem != nil {
-			l.unauth.Remove(c.elem)
-		}
 	}
 	c.elem = nil
 	if c.timer != nil {

@@ -218,6 +218,10 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.Conn.check(); err != nil {
 		return nil, err
 	}
+	if cfg.Conn.fileLimited > 0 {
+		cfg.Logger.Warn("the open-file limit leaves room for fewer connections than --max-connections; serving at most what fits (raise ulimit -n to serve more)",
+			"max_connections", cfg.Conn.MaxConnections, "asked", cfg.Conn.fileLimited, "open_file_limit", openFileLimit())
+	}
 	if cfg.TLSCert == "" && !loopback(cfg.Listen) {
 		cfg.Logger.Warn("serving plaintext on an address other machines can reach (--insecure-plaintext): credentials cross the network in the clear unless something in front encrypts them", "addr", cfg.Listen)
 	}
