@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -366,5 +368,48 @@ func TestServeFlagsBoundTheConnections(t *testing.T) {
 	_, err = controlplane.New(context.Background(), controlplane.Config{DataDir: t.TempDir(), Conn: controlplane.ConnLimits{MaxConnections: 4, OperatorReserve: 4}})
 	if err == nil || !strings.Contains(err.Error(), "--operator-reserve must be below --max-connections") {
 		t.Fatalf("an operator reserve of every connection: %v, want refused", err)
+	}
+}
+
+// The open-file limit is a connection cap too: past it the server cannot
+// accept at all, so no connection could be closed to make room. Under a
+// limit of 1,024 files and the default --max-connections (10,000), a
+// rogue without a credential opens 1,500 connections; the server serves
+// fewer than the file limit allows, makes room as at any cap, and the
+// operator gets in. Before the fix the server ran out of files at about
+// a thousand connections and accepted none, the operator's included.
+func TestARogueCannotExhaustTheServersOpenFiles(t *testing.T) {
+	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
+		t.Skip("starts the tether binary")
+	}
+	dir := t.TempDir()
+	p := testserver.StartProcessWithFileLimit(t, dir, 1024, "--preauth-timeout", "1h")
+	addr := strings.TrimPrefix(p.URL, "http://")
+	flood := make([]net.Conn, 1500)
+	for i := range flood {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatalf("the rogue's connection #%d: %v", i, err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, h2Preface); err != nil {
+			t.Fatalf("the rogue's connection #%d: %v", i, err)
+		}
+		flood[i] = c
+	}
+	// The first of the flood gave way to the later ones.
+	waitClosed(t, "the rogue's first connection", flood[0])
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	op := ownConnTo(t, p.URL, p.Admin)
+	if _, err := op.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{})); err != nil {
+		log, _ := os.ReadFile(filepath.Join(dir, "serve.log"))
+		t.Fatalf("the operator, after a flood past the open-file limit: %v\nserve.log:\n%s", err, log)
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, "serve.log"))
+	if !strings.Contains(string(log), "the open-file limit leaves room for fewer connections than --max-connections") {
+		t.Fatalf("the server did not say it lowered its cap; serve.log:\n%s", log)
 	}
 }
