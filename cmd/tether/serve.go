@@ -139,7 +139,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.DurationVar(&limits.PingInterval, "http2-ping-interval", limits.PingInterval, "ping an HTTP/2 connection silent this long")
 	f.DurationVar(&limits.PingTimeout, "http2-ping-timeout", limits.PingTimeout, "close an HTTP/2 connection whose ping is not answered within this")
 	f.IntVar(&limits.MaxStreamsPerConn, "max-streams-per-conn", limits.MaxStreamsPerConn, "concurrent streams per HTTP/2 connection")
-	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections; at the cap the oldest connection that has carried no authenticated call is closed to make room; when every one has, --health-reserve more may only GET /healthz")
+	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections (lowered, with a warning, to what the open-file limit leaves room for); at the cap the oldest connection that has carried no authenticated call is closed to make room; when every one has, --health-reserve more may only GET /healthz")
 	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz (the oldest gives way to a new one)")
 	f.DurationVar(&limits.PreAuthTimeout, "preauth-timeout", limits.PreAuthTimeout, "close a connection that has carried no authenticated call this long after it opened (a request in flight then gets --write-timeout more)")
 	f.IntVar(&limits.MaxConnectionsPerLineage, "max-connections-per-lineage", 0, "connections one agent lineage (a root and every descendant together), one operator or one tool server may hold; past it the call is refused resource_exhausted and its connection closed; 0: half of --max-connections")
