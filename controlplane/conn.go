@@ -253,7 +253,7 @@ type connLimiter struct {
 	normal  int       // open connections within max
 	unauth  list.List // unauthenticated connections within max, oldest first
 	health  list.List // health-only connections, oldest first
-	callers map[string]int
+	callers map[callerKey]int
 	agents  int // connections bound to at least one agent lineage
 	open    atomic.Int64
 }
@@ -276,7 +276,7 @@ type limitedConn struct {
 	// it is bound to (written under l.mu and keysMu, read under keysMu).
 	bound  atomic.Bool
 	keysMu sync.Mutex
-	keys   []string
+	keys   []callerKey
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -430,12 +430,18 @@ func limitedOf(c net.Conn) *limitedConn {
 }
 
 // callerKey is what a connection is bound to: an agent's lineage, which
-// its root and every descendant share, or any other caller's principal.
-func callerKey(p auth.Principal) string {
+// its root and every descendant share, or any other caller's principal
+// (built without allocating: every admitted request looks its key up).
+type callerKey struct {
+	kind auth.Kind
+	name string // the lineage (agents), the subject (others)
+}
+
+func keyOf(p auth.Principal) callerKey {
 	if p.IsAgent() && p.Lineage != "" {
-		return "lineage " + p.Lineage
+		return callerKey{kind: p.Kind, name: p.Lineage}
 	}
-	return p.ID()
+	return callerKey{kind: p.Kind, name: p.Subject}
 }
 
 // bind binds c to p's caller, or refuses the request — resource_exhausted,
@@ -444,7 +450,7 @@ func callerKey(p auth.Principal) string {
 // closes its connection (HTTP/2: GOAWAY, then closed once its admitted
 // streams end).
 func (c *limitedConn) bind(p auth.Principal) error {
-	key := callerKey(p)
+	key := keyOf(p)
 	c.keysMu.Lock()
 	has := slices.Contains(c.keys, key)
 	c.keysMu.Unlock()
@@ -464,7 +470,7 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		return nil
 	}
 	if n := l.callers[key]; n >= l.perCaller {
-		who, per := key, "caller"
+		who, per := p.ID(), "caller"
 		if p.IsAgent() && p.Lineage != "" {
 			who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
 		}
@@ -474,7 +480,7 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
 	}
 	if l.callers == nil {
-		l.callers = map[string]int{}
+		l.callers = map[callerKey]int{}
 	}
 	l.callers[key]++
 	if p.IsAgent() && !c.agent {
