@@ -16,6 +16,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -411,5 +412,64 @@ func TestARogueCannotExhaustTheServersOpenFiles(t *testing.T) {
 	log, _ := os.ReadFile(filepath.Join(dir, "serve.log"))
 	if !strings.Contains(string(log), "the open-file limit leaves room for fewer connections than --max-connections") {
 		t.Fatalf("the server did not say it lowered its cap; serve.log:\n%s", log)
+	}
+}
+
+// Over TLS the same: a connection is bound at its first admitted call
+// (the server finds it under the TLS connection), a lineage past its
+// share is refused, and connections that never finished a handshake give
+// way at the cap to the operator's.
+func TestConnectionsAreBoundOverTLS(t *testing.T) {
+	const max = 6
+	files := testserver.NewTLSFiles(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := controlplane.New(context.Background(), controlplane.Config{
+		DataDir: t.TempDir(), Listen: ln.Addr().String(), Logger: quietLogger(),
+		TLSCert: files.ServerCert, TLSKey: files.ServerKey,
+		Conn: controlplane.ConnLimits{MaxConnections: max, MaxConnectionsPerLineage: 2, PreAuthTimeout: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done; srv.Close() })
+	admin, err := os.ReadFile(srv.AdminTokenPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "https://" + ln.Addr().String()
+	client := func(token string) *testserver.Clients {
+		cfg, err := agentsdk.TLSConfig(files.CA, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := agentsdk.HTTP2ClientTLS(url, cfg)
+		t.Cleanup(hc.CloseIdleConnections)
+		return agentsdk.Dial(url, token, agentsdk.WithHTTPClient(hc))
+	}
+	op := client(strings.TrimSpace(string(admin)))
+	root := register(t, op, "rogue")
+	for range 2 {
+		if err := whoAmI(client(root.Credential)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = whoAmI(client(root.Credential))
+	wantLimit(t, "the lineage's third TLS connection", err, connect.CodeResourceExhausted, "lineage "+root.Node.NodeId, "already holds 2 connections to")
+
+	// Connections that never start a handshake fill the rest, and past it.
+	testserver.WaitFor(t, closeWait, "the refused connection to be closed", func() bool { return srv.OpenConnections() == 3 })
+	hoard := make([]net.Conn, max)
+	for i := range hoard {
+		hoard[i] = dial(t, ln.Addr().String())
+	}
+	waitClosed(t, "the oldest connection without a handshake", hoard[0])
+	if err := whoAmI(client(strings.TrimSpace(string(admin)))); err != nil {
+		t.Fatalf("the operator over TLS, the server full: %v", err)
 	}
 }
