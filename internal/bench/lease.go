@@ -98,7 +98,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil) // the bench's clients and the server
+		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil, 0) // the bench's clients and the server
 		if err != nil {
 			return fmt.Errorf("unary in process, %d leases: %w", n, err)
 		}
@@ -127,7 +127,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU)
+		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU, proc.pid)
 		if err != nil {
 			return fmt.Errorf("unary, %d leases: %w", n, err)
 		}
@@ -315,6 +315,9 @@ type leaseMeasurement struct {
 	// server runs in a process of its own (tether serve, etcd): the rest
 	// is the clients', whose stacks differ between the two systems.
 	serverCPU time.Duration
+	// serverSwitches is the server process's context switches per renew
+	// (all its threads), when it runs in a process of its own.
+	serverSwitches float64
 }
 
 func (m leaseMeasurement) report(r *Report, name string) {
@@ -326,6 +329,9 @@ func (m leaseMeasurement) report(r *Report, name string) {
 	}
 	if m.serverCPU > 0 {
 		r.Add(name+"/server-cpu-per-renew", float64(m.serverCPU.Nanoseconds())/1000, "µs")
+	}
+	if m.serverSwitches > 0 {
+		r.Add(name+"/server-switches-per-renew", m.serverSwitches, "switches")
 	}
 }
 
@@ -342,6 +348,9 @@ type recorder struct {
 	// serverCPU, when set, is the part of cpu spent by the server's own
 	// process, read at the same moments.
 	serverCPU func() (time.Duration, bool)
+	// serverPID, when set, is the server's process, whose context
+	// switches are counted at the same moments.
+	serverPID int
 }
 
 func (rec *recorder) add(local *[]time.Duration, d time.Duration) {
@@ -376,12 +385,20 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	if serverOK {
 		serverStart, serverOK = rec.serverCPU()
 	}
+	switchesStart, switchesOK := childSwitches(rec.serverPID)
 	rec.measuring.Store(true)
 	start := time.Now()
 	serr := sleep(d)
 	rec.measuring.Store(false)
 	elapsed := time.Since(start)
 	var cpu, serverCPU time.Duration
+	var switches float64
+	if switchesOK {
+		end, ok := childSwitches(rec.serverPID)
+		if n := rec.count.Load(); ok && n > 0 {
+			switches = float64(end-switchesStart) / float64(n)
+		}
+	}
 	if cpuOK {
 		cpuEnd, ok := rec.cpu()
 		if n := rec.count.Load(); ok && n > 0 {
@@ -408,7 +425,7 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	pct := func(p float64) time.Duration {
 		return rec.samples[min(len(rec.samples)-1, int(p*float64(len(rec.samples))))]
 	}
-	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu, serverCPU: serverCPU}, nil
+	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu, serverCPU: serverCPU, serverSwitches: switches}, nil
 }
 
 // leaseHolder is an agent that holds leases, with its own connection.
@@ -518,9 +535,9 @@ func checkRenewed(d *tetherv1.Decision) error {
 
 // measureUnaryRenew renews each lease in a closed loop of unary calls;
 // cpu counts the CPU time of the clients and the server.
-func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool)) (leaseMeasurement, error) {
+func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool), serverPID int) (leaseMeasurement, error) {
 	w := newWorkers(ctx)
-	rec := &recorder{cpu: cpu, serverCPU: serverCPU}
+	rec := &recorder{cpu: cpu, serverCPU: serverCPU, serverPID: serverPID}
 	for _, l := range leases {
 		w.wg.Go(func() {
 			var local []time.Duration
@@ -757,7 +774,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 		revs[i] = resp.Header.Revision
 	}
 	w := newWorkers(ctx)
-	rec := &recorder{cpu: etcd.cpu, serverCPU: func() (time.Duration, bool) { return childCPU(etcd.pid) }}
+	rec := &recorder{cpu: etcd.cpu, serverCPU: func() (time.Duration, bool) { return childCPU(etcd.pid) }, serverPID: etcd.pid}
 	for i := range n {
 		w.wg.Go(func() {
 			var local []time.Duration

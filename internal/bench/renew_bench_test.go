@@ -220,10 +220,10 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var rate, perCPU, cpu, etcdCPU, serverCPU, etcdServerCPU []float64
+			var rate, perCPU, cpu, etcdCPU, serverCPU, etcdServerCPU, switches, etcdSwitches []float64
 			for b.Loop() {
 				for range rounds {
-					u, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU)
+					u, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU, proc.pid)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -233,6 +233,8 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 					}
 					serverCPU = append(serverCPU, float64(u.serverCPU.Microseconds()))
 					etcdServerCPU = append(etcdServerCPU, float64(e.serverCPU.Microseconds()))
+					switches = append(switches, u.serverSwitches)
+					etcdSwitches = append(etcdSwitches, e.serverSwitches)
 					rate = append(rate, u.rate/e.rate)
 					perCPU = append(perCPU, float64(e.cpu)/float64(u.cpu))
 					cpu = append(cpu, float64(u.cpu.Microseconds()))
@@ -246,6 +248,8 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 			b.ReportMetric(median(etcdCPU), "etcd-cpu-µs/renew")
 			b.ReportMetric(median(serverCPU), "server-cpu-µs/renew")
 			b.ReportMetric(median(etcdServerCPU), "etcd-server-cpu-µs/renew")
+			b.ReportMetric(median(switches), "server-switches/renew")
+			b.ReportMetric(median(etcdSwitches), "etcd-server-switches/renew")
 		})
 	}
 }
