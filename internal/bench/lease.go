@@ -98,7 +98,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil, 0) // the bench's clients and the server
+		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil, 0, false) // the bench's clients and the server
 		if err != nil {
 			return fmt.Errorf("unary in process, %d leases: %w", n, err)
 		}
@@ -127,11 +127,21 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU, proc.pid)
+		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU, proc.pid, false)
 		if err != nil {
 			return fmt.Errorf("unary, %d leases: %w", n, err)
 		}
 		unary.report(r, fmt.Sprintf("lease/renew/unary/leases=%d", n))
+		// The same calls over HTTP/1.1 (agentsdk.UnaryHTTP1Client), where
+		// one server goroutine reads, handles and answers each: at the
+		// low concurrencies, where HTTP/2's hand-offs weigh most.
+		var unaryHTTP1 leaseMeasurement
+		if n <= 8 {
+			if unaryHTTP1, err = measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU, proc.pid, true); err != nil {
+				return fmt.Errorf("unary over HTTP/1.1, %d leases: %w", n, err)
+			}
+			unaryHTTP1.report(r, fmt.Sprintf("lease/renew/unary-http1/leases=%d", n))
+		}
 
 		if etcd == nil {
 			continue
@@ -152,6 +162,12 @@ func leaseRenew(ctx context.Context, r *Report) error {
 			// The servers alone: the clients' stacks (Connect over
 			// net/http, gRPC) differ, and count in the ratio above.
 			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-server-cpu/leases=%d", n), float64(m.serverCPU)/float64(unary.serverCPU), "x")
+		}
+		if unaryHTTP1.rate > 0 {
+			r.Add(fmt.Sprintf("lease/renew/unary-http1-vs-etcd/leases=%d", n), unaryHTTP1.rate/m.rate, "x")
+			if unaryHTTP1.serverCPU > 0 && m.serverCPU > 0 {
+				r.Add(fmt.Sprintf("lease/renew/unary-http1-vs-etcd-per-server-cpu/leases=%d", n), float64(m.serverCPU)/float64(unaryHTTP1.serverCPU), "x")
+			}
 		}
 		r.Add(fmt.Sprintf("lease/renew/unary-in-process-vs-etcd/leases=%d", n), inProcess.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
@@ -433,6 +449,9 @@ type leaseHolder struct {
 	nodeID string
 	conn   *agentsdk.Conn
 	cred   string
+	// unaryHTTP1 is the same agent's connection that sends unary calls
+	// over HTTP/1.1 (agentsdk.UnaryHTTP1Client); nil where not dialled.
+	unaryHTTP1 *agentsdk.Conn
 }
 
 // dialedTo returns the holders with connections of their own to the
@@ -468,7 +487,8 @@ func leaseHolders(ctx context.Context, srv leaseTarget, n int) ([]leaseHolder, e
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(url, child.Msg.Credential), cred: child.Msg.Credential})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(url, child.Msg.Credential), cred: child.Msg.Credential,
+			unaryHTTP1: agentsdk.Dial(url, child.Msg.Credential, agentsdk.WithHTTPClient(agentsdk.UnaryHTTP1Client(url, nil, 0)))})
 	}
 	return out, nil
 }
@@ -534,8 +554,9 @@ func checkRenewed(d *tetherv1.Decision) error {
 }
 
 // measureUnaryRenew renews each lease in a closed loop of unary calls;
-// cpu counts the CPU time of the clients and the server.
-func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool), serverPID int) (leaseMeasurement, error) {
+// cpu counts the CPU time of the clients and the server. http1 sends them
+// through the holders' unaryHTTP1 connections.
+func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool), serverPID int, http1 bool) (leaseMeasurement, error) {
 	w := newWorkers(ctx)
 	rec := &recorder{cpu: cpu, serverCPU: serverCPU, serverPID: serverPID}
 	for _, l := range leases {
@@ -544,7 +565,11 @@ func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLeas
 			defer func() { rec.merge(local) }()
 			for w.ctx.Err() == nil {
 				start := time.Now()
-				resp, err := l.holder.conn.Lease.Renew(w.ctx, connect.NewRequest(l.renewRequest()))
+				conn := l.holder.conn
+				if http1 {
+					conn = l.holder.unaryHTTP1
+				}
+				resp, err := conn.Lease.Renew(w.ctx, connect.NewRequest(l.renewRequest()))
 				if err == nil {
 					err = checkRenewed(resp.Msg.Decision)
 				}
