@@ -325,3 +325,88 @@ func TestSeed3NoOneArmsANodeBeingDrained(t *testing.T) {
 		t.Errorf("the draining child holds privileges %v", privs.Msg.Privileges)
 	}
 }
+
+// Seed 003 (the order of the steps): aborting cancels the calls in flight
+// and waits for the tool layer's acknowledgements; only then does
+// reconciling revoke and write the record, and only then is terminated
+// reached. The record's own times must show that order, so a reader can
+// check it: the phases follow each other without a gap; every call was
+// settled by the time reconciling began — the one the gate never
+// acknowledged closed at the instant the termination stopped waiting for
+// it (its acknowledgement deadline), not whenever the record came to be
+// written — and every privilege was revoked after that and before the
+// record was written. Here nobody confirms an exit, so the record is
+// written a minute after the deadline, at the confirm timeout: the late
+// gate's refusal names the deadline too.
+func TestSeed3TheRecordsTimesFollowTheSeedsOrder(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	hook := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { rw.WriteHeader(http.StatusNoContent) }))
+	defer hook.Close()
+	if _, err := w.admin.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+		NodeId: w.c.Node.NodeId, Kind: "file_lock", ExternalId: "/locks/c", ExpiresAt: timestamppb.New(w.clk.Now().Add(time.Hour)), RevokeUrl: hook.URL,
+	})); err != nil {
+		t.Fatal(err)
+	}
+	acked, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Minute)
+	requested := w.clk.Now()
+	testserver.WaitFor(t, 20*time.Second, "the abort's two cancel orders", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 2
+	})
+	w.clk.Advance(time.Second)
+	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: acked, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	w.clk.Advance(9 * time.Second)
+	deadline := w.clk.Now()
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(time.Minute + time.Second)
+	final := waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	doc := publishedRecord(t, w.srv, rec)
+
+	wantHeader(t, rec, final, "requested", "aborting", "reconciling")
+	next := requested
+	for _, p := range rec.Phases {
+		if !p.StartedAt.AsTime().Equal(next) {
+			t.Errorf("phase %s started at %s, want %s (where the one before ended)", p.Name, p.StartedAt.AsTime(), next)
+		}
+		next = p.StartedAt.AsTime().Add(p.Duration.AsDuration())
+	}
+	reconciling, written := rec.Phases[2].StartedAt.AsTime(), rec.WrittenAt.AsTime()
+	if !reconciling.Equal(deadline) {
+		t.Errorf("reconciling began at %s, want the acknowledgement deadline %s", reconciling, deadline)
+	}
+	if !next.Equal(written) {
+		t.Errorf("the phases end at %s, the record was written at %s", next, written)
+	}
+	calls := entries(doc, "toolCalls", "callId")
+	wantAt(t, "the acknowledged call", calls[acked], "endedAt", requested.Add(time.Second))
+	wantAt(t, "the call the gate held", calls[held], "endedAt", deadline)
+	for id, c := range calls {
+		ended, _ := time.Parse(time.RFC3339Nano, c["endedAt"].(string))
+		if ended.After(reconciling) {
+			t.Errorf("call %s ended at %s, after reconciling began at %s", id, ended, reconciling)
+		}
+	}
+	privs := entries(doc, "privileges", "privilegeId")
+	if len(privs) != 3 {
+		t.Errorf("the record lists %d privileges, want two grants and the lock", len(privs))
+	}
+	for id, p := range privs {
+		decided, err := time.Parse(time.RFC3339Nano, p["decidedAt"].(string))
+		if err != nil || decided.Before(reconciling) || decided.After(written) {
+			t.Errorf("privilege %s revoked at %v, want between reconciling (%s) and the record (%s)", id, p["decidedAt"], reconciling, written)
+		}
+	}
+	_, err = w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: held, GateId: "gate-1"}))
+	wantRefused(t, "the gate's late acknowledgement", err, connect.CodeFailedPrecondition, deadline.UTC().Format(time.RFC3339))
+}

@@ -108,7 +108,8 @@ func registeredPrivilege(p privilege.Privilege) RecordPrivilege {
 
 // closeUnacknowledged closes a call the termination accounts for that
 // never ended (never acknowledged, or, after an escalation, never ended)
-// in the ledger, so the record and the ledger agree.
+// in the ledger, so the record and the ledger agree. now is when the
+// termination stopped waiting for the gate (StoppedWaitingAt).
 func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall, now time.Time) error {
 	if c.State == ledger.CallStateEnded {
 		return nil
