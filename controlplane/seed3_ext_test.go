@@ -418,3 +418,75 @@ func TestSeed3TheRecordsTimesFollowTheSeedsOrder(t *testing.T) {
 	_, err = w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: held, GateId: "gate-1"}))
 	wantRefused(t, "the gate's late acknowledgement", err, connect.CodeFailedPrecondition, deadline.UTC().Format(time.RFC3339))
 }
+
+// Seed 003 (late and duplicate words): the record is written from outside,
+// once; what is said after it changes neither the record nor what the
+// control plane shows of the stopped nodes. A gate's report is final once
+// made: the same gate's second, contradicting report of a call it ended
+// (failed after completed, an acknowledgement after an end) is answered
+// with the call as first recorded, and the record keeps the first word.
+// After the record, a running ancestor outside the stopped subtree — an
+// agent of the same swarm — vouches for its stopped grandchild that the
+// record lists unaccounted: refused failed_precondition naming the
+// termination whose record stands (it used to be kept, and GetNode showed
+// the node confirmed by the grandparent),
+// and the node does not turn confirmed in GetNode.
+func TestSeed3AWordAfterTheFactChangesNeitherTheRecordNorTheNode(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	g := register(t, w.admin, "grandparent")
+	gAgent := w.srv.Clients(g.Credential)
+	p := spawn(t, gAgent, g.Node.NodeId, "parent")
+	pAgent := w.srv.Clients(p.Credential)
+	c := spawn(t, pAgent, p.Node.NodeId, "child")
+	gG := issueRoot(t, w.admin, g.Node.NodeId, time.Hour, "tool:*")
+	gP := delegate(t, gAgent, gG, p.Node.NodeId, "tool:*")
+	gC := delegate(t, pAgent, gP, c.Node.NodeId, "tool:shell")
+	var calls []string
+	for range 2 {
+		id, err := w.begin(gC.token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, id)
+	}
+	term := terminate(t, w.admin, p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Minute, time.Minute)
+	testserver.WaitFor(t, 20*time.Second, "the abort's cancel orders", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 2
+	})
+	first, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: calls[0], GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: calls[0], GateId: "gate-1", Failed: true, Error: "on second thought"}))
+	if err != nil || again.Msg.Call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || !again.Msg.Call.EndedAt.AsTime().Equal(first.Msg.Call.EndedAt.AsTime()) {
+		t.Errorf("the gate's contradicting end: %v, %v; want the call as first recorded, completed", again, err)
+	}
+	acked, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: calls[0], GateId: "gate-1"}))
+	if err != nil || acked.Msg.Call.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || acked.Msg.Call.AcknowledgedBy != "" {
+		t.Errorf("an acknowledgement after the end: %v, %v; want the call as first recorded, completed and unacknowledged", acked, err)
+	}
+	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: calls[1], GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	w.clk.Advance(2 * time.Minute) // nobody confirms an exit
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	if got := callIDs(rec); got[calls[0]] != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || got[calls[1]] != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
+		t.Fatalf("record calls %v, want the first word on each", got)
+	}
+	if n := recordNode(t, rec, c.Node.NodeId); n.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+		t.Fatalf("record: the child is %s, want unaccounted", n.Outcome)
+	}
+	beforeNode := getNode(t, w.admin, c.Node.NodeId)
+
+	_, err = gAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: c.Node.NodeId, Reason: "it is gone, trust me"}))
+	wantRefused(t, "the grandparent's word after the record", err, connect.CodeFailedPrecondition, c.Node.NodeId, "terminated", term.TerminationId)
+	if after := getNode(t, w.admin, c.Node.NodeId); after.ExitConfirmedBy != beforeNode.ExitConfirmedBy || len(after.ExitConfirmations) != len(beforeNode.ExitConfirmations) {
+		t.Errorf("the stopped child after the grandparent's word: confirmed by %q with %d confirmations, was %q with %d",
+			after.ExitConfirmedBy, len(after.ExitConfirmations), beforeNode.ExitConfirmedBy, len(beforeNode.ExitConfirmations))
+	}
+	if after := record(t, w.admin, term.TerminationId); len(after.Nodes) != len(rec.Nodes) || recordNode(t, after, c.Node.NodeId).Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+		t.Fatal("the record changed after it was written")
+	}
+}
