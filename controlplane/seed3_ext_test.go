@@ -282,10 +282,11 @@ func TestSeed3TheRecordSaysWhenAndOnWhoseWordEachPrivilegeEnded(t *testing.T) {
 // gets no new credentials, from anyone. The rogue's parent P is drained by
 // an operator while its child C has a call open; the grandparent G — an
 // agent outside the stopped subtree, still running — and an operator try
-// to arm C for after the drain: G delegates a fresh grant to C, the
-// operator issues C a root grant, and registers a privilege for it. Each
-// is refused failed_precondition naming the state, nothing is stored, and
-// the record lists only the grants C held before.
+// to arm C for after the drain: G delegates a fresh grant to C and
+// registers a privilege for it, an operator issues C a root grant and
+// registers a privilege for it. Each is refused (failed_precondition
+// naming the state; G's privilege permission_denied, an agent registers
+// only its own) and nothing is stored (held).
 func TestSeed3NoOneArmsANodeBeingDrained(t *testing.T) {
 	w := newSeedWorld(t)
 	ctx := context.Background()
@@ -308,12 +309,13 @@ func TestSeed3NoOneArmsANodeBeingDrained(t *testing.T) {
 	wantRefused(t, "the grandparent's delegation to the draining child", err, connect.CodeFailedPrecondition, "draining")
 	_, err = w.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: c.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 	wantRefused(t, "an operator's root grant to the draining child", err, connect.CodeFailedPrecondition, "draining")
-	_, err = gAgent.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
-		NodeId: c.Node.NodeId, Kind: "file_lock", ExternalId: "/locks/late", ExpiresAt: timestamppb.New(w.clk.Now().Add(time.Hour)),
-	}))
-	if err == nil {
-		t.Errorf("the grandparent registered a privilege for its draining grandchild")
+	late := &tetherv1.RegisterPrivilegeRequest{
+		NodeId: c.Node.NodeId, Kind: "file_lock", ExternalId: "/locks/late", ExpiresAt: timestamppb.New(w.clk.Now().Add(time.Hour)), RevokeUrl: "http://127.0.0.1:1/revoke",
 	}
+	_, err = gAgent.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(late))
+	wantRefused(t, "the grandparent's privilege for the draining child", err, connect.CodePermissionDenied, "its own node")
+	_, err = w.admin.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(late))
+	wantRefused(t, "an operator's privilege for the draining child", err, connect.CodeFailedPrecondition, "draining")
 	if after := len(allGrants(t, w.admin, &tetherv1.ListGrantsRequest{})); after != before {
 		t.Errorf("%d grants after the refusals, %d before", after, before)
 	}
