@@ -492,3 +492,65 @@ func TestSeed3AWordAfterTheFactChangesNeitherTheRecordNorTheNode(t *testing.T) {
 		t.Fatal("the record changed after it was written")
 	}
 }
+
+// Seed 003 (the single-process assumption): children are created at run
+// time and may outlive what created them; a child holding a credential
+// delegated through its gone parent works on after it. Parent P claims
+// its exit and closes its session; its child C, still running, spawns a
+// grandchild GC after that and delegates to it the grant P had delegated
+// to C; GC calls a tool with it. The operator's drain of P — a node
+// already gone — reaches the grandchild nobody registered from outside:
+// GC's call is let finish in the window, its next is refused, GC's grant
+// is revoked through the chain from the top (its token refused at the
+// gate afterwards), and the record lists P, C and GC once each, GC
+// unaccounted (nobody confirmed it) with the grant it held, the call
+// completed and the refused one rejected_draining. (held)
+func TestSeed3AGrandchildSpawnedAfterItsGrandparentLeftIsStillStopped(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	sess, err := openSession(t, w.pAgent, w.p.Node.NodeId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.pAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.p.Node.NodeId, Reason: "parent done"})); err != nil {
+		t.Fatal(err)
+	}
+	sess.close()
+	gc := spawn(t, w.cAgent, w.c.Node.NodeId, "grandchild")
+	gGC := delegate(t, w.cAgent, w.gC, gc.Node.NodeId, "tool:shell")
+	call, err := w.begin(gGC.token)
+	if err != nil {
+		t.Fatalf("the grandchild's call: %v", err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	_, err = w.begin(gGC.token)
+	wantRefused(t, "the grandchild's next call while draining", err, connect.CodeFailedPrecondition, "draining")
+	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	_, err = w.begin(gGC.token)
+	wantRefused(t, "the grandchild's call once revoked", err, connect.CodePermissionDenied, "revoked")
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	nodes := recordNodes(t, rec)
+	if len(nodes) != 3 || nodes[w.p.Node.NodeId] == nil || nodes[w.c.Node.NodeId] == nil || nodes[gc.Node.NodeId] == nil {
+		t.Fatalf("record nodes %v, want P, C and GC once each", nodeOutcomes(rec))
+	}
+	if g := nodes[gc.Node.NodeId]; g.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || g.ParentNodeId != w.c.Node.NodeId || len(g.HeldGrantIds) != 1 || g.HeldGrantIds[0] != gGC.grant.GrantId {
+		t.Errorf("record: the grandchild %s under %s holding %v, want unaccounted under C holding its grant", g.Outcome, g.ParentNodeId, g.HeldGrantIds)
+	}
+	calls := callIDs(rec)
+	if calls[call] != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || len(calls) != 2 {
+		t.Errorf("record calls %v, want the grandchild's call completed and its refused one", calls)
+	}
+	privs := map[string]*tetherv1.RecordPrivilege{}
+	for _, p := range rec.Privileges {
+		privs[p.ExternalId] = p
+	}
+	if p := privs[gGC.grant.GrantId]; p == nil || p.Outcome != tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED || p.NodeId != gc.Node.NodeId || p.RevokedBy != "termination:"+term.TerminationId {
+		t.Errorf("record: the grandchild's grant %v, want revoked by the termination on the grandchild", p)
+	}
+}
