@@ -471,6 +471,7 @@ func TestSeed3AWordAfterTheFactChangesNeitherTheRecordNorTheNode(t *testing.T) {
 	if _, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: calls[1], GateId: "gate-1"})); err != nil {
 		t.Fatal(err)
 	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	w.clk.Advance(2 * time.Minute) // nobody confirms an exit
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)
