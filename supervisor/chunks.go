@@ -1190,12 +1190,18 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 			return err
 		}
 		part := &ReconciliationRecord{}
+		// A call still open is closed as of the instant the termination
+		// stopped waiting for its gate, not this pass's.
+		closedAt := stored.StoppedWaitingAt()
+		if closedAt.IsZero() {
+			closedAt = now
+		}
 		for _, cid := range ids {
 			c, err := ledger.GetCallIn(tx, cid)
 			if err != nil {
 				return err
 			}
-			if err := closeUnacknowledged(tx, t.ID, c, now); err != nil {
+			if err := closeUnacknowledged(tx, t.ID, c, closedAt); err != nil {
 				return err
 			}
 			part.ToolCalls = append(part.ToolCalls, recordCall(c))

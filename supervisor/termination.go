@@ -582,6 +582,23 @@ func NewTermination(id, nodeID string, mode Mode, drain, cancelAck, confirm time
 	return enter(t, PhaseRequested, now), nil
 }
 
+// StoppedWaitingAt is the instant the termination stopped waiting for word
+// of its calls: when it entered reconciling (every call had ended or been
+// acknowledged, or the acknowledgement deadline had come). Zero before
+// that. A call still open then is closed cancel_unacknowledged as of this
+// instant, whenever the record that closes it comes to be written (the
+// confirmations and revoke hooks it waits for may take minutes; a restart
+// longer): the gate's silence is dated where the termination stopped
+// listening.
+func (t Termination) StoppedWaitingAt() time.Time {
+	for _, p := range t.Phases {
+		if p.Phase == PhaseReconciling {
+			return p.StartedAt
+		}
+	}
+	return time.Time{}
+}
+
 // MaxReasonBytes bounds a termination's reason (and a stop proposal's).
 const MaxReasonBytes = 1024
 
