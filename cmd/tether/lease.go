@@ -369,27 +369,6 @@ func leaseList(g *globals) *cobra.Command {
 	return cmd
 }
 
-// seedColumns are the evidence matrix's columns exactly as the job-lease
-// seed names them. Paired columns ("ACK Deadline/State") hold both values
-// separated by " / ".
-var seedColumns = []string{
-	"Job ID", "Lease ID", "Generation", "Holder Identity", "Issued At", "Lease Duration", "Expires At",
-	"ACK Deadline/State", "Renew Sequence/Time", "Progress Sequence/Value", "Cancel Requested/ACK",
-	"Terminal Result", "Stale Generation", "Late Progress", "Lease Expired", "Ownership Conflict", "Decision", "Reason",
-}
-
-// seedRecord renders a row in seedColumns order, from the lease package's
-// record (whose paired columns are split).
-func seedRecord(r lease.EvidenceRow) []string {
-	f := r.Record() // lease.EvidenceHeader order
-	pair := func(a, b string) string { return a + " / " + b }
-	return []string{
-		f[0], f[1], f[2], f[3], f[4], f[5], f[6],
-		pair(f[7], f[8]), pair(f[9], f[10]), pair(f[11], f[12]), pair(f[13], f[14]),
-		f[15], f[16], f[17], f[18], f[19], f[20], f[21],
-	}
-}
-
 func leaseEvidence(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:         "evidence JOB [-o csv|json|table]",
@@ -436,12 +415,12 @@ message kind and decision time.`,
 				return printJSONList(out, rows)
 			case "csv":
 				w := csv.NewWriter(out)
-				if err := w.Write(seedColumns); err != nil {
+				if err := w.Write(lease.SeedHeader()); err != nil {
 					return err
 				}
 				if err := pages(func(page []*tetherv1.EvidenceRow) error {
 					for _, r := range page {
-						if err := w.Write(seedRecord(wire.EvidenceRowFromProto(r))); err != nil {
+						if err := w.Write(wire.EvidenceRowFromProto(r).SeedRecord()); err != nil {
 							return err
 						}
 					}

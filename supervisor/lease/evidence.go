@@ -4,6 +4,7 @@ import (
 	"encoding/csv"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -177,13 +178,28 @@ func SeedHeader() []string {
 	}
 }
 
-// SeedRecord renders the row in SeedHeader's column order.
+// SeedRecord renders the row in SeedHeader's column order, for a CSV file
+// someone may open in a spreadsheet: a cell that would start with a
+// formula character (=, +, -, @, a tab or a carriage return) is prefixed
+// with an apostrophe, so a value an agent chose (a job id, a holder's name,
+// a reason) is shown as text and never run as a formula.
 func (r EvidenceRow) SeedRecord() []string {
 	f := r.Record()
 	pair := func(a, b string) string { return a + " / " + b }
-	return []string{
+	return spreadsheetSafe([]string{
 		f[0], f[1], f[2], f[3], f[4], f[5], f[6],
 		pair(f[7], f[8]), pair(f[9], f[10]), pair(f[11], f[12]), pair(f[13], f[14]),
 		f[15], f[16], f[17], f[18], f[19], f[20], f[21],
+	})
+}
+
+// spreadsheetSafe prefixes with an apostrophe every cell a spreadsheet
+// would read as a formula.
+func spreadsheetSafe(cells []string) []string {
+	for i, c := range cells {
+		if c != "" && strings.ContainsRune("=+-@\t\r", rune(c[0])) {
+			cells[i] = "'" + c
+		}
 	}
+	return cells
 }
