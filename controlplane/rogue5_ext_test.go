@@ -192,7 +192,12 @@ func TestARogueThatFillsAnExitsConfirmationsCannotCrowdOutTheLauncher(t *testing
 			t.Fatal(err)
 		}
 	}
-	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	// Every node is confirmed, so the drain may end and reconcile before
+	// this wait looks: reconciling or already terminated.
+	testserver.WaitFor(t, 20*time.Second, "the drain to end", func() bool {
+		s := getTermination(t, admin, term.TerminationId).State
+		return s == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING || s == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
 	clk.Advance(2 * time.Minute)
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	if got := nodeOutcomes(record(t, admin, term.TerminationId))[deepest]; got != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
