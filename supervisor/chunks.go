@@ -172,6 +172,18 @@ func readHeld(tx store.ReadTxn, term string, kind byte, from, to int) ([]heldIte
 	return out, err
 }
 
+// mayHold keeps the ids whose holdings (by id) say they may hold one of
+// kind, in order.
+func mayHold(ids []string, holds map[string]tree.Holdings, kind tree.Holdings) []string {
+	var out []string
+	for _, id := range ids {
+		if holds[id].May(kind) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // heldOf keeps the items held by members, their ids in order.
 func heldOf(items []heldItem, members map[string]bool) []heldItem {
 	var out []heldItem
@@ -201,6 +213,11 @@ type subtreeEntry struct {
 	Other  string `json:"o,omitempty"`
 	State  string `json:"s,omitempty"`
 	Record string `json:"rec,omitempty"`
+	// Holds: what a member may hold, as its node said when the mark
+	// listed it (tree.Holdings; zero, as in an entry written before the
+	// bits were kept: anything). The revocation reads a member's grants
+	// and privileges only when it may hold some.
+	Holds tree.Holdings `json:"h,omitempty"`
 }
 
 func (e subtreeEntry) member() bool { return e.Reach == ReachMark || e.Reach == ReachTakeOver }
@@ -650,16 +667,20 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 }
 
 // list lists, marks and appends the kids (a plan's), in order.
+//
+// Their nodes are read first, then the open calls of those that may have
+// some (tree.HoldsCalls): a node that never began a call has none, and a
+// call that begins before this chunk commits notes the node in its own
+// transaction, so the node's read here, which the commit guards, fails
+// the chunk; one that begins after finds the node stopping.
 func (c *markChunk) list(kids []string) error {
 	t, tx := c.t, c.tx
-	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), store.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
-		return err
-	}
-	var err error
-	if c.calls, err = ledger.OpenCallsOf(tx, kids); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), nil); err != nil {
 		return err
 	}
 	roots := t.RootIDs()
+	nodes := make([]*tree.Node, 0, len(kids))
+	var withCalls []string
 	for _, kid := range kids {
 		if len(roots) > 1 && slices.Contains(roots, kid) {
 			continue // a root inside another root's subtree: listed as a root
@@ -668,6 +689,16 @@ func (c *markChunk) list(kids []string) error {
 		if err != nil {
 			return fmt.Errorf("supervisor: child index names %s: %w", kid, err)
 		}
+		nodes = append(nodes, n)
+		if n.Holds.May(tree.HoldsCalls) {
+			withCalls = append(withCalls, kid)
+		}
+	}
+	var err error
+	if c.calls, err = ledger.OpenCallsOf(tx, withCalls); err != nil {
+		return err
+	}
+	for _, n := range nodes {
 		if err := c.discover(n); err != nil {
 			return err
 		}
@@ -701,6 +732,11 @@ func (c *markChunk) discover(n *tree.Node) error {
 		reach = ReachLeave
 	}
 	e := subtreeEntry{Node: n.NodeID, Reach: reach}
+	if e.member() {
+		// What it may hold is final from here on: a stopping node is
+		// given no grant, privilege or call.
+		e.Holds = n.Holds
+	}
 	switch reach {
 	case ReachPrior:
 		rid, err := recordIDOf(tx, owner.ID)
@@ -828,7 +864,11 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 						return err
 					}
 					// As the mark does for an abort: the node's calls are
-					// ordered cancelled as it turns aborting.
+					// ordered cancelled as it turns aborting (a node that
+					// never began one has none).
+					if !n.Holds.May(tree.HoldsCalls) {
+						continue
+					}
 					calls, err := ledger.OpenCallsIn(tx, id)
 					if err != nil {
 						return err
@@ -886,7 +926,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	// A revocation that began with the held index lists what each chunk's
 	// members hold there (one begun before it goes on without).
 	indexing := t.Cursor.Step != ActRevoke || t.HeldIndexed
-	var ids []string
+	var ids, withGrants []string
 	var privs []privilege.Privilege
 	seqOf := map[string]int{}
 	read := 0
@@ -896,12 +936,18 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 			return err
 		}
 		ids, read = members, max(1, len(entries))
+		holds := make(map[string]tree.Holdings, len(entries))
 		for i, e := range entries {
 			seqOf[e.Node] = cur.Entry + i
+			holds[e.Node] = e.Holds
 		}
+		// Only the members that may hold a grant or a privilege (as the
+		// mark found their nodes: a marked node is given none) are read
+		// for them, not a range each per member.
+		withGrants = mayHold(ids, holds, tree.HoldsGrants)
 		privs = nil
-		if indexing && len(ids) > 0 {
-			privs, err = privilege.PrivilegesIn(tx, ids)
+		if withPrivs := mayHold(ids, holds, tree.HoldsPrivileges); indexing && len(withPrivs) > 0 {
+			privs, err = privilege.PrivilegesIn(tx, withPrivs)
 		}
 		return err
 	}); err != nil {
@@ -911,9 +957,9 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	if len(ids) > 0 {
 		by := "termination:" + t.ID
 		reason := "terminated: " + t.Reason
-		if s.Grants != nil {
+		if s.Grants != nil && len(withGrants) > 0 {
 			var err error
-			if grants, err = s.Grants.RevokeHeldBy(ctx, ids, by, reason); err != nil {
+			if grants, err = s.Grants.RevokeHeldBy(ctx, withGrants, by, reason); err != nil {
 				return fmt.Errorf("revoke grants: %w", err)
 			}
 		}
