@@ -28,7 +28,7 @@ func (olderBinary) NoteHolderIn(store.Txn, string) error { return nil }
 // the grants, privileges and open calls only of the nodes whose notes
 // (tree.Holdings, written with the first of each) say they may have some.
 // Each kind is given here the way an agent or an operator gives it — a
-// root grant issued straight to a child (not derived from the root's, so
+// child (whose list the mark walks), a root grant issued straight to a child (not derived from the root's, so
 // no tombstone of the root's covers it), a grant delegated to another, a
 // privilege, a tool call left in flight — and the record must list each
 // and the grants must be revoked: a writer that did not note its holding
@@ -90,8 +90,8 @@ func TestATerminationFindsWhatItsNodesHoldByTheirNotes(t *testing.T) {
 
 	// What each node's notes say before the termination.
 	want := map[string]tree.Holdings{
-		root.Node.NodeId: tree.HoldsTracked,
-		granted:          tree.HoldsTracked | tree.HoldsGrants,
+		root.Node.NodeId: tree.HoldsTracked | tree.HoldsChildren,
+		granted:          tree.HoldsTracked | tree.HoldsGrants | tree.HoldsChildren,
 		delegated:        tree.HoldsTracked | tree.HoldsGrants,
 		privileged:       tree.HoldsTracked | tree.HoldsPrivileges,
 		calling:          tree.HoldsTracked | tree.HoldsGrants | tree.HoldsCalls,

@@ -213,10 +213,11 @@ type subtreeEntry struct {
 	Other  string `json:"o,omitempty"`
 	State  string `json:"s,omitempty"`
 	Record string `json:"rec,omitempty"`
-	// Holds: what a member may hold, as its node said when the mark
-	// listed it (tree.Holdings; zero, as in an entry written before the
-	// bits were kept: anything). The revocation reads a member's grants
-	// and privileges only when it may hold some.
+	// Holds: what the node may hold, as it said when the mark listed it
+	// (tree.Holdings; zero, as in an entry written before the bits were
+	// kept: anything). The mark's walk lists a node's children, and the
+	// revocation reads a member's grants and privileges, only when it may
+	// have some.
 	Holds tree.Holdings `json:"h,omitempty"`
 }
 
@@ -574,7 +575,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		roots := t.RootIDs()
 		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
 		lastBatch, kidsBefore := 0, 0
-		var indexed []string // the nodes of the index's entries from indexFrom on
+		var indexed []subtreeEntry // the index's entries from indexFrom on
 		indexFrom := 0
 		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
 			// As many parents as should fill the budget at the children
@@ -599,6 +600,9 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 			batch = min(max(batch, budget/8, 1), budget)
 			lastBatch, kidsBefore = batch, len(p.kids)
 			var parents []string
+			// childless[i]: parents[i] has no child (its entry says it
+			// never had one): its list is not read.
+			var childless []bool
 			if p.to.Entry < t.Counts.Listed {
 				// The index's entries are read a chunk's worth at a time
 				// (a pack is decoded whole), the batches taken from them.
@@ -607,32 +611,42 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 					if err != nil {
 						return err
 					}
-					indexFrom, indexed = p.to.Entry, indexed[:0]
-					for _, e := range entries {
-						indexed = append(indexed, e.Node)
-					}
+					indexFrom, indexed = p.to.Entry, entries
 				}
 				off := p.to.Entry - indexFrom
-				parents = indexed[off:min(len(indexed), off+batch)]
+				for _, e := range indexed[off:min(len(indexed), off+batch)] {
+					parents = append(parents, e.Node)
+					childless = append(childless, !e.Holds.May(tree.HoldsChildren))
+				}
 			} else {
 				off := p.to.Entry - t.Counts.Listed
 				parents = fresh[off:min(len(fresh), off+batch)]
+				childless = make([]bool, len(parents))
 			}
 			if len(parents) == 0 {
 				break // (an index shorter than its count)
 			}
 			scans := make([]store.ScanFrom, len(parents))
+			var read []store.ScanFrom
 			for i, parent := range parents {
 				scans[i] = store.ScanFrom{Prefix: tree.ChildPrefix(parent)}
+				if i == 0 && p.to.After != "" {
+					scans[0].Start = append(tree.ChildKey(parents[0], p.to.After), 0)
+				}
+				if !childless[i] {
+					read = append(read, scans[i])
+				}
 			}
-			if p.to.After != "" {
-				scans[0].Start = append(tree.ChildKey(parents[0], p.to.After), 0)
-			}
-			if err := store.PrefetchScansFrom(tx, scans); err != nil {
+			if err := store.PrefetchScansFrom(tx, read); err != nil {
 				return err
 			}
 			base, full := p.to.Entry, false
 			for i, sc := range scans {
+				if childless[i] {
+					p.to.Entry, p.to.After = base+i+1, ""
+					expanded++
+					continue
+				}
 				err := tx.Scan(sc.Prefix, sc.Start, func(k, _ []byte) error {
 					if len(p.kids) == budget {
 						full = true
@@ -731,12 +745,9 @@ func (c *markChunk) discover(n *tree.Node) error {
 		// chunk): that one accounts for it.
 		reach = ReachLeave
 	}
-	e := subtreeEntry{Node: n.NodeID, Reach: reach}
-	if e.member() {
-		// What it may hold is final from here on: a stopping node is
-		// given no grant, privilege or call.
-		e.Holds = n.Holds
-	}
+	// What it may hold is final from here on: a node that is not running
+	// is given no grant, privilege, call or child.
+	e := subtreeEntry{Node: n.NodeID, Reach: reach, Holds: n.Holds}
 	switch reach {
 	case ReachPrior:
 		rid, err := recordIDOf(tx, owner.ID)

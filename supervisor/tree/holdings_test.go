@@ -36,6 +36,15 @@ func TestNodesNoteWhatTheyMayHold(t *testing.T) {
 	if child.Holds.May(HoldsGrants) || child.Holds.May(HoldsPrivileges) || child.Holds.May(HoldsCalls) {
 		t.Fatal("a new node may hold something before it is given anything")
 	}
+	if err := st.View(ctx, func(tx store.ReadTxn) error {
+		parent, err := GetNodeIn(tx, root.NodeID)
+		if err == nil && parent.Holds != HoldsTracked|HoldsChildren {
+			t.Errorf("the parent of a spawned child notes %b, want %b", parent.Holds, HoldsTracked|HoldsChildren)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	legacy := &Node{NodeID: "n_legacy", Name: "older", State: NodeStateRunning}
 	if err := st.Update(ctx, func(tx store.Txn) error { return PutNodeIn(tx, legacy) }); err != nil {
 		t.Fatal(err)

@@ -41,9 +41,9 @@ type Node struct {
 	// (bounded).
 	OpenSessions []OpenSession `pb:"18"`
 	// What the node may hold (Holdings): noted by the writers that give
-	// it a grant, a privilege or a tool call, in the transaction that
-	// does, so that a termination reads the holdings only of the nodes
-	// that may have some.
+	// it a grant, a privilege, a tool call or a child, in the transaction
+	// that does, so that a termination reads them only of the nodes that
+	// may have some.
 	Holds Holdings `pb:"19"`
 }
 
@@ -60,6 +60,7 @@ const (
 	HoldsGrants                          // a grant (grants/holder/<node>/)
 	HoldsPrivileges                      // a privilege (privileges/node/<node>/)
 	HoldsCalls                           // a tool call (calls/open/<node>/)
+	HoldsChildren                        // a child (agents/child/<node>/)
 )
 
 // May reports whether a node with these holdings may hold one of kind.

@@ -167,6 +167,11 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 			}
 			return fmt.Errorf("%w: parent_node_id %s has %d children; %d more would pass the maximum of %d per node", ErrLimit, parentID, children, len(specs), t.Limits.MaxChildren)
 		}
+		// The parent's first child is noted on it: a termination's mark
+		// lists the children only of the nodes that may have some.
+		if err := NoteHoldingIn(tx, parent, HoldsChildren); err != nil {
+			return err
+		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
 		for i, c := range specs {
 			child := &Node{
