@@ -32,6 +32,11 @@ func (g grantTree) SubtreeIn(tx store.ReadTxn, rootID string) ([]*grantstore.Nod
 
 func (g grantTree) NodeNotFound(err error) bool { return g.t.NodeNotFound(err) }
 
+// NoteHolderIn notes that the node holds a grant (tree.Tree.NoteHolderIn).
+func (g grantTree) NoteHolderIn(tx store.Txn, nodeID string) error {
+	return g.t.NoteHolderIn(tx, nodeID)
+}
+
 // PrefetchNodesIn lets a revocation fetch its grants' holders together
 // (grantstore prefetches through it when the Tree has it): on etcd one
 // request for a batch of grants, not a read per grant.

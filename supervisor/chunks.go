@@ -172,6 +172,18 @@ func readHeld(tx store.ReadTxn, term string, kind byte, from, to int) ([]heldIte
 	return out, err
 }
 
+// mayHold keeps the ids whose holdings (by id) say they may hold one of
+// kind, in order.
+func mayHold(ids []string, holds map[string]tree.Holdings, kind tree.Holdings) []string {
+	var out []string
+	for _, id := range ids {
+		if holds[id].May(kind) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
 // heldOf keeps the items held by members, their ids in order.
 func heldOf(items []heldItem, members map[string]bool) []heldItem {
 	var out []heldItem
@@ -201,6 +213,12 @@ type subtreeEntry struct {
 	Other  string `json:"o,omitempty"`
 	State  string `json:"s,omitempty"`
 	Record string `json:"rec,omitempty"`
+	// Holds: what the node may hold, as it said when the mark listed it
+	// (tree.Holdings; zero, as in an entry written before the bits were
+	// kept: anything). The mark's walk lists a node's children, and the
+	// revocation reads a member's grants and privileges, only when it may
+	// have some.
+	Holds tree.Holdings `json:"h,omitempty"`
 }
 
 func (e subtreeEntry) member() bool { return e.Reach == ReachMark || e.Reach == ReachTakeOver }
@@ -557,7 +575,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		roots := t.RootIDs()
 		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
 		lastBatch, kidsBefore := 0, 0
-		var indexed []string // the nodes of the index's entries from indexFrom on
+		var indexed []subtreeEntry // the index's entries from indexFrom on
 		indexFrom := 0
 		for expanded := 0; len(p.kids) < budget && expanded < 4*budget && p.to.Entry < p.listed; {
 			// As many parents as should fill the budget at the children
@@ -582,6 +600,9 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 			batch = min(max(batch, budget/8, 1), budget)
 			lastBatch, kidsBefore = batch, len(p.kids)
 			var parents []string
+			// childless[i]: parents[i] has no child (its entry says it
+			// never had one): its list is not read.
+			var childless []bool
 			if p.to.Entry < t.Counts.Listed {
 				// The index's entries are read a chunk's worth at a time
 				// (a pack is decoded whole), the batches taken from them.
@@ -590,32 +611,42 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 					if err != nil {
 						return err
 					}
-					indexFrom, indexed = p.to.Entry, indexed[:0]
-					for _, e := range entries {
-						indexed = append(indexed, e.Node)
-					}
+					indexFrom, indexed = p.to.Entry, entries
 				}
 				off := p.to.Entry - indexFrom
-				parents = indexed[off:min(len(indexed), off+batch)]
+				for _, e := range indexed[off:min(len(indexed), off+batch)] {
+					parents = append(parents, e.Node)
+					childless = append(childless, !e.Holds.May(tree.HoldsChildren))
+				}
 			} else {
 				off := p.to.Entry - t.Counts.Listed
 				parents = fresh[off:min(len(fresh), off+batch)]
+				childless = make([]bool, len(parents))
 			}
 			if len(parents) == 0 {
 				break // (an index shorter than its count)
 			}
 			scans := make([]store.ScanFrom, len(parents))
+			var read []store.ScanFrom
 			for i, parent := range parents {
 				scans[i] = store.ScanFrom{Prefix: tree.ChildPrefix(parent)}
+				if i == 0 && p.to.After != "" {
+					scans[0].Start = append(tree.ChildKey(parents[0], p.to.After), 0)
+				}
+				if !childless[i] {
+					read = append(read, scans[i])
+				}
 			}
-			if p.to.After != "" {
-				scans[0].Start = append(tree.ChildKey(parents[0], p.to.After), 0)
-			}
-			if err := store.PrefetchScansFrom(tx, scans); err != nil {
+			if err := store.PrefetchScansFrom(tx, read); err != nil {
 				return err
 			}
 			base, full := p.to.Entry, false
 			for i, sc := range scans {
+				if childless[i] {
+					p.to.Entry, p.to.After = base+i+1, ""
+					expanded++
+					continue
+				}
 				err := tx.Scan(sc.Prefix, sc.Start, func(k, _ []byte) error {
 					if len(p.kids) == budget {
 						full = true
@@ -650,16 +681,20 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 }
 
 // list lists, marks and appends the kids (a plan's), in order.
+//
+// Their nodes are read first, then the open calls of those that may have
+// some (tree.HoldsCalls): a node that never began a call has none, and a
+// call that begins before this chunk commits notes the node in its own
+// transaction, so the node's read here, which the commit guards, fails
+// the chunk; one that begins after finds the node stopping.
 func (c *markChunk) list(kids []string) error {
 	t, tx := c.t, c.tx
-	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), store.KeysOf(kids, ledger.OpenCallPrefix)); err != nil {
-		return err
-	}
-	var err error
-	if c.calls, err = ledger.OpenCallsOf(tx, kids); err != nil {
+	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), nil); err != nil {
 		return err
 	}
 	roots := t.RootIDs()
+	nodes := make([]*tree.Node, 0, len(kids))
+	var withCalls []string
 	for _, kid := range kids {
 		if len(roots) > 1 && slices.Contains(roots, kid) {
 			continue // a root inside another root's subtree: listed as a root
@@ -668,6 +703,16 @@ func (c *markChunk) list(kids []string) error {
 		if err != nil {
 			return fmt.Errorf("supervisor: child index names %s: %w", kid, err)
 		}
+		nodes = append(nodes, n)
+		if n.Holds.May(tree.HoldsCalls) {
+			withCalls = append(withCalls, kid)
+		}
+	}
+	var err error
+	if c.calls, err = ledger.OpenCallsOf(tx, withCalls); err != nil {
+		return err
+	}
+	for _, n := range nodes {
 		if err := c.discover(n); err != nil {
 			return err
 		}
@@ -700,7 +745,9 @@ func (c *markChunk) discover(n *tree.Node) error {
 		// chunk): that one accounts for it.
 		reach = ReachLeave
 	}
-	e := subtreeEntry{Node: n.NodeID, Reach: reach}
+	// What it may hold is final from here on: a node that is not running
+	// is given no grant, privilege, call or child.
+	e := subtreeEntry{Node: n.NodeID, Reach: reach, Holds: n.Holds}
 	switch reach {
 	case ReachPrior:
 		rid, err := recordIDOf(tx, owner.ID)
@@ -828,7 +875,11 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 						return err
 					}
 					// As the mark does for an abort: the node's calls are
-					// ordered cancelled as it turns aborting.
+					// ordered cancelled as it turns aborting (a node that
+					// never began one has none).
+					if !n.Holds.May(tree.HoldsCalls) {
+						continue
+					}
 					calls, err := ledger.OpenCallsIn(tx, id)
 					if err != nil {
 						return err
@@ -886,7 +937,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	// A revocation that began with the held index lists what each chunk's
 	// members hold there (one begun before it goes on without).
 	indexing := t.Cursor.Step != ActRevoke || t.HeldIndexed
-	var ids []string
+	var ids, withGrants []string
 	var privs []privilege.Privilege
 	seqOf := map[string]int{}
 	read := 0
@@ -896,12 +947,18 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 			return err
 		}
 		ids, read = members, max(1, len(entries))
+		holds := make(map[string]tree.Holdings, len(entries))
 		for i, e := range entries {
 			seqOf[e.Node] = cur.Entry + i
+			holds[e.Node] = e.Holds
 		}
+		// Only the members that may hold a grant or a privilege (as the
+		// mark found their nodes: a marked node is given none) are read
+		// for them, not a range each per member.
+		withGrants = mayHold(ids, holds, tree.HoldsGrants)
 		privs = nil
-		if indexing && len(ids) > 0 {
-			privs, err = privilege.PrivilegesIn(tx, ids)
+		if withPrivs := mayHold(ids, holds, tree.HoldsPrivileges); indexing && len(withPrivs) > 0 {
+			privs, err = privilege.PrivilegesIn(tx, withPrivs)
 		}
 		return err
 	}); err != nil {
@@ -911,9 +968,9 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	if len(ids) > 0 {
 		by := "termination:" + t.ID
 		reason := t.finalReason()
-		if s.Grants != nil {
+		if s.Grants != nil && len(withGrants) > 0 {
 			var err error
-			if grants, err = s.Grants.RevokeHeldBy(ctx, ids, by, reason); err != nil {
+			if grants, err = s.Grants.RevokeHeldBy(ctx, withGrants, by, reason); err != nil {
 				return fmt.Errorf("revoke grants: %w", err)
 			}
 		}

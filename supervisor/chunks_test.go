@@ -35,17 +35,26 @@ func chunkTestSupervisor(t *testing.T, opts badgerstore.BadgerOptions, chunk int
 
 // buildTree writes a root and n descendants (fan-out wide, breadth first)
 // in Updates of at most 1,000 nodes, as Spawn writes them, and returns the
-// root and every node's id.
+// root and every node's id. Two nodes in three note what they hold, as
+// Spawn's nodes do (a parent its children); every third is a node stored
+// before the notes, which the mark must walk the same.
 func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
 	t.Helper()
 	ctx := context.Background()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	nodes := []*tree.Node{{NodeID: id.New(id.Node), Name: "root", State: tree.NodeStateRunning, CreatedAt: now}}
+	nodes := []*tree.Node{{NodeID: id.New(id.Node), Name: "root", State: tree.NodeStateRunning, CreatedAt: now, Holds: tree.HoldsTracked}}
 	for i := 1; i <= n; i++ {
 		parent := nodes[(i-1)/fanout]
+		if parent.Holds != 0 {
+			parent.Holds |= tree.HoldsChildren
+		}
+		var holds tree.Holdings
+		if i%3 != 0 {
+			holds = tree.HoldsTracked
+		}
 		nodes = append(nodes, &tree.Node{
 			NodeID: id.New(id.Node), ParentNodeID: parent.NodeID, Ancestors: append(append([]string(nil), parent.Ancestors...), parent.NodeID),
-			Name: fmt.Sprintf("agent-%d", i), State: tree.NodeStateRunning, CreatedAt: now,
+			Name: fmt.Sprintf("agent-%d", i), State: tree.NodeStateRunning, CreatedAt: now, Holds: holds,
 		})
 	}
 	children := map[string]uint64{}

@@ -58,10 +58,10 @@ func getGrant(tx store.ReadTxn, id string) (capability.Grant, []byte, error) {
 	return g, raw, err
 }
 
-// putGrant writes a grant. A new grant also gets its index entries; an
-// update (a state change) rewrites only the grant, since no indexed field
-// ever changes.
-func putGrant(tx store.Txn, g capability.Grant, isNew bool) error {
+// putGrant writes a grant. A new grant also gets its index entries, and
+// its holder is noted (holders); an update (a state change) rewrites only
+// the grant, since no indexed field ever changes.
+func putGrant(tx store.Txn, holders HolderNoter, g capability.Grant, isNew bool) error {
 	raw, err := encodeGrant(g)
 	if err != nil {
 		return err
@@ -73,6 +73,9 @@ func putGrant(tx store.Txn, g capability.Grant, isNew bool) error {
 		return nil
 	}
 	if err := tx.Put(holderKey(g.HolderNodeID, g.GrantID), nil); err != nil {
+		return err
+	}
+	if err := holders.NoteHolderIn(tx, g.HolderNodeID); err != nil {
 		return err
 	}
 	if g.ParentGrantID != "" {
@@ -89,10 +92,13 @@ func putGrant(tx store.Txn, g capability.Grant, isNew bool) error {
 }
 
 // PutNewGrantIn writes a new grant and its index entries inside tx, as
-// Delegate and IssueRoot do, without their checks. It is for tools that
-// build large trees fast (benchmarks, imports); the grant must come from
+// Delegate and IssueRoot do, without their checks, and notes its holder in
+// holders (the agent tree, tree.Tree). It is for tools that build large
+// trees fast (benchmarks, imports); the grant must come from
 // capability.NewRoot or capability.Delegate.
-func PutNewGrantIn(tx store.Txn, g capability.Grant) error { return putGrant(tx, g, true) }
+func PutNewGrantIn(tx store.Txn, holders HolderNoter, g capability.Grant) error {
+	return putGrant(tx, holders, g, true)
+}
 
 func getCounter(tx store.ReadTxn, key []byte) (uint64, error) {
 	raw, err := tx.Get(key)

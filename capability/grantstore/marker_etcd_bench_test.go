@@ -110,7 +110,7 @@ func benchSubtree(b *testing.B, st store.Store, now time.Time, holders []string,
 		all = all[len(part):]
 		err := st.Update(context.Background(), func(tx store.Txn) error {
 			for _, g := range part {
-				if err := PutNewGrantIn(tx, g); err != nil {
+				if err := PutNewGrantIn(tx, &tree.Tree{}, g); err != nil {
 					return err
 				}
 			}

@@ -441,7 +441,7 @@ func (s *Service) writeRevocations(tx store.Txn, revoked []capability.Grant) (ui
 		if err != nil {
 			return 0, err
 		}
-		if err := putGrant(tx, g, false); err != nil {
+		if err := putGrant(tx, nil, g, false); err != nil {
 			return 0, err
 		}
 		if err := tx.Put(tombstoneKey(head), raw); err != nil {

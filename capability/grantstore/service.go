@@ -73,6 +73,16 @@ type Tree interface {
 	SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error)
 	// NodeNotFound reports whether err says that a node does not exist.
 	NodeNotFound(err error) bool
+	HolderNoter
+}
+
+// HolderNoter notes, inside the transaction that writes a new grant, that
+// its holder node holds one (the agent tree keeps a bit per node, so that a
+// termination reads the holder index only of the nodes that may hold a
+// grant). Every writer of a new grant must call it: a grant written
+// without it could be missed by the termination of its holder.
+type HolderNoter interface {
+	NoteHolderIn(tx store.Txn, nodeID string) error
 }
 
 // Node is what grantstore reads of an agent-tree node.
@@ -219,7 +229,7 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 		if err := s.requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
 			return err
 		}
-		return putGrant(tx, g, true)
+		return putGrant(tx, s.cfg.Tree, g, true)
 	})
 	if err != nil {
 		return Issued{}, err
@@ -324,7 +334,7 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 				stale = true
 				return nil
 			}
-			return putGrant(tx, g, true)
+			return putGrant(tx, s.cfg.Tree, g, true)
 		})
 		if err != nil {
 			return Issued{}, err

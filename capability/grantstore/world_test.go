@@ -168,7 +168,7 @@ func (w *world) bulkTree(holders []string, fanout int) []capability.Grant {
 	}
 	err = w.st.Update(context.Background(), func(tx store.Txn) error {
 		for _, g := range all {
-			if err := PutNewGrantIn(tx, g); err != nil {
+			if err := PutNewGrantIn(tx, w.tree, g); err != nil {
 				return err
 			}
 		}

@@ -18,6 +18,9 @@ import (
 )
 
 // Node is an agent-tree node as the API shows it.
+//
+// Not converted here:
+// domain Holds: the store's own bookkeeping (what the node may hold, for terminations), never shown.
 func Node(x *tree.Node) *tetherv1.Node {
 	if x == nil {
 		return nil

@@ -148,6 +148,12 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := l.observe(tx, nil, call); err != nil {
 			return err
 		}
+		// The first call of a node notes it on the node, which a
+		// termination's mark reads: it lists the open calls only of the
+		// nodes that may have some.
+		if err := tree.NoteHoldingIn(tx, node, tree.HoldsCalls); err != nil {
+			return err
+		}
 		return tx.Put(openCallKey(nodeID, call.CallID), nil)
 	})
 	if err != nil {

@@ -232,6 +232,9 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 		if err := kv.PutJSON(tx, privilegeKey(p.ID), p); err != nil {
 			return err
 		}
+		if err := tree.NoteHoldingIn(tx, n, tree.HoldsPrivileges); err != nil {
+			return err
+		}
 		return tx.Put(nodePrivKey(p.NodeID, p.ID), nil)
 	})
 	return p, err

@@ -40,7 +40,31 @@ type Node struct {
 	// The node's sessions open now, as the control plane sees them
 	// (bounded).
 	OpenSessions []OpenSession `pb:"18"`
+	// What the node may hold (Holdings): noted by the writers that give
+	// it a grant, a privilege, a tool call or a child, in the transaction
+	// that does, so that a termination reads them only of the nodes that
+	// may have some.
+	Holds Holdings `pb:"19"`
 }
+
+// Holdings says which kinds of holdings a node may have. A node created
+// with HoldsTracked has a bit set for each kind from the first one it is
+// given (the bit is never cleared: it means "may hold", not "holds"); a
+// node without HoldsTracked was created before the bits were kept, and may
+// hold anything.
+type Holdings uint32
+
+// Kinds of holdings.
+const (
+	HoldsTracked    Holdings = 1 << iota // the other bits are kept
+	HoldsGrants                          // a grant (grants/holder/<node>/)
+	HoldsPrivileges                      // a privilege (privileges/node/<node>/)
+	HoldsCalls                           // a tool call (calls/open/<node>/)
+	HoldsChildren                        // a child (agents/child/<node>/)
+)
+
+// May reports whether a node with these holdings may hold one of kind.
+func (h Holdings) May(kind Holdings) bool { return h&HoldsTracked == 0 || h&kind != 0 }
 
 // NodeState is where a node is in its life; the values are tether.v1's.
 type NodeState int32

@@ -92,6 +92,7 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 		State:     NodeStateRunning,
 		CreatedAt: t.Clock.Now(),
 		CreatedBy: createdBy,
+		Holds:     HoldsTracked,
 	}
 	err := t.Store.Update(ctx, func(tx store.Txn) error { return putNode(tx, node) })
 	if err != nil {
@@ -170,6 +171,11 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 			}
 			return fmt.Errorf("%w: parent_node_id %s has %d children; %d more would pass the maximum of %d per node", ErrLimit, parentID, children, len(specs), t.Limits.MaxChildren)
 		}
+		// The parent's first child is noted on it: a termination's mark
+		// lists the children only of the nodes that may have some.
+		if err := NoteHoldingIn(tx, parent, HoldsChildren); err != nil {
+			return err
+		}
 		ancestors := append(append([]string(nil), parent.Ancestors...), parentID)
 		for i, c := range specs {
 			child := &Node{
@@ -181,6 +187,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 				State:        NodeStateRunning,
 				CreatedAt:    now,
 				CreatedBy:    createdBy,
+				Holds:        HoldsTracked,
 			}
 			if err := putNode(tx, child); err != nil {
 				return err
@@ -379,6 +386,31 @@ func GetNodeIn(tx store.ReadTxn, nodeID string) (*Node, error) { return getNode(
 
 // PutNodeIn writes a node inside a transaction.
 func PutNodeIn(tx store.Txn, n *Node) error { return putNode(tx, n) }
+
+// NoteHoldingIn notes, inside the transaction that gives n (read in tx)
+// a holding of kind, that n may hold one: the node is written only the
+// first time (a node created before the bits were kept is left alone: it
+// may hold anything). A termination's mark reads the node and, in the
+// same transaction, trusts the bits, so a writer that gives a node a
+// holding without noting it here would have it missed.
+func NoteHoldingIn(tx store.Txn, n *Node, kind Holdings) error {
+	if n.Holds&HoldsTracked == 0 || n.Holds&kind != 0 {
+		return nil
+	}
+	n.Holds |= kind
+	return putNode(tx, n)
+}
+
+// NoteHolderIn notes, inside the transaction that issues it, that the node
+// nodeID holds a grant (NoteHoldingIn). grantstore calls it through its
+// Tree for every grant it writes.
+func (t *Tree) NoteHolderIn(tx store.Txn, nodeID string) error {
+	n, err := getNode(tx, nodeID)
+	if err != nil {
+		return err
+	}
+	return NoteHoldingIn(tx, n, HoldsGrants)
+}
 
 func putNode(tx store.Txn, n *Node) error {
 	v, err := encodeNode(n)

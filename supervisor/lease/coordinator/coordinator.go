@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -232,7 +231,7 @@ func (c *Coordinator) load(ctx context.Context, term uint64) (lastAlive time.Tim
 		}
 		var checkpoints []record
 		err = tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
-			if bytes.Equal(key, layoutKey) {
+			if isLayoutKey(key) {
 				return nil
 			}
 			r, err := decodeRecord(value)
@@ -544,7 +543,10 @@ func (c *Coordinator) startOnce(ctx context.Context) (time.Time, error) {
 		if err != nil {
 			return err
 		}
-		return tx.Put(layoutKey, []byte{layoutMarker})
+		if err := tx.Put(layoutKey, []byte{layoutMarker}); err != nil {
+			return err
+		}
+		return tx.Put(holdingsLayoutKey, []byte{layoutMarker})
 	})
 	if err != nil {
 		return time.Time{}, fmt.Errorf("coordinator: start a term: %w", err)

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -69,11 +70,24 @@ const (
 // no control character.
 var layoutKey = []byte(prefixJob + "\x01evidence-log")
 
+// holdingsLayoutKey marks, the same way, a store whose agent-tree nodes
+// note what they may hold (tree.Holdings), which terminations trust to
+// skip the holder indexes of the nodes that hold nothing: a binary from
+// before it gives grants, privileges and tool calls without noting them.
+// The binaries with the evidence log skip only layoutKey, so they refuse
+// this one and do not start.
+var holdingsLayoutKey = []byte(prefixJob + "\x01node-holdings")
+
 const layoutMarker byte = 0x7f
 
-// jobKeyIsReserved: job's record would be the layout marker. The RPCs
+// isLayoutKey: key is one of the layout markers, no job's record.
+func isLayoutKey(key []byte) bool {
+	return bytes.Equal(key, layoutKey) || bytes.Equal(key, holdingsLayoutKey)
+}
+
+// jobKeyIsReserved: job's record would be a layout marker. The RPCs
 // refuse such an id anyway (a control character).
-func jobKeyIsReserved(job string) bool { return prefixJob+job == string(layoutKey) }
+func jobKeyIsReserved(job string) bool { return isLayoutKey([]byte(prefixJob + job)) }
 
 func logKey(seq uint64, part int) []byte {
 	return fmt.Appendf(nil, "%s%016x/%04x", prefixLog, seq, part)

@@ -141,23 +141,31 @@ func TestTheLayoutMarkerStopsABinaryFromBeforeTheLog(t *testing.T) {
 		}
 	}
 	stop := run()
-	var marker []byte
-	if err := st.View(context.Background(), func(tx store.ReadTxn) error {
-		marker, err = tx.Get(layoutKey)
-		return err
-	}); err != nil {
-		t.Fatal(err)
+	// Two markers: the evidence log's, and the node holdings' (a binary
+	// with the log but from before the holdings skips only the first, so
+	// it refuses the second).
+	for _, key := range [][]byte{layoutKey, holdingsLayoutKey} {
+		var marker []byte
+		if err := st.View(context.Background(), func(tx store.ReadTxn) error {
+			marker, err = tx.Get(key)
+			return err
+		}); err != nil {
+			t.Fatalf("marker %q: %v", key, err)
+		}
+		if _, err := decodeRecord(marker); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("the marker %q reads as a lease record: %v", key, err)
+		}
+		reserved := key[len(prefixJob):]
+		_, err = c.Apply(context.Background(), lease.Offer{JobID: string(reserved), LeaseID: "L", HolderIdentity: "w", LeaseDuration: time.Minute})
+		if !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("an offer of the marker %q's job id: %v", key, err)
+		}
+		if _, err := c.StoredLease(context.Background(), string(reserved)); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("the marker %q's job id read: %v", key, err)
+		}
 	}
-	if _, err := decodeRecord(marker); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("the marker reads as a lease record: %v", err)
-	}
-	reserved := layoutKey[len(prefixJob):]
-	_, err = c.Apply(context.Background(), lease.Offer{JobID: string(reserved), LeaseID: "L", HolderIdentity: "w", LeaseDuration: time.Minute})
-	if !errors.Is(err, ErrInvalidArgument) {
-		t.Fatalf("an offer of the marker's job id: %v", err)
-	}
-	if _, err := c.StoredLease(context.Background(), string(reserved)); !errors.Is(err, ErrNotFound) {
-		t.Fatalf("the marker's job id read: %v", err)
+	if bytes.Equal(holdingsLayoutKey, layoutKey) {
+		t.Fatal("the holdings marker is the evidence log's: a binary with the log would skip it")
 	}
 	// A restart skips the marker.
 	stop()

@@ -74,7 +74,7 @@ func UnpackEvidence(st store.Store) error {
 		}
 		var jobs []string
 		err = tx.Scan([]byte(prefixJob), nil, func(key, _ []byte) error {
-			if !bytes.Equal(key, layoutKey) {
+			if !isLayoutKey(key) {
 				jobs = append(jobs, string(key[len(prefixJob):]))
 			}
 			return nil
@@ -114,6 +114,9 @@ func UnpackEvidence(st store.Store) error {
 			}
 		}
 		if err := tx.Delete(layoutKey); err != nil { // no marker before the log
+			return err
+		}
+		if err := tx.Delete(holdingsLayoutKey); err != nil {
 			return err
 		}
 		for _, k := range logKeys {

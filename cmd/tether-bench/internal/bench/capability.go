@@ -23,6 +23,7 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 func init() {
@@ -201,6 +202,7 @@ func writeSubtree(ctx context.Context, srv *benchServer, rootProto *tetherv1.Gra
 	}
 	root := wire.GrantFromProto(rootProto)
 	now := time.Now().UTC()
+	agents := &tree.Tree{Store: srv.Store()} // notes each grant's holder
 	var batch []capability.Grant
 	flush := func() error {
 		if len(batch) == 0 {
@@ -208,7 +210,7 @@ func writeSubtree(ctx context.Context, srv *benchServer, rootProto *tetherv1.Gra
 		}
 		err := srv.Store().Update(ctx, func(tx store.Txn) error {
 			for _, g := range batch {
-				if err := grantstore.PutNewGrantIn(tx, g); err != nil {
+				if err := grantstore.PutNewGrantIn(tx, agents, g); err != nil {
 					return err
 				}
 			}
@@ -400,13 +402,14 @@ func capabilityVerify(ctx context.Context, r *Report, srv *benchServer) error {
 // and revokes them all with one bulk revocation: n tombstones.
 func revokeUnrelated(ctx context.Context, srv *benchServer, holder string, n int) error {
 	now := time.Now().UTC()
+	agents := &tree.Tree{Store: srv.Store()} // notes each grant's holder
 	err := srv.Store().Update(ctx, func(tx store.Txn) error {
 		for range n {
 			g, err := capability.NewRoot(capability.RootRequest{GrantID: id.New(id.Grant), Issuer: "operator:bench", HolderNodeID: holder, Scopes: []string{"tool:net"}, TTL: time.Hour}, now)
 			if err != nil {
 				return err
 			}
-			if err := grantstore.PutNewGrantIn(tx, g); err != nil {
+			if err := grantstore.PutNewGrantIn(tx, agents, g); err != nil {
 				return err
 			}
 		}

@@ -276,7 +276,7 @@ func buildWideTree(ctx context.Context, srv *benchServer, root *tetherv1.Node, r
 				}
 				err := srv.Store().Update(ctx, func(tx store.Txn) error {
 					for _, g := range batch {
-						if err := grantstore.PutNewGrantIn(tx, g); err != nil {
+						if err := grantstore.PutNewGrantIn(tx, agents, g); err != nil {
 							return err
 						}
 					}
