@@ -65,6 +65,16 @@ type Observer interface {
 	ObserveCall(tx store.Txn, before, after *ToolCall) error
 }
 
+// MaxOpenCallsPerNode bounds the calls one node may have in flight (begun
+// and neither ended nor closed by a termination), whichever gates began
+// them. Each is work for the termination that stops the node (a cancel
+// order, an acknowledgement to wait for, a line in the record), and a drain
+// waits for all of them: a tool server that begins calls and never ends
+// them, or an agent that keeps a shared gate's upstream busy, would
+// otherwise inflate or stall its own termination without bound. The next
+// begin is refused (tree.ErrLimit) and writes nothing.
+const MaxOpenCallsPerNode = 256
+
 var (
 	gatePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 	toolPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
@@ -107,6 +117,10 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	var stopping error
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
 		stopping = nil
+		// The node and its open calls, fetched together (etcd).
+		if err := store.Prefetch(tx, [][]byte{tree.NodeKey(nodeID)}, [][]byte{openCallPrefix(nodeID)}); err != nil {
+			return err
+		}
 		node, err := tree.GetNodeIn(tx, nodeID)
 		if err != nil {
 			return err
@@ -142,6 +156,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			}
 			return nil
 		}
+		if err := openBelowLimit(tx, nodeID); err != nil {
+			return err
+		}
 		if err := putCall(tx, call); err != nil {
 			return err
 		}
@@ -163,6 +180,27 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		return call, stopping
 	}
 	return call, nil
+}
+
+// openBelowLimit refuses a new call of a node that already has
+// MaxOpenCallsPerNode calls in flight. It reads the node's open-call keys,
+// at most that many: a node with a few calls open pays for a few.
+func openBelowLimit(tx store.ReadTxn, nodeID string) error {
+	open := 0
+	err := tx.Scan(openCallPrefix(nodeID), nil, func(_, _ []byte) error {
+		open++
+		if open >= MaxOpenCallsPerNode {
+			return store.ErrStopScan
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if open >= MaxOpenCallsPerNode {
+		return fmt.Errorf("%w: node %s already has %d tool calls in flight, the maximum per node: the gate must end one (EndCall) before it begins another", tree.ErrLimit, nodeID, open)
+	}
+	return nil
 }
 
 // End records the end of a call (completed or failed), reported by the
