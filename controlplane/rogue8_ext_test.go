@@ -86,3 +86,55 @@ func TestARogueCannotKeepUnboundedCallsOpenOnItsNode(t *testing.T) {
 		t.Fatalf("a call once one of the node's calls ended: %v", err)
 	}
 }
+
+// A rogue whose node is draining keeps calling its tools through a gate:
+// each begin is refused, and each refusal used to be kept and listed in
+// the termination's record, with no bound but the gate's rate times the
+// window. Every refusal also woke the termination, whose every pass read
+// all of them again. The record lists the first
+// ledger.MaxRefusedCallsListedPerNode refusals of each node; later ones are
+// refused alike (failed_precondition, saying they are not listed) and
+// write nothing. The bound is per node: the rogue's refusals do not crowd
+// another node's out of the record.
+func TestARogueRefusedWhileDrainingCannotGrowTheRecordWithoutBound(t *testing.T) {
+	w := newComposeWorld(t)
+	ctx := context.Background()
+	rogueToken := issueRoot(t, w.admin, w.child.Node.NodeId, time.Hour, "tool:*").token
+	otherToken := issueRoot(t, w.admin, w.grandchild.Node.NodeId, time.Hour, "tool:*").token
+	held := w.beginCall(t, w.child.Node.NodeId) // keeps the drain open
+	term := terminate(t, w.admin, w.child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Second, 0)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+
+	begin := func(token string) error {
+		_, err := w.gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: "shell", GateId: "gate-1"}))
+		return err
+	}
+	for i := range 3 * ledger.MaxRefusedCallsListedPerNode {
+		err := begin(rogueToken)
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Fatalf("refusal %d of the draining rogue: %v, want failed_precondition", i+1, err)
+		}
+		if i >= ledger.MaxRefusedCallsListedPerNode && !strings.Contains(err.Error(), "not listed") {
+			t.Fatalf("refusal %d says %q; want it to say the refusal is not listed", i+1, err.Error())
+		}
+	}
+	if err := begin(otherToken); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("the grandchild's call during the drain: %v, want failed_precondition", err)
+	}
+	if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: held, GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	refused := map[string]int{}
+	for _, c := range record(t, w.admin, term.TerminationId).ToolCalls {
+		if c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+			refused[c.NodeId]++
+		}
+	}
+	if refused[w.child.Node.NodeId] != ledger.MaxRefusedCallsListedPerNode {
+		t.Fatalf("the record lists %d refused calls of the rogue, want %d (the first ones; the rest are not listed)", refused[w.child.Node.NodeId], ledger.MaxRefusedCallsListedPerNode)
+	}
+	if refused[w.grandchild.Node.NodeId] != 1 {
+		t.Fatalf("the record lists %d refused calls of the grandchild, want its 1", refused[w.grandchild.Node.NodeId])
+	}
+}

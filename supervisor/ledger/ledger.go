@@ -75,6 +75,14 @@ type Observer interface {
 // begin is refused (tree.ErrLimit) and writes nothing.
 const MaxOpenCallsPerNode = 256
 
+// MaxRefusedCallsListedPerNode bounds the calls of one node refused while
+// it was stopping that a termination lists in its record (rejected_draining).
+// Later refusals of the node in the same termination are refused alike and
+// write nothing: a rogue calling in a loop while it drains would otherwise
+// grow the record, and every reconciler pass that reads the termination's
+// calls, by the gate's rate times the window.
+const MaxRefusedCallsListedPerNode = 16
+
 var (
 	gatePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 	toolPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
@@ -83,9 +91,11 @@ var (
 // Begin verifies the token and the node's state and records the call as in
 // flight, begun by the tool server by (a principal id). A node that is
 // draining or aborting gets tree.ErrNodeStopping, and the refused call is
-// recorded (rejected_draining) for the termination's record. A node whose
-// exit was confirmed gets ErrNodeExited, and the attempt is kept on the node
-// as contradicting evidence.
+// recorded (rejected_draining) for the termination's record, up to
+// MaxRefusedCallsListedPerNode of the node's. A node whose exit was
+// confirmed gets ErrNodeExited, and the attempt is kept on the node as
+// contradicting evidence. A running node with MaxOpenCallsPerNode calls in
+// flight gets tree.ErrLimit, and nothing is written.
 func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
 		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
@@ -115,8 +125,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		State: CallStateInFlight, BegunAt: now, BegunBy: by,
 	}
 	var stopping error
+	unlisted := false // refused, and not kept: the record lists enough of the node's refusals
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
-		stopping = nil
+		stopping, unlisted = nil, false
 		// The node and its open calls, fetched together (etcd).
 		if err := store.Prefetch(tx, [][]byte{tree.NodeKey(nodeID)}, [][]byte{openCallPrefix(nodeID)}); err != nil {
 			return err
@@ -141,6 +152,17 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			if stopping == nil { // (an exited node's refusal names its confirmation)
 				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
 			}
+			if node.TerminationID != "" {
+				full, err := refusalsListed(tx, node.TerminationID, nodeID)
+				if err != nil {
+					return err
+				}
+				if full {
+					stopping = fmt.Errorf("%w (not listed: the termination's record already lists the node's first %d refused calls)", stopping, MaxRefusedCallsListedPerNode)
+					unlisted = true
+					return nil
+				}
+			}
 			call.State = CallStateEnded
 			call.Resolution = CallResolutionRejectedDraining
 			call.EndedAt = now
@@ -152,6 +174,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 				return err
 			}
 			if node.TerminationID != "" {
+				if err := tx.Put(refusedKey(node.TerminationID, nodeID, call.CallID), nil); err != nil {
+					return err
+				}
 				return tx.Put(termCallKey(node.TerminationID, call.CallID), nil)
 			}
 			return nil
@@ -170,7 +195,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if err != nil {
 		return nil, err
 	}
-	if call.State != CallStateEnded {
+	if call.State != CallStateEnded && !unlisted {
 		l.nodes.remember(call)
 	}
 	if stopping != nil {
@@ -180,6 +205,21 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		return call, stopping
 	}
 	return call, nil
+}
+
+// refusalsListed reports whether the termination already lists
+// MaxRefusedCallsListedPerNode refused calls of the node (it reads at most
+// that many keys).
+func refusalsListed(tx store.ReadTxn, terminationID, nodeID string) (bool, error) {
+	listed := 0
+	err := tx.Scan(refusedPrefix(terminationID, nodeID), nil, func(_, _ []byte) error {
+		listed++
+		if listed >= MaxRefusedCallsListedPerNode {
+			return store.ErrStopScan
+		}
+		return nil
+	})
+	return listed >= MaxRefusedCallsListedPerNode, err
 }
 
 // openBelowLimit refuses a new call of a node that already has
