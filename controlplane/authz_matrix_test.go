@@ -811,7 +811,7 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 }
 
-// concealed lists the reads by id that answer an agent refused the object
+// concealed lists the reads by id (and the listings by a node id) that answer an agent refused the object
 // not_found, as for an id that names nothing, so that an agent cannot learn
 // whether another tree's object exists (policy refusals, before the object
 // is read, stay permission_denied).
@@ -820,6 +820,9 @@ var concealed = map[string]bool{
 	tetherv1connect.CapabilityServiceGetGrantProcedure:         true,
 	tetherv1connect.SupervisorServiceGetTerminationProcedure:   true,
 	tetherv1connect.SupervisorServiceWatchTerminationProcedure: true,
+	tetherv1connect.AgentServiceListNodesProcedure:             true,
+	tetherv1connect.StopRuleServiceListStopRulesProcedure:      true,
+	tetherv1connect.StopRuleServiceTestStopRuleProcedure:       true,
 }
 
 // checkCell makes one caller's call in w and checks its verdict.

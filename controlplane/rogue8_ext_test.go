@@ -138,3 +138,67 @@ func TestARogueRefusedWhileDrainingCannotGrowTheRecordWithoutBound(t *testing.T)
 		t.Fatalf("the record lists %d refused calls of the grandchild, want its 1", refused[w.grandchild.Node.NodeId])
 	}
 }
+
+// A rogue names another tree's node or grant in a listing's filter, to
+// learn whether it exists (the seventh pass closed the reads by id, not
+// the listings): ListNodes by root_node_id, ListStopRules and TestStopRule
+// by node_id, and ListGrants by derived_from_grant_id, which also named the
+// holder of another tree's grant in its refusal. Each answers an object
+// the agent may not read exactly as an id that names nothing (not_found,
+// the same message but for the id). ListNodes also read the other tree's
+// whole subtree before it refused.
+func TestARogueCannotProbeAnotherTreeThroughItsListings(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	rc := srv.Clients(rogue.Credential)
+	victim := register(t, admin, "victim")
+	child := spawn(t, srv.Clients(victim.Credential), victim.Node.NodeId, "child")
+	g := issueRoot(t, admin, child.Node.NodeId, time.Hour, "tool:*")
+	missingNode, missingGrant := "n_00000000000000000000", "g_00000000000000000000"
+
+	same := func(what, hiddenID, missingID string, ask func(id string) error) {
+		t.Helper()
+		hidden, missing := ask(hiddenID), ask(missingID)
+		if connect.CodeOf(hidden) != connect.CodeNotFound || connect.CodeOf(missing) != connect.CodeNotFound {
+			t.Errorf("%s: another tree's answers %v, a missing one %v; want not_found for both", what, hidden, missing)
+			return
+		}
+		h := strings.ReplaceAll(hidden.Error(), hiddenID, "ID")
+		m := strings.ReplaceAll(missing.Error(), missingID, "ID")
+		if h != m {
+			t.Errorf("%s: another tree's answers %q, a missing one %q; want the same", what, h, m)
+		}
+		if strings.Contains(hidden.Error(), child.Node.NodeId) && hiddenID != child.Node.NodeId {
+			t.Errorf("%s: the refusal %q names the other tree's node", what, hidden)
+		}
+	}
+	same("ListNodes", child.Node.NodeId, missingNode, func(id string) error {
+		_, err := rc.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id}))
+		return err
+	})
+	same("ListStopRules", child.Node.NodeId, missingNode, func(id string) error {
+		_, err := rc.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: id}))
+		return err
+	})
+	same("TestStopRule", child.Node.NodeId, missingNode, func(id string) error {
+		_, err := rc.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: id, Expression: "calls > 0"}))
+		return err
+	})
+	same("ListGrants by derived_from_grant_id", g.grant.GrantId, missingGrant, func(id string) error {
+		_, err := rc.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: id}))
+		return err
+	})
+	// Whoever may read them still does.
+	vc := srv.Clients(victim.Credential)
+	if nodes, err := vc.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: child.Node.NodeId})); err != nil || len(nodes.Msg.Nodes) != 1 {
+		t.Errorf("the victim listing its child's subtree: %v", err)
+	}
+	if _, err := vc.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: child.Node.NodeId})); err != nil {
+		t.Errorf("the victim listing its child's rules: %v", err)
+	}
+	if _, err := vc.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: g.grant.GrantId})); err != nil {
+		t.Errorf("the victim listing what derives from its child's grant: %v", err)
+	}
+}

@@ -277,7 +277,13 @@ func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tree.Node, 
 	if err != nil {
 		return nil, err
 	}
-	return n, CheckRead(a, n)
+	if CheckRead(a, n) != nil {
+		// Answered as a node that does not exist (the tree's own
+		// not-found), so an agent cannot learn by its id whether a node
+		// outside its subtree exists.
+		return nil, fmt.Errorf("%w: %s", tree.ErrNodeNotFound, nodeID)
+	}
+	return n, nil
 }
 
 // testable reports whether a may test the stored rule against n: an
