@@ -4,14 +4,19 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/internal/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/ledger"
 )
 
@@ -200,5 +205,112 @@ func TestARogueCannotProbeAnotherTreeThroughItsListings(t *testing.T) {
 	}
 	if _, err := vc.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: g.grant.GrantId})); err != nil {
 		t.Errorf("the victim listing what derives from its child's grant: %v", err)
+	}
+}
+
+// scanCountingStore is the server's real Badger store, counting the keys
+// read by scans of the whole tool-call ledger (every call of every tree).
+type scanCountingStore struct {
+	store.Store
+	ledgerKeys atomic.Int64
+}
+
+type scanCountingRead struct {
+	store.ReadTxn
+	s *scanCountingStore
+}
+
+type scanCountingTxn struct {
+	store.Txn
+	s *scanCountingStore
+}
+
+func (s *scanCountingStore) count(prefix []byte, fn func(k, v []byte) error) func(k, v []byte) error {
+	if string(prefix) != "calls/call/" {
+		return fn
+	}
+	return func(k, v []byte) error { s.ledgerKeys.Add(1); return fn(k, v) }
+}
+
+func (r scanCountingRead) Scan(prefix, start []byte, fn func(k, v []byte) error) error {
+	return r.ReadTxn.Scan(prefix, start, r.s.count(prefix, fn))
+}
+
+func (r scanCountingTxn) Scan(prefix, start []byte, fn func(k, v []byte) error) error {
+	return r.Txn.Scan(prefix, start, r.s.count(prefix, fn))
+}
+
+func (s *scanCountingStore) View(ctx context.Context, fn func(tx store.ReadTxn) error) error {
+	return s.Store.View(ctx, func(tx store.ReadTxn) error { return fn(scanCountingRead{tx, s}) })
+}
+
+func (s *scanCountingStore) Update(ctx context.Context, fn func(tx store.Txn) error) error {
+	return s.Store.Update(ctx, func(tx store.Txn) error { return fn(scanCountingTxn{tx, s}) })
+}
+
+// A rogue whose labels match the operator's auto-approve policy (it
+// chooses its children's labels) proposes its own stop on condition
+// calls>=N, with N far beyond its calls. Judging the condition read every
+// call of every tree in the ledger, in a write transaction, for each
+// proposal: a rogue spawning labelled children, eight proposals each, had
+// the server read the whole ledger again and again. The condition is
+// judged on the node's own call counter now (the stop rules' count, kept
+// in the ledger's transactions), and still approves when it holds.
+func TestARogueCannotMakeItsProposalReadEveryTreesCalls(t *testing.T) {
+	b, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	st := &scanCountingStore{Store: b}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
+		cfg.Store = st
+		cfg.StopPolicy = supervisor.ProposalPolicy{AutoApprove: map[string]string{"stop": "self"}}
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	call := func(token string) {
+		t.Helper()
+		begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: "shell"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: begun.Msg.Call.CallId})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victim := register(t, admin, "victim")
+	victimToken := issueRoot(t, admin, victim.Node.NodeId, time.Hour, "tool:*").token
+	for range 100 {
+		call(victimToken)
+	}
+	rogue := registerLabelled(t, admin, "rogue", map[string]string{"stop": "self"})
+	rc := srv.Clients(rogue.Credential)
+	rogueToken := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*").token
+	call(rogueToken)
+	call(rogueToken)
+
+	propose := func(condition string) *tetherv1.StopProposal {
+		t.Helper()
+		resp, err := rc.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: condition, Reason: "done"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Proposal
+	}
+	st.ledgerKeys.Store(0)
+	if p := propose("calls>=1000000000"); p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+		t.Fatalf("a proposal on calls>=1000000000 with 2 calls is %s, want pending", p.State)
+	}
+	if p := propose("calls>=3"); p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+		t.Fatalf("a proposal on calls>=3 with 2 calls is %s, want pending", p.State)
+	}
+	if n := st.ledgerKeys.Load(); n != 0 {
+		t.Fatalf("judging the rogue's two conditions read %d calls of the whole ledger (every tree's), want none", n)
+	}
+	call(rogueToken)
+	if p := propose("calls>=3"); p.State != tetherv1.ProposalState_PROPOSAL_STATE_APPROVED {
+		t.Fatalf("a proposal on calls>=3 with 3 calls is %s, want approved by the policy", p.State)
 	}
 }

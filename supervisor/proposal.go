@@ -11,7 +11,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
-	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -152,8 +151,9 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 //	after:<RFC 3339> — the control plane's clock has passed the time
 //	calls>=<N>       — the ledger holds at least N tool calls begun by the node
 //
-// Unknown conditions are refused when proposed.
-func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Time) (bool, error), error) {
+// Unknown conditions are refused when proposed. count is the node's call
+// counter (Supervisor.CallCount); nil, calls>=N is never true.
+func parseCondition(c string, count func(tx store.ReadTxn, nodeID string) (int64, error)) (func(tx store.ReadTxn, nodeID string, now time.Time) (bool, error), error) {
 	switch {
 	case c == "" || c == "now":
 		return func(store.ReadTxn, string, time.Time) (bool, error) { return true, nil }, nil
@@ -169,8 +169,13 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 			return nil, fmt.Errorf("%w: condition: calls>= wants a non-negative integer", tree.ErrInvalidArgument)
 		}
 		return func(tx store.ReadTxn, nodeID string, _ time.Time) (bool, error) {
-			count, err := ledger.CountCallsIn(tx, nodeID, n)
-			return count >= n, err
+			// Counted by the node's own counter: counting the ledger's
+			// calls read every call of every tree, for each proposal.
+			if count == nil {
+				return false, nil
+			}
+			calls, err := count(tx, nodeID)
+			return calls >= int64(n), err
 		}, nil
 	}
 	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", tree.ErrInvalidArgument, kv.Clip(c))
@@ -180,7 +185,7 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 // nothing else: only a decision (an operator's, or the policy's) starts a
 // termination.
 func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, proposedBy string, mode Mode, drain time.Duration, policy ProposalPolicy) (*StopProposal, *Termination, error) {
-	if _, err := parseCondition(condition); err != nil {
+	if _, err := parseCondition(condition, nil); err != nil {
 		return nil, nil, err
 	}
 	if len(reason) > 1024 {
@@ -221,7 +226,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		}
 		auto = false
 		if len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
-			cond, _ := parseCondition(condition)
+			cond, _ := parseCondition(condition, s.CallCount)
 			if auto, err = cond(tx, nodeID, s.Clock.Now()); err != nil {
 				return err
 			}

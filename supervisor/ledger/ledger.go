@@ -563,23 +563,3 @@ func GetCallIn(tx store.ReadTxn, callID string) (*ToolCall, error) {
 // PutCallIn writes a call inside a transaction (the termination marks its
 // calls and closes the unacknowledged ones in its record).
 func PutCallIn(tx store.Txn, c *ToolCall) error { return putCall(tx, c) }
-
-// CountCallsIn counts the node's calls in the ledger (a call refused
-// because the node was stopping does not count), stopping at limit.
-func CountCallsIn(tx store.ReadTxn, nodeID string, limit int) (int, error) {
-	count := 0
-	err := tx.Scan([]byte(prefixCall), nil, func(_, v []byte) error {
-		c := &ToolCall{}
-		if err := UnmarshalCall(v, c); err != nil {
-			return err
-		}
-		if c.NodeID == nodeID && c.Resolution != CallResolutionRejectedDraining {
-			count++
-			if count >= limit {
-				return store.ErrStopScan
-			}
-		}
-		return nil
-	})
-	return count, err
-}

@@ -414,6 +414,17 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 	return out, err
 }
 
+// CallCount returns the calls the ledger holds begun by the node (its
+// stored counter; refusals while it stopped are not counted), for the
+// supervisor's proposal conditions (supervisor.Supervisor.CallCount).
+func (r *Rules) CallCount(tx store.ReadTxn, nodeID string) (int64, error) {
+	o, err := storedObs(tx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	return o.Calls, nil
+}
+
 // ObservedKeys implements ledger.KeyedObserver: ObserveCall reads the
 // node's observations.
 func (r *Rules) ObservedKeys(nodeID string) [][]byte { return [][]byte{obsKey(nodeID)} }
