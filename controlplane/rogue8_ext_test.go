@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
@@ -313,4 +314,111 @@ func TestARogueCannotMakeItsProposalReadEveryTreesCalls(t *testing.T) {
 	if p := propose("calls>=3"); p.State != tetherv1.ProposalState_PROPOSAL_STATE_APPROVED {
 		t.Fatalf("a proposal on calls>=3 with 3 calls is %s, want approved by the policy", p.State)
 	}
+}
+
+// ruleWorld is a rogue parent agent (registered by the operator) with a
+// child that holds a tool grant, an operator's rule on the child that is
+// true once one of its calls fails, and a policy that drains what such a
+// rule proposes: the operator's stop, taken by the control plane.
+type ruleWorld struct {
+	srv    *testserver.Server
+	clk    *clock.Manual
+	admin  *testserver.Clients
+	parent *testserver.Clients
+	child  *tetherv1.SpawnResponse
+	token  string
+	gate   *testserver.Clients
+	rule   *tetherv1.StopRule
+}
+
+func newRuleWorld(t *testing.T) *ruleWorld {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), withStopPolicy(supervisor.ProposalPolicy{
+		RuleActions: []supervisor.RuleAction{{Severity: "critical", Mode: supervisor.ModeDrain}},
+	}))
+	admin := srv.AdminClients()
+	parent := register(t, admin, "parent")
+	pc := srv.Clients(parent.Credential)
+	child := spawn(t, pc, parent.Node.NodeId, "child")
+	w := &ruleWorld{srv: srv, clk: clk, admin: admin, parent: pc, child: child,
+		token: issueRoot(t, admin, child.Node.NodeId, time.Hour, "tool:*").token,
+		gate:  srv.Clients(srv.ToolServerToken(t, "gate-1"))}
+	w.rule = addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: child.Node.NodeId, Name: "no-failures", Severity: "critical", Expression: `observed.failures >= 1`})
+	return w
+}
+
+// begin starts a call of the child that nobody ends.
+func (w *ruleWorld) begin(t *testing.T) string {
+	t.Helper()
+	begun, err := w.gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.token, Tool: "shell", GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return begun.Msg.Call.CallId
+}
+
+func (w *ruleWorld) fail(t *testing.T, call string) {
+	t.Helper()
+	if _, err := w.gate.Tool.EndCall(context.Background(), connect.NewRequest(&tetherv1.EndCallRequest{CallId: call, GateId: "gate-1", Failed: true})); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The operator's rule fires on the child and the policy drains it, on the
+// control plane's default windows. The rogue parent then drains its child
+// itself with a day-long window, to take the node over and let the
+// child's call run on for the day. The stop an operator's rule started
+// carried the child's own authority (an agent's), so the parent's drain
+// took it over. It carries the authority of whoever set the rule (here
+// the operator): the parent's drain is refused, failed_precondition, and
+// the node stays with the rule's termination.
+func TestARogueCannotTakeOverTheStopItsOperatorsRuleStarted(t *testing.T) {
+	w := newRuleWorld(t)
+	ctx := context.Background()
+	w.begin(t) // runs on
+	w.fail(t, w.begin(t))
+	p := waitRuleProposal(t, w.srv, w.rule.RuleId)
+	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" {
+		t.Fatalf("the rule's proposal %v, want approved by the policy", p)
+	}
+	_, err := w.parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "mine",
+		DrainWindow: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(24 * time.Hour),
+	}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("the rogue parent's day-long drain of the child the operator's rule is stopping: %v, want failed_precondition", err)
+	}
+	if n := getNode(t, w.admin, w.child.Node.NodeId); n.TerminationId != p.TerminationId {
+		t.Fatalf("the child is stopped by termination %s, want the rule's %s", n.TerminationId, p.TerminationId)
+	}
+}
+
+// The rogue parent drains its child first, with a day-long window, while
+// the child's calls run; then one of them fails and the operator's rule on
+// the child becomes true. Rules were judged only on running nodes, so the
+// rule never fired and the parent's drain shielded the child from it for
+// the day. The rule fires on a node an agent's termination is stopping,
+// and its drain (the operator's authority) takes the node over.
+func TestARogueCannotShieldItsChildFromAnOperatorsRuleByDrainingItFirst(t *testing.T) {
+	w := newRuleWorld(t)
+	ctx := context.Background()
+	w.begin(t) // runs on
+	failing := w.begin(t)
+	mine, err := w.parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "mine",
+		DrainWindow: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(24 * time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, mine.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.fail(t, failing)
+	p := waitRuleProposal(t, w.srv, w.rule.RuleId)
+	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" {
+		t.Fatalf("the rule's proposal %v, want approved by the policy", p)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the rule's termination to take the child over", func() bool {
+		return getNode(t, w.admin, w.child.Node.NodeId).TerminationId == p.TerminationId
+	})
 }

@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -101,7 +102,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if err != nil {
 		return nil, "", err
 	}
-	if n.State != tree.NodeStateRunning {
+	if n.State == tree.NodeStateTerminated || n.State == tree.NodeStateExited {
 		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {
@@ -136,6 +137,12 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 		decidedBy = "policy:auto-approve"
 	}
 	if decidedBy == "" {
+		if n.State != tree.NodeStateRunning {
+			// Another termination stops the node: a proposal for an
+			// operator to decide later is not filed (the node is
+			// stopping); one the policy decides now may take it over.
+			return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
+		}
 		return p, "", putProposal(tx, p)
 	}
 	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
@@ -290,9 +297,6 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	if err != nil {
 		return Termination{}, err
 	}
-	if n.State != tree.NodeStateRunning {
-		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeID, tree.StateName(n.State))
-	}
 	mode := ModeDrain
 	if p.Mode == ModeAbort {
 		mode = ModeAbort
@@ -309,11 +313,20 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	term.ProposalID = p.ProposalID
 	term.HookTimeout = s.hookTimeout()
 	if strings.HasPrefix(decidedBy, PolicyDecider) {
-		// No one outside the workload weighed this stop: the node chose
-		// its mode and window. It carries the proposing agent's authority,
-		// so that it never shields the node from its ancestors (nor from a
-		// rollout) with a window of its choosing.
-		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
+		// No one outside the workload weighed this stop but whoever set
+		// the rule that filed it. A node's own proposal carries the
+		// proposing agent's authority, so that it never shields the node
+		// from its ancestors (nor from a rollout) with a window of its
+		// choosing; a rule's carries its setter's (an operator's rule, the
+		// operator's), so that the node's ancestors cannot take over the
+		// stop an operator's rule started.
+		term.RequesterLineage = policyLineage(p, n)
+	}
+	// A node another termination is stopping is taken over only by a
+	// termination that supersedes it (an operator's over an agent's, an
+	// abort over a drain), as Terminate does.
+	if err := mayStop(tx, term, n); err != nil {
+		return Termination{}, err
 	}
 	p.State = ProposalStateApproved
 	p.TerminationID = term.ID
@@ -321,6 +334,26 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		return Termination{}, err
 	}
 	return term, putProposal(tx, p)
+}
+
+// policyLineage is the requester lineage of the termination a policy
+// approved for proposal p of node n (see Termination.Rank): none for a
+// stop rule an operator set (an operator's authority); the lineage down to
+// the agent that set the rule (n or an ancestor), for an agent's rule;
+// n's own lineage for n's own proposal.
+func policyLineage(p *StopProposal, n *tree.Node) []string {
+	own := append(append([]string(nil), n.Ancestors...), n.NodeID)
+	if p.Rule == nil {
+		return own
+	}
+	setter, agent := strings.CutPrefix(p.Rule.SetBy, "agent:")
+	if !agent {
+		return nil
+	}
+	if i := slices.Index(own, setter); i >= 0 {
+		return own[:i+1]
+	}
+	return own
 }
 
 // Proposals lists proposals, optionally in one state.
