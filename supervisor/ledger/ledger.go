@@ -238,7 +238,7 @@ func openBelowLimit(tx store.ReadTxn, nodeID string) error {
 		return err
 	}
 	if open >= MaxOpenCallsPerNode {
-		return fmt.Errorf("%w: node %s already has %d tool calls in flight, the maximum per node: the gate must end one (EndCall) before it begins another", tree.ErrLimit, nodeID, open)
+		return fmt.Errorf("%w: node %s already has %d tool calls in flight, the maximum per node; a new call is refused until one of them ends (EndCall)", tree.ErrLimit, nodeID, open)
 	}
 	return nil
 }
