@@ -422,3 +422,26 @@ func TestARogueCannotShieldItsChildFromAnOperatorsRuleByDrainingItFirst(t *testi
 		return getNode(t, w.admin, w.child.Node.NodeId).TerminationId == p.TerminationId
 	})
 }
+
+// The operator drains the child itself, on a short window of its own.
+// A rogue then makes the operator's rule on the child true (its call
+// fails): were the policy's drain to take the node over, as it takes it
+// from an agent's, the rogue would stretch its operator's window to the
+// policy's. The policy's stop outranks only an agent's termination: the
+// proposal waits for the operator, and the node stays with the operator's
+// drain.
+func TestARogueCannotStretchItsOperatorsDrainByMakingARuleTrue(t *testing.T) {
+	w := newRuleWorld(t)
+	w.begin(t) // runs on
+	failing := w.begin(t)
+	term := terminate(t, w.admin, w.child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Second, time.Second, time.Hour)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.fail(t, failing)
+	p := waitRuleProposal(t, w.srv, w.rule.RuleId)
+	if p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING || p.TerminationId != "" {
+		t.Fatalf("the rule's proposal on the node the operator drains is %s (termination %q), want pending for the operator", p.State, p.TerminationId)
+	}
+	if n := getNode(t, w.admin, w.child.Node.NodeId); n.TerminationId != term.TerminationId {
+		t.Fatalf("the child is stopped by termination %s, want the operator's %s", n.TerminationId, term.TerminationId)
+	}
+}

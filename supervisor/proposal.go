@@ -136,13 +136,22 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if decidedBy == "" && len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
 		decidedBy = "policy:auto-approve"
 	}
-	if decidedBy == "" {
-		if n.State != tree.NodeStateRunning {
-			// Another termination stops the node: a proposal for an
-			// operator to decide later is not filed (the node is
-			// stopping); one the policy decides now may take it over.
-			return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
+	if decidedBy != "" && n.State != tree.NodeStateRunning {
+		// Another termination stops the node. The policy's stop takes it
+		// over only from a termination it outranks (an operator's rule
+		// over an agent's drain); one of the same authority (the
+		// operator's own drain, say) keeps the node on its own windows, or
+		// a rule a rogue can make true would stretch them to the policy's,
+		// and the proposal waits for the operator.
+		outranks, err := policyOutranks(tx, p, n)
+		if err != nil {
+			return nil, "", err
 		}
+		if !outranks {
+			decidedBy = ""
+		}
+	}
+	if decidedBy == "" {
 		return p, "", putProposal(tx, p)
 	}
 	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
@@ -354,6 +363,23 @@ func policyLineage(p *StopProposal, n *tree.Node) []string {
 		return own[:i+1]
 	}
 	return own
+}
+
+// policyOutranks reports whether the stop a policy would start for
+// proposal p outranks the termination now stopping n (Termination.Rank).
+func policyOutranks(tx store.ReadTxn, p *StopProposal, n *tree.Node) (bool, error) {
+	if n.TerminationID == "" {
+		return true, nil
+	}
+	var owner Termination
+	if err := getTermination(tx, n.TerminationID, &owner); err != nil {
+		return false, err
+	}
+	rank := RankOperator
+	if len(policyLineage(p, n)) > 0 {
+		rank = RankAgent
+	}
+	return rank > owner.Rank(), nil
 }
 
 // Proposals lists proposals, optionally in one state.
