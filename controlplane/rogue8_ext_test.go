@@ -382,6 +382,9 @@ func TestARogueCannotTakeOverTheStopItsOperatorsRuleStarted(t *testing.T) {
 	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" {
 		t.Fatalf("the rule's proposal %v, want approved by the policy", p)
 	}
+	testserver.WaitFor(t, 20*time.Second, "the rule's termination to mark the child", func() bool {
+		return getNode(t, w.admin, w.child.Node.NodeId).TerminationId == p.TerminationId
+	})
 	_, err := w.parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 		NodeId: w.child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "mine",
 		DrainWindow: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(24 * time.Hour),
