@@ -41,9 +41,10 @@ func openCalls(t *testing.T, admin *testserver.Clients, node string) int {
 // stops the node (a cancel order, an acknowledgement to wait for, a line
 // in the record) and keeps a drain waiting, so without a bound a rogue
 // inflates its termination at will. A node holds at most
-// ledger.MaxOpenCallsPerNode calls in flight: the next begin is refused
-// resource_exhausted, in words, and writes nothing; other nodes' calls
-// through the same gate go on, and a call ended frees a slot.
+// ledger.MaxOpenCallsPerNode calls in flight through one gate: the next
+// begin is refused resource_exhausted, in words, and writes nothing; other
+// nodes' calls through the same gate, and the node's through another gate,
+// go on, and a call ended frees a slot.
 func TestARogueCannotKeepUnboundedCallsOpenOnItsNode(t *testing.T) {
 	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)))
 	admin := srv.AdminClients()
@@ -75,7 +76,7 @@ func TestARogueCannotKeepUnboundedCallsOpenOnItsNode(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Fatalf("call %d, with %d in flight on the node: %v, want resource_exhausted", ledger.MaxOpenCallsPerNode+1, ledger.MaxOpenCallsPerNode, err)
 	}
-	want := fmt.Sprintf("node %s already has %d tool calls in flight, the maximum per node", rogue.Node.NodeId, ledger.MaxOpenCallsPerNode)
+	want := fmt.Sprintf("node %s already has %d tool calls in flight through gate gate-1, the maximum per node and gate", rogue.Node.NodeId, ledger.MaxOpenCallsPerNode)
 	if !strings.Contains(err.Error(), want) {
 		t.Fatalf("the refusal says %q, want it to say %q", err.Error(), want)
 	}
@@ -84,6 +85,15 @@ func TestARogueCannotKeepUnboundedCallsOpenOnItsNode(t *testing.T) {
 	}
 	if _, err := begin(otherToken); err != nil {
 		t.Fatalf("another node's call through the same gate: %v", err)
+	}
+	// A gate fills only its own room: a rogue tool server holding an
+	// agent's token (every token it is shown) cannot lock the agent out of
+	// the other gates.
+	if _, err := srv.Clients(srv.ToolServerToken(t, "gate-2")).Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: rogueToken, Tool: "shell"})); err != nil {
+		t.Fatalf("the node's call through another gate: %v", err)
+	}
+	if n := openCalls(t, admin, rogue.Node.NodeId); n != ledger.MaxOpenCallsPerNode+1 {
+		t.Fatalf("%d calls in flight on the node, want %d", n, ledger.MaxOpenCallsPerNode+1)
 	}
 	if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: first.CallId})); err != nil {
 		t.Fatal(err)

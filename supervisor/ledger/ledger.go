@@ -66,12 +66,14 @@ type Observer interface {
 }
 
 // MaxOpenCallsPerNode bounds the calls one node may have in flight (begun
-// and neither ended nor closed by a termination), whichever gates began
-// them. Each is work for the termination that stops the node (a cancel
-// order, an acknowledgement to wait for, a line in the record), and a drain
-// waits for all of them: a tool server that begins calls and never ends
-// them, or an agent that keeps a shared gate's upstream busy, would
-// otherwise inflate or stall its own termination without bound. The next
+// and neither ended nor closed by a termination) through one gate. Each is
+// work for the termination that stops the node (a cancel order, an
+// acknowledgement to wait for, a line in the record), and a drain waits for
+// all of them: a tool server that begins calls and never ends them, or an
+// agent that keeps a shared gate's upstream busy, would otherwise inflate
+// or stall its own termination without bound. The bound is per gate, so a
+// rogue tool server holding an agent's token (every token a gate sees) can
+// fill the agent's room at its own gate only, not at the others. The next
 // begin is refused (tree.ErrLimit) and writes nothing.
 const MaxOpenCallsPerNode = 256
 
@@ -95,7 +97,7 @@ var (
 // MaxRefusedCallsListedPerNode of the node's. A node whose exit was
 // confirmed gets ErrNodeExited, and the attempt is kept on the node as
 // contradicting evidence. A running node with MaxOpenCallsPerNode calls in
-// flight gets tree.ErrLimit, and nothing is written.
+// flight through the gate gets tree.ErrLimit, and nothing is written.
 func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
 		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
@@ -181,7 +183,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			}
 			return nil
 		}
-		if err := openBelowLimit(tx, nodeID); err != nil {
+		if err := openBelowLimit(tx, nodeID, gateID); err != nil {
 			return err
 		}
 		if err := putCall(tx, call); err != nil {
@@ -190,7 +192,8 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := l.observe(tx, nil, call); err != nil {
 			return err
 		}
-		return tx.Put(openCallKey(nodeID, call.CallID), nil)
+		// The open key holds the gate (openBelowLimit counts by it).
+		return tx.Put(openCallKey(nodeID, call.CallID), []byte(gateID))
 	})
 	if err != nil {
 		return nil, err
@@ -222,13 +225,17 @@ func refusalsListed(tx store.ReadTxn, terminationID, nodeID string) (bool, error
 	return listed >= MaxRefusedCallsListedPerNode, err
 }
 
-// openBelowLimit refuses a new call of a node that already has
-// MaxOpenCallsPerNode calls in flight. It reads the node's open-call keys,
-// at most that many: a node with a few calls open pays for a few.
-func openBelowLimit(tx store.ReadTxn, nodeID string) error {
+// openBelowLimit refuses a new call of a node through gateID when the node
+// already has MaxOpenCallsPerNode calls in flight through that gate. It
+// reads the node's open-call keys (their values name the gate; a key
+// written before they did names none and is not counted): a node with a
+// few calls open pays for a few.
+func openBelowLimit(tx store.ReadTxn, nodeID, gateID string) error {
 	open := 0
-	err := tx.Scan(openCallPrefix(nodeID), nil, func(_, _ []byte) error {
-		open++
+	err := tx.Scan(openCallPrefix(nodeID), nil, func(_, v []byte) error {
+		if string(v) == gateID {
+			open++
+		}
 		if open >= MaxOpenCallsPerNode {
 			return store.ErrStopScan
 		}
@@ -238,7 +245,7 @@ func openBelowLimit(tx store.ReadTxn, nodeID string) error {
 		return err
 	}
 	if open >= MaxOpenCallsPerNode {
-		return fmt.Errorf("%w: node %s already has %d tool calls in flight, the maximum per node; a new call is refused until one of them ends (EndCall)", tree.ErrLimit, nodeID, open)
+		return fmt.Errorf("%w: node %s already has %d tool calls in flight through gate %s, the maximum per node and gate; a new call is refused until one of them ends (EndCall)", tree.ErrLimit, nodeID, open, gateID)
 	}
 	return nil
 }
