@@ -159,7 +159,8 @@ func TestARogueRefusedWhileDrainingCannotGrowTheRecordWithoutBound(t *testing.T)
 // learn whether it exists (the seventh pass closed the reads by id, not
 // the listings): ListNodes by root_node_id, ListStopRules and TestStopRule
 // by node_id, and ListGrants by derived_from_grant_id, which also named the
-// holder of another tree's grant in its refusal. Each answers an object
+// holder of another tree's grant in its refusal, as Refresh and Delegate
+// (naming it as the parent grant) did. Each answers an object
 // the agent may not read exactly as an id that names nothing (not_found,
 // the same message but for the id). ListNodes also read the other tree's
 // whole subtree before it refused.
@@ -204,6 +205,14 @@ func TestARogueCannotProbeAnotherTreeThroughItsListings(t *testing.T) {
 	})
 	same("ListGrants by derived_from_grant_id", g.grant.GrantId, missingGrant, func(id string) error {
 		_, err := rc.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: id}))
+		return err
+	})
+	same("Refresh", g.grant.GrantId, missingGrant, func(id string) error {
+		_, err := rc.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: id}))
+		return err
+	})
+	same("Delegate", g.grant.GrantId, missingGrant, func(id string) error {
+		_, err := rc.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: id, HolderNodeId: rogue.Node.NodeId, Scopes: []string{"tool:shell"}}))
 		return err
 	})
 	// Whoever may read them still does.
