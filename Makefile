@@ -33,7 +33,7 @@ test:
 test-cluster:
 	TETHER_REQUIRE_ETCD=1 TETHER_ETCD_MEMBERS=3 $(GO) test -race -count=1 -run 'Etcd|LeaderOnly' ./internal/store/... ./controlplane/leader/... ./controlplane/ ./supervisor/lease/coordinator/
 
-# The end-to-end suites (real servers through internal/testserver) on an
+# The end-to-end suites (real servers through controlplane/testserver) on an
 # etcd store instead of Badger.
 test-e2e-etcd:
 	TETHER_REQUIRE_ETCD=1 TETHER_TEST_STORE=etcd $(GO) test -race -count=1 ./controlplane/ ./agentsdk/ ./cmd/tether/

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/internal/embedded"
+	"github.com/tetherhq/tether/controlplane/embedded"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 

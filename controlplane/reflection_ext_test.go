@@ -18,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
-	"github.com/tetherhq/tether/internal/testserver"
+	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // reflectedMethod resolves a method through server reflection alone, the

@@ -17,9 +17,9 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/etcdtest"
-	"github.com/tetherhq/tether/internal/testserver"
 )
 
 // The example of three replicas on a three-member etcd (etcd-cluster/):

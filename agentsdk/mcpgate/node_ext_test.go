@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
-	"github.com/tetherhq/tether/internal/testserver"
+	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // nodeDir holds the node test, its package.json and its lockfile.

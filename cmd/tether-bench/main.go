@@ -1,5 +1,5 @@
 // Command tether-bench runs Tether's benchmark scenarios (package
-// internal/bench), prints a table and writes the results as JSON for CI.
+// cmd/tether-bench/internal/bench), prints a table and writes the results as JSON for CI.
 //
 //	tether-bench [-run regexp] [-duration 2s] [-out bench-results.json] [-dir path] [-cpuprofile file]
 //	             [-million] [-step-timeout 15m]
@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tetherhq/tether/internal/bench"
+	"github.com/tetherhq/tether/cmd/tether-bench/internal/bench"
 )
 
 func main() {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tetherhq/tether/internal/demo"
+	"github.com/tetherhq/tether/cmd/tether/internal/demo"
 )
 
 func newDemoCommand() *cobra.Command {

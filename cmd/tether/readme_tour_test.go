@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tetherhq/tether/internal/testserver"
+	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // tourStep is one `$ command` of the README's tour and the output the

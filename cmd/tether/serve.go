@@ -167,7 +167,7 @@ func newLogger(format, level string) (*slog.Logger, error) {
 
 // crashStopRuleEnv names a fault point of the stop-rule evaluator
 // ("before-file", "after-file") at which the process kills itself with
-// SIGKILL: for the kill -9 tests of internal/testserver's subprocess mode,
+// SIGKILL: for the kill -9 tests of controlplane/testserver's subprocess mode,
 // never for production.
 const crashStopRuleEnv = "TETHER_TEST_CRASH_STOP_RULE"
 

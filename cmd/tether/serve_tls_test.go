@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/internal/testserver"
+	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // serveFails runs `tether serve` with args and returns its error output;

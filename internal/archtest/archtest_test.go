@@ -82,9 +82,20 @@ var rules = []rule{
 		to:   []string{"connectrpc.com/..."},
 	},
 	{
-		why:  "nothing imports a command",
-		from: []string{"..."},
-		to:   []string{module + "/cmd/..."},
+		why: "nothing imports a command: what a command alone uses (the demo, the bench) lives under it, in its own internal/",
+		from: []string{
+			module + "/agentsdk/...", module + "/capability/...", module + "/controlplane/...", module + "/supervisor/...",
+			module + "/internal/...", module + "/proto/...", module + "/examples/...",
+		},
+		to: []string{module + "/cmd/..."},
+	},
+	{
+		why:  "internal/ is the ground every layer stands on (the store contract and backends, the clock, identifiers, error categories, codecs, test etcd): it imports no layer; harnesses that run a control plane live beside what they run (controlplane/testserver, controlplane/embedded) or under their command",
+		from: []string{module + "/internal/..."},
+		to: []string{
+			module + "/controlplane/...", module + "/supervisor/...", module + "/capability/...", module + "/agentsdk/...",
+			module + "/cmd/...",
+		},
 	},
 }
 
@@ -185,7 +196,8 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor/lease/coordinator", Deps: []string{module + "/internal/store/badgerstore"}},
 		{ImportPath: module + "/supervisor", Deps: []string{"go.etcd.io/etcd/client/v3"}},
 		{ImportPath: module + "/capability", Deps: []string{"github.com/dgraph-io/badger/v4"}},
-		{ImportPath: module + "/internal/bench", Deps: []string{module + "/cmd/tether"}},
+		{ImportPath: module + "/controlplane/testserver", Deps: []string{module + "/cmd/tether"}},
+		{ImportPath: module + "/internal/store", Deps: []string{module + "/supervisor/tree"}},
 		{ImportPath: module + "/supervisor/stoprule", Deps: []string{module + "/controlplane/auth"}},
 		{ImportPath: module + "/supervisor/tree", Deps: []string{module + "/supervisor"}},
 		{ImportPath: module + "/supervisor/ledger", Deps: []string{module + "/supervisor/rollout"}},
@@ -213,6 +225,8 @@ func TestRulesBite(t *testing.T) {
 		{ImportPath: module + "/supervisor/stoprule", Deps: []string{module + "/supervisor", module + "/supervisor/lease"}},
 		{ImportPath: module + "/agentsdk", Deps: []string{module + "/capability", module + "/internal/fault", module + "/proto/tether/v1", "connectrpc.com/connect"}},
 		{ImportPath: module + "/controlplane/auth", Deps: []string{module + "/internal/fault", "connectrpc.com/connect"}},
+		{ImportPath: module + "/cmd/tether", Deps: []string{module + "/cmd/tether/internal/demo", module + "/controlplane/embedded"}},
+		{ImportPath: module + "/cmd/tether-bench/internal/bench", Deps: []string{module + "/controlplane", module + "/supervisor", module + "/internal/store"}},
 	}
 	if got := violations(good); len(got) != 0 {
 		t.Errorf("violations reported allowed dependencies: %q", got)

@@ -18,7 +18,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/tetherhq/tether/agentsdk"
-	"github.com/tetherhq/tether/internal/testserver"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 

@@ -1,7 +1,7 @@
 // Package embedded runs a real control plane inside the current process —
 // Badger on a data directory, Connect over HTTP/2 on a loopback port — for
 // the demo, the benchmarks and the agentsdk examples. Tests use
-// internal/testserver, which adds testing.TB conveniences on top.
+// controlplane/testserver, which adds testing.TB conveniences on top.
 package embedded
 
 import (

@@ -17,8 +17,8 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/embedded"
 	"github.com/tetherhq/tether/controlplane/wire"
-	"github.com/tetherhq/tether/internal/embedded"
 	"github.com/tetherhq/tether/internal/mcptest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )

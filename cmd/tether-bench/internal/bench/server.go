@@ -7,7 +7,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/internal/embedded"
+	"github.com/tetherhq/tether/controlplane/embedded"
 )
 
 // benchServer is a real control plane on a scratch data directory, served
