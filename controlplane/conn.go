@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bufio"
 	"compress/gzip"
+	"container/list"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -11,7 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,8 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/tetherhq/tether/controlplane/auth"
 )
 
 // ConnLimits bound what a client can hold open and how long it can take;
@@ -51,15 +54,35 @@ type ConnLimits struct {
 	// MaxStreamsPerConn bounds the concurrent streams of one HTTP/2
 	// connection.
 	MaxStreamsPerConn int
-	// MaxConnections bounds the open connections. Past it, HealthReserve
-	// more are accepted that may only ask GET /healthz (anything else gets
-	// 503, "too many open connections"); past those, a connection is
-	// answered 503 (plaintext) or closed (TLS) at once.
+	// MaxConnections bounds the open connections. A connection is
+	// unauthenticated until a request on it is admitted; at the cap, the
+	// oldest unauthenticated connection is closed to make room for a new
+	// one. Only when every connection is authenticated are HealthReserve
+	// more accepted that may only ask GET /healthz (anything else gets 503,
+	// "too many open connections"), the oldest of them giving way to a new
+	// one in turn.
 	MaxConnections int
 	HealthReserve  int
+	// PreAuthTimeout closes a connection that has carried no admitted
+	// request this long after it was accepted (one with a request in
+	// flight then, WriteTimeout later).
+	PreAuthTimeout time.Duration
+	// MaxConnectionsPerLineage bounds the connections one caller holds:
+	// an agent's lineage (its root and every descendant together), an
+	// operator, a tool server. A connection counts against every caller
+	// whose requests it carried. Zero: half of MaxConnections.
+	MaxConnectionsPerLineage int
+	// OperatorReserve are the connections of MaxConnections agents cannot
+	// hold: agents together hold at most MaxConnections-OperatorReserve,
+	// the rest are kept for operators and tool servers. Zero: a hundredth
+	// of MaxConnections, at least 1.
+	OperatorReserve int
 	// MaxStreamsPerCaller bounds the streams one principal holds open at
 	// once, over every connection.
 	MaxStreamsPerCaller int
+	// fileLimited is the MaxConnections asked for, when the open-file
+	// limit lowered it (fitFileLimit); New logs it.
+	fileLimited int
 	// MaxHeaderBytes bounds a request's headers (HTTP/1.1: 431; HTTP/2:
 	// the header list size the server advertises). A stream keeps its
 	// headers while it lives, so this times the open streams is what
@@ -79,6 +102,7 @@ var DefaultConnLimits = ConnLimits{
 	MaxStreamsPerConn:   250,
 	MaxConnections:      10000,
 	HealthReserve:       32,
+	PreAuthTimeout:      10 * time.Second,
 	MaxStreamsPerCaller: 256,
 	MaxHeaderBytes:      64 << 10,
 }
@@ -105,12 +129,53 @@ func (l *ConnLimits) defaults() {
 	if l.HealthReserve == 0 {
 		l.HealthReserve = d.HealthReserve
 	}
+	l.fitFileLimit(openFileLimit())
+	set(&l.PreAuthTimeout, d.PreAuthTimeout)
+	if l.MaxConnectionsPerLineage == 0 {
+		l.MaxConnectionsPerLineage = max(1, l.MaxConnections/2)
+	}
+	if l.OperatorReserve == 0 {
+		l.OperatorReserve = max(1, l.MaxConnections/100)
+	}
 	if l.MaxHeaderBytes == 0 {
 		l.MaxHeaderBytes = d.MaxHeaderBytes
 	}
 	if l.MaxStreamsPerCaller == 0 {
 		l.MaxStreamsPerCaller = d.MaxStreamsPerCaller
 	}
+}
+
+// fitFileLimit lowers MaxConnections to what the process's open-file
+// limit leaves room for, beside the health reserve and the store's own
+// files (an eighth of the limit, at least fileHeadroom). Past the file
+// limit the server cannot accept at all — not an operator's connection,
+// nor one to close the oldest unauthenticated connection for — so a cap
+// above it is no cap: whoever opened connections first would hold them.
+func (l *ConnLimits) fitFileLimit(files int) {
+	if files <= 0 {
+		return
+	}
+	room := files - max(fileHeadroom, files/8) - l.HealthReserve
+	if l.MaxConnections > room {
+		l.fileLimited = l.MaxConnections
+		l.MaxConnections = max(1, room)
+	}
+}
+
+// fileHeadroom are the open files kept for the store, the listener and
+// the server's own use when the open-file limit bounds the connections.
+const fileHeadroom = 256
+
+// check refuses limits that leave agents no connection.
+func (l ConnLimits) check() error {
+	if l.MaxConnections < 1 || l.HealthReserve < 1 || l.MaxConnectionsPerLineage < 1 || l.OperatorReserve < 0 {
+		return fmt.Errorf("controlplane: connection limits must be positive (max connections %d, health reserve %d, per lineage %d, operator reserve %d)",
+			l.MaxConnections, l.HealthReserve, l.MaxConnectionsPerLineage, l.OperatorReserve)
+	}
+	if l.OperatorReserve >= l.MaxConnections {
+		return fmt.Errorf("controlplane: an operator reserve of %d connections leaves agents none of the %d (--operator-reserve must be below --max-connections)", l.OperatorReserve, l.MaxConnections)
+	}
+	return nil
 }
 
 // streamingProcedures are the paths of every streaming RPC of the tether
@@ -159,15 +224,38 @@ func streamsUnbounded(next http.Handler) http.Handler {
 	})
 }
 
-// connLimiter counts open connections. Accept hands out every connection
-// up to max, then up to reserve more marked for health checks only, and
-// refuses the rest itself.
+// connLimiter counts open connections and decides who may hold them.
+//
+// A connection is unauthenticated until a request on it is admitted (the
+// auth Gate calls bind through auth.Interceptor.Bind): from then on it is
+// bound to its caller — an agent's lineage, an operator, a tool server —
+// and counts against that caller's perCaller connections and, when it
+// carries an agent's requests, against the max-operatorReserve connections
+// agents may hold together. A connection that carries several callers'
+// requests counts against each of them.
+//
+// An unauthenticated connection is what anyone can open for the price of a
+// TCP handshake, so it is what gives way: at max, Accept closes the oldest
+// unauthenticated connection to make room for the new one, and one that
+// has not authenticated within preAuth is closed (if a request is in
+// flight then, grace later). Only when every place is bound does a new
+// connection go to the health reserve (GET /healthz only), whose oldest
+// connection gives way in turn.
 type connLimiter struct {
 	net.Listener
-	max, reserve int
-	plaintext    bool // a refusal may be written as HTTP/1.1
-	open         atomic.Int64
-	refused      atomic.Uint64
+	max, reserve    int
+	perCaller       int
+	operatorReserve int
+	preAuth, grace  time.Duration
+	plaintext       bool // buffer reads (limitedConn)
+
+	mu      sync.Mutex
+	normal  int       // open connections within max
+	unauth  list.List // unauthenticated connections within max, oldest first
+	health  list.List // health-only connections, oldest first
+	callers map[callerKey]int
+	agents  int // connections bound to at least one agent lineage
+	open    atomic.Int64
 }
 
 // limitedConn is a counted connection; closing it frees its place.
@@ -182,8 +270,21 @@ type limitedConn struct {
 	net.Conn
 	r          *bufio.Reader // nil: unbuffered
 	healthOnly bool
-	once       sync.Once
 	l          *connLimiter
+
+	// bound is set once a request on it was admitted; keys are the callers
+	// it is bound to (written under l.mu and keysMu, read under keysMu).
+	bound  atomic.Bool
+	keysMu sync.Mutex
+	keys   []callerKey
+
+	// Guarded by l.mu.
+	elem    *list.Element // in l.unauth or l.health while unauthenticated
+	timer   *time.Timer   // the pre-authentication window
+	active  bool          // a request is in flight (http.ConnState)
+	expired bool          // the window passed while a request was in flight
+	agent   bool          // counted in l.agents
+	gone    bool          // forgotten: closed, evicted or expired
 }
 
 // connReadBuffer is each connection's read buffer: room for a unary call's
@@ -198,55 +299,238 @@ func (c *limitedConn) Read(p []byte) (int, error) {
 }
 
 func (c *limitedConn) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.l.mu.Lock()
+	c.l.forgetLocked(c)
+	c.l.mu.Unlock()
 	return c.Conn.Close()
 }
 
-func (l *connLimiter) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		n := l.open.Add(1)
-		if n <= int64(l.max+l.reserve) {
-			lc := &limitedConn{Conn: c, healthOnly: n > int64(l.max), l: l}
-			if l.plaintext {
-				lc.r = bufio.NewReaderSize(c, connReadBuffer)
-			}
-			return lc, nil
-		}
-		l.open.Add(-1)
-		l.refused.Add(1)
-		go l.refuse(c)
-	}
-}
-
-// refuse answers a connection past every place: a plain 503 on a
-// plaintext listener (written without reading the request), then close.
-func (l *connLimiter) refuse(c net.Conn) {
-	defer c.Close()
-	if !l.plaintext {
+// forgetLocked frees c's place and its callers' counts, once.
+func (l *connLimiter) forgetLocked(c *limitedConn) {
+	if c.gone {
 		return
 	}
-	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-	_, _ = io.WriteString(c, overloadResponse)
+	c.gone = true
+	l.open.Add(-1)
+	switch {
+	case c.healthOnly:
+		l.health.Remove(c.elem) // a health-only connection is never bound
+	case c.elem != nil:
+		l.unauth.Remove(c.elem)
+	}
+	if !c.healthOnly {
+		l.normal--
+	}
+	c.elem = nil
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	c.keysMu.Lock()
+	for _, k := range c.keys {
+		if l.callers[k]--; l.callers[k] <= 0 {
+			delete(l.callers, k)
+		}
+	}
+	c.keysMu.Unlock()
+	if c.agent {
+		l.agents--
+	}
 }
 
-const overloadBody = "tether: too many open connections; retry later\n"
-
-var overloadResponse = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: " +
-	strconv.Itoa(len(overloadBody)) + "\r\n\r\n" + overloadBody
-
-type healthOnlyKey struct{}
-
-// connContext marks the requests of a health-only connection.
-func connContext(ctx context.Context, c net.Conn) context.Context {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
+func (l *connLimiter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
 	}
-	if lc, ok := c.(*limitedConn); ok && lc.healthOnly {
-		return context.WithValue(ctx, healthOnlyKey{}, true)
+	lc := &limitedConn{Conn: c, l: l}
+	var victim *limitedConn
+	l.mu.Lock()
+	switch {
+	case l.normal < l.max:
+	case l.unauth.Len() > 0:
+		victim = l.unauth.Front().Value.(*limitedConn)
+	case l.health.Len() < l.reserve:
+		lc.healthOnly = true
+	default: // the reserve is at least 1 (ConnLimits.check)
+		victim = l.health.Front().Value.(*limitedConn)
+		lc.healthOnly = true
+	}
+	if victim != nil {
+		l.forgetLocked(victim)
+	}
+	l.open.Add(1)
+	if lc.healthOnly {
+		lc.elem = l.health.PushBack(lc)
+	} else {
+		l.normal++
+		lc.elem = l.unauth.PushBack(lc)
+	}
+	lc.timer = time.AfterFunc(l.preAuth, func() { l.expire(lc) })
+	l.mu.Unlock()
+	if victim != nil {
+		_ = victim.Conn.Close()
+	}
+	if l.plaintext {
+		lc.r = bufio.NewReaderSize(c, connReadBuffer)
+	}
+	return lc, nil
+}
+
+// expire closes c if it is still unauthenticated when its window passes:
+// at once when no request is in flight on it, otherwise grace later (an
+// unauthenticated request's answer has WriteTimeout from its start).
+func (l *connLimiter) expire(c *limitedConn) {
+	l.mu.Lock()
+	if c.gone || c.elem == nil {
+		l.mu.Unlock()
+		return
+	}
+	if c.active && !c.expired {
+		c.expired = true
+		c.timer = time.AfterFunc(l.grace, func() { l.expire(c) })
+		l.mu.Unlock()
+		return
+	}
+	l.forgetLocked(c)
+	l.mu.Unlock()
+	_ = c.Conn.Close()
+}
+
+// connState follows whether an unauthenticated connection has a request
+// in flight (the http.Server's ConnState hook; HTTP/2 reports a
+// connection active while it has an open stream).
+func (l *connLimiter) connState(nc net.Conn, state http.ConnState) {
+	c := limitedOf(nc)
+	if c == nil || c.bound.Load() {
+		return
+	}
+	l.mu.Lock()
+	c.active = state == http.StateActive
+	l.mu.Unlock()
+}
+
+// limitedOf finds the limitedConn under what the http.Server hands its
+// hooks: the connection itself, a TLS connection over it, or (HTTP/2
+// cleartext) a TLS connection wrapping it unencrypted.
+func limitedOf(c net.Conn) *limitedConn {
+	for range 3 {
+		switch v := c.(type) {
+		case *limitedConn:
+			return v
+		case *tls.Conn:
+			c = v.NetConn()
+		case interface{ UnencryptedNetConn() net.Conn }:
+			c = v.UnencryptedNetConn()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// callerKey is what a connection is bound to: an agent's lineage, which
+// its root and every descendant share, or any other caller's principal
+// (built without allocating: every admitted request looks its key up).
+type callerKey struct {
+	kind auth.Kind
+	name string // the lineage (agents), the subject (others)
+}
+
+func keyOf(p auth.Principal) callerKey {
+	if p.IsAgent() && p.Lineage != "" {
+		return callerKey{kind: p.Kind, name: p.Lineage}
+	}
+	return callerKey{kind: p.Kind, name: p.Subject}
+}
+
+// bind binds c to p's caller, or refuses the request — resource_exhausted,
+// naming the limit — when the caller, or agents together, hold every
+// connection they may. A refused request changes nothing, and the Gate
+// closes its connection (HTTP/2: GOAWAY, then closed once its admitted
+// streams end).
+func (c *limitedConn) bind(p auth.Principal) error {
+	key := keyOf(p)
+	c.keysMu.Lock()
+	has := slices.Contains(c.keys, key)
+	c.keysMu.Unlock()
+	if has {
+		return nil
+	}
+	l := c.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if c.gone {
+		return nil // closed meanwhile: nothing left to count
+	}
+	c.keysMu.Lock()
+	has = slices.Contains(c.keys, key)
+	c.keysMu.Unlock()
+	if has {
+		return nil
+	}
+	if n := l.callers[key]; n >= l.perCaller {
+		who, per := p.ID(), "caller"
+		if p.IsAgent() && p.Lineage != "" {
+			who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
+		}
+		return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)", who, connections(n), per))
+	}
+	if p.IsAgent() && !c.agent && l.agents >= l.max-l.operatorReserve {
+		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
+	}
+	if l.callers == nil {
+		l.callers = map[callerKey]int{}
+	}
+	l.callers[key]++
+	if p.IsAgent() && !c.agent {
+		c.agent = true
+		l.agents++
+	}
+	c.keysMu.Lock()
+	c.keys = append(c.keys, key)
+	c.keysMu.Unlock()
+	if c.elem != nil && !c.healthOnly {
+		l.unauth.Remove(c.elem)
+		c.elem = nil
+		if c.timer != nil {
+			c.timer.Stop()
+			c.timer = nil
+		}
+	}
+	c.bound.Store(true)
+	return nil
+}
+
+func connections(n int) string {
+	if n == 1 {
+		return "1 connection"
+	}
+	return fmt.Sprintf("%d connections", n)
+}
+
+func tooManyConnections(what string) error {
+	return connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("%w: %s; this connection is being closed: send further calls over one you hold (HTTP/2 carries many at once) or close one first", auth.ErrTooManyConnections, what))
+}
+
+// bindConn is auth.Interceptor.Bind: it binds the connection a request
+// arrived on (connContext put it in the request's context; a request
+// served by Handler has none, and is not counted).
+func bindConn(ctx context.Context, p auth.Principal) error {
+	c, _ := ctx.Value(connKey{}).(*limitedConn)
+	if c == nil {
+		return nil
+	}
+	return c.bind(p)
+}
+
+// connKey carries a request's *limitedConn.
+type connKey struct{}
+
+// connContext puts the connection in its requests' contexts.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if lc := limitedOf(c); lc != nil {
+		return context.WithValue(ctx, connKey{}, lc)
 	}
 	return ctx
 }
@@ -257,13 +541,14 @@ func connContext(ctx context.Context, c net.Conn) context.Context {
 func healthOnly(max int, next http.Handler) http.Handler {
 	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Context().Value(healthOnlyKey{}) == nil || (r.Method == http.MethodGet && r.URL.Path == "/healthz") {
+		if c, _ := r.Context().Value(connKey{}).(*limitedConn); c == nil || !c.healthOnly || (r.Method == http.MethodGet && r.URL.Path == "/healthz") {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if r.ProtoMajor == 1 {
-			w.Header().Set("Connection", "close")
-		}
+		// Closed after the answer (HTTP/2: GOAWAY), so that the client's
+		// next call opens a connection that may find a place, instead of
+		// being refused on this one for as long as it keeps it.
+		w.Header().Set("Connection", "close")
 		w.Header().Set("Retry-After", "1")
 		err := fmt.Errorf("too many open connections (the server's limit is %d); retry later", max)
 		if errw.IsSupported(r) {

@@ -56,13 +56,17 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]supervis
 		// HANDED_OVER only for what the rollout can reassign: a lease with
 		// an ownership conflict (or a cancel request) is left as it stands,
 		// UNRESOLVED until someone allowed to resolves it.
-		outcome := recordOutcome(l)
-		if handoverable(l) {
-			outcome = supervisor.LeaseOutcomeHandedOver
+		// A lease left as it stands says how its job ended, as a
+		// termination's record does (SUCCESS and FAILED are both
+		// COMPLETED); a lease handed over has no result yet.
+		rl := supervisor.RecordLease{
+			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
+			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
-		out = append(out, supervisor.RecordLease{
-			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity, Outcome: outcome,
-		})
+		if handoverable(l) {
+			rl.Outcome, rl.TerminalResult = supervisor.LeaseOutcomeHandedOver, supervisor.LeaseResultUnspecified
+		}
+		out = append(out, rl)
 	}
 	return out, nil
 }

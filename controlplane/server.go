@@ -215,6 +215,13 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := cfg.CheckTransport(); err != nil {
 		return nil, err
 	}
+	if err := cfg.Conn.check(); err != nil {
+		return nil, err
+	}
+	if cfg.Conn.fileLimited > 0 {
+		cfg.Logger.Warn("the open-file limit leaves room for fewer connections than --max-connections; serving at most what fits (raise ulimit -n to serve more)",
+			"max_connections", cfg.Conn.MaxConnections, "asked", cfg.Conn.fileLimited, "open_file_limit", openFileLimit())
+	}
 	if cfg.TLSCert == "" && !loopback(cfg.Listen) {
 		cfg.Logger.Warn("serving plaintext on an address other machines can reach (--insecure-plaintext): credentials cross the network in the clear unless something in front encrypts them", "addr", cfg.Listen)
 	}
@@ -360,6 +367,7 @@ func (s *Server) buildHandler() error {
 		Reserve:     &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
 		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
 		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
+		Bind:        bindConn,
 		Cache:       auth.NewTokenCache(0),
 		RateLimited: s.metrics.rateLimitedCall,
 	}
@@ -449,7 +457,6 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			SendPingTimeout:      limits.PingInterval,
 			PingTimeout:          limits.PingTimeout,
 		},
-		ConnState: s.metrics.connState,
 	}
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
@@ -464,7 +471,16 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
-	conns := &connLimiter{Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve, plaintext: srv.TLSConfig == nil}
+	conns := &connLimiter{
+		Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve,
+		perCaller: limits.MaxConnectionsPerLineage, operatorReserve: limits.OperatorReserve,
+		preAuth: limits.PreAuthTimeout, grace: limits.WriteTimeout,
+		plaintext: srv.TLSConfig == nil,
+	}
+	srv.ConnState = func(c net.Conn, state http.ConnState) {
+		s.metrics.connState(c, state)
+		conns.connState(c, state)
+	}
 	s.conns.Store(conns)
 	ln = conns
 	// The background components (reconcilers, expiry scanners, feeds) run

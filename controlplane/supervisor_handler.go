@@ -207,6 +207,7 @@ func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.
 	priv, err := h.s.privileges.Register(ctx, privilege.Privilege{
 		NodeID: m.NodeId, GrantID: m.GrantId, Kind: m.Kind, ExternalID: m.ExternalId,
 		ExpiresAt: m.ExpiresAt.AsTime(), RevokeURL: m.RevokeUrl, ByOperator: !p.IsAgent(),
+		RegisteredBy: p.ID(),
 	})
 	if err != nil {
 		return nil, toConnect(err)

@@ -103,6 +103,23 @@ func TestMutualTLS(t *testing.T) {
 	if err := call(files.CA, files.StrangerCert, files.StrangerKey, token); err == nil {
 		t.Fatal("a client with a certificate of another CA got through")
 	}
+	// Unary calls over HTTP/1.1 (agentsdk.UnaryHTTP1Client) present the
+	// client certificate too, and a stranger's is refused the same way.
+	viaHTTP1 := func(cert, key string) error {
+		cfg, err := agentsdk.TLSConfig(files.CA, cert, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := agentsdk.Dial(url, token, agentsdk.WithHTTPClient(agentsdk.UnaryHTTP1Client(url, cfg, 1)))
+		_, err = conn.Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+		return err
+	}
+	if err := viaHTTP1(files.ClientCert, files.ClientKey); err != nil {
+		t.Fatalf("a unary call over HTTP/1.1 with a certificate of the CA: %v", err)
+	}
+	if err := viaHTTP1(files.StrangerCert, files.StrangerKey); err == nil {
+		t.Fatal("a unary call over HTTP/1.1 with a certificate of another CA got through")
+	}
 	if err := call(files.CA, "", "", token); err == nil {
 		t.Fatal("a client without a certificate got through")
 	}

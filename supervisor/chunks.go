@@ -910,7 +910,7 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	var grants []HeldGrant
 	if len(ids) > 0 {
 		by := "termination:" + t.ID
-		reason := "terminated: " + t.Reason
+		reason := t.finalReason()
 		if s.Grants != nil {
 			var err error
 			if grants, err = s.Grants.RevokeHeldBy(ctx, ids, by, reason); err != nil {
@@ -1022,7 +1022,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 				return fmt.Errorf("list leases: %w", err)
 			}
 		case s.Leases != nil && !t.LeaseHandover:
-			if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, "terminated: "+t.Reason); err != nil {
+			if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason()); err != nil {
 				return fmt.Errorf("finalize leases: %w", err)
 			}
 		}
@@ -1190,12 +1190,18 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 			return err
 		}
 		part := &ReconciliationRecord{}
+		// A call still open is closed as of the instant the termination
+		// stopped waiting for its gate, not this pass's.
+		closedAt := stored.StoppedWaitingAt()
+		if closedAt.IsZero() {
+			closedAt = now
+		}
 		for _, cid := range ids {
 			c, err := ledger.GetCallIn(tx, cid)
 			if err != nil {
 				return err
 			}
-			if err := closeUnacknowledged(tx, t.ID, c, now); err != nil {
+			if err := closeUnacknowledged(tx, t.ID, c, closedAt); err != nil {
 				return err
 			}
 			part.ToolCalls = append(part.ToolCalls, recordCall(c))

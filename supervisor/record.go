@@ -62,7 +62,10 @@ func recordHeaderOf(tx store.ReadTxn, t Termination, recordID string, now time.T
 // grantPrivilege is a grant as the record lists it.
 func grantPrivilege(g HeldGrant) RecordPrivilege {
 	outcome := privilegeOutcome(g.Outcome)
-	return RecordPrivilege{PrivilegeID: g.GrantID, Kind: "grant", ExternalID: g.GrantID, NodeID: g.NodeID, Outcome: outcome}
+	return RecordPrivilege{
+		PrivilegeID: g.GrantID, Kind: "grant", ExternalID: g.GrantID, NodeID: g.NodeID, Outcome: outcome,
+		DecidedAt: g.DecidedAt, ExpiresAt: g.ExpiresAt, RevokedBy: g.RevokedBy, RegisteredBy: g.Issuer,
+	}
 }
 
 // privilegeOutcome is a privilege's outcome as the record states it:
@@ -80,14 +83,33 @@ func privilegeOutcome(o string) PrivilegeOutcome {
 // registeredPrivilege is a registered privilege as the record lists it.
 func registeredPrivilege(p privilege.Privilege) RecordPrivilege {
 	outcome := privilegeOutcome(p.Outcome)
-	return RecordPrivilege{
+	rp := RecordPrivilege{
 		PrivilegeID: p.ID, Kind: p.Kind, ExternalID: p.ExternalID, NodeID: p.NodeID, Outcome: outcome, Error: p.Error,
+		DecidedAt: p.DecidedAt, ExpiresAt: p.ExpiresAt, RegisteredBy: p.RegisteredBy,
 	}
+	switch {
+	case outcome == PrivilegeOutcomeExpired:
+		// It ended at its expiry, not when the termination looked.
+		rp.DecidedAt = p.ExpiresAt
+	case outcome == PrivilegeOutcomeRevoked && p.RevokeURL != "":
+		rp.RevokedBy = "webhook"
+	case outcome == PrivilegeOutcomeRevoked:
+		rp.RevokedBy = "handler"
+	}
+	if rp.RegisteredBy == "" {
+		// Registered before the registrant's principal was kept.
+		rp.RegisteredBy = "agent"
+		if p.ByOperator {
+			rp.RegisteredBy = "operator"
+		}
+	}
+	return rp
 }
 
 // closeUnacknowledged closes a call the termination accounts for that
 // never ended (never acknowledged, or, after an escalation, never ended)
-// in the ledger, so the record and the ledger agree.
+// in the ledger, so the record and the ledger agree. now is when the
+// termination stopped waiting for the gate (StoppedWaitingAt).
 func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall, now time.Time) error {
 	if c.State == ledger.CallStateEnded {
 		return nil
@@ -134,6 +156,8 @@ func recordCall(c *ledger.ToolCall) RecordToolCall {
 	return RecordToolCall{
 		CallID: c.CallID, NodeID: c.NodeID, Tool: c.Tool, GateID: c.GateID, Resolution: c.Resolution,
 		BegunBy: c.BegunBy, EndedBy: c.EndedBy, AcknowledgedBy: c.AcknowledgedBy,
+		BegunAt: c.BegunAt, EndedAt: c.EndedAt, CancelRequestedAt: c.CancelRequestedAt, AcknowledgedAt: c.CancelAckedAt,
+		Error: c.Error,
 	}
 }
 

@@ -89,6 +89,15 @@ type RecordToolCall struct {
 	BegunBy        string `pb:"6"`
 	EndedBy        string `pb:"7"`
 	AcknowledgedBy string `pb:"8"`
+	// When each step happened, on the control plane's clock (the
+	// ledger's times): a post-mortem places each call against the
+	// phases. EndedAt is the gate's report or the termination's close.
+	BegunAt           time.Time `pb:"9"`
+	EndedAt           time.Time `pb:"10"`
+	CancelRequestedAt time.Time `pb:"11"`
+	AcknowledgedAt    time.Time `pb:"12"`
+	// Error is the gate's error of a failed call.
+	Error string `pb:"13"`
 }
 
 // RecordPrivilege is a grant or a registered privilege and what its
@@ -101,6 +110,16 @@ type RecordPrivilege struct {
 	NodeID     string           `pb:"4"`
 	Outcome    PrivilegeOutcome `pb:"5"`
 	Error      string           `pb:"6"`
+	// DecidedAt is when it ended: revoked (the hook's answer, the grant's
+	// tombstone), expired (its expiry), or when its revocation failed.
+	DecidedAt time.Time `pb:"7"`
+	// ExpiresAt is the expiry its registrant or issuer declared.
+	ExpiresAt time.Time `pb:"8"`
+	// RevokedBy: a grant's revoking principal, a registered privilege's
+	// revoker ("webhook", "handler").
+	RevokedBy string `pb:"9"`
+	// RegisteredBy: the registrant's principal, or a grant's issuer.
+	RegisteredBy string `pb:"10"`
 }
 
 // RecordLease is a job lease a member held and how it ended.

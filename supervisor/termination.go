@@ -250,6 +250,19 @@ func (t Termination) Rank() Rank {
 	}
 }
 
+// finalReason is the reason the termination gives the grants it revokes
+// and the leases it reconciles: the termination's own reason, after the
+// principal that requested it. The reason is the requester's free text,
+// and an agent may terminate its subtree: unsigned, an agent's reason
+// ("operator:admin aborted the subtree") would read as an operator's, or
+// as the control plane's own, in the lease's terminal detail and evidence.
+func (t Termination) finalReason() string {
+	if t.RequestedBy == "" {
+		return "terminated: " + t.Reason
+	}
+	return "terminated by " + t.RequestedBy + ": " + t.Reason
+}
+
 // requester is the node of the agent behind an agent's termination: the
 // last of its lineage (the requester, or the node that proposed its own
 // stop).
@@ -567,6 +580,23 @@ func NewTermination(id, nodeID string, mode Mode, drain, cancelAck, confirm time
 		Indexed: true,
 	}
 	return enter(t, PhaseRequested, now), nil
+}
+
+// StoppedWaitingAt is the instant the termination stopped waiting for word
+// of its calls: when it entered reconciling (every call had ended or been
+// acknowledged, or the acknowledgement deadline had come). Zero before
+// that. A call still open then is closed cancel_unacknowledged as of this
+// instant, whenever the record that closes it comes to be written (the
+// confirmations and revoke hooks it waits for may take minutes; a restart
+// longer): the gate's silence is dated where the termination stopped
+// listening.
+func (t Termination) StoppedWaitingAt() time.Time {
+	for _, p := range t.Phases {
+		if p.Phase == PhaseReconciling {
+			return p.StartedAt
+		}
+	}
+	return time.Time{}
 }
 
 // MaxReasonBytes bounds a termination's reason (and a stop proposal's).

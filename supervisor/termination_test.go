@@ -93,6 +93,42 @@ func TestAbortGivesUpOnUnacknowledgedCancelsAtTheTimeout(t *testing.T) {
 	})
 }
 
+// TestAnUnacknowledgedCallIsClosedWhereTheTerminationStoppedWaiting: the
+// termination stops waiting for its gates when it enters reconciling —
+// at the acknowledgement deadline here, at the escalation's own deadline
+// after a drain — and that instant, not the record's (written ten seconds
+// later, at the confirm timeout), dates a call closed
+// cancel_unacknowledged. Before reconciling there is none.
+func TestAnUnacknowledgedCallIsClosedWhereTheTerminationStoppedWaiting(t *testing.T) {
+	abort := newTerm(t, ModeAbort)
+	if at := abort.StoppedWaitingAt(); !at.IsZero() {
+		t.Fatalf("a requested termination stopped waiting at %s", at)
+	}
+	aborting := runTranscript(t, abort, t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseAborting},
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActCancelCalls, PhaseAborting},
+	})
+	if at := aborting.StoppedWaitingAt(); !at.IsZero() {
+		t.Fatalf("an aborting termination stopped waiting at %s", at)
+	}
+	done := runTranscript(t, aborting, t0, []step{
+		{5 * time.Second, Progress{CancelsPending: 1, Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+		{15 * time.Second, Progress{Unconfirmed: 1}, ActWriteRecord, PhaseTerminated},
+	})
+	if at := done.StoppedWaitingAt(); !at.Equal(t0.Add(5 * time.Second)) {
+		t.Fatalf("the abort stopped waiting at %s, want its acknowledgement deadline %s", at, t0.Add(5*time.Second))
+	}
+	drained := runTranscript(t, newTerm(t, ModeDrain), t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseDraining},
+		{30 * time.Second, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActEscalate, PhaseAborting},
+		{35 * time.Second, Progress{CancelsPending: 1, Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+		{45 * time.Second, Progress{Unconfirmed: 1}, ActWriteRecord, PhaseTerminated},
+	})
+	if at := drained.StoppedWaitingAt(); !at.Equal(t0.Add(35 * time.Second)) {
+		t.Fatalf("the escalated drain stopped waiting at %s, want the escalation's deadline %s", at, t0.Add(35*time.Second))
+	}
+}
+
 func TestAdvanceRefusesIllegalEdges(t *testing.T) {
 	term := newTerm(t, ModeDrain)
 	for _, a := range []Action{ActEndDrain, ActEscalate, ActRevoke, ActWriteRecord, ActCancelCalls} {

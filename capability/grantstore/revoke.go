@@ -171,14 +171,14 @@ func (s *Service) outcomesIn(tx store.ReadTxn, held []capability.HeldGrant) ([]c
 			}
 			return nil, fmt.Errorf("%w: holder index of %s names missing grant %s", ErrCorrupt, h.NodeID, h.GrantID)
 		}
-		outcome := ""
-		switch effective(g, reads.grant, now).State {
+		held := capability.HeldGrant{GrantID: h.GrantID, NodeID: h.NodeID, ExpiresAt: g.ExpiresAt, Issuer: g.Issuer}
+		switch e := effective(g, reads.grant, now); e.State {
 		case capability.StateRevoked:
-			outcome = capability.OutcomeRevoked
+			held.Outcome, held.DecidedAt, held.RevokedBy = capability.OutcomeRevoked, e.RevokedAt, e.RevokedBy
 		case capability.StateExpired:
-			outcome = capability.OutcomeExpired
+			held.Outcome, held.DecidedAt = capability.OutcomeExpired, g.ExpiresAt
 		}
-		out = append(out, capability.HeldGrant{GrantID: h.GrantID, NodeID: h.NodeID, Outcome: outcome})
+		out = append(out, held)
 	}
 	return out, reads.failed()
 }

@@ -43,11 +43,14 @@ Transport: TLS with --tls-cert and --tls-key (both or neither), mutual TLS with
 
 Limits, each with its default below: per-request read and write deadlines for unary
 calls (authenticated streams have none and live as long as their client), idle and
-HTTP/2 ping timeouts, streams per HTTP/2 connection, open connections (past the cap,
---health-reserve more may only GET /healthz; the rest get 503), open streams per
-caller, the request size after decompression, and rate limits: per lineage for
-agents (a root and every descendant share one budget), per operator, and per source
-address for requests without a valid credential. Every stream message counts as a
+HTTP/2 ping timeouts, streams per HTTP/2 connection, open connections (a connection
+that carries no authenticated call within --preauth-timeout is closed, and at the cap
+the oldest such gives way to a new one; each lineage, operator or tool server holds at
+most --max-connections-per-lineage, agents together leave --operator-reserve to
+operators and tool servers; when every place is taken, --health-reserve more may only
+GET /healthz), open streams per caller, the request size after decompression, and
+rate limits: per lineage for agents (a root and every descendant share one budget),
+per operator, and per source address for requests without a valid credential. Every stream message counts as a
 request. Refusals are resource_exhausted (or unavailable at the connection cap)
 with a Retry-After header. docs/reliability.md lists each limit and its test.
 
@@ -136,8 +139,11 @@ first start (tether token rotate-admin replaces it).`,
 	f.DurationVar(&limits.PingInterval, "http2-ping-interval", limits.PingInterval, "ping an HTTP/2 connection silent this long")
 	f.DurationVar(&limits.PingTimeout, "http2-ping-timeout", limits.PingTimeout, "close an HTTP/2 connection whose ping is not answered within this")
 	f.IntVar(&limits.MaxStreamsPerConn, "max-streams-per-conn", limits.MaxStreamsPerConn, "concurrent streams per HTTP/2 connection")
-	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections; past it, --health-reserve more may only GET /healthz, the rest are answered 503")
-	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz")
+	f.IntVar(&limits.MaxConnections, "max-connections", limits.MaxConnections, "open connections (lowered, with a warning, to what the open-file limit leaves room for); at the cap the oldest connection that has carried no authenticated call is closed to make room; when every one has, --health-reserve more may only GET /healthz")
+	f.IntVar(&limits.HealthReserve, "health-reserve", limits.HealthReserve, "connections past --max-connections kept for GET /healthz (the oldest gives way to a new one)")
+	f.DurationVar(&limits.PreAuthTimeout, "preauth-timeout", limits.PreAuthTimeout, "close a connection that has carried no authenticated call this long after it opened (a request in flight then gets --write-timeout more)")
+	f.IntVar(&limits.MaxConnectionsPerLineage, "max-connections-per-lineage", 0, "connections one agent lineage (a root and every descendant together), one operator or one tool server may hold; past it the call is refused resource_exhausted and its connection closed; 0: half of --max-connections")
+	f.IntVar(&limits.OperatorReserve, "operator-reserve", 0, "connections of --max-connections that agents together may not hold, kept for operators and tool servers; 0: a hundredth of --max-connections, at least 1")
 	f.IntVar(&limits.MaxStreamsPerCaller, "max-streams-per-caller", limits.MaxStreamsPerCaller, "open streams (sessions, watches, lease channels) per principal")
 	f.IntVar(&limits.MaxHeaderBytes, "max-header-bytes", limits.MaxHeaderBytes, "largest request headers (HTTP/1.1: 431; HTTP/2: the advertised header list size); an open stream keeps its headers while it lives")
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")

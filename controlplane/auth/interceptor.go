@@ -72,6 +72,13 @@ type Interceptor struct {
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
 	// is what bounds the quiet ones.
 	MaxStreams int
+	// Bind, when set, is told of every request authenticated and
+	// authorised, before its rate budget is charged: the server binds the
+	// connection the request came on (its context says which) to the
+	// caller. An error refuses the request, charging nothing; one wrapping
+	// ErrTooManyConnections also closes the connection (the Gate's answer
+	// carries Connection: close, which HTTP/2 turns into a GOAWAY).
+	Bind func(ctx context.Context, p Principal) error
 	// Cache remembers verified tokens (nil: verify every request).
 	Cache *TokenCache
 	// RateLimited, if set, is told of each request the Limiter refused,
@@ -165,6 +172,11 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			who = "tool servers"
 		}
 		return ctx, connect.NewError(connect.CodePermissionDenied, fmt.Errorf("%w: %s may not call %s", ErrDenied, who, procedure))
+	}
+	if i.Bind != nil {
+		if err := i.Bind(ctx, p); err != nil {
+			return ctx, err
+		}
 	}
 	if p.Kind == KindToolServer && i.Evidence[procedure] {
 		return WithPrincipal(ctx, p), nil
@@ -289,7 +301,7 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			// The body is never read: the server discards at most a little
 			// of it and closes an HTTP/1.1 connection; HTTP/2 resets the
 			// stream.
-			if r.ProtoMajor == 1 {
+			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) {
 				w.Header().Set("Connection", "close")
 			}
 			_ = errw.Write(w, r, err)

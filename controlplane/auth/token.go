@@ -34,6 +34,10 @@ var (
 	ErrBadCredential = fault.New(fault.Unauthenticated, "auth: credential is not valid")
 	ErrRevoked       = fault.New(fault.Unauthenticated, "auth: credential revoked")
 	ErrDenied        = fault.New(fault.Denied, "auth: permission denied")
+	// ErrTooManyConnections refuses a request whose caller holds every
+	// connection it may (Interceptor.Bind); the Gate closes the
+	// connection it came on.
+	ErrTooManyConnections = fault.New(fault.Exhausted, "auth: too many connections")
 )
 
 type claims struct {

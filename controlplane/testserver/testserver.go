@@ -229,9 +229,25 @@ func FreeAddr(t testing.TB) string {
 // gates, sessions, verifiers) reconnect to it by themselves.
 func StartProcessOn(t testing.TB, dataDir, addr string, extraArgs ...string) *Process {
 	t.Helper()
+	return startProcess(t, dataDir, addr, 0, extraArgs...)
+}
+
+// StartProcessWithFileLimit is StartProcess with the process's open-file
+// limit (ulimit -n, soft and hard) set to files.
+func StartProcessWithFileLimit(t testing.TB, dataDir string, files int, extraArgs ...string) *Process {
+	t.Helper()
+	return startProcess(t, dataDir, FreeAddr(t), files, extraArgs...)
+}
+
+func startProcess(t testing.TB, dataDir, addr string, files int, extraArgs ...string) *Process {
+	t.Helper()
 	bin := Binary(t)
 	args := append([]string{"serve", "--data-dir", dataDir, "--listen", addr, "--log-level", "warn"}, extraArgs...)
 	cmd := exec.Command(bin, args...)
+	if files > 0 {
+		// Go raises the soft limit to the hard one at start, so both.
+		cmd = exec.Command("/bin/sh", append([]string{"-c", fmt.Sprintf(`ulimit -n %d && exec "$0" "$@"`, files), bin}, args...)...)
+	}
 	cmd.Stdout = io.Discard
 	// The server's log (warnings and errors) goes to <data-dir>/serve.log,
 	// appended across restarts, for the test to show when it fails.

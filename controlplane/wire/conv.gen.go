@@ -241,14 +241,19 @@ func RecordToolCall(x *supervisor.RecordToolCall) *tetherv1.RecordToolCall {
 		return nil
 	}
 	return &tetherv1.RecordToolCall{
-		CallId:         x.CallID,
-		NodeId:         x.NodeID,
-		Tool:           x.Tool,
-		GateId:         x.GateID,
-		Resolution:     tetherv1.CallResolution(x.Resolution),
-		BegunBy:        x.BegunBy,
-		EndedBy:        x.EndedBy,
-		AcknowledgedBy: x.AcknowledgedBy,
+		CallId:            x.CallID,
+		NodeId:            x.NodeID,
+		Tool:              x.Tool,
+		GateId:            x.GateID,
+		Resolution:        tetherv1.CallResolution(x.Resolution),
+		BegunBy:           x.BegunBy,
+		EndedBy:           x.EndedBy,
+		AcknowledgedBy:    x.AcknowledgedBy,
+		BegunAt:           timestamp(x.BegunAt),
+		EndedAt:           timestamp(x.EndedAt),
+		CancelRequestedAt: timestamp(x.CancelRequestedAt),
+		AcknowledgedAt:    timestamp(x.AcknowledgedAt),
+		Error:             x.Error,
 	}
 }
 
@@ -258,12 +263,16 @@ func RecordPrivilege(x *supervisor.RecordPrivilege) *tetherv1.RecordPrivilege {
 		return nil
 	}
 	return &tetherv1.RecordPrivilege{
-		PrivilegeId: x.PrivilegeID,
-		Kind:        x.Kind,
-		ExternalId:  x.ExternalID,
-		NodeId:      x.NodeID,
-		Outcome:     tetherv1.PrivilegeOutcome(x.Outcome),
-		Error:       x.Error,
+		PrivilegeId:  x.PrivilegeID,
+		Kind:         x.Kind,
+		ExternalId:   x.ExternalID,
+		NodeId:       x.NodeID,
+		Outcome:      tetherv1.PrivilegeOutcome(x.Outcome),
+		Error:        x.Error,
+		DecidedAt:    timestamp(x.DecidedAt),
+		ExpiresAt:    timestamp(x.ExpiresAt),
+		RevokedBy:    x.RevokedBy,
+		RegisteredBy: x.RegisteredBy,
 	}
 }
 

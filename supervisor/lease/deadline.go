@@ -134,8 +134,11 @@ func (h *deadlineHeap) Pop() any {
 // spaced, so the pile-up left by the downtime does not expire — or get
 // reassigned — all at once. Deadlines up to lastAlive passed while the
 // coordinator was still up (a lease has no authority at its deadline's
-// instant): they are not extended and expire on their first Tick. Under
-// RestartStrict the plan is empty.
+// instant): they are not extended and expire on their first Tick. Nor is a
+// lease with a cancel request or a recorded ownership conflict: its holder
+// could not have renewed anyway, so the downtime took nothing from it, and
+// its authority ends at the deadline it had. Under RestartStrict the plan
+// is empty.
 func PlanRestart(leases []Lease, lastAlive, restartAt time.Time, p Policy) []Recover {
 	if p.Restart != RestartExtend {
 		return nil
@@ -143,7 +146,7 @@ func PlanRestart(leases []Lease, lastAlive, restartAt time.Time, p Policy) []Rec
 	floor := restartAt.Add(p.RestartGrace)
 	var pending []Deadline
 	for _, l := range leases {
-		if l.State != StateOffered && l.State != StateActive {
+		if l.State != StateOffered && l.State != StateActive || l.CancelRequested || l.OwnershipConflict {
 			continue
 		}
 		at, _ := NextDeadline(l)

@@ -168,6 +168,13 @@ func TestPlanRestartSpreadsPileUp(t *testing.T) {
 			LeaseDuration: 30 * time.Second, AckDeadline: at(110)},
 		{JobID: "expired", LeaseID: "L-e", Generation: 1, HolderIdentity: "w1", State: lease.StateExpired, ExpiresAt: at(150)},
 	}
+	// Authority that renewals could no longer extend gets no grace either.
+	cancelled, conflicted := active("cancelled", 150), active("conflicted", 150)
+	cancelled.CancelRequested, cancelled.CancelRequestedAt = true, at(60)
+	conflicted.OwnershipConflict, conflicted.ConflictHolder = true, "planner"
+	offeredCancelled := lease.Lease{JobID: "offered-cancelled", LeaseID: "L-oc", Generation: 1, HolderIdentity: "w2", State: lease.StateOffered,
+		AckState: lease.AckPending, LeaseDuration: 30 * time.Second, AckDeadline: at(110), CancelRequested: true, CancelRequestedAt: at(60)}
+	leases = append(leases, cancelled, conflicted, offeredCancelled)
 	plan := lease.PlanRestart(leases, lastAlive, restartAt, p)
 	want := []lease.Recover{
 		{JobID: "offered", LastAlive: lastAlive, ExtendTo: at(230)},
@@ -197,9 +204,10 @@ func TestPlanRestartSpreadsPileUp(t *testing.T) {
 	}
 	// The leases left out of the plan expire on their first tick, and a
 	// recovery that names them anyway is refused: at the last alive
-	// instant they had already expired on the coordinator's clock.
-	for _, job := range []string{"before-stop", "at-stop"} {
-		if _, d, _ := lease.Step(byJob[job], lease.Tick{JobID: job}, restartAt, p); d.Event != lease.EventLeaseExpired {
+	// instant they had already expired on the coordinator's clock, or
+	// their authority could no longer be extended.
+	for _, job := range []string{"before-stop", "at-stop", "cancelled", "conflicted", "offered-cancelled"} {
+		if _, d, _ := lease.Step(byJob[job], lease.Tick{JobID: job}, restartAt, p); d.Event != lease.EventLeaseExpired && d.Event != lease.EventAckDeadlineMissed {
 			t.Fatalf("tick of %s: %s", job, d)
 		}
 		r := lease.Recover{JobID: job, LastAlive: lastAlive, ExtendTo: at(230)}

@@ -32,7 +32,8 @@
 // Cancellation is two facts, neither of which ends the job: RequestCancel
 // (the coordinator's intent) and CancelAck (the worker's acknowledgement).
 // After a cancel request, authority is no longer extended (renews are
-// refused, so it ends at ExpiresAt at the latest), progress is recorded as
+// refused, and a restart gives it no grace, so it ends at ExpiresAt at the
+// latest), progress is recorded as
 // LATE_PROGRESS evidence instead of advancing the record, and SUCCESS is
 // refused: the coordinator asked the work to stop, and a success claimed
 // afterwards is not trusted. The job ends with the holder's
@@ -42,8 +43,8 @@
 // A second identity claiming the active generation under its lease id is an
 // ownership conflict, and it halts optimistic execution: the flag is kept
 // (a healthy renew or heartbeat from the real holder does not clear it),
-// renewals are refused so authority is no longer extended and ends at
-// ExpiresAt at the latest, progress is not applied, completion is refused,
+// renewals are refused and a restart gives it no grace, so authority is no
+// longer extended and ends at ExpiresAt at the latest, progress is not applied, completion is refused,
 // Authority reports no holder, and automatic reassignment stops — until
 // the coordinator settles it with Reassign{ResolveConflict: true} (a new
 // generation, possibly to the same holder) or a final Resolve.

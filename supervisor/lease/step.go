@@ -612,6 +612,22 @@ func (j *judge) recover(m Recover) Decision {
 		j.observe()
 		return reject(EventLeaseExpired, ErrLeaseExpired,
 			"restart recovery refused: the deadline %s passed before the coordinator stopped (last alive %s)", ts(deadline), ts(m.LastAlive))
+	case l.CancelRequested || l.OwnershipConflict:
+		// The grace is for a holder the downtime kept from renewing. After
+		// a cancel request, or while an ownership conflict is recorded,
+		// renewals are refused: the downtime took nothing from the holder,
+		// and its authority ends at the deadline it had.
+		why := fmt.Sprintf("cancellation was requested at %s", ts(l.CancelRequestedAt))
+		event, cause := EventInvalidTransition, ErrCancelRequested
+		if !l.CancelRequested {
+			why = fmt.Sprintf("an ownership conflict over generation %d is recorded and unresolved", l.Generation)
+			event, cause = EventOwnershipConflict, ErrOwnershipConflict
+		}
+		j.observe()
+		if j.l.State == StateExpired {
+			event, cause = EventLeaseExpired, ErrLeaseExpired
+		}
+		return reject(event, cause, "restart recovery refused: %s, so authority is not extended; it ends at %s (%s)", why, ts(deadline), j.current())
 	case m.ExtendTo.After(j.now.Add(j.p.RestartGrace + j.p.RestartSpread)):
 		return rejectErr(ErrInvalidMessage, "restart recovery refused: extension to %s exceeds now + grace %s + spread %s",
 			ts(m.ExtendTo), j.p.RestartGrace, j.p.RestartSpread)

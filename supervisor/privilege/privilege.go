@@ -48,6 +48,10 @@ type Privilege struct {
 	// one a termination must revoke) from being registered. A privilege
 	// stored before this was kept counts as the agent's.
 	ByOperator bool `json:"by_operator,omitempty"`
+	// RegisteredBy is the registrant's principal id, for the record: an
+	// expiry an agent declared is the agent's word. Empty for a privilege
+	// stored before it was kept.
+	RegisteredBy string `json:"registered_by,omitempty"`
 	// Outcome is set once, when a termination dealt with the privilege.
 	Outcome   string    `json:"outcome,omitempty"`
 	Error     string    `json:"error,omitempty"`

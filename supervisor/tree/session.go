@@ -238,7 +238,9 @@ func hasSuffix(s, suffix string) bool {
 // ConfirmedByLauncher). Each party's first word is kept; exited_at is the
 // first confirmation and exit_confirmed_by the strongest. A running node
 // becomes EXITED: from now on it may not act (see Act), and whether the
-// confirmation counts is decided by the record (JudgeExit).
+// confirmation counts is decided by the record (JudgeExit). Once the node
+// is terminated (its record written) an agent's word is refused
+// (ErrNodeRecorded); a launcher's is still kept on the node.
 func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason string, authorize func(*Node) error) (*Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -247,6 +249,15 @@ func (t *Tree) ConfirmExit(ctx context.Context, nodeID, principal, kind, reason 
 	by := principal + " (" + kind + ")"
 	now := t.Clock.Now()
 	return t.updateNode(ctx, nodeID, authorize, func(tx store.Txn, n *Node) error {
+		if n.State == NodeStateTerminated && kind != ConfirmedByLauncher {
+			// The record was written, from outside, with the node's exit
+			// as it stood; an agent of the swarm vouching for the node
+			// afterwards would have the node read confirmed on its word
+			// where the record says otherwise. (A launcher's late
+			// attestation is kept: an operator's own observation.)
+			return fmt.Errorf("%w: node_id %s is terminated: termination %s has written its record, with the node's exit as the control plane had it then (read it with GetRecord); an agent's word after that is not recorded",
+				ErrNodeRecorded, n.NodeID, n.TerminationID)
+		}
 		changed := false
 		// Agents' words (the node's, its ancestors') and operators'
 		// attestations are bounded apart: a workload that holds its

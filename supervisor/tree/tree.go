@@ -22,6 +22,10 @@ var (
 	ErrInvalidArgument  = fault.New(fault.Invalid, "supervisor: invalid argument")
 	ErrLimit            = fault.New(fault.Exhausted, "supervisor: limit exceeded")
 	ErrNodeStopping     = fault.New(fault.Precondition, "supervisor: node is stopping")
+	// ErrNodeRecorded: the node is terminated, and the record that
+	// accounts for it was written in the same transaction; an agent's
+	// word about its exit comes too late to count (ConfirmExit).
+	ErrNodeRecorded = fault.New(fault.Precondition, "supervisor: the node's termination record is written")
 )
 
 // Limits bound the tree so that one misbehaving agent cannot exhaust the

@@ -1092,8 +1092,21 @@ type RecordToolCall struct {
 	BegunBy        string `protobuf:"bytes,6,opt,name=begun_by,json=begunBy,proto3" json:"begun_by,omitempty"`
 	EndedBy        string `protobuf:"bytes,7,opt,name=ended_by,json=endedBy,proto3" json:"ended_by,omitempty"`
 	AcknowledgedBy string `protobuf:"bytes,8,opt,name=acknowledged_by,json=acknowledgedBy,proto3" json:"acknowledged_by,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// When each step happened, on the control plane's clock: a post-mortem
+	// places each call against the record's phases (a call a gate reported
+	// completed after the escalation ordered its cancel ran past the drain
+	// window). ended_at is when the gate's report was recorded, or when the
+	// termination closed the call (ended_by "termination:<id>"); a call
+	// refused while its node was stopping began and ended at once.
+	BegunAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=begun_at,json=begunAt,proto3" json:"begun_at,omitempty"`
+	EndedAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// When the termination ordered the call's cancel (unset: no order).
+	CancelRequestedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=cancel_requested_at,json=cancelRequestedAt,proto3" json:"cancel_requested_at,omitempty"`
+	AcknowledgedAt    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=acknowledged_at,json=acknowledgedAt,proto3" json:"acknowledged_at,omitempty"`
+	// The gate's error for a failed call (at most 512 bytes).
+	Error         string `protobuf:"bytes,13,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RecordToolCall) Reset() {
@@ -1182,15 +1195,65 @@ func (x *RecordToolCall) GetAcknowledgedBy() string {
 	return ""
 }
 
+func (x *RecordToolCall) GetBegunAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BegunAt
+	}
+	return nil
+}
+
+func (x *RecordToolCall) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *RecordToolCall) GetCancelRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CancelRequestedAt
+	}
+	return nil
+}
+
+func (x *RecordToolCall) GetAcknowledgedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AcknowledgedAt
+	}
+	return nil
+}
+
+func (x *RecordToolCall) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type RecordPrivilege struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	PrivilegeId string                 `protobuf:"bytes,1,opt,name=privilege_id,json=privilegeId,proto3" json:"privilege_id,omitempty"`
 	// "grant", "file_lock", "queue_reservation", ...
-	Kind          string           `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	ExternalId    string           `protobuf:"bytes,3,opt,name=external_id,json=externalId,proto3" json:"external_id,omitempty"`
-	NodeId        string           `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	Outcome       PrivilegeOutcome `protobuf:"varint,5,opt,name=outcome,proto3,enum=tether.v1.PrivilegeOutcome" json:"outcome,omitempty"`
-	Error         string           `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	Kind       string           `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	ExternalId string           `protobuf:"bytes,3,opt,name=external_id,json=externalId,proto3" json:"external_id,omitempty"`
+	NodeId     string           `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Outcome    PrivilegeOutcome `protobuf:"varint,5,opt,name=outcome,proto3,enum=tether.v1.PrivilegeOutcome" json:"outcome,omitempty"`
+	Error      string           `protobuf:"bytes,6,opt,name=error,proto3" json:"error,omitempty"`
+	// When the privilege ended: its revocation (the revoke hook's answer, or
+	// the grant's tombstone), or, for an expired one, its expiry; for a
+	// failed revocation, when the failure was decided.
+	DecidedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=decided_at,json=decidedAt,proto3" json:"decided_at,omitempty"`
+	// The expiry its registrant or issuer declared. For a privilege an agent
+	// registered, EXPIRED rests on the agent's own word (registered_by).
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// Who revoked it: for a grant, the principal whose revocation reached it
+	// ("termination:<id>", or whoever revoked it or an ancestor grant first);
+	// for a registered privilege, its revoker ("webhook" or "handler").
+	RevokedBy string `protobuf:"bytes,9,opt,name=revoked_by,json=revokedBy,proto3" json:"revoked_by,omitempty"`
+	// Who registered the privilege (an agent's or an operator's principal;
+	// "agent" or "operator" for one registered before this was kept), or,
+	// for a grant, its issuer.
+	RegisteredBy  string `protobuf:"bytes,10,opt,name=registered_by,json=registeredBy,proto3" json:"registered_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1263,6 +1326,34 @@ func (x *RecordPrivilege) GetOutcome() PrivilegeOutcome {
 func (x *RecordPrivilege) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *RecordPrivilege) GetDecidedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DecidedAt
+	}
+	return nil
+}
+
+func (x *RecordPrivilege) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *RecordPrivilege) GetRevokedBy() string {
+	if x != nil {
+		return x.RevokedBy
+	}
+	return ""
+}
+
+func (x *RecordPrivilege) GetRegisteredBy() string {
+	if x != nil {
+		return x.RegisteredBy
 	}
 	return ""
 }
@@ -2463,7 +2554,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x0econtradictions\x18\f \x03(\v2\x18.tether.v1.ContradictionR\x0econtradictions\x12F\n" +
 	"\x11session_closed_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fsessionClosedAt\x12!\n" +
 	"\fsession_open\x18\x0e \x01(\bR\vsessionOpen\x12-\n" +
-	"\x12unaccounted_reason\x18\x0f \x01(\tR\x11unaccountedReason\"\x89\x02\n" +
+	"\x12unaccounted_reason\x18\x0f \x01(\tR\x11unaccountedReason\"\x9e\x04\n" +
 	"\x0eRecordToolCall\x12\x17\n" +
 	"\acall_id\x18\x01 \x01(\tR\x06callId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -2474,7 +2565,13 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"resolution\x12\x19\n" +
 	"\bbegun_by\x18\x06 \x01(\tR\abegunBy\x12\x19\n" +
 	"\bended_by\x18\a \x01(\tR\aendedBy\x12'\n" +
-	"\x0facknowledged_by\x18\b \x01(\tR\x0eacknowledgedBy\"\xcf\x01\n" +
+	"\x0facknowledged_by\x18\b \x01(\tR\x0eacknowledgedBy\x125\n" +
+	"\bbegun_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\abegunAt\x125\n" +
+	"\bended_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12J\n" +
+	"\x13cancel_requested_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x11cancelRequestedAt\x12C\n" +
+	"\x0facknowledged_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\x0eacknowledgedAt\x12\x14\n" +
+	"\x05error\x18\r \x01(\tR\x05error\"\x89\x03\n" +
 	"\x0fRecordPrivilege\x12!\n" +
 	"\fprivilege_id\x18\x01 \x01(\tR\vprivilegeId\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x1f\n" +
@@ -2482,7 +2579,15 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"externalId\x12\x17\n" +
 	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x125\n" +
 	"\aoutcome\x18\x05 \x01(\x0e2\x1b.tether.v1.PrivilegeOutcomeR\aoutcome\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\x8a\x02\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\x129\n" +
+	"\n" +
+	"decided_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x129\n" +
+	"\n" +
+	"expires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1d\n" +
+	"\n" +
+	"revoked_by\x18\t \x01(\tR\trevokedBy\x12#\n" +
+	"\rregistered_by\x18\n" +
+	" \x01(\tR\fregisteredBy\"\x8a\x02\n" +
 	"\vRecordLease\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
@@ -2726,67 +2831,73 @@ var file_tether_v1_supervisor_proto_depIdxs = []int32{
 	35, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
 	34, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
 	36, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	3,  // 23: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	4,  // 24: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	37, // 25: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
-	34, // 26: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	33, // 27: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	32, // 28: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	13, // 29: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	14, // 30: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	15, // 31: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	16, // 32: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	17, // 33: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	34, // 34: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	38, // 35: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
-	18, // 36: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	18, // 37: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	39, // 38: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	6,  // 39: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	40, // 40: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	39, // 41: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	34, // 42: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 43: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 44: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	34, // 45: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
-	29, // 46: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
-	7,  // 47: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	9,  // 48: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	11, // 49: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	19, // 50: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	21, // 51: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	23, // 52: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	25, // 53: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	27, // 54: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	30, // 55: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
-	41, // 56: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	42, // 57: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	43, // 58: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	44, // 59: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	45, // 60: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	46, // 61: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	47, // 62: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	8,  // 63: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	10, // 64: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	12, // 65: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	20, // 66: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	22, // 67: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	24, // 68: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	26, // 69: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	28, // 70: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	31, // 71: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
-	48, // 72: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	49, // 73: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	50, // 74: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	51, // 75: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	52, // 76: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	53, // 77: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	54, // 78: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	63, // [63:79] is the sub-list for method output_type
-	47, // [47:63] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	34, // 23: tether.v1.RecordToolCall.begun_at:type_name -> google.protobuf.Timestamp
+	34, // 24: tether.v1.RecordToolCall.ended_at:type_name -> google.protobuf.Timestamp
+	34, // 25: tether.v1.RecordToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	34, // 26: tether.v1.RecordToolCall.acknowledged_at:type_name -> google.protobuf.Timestamp
+	3,  // 27: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	34, // 28: tether.v1.RecordPrivilege.decided_at:type_name -> google.protobuf.Timestamp
+	34, // 29: tether.v1.RecordPrivilege.expires_at:type_name -> google.protobuf.Timestamp
+	4,  // 30: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
+	37, // 31: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
+	34, // 32: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	33, // 33: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	32, // 34: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	13, // 35: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	14, // 36: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	15, // 37: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	16, // 38: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	17, // 39: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	34, // 40: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	38, // 41: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
+	18, // 42: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	18, // 43: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	39, // 44: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	6,  // 45: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	40, // 46: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	39, // 47: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	34, // 48: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 49: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 50: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	34, // 51: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
+	29, // 52: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
+	7,  // 53: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	9,  // 54: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	11, // 55: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	19, // 56: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	21, // 57: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	23, // 58: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	25, // 59: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	27, // 60: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	30, // 61: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
+	41, // 62: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	42, // 63: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	43, // 64: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	44, // 65: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	45, // 66: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	46, // 67: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	47, // 68: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	8,  // 69: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	10, // 70: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	12, // 71: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	20, // 72: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	22, // 73: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	24, // 74: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	26, // 75: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	28, // 76: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	31, // 77: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
+	48, // 78: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	49, // 79: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	50, // 80: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	51, // 81: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	52, // 82: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	53, // 83: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	54, // 84: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	69, // [69:85] is the sub-list for method output_type
+	53, // [53:69] is the sub-list for method input_type
+	53, // [53:53] is the sub-list for extension type_name
+	53, // [53:53] is the sub-list for extension extendee
+	0,  // [0:53] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }

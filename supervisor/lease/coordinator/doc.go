@@ -110,7 +110,9 @@
 // clean stop records the stop time. A run's load reads every lease and the
 // latest of those times (LastAlive); then, before serving, it applies the
 // restart policy: lease.PlanRestart picks the OFFERED and ACTIVE leases
-// whose deadline fell after LastAlive — while no coordinator was
+// (without a cancel request or a recorded ownership conflict, whose
+// authority renewals could no longer extend) whose deadline fell after
+// LastAlive — while no coordinator was
 // deciding, so their holders could not renew — and, under the default
 // policy (extend), each gets a Recover extending it to at least
 // RestartGrace after the restart, spread over RestartSpread so they do not

@@ -5,6 +5,7 @@ package bench
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
@@ -50,4 +51,39 @@ func childCPU(pid int) (time.Duration, bool) {
 		return 0, false
 	}
 	return time.Duration(utime+stime) * (time.Second / 100), true
+}
+
+// childSwitches is how many times the threads of process pid have been
+// switched out, voluntarily (to wait: a parked thread, a blocking system
+// call) or not, summed over its threads from /proc; false where there is
+// no /proc. A goroutine hand-off that wakes another thread costs a switch
+// or two, so switches per operation count a server's hand-offs where its
+// CPU time, on a shared machine, is too noisy to.
+func childSwitches(pid int) (uint64, bool) {
+	if pid <= 0 {
+		return 0, false
+	}
+	tasks, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/status")
+	if err != nil || len(tasks) == 0 {
+		return 0, false
+	}
+	var total uint64
+	for _, t := range tasks {
+		status, err := os.ReadFile(t)
+		if err != nil {
+			continue // the thread exited
+		}
+		for _, line := range bytes.Split(status, []byte("\n")) {
+			name, value, ok := bytes.Cut(line, []byte(":"))
+			if !ok || !bytes.HasSuffix(name, []byte("ctxt_switches")) {
+				continue
+			}
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(value)), 10, 64)
+			if err != nil {
+				return 0, false
+			}
+			total += n
+		}
+	}
+	return total, true
 }

@@ -98,7 +98,7 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil) // the bench's clients and the server
+		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil, 0, false) // the bench's clients and the server
 		if err != nil {
 			return fmt.Errorf("unary in process, %d leases: %w", n, err)
 		}
@@ -127,11 +127,21 @@ func leaseRenew(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU)
+		unary, err := measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU, proc.pid, false)
 		if err != nil {
 			return fmt.Errorf("unary, %d leases: %w", n, err)
 		}
 		unary.report(r, fmt.Sprintf("lease/renew/unary/leases=%d", n))
+		// The same calls over HTTP/1.1 (agentsdk.UnaryHTTP1Client), where
+		// one server goroutine reads, handles and answers each: at the
+		// low concurrencies, where HTTP/2's hand-offs weigh most.
+		var unaryHTTP1 leaseMeasurement
+		if n <= 8 {
+			if unaryHTTP1, err = measureUnaryRenew(ctx, r.Duration, leases, proc.cpu, proc.serverCPU, proc.pid, true); err != nil {
+				return fmt.Errorf("unary over HTTP/1.1, %d leases: %w", n, err)
+			}
+			unaryHTTP1.report(r, fmt.Sprintf("lease/renew/unary-http1/leases=%d", n))
+		}
 
 		if etcd == nil {
 			continue
@@ -152,6 +162,12 @@ func leaseRenew(ctx context.Context, r *Report) error {
 			// The servers alone: the clients' stacks (Connect over
 			// net/http, gRPC) differ, and count in the ratio above.
 			r.Add(fmt.Sprintf("lease/renew/unary-vs-etcd-per-server-cpu/leases=%d", n), float64(m.serverCPU)/float64(unary.serverCPU), "x")
+		}
+		if unaryHTTP1.rate > 0 {
+			r.Add(fmt.Sprintf("lease/renew/unary-http1-vs-etcd/leases=%d", n), unaryHTTP1.rate/m.rate, "x")
+			if unaryHTTP1.serverCPU > 0 && m.serverCPU > 0 {
+				r.Add(fmt.Sprintf("lease/renew/unary-http1-vs-etcd-per-server-cpu/leases=%d", n), float64(m.serverCPU)/float64(unaryHTTP1.serverCPU), "x")
+			}
 		}
 		r.Add(fmt.Sprintf("lease/renew/unary-in-process-vs-etcd/leases=%d", n), inProcess.rate/m.rate, "x")
 		r.Add(fmt.Sprintf("lease/renew/stream-vs-etcd/leases=%d", n), stream.rate/m.rate, "x")
@@ -315,6 +331,9 @@ type leaseMeasurement struct {
 	// server runs in a process of its own (tether serve, etcd): the rest
 	// is the clients', whose stacks differ between the two systems.
 	serverCPU time.Duration
+	// serverSwitches is the server process's context switches per renew
+	// (all its threads), when it runs in a process of its own.
+	serverSwitches float64
 }
 
 func (m leaseMeasurement) report(r *Report, name string) {
@@ -326,6 +345,9 @@ func (m leaseMeasurement) report(r *Report, name string) {
 	}
 	if m.serverCPU > 0 {
 		r.Add(name+"/server-cpu-per-renew", float64(m.serverCPU.Nanoseconds())/1000, "µs")
+	}
+	if m.serverSwitches > 0 {
+		r.Add(name+"/server-switches-per-renew", m.serverSwitches, "switches")
 	}
 }
 
@@ -342,6 +364,9 @@ type recorder struct {
 	// serverCPU, when set, is the part of cpu spent by the server's own
 	// process, read at the same moments.
 	serverCPU func() (time.Duration, bool)
+	// serverPID, when set, is the server's process, whose context
+	// switches are counted at the same moments.
+	serverPID int
 }
 
 func (rec *recorder) add(local *[]time.Duration, d time.Duration) {
@@ -376,12 +401,20 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	if serverOK {
 		serverStart, serverOK = rec.serverCPU()
 	}
+	switchesStart, switchesOK := childSwitches(rec.serverPID)
 	rec.measuring.Store(true)
 	start := time.Now()
 	serr := sleep(d)
 	rec.measuring.Store(false)
 	elapsed := time.Since(start)
 	var cpu, serverCPU time.Duration
+	var switches float64
+	if switchesOK {
+		end, ok := childSwitches(rec.serverPID)
+		if n := rec.count.Load(); ok && n > 0 {
+			switches = float64(end-switchesStart) / float64(n)
+		}
+	}
 	if cpuOK {
 		cpuEnd, ok := rec.cpu()
 		if n := rec.count.Load(); ok && n > 0 {
@@ -408,7 +441,7 @@ func (rec *recorder) run(ctx context.Context, d time.Duration, cancel context.Ca
 	pct := func(p float64) time.Duration {
 		return rec.samples[min(len(rec.samples)-1, int(p*float64(len(rec.samples))))]
 	}
-	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu, serverCPU: serverCPU}, nil
+	return leaseMeasurement{rate: float64(rec.count.Load()) / elapsed.Seconds(), p50: pct(0.50), p99: pct(0.99), cpu: cpu, serverCPU: serverCPU, serverSwitches: switches}, nil
 }
 
 // leaseHolder is an agent that holds leases, with its own connection.
@@ -416,6 +449,9 @@ type leaseHolder struct {
 	nodeID string
 	conn   *agentsdk.Conn
 	cred   string
+	// unaryHTTP1 is the same agent's connection that sends unary calls
+	// over HTTP/1.1 (agentsdk.UnaryHTTP1Client); nil where not dialled.
+	unaryHTTP1 *agentsdk.Conn
 }
 
 // dialedTo returns the holders with connections of their own to the
@@ -451,7 +487,8 @@ func leaseHolders(ctx context.Context, srv leaseTarget, n int) ([]leaseHolder, e
 		}
 		// Each holder gets its own HTTP/2 connection, as separate agent
 		// processes would have.
-		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(url, child.Msg.Credential), cred: child.Msg.Credential})
+		out = append(out, leaseHolder{nodeID: child.Msg.Node.NodeId, conn: agentsdk.Dial(url, child.Msg.Credential), cred: child.Msg.Credential,
+			unaryHTTP1: agentsdk.Dial(url, child.Msg.Credential, agentsdk.WithHTTPClient(agentsdk.UnaryHTTP1Client(url, nil, 0)))})
 	}
 	return out, nil
 }
@@ -517,17 +554,22 @@ func checkRenewed(d *tetherv1.Decision) error {
 }
 
 // measureUnaryRenew renews each lease in a closed loop of unary calls;
-// cpu counts the CPU time of the clients and the server.
-func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool)) (leaseMeasurement, error) {
+// cpu counts the CPU time of the clients and the server. http1 sends them
+// through the holders' unaryHTTP1 connections.
+func measureUnaryRenew(ctx context.Context, d time.Duration, leases []*benchLease, cpu, serverCPU func() (time.Duration, bool), serverPID int, http1 bool) (leaseMeasurement, error) {
 	w := newWorkers(ctx)
-	rec := &recorder{cpu: cpu, serverCPU: serverCPU}
+	rec := &recorder{cpu: cpu, serverCPU: serverCPU, serverPID: serverPID}
 	for _, l := range leases {
 		w.wg.Go(func() {
 			var local []time.Duration
 			defer func() { rec.merge(local) }()
 			for w.ctx.Err() == nil {
 				start := time.Now()
-				resp, err := l.holder.conn.Lease.Renew(w.ctx, connect.NewRequest(l.renewRequest()))
+				conn := l.holder.conn
+				if http1 {
+					conn = l.holder.unaryHTTP1
+				}
+				resp, err := conn.Lease.Renew(w.ctx, connect.NewRequest(l.renewRequest()))
 				if err == nil {
 					err = checkRenewed(resp.Msg.Decision)
 				}
@@ -757,7 +799,7 @@ func measureEtcdRenew(ctx context.Context, d time.Duration, etcd *etcdServer, n 
 		revs[i] = resp.Header.Revision
 	}
 	w := newWorkers(ctx)
-	rec := &recorder{cpu: etcd.cpu, serverCPU: func() (time.Duration, bool) { return childCPU(etcd.pid) }}
+	rec := &recorder{cpu: etcd.cpu, serverCPU: func() (time.Duration, bool) { return childCPU(etcd.pid) }, serverPID: etcd.pid}
 	for i := range n {
 		w.wg.Go(func() {
 			var local []time.Duration

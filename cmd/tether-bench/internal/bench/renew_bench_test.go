@@ -24,7 +24,7 @@ import (
 // small key, one group commit with one sync) on the same server and disk.
 // Profile with, for example:
 //
-//	go test -run '^$' -bench 'Lone' -cpuprofile cpu.out ./internal/bench/
+//	go test -run '^$' -bench 'Lone' -cpuprofile cpu.out ./cmd/tether-bench/internal/bench/
 func loneLease(b *testing.B) (*benchServer, *benchLease) {
 	b.Helper()
 	ctx := context.Background()
@@ -192,7 +192,7 @@ func BenchmarkRenewUnary64(b *testing.B) {
 // renew. Interleaving each round keeps a shared machine's swings out of
 // the ratios, which is what an A/B of the unary path needs:
 //
-//	go test -run '^$' -bench 'UnaryVsEtcd' -benchtime 1x ./internal/bench/
+//	go test -run '^$' -bench 'UnaryVsEtcd' -benchtime 1x ./cmd/tether-bench/internal/bench/
 func BenchmarkUnaryVsEtcd(b *testing.B) {
 	ctx := context.Background()
 	r := &Report{Dir: b.TempDir()}
@@ -220,10 +220,15 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			var rate, perCPU, cpu, etcdCPU, serverCPU, etcdServerCPU []float64
+			var rate, perCPU, cpu, etcdCPU, serverCPU, etcdServerCPU, switches, etcdSwitches []float64
+			var rate1, serverCPU1, switches1 []float64
 			for b.Loop() {
 				for range rounds {
-					u, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU)
+					u, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU, proc.pid, false)
+					if err != nil {
+						b.Fatal(err)
+					}
+					u1, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU, proc.pid, true)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -233,6 +238,11 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 					}
 					serverCPU = append(serverCPU, float64(u.serverCPU.Microseconds()))
 					etcdServerCPU = append(etcdServerCPU, float64(e.serverCPU.Microseconds()))
+					switches = append(switches, u.serverSwitches)
+					rate1 = append(rate1, u1.rate/e.rate)
+					serverCPU1 = append(serverCPU1, float64(u1.serverCPU.Microseconds()))
+					switches1 = append(switches1, u1.serverSwitches)
+					etcdSwitches = append(etcdSwitches, e.serverSwitches)
 					rate = append(rate, u.rate/e.rate)
 					perCPU = append(perCPU, float64(e.cpu)/float64(u.cpu))
 					cpu = append(cpu, float64(u.cpu.Microseconds()))
@@ -246,6 +256,11 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 			b.ReportMetric(median(etcdCPU), "etcd-cpu-µs/renew")
 			b.ReportMetric(median(serverCPU), "server-cpu-µs/renew")
 			b.ReportMetric(median(etcdServerCPU), "etcd-server-cpu-µs/renew")
+			b.ReportMetric(median(switches), "server-switches/renew")
+			b.ReportMetric(median(etcdSwitches), "etcd-server-switches/renew")
+			b.ReportMetric(median(rate1), "http1-vs-etcd")
+			b.ReportMetric(median(serverCPU1), "http1-server-cpu-µs/renew")
+			b.ReportMetric(median(switches1), "http1-server-switches/renew")
 		})
 	}
 }
@@ -260,7 +275,7 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 // authentication) should move; A/B it against the base in the same
 // minutes:
 //
-//	go test -run '^$' -bench 'RPCFloorProcess' -benchtime 1x ./internal/bench/
+//	go test -run '^$' -bench 'RPCFloorProcess' -benchtime 1x ./cmd/tether-bench/internal/bench/
 func BenchmarkRPCFloorProcess(b *testing.B) {
 	ctx := context.Background()
 	r := &Report{Dir: b.TempDir()}

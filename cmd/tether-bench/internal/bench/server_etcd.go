@@ -222,7 +222,7 @@ func serverEtcdFollower(ctx context.Context, r *Report) error {
 		if err != nil {
 			return err
 		}
-		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil)
+		m, err := measureUnaryRenew(ctx, r.Duration, leases, processCPU, nil, 0, false)
 		if err != nil {
 			return fmt.Errorf("unary via the %s: %w", route.name, err)
 		}

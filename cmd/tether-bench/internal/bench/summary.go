@@ -98,6 +98,10 @@ func Summary(results []Result) []SummaryRow {
 		parts = append(parts, part)
 	}
 	add("unary renew ÷ etcd fenced renew, by leases", "≥ 1× at every concurrency", orNotMeasured(strings.Join(parts, "; ")))
+	if value := joinFound(get, " / ", fmtX, "lease/renew/unary-http1-vs-etcd/leases=1", "lease/renew/unary-http1-vs-etcd/leases=8"); value != notMeasured {
+		// Not a target: the same calls with agentsdk.UnaryHTTP1Client.
+		add("the same over HTTP/1.1, 1 / 8 leases", "", value)
+	}
 
 	// The floors are lease/renew's, measured in one loop beside a lone
 	// renew.
