@@ -275,12 +275,25 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 		}
 		return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(nodes), NextPageToken: next}), nil
 	}
+	if p.IsAgent() && root != p.NodeID() {
+		// The root is checked before its subtree is read (another tree's
+		// could be large), and answered as a node that does not exist, so
+		// an agent cannot learn by its id whether a node outside its
+		// subtree exists.
+		n, err := a.s.tree.Get(ctx, root)
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		if !canSee(p, n) {
+			return nil, toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, n.NodeID))
+		}
+	}
 	nodes, err := a.s.tree.Subtree(ctx, root)
 	if err != nil {
 		return nil, toConnect(err)
 	}
 	if !canSee(p, nodes[0]) {
-		return nil, denied("agent %s may list only its own subtree, not root_node_id %s", p.NodeID(), root)
+		return nil, toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, root))
 	}
 	out := nodes[:0]
 	for _, n := range nodes {

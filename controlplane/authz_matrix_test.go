@@ -811,15 +811,28 @@ func TestAuthorizationMatrix(t *testing.T) {
 	}
 }
 
-// concealed lists the reads by id that answer an agent refused the object
-// not_found, as for an id that names nothing, so that an agent cannot learn
-// whether another tree's object exists (policy refusals, before the object
-// is read, stay permission_denied).
+// concealed lists the reads by id (and the listings by a node id) that
+// answer an agent refused the object not_found, as for an id that names
+// nothing, so that an agent cannot learn whether another tree's object
+// exists (policy refusals, before the object is read, stay
+// permission_denied).
 var concealed = map[string]bool{
 	tetherv1connect.AgentServiceGetNodeProcedure:               true,
 	tetherv1connect.CapabilityServiceGetGrantProcedure:         true,
 	tetherv1connect.SupervisorServiceGetTerminationProcedure:   true,
 	tetherv1connect.SupervisorServiceWatchTerminationProcedure: true,
+	tetherv1connect.AgentServiceListNodesProcedure:             true,
+	tetherv1connect.StopRuleServiceListStopRulesProcedure:      true,
+	tetherv1connect.StopRuleServiceTestStopRuleProcedure:       true,
+}
+
+// concealedOutside lists the procedures that answer not_found only the
+// agents that may not read self's grant (outside self's lineage: a
+// sibling, a descendant, an unrelated agent); an ancestor may read it, so
+// its refusal (it does not hold the grant) stays permission_denied.
+var concealedOutside = map[string]bool{
+	tetherv1connect.CapabilityServiceRefreshProcedure:  true,
+	tetherv1connect.CapabilityServiceDelegateProcedure: true,
 }
 
 // checkCell makes one caller's call in w and checks its verdict.
@@ -836,7 +849,8 @@ func checkCell(t *testing.T, w *authzWorld, procedure string, c caller, want ver
 		if code != connect.CodeUnauthenticated {
 			t.Errorf("%s: %v, want unauthenticated", where, got.err)
 		}
-	case want == denied && concealed[procedure] && slices.Contains(everyAgent, c):
+	case want == denied && (concealed[procedure] && slices.Contains(everyAgent, c) ||
+		concealedOutside[procedure] && slices.Contains([]caller{sibling, descendant, unrelated}, c)):
 		// An agent may not learn that the object exists: it is refused
 		// as if the id named nothing.
 		if code != connect.CodeNotFound {

@@ -201,8 +201,13 @@ func TestARogueThatBeginsCallsWhileItsAncestorIsBeingMarkedIsAccountedOnce(t *te
 	})
 	close(stop) // (each begin loop has ended on its refusal by now, unless calls of a marked node were let in)
 	wg.Wait()
-	clk.Advance(2 * time.Second) // past the cancel-ack timeout: the gate acknowledges nothing
-	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	// Past the cancel-ack timeout: the gate acknowledges nothing. The
+	// clock moves until the termination has finished: under load its last
+	// orders (and so its deadline) can be written after a single move.
+	testserver.WaitFor(t, 20*time.Second, "the abort to terminate", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
 	rec := record(t, admin, term.TerminationId)
 	seen := map[string]int{}
 	for _, c := range rec.ToolCalls {

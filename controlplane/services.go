@@ -69,6 +69,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 			Leases: s.leases, Grants: s.grants, Log: s.log, Fault: s.cfg.StopRuleFault,
 		}
 		s.ledger.Observer = s.stopRules
+		s.supervisor.CallCount = s.stopRules.CallCount
 		s.tree.Observer = s.stopRules
 		s.addLeaderComponent("stop-rules", s.afterLeases(s.stopRules.Run))
 	}

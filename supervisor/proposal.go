@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
-	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -102,7 +102,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if err != nil {
 		return nil, "", err
 	}
-	if n.State != tree.NodeStateRunning {
+	if n.State == tree.NodeStateTerminated || n.State == tree.NodeStateExited {
 		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {
@@ -136,6 +136,21 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if decidedBy == "" && len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
 		decidedBy = "policy:auto-approve"
 	}
+	if decidedBy != "" && n.State != tree.NodeStateRunning {
+		// Another termination stops the node. The policy's stop takes it
+		// over only from a termination it outranks (an operator's rule
+		// over an agent's drain); one of the same authority (the
+		// operator's own drain, say) keeps the node on its own windows, or
+		// a rule a rogue can make true would stretch them to the policy's,
+		// and the proposal waits for the operator.
+		outranks, err := policyOutranks(tx, p, n)
+		if err != nil {
+			return nil, "", err
+		}
+		if !outranks {
+			decidedBy = ""
+		}
+	}
 	if decidedBy == "" {
 		return p, "", putProposal(tx, p)
 	}
@@ -152,8 +167,9 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 //	after:<RFC 3339> — the control plane's clock has passed the time
 //	calls>=<N>       — the ledger holds at least N tool calls begun by the node
 //
-// Unknown conditions are refused when proposed.
-func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Time) (bool, error), error) {
+// Unknown conditions are refused when proposed. count is the node's call
+// counter (Supervisor.CallCount); nil, calls>=N is never true.
+func parseCondition(c string, count func(tx store.ReadTxn, nodeID string) (int64, error)) (func(tx store.ReadTxn, nodeID string, now time.Time) (bool, error), error) {
 	switch {
 	case c == "" || c == "now":
 		return func(store.ReadTxn, string, time.Time) (bool, error) { return true, nil }, nil
@@ -169,8 +185,13 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 			return nil, fmt.Errorf("%w: condition: calls>= wants a non-negative integer", tree.ErrInvalidArgument)
 		}
 		return func(tx store.ReadTxn, nodeID string, _ time.Time) (bool, error) {
-			count, err := ledger.CountCallsIn(tx, nodeID, n)
-			return count >= n, err
+			// Counted by the node's own counter: counting the ledger's
+			// calls read every call of every tree, for each proposal.
+			if count == nil {
+				return false, nil
+			}
+			calls, err := count(tx, nodeID)
+			return calls >= int64(n), err
 		}, nil
 	}
 	return nil, fmt.Errorf("%w: condition %q: want now, after:<time> or calls>=<n>", tree.ErrInvalidArgument, kv.Clip(c))
@@ -180,7 +201,7 @@ func parseCondition(c string) (func(tx store.ReadTxn, nodeID string, now time.Ti
 // nothing else: only a decision (an operator's, or the policy's) starts a
 // termination.
 func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, proposedBy string, mode Mode, drain time.Duration, policy ProposalPolicy) (*StopProposal, *Termination, error) {
-	if _, err := parseCondition(condition); err != nil {
+	if _, err := parseCondition(condition, nil); err != nil {
 		return nil, nil, err
 	}
 	if len(reason) > 1024 {
@@ -221,7 +242,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		}
 		auto = false
 		if len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
-			cond, _ := parseCondition(condition)
+			cond, _ := parseCondition(condition, s.CallCount)
 			if auto, err = cond(tx, nodeID, s.Clock.Now()); err != nil {
 				return err
 			}
@@ -285,9 +306,6 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	if err != nil {
 		return Termination{}, err
 	}
-	if n.State != tree.NodeStateRunning {
-		return Termination{}, fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, p.NodeID, tree.StateName(n.State))
-	}
 	mode := ModeDrain
 	if p.Mode == ModeAbort {
 		mode = ModeAbort
@@ -304,11 +322,20 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	term.ProposalID = p.ProposalID
 	term.HookTimeout = s.hookTimeout()
 	if strings.HasPrefix(decidedBy, PolicyDecider) {
-		// No one outside the workload weighed this stop: the node chose
-		// its mode and window. It carries the proposing agent's authority,
-		// so that it never shields the node from its ancestors (nor from a
-		// rollout) with a window of its choosing.
-		term.RequesterLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
+		// No one outside the workload weighed this stop but whoever set
+		// the rule that filed it. A node's own proposal carries the
+		// proposing agent's authority, so that it never shields the node
+		// from its ancestors (nor from a rollout) with a window of its
+		// choosing; a rule's carries its setter's (an operator's rule, the
+		// operator's), so that the node's ancestors cannot take over the
+		// stop an operator's rule started.
+		term.RequesterLineage = policyLineage(p, n)
+	}
+	// A node another termination is stopping is taken over only by a
+	// termination that supersedes it (an operator's over an agent's, an
+	// abort over a drain), as Terminate does.
+	if err := mayStop(tx, term, n); err != nil {
+		return Termination{}, err
 	}
 	p.State = ProposalStateApproved
 	p.TerminationID = term.ID
@@ -316,6 +343,43 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		return Termination{}, err
 	}
 	return term, putProposal(tx, p)
+}
+
+// policyLineage is the requester lineage of the termination a policy
+// approved for proposal p of node n (see Termination.Rank): none for a
+// stop rule an operator set (an operator's authority); the lineage down to
+// the agent that set the rule (n or an ancestor), for an agent's rule;
+// n's own lineage for n's own proposal.
+func policyLineage(p *StopProposal, n *tree.Node) []string {
+	own := append(append([]string(nil), n.Ancestors...), n.NodeID)
+	if p.Rule == nil {
+		return own
+	}
+	setter, agent := strings.CutPrefix(p.Rule.SetBy, "agent:")
+	if !agent {
+		return nil
+	}
+	if i := slices.Index(own, setter); i >= 0 {
+		return own[:i+1]
+	}
+	return own
+}
+
+// policyOutranks reports whether the stop a policy would start for
+// proposal p outranks the termination now stopping n (Termination.Rank).
+func policyOutranks(tx store.ReadTxn, p *StopProposal, n *tree.Node) (bool, error) {
+	if n.TerminationID == "" {
+		return true, nil
+	}
+	var owner Termination
+	if err := getTermination(tx, n.TerminationID, &owner); err != nil {
+		return false, err
+	}
+	rank := RankOperator
+	if len(policyLineage(p, n)) > 0 {
+		rank = RankAgent
+	}
+	return rank > owner.Rank(), nil
 }
 
 // Proposals lists proposals, optionally in one state.

@@ -71,6 +71,13 @@ type Supervisor struct {
 	// replacements (see batch.go); nil: rollout batches list none.
 	Handover LeaseHandover
 	Sink     RecordSink // nil: records stay in the store only
+	// CallCount returns the number of tool calls the ledger holds begun by
+	// a node (refusals while it stopped not counted), from a counter kept
+	// in the ledger's transactions (the stop rules'), for a proposal's
+	// calls>=N condition. nil: such a condition is never auto-approved (it
+	// waits for an operator), since counting without it reads the whole
+	// ledger.
+	CallCount func(tx store.ReadTxn, nodeID string) (int64, error)
 	// HookTimeout bounds, in total, a termination's privilege revocations
 	// (revoke webhooks and handlers); zero means DefaultHookTimeout.
 	HookTimeout time.Duration

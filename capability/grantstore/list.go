@@ -2,6 +2,7 @@ package grantstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -102,6 +103,12 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		// Delegation only goes down the agent tree, so whoever may see the
 		// grant may see everything derived from it.
 		if err := s.visible(tx, caller, root.HolderNodeID); err != nil {
+			if errors.Is(err, ErrNotVisible) {
+				// Answered as a grant that does not exist (as Get does),
+				// without its holder: an agent learns neither whether
+				// another tree's grant exists nor who holds it.
+				return nil, false, fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, q.DerivedFromGrantID)
+			}
 			return nil, false, err
 		}
 		ids, more, err := store.IDsAfter(tx, derivedPrefix(root.GrantID), q.PageToken, q.PageSize)

@@ -283,7 +283,14 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			}
 			if parent.HolderNodeID != callerNode {
 				// Checked before the chain so a non-holder learns nothing
-				// about the state of grants it does not hold.
+				// about the state of grants it does not hold; a grant
+				// outside its subtree is answered as one that does not
+				// exist, without its holder.
+				if err := s.visible(tx, caller, parent.HolderNodeID); errors.Is(err, ErrNotVisible) {
+					return fmt.Errorf("%w: parent_grant_id %s", capability.ErrUnknownGrant, req.ParentGrantID)
+				} else if err != nil {
+					return err
+				}
 				return fmt.Errorf("%w: grant %s is held by %s", capability.ErrNotHolder, parent.GrantID, capability.AgentPrincipal(parent.HolderNodeID))
 			}
 			if v := capability.CheckGrant(parent, s.tombstones, reads.grant, now); !v.Active {
@@ -366,6 +373,14 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 			return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
 		}
 		if node, isAgent := caller.agentNode(); isAgent && node != g.HolderNodeID {
+			if err := s.visible(tx, caller, g.HolderNodeID); errors.Is(err, ErrNotVisible) {
+				// Answered as a grant that does not exist (as Get does),
+				// without its holder: an agent learns neither whether
+				// another tree's grant exists nor who holds it.
+				return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
+			} else if err != nil {
+				return err
+			}
 			return fmt.Errorf("%w: grant %s is held by %s; only its holder refreshes it", capability.ErrNotHolder, grantID, capability.AgentPrincipal(g.HolderNodeID))
 		}
 		if v := capability.CheckGrant(g, s.tombstones, reads.grant, now); !v.Active {

@@ -2,10 +2,11 @@ package ledger
 
 // Tool-call ledger keys.
 const (
-	prefixCall     = "calls/call/"   // calls/call/<call id> → ToolCall
-	prefixOpenCall = "calls/open/"   // calls/open/<node id>/<call id> → "" while in flight
-	prefixCancel   = "calls/cancel/" // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
-	prefixTermCall = "calls/term/"   // calls/term/<termination id>/<call id> → "" calls a termination must account for
+	prefixCall     = "calls/call/"    // calls/call/<call id> → ToolCall
+	prefixOpenCall = "calls/open/"    // calls/open/<node id>/<call id> → "" while in flight
+	prefixCancel   = "calls/cancel/"  // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
+	prefixTermCall = "calls/term/"    // calls/term/<termination id>/<call id> → "" calls a termination must account for
+	prefixRefused  = "calls/refused/" // calls/refused/<termination id>/<node id>/<call id> → "" the node's refused calls the termination lists
 )
 
 func callKey(id string) []byte             { return []byte(prefixCall + id) }
@@ -15,6 +16,12 @@ func cancelKey(gate, call string) []byte   { return []byte(prefixCancel + gate +
 func cancelPrefix(gate string) []byte      { return []byte(prefixCancel + gate + "/") }
 func termCallPrefix(term string) []byte    { return []byte(prefixTermCall + term + "/") }
 func termCallKey(term, call string) []byte { return []byte(prefixTermCall + term + "/" + call) }
+func refusedPrefix(term, node string) []byte {
+	return []byte(prefixRefused + term + "/" + node + "/")
+}
+func refusedKey(term, node, call string) []byte {
+	return []byte(prefixRefused + term + "/" + node + "/" + call)
+}
 
 // Prefix prefixes every key of the ledger (the termination watches it for
 // any change of a call).

@@ -15,6 +15,8 @@ func TestKeyLayout(t *testing.T) {
 		{string(CancelKey("g", "c_1")), "calls/cancel/g/c_1"},
 		{string(TermCallPrefix("t_1")), "calls/term/t_1/"},
 		{string(TermCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},
+		{string(refusedPrefix("t_1", "n_1")), "calls/refused/t_1/n_1/"},
+		{string(refusedKey("t_1", "n_1", "c_1")), "calls/refused/t_1/n_1/c_1"},
 	} {
 		if c.got != c.want {
 			t.Errorf("key %q, want %q", c.got, c.want)

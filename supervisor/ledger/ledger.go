@@ -65,6 +65,26 @@ type Observer interface {
 	ObserveCall(tx store.Txn, before, after *ToolCall) error
 }
 
+// MaxOpenCallsPerNode bounds the calls one node may have in flight (begun
+// and neither ended nor closed by a termination) through one gate. Each is
+// work for the termination that stops the node (a cancel order, an
+// acknowledgement to wait for, a line in the record), and a drain waits for
+// all of them: a tool server that begins calls and never ends them, or an
+// agent that keeps a shared gate's upstream busy, would otherwise inflate
+// or stall its own termination without bound. The bound is per gate, so a
+// rogue tool server holding an agent's token (every token a gate sees) can
+// fill the agent's room at its own gate only, not at the others. The next
+// begin is refused (tree.ErrLimit) and writes nothing.
+const MaxOpenCallsPerNode = 256
+
+// MaxRefusedCallsListedPerNode bounds the calls of one node refused while
+// it was stopping that a termination lists in its record (rejected_draining).
+// Later refusals of the node in the same termination are refused alike and
+// write nothing: a rogue calling in a loop while it drains would otherwise
+// grow the record, and every reconciler pass that reads the termination's
+// calls, by the gate's rate times the window.
+const MaxRefusedCallsListedPerNode = 16
+
 var (
 	gatePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
 	toolPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
@@ -73,9 +93,11 @@ var (
 // Begin verifies the token and the node's state and records the call as in
 // flight, begun by the tool server by (a principal id). A node that is
 // draining or aborting gets tree.ErrNodeStopping, and the refused call is
-// recorded (rejected_draining) for the termination's record. A node whose
-// exit was confirmed gets ErrNodeExited, and the attempt is kept on the node
-// as contradicting evidence.
+// recorded (rejected_draining) for the termination's record, up to
+// MaxRefusedCallsListedPerNode of the node's. A node whose exit was
+// confirmed gets ErrNodeExited, and the attempt is kept on the node as
+// contradicting evidence. A running node with MaxOpenCallsPerNode calls in
+// flight through the gate gets tree.ErrLimit, and nothing is written.
 func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*ToolCall, error) {
 	if !toolPattern.MatchString(tool) {
 		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
@@ -105,8 +127,13 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		State: CallStateInFlight, BegunAt: now, BegunBy: by,
 	}
 	var stopping error
+	unlisted := false // refused, and not kept: the record lists enough of the node's refusals
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
-		stopping = nil
+		stopping, unlisted = nil, false
+		// The node and its open calls, fetched together (etcd).
+		if err := store.Prefetch(tx, [][]byte{tree.NodeKey(nodeID)}, [][]byte{openCallPrefix(nodeID)}); err != nil {
+			return err
+		}
 		node, err := tree.GetNodeIn(tx, nodeID)
 		if err != nil {
 			return err
@@ -127,6 +154,17 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			if stopping == nil { // (an exited node's refusal names its confirmation)
 				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
 			}
+			if node.TerminationID != "" {
+				full, err := refusalsListed(tx, node.TerminationID, nodeID)
+				if err != nil {
+					return err
+				}
+				if full {
+					stopping = fmt.Errorf("%w (not listed: the termination's record already lists the node's first %d refused calls)", stopping, MaxRefusedCallsListedPerNode)
+					unlisted = true
+					return nil
+				}
+			}
 			call.State = CallStateEnded
 			call.Resolution = CallResolutionRejectedDraining
 			call.EndedAt = now
@@ -138,9 +176,15 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 				return err
 			}
 			if node.TerminationID != "" {
+				if err := tx.Put(refusedKey(node.TerminationID, nodeID, call.CallID), nil); err != nil {
+					return err
+				}
 				return tx.Put(termCallKey(node.TerminationID, call.CallID), nil)
 			}
 			return nil
+		}
+		if err := openBelowLimit(tx, nodeID, gateID); err != nil {
+			return err
 		}
 		if err := putCall(tx, call); err != nil {
 			return err
@@ -154,12 +198,13 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := tree.NoteHoldingIn(tx, node, tree.HoldsCalls); err != nil {
 			return err
 		}
-		return tx.Put(openCallKey(nodeID, call.CallID), nil)
+		// The open key holds the gate (openBelowLimit counts by it).
+		return tx.Put(openCallKey(nodeID, call.CallID), []byte(gateID))
 	})
 	if err != nil {
 		return nil, err
 	}
-	if call.State != CallStateEnded {
+	if call.State != CallStateEnded && !unlisted {
 		l.nodes.remember(call)
 	}
 	if stopping != nil {
@@ -169,6 +214,46 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		return call, stopping
 	}
 	return call, nil
+}
+
+// refusalsListed reports whether the termination already lists
+// MaxRefusedCallsListedPerNode refused calls of the node (it reads at most
+// that many keys).
+func refusalsListed(tx store.ReadTxn, terminationID, nodeID string) (bool, error) {
+	listed := 0
+	err := tx.Scan(refusedPrefix(terminationID, nodeID), nil, func(_, _ []byte) error {
+		listed++
+		if listed >= MaxRefusedCallsListedPerNode {
+			return store.ErrStopScan
+		}
+		return nil
+	})
+	return listed >= MaxRefusedCallsListedPerNode, err
+}
+
+// openBelowLimit refuses a new call of a node through gateID when the node
+// already has MaxOpenCallsPerNode calls in flight through that gate. It
+// reads the node's open-call keys (their values name the gate; a key
+// written before they did names none and is not counted): a node with a
+// few calls open pays for a few.
+func openBelowLimit(tx store.ReadTxn, nodeID, gateID string) error {
+	open := 0
+	err := tx.Scan(openCallPrefix(nodeID), nil, func(_, v []byte) error {
+		if string(v) == gateID {
+			open++
+		}
+		if open >= MaxOpenCallsPerNode {
+			return store.ErrStopScan
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if open >= MaxOpenCallsPerNode {
+		return fmt.Errorf("%w: node %s already has %d tool calls in flight through gate %s, the maximum per node and gate; a new call is refused until one of them ends (EndCall)", tree.ErrLimit, nodeID, open, gateID)
+	}
+	return nil
 }
 
 // End records the end of a call (completed or failed), reported by the
@@ -491,23 +576,3 @@ func GetCallIn(tx store.ReadTxn, callID string) (*ToolCall, error) {
 // PutCallIn writes a call inside a transaction (the termination marks its
 // calls and closes the unacknowledged ones in its record).
 func PutCallIn(tx store.Txn, c *ToolCall) error { return putCall(tx, c) }
-
-// CountCallsIn counts the node's calls in the ledger (a call refused
-// because the node was stopping does not count), stopping at limit.
-func CountCallsIn(tx store.ReadTxn, nodeID string, limit int) (int, error) {
-	count := 0
-	err := tx.Scan([]byte(prefixCall), nil, func(_, v []byte) error {
-		c := &ToolCall{}
-		if err := UnmarshalCall(v, c); err != nil {
-			return err
-		}
-		if c.NodeID == nodeID && c.Resolution != CallResolutionRejectedDraining {
-			count++
-			if count >= limit {
-				return store.ErrStopScan
-			}
-		}
-		return nil
-	})
-	return count, err
-}

@@ -164,7 +164,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 }
 
 func (ix *index) putNode(n *tree.Node) {
-	if n.State != tree.NodeStateRunning {
+	if !judged(n) {
 		delete(ix.nodes, n.NodeID)
 		delete(ix.dirty, n.NodeID)
 		return
@@ -177,6 +177,14 @@ func (ix *index) putNode(n *tree.Node) {
 		}
 		ix.children[p][n.NodeID] = true
 	}
+}
+
+// judged reports whether rules are evaluated for n: a running node, and
+// one a termination is stopping — a rule's stop may take it over (an
+// operator's rule over an agent's drain), else a rogue parent draining its
+// child first would keep every rule from judging it for the window.
+func judged(n *tree.Node) bool {
+	return n.State != tree.NodeStateTerminated && n.State != tree.NodeStateExited
 }
 
 // markSubtree marks the running nodes of root's subtree (a rule attached
@@ -416,7 +424,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil
 	}
-	if err != nil || node.State != tree.NodeStateRunning {
+	if err != nil || !judged(node) {
 		return err
 	}
 	leases, revocations := false, false

@@ -277,7 +277,13 @@ func (r *Rules) readable(tx store.ReadTxn, a Actor, nodeID string) (*tree.Node, 
 	if err != nil {
 		return nil, err
 	}
-	return n, CheckRead(a, n)
+	if CheckRead(a, n) != nil {
+		// Answered as a node that does not exist (the tree's own
+		// not-found), so an agent cannot learn by its id whether a node
+		// outside its subtree exists.
+		return nil, fmt.Errorf("%w: %s", tree.ErrNodeNotFound, nodeID)
+	}
+	return n, nil
 }
 
 // testable reports whether a may test the stored rule against n: an
@@ -406,6 +412,17 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 		return kv.Put(tx, selfKey(nodeID), cur)
 	})
 	return out, err
+}
+
+// CallCount returns the calls the ledger holds begun by the node (its
+// stored counter; refusals while it stopped are not counted), for the
+// supervisor's proposal conditions (supervisor.Supervisor.CallCount).
+func (r *Rules) CallCount(tx store.ReadTxn, nodeID string) (int64, error) {
+	o, err := storedObs(tx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	return o.Calls, nil
 }
 
 // ObservedKeys implements ledger.KeyedObserver: ObserveCall reads the

@@ -81,8 +81,11 @@ const (
 	CallResolution_CALL_RESOLUTION_COMPLETED             CallResolution = 1
 	CallResolution_CALL_RESOLUTION_CANCELLED_ACKED       CallResolution = 2
 	CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED CallResolution = 3
-	CallResolution_CALL_RESOLUTION_REJECTED_DRAINING     CallResolution = 4
-	CallResolution_CALL_RESOLUTION_FAILED                CallResolution = 5
+	// Refused because the node was stopping. A termination lists the first
+	// 16 of each node's refused calls; later ones are refused alike and not
+	// kept.
+	CallResolution_CALL_RESOLUTION_REJECTED_DRAINING CallResolution = 4
+	CallResolution_CALL_RESOLUTION_FAILED            CallResolution = 5
 )
 
 // Enum value maps for CallResolution.

@@ -395,6 +395,10 @@ export enum CallResolution {
   CANCEL_UNACKNOWLEDGED = 3,
 
   /**
+   * Refused because the node was stopping. A termination lists the first
+   * 16 of each node's refused calls; later ones are refused alike and not
+   * kept.
+   *
    * @generated from enum value: CALL_RESOLUTION_REJECTED_DRAINING = 4;
    */
   REJECTED_DRAINING = 4,
