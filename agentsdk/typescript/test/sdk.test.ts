@@ -27,6 +27,10 @@ import { startServer, TestServer } from "./server.js";
 let server: TestServer;
 // What a failed test left open is closed here, so the file still ends.
 const cleanups: (() => Promise<void>)[] = [];
+
+// show renders a message for an assertion's text: the record's times are
+// Timestamps, whose seconds are bigints JSON.stringify refuses.
+const show = (v: unknown) => JSON.stringify(v, (_k, x) => (typeof x === "bigint" ? x.toString() : x));
 before(async () => {
   server = await startServer();
 });
@@ -117,7 +121,7 @@ describe("ToolGate", () => {
 
     const record = await server.record(terminationId);
     const entry = record.toolCalls.find((c) => c.callId === callId);
-    assert.equal(entry?.resolution, CallResolution.CANCELLED_ACKED, `record entry: ${JSON.stringify(entry)}`);
+    assert.equal(entry?.resolution, CallResolution.CANCELLED_ACKED, `record entry: ${show(entry)}`);
     assert.equal(entry?.gateId, "search-gate-abort");
     // The agent heard the abort on its session.
     assert.ok(f.child.signal.aborted && f.child.signal.reason instanceof StopSignalled);
@@ -168,7 +172,7 @@ describe("ToolGate", () => {
     ];
     for (const [name, resolution] of want) {
       const entry = record.toolCalls.find((c) => c.callId === ids.get(name));
-      assert.equal(entry?.resolution, resolution, `${name}: record entry ${JSON.stringify(entry)}`);
+      assert.equal(entry?.resolution, resolution, `${name}: record entry ${show(entry)}`);
       assert.equal(entry?.acknowledgedBy !== "", resolution === CallResolution.CANCELLED_ACKED, `${name}: acknowledged by ${entry?.acknowledgedBy}`);
     }
     const failedEntry = recorded.find((c) => c.callId === ids.get("failed"));
