@@ -22,7 +22,10 @@
 //     arrives, and acknowledges the cancel only after the handler returned,
 //     and only if the cancel stopped it (it returned the context's error);
 //     a handler that returned nil or its own error after the order is
-//     recorded completed or failed.
+//     recorded completed or failed. A handler stopped by its caller's own
+//     cancellation is acknowledged if the control plane has ordered the
+//     call's cancel, and recorded failed otherwise (the TypeScript and
+//     Python gates follow the same rule).
 //     It authenticates with a tool-server token (tether token create
 //     --tool-server NAME), never with an agent's credential: what a call's
 //     end or cancel acknowledgement says must not come from the agent.

@@ -25,7 +25,10 @@ const CapabilityHeader = "X-Tether-Capability"
 // the handler did: the cancel acknowledgement only when the handler stopped
 // because of the cancel (it returned the context's error, context.Canceled
 // or ErrCancelled), otherwise the end, completed (it returned nil, even
-// after the order) or failed (its own error).
+// after the order) or failed (its own error). A handler stopped by the
+// caller's own cancellation (it returned the caller's context's error) is
+// acknowledged if the control plane has ordered its cancel by the time the
+// gate reports, and failed otherwise.
 //
 // A gate is the tool layer, not the agent: it authenticates with a
 // tool-server token (`tether token create --tool-server NAME`, or
@@ -44,8 +47,9 @@ type ToolGate struct {
 	inflight map[string]context.CancelCauseFunc
 	orders   map[string]bool // cancel orders that arrived before the call was registered here
 
-	// NeverAck makes the gate ignore cancel orders (fault injection for
-	// tests and demos: a gate that never acknowledges).
+	// NeverAck makes the gate ignore cancel orders and acknowledge no call,
+	// not even one its caller cancelled (fault injection for tests and
+	// demos: a gate that never acknowledges).
 	NeverAck bool
 
 	cancelWatch context.CancelFunc
@@ -116,7 +120,9 @@ func (g *ToolGate) cancel(callID string) {
 // plane's refusal (permission_denied for a bad or revoked token,
 // failed_precondition while the node drains) without running the handler.
 // A call whose ctx ends while the control plane begins it is recorded as
-// failed, also without running the handler. After a cancel order, a handler
+// failed, also without running the handler, unless the control plane has
+// ordered its cancel meanwhile (then it is acknowledged, as is a handler
+// stopped by ctx after the order existed). After a cancel order, a handler
 // that stops returns ctx's error (and Call returns ErrCancelled once the
 // cancel is acknowledged); a handler that returns nil or its own error is
 // recorded completed or failed, and Call returns what it returned.
@@ -180,6 +186,24 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 		}
 		return herr
 	}
+	// A handler stopped by its caller's own cancellation, before the gate
+	// heard an order (an agent's run is cancelled on its abort signal, which
+	// can arrive first; the control plane writes an aborting node's cancel
+	// orders before it tells the agent): if the control plane has ordered
+	// the cancel, the abort waits for this call's acknowledgement, and the
+	// call did stop after the order existed, so the gate acknowledges it.
+	// The control plane refuses the acknowledgement of a call with no order
+	// (failed_precondition): the call then failed, with the caller's
+	// cancellation as its error.
+	if !g.NeverAck && stoppedByCaller(ctx, herr) {
+		_, err := g.conn.Tool.CancelAck(rctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: callID, GateId: g.ID}))
+		if err == nil {
+			return herr
+		}
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			return errors.Join(herr, err)
+		}
+	}
 	req := &tetherv1.EndCallRequest{CallId: callID, GateId: g.ID, Failed: herr != nil}
 	if herr != nil {
 		// The handler's error may echo anything (the agent's input): only
@@ -191,6 +215,15 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 		return errors.Join(herr, err)
 	}
 	return herr
+}
+
+// stoppedByCaller reports whether herr is the caller's own cancellation:
+// ctx has ended and the handler returned its error (or cause).
+func stoppedByCaller(ctx context.Context, herr error) bool {
+	if herr == nil || ctx.Err() == nil {
+		return false
+	}
+	return errors.Is(herr, ctx.Err()) || errors.Is(herr, context.Cause(ctx))
 }
 
 // Middleware guards an HTTP tool: the capability token comes in the

@@ -283,3 +283,123 @@ func TestToolGateAfterACancelReportsWhatTheHandlerDid(t *testing.T) {
 		t.Fatalf("record: %v, want %v", count, want)
 	}
 }
+
+// A call its caller cancels before the gate heard the cancel order (an
+// agent's run cancelled on its own abort signal can come first) stopped
+// after the order existed, and the abort waits for its acknowledgement:
+// the gate acknowledges it. A call its caller cancels with no order is
+// failed, the caller's cancellation as its error. The gate here never hears
+// its orders (its cancel stream is held up), so only the caller stops the
+// handlers. Before, the Go gate reported the first failed, and the record
+// said failed where the TypeScript and Python gates' said cancelled_acked.
+func TestToolGateAcknowledgesACallItsCallerStoppedOnlyIfTheCancelWasOrdered(t *testing.T) {
+	ctx := context.Background()
+	w := startShellWorld(t)
+	operator, agent := w.operator, w.agent
+	hc := &http.Client{Transport: deafToCancels{base: operator.HTTP.Transport}}
+	gate := agentsdk.NewToolGate(agentsdk.Dial(operator.BaseURL, w.gateToken, agentsdk.WithHTTPClient(hc)), "shell-gate")
+	t.Cleanup(gate.Close)
+
+	// call runs a call whose handler waits for its caller to cancel it.
+	call := func() (ids chan string, cancel context.CancelFunc, done chan error) {
+		callCtx, cancel := context.WithCancel(ctx)
+		ids, done = make(chan string, 1), make(chan error, 1)
+		go func() {
+			done <- gate.Call(callCtx, w.rootToken, "shell", func(ctx context.Context) error {
+				ids <- "started"
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}()
+		<-ids
+		return ids, cancel, done
+	}
+	openCalls := func() []*tetherv1.ToolCall {
+		open, err := operator.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: agent.NodeID()}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return open.Msg.Calls
+	}
+
+	// No order: failed, with the caller's cancellation.
+	_, cancel, done := call()
+	if calls := openCalls(); len(calls) != 1 {
+		t.Fatalf("%d calls open, want 1", len(calls))
+	}
+	unordered := openCalls()[0].CallId
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call its caller cancelled returned %v, want context.Canceled", err)
+	}
+	if calls := openCalls(); len(calls) != 0 {
+		t.Fatalf("call %s is still %s: the gate did not end it", calls[0].CallId, calls[0].State)
+	}
+
+	// Ordered: the abort's order exists when the caller cancels.
+	_, cancel, done = call()
+	term, err := operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: agent.NodeID(), Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the cancel order", func() bool {
+		calls := openCalls()
+		return len(calls) == 1 && calls[0].State == tetherv1.CallState_CALL_STATE_CANCEL_REQUESTED
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a call its caller cancelled after the order returned %v, want context.Canceled", err)
+	}
+
+	id := term.Msg.Termination.TerminationId
+	state := func() tetherv1.TerminationState {
+		got, err := operator.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Msg.Termination.State
+	}
+	// Acknowledged: the abort does not wait out its hour.
+	testserver.WaitFor(t, 20*time.Second, "the abort to reconcile", func() bool {
+		return state() == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING
+	})
+	if _, err := operator.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: agent.NodeID()})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the abort to terminate", func() bool {
+		return state() == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	got, err := operator.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := operator.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{RecordId: got.Msg.Termination.RecordId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (The call cancelled with no order ended before the abort: it is not
+	// the abort's to list, and the control plane refuses to acknowledge a
+	// call with no order.)
+	calls := rec.Msg.Record.ToolCalls
+	if len(calls) != 1 || calls[0].CallId == unordered {
+		t.Fatalf("the record lists %v, want the one call cancelled after the order", calls)
+	}
+	if c := calls[0]; c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED || c.AcknowledgedBy != "tool:shell-gate" {
+		t.Errorf("the call cancelled after the order: %s acknowledged by %q, error %q; want cancelled_acked by tool:shell-gate", c.Resolution, c.AcknowledgedBy, c.Error)
+	}
+}
+
+// deafToCancels holds up the gate's cancel stream until the gate closes:
+// the gate never hears an order.
+type deafToCancels struct{ base http.RoundTripper }
+
+func (d deafToCancels) RoundTrip(r *http.Request) (*http.Response, error) {
+	if strings.HasSuffix(r.URL.Path, "/WatchCancels") {
+		<-r.Context().Done()
+		return nil, r.Context().Err()
+	}
+	return d.base.RoundTrip(r)
+}

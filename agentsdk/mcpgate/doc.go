@@ -41,7 +41,10 @@
 // completed (or failed), never cancelled, and the agent gets the answer.
 // MCP cancellation is advisory: an upstream that ignores
 // notifications/cancelled may go on working; the ledger's acknowledgement
-// says the gateway stopped waiting for it and told it to stop. A gateway that dies mid-call acknowledges
+// says the gateway stopped waiting for it and told it to stop. An agent that
+// drops its request abandons the upstream call too: the ledger acknowledges
+// it if the control plane had ordered its cancel, and records it failed
+// otherwise. A gateway that dies mid-call acknowledges
 // nothing, and the record shows the call unresolved.
 //
 // # Sessions

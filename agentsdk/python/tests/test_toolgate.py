@@ -348,3 +348,55 @@ def test_a_caller_that_leaves_during_the_begin_leaves_no_call_in_flight(server, 
         wait_for("the abandoned call's end", lambda: tree.operator.call("ToolService", "ListCalls", {"nodeId": child.node_id}).get("calls", []) == [])
     finally:
         gate.close()
+
+
+def test_a_caller_that_leaves_after_the_cancel_was_ordered_has_its_call_acknowledged(server, tree):
+    # The rule of every SDK gate (the Go and TypeScript gates' tests probe
+    # it with a caller that cancels the running tool): a call its caller's
+    # cancellation stopped before the gate heard the order is acknowledged
+    # if the control plane has ordered the cancel, and failed otherwise.
+    # Here the caller leaves during the begin, once the abort has ordered
+    # the call cancelled: the tool never ran, and the abort, which waits for
+    # this call's acknowledgement, gets it. Before, the gate ended it failed.
+    child, grant = child_grant(tree, "late-leaver")
+    name = "pytest-gate-late-leaver-" + uuid.uuid4().hex[:6]
+    minted = server.tool_server(name)
+    conn = _LeaveOnceBegun(minted.base_url, minted.token)
+    gate = ToolGate(conn, name).start()
+    assert gate.ready.wait(10)
+    ran = []
+    terms: list[dict] = []
+
+    def open_calls() -> list[dict]:
+        return tree.operator.call("ToolService", "ListCalls", {"nodeId": child.node_id}).get("calls", [])
+
+    @tool_gate(gate, "search", token=grant.token)
+    async def search() -> str:
+        ran.append(True)
+        return "ran"
+
+    async def main():
+        task = asyncio.ensure_future(search())
+        loop = asyncio.get_running_loop()
+
+        def leave() -> None:
+            # On the begin's thread, before the gate reads the answer.
+            terms.append(terminate(tree.operator, child.node_id, "abort", ack="60s", confirm="60s"))
+            wait_for("the cancel order", lambda: [c.get("state") for c in open_calls()] == ["CALL_STATE_CANCEL_REQUESTED"])
+            loop.call_soon_threadsafe(task.cancel)
+
+        conn.leave = leave
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(main())
+        assert not ran, "the tool ran for a caller that had left"
+        tid = terms[0]["terminationId"]
+        wait_for("the abort to reconcile", lambda: termination(tree.operator, tid)["state"] in ("TERMINATION_STATE_RECONCILING", "TERMINATION_STATE_TERMINATED"))
+        tree.operator.call("AgentService", "ConfirmExit", {"nodeId": child.node_id})
+        wait_for("the termination to finish", lambda: termination(tree.operator, tid)["state"] == "TERMINATION_STATE_TERMINATED")
+        calls = tool_calls(tree.operator, tid)
+        assert [(c["resolution"], c.get("acknowledgedBy", "")) for c in calls] == [("CALL_RESOLUTION_CANCELLED_ACKED", "tool:" + name)], calls
+    finally:
+        gate.close()

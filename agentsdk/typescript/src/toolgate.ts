@@ -1,3 +1,5 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+
 import { Conn } from "./conn.js";
 import { ToolCallCancelled } from "./errors.js";
 import type { ToolCall } from "./gen/tether/v1/tool_pb.js";
@@ -23,7 +25,8 @@ export interface CallOptions {
   /**
    * The caller's own signal: the tool function's signal aborts when it does,
    * too. A call it aborts while the control plane begins it is ended
-   * without running the tool.
+   * without running the tool. A call it stops is acknowledged if the control
+   * plane has ordered the call's cancel, and recorded failed otherwise.
    */
   signal?: AbortSignal;
 }
@@ -31,8 +34,9 @@ export interface CallOptions {
 /** Options for a {@link ToolGate}. */
 export interface ToolGateOptions {
   /**
-   * Ignore cancel orders (fault injection for tests and demos: a gate that
-   * never acknowledges).
+   * Ignore cancel orders and acknowledge no call, not even one the
+   * caller's signal stopped (fault injection for tests and demos: a gate
+   * that never acknowledges).
    */
   neverAck?: boolean;
   /**
@@ -52,7 +56,10 @@ export interface ToolGateOptions {
  * acknowledgement (CancelAck) only when it stopped because of the cancel
  * (rejected with the signal's reason or an AbortError), otherwise the end
  * (EndCall): completed when it returned a result, even after the order,
- * failed when it threw its own error.
+ * failed when it threw its own error. A function stopped by the caller's
+ * own signal (it rejected with the signal's reason or an AbortError) is
+ * acknowledged if the control plane has ordered its cancel by the time the
+ * gate reports, and failed otherwise.
  *
  * The gate authenticates as the tool server (its own token, never an
  * agent's credential): the ledger's evidence of a call comes from the tool
@@ -182,6 +189,26 @@ export class ToolGate {
       const acked = await this.conn.tool.cancelAck({ callId, gateId: this.id }, report);
       if (acked.call) this.#onRecorded?.(acked.call);
       throw failure;
+    }
+    // A function stopped by the caller's own signal, before the gate heard
+    // an order (an agent's run is aborted on its abort signal, which can
+    // arrive first; the control plane writes an aborting node's cancel
+    // orders before it tells the agent): if the control plane has ordered
+    // the cancel, the abort waits for this call's acknowledgement, and the
+    // call did stop after the order existed, so the gate acknowledges it.
+    // The control plane refuses the acknowledgement of a call with no
+    // order (failed_precondition): the call then failed, with the caller's
+    // reason as its error.
+    const caller = options.signal;
+    if (!this.#neverAck && failed && caller?.aborted && stoppedBy(failure, caller.reason)) {
+      const acked = await this.conn.tool.cancelAck({ callId, gateId: this.id }, report).catch((err: unknown) => {
+        if (ConnectError.from(err).code === Code.FailedPrecondition) return undefined;
+        throw err;
+      });
+      if (acked) {
+        if (acked.call) this.#onRecorded?.(acked.call);
+        throw failure;
+      }
     }
     const ended = await this.conn.tool.endCall(
       { callId, gateId: this.id, failed, error: failed ? describe(failure) : "" },

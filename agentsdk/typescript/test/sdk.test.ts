@@ -21,7 +21,7 @@ import {
   type Grant,
 } from "../src/index.js";
 import { AuditEvent } from "../src/gen/tether/v1/lease_pb.js";
-import type { ToolCall } from "../src/gen/tether/v1/tool_pb.js";
+import { CallState, type ToolCall } from "../src/gen/tether/v1/tool_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -41,6 +41,11 @@ after(async () => {
     setTimeout(() => console.error((process as any)._getActiveHandles(), (process as any)._getActiveRequests()), 2000).unref();
   }
 });
+
+/** A message as JSON; a record's times carry bigint seconds, which JSON.stringify refuses. */
+function show(value: unknown): string {
+  return JSON.stringify(value, (_key, v: unknown) => (typeof v === "bigint" ? v.toString() : v));
+}
 
 /** A root agent with a child process's Agent (joined with its own credential, session running) and the child's attenuated grant. */
 async function family(name: string) {
@@ -215,6 +220,73 @@ describe("ToolGate", () => {
     assert.equal(ran, false, "the tool ran for a caller that had left");
     const open = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
     assert.equal(open.calls.length, 0, "a call is left in flight that nobody will end");
+    await f.close();
+    await gate.close();
+  });
+
+  test("a call its caller's signal stopped is acknowledged if the cancel was ordered, and failed otherwise", async () => {
+    // The same probe as the Go gate's test. An agent's run aborted on its
+    // own abort signal can stop a tool before the gate hears the order; the
+    // call stopped after the order existed, and the abort waits for its
+    // acknowledgement. This gate never hears its orders (its cancel stream
+    // is held up), so only the caller's signal stops the tools. Before, the
+    // gate reported the ordered call failed (the Python gate acknowledged it).
+    const f = await family("caller-stopped");
+    const recorded: ToolCall[] = [];
+    const resp = await server.operator.auth.createToken({ toolServer: "search-gate-deaf", ttl: { seconds: 3600n } });
+    const deaf: Interceptor = (next) => async (req) => {
+      if (req.method.name === "WatchCancels") {
+        await TestServer.aborted(req.signal);
+        throw new ConnectError("held up", Code.Canceled);
+      }
+      return next(req);
+    };
+    const sessions = new Http2SessionManager(server.baseUrl);
+    cleanups.push(async () => sessions.abort());
+    const conn = Conn.dial(server.baseUrl, resp.token, {
+      transport: (bearer) => createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", sessionManager: sessions, interceptors: [bearer, deaf] }),
+    });
+    const gate = new ToolGate(conn, "search-gate-deaf", { onRecorded: (c) => recorded.push(c) });
+    const run = async () => {
+      const caller = new AbortController();
+      let started!: () => void;
+      const running = new Promise<void>((resolve) => (started = resolve));
+      const call = gate.call(f.grant.token, "search", async (signal) => {
+        started();
+        await TestServer.aborted(signal);
+        throw signal.reason;
+      }, { signal: caller.signal });
+      call.catch(() => {});
+      await running;
+      return { call, leave: () => caller.abort(new Error("the run was aborted")) };
+    };
+    const openCalls = async () => (await server.operator.tool.listCalls({ nodeId: f.child.nodeId })).calls;
+
+    // No order: failed, with the caller's reason.
+    const unordered = await run();
+    unordered.leave();
+    await assert.rejects(unordered.call, /the run was aborted/);
+    assert.equal(recorded.length, 1);
+    assert.equal(recorded[0].resolution, CallResolution.FAILED, `recorded ${show(recorded[0])}`);
+    assert.match(recorded[0].error, /the run was aborted/);
+    assert.equal(recorded[0].acknowledgedBy, "");
+
+    // Ordered: the abort's order exists when the caller's signal aborts.
+    const ordered = await run();
+    const terminationId = await server.terminate(f.root.agent.nodeId, "abort");
+    for (;;) {
+      const calls = await openCalls();
+      if (calls.length === 1 && calls[0].state === CallState.CANCEL_REQUESTED) break;
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    }
+    ordered.leave();
+    await assert.rejects(ordered.call, /the run was aborted/);
+    const record = await server.record(terminationId);
+    assert.deepEqual(
+      record.toolCalls.map((c) => [c.resolution, c.acknowledgedBy]),
+      [[CallResolution.CANCELLED_ACKED, "tool:search-gate-deaf"]],
+      "the call stopped after the order is acknowledged",
+    );
     await f.close();
     await gate.close();
   });

@@ -106,7 +106,10 @@ class ToolGate(StreamFollower):
     cancel acknowledgement only when the cancellation stopped it (it left
     with CancelledError, or ToolCallCancelled from ``check()``), otherwise
     the end: completed when it returned, even after the order, failed when
-    it raised its own error.
+    it raised its own error. A call stopped by a cancellation of its
+    caller's (an asyncio task cancelled by something other than the gate)
+    is acknowledged if the control plane has ordered its cancel by the time
+    the gate reports, and failed otherwise.
 
     ``conn`` carries the tool server's own token (the gate reports as the
     tool layer, never as the agent whose call it gates); ``gate_id`` names
@@ -118,7 +121,7 @@ class ToolGate(StreamFollower):
         self.conn = conn
         self.gate_id = gate_id
         #: Fault injection for tests and demos: a gate that ignores cancel
-        #: orders and so never acknowledges them.
+        #: orders and acknowledges no call, not even one its caller cancelled.
         self.never_ack = never_ack
         self.ready = threading.Event()
         self._lock = threading.Lock()
@@ -196,12 +199,16 @@ class ToolGate(StreamFollower):
     def _finish(self, call: GateCall, error: BaseException | None, *, stopped: bool = False, ack_if_ordered: bool = False) -> None:
         """Reports how the call ended (the tool has returned by now): the
         acknowledgement if the cancel order stopped it, otherwise the end,
-        completed or failed with ``error``. With ``ack_if_ordered`` (the tool
-        left with a cancellation that did not come from an order the gate
-        heard, e.g. the agent's run cancelled on its own abort signal, which
-        can come first) it acknowledges if the control plane has ordered the
-        cancel, and otherwise reports the call failed."""
-        if stopped or ack_if_ordered:
+        completed or failed with ``error``. With ``ack_if_ordered`` (the call
+        was stopped by a cancellation that did not come from an order the
+        gate heard, e.g. the agent's run cancelled on its own abort signal,
+        which can come first, or its caller left while it began) it
+        acknowledges if the control plane has ordered the cancel (the call
+        stopped after the order existed, and the abort waits for its
+        acknowledgement), and otherwise reports the call failed: the control
+        plane refuses the acknowledgement of a call with no order
+        (failed_precondition). A ``never_ack`` gate acknowledges nothing."""
+        if stopped or (ack_if_ordered and not self.never_ack):
             try:
                 self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
                 return
@@ -220,7 +227,7 @@ class ToolGate(StreamFollower):
     def _end_abandoned(self, call: GateCall) -> None:
         """Ends a call whose caller was cancelled while it began."""
         try:
-            self._finish(call, asyncio.CancelledError("the caller left before the tool ran"))
+            self._finish(call, asyncio.CancelledError("the caller left before the tool ran"), ack_if_ordered=True)
         except ConnectError as e:
             log.warning("tether: gate %s: ending abandoned call %s failed (%s)", self.gate_id, call.call_id, e)
 
