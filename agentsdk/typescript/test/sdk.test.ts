@@ -28,9 +28,6 @@ let server: TestServer;
 // What a failed test left open is closed here, so the file still ends.
 const cleanups: (() => Promise<void>)[] = [];
 
-// show renders a message for an assertion's text: the record's times are
-// Timestamps, whose seconds are bigints JSON.stringify refuses.
-const show = (v: unknown) => JSON.stringify(v, (_k, x) => (typeof x === "bigint" ? x.toString() : x));
 before(async () => {
   server = await startServer();
 });
