@@ -34,6 +34,16 @@ type Config struct {
 	// Name and Version are what agents see as the server's implementation
 	// (default "tether-mcp-gateway", "1").
 	Name, Version string
+	// MaxCallsPerNode bounds the tools/call one node (the holder of the
+	// tokens that make them) has in flight through the gateway at once,
+	// from the offline check to the answer; its next call is refused with
+	// CodeTooManyCalls, reaching neither the control plane nor the
+	// upstream. Every call the gateway forwards is a BeginCall on the
+	// gateway's own credential, whose request budget on the control plane
+	// all agents' calls share: without the bound, one agent firing calls
+	// without waiting spent it, and the other agents' calls were refused.
+	// Zero means DefaultMaxCallsPerNode.
+	MaxCallsPerNode int
 	// Stderr receives stdio upstreams' stderr (default: discarded).
 	Stderr io.Writer
 	Logger *slog.Logger
@@ -55,6 +65,7 @@ type Gateway struct {
 	progress sync.Map // the gateway's progress token (string) → *progressRoute
 
 	sessions   sessionCount // HTTP sessions by node (Handler sets the maximum)
+	calls      callCount    // tools/call in flight by node
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup
@@ -107,7 +118,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if cfg.MaxCallsPerNode <= 0 {
+		cfg.MaxCallsPerNode = DefaultMaxCallsPerNode
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}}
+	g.calls.max = cfg.MaxCallsPerNode
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 		Instructions: "Tools behind this server are gated by Tether: each call needs the agent's capability token to allow the scope mcp:<upstream>/<tool>, and is recorded.",
@@ -348,9 +363,16 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 	// Offline first: a refused call costs no round trip and reaches
 	// neither the ledger nor the upstream.
-	if _, err := g.cfg.Verifier.Authorize(ctx, token, r.scope); err != nil {
+	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
+	if err != nil {
 		return nil, verifierRefusal(err)
 	}
+	// Still offline: a node at its maximum of calls in flight spends none
+	// of the gateway's budget on the control plane.
+	if !g.calls.take(claims.HolderNodeID) {
+		return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
+	}
+	defer g.calls.release(claims.HolderNodeID)
 	g.mu.RLock()
 	session := r.up.session
 	g.mu.RUnlock()
@@ -436,6 +458,41 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, a.err)
 	}
 	return a.result, nil
+}
+
+// DefaultMaxCallsPerNode is Config.MaxCallsPerNode's default: the control
+// plane's own bound on a node's calls in flight through one gate, so that
+// an honest agent loses nothing to it.
+const DefaultMaxCallsPerNode = 256
+
+// callCount counts each node's tools/call in flight through the gateway.
+type callCount struct {
+	mu     sync.Mutex
+	max    int
+	byNode map[string]int
+}
+
+// take counts one more call of node, or reports false when node is at the
+// maximum.
+func (c *callCount) take(node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byNode[node] >= c.max {
+		return false
+	}
+	if c.byNode == nil {
+		c.byNode = map[string]int{}
+	}
+	c.byNode[node]++
+	return true
+}
+
+func (c *callCount) release(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byNode[node]--; c.byNode[node] <= 0 {
+		delete(c.byNode, node)
+	}
 }
 
 // upstreamAnswer is how the upstream answered one call.

@@ -1,0 +1,134 @@
+package mcpgate_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/mcptest"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// A rogue agent cannot spend the gateway's request budget on the control
+// plane, which every agent's calls through the gateway draw on: each
+// tools/call the gateway forwards is a BeginCall on the gateway's own
+// credential, so an agent firing calls without waiting (many pending
+// requests on its sessions, or one JSON-RPC batch of them) spent it all,
+// and every other agent's call through the gateway was then refused. A
+// node keeps at most MaxCallsPerNode calls in flight through the gateway;
+// the next is refused at the gateway (CodeTooManyCalls, saying why),
+// reaching neither the control plane nor the upstream, and another node's
+// call still goes through. (The control plane's clock is manual: its
+// budgets do not refill during the test.)
+func TestARogueFiringCallsCannotSpendTheGatewaysBudget(t *testing.T) {
+	const budget, maxCalls, fired = 48, 8, 60
+	clk := clock.NewManual(time.Now().UTC())
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.RateLimit, cfg.RateBurst = 0.001, budget
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	grantFor := func(name string) string {
+		node, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		grant, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+			HolderNodeId: node.Msg.Node.NodeId, Scopes: []string{"mcp:test/*"}, Ttl: durationpb.New(time.Hour),
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return grant.Msg.Token
+	}
+	rogueToken, honestToken := grantFor("rogue"), grantFor("honest")
+
+	events := &mcptest.Events{}
+	up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(events) }, nil))
+	t.Cleanup(up.Close)
+	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
+		ControlPlane: srv.URL, Credential: srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: up.URL}}, MaxCallsPerNode: maxCalls,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	gwHTTP := httptest.NewUnstartedServer(nil)
+	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
+	gwHTTP.Start()
+	t.Cleanup(gwHTTP.Close)
+	endpoint := gwHTTP.URL + mcpgate.EndpointPath
+
+	// The rogue fires its calls on one session without waiting for any.
+	rogue := connectAgent(t, endpoint, rogueToken, nil)
+	var mu sync.Mutex
+	codes := map[int64]int{}
+	var results []string
+	var wg sync.WaitGroup
+	for i := range fired {
+		id := fmt.Sprintf("rogue-%d", i)
+		t.Cleanup(func() { events.Release(id) }) // before the gateway closes, should the test fail
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := rogue.CallTool(ctx, &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{"id": id}})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				codes[rpcCode(err)]++
+				if rpcCode(err) != mcpgate.CodeTooManyCalls {
+					t.Logf("rogue call %s: %v", id, err)
+				}
+				return
+			}
+			results = append(results, res.Content[0].(*mcp.TextContent).Text)
+		}()
+	}
+	testserver.WaitFor(t, 20*time.Second, "every rogue call to start upstream or be refused", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		refused := 0
+		for _, n := range codes {
+			refused += n
+		}
+		return refused+events.Calls("slow") == fired
+	})
+	mu.Lock()
+	if got := codes[mcpgate.CodeTooManyCalls]; got != fired-maxCalls || events.Calls("slow") != maxCalls {
+		t.Errorf("the rogue's %d calls: %d started upstream and refusals by code %v; want %d started and %d refused with %d",
+			fired, events.Calls("slow"), codes, maxCalls, fired-maxCalls, mcpgate.CodeTooManyCalls)
+	}
+	mu.Unlock()
+
+	// Another node's call through the gateway is still made.
+	honest := connectAgent(t, endpoint, honestToken, nil)
+	if got, err := callText(t, honest, "echo", map[string]any{"text": "still here"}); err != nil || got != "still here" {
+		t.Fatalf("another node's call while the rogue fires calls: %q, %v", got, err)
+	}
+
+	// The rogue's calls in flight end with their answers, and its next
+	// call is made once they have.
+	for i := range fired {
+		events.Release(fmt.Sprintf("rogue-%d", i))
+	}
+	wg.Wait()
+	if len(results) != maxCalls {
+		t.Errorf("%d of the rogue's calls answered, want %d", len(results), maxCalls)
+	}
+	if got, err := callText(t, rogue, "echo", map[string]any{"text": "after"}); err != nil || got != "after" {
+		t.Fatalf("the rogue's call once its calls ended: %q, %v", got, err)
+	}
+}
