@@ -3,8 +3,10 @@ package mcpgate_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,5 +132,70 @@ func TestARogueFiringCallsCannotSpendTheGatewaysBudget(t *testing.T) {
 	}
 	if got, err := callText(t, rogue, "echo", map[string]any{"text": "after"}); err != nil || got != "after" {
 		t.Fatalf("the rogue's call once its calls ended: %q, %v", got, err)
+	}
+}
+
+// A rogue agent cannot send a JSON-RPC batch through the gateway. A batch
+// is one POST of as many requests as fit in the body (4 MiB), each run at
+// once, and all their answers held in the gateway's memory until the last
+// is ready: a batch of tools/list multiplied the body by the size of the
+// tool list, one of tools/call fired calls by the thousand. MCP since
+// 2025-06-18 has no batches and no MCP SDK's client sends them, but the
+// gateway still took them from a client that negotiated 2025-03-26. A
+// batch is refused (400, a JSON-RPC error saying to send one request per
+// POST) before any of it runs; the session goes on serving single
+// requests.
+func TestARogueCannotSendAJSONRPCBatchThroughTheGateway(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	const version = "2025-03-26"
+	var session string
+	post := func(body string) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, w.endpoint, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+w.grant.Token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if session != "" {
+			req.Header.Set("Mcp-Session-Id", session)
+			req.Header.Set("Mcp-Protocol-Version", version)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, string(b)
+	}
+	resp, body := post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"` + version + `","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`)
+	session = resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || session == "" || !strings.Contains(body, version) {
+		t.Fatalf("initialize at %s: %s, session %q: %s", version, resp.Status, session, body)
+	}
+	if resp, body := post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode/100 != 2 {
+		t.Fatalf("initialized: %s: %s", resp.Status, body)
+	}
+
+	var batch []string
+	for i := range 50 {
+		batch = append(batch, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}`, 10+i))
+	}
+	for _, b := range []string{"[" + strings.Join(batch, ",") + "]", " \r\n\t[" + batch[0] + "]"} {
+		resp, body := post(b)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "batches are refused") {
+			t.Errorf("a batch of %d bytes: %s: %.300s; want 400 refusing the batch", len(b), resp.Status, body)
+		}
+	}
+	if n := w.events.Calls("echo"); n != 0 {
+		t.Errorf("the upstream ran %d calls of the refused batches", n)
+	}
+	if resp, body := post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"one"}}}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"one"`) {
+		t.Fatalf("a single call on the same session: %s: %s", resp.Status, body)
 	}
 }
