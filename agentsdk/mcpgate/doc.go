@@ -53,7 +53,8 @@
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
 // call is a BeginCall on the gateway's credential, whose rate budget all
-// agents' calls share.
+// agents' calls share. Over HTTP a JSON-RPC batch is refused whole (400),
+// before any of it runs.
 //
 // # What passes through
 //
