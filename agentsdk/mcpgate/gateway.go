@@ -75,6 +75,12 @@ type upstream struct {
 	cfg     Upstream
 	prefix  string
 	session *mcp.ClientSession
+
+	// relisting is set while a relisting of its tools is in flight, again
+	// when the upstream said its tools changed meanwhile: an upstream
+	// repeating it cannot pile up relistings (each waits for its answer).
+	relistMu         sync.Mutex
+	relisting, again bool
 }
 
 // route is one tool agents see, and where it goes.
@@ -133,8 +139,7 @@ func New(cfg Config) (*Gateway, error) {
 		Capabilities:                &mcp.ClientCapabilities{},
 		ProgressNotificationHandler: g.relayProgress,
 		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
-			// Not on the connection's reader: listing waits for a reply.
-			go g.refreshSession(req.Session)
+			g.refreshSession(req.Session)
 		},
 	})
 	for _, u := range cfg.Upstreams {
@@ -207,6 +212,8 @@ func (g *Gateway) Close() {
 // your own; Handler and ServeStdio do it for the two usual ones).
 func (g *Gateway) Server() *mcp.Server { return g.server }
 
+// refreshSession relists the tools of the upstream connected by cs, unless
+// a relisting is in flight (then once more after it).
 func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	g.mu.RLock()
 	var found *upstream
@@ -219,9 +226,29 @@ func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	if found == nil {
 		return
 	}
-	if err := g.refresh(context.Background(), found); err != nil {
-		g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", err)
+	found.relistMu.Lock()
+	defer found.relistMu.Unlock()
+	if found.relisting {
+		found.again = true
+		return
 	}
+	found.relisting = true
+	// Not on the connection's reader: listing waits for a reply.
+	go func() {
+		for {
+			if err := g.refresh(context.Background(), found); err != nil {
+				g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", err)
+			}
+			found.relistMu.Lock()
+			if !found.again {
+				found.relisting = false
+				found.relistMu.Unlock()
+				return
+			}
+			found.again = false
+			found.relistMu.Unlock()
+		}
+	}()
 }
 
 // refresh lists up's tools and makes the server's tool set match: the

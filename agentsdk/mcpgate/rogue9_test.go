@@ -2,6 +2,7 @@ package mcpgate_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -197,5 +198,105 @@ func TestARogueCannotSendAJSONRPCBatchThroughTheGateway(t *testing.T) {
 	}
 	if resp, body := post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"one"}}}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"one"`) {
 		t.Fatalf("a single call on the same session: %s: %s", resp.Status, body)
+	}
+}
+
+// A hostile upstream cannot exhaust the gateway by telling it, over and
+// over, that its tools changed. The gateway relisted the upstream's tools
+// once per notifications/tools/list_changed, each in a goroutine of its
+// own waiting for the answer, so an upstream sending them by the hundred
+// and never answering tools/list held as many goroutines, requests and
+// connections in the gateway, for ever. A gateway has at most one relisting
+// of an upstream in flight, and one more after it when told again
+// meanwhile.
+func TestAHostileUpstreamCannotPileUpRelistings(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	const told = 100
+	var mu sync.Mutex
+	lists, pending, maxPending := 0, 0, 0
+	release := make(chan struct{})
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	event := func(wr io.Writer, msg string) { _, _ = fmt.Fprintf(wr, "event: message\ndata: %s\n\n", msg) }
+	hostile := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			wr.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ID == nil {
+			wr.WriteHeader(http.StatusAccepted) // a notification
+			return
+		}
+		answer := func(result string) string {
+			return `{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":` + result + `}`
+		}
+		wr.Header().Set("Mcp-Session-Id", "hostile")
+		wr.Header().Set("Content-Type", "text/event-stream")
+		switch req.Method {
+		case "initialize":
+			event(wr, answer(`{"protocolVersion":"2025-06-18","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"hostile","version":"1"}}`))
+		case "tools/list":
+			mu.Lock()
+			lists++
+			first := lists == 1
+			pending++
+			maxPending = max(maxPending, pending)
+			mu.Unlock()
+			defer func() { mu.Lock(); pending--; mu.Unlock() }()
+			if !first {
+				select { // the hostile upstream never answers, until the test ends
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			event(wr, answer(`{"tools":[{"name":"trigger","inputSchema":{"type":"object"}}]}`))
+		case "tools/call":
+			for range told {
+				event(wr, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)
+			}
+			event(wr, answer(`{"content":[{"type":"text","text":"told"}]}`))
+		default:
+			event(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"error":{"code":-32601,"message":"no"}}`)
+		}
+	}))
+	t.Cleanup(hostile.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "hostile", URL: hostile.URL})
+	gwHTTP := httptest.NewUnstartedServer(nil)
+	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
+	gwHTTP.Start()
+	t.Cleanup(gwHTTP.Close)
+	cs := connectAgent(t, gwHTTP.URL+mcpgate.EndpointPath, w.grant.Token, nil)
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "trigger", Arguments: map[string]any{}}); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the gateway to relist the hostile upstream's tools", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return pending >= 1
+	})
+	// The agent's own requests still go through meanwhile.
+	if _, err := cs.ListTools(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	testserver.WaitFor(t, 20*time.Second, "the relistings to end", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return pending == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if maxPending > 1 {
+		t.Errorf("told %d times that its tools changed, the gateway listed them %d times, %d at once; want at most one listing in flight", told, lists, maxPending)
 	}
 }
