@@ -52,7 +52,12 @@
 // Over HTTP every session is held in the gateway's memory: a node keeps at
 // most HTTPOptions.MaxSessionsPerNode open at once (its next initialize is
 // refused with CodeTooManySessions), and a session idle for
-// HTTPOptions.SessionIdleTimeout is closed.
+// HTTPOptions.SessionIdleTimeout is closed. Over HTTP and over stdio, a
+// node keeps at most Config.MaxCallsPerNode tool calls in flight through
+// the gateway (its next is refused with CodeTooManyCalls, offline): every
+// call is a BeginCall on the gateway's credential, whose rate budget all
+// agents' calls share. Over HTTP a JSON-RPC batch is refused whole (400),
+// before any of it runs.
 //
 // # What passes through
 //

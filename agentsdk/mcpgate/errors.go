@@ -34,6 +34,9 @@ const (
 	// CodeTooManySessions: the token holder already has the gateway's
 	// maximum of MCP sessions open; close one (DELETE) or let one idle out.
 	CodeTooManySessions = -32067
+	// CodeTooManyCalls: the token holder already has the gateway's maximum
+	// of tool calls in flight through it; wait for one to end.
+	CodeTooManyCalls = -32068
 	// CodeNotGated: resources and prompts are refused (only tools pass).
 	CodeNotGated = jsonrpc.CodeMethodNotFound
 )

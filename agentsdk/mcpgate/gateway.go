@@ -34,6 +34,16 @@ type Config struct {
 	// Name and Version are what agents see as the server's implementation
 	// (default "tether-mcp-gateway", "1").
 	Name, Version string
+	// MaxCallsPerNode bounds the tools/call one node (the holder of the
+	// tokens that make them) has in flight through the gateway at once,
+	// from the offline check to the answer; its next call is refused with
+	// CodeTooManyCalls, reaching neither the control plane nor the
+	// upstream. Every call the gateway forwards is a BeginCall on the
+	// gateway's own credential, whose request budget on the control plane
+	// all agents' calls share: without the bound, one agent firing calls
+	// without waiting spent it, and the other agents' calls were refused.
+	// Zero means DefaultMaxCallsPerNode.
+	MaxCallsPerNode int
 	// Stderr receives stdio upstreams' stderr (default: discarded).
 	Stderr io.Writer
 	Logger *slog.Logger
@@ -55,6 +65,7 @@ type Gateway struct {
 	progress sync.Map // the gateway's progress token (string) → *progressRoute
 
 	sessions   sessionCount // HTTP sessions by node (Handler sets the maximum)
+	calls      callCount    // tools/call in flight by node
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup
@@ -64,6 +75,12 @@ type upstream struct {
 	cfg     Upstream
 	prefix  string
 	session *mcp.ClientSession
+
+	// relisting is set while a relisting of its tools is in flight, again
+	// when the upstream said its tools changed meanwhile: an upstream
+	// repeating it cannot pile up relistings (each waits for its answer).
+	relistMu         sync.Mutex
+	relisting, again bool
 }
 
 // route is one tool agents see, and where it goes.
@@ -107,7 +124,11 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if cfg.MaxCallsPerNode <= 0 {
+		cfg.MaxCallsPerNode = DefaultMaxCallsPerNode
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}}
+	g.calls.max = cfg.MaxCallsPerNode
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 		Instructions: "Tools behind this server are gated by Tether: each call needs the agent's capability token to allow the scope mcp:<upstream>/<tool>, and is recorded.",
@@ -118,8 +139,7 @@ func New(cfg Config) (*Gateway, error) {
 		Capabilities:                &mcp.ClientCapabilities{},
 		ProgressNotificationHandler: g.relayProgress,
 		ToolListChangedHandler: func(_ context.Context, req *mcp.ToolListChangedRequest) {
-			// Not on the connection's reader: listing waits for a reply.
-			go g.refreshSession(req.Session)
+			g.refreshSession(req.Session)
 		},
 	})
 	for _, u := range cfg.Upstreams {
@@ -192,6 +212,8 @@ func (g *Gateway) Close() {
 // your own; Handler and ServeStdio do it for the two usual ones).
 func (g *Gateway) Server() *mcp.Server { return g.server }
 
+// refreshSession relists the tools of the upstream connected by cs, unless
+// a relisting is in flight (then once more after it).
 func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	g.mu.RLock()
 	var found *upstream
@@ -204,9 +226,29 @@ func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	if found == nil {
 		return
 	}
-	if err := g.refresh(context.Background(), found); err != nil {
-		g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", err)
+	found.relistMu.Lock()
+	defer found.relistMu.Unlock()
+	if found.relisting {
+		found.again = true
+		return
 	}
+	found.relisting = true
+	// Not on the connection's reader: listing waits for a reply.
+	go func() {
+		for {
+			if err := g.refresh(context.Background(), found); err != nil {
+				g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", err)
+			}
+			found.relistMu.Lock()
+			if !found.again {
+				found.relisting = false
+				found.relistMu.Unlock()
+				return
+			}
+			found.again = false
+			found.relistMu.Unlock()
+		}
+	}()
 }
 
 // refresh lists up's tools and makes the server's tool set match: the
@@ -348,9 +390,16 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 	// Offline first: a refused call costs no round trip and reaches
 	// neither the ledger nor the upstream.
-	if _, err := g.cfg.Verifier.Authorize(ctx, token, r.scope); err != nil {
+	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
+	if err != nil {
 		return nil, verifierRefusal(err)
 	}
+	// Still offline: a node at its maximum of calls in flight spends none
+	// of the gateway's budget on the control plane.
+	if !g.calls.take(claims.HolderNodeID) {
+		return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
+	}
+	defer g.calls.release(claims.HolderNodeID)
 	g.mu.RLock()
 	session := r.up.session
 	g.mu.RUnlock()
@@ -436,6 +485,41 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, a.err)
 	}
 	return a.result, nil
+}
+
+// DefaultMaxCallsPerNode is Config.MaxCallsPerNode's default: the control
+// plane's own bound on a node's calls in flight through one gate, so that
+// an honest agent loses nothing to it.
+const DefaultMaxCallsPerNode = 256
+
+// callCount counts each node's tools/call in flight through the gateway.
+type callCount struct {
+	mu     sync.Mutex
+	max    int
+	byNode map[string]int
+}
+
+// take counts one more call of node, or reports false when node is at the
+// maximum.
+func (c *callCount) take(node string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byNode[node] >= c.max {
+		return false
+	}
+	if c.byNode == nil {
+		c.byNode = map[string]int{}
+	}
+	c.byNode[node]++
+	return true
+}
+
+func (c *callCount) release(node string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byNode[node]--; c.byNode[node] <= 0 {
+		delete(c.byNode, node)
+	}
 }
 
 // upstreamAnswer is how the upstream answered one call.

@@ -1,6 +1,7 @@
 package mcpgate
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"fmt"
@@ -142,7 +143,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(mcpHandler)
+	})(refuseBatches(mcpHandler))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
@@ -155,6 +156,43 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		bearer.ServeHTTP(w, r)
 	}))
 	return mux
+}
+
+// refuseBatches answers a POST whose body is a JSON-RPC batch with 400 and
+// a JSON-RPC error, before any of it runs. A batch is as many requests as
+// fit in one body, all run at once, their answers held in memory until the
+// last is ready; MCP has none since 2025-06-18 and no MCP SDK's client
+// sends them, but the SDK's server still takes them under 2025-03-26.
+func refuseBatches(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody {
+			br := bufio.NewReader(r.Body)
+			// The first byte that is not JSON whitespace says: '[' is a batch.
+			// Whitespace beyond the SDK's body limit is left to it to refuse.
+			for range mcp.DefaultMaxRequestBodyBytes {
+				c, err := br.ReadByte()
+				if err != nil {
+					break
+				}
+				if c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+					continue
+				}
+				_ = br.UnreadByte()
+				if c == '[' {
+					w.Header().Set("Content-Type", "application/json")
+					w.WriteHeader(http.StatusBadRequest)
+					_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"tether: JSON-RPC batches are refused: send one request per POST (MCP has no batches since 2025-06-18)"}}`+"\n")
+					return
+				}
+				break
+			}
+			r.Body = struct {
+				io.Reader
+				io.Closer
+			}{br, r.Body}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // verifyBearer is the auth.TokenVerifier: the capability token's signature

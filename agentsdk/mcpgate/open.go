@@ -30,6 +30,8 @@ type OpenConfig struct {
 	// StalenessBudget is the Verifier's (default
 	// agentsdk.DefaultStalenessBudget).
 	StalenessBudget time.Duration
+	// MaxCallsPerNode is Config.MaxCallsPerNode.
+	MaxCallsPerNode int
 	Stderr          io.Writer
 	Logger          *slog.Logger
 }
@@ -79,7 +81,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
 			return nil, fmt.Errorf("mcpgate: the control plane at %s did not send %s within %s (is it up, and is the gateway's credential valid?)", cfg.ControlPlane, ready.what, cfg.ReadyTimeout)
 		}
 	}
-	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, Stderr: cfg.Stderr, Logger: cfg.Logger})
+	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, MaxCallsPerNode: cfg.MaxCallsPerNode, Stderr: cfg.Stderr, Logger: cfg.Logger})
 	if err != nil {
 		stop()
 		return nil, err

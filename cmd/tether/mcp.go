@@ -43,12 +43,14 @@ while the agent drains, and cancels calls in flight when it is aborted. See docs
 type gateFlags struct {
 	gateID, gateTokenFile string
 	staleness             time.Duration
+	maxCalls              int
 }
 
 func (f *gateFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gateID, "gate-id", "mcp-gateway", "the gateway's name in the ledger and the record")
 	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential: a tool server's token named like --gate-id (tether token create --tool-server NAME; default: $"+envGateToken+", then --token/$TETHER_TOKEN, which must then be one)")
 	fs.DurationVar(&f.staleness, "staleness-budget", 0, "refuse every call when the revocation feed is older than this (default 10s)")
+	fs.IntVar(&f.maxCalls, "max-calls-per-node", mcpgate.DefaultMaxCallsPerNode, "tool calls one node may have in flight through the gateway at once (its next is refused, -32068)")
 }
 
 // credential is the gateway's token: never the agent's.
@@ -122,7 +124,7 @@ func openGateway(ctx context.Context, g *globals, gf *gateFlags, ups []mcpgate.U
 	}
 	return mcpgate.Open(ctx, mcpgate.OpenConfig{
 		ControlPlane: g.addr, Credential: cred, GateID: gf.gateID, Upstreams: ups,
-		StalenessBudget: gf.staleness, Stderr: os.Stderr, Logger: log,
+		StalenessBudget: gf.staleness, MaxCallsPerNode: gf.maxCalls, Stderr: os.Stderr, Logger: log,
 	})
 }
 
