@@ -1,17 +1,54 @@
 package agentsdk
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
+
+	"connectrpc.com/connect"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // ErrFenced is returned by Fence.Admit for a side effect carrying a lease
 // generation lower than the highest the fence has seen for its job: the
 // caller's lease was superseded, so it no longer has authority to act.
 var ErrFenced = errors.New("agentsdk: fenced: a newer lease generation exists for the job")
+
+// ErrUnissuedGeneration is returned by a Fence with a Check for a side
+// effect claiming a generation the coordinator has not issued for its job:
+// the header is the caller's word, and a caller that could raise the fence
+// to a generation nobody holds would fence the real holder out.
+var ErrUnissuedGeneration = errors.New("agentsdk: fence: the lease generation was not issued for the job")
+
+// GenerationCheck confirms that generation was issued for job (it is the
+// job's current generation or an earlier one). A Fence calls it before it
+// raises a job's highest generation, never for a generation it has seen.
+type GenerationCheck func(ctx context.Context, job string, generation uint64) error
+
+// IssuedGenerations is the GenerationCheck that asks the control plane:
+// it reads the job's lease (LeaseService.GetLease, which a tool server's
+// credential may call) and refuses a generation above the lease's with
+// ErrUnissuedGeneration, and a job the coordinator does not know the
+// same way.
+func IssuedGenerations(c *Conn) GenerationCheck {
+	return func(ctx context.Context, job string, generation uint64) error {
+		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+		if connect.CodeOf(err) == connect.CodeNotFound {
+			return fmt.Errorf("%w: job %q has no lease", ErrUnissuedGeneration, job)
+		}
+		if err != nil {
+			return fmt.Errorf("agentsdk: fence: asking the coordinator for job %q's generation: %w", job, err)
+		}
+		if current := resp.Msg.GetLease().GetLeaseGeneration(); generation > current {
+			return fmt.Errorf("%w: job %q generation %d is above the coordinator's, %d", ErrUnissuedGeneration, job, generation, current)
+		}
+		return nil
+	}
+}
 
 // Headers a Fence middleware reads: the job and the lease generation the
 // caller holds. A LeaseWorker's Job.Header sets them.
@@ -33,7 +70,19 @@ const (
 // side effect (for example in the same database transaction) and seeds the
 // fence with Observe on start-up. The zero value is ready to use; it is
 // safe for concurrent use.
+//
+// The generation a request carries is its caller's word. Without a Check,
+// anyone who can reach the tool server can send a generation nobody holds
+// and so fence the job's real holder out until the fence forgets; a tool
+// server reachable by callers it does not trust sets Check (for example
+// IssuedGenerations with its own credential), which the fence asks before
+// it raises a job's highest generation: once per generation, not per call.
 type Fence struct {
+	// Check, when set, confirms a generation above the highest seen
+	// before the fence raises to it; a refused one is not admitted and
+	// changes nothing.
+	Check GenerationCheck
+
 	mu      sync.Mutex
 	highest map[string]uint64
 }
@@ -43,16 +92,43 @@ type Fence struct {
 // error wrapping ErrFenced, naming both generations, when a newer one was
 // seen.
 func (f *Fence) Admit(job string, generation uint64) error {
+	return f.AdmitContext(context.Background(), job, generation)
+}
+
+// AdmitContext is Admit with the context a Check runs under. A
+// generation above the highest seen is admitted only once Check (if set)
+// confirms it; a refusal wraps ErrUnissuedGeneration (or says why the
+// coordinator could not be asked) and raises nothing.
+func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64) error {
 	if job == "" || generation == 0 {
 		return fmt.Errorf("agentsdk: fence: a side effect needs a job id and a lease generation (got %q, %d)", job, generation)
 	}
 	f.mu.Lock()
+	h := f.highest[job]
+	if generation < h {
+		f.mu.Unlock()
+		return fenced(job, generation, h)
+	}
+	if generation == h || f.Check == nil {
+		f.observeLocked(job, generation)
+		f.mu.Unlock()
+		return nil
+	}
+	f.mu.Unlock()
+	if err := f.Check(ctx, job, generation); err != nil {
+		return err
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
-	if h := f.highest[job]; generation < h {
-		return fmt.Errorf("%w: job %q generation %d is older than generation %d", ErrFenced, job, generation, h)
+	if h := f.highest[job]; generation < h { // raised meanwhile
+		return fenced(job, generation, h)
 	}
 	f.observeLocked(job, generation)
 	return nil
+}
+
+func fenced(job string, generation, highest uint64) error {
+	return fmt.Errorf("%w: job %q generation %d is older than generation %d", ErrFenced, job, generation, highest)
 }
 
 // Observe raises the job's highest generation without admitting anything
@@ -81,7 +157,9 @@ func (f *Fence) Highest(job string) uint64 {
 
 // Middleware fences an HTTP tool: a request must carry HeaderJobID and
 // HeaderLeaseGeneration; one from a superseded generation is answered 409
-// Conflict and never reaches next, a request without them 400.
+// Conflict, one whose generation the Check refused 403 Forbidden (503 when
+// the coordinator could not be asked), and neither reaches next; a request
+// without them is answered 400.
 func (f *Fence) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		job := r.Header.Get(HeaderJobID)
@@ -90,8 +168,15 @@ func (f *Fence) Middleware(next http.Handler) http.Handler {
 			http.Error(w, "fenced tool: "+HeaderJobID+" and "+HeaderLeaseGeneration+" (a positive integer) are required", http.StatusBadRequest)
 			return
 		}
-		if err := f.Admit(job, generation); err != nil {
-			http.Error(w, err.Error(), http.StatusConflict)
+		if err := f.AdmitContext(r.Context(), job, generation); err != nil {
+			code := http.StatusConflict
+			switch {
+			case errors.Is(err, ErrUnissuedGeneration):
+				code = http.StatusForbidden
+			case !errors.Is(err, ErrFenced):
+				code = http.StatusServiceUnavailable
+			}
+			http.Error(w, err.Error(), code)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -345,4 +346,68 @@ func TestLeaseWorkerAStaleJobNeverSpeaksForTheNextGeneration(t *testing.T) {
 	}
 	d, err = current.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "done")
 	accepted(t, "generation 2's success", d, err)
+}
+
+// A rogue that can reach a fenced tool server sends a generation nobody
+// holds (the header is its word): a fence that raised to it would refuse
+// the real holder's every side effect until the tool server restarts,
+// freezing a job the rogue has no part in. With IssuedGenerations the
+// fence raises only to a generation the coordinator issued, asking it on
+// the tool server's own credential; the real holder's calls pass, and a
+// reassignment's next generation is admitted once the coordinator has it.
+func TestAFenceRaisesOnlyToAGenerationTheCoordinatorIssued(t *testing.T) {
+	s := newLeaseSetup(t)
+	w := s.newWorker(t, t.TempDir(), time.Hour)
+	ctx := context.Background()
+	job, d, err := w.Accept(ctx, s.offer(t, "job-1", time.Minute), agentsdk.JobOptions{})
+	accepted(t, "accept generation 1", d, err)
+	tool := agentsdk.Dial(s.srv.URL, s.srv.ToolServerToken(t, "fenced-tool"), agentsdk.WithHTTPClient(s.srv.HTTP))
+	fence := agentsdk.Fence{Check: agentsdk.IssuedGenerations(tool)}
+	effects := 0
+	handler := fence.Middleware(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { effects++ }))
+	send := func(header http.Header) int {
+		r := httptest.NewRequest(http.MethodPost, "/write", nil)
+		for k, v := range header {
+			r.Header[k] = v
+		}
+		rec := httptest.NewRecorder()
+		handler.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	holder := http.Header{}
+	job.Header(holder)
+	if code := send(holder); code != http.StatusOK || effects != 1 {
+		t.Fatalf("the holder's side effect: %d (effects %d)", code, effects)
+	}
+	rogue := http.Header{}
+	rogue.Set(agentsdk.HeaderJobID, "job-1")
+	rogue.Set(agentsdk.HeaderLeaseGeneration, "18446744073709551615")
+	if code := send(rogue); code != http.StatusForbidden {
+		t.Fatalf("a generation nobody was issued: %d, want 403", code)
+	}
+	if err := fence.AdmitContext(ctx, "job-1", 2); !errors.Is(err, agentsdk.ErrUnissuedGeneration) {
+		t.Fatalf("generation 2 before the reassignment: %v, want ErrUnissuedGeneration", err)
+	}
+	if err := fence.AdmitContext(ctx, "no-such-job", 1); !errors.Is(err, agentsdk.ErrUnissuedGeneration) {
+		t.Fatalf("a job the coordinator does not know: %v, want ErrUnissuedGeneration", err)
+	}
+	if fence.Highest("job-1") != 1 || effects != 1 {
+		t.Fatalf("after the rogue: highest %d, effects %d; want 1 and 1", fence.Highest("job-1"), effects)
+	}
+	if code := send(holder); code != http.StatusOK || effects != 2 {
+		t.Fatalf("the holder's next side effect after the rogue's: %d (effects %d)", code, effects)
+	}
+	r, err := s.planner.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-1", HolderIdentity: s.node, LeaseDuration: durationpb.New(time.Minute), Reason: "restart the job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := http.Header{}
+	next.Set(agentsdk.HeaderJobID, "job-1")
+	next.Set(agentsdk.HeaderLeaseGeneration, strconv.FormatUint(r.Msg.Lease.LeaseGeneration, 10))
+	if code := send(next); code != http.StatusOK || fence.Highest("job-1") != 2 {
+		t.Fatalf("the reassigned generation: %d, highest %d", code, fence.Highest("job-1"))
+	}
+	if code := send(holder); code != http.StatusConflict {
+		t.Fatalf("generation 1 after generation 2: %d, want 409", code)
+	}
 }

@@ -211,7 +211,7 @@ var authzMatrix = map[string]expectation{
 	tetherv1connect.LeaseServiceRequestCancelProcedure: allow(callers(parent, ancestor), operators),
 	tetherv1connect.LeaseServiceReassignProcedure:      allow(callers(parent, ancestor), operators),
 	tetherv1connect.LeaseServiceResolveProcedure:       allow(callers(parent, ancestor), operators),
-	tetherv1connect.LeaseServiceGetLeaseProcedure:      allow(subtreeReaders),
+	tetherv1connect.LeaseServiceGetLeaseProcedure:      allow(subtreeReaders, toolServers), // a fenced tool server asks which generation was issued
 	tetherv1connect.LeaseServiceListLeasesProcedure:    allow(subtreeReaders),
 	tetherv1connect.LeaseServiceEvidenceProcedure:      allow(subtreeReaders),
 	tetherv1connect.LeaseServiceGetPolicyProcedure:     allow(authenticated),

@@ -84,7 +84,7 @@ func Policy() auth.Policy {
 		tetherv1connect.LeaseServiceCompleteProcedure:      auth.Agent,
 		tetherv1connect.LeaseServiceReassignProcedure:      auth.OperateOrAgent,
 		tetherv1connect.LeaseServiceResolveProcedure:       auth.OperateOrAgent,
-		tetherv1connect.LeaseServiceGetLeaseProcedure:      auth.Read,
+		tetherv1connect.LeaseServiceGetLeaseProcedure:      auth.ReadOrToolLayer,
 		tetherv1connect.LeaseServiceListLeasesProcedure:    auth.Read,
 		tetherv1connect.LeaseServiceEvidenceProcedure:      auth.Read,
 		tetherv1connect.LeaseServiceGetPolicyProcedure:     auth.Read,

@@ -14,6 +14,11 @@ type Rule struct {
 var (
 	// Read: every operator role, and agents (handlers scope what they see).
 	Read = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true}
+	// ReadOrToolLayer: Read, and tool servers: a fenced tool server asks
+	// the coordinator which generation of a job it issued
+	// (agentsdk.IssuedGenerations) before it lets a caller's claimed
+	// generation fence anyone out.
+	ReadOrToolLayer = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true, ToolServers: true}
 	// ReadOperators: every operator role, no agents.
 	ReadOperators = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}}
 	// Operate: operators (admin implied).
