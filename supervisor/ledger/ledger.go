@@ -333,11 +333,24 @@ func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, 
 func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
 	// Most acknowledgements are of a termination whose deadline this
 	// process already knows: judged in the acknowledgement's transaction
-	// (one read and a commit). The first of a termination reads it before
-	// (ackInTime), which learns the deadline.
-	out, err := l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, true))
-	if !errors.Is(err, errDeadlineUnknown) {
-		return out, err
+	// (one read and a commit). The first of a termination here reads the
+	// termination (the transaction said which, having read the call),
+	// which keeps its deadline, and tries again; a take-over may move the
+	// call to another termination meanwhile, hence a few tries, then the
+	// read of call and termination together (ackInTime).
+	for range 3 {
+		out, err := l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, true))
+		var unknown deadlineUnknown
+		if !errors.As(err, &unknown) {
+			return out, err
+		}
+		kept, err := l.windowOf(ctx, callID, string(unknown))
+		if err != nil {
+			return nil, err
+		}
+		if !kept {
+			break
+		}
 	}
 	if err := l.ackInTime(ctx, callID, gateID); err != nil {
 		return nil, err
@@ -345,13 +358,37 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	return l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, false))
 }
 
-// errDeadlineUnknown: the acknowledgement deadline of the call's
-// termination is not known here yet (ackInTime reads it).
-var errDeadlineUnknown = errors.New("ledger: the termination's acknowledgement deadline is not known here")
+// deadlineUnknown: the acknowledgement deadline of the call's termination
+// (this id) is not known here yet (windowOf reads it).
+type deadlineUnknown string
+
+func (d deadlineUnknown) Error() string {
+	return "ledger: the acknowledgement deadline of termination " + string(d) + " is not known here"
+}
+
+// windowOf reads whether termination still waits for acknowledgements
+// (AckWindow) and keeps its deadline when it has one. A termination
+// without one (draining with calls it took over, or gone) is judged by
+// ackInTime's read on each acknowledgement, as before. kept: the
+// deadline is kept.
+func (l *Ledger) windowOf(ctx context.Context, callID, termination string) (kept bool, err error) {
+	now := l.Clock.Now()
+	err = l.Store.View(ctx, func(tx store.ReadTxn) error {
+		deadline, err := l.AckWindow(tx, termination, now)
+		if kept = !deadline.IsZero(); kept {
+			l.deadlines.keep(termination, deadline)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
+		}
+		return nil
+	})
+	return kept, err
+}
 
 // acknowledge is CancelAck's change to the call. known: judge the
 // acknowledgement against the deadline this process keeps for the call's
-// termination, and return errDeadlineUnknown when it keeps none.
+// termination, and return deadlineUnknown when it keeps none.
 //
 // A known deadline answers what ackInTime's read of the termination would:
 // an acknowledgement at or after it is refused (the termination is past
@@ -368,7 +405,7 @@ func (l *Ledger) acknowledge(callID, by string, known bool) func(*ToolCall, time
 		if known && l.AckWindow != nil && c.TerminationID != "" {
 			deadline, ok := l.deadlines.of(c.TerminationID)
 			if !ok {
-				return errDeadlineUnknown
+				return deadlineUnknown(c.TerminationID)
 			}
 			if !now.Before(deadline) {
 				return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, AckDeadlinePassed(deadline))
