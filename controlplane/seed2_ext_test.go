@@ -178,6 +178,74 @@ func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
 	}
 }
 
+// TestSeed2AcknowledgementsAreJudgedOnTheDeadlineTheServerKeeps: the
+// first acknowledgement of a termination's calls reads the termination; the
+// server keeps its deadline (never changed once set) and judges the next
+// ones on it in their own transaction. Those must count exactly as the
+// first: in time up to the last instant before the deadline, refused from
+// the deadline's instant on, and the record agrees.
+func TestSeed2AcknowledgementsAreJudgedOnTheDeadlineTheServerKeeps(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	var calls []string
+	for range 4 {
+		id, err := w.begin(w.gC.token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, id)
+	}
+	first, second, atDeadline, later := calls[0], calls[1], calls[2], calls[3]
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the abort's four cancel orders", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 4
+	})
+	ack := func(call string) error {
+		_, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
+		return err
+	}
+	refused := func(call, when string) {
+		t.Helper()
+		err := ack(call)
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancel_unacknowledged") {
+			t.Errorf("an acknowledgement %s: %v; want failed_precondition saying the call is recorded cancel_unacknowledged", when, err)
+		}
+	}
+	w.clk.Advance(10*time.Second - 2*time.Millisecond)
+	if err := ack(first); err != nil {
+		t.Fatalf("the first acknowledgement, 2 ms before the deadline: %v", err)
+	}
+	w.clk.Advance(time.Millisecond)
+	if err := ack(second); err != nil {
+		t.Fatalf("a second acknowledgement, a millisecond before the deadline: %v", err)
+	}
+	if err := ack(second); err != nil {
+		t.Fatalf("the gate's retry of an acknowledgement that counted: %v", err)
+	}
+	w.clk.Advance(time.Millisecond)
+	refused(atDeadline, "at the deadline's instant, judged on the deadline the server keeps")
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	refused(later, "once the termination went on to revoke")
+	w.clk.Advance(time.Hour)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	want := map[string]tetherv1.CallResolution{
+		first:      tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED,
+		second:     tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED,
+		atDeadline: tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
+		later:      tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED,
+	}
+	for _, c := range rec.ToolCalls {
+		if c.Resolution != want[c.CallId] {
+			t.Errorf("call %s recorded %s, want %s", c.CallId, c.Resolution, want[c.CallId])
+		}
+		delete(want, c.CallId)
+	}
+	if len(want) != 0 {
+		t.Errorf("calls missing from the record: %v", want)
+	}
+}
+
 // newLeaseWorldIn is newLeaseWorld on a data directory and clock the test
 // keeps, so that it can restart the server on them.
 func newLeaseWorldIn(t *testing.T, dir string, clk *clock.Manual) *leaseWorld {

@@ -134,21 +134,33 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall,
 // with the rest). Past that the termination has gone on, or goes on at
 // its next pass, to revoke, and its record closes the call
 // cancel_unacknowledged (recordCalls): the error says so.
-func CancelAckWindow(tx store.ReadTxn, terminationID string, now time.Time) error {
+//
+// It returns the acknowledgement deadline of a termination it saw aborting
+// (set when it enters aborting, never changed after), which the ledger
+// keeps to judge the next acknowledgements without this read: a
+// termination leaves aborting before its deadline only once every cancel
+// it ordered was acknowledged or ended.
+func CancelAckWindow(tx store.ReadTxn, terminationID string, now time.Time) (time.Time, error) {
 	var t Termination
 	if err := getTermination(tx, terminationID, &t); err != nil {
 		if errors.Is(err, ErrTerminationNotFound) {
-			return nil
+			return time.Time{}, nil
 		}
-		return err
+		return time.Time{}, err
 	}
 	switch {
 	case t.Phase >= PhaseReconciling:
-		return fmt.Errorf("the termination stopped waiting for cancel acknowledgements and is %s; the record lists the call cancel_unacknowledged", t.Phase)
+		// (No deadline kept: seen past aborting, every later
+		// acknowledgement reads the termination, so none is judged on a
+		// deadline alone.)
+		return time.Time{}, fmt.Errorf("the termination stopped waiting for cancel acknowledgements and is %s; the record lists the call cancel_unacknowledged", t.Phase)
 	case t.Phase == PhaseAborting && !t.CancelDeadline.IsZero() && !now.Before(t.CancelDeadline):
-		return fmt.Errorf("the termination's acknowledgement deadline %s has passed; the record lists the call cancel_unacknowledged", t.CancelDeadline.UTC().Format(time.RFC3339Nano))
+		return t.CancelDeadline, ledger.AckDeadlinePassed(t.CancelDeadline)
 	}
-	return nil
+	if t.Phase != PhaseAborting {
+		return time.Time{}, nil
+	}
+	return t.CancelDeadline, nil
 }
 
 // recordCall is a call as the record lists it.

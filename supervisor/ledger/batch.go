@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"sync"
+	"time"
 
 	"github.com/tetherhq/tether/internal/store"
 )
@@ -122,4 +123,31 @@ func (c *callNodes) of(callID string) (string, bool) {
 	defer c.mu.Unlock()
 	node, ok := c.m[callID]
 	return node, ok
+}
+
+// ackDeadlines keeps the acknowledgement deadlines of the terminations
+// whose calls were acknowledged here (Ledger.AckWindow): a termination's
+// deadline never changes once set. Bounded like callNodes: a termination
+// it forgot costs a read more.
+type ackDeadlines struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+const maxAckDeadlines = 1 << 12
+
+func (d *ackDeadlines) keep(terminationID string, deadline time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.m == nil || len(d.m) >= maxAckDeadlines {
+		d.m = make(map[string]time.Time)
+	}
+	d.m[terminationID] = deadline
+}
+
+func (d *ackDeadlines) of(terminationID string) (time.Time, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	deadline, ok := d.m[terminationID]
+	return deadline, ok
 }

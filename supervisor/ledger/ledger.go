@@ -48,9 +48,15 @@ type Ledger struct {
 	// CancelAckWindow): an acknowledgement after the termination's
 	// timeout would otherwise turn a call the record must call
 	// cancel_unacknowledged into a cancelled one.
-	AckWindow func(tx store.ReadTxn, terminationID string, now time.Time) error
+	// It also returns the termination's acknowledgement deadline when it
+	// has one (zero otherwise): a deadline, once set, never changes, so the
+	// ledger keeps it (ackDeadlines) and judges the next acknowledgements
+	// of that termination's calls in their own transaction, without reading
+	// the termination again.
+	AckWindow func(tx store.ReadTxn, terminationID string, now time.Time) (deadline time.Time, err error)
 
-	nodes callNodes // the node of calls begun or ordered cancelled here (batch.go)
+	nodes     callNodes    // the node of calls begun or ordered cancelled here (batch.go)
+	deadlines ackDeadlines // terminations' acknowledgement deadlines seen here (batch.go)
 }
 
 // Observer is told, inside the writing transaction, of each call written,
@@ -325,12 +331,85 @@ func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, 
 // refused (ErrNoCancelOrder) and stays in flight, so the record never says
 // a call was cancelled when no termination cancelled it.
 func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*ToolCall, error) {
+	// Most acknowledgements are of a termination whose deadline this
+	// process already knows: judged in the acknowledgement's transaction
+	// (one read and a commit). The first of a termination here reads the
+	// termination (the transaction said which, having read the call),
+	// which keeps its deadline, and tries again; a take-over may move the
+	// call to another termination meanwhile, hence a few tries, then the
+	// read of call and termination together (ackInTime).
+	for range 3 {
+		out, err := l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, true))
+		var unknown deadlineUnknown
+		if !errors.As(err, &unknown) {
+			return out, err
+		}
+		kept, err := l.windowOf(ctx, callID, string(unknown))
+		if err != nil {
+			return nil, err
+		}
+		if !kept {
+			break
+		}
+	}
 	if err := l.ackInTime(ctx, callID, gateID); err != nil {
 		return nil, err
 	}
-	return l.finish(ctx, callID, gateID, by, false, func(c *ToolCall, now time.Time) error {
+	return l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, false))
+}
+
+// deadlineUnknown: the acknowledgement deadline of the call's termination
+// (this id) is not known here yet (windowOf reads it).
+type deadlineUnknown string
+
+func (d deadlineUnknown) Error() string {
+	return "ledger: the acknowledgement deadline of termination " + string(d) + " is not known here"
+}
+
+// windowOf reads whether termination still waits for acknowledgements
+// (AckWindow) and keeps its deadline when it has one. A termination
+// without one (draining with calls it took over, or gone) is judged by
+// ackInTime's read on each acknowledgement, as before. kept: the
+// deadline is kept.
+func (l *Ledger) windowOf(ctx context.Context, callID, termination string) (kept bool, err error) {
+	now := l.Clock.Now()
+	err = l.Store.View(ctx, func(tx store.ReadTxn) error {
+		deadline, err := l.AckWindow(tx, termination, now)
+		if kept = !deadline.IsZero(); kept {
+			l.deadlines.keep(termination, deadline)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
+		}
+		return nil
+	})
+	return kept, err
+}
+
+// acknowledge is CancelAck's change to the call. known: judge the
+// acknowledgement against the deadline this process keeps for the call's
+// termination, and return deadlineUnknown when it keeps none.
+//
+// A known deadline answers what ackInTime's read of the termination would:
+// an acknowledgement at or after it is refused (the termination is past
+// aborting, or goes on at its next pass); one before it is in time, since a
+// termination leaves aborting before its deadline only once every cancel
+// it ordered was acknowledged or ended, and then this call is ended and the
+// transaction refuses the acknowledgement in its own words. (A take-over
+// moves the call to the other termination, whose deadline is then judged.)
+func (l *Ledger) acknowledge(callID, by string, known bool) func(*ToolCall, time.Time) error {
+	return func(c *ToolCall, now time.Time) error {
 		if c.State != CallStateCancelRequested {
 			return fmt.Errorf("%w: call_id %s was not asked to cancel (no termination ordered it); report how it ended with EndCall", ErrNoCancelOrder, callID)
+		}
+		if known && l.AckWindow != nil && c.TerminationID != "" {
+			deadline, ok := l.deadlines.of(c.TerminationID)
+			if !ok {
+				return deadlineUnknown(c.TerminationID)
+			}
+			if !now.Before(deadline) {
+				return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, AckDeadlinePassed(deadline))
+			}
 		}
 		c.EndedAt = now
 		c.EndedBy = by
@@ -338,7 +417,13 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 		c.AcknowledgedBy = by
 		c.Resolution = CallResolutionCancelledAcked
 		return nil
-	})
+	}
+}
+
+// AckDeadlinePassed is the refusal of an acknowledgement at or after its
+// termination's acknowledgement deadline.
+func AckDeadlinePassed(deadline time.Time) error {
+	return fmt.Errorf("the termination's acknowledgement deadline %s has passed; the record lists the call cancel_unacknowledged", deadline.UTC().Format(time.RFC3339Nano))
 }
 
 // ackInTime refuses an acknowledgement the call's termination no longer
@@ -350,6 +435,8 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 // every cancel it ordered was acknowledged or ended, so what this read
 // allowed was in time. Whatever this read cannot judge (an unknown call,
 // another gate's, one with no order) finish refuses in its own words.
+// It keeps the termination's deadline, once it has one, for the next
+// acknowledgements (acknowledge).
 func (l *Ledger) ackInTime(ctx context.Context, callID, gateID string) error {
 	if l.AckWindow == nil || id.Check(id.Call, "call_id", callID) != nil {
 		return nil
@@ -360,7 +447,11 @@ func (l *Ledger) ackInTime(ctx context.Context, callID, gateID string) error {
 		if err != nil || c.GateID != gateID || c.State != CallStateCancelRequested || c.TerminationID == "" {
 			return nil
 		}
-		if err := l.AckWindow(tx, c.TerminationID, now); err != nil {
+		deadline, err := l.AckWindow(tx, c.TerminationID, now)
+		if !deadline.IsZero() {
+			l.deadlines.keep(c.TerminationID, deadline)
+		}
+		if err != nil {
 			return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
 		}
 		return nil
@@ -398,7 +489,7 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 			return nil
 		}
 		if lateEnd && l.AckWindow != nil && c.State == CallStateCancelRequested && c.TerminationID != "" {
-			if err := l.AckWindow(tx, c.TerminationID, now); err != nil {
+			if _, err := l.AckWindow(tx, c.TerminationID, now); err != nil {
 				return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
 			}
 		}
