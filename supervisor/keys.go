@@ -7,12 +7,13 @@ import "fmt"
 // follow them. (The agent tree, the ledger, the privileges and the rollouts
 // keep theirs in their own packages.)
 const (
-	prefixTermination  = "terminations/"      // terminations/<id> → Termination (JSON)
-	prefixRecord       = "records/"           // records/<id> → "parts head"; records/<id>/part/<n> → ReconciliationRecord bytes (storecodec)
-	prefixRecordByTerm = "records-by-term/"   // records-by-term/<termination id> → record id
-	prefixOutbox       = "outbox/records/"    // outbox/records/<record id> → "" until the sink has it
-	prefixProposal     = "proposals/"         // proposals/<id> → StopProposal (storecodec)
-	prefixPendingProp  = "proposals-pending/" // proposals-pending/<node id>/<id> → "" while pending
+	prefixTermination  = "terminations/"           // terminations/<id> → Termination (JSON)
+	prefixRecord       = "records/"                // records/<id> → "parts head"; records/<id>/part/<n> → ReconciliationRecord bytes (storecodec)
+	prefixRecordByTerm = "records-by-term/"        // records-by-term/<termination id> → record id
+	prefixOutbox       = "outbox/records/"         // outbox/records/<record id> → "" until the sink has it
+	prefixProposal     = "proposals/"              // proposals/<id> → StopProposal (storecodec)
+	prefixPendingProp  = "proposals-pending/"      // proposals-pending/<node id>/<id> → "" while pending
+	prefixPendingTree  = "proposals-pending-tree/" // proposals-pending-tree/<root id>/<id> → "" while an agent's proposal is pending
 )
 
 // TerminationPrefix is the prefix of every termination's key, for the
@@ -30,4 +31,8 @@ func proposalKey(id string) []byte         { return []byte(prefixProposal + id) 
 func pendingPropPrefix(node string) []byte { return []byte(prefixPendingProp + node + "/") }
 func pendingPropKey(node, id string) []byte {
 	return []byte(prefixPendingProp + node + "/" + id)
+}
+func pendingTreePrefix(root string) []byte { return []byte(prefixPendingTree + root + "/") }
+func pendingTreeKey(root, id string) []byte {
+	return []byte(prefixPendingTree + root + "/" + id)
 }

@@ -21,6 +21,8 @@ func TestKeyLayout(t *testing.T) {
 		{string(proposalKey("p_1")), "proposals/p_1"},
 		{string(pendingPropPrefix("n_1")), "proposals-pending/n_1/"},
 		{string(pendingPropKey("n_1", "p_1")), "proposals-pending/n_1/p_1"},
+		{string(pendingTreePrefix("n_1")), "proposals-pending-tree/n_1/"},
+		{string(pendingTreeKey("n_1", "p_1")), "proposals-pending-tree/n_1/p_1"},
 		{tree.NodePrefix, "agents/node/"},
 		{string(tree.NodeKey("n_1")), "agents/node/n_1"},
 		{string(ledger.TermCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},

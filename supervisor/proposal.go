@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -25,6 +26,13 @@ var (
 // decision: an agent that proposes in a loop cannot bury the operators'
 // list (each further one is refused until one is decided).
 const MaxPendingProposals = 8
+
+// MaxPendingProposalsPerTree bounds the agents' stop proposals of one tree
+// (a root and every descendant) waiting for a decision: a rogue that
+// spawns children and has each file its few cannot bury the operators'
+// list either. A stop rule's proposal is not counted (it carries its
+// setter's authority, and a rogue must not crowd it out).
+const MaxPendingProposalsPerTree = 128
 
 // PolicyDecider prefixes the decider of a proposal the control plane's
 // policy approved on its own (no operator weighed it).
@@ -240,6 +248,20 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if pending >= MaxPendingProposals {
 			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", tree.ErrLimit, nodeID, pending)
 		}
+		root := treeOf(n)
+		inTree := 0
+		if err := tx.Scan(pendingTreePrefix(root), nil, func(_, _ []byte) error {
+			inTree++
+			if inTree >= MaxPendingProposalsPerTree {
+				return store.ErrStopScan
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if inTree >= MaxPendingProposalsPerTree {
+			return fmt.Errorf("%w: the tree of node_id %s (root %s) already has %d stop proposals waiting for a decision, the maximum per tree; an operator must decide some first", tree.ErrLimit, nodeID, root, inTree)
+		}
 		auto = false
 		if len(policy.AutoApprove) > 0 && tree.MatchLabels(n.Labels, policy.AutoApprove) {
 			cond, _ := parseCondition(condition, s.CallCount)
@@ -248,6 +270,9 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 			}
 		}
 		if err := tx.Put(pendingPropKey(nodeID, p.ProposalID), nil); err != nil {
+			return err
+		}
+		if err := tx.Put(pendingTreeKey(root, p.ProposalID), nil); err != nil {
 			return err
 		}
 		return putProposal(tx, p)
@@ -298,6 +323,18 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	if err := tx.Delete(pendingPropKey(p.NodeID, p.ProposalID)); err != nil {
 		return Termination{}, err
 	}
+	if p.Rule == nil {
+		// An agent's own proposal also held a place in its tree's bound.
+		n, err := tree.GetNodeIn(tx, p.NodeID)
+		switch {
+		case err == nil:
+			if err := tx.Delete(pendingTreeKey(treeOf(n), p.ProposalID)); err != nil {
+				return Termination{}, err
+			}
+		case !errors.Is(err, tree.ErrNodeNotFound):
+			return Termination{}, err
+		}
+	}
 	if !approve {
 		p.State = ProposalStateRejected
 		return Termination{}, putProposal(tx, p)
@@ -343,6 +380,15 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		return Termination{}, err
 	}
 	return term, putProposal(tx, p)
+}
+
+// treeOf is the root of n's tree: the bound on its agents' pending
+// proposals is the tree's.
+func treeOf(n *tree.Node) string {
+	if len(n.Ancestors) > 0 {
+		return n.Ancestors[0]
+	}
+	return n.NodeID
 }
 
 // policyLineage is the requester lineage of the termination a policy

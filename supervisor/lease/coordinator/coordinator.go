@@ -830,6 +830,20 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 				return err
 			}
 		}
+		if cursor.Unknown {
+			// The unknown-job log is a job's evidence only while the job
+			// has no lease: a token into it for a job with rows of its own
+			// was made up, and would read messages about the id from
+			// before the job was offered (another party's, to a reader
+			// the job alone lets in).
+			_, err := tx.Get(jobKey(job))
+			switch {
+			case err == nil:
+				return fmt.Errorf("%w: page_token is not a token from an earlier Evidence answer for job %q", ErrInvalidArgument, job)
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+		}
 		// A job without rows of its own: the unknown-job log, whose rows
 		// stand alone and are numbered by the log.
 		alone := func(b []byte) (storedRow, error) { return decodeRow(lease.Lease{}, b) }
