@@ -237,6 +237,21 @@ func TestSeed3TheRecordSaysWhenAndOnWhoseWordEachPrivilegeEnded(t *testing.T) {
 	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	revokedAt := w.clk.Now()
+	// The webhook answers on the real network: its revocation is decided
+	// (as of the manual clock's now) before the clock moves past its
+	// deadline, or the record would rightly say it never answered.
+	testserver.WaitFor(t, 20*time.Second, "the queue reservation's webhook to be answered", func() bool {
+		privs, err := w.admin.Supervisor.ListPrivileges(ctx, connect.NewRequest(&tetherv1.ListPrivilegesRequest{NodeId: w.p.Node.NodeId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range privs.Msg.Privileges {
+			if p.PrivilegeId == queue.Msg.PrivilegeId {
+				return p.Outcome != tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_UNSPECIFIED
+			}
+		}
+		return false
+	})
 	w.clk.Advance(2 * time.Minute)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)
