@@ -49,7 +49,7 @@ func buildTether(dir string) (string, error) {
 	}
 	bin := filepath.Join(dir, "tether")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/tether")
-	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	cmd.Dir = filepath.Join(filepath.Dir(file), "..", "..", "..", "..") // the module root, above cmd/tether-bench/internal/bench
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build ./cmd/tether: %v\n%s", err, out)
 	}
