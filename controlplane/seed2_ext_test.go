@@ -118,23 +118,8 @@ func TestSeed2AnEndAfterTheCancelOrderIsNotAnAcknowledgement(t *testing.T) {
 func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
 	w := newSeedWorld(t)
 	ctx := context.Background()
-	var calls []string
-	for range 4 {
-		id, err := w.begin(w.gC.token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		calls = append(calls, id)
-	}
+	calls, term, ack := w.abortWithFourCalls(t)
 	inTime, atDeadline, afterMoving, endedLate := calls[0], calls[1], calls[2], calls[3]
-	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
-	testserver.WaitFor(t, 20*time.Second, "the abort's three cancel orders", func() bool {
-		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 4
-	})
-	ack := func(call string) error {
-		_, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
-		return err
-	}
 	w.clk.Advance(10*time.Second - time.Millisecond)
 	if err := ack(inTime); err != nil {
 		t.Fatalf("an acknowledgement a millisecond before the deadline: %v", err)
@@ -186,24 +171,8 @@ func TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused(t *testing.T) {
 // the deadline's instant on, and the record agrees.
 func TestSeed2AcknowledgementsAreJudgedOnTheDeadlineTheServerKeeps(t *testing.T) {
 	w := newSeedWorld(t)
-	ctx := context.Background()
-	var calls []string
-	for range 4 {
-		id, err := w.begin(w.gC.token)
-		if err != nil {
-			t.Fatal(err)
-		}
-		calls = append(calls, id)
-	}
+	calls, term, ack := w.abortWithFourCalls(t)
 	first, second, atDeadline, later := calls[0], calls[1], calls[2], calls[3]
-	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
-	testserver.WaitFor(t, 20*time.Second, "the abort's four cancel orders", func() bool {
-		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 4
-	})
-	ack := func(call string) error {
-		_, err := w.gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
-		return err
-	}
 	refused := func(call, when string) {
 		t.Helper()
 		err := ack(call)
@@ -1246,4 +1215,29 @@ func TestSeed2AnObserverSeesOnlyTheSeedsStateMachine(t *testing.T) {
 		}
 	}
 	t.Logf("path seen: %v", path)
+}
+
+// abortWithFourCalls begins four calls on C's grant through gate-1, aborts
+// P's subtree with a 10 s acknowledgement timeout, waits for the four
+// cancel orders, and returns the calls, the termination and the gate's
+// CancelAck of one call.
+func (w *seedWorld) abortWithFourCalls(t *testing.T) ([]string, *tetherv1.Termination, func(call string) error) {
+	t.Helper()
+	var calls []string
+	for range 4 {
+		id, err := w.begin(w.gC.token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, id)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the abort's four cancel orders", func() bool {
+		return getTermination(t, w.admin, term.TerminationId).Progress.GetAcksPending() == 4
+	})
+	ack := func(call string) error {
+		_, err := w.gate.Tool.CancelAck(context.Background(), connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
+		return err
+	}
+	return calls, term, ack
 }
