@@ -394,6 +394,28 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	if err != nil {
 		return nil, verifierRefusal(err)
 	}
+	params := &mcp.CallToolParams{Name: r.tool}
+	if len(req.Params.Arguments) > 0 {
+		params.Arguments = req.Params.Arguments
+	}
+	if req.Params.Meta != nil {
+		params.Meta = maps.Clone(req.Params.Meta)
+	}
+	pt := req.Params.GetProgressToken()
+	var ours string
+	if pt != nil {
+		ours = progressToken()
+		params.SetProgressToken(ours)
+	}
+	// Still offline: a call the upstream could not take is refused here.
+	// Forwarded, it comes out re-encoded and with the gateway's longer
+	// progress token, so a call that fit the gateway's body limit could
+	// exceed the upstream's (the same in every MCP SDK), and the SDK's
+	// client takes the upstream's 413 as the connection's end: one agent's
+	// call cut every agent off the upstream.
+	if n, err := forwardedSize(params); err != nil || n > MaxForwardedParamsBytes {
+		return nil, rpcError(jsonrpc.CodeInvalidParams, "the call is too large to forward: its parameters come to %d bytes as the upstream would receive them, more than the %d an MCP server takes; send less", n, MaxForwardedParamsBytes)
+	}
 	// Still offline: a node at its maximum of calls in flight spends none
 	// of the gateway's budget on the control plane.
 	if !g.calls.take(claims.HolderNodeID) {
@@ -406,18 +428,9 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	if session == nil {
 		return nil, rpcError(CodeUnavailable, "upstream %s is not connected", r.up.cfg.Name)
 	}
-	params := &mcp.CallToolParams{Name: r.tool}
-	if len(req.Params.Arguments) > 0 {
-		params.Arguments = req.Params.Arguments
-	}
-	if req.Params.Meta != nil {
-		params.Meta = maps.Clone(req.Params.Meta)
-	}
-	if pt := req.Params.GetProgressToken(); pt != nil {
-		ours := progressToken()
+	if pt != nil {
 		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt, upstream: session})
 		defer g.progress.Delete(ours)
-		params.SetProgressToken(ours)
 	}
 
 	// The call runs under the gate in its own goroutine: the agent gets
@@ -485,6 +498,29 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, a.err)
 	}
 	return a.result, nil
+}
+
+// MaxForwardedParamsBytes bounds a tools/call's parameters as the gateway
+// forwards them: the MCP SDKs' default request body limit
+// (mcp.DefaultMaxRequestBodyBytes, 4 MiB in Go, TypeScript and Python
+// alike), less room for the JSON-RPC envelope around them.
+const MaxForwardedParamsBytes = mcp.DefaultMaxRequestBodyBytes - 4<<10
+
+// forwardedSize is the size of params encoded as the SDK's client encodes
+// them (encoding/json, not escaping < > &).
+func forwardedSize(params *mcp.CallToolParams) (int, error) {
+	var n countingWriter
+	enc := json.NewEncoder(&n)
+	enc.SetEscapeHTML(false)
+	err := enc.Encode(params)
+	return int(n) - 1, err // Encode ends with a newline
+}
+
+type countingWriter int
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	*c += countingWriter(len(p))
+	return len(p), nil
 }
 
 // DefaultMaxCallsPerNode is Config.MaxCallsPerNode's default: the control

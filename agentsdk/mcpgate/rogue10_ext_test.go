@@ -1,0 +1,129 @@
+package mcpgate_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// rawSession is an MCP session on the gateway spoken to with raw HTTP
+// POSTs, as a rogue that does not use an SDK's client would.
+type rawSession struct {
+	t        *testing.T
+	endpoint string
+	token    string
+	id       string
+}
+
+const rawVersion = "2025-06-18"
+
+func openRaw(t *testing.T, endpoint, token string) *rawSession {
+	t.Helper()
+	s := &rawSession{t: t, endpoint: endpoint, token: token}
+	resp, body := s.post(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"` + rawVersion + `","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`)
+	s.id = resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != http.StatusOK || s.id == "" {
+		t.Fatalf("initialize: %s, session %q: %.300s", resp.Status, s.id, body)
+	}
+	if resp, body := s.post(`{"jsonrpc":"2.0","method":"notifications/initialized"}`); resp.StatusCode/100 != 2 {
+		t.Fatalf("initialized: %s: %.300s", resp.Status, body)
+	}
+	return s
+}
+
+func (s *rawSession) post(body string) (*http.Response, string) {
+	s.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, s.endpoint, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if s.id != "" {
+		req.Header.Set("Mcp-Session-Id", s.id)
+		req.Header.Set("Mcp-Protocol-Version", rawVersion)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// otherAgent registers another root node with a grant of scopes and
+// returns its token.
+func otherAgent(t *testing.T, w *world, name string, scopes ...string) string {
+	t.Helper()
+	ctx := context.Background()
+	node, err := w.admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant, err := w.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: node.Msg.Node.NodeId, Scopes: scopes, Ttl: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grant.Msg.Token
+}
+
+// A rogue agent cannot cut every agent off an upstream with one call. The
+// gateway forwarded a tools/call as it came, only re-encoded and with its
+// own progress token: a call whose body fit the gateway's limit (4 MiB)
+// could come out larger than the upstream's (the same 4 MiB by default, in
+// every MCP SDK) — by the longer progress token, or six times over when
+// the Go SDK escaped the body's < > & — and the upstream answered 413.
+// The Go SDK's client takes an HTTP error that is not a JSON-RPC one as the
+// connection's end, and the gateway never reconnects: every agent's call
+// to that upstream failed from then on. A call the gateway cannot forward
+// within an upstream's limit is refused (invalid params, saying how large
+// it may be) before it reaches the ledger or the upstream, and the other
+// agents' calls go on.
+func TestARogueCannotCutEveryAgentOffAnUpstreamWithAnOversizedCall(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	honest := connectAgent(t, w.endpoint, otherAgent(t, w, "honest", "mcp:test/*"), nil)
+	if got, err := callText(t, honest, "echo", map[string]any{"text": "before"}); err != nil || got != "before" {
+		t.Fatalf("the honest agent's call before: %q, %v", got, err)
+	}
+	rogue := openRaw(t, w.endpoint, w.grant.Token)
+	head := `{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{"_meta":{"progressToken":0},"name":"echo","arguments":{"text":"`
+	const tail = `"}}}`
+	resp, body := rogue.post(head + strings.Repeat("x", mcp.DefaultMaxRequestBodyBytes-10-len(head)-len(tail)) + tail)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the gateway answered %s: %.300s", resp.Status, body)
+	}
+	if !strings.Contains(body, fmt.Sprint(jsonrpc.CodeInvalidParams)) || !strings.Contains(body, "too large to forward") {
+		t.Errorf("a body 10 bytes under the limit, with a short progress token: %.300s; want it refused as too large to forward", body)
+	}
+	if got, err := callText(t, honest, "echo", map[string]any{"text": "after"}); err != nil || got != "after" {
+		t.Fatalf("after the rogue's call, the honest agent's call: %q, %v", got, err)
+	}
+	// A large call the upstream can take still goes through (a megabyte
+	// of <, which encoding/json would escape six bytes for one unless told
+	// not to, as the SDK's client does not).
+	big := strings.Repeat("<", 1<<20)
+	if got, err := callText(t, honest, "echo", map[string]any{"text": big}); err != nil || got != big {
+		t.Fatalf("a megabyte of < : %d bytes back, %v", len(got), err)
+	}
+	if n := w.events.Calls("echo"); n != 3 {
+		t.Errorf("the upstream ran %d echo calls, want the honest agent's 3", n)
+	}
+}
