@@ -489,16 +489,25 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
 	case a.err != nil:
 		var je *jsonrpc.Error
-		if errors.As(a.err, &je) {
+		if errors.As(a.err, &je) && je.Code != codeRejectedByTransport {
 			return nil, je // the upstream's own error, unchanged
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, rpcError(CodeUnavailable, "upstream %s: %v", r.up.cfg.Name, a.err)
+		// The SDK client's own error says how the connection failed, in
+		// words that name the gateway's session at the upstream (and could
+		// name its URL): the operator's to read, not the agent's.
+		g.log.Warn("mcpgate: an upstream call failed", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
+		return nil, rpcError(CodeUnavailable, "upstream %s could not be reached, or its connection to the gateway failed; the gateway's log says why", r.up.cfg.Name)
 	}
 	return a.result, nil
 }
+
+// codeRejectedByTransport is the Go SDK client's own error for a request
+// its transport could not deliver (the upstream unreachable), not an
+// upstream's answer.
+const codeRejectedByTransport = -32005
 
 // MaxForwardedParamsBytes bounds a tools/call's parameters as the gateway
 // forwards them: the MCP SDKs' default request body limit

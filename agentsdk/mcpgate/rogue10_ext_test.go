@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +17,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/internal/mcptest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -126,4 +131,66 @@ func TestARogueCannotCutEveryAgentOffAnUpstreamWithAnOversizedCall(t *testing.T)
 	if n := w.events.Calls("echo"); n != 3 {
 		t.Errorf("the upstream ran %d echo calls, want the honest agent's 3", n)
 	}
+}
+
+// A rogue agent cannot read the gateway's credentials at an upstream from
+// its errors. When an upstream failed, the gateway passed the Go SDK
+// client's error text to the agent: after the upstream restarted (its
+// sessions gone, 404) that text named the gateway's session id at the
+// upstream — all an agent that can reach the upstream needs to speak in
+// the gateway's session — and the SDK's own "rejected by transport"
+// (-32005, the upstream unreachable) came through as if the upstream had
+// answered it. The agent is told, with CodeUnavailable, that the upstream
+// is unavailable, by name; the gateway's log has the detail. (The
+// upstream's URL here carries a key, as many hosted MCP servers take it.)
+func TestARogueCannotReadTheGatewaysUpstreamSessionFromItsErrors(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	const secret = "s3cret-upstream-key"
+	var handler atomic.Pointer[http.Handler]
+	fresh := func() {
+		h := http.Handler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(nil) }, nil))
+		handler.Store(&h)
+	}
+	fresh()
+	var sessions sync.Map
+	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("Mcp-Session-Id"); id != "" {
+			sessions.Store(id, true)
+		}
+		(*handler.Load()).ServeHTTP(wr, r)
+	}))
+	t.Cleanup(up.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "keyed", URL: up.URL + "/mcp?api_key=" + secret})
+	gwHTTP := httptest.NewUnstartedServer(nil)
+	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
+	gwHTTP.Start()
+	t.Cleanup(gwHTTP.Close)
+	cs := connectAgent(t, gwHTTP.URL+mcpgate.EndpointPath, w.grant.Token, nil)
+	if got, err := callText(t, cs, "echo", map[string]any{"text": "up"}); err != nil || got != "up" {
+		t.Fatalf("a call while the upstream is up: %q, %v", got, err)
+	}
+	check := func(what string) {
+		t.Helper()
+		_, err := callText(t, cs, "echo", map[string]any{"text": "down"})
+		if err == nil {
+			t.Fatalf("%s: the call answered", what)
+		}
+		sessions.Range(func(id, _ any) bool {
+			if strings.Contains(err.Error(), id.(string)) {
+				t.Errorf("%s: the agent read the gateway's session id at the upstream: %q", what, err)
+			}
+			return true
+		})
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("%s: the agent read the upstream's key: %q", what, err)
+		}
+		if rpcCode(err) != mcpgate.CodeUnavailable || !strings.Contains(err.Error(), "keyed") {
+			t.Errorf("%s: %v; want unavailable (%d), naming the upstream", what, err, mcpgate.CodeUnavailable)
+		}
+	}
+	fresh() // the upstream restarts: the gateway's session there is gone
+	check("the upstream restarted")
+	up.CloseClientConnections()
+	up.Close()
+	check("the upstream down")
 }
