@@ -91,7 +91,30 @@ func validateUpstreams(ups []Upstream) error {
 		}
 		seen[u.Name] = true
 	}
+	// A tool is shown as its upstream's prefix and its name: when one
+	// prefix begins another, a tool of the first upstream can take the
+	// name of a tool of the second ("files_" + "archive_read" is
+	// "files_archive_" + "read"), and the gateway, keeping the first
+	// upstream to register a name, would send the second's callers to it.
+	for i, a := range ups {
+		for j, b := range ups {
+			if i != j && strings.HasPrefix(toolPrefix(b, len(ups)), toolPrefix(a, len(ups))) {
+				return fmt.Errorf("mcpgate: upstream %s's tool prefix %q begins upstream %s's, %q, so a tool of %s could take the name of a tool of %s: set tool_prefix so that no prefix begins another", a.Name, toolPrefix(a, len(ups)), b.Name, toolPrefix(b, len(ups)), a.Name, b.Name)
+			}
+		}
+	}
 	return nil
+}
+
+// toolPrefix is what u's tools are prefixed with, among n upstreams.
+func toolPrefix(u Upstream, n int) string {
+	switch {
+	case u.ToolPrefix != nil:
+		return *u.ToolPrefix
+	case n > 1:
+		return u.Name + "_"
+	}
+	return ""
 }
 
 // Scope is the scope a token needs to call tool on upstream.

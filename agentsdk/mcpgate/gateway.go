@@ -143,14 +143,7 @@ func New(cfg Config) (*Gateway, error) {
 		},
 	})
 	for _, u := range cfg.Upstreams {
-		up := &upstream{cfg: u}
-		switch {
-		case u.ToolPrefix != nil:
-			up.prefix = *u.ToolPrefix
-		case len(cfg.Upstreams) > 1:
-			up.prefix = u.Name + "_"
-		}
-		g.upstreams[u.Name] = up
+		g.upstreams[u.Name] = &upstream{cfg: u, prefix: toolPrefix(u, len(cfg.Upstreams))}
 	}
 	return g, nil
 }
