@@ -247,12 +247,27 @@ func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 // refresh lists up's tools and makes the server's tool set match: the
 // server tells agents' sessions that the list changed.
 func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
+	// Page by page, within bounds: an upstream paging without end would
+	// otherwise grow the gateway's memory, and every agent's tool list,
+	// for ever.
 	var tools []*mcp.Tool
-	for t, err := range up.session.Tools(ctx, nil) {
+	params := &mcp.ListToolsParams{}
+	for page := 1; ; page++ {
+		res, err := up.session.ListTools(ctx, params)
 		if err != nil {
 			return fmt.Errorf("mcpgate: list the tools of upstream %s: %w", up.cfg.Name, err)
 		}
-		tools = append(tools, t)
+		tools = append(tools, res.Tools...)
+		if len(tools) > MaxToolsPerUpstream {
+			return fmt.Errorf("mcpgate: upstream %s lists more than %d tools, the most the gateway takes from one upstream", up.cfg.Name, MaxToolsPerUpstream)
+		}
+		if res.NextCursor == "" {
+			break
+		}
+		if page == MaxToolPages {
+			return fmt.Errorf("mcpgate: upstream %s lists its tools in more than %d pages, the most the gateway reads", up.cfg.Name, MaxToolPages)
+		}
+		params.Cursor = res.NextCursor
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -635,3 +650,11 @@ func (g *Gateway) Scopes() []string {
 	slices.Sort(out)
 	return out
 }
+
+// Bounds on one listing of an upstream's tools: past either, the listing
+// fails (a relisting leaves the tools the gateway had; at Start the
+// gateway does not open).
+const (
+	MaxToolsPerUpstream = 4096
+	MaxToolPages        = 256
+)
