@@ -18,7 +18,9 @@ type Upstream struct {
 	Name string `json:"name"`
 	// Command and its arguments, for a stdio upstream.
 	Command []string `json:"command,omitempty"`
-	// Env is added to the gateway's environment for the command.
+	// Env is added to the gateway's environment for the command; the
+	// command gets none of the gateway's TETHER_ variables (its
+	// credential, the agent's token), only those Env gives.
 	Env map[string]string `json:"env,omitempty"`
 	// Dir is the command's working directory (default: the gateway's).
 	Dir string `json:"dir,omitempty"`

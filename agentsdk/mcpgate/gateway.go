@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -174,7 +175,10 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 	}
 	cmd := exec.Command(u.Command[0], u.Command[1:]...)
 	cmd.Dir = u.Dir
-	cmd.Env = os.Environ()
+	// Not the gateway's TETHER_ variables: they hold its credential and
+	// the agent's token (`tether mcp serve` and `wrap` read them from
+	// there), which a third-party server has no business reading.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "TETHER_") })
 	for _, k := range slices.Sorted(maps.Keys(u.Env)) {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}

@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -395,4 +398,51 @@ func (l *logBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// A rogue stdio upstream cannot read the gateway's credentials from its
+// environment. The gateway started a stdio upstream with its own whole
+// environment, where `tether mcp serve` and `tether mcp wrap` take their
+// credentials from ($TETHER_GATE_TOKEN, the gateway's tool-server token;
+// $TETHER_TOKEN; the agent's $TETHER_CAPABILITY_TOKEN): a third-party
+// server launched by npx read the gateway's credential, with which it
+// could end and acknowledge every call at the gateway's gate as the
+// gateway. An upstream's environment is the gateway's without its TETHER_
+// variables, plus the upstream's own env.
+func TestARogueStdioUpstreamCannotReadTheGatewaysCredentials(t *testing.T) {
+	w := newWorld(t, "mcp:stdio/*")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "mcpserver")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/tetherhq/tether/examples/mcpserver").CombinedOutput(); err != nil {
+		t.Fatalf("build examples/mcpserver: %v\n%s", err, out)
+	}
+	gateToken := w.srv.ToolServerToken(t, gateID)
+	t.Setenv("TETHER_GATE_TOKEN", gateToken)
+	t.Setenv("TETHER_TOKEN", "operator-token-of-the-gateways-host")
+	t.Setenv("TETHER_CAPABILITY_TOKEN", w.grant.Token)
+	envFile := filepath.Join(dir, "env")
+	up := mcpgate.Upstream{Name: "stdio", Command: []string{"sh", "-c", `env > "$0"; exec "$1" --events "$2"`, envFile, bin, t.TempDir()},
+		Env: map[string]string{"UPSTREAM_OWN": "kept", "TETHER_UPSTREAM_SETTING": "given"}}
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: gateToken, GateID: gateID, HTTP: w.srv.HTTP, Upstreams: []mcpgate.Upstream{up},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	b, err := os.ReadFile(envFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := string(b)
+	for name, secret := range map[string]string{"the gateway's credential": gateToken, "the operator token": "operator-token-of-the-gateways-host", "the agent's token": w.grant.Token} {
+		if strings.Contains(env, secret) {
+			t.Errorf("the stdio upstream's environment holds %s", name)
+		}
+	}
+	for _, want := range []string{"UPSTREAM_OWN=kept", "TETHER_UPSTREAM_SETTING=given", "PATH="} {
+		if !strings.Contains(env, want) {
+			t.Errorf("the stdio upstream's environment lacks %s", want)
+		}
+	}
 }
