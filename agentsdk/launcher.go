@@ -9,6 +9,8 @@ import (
 	"maps"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -233,9 +235,9 @@ func (l *Launcher) step(ctx context.Context) error {
 			// credential left. Stop it.
 			if p.terminatedAt.IsZero() {
 				p.terminatedAt = time.Now()
-				_ = p.cmd.Process.Signal(syscall.SIGTERM)
+				signalGroup(p.cmd, syscall.SIGTERM)
 			} else if time.Since(p.terminatedAt) > l.cfg.KillGrace {
-				_ = p.cmd.Process.Kill()
+				signalGroup(p.cmd, syscall.SIGKILL)
 			}
 		}
 	}
@@ -281,9 +283,14 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	}
 	node := resp.Msg.Node.NodeId
 	cmd := exec.Command(v.Command, v.Args...)
-	cmd.Env = append(append(os.Environ(), v.Env...),
+	// Not the launcher's own TETHER_ variables: a program takes its
+	// operator token from there ($TETHER_TOKEN), and the agent gets its
+	// node's credential, never an operator's.
+	inherited := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "TETHER_") })
+	cmd.Env = append(append(inherited, v.Env...),
 		EnvAddr+"="+l.cfg.Operator.BaseURL, EnvCredential+"="+resp.Msg.Credential, EnvNodeID+"="+node, EnvVersion+"="+version)
 	cmd.Stdout, cmd.Stderr = l.cfg.Stdout, l.cfg.Stderr
+	ownGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		// The node never ran: terminate it so it is not left running.
 		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
@@ -294,6 +301,10 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		err := cmd.Wait()
+		// The exit the launcher attests is the agent's: what its process
+		// left behind in its group (a background child, holding the
+		// node's credential) goes with it, before anyone is told.
+		signalGroup(cmd, syscall.SIGKILL)
 		l.mu.Lock()
 		p.waitErr = err
 		l.mu.Unlock()
@@ -317,14 +328,14 @@ func (l *Launcher) stopAll() {
 	l.mu.Unlock()
 	for _, p := range procs {
 		if !isClosed(p.exited) {
-			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			signalGroup(p.cmd, syscall.SIGTERM)
 		}
 	}
 	for _, p := range procs {
 		select {
 		case <-p.exited:
 		case <-time.After(l.cfg.KillGrace):
-			_ = p.cmd.Process.Kill()
+			signalGroup(p.cmd, syscall.SIGKILL)
 			<-p.exited
 		}
 		if !p.confirmed {

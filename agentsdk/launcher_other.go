@@ -1,0 +1,18 @@
+//go:build !unix
+
+package agentsdk
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+func ownGroup(*exec.Cmd) {}
+
+// signalGroup signals the process only, where there are no process
+// groups to signal.
+func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {
+	if cmd.ProcessState == nil {
+		_ = cmd.Process.Signal(sig)
+	}
+}
