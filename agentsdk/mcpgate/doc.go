@@ -26,7 +26,12 @@
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or
 // whose scope would exceed capability.MaxScopeBytes, cannot be granted: the
-// gateway hides them and logs why.
+// gateway hides them and logs why. Upstreams whose tool prefixes could
+// collide (one begins another) are refused, so that no upstream can take
+// another's tool name; a listing stops at MaxToolsPerUpstream tools or
+// MaxToolPages pages. A stdio upstream gets the gateway's environment
+// without its TETHER_ variables (the gateway's and the agent's
+// credentials), plus its Env.
 //
 // # Drain, abort, cancellation
 //
@@ -57,7 +62,12 @@
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
 // call is a BeginCall on the gateway's credential, whose rate budget all
 // agents' calls share. Over HTTP a JSON-RPC batch is refused whole (400),
-// before any of it runs.
+// before any of it runs. A call whose parameters, as forwarded, would
+// exceed MaxForwardedParamsBytes (what MCP servers take) is refused with
+// invalid params: the upstream's 413 would end the gateway's connection
+// to it, for every agent. An upstream that fails in the transport is
+// reported to the agent by name only (CodeUnavailable); the gateway's log
+// has the detail.
 //
 // # What passes through
 //
