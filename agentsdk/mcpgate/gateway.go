@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -70,6 +71,10 @@ type Gateway struct {
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup
+
+	closed    chan struct{} // closed by Close: no more reconnecting
+	closeOnce sync.Once
+	watchers  sync.WaitGroup
 }
 
 type upstream struct {
@@ -128,7 +133,7 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.MaxCallsPerNode <= 0 {
 		cfg.MaxCallsPerNode = DefaultMaxCallsPerNode
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
 	g.calls.max = cfg.MaxCallsPerNode
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
@@ -165,8 +170,69 @@ func (g *Gateway) Start(ctx context.Context) error {
 			g.Close()
 			return err
 		}
+		g.watch(up, session)
 	}
 	return nil
+}
+
+// watch reconnects up when session ends while the gateway is open. The Go
+// SDK's client ends a connection for good on an HTTP answer that is not a
+// JSON-RPC one (a filter's 403, a restarted upstream's 404), and one
+// agent's call can draw such an answer: without reconnecting, every agent
+// was cut off the upstream until the gateway restarted. Calls in flight
+// on the ended connection fail; the next ones use the new connection.
+func (g *Gateway) watch(up *upstream, session *mcp.ClientSession) {
+	g.watchers.Add(1)
+	go func() {
+		defer g.watchers.Done()
+		_ = session.Wait()
+		backoff := 50 * time.Millisecond
+		for {
+			g.mu.RLock()
+			current := up.session
+			g.mu.RUnlock()
+			if current != session { // closed, or replaced
+				return
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			go func() {
+				select {
+				case <-g.closed:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
+			next, err := g.client.Connect(ctx, g.transport(up.cfg), nil)
+			if err == nil {
+				g.mu.Lock()
+				if up.session != session { // the gateway closed meanwhile
+					g.mu.Unlock()
+					_ = next.Close()
+					cancel()
+					return
+				}
+				up.session = next
+				g.mu.Unlock()
+				g.log.Warn("mcpgate: reconnected to an upstream whose connection had ended", "upstream", up.cfg.Name)
+				if err := g.refresh(ctx, up); err != nil {
+					g.log.Warn("mcpgate: relisting a reconnected upstream's tools failed", "upstream", up.cfg.Name, "error", err)
+				}
+				cancel()
+				g.watch(up, next)
+				return
+			}
+			cancel()
+			g.log.Warn("mcpgate: reconnecting to an upstream failed; will retry", "upstream", up.cfg.Name, "error", err)
+			timer := time.NewTimer(backoff)
+			select {
+			case <-g.closed:
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+			backoff = min(2*backoff, 5*time.Second)
+		}
+	}()
 }
 
 func (g *Gateway) transport(u Upstream) mcp.Transport {
@@ -189,6 +255,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 // Close disconnects from the upstreams (stopping stdio ones), and stops
 // the gate and the verifier when Open started them.
 func (g *Gateway) Close() {
+	g.closeOnce.Do(func() { close(g.closed) })
 	g.mu.Lock()
 	for _, up := range g.upstreams {
 		if up.session != nil {
@@ -199,6 +266,7 @@ func (g *Gateway) Close() {
 	stop := g.stop
 	g.stop = nil
 	g.mu.Unlock()
+	g.watchers.Wait()
 	g.reports.Wait() // the ends of calls already answered
 	if stop != nil {
 		stop()
@@ -254,10 +322,16 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 	// Page by page, within bounds: an upstream paging without end would
 	// otherwise grow the gateway's memory, and every agent's tool list,
 	// for ever.
+	g.mu.RLock()
+	session := up.session
+	g.mu.RUnlock()
+	if session == nil {
+		return fmt.Errorf("mcpgate: upstream %s is not connected", up.cfg.Name)
+	}
 	var tools []*mcp.Tool
 	params := &mcp.ListToolsParams{}
 	for page := 1; ; page++ {
-		res, err := up.session.ListTools(ctx, params)
+		res, err := session.ListTools(ctx, params)
 		if err != nil {
 			return fmt.Errorf("mcpgate: list the tools of upstream %s: %w", up.cfg.Name, err)
 		}

@@ -446,3 +446,45 @@ func TestARogueStdioUpstreamCannotReadTheGatewaysCredentials(t *testing.T) {
 		}
 	}
 }
+
+// A rogue agent cannot cut every agent off an upstream by having it
+// refuse one call at the HTTP level. In front of many hosted MCP servers
+// sits a filter that answers a request it dislikes with a plain 403 (here,
+// one whose body says DROP TABLE); the Go SDK's client takes such an
+// answer as the connection's end, and the gateway never reconnected: one
+// call with the right words cut every agent off the upstream until the
+// gateway restarted. The gateway reconnects an upstream whose connection
+// ended (and relists its tools), so the other agents' calls go on.
+func TestARogueCannotCutEveryAgentOffAnUpstreamBehindAFilter(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(nil) }, nil)
+	filtered := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			b, _ := io.ReadAll(r.Body)
+			if strings.Contains(string(b), "DROP TABLE") {
+				http.Error(wr, "request blocked", http.StatusForbidden)
+				return
+			}
+			r.Body = io.NopCloser(strings.NewReader(string(b)))
+		}
+		sdk.ServeHTTP(wr, r)
+	}))
+	t.Cleanup(filtered.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "filtered", URL: filtered.URL})
+	gwHTTP := httptest.NewUnstartedServer(nil)
+	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
+	gwHTTP.Start()
+	t.Cleanup(gwHTTP.Close)
+	endpoint := gwHTTP.URL + mcpgate.EndpointPath
+	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
+	rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+	if _, err := callText(t, rogue, "echo", map[string]any{"text": "'; DROP TABLE users; --"}); rpcCode(err) != mcpgate.CodeUnavailable {
+		t.Fatalf("the filtered call: %v; want unavailable", err)
+	}
+	var last error
+	testserver.WaitFor(t, 20*time.Second, "the honest agent's calls to go through again", func() bool {
+		var got string
+		got, last = callText(t, honest, "echo", map[string]any{"text": "still here"})
+		return last == nil && got == "still here"
+	})
+}
