@@ -67,7 +67,8 @@
 // invalid params: the upstream's 413 would end the gateway's connection
 // to it, for every agent. An upstream that fails in the transport is
 // reported to the agent by name only (CodeUnavailable); the gateway's log
-// has the detail.
+// has the detail. An upstream whose connection ended is reconnected (and
+// its tools relisted); calls in flight on the old connection fail.
 //
 // # What passes through
 //
