@@ -499,7 +499,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// exceed the upstream's (the same in every MCP SDK), and the SDK's
 	// client takes the upstream's 413 as the connection's end: one agent's
 	// call cut every agent off the upstream.
-	if n, err := forwardedSize(params); err != nil || n > MaxForwardedParamsBytes {
+	if n, err := forwardedSize(params, req.Params.Arguments); err != nil || n > MaxForwardedParamsBytes {
 		return nil, rpcError(jsonrpc.CodeInvalidParams, "the call is too large to forward: its parameters come to %d bytes as the upstream would receive them, more than the %d an MCP server takes; send less", n, MaxForwardedParamsBytes)
 	}
 	// Still offline: a node at its maximum of calls in flight spends none
@@ -601,21 +601,20 @@ const codeRejectedByTransport = -32005
 // alike), less room for the JSON-RPC envelope around them.
 const MaxForwardedParamsBytes = mcp.DefaultMaxRequestBodyBytes - 4<<10
 
-// forwardedSize is the size of params encoded as the SDK's client encodes
-// them (encoding/json, not escaping < > &).
-func forwardedSize(params *mcp.CallToolParams) (int, error) {
-	var n countingWriter
-	enc := json.NewEncoder(&n)
-	enc.SetEscapeHTML(false)
-	err := enc.Encode(params)
-	return int(n) - 1, err // Encode ends with a newline
-}
-
-type countingWriter int
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	*c += countingWriter(len(p))
-	return len(p), nil
+// forwardedSize bounds the size of params as the SDK's client encodes
+// them, from above, without encoding the arguments again: the SDK
+// compacts them (never longer) and does not escape < > &; the envelope
+// of the parameters is at most 64 bytes beside the tool's name.
+func forwardedSize(params *mcp.CallToolParams, args json.RawMessage) (int, error) {
+	n := len(args) + len(params.Name) + 64
+	if params.Meta != nil {
+		b, err := json.Marshal(params.Meta)
+		if err != nil {
+			return n, err
+		}
+		n += len(b)
+	}
+	return n, nil
 }
 
 // DefaultMaxCallsPerNode is Config.MaxCallsPerNode's default: the control
