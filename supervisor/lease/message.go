@@ -139,8 +139,8 @@ type Reassign struct {
 
 // Resolve is the coordinator's explicit terminal reconciliation: CANCELLED,
 // FAILED, or UNRESOLVED for at most Policy.MaxUnresolvedBound
-// (UnresolvedBound zero means the maximum). A final result also resolves a
-// recorded ownership conflict.
+// (UnresolvedBound zero means the maximum). CANCELLED needs a cancel
+// request first. A final result also resolves a recorded ownership conflict.
 type Resolve struct {
 	JobID           string
 	Result          TerminalResult

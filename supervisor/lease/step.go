@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Step judges one message against a job's lease at coordinator time now,
@@ -426,8 +427,16 @@ func (j *judge) complete(m Complete) Decision {
 	l := &j.l
 	switch l.State {
 	case StateTerminal:
-		if m.Result == l.TerminalResult {
+		switch {
+		case m.Result == l.TerminalResult && m.Detail == l.TerminalDetail:
 			return duplicate(EventDuplicateTerminal, "%s repeats the terminal result recorded at %s; nothing changed", describe(m), ts(l.TerminalAt))
+		case m.Result == l.TerminalResult:
+			// Only an exact repeat is idempotent (seed §11): other words
+			// are another account of the end, refused and kept as evidence,
+			// never recorded as a repeat of what the record holds.
+			return reject(EventDuplicateTerminal, ErrConflictingDuplicate,
+				"%s with a different detail (%q) refused: the job is already terminal as %s since %s with detail %q; nothing changed",
+				describe(m), clip(m.Detail), l.TerminalResult, ts(l.TerminalAt), clip(l.TerminalDetail))
 		}
 		return reject(EventDuplicateTerminal, ErrTerminal, "%s refused: the job is already terminal as %s since %s", describe(m), l.TerminalResult, ts(l.TerminalAt))
 	case StateExpired:
@@ -540,6 +549,13 @@ func (j *judge) resolve(m Resolve) Decision {
 		case l.TerminalResult != ResultUnresolved:
 			return reject(EventDuplicateTerminal, ErrTerminal, "%s refused: the job is already terminal as %s since %s", describe(m), l.TerminalResult, ts(l.TerminalAt))
 		}
+	}
+	if m.Result == ResultCancelled && !l.CancelRequested {
+		// Seed §9 and §13: a cancellation is a request, an acknowledgement
+		// and a reconciliation. CANCELLED with no request in the record
+		// cannot be rebuilt from it, for the coordinator as for the holder.
+		return reject(EventInvalidTransition, ErrInvalidTransition,
+			"%s refused: no cancellation was requested, so nothing was cancelled; request cancellation first, or resolve FAILED or UNRESOLVED", describe(m))
 	}
 	previous := j.current()
 	l.TerminalResult = m.Result
@@ -670,6 +686,20 @@ func describeSafe(m Message) string {
 		return "nil message"
 	}
 	return m.Kind().String()
+}
+
+// clip shortens a text quoted in a reason; the evidence row keeps the
+// lease, which holds the text in full.
+func clip(s string) string {
+	const max = 200
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
 }
 
 // ts renders a coordinator time for reasons and evidence.
