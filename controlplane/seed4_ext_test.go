@@ -211,3 +211,94 @@ func TestSeed4CancelledNeedsACancelRequestWhoeverReconciles(t *testing.T) {
 		}
 	}
 }
+
+// Seed §11 and §13: a refused or duplicate coordinator message is evidence
+// too, and a reviewer must be able to tell from the matrix alone who sent
+// it. The planner closes a job FAILED; an operator then tries CANCELLED,
+// FAILED again, a cancel request and a reassignment. Each attempt is one
+// row, nothing changes — and each row names the operator (and its words),
+// as an accepted one does, so the planner's decision and the operator's
+// later disagreement cannot be mistaken for each other.
+func TestSeed4ARefusedCoordinatorMessageNamesWhoSentIt(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	job := w.job()
+	unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+	if _, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "planner gave up"})); err != nil {
+		t.Fatal(err)
+	}
+	closed := w.get(t, job)
+	who, err := w.admin.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attempts := []struct {
+		what string
+		send func() (*tetherv1.Decision, error)
+		want tetherv1.Outcome
+	}{
+		{"CANCELLED over FAILED", func() (*tetherv1.Decision, error) {
+			return decisionOf(w.admin.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "operator says cancelled"})))
+		}, tetherv1.Outcome_OUTCOME_REJECTED},
+		{"FAILED again", func() (*tetherv1.Decision, error) {
+			return decisionOf(w.admin.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "operator agrees"})))
+		}, tetherv1.Outcome_OUTCOME_DUPLICATE},
+		{"a cancel request after the end", func() (*tetherv1.Decision, error) {
+			return decisionOf(w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "operator stop"})))
+		}, tetherv1.Outcome_OUTCOME_REJECTED},
+		{"a reassignment after the end", func() (*tetherv1.Decision, error) {
+			return decisionOf(w.admin.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: job, HolderIdentity: w.w2, Reason: "operator retry"})))
+		}, tetherv1.Outcome_OUTCOME_REJECTED},
+	}
+	for _, a := range attempts {
+		rows := len(w.evidence(t, job))
+		d, err := a.send()
+		if err != nil {
+			t.Fatalf("%s: %v", a.what, err)
+		}
+		if d.Outcome != a.want {
+			t.Fatalf("%s: %v, want %s", a.what, d, a.want)
+		}
+		w.sameLease(t, a.what, closed)
+		ev := w.evidence(t, job)
+		if len(ev) != rows+1 {
+			t.Fatalf("%s wrote %d rows, want 1", a.what, len(ev)-rows)
+		}
+		if r := ev[rows].Reason; !strings.Contains(r, who.Msg.Principal+": operator") {
+			t.Fatalf("%s: the row does not say who sent it (%s): %q", a.what, who.Msg.Principal, r)
+		}
+	}
+}
+
+// Seed §7, §9 and §11: messages from a generation that lost its authority
+// are kept for audit, not dropped. A late result is a message like a late
+// progress: its row must keep what it claimed, or a reviewer cannot tell a
+// stale "SUCCESS: wrote 100 rows" from a stale "FAILED: nothing written".
+// Generation 1's holder, fenced off by generation 2, reports SUCCESS with
+// a detail: refused, the lease unchanged, and the row quotes the detail
+// (as a late progress's row quotes its value). So does an accepted
+// result's row: the matrix has no detail column, and the reason is where a
+// reviewer reads what the holder said it did.
+func TestSeed4AStaleResultKeepsWhatItClaimed(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		w1, w2 := via(w.w1C), via(w.w2C)
+		job := w.job()
+		l1, _ := w1.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+		l2, _ := w2.send(t, ack(w.reassign(t, job, w.w2, time.Minute)))
+		before := w.get(t, job)
+		_, d := w1.send(t, completeSaying(l1, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "wrote 100 rows"))
+		wantDecision(t, "generation 1's late SUCCESS", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+		before.StaleGeneration = true // the evidence flag, and nothing else
+		w.sameLease(t, "generation 1's late SUCCESS", before)
+		ev := w.evidence(t, job)
+		if last := ev[len(ev)-1]; !last.StaleGeneration || !strings.Contains(last.Reason, "wrote 100 rows") {
+			t.Fatalf("the stale result's row does not keep what it claimed: %v", last)
+		}
+		_, d = w2.send(t, completeSaying(l2, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, "nothing written"))
+		wantDecision(t, "generation 2's FAILED", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+		ev = w.evidence(t, job)
+		if last := ev[len(ev)-1]; !strings.Contains(last.Reason, "nothing written") {
+			t.Fatalf("the accepted result's row does not say what the holder reported: %v", last)
+		}
+	})
+}

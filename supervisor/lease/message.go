@@ -341,6 +341,11 @@ func describe(m Message) string {
 	case CancelAck:
 		return "cancel ack " + describeClaim(m.Claim)
 	case Complete:
+		// The detail is what the holder says it did: the matrix has no
+		// column for it, so its row's reason keeps it, refused or not.
+		if m.Detail != "" {
+			return fmt.Sprintf("complete %s result %s detail %q", describeClaim(m.Claim), m.Result, clip(m.Detail))
+		}
 		return fmt.Sprintf("complete %s result %s", describeClaim(m.Claim), m.Result)
 	case Offer:
 		return fmt.Sprintf("offer of lease %q to %q for %s", m.LeaseID, m.HolderIdentity, m.LeaseDuration)

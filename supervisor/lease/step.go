@@ -42,6 +42,14 @@ func Step(l Lease, m Message, now time.Time, p Policy) (Lease, Decision, []Event
 		return l, d, []Event{{Audit: d.Event, Generation: l.Generation, From: l.State, To: l.State, At: now}}
 	}
 	d.Reason = j.compose(m, d.Reason)
+	if d.Outcome != OutcomeAccepted {
+		// A refused or repeated coordinator message is evidence too: its
+		// row says who sent it and why (the RPC layer begins the reason
+		// with the sender's principal), as an accepted one's does.
+		if why := coordinatorReason(m); why != "" {
+			d.Reason += fmt.Sprintf("; the %s's reason: %q", m.Kind(), clip(why))
+		}
+	}
 	if len(j.events) == j.observed && !j.tickOwnsObserved {
 		// The message itself changed no state: record its judgement.
 		j.events = append(j.events, Event{Audit: d.Event, Generation: j.l.Generation, From: j.l.State, To: j.l.State, At: now})
@@ -435,8 +443,8 @@ func (j *judge) complete(m Complete) Decision {
 			// are another account of the end, refused and kept as evidence,
 			// never recorded as a repeat of what the record holds.
 			return reject(EventDuplicateTerminal, ErrConflictingDuplicate,
-				"%s with a different detail (%q) refused: the job is already terminal as %s since %s with detail %q; nothing changed",
-				describe(m), clip(m.Detail), l.TerminalResult, ts(l.TerminalAt), clip(l.TerminalDetail))
+				"%s refused: it comes with a different detail; the job is already terminal as %s since %s with detail %q; nothing changed",
+				describe(m), l.TerminalResult, ts(l.TerminalAt), clip(l.TerminalDetail))
 		}
 		return reject(EventDuplicateTerminal, ErrTerminal, "%s refused: the job is already terminal as %s since %s", describe(m), l.TerminalResult, ts(l.TerminalAt))
 	case StateExpired:
@@ -686,6 +694,19 @@ func describeSafe(m Message) string {
 		return "nil message"
 	}
 	return m.Kind().String()
+}
+
+// coordinatorReason is the reason a coordinator message carries.
+func coordinatorReason(m Message) string {
+	switch m := m.(type) {
+	case RequestCancel:
+		return m.Reason
+	case Reassign:
+		return m.Reason
+	case Resolve:
+		return m.Reason
+	}
+	return ""
 }
 
 // clip shortens a text quoted in a reason; the evidence row keeps the
