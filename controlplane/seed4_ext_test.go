@@ -72,10 +72,24 @@ import (
 //  §15 On a reordering stream every message is judged on its own identity,
 //      generation, sequence and timestamp; arrival order is not authority.
 //
+// Where each is held through the server (earlier passes):
+//
+//	§3, §4      TestGetLeaseShowsKubernetesStyleFields, TestSeed2AuthorityBeginsWithTheAckAndEndsAtTheInstantDeclared
+//	§5          TestSeedLeaseAckDeadlineIsTheCoordinators, TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused, TestLeaseProbeAckIsNotCompletion
+//	§6          TestLeaseProbeLateRenewFromAnExpiredGeneration, TestSeed2AReplayedRenewExtendsNothing, TestLeaseFormerHolderLateRenewIsRecordedStale
+//	§7          TestSeed1EveryTimeInTheMatrixIsTheCoordinators, TestSeedLeaseProgressDatedInTheFutureDecidesNothing, TestSeed2ARestartNeverRevivesAnExpiredGeneration
+//	§8          TestLeaseProbeProgressNeverRegresses
+//	§9          TestLeaseProbeCancelDuringDisconnect, TestSeedLeaseCancelAckNeedsARequestAndEndsNothing, TestSeedLeaseUnresolvedIsBoundedOnTheCoordinatorsClock
+//	§10         TestSeed2ATerminalResultIsFinalWhoeverSpeaksAfterIt, TestSeed1AStaleGenerationsResultIsRefusedWhenItsHolderHoldsTheNext
+//	§11         TestLeaseBadInputChangesNothing, TestLeaseStrangerCannotJamAnotherTreesJob, and this file
+//	§12         TestLeaseRecordedConflictHaltsUntilResolved, TestLeaseConflictSurvivesKill9, TestRolloutDoesNotHandOverAConflictedLease
+//	§13         TestSeed2TheEvidenceMatrixRebuildsEveryTransition, TestSeed1ACoordinatorCannotWriteTheHoldersEvidence, TestLeaseEvidencePages
+//	§15         TestLeaseChannelReorderingKeepsStateAndAuthority, TestSeed1AReorderedStreamCannotOutrunACancellation
+//
 // The earlier passes (lease_ext, lease_rogue_ext, seed_lease_ext,
 // seed1_ext, seed2_ext, evidence_ext) hold most of these through the
-// server. This pass found two places where the record could say something
-// that did not happen, both read the way a hostile acceptance tester
+// server. This pass found four places where the record could say
+// something that did not happen, or leave out who said what, both read the way a hostile acceptance tester
 // would (docs/leases.md, "Terminal results"):
 //
 //   - §11: a holder that had reported its result sent the same result
@@ -89,6 +103,12 @@ import (
 //     the matrix read CANCELLED with "Cancel Requested" false in every row:
 //     a cancellation no reviewer can rebuild. CANCELLED now needs the
 //     request, whoever reconciles.
+//   - §11/§13: a refused or duplicate cancel request, reassignment or
+//     resolution wrote a row naming nobody; it now carries its signed
+//     reason.
+//   - §7/§11: a stale generation's late result kept only "result SUCCESS
+//     is stale", not what it claimed; a completion's row quotes its
+//     detail.
 
 // completeSaying is complete with a detail.
 func completeSaying(l *tetherv1.Lease, result tetherv1.TerminalResult, detail string) *tetherv1.ChannelRequest {
