@@ -114,9 +114,14 @@ func TestSeed1ARestartGivesNoGraceToACancelledOrConflictedLease(t *testing.T) {
 	if got := w.get(t, "K"); !got.OwnershipConflict {
 		t.Fatalf("the restart cleared K's conflict: %v", got)
 	}
-	// What ends them is the coordinator's explicit reconciliation.
+	// What ends them is the coordinator's explicit reconciliation (K was
+	// never asked to cancel: FAILED, since CANCELLED needs the request).
 	for _, job := range []string{"C", "K", "O"} {
-		r, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "reconciled after the restart"}))
+		result := tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED
+		if job == "K" {
+			result = tetherv1.TerminalResult_TERMINAL_RESULT_FAILED
+		}
+		r, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: result, Reason: "reconciled after the restart"}))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -297,7 +297,7 @@ func leaseResolve(g *globals) *cobra.Command {
 	var reason string
 	var bound time.Duration
 	cmd := leaseMutation(g, "resolve JOB --result cancelled|failed|unresolved [--bound D] [--reason R]",
-		"Explicit terminal reconciliation (coordinator); UNRESOLVED is bounded, then FAILED", result.parse,
+		"Explicit terminal reconciliation (coordinator); CANCELLED needs a cancel request first; UNRESOLVED is bounded, then FAILED", result.parse,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
 			return answer(c.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{
 				JobId: job, Result: result.result, UnresolvedBound: durationFlag(bound), Reason: reason,

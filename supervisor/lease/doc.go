@@ -39,6 +39,10 @@
 // afterwards is not trusted. The job ends with the holder's
 // Complete(CANCELLED or FAILED) or the coordinator's Resolve (CANCELLED,
 // FAILED, or UNRESOLVED for a bounded time, after which it is FAILED).
+// CANCELLED, whoever reports it, needs the cancel request first: a job
+// nobody asked to stop was not cancelled, and the evidence must show the
+// request. A terminal attempt after the end is a DUPLICATE only when it
+// repeats the recorded result and detail exactly; other words are refused.
 //
 // A second identity claiming the active generation under its lease id is an
 // ownership conflict, and it halts optimistic execution: the flag is kept

@@ -139,8 +139,8 @@ type Reassign struct {
 
 // Resolve is the coordinator's explicit terminal reconciliation: CANCELLED,
 // FAILED, or UNRESOLVED for at most Policy.MaxUnresolvedBound
-// (UnresolvedBound zero means the maximum). A final result also resolves a
-// recorded ownership conflict.
+// (UnresolvedBound zero means the maximum). CANCELLED needs a cancel
+// request first. A final result also resolves a recorded ownership conflict.
 type Resolve struct {
 	JobID           string
 	Result          TerminalResult
@@ -341,6 +341,11 @@ func describe(m Message) string {
 	case CancelAck:
 		return "cancel ack " + describeClaim(m.Claim)
 	case Complete:
+		// The detail is what the holder says it did: the matrix has no
+		// column for it, so its row's reason keeps it, refused or not.
+		if m.Detail != "" {
+			return fmt.Sprintf("complete %s result %s detail %q", describeClaim(m.Claim), m.Result, clip(m.Detail))
+		}
 		return fmt.Sprintf("complete %s result %s", describeClaim(m.Claim), m.Result)
 	case Offer:
 		return fmt.Sprintf("offer of lease %q to %q for %s", m.LeaseID, m.HolderIdentity, m.LeaseDuration)

@@ -330,6 +330,9 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 		if m.state == lease.StateTerminal && (m.result != lease.ResultUnresolved || msg.Result == lease.ResultUnresolved) {
 			return false
 		}
+		if msg.Result == lease.ResultCancelled && !m.cancel {
+			return false // CANCELLED needs a cancel request
+		}
 		m.state, m.result = lease.StateTerminal, msg.Result
 		if msg.Result == lease.ResultUnresolved {
 			bound := msg.UnresolvedBound

@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Step judges one message against a job's lease at coordinator time now,
@@ -41,6 +42,14 @@ func Step(l Lease, m Message, now time.Time, p Policy) (Lease, Decision, []Event
 		return l, d, []Event{{Audit: d.Event, Generation: l.Generation, From: l.State, To: l.State, At: now}}
 	}
 	d.Reason = j.compose(m, d.Reason)
+	if d.Outcome != OutcomeAccepted {
+		// A refused or repeated coordinator message is evidence too: its
+		// row says who sent it and why (the RPC layer begins the reason
+		// with the sender's principal), as an accepted one's does.
+		if why := coordinatorReason(m); why != "" {
+			d.Reason += fmt.Sprintf("; the %s's reason: %q", m.Kind(), clip(why))
+		}
+	}
 	if len(j.events) == j.observed && !j.tickOwnsObserved {
 		// The message itself changed no state: record its judgement.
 		j.events = append(j.events, Event{Audit: d.Event, Generation: j.l.Generation, From: j.l.State, To: j.l.State, At: now})
@@ -426,8 +435,16 @@ func (j *judge) complete(m Complete) Decision {
 	l := &j.l
 	switch l.State {
 	case StateTerminal:
-		if m.Result == l.TerminalResult {
+		switch {
+		case m.Result == l.TerminalResult && m.Detail == l.TerminalDetail:
 			return duplicate(EventDuplicateTerminal, "%s repeats the terminal result recorded at %s; nothing changed", describe(m), ts(l.TerminalAt))
+		case m.Result == l.TerminalResult:
+			// Only an exact repeat is idempotent (seed §11): other words
+			// are another account of the end, refused and kept as evidence,
+			// never recorded as a repeat of what the record holds.
+			return reject(EventDuplicateTerminal, ErrConflictingDuplicate,
+				"%s refused: it comes with a different detail; the job is already terminal as %s since %s with detail %q; nothing changed",
+				describe(m), l.TerminalResult, ts(l.TerminalAt), clip(l.TerminalDetail))
 		}
 		return reject(EventDuplicateTerminal, ErrTerminal, "%s refused: the job is already terminal as %s since %s", describe(m), l.TerminalResult, ts(l.TerminalAt))
 	case StateExpired:
@@ -540,6 +557,13 @@ func (j *judge) resolve(m Resolve) Decision {
 		case l.TerminalResult != ResultUnresolved:
 			return reject(EventDuplicateTerminal, ErrTerminal, "%s refused: the job is already terminal as %s since %s", describe(m), l.TerminalResult, ts(l.TerminalAt))
 		}
+	}
+	if m.Result == ResultCancelled && !l.CancelRequested {
+		// Seed §9 and §13: a cancellation is a request, an acknowledgement
+		// and a reconciliation. CANCELLED with no request in the record
+		// cannot be rebuilt from it, for the coordinator as for the holder.
+		return reject(EventInvalidTransition, ErrInvalidTransition,
+			"%s refused: no cancellation was requested, so nothing was cancelled; request cancellation first, or resolve FAILED or UNRESOLVED", describe(m))
 	}
 	previous := j.current()
 	l.TerminalResult = m.Result
@@ -670,6 +694,33 @@ func describeSafe(m Message) string {
 		return "nil message"
 	}
 	return m.Kind().String()
+}
+
+// coordinatorReason is the reason a coordinator message carries.
+func coordinatorReason(m Message) string {
+	switch m := m.(type) {
+	case RequestCancel:
+		return m.Reason
+	case Reassign:
+		return m.Reason
+	case Resolve:
+		return m.Reason
+	}
+	return ""
+}
+
+// clip shortens a text quoted in a reason; the evidence row keeps the
+// lease, which holds the text in full.
+func clip(s string) string {
+	const max = 200
+	if len(s) <= max {
+		return s
+	}
+	s = s[:max]
+	for !utf8.ValidString(s) {
+		s = s[:len(s)-1]
+	}
+	return s + "…"
 }
 
 // ts renders a coordinator time for reasons and evidence.

@@ -50,6 +50,9 @@ func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason
 //     the policy's MaxUnresolvedBound, after which it closes as FAILED;
 //   - as it was when the holder had already reported SUCCESS or FAILED.
 //
+// A lease still without a cancel request gets one first (its own evidence
+// row), so every CANCELLED in the record follows a request.
+//
 // It is idempotent: a second call finds the terminal results and returns
 // the same leases.
 func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]lease.Lease, error) {
@@ -59,6 +62,19 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 	}
 	out := make([]lease.Lease, 0, len(jobs))
 	for _, job := range jobs {
+		// A reconciliation that ends a job CANCELLED needs the request in
+		// the record (the lease machine refuses CANCELLED without one): a
+		// termination that did not request it first — a rollout's batch
+		// leaves its leases for the handover, and aborting the rollout
+		// then finalises them — requests it now, as its own row.
+		if _, err := c.applyComputed(ctx, job, func(l lease.Lease) (lease.Message, bool) {
+			if !l.Exists() || l.State == lease.StateTerminal || l.CancelRequested {
+				return nil, false
+			}
+			return lease.RequestCancel{JobID: job, Reason: clipReason("the holder is being stopped; " + reason)}, true
+		}); err != nil {
+			return nil, fmt.Errorf("coordinator: cancel job %q: %w", job, err)
+		}
 		res, err := c.applyComputed(ctx, job, func(l lease.Lease) (lease.Message, bool) {
 			return finalMessage(l, c.cfg.Clock.Now(), reason)
 		})

@@ -643,6 +643,33 @@ func TestCancelAndFinalizeHeldBy(t *testing.T) {
 	}
 }
 
+// A finalisation with no cancel request before it (a rollout's batch
+// leaves its leases for the handover; aborting the rollout finalises them)
+// requests the cancellation itself, so the never-ACKed offer it resolves
+// CANCELLED has the request in its record; before, the lease machine
+// refusing CANCELLED without a request would have left the job open.
+func TestFinalizeHeldByRequestsTheCancelItReconciles(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	h.want(lease.Offer{JobID: "offered", LeaseID: "L-offered", HolderIdentity: "w1", LeaseDuration: time.Minute}, lease.OutcomeAccepted, lease.EventOffered)
+	h.active("running", "w1", time.Minute)
+	got, err := h.c.FinalizeHeldBy(context.Background(), []string{"w1"}, "rollout aborted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("%d leases reported, want 2", len(got))
+	}
+	for _, l := range got {
+		want := map[string]lease.TerminalResult{"offered": lease.ResultCancelled, "running": lease.ResultUnresolved}[l.JobID]
+		if l.State != lease.StateTerminal || l.TerminalResult != want || !l.CancelRequested {
+			t.Errorf("%s: %s %s cancel requested %v; want TERMINAL %s after a request", l.JobID, l.State, l.TerminalResult, l.CancelRequested, want)
+		}
+	}
+}
+
 func TestUnknownJobsAreAuditedInABoundedLog(t *testing.T) {
 	st := openStore(t, t.TempDir())
 	defer st.Close()
