@@ -30,9 +30,14 @@ func init() {
 // rate tracks the load, and beside it the RPC floor: the same clients
 // reading their own node (GetNode, authenticated and authorised as a
 // spawn is, writing nothing), so that the CPU a spawn costs beyond one
-// round trip of the RPC stack is measured in the same run.
+// round trip of the RPC stack is measured in the same run. The 64 clients
+// then do the same again over HTTP/1.1 (agentsdk.UnaryHTTP1Client, one
+// connection each), whose server path costs less per call.
 func supervisorSpawn(ctx context.Context, r *Report, srv *benchServer) error {
 	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}, true); err != nil {
+		return err
+	}
+	if err := measureSpawnsWith(ctx, r, srv, "supervisor/spawn-durable-http1", []int{64}, true, http1Dial(srv.URL)); err != nil {
 		return err
 	}
 	return measureSpawnBatches(ctx, r, srv, 8, 64)
@@ -115,6 +120,19 @@ func supervisorSpawnEtcd(ctx context.Context, r *Report) error {
 // measureSpawns measures spawns with each number of clients in turn, and
 // with floor the RPC floor beside them (measureRPCFloor).
 func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string, levels []int, floor bool) error {
+	return measureSpawnsWith(ctx, r, srv, name, levels, floor, func(cred string) *agentsdk.Conn { return agentsdk.Dial(srv.URL, cred) })
+}
+
+// http1Dial dials each client with agentsdk.UnaryHTTP1Client, one HTTP/1.1
+// connection for its unary calls.
+func http1Dial(url string) func(string) *agentsdk.Conn {
+	return func(cred string) *agentsdk.Conn {
+		return agentsdk.Dial(url, cred, agentsdk.WithHTTPClient(agentsdk.UnaryHTTP1Client(url, nil, 1)))
+	}
+}
+
+// measureSpawnsWith is measureSpawns with each client dialled by dial.
+func measureSpawnsWith(ctx context.Context, r *Report, srv *benchServer, name string, levels []int, floor bool, dial func(credential string) *agentsdk.Conn) error {
 	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-root"}))
 	if err != nil {
 		return err
@@ -128,7 +146,7 @@ func measureSpawns(ctx context.Context, r *Report, srv *benchServer, name string
 				return err
 			}
 			// The parent agent, with the credential its spawn returned.
-			clients[i] = agentsdk.Dial(srv.URL, resp.Msg.Credential)
+			clients[i] = dial(resp.Msg.Credential)
 			parents[i] = resp.Msg.Node.NodeId
 		}
 		if floor {
