@@ -764,6 +764,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 		}
 	case ReachTakeOver:
 		e.Other, e.State = owner.ID, tree.StateName(n.State)
+		*t = Inherit(*t, owner)
 		t.Counts.TakenOver++
 		if !slices.Contains(t.TookOverFrom, owner.ID) {
 			t.TookOverFrom = append(t.TookOverFrom, owner.ID)

@@ -143,6 +143,13 @@ type Termination struct {
 	DrainDeadline   time.Time `json:"drain_deadline,omitzero"`
 	CancelDeadline  time.Time `json:"cancel_deadline,omitzero"`
 	ConfirmDeadline time.Time `json:"confirm_deadline,omitzero"`
+	// KeptDrainDeadline and KeptCancelDeadline are the earliest deadlines
+	// of the terminations this one took nodes over from, when those were
+	// requested by the same authority (Inherit): a repeated or overlapping
+	// stop never gives a call more time than the stop already on it had
+	// left. The mark's deadlines are no later than these (zero: none).
+	KeptDrainDeadline  time.Time `json:"kept_drain_deadline,omitzero"`
+	KeptCancelDeadline time.Time `json:"kept_cancel_deadline,omitzero"`
 	// Steps done, so a restarted reconciler never repeats them.
 	CancelsSent bool   `json:"cancels_sent"`
 	Revoked     bool   `json:"revoked"`
@@ -295,6 +302,37 @@ func Supersedes(t, other Termination) bool {
 		return false
 	}
 	return t.Mode == ModeAbort || !other.Aborts()
+}
+
+// Inherit is what t keeps of owner's deadlines when it takes nodes over
+// from it. The same authority (two operators' stops, two batches of
+// rollouts, or one agent's own two stops) never loosens the bound it set:
+// a repeated stop request (a client's retry) or a stop of a subtree inside
+// one being stopped takes the nodes over, but its drain and
+// acknowledgement deadlines are no later than the ones owner already set —
+// else a rogue's call in flight, or its gate's late acknowledgement, would
+// win a fresh window from each repeat. A higher authority's stop (an
+// operator's over an agent's) keeps its own windows: an agent cannot
+// shorten an operator's drain of the rest of the tree by draining a child
+// of its own with no window first.
+func Inherit(t, owner Termination) Termination {
+	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() {
+		return t
+	}
+	t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline, owner.KeptDrainDeadline)
+	t.KeptCancelDeadline = earliest(t.KeptCancelDeadline, owner.CancelDeadline, owner.KeptCancelDeadline)
+	return t
+}
+
+// earliest is the earliest of the non-zero times (zero: none).
+func earliest(ts ...time.Time) time.Time {
+	var out time.Time
+	for _, x := range ts {
+		if !x.IsZero() && (out.IsZero() || x.Before(out)) {
+			out = x
+		}
+	}
+	return out
 }
 
 // Reach is what a termination marking its subtree does with one node.
@@ -500,10 +538,10 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 	case action == ActMark && t.Phase == PhaseRequested:
 		if t.Mode == ModeAbort {
 			t = enter(t, PhaseAborting, now)
-			t.CancelDeadline = now.Add(t.CancelAckTimeout)
+			t.CancelDeadline = earliest(now.Add(t.CancelAckTimeout), t.KeptCancelDeadline)
 		} else {
 			t = enter(t, PhaseDraining, now)
-			t.DrainDeadline = now.Add(t.DrainWindow)
+			t.DrainDeadline = earliest(now.Add(t.DrainWindow), t.KeptDrainDeadline)
 		}
 	case action == ActEndDrain && t.Phase == PhaseDraining:
 		t = enter(t, PhaseReconciling, now)
@@ -511,7 +549,7 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 		// The shell sent the cancel orders with the escalation.
 		t.Escalated = true
 		t = enter(t, PhaseAborting, now)
-		t.CancelDeadline = now.Add(t.CancelAckTimeout)
+		t.CancelDeadline = earliest(now.Add(t.CancelAckTimeout), t.KeptCancelDeadline)
 		t.CancelsSent = true
 	case action == ActCancelCalls && t.Phase == PhaseAborting:
 		t.CancelsSent = true

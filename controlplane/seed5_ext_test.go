@@ -1,0 +1,208 @@
+package controlplane_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The fifth acceptance pass over seed 003 (termination), through the real
+// server, as an independent prober. The seed's concrete promises, in
+// English, each with where it is checked:
+//
+//  1. States: requested -> draining -> reconciling -> terminated, and
+//     requested -> aborting -> reconciling -> terminated; terminated only
+//     after reconciling has written the record (supervisor
+//     TestAdvanceRefusesIllegalEdges; seed_term wantHeader; seed3 order).
+//  2. The transition out of requested is started by an authority outside
+//     the workload, never by the agent itself (supervisor_ext
+//     TestSelfTerminationAndTerminationByADescendantAreRefused; stop
+//     proposals: the agent proposes, the control plane decides).
+//  3. Draining refuses new tool calls and lets the calls in flight finish
+//     inside a BOUNDED window; every call in flight gets a decision (wait
+//     for its result, or cancel and record the cancellation), never left
+//     to what the transport does when the socket closes (termination_ext,
+//     seed3 TestSeed3TheRecordSaysWhenEachCallWasOrderedAndEnded).
+//  4. Aborting cancels the calls in flight and requires an
+//     acknowledgement from the tool layer of each cancellation (seed2
+//     acknowledgement probes).
+//  5. Deadlines and escalation: someone chooses the drain bound; a drain
+//     outlasting it escalates to abort (termination_ext, seed2 restart).
+//     Reading of this pass: the bound, once chosen, is not loosened by a
+//     later request — a repeated stop of the same node, or a stop of an
+//     overlapping subtree, never gives a call in flight more time than the
+//     termination already stopping it had left (probes below).
+//  6. The record is written by the supervisor from outside, before
+//     terminated, and does not rest on the stopped agent's own logs: which
+//     calls were in flight and how each was resolved (who reported what,
+//     when), which privileges were revoked and which expired, which
+//     children are confirmed terminated and which are unaccounted — the
+//     unaccounted field is the important one (seed_term, seed3, supervisor_ext).
+//  7. Propagation: a child's privilege is revocable by any ancestor in the
+//     delegation chain, from the root or a control plane acting for it; each
+//     grant carries the set of parties allowed to withdraw it (capability
+//     tests, seed3 TestSeed3NoOneArmsANodeBeingDrained).
+//  8. The revocation handle lives in the control plane, outside the
+//     workload; the agent never holds its own stop key (a self-stop is a
+//     proposal, seed_term TestSeedAnAgentsLongProposalDoesNotBlockItsApproval).
+//  9. Repeated stop requests and stops of overlapping subtrees: each node
+//     is accounted for by exactly one termination (compose_ext); a repeat
+//     or overlap must not loosen what the first stop promised (5, below).
+// 10. Restart/crash: the termination is a persisted desired state; a
+//     restart forgives no deadline and loses no step (seed2, termination_ext
+//     kill -9, restart_probe).
+// 11. Upgrades are drain -> reconcile -> restart (rollout_ext).
+// 12. The cost is explicit: the drain window means termination takes time,
+//     and someone picks the bound (5).
+//
+// What the agent being stopped can and cannot influence: it cannot start,
+// loosen or delay its own stop, arm itself or its children, or make its
+// own word count as evidence (seed_term, seed3). This pass adds: a second
+// stop request — an operator's client retrying, or an operator stopping a
+// child of a node already being stopped — is not a way for a rogue's long
+// call (or its gate's late acknowledgement) to win more time.
+
+// nodeTermination is the termination that accounts for node now.
+func nodeTermination(t *testing.T, c *testserver.Clients, node string) string {
+	t.Helper()
+	resp, err := c.Agent.GetNode(context.Background(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: node}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Node.TerminationId
+}
+
+// terminateAgain repeats a stop request and returns the termination that
+// then accounts for node (the repeat's, if it took the node over).
+func terminateAgain(t *testing.T, w *seedWorld, node string, mode tetherv1.TerminationMode, window, ack time.Duration) string {
+	t.Helper()
+	resp, err := w.admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: node, Mode: mode, Reason: "test",
+		DrainWindow: durationpb.New(window), CancelAckTimeout: durationpb.New(ack), ConfirmTimeout: durationpb.New(time.Hour),
+	}))
+	if err == nil {
+		waitState(t, w.srv, resp.Msg.Termination.TerminationId, map[tetherv1.TerminationMode]tetherv1.TerminationState{
+			tetherv1.TerminationMode_TERMINATION_MODE_DRAIN: tetherv1.TerminationState_TERMINATION_STATE_DRAINING,
+			tetherv1.TerminationMode_TERMINATION_MODE_ABORT: tetherv1.TerminationState_TERMINATION_STATE_ABORTING,
+		}[mode])
+	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("the repeated stop request: %v; want it taken, or refused failed_precondition", err)
+	}
+	return nodeTermination(t, w.admin, node)
+}
+
+// wantCancelOrderedAt waits for the termination accounting for the call's
+// node to finish and checks that its record says the call's cancel was
+// ordered at the instant at.
+func wantCancelOrderedAt(t *testing.T, w *seedWorld, term, call string, at time.Time) {
+	t.Helper()
+	w.clk.Advance(time.Minute) // past the acknowledgement deadline
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Hour) // past the confirm timeout
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term)
+	for _, c := range rec.ToolCalls {
+		if c.CallId != call {
+			continue
+		}
+		if got := c.CancelRequestedAt.AsTime(); !got.Equal(at) {
+			t.Errorf("the record says call %s was ordered cancelled at %s, want %s", call, got, at)
+		}
+		return
+	}
+	t.Errorf("call %s is missing from the record of %s", call, term)
+}
+
+// Seed 003 (draining, deadlines): draining lets calls in flight finish
+// inside a bounded window, then escalates. An operator drains P with a 10 s
+// window while its child's call (a rogue's, that never ends by itself) is
+// in flight; at 9 s the operator's client repeats the same request (a retry
+// after a lost answer). The repeat used to take the node over with a fresh
+// 10 s window from its own start: the call ran on to 19 s and the drain
+// escalated there. The window is the first request's: at 10 s the drain
+// escalates and orders the call's cancel, and the record says so.
+func TestSeed5ARepeatedDrainGivesTheCallInFlightNoMoreTime(t *testing.T) {
+	w := newSeedWorld(t)
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(9 * time.Second)
+	term := terminateAgain(t, w, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second)
+	if got := nodeTermination(t, w.admin, w.c.Node.NodeId); got != term {
+		t.Fatalf("P is accounted for by %s, its child C by %s", term, got)
+	}
+	w.clk.Advance(time.Second)
+	got := waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	if !got.Escalated {
+		t.Fatalf("termination %s is aborting without having escalated: %v", term, got)
+	}
+	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+}
+
+// Seed 003 (aborting): aborting requires the tool layer's acknowledgement
+// of each cancel, up to a timeout; a call not acknowledged by then is
+// cancel_unacknowledged. An operator aborts P with a 10 s acknowledgement
+// timeout; at 9 s the operator repeats the abort. The rogue gate, silent
+// so far, acknowledges at 10 s. The repeat used to take the node and its
+// call over with a fresh timeout (19 s), so the late acknowledgement was
+// taken and the record said cancelled_acked. It is refused at the first
+// abort's deadline, and the record says cancel_unacknowledged.
+func TestSeed5ARepeatedAbortGivesALateGateNoMoreTime(t *testing.T) {
+	w := newSeedWorld(t)
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second, time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the abort's cancel order", func() bool {
+		return getTermination(t, w.admin, first.TerminationId).Progress.GetAcksPending() == 1
+	})
+	w.clk.Advance(9 * time.Second)
+	term := terminateAgain(t, w, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 10*time.Second)
+	w.clk.Advance(time.Second)
+	_, err = w.gate.Tool.CancelAck(context.Background(), connect.NewRequest(&tetherv1.CancelAckRequest{CallId: call, GateId: "gate-1"}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancel_unacknowledged") {
+		t.Errorf("the gate's acknowledgement at the first abort's deadline: %v; want failed_precondition saying the call is recorded cancel_unacknowledged", err)
+	}
+	w.clk.Advance(2 * time.Hour)
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	for _, c := range record(t, w.admin, term).ToolCalls {
+		if c.CallId == call && c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED {
+			t.Errorf("call %s recorded %s, want cancel_unacknowledged", call, c.Resolution)
+		}
+	}
+}
+
+// Seed 003 (overlapping subtrees, deadlines): an operator drains P with a
+// 10 s window while its child C's call (a rogue's, that never ends) is in
+// flight; at 5 s an operator drains C — a subtree inside the one being
+// drained — with an hour's window. The inner drain used to take C and its
+// call over with its own hour: the rogue's call ran on past P's window for
+// an hour. C's drain may take C over, but not loosen the bound already
+// set on it: at 10 s the call's cancel is ordered.
+func TestSeed5AnOverlappingDrainOfAChildDoesNotLoosenTheWindow(t *testing.T) {
+	w := newSeedWorld(t)
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	outer := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, w.srv, outer.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(5 * time.Second)
+	term := terminateAgain(t, w, w.c.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, 10*time.Second)
+	w.clk.Advance(5 * time.Second)
+	testserver.WaitFor(t, 20*time.Second, "the call's cancel order at the outer drain's deadline", func() bool {
+		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
+	})
+	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+}

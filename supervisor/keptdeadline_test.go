@@ -1,0 +1,71 @@
+package supervisor
+
+import (
+	"testing"
+	"time"
+)
+
+// TestARepeatedStopKeepsTheDeadlineItTakesOver is a transcript: an
+// operator drains a node with a 10 s window; at 9 s the same request
+// again (a client's retry) takes the node over. Its drain escalates at the
+// first one's deadline, not 10 s after its own mark.
+func TestARepeatedStopKeepsTheDeadlineItTakesOver(t *testing.T) {
+	first := runTranscript(t, newTermBy(t, "t_first", "operator:alice", ModeDrain, 10*time.Second), t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseDraining},
+	})
+	again := newTermBy(t, "t_again", "operator:alice", ModeDrain, 10*time.Second)
+	if !Supersedes(again, first) {
+		t.Fatal("a repeated drain does not take the node over")
+	}
+	again = Inherit(again, first)
+	runTranscript(t, again, t0, []step{
+		{9 * time.Second, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseDraining},
+		{10*time.Second - time.Nanosecond, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActWait, PhaseDraining},
+		{10 * time.Second, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActEscalate, PhaseAborting},
+	})
+}
+
+// TestARepeatedAbortKeepsTheAcknowledgementDeadline: an operator aborts
+// with a 5 s acknowledgement timeout, and again at 4 s; the second abort,
+// taking the node and its call over, stops waiting at 5 s.
+func TestARepeatedAbortKeepsTheAcknowledgementDeadline(t *testing.T) {
+	first := runTranscript(t, newTermBy(t, "t_first", "operator:alice", ModeAbort, 0), t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseAborting},
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActCancelCalls, PhaseAborting},
+	})
+	again := Inherit(newTermBy(t, "t_again", "operator:bob", ModeAbort, 0), first)
+	again = runTranscript(t, again, t0, []step{
+		{4 * time.Second, Progress{CancelsPending: 1, Unconfirmed: 1}, ActMark, PhaseAborting},
+		{4 * time.Second, Progress{CancelsPending: 1, Unconfirmed: 1}, ActCancelCalls, PhaseAborting},
+		{5*time.Second - time.Nanosecond, Progress{CancelsPending: 1, Unconfirmed: 1}, ActWait, PhaseAborting},
+		{5 * time.Second, Progress{CancelsPending: 1, Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+	})
+	if !again.CancelDeadline.Equal(t0.Add(5 * time.Second)) {
+		t.Fatalf("the repeated abort's acknowledgement deadline is %s, want the first's %s", again.CancelDeadline, t0.Add(5*time.Second))
+	}
+}
+
+// TestOnlyTheSameAuthorityBindsATakeOverToItsDeadlines: an agent's drain
+// of its own child with no window does not shorten an operator's drain
+// that takes the child over (the agent would otherwise turn the
+// operator's drain of its siblings into an abort); an agent's own repeat
+// keeps its deadline; another agent's (an ancestor's) does not inherit it.
+func TestOnlyTheSameAuthorityBindsATakeOverToItsDeadlines(t *testing.T) {
+	agentDrain := newTermBy(t, "t_agent", "agent:n_parent", ModeDrain, 0)
+	agentDrain.RequesterLineage = []string{"n_top", "n_parent"}
+	agentDrain = runTranscript(t, agentDrain, t0, []step{{0, Progress{CallsInFlight: 1}, ActMark, PhaseDraining}})
+	op := Inherit(newTermBy(t, "t_op", "operator:alice", ModeDrain, time.Minute), agentDrain)
+	if !op.KeptDrainDeadline.IsZero() {
+		t.Fatalf("an operator's drain kept an agent's deadline %s", op.KeptDrainDeadline)
+	}
+	same := newTermBy(t, "t_same", "agent:n_parent", ModeDrain, time.Minute)
+	same.RequesterLineage = agentDrain.RequesterLineage
+	if got := Inherit(same, agentDrain).KeptDrainDeadline; !got.Equal(t0) {
+		t.Fatalf("the agent's own repeat kept %s, want its first deadline %s", got, t0)
+	}
+	ancestor := newTermBy(t, "t_anc", "agent:n_top", ModeDrain, time.Minute)
+	ancestor.RequesterLineage = []string{"n_top"}
+	if got := Inherit(ancestor, agentDrain).KeptDrainDeadline; !got.IsZero() {
+		t.Fatalf("an ancestor agent's drain kept its descendant's deadline %s", got)
+	}
+}
