@@ -63,6 +63,14 @@ func TestOnlyTheSameAuthorityBindsATakeOverToItsDeadlines(t *testing.T) {
 	if got := Inherit(same, agentDrain).KeptDrainDeadline; !got.Equal(t0) {
 		t.Fatalf("the agent's own repeat kept %s, want its first deadline %s", got, t0)
 	}
+	// An agent's own stop proposal, approved by an operator, runs with the
+	// agent's window: an operator's later drain of the agent's parent,
+	// taking the agent over, keeps its own.
+	proposed := runTranscript(t, newTermBy(t, "t_prop", "operator:alice", ModeAbort, 0), t0, []step{{0, Progress{CallsInFlight: 1}, ActMark, PhaseAborting}})
+	proposed.ProposalID = "p_1"
+	if got := Inherit(newTermBy(t, "t_op2", "operator:alice", ModeAbort, 0), proposed).KeptCancelDeadline; !got.IsZero() {
+		t.Fatalf("an operator's abort kept the deadline %s of an agent's approved proposal", got)
+	}
 	ancestor := newTermBy(t, "t_anc", "agent:n_top", ModeDrain, time.Minute)
 	ancestor.RequesterLineage = []string{"n_top"}
 	if got := Inherit(ancestor, agentDrain).KeptDrainDeadline; !got.IsZero() {

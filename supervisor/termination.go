@@ -314,9 +314,11 @@ func Supersedes(t, other Termination) bool {
 // win a fresh window from each repeat. A higher authority's stop (an
 // operator's over an agent's) keeps its own windows: an agent cannot
 // shorten an operator's drain of the rest of the tree by draining a child
-// of its own with no window first.
+// of its own with no window first. Nor does an approved stop proposal
+// bind anyone: its windows are the proposing agent's choice, whoever
+// approved it.
 func Inherit(t, owner Termination) Termination {
-	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() {
+	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.ProposalID != "" {
 		return t
 	}
 	t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline, owner.KeptDrainDeadline)
