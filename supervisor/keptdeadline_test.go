@@ -67,9 +67,16 @@ func TestOnlyTheSameAuthorityBindsATakeOverToItsDeadlines(t *testing.T) {
 	// agent's window: an operator's later drain of the agent's parent,
 	// taking the agent over, keeps its own.
 	proposed := runTranscript(t, newTermBy(t, "t_prop", "operator:alice", ModeAbort, 0), t0, []step{{0, Progress{CallsInFlight: 1}, ActMark, PhaseAborting}})
-	proposed.ProposalID = "p_1"
+	proposed.ProposalID, proposed.AgentWindows = "p_1", true
 	if got := Inherit(newTermBy(t, "t_op2", "operator:alice", ModeAbort, 0), proposed).KeptCancelDeadline; !got.IsZero() {
 		t.Fatalf("an operator's abort kept the deadline %s of an agent's approved proposal", got)
+	}
+	// A stop rule's windows are its setter's: an operator's rule binds the
+	// operator's later stop like the operator's own.
+	ruled := proposed
+	ruled.AgentWindows = false
+	if got := Inherit(newTermBy(t, "t_op3", "operator:alice", ModeAbort, 0), ruled).KeptCancelDeadline; got.IsZero() {
+		t.Fatal("an operator's abort did not keep the deadline of the abort an operator's stop rule started")
 	}
 	ancestor := newTermBy(t, "t_anc", "agent:n_top", ModeDrain, time.Minute)
 	ancestor.RequesterLineage = []string{"n_top"}

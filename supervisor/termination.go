@@ -135,6 +135,10 @@ type Termination struct {
 	// ProposalID is the stop proposal whose approval started the
 	// termination; the record names the stop rule that filed it, if any.
 	ProposalID string `json:"proposal_id,omitempty"`
+	// AgentWindows: the windows are an agent's own choice (the stop it
+	// proposed for itself, approved), not its approver's; they bind no
+	// later stop that takes the node over (Inherit).
+	AgentWindows bool `json:"agent_windows,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.
@@ -314,11 +318,11 @@ func Supersedes(t, other Termination) bool {
 // win a fresh window from each repeat. A higher authority's stop (an
 // operator's over an agent's) keeps its own windows: an agent cannot
 // shorten an operator's drain of the rest of the tree by draining a child
-// of its own with no window first. Nor does an approved stop proposal
-// bind anyone: its windows are the proposing agent's choice, whoever
-// approved it.
+// of its own with no window first. Nor does an agent's own approved stop
+// proposal bind anyone: its windows are the proposing agent's choice,
+// whoever approved it (a stop rule's are its setter's, and bind).
 func Inherit(t, owner Termination) Termination {
-	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.ProposalID != "" {
+	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows {
 		return t
 	}
 	t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline, owner.KeptDrainDeadline)
