@@ -88,10 +88,10 @@ func terminateAgain(t *testing.T, w *seedWorld, node string, mode tetherv1.Termi
 		DrainWindow: durationpb.New(window), CancelAckTimeout: durationpb.New(ack), ConfirmTimeout: durationpb.New(time.Hour),
 	}))
 	if err == nil {
-		waitState(t, w.srv, resp.Msg.Termination.TerminationId, map[tetherv1.TerminationMode]tetherv1.TerminationState{
-			tetherv1.TerminationMode_TERMINATION_MODE_DRAIN: tetherv1.TerminationState_TERMINATION_STATE_DRAINING,
-			tetherv1.TerminationMode_TERMINATION_MODE_ABORT: tetherv1.TerminationState_TERMINATION_STATE_ABORTING,
-		}[mode])
+		id := resp.Msg.Termination.TerminationId
+		testserver.WaitFor(t, 20*time.Second, "the repeat "+id+" to mark its subtree", func() bool {
+			return getTermination(t, w.admin, id).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
+		})
 	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("the repeated stop request: %v; want it taken, or refused failed_precondition", err)
 	}
@@ -205,4 +205,35 @@ func TestSeed5AnOverlappingDrainOfAChildDoesNotLoosenTheWindow(t *testing.T) {
 		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
 	})
 	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+}
+
+// Seed 003 (reconciling): reconciling writes the record, and waits for
+// the exit confirmations only up to the confirm timeout. An operator
+// drains P and C (no calls: the drain ends at once, the grants are
+// revoked, and the record waits up to an hour for confirmations nobody
+// sends — the rogue pair never confirms). Half an hour on, the operator's
+// client repeats the drain. The repeat used to take both nodes over and
+// start the hour again: the record, and the rogue's listing unaccounted,
+// came half an hour late (and would never come, retried often enough).
+// The record is written at the first drain's confirm deadline.
+func TestSeed5ARepeatedStopDoesNotPostponeTheRecord(t *testing.T) {
+	w := newSeedWorld(t)
+	first := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(30 * time.Minute)
+	term := terminateAgain(t, w, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second)
+	if term != first.TerminationId {
+		waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	}
+	w.clk.Advance(30 * time.Minute)
+	got := waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term)
+	if at := rec.WrittenAt.AsTime(); at.After(epoch.Add(time.Hour)) {
+		t.Errorf("the record of %s was written at %s, after the first drain's confirm deadline %s", got.TerminationId, at, epoch.Add(time.Hour))
+	}
+	for _, n := range rec.Nodes {
+		if n.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+			t.Errorf("node %s recorded %s, want unaccounted", n.NodeId, n.Outcome)
+		}
+	}
 }

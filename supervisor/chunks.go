@@ -932,8 +932,8 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		cur = Cursor{Step: ActRevoke}
 	}
 	deadline := t.HookDeadline
-	if deadline.IsZero() && t.HookTimeout > 0 {
-		deadline = now.Add(t.HookTimeout)
+	if deadline.IsZero() {
+		deadline = t.HookDeadlineFrom(now)
 	}
 	// A revocation that began with the held index lists what each chunk's
 	// members hold there (one begun before it goes on without).

@@ -84,3 +84,22 @@ func TestOnlyTheSameAuthorityBindsATakeOverToItsDeadlines(t *testing.T) {
 		t.Fatalf("an ancestor agent's drain kept its descendant's deadline %s", got)
 	}
 }
+
+// TestARepeatedStopDoesNotPostponeTheRecord: a drain reconciling, its
+// record waiting up to 10 s for confirmations, is taken over at 5 s by the
+// same request again; the record is due at the first one's deadline.
+func TestARepeatedStopDoesNotPostponeTheRecord(t *testing.T) {
+	first := runTranscript(t, newTermBy(t, "t_first", "operator:alice", ModeDrain, time.Second), t0, []step{
+		{0, Progress{Unconfirmed: 1}, ActMark, PhaseDraining},
+		{0, Progress{Unconfirmed: 1}, ActEndDrain, PhaseReconciling},
+		{0, Progress{Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+	})
+	again := Inherit(newTermBy(t, "t_again", "operator:alice", ModeDrain, time.Second), first)
+	runTranscript(t, again, t0, []step{
+		{5 * time.Second, Progress{Unconfirmed: 1}, ActMark, PhaseDraining},
+		{5 * time.Second, Progress{Unconfirmed: 1}, ActEndDrain, PhaseReconciling},
+		{5 * time.Second, Progress{Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+		{10*time.Second - time.Nanosecond, Progress{Unconfirmed: 1}, ActWait, PhaseReconciling},
+		{10 * time.Second, Progress{Unconfirmed: 1}, ActWriteRecord, PhaseTerminated},
+	})
+}

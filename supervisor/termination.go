@@ -154,6 +154,10 @@ type Termination struct {
 	// left. The mark's deadlines are no later than these (zero: none).
 	KeptDrainDeadline  time.Time `json:"kept_drain_deadline,omitzero"`
 	KeptCancelDeadline time.Time `json:"kept_cancel_deadline,omitzero"`
+	// KeptConfirmDeadline and KeptHookDeadline, likewise: a repeat taking
+	// over a termination that is reconciling does not postpone its record.
+	KeptConfirmDeadline time.Time `json:"kept_confirm_deadline,omitzero"`
+	KeptHookDeadline    time.Time `json:"kept_hook_deadline,omitzero"`
 	// Steps done, so a restarted reconciler never repeats them.
 	CancelsSent bool   `json:"cancels_sent"`
 	Revoked     bool   `json:"revoked"`
@@ -327,7 +331,19 @@ func Inherit(t, owner Termination) Termination {
 	}
 	t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline, owner.KeptDrainDeadline)
 	t.KeptCancelDeadline = earliest(t.KeptCancelDeadline, owner.CancelDeadline, owner.KeptCancelDeadline)
+	t.KeptConfirmDeadline = earliest(t.KeptConfirmDeadline, owner.ConfirmDeadline, owner.KeptConfirmDeadline)
+	t.KeptHookDeadline = earliest(t.KeptHookDeadline, owner.HookDeadline, owner.KeptHookDeadline)
 	return t
+}
+
+// HookDeadlineFrom is the hook deadline of a revocation starting at now:
+// its hook timeout on, or the one kept from a stop it took over, if
+// earlier (zero: no wait).
+func (t Termination) HookDeadlineFrom(now time.Time) time.Time {
+	if t.HookTimeout <= 0 {
+		return time.Time{}
+	}
+	return earliest(now.Add(t.HookTimeout), t.KeptHookDeadline)
 }
 
 // earliest is the earliest of the non-zero times (zero: none).
@@ -567,10 +583,10 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 			break
 		}
 		t.Revoked = true
-		t.ConfirmDeadline = now.Add(t.ConfirmTimeout)
-		if t.HookTimeout > 0 && t.HookDeadline.IsZero() {
+		t.ConfirmDeadline = earliest(now.Add(t.ConfirmTimeout), t.KeptConfirmDeadline)
+		if t.HookDeadline.IsZero() {
 			// (A chunked revocation sets it when it starts its first chunk.)
-			t.HookDeadline = now.Add(t.HookTimeout)
+			t.HookDeadline = t.HookDeadlineFrom(now)
 		}
 	case action == ActWriteRecord && (t.Phase == PhaseReconciling && t.Revoked || t.Superseded()):
 		t = enter(t, PhaseTerminated, now)
