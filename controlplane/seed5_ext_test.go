@@ -237,3 +237,94 @@ func TestSeed5ARepeatedStopDoesNotPostponeTheRecord(t *testing.T) {
 		}
 	}
 }
+
+// proposeAndApprove: the agent proposes its own drain with window, an
+// operator approves it; it returns the approval's termination, or the
+// approval's error.
+func proposeAndApprove(t *testing.T, w *seedWorld, agent *testserver.Clients, window time.Duration) (string, func() (*tetherv1.Termination, error)) {
+	t.Helper()
+	ctx := context.Background()
+	p, err := agent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{
+		Condition: "now", Reason: "done", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(window),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := p.Msg.Proposal.ProposalId
+	return id, func() (*tetherv1.Termination, error) {
+		resp, err := w.admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: id, Approve: true, Reason: "ok"}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.Termination, nil
+	}
+}
+
+// Seed 003 (the agent proposes, the control plane decides; deadlines): a
+// rogue P files two proposals of its own stop while its child's call is
+// in flight — a drain with a 10 s window, and a decoy with 24 h. The
+// operator approves the first, then (working down the queue) the decoy at
+// 5 s. The decoy's termination used to take P and C over with its own
+// 24 h window: the rogue's call, due to be cancelled at 10 s, ran on for a
+// day. The agent's windows bind its own later proposals: at 10 s the
+// drain escalates.
+func TestSeed5ADecoyProposalDoesNotLoosenTheAgentsOwnStop(t *testing.T) {
+	w := newSeedWorld(t)
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, approveShort := proposeAndApprove(t, w, w.pAgent, 10*time.Second)
+	_, approveDecoy := proposeAndApprove(t, w, w.pAgent, 24*time.Hour)
+	first, err := approveShort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(5 * time.Second)
+	if decoy, err := approveDecoy(); err == nil {
+		testserver.WaitFor(t, 20*time.Second, "the decoy's termination to mark", func() bool {
+			return getTermination(t, w.admin, decoy.TerminationId).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
+		})
+	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("approving the decoy: %v", err)
+	}
+	term := nodeTermination(t, w.admin, w.c.Node.NodeId)
+	w.clk.Advance(5 * time.Second)
+	testserver.WaitFor(t, 20*time.Second, "the drain's escalation at the first stop's deadline", func() bool {
+		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
+	})
+	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+}
+
+// Seed 003 (the agent proposes, the control plane decides; deadlines): a
+// rogue P files a proposal of its own drain with a 24 h window, then an
+// operator drains P with 10 s while C's call is in flight. At 5 s the
+// operator, working down the queue, approves the proposal filed before
+// the drain. Its termination used to take P and C over with the rogue's
+// 24 h window. An operator's approval of the agent's proposal does not
+// loosen the operator's own drain: at 10 s the drain escalates.
+func TestSeed5AProposalApprovedDuringADrainDoesNotLoosenIt(t *testing.T) {
+	w := newSeedWorld(t)
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, approveLong := proposeAndApprove(t, w, w.pAgent, 24*time.Hour)
+	first := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(5 * time.Second)
+	if long, err := approveLong(); err == nil {
+		testserver.WaitFor(t, 20*time.Second, "the approved proposal's termination to mark", func() bool {
+			return getTermination(t, w.admin, long.TerminationId).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
+		})
+	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("approving the proposal: %v", err)
+	}
+	term := nodeTermination(t, w.admin, w.c.Node.NodeId)
+	w.clk.Advance(5 * time.Second)
+	testserver.WaitFor(t, 20*time.Second, "the drain's escalation at the operator's deadline", func() bool {
+		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
+	})
+	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+}

@@ -71,6 +71,20 @@ func TestOnlyTheSameAuthorityBindsATakeOverToItsDeadlines(t *testing.T) {
 	if got := Inherit(newTermBy(t, "t_op2", "operator:alice", ModeAbort, 0), proposed).KeptCancelDeadline; !got.IsZero() {
 		t.Fatalf("an operator's abort kept the deadline %s of an agent's approved proposal", got)
 	}
+	// The agent's own later proposal (a decoy with a longer window),
+	// approved after the first, keeps the first one's deadline.
+	decoy := newTermBy(t, "t_decoy", "operator:alice", ModeAbort, 0)
+	decoy.ProposalID, decoy.AgentWindows = "p_2", true
+	if got := Inherit(decoy, proposed).KeptCancelDeadline; got.IsZero() {
+		t.Fatal("the agent's second approved proposal did not keep the first one's deadline")
+	}
+	// Another agent's proposal (its parent's, covering the proposer) is
+	// not bound by the child's choice.
+	parents := decoy
+	parents.NodeID = "n_parent"
+	if got := Inherit(parents, proposed).KeptCancelDeadline; !got.IsZero() {
+		t.Fatalf("the parent's approved proposal kept its child's proposed deadline %s", got)
+	}
 	// A stop rule's windows are its setter's: an operator's rule binds the
 	// operator's later stop like the operator's own.
 	ruled := proposed

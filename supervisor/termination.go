@@ -324,9 +324,11 @@ func Supersedes(t, other Termination) bool {
 // shorten an operator's drain of the rest of the tree by draining a child
 // of its own with no window first. Nor does an agent's own approved stop
 // proposal bind anyone: its windows are the proposing agent's choice,
-// whoever approved it (a stop rule's are its setter's, and bind).
+// whoever approved it (a stop rule's are its setter's, and bind) — except
+// the same agent's own later proposals: a decoy proposal with a day's window,
+// approved after the first, does not loosen the agent's own bound.
 func Inherit(t, owner Termination) Termination {
-	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows {
+	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows && !(t.AgentWindows && t.NodeID == owner.NodeID) {
 		return t
 	}
 	t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline, owner.KeptDrainDeadline)
