@@ -65,9 +65,14 @@ import (
 // What the agent being stopped can and cannot influence: it cannot start,
 // loosen or delay its own stop, arm itself or its children, or make its
 // own word count as evidence (seed_term, seed3). This pass adds: a second
-// stop request — an operator's client retrying, or an operator stopping a
-// child of a node already being stopped — is not a way for a rogue's long
-// call (or its gate's late acknowledgement) to win more time.
+// stop request — an operator's client retrying, an operator stopping a
+// child of a node already being stopped, or an operator approving, during
+// the stop, a proposal the rogue filed with a day's window — is not a way
+// for a rogue's long call (or its gate's late acknowledgement) to win more
+// time, nor for the record to come later. Reading chosen (docs/design.md
+// §8): a repeat is not deduplicated — it is a new termination that takes
+// the nodes over, and both write records — but it keeps the deadlines the
+// same authority already set.
 
 // nodeTermination is the termination that accounts for node now.
 func nodeTermination(t *testing.T, c *testserver.Clients, node string) string {
