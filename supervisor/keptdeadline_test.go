@@ -117,3 +117,23 @@ func TestARepeatedStopDoesNotPostponeTheRecord(t *testing.T) {
 		{10 * time.Second, Progress{Unconfirmed: 1}, ActWriteRecord, PhaseTerminated},
 	})
 }
+
+// TestABoundIsKeptOnlyWhileItsOwnerWaitsOnIt: a drain that ended (its
+// node had no call left) and is reconciling binds a later drain's
+// confirmation wait, not its drain window: the later drain, an hour on,
+// does not escalate at once on the first one's long-past drain deadline.
+func TestABoundIsKeptOnlyWhileItsOwnerWaitsOnIt(t *testing.T) {
+	first := runTranscript(t, newTermBy(t, "t_first", "operator:alice", ModeDrain, time.Second), t0, []step{
+		{0, Progress{Unconfirmed: 1}, ActMark, PhaseDraining},
+		{0, Progress{Unconfirmed: 1}, ActEndDrain, PhaseReconciling},
+		{0, Progress{Unconfirmed: 1}, ActRevoke, PhaseReconciling},
+	})
+	outer := Inherit(newTermBy(t, "t_outer", "operator:alice", ModeDrain, time.Minute), first)
+	if !outer.KeptDrainDeadline.IsZero() || !outer.KeptConfirmDeadline.Equal(first.ConfirmDeadline) {
+		t.Fatalf("kept drain deadline %s and confirm deadline %s; want none, and %s", outer.KeptDrainDeadline, outer.KeptConfirmDeadline, first.ConfirmDeadline)
+	}
+	runTranscript(t, outer, t0, []step{
+		{time.Hour, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActMark, PhaseDraining},
+		{time.Hour + time.Second, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActWait, PhaseDraining},
+	})
+}

@@ -331,10 +331,18 @@ func Inherit(t, owner Termination) Termination {
 	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows && !(t.AgentWindows && t.NodeID == owner.NodeID) {
 		return t
 	}
-	t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline, owner.KeptDrainDeadline)
-	t.KeptCancelDeadline = earliest(t.KeptCancelDeadline, owner.CancelDeadline, owner.KeptCancelDeadline)
-	t.KeptConfirmDeadline = earliest(t.KeptConfirmDeadline, owner.ConfirmDeadline, owner.KeptConfirmDeadline)
-	t.KeptHookDeadline = earliest(t.KeptHookDeadline, owner.HookDeadline, owner.KeptHookDeadline)
+	// Only the bound owner is waiting on binds: a drain deadline once the
+	// drain is over (no call of owner's is left in flight) would turn t's
+	// drain of nodes that never had a bound into an abort.
+	switch owner.Phase {
+	case PhaseDraining:
+		t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline)
+	case PhaseAborting:
+		t.KeptCancelDeadline = earliest(t.KeptCancelDeadline, owner.CancelDeadline)
+	case PhaseReconciling:
+		t.KeptConfirmDeadline = earliest(t.KeptConfirmDeadline, owner.ConfirmDeadline)
+		t.KeptHookDeadline = earliest(t.KeptHookDeadline, owner.HookDeadline)
+	}
 	return t
 }
 
