@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -332,4 +333,51 @@ func TestSeed5AProposalApprovedDuringADrainDoesNotLoosenIt(t *testing.T) {
 		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
 	})
 	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+}
+
+// Seed 003 (restart): the termination is a persisted desired state. The
+// operator's drain of P (10 s) is repeated at 9 s, and the server stops
+// right after the repeat took the nodes over; the first drain's deadline
+// passes while it is down. Restarted on the same data directory, the
+// repeat's drain escalates at once: the deadline it kept from the first
+// is stored with it, not recomputed from its own window on the restart.
+func TestSeed5ARepeatedStopsKeptDeadlineSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	clk := clock.NewManual(epoch)
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	p := register(t, admin, "parent")
+	pAgent := srv.Clients(p.Credential)
+	c := spawn(t, pAgent, p.Node.NodeId, "child")
+	gP := issueRoot(t, admin, p.Node.NodeId, time.Hour, "tool:*")
+	gC := delegate(t, pAgent, gP, c.Node.NodeId, "tool:shell")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: gC.token, Tool: "shell", GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := terminate(t, admin, p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	clk.Advance(9 * time.Second)
+	again := terminate(t, admin, p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, srv, again.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	srv.Stop()
+
+	clk.Advance(time.Second) // the first drain's deadline passes while the server is down
+	srv = testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin = srv.AdminClients()
+	got := waitState(t, srv, again.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	if !got.Escalated {
+		t.Fatalf("the repeat is aborting without having escalated: %v", got)
+	}
+	clk.Advance(time.Minute)
+	waitState(t, srv, again.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	clk.Advance(2 * time.Hour)
+	waitState(t, srv, again.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	for _, call := range record(t, admin, again.TerminationId).ToolCalls {
+		if call.CallId == begun.Msg.Call.CallId && !call.CancelRequestedAt.AsTime().Equal(epoch.Add(10*time.Second)) {
+			t.Errorf("the call's cancel was ordered at %s, want the first drain's deadline %s", call.CancelRequestedAt.AsTime(), epoch.Add(10*time.Second))
+		}
+	}
 }
