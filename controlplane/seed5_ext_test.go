@@ -2,12 +2,15 @@ package controlplane_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
@@ -378,6 +381,61 @@ func TestSeed5ARepeatedStopsKeptDeadlineSurvivesARestart(t *testing.T) {
 	for _, call := range record(t, admin, again.TerminationId).ToolCalls {
 		if call.CallId == begun.Msg.Call.CallId && !call.CancelRequestedAt.AsTime().Equal(epoch.Add(10*time.Second)) {
 			t.Errorf("the call's cancel was ordered at %s, want the first drain's deadline %s", call.CancelRequestedAt.AsTime(), epoch.Add(10*time.Second))
+		}
+	}
+}
+
+// Seed 003 (the record): every privilege revoked, in the record that
+// accounts for its node. P holds a file lock whose revoke hook answers,
+// and two grants. An operator drains P and C; the drain revokes them and
+// waits for confirmations; the operator's client repeats the drain, which
+// takes both nodes over. The hook is called once, and the repeat's record
+// (the one that accounts for P and C) lists the lock revoked and both
+// grants revoked, each once; the first's lists the nodes superseded.
+func TestSeed5ARepeatedStopsRecordKeepsWhatTheFirstRevoked(t *testing.T) {
+	hooked := make(chan string, 8)
+	hook := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		hooked <- r.URL.Path
+		rw.WriteHeader(http.StatusNoContent)
+	}))
+	defer hook.Close()
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	_, err := w.admin.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
+		NodeId: w.p.Node.NodeId, Kind: "file_lock", ExternalId: "/locks/p", ExpiresAt: timestamppb.New(w.clk.Now().Add(24 * time.Hour)), RevokeUrl: hook.URL + "/revoke",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	<-hooked
+	w.clk.Advance(time.Minute)
+	term := terminateAgain(t, w, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second)
+	w.clk.Advance(2 * time.Hour)
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	select {
+	case again := <-hooked:
+		t.Errorf("the revoke hook was called a second time (%s)", again)
+	default:
+	}
+	rec := record(t, w.admin, term)
+	seen := map[string]tetherv1.PrivilegeOutcome{}
+	for _, p := range rec.Privileges {
+		if _, dup := seen[p.ExternalId]; dup {
+			t.Errorf("privilege %s listed twice", p.ExternalId)
+		}
+		seen[p.ExternalId] = p.Outcome
+	}
+	for _, id := range []string{"/locks/p", w.gP.grant.GrantId, w.gC.grant.GrantId} {
+		if seen[id] != tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED {
+			t.Errorf("the repeat's record lists %s as %s, want revoked (record privileges: %v)", id, seen[id], rec.Privileges)
+		}
+	}
+	for _, n := range record(t, w.admin, first.TerminationId).Nodes {
+		if n.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_SUPERSEDED || n.SupersededByTerminationId != term {
+			t.Errorf("the first record lists %s as %s (superseded by %q), want superseded by %s", n.NodeId, n.Outcome, n.SupersededByTerminationId, term)
 		}
 	}
 }
