@@ -183,6 +183,9 @@ func TestSeed5ARepeatedAbortGivesALateGateNoMoreTime(t *testing.T) {
 	if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "cancel_unacknowledged") {
 		t.Errorf("the gate's acknowledgement at the first abort's deadline: %v; want failed_precondition saying the call is recorded cancel_unacknowledged", err)
 	}
+	// The revocation (from which the confirm timeout runs) before the clock
+	// moves past that timeout.
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	w.clk.Advance(2 * time.Hour)
 	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	for _, c := range record(t, w.admin, term).ToolCalls {
