@@ -764,6 +764,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 		}
 	case ReachTakeOver:
 		e.Other, e.State = owner.ID, tree.StateName(n.State)
+		*t = Inherit(*t, owner)
 		t.Counts.TakenOver++
 		if !slices.Contains(t.TookOverFrom, owner.ID) {
 			t.TookOverFrom = append(t.TookOverFrom, owner.ID)
@@ -931,8 +932,8 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		cur = Cursor{Step: ActRevoke}
 	}
 	deadline := t.HookDeadline
-	if deadline.IsZero() && t.HookTimeout > 0 {
-		deadline = now.Add(t.HookTimeout)
+	if deadline.IsZero() {
+		deadline = t.HookDeadlineFrom(now)
 	}
 	// A revocation that began with the held index lists what each chunk's
 	// members hold there (one begun before it goes on without).

@@ -357,6 +357,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 		return Termination{}, err
 	}
 	term.ProposalID = p.ProposalID
+	term.AgentWindows = p.Rule == nil
 	term.HookTimeout = s.hookTimeout()
 	if strings.HasPrefix(decidedBy, PolicyDecider) {
 		// No one outside the workload weighed this stop but whoever set

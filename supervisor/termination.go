@@ -135,6 +135,10 @@ type Termination struct {
 	// ProposalID is the stop proposal whose approval started the
 	// termination; the record names the stop rule that filed it, if any.
 	ProposalID string `json:"proposal_id,omitempty"`
+	// AgentWindows: the windows are an agent's own choice (the stop it
+	// proposed for itself, approved), not its approver's; they bind no
+	// later stop that takes the node over (Inherit).
+	AgentWindows bool `json:"agent_windows,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.
@@ -143,6 +147,17 @@ type Termination struct {
 	DrainDeadline   time.Time `json:"drain_deadline,omitzero"`
 	CancelDeadline  time.Time `json:"cancel_deadline,omitzero"`
 	ConfirmDeadline time.Time `json:"confirm_deadline,omitzero"`
+	// KeptDrainDeadline and KeptCancelDeadline are the earliest deadlines
+	// of the terminations this one took nodes over from, when those were
+	// requested by the same authority (Inherit): a repeated or overlapping
+	// stop never gives a call more time than the stop already on it had
+	// left. The mark's deadlines are no later than these (zero: none).
+	KeptDrainDeadline  time.Time `json:"kept_drain_deadline,omitzero"`
+	KeptCancelDeadline time.Time `json:"kept_cancel_deadline,omitzero"`
+	// KeptConfirmDeadline and KeptHookDeadline, likewise: a repeat taking
+	// over a termination that is reconciling does not postpone its record.
+	KeptConfirmDeadline time.Time `json:"kept_confirm_deadline,omitzero"`
+	KeptHookDeadline    time.Time `json:"kept_hook_deadline,omitzero"`
 	// Steps done, so a restarted reconciler never repeats them.
 	CancelsSent bool   `json:"cancels_sent"`
 	Revoked     bool   `json:"revoked"`
@@ -295,6 +310,61 @@ func Supersedes(t, other Termination) bool {
 		return false
 	}
 	return t.Mode == ModeAbort || !other.Aborts()
+}
+
+// Inherit is what t keeps of owner's deadlines when it takes nodes over
+// from it. The same authority (two operators' stops, two batches of
+// rollouts, or one agent's own two stops) never loosens the bound it set:
+// a repeated stop request (a client's retry) or a stop of a subtree inside
+// one being stopped takes the nodes over, but its drain and
+// acknowledgement deadlines are no later than the ones owner already set —
+// else a rogue's call in flight, or its gate's late acknowledgement, would
+// win a fresh window from each repeat. A higher authority's stop (an
+// operator's over an agent's) keeps its own windows: an agent cannot
+// shorten an operator's drain of the rest of the tree by draining a child
+// of its own with no window first. Nor does an agent's own approved stop
+// proposal bind anyone: its windows are the proposing agent's choice,
+// whoever approved it (a stop rule's are its setter's, and bind) — except
+// the same agent's own later proposals: a decoy proposal with a day's window,
+// approved after the first, does not loosen the agent's own bound.
+func Inherit(t, owner Termination) Termination {
+	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows && !(t.AgentWindows && t.NodeID == owner.NodeID) {
+		return t
+	}
+	// Only the bound owner is waiting on binds: a drain deadline once the
+	// drain is over (no call of owner's is left in flight) would turn t's
+	// drain of nodes that never had a bound into an abort.
+	switch owner.Phase {
+	case PhaseDraining:
+		t.KeptDrainDeadline = earliest(t.KeptDrainDeadline, owner.DrainDeadline)
+	case PhaseAborting:
+		t.KeptCancelDeadline = earliest(t.KeptCancelDeadline, owner.CancelDeadline)
+	case PhaseReconciling:
+		t.KeptConfirmDeadline = earliest(t.KeptConfirmDeadline, owner.ConfirmDeadline)
+		t.KeptHookDeadline = earliest(t.KeptHookDeadline, owner.HookDeadline)
+	}
+	return t
+}
+
+// HookDeadlineFrom is the hook deadline of a revocation starting at now:
+// its hook timeout on, or the one kept from a stop it took over, if
+// earlier (zero: no wait).
+func (t Termination) HookDeadlineFrom(now time.Time) time.Time {
+	if t.HookTimeout <= 0 {
+		return time.Time{}
+	}
+	return earliest(now.Add(t.HookTimeout), t.KeptHookDeadline)
+}
+
+// earliest is the earliest of the non-zero times (zero: none).
+func earliest(ts ...time.Time) time.Time {
+	var out time.Time
+	for _, x := range ts {
+		if !x.IsZero() && (out.IsZero() || x.Before(out)) {
+			out = x
+		}
+	}
+	return out
 }
 
 // Reach is what a termination marking its subtree does with one node.
@@ -500,10 +570,10 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 	case action == ActMark && t.Phase == PhaseRequested:
 		if t.Mode == ModeAbort {
 			t = enter(t, PhaseAborting, now)
-			t.CancelDeadline = now.Add(t.CancelAckTimeout)
+			t.CancelDeadline = earliest(now.Add(t.CancelAckTimeout), t.KeptCancelDeadline)
 		} else {
 			t = enter(t, PhaseDraining, now)
-			t.DrainDeadline = now.Add(t.DrainWindow)
+			t.DrainDeadline = earliest(now.Add(t.DrainWindow), t.KeptDrainDeadline)
 		}
 	case action == ActEndDrain && t.Phase == PhaseDraining:
 		t = enter(t, PhaseReconciling, now)
@@ -511,7 +581,7 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 		// The shell sent the cancel orders with the escalation.
 		t.Escalated = true
 		t = enter(t, PhaseAborting, now)
-		t.CancelDeadline = now.Add(t.CancelAckTimeout)
+		t.CancelDeadline = earliest(now.Add(t.CancelAckTimeout), t.KeptCancelDeadline)
 		t.CancelsSent = true
 	case action == ActCancelCalls && t.Phase == PhaseAborting:
 		t.CancelsSent = true
@@ -523,10 +593,10 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 			break
 		}
 		t.Revoked = true
-		t.ConfirmDeadline = now.Add(t.ConfirmTimeout)
-		if t.HookTimeout > 0 && t.HookDeadline.IsZero() {
+		t.ConfirmDeadline = earliest(now.Add(t.ConfirmTimeout), t.KeptConfirmDeadline)
+		if t.HookDeadline.IsZero() {
 			// (A chunked revocation sets it when it starts its first chunk.)
-			t.HookDeadline = now.Add(t.HookTimeout)
+			t.HookDeadline = t.HookDeadlineFrom(now)
 		}
 	case action == ActWriteRecord && (t.Phase == PhaseReconciling && t.Revoked || t.Superseded()):
 		t = enter(t, PhaseTerminated, now)
