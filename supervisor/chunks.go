@@ -474,6 +474,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			// The roots, in one chunk (at most MaxTerminationRoots).
 			t.Cursor = Cursor{Step: ActMark}
 			t.MembersIntact = true
+			t.CancelsOrderedAtMark = t.Mode == ModeAbort
 			roots := t.RootIDs()
 			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
 				return err
@@ -820,6 +821,9 @@ func (c *markChunk) discover(n *tree.Node) error {
 			}
 			t.Progress.CancelsPending++ // shown at once, before the next observation
 		}
+		if call.State == ledger.CallStateInFlight {
+			t.CancelsOrderedAtMark = false // the cancel step orders it
+		}
 	}
 	return nil
 }
@@ -896,6 +900,10 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 			}
 			cur.Entry += max(1, len(entries))
 			return kv.PutJSON(tx, terminationKey(t.ID), stored)
+		}
+		if action == ActCancelCalls && stored.CancelsOrderedAtMark {
+			// The mark ordered every cancel there is to order.
+			return putAdvanced(tx, stored, action, p, now)
 		}
 		// The calls the termination accounts for (stamped by the mark, or
 		// taken over with their nodes): no call can begin after the mark.

@@ -25,13 +25,20 @@ func (s *Supervisor) loop() *reconcile.Loop {
 			Name: "terminations", Store: s.Store, Clock: s.Clock, Log: s.Log,
 			Watch: [][]byte{[]byte(ledger.Prefix), []byte(tree.NodePrefix), []byte(prefixTermination)},
 			Scan: func(ctx context.Context) ([]string, error) {
+				// The watches are established: from here on they carry
+				// every change of a call (what was kept before may have
+				// missed some).
+				s.calls.reset()
 				ids, err := s.unfinished(ctx)
 				if err == nil {
 					k.reset(ids)
 				}
 				return ids, err
 			},
-			Changed:   k.changed,
+			Changed: func(batch []store.Event, kick func(string)) {
+				s.calls.apply(batch)
+				k.changed(batch, kick, s.calls.drop)
+			},
 			Reconcile: s.Reconcile,
 		})
 	})
@@ -66,7 +73,7 @@ func (k *terminationKicks) reset(ids []string) {
 
 // changed kicks every unfinished termination: a change anywhere in the
 // ledger or the tree may move any of them (the queue coalesces).
-func (k *terminationKicks) changed(batch []store.Event, kick func(string)) {
+func (k *terminationKicks) changed(batch []store.Event, kick func(string), finished func(string)) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, ev := range batch {
@@ -77,6 +84,7 @@ func (k *terminationKicks) changed(batch []store.Event, kick func(string)) {
 			if json.Unmarshal(ev.Value, &t) == nil {
 				if t.Phase == PhaseTerminated {
 					delete(k.active, t.ID)
+					finished(t.ID)
 				} else {
 					k.active[t.ID] = true
 				}
@@ -189,7 +197,7 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	if t.MemberCount() == 0 && t.Phase != PhaseRequested {
 		return Progress{}, nil
 	}
-	if t.Phase == PhaseRequested || t.Cursor.Step != ActWait {
+	if t.Phase == PhaseRequested || t.Phase == PhaseTerminated || t.Cursor.Step != ActWait {
 		// Nothing observed decides a step in progress (Next), and a pass
 		// per chunk must not read the whole subtree.
 		return t.Progress, nil
@@ -200,31 +208,53 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	countConfirmations := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.ConfirmDeadline)
 	countHooks := t.Phase == PhaseReconciling && t.Revoked && now.Before(t.HookDeadline)
 	var ended []string
+	// The open calls as kept since an earlier pass of this wait (the
+	// watch moves them forward), else read here and kept (callcache.go).
+	kept, cached := s.calls.get(t.ID)
+	keeping := !cached && s.calls.reading()
+	var open map[string]ledger.CallState
+	var rev uint64
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		ended = ended[:0]
-		ids, err := kv.AppendIDs(tx, nil, ledger.TermCallPrefix(t.ID))
-		if err != nil {
-			return err
-		}
-		// A call ended stays ended: those seen ended on an earlier
-		// pass count for nothing and are not read again (a pass per
-		// batch of acknowledgements would re-read them all).
-		ids = s.ended.open(ids)
-		if err := store.Prefetch(tx, store.KeysOf(ids, ledger.CallKey), nil); err != nil {
-			return err
-		}
-		for _, cid := range ids {
-			c, err := ledger.GetCallIn(tx, cid)
+		p.CancelsPending, p.CallsInFlight = 0, 0
+		if cached {
+			for _, st := range kept {
+				switch st {
+				case ledger.CallStateCancelRequested:
+					p.CancelsPending++
+				case ledger.CallStateInFlight:
+					p.CallsInFlight++
+				}
+			}
+		} else {
+			ids, err := kv.AppendIDs(tx, nil, ledger.TermCallPrefix(t.ID))
 			if err != nil {
 				return err
 			}
-			switch c.State {
-			case ledger.CallStateCancelRequested:
-				p.CancelsPending++
-			case ledger.CallStateInFlight:
-				p.CallsInFlight++
-			case ledger.CallStateEnded:
-				ended = append(ended, cid)
+			// A call ended stays ended: those seen ended on an earlier
+			// pass count for nothing and are not read again (a pass per
+			// batch of acknowledgements would re-read them all).
+			ids = s.ended.open(ids)
+			if err := store.Prefetch(tx, store.KeysOf(ids, ledger.CallKey), nil); err != nil {
+				return err
+			}
+			open, rev = map[string]ledger.CallState{}, tx.Revision()
+			for _, cid := range ids {
+				c, err := ledger.GetCallIn(tx, cid)
+				if err != nil {
+					return err
+				}
+				switch c.State {
+				case ledger.CallStateCancelRequested:
+					p.CancelsPending++
+				case ledger.CallStateInFlight:
+					p.CallsInFlight++
+				case ledger.CallStateEnded:
+					ended = append(ended, cid)
+				}
+				if c.State != ledger.CallStateEnded {
+					open[cid] = c.State
+				}
 			}
 		}
 		if countHooks && t.HeldIndexed {
@@ -267,6 +297,9 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 		}
 		return nil
 	})
+	if keeping {
+		s.calls.done(t.ID, rev, open, err == nil)
+	}
 	if err == nil {
 		s.ended.remember(ended)
 	}

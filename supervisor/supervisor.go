@@ -95,6 +95,9 @@ type Supervisor struct {
 	// ended remembers the calls the reconciler has seen ended, which it
 	// need not read again (reconciler.go).
 	ended endedCalls
+	// calls keeps the open calls of the terminations waiting for them,
+	// while the reconcile loop's watches run (callcache.go).
+	calls callCache
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop

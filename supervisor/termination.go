@@ -201,6 +201,15 @@ type Termination struct {
 	// termination); while it holds, the steps that act on the members
 	// take them from the index without reading their nodes.
 	MembersIntact bool `json:"members_intact,omitempty"`
+	// CancelsOrderedAtMark: an abort's mark ordered the cancel of every
+	// call it stamped in flight, in the chunk that marked the call's node
+	// (every member turns aborting, and no call begins after its node's
+	// chunk), so the cancel step has no call to order and reads none. The
+	// mark's first chunk sets it for an abort; a chunk that stamps a call
+	// it leaves in flight (an exited node keeps its state) clears it. A
+	// version that does not know it drops it, and the cancel step reads
+	// every call as before.
+	CancelsOrderedAtMark bool `json:"cancels_ordered_at_mark,omitempty"`
 	// TookOverFrom and SupersededBy name, once each, the terminations this
 	// one took nodes over from and the ones that account for nodes of its
 	// subtree instead of it (an Indexed termination's TakenOver and

@@ -334,22 +334,22 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	// Most acknowledgements are of a termination whose deadline this
 	// process already knows: judged in the acknowledgement's transaction
 	// (one read and a commit). The first of a termination here reads the
-	// termination (the transaction said which, having read the call),
-	// which keeps its deadline, and tries again; a take-over may move the
-	// call to another termination meanwhile, hence a few tries, then the
-	// read of call and termination together (ackInTime).
+	// call and its termination together (ackInTime), which keeps the
+	// deadline, and tries again; a take-over may move the call to another
+	// termination meanwhile, hence a few tries. A termination with no
+	// deadline yet (still marking its subtree) is judged by that read,
+	// and the acknowledgement committed without another.
 	for range 3 {
 		out, err := l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, true))
 		var unknown deadlineUnknown
 		if !errors.As(err, &unknown) {
 			return out, err
 		}
-		kept, err := l.windowOf(ctx, callID, string(unknown))
-		if err != nil {
+		if err := l.ackInTime(ctx, callID, gateID); err != nil {
 			return nil, err
 		}
-		if !kept {
-			break
+		if _, kept := l.deadlines.of(string(unknown)); !kept {
+			return l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, false))
 		}
 	}
 	if err := l.ackInTime(ctx, callID, gateID); err != nil {
@@ -359,31 +359,11 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 }
 
 // deadlineUnknown: the acknowledgement deadline of the call's termination
-// (this id) is not known here yet (windowOf reads it).
+// (this id) is not known here yet (ackInTime reads it).
 type deadlineUnknown string
 
 func (d deadlineUnknown) Error() string {
 	return "ledger: the acknowledgement deadline of termination " + string(d) + " is not known here"
-}
-
-// windowOf reads whether termination still waits for acknowledgements
-// (AckWindow) and keeps its deadline when it has one. A termination
-// without one (draining with calls it took over, or gone) is judged by
-// ackInTime's read on each acknowledgement, as before. kept: the
-// deadline is kept.
-func (l *Ledger) windowOf(ctx context.Context, callID, termination string) (kept bool, err error) {
-	now := l.Clock.Now()
-	err = l.Store.View(ctx, func(tx store.ReadTxn) error {
-		deadline, err := l.AckWindow(tx, termination, now)
-		if kept = !deadline.IsZero(); kept {
-			l.deadlines.keep(termination, deadline)
-		}
-		if err != nil {
-			return fmt.Errorf("%w: call_id %s: %v", ErrAckTooLate, callID, err)
-		}
-		return nil
-	})
-	return kept, err
 }
 
 // acknowledge is CancelAck's change to the call. known: judge the
