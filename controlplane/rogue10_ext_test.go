@@ -1,0 +1,120 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The tenth rogue pass: what the ninth left open. Each test plays one
+// rogue through the real server (Badger on disk, real HTTP/2, real JWTs,
+// the manual clock).
+
+// TestATerminatedRogueLosesItsOpenStreams: a rogue opens the streams an
+// agent may open besides its session — the revocation feed, a lease
+// channel it keeps quiet — and is then aborted by an operator. Its credential is dead: a new call with it
+// is refused. But only the session was told: every other stream went on
+// serving the dead credential for as long as the rogue answered pings —
+// reading its lineage's revocations after its own termination, holding
+// its stream slots, and keeping its connections from ever idling out. Each
+// stream now ends, unauthenticated, once the node is terminated.
+func TestATerminatedRogueLosesItsOpenStreams(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	root := register(t, admin, "rogue")
+	rogue := srv.Clients(root.Credential)
+	spawn(t, rogue, root.Node.NodeId, "child")
+
+	feed, err := rogue.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer feed.Close()
+	if !feed.Receive() {
+		t.Fatalf("the rogue's revocation feed: %v", feed.Err())
+	}
+	ch := rogue.Lease.Channel(ctx)
+	defer ch.CloseResponse()
+	defer ch.CloseRequest()
+	if err := ch.Send(&tetherv1.ChannelRequest{CorrelationId: 1, Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{JobId: "job-none", LeaseId: "l_none", LeaseGeneration: 1, RenewSequence: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Receive(); err != nil { // the channel is open and serving
+		t.Fatalf("the rogue's channel: %v", err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the rogue's two streams to be counted", func() bool {
+		return srv.OpenStreams("agent:"+root.Node.NodeId) == 2
+	})
+
+	op := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, time.Second)
+	testserver.WaitFor(t, 20*time.Second, "the operator's abort to end", func() bool {
+		clk.Advance(time.Second) // past each of its one-second deadlines
+		return getTermination(t, admin, op.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	if err := whoAmI(rogue); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("a new call with the terminated rogue's credential: %v, want unauthenticated", err)
+	}
+
+	for feed.Receive() {
+	}
+	if connect.CodeOf(feed.Err()) != connect.CodeUnauthenticated {
+		t.Fatalf("the terminated rogue's revocation feed ended with %v, want unauthenticated", feed.Err())
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := ch.Receive(); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	var chErr error
+	select {
+	case chErr = <-ended:
+	case <-time.After(20 * time.Second): // a guard against a hang, not a timing
+		t.Fatal("the terminated rogue's quiet lease channel is still open")
+	}
+	if connect.CodeOf(chErr) != connect.CodeUnauthenticated {
+		t.Fatalf("the terminated rogue's quiet lease channel ended with %v, want unauthenticated", chErr)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the rogue's stream slots to be given back", func() bool {
+		return srv.OpenStreams("agent:"+root.Node.NodeId) == 0
+	})
+}
+
+// tryOrEnded is try on a channel the server may have ended: a message it
+// can no longer send, or whose answer never comes, returns the error the
+// stream ended with ("code: message") instead of failing the test.
+func (c *channel) tryOrEnded(t *testing.T, m *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, string) {
+	t.Helper()
+	c.next++
+	m.CorrelationId = c.next
+	ended := func() string {
+		for {
+			if _, err := c.stream.Receive(); err != nil {
+				return connect.CodeOf(err).String() + ": " + err.Error()
+			}
+		}
+	}
+	if err := c.stream.Send(m); err != nil {
+		return nil, nil, ended()
+	}
+	resp, err := c.stream.Receive()
+	if err != nil {
+		return nil, nil, connect.CodeOf(err).String() + ": " + err.Error()
+	}
+	if resp.CorrelationId != m.CorrelationId {
+		t.Fatalf("answer carries correlation id %d, want %d", resp.CorrelationId, m.CorrelationId)
+	}
+	return resp.Lease, resp.Decision, resp.Error
+}
