@@ -2,11 +2,13 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -117,4 +119,60 @@ func (c *channel) tryOrEnded(t *testing.T, m *tetherv1.ChannelRequest) (*tetherv
 		t.Fatalf("answer carries correlation id %d, want %d", resp.CorrelationId, m.CorrelationId)
 	}
 	return resp.Lease, resp.Decision, resp.Error
+}
+
+// TestARogueCannotListItsLargeSubtreeForThePriceOfOneCall: a rogue whose
+// tree holds thousands of nodes lists its own subtree over and over. The
+// listing of a subtree is not paged: each call reads and sends every node
+// of it, yet cost one request of the lineage's budget — where listing
+// every node of the server in pages costs one request per thousand. A
+// tree of a hundred thousand nodes (a few seconds of a lineage's spawns at
+// the default rate) made each call a hundred pages of work, at the rate
+// meant for one. A subtree listing now costs a request per thousand nodes
+// it returns (as a batch of n spawns costs n): a lineage's budget buys as
+// many nodes read one way as the other.
+func TestARogueCannotListItsLargeSubtreeForThePriceOfOneCall(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	const burst = 300
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 100, burst })
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	refill := func() { clk.Advance(2 * burst / 100 * time.Second) } // a full bucket at 100/s
+	root := register(t, admin, "rogue")
+	// The operator (its own budget) fills the rogue's tree: 2,048 children.
+	for b := range 8 {
+		refill()
+		children := make([]*tetherv1.SpawnBatchChild, 256)
+		for i := range children {
+			children[i] = &tetherv1.SpawnBatchChild{Name: fmt.Sprintf("w-%d-%d", b, i)}
+		}
+		if _, err := admin.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: root.Node.NodeId, Children: children})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rogue := srv.Clients(root.Credential)
+	refill()
+	listings := 0
+	var refusal error
+	for refusal == nil && listings <= burst {
+		resp, err := rogue.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{}))
+		switch {
+		case err != nil:
+			refusal = err
+		case len(resp.Msg.Nodes) != 2049:
+			t.Fatalf("the rogue's listing of its subtree has %d nodes, want 2049", len(resp.Msg.Nodes))
+		default:
+			listings++
+		}
+	}
+	// 2,049 nodes are three pages of a thousand: a burst of 300 buys 100.
+	if listings != burst/3 {
+		t.Fatalf("the rogue listed its 2,049-node subtree %d times on a budget of %d requests, want %d (three requests each); refused: %v", listings, burst, burst/3, refusal)
+	}
+	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
+	// Another lineage, and a small subtree, pay one request as before.
+	other := register(t, admin, "other")
+	if _, err := srv.Clients(other.Credential).Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{})); err != nil {
+		t.Fatalf("another lineage's listing: %v", err)
+	}
 }
