@@ -132,29 +132,14 @@ func (c *channel) tryOrEnded(t *testing.T, m *tetherv1.ChannelRequest) (*tetherv
 // it returns (as a batch of n spawns costs n): a lineage's budget buys as
 // many nodes read one way as the other.
 func TestARogueCannotListItsLargeSubtreeForThePriceOfOneCall(t *testing.T) {
-	clk := clock.NewManual(epoch)
-	const burst = 300
-	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 100, burst })
+	srv, root, refill := bigRogueTree(t)
 	admin := srv.AdminClients()
 	ctx := context.Background()
-	refill := func() { clk.Advance(2 * burst / 100 * time.Second) } // a full bucket at 100/s
-	root := register(t, admin, "rogue")
-	// The operator (its own budget) fills the rogue's tree: 2,048 children.
-	for b := range 8 {
-		refill()
-		children := make([]*tetherv1.SpawnBatchChild, 256)
-		for i := range children {
-			children[i] = &tetherv1.SpawnBatchChild{Name: fmt.Sprintf("w-%d-%d", b, i)}
-		}
-		if _, err := admin.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: root.Node.NodeId, Children: children})); err != nil {
-			t.Fatal(err)
-		}
-	}
 	rogue := srv.Clients(root.Credential)
 	refill()
 	listings := 0
 	var refusal error
-	for refusal == nil && listings <= burst {
+	for refusal == nil && listings <= bigBurst {
 		resp, err := rogue.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{}))
 		switch {
 		case err != nil:
@@ -166,8 +151,8 @@ func TestARogueCannotListItsLargeSubtreeForThePriceOfOneCall(t *testing.T) {
 		}
 	}
 	// 2,049 nodes are three pages of a thousand: a burst of 300 buys 100.
-	if listings != burst/3 {
-		t.Fatalf("the rogue listed its 2,049-node subtree %d times on a budget of %d requests, want %d (three requests each); refused: %v", listings, burst, burst/3, refusal)
+	if listings != bigBurst/3 {
+		t.Fatalf("the rogue listed its 2,049-node subtree %d times on a budget of %d requests, want %d (three requests each); refused: %v", listings, bigBurst, bigBurst/3, refusal)
 	}
 	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
 	// Another lineage, and a small subtree, pay one request as before.
@@ -175,4 +160,57 @@ func TestARogueCannotListItsLargeSubtreeForThePriceOfOneCall(t *testing.T) {
 	if _, err := srv.Clients(other.Credential).Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{})); err != nil {
 		t.Fatalf("another lineage's listing: %v", err)
 	}
+}
+
+// bigBurst is the rate budget's burst in the big-tree tests (at 100/s).
+const bigBurst = 300
+
+// bigRogueTree starts a server whose rate budgets are bigBurst requests at
+// 100 a second, and registers a rogue root to which the operator (on its
+// own budget) gives 2,048 children: a subtree of 2,049 nodes, three pages
+// of a thousand. refill fills every budget (the manual clock).
+func bigRogueTree(t *testing.T) (srv *testserver.Server, root *tetherv1.RegisterRootResponse, refill func()) {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	srv = testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 100, bigBurst })
+	admin := srv.AdminClients()
+	refill = func() { clk.Advance(2 * bigBurst / 100 * time.Second) } // a full bucket at 100/s
+	root = register(t, admin, "rogue")
+	for b := range 8 {
+		refill()
+		children := make([]*tetherv1.SpawnBatchChild, 256)
+		for i := range children {
+			children[i] = &tetherv1.SpawnBatchChild{Name: fmt.Sprintf("w-%d-%d", b, i)}
+		}
+		if _, err := admin.Agent.SpawnBatch(context.Background(), connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: root.Node.NodeId, Children: children})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv, root, refill
+}
+
+// TestARogueCannotPageItsLargeSubtreesGrantsForThePriceOfOneCall: the
+// same rogue lists the grants held in its subtree. Each page of that
+// listing reads every node of the subtree (and what each holds) to find
+// the page's grants, yet cost one request: a page of no grants at all was
+// 2,049 nodes read for one request. It now costs a request per thousand
+// nodes read, as ListNodes does.
+func TestARogueCannotPageItsLargeSubtreesGrantsForThePriceOfOneCall(t *testing.T) {
+	srv, root, refill := bigRogueTree(t)
+	ctx := context.Background()
+	rogue := srv.Clients(root.Credential)
+	refill()
+	listings := 0
+	var refusal error
+	for refusal == nil && listings <= bigBurst {
+		if _, err := rogue.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{SubtreeNodeId: root.Node.NodeId})); err != nil {
+			refusal = err
+		} else {
+			listings++
+		}
+	}
+	if listings != bigBurst/3 {
+		t.Fatalf("the rogue listed its 2,049-node subtree's grants %d times on a budget of %d requests, want %d (three requests each); refused: %v", listings, bigBurst, bigBurst/3, refusal)
+	}
+	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
 }
