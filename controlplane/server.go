@@ -348,12 +348,8 @@ func (s *Server) buildHandler() error {
 		AgentActive:        s.agentActive,
 		Revoked:            s.tokenRevoked,
 		RevocationsChanged: s.grants.RevocationsChanged,
-		AgentChanged:       s.signals.Changes,
-		AgentAlive: func(ctx context.Context, nodeID string) error {
-			_, err := s.nodeAlive(ctx, nodeID)
-			return err
-		},
-		Limiter: &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
+		AgentEnded:         s.agentEnded,
+		Limiter:            &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
 		Evidence: map[string]bool{
 			tetherv1connect.ToolServiceEndCallProcedure:   true,
 			tetherv1connect.ToolServiceCancelAckProcedure: true,

@@ -44,16 +44,11 @@ type Interceptor struct {
 	// server's token is checked again then, and ends (Unauthenticated)
 	// once its token is revoked, as its next call would be refused.
 	RevocationsChanged func() <-chan struct{}
-	// AgentChanged, when set with AgentAlive, returns a channel told
-	// whenever an agent's node may have changed, and its cancel: an
-	// agent's open stream is checked again then, and ends
-	// (Unauthenticated) once AgentAlive says its node is terminated or
-	// unknown, as its next call would be refused.
-	AgentChanged func(nodeID string) (<-chan struct{}, func())
-	// AgentAlive is AgentActive without recording activity: nil while the
-	// node is neither terminated nor unknown, an error wrapping ErrRevoked
-	// once it is.
-	AgentAlive func(ctx context.Context, nodeID string) error
+	// AgentEnded, when set, runs beside each of an agent's open streams:
+	// it returns an error wrapping ErrRevoked once the agent's node is
+	// terminated or unknown (the stream then ends Unauthenticated, as its
+	// next call would be refused), or nil when ctx ends first.
+	AgentEnded func(ctx context.Context, nodeID string) error
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
@@ -391,13 +386,15 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			defer cancel(nil)
 			go i.endOnRevocation(ctx, p.TokenID, cancel)
 		}
-		if p.IsAgent() && i.AgentChanged != nil && i.AgentAlive != nil {
+		if p.IsAgent() && i.AgentEnded != nil {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
-			changed, unsubscribe := i.AgentChanged(p.NodeID())
-			defer unsubscribe()
-			go i.endWithNode(ctx, p.NodeID(), changed, cancel)
+			go func() {
+				if err := i.AgentEnded(ctx, p.NodeID()); errors.Is(err, ErrRevoked) {
+					cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w; the stream is over", err)))
+				}
+			}()
 		}
 		m := &meter{i: i, p: p, procedure: conn.Spec().Procedure}
 		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
@@ -419,23 +416,6 @@ func (i *Interceptor) endOnRevocation(ctx context.Context, tokenID string, cance
 		}
 		if revoked {
 			cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked; the stream is over", ErrRevoked, tokenID)))
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-changed:
-		}
-	}
-}
-
-// endWithNode cancels an agent stream's context, with the refusal as its
-// cause, once the agent's node is terminated or unknown. A failed read
-// (the store unavailable a moment) leaves the stream to the next change.
-func (i *Interceptor) endWithNode(ctx context.Context, nodeID string, changed <-chan struct{}, cancel context.CancelCauseFunc) {
-	for {
-		if err := i.AgentAlive(ctx, nodeID); errors.Is(err, ErrRevoked) {
-			cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w; the stream is over", err)))
 			return
 		}
 		select {
