@@ -158,6 +158,9 @@ func (c *capabilityService) ListGrants(ctx context.Context, req *connect.Request
 		SubtreeNodeID:      req.Msg.SubtreeNodeId,
 		PageSize:           int(req.Msg.PageSize),
 		PageToken:          req.Msg.PageToken,
+		// A page of a subtree's grants reads the whole subtree: a request
+		// of the caller's budget per thousand nodes read, as ListNodes.
+		Charge: func(nodes int) error { return auth.Spend(ctx, (nodes-1)/maxPageSize) },
 	})
 	if err != nil {
 		return nil, toConnect(err)

@@ -697,6 +697,28 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 		return nil
 	}
 
+	// The stream's messages are received on a goroutine of their own, so
+	// that a quiet stream still ends with its context: when the agent's
+	// node is terminated (the interceptor cancels it) as when the client
+	// goes away. The handler's return ends the blocked Receive.
+	type received struct {
+		req *tetherv1.ChannelRequest
+		err error
+	}
+	incoming := make(chan received)
+	go func() {
+		for {
+			req, err := stream.Receive()
+			select {
+			case incoming <- received{req, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
 	var recvErr error
 	for recvErr == nil {
 		if out.stopped.Load() {
@@ -706,7 +728,13 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 			recvErr = connect.NewError(connect.CodeUnavailable, errors.New("the job leases moved to another replica; reconnect"))
 			break
 		}
-		req, err := stream.Receive()
+		var r received
+		select {
+		case r = <-incoming:
+		case <-ctx.Done():
+			r.err = ctx.Err()
+		}
+		req, err := r.req, r.err
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				recvErr = err

@@ -348,6 +348,7 @@ func (s *Server) buildHandler() error {
 		AgentActive:        s.agentActive,
 		Revoked:            s.tokenRevoked,
 		RevocationsChanged: s.grants.RevocationsChanged,
+		AgentEnded:         s.agentEnded,
 		Limiter:            &auth.RateLimiter{Rate: s.cfg.RateLimit, Burst: max(s.cfg.RateBurst, 2*s.cfg.RateLimit), Now: s.cfg.Clock.Now},
 		Evidence: map[string]bool{
 			tetherv1connect.ToolServiceEndCallProcedure:   true,

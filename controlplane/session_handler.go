@@ -97,6 +97,26 @@ func (s *Server) sessionAlive(ctx context.Context, nodeID string) error {
 	return toConnect(err)
 }
 
+// agentEnded waits beside an agent's open stream until its node is
+// terminated or unknown (an error wrapping auth.ErrRevoked) or ctx ends
+// (nil). It reads the node when it is signalled (a node that is stopping,
+// stopped or exited), not at every change of a running node: a running
+// agent's heartbeats wake none of its streams.
+func (s *Server) agentEnded(ctx context.Context, nodeID string) error {
+	signals, unsubscribe := s.signals.Subscribe(nodeID)
+	defer unsubscribe()
+	for {
+		if _, err := s.nodeAlive(ctx, nodeID); errors.Is(err, auth.ErrRevoked) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-signals:
+		}
+	}
+}
+
 // receiveSession handles the agent's messages until the stream ends.
 func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiStream[tetherv1.SessionRequest, tetherv1.SessionResponse], p auth.Principal, out chan<- *tetherv1.SessionResponse) error {
 	var lastWritten time.Time

@@ -24,6 +24,10 @@ type ListQuery struct {
 	PageSize      int
 	// PageToken is the last grant id of the previous page.
 	PageToken string
+	// Charge, when set, is told how many nodes a SubtreeNodeID listing
+	// read (each page reads the whole subtree); an error refuses the
+	// listing with it. The server charges the caller's rate budget.
+	Charge func(nodes int) error
 }
 
 // List returns grants in grant-id order, in their effective state, one
@@ -134,6 +138,11 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		nodes, err := s.cfg.Tree.SubtreeIn(tx, q.SubtreeNodeID)
 		if err != nil {
 			return nil, false, err
+		}
+		if q.Charge != nil {
+			if err := q.Charge(len(nodes)); err != nil {
+				return nil, false, err
+			}
 		}
 		nodeIDs := make([]string, len(nodes))
 		for i, n := range nodes {

@@ -44,6 +44,11 @@ type Interceptor struct {
 	// server's token is checked again then, and ends (Unauthenticated)
 	// once its token is revoked, as its next call would be refused.
 	RevocationsChanged func() <-chan struct{}
+	// AgentEnded, when set, runs beside each of an agent's open streams:
+	// it returns an error wrapping ErrRevoked once the agent's node is
+	// terminated or unknown (the stream then ends Unauthenticated, as its
+	// next call would be refused), or nil when ctx ends first.
+	AgentEnded func(ctx context.Context, nodeID string) error
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
@@ -372,14 +377,24 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			return err
 		}
 		defer release()
-		// Operators' and tool servers' streams: an agent's end with its
-		// node (the session is told, and its credential dies with it), and
+		// Operators' and tool servers' streams end with their token; an
+		// agent's with its node (its credential dies with it), so that
 		// thousands of sessions need not wake at every grant revocation.
 		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" && !p.IsAgent() {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
 			go i.endOnRevocation(ctx, p.TokenID, cancel)
+		}
+		if p.IsAgent() && i.AgentEnded != nil {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			go func() {
+				if err := i.AgentEnded(ctx, p.NodeID()); errors.Is(err, ErrRevoked) {
+					cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w; the stream is over", err)))
+				}
+			}()
 		}
 		m := &meter{i: i, p: p, procedure: conn.Spec().Procedure}
 		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
