@@ -93,6 +93,10 @@ type launched struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	waitErr error
+	// orphans finds what the process left behind outside its group;
+	// gone is nil once that is proven gone (sweepOrphans).
+	orphans orphanWatch
+	gone    error
 	// drained: the node's drain was seen (its successor was started or
 	// is due); confirmed: the exit was confirmed.
 	drained, confirmed bool
@@ -221,6 +225,12 @@ func (l *Launcher) step(ctx context.Context) error {
 			}
 		}
 		if p.drained && exited {
+			if err := l.proveGone(p); err != nil {
+				// Not proven gone: the exit is not confirmed (the node
+				// stays unaccounted rather than be called confirmed).
+				errs = append(errs, fmt.Errorf("the exit of %s is not confirmed: %w", p.node, err))
+				continue
+			}
 			if err := l.confirm(ctx, p); err != nil {
 				errs = append(errs, err)
 				continue
@@ -244,8 +254,25 @@ func (l *Launcher) step(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// proveGone returns nil once nothing p's process left behind runs: the
+// sweep after its exit found nothing left, or a new sweep does.
+func (l *Launcher) proveGone(p *launched) error {
+	l.mu.Lock()
+	gone := p.gone
+	l.mu.Unlock()
+	if gone == nil {
+		return nil
+	}
+	gone = sweepOrphans(p.orphans, time.Now().Add(l.cfg.PollEvery))
+	l.mu.Lock()
+	p.gone = gone
+	l.mu.Unlock()
+	return gone
+}
+
 // confirm tells the control plane the process exited, with the operator
-// token: the record notes "(launcher)".
+// token: the record notes "(launcher)". The caller has proven the process
+// and what it left behind gone (proveGone).
 func (l *Launcher) confirm(ctx context.Context, p *launched) error {
 	reason := "process exited"
 	if p.waitErr != nil {
@@ -298,15 +325,26 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		}))
 		return fmt.Errorf("start %s: %w", version, err)
 	}
-	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{})}
+	// Before the process is waited for: /proc knows it even if it exited.
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid)}
+	if p.orphans.err != nil {
+		l.cfg.Log.Warn("the launcher cannot prove what the agent leaves behind gone; its exit will not be confirmed", "node_id", node, "error", p.orphans.err)
+	}
 	go func() {
 		err := cmd.Wait()
 		// The exit the launcher attests is the agent's: what its process
 		// left behind in its group (a background child, holding the
-		// node's credential) goes with it, before anyone is told.
+		// node's credential) goes with it, before anyone is told; and on
+		// Linux so does what left the group (setsid and a double fork),
+		// which the launcher's process adopted as a subreaper.
 		signalGroup(cmd, syscall.SIGKILL)
+		gone := sweepOrphans(p.orphans, time.Now().Add(l.cfg.KillGrace))
+		if gone != nil {
+			l.cfg.Log.Warn("what the agent left behind is not proven gone", "node_id", node, "error", gone)
+		}
 		l.mu.Lock()
 		p.waitErr = err
+		p.gone = gone
 		l.mu.Unlock()
 		close(p.exited)
 		select {
@@ -339,6 +377,10 @@ func (l *Launcher) stopAll() {
 			<-p.exited
 		}
 		if !p.confirmed {
+			if err := l.proveGone(p); err != nil {
+				l.cfg.Log.Warn("not confirming an agent's exit: what it left behind is not proven gone", "node_id", p.node, "error", err)
+				continue
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := l.confirm(ctx, p); err != nil {
 				l.cfg.Log.Warn("could not confirm an agent's exit", "node_id", p.node, "error", err)
