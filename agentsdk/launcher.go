@@ -74,6 +74,26 @@ type LauncherConfig struct {
 // exit. A process that exits without a drain is confirmed too, its node is
 // terminated (abort) so that its grants and leases are reconciled, and it
 // is restarted at the target version.
+//
+// The exit it confirms is the agent's, not only its first process's. Each
+// process runs in a process group of its own (unix), which the launcher
+// kills when the process exits. On Linux the launcher's process also
+// becomes a child subreaper (PR_SET_CHILD_SUBREAPER, for the whole
+// program, from the first launch): whatever the agent leaves outside its
+// group (setsid or setpgid, then a double fork) is reparented to it rather
+// than to init. After the agent's process exits, the launcher kills
+// (SIGKILL) and reaps every child of its process that started at or after
+// the agent's process and that no os.Process of the program holds — the
+// program's own children started with os/exec or os.StartProcess, and the
+// other agents' processes, are held by a pidfd until they are waited for
+// — with everything below it; and it confirms the exit only once a scan of
+// /proc finds none left. If that cannot be proven (no subreaper; no pidfds,
+// so the program's children cannot be told from orphans; a process still
+// there after KillGrace) it does not confirm, and the node's record says
+// unaccounted. Such an orphan may also be another live agent's (one that
+// escaped its own group) or a child the program started otherwise
+// (syscall.ForkExec, cgo): it is killed all the same. Outside Linux only
+// the group (unix) or the process is reached (docs/design.md §11).
 type Launcher struct {
 	cfg      LauncherConfig
 	versions map[string]Version
