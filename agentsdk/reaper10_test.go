@@ -3,6 +3,9 @@
 package agentsdk_test
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -32,6 +35,14 @@ func TestReaperHelperRogue(t *testing.T) {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		if err := cmd.Run(); err != nil {
 			os.Exit(3)
+		}
+		if gate := os.Getenv("TETHER_REAPER_GATE"); gate != "" {
+			// Exit only once the test says so (it writes the FIFO).
+			f, err := os.Open(gate)
+			if err != nil {
+				os.Exit(7)
+			}
+			_, _ = io.ReadAll(f)
 		}
 		os.Exit(0)
 	case "middle":
@@ -126,4 +137,115 @@ func mustSID(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return sid
+}
+
+// logSignal is a slog handler that signals when a record's message is msg.
+type logSignal struct {
+	msg  string
+	seen chan struct{}
+}
+
+func (h *logSignal) Enabled(context.Context, slog.Level) bool { return true }
+func (h *logSignal) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.seen <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+func (h *logSignal) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *logSignal) WithGroup(string) slog.Handler      { return h }
+
+// The launcher does not confirm an exit while what the agent left behind
+// cannot be proven gone: the rogue's grandchild is frozen (a cgroup v1
+// freezer, where SIGKILL waits for the thaw) before the agent exits; the
+// launcher says it is not proven gone and the node is not confirmed; once
+// thawed it is killed, reaped, and the exit confirmed. Needs root and the
+// v1 freezer.
+func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T) {
+	freezer := filepath.Join("/sys/fs/cgroup/freezer", "tether-reaper10-"+strconv.Itoa(os.Getpid()))
+	if err := os.Mkdir(freezer, 0o755); err != nil {
+		t.Skipf("no cgroup v1 freezer to hold a process past SIGKILL: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(freezer, "freezer.state"), []byte("THAWED"), 0o644)
+		_ = os.Remove(freezer)
+	})
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	dir := t.TempDir()
+	pidFile, gate := filepath.Join(dir, "grandchild.pid"), filepath.Join(dir, "gate")
+	if err := syscall.Mkfifo(gate, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"TETHER_REAPER_ROLE=agent", "TETHER_REAPER_PIDFILE=" + pidFile, "TETHER_REAPER_GATE=" + gate}
+	rogue := agentsdk.Version{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^TestReaperHelperRogue$"}, Env: env}
+	benign := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
+	unproven := &logSignal{msg: "what the agent left behind is not proven gone", seen: make(chan struct{}, 1)}
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP)), Name: "rogue",
+		Versions: []agentsdk.Version{rogue, benign}, Start: "v1", PollEvery: 20 * time.Millisecond, KillGrace: 100 * time.Millisecond,
+		Log: slog.New(unproven),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetTarget("v2"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "the rogue's process to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	pid, err := strconv.Atoi(strings.TrimSpace(readWhenThere(t, "the rogue to leave a grandchild behind", pidFile)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := os.WriteFile(filepath.Join(freezer, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(freezer, "freezer.state"), []byte("FROZEN"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the grandchild to be frozen", func() bool {
+		b, err := os.ReadFile(filepath.Join(freezer, "freezer.state"))
+		return err == nil && strings.TrimSpace(string(b)) == "FROZEN"
+	})
+	// Let the agent exit.
+	f, err := os.OpenFile(gate, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	testserver.WaitFor(t, 30*time.Second, "the launcher to confirm the exit or say what the rogue left is not proven gone", func() bool {
+		select {
+		case <-unproven.seen:
+			return true
+		default:
+			return getNode(t, admin, first).ExitConfirmedBy != ""
+		}
+	})
+	if !alive(pid) {
+		t.Fatalf("the frozen grandchild (pid %d) is gone", pid)
+	}
+	if by := getNode(t, admin, first).ExitConfirmedBy; by != "" {
+		t.Fatalf("the launcher confirmed node %s's exit (by %q) while the rogue's grandchild (pid %d) lives", first, by, pid)
+	}
+	if err := os.WriteFile(filepath.Join(freezer, "freezer.state"), []byte("THAWED"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the launcher to confirm the rogue's exit once the grandchild is gone", func() bool {
+		return getNode(t, admin, first).ExitConfirmedBy != ""
+	})
+	if alive(pid) {
+		t.Errorf("the launcher confirmed node %s's exit while the rogue's grandchild (pid %d) runs on", first, pid)
+	}
 }
