@@ -170,7 +170,18 @@ func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T
 		t.Skipf("no cgroup v1 freezer to hold a process past SIGKILL: %v", err)
 	}
 	t.Cleanup(func() {
+		// Thawed and emptied (what is killed leaves it once it exits),
+		// then removed.
 		_ = os.WriteFile(filepath.Join(freezer, "freezer.state"), []byte("THAWED"), 0o644)
+		testserver.WaitFor(t, 30*time.Second, "the freezer cgroup to empty", func() bool {
+			b, err := os.ReadFile(filepath.Join(freezer, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			return err != nil || len(strings.TrimSpace(string(b))) == 0
+		})
 		_ = os.Remove(freezer)
 	})
 	srv := testserver.Start(t)
