@@ -74,6 +74,26 @@ type LauncherConfig struct {
 // exit. A process that exits without a drain is confirmed too, its node is
 // terminated (abort) so that its grants and leases are reconciled, and it
 // is restarted at the target version.
+//
+// The exit it confirms is the agent's, not only its first process's. Each
+// process runs in a process group of its own (unix), which the launcher
+// kills when the process exits. On Linux the launcher's process also
+// becomes a child subreaper (PR_SET_CHILD_SUBREAPER, for the whole
+// program, from the first launch): whatever the agent leaves outside its
+// group (setsid or setpgid, then a double fork) is reparented to it rather
+// than to init. After the agent's process exits, the launcher kills
+// (SIGKILL) and reaps every child of its process that started at or after
+// the agent's process and that no os.Process of the program holds — the
+// program's own children started with os/exec or os.StartProcess, and the
+// other agents' processes, are held by a pidfd until they are waited for
+// — with everything below it; and it confirms the exit only once a scan of
+// /proc finds none left. If that cannot be proven (no subreaper; no pidfds,
+// so the program's children cannot be told from orphans; a process still
+// there after KillGrace) it does not confirm, and the node's record says
+// unaccounted. Such an orphan may also be another live agent's (one that
+// escaped its own group) or a child the program started otherwise
+// (syscall.ForkExec, cgo): it is killed all the same. Outside Linux only
+// the group (unix) or the process is reached (docs/design.md §11).
 type Launcher struct {
 	cfg      LauncherConfig
 	versions map[string]Version
@@ -93,6 +113,10 @@ type launched struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	waitErr error
+	// orphans finds what the process left behind outside its group;
+	// gone is nil once that is proven gone (sweepOrphans).
+	orphans orphanWatch
+	gone    error
 	// drained: the node's drain was seen (its successor was started or
 	// is due); confirmed: the exit was confirmed.
 	drained, confirmed bool
@@ -221,6 +245,12 @@ func (l *Launcher) step(ctx context.Context) error {
 			}
 		}
 		if p.drained && exited {
+			if err := l.proveGone(p); err != nil {
+				// Not proven gone: the exit is not confirmed (the node
+				// stays unaccounted rather than be called confirmed).
+				errs = append(errs, fmt.Errorf("the exit of %s is not confirmed: %w", p.node, err))
+				continue
+			}
 			if err := l.confirm(ctx, p); err != nil {
 				errs = append(errs, err)
 				continue
@@ -244,8 +274,25 @@ func (l *Launcher) step(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// proveGone returns nil once nothing p's process left behind runs: the
+// sweep after its exit found nothing left, or a new sweep does.
+func (l *Launcher) proveGone(p *launched) error {
+	l.mu.Lock()
+	gone := p.gone
+	l.mu.Unlock()
+	if gone == nil {
+		return nil
+	}
+	gone = sweepOrphans(p.orphans, time.Now().Add(l.cfg.PollEvery))
+	l.mu.Lock()
+	p.gone = gone
+	l.mu.Unlock()
+	return gone
+}
+
 // confirm tells the control plane the process exited, with the operator
-// token: the record notes "(launcher)".
+// token: the record notes "(launcher)". The caller has proven the process
+// and what it left behind gone (proveGone).
 func (l *Launcher) confirm(ctx context.Context, p *launched) error {
 	reason := "process exited"
 	if p.waitErr != nil {
@@ -298,15 +345,26 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		}))
 		return fmt.Errorf("start %s: %w", version, err)
 	}
-	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{})}
+	// Before the process is waited for: /proc knows it even if it exited.
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid)}
+	if p.orphans.err != nil {
+		l.cfg.Log.Warn("the launcher cannot prove what the agent leaves behind gone; its exit will not be confirmed", "node_id", node, "error", p.orphans.err)
+	}
 	go func() {
 		err := cmd.Wait()
 		// The exit the launcher attests is the agent's: what its process
 		// left behind in its group (a background child, holding the
-		// node's credential) goes with it, before anyone is told.
+		// node's credential) goes with it, before anyone is told; and on
+		// Linux so does what left the group (setsid and a double fork),
+		// which the launcher's process adopted as a subreaper.
 		signalGroup(cmd, syscall.SIGKILL)
+		gone := sweepOrphans(p.orphans, time.Now().Add(l.cfg.KillGrace))
+		if gone != nil {
+			l.cfg.Log.Warn("what the agent left behind is not proven gone", "node_id", node, "error", gone)
+		}
 		l.mu.Lock()
 		p.waitErr = err
+		p.gone = gone
 		l.mu.Unlock()
 		close(p.exited)
 		select {
@@ -339,6 +397,10 @@ func (l *Launcher) stopAll() {
 			<-p.exited
 		}
 		if !p.confirmed {
+			if err := l.proveGone(p); err != nil {
+				l.cfg.Log.Warn("not confirming an agent's exit: what it left behind is not proven gone", "node_id", p.node, "error", err)
+				continue
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if err := l.confirm(ctx, p); err != nil {
 				l.cfg.Log.Warn("could not confirm an agent's exit", "node_id", p.node, "error", err)

@@ -91,8 +91,8 @@ func TestARogueAgentCannotReadItsLaunchersCredential(t *testing.T) {
 // environment, after its launcher had told the control plane it was gone.
 // The agent runs in a process group of its own, and when its process
 // exits the launcher kills what is left of the group before it confirms.
-// (A process that leaves the group, setsid, is beyond it: see
-// docs/design.md §11.)
+// (A process that leaves the group, setsid and a double fork, is adopted
+// and killed on Linux: reaper10_test.go.)
 func TestARogueAgentCannotOutliveTheExitItsLauncherConfirms(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()

@@ -1,0 +1,212 @@
+//go:build linux
+
+package agentsdk
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// prSetChildSubreaper is PR_SET_CHILD_SUBREAPER (linux/prctl.h).
+const prSetChildSubreaper = 36
+
+var subreaper struct {
+	once sync.Once
+	err  error
+}
+
+// adoptOrphans makes the launcher's process a child subreaper (once, for
+// the whole process): a process orphaned anywhere below it — an agent's
+// grandchild whose parent exited, in whatever session or process group —
+// is reparented to it instead of to init, so it stays within reach.
+func adoptOrphans() error {
+	subreaper.once.Do(func() {
+		if _, _, errno := syscall.RawSyscall(syscall.SYS_PRCTL, prSetChildSubreaper, 1, 0); errno != 0 {
+			subreaper.err = fmt.Errorf("agentsdk: the launcher cannot adopt its agents' orphans (prctl PR_SET_CHILD_SUBREAPER: %w)", errno)
+		}
+	})
+	return subreaper.err
+}
+
+// orphanWatch is what the launcher needs to find an agent's orphans.
+type orphanWatch struct {
+	// since is when the agent's process started (clock ticks since boot,
+	// as /proc/<pid>/stat gives it): nothing that started earlier
+	// descends from it.
+	since uint64
+	// held: the program's own children can be told from orphans (the
+	// agent's process, just started by os/exec, is held by a pidfd).
+	held bool
+	// err: orphans are not adopted, so none can be proven gone.
+	err error
+}
+
+// watchOrphans is called right after the agent's process pid started (and
+// before it is waited for, so /proc/<pid> is there even if it exited).
+func watchOrphans(pid int) orphanWatch {
+	if err := adoptOrphans(); err != nil {
+		return orphanWatch{err: err}
+	}
+	st, ok := readStat(pid)
+	if !ok {
+		return orphanWatch{err: fmt.Errorf("agentsdk: cannot read the agent process's start (/proc/%d/stat)", pid)}
+	}
+	return orphanWatch{since: st.start, held: heldPids()[pid]}
+}
+
+// sweepOrphans kills and reaps, until none is left, every orphan the
+// launcher's process adopted that may descend from the agent watched by
+// w, with everything below it. An orphan here is a child of the
+// launcher's process that started at or after the agent's process and
+// that no os.Process of the program holds (os/exec and os.StartProcess
+// hold a pidfd to every child they start until it is waited for: those
+// are the program's own children, and the other agents' processes).
+// Because the process is a subreaper, every process still running that
+// descends from the agent is below such an orphan once the agent's
+// process has exited. It returns nil only once there is none left, and
+// an error if that cannot be proven by deadline.
+func sweepOrphans(w orphanWatch, deadline time.Time) error {
+	if w.err != nil {
+		return w.err
+	}
+	self := os.Getpid()
+	pause := time.Millisecond
+	for {
+		procs, err := readProcs()
+		if err != nil {
+			return err
+		}
+		held := heldPids()
+		children := map[int][]int{}
+		var roots []int
+		for pid, st := range procs {
+			children[st.ppid] = append(children[st.ppid], pid)
+			if st.ppid == self && st.start >= w.since && !held[pid] {
+				roots = append(roots, pid)
+			}
+		}
+		if len(roots) == 0 {
+			return nil
+		}
+		if !w.held {
+			// The program's own children cannot be told from the
+			// agent's orphans: kill none, prove nothing.
+			return fmt.Errorf("agentsdk: %d processes adopted since the agent started cannot be told from the program's own (os/exec holds no pidfd here)", len(roots))
+		}
+		if time.Now().After(deadline) {
+			slices.Sort(roots)
+			return fmt.Errorf("agentsdk: processes the agent left behind still run after SIGKILL (adopted pids %v)", roots)
+		}
+		// Everything below each orphan, leaves first. A process that
+		// forks meanwhile leaves an orphan for the next round.
+		var victims []int
+		var walk func(int)
+		walk = func(pid int) {
+			for _, c := range children[pid] {
+				walk(c)
+			}
+			victims = append(victims, pid)
+		}
+		for _, r := range roots {
+			walk(r)
+		}
+		for _, pid := range victims {
+			// The same process still (not a pid reused since the scan).
+			if st, ok := readStat(pid); ok && st.start == procs[pid].start && !st.zombie {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		for _, pid := range roots {
+			var ws syscall.WaitStatus
+			_, _ = syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 50*time.Millisecond)
+	}
+}
+
+type procStat struct {
+	ppid   int
+	start  uint64
+	zombie bool
+}
+
+// readStat parses /proc/<pid>/stat.
+func readStat(pid int) (procStat, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return procStat{}, false
+	}
+	// After the command: state ppid pgrp session tty_nr tpgid flags minflt
+	// cminflt majflt cmajflt utime stime cutime cstime priority nice
+	// num_threads itrealvalue starttime …
+	f := strings.Fields(s[i+1:])
+	if len(f) < 20 {
+		return procStat{}, false
+	}
+	ppid, err1 := strconv.Atoi(f[1])
+	start, err2 := strconv.ParseUint(f[19], 10, 64)
+	if err1 != nil || err2 != nil {
+		return procStat{}, false
+	}
+	return procStat{ppid: ppid, start: start, zombie: f[0] == "Z"}, true
+}
+
+// readProcs reads every process's stat.
+func readProcs() (map[int]procStat, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("agentsdk: cannot list processes: %w", err)
+	}
+	procs := make(map[int]procStat, len(ents))
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if st, ok := readStat(pid); ok {
+			procs[pid] = st
+		}
+	}
+	return procs, nil
+}
+
+// heldPids returns the pids of the processes the program holds a pidfd
+// to.
+func heldPids() map[int]bool {
+	held := map[int]bool{}
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return held
+	}
+	for _, e := range ents {
+		link, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err != nil || !strings.Contains(link, "pidfd") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc/self/fdinfo", e.Name()))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+				if pid, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && pid > 0 {
+					held[pid] = true
+				}
+			}
+		}
+	}
+	return held
+}
