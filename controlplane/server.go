@@ -40,6 +40,7 @@ import (
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/privilege"
@@ -118,6 +119,11 @@ type Config struct {
 	// termination commits (see supervisor.Supervisor.ChunkFault). Tests
 	// only.
 	TerminationFault func(step string, n int)
+	// LeasePolicy is the job-lease coordinator's declared time policy
+	// (ACK-miss policy, its bound on automatic reassignments, durations);
+	// nil means lease.DefaultPolicy(). An incoherent one stops the server
+	// at start (lease.Policy.Validate).
+	LeasePolicy *lease.Policy
 	// StopPolicy decides which stop proposals are approved automatically
 	// (agents' own, and those stop rules file: RuleActions).
 	StopPolicy supervisor.ProposalPolicy

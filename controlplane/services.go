@@ -24,7 +24,11 @@ import (
 // buildComponents creates the domain services on top of the store, in
 // dependency order, and registers their background loops.
 func (s *Server) buildComponents(ctx context.Context) error {
-	leases, err := coordinator.New(ctx, coordinator.Config{Store: s.store, Clock: s.cfg.Clock, Policy: lease.DefaultPolicy(), Log: s.log})
+	leasePolicy := lease.DefaultPolicy()
+	if s.cfg.LeasePolicy != nil {
+		leasePolicy = *s.cfg.LeasePolicy
+	}
+	leases, err := coordinator.New(ctx, coordinator.Config{Store: s.store, Clock: s.cfg.Clock, Policy: leasePolicy, Log: s.log})
 	if err != nil {
 		return err
 	}

@@ -132,6 +132,7 @@ func printLease(w io.Writer, l *tetherv1.Lease) error {
 	row("acquire_time", ts(l.AcquireTime))
 	row("last_renew_time", ts(l.LastRenewTime))
 	row("transitions", fmt.Sprint(l.LeaseTransitions))
+	row("auto reassigns", fmt.Sprint(l.AutoReassigns))
 	row("renew", fmt.Sprintf("seq %d at %s", l.RenewSequence, ts(l.RenewTime)))
 	row("progress", fmt.Sprintf("seq %d %q", l.ProgressSequence, l.ProgressValue))
 	row("cancel", fmt.Sprintf("requested %v (%s), acked %v (%s)", l.CancelRequested, ts(l.CancelRequestedAt), l.CancelAck, ts(l.CancelAckedAt)))
@@ -498,6 +499,7 @@ func leasePolicy(g *globals) *cobra.Command {
 			fmt.Fprintf(tw, "default ack timeout:\t%s\n", p.DefaultAckTimeout.AsDuration())
 			fmt.Fprintf(tw, "max unresolved bound:\t%s\n", p.MaxUnresolvedBound.AsDuration())
 			fmt.Fprintf(tw, "ack miss:\t%s\n", p.AckMissPolicy)
+			fmt.Fprintf(tw, "max auto reassigns:\t%d (in a row, under ack miss reassign; set by tether serve --lease-max-auto-reassigns)\n", p.MaxAutoReassigns)
 			fmt.Fprintf(tw, "restart:\t%s\n", p.RestartBehavior)
 			return tw.Flush()
 		},

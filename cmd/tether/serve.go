@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/privilege"
 )
 
@@ -31,6 +32,8 @@ func newServeCommand(g *globals) *cobra.Command {
 		hookTimeout                                               time.Duration
 		terminationChunk                                          int
 		ruleActions                                               []string
+		leaseAckMiss                                              string
+		leaseMaxAutoReassigns                                     uint64
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -86,6 +89,20 @@ first start (tether token rotate-admin replaces it).`,
 			if point := os.Getenv(crashTerminationEnv); point != "" {
 				cfg.TerminationFault = func(step string, n int) { _ = crashAt(point)(fmt.Sprintf("%s:%d", step, n)) }
 			}
+			leasePolicy := lease.DefaultPolicy()
+			switch leaseAckMiss {
+			case "expire":
+				leasePolicy.AckMiss = lease.AckMissExpire
+			case "reassign":
+				leasePolicy.AckMiss = lease.AckMissReassign
+			default:
+				return fmt.Errorf("--lease-ack-miss %q: want expire or reassign", leaseAckMiss)
+			}
+			if leaseMaxAutoReassigns < 1 || leaseMaxAutoReassigns > lease.MaxAutoReassignsLimit {
+				return fmt.Errorf("--lease-max-auto-reassigns %d: want between 1 and %d", leaseMaxAutoReassigns, lease.MaxAutoReassignsLimit)
+			}
+			leasePolicy.MaxAutoReassigns = leaseMaxAutoReassigns
+			cfg.LeasePolicy = &leasePolicy
 			for _, s := range ruleActions {
 				a, err := supervisor.ParseRuleAction(s)
 				if err != nil {
@@ -152,6 +169,8 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&terminationChunk, "termination-chunk", supervisor.DefaultChunkSize, "nodes (or tool calls) one store transaction of a termination handles: a termination marks, revokes and records its subtree in chunks of this size, so no subtree is too large for one transaction")
 	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
 	f.StringArrayVar(&ruleActions, "stop-rule-action", nil, "start a termination at once for the stop proposals of matching stop rules: drain:<match> or abort:<match>, where <match> is severity=<s>, label:<k=v,...> or * (repeatable; the first match wins; unmatched proposals wait for an operator)")
+	f.StringVar(&leaseAckMiss, "lease-ack-miss", "expire", "what a job lease's missed ACK deadline leads to: expire (the generation expires; the coordinator reassigns or resolves the job) or reassign (the coordinator also offers generation + 1 to the same holder, at most --lease-max-auto-reassigns times in a row)")
+	f.Uint64Var(&leaseMaxAutoReassigns, "lease-max-auto-reassigns", lease.DefaultMaxAutoReassigns, "under --lease-ack-miss reassign, automatic reassignments of a job in a row; the next missed ACK leaves it EXPIRED until the coordinator reassigns or resolves it")
 	return cmd
 }
 

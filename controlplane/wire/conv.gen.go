@@ -497,6 +497,7 @@ func leaseProto(x lease.Lease) *tetherv1.Lease {
 		LastRenewTime:     timestamp(x.LastRenewTime),
 		LeaseTransitions:  x.Transitions,
 		TerminalDetail:    x.TerminalDetail,
+		AutoReassigns:     x.AutoReassigns,
 	}
 }
 
@@ -609,5 +610,6 @@ func leasePolicyProto(x lease.Policy) *tetherv1.LeasePolicy {
 		MaxLeaseDuration:     durationpb.New(x.MaxLeaseDuration),
 		DefaultAckTimeout:    durationpb.New(x.DefaultAckTimeout),
 		MaxUnresolvedBound:   durationpb.New(x.MaxUnresolvedBound),
+		MaxAutoReassigns:     x.MaxAutoReassigns,
 	}
 }

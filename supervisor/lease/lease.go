@@ -147,6 +147,10 @@ type Lease struct {
 	AcquireTime   time.Time
 	LastRenewTime time.Time
 	Transitions   uint64
+	// AutoReassigns counts the automatic reassignments (ack-miss policy
+	// reassign) since the job's last offer or explicit reassignment; see
+	// Policy.MaxAutoReassigns.
+	AutoReassigns uint64
 
 	// Owner is the agent that offered the job (its node id), or "" when an
 	// operator did. It is recorded by the first Offer and never changes:

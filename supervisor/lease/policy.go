@@ -16,7 +16,10 @@ const (
 	AckMissExpire AckMissPolicy = iota
 	// AckMissReassign: the generation expires, and ReassignDue tells the
 	// shell to issue an automatic Reassign (generation + 1) — unless an
-	// ownership conflict or a cancel request is recorded.
+	// ownership conflict or a cancel request is recorded, or the job has
+	// already been reassigned automatically Policy.MaxAutoReassigns times
+	// in a row; then the ACK miss leaves it EXPIRED, as under
+	// AckMissExpire.
 	AckMissReassign
 )
 
@@ -65,7 +68,14 @@ type Policy struct {
 	// job is closed as FAILED (it never proved success).
 	MaxUnresolvedBound time.Duration
 	AckMiss            AckMissPolicy
-	Restart            RestartPolicy
+	// MaxAutoReassigns bounds the automatic reassignments of AckMissReassign
+	// in a row (Lease.AutoReassigns): when a job has had this many and its
+	// generation misses the ACK deadline again, it stays EXPIRED until the
+	// coordinator reassigns or resolves it. A holder that never ACKs thus
+	// costs at most MaxAutoReassigns+1 generations and 2·MaxAutoReassigns+1
+	// evidence rows, not a row pair per ACK timeout for ever.
+	MaxAutoReassigns uint64
+	Restart          RestartPolicy
 	// RestartGrace is the minimum remaining window a restart leaves to a
 	// lease whose deadline fell during the downtime; RestartSpread is the
 	// window over which those extended deadlines are spread so they do not
@@ -83,6 +93,7 @@ type Policy struct {
 //	default ack timeout     10s
 //	max unresolved bound    24h
 //	ack miss                expire (a scheduler decides who gets the job next)
+//	max auto reassigns      3 (used only under ack miss reassign)
 //	restart                 extend: grace 30s, spread over 15s
 func DefaultPolicy() Policy {
 	return Policy{
@@ -93,11 +104,19 @@ func DefaultPolicy() Policy {
 		DefaultAckTimeout:    10 * time.Second,
 		MaxUnresolvedBound:   24 * time.Hour,
 		AckMiss:              AckMissExpire,
+		MaxAutoReassigns:     DefaultMaxAutoReassigns,
 		Restart:              RestartExtend,
 		RestartGrace:         30 * time.Second,
 		RestartSpread:        15 * time.Second,
 	}
 }
+
+// DefaultMaxAutoReassigns is DefaultPolicy's MaxAutoReassigns;
+// MaxAutoReassignsLimit is the largest Validate accepts.
+const (
+	DefaultMaxAutoReassigns uint64 = 3
+	MaxAutoReassignsLimit   uint64 = 100
+)
 
 // Validate reports whether the policy is coherent.
 func (p Policy) Validate() error {
@@ -119,6 +138,8 @@ func (p Policy) Validate() error {
 		return bad("max unresolved bound %s must be positive", p.MaxUnresolvedBound)
 	case p.AckMiss != AckMissExpire && p.AckMiss != AckMissReassign:
 		return bad("unknown ack miss policy %d", p.AckMiss)
+	case p.AckMiss == AckMissReassign && (p.MaxAutoReassigns < 1 || p.MaxAutoReassigns > MaxAutoReassignsLimit):
+		return bad("max automatic reassignments %d outside [1, %d] under ack miss policy reassign", p.MaxAutoReassigns, MaxAutoReassignsLimit)
 	case p.Restart != RestartExtend && p.Restart != RestartStrict:
 		return bad("unknown restart policy %d", p.Restart)
 	case p.Restart == RestartExtend && p.RestartGrace <= 0:
@@ -133,7 +154,9 @@ func (p Policy) Validate() error {
 // (tether.v1.LeasePolicy.ack_miss_policy).
 func (p Policy) AckMissBehavior() string {
 	if p.AckMiss == AckMissReassign {
-		return "reassign: a missed ACK expires the generation and the coordinator automatically offers generation + 1, unless an ownership conflict or a cancel request is recorded"
+		return fmt.Sprintf("reassign: a missed ACK expires the generation and the coordinator automatically offers generation + 1, "+
+			"unless an ownership conflict or a cancel request is recorded, at most %d times in a row; "+
+			"after that a missed ACK leaves the job EXPIRED until the coordinator reassigns or resolves it", p.MaxAutoReassigns)
 	}
 	return "expire: a missed ACK expires the generation; the coordinator reassigns or resolves the job explicitly"
 }
@@ -152,12 +175,20 @@ func (p Policy) RestartBehavior() string {
 // ReassignDue reports whether the policy wants the shell to reassign the
 // job automatically now: its generation missed the ACK deadline, the policy
 // is AckMissReassign, and nothing recorded (an ownership conflict, a cancel
-// request, a terminal result) calls for a human instead. The shell then
-// picks a holder and steps Reassign{Automatic: true}.
+// request, a terminal result) calls for a human instead, and the job has
+// had fewer than p.MaxAutoReassigns automatic reassignments in a row. The
+// shell then picks a holder and steps Reassign{Automatic: true}.
 func ReassignDue(l Lease, p Policy) bool {
 	return p.AckMiss == AckMissReassign &&
 		l.State == StateExpired &&
 		l.AckState == AckMissed &&
 		!l.OwnershipConflict &&
-		!l.CancelRequested
+		!l.CancelRequested &&
+		!AutoReassignsExhausted(l, p)
+}
+
+// AutoReassignsExhausted reports whether the job has used up the automatic
+// reassignments the reassign policy allows in a row.
+func AutoReassignsExhausted(l Lease, p Policy) bool {
+	return p.AckMiss == AckMissReassign && l.AutoReassigns >= p.MaxAutoReassigns
 }

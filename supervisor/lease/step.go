@@ -191,6 +191,10 @@ func (j *judge) observe() {
 			j.move(StateExpired, EventAckDeadlineMissed)
 			j.note("generation %d (lease %q, holder %q) missed its ACK deadline %s (observed at %s) and expired",
 				l.Generation, l.LeaseID, l.HolderIdentity, ts(l.AckDeadline), ts(j.now))
+			if AutoReassignsExhausted(*l, j.p) && !l.OwnershipConflict && !l.CancelRequested {
+				j.note("no automatic reassignment: the job was already reassigned automatically %d times in a row (the ack-miss policy's maximum is %d); it stays EXPIRED until the coordinator reassigns or resolves it",
+					l.AutoReassigns, j.p.MaxAutoReassigns)
+			}
 		}
 	case StateActive:
 		if !j.now.Before(l.ExpiresAt) {
@@ -503,6 +507,10 @@ func (j *judge) reassign(m Reassign) Decision {
 	case m.Automatic && l.OwnershipConflict:
 		return reject(EventOwnershipConflict, ErrOwnershipConflict,
 			"automatic %s refused: an ownership conflict with %q is recorded; only an explicit Reassign or Resolve may settle it", describe(m), l.ConflictHolder)
+	case m.Automatic && l.State == StateExpired && l.AckState == AckMissed && AutoReassignsExhausted(*l, j.p):
+		return reject(EventInvalidTransition, ErrInvalidTransition,
+			"automatic %s refused: the job was already reassigned automatically %d times in a row (the ack-miss policy's maximum is %d); only the coordinator may reassign or resolve it now",
+			describe(m), l.AutoReassigns, j.p.MaxAutoReassigns)
 	case m.Automatic && !ReassignDue(*l, j.p):
 		return reject(EventInvalidTransition, ErrInvalidTransition,
 			"automatic %s refused: policy %q allows automatic reassignment only after a missed ACK, and %s", describe(m), j.p.AckMiss, j.current())
@@ -542,7 +550,10 @@ func (j *judge) reassign(m Reassign) Decision {
 	j.move(StateOffered, EventReassigned)
 	how := "by the coordinator"
 	if m.Automatic {
-		how = "automatically, per ack-miss policy " + j.p.AckMiss.String()
+		l.AutoReassigns++
+		how = fmt.Sprintf("automatically, per ack-miss policy %s (automatic reassignment %d of at most %d in a row)", j.p.AckMiss, l.AutoReassigns, j.p.MaxAutoReassigns)
+	} else {
+		l.AutoReassigns = 0
 	}
 	return accept(EventReassigned, "%s %s (reason %q): was %s; generation %d OFFERED, ACK due by %s; every earlier generation is fenced off%s",
 		describe(m), how, m.Reason, previous, l.Generation, ts(l.AckDeadline), settled)

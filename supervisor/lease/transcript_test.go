@@ -417,6 +417,9 @@ func (tr *transcript) setPolicy(rest string) error {
 			*field = a.duration(key)
 		}
 	}
+	if _, ok := args["max_auto_reassigns"]; ok {
+		p.MaxAutoReassigns = a.uint("max_auto_reassigns")
+	}
 	switch v := a.str("ack_miss", p.AckMiss.String()); v {
 	case "expire":
 		p.AckMiss = lease.AckMissExpire
@@ -519,6 +522,7 @@ var leaseFields = map[string]leaseField{
 	"acquire_time":        timeField(func(l *lease.Lease) *time.Time { return &l.AcquireTime }),
 	"last_renew_time":     timeField(func(l *lease.Lease) *time.Time { return &l.LastRenewTime }),
 	"transitions":         uintField(func(l *lease.Lease) *uint64 { return &l.Transitions }),
+	"auto_reassigns":      uintField(func(l *lease.Lease) *uint64 { return &l.AutoReassigns }),
 	"owner":               stringField(func(l *lease.Lease) *string { return &l.Owner }),
 	"former_holders": {
 		get: func(l *lease.Lease) string {

@@ -451,8 +451,12 @@ type Lease struct {
 	LastRenewTime    *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=last_renew_time,json=lastRenewTime,proto3" json:"last_renew_time,omitempty"`
 	LeaseTransitions uint64                 `protobuf:"varint,29,opt,name=lease_transitions,json=leaseTransitions,proto3" json:"lease_transitions,omitempty"`
 	TerminalDetail   string                 `protobuf:"bytes,30,opt,name=terminal_detail,json=terminalDetail,proto3" json:"terminal_detail,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Automatic reassignments (ACK-miss policy reassign) since the job's
+	// offer or its last explicit reassignment; at
+	// LeasePolicy.max_auto_reassigns a missed ACK leaves the job EXPIRED.
+	AutoReassigns uint64 `protobuf:"varint,31,opt,name=auto_reassigns,json=autoReassigns,proto3" json:"auto_reassigns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Lease) Reset() {
@@ -693,6 +697,13 @@ func (x *Lease) GetTerminalDetail() string {
 		return x.TerminalDetail
 	}
 	return ""
+}
+
+func (x *Lease) GetAutoReassigns() uint64 {
+	if x != nil {
+		return x.AutoReassigns
+	}
+	return 0
 }
 
 type OfferResponse struct {
@@ -2418,8 +2429,12 @@ type LeasePolicy struct {
 	MaxUnresolvedBound   *durationpb.Duration `protobuf:"bytes,7,opt,name=max_unresolved_bound,json=maxUnresolvedBound,proto3" json:"max_unresolved_bound,omitempty"`
 	// Whether a missed ACK deadline leads to automatic reassignment.
 	AckMissPolicy string `protobuf:"bytes,8,opt,name=ack_miss_policy,json=ackMissPolicy,proto3" json:"ack_miss_policy,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Under the reassign ACK-miss policy, how many automatic reassignments
+	// of a job may follow one another; the next missed ACK leaves the job
+	// EXPIRED until the coordinator reassigns or resolves it.
+	MaxAutoReassigns uint64 `protobuf:"varint,9,opt,name=max_auto_reassigns,json=maxAutoReassigns,proto3" json:"max_auto_reassigns,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LeasePolicy) Reset() {
@@ -2506,6 +2521,13 @@ func (x *LeasePolicy) GetAckMissPolicy() string {
 		return x.AckMissPolicy
 	}
 	return ""
+}
+
+func (x *LeasePolicy) GetMaxAutoReassigns() uint64 {
+	if x != nil {
+		return x.MaxAutoReassigns
+	}
+	return 0
 }
 
 type GetPolicyResponse struct {
@@ -2793,7 +2815,7 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x12.tether.v1.OutcomeR\aoutcome\x126\n" +
 	"\vaudit_event\x18\x02 \x01(\x0e2\x15.tether.v1.AuditEventR\n" +
 	"auditEvent\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xdf\v\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x86\f\n" +
 	"\x05Lease\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
@@ -2829,7 +2851,8 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\facquire_time\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\vacquireTime\x12B\n" +
 	"\x0flast_renew_time\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\rlastRenewTime\x12+\n" +
 	"\x11lease_transitions\x18\x1d \x01(\x04R\x10leaseTransitions\x12'\n" +
-	"\x0fterminal_detail\x18\x1e \x01(\tR\x0eterminalDetail\"h\n" +
+	"\x0fterminal_detail\x18\x1e \x01(\tR\x0eterminalDetail\x12%\n" +
+	"\x0eauto_reassigns\x18\x1f \x01(\x04R\rautoReassigns\"h\n" +
 	"\rOfferResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.tether.v1.LeaseR\x05lease\x12/\n" +
 	"\bdecision\x18\x02 \x01(\v2\x13.tether.v1.DecisionR\bdecision\"f\n" +
@@ -2962,7 +2985,7 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x10EvidenceResponse\x12*\n" +
 	"\x04rows\x18\x01 \x03(\v2\x16.tether.v1.EvidenceRowR\x04rows\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x12\n" +
-	"\x10GetPolicyRequest\"\xf7\x03\n" +
+	"\x10GetPolicyRequest\"\xa5\x04\n" +
 	"\vLeasePolicy\x12!\n" +
 	"\fclock_source\x18\x01 \x01(\tR\vclockSource\x12@\n" +
 	"\x0eskew_allowance\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\rskewAllowance\x12)\n" +
@@ -2971,7 +2994,8 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x12max_lease_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x10maxLeaseDuration\x12I\n" +
 	"\x13default_ack_timeout\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x11defaultAckTimeout\x12K\n" +
 	"\x14max_unresolved_bound\x18\a \x01(\v2\x19.google.protobuf.DurationR\x12maxUnresolvedBound\x12&\n" +
-	"\x0fack_miss_policy\x18\b \x01(\tR\rackMissPolicy\"C\n" +
+	"\x0fack_miss_policy\x18\b \x01(\tR\rackMissPolicy\x12,\n" +
+	"\x12max_auto_reassigns\x18\t \x01(\x04R\x10maxAutoReassigns\"C\n" +
 	"\x11GetPolicyResponse\x12.\n" +
 	"\x06policy\x18\x01 \x01(\v2\x16.tether.v1.LeasePolicyR\x06policy\"\x8d\x03\n" +
 	"\x0eChannelRequest\x12%\n" +

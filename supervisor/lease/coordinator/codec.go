@@ -15,10 +15,11 @@ import (
 // schema version; a reader refuses versions it does not know rather than
 // guess (a newer binary migrates, an older one must not misread).
 const (
-	// leaseSchema 1 records carry the first leaseFieldsV1 fields; 2 (what
-	// is written now) every field.
+	// leaseSchema 1 records carry the first leaseFieldsV1 fields, 2 the
+	// first leaseFieldsV2; 3 (what is written now) every field.
 	leaseSchemaV1 byte = 1
-	leaseSchema   byte = 2
+	leaseSchemaV2 byte = 2
+	leaseSchema   byte = 3
 	// evidenceSchema 1 rows carry the whole lease; 2 (what is written
 	// now) carry a delta against the row before (delta.go).
 	evidenceSchemaFull  byte = 1
@@ -26,9 +27,17 @@ const (
 	// evidenceSchemaAnchor rows carry the whole lease (every field) and
 	// the reason verbatim, like schema 1: every anchorEvery-th row of a
 	// job is one, so a page of evidence decodes from the anchor before it
-	// instead of from row 1.
-	evidenceSchemaAnchor byte = 3
+	// instead of from row 1. Anchors of schema 3 were written with the
+	// first leaseFieldsV2 fields, those of schema 5 (what is written now)
+	// with every field.
+	evidenceSchemaAnchorV2 byte = 3
+	evidenceSchemaAnchor   byte = 5 // 4 is evidenceSchemaPack
 )
+
+// isAnchorRow reports whether a stored row is an anchor (of any schema).
+func isAnchorRow(b []byte) bool {
+	return len(b) > 0 && (b[0] == evidenceSchemaAnchor || b[0] == evidenceSchemaAnchorV2)
+}
 
 // anchorEvery is how often a job's row is written whole (rows
 // anchorEvery, 2·anchorEvery, …; row 1 decodes against the empty lease
@@ -220,8 +229,10 @@ func decodeRecord(b []byte) (record, error) {
 		return record{}, d.err
 	case v == leaseSchemaV1:
 		fields = leaseFieldsV1
+	case v == leaseSchemaV2:
+		fields = leaseFieldsV2
 	case v != leaseSchema:
-		return record{}, fmt.Errorf("%w: lease schema version %d is not %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchema)
+		return record{}, fmt.Errorf("%w: lease schema version %d is not %d, %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchemaV2, leaseSchema)
 	}
 	var r record
 	r.Rows = d.uint()
@@ -277,9 +288,12 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 	switch v := d.byte1("schema version"); {
 	case d.err != nil:
 		return storedRow{}, d.err
-	case v == evidenceSchemaFull || v == evidenceSchemaAnchor:
+	case v == evidenceSchemaFull || v == evidenceSchemaAnchorV2 || v == evidenceSchemaAnchor:
 		fields := leaseFieldsV1
-		if v == evidenceSchemaAnchor {
+		switch v {
+		case evidenceSchemaAnchorV2:
+			fields = leaseFieldsV2
+		case evidenceSchemaAnchor:
 			fields = leaseFields
 		}
 		r.Number = d.uint()
@@ -292,7 +306,7 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		return r, d.done()
 	case v == evidenceSchemaDelta:
 	default:
-		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchor)
+		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchorV2, evidenceSchemaAnchor)
 	}
 	r.Number = d.uint()
 	r.DecidedAt = d.time()

@@ -18,7 +18,7 @@ func sampleLease() lease.Lease {
 		RenewSequence: 3, RenewTime: at.Add(time.Second), ProgressSequence: 14, ProgressValue: "70%",
 		CancelRequested: true, CancelRequestedAt: at.Add(2 * time.Second), TerminalDetail: "d", StaleGeneration: true,
 		LateProgress: true, OwnershipConflict: true, ConflictHolder: "n_x", AcquireTime: at, LastRenewTime: at.Add(time.Second), Transitions: 7,
-		Owner: "n_planner", FormerHolders: [lease.MaxFormerHolders]string{"n_a", "n_b"},
+		Owner: "n_planner", FormerHolders: [lease.MaxFormerHolders]string{"n_a", "n_b"}, AutoReassigns: 2,
 	}
 }
 
@@ -32,7 +32,7 @@ func TestSchemaOneRecordsStillDecode(t *testing.T) {
 		encodeField(&e, i, &l, 0)
 	}
 	got, err := decodeRecord(e.b)
-	l.Owner, l.FormerHolders = "", [lease.MaxFormerHolders]string{}
+	l.Owner, l.FormerHolders, l.AutoReassigns = "", [lease.MaxFormerHolders]string{}, 0
 	if err != nil || got != (record{Lease: l, Rows: 42}) {
 		t.Fatalf("schema 1 record: %v\n got %+v\nwant %+v", err, got, l)
 	}

@@ -805,7 +805,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 				var rr rowReader
 				first := true
 				return jobRows(tx, job, start, log, func(_ uint64, key, value []byte) error {
-					if first && start > 1 && (len(value) == 0 || value[0] != evidenceSchemaAnchor) {
+					if first && start > 1 && !isAnchorRow(value) {
 						return errNoAnchor
 					}
 					first = false

@@ -37,9 +37,13 @@ import (
 // row's mask, and a full lease (records, schema-1 rows) is every field in
 // order with absolute times (base 0). Records of schema 1 and schema-1 rows
 // were written with the first leaseFieldsV1 fields; the fields after them
-// (Owner, FormerHolders) are zero there.
+// (Owner, FormerHolders, AutoReassigns) are zero there. Records of schema 2
+// and anchors of schema 3 were written with the first leaseFieldsV2 fields
+// (no AutoReassigns: it reads as 0). A delta row from before AutoReassigns
+// never sets its bit, so it decodes unchanged.
 const (
-	leaseFields   = 32
+	leaseFields   = 33
+	leaseFieldsV2 = 32
 	leaseFieldsV1 = 30
 )
 
@@ -131,6 +135,8 @@ func (c fieldCodec) field(i int, l *lease.Lease) {
 		c.str(&l.Owner)
 	case 31:
 		c.formerHolders(&l.FormerHolders)
+	case 32:
+		c.uint(&l.AutoReassigns)
 	}
 }
 

@@ -83,7 +83,8 @@
 // its own evidence row) are separate steps. A shard sleeps until its next
 // deadline, at most Config.MaxWait, so a clock that jumps (a manual clock in
 // tests) is noticed quickly. When lease.ReassignDue says so (policy
-// AckMissReassign, a missed ACK, no ownership conflict, no cancel request),
+// AckMissReassign, a missed ACK, no ownership conflict, no cancel request,
+// fewer than Policy.MaxAutoReassigns automatic reassignments in a row),
 // the shard offers generation + 1 itself (Reassign{Automatic: true}) to
 // Config.PickHolder's choice, by default the same holder.
 //
