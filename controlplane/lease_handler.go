@@ -543,6 +543,23 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		return nil, err
 	}
 	l, err := h.readable(ctx, p, req.Msg.JobId)
+	if p.IsToolServer() {
+		// A fence asks about every generation a caller claims above the
+		// highest it saw: charged to that job's reads at this tool server,
+		// or to its refusals for a job that does not exist, so a rogue
+		// caller naming jobs spends neither the tool server's own budget
+		// nor another job's.
+		switch {
+		case err == nil:
+			if cerr := auth.ChargeJob(ctx, req.Msg.JobId); cerr != nil {
+				return nil, cerr
+			}
+		default: // no such job, a malformed id
+			if cerr := auth.ChargeRefused(ctx); cerr != nil {
+				return nil, cerr
+			}
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

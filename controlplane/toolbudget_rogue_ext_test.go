@@ -11,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
@@ -219,4 +220,57 @@ func storeDigest(t *testing.T, srv *testserver.Server) [32]byte {
 	var sum [32]byte
 	copy(sum[:], h.Sum(nil))
 	return sum
+}
+
+// A fenced tool server (agentsdk.Fence with IssuedGenerations) asks the
+// coordinator about every generation a caller claims above the highest it
+// saw, and a refused one raises nothing, so a caller can have it ask
+// again and again. A rogue names made-up jobs, then its own job with a
+// generation nobody was issued, until each is refused: the made-up jobs
+// spend the tool server's refusals, its own job that job's reads at that
+// tool server. An honest holder's new generation of another job is still
+// admitted.
+func TestARogueNamingJobsAtAFenceDoesNotFreezeOtherJobs(t *testing.T) {
+	srv := budgetServer(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	honest := register(t, admin, "honest")
+	rogue := register(t, admin, "rogue")
+	offer := func(job, holder string) *tetherv1.Lease {
+		resp, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(5 * time.Minute)}))
+		if err != nil {
+			t.Fatalf("offer %s: %v", job, err)
+		}
+		return resp.Msg.Lease
+	}
+	honestLease := offer("honest-job", honest.Node.NodeId)
+	offer("rogue-job", rogue.Node.NodeId)
+	tool := agentsdk.Dial(srv.URL, srv.ToolServerToken(t, "fenced-tool"), agentsdk.WithHTTPClient(srv.HTTP))
+	fence := agentsdk.Fence{Check: agentsdk.IssuedGenerations(tool)}
+
+	flood := func(what string, admit func(i int) error) error {
+		t.Helper()
+		for i := range 64 {
+			err := admit(i)
+			if connect.CodeOf(err) == connect.CodeResourceExhausted {
+				return err
+			}
+			if !errors.Is(err, agentsdk.ErrUnissuedGeneration) {
+				t.Fatalf("%s %d: %v, want ErrUnissuedGeneration until refused", what, i, err)
+			}
+		}
+		t.Fatalf("%s were never refused; the probe tests nothing", what)
+		return nil
+	}
+	flood("made-up jobs", func(i int) error { return fence.AdmitContext(ctx, fmt.Sprintf("made-up-%d", i), 1) })
+	err := flood("the rogue's job's unissued generations", func(int) error { return fence.AdmitContext(ctx, "rogue-job", 999) })
+	if err := fence.AdmitContext(ctx, "honest-job", honestLease.LeaseGeneration); err != nil {
+		t.Fatalf("the honest holder's generation at the fence the rogue flooded: %v", err)
+	}
+	if !strings.Contains(err.Error(), "job rogue-job") {
+		t.Fatalf("the rogue's refusal: %v, want it to name its job", err)
+	}
+	if fence.Highest("rogue-job") != 0 {
+		t.Fatalf("the rogue raised its job's fence to %d", fence.Highest("rogue-job"))
+	}
 }

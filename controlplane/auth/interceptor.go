@@ -54,16 +54,18 @@ type Interceptor struct {
 	// would leave a call the gate saw end in flight in the record — which a
 	// rogue could bring about by spending a shared gate's budget.
 	Evidence map[string]bool
-	// Relayed are the procedures by which a tool server relays an agent's
-	// capability token for the control plane to check (BeginCall). The
-	// interceptor does not charge a tool server for them: the handler
-	// does, once it knows whose call it is — to the lineage of the agent
-	// whose token verified (ChargeRelayed), or to the tool server's own
-	// refusal budget for a token that did not (ChargeRefused). A gate
-	// asks about every token it is shown, so charging the gate would let
-	// one rogue caller, sending made-up tokens or its own many times,
-	// spend the gate's budget and have every agent's calls through it
-	// refused.
+	// Relayed are the procedures by which a tool server asks about what a
+	// caller showed it: an agent's capability token (BeginCall), the job
+	// a fenced side effect names (GetLease). The interceptor does not
+	// charge a tool server for them: the handler does, once it knows whose
+	// request it is — to the lineage of the agent whose token verified
+	// (ChargeRelayed), to the tool server's budget for that job
+	// (ChargeJob), or to the tool server's refusal budget for a token
+	// that did not verify or a job that does not exist (ChargeRefused). A
+	// gate asks about everything it is shown, so charging the gate would
+	// let one rogue caller, sending made-up tokens or jobs or its own many
+	// times, spend the gate's budget and have every agent's calls through
+	// it refused.
 	Relayed map[string]bool
 	// Upkeep are the procedures by which an agent keeps itself accounted
 	// for: its session and heartbeats, its lease renewals, cancel
@@ -295,9 +297,25 @@ func ChargeRelayed(ctx context.Context, lineage, agent string) error {
 	return nil
 }
 
+// ChargeJob charges a tool server's relayed read of job (a fence asking
+// whether a generation was issued) to the tool server's budget for that
+// job, apart from its own: a rogue caller that keeps naming a job, its own
+// or another's, spends that job's reads at that tool server only. It is a
+// no-op outside a relayed call the Interceptor admitted.
+func ChargeJob(ctx context.Context, job string) error {
+	m, ok := relayed(ctx)
+	if !ok {
+		return nil
+	}
+	if ok, wait := m.i.Limiter.Allow(m.p.Budget() + "/job:" + job); !ok {
+		return m.refused(rateLimited(fmt.Sprintf("%s's reads of job %s", m.p.ID(), job), wait))
+	}
+	return nil
+}
+
 // ChargeRefused charges a relayed call whose capability token did not
-// verify (or whose request was refused before it was checked) to the tool
-// server's refusal budget, apart from its own: a gate relaying garbage is
+// verify, or whose job does not exist (or whose request was refused
+// before it was checked), to the tool server's refusal budget, apart from its own: a gate relaying garbage is
 // bounded, and its own calls, and the valid tokens it relays, are not
 // refused for it.
 func ChargeRefused(ctx context.Context) error {
@@ -329,7 +347,7 @@ func RefusalsSpent(ctx context.Context) error {
 func refusalBudget(p Principal) string { return p.Budget() + "/refused" }
 
 func refusalsLimited(p Principal, wait time.Duration) error {
-	return rateLimited(fmt.Sprintf("capability tokens relayed by %s that do not verify", p.ID()), wait)
+	return rateLimited(fmt.Sprintf("%s's requests refused (capability tokens that do not verify, jobs that do not exist)", p.ID()), wait)
 }
 
 // relayed returns the meter of a relayed call a tool server made.
