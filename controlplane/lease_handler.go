@@ -549,15 +549,12 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		// or to its refusals for a job that does not exist, so a rogue
 		// caller naming jobs spends neither the tool server's own budget
 		// nor another job's.
-		switch {
-		case err == nil:
-			if cerr := auth.ChargeJob(ctx, req.Msg.JobId); cerr != nil {
-				return nil, cerr
-			}
-		default: // no such job, a malformed id
-			if cerr := auth.ChargeRefused(ctx); cerr != nil {
-				return nil, cerr
-			}
+		charge := auth.ChargeRefused // no such job, a malformed id
+		if err == nil {
+			charge = func(ctx context.Context) error { return auth.ChargeJob(ctx, req.Msg.JobId) }
+		}
+		if cerr := charge(ctx); cerr != nil {
+			return nil, cerr
 		}
 	}
 	if err != nil {
