@@ -543,6 +543,20 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		return nil, err
 	}
 	l, err := h.readable(ctx, p, req.Msg.JobId)
+	if p.IsToolServer() {
+		// A fence asks about every generation a caller claims above the
+		// highest it saw: charged to that job's reads at this tool server,
+		// or to its refusals for a job that does not exist, so a rogue
+		// caller naming jobs spends neither the tool server's own budget
+		// nor another job's.
+		charge := auth.ChargeRefused // no such job, a malformed id
+		if err == nil {
+			charge = func(ctx context.Context) error { return auth.ChargeJob(ctx, req.Msg.JobId) }
+		}
+		if cerr := charge(ctx); cerr != nil {
+			return nil, cerr
+		}
+	}
 	if err != nil {
 		return nil, err
 	}

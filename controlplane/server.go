@@ -360,6 +360,10 @@ func (s *Server) buildHandler() error {
 			tetherv1connect.ToolServiceEndCallProcedure:   true,
 			tetherv1connect.ToolServiceCancelAckProcedure: true,
 		},
+		Relayed: map[string]bool{
+			tetherv1connect.ToolServiceBeginCallProcedure: true,
+			tetherv1connect.LeaseServiceGetLeaseProcedure: true,
+		},
 		Upkeep: map[string]bool{
 			tetherv1connect.AgentServiceSessionProcedure:     true,
 			tetherv1connect.AgentServiceHeartbeatProcedure:   true,

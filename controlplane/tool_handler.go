@@ -57,11 +57,39 @@ func (t *toolService) BeginCall(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID())
+	// Once the gate's refusals are spent, a token that could not verify is
+	// refused before any signature work; one that might is still checked,
+	// as another lineage's valid token must still begin.
+	if err := auth.RefusalsSpent(ctx); err != nil && !t.s.grants.Plausible(req.Msg.Token) {
+		return nil, err
+	}
+	call, err := l.Begin(ctx, req.Msg.Token, req.Msg.Tool, gate, req.Msg.RequiredScope, p.ID(), t.charge)
 	if err != nil {
 		return nil, toConnect(err)
 	}
 	return connect.NewResponse(&tetherv1.BeginCallResponse{Call: wire.ToolCall(call)}), nil
+}
+
+// charge charges a relayed BeginCall to whoever it belongs to: the lineage
+// of the token's holder, or (nodeID "", or a holder the tree does not know)
+// the gate's refusal budget. A gate asks about every token it is shown, so
+// one rogue caller must not spend what every caller of the gate shares.
+func (t *toolService) charge(ctx context.Context, nodeID string) error {
+	if nodeID == "" {
+		return auth.ChargeRefused(ctx)
+	}
+	lineage, ok := "", false
+	if t.s.active != nil {
+		lineage, ok, _ = t.s.active.lookup(nodeID)
+	}
+	if !ok {
+		n, err := t.s.tree.Get(ctx, nodeID)
+		if err != nil {
+			return auth.ChargeRefused(ctx)
+		}
+		lineage = lineageOf(n)
+	}
+	return auth.ChargeRelayed(ctx, lineage, "agent:"+nodeID)
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {

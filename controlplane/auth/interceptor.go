@@ -59,6 +59,19 @@ type Interceptor struct {
 	// would leave a call the gate saw end in flight in the record — which a
 	// rogue could bring about by spending a shared gate's budget.
 	Evidence map[string]bool
+	// Relayed are the procedures by which a tool server asks about what a
+	// caller showed it: an agent's capability token (BeginCall), the job
+	// a fenced side effect names (GetLease). The interceptor does not
+	// charge a tool server for them: the handler does, once it knows whose
+	// request it is — to the lineage of the agent whose token verified
+	// (ChargeRelayed), to the tool server's budget for that job
+	// (ChargeJob), or to the tool server's refusal budget for a token
+	// that did not verify or a job that does not exist (ChargeRefused). A
+	// gate asks about everything it is shown, so charging the gate would
+	// let one rogue caller, sending made-up tokens or jobs or its own many
+	// times, spend the gate's budget and have every agent's calls through
+	// it refused.
+	Relayed map[string]bool
 	// Upkeep are the procedures by which an agent keeps itself accounted
 	// for: its session and heartbeats, its lease renewals, cancel
 	// acknowledgements and completions, its tool calls' ends and cancel
@@ -183,7 +196,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			return ctx, err
 		}
 	}
-	if p.Kind == KindToolServer && i.Evidence[procedure] {
+	if p.Kind == KindToolServer && (i.Evidence[procedure] || i.Relayed[procedure]) {
 		return WithPrincipal(ctx, p), nil
 	}
 	if err := i.charge(p, procedure, 1); err != nil {
@@ -271,6 +284,92 @@ func Spend(ctx context.Context, n int) error {
 		return nil
 	}
 	return m.i.charge(m.p, m.procedure, n)
+}
+
+// ChargeRelayed charges a call a tool server relayed (Interceptor.Relayed)
+// to the budget of lineage, the lineage of agent (a principal id), whose
+// capability token verified: the agent's call spends what its own calls
+// would. The refusal names the lineage. It is a no-op outside a relayed
+// call the Interceptor admitted.
+func ChargeRelayed(ctx context.Context, lineage, agent string) error {
+	m, ok := relayed(ctx)
+	if !ok || lineage == "" {
+		return nil
+	}
+	if ok, wait := m.i.Limiter.Allow("lineage:" + lineage); !ok {
+		return m.refused(rateLimited(fmt.Sprintf("lineage %s (%s, whose capability token %s relayed, shares it with its root and every descendant)", lineage, agent, m.p.ID()), wait))
+	}
+	return nil
+}
+
+// ChargeJob charges a tool server's relayed read of job (a fence asking
+// whether a generation was issued) to the tool server's budget for that
+// job, apart from its own: a rogue caller that keeps naming a job, its own
+// or another's, spends that job's reads at that tool server only. It is a
+// no-op outside a relayed call the Interceptor admitted.
+func ChargeJob(ctx context.Context, job string) error {
+	m, ok := relayed(ctx)
+	if !ok {
+		return nil
+	}
+	if ok, wait := m.i.Limiter.Allow(m.p.Budget() + "/job:" + job); !ok {
+		return m.refused(rateLimited(fmt.Sprintf("%s's reads of job %s", m.p.ID(), job), wait))
+	}
+	return nil
+}
+
+// ChargeRefused charges a relayed call whose capability token did not
+// verify, or whose job does not exist (or whose request was refused
+// before it was checked), to the tool server's refusal budget, apart from its own: a gate relaying garbage is
+// bounded, and its own calls, and the valid tokens it relays, are not
+// refused for it.
+func ChargeRefused(ctx context.Context) error {
+	m, ok := relayed(ctx)
+	if !ok {
+		return nil
+	}
+	if ok, wait := m.i.Limiter.Allow(refusalBudget(m.p)); !ok {
+		return m.refused(refusalsLimited(m.p, wait))
+	}
+	return nil
+}
+
+// RefusalsSpent returns the refusal ChargeRefused would answer, without
+// charging anything, when the tool server's refusal budget is spent; nil
+// otherwise. A handler asks it before expensive work on a token that
+// would likely be refused.
+func RefusalsSpent(ctx context.Context) error {
+	m, ok := relayed(ctx)
+	if !ok {
+		return nil
+	}
+	if limited, wait := m.i.Limiter.Exhausted(refusalBudget(m.p)); limited {
+		return m.refused(refusalsLimited(m.p, wait))
+	}
+	return nil
+}
+
+func refusalBudget(p Principal) string { return p.Budget() + "/refused" }
+
+func refusalsLimited(p Principal, wait time.Duration) error {
+	return rateLimited(fmt.Sprintf("%s's requests refused (capability tokens that do not verify, jobs that do not exist)", p.ID()), wait)
+}
+
+// relayed returns the meter of a relayed call a tool server made.
+func relayed(ctx context.Context) (*meter, bool) {
+	m, ok := ctx.Value(meterKey{}).(*meter)
+	if !ok || m.p.Kind != KindToolServer || !m.i.Relayed[m.procedure] {
+		return nil, false
+	}
+	return m, true
+}
+
+// refused tells the RateLimited hook of a refusal.
+func (m *meter) refused(err error) error {
+	if m.i.RateLimited != nil {
+		m.i.RateLimited(m.procedure)
+	}
+	return err
 }
 
 type meterKey struct{}

@@ -104,20 +104,44 @@ var (
 // confirmed gets ErrNodeExited, and the attempt is kept on the node as
 // contradicting evidence. A running node with MaxOpenCallsPerNode calls in
 // flight through the gate gets tree.ErrLimit, and nothing is written.
-func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string) (*ToolCall, error) {
+//
+// charge, when set, is told whose request this is before Begin writes
+// anything: the token's holder node once the token's signature checks out
+// and names a grant (valid, or revoked or expired in the store: a dead
+// credential's use is its holder's activity), or "" for a request refused
+// before that (a bad argument, a token that does not verify, has expired or
+// lacks the scope). An error from it refuses the request as it stands,
+// writing nothing: the server charges a call to its holder's rate budget
+// and the rest to the gate's.
+func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, by string, charge func(ctx context.Context, nodeID string) error) (*ToolCall, error) {
+	if charge == nil {
+		charge = func(context.Context, string) error { return nil }
+	}
+	refuse := func(err error) error {
+		if cerr := charge(ctx, ""); cerr != nil {
+			return cerr
+		}
+		return err
+	}
 	if !toolPattern.MatchString(tool) {
-		return nil, fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
+		return nil, refuse(fmt.Errorf("%w: tool must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument))
 	}
 	if !gatePattern.MatchString(gateID) {
-		return nil, fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument)
+		return nil, refuse(fmt.Errorf("%w: gate_id must be 1-128 characters of letters, digits and . _ : / -", tree.ErrInvalidArgument))
 	}
 	if token == "" {
-		return nil, fmt.Errorf("%w: token is required", tree.ErrInvalidArgument)
+		return nil, refuse(fmt.Errorf("%w: token is required", tree.ErrInvalidArgument))
 	}
 	if requiredScope == "" {
 		requiredScope = "tool:" + tool
 	}
 	nodeID, grantID, err := l.Tokens.CheckToken(ctx, token, requiredScope)
+	// Charged before anything is written: to the holder when the token is
+	// its (valid, or a dead credential of a known node, whose use is the
+	// holder's activity), else to the gate. A refusal writes nothing.
+	if cerr := charge(ctx, nodeID); cerr != nil {
+		return nil, cerr
+	}
 	if err != nil {
 		if nodeID != "" {
 			// A dead credential of a known node, still in use.
