@@ -1,0 +1,115 @@
+package console_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/chromedp/chromedp"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// TestARoguesTextIsInertAndVisibleInTheBrowser: the rogue writes the
+// strings an operator's browser shows — job ids it holds, a stop
+// proposal's reason and condition, a job's terminal detail — and fills them
+// with markup that would run script in the operator's session (a <script>,
+// an <img onerror>, an attribute-breaking quote) and with invisible
+// characters: "job-1\u200b" beside worker-1's "job-1" (two jobs that read
+// alike), a right-to-left override that reverses what follows it, a word
+// joiner, a byte-order mark, a line separator. In real Chromium: no script
+// of the rogue's runs (html/template escapes it, the CSP forbids inline
+// script), its markup reads as text, and every invisible character is
+// shown escaped (\u200b, \u202e) on the leases, node, record and evidence
+// pages and in the termination's live stream — so the operator sees two
+// different jobs, and no cell is reordered.
+func TestARoguesTextIsInertAndVisibleInTheBrowser(t *testing.T) {
+	ctx := chrome(t)
+	w := newWorld(t)
+	base := w.srv.URL
+	bg := context.Background()
+	rogueID := w.nodes["rogue"].NodeId
+	rogue := w.srv.Clients(w.creds["rogue"])
+	const xss = `"><script>window.pwned=1</script><img src=x onerror="window.pwned=2">`
+	lookalike := "job-1\u200b"
+	reversing := "job-2\u202e\u2060\ufeff\u2028" + xss
+	for _, job := range []string{lookalike, reversing} {
+		offered, err := w.admin.Lease.Offer(bg, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: rogueID, LeaseDuration: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatalf("offer %q: %v", job, err)
+		}
+		l := offered.Msg.Lease
+		if _, err := rogue.Lease.Ack(bg, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rogue.Lease.Progress(bg, connect.NewRequest(&tetherv1.ProgressRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: "40%\u202e" + xss})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := rogue.Agent.ProposeStop(bg, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1000", Reason: "stop\u200b " + xss + " terminated"})); err != nil {
+		t.Fatal(err)
+	}
+
+	signInBrowser(t, ctx, base, w.srv.Admin)
+	visible := func(what, path, ready string) string {
+		t.Helper()
+		run(t, ctx, what, chromedp.Navigate(base+path), chromedp.WaitVisible(chromedp.CSS(ready)))
+		text := get(t, ctx, what+": the page's text", chromedp.Evaluate[string](`document.querySelector("main").innerText`))
+		if pwned := get(t, ctx, what+": did the rogue's script run", chromedp.Evaluate[bool](`window.pwned !== undefined || document.querySelector("main script, main img[onerror]") !== null`)); pwned {
+			t.Fatalf("%s: the rogue's markup became live elements (script ran: %v)", what, pwned)
+		}
+		if i := strings.IndexFunc(text, invisibleRune); i >= 0 {
+			t.Errorf("%s shows the rogue's invisible character %q as is:\n%q", what, []rune(text[i:])[0], text)
+		}
+		return text
+	}
+	text := visible("the leases page", "/ui/leases", "main table")
+	for _, want := range []string{`job-1\u200b`, `job-2\u202e`, "<script>window.pwned=1</script>"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the leases page does not show %q:\n%s", want, text)
+		}
+	}
+	text = visible("the rogue's node page", "/ui/nodes/"+rogueID, "main h1")
+	for _, want := range []string{`job-1\u200b`, `stop\u200b`, `<img src=x onerror="window.pwned=2">`} {
+		if !strings.Contains(text, want) {
+			t.Errorf("the rogue's node page does not show %q:\n%s", want, text)
+		}
+	}
+	visible("the lookalike job's evidence matrix", "/ui/jobs/"+pathEscape(lookalike)+"/evidence", "#evidence")
+	visible("the reversing job's evidence matrix", "/ui/jobs/"+pathEscape(reversing)+"/evidence", "#evidence")
+
+	// Stop worker-1's subtree; the rogue never confirms and is left
+	// unaccounted, holding its jobs: the record names them escaped.
+	term, err := w.admin.Supervisor.Terminate(bg, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.nodes["worker-1"].NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0), Reason: "rogue10",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := w.waitTermination(t, term.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	text = visible("the record", "/ui/records/"+done.RecordId, "#unaccounted")
+	if !strings.Contains(text, `job-1\u200b`) || !strings.Contains(text, `job-2\u202e`) {
+		t.Errorf("the record does not name the rogue's jobs escaped:\n%s", text)
+	}
+}
+
+func invisibleRune(r rune) bool {
+	return r != '\n' && r != '\t' && r != '\r' && (r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) ||
+		r == 0xad || (r >= 0x200b && r <= 0x200f) || (r >= 0x2028 && r <= 0x202e) || (r >= 0x2060 && r <= 0x206f) || r == 0xfeff)
+}
+
+func pathEscape(s string) string {
+	var b strings.Builder
+	for _, c := range []byte(s) {
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.' {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteString("%" + strings.ToUpper(string("0123456789abcdef"[c>>4])+string("0123456789abcdef"[c&15])))
+	}
+	return b.String()
+}
