@@ -81,6 +81,34 @@ func TestARoguesTextIsInertAndVisibleInTheBrowser(t *testing.T) {
 	visible("the lookalike job's evidence matrix", "/ui/jobs/"+pathEscape(lookalike)+"/evidence", "#evidence")
 	visible("the reversing job's evidence matrix", "/ui/jobs/"+pathEscape(reversing)+"/evidence", "#evidence")
 
+	// The live revocation feed: the rogue delegates to a child it spawns and
+	// revokes that grant with its own reason; the page's script puts the
+	// event's reason into the table as text, escaped like the pages.
+	run(t, ctx, "the revocation feed",
+		chromedp.Navigate(base+"/ui/revocations"),
+		chromedp.Poll[chromedp.Void](`document.querySelector("#feed-status").textContent === "Live."`),
+	)
+	kid, err := rogue.Agent.Spawn(bg, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueID, Name: "kid"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	given, err := rogue.Capability.Delegate(bg, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: w.grants["rogue"], HolderNodeId: kid.Msg.Node.NodeId, Scopes: []string{"tool:http"}, Ttl: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rogue.Capability.Revoke(bg, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: given.Msg.Grant.GrantId}, Reason: "fine\u202e\u200b" + xss})); err != nil {
+		t.Fatal(err)
+	}
+	row := `#feed tbody tr:has(a[href="/ui/grants/` + given.Msg.Grant.GrantId + `"])`
+	run(t, ctx, "the rogue's revocation arrives", chromedp.WaitVisible(chromedp.CSS(row)))
+	reason := get(t, ctx, "the revocation's reason", chromedp.Evaluate[string](`document.querySelector('`+row+`').innerText`))
+	if pwned := get(t, ctx, "did the rogue's script run", chromedp.Evaluate[bool](`window.pwned !== undefined || document.querySelector("#feed script, #feed img") !== null`)); pwned {
+		t.Fatalf("the feed made the rogue's reason live markup")
+	}
+	if strings.IndexFunc(reason, invisibleRune) >= 0 || !strings.Contains(reason, `fine\u202e\u200b"><script>`) {
+		t.Errorf("the feed shows the rogue's reason as %q, want its invisible characters escaped and its markup as text", reason)
+	}
+
 	// Stop worker-1's subtree; the rogue never confirms and is left
 	// unaccounted, holding its jobs: the record names them escaped.
 	term, err := w.admin.Supervisor.Terminate(bg, connect.NewRequest(&tetherv1.TerminateRequest{
