@@ -87,3 +87,46 @@ func TestARoguesInvisibleCharactersAreShownToTheOperator(t *testing.T) {
 		t.Errorf("tether record show does not name the rogue's jobs so that they read apart from job-1:\n%s", out)
 	}
 }
+
+// TestARogueCannotNameAChildLikeAnotherNodesID: the console's tree and the
+// CLI's tree and record lines show a node's name first, and an operator
+// finds a node by its id. A rogue that names its child after another node's
+// id ("n_…", the worker it wants stopped in its place) — or after any other
+// kind of Tether id — is refused with invalid_argument, and nothing is
+// spawned; `tether agent ls` shows no such name.
+func TestARogueCannotNameAChildLikeAnotherNodesID(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := srv.Clients(root.Msg.Credential)
+	victim, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogueNode, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "rogue"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue := srv.Clients(rogueNode.Msg.Credential)
+	for _, name := range []string{victim.Msg.Node.NodeId, "g_00000000000000000000", "t_abcdefghjkmnpqrstvwx"} {
+		_, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Msg.Node.NodeId, Name: name}))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "id") {
+			t.Errorf("a child named %q: got %v, want invalid_argument saying a name may not look like an id", name, err)
+		}
+		if _, err := rogue.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: rogueNode.Msg.Node.NodeId, Children: []*tetherv1.SpawnBatchChild{{Name: name}}})); connect.CodeOf(err) != connect.CodeInvalidArgument {
+			t.Errorf("a batch child named %q: got %v, want invalid_argument", name, err)
+		}
+	}
+	out := mustCLI(t, srv.URL, srv.Admin, "agent", "ls")
+	if strings.Count(out, victim.Msg.Node.NodeId) != 1 {
+		t.Errorf("tether agent ls shows the victim's id more than once:\n%s", out)
+	}
+	// A name that only starts like one is a name.
+	if _, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Msg.Node.NodeId, Name: "n_helper"})); err != nil {
+		t.Errorf("a child named n_helper: %v", err)
+	}
+}
