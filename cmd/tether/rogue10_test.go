@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode"
@@ -10,6 +11,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -128,5 +130,61 @@ func TestARogueCannotNameAChildLikeAnotherNodesID(t *testing.T) {
 	// A name that only starts like one is a name.
 	if _, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Msg.Node.NodeId, Name: "n_helper"})); err != nil {
 		t.Errorf("a child named n_helper: %v", err)
+	}
+}
+
+// syncBuffer is a log sink the server's goroutines write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestARoguesTextInTheServersLogIsPrintable: the server logs a refusal
+// with its error, and the error quotes what the caller sent — here a job id
+// the rogue fills with a zero-width space, a word joiner and a byte-order
+// mark (the lease module refuses control characters in an id, not these).
+// Through `tether serve`'s own logger, text or JSON (--log-format), each
+// log line stays one line and shows those characters escaped.
+func TestARoguesTextInTheServersLogIsPrintable(t *testing.T) {
+	for _, format := range []string{"text", "json"} {
+		t.Run(format, func(t *testing.T) {
+			var logs syncBuffer
+			log, err := newLoggerTo(&logs, format, "debug")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.Logger = log })
+			ctx := context.Background()
+			root, err := srv.AdminClients().Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "rogue"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			rogue := srv.Clients(root.Msg.Credential)
+			hostile := "job-1\u200b\u2060\ufeff\u202e"
+			if _, err := rogue.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: hostile, LeaseId: "l_00000000000000000000", LeaseGeneration: 1, RenewSequence: 1})); err == nil {
+				t.Fatal("a renew of a lease that does not exist was accepted")
+			}
+			out := logs.String()
+			if !strings.Contains(out, "job-1") {
+				t.Fatalf("the server logged nothing of the refusal:\n%s", out)
+			}
+			if i := strings.IndexFunc(out, func(r rune) bool {
+				return r != '\n' && (unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp))
+			}); i >= 0 {
+				t.Errorf("the %s log carries the rogue's invisible character %q as is:\n%q", format, []rune(out[i:])[0], out)
+			}
+		})
 	}
 }
