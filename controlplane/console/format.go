@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"html/template"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,10 @@ func templateFuncs() template.FuncMap {
 		"dur":           dur,
 		"labels":        labels,
 		"join":          strings.Join,
+		// seg is an agent's id as one path segment of a link: a job id is
+		// the agent's text and may hold "/", "..", "?" or "#", which
+		// html/template leaves as they are in a URL's path.
+		"seg": url.PathEscape,
 		"pct": func(done, total uint32) uint32 {
 			if total == 0 {
 				return 0

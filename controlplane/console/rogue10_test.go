@@ -36,7 +36,10 @@ func TestARoguesTextIsInertAndVisibleInTheBrowser(t *testing.T) {
 	const xss = `"><script>window.pwned=1</script><img src=x onerror="window.pwned=2">`
 	lookalike := "job-1\u200b"
 	reversing := "job-2\u202e\u2060\ufeff\u2028" + xss
-	for _, job := range []string{lookalike, reversing} {
+	// A job id whose link would walk out of /ui/jobs/: "x/../../nodes/<victim>?"
+	// made "/ui/jobs/x/../../nodes/n_…?/evidence", the worker's node page.
+	walker := "x/../../nodes/" + w.nodes["worker-2"].NodeId + "?"
+	for _, job := range []string{lookalike, reversing, walker} {
 		offered, err := w.admin.Lease.Offer(bg, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: rogueID, LeaseDuration: durationpb.New(time.Minute)}))
 		if err != nil {
 			t.Fatalf("offer %q: %v", job, err)
@@ -72,6 +75,19 @@ func TestARoguesTextIsInertAndVisibleInTheBrowser(t *testing.T) {
 			t.Errorf("the leases page does not show %q:\n%s", want, text)
 		}
 	}
+	links := get(t, ctx, "the evidence links", chromedp.Evaluate[[]string](`[...document.querySelectorAll('main a')].filter(a => a.textContent === "evidence matrix").map(a => new URL(a.href).pathname + new URL(a.href).search)`))
+	want := "/ui/jobs/" + pathEscape(walker) + "/evidence"
+	found := false
+	for _, l := range links {
+		found = found || l == want
+		if !strings.HasPrefix(l, "/ui/jobs/") || !strings.HasSuffix(l, "/evidence") {
+			t.Errorf("a job's evidence link leads to %s, out of /ui/jobs/", l)
+		}
+	}
+	if !found {
+		t.Errorf("no evidence link is %s; the links: %q", want, links)
+	}
+	visible("the walking job's evidence matrix", want, "#evidence")
 	text = visible("the rogue's node page", "/ui/nodes/"+rogueID, "main h1")
 	for _, want := range []string{`job-1\u200b`, `stop\u200b`, `<img src=x onerror="window.pwned=2">`} {
 		if !strings.Contains(text, want) {
