@@ -125,8 +125,12 @@ func roleName(r tetherv1.Role) string {
 // reason, a termination an agent requested, a privilege's external id, a
 // hook's answer), so a control character — a carriage return, an escape
 // sequence that moves the cursor or erases a line, a line break before a
-// forged line — or a bidirectional override is shown escaped, as Go quotes
-// it (\r, \x1b, \n, \u202e), and never acts on the terminal.
+// forged line — a bidirectional override, or an invisible character (a
+// zero-width space or joiner, a byte-order mark, a soft hyphen, a line or
+// paragraph separator: Unicode's format characters, Cf, Zl and Zp) is
+// shown escaped, as Go quotes it (\r, \x1b, \n, \u202e, \u200b), and
+// never acts on the terminal nor makes two different ids print alike
+// ("job-1" and "job-1\u200b").
 func printable(s string) string { return escapeControls(s, false) }
 
 // printableRow is printable for a table row, whose tabs separate its cells.
@@ -134,7 +138,7 @@ func printableRow(s string) string { return escapeControls(s, true) }
 
 func escapeControls(s string, keepTabs bool) string {
 	unsafe := func(r rune) bool {
-		return (unicode.IsControl(r) && !(keepTabs && r == '\t')) || unicode.Is(unicode.Bidi_Control, r)
+		return (unicode.IsControl(r) && !(keepTabs && r == '\t')) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp)
 	}
 	if strings.IndexFunc(s, unsafe) < 0 {
 		return s
@@ -149,4 +153,14 @@ func escapeControls(s string, keepTabs bool) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// printableList is a list of the agents' strings as fmt's %v prints one
+// ([a b c]), each printable.
+func printableList(items []string) string {
+	out := make([]string, len(items))
+	for i, s := range items {
+		out[i] = printable(s)
+	}
+	return "[" + strings.Join(out, " ") + "]"
 }

@@ -140,17 +140,17 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	for _, n := range r.Nodes {
 		claim := ""
 		if n.ClaimedBy != "" {
-			claim = ", claimed by " + n.ClaimedBy
+			claim = ", claimed by " + printable(n.ClaimedBy)
 		}
 		if n.Outcome == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED {
-			fmt.Fprintf(w, "  confirmed    %-16s %s by %s%s\n", n.Name, n.NodeId, n.ConfirmedBy, claim)
+			fmt.Fprintf(w, "  confirmed    %-16s %s by %s%s\n", n.Name, n.NodeId, printable(n.ConfirmedBy), claim)
 			continue
 		}
 		seen := "never"
 		if n.LastSeenAt != nil {
 			seen = n.LastSeenAt.AsTime().Format("15:04:05Z")
 		}
-		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v%s\n", n.Name, n.NodeId, seen, n.HeldGrantIds, n.HeldJobIds, claim)
+		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v%s\n", n.Name, n.NodeId, seen, n.HeldGrantIds, printableList(n.HeldJobIds), claim)
 		if n.UnaccountedReason != "" {
 			fmt.Fprintf(w, "               why: %s\n", printable(n.UnaccountedReason))
 		}

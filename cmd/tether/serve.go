@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -175,6 +176,16 @@ first start (tether token rotate-admin replaces it).`,
 }
 
 func newLogger(format, level string) (*slog.Logger, error) {
+	return newLoggerTo(os.Stderr, format, level)
+}
+
+// newLoggerTo is newLogger writing to w. The text handler quotes a value
+// holding a control or invisible character (Go quoting); the JSON handler
+// escapes control characters but writes format characters (a bidirectional
+// override, a zero-width space) as they are — so agents' text reaches the
+// log only quoted by the server first (a refusal quotes the id it was sent
+// with %q; see TestARoguesTextInTheServersLogIsPrintable).
+func newLoggerTo(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: %w", level, err)
@@ -182,9 +193,9 @@ func newLogger(format, level string) (*slog.Logger, error) {
 	opts := &slog.HandlerOptions{Level: lvl}
 	switch format {
 	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
 	}

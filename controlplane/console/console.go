@@ -397,7 +397,7 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, s *session, sta
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_, _ = w.Write([]byte(buf.String()))
+	_, _ = w.Write([]byte(visible(buf.String())))
 }
 
 // failure is the error page's data.

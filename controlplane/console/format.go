@@ -1,9 +1,15 @@
 package console
 
 import (
+	"bytes"
+	"encoding/json"
 	"html/template"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -53,6 +59,10 @@ func templateFuncs() template.FuncMap {
 		"dur":           dur,
 		"labels":        labels,
 		"join":          strings.Join,
+		// seg is an agent's id as one path segment of a link: a job id is
+		// the agent's text and may hold "/", "..", "?" or "#", which
+		// html/template leaves as they are in a URL's path.
+		"seg": url.PathEscape,
 		"pct": func(done, total uint32) uint32 {
 			if total == 0 {
 				return 0
@@ -81,4 +91,94 @@ func dur(d *durationpb.Duration) string {
 // labels renders a label map as "k=v, k2=v2", sorted.
 func labels(m map[string]string) string {
 	return sortedmap.Join(m, "", ", ", func(k, v string) string { return k + "=" + v })
+}
+
+// hidden says whether r would act on the page's text rather than show in
+// it: a control character other than the whitespace a page is written
+// with, a bidirectional override (which reverses what follows it), or an
+// invisible character (a zero-width space or joiner, a byte-order mark, a
+// soft hyphen, a line or paragraph separator: Unicode's Cf, Zl and Zp).
+func hidden(r rune) bool {
+	if r == '\n' || r == '\t' || r == '\r' {
+		return false
+	}
+	return unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp)
+}
+
+// visible is s with every hidden character written out as Go quotes it
+// (\u200b, \u202e, \x1b). Much of what the console shows was written by
+// the agents it reports on — job ids, a stop proposal's reason, a lease's
+// progress and terminal detail — and the lease module takes any character
+// but a control one in a job id: without this, "job-1\u200b" and "job-1"
+// read alike, and a right-to-left override reverses the rest of its cell.
+// The console's own templates hold no such character, so every page is
+// passed through it whole (render), as is every live event (events).
+func visible(s string) string {
+	if !hasHidden(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 16)
+	for _, r := range s {
+		if hidden(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// hasHidden is strings.IndexFunc(s, hidden) >= 0, with a fast path for
+// ASCII: a 10,000-node tree page is 2.6 MB, nearly all of it ASCII.
+func hasHidden(s string) bool {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') || c == 0x7f {
+				return true
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if hidden(r) {
+			return true
+		}
+		i += size
+	}
+	return false
+}
+
+// visibleJSON is v as JSON whose strings are visible: the live pages'
+// script puts them into the page as text.
+func visibleJSON(v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var tree any
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber() // a sequence number stays exact
+	if err := d.Decode(&tree); err != nil {
+		return nil, err
+	}
+	var walk func(any) any
+	walk = func(x any) any {
+		switch x := x.(type) {
+		case string:
+			return visible(x)
+		case []any:
+			for i := range x {
+				x[i] = walk(x[i])
+			}
+		case map[string]any:
+			for k := range x {
+				x[k] = walk(x[k])
+			}
+		}
+		return x
+	}
+	return json.Marshal(walk(tree))
 }

@@ -2,7 +2,6 @@ package console
 
 import (
 	"encoding/csv"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -306,7 +305,7 @@ func events(w http.ResponseWriter) sendEvent {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	return func(event string, v any) error {
-		b, err := json.Marshal(v)
+		b, err := visibleJSON(v)
 		if err != nil {
 			return err
 		}

@@ -73,3 +73,14 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// Kind is the kind of identifier s is well-formed as ("n" for a node id),
+// or "" when it is none: a name an agent chooses must not read as one.
+func Kind(s string) string {
+	for kind := range names {
+		if Check(kind, "", s) == nil {
+			return kind
+		}
+	}
+	return ""
+}

@@ -66,6 +66,12 @@ func (t *Tree) ValidateNode(name string, labels map[string]string) error {
 		}
 		return fmt.Errorf("%w: name must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit", ErrInvalidArgument)
 	}
+	// Operators find a node by its id, and the console's tree shows names:
+	// a child named after another node's id (or any id) would read as that
+	// node.
+	if kind := id.Kind(name); kind != "" {
+		return fmt.Errorf("%w: name must not look like an id (%s_ and 20 characters); ids are the control plane's", ErrInvalidArgument, kind)
+	}
 	if len(labels) > t.Limits.MaxLabels {
 		return fmt.Errorf("%w: labels: at most %d labels", ErrLimit, t.Limits.MaxLabels)
 	}
