@@ -652,13 +652,12 @@ func TestSeed2ARestartResumesATerminationOnTheClockItStartedOn(t *testing.T) {
 // JSON Schema validator) and against the record the API serves.
 func wantPublishedRecord(t *testing.T, dir string, rec *tetherv1.ReconciliationRecord) {
 	t.Helper()
-	var file string
+	// The sink writes <id>.json.tmp and renames it to <id>.json: only the
+	// renamed file is whole.
+	file := filepath.Join(dir, rec.RecordId+".json")
 	testserver.WaitFor(t, 20*time.Second, "the record sink's file", func() bool {
-		matches, _ := filepath.Glob(filepath.Join(dir, "*"+rec.RecordId+"*"))
-		if len(matches) == 1 {
-			file = matches[0]
-		}
-		return file != ""
+		_, err := os.Stat(file)
+		return err == nil
 	})
 	raw, err := os.ReadFile(file)
 	if err != nil {

@@ -32,8 +32,7 @@ func publishedRecord(t *testing.T, srv *testserver.Server, rec *tetherv1.Reconci
 	t.Helper()
 	dir := filepath.Join(srv.DataDir, "records")
 	wantPublishedRecord(t, dir, rec)
-	matches, _ := filepath.Glob(filepath.Join(dir, "*"+rec.RecordId+"*"))
-	raw, err := os.ReadFile(matches[0])
+	raw, err := os.ReadFile(filepath.Join(dir, rec.RecordId+".json"))
 	if err != nil {
 		t.Fatal(err)
 	}
