@@ -293,10 +293,12 @@ func TestARogueThatDrainsItsChildForADayDoesNotKeepItOutOfARollout(t *testing.T)
 	}
 }
 
-// A rogue floods a shared tool gate with calls until the gate's rate
-// budget is spent. The gate's own new calls are then refused (a call not
-// begun leaves no evidence to lose), but the ends and cancel
-// acknowledgements of calls already begun are evidence the record needs:
+// A rogue floods a shared tool gate with calls until its budget is spent
+// (since the gate's BeginCall is charged to the token's lineage, the
+// rogue's own: toolbudget_rogue_ext_test.go). Its new calls are then
+// refused (a call not begun leaves no evidence to lose), but the ends and
+// cancel acknowledgements of calls already begun are evidence the record
+// needs:
 // were they refused, an innocent agent's call the gate saw end would stay
 // in flight in the ledger, and its record would say unresolved. They are
 // not charged: the victim's call ends as the gate reported it.
