@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -242,5 +243,78 @@ func TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt(t *testing.T) {
 			}
 		}
 		t.Logf("round %d: %d nodes, %d credentials, %d grant tokens minted in the race; all covered", round, len(nodes), len(creds), len(tokens))
+	}
+}
+
+// TestARogueThatPicksAnotherTreesJobIdGetsNothingOfIt: job ids are chosen
+// by the client and are one namespace for the whole server. A rogue in one
+// tree offers a job under the id another tree's coordinator already uses,
+// then tries to cancel it, and offers first under an id the other tree has
+// not used yet. The collision gives it nothing of the other tree's job: its
+// offer is refused (permission_denied, telling it to choose another id)
+// with the job unchanged, and its cancel gets the one answer a stranger
+// gets. An id it takes first is refused to the other tree in the same
+// words: a squatted id costs the other tree a name, never a job (the
+// namespace is shared — docs/design.md §11).
+func TestARogueThatPicksAnotherTreesJobIdGetsNothingOfIt(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	victimRoot := register(t, admin, "victim")
+	victimWorker := spawn(t, admin, victimRoot.Node.NodeId, "worker")
+	victim := srv.Clients(victimRoot.Credential)
+	rogueRoot := register(t, admin, "rogue")
+	rogueWorker := spawn(t, admin, rogueRoot.Node.NodeId, "worker")
+	rogue := srv.Clients(rogueRoot.Credential)
+	offer := func(c *testserver.Clients, job, holder string) (*tetherv1.OfferResponse, error) {
+		resp, err := c.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder, LeaseDuration: durationpb.New(time.Minute)}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg, nil
+	}
+	getLease := func(job string) *tetherv1.Lease {
+		resp, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+		if err != nil {
+			t.Fatalf("get lease %s: %v", job, err)
+		}
+		return resp.Msg.Lease
+	}
+
+	if _, err := offer(victim, "nightly-build", victimWorker.Node.NodeId); err != nil {
+		t.Fatalf("the victim's offer: %v", err)
+	}
+	before := getLease("nightly-build")
+	_, err := offer(rogue, "nightly-build", rogueWorker.Node.NodeId)
+	if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "choose another job id") {
+		t.Fatalf("the rogue's offer under the victim's job id: %v, want permission_denied naming the remedy", err)
+	}
+	if strings.Contains(err.Error(), victimRoot.Node.NodeId) || strings.Contains(err.Error(), victimWorker.Node.NodeId) || strings.Contains(err.Error(), before.LeaseId) {
+		t.Fatalf("the refusal names the other tree's job: %v", err)
+	}
+	_, err = rogue.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "nightly-build", Reason: "mine"}))
+	_, errNone := rogue.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "no-such-job", Reason: "mine"}))
+	if connect.CodeOf(err) != connect.CodePermissionDenied || connect.CodeOf(errNone) != connect.CodePermissionDenied ||
+		strings.ReplaceAll(err.Error(), "nightly-build", "X") != strings.ReplaceAll(errNone.Error(), "no-such-job", "X") {
+		t.Fatalf("the rogue's cancel of the victim's job: %v; of no job: %v; want the same permission_denied", err, errNone)
+	}
+	after := getLease("nightly-build")
+	if after.HolderIdentity != victimWorker.Node.NodeId || after.LeaseId != before.LeaseId || after.LeaseGeneration != before.LeaseGeneration || after.CancelRequested {
+		t.Fatalf("the victim's job changed under the rogue's collision: %v, was %v", after, before)
+	}
+
+	// The rogue takes an id first: the victim is refused in the same words,
+	// and the rogue's job is its own (the victim's worker is not its holder).
+	if _, err := offer(rogue, "weekly-build", rogueWorker.Node.NodeId); err != nil {
+		t.Fatalf("the rogue's offer under a fresh id: %v", err)
+	}
+	if _, err := offer(victim, "weekly-build", victimWorker.Node.NodeId); connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "choose another job id") {
+		t.Fatalf("the victim's offer under the id the rogue took: %v, want permission_denied naming the remedy", err)
+	}
+	if l := getLease("weekly-build"); l.HolderIdentity != rogueWorker.Node.NodeId {
+		t.Fatalf("the squatted job's holder: %s, want the rogue's worker", l.HolderIdentity)
+	}
+	if _, err := offer(victim, "weekly-build-2", victimWorker.Node.NodeId); err != nil {
+		t.Fatalf("the victim's offer under another id: %v", err)
 	}
 }
