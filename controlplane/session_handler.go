@@ -100,22 +100,25 @@ func (s *Server) sessionAlive(ctx context.Context, nodeID string) error {
 
 // agentEnded waits beside an agent's open stream until its node is
 // terminated or unknown (an error wrapping auth.ErrRevoked), its exit is
-// confirmed (a FailedPrecondition *connect.Error; not for its session) or
-// ctx ends (nil). It reads the node when it is signalled (a node that is stopping,
+// confirmed (a FailedPrecondition *connect.Error; not for its sessions or
+// lease Channel) or ctx ends (nil). It reads the node when it is signalled (a node that is stopping,
 // stopped or exited), not at every change of a running node: a running
 // agent's heartbeats wake none of its streams.
 func (s *Server) agentEnded(ctx context.Context, nodeID string) error {
 	// An exited node may not act (its next call is refused), so its
-	// streams end too — all but its session, which ends with the node's
-	// own exit message or connection and is evidence for its claim.
-	session := auth.ProcedureFromContext(ctx) == tetherv1connect.AgentServiceSessionProcedure
+	// streams that serve it without judging each message (the revocation
+	// feed) end too. Not its sessions (Session, WatchSignals), whose end is
+	// evidence weighed against its claim, nor its lease Channel, whose
+	// every message is refused and kept as a contradiction.
+	procedure := auth.ProcedureFromContext(ctx)
+	keep := activityOf(procedure) == tree.ActivitySession || procedure == tetherv1connect.LeaseServiceChannelProcedure
 	signals, unsubscribe := s.signals.Subscribe(nodeID)
 	defer unsubscribe()
 	for {
 		if _, err := s.nodeAlive(ctx, nodeID); errors.Is(err, auth.ErrRevoked) {
 			return err
 		}
-		if n, err := s.tree.Get(ctx, nodeID); err == nil && !session && tree.ExitConfirmed(n) && n.State != tree.NodeStateTerminated {
+		if n, err := s.tree.Get(ctx, nodeID); err == nil && !keep && tree.ExitConfirmed(n) && n.State != tree.NodeStateTerminated {
 			by := n.ExitConfirmedBy
 			if by == "" {
 				by = "someone"
