@@ -321,3 +321,77 @@ func TestARogueThatPicksAnotherTreesJobIdGetsNothingOfIt(t *testing.T) {
 		t.Fatalf("the victim's offer under another id: %v", err)
 	}
 }
+
+// TestARogueRacingItsTreesStopLeavesNoLiveLease: a rogue coordinator
+// offers jobs to its child, and the child acknowledges each, from many
+// goroutines released by one barrier, at the moment an operator aborts
+// the tree. Repeated over several trees. Once the stop is terminated, no
+// lease offered in the race is still live: each is terminal (the
+// termination reconciled it) or was never granted, and the child's renew
+// of any of them is refused.
+func TestARogueRacingItsTreesStopLeavesNoLiveLease(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	const rounds, workers, each = 3, 8, 6
+	for round := 0; round < rounds; round++ {
+		root := register(t, admin, fmt.Sprintf("tree-%d", round))
+		rogueNode := spawn(t, admin, root.Node.NodeId, "coordinator")
+		worker := spawn(t, admin, rogueNode.Node.NodeId, "worker")
+		rogue, workerC := srv.Clients(rogueNode.Credential), srv.Clients(worker.Credential)
+		var (
+			mu     sync.Mutex
+			leases []*tetherv1.Lease
+			wg     sync.WaitGroup
+		)
+		refusedOK := func(op string, err error) {
+			switch connect.CodeOf(err) {
+			case connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeNotFound, connect.CodeAborted:
+			default:
+				t.Errorf("%s racing the stop: %v", op, err)
+			}
+		}
+		start := make(chan struct{})
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				ctx := context.Background()
+				for i := 0; i < each; i++ {
+					resp, err := rogue.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("race-%d-%d-%d", round, w, i), HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
+					if err != nil {
+						refusedOK("Offer", err)
+						continue
+					}
+					l := resp.Msg.Lease
+					mu.Lock()
+					leases = append(leases, l)
+					mu.Unlock()
+					if _, err := workerC.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+						refusedOK("Ack", err)
+					}
+				}
+			}()
+		}
+		close(start)
+		term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
+		wg.Wait()
+		waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+		live := 0
+		for _, l := range leases {
+			resp, err := admin.Lease.GetLease(context.Background(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.JobId}))
+			if err != nil {
+				t.Fatalf("get lease %s: %v", l.JobId, err)
+			}
+			if st := resp.Msg.Lease.State; st != tetherv1.LeaseState_LEASE_STATE_TERMINAL {
+				live++
+				t.Errorf("round %d: job %s, offered in the race, is %v after the stop", round, l.JobId, st)
+			}
+			_, err = workerC.Lease.Renew(context.Background(), connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, RenewSequence: 1}))
+			if err == nil {
+				t.Errorf("round %d: the dead worker renewed job %s after the stop", round, l.JobId)
+			}
+		}
+		t.Logf("round %d: %d leases offered in the race, %d live after the stop", round, len(leases), live)
+	}
+}
