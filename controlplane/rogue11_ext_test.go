@@ -395,3 +395,81 @@ func TestARogueRacingItsTreesStopLeavesNoLiveLease(t *testing.T) {
 		t.Logf("round %d: %d leases offered in the race, %d live after the stop", round, len(leases), live)
 	}
 }
+
+// TestARogueRacingItsAncestorsRevokeMintsNoLiveGrant: a rogue delegates
+// from the grant its parent gave it to its own child, and refreshes that
+// grant, from many goroutines released by one barrier, while the parent
+// revokes the grant. Repeated over several trees. Once the revocation is
+// answered, every token minted in the race — delegated or refreshed — is
+// inactive, and a delegation asked after it is refused.
+func TestARogueRacingItsAncestorsRevokeMintsNoLiveGrant(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	const rounds, workers, each = 3, 8, 10
+	for round := 0; round < rounds; round++ {
+		root := register(t, admin, fmt.Sprintf("tree-%d", round))
+		rogueNode := spawn(t, admin, root.Node.NodeId, "rogue")
+		kid := spawn(t, admin, rogueNode.Node.NodeId, "kid")
+		parent, rogue := srv.Clients(root.Credential), srv.Clients(rogueNode.Credential)
+		gRoot := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+		gRogue := delegate(t, parent, gRoot, rogueNode.Node.NodeId, "tool:*")
+		var (
+			mu     sync.Mutex
+			tokens []string
+			wg     sync.WaitGroup
+		)
+		start, firstMint := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		for w := 0; w < workers; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				ctx := context.Background()
+				for i := 0; i < each; i++ {
+					var tok string
+					var err error
+					if (w+i)%2 == 0 {
+						var resp *connect.Response[tetherv1.DelegateResponse]
+						resp, err = rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: gRogue.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
+						if err == nil {
+							tok = resp.Msg.Token
+						}
+					} else {
+						var resp *connect.Response[tetherv1.RefreshResponse]
+						resp, err = rogue.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: gRogue.grant.GrantId}))
+						if err == nil {
+							tok = resp.Msg.Token
+						}
+					}
+					if err != nil {
+						if c := connect.CodeOf(err); c != connect.CodeFailedPrecondition && c != connect.CodePermissionDenied && c != connect.CodeNotFound {
+							t.Errorf("minting racing the revocation: %v", err)
+						}
+						continue
+					}
+					mu.Lock()
+					tokens = append(tokens, tok)
+					mu.Unlock()
+					once.Do(func() { close(firstMint) })
+				}
+			}()
+		}
+		close(start)
+		go func() { wg.Wait(); once.Do(func() { close(firstMint) }) }() // no mint at all: the revocation still comes
+		<-firstMint                                                     // the revocation lands among the mints, never before them all
+		if _, err := revokeGrant(parent, gRogue.grant.GrantId); err != nil {
+			t.Fatalf("the parent's revocation: %v", err)
+		}
+		wg.Wait()
+		for _, tok := range tokens {
+			if in := introspect(t, admin, tok); in.Active {
+				t.Errorf("round %d: a token minted in the race is active after the revocation (grant %s)", round, in.Grant.GetGrantId())
+			}
+		}
+		if _, err := rogue.Capability.Delegate(context.Background(), connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: gRogue.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}})); err == nil {
+			t.Errorf("round %d: a delegation from the revoked grant after the revocation succeeded", round)
+		}
+		t.Logf("round %d: %d tokens minted in the race, all inactive after the revocation", round, len(tokens))
+	}
+}
