@@ -12,6 +12,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -98,16 +99,34 @@ func (s *Server) sessionAlive(ctx context.Context, nodeID string) error {
 }
 
 // agentEnded waits beside an agent's open stream until its node is
-// terminated or unknown (an error wrapping auth.ErrRevoked) or ctx ends
-// (nil). It reads the node when it is signalled (a node that is stopping,
-// stopped or exited), not at every change of a running node: a running
-// agent's heartbeats wake none of its streams.
+// terminated or unknown (an error wrapping auth.ErrRevoked), its exit is
+// confirmed (a FailedPrecondition *connect.Error; not for its sessions or
+// lease Channel) or ctx ends (nil). It reads the node when it is signalled
+// (a node that is stopping, stopped or exited), not at every change of a
+// running node: a running agent's heartbeats wake none of its streams.
 func (s *Server) agentEnded(ctx context.Context, nodeID string) error {
+	// An exited node may not act (its next call is refused), so its
+	// streams that serve it without judging each message (the revocation
+	// feed) end too. Not its sessions (Session, WatchSignals), whose end is
+	// evidence weighed against its claim, nor its lease Channel, whose
+	// every message is refused and kept as a contradiction.
+	procedure := auth.ProcedureFromContext(ctx)
+	keep := activityOf(procedure) == tree.ActivitySession || procedure == tetherv1connect.LeaseServiceChannelProcedure
 	signals, unsubscribe := s.signals.Subscribe(nodeID)
 	defer unsubscribe()
 	for {
 		if _, err := s.nodeAlive(ctx, nodeID); errors.Is(err, auth.ErrRevoked) {
 			return err
+		}
+		if !keep {
+			if n, err := s.tree.Get(ctx, nodeID); err == nil && tree.ExitConfirmed(n) && n.State != tree.NodeStateTerminated {
+				by := n.ExitConfirmedBy
+				if by == "" {
+					by = "someone"
+				}
+				return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("node %s's exit was confirmed by %s at %s: it may not act, and the stream is over",
+					nodeID, by, n.ExitedAt.UTC().Format(time.RFC3339)))
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -47,7 +47,10 @@ type Interceptor struct {
 	// AgentEnded, when set, runs beside each of an agent's open streams:
 	// it returns an error wrapping ErrRevoked once the agent's node is
 	// terminated or unknown (the stream then ends Unauthenticated, as its
-	// next call would be refused), or nil when ctx ends first.
+	// next call would be refused), a *connect.Error when the node may no
+	// longer act for another reason (the stream ends with it: an exited
+	// node's, FailedPrecondition), or nil when ctx ends first. Its context
+	// carries the stream's procedure (ProcedureFromContext).
 	AgentEnded func(ctx context.Context, nodeID string) error
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
@@ -490,19 +493,33 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
 			go func() {
-				if err := i.AgentEnded(ctx, p.NodeID()); errors.Is(err, ErrRevoked) {
+				err := i.AgentEnded(WithProcedure(ctx, conn.Spec().Procedure), p.NodeID())
+				var ce *connect.Error
+				switch {
+				case errors.Is(err, ErrRevoked):
 					cancel(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w; the stream is over", err)))
+				case errors.As(err, &ce):
+					cancel(&ended{ce}) // the hook chose the code (an exited node: FailedPrecondition)
 				}
 			}()
 		}
 		m := &meter{i: i, p: p, procedure: conn.Spec().Procedure}
 		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
-		if cause := context.Cause(ctx); errors.Is(cause, ErrRevoked) {
+		cause := context.Cause(ctx)
+		if errors.Is(cause, ErrRevoked) {
 			return cause
+		}
+		if e, ok := cause.(*ended); ok {
+			return e.err
 		}
 		return err
 	}
 }
+
+// ended is the cause of a stream's end that AgentEnded chose the code of.
+type ended struct{ err *connect.Error }
+
+func (e *ended) Error() string { return e.err.Error() }
 
 // endOnRevocation cancels a stream's context, with the refusal as its
 // cause, once the stream's token is revoked.

@@ -1,0 +1,182 @@
+package controlplane_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+)
+
+// h2rogue is an authenticated agent speaking raw HTTP/2 frames on a
+// connection of its own; what the server sends back is read and counted
+// on a goroutine until the connection closes.
+type h2rogue struct {
+	c      net.Conn
+	fr     *http2.Framer
+	enc    *hpack.Encoder
+	hbuf   bytes.Buffer
+	closed chan struct{}
+	frames atomic.Int64
+	goaway atomic.Bool
+	next   uint32
+}
+
+func newH2Rogue(t *testing.T, addr string) *h2rogue {
+	t.Helper()
+	c := dial(t, addr)
+	r := &h2rogue{c: c, closed: make(chan struct{}), next: 1}
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	r.fr = http2.NewFramer(c, c)
+	r.enc = hpack.NewEncoder(&r.hbuf)
+	if err := r.fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	rd := http2.NewFramer(io.Discard, c)
+	go func() {
+		defer close(r.closed)
+		for {
+			f, err := rd.ReadFrame()
+			if err != nil {
+				return
+			}
+			r.frames.Add(1)
+			if _, ok := f.(*http2.GoAwayFrame); ok {
+				r.goaway.Store(true)
+			}
+		}
+	}()
+	return r
+}
+
+// headers opens a stream calling GetNode with cred, without ending it.
+func (r *h2rogue) headers(cred string, end bool) (uint32, error) {
+	r.hbuf.Reset()
+	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "tether"}, {":path", tetherv1connect.AgentServiceGetNodeProcedure},
+		{"content-type", "application/proto"}, {"authorization", "Bearer " + cred}} {
+		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	id := r.next
+	r.next += 2
+	return id, r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true, EndStream: end})
+}
+
+func (r *h2rogue) isClosed() bool {
+	select {
+	case <-r.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// serverLoad is the process's goroutines and live heap after a GC.
+func serverLoad() (int, uint64) {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return runtime.NumGoroutine(), m.HeapInuse
+}
+
+// TestAnAuthenticatedAgentsHTTP2FramesCostBoundedServerResources: an
+// authenticated rogue agent speaks raw HTTP/2 on connections of its own —
+// a PING flood, a SETTINGS flood, rapid reset (HEADERS of a call then
+// RST_STREAM, twenty thousand times), streams opened and left half-closed,
+// WINDOW_UPDATE and empty DATA games — and the process is measured: its
+// goroutines while each flood runs stay within the connection's stream
+// bound (MaxStreamsPerConn) of the baseline, its heap after a GC grows by
+// less than a bounded amount, every goroutine the connection held is
+// given back when it closes, and another agent's call is served
+// throughout. The rapid-reset streams are calls: each is charged to the
+// rogue's lineage, which is refused once its budget is spent. Go's server
+// answers the control frames themselves without closing the connection
+// (bar its queue of unsent control frames); docs/design.md §11.
+func TestAnAuthenticatedAgentsHTTP2FramesCostBoundedServerResources(t *testing.T) {
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 1000 }) // no budget refills
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	rogueC := srv.Clients(root.Credential)
+	other := register(t, admin, "other")
+	otherC := srv.Clients(other.Credential)
+	addr := hostOf(t, srv.URL)
+	g0, h0 := serverLoad()
+	perConn := controlplane.DefaultConnLimits.MaxStreamsPerConn
+	const heapBound = 64 << 20
+
+	phase := func(name string, n int, send func(r *h2rogue, i int) error) {
+		t.Helper()
+		r := newH2Rogue(t, addr)
+		peakG, sent := 0, 0
+		for i := 0; i < n && !r.isClosed(); i++ {
+			if err := send(r, i); err != nil {
+				break
+			}
+			sent++
+			if i%250 == 0 {
+				peakG = max(peakG, runtime.NumGoroutine())
+			}
+		}
+		if err := whoAmI(otherC); err != nil {
+			t.Errorf("%s: another agent's call: %v", name, err)
+		}
+		g, h := serverLoad()
+		peakG = max(peakG, g)
+		t.Logf("%s: %d/%d frames sent, closed by the server: %v, peak %d goroutines (baseline %d), heap %d KiB after GC (baseline %d KiB)", name, sent, n, r.isClosed(), peakG, g0, h>>10, h0>>10)
+		if peakG > g0+2*perConn+50 {
+			t.Errorf("%s: %d goroutines at the peak, baseline %d: more than the connection's %d streams account for", name, peakG, g0, perConn)
+		}
+		if h > h0+heapBound {
+			t.Errorf("%s: heap %d KiB after GC, baseline %d KiB", name, h>>10, h0>>10)
+		}
+		r.c.Close()
+		<-r.closed
+		testserver.WaitFor(t, 20*time.Second, name+": the connection's goroutines to be given back", func() bool {
+			g, _ := serverLoad()
+			return g <= g0+10
+		})
+	}
+	phase("PING flood", 50000, func(r *h2rogue, i int) error { return r.fr.WritePing(false, [8]byte{byte(i)}) })
+	phase("SETTINGS flood", 50000, func(r *h2rogue, i int) error { return r.fr.WriteSettings() })
+	phase("WINDOW_UPDATE games", 50000, func(r *h2rogue, i int) error { return r.fr.WriteWindowUpdate(0, 1) })
+	phase("streams left half-closed", 5000, func(r *h2rogue, i int) error {
+		_, err := r.headers(root.Credential, false)
+		return err
+	})
+	phase("empty DATA frames", 50000, func(r *h2rogue, i int) error {
+		if i == 0 {
+			if _, err := r.headers(root.Credential, false); err != nil {
+				return err
+			}
+		}
+		return r.fr.WriteData(1, false, nil)
+	})
+	phase("rapid reset", 20000, func(r *h2rogue, i int) error {
+		id, err := r.headers(root.Credential, false)
+		if err != nil {
+			return err
+		}
+		return r.fr.WriteRSTStream(id, http2.ErrCodeCancel)
+	})
+	_, err := rogueC.Agent.GetNode(context.Background(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: root.Node.NodeId}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Errorf("the rogue's own call after twenty thousand reset calls: %v, want resource_exhausted (each was charged to its lineage)", err)
+	}
+	if err := whoAmI(otherC); err != nil {
+		t.Errorf("another agent's call after the floods: %v", err)
+	}
+}
