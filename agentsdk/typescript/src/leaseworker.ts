@@ -147,7 +147,7 @@ export class Job {
 
   /** The fencing headers a tool server's Fence checks before any side effect. */
   headers(): Record<string, string> {
-    return { "X-Tether-Job-Id": this.#jobId, "X-Tether-Lease-Generation": String(this.#generation) };
+    return { "Tether-Job-Id": this.#jobId, "Tether-Lease-Generation": String(this.#generation) };
   }
 
   /** Ends the renew loop without a message (the lease runs out on the coordinator's clock). */

@@ -432,12 +432,12 @@ describe("LeaseWorker", () => {
     await old.renew();
     assert.ok(old.signal.aborted, "the old generation's signal fired");
     const current = await worker.accept(gen2.lease!);
-    assert.deepEqual(old.headers(), { "X-Tether-Job-Id": "ts-job-3", "X-Tether-Lease-Generation": "1" });
+    assert.deepEqual(old.headers(), { "Tether-Job-Id": "ts-job-3", "Tether-Lease-Generation": "1" });
     const zombie = await old.complete(TerminalResult.SUCCESS, "zombie");
     assert.equal(zombie?.auditEvent, AuditEvent.STALE_GENERATION);
     const got = await server.operator.lease.getLease({ jobId: "ts-job-3" });
     assert.equal(got.lease?.terminalResult, TerminalResult.UNSPECIFIED);
-    assert.deepEqual(current.headers(), { "X-Tether-Job-Id": "ts-job-3", "X-Tether-Lease-Generation": "2" });
+    assert.deepEqual(current.headers(), { "Tether-Job-Id": "ts-job-3", "Tether-Lease-Generation": "2" });
     await current.complete(TerminalResult.SUCCESS, "done");
     await f.close();
   });
