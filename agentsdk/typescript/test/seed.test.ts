@@ -4,6 +4,8 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
+import { Code, ConnectError } from "@connectrpc/connect";
+
 import { Agent, CallResolution, isRefusedStopping, JobEnded, LeaseWorker, TerminalResult, ToolCallCancelled, type Grant } from "../src/index.js";
 import { AuditEvent, Outcome } from "../src/gen/tether/v1/lease_pb.js";
 import { startServer, TestServer } from "./server.js";
@@ -154,5 +156,40 @@ describe("seed: termination through the TypeScript ToolGate", () => {
     assert.deepEqual(byTool.get("stops"), [CallResolution.CANCELLED_ACKED, true]);
     assert.deepEqual(byTool.get("finishes"), [CallResolution.COMPLETED, false]);
     await f.close();
+  });
+});
+
+describe("seed: a rate-limit refusal through the TypeScript SDK", () => {
+  test("a gated call and a lease report refused resource_exhausted reach the caller as that refusal, the tool not run", async () => {
+    // Its own server, with a budget small enough to spend.
+    const s = await startServer("--rate-limit", "3");
+    try {
+      const root = await Agent.registerRoot(s.operator, "seed-rate");
+      const issued = await s.operator.capability.issueRoot({ holderNodeId: root.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
+      // A lease report refused for rate (the agent lineage's budget) is thrown, not taken for an answer.
+      const offered = await s.operator.lease.offer({ jobId: "seed-ts-rate", holderIdentity: root.nodeId, leaseDuration: { seconds: 30n } });
+      const job = await new LeaseWorker({ conn: root.conn, renewEveryMs: 60_000 }).accept(offered.lease!);
+      let thrown: unknown;
+      for (let i = 0; i < 200 && thrown === undefined; i++) {
+        await job.progress(`step ${i}`).catch((err: unknown) => (thrown = err));
+      }
+      job.stop();
+      assert.ok(thrown instanceof ConnectError && thrown.code === Code.ResourceExhausted, `progress refused with ${String(thrown)}`);
+
+      // A gated call refused for rate: the refusal itself, and the tool did not run.
+      const gate = await s.gate("seed-rate-gate");
+      let ran = 0;
+      let refusal: unknown;
+      for (let i = 0; i < 200 && refusal === undefined; i++) {
+        await gate.call(issued.token, "search", () => void ran++).catch((err: unknown) => (refusal = err));
+      }
+      assert.ok(refusal instanceof ConnectError, `refused with ${String(refusal)}`);
+      assert.equal(refusal.code, Code.ResourceExhausted);
+      assert.match(refusal.rawMessage, /rate limit/);
+      assert.ok(ran < 200, "the refused call did not run");
+      root.close();
+    } finally {
+      await s.stop();
+    }
   });
 });

@@ -166,13 +166,13 @@ export class TestServer {
   }
 }
 
-/** Starts a server and waits until it answers. */
-export async function startServer(): Promise<TestServer> {
+/** Starts a server (with extra `serve` flags, if any) and waits until it answers. */
+export async function startServer(...extraArgs: string[]): Promise<TestServer> {
   const bin = await tetherBinary();
   const dataDir = mkdtempSync(join(tmpdir(), "tether-ts-data-"));
   const port = await freePort();
   const listen = `127.0.0.1:${port}`;
-  const child = spawn(bin, ["serve", "--data-dir", dataDir, "--listen", listen, "--log-level", "warn"], { stdio: ["ignore", "ignore", "pipe"] });
+  const child = spawn(bin, ["serve", "--data-dir", dataDir, "--listen", listen, "--log-level", "warn", ...extraArgs], { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
   child.stderr?.on("data", (d) => (stderr += d));
   const baseUrl = `http://${listen}`;
