@@ -63,9 +63,12 @@ func (e *OwnershipConflictError) Error() string {
 func (e *OwnershipConflictError) Unwrap() error { return ErrOwnershipConflict }
 
 // ErrSpooled is returned by Job.Progress and Job.Complete when the control
-// plane could not be reached: the message is in the spool, synced to disk,
-// and will be replayed with its original sequence and sent_at.
-var ErrSpooled = errors.New("agentsdk: control plane unreachable; the message is spooled for replay")
+// plane did not judge the message (it could not be reached, or refused it
+// for now, e.g. resource_exhausted for its rate limit): the message is in
+// the spool, synced to disk, and will be replayed with its original
+// sequence and sent_at. The error wraps ErrSpooled and the cause, so
+// connect.CodeOf tells a rate-limit refusal from an unreachable server.
+var ErrSpooled = errors.New("agentsdk: the control plane did not judge the message (unreachable, or refused it for now); it is spooled for replay")
 
 // LeaseWorkerConfig configures a LeaseWorker.
 type LeaseWorkerConfig struct {
@@ -170,19 +173,19 @@ func (w *LeaseWorker) deliver(ctx context.Context, req *tetherv1.ChannelRequest)
 	w.sendMu.Lock()
 	defer w.sendMu.Unlock()
 	if w.spool.len() > 0 {
-		if _, err := w.replayLocked(ctx); err != nil {
+		if _, rerr := w.replayLocked(ctx); rerr != nil {
 			if err := w.spool.append(req); err != nil {
 				return nil, nil, err
 			}
-			return nil, nil, ErrSpooled
+			return nil, nil, fmt.Errorf("%w: %w", ErrSpooled, rerr)
 		}
 	}
 	l, d, err := w.send(ctx, req)
 	if err != nil && retryable(err) {
-		if err := w.spool.append(req); err != nil {
-			return nil, nil, err
+		if serr := w.spool.append(req); serr != nil {
+			return nil, nil, serr
 		}
-		return nil, nil, ErrSpooled
+		return nil, nil, fmt.Errorf("%w: %w", ErrSpooled, err)
 	}
 	return l, d, err
 }
