@@ -205,3 +205,42 @@ def test_a_rate_limit_refusal_reaches_the_caller_as_resource_exhausted(tether_bi
         assert "rate limit" in refusal.message
     finally:
         s.stop()
+
+
+def test_a_call_its_caller_cancelled_without_an_order_is_failed_not_acknowledged(server, tree, gate):
+    import asyncio
+
+    child = tree.root.spawn("seed-noorder")
+    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:*"], ttl=600)
+    recorded: list = []
+    answers: list = []
+    real_call = gate.conn.call
+
+    def seen(service, method, req, *a, **kw):  # the real call; keeps the ledger's answer
+        resp = real_call(service, method, req, *a, **kw)
+        if method in ("EndCall", "CancelAck"):
+            answers.append((method, resp["call"]))
+        return resp
+
+    gate.conn.call = seen
+
+    async def main():
+        started = asyncio.Event()
+
+        async def tool():
+            async with tool_gate(gate, "noorder", token=grant.token) as call:
+                recorded.append(call.call_id)
+                started.set()
+                await asyncio.sleep(60)
+
+        task = asyncio.create_task(tool())
+        await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    (call_id,) = recorded
+    # The control plane refused the acknowledgement (no order): the gate ended it failed.
+    assert [(m, c["callId"], c["resolution"], bool(c.get("acknowledgedBy"))) for m, c in answers] == [
+        ("EndCall", call_id, "CALL_RESOLUTION_FAILED", False)]
