@@ -8,6 +8,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 
 import { Agent, CallResolution, isRefusedStopping, JobEnded, LeaseWorker, TerminalResult, ToolCallCancelled, type Grant } from "../src/index.js";
 import { AuditEvent, Outcome } from "../src/gen/tether/v1/lease_pb.js";
+import type { ToolCall } from "../src/gen/tether/v1/tool_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -155,6 +156,34 @@ describe("seed: termination through the TypeScript ToolGate", () => {
     const byTool = new Map(rec.toolCalls.map((c) => [c.tool, [c.resolution, c.acknowledgedBy !== ""]]));
     assert.deepEqual(byTool.get("stops"), [CallResolution.CANCELLED_ACKED, true]);
     assert.deepEqual(byTool.get("finishes"), [CallResolution.COMPLETED, false]);
+    await f.close();
+  });
+});
+
+describe("seed: acknowledgement only for a call with a cancel order", () => {
+  test("a call its caller's signal stopped, with no cancel order, is ended failed and never acknowledged", async () => {
+    const recorded: ToolCall[] = [];
+    const gate = await server.gate("seed-ts-noorder", { onRecorded: (c) => recorded.push(c) });
+    const f = await family("seed-noorder");
+    const caller = new AbortController();
+    let started!: () => void;
+    const running = new Promise<void>((r) => (started = r));
+    const call = gate.call(
+      f.grant.token,
+      "noorder",
+      (signal) => {
+        started();
+        return new Promise((_, reject) => signal.addEventListener("abort", () => reject(signal.reason), { once: true }));
+      },
+      { signal: caller.signal },
+    );
+    await running;
+    caller.abort(new Error("the caller gave up"));
+    await assert.rejects(call, /the caller gave up/);
+    assert.deepEqual(
+      recorded.map((c) => [c.tool, c.resolution, c.acknowledgedBy]),
+      [["noorder", CallResolution.FAILED, ""]],
+    );
     await f.close();
   });
 });
