@@ -99,3 +99,52 @@ func TestARogueInItsBatchCannotLaunchOrBecomeItsOwnReplacement(t *testing.T) {
 		t.Fatalf("rollout %s, reason %q: want paused, no replacement ready", r.State, r.Reason)
 	}
 }
+
+// The agent being replaced cannot load its batch with work for the
+// replacements, nor move its job out of the handover: draining, it cannot
+// offer itself a new job, nor reassign the one it holds to an agent of its
+// choosing, and its batch's record lists the one job it held.
+func TestARogueInItsBatchCannotTakeNewJobsNorMoveItsOwn(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := registerLabelled(t, admin, "orchestrator", map[string]string{"team": "ops"})
+	oc := srv.Clients(root.Credential)
+	rogue := spawnLabelled(t, oc, root.Node.NodeId, "rogue", map[string]string{"version": "v1"})
+	sibling := spawnLabelled(t, oc, root.Node.NodeId, "sibling", map[string]string{"team": "ops"})
+	rc := srv.Clients(rogue.Credential)
+	if _, err := rc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-own", HolderIdentity: rogue.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)})); err != nil {
+		if _, err := oc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-own", HolderIdentity: rogue.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Minute), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(5 * time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	testserver.WaitFor(t, 20*time.Second, "the rogue to be draining", func() bool {
+		return getNode(t, admin, rogue.Node.NodeId).State != tetherv1.NodeState_NODE_STATE_RUNNING
+	})
+	if _, err := rc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-new", HolderIdentity: rogue.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)})); err == nil {
+		t.Fatal("a draining agent offered itself a new job, for the rollout to hand to a replacement")
+	}
+	if _, err := rc.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "job-own", HolderIdentity: sibling.Node.NodeId})); err == nil {
+		t.Fatal("a draining agent handed its job to a sibling of its choosing")
+	}
+	if _, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job-new"})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("the refused job: %v, want not_found", err)
+	}
+	l, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job-own"}))
+	if err != nil || l.Msg.Lease.HolderIdentity != rogue.Node.NodeId || l.Msg.Lease.LeaseGeneration != 1 {
+		t.Fatalf("the rogue's job after a refused reassign: %v %v, want still the rogue's, generation 1", l.Msg.GetLease(), err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(10 * time.Second)
+		return getTermination(t, admin, r.Batches[0].TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	rec := record(t, admin, r.Batches[0].TerminationId)
+	if len(rec.Leases) != 1 || rec.Leases[0].JobId != "job-own" {
+		t.Fatalf("record leases %v, want the rogue's one job", rec.Leases)
+	}
+}
