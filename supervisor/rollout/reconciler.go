@@ -662,6 +662,8 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		var candidates []*tree.Node
 		set := map[string]bool{}
 		vouched := map[string]bool{} // roots matching the target selector
+		old := map[string]bool{}     // nodes matching the selector, in any state
+		var under [][]string         // targets' ancestors
 		var shields []*tree.Node     // stopped by another termination: taken over?
 		clear(drained)
 		err := scanNodes(tx, func(n *tree.Node) {
@@ -670,6 +672,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 			if batched[n.NodeID] {
 				drained[rootOf(n)]++
+			}
+			if tree.MatchLabels(n.Labels, from) && !tree.MatchLabels(n.Labels, to) {
+				old[n.NodeID] = true
 			}
 			if n.State != tree.NodeStateRunning {
 				if n.State != tree.NodeStateTerminated && n.TerminationID != "" && !inBatch[n.NodeID] &&
@@ -681,6 +686,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
 					targets = append(targets, replacement{id: n.NodeID, root: rootOf(n), readyAt: n.ReadyAt})
+					under = append(under, n.Ancestors)
 				}
 				return
 			}
@@ -703,9 +709,20 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 		}
 		slices.SortFunc(candidates, func(a, b *tree.Node) int { return strings.Compare(a.NodeID, b.NodeID) })
-		for i := range targets {
-			targets[i].vouched = vouched[targets[i].root]
+		// A replacement under an agent the rollout drains (or drained)
+		// goes with that agent's subtree: it replaces nothing. Outside a
+		// tree an operator vouched for, it is not one at all — otherwise a
+		// rogue waiting for its batch labelled a child like a replacement
+		// and had it count for the agent drained before it in its tree.
+		kept := targets[:0]
+		for i, t := range targets {
+			t.vouched = vouched[t.root]
+			if !t.vouched && slices.ContainsFunc(under[i], func(a string) bool { return old[a] }) {
+				continue
+			}
+			kept = append(kept, t)
 		}
+		targets = kept
 		// A candidate under another candidate goes with its ancestor's
 		// subtree; count and drain only the topmost.
 		f.Candidates = f.Candidates[:0]
