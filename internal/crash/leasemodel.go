@@ -85,6 +85,14 @@ type LeaseView struct {
 	CancelAck        bool
 	Result           tetherv1.TerminalResult
 	Conflict         bool
+	// ClosedByResolve is the model's own note (no answer shows it, and
+	// comparisons with an answer take the model's): the coordinator's
+	// Resolve, not the holder's Complete, made the job terminal. Only an
+	// exact repeat of a terminal result, detail included, is a DUPLICATE;
+	// the holder's Completes all carry the same detail (none, signed with
+	// its principal on the server), and a Resolve's reason becomes the
+	// detail, so a Complete repeats only a Complete.
+	ClosedByResolve bool
 }
 
 // unknownLeaseID stands for the lease id of a generation whose Offer or
@@ -228,6 +236,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 			s.State = tetherv1.LeaseState_LEASE_STATE_EXPIRED
 		}
 	}
+	seen.ClosedByResolve = s.ClosedByResolve
 	if in.Op == OpGet {
 		if seen == s {
 			return []any{s}
@@ -239,6 +248,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		newLeaseID = seen.LeaseID
 	}
 	next, outcome := judge(s, in, newLeaseID)
+	seen.ClosedByResolve = next.ClosedByResolve
 	if outcome != out.Outcome || next != seen {
 		return nil
 	}
@@ -303,7 +313,10 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			}
 			return s, rejected
 		}
-		s.State, s.Result, s.Conflict = terminal, in.Result, false
+		if in.Result == cancelled && !s.CancelRequested {
+			return s, rejected // nothing was cancelled without a request
+		}
+		s.State, s.Result, s.ClosedByResolve, s.Conflict = terminal, in.Result, true, false
 		return s, accepted
 	}
 
@@ -368,14 +381,14 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		return s, accepted
 	case OpComplete:
 		switch {
-		case s.State == terminal && s.Result == in.Result:
+		case s.State == terminal && s.Result == in.Result && !s.ClosedByResolve:
 			return s, duplicate
 		case s.State != active, s.Conflict,
 			in.Result == success && s.CancelRequested,
 			in.Result == cancelled && !s.CancelRequested:
 			return s, rejected
 		}
-		s.State, s.Result = terminal, in.Result
+		s.State, s.Result, s.ClosedByResolve = terminal, in.Result, false
 		return s, accepted
 	}
 	return s, rejected
