@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -139,74 +140,60 @@ func TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt(t *testing.T) {
 			nodes  []string // acknowledged spawns
 			creds  []string // credentials minted for them
 			tokens []string // grant tokens minted (delegations, refreshes)
-			wg     sync.WaitGroup
 		)
 		refusedOK := func(op string, err error) {
-			switch connect.CodeOf(err) {
-			case connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodeNotFound, connect.CodePermissionDenied, connect.CodeResourceExhausted:
-			default:
-				t.Errorf("%s racing the stop: %v", op, err)
-			}
+			wantRefusedAs(t, op+" racing the stop", err, connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodeNotFound, connect.CodePermissionDenied, connect.CodeResourceExhausted)
 		}
-		start := make(chan struct{})
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				ctx := context.Background()
-				for i := 0; i < each; i++ {
-					switch (w + i) % 5 {
-					case 0:
-						resp, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Node.NodeId, Name: "racer"}))
-						if err != nil {
-							refusedOK("Spawn", err)
-							continue
-						}
-						mu.Lock()
-						nodes, creds = append(nodes, resp.Msg.Node.NodeId), append(creds, resp.Msg.Credential)
-						mu.Unlock()
-					case 1:
-						resp, err := rogue.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: rogueNode.Node.NodeId, Children: []*tetherv1.SpawnBatchChild{{Name: "b1"}, {Name: "b2"}, {Name: "b3"}}}))
-						if err != nil {
-							refusedOK("SpawnBatch", err)
-							continue
-						}
-						mu.Lock()
-						for _, s := range resp.Msg.Spawned {
-							nodes, creds = append(nodes, s.Node.NodeId), append(creds, s.Credential)
-						}
-						mu.Unlock()
-					case 2:
-						resp, err := rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: g.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
-						if err != nil {
-							refusedOK("Delegate", err)
-							continue
-						}
-						mu.Lock()
-						tokens = append(tokens, resp.Msg.Token)
-						mu.Unlock()
-					case 3:
-						resp, err := rogue.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: g.grant.GrantId}))
-						if err != nil {
-							refusedOK("Refresh", err)
-							continue
-						}
-						mu.Lock()
-						tokens = append(tokens, resp.Msg.Token)
-						mu.Unlock()
-					case 4:
-						_, err := rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: rogueNode.Node.NodeId, Reason: "racing", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(time.Hour)}))
-						if err != nil {
-							refusedOK("ProposeStop", err)
-						}
-					}
+		release, wait := raceOnRelease(workers, each, func(ctx context.Context, w, i int) {
+			switch (w + i) % 5 {
+			case 0:
+				resp, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Node.NodeId, Name: "racer"}))
+				if err != nil {
+					refusedOK("Spawn", err)
+					return
 				}
-			}()
-		}
-		close(start)
+				mu.Lock()
+				nodes, creds = append(nodes, resp.Msg.Node.NodeId), append(creds, resp.Msg.Credential)
+				mu.Unlock()
+			case 1:
+				resp, err := rogue.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: rogueNode.Node.NodeId, Children: []*tetherv1.SpawnBatchChild{{Name: "b1"}, {Name: "b2"}, {Name: "b3"}}}))
+				if err != nil {
+					refusedOK("SpawnBatch", err)
+					return
+				}
+				mu.Lock()
+				for _, s := range resp.Msg.Spawned {
+					nodes, creds = append(nodes, s.Node.NodeId), append(creds, s.Credential)
+				}
+				mu.Unlock()
+			case 2:
+				resp, err := rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: g.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
+				if err != nil {
+					refusedOK("Delegate", err)
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, resp.Msg.Token)
+				mu.Unlock()
+			case 3:
+				resp, err := rogue.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: g.grant.GrantId}))
+				if err != nil {
+					refusedOK("Refresh", err)
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, resp.Msg.Token)
+				mu.Unlock()
+			case 4:
+				_, err := rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: rogueNode.Node.NodeId, Reason: "racing", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(time.Hour)}))
+				if err != nil {
+					refusedOK("ProposeStop", err)
+				}
+			}
+		})
+		release()
 		term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
-		wg.Wait()
+		wait()
 		waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 
 		outcomes := nodeOutcomes(record(t, admin, term.TerminationId))
@@ -341,41 +328,27 @@ func TestARogueRacingItsTreesStopLeavesNoLiveLease(t *testing.T) {
 		var (
 			mu     sync.Mutex
 			leases []*tetherv1.Lease
-			wg     sync.WaitGroup
 		)
 		refusedOK := func(op string, err error) {
-			switch connect.CodeOf(err) {
-			case connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeNotFound, connect.CodeAborted:
-			default:
-				t.Errorf("%s racing the stop: %v", op, err)
+			wantRefusedAs(t, op+" racing the stop", err, connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeNotFound, connect.CodeAborted)
+		}
+		release, wait := raceOnRelease(workers, each, func(ctx context.Context, w, i int) {
+			resp, err := rogue.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("race-%d-%d-%d", round, w, i), HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
+			if err != nil {
+				refusedOK("Offer", err)
+				return
 			}
-		}
-		start := make(chan struct{})
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				ctx := context.Background()
-				for i := 0; i < each; i++ {
-					resp, err := rogue.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("race-%d-%d-%d", round, w, i), HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
-					if err != nil {
-						refusedOK("Offer", err)
-						continue
-					}
-					l := resp.Msg.Lease
-					mu.Lock()
-					leases = append(leases, l)
-					mu.Unlock()
-					if _, err := workerC.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
-						refusedOK("Ack", err)
-					}
-				}
-			}()
-		}
-		close(start)
+			l := resp.Msg.Lease
+			mu.Lock()
+			leases = append(leases, l)
+			mu.Unlock()
+			if _, err := workerC.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+				refusedOK("Ack", err)
+			}
+		})
+		release()
 		term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
-		wg.Wait()
+		wait()
 		waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 		live := 0
 		for _, l := range leases {
@@ -416,52 +389,41 @@ func TestARogueRacingItsAncestorsRevokeMintsNoLiveGrant(t *testing.T) {
 		var (
 			mu     sync.Mutex
 			tokens []string
-			wg     sync.WaitGroup
 		)
-		start, firstMint := make(chan struct{}), make(chan struct{})
+		firstMint := make(chan struct{})
 		var once sync.Once
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				<-start
-				ctx := context.Background()
-				for i := 0; i < each; i++ {
-					var tok string
-					var err error
-					if (w+i)%2 == 0 {
-						var resp *connect.Response[tetherv1.DelegateResponse]
-						resp, err = rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: gRogue.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
-						if err == nil {
-							tok = resp.Msg.Token
-						}
-					} else {
-						var resp *connect.Response[tetherv1.RefreshResponse]
-						resp, err = rogue.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: gRogue.grant.GrantId}))
-						if err == nil {
-							tok = resp.Msg.Token
-						}
-					}
-					if err != nil {
-						if c := connect.CodeOf(err); c != connect.CodeFailedPrecondition && c != connect.CodePermissionDenied && c != connect.CodeNotFound {
-							t.Errorf("minting racing the revocation: %v", err)
-						}
-						continue
-					}
-					mu.Lock()
-					tokens = append(tokens, tok)
-					mu.Unlock()
-					once.Do(func() { close(firstMint) })
+		release, wait := raceOnRelease(workers, each, func(ctx context.Context, w, i int) {
+			var tok string
+			var err error
+			if (w+i)%2 == 0 {
+				var resp *connect.Response[tetherv1.DelegateResponse]
+				resp, err = rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: gRogue.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
+				if err == nil {
+					tok = resp.Msg.Token
 				}
-			}()
-		}
-		close(start)
-		go func() { wg.Wait(); once.Do(func() { close(firstMint) }) }() // no mint at all: the revocation still comes
-		<-firstMint                                                     // the revocation lands among the mints, never before them all
+			} else {
+				var resp *connect.Response[tetherv1.RefreshResponse]
+				resp, err = rogue.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: gRogue.grant.GrantId}))
+				if err == nil {
+					tok = resp.Msg.Token
+				}
+			}
+			if err != nil {
+				wantRefusedAs(t, "minting racing the revocation", err, connect.CodeFailedPrecondition, connect.CodePermissionDenied, connect.CodeNotFound)
+				return
+			}
+			mu.Lock()
+			tokens = append(tokens, tok)
+			mu.Unlock()
+			once.Do(func() { close(firstMint) })
+		})
+		release()
+		go func() { wait(); once.Do(func() { close(firstMint) }) }() // no mint at all: the revocation still comes
+		<-firstMint                                                  // the revocation lands among the mints, never before them all
 		if _, err := revokeGrant(parent, gRogue.grant.GrantId); err != nil {
 			t.Fatalf("the parent's revocation: %v", err)
 		}
-		wg.Wait()
+		wait()
 		for _, tok := range tokens {
 			if in := introspect(t, admin, tok); in.Active {
 				t.Errorf("round %d: a token minted in the race is active after the revocation (grant %s)", round, in.Grant.GetGrantId())
@@ -471,5 +433,32 @@ func TestARogueRacingItsAncestorsRevokeMintsNoLiveGrant(t *testing.T) {
 			t.Errorf("round %d: a delegation from the revoked grant after the revocation succeeded", round)
 		}
 		t.Logf("round %d: %d tokens minted in the race, all inactive after the revocation", round, len(tokens))
+	}
+}
+
+// raceOnRelease starts workers goroutines that wait for release and then
+// call op each times (w the worker, i the call), so that their calls race
+// whatever the test does right after release; wait returns once all have
+// returned.
+func raceOnRelease(workers, each int, op func(ctx context.Context, w, i int)) (release, wait func()) {
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			<-start
+			for i := range each {
+				op(context.Background(), w, i)
+			}
+		})
+	}
+	return func() { close(start) }, wg.Wait
+}
+
+// wantRefusedAs reports err unless its code is one of codes: a move racing
+// a stop may be refused, in the ways named, and must not fail otherwise.
+func wantRefusedAs(t *testing.T, what string, err error, codes ...connect.Code) {
+	t.Helper()
+	if !slices.Contains(codes, connect.CodeOf(err)) {
+		t.Errorf("%s: %v", what, err)
 	}
 }
