@@ -58,6 +58,8 @@ func TestReaperHelperRogue(t *testing.T) {
 		}
 		os.Exit(0) // without waiting: the grandchild is orphaned
 	default:
+		// By design: this test is the rogue agent's body, run only as a
+		// process the reaper tests start (TETHER_REAPER_ROLE set).
 		t.Skip("the rogue agent process of the reaper test")
 	}
 }
@@ -195,21 +197,9 @@ func TestALauncherDoesNotConfirmAnExitWhileTheRoguesGrandchildLives(t *testing.T
 	rogue := agentsdk.Version{Name: "v1", Command: os.Args[0], Args: []string{"-test.run=^TestReaperHelperRogue$"}, Env: env}
 	benign := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"600"}}
 	unproven := &logSignal{msg: "what the agent left behind is not proven gone", seen: make(chan struct{}, 1)}
-	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
-		Operator: agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP)), Name: "rogue",
-		Versions: []agentsdk.Version{rogue, benign}, Start: "v1", PollEvery: 20 * time.Millisecond, KillGrace: 100 * time.Millisecond,
-		Log: slog.New(unproven),
+	l := runLauncher(t, srv, []agentsdk.Version{rogue, benign}, func(cfg *agentsdk.LauncherConfig) {
+		cfg.KillGrace, cfg.Log = 100*time.Millisecond, slog.New(unproven)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetTarget("v2"); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
 	var first string
 	testserver.WaitFor(t, 30*time.Second, "the rogue's process to start", func() bool {
 		first, _ = l.Current()

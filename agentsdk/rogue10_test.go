@@ -19,14 +19,18 @@ import (
 )
 
 // runLauncher runs a launcher of versions (v1 first, v2 the target) until
-// the test ends.
-func runLauncher(t *testing.T, srv *testserver.Server, versions []agentsdk.Version) *agentsdk.Launcher {
+// the test ends; each adjust changes its configuration first.
+func runLauncher(t *testing.T, srv *testserver.Server, versions []agentsdk.Version, adjust ...func(*agentsdk.LauncherConfig)) *agentsdk.Launcher {
 	t.Helper()
 	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
-	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+	cfg := agentsdk.LauncherConfig{
 		Operator: op, Name: "rogue", Versions: versions, Start: "v1", PollEvery: 20 * time.Millisecond, KillGrace: 5 * time.Second,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	l, err := agentsdk.NewLauncher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
