@@ -293,20 +293,7 @@ func TestSeed5ADecoyProposalDoesNotLoosenTheAgentsOwnStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
-	w.clk.Advance(5 * time.Second)
-	if decoy, err := approveDecoy(); err == nil {
-		testserver.WaitFor(t, 20*time.Second, "the decoy's termination to mark", func() bool {
-			return getTermination(t, w.admin, decoy.TerminationId).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
-		})
-	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
-		t.Fatalf("approving the decoy: %v", err)
-	}
-	term := nodeTermination(t, w.admin, w.c.Node.NodeId)
-	w.clk.Advance(5 * time.Second)
-	testserver.WaitFor(t, 20*time.Second, "the drain's escalation at the first stop's deadline", func() bool {
-		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
-	})
-	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+	approveLateThenWantEscalationAt10s(t, w, approveDecoy, call, "the decoy", "the first stop's deadline")
 }
 
 // Seed 003 (the agent proposes, the control plane decides; deadlines): a
@@ -325,17 +312,27 @@ func TestSeed5AProposalApprovedDuringADrainDoesNotLoosenIt(t *testing.T) {
 	_, approveLong := proposeAndApprove(t, w, w.pAgent, 24*time.Hour)
 	first := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Second, 10*time.Second, time.Hour)
 	waitState(t, w.srv, first.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	approveLateThenWantEscalationAt10s(t, w, approveLong, call, "the proposal", "the operator's deadline")
+}
+
+// approveLateThenWantEscalationAt10s moves the clock to 5 s into a 10 s
+// drain of P begun at the epoch and approves a proposal there (its
+// termination marks, or the approval is refused as the nodes are already
+// stopping), then moves to 10 s and wants C's drain escalated and C's call
+// ordered cancelled at 10 s: the late approval loosened nothing.
+func approveLateThenWantEscalationAt10s(t *testing.T, w *seedWorld, approve func() (*tetherv1.Termination, error), call, what, deadline string) {
+	t.Helper()
 	w.clk.Advance(5 * time.Second)
-	if long, err := approveLong(); err == nil {
-		testserver.WaitFor(t, 20*time.Second, "the approved proposal's termination to mark", func() bool {
-			return getTermination(t, w.admin, long.TerminationId).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
+	if approved, err := approve(); err == nil {
+		testserver.WaitFor(t, 20*time.Second, what+"'s termination to mark", func() bool {
+			return getTermination(t, w.admin, approved.TerminationId).State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED
 		})
 	} else if connect.CodeOf(err) != connect.CodeFailedPrecondition {
-		t.Fatalf("approving the proposal: %v", err)
+		t.Fatalf("approving %s: %v", what, err)
 	}
 	term := nodeTermination(t, w.admin, w.c.Node.NodeId)
 	w.clk.Advance(5 * time.Second)
-	testserver.WaitFor(t, 20*time.Second, "the drain's escalation at the operator's deadline", func() bool {
+	testserver.WaitFor(t, 20*time.Second, "the drain's escalation at "+deadline, func() bool {
 		return getTermination(t, w.admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING
 	})
 	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
