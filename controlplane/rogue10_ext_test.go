@@ -36,17 +36,7 @@ func TestATerminatedRogueLosesItsOpenStreams(t *testing.T) {
 	rogue := srv.Clients(root.Credential)
 	spawn(t, rogue, root.Node.NodeId, "child")
 
-	feed, err := rogue.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer feed.Close()
-	if !feed.Receive() {
-		t.Fatalf("the rogue's revocation feed: %v", feed.Err())
-	}
-	ch := rogue.Lease.Channel(ctx)
-	defer ch.CloseResponse()
-	defer ch.CloseRequest()
+	feed, ch := openFeedAndChannel(ctx, t, rogue)
 	if err := ch.Send(&tetherv1.ChannelRequest{CorrelationId: 1, Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{JobId: "job-none", LeaseId: "l_none", LeaseGeneration: 1, RenewSequence: 1}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -213,4 +203,25 @@ func TestARogueCannotPageItsLargeSubtreesGrantsForThePriceOfOneCall(t *testing.T
 		t.Fatalf("the rogue listed its 2,049-node subtree's grants %d times on a budget of %d requests, want %d (three requests each); refused: %v", listings, bigBurst, bigBurst/3, refusal)
 	}
 	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
+}
+
+// openFeedAndChannel opens an agent's revocation feed (and reads its first
+// message) and a lease Channel, both closed when the test ends: the
+// streams a stopped rogue would keep.
+func openFeedAndChannel(ctx context.Context, t *testing.T, agent *testserver.Clients) (*connect.ServerStreamForClient[tetherv1.WatchRevocationsResponse], *connect.BidiStreamForClient[tetherv1.ChannelRequest, tetherv1.ChannelResponse]) {
+	t.Helper()
+	feed, err := agent.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { feed.Close() })
+	if !feed.Receive() {
+		t.Fatalf("the rogue's revocation feed: %v", feed.Err())
+	}
+	ch := agent.Lease.Channel(ctx)
+	t.Cleanup(func() {
+		ch.CloseRequest()
+		ch.CloseResponse()
+	})
+	return feed, ch
 }

@@ -63,17 +63,7 @@ func TestARogueThatClaimsItsOwnExitLosesItsRevocationFeed(t *testing.T) {
 	root := register(t, admin, "rogue")
 	rogue := srv.Clients(root.Credential)
 
-	feed, err := rogue.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer feed.Close()
-	if !feed.Receive() {
-		t.Fatalf("the rogue's revocation feed: %v", feed.Err())
-	}
-	ch := rogue.Lease.Channel(ctx)
-	defer ch.CloseResponse()
-	defer ch.CloseRequest()
+	feed, ch := openFeedAndChannel(ctx, t, rogue)
 	renewNone := func(seq uint64) *tetherv1.ChannelRequest {
 		return &tetherv1.ChannelRequest{CorrelationId: seq, Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{JobId: "job-none", LeaseId: "l_none", LeaseGeneration: 1, RenewSequence: seq}}}
 	}
