@@ -1,0 +1,51 @@
+package tree_test
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tetherhq/tether/internal/fault"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+var updateDecide = flag.Bool("update", false, "rewrite testdata/decide.txt from MayDecide")
+
+// TestMayDecideTranscript replays MayDecide over every node state and
+// every decision and compares the verdicts, refusals in full, with the
+// transcript in testdata/decide.txt: only a running agent decides about
+// work it does not hold; a draining, aborting, terminated or exited one is
+// refused as stopping (a precondition), naming itself, its state and the
+// decision.
+func TestMayDecideTranscript(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("# state decision -> verdict (MayDecide; go test -run TestMayDecideTranscript -update rewrites it)\n")
+	states := []tree.NodeState{tree.NodeStateRunning, tree.NodeStateDraining, tree.NodeStateAborting, tree.NodeStateTerminated, tree.NodeStateExited}
+	decisions := []string{tree.DecideOffer, tree.DecideReassign, tree.DecideRequestCancel, tree.DecideResolve}
+	for _, s := range states {
+		for _, d := range decisions {
+			err := tree.MayDecide(&tree.Node{NodeID: "n_parent", State: s}, d)
+			verdict := "allowed"
+			if err != nil {
+				verdict = fmt.Sprintf("refused %s: %v", fault.KindOf(err), err)
+			}
+			fmt.Fprintf(&b, "%s %s -> %s\n", tree.StateName(s), d, verdict)
+		}
+	}
+	path := filepath.Join("testdata", "decide.txt")
+	if *updateDecide {
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); got != string(want) {
+		t.Fatalf("MayDecide's transcript differs from %s:\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
