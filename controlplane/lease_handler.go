@@ -315,12 +315,15 @@ func (h *leaseService) mayCoordinate(ctx context.Context, p auth.Principal, l le
 // check is made against the durable lease and re-asserted on the shard
 // (holder and owner must still be the ones checked), so a concurrent
 // reassignment cannot slip in between.
-func (h *leaseService) coordinate(ctx context.Context, job string, build func(current lease.Lease) (lease.Message, error), newHolder string) (coordinator.Result, error) {
+func (h *leaseService) coordinate(ctx context.Context, job, decision string, build func(current lease.Lease) (lease.Message, error), newHolder string) (coordinator.Result, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return coordinator.Result{}, err
 	}
 	if err := wire.CheckID("job_id", job); err != nil {
+		return coordinator.Result{}, err
+	}
+	if err := h.decides(ctx, p, decision); err != nil {
 		return coordinator.Result{}, err
 	}
 	for attempt := 0; ; attempt++ {
@@ -402,6 +405,25 @@ func signed(m lease.Message, who string) lease.Message {
 	return m
 }
 
+// decides refuses a coordinator's decision (tree.MayDecide) from an agent
+// that is not running: an agent being stopped, stopped or exited does not
+// offer, reassign, cancel or resolve the jobs its lineage coordinates —
+// its word that a job ended would be the stopped workload writing its own
+// record. It reads the caller's node before the job, so the refusal says
+// nothing of the job; the lease and its evidence are left as they were.
+// (The node is read before the judgement: a decision in flight as a
+// termination marks the caller may still be judged, design §11.)
+func (h *leaseService) decides(ctx context.Context, p auth.Principal, decision string) error {
+	if !p.IsAgent() {
+		return nil
+	}
+	n, err := h.s.tree.Get(ctx, p.NodeID())
+	if err != nil {
+		return toConnect(err)
+	}
+	return toConnect(tree.MayDecide(n, decision))
+}
+
 // checkHolder checks that a holder named in an Offer or Reassign is a
 // registered agent the caller may direct, and that it is running: a node
 // that is draining, aborting or stopped is offered nothing new.
@@ -430,6 +452,9 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	m, err := wire.OfferMessage(req.Msg, id.New(id.Lease), h.leases().Policy())
 	if err != nil {
 		return nil, toConnect(err)
+	}
+	if err := h.decides(ctx, p, tree.DecideOffer); err != nil {
+		return nil, err
 	}
 	if err := h.checkHolder(ctx, p, req.Msg.HolderIdentity); err != nil {
 		return nil, toConnect(err)
@@ -469,7 +494,7 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 }
 
 func (h *leaseService) Reassign(ctx context.Context, req *connect.Request[tetherv1.ReassignRequest]) (*connect.Response[tetherv1.ReassignResponse], error) {
-	res, err := h.coordinate(ctx, req.Msg.JobId, func(current lease.Lease) (lease.Message, error) {
+	res, err := h.coordinate(ctx, req.Msg.JobId, tree.DecideReassign, func(current lease.Lease) (lease.Message, error) {
 		return wire.ReassignMessage(req.Msg, id.New(id.Lease), current, h.leases().Policy())
 	}, req.Msg.HolderIdentity)
 	if err != nil {
@@ -479,7 +504,7 @@ func (h *leaseService) Reassign(ctx context.Context, req *connect.Request[tether
 }
 
 func (h *leaseService) RequestCancel(ctx context.Context, req *connect.Request[tetherv1.RequestCancelRequest]) (*connect.Response[tetherv1.RequestCancelResponse], error) {
-	res, err := h.coordinate(ctx, req.Msg.JobId, func(lease.Lease) (lease.Message, error) {
+	res, err := h.coordinate(ctx, req.Msg.JobId, tree.DecideRequestCancel, func(lease.Lease) (lease.Message, error) {
 		return wire.RequestCancelMessage(req.Msg)
 	}, "")
 	if err != nil {
@@ -489,7 +514,7 @@ func (h *leaseService) RequestCancel(ctx context.Context, req *connect.Request[t
 }
 
 func (h *leaseService) Resolve(ctx context.Context, req *connect.Request[tetherv1.ResolveRequest]) (*connect.Response[tetherv1.ResolveResponse], error) {
-	res, err := h.coordinate(ctx, req.Msg.JobId, func(lease.Lease) (lease.Message, error) {
+	res, err := h.coordinate(ctx, req.Msg.JobId, tree.DecideResolve, func(lease.Lease) (lease.Message, error) {
 		return wire.ResolveMessage(req.Msg, h.leases().Policy())
 	}, "")
 	if err != nil {
