@@ -94,3 +94,47 @@ func TestSeed7ACoordinatorBeingStoppedCannotWriteItsChildsJobsEnd(t *testing.T) 
 		t.Fatalf("record leases %v, want %s unresolved (its holder never acknowledged the cancel request)", rec.Leases, job.JobId)
 	}
 }
+
+// TestSeed7ANodeBeingStoppedGetsNoFreshToken: draining refuses new tool
+// calls — at every gate, including one that checks tokens offline and
+// never asks the ledger, where the only bound is the token's few minutes
+// of life. The child C is drained with its parent (its call in flight
+// keeps the drain open for an hour); C, and an operator on its behalf,
+// ask for a fresh token of C's grant, which would let C call such a tool
+// for the whole window. Both are refused failed_precondition naming the
+// state, while draining and while aborting; C's token of before the stop
+// is the last it gets, and its parent, still running, refreshes as before.
+func TestSeed7ANodeBeingStoppedGetsNoFreshToken(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	// A running node refreshes.
+	if _, err := w.cAgent.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: w.gC.grant.GrantId})); err != nil {
+		t.Fatalf("a running node's refresh: %v", err)
+	}
+	if _, err := w.begin(w.gC.token); err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.c.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 10*time.Minute, time.Hour, time.Minute)
+	refresh := func(state string) {
+		t.Helper()
+		for who, c := range map[string]interface {
+			Refresh(context.Context, *connect.Request[tetherv1.RefreshRequest]) (*connect.Response[tetherv1.RefreshResponse], error)
+		}{"the stopping child": w.cAgent.Capability, "an operator": w.admin.Capability} {
+			resp, err := c.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: w.gC.grant.GrantId}))
+			if err == nil {
+				t.Errorf("%s's refresh while %s minted a token until %s", who, state, resp.Msg.TokenExpiresAt.AsTime())
+				continue
+			}
+			wantRefused(t, who+"'s refresh while "+state, err, connect.CodeFailedPrecondition, w.c.Node.NodeId, state)
+		}
+	}
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	refresh("draining")
+	// The parent, still running, refreshes its own grant.
+	if _, err := w.pAgent.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: w.gP.grant.GrantId})); err != nil {
+		t.Fatalf("the running parent's refresh: %v", err)
+	}
+	w.clk.Advance(11 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	refresh("aborting")
+}

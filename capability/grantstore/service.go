@@ -396,8 +396,13 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 		if err != nil {
 			return err
 		}
-		if n.State == NodeTerminated {
-			return fmt.Errorf("%w: holder node %s of grant %s is terminated", ErrNodeNotRunning, g.HolderNodeID, grantID)
+		// A node being stopped (draining, aborting), stopped or exited
+		// gets no fresh token, from anyone: draining refuses new tool
+		// calls, and at a tool that checks tokens offline (never asking
+		// the ledger) the token's few minutes are the only bound until
+		// the termination revokes the grant.
+		if n.State != NodeRunning {
+			return fmt.Errorf("%w: holder node %s of grant %s is %s: a node being stopped, stopped or exited gets no fresh token (the one it holds lives until its expiry, and the termination revokes the grant)", ErrNodeNotRunning, g.HolderNodeID, grantID, n.State)
 		}
 		return nil
 	})
