@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -15,7 +16,91 @@ import (
 // Acceptance probes of the termination seed (003), round 7: the hostile
 // agent being stopped writing its own evidence, stalling each phase and
 // shielding its children, and whether its record can be told from a
-// cooperative agent's.
+// cooperative agent's. Every promise of the seed, with the test through
+// the real server that holds it (Seed7 tests are in this file):
+//
+// The state machine
+//   - requested → draining → reconciling → terminated, the record written
+//     before terminated: TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself
+//     (no record while reconciling), TestDrainLetsInFlightCallsFinishAndRejectsNewOnes.
+//   - requested → aborting → reconciling → terminated:
+//     TestSeedALateWordAboutAFinishedTerminationChangesNothing.
+//   - a drain past its bounded window escalates to abort:
+//     TestDrainOutlastingItsWindowEscalatesAndCancels,
+//     TestSeed3TheRecordSaysWhenEachCallWasOrderedAndEnded.
+//   - the move out of requested is an authority's outside the workload, never
+//     the agent's own: TestSelfTerminationAndTerminationByADescendantAreRefused,
+//     the authorization matrix (authz_matrix_test.go: Terminate by parent,
+//     ancestor and operators only), TestStopProposalDoesNothingUntilApproved.
+//
+// Draining: new tool calls refused, calls in flight finish inside the window
+//   - TestDrainLetsInFlightCallsFinishAndRejectsNewOnes,
+//     TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself.
+//   - no fresh credential of any kind for a node being stopped — a fresh
+//     capability token would outlive the drain at a tool that checks tokens
+//     offline: TestSeed7ANodeBeingStoppedGetsNoFreshToken (fixed here),
+//     TestSeed3NoOneArmsANodeBeingDrained (grants, privileges).
+//
+// Aborting: every call cancelled, each cancel acknowledged by the tool layer
+//   - never acking: TestAbortAgainstAGateThatNeverAcksRecordsCancelUnacknowledged.
+//   - acking late: TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused,
+//     TestSeed2AcknowledgementsAreJudgedOnTheDeadlineTheServerKeeps.
+//   - acking partially (some acknowledged, some ended, some silent):
+//     TestSeed3TheRecordSaysWhenEachCallWasOrderedAndEnded.
+//   - an end is not an acknowledgement: TestSeed2AnEndAfterTheCancelOrderIsNotAnAcknowledgement.
+//   - flooding acks: a repeat changes nothing (TestSeed2AcknowledgementsAreJudgedOnTheDeadlineTheServerKeeps,
+//     the gate's retry), an ack nobody ordered is refused
+//     (TestARogueThatAcknowledgesACancelNobodyOrderedIsRefused), refusals and
+//     contradictions are bounded (TestARogueRefusedWhileDrainingCannotGrowTheRecordWithoutBound,
+//     TestContradictionsAreBounded, TestARogueThatFillsAnExitsConfirmationsCannotCrowdOutTheLauncher).
+//   - repeated or overlapping stops give no fresh window: the seed5 tests.
+//
+// The record, written from outside: who may write the evidence
+//   - calls in flight and how each ended, on the tool server's word only:
+//     TestAgentCannotAcknowledgeItsOwnToolCalls, TestSeed3TheRecordSaysWhenEachCallWasOrderedAndEnded.
+//   - privileges revoked or expired, when and on whose word (an agent's
+//     declared expiry shown as its own): TestSeedTheRecordTellsRevokedPrivilegesFromExpiredOnes,
+//     TestSeed3TheRecordSaysWhenAndOnWhoseWordEachPrivilegeEnded.
+//   - children confirmed or unaccounted; the agent's and its stopped
+//     ancestors' word only a claim: TestSelfClaimedExitWhileStillActingIsUnaccounted,
+//     TestAncestorInsideTheStoppedSubtreeOnlyClaims, TestAnExitedAncestorCannotVouchForItsChild,
+//     TestAnAncestorStoppedByAnotherTerminationOnlyClaims,
+//     TestSeedAChildThatClaimsItsExitAndKeepsUsingItsGrantIsUnaccounted,
+//     TestLauncherAttestationAgreesWithTheEvidence.
+//   - the jobs its lineage coordinates, whose end the stopped coordinator
+//     may not write: TestSeed7ACoordinatorBeingStoppedCannotWriteItsChildsJobsEnd
+//     (fixed here); how each job ended: TestSeed2TheRecordSaysHowEachJobEnded.
+//   - nothing said after the record changes it:
+//     TestSeedALateWordAboutAFinishedTerminationChangesNothing, TestSeed3AWordAfterTheFactChangesNeitherTheRecordNorTheNode.
+//
+// Shielding children
+//   - spawning during the stop: TestSeedARogueBeingDrainedCannotGrowArmOrShieldItself,
+//     TestSpawnRacingATerminationIsNeverMissed, TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt.
+//   - re-parenting: no API moves a node; Spawn under a node the caller does
+//     not direct is refused (authz matrix).
+//   - delegating grants sideways: TestDelegationCannotEscalate ("to a sibling").
+//   - draining a child first to give it a window of its own:
+//     TestARogueThatDrainsItsChildForADayDoesNotStallAnOperatorsDrain.
+//   - naming a child like another node: TestSeed7AChildNamedLikeAnotherNodeIsStillToldApart.
+//   - a gone parent's children still stopped: TestSeed2AGoneParentsTerminationStillStopsItsChild.
+//
+// Propagation: revocable by any ancestor, the handle outside the workload
+//   - TestGrandparentRevokesAGrandchildsGrantAfterTheParentIsGone,
+//     TestRevokeOutsideTheRevokerSetIsDenied.
+//
+// The policy layer: the agent proposes, the control plane decides
+//   - TestStopProposalDoesNothingUntilApproved, TestASelfProposedStopDoesNotShieldTheNodeFromItsParent,
+//     TestSeed5ADecoyProposalDoesNotLoosenTheAgentsOwnStop, the stop-rule tests.
+//
+// Restarts resume terminations
+//   - TestKill9DuringDrainingCompletesWithExactlyOneRecord,
+//     TestSeed2ARestartResumesATerminationOnTheClockItStartedOn,
+//     TestSeed2ACancelOrderSurvivesKill9AndReachesTheGate,
+//     TestSeed5ARepeatedStopsKeptDeadlineSurvivesARestart, TestAHookInterruptedByARestartIsCalledAgain.
+//
+// Upgrades: drain → reconcile → restart
+//   - TestRollout30AgentsFromV1ToV2InBatchesOf5, TestRolloutResumesAfterARestart,
+//     TestSeed1ARolloutsRecordSaysHowEachJobEnded.
 
 // seed7Job offers C a job from its parent P (P owns it) and has C take it.
 func seed7Job(t *testing.T, w *seedWorld, job string) *tetherv1.Lease {
@@ -137,4 +222,53 @@ func TestSeed7ANodeBeingStoppedGetsNoFreshToken(t *testing.T) {
 	w.clk.Advance(11 * time.Minute)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
 	refresh("aborting")
+}
+
+// TestSeed7AChildNamedLikeAnotherNodeIsStillToldApart: unaccounted
+// children are the field that matters, so the record must say which
+// child is which even when a rogue names its children to hide among the
+// others. C spawns a child named after its grandparent P ("parent") and
+// one named after itself ("child"); a child named after P's id is refused
+// invalid_argument (ids are the control plane's) and spawns nothing. An
+// operator aborts P; a launcher attests the exits of the real P and C
+// only. The record lists four nodes, each once by its id under its own
+// parent: the real P and C confirmed, the two namesakes unaccounted.
+func TestSeed7AChildNamedLikeAnotherNodeIsStillToldApart(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	_, err := w.cAgent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.c.Node.NodeId, Name: w.p.Node.NodeId}))
+	wantRefused(t, "a child named after the grandparent's id", err, connect.CodeInvalidArgument, "look like an id")
+	fakeP := spawn(t, w.cAgent, w.c.Node.NodeId, w.p.Node.Name)
+	fakeC := spawn(t, w.cAgent, w.c.Node.NodeId, w.c.Node.Name)
+
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	for _, id := range []string{w.p.Node.NodeId, w.c.Node.NodeId} {
+		if _, err := w.admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: id, Reason: "launcher saw it exit"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	type entry struct {
+		name, parent string
+		outcome      tetherv1.NodeOutcome
+	}
+	want := map[string]entry{
+		w.p.Node.NodeId:   {w.p.Node.Name, "", tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED},
+		w.c.Node.NodeId:   {w.c.Node.Name, w.p.Node.NodeId, tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED},
+		fakeP.Node.NodeId: {w.p.Node.Name, w.c.Node.NodeId, tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED},
+		fakeC.Node.NodeId: {w.c.Node.Name, w.c.Node.NodeId, tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED},
+	}
+	got := map[string]entry{}
+	for _, n := range rec.Nodes {
+		if _, dup := got[n.NodeId]; dup {
+			t.Errorf("node %s listed twice", n.NodeId)
+		}
+		got[n.NodeId] = entry{n.Name, n.ParentNodeId, n.Outcome}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("record nodes\n%v\nwant\n%v", got, want)
+	}
 }
