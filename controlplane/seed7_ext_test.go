@@ -61,6 +61,8 @@ import (
 //   - privileges revoked or expired, when and on whose word (an agent's
 //     declared expiry shown as its own): TestSeedTheRecordTellsRevokedPrivilegesFromExpiredOnes,
 //     TestSeed3TheRecordSaysWhenAndOnWhoseWordEachPrivilegeEnded.
+//   - a privilege the stopped agent revoked itself is its act, not the
+//     termination's: TestSeed7APrivilegeTheStoppedAgentRevokedItselfSaysSo.
 //   - children confirmed or unaccounted; the agent's and its stopped
 //     ancestors' word only a claim: TestSelfClaimedExitWhileStillActingIsUnaccounted,
 //     TestAncestorInsideTheStoppedSubtreeOnlyClaims, TestAnExitedAncestorCannotVouchForItsChild,
@@ -270,5 +272,46 @@ func TestSeed7AChildNamedLikeAnotherNodeIsStillToldApart(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("record nodes\n%v\nwant\n%v", got, want)
+	}
+}
+
+// TestSeed7APrivilegeTheStoppedAgentRevokedItselfSaysSo: the record says
+// which privileges were revoked and on whose word. While an operator
+// drains P (its child's call in flight), P revokes the grant it delegated
+// to C — its own act, true, but not the termination's. The record lists
+// C's grant revoked by P at that instant and P's own grant revoked by the
+// termination when it reconciled: a reader tells the stopped agent's
+// revocation from the control plane's.
+func TestSeed7APrivilegeTheStoppedAgentRevokedItselfSaysSo(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	if _, err := w.begin(w.gC.token); err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(10 * time.Second)
+	byP := w.clk.Now()
+	if _, err := w.pAgent.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: w.gC.grant.GrantId}, Reason: "I revoked it"})); err != nil {
+		t.Fatalf("the draining parent's revocation of its child's grant: %v", err)
+	}
+	w.clk.Advance(time.Minute) // the drain escalates; the gate never acknowledges
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	w.clk.Advance(2 * time.Second)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	reconciled := w.clk.Now()
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, w.admin, term.TerminationId)
+	got := map[string]string{}
+	for _, p := range rec.Privileges {
+		got[p.ExternalId] = fmt.Sprintf("%s by %s at %s", p.Outcome, p.RevokedBy, p.DecidedAt.AsTime().Sub(epoch))
+	}
+	want := map[string]string{
+		w.gC.grant.GrantId: fmt.Sprintf("%s by %s at %s", tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED, "agent:"+w.p.Node.NodeId, byP.Sub(epoch)),
+		w.gP.grant.GrantId: fmt.Sprintf("%s by %s at %s", tetherv1.PrivilegeOutcome_PRIVILEGE_OUTCOME_REVOKED, "termination:"+term.TerminationId, reconciled.Sub(epoch)),
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("record privileges\n%v\nwant\n%v", got, want)
 	}
 }
