@@ -166,3 +166,222 @@ func postJSON(t *testing.T, srv *testserver.Server, token, path, body string) (i
 	_, _ = io.Copy(&answer, resp.Body)
 	return resp.StatusCode, answer.String()
 }
+
+// Seed 000 §9 and §11, a cancel acknowledgement from someone the cancel
+// was not sent to. The job passed from w1 (generation 1) to w2 (generation
+// 2), and the coordinator asked generation 2 to stop. w1 never received
+// that request: its acknowledgement under its own generation is stale
+// evidence (a row, the acknowledgement not recorded), and under the
+// current generation — whose lease id it learnt somehow — it is a
+// stranger's and is refused before any judgement, with no row. Only w2's
+// own acknowledgement is recorded; it ends nothing, and w2 cannot then
+// claim success.
+func TestSeed6ACancelAckSpeaksOnlyForTheGenerationThatWasAsked(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		ctx := context.Background()
+		job := w.job()
+		l1, _ := via(w.w1C).send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+		l2, _ := via(w.w2C).send(t, ack(w.reassign(t, job, w.w2, time.Minute)))
+		if _, err := w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "stop"})); err != nil {
+			t.Fatal(err)
+		}
+		rows := len(w.evidence(t, job))
+
+		former := w.w1C
+		got, d, errText := unary{former}.try(t, cancelAck(l1))
+		if errText != "" {
+			t.Fatalf("the former holder's ack under its own generation: %s", errText)
+		}
+		wantDecision(t, "the former holder's ack under its own generation", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+		if got.LeaseId != "" || got.HolderIdentity != "" {
+			t.Fatalf("the former holder read its successor's lease: %v", got)
+		}
+		if _, _, errText = (unary{former}).try(t, cancelAck(l2)); !strings.HasPrefix(errText, "permission_denied: ") {
+			t.Fatalf("the former holder's ack under the current generation: %q, want permission_denied", errText)
+		}
+		now := w.get(t, job)
+		if now.CancelAck || !now.StaleGeneration || now.HolderIdentity != w.w2 || now.OwnershipConflict {
+			t.Fatalf("after the former holder's acknowledgements: %v", now)
+		}
+		if got := len(w.evidence(t, job)); got != rows+1 {
+			t.Fatalf("%d evidence rows, want %d (the stale ack's row, none for the refused one)", got, rows+1)
+		}
+
+		_, d = via(w.w2C).send(t, cancelAck(l2))
+		wantDecision(t, "the holder's ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_ACKED)
+		got, d = via(w.w2C).send(t, complete(l2, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+		wantDecision(t, "success after acknowledging the cancel", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_INVALID_TRANSITION)
+		if got.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || !got.CancelAck || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
+			t.Fatalf("after the acknowledged cancel: %v", got)
+		}
+	})
+}
+
+// Seed 000 §7, §8 and §9: expiry is the authority boundary, and progress
+// that reaches it is late evidence. A holder's progress a nanosecond
+// before its expiry is applied and renews nothing; at the instant of the
+// expiry it is recorded LATE_PROGRESS, the record keeps the progress it
+// had, and the generation is EXPIRED; a cancel acknowledgement then, or
+// a result, is refused as expired.
+func TestSeed6ProgressAtTheInstantOfExpiryIsLateEvidence(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		ctx := context.Background()
+		w1 := via(w.w1C)
+		job := w.job()
+		l, _ := w1.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+		expiry := l.ExpiresAt.AsTime()
+		w.clock.Set(expiry.Add(-time.Nanosecond))
+		got, d := w1.send(t, progress(l, 1, "almost"))
+		wantDecision(t, "progress a nanosecond before the expiry", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+		if !got.ExpiresAt.AsTime().Equal(expiry) {
+			t.Fatalf("progress moved the expiry: %v", got)
+		}
+		if _, err := w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "stop"})); err != nil {
+			t.Fatal(err)
+		}
+		w.clock.Set(expiry)
+		got, d = w1.send(t, progress(l, 2, "done"))
+		wantDecision(t, "progress at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS)
+		if got.State != tetherv1.LeaseState_LEASE_STATE_EXPIRED || got.ProgressSequence != 1 || got.ProgressValue != "almost" || !got.LateProgress || !got.LeaseExpired {
+			t.Fatalf("after progress at the expiry: %v", got)
+		}
+		_, d = w1.send(t, cancelAck(l))
+		wantDecision(t, "a cancel ack at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+		got, d = w1.send(t, complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED))
+		wantDecision(t, "a result at the expiry", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LEASE_EXPIRED)
+		if got.CancelAck || got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
+			t.Fatalf("after the expired holder's words: %v", got)
+		}
+	})
+}
+
+// Seed 000 §8, §11 and §15 across a crash: the coordinator is killed (-9)
+// while a holder's stream of renewals and progress reports is being judged.
+// Restarted, the record is a prefix of the stream in its order — never a
+// later message without the ones before it — with one evidence row per
+// message it holds, numbered without a gap; the holder, resending the
+// whole stream, gets a DUPLICATE for the last message of the prefix held,
+// its earlier ones answered stale or late, and the rest applied. Its
+// terminal result then survives a second kill: the exact repeat is a
+// DUPLICATE, other words or another result are refused.
+func TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently(t *testing.T) {
+	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
+		t.Skip("runs the real binary")
+	}
+	dir := t.TempDir()
+	proc := testserver.StartProcess(t, dir)
+	admin := proc.Clients(proc.Admin)
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := proc.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: child.Msg.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := unary{proc.Clients(child.Msg.Credential)}.send(t, ack(offered.Msg.Lease))
+	const pairs = 150
+	value := func(i uint64) string { return "step " + strings.Repeat("#", int(i%7)) }
+	stream := proc.Clients(child.Msg.Credential).Lease.Channel(ctx)
+	for i := uint64(1); i <= pairs; i++ {
+		r, p := renew(l, i), progress(l, i, value(i))
+		r.CorrelationId, p.CorrelationId = 2*i-1, 2*i
+		if err := stream.Send(r); err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := stream.Receive(); err != nil {
+		t.Fatalf("the first answer: %v", err)
+	}
+	proc.Kill()
+	_ = stream.CloseResponse()
+
+	proc = testserver.StartProcess(t, dir)
+	admin = proc.Clients(proc.Admin)
+	worker := proc.Clients(child.Msg.Credential)
+	got, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, p := got.Msg.Lease.RenewSequence, got.Msg.Lease.ProgressSequence
+	// A prefix of renew 1, progress 1, renew 2, …: r == p, or r == p+1
+	// when it ends with a renew; at least the first answered message.
+	if r < 1 || (r != p && r != p+1) || r > pairs {
+		t.Fatalf("after kill -9 the record holds renew %d and progress %d: not a prefix of the stream", r, p)
+	}
+	if p > 0 && got.Msg.Lease.ProgressValue != value(p) {
+		t.Fatalf("progress %d holds %q, want %q", p, got.Msg.Lease.ProgressValue, value(p))
+	}
+	if !got.Msg.Lease.ExpiresAt.AsTime().Equal(got.Msg.Lease.RenewTime.AsTime().Add(10 * time.Minute)) {
+		t.Fatalf("expiry %s is not renew time %s plus the lease duration", got.Msg.Lease.ExpiresAt.AsTime(), got.Msg.Lease.RenewTime.AsTime())
+	}
+	ev, err := admin.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: "job"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := ev.Msg.Rows
+	// offer, ack, then one row per message of the prefix
+	if want := 2 + int(r+p); len(rows) != want {
+		t.Fatalf("%d evidence rows for a prefix of %d messages, want %d", len(rows), r+p, want)
+	}
+	for i, row := range rows {
+		if row.Row != uint64(i+1) {
+			t.Fatalf("evidence row %d is numbered %d", i+1, row.Row)
+		}
+	}
+	t.Logf("kill -9 left renew %d, progress %d of %d pairs", r, p, pairs)
+
+	channel := openChannel(t, worker)
+	for i := uint64(1); i <= pairs; i++ {
+		_, d := channel.send(t, renew(l, i))
+		switch {
+		case i < r:
+			wantDecision(t, "a renew of the prefix resent", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_RENEW)
+		case i == r:
+			wantDecision(t, "the prefix's last renew resent", d, tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_RENEW)
+		default:
+			wantDecision(t, "a renew beyond the prefix", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+		}
+		_, d = channel.send(t, progress(l, i, value(i)))
+		switch {
+		case i < p:
+			wantDecision(t, "progress of the prefix resent", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_LATE_PROGRESS)
+		case i == p:
+			wantDecision(t, "the prefix's last progress resent", d, tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_PROGRESS)
+		default:
+			wantDecision(t, "progress beyond the prefix", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+		}
+	}
+	done := completeSaying(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "all steps")
+	_, d := channel.send(t, done)
+	wantDecision(t, "the result", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	proc.Kill()
+
+	proc = testserver.StartProcess(t, dir)
+	worker = proc.Clients(child.Msg.Credential)
+	for _, tc := range []struct {
+		what string
+		m    *tetherv1.ChannelRequest
+		out  tetherv1.Outcome
+	}{
+		{"the result resent after kill -9", completeSaying(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "all steps"), tetherv1.Outcome_OUTCOME_DUPLICATE},
+		{"the result in other words", completeSaying(l, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "most steps"), tetherv1.Outcome_OUTCOME_REJECTED},
+		{"another result", completeSaying(l, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, "all steps"), tetherv1.Outcome_OUTCOME_REJECTED},
+	} {
+		got, d := unary{worker}.send(t, tc.m)
+		wantDecision(t, tc.what, d, tc.out, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+		if got.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS || !strings.HasSuffix(got.TerminalDetail, ": all steps") {
+			t.Fatalf("%s: %v", tc.what, got)
+		}
+	}
+}
