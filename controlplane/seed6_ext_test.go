@@ -385,3 +385,40 @@ func TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently(t *testing.T) {
 		}
 	}
 }
+
+// Seed 000 §7 and §11, a holder the job passed far beyond: old messages
+// are kept for audit and revive nothing. A former holder's late traffic
+// is judged as stale evidence for as long as it is among the job's last
+// lease.MaxFormerHolders holders (8); a holder further back is a stranger
+// to the job again, refused before any judgement with no row (design §11
+// lists this bound). Either way nothing of the current generation moves.
+func TestSeed6AFormerHolderIsHeardUntilEightHoldersLater(t *testing.T) {
+	w := newLeaseWorld(t)
+	job := w.job()
+	first, _ := unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+	staleRenew := func(t *testing.T) (rowWritten bool, errText string) {
+		t.Helper()
+		rows := len(w.evidence(t, job))
+		before := w.get(t, job)
+		_, d, errText := unary{w.w1C}.try(t, renew(first, 1))
+		if errText == "" {
+			wantDecision(t, "the first holder's late renew", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+		}
+		after := w.get(t, job)
+		if after.LeaseId != before.LeaseId || after.HolderIdentity != before.HolderIdentity || after.State != before.State || after.RenewSequence != before.RenewSequence {
+			t.Fatalf("the first holder's late renew moved the lease:\nbefore %v\nafter  %v", before, after)
+		}
+		return len(w.evidence(t, job)) == rows+1, errText
+	}
+	for i := 1; i <= 9; i++ {
+		next := spawn(t, w.plannerC, w.planner, "next")
+		w.reassign(t, job, next.Node.NodeId, time.Minute)
+		written, errText := staleRenew(t)
+		switch {
+		case i <= 8 && (!written || errText != ""):
+			t.Fatalf("%d holders later: the first holder's late renew: row %v, %q; want a STALE_GENERATION row", i, written, errText)
+		case i == 9 && (written || !strings.HasPrefix(errText, "permission_denied: ")):
+			t.Fatalf("9 holders later: the first holder's late renew: row %v, %q; want permission_denied, no row", written, errText)
+		}
+	}
+}
