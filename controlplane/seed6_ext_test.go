@@ -203,8 +203,15 @@ func TestSeed6ACancelAckSpeaksOnlyForTheGenerationThatWasAsked(t *testing.T) {
 		if now.CancelAck || !now.StaleGeneration || now.HolderIdentity != w.w2 || now.OwnershipConflict {
 			t.Fatalf("after the former holder's acknowledgements: %v", now)
 		}
-		if got := len(w.evidence(t, job)); got != rows+1 {
-			t.Fatalf("%d evidence rows, want %d (the stale ack's row, none for the refused one)", got, rows+1)
+		ev := w.evidence(t, job)
+		if len(ev) != rows+1 {
+			t.Fatalf("%d evidence rows, want %d (the stale ack's row, none for the refused one)", len(ev), rows+1)
+		}
+		// The row is the current lease's (holder w2) and says whose
+		// acknowledgement it judged: w1's, not the holder's.
+		if row := ev[len(ev)-1]; row.Message != "cancel_ack" || row.HolderIdentity != w.w2 || row.CancelAck ||
+			!strings.Contains(row.Reason, `from "`+w.w1+`"`) || strings.Contains(row.Reason, `from "`+w.w2+`"`) {
+			t.Fatalf("the stale ack's row: %v", row)
 		}
 
 		_, d = via(w.w2C).send(t, cancelAck(l2))
