@@ -18,7 +18,95 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// PROMISES
+// The sixth acceptance pass over the job-lease seed (000, "Lease Protocol:
+// Ack, Renew, Cancel, Progress"), read line by line as the owners' probes
+// would read it, playing a hostile worker as well as a cooperative one.
+// Every promise, and the test that holds it through the real server (this
+// file's tests are marked *; the SDK columns are agentsdk/typescript/test/
+// seed.test.ts and agentsdk/python/tests/test_seed.py):
+//
+//	§1  delivery is not ownership; ACK, authority, renew, progress, cancel,
+//	    expiry and terminal result are separate auditable states
+//	      TestSeed2TheEvidenceMatrixRebuildsEveryTransition, TestSeed2AnObserverSeesOnlyTheSeedsStateMachine
+//	§2  the lease owns identity, generation, holder binding, ACK deadline,
+//	    expiry, renew and progress sequences, cancellation, terminal
+//	    reconciliation; spool/replay lives outside it (the SDKs)
+//	      TestGetLeaseShowsKubernetesStyleFields; SDK seed tests (replayed result, stale generation)
+//	§3  a lease records job_id, lease_id, generation, holder, issued_at,
+//	    lease_duration, expires_at; authority only for that generation and
+//	    window; a lease id never repeats across generations
+//	      TestGetLeaseShowsKubernetesStyleFields, TestSeed2AuthorityBeginsWithTheAckAndEndsAtTheInstantDeclared,
+//	      TestRestartKeepsAReassignedLeasesGenerationAndFencesTheFormerHolder
+//	§4  duration measured from the last renew time; transitions counted
+//	      TestGetLeaseShowsKubernetesStyleFields, *TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently (expiry = renew time + duration after a crash)
+//	§5  an offer is not authority; ACK before ack_deadline is acceptance,
+//	    never success; a missed ACK expires or reassigns per policy
+//	      TestSeedLeaseAckDeadlineIsTheCoordinators, TestSeed2AnAcknowledgementAfterTheAckTimeoutIsRefused,
+//	      TestLeaseProbeAckIsNotCompletion, TestLeaseReassignPolicyStopsAfterItsBound,
+//	      *TestSeed6ARogueSpendingTheLineagesBudgetCannotMakeItsSiblingMissAnAck (a sibling cannot make the ACK miss: FIXED)
+//	§6  a renew is bound to lease id + generation + holder + sequence, valid
+//	    before expiry, must advance the sequence; a late renew of 7 never
+//	    extends 7 once 8 is active
+//	      TestLeaseProbeLateRenewFromAnExpiredGeneration, TestSeed2AReplayedRenewExtendsNothing,
+//	      TestLeaseFormerHolderLateRenewIsRecordedStale, *TestSeed6SequencesSkipButNeverWrap (skipped, wrapped,
+//	      replayed, negative and huge sequences)
+//	§7  expiry is the authority boundary on the coordinator's declared clock;
+//	    old messages are kept for audit and revive nothing
+//	      TestSeed1EveryTimeInTheMatrixIsTheCoordinators, TestSeedLeaseProgressDatedInTheFutureDecidesNothing,
+//	      TestSeed2ARestartNeverRevivesAnExpiredGeneration, *TestSeed6AFormerHolderIsHeardUntilEightHoldersLater
+//	§8  progress bound to the active generation, sequence must advance; 12
+//	    after 14 keeps 14 and records 12; progress never renews
+//	      TestLeaseProbeProgressNeverRegresses, *TestSeed6ProgressAtTheInstantOfExpiryIsLateEvidence,
+//	      *TestSeed6SequencesSkipButNeverWrap
+//	§9  cancel_requested and cancel_ack are separate, neither ends the job;
+//	    late progress is late evidence; the end is an explicit CANCELLED,
+//	    FAILED or bounded UNRESOLVED
+//	      TestLeaseProbeCancelDuringDisconnect, TestSeedLeaseCancelAckNeedsARequestAndEndsNothing,
+//	      TestSeedLeaseUnresolvedIsBoundedOnTheCoordinatorsClock, TestSeed4CancelledNeedsACancelRequestWhoeverReconciles,
+//	      *TestSeed6ACancelAckSpeaksOnlyForTheGenerationThatWasAsked (a former holder acking a cancel it was never sent)
+//	§10 a terminal result is bound to the active generation and accepted
+//	    within the contract; an ACKed lease that expired is not success
+//	      TestSeed2ATerminalResultIsFinalWhoeverSpeaksAfterIt, TestSeed1AStaleGenerationsResultIsRefusedWhenItsHolderHoldsTheNext,
+//	      TestSeed4AStaleResultKeepsWhatItClaimed, *TestSeed6ProgressAtTheInstantOfExpiryIsLateEvidence
+//	§11 stale generation, late progress, duplicate renew and duplicate
+//	    terminal attempt get explicit audit events; only an exact repeat is
+//	    an idempotent duplicate; a lower generation or another holder never
+//	    changes the active lease
+//	      TestLeaseBadInputChangesNothing, TestLeaseStrangerCannotJamAnotherTreesJob, TestSeed4ATerminalResultInOtherWordsIsNoRepeat,
+//	      *TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently (result twice with other content, across kill -9)
+//	§12 two holders claiming one active generation is an ownership conflict
+//	    that halts execution and auto-promotion until resolved; a strong
+//	    heartbeat does not clear it
+//	      TestLeaseRecordedConflictHaltsUntilResolved, TestLeaseConflictSurvivesKill9, TestRolloutDoesNotHandOverAConflictedLease,
+//	      TestSeed1ARestartGivesNoGraceToACancelledOrConflictedLease
+//	§13 the evidence matrix's 18 columns per case, one row per message; a
+//	    reviewer rebuilds every transition from the rows alone
+//	      TestSeed2TheEvidenceMatrixRebuildsEveryTransition, TestSeed1ACoordinatorCannotWriteTheHoldersEvidence,
+//	      TestLeaseRogueCannotReadOrForgeEvidenceThroughPackedRows, TestSeed4ARefusedCoordinatorMessageNamesWhoSentIt,
+//	      *TestSeed6ACancelAckSpeaksOnlyForTheGenerationThatWasAsked (the row names the sender, not the holder),
+//	      *TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently (one row per held message, no gap, after kill -9)
+//	§14 the four probes: late renew of 7 with 8 active; ACK without result;
+//	    progress 12 after 14; cancel + late progress during a disconnect
+//	      TestLeaseProbeLateRenewFromAnExpiredGeneration, TestLeaseProbeAckIsNotCompletion,
+//	      TestLeaseProbeProgressNeverRegresses, TestLeaseProbeCancelDuringDisconnect
+//	§15 on a reordering stream each message is judged on its own identity,
+//	    generation, sequence and timestamp; arrival order is not authority
+//	      TestLeaseChannelReorderingKeepsStateAndAuthority, TestSeed1AReorderedStreamCannotOutrunACancellation,
+//	      *TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently (a crash mid-stream keeps a prefix)
+//
+// The hostile worker's moves, each through the server: a stale generation
+// writing a result (seed1, seed4); acking a cancel it never received
+// (seed_lease, *cancel ack); progress after its deadline (*expiry instant);
+// sequences replayed, skipped, wrapped, negative, huge (*sequences); a
+// result twice with other content (seed4, *kill -9); forging rows that name
+// another sender (seed1, lease_rogue packed rows, *cancel ack); freezing a
+// sibling's job by spending the lineage's budget (rogue5 for renewals and
+// completion, *ACK — the hole this pass fixed: the sibling's unary ACK was
+// refused resource_exhausted until its deadline passed) or by holding a job
+// across reassignment (*former holder, restart_probe); the coordinator's
+// view after kill -9 mid-sequence (*kill -9). Limits left: design §11
+// (former-holder bound, sequences never wrap, the per-node upkeep reserve,
+// a Resolve repeating the holder's result answered DUPLICATE).
 
 // Seed 000 §5 and §14 (2), against a hostile sibling: an ACK is the
 // holder's acceptance before the coordinator's deadline, and only the
