@@ -517,3 +517,68 @@ func TestSeed6AFormerHolderIsHeardUntilEightHoldersLater(t *testing.T) {
 		}
 	}
 }
+
+// Seed 000 §11 and §13, the coordinator's side of a result submitted
+// twice: only an exact repeat is an idempotent duplicate. The holder
+// reported FAILED ("disk full"); the coordinating lineage then resolves
+// FAILED with its own reason. That is not a repeat of anything it said —
+// the record's result is the holder's — so it is a refused duplicate
+// terminal attempt whose row carries its reason, the record's detail
+// untouched; answered DUPLICATE, its row read "repeats the terminal
+// result recorded", a resolution the coordinator never made. The
+// coordinator's own resolution resent word for word stays a DUPLICATE
+// (a retry is safe); in other words it is refused, and its bound of an
+// UNRESOLVED result cannot be moved by a second UNRESOLVED.
+func TestSeed6AResolutionIsARepeatOnlyOfTheCoordinatorsOwnWords(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	resolve := func(job string, result tetherv1.TerminalResult, reason string, bound time.Duration) (*tetherv1.Lease, *tetherv1.Decision) {
+		t.Helper()
+		req := &tetherv1.ResolveRequest{JobId: job, Result: result, Reason: reason}
+		if bound > 0 {
+			req.UnresolvedBound = durationpb.New(bound)
+		}
+		r, err := w.plannerC.Lease.Resolve(ctx, connect.NewRequest(req))
+		if err != nil {
+			t.Fatalf("resolve %s %s: %v", job, result, err)
+		}
+		return r.Msg.Lease, r.Msg.Decision
+	}
+	failed := tetherv1.TerminalResult_TERMINAL_RESULT_FAILED
+
+	job := w.job()
+	l, _ := unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+	_, d := unary{w.w1C}.send(t, completeSaying(l, failed, "disk full"))
+	wantDecision(t, "the holder's result", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	detail := w.get(t, job).TerminalDetail
+	got, d := resolve(job, failed, "gave up on it", 0)
+	wantDecision(t, "the coordinator's FAILED after the holder's", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+	if got.TerminalDetail != detail || !strings.Contains(d.Reason, "gave up on it") || strings.Contains(d.Reason, "repeats") {
+		t.Fatalf("after the coordinator's FAILED: %v; decision %v", got, d)
+	}
+	ev := w.evidence(t, job)
+	if row := ev[len(ev)-1]; row.Decision.GetOutcome() != tetherv1.Outcome_OUTCOME_REJECTED || !strings.Contains(row.Reason, "gave up on it") {
+		t.Fatalf("the coordinator's refused resolution's row: %v", row)
+	}
+
+	job = w.job()
+	unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+	l, d = resolve(job, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED, "host unreachable", time.Hour)
+	wantDecision(t, "UNRESOLVED", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
+	until := l.UnresolvedUntil.AsTime()
+	w.clock.Advance(time.Minute)
+	got, d = resolve(job, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED, "host unreachable", time.Hour)
+	wantDecision(t, "UNRESOLVED resent word for word", d, tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+	if !got.UnresolvedUntil.AsTime().Equal(until) {
+		t.Fatalf("a repeated UNRESOLVED moved its bound: %s, was %s", got.UnresolvedUntil.AsTime(), until)
+	}
+	got, d = resolve(job, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED, "still unreachable", 0)
+	wantDecision(t, "UNRESOLVED in other words", d, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+	if !got.UnresolvedUntil.AsTime().Equal(until) || !strings.HasSuffix(got.TerminalDetail, "host unreachable") {
+		t.Fatalf("after UNRESOLVED in other words: %v", got)
+	}
+	_, d = resolve(job, failed, "host gone", 0)
+	wantDecision(t, "FAILED replacing UNRESOLVED", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RESOLVED)
+	_, d = resolve(job, failed, "host gone", 0)
+	wantDecision(t, "FAILED resent word for word", d, tetherv1.Outcome_OUTCOME_DUPLICATE, tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_TERMINAL)
+}
