@@ -73,7 +73,8 @@ import (
 //	    an idempotent duplicate; a lower generation or another holder never
 //	    changes the active lease
 //	      TestLeaseBadInputChangesNothing, TestLeaseStrangerCannotJamAnotherTreesJob, TestSeed4ATerminalResultInOtherWordsIsNoRepeat,
-//	      *TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently (result twice with other content, across kill -9)
+//	      *TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently (result twice with other content, across kill -9),
+//	      *TestSeed6AResolutionIsARepeatOnlyOfTheCoordinatorsOwnWords (the coordinator's side: FIXED)
 //	§12 two holders claiming one active generation is an ownership conflict
 //	    that halts execution and auto-promotion until resolved; a strong
 //	    heartbeat does not clear it
@@ -104,9 +105,13 @@ import (
 // completion, *ACK — the hole this pass fixed: the sibling's unary ACK was
 // refused resource_exhausted until its deadline passed) or by holding a job
 // across reassignment (*former holder, restart_probe); the coordinator's
-// view after kill -9 mid-sequence (*kill -9). Limits left: design §11
-// (former-holder bound, sequences never wrap, the per-node upkeep reserve,
-// a Resolve repeating the holder's result answered DUPLICATE).
+// view after kill -9 mid-sequence (*kill -9). On the coordinator's side, a
+// result submitted twice: a Resolve naming the result the holder reported
+// was answered DUPLICATE, "repeats the terminal result recorded" — FIXED,
+// only its own words again are a repeat now
+// (*TestSeed6AResolutionIsARepeatOnlyOfTheCoordinatorsOwnWords). Limits
+// left: design §11 (former-holder bound, sequences never wrap, the
+// per-node upkeep reserve).
 
 // Seed 000 §5 and §14 (2), against a hostile sibling: an ACK is the
 // holder's acceptance before the coordinator's deadline, and only the
