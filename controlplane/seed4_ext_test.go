@@ -260,9 +260,10 @@ func TestSeed4ARefusedCoordinatorMessageNamesWhoSentIt(t *testing.T) {
 		{"CANCELLED over FAILED", func() (*tetherv1.Decision, error) {
 			return decisionOf(w.admin.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, Reason: "operator says cancelled"})))
 		}, tetherv1.Outcome_OUTCOME_REJECTED},
+		// Not the planner's words: no repeat of its resolution (seed6).
 		{"FAILED again", func() (*tetherv1.Decision, error) {
 			return decisionOf(w.admin.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: job, Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "operator agrees"})))
-		}, tetherv1.Outcome_OUTCOME_DUPLICATE},
+		}, tetherv1.Outcome_OUTCOME_REJECTED},
 		{"a cancel request after the end", func() (*tetherv1.Decision, error) {
 			return decisionOf(w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "operator stop"})))
 		}, tetherv1.Outcome_OUTCOME_REJECTED},

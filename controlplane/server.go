@@ -370,6 +370,7 @@ func (s *Server) buildHandler() error {
 			tetherv1connect.AgentServiceConfirmExitProcedure: true,
 			tetherv1connect.ToolServiceEndCallProcedure:      true,
 			tetherv1connect.ToolServiceCancelAckProcedure:    true,
+			tetherv1connect.LeaseServiceAckProcedure:         true,
 			tetherv1connect.LeaseServiceRenewProcedure:       true,
 			tetherv1connect.LeaseServiceCancelAckProcedure:   true,
 			tetherv1connect.LeaseServiceCompleteProcedure:    true,

@@ -76,13 +76,15 @@ type Interceptor struct {
 	// it refused.
 	Relayed map[string]bool
 	// Upkeep are the procedures by which an agent keeps itself accounted
-	// for: its session and heartbeats, its lease renewals, cancel
+	// for: its session and heartbeats, its lease ACKs (an offer the
+	// lineage made it, due by a deadline), renewals, cancel
 	// acknowledgements and completions, its tool calls' ends and cancel
 	// acknowledgements, its exit confirmation. Once its lineage's budget is
 	// spent they draw on its node's own small Reserve, so that one member
 	// of a lineage spending the shared budget cannot starve another's
-	// upkeep: let a lease lapse, end a session, or keep a drained node's
-	// exit from being confirmed. Nil Reserve: no reserve.
+	// upkeep: let a lease lapse or an offer miss its ACK, end a session,
+	// or keep a drained node's exit from being confirmed. Nil Reserve: no
+	// reserve.
 	Upkeep  map[string]bool
 	Reserve *RateLimiter
 	// Anonymous bounds, per source address, the requests that carry no

@@ -91,7 +91,8 @@ type LeaseView struct {
 	// exact repeat of a terminal result, detail included, is a DUPLICATE;
 	// the holder's Completes all carry the same detail (none, signed with
 	// its principal on the server), and a Resolve's reason becomes the
-	// detail, so a Complete repeats only a Complete.
+	// detail (the model's Resolves all carry one reason), so a Complete
+	// repeats only a Complete and a Resolve only a Resolve.
 	ClosedByResolve bool
 }
 
@@ -308,7 +309,9 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		return s, accepted
 	case OpResolve:
 		if s.State == terminal {
-			if s.Result == in.Result {
+			// Only an exact repeat is a DUPLICATE: the model's Resolves
+			// all carry one reason, so a Resolve repeats only a Resolve.
+			if s.Result == in.Result && s.ClosedByResolve {
 				return s, duplicate
 			}
 			return s, rejected

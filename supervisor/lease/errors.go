@@ -38,7 +38,9 @@ var (
 	// sequence, after cancellation, expiry or a terminal result).
 	ErrLateProgress = fault.New(fault.Precondition, "lease: late progress")
 	// ErrConflictingDuplicate: a sequence already accepted, resent with
-	// different content.
+	// different content; or a terminal result the job already has, in
+	// other words than the record's (a Complete's detail, a Resolve's
+	// reason).
 	ErrConflictingDuplicate = fault.New(fault.Invalid, "lease: conflicting duplicate")
 	// ErrCancelRequested: the operation is refused because the coordinator
 	// asked the job to stop.

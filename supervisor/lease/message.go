@@ -141,6 +141,8 @@ type Reassign struct {
 // FAILED, or UNRESOLVED for at most Policy.MaxUnresolvedBound
 // (UnresolvedBound zero means the maximum). CANCELLED needs a cancel
 // request first. A final result also resolves a recorded ownership conflict.
+// After the end it is a DUPLICATE only when it repeats the recorded result
+// and Reason word for word.
 type Resolve struct {
 	JobID           string
 	Result          TerminalResult

@@ -563,8 +563,17 @@ func (j *judge) resolve(m Resolve) Decision {
 	l := &j.l
 	if l.State == StateTerminal {
 		switch {
-		case l.TerminalResult == m.Result:
+		case l.TerminalResult == m.Result && l.TerminalDetail == m.Reason:
 			return duplicate(EventDuplicateTerminal, "%s repeats the terminal result recorded at %s; nothing changed", describe(m), ts(l.TerminalAt))
+		case l.TerminalResult == m.Result:
+			// Only an exact repeat is idempotent (seed §11), for the
+			// coordinator as for the holder: the same result in other
+			// words, or after the holder reported it (or the clock closed
+			// an UNRESOLVED), is no repeat of a resolution this
+			// coordinator made, and the record must not read as one.
+			return reject(EventDuplicateTerminal, ErrConflictingDuplicate,
+				"%s refused: it does not repeat the record word for word; the job is already terminal as %s since %s with detail %q; nothing changed",
+				describe(m), l.TerminalResult, ts(l.TerminalAt), clip(l.TerminalDetail))
 		case l.TerminalResult != ResultUnresolved:
 			return reject(EventDuplicateTerminal, ErrTerminal, "%s refused: the job is already terminal as %s since %s", describe(m), l.TerminalResult, ts(l.TerminalAt))
 		}
