@@ -71,12 +71,12 @@ type batch struct {
 	shard *shard
 	term  uint64
 	// reply: the shard sends it in answer to its previous batch coming
-	// back (Coordinator.commitLoop waits for those replies); pass: a reply
-	// with nothing to commit.
-	reply, pass bool
-	seq         uint64
-	messages    int
-	touched     []*entry
+	// back (Coordinator.commitLoop waits for those replies; a shard with
+	// nothing to commit passes instead, through replies).
+	reply    bool
+	seq      uint64
+	messages int
+	touched  []*entry
 	// snapshots are the touched entries' leases at sealing, in touched
 	// order: what becomes durable when the batch commits; checkpoints
 	// whether the batch rewrote the entry's record.
@@ -127,6 +127,7 @@ type shard struct {
 	building *batch
 	inflight *batch
 	commits  chan<- *batch
+	replies  *replies
 	finished chan *batch
 	// owesReply: a batch came back and the committer waits for this
 	// shard's next batch, or a pass, before it commits again.
@@ -180,8 +181,8 @@ func (s *shard) now() time.Time {
 
 // run judges until stopping is closed, then commits what is left. The
 // run's committer must outlive it: commits sends sealed batches there.
-func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch) {
-	s.commits = commits
+func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *replies) {
+	s.commits, s.replies = commits, replies
 	s.building = s.newBatch()
 	for _, r := range s.recover {
 		if e := s.leases[r.JobID]; e != nil {
@@ -337,9 +338,8 @@ func (s *shard) handle(o op) {
 	}
 }
 
-// takeFinished publishes a committed batch that is waiting, before a read:
-// its callers may already have their answers (the committer answers them),
-// so a read that follows an answer must see its lease.
+// takeFinished publishes a committed batch that is waiting, and answers
+// its callers, before a read: a read sees at least what was committed.
 func (s *shard) takeFinished() {
 	select {
 	case b := <-s.finished:
@@ -442,7 +442,7 @@ func (s *shard) submitIfIdle() {
 	if b.empty() && (!s.needAlive || s.c.deposed.Load()) {
 		if s.owesReply {
 			s.owesReply = false
-			s.commits <- &batch{shard: s, term: s.term, reply: true, pass: true}
+			s.replies.pass()
 		}
 		return
 	}
@@ -490,7 +490,12 @@ func (s *shard) complete(b *batch) {
 				e.checkpoint = e.durableRows
 			}
 		}
-		return // the committer answers
+		// Answer once the durable state is published, so a read that
+		// follows an answer sees its lease.
+		for _, a := range b.answers {
+			a.done(a.result, nil)
+		}
+		return
 	}
 	err := fmt.Errorf("%w: %w", ErrCommit, b.err)
 	if errors.Is(b.err, ErrFenced) {
