@@ -129,6 +129,9 @@ type shard struct {
 	commits  chan<- *batch
 	replies  *replies
 	finished chan *batch
+	// answers are the callers of committed batches, published and not
+	// yet answered (answer).
+	answers []pendingAnswer
 	// owesReply: a batch came back and the committer waits for this
 	// shard's next batch, or a pass, before it commits again.
 	owesReply bool
@@ -216,6 +219,10 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 			s.drainInbox(s.c.cfg.MaxBatch)
 		case b := <-s.finished:
 			s.complete(b)
+			// The next batch goes to the committer before the answers,
+			// so the commit runs while they are delivered.
+			s.submitIfIdle()
+			s.answer()
 		case <-timer.C:
 			armedAt = time.Now().Add(365 * 24 * time.Hour)
 			if !s.c.deposed.Load() {
@@ -265,6 +272,7 @@ func (s *shard) shutdown() {
 			return
 		}
 		s.complete(<-s.finished)
+		s.answer()
 	}
 }
 
@@ -344,6 +352,7 @@ func (s *shard) takeFinished() {
 	select {
 	case b := <-s.finished:
 		s.complete(b)
+		s.answer()
 	default:
 	}
 }
@@ -474,6 +483,20 @@ func (s *shard) submitIfIdle() {
 	s.commits <- b
 }
 
+// answer delivers the answers of the committed batches complete published.
+// The shard answers them, not the committer: the committer blocks on its
+// queue once it handed the batches back, the shard runs, answers and
+// blocks on its inbox, and the caller runs, all on one processor, where
+// answering from the committer left the shard and a caller runnable at
+// once and woke the idle processor for one of them.
+func (s *shard) answer() {
+	for i, a := range s.answers {
+		a.done(a.result, nil)
+		s.answers[i] = pendingAnswer{}
+	}
+	s.answers = s.answers[:0]
+}
+
 // complete publishes a committed batch (durable state, then answers) or,
 // when the commit failed, rolls back everything judged since the last
 // durable state: the failed batch and the one judged on top of it.
@@ -490,11 +513,9 @@ func (s *shard) complete(b *batch) {
 				e.checkpoint = e.durableRows
 			}
 		}
-		// Answer once the durable state is published, so a read that
-		// follows an answer sees its lease.
-		for _, a := range b.answers {
-			a.done(a.result, nil)
-		}
+		// Answered (answer) once the durable state is published, so a
+		// read that follows an answer sees its lease.
+		s.answers = append(s.answers, b.answers...)
 		return
 	}
 	err := fmt.Errorf("%w: %w", ErrCommit, b.err)
