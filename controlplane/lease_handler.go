@@ -843,7 +843,7 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 			return
 		}
 	}
-	// The callback runs on the coordinator's committer (or a shard): it
+	// The callback runs on the job's shard: it
 	// only queues the result, or hands the rare lineage check to its own
 	// goroutine; the pump turns it into a response.
 	h.leases().Submit(m, partyGuard(p.NodeID(), m), func(r coordinator.Result, err error) {

@@ -483,14 +483,15 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	}
 
 	stopping := make(chan struct{})
-	// A shard has at most one batch in flight and one pass waiting, so
-	// the queue never blocks a shard.
+	// A shard has at most one batch in flight and one waiting, so the
+	// queue never blocks a shard.
 	commits := make(chan *batch, 2*len(c.shards))
 	c.commitQueue = commits
+	replies := newReplies()
 	committed := make(chan struct{})
 	go func() {
 		defer close(committed)
-		c.commitLoop(commits)
+		c.commitLoop(commits, replies)
 	}()
 	defer func() {
 		close(commits)
@@ -499,7 +500,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	c.deposed.Store(false)
 	for _, s := range c.shards {
-		wg.Go(func() { s.run(stopping, commits) })
+		wg.Go(func() { s.run(stopping, commits, replies) })
 	}
 	c.phase.Store(int32(phaseServing))
 	c.notify()
@@ -925,27 +926,46 @@ func (c *Coordinator) heldBy(ctx context.Context, holders []string) ([]string, e
 // shard's share. A shard has at most one batch in flight, so batches of
 // one shard never share an Update and each shard's writes reach the store
 // in judgement order.
-func (c *Coordinator) commitLoop(queue <-chan *batch) {
+//
+// A pass does not go through the queue: the shard takes its reply off
+// owed (replies), and wakes the loop only if the loop holds a batch and
+// waits for that last reply. A lone writer's shard passes after every
+// commit, and the loop, which then waits for the next batch anyway, is
+// not woken for it: one goroutine hand-off less per lone commit.
+func (c *Coordinator) commitLoop(queue <-chan *batch, replies *replies) {
 	var group []*batch
-	owed := 0
 	for {
 		group = group[:0]
 		closed := false
 		take := func(b *batch) {
 			if b.reply {
-				owed--
+				replies.owed.Add(-1)
 			}
-			if !b.pass {
-				group = append(group, b)
-			}
+			group = append(group, b)
 		}
-		for !closed && (len(group) == 0 || owed > 0) {
-			b, ok := <-queue
-			if !ok {
-				closed = true
-				break
+		for !closed {
+			if len(group) > 0 {
+				// Hold the batch until every shard of the last commit
+				// answered. waiting is set before owed is read again,
+				// and a pass takes its reply off before it reads
+				// waiting, so one of them sees the other.
+				replies.waiting.Store(true)
+				if replies.owed.Load() <= 0 {
+					replies.waiting.Store(false)
+					break
+				}
 			}
-			take(b)
+			select {
+			case b, ok := <-queue:
+				if !ok {
+					closed = true
+					break
+				}
+				take(b)
+			case <-replies.wake:
+				// A pass, or a stale wake: the loop checks again.
+			}
+			replies.waiting.Store(false)
 		}
 	drain:
 		for !closed {
@@ -960,6 +980,9 @@ func (c *Coordinator) commitLoop(queue <-chan *batch) {
 				break drain
 			}
 		}
+		// Owed before the batches go back: a shard may pass the moment it
+		// has its batch.
+		replies.owed.Add(int64(len(group)))
 		for start := 0; start < len(group); {
 			end, messages := start+1, group[start].messages
 			for end < len(group) && messages+group[end].messages <= c.cfg.MaxBatch {
@@ -969,10 +992,32 @@ func (c *Coordinator) commitLoop(queue <-chan *batch) {
 			c.commitGroup(group[start:end])
 			start = end
 		}
-		owed += len(group)
 		clear(group)
 		if closed {
 			return
+		}
+	}
+}
+
+// replies counts the answers the committer waits for: one per batch it
+// handed back, until its shard sends its next batch or passes.
+type replies struct {
+	owed atomic.Int64
+	// waiting: the committer holds a batch and waits for owed to reach
+	// zero; a pass that takes it there sends on wake (buffered, never
+	// blocking).
+	waiting atomic.Bool
+	wake    chan struct{}
+}
+
+func newReplies() *replies { return &replies{wake: make(chan struct{}, 1)} }
+
+// pass answers the committer for a shard that has nothing to commit.
+func (r *replies) pass() {
+	if r.owed.Add(-1) <= 0 && r.waiting.Load() {
+		select {
+		case r.wake <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -1024,21 +1069,15 @@ func (c *Coordinator) commitGroup(group []*batch) {
 	} else {
 		c.evlog.failed(log)
 	}
-	// Hand each batch back first, then answer from here rather than from
-	// the shards: one goroutine hop less per message. Readers still never
-	// see less than an answer implies: a read is handled on the shard,
-	// which takes a finished batch before any read (see handle), and the
-	// batch is queued before anyone is answered.
+	// Hand each batch back; its shard publishes the durable state and then
+	// answers its callers (complete). Answering from here instead would
+	// leave two goroutines runnable at once, the shard and a caller, and
+	// the second wakes the idle processor: a lone renew's commit then
+	// costs a thread wake-up more. From the shard the chain stays on one
+	// processor: this loop blocks on its queue, the shard runs, answers
+	// and blocks on its inbox, the caller runs.
 	for _, b := range group {
 		b.err = err
 		b.shard.finished <- b
-	}
-	if err != nil {
-		return
-	}
-	for _, b := range group {
-		for _, a := range b.answers {
-			a.done(a.result, nil)
-		}
 	}
 }

@@ -71,12 +71,12 @@ type batch struct {
 	shard *shard
 	term  uint64
 	// reply: the shard sends it in answer to its previous batch coming
-	// back (Coordinator.commitLoop waits for those replies); pass: a reply
-	// with nothing to commit.
-	reply, pass bool
-	seq         uint64
-	messages    int
-	touched     []*entry
+	// back (Coordinator.commitLoop waits for those replies; a shard with
+	// nothing to commit passes instead, through replies).
+	reply    bool
+	seq      uint64
+	messages int
+	touched  []*entry
 	// snapshots are the touched entries' leases at sealing, in touched
 	// order: what becomes durable when the batch commits; checkpoints
 	// whether the batch rewrote the entry's record.
@@ -127,7 +127,11 @@ type shard struct {
 	building *batch
 	inflight *batch
 	commits  chan<- *batch
+	replies  *replies
 	finished chan *batch
+	// answers are the callers of committed batches, published and not
+	// yet answered (answer).
+	answers []pendingAnswer
 	// owesReply: a batch came back and the committer waits for this
 	// shard's next batch, or a pass, before it commits again.
 	owesReply bool
@@ -180,8 +184,8 @@ func (s *shard) now() time.Time {
 
 // run judges until stopping is closed, then commits what is left. The
 // run's committer must outlive it: commits sends sealed batches there.
-func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch) {
-	s.commits = commits
+func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *replies) {
+	s.commits, s.replies = commits, replies
 	s.building = s.newBatch()
 	for _, r := range s.recover {
 		if e := s.leases[r.JobID]; e != nil {
@@ -215,6 +219,10 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch) {
 			s.drainInbox(s.c.cfg.MaxBatch)
 		case b := <-s.finished:
 			s.complete(b)
+			// The next batch goes to the committer before the answers,
+			// so the commit runs while they are delivered.
+			s.submitIfIdle()
+			s.answer()
 		case <-timer.C:
 			armedAt = time.Now().Add(365 * 24 * time.Hour)
 			if !s.c.deposed.Load() {
@@ -264,6 +272,7 @@ func (s *shard) shutdown() {
 			return
 		}
 		s.complete(<-s.finished)
+		s.answer()
 	}
 }
 
@@ -337,13 +346,13 @@ func (s *shard) handle(o op) {
 	}
 }
 
-// takeFinished publishes a committed batch that is waiting, before a read:
-// its callers may already have their answers (the committer answers them),
-// so a read that follows an answer must see its lease.
+// takeFinished publishes a committed batch that is waiting, and answers
+// its callers, before a read: a read sees at least what was committed.
 func (s *shard) takeFinished() {
 	select {
 	case b := <-s.finished:
 		s.complete(b)
+		s.answer()
 	default:
 	}
 }
@@ -442,7 +451,7 @@ func (s *shard) submitIfIdle() {
 	if b.empty() && (!s.needAlive || s.c.deposed.Load()) {
 		if s.owesReply {
 			s.owesReply = false
-			s.commits <- &batch{shard: s, term: s.term, reply: true, pass: true}
+			s.replies.pass()
 		}
 		return
 	}
@@ -474,6 +483,20 @@ func (s *shard) submitIfIdle() {
 	s.commits <- b
 }
 
+// answer delivers the answers of the committed batches complete published.
+// The shard answers them, not the committer: the committer blocks on its
+// queue once it handed the batches back, the shard runs, answers and
+// blocks on its inbox, and the caller runs, all on one processor, where
+// answering from the committer left the shard and a caller runnable at
+// once and woke the idle processor for one of them.
+func (s *shard) answer() {
+	for i, a := range s.answers {
+		a.done(a.result, nil)
+		s.answers[i] = pendingAnswer{}
+	}
+	s.answers = s.answers[:0]
+}
+
 // complete publishes a committed batch (durable state, then answers) or,
 // when the commit failed, rolls back everything judged since the last
 // durable state: the failed batch and the one judged on top of it.
@@ -490,7 +513,10 @@ func (s *shard) complete(b *batch) {
 				e.checkpoint = e.durableRows
 			}
 		}
-		return // the committer answers
+		// Answered (answer) once the durable state is published, so a
+		// read that follows an answer sees its lease.
+		s.answers = append(s.answers, b.answers...)
+		return
 	}
 	err := fmt.Errorf("%w: %w", ErrCommit, b.err)
 	if errors.Is(b.err, ErrFenced) {
