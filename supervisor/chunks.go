@@ -516,7 +516,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		if err := putSubtreeEntries(tx, id, c.first, c.entries); err != nil {
 			return err
 		}
-		wrote = c.wrote
+		if _, expects := tx.(store.Expecter); expects {
+			wrote = c.wrote // (kept only where the record checks them at its commit)
+		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
 			if err := kv.PutJSON(tx, terminationKey(oid), other); err != nil {
