@@ -439,6 +439,8 @@ type markChunk struct {
 	// stored packed when the chunk ends (putSubtreeEntries).
 	first   int
 	entries []subtreeEntry
+	// wrote: the members' nodes as the chunk wrote them (nodeCache).
+	wrote []*tree.Node
 }
 
 // mark marks the next chunk of the subtree (the roots first, then the
@@ -458,8 +460,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	var wrote []*tree.Node
 	err = s.Store.Update(ctx, func(tx store.Txn) error {
-		handedOver, done = nil, false
+		handedOver, done, wrote = nil, false, nil
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
@@ -513,6 +516,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		if err := putSubtreeEntries(tx, id, c.first, c.entries); err != nil {
 			return err
 		}
+		if _, expects := tx.(store.Expecter); expects {
+			wrote = c.wrote // (kept only where the record checks them at its commit)
+		}
 		for oid, nodes := range c.taken {
 			other := HandOver(*c.others[oid], nodes, t.ID, now)
 			if err := kv.PutJSON(tx, terminationKey(oid), other); err != nil {
@@ -528,6 +534,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		done = true
 		return putAdvanced(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CancelsPending: t.Progress.CancelsPending}, now)
 	})
+	if err == nil {
+		s.nodes.keep(wrote)
+	}
 	if err == nil && done && members > 0 {
 		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", members, "listed", listed)
 	}
@@ -790,6 +799,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 	if err := tree.PutNodeIn(tx, n); err != nil {
 		return err
 	}
+	c.wrote = append(c.wrote, n)
 	for _, call := range c.calls[n.NodeID] {
 		if call.State == ledger.CallStateInFlight {
 			c.inFlight++
@@ -1107,13 +1117,24 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 			}
 		}
 	}
-	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+	all := make([]string, len(entries))
+	for i, e := range entries {
+		all[i] = e.Node
+	}
+	attempts := 0
+	var terminated []string
+	err = s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
+		terminated = nil
 		// The entries as read before this transaction: an entry never
 		// changes once the mark wrote it, and the cursor (read here, and
 		// the same) says the chunk is still to do; reading them again
-		// here would make etcd compare each of them at the commit.
-		nodes, err := entryNodes(tx, entries, true)
+		// here would make etcd compare each of them at the commit. Their
+		// nodes as the mark wrote them, when kept and on the first
+		// attempt, are checked at the commit instead of read
+		// (nodecache.go).
+		attempts++
+		nodes, err := s.nodes.nodesIn(tx, all, attempts == 1)
 		if err != nil {
 			return err
 		}
@@ -1140,6 +1161,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 				return err
 			}
 		}
+		terminated = all
 		if cur.Parts, err = putRecordParts(tx, cur.RecordID, cur.Parts, part); err != nil {
 			return err
 		}
@@ -1148,6 +1170,10 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 		stored.UpdatedAt = now
 		return kv.PutJSON(tx, terminationKey(t.ID), stored)
 	})
+	if err == nil {
+		s.nodes.forget(terminated)
+	}
+	return err
 }
 
 // recordPart is the part of the record for one chunk of the index: its

@@ -29,6 +29,7 @@ func (s *Supervisor) loop() *reconcile.Loop {
 				// every change of a call (what was kept before may have
 				// missed some).
 				s.calls.reset()
+				s.nodes.reset()
 				ids, err := s.unfinished(ctx)
 				if err == nil {
 					k.reset(ids)
@@ -37,6 +38,7 @@ func (s *Supervisor) loop() *reconcile.Loop {
 			},
 			Changed: func(batch []store.Event, kick func(string)) {
 				s.calls.apply(batch)
+				s.nodes.apply(batch)
 				k.changed(batch, kick, s.calls.drop)
 			},
 			Reconcile: s.Reconcile,

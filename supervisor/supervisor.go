@@ -98,6 +98,10 @@ type Supervisor struct {
 	// calls keeps the open calls of the terminations waiting for them,
 	// while the reconcile loop's watches run (callcache.go).
 	calls callCache
+	// nodes keeps the nodes the marks wrote until their records
+	// terminate them, while the reconcile loop's watches run
+	// (nodecache.go).
+	nodes nodeCache
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop

@@ -132,7 +132,18 @@ func (c *callNodes) of(callID string) (string, bool) {
 type ackDeadlines struct {
 	mu sync.Mutex
 	m  map[string]time.Time
+	// marking: the terminations last read here with no deadline yet (a
+	// large subtree still being marked, or a drain), with when; while one
+	// was read in the last markingFor, acknowledgements read their call
+	// and its termination before their transaction (Ledger.CancelAck).
+	marking map[string]time.Time
 }
+
+// markingFor is how long a termination read here with no deadline keeps
+// acknowledgements on the read-first path after its last such read: a
+// mark's chunks follow each other well within it, and a termination that
+// got its deadline is dropped at the next read that finds it.
+const markingFor = 5 * time.Second
 
 const maxAckDeadlines = 1 << 12
 
@@ -150,4 +161,36 @@ func (d *ackDeadlines) of(terminationID string) (time.Time, bool) {
 	defer d.mu.Unlock()
 	deadline, ok := d.m[terminationID]
 	return deadline, ok
+}
+
+// noteMarking notes that terminationID was read at now with no deadline.
+func (d *ackDeadlines) noteMarking(terminationID string, now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.marking == nil || len(d.marking) >= maxAckDeadlines {
+		d.marking = make(map[string]time.Time)
+	}
+	d.marking[terminationID] = now
+}
+
+// unmark drops terminationID from the terminations noted without a
+// deadline (it has one now, or no longer waits).
+func (d *ackDeadlines) unmark(terminationID string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.marking, terminationID)
+}
+
+// anyMarking reports whether a termination was read here with no deadline
+// within markingFor before now, and forgets those read longer ago.
+func (d *ackDeadlines) anyMarking(now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for id, seen := range d.marking {
+		if now.Sub(seen) < markingFor {
+			return true
+		}
+		delete(d.marking, id)
+	}
+	return false
 }

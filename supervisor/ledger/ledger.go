@@ -363,6 +363,19 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	// termination meanwhile, hence a few tries. A termination with no
 	// deadline yet (still marking its subtree) is judged by that read,
 	// and the acknowledgement committed without another.
+	//
+	// While a termination read here had no deadline yet (a large subtree
+	// whose mark is still under way: its cancel orders go out chunk by
+	// chunk, and their acknowledgements arrive before its last chunk sets
+	// the deadline), the acknowledgements read their call and its
+	// termination first: a first attempt would only stop on finding no
+	// deadline, and the call be read a third time.
+	if l.AckWindow != nil && l.deadlines.anyMarking(l.Clock.Now()) {
+		if err := l.ackInTime(ctx, callID, gateID); err != nil {
+			return nil, err
+		}
+		return l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, false))
+	}
 	for range 3 {
 		out, err := l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, true))
 		var unknown deadlineUnknown
@@ -452,6 +465,11 @@ func (l *Ledger) ackInTime(ctx context.Context, callID, gateID string) error {
 			return nil
 		}
 		deadline, err := l.AckWindow(tx, c.TerminationID, now)
+		if deadline.IsZero() && err == nil {
+			l.deadlines.noteMarking(c.TerminationID, now)
+		} else {
+			l.deadlines.unmark(c.TerminationID)
+		}
 		if !deadline.IsZero() {
 			l.deadlines.keep(c.TerminationID, deadline)
 		}

@@ -7,6 +7,11 @@ import "github.com/tetherhq/tether/internal/storecodec"
 
 func encodeNode(n *Node) ([]byte, error) { return storecodec.Marshal(n) }
 
+// MarshalNode is a node's stored form, as PutNodeIn writes it (the
+// termination keeps the nodes its mark wrote, to check them at the
+// record's commit instead of reading them).
+func MarshalNode(n *Node) ([]byte, error) { return encodeNode(n) }
+
 // UnmarshalNode decodes a node from its stored form (a value under
 // NodePrefix), for the readers that follow the nodes with a watch or a
 // scan of their own.

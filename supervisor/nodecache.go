@@ -1,0 +1,166 @@
+package supervisor
+
+import (
+	"errors"
+	"strings"
+	"sync"
+
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+// The nodes a termination marked, as the mark wrote them, kept in memory
+// until the record's chunk that terminates them.
+//
+// Both the mark and the record read every member's node in their
+// transaction and write it (the mark to stop it, the record to terminate
+// it): on etcd each read is a range in the transaction, compared again at
+// its commit. Most nodes do not change between the two (an agent that
+// never confirms, a node with no session), so the record takes the value
+// the mark wrote, moved forward by the reconciler's watch of the tree
+// (every later write of a kept node replaces its value), and asks the
+// store to check it at the commit instead of reading it (store.Expect: on
+// etcd's first attempt a comparison of the value inside the commit, no
+// range). A value that is stale — a write not yet delivered by the watch,
+// or one the watch missed — fails that comparison: the attempt is void,
+// and the next one reads every node as before. So this is only a cache:
+// it never decides what the record says, the store's value at the commit
+// does.
+//
+// It is used only on a backend that checks Expect at the commit (etcd;
+// Badger reads locally, and a read costs it less than the comparison),
+// only on an Update's first attempt, and only while the reconcile loop's
+// watches run (reset, on their Scan, turns it on and drops what it kept).
+// It is bounded (maxKeptNodes values); a node not kept is read.
+type nodeCache struct {
+	mu       sync.Mutex
+	watching bool
+	nodes    map[string][]byte // node id → its stored value
+}
+
+// maxKeptNodes bounds the nodes kept (a few hundred bytes each).
+const maxKeptNodes = 1 << 16
+
+// maxExpectBytes bounds the values one record chunk checks at its commit
+// instead of reading (they travel in the commit request, beside its
+// writes); the rest are read.
+const maxExpectBytes = 256 << 10
+
+var nodeKeyPrefix = tree.NodePrefix
+
+// reset turns the cache on (the loop's watches are established) and drops
+// what it kept.
+func (c *nodeCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.watching = true
+	c.nodes = nil
+}
+
+// keep keeps the values of nodes a mark's chunk wrote (after its commit).
+func (c *nodeCache) keep(nodes []*tree.Node) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.watching {
+		return
+	}
+	for _, n := range nodes {
+		if len(c.nodes) >= maxKeptNodes {
+			return
+		}
+		b, err := tree.MarshalNode(n)
+		if err != nil {
+			continue
+		}
+		if c.nodes == nil {
+			c.nodes = make(map[string][]byte)
+		}
+		c.nodes[n.NodeID] = b
+	}
+}
+
+// forget drops the nodes a record's chunk terminated (after its commit).
+func (c *nodeCache) forget(ids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		delete(c.nodes, id)
+	}
+}
+
+// apply moves the kept nodes forward by the watch's events.
+func (c *nodeCache) apply(batch []store.Event) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.nodes) == 0 {
+		return
+	}
+	for _, ev := range batch {
+		key := string(ev.Key)
+		if !strings.HasPrefix(key, nodeKeyPrefix) {
+			continue
+		}
+		id := key[len(nodeKeyPrefix):]
+		if _, ok := c.nodes[id]; !ok {
+			continue
+		}
+		if ev.Type == store.EventPut {
+			c.nodes[id] = ev.Value
+		} else {
+			delete(c.nodes, id)
+		}
+	}
+}
+
+func (c *nodeCache) value(id string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.nodes[id]
+	return b, ok
+}
+
+// nodesIn reads the nodes ids in tx, taking those kept here on trust
+// (checked at the commit, store.Expect) when first says this is the
+// Update's first attempt and the backend checks Expect at the commit.
+func (c *nodeCache) nodesIn(tx store.ReadTxn, ids []string, first bool) (map[string]*tree.Node, error) {
+	out := make(map[string]*tree.Node, len(ids))
+	rest := ids
+	if _, expects := tx.(store.Expecter); first && expects {
+		rest = nil
+		budget := maxExpectBytes
+		for _, id := range ids {
+			b, ok := c.value(id)
+			if !ok || len(b) > budget {
+				rest = append(rest, id)
+				continue
+			}
+			same, err := store.Expect(tx, tree.NodeKey(id), b)
+			if errors.Is(err, store.ErrTooLarge) {
+				rest = append(rest, id)
+				budget = 0
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			n := &tree.Node{}
+			if !same || tree.UnmarshalNode(b, n) != nil {
+				rest = append(rest, id)
+				continue
+			}
+			budget -= len(b)
+			out[id] = n
+		}
+	}
+	if err := store.Prefetch(tx, store.KeysOf(rest, tree.NodeKey), nil); err != nil {
+		return nil, err
+	}
+	for _, id := range rest {
+		n, err := tree.GetNodeIn(tx, id)
+		if err != nil {
+			return nil, err
+		}
+		out[id] = n
+	}
+	return out, nil
+}
