@@ -1,0 +1,167 @@
+package controlplane_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// rogue12World: a rogue root with a grant of its own and a child, and a
+// victim tree (root, a running child holding a grant, a draining child).
+type rogue12World struct {
+	srv                        *testserver.Server
+	admin, rogue               *testserver.Clients
+	rogueID, rogueChild        string
+	rogueGrant                 held
+	victim, running, draining  string
+	victimGrant, victimGrantOf held
+}
+
+func newRogue12World(t *testing.T) *rogue12World {
+	t.Helper()
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	rc := srv.Clients(rogue.Credential)
+	child := spawn(t, rc, rogue.Node.NodeId, "rogue-child")
+	victim := register(t, admin, "victim")
+	vc := srv.Clients(victim.Credential)
+	running := spawn(t, vc, victim.Node.NodeId, "running")
+	draining := spawn(t, vc, victim.Node.NodeId, "draining")
+	w := &rogue12World{
+		srv: srv, admin: admin, rogue: rc, rogueID: rogue.Node.NodeId, rogueChild: child.Node.NodeId,
+		rogueGrant: issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*"),
+		victim:     victim.Node.NodeId, running: running.Node.NodeId, draining: draining.Node.NodeId,
+		victimGrant:   issueRoot(t, admin, victim.Node.NodeId, time.Hour, "tool:*"),
+		victimGrantOf: issueRoot(t, admin, running.Node.NodeId, time.Hour, "tool:*"),
+	}
+	terminate(t, admin, draining.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Hour, time.Hour)
+	return w
+}
+
+// wantNoOtherTreesIDs fails when err names an id of the victim's tree
+// other than the one the rogue asked about.
+func (w *rogue12World) wantNoOtherTreesIDs(t *testing.T, what string, err error, asked string) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	for _, id := range []string{w.victimGrant.grant.GrantId, w.victimGrantOf.grant.GrantId, w.victim, w.running, w.draining} {
+		if id != asked && strings.Contains(err.Error(), id) {
+			t.Errorf("%s: the refusal %q names %s, an id of another tree the rogue did not give", what, err, id)
+		}
+	}
+}
+
+// A rogue cannot sweep other trees' grants with issued_before: an agent's
+// Revoke by issue time used to read every grant of the server issued
+// before the time and, on the first one it may not revoke, answer
+// permission_denied naming that grant — so by moving the time the rogue
+// enumerated other trees' grant ids and when each was issued (and with no
+// grant in the way, it answered OK). Revoking by issue time is an
+// operator's tool (a compromised key); an agent is refused before anything
+// is read, and names nothing.
+func TestARogueCannotEnumerateOtherTreesGrantsByIssueTime(t *testing.T) {
+	w := newRogue12World(t)
+	ctx := context.Background()
+	now := w.srv.Clock.Now()
+	for _, at := range []time.Time{now.Add(-time.Hour), now.Add(time.Hour)} {
+		_, err := w.rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_IssuedBefore{IssuedBefore: timestamppb.New(at)}}))
+		if connect.CodeOf(err) != connect.CodePermissionDenied || !strings.Contains(err.Error(), "issued_before") {
+			t.Errorf("an agent's revoke of every grant issued before %s: %v, want permission_denied naming issued_before", at, err)
+		}
+		w.wantNoOtherTreesIDs(t, "issued_before", err, "")
+		if err != nil && strings.Contains(err.Error(), "g_") {
+			t.Errorf("issued_before: the refusal %q names a grant", err)
+		}
+	}
+	for _, h := range []held{w.victimGrant, w.victimGrantOf, w.rogueGrant} {
+		if got := introspect(t, w.admin, h.token); !got.Active {
+			t.Errorf("%s was revoked by the rogue's sweep: %s", h.grant.GrantId, got.Reason)
+		}
+	}
+}
+
+// A rogue that names another tree's node in a Revoke by holder or by
+// subtree learns nothing of it: the request used to answer OK (nothing
+// revoked) for a node holding no active grant and permission_denied
+// naming the grant for one that holds one — which node holds grants, and
+// their ids. Now a node outside the rogue's subtree is refused alike
+// whatever it holds and whatever its state, naming only the node, and a
+// node of its own subtree is revoked as before.
+func TestARogueCannotLearnAnotherTreesGrantsByRevokingItsNodes(t *testing.T) {
+	w := newRogue12World(t)
+	ctx := context.Background()
+	var answers []string
+	for _, node := range []string{w.victim, w.running, w.draining} {
+		for _, target := range []*tetherv1.RevokeRequest{
+			{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: node}},
+			{Target: &tetherv1.RevokeRequest_SubtreeNodeId{SubtreeNodeId: node}},
+		} {
+			_, err := w.rogue.Capability.Revoke(ctx, connect.NewRequest(target))
+			if connect.CodeOf(err) != connect.CodePermissionDenied {
+				t.Errorf("revoke %v of another tree's node: %v, want permission_denied", target.Target, err)
+				continue
+			}
+			w.wantNoOtherTreesIDs(t, "revoke by node", err, node)
+			answers = append(answers, strings.ReplaceAll(err.Error(), node, "N"))
+		}
+	}
+	for i := 2; i < len(answers); i++ {
+		if answers[i] != answers[i%2] {
+			t.Errorf("the refusal for one node %q differs from another's %q (it tells their grants or state apart)", answers[i], answers[i%2])
+		}
+	}
+	for _, h := range []held{w.victimGrant, w.victimGrantOf} {
+		if got := introspect(t, w.admin, h.token); !got.Active {
+			t.Errorf("%s was revoked by the rogue", h.grant.GrantId)
+		}
+	}
+	// Its own subtree still revokes.
+	mine := delegate(t, w.rogue, w.rogueGrant, w.rogueChild, "tool:x")
+	res, err := w.rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: w.rogueChild}}))
+	if err != nil || len(res.Msg.RevokedGrantIds) != 1 || res.Msg.RevokedGrantIds[0] != mine.grant.GrantId {
+		t.Fatalf("the rogue revoking its own child's grant: %v %v", res, err)
+	}
+}
+
+// A rogue that delegates to another tree's node learns nothing of its
+// state: the request used to answer permission_denied for a running node
+// and failed_precondition naming the state ("is draining") for one being
+// stopped. Now the node is refused as not a descendant first, the same
+// way whatever its state, and nothing is issued.
+func TestARogueCannotLearnAnotherTreesNodeStateByDelegatingToIt(t *testing.T) {
+	w := newRogue12World(t)
+	ctx := context.Background()
+	var answers []string
+	for _, node := range []string{w.victim, w.running, w.draining} {
+		_, err := w.rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: w.rogueGrant.grant.GrantId, HolderNodeId: node, Scopes: []string{"tool:x"}}))
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Errorf("delegating to another tree's node: %v, want permission_denied", err)
+			continue
+		}
+		w.wantNoOtherTreesIDs(t, "delegate", err, node)
+		answers = append(answers, strings.ReplaceAll(err.Error(), node, "N"))
+	}
+	for _, a := range answers {
+		if a != answers[0] {
+			t.Errorf("the refusals differ by the node's state: %q and %q", answers[0], a)
+		}
+	}
+	got, err := w.admin.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{DerivedFromGrantId: w.rogueGrant.grant.GrantId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range got.Msg.Grants {
+		if g.GrantId != w.rogueGrant.grant.GrantId {
+			t.Errorf("the rogue's refused delegations issued %s to %s", g.GrantId, g.HolderNodeId)
+		}
+	}
+}
