@@ -2,6 +2,11 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -164,4 +169,151 @@ func TestARogueCannotLearnAnotherTreesNodeStateByDelegatingToIt(t *testing.T) {
 			t.Errorf("the rogue's refused delegations issued %s to %s", g.GrantId, g.HolderNodeId)
 		}
 	}
+}
+
+// forgeJWT builds a compact JWS from a header and claims; sign makes the
+// signature of the signing input (nil: no signature).
+func forgeJWT(t *testing.T, header, claims map[string]any, sign func(input []byte) []byte) string {
+	t.Helper()
+	enc := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	input := enc(header) + "." + enc(claims)
+	var sig []byte
+	if sign != nil {
+		sig = sign([]byte(input))
+	}
+	return input + "." + base64.RawURLEncoding.EncodeToString(sig)
+}
+
+// swapPayload keeps a real token's header and signature and replaces its
+// claims with edit's result.
+func swapPayload(t *testing.T, token string, edit func(map[string]any)) string {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claims map[string]any
+	if err := json.Unmarshal(raw, &claims); err != nil {
+		t.Fatal(err)
+	}
+	edit(claims)
+	b, err := json.Marshal(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parts[0] + "." + base64.RawURLEncoding.EncodeToString(b) + "." + parts[2]
+}
+
+// A rogue that forges tokens from what it can see — the server's public
+// keys (JWKS), its own credential and capability token — gets none of
+// them accepted: not as a credential (alg none, HS256 keyed with the
+// public key, its own Ed25519 key under the server's kid or in an
+// embedded jwk, its own credential re-labelled an admin operator's, a
+// future-dated or century-long copy of its claims, a kid of no key, a
+// duplicated audience) and not as a capability token (its own token with
+// wider scopes or another holder). Held (no fix): Tether's parsers accept
+// only EdDSA verified by a key of the ring named by kid, with one encoding
+// per token; this guards it.
+func TestARogueCannotForgeACredentialOrATokenFromWhatItSees(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	rc := srv.Clients(rogue.Credential)
+	victim := register(t, admin, "victim")
+	mine := issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:read")
+
+	resp, err := srv.HTTP.Get(srv.URL + "/.well-known/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jwks struct {
+		Keys []struct{ Kid, X string } `json:"keys"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&jwks)
+	resp.Body.Close()
+	if err != nil || len(jwks.Keys) == 0 {
+		t.Fatalf("jwks: %v %v", err, jwks)
+	}
+	kid := jwks.Keys[0].Kid
+	public, err := base64.RawURLEncoding.DecodeString(jwks.Keys[0].X)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := srv.Clock.Now()
+	operator := map[string]any{"iss": "tether", "sub": "admin", "aud": []string{"tether-operator"}, "role": "admin",
+		"exp": now.Add(time.Hour).Unix(), "nbf": now.Add(-time.Second).Unix(), "iat": now.Unix(), "jti": "forged"}
+	// The issuer the server really uses.
+	swapPayload(t, rogue.Credential, func(c map[string]any) { operator["iss"] = c["iss"] })
+	hs256 := func(input []byte) []byte { m := hmac.New(sha256.New, public); m.Write(input); return m.Sum(nil) }
+	ed := func(input []byte) []byte { return ed25519.Sign(priv, input) }
+	forged := map[string]string{
+		"alg none":                              forgeJWT(t, map[string]any{"alg": "none", "typ": "JWT"}, operator, nil),
+		"alg none with the server's kid":        forgeJWT(t, map[string]any{"alg": "none", "kid": kid}, operator, nil),
+		"HS256 keyed with the public key":       forgeJWT(t, map[string]any{"alg": "HS256", "kid": kid}, operator, hs256),
+		"its own Ed25519 key under the kid":     forgeJWT(t, map[string]any{"alg": "EdDSA", "kid": kid}, operator, ed),
+		"its own key in an embedded jwk":        forgeJWT(t, map[string]any{"alg": "EdDSA", "jwk": map[string]any{"kty": "OKP", "crv": "Ed25519", "x": base64.RawURLEncoding.EncodeToString(pub)}}, operator, ed),
+		"a kid of no key":                       forgeJWT(t, map[string]any{"alg": "EdDSA", "kid": "k_retired"}, operator, ed),
+		"its credential re-labelled an admin":   swapPayload(t, rogue.Credential, func(c map[string]any) { c["aud"], c["role"] = []string{"tether-operator"}, "admin" }),
+		"its credential as the victim's node":   swapPayload(t, rogue.Credential, func(c map[string]any) { c["sub"] = victim.Node.NodeId }),
+		"its credential dated in the future":    swapPayload(t, rogue.Credential, func(c map[string]any) { c["nbf"], c["iat"] = now.Add(time.Hour).Unix(), now.Add(time.Hour).Unix() }),
+		"its credential for a century":          swapPayload(t, rogue.Credential, func(c map[string]any) { c["exp"] = now.AddDate(100, 0, 0).Unix() }),
+		"its credential with two audiences":     swapPayload(t, rogue.Credential, func(c map[string]any) { c["aud"] = []string{"tether-agent", "tether-operator"} }),
+		"its credential's signature re-encoded": reencodeSignature(rogue.Credential),
+	}
+	for what, token := range forged {
+		if token == rogue.Credential {
+			continue
+		}
+		_, err := srv.Clients(token).Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+		if connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Errorf("%s as a credential: %v, want unauthenticated", what, err)
+		}
+		if err != nil && strings.Contains(err.Error(), token) {
+			t.Errorf("%s: the refusal quotes the token", what)
+		}
+	}
+	// Capability tokens, shown to Introspect (as a tool would).
+	wide := map[string]string{
+		"wider scopes":     swapPayload(t, mine.token, func(c map[string]any) { c["scopes"] = []string{"tool:*", "s3:*"} }),
+		"another holder":   swapPayload(t, mine.token, func(c map[string]any) { c["sub"] = victim.Node.NodeId }),
+		"a longer life":    swapPayload(t, mine.token, func(c map[string]any) { c["exp"] = now.AddDate(1, 0, 0).Unix() }),
+		"alg none":         forgeJWT(t, map[string]any{"alg": "none", "kid": kid}, map[string]any{"iss": "tether", "sub": rogue.Node.NodeId, "aud": []string{"tether-tools"}, "scopes": []string{"tool:*"}, "chain": []string{}, "jti": mine.grant.GrantId, "exp": now.Add(time.Hour).Unix()}, nil),
+		"its own key":      forgeJWT(t, map[string]any{"alg": "EdDSA", "kid": kid}, map[string]any{"iss": "tether", "sub": rogue.Node.NodeId, "aud": []string{"tether-tools"}, "scopes": []string{"tool:*"}, "chain": []string{}, "jti": mine.grant.GrantId, "exp": now.Add(time.Hour).Unix()}, ed),
+		"its credential":   rogue.Credential,
+		"HS256 public key": forgeJWT(t, map[string]any{"alg": "HS256", "kid": kid}, map[string]any{"iss": "tether", "sub": rogue.Node.NodeId, "aud": []string{"tether-tools"}, "scopes": []string{"tool:*"}, "chain": []string{}, "jti": mine.grant.GrantId, "exp": now.Add(time.Hour).Unix()}, hs256),
+	}
+	for what, token := range wide {
+		in, err := rc.Capability.Introspect(ctx, connect.NewRequest(&tetherv1.IntrospectRequest{Token: token}))
+		if err != nil {
+			t.Errorf("introspecting %s: %v", what, err)
+			continue
+		}
+		if in.Msg.Active {
+			t.Errorf("a capability token forged with %s is active: %v", what, in.Msg)
+		}
+	}
+	if in := introspect(t, admin, mine.token); !in.Active {
+		t.Fatalf("the rogue's real token is not active: %s", in.Reason)
+	}
+}
+
+// reencodeSignature changes the unused low bits of the signature's last
+// base64 character: the same signature bytes, another spelling.
+func reencodeSignature(token string) string {
+	last := token[len(token)-1]
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	i := strings.IndexByte(alphabet, last)
+	return token[:len(token)-1] + string(alphabet[i^1])
 }
