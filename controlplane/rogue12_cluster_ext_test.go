@@ -2,7 +2,9 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -11,7 +13,10 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -301,4 +306,83 @@ func TestEtcdARogueRacingItsStopAcrossALeaderChangeLeavesNothingLive(t *testing.
 		}
 	}
 	t.Logf("%d nodes, %d credentials, %d grant tokens minted in the race through the followers; all covered", len(nodes), len(creds), len(tokens))
+}
+
+// A rogue that spreads its job-lease calls over the followers spends one
+// budget, the leader's: each call it sends through a follower is charged
+// there and again on the leader, which judges it, so once its lineage's
+// budget on the leader is spent its calls through every follower are
+// refused resource_exhausted by the leader — while its calls that a
+// follower serves itself still spend that follower's own budget (design
+// §11: a lineage's rate budget is each replica's). Held (no fix).
+func TestEtcdARogueSpreadingLeaseCallsOverFollowersSpendsTheLeadersBudget(t *testing.T) {
+	const burst = 10
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	byID := map[string]*testserver.Server{}
+	var replicas []*testserver.Server
+	for i := range 3 {
+		id := fmt.Sprintf("replica-%d", i)
+		st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+		srv := testserver.Start(t, testserver.WithEtcdStore(st, id), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 0.001, burst })
+		replicas = append(replicas, srv)
+		byID[id] = srv
+	}
+	election := electionOf(t, cluster, prefix)
+	var lead *testserver.Server
+	testserver.WaitFor(t, replicaWait, "a replica to lead and serve the leases", func() bool {
+		c, err := election.Current(context.Background())
+		if err != nil {
+			return false
+		}
+		lead = byID[c.Identity]
+		serving, _ := lead.Leases().Serving()
+		return serving
+	})
+	followers := followersOf(replicas, lead)
+	ctx := context.Background()
+	admin := lead.AdminClients()
+	rogue := register(t, admin, "rogue")
+	worker := spawn(t, admin, rogue.Node.NodeId, "worker")
+	offer, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "rogue-job", HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offer.Msg.Lease
+	if _, err := lead.Clients(worker.Credential).Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	seq := uint64(0)
+	progress := func(via *testserver.Server) error {
+		seq++
+		_, err := via.Clients(worker.Credential).Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: seq, ProgressValue: "x"}))
+		return err
+	}
+	accepted := 0
+	for accepted < 2*burst {
+		err := progress(followers[0])
+		if err != nil {
+			if connect.CodeOf(err) != connect.CodeResourceExhausted {
+				t.Fatalf("progress %d through the first follower: %v", seq, err)
+			}
+			break
+		}
+		accepted++
+	}
+	if accepted >= burst {
+		t.Fatalf("%d progress reports through one follower were accepted; the lineage's burst is %d and its ack spent one on the leader", accepted, burst)
+	}
+	// Through the other follower, whose own budget for the lineage is
+	// untouched: the leader refuses.
+	if err := progress(followers[1]); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "lineage "+rogue.Node.NodeId) {
+		t.Fatalf("progress through the other follower once the leader's budget is spent: %v, want resource_exhausted naming the lineage", err)
+	}
+	if err := progress(lead); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("progress on the leader: %v, want resource_exhausted", err)
+	}
+	// What the other follower serves itself is charged to its own budget.
+	if _, err := followers[1].Clients(worker.Credential).Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: worker.Node.NodeId})); err != nil {
+		t.Fatalf("a read the other follower serves itself: %v (its budget is its own)", err)
+	}
+	t.Logf("%d progress reports accepted through one follower before the leader's budget of %d was spent", accepted, burst)
 }
