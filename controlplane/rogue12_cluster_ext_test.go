@@ -386,3 +386,85 @@ func TestEtcdARogueSpreadingLeaseCallsOverFollowersSpendsTheLeadersBudget(t *tes
 	}
 	t.Logf("%d progress reports accepted through one follower before the leader's budget of %d was spent", accepted, burst)
 }
+
+// A rogue coordinator that offers jobs to its child through the followers,
+// and the child that acknowledges each through the other follower, racing
+// an abort of their tree while the leader — whose coordinator holds the
+// leases and whose reconciler runs the termination — resigns: once another
+// replica has finished the stop, no lease acknowledged to the rogue in the
+// race is live (each is terminal, through whichever replica it is read),
+// and the child's renew of any of them is refused. Held (no fix).
+func TestEtcdARogueRacingItsStopWithLeasesAcrossALeaderChangeLeavesNoLiveLease(t *testing.T) {
+	replicas, lead, election := startReplicas(t, 3)
+	followers := followersOf(replicas, lead)
+	ctx := context.Background()
+	admin := followers[0].AdminClients()
+	root := register(t, admin, "tree")
+	rogueNode := spawn(t, admin, root.Node.NodeId, "coordinator")
+	worker := spawn(t, admin, rogueNode.Node.NodeId, "worker")
+	var (
+		mu     sync.Mutex
+		leases []*tetherv1.Lease
+	)
+	refusedOK := func(op string, err error) {
+		wantRefusedAs(t, op+" racing the stop", err, connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodePermissionDenied, connect.CodeNotFound, connect.CodeAborted, connect.CodeUnavailable)
+	}
+	release, wait := raceOnRelease(6, 8, func(ctx context.Context, w, i int) {
+		rogue := followers[(w+i)%2].Clients(rogueNode.Credential)
+		workerC := followers[(w+i+1)%2].Clients(worker.Credential)
+		resp, err := rogue.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("race-%d-%d", w, i), HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
+		if err != nil {
+			refusedOK("Offer", err)
+			return
+		}
+		l := resp.Msg.Lease
+		mu.Lock()
+		leases = append(leases, l)
+		mu.Unlock()
+		if _, err := workerC.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+			refusedOK("Ack", err)
+		}
+	})
+	release()
+	term, err := admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: root.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "rogue12",
+		CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := election.Current(ctx)
+	lead.Stop()
+	wait()
+	var next *testserver.Server
+	testserver.WaitFor(t, replicaWait, "another replica to lead and serve", func() bool {
+		c, err := election.Current(ctx)
+		if err != nil || c.Identity == old.Identity {
+			return false
+		}
+		for _, f := range followers {
+			if serving, _ := f.Leases().Serving(); serving {
+				next = f
+				return true
+			}
+		}
+		return false
+	})
+	waitState(t, next, term.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	for _, l := range leases {
+		for _, f := range followers {
+			resp, err := f.AdminClients().Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.JobId}))
+			if err != nil {
+				t.Fatalf("get lease %s on %s: %v", l.JobId, f.URL, err)
+			}
+			if st := resp.Msg.Lease.State; st != tetherv1.LeaseState_LEASE_STATE_TERMINAL {
+				t.Errorf("job %s, offered in the race, is %v on %s after the stop", l.JobId, st, f.URL)
+			}
+			_, err = f.Clients(worker.Credential).Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, RenewSequence: 1}))
+			if err == nil {
+				t.Errorf("the dead worker renewed job %s through %s after the stop", l.JobId, f.URL)
+			}
+		}
+	}
+	t.Logf("%d leases offered in the race through the followers; none live after the stop", len(leases))
+}
