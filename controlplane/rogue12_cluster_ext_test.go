@@ -468,3 +468,75 @@ func TestEtcdARogueRacingItsStopWithLeasesAcrossALeaderChangeLeavesNoLiveLease(t
 	}
 	t.Logf("%d leases offered in the race through the followers; none live after the stop", len(leases))
 }
+
+// A rogue that keeps its streams open on followers — its revocation feed
+// and its signals on one, its lease Channel relayed by another to the
+// leader — loses every one of them when an operator terminates it through
+// a third replica: each follower watches the stored node, not a decision
+// of its own, and the stream slots are given back on the followers and on
+// the leader. Held (no fix).
+func TestEtcdATerminatedRogueLosesItsStreamsOnEveryReplica(t *testing.T) {
+	replicas, lead, _ := startReplicas(t, 3)
+	followers := followersOf(replicas, lead)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	admin := lead.AdminClients()
+	root := register(t, admin, "rogue")
+	spawn(t, lead.Clients(root.Credential), root.Node.NodeId, "child")
+	principal := "agent:" + root.Node.NodeId
+
+	feed, _ := openFeedAndChannel(ctx, t, followers[0].Clients(root.Credential))
+	signals, err := followers[0].Clients(root.Credential).Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{NodeId: root.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer signals.Close()
+	ch := followers[1].Clients(root.Credential).Lease.Channel(ctx)
+	defer func() { _ = ch.CloseRequest(); _ = ch.CloseResponse() }()
+	if err := ch.Send(&tetherv1.ChannelRequest{CorrelationId: 1, Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{JobId: "job-none", LeaseId: "l_none", LeaseGeneration: 1, RenewSequence: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Receive(); err != nil {
+		t.Fatalf("the rogue's relayed channel: %v", err)
+	}
+	testserver.WaitFor(t, replicaWait, "the rogue's streams to be counted on the followers and the leader", func() bool {
+		return followers[0].OpenStreams(principal) >= 2 && followers[1].OpenStreams(principal) == 1 && lead.OpenStreams(principal) == 1
+	})
+
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, time.Second)
+	waitState(t, lead, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+
+	ended := func(what string, receive func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- receive() }()
+		select {
+		case err := <-done:
+			if connect.CodeOf(err) != connect.CodeUnauthenticated {
+				t.Errorf("the terminated rogue's %s ended with %v, want unauthenticated", what, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("the terminated rogue's %s is still open", what)
+		}
+	}
+	ended("revocation feed on a follower", func() error {
+		for feed.Receive() {
+		}
+		return feed.Err()
+	})
+	ended("signals on a follower", func() error {
+		for signals.Receive() {
+		}
+		return signals.Err()
+	})
+	ended("lease channel relayed by a follower", func() error {
+		for {
+			if _, err := ch.Receive(); err != nil {
+				return err
+			}
+		}
+	})
+	testserver.WaitFor(t, replicaWait, "the rogue's stream slots to be given back everywhere", func() bool {
+		return followers[0].OpenStreams(principal) == 0 && followers[1].OpenStreams(principal) == 0 && lead.OpenStreams(principal) == 0
+	})
+}
