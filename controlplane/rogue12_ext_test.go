@@ -26,6 +26,7 @@ type rogue12World struct {
 	rogueID, rogueChild        string
 	rogueGrant                 held
 	victim, running, draining  string
+	victimCred                 string
 	victimGrant, victimGrantOf held
 }
 
@@ -43,6 +44,7 @@ func newRogue12World(t *testing.T) *rogue12World {
 	w := &rogue12World{
 		srv: srv, admin: admin, rogue: rc, rogueID: rogue.Node.NodeId, rogueChild: child.Node.NodeId,
 		rogueGrant: issueRoot(t, admin, rogue.Node.NodeId, time.Hour, "tool:*"),
+		victimCred: victim.Credential,
 		victim:     victim.Node.NodeId, running: running.Node.NodeId, draining: draining.Node.NodeId,
 		victimGrant:   issueRoot(t, admin, victim.Node.NodeId, time.Hour, "tool:*"),
 		victimGrantOf: issueRoot(t, admin, running.Node.NodeId, time.Hour, "tool:*"),
@@ -316,4 +318,38 @@ func reencodeSignature(token string) string {
 	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 	i := strings.IndexByte(alphabet, last)
 	return token[:len(token)-1] + string(alphabet[i^1])
+}
+
+// A rogue that names another tree's stop rule in RemoveStopRule learns
+// nothing of it but that the id is in use (design §11): the refusal used
+// to quote the rule's name and who set it ("set by agent:n_…", an id of the
+// other tree). Now it names only the rule id the rogue gave, and the rule
+// stays.
+func TestARogueCannotReadAnotherTreesRuleByRemovingIt(t *testing.T) {
+	w := newRogue12World(t)
+	ctx := context.Background()
+	byVictim, err := w.srv.Clients(w.victimCred).StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: w.running, Name: "secret-budget-guard", Expression: "false", Action: "drain"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byOperator, err := w.admin.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: w.victim, Name: "operators-private-rule", Expression: "false", Action: "drain"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*tetherv1.StopRule{byVictim.Msg.Rule, byOperator.Msg.Rule} {
+		_, err := w.rogue.StopRule.RemoveStopRule(ctx, connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: r.RuleId}))
+		if connect.CodeOf(err) != connect.CodePermissionDenied {
+			t.Errorf("removing another tree's rule %s: %v, want permission_denied", r.RuleId, err)
+			continue
+		}
+		for _, secret := range []string{r.Name, r.SetBy, "operator:", w.victim, w.running} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("the refusal to remove rule %s tells %q: %v", r.RuleId, secret, err)
+			}
+		}
+	}
+	rules, err := w.admin.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: w.running}))
+	if err != nil || len(rules.Msg.Rules) != 2 {
+		t.Fatalf("the victim's rules after the rogue's attempts: %v %v, want both", rules, err)
+	}
 }
