@@ -540,3 +540,43 @@ func TestEtcdATerminatedRogueLosesItsStreamsOnEveryReplica(t *testing.T) {
 		return followers[0].OpenStreams(principal) == 0 && followers[1].OpenStreams(principal) == 0 && lead.OpenStreams(principal) == 0
 	})
 }
+
+// A rogue that holds its signals stream open on one follower and claims
+// its own exit on another gains nothing from the split: the claim is
+// judged against the sessions stored on the node, whichever replica
+// serves them, so the record the next leader writes lists it
+// unaccounted, not confirmed; and from the claim on, its calls are
+// refused on every replica. Held (no fix).
+func TestEtcdARogueThatClaimsItsExitOnOneFollowerWhileItsSessionIsOpenOnAnotherIsUnaccounted(t *testing.T) {
+	replicas, lead, _ := startReplicas(t, 3)
+	followers := followersOf(replicas, lead)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	admin := lead.AdminClients()
+	root := register(t, admin, "tree")
+	rogue := spawn(t, admin, root.Node.NodeId, "rogue")
+
+	signals, err := followers[0].Clients(rogue.Credential).Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{NodeId: rogue.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer signals.Close()
+	testserver.WaitFor(t, replicaWait, "the rogue's session to be stored open", func() bool {
+		n, err := followers[1].AdminClients().Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: rogue.Node.NodeId}))
+		return err == nil && len(n.Msg.Node.OpenSessions) == 1
+	})
+	if _, err := followers[1].Clients(rogue.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: rogue.Node.NodeId, Reason: "done, honestly"})); err != nil {
+		t.Fatalf("the rogue's claim of its own exit: %v", err)
+	}
+	for _, r := range replicas {
+		if _, err := r.Clients(rogue.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogue.Node.NodeId, Name: "after"})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Errorf("a spawn after its claimed exit on %s: %v, want failed_precondition", r.URL, err)
+		}
+	}
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, time.Second, time.Second, time.Second)
+	waitState(t, lead, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	outcomes := nodeOutcomes(record(t, followers[0].AdminClients(), term.TerminationId))
+	if got := outcomes[rogue.Node.NodeId]; got != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
+		t.Fatalf("the rogue that claimed its exit on one follower with its session open on another is %v in the record, want unaccounted", got)
+	}
+}
