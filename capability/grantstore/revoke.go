@@ -68,6 +68,12 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 	if len(reason) > capability.MaxReasonBytes || !utf8.ValidString(reason) {
 		return RevokeResult{}, fmt.Errorf("%w: reason must be valid UTF-8 of at most %d bytes", ErrInvalidArgument, capability.MaxReasonBytes)
 	}
+	// An agent revokes only in its own subtree: a node outside it is
+	// refused before its grants are read, alike whatever it holds and
+	// whatever its state (the refusal names the node, nothing of its
+	// grants), and a sweep by issue time, which reads every tree's grants,
+	// is an operator's.
+	agentNode, isAgent := caller.agentNode()
 	switch {
 	case target.GrantID != "":
 		return s.revokeGrant(ctx, caller, target.GrantID, reason)
@@ -76,7 +82,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			return RevokeResult{}, err
 		}
 		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
-			if _, err := s.cfg.Tree.GetNodeIn(tx, target.HolderNodeID); err != nil {
+			if err := s.revocableBy(tx, agentNode, isAgent, "holder_node_id", target.HolderNodeID); err != nil {
 				return nil, err
 			}
 			return heldIn(tx, []string{target.HolderNodeID})
@@ -86,6 +92,9 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			return RevokeResult{}, err
 		}
 		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+			if err := s.revocableBy(tx, agentNode, isAgent, "subtree_node_id", target.SubtreeNodeID); err != nil {
+				return nil, err
+			}
 			nodes, err := s.cfg.Tree.SubtreeIn(tx, target.SubtreeNodeID)
 			if err != nil {
 				return nil, err
@@ -97,11 +106,28 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			return heldIn(tx, ids)
 		})
 	default:
+		if isAgent {
+			return RevokeResult{}, fmt.Errorf("%w: issued_before revokes grants of every tree; an agent revokes by grant_id, holder_node_id or subtree_node_id in its own subtree", ErrOperatorOnly)
+		}
 		before := target.IssuedBefore
 		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
 			return issuedBefore(tx, before)
 		})
 	}
+}
+
+// revocableBy checks, for an agent caller (isAgent), that nodeID is its
+// own node or a descendant; a node that does not exist is the tree's
+// not-found error, as before.
+func (s *Service) revocableBy(tx store.ReadTxn, agentNode string, isAgent bool, field, nodeID string) error {
+	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
+	if err != nil {
+		return err
+	}
+	if isAgent && nodeID != agentNode && !slices.Contains(n.Ancestors, agentNode) {
+		return fmt.Errorf("%w: agent %s may revoke only grants held in its own subtree, not by %s %s", ErrNotVisible, agentNode, field, nodeID)
+	}
+	return nil
 }
 
 // RevokeHeldBy implements the supervisor's GrantRevoker: it revokes every active

@@ -306,6 +306,11 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			if err != nil {
 				return err
 			}
+			// Outside the caller's subtree before its state: another
+			// tree's node is refused the same way whatever its state.
+			if req.HolderNodeID != callerNode && !slices.Contains(holder.Ancestors, callerNode) {
+				return fmt.Errorf("%w: node %s is not a descendant of %s", capability.ErrNotInSubtree, req.HolderNodeID, callerNode)
+			}
 			if holder.State != NodeRunning {
 				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, holder.State)
 			}

@@ -92,10 +92,10 @@ func grantRevoke(g *globals) *cobra.Command {
 		Short: "Revoke a grant and everything derived from it, or in bulk",
 		Long: `Revoke one grant (and with it its whole subtree), every grant a node holds
 (--holder), every grant held in a node's subtree (--subtree), or every grant
-issued before a time (--issued-before, RFC 3339). The caller must be in the
-revoker set of every grant it revokes: an ancestor holder, the issuing
-operator, or the security or admin role. One tombstone is written per top
-grant.`,
+issued before a time (--issued-before, RFC 3339; operators only). The caller
+must be in the revoker set of every grant it revokes: an ancestor holder, the
+issuing operator, or the security or admin role; an agent names only nodes of
+its own subtree. One tombstone is written per top grant.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := &tetherv1.RevokeRequest{Reason: reason}

@@ -109,6 +109,25 @@ func CheckRemove(a Actor, r *Rule, setter *tree.Node) error {
 	return fmt.Errorf("%w: agent %s may not remove rule %q (%s): it was set by %s, and an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, r.Name, r.RuleID, r.SetBy)
 }
 
+// errRemoveUnreadable is CheckRemove's refusal for a rule the agent may
+// not read (attached outside its own node, ancestors and descendants, or
+// by selector): it names only the id the agent gave, not the rule's name
+// nor its setter, which may be another tree's.
+func errRemoveUnreadable(a Actor, ruleID string) error {
+	return fmt.Errorf("%w: agent %s may not remove rule %s: an agent removes only rules it or its descendants set", ErrDenied, a.NodeID, ruleID)
+}
+
+// readableBy reports whether agent a's own node, an ancestor of it or a
+// descendant of it is the node the rule is attached to: the rules an
+// agent can see by listing its subtree's rules (caller is its node, nil
+// when unknown).
+func readableBy(a Actor, caller, attached *tree.Node) bool {
+	if caller == nil || attached == nil {
+		return false
+	}
+	return attached.NodeID == a.NodeID || tree.IsAncestor(attached, a.NodeID) || tree.IsAncestor(caller, attached.NodeID)
+}
+
 // CheckRead: operators read every node's rules; an agent reads those of
 // its own node and its descendants.
 func CheckRead(a Actor, target *tree.Node) error {

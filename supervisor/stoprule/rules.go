@@ -230,6 +230,9 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*Rule, erro
 			setter = s
 		}
 		if err := CheckRemove(a, rule, setter); err != nil {
+			if a.IsAgent() && !readableBy(a, nodeOrNil(tx, a.NodeID), nodeOrNil(tx, rule.NodeID)) {
+				return errRemoveUnreadable(a, ruleID)
+			}
 			return err
 		}
 		if err := tx.Delete(indexKey(rule)); err != nil {
@@ -238,6 +241,18 @@ func (r *Rules) Remove(ctx context.Context, a Actor, ruleID string) (*Rule, erro
 		return tx.Delete(ruleKey(ruleID))
 	})
 	return rule, err
+}
+
+// nodeOrNil reads a node, nil when there is none (or no id).
+func nodeOrNil(tx store.ReadTxn, nodeID string) *tree.Node {
+	if nodeID == "" {
+		return nil
+	}
+	n, err := tree.GetNodeIn(tx, nodeID)
+	if err != nil {
+		return nil
+	}
+	return n
 }
 
 // List returns the rules in effect at nodeID (its own, inherited and
