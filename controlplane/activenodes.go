@@ -14,6 +14,12 @@ import (
 // over (a miss costs one read of the node).
 const maxActiveNodes = 1 << 17
 
+// maxChangedNodes bounds the node changes activeNodes keeps the generation
+// of, for remember: past it, it forgets them all, and a read that missed
+// before is not remembered (its next call reads again). A read takes far
+// less time than this many changes do.
+const maxChangedNodes = 1 << 12
+
 // activeNodes remembers the agents that may act — known, not terminated,
 // exit not confirmed — and their lineage, so that an agent's unary call
 // (a lease renew, first of all) is authenticated without reading its node
@@ -26,13 +32,16 @@ const maxActiveNodes = 1 << 17
 // committer puts an Update's watch events into the watchers' buffers
 // before it answers the Update, and says (WatchVisible's unseen) while a
 // change is visible but its events not yet buffered. Each lookup reads
-// unseen, then drains the watch on the nodes under the lock, forgetting
-// every node the changes name, and answers from memory only if nothing was
-// unseen: so a termination or an exit confirmation that any reader could
-// see before a call began — acknowledged or not — is applied before that
-// call looks, and the very next call is refused. A lookup that missed
-// reads the node at a generation, and its answer is remembered only if no
-// node changed in between (a read that raced a write is not kept). On
+// unseen for its node's key (WatchVisibleKeys), then drains the watch on
+// the nodes under the lock, forgetting every node the changes name, and
+// answers from memory only if no change of its node was unseen: so a
+// termination or an exit confirmation that any reader could see before a
+// call began — acknowledged or not — is applied before that call looks,
+// and the very next call is refused. Changes of other nodes in flight
+// (the children a spawning swarm adds) do not make it miss. A lookup that
+// missed reads the node at a generation, and its answer is remembered
+// only if that node did not change in between (a read that raced a write
+// of it is not kept). On
 // etcd a change committed by another replica reaches this one's watch
 // after readers can see it, so there the node is read on every call
 // (newActiveNodes returns nil).
@@ -40,13 +49,20 @@ type activeNodes struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	watch func(ctx context.Context) (store.Watcher, func() bool, error)
+	watch func(ctx context.Context) (store.Watcher, func(key string) bool, error)
 
 	mu      sync.Mutex
-	w       store.Watcher // nil: disabled (the store closed)
-	unseen  func() bool   // a node change may be visible and not yet in w
+	w       store.Watcher         // nil: disabled (the store closed)
+	unseen  func(key string) bool // a change of the node at key may be visible and not yet in w
 	lineage map[string]string
-	gen     uint64 // advanced whenever a node may have changed
+	gen     uint64 // advanced with every batch of node changes drained
+	// changed is, for each node a drained change named, the generation
+	// that change brought; floor is the generation before which changed
+	// is forgotten (it is cleared when it grows past maxChangedNodes): a
+	// read made at gen is stale for a node with changed > gen, and for
+	// every node when gen < floor.
+	changed map[string]uint64
+	floor   uint64
 }
 
 // newActiveNodes watches st's nodes; nil (every call reads its node) when
@@ -57,9 +73,9 @@ func newActiveNodes(st store.Store) *activeNodes {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &activeNodes{ctx: ctx, cancel: cancel, lineage: map[string]string{},
-		watch: func(ctx context.Context) (store.Watcher, func() bool, error) {
-			return b.WatchVisible(ctx, []byte(tree.NodePrefix))
+	a := &activeNodes{ctx: ctx, cancel: cancel, lineage: map[string]string{}, changed: map[string]uint64{},
+		watch: func(ctx context.Context) (store.Watcher, func(key string) bool, error) {
+			return b.WatchVisibleKeys(ctx, []byte(tree.NodePrefix))
 		}}
 	w, unseen, err := a.watch(ctx)
 	if err != nil {
@@ -79,9 +95,9 @@ func (a *activeNodes) lookup(nodeID string) (lineage string, ok bool, gen uint64
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// unseen before the drain: if it was false, every change a reader
-	// could have seen by now is in the buffer, and drained next.
-	unseen := a.w != nil && a.unseen()
+	// unseen before the drain: if it was false, every change of the node
+	// a reader could have seen by now is in the buffer, and drained next.
+	unseen := a.w != nil && a.unseen(tree.NodePrefix+nodeID)
 	a.drainLocked()
 	if unseen {
 		return "", false, a.gen
@@ -91,7 +107,7 @@ func (a *activeNodes) lookup(nodeID string) (lineage string, ok bool, gen uint64
 }
 
 // remember records that nodeID, read after lookup returned gen, may act,
-// unless a node changed since.
+// unless that node changed since.
 func (a *activeNodes) remember(nodeID, lineage string, gen uint64) {
 	if a == nil {
 		return
@@ -99,7 +115,7 @@ func (a *activeNodes) remember(nodeID, lineage string, gen uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.drainLocked()
-	if a.w == nil || a.gen != gen {
+	if a.w == nil || gen < a.floor || a.changed[nodeID] > gen {
 		return
 	}
 	if len(a.lineage) >= maxActiveNodes {
@@ -122,10 +138,16 @@ func (a *activeNodes) drainLocked() {
 				a.restartLocked()
 				return
 			}
-			for _, ev := range batch {
-				delete(a.lineage, strings.TrimPrefix(string(ev.Key), tree.NodePrefix))
-			}
 			a.gen++
+			if len(a.changed)+len(batch) > maxChangedNodes {
+				clear(a.changed)
+				a.floor = a.gen
+			}
+			for _, ev := range batch {
+				id := strings.TrimPrefix(string(ev.Key), tree.NodePrefix)
+				delete(a.lineage, id)
+				a.changed[id] = a.gen
+			}
 		default:
 			return
 		}
@@ -140,6 +162,9 @@ func (a *activeNodes) restartLocked() {
 	a.w, a.unseen = w, unseen
 	clear(a.lineage)
 	a.gen++
+	// Every read made before is stale: changes may have been missed.
+	clear(a.changed)
+	a.floor = a.gen
 }
 
 // close ends the watch.

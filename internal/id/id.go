@@ -24,7 +24,10 @@ const (
 	StopRule    = "x" // a stop rule
 )
 
-var encoding = base32.NewEncoding("0123456789abcdefghjkmnpqrstvwxyz").WithPadding(base32.NoPadding)
+// alphabet is the characters of an identifier after its prefix.
+const alphabet = "0123456789abcdefghjkmnpqrstvwxyz"
+
+var encoding = base32.NewEncoding(alphabet).WithPadding(base32.NoPadding)
 
 // New returns a fresh identifier of kind.
 func New(kind string) string {
@@ -49,14 +52,24 @@ func Check(kind, field, s string) error {
 	if s == "" {
 		return fmt.Errorf("%s is required", field)
 	}
-	ok := len(s) == len(kind)+21 && strings.HasPrefix(s, kind+"_")
-	for _, r := range s[min(len(kind)+1, len(s)):] {
-		ok = ok && strings.ContainsRune("0123456789abcdefghjkmnpqrstvwxyz", r)
-	}
-	if !ok {
+	if !wellFormed(kind, s) {
 		return fmt.Errorf("%s %q is not a %s id (%s_ and 20 characters)", field, clip(s), kindName(kind), kind)
 	}
 	return nil
+}
+
+// wellFormed reports whether s is kind, '_' and 20 characters of the
+// alphabet.
+func wellFormed(kind, s string) bool {
+	if len(s) != len(kind)+21 || !strings.HasPrefix(s, kind) || s[len(kind)] != '_' {
+		return false
+	}
+	for i := len(kind) + 1; i < len(s); i++ {
+		if strings.IndexByte(alphabet, s[i]) < 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func kindName(kind string) string {
@@ -77,8 +90,11 @@ func clip(s string) string {
 // Kind is the kind of identifier s is well-formed as ("n" for a node id),
 // or "" when it is none: a name an agent chooses must not read as one.
 func Kind(s string) string {
+	// wellFormed, not Check: a name is checked against every kind on every
+	// spawn, and Check's error for each kind was most of a spawn's
+	// validation.
 	for kind := range names {
-		if Check(kind, "", s) == nil {
+		if wellFormed(kind, s) {
 			return kind
 		}
 	}

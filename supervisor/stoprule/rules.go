@@ -56,7 +56,7 @@ func growKey(anc string, shard uint32) []byte {
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
 func firedKey(node, rule string) []byte   { return []byte(prefixFired + node + "/" + rule) }
-func isUnder(key []byte, p string) bool   { return strings.HasPrefix(string(key), p) }
+func isUnder(key []byte, p string) bool   { return len(key) >= len(p) && string(key[:len(p)]) == p }
 func tail(key []byte, p string) string    { return string(key[len(p):]) }
 func keyNode(key []byte, p string) string { n, _, _ := strings.Cut(tail(key, p), "/"); return n }
 

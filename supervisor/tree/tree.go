@@ -224,12 +224,18 @@ func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
 		return err
 	}
 	for _, a := range parent.Ancestors {
-		n, err := getNode(tx, a)
-		if err != nil {
+		// Only the state, not the whole node: every spawn reads each
+		// ancestor; the node is decoded whole only to name its termination.
+		var state NodeState
+		if err := kv.GetOf(tx, nodeKey(a), func(b []byte) (err error) { state, err = StoredState(b); return err }, ErrNodeNotFound, "", "node", a); err != nil {
 			return err
 		}
-		switch n.State {
+		switch state {
 		case NodeStateDraining, NodeStateAborting, NodeStateTerminated:
+			n, err := getNode(tx, a)
+			if err != nil {
+				return err
+			}
 			return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeID, a, StateName(n.State), n.TerminationID)
 		}
 	}

@@ -244,6 +244,25 @@ func (s *Badger) WatchVisible(ctx context.Context, prefix []byte) (w store.Watch
 	return hw, func() bool { return hw.unseen.Load() > 0 }, nil
 }
 
+// WatchVisibleKeys is WatchVisible with unseen for one key: whether a
+// change of that key (the whole key, under prefix) may already be visible
+// to readers while its events are not yet in the buffer. A consumer that
+// answers for one key (a cache of some keys' values) reads unseen(key)
+// first and then drains the buffer; changes of other keys in flight do
+// not make it miss, as WatchVisible's unseen does whenever any key under
+// prefix is being committed (which, under a steady stream of writes, is
+// nearly always).
+func (s *Badger) WatchVisibleKeys(ctx context.Context, prefix []byte) (w store.Watcher, unseen func(key string) bool, err error) {
+	if err := store.CheckPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
+	hw, err := s.hub.add(ctx, prefix, true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return hw, hw.unseenKey, nil
+}
+
 // Close lets the committer finish every Update queued before it, ends all
 // watches with ErrClosed and closes the database. Later calls return the
 // first call's result. Close must not be called from an Update function.

@@ -44,6 +44,12 @@ type watcher struct {
 	// yet delivered.
 	visible bool
 	unseen  atomic.Int64
+	// fresh is 1 while the watcher, added during a commit, does not know
+	// which keys that commit changes (every key may be unseen); pending
+	// is the keys under its prefix that the batch in flight changes (nil
+	// when there is none), for UnseenKey.
+	fresh   atomic.Int64
+	pending atomic.Pointer[map[string]struct{}]
 
 	store.WatchEnd
 }
@@ -66,6 +72,7 @@ func (h *watchHub) add(ctx context.Context, prefix []byte, visible bool) (*watch
 		h.visible.Add(1)
 		if h.inFlight {
 			w.unseen.Store(1)
+			w.fresh.Store(1)
 			h.fresh = append(h.fresh, w)
 		}
 	}
@@ -110,7 +117,10 @@ func (h *watchHub) committing(updates []*appliedUpdate) []*watcher {
 		if !w.visible {
 			continue
 		}
-		if changes(updates, w.prefix) {
+		if keys := changes(updates, w.prefix); keys != nil {
+			// The keys before the count: a reader that sees the count
+			// unseen may look at the keys (UnseenKey).
+			w.pending.Store(&keys)
 			w.unseen.Add(1)
 			out = append(out, w)
 		}
@@ -118,14 +128,33 @@ func (h *watchHub) committing(updates []*appliedUpdate) []*watcher {
 	return out
 }
 
-// changes reports whether updates change a key under prefix.
-func changes(updates []*appliedUpdate, prefix []byte) bool {
+// changes returns the keys under prefix that updates change, nil when
+// there is none.
+func changes(updates []*appliedUpdate, prefix []byte) map[string]struct{} {
+	var keys map[string]struct{}
 	for _, u := range updates {
 		for _, ev := range u.events {
 			if bytes.HasPrefix(ev.Key, prefix) {
-				return true
+				if keys == nil {
+					keys = make(map[string]struct{})
+				}
+				keys[string(ev.Key)] = struct{}{}
 			}
 		}
+	}
+	return keys
+}
+
+// unseenKey reports whether a change of key may be visible to readers and
+// not yet in w's buffer: it is changed by the batch in flight, or w was
+// added during a commit whose keys it does not know.
+func (w *watcher) unseenKey(key string) bool {
+	if w.fresh.Load() > 0 {
+		return true
+	}
+	if p := w.pending.Load(); p != nil {
+		_, ok := (*p)[key]
+		return ok
 	}
 	return false
 }
@@ -135,12 +164,14 @@ func changes(updates []*appliedUpdate, prefix []byte) bool {
 func (h *watchHub) settled(marked []*watcher) {
 	for _, w := range marked {
 		w.unseen.Add(-1)
+		w.pending.Store(nil)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.inFlight = false
 	for _, w := range h.fresh {
 		w.unseen.Add(-1)
+		w.fresh.Add(-1)
 	}
 	h.fresh = nil
 }

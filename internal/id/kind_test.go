@@ -1,0 +1,40 @@
+package id
+
+import (
+	"strings"
+	"testing"
+)
+
+// Kind names the kind of every well-formed id, and nothing for a string
+// that is not one, without an allocation (it checks every spawn's name).
+func TestKindRecognisesEachKindAndNothingElse(t *testing.T) {
+	for kind := range names {
+		s := New(kind)
+		if got := Kind(s); got != kind {
+			t.Errorf("Kind(%q) = %q; want %q", s, got, kind)
+		}
+		for _, bad := range []string{
+			s[:len(s)-1],                        // one character short
+			s + "a",                             // one too many
+			strings.Replace(s, "_", "-", 1),     // no underscore
+			s[:len(s)-1] + "u",                  // 'u' is not in the alphabet
+			s[:len(s)-1] + "A",                  // nor capitals
+			s[:len(s)-2] + "é",                  // nor non-ASCII (two bytes)
+			"q_" + s[len(kind)+1:],              // no such kind
+			kind + kind + "_" + s[len(kind)+2:], // the kind twice
+		} {
+			if got := Kind(bad); got != "" {
+				t.Errorf("Kind(%q) = %q; want none", bad, got)
+			}
+		}
+	}
+	for _, name := range []string{"", "agent", "n_", "worker-7"} {
+		if got := Kind(name); got != "" {
+			t.Errorf("Kind(%q) = %q; want none", name, got)
+		}
+	}
+	name := "agent"
+	if allocs := testing.AllocsPerRun(100, func() { _ = Kind(name) }); allocs != 0 {
+		t.Errorf("Kind of a name allocates %.0f times; want none", allocs)
+	}
+}
