@@ -605,3 +605,9 @@ const (
 	UpkeepReserveRate  = 2
 	UpkeepReserveBurst = 16
 )
+
+// LeaseUpkeepAllowance is how many upkeep messages (ACK, renewals,
+// progress, cancel acknowledgement, completion) a lease held by the agent
+// that sends them may have admitted per lease duration once its lineage's
+// budget is spent.
+const LeaseUpkeepAllowance = 10

@@ -1,0 +1,228 @@
+package controlplane_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// Job leases against a rogue sibling that spends the rate budget its
+// lineage shares. Each node keeps a small reserve of its own for its
+// upkeep (controlplane.UpkeepReserveRate, 2/s in bursts of 16), but that
+// reserve is per node, not per lease: a sibling holding a hundred leases
+// (default 30 s, renewed every 10 s) needs 10 renewals a second, and kept
+// only about twenty alive — the rest expired although their holder renewed
+// each in time, and its Progress reports were refused outright. A rogue
+// could freeze any job of its lineage it was not party to. The upkeep of a
+// lease the caller holds is now admitted from that lease's own allowance
+// (controlplane.LeaseUpkeepAllowance messages per lease duration) once the
+// lineage's budget is spent.
+
+// leaseReserveWorld is a lineage of a root, an honest child holding many
+// leases the operator offered it, and a rogue child.
+type leaseReserveWorld struct {
+	clk                   *clock.Manual
+	srv                   *testserver.Server
+	admin                 *testserver.Clients
+	honest, rogue         *tetherv1.SpawnResponse
+	honestC, rogueC       *testserver.Clients
+	honestNode, rogueNode string
+}
+
+func newLeaseReserveWorld(t *testing.T) *leaseReserveWorld {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	// 5 a second in bursts of 128 for the lineage and for the operator,
+	// who offers the jobs.
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 5, 128 })
+	admin := srv.AdminClients()
+	root := register(t, admin, "planner")
+	rootC := srv.Clients(root.Credential)
+	honest := spawn(t, rootC, root.Node.NodeId, "honest")
+	rogue := spawn(t, rootC, root.Node.NodeId, "rogue")
+	return &leaseReserveWorld{
+		clk: clk, srv: srv, admin: admin, honest: honest, rogue: rogue,
+		honestC: srv.Clients(honest.Credential), rogueC: srv.Clients(rogue.Credential),
+		honestNode: honest.Node.NodeId, rogueNode: rogue.Node.NodeId,
+	}
+}
+
+func (w *leaseReserveWorld) offer(t *testing.T, job, holder string) *tetherv1.Lease {
+	t.Helper()
+	r, err := w.admin.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: holder,
+		LeaseDuration: durationpb.New(30 * time.Second), AckTimeout: durationpb.New(10 * time.Second)}))
+	if err != nil {
+		t.Fatalf("offer %s: %v", job, err)
+	}
+	return r.Msg.Lease
+}
+
+// A rogue keeps its lineage's budget spent, round after round, while its
+// sibling works a hundred leases — five times what its node's reserve
+// kept alive — acking each, renewing each every 10 s of its 30 s lease and
+// reporting progress on each, half unary and half on a lease channel, over
+// four lease-renewal rounds (40 s: every lease would have expired once
+// without its renewals). Every message is accepted, none expires, and the
+// sibling's session heartbeats still go through on its node's reserve,
+// which the leases no longer drain. Before the fix, the sibling's ACKs ran
+// out after 32 (its budget-less reserve), its Progress reports were
+// refused resource_exhausted at once, and most of its leases expired.
+func TestARogueSpendingTheLineagesBudgetCannotFreezeASiblingsManyLeases(t *testing.T) {
+	w := newLeaseReserveWorld(t)
+	ctx := context.Background()
+	const jobs = 100
+	leases := make([]*tetherv1.Lease, jobs)
+	for i := range leases {
+		leases[i] = w.offer(t, fmt.Sprintf("job-%03d", i), w.honestNode)
+	}
+	sess, err := openSession(t, w.honestC, w.honestNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	channel := openChannel(t, w.honestC)
+
+	spendLineage(t, w.rogueC, w.rogueNode)
+	if _, err := w.rogueC.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: w.rogueNode})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's next call: %v, want resource_exhausted", err)
+	}
+	via := func(i int) tryTransport {
+		if i%2 == 0 {
+			return unary{w.honestC}
+		}
+		return channel
+	}
+	for i, l := range leases {
+		got, d, errText := via(i).try(t, ack(l))
+		if errText != "" {
+			t.Fatalf("the sibling's ACK of lease %d of %d, once the rogue spent the lineage's budget: %s", i+1, jobs, errText)
+		}
+		wantDecision(t, "the sibling's ACK", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+		leases[i] = got
+	}
+	for round := uint64(1); round <= 4; round++ {
+		w.clk.Advance(10 * time.Second)
+		// The rogue spends what the lineage's budget refilled.
+		spendLineage(t, w.rogueC, w.rogueNode)
+		if err := sess.heartbeat(); err != nil {
+			t.Fatalf("round %d: the sibling's heartbeat: %v", round, err)
+		}
+		want := w.clk.Now().Add(30 * time.Second)
+		for i, l := range leases {
+			got, d, errText := via(i).try(t, renew(l, round))
+			if errText != "" {
+				t.Fatalf("round %d: the sibling's renewal of lease %d of %d (due in time), once the rogue spent the lineage's budget: %s", round, i+1, jobs, errText)
+			}
+			wantDecision(t, "the sibling's renewal", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+			if !got.ExpiresAt.AsTime().Equal(want) {
+				t.Fatalf("round %d: lease %d renewed to %s, want %s", round, i+1, got.ExpiresAt.AsTime(), want)
+			}
+			// Progress the other way round: the unary Progress too.
+			_, d, errText = via(i+1).try(t, progress(l, round, fmt.Sprintf("step %d", round)))
+			if errText != "" {
+				t.Fatalf("round %d: the sibling's progress on lease %d of %d: %s", round, i+1, jobs, errText)
+			}
+			wantDecision(t, "the sibling's progress", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+			leases[i] = got
+		}
+	}
+	w.clk.Advance(10 * time.Second)
+	list, err := w.admin.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: w.honestNode, PageSize: 1000}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Msg.Leases) != jobs {
+		t.Fatalf("the sibling holds %d leases, want %d", len(list.Msg.Leases), jobs)
+	}
+	for _, l := range list.Msg.Leases {
+		if l.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || l.LeaseGeneration != 1 || l.LeaseExpired || l.OwnershipConflict ||
+			l.RenewSequence != 4 || l.ProgressSequence != 4 || !l.ExpiresAt.AsTime().After(w.clk.Now()) {
+			t.Fatalf("a lease the sibling renewed in time, 50 s in: %v", l)
+		}
+	}
+}
+
+// The rogue gets nothing from the allowance of leases it does not hold: its
+// budget spent, its renewals of its sibling's leases (which it may not
+// touch) and of made-up jobs are refused resource_exhausted once its
+// node's reserve is spent, unary and on a channel, change nothing, and buy
+// it no other call. A lease it does hold gives it only that lease's
+// allowance: a flood of renewals of it is accepted for at most the
+// allowance and its reserve, then refused.
+func TestARogueGainsNothingFromTheUpkeepAllowanceOfLeasesItDoesNotHold(t *testing.T) {
+	w := newLeaseReserveWorld(t)
+	ctx := context.Background()
+	victim := w.offer(t, "victim", w.honestNode)
+	victim, _ = unary{w.honestC}.send(t, ack(victim))
+	own := w.offer(t, "own", w.rogueNode)
+
+	spendLineage(t, w.rogueC, w.rogueNode)
+	refused := 0
+	for i := range 200 {
+		target := victim
+		if i%2 == 1 {
+			target = &tetherv1.Lease{JobId: fmt.Sprintf("made-up-%d", i), LeaseId: victim.LeaseId, LeaseGeneration: 1}
+		}
+		_, _, errText := unary{w.rogueC}.try(t, renew(target, uint64(i+1)))
+		switch {
+		case strings.HasPrefix(errText, "resource_exhausted: "):
+			refused++
+		case strings.HasPrefix(errText, "permission_denied: ") && refused == 0:
+			// its node's reserve, while it lasts: refused by the handler
+		default:
+			t.Fatalf("the rogue's renewal %d of a lease it does not hold: %q", i+1, errText)
+		}
+	}
+	if refused < 200-controlplane.UpkeepReserveBurst {
+		t.Fatalf("only %d of the rogue's 200 renewals of leases it does not hold were refused resource_exhausted", refused)
+	}
+	ch := openChannel(t, w.rogueC)
+	for i := range 64 {
+		_, _, errText := ch.tryOrEnded(t, renew(victim, uint64(1000+i)))
+		if strings.HasPrefix(errText, "resource_exhausted: ") {
+			break
+		}
+		if !strings.HasPrefix(errText, "permission_denied: ") || i == 63 {
+			t.Fatalf("the rogue's renewal %d, on its channel, of a lease it does not hold: %q", i+1, errText)
+		}
+	}
+	if _, err := w.rogueC.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: w.rogueNode})); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's GetNode after its renewals of others' leases: %v, want resource_exhausted", err)
+	}
+	got := (&leaseWorld{admin: w.admin}).get(t, "victim")
+	if got.HolderIdentity != w.honestNode || got.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || got.OwnershipConflict ||
+		got.RenewSequence != 0 || !got.ExpiresAt.AsTime().Equal(victim.ExpiresAt.AsTime()) {
+		t.Fatalf("the victim's lease after the rogue's renewals: %v", got)
+	}
+
+	// A lease the rogue holds: its allowance, and no more, once the reserve
+	// is spent too (the renewals above spent it; the clock has not moved).
+	accepted := 0
+	own, _, errText := unary{w.rogueC}.try(t, ack(own))
+	if errText != "" {
+		t.Fatalf("the rogue's ACK of its own lease: %s", errText)
+	}
+	accepted++
+	for i := range 100 {
+		_, _, errText := unary{w.rogueC}.try(t, renew(own, uint64(i+1)))
+		switch {
+		case errText == "":
+			accepted++
+		case strings.HasPrefix(errText, "resource_exhausted: "):
+		default:
+			t.Fatalf("the rogue's renewal %d of its own lease: %q", i+1, errText)
+		}
+	}
+	if accepted > controlplane.LeaseUpkeepAllowance {
+		t.Fatalf("the rogue had %d messages about its one lease accepted with its budget and reserve spent, more than the lease's allowance of %d", accepted, controlplane.LeaseUpkeepAllowance)
+	}
+}
