@@ -99,13 +99,6 @@ func (a *leaseAllowance) sweep(now time.Time) {
 	}
 }
 
-// size is how many leases have an allowance entry (tests).
-func (a *leaseAllowance) size() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return len(a.buckets)
-}
-
 // holds is auth.Interceptor.Holds: whether msg, a worker message an agent
 // sent once its lineage's budget was spent, is upkeep of a lease the agent
 // holds that the lease's allowance admits. Only the replica whose

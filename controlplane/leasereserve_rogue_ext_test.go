@@ -182,6 +182,7 @@ func TestARogueGainsNothingFromTheUpkeepAllowanceOfLeasesItDoesNotHold(t *testin
 			t.Fatalf("the rogue's renewal %d of a lease it does not hold: %q", i+1, errText)
 		}
 	}
+	t.Logf("the rogue's 200 renewals of leases it does not hold: %d refused resource_exhausted, %d permission_denied (its node's reserve)", refused, 200-refused)
 	if refused < 200-controlplane.UpkeepReserveBurst {
 		t.Fatalf("only %d of the rogue's 200 renewals of leases it does not hold were refused resource_exhausted", refused)
 	}
@@ -226,8 +227,85 @@ func TestARogueGainsNothingFromTheUpkeepAllowanceOfLeasesItDoesNotHold(t *testin
 			t.Fatalf("the rogue's renewal %d of its own lease: %q", i+1, errText)
 		}
 	}
+	t.Logf("the rogue's ACK and 100 renewals of the one lease it holds: %d accepted", accepted)
 	if limit := controlplane.LeaseUpkeepAllowance + controlplane.UpkeepReserveBurst; accepted > limit || accepted < controlplane.LeaseUpkeepAllowance {
 		t.Fatalf("the rogue had %d messages about its one lease accepted with its lineage's budget spent, want the lease's allowance (%d) and at most its node's reserve (%d) more",
 			accepted, controlplane.LeaseUpkeepAllowance, controlplane.UpkeepReserveBurst)
+	}
+}
+
+// sendBatch sends msgs on the channel as one batched message (the first
+// carries the rest) and returns each one's answer, in msgs' order.
+func (c *channel) sendBatch(t *testing.T, msgs []*tetherv1.ChannelRequest) []*tetherv1.ChannelResponse {
+	t.Helper()
+	first := c.next + 1
+	for _, m := range msgs {
+		c.next++
+		m.CorrelationId = c.next
+	}
+	carrier := msgs[0]
+	carrier.Batch = msgs[1:]
+	if err := c.stream.Send(carrier); err != nil {
+		t.Fatalf("channel send: %v", err)
+	}
+	answers := make([]*tetherv1.ChannelResponse, len(msgs))
+	for got := 0; got < len(msgs); {
+		resp, err := c.stream.Receive()
+		if err != nil {
+			t.Fatalf("channel receive, %d of %d answers in: %v", got, len(msgs), err)
+		}
+		for _, a := range append([]*tetherv1.ChannelResponse{resp}, resp.Batch...) {
+			k := a.CorrelationId - first
+			if a.CorrelationId < first || k >= uint64(len(msgs)) || answers[k] != nil {
+				t.Fatalf("an answer with correlation id %d", a.CorrelationId)
+			}
+			a.Batch = nil
+			answers[k] = a
+			got++
+		}
+	}
+	return answers
+}
+
+// The same sibling, working its hundred leases over one lease channel in
+// batches (a batch costs the lineage's budget one request per message):
+// with the budget spent, a batch of ACKs, then a batch of renewals every
+// 10 s, each naming a lease the sibling holds, is admitted from the
+// leases' allowances, and none expires. Before the fix, the batch of
+// ACKs was refused whole and the stream ended with the refusal.
+func TestARogueSpendingTheLineagesBudgetCannotFreezeASiblingsBatchedLeases(t *testing.T) {
+	w := newLeaseReserveWorld(t)
+	const jobs = 100
+	leases := make([]*tetherv1.Lease, jobs)
+	for i := range leases {
+		leases[i] = w.offer(t, fmt.Sprintf("job-%03d", i), w.honestNode)
+	}
+	channel := openChannel(t, w.honestC)
+	spendLineage(t, w.rogueC, w.rogueNode)
+
+	work := func(what string, msg func(l *tetherv1.Lease) *tetherv1.ChannelRequest, event tetherv1.AuditEvent) {
+		t.Helper()
+		msgs := make([]*tetherv1.ChannelRequest, jobs)
+		for i, l := range leases {
+			msgs[i] = msg(l)
+		}
+		for i, a := range channel.sendBatch(t, msgs) {
+			if a.Error != "" {
+				t.Fatalf("%s: the sibling's message %d of %d in one batch, once the rogue spent the lineage's budget: %s", what, i+1, jobs, a.Error)
+			}
+			wantDecision(t, what, a.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, event)
+			leases[i] = a.Lease
+		}
+	}
+	work("ACKs", ack, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+	for round := uint64(1); round <= 4; round++ {
+		w.clk.Advance(10 * time.Second)
+		spendLineage(t, w.rogueC, w.rogueNode)
+		work(fmt.Sprintf("round %d", round), func(l *tetherv1.Lease) *tetherv1.ChannelRequest { return renew(l, round) }, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+	}
+	for _, l := range leases {
+		if got := (&leaseWorld{admin: w.admin}).get(t, l.JobId); got.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE || got.RenewSequence != 4 || got.LeaseExpired {
+			t.Fatalf("a lease the sibling renewed in time in batches, 40 s in: %v", got)
+		}
 	}
 }
