@@ -31,9 +31,14 @@ import (
 // This gives a rogue no new budget to spend as it likes: it holds only the
 // leases its lineage offered it (each offer paid from the lineage's
 // budget), and each gives it LeaseUpkeepAllowance messages about that
-// lease per lease duration — what the lease's upkeep needs. Memory is one
-// entry per lease upkept this way, forgotten a lease duration after its
-// last message (its allowance is full again by then).
+// lease per lease duration — what the lease's upkeep needs. Leases pile
+// up, though (a lineage that offers one a second holds thousands within
+// the hour), so a node's messages admitted this way are bounded too:
+// LeaseUpkeepNodeRate a second in bursts of LeaseUpkeepNodeBurst, the
+// upkeep of some five hundred leases renewed every 10 s — each node a
+// spawn its lineage paid for, as with the reserve. Memory is one entry per
+// lease upkept this way, forgotten a lease duration after its last message
+// (its allowance is full again by then), and one per node.
 
 // minAllowancePeriod floors the period a lease's allowance refills over: a
 // lease of a few milliseconds does not buy thousands of messages a second.
@@ -44,6 +49,9 @@ const minAllowancePeriod = time.Second
 // over the lease's duration.
 type leaseAllowance struct {
 	now func() time.Time
+	// node bounds each node's messages admitted from its leases'
+	// allowances (by node id).
+	node *auth.RateLimiter
 
 	mu      sync.Mutex
 	buckets map[string]*allowanceBucket
@@ -58,8 +66,9 @@ type allowanceBucket struct {
 }
 
 // take takes one message from the allowance of the job's lease at
-// generation, whose duration is period, and reports whether there was one.
-func (a *leaseAllowance) take(job string, generation uint64, period time.Duration) bool {
+// generation, whose duration is period, held by holder, and reports
+// whether there was one (and the holder's node had one left).
+func (a *leaseAllowance) take(job string, generation uint64, period time.Duration, holder string) bool {
 	period = max(period, minAllowancePeriod)
 	now := a.now()
 	a.mu.Lock()
@@ -79,6 +88,9 @@ func (a *leaseAllowance) take(job string, generation uint64, period time.Duratio
 		b.last = now
 	}
 	if b.tokens < 1 {
+		return false
+	}
+	if ok, _ := a.node.Allow(holder); !ok {
 		return false
 	}
 	b.tokens--
@@ -117,7 +129,7 @@ func (h *leaseService) holds(ctx context.Context, p auth.Principal, msg any) boo
 		(l.State != lease.StateOffered && l.State != lease.StateActive) {
 		return false
 	}
-	return h.s.allowance.take(job, generation, l.LeaseDuration)
+	return h.s.allowance.take(job, generation, l.LeaseDuration, l.HolderIdentity)
 }
 
 // upkeepClaim returns the job and generation a worker message (unary, or

@@ -309,3 +309,44 @@ func TestARogueSpendingTheLineagesBudgetCannotFreezeASiblingsBatchedLeases(t *te
 		}
 	}
 }
+
+// Leases pile up: a lineage that offers itself jobs holds more and more,
+// and each lease's allowance would add to what the rogue may send with
+// its budget spent. A node's messages admitted from its leases'
+// allowances are bounded too: a rogue holding 60 leases, each with an
+// allowance of 10, floods ACKs and renewals of all of them and has at
+// most LeaseUpkeepNodeBurst (500) admitted that way, and its node's
+// reserve, before it is refused resource_exhausted.
+func TestARoguesPiledUpLeasesBuyItNoMoreThanItsNodesBound(t *testing.T) {
+	w := newLeaseReserveWorld(t)
+	const jobs = 60
+	leases := make([]*tetherv1.Lease, jobs)
+	for i := range leases {
+		leases[i] = w.offer(t, fmt.Sprintf("rogue-%02d", i), w.rogueNode)
+	}
+	spendLineage(t, w.rogueC, w.rogueNode)
+	accepted, refused := 0, 0
+	for seq := uint64(0); seq <= controlplane.LeaseUpkeepAllowance; seq++ {
+		for i, l := range leases {
+			m := renew(l, seq)
+			if seq == 0 {
+				m = ack(l)
+			}
+			got, _, errText := unary{w.rogueC}.try(t, m)
+			switch {
+			case errText == "":
+				accepted++
+				leases[i] = got
+			case strings.HasPrefix(errText, "resource_exhausted: "):
+				refused++
+			default:
+				t.Fatalf("the rogue's message about its own lease %d: %q", i+1, errText)
+			}
+		}
+	}
+	t.Logf("the rogue's %d ACKs and renewals of its %d leases: %d accepted, %d refused", accepted+refused, jobs, accepted, refused)
+	if accepted < controlplane.LeaseUpkeepNodeBurst || accepted > controlplane.LeaseUpkeepNodeBurst+controlplane.UpkeepReserveBurst {
+		t.Fatalf("the rogue had %d messages about its %d leases accepted with its lineage's budget spent, want its node's bound (%d) and at most its reserve (%d) more",
+			accepted, jobs, controlplane.LeaseUpkeepNodeBurst, controlplane.UpkeepReserveBurst)
+	}
+}

@@ -233,7 +233,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Logger.Warn("serving plaintext on an address other machines can reach (--insecure-plaintext): credentials cross the network in the clear unless something in front encrypts them", "addr", cfg.Listen)
 	}
 	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Logger}
-	s.allowance = &leaseAllowance{now: cfg.Clock.Now}
+	s.allowance = &leaseAllowance{now: cfg.Clock.Now, node: &auth.RateLimiter{Rate: LeaseUpkeepNodeRate, Burst: LeaseUpkeepNodeBurst, Now: cfg.Clock.Now}}
 	if cfg.DataDir != "" {
 		if err := privateDir(cfg.DataDir, cfg.Logger); err != nil {
 			return nil, err
@@ -629,3 +629,12 @@ const (
 // (lease_allowance.go): a renewal every third of the lease, a progress
 // report as often, an ACK and an end fit it.
 const LeaseUpkeepAllowance = 10
+
+// LeaseUpkeepNodeRate and LeaseUpkeepNodeBurst bound what one node has
+// admitted from its leases' allowances (LeaseUpkeepAllowance): the
+// upkeep of about five hundred leases renewed every 10 s, however many
+// leases its lineage piles up on it.
+const (
+	LeaseUpkeepNodeRate  = 50
+	LeaseUpkeepNodeBurst = 500
+)
