@@ -102,8 +102,9 @@ type Interceptor struct {
 	// first message) owing, and the call is settled once its message is
 	// decoded. A call that is not settled is refused and spends one of
 	// its node's Owing; with them spent, the Gate refuses the node's Held
-	// calls from its headers again, as it did without Holds. Nil Holds or
-	// Owing: no message is admitted for the lease it names.
+	// calls from its headers again, as it did without Holds. Nil Holds: no
+	// message is admitted for the lease it names; nil Owing: none at the
+	// Gate (a stream's later messages still are).
 	Held  map[string]bool
 	Holds func(ctx context.Context, p Principal, msg any) bool
 	Owing *RateLimiter
