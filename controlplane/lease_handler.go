@@ -784,8 +784,9 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 		req.Batch = nil
 		if len(batch) > 0 {
 			// Each message of a batch costs the lineage's budget like a
-			// call of its own.
-			if err := auth.Spend(ctx, len(batch)); err != nil {
+			// call of its own (once it is spent, the upkeep of a lease the
+			// agent holds is admitted from that lease's allowance).
+			if err := auth.SpendMessages(ctx, len(batch), func(k int) any { return batch[k] }); err != nil {
 				recvErr = err
 				break
 			}

@@ -201,7 +201,8 @@ type Server struct {
 	rollouts   *rollout.Rollouts
 	stopRules  *stoprule.Rules
 	leases     *coordinator.Coordinator
-	router     *leaseRouter // nil with a single replica (forward.go)
+	router     *leaseRouter    // nil with a single replica (forward.go)
+	allowance  *leaseAllowance // each held lease's upkeep allowance (lease_allowance.go)
 	grants     *grantstore.Service
 	log        *slog.Logger
 	handler    http.Handler // Handler: served returned with its deadlines
@@ -232,6 +233,7 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 		cfg.Logger.Warn("serving plaintext on an address other machines can reach (--insecure-plaintext): credentials cross the network in the clear unless something in front encrypts them", "addr", cfg.Listen)
 	}
 	s := &Server{cfg: cfg, store: cfg.Store, log: cfg.Logger}
+	s.allowance = &leaseAllowance{now: cfg.Clock.Now, node: &auth.RateLimiter{Rate: LeaseUpkeepNodeRate, Burst: LeaseUpkeepNodeBurst, Now: cfg.Clock.Now}}
 	if cfg.DataDir != "" {
 		if err := privateDir(cfg.DataDir, cfg.Logger); err != nil {
 			return nil, err
@@ -376,7 +378,21 @@ func (s *Server) buildHandler() error {
 			tetherv1connect.LeaseServiceCompleteProcedure:    true,
 			tetherv1connect.LeaseServiceChannelProcedure:     true,
 		},
-		Reserve:     &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
+		Reserve: &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
+		// A worker message naming a lease its sender holds is admitted from
+		// that lease's allowance once the lineage's budget is spent
+		// (lease_allowance.go); one that turns out not to bounds the node's
+		// further calls admitted owing to the rate of its reserve.
+		Held: map[string]bool{
+			tetherv1connect.LeaseServiceAckProcedure:       true,
+			tetherv1connect.LeaseServiceRenewProcedure:     true,
+			tetherv1connect.LeaseServiceProgressProcedure:  true,
+			tetherv1connect.LeaseServiceCancelAckProcedure: true,
+			tetherv1connect.LeaseServiceCompleteProcedure:  true,
+			tetherv1connect.LeaseServiceChannelProcedure:   true,
+		},
+		Holds:       (&leaseService{s: s}).holds,
+		Owing:       &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
 		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
 		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
 		Bind:        bindConn,
@@ -604,4 +620,21 @@ func serviceNames() []string {
 const (
 	UpkeepReserveRate  = 2
 	UpkeepReserveBurst = 16
+)
+
+// LeaseUpkeepAllowance is how many upkeep messages (ACK, renewals,
+// progress reports, cancel acknowledgement, completion) about a lease its
+// holder may have admitted per lease duration (at least a second) once
+// its lineage's budget is spent, without touching its node's reserve
+// (lease_allowance.go): a renewal every third of the lease, a progress
+// report as often, an ACK and an end fit it.
+const LeaseUpkeepAllowance = 10
+
+// LeaseUpkeepNodeRate and LeaseUpkeepNodeBurst bound what one node has
+// admitted from its leases' allowances (LeaseUpkeepAllowance): the
+// upkeep of about five hundred leases renewed every 10 s, however many
+// leases its lineage piles up on it.
+const (
+	LeaseUpkeepNodeRate  = 50
+	LeaseUpkeepNodeBurst = 500
 )

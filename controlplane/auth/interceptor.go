@@ -87,6 +87,27 @@ type Interceptor struct {
 	// reserve.
 	Upkeep  map[string]bool
 	Reserve *RateLimiter
+	// Held are the procedures whose messages name a lease the agent may
+	// hold (a job and its generation), and Holds says whether a decoded
+	// message is upkeep of a lease the agent holds that the lease's own
+	// allowance admits (taking from that allowance when it does). Once
+	// its lineage's budget is spent, an agent's Held message is admitted
+	// when Holds says so, before its node's Reserve is touched: the
+	// reserve is per node, the leases a node holds are many, and the
+	// lineage's offers paid for each. A message Holds does not admit
+	// falls back on the Reserve (if Upkeep), then is refused with the
+	// lineage's refusal.
+	//
+	// The Gate reads no body, so it admits a Held call (a stream: its
+	// first message) owing, and the call is settled once its message is
+	// decoded. A call that is not settled is refused and spends one of
+	// its node's Owing; with them spent, the Gate refuses the node's Held
+	// calls from its headers again, as it did without Holds. Nil Holds: no
+	// message is admitted for the lease it names; nil Owing: none at the
+	// Gate (a stream's later messages still are).
+	Held  map[string]bool
+	Holds func(ctx context.Context, p Principal, msg any) bool
+	Owing *RateLimiter
 	// Anonymous bounds, per source address, the requests that carry no
 	// valid credential (nil: unlimited). An address past it is refused
 	// before its next credential is verified.
@@ -204,14 +225,36 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	if p.Kind == KindToolServer && (i.Evidence[procedure] || i.Relayed[procedure]) {
 		return WithPrincipal(ctx, p), nil
 	}
-	if err := i.charge(p, procedure, 1); err != nil {
-		if i.RateLimited != nil {
-			i.RateLimited(procedure)
+	if err := i.spend(p, 1); err != nil {
+		if i.owe(p, procedure) {
+			return context.WithValue(WithPrincipal(ctx, p), owedKey{}, err), nil
 		}
-		return ctx, err
+		if err := i.reserve(p, procedure, 1, err); err != nil {
+			if i.RateLimited != nil {
+				i.RateLimited(procedure)
+			}
+			return ctx, err
+		}
 	}
 	return WithPrincipal(ctx, p), nil
 }
+
+// owedKey marks the context of a Held call admitted owing: its value is
+// the refusal it gets if it is not settled.
+type owedKey struct{}
+
+// owe reports whether an agent's Held call, its lineage's budget spent,
+// may be admitted owing (Interceptor.Held), and takes one of its node's
+// Owing if so.
+func (i *Interceptor) owe(p Principal, procedure string) bool {
+	if !p.IsAgent() || !i.Held[procedure] || i.Holds == nil || i.Owing == nil {
+		return false
+	}
+	ok, _ := i.Owing.Allow(owingBudget(p))
+	return ok
+}
+
+func owingBudget(p Principal) string { return "owing:" + p.ID() }
 
 type procedureKey struct{}
 
@@ -246,13 +289,60 @@ func (i *Interceptor) spend(p Principal, n int) error {
 // Reserve once its lineage's budget is spent.
 func (i *Interceptor) charge(p Principal, procedure string, n int) error {
 	err := i.spend(p, n)
-	if err == nil || !p.IsAgent() || !i.Upkeep[procedure] || i.Reserve == nil {
-		return err
+	if err == nil {
+		return nil
+	}
+	return i.reserve(p, procedure, n, err)
+}
+
+// reserve admits n of an agent's Upkeep messages its lineage refused
+// (refusal) from its node's Reserve, or returns the refusal.
+func (i *Interceptor) reserve(p Principal, procedure string, n int, refusal error) error {
+	if !p.IsAgent() || !i.Upkeep[procedure] || i.Reserve == nil {
+		return refusal
 	}
 	if ok, _ := i.Reserve.AllowN("upkeep:"+p.ID(), n); ok {
 		return nil
 	}
-	return err
+	return refusal
+}
+
+// chargeFor charges one message, msg, of a call: once the lineage's
+// budget is spent, a Held message Holds admits is admitted, then the
+// node's Reserve is tried.
+func (m *meter) chargeFor(ctx context.Context, msg any) error {
+	i := m.i
+	err := i.spend(m.p, 1)
+	if err == nil {
+		return nil
+	}
+	if m.holds(ctx, msg) {
+		return nil
+	}
+	return i.reserve(m.p, m.procedure, 1, err)
+}
+
+// holds reports whether msg is a Held message Holds admits.
+func (m *meter) holds(ctx context.Context, msg any) bool {
+	i := m.i
+	return m.p.IsAgent() && i.Held[m.procedure] && i.Holds != nil && i.Holds(ctx, m.p, msg)
+}
+
+// settle settles a call admitted owing, now that its message msg is
+// decoded: Holds, then the node's Reserve; if neither admits it, it is
+// refused, and the node's Owing keeps what it spent.
+func (m *meter) settle(ctx context.Context, msg any) error {
+	owed := m.owed
+	m.owed = nil
+	i := m.i
+	if m.holds(ctx, msg) || i.reserve(m.p, m.procedure, 1, owed) == nil {
+		i.Owing.give(owingBudget(m.p), 1)
+		return nil
+	}
+	if i.RateLimited != nil {
+		i.RateLimited(m.procedure)
+	}
+	return owed
 }
 
 // rateLimited is the refusal of a rate limit: resource_exhausted, the
@@ -289,6 +379,29 @@ func Spend(ctx context.Context, n int) error {
 		return nil
 	}
 	return m.i.charge(m.p, m.procedure, n)
+}
+
+// SpendMessages is Spend for a batch of n messages, msg(k) the k-th: once
+// the lineage's budget is spent, the Held messages Holds admits, from the
+// first until one it does not, are admitted, and the rest are charged to
+// the node's Reserve together (Interceptor.Held).
+func SpendMessages(ctx context.Context, n int, msg func(k int) any) error {
+	m, ok := ctx.Value(meterKey{}).(*meter)
+	if !ok || n <= 0 {
+		return nil
+	}
+	err := m.i.spend(m.p, n)
+	if err == nil {
+		return nil
+	}
+	k := 0
+	for k < n && m.holds(ctx, msg(k)) {
+		k++
+	}
+	if k == n {
+		return nil
+	}
+	return m.i.reserve(m.p, m.procedure, n-k, err)
 }
 
 // ChargeRelayed charges a call a tool server relayed (Interceptor.Relayed)
@@ -383,6 +496,15 @@ type meter struct {
 	i         *Interceptor
 	p         Principal
 	procedure string
+	// owed: the call was admitted owing (Interceptor.Held), this is its
+	// refusal; settle clears it.
+	owed error
+}
+
+// newMeter is the meter of a call admitted with ctx.
+func (i *Interceptor) newMeter(ctx context.Context, p Principal, procedure string) *meter {
+	owed, _ := ctx.Value(owedKey{}).(error)
+	return &meter{i: i, p: p, procedure: procedure, owed: owed}
 }
 
 // gateKey marks a context whose request the Gate admitted.
@@ -456,8 +578,14 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if err != nil {
 			return nil, err
 		}
+		m := i.newMeter(ctx, p, req.Spec().Procedure)
+		if m.owed != nil {
+			if err := m.settle(ctx, req.Any()); err != nil {
+				return nil, err
+			}
+		}
 		// A batch call (SpawnBatch) charges its further items with Spend.
-		return next(context.WithValue(ctx, meterKey{}, &meter{i: i, p: p, procedure: req.Spec().Procedure}), req)
+		return next(context.WithValue(ctx, meterKey{}, m), req)
 	}
 }
 
@@ -505,8 +633,8 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 				}
 			}()
 		}
-		m := &meter{i: i, p: p, procedure: conn.Spec().Procedure}
-		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m})
+		m := i.newMeter(ctx, p, conn.Spec().Procedure)
+		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: ctx})
 		cause := context.Cause(ctx)
 		if errors.Is(cause, ErrRevoked) {
 			return cause
@@ -579,10 +707,12 @@ func (i *Interceptor) OpenStreams(principal string) int {
 }
 
 // meteredConn charges every received message after the first (paid for
-// when the stream opened).
+// when the stream opened, or settled when it arrives if the stream was
+// admitted owing).
 type meteredConn struct {
 	connect.StreamingHandlerConn
 	m        *meter
+	ctx      context.Context
 	received int
 }
 
@@ -594,8 +724,11 @@ func (c *meteredConn) Receive(msg any) error {
 		return err
 	}
 	c.received++
-	if c.received > 1 {
-		return c.m.i.charge(c.m.p, c.m.procedure, 1)
+	switch {
+	case c.received == 1 && c.m.owed != nil:
+		return c.m.settle(c.ctx, msg)
+	case c.received > 1:
+		return c.m.chargeFor(c.ctx, msg)
 	}
 	return nil
 }

@@ -53,6 +53,19 @@ func (l *RateLimiter) Exhausted(budget string) (bool, time.Duration) {
 	return !ok, wait
 }
 
+// give returns n tokens to budget (a request it was charged for that
+// turned out to be paid otherwise), up to the burst.
+func (l *RateLimiter) give(budget string, n float64) {
+	if l == nil || l.Rate <= 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if b, ok := l.buckets[budget]; ok {
+		b.tokens = min(l.Burst, b.tokens+n)
+	}
+}
+
 func (l *RateLimiter) take(budget string, n float64, spend bool) (bool, time.Duration) {
 	if l == nil || l.Rate <= 0 {
 		return true, 0
