@@ -17,7 +17,7 @@ import pytest
 
 from conftest import require_extra
 from helpers import terminate, wait_for
-from tether_agentsdk import GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, ToolGate, Verifier, tool_gate
+from tether_agentsdk import ConnectError, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, ToolGate, Verifier, tool_gate
 from tether_agentsdk import _wire
 
 BUDGET = 10.0
@@ -137,6 +137,26 @@ def test_the_gate_keeps_no_shared_limit_a_rogue_could_fill(server, tree, gate):
     finally:
         for b in blocks:
             b.__exit__(None, None, None)
+
+
+def test_no_one_but_the_gate_that_began_a_call_ends_or_acknowledges_it(server, tree, gate):
+    # The rogue agent holds the call's id (the record names it) and its own
+    # credential; another tool server has a tool-server token of its own.
+    other_name = "rogue13-other-" + uuid.uuid4().hex[:8]
+    other = server.tool_server(other_name)
+    with gate.call(tree.root_token, "search") as call:
+        for conn, gate_id in ((tree.root.conn, gate.gate_id), (other, other_name), (other, gate.gate_id)):
+            for method in ("EndCall", "CancelAck"):
+                with pytest.raises(ConnectError) as e:
+                    conn.call("ToolService", method, {"callId": call.call_id, "gateId": gate_id})
+                assert e.value.code in ("permission_denied", "not_found", "failed_precondition"), e.value
+                assert tree.root_token not in str(e.value)
+        assert call.call_id in open_calls(tree.operator, tree.root.node_id), "a rogue ended the call"
+    assert call.call_id not in open_calls(tree.operator, tree.root.node_id)
+    # Ending it twice (a retry, or a tool server told to rewrite it): the
+    # record keeps the first end.
+    again = gate.conn.call("ToolService", "EndCall", {"callId": call.call_id, "gateId": gate.gate_id, "failed": True, "error": "rewritten"})["call"]
+    assert again["resolution"].endswith("COMPLETED") and not again.get("error"), again
 
 
 # -- the verifier -------------------------------------------------------------------

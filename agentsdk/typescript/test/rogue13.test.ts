@@ -5,7 +5,9 @@ import { createHmac, generateKeyPairSync, sign } from "node:crypto";
 import { createServer, type Server } from "node:http";
 import { after, before, describe, test } from "node:test";
 
-import { Agent, parseJwks, TokenError, Verifier, verifyToken, type Grant, type ToolCall } from "../src/index.js";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { Agent, CallResolution, parseJwks, TokenError, Verifier, verifyToken, type Grant, type ToolCall } from "../src/index.js";
 import { startServer, type TestServer } from "./server.js";
 
 let server: TestServer;
@@ -104,6 +106,39 @@ describe("rogue13: the gate", () => {
     await Promise.all(held.map((h) => h.done));
     await rogue.close();
     await honest.close();
+  });
+});
+
+describe("rogue13: ending calls", () => {
+  test("no one but the gate that began a call ends or acknowledges it; a second end keeps the first", async () => {
+    const recorded: ToolCall[] = [];
+    const gate = await server.gate("rogue13-owner", { onRecorded: (c) => recorded.push(c) });
+    const other = await server.gate("rogue13-other");
+    const f = await family("ender");
+    let callId = "";
+    await gate.call(f.grant.token, "search", async () => {
+      const open = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
+      callId = open.calls[0].callId;
+      for (const [conn, gateId] of [
+        [f.child.conn, gate.id],
+        [other.conn, other.id],
+        [other.conn, gate.id],
+      ] as const) {
+        await assert.rejects(conn.tool.endCall({ callId, gateId }), (e: unknown) => {
+          assert.ok(e instanceof ConnectError && [Code.PermissionDenied, Code.NotFound, Code.FailedPrecondition].includes(e.code), String(e));
+          return true;
+        });
+        await assert.rejects(conn.tool.cancelAck({ callId, gateId }), ConnectError);
+      }
+      const still = await server.operator.tool.listCalls({ nodeId: f.child.nodeId });
+      assert.deepEqual(still.calls.map((c) => c.callId), [callId], "a rogue ended the call");
+      return "done";
+    });
+    assert.equal(recorded[0].resolution, CallResolution.COMPLETED);
+    const again = await gate.conn.tool.endCall({ callId, gateId: gate.id, failed: true, error: "rewritten" });
+    assert.equal(again.call?.resolution, CallResolution.COMPLETED);
+    assert.equal(again.call?.error, "");
+    await f.close();
   });
 });
 
