@@ -7,7 +7,7 @@ import { after, before, describe, test } from "node:test";
 
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { Agent, CallResolution, parseJwks, TokenError, Verifier, verifyToken, type Grant, type ToolCall } from "../src/index.js";
+import { Agent, CallResolution, Fence, Fenced, issuedGenerations, LeaseWorker, UnissuedGeneration, parseJwks, TokenError, Verifier, verifyToken, type Grant, type ToolCall } from "../src/index.js";
 import { startServer, type TestServer } from "./server.js";
 
 let server: TestServer;
@@ -245,5 +245,40 @@ describe("rogue13: the verifier", () => {
     }
     await f.close();
     await g.close();
+  });
+});
+
+describe("rogue13: the lease worker and the fence", () => {
+  test("forged fencing headers neither pass nor fence the real holder out; a superseded generation is fenced", async () => {
+    const f = await family("fenced");
+    const rogue = await family("fence-rogue");
+    const jobId = "ts-rogue13-fence";
+    const offered = await server.operator.lease.offer({ jobId, holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n } });
+    const worker = new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 });
+    const job = await worker.accept(offered.lease!);
+    const toolServer = await server.operator.auth.createToken({ toolServer: "rogue13-fenced-tool", ttl: { seconds: 3600n } });
+    const fence = new Fence({ check: issuedGenerations(server.dial(toolServer.token)) });
+
+    // The rogue claims a generation nobody holds, and a job nobody leased.
+    await assert.rejects(fence.admitHeaders({ "tether-job-id": jobId, "tether-lease-generation": "99" }), UnissuedGeneration);
+    await assert.rejects(fence.admitHeaders(new Headers({ "Tether-Job-Id": "no-such-job", "Tether-Lease-Generation": "1" })), UnissuedGeneration);
+    for (const bad of ["0", "-1", "01", "1e3", " 1", "18446744073709551616", ""]) {
+      await assert.rejects(fence.admitHeaders({ "tether-job-id": jobId, "tether-lease-generation": bad }), RangeError, bad);
+    }
+    assert.equal(fence.highest(jobId), 0n, "a refused claim raised the fence");
+    // The real holder still writes.
+    await fence.admitHeaders(new Headers(job.headers()));
+
+    // A peer that does not coordinate the job cannot cancel it.
+    await assert.rejects(rogue.child.conn.lease.requestCancel({ jobId, reason: "rogue" }), ConnectError);
+    assert.equal((await server.operator.lease.getLease({ jobId })).lease?.cancelRequested, false);
+
+    // Reassigned: generation 2 writes, the old holder is fenced.
+    const gen2 = await server.operator.lease.reassign({ jobId, holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n }, reason: "test" });
+    await fence.admit(jobId, gen2.lease!.leaseGeneration);
+    await assert.rejects(fence.admitHeaders(new Headers(job.headers())), Fenced);
+    job.stop();
+    await f.close();
+    await rogue.close();
   });
 });
