@@ -276,3 +276,45 @@ def test_a_revoked_or_terminated_holders_token_is_refused_once_the_feed_delivers
             return True
 
     wait_for("the terminated holder's grant on the revocation feed", refused, timeout=BUDGET)
+
+
+# -- the lease worker and the fence ---------------------------------------------
+
+
+def test_forged_fencing_headers_neither_pass_nor_fence_the_real_holder_out(server, tree, tmp_path):
+    from tether_agentsdk import Conn, Fence, Fenced, LeaseWorker, UnissuedGeneration, issued_generations
+
+    child = tree.root.spawn("holder")
+    rogue = tree.root.spawn("fence-rogue")
+    job_id = "rogue13-fence-" + child.node_id
+    offered = tree.operator.call("LeaseService", "Offer", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "30s"})["lease"]
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    job = w.accept(offered)
+    fence = Fence(check=issued_generations(server.tool_server("rogue13-fenced-tool-" + uuid.uuid4().hex[:6])))
+    try:
+        # The rogue claims a generation nobody holds, and a job nobody leased.
+        with pytest.raises(UnissuedGeneration):
+            fence.admit_headers({"tether-job-id": job_id, "tether-lease-generation": "99"})
+        with pytest.raises(UnissuedGeneration):
+            fence.admit_headers({"Tether-Job-Id": "no-such-job", "Tether-Lease-Generation": "1"})
+        for bad in ("0", "-1", "01", "1e3", " 1", "1 ", "18446744073709551616", "", "١"):
+            with pytest.raises(ValueError):
+                fence.admit_headers({"Tether-Job-Id": job_id, "Tether-Lease-Generation": bad})
+        assert fence.highest(job_id) == 0, "a refused claim raised the fence"
+        # The real holder still writes.
+        fence.admit_headers(job.headers())
+
+        # A peer that does not coordinate the job cannot cancel it.
+        with pytest.raises(ConnectError):
+            Conn(server.url, rogue.credential).call("LeaseService", "RequestCancel", {"jobId": job_id, "reason": "rogue"})
+        assert not tree.operator.call("LeaseService", "GetLease", {"jobId": job_id})["lease"].get("cancelRequested")
+        assert not job.cancelled.is_set()
+
+        # Reassigned: generation 2 writes, the old holder is fenced.
+        gen2 = tree.operator.call("LeaseService", "Reassign", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "30s", "reason": "test"})["lease"]
+        fence.admit(job_id, _wire.uint64(gen2["leaseGeneration"]))
+        with pytest.raises(Fenced):
+            fence.admit_headers(job.headers())
+    finally:
+        job.stop()
+        w.close()
