@@ -318,3 +318,11 @@ def test_forged_fencing_headers_neither_pass_nor_fence_the_real_holder_out(serve
     finally:
         job.stop()
         w.close()
+
+
+def test_a_missing_or_non_string_token_is_refused_as_invalid(offline):
+    # A tool server that hands over a header it did not get (None), or a
+    # list of repeated headers, gets a refusal, not a TypeError (a 500).
+    for token in (None, b"a.b.c", ["a.b.c"], 7):
+        with pytest.raises(TokenInvalid):
+            offline.verify(token)  # type: ignore[arg-type]

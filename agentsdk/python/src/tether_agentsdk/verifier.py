@@ -137,6 +137,8 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
     """Verifies a capability token offline against ``keys`` (kid ->
     Ed25519PublicKey) with the control plane's rules, without consulting
     revocations."""
+    if not isinstance(token, str):
+        raise TokenInvalid("token malformed: no token, or not a string")
     if len(token) > MAX_TOKEN_BYTES:
         raise TokenInvalid(f"token of {len(token)} bytes exceeds {MAX_TOKEN_BYTES}")
     if not _ALPHABET.match(token):
