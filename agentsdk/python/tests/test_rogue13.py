@@ -326,3 +326,29 @@ def test_a_missing_or_non_string_token_is_refused_as_invalid(offline):
     for token in (None, b"a.b.c", ["a.b.c"], 7):
         with pytest.raises(TokenInvalid):
             offline.verify(token)  # type: ignore[arg-type]
+
+
+def test_a_token_for_another_audience_or_issuer_is_refused_even_under_a_trusted_key(tree, offline):
+    # The rogue cannot sign under the control plane's key: the check is
+    # shown with a key the lookup trusts, holding a real token's claims.
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from tether_agentsdk.verifier import parse_capability_token
+
+    _, grant = child_grant(tree, "audience")
+    claims = json.loads(base64.urlsafe_b64decode(grant.token.split(".")[1] + "=="))
+    key = Ed25519PrivateKey.generate()
+
+    def mint(**over):
+        h = b64(json.dumps({"alg": "EdDSA", "kid": "trusted"}).encode())
+        p = b64(json.dumps({**claims, **over}).encode())
+        return f"{h}.{p}.{b64(key.sign(f'{h}.{p}'.encode()))}"
+
+    keys = {"trusted": key.public_key()}
+    now = offline.clock()
+    parse_capability_token(mint(), keys, issuer="tether", now=now, leeway=5)
+    for aud in ("other-tool-server", ["tether-api"], [], "tether"):
+        with pytest.raises(TokenInvalid, match="audience"):
+            parse_capability_token(mint(aud=aud), keys, issuer="tether", now=now, leeway=5)
+    with pytest.raises(TokenInvalid, match="issuer"):
+        parse_capability_token(mint(iss="rogue"), keys, issuer="tether", now=now, leeway=5)

@@ -191,6 +191,26 @@ describe("rogue13: the verifier", () => {
     }
   });
 
+  test("a token for another audience or issuer is refused even under a key the verifier trusts", async () => {
+    // The rogue cannot sign under the control plane's key: the check is
+    // shown with a key the lookup trusts, holding a real token's claims.
+    const f = await family("audience");
+    const { publicKey, privateKey } = generateKeyPairSync("ed25519");
+    const claims = JSON.parse(Buffer.from(f.grant.token.split(".")[1], "base64url").toString()) as Record<string, unknown>;
+    const mint = (over: Record<string, unknown>) => {
+      const h = b64(JSON.stringify({ alg: "EdDSA", kid: "trusted" }));
+      const p = b64(JSON.stringify({ ...claims, ...over }));
+      return `${h}.${p}.${sign(null, Buffer.from(`${h}.${p}`), privateKey).toString("base64url")}`;
+    };
+    const keys = (kid: string) => (kid === "trusted" ? publicKey : undefined);
+    verifyToken(mint({}), keys, Date.now());
+    for (const aud of ["other-tool-server", ["tether-api"], [], "tether"]) {
+      assert.throws(() => verifyToken(mint({ aud }), keys, Date.now()), refusedAs("token_audience"));
+    }
+    assert.throws(() => verifyToken(mint({ iss: "rogue" }), keys, Date.now()), refusedAs("token_issuer"));
+    await f.close();
+  });
+
   test("expired and not-yet-valid tokens are refused", async () => {
     // The verifier's checks at another time: verifyToken is what it runs
     // (its injected clock also measures the feed's staleness).
