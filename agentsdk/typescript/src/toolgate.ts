@@ -157,8 +157,9 @@ export class ToolGate {
     // arrives, would leave a call in flight in the ledger that nobody ends
     // (the gate never learns its id). The gate waits for the answer and
     // ends a call whose caller is gone without running it.
+    const presented = await tokenOf(token);
     const begin = await this.conn.tool.beginCall(
-      { token: await tokenOf(token), tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
+      { token: presented, tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
       { signal: AbortSignal.timeout(10_000) },
     );
     const call = begin.call as ToolCall;
@@ -211,7 +212,7 @@ export class ToolGate {
       }
     }
     const ended = await this.conn.tool.endCall(
-      { callId, gateId: this.id, failed, error: failed ? describe(failure) : "" },
+      { callId, gateId: this.id, failed, error: failed ? describe(failure, presented) : "" },
       report,
     );
     if (ended.call) this.#onRecorded?.(ended.call);
@@ -242,7 +243,19 @@ function stoppedBy(failure: unknown, reason: unknown): boolean {
   return failure === reason || failure instanceof ToolCallCancelled || (failure instanceof Error && failure.name === "AbortError");
 }
 
-function describe(err: unknown): string {
-  const text = err instanceof Error ? err.message : String(err);
+/**
+ * The error a failed call reports to the ledger: the tool's message without
+ * the caller's capability token, nor its signature (what makes a copy
+ * usable). A tool's error may echo its input, the ledger is read by every
+ * viewer, and the token is a bearer credential for tools. It is cut out
+ * before the clip, which could leave a usable piece.
+ */
+function describe(err: unknown, token: string): string {
+  let text = err instanceof Error ? err.message : String(err);
+  if (typeof token === "string" && token !== "") {
+    text = text.replaceAll(token, "[capability token]");
+    const signature = token.slice(token.lastIndexOf(".") + 1);
+    if (signature.length >= 16) text = text.replaceAll(signature, "[capability token signature]");
+  }
   return text.length > 512 ? `${text.slice(0, 509)}...` : text;
 }

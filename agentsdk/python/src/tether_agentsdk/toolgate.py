@@ -71,6 +71,7 @@ class GateCall:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._active = True
         self._task_cancelled = False
+        self._presented = ""  # the caller's token: kept out of what the gate reports
 
     def check(self) -> None:
         """Raises ToolCallCancelled once the call is cancelled."""
@@ -182,7 +183,9 @@ class ToolGate(StreamFollower):
             if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
                 raise ToolRefused(e.code, e.message, details=e.details) from None
             raise
-        return GateCall(self, resp["call"])
+        call = GateCall(self, resp["call"])
+        call._presented = tok if isinstance(tok, str) else ""
+        return call
 
     def _register(self, call: GateCall) -> None:
         with self._lock:
@@ -221,7 +224,11 @@ class ToolGate(StreamFollower):
             # The error may echo the agent's input: only UTF-8 is sent, or
             # the control plane would refuse the report and the call's end
             # would never be recorded.
-            req["error"] = _wire.text(f"{error.__class__.__name__}: {error}"[:500])
+            # It may echo the caller's capability token, too: the ledger
+            # is read by every viewer, and the token is a bearer credential
+            # for tools. It is cut out before the clip (which could leave
+            # a usable piece).
+            req["error"] = _wire.text(_redact(f"{error.__class__.__name__}: {error}", call._presented)[:500])
         self.conn.call("ToolService", "EndCall", req)
 
     def _end_abandoned(self, call: GateCall) -> None:
@@ -328,6 +335,18 @@ class _GatedBlock:
         return False
 
 
+def _redact(text: str, token: str) -> str:
+    """text without the capability token, or its signature (what makes a
+    copy of it usable)."""
+    if not token:
+        return text
+    text = text.replace(token, "[capability token]")
+    signature = token.rsplit(".", 1)[-1]
+    if len(signature) >= 16:
+        text = text.replace(signature, "[capability token signature]")
+    return text
+
+
 def _stopped_by_cancel(call: GateCall, exc: BaseException | None) -> bool:
     """Whether the cancel order stopped the call: the tool left with the
     cancellation (CancelledError, or this call's ToolCallCancelled) after the
@@ -371,7 +390,21 @@ def tool_gate(gate: ToolGate, tool: str, *, token: Token, required_scope: str = 
 class _ToolGateSpec:
     def __init__(self, gate: ToolGate, tool: str, token: Token, required_scope: str):
         self.gate, self.tool, self.token, self.required_scope = gate, tool, token, required_scope
-        self._block: _GatedBlock | None = None
+        # The block each caller entered, per thread and asyncio task: one
+        # spec used by concurrent callers (a tool server's requests) must
+        # end each caller's own call, never another's on the first exit.
+        self._blocks: contextvars.ContextVar[tuple[_GatedBlock, ...]] = contextvars.ContextVar(f"tether_gate_spec_{id(self)}", default=())
+
+    def _push(self) -> _GatedBlock:
+        block = self.gate.call(self.token, self.tool, required_scope=self.required_scope)
+        self._blocks.set(self._blocks.get() + (block,))
+        return block
+
+    def _pop(self) -> _GatedBlock:
+        blocks = self._blocks.get()
+        assert blocks, "tool_gate: exit without an enter in this thread or task"
+        self._blocks.set(blocks[:-1])
+        return blocks[-1]
 
     def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(fn):
@@ -391,17 +424,23 @@ class _ToolGateSpec:
         return gated
 
     def __enter__(self) -> GateCall:
-        self._block = self.gate.call(self.token, self.tool, required_scope=self.required_scope)
-        return self._block.__enter__()
+        block = self._push()
+        try:
+            return block.__enter__()
+        except BaseException:
+            self._pop()
+            raise
 
     def __exit__(self, *exc: Any) -> bool:
-        assert self._block is not None
-        return self._block.__exit__(*exc)
+        return self._pop().__exit__(*exc)
 
     async def __aenter__(self) -> GateCall:
-        self._block = self.gate.call(self.token, self.tool, required_scope=self.required_scope)
-        return await self._block.__aenter__()
+        block = self._push()
+        try:
+            return await block.__aenter__()
+        except BaseException:
+            self._pop()
+            raise
 
     async def __aexit__(self, *exc: Any) -> bool:
-        assert self._block is not None
-        return await self._block.__aexit__(*exc)
+        return await self._pop().__aexit__(*exc)

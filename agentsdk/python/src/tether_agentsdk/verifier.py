@@ -137,6 +137,8 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
     """Verifies a capability token offline against ``keys`` (kid ->
     Ed25519PublicKey) with the control plane's rules, without consulting
     revocations."""
+    if not isinstance(token, str):
+        raise TokenInvalid("token malformed: no token, or not a string")
     if len(token) > MAX_TOKEN_BYTES:
         raise TokenInvalid(f"token of {len(token)} bytes exceeds {MAX_TOKEN_BYTES}")
     if not _ALPHABET.match(token):
@@ -144,14 +146,17 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
     parts = token.split(".")
     if len(parts) != 3:
         raise TokenInvalid("token malformed: not a well-formed JWT")
+    # The claims are parsed only once the signature holds: an unsigned
+    # token costs one header parse. JSON nested past the parser's recursion
+    # (a few thousand brackets fit the size limit) is a malformed token,
+    # not an exception of another kind out of the gate or tool server.
     try:
         header = json.loads(_b64(parts[0]))
         payload = _b64(parts[1])
         signature = _b64(parts[2])
-        claims = json.loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise TokenInvalid("token malformed: not a well-formed JWT") from None
-    if not isinstance(header, dict) or not isinstance(claims, dict):
+    if not isinstance(header, dict):
         raise TokenInvalid("token malformed: not a well-formed JWT")
     if header.get("alg") != "EdDSA":
         raise TokenInvalid("token algorithm not allowed: only EdDSA")
@@ -167,6 +172,12 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
         key.verify(signature, (parts[0] + "." + parts[1]).encode())
     except InvalidSignature:
         raise TokenInvalid("token signature invalid") from None
+    try:
+        claims = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise TokenInvalid("token malformed: not a well-formed JWT") from None
+    if not isinstance(claims, dict):
+        raise TokenInvalid("token malformed: not a well-formed JWT")
     if claims.get("iss") != issuer:
         raise TokenInvalid("token issuer invalid")
     aud = claims.get("aud")
