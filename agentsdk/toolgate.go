@@ -209,7 +209,7 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 		// The handler's error may echo anything (the agent's input): only
 		// valid UTF-8 of a bounded size can be sent, and the call's end
 		// must reach the ledger (which keeps maxCallErrorBytes anyway).
-		req.Error = clipUTF8(strings.ToValidUTF8(herr.Error(), "\uFFFD"), maxCallErrorBytes)
+		req.Error = clipUTF8(strings.ToValidUTF8(withoutToken(herr.Error(), token), "\uFFFD"), maxCallErrorBytes)
 	}
 	if _, err := g.conn.Tool.EndCall(rctx, connect.NewRequest(req)); err != nil {
 		return errors.Join(herr, err)
@@ -273,6 +273,22 @@ func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 // Sending more could make EndCall larger than the control plane accepts,
 // and the call's end would never be recorded.
 const maxCallErrorBytes = 512
+
+// withoutToken cuts the caller's capability token, and its signature (what
+// makes a copy of it usable), out of a tool's error before the gate reports
+// it: a handler's error may quote the agent's request, the ledger keeps the
+// error for every viewer of a record, and the token is a bearer credential
+// for tools. The TypeScript and Python gates do the same.
+func withoutToken(s, token string) string {
+	if token == "" {
+		return s
+	}
+	s = strings.ReplaceAll(s, token, "[capability token]")
+	if sig := token[strings.LastIndex(token, ".")+1:]; len(sig) >= 16 {
+		s = strings.ReplaceAll(s, sig, "[capability token signature]")
+	}
+	return s
+}
 
 // clipUTF8 keeps at most n bytes of s, cut at a character boundary.
 func clipUTF8(s string, n int) string {
