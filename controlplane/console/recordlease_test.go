@@ -56,7 +56,7 @@ func TestRecordPageSaysOnWhoseWordEachLeaseEnded(t *testing.T) {
 	}
 	table := regexp.MustCompile(`(?s)<table class="list" id="record-leases">.*?</table>`).FindString(rec.body)
 	row := func(job string) string {
-		return regexp.MustCompile(`(?s)<tr><td><a href="/ui/jobs/[^"]*/evidence">`+regexp.QuoteMeta(job)+`</a>.*?</tr>`).FindString(table)
+		return regexp.MustCompile(`(?s)<tr><td><a href="/ui/jobs/[^"]*/evidence">` + regexp.QuoteMeta(job) + `</a>.*?</tr>`).FindString(table)
 	}
 	rogue, left := row("&lt;i&gt;done&lt;/i&gt;"), row("job-1")
 	for _, want := range []string{"success", `class="warn"`, "the holder&#39;s report", "<code>" + w.nodes["worker-1"].NodeId + "</code>", "its claim, not confirmed"} {
