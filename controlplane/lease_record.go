@@ -2,7 +2,10 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
+	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -24,6 +27,9 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
 			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
+		if err := endedBy(ctx, c.Coordinator, l, &out[i]); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -41,4 +47,73 @@ func recordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 		return supervisor.LeaseOutcomeCompleted
 	}
 	return supervisor.LeaseOutcomeUnresolved
+}
+
+// endedBy fills rl's EndedBy, EndedByNodeID and EndedAt for a lease with a
+// terminal result: on whose word the job ended, read from the job's own
+// evidence — the accepted message that gave the lease its terminal result
+// — never from anything its holder says about itself:
+//
+//   - a Complete is the holder's report (only the holder of the active
+//     generation has one accepted), its node the row's holder;
+//   - a Resolve is the coordinator's resolution when its reason is signed
+//     with a principal (every Resolve the API judges is, see signed; an
+//     agent's names its node), and the termination's own reconciliation
+//     otherwise (FinalizeHeldBy writes its reasons unsigned);
+//   - a Tick is the lease's own deadline (an UNRESOLVED bound elapsed).
+//
+// Whether the holder's report came while its node was being stopped is the
+// supervisor's to say (it knows when the termination was requested).
+func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl *supervisor.RecordLease) error {
+	if l.State != lease.StateTerminal || l.TerminalResult == lease.ResultUnspecified {
+		return nil
+	}
+	rows, err := c.Evidence(ctx, l.JobID)
+	if err != nil {
+		return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
+	}
+	end := -1
+	prev := lease.ResultUnspecified
+	for i, r := range rows {
+		if r.Decision.Outcome == lease.OutcomeAccepted && r.TerminalResult == l.TerminalResult && prev != l.TerminalResult {
+			end = i
+		}
+		prev = r.TerminalResult
+	}
+	if end < 0 {
+		return nil
+	}
+	r := rows[end]
+	rl.EndedAt = r.DecidedAt
+	switch r.Message {
+	case lease.KindComplete:
+		rl.EndedBy, rl.EndedByNodeID = supervisor.LeaseEndedByHolderReport, r.HolderIdentity
+	case lease.KindResolve:
+		principal, signed := signedBy(l.TerminalDetail)
+		if !signed {
+			rl.EndedBy = supervisor.LeaseEndedByTermination
+			break
+		}
+		rl.EndedBy = supervisor.LeaseEndedByCoordinatorResolution
+		if node, ok := strings.CutPrefix(principal, "agent:"); ok && id.Check(id.Node, "node_id", node) == nil {
+			rl.EndedByNodeID = node
+		}
+	case lease.KindTick:
+		rl.EndedBy = supervisor.LeaseEndedByLeaseDeadline
+	}
+	return nil
+}
+
+// signedBy returns the principal a reason signed by signed begins with
+// ("agent:n_…", "operator:…"), or false when the reason is not signed (the
+// control plane's own, such as a termination's reconciliation).
+func signedBy(reason string) (string, bool) {
+	for _, kind := range []string{"agent:", "operator:", "tool:"} {
+		if !strings.HasPrefix(reason, kind) {
+			continue
+		}
+		who, _, _ := strings.Cut(reason, ": ")
+		return who, who != kind
+	}
+	return "", false
 }

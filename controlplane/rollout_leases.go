@@ -65,6 +65,8 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]supervis
 		}
 		if handoverable(l) {
 			rl.Outcome, rl.TerminalResult = supervisor.LeaseOutcomeHandedOver, supervisor.LeaseResultUnspecified
+		} else if err := endedBy(ctx, h.leases, l, &rl); err != nil {
+			return nil, err
 		}
 		out = append(out, rl)
 	}

@@ -1102,6 +1102,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 				return fmt.Errorf("finalize leases: %w", err)
 			}
 		}
+		markClaimsUnderStop(leases, t.RequestedAt)
 		switch {
 		case s.Grants != nil && t.HeldIndexed:
 			listed := make([]HeldGrant, len(held))
@@ -1174,6 +1175,19 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 		s.nodes.forget(terminated)
 	}
 	return err
+}
+
+// markClaimsUnderStop flags each lease whose end rests on its holder's
+// report judged at or after the termination was requested: the holder was
+// being stopped (or about to be), so its SUCCESS or FAILED is its own
+// claim under stop, shown, not confirmed. The time is the lease machine's
+// judgement (the control plane's clock, as RequestedAt is), read from the
+// lease's evidence, not anything the holder sent.
+func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time) {
+	for i := range leases {
+		l := &leases[i]
+		l.ClaimedUnderStop = l.EndedBy == LeaseEndedByHolderReport && !l.EndedAt.IsZero() && !l.EndedAt.Before(requestedAt)
+	}
 }
 
 // recordPart is the part of the record for one chunk of the index: its

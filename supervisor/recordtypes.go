@@ -132,6 +132,19 @@ type RecordLease struct {
 	// TerminalResult is the job's result as its lease states it when the
 	// record is written (unspecified for a lease handed over).
 	TerminalResult LeaseResult `pb:"6"`
+	// EndedBy is on whose word the job's end rests, read from the lease's
+	// evidence (the message that gave it its terminal result).
+	EndedBy LeaseEndedBy `pb:"7"`
+	// EndedByNodeID is the agent whose message ended the job (the holder,
+	// or a coordinating agent), empty otherwise.
+	EndedByNodeID string `pb:"8"`
+	// EndedAt is when the ending message was judged (the lease machine's
+	// clock, the control plane's).
+	EndedAt time.Time `pb:"9"`
+	// ClaimedUnderStop: the holder's report ended the job at or after the
+	// termination was requested — the stopping holder's claim, not
+	// confirmed.
+	ClaimedUnderStop bool `pb:"10"`
 }
 
 // RecordPhase is one phase of the termination and how long it took.
@@ -234,6 +247,35 @@ var leaseOutcomeNames = [...]string{
 
 // String is the outcome's tether.v1 name ("LEASE_OUTCOME_CANCELLED").
 func (o LeaseOutcome) String() string { return enumname.Of(leaseOutcomeNames[:], o, "") }
+
+// LeaseEndedBy is on whose word a lease's end rests in the record; the
+// values are tether.v1's.
+type LeaseEndedBy int32
+
+// Whose word ended a lease.
+const (
+	LeaseEndedByUnspecified LeaseEndedBy = 0
+	// The holder reported the result (Complete).
+	LeaseEndedByHolderReport LeaseEndedBy = 1
+	// The job's coordinator (an operator or a coordinating agent)
+	// resolved it.
+	LeaseEndedByCoordinatorResolution LeaseEndedBy = 2
+	// The termination reconciled it.
+	LeaseEndedByTermination LeaseEndedBy = 3
+	// An UNRESOLVED result's bound elapsed (the lease's own deadline).
+	LeaseEndedByLeaseDeadline LeaseEndedBy = 4
+)
+
+var leaseEndedByNames = [...]string{
+	LeaseEndedByUnspecified:           "LEASE_ENDED_BY_UNSPECIFIED",
+	LeaseEndedByHolderReport:          "LEASE_ENDED_BY_HOLDER_REPORT",
+	LeaseEndedByCoordinatorResolution: "LEASE_ENDED_BY_COORDINATOR_RESOLUTION",
+	LeaseEndedByTermination:           "LEASE_ENDED_BY_TERMINATION",
+	LeaseEndedByLeaseDeadline:         "LEASE_ENDED_BY_LEASE_DEADLINE",
+}
+
+// String is the value's tether.v1 name ("LEASE_ENDED_BY_HOLDER_REPORT").
+func (e LeaseEndedBy) String() string { return enumname.Of(leaseEndedByNames[:], e, "") }
 
 // LeaseResult is a job's terminal result as the record states it; the
 // values are tether.v1's TerminalResult.

@@ -84,6 +84,34 @@ func countNodes(r *tetherv1.ReconciliationRecord) (confirmed, unaccounted int) {
 	return confirmed, unaccounted
 }
 
+// leaseEnd says how a record's lease ended and on whose word: the
+// holder's report (its claim, when it came while the holder was being
+// stopped), the coordinator's resolution, the termination's, or the
+// lease's own deadline.
+func leaseEnd(l *tetherv1.RecordLease) string {
+	res := ""
+	if l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
+		res = ": " + lower(l.TerminalResult.String(), "TERMINAL_RESULT_")
+	}
+	switch l.EndedBy {
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_HOLDER_REPORT:
+		if l.ClaimedUnderStop {
+			return res + ", claimed by the holder " + printable(l.EndedByNodeId) + " while it was being stopped (its claim, not confirmed)"
+		}
+		return res + ", reported by the holder " + printable(l.EndedByNodeId)
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_COORDINATOR_RESOLUTION:
+		if l.EndedByNodeId != "" {
+			return res + ", resolved by its coordinator, agent " + printable(l.EndedByNodeId)
+		}
+		return res + ", resolved by its coordinator (an operator)"
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_TERMINATION:
+		return res + ", ended by the termination"
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_LEASE_DEADLINE:
+		return res + ", ended by the lease's own deadline"
+	}
+	return res
+}
+
 func lower(s, prefix string) string { return strings.ToLower(strings.TrimPrefix(s, prefix)) }
 
 // PrintRecordSummary renders a record for people: what was in flight and
@@ -132,7 +160,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	if len(r.Leases) > 0 {
 		fmt.Fprintf(w, "\nLeases (%d)\n", len(r.Leases))
 		for _, l := range r.Leases {
-			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), printable(l.JobId), l.LeaseGeneration, printable(l.HolderIdentity))
+			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s%s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), printable(l.JobId), l.LeaseGeneration, printable(l.HolderIdentity), leaseEnd(l))
 		}
 	}
 

@@ -51,6 +51,7 @@ func templateFuncs() template.FuncMap {
 		},
 		"leaseOutcome":  func(o tetherv1.LeaseOutcome) string { return enumName(o.String(), "LEASE_OUTCOME_") },
 		"leaseState":    func(s tetherv1.LeaseState) string { return enumName(s.String(), "LEASE_STATE_") },
+		"leaseEndedBy":  leaseEndedBy,
 		"result":        func(s tetherv1.TerminalResult) string { return enumName(s.String(), "TERMINAL_RESULT_") },
 		"proposalState": func(s tetherv1.ProposalState) string { return enumName(s.String(), "PROPOSAL_STATE_") },
 		"rolloutState":  func(s tetherv1.RolloutState) string { return enumName(s.String(), "ROLLOUT_STATE_") },
@@ -181,4 +182,23 @@ func visibleJSON(v any) ([]byte, error) {
 		return x
 	}
 	return json.Marshal(walk(tree))
+}
+
+// leaseEndedBy says on whose word a record's lease ended, in words; the
+// agent's node id, when an agent's word it was, follows in the template.
+func leaseEndedBy(l *tetherv1.RecordLease) string {
+	switch l.EndedBy {
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_HOLDER_REPORT:
+		return "the holder's report"
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_COORDINATOR_RESOLUTION:
+		if l.EndedByNodeId == "" {
+			return "the coordinator's resolution (an operator)"
+		}
+		return "the coordinator's resolution, agent"
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_TERMINATION:
+		return "the termination"
+	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_LEASE_DEADLINE:
+		return "the lease's own deadline"
+	}
+	return "—"
 }

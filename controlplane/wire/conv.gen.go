@@ -285,12 +285,16 @@ func RecordLease(x *supervisor.RecordLease) *tetherv1.RecordLease {
 		return nil
 	}
 	return &tetherv1.RecordLease{
-		JobId:           x.JobID,
-		LeaseId:         x.LeaseID,
-		LeaseGeneration: x.LeaseGeneration,
-		HolderIdentity:  x.HolderIdentity,
-		Outcome:         tetherv1.LeaseOutcome(x.Outcome),
-		TerminalResult:  tetherv1.TerminalResult(x.TerminalResult),
+		JobId:            x.JobID,
+		LeaseId:          x.LeaseID,
+		LeaseGeneration:  x.LeaseGeneration,
+		HolderIdentity:   x.HolderIdentity,
+		Outcome:          tetherv1.LeaseOutcome(x.Outcome),
+		TerminalResult:   tetherv1.TerminalResult(x.TerminalResult),
+		EndedBy:          tetherv1.LeaseEndedBy(x.EndedBy),
+		EndedByNodeId:    x.EndedByNodeID,
+		EndedAt:          timestamp(x.EndedAt),
+		ClaimedUnderStop: x.ClaimedUnderStop,
 	}
 }
 

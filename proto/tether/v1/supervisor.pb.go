@@ -308,6 +308,70 @@ func (LeaseOutcome) EnumDescriptor() ([]byte, []int) {
 	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{4}
 }
 
+// Whose word a lease's end rests on in a reconciliation record.
+type LeaseEndedBy int32
+
+const (
+	LeaseEndedBy_LEASE_ENDED_BY_UNSPECIFIED LeaseEndedBy = 0
+	// The holder reported the result itself (Complete): its claim.
+	LeaseEndedBy_LEASE_ENDED_BY_HOLDER_REPORT LeaseEndedBy = 1
+	// The job's coordinator resolved it (Resolve): an operator, or an agent
+	// of the lineage that coordinates the job.
+	LeaseEndedBy_LEASE_ENDED_BY_COORDINATOR_RESOLUTION LeaseEndedBy = 2
+	// The termination reconciled it: the holder acknowledged the cancel
+	// request, the lease had expired, the offer was never acknowledged, or
+	// the holder still had authority (UNRESOLVED).
+	LeaseEndedBy_LEASE_ENDED_BY_TERMINATION LeaseEndedBy = 3
+	// The lease's own deadline: an UNRESOLVED result's bound elapsed and the
+	// job closed as FAILED.
+	LeaseEndedBy_LEASE_ENDED_BY_LEASE_DEADLINE LeaseEndedBy = 4
+)
+
+// Enum value maps for LeaseEndedBy.
+var (
+	LeaseEndedBy_name = map[int32]string{
+		0: "LEASE_ENDED_BY_UNSPECIFIED",
+		1: "LEASE_ENDED_BY_HOLDER_REPORT",
+		2: "LEASE_ENDED_BY_COORDINATOR_RESOLUTION",
+		3: "LEASE_ENDED_BY_TERMINATION",
+		4: "LEASE_ENDED_BY_LEASE_DEADLINE",
+	}
+	LeaseEndedBy_value = map[string]int32{
+		"LEASE_ENDED_BY_UNSPECIFIED":            0,
+		"LEASE_ENDED_BY_HOLDER_REPORT":          1,
+		"LEASE_ENDED_BY_COORDINATOR_RESOLUTION": 2,
+		"LEASE_ENDED_BY_TERMINATION":            3,
+		"LEASE_ENDED_BY_LEASE_DEADLINE":         4,
+	}
+)
+
+func (x LeaseEndedBy) Enum() *LeaseEndedBy {
+	p := new(LeaseEndedBy)
+	*p = x
+	return p
+}
+
+func (x LeaseEndedBy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LeaseEndedBy) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_v1_supervisor_proto_enumTypes[5].Descriptor()
+}
+
+func (LeaseEndedBy) Type() protoreflect.EnumType {
+	return &file_tether_v1_supervisor_proto_enumTypes[5]
+}
+
+func (x LeaseEndedBy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LeaseEndedBy.Descriptor instead.
+func (LeaseEndedBy) EnumDescriptor() ([]byte, []int) {
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{5}
+}
+
 type TerminationProgress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodesTotal    uint32                 `protobuf:"varint,1,opt,name=nodes_total,json=nodesTotal,proto3" json:"nodes_total,omitempty"`
@@ -1370,8 +1434,24 @@ type RecordLease struct {
 	// lease handed over): COMPLETED says the job ended before the
 	// termination reconciled it, this says how.
 	TerminalResult TerminalResult `protobuf:"varint,6,opt,name=terminal_result,json=terminalResult,proto3,enum=tether.v1.TerminalResult" json:"terminal_result,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// On whose word the job's end rests, read from the lease's own evidence
+	// (the message that gave it its terminal result), never from anything
+	// the holder sends about itself. Unspecified for a lease with no
+	// terminal result (handed over, or left open with a conflict).
+	EndedBy LeaseEndedBy `protobuf:"varint,7,opt,name=ended_by,json=endedBy,proto3,enum=tether.v1.LeaseEndedBy" json:"ended_by,omitempty"`
+	// The agent whose message ended the job, when an agent's did: the holder
+	// (HOLDER_REPORT) or the coordinating agent (COORDINATOR_RESOLUTION).
+	// Empty for an operator's resolution, the termination and the deadline.
+	EndedByNodeId string `protobuf:"bytes,8,opt,name=ended_by_node_id,json=endedByNodeId,proto3" json:"ended_by_node_id,omitempty"`
+	// When the ending message was judged, on the control plane's clock.
+	EndedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
+	// Set when the holder's report (HOLDER_REPORT) was judged at or after
+	// the termination was requested, while the holder was being stopped
+	// (draining or aborting): the result is the stopping holder's own
+	// claim, shown, never confirmed.
+	ClaimedUnderStop bool `protobuf:"varint,10,opt,name=claimed_under_stop,json=claimedUnderStop,proto3" json:"claimed_under_stop,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *RecordLease) Reset() {
@@ -1444,6 +1524,34 @@ func (x *RecordLease) GetTerminalResult() TerminalResult {
 		return x.TerminalResult
 	}
 	return TerminalResult_TERMINAL_RESULT_UNSPECIFIED
+}
+
+func (x *RecordLease) GetEndedBy() LeaseEndedBy {
+	if x != nil {
+		return x.EndedBy
+	}
+	return LeaseEndedBy_LEASE_ENDED_BY_UNSPECIFIED
+}
+
+func (x *RecordLease) GetEndedByNodeId() string {
+	if x != nil {
+		return x.EndedByNodeId
+	}
+	return ""
+}
+
+func (x *RecordLease) GetEndedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndedAt
+	}
+	return nil
+}
+
+func (x *RecordLease) GetClaimedUnderStop() bool {
+	if x != nil {
+		return x.ClaimedUnderStop
+	}
+	return false
 }
 
 type RecordPhase struct {
@@ -2587,14 +2695,19 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
 	"revoked_by\x18\t \x01(\tR\trevokedBy\x12#\n" +
 	"\rregistered_by\x18\n" +
-	" \x01(\tR\fregisteredBy\"\x8a\x02\n" +
+	" \x01(\tR\fregisteredBy\"\xcc\x03\n" +
 	"\vRecordLease\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
 	"\x10lease_generation\x18\x03 \x01(\x04R\x0fleaseGeneration\x12'\n" +
 	"\x0fholder_identity\x18\x04 \x01(\tR\x0eholderIdentity\x121\n" +
 	"\aoutcome\x18\x05 \x01(\x0e2\x17.tether.v1.LeaseOutcomeR\aoutcome\x12B\n" +
-	"\x0fterminal_result\x18\x06 \x01(\x0e2\x19.tether.v1.TerminalResultR\x0eterminalResult\"\x93\x01\n" +
+	"\x0fterminal_result\x18\x06 \x01(\x0e2\x19.tether.v1.TerminalResultR\x0eterminalResult\x122\n" +
+	"\bended_by\x18\a \x01(\x0e2\x17.tether.v1.LeaseEndedByR\aendedBy\x12'\n" +
+	"\x10ended_by_node_id\x18\b \x01(\tR\rendedByNodeId\x125\n" +
+	"\bended_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12,\n" +
+	"\x12claimed_under_stop\x18\n" +
+	" \x01(\bR\x10claimedUnderStop\"\x93\x01\n" +
 	"\vRecordPhase\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\n" +
@@ -2715,7 +2828,13 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x15LEASE_OUTCOME_EXPIRED\x10\x02\x12\x1c\n" +
 	"\x18LEASE_OUTCOME_UNRESOLVED\x10\x03\x12\x1b\n" +
 	"\x17LEASE_OUTCOME_COMPLETED\x10\x04\x12\x1d\n" +
-	"\x19LEASE_OUTCOME_HANDED_OVER\x10\x052\xd0\n" +
+	"\x19LEASE_OUTCOME_HANDED_OVER\x10\x05*\xbe\x01\n" +
+	"\fLeaseEndedBy\x12\x1e\n" +
+	"\x1aLEASE_ENDED_BY_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cLEASE_ENDED_BY_HOLDER_REPORT\x10\x01\x12)\n" +
+	"%LEASE_ENDED_BY_COORDINATOR_RESOLUTION\x10\x02\x12\x1e\n" +
+	"\x1aLEASE_ENDED_BY_TERMINATION\x10\x03\x12!\n" +
+	"\x1dLEASE_ENDED_BY_LEASE_DEADLINE\x10\x042\xd0\n" +
 	"\n" +
 	"\x11SupervisorService\x12H\n" +
 	"\tTerminate\x12\x1b.tether.v1.TerminateRequest\x1a\x1c.tether.v1.TerminateResponse\"\x00\x12W\n" +
@@ -2748,7 +2867,7 @@ func file_tether_v1_supervisor_proto_rawDescGZIP() []byte {
 	return file_tether_v1_supervisor_proto_rawDescData
 }
 
-var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_tether_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationState)(0),             // 0: tether.v1.TerminationState
@@ -2756,148 +2875,151 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(InnerOutcome)(0),                 // 2: tether.v1.InnerOutcome
 	(PrivilegeOutcome)(0),             // 3: tether.v1.PrivilegeOutcome
 	(LeaseOutcome)(0),                 // 4: tether.v1.LeaseOutcome
-	(*TerminationProgress)(nil),       // 5: tether.v1.TerminationProgress
-	(*Termination)(nil),               // 6: tether.v1.Termination
-	(*TerminateRequest)(nil),          // 7: tether.v1.TerminateRequest
-	(*TerminateResponse)(nil),         // 8: tether.v1.TerminateResponse
-	(*GetTerminationRequest)(nil),     // 9: tether.v1.GetTerminationRequest
-	(*GetTerminationResponse)(nil),    // 10: tether.v1.GetTerminationResponse
-	(*WatchTerminationRequest)(nil),   // 11: tether.v1.WatchTerminationRequest
-	(*WatchTerminationResponse)(nil),  // 12: tether.v1.WatchTerminationResponse
-	(*RecordNode)(nil),                // 13: tether.v1.RecordNode
-	(*RecordToolCall)(nil),            // 14: tether.v1.RecordToolCall
-	(*RecordPrivilege)(nil),           // 15: tether.v1.RecordPrivilege
-	(*RecordLease)(nil),               // 16: tether.v1.RecordLease
-	(*RecordPhase)(nil),               // 17: tether.v1.RecordPhase
-	(*ReconciliationRecord)(nil),      // 18: tether.v1.ReconciliationRecord
-	(*GetRecordRequest)(nil),          // 19: tether.v1.GetRecordRequest
-	(*GetRecordResponse)(nil),         // 20: tether.v1.GetRecordResponse
-	(*ListRecordsRequest)(nil),        // 21: tether.v1.ListRecordsRequest
-	(*ListRecordsResponse)(nil),       // 22: tether.v1.ListRecordsResponse
-	(*DecideProposalRequest)(nil),     // 23: tether.v1.DecideProposalRequest
-	(*DecideProposalResponse)(nil),    // 24: tether.v1.DecideProposalResponse
-	(*ListProposalsRequest)(nil),      // 25: tether.v1.ListProposalsRequest
-	(*ListProposalsResponse)(nil),     // 26: tether.v1.ListProposalsResponse
-	(*RegisterPrivilegeRequest)(nil),  // 27: tether.v1.RegisterPrivilegeRequest
-	(*RegisterPrivilegeResponse)(nil), // 28: tether.v1.RegisterPrivilegeResponse
-	(*Privilege)(nil),                 // 29: tether.v1.Privilege
-	(*ListPrivilegesRequest)(nil),     // 30: tether.v1.ListPrivilegesRequest
-	(*ListPrivilegesResponse)(nil),    // 31: tether.v1.ListPrivilegesResponse
-	(TerminationMode)(0),              // 32: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),       // 33: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 34: google.protobuf.Timestamp
-	(*Contradiction)(nil),             // 35: tether.v1.Contradiction
-	(CallResolution)(0),               // 36: tether.v1.CallResolution
-	(TerminalResult)(0),               // 37: tether.v1.TerminalResult
-	(*StopRuleFiring)(nil),            // 38: tether.v1.StopRuleFiring
-	(*StopProposal)(nil),              // 39: tether.v1.StopProposal
-	(ProposalState)(0),                // 40: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 41: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 42: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 43: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 44: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 45: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 46: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 47: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 48: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 49: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 50: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 51: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 52: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 53: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 54: tether.v1.AbortRolloutResponse
+	(LeaseEndedBy)(0),                 // 5: tether.v1.LeaseEndedBy
+	(*TerminationProgress)(nil),       // 6: tether.v1.TerminationProgress
+	(*Termination)(nil),               // 7: tether.v1.Termination
+	(*TerminateRequest)(nil),          // 8: tether.v1.TerminateRequest
+	(*TerminateResponse)(nil),         // 9: tether.v1.TerminateResponse
+	(*GetTerminationRequest)(nil),     // 10: tether.v1.GetTerminationRequest
+	(*GetTerminationResponse)(nil),    // 11: tether.v1.GetTerminationResponse
+	(*WatchTerminationRequest)(nil),   // 12: tether.v1.WatchTerminationRequest
+	(*WatchTerminationResponse)(nil),  // 13: tether.v1.WatchTerminationResponse
+	(*RecordNode)(nil),                // 14: tether.v1.RecordNode
+	(*RecordToolCall)(nil),            // 15: tether.v1.RecordToolCall
+	(*RecordPrivilege)(nil),           // 16: tether.v1.RecordPrivilege
+	(*RecordLease)(nil),               // 17: tether.v1.RecordLease
+	(*RecordPhase)(nil),               // 18: tether.v1.RecordPhase
+	(*ReconciliationRecord)(nil),      // 19: tether.v1.ReconciliationRecord
+	(*GetRecordRequest)(nil),          // 20: tether.v1.GetRecordRequest
+	(*GetRecordResponse)(nil),         // 21: tether.v1.GetRecordResponse
+	(*ListRecordsRequest)(nil),        // 22: tether.v1.ListRecordsRequest
+	(*ListRecordsResponse)(nil),       // 23: tether.v1.ListRecordsResponse
+	(*DecideProposalRequest)(nil),     // 24: tether.v1.DecideProposalRequest
+	(*DecideProposalResponse)(nil),    // 25: tether.v1.DecideProposalResponse
+	(*ListProposalsRequest)(nil),      // 26: tether.v1.ListProposalsRequest
+	(*ListProposalsResponse)(nil),     // 27: tether.v1.ListProposalsResponse
+	(*RegisterPrivilegeRequest)(nil),  // 28: tether.v1.RegisterPrivilegeRequest
+	(*RegisterPrivilegeResponse)(nil), // 29: tether.v1.RegisterPrivilegeResponse
+	(*Privilege)(nil),                 // 30: tether.v1.Privilege
+	(*ListPrivilegesRequest)(nil),     // 31: tether.v1.ListPrivilegesRequest
+	(*ListPrivilegesResponse)(nil),    // 32: tether.v1.ListPrivilegesResponse
+	(TerminationMode)(0),              // 33: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),       // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
+	(*Contradiction)(nil),             // 36: tether.v1.Contradiction
+	(CallResolution)(0),               // 37: tether.v1.CallResolution
+	(TerminalResult)(0),               // 38: tether.v1.TerminalResult
+	(*StopRuleFiring)(nil),            // 39: tether.v1.StopRuleFiring
+	(*StopProposal)(nil),              // 40: tether.v1.StopProposal
+	(ProposalState)(0),                // 41: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 42: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 43: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 44: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 45: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 46: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 47: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 48: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 49: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 50: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 51: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 52: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 53: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 54: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 55: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
-	32, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
-	33, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
-	33, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	33, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
+	33, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
+	34, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
+	34, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	34, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
 	0,  // 4: tether.v1.Termination.state:type_name -> tether.v1.TerminationState
-	34, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
-	34, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
-	32, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
-	33, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
-	33, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	33, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
-	6,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
-	6,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
-	6,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
+	35, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
+	35, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
+	6,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
+	33, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
+	34, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
+	34, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	34, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
+	7,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
+	7,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
+	7,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
 	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
-	34, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
-	34, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	35, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
+	35, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
 	2,  // 18: tether.v1.RecordNode.inner_outcome:type_name -> tether.v1.InnerOutcome
-	34, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
-	35, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
-	34, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
-	36, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	34, // 23: tether.v1.RecordToolCall.begun_at:type_name -> google.protobuf.Timestamp
-	34, // 24: tether.v1.RecordToolCall.ended_at:type_name -> google.protobuf.Timestamp
-	34, // 25: tether.v1.RecordToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
-	34, // 26: tether.v1.RecordToolCall.acknowledged_at:type_name -> google.protobuf.Timestamp
+	35, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
+	36, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
+	35, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
+	37, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	35, // 23: tether.v1.RecordToolCall.begun_at:type_name -> google.protobuf.Timestamp
+	35, // 24: tether.v1.RecordToolCall.ended_at:type_name -> google.protobuf.Timestamp
+	35, // 25: tether.v1.RecordToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	35, // 26: tether.v1.RecordToolCall.acknowledged_at:type_name -> google.protobuf.Timestamp
 	3,  // 27: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	34, // 28: tether.v1.RecordPrivilege.decided_at:type_name -> google.protobuf.Timestamp
-	34, // 29: tether.v1.RecordPrivilege.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 28: tether.v1.RecordPrivilege.decided_at:type_name -> google.protobuf.Timestamp
+	35, // 29: tether.v1.RecordPrivilege.expires_at:type_name -> google.protobuf.Timestamp
 	4,  // 30: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	37, // 31: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
-	34, // 32: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	33, // 33: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	32, // 34: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	13, // 35: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	14, // 36: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	15, // 37: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	16, // 38: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	17, // 39: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	34, // 40: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	38, // 41: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
-	18, // 42: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	18, // 43: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	39, // 44: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	6,  // 45: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	40, // 46: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	39, // 47: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	34, // 48: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 49: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 50: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	34, // 51: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
-	29, // 52: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
-	7,  // 53: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	9,  // 54: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	11, // 55: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	19, // 56: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	21, // 57: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	23, // 58: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	25, // 59: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	27, // 60: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	30, // 61: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
-	41, // 62: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	42, // 63: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	43, // 64: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	44, // 65: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	45, // 66: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	46, // 67: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	47, // 68: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	8,  // 69: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	10, // 70: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	12, // 71: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	20, // 72: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	22, // 73: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	24, // 74: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	26, // 75: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	28, // 76: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	31, // 77: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
-	48, // 78: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	49, // 79: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	50, // 80: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	51, // 81: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	52, // 82: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	53, // 83: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	54, // 84: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	69, // [69:85] is the sub-list for method output_type
-	53, // [53:69] is the sub-list for method input_type
-	53, // [53:53] is the sub-list for extension type_name
-	53, // [53:53] is the sub-list for extension extendee
-	0,  // [0:53] is the sub-list for field type_name
+	38, // 31: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
+	5,  // 32: tether.v1.RecordLease.ended_by:type_name -> tether.v1.LeaseEndedBy
+	35, // 33: tether.v1.RecordLease.ended_at:type_name -> google.protobuf.Timestamp
+	35, // 34: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	34, // 35: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	33, // 36: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	14, // 37: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	15, // 38: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	16, // 39: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	17, // 40: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	18, // 41: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	35, // 42: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	39, // 43: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
+	19, // 44: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	19, // 45: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	40, // 46: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	7,  // 47: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	41, // 48: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	40, // 49: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	35, // 50: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 51: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 52: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	35, // 53: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
+	30, // 54: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
+	8,  // 55: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	10, // 56: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	12, // 57: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	20, // 58: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	22, // 59: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	24, // 60: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	26, // 61: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	28, // 62: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	31, // 63: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
+	42, // 64: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	43, // 65: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	44, // 66: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	45, // 67: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	46, // 68: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	47, // 69: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	48, // 70: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	9,  // 71: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	11, // 72: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	13, // 73: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	21, // 74: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	23, // 75: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	25, // 76: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	27, // 77: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	29, // 78: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	32, // 79: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
+	49, // 80: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	50, // 81: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	51, // 82: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	52, // 83: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	53, // 84: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	54, // 85: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	55, // 86: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	71, // [71:87] is the sub-list for method output_type
+	55, // [55:71] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -2916,7 +3038,7 @@ func file_tether_v1_supervisor_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_supervisor_proto_rawDesc), len(file_tether_v1_supervisor_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
