@@ -25,14 +25,16 @@ import (
 // closeWait only bounds how long a broken server may keep the test waiting.
 const closeWait = 20 * time.Second
 
-// tinyLimits: every timeout a few tens of milliseconds (writing a little
-// longer than reading, so that a request cut by its read deadline is still
-// answered).
+// tinyLimits: every timeout a few tens of milliseconds, except writing:
+// a request cut by its read deadline, or a health check, is still
+// answered, and a loaded machine (the race detector, load 20) can take
+// more than 200 ms to get the answer written (seen: the probes below read
+// nothing before the close).
 func tinyLimits(cfg *controlplane.Config) {
 	cfg.Conn = controlplane.ConnLimits{
 		ReadHeaderTimeout: 40 * time.Millisecond,
 		ReadTimeout:       40 * time.Millisecond,
-		WriteTimeout:      200 * time.Millisecond,
+		WriteTimeout:      closeWait / 4,
 		IdleTimeout:       40 * time.Millisecond,
 		PingInterval:      40 * time.Millisecond,
 		PingTimeout:       40 * time.Millisecond,
@@ -129,7 +131,11 @@ func TestIdleAndSlowConnectionsAreClosed(t *testing.T) {
 // error once the read timeout passes, instead of holding its stream (and
 // the handler's goroutine) for as long as the client likes.
 func TestSlowHTTP2BodyIsCut(t *testing.T) {
-	srv := testserver.Start(t, tinyLimits)
+	// The client waits for its answer and acknowledges the server's pings;
+	// on a loaded machine not always within 40 ms, and the lost connection
+	// then failed the call (cannot rewind body): the ping timeout here is
+	// only a dead peer's bound.
+	srv := testserver.Start(t, tinyLimits, func(cfg *controlplane.Config) { cfg.Conn.PingTimeout = closeWait })
 	body, feed := io.Pipe()
 	defer feed.Close()
 	go func() { _, _ = io.WriteString(feed, "{") }() // and never the rest
@@ -158,12 +164,39 @@ func TestSlowHTTP2BodyIsCut(t *testing.T) {
 	}
 }
 
+// streamLimits: the timeouts TestActiveStreamsOutliveTheTimeouts holds
+// its streams through. Not tinyLimits: those tens of milliseconds are
+// shorter than what a loaded machine (the race detector, load 20) takes to
+// schedule a goroutine, and the test then failed on the timeouts doing
+// their job before the stream was there: the idle timeout closing the
+// connection a register had just left as the session opened on it
+// (GOAWAY), the header timeout cutting a connection's preface, a stream's
+// read and write deadlines (which run from its opening until
+// streamsUnbounded lifts them after authentication) firing first, a ping
+// answered late. A second is orders of magnitude above that latency; the
+// pings still come every 40 ms of silence, and a live client answers
+// them, so their timeout is only a dead peer's bound.
+func streamLimits(cfg *controlplane.Config) {
+	cfg.Conn = controlplane.ConnLimits{
+		ReadHeaderTimeout: time.Second,
+		ReadTimeout:       time.Second,
+		WriteTimeout:      time.Second,
+		IdleTimeout:       time.Second,
+		PingInterval:      40 * time.Millisecond,
+		PingTimeout:       closeWait,
+	}
+}
+
 // TestActiveStreamsOutliveTheTimeouts: the timeouts are per request and per
 // idle connection, not per stream: an authenticated watch keeps receiving
 // long after them, and a session whose client was quiet meanwhile still
 // answers.
 func TestActiveStreamsOutliveTheTimeouts(t *testing.T) {
-	srv := testserver.Start(t, tinyLimits, func(cfg *controlplane.Config) { cfg.RevocationHeartbeat = 10 * time.Millisecond })
+	const heartbeat = 10 * time.Millisecond
+	var limits controlplane.Config
+	streamLimits(&limits)
+	longest := max(limits.Conn.ReadHeaderTimeout, limits.Conn.ReadTimeout, limits.Conn.WriteTimeout, limits.Conn.IdleTimeout)
+	srv := testserver.Start(t, streamLimits, func(cfg *controlplane.Config) { cfg.RevocationHeartbeat = heartbeat })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	admin := srv.AdminClients()
@@ -179,12 +212,15 @@ func TestActiveStreamsOutliveTheTimeouts(t *testing.T) {
 		t.Fatalf("session opened: %v", err)
 	}
 
-	// Heartbeats every 10ms: 40 of them span ten times every timeout.
+	// The feed's heartbeats come from a ticker: the n-th comes at least
+	// (n-1) heartbeats after the watch opened, so these span twice every
+	// timeout (whatever the load: a slow machine only stretches them).
+	n := int(2*longest/heartbeat) + 1
 	watch, err := agent.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 40 {
+	for i := range n {
 		if !watch.Receive() {
 			t.Fatalf("the watch ended after %d messages: %v", i, watch.Err())
 		}

@@ -205,13 +205,27 @@ func TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce(t *testing.T) {
 	policy := withStopPolicy(supervisor.ProposalPolicy{RuleActions: []supervisor.RuleAction{{Labels: map[string]string{"kind": "runaway"}, Mode: supervisor.ModeAbort}}})
 	crashed := make(chan struct{})
 	var once sync.Once
+	// The rule is true from the call's begin (observed.calls counts begun
+	// calls), and its crash closes the listener: the evaluator is held
+	// before it files until the gate has ended the call, so that the
+	// call's end never meets a server that has already stopped
+	// ("connection refused", seen once under load).
+	callEnded, testDone := make(chan struct{}), make(chan struct{})
+	defer close(testDone)
 	srv := testserver.StartIn(t, dir, testserver.WithClock(clk), policy, func(cfg *controlplane.Config) {
 		cfg.StopRuleFault = func(p string) error {
-			if p != "after-file" {
+			switch p {
+			case "before-file":
+				select {
+				case <-callEnded:
+				case <-testDone:
+				}
 				return nil
+			case "after-file":
+				once.Do(func() { close(crashed) })
+				return errors.New("crash")
 			}
-			once.Do(func() { close(crashed) })
-			return errors.New("crash")
+			return nil
 		}
 	})
 	admin := srv.AdminClients()
@@ -219,6 +233,7 @@ func TestRestartAfterAnAutoAbortRuleFiredTerminatesOnce(t *testing.T) {
 	grant := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
 	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "runaway", Labels: map[string]string{"kind": "runaway"}, Expression: `observed.calls >= 1`})
 	gateCall(t, srv, grant.token, "shell", false)
+	close(callEnded)
 	select {
 	case <-crashed:
 	case <-time.After(time.Minute): // a guard, not a synchronisation

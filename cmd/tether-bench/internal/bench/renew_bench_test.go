@@ -223,18 +223,20 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 			var rate, perCPU, cpu, etcdCPU, serverCPU, etcdServerCPU, switches, etcdSwitches []float64
 			var rate1, serverCPU1, switches1 []float64
 			for b.Loop() {
-				for range rounds {
+				for round := range rounds {
+					// Each failure names its round and system: a lost
+					// message should not leave which one failed a guess.
 					u, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU, proc.pid, false)
 					if err != nil {
-						b.Fatal(err)
+						b.Fatalf("round %d, %d leases, unary over HTTP/2: %v", round+1, n, err)
 					}
 					u1, err := measureUnaryRenew(ctx, time.Second, leases, proc.cpu, proc.serverCPU, proc.pid, true)
 					if err != nil {
-						b.Fatal(err)
+						b.Fatalf("round %d, %d leases, unary over HTTP/1.1: %v", round+1, n, err)
 					}
 					e, err := measureEtcdRenew(ctx, time.Second, etcd, n)
 					if err != nil {
-						b.Fatal(err)
+						b.Fatalf("round %d, %d leases, etcd: %v", round+1, n, err)
 					}
 					serverCPU = append(serverCPU, float64(u.serverCPU.Microseconds()))
 					etcdServerCPU = append(etcdServerCPU, float64(e.serverCPU.Microseconds()))
