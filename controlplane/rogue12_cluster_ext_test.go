@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/leader"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
@@ -247,33 +248,9 @@ func TestEtcdARogueRacingItsStopAcrossALeaderChangeLeavesNothingLive(t *testing.
 		}
 	})
 	release()
-	term, err := admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: root.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "rogue12",
-		CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second),
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, _ := election.Current(ctx)
-	lead.Stop() // resigns mid-termination: a follower takes it over
-	wait()
-	var next *testserver.Server
-	testserver.WaitFor(t, replicaWait, "another replica to lead", func() bool {
-		c, err := election.Current(ctx)
-		if err != nil || c.Identity == old.Identity {
-			return false
-		}
-		for _, f := range followers {
-			if serving, _ := f.Leases().Serving(); serving {
-				next = f
-				return true
-			}
-		}
-		return false
-	})
-	waitState(t, next, term.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	next, termID := abortWhileTheLeaderResigns(t, admin, root.Node.NodeId, lead, election, followers, wait)
 
-	outcomes := nodeOutcomes(record(t, next.AdminClients(), term.Msg.Termination.TerminationId))
+	outcomes := nodeOutcomes(record(t, next.AdminClients(), termID))
 	for _, id := range nodes {
 		if _, ok := outcomes[id]; !ok {
 			t.Errorf("node %s, acknowledged in the race, is missing from the record", id)
@@ -426,31 +403,7 @@ func TestEtcdARogueRacingItsStopWithLeasesAcrossALeaderChangeLeavesNoLiveLease(t
 		}
 	})
 	release()
-	term, err := admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: root.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "rogue12",
-		CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second),
-	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, _ := election.Current(ctx)
-	lead.Stop()
-	wait()
-	var next *testserver.Server
-	testserver.WaitFor(t, replicaWait, "another replica to lead and serve", func() bool {
-		c, err := election.Current(ctx)
-		if err != nil || c.Identity == old.Identity {
-			return false
-		}
-		for _, f := range followers {
-			if serving, _ := f.Leases().Serving(); serving {
-				next = f
-				return true
-			}
-		}
-		return false
-	})
-	waitState(t, next, term.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	abortWhileTheLeaderResigns(t, admin, root.Node.NodeId, lead, election, followers, wait)
 	for _, l := range leases {
 		for _, f := range followers {
 			resp, err := f.AdminClients().Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: l.JobId}))
@@ -579,4 +532,39 @@ func TestEtcdARogueThatClaimsItsExitOnOneFollowerWhileItsSessionIsOpenOnAnotherI
 	if got := outcomes[rogue.Node.NodeId]; got != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED {
 		t.Fatalf("the rogue that claimed its exit on one follower with its session open on another is %v in the record, want unaccounted", got)
 	}
+}
+
+// abortWhileTheLeaderResigns files an operator's abort of the tree at
+// rootID, stops the leader mid-termination (a follower takes it over),
+// waits for the racing workers (wait), and returns the replica that leads
+// and serves next, once the abort is terminated there, and the abort's id.
+func abortWhileTheLeaderResigns(t *testing.T, admin *testserver.Clients, rootID string, lead *testserver.Server, election *leader.Etcd, followers []*testserver.Server, wait func()) (*testserver.Server, string) {
+	t.Helper()
+	ctx := context.Background()
+	term, err := admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: rootID, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "rogue12",
+		CancelAckTimeout: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := election.Current(ctx)
+	lead.Stop() // resigns mid-termination: a follower takes it over
+	wait()
+	var next *testserver.Server
+	testserver.WaitFor(t, replicaWait, "another replica to lead and serve", func() bool {
+		c, err := election.Current(ctx)
+		if err != nil || c.Identity == old.Identity {
+			return false
+		}
+		for _, f := range followers {
+			if serving, _ := f.Leases().Serving(); serving {
+				next = f
+				return true
+			}
+		}
+		return false
+	})
+	waitState(t, next, term.Msg.Termination.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	return next, term.Msg.Termination.TerminationId
 }
