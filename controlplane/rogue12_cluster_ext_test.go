@@ -329,39 +329,42 @@ func TestEtcdARogueSpreadingLeaseCallsOverFollowersSpendsTheLeadersBudget(t *tes
 	if _, err := lead.Clients(worker.Credential).Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
 		t.Fatal(err)
 	}
-	seq := uint64(0)
-	progress := func(via *testserver.Server) error {
+	// The rogue offers its worker jobs: calls of its lineage that are not
+	// the upkeep of a lease it holds (that upkeep has an allowance of its
+	// own once the lineage's budget is spent: leasereserve_rogue_ext_test.go).
+	seq := 0
+	offerVia := func(via *testserver.Server) error {
 		seq++
-		_, err := via.Clients(worker.Credential).Lease.Progress(ctx, connect.NewRequest(&tetherv1.ProgressRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: seq, ProgressValue: "x"}))
+		_, err := via.Clients(rogue.Credential).Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("spread-%d", seq), HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(5 * time.Minute)}))
 		return err
 	}
 	accepted := 0
 	for accepted < 2*burst {
-		err := progress(followers[0])
+		err := offerVia(followers[0])
 		if err != nil {
 			if connect.CodeOf(err) != connect.CodeResourceExhausted {
-				t.Fatalf("progress %d through the first follower: %v", seq, err)
+				t.Fatalf("offer %d through the first follower: %v", seq, err)
 			}
 			break
 		}
 		accepted++
 	}
 	if accepted >= burst {
-		t.Fatalf("%d progress reports through one follower were accepted; the lineage's burst is %d and its ack spent one on the leader", accepted, burst)
+		t.Fatalf("%d offers through one follower were accepted; the lineage's burst is %d and its worker's ack spent one on the leader", accepted, burst)
 	}
 	// Through the other follower, whose own budget for the lineage is
 	// untouched: the leader refuses.
-	if err := progress(followers[1]); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "lineage "+rogue.Node.NodeId) {
-		t.Fatalf("progress through the other follower once the leader's budget is spent: %v, want resource_exhausted naming the lineage", err)
+	if err := offerVia(followers[1]); connect.CodeOf(err) != connect.CodeResourceExhausted || !strings.Contains(err.Error(), "lineage "+rogue.Node.NodeId) {
+		t.Fatalf("an offer through the other follower once the leader's budget is spent: %v, want resource_exhausted naming the lineage", err)
 	}
-	if err := progress(lead); connect.CodeOf(err) != connect.CodeResourceExhausted {
-		t.Fatalf("progress on the leader: %v, want resource_exhausted", err)
+	if err := offerVia(lead); connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("an offer on the leader: %v, want resource_exhausted", err)
 	}
 	// What the other follower serves itself is charged to its own budget.
 	if _, err := followers[1].Clients(worker.Credential).Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: worker.Node.NodeId})); err != nil {
 		t.Fatalf("a read the other follower serves itself: %v (its budget is its own)", err)
 	}
-	t.Logf("%d progress reports accepted through one follower before the leader's budget of %d was spent", accepted, burst)
+	t.Logf("%d offers accepted through one follower before the leader's budget of %d was spent", accepted, burst)
 }
 
 // A rogue coordinator that offers jobs to its child through the followers,
