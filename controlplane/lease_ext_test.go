@@ -670,23 +670,9 @@ func TestLeaseRenewSurvivesKill9(t *testing.T) {
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()
-	proc := testserver.StartProcess(t, dir)
-	admin := proc.Clients(proc.Admin)
+	proc, workerCred, l := processWithAckedJob(t, dir)
 	ctx := context.Background()
-	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := proc.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: child.Msg.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	worker := proc.Clients(child.Msg.Credential)
-	l, _ := unary{worker}.send(t, ack(offered.Msg.Lease))
+	worker := proc.Clients(workerCred)
 	for seq := uint64(1); seq <= 3; seq++ {
 		_, d := unary{worker}.send(t, renew(l, seq))
 		wantDecision(t, "renew", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
@@ -694,7 +680,7 @@ func TestLeaseRenewSurvivesKill9(t *testing.T) {
 	proc.Kill()
 
 	proc = testserver.StartProcess(t, dir)
-	worker = proc.Clients(child.Msg.Credential)
+	worker = proc.Clients(workerCred)
 	got, err := proc.Clients(proc.Admin).Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job"}))
 	if err != nil {
 		t.Fatal(err)
@@ -800,4 +786,29 @@ func TestTerminationReconcilesTheSubtreesLeases(t *testing.T) {
 	if l := w.get(t, "other"); l.CancelRequested || l.State != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
 		t.Fatalf("a lease outside the subtree changed: %v", l)
 	}
+}
+
+// processWithAckedJob starts the real binary on dir and gives it a root
+// with one child, "w", holding the job "job" (a ten-minute lease, offered
+// by the operator and acknowledged): the set-up of the kill -9 lease tests.
+// It returns the process, the child's credential and the acknowledged lease.
+func processWithAckedJob(t *testing.T, dir string) (*testserver.Process, string, *tetherv1.Lease) {
+	t.Helper()
+	proc := testserver.StartProcess(t, dir)
+	admin := proc.Clients(proc.Admin)
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := proc.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: child.Msg.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := unary{proc.Clients(child.Msg.Credential)}.send(t, ack(offered.Msg.Lease))
+	return proc, child.Msg.Credential, l
 }

@@ -371,25 +371,11 @@ func TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently(t *testing.T) {
 		t.Skip("runs the real binary")
 	}
 	dir := t.TempDir()
-	proc := testserver.StartProcess(t, dir)
-	admin := proc.Clients(proc.Admin)
+	proc, workerCred, l := processWithAckedJob(t, dir)
 	ctx := context.Background()
-	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := proc.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: child.Msg.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, _ := unary{proc.Clients(child.Msg.Credential)}.send(t, ack(offered.Msg.Lease))
 	const pairs = 150
 	value := func(i uint64) string { return "step " + strings.Repeat("#", int(i%7)) }
-	stream := proc.Clients(child.Msg.Credential).Lease.Channel(ctx)
+	stream := proc.Clients(workerCred).Lease.Channel(ctx)
 	for i := uint64(1); i <= pairs; i++ {
 		r, p := renew(l, i), progress(l, i, value(i))
 		r.CorrelationId, p.CorrelationId = 2*i-1, 2*i
@@ -407,8 +393,8 @@ func TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently(t *testing.T) {
 	_ = stream.CloseResponse()
 
 	proc = testserver.StartProcess(t, dir)
-	admin = proc.Clients(proc.Admin)
-	worker := proc.Clients(child.Msg.Credential)
+	admin := proc.Clients(proc.Admin)
+	worker := proc.Clients(workerCred)
 	got, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "job"}))
 	if err != nil {
 		t.Fatal(err)
@@ -468,7 +454,7 @@ func TestSeed6AKill9MidStreamLeavesAPrefixAndReplaysIdempotently(t *testing.T) {
 	proc.Kill()
 
 	proc = testserver.StartProcess(t, dir)
-	worker = proc.Clients(child.Msg.Credential)
+	worker = proc.Clients(workerCred)
 	for _, tc := range []struct {
 		what string
 		m    *tetherv1.ChannelRequest
