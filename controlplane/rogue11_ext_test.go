@@ -125,55 +125,14 @@ func TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt(t *testing.T) {
 		rogue := srv.Clients(rogueNode.Credential)
 		g := issueRoot(t, admin, rogueNode.Node.NodeId, time.Hour, "tool:*")
 
-		var (
-			mu     sync.Mutex
-			nodes  []string // acknowledged spawns
-			creds  []string // credentials minted for them
-			tokens []string // grant tokens minted (delegations, refreshes)
-		)
+		var m raceMints
 		refusedOK := func(op string, err error) {
 			wantRefusedAs(t, op+" racing the stop", err, connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodeNotFound, connect.CodePermissionDenied, connect.CodeResourceExhausted)
 		}
 		release, wait := raceOnRelease(workers, each, func(ctx context.Context, w, i int) {
-			switch (w + i) % 5 {
-			case 0:
-				resp, err := rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Node.NodeId, Name: "racer"}))
-				if err != nil {
-					refusedOK("Spawn", err)
-					return
-				}
-				mu.Lock()
-				nodes, creds = append(nodes, resp.Msg.Node.NodeId), append(creds, resp.Msg.Credential)
-				mu.Unlock()
-			case 1:
-				resp, err := rogue.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: rogueNode.Node.NodeId, Children: []*tetherv1.SpawnBatchChild{{Name: "b1"}, {Name: "b2"}, {Name: "b3"}}}))
-				if err != nil {
-					refusedOK("SpawnBatch", err)
-					return
-				}
-				mu.Lock()
-				for _, s := range resp.Msg.Spawned {
-					nodes, creds = append(nodes, s.Node.NodeId), append(creds, s.Credential)
-				}
-				mu.Unlock()
-			case 2:
-				resp, err := rogue.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: g.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
-				if err != nil {
-					refusedOK("Delegate", err)
-					return
-				}
-				mu.Lock()
-				tokens = append(tokens, resp.Msg.Token)
-				mu.Unlock()
-			case 3:
-				resp, err := rogue.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: g.grant.GrantId}))
-				if err != nil {
-					refusedOK("Refresh", err)
-					return
-				}
-				mu.Lock()
-				tokens = append(tokens, resp.Msg.Token)
-				mu.Unlock()
+			switch op := (w + i) % 5; op {
+			case 0, 1, 2, 3:
+				m.mint(ctx, rogue, op, rogueNode.Node.NodeId, kid.Node.NodeId, g.grant.GrantId, 3, refusedOK)
 			case 4:
 				_, err := rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: rogueNode.Node.NodeId, Reason: "racing", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(time.Hour)}))
 				if err != nil {
@@ -187,7 +146,7 @@ func TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt(t *testing.T) {
 		waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 
 		outcomes := nodeOutcomes(record(t, admin, term.TerminationId))
-		for _, id := range nodes {
+		for _, id := range m.nodes {
 			if _, ok := outcomes[id]; !ok {
 				t.Errorf("round %d: node %s, acknowledged in the race, is missing from the record", round, id)
 			}
@@ -197,15 +156,15 @@ func TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt(t *testing.T) {
 				t.Errorf("round %d: node %s is listed twice", round, id)
 			}
 		}
-		if len(outcomes) != len(nodes)+3 {
-			t.Errorf("round %d: the record has %d nodes; want %d acknowledged + root, rogue, kid", round, len(outcomes), len(nodes))
+		if len(outcomes) != len(m.nodes)+3 {
+			t.Errorf("round %d: the record has %d nodes; want %d acknowledged + root, rogue, kid", round, len(outcomes), len(m.nodes))
 		}
-		for _, c := range creds {
+		for _, c := range m.creds {
 			if err := whoAmI(srv.Clients(c)); connect.CodeOf(err) != connect.CodeUnauthenticated {
 				t.Errorf("round %d: a credential minted in the race, after the stop: %v, want unauthenticated", round, err)
 			}
 		}
-		for _, tok := range tokens {
+		for _, tok := range m.tokens {
 			if in := introspect(t, admin, tok); in.Active {
 				t.Errorf("round %d: a grant token minted in the race is active after the stop", round)
 			}
@@ -222,7 +181,7 @@ func TestARogueRacingItsSubtreesStopMintsNothingThatOutlivesIt(t *testing.T) {
 				t.Errorf("round %d: approving the dead rogue's leftover proposal %s: %v, want failed_precondition", round, p.ProposalId, err)
 			}
 		}
-		t.Logf("round %d: %d nodes, %d credentials, %d grant tokens minted in the race; all covered", round, len(nodes), len(creds), len(tokens))
+		t.Logf("round %d: %d nodes, %d credentials, %d grant tokens minted in the race; all covered", round, len(m.nodes), len(m.creds), len(m.tokens))
 	}
 }
 
@@ -450,5 +409,66 @@ func wantRefusedAs(t *testing.T, what string, err error, codes ...connect.Code) 
 	t.Helper()
 	if !slices.Contains(codes, connect.CodeOf(err)) {
 		t.Errorf("%s: %v", what, err)
+	}
+}
+
+// raceMints keeps what a rogue was given while it raced its stop: the
+// nodes it spawned, their credentials, and the grant tokens delegated or
+// refreshed; each must be covered by the stop afterwards.
+type raceMints struct {
+	mu     sync.Mutex
+	nodes  []string // acknowledged spawns
+	creds  []string // credentials minted for them
+	tokens []string // grant tokens minted (delegations, refreshes)
+}
+
+// mint makes one of the rogue's minting calls through c, chosen by op: 0
+// Spawn under parentID, 1 SpawnBatch of batch children, 2 Delegate of
+// grantID to kidID, 3 Refresh of grantID. What is acknowledged is kept;
+// a refusal goes to refused.
+func (m *raceMints) mint(ctx context.Context, c *testserver.Clients, op int, parentID, kidID, grantID string, batch int, refused func(op string, err error)) {
+	switch op {
+	case 0:
+		resp, err := c.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parentID, Name: "racer"}))
+		if err != nil {
+			refused("Spawn", err)
+			return
+		}
+		m.mu.Lock()
+		m.nodes, m.creds = append(m.nodes, resp.Msg.Node.NodeId), append(m.creds, resp.Msg.Credential)
+		m.mu.Unlock()
+	case 1:
+		var children []*tetherv1.SpawnBatchChild
+		for i := 1; i <= batch; i++ {
+			children = append(children, &tetherv1.SpawnBatchChild{Name: fmt.Sprintf("b%d", i)})
+		}
+		resp, err := c.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: parentID, Children: children}))
+		if err != nil {
+			refused("SpawnBatch", err)
+			return
+		}
+		m.mu.Lock()
+		for _, s := range resp.Msg.Spawned {
+			m.nodes, m.creds = append(m.nodes, s.Node.NodeId), append(m.creds, s.Credential)
+		}
+		m.mu.Unlock()
+	case 2:
+		resp, err := c.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: grantID, HolderNodeId: kidID, Scopes: []string{"tool:shell"}}))
+		if err != nil {
+			refused("Delegate", err)
+			return
+		}
+		m.mu.Lock()
+		m.tokens = append(m.tokens, resp.Msg.Token)
+		m.mu.Unlock()
+	case 3:
+		resp, err := c.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: grantID}))
+		if err != nil {
+			refused("Refresh", err)
+			return
+		}
+		m.mu.Lock()
+		m.tokens = append(m.tokens, resp.Msg.Token)
+		m.mu.Unlock()
 	}
 }

@@ -194,64 +194,20 @@ func TestEtcdARogueRacingItsStopAcrossALeaderChangeLeavesNothingLive(t *testing.
 	g := issueRoot(t, admin, rogueNode.Node.NodeId, time.Hour, "tool:*")
 	via := func(i int) *testserver.Clients { return followers[i%len(followers)].Clients(rogueNode.Credential) }
 
-	var (
-		mu     sync.Mutex
-		nodes  []string
-		creds  []string
-		tokens []string
-	)
+	var m raceMints
 	refusedOK := func(op string, err error) {
 		wantRefusedAs(t, op+" racing the stop", err, connect.CodeFailedPrecondition, connect.CodeUnauthenticated, connect.CodeNotFound, connect.CodePermissionDenied, connect.CodeResourceExhausted, connect.CodeAborted)
 	}
 	const workers, each = 6, 16
 	release, wait := raceOnRelease(workers, each, func(ctx context.Context, w, i int) {
 		c := via(w + i)
-		switch (w + i) % 4 {
-		case 0:
-			resp, err := c.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueNode.Node.NodeId, Name: "racer"}))
-			if err != nil {
-				refusedOK("Spawn", err)
-				return
-			}
-			mu.Lock()
-			nodes, creds = append(nodes, resp.Msg.Node.NodeId), append(creds, resp.Msg.Credential)
-			mu.Unlock()
-		case 1:
-			resp, err := c.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: rogueNode.Node.NodeId, Children: []*tetherv1.SpawnBatchChild{{Name: "b1"}, {Name: "b2"}}}))
-			if err != nil {
-				refusedOK("SpawnBatch", err)
-				return
-			}
-			mu.Lock()
-			for _, s := range resp.Msg.Spawned {
-				nodes, creds = append(nodes, s.Node.NodeId), append(creds, s.Credential)
-			}
-			mu.Unlock()
-		case 2:
-			resp, err := c.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: g.grant.GrantId, HolderNodeId: kid.Node.NodeId, Scopes: []string{"tool:shell"}}))
-			if err != nil {
-				refusedOK("Delegate", err)
-				return
-			}
-			mu.Lock()
-			tokens = append(tokens, resp.Msg.Token)
-			mu.Unlock()
-		case 3:
-			resp, err := c.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: g.grant.GrantId}))
-			if err != nil {
-				refusedOK("Refresh", err)
-				return
-			}
-			mu.Lock()
-			tokens = append(tokens, resp.Msg.Token)
-			mu.Unlock()
-		}
+		m.mint(ctx, c, (w+i)%4, rogueNode.Node.NodeId, kid.Node.NodeId, g.grant.GrantId, 2, refusedOK)
 	})
 	release()
 	next, termID := abortWhileTheLeaderResigns(t, admin, root.Node.NodeId, lead, election, followers, wait)
 
 	outcomes := nodeOutcomes(record(t, next.AdminClients(), termID))
-	for _, id := range nodes {
+	for _, id := range m.nodes {
 		if _, ok := outcomes[id]; !ok {
 			t.Errorf("node %s, acknowledged in the race, is missing from the record", id)
 		}
@@ -261,28 +217,28 @@ func TestEtcdARogueRacingItsStopAcrossALeaderChangeLeavesNothingLive(t *testing.
 			t.Errorf("node %s is listed twice", id)
 		}
 	}
-	if len(outcomes) != len(nodes)+3 {
-		t.Errorf("the record has %d nodes; want %d acknowledged + root, rogue, kid", len(outcomes), len(nodes))
+	if len(outcomes) != len(m.nodes)+3 {
+		t.Errorf("the record has %d nodes; want %d acknowledged + root, rogue, kid", len(outcomes), len(m.nodes))
 	}
 	for _, f := range followers {
-		for _, id := range append([]string{root.Node.NodeId, rogueNode.Node.NodeId, kid.Node.NodeId}, nodes...) {
+		for _, id := range append([]string{root.Node.NodeId, rogueNode.Node.NodeId, kid.Node.NodeId}, m.nodes...) {
 			n, err := f.AdminClients().Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
 			if err != nil || n.Msg.Node.State != tetherv1.NodeState_NODE_STATE_TERMINATED {
 				t.Errorf("node %s on %s after the stop: %v %v, want terminated", id, f.URL, err, n.Msg.GetNode().GetState())
 			}
 		}
-		for _, c := range creds {
+		for _, c := range m.creds {
 			if err := whoAmI(f.Clients(c)); connect.CodeOf(err) != connect.CodeUnauthenticated {
 				t.Errorf("a credential minted in the race, on %s after the stop: %v, want unauthenticated", f.URL, err)
 			}
 		}
-		for _, tok := range tokens {
+		for _, tok := range m.tokens {
 			if in := introspect(t, f.AdminClients(), tok); in.Active {
 				t.Errorf("a grant token minted in the race is active on %s after the stop", f.URL)
 			}
 		}
 	}
-	t.Logf("%d nodes, %d credentials, %d grant tokens minted in the race through the followers; all covered", len(nodes), len(creds), len(tokens))
+	t.Logf("%d nodes, %d credentials, %d grant tokens minted in the race through the followers; all covered", len(m.nodes), len(m.creds), len(m.tokens))
 }
 
 // A rogue that spreads its job-lease calls over the followers spends one
