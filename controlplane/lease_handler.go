@@ -708,6 +708,16 @@ func (h *leaseService) Channel(ctx context.Context, stream *connect.BidiStream[t
 	if !p.IsAgent() {
 		return denied("%s is not an agent: only holder agents open a lease channel", p.ID())
 	}
+	// An open channel is a session in the exit evidence's sense, as a
+	// signals stream is: while it is open the agent's process is not gone,
+	// so a claim of its exit is not corroborated (tree.JudgeExit) until
+	// it ends. (A node whose exit was confirmed cannot open one: the
+	// interceptor refused it, and SessionOpened would.)
+	_, closeSession, err := h.s.storeSession(ctx, p.NodeID(), "lease channel")
+	if err != nil {
+		return err
+	}
+	defer closeSession()
 	out := &channelOutbox{ready: make(chan struct{}, 1), slots: make(chan struct{}, maxChannelInFlight)}
 	sent := make(chan error, 1)
 	go func() { sent <- out.pump(stream) }()

@@ -344,17 +344,31 @@ func (s *Server) openSession(ctx context.Context, nodeID, what string) (node *tr
 	// Subscribe before reading the state: a change between the two is
 	// then pushed rather than lost.
 	signals, unsubscribe := s.signals.Subscribe(nodeID)
-	node, sessionID, err := s.tree.SessionOpened(ctx, nodeID)
+	node, closeStored, err := s.storeSession(ctx, nodeID, what)
 	if err != nil {
 		unsubscribe()
-		return nil, nil, nil, toConnect(err)
+		return nil, nil, nil, err
 	}
 	return node, signals, func() {
+		closeStored()
+		unsubscribe()
+	}, nil
+}
+
+// storeSession stores that a stream whose being open says the node is not
+// gone opened (a session in the exit evidence's sense, tree.SessionOpened)
+// and returns the node as stored then; closeSession stores its end,
+// outliving ctx. what names the stream in the log.
+func (s *Server) storeSession(ctx context.Context, nodeID, what string) (node *tree.Node, closeSession func(), err error) {
+	node, sessionID, err := s.tree.SessionOpened(ctx, nodeID)
+	if err != nil {
+		return nil, nil, toConnect(err)
+	}
+	return node, func() {
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := s.tree.SessionClosed(closeCtx, nodeID, sessionID); err != nil {
 			s.log.Warn("could not store the end of a "+what, "node_id", nodeID, "error", err)
 		}
-		unsubscribe()
 	}, nil
 }

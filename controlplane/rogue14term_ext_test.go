@@ -1,0 +1,82 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The fourteenth rogue pass, against the termination protocol's promises:
+// what the node being stopped (and its parent, children and siblings) can
+// do to fake the record's evidence, stall its stop or dodge it. Each test
+// plays one rogue through the real server (Badger on disk, real HTTP/2,
+// real JWTs, the manual clock).
+//
+// TestARogueThatClaimsItsExitWithALeaseChannelOpenIsUnaccounted: a rogue
+// claims its own exit on its session, which ends there, while it keeps a
+// lease Channel open and quiet. The control plane weighed only the
+// node's sessions: its own connection to the rogue's live process, the
+// open Channel, did not count, and the record said CONFIRMED by the
+// control plane. An agent's open lease Channel is now evidence as a
+// session is: the node is unaccounted while one is open.
+
+// TestARogueThatClaimsItsExitWithALeaseChannelOpenIsUnaccounted: see the
+// file's header.
+func TestARogueThatClaimsItsExitWithALeaseChannelOpenIsUnaccounted(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	root := register(t, admin, "rogue")
+	self := root.Node.NodeId
+	rogue := srv.Clients(root.Credential)
+	sess, err := openSession(t, rogue, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := rogue.Lease.Channel(ctx)
+	t.Cleanup(func() {
+		ch.CloseRequest()
+		ch.CloseResponse()
+	})
+	if err := ch.Send(&tetherv1.ChannelRequest{CorrelationId: 1, Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{JobId: "job-none", LeaseId: "l_none", LeaseGeneration: 1, RenewSequence: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.Receive(); err != nil { // the channel is open and serving
+		t.Fatalf("the rogue's channel: %v", err)
+	}
+
+	// Its last word on the session, which ends it; the Channel stays.
+	if err := sess.stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: "done"}}}); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the control plane to see the rogue's session end after its claim", func() bool {
+		n := getNode(t, admin, self)
+		return n.State == tetherv1.NodeState_NODE_STATE_EXITED && n.SessionClosedAt != nil
+	})
+
+	term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	clk.Advance(2 * time.Minute)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rn := recordNode(t, record(t, admin, term.TerminationId), self)
+	if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ConfirmedBy != "" || !rn.SessionOpen {
+		t.Fatalf("record: %s confirmed by %q (reason %q), want unaccounted: the rogue's lease channel was open", rn.Outcome, rn.ConfirmedBy, rn.UnaccountedReason)
+	}
+	// The Channel ends with the node.
+	for {
+		if _, err := ch.Receive(); err != nil {
+			if connect.CodeOf(err) != connect.CodeUnauthenticated {
+				t.Fatalf("the terminated rogue's channel ended with %v, want unauthenticated", err)
+			}
+			break
+		}
+	}
+}
