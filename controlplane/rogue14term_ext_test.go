@@ -10,6 +10,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // The fourteenth rogue pass, against the termination protocol's promises:
@@ -25,6 +26,18 @@ import (
 // open Channel, did not count, and the record said CONFIRMED by the
 // control plane. An agent's open lease Channel is now evidence as a
 // session is: the node is unaccounted while one is open.
+//
+// TestARogueThatClaimsItsExitDoesNotDodgeItsOperatorsStopRule: an operator
+// bounds a worker's run with a stop rule the policy turns into an abort
+// ("observed.age_seconds > 3600", severity critical). Before the hour is
+// up the rogue claims its own exit, with a tool call still in flight at its
+// gate and its grant live. Stop rules judged only running and stopping
+// nodes, so the rule never fired for the "exited" rogue: no termination
+// ever started — its call was never ordered cancelled, its grant never
+// revoked, and no record was written; an exit claim had turned the
+// operator's stop into nothing. An exit claim is not a stop: a rule still
+// judges an exited node, and its stop covers it (the record weighs the
+// claim as usual).
 
 // TestARogueThatClaimsItsExitWithALeaseChannelOpenIsUnaccounted: see the
 // file's header.
@@ -78,5 +91,52 @@ func TestARogueThatClaimsItsExitWithALeaseChannelOpenIsUnaccounted(t *testing.T)
 			}
 			break
 		}
+	}
+}
+
+// TestARogueThatClaimsItsExitDoesNotDodgeItsOperatorsStopRule: see the
+// file's header.
+func TestARogueThatClaimsItsExitDoesNotDodgeItsOperatorsStopRule(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), withStopPolicy(supervisor.ProposalPolicy{
+		RuleActions: []supervisor.RuleAction{{Severity: "critical", Mode: supervisor.ModeAbort}},
+	}))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	self := root.Node.NodeId
+	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: self, Name: "one-hour", Severity: "critical", Expression: `observed.age_seconds > 3600.0`})
+	grant := issueRoot(t, admin, self, 24*time.Hour, "tool:*")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	call, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Clients(root.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(61 * time.Minute) // past the hour: the rule is true
+	p := waitRuleProposal(t, srv, rule.RuleId)
+	if p.TerminationId == "" || p.DecidedBy != "policy:stop-rule-action" {
+		t.Fatalf("the rule's proposal for the exited rogue: %v, want approved by the policy", p)
+	}
+	var term *tetherv1.Termination
+	testserver.WaitFor(t, 20*time.Second, "the rule's abort to end", func() bool {
+		clk.Advance(time.Minute) // past the cancel-ack and confirm windows
+		term = getTermination(t, admin, p.TerminationId)
+		return term.State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	rec := record(t, admin, term.TerminationId)
+	if rec.StopRule.GetRuleId() != rule.RuleId {
+		t.Fatalf("the record names rule %v, want %s", rec.StopRule, rule.RuleId)
+	}
+	if calls := callIDs(rec); calls[call.Msg.Call.CallId] != tetherv1.CallResolution_CALL_RESOLUTION_CANCEL_UNACKNOWLEDGED {
+		t.Fatalf("the record's calls %v, want the rogue's call ordered cancelled (and never acknowledged)", calls)
+	}
+	if rn := recordNode(t, rec, self); rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ClaimedBy == "" {
+		t.Fatalf("the record's rogue: %s claimed by %q, want unaccounted with its claim shown", rn.Outcome, rn.ClaimedBy)
+	}
+	if g := getGrant(t, admin, grant.grant.GrantId); g.State != tetherv1.GrantState_GRANT_STATE_REVOKED {
+		t.Fatalf("the rogue's grant is %s after the rule's stop, want revoked", g.State)
 	}
 }

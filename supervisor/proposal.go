@@ -110,7 +110,9 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if err != nil {
 		return nil, "", err
 	}
-	if n.State == tree.NodeStateTerminated || n.State == tree.NodeStateExited {
+	// An exited node's rule still files (stoprule's judged): the node's
+	// exit is weighed by the record of the termination that stops it.
+	if n.State == tree.NodeStateTerminated {
 		return nil, "", fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 	}
 	if mode == 0 {

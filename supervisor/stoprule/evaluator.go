@@ -179,12 +179,17 @@ func (ix *index) putNode(n *tree.Node) {
 	}
 }
 
-// judged reports whether rules are evaluated for n: a running node, and
-// one a termination is stopping — a rule's stop may take it over (an
-// operator's rule over an agent's drain), else a rogue parent draining its
-// child first would keep every rule from judging it for the window.
+// judged reports whether rules are evaluated for n: a running node, one a
+// termination is stopping — a rule's stop may take it over (an operator's
+// rule over an agent's drain), else a rogue parent draining its child
+// first would keep every rule from judging it for the window — and one
+// whose exit was claimed or confirmed: an exit is a word, not a stop (no
+// call of the node is cancelled, nothing it holds revoked, no record
+// written until a termination covers it), else a rogue would claim its
+// exit to keep its operator's rule from ever stopping it. Only a
+// terminated node is past every rule.
 func judged(n *tree.Node) bool {
-	return n.State != tree.NodeStateTerminated && n.State != tree.NodeStateExited
+	return n.State != tree.NodeStateTerminated
 }
 
 // markSubtree marks the running nodes of root's subtree (a rule attached
