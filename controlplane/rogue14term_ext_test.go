@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,6 +39,13 @@ import (
 // operator's stop into nothing. An exit claim is not a stop: a rule still
 // judges an exited node, and its stop covers it (the record weighs the
 // claim as usual).
+//
+// TestARogueRacingItsExitClaimAgainstItsLeaseChannelIsNeverConfirmed
+// (guard): the same rogue's lease Channel opens while its claim is in
+// flight on its session, the two on goroutines racing. Whichever commits
+// first, the record never says CONFIRMED: a Channel opened before the
+// claim is an open session, one opened after it is refused and kept as a
+// contradiction.
 
 // TestARogueThatClaimsItsExitWithALeaseChannelOpenIsUnaccounted: see the
 // file's header.
@@ -138,5 +146,79 @@ func TestARogueThatClaimsItsExitDoesNotDodgeItsOperatorsStopRule(t *testing.T) {
 	}
 	if g := getGrant(t, admin, grant.grant.GrantId); g.State != tetherv1.GrantState_GRANT_STATE_REVOKED {
 		t.Fatalf("the rogue's grant is %s after the rule's stop, want revoked", g.State)
+	}
+}
+
+// TestARogueRacingItsExitClaimAgainstItsLeaseChannelIsNeverConfirmed: see
+// the file's header.
+func TestARogueRacingItsExitClaimAgainstItsLeaseChannelIsNeverConfirmed(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	const rogues = 8
+	ids := make([]string, rogues)
+	var wg sync.WaitGroup
+	for i := range rogues {
+		root := register(t, admin, "rogue-"+string(rune('a'+i)))
+		ids[i] = root.Node.NodeId
+		rogue := srv.Clients(root.Credential)
+		sess, err := openSession(t, rogue, ids[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := rogue.Lease.Channel(ctx)
+		t.Cleanup(func() {
+			ch.CloseRequest()
+			ch.CloseResponse()
+		})
+		start := make(chan struct{})
+		wg.Add(2)
+		go func() { // the Channel, kept open (or refused, after the claim)
+			defer wg.Done()
+			<-start
+			if ch.Send(&tetherv1.ChannelRequest{CorrelationId: 1, Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{JobId: "job-none", LeaseId: "l_none", LeaseGeneration: 1, RenewSequence: 1}}}) == nil {
+				_, _ = ch.Receive()
+			}
+		}()
+		go func() { // the claim, which ends the session
+			defer wg.Done()
+			<-start
+			_ = sess.stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: "done"}}})
+			_, _ = sess.stream.Receive()
+		}()
+		close(start)
+	}
+	wg.Wait()
+	for _, self := range ids {
+		testserver.WaitFor(t, 20*time.Second, "the control plane to hold the claim and its session's end", func() bool {
+			n := getNode(t, admin, self)
+			return n.State == tetherv1.NodeState_NODE_STATE_EXITED && n.SessionClosedAt != nil
+		})
+	}
+	terms := make([]string, rogues)
+	for i, self := range ids {
+		terms[i] = terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Minute).TerminationId
+	}
+	// (A rogue whose refused Channel is a contradiction is settled at
+	// once; one with its Channel open waits for the confirmation window.)
+	testserver.WaitFor(t, 20*time.Second, "every abort to end", func() bool {
+		clk.Advance(time.Minute) // past the confirmation windows
+		for _, term := range terms {
+			if getTermination(t, admin, term).State != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
+				return false
+			}
+		}
+		return true
+	})
+	for i, term := range terms {
+		rn := recordNode(t, record(t, admin, term), ids[i])
+		if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ConfirmedBy != "" {
+			t.Errorf("rogue %d: record %s confirmed by %q, want unaccounted (session open %v, contradictions %d)", i, rn.Outcome, rn.ConfirmedBy, rn.SessionOpen, len(rn.Contradictions))
+		}
+		if !rn.SessionOpen && len(rn.Contradictions) == 0 {
+			t.Errorf("rogue %d: unaccounted for %q, want for its open Channel or the refused one", i, rn.UnaccountedReason)
+		}
 	}
 }
