@@ -81,6 +81,33 @@ def test_a_generation_it_no_longer_holds_reports_nothing_that_counts(server, tre
     w.close()
 
 
+def test_a_restarted_worker_goes_on_from_the_accepted_sequences(server, tree, tmp_path):
+    # A worker process killed after it renewed and reported progress comes
+    # back and accepts the job it still holds (the ACK is a DUPLICATE). Its
+    # sequences used to start at 0 again: its renewals were refused
+    # STALE_RENEW until the lease lapsed, its reports kept as late progress.
+    child = tree.root.spawn("seed-restart")
+    job_id = "seed-py-restart-" + child.node_id
+    offered = offer(tree.operator, job_id, child.node_id)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    job = w.accept(offered)
+    for step in ("1", "2", "3"):
+        assert job.renew()["outcome"] == "OUTCOME_ACCEPTED"
+        assert job.progress("step " + step)["outcome"] == "OUTCOME_ACCEPTED"
+    job.stop()  # the process is gone
+    w.close()
+    again = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    job = again.accept(offered)
+    renewed = job.renew()
+    assert renewed["outcome"] == "OUTCOME_ACCEPTED", renewed.get("reason")
+    reported = job.progress("step 4")
+    assert reported["outcome"] == "OUTCOME_ACCEPTED", reported.get("reason")
+    got = lease(tree.operator, job_id)
+    assert (got.get("renewSequence"), got.get("progressSequence"), got.get("progressValue"), got.get("lateProgress", False)) == ("4", "4", "step 4", False)
+    job.complete(SUCCESS, "done")
+    again.close()
+
+
 def test_a_replayed_result_is_the_same_result_and_detail(server, tree, tmp_path):
     # The result could not be delivered: it waits in the spool and a later
     # worker replays it. Sent again by hand, the same result and detail is

@@ -123,6 +123,13 @@ export class Job {
     this.#jobId = lease.jobId;
     this.#leaseId = lease.leaseId;
     this.#generation = lease.leaseGeneration;
+    // A job this agent already held (its ACK a DUPLICATE: a process that
+    // restarted after it renewed and reported progress) goes on from the
+    // sequences the coordinator accepted, not from 0 again, which would
+    // have its renewals refused stale until the lease lapsed and its
+    // reports kept as late progress.
+    this.#renewSequence = lease.renewSequence;
+    this.#progressSequence = lease.progressSequence;
     this.#warn = warn;
     this.#done = new Promise((resolve) => (this.#markDone = resolve));
     this.#timer = setInterval(() => {
