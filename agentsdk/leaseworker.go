@@ -305,6 +305,10 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 		// its reports kept as late progress.
 		j.renewSeq, j.progressSeq = l.GetRenewSequence(), l.GetProgressSequence()
 	}
+	// The ACK's answer is acted on as any other: such a job's lease may
+	// already carry a cancel request (or a conflict), and its work must
+	// not begin as if it did not.
+	j.observe(ctx, l, j.generation, d)
 	go j.renewLoop()
 	return j, d, nil
 }

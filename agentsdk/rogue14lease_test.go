@@ -2,8 +2,11 @@ package agentsdk_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/agentsdk"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -56,5 +59,40 @@ func TestRogue14ARestartedWorkerGoesOnFromTheAcceptedSequences(t *testing.T) {
 	if l := s.get(t, "job-1"); l.ProgressValue != "step 4" || l.ProgressSequence != 4 || l.LateProgress {
 		t.Fatalf("after the restarted worker's progress: seq %d %q late %v, want seq 4 \"step 4\", nothing late",
 			l.ProgressSequence, l.ProgressValue, l.LateProgress)
+	}
+}
+
+// Seed 000 §9, against the same restart: while the worker process was
+// down, the coordinator requested cancellation. The restarted worker's ACK
+// is answered DUPLICATE with the lease, cancel_requested set. The job used
+// to start work regardless, and learnt of the cancel only from its first
+// renewal's answer, a third of the lease later (or never, had it finished
+// first): work past a cancel the coordinator had already told it of. The
+// job now acts on the ACK's answer as on any other: its context ends
+// (ErrLeaseCancelled), OnCancel runs and the cancel is acknowledged.
+func TestRogue14ARestartedWorkerLearnsOfACancelFromItsAck(t *testing.T) {
+	s := newLeaseSetup(t)
+	dir := t.TempDir()
+	ctx := context.Background()
+	offered := s.offer(t, "job-1", time.Minute)
+	before := s.newWorker(t, dir, time.Hour)
+	job, d, err := before.Accept(ctx, offered, agentsdk.JobOptions{})
+	accepted(t, "accept", d, err)
+	// kill -9, and the coordinator cancels while the worker is down.
+	if _, err := s.planner.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "job-1", Reason: "stop"})); err != nil {
+		t.Fatal(err)
+	}
+
+	after := s.newWorker(t, dir, time.Hour)
+	cancelled := 0
+	job, d, err = after.Accept(ctx, offered, agentsdk.JobOptions{OnCancel: func(*tetherv1.Lease) { cancelled++ }})
+	if err != nil || d.Outcome != tetherv1.Outcome_OUTCOME_DUPLICATE {
+		t.Fatalf("the restarted worker's ACK: %v %v, want DUPLICATE", d, err)
+	}
+	if cause := context.Cause(job.Context()); !errors.Is(cause, agentsdk.ErrLeaseCancelled) || cancelled != 1 {
+		t.Fatalf("the restarted job's context: cause %v, OnCancel ran %d times; want cancelled once, from the ACK's answer", cause, cancelled)
+	}
+	if l := s.get(t, "job-1"); !l.CancelAck {
+		t.Fatal("the restarted worker did not acknowledge the cancel request the ACK's answer carried")
 	}
 }

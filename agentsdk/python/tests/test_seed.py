@@ -108,6 +108,31 @@ def test_a_restarted_worker_goes_on_from_the_accepted_sequences(server, tree, tm
     again.close()
 
 
+def test_a_restarted_worker_learns_of_a_cancel_from_its_ack(server, tree, tmp_path):
+    # The coordinator cancelled while the worker process was down; the
+    # restarted worker's ACK is a DUPLICATE carrying cancel_requested. The
+    # job used to start regardless, and heard of the cancel only from its
+    # first renewal's answer.
+    child = tree.root.spawn("seed-restart-cancel")
+    job_id = "seed-py-restart-cancel-" + child.node_id
+    offered = offer(tree.operator, job_id, child.node_id)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    w.accept(offered).stop()  # the process is gone
+    w.close()
+    tree.operator.call("LeaseService", "RequestCancel", {"jobId": job_id, "reason": "stop"})
+    again = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    seen = []
+    job = again.accept(offered, on_cancel=lambda l: seen.append(l["jobId"]))
+    stopped = job.cancelled.is_set() and job.stopped.is_set() and job.cause == LEASE_CANCELLED
+    if not stopped:
+        job.stop()
+    assert stopped, f"the restarted job: cause {job.cause}"
+    assert seen == [job_id]
+    assert lease(tree.operator, job_id).get("cancelAck") is True
+    assert job.complete(CANCELLED, "stopped on request")["outcome"] == "OUTCOME_ACCEPTED"
+    again.close()
+
+
 def test_a_replayed_result_is_the_same_result_and_detail(server, tree, tmp_path):
     # The result could not be delivered: it waits in the spool and a later
     # worker replays it. Sent again by hand, the same result and detail is

@@ -201,6 +201,10 @@ class LeaseWorker:
         if decision.get("outcome") == "OUTCOME_REJECTED":
             raise AckRefused(offered["jobId"], decision)
         job = Job(self, resp["lease"], on_cancel)
+        # The ACK's answer is acted on as any other: a job this agent
+        # already held (its ACK a DUPLICATE, after a restart) may already
+        # have a cancel request, and its work must not begin as if not.
+        job._observe(resp["lease"], job.generation)
         job._start()
         return job
 
