@@ -26,6 +26,19 @@ import (
 //	    guessing a job id (ids are chosen by clients: "job-1"). FIXED: a
 //	    tool server is answered the job id, its generation and its state,
 //	    what a fence needs, nothing of the holder's or coordinator's words.
+//
+// The same pass found two holes in the SDKs' lease workers (Go, TypeScript,
+// Python), held by agentsdk/rogue14lease_test.go and the SDKs' seed tests:
+// a worker restarted (kill -9) after it renewed and reported progress
+// started its sequences at 0 again, its renewals refused STALE_RENEW until
+// the lease lapsed and its reports kept as late progress (FIXED: it goes on
+// from the accepted sequences); and it did not act on its ACK's answer, so
+// a cancel requested while it was down reached it only at its first renewal
+// (FIXED). Limits left, design §11: a Fence orders generations but does not
+// check authority (an expired, cancelled or terminal generation passes
+// until a later one is seen there); a job's holder reads the evidence of
+// earlier generations, and a job's offering agent keeps coordinating it,
+// across trees after an operator's reassignment.
 
 // A rogue tool server (any tool the operator registered, and so any tool an
 // agent of any tree may call) asks the coordinator about a job of a tree it
