@@ -297,6 +297,18 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 	jctx, cancel := context.WithCancelCause(context.Background())
 	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l,
 		jobID: offered.GetJobId(), leaseID: offered.GetLeaseId(), generation: offered.GetLeaseGeneration()}
+	if l.GetLeaseGeneration() == j.generation {
+		// A job this agent already held (its ACK a DUPLICATE: a process
+		// restarted after it renewed and reported progress) goes on from
+		// the sequences the coordinator accepted, not from 0 again, which
+		// would have its renewals refused stale until the lease lapsed and
+		// its reports kept as late progress.
+		j.renewSeq, j.progressSeq = l.GetRenewSequence(), l.GetProgressSequence()
+	}
+	// The ACK's answer is acted on as any other: such a job's lease may
+	// already carry a cancel request (or a conflict), and its work must
+	// not begin as if it did not.
+	j.observe(ctx, l, j.generation, d)
 	go j.renewLoop()
 	return j, d, nil
 }

@@ -585,7 +585,20 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
+	if p.IsToolServer() {
+		l = forFence(l)
+	}
 	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l)}), nil
+}
+
+// forFence is what a tool server reads of a job's lease: the job, its
+// generation and its state — what its fence needs to refuse a generation
+// never issued (agentsdk.IssuedGenerations). A tool server may be asked
+// about any job by any caller, of any tree: it learns nothing of who holds
+// the job, the lease id a worker message names, what the holder reported
+// (progress, result detail) or what its coordinator decided and why.
+func forFence(l lease.Lease) lease.Lease {
+	return lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
 }
 
 func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {

@@ -81,6 +81,58 @@ def test_a_generation_it_no_longer_holds_reports_nothing_that_counts(server, tre
     w.close()
 
 
+def test_a_restarted_worker_goes_on_from_the_accepted_sequences(server, tree, tmp_path):
+    # A worker process killed after it renewed and reported progress comes
+    # back and accepts the job it still holds (the ACK is a DUPLICATE). Its
+    # sequences used to start at 0 again: its renewals were refused
+    # STALE_RENEW until the lease lapsed, its reports kept as late progress.
+    child = tree.root.spawn("seed-restart")
+    job_id = "seed-py-restart-" + child.node_id
+    offered = offer(tree.operator, job_id, child.node_id)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    job = w.accept(offered)
+    for step in ("1", "2", "3"):
+        assert job.renew()["outcome"] == "OUTCOME_ACCEPTED"
+        assert job.progress("step " + step)["outcome"] == "OUTCOME_ACCEPTED"
+    job.stop()  # the process is gone
+    w.close()
+    again = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    job = again.accept(offered)
+    renewed = job.renew()
+    assert renewed["outcome"] == "OUTCOME_ACCEPTED", renewed.get("reason")
+    reported = job.progress("step 4")
+    assert reported["outcome"] == "OUTCOME_ACCEPTED", reported.get("reason")
+    got = lease(tree.operator, job_id)
+    assert (got.get("renewSequence"), got.get("progressSequence"), got.get("progressValue"), got.get("lateProgress", False)) == ("4", "4", "step 4", False)
+    job.complete(SUCCESS, "done")
+    again.close()
+
+
+def test_a_restarted_worker_learns_of_a_cancel_from_its_ack(server, tree, tmp_path):
+    # The coordinator cancelled while the worker process was down; the
+    # restarted worker's ACK is a DUPLICATE carrying cancel_requested. The
+    # job used to start regardless, and heard of the cancel only from its
+    # first renewal's answer.
+    child = tree.root.spawn("seed-restart-cancel")
+    job_id = "seed-py-restart-cancel-" + child.node_id
+    offered = offer(tree.operator, job_id, child.node_id)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    w.accept(offered).stop()  # the process is gone
+    w.close()
+    tree.operator.call("LeaseService", "RequestCancel", {"jobId": job_id, "reason": "stop"})
+    again = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=60)
+    seen = []
+    job = again.accept(offered, on_cancel=lambda l: seen.append(l["jobId"]))
+    stopped = job.cancelled.is_set() and job.stopped.is_set() and job.cause == LEASE_CANCELLED
+    if not stopped:
+        job.stop()
+    assert stopped, f"the restarted job: cause {job.cause}"
+    assert seen == [job_id]
+    assert lease(tree.operator, job_id).get("cancelAck") is True
+    assert job.complete(CANCELLED, "stopped on request")["outcome"] == "OUTCOME_ACCEPTED"
+    again.close()
+
+
 def test_a_replayed_result_is_the_same_result_and_detail(server, tree, tmp_path):
     # The result could not be delivered: it waits in the spool and a later
     # worker replays it. Sent again by hand, the same result and detail is

@@ -92,7 +92,7 @@ export class LeaseWorker {
       throw new Error(`tether: ack of job ${JSON.stringify(offered.jobId)} refused: ${resp.decision?.reason ?? "no lease in the answer"}`);
     }
     const every = this.#renewEvery ?? Math.max(msOf(resp.lease.leaseDuration) / 3, 10);
-    return new Job(this, resp.lease, options, every, this.#warn);
+    return Job.accepted(this, resp.lease, options, every, this.#warn);
   }
 }
 
@@ -123,11 +123,30 @@ export class Job {
     this.#jobId = lease.jobId;
     this.#leaseId = lease.leaseId;
     this.#generation = lease.leaseGeneration;
+    // A job this agent already held (its ACK a DUPLICATE: a process that
+    // restarted after it renewed and reported progress) goes on from the
+    // sequences the coordinator accepted, not from 0 again, which would
+    // have its renewals refused stale until the lease lapsed and its
+    // reports kept as late progress.
+    this.#renewSequence = lease.renewSequence;
+    this.#progressSequence = lease.progressSequence;
     this.#warn = warn;
     this.#done = new Promise((resolve) => (this.#markDone = resolve));
     this.#timer = setInterval(() => {
       this.renew().catch((err) => this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`));
     }, renewEveryMs);
+  }
+
+  /**
+   * Starts a job on the lease an ACK's answer carries, acting on that
+   * answer as on any other: a job this agent already held (its ACK a
+   * DUPLICATE, after a restart) may already have a cancel request, and its
+   * work must not begin as if it had not.
+   */
+  static async accepted(worker: LeaseWorker, lease: Lease, options: JobOptions, renewEveryMs: number, warn: (m: string) => void): Promise<Job> {
+    const job = new Job(worker, lease, options, renewEveryMs, warn);
+    await job.#observe(lease);
+    return job;
   }
 
   /** Aborts when the job must stop; its reason is a {@link JobEnded}. */

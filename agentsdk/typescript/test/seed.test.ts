@@ -94,6 +94,52 @@ describe("seed: job leases through the TypeScript LeaseWorker", () => {
     await f.close();
   });
 
+  test("a restarted worker accepting the job it holds goes on from the sequences the coordinator accepted", async () => {
+    // A worker process killed after it renewed and reported progress comes
+    // back and accepts the job it still holds (the ACK is a DUPLICATE). Its
+    // sequences used to start at 0 again: its renewals were refused
+    // STALE_RENEW until the lease lapsed, its reports kept as late progress.
+    const f = await family("seed-restart");
+    const jobId = "seed-ts-restart";
+    const offered = await server.operator.lease.offer({ jobId, holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n } });
+    const before = await new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 }).accept(offered.lease!);
+    for (const step of ["1", "2", "3"]) {
+      assert.equal((await before.renew())?.outcome, Outcome.ACCEPTED);
+      assert.equal((await before.progress(`step ${step}`))?.outcome, Outcome.ACCEPTED);
+    }
+    before.stop(); // the process is gone
+    const after = await new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 }).accept(offered.lease!);
+    const renewed = await after.renew();
+    assert.equal(renewed?.outcome, Outcome.ACCEPTED, renewed?.reason);
+    const reported = await after.progress("step 4");
+    assert.equal(reported?.outcome, Outcome.ACCEPTED, reported?.reason);
+    const l = (await server.operator.lease.getLease({ jobId })).lease!;
+    assert.deepEqual([l.renewSequence, l.progressSequence, l.progressValue, l.lateProgress], [4n, 4n, "step 4", false]);
+    await after.complete(TerminalResult.SUCCESS, "done");
+    await f.close();
+  });
+
+  test("a restarted worker learns of a cancel from its ACK's answer: the job stops before it begins, the cancel acknowledged", async () => {
+    // The coordinator cancelled while the worker process was down; the
+    // restarted worker's ACK is a DUPLICATE carrying cancel_requested. The
+    // job used to start regardless, and heard of the cancel only from its
+    // first renewal's answer.
+    const f = await family("seed-restart-cancel");
+    const jobId = "seed-ts-restart-cancel";
+    const offered = await server.operator.lease.offer({ jobId, holderIdentity: f.child.nodeId, leaseDuration: { seconds: 30n } });
+    (await new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 }).accept(offered.lease!)).stop(); // the process is gone
+    await server.operator.lease.requestCancel({ jobId, reason: "stop" });
+    let onCancel = 0;
+    const job = await new LeaseWorker({ conn: f.child.conn, renewEveryMs: 60_000 }).accept(offered.lease!, { onCancel: () => void onCancel++ });
+    const cancelled = job.signal.aborted && job.signal.reason instanceof JobEnded && job.signal.reason.kind === "cancelled";
+    if (!cancelled) job.stop();
+    assert.ok(cancelled, `the job's signal: ${String(job.signal.reason)}`);
+    assert.equal(onCancel, 1);
+    assert.equal((await server.operator.lease.getLease({ jobId })).lease?.cancelAck, true);
+    await job.complete(TerminalResult.CANCELLED, "stopped on request");
+    await f.close();
+  });
+
   test("a replayed result is an exact repeat (DUPLICATE); a different detail is refused, not a duplicate", async () => {
     const f = await family("seed-replay");
     const jobId = "seed-ts-replay";

@@ -201,6 +201,10 @@ class LeaseWorker:
         if decision.get("outcome") == "OUTCOME_REJECTED":
             raise AckRefused(offered["jobId"], decision)
         job = Job(self, resp["lease"], on_cancel)
+        # The ACK's answer is acted on as any other: a job this agent
+        # already held (its ACK a DUPLICATE, after a restart) may already
+        # have a cancel request, and its work must not begin as if not.
+        job._observe(resp["lease"], job.generation)
         job._start()
         return job
 
@@ -224,8 +228,13 @@ class Job:
         self.cancelled = threading.Event()
         self.cause: str | None = None
         self._lock = threading.Lock()
-        self._renew_seq = 0
-        self._progress_seq = 0
+        # A job this agent already held (its ACK a DUPLICATE: a process
+        # that restarted after it renewed and reported progress) goes on
+        # from the sequences the coordinator accepted, not from 0 again,
+        # which would have its renewals refused stale until the lease
+        # lapsed and its reports kept as late progress.
+        self._renew_seq = _wire.uint64(lease.get("renewSequence"))
+        self._progress_seq = _wire.uint64(lease.get("progressSequence"))
         self._cancel_seen = False
         self._thread: threading.Thread | None = None
         self.done = threading.Event()
