@@ -399,7 +399,15 @@ func (s *Server) buildHandler() error {
 		Cache:       auth.NewTokenCache(0),
 		RateLimited: s.metrics.rateLimitedCall,
 	}
-	authn.Refused = obs.record // refused at the Gate, before the observer interceptor
+	// Refused at the Gate, before the observer interceptor: a path that is
+	// not a procedure (the caller's choice) is counted as UnknownProcedure.
+	procedures[UnknownProcedure] = true
+	authn.Refused = func(ctx context.Context, path string, start time.Time, err error) {
+		if !procedures[path] {
+			path = UnknownProcedure
+		}
+		obs.record(ctx, path, start, err)
+	}
 	s.authn = authn
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),

@@ -1,0 +1,79 @@
+package controlplane_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+)
+
+// The fourteenth rogue pass, against the server's surfaces other than the
+// two state machines (connections, public endpoints, the console, stop
+// rules). Each test plays one rogue through the real server (Badger on
+// disk, real HTTP, real JWTs, the manual clock).
+
+// rpcMethods are the values of rpc_method in one read of /metrics.
+func rpcMethods(t *testing.T, srv *testserver.Server) map[string]bool {
+	t.Helper()
+	methods := map[string]bool{}
+	for _, f := range scrapeMetrics(t, srv.HTTP, srv.URL) {
+		for _, m := range f.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == "rpc_method" {
+					methods[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	return methods
+}
+
+// A rogue cannot fill the server's metrics with names of its choosing. Each
+// refused call was counted under the path it was sent to, and anyone may
+// send a call to any path under a tether service: with no credential at
+// all (refused unauthenticated) or with its own (refused unimplemented),
+// each new path became a new series of rpc.server.requests and of the
+// rpc.server.duration histogram. The metrics SDK keeps 2000 attribute sets
+// per instrument and folds any later one into a single overflow series, so
+// a rogue (2000 requests: minutes at the anonymous rate of one address)
+// blinded the operators' per-procedure counts for every procedure and code
+// first seen afterwards, and every scrape carried its thousands of series.
+// A path that is not a procedure is now counted under one name.
+func TestARogueCannotFillTheMetricsWithPathsOfItsChoosing(t *testing.T) {
+	srv := testserver.Start(t)
+	agent := register(t, srv.AdminClients(), "rogue")
+	for i := range 40 {
+		req, err := http.NewRequest(http.MethodPost, fmt.Sprintf("%s/tether.v1.AgentService/Rogue%d", srv.URL, i), strings.NewReader(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/proto")
+		if i%2 == 1 {
+			req.Header.Set("Authorization", "Bearer "+agent.Credential)
+		}
+		resp, err := srv.HTTP.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if want := map[bool]int{false: http.StatusUnauthorized, true: http.StatusNotImplemented}[i%2 == 1]; resp.StatusCode != want {
+			t.Fatalf("the rogue's call %d to a made-up path: status %d, want %d", i, resp.StatusCode, want)
+		}
+	}
+	register(t, srv.AdminClients(), "operators-agent")
+	methods := rpcMethods(t, srv)
+	policy := controlplane.Policy()
+	for m := range methods {
+		if _, ok := policy[m]; !ok && m != controlplane.UnknownProcedure {
+			t.Errorf("/metrics has a series under the rogue's path %q", m)
+		}
+	}
+	for _, m := range []string{"/tether.v1.AgentService/RegisterRoot", controlplane.UnknownProcedure} {
+		if !methods[m] {
+			t.Errorf("/metrics has no series for %s: %v", m, methods)
+		}
+	}
+}
