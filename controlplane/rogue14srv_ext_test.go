@@ -1,13 +1,18 @@
 package controlplane_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 
+	"connectrpc.com/connect"
+	"connectrpc.com/grpcreflect"
+
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // The fourteenth rogue pass, against the server's surfaces other than the
@@ -76,4 +81,37 @@ func TestARogueCannotFillTheMetricsWithPathsOfItsChoosing(t *testing.T) {
 			t.Errorf("/metrics has no series for %s: %v", m, methods)
 		}
 	}
+}
+
+// A rogue cannot have the server answer reflection for free. Reflection is
+// public (grpcurl lists the services without a token) and a bidirectional
+// stream: every request on it had the server look up and serialise the
+// descriptors asked for, tens of kilobytes each, while the anonymous rate
+// budget of the caller's address — which bounds every other request that
+// carries no valid credential — was never asked. One stream, and as many
+// as the connection limits allow, answered for as fast as the rogue could
+// send. Each reflection request now costs one request of that budget: past
+// it the stream ends resource-exhausted, and a caller with a credential
+// the server knows goes on.
+func TestARogueCannotFloodReflectionWithoutACredential(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.AnonymousRateLimit = 1 })
+	register(t, srv.AdminClients(), "operators-agent") // the operator's token is verified (and known) before
+	stream := grpcreflect.NewClient(srv.HTTP, srv.URL).NewStream(context.Background())
+	defer stream.Close()
+	answered := 0
+	var err error
+	for range 50 {
+		if _, err = stream.FileContainingSymbol("tether.v1.AgentService"); err != nil {
+			break
+		}
+		answered++
+	}
+	if answered > 2 || connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's reflection stream had %d of 50 requests answered (the anonymous burst is 2), ended %v; want the rest refused resource-exhausted", answered, err)
+	}
+	if !strings.Contains(err.Error(), "rate limit for requests without a valid credential") {
+		t.Errorf("the refusal does not say which budget: %v", err)
+	}
+	register(t, srv.AdminClients(), "operators-second-agent")
 }
