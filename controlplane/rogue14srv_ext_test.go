@@ -6,8 +6,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"connectrpc.com/grpchealth"
 	"connectrpc.com/grpcreflect"
 
 	"github.com/tetherhq/tether/controlplane"
@@ -114,4 +116,45 @@ func TestARogueCannotFloodReflectionWithoutACredential(t *testing.T) {
 		t.Errorf("the refusal does not say which budget: %v", err)
 	}
 	register(t, srv.AdminClients(), "operators-second-agent")
+}
+
+// A rogue without a credential cannot hold the server's public streams
+// open for ever: the health service's Watch (which answers once and then
+// waits for a change that, with a static checker, never comes) and a
+// reflection stream it never writes to again. Neither is authenticated, so
+// neither lifts the request's deadlines, and the connection carrying them
+// never authenticates: both end, the connection is closed, and only the
+// operator's connection is left.
+func TestARoguesPublicStreamsDoNotOutliveItsUnauthenticatedConnection(t *testing.T) {
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.Conn = controlplane.ConnLimits{PreAuthTimeout: 50 * time.Millisecond, WriteTimeout: 200 * time.Millisecond}
+	})
+	op := newOwnConn(t, srv, srv.Admin)
+	if err := whoAmI(op.Clients); err != nil {
+		t.Fatal(err)
+	}
+	rogue := newOwnConn(t, srv, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	watch := grpchealth.NewClient(rogue.hc, srv.URL).Watch(ctx, &grpchealth.CheckRequest{})
+	if ev := <-watch; ev.Err != nil || ev.Response == nil || ev.Response.Status != grpchealth.StatusServing {
+		t.Fatalf("the rogue's health watch: %+v", ev)
+	}
+	reflect := grpcreflect.NewClient(rogue.hc, srv.URL).NewStream(ctx)
+	defer reflect.Close()
+	if _, err := reflect.ListServices(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-watch:
+	case <-time.After(closeWait):
+		t.Fatalf("the rogue's health watch was still open after %s", closeWait)
+	}
+	testserver.WaitFor(t, closeWait, "only the operator's connection to be left", func() bool { return srv.OpenConnections() == 1 })
+	if _, err := reflect.ListServices(); err == nil {
+		t.Error("the rogue's reflection stream still answers after its connection's pre-authentication time")
+	}
+	if err := whoAmI(op.Clients); err != nil {
+		t.Fatal(err)
+	}
 }
