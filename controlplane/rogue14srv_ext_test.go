@@ -158,3 +158,46 @@ func TestARoguesPublicStreamsDoNotOutliveItsUnauthenticatedConnection(t *testing
 		t.Fatal(err)
 	}
 }
+
+// A rogue cannot spend the server's CPU through /metrics. The endpoint is
+// public (Prometheus scrapes it without a token) and a scrape gathers and
+// encodes every series — about 1.9 ms of CPU here, against about 0.1 ms
+// for a request refused for its credential — so a caller with no
+// credential asking for it in a loop kept a core busy, on every
+// connection it opened, while every other public request or refusal
+// without a credential was bounded per source address. A scrape now costs
+// one request of that budget: past it the answer is 429 with Retry-After,
+// and the budget refills with time (a scraper asks every few seconds).
+func TestARogueCannotSpendTheServersCPUThroughMetrics(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.AnonymousRateLimit = 1 })
+	get := func() *http.Response {
+		resp, err := srv.HTTP.Get(srv.URL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp
+	}
+	for i := range 2 { // the burst
+		if resp := get(); resp.StatusCode != http.StatusOK {
+			t.Fatalf("scrape %d: %s", i+1, resp.Status)
+		}
+	}
+	for i := range 20 {
+		if resp := get(); resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("the rogue's scrape %d past the budget: %s, Retry-After %q; want 429 with Retry-After", i+3, resp.Status, resp.Header.Get("Retry-After"))
+		}
+	}
+	clk.Advance(time.Second)
+	if resp := get(); resp.StatusCode != http.StatusOK {
+		t.Fatalf("a scrape a second later: %s", resp.Status)
+	}
+	for _, path := range []string{"/healthz", "/.well-known/jwks.json"} {
+		if resp, err := srv.HTTP.Get(srv.URL + path); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s with the address's budget spent: %v %v", path, resp, err)
+		} else {
+			resp.Body.Close()
+		}
+	}
+}

@@ -421,7 +421,9 @@ func (s *Server) buildHandler() error {
 	mux.Handle(grpchealth.NewHandler(checker, connect.WithInterceptors(obs), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)))
 	s.mountReflection(mux, obs)
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	// A scrape gathers and encodes every series (milliseconds of CPU): it
+	// costs the caller's address a request of the anonymous budget.
+	mux.Handle("GET /metrics", authn.PublicHTTP(promhttp.HandlerFor(registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
 	// The operator console (controlplane/console) on its own route: it
 	// calls the API in process through s.handler, as any client would.

@@ -2,6 +2,8 @@ package auth
 
 import (
 	"context"
+	"errors"
+	"net/http"
 
 	"connectrpc.com/connect"
 )
@@ -59,4 +61,23 @@ func (c *publicConn) Receive(m any) error {
 		return err
 	}
 	return c.p.charge(c.Peer().Addr)
+}
+
+// PublicHTTP is Public for a plain HTTP endpoint served without a
+// credential whose answer is costly to make (the metrics): each request
+// costs the caller's address one request of the Anonymous budget, and past
+// it the answer is 429 with Retry-After.
+func (i *Interceptor) PublicHTTP(next http.Handler) http.Handler {
+	p := public{i}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := p.charge(r.RemoteAddr); err != nil {
+			var ce *connect.Error
+			if errors.As(err, &ce) {
+				w.Header().Set(RetryAfterHeader, ce.Meta().Get(RetryAfterHeader))
+				http.Error(w, ce.Message(), http.StatusTooManyRequests)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
