@@ -15,6 +15,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // The fourteenth rogue pass, against the server's surfaces other than the
@@ -198,6 +199,63 @@ func TestARogueCannotSpendTheServersCPUThroughMetrics(t *testing.T) {
 			t.Fatalf("GET %s with the address's budget spent: %v %v", path, resp, err)
 		} else {
 			resp.Body.Close()
+		}
+	}
+}
+
+// A rogue agent's refused requests are not free. Its lineage's rate budget
+// was spent only once a request had passed the policy: a call to a path
+// that is no procedure (unimplemented) or to one agents may not call
+// (permission denied, here CreateToken) was refused without costing it
+// anything, so an agent could keep the server authenticating and refusing
+// for as fast as it could send — while the same requests without a
+// credential are bounded per address. Each now costs a request of the
+// caller's budget: past it, the refusal is resource-exhausted, naming the
+// lineage.
+func TestARogueAgentsRefusedRequestsSpendItsLineagesBudget(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit = 1 })
+	agent := register(t, srv.AdminClients(), "rogue")
+	rogue := srv.Clients(agent.Credential)
+	for _, probe := range []struct {
+		what string
+		call func() error
+		code connect.Code
+	}{
+		{"a made-up procedure", func() error {
+			req, err := http.NewRequest(http.MethodPost, srv.URL+"/tether.v1.AgentService/Nope", strings.NewReader(""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Content-Type", "application/proto")
+			req.Header.Set("Authorization", "Bearer "+agent.Credential)
+			resp, err := srv.HTTP.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			return connect.NewError(map[int]connect.Code{http.StatusNotImplemented: connect.CodeUnimplemented, http.StatusTooManyRequests: connect.CodeResourceExhausted}[resp.StatusCode], fmt.Errorf("%s", resp.Status))
+		}, connect.CodeUnimplemented},
+		{"an operator's procedure", func() error {
+			_, err := rogue.Auth.CreateToken(context.Background(), connect.NewRequest(&tetherv1.CreateTokenRequest{Role: tetherv1.Role_ROLE_ADMIN}))
+			return err
+		}, connect.CodePermissionDenied},
+	} {
+		clk.Advance(3 * time.Second) // a full budget again: burst 2
+		var err error
+		for i := range 2 {
+			if err = probe.call(); connect.CodeOf(err) != probe.code {
+				t.Fatalf("%s, call %d within the budget: %v", probe.what, i+1, err)
+			}
+		}
+		refused := 0
+		for range 20 {
+			if err = probe.call(); connect.CodeOf(err) == connect.CodeResourceExhausted {
+				refused++
+			}
+		}
+		if refused != 20 {
+			t.Errorf("%s: %d of the 20 calls past the budget were refused resource-exhausted; the rest cost the rogue nothing (last: %v)", probe.what, refused, err)
 		}
 	}
 }
