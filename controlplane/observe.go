@@ -46,6 +46,12 @@ type observer struct {
 
 type observerKey struct{ procedure, code string }
 
+// UnknownProcedure is the rpc.method under which the metrics count a call
+// to a path that is not a procedure of this server (refused: unimplemented,
+// or unauthenticated before that is known). The path is the caller's
+// choice: counted under its own name, each new one would be a new series.
+const UnknownProcedure = "unknown"
+
 // attributes are the metric attributes of a call to procedure that ended
 // with code.
 func (o *observer) attributes(procedure, code string) metric.MeasurementOption {

@@ -399,7 +399,15 @@ func (s *Server) buildHandler() error {
 		Cache:       auth.NewTokenCache(0),
 		RateLimited: s.metrics.rateLimitedCall,
 	}
-	authn.Refused = obs.record // refused at the Gate, before the observer interceptor
+	// Refused at the Gate, before the observer interceptor: a path that is
+	// not a procedure (the caller's choice) is counted as UnknownProcedure.
+	procedures[UnknownProcedure] = true
+	authn.Refused = func(ctx context.Context, path string, start time.Time, err error) {
+		if !procedures[path] {
+			path = UnknownProcedure
+		}
+		obs.record(ctx, path, start, err)
+	}
 	s.authn = authn
 	opts := []connect.HandlerOption{
 		connect.WithInterceptors(obs, authn),
@@ -413,7 +421,9 @@ func (s *Server) buildHandler() error {
 	mux.Handle(grpchealth.NewHandler(checker, connect.WithInterceptors(obs), connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)))
 	s.mountReflection(mux, obs)
 	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	// A scrape gathers and encodes every series (milliseconds of CPU): it
+	// costs the caller's address a request of the anonymous budget.
+	mux.Handle("GET /metrics", authn.PublicHTTP(promhttp.HandlerFor(registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /.well-known/jwks.json", s.jwks)
 	// The operator console (controlplane/console) on its own route: it
 	// calls the API in process through s.handler, as any client would.

@@ -204,10 +204,22 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	if !ok {
 		// Not a procedure of this server (every one has a rule: the
 		// policy test enforces it), so nothing is being withheld: the
-		// authenticated caller is told so, as the mux would.
+		// authenticated caller is told so, as the mux would. The refusal
+		// costs the caller a request of its budget, as an admitted call
+		// does: refusals are not free work (not counted as RateLimited,
+		// whose label is a procedure: this path is the caller's choice).
+		if err := i.spend(p, 1); err != nil {
+			return ctx, err
+		}
 		return ctx, connect.NewError(connect.CodeUnimplemented, fmt.Errorf("%s is not a procedure of this server", procedure))
 	}
 	if !rule.Allows(p) {
+		if err := i.spend(p, 1); err != nil {
+			if i.RateLimited != nil {
+				i.RateLimited(procedure)
+			}
+			return ctx, err
+		}
 		who := "role " + p.Role.String()
 		switch p.Kind {
 		case KindAgent:
