@@ -27,6 +27,10 @@ import (
 )
 
 func main() {
+	if bench.ServeClients() {
+		// A client process of a measurement (bench.ServeClients).
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "tether-bench:", err)
 		os.Exit(1)

@@ -278,3 +278,12 @@ func TestMCPToolsCallScenario(t *testing.T) {
 	}
 	t.Fatalf("no gateway throughput in %v", r.Results())
 }
+
+// TestMain lets this test binary serve as the client process of a
+// measurement whose clients run apart (ServeClients), as tether-bench does.
+func TestMain(m *testing.M) {
+	if ServeClients() {
+		return
+	}
+	os.Exit(m.Run())
+}
