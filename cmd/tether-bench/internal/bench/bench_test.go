@@ -221,7 +221,7 @@ func TestSummary(t *testing.T) {
 		"largest subtree one termination covered":    "Badger 120,001 (9,000 ms); 1,000,001 unfinished after 900.0 s; etcd 1,000 (300 ms); 20,001 unfinished after 120.0 s",
 		"revoke → offline verifier rejects":          "100k 4.10 ms (1M: -million)",
 		"spawn + credential, durable, 64 clients":    notMeasured,
-		"the same, clients in another process":       "5,000 agents/s (server 180 µs a spawn, 90.00 µs a GetNode)",
+		"the same, clients in another process":       "5,000 agents/s (server 180 µs a spawn, 90 µs a GetNode)",
 		"closed-loop stream renew, 1 lease, p50":     "0.50 ms = floor 0.25 ms (RPC 0.15 ms + fsync 0.10 ms) +0.25 ms",
 		"floors, p50":                                "fsync 0.10 ms, RPC 0.15 ms",
 	} {

@@ -148,9 +148,9 @@ func Summary(results []Result) []SummaryRow {
 		}
 		value := formatValue(rate) + " agents/s"
 		if cpu, ok := get(apart.name + "/clients=64/server-cpu-per-call"); ok {
-			value += fmt.Sprintf(" (server %s µs a spawn", formatValue(cpu))
+			value += fmt.Sprintf(" (server %.0f µs a spawn", cpu)
 			if floor, ok := get(apart.name + "/rpc-floor/clients=64/server-cpu-per-call"); ok {
-				value += fmt.Sprintf(", %s µs a GetNode", formatValue(floor))
+				value += fmt.Sprintf(", %.0f µs a GetNode", floor)
 			}
 			value += ")"
 		}
