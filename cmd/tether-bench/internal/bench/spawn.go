@@ -32,7 +32,9 @@ func init() {
 // spawn is, writing nothing), so that the CPU a spawn costs beyond one
 // round trip of the RPC stack is measured in the same run. The 64 clients
 // then do the same again over HTTP/1.1 (agentsdk.UnaryHTTP1Client, one
-// connection each), whose server path costs less per call.
+// connection each), whose server path costs less per call. Last, 64
+// clients in a process of their own do both again (measureSpawnsApart), so
+// that the server's CPU per spawn is measured without theirs in it.
 func supervisorSpawn(ctx context.Context, r *Report, srv *benchServer) error {
 	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}, true); err != nil {
 		return err
