@@ -9,6 +9,12 @@
 // value | target, bench.Summary); -summarize prints that summary from
 // results written before (several runs' files merge, later ones winning),
 // such as a make bench run and a make bench-million run.
+//
+// Measurements named ...-apart (supervisor/spawn's) run their clients in a
+// process of their own: tether-bench starts itself again with
+// TETHER_BENCH_CLIENTS set in its environment, which makes it that client
+// process (it reads its job on stdin and answers on stdout), so that the
+// server's CPU time per call is measured without the clients'.
 package main
 
 import (
@@ -27,6 +33,10 @@ import (
 )
 
 func main() {
+	if bench.ServeClients() {
+		// A client process of a measurement (bench.ServeClients).
+		return
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "tether-bench:", err)
 		os.Exit(1)
@@ -39,7 +49,7 @@ func run() error {
 	duration := flag.Duration("duration", 2*time.Second, "how long each measurement runs, warm-up excluded")
 	dir := flag.String("dir", "", "directory for scratch databases (default: the system's temporary directory); use a disk like production's")
 	list := flag.Bool("list", false, "list the scenarios and exit")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (client and server share the process) to this file")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file (client and server share the process, except in measurements named ...-apart, whose clients run in a process of their own)")
 	million := flag.Bool("million", false, "run the large scenarios too (million/...: 1,000,000 agents on Badger, 100,000 on etcd; many minutes and a few GiB)")
 	stepTimeout := flag.Duration("step-timeout", 15*time.Minute, "bound on each step of a large scenario that may not finish (the termination of the whole swarm, the revocation marker)")
 	summarize := flag.String("summarize", "", "print the summary of these results files (comma-separated, written by -out) and exit")

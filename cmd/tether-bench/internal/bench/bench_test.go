@@ -10,7 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/tetherhq/tether/internal/etcdtest"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 func TestReportWritesJSONList(t *testing.T) {
@@ -204,6 +207,9 @@ func TestSummary(t *testing.T) {
 	r.Add("lease/renew/stream/leases=1/p50", 0.5, "ms")
 	r.Add("lease/renew/lone-floor-rpc/p50", 0.15, "ms")
 	r.Add("lease/renew/lone-floor-fsync/p50", 0.1, "ms")
+	r.Add("supervisor/spawn-durable-apart/rpc-floor/clients=64/server-cpu-per-call", 90, "µs")
+	r.Add("supervisor/spawn-durable-apart/clients=64", 5000, "agents/s")
+	r.Add("supervisor/spawn-durable-apart/clients=64/server-cpu-per-call", 180, "µs")
 	rows := map[string]string{}
 	for _, row := range Summary(r.Results()) {
 		rows[row.Figure] = row.Value
@@ -215,6 +221,7 @@ func TestSummary(t *testing.T) {
 		"largest subtree one termination covered":    "Badger 120,001 (9,000 ms); 1,000,001 unfinished after 900.0 s; etcd 1,000 (300 ms); 20,001 unfinished after 120.0 s",
 		"revoke → offline verifier rejects":          "100k 4.10 ms (1M: -million)",
 		"spawn + credential, durable, 64 clients":    notMeasured,
+		"the same, clients in another process":       "5,000 agents/s (server 180 µs a spawn, 90 µs a GetNode)",
 		"closed-loop stream renew, 1 lease, p50":     "0.50 ms = floor 0.25 ms (RPC 0.15 ms + fsync 0.10 ms) +0.25 ms",
 		"floors, p50":                                "fsync 0.10 ms, RPC 0.15 ms",
 	} {
@@ -277,4 +284,75 @@ func TestMCPToolsCallScenario(t *testing.T) {
 		}
 	}
 	t.Fatalf("no gateway throughput in %v", r.Results())
+}
+
+// TestMain lets this test binary serve as the client process of a
+// measurement whose clients run apart (ServeClients), as tether-bench does.
+func TestMain(m *testing.M) {
+	if ServeClients() {
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// The spawns measured from a client process of their own (this test binary,
+// through TestMain) are real spawns on the server: the parent's subtree
+// holds every child the client process reports (and at most the one in
+// flight when the run ended), and measureSpawnsApart reports its figures.
+func TestSpawnsApart(t *testing.T) {
+	ctx := context.Background()
+	r := &Report{Duration: 300 * time.Millisecond, Dir: t.TempDir()}
+	srv, err := startServer(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Stop()
+	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "apart"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent, err := srv.Admin.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := runClientsApart(ctx, clientJob{URL: srv.URL, Op: "spawn", Credentials: []string{parent.Msg.Credential},
+		Parents: []string{parent.Msg.Node.NodeId}, Duration: r.Duration})
+	if err != nil {
+		t.Fatal(err)
+	}
+	children := -1 // the parent is in its own subtree
+	for page := ""; ; {
+		resp, err := srv.Admin.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: parent.Msg.Node.NodeId, PageToken: page}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		children += len(resp.Msg.Nodes)
+		if page = resp.Msg.NextPageToken; page == "" {
+			break
+		}
+	}
+	if int64(children) < run.Calls || int64(children) > run.Calls+1 {
+		t.Fatalf("the client process reported %d spawns; the parent has %d children", run.Calls, children)
+	}
+
+	if err := measureSpawnsApart(ctx, r, srv, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, res := range r.Results() {
+		got[res.Name] = true
+	}
+	for _, name := range []string{
+		"supervisor/spawn-durable-apart/rpc-floor/clients=2",
+		"supervisor/spawn-durable-apart/clients=2",
+	} {
+		if !got[name] {
+			t.Errorf("no %s in %v", name, r.Results())
+		}
+	}
+	// A job the client process cannot run is an error here, with its reason.
+	_, err = runClientsApart(ctx, clientJob{URL: srv.URL, Op: "renew", Credentials: []string{"x"}, Parents: []string{"y"}, Duration: time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), `unknown op "renew"`) {
+		t.Fatalf("an unknown op: got %v", err)
+	}
 }

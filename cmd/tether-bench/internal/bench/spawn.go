@@ -32,13 +32,20 @@ func init() {
 // spawn is, writing nothing), so that the CPU a spawn costs beyond one
 // round trip of the RPC stack is measured in the same run. The 64 clients
 // then do the same again over HTTP/1.1 (agentsdk.UnaryHTTP1Client, one
-// connection each), whose server path costs less per call.
+// connection each), whose server path costs less per call. Last, 64
+// clients in a process of their own do both again (measureSpawnsApart), so
+// that the server's CPU per spawn is measured without theirs in it.
 func supervisorSpawn(ctx context.Context, r *Report, srv *benchServer) error {
 	if err := measureSpawns(ctx, r, srv, "supervisor/spawn-durable", []int{1, 8, 64}, true); err != nil {
 		return err
 	}
 	if err := measureSpawnsWith(ctx, r, srv, "supervisor/spawn-durable-http1", []int{64}, true, http1Dial(srv.URL)); err != nil {
 		return err
+	}
+	for _, http1 := range []bool{false, true} {
+		if err := measureSpawnsApart(ctx, r, srv, 64, http1); err != nil {
+			return err
+		}
 	}
 	return measureSpawnBatches(ctx, r, srv, 8, 64)
 }
@@ -156,12 +163,8 @@ func measureSpawnsWith(ctx context.Context, r *Report, srv *benchServer, name st
 		}
 		var spawned atomic.Int64
 		spawn := func(ctx context.Context, worker int) error {
-			resp, err := clients[worker].Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parents[worker], Name: "agent"}))
-			if err != nil {
+			if err := spawnOnce(ctx, clients[worker], parents[worker]); err != nil {
 				return err
-			}
-			if resp.Msg.Credential == "" {
-				return fmt.Errorf("spawn of %s returned no credential", resp.Msg.Node.NodeId)
 			}
 			spawned.Add(1)
 			return nil
@@ -192,24 +195,46 @@ func measureSpawnsWith(ctx context.Context, r *Report, srv *benchServer, name st
 	return nil
 }
 
+// measureSpawnsApart is measureSpawns at one level with the clients in a
+// process of their own (runClientsApart), so that this process's CPU time
+// is the server's alone: it reports the server's CPU time per spawn and
+// per call of the RPC floor beside it (the same clients reading their own
+// nodes), and the clients'. With http1 the clients use
+// agentsdk.UnaryHTTP1Client.
+func measureSpawnsApart(ctx context.Context, r *Report, srv *benchServer, workers int, http1 bool) error {
+	name := "supervisor/spawn-durable-apart"
+	if http1 {
+		name = "supervisor/spawn-durable-http1-apart"
+	}
+	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-spawn-apart-root"}))
+	if err != nil {
+		return err
+	}
+	job := clientJob{URL: srv.URL, HTTP1: http1}
+	for range workers {
+		resp, err := srv.Admin.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "parent"}))
+		if err != nil {
+			return err
+		}
+		job.Credentials = append(job.Credentials, resp.Msg.Credential)
+		job.Parents = append(job.Parents, resp.Msg.Node.NodeId)
+	}
+	job.Op = "get-node"
+	if err := measureApart(ctx, r, fmt.Sprintf("%s/rpc-floor/clients=%d", name, workers), job); err != nil {
+		return err
+	}
+	job.Op = "spawn"
+	return measureApart(ctx, r, fmt.Sprintf("%s/clients=%d", name, workers), job)
+}
+
 // measureRPCFloor measures the clients of a spawn measurement reading
 // their own nodes (GetNode): the same connections, credentials,
 // authentication and authorisation as their spawns, and no write. It
 // reports the rate and the rate per CPU-second of the process.
 func measureRPCFloor(ctx context.Context, r *Report, name string, clients []*agentsdk.Conn, parents []string) error {
-	read := func(ctx context.Context, w int) error {
-		resp, err := clients[w].Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: parents[w]}))
-		if err != nil {
-			return err
-		}
-		if resp.Msg.Node.GetNodeId() != parents[w] {
-			return fmt.Errorf("GetNode of %s returned %s", parents[w], resp.Msg.Node.GetNodeId())
-		}
-		return nil
-	}
 	var reads atomic.Int64
 	op := func(ctx context.Context, w int) error {
-		err := read(ctx, w)
+		err := readOwnNode(ctx, clients[w], parents[w])
 		if err == nil {
 			reads.Add(1)
 		}

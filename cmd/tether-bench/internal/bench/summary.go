@@ -136,6 +136,27 @@ func Summary(results []Result) []SummaryRow {
 		add("the same over HTTP/1.1", "", value)
 	}
 
+	for _, apart := range []struct{ name, label string }{
+		{"supervisor/spawn-durable-apart", "the same, clients in another process"},
+		{"supervisor/spawn-durable-http1-apart", "the same, clients in another process, HTTP/1.1"},
+	} {
+		// Not a target: the server's own CPU per spawn, the clients' not
+		// in it (measureSpawnsApart).
+		rate, ok := get(apart.name + "/clients=64")
+		if !ok {
+			continue
+		}
+		value := formatValue(rate) + " agents/s"
+		if cpu, ok := get(apart.name + "/clients=64/server-cpu-per-call"); ok {
+			value += fmt.Sprintf(" (server %.0f µs a spawn", cpu)
+			if floor, ok := get(apart.name + "/rpc-floor/clients=64/server-cpu-per-call"); ok {
+				value += fmt.Sprintf(", %.0f µs a GetNode", floor)
+			}
+			value += ")"
+		}
+		add(apart.label, "", value)
+	}
+
 	add("largest subtree one termination covered", "100,000 on etcd, 1,000,000 on Badger", largestTerminations(results))
 
 	parts = parts[:0]
