@@ -461,6 +461,10 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		return err
 	}
 	var wrote []*tree.Node
+	if plan != nil {
+		s.nodes.await(plan.kids)
+		defer s.nodes.settle(plan.kids)
+	}
 	err = s.Store.Update(ctx, func(tx store.Txn) error {
 		handedOver, done, wrote = nil, false, nil
 		var t Termination

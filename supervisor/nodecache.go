@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bytes"
 	"errors"
 	"strings"
 	"sync"
@@ -27,6 +28,17 @@ import (
 // it never decides what the record says, the store's value at the commit
 // does.
 //
+// Where the watch delivered the kept value (most nodes: the mark's own
+// write comes back through it), its revision is kept too, and the record
+// asks the store to check the node's revision instead of its value
+// (store.RevisionExpecter: on etcd a comparison of the mod revision, a few
+// bytes, where the value's comparison carried the whole node in the commit
+// request). The mark notes the nodes a chunk is about to write before its
+// transaction (await), so that the watch's events of those writes are
+// kept even when they arrive before the commit returns; a value kept from
+// the mark's commit, not seen by the watch, is checked by its value as
+// before.
+//
 // It is used only on a backend that checks Expect at the commit (etcd;
 // Badger reads locally, and a read costs it less than the comparison),
 // only on an Update's first attempt, and only while the reconcile loop's
@@ -35,7 +47,15 @@ import (
 type nodeCache struct {
 	mu       sync.Mutex
 	watching bool
-	nodes    map[string][]byte // node id → its stored value
+	used     bool                // a mark kept nodes here (the backend checks Expect at the commit)
+	nodes    map[string]keptNode // node id → its stored value
+}
+
+// keptNode is a kept node's stored value and, once the watch delivered
+// it, the revision that wrote it (0: not known).
+type keptNode struct {
+	value []byte
+	rev   uint64
 }
 
 // maxKeptNodes bounds the nodes kept (a few hundred bytes each).
@@ -57,12 +77,53 @@ func (c *nodeCache) reset() {
 	c.nodes = nil
 }
 
+// await notes, before a mark's chunk runs its transaction, the nodes it
+// plans to write: the watch's events for them are kept from now on (a
+// placeholder without a value until one arrives), so that the chunk's own
+// writes are kept with their revision whichever of the event and the
+// commit comes first. settle drops the placeholders left unfilled.
+func (c *nodeCache) await(ids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.watching || !c.used {
+		return
+	}
+	if c.nodes == nil {
+		c.nodes = make(map[string]keptNode)
+	}
+	for _, id := range ids {
+		if len(c.nodes) >= maxKeptNodes {
+			return
+		}
+		if _, ok := c.nodes[id]; !ok {
+			c.nodes[id] = keptNode{}
+		}
+	}
+}
+
+// settle drops the placeholders await left for ids that no event filled
+// (nodes the chunk did not write, or a chunk that did not commit).
+func (c *nodeCache) settle(ids []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if k, ok := c.nodes[id]; ok && k.value == nil {
+			delete(c.nodes, id)
+		}
+	}
+}
+
 // keep keeps the values of nodes a mark's chunk wrote (after its commit).
+// A node whose write the watch already delivered (await) keeps that
+// value and its revision.
 func (c *nodeCache) keep(nodes []*tree.Node) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.watching {
 		return
+	}
+	if len(nodes) > 0 {
+		c.used = true
 	}
 	for _, n := range nodes {
 		if len(c.nodes) >= maxKeptNodes {
@@ -73,9 +134,12 @@ func (c *nodeCache) keep(nodes []*tree.Node) {
 			continue
 		}
 		if c.nodes == nil {
-			c.nodes = make(map[string][]byte)
+			c.nodes = make(map[string]keptNode)
 		}
-		c.nodes[n.NodeID] = b
+		if k := c.nodes[n.NodeID]; k.rev != 0 && bytes.Equal(k.value, b) {
+			continue
+		}
+		c.nodes[n.NodeID] = keptNode{value: b}
 	}
 }
 
@@ -105,18 +169,18 @@ func (c *nodeCache) apply(batch []store.Event) {
 			continue
 		}
 		if ev.Type == store.EventPut {
-			c.nodes[id] = ev.Value
+			c.nodes[id] = keptNode{value: ev.Value, rev: ev.Revision}
 		} else {
 			delete(c.nodes, id)
 		}
 	}
 }
 
-func (c *nodeCache) value(id string) ([]byte, bool) {
+func (c *nodeCache) value(id string) (keptNode, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b, ok := c.nodes[id]
-	return b, ok
+	k, ok := c.nodes[id]
+	return k, ok && k.value != nil
 }
 
 // nodesIn reads the nodes ids in tx, taking those kept here on trust
@@ -128,13 +192,22 @@ func (c *nodeCache) nodesIn(tx store.ReadTxn, ids []string, first bool) (map[str
 	if _, expects := tx.(store.Expecter); first && expects {
 		rest = nil
 		budget := maxExpectBytes
+		revs, byRev := tx.(store.RevisionExpecter)
 		for _, id := range ids {
-			b, ok := c.value(id)
-			if !ok || len(b) > budget {
+			k, ok := c.value(id)
+			b := k.value
+			byRev := byRev && k.rev != 0
+			if !ok || (!byRev && len(b) > budget) {
 				rest = append(rest, id)
 				continue
 			}
-			same, err := store.Expect(tx, tree.NodeKey(id), b)
+			var same bool
+			var err error
+			if byRev {
+				same, err = revs.ExpectRevision(tree.NodeKey(id), k.rev)
+			} else {
+				same, err = store.Expect(tx, tree.NodeKey(id), b)
+			}
 			if errors.Is(err, store.ErrTooLarge) {
 				rest = append(rest, id)
 				budget = 0
@@ -148,7 +221,9 @@ func (c *nodeCache) nodesIn(tx store.ReadTxn, ids []string, first bool) (map[str
 				rest = append(rest, id)
 				continue
 			}
-			budget -= len(b)
+			if !byRev {
+				budget -= len(b)
+			}
 			out[id] = n
 		}
 	}

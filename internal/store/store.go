@@ -230,6 +230,21 @@ type Expecter interface {
 	Expect(key, want []byte) (bool, error)
 }
 
+// RevisionExpecter is implemented by the transactions of a backend whose
+// keys carry the revision of the transaction that last wrote them (etcd's
+// mod revision, the Revision of the watch event that delivered the write).
+// ExpectRevision answers whether key was last written at rev (false for a
+// missing key), with Expect's contract: on an Update's first attempt it
+// may answer true without reading and check the comparison inside the
+// commit (a failed comparison voids the attempt; the next one reads). It
+// says what Expect with the value written at rev says, or less (a key
+// rewritten with the same value no longer matches), and costs the commit
+// a comparison of a revision instead of the value. Backends without
+// revisions per key (Badger) do not implement it: use Expect there.
+type RevisionExpecter interface {
+	ExpectRevision(key []byte, rev uint64) (bool, error)
+}
+
 // ErrStopScan ends a Scan early without an error.
 var ErrStopScan = fault.New(fault.Internal, "store: stop scan")
 

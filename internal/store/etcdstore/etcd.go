@@ -386,7 +386,7 @@ func (s *Etcd) attempt(ctx context.Context, fn func(tx store.Txn) error, first b
 	if err == nil {
 		err = t.snap.revisionErr
 	}
-	if err != nil || (len(t.writes) == 0 && len(t.expects) == 0) {
+	if err != nil || (len(t.writes) == 0 && len(t.expects) == 0 && len(t.expectRevs) == 0) {
 		// A read-only Update is a consistent read at its snapshot and
 		// needs no commit. (One that deferred an Expect commits no write
 		// but its comparisons, which stand for the deferred read.)

@@ -138,11 +138,14 @@ func newGroupMember(t *etcdTxn, req commitRequest) *groupMember {
 	for k := range t.writes {
 		m.writes = append(m.writes, t.snap.store.keys.key([]byte(k)))
 	}
-	m.reads = make([]string, 0, len(t.reads)+len(t.expects))
+	m.reads = make([]string, 0, len(t.reads)+len(t.expects)+len(t.expectRevs))
 	for k := range t.reads {
 		m.reads = append(m.reads, k)
 	}
 	for k := range t.expects {
+		m.reads = append(m.reads, k)
+	}
+	for k := range t.expectRevs {
 		m.reads = append(m.reads, k)
 	}
 	return m

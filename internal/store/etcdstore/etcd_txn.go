@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/tetherhq/tether/internal/store"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -564,6 +565,9 @@ type etcdTxn struct {
 	// instead of failing every attempt).
 	expects     map[string][]byte
 	expectBytes int
+	// expectRevs are the comparisons ExpectRevision deferred to the
+	// commit, by etcd key: the mod revision the key must have.
+	expectRevs  map[string]int64
 	deferExpect bool
 	finished    bool
 }
@@ -671,6 +675,52 @@ func (t *etcdTxn) Expect(key, want []byte) (bool, error) {
 		want = bytes.Clone(want)
 	}
 	t.expects[etcdKey] = want
+	t.expectBytes += cost
+	return true, nil
+}
+
+// ExpectRevision answers whether key was last written at revision rev,
+// deferring the comparison to the commit (ModRevision(key) = rev) on the
+// first attempt like Expect; otherwise it reads the key.
+func (t *etcdTxn) ExpectRevision(key []byte, rev uint64) (bool, error) {
+	if t.finished {
+		return false, store.ErrTxnFinished
+	}
+	if err := store.CheckKey(key); err != nil {
+		return false, err
+	}
+	if rev == 0 || rev > math.MaxInt64 {
+		return false, nil // no write has that revision
+	}
+	etcdKey := t.snap.store.keys.key(key)
+	_, written := t.writes[string(key)]
+	r, read := t.reads[etcdKey]
+	prior, expected := t.expectRevs[etcdKey]
+	_, expectedValue := t.expects[etcdKey]
+	if !t.deferExpect || written || read || expectedValue || (expected && prior != int64(rev)) {
+		if written {
+			return false, nil // its revision is not known before the commit
+		}
+		if !read {
+			if _, err := t.Get(key); err != nil && !errors.Is(err, store.ErrNotFound) {
+				return false, err
+			}
+			r = t.reads[etcdKey]
+		}
+		return r.modRevision == int64(rev), nil
+	}
+	if expected {
+		return true, nil
+	}
+	cost := len(etcdKey) + etcdCompareOverhead
+	if t.expectBytes+cost > t.snap.store.opts.MaxRequestBytes {
+		return false, fmt.Errorf("%w: the transaction's expectations exceed etcd's per-request limit of %d bytes (--max-request-bytes)",
+			store.ErrTooLarge, t.snap.store.opts.MaxRequestBytes)
+	}
+	if t.expectRevs == nil {
+		t.expectRevs = make(map[string]int64)
+	}
+	t.expectRevs[etcdKey] = int64(rev)
 	t.expectBytes += cost
 	return true, nil
 }
@@ -842,6 +892,9 @@ func (t *etcdTxn) commitRequest() (commitRequest, error) {
 		} else {
 			req.compares = append(req.compares, clientv3.Compare(clientv3.Value(key), "=", string(want)))
 		}
+	}
+	for key, rev := range t.expectRevs {
+		req.compares = append(req.compares, clientv3.Compare(clientv3.ModRevision(key), "=", rev))
 	}
 	req.bytes += t.expectBytes
 	if len(req.compares) > opts.MaxTxnOps {

@@ -64,6 +64,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"PrefetchScansFromChangesNoAnswer", testPrefetchScansFromChangesNoAnswer},
 		{"ExpectAnswers", testExpectAnswers},
 		{"ExpectFencesWriters", testExpectFencesWriters},
+		{"ExpectRevisionAnswers", testExpectRevisionAnswers},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -1375,6 +1376,77 @@ func testExpectAnswers(t *testing.T, s store.Store) {
 	})
 	if !errors.Is(err, store.ErrInvalidKey) {
 		t.Fatalf("Expect of a reserved key: %v, want ErrInvalidKey", err)
+	}
+}
+
+// testExpectRevisionAnswers: on a backend whose Updates implement
+// store.RevisionExpecter, ExpectRevision answers whether the key was last
+// written at the revision its watch event carried — false for another
+// revision (a deferred comparison that fails at the commit voids the
+// attempt, and the next one answers false), for a key rewritten since with
+// the same value, for a missing key and for a key the transaction wrote —
+// and a write concluded from a false answer's true one never commits.
+func testExpectRevisionAnswers(t *testing.T, s store.Store) {
+	supported := false
+	if err := s.Update(t.Context(), func(tx store.Txn) error {
+		_, supported = tx.(store.RevisionExpecter)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !supported {
+		t.Skip("the backend keeps no revision per key")
+	}
+	w := watch(t, s, t.Context(), "rev/")
+	put(t, s, "rev/k", "v")
+	rev := nextBatch(t, w)[0].Revision
+	put(t, s, "rev/same", "v")
+	first := nextBatch(t, w)[0].Revision
+	put(t, s, "rev/same", "v") // the same value, a later write
+	expect := func(key string, rev uint64) (answer bool, attempts int) {
+		t.Helper()
+		if err := s.Update(t.Context(), func(tx store.Txn) (err error) {
+			attempts++
+			answer, err = tx.(store.RevisionExpecter).ExpectRevision([]byte(key), rev)
+			if err != nil {
+				return err
+			}
+			return tx.Put([]byte("rev-concluded"), []byte(strconv.FormatBool(answer)))
+		}); err != nil {
+			t.Fatalf("ExpectRevision(%s, %d): %v", key, rev, err)
+		}
+		wantValue(t, s, "rev-concluded", strconv.FormatBool(answer))
+		return answer, attempts
+	}
+	if ok, _ := expect("rev/k", rev); !ok {
+		t.Errorf("ExpectRevision(k, the revision that wrote it) = false, want true")
+	}
+	for _, c := range []struct {
+		key string
+		rev uint64
+	}{{"rev/k", rev + 1}, {"rev/k", rev - 1}, {"rev/same", first}, {"rev/absent", rev}, {"rev/k", 0}} {
+		if ok, _ := expect(c.key, c.rev); ok {
+			t.Errorf("ExpectRevision(%s, %d) = true, want false", c.key, c.rev)
+		}
+	}
+	if err := s.Update(t.Context(), func(tx store.Txn) error {
+		if err := tx.Put([]byte("rev/k"), []byte("w")); err != nil {
+			return err
+		}
+		ok, err := tx.(store.RevisionExpecter).ExpectRevision([]byte("rev/k"), rev)
+		if err == nil && ok {
+			err = errors.New("ExpectRevision of a key the transaction wrote = true, want false")
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		_, err := tx.(store.RevisionExpecter).ExpectRevision([]byte("\x00reserved"), rev)
+		return err
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("ExpectRevision of a reserved key: %v, want ErrInvalidKey", err)
 	}
 }
 
