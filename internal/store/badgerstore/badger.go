@@ -45,6 +45,7 @@ const (
 // group committer for durable writes. See the package documentation.
 type Badger struct {
 	db        *badger.DB
+	clock     *clock
 	queue     *requestQueue
 	hub       *watchHub
 	committer *committer
@@ -90,19 +91,24 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 	if opts.MemTableSize != 0 {
 		bopts = bopts.WithMemTableSize(opts.MemTableSize)
 	}
+	if tuneBadger != nil {
+		bopts = tuneBadger(bopts)
+	}
 	if !opts.InMemory {
 		if err := removeEmptyMemtables(dir, opts.Logger); err != nil {
 			return nil, err
 		}
 	}
-	db, err := badger.Open(bopts)
+	// Managed mode: the store numbers the commits (timestamps.go).
+	db, err := badger.OpenManaged(bopts)
 	if err != nil {
 		return nil, fmt.Errorf("store: open badger: %w", err)
 	}
 	if !opts.InMemory && !skipValueLogSync(db) {
 		opts.Logger.Warn("store: cannot turn off Badger's per-commit sync of its value log (see vlogsync.go); every commit syncs it too: as durable, one device flush slower")
 	}
-	revision, err := readRevision(db)
+	clock := newClock(db)
+	revision, err := readRevision(clock)
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -110,6 +116,7 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 
 	s := &Badger{
 		db:    db,
+		clock: clock,
 		queue: newRequestQueue(),
 		hub:   newWatchHub(opts.WatchBuffer),
 	}
@@ -127,11 +134,17 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 		},
 		stats:    &s.stats,
 		revision: revision,
+		clock:    clock,
+		ts:       clock.lastCommitted(),
 		done:     make(chan struct{}),
 	}
 	go s.committer.run()
 	return s, nil
 }
+
+// tuneBadger, set by tests before a store is opened, adjusts Badger's
+// options (say, to make compaction deterministic).
+var tuneBadger func(badger.Options) badger.Options
 
 // OpenBadgerInMemory opens an empty store that lives in memory only, for
 // tests.
@@ -139,12 +152,10 @@ func OpenBadgerInMemory() (*Badger, error) {
 	return OpenBadger("", BadgerOptions{InMemory: true})
 }
 
-func readRevision(db *badger.DB) (uint64, error) {
-	var revision uint64
-	err := db.View(func(txn *badger.Txn) (err error) {
-		revision, err = snapshotRevision(txn)
-		return err
-	})
+func readRevision(c *clock) (uint64, error) {
+	txn, done := c.view()
+	defer done()
+	revision, err := snapshotRevision(txn)
 	if err != nil {
 		return 0, fmt.Errorf("store: read revision: %w", err)
 	}
@@ -178,8 +189,8 @@ func (s *Badger) View(ctx context.Context, fn func(tx store.ReadTxn) error) erro
 	if s.closed {
 		return store.ErrClosed
 	}
-	txn := s.db.NewTransaction(false)
-	defer txn.Discard()
+	txn, done := s.clock.view()
+	defer done()
 	rt := &readTxn{txn: txn}
 	defer func() { rt.finished = true }()
 	return fn(rt)

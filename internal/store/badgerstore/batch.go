@@ -37,10 +37,12 @@ type appliedUpdate struct {
 // batch is one group commit in the making: the Updates the committer has
 // run so far, in order, and the state they leave behind.
 type batch struct {
-	db *badger.DB
+	clock *clock
 	// snapshot reads the committed state; it is opened on the first read
 	// that misses the batch, as many batches never read the database.
-	snapshot *badger.Txn
+	// endSnapshot discards it.
+	snapshot    *badger.Txn
+	endSnapshot func()
 	// pending is the latest state of every key written in the batch.
 	pending writeSet
 	updates []*appliedUpdate
@@ -57,21 +59,21 @@ type txnLimits struct {
 	cost  int64
 }
 
-func newBatch(db *badger.DB, revision uint64, limits txnLimits) *batch {
-	return &batch{db: db, pending: newWriteSet(), revision: revision, limits: limits}
+func newBatch(clock *clock, revision uint64, limits txnLimits) *batch {
+	return &batch{clock: clock, pending: newWriteSet(), revision: revision, limits: limits}
 }
 
 // release frees the read snapshot; the batch must not be read afterwards.
 func (b *batch) release() {
 	if b.snapshot != nil {
-		b.snapshot.Discard()
-		b.snapshot = nil
+		b.endSnapshot()
+		b.snapshot, b.endSnapshot = nil, nil
 	}
 }
 
 func (b *batch) readSnapshot() *badger.Txn {
 	if b.snapshot == nil {
-		b.snapshot = b.db.NewTransaction(false)
+		b.snapshot, b.endSnapshot = b.clock.view()
 	}
 	return b.snapshot
 }

@@ -42,7 +42,13 @@ type committer struct {
 	// revision is the last durable revision. Only the committer goroutine
 	// uses it.
 	revision uint64
-	done     chan struct{}
+	// clock numbers Badger's commits and opens the batches' snapshots
+	// (timestamps.go); ts is the last timestamp a commit was given, which
+	// a failed commit uses up too, as some of its writes may have reached
+	// the memtable.
+	clock *clock
+	ts    uint64
+	done  chan struct{}
 }
 
 // outcome is what a taken request will be answered once the batch is
@@ -74,7 +80,7 @@ func (c *committer) run() {
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 	start := time.Now()
 	var traced []trace.Link // the callers being traced (observe.go)
-	b := newBatch(c.db, c.revision, c.limits)
+	b := newBatch(c.clock, c.revision, c.limits)
 	for _, r := range reqs {
 		if err := r.ctx.Err(); err != nil {
 			// Not started yet, so it must not write: report the context's
@@ -160,13 +166,18 @@ func (c *committer) commit(updates []*appliedUpdate) (int, error) {
 func (c *committer) commitPrefix(updates []*appliedUpdate) (int, error) {
 	n := len(updates)
 	for {
-		txn := c.db.NewTransaction(true)
+		// The transaction only writes: its read timestamp is never used.
+		txn := c.db.NewTransactionAt(c.ts, true)
 		fitted, err := fill(txn, updates[:n])
 		if err == nil {
-			err = txn.Commit()
+			c.ts++
+			err = txn.CommitAt(c.ts, nil)
 			if err != nil {
 				return 0, err
 			}
+			// Every write of the commit is in the memtable: reads may
+			// begin at it.
+			c.clock.committed(c.ts)
 			c.stats.transactions.Add(1)
 			return n, nil
 		}

@@ -769,15 +769,24 @@ func testWatchEndsOnCancel(t *testing.T, s store.Store) {
 
 // testWatchThenScanHasNoGaps follows the documented resume recipe (watch,
 // then scan, then apply events above the scan's revision) while a writer
-// runs, and checks the result equals the final state.
+// runs, and checks the result equals the final state. The writer waits for
+// the watch after its first third: had it finished before the watch began
+// (a test goroutine descheduled for long enough on a loaded machine), the
+// last write's event, which ends the test, would never come.
 func testWatchThenScanHasNoGaps(t *testing.T, s store.Store) {
 	const writes = 300
-	started := make(chan struct{})
+	started, watching := make(chan struct{}), make(chan struct{})
 	writerDone := make(chan error, 1)
 	go func() {
 		for i := range writes {
 			if i == writes/3 {
 				close(started)
+				select {
+				case <-watching:
+				case <-t.Context().Done(): // the test failed before watching
+					writerDone <- t.Context().Err()
+					return
+				}
 			}
 			key := []byte("r/" + strconv.Itoa(i%17))
 			err := s.Update(context.Background(), func(tx store.Txn) error {
@@ -797,6 +806,7 @@ func testWatchThenScanHasNoGaps(t *testing.T, s store.Store) {
 	}()
 	<-started
 	w := watch(t, s, t.Context(), "r/")
+	close(watching)
 	state := map[string]string{}
 	var scanRev uint64
 	err := s.View(t.Context(), func(tx store.ReadTxn) error {
