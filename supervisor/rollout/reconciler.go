@@ -32,6 +32,11 @@ type Rollouts struct {
 	// where they are (and expire).
 	Handover supervisor.LeaseHandover
 	Log      *slog.Logger
+	// Fault, when set, is called at "before-start-batch": after the
+	// reconciler chose a batch's agents from what it observed, before the
+	// transaction that starts the batch. Tests only: it lets a test act
+	// (an agent claiming its exit) between the two.
+	Fault func(point string)
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop
@@ -321,6 +326,9 @@ func (rs *Rollouts) Reconcile(ctx context.Context, rolloutID string) (time.Time,
 			}
 			return step.Wake, nil
 		case ActRolloutStartBatch:
+			if rs.Fault != nil {
+				rs.Fault("before-start-batch")
+			}
 			err = rs.startBatch(ctx, r, step, facts, now)
 		case ActRolloutHandOver:
 			out, err = rs.handOver(ctx, r, step, targets)
