@@ -30,10 +30,10 @@ import (
 // (and those an agent's termination was stopping): the "exited" rogue was
 // never a candidate, the rollout completed without it, its call was never
 // ordered cancelled, its grant and its child's never revoked, and no record
-// of the rollout listed it. An exit claim is not a stop: a rollout's batch
+// of the rollout listed it (and its job stayed its own). An exit claim is not a stop: a rollout's batch
 // now covers an agent its selector matches that claimed its exit and is
-// not terminated, and the batch's record weighs the claim (unaccounted, the
-// claim shown). The agent was not available to begin with, so the rollout
+// not terminated, the batch's record weighs the claim (unaccounted, the
+// claim shown) and its job is handed to the replacement. The agent was not available to begin with, so the rollout
 // waits for no replacement of it, and the node stays EXITED until
 // terminated — a launcher that started the next version when it saw the
 // exit sees no second drain.
@@ -73,6 +73,11 @@ func TestARogueThatClaimsItsExitBeforeItsBatchIsStillDrainedByTheRollout(t *test
 	if err != nil {
 		t.Fatal(err)
 	}
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-rogue", HolderIdentity: self, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary{rc}.send(t, ack(offered.Msg.Lease))
 	// Its batch is next: the rogue claims its own exit.
 	if _, err := rc.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
 		t.Fatal(err)
@@ -83,8 +88,9 @@ func TestARogueThatClaimsItsExitBeforeItsBatchIsStillDrainedByTheRollout(t *test
 	launcherConfirmsExit(t, admin, honest.Node.NodeId)
 	next := registerLabelled(t, admin, "w-next", map[string]string{"version": "v2"})
 	reportReady(t, admin, next.Node.NodeId)
+	past := clk.Now().Add(time.Minute) // past batch 0's drain, cancel-ack and confirmation windows
 	testserver.WaitFor(t, 20*time.Second, "batch 0's termination to finish", func() bool {
-		clk.Advance(2 * time.Second)
+		advanceUpTo(clk, past, 2*time.Second)
 		return getTermination(t, admin, r.Batches[0].TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	r = waitRollout(t, srv, r.RolloutId, "to finish batch 0 and go on", func(r *tetherv1.Rollout) bool {
@@ -103,8 +109,9 @@ func TestARogueThatClaimsItsExitBeforeItsBatchIsStillDrainedByTheRollout(t *test
 	if n := getNode(t, admin, self); n.State != tetherv1.NodeState_NODE_STATE_EXITED {
 		t.Fatalf("the rogue marked by batch 1 is %s, want still EXITED", n.State)
 	}
+	past = clk.Now().Add(time.Minute) // past batch 1's drain, cancel-ack and confirmation windows
 	testserver.WaitFor(t, 20*time.Second, "batch 1's termination to finish", func() bool {
-		clk.Advance(10 * time.Second) // past the drain, cancel-ack and confirmation windows
+		advanceUpTo(clk, past, 2*time.Second)
 		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	rec := record(t, admin, term)
@@ -121,6 +128,9 @@ func TestARogueThatClaimsItsExitBeforeItsBatchIsStillDrainedByTheRollout(t *test
 		if s := getGrant(t, admin, g.grant.GrantId).State; s != tetherv1.GrantState_GRANT_STATE_REVOKED {
 			t.Fatalf("grant %s of the rogue's subtree is %s after its batch, want revoked", g.grant.GrantId, s)
 		}
+	}
+	if l := operatorLease(t, admin, "job-rogue"); l.HolderIdentity != next.Node.NodeId || l.LeaseGeneration != 2 {
+		t.Fatalf("the rogue's job after its batch: held by %s at generation %d, want handed over to the replacement %s", l.HolderIdentity, l.LeaseGeneration, next.Node.NodeId)
 	}
 	// The rogue was not available to begin with: the one replacement (of
 	// the agent batch 0 drained) completes the rollout.
@@ -185,8 +195,9 @@ func TestARogueThatClaimsItsExitBetweenSelectionAndDrainIsStillDrained(t *testin
 	launcherConfirmsExit(t, admin, honest.Node.NodeId)
 	next := registerLabelled(t, admin, "w-next", map[string]string{"version": "v2"})
 	reportReady(t, admin, next.Node.NodeId)
+	past := clk.Now().Add(time.Minute) // past the batch's drain, cancel-ack and confirmation windows
 	testserver.WaitFor(t, 20*time.Second, "batch 0's termination to finish", func() bool {
-		clk.Advance(10 * time.Second)
+		advanceUpTo(clk, past, 2*time.Second)
 		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	if rn := recordNode(t, record(t, admin, term), self); rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ClaimedBy == "" {
@@ -263,8 +274,9 @@ func TestARogueSpawningAChildBetweenSelectionAndDrainHasItDrainedWithIt(t *testi
 		t.Fatalf("the rogue's spawn (and its child's grant), before its batch started: %v", spawnErr)
 	}
 	term := r.Batches[0].TerminationId
+	past := clk.Now().Add(time.Minute) // past the batch's drain, cancel-ack and confirmation windows
 	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
-		clk.Advance(10 * time.Second)
+		advanceUpTo(clk, past, 2*time.Second)
 		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
 	})
 	recordNode(t, record(t, admin, term), child.Node.NodeId)
@@ -273,5 +285,14 @@ func TestARogueSpawningAChildBetweenSelectionAndDrainHasItDrainedWithIt(t *testi
 	}
 	if s := getGrant(t, admin, grant.Grant.GrantId).State; s != tetherv1.GrantState_GRANT_STATE_REVOKED {
 		t.Fatalf("the child's grant is %s after its parent's batch, want revoked", s)
+	}
+}
+
+// advanceUpTo moves the manual clock on by step while it is before limit:
+// far enough for every window the test waits out, never so far that a
+// slow machine runs it into a deadline (the batch's, a lease's).
+func advanceUpTo(clk *clock.Manual, limit time.Time, step time.Duration) {
+	if clk.Now().Before(limit) {
+		clk.Advance(step)
 	}
 }
