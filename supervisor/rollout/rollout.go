@@ -71,13 +71,7 @@ func (s BatchState) String() string { return enumname.Of(batchStateNames[:], s, 
 type RolloutBatch struct {
 	Index int `json:"index"`
 	// NodeIDs are the agents the batch drains (its termination's roots).
-	NodeIDs []string `json:"node_ids"`
-	// Exited are those of NodeIDs whose exit was claimed (or confirmed)
-	// when the batch started: the batch drains them like the others (its
-	// termination revokes and cancels what they hold, its record weighs
-	// the claim), but they were not available before it, so no replacement
-	// is waited for them (Drained).
-	Exited        []string  `json:"exited,omitempty"`
+	NodeIDs       []string  `json:"node_ids"`
 	TerminationID string    `json:"termination_id"`
 	RecordID      string    `json:"record_id,omitempty"`
 	StartedAt     time.Time `json:"started_at"`
@@ -92,6 +86,12 @@ type RolloutBatch struct {
 	LeasesNotHandedOver []string  `json:"leases_not_handed_over,omitempty"`
 	CompletedAt         time.Time `json:"completed_at,omitzero"`
 	Released            bool      `json:"released,omitempty"`
+	// Exited are those of NodeIDs whose exit was claimed (or confirmed)
+	// when the batch started: the batch drains them like the others (its
+	// termination revokes and cancels what they hold, its record weighs
+	// the claim), but they were not available before it, so no replacement
+	// is waited for them (Drained).
+	Exited []string `json:"exited,omitempty"`
 }
 
 // State is the batch's state, derived from what it recorded.
@@ -111,8 +111,20 @@ func (b RolloutBatch) State() BatchState {
 func (b RolloutBatch) finished() bool { return b.Released || !b.CompletedAt.IsZero() }
 
 // toReplace is how many of the batch's agents were available when it
-// started: each needs a replacement.
-func (b RolloutBatch) toReplace() int { return len(b.NodeIDs) - len(b.Exited) }
+// started (NodeIDs not in Exited): each needs a replacement.
+func (b RolloutBatch) toReplace() int {
+	n := 0
+	for _, id := range b.NodeIDs {
+		if !slices.Contains(b.Exited, id) {
+			n++
+		}
+	}
+	return n
+}
+
+// exited is how many of the batch's agents had claimed their exit when it
+// started.
+func (b RolloutBatch) exited() int { return len(b.NodeIDs) - b.toReplace() }
 
 // Rollout is the persisted desired state of one rollout and where its
 // reconciler has got to. The shell stores it as a whole.
@@ -167,7 +179,7 @@ func (r Rollout) Drained() int {
 func (r Rollout) Exited() int {
 	n := 0
 	for _, b := range r.Batches {
-		n += len(b.Exited)
+		n += b.exited()
 	}
 	return n
 }
