@@ -131,6 +131,11 @@ type Config struct {
 	// "before-file" and "after-file"; an error stops the server as a crash
 	// would. Tests only.
 	StopRuleFault func(point string) error
+	// RolloutFault, when set, is called by the rollout reconciler at
+	// "before-start-batch": after it chose a batch's agents from what it
+	// observed, before the transaction that starts the batch (see
+	// rollout.Rollouts.Fault). Tests only.
+	RolloutFault func(point string)
 	// DisableStopRules runs without stop rules: no per-node counters in
 	// the ledger's and the tree's transactions and no evaluator (the
 	// benchmark's baseline for their added cost). StopRuleService answers

@@ -82,7 +82,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	// Rollouts (rollout.go, rollout_handler.go) and key rotation (keys.go).
 	handover := leaseHandover{leases: s.leases}
 	s.supervisor.Handover = handover
-	s.rollouts = &rollout.Rollouts{Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Handover: handover, Log: s.log}
+	s.rollouts = &rollout.Rollouts{Store: s.store, Clock: s.cfg.Clock, Supervisor: s.supervisor, Handover: handover, Log: s.log, Fault: s.cfg.RolloutFault}
 	s.addLeaderComponent("rollouts", s.afterLeases(s.rollouts.Run))
 	s.addComponent("key-ring", s.followKeyRing)
 	s.addLeaderComponent("key-pruner", s.pruneKeyRing)

@@ -32,6 +32,11 @@ type Rollouts struct {
 	// where they are (and expire).
 	Handover supervisor.LeaseHandover
 	Log      *slog.Logger
+	// Fault, when set, is called at "before-start-batch": after the
+	// reconciler chose a batch's agents from what it observed, before the
+	// transaction that starts the batch. Tests only: it lets a test act
+	// (an agent claiming its exit) between the two.
+	Fault func(point string)
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop
@@ -321,6 +326,9 @@ func (rs *Rollouts) Reconcile(ctx context.Context, rolloutID string) (time.Time,
 			}
 			return step.Wake, nil
 		case ActRolloutStartBatch:
+			if rs.Fault != nil {
+				rs.Fault("before-start-batch")
+			}
 			err = rs.startBatch(ctx, r, step, facts, now)
 		case ActRolloutHandOver:
 			out, err = rs.handOver(ctx, r, step, targets)
@@ -381,7 +389,9 @@ func sameVersion(a, b Rollout) bool {
 
 // startBatch writes the batch and its termination in one transaction, so a
 // crash leaves either both or neither: one termination, one record, per
-// batch. Agents that stopped meanwhile are left out.
+// batch. Agents that another termination than an agent's took over
+// meanwhile, or that were terminated, are left out; an agent that claimed
+// its exit meanwhile is not (stillCandidate).
 func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep, f RolloutFacts, now time.Time) error {
 	var term supervisor.Termination
 	err := rs.Store.Update(ctx, func(tx store.Txn) error {
@@ -393,7 +403,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		if !sameVersion(stored, r) {
 			return nil
 		}
-		var nodes []string
+		var nodes, exited []string
 		for _, nid := range step.Nodes {
 			n, err := tree.GetNodeIn(tx, nid)
 			if errors.Is(err, tree.ErrNodeNotFound) {
@@ -402,12 +412,16 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 			if err != nil {
 				return err
 			}
-			shielded, err := agentShielded(tx, n)
+			ok, err := stillCandidate(tx, n)
 			if err != nil {
 				return err
 			}
-			if n.State == tree.NodeStateRunning || shielded {
-				nodes = append(nodes, nid)
+			if !ok {
+				continue
+			}
+			nodes = append(nodes, nid)
+			if n.State == tree.NodeStateExited {
+				exited = append(exited, nid)
 			}
 		}
 		if len(nodes) == 0 {
@@ -427,7 +441,7 @@ func (rs *Rollouts) startBatch(ctx context.Context, r Rollout, step RolloutStep,
 		if err != nil {
 			return err
 		}
-		next, err := AdvanceRollout(stored, step, RolloutOutcome{TerminationID: term.ID}, f, now)
+		next, err := AdvanceRollout(stored, step, RolloutOutcome{TerminationID: term.ID, Exited: exited}, f, now)
 		if err != nil {
 			return err
 		}
@@ -471,9 +485,6 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	}
 	for _, l := range stuck {
 		out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+l.Why)
-	}
-	if len(open) > 0 && len(targets) == 0 {
-		return out, fmt.Errorf("supervisor: rollout %s: batch %d is replaced but no ready agent matches %q", r.ID, b.Index, r.TargetSelector)
 	}
 	roots, err := rs.rootsOf(ctx, open)
 	if err != nil {
@@ -644,10 +655,10 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		return f, nil, err
 	}
 	inBatch := map[string]bool{}
-	batched := map[string]bool{} // every batch's nodes, finished or not
+	batched := map[string]bool{} // every batch's nodes needing a replacement, finished or not
 	for _, b := range r.Batches {
 		for _, n := range b.NodeIDs {
-			batched[n] = true
+			batched[n] = !slices.Contains(b.Exited, n)
 			if !b.finished() {
 				inBatch[n] = true
 			}
@@ -664,7 +675,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		vouched := map[string]bool{} // roots matching the target selector
 		old := map[string]bool{}     // nodes matching the selector, in any state
 		var under [][]string         // targets' ancestors
-		var shields []*tree.Node     // stopped by another termination: taken over?
+		var shields []*tree.Node     // exited, or stopped by another termination: taken over?
 		clear(drained)
 		err := scanNodes(tx, func(n *tree.Node) {
 			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, to) {
@@ -677,7 +688,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 				old[n.NodeID] = true
 			}
 			if n.State != tree.NodeStateRunning {
-				if n.State != tree.NodeStateTerminated && n.TerminationID != "" && !inBatch[n.NodeID] &&
+				if n.State != tree.NodeStateTerminated && !inBatch[n.NodeID] &&
 					tree.MatchLabels(n.Labels, from) && !tree.MatchLabels(n.Labels, to) {
 					shields = append(shields, n)
 				}
@@ -699,7 +710,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			return err
 		}
 		for _, n := range shields {
-			ok, err := agentShielded(tx, n)
+			ok, err := stillCandidate(tx, n)
 			if err != nil {
 				return err
 			}
@@ -791,6 +802,24 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		}
 	}
 	return f, targets, nil
+}
+
+// stillCandidate reports whether a node that matches a rollout's selector
+// is one its batch drains: a running node; one whose exit was claimed (or
+// confirmed) outside any termination — an exit is a word, not a stop:
+// nothing the node holds is revoked, no call of it cancelled, no record
+// written until a termination covers it, so a rogue claiming its exit just
+// before its batch would otherwise keep all of it and stay out of every
+// record of the rollout; and one an agent's termination is stopping
+// (agentShielded).
+func stillCandidate(tx store.ReadTxn, n *tree.Node) (bool, error) {
+	switch {
+	case n.State == tree.NodeStateRunning:
+		return true, nil
+	case n.State == tree.NodeStateExited && n.TerminationID == "":
+		return true, nil
+	}
+	return agentShielded(tx, n)
 }
 
 // agentShielded reports whether n is being stopped by an agent's

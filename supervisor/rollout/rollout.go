@@ -2,6 +2,7 @@ package rollout
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -68,7 +69,8 @@ func (s BatchState) String() string { return enumname.Of(batchStateNames[:], s, 
 // RolloutBatch is one batch: the agents it drains through one termination
 // (one record), and how far it got.
 type RolloutBatch struct {
-	Index         int       `json:"index"`
+	Index int `json:"index"`
+	// NodeIDs are the agents the batch drains (its termination's roots).
 	NodeIDs       []string  `json:"node_ids"`
 	TerminationID string    `json:"termination_id"`
 	RecordID      string    `json:"record_id,omitempty"`
@@ -84,6 +86,12 @@ type RolloutBatch struct {
 	LeasesNotHandedOver []string  `json:"leases_not_handed_over,omitempty"`
 	CompletedAt         time.Time `json:"completed_at,omitzero"`
 	Released            bool      `json:"released,omitempty"`
+	// Exited are those of NodeIDs whose exit was claimed (or confirmed)
+	// when the batch started: the batch drains them like the others (its
+	// termination revokes and cancels what they hold, its record weighs
+	// the claim), but they were not available before it, so no replacement
+	// is waited for them (Drained).
+	Exited []string `json:"exited,omitempty"`
 }
 
 // State is the batch's state, derived from what it recorded.
@@ -101,6 +109,22 @@ func (b RolloutBatch) State() BatchState {
 }
 
 func (b RolloutBatch) finished() bool { return b.Released || !b.CompletedAt.IsZero() }
+
+// toReplace is how many of the batch's agents were available when it
+// started (NodeIDs not in Exited): each needs a replacement.
+func (b RolloutBatch) toReplace() int {
+	n := 0
+	for _, id := range b.NodeIDs {
+		if !slices.Contains(b.Exited, id) {
+			n++
+		}
+	}
+	return n
+}
+
+// exited is how many of the batch's agents had claimed their exit when it
+// started.
+func (b RolloutBatch) exited() int { return len(b.NodeIDs) - b.toReplace() }
 
 // Rollout is the persisted desired state of one rollout and where its
 // reconciler has got to. The shell stores it as a whole.
@@ -136,11 +160,26 @@ type Rollout struct {
 	ReadyTarget int `json:"ready_target"`
 }
 
-// Drained is the number of agents drained by started batches.
+// Drained is the number of agents drained by started batches that were
+// available when their batch started: each needs a replacement. An agent
+// that had claimed its exit (RolloutBatch.Exited) is drained too, but
+// nothing of the fleet's went with it: it is not counted, or the rollout
+// would wait for a replacement of an agent that had already gone (and
+// that its launcher replaced when it saw the exit, if it had one).
 func (r Rollout) Drained() int {
 	n := 0
 	for _, b := range r.Batches {
-		n += len(b.NodeIDs)
+		n += b.toReplace()
+	}
+	return n
+}
+
+// Exited is the number of agents drained by started batches that had
+// claimed their exit before their batch (not counted in Drained).
+func (r Rollout) Exited() int {
+	n := 0
+	for _, b := range r.Batches {
+		n += b.exited()
 	}
 	return n
 }
@@ -197,9 +236,11 @@ type BatchFacts struct {
 // is what the store says about registered, running nodes.
 type RolloutFacts struct {
 	// Candidates are the next agents to drain, in the order to drain them:
-	// running, matching the selector and not the target selector, with no
-	// ancestor among the candidates, not in a started batch. At least
-	// Batch of them when there are that many.
+	// matching the selector and not the target selector, not terminated
+	// and no other termination's but an agent's stopping them (running,
+	// exited outside any termination, or under an agent's termination),
+	// with no ancestor among the candidates, not in a started batch. At
+	// least Batch of them when there are that many.
 	Candidates []string
 	// Remaining is how many candidates there are in all.
 	Remaining int
@@ -265,6 +306,9 @@ type RolloutStep struct {
 type RolloutOutcome struct {
 	// TerminationID: StartBatch's termination.
 	TerminationID string
+	// Exited: those of StartBatch's nodes whose exit was claimed when the
+	// batch started (RolloutBatch.Exited).
+	Exited []string
 	// HandedOver and NotHandedOver: a HandOver's results ("job: why").
 	HandedOver    int
 	NotHandedOver []string
@@ -291,7 +335,7 @@ func NextRollout(r Rollout, f RolloutFacts, now time.Time) RolloutStep {
 	covered := 0
 	terminating := false
 	for _, b := range r.Batches {
-		covered += len(b.NodeIDs)
+		covered += b.toReplace()
 		if b.finished() {
 			continue
 		}
@@ -349,7 +393,7 @@ func missedDeadline(r Rollout, b RolloutBatch, f RolloutFacts, replacements int)
 	covered := 0
 	for _, o := range r.Batches {
 		if o.Index <= b.Index {
-			covered += len(o.NodeIDs)
+			covered += o.toReplace()
 		}
 	}
 	if b.ReplacedAt.IsZero() {
@@ -385,9 +429,14 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 		if r.State != RolloutRunning || step.Batch != len(r.Batches) || len(step.Nodes) == 0 || out.TerminationID == "" {
 			return r, fmt.Errorf("supervisor: rollout %s: cannot start batch %d while %s", r.ID, step.Batch, r.State)
 		}
+		for _, n := range out.Exited {
+			if !slices.Contains(step.Nodes, n) {
+				return r, fmt.Errorf("supervisor: rollout %s: batch %d does not drain %s, which it lists as exited", r.ID, step.Batch, n)
+			}
+		}
 		r.Batches = append(r.Batches, RolloutBatch{
 			Index: step.Batch, NodeIDs: append([]string(nil), step.Nodes...), TerminationID: out.TerminationID,
-			StartedAt: now, Deadline: now.Add(r.BatchDeadline),
+			Exited: slices.Clone(out.Exited), StartedAt: now, Deadline: now.Add(r.BatchDeadline),
 		})
 		r.Remaining = max(0, r.Remaining-len(step.Nodes))
 	case ActRolloutNoteTerminated:
@@ -439,6 +488,9 @@ func AdvanceRollout(r Rollout, step RolloutStep, out RolloutOutcome, f RolloutFa
 		}
 		r.State = RolloutCompleted
 		r.Reason = fmt.Sprintf("%d agents replaced in %d batches", r.Drained(), len(r.Batches))
+		if n := r.Exited(); n > 0 {
+			r.Reason += fmt.Sprintf("; %d more had claimed their exit before their batch and were drained without a replacement (their batches' records weigh the claims)", n)
+		}
 		var stuck []string
 		for _, b := range r.Batches {
 			stuck = append(stuck, b.LeasesNotHandedOver...)

@@ -25,7 +25,8 @@ import (
 //	                                 bN.waiting: ones no ready replacement may take)
 //	=> start_batch 1 nodes=a,b       the expected step (batch, nodes=, wake=, reason~text)
 //	outcome handed=2 stuck=j1,j2     what the shell reports for the step (default: a
-//	                                 start_batch's termination is t<batch>)
+//	                                 start_batch's termination is t<batch>; exited=a,b:
+//	                                 the batch's agents that had claimed their exit)
 //	decide pause|resume|abort [reason]   an operator's decision at the current time
 //	decide! resume                   a decision refused with ErrRolloutFinished
 //	state paused batches=done,replacing reason~deadline handed=2
@@ -278,6 +279,9 @@ func (tr *rolloutTranscript) setOutcome(args map[string]string) {
 	if v := args["stuck"]; v != "" {
 		tr.outcome.NotHandedOver = strings.Split(v, ",")
 	}
+	if v := args["exited"]; v != "" {
+		tr.outcome.Exited = strings.Split(v, ",")
+	}
 }
 
 func (tr *rolloutTranscript) apply() {
@@ -412,6 +416,9 @@ func TestAdvanceRolloutRefusesStepsThatDoNotFit(t *testing.T) {
 	r, err = AdvanceRollout(r, RolloutStep{Action: ActRolloutStartBatch, Batch: 0, Nodes: []string{"a", "b"}}, RolloutOutcome{TerminationID: "t0"}, f, t0)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := AdvanceRollout(r, RolloutStep{Action: ActRolloutStartBatch, Batch: 1, Nodes: []string{"c"}}, RolloutOutcome{TerminationID: "t1", Exited: []string{"d"}}, f, t0); err == nil {
+		t.Error("a batch started listing as exited an agent it does not drain")
 	}
 	if _, err := AdvanceRollout(r, RolloutStep{Action: ActRolloutCompleteBatch, Batch: 0}, RolloutOutcome{}, f, t0); err == nil {
 		t.Error("a batch completed before it was terminated and replaced")
