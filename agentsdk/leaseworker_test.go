@@ -404,6 +404,16 @@ func TestAFenceRaisesOnlyToAGenerationTheCoordinatorIssued(t *testing.T) {
 	next := http.Header{}
 	next.Set(agentsdk.HeaderJobID, "job-1")
 	next.Set(agentsdk.HeaderLeaseGeneration, strconv.FormatUint(r.Msg.Lease.LeaseGeneration, 10))
+	if code := send(next); code != http.StatusForbidden || fence.Highest("job-1") != 2 {
+		t.Fatalf("the reassigned generation before it was accepted (an offer carries no authority): %d, highest %d", code, fence.Highest("job-1"))
+	}
+	if code := send(holder); code != http.StatusConflict {
+		t.Fatalf("generation 1 once the fence learnt of generation 2: %d, want 409", code)
+	}
+	second, d, err := w.Accept(ctx, r.Msg.Lease, agentsdk.JobOptions{})
+	accepted(t, "accept generation 2", d, err)
+	next = http.Header{}
+	second.Header(next)
 	if code := send(next); code != http.StatusOK || fence.Highest("job-1") != 2 {
 		t.Fatalf("the reassigned generation: %d, highest %d", code, fence.Highest("job-1"))
 	}
