@@ -44,7 +44,7 @@ type leaseSetup struct {
 	net     *cuttable
 }
 
-func newLeaseSetup(t *testing.T) *leaseSetup {
+func newLeaseSetup(t testing.TB) *leaseSetup {
 	t.Helper()
 	clk := clock.NewManual(leaseEpoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
@@ -64,7 +64,7 @@ func newLeaseSetup(t *testing.T) *leaseSetup {
 	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId, net: net}
 }
 
-func (s *leaseSetup) offer(t *testing.T, job string, d time.Duration) *tetherv1.Lease {
+func (s *leaseSetup) offer(t testing.TB, job string, d time.Duration) *tetherv1.Lease {
 	t.Helper()
 	resp, err := s.planner.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: s.node, LeaseDuration: durationpb.New(d)}))
 	if err != nil {
@@ -82,7 +82,7 @@ func (s *leaseSetup) get(t *testing.T, job string) *tetherv1.Lease {
 	return resp.Msg.Lease
 }
 
-func (s *leaseSetup) newWorker(t *testing.T, dir string, every time.Duration) *agentsdk.LeaseWorker {
+func (s *leaseSetup) newWorker(t testing.TB, dir string, every time.Duration) *agentsdk.LeaseWorker {
 	t.Helper()
 	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: dir, Clock: s.clock, RenewEvery: every})
 	if err != nil {
