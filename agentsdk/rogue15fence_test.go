@@ -20,8 +20,10 @@ import (
 // authority. A Fence with IssuedGenerations asked the coordinator only
 // whether a generation was issued, once per generation: a holder whose
 // job the coordinator cancelled, whose lease it let expire, whose job was
-// resolved or completed, or that was only offered the job, kept writing
-// through the fence for as long as no later generation was seen there.
+// resolved or completed or is in an ownership conflict, or that was only
+// offered the job, kept writing through the fence for as long as no later
+// generation was seen there (each of the six, checked against the old
+// fence: answered 200 and the tool ran).
 // FIXED: the fence asks for every side effect (or, with MaxStale, trusts
 // an ACTIVE answer at most that long and never past the lease's expiry)
 // and refuses a generation that is not ACTIVE, was asked to cancel, or
@@ -65,8 +67,9 @@ func fencing(job string, generation uint64) http.Header {
 
 // A rogue holder keeps calling a fenced tool after the coordinator took
 // its authority away, each way the seed names: a cancel requested, the
-// lease let expire, the job resolved, the job completed; and a worker that
-// was offered the job but never accepted it. Each was admitted before the
+// lease let expire, the job resolved, the job completed, an ownership
+// conflict recorded; and a worker that was offered the job but never
+// accepted it. Each was admitted before the
 // fix (the fence had seen no later generation); each is refused now, the
 // tool runs nothing, and the honest holder of an ACTIVE lease still
 // writes.
@@ -141,6 +144,18 @@ func TestRogue15AFenceRefusesAHolderWithoutAuthority(t *testing.T) {
 	// Offered, never accepted: an offer carries no execution authority.
 	offered := s.offer(t, "job-offered", 5*time.Minute)
 	refused("a write under an offer nobody accepted", fencing("job-offered", offered.LeaseGeneration), "OFFERED")
+
+	// Conflicted: a second claimant of the active generation (the job's
+	// coordinating lineage renews it as if it held it): until the
+	// coordinator resolves the conflict, no execution is valid (§12).
+	conflicted := accept("job-conflicted", 5*time.Minute)
+	admitted("the holder before the conflict", header(conflicted))
+	l := conflicted.Lease()
+	claim, err := s.planner.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, RenewSequence: 1}))
+	if err != nil || claim.Msg.Decision.AuditEvent != tetherv1.AuditEvent_AUDIT_EVENT_OWNERSHIP_CONFLICT {
+		t.Fatalf("the second claim: %v %v", claim, err)
+	}
+	refused("a write under an ownership conflict", header(conflicted), "ownership conflict")
 
 	// The honest holder of an ACTIVE lease writes, and keeps writing after
 	// renewing past the first expiry.
