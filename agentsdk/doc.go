@@ -31,7 +31,8 @@
 //     end or cancel acknowledgement says must not come from the agent.
 //   - Verifier checks capability tokens offline against JWKS and the
 //     revocation feed, and fails closed when the feed goes stale.
-//   - Fence rejects side effects from an older lease generation.
+//   - Fence rejects side effects from an older lease generation and, with
+//     IssuedGenerations, from a generation without authority now.
 //
 // # Job leases
 //

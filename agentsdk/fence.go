@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -24,30 +26,69 @@ var ErrFenced = errors.New("agentsdk: fenced: a newer lease generation exists fo
 // to a generation nobody holds would fence the real holder out.
 var ErrUnissuedGeneration = errors.New("agentsdk: fence: the lease generation was not issued for the job")
 
-// GenerationCheck confirms that generation was issued for job (it is the
-// job's current generation or an earlier one). A Fence calls it before it
-// raises a job's highest generation, never for a generation it has seen.
-type GenerationCheck func(ctx context.Context, job string, generation uint64) error
+// ErrNoAuthority is returned by a Fence with a Check for a side effect
+// under the job's current generation when that generation may not act
+// now: it is only offered (not accepted), expired, or terminal, its
+// holder was asked to cancel, or the coordinator recorded an ownership
+// conflict for it. The holder may still believe it holds the lease; the
+// coordinator says it does not, and a fenced resource takes its word.
+var ErrNoAuthority = errors.New("agentsdk: fence: the lease generation has no authority")
+
+// Authority is the coordinator's answer about a job's lease, as a fence
+// needs it.
+type Authority struct {
+	// Generation is the job's current generation: every generation up to
+	// it was issued, and every one below it is superseded.
+	Generation uint64
+	// Active reports that Generation may act now: its lease is ACTIVE on
+	// the coordinator's clock, no cancel was requested and no ownership
+	// conflict recorded.
+	Active bool
+	// Until is when an Active generation's authority ends, as the
+	// coordinator stated it (the lease's expiry; renewals move it).
+	Until time.Time
+	// Why says, when not Active, why Generation may not act ("is
+	// EXPIRED", "was asked to cancel", ...).
+	Why string
+}
+
+// GenerationCheck asks the coordinator about job's lease. It returns an
+// error wrapping ErrUnissuedGeneration for a job the coordinator does not
+// know, and another error when the coordinator could not be asked.
+type GenerationCheck func(ctx context.Context, job string) (Authority, error)
 
 // IssuedGenerations is the GenerationCheck that asks the control plane:
 // it reads the job's lease (LeaseService.GetLease, which a tool server's
-// credential may call) and refuses a generation above the lease's with
-// ErrUnissuedGeneration, and a job the coordinator does not know the
-// same way.
+// credential may call, charged to the tool server's reads of that job)
+// and answers the job's generation and whether it may act now.
 func IssuedGenerations(c *Conn) GenerationCheck {
-	return func(ctx context.Context, job string, generation uint64) error {
+	return func(ctx context.Context, job string) (Authority, error) {
 		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
 		if connect.CodeOf(err) == connect.CodeNotFound {
-			return fmt.Errorf("%w: job %q has no lease", ErrUnissuedGeneration, job)
+			return Authority{}, fmt.Errorf("%w: job %q has no lease", ErrUnissuedGeneration, job)
 		}
 		if err != nil {
-			return fmt.Errorf("agentsdk: fence: asking the coordinator for job %q's generation: %w", job, err)
+			return Authority{}, fmt.Errorf("agentsdk: fence: asking the coordinator about job %q's lease: %w", job, err)
 		}
-		if current := resp.Msg.GetLease().GetLeaseGeneration(); generation > current {
-			return fmt.Errorf("%w: job %q generation %d is above the coordinator's, %d", ErrUnissuedGeneration, job, generation, current)
-		}
-		return nil
+		return authorityOf(resp.Msg.GetLease()), nil
 	}
+}
+
+func authorityOf(l *tetherv1.Lease) Authority {
+	a := Authority{Generation: l.GetLeaseGeneration()}
+	switch state := l.GetState(); {
+	case state != tetherv1.LeaseState_LEASE_STATE_ACTIVE:
+		a.Why = "is " + strings.TrimPrefix(state.String(), "LEASE_STATE_")
+	case l.GetCancelRequested():
+		a.Why = "was asked to cancel"
+	case l.GetOwnershipConflict():
+		a.Why = "has an unresolved ownership conflict"
+	case l.GetExpiresAt() == nil:
+		a.Why = "has no expiry" // not an answer the coordinator gives
+	default:
+		a.Active, a.Until = true, l.GetExpiresAt().AsTime()
+	}
+	return a
 }
 
 // Headers a Fence middleware reads: the job and the lease generation the
@@ -71,20 +112,48 @@ const (
 // fence with Observe on start-up. The zero value is ready to use; it is
 // safe for concurrent use.
 //
-// The generation a request carries is its caller's word. Without a Check,
-// anyone who can reach the tool server can send a generation nobody holds
-// and so fence the job's real holder out until the fence forgets; a tool
-// server reachable by callers it does not trust sets Check (for example
-// IssuedGenerations with its own credential), which the fence asks before
-// it raises a job's highest generation: once per generation, not per call.
+// The generation a request carries is its caller's word, and ordering
+// alone does not ask whether that generation may still act. Without a
+// Check, anyone who can reach the tool server can send a generation nobody
+// holds and so fence the job's real holder out until the fence forgets,
+// and a holder whose job was cancelled, expired or ended keeps writing
+// until a later generation is seen. A tool server reachable by callers it
+// does not trust sets Check (IssuedGenerations with its own credential):
+// the fence then admits a side effect only under the job's current
+// generation while the coordinator says it may act — ACTIVE, no cancel
+// requested, no ownership conflict — and raises its highest generation to
+// the coordinator's.
+//
+// Freshness: with MaxStale zero (the default) the fence asks for every
+// side effect it does not refuse on its own, so a cancel, an expiry, a
+// resolution or a reassignment the coordinator has recorded refuses the
+// next side effect. With MaxStale set, an answer that the generation may
+// act admits that generation's side effects without asking for MaxStale
+// from when the fence asked, and never past the expiry the coordinator
+// stated (read on Clock): the coordinator's decision takes effect at the
+// fence within MaxStale, trading that bound for one ask per generation per
+// MaxStale. Answers that refuse are never kept: each refused side effect
+// asks again.
 type Fence struct {
-	// Check, when set, confirms a generation above the highest seen
-	// before the fence raises to it; a refused one is not admitted and
-	// changes nothing.
+	// Check, when set, is asked about the job before a side effect is
+	// admitted; a refused side effect changes nothing.
 	Check GenerationCheck
+	// MaxStale is how long an answer that a generation may act is
+	// trusted; zero asks for every side effect.
+	MaxStale time.Duration
+	// Clock reads the time for MaxStale (nil: WallClock).
+	Clock Clock
 
-	mu      sync.Mutex
-	highest map[string]uint64
+	mu   sync.Mutex
+	jobs map[string]fenceJob
+}
+
+// fenceJob is what a Fence knows of one job: the highest generation seen,
+// and the generation an answer said may act, until when.
+type fenceJob struct {
+	highest uint64
+	active  uint64
+	until   time.Time
 }
 
 // Admit decides whether a side effect for job under generation may happen
@@ -95,36 +164,70 @@ func (f *Fence) Admit(job string, generation uint64) error {
 	return f.AdmitContext(context.Background(), job, generation)
 }
 
-// AdmitContext is Admit with the context a Check runs under. A
-// generation above the highest seen is admitted only once Check (if set)
-// confirms it; a refusal wraps ErrUnissuedGeneration (or says why the
-// coordinator could not be asked) and raises nothing.
+// AdmitContext is Admit with the context a Check runs under. With a Check
+// the side effect is admitted only under the job's current generation
+// while it may act (see Fence); a refusal wraps ErrFenced (an older
+// generation), ErrUnissuedGeneration (a generation above the
+// coordinator's, or a job it does not know) or ErrNoAuthority, or says why
+// the coordinator could not be asked, and admits nothing.
 func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64) error {
 	if job == "" || generation == 0 {
 		return fmt.Errorf("agentsdk: fence: a side effect needs a job id and a lease generation (got %q, %d)", job, generation)
 	}
-	f.mu.Lock()
-	h := f.highest[job]
-	if generation < h {
-		f.mu.Unlock()
-		return fenced(job, generation, h)
+	var askedAt time.Time
+	if f.MaxStale > 0 {
+		askedAt = f.clock().Now()
 	}
-	if generation == h || f.Check == nil {
+	f.mu.Lock()
+	e := f.jobs[job]
+	if generation < e.highest {
+		f.mu.Unlock()
+		return fenced(job, generation, e.highest)
+	}
+	if f.Check == nil || (f.MaxStale > 0 && generation == e.active && askedAt.Before(e.until)) {
 		f.observeLocked(job, generation)
 		f.mu.Unlock()
 		return nil
 	}
 	f.mu.Unlock()
-	if err := f.Check(ctx, job, generation); err != nil {
+	a, err := f.Check(ctx, job)
+	if err != nil {
 		return err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if h := f.highest[job]; generation < h { // raised meanwhile
-		return fenced(job, generation, h)
+	f.observeLocked(job, a.Generation) // issued: older generations are superseded
+	e = f.jobs[job]
+	switch {
+	case generation < e.highest: // superseded, or raised meanwhile
+		return fenced(job, generation, e.highest)
+	case generation > a.Generation:
+		return fmt.Errorf("%w: job %q generation %d is above the coordinator's, %d", ErrUnissuedGeneration, job, generation, a.Generation)
+	case !a.Active:
+		if e.active == generation {
+			e.active, e.until = 0, time.Time{}
+			f.jobs[job] = e
+		}
+		return fmt.Errorf("%w: job %q generation %d %s", ErrNoAuthority, job, generation, a.Why)
 	}
-	f.observeLocked(job, generation)
+	if f.MaxStale > 0 {
+		until := askedAt.Add(f.MaxStale)
+		if a.Until.Before(until) {
+			until = a.Until
+		}
+		if e.active != generation || until.After(e.until) {
+			e.active, e.until = generation, until
+			f.jobs[job] = e
+		}
+	}
 	return nil
+}
+
+func (f *Fence) clock() Clock {
+	if f.Clock == nil {
+		return WallClock
+	}
+	return f.Clock
 }
 
 func fenced(job string, generation, highest uint64) error {
@@ -140,11 +243,12 @@ func (f *Fence) Observe(job string, generation uint64) {
 }
 
 func (f *Fence) observeLocked(job string, generation uint64) {
-	if f.highest == nil {
-		f.highest = make(map[string]uint64)
+	if f.jobs == nil {
+		f.jobs = make(map[string]fenceJob)
 	}
-	if generation > f.highest[job] {
-		f.highest[job] = generation
+	if e := f.jobs[job]; generation > e.highest {
+		e.highest = generation
+		f.jobs[job] = e
 	}
 }
 
@@ -152,14 +256,14 @@ func (f *Fence) observeLocked(job string, generation uint64) {
 func (f *Fence) Highest(job string) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.highest[job]
+	return f.jobs[job].highest
 }
 
 // Middleware fences an HTTP tool: a request must carry HeaderJobID and
 // HeaderLeaseGeneration; one from a superseded generation is answered 409
-// Conflict, one whose generation the Check refused 403 Forbidden (503 when
-// the coordinator could not be asked), and neither reaches next; a request
-// without them is answered 400.
+// Conflict, one whose generation the Check refused (unissued, or without
+// authority) 403 Forbidden (503 when the coordinator could not be asked),
+// and none of them reaches next; a request without them is answered 400.
 func (f *Fence) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		job := r.Header.Get(HeaderJobID)
@@ -171,7 +275,7 @@ func (f *Fence) Middleware(next http.Handler) http.Handler {
 		if err := f.AdmitContext(r.Context(), job, generation); err != nil {
 			code := http.StatusConflict
 			switch {
-			case errors.Is(err, ErrUnissuedGeneration):
+			case errors.Is(err, ErrUnissuedGeneration), errors.Is(err, ErrNoAuthority):
 				code = http.StatusForbidden
 			case !errors.Is(err, ErrFenced):
 				code = http.StatusServiceUnavailable

@@ -44,7 +44,7 @@ type leaseSetup struct {
 	net     *cuttable
 }
 
-func newLeaseSetup(t *testing.T) *leaseSetup {
+func newLeaseSetup(t testing.TB) *leaseSetup {
 	t.Helper()
 	clk := clock.NewManual(leaseEpoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
@@ -64,7 +64,7 @@ func newLeaseSetup(t *testing.T) *leaseSetup {
 	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId, net: net}
 }
 
-func (s *leaseSetup) offer(t *testing.T, job string, d time.Duration) *tetherv1.Lease {
+func (s *leaseSetup) offer(t testing.TB, job string, d time.Duration) *tetherv1.Lease {
 	t.Helper()
 	resp, err := s.planner.Lease.Offer(context.Background(), connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: s.node, LeaseDuration: durationpb.New(d)}))
 	if err != nil {
@@ -82,7 +82,7 @@ func (s *leaseSetup) get(t *testing.T, job string) *tetherv1.Lease {
 	return resp.Msg.Lease
 }
 
-func (s *leaseSetup) newWorker(t *testing.T, dir string, every time.Duration) *agentsdk.LeaseWorker {
+func (s *leaseSetup) newWorker(t testing.TB, dir string, every time.Duration) *agentsdk.LeaseWorker {
 	t.Helper()
 	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: dir, Clock: s.clock, RenewEvery: every})
 	if err != nil {
@@ -404,6 +404,16 @@ func TestAFenceRaisesOnlyToAGenerationTheCoordinatorIssued(t *testing.T) {
 	next := http.Header{}
 	next.Set(agentsdk.HeaderJobID, "job-1")
 	next.Set(agentsdk.HeaderLeaseGeneration, strconv.FormatUint(r.Msg.Lease.LeaseGeneration, 10))
+	if code := send(next); code != http.StatusForbidden || fence.Highest("job-1") != 2 {
+		t.Fatalf("the reassigned generation before it was accepted (an offer carries no authority): %d, highest %d", code, fence.Highest("job-1"))
+	}
+	if code := send(holder); code != http.StatusConflict {
+		t.Fatalf("generation 1 once the fence learnt of generation 2: %d, want 409", code)
+	}
+	second, d, err := w.Accept(ctx, r.Msg.Lease, agentsdk.JobOptions{})
+	accepted(t, "accept generation 2", d, err)
+	next = http.Header{}
+	second.Header(next)
 	if code := send(next); code != http.StatusOK || fence.Highest("job-1") != 2 {
 		t.Fatalf("the reassigned generation: %d, highest %d", code, fence.Highest("job-1"))
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
@@ -586,19 +587,35 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		return nil, err
 	}
 	if p.IsToolServer() {
-		l = forFence(l)
+		l = forFence(l, h.s.cfg.Clock.Now())
 	}
 	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l)}), nil
 }
 
-// forFence is what a tool server reads of a job's lease: the job, its
-// generation and its state — what its fence needs to refuse a generation
-// never issued (agentsdk.IssuedGenerations). A tool server may be asked
-// about any job by any caller, of any tree: it learns nothing of who holds
-// the job, the lease id a worker message names, what the holder reported
-// (progress, result detail) or what its coordinator decided and why.
-func forFence(l lease.Lease) lease.Lease {
-	return lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
+// forFence is what a tool server reads of a job's lease: what its fence
+// (agentsdk.IssuedGenerations) needs to refuse a side effect under a
+// generation that was never issued or holds no authority now — the job,
+// its generation, its state as of now on the coordinator's clock, and,
+// while the generation is ACTIVE, when that authority ends and whether a
+// cancel was requested or an ownership conflict recorded (seed §7, §9,
+// §12: either ends the holder's licence to act). An ACTIVE lease whose
+// expiry the clock has reached is answered EXPIRED, as the coordinator
+// judges any message for it, before its deadline sweep records it. A tool
+// server may be asked about any job by any caller, of any tree: it learns
+// nothing of who holds the job, the lease id a worker message names, what
+// the holder reported (progress, result detail) or what its coordinator
+// decided and why.
+func forFence(l lease.Lease, now time.Time) lease.Lease {
+	out := lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
+	if l.State != lease.StateActive {
+		return out
+	}
+	if !now.Before(l.ExpiresAt) {
+		out.State = lease.StateExpired
+		return out
+	}
+	out.ExpiresAt, out.CancelRequested, out.OwnershipConflict = l.ExpiresAt, l.CancelRequested, l.OwnershipConflict
+	return out
 }
 
 func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {

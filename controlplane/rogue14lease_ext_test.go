@@ -36,7 +36,7 @@ import (
 // a cancel requested while it was down reached it only at its first renewal
 // (FIXED). Limits left, design §11: a Fence orders generations but does not
 // check authority (an expired, cancelled or terminal generation passes
-// until a later one is seen there); a job's holder reads the evidence of
+// until a later one is seen there; since fixed, rogue15fence); a job's holder reads the evidence of
 // earlier generations, and a job's offering agent keeps coordinating it,
 // across trees after an operator's reassignment.
 

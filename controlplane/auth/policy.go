@@ -15,9 +15,9 @@ var (
 	// Read: every operator role, and agents (handlers scope what they see).
 	Read = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true}
 	// ReadOrToolLayer: Read, and tool servers: a fenced tool server asks
-	// the coordinator which generation of a job it issued
-	// (agentsdk.IssuedGenerations) before it lets a caller's claimed
-	// generation fence anyone out.
+	// the coordinator which generation of a job it issued and whether it
+	// may act now (agentsdk.IssuedGenerations) before it admits a
+	// caller's side effect under a claimed generation.
 	ReadOrToolLayer = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}, Agents: true, ToolServers: true}
 	// ReadOperators: every operator role, no agents.
 	ReadOperators = Rule{Roles: []Role{RoleViewer, RoleOperator, RoleSecurity}}

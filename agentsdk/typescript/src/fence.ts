@@ -1,10 +1,14 @@
 // The tool server's half of lease fencing, as the Go SDK's agentsdk.Fence:
 // a side effect carries the job id and the lease generation its caller
 // holds (a LeaseWorker Job's headers()), and the fence refuses one whose
-// generation is lower than the highest it has seen for that job.
+// generation is lower than the highest it has seen for that job; with a
+// check, also one the coordinator did not issue or says may not act now.
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import type { Conn } from "./conn.js";
+import { LeaseState, type Lease } from "./gen/tether/v1/lease_pb.js";
+import { dateOf } from "./internal.js";
+import type { Clock } from "./verifier.js";
 
 /** Headers a {@link Fence} reads: the job and the lease generation the caller holds. */
 export const HeaderJobId = "Tether-Job-Id";
@@ -26,40 +30,89 @@ export class UnissuedGeneration extends Error {
   override readonly name = "UnissuedGeneration";
 }
 
-/** Confirms that generation was issued for job (the job's current one or earlier), or throws. */
-export type GenerationCheck = (job: string, generation: bigint) => Promise<void>;
+/**
+ * A side effect under the job's current generation when that generation may
+ * not act now: it is only offered (not accepted), expired or terminal, its
+ * holder was asked to cancel, or the coordinator recorded an ownership
+ * conflict. The holder may believe it holds the lease; the coordinator says
+ * it does not, and a fenced resource takes its word.
+ */
+export class NoAuthority extends Error {
+  override readonly name = "NoAuthority";
+}
+
+/** The coordinator's answer about a job's lease, as a fence needs it. */
+export interface Authority {
+  /** The job's current generation: every one up to it was issued, every one below it is superseded. */
+  generation: bigint;
+  /** The current generation may act now: ACTIVE on the coordinator's clock, no cancel requested, no ownership conflict. */
+  active: boolean;
+  /** When an active generation's authority ends (ms since the epoch), as the coordinator stated it. */
+  untilMs?: number;
+  /** Why the generation may not act, when not active ("is EXPIRED", "was asked to cancel", ...). */
+  why?: string;
+}
+
+/**
+ * Asks the coordinator about job's lease; throws {@link UnissuedGeneration}
+ * for a job it does not know, another error when it could not be asked.
+ */
+export type GenerationCheck = (job: string) => Promise<Authority>;
 
 /**
  * The {@link GenerationCheck} that asks the control plane
- * (LeaseService.GetLease, which a tool server's token may call): a
- * generation above the lease's, and a job it does not know, are
- * {@link UnissuedGeneration}.
+ * (LeaseService.GetLease, which a tool server's token may call, charged to
+ * the tool server's reads of that job): the job's generation and whether
+ * it may act now.
  */
 export function issuedGenerations(conn: Conn): GenerationCheck {
-  return async (job, generation) => {
-    let current: bigint;
+  return async (job) => {
+    let lease: Lease | undefined;
     try {
-      current = (await conn.lease.getLease({ jobId: job })).lease?.leaseGeneration ?? 0n;
+      lease = (await conn.lease.getLease({ jobId: job })).lease;
     } catch (err) {
       if (ConnectError.from(err).code === Code.NotFound) throw new UnissuedGeneration(`tether: fence: job ${JSON.stringify(job)} has no lease`);
-      throw new Error(`tether: fence: asking the coordinator for job ${JSON.stringify(job)}'s generation: ${ConnectError.from(err).rawMessage}`);
+      throw new Error(`tether: fence: asking the coordinator about job ${JSON.stringify(job)}'s lease: ${ConnectError.from(err).rawMessage}`);
     }
-    if (generation > current) {
-      throw new UnissuedGeneration(`tether: fence: job ${JSON.stringify(job)} generation ${generation} is above the coordinator's, ${current}`);
-    }
+    const generation = lease?.leaseGeneration ?? 0n;
+    const state = lease?.state ?? LeaseState.UNSPECIFIED;
+    if (state !== LeaseState.ACTIVE) return { generation, active: false, why: `is ${LeaseState[state] ?? state}` };
+    if (lease?.cancelRequested) return { generation, active: false, why: "was asked to cancel" };
+    if (lease?.ownershipConflict) return { generation, active: false, why: "has an unresolved ownership conflict" };
+    if (!lease?.expiresAt) return { generation, active: false, why: "has no expiry" }; // not an answer the coordinator gives
+    return { generation, active: true, untilMs: dateOf(lease.expiresAt).getTime() };
   };
 }
 
 /** Options for a {@link Fence}. */
 export interface FenceOptions {
   /**
-   * Confirms a generation above the highest seen before the fence raises
-   * to it (once per generation, not per call); without it, anyone who can
+   * Asked about the job before a side effect is admitted: the fence then
+   * admits only the job's current generation while it may act, and raises
+   * its highest generation to the coordinator's. Without it, anyone who can
    * reach the tool server can send a generation nobody holds and fence the
-   * job's real holder out. A tool server reachable by callers it does not
-   * trust sets it, e.g. issuedGenerations(its own conn).
+   * job's real holder out, and a holder whose job was cancelled, expired or
+   * ended keeps writing until a later generation is seen. A tool server
+   * reachable by callers it does not trust sets it, e.g.
+   * issuedGenerations(its own conn).
    */
   check?: GenerationCheck;
+  /**
+   * How long (ms) an answer that a generation may act admits its side
+   * effects without asking, from when the fence asked, and never past the
+   * expiry the coordinator stated: the coordinator's cancel, expiry or
+   * resolution takes effect at the fence within it. 0 (the default) asks
+   * for every side effect.
+   */
+  maxStaleMs?: number;
+  /** Reads the time for maxStaleMs (ms since the epoch). Default Date.now. */
+  clock?: Clock;
+}
+
+interface FenceJob {
+  highest: bigint;
+  active: bigint; // the generation an answer said may act, until untilMs
+  untilMs: number;
 }
 
 /**
@@ -67,39 +120,68 @@ export interface FenceOptions {
  * generations pass (one holder's calls are not ordered against each
  * other). It remembers generations in memory: a tool server that must
  * fence across its own restarts stores the highest generation beside the
- * side effect and seeds the fence with {@link Fence.observe}.
+ * side effect and seeds the fence with {@link Fence.observe}. With a
+ * check it also refuses a generation that was not issued
+ * ({@link UnissuedGeneration}) or may not act now ({@link NoAuthority}),
+ * as the Go SDK's agentsdk.Fence; answers that refuse are never kept.
  */
 export class Fence {
   readonly #check?: GenerationCheck;
-  #highest = new Map<string, bigint>();
+  readonly #maxStaleMs: number;
+  readonly #clock: Clock;
+  #jobs = new Map<string, FenceJob>();
 
   constructor(options: FenceOptions = {}) {
     this.#check = options.check;
+    this.#maxStaleMs = options.maxStaleMs ?? 0;
+    if (!(this.#maxStaleMs >= 0)) throw new RangeError("tether: fence: maxStaleMs must not be negative");
+    this.#clock = options.clock ?? { now: Date.now };
   }
 
   /**
    * Admits a side effect for job under generation, raising the job's
    * highest generation to it; throws {@link Fenced} when a newer one was
-   * seen, {@link UnissuedGeneration} when the check refused it (nothing is
-   * raised then), or the check's error when the coordinator could not be asked.
+   * seen, and with a check {@link UnissuedGeneration} or
+   * {@link NoAuthority} when the coordinator refused it (nothing is
+   * admitted then), or the check's error when it could not be asked.
    */
   async admit(job: string, generation: bigint): Promise<void> {
     if (typeof job !== "string" || job === "" || typeof generation !== "bigint" || generation <= 0n || generation > maxUint64) {
       throw new RangeError("tether: fence: a side effect needs a job id and a lease generation (a positive integer)");
     }
+    const askedAt = this.#maxStaleMs > 0 ? this.#clock.now() : 0;
     const h = this.highest(job);
     if (generation < h) throw fenced(job, generation, h);
-    if (generation === h || !this.#check) {
+    const e = this.#jobs.get(job);
+    if (!this.#check || (this.#maxStaleMs > 0 && e?.active === generation && askedAt < e.untilMs)) {
       this.observe(job, generation);
       return;
     }
-    await this.#check(job, generation);
-    const now = this.highest(job); // raised meanwhile?
+    const a = await this.#check(job);
+    this.observe(job, a.generation); // issued: older generations are superseded
+    const now = this.highest(job);
     if (generation < now) throw fenced(job, generation, now);
-    this.observe(job, generation);
+    if (generation > a.generation) {
+      throw new UnissuedGeneration(`tether: fence: job ${JSON.stringify(job)} generation ${generation} is above the coordinator's, ${a.generation}`);
+    }
+    const entry = this.#jobs.get(job)!;
+    if (!a.active) {
+      if (entry.active === generation) {
+        entry.active = 0n;
+        entry.untilMs = 0;
+      }
+      throw new NoAuthority(`tether: fence: job ${JSON.stringify(job)} generation ${generation} ${a.why ?? "may not act"}`);
+    }
+    if (this.#maxStaleMs > 0) {
+      const until = Math.min(askedAt + this.#maxStaleMs, a.untilMs ?? 0);
+      if (entry.active !== generation || until > entry.untilMs) {
+        entry.active = generation;
+        entry.untilMs = until;
+      }
+    }
   }
 
-  /**
+/**
    * {@link Fence.admit} for a request's headers (a fetch Headers, or node's
    * IncomingHttpHeaders): both are required, the generation a positive
    * decimal integer; a request without them throws a RangeError.
@@ -120,12 +202,14 @@ export class Fence {
 
   /** Raises the job's highest generation without admitting anything (seeding from storage). */
   observe(job: string, generation: bigint): void {
-    if (generation > this.highest(job)) this.#highest.set(job, generation);
+    const e = this.#jobs.get(job);
+    if (!e) this.#jobs.set(job, { highest: generation, active: 0n, untilMs: 0 });
+    else if (generation > e.highest) e.highest = generation;
   }
 
   /** The highest generation seen for job (0 if none). */
   highest(job: string): bigint {
-    return this.#highest.get(job) ?? 0n;
+    return this.#jobs.get(job)?.highest ?? 0n;
   }
 }
 

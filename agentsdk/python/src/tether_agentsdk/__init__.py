@@ -13,7 +13,9 @@ the caller drains, cancelled on abort) and Verifier.
 
 from ._connect import ConnectError, Conn, ServerStream
 from .agent import Aborted, Agent, Child, Grant, Signal, TokenSource
-from .fence import HEADER_JOB_ID, HEADER_LEASE_GENERATION, Fence, Fenced, UnissuedGeneration, issued_generations
+from .fence import (
+    HEADER_JOB_ID, HEADER_LEASE_GENERATION, Authority, Fence, Fenced, NoAuthority, UnissuedGeneration, issued_generations,
+)
 from .leaseworker import CANCELLED, FAILED, SUCCESS, AckRefused, Job, LeaseWorker, Spooled
 from .toolgate import CAPABILITY_HEADER, GateCall, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
 from .verifier import (
@@ -26,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Aborted", "AckRefused", "Agent", "CANCELLED", "CAPABILITY_HEADER", "Child", "Claims", "ConnectError", "Conn",
     "FAILED", "FeedStale", "Fence", "Fenced", "HEADER_JOB_ID", "HEADER_LEASE_GENERATION", "UnissuedGeneration",
-    "issued_generations", "GateCall", "Grant", "GrantRevoked", "HAVE_CRYPTOGRAPHY", "Job", "LeaseWorker",
+    "issued_generations", "Authority", "NoAuthority", "GateCall", "Grant", "GrantRevoked", "HAVE_CRYPTOGRAPHY", "Job", "LeaseWorker",
     "SUCCESS", "ScopeNotGranted", "ServerStream", "Signal", "Spooled", "TokenExpired", "TokenInvalid",
     "TokenSource", "ToolCallCancelled", "ToolGate", "ToolRefused", "Verifier", "VerifyError", "allows",
     "current_call", "tool_gate",

@@ -2,12 +2,15 @@
 ``agentsdk.Fence``. A side effect carries the job id and the lease
 generation its caller holds (a LeaseWorker Job's ``headers()``), and the
 fence refuses one whose generation is lower than the highest it has seen
-for that job."""
+for that job; with a check, also one the coordinator did not issue or
+says may not act now."""
 
 from __future__ import annotations
 
 import re
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 from . import _wire
@@ -17,10 +20,6 @@ HEADER_JOB_ID = "Tether-Job-Id"
 HEADER_LEASE_GENERATION = "Tether-Lease-Generation"
 _MAX_UINT64 = (1 << 64) - 1
 _GENERATION = re.compile(r"[1-9][0-9]{0,19}")
-
-#: Confirms that generation was issued for job (the job's current one or
-#: earlier), or raises (UnissuedGeneration when it was not).
-GenerationCheck = Callable[[str, int], None]
 
 
 class Fenced(Exception):
@@ -35,21 +34,61 @@ class UnissuedGeneration(Exception):
     holder out."""
 
 
+class NoAuthority(Exception):
+    """A side effect under the job's current generation when that
+    generation may not act now: it is only offered (not accepted), expired
+    or terminal, its holder was asked to cancel, or the coordinator
+    recorded an ownership conflict. The holder may believe it holds the
+    lease; the coordinator says it does not, and a fenced resource takes
+    its word."""
+
+
+@dataclass(frozen=True)
+class Authority:
+    """The coordinator's answer about a job's lease, as a fence needs it."""
+
+    #: The job's current generation: every one up to it was issued, every
+    #: one below it is superseded.
+    generation: int
+    #: The current generation may act now: ACTIVE on the coordinator's
+    #: clock, no cancel requested, no ownership conflict.
+    active: bool = False
+    #: When an active generation's authority ends (seconds since the
+    #: epoch), as the coordinator stated it.
+    until: float = 0.0
+    #: Why the generation may not act, when not active.
+    why: str = ""
+
+
+#: Asks the coordinator about job's lease; raises UnissuedGeneration for a
+#: job it does not know, another error when it could not be asked.
+GenerationCheck = Callable[[str], Authority]
+
+
 def issued_generations(conn: Conn) -> GenerationCheck:
     """The GenerationCheck that asks the control plane (LeaseService.GetLease,
-    which a tool server's token may call): a generation above the lease's,
-    and a job it does not know, are UnissuedGeneration."""
+    which a tool server's token may call, charged to the tool server's reads
+    of that job): the job's generation and whether it may act now."""
 
-    def check(job: str, generation: int) -> None:
+    def check(job: str) -> Authority:
         try:
             lease = conn.call("LeaseService", "GetLease", {"jobId": job}).get("lease", {})
         except ConnectError as e:
             if e.code == NOT_FOUND:
                 raise UnissuedGeneration(f"fence: job {job!r} has no lease") from None
-            raise ConnectError(e.code, f"fence: asking the coordinator for job {job!r}'s generation: {e.message}") from None
-        current = _wire.uint64(lease.get("leaseGeneration"))
-        if generation > current:
-            raise UnissuedGeneration(f"fence: job {job!r} generation {generation} is above the coordinator's, {current}")
+            raise ConnectError(e.code, f"fence: asking the coordinator about job {job!r}'s lease: {e.message}") from None
+        generation = _wire.uint64(lease.get("leaseGeneration"))
+        state = lease.get("state", "LEASE_STATE_UNSPECIFIED")
+        if state != "LEASE_STATE_ACTIVE":
+            return Authority(generation, why="is " + str(state).removeprefix("LEASE_STATE_"))
+        if lease.get("cancelRequested"):
+            return Authority(generation, why="was asked to cancel")
+        if lease.get("ownershipConflict"):
+            return Authority(generation, why="has an unresolved ownership conflict")
+        expires = _wire.parse_timestamp(lease.get("expiresAt"))
+        if expires is None:
+            return Authority(generation, why="has no expiry")  # not an answer the coordinator gives
+        return Authority(generation, active=True, until=expires.timestamp())
 
     return check
 
@@ -61,39 +100,70 @@ class Fence:
     across its own restarts stores the highest generation beside the side
     effect and seeds the fence with ``observe``.
 
-    ``check``, when set, confirms a generation above the highest seen before
-    the fence raises to it (once per generation, not per call). Without it,
-    anyone who can reach the tool server can send a generation nobody holds
-    and fence the job's real holder out: a tool server reachable by callers
-    it does not trust passes ``issued_generations(its own conn)``.
+    ``check``, when set, is asked about the job before a side effect is
+    admitted: the fence then admits only the job's current generation while
+    it may act (UnissuedGeneration above it, NoAuthority when it may not
+    act), and raises its highest generation to the coordinator's. Without
+    it, anyone who can reach the tool server can send a generation nobody
+    holds and fence the job's real holder out, and a holder whose job was
+    cancelled, expired or ended keeps writing until a later generation is
+    seen: a tool server reachable by callers it does not trust passes
+    ``issued_generations(its own conn)``.
+
+    ``max_stale`` (seconds, default 0: ask for every side effect) is how
+    long an answer that a generation may act admits its side effects
+    without asking, from when the fence asked, and never past the expiry
+    the coordinator stated (read on ``clock``): the coordinator's cancel,
+    expiry or resolution takes effect at the fence within it. Answers that
+    refuse are never kept.
     """
 
-    def __init__(self, *, check: GenerationCheck | None = None):
+    def __init__(self, *, check: GenerationCheck | None = None, max_stale: float = 0.0,
+                 clock: Callable[[], float] = time.time):
+        if not max_stale >= 0:
+            raise ValueError("fence: max_stale must not be negative")
         self.check = check
+        self.max_stale = max_stale
+        self._clock = clock
         self._lock = threading.Lock()
         self._highest: dict[str, int] = {}
+        self._active: dict[str, tuple[int, float]] = {}  # job -> (generation an answer said may act, until)
 
     def admit(self, job: str, generation: int) -> None:
         """Admits a side effect for job under generation, raising the job's
         highest generation to it; raises Fenced when a newer one was seen,
-        UnissuedGeneration when the check refused it (nothing is raised
-        then), or the check's error when the coordinator could not be asked."""
+        and with a check UnissuedGeneration or NoAuthority when the
+        coordinator refused it (nothing is admitted then), or the check's
+        error when it could not be asked."""
         if not isinstance(job, str) or not job or isinstance(generation, bool) or not isinstance(generation, int) \
                 or not 0 < generation <= _MAX_UINT64:
             raise ValueError("fence: a side effect needs a job id and a lease generation (a positive integer)")
+        asked_at = self._clock() if self.max_stale > 0 else 0.0
         with self._lock:
             h = self._highest.get(job, 0)
             if generation < h:
                 raise _fenced(job, generation, h)
-            if generation == h or self.check is None:
+            cached = self._active.get(job)
+            if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and asked_at < cached[1]):
                 self._observe(job, generation)
                 return
-        self.check(job, generation)
+        a = self.check(job)
         with self._lock:
-            h = self._highest.get(job, 0)  # raised meanwhile?
+            self._observe(job, a.generation)  # issued: older generations are superseded
+            h = self._highest.get(job, 0)
             if generation < h:
                 raise _fenced(job, generation, h)
-            self._observe(job, generation)
+            if generation > a.generation:
+                raise UnissuedGeneration(f"fence: job {job!r} generation {generation} is above the coordinator's, {a.generation}")
+            cached = self._active.get(job)
+            if not a.active:
+                if cached is not None and cached[0] == generation:
+                    del self._active[job]
+                raise NoAuthority(f"fence: job {job!r} generation {generation} {a.why or 'may not act'}")
+            if self.max_stale > 0:
+                until = min(asked_at + self.max_stale, a.until)
+                if cached is None or cached[0] != generation or until > cached[1]:
+                    self._active[job] = (generation, until)
 
     def admit_headers(self, headers: Mapping[str, str]) -> None:
         """admit() for a request's headers (any mapping; names matched
