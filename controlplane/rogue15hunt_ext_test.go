@@ -11,6 +11,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/stoprule"
 )
 
@@ -106,4 +107,65 @@ func TestARogueCannotBuyTheRuleEvaluatorsTimeWithManyRulesWithinBudget(t *testin
 	}
 	addRule(t, rc, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "cheap", Expression: `observed.calls > 1000`})
 	addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "operators-own", Expression: expensive})
+}
+
+// A rogue cannot flood its operators' queue through its own stop rules. A
+// tree's agents share a bound on their pending stop proposals
+// (supervisor.MaxPendingProposalsPerTree), but a stop rule's proposal was
+// not counted — right for an operator's rule, which carries the operator's
+// authority, but an agent's rule carries only the agent's: a rogue that
+// attached 64 rules true at once to itself, removed them (its own rules)
+// and attached 64 more, filed 64 pending proposals a round, without bound,
+// each waiting for an operator and answered in every ListProposals. An
+// agent's rule's proposal now counts in its tree's bound: past it the rule
+// files nothing (it fires once there is room), and the rogue's own
+// ProposeStop is refused; its operator's rules on it still file theirs.
+// (Fails with 192 of the rogue's proposals pending after three rounds.)
+func TestARogueCannotFloodTheOperatorsQueueThroughItsOwnRules(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	rc := srv.Clients(root.Credential)
+	const rounds = 3
+	for round := range rounds {
+		var ids []string
+		for i := range stoprule.MaxRulesPerNode {
+			r := addRule(t, rc, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: fmt.Sprintf("r%d-%02d", round, i), Expression: `observed.calls >= 0`})
+			ids = append(ids, r.RuleId)
+		}
+		// The operator's rule, added last, is evaluated with the rogue's
+		// (every rule in effect at the node, one pass): once it filed, so
+		// had theirs, or they found no room.
+		op := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: fmt.Sprintf("operator-%d", round), Expression: `observed.calls >= 0`})
+		waitRuleProposal(t, srv, op.RuleId)
+		for _, id := range ids {
+			if _, err := rc.StopRule.RemoveStopRule(ctx, connect.NewRequest(&tetherv1.RemoveStopRuleRequest{RuleId: id})); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	resp, err := admin.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents, operators := 0, 0
+	for _, p := range resp.Msg.Proposals {
+		switch {
+		case strings.HasPrefix(p.Rule.GetSetBy(), "agent:"):
+			agents++
+		case p.Rule != nil:
+			operators++
+		}
+	}
+	if agents > supervisor.MaxPendingProposalsPerTree {
+		t.Fatalf("%d proposals of the rogue's rules pending after %d rounds; its tree's bound is %d", agents, rounds, supervisor.MaxPendingProposalsPerTree)
+	}
+	if operators != rounds {
+		t.Fatalf("%d proposals of the operator's rules pending, want %d", operators, rounds)
+	}
+	_, err = rc.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "now", Reason: "one more"}))
+	if connect.CodeOf(err) != connect.CodeResourceExhausted {
+		t.Fatalf("the rogue's own proposal with its tree full: %v, want resource_exhausted", err)
+	}
 }
