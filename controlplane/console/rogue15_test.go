@@ -3,14 +3,17 @@ package console_test
 import (
 	"context"
 	"encoding/csv"
+	"fmt"
 	"html"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -126,3 +129,57 @@ var evidenceNext = regexp.MustCompile(`<a href="([^"]+)" id="evidence-next">`)
 var evidenceSummary = regexp.MustCompile(`<p class="summary" id="evidence-count">[^<]*</p>`)
 
 func summaryOf(body string) string { return evidenceSummary.FindString(body) }
+
+// TestARogueCannotHideALeaseFromItsNodePage: the node page lists the
+// node's leases and grants from one answer each, and the server answers a
+// thousand at a time, in job id order. worker-1 holds job-1; its parent,
+// the planner, offers it a thousand jobs whose ids sort first ("0-000" …),
+// and worker-1's node page — what an operator reads before stopping it —
+// listed "Job leases (1000)", all of them padding, job-1 nowhere and
+// nothing saying more were held. The page now says the list goes on and links to the rest
+// (the leases page, by holder, which pages), and that page shows job-1.
+// (Fails if the node page shows the first answer as the whole list.)
+func TestARogueCannotHideALeaseFromItsNodePage(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	planner := w.srv.Clients(w.creds["planner"])
+	id := w.nodes["worker-1"].NodeId
+	for i := range 1000 {
+		if _, err := planner.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: fmt.Sprintf("0-%03d", i), HolderIdentity: id, LeaseDuration: durationpb.New(time.Minute)})); err != nil {
+			t.Fatalf("offer %d: %v", i, err)
+		}
+	}
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	p := b.get("/ui/nodes/" + id)
+	if p.status != http.StatusOK {
+		t.Fatalf("node page: %d\n%s", p.status, p.body)
+	}
+	if strings.Contains(p.body, "<td>job-1</td>") {
+		return // every lease listed
+	}
+	m := leasesMore.FindStringSubmatch(p.body)
+	if m == nil {
+		t.Fatalf("the node page lists %d leases, not job-1, and says nothing of more", strings.Count(p.body, `evidence">evidence</a>`))
+	}
+	seen := false
+	for next, pages := html.UnescapeString(m[1]), 0; next != "" && !seen; pages++ {
+		if pages > 3 {
+			t.Fatal("the leases pages do not end")
+		}
+		l := b.get(next)
+		seen = strings.Contains(l.body, "<td>job-1</td>")
+		next = ""
+		if m := leasesNext.FindStringSubmatch(l.body); m != nil {
+			next = html.UnescapeString(m[1])
+		}
+	}
+	if !seen {
+		t.Fatal("the leases the node page links to do not include job-1")
+	}
+}
+
+var (
+	leasesMore = regexp.MustCompile(`<a href="([^"]+)" id="leases-more">`)
+	leasesNext = regexp.MustCompile(`<a href="(/ui/leases\?[^"]+)">more →</a>`)
+)

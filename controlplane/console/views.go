@@ -143,6 +143,10 @@ type nodeData struct {
 	Calls       []*tetherv1.ToolCall
 	Privileges  []*tetherv1.Privilege
 	Errors      []string
+	// MoreGrants, MoreLeases: the node holds more than the first answer
+	// (a thousand) shows; MoreLeases links to the rest.
+	MoreGrants bool
+	MoreLeases string
 }
 
 func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
@@ -167,10 +171,15 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 		d.Children = slices.DeleteFunc(sub.Msg.Nodes, func(n *tetherv1.Node) bool { return n.ParentNodeId != id })
 	}
 	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); section("grants", err) {
-		d.Grants = g.Msg.Grants
+		d.Grants, d.MoreGrants = g.Msg.Grants, g.Msg.NextPageToken != ""
 	}
 	if l, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); section("leases", err) {
 		d.Leases = l.Msg.Leases
+		if l.Msg.NextPageToken != "" {
+			// Whoever offers the node jobs chooses their ids, and so which
+			// come first: the rest are a page away, never out of sight.
+			d.MoreLeases = "/ui/leases?" + url.Values{"holder": {id}, "page": {l.Msg.NextPageToken}}.Encode()
+		}
 	}
 	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); section("stop proposals", err) {
 		d.Proposals = slices.DeleteFunc(p.Msg.Proposals, func(p *tetherv1.StopProposal) bool { return p.NodeId != id })
