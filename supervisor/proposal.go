@@ -30,9 +30,37 @@ const MaxPendingProposals = 8
 // MaxPendingProposalsPerTree bounds the agents' stop proposals of one tree
 // (a root and every descendant) waiting for a decision: a rogue that
 // spawns children and has each file its few cannot bury the operators'
-// list either. A stop rule's proposal is not counted (it carries its
-// setter's authority, and a rogue must not crowd it out).
+// list either. The proposals of the rules agents set count too (they carry
+// an agent's authority; a rogue that removes its rules and sets them again
+// would file without end); an operator's rule's proposal is not counted
+// (it carries the operator's authority, and a rogue must not crowd it
+// out).
 const MaxPendingProposalsPerTree = 128
+
+// ErrTreeProposalsFull refuses to file the proposal of an agent's stop
+// rule while its tree's agents have MaxPendingProposalsPerTree pending:
+// the rule files once there is room.
+var ErrTreeProposalsFull = fault.New(fault.Exhausted, "supervisor: the tree's stop proposals are at their bound")
+
+// countedInTree reports whether p holds a place in its tree's bound: an
+// agent's own proposal, or one of a rule an agent set.
+func countedInTree(p *StopProposal) bool {
+	return p.Rule == nil || strings.HasPrefix(p.Rule.SetBy, "agent:")
+}
+
+// pendingInTree counts the tree's pending proposals that hold a place in
+// its bound, up to the bound.
+func pendingInTree(tx store.ReadTxn, root string) (int, error) {
+	inTree := 0
+	err := tx.Scan(pendingTreePrefix(root), nil, func(_, _ []byte) error {
+		inTree++
+		if inTree >= MaxPendingProposalsPerTree {
+			return store.ErrStopScan
+		}
+		return nil
+	})
+	return inTree, err
+}
 
 // PolicyDecider prefixes the decider of a proposal the control plane's
 // policy approved on its own (no operator weighed it).
@@ -162,6 +190,19 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 		}
 	}
 	if decidedBy == "" {
+		if countedInTree(p) {
+			root := treeOf(n)
+			inTree, err := pendingInTree(tx, root)
+			if err != nil {
+				return nil, "", err
+			}
+			if inTree >= MaxPendingProposalsPerTree {
+				return nil, "", fmt.Errorf("%w: the tree of node_id %s (root %s) already has %d stop proposals of its agents waiting for a decision", ErrTreeProposalsFull, nodeID, root, inTree)
+			}
+			if err := tx.Put(pendingTreeKey(root, p.ProposalID), nil); err != nil {
+				return nil, "", err
+			}
+		}
 		return p, "", putProposal(tx, p)
 	}
 	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
@@ -251,14 +292,8 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", tree.ErrLimit, nodeID, pending)
 		}
 		root := treeOf(n)
-		inTree := 0
-		if err := tx.Scan(pendingTreePrefix(root), nil, func(_, _ []byte) error {
-			inTree++
-			if inTree >= MaxPendingProposalsPerTree {
-				return store.ErrStopScan
-			}
-			return nil
-		}); err != nil {
+		inTree, err := pendingInTree(tx, root)
+		if err != nil {
 			return err
 		}
 		if inTree >= MaxPendingProposalsPerTree {
@@ -325,8 +360,9 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	if err := tx.Delete(pendingPropKey(p.NodeID, p.ProposalID)); err != nil {
 		return Termination{}, err
 	}
-	if p.Rule == nil {
-		// An agent's own proposal also held a place in its tree's bound.
+	if countedInTree(p) {
+		// An agent's own proposal, or its rule's, also held a place in its
+		// tree's bound.
 		n, err := tree.GetNodeIn(tx, p.NodeID)
 		switch {
 		case err == nil:

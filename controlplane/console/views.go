@@ -143,6 +143,10 @@ type nodeData struct {
 	Calls       []*tetherv1.ToolCall
 	Privileges  []*tetherv1.Privilege
 	Errors      []string
+	// MoreGrants, MoreLeases: the node holds more than the first answer
+	// (a thousand) shows; MoreLeases links to the rest.
+	MoreGrants bool
+	MoreLeases string
 }
 
 func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
@@ -167,10 +171,15 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 		d.Children = slices.DeleteFunc(sub.Msg.Nodes, func(n *tetherv1.Node) bool { return n.ParentNodeId != id })
 	}
 	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); section("grants", err) {
-		d.Grants = g.Msg.Grants
+		d.Grants, d.MoreGrants = g.Msg.Grants, g.Msg.NextPageToken != ""
 	}
 	if l, err := s.clients.Lease.ListLeases(ctx, connect.NewRequest(&tetherv1.ListLeasesRequest{HolderIdentity: id})); section("leases", err) {
 		d.Leases = l.Msg.Leases
+		if l.Msg.NextPageToken != "" {
+			// Whoever offers the node jobs chooses their ids, and so which
+			// come first: the rest are a page away, never out of sight.
+			d.MoreLeases = "/ui/leases?" + url.Values{"holder": {id}, "page": {l.Msg.NextPageToken}}.Encode()
+		}
 	}
 	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); section("stop proposals", err) {
 		d.Proposals = slices.DeleteFunc(p.Msg.Proposals, func(p *tetherv1.StopProposal) bool { return p.NodeId != id })
@@ -567,62 +576,146 @@ type evidenceRowView struct {
 }
 
 type evidenceData struct {
-	Job      string
-	Header   []string
-	Rows     []evidenceRowView
+	Job    string
+	Header []string
+	Rows   []evidenceRowView
+	// Total counts the job's rows, Matched those the filter keeps; Rows
+	// are the first of them after row After, at most maxEvidenceShown.
 	Total    int
+	Matched  int
+	After    uint64
+	Next     string // the link to the rows after the last one shown
 	Filter   evidenceFilter
 	CSV      string
 	Messages []string
 }
 
-func (c *Console) evidenceRows(w http.ResponseWriter, r *http.Request, s *session) (string, evidenceFilter, []*tetherv1.EvidenceRow, int, bool) {
-	job := r.PathValue("job")
-	q := r.URL.Query()
-	f := evidenceFilter{Outcome: q.Get("outcome"), Message: q.Get("message"), Generation: q.Get("generation"), Flag: q.Get("flag")}
-	resp, ok := pageCall(c, w, r, s, "Could not read the evidence of job "+job, s.clients.Lease.Evidence, &tetherv1.EvidenceRequest{JobId: job})
-	if !ok {
-		return job, f, nil, 0, false
-	}
-	var rows []*tetherv1.EvidenceRow
-	for _, row := range resp.Msg.Rows {
-		if f.match(row) {
-			rows = append(rows, row)
+// maxEvidenceShown bounds the rows one evidence page shows (and holds in
+// memory); the rest are a "next" link, a narrower filter or the CSV away.
+const maxEvidenceShown = 1000
+
+// evidencePages reads a job's evidence matrix page by page, every page,
+// and hands each to each: the server answers at most 1000 rows at a time,
+// and a job's holder writes as many rows as it sends messages, so a
+// console that read the first answer only would show a rogue's first
+// thousand messages and none of what it did after them. The first page's
+// failure is rendered (nothing was written yet); a later one is returned.
+func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *session, job string, each func([]*tetherv1.EvidenceRow) error) (ok bool, err error) {
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	token := ""
+	for first := true; ; first = false {
+		resp, err := s.clients.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job, PageToken: token}))
+		if err != nil {
+			if first {
+				c.apiFail(w, r, s, "Could not read the evidence of job "+job, err)
+				return false, nil
+			}
+			return true, err
 		}
+		if err := each(resp.Msg.Rows); err != nil {
+			return true, err
+		}
+		next := resp.Msg.NextPageToken
+		if next == "" {
+			return true, nil
+		}
+		if next == token {
+			return true, fmt.Errorf("the server answered evidence page token %q twice", next)
+		}
+		token = next
 	}
-	return job, f, rows, len(resp.Msg.Rows), true
+}
+
+func evidenceFilterOf(r *http.Request) evidenceFilter {
+	q := r.URL.Query()
+	return evidenceFilter{Outcome: q.Get("outcome"), Message: q.Get("message"), Generation: q.Get("generation"), Flag: q.Get("flag")}
 }
 
 func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
-	job, f, rows, total, ok := c.evidenceRows(w, r, s)
+	job := r.PathValue("job")
+	f := evidenceFilterOf(r)
+	d := evidenceData{Job: job, Header: seedHeader(), Filter: f, CSV: "/ui/jobs/" + url.PathEscape(job) + "/evidence/csv" + f.query(),
+		Messages: []string{"offer", "ack", "renew", "progress", "cancel", "cancel_ack", "complete", "reassign", "resolve", "expire", "ack_deadline", "recover"}}
+	if a := r.URL.Query().Get("after"); a != "" {
+		n, err := strconv.ParseUint(a, 10, 64)
+		if err != nil {
+			c.fail(w, r, s, http.StatusBadRequest, "refused: bad row number", fmt.Sprintf("after %q is not a row number.", a))
+			return
+		}
+		d.After = n
+	}
+	more := false
+	ok, err := c.evidencePages(w, r, s, job, func(page []*tetherv1.EvidenceRow) error {
+		d.Total += len(page)
+		for _, row := range page {
+			if !f.match(row) {
+				continue
+			}
+			d.Matched++
+			if row.Row <= d.After {
+				continue
+			}
+			if len(d.Rows) == maxEvidenceShown {
+				more = true
+				continue
+			}
+			d.Rows = append(d.Rows, evidenceRowView{
+				Row: row.Row, Cells: wire.EvidenceRowFromProto(row).SeedRecord(),
+				Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
+				Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
+			})
+		}
+		return nil
+	})
 	if !ok {
 		return
 	}
-	d := evidenceData{Job: job, Header: seedHeader(), Total: total, Filter: f, CSV: "/ui/jobs/" + url.PathEscape(job) + "/evidence/csv" + f.query(),
-		Messages: []string{"offer", "ack", "renew", "progress", "cancel", "cancel_ack", "complete", "reassign", "resolve", "expire", "ack_deadline", "recover"}}
-	for _, row := range rows {
-		d.Rows = append(d.Rows, evidenceRowView{
-			Row: row.Row, Cells: wire.EvidenceRowFromProto(row).SeedRecord(),
-			Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
-			Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
-		})
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read the whole evidence of job "+job, err)
+		return
+	}
+	if more {
+		q := url.Values{}
+		for k, v := range r.URL.Query() {
+			q[k] = v
+		}
+		q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
+		d.Next = "/ui/jobs/" + url.PathEscape(job) + "/evidence?" + q.Encode()
 	}
 	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+job, d)
 }
 
+// evidenceCSV streams every row the filter keeps, page by page. A page
+// that cannot be read once the download began aborts it (the browser
+// reports a failed download), rather than ending it as if the matrix
+// ended there.
 func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session) {
-	job, _, rows, _, ok := c.evidenceRows(w, r, s)
+	job := r.PathValue("job")
+	f := evidenceFilterOf(r)
+	var cw *csv.Writer
+	ok, err := c.evidencePages(w, r, s, job, func(page []*tetherv1.EvidenceRow) error {
+		if cw == nil {
+			w.Header().Set("Content-Type", "text/csv; charset=utf-8")
+			w.Header().Set("Content-Disposition", attachment("evidence-"+job+".csv"))
+			cw = csv.NewWriter(w)
+			_ = cw.Write(seedHeader())
+		}
+		for _, row := range page {
+			if f.match(row) {
+				_ = cw.Write(wire.EvidenceRowFromProto(row).SeedRecord())
+			}
+		}
+		cw.Flush()
+		return cw.Error()
+	})
 	if !ok {
 		return
 	}
-	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-	w.Header().Set("Content-Disposition", attachment("evidence-"+job+".csv"))
-	cw := csv.NewWriter(w)
-	_ = cw.Write(seedHeader())
-	for _, row := range rows {
-		_ = cw.Write(wire.EvidenceRowFromProto(row).SeedRecord())
+	if err != nil {
+		c.cfg.Log.Warn("console: evidence download cut short", "job", job, "error", err)
+		panic(http.ErrAbortHandler)
 	}
-	cw.Flush()
 }
 
 // ---- grants ----

@@ -47,6 +47,14 @@ var (
 // operator's rule needs.
 const MaxRulesPerNode = 64
 
+// MaxAgentRuleCostPerNode bounds the worst-case costs of the rules agents
+// attach to one node, added up: the evaluator (one for the cluster) runs
+// every rule in effect at a node each time the node reports its counters,
+// so without it 64 rules each within CostBudget made one report of a
+// rogue's cost the evaluator 64 near-budget evaluations. Operators' rules
+// count apart, as they do against MaxRulesPerNode.
+const MaxAgentRuleCostPerNode = CostBudget
+
 // Validate checks a rule's fields other than its expression.
 func Validate(r *Rule) error {
 	switch {

@@ -395,6 +395,10 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 			if errors.Is(err, errFault) {
 				return reconcile.Permanent(err) // an injected crash ends Run
 			}
+			if errors.Is(err, errWaitingForRoom) {
+				ix.retry[id] = true
+				continue
+			}
 			r.Log.Warn("stop rules: evaluation failed; retrying at the next tick", "node_id", id, "error", err)
 			ix.retry[id] = true
 		}
@@ -443,6 +447,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	}
 	r.stats.Nodes.Add(1)
 	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()
+	waiting := false
 	for _, a := range rules {
 		if fired[a.rule.RuleID] {
 			continue
@@ -456,11 +461,25 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			if errors.Is(err, supervisor.ErrAlreadyStopping) {
 				return nil // stopped meanwhile: nothing to propose
 			}
+			if errors.Is(err, supervisor.ErrTreeProposalsFull) {
+				// An agent's rule, its tree's proposals at their bound:
+				// the others still file; this one when there is room.
+				waiting = true
+				continue
+			}
 			return err
 		}
 	}
+	if waiting {
+		return errWaitingForRoom
+	}
 	return nil
 }
+
+// errWaitingForRoom: a rule that is true could not file its proposal
+// until its tree's pending proposals are decided; the node is evaluated
+// again at the next tick, without a warning each time.
+var errWaitingForRoom = errors.New("stoprule: waiting for room in the tree's stop proposals")
 
 // file writes the stop proposal of a rule that is true for the node, and
 // the rule's fired mark, in one transaction: a rule that fires once files

@@ -174,6 +174,11 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		if attached := len(sameSide(a, own)); attached >= MaxRulesPerNode {
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
 		}
+		if a.IsAgent() {
+			if err := r.checkAgentCost(sameSide(a, own), c); err != nil {
+				return err
+			}
+		}
 		if !a.IsAgent() {
 			// An operator's rule is never blocked by the workload's: an
 			// agent's rule of the same name shadows nothing an operator
@@ -192,6 +197,24 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 		return nil, nil, err
 	}
 	return rule, c, nil
+}
+
+// checkAgentCost refuses a rule of an agent whose worst-case cost, added
+// to that of the agents' rules already attached to its node, would pass
+// MaxAgentRuleCostPerNode.
+func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
+	total := c.Cost
+	for _, o := range attached {
+		oc, err := r.compile(o.Expression)
+		if err != nil {
+			continue // a stored rule that no longer compiles is never evaluated
+		}
+		total += oc.Cost
+	}
+	if total > MaxAgentRuleCostPerNode {
+		return fmt.Errorf("%w: the agents' rules on a node may cost %d together in the worst case; those attached cost %d and this one %d (remove one, or write a cheaper expression)", ErrLimit, MaxAgentRuleCostPerNode, total-c.Cost, c.Cost)
+	}
+	return nil
 }
 
 // sameSide keeps the rules set by the actor's side: operators' rules for an
