@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -179,4 +181,75 @@ func TestARogueSwarmHoldsOnlyItsLineagesShareOfTheStreams(t *testing.T) {
 	}
 	_, err = revocations(last)
 	refusedForTheLineage("a second one", err)
+}
+
+// TestAnExpiredTokenLosesItsOpenStreams: a tool server's token and a
+// viewer's token expire while each holds a stream open — the gate its
+// cancel orders, the viewer a termination's progress. Expiry was checked
+// only when a call was admitted, so an open stream went on serving the
+// expired token for as long as its holder kept the connection up (a
+// revoked one already ended at once). Each stream now ends,
+// unauthenticated, when its next call would be refused; an agent's
+// stream outlives its credential (its heartbeats refresh it) and still
+// carries its stop.
+func TestAnExpiredTokenLosesItsOpenStreams(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	stopped := register(t, admin, "stopped")
+	term := terminate(t, admin, stopped.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 24*time.Hour, 24*time.Hour, 24*time.Hour)
+	agent := register(t, admin, "agent")
+
+	gate, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "gate-1", Ttl: durationpb.New(20 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancels, err := srv.Clients(gate.Msg.Token).Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cancels.Close()
+	viewer := createToken(t, admin, tetherv1.Role_ROLE_VIEWER, "alice", 10*time.Minute)
+	watch, err := srv.Clients(viewer.Token).Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: term.TerminationId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	if !watch.Receive() { // the stream is open and serving
+		t.Fatalf("the viewer's watch: %v", watch.Err())
+	}
+	signals, err := srv.Clients(agent.Credential).Agent.WatchSignals(ctx, connect.NewRequest(&tetherv1.WatchSignalsRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer signals.Close()
+	if !signals.Receive() || signals.Msg().GetOpened() == nil {
+		t.Fatalf("the agent's signal stream: %v %v", signals.Msg(), signals.Err())
+	}
+	testserver.WaitFor(t, 10*time.Second, "the gate's stream to be admitted", func() bool { return srv.OpenStreams("tool:gate-1") == 1 })
+
+	// Past every token's expiry, the agent's credential's included.
+	clk.Advance(time.Hour)
+	for cancels.Receive() {
+	}
+	wantLimit(t, "the expired gate's open WatchCancels", cancels.Err(), connect.CodeUnauthenticated, "expired", "the stream is over")
+	for watch.Receive() {
+	}
+	wantLimit(t, "the expired viewer's open WatchTermination", watch.Err(), connect.CodeUnauthenticated, "expired", "the stream is over")
+	if _, err := srv.Clients(viewer.Token).Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: term.TerminationId})); connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("the expired viewer's next call: %v, want unauthenticated as its stream", err)
+	}
+
+	stop := terminate(t, admin, agent.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Hour, time.Hour)
+	for signals.Receive() {
+		if sig := signals.Msg().GetSignal(); sig != nil {
+			if sig.Kind != tetherv1.SignalKind_SIGNAL_KIND_DRAIN || sig.TerminationId != stop.TerminationId {
+				t.Fatalf("the agent was told %v, want the drain of %s", sig, stop.TerminationId)
+			}
+			return
+		}
+	}
+	t.Fatalf("the agent's signal stream ended with its credential: %v", signals.Err())
 }

@@ -403,9 +403,12 @@ func (s *Server) buildHandler() error {
 			tetherv1connect.AgentServiceWatchSignalsProcedure: true,
 		},
 		SignalReserve: SignalStreamReserve,
-		Bind:          bindConn,
-		Cache:         auth.NewTokenCache(0),
-		RateLimited:   s.metrics.rateLimitedCall,
+		AfterFunc: func(d time.Duration, f func()) func() bool {
+			return s.cfg.Clock.AfterFunc(d, f).Stop
+		},
+		Bind:        bindConn,
+		Cache:       auth.NewTokenCache(0),
+		RateLimited: s.metrics.rateLimitedCall,
 	}
 	// Refused at the Gate, before the observer interceptor: a path that is
 	// not a procedure (the caller's choice) is counted as UnknownProcedure.

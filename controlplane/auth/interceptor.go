@@ -52,6 +52,12 @@ type Interceptor struct {
 	// node's, FailedPrecondition), or nil when ctx ends first. Its context
 	// carries the stream's procedure (ProcedureFromContext).
 	AgentEnded func(ctx context.Context, nodeID string) error
+	// AfterFunc, when set, runs f once d has passed on Now's clock and
+	// returns what stops it: an operator's or a tool server's open stream
+	// then ends (Unauthenticated) when its token expires, as its next call
+	// would be refused. An agent's stream outlives its credential, which
+	// its heartbeats refresh; it ends with its node (AgentEnded).
+	AfterFunc func(d time.Duration, f func()) (stop func() bool)
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
@@ -639,14 +645,24 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			return err
 		}
 		defer release()
-		// Operators' and tool servers' streams end with their token; an
-		// agent's with its node (its credential dies with it), so that
+		// Operators' and tool servers' streams end with their token (its
+		// revocation or its expiry); an agent's with its node (its credential dies with it), so that
 		// thousands of sessions need not wake at every grant revocation.
 		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" && !p.IsAgent() {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
 			go i.endOnRevocation(ctx, p.TokenID, cancel)
+		}
+		if i.AfterFunc != nil && !p.IsAgent() && !p.ExpiresAt.IsZero() {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			// Refused from ExpiresAt+Leeway on, like a call (TokenCache).
+			stop := i.AfterFunc(p.ExpiresAt.Add(Leeway).Sub(i.Now()), func() {
+				cancel(&ended{connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: expired at %s; the stream is over", ErrBadCredential, p.ExpiresAt.UTC().Format(time.RFC3339)))})
+			})
+			defer stop()
 		}
 		if p.IsAgent() && i.AgentEnded != nil {
 			var cancel context.CancelCauseFunc
