@@ -646,8 +646,9 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		}
 		defer release()
 		// Operators' and tool servers' streams end with their token (its
-		// revocation or its expiry); an agent's with its node (its credential dies with it), so that
-		// thousands of sessions need not wake at every grant revocation.
+		// revocation or its expiry); an agent's with its node (its
+		// credential dies with it), so that thousands of sessions need not
+		// wake at every grant revocation.
 		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" && !p.IsAgent() {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
