@@ -34,8 +34,8 @@ import (
 // WriteTimeout. A stream has no deadline once it is authenticated — a
 // session, a watch or a lease Channel may live for days — and is bounded
 // instead by HTTP/2 pings (a peer that stops answering them is dropped),
-// by MaxStreamsPerConn per connection and by MaxStreamsPerCaller per
-// principal.
+// by MaxStreamsPerConn per connection, by MaxStreamsPerCaller per
+// principal and by MaxStreamsPerLineage per agent lineage.
 type ConnLimits struct {
 	// ReadHeaderTimeout bounds reading a request's headers.
 	ReadHeaderTimeout time.Duration
@@ -80,6 +80,13 @@ type ConnLimits struct {
 	// MaxStreamsPerCaller bounds the streams one principal holds open at
 	// once, over every connection.
 	MaxStreamsPerCaller int
+	// MaxStreamsPerLineage bounds the streams an agent's lineage (its root
+	// and every descendant together) holds open at once, over every
+	// connection; past it each node still opens SignalStreamReserve signal
+	// streams of its own. Zero: MaxConnectionsPerLineage — a stream on each
+	// connection the lineage may hold, beside its nodes' signal streams —
+	// and at least MaxStreamsPerCaller.
+	MaxStreamsPerLineage int
 	// fileLimited is the MaxConnections asked for, when the open-file
 	// limit lowered it (fitFileLimit); New logs it.
 	fileLimited int
@@ -143,7 +150,19 @@ func (l *ConnLimits) defaults() {
 	if l.MaxStreamsPerCaller == 0 {
 		l.MaxStreamsPerCaller = d.MaxStreamsPerCaller
 	}
+	if l.MaxStreamsPerLineage == 0 {
+		l.MaxStreamsPerLineage = max(l.MaxConnectionsPerLineage, l.MaxStreamsPerCaller)
+	}
 }
+
+// SignalStreamReserve is how many signal streams (Session, WatchSignals)
+// each agent node may open beyond its lineage's share of open streams
+// (ConnLimits.MaxStreamsPerLineage): a member of the lineage holding the
+// share cannot keep a sibling from hearing its stop. Two, so that a node
+// reconnecting opens its new stream before the server has noticed the old
+// one broke; a rogue's children each bring two, and each was a spawn its
+// lineage paid for.
+const SignalStreamReserve = 2
 
 // fitFileLimit lowers MaxConnections to what the process's open-file
 // limit leaves room for, beside the health reserve and the store's own
@@ -617,6 +636,13 @@ func (s *Server) OpenConnections() int {
 // OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
 // on this server now.
 func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
+
+// OpenLineageStreams is how many streams the agents of lineage (its
+// root's node id) hold open on this server now, their signal streams
+// admitted from their nodes' reserves included.
+func (s *Server) OpenLineageStreams(lineage string) int {
+	return s.authn.OpenLineageStreams(lineage)
+}
 
 // boundBodies bounds what an authenticated request's body can make the
 // server read. Connect, refusing a message past the limit, reads on to

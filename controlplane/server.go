@@ -396,10 +396,21 @@ func (s *Server) buildHandler() error {
 			tetherv1connect.LeaseServiceCompleteProcedure:  true,
 			tetherv1connect.LeaseServiceChannelProcedure:   true,
 		},
-		Holds:       (&leaseService{s: s}).holds,
-		Owing:       &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
-		Anonymous:   &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
-		MaxStreams:  s.cfg.Conn.MaxStreamsPerCaller,
+		Holds:      (&leaseService{s: s}).holds,
+		Owing:      &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
+		Anonymous:  &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
+		MaxStreams: s.cfg.Conn.MaxStreamsPerCaller,
+		// A lineage's streams together; each node's signal streams past
+		// them, from its own reserve.
+		MaxLineageStreams: s.cfg.Conn.MaxStreamsPerLineage,
+		Signals: map[string]bool{
+			tetherv1connect.AgentServiceSessionProcedure:      true,
+			tetherv1connect.AgentServiceWatchSignalsProcedure: true,
+		},
+		SignalReserve: SignalStreamReserve,
+		AfterFunc: func(d time.Duration, f func()) func() bool {
+			return s.cfg.Clock.AfterFunc(d, f).Stop
+		},
 		Bind:        bindConn,
 		Cache:       auth.NewTokenCache(0),
 		RateLimited: s.metrics.rateLimitedCall,

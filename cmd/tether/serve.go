@@ -52,7 +52,8 @@ that carries no authenticated call within --preauth-timeout is closed, and at th
 the oldest such gives way to a new one; each lineage, operator or tool server holds at
 most --max-connections-per-lineage, agents together leave --operator-reserve to
 operators and tool servers; when every place is taken, --health-reserve more may only
-GET /healthz), open streams per caller, the request size after decompression, and
+GET /healthz), open streams per caller and per lineage (each node may open its own
+signal stream past its lineage's share), the request size after decompression, and
 rate limits: per lineage for agents (a root and every descendant share one budget),
 per operator, and per source address for requests without a valid credential. Every stream message counts as a
 request. Refusals are resource_exhausted (or unavailable at the connection cap)
@@ -163,6 +164,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&limits.MaxConnectionsPerLineage, "max-connections-per-lineage", 0, "connections one agent lineage (a root and every descendant together), one operator or one tool server may hold; past it the call is refused resource_exhausted and its connection closed; 0: half of --max-connections")
 	f.IntVar(&limits.OperatorReserve, "operator-reserve", 0, "connections of --max-connections that agents together may not hold, kept for operators and tool servers; 0: a hundredth of --max-connections, at least 1")
 	f.IntVar(&limits.MaxStreamsPerCaller, "max-streams-per-caller", limits.MaxStreamsPerCaller, "open streams (sessions, watches, lease channels) per principal")
+	f.IntVar(&limits.MaxStreamsPerLineage, "max-streams-per-lineage", 0, "open streams one agent lineage (a root and every descendant together) may hold; past it each node may still open 2 signal streams (Session, WatchSignals) of its own, and other streams are refused resource_exhausted; 0: --max-connections-per-lineage, at least --max-streams-per-caller")
 	f.IntVar(&limits.MaxHeaderBytes, "max-header-bytes", limits.MaxHeaderBytes, "largest request headers (HTTP/1.1: 431; HTTP/2: the advertised header list size); an open stream keeps its headers while it lives")
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", privilege.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time")

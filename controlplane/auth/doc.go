@@ -31,7 +31,9 @@
 // their source address's. Every stream message costs one request, and a
 // batch on a lease Channel one per message it carries (Spend). A refusal
 // is ResourceExhausted, with the wait in the message and in a Retry-After
-// header. MaxStreams bounds the streams one principal holds open.
+// header. MaxStreams bounds the streams one principal holds open, and
+// MaxLineageStreams those of an agent lineage together (beside a small
+// reserve of its own signal streams per node).
 //
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not

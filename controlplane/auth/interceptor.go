@@ -52,6 +52,12 @@ type Interceptor struct {
 	// node's, FailedPrecondition), or nil when ctx ends first. Its context
 	// carries the stream's procedure (ProcedureFromContext).
 	AgentEnded func(ctx context.Context, nodeID string) error
+	// AfterFunc, when set, runs f once d has passed on Now's clock and
+	// returns what stops it: an operator's or a tool server's open stream
+	// then ends (Unauthenticated) when its token expires, as its next call
+	// would be refused. An agent's stream outlives its credential, which
+	// its heartbeats refresh; it ends with its node (AgentEnded).
+	AfterFunc func(d time.Duration, f func()) (stop func() bool)
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
@@ -116,6 +122,18 @@ type Interceptor struct {
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
 	// is what bounds the quiet ones.
 	MaxStreams int
+	// MaxLineageStreams bounds the streams an agent's lineage (its root
+	// and every descendant together) holds open at once (0: unlimited), so
+	// that a rogue spawning children that each hold MaxStreams holds no
+	// more than its lineage's share. Past it, each node still opens up to
+	// SignalReserve of its own Signals streams (its session, its signal
+	// watch: what it hears its stop on), so that a member of the lineage
+	// holding the share cannot keep a sibling from being told to stop. A
+	// Signals stream takes from its node's reserve first, so the share is
+	// left to the rest.
+	MaxLineageStreams int
+	Signals           map[string]bool
+	SignalReserve     int
 	// Bind, when set, is told of every request authenticated and
 	// authorised, before its rate budget is charged: the server binds the
 	// connection the request came on (its context says which) to the
@@ -133,8 +151,14 @@ type Interceptor struct {
 	Refused func(ctx context.Context, procedure string, start time.Time, err error)
 
 	streamsMu sync.Mutex
-	streams   map[string]int
+	streams   map[string]int // by principal
+	lineages  map[string]lineageStreams
+	reserved  map[string]int // Signals streams admitted from a node's reserve, by principal
 }
+
+// lineageStreams counts a lineage's open streams: shared, those against
+// MaxLineageStreams; all, those and its nodes' reserved ones.
+type lineageStreams struct{ shared, all int }
 
 var _ connect.Interceptor = (*Interceptor)(nil)
 
@@ -616,19 +640,30 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		if err != nil {
 			return err
 		}
-		release, err := i.openStream(p)
+		release, err := i.openStream(p, conn.Spec().Procedure)
 		if err != nil {
 			return err
 		}
 		defer release()
-		// Operators' and tool servers' streams end with their token; an
-		// agent's with its node (its credential dies with it), so that
-		// thousands of sessions need not wake at every grant revocation.
+		// Operators' and tool servers' streams end with their token (its
+		// revocation or its expiry); an agent's with its node (its
+		// credential dies with it), so that thousands of sessions need not
+		// wake at every grant revocation.
 		if i.Revoked != nil && i.RevocationsChanged != nil && p.TokenID != "" && !p.IsAgent() {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
 			go i.endOnRevocation(ctx, p.TokenID, cancel)
+		}
+		if i.AfterFunc != nil && !p.IsAgent() && !p.ExpiresAt.IsZero() {
+			var cancel context.CancelCauseFunc
+			ctx, cancel = context.WithCancelCause(ctx)
+			defer cancel(nil)
+			// Refused from ExpiresAt+Leeway on, like a call (TokenCache).
+			stop := i.AfterFunc(p.ExpiresAt.Add(Leeway).Sub(i.Now()), func() {
+				cancel(&ended{connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: expired at %s; the stream is over", ErrBadCredential, p.ExpiresAt.UTC().Format(time.RFC3339)))})
+			})
+			defer stop()
 		}
 		if p.IsAgent() && i.AgentEnded != nil {
 			var cancel context.CancelCauseFunc
@@ -684,21 +719,49 @@ func (i *Interceptor) endOnRevocation(ctx context.Context, tokenID string, cance
 	}
 }
 
-// openStream takes a stream slot of p.
-func (i *Interceptor) openStream(p Principal) (release func(), err error) {
-	if i.MaxStreams <= 0 {
+// openStream takes a stream slot of p, and of its lineage's share or
+// (a Signals procedure) of its node's reserve.
+func (i *Interceptor) openStream(p Principal, procedure string) (release func(), err error) {
+	lineage := ""
+	if p.IsAgent() && i.MaxLineageStreams > 0 {
+		lineage = p.Lineage
+	}
+	if i.MaxStreams <= 0 && lineage == "" {
 		return func() {}, nil
 	}
 	key := p.ID()
 	i.streamsMu.Lock()
 	defer i.streamsMu.Unlock()
-	if i.streams == nil {
-		i.streams = map[string]int{}
-	}
-	if i.streams[key] >= i.MaxStreams {
+	if i.MaxStreams > 0 && i.streams[key] >= i.MaxStreams {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already has %d open streams, the limit per caller; close one first", key, i.MaxStreams))
 	}
+	reserved := false
+	if lineage != "" {
+		reserved = i.Signals[procedure] && i.reserved[key] < i.SignalReserve
+		if !reserved && i.lineages[lineage].shared >= i.MaxLineageStreams {
+			who := fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", lineage, key)
+			if i.Signals[procedure] {
+				return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage), and %s already has its own %d signal streams beside them; close one first", who, i.MaxLineageStreams, key, i.SignalReserve))
+			}
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage); close one first (each node may still open its own signal stream)", who, i.MaxLineageStreams))
+		}
+	}
+	if i.streams == nil {
+		i.streams = map[string]int{}
+		i.lineages = map[string]lineageStreams{}
+		i.reserved = map[string]int{}
+	}
 	i.streams[key]++
+	if lineage != "" {
+		n := i.lineages[lineage]
+		n.all++
+		if reserved {
+			i.reserved[key]++
+		} else {
+			n.shared++
+		}
+		i.lineages[lineage] = n
+	}
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -706,6 +769,24 @@ func (i *Interceptor) openStream(p Principal) (release func(), err error) {
 			defer i.streamsMu.Unlock()
 			if i.streams[key]--; i.streams[key] <= 0 {
 				delete(i.streams, key)
+			}
+			if lineage == "" {
+				return
+			}
+			if reserved {
+				if i.reserved[key]--; i.reserved[key] <= 0 {
+					delete(i.reserved, key)
+				}
+			}
+			n := i.lineages[lineage]
+			n.all--
+			if !reserved {
+				n.shared--
+			}
+			if n.all <= 0 {
+				delete(i.lineages, lineage)
+			} else {
+				i.lineages[lineage] = n
 			}
 		})
 	}, nil
@@ -716,6 +797,14 @@ func (i *Interceptor) OpenStreams(principal string) int {
 	i.streamsMu.Lock()
 	defer i.streamsMu.Unlock()
 	return i.streams[principal]
+}
+
+// OpenLineageStreams returns how many streams the agents of lineage (its
+// root's node id) hold open, their reserved signal streams included.
+func (i *Interceptor) OpenLineageStreams(lineage string) int {
+	i.streamsMu.Lock()
+	defer i.streamsMu.Unlock()
+	return i.lineages[lineage].all
 }
 
 // meteredConn charges every received message after the first (paid for
