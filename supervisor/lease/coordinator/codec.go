@@ -79,10 +79,16 @@ type record struct {
 }
 
 // Row is one evidence row as stored: its number within the job (1, 2, …)
-// and the row itself.
+// and the row itself. Lease is the whole lease after the row's decision
+// and Before the lease it was judged against (zero for a job's first row
+// and for the unknown-job log): beyond the matrix's columns, they say whom
+// the row's reason may name — the job's owner and former holders, the
+// generation a reassignment replaced, a conflict's claimant — so that a
+// reader may be shown only its own tree's part of the job.
 type Row struct {
 	Number uint64
 	lease.EvidenceRow
+	Lease, Before lease.Lease
 }
 
 type encoder struct{ b []byte }
@@ -349,7 +355,7 @@ func (rr *rowReader) next(b []byte) (storedRow, error) {
 // lease.NewEvidenceRow).
 func (r storedRow) row() Row {
 	l := r.Lease
-	return Row{Number: r.Number, EvidenceRow: lease.EvidenceRow{
+	return Row{Number: r.Number, Lease: l, EvidenceRow: lease.EvidenceRow{
 		JobID:             l.JobID,
 		LeaseID:           l.LeaseID,
 		Generation:        l.Generation,

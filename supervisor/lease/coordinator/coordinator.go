@@ -726,11 +726,14 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 		}
 		var rr rowReader
 		err = jobRows(tx, job, 1, log, func(_ uint64, key, value []byte) error {
+			before := rr.prev
 			stored, err := rr.next(value)
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			rows = append(rows, stored.row())
+			r := stored.row()
+			r.Before = before
+			rows = append(rows, r)
 			return nil
 		})
 		if err != nil || len(rows) > 0 {
@@ -778,8 +781,8 @@ var errNoAnchor = errors.New("coordinator: no anchor row")
 
 // EvidencePage returns up to limit (at least 1) of the job's evidence rows
 // from cursor on, in decision order, read from the store. A page decodes
-// from the anchor row at or before its first row (anchorEvery), so its
-// cost does not grow with the job's history. For a job without a lease
+// from the anchor row at or before the row before its first (anchorEvery),
+// so its cost does not grow with the job's history. For a job without a lease
 // the rows come from the bounded unknown-job log; ErrNotFound when the
 // first page has no rows at all.
 func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor EvidenceCursor, limit int) (EvidencePage, error) {
@@ -810,6 +813,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 						return errNoAnchor
 					}
 					first = false
+					before := rr.prev
 					stored, err := rr.next(value)
 					if err != nil {
 						return fmt.Errorf("%s: %w", key, err)
@@ -817,10 +821,14 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 					if stored.Number <= cursor.After {
 						return nil
 					}
-					return keep(stored.row())
+					r := stored.row()
+					r.Before = before
+					return keep(r)
 				})
 			}
-			err = scanFrom(anchorBefore(cursor.After + 1))
+			// Decoding starts at or before the row before the page's
+			// first, so that every row's Before is known.
+			err = scanFrom(anchorBefore(max(cursor.After, 1)))
 			if errors.Is(err, errNoAnchor) {
 				err = scanFrom(1)
 			}

@@ -756,6 +756,16 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 	if err != nil || len(all) != 202 {
 		t.Fatalf("%d rows, %v", len(all), err)
 	}
+	// Each row carries the lease it was judged against: the row before's.
+	for i, r := range all {
+		var before lease.Lease
+		if i > 0 {
+			before = all[i-1].Lease
+		}
+		if r.Before != before || r.Lease.ProgressValue != r.ProgressValue {
+			t.Fatalf("row %d: judged against %+v, want %+v", r.Number, r.Before, before)
+		}
+	}
 	for _, size := range []int{1, 7, 63, 64, 65, 500} {
 		var got []coordinator.Row
 		cursor := coordinator.EvidenceCursor{}
@@ -777,7 +787,7 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 			t.Fatalf("page size %d: %d rows, want %d", size, len(got), len(all))
 		}
 		for i := range all {
-			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason {
+			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason || got[i].Before != all[i].Before {
 				t.Fatalf("page size %d: row %d differs:\n got %+v\nwant %+v", size, i+1, got[i], all[i])
 			}
 		}
