@@ -755,15 +755,16 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 		// the lease it was judged against was another tree's (the row that
 		// moved the job), that generation's lease id.
 		foreign = foreign[:0]
-		if ok, err := inTree(r.Before.HolderIdentity); err != nil {
+		n := r.Names
+		if ok, err := inTree(n.PriorHolder); err != nil {
 			return nil, err
 		} else if !ok {
-			foreign = append(foreign, r.Before.HolderIdentity)
-			if r.Before.LeaseID != "" {
-				foreign = append(foreign, r.Before.LeaseID)
+			foreign = append(foreign, n.PriorHolder)
+			if n.PriorLeaseID != "" {
+				foreign = append(foreign, n.PriorLeaseID)
 			}
 		}
-		named := append(r.Lease.FormerHolders[:], r.Lease.ConflictHolder, r.Lease.Owner, r.Before.ConflictHolder, r.Before.Owner)
+		named := append(n.FormerHolders[:], n.ConflictHolder, n.Owner, n.PriorConflictHolder)
 		for _, id := range named {
 			if ok, err := inTree(id); err != nil {
 				return nil, err

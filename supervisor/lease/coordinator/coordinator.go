@@ -731,9 +731,7 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			r := stored.row()
-			r.Before = before
-			rows = append(rows, r)
+			rows = append(rows, stored.row(before))
 			return nil
 		})
 		if err != nil || len(rows) > 0 {
@@ -744,7 +742,7 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			if r := stored.row(); r.JobID == job {
+			if r := stored.row(lease.Lease{}); r.JobID == job {
 				rows = append(rows, r)
 			}
 			return nil
@@ -821,13 +819,11 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 					if stored.Number <= cursor.After {
 						return nil
 					}
-					r := stored.row()
-					r.Before = before
-					return keep(r)
+					return keep(stored.row(before))
 				})
 			}
 			// Decoding starts at or before the row before the page's
-			// first, so that every row's Before is known.
+			// first, so that every row's Names are known.
 			err = scanFrom(anchorBefore(max(cursor.After, 1)))
 			if errors.Is(err, errNoAnchor) {
 				err = scanFrom(1)
@@ -865,7 +861,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			if r := stored.row(); r.JobID == job {
+			if r := stored.row(lease.Lease{}); r.JobID == job {
 				return keep(r)
 			}
 			return nil

@@ -756,14 +756,15 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 	if err != nil || len(all) != 202 {
 		t.Fatalf("%d rows, %v", len(all), err)
 	}
-	// Each row carries the lease it was judged against: the row before's.
+	// Each row names the generation it was judged against: the row
+	// before's (none for the first).
 	for i, r := range all {
-		var before lease.Lease
+		var prior, priorHolder string
 		if i > 0 {
-			before = all[i-1].Lease
+			prior, priorHolder = all[i-1].LeaseID, all[i-1].HolderIdentity
 		}
-		if r.Before != before || r.Lease.ProgressValue != r.ProgressValue {
-			t.Fatalf("row %d: judged against %+v, want %+v", r.Number, r.Before, before)
+		if r.Names.PriorLeaseID != prior || r.Names.PriorHolder != priorHolder {
+			t.Fatalf("row %d: judged against lease %q of %q, want %q of %q", r.Number, r.Names.PriorLeaseID, r.Names.PriorHolder, prior, priorHolder)
 		}
 	}
 	for _, size := range []int{1, 7, 63, 64, 65, 500} {
@@ -787,7 +788,7 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 			t.Fatalf("page size %d: %d rows, want %d", size, len(got), len(all))
 		}
 		for i := range all {
-			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason || got[i].Before != all[i].Before {
+			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason || got[i].Names != all[i].Names {
 				t.Fatalf("page size %d: row %d differs:\n got %+v\nwant %+v", size, i+1, got[i], all[i])
 			}
 		}
