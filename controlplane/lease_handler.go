@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -247,13 +248,19 @@ func (h *leaseService) Complete(ctx context.Context, req *connect.Request[tether
 }
 
 // The lineage that coordinates a job: operators; the agent that offered it
-// (Lease.Owner) and that agent's ancestors; and the ancestors of its
-// current holder (never the holder itself, a sibling or a descendant). It
-// may read the job, request its cancellation, reassign and resolve it, and
-// send worker messages for it (a claim on the active generation from
-// anyone but the holder is then an ownership conflict). A holder reads its
-// own lease; a former holder's worker messages are judged (as stale) but it
-// reads nothing else. Every other agent is a stranger to the job.
+// (Lease.Owner) and that agent's ancestors, while the job's holder is an
+// agent of the owner's tree; and the ancestors of its current holder
+// (never the holder itself, a sibling or a descendant). It may read the
+// job, request its cancellation, reassign and resolve it, and send worker
+// messages for it (a claim on the active generation from anyone but the
+// holder is then an ownership conflict). When an operator (or a rollout's
+// handover to a replacement tree) moves the job to an agent of another
+// tree, coordination passes with it: to the operators and the new holder's
+// ancestors, as for a job an operator offered; the owner's tree is a
+// stranger to the job from then on (Owner still records who offered it).
+// A holder reads its own lease and the evidence rows of its tree
+// (treeRows); a former holder's worker messages are judged (as stale) but
+// it reads nothing else. Every other agent is a stranger to the job.
 
 // mayDirect reports whether p may direct leases held by holder: operators
 // may, and so may an agent that is an ancestor of holder in the agent
@@ -275,17 +282,23 @@ func (h *leaseService) mayDirect(ctx context.Context, p auth.Principal, holder, 
 // isAncestor reports whether agent is an ancestor of node (false when node
 // is not a registered agent).
 func (h *leaseService) isAncestor(ctx context.Context, agent, node string) (bool, error) {
-	if node == "" {
-		return false, nil
-	}
-	n, err := h.s.tree.Get(ctx, node)
-	if errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument) {
-		return false, nil
-	}
-	if err != nil {
+	n, err := h.agent(ctx, node)
+	if n == nil || err != nil {
 		return false, err
 	}
 	return tree.IsAncestor(n, agent), nil
+}
+
+// agent reads a registered agent's node; nil when id names none.
+func (h *leaseService) agent(ctx context.Context, id string) (*tree.Node, error) {
+	if id == "" {
+		return nil, nil
+	}
+	n, err := h.s.tree.Get(ctx, id)
+	if errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument) {
+		return nil, nil
+	}
+	return n, err
 }
 
 // mayCoordinate reports whether p belongs to the lineage that coordinates
@@ -298,15 +311,38 @@ func (h *leaseService) mayCoordinate(ctx context.Context, p auth.Principal, l le
 	if caller == l.HolderIdentity {
 		return false, nil
 	}
-	if l.Owner != "" {
-		if caller == l.Owner {
-			return true, nil
-		}
-		if ok, err := h.isAncestor(ctx, caller, l.Owner); ok || err != nil {
-			return ok, err
-		}
+	holder, err := h.agent(ctx, l.HolderIdentity)
+	if holder == nil || err != nil {
+		return false, err
 	}
-	return h.isAncestor(ctx, caller, l.HolderIdentity)
+	if tree.IsAncestor(holder, caller) {
+		return true, nil
+	}
+	// The owner's lineage, while the job is in the owner's tree: the
+	// caller's, if it is the owner or one of its ancestors.
+	if l.Owner == "" {
+		return false, nil
+	}
+	if root, err := h.lineage(ctx, p); root != tree.Root(holder) || err != nil {
+		return false, err
+	}
+	if caller == l.Owner {
+		return true, nil
+	}
+	return h.isAncestor(ctx, caller, l.Owner)
+}
+
+// lineage is the root of an agent's tree: the principal's, as the
+// interceptor read it from the agent's node, or the node's.
+func (h *leaseService) lineage(ctx context.Context, p auth.Principal) (string, error) {
+	if p.Lineage != "" {
+		return p.Lineage, nil
+	}
+	n, err := h.agent(ctx, p.NodeID())
+	if n == nil || err != nil {
+		return "", err
+	}
+	return tree.Root(n), nil
 }
 
 // coordinate judges a coordinator message about an existing job: the
@@ -680,6 +716,11 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	if p.IsAgent() {
+		if page.Rows, err = h.treeRows(ctx, p, page.Rows); err != nil {
+			return nil, toConnect(err)
+		}
+	}
 	out := make([]*tetherv1.EvidenceRow, len(page.Rows))
 	for i, r := range page.Rows {
 		out[i] = wire.EvidenceRow(r)
@@ -689,6 +730,82 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 		resp.NextPageToken = evidenceToken(page.Next)
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// treeRows is what an agent reads of a page of a job's evidence: the rows
+// of the generations held by agents of its own tree. A job an operator
+// moved between trees has a part in each: an agent of one reads neither
+// the rows of the other's generations nor the rows of messages the other
+// tree's agents sent after the move (a former holder's late traffic, judged
+// against the current generation, whose row quotes what it sent); in the
+// other rows, the other tree's agents and lease ids (the generation the
+// move replaced, a settled conflict's claimant) are withheld. So a page may
+// hold fewer rows than asked for, none even, while more follow. An
+// operator reads every row; nothing is deleted.
+func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []coordinator.Row) ([]coordinator.Row, error) {
+	root, err := h.lineage(ctx, p)
+	if root == "" || err != nil {
+		return nil, err
+	}
+	ours := map[string]bool{"": true}
+	inTree := func(id string) (bool, error) {
+		if v, ok := ours[id]; ok {
+			return v, nil
+		}
+		n, err := h.agent(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		ours[id] = n != nil && tree.Root(n) == root
+		return ours[id], nil
+	}
+	kept := rows[:0]
+	var foreign []string
+	for _, r := range rows {
+		if ok, err := inTree(r.HolderIdentity); !ok || err != nil {
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		// Whom the row may name besides its generation's holder, and, when
+		// the lease it was judged against was another tree's (the row that
+		// moved the job), that generation's lease id.
+		foreign = foreign[:0]
+		n := r.Names
+		if ok, err := inTree(n.PriorHolder); err != nil {
+			return nil, err
+		} else if !ok {
+			foreign = append(foreign, n.PriorHolder)
+			if n.PriorLeaseID != "" {
+				foreign = append(foreign, n.PriorLeaseID)
+			}
+		}
+		named := append(n.FormerHolders[:], n.ConflictHolder, n.Owner, n.PriorConflictHolder)
+		for _, id := range named {
+			if ok, err := inTree(id); err != nil {
+				return nil, err
+			} else if !ok {
+				foreign = append(foreign, id)
+			}
+		}
+		if len(foreign) == 0 {
+			kept = append(kept, r)
+			continue
+		}
+		if r.Message.FromWorker() && slices.ContainsFunc(foreign, func(id string) bool { return strings.Contains(r.Reason, id) }) {
+			continue // another tree's agent's message
+		}
+		pairs := make([]string, 0, 2*len(foreign))
+		for _, id := range foreign {
+			pairs = append(pairs, id, "(withheld)")
+		}
+		withheld := strings.NewReplacer(pairs...)
+		r.Reason = withheld.Replace(r.Reason)
+		r.Decision.Reason = withheld.Replace(r.Decision.Reason)
+		kept = append(kept, r)
+	}
+	return kept, nil
 }
 
 // maxEvidencePageSize caps a page of evidence: a row is at most a few KB

@@ -38,7 +38,8 @@ import (
 // check authority (an expired, cancelled or terminal generation passes
 // until a later one is seen there; since fixed, rogue15fence); a job's holder reads the evidence of
 // earlier generations, and a job's offering agent keeps coordinating it,
-// across trees after an operator's reassignment.
+// across trees after an operator's reassignment (the cross-tree half since
+// closed: rogue15reassign_ext_test.go).
 
 // A rogue tool server (any tool the operator registered, and so any tool an
 // agent of any tree may call) asks the coordinator about a job of a tree it

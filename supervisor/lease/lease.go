@@ -154,8 +154,9 @@ type Lease struct {
 
 	// Owner is the agent that offered the job (its node id), or "" when an
 	// operator did. It is recorded by the first Offer and never changes:
-	// the shell lets the owner and its ancestors coordinate the job
-	// wherever it is reassigned.
+	// the shell lets the owner and its ancestors coordinate the job while
+	// its holder is an agent of the owner's tree (once an operator moves
+	// the job to another tree, the owner's tree is a stranger to it).
 	Owner string
 	// FormerHolders are the most recent earlier holders of the job (up to
 	// MaxFormerHolders, oldest first, never the current holder). They

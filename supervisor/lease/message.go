@@ -34,6 +34,17 @@ var kindNames = [...]string{
 
 func (k Kind) String() string { return enumname.Of(kindNames[:], k, "UNKNOWN") }
 
+// FromWorker reports whether messages of kind k come from a worker (Ack,
+// Renew, Progress, CancelAck, Complete: they embed a Claim, and their
+// row's reason quotes what the worker sent).
+func (k Kind) FromWorker() bool {
+	switch k {
+	case KindAck, KindRenew, KindProgress, KindCancelAck, KindComplete:
+		return true
+	}
+	return false
+}
+
 // Message is one input to Step. The set is closed: Offer, RequestCancel,
 // Reassign, Resolve, Tick and Recover come from the coordinator; Ack, Renew,
 // Progress, CancelAck and Complete come from a worker and embed a Claim.

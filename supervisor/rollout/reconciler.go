@@ -81,7 +81,7 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 				vouched[n.NodeID] = true
 			}
 			if isReady(n) && tree.MatchLabels(n.Labels, target) {
-				readyRoots = append(readyRoots, rootOf(n))
+				readyRoots = append(readyRoots, tree.Root(n))
 			}
 		}); err != nil {
 			return err
@@ -545,7 +545,7 @@ func (rs *Rollouts) rootsOf(ctx context.Context, open []supervisor.HandoverLease
 			case err != nil:
 				return err
 			default:
-				roots[l.Holder] = rootOf(n)
+				roots[l.Holder] = tree.Root(n)
 			}
 		}
 		return nil
@@ -620,14 +620,6 @@ func credited(r Rollout, targets []replacement, drained map[string]int) int {
 	return n
 }
 
-// rootOf is the root of n's tree.
-func rootOf(n *tree.Node) string {
-	if len(n.Ancestors) > 0 {
-		return n.Ancestors[0]
-	}
-	return n.NodeID
-}
-
 // mayTake reports whether a job held by an agent of the tree rooted at
 // holderRoot may be handed to rep: a replacement in the job's own tree
 // (where the job's lineage could have reassigned it itself), or in a tree
@@ -682,7 +674,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 				vouched[n.NodeID] = true
 			}
 			if batched[n.NodeID] {
-				drained[rootOf(n)]++
+				drained[tree.Root(n)]++
 			}
 			if tree.MatchLabels(n.Labels, from) && !tree.MatchLabels(n.Labels, to) {
 				old[n.NodeID] = true
@@ -696,7 +688,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, replacement{id: n.NodeID, root: rootOf(n), readyAt: n.ReadyAt})
+					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), readyAt: n.ReadyAt})
 					under = append(under, n.Ancestors)
 				}
 				return

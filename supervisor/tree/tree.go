@@ -380,6 +380,15 @@ func IsAncestor(n *Node, ancestorID string) bool {
 	return false
 }
 
+// Root is the id of the root of n's tree (n's own for a root): agents of
+// one tree share it.
+func Root(n *Node) string {
+	if len(n.Ancestors) > 0 {
+		return n.Ancestors[0]
+	}
+	return n.NodeID
+}
+
 // StateName is the lower-case name of a node state.
 func StateName(s NodeState) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))

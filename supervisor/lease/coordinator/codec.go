@@ -79,10 +79,24 @@ type record struct {
 }
 
 // Row is one evidence row as stored: its number within the job (1, 2, …)
-// and the row itself.
+// and the row itself, with Names.
 type Row struct {
 	Number uint64
 	lease.EvidenceRow
+	Names RowNames
+}
+
+// RowNames are whom an evidence row's reason may name beyond the matrix's
+// columns, so that a reader may be shown only its own tree's part of a job:
+// from the lease after the decision, the job's owner, its former holders
+// and a conflict's claimant; from the lease the decision was judged
+// against (none for a job's first row and the unknown-job log), its
+// holder, lease id and conflict claimant — the generation a reassignment
+// replaced.
+type RowNames struct {
+	Owner, ConflictHolder                          string
+	FormerHolders                                  [lease.MaxFormerHolders]string
+	PriorHolder, PriorLeaseID, PriorConflictHolder string
 }
 
 type encoder struct{ b []byte }
@@ -346,10 +360,12 @@ func (rr *rowReader) next(b []byte) (storedRow, error) {
 }
 
 // row renders a stored row as the evidence matrix's row (the columns of
-// lease.NewEvidenceRow).
-func (r storedRow) row() Row {
+// lease.NewEvidenceRow); before is the lease it was judged against.
+func (r storedRow) row(before lease.Lease) Row {
 	l := r.Lease
-	return Row{Number: r.Number, EvidenceRow: lease.EvidenceRow{
+	names := RowNames{Owner: l.Owner, ConflictHolder: l.ConflictHolder, FormerHolders: l.FormerHolders,
+		PriorHolder: before.HolderIdentity, PriorLeaseID: before.LeaseID, PriorConflictHolder: before.ConflictHolder}
+	return Row{Number: r.Number, Names: names, EvidenceRow: lease.EvidenceRow{
 		JobID:             l.JobID,
 		LeaseID:           l.LeaseID,
 		Generation:        l.Generation,

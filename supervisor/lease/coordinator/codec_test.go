@@ -59,7 +59,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 		if err != nil || !sameRow(gotRow, row) {
 			t.Fatalf("row round trip against %+v: %v\n got %+v\nwant %+v", prev, err, gotRow, row)
 		}
-		if m := gotRow.row(); m.Reason != "stale" || m.Generation != 8 || m.Message != lease.KindRenew {
+		if m := gotRow.row(lease.Lease{}); m.Reason != "stale" || m.Generation != 8 || m.Message != lease.KindRenew {
 			t.Fatalf("matrix row %+v", m)
 		}
 	}

@@ -726,11 +726,12 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 		}
 		var rr rowReader
 		err = jobRows(tx, job, 1, log, func(_ uint64, key, value []byte) error {
+			before := rr.prev
 			stored, err := rr.next(value)
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			rows = append(rows, stored.row())
+			rows = append(rows, stored.row(before))
 			return nil
 		})
 		if err != nil || len(rows) > 0 {
@@ -741,7 +742,7 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			if r := stored.row(); r.JobID == job {
+			if r := stored.row(lease.Lease{}); r.JobID == job {
 				rows = append(rows, r)
 			}
 			return nil
@@ -778,8 +779,8 @@ var errNoAnchor = errors.New("coordinator: no anchor row")
 
 // EvidencePage returns up to limit (at least 1) of the job's evidence rows
 // from cursor on, in decision order, read from the store. A page decodes
-// from the anchor row at or before its first row (anchorEvery), so its
-// cost does not grow with the job's history. For a job without a lease
+// from the anchor row at or before the row before its first (anchorEvery),
+// so its cost does not grow with the job's history. For a job without a lease
 // the rows come from the bounded unknown-job log; ErrNotFound when the
 // first page has no rows at all.
 func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor EvidenceCursor, limit int) (EvidencePage, error) {
@@ -810,6 +811,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 						return errNoAnchor
 					}
 					first = false
+					before := rr.prev
 					stored, err := rr.next(value)
 					if err != nil {
 						return fmt.Errorf("%s: %w", key, err)
@@ -817,10 +819,12 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 					if stored.Number <= cursor.After {
 						return nil
 					}
-					return keep(stored.row())
+					return keep(stored.row(before))
 				})
 			}
-			err = scanFrom(anchorBefore(cursor.After + 1))
+			// Decoding starts at or before the row before the page's
+			// first, so that every row's Names are known.
+			err = scanFrom(anchorBefore(max(cursor.After, 1)))
 			if errors.Is(err, errNoAnchor) {
 				err = scanFrom(1)
 			}
@@ -857,7 +861,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 			if err != nil {
 				return fmt.Errorf("%s: %w", key, err)
 			}
-			if r := stored.row(); r.JobID == job {
+			if r := stored.row(lease.Lease{}); r.JobID == job {
 				return keep(r)
 			}
 			return nil

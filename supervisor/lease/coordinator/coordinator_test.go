@@ -756,6 +756,17 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 	if err != nil || len(all) != 202 {
 		t.Fatalf("%d rows, %v", len(all), err)
 	}
+	// Each row names the generation it was judged against: the row
+	// before's (none for the first).
+	for i, r := range all {
+		var prior, priorHolder string
+		if i > 0 {
+			prior, priorHolder = all[i-1].LeaseID, all[i-1].HolderIdentity
+		}
+		if r.Names.PriorLeaseID != prior || r.Names.PriorHolder != priorHolder {
+			t.Fatalf("row %d: judged against lease %q of %q, want %q of %q", r.Number, r.Names.PriorLeaseID, r.Names.PriorHolder, prior, priorHolder)
+		}
+	}
 	for _, size := range []int{1, 7, 63, 64, 65, 500} {
 		var got []coordinator.Row
 		cursor := coordinator.EvidenceCursor{}
@@ -777,7 +788,7 @@ func TestEvidencePagesMatchTheWholeHistory(t *testing.T) {
 			t.Fatalf("page size %d: %d rows, want %d", size, len(got), len(all))
 		}
 		for i := range all {
-			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason {
+			if got[i].Number != all[i].Number || got[i].EvidenceRow.ProgressValue != all[i].EvidenceRow.ProgressValue || got[i].Reason != all[i].Reason || got[i].Names != all[i].Names {
 				t.Fatalf("page size %d: row %d differs:\n got %+v\nwant %+v", size, i+1, got[i], all[i])
 			}
 		}
