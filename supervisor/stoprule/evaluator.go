@@ -35,7 +35,7 @@ type index struct {
 	byID      map[string]*activeRule
 	nodes     map[string]nodeInfo // running nodes
 	children  map[string]map[string]bool
-	dirty     map[string]bool
+	dirty     *fairQueue      // marked for evaluation, by tree (fair.go)
 	retry     map[string]bool // failed evaluations, marked again at the next tick
 	timed     int             // rules evaluated every tick (polled)
 }
@@ -95,7 +95,7 @@ func (r *Rules) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if len(ix.dirty) > 0 {
+		if ix.dirty.len() > 0 {
 			if err := r.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
 				return err
 			}
@@ -135,7 +135,7 @@ const evaluateSlice = 256
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
-		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: map[string]bool{}, retry: map[string]bool{}}
+		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -157,8 +157,8 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	for _, rule := range rules {
 		r.putRule(ix, rule)
 	}
-	for id := range ix.nodes {
-		ix.dirty[id] = true
+	for id, n := range ix.nodes {
+		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
 	return ix, nil
 }
@@ -166,11 +166,11 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 func (ix *index) putNode(n *tree.Node) {
 	if !judged(n) {
 		delete(ix.nodes, n.NodeID)
-		delete(ix.dirty, n.NodeID)
+		ix.dirty.unmark(rootOf(n.NodeID, n.Ancestors), n.NodeID)
 		return
 	}
 	ix.nodes[n.NodeID] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
-	ix.dirty[n.NodeID] = true
+	ix.dirty.mark(rootOf(n.NodeID, n.Ancestors), n.NodeID)
 	if p := n.ParentNodeID; p != "" {
 		if ix.children[p] == nil {
 			ix.children[p] = map[string]bool{}
@@ -234,7 +234,7 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 	}
 	for id, n := range ix.nodes {
 		if ix.appliesTo(a, id, n) {
-			ix.dirty[id] = true
+			ix.dirty.mark(rootOf(id, n.ancestors), id)
 		}
 	}
 }
@@ -319,7 +319,7 @@ func (ix *index) markTimed() {
 	for id, n := range ix.nodes {
 		for _, a := range ix.inEffect(id, n) {
 			if a.polled() {
-				ix.dirty[id] = true
+				ix.dirty.mark(rootOf(id, n.ancestors), id)
 				break
 			}
 		}
@@ -368,49 +368,51 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 }
 
 func (ix *index) markNode(id string) {
-	if _, ok := ix.nodes[id]; ok {
-		ix.dirty[id] = true
+	if n, ok := ix.nodes[id]; ok {
+		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
 }
 
-// evaluateDirty evaluates up to limit marked nodes and clears their marks.
+// evaluateDirty evaluates up to limit marked nodes, the trees in turn
+// (fair.go), and clears their marks.
 func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
-	for id := range ix.dirty {
-		if limit--; limit < 0 {
-			return nil
-		}
-		delete(ix.dirty, id)
+	return ix.dirty.serve(limit, func(id string) (int64, error) {
 		n, ok := ix.nodes[id]
 		if !ok {
-			continue
+			return 0, nil
 		}
 		rules := ix.inEffect(id, n)
 		if len(rules) == 0 {
-			continue
+			return 0, nil
 		}
-		if err := r.evaluateNode(ctx, id, rules); err != nil {
+		cost, err := r.evaluateNode(ctx, id, rules)
+		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return cost, ctx.Err()
 			}
 			if errors.Is(err, errFault) {
-				return reconcile.Permanent(err) // an injected crash ends Run
+				return cost, reconcile.Permanent(err) // an injected crash ends Run
 			}
 			if errors.Is(err, errWaitingForRoom) {
 				ix.retry[id] = true
-				continue
+				return cost, nil
 			}
 			r.Log.Warn("stop rules: evaluation failed; retrying at the next tick", "node_id", id, "error", err)
 			ix.retry[id] = true
 		}
-	}
-	return nil
+		return cost, nil
+	})
 }
 
 var errFault = errors.New("stoprule: injected fault")
 
 // evaluateNode reads one consistent snapshot of the node and evaluates
-// every rule in effect that has not fired for it yet.
-func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) error {
+// every rule in effect that has not fired for it yet. It returns what the
+// evaluation cost, to be charged to the node's tree: evaluationBaseCost
+// for each read (the node's snapshot, and its leases or revocations when a
+// rule reads them) and the CEL cost of each rule evaluated.
+func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) (int64, error) {
+	cost := int64(evaluationBaseCost)
 	start := time.Now()
 	var node *tree.Node
 	var stored *Observations
@@ -431,19 +433,24 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 		})
 	})
 	if errors.Is(err, tree.ErrNodeNotFound) {
-		return nil
+		return cost, nil
 	}
 	if err != nil || !judged(node) {
-		return err
+		return cost, err
 	}
 	leases, revocations := false, false
 	for _, a := range rules {
 		leases = leases || a.compiled.UsesLeases
 		revocations = revocations || a.compiled.UsesRevocations
 	}
+	for _, read := range []bool{leases, revocations} {
+		if read {
+			cost += evaluationBaseCost
+		}
+	}
 	observed, err := r.snapshot(ctx, node, stored, leases, revocations)
 	if err != nil {
-		return err
+		return cost, err
 	}
 	r.stats.Nodes.Add(1)
 	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()
@@ -454,12 +461,13 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 		}
 		r.stats.Evaluations.Add(1)
 		res := a.compiled.Evaluate(observed, self)
+		cost += int64(min(res.Cost, CostBudget))
 		if !res.Fired {
 			continue
 		}
 		if err := r.file(ctx, node, a.rule, res); err != nil {
 			if errors.Is(err, supervisor.ErrAlreadyStopping) {
-				return nil // stopped meanwhile: nothing to propose
+				return cost, nil // stopped meanwhile: nothing to propose
 			}
 			if errors.Is(err, supervisor.ErrTreeProposalsFull) {
 				// An agent's rule, its tree's proposals at their bound:
@@ -467,13 +475,13 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 				waiting = true
 				continue
 			}
-			return err
+			return cost, err
 		}
 	}
 	if waiting {
-		return errWaitingForRoom
+		return cost, errWaitingForRoom
 	}
-	return nil
+	return cost, nil
 }
 
 // errWaitingForRoom: a rule that is true could not file its proposal
