@@ -41,14 +41,79 @@ import (
 // leaves evaluated.)
 func TestARoguesRulesDoNotDelayAnotherTreesOperatorRule(t *testing.T) {
 	dir := t.TempDir()
-	ctx := context.Background()
-	// The first server's evaluator waits at its first firing (the gate
-	// tree's rule, true at once), then stops there as a crash would:
-	// everything written meanwhile is stored but not evaluated, until the
-	// second server's evaluator starts and marks every node.
+	srv, gateRule, crash := startStalled(t, dir)
+	const chain, leaves = 4, 100
+	rogueChain(t, srv, chain, leaves)
+	victim := register(t, srv.AdminClients(), "victim")
+	victimRule := addRule(t, srv.AdminClients(), &tetherv1.AddStopRuleRequest{NodeId: victim.Node.NodeId, Name: "operators-stop", Expression: `observed.calls >= 0`})
+	crash()
+
+	again, counts := restartCounting(t, dir)
+	waitRuleProposal(t, again, gateRule)
+	waitRuleProposal(t, again, victimRule.RuleId)
+	got := counts()
+	t.Logf("nodes evaluated at each firing: %v (of %d marked: the rogue's %d, the gate, the victim)", got, chain+leaves+2, chain+leaves)
+	if len(got) != 2 {
+		t.Fatalf("%d firings, want the gate's and the victim's", len(got))
+	}
+	// A turn each: at most two of the rogue's nodes (its chain's nodes
+	// cost less than a turn), the gate's, the victim's.
+	for _, n := range got {
+		if n > 4 {
+			t.Fatalf("an operator's rule on another tree filed after %d nodes were evaluated (at firings: %v); want it within the first turn of each tree (at most 4)", n, got)
+		}
+	}
+}
+
+// TestARoguesRulesDoNotDelayItsOperatorsRuleOnItsOwnTree: the same rogue,
+// alone with its operator. Its tree's turns pay for its spending, but its
+// tree's marked nodes were served in one order, operators' rules and its
+// own together: an operator's rule that had come true on one of the
+// rogue's leaves waited behind the rogue's other marked nodes, each
+// costing the evaluator the chain's agents' rules (four budgets a leaf) —
+// the rogue's own rules delayed its own stop, by as long as it has
+// leaves. Within a tree, the operators' rules of the marked nodes are now
+// evaluated first (with the node's agents' rules in the same snapshot when
+// they cost little in the worst case); the agents' rules that cost more
+// are evaluated after, in the tree's turns. The operator's rule files its
+// proposal before any of the rogue's expensive rules is evaluated.
+// (Fails with the operator's rule filed after tens of the rogue's nodes.)
+func TestARoguesRulesDoNotDelayItsOperatorsRuleOnItsOwnTree(t *testing.T) {
+	dir := t.TempDir()
+	srv, gateRule, crash := startStalled(t, dir)
+	const chain, leaves = 4, 100
+	ids := rogueChain(t, srv, chain, leaves)
+	opRule := addRule(t, srv.AdminClients(), &tetherv1.AddStopRuleRequest{NodeId: ids[len(ids)-1], Name: "operators-stop", Expression: `observed.calls >= 0`})
+	crash()
+
+	again, counts := restartCounting(t, dir)
+	waitRuleProposal(t, again, gateRule)
+	waitRuleProposal(t, again, opRule.RuleId)
+	got := counts()
+	t.Logf("nodes evaluated at each firing: %v (of %d marked: the rogue's %d, the gate)", got, chain+leaves+1, chain+leaves)
+	if len(got) != 2 {
+		t.Fatalf("%d firings, want the gate's and the operator's on the rogue's leaf", len(got))
+	}
+	// The rogue's tree's turn evaluates its operators' rules first (one
+	// node), then at most one of its expensive nodes; the gate's turn
+	// its one node.
+	for _, n := range got {
+		if n > 3 {
+			t.Fatalf("an operator's rule filed after %d nodes were evaluated (at firings: %v); want the operators' rules first (at most 3)", n, got)
+		}
+	}
+}
+
+// startStalled starts a server on dir whose stop-rule evaluator waits at
+// its first firing (the gate tree's operator rule, true at once), then
+// stops there as a crash would when crash is called: everything written
+// meanwhile is stored but not evaluated, until a server restarted on dir
+// marks every node. crash stops the server.
+func startStalled(t *testing.T, dir string) (srv *testserver.Server, gateRule string, crash func()) {
+	t.Helper()
 	crashed, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	srv := testserver.StartIn(t, dir, func(cfg *controlplane.Config) {
+	srv = testserver.StartIn(t, dir, func(cfg *controlplane.Config) {
 		cfg.StopRuleFault = func(p string) error {
 			if p != "before-file" {
 				return nil
@@ -60,19 +125,29 @@ func TestARoguesRulesDoNotDelayAnotherTreesOperatorRule(t *testing.T) {
 	})
 	admin := srv.AdminClients()
 	gate := register(t, admin, "gate")
-	gateRule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: gate.Node.NodeId, Name: "gate", Expression: `observed.calls >= 0`})
+	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: gate.Node.NodeId, Name: "gate", Expression: `observed.calls >= 0`})
 	select {
 	case <-crashed:
 	case <-time.After(time.Minute): // a guard, not a synchronisation
 		t.Fatal("the gate rule never reached its crash point")
 	}
+	return srv, rule.RuleId, func() {
+		close(release)
+		srv.Stop()
+	}
+}
 
+// rogueChain registers a rogue whose chain of descendants each attach an
+// agent's rule near the budget (loops over their 32 long labels, never
+// true), and spawns leaves under the chain's last node: each leaf's
+// evaluation runs the whole chain's rules. It returns the leaves' ids.
+func rogueChain(t *testing.T, srv *testserver.Server, chain, leaves int) []string {
+	t.Helper()
 	labels := map[string]string{}
 	for i := range 32 {
 		labels[fmt.Sprintf("l%02d", i)] = strings.Repeat("v", 60)
 	}
-	const chain, leaves = 4, 100
-	rogue := register(t, admin, "rogue")
+	rogue := register(t, srv.AdminClients(), "rogue")
 	parent, parentClients := rogue.Node.NodeId, srv.Clients(rogue.Credential)
 	for depth := range chain {
 		addRule(t, parentClients, &tetherv1.AddStopRuleRequest{NodeId: parent, Name: fmt.Sprintf("slow-%d", depth), Expression: slowRule(36)})
@@ -86,19 +161,25 @@ func TestARoguesRulesDoNotDelayAnotherTreesOperatorRule(t *testing.T) {
 	for i := range children {
 		children[i] = &tetherv1.SpawnBatchChild{Name: fmt.Sprintf("leaf-%03d", i), Labels: labels}
 	}
-	if _, err := parentClients.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: parent, Children: children})); err != nil {
+	resp, err := parentClients.Agent.SpawnBatch(context.Background(), connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: parent, Children: children}))
+	if err != nil {
 		t.Fatal(err)
 	}
-	victim := register(t, admin, "victim")
-	victimRule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: victim.Node.NodeId, Name: "operators-stop", Expression: `observed.calls >= 0`})
-	close(release)
-	srv.Stop()
+	var ids []string
+	for _, c := range resp.Msg.Spawned {
+		ids = append(ids, c.Node.NodeId)
+	}
+	return ids
+}
 
-	// The second server: at each firing, how many nodes the evaluator had
-	// evaluated (the firing node included).
+// restartCounting starts a server on dir that notes, at each firing of a
+// rule, how many nodes its evaluator had evaluated (the firing node
+// included); counts returns the notes so far.
+func restartCounting(t *testing.T, dir string) (*testserver.Server, func() []int64) {
+	t.Helper()
 	var (
 		mu      sync.Mutex
-		counts  []int64
+		notes   []int64
 		started = make(chan struct{})
 		again   *testserver.Server
 	)
@@ -109,26 +190,15 @@ func TestARoguesRulesDoNotDelayAnotherTreesOperatorRule(t *testing.T) {
 			}
 			<-started // the server is published
 			mu.Lock()
-			counts = append(counts, again.StopRuleStats().Nodes.Load())
+			notes = append(notes, again.StopRuleStats().Nodes.Load())
 			mu.Unlock()
 			return nil
 		}
 	})
 	close(started)
-	waitRuleProposal(t, again, gateRule.RuleId)
-	waitRuleProposal(t, again, victimRule.RuleId)
-	mu.Lock()
-	got := append([]int64(nil), counts...)
-	mu.Unlock()
-	t.Logf("nodes evaluated at each firing: %v (of %d marked: the rogue's %d, the gate, the victim)", got, chain+leaves+2, chain+leaves)
-	if len(got) != 2 {
-		t.Fatalf("%d firings, want the gate's and the victim's", len(got))
-	}
-	// A turn each: at most two of the rogue's nodes (its chain's nodes
-	// cost less than a turn), the gate's, the victim's.
-	for _, n := range got {
-		if n > 4 {
-			t.Fatalf("an operator's rule on another tree filed after %d nodes were evaluated (at firings: %v); want it within the first turn of each tree (at most 4)", n, got)
-		}
+	return again, func() []int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]int64(nil), notes...)
 	}
 }

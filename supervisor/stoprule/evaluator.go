@@ -374,34 +374,66 @@ func (ix *index) markNode(id string) {
 }
 
 // evaluateDirty evaluates up to limit marked nodes, the trees in turn
-// (fair.go), and clears their marks.
+// and within a tree the operators' rules first (fair.go), and clears
+// their marks.
 func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
-	return ix.dirty.serve(limit, func(id string) (int64, error) {
+	return ix.dirty.serve(limit, func(id string, p phase) (int64, bool, error) {
 		n, ok := ix.nodes[id]
 		if !ok {
-			return 0, nil
+			return 0, true, nil
 		}
-		rules := ix.inEffect(id, n)
+		operators, agents := splitBySide(ix.inEffect(id, n))
+		rules, agentsToo := agents, false
+		if p == operatorsPhase {
+			if len(operators) == 0 {
+				return 0, false, nil // the agents' phase takes the node
+			}
+			rules = operators
+			if worstCost(agents) <= cheapAgentRulesCost {
+				rules, agentsToo = append(rules, agents...), true
+			}
+		}
 		if len(rules) == 0 {
-			return 0, nil
+			return 0, agentsToo, nil
 		}
 		cost, err := r.evaluateNode(ctx, id, rules)
 		if err != nil {
 			if ctx.Err() != nil {
-				return cost, ctx.Err()
+				return cost, agentsToo, ctx.Err()
 			}
 			if errors.Is(err, errFault) {
-				return cost, reconcile.Permanent(err) // an injected crash ends Run
+				return cost, agentsToo, reconcile.Permanent(err) // an injected crash ends Run
 			}
 			if errors.Is(err, errWaitingForRoom) {
 				ix.retry[id] = true
-				return cost, nil
+				return cost, agentsToo, nil
 			}
 			r.Log.Warn("stop rules: evaluation failed; retrying at the next tick", "node_id", id, "error", err)
 			ix.retry[id] = true
 		}
-		return cost, nil
+		return cost, agentsToo, nil
 	})
+}
+
+// splitBySide separates the operators' rules from the agents'.
+func splitBySide(rules []*activeRule) (operators, agents []*activeRule) {
+	for _, a := range rules {
+		if SetterNode(a.rule) == "" {
+			operators = append(operators, a)
+		} else {
+			agents = append(agents, a)
+		}
+	}
+	return operators, agents
+}
+
+// worstCost is what rules may cost together in the worst case.
+func worstCost(rules []*activeRule) uint64 {
+	var c uint64
+	for _, a := range rules {
+		c += a.compiled.Cost
+	}
+	return c
 }
 
 var errFault = errors.New("stoprule: injected fault")

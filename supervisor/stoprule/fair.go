@@ -13,6 +13,16 @@ package stoprule
 // rule waits at most one turn of each tree with marked nodes (a turn is
 // TurnCost and the node that overran it), whatever one tree spends; a
 // tree alone has the whole evaluator.
+//
+// Within a tree, the operators' rules come first: each marked node is
+// queued twice, once for the operators' rules in effect at it and once for
+// the agents', and a tree's turn takes the first queue before the second.
+// A node's agents' rules are evaluated with its operators' rules, on the
+// same snapshot, when they cost little in the worst case
+// (cheapAgentRulesCost); otherwise after every marked node's operators'
+// rules, in the tree's turns — so a rogue whose own rules cost the
+// evaluator much, on many nodes, does not delay its operators' rules on
+// its own tree behind them.
 
 // TurnCost is what a tree may spend of the evaluator each turn, in CEL
 // cost units (one rule's worst case); evaluationBaseCost is what each
@@ -21,25 +31,93 @@ package stoprule
 const (
 	TurnCost           = CostBudget
 	evaluationBaseCost = 256
+	// cheapAgentRulesCost: agents' rules in effect at a node that cost at
+	// most this together in the worst case are evaluated with the node's
+	// operators' rules, in one read.
+	cheapAgentRulesCost = TurnCost / 8
 )
 
-// treeQueue is one tree's marked nodes, in the order they were marked.
-type treeQueue struct {
-	root    string
-	marked  map[string]bool
-	order   []string // may hold ids unmarked since; head indexes it
-	head    int
-	deficit int64 // what is left of the tree's turns; negative when it overspent
-	inTurn  bool  // its turn began and was cut by the slice's end
-	inRing  bool
+// phase says which of a node's rules an evaluation takes.
+type phase int
+
+const (
+	operatorsPhase phase = iota // the operators' rules (and cheap agents' ones)
+	agentsPhase                 // the agents' rules
+)
+
+// fifo is a set of node ids in the order they were added.
+type fifo struct {
+	marked map[string]bool
+	order  []string // may hold ids removed since; head indexes it
+	head   int
 }
+
+func (q *fifo) push(id string) bool {
+	if q.marked[id] {
+		return false
+	}
+	if q.marked == nil {
+		q.marked = map[string]bool{}
+	}
+	q.marked[id] = true
+	q.order = append(q.order, id)
+	return true
+}
+
+func (q *fifo) remove(id string) bool {
+	if !q.marked[id] {
+		return false
+	}
+	delete(q.marked, id)
+	return true
+}
+
+func (q *fifo) len() int { return len(q.marked) }
+
+// pop takes the oldest id, or "" when there is none.
+func (q *fifo) pop() string {
+	for q.head < len(q.order) {
+		id := q.order[q.head]
+		q.order[q.head] = ""
+		q.head++
+		if q.marked[id] {
+			delete(q.marked, id)
+			return id
+		}
+	}
+	return ""
+}
+
+// compact forgets the ids already taken once they are most of the order.
+func (q *fifo) compact() {
+	switch {
+	case len(q.marked) == 0:
+		q.order, q.head = nil, 0
+	case q.head > 64 && q.head*2 > len(q.order):
+		q.order = append(q.order[:0:0], q.order[q.head:]...)
+		q.head = 0
+	}
+}
+
+// treeQueue is one tree's marked nodes, in the order they were marked:
+// for their operators' rules, then for their agents'.
+type treeQueue struct {
+	root      string
+	operators fifo
+	agents    fifo
+	deficit   int64 // what is left of the tree's turns; negative when it overspent
+	inTurn    bool  // its turn began and was cut by the slice's end
+	inRing    bool
+}
+
+func (q *treeQueue) len() int { return q.operators.len() + q.agents.len() }
 
 // fairQueue holds the marked nodes by tree and serves the trees in turn.
 type fairQueue struct {
 	trees map[string]*treeQueue // by root node id
 	ring  []*treeQueue          // trees with marked nodes, in turn order
 	next  int                   // the ring's tree whose turn is next
-	size  int                   // marked nodes
+	size  int                   // marked nodes, counted once per queue
 }
 
 func newFairQueue() *fairQueue { return &fairQueue{trees: map[string]*treeQueue{}} }
@@ -56,58 +134,45 @@ func rootOf(id string, ancestors []string) string {
 func (f *fairQueue) mark(root, id string) {
 	q := f.trees[root]
 	if q == nil {
-		q = &treeQueue{root: root, marked: map[string]bool{}}
+		q = &treeQueue{root: root}
 		f.trees[root] = q
 	}
-	if q.marked[id] {
-		return
+	if q.operators.push(id) {
+		f.size++
 	}
-	q.marked[id] = true
-	q.order = append(q.order, id)
-	f.size++
+	if q.agents.push(id) {
+		f.size++
+	}
 	if !q.inRing {
 		q.inRing = true
 		f.ring = append(f.ring, q)
 	}
 }
 
-// unmark drops a node's mark (its tree keeps its place in the ring until
+// unmark drops a node's marks (its tree keeps its place in the ring until
 // its turn finds it empty).
 func (f *fairQueue) unmark(root, id string) {
-	if q := f.trees[root]; q != nil && q.marked[id] {
-		delete(q.marked, id)
+	q := f.trees[root]
+	if q == nil {
+		return
+	}
+	if q.operators.remove(id) {
+		f.size--
+	}
+	if q.agents.remove(id) {
 		f.size--
 	}
 }
 
 func (f *fairQueue) len() int { return f.size }
 
-// pop takes the next marked node of q, or "" when it has none.
-func (q *treeQueue) pop() string {
-	for q.head < len(q.order) {
-		id := q.order[q.head]
-		q.order[q.head] = ""
-		q.head++
-		if q.marked[id] {
-			delete(q.marked, id)
-			return id
-		}
-	}
-	return ""
-}
-
-// compact forgets the ids already taken once they are most of the order.
-func (q *treeQueue) compact() {
-	if q.head > 64 && q.head*2 > len(q.order) {
-		q.order = append(q.order[:0:0], q.order[q.head:]...)
-		q.head = 0
-	}
-}
-
-// serve evaluates up to limit marked nodes, the trees in turn: eval is
-// called with each node taken and returns what its evaluation cost, which
-// is charged to the node's tree. It stops early when eval fails.
-func (f *fairQueue) serve(limit int, eval func(id string) (int64, error)) error {
+// serve evaluates up to limit marked nodes (those with rules to evaluate:
+// eval reports a cost), the trees in turn and within a
+// tree the operators' rules first: eval is called with each node taken and
+// the phase, and returns what its evaluation cost, which is charged to the
+// node's tree, and whether it took the node's agents' rules too (in the
+// operators' phase: they cost little). It stops early when eval fails.
+func (f *fairQueue) serve(limit int, eval func(id string, p phase) (cost int64, agentsToo bool, err error)) error {
 	for limit > 0 && len(f.ring) > 0 {
 		if f.next >= len(f.ring) {
 			f.next = 0
@@ -117,26 +182,34 @@ func (f *fairQueue) serve(limit int, eval func(id string) (int64, error)) error 
 			q.deficit += TurnCost
 			q.inTurn = true
 		}
-		for limit > 0 && q.deficit > 0 && len(q.marked) > 0 {
-			id := q.pop()
+		for limit > 0 && q.deficit > 0 && q.len() > 0 {
+			id, p := q.operators.pop(), operatorsPhase
+			if id == "" {
+				id, p = q.agents.pop(), agentsPhase
+			}
 			f.size--
-			limit--
-			cost, err := eval(id)
+			cost, agentsToo, err := eval(id, p)
+			if cost > 0 {
+				limit-- // a node with nothing to evaluate read nothing
+			}
 			q.deficit -= cost
+			if agentsToo && q.agents.remove(id) {
+				f.size--
+			}
 			if err != nil {
 				return err
 			}
 		}
-		if limit == 0 && q.deficit > 0 && len(q.marked) > 0 {
+		if limit == 0 && q.deficit > 0 && q.len() > 0 {
 			return nil // the slice ended within this tree's turn: it goes on next time
 		}
 		q.inTurn = false
-		q.compact()
-		if len(q.marked) == 0 {
+		q.operators.compact()
+		q.agents.compact()
+		if q.len() == 0 {
 			// Served: out of the ring, its allowance left behind (a tree
 			// does not save turns while idle; a debt it keeps).
 			q.inRing = false
-			q.order, q.head = nil, 0
 			q.deficit = min(q.deficit, 0)
 			if q.deficit == 0 {
 				delete(f.trees, q.root)

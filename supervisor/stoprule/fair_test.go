@@ -10,7 +10,9 @@ import (
 // cost four turns each is served one node, then sits out the turns that
 // pay for it, while a cheap tree is served every turn; a node marked twice
 // keeps its place; a slice that ends mid-turn resumes the same turn; a
-// tree that left the ring in debt re-enters with it.
+// tree that left the ring in debt re-enters with it; within a tree, the
+// operators' rules of a node marked last come before the agents' rules of
+// the nodes marked earlier.
 func TestFairQueueServesTreesInTurnAndChargesTheirCost(t *testing.T) {
 	f := newFairQueue()
 	for i := range 6 {
@@ -20,8 +22,8 @@ func TestFairQueueServesTreesInTurnAndChargesTheirCost(t *testing.T) {
 		f.mark("other", fmt.Sprintf("o%d", i))
 	}
 	f.mark("other", "o0") // keeps its place
-	if f.len() != 9 {
-		t.Fatalf("len %d, want 9", f.len())
+	if f.len() != 18 {    // each node queued for its operators' and its agents' rules
+		t.Fatalf("len %d, want 18", f.len())
 	}
 	cost := func(id string) int64 {
 		if id[0] == 'r' {
@@ -29,8 +31,23 @@ func TestFairQueueServesTreesInTurnAndChargesTheirCost(t *testing.T) {
 		}
 		return TurnCost / 2
 	}
+	// The rogue's nodes have agents' rules only, expensive; the others'
+	// operators' rules, and agents' rules that cost little (taken with
+	// them), except "rop", the rogue's node with an operator's rule too.
 	var order []string
-	eval := func(id string) (int64, error) { order = append(order, id); return cost(id), nil }
+	eval := func(id string, p phase) (int64, bool, error) {
+		switch {
+		case p == operatorsPhase && id == "rop":
+			order = append(order, id+"/operators")
+			return TurnCost / 2, false, nil
+		case p == operatorsPhase && id[0] == 'r':
+			return 0, false, nil // no operators' rules: the agents' phase takes it
+		case p == agentsPhase && id[0] != 'r':
+			t.Fatalf("%s's agents' rules were taken with its operators'", id)
+		}
+		order = append(order, id)
+		return cost(id), true, nil
+	}
 	if err := f.serve(3, eval); err != nil {
 		t.Fatal(err)
 	}
@@ -71,5 +88,19 @@ func TestFairQueueServesTreesInTurnAndChargesTheirCost(t *testing.T) {
 	}
 	if want := []string{"o6"}; !slices.Equal(order, want) || f.len() != 0 {
 		t.Fatalf("after an unmark: served %v (%d left), want %v", order, f.len(), want)
+	}
+	// Within the rogue's tree: its operator's rule first, though marked
+	// last (the rogue's debt is paid first: a newcomer's turn).
+	order = nil
+	f = newFairQueue()
+	for i := range 3 {
+		f.mark("rogue", fmt.Sprintf("r%d", i))
+	}
+	f.mark("rogue", "rop")
+	if err := f.serve(100, eval); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"rop/operators", "r0", "r1", "r2", "rop"}; !slices.Equal(order, want) || f.len() != 0 {
+		t.Fatalf("within a tree: served %v (%d left), want %v", order, f.len(), want)
 	}
 }
