@@ -56,8 +56,9 @@ func TestARoguesRulesDoNotDelayAnotherTreesOperatorRule(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("%d firings, want the gate's and the victim's", len(got))
 	}
-	// A turn each: at most two of the rogue's nodes (its chain's nodes
-	// cost less than a turn), the gate's, the victim's.
+	// A turn each: at most two of the rogue's nodes (its root, whose one
+	// label makes its rules cheap, and one more, which overruns the
+	// turn), the gate's, the victim's.
 	for _, n := range got {
 		if n > 4 {
 			t.Fatalf("an operator's rule on another tree filed after %d nodes were evaluated (at firings: %v); want it within the first turn of each tree (at most 4)", n, got)
@@ -94,13 +95,13 @@ func TestARoguesRulesDoNotDelayItsOperatorsRuleOnItsOwnTree(t *testing.T) {
 	if len(got) != 2 {
 		t.Fatalf("%d firings, want the gate's and the operator's on the rogue's leaf", len(got))
 	}
-	// The rogue's tree's turn evaluates its operators' rules first (one
-	// node), then at most one of its expensive nodes; the gate's turn
-	// its one node.
-	for _, n := range got {
-		if n > 3 {
-			t.Fatalf("an operator's rule filed after %d nodes were evaluated (at firings: %v); want the operators' rules first (at most 3)", n, got)
-		}
+	// The rogue's tree's turn evaluates its operators' rules first (the
+	// leaf), then its agents' rules on at most two nodes (its root, whose
+	// rules are cheap, and one that overruns the turn); the gate's turn
+	// its one node. Whichever tree's turn comes first, the first firing
+	// is within 2 nodes evaluated and the second within 4.
+	if min(got[0], got[1]) > 2 || max(got[0], got[1]) > 4 {
+		t.Fatalf("nodes evaluated at the two firings: %v; want the first within 2 and the second within 4 (the rogue's tree's operators' rules first)", got)
 	}
 }
 
