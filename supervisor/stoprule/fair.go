@@ -150,7 +150,8 @@ func (f *fairQueue) mark(root, id string) {
 }
 
 // unmark drops a node's marks (its tree keeps its place in the ring until
-// its turn finds it empty).
+// its turn finds it empty). An idle tree's debt is kept until its root is
+// unmarked (terminated): a tree's debt outlives its queue, not the tree.
 func (f *fairQueue) unmark(root, id string) {
 	q := f.trees[root]
 	if q == nil {
@@ -161,6 +162,9 @@ func (f *fairQueue) unmark(root, id string) {
 	}
 	if q.agents.remove(id) {
 		f.size--
+	}
+	if id == root && !q.inRing {
+		delete(f.trees, root)
 	}
 }
 

@@ -78,6 +78,13 @@ func TestFairQueueServesTreesInTurnAndChargesTheirCost(t *testing.T) {
 	if want := []string{"l0", "r0"}; !slices.Equal(order, want) {
 		t.Fatalf("after the debt: served %v, want %v", order, want)
 	}
+	if q := f.trees["rogue"]; q == nil || q.deficit >= 0 {
+		t.Fatal("the rogue's debt was not kept while its tree is idle")
+	}
+	f.unmark("rogue", "rogue") // its root terminated: the debt goes with it
+	if _, ok := f.trees["rogue"]; ok {
+		t.Fatal("a terminated tree's debt is kept")
+	}
 	// An unmarked node is not served.
 	order = nil
 	f.mark("other", "o5")
