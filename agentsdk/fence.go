@@ -52,18 +52,23 @@ type Authority struct {
 	Why string
 }
 
-// GenerationCheck asks the coordinator about job's lease. It returns an
-// error wrapping ErrUnissuedGeneration for a job the coordinator does not
-// know, and another error when the coordinator could not be asked.
-type GenerationCheck func(ctx context.Context, job string) (Authority, error)
+// GenerationCheck asks the coordinator about job's lease, for a side
+// effect claiming generation. It returns an error wrapping
+// ErrUnissuedGeneration for a job the coordinator does not know, and
+// another error when the coordinator could not be asked.
+type GenerationCheck func(ctx context.Context, job string, generation uint64) (Authority, error)
 
 // IssuedGenerations is the GenerationCheck that asks the control plane:
 // it reads the job's lease (LeaseService.GetLease, which a tool server's
-// credential may call, charged to the tool server's reads of that job)
-// and answers the job's generation and whether it may act now.
+// credential may call) naming the generation claimed, and answers the
+// job's generation and whether it may act now. The read is charged to the
+// tool server's reads of that job when the answer admits the generation
+// named, and to its refusals otherwise: callers claiming generations that
+// are not the job's current one, or that may not act, cannot spend the
+// reads its holder's side effects need.
 func IssuedGenerations(c *Conn) GenerationCheck {
-	return func(ctx context.Context, job string) (Authority, error) {
-		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+	return func(ctx context.Context, job string, generation uint64) (Authority, error) {
+		resp, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: generation}))
 		if connect.CodeOf(err) == connect.CodeNotFound {
 			return Authority{}, fmt.Errorf("%w: job %q has no lease", ErrUnissuedGeneration, job)
 		}
@@ -190,7 +195,7 @@ func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64)
 		return nil
 	}
 	f.mu.Unlock()
-	a, err := f.Check(ctx, job)
+	a, err := f.Check(ctx, job, generation)
 	if err != nil {
 		return err
 	}

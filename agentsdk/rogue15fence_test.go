@@ -182,9 +182,9 @@ func TestRogue15AFenceTrustsAnActiveAnswerAtMostMaxStale(t *testing.T) {
 	tool := agentsdk.Dial(s.srv.URL, s.srv.ToolServerToken(t, "rogue15-stale-tool"), agentsdk.WithHTTPClient(s.srv.HTTP))
 	asks := 0
 	ask := agentsdk.IssuedGenerations(tool)
-	fence := &agentsdk.Fence{MaxStale: 10 * time.Second, Clock: s.clock, Check: func(ctx context.Context, job string) (agentsdk.Authority, error) {
+	fence := &agentsdk.Fence{MaxStale: 10 * time.Second, Clock: s.clock, Check: func(ctx context.Context, job string, generation uint64) (agentsdk.Authority, error) {
 		asks++
-		return ask(ctx, job)
+		return ask(ctx, job, generation)
 	}}
 	admit := func(what, job string, generation uint64, wantAsks int, want error) {
 		t.Helper()

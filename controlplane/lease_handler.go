@@ -606,13 +606,20 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	}
 	l, err := h.readable(ctx, p, req.Msg.JobId)
 	if p.IsToolServer() {
-		// A fence asks about every generation a caller claims above the
-		// highest it saw: charged to that job's reads at this tool server,
-		// or to its refusals for a job that does not exist, so a rogue
-		// caller naming jobs spends neither the tool server's own budget
-		// nor another job's.
-		charge := auth.ChargeRefused // no such job, a malformed id
 		if err == nil {
+			l = forFence(l, h.s.cfg.Clock.Now())
+		}
+		// A fence asks about side effects its callers claim: charged to
+		// that job's reads at this tool server only when the answer admits
+		// the generation the fence named (the job's current one, which may
+		// act), and otherwise — a generation never issued or superseded,
+		// one without authority, a job that does not exist — to the tool
+		// server's refusals. A rogue caller naming jobs and generations
+		// spends neither the tool server's own budget nor the reads the
+		// job's real holder needs (rogue16lease test). A read that names
+		// no generation is charged to the job's, as it always was.
+		charge := auth.ChargeRefused // no such job, a malformed id
+		if err == nil && admitsFenced(l, req.Msg.LeaseGeneration) {
 			charge = func(ctx context.Context) error { return auth.ChargeJob(ctx, req.Msg.JobId) }
 		}
 		if cerr := charge(ctx); cerr != nil {
@@ -622,10 +629,18 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	if p.IsToolServer() {
-		l = forFence(l, h.s.cfg.Clock.Now())
-	}
 	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l)}), nil
+}
+
+// admitsFenced reports whether a tool server's read of l (as forFence
+// answers it) admits a side effect under generation: the job's current
+// generation, ACTIVE, no cancel requested, no ownership conflict. A read
+// naming no generation (0) counts as one that admits.
+func admitsFenced(l lease.Lease, generation uint64) bool {
+	if generation == 0 {
+		return true
+	}
+	return generation == l.Generation && l.State == lease.StateActive && !l.CancelRequested && !l.OwnershipConflict
 }
 
 // forFence is what a tool server reads of a job's lease: what its fence

@@ -506,7 +506,7 @@ func RefusalsSpent(ctx context.Context) error {
 func refusalBudget(p Principal) string { return p.Budget() + "/refused" }
 
 func refusalsLimited(p Principal, wait time.Duration) error {
-	return rateLimited(fmt.Sprintf("%s's requests refused (capability tokens that do not verify, jobs that do not exist)", p.ID()), wait)
+	return rateLimited(fmt.Sprintf("%s's requests refused (capability tokens that do not verify, jobs that do not exist, lease generations that may not act)", p.ID()), wait)
 }
 
 // relayed returns the meter of a relayed call a tool server made.

@@ -530,6 +530,7 @@ func decisionFromProto(p *tetherv1.Decision) lease.Decision {
 //
 // Not converted here:
 // domain Message: a lease.Kind, sent by its name (EvidenceRow).
+// domain Names: whom the row's reason may name, which the handler uses to show a reader only its own tree's part, not shown.
 // message Message: the name of the judged message's kind (EvidenceRow).
 func evidenceRowProto(x coordinator.Row) *tetherv1.EvidenceRow {
 	return &tetherv1.EvidenceRow{

@@ -1,6 +1,7 @@
 package lease_test
 
 import (
+	"encoding/csv"
 	"strings"
 	"testing"
 
@@ -30,5 +31,32 @@ func TestSeedRecordDefusesFormulas(t *testing.T) {
 	plain := lease.EvidenceRow{JobID: "job-1", LeaseID: "l_1", Generation: 1, HolderIdentity: "n_1"}.SeedRecord()
 	if plain[0] != "job-1" || plain[3] != "n_1" {
 		t.Errorf("a plain row changed: %q", plain)
+	}
+}
+
+// TestWriteEvidenceCSVDefusesFormulas: the full matrix's CSV (every column,
+// the message kind and decision time too) carries the same values an agent
+// chose — its progress value above all, any text up to 4 KiB — and is as
+// likely to be opened in a spreadsheet as the seed's columns. A holder's
+// progress "=HYPERLINK(…,"SUCCESS")" must not run there, showing a result
+// the job never had (sixteenth hostile pass).
+func TestWriteEvidenceCSVDefusesFormulas(t *testing.T) {
+	hostile := `=HYPERLINK("http://evil","SUCCESS")`
+	row := lease.EvidenceRow{JobID: "-1", LeaseID: "@l", Generation: 1, HolderIdentity: "+n", ProgressSequence: 2, ProgressValue: hostile, Reason: "\t" + hostile}
+	var buf strings.Builder
+	if err := lease.WriteEvidenceCSV(&buf, []lease.EvidenceRow{row}); err != nil {
+		t.Fatal(err)
+	}
+	records, err := csv.NewReader(strings.NewReader(buf.String())).ReadAll()
+	if err != nil || len(records) != 2 {
+		t.Fatalf("csv: %q, %v", records, err)
+	}
+	for i, cell := range records[1] {
+		if cell != "" && strings.ContainsRune("=+-@\t\r", rune(cell[0])) {
+			t.Errorf("%s: cell %q starts as a formula", lease.EvidenceHeader()[i], cell)
+		}
+	}
+	if got := records[1][12]; got != "'"+hostile {
+		t.Errorf("progress value cell = %q, want the value behind an apostrophe", got)
 	}
 }

@@ -131,14 +131,18 @@ func (r EvidenceRow) Record() []string {
 	}
 }
 
-// WriteEvidenceCSV renders rows as CSV with the header first.
+// WriteEvidenceCSV renders rows as CSV with the header first, for a file
+// someone may open in a spreadsheet: as in SeedRecord, a cell that would
+// start with a formula character is prefixed with an apostrophe, so a
+// value an agent chose (a progress value, a job id, a reason) is shown as
+// text and never run as a formula. Record has the values as they are.
 func WriteEvidenceCSV(w io.Writer, rows []EvidenceRow) error {
 	cw := csv.NewWriter(w)
 	if err := cw.Write(EvidenceHeader()); err != nil {
 		return err
 	}
 	for _, r := range rows {
-		if err := cw.Write(r.Record()); err != nil {
+		if err := cw.Write(spreadsheetSafe(r.Record())); err != nil {
 			return err
 		}
 	}

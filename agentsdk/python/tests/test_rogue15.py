@@ -77,9 +77,9 @@ def test_max_stale_trusts_an_active_answer_that_long_from_the_ask(server, tree, 
     now = [1_000_000.0]
     asks = [0]
 
-    def counted(job: str):
+    def counted(job: str, generation: int):
         asks[0] += 1
-        return ask(job)
+        return ask(job, generation)
 
     fence = Fence(check=counted, max_stale=10.0, clock=lambda: now[0])
     try:

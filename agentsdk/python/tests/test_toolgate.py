@@ -101,6 +101,7 @@ def test_abort_cancels_an_in_flight_async_call_and_the_record_shows_it(server, t
     observed = threading.Event()
     acks_pending_while_returning: list[int] = []
     term: dict = {}
+    named = threading.Event()  # term["id"] is set: the cancel may arrive before Terminate answers
 
     @tool_gate(gate, "search", token=grant.token)
     async def search() -> str:
@@ -110,6 +111,7 @@ def test_abort_cancels_an_in_flight_async_call_and_the_record_shows_it(server, t
             return "never"
         except asyncio.CancelledError:
             observed.set()
+            assert await asyncio.to_thread(named.wait, 30), "Terminate did not answer"
             # The tool has not returned yet: its cancel is not acknowledged.
             t = await asyncio.to_thread(termination, tree.operator, term["id"])
             acks_pending_while_returning.append(t["progress"].get("acksPending", 0))
@@ -119,6 +121,7 @@ def test_abort_cancels_an_in_flight_async_call_and_the_record_shows_it(server, t
         task = asyncio.ensure_future(search())
         await asyncio.to_thread(inside.wait, 10)
         term["id"] = (await asyncio.to_thread(terminate, tree.operator, child.node_id, "abort", ack="60s", confirm="1s"))["terminationId"]
+        named.set()
         with pytest.raises(ToolCallCancelled):
             await asyncio.wait_for(task, 30)
 

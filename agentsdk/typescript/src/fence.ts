@@ -54,33 +54,37 @@ export interface Authority {
 }
 
 /**
- * Asks the coordinator about job's lease; throws {@link UnissuedGeneration}
- * for a job it does not know, another error when it could not be asked.
+ * Asks the coordinator about job's lease, for a side effect claiming
+ * generation; throws {@link UnissuedGeneration} for a job it does not know,
+ * another error when it could not be asked.
  */
-export type GenerationCheck = (job: string) => Promise<Authority>;
+export type GenerationCheck = (job: string, generation: bigint) => Promise<Authority>;
 
 /**
  * The {@link GenerationCheck} that asks the control plane
- * (LeaseService.GetLease, which a tool server's token may call, charged to
- * the tool server's reads of that job): the job's generation and whether
- * it may act now.
+ * (LeaseService.GetLease, which a tool server's token may call) naming the
+ * generation claimed: the job's generation and whether it may act now. The
+ * read is charged to the tool server's reads of that job when the answer
+ * admits the generation named, and to its refusals otherwise: callers
+ * claiming generations that are not the job's current one, or that may not
+ * act, cannot spend the reads its holder's side effects need.
  */
 export function issuedGenerations(conn: Conn): GenerationCheck {
-  return async (job) => {
+  return async (job, generation) => {
     let lease: Lease | undefined;
     try {
-      lease = (await conn.lease.getLease({ jobId: job })).lease;
+      lease = (await conn.lease.getLease({ jobId: job, leaseGeneration: generation })).lease;
     } catch (err) {
       if (ConnectError.from(err).code === Code.NotFound) throw new UnissuedGeneration(`tether: fence: job ${JSON.stringify(job)} has no lease`);
       throw new Error(`tether: fence: asking the coordinator about job ${JSON.stringify(job)}'s lease: ${ConnectError.from(err).rawMessage}`);
     }
-    const generation = lease?.leaseGeneration ?? 0n;
+    const current = lease?.leaseGeneration ?? 0n;
     const state = lease?.state ?? LeaseState.UNSPECIFIED;
-    if (state !== LeaseState.ACTIVE) return { generation, active: false, why: `is ${LeaseState[state] ?? state}` };
-    if (lease?.cancelRequested) return { generation, active: false, why: "was asked to cancel" };
-    if (lease?.ownershipConflict) return { generation, active: false, why: "has an unresolved ownership conflict" };
-    if (!lease?.expiresAt) return { generation, active: false, why: "has no expiry" }; // not an answer the coordinator gives
-    return { generation, active: true, untilMs: dateOf(lease.expiresAt).getTime() };
+    if (state !== LeaseState.ACTIVE) return { generation: current, active: false, why: `is ${LeaseState[state] ?? state}` };
+    if (lease?.cancelRequested) return { generation: current, active: false, why: "was asked to cancel" };
+    if (lease?.ownershipConflict) return { generation: current, active: false, why: "has an unresolved ownership conflict" };
+    if (!lease?.expiresAt) return { generation: current, active: false, why: "has no expiry" }; // not an answer the coordinator gives
+    return { generation: current, active: true, untilMs: dateOf(lease.expiresAt).getTime() };
   };
 }
 
@@ -157,7 +161,7 @@ export class Fence {
       this.observe(job, generation);
       return;
     }
-    const a = await this.#check(job);
+    const a = await this.#check(job, generation);
     this.observe(job, a.generation); // issued: older generations are superseded
     const now = this.highest(job);
     if (generation < now) throw fenced(job, generation, now);

@@ -80,9 +80,9 @@ describe("rogue15: a fence checks the generation's authority", () => {
     const fence = new Fence({
       maxStaleMs: 10_000,
       clock: { now: () => nowMs },
-      check: (job) => {
+      check: (job, generation) => {
         asks++;
-        return ask(job);
+        return ask(job, generation);
       },
     });
     const job = await accepted("ts-rogue15-stale");

@@ -1823,10 +1823,17 @@ func (x *ResolveRequest) GetReason() string {
 }
 
 type GetLeaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The lease generation a fenced tool server is judging (the one a side
+	// effect claims); 0: none. A tool server's read is charged to its
+	// budget for the job only when this is the job's current generation and
+	// may act (the answer admits the side effect); otherwise, and for a job
+	// that does not exist, to its refusals. Without it, every read of an
+	// existing job is charged to the job's.
+	LeaseGeneration uint64 `protobuf:"varint,2,opt,name=lease_generation,json=leaseGeneration,proto3" json:"lease_generation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetLeaseRequest) Reset() {
@@ -1864,6 +1871,13 @@ func (x *GetLeaseRequest) GetJobId() string {
 		return x.JobId
 	}
 	return ""
+}
+
+func (x *GetLeaseRequest) GetLeaseGeneration() uint64 {
+	if x != nil {
+		return x.LeaseGeneration
+	}
+	return 0
 }
 
 type GetLeaseResponse struct {
@@ -2931,9 +2945,10 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x121\n" +
 	"\x06result\x18\x02 \x01(\x0e2\x19.tether.v1.TerminalResultR\x06result\x12D\n" +
 	"\x10unresolved_bound\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0funresolvedBound\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"(\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\"S\n" +
 	"\x0fGetLeaseRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\":\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12)\n" +
+	"\x10lease_generation\x18\x02 \x01(\x04R\x0fleaseGeneration\":\n" +
 	"\x10GetLeaseResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.tether.v1.LeaseR\x05lease\"x\n" +
 	"\x11ListLeasesRequest\x12'\n" +

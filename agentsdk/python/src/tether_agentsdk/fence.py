@@ -60,35 +60,40 @@ class Authority:
     why: str = ""
 
 
-#: Asks the coordinator about job's lease; raises UnissuedGeneration for a
-#: job it does not know, another error when it could not be asked.
-GenerationCheck = Callable[[str], Authority]
+#: Asks the coordinator about job's lease, for a side effect claiming a
+#: generation (job, generation); raises UnissuedGeneration for a job it
+#: does not know, another error when it could not be asked.
+GenerationCheck = Callable[[str, int], Authority]
 
 
 def issued_generations(conn: Conn) -> GenerationCheck:
     """The GenerationCheck that asks the control plane (LeaseService.GetLease,
-    which a tool server's token may call, charged to the tool server's reads
-    of that job): the job's generation and whether it may act now."""
+    which a tool server's token may call) naming the generation claimed: the
+    job's generation and whether it may act now. The read is charged to the
+    tool server's reads of that job when the answer admits the generation
+    named, and to its refusals otherwise: callers claiming generations that
+    are not the job's current one, or that may not act, cannot spend the
+    reads its holder's side effects need."""
 
-    def check(job: str) -> Authority:
+    def check(job: str, generation: int) -> Authority:
         try:
-            lease = conn.call("LeaseService", "GetLease", {"jobId": job}).get("lease", {})
+            lease = conn.call("LeaseService", "GetLease", {"jobId": job, "leaseGeneration": str(generation)}).get("lease", {})
         except ConnectError as e:
             if e.code == NOT_FOUND:
                 raise UnissuedGeneration(f"fence: job {job!r} has no lease") from None
             raise ConnectError(e.code, f"fence: asking the coordinator about job {job!r}'s lease: {e.message}") from None
-        generation = _wire.uint64(lease.get("leaseGeneration"))
+        current = _wire.uint64(lease.get("leaseGeneration"))
         state = lease.get("state", "LEASE_STATE_UNSPECIFIED")
         if state != "LEASE_STATE_ACTIVE":
-            return Authority(generation, why="is " + str(state).removeprefix("LEASE_STATE_"))
+            return Authority(current, why="is " + str(state).removeprefix("LEASE_STATE_"))
         if lease.get("cancelRequested"):
-            return Authority(generation, why="was asked to cancel")
+            return Authority(current, why="was asked to cancel")
         if lease.get("ownershipConflict"):
-            return Authority(generation, why="has an unresolved ownership conflict")
+            return Authority(current, why="has an unresolved ownership conflict")
         expires = _wire.parse_timestamp(lease.get("expiresAt"))
         if expires is None:
-            return Authority(generation, why="has no expiry")  # not an answer the coordinator gives
-        return Authority(generation, active=True, until=expires.timestamp())
+            return Authority(current, why="has no expiry")  # not an answer the coordinator gives
+        return Authority(current, active=True, until=expires.timestamp())
 
     return check
 
@@ -147,7 +152,7 @@ class Fence:
             if self.check is None or (self.max_stale > 0 and cached is not None and cached[0] == generation and asked_at < cached[1]):
                 self._observe(job, generation)
                 return
-        a = self.check(job)
+        a = self.check(job, generation)
         with self._lock:
             self._observe(job, a.generation)  # issued: older generations are superseded
             h = self._highest.get(job, 0)

@@ -84,10 +84,13 @@ var pairs = []pair{
 		names: map[string]string{"Event": "AuditEvent"},
 		doc:   "is a lease decision as tether.v1 shows it"},
 	{domain: reflect.TypeFor[coordinator.Row](), msg: reflect.TypeFor[tetherv1.EvidenceRow](), to: "evidenceRowProto", value: true,
-		names:      map[string]string{"Number": "Row"},
-		handDomain: map[string]string{"Message": "a lease.Kind, sent by its name (EvidenceRow)"},
-		handMsg:    map[string]string{"Message": "the name of the judged message's kind (EvidenceRow)"},
-		doc:        "is an evidence row as tether.v1 shows it, but for its message kind"},
+		names: map[string]string{"Number": "Row"},
+		handDomain: map[string]string{
+			"Message": "a lease.Kind, sent by its name (EvidenceRow)",
+			"Names":   "whom the row's reason may name, which the handler uses to show a reader only its own tree's part, not shown",
+		},
+		handMsg: map[string]string{"Message": "the name of the judged message's kind (EvidenceRow)"},
+		doc:     "is an evidence row as tether.v1 shows it, but for its message kind"},
 	{domain: reflect.TypeFor[lease.EvidenceRow](), msg: reflect.TypeFor[tetherv1.EvidenceRow](), from: "evidenceRowFromProto", value: true,
 		handDomain: map[string]string{"Message": "read back from its name (EvidenceRowFromProto)"},
 		handMsg: map[string]string{
