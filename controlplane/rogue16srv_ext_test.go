@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +148,73 @@ func (c *channel) tryOpen(m *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv
 		return nil, nil, err.Error()
 	}
 	return resp.Lease, resp.Decision, resp.Error
+}
+
+// TestARogueCompilingStopRulesPaysForTheirSize: an agent's TestStopRule
+// and AddStopRule compile the expression it sends, up to 2 KiB
+// (stoprule.MaxExpressionBytes): 7–8 ms of the server's CPU and 2.6 MB
+// allocated for one request of its lineage's budget, what about twenty
+// spawns cost, with a fresh expression each time to miss the cache of
+// compiled ones. (The compiles also ran one at a time under the cache's
+// lock, the cluster's rule evaluator's among them.) An expression now
+// costs one request per controlplane.RuleBytesPerRequest bytes besides the
+// call's own, charged before it is parsed: a rogue with a budget of 200
+// compiles six expressions of 2 KiB, not two hundred; the refusal names
+// its lineage, the size and the price, and stores nothing; a short
+// expression still costs one request; another tree compiles its own on
+// its own budget.
+func TestARogueCompilingStopRulesPaysForTheirSize(t *testing.T) {
+	const burst = 200
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, burst })
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	other := register(t, admin, "neighbour")
+	rogue, neighbour := srv.Clients(root.Credential), srv.Clients(other.Credential)
+	ctx := context.Background()
+
+	// long is an expression of close to 2 KiB, a different one for each i.
+	long := func(i int) string {
+		var b strings.Builder
+		b.WriteString("observed.age_seconds > " + strconv.Itoa(i) + ".0")
+		for j := 0; b.Len() < 2000; j++ {
+			b.WriteString(" || self_reported.?k" + strconv.Itoa(j) + ".orValue(0.0) > " + strconv.Itoa(j) + ".0")
+		}
+		return b.String()
+	}
+	price := 1 + len(long(0))/controlplane.RuleBytesPerRequest
+	want := burst / price
+	compiled := 0
+	var refusal error
+	for i := range want + 2 {
+		_, err := rogue.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: root.Node.NodeId, Expression: long(i)}))
+		if err != nil {
+			refusal = err
+			break
+		}
+		compiled++
+	}
+	if compiled != want {
+		t.Fatalf("the rogue compiled %d expressions of %d bytes on a budget of %d, want %d (each costs %d requests)", compiled, len(long(0)), burst, want, price)
+	}
+	wantLimit(t, "a compile past the lineage's budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId, strconv.Itoa(len(long(want)))+" bytes", strconv.Itoa(price-1)+" requests")
+	_, err := rogue.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: root.Node.NodeId, Name: "long", Expression: long(100)}))
+	wantLimit(t, "a rule past the lineage's budget", err, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
+	rules, err := admin.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: root.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules.Msg.Rules) != 0 {
+		t.Fatalf("the refused rule was stored: %v", rules.Msg.Rules)
+	}
+	// What is left of the budget still compiles a short expression.
+	if _, err := rogue.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: root.Node.NodeId, Expression: "observed.age_seconds > 3600.0"})); err != nil {
+		t.Fatalf("a short expression with %d requests of the budget left: %v", burst-want*price, err)
+	}
+	// Another tree compiles on its own budget.
+	for i := range want {
+		if _, err := neighbour.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: other.Node.NodeId, Expression: long(1000 + i)})); err != nil {
+			t.Fatalf("another tree's expression %d: %v", i+1, err)
+		}
+	}
 }
