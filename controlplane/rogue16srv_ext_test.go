@@ -218,3 +218,92 @@ func TestARogueCompilingStopRulesPaysForTheirSize(t *testing.T) {
 		}
 	}
 }
+
+// TestARogueCannotRepeatTheStopOfItsSubtree: an agent may stop its own
+// subtree, and its repeated request (a drain over its own drain) was a new
+// termination that took every node over again — marking the whole subtree,
+// writing each node and the termination's index of members — for one
+// request of its lineage's budget: 60–80 ms of the server's CPU per repeat
+// of a 1,001-node subtree on the loaded test machine, and a new record's
+// worth of store each time, as often as its budget allowed, the subtree
+// paid for once. An agent's own repeat that does not escalate is now
+// refused failed_precondition naming its earlier termination, and nothing
+// is written: a drain again (of the node or of one inside it), an abort
+// again (every node stays with the termination it had). An abort still
+// escalates the agent's drain, once; an operator's
+// repeat (a client's retry) still takes the nodes over.
+func TestARogueCannotRepeatTheStopOfItsSubtree(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	rogue := srv.Clients(root.Credential)
+	mid := spawn(t, rogue, root.Node.NodeId, "mid")
+	children := make([]*tetherv1.SpawnBatchChild, 50)
+	for i := range children {
+		children[i] = &tetherv1.SpawnBatchChild{Name: "leaf-" + strconv.Itoa(i)}
+	}
+	leaves, err := srv.Clients(mid.Credential).Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: mid.Node.NodeId, Children: children}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := leaves.Msg.Spawned[7].Node.NodeId
+	stop := func(c *testserver.Clients, node string, mode tetherv1.TerminationMode) (*tetherv1.Termination, error) {
+		resp, err := c.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+			NodeId: node, Mode: mode, Reason: "stop",
+			DrainWindow: durationpb.New(time.Hour), CancelAckTimeout: durationpb.New(time.Hour), ConfirmTimeout: durationpb.New(time.Hour),
+		}))
+		if err != nil {
+			return nil, err
+		}
+		return resp.Msg.Termination, nil
+	}
+	marked := func(term *tetherv1.Termination) {
+		t.Helper()
+		testserver.WaitFor(t, 30*time.Second, "termination "+term.TerminationId+" to mark the subtree", func() bool {
+			return getTermination(t, admin, term.TerminationId).Progress.GetNodesMarked() == 51
+		})
+	}
+	repeated := func(what string, node string, mode tetherv1.TerminationMode, own string) {
+		t.Helper()
+		_, err := stop(rogue, node, mode)
+		wantLimit(t, what, err, connect.CodeFailedPrecondition, node, "your own termination "+own, "nothing more")
+		for _, n := range []string{node, mid.Node.NodeId, leaf} {
+			if got := nodeTermination(t, admin, n); got != own {
+				t.Fatalf("%s: node %s is stopped by %s, want still %s", what, n, got, own)
+			}
+		}
+	}
+
+	drain, err := stop(rogue, mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN)
+	if err != nil {
+		t.Fatalf("the agent drains its subtree: %v", err)
+	}
+	marked(drain)
+	repeated("the agent's drain of its subtree again", mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, drain.TerminationId)
+	repeated("the agent's drain of a node inside it", leaf, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, drain.TerminationId)
+
+	abort, err := stop(rogue, mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT)
+	if err != nil {
+		t.Fatalf("the agent escalates its drain to an abort: %v", err)
+	}
+	marked(abort)
+	repeated("the agent's abort again", mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, abort.TerminationId)
+	repeated("the agent's drain over its abort", mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, abort.TerminationId)
+
+	// An operator's stop, and its repeat, still take the nodes over.
+	op, err := stop(admin, mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked(op)
+	again, err := stop(admin, mid.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT)
+	if err != nil {
+		t.Fatalf("an operator's repeated abort: %v", err)
+	}
+	marked(again)
+	if got := nodeTermination(t, admin, mid.Node.NodeId); got != again.TerminationId {
+		t.Fatalf("the operator's repeat: the node is stopped by %s, want %s", got, again.TerminationId)
+	}
+}
