@@ -83,9 +83,10 @@ type ConnLimits struct {
 	// MaxStreamsPerLineage bounds the streams an agent's lineage (its root
 	// and every descendant together) holds open at once, over every
 	// connection; past it each node still opens SignalStreamReserve signal
-	// streams of its own. Zero: MaxConnectionsPerLineage — a stream on each
-	// connection the lineage may hold, beside its nodes' signal streams —
-	// and at least MaxStreamsPerCaller.
+	// streams and StreamReserve others of its own. Zero:
+	// MaxConnectionsPerLineage — a stream on each connection the lineage
+	// may hold, beside its nodes' reserves — and at least
+	// MaxStreamsPerCaller.
 	MaxStreamsPerLineage int
 	// fileLimited is the MaxConnections asked for, when the open-file
 	// limit lowered it (fitFileLimit); New logs it.
@@ -163,6 +164,16 @@ func (l *ConnLimits) defaults() {
 // one broke; a rogue's children each bring two, and each was a spawn its
 // lineage paid for.
 const SignalStreamReserve = 2
+
+// StreamReserve is how many streams of other kinds (a lease Channel, a
+// watch) each agent node may open beyond its lineage's share, beside its
+// SignalStreamReserve: a member of the lineage holding the share cannot
+// keep a sibling from the Channel its leases' upkeep runs on. Two: a
+// Channel and one watch, or a Channel and its replacement while the
+// server has not yet noticed the old one broke. A lineage of N nodes so
+// holds at most its share and (SignalStreamReserve+StreamReserve)·N
+// streams, each node a spawn its lineage paid for.
+const StreamReserve = 2
 
 // fitFileLimit lowers MaxConnections to what the process's open-file
 // limit leaves room for, beside the health reserve and the store's own

@@ -25,10 +25,11 @@ import (
 // the rogue's own lineage and no other tree; past the share each node
 // still opens its own signal stream from a small reserve of its own
 // (controlplane.SignalStreamReserve), so a well-behaved sibling hears its
-// stop and confirms its exit; another lineage is not limited by the
+// stop and confirms its exit (and a couple of other streams from another,
+// controlplane.StreamReserve: rogue16srv); another lineage is not limited by the
 // rogue's streams; and a stream that ends frees a place of the share.
 func TestARogueSwarmHoldsOnlyItsLineagesShareOfTheStreams(t *testing.T) {
-	const perCaller, share, rogues = 10, 6, 4
+	const perCaller, share, rogues = 12, 6, 4
 	srv := testserver.Start(t, func(cfg *controlplane.Config) {
 		cfg.Conn.MaxStreamsPerCaller = perCaller
 		cfg.Conn.MaxStreamsPerLineage = share
@@ -91,7 +92,8 @@ func TestARogueSwarmHoldsOnlyItsLineagesShareOfTheStreams(t *testing.T) {
 	}
 
 	// Every rogue node opens revocation feeds up to its own cap: the
-	// lineage holds its share, the rest are refused.
+	// lineage holds its share and each node its own reserve of other
+	// streams (controlplane.StreamReserve), the rest are refused.
 	admitted := 0
 	byNode := map[string][]func(){}
 	for n, cred := range creds {
@@ -107,14 +109,26 @@ func TestARogueSwarmHoldsOnlyItsLineagesShareOfTheStreams(t *testing.T) {
 			byNode[nodes[n]] = append(byNode[nodes[n]], closer)
 		}
 	}
-	if admitted != share {
-		t.Fatalf("the rogue's %d nodes opened %d revocation feeds, want the lineage's share of %d (each node's cap is %d)", rogues, admitted, share, perCaller)
+	if want := share + rogues*controlplane.StreamReserve; admitted != want {
+		t.Fatalf("the rogue's %d nodes opened %d revocation feeds, want the lineage's share of %d and their reserves, %d (each node's cap is %d)", rogues, admitted, share, want, perCaller)
 	}
 	// The well-behaved sibling, its lineage's share held by the rogues,
 	// still hears its stop and confirms its exit.
 	quietC := srv.Clients(quiet.Credential)
-	if _, err := revocations(quietC); err == nil {
-		t.Fatal("the sibling opened a revocation feed past its lineage's share")
+	var quietFeeds []func()
+	for k := range controlplane.StreamReserve + 1 {
+		closer, err := revocations(quietC)
+		if k == controlplane.StreamReserve {
+			if err == nil {
+				t.Fatal("the sibling opened a revocation feed past its lineage's share and its node's reserve")
+			}
+			wantLimit(t, "the sibling's feed past its node's reserve", err, connect.CodeResourceExhausted, "lineage "+root.Node.NodeId, "--max-streams-per-lineage")
+			continue
+		}
+		if err != nil {
+			t.Fatalf("the sibling's feed %d of its node's reserve of %d: %v", k+1, controlplane.StreamReserve, err)
+		}
+		quietFeeds = append(quietFeeds, closer)
 	}
 	stream, quietClose, err := signals(quietC)
 	if err != nil {
@@ -132,6 +146,9 @@ func TestARogueSwarmHoldsOnlyItsLineagesShareOfTheStreams(t *testing.T) {
 		t.Fatalf("the sibling confirms its exit: %v", err)
 	}
 	quietClose()
+	for _, c := range quietFeeds {
+		c()
+	}
 	testserver.WaitFor(t, 10*time.Second, "the sibling's stream to end", func() bool { return srv.OpenStreams("agent:"+quiet.Node.NodeId) == 0 })
 
 	// Another lineage opens its own share as if the rogue held none.
@@ -164,14 +181,15 @@ func TestARogueSwarmHoldsOnlyItsLineagesShareOfTheStreams(t *testing.T) {
 			closers = append(closers, closer)
 		}
 	}
-	if got, want := srv.OpenLineageStreams(root.Node.NodeId), share+rogues*controlplane.SignalStreamReserve; got != want {
+	if got, want := srv.OpenLineageStreams(root.Node.NodeId), share+rogues*(controlplane.SignalStreamReserve+controlplane.StreamReserve); got != want {
 		t.Fatalf("the rogue's lineage holds %d open streams, want its share and its nodes' reserves, %d", got, want)
 	}
 
-	// A rogue's stream that ends frees one place of the share, no more.
-	byNode[nodes[0]][0]()
+	// A rogue's stream that ends frees one place of the share, no more
+	// (the first node's last feeds were the share's, after its reserve).
+	byNode[nodes[0]][len(byNode[nodes[0]])-1]()
 	testserver.WaitFor(t, 10*time.Second, "the closed stream to free its place", func() bool {
-		return srv.OpenLineageStreams(root.Node.NodeId) == share-1+rogues*controlplane.SignalStreamReserve
+		return srv.OpenLineageStreams(root.Node.NodeId) == share-1+rogues*(controlplane.SignalStreamReserve+controlplane.StreamReserve)
 	})
 	last := srv.Clients(creds[len(creds)-1])
 	if closer, err := revocations(last); err != nil {

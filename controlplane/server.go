@@ -400,14 +400,15 @@ func (s *Server) buildHandler() error {
 		Owing:      &auth.RateLimiter{Rate: UpkeepReserveRate, Burst: UpkeepReserveBurst, Now: s.cfg.Clock.Now},
 		Anonymous:  &auth.RateLimiter{Rate: s.cfg.AnonymousRateLimit, Burst: 2 * s.cfg.AnonymousRateLimit, Now: s.cfg.Clock.Now},
 		MaxStreams: s.cfg.Conn.MaxStreamsPerCaller,
-		// A lineage's streams together; each node's signal streams past
-		// them, from its own reserve.
+		// A lineage's streams together; each node's own reserves past
+		// them (signal streams, and a few of other kinds).
 		MaxLineageStreams: s.cfg.Conn.MaxStreamsPerLineage,
 		Signals: map[string]bool{
 			tetherv1connect.AgentServiceSessionProcedure:      true,
 			tetherv1connect.AgentServiceWatchSignalsProcedure: true,
 		},
 		SignalReserve: SignalStreamReserve,
+		StreamReserve: StreamReserve,
 		AfterFunc: func(d time.Duration, f func()) func() bool {
 			return s.cfg.Clock.AfterFunc(d, f).Stop
 		},

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"connectrpc.com/connect"
 
@@ -40,12 +41,48 @@ func (h *stopRuleService) actor(ctx context.Context) (stoprule.Actor, error) {
 	return a, nil
 }
 
+// RuleBytesPerRequest is how many bytes of a stop rule's expression one
+// request of the caller's rate budget pays to compile: AddStopRule and
+// TestStopRule with an expression cost 1 + len(expression)/64 requests.
+// Compiling (parse, type and cost checks) grows faster than the text: an
+// expression of 2 KiB (stoprule.MaxExpressionBytes) took 7–8 ms of CPU
+// and allocated 2.6 MB, what about twenty spawns cost, one of a few dozen
+// bytes 0.2–0.3 ms (docs/capacity.md, "Compiling a stop rule"); the price
+// leaves room for the garbage collection the allocations bring.
+const RuleBytesPerRequest = 64
+
+// chargeExpression charges the caller's budget for compiling expression,
+// beyond the request the Gate charged, before any of it is parsed. It
+// charges the same whether the expression was compiled before or not, so
+// that a caller learns nothing of other trees' rules from its charge.
+func chargeExpression(ctx context.Context, expression string) error {
+	n := len(expression) / RuleBytesPerRequest
+	if n == 0 {
+		return nil
+	}
+	if err := auth.Spend(ctx, n); err != nil {
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			out := connect.NewError(ce.Code(), fmt.Errorf("an expression of %d bytes costs %d requests to compile (one per %d bytes, beside the call's own): %s", len(expression), n, RuleBytesPerRequest, ce.Message()))
+			for k, v := range ce.Meta() {
+				out.Meta()[k] = v
+			}
+			return out
+		}
+		return err
+	}
+	return nil
+}
+
 func (h *stopRuleService) AddStopRule(ctx context.Context, req *connect.Request[tetherv1.AddStopRuleRequest]) (*connect.Response[tetherv1.AddStopRuleResponse], error) {
 	a, err := h.actor(ctx)
 	if err != nil {
 		return nil, err
 	}
 	m := req.Msg
+	if err := chargeExpression(ctx, m.Expression); err != nil {
+		return nil, err
+	}
 	rule := &stoprule.Rule{
 		NodeID: m.NodeId, Name: m.Name, Expression: m.Expression, Action: m.Action,
 		Severity: m.Severity, Labels: m.Labels, Description: m.Description,
@@ -95,6 +132,10 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 	}
 	if (req.Msg.Expression == "") == (req.Msg.RuleId == "") {
 		return nil, invalid("exactly one of expression and rule_id is required")
+	}
+	// A stored rule's author paid for it when it was added.
+	if err := chargeExpression(ctx, req.Msg.Expression); err != nil {
+		return nil, err
 	}
 	res, err := h.s.stopRules.Test(ctx, a, req.Msg.NodeId, req.Msg.Expression, req.Msg.RuleId)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -238,10 +239,27 @@ func mayStop(tx store.ReadTxn, t Termination, target *tree.Node) error {
 	if err := getTermination(tx, target.TerminationID, &owner); err != nil {
 		return err
 	}
+	if repeatsOwnStop(t, owner) {
+		return fmt.Errorf("%w: node_id %s is already %s under your own termination %s; stopping it again would stop nothing more (an abort still escalates your drain)", ErrAlreadyStopping, target.NodeID, tree.StateName(target.State), owner.ID)
+	}
 	if ReachNode(t, target.State, owner) == ReachTakeOver {
 		return nil
 	}
 	return fmt.Errorf("%w: node_id %s is %s (termination %s); only an abort, or a termination by a higher authority (an operator over an agent), supersedes it", ErrAlreadyStopping, target.NodeID, tree.StateName(target.State), owner.ID)
+}
+
+// repeatsOwnStop reports whether t, an agent's own stop request, would
+// take a node over from the same agent's earlier request without
+// escalating it (a drain over its drain or abort, an abort over its
+// abort). Such a repeat stops nothing more, and keeps the deadlines the
+// first set (Inherit), but it marked the whole subtree again for one
+// request of the agent's budget: a rogue repeating the drain of a large
+// subtree spent the server's CPU and store a subtree at a time. An
+// operator's repeat (a client's retry) is still taken.
+func repeatsOwnStop(t, owner Termination) bool {
+	return strings.HasPrefix(t.RequestedBy, "agent:") && t.ProposalID == "" &&
+		owner.RequestedBy == t.RequestedBy && owner.ProposalID == "" &&
+		(t.Mode != ModeAbort || owner.Aborts())
 }
 
 // MaxTerminationRoots bounds the subtree roots of one termination.

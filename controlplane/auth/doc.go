@@ -33,7 +33,7 @@
 // is ResourceExhausted, with the wait in the message and in a Retry-After
 // header. MaxStreams bounds the streams one principal holds open, and
 // MaxLineageStreams those of an agent lineage together (beside a small
-// reserve of its own signal streams per node).
+// reserve of its own per node: signal streams, and streams of other kinds).
 //
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not

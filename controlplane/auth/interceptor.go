@@ -128,12 +128,16 @@ type Interceptor struct {
 	// more than its lineage's share. Past it, each node still opens up to
 	// SignalReserve of its own Signals streams (its session, its signal
 	// watch: what it hears its stop on), so that a member of the lineage
-	// holding the share cannot keep a sibling from being told to stop. A
-	// Signals stream takes from its node's reserve first, so the share is
-	// left to the rest.
+	// holding the share cannot keep a sibling from being told to stop, and
+	// up to StreamReserve streams of other kinds (a lease Channel, a
+	// watch), so that it cannot keep a sibling from its work either. A
+	// stream takes from its node's reserve first, so the share is left to
+	// the rest. A lineage so holds at most MaxLineageStreams and
+	// SignalReserve+StreamReserve per node, each node a spawn it paid for.
 	MaxLineageStreams int
 	Signals           map[string]bool
 	SignalReserve     int
+	StreamReserve     int
 	// Bind, when set, is told of every request authenticated and
 	// authorised, before its rate budget is charged: the server binds the
 	// connection the request came on (its context says which) to the
@@ -153,8 +157,12 @@ type Interceptor struct {
 	streamsMu sync.Mutex
 	streams   map[string]int // by principal
 	lineages  map[string]lineageStreams
-	reserved  map[string]int // Signals streams admitted from a node's reserve, by principal
+	reserved  map[string]nodeReserve // streams admitted from a node's reserves, by principal
 }
+
+// nodeReserve counts the streams a node holds from its own reserves: its
+// Signals streams (of SignalReserve) and its others (of StreamReserve).
+type nodeReserve struct{ signals, other int }
 
 // lineageStreams counts a lineage's open streams: shared, those against
 // MaxLineageStreams; all, those and its nodes' reserved ones.
@@ -719,8 +727,9 @@ func (i *Interceptor) endOnRevocation(ctx context.Context, tokenID string, cance
 	}
 }
 
-// openStream takes a stream slot of p, and of its lineage's share or
-// (a Signals procedure) of its node's reserve.
+// openStream takes a stream slot of p, and of its node's reserve (of
+// signal streams for a Signals procedure, of other streams otherwise) or,
+// that spent, of its lineage's share.
 func (i *Interceptor) openStream(p Principal, procedure string) (release func(), err error) {
 	lineage := ""
 	if p.IsAgent() && i.MaxLineageStreams > 0 {
@@ -735,28 +744,39 @@ func (i *Interceptor) openStream(p Principal, procedure string) (release func(),
 	if i.MaxStreams > 0 && i.streams[key] >= i.MaxStreams {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already has %d open streams, the limit per caller; close one first", key, i.MaxStreams))
 	}
-	reserved := false
+	reserved, signal := false, i.Signals[procedure]
 	if lineage != "" {
-		reserved = i.Signals[procedure] && i.reserved[key] < i.SignalReserve
+		own := i.reserved[key]
+		if signal {
+			reserved = own.signals < i.SignalReserve
+		} else {
+			reserved = own.other < i.StreamReserve
+		}
 		if !reserved && i.lineages[lineage].shared >= i.MaxLineageStreams {
 			who := fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", lineage, key)
-			if i.Signals[procedure] {
+			if signal {
 				return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage), and %s already has its own %d signal streams beside them; close one first", who, i.MaxLineageStreams, key, i.SignalReserve))
 			}
-			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage); close one first (each node may still open its own signal stream)", who, i.MaxLineageStreams))
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage), and %s already has its own %d streams beside them; close one first (each node may still open its own signal stream)", who, i.MaxLineageStreams, key, i.StreamReserve))
 		}
 	}
 	if i.streams == nil {
 		i.streams = map[string]int{}
 		i.lineages = map[string]lineageStreams{}
-		i.reserved = map[string]int{}
+		i.reserved = map[string]nodeReserve{}
 	}
 	i.streams[key]++
 	if lineage != "" {
 		n := i.lineages[lineage]
 		n.all++
 		if reserved {
-			i.reserved[key]++
+			own := i.reserved[key]
+			if signal {
+				own.signals++
+			} else {
+				own.other++
+			}
+			i.reserved[key] = own
 		} else {
 			n.shared++
 		}
@@ -774,8 +794,16 @@ func (i *Interceptor) openStream(p Principal, procedure string) (release func(),
 				return
 			}
 			if reserved {
-				if i.reserved[key]--; i.reserved[key] <= 0 {
+				own := i.reserved[key]
+				if signal {
+					own.signals--
+				} else {
+					own.other--
+				}
+				if own.signals <= 0 && own.other <= 0 {
 					delete(i.reserved, key)
+				} else {
+					i.reserved[key] = own
 				}
 			}
 			n := i.lineages[lineage]
@@ -800,7 +828,7 @@ func (i *Interceptor) OpenStreams(principal string) int {
 }
 
 // OpenLineageStreams returns how many streams the agents of lineage (its
-// root's node id) hold open, their reserved signal streams included.
+// root's node id) hold open, the streams of their nodes' reserves included.
 func (i *Interceptor) OpenLineageStreams(lineage string) int {
 	i.streamsMu.Lock()
 	defer i.streamsMu.Unlock()

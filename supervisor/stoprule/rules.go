@@ -101,21 +101,48 @@ type Stats struct {
 // Stats returns the evaluator's counters.
 func (r *Rules) Stats() *Stats { return &r.stats }
 
+// compile compiles a stored rule's expression, or returns it from the
+// cache of compiled expressions it keeps.
 func (r *Rules) compile(expression string) (*Compiled, error) {
+	return r.compileKept(expression, true)
+}
+
+// compileKept compiles expression, or returns it from the cache; keep
+// says whether a fresh compile joins the cache. Only stored rules'
+// expressions do (bounded by MaxRulesPerNode at each node, which its
+// lineage paid for): a compiled expression holds tens of KiB, and a
+// tested one is the caller's to choose afresh every time, so keeping them
+// let a caller fill the server's memory with thousands of them.
+func (r *Rules) compileKept(expression string, keep bool) (*Compiled, error) {
 	r.compiledMu.Lock()
-	defer r.compiledMu.Unlock()
-	if c, ok := r.compiled[expression]; ok {
+	c, ok := r.compiled[expression]
+	r.compiledMu.Unlock()
+	if ok {
 		return c, nil
 	}
+	// Compiled outside the lock: a compile takes up to tens of
+	// milliseconds, and callers' expressions (TestStopRule's included)
+	// must not queue the evaluator's, nor each other's, behind it.
 	c, err := Compile(expression)
-	if err != nil {
-		return nil, err
+	if err != nil || !keep {
+		return c, err
+	}
+	return r.keepCompiled(c), nil
+}
+
+// keepCompiled puts a stored rule's compiled expression in the cache and
+// returns the one kept (an equal one compiled concurrently may be there).
+func (r *Rules) keepCompiled(c *Compiled) *Compiled {
+	r.compiledMu.Lock()
+	defer r.compiledMu.Unlock()
+	if kept, ok := r.compiled[c.Expression]; ok {
+		return kept
 	}
 	if r.compiled == nil || len(r.compiled) > 4096 {
 		r.compiled = map[string]*Compiled{}
 	}
-	r.compiled[expression] = c
-	return c, nil
+	r.compiled[c.Expression] = c
+	return c
 }
 
 // Add validates, compiles and stores a rule for actor. The rule's
@@ -138,7 +165,8 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 	if rule.Action == "" {
 		rule.Action = ActionPropose
 	}
-	c, err := r.compile(rule.Expression)
+	// Kept only once the rule is stored: a refused one is not a rule.
+	c, err := r.compileKept(rule.Expression, false)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -196,7 +224,7 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 	if err != nil {
 		return nil, nil, err
 	}
-	return rule, c, nil
+	return rule, r.keepCompiled(c), nil
 }
 
 // checkAgentCost refuses a rule of an agent whose worst-case cost, added
@@ -405,7 +433,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	if err != nil {
 		return TestResult{}, err
 	}
-	c, err := r.compile(expression)
+	c, err := r.compileKept(expression, ruleID != "")
 	if err != nil {
 		return TestResult{}, err
 	}
