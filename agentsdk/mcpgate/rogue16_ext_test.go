@@ -1,0 +1,199 @@
+package mcpgate_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/internal/mcptest"
+)
+
+// The sixteenth rogue pass against the gateway: a rogue agent that makes
+// one upstream answer its own call in a way that ends the gateway's
+// connection to that upstream, for every agent's call in flight on it.
+
+// bigIn asks the big tool for an answer of Bytes bytes.
+type bigIn struct {
+	Bytes int `json:"bytes"`
+}
+
+// honestUpstream is the test upstream (echo, slow, fail) with one more
+// tool, big, whose answer is as large as its caller asks: an honest
+// server's read_file of a large file, or a search with many hits.
+func honestUpstream(events *mcptest.Events) *mcp.Server {
+	s := mcptest.NewServer(events)
+	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "answers as many bytes as asked"}, func(_ context.Context, _ *mcp.CallToolRequest, in bigIn) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("A", in.Bytes)}}}, nil, nil
+	})
+	return s
+}
+
+// slowCall starts the slow call id on cs and returns where its answer
+// arrives, once the upstream has it running.
+func slowCall(t *testing.T, cs *mcp.ClientSession, events *mcptest.Events, tool, id string) <-chan string {
+	t.Helper()
+	// Released at the end in any case: the upstream's server waits for
+	// its handlers when the test closes it.
+	t.Cleanup(func() { events.Release(id) })
+	out := make(chan string, 1)
+	go func() {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: tool, Arguments: map[string]any{"id": id}})
+		switch {
+		case err != nil:
+			out <- "error: " + err.Error()
+		case res.IsError || len(res.Content) == 0:
+			out <- "an error result"
+		default:
+			out <- res.Content[0].(*mcp.TextContent).Text
+		}
+	}()
+	<-events.Started(id)
+	return out
+}
+
+// A rogue agent cannot fail the other agents' calls in flight to an
+// upstream by having that upstream's filter refuse its own call. The Go
+// SDK's client takes an HTTP answer that is not a JSON-RPC one (a filter's
+// plain 403 in front of the upstream) as the end of the whole connection:
+// the gateway reconnected, but every call in flight on the old connection
+// failed with it — an honest agent's long call, running at the upstream,
+// was answered "upstream unavailable" because a rogue sent a request the
+// filter blocks. Such an answer is now the answer to the one call it
+// answers (the gateway's transport turns it into that call's JSON-RPC
+// error), and the connection, with the other calls on it, goes on.
+func TestARogueCannotFailOtherAgentsCallsInFlightBehindAFilter(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	events := &mcptest.Events{}
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
+	filtered := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			b, _ := io.ReadAll(r.Body)
+			if strings.Contains(string(b), "DROP TABLE") {
+				http.Error(wr, "request blocked", http.StatusForbidden)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		sdk.ServeHTTP(wr, r)
+	}))
+	t.Cleanup(filtered.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "filtered", URL: filtered.URL})
+	endpoint := serveGateway(t, gw)
+	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
+	rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+
+	answer := slowCall(t, honest, events, "slow", "honest-1")
+	if _, err := callText(t, rogue, "echo", map[string]any{"text": "'; DROP TABLE users; --"}); rpcCode(err) != mcpgate.CodeUnavailable {
+		t.Fatalf("the filtered call: %v; want unavailable", err)
+	}
+	events.Release("honest-1")
+	if got := <-answer; got != "finished honest-1" {
+		t.Fatalf("the honest agent's call in flight when the filter refused the rogue's: %s; want it finished", got)
+	}
+	if got, err := callText(t, rogue, "echo", map[string]any{"text": "next"}); err != nil || got != "next" {
+		t.Errorf("the rogue's next call: %q, %v", got, err)
+	}
+}
+
+// A rogue agent cannot fail the other agents' calls in flight to an
+// honest upstream by asking it for an answer larger than the gateway
+// relays. The gateway reads an answer up to MaxUpstreamAnswerBytes (16
+// MiB, the SDK's bound on one event); beyond it the SDK's client ended the
+// connection — an event too large is a malformed stream to it, a JSON
+// body cut short a broken one — and every call in flight on it failed: an
+// agent that asked a filesystem server to read a large file failed the
+// other agents' calls to it. The answer too large is now refused to its
+// one call, as an event stream or as a JSON body, and the connection goes
+// on.
+func TestARogueCannotFailOtherAgentsCallsInFlightWithAnAnswerTooLarge(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		json bool
+	}{{"event stream", false}, {"JSON body", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, "mcp:*")
+			events := &mcptest.Events{}
+			up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, &mcp.StreamableHTTPOptions{JSONResponse: tc.json}))
+			t.Cleanup(up.Close)
+			gw := w.open(t, mcpgate.Upstream{Name: "files", URL: up.URL})
+			endpoint := serveGateway(t, gw)
+			honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
+			rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+
+			answer := slowCall(t, honest, events, "slow", "honest-1")
+			text, err := callText(t, rogue, "big", map[string]any{"bytes": mcpgate.MaxUpstreamAnswerBytes + 1<<20})
+			if rpcCode(err) != mcpgate.CodeUnavailable {
+				t.Fatalf("the call answered with more than the gateway relays: %d bytes of text, %v; want unavailable", len(text), err)
+			}
+			events.Release("honest-1")
+			if got := <-answer; got != "finished honest-1" {
+				t.Fatalf("the honest agent's call in flight when the rogue's answer was too large: %s; want it finished", got)
+			}
+			if got, err := callText(t, rogue, "big", map[string]any{"bytes": 1 << 20}); err != nil || len(got) != 1<<20 {
+				t.Errorf("the rogue's next call, of 1 MiB: %d bytes, %v", len(got), err)
+			}
+		})
+	}
+}
+
+// A rogue upstream cannot make the gateway hold an event of any size. The
+// gateway bounded an upstream's JSON answer (16 MiB) on the word that the
+// SDK's client bounds each event of an event stream to as much; but the
+// streamable client takes its unset bound as none (its SSE client takes
+// it as the default), so a rogue upstream answering a call with one event
+// that never ends — here 96 MiB — had it read whole into the gateway's
+// memory and relayed. The gateway sets the bound, and an event past it
+// fails its call alone.
+func TestARogueUpstreamCannotMakeTheGatewayHoldAnEventOfAnySize(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(nil) }, nil)
+	var written atomic.Int64
+	cut := make(chan error, 1)
+	rogue := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			b, _ := io.ReadAll(r.Body)
+			var req struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+			}
+			if json.Unmarshal(b, &req) == nil && req.Method == "tools/call" {
+				wr.Header().Set("Content-Type", "text/event-stream")
+				head := `event: message` + "\n" + `data: {"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"content":[{"type":"text","text":"`
+				n, err := io.WriteString(wr, head)
+				written.Add(int64(n))
+				chunk := bytes.Repeat([]byte("A"), 64<<10)
+				for err == nil && written.Load() < hugeAnswer {
+					n, err = wr.Write(chunk)
+					written.Add(int64(n))
+				}
+				if err == nil {
+					_, err = io.WriteString(wr, `"}]}}`+"\n\n")
+				}
+				cut <- err
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		sdk.ServeHTTP(wr, r)
+	}))
+	t.Cleanup(rogue.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "rogue", URL: rogue.URL})
+	agent := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
+
+	text, err := callText(t, agent, "echo", map[string]any{"text": "x"})
+	if rpcCode(err) != mcpgate.CodeUnavailable {
+		t.Errorf("the call the rogue upstream answered with an event of %d bytes: %d bytes of text, %v; want the gateway's refusal (upstream unavailable)", written.Load(), len(text), err)
+	}
+	if werr := <-cut; werr == nil {
+		t.Errorf("the gateway read all %d bytes of the rogue upstream's event", written.Load())
+	}
+}
