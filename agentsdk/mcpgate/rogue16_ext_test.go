@@ -7,14 +7,20 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/internal/mcptest"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // The sixteenth rogue pass against the gateway: a rogue agent that makes
@@ -195,5 +201,78 @@ func TestARogueUpstreamCannotMakeTheGatewayHoldAnEventOfAnySize(t *testing.T) {
 	}
 	if werr := <-cut; werr == nil {
 		t.Errorf("the gateway read all %d bytes of the rogue upstream's event", written.Load())
+	}
+}
+
+// gateToken mints a tool server's token for gate, valid for ttl on the
+// control plane's clock.
+func gateToken(t *testing.T, w *world, gate string, ttl time.Duration) string {
+	t.Helper()
+	resp, err := w.admin.Auth.CreateToken(context.Background(), connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: gate, Ttl: durationpb.New(ttl)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Msg.Token
+}
+
+// An agent's call cannot outlive its termination because the gateway's
+// own credential expired while the call ran. The gateway's cancel orders
+// and revocation feed end when the token they were opened with expires
+// (exp + auth.Leeway), and the gateway read its credential once: past its
+// expiry it could neither hear the control plane cancel a call nor report
+// one, so an agent aborted then kept its call running at the upstream
+// (and the gateway refused every call after). The gateway now takes its
+// credential from a source it reads at each request (--gate-token-file is
+// read again when rewritten): its streams reopen with the fresh token, the
+// control plane sends again the cancels still pending, and the call
+// aborted after the old token's end is cancelled and acknowledged.
+func TestAGatewaysCallsStayOnTheTetherAcrossItsCredentialsRenewal(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	const gate = "mcp-gw-renewed"
+	file := filepath.Join(t.TempDir(), "gate-token")
+	if err := os.WriteFile(file, []byte(gateToken(t, w, gate, time.Minute)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, CredentialSource: &mcpgate.FileToken{Path: file}, GateID: gate, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	endpoint := serveGateway(t, gw)
+	agent := connectAgent(t, endpoint, w.grant.Token, nil)
+	other := connectAgent(t, endpoint, otherAgent(t, w, "other", "mcp:*"), nil)
+	answer := slowCall(t, agent, w.events, "slow", "renewed-1")
+
+	// The operator renews the gateway's credential before it expires,
+	// then the old one's time runs out.
+	if err := os.WriteFile(file+".new", []byte(gateToken(t, w, gate, 2*time.Hour)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(file+".new", file); err != nil {
+		t.Fatal(err)
+	}
+	w.clk.Advance(90 * time.Second)
+	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour)
+	select {
+	case got := <-answer:
+		if !strings.Contains(got, "cancelled") {
+			t.Fatalf("the aborted agent's call: %s; want it cancelled", got)
+		}
+	case <-time.After(30 * time.Second): // a guard against a hang, not a timing
+		t.Fatal("the aborted agent's call was never cancelled: the gateway did not hear the cancel order after its first credential expired")
+	}
+	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	confirmExit(t, w)
+	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := recordOf(t, w, term.TerminationId)
+	if len(rec.ToolCalls) != 1 || rec.ToolCalls[0].GateId != gate || rec.ToolCalls[0].Resolution != tetherv1.CallResolution_CALL_RESOLUTION_CANCELLED_ACKED {
+		t.Fatalf("record: %v; want the slow call cancelled and acknowledged by %s", rec.ToolCalls, gate)
+	}
+	// And the gateway goes on serving other agents, on its new credential.
+	if got, err := callText(t, other, "echo", map[string]any{"text": "renewed"}); err != nil || got != "renewed" {
+		t.Errorf("another agent's call after the renewal: %q, %v", got, err)
 	}
 }
