@@ -56,25 +56,30 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
 		stream = true
 	}
-	post := r.Method == http.MethodPost
+	var id json.RawMessage
+	call := false
+	if r.Method == http.MethodPost {
+		// Only a call's answer is read here: a notification's is closed
+		// unread by the SDK (a 202 with no body, MCP says).
+		id, call = callID(r)
+	}
 	switch {
-	case post && resp.StatusCode/100 == 2 && stream:
-		resp.Body = &eventGuard{body: resp.Body, req: r, limit: MaxUpstreamAnswerBytes - eventSlack, onlyCR: true}
-	case post && resp.StatusCode/100 == 2:
+	case call && resp.StatusCode/100 == 2 && stream:
+		resp.Body = &eventGuard{body: resp.Body, id: id, limit: MaxUpstreamAnswerBytes - eventSlack, onlyCR: true}
+	case call && resp.StatusCode/100 == 2:
 		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamAnswerBytes+1))
 		_ = resp.Body.Close()
 		switch {
 		case err != nil:
-			resp.Body = errBody{err}
+			// The SDK's client would end the connection on a body it could
+			// not read (the call's own cancellation, mid-body, included).
+			setAnswer(resp, http.StatusOK, refusal(id, "tether: reading the upstream's answer failed"))
 		case len(body) <= MaxUpstreamAnswerBytes:
 			resp.Body = io.NopCloser(bytes.NewReader(body))
 		default:
-			resp.Body = errBody{errAnswerTooLarge}
-			if id, ok := callID(r); ok {
-				setAnswer(resp, http.StatusOK, refusal(id, fmt.Sprintf("tether: the upstream's answer exceeds %d bytes, the most the gateway relays", MaxUpstreamAnswerBytes)))
-			}
+			setAnswer(resp, http.StatusOK, refusal(id, fmt.Sprintf("tether: the upstream's answer exceeds %d bytes, the most the gateway relays", MaxUpstreamAnswerBytes)))
 		}
-	case post && resp.StatusCode != http.StatusNotFound && !transientStatus(resp.StatusCode):
+	case call && resp.StatusCode != http.StatusNotFound && !transientStatus(resp.StatusCode):
 		// An HTTP error: the SDK keeps the connection when its body is a
 		// JSON-RPC error, and ends it otherwise.
 		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamAnswerBytes+1))
@@ -87,15 +92,7 @@ func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
 				}
 			}
 		}
-		resp.Body = errBody{errAnswerTooLarge}
-		if err != nil {
-			resp.Body = errBody{err}
-		}
-		if id, ok := callID(r); ok {
-			setAnswer(resp, resp.StatusCode, refusal(id, fmt.Sprintf("tether: the upstream answered the call with HTTP %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))))
-		} else if err == nil && len(body) <= MaxUpstreamAnswerBytes {
-			resp.Body = io.NopCloser(bytes.NewReader(body))
-		}
+		setAnswer(resp, resp.StatusCode, refusal(id, fmt.Sprintf("tether: the upstream answered the call with HTTP %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))))
 	case !stream:
 		resp.Body = &boundedBody{ReadCloser: resp.Body, left: MaxUpstreamAnswerBytes}
 	}
@@ -113,7 +110,8 @@ func transientStatus(code int) bool {
 }
 
 // callID is the id of the JSON-RPC call r carries, if it carries one (not
-// a notification, nor a response).
+// a notification, nor a response). The SDK's client writes a request's id
+// and method before its params, so the scan stops before the params.
 func callID(r *http.Request) (json.RawMessage, bool) {
 	if r.GetBody == nil {
 		return nil, false
@@ -123,17 +121,36 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 		return nil, false
 	}
 	defer body.Close()
-	var msg struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-	}
-	if err := json.NewDecoder(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes)).Decode(&msg); err != nil {
+	dec := json.NewDecoder(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
 		return nil, false
 	}
-	if msg.Method == "" || len(msg.ID) == 0 || string(msg.ID) == "null" {
+	var (
+		id     json.RawMessage
+		method string
+	)
+	for dec.More() && (id == nil || method == "") {
+		key, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		switch key {
+		case "id":
+			err = dec.Decode(&id)
+		case "method":
+			err = dec.Decode(&method)
+		default:
+			var skip json.RawMessage
+			err = dec.Decode(&skip)
+		}
+		if err != nil {
+			return nil, false
+		}
+	}
+	if method == "" || len(id) == 0 || string(id) == "null" {
 		return nil, false
 	}
-	return msg.ID, true
+	return id, true
 }
 
 // refusal is the JSON-RPC answer to call id that fails it with message.
@@ -160,11 +177,6 @@ func setAnswer(resp *http.Response, status int, body []byte) {
 // errAnswerTooLarge is the read error of an upstream's answer beyond
 // MaxUpstreamAnswerBytes (in the gateway's log, not the agent's answer).
 var errAnswerTooLarge = fmt.Errorf("mcpgate: the upstream's answer exceeds %d bytes, the most the gateway reads", MaxUpstreamAnswerBytes)
-
-type errBody struct{ err error }
-
-func (e errBody) Read([]byte) (int, error) { return 0, e.err }
-func (e errBody) Close() error             { return nil }
 
 type boundedBody struct {
 	io.ReadCloser
@@ -196,7 +208,7 @@ func (b *boundedBody) Read(p []byte) (int, error) {
 // stream and ended the whole connection.
 type eventGuard struct {
 	body  io.ReadCloser
-	req   *http.Request
+	id    json.RawMessage // the call's
 	limit int
 
 	event  int  // bytes of the current event passed on
@@ -252,11 +264,9 @@ func (g *eventGuard) cutHere() {
 		tail.WriteString("\n")
 	}
 	tail.WriteString("event: tether-dropped\n\n")
-	if id, ok := callID(g.req); ok {
-		tail.WriteString("data: ")
-		tail.Write(refusal(id, fmt.Sprintf("tether: an event of the upstream's answer exceeds %d bytes, the most the gateway relays", g.limit)))
-		tail.WriteString("\n\n")
-	}
+	tail.WriteString("data: ")
+	tail.Write(refusal(g.id, fmt.Sprintf("tether: an event of the upstream's answer exceeds %d bytes, the most the gateway relays", g.limit)))
+	tail.WriteString("\n\n")
 	g.tail = tail.Bytes()
 }
 

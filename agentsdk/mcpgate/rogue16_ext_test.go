@@ -40,6 +40,9 @@ func honestUpstream(events *mcptest.Events) *mcp.Server {
 	mcp.AddTool(s, &mcp.Tool{Name: "big", Description: "answers as many bytes as asked"}, func(_ context.Context, _ *mcp.CallToolRequest, in bigIn) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("A", in.Bytes)}}}, nil, nil
 	})
+	mcp.AddTool(s, &mcp.Tool{Name: "partial", Description: "answered by the test's HTTP handler, half way"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{}, nil, nil
+	})
 	return s
 }
 
@@ -274,5 +277,66 @@ func TestAGatewaysCallsStayOnTheTetherAcrossItsCredentialsRenewal(t *testing.T) 
 	// And the gateway goes on serving other agents, on its new credential.
 	if got, err := callText(t, other, "echo", map[string]any{"text": "renewed"}); err != nil || got != "renewed" {
 		t.Errorf("another agent's call after the renewal: %q, %v", got, err)
+	}
+}
+
+// A rogue agent cannot fail the other agents' calls in flight to an
+// upstream by giving up on its own call while the upstream's answer is
+// arriving. The SDK's client reads a JSON answer under the call's
+// context and ends the whole connection when it cannot read it: a rogue
+// that asks for a large answer and cancels its call half way through the
+// body (a disconnect is enough) failed every other call on the gateway's
+// connection to that upstream. The body the gateway could not read now
+// fails only the call it answers.
+func TestARogueCannotFailOtherAgentsCallsInFlightByLeavingMidAnswer(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	events := &mcptest.Events{}
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, &mcp.StreamableHTTPOptions{JSONResponse: true})
+	begun, gone := make(chan struct{}), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			b, _ := io.ReadAll(r.Body)
+			var req struct {
+				ID     json.RawMessage `json:"id"`
+				Method string          `json:"method"`
+				Params struct {
+					Name string `json:"name"`
+				} `json:"params"`
+			}
+			if json.Unmarshal(b, &req) == nil && req.Method == "tools/call" && req.Params.Name == "partial" {
+				wr.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"result":{"content":[{"type":"text","text":"`+strings.Repeat("A", 64<<10))
+				wr.(http.Flusher).Flush()
+				close(begun)
+				<-r.Context().Done() // the gateway dropped the answer
+				close(gone)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		sdk.ServeHTTP(wr, r)
+	}))
+	t.Cleanup(up.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "files", URL: up.URL})
+	endpoint := serveGateway(t, gw)
+	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
+	rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+
+	answer := slowCall(t, honest, events, "slow", "honest-1")
+	ctx, leave := context.WithCancel(context.Background())
+	left := make(chan error, 1)
+	go func() {
+		_, err := rogue.CallTool(ctx, &mcp.CallToolParams{Name: "partial", Arguments: map[string]any{}})
+		left <- err
+	}()
+	<-begun
+	leave()
+	<-gone
+	if err := <-left; err == nil {
+		t.Fatal("the rogue's call it left was answered")
+	}
+	events.Release("honest-1")
+	if got := <-answer; got != "finished honest-1" {
+		t.Fatalf("the honest agent's call in flight when the rogue left its own mid-answer: %s; want it finished", got)
 	}
 }
