@@ -25,8 +25,9 @@ type Conn struct {
 	BaseURL string
 	HTTP    *http.Client
 
-	mu    sync.RWMutex
-	token string
+	mu     sync.RWMutex
+	token  string
+	source func() (string, error) // WithTokenSource
 
 	Auth       tetherv1connect.AuthServiceClient
 	Agent      tetherv1connect.AgentServiceClient
@@ -43,6 +44,18 @@ type Option func(*dialOptions)
 type dialOptions struct {
 	http    *http.Client
 	connect []connect.ClientOption
+	source  func() (string, error)
+}
+
+// WithTokenSource makes the connection present, at each request, the
+// token source gives (a file that whoever renews the token rewrites): a
+// token that expires can be replaced before it does, and every stream
+// opened from then on (a gate's cancel orders, a verifier's revocation
+// feed, reopened when the old token's end closes them) presents the new
+// one. When source fails or gives "", the last token it gave (at first,
+// Dial's) is presented. SetToken has no effect while a source is set.
+func WithTokenSource(source func() (string, error)) Option {
+	return func(o *dialOptions) { o.source = source }
 }
 
 // WithHTTPClient makes the connection use hc: pass HTTP2ClientTLS(baseURL,
@@ -73,7 +86,7 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	if hc == nil {
 		hc = HTTP2Client(baseURL)
 	}
-	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token}
+	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token, source: o.source}
 	copts := append([]connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), BearerInterceptor{Token: c.Token})}, o.connect...)
 	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, copts...)
 	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, copts...)
@@ -87,6 +100,14 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 
 // Token returns the current bearer token.
 func (c *Conn) Token() string {
+	if c.source != nil {
+		if t, err := c.source(); err == nil && t != "" {
+			c.mu.Lock()
+			c.token = t
+			c.mu.Unlock()
+			return t
+		}
+	}
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.token

@@ -67,8 +67,12 @@
 // invalid params: the upstream's 413 would end the gateway's connection
 // to it, for every agent. An upstream that fails in the transport is
 // reported to the agent by name only (CodeUnavailable); the gateway's log
-// has the detail. An upstream whose connection ended is reconnected (and
-// its tools relisted); calls in flight on the old connection fail.
+// has the detail. An upstream's answer that would end the gateway's one
+// connection to it (an HTTP error that is not a JSON-RPC one, an answer
+// beyond MaxUpstreamAnswerBytes) fails only the call it answers
+// (CodeUnavailable). An upstream whose connection ended all the same (a
+// 404: its session is over) is reconnected (and its tools relisted);
+// calls in flight on the old connection fail.
 //
 // # What passes through
 //

@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"mime"
 	"net/http"
 	"os"
 	"os/exec"
@@ -239,7 +238,9 @@ func (g *Gateway) watch(up *upstream, session *mcp.ClientSession) {
 
 func (g *Gateway) transport(u Upstream) mcp.Transport {
 	if u.URL != "" {
-		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: boundedAnswers{http.DefaultTransport}}}
+		// MaxEventSize set, not left 0: the SDK's streamable client takes 0 as
+		// no bound at all (its SSE client takes it as the default).
+		return &mcp.StreamableClientTransport{Endpoint: u.URL, HTTPClient: &http.Client{Transport: boundedAnswers{http.DefaultTransport}}, MaxEventSize: MaxUpstreamAnswerBytes}
 	}
 	cmd := exec.Command(u.Command[0], u.Command[1:]...)
 	cmd.Dir = u.Dir
@@ -577,6 +578,13 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
 	case a.err != nil:
 		var je *jsonrpc.Error
+		if errors.As(a.err, &je) && je.Code == codeAnswerRefused {
+			// The gateway's transport refused the upstream's answer to this
+			// call alone (an HTTP error, an answer too large): its reason
+			// is the gateway's own words, the detail in the log.
+			g.log.Warn("mcpgate: an upstream's answer to a call was refused", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
+			return nil, rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(je.Message, "tether: "))
+		}
 		if errors.As(a.err, &je) && je.Code != codeRejectedByTransport {
 			return nil, je // the upstream's own error, unchanged
 		}
@@ -737,53 +745,3 @@ const (
 	MaxToolsPerUpstream = 4096
 	MaxToolPages        = 256
 )
-
-// MaxUpstreamAnswerBytes bounds an upstream's answer that is not an event
-// stream (a Streamable HTTP server may answer a POST with one JSON body,
-// or an error status with a body): the SDK's client reads such a body
-// whole into memory, where its events are bounded (mcp.DefaultMaxEventSize,
-// the same figure). Beyond it the read fails and the SDK drops the
-// connection to that upstream (the gateway reconnects): a rogue upstream
-// answering without end cuts off its own callers, not the gateway's memory.
-const MaxUpstreamAnswerBytes = mcp.DefaultMaxEventSize
-
-// boundedAnswers is the upstreams' HTTP transport: every body that is not
-// an event stream is read up to MaxUpstreamAnswerBytes.
-type boundedAnswers struct{ next http.RoundTripper }
-
-func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := b.next.RoundTrip(r)
-	if err != nil || resp.Body == nil || resp.Body == http.NoBody {
-		return resp, err
-	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
-		resp.Body = &boundedBody{ReadCloser: resp.Body, left: MaxUpstreamAnswerBytes}
-	}
-	return resp, nil
-}
-
-// errAnswerTooLarge is the read error of an upstream's answer beyond
-// MaxUpstreamAnswerBytes (in the gateway's log, not the agent's answer).
-var errAnswerTooLarge = fmt.Errorf("mcpgate: the upstream's answer exceeds %d bytes, the most the gateway reads", MaxUpstreamAnswerBytes)
-
-type boundedBody struct {
-	io.ReadCloser
-	left int64
-}
-
-func (b *boundedBody) Read(p []byte) (int, error) {
-	if b.left <= 0 {
-		// One byte more says whether the body ended exactly at the bound.
-		var one [1]byte
-		if n, err := b.ReadCloser.Read(one[:]); n == 0 {
-			return 0, err
-		}
-		return 0, errAnswerTooLarge
-	}
-	if int64(len(p)) > b.left {
-		p = p[:b.left]
-	}
-	n, err := b.ReadCloser.Read(p)
-	b.left -= int64(n)
-	return n, err
-}

@@ -19,6 +19,17 @@ type OpenConfig struct {
 	// (or an operator token), never an agent's. It writes the ledger and
 	// follows the revocation feed. It is opaque here.
 	Credential string
+	// CredentialSource, when set, gives the gateway's credential at each
+	// request to the control plane instead of Credential (a FileToken:
+	// rewrite the file with a fresh token before the old one expires). The
+	// gateway's cancel orders and revocation feed end when the token they
+	// were opened with expires; they reopen with the source's token, the
+	// control plane sending again every cancel still pending and the feed
+	// resuming after the last revocation applied, so nothing ordered in
+	// between is missed. Without it the gateway stops at its credential's
+	// expiry: every call refused, calls in flight neither cancelled nor
+	// reported.
+	CredentialSource TokenSource
 	// GateID names the gateway in the ledger and the record.
 	GateID string
 	// HTTP reaches the control plane (default: agentsdk.HTTP2Client).
@@ -45,13 +56,22 @@ func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 15 * time.Second
 	}
+	var renew agentsdk.Option
+	if cfg.CredentialSource != nil {
+		t, err := cfg.CredentialSource.Token()
+		if err != nil {
+			return nil, fmt.Errorf("mcpgate: the gateway's own credential: %w", err)
+		}
+		cfg.Credential = t
+		renew = agentsdk.WithTokenSource(cfg.CredentialSource.Token)
+	}
 	if cfg.Credential == "" {
 		return nil, fmt.Errorf("mcpgate: the gateway needs its own credential (a tool server's token)")
 	}
 	if err := validateUpstreams(cfg.Upstreams); err != nil {
 		return nil, err
 	}
-	conn := agentsdk.Dial(cfg.ControlPlane, cfg.Credential, agentsdk.WithHTTPClient(cfg.HTTP))
+	conn := agentsdk.Dial(cfg.ControlPlane, cfg.Credential, agentsdk.WithHTTPClient(cfg.HTTP), renew)
 	verifier, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: conn, StalenessBudget: cfg.StalenessBudget, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err

@@ -48,20 +48,14 @@ type gateFlags struct {
 
 func (f *gateFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gateID, "gate-id", "mcp-gateway", "the gateway's name in the ledger and the record")
-	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential: a tool server's token named like --gate-id (tether token create --tool-server NAME; default: $"+envGateToken+", then --token/$TETHER_TOKEN, which must then be one)")
+	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential: a tool server's token named like --gate-id (tether token create --tool-server NAME), read again whenever it is rewritten: renew it before it expires (default: $"+envGateToken+", then --token/$TETHER_TOKEN, which must then be one, and are read once)")
 	fs.DurationVar(&f.staleness, "staleness-budget", 0, "refuse every call when the revocation feed is older than this (default 10s)")
 	fs.IntVar(&f.maxCalls, "max-calls-per-node", mcpgate.DefaultMaxCallsPerNode, "tool calls one node may have in flight through the gateway at once (its next is refused, -32068)")
 }
 
-// credential is the gateway's token: never the agent's.
+// credential is the gateway's token when no --gate-token-file gives it:
+// never the agent's.
 func (f *gateFlags) credential(g *globals) (string, error) {
-	if f.gateTokenFile != "" {
-		b, err := os.ReadFile(f.gateTokenFile)
-		if err != nil {
-			return "", fmt.Errorf("--gate-token-file: %w", err)
-		}
-		return strings.TrimSpace(string(b)), nil
-	}
 	if v := os.Getenv(envGateToken); v != "" {
 		return v, nil
 	}
@@ -114,8 +108,16 @@ func (f *upstreamFlags) upstreams() ([]mcpgate.Upstream, error) {
 }
 
 func openGateway(ctx context.Context, g *globals, gf *gateFlags, ups []mcpgate.Upstream, logLevel string) (*mcpgate.Gateway, error) {
-	cred, err := gf.credential(g)
-	if err != nil {
+	var (
+		cred    string
+		renewed mcpgate.TokenSource
+		err     error
+	)
+	if gf.gateTokenFile != "" {
+		// Read again whenever it is rewritten: the gateway's streams end
+		// with the token they were opened with, and reopen with the file's.
+		renewed = &mcpgate.FileToken{Path: gf.gateTokenFile}
+	} else if cred, err = gf.credential(g); err != nil {
 		return nil, err
 	}
 	log, err := newLogger("text", logLevel)
@@ -123,7 +125,7 @@ func openGateway(ctx context.Context, g *globals, gf *gateFlags, ups []mcpgate.U
 		return nil, err
 	}
 	return mcpgate.Open(ctx, mcpgate.OpenConfig{
-		ControlPlane: g.addr, Credential: cred, GateID: gf.gateID, Upstreams: ups,
+		ControlPlane: g.addr, Credential: cred, CredentialSource: renewed, GateID: gf.gateID, Upstreams: ups,
 		StalenessBudget: gf.staleness, MaxCallsPerNode: gf.maxCalls, Stderr: os.Stderr, Logger: log,
 	})
 }

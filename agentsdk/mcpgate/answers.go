@@ -1,0 +1,278 @@
+package mcpgate
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// MaxUpstreamAnswerBytes bounds an upstream's answer: a body that is not
+// an event stream (a Streamable HTTP server may answer a POST with one
+// JSON body, or an error status with a body), which the SDK's client reads
+// whole into memory, and each event of an event stream (mcp.DefaultMaxEventSize,
+// the same figure, less a few hundred bytes). An answer to a call beyond it
+// fails that call alone (CodeUnavailable): a rogue upstream answering
+// without end cuts off neither the gateway's memory nor, on that upstream,
+// the other callers; nor does an agent asking an honest upstream for too
+// much. Beyond it on any other request (the standalone event stream, or a
+// stream resumed after a break) the SDK drops the connection to that
+// upstream, and the gateway reconnects.
+const MaxUpstreamAnswerBytes = mcp.DefaultMaxEventSize
+
+// eventSlack is what the gateway may add to an event it cuts (a line's
+// end, an event name), within the SDK's own bound on an event.
+const eventSlack = 256
+
+// codeAnswerRefused is the JSON-RPC error the gateway's transport answers
+// a call with in place of an upstream's answer that would have ended the
+// whole connection: the agent gets CodeUnavailable.
+const codeAnswerRefused = -32069
+
+// boundedAnswers is the upstreams' HTTP transport. It bounds what the
+// gateway reads of an answer (MaxUpstreamAnswerBytes), and it keeps one
+// call's answer from ending the connection every agent's calls to that
+// upstream share: the Go SDK's client ends it on an HTTP error that is not
+// a JSON-RPC one (a filter's plain 403 in front of the upstream, a 400, a
+// 413), on a body it cannot read whole and on an event too large, and
+// every call in flight on it fails. Each of those, answering a call, is
+// turned into that call's JSON-RPC error. A 404 still ends the connection:
+// it is MCP's word that the upstream's session is over (the gateway then
+// reconnects). The statuses the SDK takes as transient (500, 502, 503,
+// 504, 429) already fail only their call.
+type boundedAnswers struct{ next http.RoundTripper }
+
+func (b boundedAnswers) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := b.next.RoundTrip(r)
+	if err != nil || resp.Body == nil {
+		return resp, err
+	}
+	stream := false
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "text/event-stream" {
+		stream = true
+	}
+	var id json.RawMessage
+	call := false
+	if r.Method == http.MethodPost {
+		// Only a call's answer is read here: a notification's is closed
+		// unread by the SDK (a 202 with no body, MCP says).
+		id, call = callID(r)
+	}
+	switch {
+	case call && resp.StatusCode/100 == 2 && stream:
+		resp.Body = &eventGuard{body: resp.Body, id: id, limit: MaxUpstreamAnswerBytes - eventSlack, onlyCR: true}
+	case call && resp.StatusCode/100 == 2:
+		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamAnswerBytes+1))
+		_ = resp.Body.Close()
+		switch {
+		case err != nil:
+			// The SDK's client would end the connection on a body it could
+			// not read (the call's own cancellation, mid-body, included).
+			setAnswer(resp, http.StatusOK, refusal(id, "tether: reading the upstream's answer failed"))
+		case len(body) <= MaxUpstreamAnswerBytes:
+			resp.Body = io.NopCloser(bytes.NewReader(body))
+		default:
+			setAnswer(resp, http.StatusOK, refusal(id, fmt.Sprintf("tether: the upstream's answer exceeds %d bytes, the most the gateway relays", MaxUpstreamAnswerBytes)))
+		}
+	case call && resp.StatusCode != http.StatusNotFound && !transientStatus(resp.StatusCode):
+		// An HTTP error: the SDK keeps the connection when its body is a
+		// JSON-RPC error, and ends it otherwise.
+		body, err := io.ReadAll(io.LimitReader(resp.Body, MaxUpstreamAnswerBytes+1))
+		_ = resp.Body.Close()
+		if err == nil && len(body) <= MaxUpstreamAnswerBytes {
+			if msg, derr := jsonrpc.DecodeMessage(body); derr == nil {
+				if res, ok := msg.(*jsonrpc.Response); ok && res.Error != nil {
+					resp.Body = io.NopCloser(bytes.NewReader(body))
+					return resp, nil
+				}
+			}
+		}
+		setAnswer(resp, resp.StatusCode, refusal(id, fmt.Sprintf("tether: the upstream answered the call with HTTP %d %s", resp.StatusCode, http.StatusText(resp.StatusCode))))
+	case !stream:
+		resp.Body = &boundedBody{ReadCloser: resp.Body, left: MaxUpstreamAnswerBytes}
+	}
+	return resp, nil
+}
+
+// transientStatus is what the SDK's client keeps a connection through
+// (its isTransientHTTPStatus).
+func transientStatus(code int) bool {
+	switch code {
+	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout, http.StatusTooManyRequests:
+		return true
+	}
+	return false
+}
+
+// callID is the id of the JSON-RPC call r carries, if it carries one (not
+// a notification, nor a response). The SDK's client writes a request's id
+// and method before its params, so the scan stops before the params.
+func callID(r *http.Request) (json.RawMessage, bool) {
+	if r.GetBody == nil {
+		return nil, false
+	}
+	body, err := r.GetBody()
+	if err != nil {
+		return nil, false
+	}
+	defer body.Close()
+	dec := json.NewDecoder(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	var (
+		id     json.RawMessage
+		method string
+	)
+	for dec.More() && (id == nil || method == "") {
+		key, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		switch key {
+		case "id":
+			err = dec.Decode(&id)
+		case "method":
+			err = dec.Decode(&method)
+		default:
+			var skip json.RawMessage
+			err = dec.Decode(&skip)
+		}
+		if err != nil {
+			return nil, false
+		}
+	}
+	if method == "" || len(id) == 0 || string(id) == "null" {
+		return nil, false
+	}
+	return id, true
+}
+
+// refusal is the JSON-RPC answer to call id that fails it with message.
+func refusal(id json.RawMessage, message string) []byte {
+	b, _ := json.Marshal(struct {
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Error   jsonrpc.Error   `json:"error"`
+	}{"2.0", id, jsonrpc.Error{Code: codeAnswerRefused, Message: message}})
+	return b
+}
+
+// setAnswer makes resp a JSON answer of status with body.
+func setAnswer(resp *http.Response, status int, body []byte) {
+	resp.StatusCode = status
+	resp.Status = fmt.Sprintf("%d %s", status, http.StatusText(status))
+	resp.Header = resp.Header.Clone()
+	resp.Header.Set("Content-Type", "application/json")
+	resp.Header.Del("Content-Length")
+	resp.ContentLength = int64(len(body))
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+}
+
+// errAnswerTooLarge is the read error of an upstream's answer beyond
+// MaxUpstreamAnswerBytes (in the gateway's log, not the agent's answer).
+var errAnswerTooLarge = fmt.Errorf("mcpgate: the upstream's answer exceeds %d bytes, the most the gateway reads", MaxUpstreamAnswerBytes)
+
+type boundedBody struct {
+	io.ReadCloser
+	left int64
+}
+
+func (b *boundedBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		// One byte more says whether the body ended exactly at the bound.
+		var one [1]byte
+		if n, err := b.ReadCloser.Read(one[:]); n == 0 {
+			return 0, err
+		}
+		return 0, errAnswerTooLarge
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
+// eventGuard passes an upstream's event stream (the answer to one call)
+// through, until an event grows past limit: it then ends that event as
+// one the SDK skips (named tether-dropped, its line closed as a field the
+// SDK ignores), answers the call with a JSON-RPC error event, and ends the
+// stream. The SDK's client would have taken the event as a malformed
+// stream and ended the whole connection.
+type eventGuard struct {
+	body  io.ReadCloser
+	id    json.RawMessage // the call's
+	limit int
+
+	event  int  // bytes of the current event passed on
+	line   int  // bytes of the current line passed on
+	colon  bool // the current line has its ':'
+	onlyCR bool // the current line is nothing but '\r' so far (a blank line, to the SDK)
+
+	cut  bool
+	tail []byte // what is left to hand out after the cut
+}
+
+func (g *eventGuard) Read(p []byte) (int, error) {
+	if !g.cut && g.event >= g.limit {
+		g.cutHere()
+	}
+	if g.cut {
+		if len(g.tail) == 0 {
+			return 0, io.EOF
+		}
+		n := copy(p, g.tail)
+		g.tail = g.tail[n:]
+		return n, nil
+	}
+	if room := g.limit - g.event; len(p) > room {
+		p = p[:room]
+	}
+	n, err := g.body.Read(p)
+	for _, c := range p[:n] {
+		g.event++
+		switch c {
+		case '\n':
+			if g.onlyCR { // a blank line: the event ends
+				g.event = 0
+			}
+			g.line, g.colon, g.onlyCR = 0, false, true
+		default:
+			g.line++
+			g.colon = g.colon || c == ':'
+			g.onlyCR = g.onlyCR && c == '\r'
+		}
+	}
+	return n, err
+}
+
+func (g *eventGuard) cutHere() {
+	g.cut = true
+	_ = g.body.Close()
+	var tail bytes.Buffer
+	if g.line > 0 {
+		if !g.colon {
+			tail.WriteString(":") // a field with no name's worth: ignored
+		}
+		tail.WriteString("\n")
+	}
+	tail.WriteString("event: tether-dropped\n\n")
+	tail.WriteString("data: ")
+	tail.Write(refusal(g.id, fmt.Sprintf("tether: an event of the upstream's answer exceeds %d bytes, the most the gateway relays", g.limit)))
+	tail.WriteString("\n\n")
+	g.tail = tail.Bytes()
+}
+
+func (g *eventGuard) Close() error {
+	if g.cut {
+		return nil
+	}
+	return g.body.Close()
+}
