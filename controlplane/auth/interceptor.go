@@ -160,9 +160,15 @@ type Interceptor struct {
 	reserved  map[string]nodeReserve // streams admitted from a node's reserves, by principal
 }
 
-// nodeReserve counts the streams a node holds from its own reserves: its
-// Signals streams (of SignalReserve) and its others (of StreamReserve).
-type nodeReserve struct{ signals, other int }
+// nodeReserve counts the streams a node holds from its own reserves, by
+// kind: its Signals streams (of SignalReserve) and its others (of
+// StreamReserve).
+type nodeReserve [2]int
+
+const (
+	signalStream = 0
+	otherStream  = 1
+)
 
 // lineageStreams counts a lineage's open streams: shared, those against
 // MaxLineageStreams; all, those and its nodes' reserved ones.
@@ -744,20 +750,15 @@ func (i *Interceptor) openStream(p Principal, procedure string) (release func(),
 	if i.MaxStreams > 0 && i.streams[key] >= i.MaxStreams {
 		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already has %d open streams, the limit per caller; close one first", key, i.MaxStreams))
 	}
-	reserved, signal := false, i.Signals[procedure]
+	kind, reserve, what, hint := otherStream, i.StreamReserve, "streams", " (each node may still open its own signal stream)"
+	if i.Signals[procedure] {
+		kind, reserve, what, hint = signalStream, i.SignalReserve, "signal streams", ""
+	}
+	reserved := false
 	if lineage != "" {
-		own := i.reserved[key]
-		if signal {
-			reserved = own.signals < i.SignalReserve
-		} else {
-			reserved = own.other < i.StreamReserve
-		}
+		reserved = i.reserved[key][kind] < reserve
 		if !reserved && i.lineages[lineage].shared >= i.MaxLineageStreams {
-			who := fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", lineage, key)
-			if signal {
-				return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage), and %s already has its own %d signal streams beside them; close one first", who, i.MaxLineageStreams, key, i.SignalReserve))
-			}
-			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: %s already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage), and %s already has its own %d streams beside them; close one first (each node may still open its own signal stream)", who, i.MaxLineageStreams, key, i.StreamReserve))
+			return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf("auth: lineage %s (%s shares it with its root and every descendant) already holds %d open streams, the limit per lineage (tether serve --max-streams-per-lineage), and %s already has its own %d %s beside them; close one first%s", lineage, key, i.MaxLineageStreams, key, reserve, what, hint))
 		}
 	}
 	if i.streams == nil {
@@ -771,11 +772,7 @@ func (i *Interceptor) openStream(p Principal, procedure string) (release func(),
 		n.all++
 		if reserved {
 			own := i.reserved[key]
-			if signal {
-				own.signals++
-			} else {
-				own.other++
-			}
+			own[kind]++
 			i.reserved[key] = own
 		} else {
 			n.shared++
@@ -795,12 +792,7 @@ func (i *Interceptor) openStream(p Principal, procedure string) (release func(),
 			}
 			if reserved {
 				own := i.reserved[key]
-				if signal {
-					own.signals--
-				} else {
-					own.other--
-				}
-				if own.signals <= 0 && own.other <= 0 {
+				if own[kind]--; own == (nodeReserve{}) {
 					delete(i.reserved, key)
 				} else {
 					i.reserved[key] = own
