@@ -83,22 +83,14 @@ func TestARogueCannotFailOtherAgentsCallsInFlightBehindAFilter(t *testing.T) {
 	w := newWorld(t, "mcp:*")
 	events := &mcptest.Events{}
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
-	filtered := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			b, _ := io.ReadAll(r.Body)
-			if strings.Contains(string(b), "DROP TABLE") {
-				http.Error(wr, "request blocked", http.StatusForbidden)
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(b))
+	filtered := frontedUpstream(t, sdk, func(wr http.ResponseWriter, _ *http.Request, body []byte) bool {
+		if strings.Contains(string(body), "DROP TABLE") {
+			http.Error(wr, "request blocked", http.StatusForbidden)
+			return true
 		}
-		sdk.ServeHTTP(wr, r)
-	}))
-	t.Cleanup(filtered.Close)
-	gw := w.open(t, mcpgate.Upstream{Name: "filtered", URL: filtered.URL})
-	endpoint := serveGateway(t, gw)
-	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
-	rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+		return false
+	})
+	honest, rogue := honestAndRogue(t, w, mcpgate.Upstream{Name: "filtered", URL: filtered.URL})
 
 	answer := slowCall(t, honest, events, "slow", "honest-1")
 	if _, err := callText(t, rogue, "echo", map[string]any{"text": "'; DROP TABLE users; --"}); rpcCode(err) != mcpgate.CodeUnavailable {
@@ -133,10 +125,7 @@ func TestARogueCannotFailOtherAgentsCallsInFlightWithAnAnswerTooLarge(t *testing
 			events := &mcptest.Events{}
 			up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, &mcp.StreamableHTTPOptions{JSONResponse: tc.json}))
 			t.Cleanup(up.Close)
-			gw := w.open(t, mcpgate.Upstream{Name: "files", URL: up.URL})
-			endpoint := serveGateway(t, gw)
-			honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
-			rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+			honest, rogue := honestAndRogue(t, w, mcpgate.Upstream{Name: "files", URL: up.URL})
 
 			answer := slowCall(t, honest, events, "slow", "honest-1")
 			text, err := callText(t, rogue, "big", map[string]any{"bytes": mcpgate.MaxUpstreamAnswerBytes + 1<<20})
@@ -167,34 +156,29 @@ func TestARogueUpstreamCannotMakeTheGatewayHoldAnEventOfAnySize(t *testing.T) {
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return mcptest.NewServer(nil) }, nil)
 	var written atomic.Int64
 	cut := make(chan error, 1)
-	rogue := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			b, _ := io.ReadAll(r.Body)
-			var req struct {
-				ID     json.RawMessage `json:"id"`
-				Method string          `json:"method"`
-			}
-			if json.Unmarshal(b, &req) == nil && req.Method == "tools/call" {
-				wr.Header().Set("Content-Type", "text/event-stream")
-				head := `event: message` + "\n" + `data: {"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"content":[{"type":"text","text":"`
-				n, err := io.WriteString(wr, head)
-				written.Add(int64(n))
-				chunk := bytes.Repeat([]byte("A"), 64<<10)
-				for err == nil && written.Load() < hugeAnswer {
-					n, err = wr.Write(chunk)
-					written.Add(int64(n))
-				}
-				if err == nil {
-					_, err = io.WriteString(wr, `"}]}}`+"\n\n")
-				}
-				cut <- err
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(b))
+	rogue := frontedUpstream(t, sdk, func(wr http.ResponseWriter, _ *http.Request, body []byte) bool {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
 		}
-		sdk.ServeHTTP(wr, r)
-	}))
-	t.Cleanup(rogue.Close)
+		if json.Unmarshal(body, &req) != nil || req.Method != "tools/call" {
+			return false
+		}
+		wr.Header().Set("Content-Type", "text/event-stream")
+		head := `event: message` + "\n" + `data: {"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":{"content":[{"type":"text","text":"`
+		n, err := io.WriteString(wr, head)
+		written.Add(int64(n))
+		chunk := bytes.Repeat([]byte("A"), 64<<10)
+		for err == nil && written.Load() < hugeAnswer {
+			n, err = wr.Write(chunk)
+			written.Add(int64(n))
+		}
+		if err == nil {
+			_, err = io.WriteString(wr, `"}]}}`+"\n\n")
+		}
+		cut <- err
+		return true
+	})
 	gw := w.open(t, mcpgate.Upstream{Name: "rogue", URL: rogue.URL})
 	agent := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 
@@ -293,34 +277,26 @@ func TestARogueCannotFailOtherAgentsCallsInFlightByLeavingMidAnswer(t *testing.T
 	events := &mcptest.Events{}
 	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, &mcp.StreamableHTTPOptions{JSONResponse: true})
 	begun, gone := make(chan struct{}), make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			b, _ := io.ReadAll(r.Body)
-			var req struct {
-				ID     json.RawMessage `json:"id"`
-				Method string          `json:"method"`
-				Params struct {
-					Name string `json:"name"`
-				} `json:"params"`
-			}
-			if json.Unmarshal(b, &req) == nil && req.Method == "tools/call" && req.Params.Name == "partial" {
-				wr.Header().Set("Content-Type", "application/json")
-				_, _ = io.WriteString(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"result":{"content":[{"type":"text","text":"`+strings.Repeat("A", 64<<10))
-				wr.(http.Flusher).Flush()
-				close(begun)
-				<-r.Context().Done() // the gateway dropped the answer
-				close(gone)
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(b))
+	up := frontedUpstream(t, sdk, func(wr http.ResponseWriter, r *http.Request, body []byte) bool {
+		var req struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params struct {
+				Name string `json:"name"`
+			} `json:"params"`
 		}
-		sdk.ServeHTTP(wr, r)
-	}))
-	t.Cleanup(up.Close)
-	gw := w.open(t, mcpgate.Upstream{Name: "files", URL: up.URL})
-	endpoint := serveGateway(t, gw)
-	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
-	rogue := connectAgent(t, endpoint, w.grant.Token, nil)
+		if json.Unmarshal(body, &req) != nil || req.Method != "tools/call" || req.Params.Name != "partial" {
+			return false
+		}
+		wr.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"result":{"content":[{"type":"text","text":"`+strings.Repeat("A", 64<<10))
+		wr.(http.Flusher).Flush()
+		close(begun)
+		<-r.Context().Done() // the gateway dropped the answer
+		close(gone)
+		return true
+	})
+	honest, rogue := honestAndRogue(t, w, mcpgate.Upstream{Name: "files", URL: up.URL})
 
 	answer := slowCall(t, honest, events, "slow", "honest-1")
 	ctx, leave := context.WithCancel(context.Background())
@@ -339,4 +315,31 @@ func TestARogueCannotFailOtherAgentsCallsInFlightByLeavingMidAnswer(t *testing.T
 	if got := <-answer; got != "finished honest-1" {
 		t.Fatalf("the honest agent's call in flight when the rogue left its own mid-answer: %s; want it finished", got)
 	}
+}
+
+// frontedUpstream serves sdk behind front, which reads each POST's body
+// first and answers the request itself when it returns true (a filter, a
+// rogue upstream's answer to some calls).
+func frontedUpstream(t *testing.T, sdk http.Handler, front func(wr http.ResponseWriter, r *http.Request, body []byte) bool) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			b, _ := io.ReadAll(r.Body)
+			if front(wr, r, b) {
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b))
+		}
+		sdk.ServeHTTP(wr, r)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+// honestAndRogue opens a gateway to up and connects to it an honest agent
+// of another tree, then the rogue (w's grant).
+func honestAndRogue(t *testing.T, w *world, up mcpgate.Upstream) (honest, rogue *mcp.ClientSession) {
+	endpoint := serveGateway(t, w.open(t, up))
+	honest = connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
+	rogue = connectAgent(t, endpoint, w.grant.Token, nil)
+	return honest, rogue
 }
