@@ -23,7 +23,11 @@ import (
 // It is only a cache of stored state, in the direction the states move
 // (in flight → cancel requested → ended): a state kept is never ahead of
 // the store's, so a change not yet delivered delays the termination until
-// its event arrives (which kicks it), and a restart starts empty. It is
+// its event arrives (which kicks it), and a restart starts empty. Behind
+// is safe only within one wait: a state behind a step's own writes reads
+// differently in the next phase (a drain's "in flight" is, to an abort, no
+// acknowledgement pending), so each step drops what its wait kept
+// (Reconcile). It is
 // used only while the reconcile loop's watches run (Scan, called when they
 // are established, turns it on and drops what it kept: a watch that
 // lagged or failed costs it), never by passes run without the loop.

@@ -184,6 +184,12 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		if err != nil {
 			return time.Time{}, err
 		}
+		// A step starts a new wait, and what was kept for the old one may
+		// be behind the step's own writes (the escalation's cancel
+		// orders: a drain's kept "in flight" would read as no
+		// acknowledgement pending, and the abort would revoke at once).
+		// The next wait reads its calls again.
+		s.calls.drop(t.ID)
 		s.chunkDone(action)
 	}
 	return s.Clock.Now(), nil // more to do: come back at once
