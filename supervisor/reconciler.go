@@ -57,8 +57,8 @@ func (s *Supervisor) Kick(terminationID string) { s.loop().Kick(terminationID) }
 
 // Run is the level-triggered reconciler (internal/reconcile): it resumes
 // every unfinished termination from stored state, re-runs a termination
-// whenever the ledger, the tree or the termination changes, and at its
-// deadlines. It runs until ctx ends; a watch that falls behind costs a
+// whenever a change of the ledger, the tree or the termination may move it
+// (terminationKicks), and at its deadlines. It runs until ctx ends; a watch that falls behind costs a
 // rescan.
 func (s *Supervisor) Run(ctx context.Context) error { return s.loop().Run(ctx) }
 
