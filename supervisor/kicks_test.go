@@ -73,6 +73,12 @@ func TestTerminationKicksOnlyWhatAChangeMayMove(t *testing.T) {
 		}
 	}
 
+	// With none unfinished, nothing is kicked (nor decoded).
+	var none terminationKicks
+	none.reset(nil)
+	none.changed([]store.Event{node(tree.Node{NodeID: "o", State: stopped}), {Type: store.EventDelete, Key: ledger.CallKey("c1")}},
+		func(id string) { t.Errorf("with no termination unfinished, %s was kicked", id) }, func(string) {})
+
 	// A new termination is kicked by its put, and, until placed, by every
 	// stopped node; a finished one by nothing.
 	var finished []string

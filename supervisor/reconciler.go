@@ -208,6 +208,9 @@ func (k *terminationKicks) changed(batch []store.Event, kick func(string), finis
 	}
 	for _, ev := range batch {
 		key := string(ev.Key)
+		if len(k.active) == 0 && !strings.HasPrefix(key, prefixTermination) {
+			continue // nothing to kick: no call or node is decoded
+		}
 		switch {
 		case strings.HasPrefix(key, prefixTermination):
 			if ev.Type != store.EventPut {
