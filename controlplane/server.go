@@ -119,6 +119,10 @@ type Config struct {
 	// termination commits (see supervisor.Supervisor.ChunkFault). Tests
 	// only.
 	TerminationFault func(step string, n int)
+	// TerminationReconciled, when set, is called as each reconcile of a
+	// termination begins (see supervisor.Supervisor.Reconciled). Tests
+	// only.
+	TerminationReconciled func(terminationID string)
 	// LeasePolicy is the job-lease coordinator's declared time policy
 	// (ACK-miss policy, its bound on automatic reassignments, durations);
 	// nil means lease.DefaultPolicy(). An incoherent one stops the server

@@ -60,6 +60,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
 		ChunkSize: s.cfg.TerminationChunk, ChunkFault: s.cfg.TerminationFault,
+		Reconciled: s.cfg.TerminationReconciled,
 	}
 	s.supervisor.Leases = leaseCanceller{s.leases}
 	s.ledger.Tokens = s.grants

@@ -20,7 +20,7 @@ import (
 // come before Run).
 func (s *Supervisor) loop() *reconcile.Loop {
 	s.loopOnce.Do(func() {
-		k := &terminationKicks{active: map[string]bool{}}
+		k := &s.kicks
 		s.reconciler = reconcile.New(reconcile.Config{
 			Name: "terminations", Store: s.Store, Clock: s.Clock, Log: s.Log,
 			Watch: [][]byte{[]byte(ledger.Prefix), []byte(tree.NodePrefix), []byte(prefixTermination)},
@@ -30,11 +30,16 @@ func (s *Supervisor) loop() *reconcile.Loop {
 				// missed some).
 				s.calls.reset()
 				s.nodes.reset()
-				ids, err := s.unfinished(ctx)
-				if err == nil {
-					k.reset(ids)
+				ts, err := s.unfinished(ctx)
+				if err != nil {
+					return nil, err
 				}
-				return ids, err
+				k.reset(ts)
+				ids := make([]string, len(ts))
+				for i, t := range ts {
+					ids[i] = t.ID
+				}
+				return ids, nil
 			},
 			Changed: func(batch []store.Event, kick func(string)) {
 				s.calls.apply(batch)
@@ -52,62 +57,245 @@ func (s *Supervisor) Kick(terminationID string) { s.loop().Kick(terminationID) }
 
 // Run is the level-triggered reconciler (internal/reconcile): it resumes
 // every unfinished termination from stored state, re-runs a termination
-// whenever the ledger, the tree or the termination changes, and at its
-// deadlines. It runs until ctx ends; a watch that falls behind costs a
+// whenever a change of the ledger, the tree or the termination may move it
+// (terminationKicks), and at its deadlines. It runs until ctx ends; a watch that falls behind costs a
 // rescan.
 func (s *Supervisor) Run(ctx context.Context) error { return s.loop().Run(ctx) }
 
-// terminationKicks knows which terminations are unfinished, from the scan
-// and the termination puts since.
+// terminationKicks knows which terminations are unfinished (from the scan
+// and the termination puts since) and where their subtrees are, and kicks
+// only the ones a committed change may move.
+//
+// What moves a waiting termination (Next, observe) is: its own stored
+// state (a step, a take-over's HandOver); the calls it accounts for (each
+// stamped with its id, listed under its id in the ledger's index); its
+// members' nodes (each names it while it stops it: confirmations,
+// sessions, contradictions); the nodes that confirmed a member's exit as
+// its ancestors, whose being stopped turns the confirmation into a claim
+// (workloadIn); its privileges' revocations (which kick it themselves,
+// Privileges.Dispatch); and its deadlines (the loop's timers). So a change
+// kicks:
+//
+//   - a termination's put: that termination;
+//   - a call: the termination it is stamped with; the ledger's index of a
+//     termination's calls or refusals: that termination;
+//   - a node: the termination it names, the terminations rooted at it or
+//     above it (it is in their subtree), and, when it is stopped or its
+//     exit confirmed, those rooted below it (it may have confirmed a
+//     member's exit; a node never runs again once stopped, so a running
+//     node's change cannot turn a confirmation into a claim) — including
+//     every termination whose roots' ancestors are not known yet;
+//   - anything it cannot read or place (a delete, a value it cannot
+//     decode, a key it does not know): every unfinished termination, as
+//     before.
+//
+// A scan kicks every termination. An agent that keeps many terminations
+// of its own descendants unfinished (each waiting a day for confirmations
+// its children never send) no longer costs a reconcile of each per change
+// elsewhere in the cluster.
 type terminationKicks struct {
 	mu     sync.Mutex
-	active map[string]bool
+	active map[string]*kickPlace
+	// byRoot: root node → the unfinished terminations rooted there;
+	// byAbove: node → the placed terminations with a root below it.
+	byRoot, byAbove map[string]map[string]bool
+	unplaced        map[string]bool
 }
 
-func (k *terminationKicks) reset(ids []string) {
+// kickPlace is where an unfinished termination's subtree is: its roots
+// and, once placed (Reconcile reads the roots' nodes), their ancestors.
+type kickPlace struct {
+	roots  []string
+	above  []string
+	placed bool
+}
+
+func (k *terminationKicks) reset(ts []terminationPlace) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	clear(k.active)
-	for _, id := range ids {
-		k.active[id] = true
+	k.active, k.byRoot, k.byAbove, k.unplaced = map[string]*kickPlace{}, map[string]map[string]bool{}, map[string]map[string]bool{}, map[string]bool{}
+	for _, t := range ts {
+		k.addLocked(t)
 	}
 }
 
-// changed kicks every unfinished termination: a change anywhere in the
-// ledger or the tree may move any of them (the queue coalesces).
+func addTo(m map[string]map[string]bool, key, id string) {
+	if m[key] == nil {
+		m[key] = map[string]bool{}
+	}
+	m[key][id] = true
+}
+
+func removeFrom(m map[string]map[string]bool, key, id string) {
+	delete(m[key], id)
+	if len(m[key]) == 0 {
+		delete(m, key)
+	}
+}
+
+// addLocked notes an unfinished termination (no-op if known).
+func (k *terminationKicks) addLocked(t terminationPlace) {
+	if k.active == nil {
+		k.reset(nil)
+	}
+	if _, ok := k.active[t.ID]; ok {
+		return
+	}
+	p := &kickPlace{roots: t.rootIDs()}
+	k.active[t.ID] = p
+	for _, r := range p.roots {
+		addTo(k.byRoot, r, t.ID)
+	}
+	k.unplaced[t.ID] = true
+}
+
+func (k *terminationKicks) removeLocked(id string) {
+	p := k.active[id]
+	if p == nil {
+		return
+	}
+	for _, r := range p.roots {
+		removeFrom(k.byRoot, r, id)
+	}
+	for _, a := range p.above {
+		removeFrom(k.byAbove, a, id)
+	}
+	delete(k.unplaced, id)
+	delete(k.active, id)
+}
+
+// needsPlace says whether the termination's roots' ancestors are wanted.
+func (k *terminationKicks) needsPlace(id string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.unplaced[id]
+}
+
+// place notes the ancestors of an unfinished termination's roots (a
+// node's ancestors never change).
+func (k *terminationKicks) place(id string, above []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	p := k.active[id]
+	if p == nil || p.placed {
+		return
+	}
+	p.above, p.placed = above, true
+	for _, a := range above {
+		addTo(k.byAbove, a, id)
+	}
+	delete(k.unplaced, id)
+}
+
+// changed kicks the unfinished terminations a batch of changes may move
+// (the queue coalesces).
 func (k *terminationKicks) changed(batch []store.Event, kick func(string), finished func(string)) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, ev := range batch {
-		if key := string(ev.Key); strings.HasPrefix(key, prefixTermination) && ev.Type == store.EventPut {
-			// Only the id and the phase: the members of a large
-			// termination are not worth decoding here.
-			var t terminationPhase
-			if json.Unmarshal(ev.Value, &t) == nil {
-				if t.Phase == PhaseTerminated {
-					delete(k.active, t.ID)
-					finished(t.ID)
-				} else {
-					k.active[t.ID] = true
-				}
-			}
+	if k.active == nil {
+		k.reset(nil)
+	}
+	all := false
+	kickSet := func(ids map[string]bool) {
+		for id := range ids {
+			kick(id)
 		}
 	}
-	for id := range k.active {
-		kick(id)
+	kickOne := func(id string) {
+		if id != "" && k.active[id] != nil {
+			kick(id)
+		}
+	}
+	for _, ev := range batch {
+		key := string(ev.Key)
+		if len(k.active) == 0 && !strings.HasPrefix(key, prefixTermination) {
+			continue // nothing to kick: no call or node is decoded
+		}
+		switch {
+		case strings.HasPrefix(key, prefixTermination):
+			if ev.Type != store.EventPut {
+				all = true
+				continue
+			}
+			// Only the id, the phase and the roots: the members of a
+			// large termination are not worth decoding here.
+			var t terminationPlace
+			if json.Unmarshal(ev.Value, &t) != nil {
+				all = true
+				continue
+			}
+			if t.Phase == PhaseTerminated {
+				k.removeLocked(t.ID)
+				finished(t.ID)
+				continue
+			}
+			k.addLocked(t)
+			kick(t.ID)
+		case strings.HasPrefix(key, nodeKeyPrefix):
+			var n tree.Node
+			if ev.Type != store.EventPut || tree.UnmarshalNode(ev.Value, &n) != nil {
+				all = true
+				continue
+			}
+			id := key[len(nodeKeyPrefix):]
+			kickOne(n.TerminationID)
+			kickSet(k.byRoot[id])
+			for _, a := range n.Ancestors {
+				kickSet(k.byRoot[a])
+			}
+			if n.State != tree.NodeStateRunning || tree.ExitConfirmed(&n) {
+				kickSet(k.byAbove[id])
+				kickSet(k.unplaced)
+			}
+		case strings.HasPrefix(key, callKeyPrefix):
+			var c ledger.ToolCall
+			if ev.Type != store.EventPut || ledger.UnmarshalCall(ev.Value, &c) != nil {
+				all = true
+				continue
+			}
+			kickOne(c.TerminationID)
+		case strings.HasPrefix(key, termCallKeyPrefix):
+			kickOne(firstSegment(key[len(termCallKeyPrefix):]))
+		case strings.HasPrefix(key, refusedKeyPrefix):
+			kickOne(firstSegment(key[len(refusedKeyPrefix):]))
+		case strings.HasPrefix(key, openCallKeyPrefix), strings.HasPrefix(key, cancelKeyPrefix):
+			// Written only beside the call's own key, in its transaction.
+		default:
+			all = true
+		}
+	}
+	if all {
+		for id := range k.active {
+			kick(id)
+		}
 	}
 }
 
-func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
-	var out []string
+// firstSegment is s up to its first '/'.
+func firstSegment(s string) string {
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+var (
+	openCallKeyPrefix = strings.TrimSuffix(string(ledger.OpenCallPrefix("x")), "x/")
+	cancelKeyPrefix   = strings.TrimSuffix(string(ledger.CancelKey("x", "y")), "x/y")
+	refusedKeyPrefix  = strings.TrimSuffix(string(ledger.RefusedPrefix("x", "y")), "x/y/")
+)
+
+func (s *Supervisor) unfinished(ctx context.Context) ([]terminationPlace, error) {
+	var out []terminationPlace
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		out = out[:0]
 		return tx.Scan([]byte(prefixTermination), nil, func(_, v []byte) error {
-			var t terminationPhase
+			var t terminationPlace
 			if err := json.Unmarshal(v, &t); err != nil {
 				return err
 			}
 			if t.Phase != PhaseTerminated {
-				out = append(out, t.ID)
+				out = append(out, t)
 			}
 			return nil
 		})
@@ -119,6 +307,25 @@ func (s *Supervisor) unfinished(ctx context.Context) ([]string, error) {
 // to look again (zero: when something changes). It is idempotent: every
 // step re-reads stored state and persists before the next.
 func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.Time, error) {
+	if s.Reconciled != nil {
+		s.Reconciled(terminationID)
+	}
+	if s.kicks.needsPlace(terminationID) {
+		// Where its subtree is, for the kicks (once per scan; a read that
+		// fails leaves it kicked by more changes than it needs).
+		var above []string
+		if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+			var t terminationPlace
+			if err := kv.GetJSON(tx, terminationKey(terminationID), &t); err != nil {
+				return err
+			}
+			var err error
+			above, err = rootsAncestors(tx, t.rootIDs())
+			return err
+		}); err == nil {
+			s.kicks.place(terminationID, above)
+		}
+	}
 	for range 16 {
 		var t Termination
 		if err := s.Store.View(ctx, func(tx store.ReadTxn) error { return getTermination(tx, terminationID, &t) }); err != nil {
@@ -193,6 +400,28 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 		s.chunkDone(action)
 	}
 	return s.Clock.Now(), nil // more to do: come back at once
+}
+
+// rootsAncestors is the ancestors of the roots, once each.
+func rootsAncestors(tx store.ReadTxn, roots []string) ([]string, error) {
+	if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), nil); err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range roots {
+		n, err := tree.GetNodeIn(tx, r)
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range n.Ancestors {
+			if !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+	}
+	return out, nil
 }
 
 // observe reads the subtree's progress from the ledger and the tree. The
@@ -387,11 +616,20 @@ func recordIDOf(tx store.ReadTxn, terminationID string) (string, error) {
 	return string(v), err
 }
 
-// terminationPhase is the part of a stored Termination that says whether
-// it is finished.
-type terminationPhase struct {
-	ID    string `json:"termination_id"`
-	Phase Phase  `json:"phase"`
+// terminationPlace is the part of a stored Termination that says whether
+// it is finished and where its subtree is.
+type terminationPlace struct {
+	ID     string   `json:"termination_id"`
+	Phase  Phase    `json:"phase"`
+	NodeID string   `json:"node_id"`
+	Roots  []string `json:"roots,omitempty"`
+}
+
+func (t terminationPlace) rootIDs() []string {
+	if len(t.Roots) > 0 {
+		return t.Roots
+	}
+	return []string{t.NodeID}
 }
 
 // pendingHeld is the undecided, unexpired privileges of t's members, from

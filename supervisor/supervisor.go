@@ -90,6 +90,10 @@ type Supervisor struct {
 	// "record") and how many chunks of it this process has committed.
 	// Tests only (the kill -9 tests stop the process there).
 	ChunkFault func(step string, n int)
+	// Reconciled, when set, is called as each reconcile of a termination
+	// begins, with its id. Tests only (they count the reconciles a change
+	// costs).
+	Reconciled func(terminationID string)
 	Log        *slog.Logger
 
 	chunks chunkCounter
@@ -106,6 +110,9 @@ type Supervisor struct {
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop
+	// kicks decides which terminations a committed change kicks
+	// (reconciler.go).
+	kicks terminationKicks
 }
 
 // Defaults for a termination's windows when the request leaves them empty.

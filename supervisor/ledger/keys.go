@@ -45,5 +45,8 @@ func CancelKey(gate, call string) []byte { return cancelKey(gate, call) }
 // TermCallPrefix prefixes the calls a termination accounts for.
 func TermCallPrefix(term string) []byte { return termCallPrefix(term) }
 
+// RefusedPrefix prefixes the node's refused calls the termination lists.
+func RefusedPrefix(term, node string) []byte { return refusedPrefix(term, node) }
+
 // TermCallKey marks a call the termination accounts for.
 func TermCallKey(term, call string) []byte { return termCallKey(term, call) }
