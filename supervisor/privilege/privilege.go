@@ -265,7 +265,8 @@ func PrivilegesIn(tx store.ReadTxn, nodeIDs []string) ([]Privilege, error) {
 // Each outcome is persisted as it is decided, and never over one already
 // decided (the record decides, at the deadline, what has not answered). A
 // privilege past its expiry is decided expired without a call. Dispatch is
-// idempotent: a privilege being revoked is not started twice, and after a
+// idempotent: a privilege being revoked is not started twice, nor one
+// decided since the caller read it (DispatchRead reads again), and after a
 // restart the reconciler calls Dispatch again for what is undecided. ctx
 // bounds the calls' lifetime (the reconciler's); decided, when set, is
 // called after each outcome is persisted.
@@ -304,6 +305,19 @@ func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadli
 		}
 	}
 	r.mu.Unlock()
+	if len(order) > 0 {
+		// The caller's read may be older than an outcome a revocation
+		// persisted before it left inFlight (this dispatch's earlier one,
+		// or one started for a termination this one took over from): read
+		// again, now that they are marked, and start only what is still
+		// undecided, so a hook is called once.
+		if err := r.keepUndecided(ctx, byNode); err != nil {
+			for _, ps := range byNode {
+				r.release(ps)
+			}
+			return err
+		}
+	}
 	if len(expired) > 0 {
 		if err := r.Store.Update(ctx, func(tx store.Txn) error {
 			for _, p := range expired {
@@ -354,6 +368,39 @@ func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadli
 			}
 		}()
 	}
+	return nil
+}
+
+// keepUndecided drops from byNode (and from inFlight) the privileges whose
+// stored outcome is decided, and keeps the stored value of the others.
+func (r *Privileges) keepUndecided(ctx context.Context, byNode map[string][]Privilege) error {
+	var ids []string
+	for _, ps := range byNode {
+		for _, p := range ps {
+			ids = append(ids, p.ID)
+		}
+	}
+	fresh, err := store.Read(ctx, r.Store, func(tx store.ReadTxn) ([]Privilege, error) { return ByID(tx, ids) })
+	if err != nil {
+		return err
+	}
+	stored := make(map[string]Privilege, len(fresh))
+	for _, p := range fresh {
+		stored[p.ID] = p
+	}
+	var decided []Privilege
+	for node, ps := range byNode {
+		kept := ps[:0]
+		for _, p := range ps {
+			if f, ok := stored[p.ID]; ok && f.Outcome == "" {
+				kept = append(kept, f)
+			} else {
+				decided = append(decided, p)
+			}
+		}
+		byNode[node] = kept
+	}
+	r.release(decided)
 	return nil
 }
 
