@@ -46,6 +46,9 @@ func (s *Supervisor) loop() *reconcile.Loop {
 				s.nodes.apply(batch)
 				k.changed(batch, kick, s.calls.drop)
 			},
+			// The trees take turns: a rogue's terminations that move at
+			// once wait for another tree's between each of theirs.
+			Group:     k.treeOf,
 			Reconcile: s.Reconcile,
 		})
 	})
@@ -94,6 +97,9 @@ func (s *Supervisor) Run(ctx context.Context) error { return s.loop().Run(ctx) }
 // its children never send) no longer costs a reconcile of each per change
 // elsewhere in the cluster.
 type terminationKicks struct {
+	// trees: termination → its tree (a string), the loop's group
+	// (treeOf); read without mu, which changed holds while it kicks.
+	trees  sync.Map
 	mu     sync.Mutex
 	active map[string]*kickPlace
 	// byRoot: root node → the unfinished terminations rooted there;
@@ -114,6 +120,7 @@ func (k *terminationKicks) reset(ts []terminationPlace) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.active, k.byRoot, k.byAbove, k.unplaced = map[string]*kickPlace{}, map[string]map[string]bool{}, map[string]map[string]bool{}, map[string]bool{}
+	k.trees.Clear()
 	for _, t := range ts {
 		k.addLocked(t)
 	}
@@ -143,6 +150,9 @@ func (k *terminationKicks) addLocked(t terminationPlace) {
 	}
 	p := &kickPlace{roots: t.rootIDs()}
 	k.active[t.ID] = p
+	if t.Tree != "" {
+		k.trees.Store(t.ID, t.Tree)
+	}
 	for _, r := range p.roots {
 		addTo(k.byRoot, r, t.ID)
 	}
@@ -162,6 +172,25 @@ func (k *terminationKicks) removeLocked(id string) {
 	}
 	delete(k.unplaced, id)
 	delete(k.active, id)
+	k.trees.Delete(id)
+}
+
+// noteTree notes a termination's tree before its first kick (its stored
+// value reaches changed later).
+func (k *terminationKicks) noteTree(id, tree string) {
+	if tree != "" {
+		k.trees.Store(id, tree)
+	}
+}
+
+// treeOf is the reconcile loop's group of a termination: its tree, or,
+// for one stored before the tree was kept, the top of its roots' ancestors
+// once placed (until then every such termination shares one group).
+func (k *terminationKicks) treeOf(id string) string {
+	if t, ok := k.trees.Load(id); ok {
+		return t.(string)
+	}
+	return ""
 }
 
 // needsPlace says whether the termination's roots' ancestors are wanted.
@@ -181,6 +210,13 @@ func (k *terminationKicks) place(id string, above []string) {
 		return
 	}
 	p.above, p.placed = above, true
+	if _, known := k.trees.Load(id); !known {
+		if len(above) > 0 {
+			k.trees.Store(id, above[0])
+		} else if len(p.roots) > 0 {
+			k.trees.Store(id, p.roots[0])
+		}
+	}
 	for _, a := range above {
 		addTo(k.byAbove, a, id)
 	}
@@ -623,6 +659,7 @@ type terminationPlace struct {
 	Phase  Phase    `json:"phase"`
 	NodeID string   `json:"node_id"`
 	Roots  []string `json:"roots,omitempty"`
+	Tree   string   `json:"tree,omitempty"`
 }
 
 func (t terminationPlace) rootIDs() []string {

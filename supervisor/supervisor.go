@@ -167,6 +167,7 @@ func (s *Supervisor) Terminate(ctx context.Context, req TerminateRequest) (Termi
 	if err != nil {
 		return Termination{}, err
 	}
+	s.kicks.noteTree(t.ID, t.Tree)
 	s.Kick(t.ID)
 	return t, nil
 }
@@ -224,6 +225,12 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 		}
 		if err := mayStop(tx, t, target); err != nil {
 			return Termination{}, err
+		}
+		if t.Tree == "" {
+			t.Tree = target.NodeID
+			if len(target.Ancestors) > 0 {
+				t.Tree = target.Ancestors[0]
+			}
 		}
 	}
 	return t, kv.PutJSON(tx, terminationKey(t.ID), t)

@@ -121,6 +121,10 @@ type Termination struct {
 	// Roots are the subtree roots when there are several (a rollout
 	// batch); NodeID is the first. Empty for one root.
 	Roots []string `json:"roots,omitempty"`
+	// Tree is the root of the tree NodeID is in (NodeID itself for a
+	// tree's root): the reconcile loop serves the trees' terminations in
+	// turn. Empty for a termination stored before it was kept.
+	Tree string `json:"tree,omitempty"`
 	// RolloutID is the rollout this termination is a batch of;
 	// LeaseHandover leaves the subtrees' job leases open for that rollout
 	// to reassign, instead of cancelling them.

@@ -34,6 +34,13 @@ type Config struct {
 	// look again (zero: when something changes). An error is logged and
 	// the key retried after Retry, doubling up to MaxRetry.
 	Reconcile func(ctx context.Context, key string) (time.Time, error)
+	// Group, when set, names the group of a key (a termination's tree):
+	// the keys ready at once are served a group at a time in turn, so one
+	// group's many keys do not make another's wait behind them all. It is
+	// called under the queue's lock, on whichever goroutine kicks the key
+	// (a watch's, while Changed runs): it must be cheap and take no lock
+	// that Changed may hold. Nil: one group, served in the order kicked.
+	Group func(key string) string
 	// Retry is the wait after a failed Reconcile (default one second);
 	// MaxRetry bounds the doubling (default Retry: no doubling).
 	Retry, MaxRetry time.Duration
@@ -60,7 +67,7 @@ func New(cfg Config) *Loop {
 	if cfg.Changed == nil {
 		cfg.Changed = func([]store.Event, func(string)) {}
 	}
-	return &Loop{cfg: cfg, q: newQueue()}
+	return &Loop{cfg: cfg, q: newQueue(cfg.Group)}
 }
 
 // Kick asks the loop to reconcile key now. It never blocks, and a key

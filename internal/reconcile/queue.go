@@ -11,9 +11,16 @@ import (
 // runs once more afterwards. Each key has at most one wake-up time ("look
 // again at t"), kept in a heap; the clock that decides when one is due is
 // the loop's.
+//
+// The ready keys wait in lanes, one per group (Config.Group), each in the
+// order added, and the lanes take turns: a group with many keys ready at
+// once (a rogue's terminations whose deadlines pass together) has one
+// served, then every other group's next, before its second.
 type queue struct {
 	mu       sync.Mutex
-	ready    []string
+	group    func(key string) string
+	lanes    map[string][]string // group → its ready keys, oldest first
+	turns    []string            // the groups with ready keys, next first
 	queued   map[string]bool
 	active   map[string]bool
 	dirty    map[string]bool
@@ -23,8 +30,9 @@ type queue struct {
 	signal   chan struct{}
 }
 
-func newQueue() *queue {
+func newQueue(group func(string) string) *queue {
 	return &queue{
+		group: group, lanes: map[string][]string{},
 		queued: map[string]bool{}, active: map[string]bool{}, dirty: map[string]bool{},
 		wakes: map[string]time.Time{}, failures: map[string]int{}, signal: make(chan struct{}, 1),
 	}
@@ -43,7 +51,15 @@ func (q *queue) addLocked(key string) {
 	}
 	if !q.queued[key] {
 		q.queued[key] = true
-		q.ready = append(q.ready, key)
+		var g string
+		if q.group != nil {
+			g = q.group(key)
+		}
+		lane, waiting := q.lanes[g]
+		if !waiting {
+			q.turns = append(q.turns, g)
+		}
+		q.lanes[g] = append(lane, key)
 	}
 	q.notify()
 }
@@ -97,12 +113,21 @@ func (q *queue) promote(now time.Time) time.Time {
 func (q *queue) take() string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.ready) == 0 {
+	if len(q.turns) == 0 {
 		return ""
 	}
-	k := q.ready[0]
-	q.ready[0] = ""
-	q.ready = q.ready[1:]
+	g := q.turns[0]
+	q.turns[0] = ""
+	q.turns = q.turns[1:]
+	lane := q.lanes[g]
+	k := lane[0]
+	lane[0] = ""
+	if lane = lane[1:]; len(lane) > 0 {
+		q.lanes[g] = lane
+		q.turns = append(q.turns, g) // its next key after every other group's
+	} else {
+		delete(q.lanes, g)
+	}
 	delete(q.queued, k)
 	q.active[k] = true
 	return k
