@@ -24,7 +24,9 @@ import (
 // to write its record. The loop now serves the trees in turn. Counted,
 // not timed: the loop is held in the first of the rogue's reconciles while
 // the operator's stop is requested, then the reconciles are counted until
-// the operator's termination has its first. (Fails with 49.)
+// the operator's termination has its first: one turn of the rogue's tree
+// and one of the terminations no longer placed (a finished termination's
+// last pass, which finds nothing to do) may come first. (Fails with 49.)
 func TestARoguesTerminationsThatMoveAtOnceDoNotDelayAnotherTreesStop(t *testing.T) {
 	const k = 50
 	clk := clock.NewManual(epoch)
@@ -106,12 +108,19 @@ func TestARoguesTerminationsThatMoveAtOnceDoNotDelayAnotherTreesStop(t *testing.
 		t.Fatal("the operator's termination was never reconciled")
 	}
 	t.Logf("%d of the rogue's reconciles ran before the operator's termination's first", before)
-	if before > 1 {
-		t.Fatalf("%d of the rogue's terminations were reconciled before another tree's stop, requested after their deadlines passed; want at most 1 (the trees take turns)", before)
+	if before > 2 {
+		t.Fatalf("%d of the rogue's terminations were reconciled before another tree's stop, requested after their deadlines passed; want at most 2 (the trees take turns: one pass of one of the rogue's terminations, and one of a termination the loop no longer places, such as a finished one's last pass)", before)
 	}
 	// Each of the rogue's terminations still ends (its records are
 	// written in the trees' turns).
-	for _, id := range ids {
-		waitState(t, srv, id, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-	}
+	// (Fifty records under a loaded -race run: a longer wait than one
+	// termination's.)
+	testserver.WaitFor(t, 2*time.Minute, "the rogue's terminations to end", func() bool {
+		for _, id := range ids {
+			if getTermination(t, admin, id).State != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
+				return false
+			}
+		}
+		return true
+	})
 }
