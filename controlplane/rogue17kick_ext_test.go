@@ -27,7 +27,14 @@ import (
 // the operator's termination has its first: one turn of the rogue's tree
 // and one of the terminations no longer placed (a finished termination's
 // last pass, which finds nothing to do) may come first. (Fails with 49.)
+// The same holds for an operator's stop of the rogue itself, in the
+// rogue's own tree: an operator's stops take a turn of their own there.
 func TestARoguesTerminationsThatMoveAtOnceDoNotDelayAnotherTreesStop(t *testing.T) {
+	t.Run("another tree", func(t *testing.T) { roguesTerminationsAtOnce(t, false) })
+	t.Run("the rogue itself", func(t *testing.T) { roguesTerminationsAtOnce(t, true) })
+}
+
+func roguesTerminationsAtOnce(t *testing.T, stopTheRogue bool) {
 	const k = 50
 	clk := clock.NewManual(epoch)
 	var (
@@ -88,7 +95,11 @@ func TestARoguesTerminationsThatMoveAtOnceDoNotDelayAnotherTreesStop(t *testing.
 	mu.Unlock()
 	clk.Advance(time.Hour)
 	<-held
-	stop := terminate(t, admin, worker.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
+	target := worker.Node.NodeId
+	if stopTheRogue {
+		target = rogue.Node.NodeId
+	}
+	stop := terminate(t, admin, target, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
 	mu.Lock()
 	from := len(order)
 	mu.Unlock()
@@ -109,7 +120,7 @@ func TestARoguesTerminationsThatMoveAtOnceDoNotDelayAnotherTreesStop(t *testing.
 	}
 	t.Logf("%d of the rogue's reconciles ran before the operator's termination's first", before)
 	if before > 2 {
-		t.Fatalf("%d of the rogue's terminations were reconciled before another tree's stop, requested after their deadlines passed; want at most 2 (the trees take turns: one pass of one of the rogue's terminations, and one of a termination the loop no longer places, such as a finished one's last pass)", before)
+		t.Fatalf("%d of the rogue's terminations were reconciled before the operator's stop, requested after their deadlines passed; want at most 2 (the trees take turns: one pass of one of the rogue's terminations, and one of a termination the loop no longer places, such as a finished one's last pass)", before)
 	}
 	// Each of the rogue's terminations still ends (its records are
 	// written in the trees' turns).

@@ -97,8 +97,9 @@ func (s *Supervisor) Run(ctx context.Context) error { return s.loop().Run(ctx) }
 // its children never send) no longer costs a reconcile of each per change
 // elsewhere in the cluster.
 type terminationKicks struct {
-	// trees: termination → its tree (a string), the loop's group
-	// (treeOf); read without mu, which changed holds while it kicks.
+	// trees: termination → its group (a string: its tree, or its tree's
+	// operators' turn), the loop's group (treeOf); read without mu,
+	// which changed holds while it kicks.
 	trees  sync.Map
 	mu     sync.Mutex
 	active map[string]*kickPlace
@@ -150,8 +151,8 @@ func (k *terminationKicks) addLocked(t terminationPlace) {
 	}
 	p := &kickPlace{roots: t.rootIDs()}
 	k.active[t.ID] = p
-	if t.Tree != "" {
-		k.trees.Store(t.ID, t.Tree)
+	if g := t.group(); g != "" {
+		k.trees.Store(t.ID, g)
 	}
 	for _, r := range p.roots {
 		addTo(k.byRoot, r, t.ID)
@@ -175,17 +176,18 @@ func (k *terminationKicks) removeLocked(id string) {
 	k.trees.Delete(id)
 }
 
-// noteTree notes a termination's tree before its first kick (its stored
+// noteGroup notes a termination's group before its first kick (its stored
 // value reaches changed later).
-func (k *terminationKicks) noteTree(id, tree string) {
-	if tree != "" {
-		k.trees.Store(id, tree)
+func (k *terminationKicks) noteGroup(t Termination) {
+	if g := treeGroup(t.Tree, len(t.RequesterLineage) == 0); g != "" {
+		k.trees.Store(t.ID, g)
 	}
 }
 
-// treeOf is the reconcile loop's group of a termination: its tree, or,
-// for one stored before the tree was kept, the top of its roots' ancestors
-// once placed (until then every such termination shares one group).
+// treeOf is the reconcile loop's group of a termination: its tree (its
+// operators' stops a turn of their own, beside its agents'), or, for one
+// stored before the tree was kept, the top of its roots' ancestors once
+// placed (until then every such termination shares one group).
 func (k *terminationKicks) treeOf(id string) string {
 	if t, ok := k.trees.Load(id); ok {
 		return t.(string)
@@ -660,6 +662,22 @@ type terminationPlace struct {
 	NodeID string   `json:"node_id"`
 	Roots  []string `json:"roots,omitempty"`
 	Tree   string   `json:"tree,omitempty"`
+	// RequesterLineage: empty for an operator's (or an operator's
+	// rule's, a rollout's) termination.
+	RequesterLineage []string `json:"requester_lineage,omitempty"`
+}
+
+// group is the termination's turn in the reconcile loop: its tree's, and
+// for a stop no agent requested its tree's operators' turn, so that an
+// operator's stop of a rogue's tree does not wait behind the rogue's own
+// terminations there ("" when the tree is not stored).
+func (t terminationPlace) group() string { return treeGroup(t.Tree, len(t.RequesterLineage) == 0) }
+
+func treeGroup(tree string, byOperator bool) string {
+	if tree == "" || !byOperator {
+		return tree
+	}
+	return tree + " (operators)"
 }
 
 func (t terminationPlace) rootIDs() []string {

@@ -167,7 +167,7 @@ func (s *Supervisor) Terminate(ctx context.Context, req TerminateRequest) (Termi
 	if err != nil {
 		return Termination{}, err
 	}
-	s.kicks.noteTree(t.ID, t.Tree)
+	s.kicks.noteGroup(t)
 	s.Kick(t.ID)
 	return t, nil
 }
