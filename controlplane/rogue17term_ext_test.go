@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
@@ -72,4 +73,76 @@ func TestAnEscalatedDrainWaitsForTheCancelsItOrdered(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAnApprovedSelfProposalDoesNotShieldTheAgentFromItsAncestors: a rogue
+// child C, its call in flight, proposes its own drain with a day's window
+// and an operator approves it (yes, stop it). The approval's termination
+// carried the operator's rank with the agent's window, so C's parent P —
+// an authority outside the workload that could abort C a moment before —
+// was refused its abort (failed_precondition, "only an abort ...
+// supersedes it"), and C's call ran on for the day, its grants live. The
+// windows are the agent's: an ancestor's abort takes the stop over, and
+// C's call is ordered cancelled at once.
+func TestAnApprovedSelfProposalDoesNotShieldTheAgentFromItsAncestors(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, approve := proposeAndApprove(t, w, w.cAgent, 24*time.Hour)
+	self, err := approve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, self.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+
+	aborted, err := w.pAgent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.c.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "stop now",
+		CancelAckTimeout: durationpb.New(10 * time.Second), ConfirmTimeout: durationpb.New(time.Minute),
+	}))
+	if err != nil {
+		t.Fatalf("the parent's abort of its child under the child's own approved drain: %v, want it accepted", err)
+	}
+	abort := aborted.Msg.Termination.TerminationId
+	done := waitState(t, w.srv, self.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if len(done.SupersededBy) != 1 || done.SupersededBy[0] != abort {
+		t.Fatalf("the approved self-proposal is superseded by %v, want the parent's abort %s", done.SupersededBy, abort)
+	}
+	wantCancelOrderedAt(t, w, abort, call, epoch)
+}
+
+// TestAnAncestorTakingOverAnApprovedSelfProposalLoosensNothing: the other
+// side of the takeover above. C proposes its drain with 10 s, an operator
+// approves; its rogue parent P then drains C with a day's window, which
+// takes the stop over (a drain over a drain, from an ancestor). The day is
+// not given: the approved stop's deadline binds the ancestor's, and at
+// 10 s the drain escalates.
+func TestAnAncestorTakingOverAnApprovedSelfProposalLoosensNothing(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	call, err := w.begin(w.gC.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, approve := proposeAndApprove(t, w, w.cAgent, 10*time.Second)
+	self, err := approve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, w.srv, self.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	w.clk.Advance(5 * time.Second)
+	drained, err := w.pAgent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: w.c.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "slowly",
+		DrainWindow: durationpb.New(24 * time.Hour), CancelAckTimeout: durationpb.New(10 * time.Second), ConfirmTimeout: durationpb.New(time.Minute),
+	}))
+	if err != nil {
+		t.Fatalf("the parent's drain of its child under the child's own approved drain: %v, want it accepted", err)
+	}
+	term := drained.Msg.Termination.TerminationId
+	waitState(t, w.srv, self.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	w.clk.Advance(5 * time.Second)
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
 }
