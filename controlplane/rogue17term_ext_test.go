@@ -116,9 +116,12 @@ func TestAnApprovedSelfProposalDoesNotShieldTheAgentFromItsAncestors(t *testing.
 // TestAnAncestorTakingOverAnApprovedSelfProposalLoosensNothing: the other
 // side of the takeover above. C proposes its drain with 10 s, an operator
 // approves; its rogue parent P then drains C with a day's window, which
-// takes the stop over (a drain over a drain, from an ancestor). The day is
-// not given: the approved stop's deadline binds the ancestor's, and at
-// 10 s the drain escalates.
+// takes the stop over (a drain over a drain, from an ancestor), and a day
+// to acknowledge the cancels and to confirm the exits. None of it is
+// given: the approved stop's deadline binds the ancestor's drain (at 10 s
+// it escalates), and its windows the waits the approved stop had not yet
+// begun (the default 10 s to acknowledge, 30 s to confirm), so the record
+// is written when the approved stop's would have been.
 func TestAnAncestorTakingOverAnApprovedSelfProposalLoosensNothing(t *testing.T) {
 	w := newSeedWorld(t)
 	ctx := context.Background()
@@ -135,7 +138,7 @@ func TestAnAncestorTakingOverAnApprovedSelfProposalLoosensNothing(t *testing.T) 
 	w.clk.Advance(5 * time.Second)
 	drained, err := w.pAgent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
 		NodeId: w.c.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "slowly",
-		DrainWindow: durationpb.New(24 * time.Hour), CancelAckTimeout: durationpb.New(10 * time.Second), ConfirmTimeout: durationpb.New(time.Minute),
+		DrainWindow: durationpb.New(24 * time.Hour), CancelAckTimeout: durationpb.New(24 * time.Hour), ConfirmTimeout: durationpb.New(24 * time.Hour),
 	}))
 	if err != nil {
 		t.Fatalf("the parent's drain of its child under the child's own approved drain: %v, want it accepted", err)
@@ -144,5 +147,13 @@ func TestAnAncestorTakingOverAnApprovedSelfProposalLoosensNothing(t *testing.T) 
 	waitState(t, w.srv, self.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	w.clk.Advance(5 * time.Second)
 	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
-	wantCancelOrderedAt(t, w, term, call, epoch.Add(10*time.Second))
+	w.clk.Advance(10 * time.Second) // the approved stop's acknowledgement timeout
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(30 * time.Second) // its confirm timeout
+	waitState(t, w.srv, term, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	for _, c := range record(t, w.admin, term).ToolCalls {
+		if c.CallId == call && !c.CancelRequestedAt.AsTime().Equal(epoch.Add(10*time.Second)) {
+			t.Errorf("the call's cancel was ordered at %s, want the approved stop's deadline %s", c.CancelRequestedAt.AsTime(), epoch.Add(10*time.Second))
+		}
+	}
 }

@@ -364,12 +364,19 @@ func Supersedes(t, other Termination) bool {
 // approved after the first, does not loosen the agent's own bound.
 //
 // An ancestor's stop that takes over the agent's own proposal an operator
-// approved (Supersedes) is bound by it too: the stop a higher authority
+// approved (Supersedes) is bound by it too, by its deadlines and by its
+// acknowledgement and confirm windows: the stop a higher authority
 // approved is made harder, never longer, by a lower one.
 func Inherit(t, owner Termination) Termination {
 	below := t.Rank() < owner.Rank()
 	if !below && (t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows && !(t.AgentWindows && t.NodeID == owner.NodeID)) {
 		return t
+	}
+	if below {
+		// The waits the approved stop has not begun yet have no deadline
+		// to keep: its windows bound them.
+		t.CancelAckTimeout = min(t.CancelAckTimeout, owner.CancelAckTimeout)
+		t.ConfirmTimeout = min(t.ConfirmTimeout, owner.ConfirmTimeout)
 	}
 	// Only the bound owner is waiting on binds: a drain deadline once the
 	// drain is over (no call of owner's is left in flight) would turn t's
