@@ -137,3 +137,52 @@ func TestABoundIsKeptOnlyWhileItsOwnerWaitsOnIt(t *testing.T) {
 		{time.Hour + time.Second, Progress{CallsInFlight: 1, Unconfirmed: 2}, ActWait, PhaseDraining},
 	})
 }
+
+// TestOnlyTheProposersAncestorsTakeOverItsApprovedStop: an agent's own stop
+// proposal an operator approved keeps the operator's rank against
+// everyone but the proposer's strict ancestors: their abort takes it over
+// (and their drain a drain), bound by its deadline and its acknowledgement
+// and confirm windows; the proposer's own descendants (stopping, but not
+// yet marked when the mark walks down) and a rollout batch do not.
+func TestOnlyTheProposersAncestorsTakeOverItsApprovedStop(t *testing.T) {
+	approved := newTermBy(t, "t_approved", "operator:alice", ModeDrain, 10*time.Second)
+	approved.AgentWindows = true
+	approved.ProposerLineage = []string{"n_top", "n_parent", "n_rogue"}
+	approved.CancelAckTimeout, approved.ConfirmTimeout = 10*time.Second, 30*time.Second
+	approved = runTranscript(t, approved, t0, []step{{0, Progress{CallsInFlight: 1}, ActMark, PhaseDraining}})
+	by := func(id, node string, lineage []string, mode Mode) Termination {
+		x := newTermBy(t, id, "agent:"+node, mode, 24*time.Hour)
+		x.RequesterLineage = lineage
+		x.CancelAckTimeout, x.ConfirmTimeout = 24*time.Hour, 24*time.Hour
+		return x
+	}
+	parentAbort := by("t_parent", "n_parent", []string{"n_top", "n_parent"}, ModeAbort)
+	if !Supersedes(parentAbort, approved) {
+		t.Fatal("the proposer's parent's abort does not take its approved drain over")
+	}
+	topDrain := by("t_top", "n_top", []string{"n_top"}, ModeDrain)
+	if !Supersedes(topDrain, approved) {
+		t.Fatal("the proposer's root's drain does not take its approved drain over")
+	}
+	kept := Inherit(topDrain, approved)
+	if !kept.KeptDrainDeadline.Equal(t0.Add(10*time.Second)) || kept.CancelAckTimeout != 10*time.Second || kept.ConfirmTimeout != 30*time.Second {
+		t.Fatalf("the root's drain over the approved one keeps drain deadline %s, acknowledgement %s, confirm %s; want the approved stop's 10 s deadline and its 10 s and 30 s windows",
+			kept.KeptDrainDeadline, kept.CancelAckTimeout, kept.ConfirmTimeout)
+	}
+	if Supersedes(by("t_child", "n_child", []string{"n_top", "n_parent", "n_rogue", "n_child"}, ModeAbort), approved) {
+		t.Error("a descendant of the proposer takes its approved stop over")
+	}
+	if Supersedes(by("t_self", "n_rogue", []string{"n_top", "n_parent", "n_rogue"}, ModeAbort), approved) {
+		t.Error("the proposer takes its own approved stop over")
+	}
+	batch := newTermBy(t, "t_batch", "operator:alice", ModeAbort, 0)
+	batch.RolloutID = "r_1"
+	if Supersedes(batch, approved) {
+		t.Error("a rollout batch takes the operator-approved stop over")
+	}
+	aborted := approved
+	aborted.Mode = ModeAbort
+	if Supersedes(topDrain, aborted) {
+		t.Error("an ancestor's drain takes an approved abort over")
+	}
+}

@@ -396,6 +396,9 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	}
 	term.ProposalID = p.ProposalID
 	term.AgentWindows = p.Rule == nil
+	if term.AgentWindows {
+		term.ProposerLineage = append(append([]string(nil), n.Ancestors...), n.NodeID)
+	}
 	term.HookTimeout = s.hookTimeout()
 	if strings.HasPrefix(decidedBy, PolicyDecider) {
 		// No one outside the workload weighed this stop but whoever set

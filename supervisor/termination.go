@@ -143,6 +143,13 @@ type Termination struct {
 	// proposed for itself, approved), not its approver's; they bind no
 	// later stop that takes the node over (Inherit).
 	AgentWindows bool `json:"agent_windows,omitempty"`
+	// ProposerLineage is, for an agent's own approved stop proposal
+	// (AgentWindows), the proposing agent's ancestors and itself, root
+	// first. Its ancestors may take the stop over (Supersedes) whoever
+	// approved it, bound by its deadlines (Inherit): an operator's
+	// approval says "stop it", not "with this agent's window, and let
+	// nobody below the operator stop it harder".
+	ProposerLineage []string `json:"proposer_lineage,omitempty"`
 
 	// Members is the subtree as marked, root first; nodes spawned before
 	// the mark are included, after it refused.
@@ -233,6 +240,7 @@ func (t Termination) clone() Termination {
 	c.Phases = slices.Clone(t.Phases)
 	c.Roots = slices.Clone(t.Roots)
 	c.RequesterLineage = slices.Clone(t.RequesterLineage)
+	c.ProposerLineage = slices.Clone(t.ProposerLineage)
 	c.Members = slices.Clone(t.Members)
 	c.TakenOver = slices.Clone(t.TakenOver)
 	c.HandedOver = slices.Clone(t.HandedOver)
@@ -301,6 +309,14 @@ func (t Termination) requester() string {
 	return strings.TrimPrefix(t.RequestedBy, "agent:")
 }
 
+// proposedBelow reports whether t is an agent's own approved stop
+// proposal (ProposerLineage) and node is a strict ancestor of the
+// proposing agent.
+func (t Termination) proposedBelow(node string) bool {
+	n := len(t.ProposerLineage)
+	return n > 1 && node != "" && slices.Contains(t.ProposerLineage[:n-1], node)
+}
+
 // Aborts reports whether the termination cancels in-flight calls: an
 // abort, or a drain escalated past its window.
 func (t Termination) Aborts() bool { return t.Mode == ModeAbort || t.Escalated }
@@ -315,8 +331,18 @@ func (t Termination) Aborts() bool { return t.Mode == ModeAbort || t.Escalated }
 // and a drain takes over only a drain (abort supersedes drain; a drain
 // never slows an abort down). Otherwise the node stays with other, and
 // t's record names other as accounting for it.
+//
+// One exception to rank: an agent's own stop proposal keeps the agent's
+// windows whoever approved it, and an operator's approval does not put it
+// beyond the agent's ancestors. An ancestor's stop takes it over as it
+// would the same agent's stop approved by the policy (an abort anything, a
+// drain a drain), keeping its deadlines (Inherit), so that the proposal
+// shields the agent from no one and is loosened by no one.
 func Supersedes(t, other Termination) bool {
 	if t.Rank() != other.Rank() {
+		if t.Rank() < other.Rank() && t.Rank() == RankAgent && other.AgentWindows && other.proposedBelow(t.requester()) {
+			return t.Mode == ModeAbort || !other.Aborts()
+		}
 		return t.Rank() > other.Rank()
 	}
 	if t.Rank() == RankAgent && !slices.Contains(other.RequesterLineage, t.requester()) {
@@ -340,9 +366,21 @@ func Supersedes(t, other Termination) bool {
 // whoever approved it (a stop rule's are its setter's, and bind) — except
 // the same agent's own later proposals: a decoy proposal with a day's window,
 // approved after the first, does not loosen the agent's own bound.
+//
+// An ancestor's stop that takes over the agent's own proposal an operator
+// approved (Supersedes) is bound by it too, by its deadlines and by its
+// acknowledgement and confirm windows: the stop a higher authority
+// approved is made harder, never longer, by a lower one.
 func Inherit(t, owner Termination) Termination {
-	if t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows && !(t.AgentWindows && t.NodeID == owner.NodeID) {
+	below := t.Rank() < owner.Rank()
+	if !below && (t.Rank() != owner.Rank() || t.Rank() == RankAgent && t.requester() != owner.requester() || owner.AgentWindows && !(t.AgentWindows && t.NodeID == owner.NodeID)) {
 		return t
+	}
+	if below {
+		// The waits the approved stop has not begun yet have no deadline
+		// to keep: its windows bound them.
+		t.CancelAckTimeout = min(t.CancelAckTimeout, owner.CancelAckTimeout)
+		t.ConfirmTimeout = min(t.ConfirmTimeout, owner.ConfirmTimeout)
 	}
 	// Only the bound owner is waiting on binds: a drain deadline once the
 	// drain is over (no call of owner's is left in flight) would turn t's
