@@ -857,13 +857,6 @@ func termCallsAfter(tx store.ReadTxn, term, after string, limit int) ([]string, 
 // (one per in-flight call the termination accounts for; gates watching
 // their orders get them at once), and advances when both are done.
 func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Action, p Progress, now time.Time) error {
-	// The states of t's calls kept in memory (callcache.go) are behind the
-	// cancel orders this step writes until the watch delivers them, and a
-	// call kept "in flight" is no pending cancel: the next pass would stop
-	// waiting for acknowledgements it never had (revoke, reconcile, and
-	// refuse the gate's prompt acknowledgement). They are forgotten once
-	// the step has written, and read afresh.
-	defer s.calls.drop(t.ID)
 	budget := s.chunkSize()
 	// An escalation's entries are read before its transaction, as the
 	// record's are: an entry never changes once the mark wrote it, and the
