@@ -544,8 +544,12 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 			a.result, a.err = session.CallTool(ctx, params)
 			a.cancelled = a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
 			switch {
+			case a.err != nil && (errors.Is(a.err, context.Canceled) || errors.Is(a.err, context.DeadlineExceeded)):
+				herr = a.err // the cancel's or the caller's: the gate judges it
 			case a.err != nil:
-				herr = a.err
+				// The ledger keeps what the agent is told, not the SDK's
+				// words (failure).
+				herr = failure(r, a.err)
 			case a.result.IsError:
 				herr = errToolError
 			}
@@ -578,26 +582,38 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
 	case a.err != nil:
 		var je *jsonrpc.Error
-		if errors.As(a.err, &je) && je.Code == codeAnswerRefused {
-			// The gateway's transport refused the upstream's answer to this
-			// call alone (an HTTP error, an answer too large): its reason
-			// is the gateway's own words, the detail in the log.
-			g.log.Warn("mcpgate: an upstream's answer to a call was refused", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
-			return nil, rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(je.Message, "tether: "))
-		}
-		if errors.As(a.err, &je) && je.Code != codeRejectedByTransport {
-			return nil, je // the upstream's own error, unchanged
-		}
-		if ctx.Err() != nil {
+		upstreams := errors.As(a.err, &je) && je.Code != codeRejectedByTransport && je.Code != codeAnswerRefused
+		if ctx.Err() != nil && !upstreams {
 			return nil, ctx.Err()
 		}
-		// The SDK client's own error says how the connection failed, in
-		// words that name the gateway's session at the upstream (and could
-		// name its URL): the operator's to read, not the agent's.
-		g.log.Warn("mcpgate: an upstream call failed", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
-		return nil, rpcError(CodeUnavailable, "upstream %s could not be reached, or its connection to the gateway failed; the gateway's log says why", r.up.cfg.Name)
+		if !upstreams {
+			g.log.Warn("mcpgate: an upstream call failed", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
+		}
+		return nil, failure(r, a.err)
 	}
 	return a.result, nil
+}
+
+// failure is how the gateway words a call the upstream did not answer
+// with a result, to the agent and in the ledger alike: the upstream's own
+// JSON-RPC error unchanged; the gateway's transport's refusal of an
+// answer (an HTTP error, an answer too large) in the gateway's words; and
+// otherwise — the SDK's client failed in the transport — that the
+// upstream could not be reached, by name only. The SDK's words name the
+// gateway's session at the upstream and the upstream's URL, which may
+// carry its key: the operator's to read in the gateway's log, neither the
+// agent's nor the record's (a failed call's error is kept in the ledger,
+// and every viewer of a record reads it).
+func failure(r *route, err error) *jsonrpc.Error {
+	var je *jsonrpc.Error
+	switch {
+	case errors.As(err, &je) && je.Code == codeAnswerRefused:
+		return rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(je.Message, "tether: "))
+	case errors.As(err, &je) && je.Code != codeRejectedByTransport:
+		return je // the upstream's own error, unchanged
+	default:
+		return rpcError(CodeUnavailable, "upstream %s could not be reached, or its connection to the gateway failed; the gateway's log says why", r.up.cfg.Name)
+	}
 }
 
 // codeRejectedByTransport is the Go SDK client's own error for a request
