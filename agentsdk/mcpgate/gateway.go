@@ -103,6 +103,14 @@ type progressRoute struct {
 	session  *mcp.ServerSession
 	token    any                // the agent's own progress token
 	upstream *mcp.ClientSession // the only connection its progress may come from
+
+	// The latest notification not yet written to the agent, and whether a
+	// relay is writing: each call's progress is written on its own, so
+	// that an agent that does not read its stream holds up its own call's
+	// progress only (relayProgress).
+	mu       sync.Mutex
+	next     *mcp.ProgressNotificationParams
+	relaying bool
 }
 
 // progressToken is a fresh progress token for one upstream call: 128
@@ -693,6 +701,16 @@ var errToolError = errors.New("the tool returned an error result")
 // belongs to, under the agent's own progress token. Progress under a token
 // the gateway did not issue for a call to that very upstream connection is
 // dropped: one upstream cannot speak to another's callers.
+//
+// It never waits for the agent. The SDK's client hands over an upstream's
+// notifications one at a time, in order, on the connection every agent's
+// calls to that upstream share: a write to an agent that does not read its
+// stream held up every notification after it (other agents' progress, the
+// upstream's word that its tools changed), queued in memory for as long as
+// that agent kept its connection. Each call's progress is written by its
+// own relay, which takes the latest notification not yet written: one that
+// arrives while an earlier one is being written replaces any still
+// waiting (progress only grows, and the latest says the most).
 func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 	key, ok := req.Params.ProgressToken.(string)
 	if !ok {
@@ -709,8 +727,32 @@ func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotification
 	}
 	p := *req.Params
 	p.ProgressToken = pr.token
-	if err := pr.session.NotifyProgress(pr.ctx, &p); err != nil {
-		g.log.Debug("mcpgate: relaying progress failed", "error", err)
+	pr.mu.Lock()
+	pr.next = &p
+	start := !pr.relaying
+	pr.relaying = true
+	pr.mu.Unlock()
+	if start {
+		go g.relay(pr)
+	}
+}
+
+// relay writes pr's waiting notifications to its agent until none waits,
+// or the agent's request has ended.
+func (g *Gateway) relay(pr *progressRoute) {
+	for {
+		pr.mu.Lock()
+		p := pr.next
+		pr.next = nil
+		if p == nil || pr.ctx.Err() != nil {
+			pr.relaying = false
+			pr.mu.Unlock()
+			return
+		}
+		pr.mu.Unlock()
+		if err := pr.session.NotifyProgress(pr.ctx, p); err != nil {
+			g.log.Debug("mcpgate: relaying progress failed", "error", err)
+		}
 	}
 }
 
