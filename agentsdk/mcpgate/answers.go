@@ -121,9 +121,17 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 		return nil, false
 	}
 	defer body.Close()
+	id, _, ok := requestOf(body)
+	return id, ok
+}
+
+// requestOf is the id and method of the JSON-RPC call body holds, if it
+// holds one (not a notification, a response nor a batch). The scan stops
+// once it has both.
+func requestOf(body io.Reader) (json.RawMessage, string, bool) {
 	dec := json.NewDecoder(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, false
+		return nil, "", false
 	}
 	var (
 		id     json.RawMessage
@@ -132,7 +140,7 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 	for dec.More() && (id == nil || method == "") {
 		key, err := dec.Token()
 		if err != nil {
-			return nil, false
+			return nil, "", false
 		}
 		switch key {
 		case "id":
@@ -144,22 +152,27 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 			err = dec.Decode(&skip)
 		}
 		if err != nil {
-			return nil, false
+			return nil, "", false
 		}
 	}
 	if method == "" || len(id) == 0 || string(id) == "null" {
-		return nil, false
+		return nil, "", false
 	}
-	return id, true
+	return id, method, true
 }
 
 // refusal is the JSON-RPC answer to call id that fails it with message.
 func refusal(id json.RawMessage, message string) []byte {
+	return errorAnswer(id, &jsonrpc.Error{Code: codeAnswerRefused, Message: message})
+}
+
+// errorAnswer is the JSON-RPC answer to call id that fails it with e.
+func errorAnswer(id json.RawMessage, e *jsonrpc.Error) []byte {
 	b, _ := json.Marshal(struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
-		Error   jsonrpc.Error   `json:"error"`
-	}{"2.0", id, jsonrpc.Error{Code: codeAnswerRefused, Message: message}})
+		Error   *jsonrpc.Error  `json:"error"`
+	}{"2.0", id, e})
 	return b
 }
 

@@ -61,13 +61,18 @@
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
 // call is a BeginCall on the gateway's credential, whose rate budget all
-// agents' calls share. Over HTTP a JSON-RPC batch is refused whole (400),
+// agents' calls share. Over HTTP a call (and a tools/list) counts until its
+// answer is written to the agent, so that answers an agent does not read
+// are held for no more than its calls in flight. Each call's progress is
+// relayed to its agent on its own, the latest notification not yet written
+// kept: an agent that does not read its stream holds up no other call's
+// progress. Over HTTP a JSON-RPC batch is refused whole (400),
 // before any of it runs. A call whose parameters, as forwarded, would
 // exceed MaxForwardedParamsBytes (what MCP servers take) is refused with
 // invalid params: the upstream's 413 would end the gateway's connection
 // to it, for every agent. An upstream that fails in the transport is
-// reported to the agent by name only (CodeUnavailable); the gateway's log
-// has the detail. An upstream's answer that would end the gateway's one
+// reported to the agent, and recorded in the ledger, by name only
+// (CodeUnavailable); the gateway's log has the detail. An upstream's answer that would end the gateway's one
 // connection to it (an HTTP error that is not a JSON-RPC one, an answer
 // beyond MaxUpstreamAnswerBytes) fails only the call it answers
 // (CodeUnavailable). An upstream whose connection ended all the same (a

@@ -39,7 +39,8 @@ type Config struct {
 	Name, Version string
 	// MaxCallsPerNode bounds the tools/call one node (the holder of the
 	// tokens that make them) has in flight through the gateway at once,
-	// from the offline check to the answer; its next call is refused with
+	// from the offline check to the answer (over HTTP, until the answer is
+	// written to the agent, tools/list included); its next is refused with
 	// CodeTooManyCalls, reaching neither the control plane nor the
 	// upstream. Every call the gateway forwards is a BeginCall on the
 	// gateway's own credential, whose request budget on the control plane
@@ -514,11 +515,14 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(jsonrpc.CodeInvalidParams, "the call is too large to forward: its parameters come to %d bytes as the upstream would receive them, more than the %d an MCP server takes; send less", n, MaxForwardedParamsBytes)
 	}
 	// Still offline: a node at its maximum of calls in flight spends none
-	// of the gateway's budget on the control plane.
-	if !g.calls.take(claims.HolderNodeID) {
-		return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
+	// of the gateway's budget on the control plane. (Over HTTP, holdCalls
+	// counted the call already, until its answer is written.)
+	if extra := req.GetExtra(); extra == nil || extra.TokenInfo == nil || extra.TokenInfo.Extra[heldKey] != true {
+		if !g.calls.take(claims.HolderNodeID) {
+			return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
+		}
+		defer g.calls.release(claims.HolderNodeID)
 	}
-	defer g.calls.release(claims.HolderNodeID)
 	g.mu.RLock()
 	session := r.up.session
 	g.mu.RUnlock()

@@ -14,10 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/mcptest"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // stallingAgent is a rogue agent's HTTP transport: its socket's receive
@@ -163,4 +166,82 @@ func TestARogueNotReadingItsProgressCannotSilenceOtherAgentsProgress(t *testing.
 	if err := <-answer; err != nil {
 		t.Fatalf("the honest agent's call: %v", err)
 	}
+}
+
+// A rogue agent cannot make the gateway hold answers without bound by not
+// reading them. A node's calls were counted (MaxCallsPerNode) until the
+// upstream answered, not until the answer was written to the agent: a
+// rogue that asked for large answers and read none had each held in the
+// gateway's memory, its connection open, while its count went back down —
+// as many as it opened connections for. A node's call now counts until
+// its answer is written, or its connection ends.
+func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	events := &mcptest.Events{}
+	var asked sync.WaitGroup
+	asked.Add(2)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
+	up := frontedUpstream(t, sdk, func(_ http.ResponseWriter, _ *http.Request, body []byte) bool {
+		if strings.Contains(string(body), `"name":"big"`) {
+			asked.Done()
+		}
+		return false
+	})
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "files", URL: up.URL}}, MaxCallsPerNode: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	endpoint := serveGateway(t, gw)
+	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
+
+	stalling := newStallingAgent(`"name":"big"`)
+	rogueHTTP := &http.Client{Transport: mcptest.Bearer{Token: w.grant.Token, Next: stalling}}
+	rogue, err := mcp.NewClient(&mcp.Implementation{Name: "rogue", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: rogueHTTP}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogueCtx, rogueStop := context.WithCancel(context.Background())
+	released := false
+	t.Cleanup(func() {
+		rogueStop()
+		if !released {
+			stalling.release()
+		}
+		_ = rogue.Close()
+	})
+	for range 2 {
+		go func() {
+			_, _ = rogue.CallTool(rogueCtx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"bytes": 8 << 20}})
+		}()
+	}
+	// Both answered by the upstream and ended in the ledger: the gateway
+	// holds the two answers, writing them to a rogue that reads neither.
+	asked.Wait()
+	testserver.WaitFor(t, 20*time.Second, "the rogue's two calls to end in the ledger", func() bool {
+		calls, err := w.admin.Tool.ListCalls(context.Background(), connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.agent.Node.NodeId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(calls.Msg.Calls) == 0
+	})
+	if got, err := callText(t, rogue, "echo", map[string]any{"text": "third"}); rpcCode(err) != mcpgate.CodeTooManyCalls {
+		t.Fatalf("the rogue's third call with two answers unread: %q, %v; want refused (%d)", got, err, mcpgate.CodeTooManyCalls)
+	}
+	if got, err := callText(t, honest, "echo", map[string]any{"text": "honest"}); err != nil || got != "honest" {
+		t.Errorf("another agent's call: %q, %v", got, err)
+	}
+	// The rogue lets go of its answers: its calls are its own again.
+	released = true
+	stalling.release()
+	testserver.WaitFor(t, 20*time.Second, "the rogue's next call to be admitted", func() bool {
+		got, err := callText(t, rogue, "echo", map[string]any{"text": "next"})
+		if err != nil && rpcCode(err) != mcpgate.CodeTooManyCalls {
+			t.Fatalf("the rogue's call after it let go: %v", err)
+		}
+		return err == nil && got == "next"
+	})
 }
