@@ -2,11 +2,14 @@ package mcpgate
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -163,7 +166,26 @@ func requestOf(body io.Reader) (json.RawMessage, string, bool) {
 
 // refusal is the JSON-RPC answer to call id that fails it with message.
 func refusal(id json.RawMessage, message string) []byte {
-	return errorAnswer(id, &jsonrpc.Error{Code: codeAnswerRefused, Message: message})
+	return errorAnswer(id, &jsonrpc.Error{Code: codeAnswerRefused, Message: refusalMark + " " + message})
+}
+
+// refusalMark begins the message of each refusal the gateway's transport
+// writes: 64 random bits, drawn once per process, that tell its refusal
+// from an upstream's error of the same code (an upstream can send any).
+var refusalMark = func() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "tether-refusal-" + hex.EncodeToString(b[:])
+}()
+
+// transportsRefusal is the message of the refusal the gateway's transport
+// wrote in place of an upstream's answer, if e is one.
+func transportsRefusal(e *jsonrpc.Error) (string, bool) {
+	if e.Code != codeAnswerRefused {
+		return "", false
+	}
+	msg, ok := strings.CutPrefix(e.Message, refusalMark+" ")
+	return msg, ok
 }
 
 // errorAnswer is the JSON-RPC answer to call id that fails it with e.

@@ -86,8 +86,12 @@
 // (progress tokens are rewritten on the way up, to a random token per
 // call, and restored on the way down, so that agents sharing an upstream
 // never see each other's; progress from an upstream under a token the
-// gateway did not issue for a call to that upstream is dropped).
-// Resources, resource templates and prompts are refused explicitly
+// gateway did not issue for a call to that upstream is dropped). An
+// upstream's JSON-RPC error whose code is in the gateway's own range
+// (-32069 to -32061) is passed as an internal error (-32603) naming the
+// upstream and its code, its message kept: those codes are the gateway's
+// word (the agent is being stopped, its call cancelled, its grant
+// revoked), never an upstream's. Resources, resource templates and prompts are refused explicitly
 // (CodeNotGated): they would bypass the ledger, and a read is as much a
 // tool call as a write. Sampling and elicitation requests from upstreams
 // are not forwarded.

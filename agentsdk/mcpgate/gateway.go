@@ -594,7 +594,11 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
 	case a.err != nil:
 		var je *jsonrpc.Error
-		upstreams := errors.As(a.err, &je) && je.Code != codeRejectedByTransport && je.Code != codeAnswerRefused
+		upstreams := errors.As(a.err, &je) && je.Code != codeRejectedByTransport
+		if upstreams {
+			_, refused := transportsRefusal(je)
+			upstreams = !refused
+		}
 		if ctx.Err() != nil && !upstreams {
 			return nil, ctx.Err()
 		}
@@ -608,24 +612,31 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 
 // failure is how the gateway words a call the upstream did not answer
 // with a result, to the agent and in the ledger alike: the upstream's own
-// JSON-RPC error unchanged; the gateway's transport's refusal of an
-// answer (an HTTP error, an answer too large) in the gateway's words; and
-// otherwise — the SDK's client failed in the transport — that the
-// upstream could not be reached, by name only. The SDK's words name the
-// gateway's session at the upstream and the upstream's URL, which may
-// carry its key: the operator's to read in the gateway's log, neither the
-// agent's nor the record's (a failed call's error is kept in the ledger,
-// and every viewer of a record reads it).
+// JSON-RPC error unchanged, unless its code is one of the gateway's; the
+// gateway's transport's refusal of an answer (an HTTP error, an answer too
+// large) in the gateway's words; and otherwise — the SDK's client failed
+// in the transport — that the upstream could not be reached, by name
+// only. The SDK's words name the gateway's session at the upstream and
+// the upstream's URL, which may carry its key: the operator's to read in
+// the gateway's log, neither the agent's nor the record's (a failed call's
+// error is kept in the ledger, and every viewer of a record reads it).
 func failure(r *route, err error) *jsonrpc.Error {
 	var je *jsonrpc.Error
-	switch {
-	case errors.As(err, &je) && je.Code == codeAnswerRefused:
-		return rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(je.Message, "tether: "))
-	case errors.As(err, &je) && je.Code != codeRejectedByTransport:
-		return je // the upstream's own error, unchanged
-	default:
+	if !errors.As(err, &je) || je.Code == codeRejectedByTransport {
 		return rpcError(CodeUnavailable, "upstream %s could not be reached, or its connection to the gateway failed; the gateway's log says why", r.up.cfg.Name)
 	}
+	if msg, ok := transportsRefusal(je); ok {
+		return rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(msg, "tether: "))
+	}
+	if je.Code >= codeAnswerRefused && je.Code <= CodeUnauthenticated {
+		// The gateway's own codes say the gateway (or the control plane
+		// behind it) refused or cancelled the call: an upstream's error
+		// with one of them would tell the agent that its subtree is being
+		// stopped, its call cancelled or its grant revoked, in the
+		// gateway's name.
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %s answered with error code %d, one of the gateway's own: %s", r.up.cfg.Name, je.Code, je.Message)}
+	}
+	return je // the upstream's own error, unchanged
 }
 
 // codeRejectedByTransport is the Go SDK client's own error for a request
