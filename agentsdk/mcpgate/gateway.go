@@ -516,8 +516,15 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 	// Still offline: a node at its maximum of calls in flight spends none
 	// of the gateway's budget on the control plane. (Over HTTP, holdCalls
-	// counted the call already, until its answer is written.)
-	if extra := req.GetExtra(); extra == nil || extra.TokenInfo == nil || extra.TokenInfo.Extra[heldKey] != true {
+	// counted the call already, until its answer is written: the call holds
+	// that count too, until it ends.)
+	var hold *callHold
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		hold, _ = extra.TokenInfo.Extra[heldKey].(*callHold)
+	}
+	if hold != nil && hold.node == claims.HolderNodeID && hold.join() {
+		defer hold.leave()
+	} else {
 		if !g.calls.take(claims.HolderNodeID) {
 			return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
 		}

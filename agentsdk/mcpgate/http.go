@@ -196,20 +196,51 @@ func refuseBatches(next http.Handler) http.Handler {
 	})
 }
 
-// heldKey marks, in a request's auth.TokenInfo.Extra, a tools/call that
-// holdCalls counts against its node's calls in flight: call does not count
-// it again.
+// heldKey holds, in a request's auth.TokenInfo.Extra, the *callHold of a
+// tools/call that holdCalls counted against its node's calls in flight:
+// call joins it rather than count the call again.
 const heldKey = "tether_call_held"
+
+// callHold is one count of a node's calls in flight, held by the HTTP
+// request that carries a call and by the call itself: released when both
+// have ended. (An agent that closes its connection does not cancel its
+// call, which goes on at the upstream; one that does not read its answer
+// has the call end while the request goes on.)
+type callHold struct {
+	calls *callCount
+	node  string
+	mu    sync.Mutex
+	refs  int
+}
+
+// join adds a holder, unless the count was released already.
+func (h *callHold) join() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refs == 0 {
+		return false
+	}
+	h.refs++
+	return true
+}
+
+func (h *callHold) leave() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refs--; h.refs == 0 {
+		h.calls.release(h.node)
+	}
+}
 
 // holdCalls counts a node's tools/call and tools/list against its calls in
 // flight (Config.MaxCallsPerNode) until the HTTP request that carries it
 // ends — until its answer has been written to the agent, or the agent's
-// connection has ended — and refuses one past the maximum with
-// CodeTooManyCalls, before the SDK reads it. Counted only until the
-// upstream answered, a call's answer written to an agent that does not
-// read it was held in the gateway's memory, with its connection, while
-// the node's count went back down: a rogue could have as many answers
-// held as it opened connections.
+// connection has ended — and a tools/call until the call has ended too,
+// and refuses one past the maximum with CodeTooManyCalls, before the SDK
+// reads it. Counted only until the upstream answered, a call's answer
+// written to an agent that does not read it was held in the gateway's
+// memory, with its connection, while the node's count went back down: a
+// rogue could have as many answers held as it opened connections.
 func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := auth.TokenInfoFromContext(r.Context())
@@ -237,8 +268,9 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			_, _ = w.Write(errorAnswer(id, rpcError(CodeTooManyCalls, "node %s already has %d tool calls and listings in flight through this gateway (each until its answer is read), the maximum; wait for one to end", node, g.calls.max)))
 			return
 		}
-		defer g.calls.release(node)
-		info.Extra[heldKey] = true
+		hold := &callHold{calls: &g.calls, node: node, refs: 1}
+		defer hold.leave()
+		info.Extra[heldKey] = hold
 		next.ServeHTTP(w, r)
 	})
 }

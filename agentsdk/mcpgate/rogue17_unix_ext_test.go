@@ -245,3 +245,89 @@ func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
 		return err == nil && got == "next"
 	})
 }
+
+// leavingAgent is a rogue agent's HTTP transport that sends each POST
+// whose body holds leave on a connection of its own, handed to the test
+// (which closes it, the rogue leaving its call without a word).
+type leavingAgent struct {
+	leave  string
+	dialed chan net.Conn
+}
+
+func (l *leavingAgent) RoundTrip(r *http.Request) (*http.Response, error) {
+	leave := false
+	if r.Method == http.MethodPost && r.GetBody != nil {
+		if b, err := r.GetBody(); err == nil {
+			body, _ := io.ReadAll(b)
+			leave = strings.Contains(string(body), l.leave)
+		}
+	}
+	if !leave {
+		return http.DefaultTransport.RoundTrip(r)
+	}
+	var d net.Dialer
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil {
+			l.dialed <- c
+		}
+		return c, err
+	}}
+	return tr.RoundTrip(r)
+}
+
+// A rogue agent cannot escape its bound on calls in flight by leaving
+// them. Over HTTP a call counts until its answer is written
+// (TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight), but an agent
+// that closes its connection does not cancel its call (MCP's
+// cancellation is a notification it did not send): the call goes on at
+// the upstream, and counts until it ends there too.
+func TestARogueLeavingItsCallsIsStillHeldToItsCallsInFlight(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, MaxCallsPerNode: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	closed := make(chan string, 64)
+	gwHTTP := httptest.NewUnstartedServer(nil)
+	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
+	gwHTTP.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if s == http.StateClosed {
+			closed <- c.RemoteAddr().String()
+		}
+	}
+	gwHTTP.Start()
+	t.Cleanup(gwHTTP.Close)
+	endpoint := gwHTTP.URL + mcpgate.EndpointPath
+
+	leaving := &leavingAgent{leave: "leave-", dialed: make(chan net.Conn, 4)}
+	rogueHTTP := &http.Client{Transport: mcptest.Bearer{Token: w.grant.Token, Next: leaving}}
+	rogue, err := mcp.NewClient(&mcp.Implementation{Name: "rogue", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: rogueHTTP}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rogue.Close() })
+	for _, id := range []string{"leave-1", "leave-2"} {
+		t.Cleanup(func() { w.events.Release(id) })
+		go func() {
+			_, _ = rogue.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{"id": id}})
+		}()
+		conn := <-leaving.dialed
+		<-w.events.Started(id)
+		_ = conn.Close()
+		// The gateway's side of the connection closes once the request
+		// carrying the call has ended there.
+		for addr := range closed {
+			if addr == conn.LocalAddr().String() {
+				break
+			}
+		}
+	}
+	if got, err := callText(t, rogue, "echo", map[string]any{"text": "third"}); rpcCode(err) != mcpgate.CodeTooManyCalls {
+		t.Fatalf("the rogue's third call with two left running at the upstream: %q, %v; want refused (%d)", got, err, mcpgate.CodeTooManyCalls)
+	}
+}
