@@ -2,11 +2,14 @@ package mcpgate
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -121,9 +124,17 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 		return nil, false
 	}
 	defer body.Close()
+	id, _, ok := requestOf(body)
+	return id, ok
+}
+
+// requestOf is the id and method of the JSON-RPC call body holds, if it
+// holds one (not a notification, a response nor a batch). The scan stops
+// once it has both.
+func requestOf(body io.Reader) (json.RawMessage, string, bool) {
 	dec := json.NewDecoder(io.LimitReader(body, mcp.DefaultMaxRequestBodyBytes))
 	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return nil, false
+		return nil, "", false
 	}
 	var (
 		id     json.RawMessage
@@ -132,7 +143,7 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 	for dec.More() && (id == nil || method == "") {
 		key, err := dec.Token()
 		if err != nil {
-			return nil, false
+			return nil, "", false
 		}
 		switch key {
 		case "id":
@@ -144,22 +155,46 @@ func callID(r *http.Request) (json.RawMessage, bool) {
 			err = dec.Decode(&skip)
 		}
 		if err != nil {
-			return nil, false
+			return nil, "", false
 		}
 	}
 	if method == "" || len(id) == 0 || string(id) == "null" {
-		return nil, false
+		return nil, "", false
 	}
-	return id, true
+	return id, method, true
 }
 
 // refusal is the JSON-RPC answer to call id that fails it with message.
 func refusal(id json.RawMessage, message string) []byte {
+	return errorAnswer(id, &jsonrpc.Error{Code: codeAnswerRefused, Message: refusalMark + " " + message})
+}
+
+// refusalMark begins the message of each refusal the gateway's transport
+// writes: 64 random bits, drawn once per process, that tell its refusal
+// from an upstream's error of the same code (an upstream can send any).
+var refusalMark = func() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "tether-refusal-" + hex.EncodeToString(b[:])
+}()
+
+// transportsRefusal is the message of the refusal the gateway's transport
+// wrote in place of an upstream's answer, if e is one.
+func transportsRefusal(e *jsonrpc.Error) (string, bool) {
+	if e.Code != codeAnswerRefused {
+		return "", false
+	}
+	msg, ok := strings.CutPrefix(e.Message, refusalMark+" ")
+	return msg, ok
+}
+
+// errorAnswer is the JSON-RPC answer to call id that fails it with e.
+func errorAnswer(id json.RawMessage, e *jsonrpc.Error) []byte {
 	b, _ := json.Marshal(struct {
 		JSONRPC string          `json:"jsonrpc"`
 		ID      json.RawMessage `json:"id"`
-		Error   jsonrpc.Error   `json:"error"`
-	}{"2.0", id, jsonrpc.Error{Code: codeAnswerRefused, Message: message}})
+		Error   *jsonrpc.Error  `json:"error"`
+	}{"2.0", id, e})
 	return b
 }
 

@@ -61,13 +61,18 @@
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
 // call is a BeginCall on the gateway's credential, whose rate budget all
-// agents' calls share. Over HTTP a JSON-RPC batch is refused whole (400),
+// agents' calls share. Over HTTP a call (and a tools/list) counts until its
+// answer is written to the agent, so that answers an agent does not read
+// are held for no more than its calls in flight. Each call's progress is
+// relayed to its agent on its own, the latest notification not yet written
+// kept: an agent that does not read its stream holds up no other call's
+// progress. Over HTTP a JSON-RPC batch is refused whole (400),
 // before any of it runs. A call whose parameters, as forwarded, would
 // exceed MaxForwardedParamsBytes (what MCP servers take) is refused with
 // invalid params: the upstream's 413 would end the gateway's connection
 // to it, for every agent. An upstream that fails in the transport is
-// reported to the agent by name only (CodeUnavailable); the gateway's log
-// has the detail. An upstream's answer that would end the gateway's one
+// reported to the agent, and recorded in the ledger, by name only
+// (CodeUnavailable); the gateway's log has the detail. An upstream's answer that would end the gateway's one
 // connection to it (an HTTP error that is not a JSON-RPC one, an answer
 // beyond MaxUpstreamAnswerBytes) fails only the call it answers
 // (CodeUnavailable). An upstream whose connection ended all the same (a
@@ -81,8 +86,12 @@
 // (progress tokens are rewritten on the way up, to a random token per
 // call, and restored on the way down, so that agents sharing an upstream
 // never see each other's; progress from an upstream under a token the
-// gateway did not issue for a call to that upstream is dropped).
-// Resources, resource templates and prompts are refused explicitly
+// gateway did not issue for a call to that upstream is dropped). An
+// upstream's JSON-RPC error whose code is in the gateway's own range
+// (-32069 to -32061) is passed as an internal error (-32603) naming the
+// upstream and its code, its message kept: those codes are the gateway's
+// word (the agent is being stopped, its call cancelled, its grant
+// revoked), never an upstream's. Resources, resource templates and prompts are refused explicitly
 // (CodeNotGated): they would bypass the ledger, and a read is as much a
 // tool call as a write. Sampling and elicitation requests from upstreams
 // are not forwarded.

@@ -15,7 +15,9 @@ import (
 // implementation-defined server range (-32000 to -32099) away from the
 // codes the MCP SDKs give meanings of their own (-32000 to -32005, -32020
 // to -32022, -32042). Every message starts with "tether:" and says why, in
-// the agent's vocabulary; none contains a token.
+// the agent's vocabulary; none contains a token. An upstream's error with
+// a code from -32069 to -32061 reaches the agent as jsonrpc.CodeInternalError
+// naming the upstream: these codes are the gateway's alone.
 const (
 	// CodeUnauthenticated: no capability token, or one that does not verify.
 	CodeUnauthenticated = -32061

@@ -39,7 +39,8 @@ type Config struct {
 	Name, Version string
 	// MaxCallsPerNode bounds the tools/call one node (the holder of the
 	// tokens that make them) has in flight through the gateway at once,
-	// from the offline check to the answer; its next call is refused with
+	// from the offline check to the answer (over HTTP, until the answer is
+	// written to the agent, tools/list included); its next is refused with
 	// CodeTooManyCalls, reaching neither the control plane nor the
 	// upstream. Every call the gateway forwards is a BeginCall on the
 	// gateway's own credential, whose request budget on the control plane
@@ -103,6 +104,14 @@ type progressRoute struct {
 	session  *mcp.ServerSession
 	token    any                // the agent's own progress token
 	upstream *mcp.ClientSession // the only connection its progress may come from
+
+	// The latest notification not yet written to the agent, and whether a
+	// relay is writing: each call's progress is written on its own, so
+	// that an agent that does not read its stream holds up its own call's
+	// progress only (relayProgress).
+	mu       sync.Mutex
+	next     *mcp.ProgressNotificationParams
+	relaying bool
 }
 
 // progressToken is a fresh progress token for one upstream call: 128
@@ -506,11 +515,21 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(jsonrpc.CodeInvalidParams, "the call is too large to forward: its parameters come to %d bytes as the upstream would receive them, more than the %d an MCP server takes; send less", n, MaxForwardedParamsBytes)
 	}
 	// Still offline: a node at its maximum of calls in flight spends none
-	// of the gateway's budget on the control plane.
-	if !g.calls.take(claims.HolderNodeID) {
-		return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
+	// of the gateway's budget on the control plane. (Over HTTP, holdCalls
+	// counted the call already, until its answer is written: the call holds
+	// that count too, until it ends.)
+	var hold *callHold
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		hold, _ = extra.TokenInfo.Extra[heldKey].(*callHold)
 	}
-	defer g.calls.release(claims.HolderNodeID)
+	if hold != nil && hold.node == claims.HolderNodeID && hold.join() {
+		defer hold.leave()
+	} else {
+		if !g.calls.take(claims.HolderNodeID) {
+			return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
+		}
+		defer g.calls.release(claims.HolderNodeID)
+	}
 	g.mu.RLock()
 	session := r.up.session
 	g.mu.RUnlock()
@@ -544,8 +563,12 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 			a.result, a.err = session.CallTool(ctx, params)
 			a.cancelled = a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
 			switch {
+			case a.err != nil && (errors.Is(a.err, context.Canceled) || errors.Is(a.err, context.DeadlineExceeded)):
+				herr = a.err // the cancel's or the caller's: the gate judges it
 			case a.err != nil:
-				herr = a.err
+				// The ledger keeps what the agent is told, not the SDK's
+				// words (failure).
+				herr = failure(r, a.err)
 			case a.result.IsError:
 				herr = errToolError
 			}
@@ -578,26 +601,49 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		return nil, rpcError(CodeCancelled, "the control plane cancelled this call: the agent's subtree is being stopped")
 	case a.err != nil:
 		var je *jsonrpc.Error
-		if errors.As(a.err, &je) && je.Code == codeAnswerRefused {
-			// The gateway's transport refused the upstream's answer to this
-			// call alone (an HTTP error, an answer too large): its reason
-			// is the gateway's own words, the detail in the log.
-			g.log.Warn("mcpgate: an upstream's answer to a call was refused", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
-			return nil, rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(je.Message, "tether: "))
+		upstreams := errors.As(a.err, &je) && je.Code != codeRejectedByTransport
+		if upstreams {
+			_, refused := transportsRefusal(je)
+			upstreams = !refused
 		}
-		if errors.As(a.err, &je) && je.Code != codeRejectedByTransport {
-			return nil, je // the upstream's own error, unchanged
-		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !upstreams {
 			return nil, ctx.Err()
 		}
-		// The SDK client's own error says how the connection failed, in
-		// words that name the gateway's session at the upstream (and could
-		// name its URL): the operator's to read, not the agent's.
-		g.log.Warn("mcpgate: an upstream call failed", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
-		return nil, rpcError(CodeUnavailable, "upstream %s could not be reached, or its connection to the gateway failed; the gateway's log says why", r.up.cfg.Name)
+		if !upstreams {
+			g.log.Warn("mcpgate: an upstream call failed", "upstream", r.up.cfg.Name, "tool", r.tool, "error", a.err)
+		}
+		return nil, failure(r, a.err)
 	}
 	return a.result, nil
+}
+
+// failure is how the gateway words a call the upstream did not answer
+// with a result, to the agent and in the ledger alike: the upstream's own
+// JSON-RPC error unchanged, unless its code is one of the gateway's; the
+// gateway's transport's refusal of an answer (an HTTP error, an answer too
+// large) in the gateway's words; and otherwise — the SDK's client failed
+// in the transport — that the upstream could not be reached, by name
+// only. The SDK's words name the gateway's session at the upstream and
+// the upstream's URL, which may carry its key: the operator's to read in
+// the gateway's log, neither the agent's nor the record's (a failed call's
+// error is kept in the ledger, and every viewer of a record reads it).
+func failure(r *route, err error) *jsonrpc.Error {
+	var je *jsonrpc.Error
+	if !errors.As(err, &je) || je.Code == codeRejectedByTransport {
+		return rpcError(CodeUnavailable, "upstream %s could not be reached, or its connection to the gateway failed; the gateway's log says why", r.up.cfg.Name)
+	}
+	if msg, ok := transportsRefusal(je); ok {
+		return rpcError(CodeUnavailable, "upstream %s did not answer the call as MCP asks (%s); the gateway's log says more", r.up.cfg.Name, strings.TrimPrefix(msg, "tether: "))
+	}
+	if je.Code >= codeAnswerRefused && je.Code <= CodeUnauthenticated {
+		// The gateway's own codes say the gateway (or the control plane
+		// behind it) refused or cancelled the call: an upstream's error
+		// with one of them would tell the agent that its subtree is being
+		// stopped, its call cancelled or its grant revoked, in the
+		// gateway's name.
+		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %s answered with error code %d, one of the gateway's own: %s", r.up.cfg.Name, je.Code, je.Message)}
+	}
+	return je // the upstream's own error, unchanged
 }
 
 // codeRejectedByTransport is the Go SDK client's own error for a request
@@ -677,6 +723,16 @@ var errToolError = errors.New("the tool returned an error result")
 // belongs to, under the agent's own progress token. Progress under a token
 // the gateway did not issue for a call to that very upstream connection is
 // dropped: one upstream cannot speak to another's callers.
+//
+// It never waits for the agent. The SDK's client hands over an upstream's
+// notifications one at a time, in order, on the connection every agent's
+// calls to that upstream share: a write to an agent that does not read its
+// stream held up every notification after it (other agents' progress, the
+// upstream's word that its tools changed), queued in memory for as long as
+// that agent kept its connection. Each call's progress is written by its
+// own relay, which takes the latest notification not yet written: one that
+// arrives while an earlier one is being written replaces any still
+// waiting (progress only grows, and the latest says the most).
 func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 	key, ok := req.Params.ProgressToken.(string)
 	if !ok {
@@ -693,8 +749,32 @@ func (g *Gateway) relayProgress(_ context.Context, req *mcp.ProgressNotification
 	}
 	p := *req.Params
 	p.ProgressToken = pr.token
-	if err := pr.session.NotifyProgress(pr.ctx, &p); err != nil {
-		g.log.Debug("mcpgate: relaying progress failed", "error", err)
+	pr.mu.Lock()
+	pr.next = &p
+	start := !pr.relaying
+	pr.relaying = true
+	pr.mu.Unlock()
+	if start {
+		go g.relay(pr)
+	}
+}
+
+// relay writes pr's waiting notifications to its agent until none waits,
+// or the agent's request has ended.
+func (g *Gateway) relay(pr *progressRoute) {
+	for {
+		pr.mu.Lock()
+		p := pr.next
+		pr.next = nil
+		if p == nil || pr.ctx.Err() != nil {
+			pr.relaying = false
+			pr.mu.Unlock()
+			return
+		}
+		pr.mu.Unlock()
+		if err := pr.session.NotifyProgress(pr.ctx, p); err != nil {
+			g.log.Debug("mcpgate: relaying progress failed", "error", err)
+		}
 	}
 }
 

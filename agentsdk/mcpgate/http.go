@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"fmt"
@@ -143,7 +144,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(refuseBatches(mcpHandler))
+	})(refuseBatches(g.holdCalls(mcpHandler)))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
@@ -191,6 +192,85 @@ func refuseBatches(next http.Handler) http.Handler {
 				io.Closer
 			}{br, r.Body}
 		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// heldKey holds, in a request's auth.TokenInfo.Extra, the *callHold of a
+// tools/call that holdCalls counted against its node's calls in flight:
+// call joins it rather than count the call again.
+const heldKey = "tether_call_held"
+
+// callHold is one count of a node's calls in flight, held by the HTTP
+// request that carries a call and by the call itself: released when both
+// have ended. (An agent that closes its connection does not cancel its
+// call, which goes on at the upstream; one that does not read its answer
+// has the call end while the request goes on.)
+type callHold struct {
+	calls *callCount
+	node  string
+	mu    sync.Mutex
+	refs  int
+}
+
+// join adds a holder, unless the count was released already.
+func (h *callHold) join() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refs == 0 {
+		return false
+	}
+	h.refs++
+	return true
+}
+
+func (h *callHold) leave() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.refs--; h.refs == 0 {
+		h.calls.release(h.node)
+	}
+}
+
+// holdCalls counts a node's tools/call and tools/list against its calls in
+// flight (Config.MaxCallsPerNode) until the HTTP request that carries it
+// ends — until its answer has been written to the agent, or the agent's
+// connection has ended — and a tools/call until the call has ended too,
+// and refuses one past the maximum with CodeTooManyCalls, before the SDK
+// reads it. Counted only until the upstream answered, a call's answer
+// written to an agent that does not read it was held in the gateway's
+// memory, with its connection, while the node's count went back down: a
+// rogue could have as many answers held as it opened connections.
+func (g *Gateway) holdCalls(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info := auth.TokenInfoFromContext(r.Context())
+		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || info == nil || info.Extra == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		if err != nil || len(body) > mcp.DefaultMaxRequestBodyBytes {
+			next.ServeHTTP(w, r) // the SDK refuses it
+			return
+		}
+		id, method, ok := requestOf(bytes.NewReader(body))
+		if !ok || (method != "tools/call" && method != "tools/list") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		node := info.UserID
+		if !g.calls.take(node) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(errorAnswer(id, rpcError(CodeTooManyCalls, "node %s already has %d tool calls and listings in flight through this gateway (each until its answer is read), the maximum; wait for one to end", node, g.calls.max)))
+			return
+		}
+		hold := &callHold{calls: &g.calls, node: node, refs: 1}
+		defer hold.leave()
+		info.Extra[heldKey] = hold
 		next.ServeHTTP(w, r)
 	})
 }
