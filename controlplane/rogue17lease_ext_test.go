@@ -1,0 +1,159 @@
+package controlplane_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The seventeenth hostile pass on job leases (seed 000 §9, §12).
+
+// TestRogue17AnAgentBeingStoppedCannotHaltAJobItCoordinates: an agent being
+// stopped does not decide about jobs its lineage coordinates (it may not
+// reassign, cancel or resolve them: seed7 test), but its claim on a job's
+// active generation, which the lease machine records as an ownership
+// conflict (seed §12), halted the job as surely as a cancel: the holder's
+// renewals refused, its progress not applied, its result refused. In a
+// tree R → {O → D, E}, O offers a job to its child D and R moves it to E,
+// outside O's subtree: O, the job's owner, still coordinates it. An
+// operator drains O (a tool call in flight holds the drain open); E is not
+// being stopped. O, draining, claims E's generation — renew, progress,
+// cancel ack and a result, unary and over a Channel. Each is refused
+// failed_precondition naming O and its state, before the lease machine:
+// the lease and its evidence are unchanged, and E renews and reports its
+// SUCCESS as before. (Before, O's first claim recorded a conflict, and
+// E's renewal and SUCCESS were refused until someone above resolved it.)
+func TestRogue17AnAgentBeingStoppedCannotHaltAJobItCoordinates(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	r := register(t, admin, "root")
+	rC := srv.Clients(r.Credential)
+	o := spawn(t, rC, r.Node.NodeId, "owner")
+	oC := srv.Clients(o.Credential)
+	e := spawn(t, rC, r.Node.NodeId, "worker")
+	eC := srv.Clients(e.Credential)
+	d := spawn(t, oC, o.Node.NodeId, "owners-child")
+
+	const job = "rogue17-halt"
+	if _, err := oC.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: d.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)})); err != nil {
+		t.Fatalf("the owner's offer: %v", err)
+	}
+	moved, err := rC.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: job, HolderIdentity: e.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute), Reason: "E has the data"}))
+	if err != nil {
+		t.Fatalf("the root's reassignment: %v", err)
+	}
+	wantDecision(t, "reassign", moved.Msg.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_REASSIGNED)
+	held, dec := unary{eC}.send(t, ack(moved.Msg.Lease))
+	wantDecision(t, "E's ack", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+
+	// O, running, still coordinates the job it offered: it reads it.
+	if _, err := oC.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job})); err != nil {
+		t.Fatalf("the owner's read of its job: %v", err)
+	}
+
+	gR := issueRoot(t, admin, r.Node.NodeId, time.Hour, "tool:*")
+	gO := delegate(t, rC, gR, o.Node.NodeId, "tool:shell")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: gO.token, Tool: "shell", GateId: "gate-1"})); err != nil {
+		t.Fatal(err)
+	}
+	term := terminate(t, admin, o.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Minute)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+
+	before := leaseOf(t, admin, job)
+	rows := len(evidenceRows(t, admin, job))
+	unchanged := func(what string) {
+		t.Helper()
+		if after := leaseOf(t, admin, job); !proto.Equal(after, before) {
+			t.Fatalf("%s changed the lease:\nbefore %v\nafter  %v", what, before, after)
+		}
+		if n := len(evidenceRows(t, admin, job)); n != rows {
+			t.Fatalf("%s left %d evidence rows, want none", what, n-rows)
+		}
+	}
+	claims := map[string]*tetherv1.ChannelRequest{
+		"renew":      renew(held, 7),
+		"progress":   progress(held, 7, "done by O"),
+		"cancel ack": {Message: &tetherv1.ChannelRequest_CancelAck{CancelAck: &tetherv1.LeaseServiceCancelAckRequest{JobId: job, LeaseId: held.LeaseId, LeaseGeneration: held.LeaseGeneration}}},
+		"complete":   complete(held, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED),
+	}
+	for what, m := range claims {
+		_, err := sendUnary(ctx, oC, m)
+		wantRefused(t, "the draining owner's unary "+what, err, connect.CodeFailedPrecondition, o.Node.NodeId, "draining")
+		unchanged("the draining owner's unary " + what)
+	}
+	ch := oC.Lease.Channel(ctx)
+	t.Cleanup(func() { _ = ch.CloseRequest(); _ = ch.CloseResponse() })
+	var correlation uint64
+	for what, m := range claims {
+		correlation++
+		m.CorrelationId = correlation
+		if err := ch.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := ch.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(resp.Error, connect.CodeFailedPrecondition.String()+":") || !strings.Contains(resp.Error, o.Node.NodeId) || !strings.Contains(resp.Error, "draining") {
+			t.Fatalf("the draining owner's %s on its channel: error %q, decision %v; want failed_precondition naming it draining", what, resp.Error, resp.Decision)
+		}
+		unchanged("the draining owner's " + what + " on its channel")
+	}
+
+	// E, not being stopped, goes on: its renewal extends and its result stands.
+	_, dec = unary{eC}.send(t, renew(held, 1))
+	wantDecision(t, "E's renewal", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+	done, dec := unary{eC}.send(t, complete(held, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	wantDecision(t, "E's result", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	if done.OwnershipConflict || done.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS {
+		t.Fatalf("E's job ended %s with conflict %v, want SUCCESS and no conflict", done.TerminalResult, done.OwnershipConflict)
+	}
+}
+
+func leaseOf(t *testing.T, c *testserver.Clients, job string) *tetherv1.Lease {
+	t.Helper()
+	resp, err := c.Lease.GetLease(context.Background(), connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+	if err != nil {
+		t.Fatalf("get %s: %v", job, err)
+	}
+	return resp.Msg.Lease
+}
+
+func evidenceRows(t *testing.T, c *testserver.Clients, job string) []*tetherv1.EvidenceRow {
+	t.Helper()
+	resp, err := c.Lease.Evidence(context.Background(), connect.NewRequest(&tetherv1.EvidenceRequest{JobId: job}))
+	if err != nil {
+		t.Fatalf("evidence %s: %v", job, err)
+	}
+	return resp.Msg.Rows
+}
+
+// sendUnary sends a worker message as its unary call and returns its
+// decision, or the call's refusal.
+func sendUnary(ctx context.Context, c *testserver.Clients, m *tetherv1.ChannelRequest) (*tetherv1.Decision, error) {
+	switch m := m.Message.(type) {
+	case *tetherv1.ChannelRequest_Ack:
+		return decisionOf(c.Lease.Ack(ctx, connect.NewRequest(m.Ack)))
+	case *tetherv1.ChannelRequest_Renew:
+		return decisionOf(c.Lease.Renew(ctx, connect.NewRequest(m.Renew)))
+	case *tetherv1.ChannelRequest_Progress:
+		return decisionOf(c.Lease.Progress(ctx, connect.NewRequest(m.Progress)))
+	case *tetherv1.ChannelRequest_CancelAck:
+		return decisionOf(c.Lease.CancelAck(ctx, connect.NewRequest(m.CancelAck)))
+	case *tetherv1.ChannelRequest_Complete:
+		return decisionOf(c.Lease.Complete(ctx, connect.NewRequest(m.Complete)))
+	}
+	return nil, nil
+}
