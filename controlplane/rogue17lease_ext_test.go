@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -156,4 +157,72 @@ func sendUnary(ctx context.Context, c *testserver.Clients, m *tetherv1.ChannelRe
 		return decisionOf(c.Lease.Complete(ctx, connect.NewRequest(m.Complete)))
 	}
 	return nil, nil
+}
+
+// TestRogue17AStaleMessageInASiblingsBatchDoesNotSinkItsUpkeep: once a
+// rogue spent its lineage's shared budget, a sibling's batched upkeep of
+// the leases it holds is admitted from each lease's allowance (leasereserve
+// tests). But a batch was admitted from the allowances only up to its first
+// message that was not such upkeep, and the rest charged to the node's
+// small reserve together: one stale message — here a renewal of a
+// generation the coordinator superseded a moment before, which the holder
+// had not heard of yet, the ordinary race of a lease — first in a batch of
+// a hundred renewals had the whole batch refused resource_exhausted and
+// the sibling's lease stream ended, its 99 leases unrenewed. Each message
+// is now admitted on its own: the 99 renewals from their leases'
+// allowances, the stale one from the node's reserve (judged, and refused
+// as stale), and the stream goes on.
+func TestRogue17AStaleMessageInASiblingsBatchDoesNotSinkItsUpkeep(t *testing.T) {
+	w := newLeaseReserveWorld(t)
+	const jobs = 100
+	leases := make([]*tetherv1.Lease, jobs)
+	for i := range leases {
+		leases[i] = w.offer(t, fmt.Sprintf("job-%03d", i), w.honestNode)
+	}
+	channel := openChannel(t, w.honestC)
+	msgs := make([]*tetherv1.ChannelRequest, jobs)
+	for i, l := range leases {
+		msgs[i] = ack(l)
+	}
+	for i, a := range channel.sendBatch(t, msgs) {
+		if a.Error != "" {
+			t.Fatalf("the sibling's ACK %d: %s", i+1, a.Error)
+		}
+		leases[i] = a.Lease
+	}
+	// The coordinator moves job-001 to a new generation (the sibling's
+	// again) just before the sibling's next round of renewals.
+	w.clk.Advance(10 * time.Second)
+	const moved = 1 // the first message of the batch the carrier carries
+	if _, err := w.admin.Lease.Reassign(context.Background(), connect.NewRequest(&tetherv1.ReassignRequest{JobId: leases[moved].JobId, HolderIdentity: w.honestNode, Reason: "restart it"})); err != nil {
+		t.Fatal(err)
+	}
+	spendLineage(t, w.rogueC, w.rogueNode)
+	for i, l := range leases {
+		msgs[i] = renew(l, 1)
+	}
+	answers := channel.sendBatch(t, msgs)
+	for i, a := range answers {
+		if i == moved {
+			continue
+		}
+		if a.Error != "" {
+			t.Fatalf("the sibling's renewal of lease %d of %d, in a batch with a stale one, once the rogue spent the lineage's budget: %s", i+1, jobs, a.Error)
+		}
+		wantDecision(t, "the sibling's renewal", a.Decision, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+	}
+	if a := answers[moved]; a.Error != "" {
+		if !strings.HasPrefix(a.Error, "resource_exhausted: ") {
+			t.Fatalf("the stale renewal: %s", a.Error)
+		}
+	} else {
+		wantDecision(t, "the stale renewal", a.Decision, tetherv1.Outcome_OUTCOME_REJECTED, tetherv1.AuditEvent_AUDIT_EVENT_STALE_GENERATION)
+	}
+	// The stream is still open: the sibling ACKs the new generation on it.
+	current := (&leaseWorld{admin: w.admin}).get(t, leases[moved].JobId)
+	_, d, errText := channel.try(t, ack(current))
+	if errText != "" {
+		t.Fatalf("the sibling's ACK of the new generation on the same stream: %s", errText)
+	}
+	wantDecision(t, "the sibling's ACK of the new generation", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
 }
