@@ -35,8 +35,69 @@ import (
 // E's renewal and SUCCESS were refused until someone above resolved it.)
 func TestRogue17AnAgentBeingStoppedCannotHaltAJobItCoordinates(t *testing.T) {
 	ctx := context.Background()
-	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk))
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)))
+	w := newHaltWorld(t, srv)
+	for what, m := range w.claims() {
+		_, err := sendUnary(ctx, w.oC, m)
+		wantRefused(t, "the draining owner's unary "+what, err, connect.CodeFailedPrecondition, w.o, "draining")
+		w.unchanged(t, "the draining owner's unary "+what)
+	}
+	ch := w.oC.Lease.Channel(ctx)
+	t.Cleanup(func() { _ = ch.CloseRequest(); _ = ch.CloseResponse() })
+	var correlation uint64
+	for what, m := range w.claims() {
+		correlation++
+		m.CorrelationId = correlation
+		if err := ch.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := ch.Receive()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(resp.Error, connect.CodeFailedPrecondition.String()+":") || !strings.Contains(resp.Error, w.o) || !strings.Contains(resp.Error, "draining") {
+			t.Fatalf("the draining owner's %s on its channel: error %q, decision %v; want failed_precondition naming it draining", what, resp.Error, resp.Decision)
+		}
+		w.unchanged(t, "the draining owner's "+what+" on its channel")
+	}
+	w.holderGoesOn(t, w.eC)
+}
+
+// TestEtcdRogue17AnAgentBeingStoppedCannotHaltAJobThroughAFollower: the
+// same, on three replicas over etcd, the draining owner's claims sent to
+// each follower (which forwards them to the leader, where they are judged)
+// and the holder's renewal and result through a follower too.
+func TestEtcdRogue17AnAgentBeingStoppedCannotHaltAJobThroughAFollower(t *testing.T) {
+	ctx := context.Background()
+	replicas, lead, _ := startReplicas(t, 3)
+	w := newHaltWorld(t, lead)
+	followers := followersOf(replicas, lead)
+	for _, f := range followers {
+		for what, m := range w.claims() {
+			_, err := sendUnary(ctx, f.Clients(w.oCredential), m)
+			wantRefused(t, "the draining owner's "+what+" through a follower", err, connect.CodeFailedPrecondition, w.o, "draining")
+			w.unchanged(t, "the draining owner's "+what+" through a follower")
+		}
+	}
+	w.holderGoesOn(t, followers[0].Clients(w.eCredential))
+}
+
+// haltWorld is a tree R → {O → D, E}: O offered a job to its child D, R
+// moved it to E, E holds it ACTIVE, and an operator drains O (a tool call
+// of O's in flight holds the drain open). O, the job's owner, still
+// coordinates it; E is not being stopped.
+type haltWorld struct {
+	admin, oC, eC            *testserver.Clients
+	o, e                     string // node ids
+	oCredential, eCredential string
+	held                     *tetherv1.Lease
+	before                   *tetherv1.Lease
+	rows                     int
+}
+
+func newHaltWorld(t *testing.T, srv *testserver.Server) *haltWorld {
+	t.Helper()
+	ctx := context.Background()
 	admin := srv.AdminClients()
 	r := register(t, admin, "root")
 	rC := srv.Clients(r.Credential)
@@ -72,51 +133,40 @@ func TestRogue17AnAgentBeingStoppedCannotHaltAJobItCoordinates(t *testing.T) {
 	term := terminate(t, admin, o.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Minute)
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
 
-	before := leaseOf(t, admin, job)
-	rows := len(evidenceRows(t, admin, job))
-	unchanged := func(what string) {
-		t.Helper()
-		if after := leaseOf(t, admin, job); !proto.Equal(after, before) {
-			t.Fatalf("%s changed the lease:\nbefore %v\nafter  %v", what, before, after)
-		}
-		if n := len(evidenceRows(t, admin, job)); n != rows {
-			t.Fatalf("%s left %d evidence rows, want none", what, n-rows)
-		}
-	}
-	claims := map[string]*tetherv1.ChannelRequest{
-		"renew":      renew(held, 7),
-		"progress":   progress(held, 7, "done by O"),
-		"cancel ack": {Message: &tetherv1.ChannelRequest_CancelAck{CancelAck: &tetherv1.LeaseServiceCancelAckRequest{JobId: job, LeaseId: held.LeaseId, LeaseGeneration: held.LeaseGeneration}}},
-		"complete":   complete(held, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED),
-	}
-	for what, m := range claims {
-		_, err := sendUnary(ctx, oC, m)
-		wantRefused(t, "the draining owner's unary "+what, err, connect.CodeFailedPrecondition, o.Node.NodeId, "draining")
-		unchanged("the draining owner's unary " + what)
-	}
-	ch := oC.Lease.Channel(ctx)
-	t.Cleanup(func() { _ = ch.CloseRequest(); _ = ch.CloseResponse() })
-	var correlation uint64
-	for what, m := range claims {
-		correlation++
-		m.CorrelationId = correlation
-		if err := ch.Send(m); err != nil {
-			t.Fatal(err)
-		}
-		resp, err := ch.Receive()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasPrefix(resp.Error, connect.CodeFailedPrecondition.String()+":") || !strings.Contains(resp.Error, o.Node.NodeId) || !strings.Contains(resp.Error, "draining") {
-			t.Fatalf("the draining owner's %s on its channel: error %q, decision %v; want failed_precondition naming it draining", what, resp.Error, resp.Decision)
-		}
-		unchanged("the draining owner's " + what + " on its channel")
-	}
+	w := &haltWorld{admin: admin, oC: oC, eC: eC, o: o.Node.NodeId, e: e.Node.NodeId, oCredential: o.Credential, eCredential: e.Credential, held: held}
+	w.before = leaseOf(t, admin, job)
+	w.rows = len(evidenceRows(t, admin, job))
+	return w
+}
 
-	// E, not being stopped, goes on: its renewal extends and its result stands.
-	_, dec = unary{eC}.send(t, renew(held, 1))
+// claims are O's worker messages claiming E's generation.
+func (w *haltWorld) claims() map[string]*tetherv1.ChannelRequest {
+	return map[string]*tetherv1.ChannelRequest{
+		"renew":      renew(w.held, 7),
+		"progress":   progress(w.held, 7, "done by O"),
+		"cancel ack": {Message: &tetherv1.ChannelRequest_CancelAck{CancelAck: &tetherv1.LeaseServiceCancelAckRequest{JobId: w.held.JobId, LeaseId: w.held.LeaseId, LeaseGeneration: w.held.LeaseGeneration}}},
+		"complete":   complete(w.held, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED),
+	}
+}
+
+// unchanged checks that a refused claim left the lease and its evidence
+// as they were.
+func (w *haltWorld) unchanged(t *testing.T, what string) {
+	t.Helper()
+	if after := leaseOf(t, w.admin, w.held.JobId); !proto.Equal(after, w.before) {
+		t.Fatalf("%s changed the lease:\nbefore %v\nafter  %v", what, w.before, after)
+	}
+	if n := len(evidenceRows(t, w.admin, w.held.JobId)); n != w.rows {
+		t.Fatalf("%s left %d evidence rows, want none", what, n-w.rows)
+	}
+}
+
+// holderGoesOn has E, not being stopped, renew and report SUCCESS.
+func (w *haltWorld) holderGoesOn(t *testing.T, e *testserver.Clients) {
+	t.Helper()
+	_, dec := unary{e}.send(t, renew(w.held, 1))
 	wantDecision(t, "E's renewal", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
-	done, dec := unary{eC}.send(t, complete(held, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	done, dec := unary{e}.send(t, complete(w.held, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
 	wantDecision(t, "E's result", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
 	if done.OwnershipConflict || done.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS {
 		t.Fatalf("E's job ended %s with conflict %v, want SUCCESS and no conflict", done.TerminalResult, done.OwnershipConflict)
