@@ -150,9 +150,14 @@ func noLease(job string) error {
 // claim then reaches the lease machine, where claiming the active
 // generation is an ownership conflict. The check reads the tree, so it is
 // re-asserted on the shard: the holder and owner must still be the ones
-// checked.
+// checked. Such a claim is a coordinator's decision (a conflict halts the
+// holder's work as a cancel does), so an agent that is not running — being
+// stopped, stopped or exited — is refused it (tree.MayDecide), as it is a
+// cancel or a resolution: the stopping workload does not halt the jobs its
+// lineage coordinates, which may be held by agents no termination stops.
 func (h *leaseService) judgeForLineage(ctx context.Context, p auth.Principal, m lease.Message) (coordinator.Result, error) {
 	job := m.Job()
+	running := false
 	for attempt := 0; ; attempt++ {
 		current, err := h.leases().Get(ctx, job)
 		if errors.Is(err, coordinator.ErrNotFound) {
@@ -167,6 +172,12 @@ func (h *leaseService) judgeForLineage(ctx context.Context, p auth.Principal, m 
 		}
 		if !ok {
 			return coordinator.Result{}, noLease(job)
+		}
+		if !running {
+			if err := h.decides(ctx, p, tree.DecideClaim); err != nil {
+				return coordinator.Result{}, err
+			}
+			running = true
 		}
 		res, err := h.leases().ApplyIf(ctx, m, sameParties(current))
 		if errors.Is(err, coordinator.ErrPrecondition) && attempt < 3 {

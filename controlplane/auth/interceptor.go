@@ -432,9 +432,16 @@ func Spend(ctx context.Context, n int) error {
 }
 
 // SpendMessages is Spend for a batch of n messages, msg(k) the k-th: once
-// the lineage's budget is spent, the Held messages Holds admits, from the
-// first until one it does not, are admitted, and the rest are charged to
-// the node's Reserve together (Interceptor.Held).
+// the lineage's budget is spent, each message is admitted on its own, as
+// a call of its own would be — a Held message Holds admits from its
+// lease's allowance (Interceptor.Held) — and the others, wherever they
+// stand in the batch, are charged to the node's Reserve together: the
+// batch is refused, and takes nothing from the Reserve, when it cannot
+// cover them. A message Holds does not admit (a renewal of a generation
+// superseded a moment before) used to have every message after it charged
+// to the Reserve, so that one stale message in a batch of upkeep had the
+// whole batch refused. The messages asked about are at most those Holds
+// admits, which its node's bound limits, and the Reserve's burst, plus one.
 func SpendMessages(ctx context.Context, n int, msg func(k int) any) error {
 	m, ok := ctx.Value(meterKey{}).(*meter)
 	if !ok || n <= 0 {
@@ -444,14 +451,19 @@ func SpendMessages(ctx context.Context, n int, msg func(k int) any) error {
 	if err == nil {
 		return nil
 	}
-	k := 0
-	for k < n && m.holds(ctx, msg(k)) {
-		k++
+	others := 0
+	for k := range n {
+		if m.holds(ctx, msg(k)) {
+			continue
+		}
+		if others++; m.i.Reserve == nil || float64(others) > m.i.Reserve.Burst {
+			return err // more than the Reserve could ever admit at once
+		}
 	}
-	if k == n {
+	if others == 0 {
 		return nil
 	}
-	return m.i.reserve(m.p, m.procedure, n-k, err)
+	return m.i.reserve(m.p, m.procedure, others, err)
 }
 
 // ChargeRelayed charges a call a tool server relayed (Interceptor.Relayed)

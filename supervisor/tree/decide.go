@@ -4,12 +4,15 @@ import "fmt"
 
 // Decisions an agent may take about work it does not hold itself: the job
 // leases its lineage coordinates (offered, reassigned, asked to cancel,
-// resolved).
+// resolved, or claimed: a worker message about a job it does not hold,
+// which on the job's active generation is an ownership conflict that
+// halts the holder's work as a cancel would).
 const (
 	DecideOffer         = "offer"
 	DecideReassign      = "reassign"
 	DecideRequestCancel = "request_cancel"
 	DecideResolve       = "resolve"
+	DecideClaim         = "claim"
 )
 
 // decisionWords names a decision in a refusal, in the caller's words.
@@ -18,6 +21,7 @@ var decisionWords = map[string]string{
 	DecideReassign:      "reassign a job",
 	DecideRequestCancel: "ask for a job's cancel",
 	DecideResolve:       "resolve a job",
+	DecideClaim:         "claim a job it does not hold",
 }
 
 // MayDecide says whether an agent whose node is n may take decision about

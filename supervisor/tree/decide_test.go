@@ -24,7 +24,7 @@ func TestMayDecideTranscript(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("# state decision -> verdict (MayDecide; go test -run TestMayDecideTranscript -update rewrites it)\n")
 	states := []tree.NodeState{tree.NodeStateRunning, tree.NodeStateDraining, tree.NodeStateAborting, tree.NodeStateTerminated, tree.NodeStateExited}
-	decisions := []string{tree.DecideOffer, tree.DecideReassign, tree.DecideRequestCancel, tree.DecideResolve}
+	decisions := []string{tree.DecideOffer, tree.DecideReassign, tree.DecideRequestCancel, tree.DecideResolve, tree.DecideClaim}
 	for _, s := range states {
 		for _, d := range decisions {
 			err := tree.MayDecide(&tree.Node{NodeID: "n_parent", State: s}, d)
