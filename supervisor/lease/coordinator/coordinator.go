@@ -773,6 +773,27 @@ type EvidencePage struct {
 	Next EvidenceCursor
 }
 
+// MaxEvidencePageBytes bounds the text of one page of evidence (the sum of
+// its rows' rowBytes; a page holds at least one row): a holder's progress
+// values and the reasons that quote them are its own text, up to
+// lease.MaxValueBytes each and quoted (a control character four bytes), so
+// a thousand rows of a rogue holder's late progress would make a page of
+// about 20 MB, past what many clients take in one message (gRPC's 4 MiB by
+// default). A page of ordinary rows, a few hundred bytes each, stops at its
+// row count first.
+const MaxEvidencePageBytes = 2 << 20
+
+// rowBytes is a row's text as an Evidence answer carries it, roughly: its
+// strings and a fixed allowance for the rest.
+func rowBytes(r Row) int {
+	n := 256 + len(r.JobID) + len(r.LeaseID) + len(r.HolderIdentity) + len(r.ProgressValue) + len(r.Reason)
+	n += len(r.Names.Owner) + len(r.Names.ConflictHolder) + len(r.Names.PriorHolder) + len(r.Names.PriorLeaseID) + len(r.Names.PriorConflictHolder)
+	for _, h := range r.Names.FormerHolders {
+		n += len(h)
+	}
+	return n
+}
+
 // errNoAnchor: the row a page meant to start decoding at was not written
 // whole (data written before anchors existed); decode from row 1.
 var errNoAnchor = errors.New("coordinator: no anchor row")
@@ -788,12 +809,15 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 	var page EvidencePage
 	err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		page = EvidencePage{}
+		var bytes int
 		keep := func(r Row) error {
-			if len(page.Rows) == limit {
+			n := rowBytes(r)
+			if len(page.Rows) == limit || len(page.Rows) > 0 && bytes+n > MaxEvidencePageBytes {
 				page.More = true
 				return store.ErrStopScan
 			}
 			page.Rows = append(page.Rows, r)
+			bytes += n
 			return nil
 		}
 		if !cursor.Unknown {
@@ -803,7 +827,7 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 			}
 			scanFrom := func(start uint64) error {
 				page.Rows = page.Rows[:0]
-				page.More = false
+				page.More, bytes = false, 0
 				var rr rowReader
 				first := true
 				return jobRows(tx, job, start, log, func(_ uint64, key, value []byte) error {
