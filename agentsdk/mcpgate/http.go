@@ -57,6 +57,13 @@ type HTTPOptions struct {
 	// MaxHeaderBytes bounds a request's headers.
 	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
 	MaxHeaderBytes                              int
+	// WriteStallTimeout bounds each write of an answer to an agent: a
+	// write (a chunk of a tool's result, an event of a stream) that the
+	// agent does not take in this long ends its connection, and the
+	// answer is dropped. An answer as such has no deadline (a slow tool's,
+	// a session's stream); an agent that stops reading has. Zero means
+	// DefaultWriteStallTimeout. (It is Handler's, not only HTTPServer's.)
+	WriteStallTimeout time.Duration
 }
 
 // Defaults of HTTPOptions (the connection limits are `tether serve`'s).
@@ -67,6 +74,7 @@ const (
 	DefaultReadTimeout        = 30 * time.Second
 	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultMaxHeaderBytes     = 64 << 10
+	DefaultWriteStallTimeout  = 30 * time.Second
 )
 
 // HTTPServer is the server `tether mcp serve` runs: Handler behind
@@ -156,8 +164,53 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		}
 		bearer.ServeHTTP(w, r)
 	}))
-	return mux
+	return writeStallDeadline(cmp.Or(opts.WriteStallTimeout, DefaultWriteStallTimeout), mux)
 }
+
+// writeStallDeadline gives each write of an answer d to reach the agent.
+// The gateway holds what it has not written — up to a tool's whole result,
+// 16 MiB, per call — so an agent that asked and then read nothing kept it
+// in memory for as long as it kept its connection (one per call, up to its
+// calls in flight, and a swarm's agents each as many). Each write and
+// flush is now armed with d (from when it starts, so a long answer the
+// agent keeps reading has no deadline as a whole); one the agent does not
+// take in d fails, which ends the request and closes the connection. A
+// request starts with the deadline cleared (a keep-alive connection keeps
+// the last one armed), and the server's own last flush after the handler
+// gets d too.
+func writeStallDeadline(d time.Duration, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rc := http.NewResponseController(w)
+		_ = rc.SetWriteDeadline(time.Time{})
+		sw := &stallWriter{ResponseWriter: w, rc: rc, d: d}
+		next.ServeHTTP(sw, r)
+		sw.arm()
+	})
+}
+
+// stallWriter arms the connection's write deadline before each write.
+type stallWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+	d  time.Duration
+}
+
+func (w *stallWriter) arm() { _ = w.rc.SetWriteDeadline(time.Now().Add(w.d)) }
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	w.arm()
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *stallWriter) Flush() { _ = w.FlushError() }
+
+func (w *stallWriter) FlushError() error {
+	w.arm()
+	return w.rc.Flush()
+}
+
+// Unwrap lets an http.ResponseController reach the connection.
+func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // refuseBatches answers a POST whose body is a JSON-RPC batch with 400 and
 // a JSON-RPC error, before any of it runs. A batch is as many requests as

@@ -24,8 +24,15 @@ import (
 // serveGateway serves gw over Streamable HTTP and returns its MCP URL.
 func serveGateway(t *testing.T, gw *mcpgate.Gateway) string {
 	t.Helper()
+	return serveGatewayWith(t, gw, mcpgate.HTTPOptions{})
+}
+
+// serveGatewayWith is serveGateway with opts (BaseURL is set here).
+func serveGatewayWith(t *testing.T, gw *mcpgate.Gateway, opts mcpgate.HTTPOptions) string {
+	t.Helper()
 	gwHTTP := httptest.NewUnstartedServer(nil)
-	gwHTTP.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + gwHTTP.Listener.Addr().String()})
+	opts.BaseURL = "http://" + gwHTTP.Listener.Addr().String()
+	gwHTTP.Config.Handler = gw.Handler(opts)
 	gwHTTP.Start()
 	t.Cleanup(gwHTTP.Close)
 	return gwHTTP.URL + mcpgate.EndpointPath

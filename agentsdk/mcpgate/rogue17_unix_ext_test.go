@@ -195,7 +195,9 @@ func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	endpoint := serveGateway(t, gw)
+	// (Held for the whole test: the gateway gives up on writing to an
+	// agent that reads nothing only after its write-stall timeout.)
+	endpoint := serveGatewayWith(t, gw, mcpgate.HTTPOptions{WriteStallTimeout: time.Hour})
 	honest := connectAgent(t, endpoint, otherAgent(t, w, "honest", "mcp:*"), nil)
 
 	stalling := newStallingAgent(`"name":"big"`)
@@ -330,4 +332,62 @@ func TestARogueLeavingItsCallsIsStillHeldToItsCallsInFlight(t *testing.T) {
 	if got, err := callText(t, rogue, "echo", map[string]any{"text": "third"}); rpcCode(err) != mcpgate.CodeTooManyCalls {
 		t.Fatalf("the rogue's third call with two left running at the upstream: %q, %v; want refused (%d)", got, err, mcpgate.CodeTooManyCalls)
 	}
+}
+
+// A rogue agent that reads none of its answers does not hold them in the
+// gateway for as long as it keeps its connections. The gateway counted
+// each against the node's calls in flight until written
+// (TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight), but kept them
+// — 8 MiB each here, up to 16 MiB — in its memory for ever, as many per
+// agent as its calls in flight and a swarm's agents each as many. A write
+// the agent does not take within the write-stall timeout now ends its
+// connection and drops the answer: without the rogue reading or letting
+// go, its calls are its own again. (The deadline is a socket's, on the
+// real clock; the test waits for its effect, not for a time.)
+func TestARogueNotReadingItsAnswersDoesNotHoldThemInTheGateway(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	events := &mcptest.Events{}
+	var asked sync.WaitGroup
+	asked.Add(2)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
+	up := frontedUpstream(t, sdk, func(_ http.ResponseWriter, _ *http.Request, body []byte) bool {
+		if strings.Contains(string(body), `"name":"big"`) {
+			asked.Done()
+		}
+		return false
+	})
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "files", URL: up.URL}}, MaxCallsPerNode: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	endpoint := serveGatewayWith(t, gw, mcpgate.HTTPOptions{WriteStallTimeout: 200 * time.Millisecond})
+
+	stalling := newStallingAgent(`"name":"big"`)
+	t.Cleanup(stalling.release)
+	rogueHTTP := &http.Client{Transport: mcptest.Bearer{Token: w.grant.Token, Next: stalling}}
+	rogue, err := mcp.NewClient(&mcp.Implementation{Name: "rogue", Version: "1"}, nil).Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: endpoint, HTTPClient: rogueHTTP}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogueCtx, rogueStop := context.WithCancel(context.Background())
+	t.Cleanup(func() { rogueStop(); _ = rogue.Close() })
+	for range 2 {
+		go func() {
+			_, _ = rogue.CallTool(rogueCtx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"bytes": 8 << 20}})
+		}()
+	}
+	asked.Wait()
+	// The rogue never reads nor lets go; the gateway gives up writing to
+	// it, and its next call is admitted.
+	testserver.WaitFor(t, 20*time.Second, "the rogue's next call to be admitted while it still reads nothing", func() bool {
+		got, err := callText(t, rogue, "echo", map[string]any{"text": "next"})
+		if err != nil && rpcCode(err) != mcpgate.CodeTooManyCalls {
+			t.Fatalf("the rogue's call: %v", err)
+		}
+		return err == nil && got == "next"
+	})
 }

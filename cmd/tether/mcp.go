@@ -192,6 +192,7 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 	f.DurationVar(&conns.ReadHeaderTimeout, "read-header-timeout", mcpgate.DefaultReadHeaderTimeout, "time to read a request's headers")
 	f.DurationVar(&conns.ReadTimeout, "read-timeout", mcpgate.DefaultReadTimeout, "time to read a request's body (the answer, a slow tool's or a stream, has none)")
 	f.DurationVar(&conns.IdleTimeout, "idle-timeout", mcpgate.DefaultIdleTimeout, "close a keep-alive connection with no request in flight after this long")
+	f.DurationVar(&conns.WriteStallTimeout, "write-stall-timeout", mcpgate.DefaultWriteStallTimeout, "close an agent's connection when one write of its answer is not taken in this long (the answer is dropped)")
 	f.IntVar(&conns.MaxHeaderBytes, "max-header-bytes", mcpgate.DefaultMaxHeaderBytes, "largest request headers (431 past it)")
 	gf.register(f)
 	uf.register(f)
