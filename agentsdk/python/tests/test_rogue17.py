@@ -9,7 +9,17 @@ ACTIVE, so its work ran on, renewing in vain, up to the lease's expiry."""
 
 from __future__ import annotations
 
-from tether_agentsdk import Conn, LeaseWorker
+import http.client
+import http.server
+import json
+import struct
+import threading
+import urllib.parse
+
+import pytest
+
+from helpers import terminate, wait_for
+from tether_agentsdk import Agent, Conn, LeaseWorker, ToolCallCancelled, ToolGate
 from tether_agentsdk.leaseworker import LEASE_LOST, OWNERSHIP_CONFLICT
 
 
@@ -36,3 +46,133 @@ def test_a_recorded_ownership_conflict_halts_the_job(server, tree, tmp_path):
     finally:
         job.stop()
         w.close()
+
+
+class ShapeBreakingPeer:
+    """A control-plane-side peer on loopback in front of the real server (a
+    proxy gone wrong, or a hostile one): it relays every call, except that
+    it answers the first call of each method in ``once`` itself, with a JSON
+    object of the wrong shape (a unary answer, or a stream's one message
+    before the stream breaks)."""
+
+    def __init__(self, upstream: str, once: dict[str, dict]):
+        self.upstream = urllib.parse.urlsplit(upstream)
+        self.once = dict(once)
+        self.served: dict[str, int] = {}
+        self.lock = threading.Lock()
+        peer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                method = self.path.rsplit("/", 1)[-1]
+                with peer.lock:
+                    bad = peer.once.pop(method, None)
+                    if bad is not None:
+                        peer.served[method] = peer.served.get(method, 0) + 1
+                if bad is not None:
+                    data = json.dumps(bad).encode()
+                    streaming = self.headers.get("Content-Type", "").startswith("application/connect+")
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/connect+json" if streaming else "application/json")
+                    self.end_headers()
+                    self.wfile.write(struct.pack(">BI", 0, len(data)) + data if streaming else data)
+                    return  # a stream breaks after its message (HTTP/1.0: the connection closes)
+                up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                up.request("POST", self.path, body=body, headers=headers)
+                resp = up.getresponse()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
+                        self.send_header(k, v)
+                self.end_headers()
+                try:
+                    while chunk := resp.read1(65536):
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                except (OSError, http.client.HTTPException):
+                    pass  # either side left: the relayed stream ends here
+                finally:
+                    up.close()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def has_served(self, *methods: str) -> bool:
+        with self.lock:
+            return all(self.served.get(m) for m in methods)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# The signal stream, the heartbeat and the lease renew loop each run on a
+# daemon thread that caught only ConnectError: one answer of the wrong shape
+# (an "opened" that is not an object, a credential that is a string, a lease
+# that is a list) raised out of the loop and ended the thread, silently. The
+# agent then never heard its stop, nor the job its cancel: it ran on. Go and
+# TypeScript drop such a stream as broken and open it again.
+
+
+def test_an_answer_of_the_wrong_shape_does_not_deafen_the_agent_to_its_stop(server, operator):
+    root = Agent.register_root(operator, "rogue17-deafened")
+    peer = ShapeBreakingPeer(server.url, {
+        "WatchSignals": {"opened": ["not", "an", "object"]},
+        "Heartbeat": {"credential": "not an object", "signal": "abort"},
+    })
+    agent = Agent.join(peer.url, root.credential)
+    agent.heartbeat_every = 0.1
+    try:
+        agent.start()
+        wait_for("the peer's two bad answers", lambda: peer.has_served("WatchSignals", "Heartbeat"))
+        terminate(operator, root.node_id, "abort", window="5s", ack="5s", confirm="5s")
+        assert agent.aborted.wait(30), "the agent never heard its abort: a bad answer ended its signal and heartbeat threads"
+        assert agent.signal is not None and agent.signal.abort
+    finally:
+        agent.close()
+        root.close()
+        peer.close()
+
+
+def test_an_answer_of_the_wrong_shape_does_not_deafen_a_job_to_its_cancel(server, tree, tmp_path):
+    child = tree.root.spawn("worker")
+    job_id = "job-deafened-" + child.node_id
+    peer = ShapeBreakingPeer(server.url, {"Renew": {"lease": ["not", "an", "object"], "decision": {}}})
+    w = LeaseWorker(Conn(peer.url, child.credential), str(tmp_path), renew_every=0.1)
+    job = w.accept(tree.operator.call("LeaseService", "Offer", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "300s"})["lease"])
+    try:
+        wait_for("the peer's bad answer", lambda: peer.has_served("Renew"))
+        tree.operator.call("LeaseService", "RequestCancel", {"jobId": job_id, "reason": "stop the job"})
+        assert job.cancelled.wait(30), "the job never heard its cancel: a bad answer ended its renew loop"
+    finally:
+        job.stop()
+        w.close()
+        peer.close()
+
+
+def test_an_answer_of_the_wrong_shape_does_not_deafen_a_gate_to_its_cancel_orders(server, tree):
+    # A gate deaf to its orders lets a stopped agent's call run on: the
+    # rogue's call escapes its abort, and the record blames the tool server.
+    name = "rogue17-gate-" + tree.root.node_id[-8:]
+    minted = tree.operator.call("AuthService", "CreateToken", {"toolServer": name})
+    peer = ShapeBreakingPeer(server.url, {"WatchCancels": {"callId": ["not", "a", "call", "id"]}})
+    gate = ToolGate(Conn(peer.url, minted["token"]), name).start()
+    child = tree.root.spawn("rogue")
+    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:search"], ttl=600)
+    try:
+        wait_for("the peer's bad order", lambda: peer.has_served("WatchCancels"))
+        with pytest.raises(ToolCallCancelled):
+            with gate.call(grant.token, "search") as call:
+                terminate(tree.operator, child.node_id, "abort", window="5s", ack="30s", confirm="5s")
+                assert call.cancelled.wait(30), "the gate never heard the order: a bad answer ended its thread"
+                call.check()
+    finally:
+        gate.close()
+        peer.close()

@@ -289,6 +289,10 @@ class Job:
                 except ConnectError as e:
                     if not _retryable(e):
                         log.warning("tether: lease renew of %s refused: %s", self.job_id, e)
+                except Exception as e:  # noqa: BLE001 — the loop is how the job hears its cancel
+                    # An answer of the wrong shape (a proxy's, or a hostile
+                    # peer's) judges nothing: the next renewal asks again.
+                    log.warning("tether: lease renew of %s: an answer of the wrong shape (%s: %s)", self.job_id, e.__class__.__name__, e)
         finally:
             self.done.set()
 
