@@ -19,7 +19,8 @@ import urllib.parse
 import pytest
 
 from helpers import terminate, wait_for
-from tether_agentsdk import Agent, Conn, LeaseWorker, ToolCallCancelled, ToolGate
+from conftest import require_extra
+from tether_agentsdk import Agent, Conn, GrantRevoked, LeaseWorker, ToolCallCancelled, ToolGate, Verifier, _wire
 from tether_agentsdk.leaseworker import LEASE_LOST, OWNERSHIP_CONFLICT
 
 
@@ -66,8 +67,11 @@ class ShapeBreakingPeer:
             def log_message(self, *args):  # quiet
                 pass
 
+            def do_GET(self):  # the key set
+                self.do_POST()
+
             def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else None
                 method = self.path.rsplit("/", 1)[-1]
                 with peer.lock:
                     bad = peer.once.pop(method, None)
@@ -83,7 +87,7 @@ class ShapeBreakingPeer:
                     return  # a stream breaks after its message (HTTP/1.0: the connection closes)
                 up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                up.request("POST", self.path, body=body, headers=headers)
+                up.request(self.command, self.path, body=body, headers=headers)
                 resp = up.getresponse()
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
@@ -175,4 +179,26 @@ def test_an_answer_of_the_wrong_shape_does_not_deafen_a_gate_to_its_cancel_order
                 call.check()
     finally:
         gate.close()
+        peer.close()
+
+
+def test_an_answer_of_the_wrong_shape_does_not_stall_a_verifier_for_good(server, tree):
+    # A verifier whose feed thread ended is stale from then on: it fails
+    # closed (refusing every honest agent's token) and never hears a
+    # revocation again.
+    require_extra("cryptography")
+    peer = ShapeBreakingPeer(server.url, {"WatchRevocations": {"tombstones": ["not a tombstone"], "headSequence": "1"}})
+    v = Verifier(Conn(peer.url, server.admin), staleness_budget=30.0)
+    child = tree.root.spawn("worker")
+    grant = tree.root.delegate(tree.root_grant_id, child.node_id, ["tool:search"], ttl=600)
+    try:
+        with v:
+            wait_for("the peer's bad feed message", lambda: peer.has_served("WatchRevocations"))
+            assert v.ready.wait(30), "the feed never delivered: a bad message ended the verifier's thread"
+            v.verify(grant.token)
+            seq = _wire.uint64(tree.operator.call("CapabilityService", "Revoke", {"grantId": grant.grant_id, "reason": "rogue17"})["sequence"])
+            assert v.wait_for_sequence(seq, timeout=30), "the revocation never arrived"
+            with pytest.raises(GrantRevoked):
+                v.verify(grant.token)
+    finally:
         peer.close()
