@@ -349,6 +349,14 @@ class ServerStream:
 _F = TypeVar("_F", bound="StreamFollower")
 
 
+def close_stream(stream: "ServerStream | None") -> None:
+    """Closes the stream a follower leaves on a message it could not use
+    (one of the wrong shape: a proxy's, or a hostile peer's), before it
+    opens another."""
+    if stream is not None:
+        stream.close()
+
+
 class StreamFollower:
     """What a client that follows a server stream on a daemon thread shares:
     the stop event, the open stream and the thread, which ``close`` stops,

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn
+from ._connect import PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -349,6 +349,13 @@ class Agent:
                 if self._credential_dead(e):
                     return
                 log.warning("tether: signal stream interrupted (%s); reconnecting", e)
+            except Exception as e:  # noqa: BLE001 — this thread is how the agent hears its stop
+                # A message of the wrong shape (a proxy's, or a hostile
+                # peer's): the stream is broken, as the Go and TypeScript
+                # SDKs' decoders say; the thread must not end on it, or no
+                # later stop would be heard.
+                close_stream(self._stream)
+                log.warning("tether: signal stream: an answer of the wrong shape (%s: %s); reconnecting", e.__class__.__name__, e)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 
@@ -366,6 +373,8 @@ class Agent:
                 if self._credential_dead(e):
                     return
                 log.warning("tether: heartbeat failed: %s", e)
+            except Exception as e:  # noqa: BLE001 — an answer of the wrong shape must not end the heartbeats
+                log.warning("tether: heartbeat: an answer of the wrong shape (%s: %s)", e.__class__.__name__, e)
             self._stop.wait(self.heartbeat_every)
 
     def __repr__(self) -> str:

@@ -25,6 +25,10 @@ CANCELLED = "TERMINAL_RESULT_CANCELLED"
 LEASE_CANCELLED = "cancelled"  # the coordinator requested cancellation
 LEASE_LOST = "lost"  # the generation no longer has authority (expired, superseded, terminal)
 JOB_ENDED = "ended"  # the worker completed or stopped the job
+# The coordinator recorded an ownership conflict on the generation (a second
+# claimant): execution halts until the coordinator resolves it, as the Go
+# worker's OwnershipConflictError and the TypeScript worker's "lost" say.
+OWNERSHIP_CONFLICT = "ownership_conflict"
 
 # The RPC for each spooled message kind.
 _METHODS = {"ack": "Ack", "renew": "Renew", "progress": "Progress", "cancelAck": "CancelAck", "complete": "Complete"}
@@ -192,7 +196,9 @@ class LeaseWorker:
         """ACKs an offered lease (which must be this agent's) and starts
         renewing it. The job's ``stopped`` event is set when the coordinator
         requests cancellation (cause LEASE_CANCELLED), says the generation
-        lost authority (LEASE_LOST), or the worker ends it (JOB_ENDED)."""
+        lost authority (LEASE_LOST), records an ownership conflict on it
+        (OWNERSHIP_CONFLICT: execution halts until the coordinator resolves
+        it), or the worker ends it (JOB_ENDED)."""
         req = {"jobId": offered["jobId"], "leaseId": offered["leaseId"], "leaseGeneration": str(offered.get("leaseGeneration", "0")), "sentAt": _now()}
         with self._send_lock:
             self._replay_locked()
@@ -204,7 +210,7 @@ class LeaseWorker:
         # The ACK's answer is acted on as any other: a job this agent
         # already held (its ACK a DUPLICATE, after a restart) may already
         # have a cancel request, and its work must not begin as if not.
-        job._observe(resp["lease"], job.generation)
+        job._observe(resp["lease"], job.generation, decision)
         job._start()
         return job
 
@@ -283,6 +289,10 @@ class Job:
                 except ConnectError as e:
                     if not _retryable(e):
                         log.warning("tether: lease renew of %s refused: %s", self.job_id, e)
+                except Exception as e:  # noqa: BLE001 — the loop is how the job hears its cancel
+                    # An answer of the wrong shape (a proxy's, or a hostile
+                    # peer's) judges nothing: the next renewal asks again.
+                    log.warning("tether: lease renew of %s: an answer of the wrong shape (%s: %s)", self.job_id, e.__class__.__name__, e)
         finally:
             self.done.set()
 
@@ -293,11 +303,21 @@ class Job:
             seq = self._renew_seq
         gen = self.generation
         resp = self.worker._send("renew", {**self._claim(), "renewSequence": str(seq)})
-        self._observe(resp.get("lease"), gen)
+        self._observe(resp.get("lease"), gen, resp.get("decision"))
         return resp.get("decision", {})
 
-    def _observe(self, lease: dict | None, generation: int) -> None:
+    def _observe(self, lease: dict | None, generation: int, decision: dict | None = None) -> None:
         if not lease:
+            return
+        if lease.get("ownershipConflict") and _wire.uint64(lease.get("leaseGeneration")) == generation or \
+                (decision or {}).get("auditEvent") == "AUDIT_EVENT_OWNERSHIP_CONFLICT":
+            # Another identity claims this generation: whatever else the
+            # answer says (the lease stays ACTIVE until the coordinator
+            # resolves it or it expires), the work must not go on as if it
+            # were ours.
+            with self._lock:
+                self.lease = lease
+            self._end(OWNERSHIP_CONFLICT)
             return
         with self._lock:
             self.lease = lease
@@ -331,7 +351,7 @@ class Job:
             seq = self._progress_seq
         gen = self.generation
         resp = self.worker._deliver("progress", {**self._claim(), "progressSequence": str(seq), "progressValue": value})
-        self._observe(resp.get("lease"), gen)
+        self._observe(resp.get("lease"), gen, resp.get("decision"))
         return resp.get("decision", {})
 
     def complete(self, result: str = SUCCESS, detail: str = "") -> dict:

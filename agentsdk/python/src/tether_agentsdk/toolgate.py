@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Union
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower
+from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -157,6 +157,9 @@ class ToolGate(StreamFollower):
                     return
             except ConnectError as e:
                 log.warning("tether: gate %s: cancel orders interrupted (%s); reconnecting", self.gate_id, e)
+            except Exception as e:  # noqa: BLE001 — this thread is how the gate hears its cancel orders
+                close_stream(self._stream)
+                log.warning("tether: gate %s: cancel orders: an answer of the wrong shape (%s: %s); reconnecting", self.gate_id, e.__class__.__name__, e)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import ConnectError, Conn, StreamFollower
+from ._connect import ConnectError, Conn, StreamFollower, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -412,10 +412,11 @@ class Verifier(StreamFollower):
                     applied += 1
                 if self._stop.is_set():
                     return
-            except (ConnectError, ValueError) as e:
+            except Exception as e:  # noqa: BLE001 — a message of the wrong shape breaks the stream, never this thread
+                close_stream(self._stream)
                 if self._stop.is_set():
                     return
-                log.warning("tether: revocation feed interrupted (%s); reconnecting", e)
+                log.warning("tether: revocation feed interrupted (%s: %s); reconnecting", e.__class__.__name__, e)
             if applied:
                 backoff = 0.05
             self._stop.wait(backoff)
