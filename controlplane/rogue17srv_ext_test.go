@@ -1,0 +1,159 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The seventeenth hostile pass on the server's resources.
+//
+// TestARoguesTerminationWatchesDoNotSlowEveryCommit: every WatchTermination
+// stream opened a store watch of its own, and the store hands each commit's
+// events to every open watch in turn (Badger: in the committer, under the
+// hub's lock, before the commit's callers are answered; etcd: an etcd
+// watch and a revision read each). An agent may watch the terminations it
+// requested, so a rogue that stopped its own child with a day's window and
+// then opened its lineage's whole share of streams on that one termination
+// (5,000 by default) made every commit of the server — any tree's
+// heartbeat, renewal, spawn — pay for 5,000 watches, for one request per
+// stream. The supervisor now follows every termination with one store
+// watch and hands each stream its termination's changes: the store's open
+// watches do not grow with the streams, and each stream still gets every
+// change of its termination, to its end.
+
+// storeWatches returns how many watches the server's store holds open.
+func storeWatches(t *testing.T, srv *testserver.Server) int {
+	t.Helper()
+	counter, ok := srv.Store().(interface{ Watches() int })
+	if !ok {
+		t.Fatalf("the store %T does not count its watches", srv.Store())
+	}
+	return counter.Watches()
+}
+
+// TestARoguesTerminationWatchesDoNotSlowEveryCommit: see the file's header.
+func TestARoguesTerminationWatchesDoNotSlowEveryCommit(t *testing.T) {
+	const streams = 40
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.Conn.MaxStreamsPerCaller = streams + 8
+		cfg.Conn.MaxStreamsPerLineage = streams + 8
+	})
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	rogueC := srv.Clients(rogue.Credential)
+	child := spawn(t, rogueC, rogue.Node.NodeId, "child")
+	term := terminate(t, rogueC, child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, 24*time.Hour, 24*time.Hour, 24*time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING) // waiting a day for the child's exit
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
+	defer cancel()
+	// One watch of the operator's first, so that whatever the server
+	// keeps for watching terminations at all is counted in the baseline.
+	opStream, err := admin.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: term.TerminationId}))
+	if err != nil || !opStream.Receive() {
+		t.Fatalf("the operator's watch of %s: %v %v", term.TerminationId, err, opStream.Err())
+	}
+	defer opStream.Close()
+	before := storeWatches(t, srv)
+
+	type watch = *connect.ServerStreamForClient[tetherv1.WatchTerminationResponse]
+	var watches []watch
+	defer func() {
+		for _, w := range watches {
+			_ = w.Close()
+		}
+	}()
+	for i := range streams {
+		w, err := rogueC.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: term.TerminationId}))
+		if err != nil {
+			t.Fatalf("the rogue's watch %d: %v", i, err)
+		}
+		if !w.Receive() { // the first message: the stream is admitted and watching
+			t.Fatalf("the rogue's watch %d: %v", i, w.Err())
+		}
+		watches = append(watches, w)
+	}
+	if got := storeWatches(t, srv); got > before {
+		t.Fatalf("the rogue's %d watches of its own termination hold %d more store watches open (%d, from %d): every commit of the server pays for each", streams, got-before, got, before)
+	}
+
+	// Each stream still follows its termination to its end: the child's
+	// exit, attested by its launcher, lets the drain finish.
+	if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: child.Node.NodeId, Reason: "the launcher saw it exit"})); err != nil {
+		t.Fatalf("the launcher's confirmation of the child's exit: %v", err)
+	}
+	clk.Advance(time.Second)
+	for i, w := range append([]watch{opStream}, watches...) {
+		var last *tetherv1.Termination
+		for w.Receive() {
+			last = w.Msg().Termination
+		}
+		if err := w.Err(); err != nil {
+			t.Fatalf("watch %d ended with %v", i, err)
+		}
+		if last.GetState() != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
+			t.Fatalf("watch %d ended at %v, want its termination's end", i, last.GetState())
+		}
+	}
+	testserver.WaitFor(t, 20*time.Second, "the store's watches to close with the streams", func() bool {
+		return storeWatches(t, srv) < before
+	})
+}
+
+// TestATerminationWatchSurvivesALaggedStoreWatch: the streams share the
+// supervisor's one store watch of the terminations, so when that watch
+// falls behind it is established again and each stream reads its
+// termination afresh: a change made while it was down (here the exit
+// confirmation the termination waits for) still reaches the watching
+// stream, which ends with the termination's end, not with the lag.
+func TestATerminationWatchSurvivesALaggedStoreWatch(t *testing.T) {
+	b, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() }) // after the server stops (cleanups run last-in first-out)
+	st := &laggingStore{Store: b}
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.Store = st })
+	admin := srv.AdminClients()
+	root := register(t, admin, "worker")
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute, time.Hour)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a guard against a hang, not a timing
+	defer cancel()
+	watch, err := admin.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: term.TerminationId}))
+	if err != nil || !watch.Receive() {
+		t.Fatalf("the watch of %s: %v %v", term.TerminationId, err, watch.Err())
+	}
+	defer watch.Close()
+	release := st.hold("supervisor.(*terminationWatches).follow") // the watch stays down until released
+	if n := st.lag("supervisor.(*terminationWatches)"); n != 1 {
+		t.Fatalf("lagged %d store watches of the terminations' streams, want their one", n)
+	}
+	if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: root.Node.NodeId})); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	release()
+	var last *tetherv1.Termination
+	for watch.Receive() {
+		last = watch.Msg().Termination
+	}
+	if err := watch.Err(); err != nil {
+		t.Fatalf("the watch ended with %v, want the termination's end", err)
+	}
+	if last.GetState() != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
+		t.Fatalf("the watch ended at %v, want TERMINATED", last.GetState())
+	}
+}
