@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -29,6 +30,20 @@ import (
 // watch and hands each stream its termination's changes: the store's open
 // watches do not grow with the streams, and each stream still gets every
 // change of its termination, to its end.
+
+// TestAToolServerTokenIsListedAndRevocableByItsID: every token minted
+// through CreateToken is recorded, so that `tether token list` shows it and
+// `tether token revoke ID` stops it — except a tool server's, which was
+// minted unrecorded. Whoever held an admin token (a leaked one, before its
+// rotation) could mint a tool-server token for a year under the name of a
+// real gate — reporting that gate's calls ended or acknowledged, relaying
+// agents' tokens, reading jobs' leases — and the recovery the README
+// prescribes (rotate the admin token, then list what it minted and revoke
+// those) found nothing: the token survived until its expiry or a rotation
+// of the signing keys, unless someone still held its value. A tool
+// server's token is now recorded like any other: listed (principal
+// tool:<name>, kind tool, who minted it), revocable by its id, refused on
+// its next call and its open streams ended.
 
 // storeWatches returns how many watches the server's store holds open.
 func storeWatches(t *testing.T, srv *testserver.Server) int {
@@ -155,5 +170,41 @@ func TestATerminationWatchSurvivesALaggedStoreWatch(t *testing.T) {
 	}
 	if last.GetState() != tetherv1.TerminationState_TERMINATION_STATE_TERMINATED {
 		t.Fatalf("the watch ended at %v, want TERMINATED", last.GetState())
+	}
+}
+
+// TestAToolServerTokenIsListedAndRevocableByItsID: see the file's header.
+func TestAToolServerTokenIsListedAndRevocableByItsID(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	minted, err := admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "shell-gate", Ttl: durationpb.New(controlplane.MaxOperatorTokenTTL)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := srv.Clients(minted.Msg.Token)
+	if err := whoAmI(gate); err != nil {
+		t.Fatalf("the tool server's first call: %v", err)
+	}
+
+	info, ok := listTokens(t, admin, false)[minted.Msg.TokenId]
+	if !ok {
+		t.Fatalf("tether token list does not show the tool-server token %s the admin minted: nobody can find it to revoke it", minted.Msg.TokenId)
+	}
+	if info.Principal != "tool:shell-gate" || info.Kind != "tool" || info.CreatedBy != "operator:admin" || info.Role != tetherv1.Role_ROLE_UNSPECIFIED ||
+		!info.ExpiresAt.AsTime().Equal(minted.Msg.ExpiresAt.AsTime()) {
+		t.Fatalf("the tool-server token is listed as %v, want principal tool:shell-gate, kind tool, no role, created by operator:admin, expiring %s", info, minted.Msg.ExpiresAt.AsTime())
+	}
+
+	resp, err := admin.Auth.RevokeToken(ctx, connect.NewRequest(&tetherv1.RevokeTokenRequest{TokenId: minted.Msg.TokenId, Reason: "minted with the leaked admin token"}))
+	if err != nil {
+		t.Fatalf("revoking the tool-server token by its id: %v", err)
+	}
+	if resp.Msg.AlreadyRevoked || resp.Msg.Token.GetPrincipal() != "tool:shell-gate" {
+		t.Fatalf("the revocation answered %v", resp.Msg)
+	}
+	wantLimit(t, "the revoked tool server's next call", whoAmI(gate), connect.CodeUnauthenticated, "revoked")
+	if info := listTokens(t, admin, true)[minted.Msg.TokenId]; info.GetRevokedAt() == nil || info.RevokedBy != "operator:admin" {
+		t.Fatalf("the revoked tool-server token is listed as %v, want revoked by operator:admin", info)
 	}
 }
