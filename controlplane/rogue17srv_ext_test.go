@@ -2,6 +2,10 @@ package controlplane_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +48,16 @@ import (
 // server's token is now recorded like any other: listed (principal
 // tool:<name>, kind tool, who minted it), revocable by its id, refused on
 // its next call and its open streams ended.
+
+// TestAnIPv6ClientCannotSpreadItsRequestsWithoutACredentialOverItsAddresses:
+// the requests that carry no valid credential are bounded per source
+// address (--anonymous-rate-limit), which is what keeps a flood of forged
+// tokens from costing a signature verification each. An IPv6 client is
+// given a /64 at least — 2^64 addresses it may send from — so keyed by the
+// whole address the bound was none: each new address came with a fresh
+// burst, and left a budget in the server's memory for a minute. An IPv6
+// source is now budgeted by its /64 (an IPv4 one still by its address),
+// and the refusal names the block.
 
 // storeWatches returns how many watches the server's store holds open.
 func storeWatches(t *testing.T, srv *testserver.Server) int {
@@ -207,4 +221,72 @@ func TestAToolServerTokenIsListedAndRevocableByItsID(t *testing.T) {
 	if info := listTokens(t, admin, true)[minted.Msg.TokenId]; info.GetRevokedAt() == nil || info.RevokedBy != "operator:admin" {
 		t.Fatalf("the revoked tool-server token is listed as %v, want revoked by operator:admin", info)
 	}
+}
+
+// posingListener gives each connection it accepts the source address
+// pose holds at that moment, as if the client had dialled from there.
+type posingListener struct {
+	net.Listener
+	pose atomic.Pointer[net.TCPAddr]
+}
+
+func (l *posingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if a := l.pose.Load(); a != nil {
+		return posingConn{Conn: c, remote: a}, nil
+	}
+	return c, nil
+}
+
+type posingConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c posingConn) RemoteAddr() net.Addr { return c.remote }
+
+// TestAnIPv6ClientCannotSpreadItsRequestsWithoutACredentialOverItsAddresses:
+// see the file's header.
+func TestAnIPv6ClientCannotSpreadItsRequestsWithoutACredentialOverItsAddresses(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	posing := &posingListener{Listener: ln}
+	clk := clock.NewManual(epoch)
+	ctx, cancel := context.WithCancel(context.Background())
+	srv, err := controlplane.New(ctx, controlplane.Config{DataDir: t.TempDir(), Listen: ln.Addr().String(), Clock: clk, AnonymousRateLimit: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, posing) }()
+	t.Cleanup(func() { cancel(); <-done; _ = srv.Close() })
+
+	// from sends one request with a forged credential from addr, on a
+	// connection of its own.
+	from := func(addr string) error {
+		posing.pose.Store(&net.TCPAddr{IP: net.ParseIP(addr), Port: 40000})
+		return whoAmI(testserver.NewClients(testserver.H2CClient(), "http://"+ln.Addr().String(), "forged"))
+	}
+	// The burst of 2 from one /64, each request from another address.
+	for _, addr := range []string{"2001:db8:1:2::a", "2001:db8:1:2:ffff:ffff:ffff:fffe"} {
+		if err := from(addr); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("a forged credential from %s within the burst: %v, want unauthenticated", addr, err)
+		}
+	}
+	wantLimit(t, "a third forged credential from the same /64, from yet another address", from("2001:db8:1:2::c"),
+		connect.CodeResourceExhausted, "without a valid credential from 2001:db8:1:2::/64")
+	// Another /64 has its own budget, and IPv4 sources are still each their
+	// own (a /24 is many subscribers).
+	for _, addr := range []string{"2001:db8:1:3::a", "192.0.2.1", "192.0.2.1", "192.0.2.2"} {
+		if err := from(addr); connect.CodeOf(err) != connect.CodeUnauthenticated {
+			t.Fatalf("a forged credential from %s, whose budget is its own: %v, want unauthenticated", addr, err)
+		}
+	}
+	wantLimit(t, "a third forged credential from 192.0.2.1", from("192.0.2.1"), connect.CodeResourceExhausted, "without a valid credential from 192.0.2.1 exceeded")
 }

@@ -148,8 +148,9 @@ type Config struct {
 	// request, like a unary call.
 	RateLimit float64
 	RateBurst float64
-	// AnonymousRateLimit bounds, per source address, the requests that
-	// carry no valid credential (bursts of twice that); zero: unlimited.
+	// AnonymousRateLimit bounds, per source address (an IPv6 address's
+	// /64), the requests that carry no valid credential (bursts of twice
+	// that); zero: unlimited.
 	AnonymousRateLimit float64
 	// OperatorTokenTTL is the lifetime of a token CreateToken mints when
 	// the request names none; default 24h.

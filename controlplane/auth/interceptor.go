@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,8 +115,9 @@ type Interceptor struct {
 	Held  map[string]bool
 	Holds func(ctx context.Context, p Principal, msg any) bool
 	Owing *RateLimiter
-	// Anonymous bounds, per source address, the requests that carry no
-	// valid credential (nil: unlimited). An address past it is refused
+	// Anonymous bounds, per source address (an IPv6 address's /64:
+	// sourceOf), the requests that carry no valid credential (nil:
+	// unlimited). An address past it is refused
 	// before its next credential is verified.
 	Anonymous *RateLimiter
 	// MaxStreams bounds the streams one principal holds open at once
@@ -201,7 +203,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			// verification: a flood of bad tokens costs a map lookup each.
 			if peer != "" {
 				if limited, wait := i.Anonymous.Exhausted(sourceBudget(peer)); limited {
-					return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", hostOf(peer)), wait)
+					return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
 				}
 			}
 			p, err = i.Cache.verify(i.Issuer, token, now)
@@ -210,7 +212,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	if err != nil {
 		if peer != "" {
 			if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-				return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", hostOf(peer)), wait)
+				return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
 			}
 		}
 		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
@@ -410,7 +412,28 @@ func rateLimited(who string, wait time.Duration) error {
 	return err
 }
 
-func sourceBudget(peer string) string { return "addr:" + hostOf(peer) }
+func sourceBudget(peer string) string { return "addr:" + sourceOf(peer) }
+
+// sourceOf names the source a request without a valid credential is
+// budgeted by: an IPv4 address, or an IPv6 address's /64 — the block one
+// subscriber is given at least, all of whose addresses it may send from
+// (keyed by the whole address, each of them would come with a fresh
+// burst and leave a budget in memory for a minute).
+func sourceOf(peer string) string {
+	host := hostOf(peer)
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if ip = ip.Unmap().WithZone(""); ip.Is4() {
+		return ip.String()
+	}
+	block, err := ip.Prefix(64)
+	if err != nil {
+		return host
+	}
+	return block.String()
+}
 
 func hostOf(addr string) string {
 	if host, _, err := net.SplitHostPort(addr); err == nil {
