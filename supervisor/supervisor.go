@@ -286,7 +286,7 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 	if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
 		return fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
-	sub, err := s.watches.subscribe(s.Store, terminationID)
+	sub, err := s.watches.subscribe(ctx, s.Store, terminationID)
 	if err != nil {
 		return err
 	}

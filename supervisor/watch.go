@@ -23,8 +23,13 @@ type terminationWatches struct {
 	subs map[string]map[*terminationSub]struct{}
 }
 
-// watchRun is one store watch of the terminations, stopped by cancel.
-type watchRun struct{ cancel context.CancelFunc }
+// watchRun is one store watch of the terminations: ready is closed once
+// it is established (cancel then stops it) or failed to be (err).
+type watchRun struct {
+	ready  chan struct{}
+	cancel context.CancelFunc
+	err    error
+}
 
 // maxQueuedChanges bounds the changes a watching stream has not taken
 // yet; past it the stream reads its termination again instead (the latest
@@ -46,33 +51,65 @@ type terminationSub struct {
 	err    error
 }
 
-// subscribe registers a stream's interest in termination id, starting the
-// store watch if none runs: a change committed from now on reaches the
-// subscription, so a read after subscribe misses nothing.
-func (w *terminationWatches) subscribe(st store.Store, id string) (*terminationSub, error) {
-	sub := &terminationSub{id: id, notify: make(chan struct{}, 1)}
+// subscribe registers a stream's interest in termination id once a store
+// watch of the terminations is established, starting one if none runs: a
+// change committed from then on reaches the subscription, so a read after
+// subscribe misses nothing. It waits for the watch no longer than ctx.
+func (w *terminationWatches) subscribe(ctx context.Context, st store.Store, id string) (*terminationSub, error) {
+	for {
+		w.mu.Lock()
+		run := w.run
+		if run == nil {
+			run = &watchRun{ready: make(chan struct{})}
+			w.run = run
+			go w.start(st, run)
+		}
+		select {
+		case <-run.ready:
+			if run.err != nil {
+				w.mu.Unlock()
+				return nil, run.err
+			}
+			sub := &terminationSub{id: id, notify: make(chan struct{}, 1)}
+			if w.subs == nil {
+				w.subs = map[string]map[*terminationSub]struct{}{}
+			}
+			m := w.subs[id]
+			if m == nil {
+				m = map[*terminationSub]struct{}{}
+				w.subs[id] = m
+			}
+			m[sub] = struct{}{}
+			w.mu.Unlock()
+			return sub, nil
+		default:
+		}
+		w.mu.Unlock()
+		select {
+		case <-run.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// start establishes run's store watch, outside the lock (on etcd it reads
+// the cluster's revision first), then follows it.
+func (w *terminationWatches) start(st store.Store, run *watchRun) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sw, err := st.Watch(ctx, []byte(prefixTermination))
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.run == nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		sw, err := st.Watch(ctx, []byte(prefixTermination))
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		w.run = &watchRun{cancel: cancel}
-		go w.follow(ctx, st, w.run, sw)
+	if err != nil {
+		cancel()
+		run.err = err
+		w.run = nil
+		close(run.ready)
+		return
 	}
-	if w.subs == nil {
-		w.subs = map[string]map[*terminationSub]struct{}{}
-	}
-	m := w.subs[id]
-	if m == nil {
-		m = map[*terminationSub]struct{}{}
-		w.subs[id] = m
-	}
-	m[sub] = struct{}{}
-	return sub, nil
+	run.cancel = cancel
+	close(run.ready)
+	go w.follow(ctx, st, run, sw)
 }
 
 // unsubscribe ends a subscription; the store watch stops with the last.
@@ -85,7 +122,9 @@ func (w *terminationWatches) unsubscribe(sub *terminationSub) {
 			delete(w.subs, sub.id)
 		}
 	}
-	if len(w.subs) == 0 && w.run != nil {
+	if len(w.subs) == 0 && w.run != nil && w.run.cancel != nil {
+		// A run still being established is left to the next subscriber
+		// (or stays, one watch, until one comes and goes).
 		w.run.cancel()
 		w.run = nil
 	}
