@@ -1,15 +1,23 @@
 package controlplane_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
@@ -17,6 +25,7 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 // The seventeenth hostile pass on the server's resources.
@@ -58,6 +67,19 @@ import (
 // burst, and left a budget in the server's memory for a minute. An IPv6
 // source is now budgeted by its /64 (an IPv4 one still by its address),
 // and the refusal names the block.
+
+// TestARogueCannotBuyTheDecodingOfALargeRequestForOneRequest: a request
+// cost its caller one request of its budget whatever its size, up to
+// --max-request-bytes (1 MiB), and the server decodes the whole message
+// before a handler sees it: a Spawn of 100,000 labels took about 100 ms of
+// CPU to decode and refuse, 1.5 KiB of gzip inflating to 1 MiB of one
+// label repeated about 70 ms, where a small spawn costs under one (an
+// agent so spent the server's CPU a hundred times faster than its budget
+// said). A request's body now costs a request per 4 KiB past its first 4
+// KiB, charged as it is read and before any of it is decoded, and a
+// compressed one what a body of --max-request-bytes would, up front: the
+// rogue's large request is refused from its lineage's budget, which it
+// spent, and its next call waits for the budget to refill.
 
 // storeWatches returns how many watches the server's store holds open.
 func storeWatches(t *testing.T, srv *testserver.Server) int {
@@ -289,4 +311,85 @@ func TestAnIPv6ClientCannotSpreadItsRequestsWithoutACredentialOverItsAddresses(t
 		}
 	}
 	wantLimit(t, "a third forged credential from 192.0.2.1", from("192.0.2.1"), connect.CodeResourceExhausted, "without a valid credential from 192.0.2.1 exceeded")
+}
+
+// TestARogueCannotBuyTheDecodingOfALargeRequestForOneRequest: see the
+// file's header.
+func TestARogueCannotBuyTheDecodingOfALargeRequestForOneRequest(t *testing.T) {
+	const rate = 50 // bursts of 100: less than a 1 MiB body's price
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit = rate })
+	rogue := register(t, srv.AdminClients(), "rogue")
+	rogueC := srv.Clients(rogue.Credential)
+	ctx := context.Background()
+
+	// post sends a Spawn's bytes as the Connect protocol does, compressed
+	// or not, and returns the refusal.
+	post := func(body []byte, encoding string) error {
+		req, err := http.NewRequestWithContext(ctx, "POST", srv.URL+tetherv1connect.AgentServiceSpawnProcedure, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/proto")
+		req.Header.Set("Authorization", "Bearer "+rogue.Credential)
+		if encoding != "" {
+			req.Header.Set("Content-Encoding", encoding)
+		}
+		resp, err := srv.HTTP.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == http.StatusOK {
+			return nil
+		}
+		var e struct{ Code, Message string }
+		if err := json.Unmarshal(raw, &e); err != nil {
+			t.Fatalf("the answer %d %q", resp.StatusCode, raw)
+		}
+		code := connect.CodeUnknown
+		_ = code.UnmarshalText([]byte(e.Code))
+		return connect.NewError(code, errors.New(e.Message))
+	}
+	labels := map[string]string{}
+	for i := range 100_000 {
+		labels[fmt.Sprintf("%x", i)] = ""
+	}
+	big, err := proto.Marshal(&tetherv1.SpawnRequest{ParentNodeId: rogue.Node.NodeId, Name: "child", Labels: labels})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = post(big, "")
+	wantLimit(t, "a Spawn of 100,000 labels (1 MiB) from a lineage with a burst of 100 requests", err, connect.CodeResourceExhausted,
+		"costs a request per 4096 bytes", "lineage "+rogue.Node.NodeId)
+	// The budget went on the body's first bytes: the rogue's next call waits.
+	wantLimit(t, "the rogue's next call", whoAmI(rogueC), connect.CodeResourceExhausted, "lineage "+rogue.Node.NodeId)
+
+	clk.Advance(time.Minute) // the budget refills
+	// A few KiB of gzip that inflate to 1 MiB of one label repeated cost
+	// what 1 MiB does, before they are inflated.
+	entry, err := proto.Marshal(&tetherv1.SpawnRequest{Labels: map[string]string{"a": ""}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	_, _ = zw.Write(bytes.Repeat(entry, (1<<20-64)/len(entry)))
+	_ = zw.Close()
+	wantLimit(t, fmt.Sprintf("%d bytes of gzip inflating to 1 MiB of one label", gz.Len()), post(gz.Bytes(), "gzip"), connect.CodeResourceExhausted,
+		"a compressed request may inflate to", "lineage "+rogue.Node.NodeId)
+
+	// An ordinary spawn, and one near the labels' bound, cost what they
+	// did: the price is the budget, not a ban.
+	if _, err := rogueC.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogue.Node.NodeId, Name: "child"})); err != nil {
+		t.Fatalf("an ordinary spawn: %v", err)
+	}
+	full := map[string]string{}
+	for i := range 32 {
+		full[fmt.Sprintf("k%02d%s", i, strings.Repeat("k", 59))] = strings.Repeat("v", 63)
+	}
+	if _, err := rogueC.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogue.Node.NodeId, Name: "labelled", Labels: full})); err != nil {
+		t.Fatalf("a spawn with 32 full labels (about 4 KiB): %v", err)
+	}
 }

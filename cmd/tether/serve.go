@@ -149,7 +149,7 @@ first start (tether token rotate-admin replaces it).`,
 	storage.register(f)
 	f.Float64Var(&rateLimit, "rate-limit", 10000, "requests per second per budget, bursts of twice that; an agent's lineage (its root and every descendant) shares one budget, each operator has its own; every stream message counts as a request (a session heartbeats every 5s: 10,000 agents of one tree spend 2,000/s on heartbeats alone); 0 disables")
 	f.Float64Var(&anonRateLimit, "anonymous-rate-limit", 10, "requests per second per source address (an IPv6 address's /64) that carry no valid credential, bursts of twice that; 0 disables")
-	f.IntVar(&maxRequestBytes, "max-request-bytes", 1<<20, "largest request message, and each stream message, after decompression")
+	f.IntVar(&maxRequestBytes, "max-request-bytes", 1<<20, "largest request message, and each stream message, after decompression; a unary request's body past 4 KiB costs its caller a request of its rate budget per 4 KiB, a compressed one what this many bytes would")
 	f.DurationVar(&operatorTokenTTL, "token-ttl", 24*time.Hour, "lifetime of a token that tether token create mints without --ttl")
 	f.DurationVar(&limits.ReadHeaderTimeout, "read-header-timeout", limits.ReadHeaderTimeout, "time to read a request's headers")
 	f.DurationVar(&limits.ReadTimeout, "read-timeout", limits.ReadTimeout, "time to read a unary call's body (authenticated streams have none)")
