@@ -102,6 +102,13 @@ func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.C
 	if err != nil {
 		return nil, err
 	}
+	// Recorded before it is handed out, as an operator's: a tool server's
+	// token reports calls to the ledger for a year perhaps, and one nobody
+	// can list or revoke by id (minted with an admin token since rotated)
+	// would outlive every recovery but a key rotation.
+	if _, err := a.s.recordToken(ctx, token, p.ID()); err != nil {
+		return nil, toConnect(err)
+	}
 	a.s.log.Info("tool-server token created", "by", p.ID(), "tool_server", msg.ToolServer, "token_id", tokenID)
 	return connect.NewResponse(&tetherv1.CreateTokenResponse{Token: token, TokenId: tokenID, ExpiresAt: timestamppb.New(exp)}), nil
 }

@@ -227,6 +227,33 @@ var streamingProcedures = sync.OnceValue(func() map[string]bool {
 	return out
 })
 
+// clientStreamingProcedures are the paths of the tether RPCs whose client
+// streams messages (Session, Channel), each charged as it arrives.
+var clientStreamingProcedures = sync.OnceValue(func() map[string]bool {
+	out := map[string]bool{}
+	protoregistry.GlobalFiles.RangeFilesByPackage("tether.v1", func(fd protoreflect.FileDescriptor) bool {
+		for i := range fd.Services().Len() {
+			svc := fd.Services().Get(i)
+			for j := range svc.Methods().Len() {
+				if m := svc.Methods().Get(j); m.IsStreamingClient() {
+					out["/"+string(svc.FullName())+"/"+string(m.Name())] = true
+				}
+			}
+		}
+		return true
+	})
+	return out
+})
+
+// BodyBytesPerRequest is how many bytes of a request's body one request of
+// its caller's rate budget pays to decode, past the first
+// BodyBytesPerRequest (auth.Interceptor.BodyBytesPerRequest): a message of
+// many small fields, such as a Spawn of 100,000 labels in 1 MiB, took
+// about 100 ms of CPU to decode, what about 140 small spawns cost
+// (docs/capacity.md, "What a large request costs to decode"). A compressed
+// body costs, up front, what one of --max-request-bytes does.
+const BodyBytesPerRequest = 4 << 10
+
 // withDeadlines gives every request a read and a write deadline from its
 // start; streamsUnbounded lifts them for an admitted stream.
 func withDeadlines(limits ConnLimits, next http.Handler) http.Handler {

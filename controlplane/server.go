@@ -152,8 +152,9 @@ type Config struct {
 	// request, like a unary call.
 	RateLimit float64
 	RateBurst float64
-	// AnonymousRateLimit bounds, per source address, the requests that
-	// carry no valid credential (bursts of twice that); zero: unlimited.
+	// AnonymousRateLimit bounds, per source address (an IPv6 address's
+	// /64), the requests that carry no valid credential (bursts of twice
+	// that); zero: unlimited.
 	AnonymousRateLimit float64
 	// OperatorTokenTTL is the lifetime of a token CreateToken mints when
 	// the request names none; default 24h.
@@ -416,9 +417,15 @@ func (s *Server) buildHandler() error {
 		AfterFunc: func(d time.Duration, f func()) func() bool {
 			return s.cfg.Clock.AfterFunc(d, f).Stop
 		},
-		Bind:        bindConn,
-		Cache:       auth.NewTokenCache(0),
-		RateLimited: s.metrics.rateLimitedCall,
+		// A request's body past its first few KiB costs more of the
+		// budget, charged before it is decoded; a client stream's
+		// messages are charged one by one instead.
+		BodyBytesPerRequest: BodyBytesPerRequest,
+		MaxBodyBytes:        s.cfg.MaxRequestBytes,
+		MessagesCharged:     clientStreamingProcedures(),
+		Bind:                bindConn,
+		Cache:               auth.NewTokenCache(0),
+		RateLimited:         s.metrics.rateLimitedCall,
 	}
 	// Refused at the Gate, before the observer interceptor: a path that is
 	// not a procedure (the caller's choice) is counted as UnknownProcedure.

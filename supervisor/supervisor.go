@@ -107,6 +107,9 @@ type Supervisor struct {
 	// terminate them, while the reconcile loop's watches run
 	// (nodecache.go).
 	nodes nodeCache
+	// watches follows the terminations for the streams that watch them
+	// (Watch, watch.go): one store watch for all of them.
+	watches terminationWatches
 
 	loopOnce   sync.Once
 	reconciler *reconcile.Loop
@@ -290,15 +293,18 @@ func (s *Supervisor) Get(ctx context.Context, terminationID string) (Termination
 }
 
 // Watch sends the termination now and each time it changes, until it is
-// terminated or ctx ends.
+// terminated or ctx ends. Every Watch shares one store watch of the
+// terminations (watch.go): a stream costs a commit nothing unless the
+// commit changes its termination.
 func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(Termination) error) error {
 	if err := id.Check(id.Termination, "termination_id", terminationID); err != nil {
 		return fmt.Errorf("%w: %v", tree.ErrInvalidArgument, err)
 	}
-	w, err := s.Store.Watch(ctx, terminationKey(terminationID))
+	sub, err := s.watches.subscribe(ctx, s.Store, terminationID)
 	if err != nil {
 		return err
 	}
+	defer s.watches.unsubscribe(sub)
 	t, err := s.Get(ctx, terminationID)
 	if err != nil {
 		return err
@@ -307,33 +313,47 @@ func (s *Supervisor) Watch(ctx context.Context, terminationID string, send func(
 		return err
 	}
 	last := t.UpdatedAt
-	for batch := range w.Events() {
-		for _, ev := range batch {
-			if ev.Type != store.EventPut || string(ev.Key) != string(terminationKey(terminationID)) {
-				continue
+	// consider sends next if it is news; done once it was the end.
+	consider := func(next Termination) (done bool, err error) {
+		// A progress change at the same instant is news too (on a clock
+		// that has not moved, the cancel orders follow the mark).
+		if !next.UpdatedAt.After(last) && next.Phase == t.Phase && next.Progress == t.Progress {
+			return false, nil
+		}
+		t, last = next, next.UpdatedAt
+		if err := send(t); err != nil {
+			return true, err
+		}
+		return t.Phase == PhaseTerminated, nil
+	}
+	for {
+		values, reread, err := sub.next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
+			return err
+		}
+		if reread {
+			next, err := s.Get(ctx, terminationID)
+			if err != nil {
+				return err
+			}
+			if done, err := consider(next); done || err != nil {
+				return err
+			}
+			continue
+		}
+		for _, raw := range values {
 			var next Termination
-			if err := decodedTerminations.decode(terminationID, ev.Value, &next); err != nil {
+			if err := decodedTerminations.decode(terminationID, raw, &next); err != nil {
 				return err
 			}
-			// A progress change at the same instant is news too (on a
-			// clock that has not moved, the cancel orders follow the mark).
-			if !next.UpdatedAt.After(last) && next.Phase == t.Phase && next.Progress == t.Progress {
-				continue
-			}
-			t, last = next, next.UpdatedAt
-			if err := send(t); err != nil {
+			if done, err := consider(next); done || err != nil {
 				return err
-			}
-			if t.Phase == PhaseTerminated {
-				return nil
 			}
 		}
 	}
-	if err := w.Err(); err != nil && ctx.Err() == nil {
-		return err
-	}
-	return ctx.Err()
 }
 
 func getTermination(tx store.ReadTxn, terminationID string, t *Termination) error {

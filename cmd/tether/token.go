@@ -88,7 +88,7 @@ func tokenList(g *globals) *cobra.Command {
 				if t.RevokedAt != nil {
 					revoked = t.RevokedAt.AsTime().Format(time.RFC3339) + " by " + t.RevokedBy
 				}
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", t.TokenId, t.Principal, lower(t.Role.String(), "ROLE_"),
+				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", t.TokenId, t.Principal, roleName(t.Role),
 					t.CreatedAt.AsTime().Format(time.RFC3339), t.ExpiresAt.AsTime().Format(time.RFC3339), t.CreatedBy, revoked)
 			})
 		}),

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,8 +116,9 @@ type Interceptor struct {
 	Held  map[string]bool
 	Holds func(ctx context.Context, p Principal, msg any) bool
 	Owing *RateLimiter
-	// Anonymous bounds, per source address, the requests that carry no
-	// valid credential (nil: unlimited). An address past it is refused
+	// Anonymous bounds, per source address (an IPv6 address's /64:
+	// sourceOf), the requests that carry no valid credential (nil:
+	// unlimited). An address past it is refused
 	// before its next credential is verified.
 	Anonymous *RateLimiter
 	// MaxStreams bounds the streams one principal holds open at once
@@ -138,6 +141,20 @@ type Interceptor struct {
 	Signals           map[string]bool
 	SignalReserve     int
 	StreamReserve     int
+	// BodyBytesPerRequest prices a request's body by its size (0: not):
+	// one request of the caller's budget (charge, as the call itself is)
+	// per BodyBytesPerRequest bytes past the first BodyBytesPerRequest,
+	// taken as the body is read and before the bytes are handed on, so
+	// that nothing past the budget is decoded. Decoding a message of many
+	// small fields (a map of 100,000 labels) costs about a hundred times
+	// what a small call does. A compressed body (compressed) is priced up
+	// front at the most it may inflate to, MaxBodyBytes: its bytes on the
+	// wire say nothing of what decoding it costs. The procedures of
+	// MessagesCharged (client streams, whose every message is charged)
+	// and a tool server's Evidence and Relayed ones are not priced.
+	BodyBytesPerRequest int
+	MaxBodyBytes        int
+	MessagesCharged     map[string]bool
 	// Bind, when set, is told of every request authenticated and
 	// authorised, before its rate budget is charged: the server binds the
 	// connection the request came on (its context says which) to the
@@ -201,7 +218,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			// verification: a flood of bad tokens costs a map lookup each.
 			if peer != "" {
 				if limited, wait := i.Anonymous.Exhausted(sourceBudget(peer)); limited {
-					return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", hostOf(peer)), wait)
+					return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
 				}
 			}
 			p, err = i.Cache.verify(i.Issuer, token, now)
@@ -210,7 +227,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	if err != nil {
 		if peer != "" {
 			if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-				return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", hostOf(peer)), wait)
+				return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
 			}
 		}
 		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
@@ -410,7 +427,28 @@ func rateLimited(who string, wait time.Duration) error {
 	return err
 }
 
-func sourceBudget(peer string) string { return "addr:" + hostOf(peer) }
+func sourceBudget(peer string) string { return "addr:" + sourceOf(peer) }
+
+// sourceOf names the source a request without a valid credential is
+// budgeted by: an IPv4 address, or an IPv6 address's /64 — the block one
+// subscriber is given at least, all of whose addresses it may send from
+// (keyed by the whole address, each of them would come with a fresh
+// burst and leave a budget in memory for a minute).
+func sourceOf(peer string) string {
+	host := hostOf(peer)
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if ip = ip.Unmap().WithZone(""); ip.Is4() {
+		return ip.String()
+	}
+	block, err := ip.Prefix(64)
+	if err != nil {
+		return host
+	}
+	return block.String()
+}
 
 func hostOf(addr string) string {
 	if host, _, err := net.SplitHostPort(addr); err == nil {
@@ -601,8 +639,105 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			return
 		}
 		p, _ := FromContext(ctx)
+		if err := i.priceBody(p, r); err != nil {
+			if i.Refused != nil {
+				i.Refused(r.Context(), r.URL.Path, start, err)
+			}
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close")
+			}
+			_ = errw.Write(w, r, err)
+			return
+		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, gateKey{}, p)))
 	})
+}
+
+// priceBody prices an admitted request's body (BodyBytesPerRequest): a
+// compressed one up front, refused if its price is; an uncompressed one as
+// it is read (pricedBody).
+func (i *Interceptor) priceBody(p Principal, r *http.Request) error {
+	per, procedure := i.BodyBytesPerRequest, r.URL.Path
+	if per <= 0 || i.MessagesCharged[procedure] || (p.Kind == KindToolServer && (i.Evidence[procedure] || i.Relayed[procedure])) {
+		return nil
+	}
+	if compressed(r.Header) {
+		n := (i.MaxBodyBytes - 1) / per
+		if n <= 0 {
+			return nil
+		}
+		if err := i.charge(p, procedure, n); err != nil {
+			if i.RateLimited != nil {
+				i.RateLimited(procedure)
+			}
+			return bodyPriced(err, fmt.Sprintf("a compressed request may inflate to %d bytes, which cost %d requests beside the call's own (one per %d bytes); send it uncompressed to pay for its size", i.MaxBodyBytes, n, per))
+		}
+		return nil
+	}
+	r.Body = &pricedBody{ReadCloser: r.Body, i: i, p: p, procedure: procedure, per: int64(per), paid: int64(per)}
+	return nil
+}
+
+// compressed reports whether a request's body, or the messages in it, may
+// be compressed: Connect's unary and streaming headers and gRPC's.
+func compressed(h http.Header) bool {
+	for _, name := range []string{"Content-Encoding", "Connect-Content-Encoding", "Grpc-Encoding"} {
+		if v := h.Get(name); v != "" && !strings.EqualFold(v, "identity") {
+			return true
+		}
+	}
+	return false
+}
+
+// pricedBody charges its request's caller one request per `per` bytes
+// read past the first `per`, before handing them on; once a charge is
+// refused it reads nothing more, and the call fails with the refusal.
+type pricedBody struct {
+	io.ReadCloser
+	i          *Interceptor
+	p          Principal
+	procedure  string
+	per        int64
+	read, paid int64
+	err        error
+}
+
+func (b *pricedBody) Read(buf []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	n, err := b.ReadCloser.Read(buf)
+	b.read += int64(n)
+	// One at a time, so that a refusal leaves the budget spent on the
+	// bytes read before it.
+	for b.read > b.paid {
+		if cerr := b.i.charge(b.p, b.procedure, 1); cerr != nil {
+			if b.i.RateLimited != nil {
+				b.i.RateLimited(b.procedure)
+			}
+			b.err = bodyPriced(cerr, fmt.Sprintf("a request's body costs a request per %d bytes past the first %d, beside the call's own", b.per, b.per))
+			return 0, b.err
+		}
+		b.paid += b.per
+	}
+	return n, err
+}
+
+// bodyPriced is a refusal of a body's price: the rate limit's, its words
+// first.
+func bodyPriced(err error, why string) error {
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	out := connect.NewError(ce.Code(), fmt.Errorf("%s: %s", why, ce.Message()))
+	for k, v := range ce.Meta() {
+		out.Meta()[k] = v
+	}
+	for _, d := range ce.Details() {
+		out.AddDetail(d)
+	}
+	return out
 }
 
 // guards reports whether the Gate checks requests to path: every

@@ -24,7 +24,7 @@ func (p public) charge(peer string) error {
 		return nil
 	}
 	if ok, wait := p.i.Anonymous.Allow(sourceBudget(peer)); !ok {
-		return rateLimited("requests without a valid credential from "+hostOf(peer), wait)
+		return rateLimited("requests without a valid credential from "+sourceOf(peer), wait)
 	}
 	return nil
 }

@@ -234,6 +234,15 @@ func (s *Badger) Watch(ctx context.Context, prefix []byte) (store.Watcher, error
 	return w, nil
 }
 
+// Watches returns how many watches are open: the committer hands every
+// commit's events to each of them in turn, so this is what a commit's
+// publication costs.
+func (s *Badger) Watches() int {
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	return len(s.hub.watchers)
+}
+
 // WatchVisible is Watch for a consumer that keeps a view of the keys under
 // prefix in memory and must never answer from it what a reader of the
 // store could already contradict. Besides the events (which, as with every

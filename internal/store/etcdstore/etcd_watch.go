@@ -57,6 +57,14 @@ func (s *Etcd) Watch(ctx context.Context, prefix []byte) (store.Watcher, error) 
 	return s.watchFrom(ctx, prefix, resp.Header.Revision+1), nil
 }
 
+// Watches returns how many watches are open, each an etcd watch of its
+// own.
+func (s *Etcd) Watches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.watchers)
+}
+
 // watchFrom starts a watch of prefix from revision start. The caller has
 // entered the store.
 func (s *Etcd) watchFrom(ctx context.Context, prefix []byte, start int64) *etcdWatcher {
