@@ -1,8 +1,10 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -212,6 +214,14 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	if err != nil {
 		return toConnect(err)
 	}
+	// A batch of tombstones none of which the caller may see (another
+	// tree's revocations, to an agent) is sent at most once per heartbeat,
+	// as the heartbeat it stands in for (the feed resets its heartbeat on
+	// each batch): else every revocation anywhere cost a message on each of
+	// a rogue's open feeds, and told its agents when other trees revoke.
+	every := cmp.Or(c.s.cfg.RevocationHeartbeat, grantstore.DefaultHeartbeat)
+	var lastSent time.Time
+	sent := false
 	err = c.s.grants.WatchRevocations(ctx, req.Msg.AfterSequence, func(m grantstore.FeedMessage) error {
 		msg := &tetherv1.WatchRevocationsResponse{
 			Tombstones:   make([]*tetherv1.Tombstone, 0, len(m.Tombstones)),
@@ -224,6 +234,11 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 				msg.Tombstones = append(msg.Tombstones, wire.Tombstone(t))
 			}
 		}
+		hidden := len(m.Tombstones) > 0 && len(msg.Tombstones) == 0 && !m.Snapshot
+		if hidden && sent && m.ServerTime.Before(lastSent.Add(every)) {
+			return nil
+		}
+		sent, lastSent = true, m.ServerTime
 		return stream.Send(msg)
 	})
 	if err != nil && ctx.Err() != nil {
