@@ -546,13 +546,23 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// to the ledger right after, so that the agent waits for one durable
 	// commit (the begin), not two. Until the end lands the ledger shows the
 	// call in flight; a gateway killed in between leaves it unresolved.
+	//
+	// The call runs under a context the agent cannot cancel: only the
+	// control plane's cancel order (and the upstream's answer) ends it. An
+	// agent's own notifications/cancelled (or its stdio session's end) had
+	// the gateway abandon the upstream call and report it failed ("context
+	// canceled"): the agent being stopped chose what the record said of its
+	// call in flight — failed, though the upstream may have done it — and
+	// took it out of the drain's wait. The gateway now waits for the
+	// upstream's word, as the drain does, and the agent's request is simply
+	// left unanswered.
 	answered := make(chan upstreamAnswer, 1)
 	finished := make(chan error, 1)
 	g.reports.Add(1)
 	go func() {
 		defer g.reports.Done()
 		var herr error
-		err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+		err := g.cfg.Gate.CallScoped(context.WithoutCancel(ctx), token, r.ledgerTool, r.scope, func(ctx context.Context) error {
 			// When the control plane cancels ctx, the SDK abandons the call
 			// and sends notifications/cancelled upstream; CallScoped
 			// acknowledges the cancel only after this returns, and only if
