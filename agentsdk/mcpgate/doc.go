@@ -52,7 +52,10 @@
 // the upstream until it answers, and the ledger records that answer, or
 // until the control plane cancels it — the agent being stopped cannot have
 // its call in flight recorded failed, nor taken out of a drain's wait, on
-// its own word. A gateway that dies mid-call acknowledges
+// its own word. A gateway that shuts down (Close, or the end of
+// ServeStdio's context) stops waiting for its calls in flight and records
+// them failed in its own words (it shut down; whether the upstream ran the
+// call is unknown). A gateway that dies mid-call acknowledges
 // nothing, and the record shows the call unresolved.
 //
 // # Sessions

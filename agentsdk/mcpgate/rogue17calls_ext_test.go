@@ -2,8 +2,12 @@ package mcpgate_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/mcptest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -108,5 +113,68 @@ func TestARogueCannotHaveItsCallInFlightRecordedFailedByCancellingIt(t *testing.
 	}
 	if n := paid.Load(); n != 1 {
 		t.Errorf("the upstream made %d payments, want 1", n)
+	}
+}
+
+// A gateway that shuts down (`tether mcp wrap` stopped) with a call in
+// flight still stops: the agent's leaving no longer ends the call, but the
+// gateway's own shutdown does, and the record says so in the gateway's
+// words — not "context canceled", and not that the call failed at the
+// upstream, which was never heard from.
+func TestAStdioGatewayShuttingDownRecordsItsCallInFlightInItsOwnWords(t *testing.T) {
+	w := newWorld(t, "mcp:stdio/*")
+	bin := filepath.Join(t.TempDir(), "mcpserver")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/tetherhq/tether/examples/mcpserver").CombinedOutput(); err != nil {
+		t.Fatalf("build examples/mcpserver: %v\n%s", err, out)
+	}
+	events := t.TempDir()
+	gw := w.open(t, mcpgate.Upstream{Name: "stdio", Command: []string{bin, "--events", events}})
+	toGateway, agentOut := io.Pipe()
+	agentIn, fromGateway := io.Pipe()
+	ctx, shutDown := context.WithCancel(context.Background())
+	t.Cleanup(shutDown)
+	served := make(chan error, 1)
+	go func() { served <- gw.ServeStdio(ctx, mcpgate.StaticToken(w.grant.Token), toGateway, fromGateway) }()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-agent"}, nil).Connect(context.Background(), &mcp.IOTransport{Reader: agentIn, Writer: agentOut}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	called := make(chan error, 1)
+	go func() {
+		_, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{"id": "s"}})
+		called <- err
+	}()
+	// The upstream is another process: its event is a file.
+	testserver.WaitFor(t, 20*time.Second, "the slow call to start upstream", func() bool {
+		select {
+		case err := <-called:
+			t.Fatalf("the slow call ended before it started upstream: %v", err)
+		default:
+		}
+		_, err := os.Stat(filepath.Join(events, "s.started"))
+		return err == nil
+	})
+	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute)
+	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+
+	shutDown()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("ServeStdio: %v", err)
+		}
+	case <-time.After(20 * time.Second): // a guard: it returns at once or never
+		t.Fatal("ServeStdio did not return after its context ended: it waits for the call in flight")
+	}
+	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	confirmExit(t, w)
+	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	calls := callsByTool(t, recordOf(t, w, term.TerminationId))["stdio/slow"]
+	if len(calls) != 1 {
+		t.Fatalf("record: %v; want the slow call listed once", calls)
+	}
+	if c := calls[0]; c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_FAILED || c.EndedBy != "tool:"+gateID || !strings.Contains(c.Error, "gateway shut down") {
+		t.Errorf("the call in flight when the gateway shut down: %s ended by %q (%q); want failed by the gateway, saying it shut down", c.Resolution, c.EndedBy, c.Error)
 	}
 }
