@@ -232,6 +232,15 @@ func stoppedByCaller(ctx context.Context, herr error) bool {
 // 401 (no token); a cancelled call answers 499 if the handler wrote nothing.
 // A handler that wrote its answer is recorded completed, even after a cancel
 // order: the gate cannot tell what it did before it answered.
+//
+// The handler's request context is cancelled by the control plane's cancel
+// order, not by its caller: an agent that closes its connection (or
+// cancels its HTTP/2 stream) does not stop the handler, which runs to its
+// end and is recorded as it ended (its answer is written to nobody). The
+// caller is the agent the record is about: had its leaving cancelled the
+// handler, an agent being drained could have a call whose side effect was
+// done recorded failed ("context canceled") on its own word, and taken out
+// of the drain's wait.
 func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := r.Header.Get(CapabilityHeader)
@@ -245,7 +254,7 @@ func (g *ToolGate) Middleware(tool string, next http.Handler) http.Handler {
 			return
 		}
 		rw := &trackingWriter{ResponseWriter: w}
-		err := g.Call(r.Context(), token, tool, func(ctx context.Context) error {
+		err := g.Call(context.WithoutCancel(r.Context()), token, tool, func(ctx context.Context) error {
 			next.ServeHTTP(rw, r.WithContext(ctx))
 			if rw.wrote {
 				// It answered: whatever it did happened, even after a cancel.

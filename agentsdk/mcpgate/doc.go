@@ -46,10 +46,16 @@
 // completed (or failed), never cancelled, and the agent gets the answer.
 // MCP cancellation is advisory: an upstream that ignores
 // notifications/cancelled may go on working; the ledger's acknowledgement
-// says the gateway stopped waiting for it and told it to stop. An agent that
-// drops its request abandons the upstream call too: the ledger acknowledges
-// it if the control plane had ordered its cancel, and records it failed
-// otherwise. A gateway that dies mid-call acknowledges
+// says the gateway stopped waiting for it and told it to stop. An agent's
+// own cancellation (its notifications/cancelled, or its stdio session's
+// end) does not reach a call the gateway has begun: the call goes on at
+// the upstream until it answers, and the ledger records that answer, or
+// until the control plane cancels it — the agent being stopped cannot have
+// its call in flight recorded failed, nor taken out of a drain's wait, on
+// its own word. A gateway that shuts down (Close, or the end of
+// ServeStdio's context) stops waiting for its calls in flight and records
+// them failed in its own words (it shut down; whether the upstream ran the
+// call is unknown). A gateway that dies mid-call acknowledges
 // nothing, and the record shows the call unresolved.
 //
 // # Sessions

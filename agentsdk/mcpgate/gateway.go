@@ -77,7 +77,18 @@ type Gateway struct {
 	closed    chan struct{} // closed by Close: no more reconnecting
 	closeOnce sync.Once
 	watchers  sync.WaitGroup
+
+	// running is the context every forwarded call runs under (beside the
+	// control plane's cancel): not the agent's request, which the agent
+	// cancels, but the gateway's own life, ended by Close or by the end of
+	// ServeStdio's context with errGatewayClosing.
+	running      context.Context
+	abandonCalls context.CancelCauseFunc
 }
+
+// errGatewayClosing is the recorded error of a call the gateway stopped
+// waiting for because it was shutting down.
+var errGatewayClosing = errors.New("the gateway shut down while the call was in flight and stopped waiting for the upstream; whether the upstream ran it is unknown")
 
 type upstream struct {
 	cfg     Upstream
@@ -144,6 +155,7 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.MaxCallsPerNode = DefaultMaxCallsPerNode
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
+	g.running, g.abandonCalls = context.WithCancelCause(context.Background())
 	g.calls.max = cfg.MaxCallsPerNode
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
@@ -268,6 +280,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 // the gate and the verifier when Open started them.
 func (g *Gateway) Close() {
 	g.closeOnce.Do(func() { close(g.closed) })
+	g.abandonCalls(errGatewayClosing)
 	g.mu.Lock()
 	for _, up := range g.upstreams {
 		if up.session != nil {
@@ -546,13 +559,24 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// to the ledger right after, so that the agent waits for one durable
 	// commit (the begin), not two. Until the end lands the ledger shows the
 	// call in flight; a gateway killed in between leaves it unresolved.
+	//
+	// The call runs under a context the agent cannot cancel (g.running):
+	// only the control plane's cancel order, the upstream's answer or the
+	// gateway's own shutdown (recorded as such) ends it. An
+	// agent's own notifications/cancelled (or its stdio session's end) had
+	// the gateway abandon the upstream call and report it failed ("context
+	// canceled"): the agent being stopped chose what the record said of its
+	// call in flight — failed, though the upstream may have done it — and
+	// took it out of the drain's wait. The gateway now waits for the
+	// upstream's word, as the drain does, and the agent's request is simply
+	// left unanswered.
 	answered := make(chan upstreamAnswer, 1)
 	finished := make(chan error, 1)
 	g.reports.Add(1)
 	go func() {
 		defer g.reports.Done()
 		var herr error
-		err := g.cfg.Gate.CallScoped(ctx, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+		err := g.cfg.Gate.CallScoped(g.running, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
 			// When the control plane cancels ctx, the SDK abandons the call
 			// and sends notifications/cancelled upstream; CallScoped
 			// acknowledges the cancel only after this returns, and only if
@@ -563,6 +587,8 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 			a.result, a.err = session.CallTool(ctx, params)
 			a.cancelled = a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
 			switch {
+			case a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), errGatewayClosing):
+				herr = errGatewayClosing // recorded in the gateway's words
 			case a.err != nil && (errors.Is(a.err, context.Canceled) || errors.Is(a.err, context.DeadlineExceeded)):
 				herr = a.err // the cancel's or the caller's: the gate judges it
 			case a.err != nil:

@@ -71,6 +71,11 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	if !g.stdioToken.CompareAndSwap(nil, &tokens) {
 		return errors.New("mcpgate: ServeStdio serves one agent per gateway")
 	}
+	// The end of ctx is the gateway's shutdown (`tether mcp wrap` stopped):
+	// the calls in flight, which the agent's leaving does not end, are
+	// abandoned, or Run would wait for their upstream's answers.
+	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
+	defer stop()
 	err := g.server.Run(ctx, &mcp.IOTransport{Reader: r, Writer: w})
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) {
 		return nil
