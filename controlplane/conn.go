@@ -251,7 +251,9 @@ var clientStreamingProcedures = sync.OnceValue(func() map[string]bool {
 // many small fields, such as a Spawn of 100,000 labels in 1 MiB, took
 // about 100 ms of CPU to decode, what about 140 small spawns cost
 // (docs/capacity.md, "What a large request costs to decode"). A compressed
-// body costs, up front, what one of --max-request-bytes does.
+// body costs, up front, what one of --max-request-bytes does. Each message
+// of a client stream (Session, the lease Channel) is priced so on its own,
+// from its envelope's length, beside the request it costs once decoded.
 const BodyBytesPerRequest = 4 << 10
 
 // withDeadlines gives every request a read and a write deadline from its

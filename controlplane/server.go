@@ -418,8 +418,8 @@ func (s *Server) buildHandler() error {
 			return s.cfg.Clock.AfterFunc(d, f).Stop
 		},
 		// A request's body past its first few KiB costs more of the
-		// budget, charged before it is decoded; a client stream's
-		// messages are charged one by one instead.
+		// budget, charged before it is decoded; so does each message of
+		// a client stream, whose messages are also charged one by one.
 		BodyBytesPerRequest: BodyBytesPerRequest,
 		MaxBodyBytes:        s.cfg.MaxRequestBytes,
 		MessagesCharged:     clientStreamingProcedures(),

@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -149,9 +150,11 @@ type Interceptor struct {
 	// small fields (a map of 100,000 labels) costs about a hundred times
 	// what a small call does. A compressed body (compressed) is priced up
 	// front at the most it may inflate to, MaxBodyBytes: its bytes on the
-	// wire say nothing of what decoding it costs. The procedures of
-	// MessagesCharged (client streams, whose every message is charged)
-	// and a tool server's Evidence and Relayed ones are not priced.
+	// wire say nothing of what decoding it costs. A message of a
+	// procedure of MessagesCharged (client streams, whose every message
+	// is charged once decoded) is priced so, on its own, from the length
+	// its envelope announces (pricedMessages). A tool server's Evidence
+	// and Relayed procedures are not priced.
 	BodyBytesPerRequest int
 	MaxBodyBytes        int
 	MessagesCharged     map[string]bool
@@ -655,10 +658,15 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 
 // priceBody prices an admitted request's body (BodyBytesPerRequest): a
 // compressed one up front, refused if its price is; an uncompressed one as
-// it is read (pricedBody).
+// it is read (pricedBody); a client stream's message by message
+// (pricedMessages).
 func (i *Interceptor) priceBody(p Principal, r *http.Request) error {
 	per, procedure := i.BodyBytesPerRequest, r.URL.Path
-	if per <= 0 || i.MessagesCharged[procedure] || (p.Kind == KindToolServer && (i.Evidence[procedure] || i.Relayed[procedure])) {
+	if per <= 0 || (p.Kind == KindToolServer && (i.Evidence[procedure] || i.Relayed[procedure])) {
+		return nil
+	}
+	if i.MessagesCharged[procedure] {
+		r.Body = &pricedMessages{ReadCloser: r.Body, i: i, p: p, procedure: procedure, per: int64(per)}
 		return nil
 	}
 	if compressed(r.Header) {
@@ -719,6 +727,72 @@ func (b *pricedBody) Read(buf []byte) (int, error) {
 			return 0, b.err
 		}
 		b.paid += b.per
+	}
+	return n, err
+}
+
+// pricedMessages charges a client stream's caller, for each message of
+// the stream, one request per `per` bytes of it past the first `per`,
+// taken one at a time once the message's envelope (a flags byte and its
+// length, as Connect and gRPC both frame a stream) has arrived and before
+// any of its bytes are handed on; a compressed message costs what one of
+// MaxBodyBytes would. The message's own request is charged once it is
+// decoded (meteredConn), as before. Once a charge is refused it reads
+// nothing more, and the stream ends with the refusal.
+type pricedMessages struct {
+	io.ReadCloser
+	i         *Interceptor
+	p         Principal
+	procedure string
+	per       int64
+	prefix    [5]byte
+	got       int   // bytes of the current envelope's prefix read
+	left      int64 // bytes of the current message still to hand on
+	err       error
+}
+
+func (b *pricedMessages) Read(buf []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	if b.left > 0 {
+		if int64(len(buf)) > b.left {
+			buf = buf[:b.left]
+		}
+		n, err := b.ReadCloser.Read(buf)
+		b.left -= int64(n)
+		return n, err
+	}
+	// An envelope's prefix: read no further than it, and price the
+	// message it announces before handing the prefix on.
+	if len(buf) > len(b.prefix)-b.got {
+		buf = buf[:len(b.prefix)-b.got]
+	}
+	n, err := b.ReadCloser.Read(buf)
+	copy(b.prefix[b.got:], buf[:n])
+	if b.got += n; b.got < len(b.prefix) {
+		return n, err
+	}
+	b.got = 0
+	b.left = int64(binary.BigEndian.Uint32(b.prefix[1:]))
+	size, why := b.left, fmt.Sprintf("a stream's message costs a request per %d bytes past the first %d, beside its own", b.per, b.per)
+	if b.prefix[0]&1 != 0 && b.i.MaxBodyBytes > 0 {
+		// Compressed: its length says nothing of what decoding it costs.
+		size, why = int64(b.i.MaxBodyBytes), fmt.Sprintf("a compressed stream message may inflate to %d bytes, which cost a request per %d bytes past the first %d, beside its own; send it uncompressed to pay for its size", b.i.MaxBodyBytes, b.per, b.per)
+	}
+	for k := (size - 1) / b.per; k > 0; k-- {
+		if cerr := b.i.charge(b.p, b.procedure, 1); cerr != nil {
+			if b.i.RateLimited != nil {
+				b.i.RateLimited(b.procedure)
+			}
+			// Handed on with the prefix: the reader reading the message
+			// after it gets the refusal, none of its bytes.
+			b.err = bodyPriced(cerr, why)
+			break
+		}
 	}
 	return n, err
 }
