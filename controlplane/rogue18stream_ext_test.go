@@ -23,7 +23,8 @@ import (
 // carrying 1 MiB of unknown fields took 18–21 ms of CPU to decode, about
 // fifty small calls' worth, for one request of the lineage's budget. A
 // stream's message is now priced by the length its envelope carries, as it
-// arrives and before its bytes are decoded: past its first 4 KiB, one
+// arrives and before its bytes are decoded (a heartbeat of the Session,
+// a message of the Channel): past its first 4 KiB, one
 // request per 4 KiB (controlplane.BodyBytesPerRequest), charged where its
 // message is (the lineage's budget, then the node's upkeep reserve).
 func TestARogueCannotBuyTheDecodingOfALargeStreamMessageForOneRequest(t *testing.T) {
@@ -80,6 +81,26 @@ func TestARogueCannotBuyTheDecodingOfALargeStreamMessageForOneRequest(t *testing
 		"a stream's message costs a request per 4096 bytes", "lineage "+rogue.Node.NodeId)
 	// The budget went on the message's price: the rogue's next call waits.
 	wantLimit(t, "the rogue's next call", whoAmI(rogueC), connect.CodeResourceExhausted, "lineage "+rogue.Node.NodeId)
+
+	// So is a message of the lease Channel, before it is judged.
+	clk.Advance(time.Minute)
+	channel := rogueC.Lease.Channel(ctx)
+	big := &tetherv1.ChannelRequest{CorrelationId: 1}
+	var unknown []byte
+	for len(unknown) < 1<<20-64 {
+		unknown = protowire.AppendTag(unknown, 1000, protowire.VarintType)
+		unknown = protowire.AppendVarint(unknown, 0)
+	}
+	big.ProtoReflect().SetUnknown(unknown)
+	_ = channel.Send(big)
+	answer, err := channel.Receive()
+	_ = channel.CloseRequest()
+	_ = channel.CloseResponse()
+	if err == nil {
+		t.Fatalf("a Channel message of 1 MiB of unknown fields was judged: %v", answer)
+	}
+	wantLimit(t, "a Channel message of 1 MiB of unknown fields", err, connect.CodeResourceExhausted,
+		"a stream's message costs a request per 4096 bytes", "lineage "+rogue.Node.NodeId)
 
 	// The price is the budget, not a ban: heartbeats of about 8 KiB cost two
 	// requests each (the message and its second 4 KiB).
