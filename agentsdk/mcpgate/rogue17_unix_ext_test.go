@@ -177,24 +177,7 @@ func TestARogueNotReadingItsProgressCannotSilenceOtherAgentsProgress(t *testing.
 // its answer is written, or its connection ends.
 func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
 	w := newWorld(t, "mcp:*")
-	events := &mcptest.Events{}
-	var asked sync.WaitGroup
-	asked.Add(2)
-	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
-	up := frontedUpstream(t, sdk, func(_ http.ResponseWriter, _ *http.Request, body []byte) bool {
-		if strings.Contains(string(body), `"name":"big"`) {
-			asked.Done()
-		}
-		return false
-	})
-	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
-		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
-		Upstreams: []mcpgate.Upstream{{Name: "files", URL: up.URL}}, MaxCallsPerNode: 2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gw.Close)
+	asked, gw := twoBigCallsGateway(t, w)
 	// (Held for the whole test: the gateway gives up on writing to an
 	// agent that reads nothing only after its write-stall timeout.)
 	endpoint := serveGatewayWith(t, gw, mcpgate.HTTPOptions{WriteStallTimeout: time.Hour})
@@ -346,24 +329,7 @@ func TestARogueLeavingItsCallsIsStillHeldToItsCallsInFlight(t *testing.T) {
 // real clock; the test waits for its effect, not for a time.)
 func TestARogueNotReadingItsAnswersDoesNotHoldThemInTheGateway(t *testing.T) {
 	w := newWorld(t, "mcp:*")
-	events := &mcptest.Events{}
-	var asked sync.WaitGroup
-	asked.Add(2)
-	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
-	up := frontedUpstream(t, sdk, func(_ http.ResponseWriter, _ *http.Request, body []byte) bool {
-		if strings.Contains(string(body), `"name":"big"`) {
-			asked.Done()
-		}
-		return false
-	})
-	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
-		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
-		Upstreams: []mcpgate.Upstream{{Name: "files", URL: up.URL}}, MaxCallsPerNode: 2,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gw.Close)
+	asked, gw := twoBigCallsGateway(t, w)
 	endpoint := serveGatewayWith(t, gw, mcpgate.HTTPOptions{WriteStallTimeout: 200 * time.Millisecond})
 
 	stalling := newStallingAgent(`"name":"big"`)
@@ -390,4 +356,30 @@ func TestARogueNotReadingItsAnswersDoesNotHoldThemInTheGateway(t *testing.T) {
 		}
 		return err == nil && got == "next"
 	})
+}
+
+// twoBigCallsGateway is a gateway to an honest upstream that allows a
+// node 2 calls in flight, and asked, which is done once the upstream has
+// been asked for the tool "big" twice.
+func twoBigCallsGateway(t *testing.T, w *world) (*sync.WaitGroup, *mcpgate.Gateway) {
+	t.Helper()
+	events := &mcptest.Events{}
+	asked := &sync.WaitGroup{}
+	asked.Add(2)
+	sdk := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return honestUpstream(events) }, nil)
+	up := frontedUpstream(t, sdk, func(_ http.ResponseWriter, _ *http.Request, body []byte) bool {
+		if strings.Contains(string(body), `"name":"big"`) {
+			asked.Done()
+		}
+		return false
+	})
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "files", URL: up.URL}}, MaxCallsPerNode: 2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	return asked, gw
 }
