@@ -674,13 +674,9 @@ func (i *Interceptor) priceBody(p Principal, r *http.Request) error {
 		if n <= 0 {
 			return nil
 		}
-		if err := i.charge(p, procedure, n); err != nil {
-			if i.RateLimited != nil {
-				i.RateLimited(procedure)
-			}
-			return bodyPriced(err, fmt.Sprintf("a compressed request may inflate to %d bytes, which cost %d requests beside the call's own (one per %d bytes); send it uncompressed to pay for its size", i.MaxBodyBytes, n, per))
-		}
-		return nil
+		return i.chargeSize(p, procedure, n, func() string {
+			return fmt.Sprintf("a compressed request may inflate to %d bytes, which cost %d requests beside the call's own (one per %d bytes); send it uncompressed to pay for its size", i.MaxBodyBytes, n, per)
+		})
 	}
 	r.Body = &pricedBody{ReadCloser: r.Body, i: i, p: p, procedure: procedure, per: int64(per), paid: int64(per)}
 	return nil
@@ -719,11 +715,9 @@ func (b *pricedBody) Read(buf []byte) (int, error) {
 	// One at a time, so that a refusal leaves the budget spent on the
 	// bytes read before it.
 	for b.read > b.paid {
-		if cerr := b.i.charge(b.p, b.procedure, 1); cerr != nil {
-			if b.i.RateLimited != nil {
-				b.i.RateLimited(b.procedure)
-			}
-			b.err = bodyPriced(cerr, fmt.Sprintf("a request's body costs a request per %d bytes past the first %d, beside the call's own", b.per, b.per))
+		if b.err = b.i.chargeSize(b.p, b.procedure, 1, func() string {
+			return fmt.Sprintf("a request's body costs a request per %d bytes past the first %d, beside the call's own", b.per, b.per)
+		}); b.err != nil {
 			return 0, b.err
 		}
 		b.paid += b.per
@@ -784,17 +778,27 @@ func (b *pricedMessages) Read(buf []byte) (int, error) {
 		size, why = int64(b.i.MaxBodyBytes), fmt.Sprintf("a compressed stream message may inflate to %d bytes, which cost a request per %d bytes past the first %d, beside its own; send it uncompressed to pay for its size", b.i.MaxBodyBytes, b.per, b.per)
 	}
 	for k := (size - 1) / b.per; k > 0; k-- {
-		if cerr := b.i.charge(b.p, b.procedure, 1); cerr != nil {
-			if b.i.RateLimited != nil {
-				b.i.RateLimited(b.procedure)
-			}
-			// Handed on with the prefix: the reader reading the message
-			// after it gets the refusal, none of its bytes.
-			b.err = bodyPriced(cerr, why)
+		// A refusal is handed on with the prefix: the reader reading the
+		// message after it gets the refusal, none of its bytes.
+		if b.err = b.i.chargeSize(b.p, b.procedure, 1, func() string { return why }); b.err != nil {
 			break
 		}
 	}
 	return n, err
+}
+
+// chargeSize charges n requests for a body's or a message's size; a
+// refusal is counted (RateLimited) and says, before the rate limit's
+// words, why the size cost them.
+func (i *Interceptor) chargeSize(p Principal, procedure string, n int, why func() string) error {
+	err := i.charge(p, procedure, n)
+	if err == nil {
+		return nil
+	}
+	if i.RateLimited != nil {
+		i.RateLimited(procedure)
+	}
+	return bodyPriced(err, why())
 }
 
 // bodyPriced is a refusal of a body's price: the rate limit's, its words
