@@ -45,7 +45,7 @@ type ToolGate struct {
 
 	mu       sync.Mutex
 	inflight map[string]context.CancelCauseFunc
-	orders   map[string]bool // cancel orders that arrived before the call was registered here
+	orders   earlyOrders // cancel orders that arrived before the call was registered here
 
 	// NeverAck makes the gate ignore cancel orders and acknowledge no call,
 	// not even one its caller cancelled (fault injection for tests and
@@ -57,6 +57,54 @@ type ToolGate struct {
 	watching    chan struct{}
 }
 
+// MaxEarlyOrders bounds the cancel orders a gate keeps for calls it does
+// not hold. An order can reach the gate before the answer to the call's
+// BeginCall does (the call is then registered an instant later), or after
+// the call has ended (it then waits for a call the gate will never see
+// again). Past the bound the oldest is forgotten: an order is early by a
+// round trip at most, so only orders for calls long gone are dropped.
+const MaxEarlyOrders = 1024
+
+// earlyOrders is the gate's bounded set of cancel orders for calls it does
+// not hold, forgetting the oldest first.
+type earlyOrders struct {
+	set   map[string]bool
+	queue []string // insertion order; may hold ids already taken
+}
+
+func (o *earlyOrders) add(callID string) {
+	if o.set[callID] {
+		return
+	}
+	if o.set == nil {
+		o.set = map[string]bool{}
+	}
+	o.set[callID] = true
+	o.queue = append(o.queue, callID)
+	for len(o.set) > MaxEarlyOrders {
+		delete(o.set, o.queue[0])
+		o.queue = o.queue[1:]
+	}
+	if len(o.queue) > 2*MaxEarlyOrders { // drop the ids taken since
+		kept := make([]string, 0, len(o.set))
+		for _, id := range o.queue {
+			if o.set[id] {
+				kept = append(kept, id)
+			}
+		}
+		o.queue = kept
+	}
+}
+
+// take reports whether an order for callID was kept, forgetting it.
+func (o *earlyOrders) take(callID string) bool {
+	if !o.set[callID] {
+		return false
+	}
+	delete(o.set, callID)
+	return true
+}
+
 // ErrCancelled is the cause of a handler's context when the control plane
 // cancelled its call.
 var ErrCancelled = errors.New("agentsdk: tool call cancelled by the control plane")
@@ -66,7 +114,7 @@ var ErrCancelled = errors.New("agentsdk: tool call cancelled by the control plan
 // following its cancel orders.
 func NewToolGate(conn *Conn, id string) *ToolGate {
 	ctx, cancel := context.WithCancel(context.Background())
-	g := &ToolGate{ID: id, conn: conn, inflight: map[string]context.CancelCauseFunc{}, orders: map[string]bool{},
+	g := &ToolGate{ID: id, conn: conn, inflight: map[string]context.CancelCauseFunc{},
 		cancelWatch: cancel, watchDone: make(chan struct{}), watching: make(chan struct{})}
 	go g.watch(ctx)
 	return g
@@ -113,7 +161,7 @@ func (g *ToolGate) cancel(callID string) {
 		c(ErrCancelled)
 		return
 	}
-	g.orders[callID] = true
+	g.orders.add(callID)
 }
 
 // Call runs handler as one recorded tool call. It returns the control
@@ -153,8 +201,7 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	defer cancel(nil)
 	g.mu.Lock()
 	g.inflight[callID] = cancel
-	early := g.orders[callID]
-	delete(g.orders, callID)
+	early := g.orders.take(callID)
 	g.mu.Unlock()
 	if early {
 		cancel(ErrCancelled)

@@ -618,9 +618,14 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 	if err != nil {
 		return err
 	}
-	sent := map[string]bool{}
+	// scanned holds the orders the scan sent that the watch may deliver
+	// again (written between the watch's start and the scan); each leaves
+	// it when its key's put or delete arrives, so it never outgrows the
+	// orders pending at the scan (bounded by the gate's calls in flight),
+	// however long the stream lives.
+	scanned := make(map[string]bool, len(pending))
 	for _, c := range pending {
-		sent[c.CallID] = true
+		scanned[c.CallID] = true
 		if err := send(c); err != nil {
 			return err
 		}
@@ -630,15 +635,14 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 		// transaction: their calls are read together.
 		var ids []string
 		for _, ev := range batch {
-			if ev.Type != store.EventPut {
-				continue
-			}
 			cid := string(ev.Key[len(cancelPrefix(gateID)):])
-			if sent[cid] {
+			if scanned[cid] {
+				delete(scanned, cid)
 				continue
 			}
-			sent[cid] = true
-			ids = append(ids, cid)
+			if ev.Type == store.EventPut {
+				ids = append(ids, cid)
+			}
 		}
 		if len(ids) == 0 {
 			continue
@@ -648,8 +652,15 @@ func (l *Ledger) WatchCancels(ctx context.Context, gateID string, send func(*Too
 			return err
 		}
 		for _, cid := range ids {
-			l.nodes.remember(calls[cid])
-			if err := send(calls[cid]); err != nil {
+			c := calls[cid]
+			// A call that ended before its order was read needs none: its
+			// gate no longer holds it, and would keep the order of a
+			// call it will never see again.
+			if c.State != CallStateCancelRequested {
+				continue
+			}
+			l.nodes.remember(c)
+			if err := send(c); err != nil {
 				return err
 			}
 		}
