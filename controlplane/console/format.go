@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // enumName turns "NODE_STATE_RUNNING" into "running" given the prefix.
@@ -56,6 +57,7 @@ func templateFuncs() template.FuncMap {
 		"proposalState": func(s tetherv1.ProposalState) string { return enumName(s.String(), "PROPOSAL_STATE_") },
 		"rolloutState":  func(s tetherv1.RolloutState) string { return enumName(s.String(), "ROLLOUT_STATE_") },
 		"batchState":    func(s tetherv1.RolloutBatchState) string { return enumName(s.String(), "ROLLOUT_BATCH_STATE_") },
+		"proposalStop":  proposalStop,
 		"ts":            ts,
 		"dur":           dur,
 		"labels":        labels,
@@ -72,6 +74,20 @@ func templateFuncs() template.FuncMap {
 		},
 		"add": func(a, b uint32) uint32 { return a + b },
 	}
+}
+
+// proposalStop says what approving a stop proposal starts: an abort, or a
+// drain and its window. The proposer chose both, and an agent's own
+// proposal keeps its windows whoever approves it: a rogue's "stop me now"
+// may ask for a day's drain, during which its calls run on.
+func proposalStop(p *tetherv1.StopProposal) string {
+	if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		return "an abort"
+	}
+	if w := p.DrainWindow.AsDuration(); w > 0 {
+		return "a drain within " + w.String()
+	}
+	return "a drain within " + supervisor.DefaultDrainWindow.String() + " (the default)"
 }
 
 // ts renders a timestamp in UTC to the second; "—" when unset.
