@@ -63,3 +63,45 @@ func TestAnOperatorSeesTheWindowARoguesStopProposalWouldGrantIt(t *testing.T) {
 		t.Errorf("the Approve button reads %q: it does not say it starts a drain of 24h0m0s", m[1])
 	}
 }
+
+// TestALinksParametersDoNotSpeakForTheConsole: a rogue cannot write a
+// console page, but it can hand an operator a link to one ("I revoked the
+// leaked grant: <console>/ui/grants/g_…?revoked=42"; "my subtree:
+// <console>/ui/tree?root=n_…"). The grant page took the "revoked"
+// parameter at its word and said, in green, that the grant was revoked and
+// every grant derived from it dead, above a badge that said active; the
+// tree page given a root showed that subtree alone with nothing saying so
+// but a "clear" link, its count the subtree's, so a tree without the rogue
+// read as the whole swarm. Now the notice shows only for a grant the
+// server says is revoked, and the tree page names the subtree it shows and
+// links to the whole tree. (Fails if the page believes the link.)
+func TestALinksParametersDoNotSpeakForTheConsole(t *testing.T) {
+	w := newWorld(t)
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	g := b.get("/ui/grants/" + w.grants["worker-1"] + "?revoked=42")
+	if g.status != http.StatusOK {
+		t.Fatalf("grant page: %d\n%s", g.status, g.body)
+	}
+	if !strings.Contains(g.body, `id="grant-state">active`) {
+		t.Fatalf("worker-1's grant is not active:\n%s", g.body)
+	}
+	if strings.Contains(g.body, `id="revoked-notice"`) || strings.Contains(g.body, "dead too") {
+		t.Errorf("an active grant's page says it was revoked, on the word of its link's parameter:\n%s", g.body)
+	}
+
+	sub := w.nodes["worker-2"]
+	tr := b.get("/ui/tree?root=" + sub.NodeId)
+	if tr.status != http.StatusOK {
+		t.Fatalf("tree page: %d\n%s", tr.status, tr.body)
+	}
+	if strings.Contains(tr.body, `data-name="rogue"`) {
+		t.Fatal("worker-2's subtree holds the rogue")
+	}
+	m := subtreeHeading.FindStringSubmatch(tr.body)
+	if m == nil || !strings.Contains(m[1], sub.NodeId) || !strings.Contains(m[1], `href="/ui/tree"`) {
+		t.Errorf("the tree page given root=%s does not say it shows that subtree only, with a link to the whole tree:\n%s", sub.NodeId, tr.body)
+	}
+}
+
+var subtreeHeading = regexp.MustCompile(`(?s)<p class="warn" id="tree-subtree">(.*?)</p>`)
