@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"regexp"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/chromedp/chromedp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -105,3 +107,59 @@ func TestALinksParametersDoNotSpeakForTheConsole(t *testing.T) {
 }
 
 var subtreeHeading = regexp.MustCompile(`(?s)<p class="warn" id="tree-subtree">(.*?)</p>`)
+
+// TestARoguesLongWordsDoNotPushTheButtonsOffThePage: in Chromium, a
+// rogue's text without a space in it — a stop proposal's reason of 1024
+// bytes, a job id of 256, the longest each may be — widened its table
+// past the window, so the operator's buttons in the last column (Approve
+// and Reject beside the reason, the job's evidence link) sat off to the
+// right, out of sight, and the page scrolled sideways. Every one of them
+// now stays inside the window: the console breaks an agent's long words.
+// (Fails if a table cell, a heading or a fact keeps a long word whole.)
+func TestARoguesLongWordsDoNotPushTheButtonsOffThePage(t *testing.T) {
+	ctx := chrome(t)
+	w := newWorld(t)
+	bg := context.Background()
+	rogueID := w.nodes["rogue"].NodeId
+	rogue := w.srv.Clients(w.creds["rogue"])
+	job := strings.Repeat("M", 256)
+	offered, err := w.admin.Lease.Offer(bg, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: rogueID, LeaseDuration: durationpb.New(time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	if _, err := rogue.Lease.Ack(bg, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rogue.Lease.Progress(bg, connect.NewRequest(&tetherv1.ProgressRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration, ProgressSequence: 1, ProgressValue: strings.Repeat("P", 4096)})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rogue.Agent.ProposeStop(bg, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: strings.Repeat("W", 1024)})); err != nil {
+		t.Fatal(err)
+	}
+	signInBrowser(t, ctx, w.srv.URL, w.srv.Admin)
+	inView := func(what, path, ready string, controls ...string) {
+		t.Helper()
+		run(t, ctx, what, chromedp.Navigate(w.srv.URL+path), chromedp.WaitVisible(chromedp.CSS(ready)))
+		for _, sel := range controls {
+			js := `(() => { const el = document.querySelector(` + jsString(sel) + `); if (!el) return "missing"; const r = el.getBoundingClientRect(); return r.right <= document.documentElement.clientWidth ? "" : "right edge at " + Math.round(r.right) + " px of a " + document.documentElement.clientWidth + " px window"; })()`
+			if out := get(t, ctx, what+": "+sel, chromedp.Evaluate[string](js)); out != "" {
+				t.Errorf("%s: %s is out of sight: %s", what, sel, out)
+			}
+		}
+		wide := get(t, ctx, what+": the page's width", chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, document.documentElement.clientWidth]`))
+		if wide[0] > wide[1] {
+			t.Errorf("%s is %d px wide in a %d px window: it scrolls sideways", what, wide[0], wide[1])
+		}
+	}
+	inView("the rogue's node page", "/ui/nodes/"+rogueID, "#proposals",
+		`#proposals button[value="approve"]`, `#proposals button[value="reject"]`, `#leases a[href$="/evidence"]`, "#terminate-submit")
+	inView("the leases page", "/ui/leases", "#lease-list", `#lease-list a[href="/ui/jobs/`+job+`/evidence"]`)
+	inView("the job's evidence page", "/ui/jobs/"+job+"/evidence", "#evidence", "#evidence-csv")
+}
+
+// jsString quotes s as a JavaScript string literal.
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
