@@ -163,3 +163,28 @@ func jsString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }
+
+// TestAPathCannotWriteTheConsolesErrorMessage: the not-found page said
+// "The console has no page at <path>", the path as it was decoded, in a box
+// that keeps line breaks: a link to "/ui/x%0A%0AYour session has expired…"
+// wrote a message of its own choosing on the console's origin, on lines of
+// its own, as if the console had said it. The path is now quoted, as the
+// server quotes an id it refuses. (Fails if the path is shown as is.)
+func TestAPathCannotWriteTheConsolesErrorMessage(t *testing.T) {
+	w := newWorld(t)
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
+	p := b.get("/ui/x%0A%0AYour%20session%20has%20expired:%20sign%20in%20at%20evil.example")
+	if p.status != http.StatusNotFound {
+		t.Fatalf("an unknown page: %d", p.status)
+	}
+	m := errorMessage.FindStringSubmatch(p.body)
+	if m == nil {
+		t.Fatalf("no error message:\n%s", p.body)
+	}
+	if strings.Contains(m[1], "\n") || !strings.Contains(m[1], `&#34;/ui/x\n\nYour session has expired: sign in at evil.example&#34;`) {
+		t.Errorf("the not-found message shows the path as it came, not quoted: %q", m[1])
+	}
+}
+
+var errorMessage = regexp.MustCompile(`(?s)<p class="alert" id="error-message">(.*?)</p>`)
