@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"connectrpc.com/connect"
 	"github.com/chromedp/chromedp"
@@ -188,3 +189,59 @@ func TestAPathCannotWriteTheConsolesErrorMessage(t *testing.T) {
 }
 
 var errorMessage = regexp.MustCompile(`(?s)<p class="alert" id="error-message">(.*?)</p>`)
+
+// TestARoguesJobIdsThatReadLikeAnotherJobsAreTold: a job id is any
+// characters but control ones, and an HTML page collapses white space and
+// draws some characters as nothing at all that are neither control nor
+// format characters (which the console already writes out): a space at
+// either end or doubled, a no-break or ideographic space, a Hangul filler,
+// a braille blank, a combining grapheme joiner, a variation selector after
+// a letter. The rogue holds "job-1 ", " job-1", "job-1\u00a0" … beside
+// worker-1's "job-1", and in Chromium the leases page showed several rows
+// that each read "job-1": an operator reading which agent holds job-1, or
+// which jobs an unaccounted agent still held, could not tell them apart.
+// Each now reads differently. (Fails if two different jobs read alike.)
+func TestARoguesJobIdsThatReadLikeAnotherJobsAreTold(t *testing.T) {
+	ctx := chrome(t)
+	w := newWorld(t)
+	bg := context.Background()
+	rogueID := w.nodes["rogue"].NodeId
+	rogue := w.srv.Clients(w.creds["rogue"])
+	jobs := []string{"job-1 ", " job-1", "job  -1", "job-1\u00a0", "job-1\u3000", "job-1\u3164", "job-1\u115f", "job-1\u2800", "job-1\u034f", "job-1\ufe0f", "job-1\U000e0100"}
+	for _, job := range jobs {
+		offered, err := w.admin.Lease.Offer(bg, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: rogueID, LeaseDuration: durationpb.New(time.Minute)}))
+		if err != nil {
+			t.Fatalf("offer %q: %v", job, err)
+		}
+		l := offered.Msg.Lease
+		if _, err := rogue.Lease.Ack(bg, connect.NewRequest(&tetherv1.AckRequest{JobId: job, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signInBrowser(t, ctx, w.srv.URL, w.srv.Admin)
+	// readsAs is a cell's text as the eye takes it: what innerText gives
+	// (white space collapsed, ends trimmed), less what is drawn as nothing.
+	readsAs := func(s string) string {
+		return strings.Join(strings.FieldsFunc(s, func(r rune) bool {
+			return unicode.IsSpace(r) || unicode.Is(unicode.Zs, r) || r == 0x3164 || r == 0x115f || r == 0x1160 || r == 0xffa0 || r == 0x2800 || r == 0x034f ||
+				(r >= 0xfe00 && r <= 0xfe0f) || (r >= 0xe0100 && r <= 0xe01ef)
+		}), " ")
+	}
+	check := func(what, path, cells string, want int) {
+		t.Helper()
+		run(t, ctx, what, chromedp.Navigate(w.srv.URL+path), chromedp.WaitVisible(chromedp.CSS("main table")))
+		texts := get(t, ctx, what+": the job cells", chromedp.Evaluate[[]string](`[...document.querySelectorAll(`+jsString(cells)+`)].map(td => td.innerText)`))
+		if len(texts) != want {
+			t.Fatalf("%s shows %d jobs, want %d: %q", what, len(texts), want, texts)
+		}
+		seen := map[string]string{}
+		for _, s := range texts {
+			if other, ok := seen[readsAs(s)]; ok {
+				t.Errorf("%s: the jobs shown as %q and %q both read %q", what, other, s, readsAs(s))
+			}
+			seen[readsAs(s)] = s
+		}
+	}
+	check("the leases page", "/ui/leases", "#lease-list tbody tr td:first-child", len(jobs)+1)
+	check("the rogue's node page", "/ui/nodes/"+rogueID, "#leases tbody tr td:first-child", len(jobs))
+}

@@ -664,8 +664,10 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 				more = true
 				continue
 			}
+			cells := wire.EvidenceRowFromProto(row).SeedRecord()
+			cells[0] = jobID(cells[0]) // the Job ID column
 			d.Rows = append(d.Rows, evidenceRowView{
-				Row: row.Row, Cells: wire.EvidenceRowFromProto(row).SeedRecord(),
+				Row: row.Row, Cells: cells,
 				Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
 				Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
 			})
@@ -687,7 +689,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
 		d.Next = "/ui/jobs/" + url.PathEscape(job) + "/evidence?" + q.Encode()
 	}
-	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+job, d)
+	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+jobID(job), d)
 }
 
 // evidenceCSV streams every row the filter keeps, page by page. A page
