@@ -245,3 +245,65 @@ func TestARoguesJobIdsThatReadLikeAnotherJobsAreTold(t *testing.T) {
 	check("the leases page", "/ui/leases", "#lease-list tbody tr td:first-child", len(jobs)+1)
 	check("the rogue's node page", "/ui/nodes/"+rogueID, "#leases tbody tr td:first-child", len(jobs))
 }
+
+// TestARolloutsMovesDoNotWipeWhatTheOperatorTypes: the rollout page
+// reloaded itself each time the rollout moved, and the agents in it make it
+// move (each drain, each exit, each replacement): an operator typing why
+// they abort it lost the reason at every move, and with agents that keep
+// it moving could not finish typing. In Chromium: while the operator has
+// typed into the page, a move no longer reloads it; the page says the
+// rollout moved (the forms' expected state makes a stale action refused).
+// Untouched, the page still reloads. (Fails if a move wipes the typing.)
+func TestARolloutsMovesDoNotWipeWhatTheOperatorTypes(t *testing.T) {
+	ctx := chrome(t)
+	w := newWorld(t)
+	bg := context.Background()
+	resp, err := w.admin.Supervisor.Rollout(bg, connect.NewRequest(&tetherv1.RolloutRequest{Selector: "role=worker", TargetSelector: "version=v2", Batch: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.Msg.Rollout.RolloutId
+	// Paused, the rollout holds still while the page loads and the operator
+	// types; resuming it is the move. (The page's stream sends the rollout
+	// as it is when it opens, so the move reaches the page whenever the
+	// stream opened.)
+	if _, err := w.admin.Supervisor.PauseRollout(bg, connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: id, Reason: "hold"})); err != nil {
+		t.Fatal(err)
+	}
+	signInBrowser(t, ctx, w.srv.URL, w.srv.Admin)
+	reason := `form[action$="/abort"] input[name="reason"]`
+	run(t, ctx, "the rollout page",
+		chromedp.Navigate(w.srv.URL+"/ui/rollouts/"+id),
+		chromedp.WaitVisible(chromedp.CSS(reason)),
+		chromedp.SendKeys(chromedp.CSS(reason), "agents misbehaving"),
+		chromedp.Evaluate[chromedp.Void](`window.sameDocument = true`),
+	)
+	w.clk.Advance(time.Second) // the page knows a move by the rollout's update time
+	if _, err := w.admin.Supervisor.ResumeRollout(bg, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: id})); err != nil {
+		t.Fatal(err)
+	}
+	// A reload ends this wait (its document is gone) with an error; the
+	// check below says which.
+	_ = chromedp.Do(ctx, chromedp.Poll[chromedp.Void](`document.querySelector("#rollout-moved") !== null && !document.querySelector("#rollout-moved").hidden`))
+	if same := get(t, ctx, "the same page", chromedp.Evaluate[bool](`window.sameDocument === true`)); !same {
+		t.Fatal("the rollout's move reloaded the page the operator was typing in")
+	}
+	if typed := get(t, ctx, "the typed reason", chromedp.Value(chromedp.CSS(reason))); typed != "agents misbehaving" {
+		t.Fatalf("the reason reads %q after the move", typed)
+	}
+
+	// Untouched, the page follows the rollout: a move reloads it.
+	run(t, ctx, "the rollout page again",
+		chromedp.Navigate(w.srv.URL+"/ui/rollouts/"+id),
+		chromedp.WaitVisible(chromedp.CSS("h1 .badge.r-running")),
+		chromedp.Evaluate[chromedp.Void](`window.sameDocument = true`),
+	)
+	w.clk.Advance(time.Second)
+	if _, err := w.admin.Supervisor.PauseRollout(bg, connect.NewRequest(&tetherv1.PauseRolloutRequest{RolloutId: id, Reason: "hold again"})); err != nil {
+		t.Fatal(err)
+	}
+	run(t, ctx, "the page reloads, paused", chromedp.WaitVisible(chromedp.CSS("h1 .badge.r-paused")))
+	if same := get(t, ctx, "a new page", chromedp.Evaluate[bool](`window.sameDocument === true`)); same {
+		t.Fatal("the untouched page shows the move without a reload")
+	}
+}
