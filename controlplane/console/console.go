@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -186,7 +187,8 @@ func (c *Console) routes() {
 	c.mux.Handle("GET /ui/revocations", c.page(c.revocations))
 	c.mux.Handle("GET /ui/revocations/events", c.page(c.revocationEvents))
 	c.mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
-		c.fail(w, r, c.current(r), http.StatusNotFound, "not found", "The console has no page at "+r.URL.Path+".")
+		// Quoted: the path is whoever made the link's text, not the console's.
+		c.fail(w, r, c.current(r), http.StatusNotFound, "not found", "The console has no page at "+strconv.Quote(r.URL.Path)+".")
 	})
 }
 

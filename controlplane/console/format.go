@@ -16,6 +16,7 @@ import (
 
 	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // enumName turns "NODE_STATE_RUNNING" into "running" given the prefix.
@@ -56,6 +57,9 @@ func templateFuncs() template.FuncMap {
 		"proposalState": func(s tetherv1.ProposalState) string { return enumName(s.String(), "PROPOSAL_STATE_") },
 		"rolloutState":  func(s tetherv1.RolloutState) string { return enumName(s.String(), "ROLLOUT_STATE_") },
 		"batchState":    func(s tetherv1.RolloutBatchState) string { return enumName(s.String(), "ROLLOUT_BATCH_STATE_") },
+		"proposalStop":  proposalStop,
+		"jobID":         jobID,
+		"jobIDs":        jobIDs,
 		"ts":            ts,
 		"dur":           dur,
 		"labels":        labels,
@@ -72,6 +76,20 @@ func templateFuncs() template.FuncMap {
 		},
 		"add": func(a, b uint32) uint32 { return a + b },
 	}
+}
+
+// proposalStop says what approving a stop proposal starts: an abort, or a
+// drain and its window. The proposer chose both, and an agent's own
+// proposal keeps its windows whoever approves it: a rogue's "stop me now"
+// may ask for a day's drain, during which its calls run on.
+func proposalStop(p *tetherv1.StopProposal) string {
+	if p.Mode == tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		return "an abort"
+	}
+	if w := p.DrainWindow.AsDuration(); w > 0 {
+		return "a drain within " + w.String()
+	}
+	return "a drain within " + supervisor.DefaultDrainWindow.String() + " (the default)"
 }
 
 // ts renders a timestamp in UTC to the second; "—" when unset.
@@ -99,11 +117,29 @@ func labels(m map[string]string) string {
 // with, a bidirectional override (which reverses what follows it), or an
 // invisible character (a zero-width space or joiner, a byte-order mark, a
 // soft hyphen, a line or paragraph separator: Unicode's Cf, Zl and Zp).
+//
+// So is a character a page draws as a blank or as nothing that is none of
+// those: a space other than the ASCII one (no-break, ideographic, the
+// sized spaces: "job-1\u00a0" read "job-1" once its cell trimmed it), a
+// Hangul filler, the braille blank, the combining grapheme joiner; and a
+// variation selector after an ASCII character, which selects nothing
+// there (after an emoji it is the emoji's presentation, and stays).
 func hidden(r rune) bool {
-	if r == '\n' || r == '\t' || r == '\r' {
+	if r == '\n' || r == '\t' || r == '\r' || r == ' ' {
 		return false
 	}
-	return unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp)
+	return unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Zs) ||
+		r == 0x115f || r == 0x1160 || r == 0x3164 || r == 0xffa0 || r == 0x2800 || r == 0x034f
+}
+
+// variationSelector: U+FE00–FE0F and U+E0100–E01EF.
+func variationSelector(r rune) bool {
+	return r >= 0xfe00 && r <= 0xfe0f || r >= 0xe0100 && r <= 0xe01ef
+}
+
+// hiddenAfter is hidden, for r following prev.
+func hiddenAfter(prev, r rune) bool {
+	return hidden(r) || variationSelector(r) && prev < utf8.RuneSelf
 }
 
 // visible is s with every hidden character written out as Go quotes it
@@ -120,36 +156,78 @@ func visible(s string) string {
 	}
 	var b strings.Builder
 	b.Grow(len(s) + 16)
+	prev := rune(0)
 	for _, r := range s {
-		if hidden(r) {
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-			continue
+		if hiddenAfter(prev, r) {
+			b.WriteString(escapeRune(r))
+		} else {
+			b.WriteRune(r)
 		}
-		b.WriteRune(r)
+		prev = r
 	}
 	return b.String()
+}
+
+// escapeRune is r as Go writes it in a quoted string: \u200b, \x1b.
+func escapeRune(r rune) string {
+	if r == ' ' {
+		return `\x20`
+	}
+	q := strconv.QuoteToASCII(string(r))
+	return q[1 : len(q)-1]
 }
 
 // hasHidden is strings.IndexFunc(s, hidden) >= 0, with a fast path for
 // ASCII: a 10,000-node tree page is 2.6 MB, nearly all of it ASCII.
 func hasHidden(s string) bool {
+	prev := rune(0)
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
 			if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') || c == 0x7f {
 				return true
 			}
+			prev = rune(c)
 			i++
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
-		if hidden(r) {
+		if hiddenAfter(prev, r) {
 			return true
 		}
+		prev = r
 		i += size
 	}
 	return false
+}
+
+// jobID is a job id as a page shows it, for the spaces HTML would fold
+// away: a job id is any characters but control ones, and a page trims a
+// cell's spaces and folds a run of them into one, so "job-1 ", " job-1" and
+// "job-1" read alike. A space at either end or beside another is written
+// \x20; a job id without such a space is shown as it is.
+func jobID(s string) string {
+	if !strings.HasPrefix(s, " ") && !strings.HasSuffix(s, " ") && !strings.Contains(s, "  ") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == ' ' && (i == 0 || i == len(s)-1 || s[i-1] == ' ' || s[i+1] == ' ') {
+			b.WriteString(`\x20`)
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// jobIDs is a list of job ids, each as jobID shows it, comma-separated.
+func jobIDs(ids []string) string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = jobID(id)
+	}
+	return strings.Join(out, ", ")
 }
 
 // visibleJSON is v as JSON whose strings are visible: the live pages'

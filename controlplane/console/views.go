@@ -39,6 +39,7 @@ type treeData struct {
 	Selector string
 	State    string
 	Root     string
+	RootName string // the name of the node Root names, when it is listed
 	Open     string
 	Large    bool // not every level is open
 	Counts   map[string]int
@@ -69,6 +70,9 @@ func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 	d.Total = len(nodes)
 	for _, n := range nodes {
 		d.Counts[nodeState(n.State)]++
+		if d.Root != "" && n.NodeId == d.Root {
+			d.RootName = n.Name
+		}
 	}
 	if d.Selector != "" || d.State != "" {
 		d.Filtered = true
@@ -660,8 +664,10 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 				more = true
 				continue
 			}
+			cells := wire.EvidenceRowFromProto(row).SeedRecord()
+			cells[0] = jobID(cells[0]) // the Job ID column
 			d.Rows = append(d.Rows, evidenceRowView{
-				Row: row.Row, Cells: wire.EvidenceRowFromProto(row).SeedRecord(),
+				Row: row.Row, Cells: cells,
 				Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
 				Flagged: row.StaleGeneration || row.LateProgress || row.LeaseExpired || row.OwnershipConflict,
 			})
@@ -683,7 +689,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
 		d.Next = "/ui/jobs/" + url.PathEscape(job) + "/evidence?" + q.Encode()
 	}
-	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+job, d)
+	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+jobID(job), d)
 }
 
 // evidenceCSV streams every row the filter keeps, page by page. A page
@@ -736,7 +742,13 @@ func (c *Console) loadGrant(w http.ResponseWriter, r *http.Request, s *session) 
 	if !ok {
 		return grantData{}, false
 	}
-	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State), Revoked: r.URL.Query().Get("revoked")}
+	d := grantData{Grant: g.Msg.Grant, State: grantState(g.Msg.Grant.State)}
+	// "revoked" is where revoke sends the operator, with the tombstone's
+	// sequence; but anyone can hand an operator a link with it, so the
+	// notice shows only for a grant the server says is revoked.
+	if seq, err := strconv.ParseUint(r.URL.Query().Get("revoked"), 10, 64); err == nil && d.State == "revoked" {
+		d.Revoked = strconv.FormatUint(seq, 10)
+	}
 	sub, ok := apiCall(ctx, c, w, r, s, "Could not list the grants derived from "+id, s.clients.Capability.ListGrants, &tetherv1.ListGrantsRequest{DerivedFromGrantId: id, PageSize: 200})
 	if !ok {
 		return grantData{}, false

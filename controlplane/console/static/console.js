@@ -79,12 +79,20 @@ function showTermination(box, t) {
 }
 
 // ---- a rollout: reload when it moved ----
+// Unless the operator has typed into the page: the agents in a rollout make
+// it move, and a reload would wipe the reason being typed at every move.
+// Then the page says it moved (a form still names the state it showed, so
+// an action on a rollout that moved is refused as stale).
 function setupRollout() {
   const box = $("#rollout");
   if (!box || !window.EventSource) return;
   const es = new EventSource("/ui/rollouts/" + encodeURIComponent(box.dataset.id) + "/events");
   es.addEventListener("rollout", (ev) => {
-    if (JSON.parse(ev.data).version !== box.dataset.version) { es.close(); location.reload(); }
+    if (JSON.parse(ev.data).version === box.dataset.version) return;
+    es.close();
+    const typed = [...box.querySelectorAll("input, textarea")].some((el) => el.value !== el.defaultValue);
+    if (!typed) { location.reload(); return; }
+    $("#rollout-moved").hidden = false;
   });
 }
 
