@@ -120,7 +120,7 @@ func ts(t *timestamppb.Timestamp) string {
 func printLease(w io.Writer, l *tetherv1.Lease) error {
 	tw := newTable(w)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, printable(v)) }
-	row("job_id", l.JobId)
+	row("job_id", printableJob(l.JobId))
 	row("lease_id", l.LeaseId)
 	row("generation", fmt.Sprint(l.LeaseGeneration))
 	row("holder", l.HolderIdentity)
@@ -361,7 +361,7 @@ func leaseList(g *globals) *cobra.Command {
 				return err
 			}
 			return printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) string {
-				return fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s", l.JobId, l.LeaseGeneration, l.HolderIdentity,
+				return fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s", printableJob(l.JobId), l.LeaseGeneration, l.HolderIdentity,
 					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_"))
 			})
 		},

@@ -2,10 +2,9 @@ package main
 
 import (
 	"fmt"
-	"strconv"
+	shown "github.com/tetherhq/tether/internal/printable"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/proto"
@@ -125,35 +124,22 @@ func roleName(r tetherv1.Role) string {
 // reason, a termination an agent requested, a privilege's external id, a
 // hook's answer), so a control character — a carriage return, an escape
 // sequence that moves the cursor or erases a line, a line break before a
-// forged line — a bidirectional override, or an invisible character (a
-// zero-width space or joiner, a byte-order mark, a soft hyphen, a line or
-// paragraph separator: Unicode's format characters, Cf, Zl and Zp) is
-// shown escaped, as Go quotes it (\r, \x1b, \n, \u202e, \u200b), and
+// forged line — a bidirectional override, an invisible character (a
+// zero-width space or joiner, a byte-order mark, a soft hyphen) or one
+// drawn as a blank (a no-break or ideographic space, a Hangul filler) is
+// shown escaped, as Go quotes it (\r, \x1b, \n, \u202e, \u200b, \u00a0), and
 // never acts on the terminal nor makes two different ids print alike
-// ("job-1" and "job-1\u200b").
-func printable(s string) string { return escapeControls(s, false) }
+// ("job-1" and "job-1\u200b"). The console shows the same text by the same
+// rule (internal/printable).
+func printable(s string) string { return shown.String(s, "") }
 
 // printableRow is printable for a table row, whose tabs separate its cells.
-func printableRow(s string) string { return escapeControls(s, true) }
+func printableRow(s string) string { return shown.String(s, "\t") }
 
-func escapeControls(s string, keepTabs bool) string {
-	unsafe := func(r rune) bool {
-		return (unicode.IsControl(r) && !(keepTabs && r == '\t')) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp)
-	}
-	if strings.IndexFunc(s, unsafe) < 0 {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		if unsafe(r) {
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+// printableJob is a job id as printable shows it, with a space at either
+// end or beside another written \x20: a terminal shows "job-1 " as it
+// shows "job-1".
+func printableJob(s string) string { return printable(shown.JobID(s)) }
 
 // printableList is a list of the agents' strings as fmt's %v prints one
 // ([a b c]), each printable.
@@ -163,4 +149,14 @@ func printableList(items []string) string {
 		out[i] = printable(s)
 	}
 	return "[" + strings.Join(out, " ") + "]"
+}
+
+// printableJobs is a list of job ids as printableList prints one, each as
+// printableJob shows it.
+func printableJobs(ids []string) string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = shown.JobID(id)
+	}
+	return printableList(out)
 }

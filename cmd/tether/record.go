@@ -160,7 +160,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 	if len(r.Leases) > 0 {
 		fmt.Fprintf(w, "\nLeases (%d)\n", len(r.Leases))
 		for _, l := range r.Leases {
-			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s%s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), printable(l.JobId), l.LeaseGeneration, printable(l.HolderIdentity), leaseEnd(l))
+			fmt.Fprintf(w, "  %-12s job %s gen %d holder %s%s\n", lower(l.Outcome.String(), "LEASE_OUTCOME_"), printableJob(l.JobId), l.LeaseGeneration, printable(l.HolderIdentity), leaseEnd(l))
 		}
 	}
 
@@ -178,7 +178,7 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		if n.LastSeenAt != nil {
 			seen = n.LastSeenAt.AsTime().Format("15:04:05Z")
 		}
-		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v%s\n", n.Name, n.NodeId, seen, n.HeldGrantIds, printableList(n.HeldJobIds), claim)
+		fmt.Fprintf(w, "  UNACCOUNTED  %-16s %s last seen %s, held grants %v jobs %v%s\n", n.Name, n.NodeId, seen, n.HeldGrantIds, printableJobs(n.HeldJobIds), claim)
 		if n.UnaccountedReason != "" {
 			fmt.Fprintf(w, "               why: %s\n", printable(n.UnaccountedReason))
 		}

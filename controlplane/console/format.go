@@ -5,15 +5,13 @@ import (
 	"encoding/json"
 	"html/template"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/printable"
 	"github.com/tetherhq/tether/internal/sortedmap"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
@@ -112,114 +110,21 @@ func labels(m map[string]string) string {
 	return sortedmap.Join(m, "", ", ", func(k, v string) string { return k + "=" + v })
 }
 
-// hidden says whether r would act on the page's text rather than show in
-// it: a control character other than the whitespace a page is written
-// with, a bidirectional override (which reverses what follows it), or an
-// invisible character (a zero-width space or joiner, a byte-order mark, a
-// soft hyphen, a line or paragraph separator: Unicode's Cf, Zl and Zp).
-//
-// So is a character a page draws as a blank or as nothing that is none of
-// those: a space other than the ASCII one (no-break, ideographic, the
-// sized spaces: "job-1\u00a0" read "job-1" once its cell trimmed it), a
-// Hangul filler, the braille blank, the combining grapheme joiner; and a
-// variation selector after an ASCII character, which selects nothing
-// there (after an emoji it is the emoji's presentation, and stays).
-func hidden(r rune) bool {
-	if r == '\n' || r == '\t' || r == '\r' || r == ' ' {
-		return false
-	}
-	return unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Zs) ||
-		r == 0x115f || r == 0x1160 || r == 0x3164 || r == 0xffa0 || r == 0x2800 || r == 0x034f
-}
-
-// variationSelector: U+FE00–FE0F and U+E0100–E01EF.
-func variationSelector(r rune) bool {
-	return r >= 0xfe00 && r <= 0xfe0f || r >= 0xe0100 && r <= 0xe01ef
-}
-
-// hiddenAfter is hidden, for r following prev.
-func hiddenAfter(prev, r rune) bool {
-	return hidden(r) || variationSelector(r) && prev < utf8.RuneSelf
-}
-
 // visible is s with every hidden character written out as Go quotes it
-// (\u200b, \u202e, \x1b). Much of what the console shows was written by
-// the agents it reports on — job ids, a stop proposal's reason, a lease's
-// progress and terminal detail — and the lease module takes any character
-// but a control one in a job id: without this, "job-1\u200b" and "job-1"
-// read alike, and a right-to-left override reverses the rest of its cell.
-// The console's own templates hold no such character, so every page is
-// passed through it whole (render), as is every live event (events).
-func visible(s string) string {
-	if !hasHidden(s) {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 16)
-	prev := rune(0)
-	for _, r := range s {
-		if hiddenAfter(prev, r) {
-			b.WriteString(escapeRune(r))
-		} else {
-			b.WriteRune(r)
-		}
-		prev = r
-	}
-	return b.String()
-}
-
-// escapeRune is r as Go writes it in a quoted string: \u200b, \x1b.
-func escapeRune(r rune) string {
-	if r == ' ' {
-		return `\x20`
-	}
-	q := strconv.QuoteToASCII(string(r))
-	return q[1 : len(q)-1]
-}
-
-// hasHidden is strings.IndexFunc(s, hidden) >= 0, with a fast path for
-// ASCII: a 10,000-node tree page is 2.6 MB, nearly all of it ASCII.
-func hasHidden(s string) bool {
-	prev := rune(0)
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if (c < 0x20 && c != '\n' && c != '\t' && c != '\r') || c == 0x7f {
-				return true
-			}
-			prev = rune(c)
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if hiddenAfter(prev, r) {
-			return true
-		}
-		prev = r
-		i += size
-	}
-	return false
-}
+// (\u200b, \u202e, \x1b, \u00a0; internal/printable holds the rule the
+// CLI shares). Much of what the console shows was written by the agents it
+// reports on — job ids, a stop proposal's reason, a lease's progress and
+// terminal detail — and the lease module takes any character but a control
+// one in a job id: without this, "job-1\u200b" and "job-1" read alike, and
+// a right-to-left override reverses the rest of its cell. Line breaks and
+// tabs are shown as such. The console's own templates hold no such
+// character, so every page is passed through it whole (render), as is
+// every live event (events).
+func visible(s string) string { return printable.String(s, "\n\t\r") }
 
 // jobID is a job id as a page shows it, for the spaces HTML would fold
-// away: a job id is any characters but control ones, and a page trims a
-// cell's spaces and folds a run of them into one, so "job-1 ", " job-1" and
-// "job-1" read alike. A space at either end or beside another is written
-// \x20; a job id without such a space is shown as it is.
-func jobID(s string) string {
-	if !strings.HasPrefix(s, " ") && !strings.HasSuffix(s, " ") && !strings.Contains(s, "  ") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == ' ' && (i == 0 || i == len(s)-1 || s[i-1] == ' ' || s[i+1] == ' ') {
-			b.WriteString(`\x20`)
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+// away (printable.JobID).
+func jobID(s string) string { return printable.JobID(s) }
 
 // jobIDs is a list of job ids, each as jobID shows it, comma-separated.
 func jobIDs(ids []string) string {
