@@ -376,7 +376,7 @@ func (j *Job) held(sentAt time.Time, l *tetherv1.Lease, d *tetherv1.Decision) {
 		return
 	}
 	j.heldUntil = until
-	if _, wall := j.w.cfg.Clock.(wallClock); wall {
+	if _, wall := j.w.cfg.Clock.(wallClock); wall && j.ctx.Err() == nil {
 		if j.heldTimer == nil {
 			j.heldTimer = time.AfterFunc(time.Until(until), func() { j.checkHeld() })
 		} else {
