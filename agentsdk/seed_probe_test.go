@@ -154,3 +154,27 @@ func newBudgetedSetup(t *testing.T) (*leaseSetup, string, *budgeted) {
 	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: limited}))
 	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId}, child.Msg.Credential, limited
 }
+
+// On the wall clock (the default) nothing but a timer is there to end the
+// job at its bound when no renewal is due before it: a worker renewing
+// hourly on a lease of 200 ms, cut off at once, has its job ended by the
+// timer with ErrLeaseUnconfirmed.
+func TestSeedProbeOnTheWallClockATimerEndsTheJobAtItsBound(t *testing.T) {
+	s := newLeaseSetup(t)
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), RenewEvery: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	job, d, err := w.Accept(context.Background(), s.offer(t, "job-1", 200*time.Millisecond), agentsdk.JobOptions{})
+	accepted(t, "accept", d, err)
+	s.net.cut.Store(true)
+	select {
+	case <-job.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the job still runs past its bound on the wall clock")
+	}
+	if cause := context.Cause(job.Context()); !errors.Is(cause, agentsdk.ErrLeaseUnconfirmed) {
+		t.Fatalf("the job ended with %v, want ErrLeaseUnconfirmed", cause)
+	}
+}
