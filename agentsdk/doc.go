@@ -38,7 +38,13 @@
 //
 // LeaseWorker.Accept ACKs an offered lease and renews it until the
 // coordinator's answer says the generation lost authority (expired,
-// superseded, terminal): the worker's own clock only schedules renewals.
+// superseded, terminal). Expiry is the coordinator's; the worker's clock
+// schedules renewals and bounds only what the job can prove: once it
+// passes the last accepted ACK's or renewal's send time plus the lease
+// duration (a partition, answers that never come), the job ends with
+// ErrLeaseUnconfirmed — at or before the coordinator's expiry, never
+// after, and never extending it. A job resumed by a repeated ACK renews
+// at once to prove its window.
 // A cancel request seen in an answer cancels the job's context (cause
 // ErrLeaseCancelled), runs JobOptions.OnCancel, then acknowledges it.
 // Progress and results that cannot be delivered are appended, fsynced, to a

@@ -30,6 +30,12 @@ var (
 	// ErrLeaseLost: the coordinator says this generation no longer has
 	// authority (it expired, was superseded, or the job is terminal).
 	ErrLeaseLost = errors.New("agentsdk: the lease is no longer held")
+	// ErrLeaseUnconfirmed: no renewal (nor the ACK) the coordinator
+	// accepted covers now on the worker's clock — the last accepted one's
+	// send time plus the lease duration has passed — so the job cannot
+	// prove it still has authority (the coordinator counted that window
+	// from its receipt, no earlier). It wraps ErrLeaseLost.
+	ErrLeaseUnconfirmed = fmt.Errorf("%w: no renewal the coordinator accepted covers the worker's clock any more; authority cannot be proven (the coordinator was not reached)", ErrLeaseLost)
 	// ErrJobEnded: the job was completed or stopped by its worker.
 	ErrJobEnded = errors.New("agentsdk: the job ended")
 	// ErrOwnershipConflict: another identity claimed this generation and
@@ -83,8 +89,10 @@ type LeaseWorkerConfig struct {
 	// its own clock). Nil means WallClock.
 	Clock Clock
 	// RenewEvery is how often a job renews; 0 means a third of its lease
-	// duration. It only schedules renewals: expiry is whatever the
-	// coordinator answers.
+	// duration. It schedules renewals: expiry is whatever the
+	// coordinator answers. With an injected Clock the job's own bound
+	// (ErrLeaseUnconfirmed) is checked at each of these ticks; on the
+	// wall clock a timer ends the job at it.
 	RenewEvery time.Duration
 	Log        *slog.Logger
 }
@@ -269,15 +277,24 @@ type Job struct {
 	renewSeq    uint64
 	progressSeq uint64
 	cancelSeen  bool
+	// heldUntil bounds the authority the job can prove, on the worker's
+	// clock (heldNow): the send time of the last ACK or renewal the
+	// coordinator accepted, plus the lease duration. Zero: not known yet.
+	heldUntil time.Time
+	// heldTimer ends the job at heldUntil on the wall clock; with an
+	// injected clock the renew loop checks at each tick instead.
+	heldTimer *time.Timer
 }
 
 // Accept ACKs an offered lease (which must be this agent's) and starts
 // renewing it. The job's context ends when the coordinator requests
 // cancellation (cause ErrLeaseCancelled), says the generation lost
-// authority (ErrLeaseLost), records an ownership conflict on it
-// (*OwnershipConflictError, wrapping ErrOwnershipConflict), or the worker
-// ends it (ErrJobEnded).
+// authority (ErrLeaseLost) or records an ownership conflict on it
+// (*OwnershipConflictError, wrapping ErrOwnershipConflict), when no
+// accepted renewal covers the worker's clock any more
+// (ErrLeaseUnconfirmed), or when the worker ends it (ErrJobEnded).
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
+	sentAt := w.heldNow()
 	req := &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Ack{Ack: &tetherv1.AckRequest{
 		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Clock.Now()),
 	}}}
@@ -308,9 +325,78 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 	// The ACK's answer is acted on as any other: such a job's lease may
 	// already carry a cancel request (or a conflict), and its work must
 	// not begin as if it did not.
+	j.held(sentAt, l, d)
 	j.observe(ctx, l, j.generation, d)
+	if d.GetOutcome() == tetherv1.Outcome_OUTCOME_DUPLICATE && j.ctx.Err() == nil {
+		// A repeated ACK grants no window (the coordinator counted the
+		// generation's from the first ACK or the last renewal, whenever
+		// that was): the resumed job proves one with a renewal now, and
+		// without an answer it has none and ends (ErrLeaseUnconfirmed).
+		j.mu.Lock()
+		j.heldUntil = sentAt
+		j.mu.Unlock()
+		if _, err := j.Renew(ctx); err != nil {
+			j.w.cfg.Log.Warn("lease renew of a resumed job failed", "job", j.jobID, "error", err)
+		}
+		j.checkHeld()
+	}
 	go j.renewLoop()
 	return j, d, nil
+}
+
+// heldNow is the worker's own time for the bound of a job's authority:
+// the monotonic clock when the worker runs on the wall clock (a wall
+// clock step must not stretch it), the injected clock otherwise.
+func (w *LeaseWorker) heldNow() time.Time {
+	if _, wall := w.cfg.Clock.(wallClock); wall {
+		return time.Now()
+	}
+	return w.cfg.Clock.Now()
+}
+
+// held extends the bound of the job's authority after an answer to a
+// message sent at sentAt (heldNow): only an accepted ACK or renewal of the
+// job's own generation grants a window, which the coordinator counts from
+// its receipt, so sentAt plus the lease duration is never later than the
+// expiry it set. Progress renews nothing, and neither does a repeat.
+func (j *Job) held(sentAt time.Time, l *tetherv1.Lease, d *tetherv1.Decision) {
+	if l == nil || d.GetOutcome() != tetherv1.Outcome_OUTCOME_ACCEPTED || l.GetLeaseGeneration() != j.generation ||
+		l.GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
+		return
+	}
+	switch d.GetAuditEvent() {
+	case tetherv1.AuditEvent_AUDIT_EVENT_ACKED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED:
+	default:
+		return
+	}
+	until := sentAt.Add(l.GetLeaseDuration().AsDuration())
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if !until.After(j.heldUntil) {
+		return
+	}
+	j.heldUntil = until
+	if _, wall := j.w.cfg.Clock.(wallClock); wall && j.ctx.Err() == nil {
+		if j.heldTimer == nil {
+			j.heldTimer = time.AfterFunc(time.Until(until), func() { j.checkHeld() })
+		} else {
+			j.heldTimer.Reset(time.Until(until))
+		}
+	}
+}
+
+// checkHeld ends the job (ErrLeaseUnconfirmed) once the worker's clock
+// reached the bound of the authority it can prove, and reports whether
+// it did.
+func (j *Job) checkHeld() bool {
+	j.mu.Lock()
+	until := j.heldUntil
+	j.mu.Unlock()
+	if until.IsZero() || j.w.heldNow().Before(until) {
+		return false
+	}
+	j.end(ErrLeaseUnconfirmed)
+	return true
 }
 
 // Context ends when the job must stop; context.Cause says why.
@@ -341,6 +427,11 @@ func (j *Job) end(cause error) {
 	j.once.Do(func() {
 		j.cancel(cause)
 		close(j.stop)
+		j.mu.Lock()
+		if j.heldTimer != nil {
+			j.heldTimer.Stop()
+		}
+		j.mu.Unlock()
 	})
 }
 
@@ -362,6 +453,11 @@ func (j *Job) renewLoop() {
 			return
 		case <-ticker.C:
 		}
+		if j.checkHeld() {
+			// Past the last accepted renewal's window on the worker's
+			// clock: no renewal sent now could prove the time between.
+			return
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), every)
 		_, err := j.Renew(ctx)
 		cancel()
@@ -374,9 +470,12 @@ func (j *Job) renewLoop() {
 // Renew renews the lease once (the renew loop calls it on schedule) and
 // acts on the answer: a cancel request cancels the job's context, runs
 // OnCancel and acknowledges; an answer saying the generation has no
-// authority ends the job. Expiry is only ever learnt from the coordinator.
+// authority ends the job. Expiry is only ever learnt from the coordinator;
+// an accepted renewal also moves the bound of what the job can prove on
+// the worker's clock (its send time plus the lease duration).
 func (j *Job) Renew(ctx context.Context) (*tetherv1.Decision, error) {
 	seq := j.next(&j.renewSeq)
+	sentAt := j.w.heldNow()
 	job, leaseID, gen, sent := j.claim()
 	l, d, err := j.w.send(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Renew{Renew: &tetherv1.RenewRequest{
 		JobId: job, LeaseId: leaseID, LeaseGeneration: gen, RenewSequence: seq, SentAt: sent,
@@ -384,6 +483,7 @@ func (j *Job) Renew(ctx context.Context) (*tetherv1.Decision, error) {
 	if err != nil {
 		return nil, err
 	}
+	j.held(sentAt, l, d)
 	j.observe(ctx, l, gen, d)
 	return d, nil
 }

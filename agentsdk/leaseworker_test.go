@@ -150,7 +150,14 @@ func TestLeaseWorkerAcksRenewsReportsAndHandlesCancel(t *testing.T) {
 
 func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	s := newLeaseSetup(t)
-	w := s.newWorker(t, t.TempDir(), 5*time.Millisecond)
+	// The worker's clock never moves: it never reaches the bound of its
+	// last accepted renewal (ErrLeaseUnconfirmed), so only the
+	// coordinator's answer can end the job.
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
 	job, _, err := w.Accept(context.Background(), s.offer(t, "job-1", 30*time.Second), agentsdk.JobOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +178,8 @@ func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the renew loop did not stop after the coordinator answered EXPIRED")
 	}
-	if !errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseLost) || job.Lease().State != tetherv1.LeaseState_LEASE_STATE_EXPIRED {
+	if !errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseLost) || errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseUnconfirmed) ||
+		job.Lease().State != tetherv1.LeaseState_LEASE_STATE_EXPIRED {
 		t.Fatalf("cause %v, lease %v", context.Cause(job.Context()), job.Lease())
 	}
 }

@@ -2,7 +2,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 
 import { Conn } from "./conn.js";
-import { LeaseState, Outcome, TerminalResult, type Decision, type Lease } from "./gen/tether/v1/lease_pb.js";
+import { AuditEvent, LeaseState, Outcome, TerminalResult, type Decision, type Lease } from "./gen/tether/v1/lease_pb.js";
 import { msOf } from "./internal.js";
 
 /** Why a job's signal aborted. */
@@ -14,7 +14,9 @@ export type JobEndKind = "cancelled" | "lost" | "ended";
  *   complete with CANCELLED (or FAILED);
  * - "lost": the coordinator says this generation no longer has authority
  *   (it expired, was superseded, is in an ownership conflict, or the job is
- *   terminal) — detail says which;
+ *   terminal), or no renewal it accepted covers the worker's clock any more
+ *   (the last accepted ACK's or renewal's send time plus the lease duration
+ *   passed: authority cannot be proven) — detail says which;
  * - "ended": the worker completed or stopped the job.
  */
 export class JobEnded extends Error {
@@ -32,9 +34,18 @@ export class JobEnded extends Error {
 export interface LeaseWorkerOptions {
   /** The agent's connection: its credential is the holder identity the coordinator binds every message to. */
   conn: Conn;
-  /** Stamps sent_at (evidence only: the coordinator decides on its own clock). Default Date.now. */
+  /**
+   * Stamps sent_at (evidence only: the coordinator decides on its own
+   * clock), and bounds what a job can prove (below). Default Date.now, with
+   * performance.now for the bound.
+   */
   now?: () => number;
-  /** How often a job renews, in ms; default a third of its lease duration. It only schedules renewals. */
+  /**
+   * How often a job renews, in ms; default a third of its lease duration.
+   * It schedules renewals; with an injected `now` the job's bound is also
+   * checked at each of these ticks (on the default clock a timer ends the
+   * job at it).
+   */
   renewEveryMs?: number;
   warn?: (message: string) => void;
 }
@@ -54,7 +65,12 @@ export interface JobOptions {
  * keeps each job's lease renewed until the coordinator says it ended,
  * reports progress and terminal results, and turns a cancel request into an
  * aborted signal plus a callback and an acknowledgement. Expiry is only ever
- * learnt from the coordinator: the worker's clock only schedules renewals.
+ * learnt from the coordinator; the worker's clock schedules renewals and
+ * bounds what a job can prove: an accepted ACK or renewal covers its send
+ * time plus the lease duration (the coordinator counts from its receipt,
+ * never earlier), and once the worker's clock passes the last such bound
+ * without another (a partition) the job ends ("lost") at or before the
+ * coordinator's expiry. It never extends authority; progress moves no bound.
  *
  * Unlike the Go SDK's worker it keeps no spool: a progress report or result
  * the control plane could not be reached for is thrown to the caller.
@@ -62,12 +78,18 @@ export interface JobOptions {
 export class LeaseWorker {
   readonly conn: Conn;
   readonly #now: () => number;
+  /** The worker's clock for a job's bound: monotonic unless injected. */
+  readonly heldNow: () => number;
+  /** Whether heldNow is the default (monotonic) clock, on which a timer ends a job at its bound. */
+  readonly heldTimers: boolean;
   readonly #renewEvery?: number;
   readonly #warn: (message: string) => void;
 
   constructor(options: LeaseWorkerOptions) {
     this.conn = options.conn;
     this.#now = options.now ?? Date.now;
+    this.heldNow = options.now ?? (() => performance.now());
+    this.heldTimers = options.now === undefined;
     this.#renewEvery = options.renewEveryMs;
     this.#warn = options.warn ?? (() => {});
   }
@@ -82,6 +104,7 @@ export class LeaseWorker {
    * it. Throws when the coordinator rejects the ACK.
    */
   async accept(offered: Lease, options: JobOptions = {}): Promise<Job> {
+    const sent = this.heldNow();
     const resp = await this.conn.lease.ack({
       jobId: offered.jobId,
       leaseId: offered.leaseId,
@@ -92,7 +115,7 @@ export class LeaseWorker {
       throw new Error(`tether: ack of job ${JSON.stringify(offered.jobId)} refused: ${resp.decision?.reason ?? "no lease in the answer"}`);
     }
     const every = this.#renewEvery ?? Math.max(msOf(resp.lease.leaseDuration) / 3, 10);
-    return Job.accepted(this, resp.lease, options, every, this.#warn);
+    return Job.accepted(this, resp.lease, resp.decision, sent, options, every, this.#warn);
   }
 }
 
@@ -113,6 +136,11 @@ export class Job {
   #progressSequence = 0n;
   #cancelSeen = false;
   #timer?: NodeJS.Timeout;
+  // The bound of the authority the job can prove, on the worker's clock
+  // (LeaseWorker.heldNow): the last accepted ACK's or renewal's send time
+  // plus the lease duration; undefined while not known.
+  #heldUntil?: number;
+  #heldTimer?: NodeJS.Timeout;
   #done: Promise<void>;
   #markDone!: () => void;
 
@@ -133,6 +161,7 @@ export class Job {
     this.#warn = warn;
     this.#done = new Promise((resolve) => (this.#markDone = resolve));
     this.#timer = setInterval(() => {
+      if (this.#checkHeld()) return; // no renewal sent now could prove the time between
       this.renew().catch((err) => this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`));
     }, renewEveryMs);
   }
@@ -143,10 +172,64 @@ export class Job {
    * DUPLICATE, after a restart) may already have a cancel request, and its
    * work must not begin as if it had not.
    */
-  static async accepted(worker: LeaseWorker, lease: Lease, options: JobOptions, renewEveryMs: number, warn: (m: string) => void): Promise<Job> {
+  static async accepted(
+    worker: LeaseWorker,
+    lease: Lease,
+    decision: Decision | undefined,
+    sent: number,
+    options: JobOptions,
+    renewEveryMs: number,
+    warn: (m: string) => void,
+  ): Promise<Job> {
     const job = new Job(worker, lease, options, renewEveryMs, warn);
+    job.#held(sent, lease, decision);
     await job.#observe(lease);
+    if (decision?.outcome === Outcome.DUPLICATE && !job.signal.aborted) {
+      // A repeated ACK grants no window (the coordinator counted the
+      // generation's from the first ACK or the last renewal): the resumed
+      // job proves one with a renewal now, and without an answer it has
+      // none and ends.
+      job.#heldUntil = sent;
+      try {
+        await job.renew();
+      } catch (err) {
+        warn(`tether: lease renew of resumed job ${lease.jobId} failed: ${(err as Error).message}`);
+      }
+      job.#checkHeld();
+    }
     return job;
+  }
+
+  /**
+   * Extends the job's bound after an answer to a message sent at `sent`:
+   * only an accepted ACK or renewal of the job's own generation grants a
+   * window, counted by the coordinator from its receipt, so sent plus the
+   * lease duration is never later than the expiry it set.
+   */
+  #held(sent: number, lease: Lease | undefined, decision: Decision | undefined): void {
+    if (!lease || decision?.outcome !== Outcome.ACCEPTED || lease.leaseGeneration !== this.#generation || lease.state !== LeaseState.ACTIVE) return;
+    if (decision.auditEvent !== AuditEvent.ACKED && decision.auditEvent !== AuditEvent.RENEWED) return;
+    const until = sent + msOf(lease.leaseDuration);
+    if (this.#heldUntil !== undefined && until <= this.#heldUntil) return;
+    this.#heldUntil = until;
+    if (this.#worker.heldTimers && !this.#abort.signal.aborted) {
+      if (this.#heldTimer) clearTimeout(this.#heldTimer);
+      this.#heldTimer = setTimeout(() => this.#checkHeld(), Math.max(until - this.#worker.heldNow(), 0));
+      this.#heldTimer.unref?.();
+    }
+  }
+
+  /** Ends the job once the worker's clock reached its bound; reports whether it did. */
+  #checkHeld(): boolean {
+    if (this.#heldUntil === undefined || this.#worker.heldNow() < this.#heldUntil) return false;
+    this.#end(
+      new JobEnded(
+        "lost",
+        this.#jobId,
+        "no renewal the coordinator accepted covers the worker's clock any more; authority cannot be proven (the coordinator was not reached)",
+      ),
+    );
+    return true;
   }
 
   /** Aborts when the job must stop; its reason is a {@link JobEnded}. */
@@ -177,6 +260,8 @@ export class Job {
   #end(reason: JobEnded): void {
     if (this.#timer) clearInterval(this.#timer);
     this.#timer = undefined;
+    if (this.#heldTimer) clearTimeout(this.#heldTimer);
+    this.#heldTimer = undefined;
     if (!this.#abort.signal.aborted) this.#abort.abort(reason);
     this.#markDone();
   }
@@ -194,7 +279,9 @@ export class Job {
   async renew(): Promise<Decision | undefined> {
     if (this.#abort.signal.aborted) return undefined;
     this.#renewSequence++;
+    const sent = this.#worker.heldNow();
     const resp = await this.#worker.conn.lease.renew({ ...this.#claim(), renewSequence: this.#renewSequence });
+    this.#held(sent, resp.lease, resp.decision);
     await this.#observe(resp.lease);
     return resp.decision;
   }

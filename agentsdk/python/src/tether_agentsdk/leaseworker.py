@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -23,7 +24,11 @@ CANCELLED = "TERMINAL_RESULT_CANCELLED"
 
 # Why a job must stop (Job.cause).
 LEASE_CANCELLED = "cancelled"  # the coordinator requested cancellation
-LEASE_LOST = "lost"  # the generation no longer has authority (expired, superseded, terminal)
+# The generation no longer has authority (expired, superseded, terminal), or
+# no renewal the coordinator accepted covers the worker's clock any more
+# (the last accepted ACK's or renewal's send time plus the lease duration
+# passed: a partition; Job.unconfirmed is then set).
+LEASE_LOST = "lost"
 JOB_ENDED = "ended"  # the worker completed or stopped the job
 # The coordinator recorded an ownership conflict on the generation (a second
 # claimant): execution halts until the coordinator resolves it, as the Go
@@ -126,16 +131,27 @@ class LeaseWorker:
     ``cancelled`` event plus a callback and an acknowledgement, and keeps
     what it could not deliver in an fsynced spool replayed in order once the
     control plane answers again. Expiry is only ever learnt from the
-    coordinator: the worker's clock only schedules renewals.
+    coordinator; the worker's clock schedules renewals and bounds what a job
+    can prove: an accepted ACK or renewal covers its send time plus the
+    lease duration (the coordinator counts from its receipt, never
+    earlier), and once ``clock`` passes the last such bound without another
+    (a partition) the job stops (LEASE_LOST, ``unconfirmed`` set), at or
+    before the coordinator's expiry. It never extends authority; progress
+    moves no bound.
 
     ``conn`` is the agent's connection: its credential is the holder
     identity the coordinator binds every message to. One LeaseWorker per
-    ``spool_dir`` at a time.
+    ``spool_dir`` at a time. ``clock`` (seconds, default time.monotonic,
+    on which a timer stops a job at its bound) is for tests; an injected
+    one is checked at each renew tick.
     """
 
-    def __init__(self, conn: Conn, spool_dir: str, *, renew_every: float | None = None):
+    def __init__(self, conn: Conn, spool_dir: str, *, renew_every: float | None = None,
+                 clock: Callable[[], float] | None = None):
         self.conn = conn
         self.renew_every = renew_every
+        self._clock = clock or time.monotonic
+        self._held_timers = clock is None
         self._spool = _Spool(os.path.join(spool_dir, "lease-spool.jsonl"))
         # Delivery in spool order: nothing new is sent directly while older
         # messages wait in the spool.
@@ -199,6 +215,7 @@ class LeaseWorker:
         lost authority (LEASE_LOST), records an ownership conflict on it
         (OWNERSHIP_CONFLICT: execution halts until the coordinator resolves
         it), or the worker ends it (JOB_ENDED)."""
+        sent = self._clock()
         req = {"jobId": offered["jobId"], "leaseId": offered["leaseId"], "leaseGeneration": str(offered.get("leaseGeneration", "0")), "sentAt": _now()}
         with self._send_lock:
             self._replay_locked()
@@ -210,7 +227,20 @@ class LeaseWorker:
         # The ACK's answer is acted on as any other: a job this agent
         # already held (its ACK a DUPLICATE, after a restart) may already
         # have a cancel request, and its work must not begin as if not.
+        job._held(sent, resp["lease"], decision)
         job._observe(resp["lease"], job.generation, decision)
+        if decision.get("outcome") == "OUTCOME_DUPLICATE" and not job.stopped.is_set():
+            # A repeated ACK grants no window (the coordinator counted the
+            # generation's from the first ACK or the last renewal): the
+            # resumed job proves one with a renewal now, and without an
+            # answer it has none and stops.
+            with job._lock:
+                job._held_until = sent
+            try:
+                job.renew()
+            except Exception as e:  # noqa: BLE001 — no answer: no window
+                log.warning("tether: lease renew of resumed job %s failed: %s", job.job_id, e)
+            job._check_held()
         job._start()
         return job
 
@@ -244,6 +274,14 @@ class Job:
         self._cancel_seen = False
         self._thread: threading.Thread | None = None
         self.done = threading.Event()
+        # The bound of the authority the job can prove, on the worker's
+        # clock: the last accepted ACK's or renewal's send time plus the
+        # lease duration; None while not known.
+        self._held_until: float | None = None
+        self._held_timer: threading.Timer | None = None
+        #: Set when the job stopped because no accepted renewal covered the
+        #: worker's clock any more (cause LEASE_LOST).
+        self.unconfirmed = False
 
     @property
     def job_id(self) -> str:
@@ -274,7 +312,49 @@ class Job:
         with self._lock:
             if self.cause is None:
                 self.cause = cause
+            if self._held_timer is not None:
+                self._held_timer.cancel()
         self.stopped.set()
+
+    def _held(self, sent: float, lease: dict | None, decision: dict | None) -> None:
+        """Extends the job's bound after an answer to a message sent at
+        ``sent`` (the worker's clock): only an accepted ACK or renewal of the
+        job's own generation grants a window, counted by the coordinator
+        from its receipt, so sent plus the lease duration is never later
+        than the expiry it set."""
+        decision = decision or {}
+        if not lease or decision.get("outcome") != "OUTCOME_ACCEPTED" or \
+                decision.get("auditEvent") not in ("AUDIT_EVENT_ACKED", "AUDIT_EVENT_RENEWED") or \
+                _wire.uint64(lease.get("leaseGeneration")) != self._generation or lease.get("state") != "LEASE_STATE_ACTIVE":
+            return
+        dur = _wire.parse_duration(lease.get("leaseDuration"))
+        if not dur:
+            return
+        until = sent + dur.total_seconds()
+        with self._lock:
+            if self._held_until is not None and until <= self._held_until:
+                return
+            self._held_until = until
+            if self.worker._held_timers and not self.stopped.is_set():
+                if self._held_timer is not None:
+                    self._held_timer.cancel()
+                self._held_timer = threading.Timer(max(until - self.worker._clock(), 0.0), self._check_held)
+                self._held_timer.daemon = True
+                self._held_timer.start()
+
+    def _check_held(self) -> bool:
+        """Stops the job once the worker's clock reached its bound; reports
+        whether it did."""
+        with self._lock:
+            until = self._held_until
+        if until is None or self.worker._clock() < until:
+            return False
+        if not self.stopped.is_set():
+            self.unconfirmed = True
+            log.warning("tether: job %s: no renewal the coordinator accepted covers the worker's clock any more; "
+                        "authority cannot be proven, the job stops", self.job_id)
+        self._end(LEASE_LOST)
+        return True
 
     def stop(self) -> None:
         """Ends the renew loop without a message (the lease runs out on the
@@ -284,6 +364,9 @@ class Job:
     def _renew_loop(self) -> None:
         try:
             while not self.stopped.wait(self._every):
+                if self._check_held():
+                    # No renewal sent now could prove the time between.
+                    break
                 try:
                     self.renew()
                 except ConnectError as e:
@@ -302,7 +385,9 @@ class Job:
             self._renew_seq += 1
             seq = self._renew_seq
         gen = self.generation
+        sent = self.worker._clock()
         resp = self.worker._send("renew", {**self._claim(), "renewSequence": str(seq)})
+        self._held(sent, resp.get("lease"), resp.get("decision"))
         self._observe(resp.get("lease"), gen, resp.get("decision"))
         return resp.get("decision", {})
 
