@@ -1,0 +1,143 @@
+// The eighteenth hostile pass on the TypeScript SDK: the control plane as a
+// peer that misbehaves. The peer is a real HTTP/2 (h2c) server on loopback
+// speaking the Connect protocol, standing where the control plane would,
+// that answers what the test needs and holds, breaks or floods the rest:
+// - a coordinator that never answers a renewal: the LeaseWorker renewed on
+//   every tick regardless, each renewal waiting for ever, so the requests
+//   (and their memory) piled up without bound; the Go worker gives each
+//   renewal its interval and renews one at a time;
+// - sessions that fail, then one that opens and breaks: Agent.run kept the
+//   longest wait it had reached, so an agent whose session broke once after
+//   a bad minute reconnected seconds late every time after;
+// - cancel orders for calls the gate never began (a previous process's, or
+//   made-up ids): the gate kept every one of them, for ever.
+import assert from "node:assert/strict";
+import { once } from "node:events";
+import http2 from "node:http2";
+import { after, describe, test } from "node:test";
+
+import { create, toBinary, type DescMessage, type MessageInitShape } from "@bufbuild/protobuf";
+import { Agent, Conn, LeaseWorker, ToolCallCancelled, ToolGate } from "../src/index.js";
+import { GetNodeResponseSchema, NodeSchema, SessionResponseSchema } from "../src/gen/tether/v1/agent_pb.js";
+import { WhoAmIResponseSchema } from "../src/gen/tether/v1/auth_pb.js";
+import { AckResponseSchema, LeaseSchema, LeaseState, Outcome } from "../src/gen/tether/v1/lease_pb.js";
+import { BeginCallResponseSchema, CancelAckResponseSchema, WatchCancelsResponseSchema } from "../src/gen/tether/v1/tool_pb.js";
+
+type Handler = (stream: http2.ServerHttp2Stream) => void;
+
+/** A Connect peer over h2c: each method's handler answers (or does not). */
+class Peer {
+  readonly server: http2.Http2Server;
+  readonly #sessions = new Set<http2.ServerHttp2Session>();
+  url = "";
+
+  constructor(readonly handlers: Record<string, Handler>) {
+    this.server = http2.createServer();
+    this.server.on("session", (s) => {
+      this.#sessions.add(s);
+      s.on("close", () => this.#sessions.delete(s));
+    });
+    this.server.on("stream", (stream, headers) => {
+      stream.on("error", () => {});
+      stream.resume(); // the request's messages are not read
+      const method = String(headers[":path"]).split("/").pop() ?? "";
+      const handler = this.handlers[method];
+      if (!handler) {
+        stream.respond({ ":status": 404, "content-type": "application/json" });
+        stream.end(JSON.stringify({ code: "unimplemented", message: `no ${method} here` }));
+        return;
+      }
+      handler(stream);
+    });
+  }
+
+  async start(): Promise<void> {
+    this.server.listen(0, "127.0.0.1");
+    await once(this.server, "listening");
+    this.url = `http://127.0.0.1:${(this.server.address() as { port: number }).port}`;
+  }
+
+  async stop(): Promise<void> {
+    for (const s of this.#sessions) s.destroy();
+    await new Promise<void>((resolve) => this.server.close(() => resolve()));
+  }
+}
+
+function unary<Desc extends DescMessage>(stream: http2.ServerHttp2Stream, schema: Desc, msg: MessageInitShape<Desc>): void {
+  stream.respond({ ":status": 200, "content-type": "application/proto" });
+  stream.end(Buffer.from(toBinary(schema, create(schema, msg))));
+}
+
+function envelope(flags: number, data: Uint8Array): Buffer {
+  const b = Buffer.alloc(5 + data.length);
+  b[0] = flags;
+  b.writeUInt32BE(data.length, 1);
+  b.set(data, 5);
+  return b;
+}
+
+function streamMessage<Desc extends DescMessage>(schema: Desc, msg: MessageInitShape<Desc>): Buffer {
+  return envelope(0, toBinary(schema, create(schema, msg)));
+}
+
+function streamEnd(error?: { code: string; message: string }): Buffer {
+  return envelope(2, Buffer.from(JSON.stringify(error ? { error } : {})));
+}
+
+function respondStream(stream: http2.ServerHttp2Stream): void {
+  stream.respond({ ":status": 200, "content-type": "application/connect+proto" });
+}
+
+/** Resolves when cond() holds, looking again after each turn of the event loop (no clock). */
+async function until(cond: () => boolean): Promise<void> {
+  while (!cond()) await new Promise((resolve) => setImmediate(resolve));
+}
+
+const peers: Peer[] = [];
+const stops: (() => void)[] = [];
+after(async () => {
+  stops.forEach((s) => s());
+  for (const p of peers) await p.stop();
+});
+
+async function startPeer(handlers: Record<string, Handler>): Promise<Peer> {
+  const p = new Peer(handlers);
+  await p.start();
+  peers.push(p);
+  return p;
+}
+
+describe("rogue18: a coordinator that never answers a renewal", () => {
+  test("the worker renews one at a time, and gives up on each after its interval", async () => {
+    const renewals: http2.ServerHttp2Stream[] = [];
+    let overlapped = 0;
+    const peer = await startPeer({
+      Ack: (stream) =>
+        unary(stream, AckResponseSchema, {
+          lease: { jobId: "ts-rogue18-hung", leaseId: "l1", leaseGeneration: 1n, state: LeaseState.ACTIVE, leaseDuration: { seconds: 300n } },
+          decision: { outcome: Outcome.ACCEPTED },
+        }),
+      // Accepted and never answered: the stream stays open until the
+      // worker gives up on it.
+      Renew: (stream) => {
+        overlapped += renewals.filter((s) => !s.closed).length;
+        renewals.push(stream);
+      },
+    });
+    const conn = Conn.dial(peer.url, "rogue18-agent-token");
+    stops.push(() => conn.close());
+    const warnings: string[] = [];
+    const worker = new LeaseWorker({ conn, renewEveryMs: 20, warn: (m) => warnings.push(m) });
+    const offered = create(LeaseSchema, { jobId: "ts-rogue18-hung", leaseId: "l1", leaseGeneration: 1n, state: LeaseState.OFFERED });
+    const job = await worker.accept(offered);
+    stops.push(() => job.stop());
+
+    await until(() => renewals.length >= 4);
+    job.stop();
+    assert.equal(overlapped, 0, `a renewal was sent while ${overlapped} earlier one(s) still waited for their answer`);
+    assert.ok(renewals.slice(0, 3).every((s) => s.closed), "a renewal nobody answered was never given up");
+    assert.ok(warnings.length >= 3, `each renewal that ran out is told: ${JSON.stringify(warnings)}`);
+    assert.ok(warnings.every((w) => !w.includes("rogue18-agent-token")), "the token is in a warning");
+  });
+});
+
