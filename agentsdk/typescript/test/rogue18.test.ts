@@ -141,3 +141,63 @@ describe("rogue18: a coordinator that never answers a renewal", () => {
   });
 });
 
+describe("rogue18: sessions that fail, then one that opens and breaks", () => {
+  test("the wait before a reconnect starts again once a session opened", async () => {
+    let sessions = 0;
+    const peer = await startPeer({
+      WhoAmI: (stream) => unary(stream, WhoAmIResponseSchema, { nodeId: "n-rogue18" }),
+      GetNode: (stream) => unary(stream, GetNodeResponseSchema, { node: create(NodeSchema, { nodeId: "n-rogue18", name: "rogue18" }) }),
+      Session: (stream) => {
+        sessions++;
+        respondStream(stream);
+        // Three sessions refused, the fourth opened and then broken, the
+        // rest held open.
+        if (sessions <= 3) {
+          stream.end(streamEnd({ code: "unavailable", message: "the peer refuses the session" }));
+        } else if (sessions === 4) {
+          stream.write(streamMessage(SessionResponseSchema, { kind: { case: "opened", value: { node: { nodeId: "n-rogue18", name: "rogue18" } } } }));
+          stream.end(streamEnd({ code: "unavailable", message: "the peer broke the session" }));
+        }
+      },
+    });
+    const agent = await Agent.join(peer.url, "rogue18-credential");
+    stops.push(() => agent.close());
+    const waits: number[] = [];
+    const stop = new AbortController();
+    const ran = agent.run({
+      signal: stop.signal,
+      warn: (m) => {
+        const ms = /reconnecting in (\d+) ms/.exec(m);
+        if (ms) waits.push(Number(ms[1]));
+        if (waits.length === 4) stop.abort();
+      },
+    });
+    await ran;
+    assert.deepEqual(waits, [100, 200, 400, 100], "the wait after a session that opened");
+  });
+});
+
+describe("rogue18: a run stopped while it waits to reconnect", () => {
+  test("ends, and opens no session on the aborted signal", async () => {
+    let sessions = 0;
+    const peer = await startPeer({
+      WhoAmI: (stream) => unary(stream, WhoAmIResponseSchema, { nodeId: "n-rogue18-stop" }),
+      GetNode: (stream) => unary(stream, GetNodeResponseSchema, { node: create(NodeSchema, { nodeId: "n-rogue18-stop" }) }),
+      Session: (stream) => {
+        sessions++;
+        respondStream(stream);
+        if (sessions === 1) stream.end(streamEnd({ code: "unavailable", message: "the peer refuses the session" }));
+        // later ones are held open, as a session that opened would be
+      },
+    });
+    const agent = await Agent.join(peer.url, "rogue18-credential");
+    stops.push(() => agent.close());
+    const stop = new AbortController();
+    let settled = false;
+    const ran = agent.run({ signal: stop.signal, warn: () => stop.abort() }).finally(() => (settled = true));
+    await until(() => settled || sessions > 1);
+    assert.equal(sessions, 1, "a session was opened after the run's signal aborted");
+    await ran;
+  });
+});
+
