@@ -201,3 +201,59 @@ describe("rogue18: a run stopped while it waits to reconnect", () => {
   });
 });
 
+describe("rogue18: cancel orders for calls the gate never began", () => {
+  test("are not kept; an order that comes before its call's begin answer still cancels it", async () => {
+    const flood = 5000;
+    let watches = 0;
+    let watch: http2.ServerHttp2Stream | undefined;
+    let begin: http2.ServerHttp2Stream | undefined;
+    const peer = await startPeer({
+      WatchCancels: (stream) => {
+        watches++;
+        respondStream(stream);
+        if (watches === 1) {
+          // A flood of orders for ids this gate never began, then the end.
+          const out: Buffer[] = [];
+          for (let i = 0; i < flood; i++) out.push(streamMessage(WatchCancelsResponseSchema, { callId: `made-up-${i}`, reason: "flood" }));
+          stream.write(Buffer.concat(out));
+          stream.end(streamEnd());
+        } else {
+          watch = stream; // held open: the orders to come
+        }
+      },
+      BeginCall: (stream) => {
+        begin = stream;
+      },
+      CancelAck: (stream) => unary(stream, CancelAckResponseSchema, {}),
+    });
+    const conn = Conn.dial(peer.url, "rogue18-tool-token");
+    stops.push(() => conn.close());
+    const gate = new ToolGate(conn, "ts-rogue18-gate");
+    stops.push(() => void gate.close());
+
+    // The gate has read the whole flood once it reconnected.
+    await until(() => watch !== undefined);
+    assert.equal(gate.heldOrders, 0, `the gate keeps ${gate.heldOrders} orders for calls it never began`);
+
+    // A real early order: it comes while this gate's begin waits for its
+    // answer, and the answer names its call.
+    let aborted: unknown;
+    const call = gate.call("a-capability-token", "shell", (signal) => {
+      return new Promise((_, reject) => {
+        const stop = () => {
+          aborted = signal.reason;
+          reject(signal.reason);
+        };
+        if (signal.aborted) stop();
+        else signal.addEventListener("abort", stop, { once: true });
+      });
+    });
+    await until(() => begin !== undefined);
+    watch!.write(streamMessage(WatchCancelsResponseSchema, { callId: "call-early", reason: "termination t1 cancelled the call" }));
+    await until(() => gate.heldOrders === 1);
+    unary(begin!, BeginCallResponseSchema, { call: { callId: "call-early", tool: "shell" } });
+    await assert.rejects(call, ToolCallCancelled);
+    assert.ok(aborted instanceof ToolCallCancelled, "the early order did not cancel its call");
+    assert.equal(gate.heldOrders, 0);
+  });
+});

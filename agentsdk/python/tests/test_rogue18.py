@@ -1,0 +1,128 @@
+"""The eighteenth hostile pass on the Python SDK: the control plane as a
+peer that misbehaves (a loopback HTTP server speaking the Connect protocol
+where the control plane would be). A tool gate kept every cancel order for
+a call it had not registered, for ever: orders for calls it never began (a
+previous process's left in the ledger, replayed on each reconnect, or a
+hostile peer's made-up ids) grew its memory without bound."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import queue
+import struct
+import threading
+
+from helpers import wait_for
+from tether_agentsdk import Conn, ToolCallCancelled, ToolGate
+
+
+def _envelope(flags: int, msg: dict) -> bytes:
+    data = json.dumps(msg).encode()
+    return struct.pack(">BI", flags, len(data)) + data
+
+
+class OrdersPeer:
+    """Answers a gate's WatchCancels: the first stream is a flood of orders
+    for made-up call ids, then its end; the second stays open and carries
+    what the test puts on ``orders``. BeginCall waits for ``begin_answer``;
+    CancelAck answers at once."""
+
+    def __init__(self, flood: int):
+        self.flood = flood
+        self.watches = 0
+        self.second_watch = threading.Event()
+        self.begun = threading.Event()
+        self.orders: queue.Queue = queue.Queue()
+        self.begin_answer: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.closing = threading.Event()
+        peer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                method = self.path.rsplit("/", 1)[-1]
+                if method == "WatchCancels":
+                    with peer.lock:
+                        peer.watches += 1
+                        n = peer.watches
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/connect+json")
+                    self.end_headers()
+                    if n == 1:
+                        self.wfile.write(b"".join(_envelope(0, {"callId": f"made-up-{i}", "reason": "flood"}) for i in range(peer.flood)))
+                        self.wfile.write(_envelope(2, {}))
+                        return
+                    peer.second_watch.set()
+                    while not peer.closing.is_set():
+                        try:
+                            order = peer.orders.get(timeout=0.1)
+                        except queue.Empty:
+                            continue
+                        self.wfile.write(_envelope(0, order))
+                        self.wfile.flush()
+                    return
+                if method == "BeginCall":
+                    peer.begun.set()
+                    answer = peer.begin_answer.get()
+                elif method == "CancelAck":
+                    answer = {}
+                else:
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                data = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.begin_answer.put({})
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_gate_keeps_no_cancel_order_for_a_call_it_never_began():
+    peer = OrdersPeer(flood=5000)
+    gate = ToolGate(Conn(peer.url, "rogue18-tool-token"), "py-rogue18-gate").start()
+    try:
+        # The gate has read the whole flood once it reconnected.
+        assert peer.second_watch.wait(30), "the gate never reconnected after the flood"
+        assert gate.held_orders == 0, f"the gate keeps {gate.held_orders} orders for calls it never began"
+
+        # A real early order: it comes while this gate's begin waits for
+        # its answer, and the answer names its call.
+        outcome: list[BaseException] = []
+
+        def run_call():
+            try:
+                with gate.call("a-capability-token", "shell") as call:
+                    assert call.cancelled.wait(30)
+                    call.check()
+            except BaseException as e:  # noqa: BLE001 — the test reads it
+                outcome.append(e)
+
+        t = threading.Thread(target=run_call, daemon=True)
+        t.start()
+        assert peer.begun.wait(30)
+        peer.orders.put({"callId": "call-early", "reason": "termination t1 cancelled the call"})
+        wait_for("the early order held", lambda: gate.held_orders == 1)
+        peer.begin_answer.put({"call": {"callId": "call-early", "tool": "shell"}})
+        t.join(30)
+        assert len(outcome) == 1 and isinstance(outcome[0], ToolCallCancelled), outcome
+        assert gate.held_orders == 0
+    finally:
+        gate.close()
+        peer.close()
