@@ -3,7 +3,10 @@ peer that misbehaves (a loopback HTTP server speaking the Connect protocol
 where the control plane would be). A tool gate kept every cancel order for
 a call it had not registered, for ever: orders for calls it never began (a
 previous process's left in the ledger, replayed on each reconnect, or a
-hostile peer's made-up ids) grew its memory without bound."""
+hostile peer's made-up ids) grew its memory without bound. And a stream
+answered the HTTP/1.0 way (the connection closes at its end: a proxy's
+answer) could not be closed from another thread: the agent's, gate's or
+verifier's close() waited its ten seconds and left the thread reading."""
 
 from __future__ import annotations
 
@@ -125,4 +128,58 @@ def test_a_gate_keeps_no_cancel_order_for_a_call_it_never_began():
         assert gate.held_orders == 0
     finally:
         gate.close()
+        peer.close()
+
+
+class HoldingPeer:
+    """Answers every stream the HTTP/1.0 way (no length: the connection's
+    close ends it) and then says nothing until the test ends."""
+
+    def __init__(self):
+        self.closing = threading.Event()
+        self.opened = threading.Event()
+        peer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/connect+json")
+                self.end_headers()
+                self.wfile.flush()
+                peer.opened.set()
+                peer.closing.wait(120)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_stream_answered_the_http10_way_closes_from_another_thread():
+    peer = HoldingPeer()
+    try:
+        stream = Conn(peer.url, "rogue18-token", timeout=600).stream("ToolService", "WatchCancels", {"gateId": "g"})
+        assert peer.opened.wait(30)
+        ended = threading.Event()
+
+        def read():
+            for _ in stream:
+                pass
+            ended.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        stream.close()
+        # A bound, not a timing: the reader wakes at once, or only when the
+        # peer lets go (at the test's end).
+        assert ended.wait(20), "close() did not wake the reader of a stream whose connection closes at its end"
+    finally:
         peer.close()

@@ -193,6 +193,11 @@ class ServerStream:
         self._service, self._method, self._request = service, method, request
         self._read_timeout = read_timeout
         self._http: http.client.HTTPConnection | None = None
+        # The connection's socket, kept from the request on: an answer whose
+        # connection closes at its end (HTTP/1.0, or Connection: close: a
+        # proxy's) leaves http.client's connection without it, and close()
+        # could not reach a blocked reader, nor the read timeout be set.
+        self._sock: socket.socket | None = None
         self._resp: http.client.HTTPResponse | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
@@ -207,6 +212,7 @@ class ServerStream:
         self._http = conn._connection(self._read_timeout if self._read_timeout else conn.timeout)
         try:
             self._http.request("POST", conn._path(self._service, self._method), body=struct.pack(">BI", 0, len(body)) + body, headers=h)
+            self._sock = self._http.sock
             self._resp = self._http.getresponse()
         except socket.timeout as e:
             self.close()
@@ -224,7 +230,7 @@ class ServerStream:
                 decoded = None
             raise _error_from_json(decoded, _HTTP_CODES.get(self._resp.status, UNKNOWN))
         # Once open, a stream waits as long as it is told to.
-        sock = self._http.sock
+        sock = self._sock
         if sock is not None:
             sock.settimeout(self._read_timeout)
 
@@ -318,22 +324,22 @@ class ServerStream:
             self._closing_requested = True
             self._closed.set()
             reading = self._reading
-        h = self._http
-        if h is not None and h.sock is not None:
+        sock = self._sock
+        if sock is not None:
             try:
-                h.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
         if not reading:
             self._release()
 
     def _release(self) -> None:
-        h = self._http
-        if h is not None:
-            try:
-                h.close()
-            except Exception:
-                pass
+        for part in (self._resp, self._http):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:
+                    pass
 
     @property
     def closed(self) -> bool:
