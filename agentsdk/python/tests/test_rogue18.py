@@ -17,7 +17,7 @@ import struct
 import threading
 
 from helpers import wait_for
-from tether_agentsdk import Conn, ToolCallCancelled, ToolGate
+from tether_agentsdk import Conn, LeaseWorker, ToolCallCancelled, ToolGate
 
 
 def _envelope(flags: int, msg: dict) -> bytes:
@@ -182,4 +182,70 @@ def test_a_stream_answered_the_http10_way_closes_from_another_thread():
         # peer lets go (at the test's end).
         assert ended.wait(20), "close() did not wake the reader of a stream whose connection closes at its end"
     finally:
+        peer.close()
+
+
+class HungRenewPeer:
+    """A coordinator that answers the ACK and accepts every renewal without
+    ever answering it (until the test ends)."""
+
+    def __init__(self):
+        self.closing = threading.Event()
+        self.renewals = 0
+        self.lock = threading.Lock()
+        peer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                method = self.path.rsplit("/", 1)[-1]
+                if method == "Renew":
+                    with peer.lock:
+                        peer.renewals += 1
+                    peer.closing.wait(120)
+                    return
+                data = json.dumps({
+                    "lease": {"jobId": "py-rogue18-hung", "leaseId": "l1", "leaseGeneration": "1",
+                              "state": "LEASE_STATE_ACTIVE", "leaseDuration": "300s"},
+                    "decision": {"outcome": "OUTCOME_ACCEPTED"},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def count(self) -> int:
+        with self.lock:
+            return self.renewals
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_renewal_nobody_answers_is_given_up_after_the_renew_interval(tmp_path):
+    # The Go and TypeScript workers give each renewal the renew interval to
+    # be answered; the Python one waited the connection's timeout (here an
+    # hour), renewing nothing meanwhile: a job deaf to its cancel and its
+    # loss for as long as a hung coordinator held one request.
+    peer = HungRenewPeer()
+    w = LeaseWorker(Conn(peer.url, "rogue18-agent-token", timeout=3600), str(tmp_path), renew_every=0.05)
+    job = w.accept({"jobId": "py-rogue18-hung", "leaseId": "l1", "leaseGeneration": "1", "state": "LEASE_STATE_OFFERED"})
+    try:
+        wait_for("a renewal after one nobody answered", lambda: peer.count() >= 3)
+    finally:
+        job.stop()
+        w.close()
         peer.close()
