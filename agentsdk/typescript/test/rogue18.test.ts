@@ -10,12 +10,17 @@
 //   longest wait it had reached, so an agent whose session broke once after
 //   a bad minute reconnected seconds late every time after;
 // - cancel orders for calls the gate never began (a previous process's, or
-//   made-up ids): the gate kept every one of them, for ever.
+//   made-up ids): the gate kept every one of them, for ever;
+// - an answer of 17 MiB, or one that inflates to it: a Conn read any size
+//   the peer sent (connect's default is 4 GiB), where the Python SDK stops
+//   at 16 MiB.
 import assert from "node:assert/strict";
 import { once } from "node:events";
 import http2 from "node:http2";
+import { gzipSync } from "node:zlib";
 import { after, describe, test } from "node:test";
 
+import { Code, ConnectError } from "@connectrpc/connect";
 import { create, toBinary, type DescMessage, type MessageInitShape } from "@bufbuild/protobuf";
 import { Agent, Conn, LeaseWorker, ToolCallCancelled, ToolGate } from "../src/index.js";
 import { GetNodeResponseSchema, NodeSchema, SessionResponseSchema } from "../src/gen/tether/v1/agent_pb.js";
@@ -255,5 +260,36 @@ describe("rogue18: cancel orders for calls the gate never began", () => {
     await assert.rejects(call, ToolCallCancelled);
     assert.ok(aborted instanceof ToolCallCancelled, "the early order did not cancel its call");
     assert.equal(gate.heldOrders, 0);
+  });
+});
+
+describe("rogue18: an answer larger than any the control plane sends", () => {
+  test("is refused for its size, as it comes or once it inflates", async () => {
+    const huge = create(WhoAmIResponseSchema, { nodeId: "n".repeat(17 << 20) });
+    const bytes = Buffer.from(toBinary(WhoAmIResponseSchema, huge));
+    let asked = 0;
+    const peer = await startPeer({
+      WhoAmI: (stream) => {
+        asked++;
+        if (asked === 1) {
+          stream.respond({ ":status": 200, "content-type": "application/proto" });
+          stream.end(bytes);
+        } else {
+          stream.respond({ ":status": 200, "content-type": "application/proto", "content-encoding": "gzip" });
+          stream.end(gzipSync(bytes));
+        }
+      },
+    });
+    const conn = Conn.dial(peer.url, "rogue18-token");
+    stops.push(() => conn.close());
+    for (const how of ["as it comes", "once it inflates"]) {
+      const err = await conn.auth.whoAmI({}).then(
+        () => new Error(`an answer of 17 MiB was read ${how}`),
+        (e: unknown) => e,
+      );
+      assert.ok(err instanceof ConnectError, String(err));
+      assert.equal(err.code, Code.ResourceExhausted, `${how}: ${err.message}`);
+    }
+    assert.equal(asked, 2);
   });
 });
