@@ -17,7 +17,7 @@ import struct
 import threading
 
 from helpers import wait_for
-from tether_agentsdk import Conn, LeaseWorker, ToolCallCancelled, ToolGate
+from tether_agentsdk import ConnectError, Conn, LeaseWorker, ToolCallCancelled, ToolGate
 
 
 def _envelope(flags: int, msg: dict) -> bytes:
@@ -248,4 +248,68 @@ def test_a_renewal_nobody_answers_is_given_up_after_the_renew_interval(tmp_path)
     finally:
         job.stop()
         w.close()
+        peer.close()
+
+
+class TricklingPeer:
+    """Answers every call with a body it sends one byte at a time, each
+    soon enough to beat any socket timeout, for as long as the test runs."""
+
+    def __init__(self):
+        self.closing = threading.Event()
+        peer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(1 << 20))
+                self.end_headers()
+                try:
+                    while not peer.closing.wait(0.05):
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                except OSError:
+                    pass  # the caller gave up
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_answer_that_never_ends_is_given_up_at_the_call_s_timeout():
+    # The timeout bounded each read, not the call: a peer that trickles an
+    # answer held the call (a renewal, a heartbeat, a gate's report) for as
+    # long as it liked, whatever timeout the caller gave.
+    peer = TricklingPeer()
+    outcome: list[BaseException] = []
+
+    def call():
+        try:
+            Conn(peer.url, "rogue18-token").call("LeaseService", "Renew", {}, timeout=0.5)
+        except BaseException as e:  # noqa: BLE001 — the test reads it
+            outcome.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    try:
+        t.start()
+        # A bound, not a timing: the call ends at its timeout, or only when
+        # the peer stops (at the test's end).
+        t.join(20)
+        assert not t.is_alive(), "the call still reads an answer that never ends"
+        assert len(outcome) == 1 and isinstance(outcome[0], ConnectError) and outcome[0].code == "deadline_exceeded", outcome
+        assert "rogue18-token" not in str(outcome[0])
+    finally:
         peer.close()

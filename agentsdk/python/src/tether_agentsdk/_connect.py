@@ -151,16 +151,39 @@ class Conn:
         timeout = self.timeout if timeout is None else timeout
         body = json.dumps(request or {}).encode()
         conn = self._connection(timeout)
+        # The socket's timeout bounds each read, not the call: a peer that
+        # trickles its answer (a byte now and then) would hold the call for
+        # as long as it liked. The call's deadline shuts the socket.
+        expired = threading.Event()
+        timer: threading.Timer | None = None
         try:
             try:
                 conn.request("POST", self._path(service, method), body=body, headers=self._headers("application/json", timeout))
+                sock = conn.sock
+                if timeout is not None and sock is not None:
+                    def expire(sock: socket.socket = sock) -> None:
+                        expired.set()
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+
+                    timer = threading.Timer(timeout, expire)
+                    timer.daemon = True
+                    timer.start()
                 resp = conn.getresponse()
                 data = resp.read(MAX_MESSAGE_BYTES + 1)
             except socket.timeout as e:
                 raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no answer within {timeout}s") from e
             except (OSError, http.client.HTTPException) as e:
+                if expired.is_set():
+                    raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no whole answer within {timeout}s") from None
                 raise ConnectError(UNAVAILABLE, f"{service}.{method}: {e.__class__.__name__}: {e}") from e
+            if expired.is_set():
+                raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no whole answer within {timeout}s")
         finally:
+            if timer is not None:
+                timer.cancel()
             conn.close()
         if len(data) > MAX_MESSAGE_BYTES:
             raise ConnectError(RESOURCE_EXHAUSTED, f"{service}.{method}: answer larger than {MAX_MESSAGE_BYTES} bytes")
