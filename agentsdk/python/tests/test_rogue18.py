@@ -313,3 +313,26 @@ def test_an_answer_that_never_ends_is_given_up_at_the_call_s_timeout():
         assert "rogue18-token" not in str(outcome[0])
     finally:
         peer.close()
+
+
+def test_a_begin_answered_without_its_call_is_refused_in_the_sdk_s_words():
+    # A proxy's, or a hostile peer's answer: the gate raised a bare
+    # KeyError ('call'); the Go and TypeScript gates now refuse it as an
+    # internal error, the tool not run.
+    peer = OrdersPeer(flood=0)
+    gate = ToolGate(Conn(peer.url, "rogue18-tool-token"), "py-rogue18-gate-empty")
+    ran = []
+    try:
+        peer.begin_answer.put({})
+        try:
+            with gate.call("a-capability-token", "shell"):
+                ran.append(True)
+        except ConnectError as e:
+            assert e.code == "internal" and "without a call" in e.message, e
+        else:
+            raise AssertionError("a begin answered without its call went on")
+        assert not ran
+        assert gate.held_orders == 0
+    finally:
+        gate.close()
+        peer.close()

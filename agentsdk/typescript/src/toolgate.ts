@@ -187,7 +187,11 @@ export class ToolGate {
         { token: presented, tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
         { signal: AbortSignal.timeout(10_000) },
       );
-      callId = (begin.call as ToolCall).callId;
+      callId = begin.call?.callId ?? "";
+      if (callId === "") {
+        // A proxy's, or a hostile peer's answer: no call to run or report.
+        throw new ConnectError("the control plane answered BeginCall without a call", Code.Internal);
+      }
       this.#inflight.set(callId, cancel);
       if (this.#early.delete(callId)) cancel.abort(new ToolCallCancelled(callId));
     } finally {

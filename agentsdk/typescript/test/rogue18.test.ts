@@ -293,3 +293,26 @@ describe("rogue18: an answer larger than any the control plane sends", () => {
     assert.equal(asked, 2);
   });
 });
+
+describe("rogue18: a begin answered without its call", () => {
+  test("is refused in the control plane's words, the tool not run", async () => {
+    const peer = await startPeer({
+      WatchCancels: (stream) => respondStream(stream), // held open
+      BeginCall: (stream) => unary(stream, BeginCallResponseSchema, {}),
+    });
+    const conn = Conn.dial(peer.url, "rogue18-tool-token");
+    stops.push(() => conn.close());
+    const gate = new ToolGate(conn, "ts-rogue18-gate-empty");
+    stops.push(() => void gate.close());
+    let ran = false;
+    const err = await gate.call("a-capability-token", "shell", () => (ran = true)).then(
+      () => new Error("the call went on"),
+      (e: unknown) => e,
+    );
+    assert.equal(ran, false);
+    assert.ok(err instanceof ConnectError, String(err));
+    assert.equal(err.code, Code.Internal);
+    assert.match(err.message, /without a call/);
+    assert.equal(gate.heldOrders, 0);
+  });
+});

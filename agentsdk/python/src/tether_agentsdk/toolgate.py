@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Union
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -216,7 +216,11 @@ class ToolGate(StreamFollower):
                 if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
                     raise ToolRefused(e.code, e.message, details=e.details) from None
                 raise
-            call = GateCall(self, resp["call"])
+            record = resp.get("call")
+            if not isinstance(record, dict) or not isinstance(record.get("callId"), str) or not record["callId"]:
+                # A proxy's, or a hostile peer's answer: no call to run or report.
+                raise ConnectError(INTERNAL, "the control plane answered BeginCall without a call")
+            call = GateCall(self, record)
         except BaseException:
             with self._lock:
                 self._settled(n)
