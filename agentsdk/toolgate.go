@@ -3,6 +3,7 @@ package agentsdk
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"strings"
 	"sync"
@@ -45,7 +46,15 @@ type ToolGate struct {
 
 	mu       sync.Mutex
 	inflight map[string]context.CancelCauseFunc
-	orders   earlyOrders // cancel orders that arrived before the call was registered here
+	// Cancel orders that arrived before their call was registered here,
+	// each with how many begins had started by then: an order can only be
+	// for a call whose begin had started (the control plane orders the
+	// cancel of a call it recorded), so it is dropped once those begins
+	// have all settled. Orders for calls this gate never began (a previous
+	// process's, or a hostile peer's made-up ids) are not kept.
+	orders    map[string]uint64
+	begins    uint64
+	beginning map[uint64]struct{}
 
 	// NeverAck makes the gate ignore cancel orders and acknowledge no call,
 	// not even one its caller cancelled (fault injection for tests and
@@ -55,54 +64,6 @@ type ToolGate struct {
 	cancelWatch context.CancelFunc
 	watchDone   chan struct{}
 	watching    chan struct{}
-}
-
-// MaxEarlyOrders bounds the cancel orders a gate keeps for calls it does
-// not hold. An order can reach the gate before the answer to the call's
-// BeginCall does (the call is then registered an instant later), or after
-// the call has ended (it then waits for a call the gate will never see
-// again). Past the bound the oldest is forgotten: an order is early by a
-// round trip at most, so only orders for calls long gone are dropped.
-const MaxEarlyOrders = 1024
-
-// earlyOrders is the gate's bounded set of cancel orders for calls it does
-// not hold, forgetting the oldest first.
-type earlyOrders struct {
-	set   map[string]bool
-	queue []string // insertion order; may hold ids already taken
-}
-
-func (o *earlyOrders) add(callID string) {
-	if o.set[callID] {
-		return
-	}
-	if o.set == nil {
-		o.set = map[string]bool{}
-	}
-	o.set[callID] = true
-	o.queue = append(o.queue, callID)
-	for len(o.set) > MaxEarlyOrders {
-		delete(o.set, o.queue[0])
-		o.queue = o.queue[1:]
-	}
-	if len(o.queue) > 2*MaxEarlyOrders { // drop the ids taken since
-		kept := make([]string, 0, len(o.set))
-		for _, id := range o.queue {
-			if o.set[id] {
-				kept = append(kept, id)
-			}
-		}
-		o.queue = kept
-	}
-}
-
-// take reports whether an order for callID was kept, forgetting it.
-func (o *earlyOrders) take(callID string) bool {
-	if !o.set[callID] {
-		return false
-	}
-	delete(o.set, callID)
-	return true
 }
 
 // ErrCancelled is the cause of a handler's context when the control plane
@@ -115,9 +76,18 @@ var ErrCancelled = errors.New("agentsdk: tool call cancelled by the control plan
 func NewToolGate(conn *Conn, id string) *ToolGate {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &ToolGate{ID: id, conn: conn, inflight: map[string]context.CancelCauseFunc{},
+		orders: map[string]uint64{}, beginning: map[uint64]struct{}{},
 		cancelWatch: cancel, watchDone: make(chan struct{}), watching: make(chan struct{})}
 	go g.watch(ctx)
 	return g
+}
+
+// HeldOrders reports how many cancel orders the gate holds for calls it
+// has not registered (yet).
+func (g *ToolGate) HeldOrders() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.orders)
 }
 
 // Ready is closed once the gate follows its cancel orders.
@@ -161,7 +131,29 @@ func (g *ToolGate) cancel(callID string) {
 		c(ErrCancelled)
 		return
 	}
-	g.orders.add(callID)
+	if len(g.beginning) > 0 && len(g.orders) < MaxEarlyOrders {
+		g.orders[callID] = g.begins
+	}
+}
+
+// MaxEarlyOrders bounds the cancel orders a gate holds for calls it has
+// not registered, however many begins are under way: an order is early by
+// a round trip at most, and each begin settled walks the orders held.
+const MaxEarlyOrders = 1024
+
+// settled settles the begin numbered n: it drops the orders no begin
+// still under way can be for. g.mu is held.
+func (g *ToolGate) settled(n uint64) {
+	delete(g.beginning, n)
+	oldest := uint64(math.MaxUint64)
+	for b := range g.beginning {
+		oldest = min(oldest, b)
+	}
+	for id, begun := range g.orders {
+		if begun < oldest {
+			delete(g.orders, id)
+		}
+	}
 }
 
 // Call runs handler as one recorded tool call. It returns the control
@@ -190,18 +182,34 @@ func (g *ToolGate) CallScoped(ctx context.Context, token, tool, requiredScope st
 	// nobody ends (the gate never learns its id), blocking a drain and then
 	// recorded as the gate's unacknowledged cancel. The gate waits for the
 	// answer, and ends a call whose caller is gone without running it.
+	g.mu.Lock()
+	g.begins++
+	n := g.begins
+	g.beginning[n] = struct{}{}
+	g.mu.Unlock()
 	bctx, bcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	begin, err := g.conn.Tool.BeginCall(bctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: token, Tool: tool, GateId: g.ID, RequiredScope: requiredScope}))
 	bcancel()
+	callID := ""
+	if err == nil {
+		callID = begin.Msg.GetCall().GetCallId()
+		if callID == "" { // a proxy's, or a hostile peer's answer
+			err = connect.NewError(connect.CodeInternal, errors.New("agentsdk: the control plane answered BeginCall without a call"))
+		}
+	}
 	if err != nil {
+		g.mu.Lock()
+		g.settled(n)
+		g.mu.Unlock()
 		return err
 	}
-	callID := begin.Msg.Call.CallId
 	hctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	g.mu.Lock()
 	g.inflight[callID] = cancel
-	early := g.orders.take(callID)
+	_, early := g.orders[callID]
+	delete(g.orders, callID)
+	g.settled(n)
 	g.mu.Unlock()
 	if early {
 		cancel(ErrCancelled)

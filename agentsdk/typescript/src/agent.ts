@@ -36,6 +36,8 @@ export interface RunOptions {
   signal?: AbortSignal;
   /** Session heartbeat interval in ms (default 5000). Heartbeats also bring refreshed credentials. */
   heartbeatMs?: number;
+  /** Told each time the session broke and when it reconnects; default silent. */
+  warn?: (message: string) => void;
 }
 
 /**
@@ -156,13 +158,19 @@ export class Agent {
    * aborts, or when the control plane ends the session because the node is
    * terminated after it was told so; it rejects when the credential is
    * refused without a signal first (the agent's work is aborted then too).
+   * The wait before a reconnect doubles from 100 ms up to 5 s while
+   * sessions fail to open, and starts again from 100 ms after one opened.
    */
   async run(options: RunOptions = {}): Promise<void> {
     let backoff = 100;
     for (;;) {
+      // A signal that aborted during the wait (or before run) ends the
+      // loop here: a session opened on it would never hear the abort.
+      if (options.signal?.aborted) return;
       let err: unknown;
+      const session = { opened: false };
       try {
-        await this.#session(options);
+        await this.#session(options, session);
       } catch (e) {
         err = e;
       }
@@ -176,12 +184,16 @@ export class Agent {
         if (told) return;
         throw err;
       }
+      // A session that opened was a success: the next break is a new
+      // fault, not the next of a run of failures.
+      if (session.opened) backoff = 100;
+      options.warn?.(`tether: session with the control plane broke (${err === undefined ? "ended by the server" : (err as Error).message}); reconnecting in ${backoff} ms`);
       await sleep(backoff, options.signal);
       backoff = Math.min(backoff * 2, 5000);
     }
   }
 
-  async #session(options: RunOptions): Promise<void> {
+  async #session(options: RunOptions, session: { opened: boolean }): Promise<void> {
     const every = options.heartbeatMs && options.heartbeatMs > 0 ? options.heartbeatMs : 5000;
     const requests = new AsyncQueue<MessageInitShape<typeof SessionRequestSchema>>();
     const local = new AbortController();
@@ -194,6 +206,7 @@ export class Agent {
         switch (msg.kind.case) {
           case "opened":
             if (msg.kind.value.node) this.#node = msg.kind.value.node;
+            session.opened = true;
             this.#markOpened();
             break;
           case "signal":

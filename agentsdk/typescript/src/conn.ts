@@ -12,12 +12,21 @@ import { ToolService } from "./gen/tether/v1/tool_pb.js";
 // dots).
 const bareToken = /^[!-~]*$/;
 
+/**
+ * The largest message a connection reads from the control plane, as it
+ * comes or once it inflates (the Python SDK's bound): connect's own default
+ * is 4 GiB, which a peer gone wrong (a proxy's, or a hostile one's answer)
+ * could fill the process's memory with.
+ */
+export const MaxMessageBytes = 16 << 20;
+
 /** Options for {@link Conn.dial}. */
 export interface DialOptions {
   /**
    * A transport to use instead of the default HTTP/2 one (for TLS options,
    * interceptors of your own, or a shared session). It must add no
-   * Authorization header: the connection adds its own bearer token.
+   * Authorization header: the connection adds its own bearer token. Give
+   * it readMaxBytes: {@link MaxMessageBytes} to keep the default's bound.
    */
   transport?: (authInterceptor: Interceptor) => Transport;
 }
@@ -68,6 +77,7 @@ export class Conn {
         httpVersion: "2",
         sessionManager: this.#sessions,
         interceptors: [bearer],
+        readMaxBytes: MaxMessageBytes,
       });
     }
     this.auth = createClient(AuthService, this.transport);

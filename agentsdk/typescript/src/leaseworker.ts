@@ -141,6 +141,7 @@ export class Job {
   // plus the lease duration; undefined while not known.
   #heldUntil?: number;
   #heldTimer?: NodeJS.Timeout;
+  #renewing = false;
   #done: Promise<void>;
   #markDone!: () => void;
 
@@ -160,9 +161,17 @@ export class Job {
     this.#progressSequence = lease.progressSequence;
     this.#warn = warn;
     this.#done = new Promise((resolve) => (this.#markDone = resolve));
+    // One renewal at a time, each given the interval to be answered (as
+    // the Go worker's): against a coordinator that is slow or never
+    // answers, a tick while one is in flight is skipped rather than piling
+    // up requests (and their memory) without bound.
     this.#timer = setInterval(() => {
       if (this.#checkHeld()) return; // no renewal sent now could prove the time between
-      this.renew().catch((err) => this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`));
+      if (this.#renewing) return;
+      this.#renewing = true;
+      this.renew({ timeoutMs: renewEveryMs })
+        .catch((err) => this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`))
+        .finally(() => (this.#renewing = false));
     }, renewEveryMs);
   }
 
@@ -274,13 +283,14 @@ export class Job {
    * Renews the lease once (the renew loop calls it on schedule) and acts on
    * the answer: a cancel request aborts the job's signal, runs onCancel and
    * acknowledges; an answer saying the generation has no authority ends the
-   * job.
+   * job. options.timeoutMs bounds the wait for the answer (the renew
+   * loop's is its interval); a renewal that runs out is not judged.
    */
-  async renew(): Promise<Decision | undefined> {
+  async renew(options: { timeoutMs?: number } = {}): Promise<Decision | undefined> {
     if (this.#abort.signal.aborted) return undefined;
     this.#renewSequence++;
     const sent = this.#worker.heldNow();
-    const resp = await this.#worker.conn.lease.renew({ ...this.#claim(), renewSequence: this.#renewSequence });
+    const resp = await this.#worker.conn.lease.renew({ ...this.#claim(), renewSequence: this.#renewSequence }, { timeoutMs: options.timeoutMs });
     this.#held(sent, resp.lease, resp.decision);
     await this.#observe(resp.lease);
     return resp.decision;

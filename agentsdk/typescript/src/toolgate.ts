@@ -72,8 +72,15 @@ export class ToolGate {
   readonly #neverAck: boolean;
   readonly #onRecorded?: (call: ToolCall) => void;
   #inflight = new Map<string, AbortController>();
-  // Cancel orders that arrived before the call was registered here.
-  #early = new Set<string>();
+  // Cancel orders that arrived before their call was registered here, each
+  // with how many begins had started by then: an order can only be for a
+  // call whose begin had started (the control plane orders the cancel of a
+  // call it recorded), so it is dropped once those begins have all
+  // settled. Orders for calls this gate never began (a previous process's,
+  // or a hostile peer's made-up ids) are not kept.
+  #early = new Map<string, number>();
+  #begins = 0;
+  #beginning = new Set<number>();
   #calls = new Set<Promise<unknown>>();
   #closed = new AbortController();
   #ready: Promise<void>;
@@ -126,11 +133,24 @@ export class ToolGate {
     this.#markReady();
   }
 
+  /** How many cancel orders the gate holds for calls it has not registered (yet). */
+  get heldOrders(): number {
+    return this.#early.size;
+  }
+
   #cancel(callId: string): void {
     if (this.#neverAck) return;
     const c = this.#inflight.get(callId);
     if (c) c.abort(new ToolCallCancelled(callId));
-    else this.#early.add(callId);
+    else if (this.#beginning.size > 0) this.#early.set(callId, this.#begins);
+  }
+
+  /** Settles the begin numbered n: drops the orders no begin still under way can be for. */
+  #settled(n: number): void {
+    this.#beginning.delete(n);
+    let oldest = Infinity;
+    for (const b of this.#beginning) oldest = Math.min(oldest, b);
+    for (const [callId, begun] of this.#early) if (begun < oldest) this.#early.delete(callId);
   }
 
   /**
@@ -158,15 +178,25 @@ export class ToolGate {
     // (the gate never learns its id). The gate waits for the answer and
     // ends a call whose caller is gone without running it.
     const presented = await tokenOf(token);
-    const begin = await this.conn.tool.beginCall(
-      { token: presented, tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
-      { signal: AbortSignal.timeout(10_000) },
-    );
-    const call = begin.call as ToolCall;
-    const callId = call.callId;
+    const n = ++this.#begins;
+    this.#beginning.add(n);
     const cancel = new AbortController();
-    this.#inflight.set(callId, cancel);
-    if (this.#early.delete(callId)) cancel.abort(new ToolCallCancelled(callId));
+    let callId: string;
+    try {
+      const begin = await this.conn.tool.beginCall(
+        { token: presented, tool, gateId: this.id, requiredScope: options.requiredScope ?? "" },
+        { signal: AbortSignal.timeout(10_000) },
+      );
+      callId = begin.call?.callId ?? "";
+      if (callId === "") {
+        // A proxy's, or a hostile peer's answer: no call to run or report.
+        throw new ConnectError("the control plane answered BeginCall without a call", Code.Internal);
+      }
+      this.#inflight.set(callId, cancel);
+      if (this.#early.delete(callId)) cancel.abort(new ToolCallCancelled(callId));
+    } finally {
+      this.#settled(n);
+    }
     let result: T | undefined;
     let failure: unknown;
     let failed = false;

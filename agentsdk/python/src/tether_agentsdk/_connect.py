@@ -151,16 +151,39 @@ class Conn:
         timeout = self.timeout if timeout is None else timeout
         body = json.dumps(request or {}).encode()
         conn = self._connection(timeout)
+        # The socket's timeout bounds each read, not the call: a peer that
+        # trickles its answer (a byte now and then) would hold the call for
+        # as long as it liked. The call's deadline shuts the socket.
+        expired = threading.Event()
+        timer: threading.Timer | None = None
         try:
             try:
                 conn.request("POST", self._path(service, method), body=body, headers=self._headers("application/json", timeout))
+                sock = conn.sock
+                if timeout is not None and sock is not None:
+                    def expire(sock: socket.socket = sock) -> None:
+                        expired.set()
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+
+                    timer = threading.Timer(timeout, expire)
+                    timer.daemon = True
+                    timer.start()
                 resp = conn.getresponse()
                 data = resp.read(MAX_MESSAGE_BYTES + 1)
             except socket.timeout as e:
                 raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no answer within {timeout}s") from e
             except (OSError, http.client.HTTPException) as e:
+                if expired.is_set():
+                    raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no whole answer within {timeout}s") from None
                 raise ConnectError(UNAVAILABLE, f"{service}.{method}: {e.__class__.__name__}: {e}") from e
+            if expired.is_set():
+                raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no whole answer within {timeout}s")
         finally:
+            if timer is not None:
+                timer.cancel()
             conn.close()
         if len(data) > MAX_MESSAGE_BYTES:
             raise ConnectError(RESOURCE_EXHAUSTED, f"{service}.{method}: answer larger than {MAX_MESSAGE_BYTES} bytes")
@@ -193,6 +216,11 @@ class ServerStream:
         self._service, self._method, self._request = service, method, request
         self._read_timeout = read_timeout
         self._http: http.client.HTTPConnection | None = None
+        # The connection's socket, kept from the request on: an answer whose
+        # connection closes at its end (HTTP/1.0, or Connection: close: a
+        # proxy's) leaves http.client's connection without it, and close()
+        # could not reach a blocked reader, nor the read timeout be set.
+        self._sock: socket.socket | None = None
         self._resp: http.client.HTTPResponse | None = None
         self._closed = threading.Event()
         self._lock = threading.Lock()
@@ -207,6 +235,7 @@ class ServerStream:
         self._http = conn._connection(self._read_timeout if self._read_timeout else conn.timeout)
         try:
             self._http.request("POST", conn._path(self._service, self._method), body=struct.pack(">BI", 0, len(body)) + body, headers=h)
+            self._sock = self._http.sock
             self._resp = self._http.getresponse()
         except socket.timeout as e:
             self.close()
@@ -224,7 +253,7 @@ class ServerStream:
                 decoded = None
             raise _error_from_json(decoded, _HTTP_CODES.get(self._resp.status, UNKNOWN))
         # Once open, a stream waits as long as it is told to.
-        sock = self._http.sock
+        sock = self._sock
         if sock is not None:
             sock.settimeout(self._read_timeout)
 
@@ -318,22 +347,22 @@ class ServerStream:
             self._closing_requested = True
             self._closed.set()
             reading = self._reading
-        h = self._http
-        if h is not None and h.sock is not None:
+        sock = self._sock
+        if sock is not None:
             try:
-                h.sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
         if not reading:
             self._release()
 
     def _release(self) -> None:
-        h = self._http
-        if h is not None:
-            try:
-                h.close()
-            except Exception:
-                pass
+        for part in (self._resp, self._http):
+            if part is not None:
+                try:
+                    part.close()
+                except Exception:
+                    pass
 
     @property
     def closed(self) -> bool:

@@ -164,8 +164,8 @@ class LeaseWorker:
     def pending(self) -> int:
         return len(self._spool.pending)
 
-    def _send(self, kind: str, request: dict) -> dict:
-        return self.conn.call("LeaseService", _METHODS[kind], request)
+    def _send(self, kind: str, request: dict, timeout: float | None = None) -> dict:
+        return self.conn.call("LeaseService", _METHODS[kind], request, timeout=timeout)
 
     def replay(self) -> int:
         """Delivers the spooled messages in order; returns how many the
@@ -368,7 +368,11 @@ class Job:
                     # No renewal sent now could prove the time between.
                     break
                 try:
-                    self.renew()
+                    # Each renewal is given the interval to be answered,
+                    # as the Go and TypeScript workers' are: a coordinator
+                    # that holds one must not hold the loop (and the job's
+                    # cancel and loss) for the connection's timeout.
+                    self.renew(timeout=self._every)
                 except ConnectError as e:
                     if not _retryable(e):
                         log.warning("tether: lease renew of %s refused: %s", self.job_id, e)
@@ -379,14 +383,16 @@ class Job:
         finally:
             self.done.set()
 
-    def renew(self) -> dict:
-        """Renews once (the loop calls it on schedule) and acts on the answer."""
+    def renew(self, *, timeout: float | None = None) -> dict:
+        """Renews once (the loop calls it on schedule) and acts on the
+        answer. ``timeout`` bounds the wait for the answer (default the
+        connection's; the loop's is its interval)."""
         with self._lock:
             self._renew_seq += 1
             seq = self._renew_seq
         gen = self.generation
         sent = self.worker._clock()
-        resp = self.worker._send("renew", {**self._claim(), "renewSequence": str(seq)})
+        resp = self.worker._send("renew", {**self._claim(), "renewSequence": str(seq)}, timeout)
         self._held(sent, resp.get("lease"), resp.get("decision"))
         self._observe(resp.get("lease"), gen, resp.get("decision"))
         return resp.get("decision", {})

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Union
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -72,6 +72,7 @@ class GateCall:
         self._active = True
         self._task_cancelled = False
         self._presented = ""  # the caller's token: kept out of what the gate reports
+        self._begin_n = 0  # which of the gate's begins began it
 
     def check(self) -> None:
         """Raises ToolCallCancelled once the call is cancelled."""
@@ -127,7 +128,16 @@ class ToolGate(StreamFollower):
         self.ready = threading.Event()
         self._lock = threading.Lock()
         self._inflight: dict[str, GateCall] = {}
-        self._orders: dict[str, str] = {}  # cancel orders that arrived before their call was registered here
+        # Cancel orders that arrived before their call was registered here,
+        # each with how many begins had started by then: an order can only
+        # be for a call whose begin had started (the control plane orders
+        # the cancel of a call it recorded), so it is dropped once those
+        # begins have all settled. Orders for calls this gate never began
+        # (a previous process's, or a hostile peer's made-up ids) are not
+        # kept.
+        self._orders: dict[str, tuple[str, int]] = {}
+        self._begins = 0
+        self._beginning: set[int] = set()
 
     # -- cancel orders ----------------------------------------------------------
 
@@ -170,8 +180,23 @@ class ToolGate(StreamFollower):
             call = self._inflight.get(call_id)
             if call is not None:
                 call._cancel(reason)
-            else:
-                self._orders[call_id] = reason
+            elif self._beginning:
+                self._orders[call_id] = (reason, self._begins)
+
+    @property
+    def held_orders(self) -> int:
+        """How many cancel orders the gate holds for calls it has not
+        registered (yet)."""
+        with self._lock:
+            return len(self._orders)
+
+    def _settled(self, n: int) -> None:
+        """Settles the begin numbered n: drops the orders no begin still
+        under way can be for. Called with the gate's lock held."""
+        self._beginning.discard(n)
+        oldest = min(self._beginning, default=None)
+        for call_id in [c for c, (_, begun) in self._orders.items() if oldest is None or begun < oldest]:
+            del self._orders[call_id]
 
     # -- calls --------------------------------------------------------------------
 
@@ -180,14 +205,28 @@ class ToolGate(StreamFollower):
         req = {"token": tok, "tool": tool, "gateId": self.gate_id}
         if required_scope:
             req["requiredScope"] = required_scope
+        with self._lock:
+            self._begins += 1
+            n = self._begins
+            self._beginning.add(n)
         try:
-            resp = self.conn.call("ToolService", "BeginCall", req)
-        except ConnectError as e:
-            if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
-                raise ToolRefused(e.code, e.message, details=e.details) from None
+            try:
+                resp = self.conn.call("ToolService", "BeginCall", req)
+            except ConnectError as e:
+                if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
+                    raise ToolRefused(e.code, e.message, details=e.details) from None
+                raise
+            record = resp.get("call")
+            if not isinstance(record, dict) or not isinstance(record.get("callId"), str) or not record["callId"]:
+                # A proxy's, or a hostile peer's answer: no call to run or report.
+                raise ConnectError(INTERNAL, "the control plane answered BeginCall without a call")
+            call = GateCall(self, record)
+        except BaseException:
+            with self._lock:
+                self._settled(n)
             raise
-        call = GateCall(self, resp["call"])
         call._presented = tok if isinstance(tok, str) else ""
+        call._begin_n = n  # settled once the call is registered, or ended abandoned
         return call
 
     def _register(self, call: GateCall) -> None:
@@ -195,7 +234,8 @@ class ToolGate(StreamFollower):
             self._inflight[call.call_id] = call
             early = self._orders.pop(call.call_id, None)
             if early is not None:
-                call._cancel(early)
+                call._cancel(early[0])
+            self._settled(call._begin_n)
 
     def _unregister(self, call: GateCall) -> None:
         with self._lock:
@@ -236,6 +276,8 @@ class ToolGate(StreamFollower):
 
     def _end_abandoned(self, call: GateCall) -> None:
         """Ends a call whose caller was cancelled while it began."""
+        with self._lock:
+            self._settled(call._begin_n)
         try:
             self._finish(call, asyncio.CancelledError("the caller left before the tool ran"), ack_if_ordered=True)
         except ConnectError as e:
