@@ -136,6 +136,7 @@ func OpenBadger(dir string, opts BadgerOptions) (*Badger, error) {
 		revision: revision,
 		clock:    clock,
 		ts:       clock.lastCommitted(),
+		recent:   newRecentValues(recentEntries, recentBytes, recentMaxValue),
 		done:     make(chan struct{}),
 	}
 	go s.committer.run()

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -838,5 +839,107 @@ func TestWatchVisibleKnowsEveryChangeAReaderCanSee(t *testing.T) {
 		}
 	default:
 		t.Fatal("the late watch did not get the write it was told of")
+	}
+}
+
+// TestBadgerUpdatesReadTheLatestCommittedValue reads keys inside Updates
+// (the committer's reads, which its memory of recent values answers) as
+// they change from small to larger than that memory keeps, to absent and
+// back, and after enough other writes to turn the memory over: every read
+// sees the value of the last acknowledged Update, and the store reopened
+// agrees.
+func TestBadgerUpdatesReadTheLatestCommittedValue(t *testing.T) {
+	dir := t.TempDir()
+	s := openBadger(t, dir, testOptions(t))
+	ctx := context.Background()
+	key := []byte("k/changing")
+	readIn := func(s *badgerstore.Badger, k []byte) (v []byte, found bool) {
+		t.Helper()
+		if err := s.Update(ctx, func(tx store.Txn) error {
+			got, err := tx.Get(k)
+			switch {
+			case errors.Is(err, store.ErrNotFound):
+				return nil
+			case err != nil:
+				return err
+			}
+			v, found = got, true
+			return nil
+		}); err != nil {
+			t.Fatalf("Update reading %s: %v", k, err)
+		}
+		return v, found
+	}
+	put := func(k, v []byte) {
+		t.Helper()
+		if err := s.Update(ctx, func(tx store.Txn) error { return tx.Put(k, v) }); err != nil {
+			t.Fatalf("Put %s: %v", k, err)
+		}
+	}
+	large := bytes.Repeat([]byte{'L'}, 64<<10)
+	steps := []struct {
+		value  []byte
+		delete bool
+	}{
+		{value: []byte("small 1")},
+		{value: large},
+		{value: []byte("small 2")},
+		{delete: true},
+		{value: []byte{}},
+		{value: append([]byte("large again "), large...)},
+		{value: []byte("small 3")},
+	}
+	for i, step := range steps {
+		if _, found := readIn(s, key); found != (i > 0 && !steps[i-1].delete) {
+			t.Fatalf("step %d: before the write, found %v", i, found)
+		}
+		if step.delete {
+			if err := s.Update(ctx, func(tx store.Txn) error { return tx.Delete(key) }); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			put(key, step.value)
+		}
+		for range 2 { // a read that misses the memory, then one that may hit it
+			v, found := readIn(s, key)
+			if found == step.delete || !bytes.Equal(v, step.value) {
+				t.Fatalf("step %d: an Update read %d bytes (found %v), want the %d just written (deleted %v)", i, len(v), found, len(step.value), step.delete)
+			}
+		}
+	}
+	// Many keys, each read back after as many others were written, and
+	// each rewritten from what an Update read of it: a counter per key.
+	const keys = 6000
+	for round := range 3 {
+		for i := range keys {
+			k := fmt.Appendf(nil, "k/counter/%05d", i)
+			if err := s.Update(ctx, func(tx store.Txn) error {
+				n := 0
+				v, err := tx.Get(k)
+				switch {
+				case errors.Is(err, store.ErrNotFound):
+				case err != nil:
+					return err
+				default:
+					if n, err = strconv.Atoi(string(v)); err != nil {
+						return err
+					}
+				}
+				if n != round {
+					return fmt.Errorf("%s read %d in round %d", k, n, round)
+				}
+				return tx.Put(k, []byte(strconv.Itoa(n+1)))
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	closeWithin(t, s)
+	s = openBadger(t, dir, testOptions(t))
+	if v, _ := readIn(s, key); !bytes.Equal(v, []byte("small 3")) {
+		t.Fatalf("reopened: %s is %q, want %q", key, v, "small 3")
+	}
+	if v, _ := readIn(s, []byte("k/counter/00000")); string(v) != "3" {
+		t.Fatalf("reopened: the first counter is %q, want 3", v)
 	}
 }

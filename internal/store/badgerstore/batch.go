@@ -50,6 +50,9 @@ type batch struct {
 	// revision if there is none yet.
 	revision uint64
 	limits   txnLimits
+	// recent is the committer's memory of committed values (recent.go),
+	// read before the snapshot and filled from it.
+	recent *recentValues
 }
 
 // txnLimits bound the writes of a single Update so that it always fits in
@@ -59,8 +62,8 @@ type txnLimits struct {
 	cost  int64
 }
 
-func newBatch(clock *clock, revision uint64, limits txnLimits) *batch {
-	return &batch{clock: clock, pending: newWriteSet(), revision: revision, limits: limits}
+func newBatch(clock *clock, revision uint64, limits txnLimits, recent *recentValues) *batch {
+	return &batch{clock: clock, pending: newWriteSet(), revision: revision, limits: limits, recent: recent}
 }
 
 // release frees the read snapshot; the batch must not be read afterwards.
@@ -91,8 +94,18 @@ func (b *batch) lookup(key []byte, wantValue bool) (value []byte, found bool, er
 		}
 		return value, true, nil
 	}
+	if m, ok := b.recent.get(key); ok {
+		if m.absent {
+			return nil, false, nil
+		}
+		if wantValue {
+			value = append(make([]byte, 0, len(m.value)), m.value...)
+		}
+		return value, true, nil
+	}
 	item, err := b.readSnapshot().Get(key)
 	if errors.Is(err, badger.ErrKeyNotFound) {
+		b.recent.set(key, nil, true)
 		return nil, false, nil
 	}
 	if err != nil {
@@ -105,6 +118,7 @@ func (b *batch) lookup(key []byte, wantValue bool) (value []byte, found bool, er
 		if value == nil {
 			value = []byte{}
 		}
+		b.recent.set(key, value, false)
 	}
 	return value, true, nil
 }

@@ -48,7 +48,10 @@ type committer struct {
 	// the memtable.
 	clock *clock
 	ts    uint64
-	done  chan struct{}
+	// recent remembers the committed values the Updates last read or
+	// wrote (recent.go).
+	recent *recentValues
+	done   chan struct{}
 }
 
 // outcome is what a taken request will be answered once the batch is
@@ -80,7 +83,7 @@ func (c *committer) run() {
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 	start := time.Now()
 	var traced []trace.Link // the callers being traced (observe.go)
-	b := newBatch(c.clock, c.revision, c.limits)
+	b := newBatch(c.clock, c.revision, c.limits, c.recent)
 	for _, r := range reqs {
 		if err := r.ctx.Err(); err != nil {
 			// Not started yet, so it must not write: report the context's
@@ -111,6 +114,13 @@ func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {
 	committed, commitErr := c.commit(b.updates)
 	if afterCommit != nil {
 		afterCommit()
+	}
+	if commitErr != nil {
+		// What the snapshots will show of a failed commit is not known
+		// here: remember nothing.
+		c.recent.forget()
+	} else {
+		c.recent.commitWrites(b.updates)
 	}
 	if committed > 0 {
 		c.revision = b.updates[committed-1].revision
