@@ -1047,32 +1047,70 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 // writeRecord writes the reconciliation record in parts, one transaction
 // each: the members' entries chunk by chunk (each chunk terminates its
 // nodes in the same transaction), then the calls, then the header, which
-// makes the record visible and terminates the termination. Every step is
-// guarded by the cursor, so exactly one record exists however often this
-// runs; a record without its header (a crash in the middle) is never read.
+// makes the record visible and terminates the termination. The first of
+// them also starts the record (its id, in the cursor), and the calls' last
+// chunk writes the header with them. Every step is guarded by the cursor,
+// so exactly one record exists however often this runs; a record without
+// its header (a crash in the middle) is never read.
 func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
+	start := t.Cursor.Step != ActWriteRecord
 	switch cur := t.Cursor; {
-	case cur.Step != ActWriteRecord:
-		return s.inChunk(ctx, t, notReconciling, func(tx store.Txn, stored Termination) error {
-			if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
-				return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
-			}
-			stored.Cursor = Cursor{Step: ActWriteRecord, RecordID: newRecordID()}
-			stored.UpdatedAt = now
-			return kv.PutJSON(tx, terminationKey(t.ID), stored)
-		})
-	case cur.Entry < t.Counts.Listed:
-		return s.recordNodes(ctx, t, now)
-	case !cur.CallsDone:
-		return s.recordCalls(ctx, t, now)
+	case start && t.Counts.Listed > 0 || !start && cur.Entry < t.Counts.Listed:
+		return s.recordNodes(ctx, t, start, now)
+	case start || !cur.CallsDone:
+		return s.recordCalls(ctx, t, start, p, now)
 	default:
-		return s.recordHeader(ctx, t, p, now)
+		var written *ReconciliationRecord
+		var unaccounted int
+		err := s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+			var err error
+			written, unaccounted, err = finishRecord(tx, stored, p, now)
+			return err
+		})
+		s.recordWritten(t, written, unaccounted, err)
+		return err
 	}
+}
+
+// startRecord starts the record in the transaction of its first part (its
+// guard: the chunk runs only while the termination is reconciling, or
+// superseded, and has no record yet).
+func startRecord(tx store.Txn, stored *Termination) error {
+	if notReconciling(stored, nil) {
+		return errRecordNotDue
+	}
+	if _, err := tx.Get(recordByTermKey(stored.ID)); err == nil {
+		return fmt.Errorf("supervisor: termination %s already has a record", stored.ID)
+	}
+	stored.Cursor = Cursor{Step: ActWriteRecord, RecordID: newRecordID()}
+	return nil
+}
+
+// errRecordNotDue stops a record's first chunk when the termination moved
+// on meanwhile (the next pass reads it again); the chunk commits nothing.
+var errRecordNotDue = errors.New("supervisor: the record is not due")
+
+// recordChunk is inChunk for the record's parts: the first one (start)
+// also starts the record, and does nothing when the termination moved
+// on.
+func (s *Supervisor) recordChunk(ctx context.Context, t Termination, start bool, chunk func(tx store.Txn, stored Termination) error) error {
+	err := s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+		if start {
+			if err := startRecord(tx, &stored); err != nil {
+				return err
+			}
+		}
+		return chunk(tx, stored)
+	})
+	if errors.Is(err, errRecordNotDue) {
+		return nil
+	}
+	return err
 }
 
 // recordNodes writes the next chunk of the record's nodes with their
 // privileges and leases, and terminates the members among them.
-func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Time) error {
+func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool, now time.Time) error {
 	budget := s.chunkSize()
 	var ids []string
 	var held []heldItem
@@ -1128,7 +1166,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, now time.Ti
 	}
 	attempts := 0
 	var terminated []string
-	err = s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+	err = s.recordChunk(ctx, t, start, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		terminated = nil
 		// The entries as read before this transaction: an entry never
@@ -1289,11 +1327,15 @@ func membersPrivileges(tx store.ReadTxn, t Termination, from, n int, members []s
 }
 
 // recordCalls writes the next chunk of the calls the termination had to
-// account for (in call id order). Calls still waiting for a cancel ack
-// are closed here as cancel_unacknowledged.
-func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Time) error {
+// account for (in call id order), and with the last one the header.
+// Calls still waiting for a cancel ack are closed here as
+// cancel_unacknowledged.
+func (s *Supervisor) recordCalls(ctx context.Context, t Termination, start bool, p Progress, now time.Time) error {
 	budget := s.chunkSize()
-	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+	var written *ReconciliationRecord
+	var unaccounted int
+	err := s.recordChunk(ctx, t, start, func(tx store.Txn, stored Termination) error {
+		written = nil
 		cur := &stored.Cursor
 		ids, more, err := termCallsAfter(tx, t.ID, cur.After, budget)
 		if err != nil {
@@ -1321,64 +1363,60 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, now time.Ti
 				return err
 			}
 		}
+		stored.UpdatedAt = now
 		if more {
 			cur.After = ids[len(ids)-1]
-		} else {
-			cur.After, cur.CallsDone = "", true
+			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
-		stored.UpdatedAt = now
-		return kv.PutJSON(tx, terminationKey(t.ID), stored)
+		// The last calls: the header in the same transaction.
+		cur.After, cur.CallsDone = "", true
+		written, unaccounted, err = finishRecord(tx, stored, p, now)
+		return err
 	})
+	s.recordWritten(t, written, unaccounted, err)
+	return err
 }
 
-// recordHeader writes the record's last part (what describes the whole
+// finishRecord writes the record's last part (what describes the whole
 // termination) and its header, which makes it visible, and terminates the
-// termination: all in one transaction.
-func (s *Supervisor) recordHeader(ctx context.Context, t Termination, p Progress, now time.Time) error {
-	var written *ReconciliationRecord
-	var unaccounted int
-	err := s.Store.Update(ctx, func(tx store.Txn) error {
-		written = nil
-		var stored Termination
-		if err := getTermination(tx, t.ID, &stored); err != nil {
-			return err
-		}
-		if stored.Cursor != t.Cursor {
-			return nil
-		}
-		cur := stored.Cursor
-		if _, err := tx.Get(recordByTermKey(t.ID)); err == nil {
-			return fmt.Errorf("supervisor: termination %s already has a record", t.ID)
-		}
-		next, err := Advance(stored, ActWriteRecord, p, now)
-		if err != nil {
-			return err
-		}
-		rec, err := recordHeaderOf(tx, next, cur.RecordID, now)
-		if err != nil {
-			return err
-		}
-		parts, err := putRecordParts(tx, rec.RecordID, cur.Parts, rec)
-		if err != nil {
-			return err
-		}
-		if err := putRecordHeader(tx, rec.RecordID, t.ID, parts, cur.Parts); err != nil {
-			return err
-		}
-		if err := tx.Put(outboxKey(rec.RecordID), nil); err != nil {
-			return err
-		}
-		next.RecordID = rec.RecordID
-		// The final progress is the record's: every node counted once.
-		next.Progress.Unconfirmed = cur.Unaccounted
-		next.Progress.HooksPending = 0
-		written, unaccounted = rec, cur.Unaccounted
-		return kv.PutJSON(tx, terminationKey(t.ID), next)
-	})
+// termination, in the transaction of the record's last part (the calls'
+// last chunk, or a header alone where a version before that stopped
+// between them).
+func finishRecord(tx store.Txn, stored Termination, p Progress, now time.Time) (*ReconciliationRecord, int, error) {
+	cur := stored.Cursor
+	if _, err := tx.Get(recordByTermKey(stored.ID)); err == nil {
+		return nil, 0, fmt.Errorf("supervisor: termination %s already has a record", stored.ID)
+	}
+	next, err := Advance(stored, ActWriteRecord, p, now)
+	if err != nil {
+		return nil, 0, err
+	}
+	rec, err := recordHeaderOf(tx, next, cur.RecordID, now)
+	if err != nil {
+		return nil, 0, err
+	}
+	parts, err := putRecordParts(tx, rec.RecordID, cur.Parts, rec)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := putRecordHeader(tx, rec.RecordID, stored.ID, parts, cur.Parts); err != nil {
+		return nil, 0, err
+	}
+	if err := tx.Put(outboxKey(rec.RecordID), nil); err != nil {
+		return nil, 0, err
+	}
+	next.RecordID = rec.RecordID
+	// The final progress is the record's: every node counted once.
+	next.Progress.Unconfirmed = cur.Unaccounted
+	next.Progress.HooksPending = 0
+	return rec, cur.Unaccounted, kv.PutJSON(tx, terminationKey(stored.ID), next)
+}
+
+// recordWritten logs a record written (finishRecord's, committed).
+func (s *Supervisor) recordWritten(t Termination, written *ReconciliationRecord, unaccounted int, err error) {
 	if err == nil && written != nil {
 		s.Log.Info("termination complete", "termination_id", t.ID, "record_id", written.RecordID, "nodes", t.Counts.Listed, "unaccounted", unaccounted)
 	}
-	return err
 }
 
 // heldByOnly keeps the grants and leases held by members.

@@ -215,7 +215,9 @@ type Termination struct {
 	// CancelsOrderedAtMark: an abort's mark ordered the cancel of every
 	// call it stamped in flight, in the chunk that marked the call's node
 	// (every member turns aborting, and no call begins after its node's
-	// chunk), so the cancel step has no call to order and reads none. The
+	// chunk), so there is no cancel step: the mark's last chunk sets
+	// CancelsSent with it (one stored before that, whose cancel step is
+	// still to run, has it say so without reading a call). The
 	// mark's first chunk sets it for an abort; a chunk that stamps a call
 	// it leaves in flight (an exited node keeps its state) clears it. A
 	// version that does not know it drops it, and the cancel step reads
@@ -622,6 +624,11 @@ func Advance(t Termination, action Action, p Progress, now time.Time) (Terminati
 		if t.Mode == ModeAbort {
 			t = enter(t, PhaseAborting, now)
 			t.CancelDeadline = earliest(now.Add(t.CancelAckTimeout), t.KeptCancelDeadline)
+			// A mark that ordered every cancel there is to order has sent
+			// them: the cancel step would only say so, in a transaction
+			// of its own. (No call comes to this termination after its
+			// mark: only a mark's chunk takes nodes and calls over.)
+			t.CancelsSent = t.CancelsOrderedAtMark
 		} else {
 			t = enter(t, PhaseDraining, now)
 			t.DrainDeadline = earliest(now.Add(t.DrainWindow), t.KeptDrainDeadline)
