@@ -47,7 +47,8 @@ type ConnLimits struct {
 	// WriteTimeout bounds writing the answer of a unary call, and each
 	// write of a stream's messages: a stream whose client takes none of
 	// what the server writes for this long (it grants no flow-control
-	// window, or does not read its connection) is reset.
+	// window, or does not read its connection) is reset, and an HTTP/2
+	// connection none of whose bytes its peer takes this long is closed.
 	WriteTimeout time.Duration
 	// IdleTimeout closes a connection with no request in flight: an
 	// HTTP/1.1 keep-alive connection between requests, an HTTP/2

@@ -153,7 +153,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.DurationVar(&operatorTokenTTL, "token-ttl", 24*time.Hour, "lifetime of a token that tether token create mints without --ttl")
 	f.DurationVar(&limits.ReadHeaderTimeout, "read-header-timeout", limits.ReadHeaderTimeout, "time to read a request's headers")
 	f.DurationVar(&limits.ReadTimeout, "read-timeout", limits.ReadTimeout, "time to read a unary call's body (authenticated streams have none)")
-	f.DurationVar(&limits.WriteTimeout, "write-timeout", limits.WriteTimeout, "time to write a unary call's answer, and each write of an authenticated stream (a stream whose client takes nothing this long is reset)")
+	f.DurationVar(&limits.WriteTimeout, "write-timeout", limits.WriteTimeout, "time to write a unary call's answer, and each write of an authenticated stream (a stream whose client takes nothing this long is reset, an HTTP/2 connection whose peer takes no byte this long is closed)")
 	f.DurationVar(&limits.IdleTimeout, "idle-timeout", limits.IdleTimeout, "close a connection with no request in flight (HTTP/1.1 keep-alive, HTTP/2 without streams) after this long")
 	f.DurationVar(&limits.PingInterval, "http2-ping-interval", limits.PingInterval, "ping an HTTP/2 connection silent this long")
 	f.DurationVar(&limits.PingTimeout, "http2-ping-timeout", limits.PingTimeout, "close an HTTP/2 connection whose ping is not answered within this")
