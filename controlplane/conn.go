@@ -33,16 +33,22 @@ import (
 // body must arrive within ReadTimeout and the answer be written within
 // WriteTimeout. A stream has no deadline once it is authenticated — a
 // session, a watch or a lease Channel may live for days — and is bounded
-// instead by HTTP/2 pings (a peer that stops answering them is dropped),
-// by MaxStreamsPerConn per connection, by MaxStreamsPerCaller per
-// principal and by MaxStreamsPerLineage per agent lineage.
+// instead by WriteTimeout per write (a client that stops taking its
+// messages loses the stream), by HTTP/2 pings (a peer that stops
+// answering them is dropped), by MaxStreamsPerConn per connection, by
+// MaxStreamsPerCaller per principal and by MaxStreamsPerLineage per agent
+// lineage.
 type ConnLimits struct {
 	// ReadHeaderTimeout bounds reading a request's headers.
 	ReadHeaderTimeout time.Duration
 	// ReadTimeout bounds reading the body of a unary call (and of any
 	// request not yet authenticated).
 	ReadTimeout time.Duration
-	// WriteTimeout bounds writing the answer of a unary call.
+	// WriteTimeout bounds writing the answer of a unary call, and each
+	// write of a stream's messages: a stream whose client takes none of
+	// what the server writes for this long (it grants no flow-control
+	// window, or does not read its connection) is reset, and an HTTP/2
+	// connection none of whose bytes its peer takes this long is closed.
 	WriteTimeout time.Duration
 	// IdleTimeout closes a connection with no request in flight: an
 	// HTTP/1.1 keep-alive connection between requests, an HTTP/2
@@ -271,17 +277,114 @@ func withDeadlines(limits ConnLimits, next http.Handler) http.Handler {
 // streamsUnbounded lifts the request deadlines of a streaming RPC. It sits
 // behind the auth Gate, so only an authenticated, authorised stream (which
 // then holds one of its caller's MaxStreamsPerCaller) lives past them.
-func streamsUnbounded(next http.Handler) http.Handler {
+// Each write of the stream still has stall (WriteTimeout) to be taken by
+// the client (stallGuard): a stream lives as long as its client reads it.
+func streamsUnbounded(stall time.Duration, next http.Handler) http.Handler {
 	streaming := streamingProcedures()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if streaming[r.URL.Path] {
-			rc := http.NewResponseController(w)
-			_ = rc.SetReadDeadline(time.Time{})
-			_ = rc.SetWriteDeadline(time.Time{})
+		if !streaming[r.URL.Path] {
+			next.ServeHTTP(w, r)
+			return
 		}
-		next.ServeHTTP(w, r)
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{})
+		_ = rc.SetWriteDeadline(time.Time{})
+		g := newStallGuard(w, rc, stall)
+		defer g.finish()
+		next.ServeHTTP(g, r)
 	})
 }
+
+// stallGuard gives each write and flush of a stream WriteTimeout to
+// complete, from when it starts (a stream the client keeps reading has no
+// deadline as a whole). A client that grants no flow-control window
+// (HTTP/2), or does not read its connection, kept the stream's handler
+// waiting in its write for as long as the connection lived — its
+// goroutines and its caller's stream slot held, and the stream's end (its
+// agent terminated, its token revoked) unseen, for a context's end does
+// not reach a write waiting for window. A write found still waiting at
+// three looks half the timeout apart (so it has waited at least the
+// timeout, at most one and a half) now resets its stream (HTTP/1.1: fails
+// its connection's write), which ends the handler and frees the slot.
+//
+// A write costs two atomic counts: the stream's one timer looks at them
+// every half timeout, rather than being armed and stopped around each
+// write (about a microsecond each on the loaded test machine) or a write
+// deadline being moved per write (a message to the connection's serving
+// goroutine each time).
+type stallGuard struct {
+	http.ResponseWriter
+	rc    *http.ResponseController
+	every time.Duration // half the timeout
+
+	begun, ended atomic.Uint64 // writes begun and ended (one at a time)
+
+	mu    sync.Mutex
+	timer *time.Timer
+	seen  uint64 // the write in progress at the last look (its number), 0: none
+	looks int    // the looks that saw it in progress
+	done  bool   // the handler returned: rc is no longer to be used
+}
+
+func newStallGuard(w http.ResponseWriter, rc *http.ResponseController, timeout time.Duration) *stallGuard {
+	g := &stallGuard{ResponseWriter: w, rc: rc, every: max(timeout/2, time.Millisecond)}
+	g.mu.Lock()
+	g.timer = time.AfterFunc(g.every, g.look)
+	g.mu.Unlock()
+	return g
+}
+
+// look cuts the write in progress when the last two looks saw it too.
+func (g *stallGuard) look() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.done {
+		return
+	}
+	begun := g.begun.Load()
+	switch {
+	case g.ended.Load() >= begun:
+		g.seen, g.looks = 0, 0
+	case begun != g.seen:
+		g.seen, g.looks = begun, 1
+	default:
+		if g.looks++; g.looks >= 3 {
+			// A deadline in the past: HTTP/2 resets the stream at once,
+			// HTTP/1.1 fails the connection's write.
+			_ = g.rc.SetWriteDeadline(time.Unix(1, 0))
+			return
+		}
+	}
+	g.timer.Reset(g.every)
+}
+
+func (g *stallGuard) finish() {
+	g.mu.Lock()
+	g.done = true
+	g.timer.Stop()
+	g.mu.Unlock()
+}
+
+func (g *stallGuard) begin() { g.begun.Add(1) }
+func (g *stallGuard) end()   { g.ended.Add(1) }
+
+func (g *stallGuard) Write(p []byte) (int, error) {
+	g.begin()
+	defer g.end()
+	return g.ResponseWriter.Write(p)
+}
+
+// Flush is http.Flusher, which Connect requires of a stream's writer.
+func (g *stallGuard) Flush() { _ = g.FlushError() }
+
+func (g *stallGuard) FlushError() error {
+	g.begin()
+	defer g.end()
+	return g.rc.Flush()
+}
+
+// Unwrap lets an http.ResponseController reach the stream.
+func (g *stallGuard) Unwrap() http.ResponseWriter { return g.ResponseWriter }
 
 // connLimiter counts open connections and decides who may hold them.
 //

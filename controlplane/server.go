@@ -471,7 +471,7 @@ func (s *Server) buildHandler() error {
 	// it), so what it serves skips withDeadlines, whose two
 	// ResponseController calls are two messages to that goroutine per
 	// request; Handler, for any other server, keeps them.
-	inner := healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(mux))))
+	inner := healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux))))
 	s.served = withStack(inner)
 	s.handler = withStack(withDeadlines(s.cfg.Conn, inner))
 	return nil
@@ -522,6 +522,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			MaxConcurrentStreams: limits.MaxStreamsPerConn,
 			SendPingTimeout:      limits.PingInterval,
 			PingTimeout:          limits.PingTimeout,
+			// A connection whose peer takes none of its bytes this long is
+			// closed: a peer that reads nothing, yet sends a frame now and
+			// then (so it is never pinged), held the connection for ever —
+			// the GOAWAY of its idle timeout waiting behind the stuck write
+			// — with megabytes of the kernel's send buffer pinned.
+			WriteByteTimeout: limits.WriteTimeout,
 		},
 	}
 	protocols := new(http.Protocols)

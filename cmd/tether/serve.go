@@ -46,8 +46,8 @@ Transport: TLS with --tls-cert and --tls-key (both or neither), mutual TLS with
 --insecure-plaintext (logged as a warning).
 
 Limits, each with its default below: per-request read and write deadlines for unary
-calls (authenticated streams have none and live as long as their client), idle and
-HTTP/2 ping timeouts, streams per HTTP/2 connection, open connections (a connection
+calls (authenticated streams have none and live as long as their client reads them:
+each write of theirs has --write-timeout), idle and HTTP/2 ping timeouts, streams per HTTP/2 connection, open connections (a connection
 that carries no authenticated call within --preauth-timeout is closed, and at the cap
 the oldest such gives way to a new one; each lineage, operator or tool server holds at
 most --max-connections-per-lineage, agents together leave --operator-reserve to
@@ -153,7 +153,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.DurationVar(&operatorTokenTTL, "token-ttl", 24*time.Hour, "lifetime of a token that tether token create mints without --ttl")
 	f.DurationVar(&limits.ReadHeaderTimeout, "read-header-timeout", limits.ReadHeaderTimeout, "time to read a request's headers")
 	f.DurationVar(&limits.ReadTimeout, "read-timeout", limits.ReadTimeout, "time to read a unary call's body (authenticated streams have none)")
-	f.DurationVar(&limits.WriteTimeout, "write-timeout", limits.WriteTimeout, "time to write a unary call's answer (authenticated streams have none)")
+	f.DurationVar(&limits.WriteTimeout, "write-timeout", limits.WriteTimeout, "time to write a unary call's answer, and each write of an authenticated stream (a stream whose client takes nothing this long is reset, an HTTP/2 connection whose peer takes no byte this long is closed)")
 	f.DurationVar(&limits.IdleTimeout, "idle-timeout", limits.IdleTimeout, "close a connection with no request in flight (HTTP/1.1 keep-alive, HTTP/2 without streams) after this long")
 	f.DurationVar(&limits.PingInterval, "http2-ping-interval", limits.PingInterval, "ping an HTTP/2 connection silent this long")
 	f.DurationVar(&limits.PingTimeout, "http2-ping-timeout", limits.PingTimeout, "close an HTTP/2 connection whose ping is not answered within this")
