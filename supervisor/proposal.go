@@ -62,6 +62,73 @@ func pendingInTree(tx store.ReadTxn, root string) (int, error) {
 	return inTree, err
 }
 
+// closeStopped closes, inside tx, the pending proposals holding a place in
+// root's tree bound whose node is terminated: each asked to stop a node
+// that is stopped, and would otherwise hold its place until an operator
+// rejected it (approving it fails), so that a rogue that filled its tree's
+// bound and was then stopped kept its tree's other agents from proposing.
+// Each is rejected, decided by "termination:<id>", the termination that
+// stopped its node. Called only at the bound (it reads every proposal of
+// the tree's bound and its node); it returns how many it closed.
+func closeStopped(tx store.Txn, root string, now time.Time) (int, error) {
+	prefix := pendingTreePrefix(root)
+	var ids []string
+	if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+		ids = append(ids, string(k[len(prefix):]))
+		return nil
+	}); err != nil {
+		return 0, err
+	}
+	closed := 0
+	for _, pid := range ids {
+		p := &StopProposal{}
+		if err := getProposal(tx, pid, p); err != nil {
+			if errors.Is(err, ErrProposalNotFound) {
+				continue
+			}
+			return closed, err
+		}
+		if p.State != ProposalStatePending {
+			continue
+		}
+		n, err := tree.GetNodeIn(tx, p.NodeID)
+		switch {
+		case errors.Is(err, tree.ErrNodeNotFound):
+			continue
+		case err != nil:
+			return closed, err
+		case n.State != tree.NodeStateTerminated:
+			continue
+		}
+		p.State, p.DecidedBy, p.DecidedAt = ProposalStateRejected, "termination:"+n.TerminationID, now
+		if err := tx.Delete(pendingPropKey(p.NodeID, pid)); err != nil {
+			return closed, err
+		}
+		if err := tx.Delete(pendingTreeKey(root, pid)); err != nil {
+			return closed, err
+		}
+		if err := putProposal(tx, p); err != nil {
+			return closed, err
+		}
+		closed++
+	}
+	return closed, nil
+}
+
+// pendingInTreeClosing is pendingInTree, having closed the proposals of
+// terminated nodes (closeStopped) when the count reaches the bound.
+func pendingInTreeClosing(tx store.Txn, root string, now time.Time) (int, error) {
+	inTree, err := pendingInTree(tx, root)
+	if err != nil || inTree < MaxPendingProposalsPerTree {
+		return inTree, err
+	}
+	closed, err := closeStopped(tx, root, now)
+	if err != nil || closed == 0 {
+		return inTree, err
+	}
+	return pendingInTree(tx, root)
+}
+
 // PolicyDecider prefixes the decider of a proposal the control plane's
 // policy approved on its own (no operator weighed it).
 const PolicyDecider = "policy:"
@@ -192,7 +259,7 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if decidedBy == "" {
 		if countedInTree(p) {
 			root := treeOf(n)
-			inTree, err := pendingInTree(tx, root)
+			inTree, err := pendingInTreeClosing(tx, root, now)
 			if err != nil {
 				return nil, "", err
 			}
@@ -292,7 +359,7 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 			return fmt.Errorf("%w: node_id %s already has %d stop proposals waiting for a decision, the maximum per node", tree.ErrLimit, nodeID, pending)
 		}
 		root := treeOf(n)
-		inTree, err := pendingInTree(tx, root)
+		inTree, err := pendingInTreeClosing(tx, root, p.CreatedAt)
 		if err != nil {
 			return err
 		}
