@@ -115,7 +115,12 @@ type shard struct {
 	// term is the run's term; every commit checks it is still current.
 	term uint64
 
-	leases    map[string]*entry
+	leases map[string]*entry
+	// held indexes the durable leases by holder (setDurable keeps it), so
+	// that a holder's listing (ListLeases, which any agent may ask about
+	// itself) reads the holder's jobs, not every job of every tree on the
+	// goroutine that judges them.
+	held      map[string]map[string]*entry
 	deadlines lease.DeadlineQueue
 	recover   []lease.Recover
 
@@ -153,6 +158,7 @@ func newShard(c *Coordinator, index int) *shard {
 func (s *shard) reset(term uint64) {
 	s.term = term
 	s.leases = make(map[string]*entry)
+	s.held = make(map[string]map[string]*entry)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
 	s.building, s.inflight = nil, nil
@@ -167,8 +173,35 @@ const checkpointEvery = 64
 
 // load adds a lease read from the store (before the run's shards start).
 func (s *shard) load(r record, checkpoint uint64) {
-	s.leases[r.Lease.JobID] = &entry{job: r.Lease.JobID, durable: r.Lease, pending: r.Lease, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint}
+	e := &entry{job: r.Lease.JobID, pending: r.Lease, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint}
+	s.leases[r.Lease.JobID] = e
+	s.setDurable(e, r.Lease)
 	s.deadlines.Sync(r.Lease)
+}
+
+// setDurable publishes l as e's durable lease and keeps the holder index.
+func (s *shard) setDurable(e *entry, l lease.Lease) {
+	before, after := e.durable, l
+	e.durable = l
+	if before.Exists() == after.Exists() && before.HolderIdentity == after.HolderIdentity {
+		return
+	}
+	if before.Exists() {
+		if jobs := s.held[before.HolderIdentity]; jobs != nil {
+			delete(jobs, e.job)
+			if len(jobs) == 0 {
+				delete(s.held, before.HolderIdentity)
+			}
+		}
+	}
+	if after.Exists() {
+		jobs := s.held[after.HolderIdentity]
+		if jobs == nil {
+			jobs = make(map[string]*entry)
+			s.held[after.HolderIdentity] = jobs
+		}
+		jobs[e.job] = e
+	}
 }
 
 // now is the declared clock, read per decision, never going backwards on
@@ -324,7 +357,11 @@ func (s *shard) handle(o op) {
 	case opList:
 		s.takeFinished()
 		var out []lease.Lease
-		for job, e := range s.leases {
+		jobs := s.leases
+		if o.holder != "" {
+			jobs = s.held[o.holder]
+		}
+		for job, e := range jobs {
 			if !e.durable.Exists() || job <= o.after || (o.holder != "" && e.durable.HolderIdentity != o.holder) {
 				continue
 			}
@@ -507,7 +544,7 @@ func (s *shard) complete(b *batch) {
 		s.c.judged.Add(uint64(b.messages))
 		s.c.countDecisions(&b.decisions)
 		for i, e := range b.touched {
-			e.durable = b.snapshots[i].Lease
+			s.setDurable(e, b.snapshots[i].Lease)
 			e.durableRows = b.snapshots[i].Rows
 			if b.checkpoints[i] {
 				e.checkpoint = e.durableRows
