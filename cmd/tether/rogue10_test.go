@@ -30,34 +30,16 @@ import (
 func TestARoguesInvisibleCharactersAreShownToTheOperator(t *testing.T) {
 	srv := testserver.Start(t)
 	ctx := context.Background()
-	admin := srv.AdminClients()
-	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent := srv.Clients(root.Msg.Credential)
-	child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rogue := srv.Clients(child.Msg.Credential)
+	w := startRogueWorld(t, srv)
+	admin, parent, child, rogue := w.admin, w.parent, w.child, w.rogue
 	lookalike := "job-1\u200b"
 	reversing := "job-2\u202e\u2060\u2028\ufeff\u00ad"
-	for _, job := range []string{"job-1", lookalike, reversing} {
-		offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: child.Msg.Node.NodeId}))
-		if err != nil {
-			t.Fatalf("offer %q: %v", job, err)
-		}
-		l := offered.Msg.Lease
-		if _, err := rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.holdJobs(t, "job-1", lookalike, reversing)
 	if _, err := rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1000", Reason: "stop " + reversing + " not " + lookalike})); err != nil {
 		t.Fatal(err)
 	}
 	term, err := parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: child.Msg.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		NodeId: child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
 		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0), Reason: "test",
 	}))
 	if err != nil {
@@ -72,7 +54,7 @@ func TestARoguesInvisibleCharactersAreShownToTheOperator(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"record", "show", term.Msg.Termination.TerminationId},
-		{"lease", "list", "--holder", child.Msg.Node.NodeId},
+		{"lease", "list", "--holder", child.Node.NodeId},
 		{"lease", "show", lookalike},
 		{"lease", "show", reversing},
 		{"proposal", "ls"},

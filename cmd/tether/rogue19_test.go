@@ -24,17 +24,8 @@ import (
 func TestARoguesJobIdsThatPrintLikeAnotherJobsAreToldApart(t *testing.T) {
 	srv := testserver.Start(t)
 	ctx := context.Background()
-	admin := srv.AdminClients()
-	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent := srv.Clients(root.Msg.Credential)
-	child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rogue := srv.Clients(child.Msg.Credential)
+	w := startRogueWorld(t, srv)
+	admin, parent, child := w.admin, w.parent, w.child
 	lookalikes := map[string]string{
 		"job-1\u00a0": `job-1\u00a0`,
 		"job-1\u3000": `job-1\u3000`,
@@ -44,17 +35,8 @@ func TestARoguesJobIdsThatPrintLikeAnotherJobsAreToldApart(t *testing.T) {
 		"job-1 ":      `job-1\x20`,
 		" job-1":      `\x20job-1`,
 	}
-	for _, job := range append([]string{"job-1"}, keys(lookalikes)...) {
-		offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: child.Msg.Node.NodeId}))
-		if err != nil {
-			t.Fatalf("offer %q: %v", job, err)
-		}
-		l := offered.Msg.Lease
-		if _, err := rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
-			t.Fatal(err)
-		}
-	}
-	list := mustCLI(t, srv.URL, srv.Admin, "lease", "list", "--holder", child.Msg.Node.NodeId)
+	w.holdJobs(t, append([]string{"job-1"}, keys(lookalikes)...)...)
+	list := mustCLI(t, srv.URL, srv.Admin, "lease", "list", "--holder", child.Node.NodeId)
 	for job, want := range lookalikes {
 		if !strings.Contains(list, want) {
 			t.Errorf("tether lease list does not tell %q from job-1 (want %s):\n%s", job, want, list)
@@ -70,7 +52,7 @@ func TestARoguesJobIdsThatPrintLikeAnotherJobsAreToldApart(t *testing.T) {
 	}
 
 	term, err := parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: child.Msg.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		NodeId: child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
 		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0), Reason: "test",
 	}))
 	if err != nil {
