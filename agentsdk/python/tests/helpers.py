@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 import time
 from typing import Callable
 
@@ -29,3 +32,44 @@ def tool_calls(operator: Conn, termination_id: str) -> list[dict]:
     """The tool calls a termination's record lists."""
     rec = operator.call("SupervisorService", "GetRecord", {"terminationId": termination_id})["record"]
     return rec.get("toolCalls", [])
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler for a test's peer: logs nothing, and has the two
+    steps every peer takes (read the request's body, answer a JSON object)."""
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def read_body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def answer_json(self, answer: dict) -> None:
+        data = json.dumps(answer).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class LoopbackPeer:
+    """A loopback HTTP server standing where the control plane would be (a
+    peer that misbehaves, or a proxy in front of the real server). A
+    subclass builds its handler class and calls serve; ``closing`` is set
+    when the test ends, for handlers that hold their answers until then."""
+
+    def __init__(self) -> None:
+        self.closing = threading.Event()
+
+    def serve(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+

@@ -10,7 +10,6 @@ ACTIVE, so its work ran on, renewing in vain, up to the lease's expiry."""
 from __future__ import annotations
 
 import http.client
-import http.server
 import json
 import struct
 import threading
@@ -18,7 +17,7 @@ import urllib.parse
 
 import pytest
 
-from helpers import terminate, wait_for
+from helpers import LoopbackPeer, QuietHandler, terminate, wait_for
 from conftest import require_extra
 from tether_agentsdk import Agent, Conn, GrantRevoked, LeaseWorker, ToolCallCancelled, ToolGate, Verifier, _wire
 from tether_agentsdk.leaseworker import LEASE_LOST, OWNERSHIP_CONFLICT
@@ -49,7 +48,7 @@ def test_a_recorded_ownership_conflict_halts_the_job(server, tree, tmp_path):
         w.close()
 
 
-class ShapeBreakingPeer:
+class ShapeBreakingPeer(LoopbackPeer):
     """A control-plane-side peer on loopback in front of the real server (a
     proxy gone wrong, or a hostile one): it relays every call, except that
     it answers the first call of each method in ``once`` itself, with a JSON
@@ -57,16 +56,14 @@ class ShapeBreakingPeer:
     before the stream breaks)."""
 
     def __init__(self, upstream: str, once: dict[str, dict]):
+        super().__init__()
         self.upstream = urllib.parse.urlsplit(upstream)
         self.once = dict(once)
         self.served: dict[str, int] = {}
         self.lock = threading.Lock()
         peer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):  # the key set
                 self.do_POST()
 
@@ -103,18 +100,11 @@ class ShapeBreakingPeer:
                 finally:
                     up.close()
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.serve(Handler)
 
     def has_served(self, *methods: str) -> bool:
         with self.lock:
             return all(self.served.get(m) for m in methods)
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 # The signal stream, the heartbeat and the lease renew loop each run on a

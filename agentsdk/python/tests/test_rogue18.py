@@ -10,13 +10,12 @@ verifier's close() waited its ten seconds and left the thread reading."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import queue
 import struct
 import threading
 
-from helpers import wait_for
+from helpers import LoopbackPeer, QuietHandler, wait_for
 from tether_agentsdk import ConnectError, Conn, LeaseWorker, ToolCallCancelled, ToolGate
 
 
@@ -25,7 +24,7 @@ def _envelope(flags: int, msg: dict) -> bytes:
     return struct.pack(">BI", flags, len(data)) + data
 
 
-class OrdersPeer:
+class OrdersPeer(LoopbackPeer):
     """Answers a gate's WatchCancels: the first stream is a flood of orders
     for made-up call ids, then its end; the second stays open and carries
     what the test puts on ``orders``. BeginCall waits for ``begin_answer``;
@@ -39,15 +38,12 @@ class OrdersPeer:
         self.orders: queue.Queue = queue.Queue()
         self.begin_answer: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
-        self.closing = threading.Event()
+        super().__init__()
         peer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.read_body()
                 method = self.path.rsplit("/", 1)[-1]
                 if method == "WatchCancels":
                     with peer.lock:
@@ -78,23 +74,13 @@ class OrdersPeer:
                     self.send_response(404)
                     self.end_headers()
                     return
-                data = json.dumps(answer).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.answer_json(answer)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.serve(Handler)
 
     def close(self) -> None:
-        self.closing.set()
         self.begin_answer.put({})
-        self.server.shutdown()
-        self.server.server_close()
+        super().close()
 
 
 def test_a_gate_keeps_no_cancel_order_for_a_call_it_never_began():
@@ -131,21 +117,18 @@ def test_a_gate_keeps_no_cancel_order_for_a_call_it_never_began():
         peer.close()
 
 
-class HoldingPeer:
+class HoldingPeer(LoopbackPeer):
     """Answers every stream the HTTP/1.0 way (no length: the connection's
     close ends it) and then says nothing until the test ends."""
 
     def __init__(self):
-        self.closing = threading.Event()
+        super().__init__()
         self.opened = threading.Event()
         peer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.read_body()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/connect+json")
                 self.end_headers()
@@ -153,15 +136,8 @@ class HoldingPeer:
                 peer.opened.set()
                 peer.closing.wait(120)
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.serve(Handler)
 
-    def close(self) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_stream_answered_the_http10_way_closes_from_another_thread():
@@ -185,54 +161,39 @@ def test_a_stream_answered_the_http10_way_closes_from_another_thread():
         peer.close()
 
 
-class HungRenewPeer:
+class HungRenewPeer(LoopbackPeer):
     """A coordinator that answers the ACK and accepts every renewal without
     ever answering it (until the test ends)."""
 
     def __init__(self):
-        self.closing = threading.Event()
+        super().__init__()
         self.renewals = 0
         self.lock = threading.Lock()
         peer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args):  # quiet
-                pass
-
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.read_body()
                 method = self.path.rsplit("/", 1)[-1]
                 if method == "Renew":
                     with peer.lock:
                         peer.renewals += 1
                     peer.closing.wait(120)
                     return
-                data = json.dumps({
+                self.answer_json({
                     "lease": {"jobId": "py-rogue18-hung", "leaseId": "l1", "leaseGeneration": "1",
                               "state": "LEASE_STATE_ACTIVE", "leaseDuration": "300s"},
                     "decision": {"outcome": "OUTCOME_ACCEPTED"},
-                }).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                })
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.serve(Handler)
 
     def count(self) -> int:
         with self.lock:
             return self.renewals
 
-    def close(self) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_a_renewal_nobody_answers_is_given_up_after_the_renew_interval(tmp_path):
@@ -251,22 +212,19 @@ def test_a_renewal_nobody_answers_is_given_up_after_the_renew_interval(tmp_path)
         peer.close()
 
 
-class TricklingPeer:
+class TricklingPeer(LoopbackPeer):
     """Answers every call with a body it sends one byte at a time, each
     soon enough to beat any socket timeout, for as long as the test runs."""
 
     def __init__(self):
-        self.closing = threading.Event()
+        super().__init__()
         peer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, *args):  # quiet
-                pass
-
             def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.read_body()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(1 << 20))
@@ -278,15 +236,8 @@ class TricklingPeer:
                 except OSError:
                     pass  # the caller gave up
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.serve(Handler)
 
-    def close(self) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 def test_an_answer_that_never_ends_is_given_up_at_the_call_s_timeout():
