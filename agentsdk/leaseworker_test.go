@@ -46,6 +46,21 @@ type leaseSetup struct {
 
 func newLeaseSetup(t testing.TB) *leaseSetup {
 	t.Helper()
+	var net *cuttable
+	s, _ := newLeaseSetupVia(t, func(rt http.RoundTripper) http.RoundTripper {
+		net = &cuttable{next: rt}
+		return net
+	})
+	s.net = net
+	return s
+}
+
+// newLeaseSetupVia starts the server, a planner and its worker, whose
+// connection goes through the transport wrap builds over the test
+// server's; it also returns the worker's credential, for another process
+// of the same agent.
+func newLeaseSetupVia(t testing.TB, wrap func(http.RoundTripper) http.RoundTripper) (*leaseSetup, string) {
+	t.Helper()
 	clk := clock.NewManual(leaseEpoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
 	admin := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
@@ -59,9 +74,8 @@ func newLeaseSetup(t testing.TB) *leaseSetup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	net := &cuttable{next: testserver.H2CClient().Transport}
-	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: net}))
-	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId, net: net}
+	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: wrap(testserver.H2CClient().Transport)}))
+	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId}, child.Msg.Credential
 }
 
 func (s *leaseSetup) offer(t testing.TB, job string, d time.Duration) *tetherv1.Lease {

@@ -8,11 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"connectrpc.com/connect"
-
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -136,23 +133,13 @@ func (b *budgeted) RoundTrip(r *http.Request) (*http.Response, error) {
 // credential, for another process of the same agent.
 func newBudgetedSetup(t *testing.T) (*leaseSetup, string, *budgeted) {
 	t.Helper()
-	clk := clock.NewManual(leaseEpoch)
-	srv := testserver.Start(t, testserver.WithClock(clk))
-	admin := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
-	ctx := context.Background()
-	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	planner := agentsdk.Dial(srv.URL, root.Msg.Credential, agentsdk.WithHTTPClient(srv.HTTP))
-	child, err := planner.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	limited := &budgeted{next: testserver.H2CClient().Transport}
-	limited.budget.Store(-1)
-	worker := agentsdk.Dial(srv.URL, child.Msg.Credential, agentsdk.WithHTTPClient(&http.Client{Transport: limited}))
-	return &leaseSetup{srv: srv, clock: clk, planner: planner, worker: worker, node: child.Msg.Node.NodeId}, child.Msg.Credential, limited
+	var limited *budgeted
+	s, credential := newLeaseSetupVia(t, func(rt http.RoundTripper) http.RoundTripper {
+		limited = &budgeted{next: rt}
+		limited.budget.Store(-1)
+		return limited
+	})
+	return s, credential, limited
 }
 
 // On the wall clock (the default) nothing but a timer is there to end the
