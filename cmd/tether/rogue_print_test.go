@@ -35,28 +35,19 @@ func TestARogueThatWritesTerminalControlsCannotRewriteTheOperatorsView(t *testin
 		cfg.PrivilegeHandlers = map[string]privilege.PrivilegeRevoker{"db-role": revokeNothing{}}
 	})
 	ctx := context.Background()
-	admin := srv.AdminClients()
+	w := startRogueWorld(t, srv)
+	admin, parent, child, rogue := w.admin, w.parent, w.child, w.rogue
 	const forged = "\n  confirmed    worker           n_forged by control-plane"
 	hostile := "fine\r\x1b[1A\x1b[2K\x1b]0;owned\x07\u202eenil" + forged
-	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	parent := srv.Clients(root.Msg.Credential)
-	child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "worker"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rogue := srv.Clients(child.Msg.Credential)
 	if _, err := rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1000", Reason: hostile})); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := rogue.Supervisor.RegisterPrivilege(ctx, connect.NewRequest(&tetherv1.RegisterPrivilegeRequest{
-		NodeId: child.Msg.Node.NodeId, Kind: "db-role", ExternalId: hostile, ExpiresAt: timestamppb.New(time.Now().Add(time.Hour)),
+		NodeId: child.Node.NodeId, Kind: "db-role", ExternalId: hostile, ExpiresAt: timestamppb.New(time.Now().Add(time.Hour)),
 	})); err != nil {
 		t.Fatal(err)
 	}
-	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: child.Msg.Node.NodeId}))
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-1", HolderIdentity: child.Node.NodeId}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +59,7 @@ func TestARogueThatWritesTerminalControlsCannotRewriteTheOperatorsView(t *testin
 		t.Fatal(err)
 	}
 	term, err := parent.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-		NodeId: child.Msg.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+		NodeId: child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
 		CancelAckTimeout: durationpb.New(0), ConfirmTimeout: durationpb.New(0), Reason: hostile,
 	}))
 	if err != nil {
