@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,30 +23,30 @@ import (
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
-// h2rogue is an authenticated agent speaking raw HTTP/2 frames on a
-// connection of its own; what the server sends back is read and counted
-// on a goroutine until the connection closes.
-type h2rogue struct {
+// h2conn is a raw HTTP/2 client connection of a rogue's own: it sends
+// the preface and settings, and reads what the server sends on a goroutine
+// (handing each frame to onFrame) until the connection closes. Writes
+// from the test and from onFrame go through mu.
+type h2conn struct {
 	c      net.Conn
+	mu     sync.Mutex // the framer's writes, when onFrame writes too
 	fr     *http2.Framer
 	enc    *hpack.Encoder
 	hbuf   bytes.Buffer
-	closed chan struct{}
-	frames atomic.Int64
-	goaway atomic.Bool
 	next   uint32
+	closed chan struct{}
 }
 
-func newH2Rogue(t *testing.T, addr string) *h2rogue {
+func newH2Conn(t *testing.T, addr string, settings []http2.Setting, onFrame func(*h2conn, http2.Frame)) *h2conn {
 	t.Helper()
 	c := dial(t, addr)
-	r := &h2rogue{c: c, closed: make(chan struct{}), next: 1}
+	r := &h2conn{c: c, closed: make(chan struct{}), next: 1}
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}
 	r.fr = http2.NewFramer(c, c)
 	r.enc = hpack.NewEncoder(&r.hbuf)
-	if err := r.fr.WriteSettings(); err != nil {
+	if err := r.fr.WriteSettings(settings...); err != nil {
 		t.Fatal(err)
 	}
 	rd := http2.NewFramer(io.Discard, c)
@@ -56,20 +57,17 @@ func newH2Rogue(t *testing.T, addr string) *h2rogue {
 			if err != nil {
 				return
 			}
-			r.frames.Add(1)
-			if _, ok := f.(*http2.GoAwayFrame); ok {
-				r.goaway.Store(true)
-			}
+			onFrame(r, f)
 		}
 	}()
 	return r
 }
 
-// headers opens a stream calling GetNode with cred, without ending it.
-func (r *h2rogue) headers(cred string, end bool) (uint32, error) {
+// writeHeaders opens a stream calling procedure with cred (mu held).
+func (r *h2conn) writeHeaders(procedure, contentType, cred string, end bool) (uint32, error) {
 	r.hbuf.Reset()
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "tether"}, {":path", tetherv1connect.AgentServiceGetNodeProcedure},
-		{"content-type", "application/proto"}, {"authorization", "Bearer " + cred}} {
+	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "tether"}, {":path", procedure},
+		{"content-type", contentType}, {"authorization", "Bearer " + cred}} {
 		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
 	}
 	id := r.next
@@ -77,13 +75,38 @@ func (r *h2rogue) headers(cred string, end bool) (uint32, error) {
 	return id, r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true, EndStream: end})
 }
 
-func (r *h2rogue) isClosed() bool {
+func (r *h2conn) isClosed() bool {
 	select {
 	case <-r.closed:
 		return true
 	default:
 		return false
 	}
+}
+
+// h2rogue is an authenticated agent speaking raw HTTP/2 frames on a
+// connection of its own; what the server sends back is counted.
+type h2rogue struct {
+	*h2conn
+	frames atomic.Int64
+	goaway atomic.Bool
+}
+
+func newH2Rogue(t *testing.T, addr string) *h2rogue {
+	t.Helper()
+	r := &h2rogue{}
+	r.h2conn = newH2Conn(t, addr, nil, func(_ *h2conn, f http2.Frame) {
+		r.frames.Add(1)
+		if _, ok := f.(*http2.GoAwayFrame); ok {
+			r.goaway.Store(true)
+		}
+	})
+	return r
+}
+
+// headers opens a stream calling GetNode with cred, without ending it.
+func (r *h2rogue) headers(cred string, end bool) (uint32, error) {
+	return r.writeHeaders(tetherv1connect.AgentServiceGetNodeProcedure, "application/proto", cred, end)
 }
 
 // serverLoad is the process's goroutines and live heap after a GC.

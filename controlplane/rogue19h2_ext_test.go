@@ -1,18 +1,14 @@
 package controlplane_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
-	"io"
-	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/controlplane"
@@ -28,64 +24,41 @@ import (
 // server's pings, as a live peer does, and notes the streams the server
 // ends (RST_STREAM, or a frame that ends the stream).
 type stallRogue struct {
-	c      net.Conn
-	mu     sync.Mutex // the framer's writes
-	fr     *http2.Framer
-	enc    *hpack.Encoder
-	hbuf   bytes.Buffer
-	next   uint32
-	closed chan struct{}
+	*h2conn
 	ended  sync.Map // stream id -> struct{}
 	resets atomic.Int64
 }
 
 func newStallRogue(t *testing.T, addr string) *stallRogue {
 	t.Helper()
-	c := dial(t, addr)
-	r := &stallRogue{c: c, next: 1, closed: make(chan struct{})}
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	r.fr = http2.NewFramer(c, c)
-	r.enc = hpack.NewEncoder(&r.hbuf)
-	if err := r.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
-		t.Fatal(err)
-	}
-	rd := http2.NewFramer(io.Discard, c)
-	go func() {
-		defer close(r.closed)
-		for {
-			f, err := rd.ReadFrame()
-			if err != nil {
-				return
+	r := &stallRogue{}
+	r.h2conn = newH2Conn(t, addr, []http2.Setting{{ID: http2.SettingInitialWindowSize, Val: 0}}, func(c *h2conn, f http2.Frame) {
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				c.mu.Lock()
+				_ = c.fr.WritePing(true, f.Data)
+				c.mu.Unlock()
 			}
-			switch f := f.(type) {
-			case *http2.PingFrame:
-				if !f.IsAck() {
-					r.mu.Lock()
-					_ = r.fr.WritePing(true, f.Data)
-					r.mu.Unlock()
-				}
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					r.mu.Lock()
-					_ = r.fr.WriteSettingsAck()
-					r.mu.Unlock()
-				}
-			case *http2.RSTStreamFrame:
-				r.resets.Add(1)
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				c.mu.Lock()
+				_ = c.fr.WriteSettingsAck()
+				c.mu.Unlock()
+			}
+		case *http2.RSTStreamFrame:
+			r.resets.Add(1)
+			r.ended.Store(f.StreamID, struct{}{})
+		case *http2.HeadersFrame:
+			if f.StreamEnded() {
 				r.ended.Store(f.StreamID, struct{}{})
-			case *http2.HeadersFrame:
-				if f.StreamEnded() {
-					r.ended.Store(f.StreamID, struct{}{})
-				}
-			case *http2.DataFrame:
-				if f.StreamEnded() {
-					r.ended.Store(f.StreamID, struct{}{})
-				}
+			}
+		case *http2.DataFrame:
+			if f.StreamEnded() {
+				r.ended.Store(f.StreamID, struct{}{})
 			}
 		}
-	}()
+	})
 	return r
 }
 
@@ -102,29 +75,14 @@ func (r *stallRogue) open(t *testing.T, procedure, cred string, msg proto.Messag
 	copy(env[5:], body)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.hbuf.Reset()
-	for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "tether"}, {":path", procedure},
-		{"content-type", "application/connect+proto"}, {"authorization", "Bearer " + cred}} {
-		_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	id := r.next
-	r.next += 2
-	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true}); err != nil {
+	id, err := r.writeHeaders(procedure, "application/connect+proto", cred, false)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := r.fr.WriteData(id, end, env); err != nil {
 		t.Fatal(err)
 	}
 	return id
-}
-
-func (r *stallRogue) isClosed() bool {
-	select {
-	case <-r.closed:
-		return true
-	default:
-		return false
-	}
 }
 
 func (r *stallRogue) isEnded(id uint32) bool {
