@@ -56,7 +56,7 @@ func templateFuncs() template.FuncMap {
 		"rolloutState":  func(s tetherv1.RolloutState) string { return enumName(s.String(), "ROLLOUT_STATE_") },
 		"batchState":    func(s tetherv1.RolloutBatchState) string { return enumName(s.String(), "ROLLOUT_BATCH_STATE_") },
 		"proposalStop":  proposalStop,
-		"jobID":         jobID,
+		"jobID":         printable.JobID, // the spaces a page would fold away, written out
 		"jobIDs":        jobIDs,
 		"ts":            ts,
 		"dur":           dur,
@@ -122,15 +122,11 @@ func labels(m map[string]string) string {
 // every live event (events).
 func visible(s string) string { return printable.String(s, "\n\t\r") }
 
-// jobID is a job id as a page shows it, for the spaces HTML would fold
-// away (printable.JobID).
-func jobID(s string) string { return printable.JobID(s) }
-
-// jobIDs is a list of job ids, each as jobID shows it, comma-separated.
+// jobIDs is a list of job ids, each as printable.JobID shows it, comma-separated.
 func jobIDs(ids []string) string {
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		out[i] = jobID(id)
+		out[i] = printable.JobID(id)
 	}
 	return strings.Join(out, ", ")
 }

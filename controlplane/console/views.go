@@ -17,6 +17,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/wire"
+	"github.com/tetherhq/tether/internal/printable"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/lease"
 )
@@ -665,7 +666,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 				continue
 			}
 			cells := wire.EvidenceRowFromProto(row).SeedRecord()
-			cells[0] = jobID(cells[0]) // the Job ID column
+			cells[0] = printable.JobID(cells[0]) // the Job ID column
 			d.Rows = append(d.Rows, evidenceRowView{
 				Row: row.Row, Cells: cells,
 				Outcome: enumName(row.Decision.GetOutcome().String(), "OUTCOME_"),
@@ -689,7 +690,7 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
 		d.Next = "/ui/jobs/" + url.PathEscape(job) + "/evidence?" + q.Encode()
 	}
-	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+jobID(job), d)
+	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+printable.JobID(job), d)
 }
 
 // evidenceCSV streams every row the filter keeps, page by page. A page
