@@ -66,10 +66,20 @@ func WithHTTPClient(hc *http.Client) Option {
 }
 
 // WithClientOptions adds Connect client options (interceptors, codecs,
-// compression) to every service client, after the bearer interceptor.
+// compression) to every service client, after the bearer interceptor and
+// the Conn's defaults: connect.WithReadMaxBytes here raises or lowers
+// MaxMessageBytes.
 func WithClientOptions(opts ...connect.ClientOption) Option {
 	return func(o *dialOptions) { o.connect = append(o.connect, opts...) }
 }
+
+// MaxMessageBytes is the largest message a Conn reads from the control
+// plane, as it comes or once it inflates, unless WithClientOptions says
+// otherwise (the TypeScript and Python SDKs' bound too). The control plane
+// pages its long answers to stay under 4 MiB; connect's own default is
+// 4 GiB, which a peer gone wrong (a proxy's, or a hostile one's answer)
+// could fill the process's memory with.
+const MaxMessageBytes = 16 << 20
 
 // Dial returns a connection to baseURL ("http://host:port" for HTTP/2
 // cleartext, "https://…" for TLS) presenting token ("" presents none) to
@@ -87,7 +97,7 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 		hc = HTTP2Client(baseURL)
 	}
 	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token, source: o.source}
-	copts := append([]connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), BearerInterceptor{Token: c.Token})}, o.connect...)
+	copts := append([]connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), BearerInterceptor{Token: c.Token}), connect.WithReadMaxBytes(MaxMessageBytes)}, o.connect...)
 	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, copts...)
 	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, copts...)
 	c.Capability = tetherv1connect.NewCapabilityServiceClient(hc, c.BaseURL, copts...)
