@@ -15,88 +15,18 @@
 //   the peer sent (connect's default is 4 GiB), where the Python SDK stops
 //   at 16 MiB.
 import assert from "node:assert/strict";
-import { once } from "node:events";
-import http2 from "node:http2";
+import type http2 from "node:http2";
 import { gzipSync } from "node:zlib";
 import { after, describe, test } from "node:test";
 
 import { Code, ConnectError } from "@connectrpc/connect";
-import { create, toBinary, type DescMessage, type MessageInitShape } from "@bufbuild/protobuf";
+import { create, toBinary } from "@bufbuild/protobuf";
 import { Agent, Conn, LeaseWorker, ToolCallCancelled, ToolGate } from "../src/index.js";
 import { GetNodeResponseSchema, NodeSchema, SessionResponseSchema } from "../src/gen/tether/v1/agent_pb.js";
 import { WhoAmIResponseSchema } from "../src/gen/tether/v1/auth_pb.js";
 import { AckResponseSchema, LeaseSchema, LeaseState, Outcome } from "../src/gen/tether/v1/lease_pb.js";
 import { BeginCallResponseSchema, CancelAckResponseSchema, WatchCancelsResponseSchema } from "../src/gen/tether/v1/tool_pb.js";
-
-type Handler = (stream: http2.ServerHttp2Stream) => void;
-
-/** A Connect peer over h2c: each method's handler answers (or does not). */
-class Peer {
-  readonly server: http2.Http2Server;
-  readonly #sessions = new Set<http2.ServerHttp2Session>();
-  url = "";
-
-  constructor(readonly handlers: Record<string, Handler>) {
-    this.server = http2.createServer();
-    this.server.on("session", (s) => {
-      this.#sessions.add(s);
-      s.on("close", () => this.#sessions.delete(s));
-    });
-    this.server.on("stream", (stream, headers) => {
-      stream.on("error", () => {});
-      stream.resume(); // the request's messages are not read
-      const method = String(headers[":path"]).split("/").pop() ?? "";
-      const handler = this.handlers[method];
-      if (!handler) {
-        stream.respond({ ":status": 404, "content-type": "application/json" });
-        stream.end(JSON.stringify({ code: "unimplemented", message: `no ${method} here` }));
-        return;
-      }
-      handler(stream);
-    });
-  }
-
-  async start(): Promise<void> {
-    this.server.listen(0, "127.0.0.1");
-    await once(this.server, "listening");
-    this.url = `http://127.0.0.1:${(this.server.address() as { port: number }).port}`;
-  }
-
-  async stop(): Promise<void> {
-    for (const s of this.#sessions) s.destroy();
-    await new Promise<void>((resolve) => this.server.close(() => resolve()));
-  }
-}
-
-function unary<Desc extends DescMessage>(stream: http2.ServerHttp2Stream, schema: Desc, msg: MessageInitShape<Desc>): void {
-  stream.respond({ ":status": 200, "content-type": "application/proto" });
-  stream.end(Buffer.from(toBinary(schema, create(schema, msg))));
-}
-
-function envelope(flags: number, data: Uint8Array): Buffer {
-  const b = Buffer.alloc(5 + data.length);
-  b[0] = flags;
-  b.writeUInt32BE(data.length, 1);
-  b.set(data, 5);
-  return b;
-}
-
-function streamMessage<Desc extends DescMessage>(schema: Desc, msg: MessageInitShape<Desc>): Buffer {
-  return envelope(0, toBinary(schema, create(schema, msg)));
-}
-
-function streamEnd(error?: { code: string; message: string }): Buffer {
-  return envelope(2, Buffer.from(JSON.stringify(error ? { error } : {})));
-}
-
-function respondStream(stream: http2.ServerHttp2Stream): void {
-  stream.respond({ ":status": 200, "content-type": "application/connect+proto" });
-}
-
-/** Resolves when cond() holds, looking again after each turn of the event loop (no clock). */
-async function until(cond: () => boolean): Promise<void> {
-  while (!cond()) await new Promise((resolve) => setImmediate(resolve));
-}
+import { Peer, respondStream, streamEnd, streamMessage, unary, until, type Handler } from "./peer.js";
 
 const peers: Peer[] = [];
 const stops: (() => void)[] = [];
