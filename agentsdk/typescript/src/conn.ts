@@ -20,6 +20,13 @@ const bareToken = /^[!-~]*$/;
  */
 export const MaxMessageBytes = 16 << 20;
 
+/**
+ * A unary call's deadline unless its connection or the call says otherwise
+ * (the Python SDK's default): a control plane that never answers, or
+ * trickles its answer, holds no call for longer.
+ */
+export const DefaultTimeoutMs = 30_000;
+
 /** Options for {@link Conn.dial}. */
 export interface DialOptions {
   /**
@@ -29,6 +36,13 @@ export interface DialOptions {
    * it readMaxBytes: {@link MaxMessageBytes} to keep the default's bound.
    */
   transport?: (authInterceptor: Interceptor) => Transport;
+  /**
+   * Every unary call's deadline, unless the call gives its own timeoutMs;
+   * default {@link DefaultTimeoutMs}, 0 for none. Streams (an agent's
+   * session, a gate's cancel orders, a verifier's revocation feed) carry
+   * none: they are meant to stay open.
+   */
+  timeoutMs?: number;
 }
 
 /**
@@ -68,11 +82,12 @@ export class Conn {
       req.header.set("Authorization", `Bearer ${this.#token}`);
       return next(req);
     };
+    let transport: Transport;
     if (options.transport) {
-      this.transport = options.transport(bearer);
+      transport = options.transport(bearer);
     } else {
       this.#sessions = new Http2SessionManager(this.baseUrl);
-      this.transport = createConnectTransport({
+      transport = createConnectTransport({
         baseUrl: this.baseUrl,
         httpVersion: "2",
         sessionManager: this.#sessions,
@@ -80,6 +95,7 @@ export class Conn {
         readMaxBytes: MaxMessageBytes,
       });
     }
+    this.transport = withUnaryTimeout(transport, options.timeoutMs ?? DefaultTimeoutMs);
     this.auth = createClient(AuthService, this.transport);
     this.agent = createClient(AgentService, this.transport);
     this.capability = createClient(CapabilityService, this.transport);
@@ -110,4 +126,18 @@ export class Conn {
   close(): void {
     this.#sessions?.abort();
   }
+}
+
+/**
+ * transport with timeoutMs as the deadline of each unary call that gives
+ * none (connect's defaultTimeoutMs would give it to streams too).
+ */
+function withUnaryTimeout(transport: Transport, timeoutMs: number): Transport {
+  if (!(timeoutMs > 0)) return transport;
+  return {
+    unary: (method, signal, callTimeoutMs, header, input, contextValues) =>
+      transport.unary(method, signal, callTimeoutMs ?? timeoutMs, header, input, contextValues),
+    stream: (method, signal, callTimeoutMs, header, input, contextValues) =>
+      transport.stream(method, signal, callTimeoutMs, header, input, contextValues),
+  };
 }

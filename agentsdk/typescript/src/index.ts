@@ -2,9 +2,9 @@
 // TypeScript plug into Tether. It speaks only the public API (Connect over
 // HTTP/2) and carries the Go SDK's concepts: Agent, ToolGate, Verifier,
 // LeaseWorker.
-export { Conn, MaxMessageBytes, type DialOptions } from "./conn.js";
+export { Conn, DefaultTimeoutMs, MaxMessageBytes, type DialOptions } from "./conn.js";
 export { Agent, CapabilityToken, type CapabilityTokenOptions, type Child, type Grant, type RunOptions, type Signal } from "./agent.js";
-export { ToolGate, CapabilityHeader, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
+export { ToolGate, CapabilityHeader, MaxEarlyOrders, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
 export { Verifier, JwksPath, type Clock, type VerifierOptions } from "./verifier.js";
 export { allows, validScope, verifyToken, parseJwks, Audience, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
 export { Fence, Fenced, NoAuthority, UnissuedGeneration, issuedGenerations, HeaderJobId, HeaderLeaseGeneration, type Authority, type FenceOptions, type GenerationCheck } from "./fence.js";

@@ -8,6 +8,14 @@ import { anySignal, sleep } from "./internal.js";
 /** Where a tool server's caller puts its capability token (Authorization stays free for the tool's own auth). */
 export const CapabilityHeader = "X-Tether-Capability";
 
+/**
+ * The most cancel orders a gate holds for calls it has not registered,
+ * however many begins are under way (the Go gate's MaxEarlyOrders): an
+ * order is early by a round trip at most, and each begin settled walks the
+ * orders held.
+ */
+export const MaxEarlyOrders = 1024;
+
 /** A capability token, or something that yields a fresh one (e.g. a {@link CapabilityToken}). */
 export type TokenSource = string | { get(): Promise<string> } | (() => string | Promise<string>);
 
@@ -77,7 +85,8 @@ export class ToolGate {
   // call whose begin had started (the control plane orders the cancel of a
   // call it recorded), so it is dropped once those begins have all
   // settled. Orders for calls this gate never began (a previous process's,
-  // or a hostile peer's made-up ids) are not kept.
+  // or a hostile peer's made-up ids) are not kept, and at most
+  // MaxEarlyOrders are held while begins are always under way.
   #early = new Map<string, number>();
   #begins = 0;
   #beginning = new Set<number>();
@@ -142,7 +151,7 @@ export class ToolGate {
     if (this.#neverAck) return;
     const c = this.#inflight.get(callId);
     if (c) c.abort(new ToolCallCancelled(callId));
-    else if (this.#beginning.size > 0) this.#early.set(callId, this.#begins);
+    else if (this.#beginning.size > 0 && this.#early.size < MaxEarlyOrders) this.#early.set(callId, this.#begins);
   }
 
   /** Settles the begin numbered n: drops the orders no begin still under way can be for. */

@@ -189,9 +189,8 @@ export class Verifier {
     this.#fetching ??= (async () => {
       const resp = await fetch(this.#conn.baseUrl + JwksPath, { signal: AbortSignal.timeout(10_000) });
       if (resp.status !== 200) throw new Error(`tether: fetch jwks: HTTP ${resp.status}`);
-      const body = await resp.arrayBuffer();
-      if (body.byteLength > maxJwksBytes) throw new Error("tether: fetch jwks: key set larger than 1 MiB");
-      this.#keys = parseJwks(JSON.parse(Buffer.from(body).toString("utf8")));
+      const body = await readAtMost(resp, maxJwksBytes);
+      this.#keys = parseJwks(JSON.parse(body.toString("utf8")));
     })().finally(() => (this.#fetching = undefined));
     return this.#fetching;
   }
@@ -298,5 +297,31 @@ export class Verifier {
     const now = this.#clock.now();
     for (const [id, t] of this.#tombstones) if (now > t.dropAfterMs) this.#tombstones.delete(id);
     for (const [token, c] of this.#cache) if (now >= c.expiresAt.getTime()) this.#cache.delete(token);
+  }
+}
+
+/**
+ * The body of resp, refused once it passes limit bytes: reading it whole
+ * first would hold as much as the peer sends, for as long as it sends.
+ */
+async function readAtMost(resp: Response, limit: number): Promise<Buffer> {
+  const tooLarge = () => new Error("tether: fetch jwks: key set larger than 1 MiB");
+  if (Number(resp.headers.get("content-length") ?? 0) > limit) {
+    await resp.body?.cancel();
+    throw tooLarge();
+  }
+  const chunks: Uint8Array[] = [];
+  let size = 0;
+  const reader = resp.body?.getReader();
+  if (!reader) return Buffer.alloc(0);
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) return Buffer.concat(chunks);
+    size += value.byteLength;
+    if (size > limit) {
+      await reader.cancel();
+      throw tooLarge();
+    }
+    chunks.push(value);
   }
 }
