@@ -146,10 +146,11 @@ class Conn:
     def _path(self, service: str, method: str) -> str:
         return f"{self._prefix}/{PACKAGE}.{service}/{method}"
 
-    def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None) -> dict:
-        """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``."""
-        timeout = self.timeout if timeout is None else timeout
-        body = json.dumps(request or {}).encode()
+    def _exchange(self, what: str, verb: str, path: str, body: bytes | None, headers: dict[str, str],
+                  timeout: float | None, max_bytes: int) -> tuple[http.client.HTTPResponse, bytes]:
+        """Sends one request and reads at most max_bytes + 1 of its answer
+        before timeout passes (ConnectError deadline_exceeded, or
+        unavailable when the exchange fails)."""
         conn = self._connection(timeout)
         # The socket's timeout bounds each read, not the call: a peer that
         # trickles its answer (a byte now and then) would hold the call for
@@ -158,7 +159,7 @@ class Conn:
         timer: threading.Timer | None = None
         try:
             try:
-                conn.request("POST", self._path(service, method), body=body, headers=self._headers("application/json", timeout))
+                conn.request(verb, path, body=body, headers=headers)
                 sock = conn.sock
                 if timeout is not None and sock is not None:
                     def expire(sock: socket.socket = sock) -> None:
@@ -172,19 +173,39 @@ class Conn:
                     timer.daemon = True
                     timer.start()
                 resp = conn.getresponse()
-                data = resp.read(MAX_MESSAGE_BYTES + 1)
+                data = resp.read(max_bytes + 1)
             except socket.timeout as e:
-                raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no answer within {timeout}s") from e
+                raise ConnectError(DEADLINE_EXCEEDED, f"{what}: no answer within {timeout}s") from e
             except (OSError, http.client.HTTPException) as e:
                 if expired.is_set():
-                    raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no whole answer within {timeout}s") from None
-                raise ConnectError(UNAVAILABLE, f"{service}.{method}: {e.__class__.__name__}: {e}") from e
+                    raise ConnectError(DEADLINE_EXCEEDED, f"{what}: no whole answer within {timeout}s") from None
+                raise ConnectError(UNAVAILABLE, f"{what}: {e.__class__.__name__}: {e}") from e
             if expired.is_set():
-                raise ConnectError(DEADLINE_EXCEEDED, f"{service}.{method}: no whole answer within {timeout}s")
+                raise ConnectError(DEADLINE_EXCEEDED, f"{what}: no whole answer within {timeout}s")
         finally:
             if timer is not None:
                 timer.cancel()
             conn.close()
+        return resp, data
+
+    def get(self, path: str, *, max_bytes: int, timeout: float | None = None) -> bytes:
+        """A plain GET of path (the key set) within the connection's
+        timeout, refused beyond max_bytes; it presents no token."""
+        timeout = self.timeout if timeout is None else timeout
+        headers = {"User-Agent": "tether-agentsdk-python"}
+        resp, data = self._exchange(f"GET {path}", "GET", self._prefix + path, None, headers, timeout, max_bytes)
+        if resp.status != 200:
+            raise ConnectError(_HTTP_CODES.get(resp.status, UNKNOWN), f"GET {path}: HTTP {resp.status}")
+        if len(data) > max_bytes:
+            raise ConnectError(RESOURCE_EXHAUSTED, f"GET {path}: answer larger than {max_bytes} bytes")
+        return data
+
+    def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None) -> dict:
+        """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``."""
+        timeout = self.timeout if timeout is None else timeout
+        body = json.dumps(request or {}).encode()
+        resp, data = self._exchange(f"{service}.{method}", "POST", self._path(service, method), body,
+                                    self._headers("application/json", timeout), timeout, MAX_MESSAGE_BYTES)
         if len(data) > MAX_MESSAGE_BYTES:
             raise ConnectError(RESOURCE_EXHAUSTED, f"{service}.{method}: answer larger than {MAX_MESSAGE_BYTES} bytes")
         try:

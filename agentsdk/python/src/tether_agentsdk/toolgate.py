@@ -99,6 +99,13 @@ class GateCall:
                 pass
 
 
+#: The most cancel orders a gate holds for calls it has not registered,
+#: however many begins are under way (the Go gate's MaxEarlyOrders): an
+#: order is early by a round trip at most, and each begin settled walks the
+#: orders held.
+MAX_EARLY_ORDERS = 1024
+
+
 class ToolGate(StreamFollower):
     """Stands in front of tools. For each call it has the control plane
     verify the capability token and the caller's node state and record the
@@ -134,7 +141,8 @@ class ToolGate(StreamFollower):
         # the cancel of a call it recorded), so it is dropped once those
         # begins have all settled. Orders for calls this gate never began
         # (a previous process's, or a hostile peer's made-up ids) are not
-        # kept.
+        # kept, and at most MAX_EARLY_ORDERS are held while begins are
+        # always under way.
         self._orders: dict[str, tuple[str, int]] = {}
         self._begins = 0
         self._beginning: set[int] = set()
@@ -180,7 +188,7 @@ class ToolGate(StreamFollower):
             call = self._inflight.get(call_id)
             if call is not None:
                 call._cancel(reason)
-            elif self._beginning:
+            elif self._beginning and len(self._orders) < MAX_EARLY_ORDERS:
                 self._orders[call_id] = (reason, self._begins)
 
     @property
