@@ -77,7 +77,15 @@ func (c *jwksCache) refresh(ctx context.Context) error {
 	return c.fetchLocked(ctx)
 }
 
+// jwksFetchTimeout bounds one fetch of the key set, its body included (the
+// TypeScript verifier's bound): a peer trickling the key set would
+// otherwise hold Run before it follows the revocation feed, and every
+// check of an unknown kid behind it, for as long as it liked.
+const jwksFetchTimeout = 10 * time.Second
+
 func (c *jwksCache) fetchLocked(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, jwksFetchTimeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {
 		return fmt.Errorf("agentsdk: jwks: %w", err)

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -116,5 +117,59 @@ func TestAConnsAnswerBoundCanBeRaised(t *testing.T) {
 	}
 	if len(who.Msg.NodeId) != 17<<20 {
 		t.Fatalf("read %d bytes of node id", len(who.Msg.NodeId))
+	}
+}
+
+// A key set that trickles (a byte now and then, each soon enough to beat
+// any read timeout): the Go verifier's fetch had no deadline of its own,
+// so Run never got past its first fetch to follow the revocation feed
+// (every check failed closed, for as long as the peer liked), and every
+// check of a token with an unknown kid waited behind it. The TypeScript
+// verifier gives a fetch 10 s, the Python one its connection's timeout.
+func TestAVerifierGivesUpAKeySetThatTrickles(t *testing.T) {
+	watched := make(chan struct{}, 1)
+	url := startRawPeer(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == agentsdk.JWKSPath:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-r.Context().Done(): // the verifier gave up
+					return
+				case <-tick.C:
+					w.Write([]byte(" "))
+					w.(http.Flusher).Flush()
+				}
+			}
+		case strings.HasSuffix(r.URL.Path, "/WatchRevocations"):
+			select {
+			case watched <- struct{}{}:
+			default:
+			}
+			http.Error(w, "not now", http.StatusServiceUnavailable)
+		default:
+			http.Error(w, "not here", http.StatusNotFound)
+		}
+	})
+	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: agentsdk.Dial(url, "rogue20-token")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		v.Run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	// A bound, not a timing: Run follows the feed once the fetch has been
+	// given up, or never.
+	select {
+	case <-watched:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the verifier still reads a key set that never ends: it never followed the revocation feed")
 	}
 }
