@@ -4,7 +4,10 @@ control plane would be. A gate held every cancel order for a call it had
 not registered while a begin was under way (the Go gate holds at most
 MaxEarlyOrders); and a verifier's key-set fetch bounded each read, not the
 fetch: a peer trickling its key set held ``start()``, and any check of a
-token with an unknown kid, for as long as it liked."""
+token with an unknown kid, for as long as it liked. And a job whose ACK
+was answered with another generation's lease claimed the generation the
+answer named, not the one it acknowledged (the Go job claims the offered
+one, and ends as superseded)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import threading
 
 from conftest import require_extra
 from helpers import LoopbackPeer, QuietHandler
-from tether_agentsdk import Conn, ToolCallCancelled, ToolGate
+from tether_agentsdk import Conn, LeaseWorker, ToolCallCancelled, ToolGate
+from tether_agentsdk.leaseworker import LEASE_LOST
 from tether_agentsdk.toolgate import MAX_EARLY_ORDERS
 
 
@@ -184,3 +188,48 @@ def test_a_key_set_that_trickles_is_given_up_at_the_connection_s_timeout():
         t.join(30)
         for v in verifiers:
             v.close()
+
+
+class OtherGenerationAckPeer(LoopbackPeer):
+    """Answers an ACK with a later generation's lease, accepted; counts the
+    renewals, and answers none of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.renewals = 0
+        peer = self
+
+        class Handler(QuietHandler):
+            def do_POST(self):
+                self.read_body()
+                method = self.path.rsplit("/", 1)[-1]
+                if method == "Ack":
+                    self.answer_json({
+                        "lease": {"jobId": "py-rogue20-ack", "leaseId": "l2", "leaseGeneration": "2",
+                                  "state": "LEASE_STATE_ACTIVE", "leaseDuration": "300s"},
+                        "decision": {"outcome": "OUTCOME_ACCEPTED", "auditEvent": "AUDIT_EVENT_ACKED"},
+                    })
+                    return
+                peer.renewals += 1
+                self.send_response(503)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.serve(Handler)
+
+
+def test_a_job_claims_the_generation_it_acknowledged_whatever_the_answer_names(tmp_path):
+    peer = OtherGenerationAckPeer()
+    w = LeaseWorker(Conn(peer.url, "rogue20-agent-token"), str(tmp_path), renew_every=3600)
+    try:
+        job = w.accept({"jobId": "py-rogue20-ack", "leaseId": "l1", "leaseGeneration": "1", "state": "LEASE_STATE_OFFERED"})
+        try:
+            assert job.headers() == {"Tether-Job-Id": "py-rogue20-ack", "Tether-Lease-Generation": "1"}
+            assert job.stopped.is_set(), "a job whose ACK's answer names a later generation goes on"
+            assert job.cause == LEASE_LOST, job.cause
+            assert peer.renewals == 0
+        finally:
+            job.stop()
+    finally:
+        w.close()
+        peer.close()

@@ -115,7 +115,7 @@ export class LeaseWorker {
       throw new Error(`tether: ack of job ${JSON.stringify(offered.jobId)} refused: ${resp.decision?.reason ?? "no lease in the answer"}`);
     }
     const every = this.#renewEvery ?? Math.max(msOf(resp.lease.leaseDuration) / 3, 10);
-    return Job.accepted(this, resp.lease, resp.decision, sent, options, every, this.#warn);
+    return Job.accepted(this, offered, resp.lease, resp.decision, sent, options, every, this.#warn);
   }
 }
 
@@ -145,20 +145,25 @@ export class Job {
   #done: Promise<void>;
   #markDone!: () => void;
 
-  constructor(worker: LeaseWorker, lease: Lease, options: JobOptions, renewEveryMs: number, warn: (m: string) => void) {
+  constructor(worker: LeaseWorker, offered: Lease, lease: Lease, options: JobOptions, renewEveryMs: number, warn: (m: string) => void) {
     this.#worker = worker;
     this.#lease = lease;
     this.#options = options;
-    this.#jobId = lease.jobId;
-    this.#leaseId = lease.leaseId;
-    this.#generation = lease.leaseGeneration;
-    // A job this agent already held (its ACK a DUPLICATE: a process that
-    // restarted after it renewed and reported progress) goes on from the
-    // sequences the coordinator accepted, not from 0 again, which would
-    // have its renewals refused stale until the lease lapsed and its
-    // reports kept as late progress.
-    this.#renewSequence = lease.renewSequence;
-    this.#progressSequence = lease.progressSequence;
+    // The lease offered and acknowledged, not the one the answer names (a
+    // peer gone wrong could name another generation: the Go job claims
+    // the offered one too).
+    this.#jobId = offered.jobId;
+    this.#leaseId = offered.leaseId;
+    this.#generation = offered.leaseGeneration;
+    if (lease.leaseGeneration === offered.leaseGeneration) {
+      // A job this agent already held (its ACK a DUPLICATE: a process that
+      // restarted after it renewed and reported progress) goes on from the
+      // sequences the coordinator accepted, not from 0 again, which would
+      // have its renewals refused stale until the lease lapsed and its
+      // reports kept as late progress.
+      this.#renewSequence = lease.renewSequence;
+      this.#progressSequence = lease.progressSequence;
+    }
     this.#warn = warn;
     this.#done = new Promise((resolve) => (this.#markDone = resolve));
     // One renewal at a time, each given the interval to be answered (as
@@ -183,6 +188,7 @@ export class Job {
    */
   static async accepted(
     worker: LeaseWorker,
+    offered: Lease,
     lease: Lease,
     decision: Decision | undefined,
     sent: number,
@@ -190,7 +196,7 @@ export class Job {
     renewEveryMs: number,
     warn: (m: string) => void,
   ): Promise<Job> {
-    const job = new Job(worker, lease, options, renewEveryMs, warn);
+    const job = new Job(worker, offered, lease, options, renewEveryMs, warn);
     job.#held(sent, lease, decision);
     await job.#observe(lease);
     if (decision?.outcome === Outcome.DUPLICATE && !job.signal.aborted) {

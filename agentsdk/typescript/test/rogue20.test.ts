@@ -9,7 +9,11 @@
 //   gate held every one of them (the Go gate holds at most MaxEarlyOrders);
 // - a key set of many megabytes: the verifier read all of it, for as long
 //   as the peer sent, before it looked at its size (the Go verifier stops
-//   reading at 1 MiB).
+//   reading at 1 MiB);
+// - an ACK answered with another generation's lease: the job claimed the
+//   generation the answer named, not the one it acknowledged, in its
+//   renewals and fencing headers (the Go job claims the offered one, and
+//   ends as superseded).
 import assert from "node:assert/strict";
 import { once } from "node:events";
 import http from "node:http";
@@ -17,7 +21,9 @@ import type http2 from "node:http2";
 import { after, describe, test } from "node:test";
 
 import { Code, ConnectError } from "@connectrpc/connect";
-import { Agent, Conn, MaxEarlyOrders, ToolCallCancelled, ToolGate, Verifier } from "../src/index.js";
+import { create } from "@bufbuild/protobuf";
+import { Agent, Conn, JobEnded, LeaseWorker, MaxEarlyOrders, ToolCallCancelled, ToolGate, Verifier } from "../src/index.js";
+import { AckResponseSchema, AuditEvent, LeaseSchema, LeaseState, Outcome } from "../src/gen/tether/v1/lease_pb.js";
 import { WhoAmIResponseSchema } from "../src/gen/tether/v1/auth_pb.js";
 import { BeginCallResponseSchema, CancelAckResponseSchema, EndCallResponseSchema, WatchCancelsResponseSchema } from "../src/gen/tether/v1/tool_pb.js";
 import { Peer, respondStream, streamMessage, unary, until, type Handler } from "./peer.js";
@@ -165,5 +171,29 @@ describe("rogue20: a key set of many megabytes", () => {
     const verifier = new Verifier({ conn, warn: (m) => (warnings.push(m), stop.abort()) });
     await verifier.run(stop.signal);
     assert.match(warnings[0] ?? "", /key set larger than 1 MiB/);
+  });
+});
+
+describe("rogue20: an ACK answered with another generation's lease", () => {
+  test("the job claims the generation it acknowledged, and ends superseded", async () => {
+    let renewals = 0;
+    const peer = await startPeer({
+      Ack: (stream) =>
+        unary(stream, AckResponseSchema, {
+          lease: { jobId: "ts-rogue20-ack", leaseId: "l2", leaseGeneration: 2n, state: LeaseState.ACTIVE, leaseDuration: { seconds: 300n } },
+          decision: { outcome: Outcome.ACCEPTED, auditEvent: AuditEvent.ACKED },
+        }),
+      Renew: () => void renewals++, // never answered
+    });
+    const conn = Conn.dial(peer.url, "rogue20-agent-token");
+    stops.push(() => conn.close());
+    const worker = new LeaseWorker({ conn, renewEveryMs: 60_000 });
+    const offered = create(LeaseSchema, { jobId: "ts-rogue20-ack", leaseId: "l1", leaseGeneration: 1n, state: LeaseState.OFFERED });
+    const job = await worker.accept(offered);
+    stops.push(() => job.stop());
+    assert.deepEqual(job.headers(), { "Tether-Job-Id": "ts-rogue20-ack", "Tether-Lease-Generation": "1" });
+    assert.ok(job.signal.aborted, "a job whose ACK's answer names a later generation goes on");
+    assert.ok(job.signal.reason instanceof JobEnded && job.signal.reason.kind === "lost", String(job.signal.reason));
+    assert.equal(renewals, 0);
   });
 });

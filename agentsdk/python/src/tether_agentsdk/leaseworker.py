@@ -223,7 +223,7 @@ class LeaseWorker:
         decision = resp.get("decision", {})
         if decision.get("outcome") == "OUTCOME_REJECTED":
             raise AckRefused(offered["jobId"], decision)
-        job = Job(self, resp["lease"], on_cancel)
+        job = Job(self, resp["lease"], on_cancel, offered=offered)
         # The ACK's answer is acted on as any other: a job this agent
         # already held (its ACK a DUPLICATE, after a restart) may already
         # have a cancel request, and its work must not begin as if not.
@@ -248,15 +248,19 @@ class LeaseWorker:
 class Job:
     """The work done under one generation of one job's lease."""
 
-    def __init__(self, worker: LeaseWorker, lease: dict, on_cancel: Callable[[dict], Any] | None):
+    def __init__(self, worker: LeaseWorker, lease: dict, on_cancel: Callable[[dict], Any] | None, *, offered: dict | None = None):
         self.worker = worker
         self.lease = lease
         # The generation this job accepted: its claims and fencing headers
         # speak for it, whatever later generation an answer shows, so a job
-        # that lost its lease never passes for its successor.
-        self._job_id = lease["jobId"]
-        self._lease_id = lease["leaseId"]
-        self._generation = _wire.uint64(lease.get("leaseGeneration"))
+        # that lost its lease never passes for its successor. It is the
+        # lease offered and acknowledged, not the one the ACK's answer
+        # names (a peer gone wrong could name another generation: the Go
+        # job claims the offered one too).
+        acked = offered if offered is not None else lease
+        self._job_id = acked["jobId"]
+        self._lease_id = acked["leaseId"]
+        self._generation = _wire.uint64(acked.get("leaseGeneration"))
         self.on_cancel = on_cancel
         #: Set when the job must stop; ``cause`` says why.
         self.stopped = threading.Event()
@@ -269,8 +273,9 @@ class Job:
         # from the sequences the coordinator accepted, not from 0 again,
         # which would have its renewals refused stale until the lease
         # lapsed and its reports kept as late progress.
-        self._renew_seq = _wire.uint64(lease.get("renewSequence"))
-        self._progress_seq = _wire.uint64(lease.get("progressSequence"))
+        same = _wire.uint64(lease.get("leaseGeneration")) == self._generation
+        self._renew_seq = _wire.uint64(lease.get("renewSequence")) if same else 0
+        self._progress_seq = _wire.uint64(lease.get("progressSequence")) if same else 0
         self._cancel_seen = False
         self._thread: threading.Thread | None = None
         self.done = threading.Event()
