@@ -238,6 +238,29 @@ func TestSummary(t *testing.T) {
 	}
 }
 
+// The unary row quotes lease/renew's ratio of both passes (each system
+// measured twice, the second time in the reverse order) where the results
+// have it, not the ratio of the first pass's rates; results from before
+// the second pass keep the rates' ratio.
+func TestSummaryUnaryRenewBothPasses(t *testing.T) {
+	r := &Report{}
+	r.Add("lease/renew/unary/leases=1", 800, "renews/s")
+	r.Add("lease/renew/etcd-txn/leases=1", 1000, "renews/s")
+	r.Add("lease/renew/unary-vs-etcd/leases=1/first-pass", 0.8, "x")
+	r.Add("lease/renew/unary-vs-etcd/leases=1", 0.7, "x")
+	r.Add("lease/renew/unary/leases=8", 3000, "renews/s")
+	r.Add("lease/renew/etcd-txn/leases=8", 2000, "renews/s")
+	r.Add("lease/renew/unary-vs-etcd/leases=8", 1.25, "x")
+	rows := map[string]string{}
+	for _, row := range Summary(r.Results()) {
+		rows[row.Figure] = row.Value
+	}
+	const figure = "unary renew ÷ etcd fenced renew, by leases"
+	if got, want := rows[figure], "1: 0.70× (first pass 800 vs 1,000/s); 8: 1.25×"; got != want {
+		t.Errorf("%s: got %q, want %q", figure, got, want)
+	}
+}
+
 // The termination alone on both stores (supervisor/terminate-stores) joins
 // the etcd-vs-Badger row, and its results are no "largest subtree" of
 // etcd's when they are Badger's.
