@@ -465,8 +465,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		s.nodes.await(plan.kids)
 		defer s.nodes.settle(plan.kids)
 	}
+	var advanced Termination // as the mark's last chunk wrote it
 	err = s.Store.Update(ctx, func(tx store.Txn) error {
-		handedOver, done, wrote = nil, false, nil
+		handedOver, done, wrote, advanced = nil, false, nil, Termination{}
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
@@ -536,10 +537,12 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			return kv.PutJSON(tx, terminationKey(id), t)
 		}
 		done = true
-		return putAdvanced(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CancelsPending: t.Progress.CancelsPending}, now)
+		advanced, err = putAdvancedAs(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CancelsPending: t.Progress.CancelsPending}, now)
+		return err
 	})
 	if err == nil {
 		s.nodes.keep(wrote)
+		s.keepAckDeadline(advanced)
 	}
 	if err == nil && done && members > 0 {
 		s.Log.Info("termination marked the subtree", "termination_id", id, "mode", mode.String(), "nodes", members, "listed", listed)
@@ -876,7 +879,9 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 	}
 	// (When the termination moved on, or another pass did this chunk, it
 	// is read again.)
-	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
+	var advanced Termination // as the step's last chunk wrote it
+	err := s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
+		advanced = Termination{}
 		if stored.Cursor.Step != action {
 			stored.Cursor = Cursor{Step: action}
 		}
@@ -917,7 +922,9 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 		}
 		if action == ActCancelCalls && stored.CancelsOrderedAtMark {
 			// The mark ordered every cancel there is to order.
-			return putAdvanced(tx, stored, action, p, now)
+			var err error
+			advanced, err = putAdvancedAs(tx, stored, action, p, now)
+			return err
 		}
 		// The calls the termination accounts for (stamped by the mark, or
 		// taken over with their nodes): no call can begin after the mark.
@@ -938,8 +945,14 @@ func (s *Supervisor) cancelCalls(ctx context.Context, t Termination, action Acti
 			cur.After = ids[len(ids)-1]
 			return kv.PutJSON(tx, terminationKey(t.ID), stored)
 		}
-		return putAdvanced(tx, stored, action, p, now)
+		advanced, err = putAdvancedAs(tx, stored, action, p, now)
+		return err
 	})
+	if err == nil {
+		// (An escalation enters aborting with its deadline.)
+		s.keepAckDeadline(advanced)
+	}
+	return err
 }
 
 // revoke revokes, chunk by chunk, the members' grants, starts revoking
@@ -1561,11 +1574,27 @@ func (s *Supervisor) chunkDone(step Action) {
 // putAdvanced writes the termination as Advance leaves it after action
 // (the last chunk of a step, in that chunk's transaction).
 func putAdvanced(tx store.Txn, t Termination, action Action, p Progress, now time.Time) error {
+	_, err := putAdvancedAs(tx, t, action, p, now)
+	return err
+}
+
+// putAdvancedAs is putAdvanced that returns the termination it wrote.
+func putAdvancedAs(tx store.Txn, t Termination, action Action, p Progress, now time.Time) (Termination, error) {
 	next, err := Advance(t, action, p, now)
 	if err != nil {
-		return err
+		return next, err
 	}
-	return kv.PutJSON(tx, terminationKey(t.ID), next)
+	return next, kv.PutJSON(tx, terminationKey(t.ID), next)
+}
+
+// keepAckDeadline tells the ledger the acknowledgement deadline t (as a
+// step committed it) entered aborting with, so that the acknowledgements
+// that follow are judged on it without reading the termination
+// (ledger.Ledger.KeepAckDeadline).
+func (s *Supervisor) keepAckDeadline(t Termination) {
+	if s.Ledger != nil && t.Phase == PhaseAborting {
+		s.Ledger.KeepAckDeadline(t.ID, t.CancelDeadline)
+	}
 }
 
 // inChunk runs one chunk of t's current step in its own transaction, on

@@ -395,6 +395,20 @@ func (l *Ledger) CancelAck(ctx context.Context, callID, gateID, by string) (*Too
 	return l.finish(ctx, callID, gateID, by, false, l.acknowledge(callID, by, false))
 }
 
+// KeepAckDeadline tells the ledger the acknowledgement deadline a
+// termination committed as it entered aborting (the supervisor, after the
+// commit): a deadline never changes once set, so the acknowledgements of
+// its calls are judged on it in their own transaction from the first one
+// on, without reading the termination (as after ackInTime's read), and a
+// read-first path taken while the termination had no deadline ends.
+func (l *Ledger) KeepAckDeadline(terminationID string, deadline time.Time) {
+	if deadline.IsZero() {
+		return
+	}
+	l.deadlines.keep(terminationID, deadline)
+	l.deadlines.unmark(terminationID)
+}
+
 // deadlineUnknown: the acknowledgement deadline of the call's termination
 // (this id) is not known here yet (ackInTime reads it).
 type deadlineUnknown string

@@ -278,7 +278,7 @@ func startEtcdReplica(ctx context.Context, r *Report, cluster *etcdlocal.Cluster
 
 // startEtcdReplicaStore is startEtcdReplica that also returns the
 // replica's store.
-func startEtcdReplicaStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix, identity string) (*benchServer, *etcdstore.Etcd, func(), error) {
+func startEtcdReplicaStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, prefix, identity string, mutate ...func(*controlplane.Config)) (*benchServer, *etcdstore.Etcd, func(), error) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := etcdstore.OpenEtcd(ctx, etcdstore.EtcdOptions{
 		Endpoints: cluster.Endpoints(),
@@ -288,10 +288,10 @@ func startEtcdReplicaStore(ctx context.Context, r *Report, cluster *etcdlocal.Cl
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	srv, err := startServer(ctx, r, disableRateLimit, func(cfg *controlplane.Config) {
+	srv, err := startServer(ctx, r, append([]func(*controlplane.Config){disableRateLimit, func(cfg *controlplane.Config) {
 		cfg.Store = st
 		cfg.Elector = &leader.Etcd{Client: st.Client(), Prefix: st.MetadataPrefix("leader"), Identity: identity, Address: "http://" + cfg.Listen, Log: quiet}
-	})
+	}}, mutate...)...)
 	if err != nil {
 		st.Close()
 		return nil, nil, nil, err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
@@ -34,14 +35,15 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 			var srv *benchServer
 			var st *etcdstore.Etcd
 			var err error
+			var phases terminationPhases
 			stopServer := func() {}
 			if backend == "badger" {
-				srv, err = startServer(ctx, r, disableRateLimit)
+				srv, err = startServer(ctx, r, disableRateLimit, phases.hook)
 				if err == nil {
 					stopServer = srv.Stop
 				}
 			} else {
-				srv, st, stopServer, err = startEtcdServerStore(ctx, r, cluster)
+				srv, st, stopServer, err = startEtcdServerStore(ctx, r, cluster, phases.hook)
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", backend, err)
@@ -62,6 +64,7 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 			}
 			cpuBefore, cpuOK := processCPU()
 			etcdBefore, _ := srv.etcdCPU()
+			phases.begin()
 			elapsed, nodes, err := timeTermination(ctx, srv, root)
 			cpuAfter, _ := processCPU()
 			etcdAfter, _ := srv.etcdCPU()
@@ -82,6 +85,13 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 			}
 			name := fmt.Sprintf("supervisor/terminate-stores/%s/terminate-abort/agents=%d", backend, agents)
 			r.Add(name, float64(elapsed.Microseconds())/1000, "ms")
+			// Where the time went, step by step (terminationPhases).
+			split := phases.split()
+			for _, phase := range phaseNames {
+				if d, ok := split[phase]; ok {
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/%s/phase-%s/agents=%d", backend, phase, agents), float64(d.Microseconds())/1000, "ms")
+				}
+			}
 			if st != nil {
 				// Every commit the process made meanwhile (the gate's
 				// cancel acks and the termination's own), and its reads.
@@ -125,7 +135,7 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 
 // startEtcdServerStore is startEtcdServer that also returns the server's
 // store, for its request counters.
-func startEtcdServerStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster) (*benchServer, *etcdstore.Etcd, func(), error) {
+func startEtcdServerStore(ctx context.Context, r *Report, cluster *etcdlocal.Cluster, mutate ...func(*controlplane.Config)) (*benchServer, *etcdstore.Etcd, func(), error) {
 	etcdServers++
-	return startEtcdReplicaStore(ctx, r, cluster, fmt.Sprintf("/bench/server-%d/", etcdServers), "bench")
+	return startEtcdReplicaStore(ctx, r, cluster, fmt.Sprintf("/bench/server-%d/", etcdServers), "bench", mutate...)
 }
