@@ -99,8 +99,12 @@
 // word (the agent is being stopped, its call cancelled, its grant
 // revoked), never an upstream's. Resources, resource templates and prompts are refused explicitly
 // (CodeNotGated): they would bypass the ledger, and a read is as much a
-// tool call as a write. Sampling and elicitation requests from upstreams
-// are not forwarded.
+// tool call as a write. So is every method the gateway does not pass (it
+// passes tools/list, tools/call and the session's own initialize, ping,
+// logging/setLevel and notifications): subscriptions/listen, which the
+// SDK's server answers in any session, held its request open, counted
+// against nothing. Sampling and elicitation requests from upstreams are
+// not forwarded.
 //
 // # Caller duties
 //

@@ -431,8 +431,9 @@ func (g *Gateway) route(name string) *route {
 	return g.routes[name]
 }
 
-// middleware filters tools/list by the caller's grant and refuses what is
-// not gated.
+// middleware filters tools/list by the caller's grant and refuses every
+// method it does not pass (an allowlist: an SDK that learns a new method
+// does not open it through the gateway).
 func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
@@ -466,8 +467,15 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			out := *list
 			out.Tools = allowed
 			return &out, nil
-		case "resources/list", "resources/templates/list", "resources/read", "resources/subscribe", "resources/unsubscribe",
-			"prompts/list", "prompts/get", "completion/complete":
+		case "tools/call", "ping", "logging/setLevel",
+			"notifications/initialized", "notifications/cancelled", "notifications/progress", "notifications/roots/list_changed":
+		default:
+			// Only what the gateway passes, named above: resources and
+			// prompts would bypass the ledger, and what else the SDK's server
+			// answers is not the gateway's to serve. (subscriptions/listen,
+			// which the SDK answers in any session, held its request open
+			// until the agent left, uncounted: a rogue held as many as it
+			// opened.)
 			return nil, rpcError(CodeNotGated, "%s is refused: this gateway passes MCP tools only (resources and prompts would bypass the tool-call ledger)", method)
 		}
 		return next(ctx, method, req)
