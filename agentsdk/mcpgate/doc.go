@@ -46,7 +46,11 @@
 // completed (or failed), never cancelled, and the agent gets the answer.
 // MCP cancellation is advisory: an upstream that ignores
 // notifications/cancelled may go on working; the ledger's acknowledgement
-// says the gateway stopped waiting for it and told it to stop. An agent's
+// says the gateway stopped waiting for it and told it to stop. A call
+// whose request is still being written to a stdio upstream (one that no
+// longer reads its input) when the cancel comes ends that connection: the
+// rest is never written, the upstream is started again, and the cancel is
+// acknowledged. An agent's
 // own cancellation (its notifications/cancelled, or its stdio session's
 // end) does not reach a call the gateway has begun: the call goes on at
 // the upstream until it answers, and the ledger records that answer, or

@@ -273,7 +273,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}
 	cmd.Stderr = g.cfg.Stderr
-	return &mcp.CommandTransport{Command: cmd}
+	return stdioTransport{&mcp.CommandTransport{Command: cmd}}
 }
 
 // Close disconnects from the upstreams (stopping stdio ones), and stops
