@@ -2,6 +2,7 @@ package mcpgate_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -95,5 +96,49 @@ func TestARogueCannotHoldStreamsOpenWithSubscriptionsListen(t *testing.T) {
 	resp, body := s.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"still here"}}}`)
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "still here") {
 		t.Fatalf("a call after the listens: %s %.300s", resp.Status, body)
+	}
+}
+
+// A rogue agent cannot have its listings and calls go uncounted by
+// naming their method twice. Over HTTP the gateway counts a node's
+// tools/call and tools/list until their answers are written, reading each
+// POST's id and method first, and it took the first "method" of the body;
+// the SDK's server takes the last. A body naming "ping" and then
+// "tools/list" was a listing to the SDK and a ping to the count: a rogue
+// at its maximum of calls in flight still had listings answered (and a
+// call's answer, once the call had ended, held unread uncounted), as many
+// as it sent. The gateway now reads a POST's request as the SDK does.
+func TestARogueCannotHideItsCallsFromTheCountByNamingTheMethodTwice(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, MaxCallsPerNode: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	endpoint := serveGateway(t, gw)
+	t.Cleanup(func() { w.events.Release("held") }) // before the gateway closes
+	// The rogue's one call in flight: the node is at its maximum.
+	done := startSlow(t, connectAgent(t, endpoint, w.grant.Token, nil), w.events.Started("held"), "held")
+
+	s := openRaw(t, endpoint, w.grant.Token)
+	for _, body := range []string{
+		`{"jsonrpc":"2.0","method":"ping","id":5,"method":"tools/list"}`,
+		`{"jsonrpc":"2.0","method":"ping","id":6,"method":"tools/call","params":{"name":"echo","arguments":{"text":"uncounted"}}}`,
+	} {
+		resp, answer := s.post(body)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(answer, fmt.Sprint(mcpgate.CodeTooManyCalls)) {
+			t.Errorf("%s, with the node at its maximum of calls in flight: %s %.300s; want it refused (%d)", body, resp.Status, answer, mcpgate.CodeTooManyCalls)
+		}
+	}
+	w.events.Release("held")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Not at its maximum, the node lists and calls.
+	if resp, answer := s.post(`{"jsonrpc":"2.0","id":7,"method":"tools/list"}`); resp.StatusCode != http.StatusOK || !strings.Contains(answer, `"echo"`) {
+		t.Fatalf("a listing after the call ended: %s %.300s", resp.Status, answer)
 	}
 }
