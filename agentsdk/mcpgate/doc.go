@@ -92,7 +92,10 @@
 // # What passes through
 //
 // Arguments, results (including isError results), structured content,
-// upstream JSON-RPC errors and progress notifications pass unchanged
+// upstream JSON-RPC errors and progress notifications pass unchanged, and
+// a call's _meta less the keys MCP reserves (io.modelcontextprotocol/…:
+// the calling client's name, capabilities and protocol, which on the
+// gateway's hop are the gateway's)
 // (progress tokens are rewritten on the way up, to a random token per
 // call, and restored on the way down, so that agents sharing an upstream
 // never see each other's; progress from an upstream under a token the

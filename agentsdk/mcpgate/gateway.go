@@ -518,7 +518,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		params.Arguments = req.Params.Arguments
 	}
 	if req.Params.Meta != nil {
-		params.Meta = maps.Clone(req.Params.Meta)
+		params.Meta = agentsMeta(req.Params.Meta)
 	}
 	pt := req.Params.GetProgressToken()
 	var ours string
@@ -678,6 +678,26 @@ func failure(r *route, err error) *jsonrpc.Error {
 		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %s answered with error code %d, one of the gateway's own: %s", r.up.cfg.Name, je.Code, je.Message)}
 	}
 	return je // the upstream's own error, unchanged
+}
+
+// agentsMeta is the agent's _meta as the gateway forwards it: without the
+// keys MCP reserves (a prefix with a label modelcontextprotocol or mcp:
+// io.modelcontextprotocol/clientInfo, …). Those say who the calling client
+// is, what it can do and which protocol it speaks, and on the gateway's
+// hop the client is the gateway: the Go SDK's client keeps such keys when
+// it finds them, and its server reads them before the session's, so an
+// agent's had the upstream see another client than the gateway.
+func agentsMeta(m mcp.Meta) mcp.Meta {
+	out := make(mcp.Meta, len(m))
+	for k, v := range m {
+		if prefix, _, ok := strings.Cut(k, "/"); ok && slices.ContainsFunc(strings.Split(prefix, "."), func(label string) bool {
+			return label == "modelcontextprotocol" || label == "mcp"
+		}) {
+			continue
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // codeRejectedByTransport is the Go SDK client's own error for a request

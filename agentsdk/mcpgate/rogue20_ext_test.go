@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 )
@@ -140,5 +143,57 @@ func TestARogueCannotHideItsCallsFromTheCountByNamingTheMethodTwice(t *testing.T
 	// Not at its maximum, the node lists and calls.
 	if resp, answer := s.post(`{"jsonrpc":"2.0","id":7,"method":"tools/list"}`); resp.StatusCode != http.StatusOK || !strings.Contains(answer, `"echo"`) {
 		t.Fatalf("a listing after the call ended: %s %.300s", resp.Status, answer)
+	}
+}
+
+// An agent cannot speak for the gateway to an upstream through its call's
+// _meta. The keys MCP reserves there (io.modelcontextprotocol/…) carry, on
+// each request of the 2026-07-28 revision, the calling client's protocol
+// version, name and capabilities, and the Go SDK's server reads them there
+// before the session's: the gateway forwarded the agent's _meta and its
+// client kept the keys it found, so an agent had the upstream see another
+// client than the gateway (here, one claiming sampling and elicitation,
+// which the gateway refuses). The gateway forwards the agent's own keys
+// and drops those MCP reserves, which are the gateway's to set on its hop.
+func TestAnAgentCannotSpeakForTheGatewayToAnUpstreamThroughMeta(t *testing.T) {
+	w := newWorld(t, "mcp:seen/*")
+	type seen struct {
+		Client   string         `json:"client"`
+		Sampling bool           `json:"sampling"`
+		Meta     map[string]any `json:"meta"`
+	}
+	server := mcp.NewServer(&mcp.Implementation{Name: "seen", Version: "1"}, nil)
+	mcp.AddTool(server, &mcp.Tool{Name: "whoami"}, func(_ context.Context, req *mcp.CallToolRequest, _ map[string]any) (*mcp.CallToolResult, seen, error) {
+		s := seen{Meta: req.Params.GetMeta()}
+		if c := req.ClientInfo(); c != nil {
+			s.Client = c.Name
+		}
+		if c := req.ClientCapabilities(); c != nil {
+			s.Sampling = c.Sampling != nil
+		}
+		return nil, s, nil
+	})
+	up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil))
+	t.Cleanup(up.Close)
+	gw := w.open(t, mcpgate.Upstream{Name: "seen", URL: up.URL})
+	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "whoami", Meta: mcp.Meta{
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "not-the-gateway", "version": "1"},
+		"io.modelcontextprotocol/clientCapabilities": map[string]any{"sampling": map[string]any{}, "elicitation": map[string]any{}},
+		"example.com/trace":                          "the agent's own",
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(res.StructuredContent)
+	var got seen
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Client != "tether-mcp-gateway" || got.Sampling {
+		t.Errorf("the upstream saw the client %q (sampling %v, meta %v); want the gateway, without sampling", got.Client, got.Sampling, got.Meta)
+	}
+	if got.Meta["example.com/trace"] != "the agent's own" {
+		t.Errorf("the agent's own _meta key did not reach the upstream: %v", got.Meta)
 	}
 }
