@@ -95,11 +95,11 @@
 // upstream JSON-RPC errors and progress notifications pass unchanged, and
 // a call's _meta less the keys MCP reserves (io.modelcontextprotocol/…:
 // the calling client's name, capabilities and protocol, which on the
-// gateway's hop are the gateway's)
-// (progress tokens are rewritten on the way up, to a random token per
-// call, and restored on the way down, so that agents sharing an upstream
+// gateway's hop are the gateway's). Progress tokens are rewritten on the
+// way up, to a random token per call, and restored on the way down, so
+// that agents sharing an upstream
 // never see each other's; progress from an upstream under a token the
-// gateway did not issue for a call to that upstream is dropped). An
+// gateway did not issue for a call to that upstream is dropped. An
 // upstream's JSON-RPC error whose code is in the gateway's own range
 // (-32069 to -32061) is passed as an internal error (-32603) naming the
 // upstream and its code, its message kept: those codes are the gateway's
