@@ -46,7 +46,11 @@
 // completed (or failed), never cancelled, and the agent gets the answer.
 // MCP cancellation is advisory: an upstream that ignores
 // notifications/cancelled may go on working; the ledger's acknowledgement
-// says the gateway stopped waiting for it and told it to stop. An agent's
+// says the gateway stopped waiting for it and told it to stop. A call
+// whose request is still being written to a stdio upstream (one that no
+// longer reads its input) when the cancel comes ends that connection: the
+// rest is never written, the upstream is started again, and the cancel is
+// acknowledged. An agent's
 // own cancellation (its notifications/cancelled, or its stdio session's
 // end) does not reach a call the gateway has begun: the call goes on at
 // the upstream until it answers, and the ledger records that answer, or
@@ -88,19 +92,26 @@
 // # What passes through
 //
 // Arguments, results (including isError results), structured content,
-// upstream JSON-RPC errors and progress notifications pass unchanged
-// (progress tokens are rewritten on the way up, to a random token per
-// call, and restored on the way down, so that agents sharing an upstream
+// upstream JSON-RPC errors and progress notifications pass unchanged, and
+// a call's _meta less the keys MCP reserves (io.modelcontextprotocol/…:
+// the calling client's name, capabilities and protocol, which on the
+// gateway's hop are the gateway's). Progress tokens are rewritten on the
+// way up, to a random token per call, and restored on the way down, so
+// that agents sharing an upstream
 // never see each other's; progress from an upstream under a token the
-// gateway did not issue for a call to that upstream is dropped). An
+// gateway did not issue for a call to that upstream is dropped. An
 // upstream's JSON-RPC error whose code is in the gateway's own range
 // (-32069 to -32061) is passed as an internal error (-32603) naming the
 // upstream and its code, its message kept: those codes are the gateway's
 // word (the agent is being stopped, its call cancelled, its grant
 // revoked), never an upstream's. Resources, resource templates and prompts are refused explicitly
 // (CodeNotGated): they would bypass the ledger, and a read is as much a
-// tool call as a write. Sampling and elicitation requests from upstreams
-// are not forwarded.
+// tool call as a write. So is every method the gateway does not pass (it
+// passes tools/list, tools/call and the session's own initialize, ping,
+// logging/setLevel and notifications): subscriptions/listen, which the
+// SDK's server answers in any session, held its request open, counted
+// against nothing. Sampling and elicitation requests from upstreams are
+// not forwarded.
 //
 // # Caller duties
 //

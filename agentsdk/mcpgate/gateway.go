@@ -273,7 +273,7 @@ func (g *Gateway) transport(u Upstream) mcp.Transport {
 		cmd.Env = append(cmd.Env, k+"="+u.Env[k])
 	}
 	cmd.Stderr = g.cfg.Stderr
-	return &mcp.CommandTransport{Command: cmd}
+	return stdioTransport{&mcp.CommandTransport{Command: cmd}}
 }
 
 // Close disconnects from the upstreams (stopping stdio ones), and stops
@@ -431,8 +431,9 @@ func (g *Gateway) route(name string) *route {
 	return g.routes[name]
 }
 
-// middleware filters tools/list by the caller's grant and refuses what is
-// not gated.
+// middleware filters tools/list by the caller's grant and refuses every
+// method it does not pass (an allowlist: an SDK that learns a new method
+// does not open it through the gateway).
 func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 		switch method {
@@ -466,8 +467,15 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			out := *list
 			out.Tools = allowed
 			return &out, nil
-		case "resources/list", "resources/templates/list", "resources/read", "resources/subscribe", "resources/unsubscribe",
-			"prompts/list", "prompts/get", "completion/complete":
+		case "tools/call", "ping", "logging/setLevel",
+			"notifications/initialized", "notifications/cancelled", "notifications/progress", "notifications/roots/list_changed":
+		default:
+			// Only what the gateway passes, named above: resources and
+			// prompts would bypass the ledger, and what else the SDK's server
+			// answers is not the gateway's to serve. (subscriptions/listen,
+			// which the SDK answers in any session, held its request open
+			// until the agent left, uncounted: a rogue held as many as it
+			// opened.)
 			return nil, rpcError(CodeNotGated, "%s is refused: this gateway passes MCP tools only (resources and prompts would bypass the tool-call ledger)", method)
 		}
 		return next(ctx, method, req)
@@ -510,7 +518,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		params.Arguments = req.Params.Arguments
 	}
 	if req.Params.Meta != nil {
-		params.Meta = maps.Clone(req.Params.Meta)
+		params.Meta = agentsMeta(req.Params.Meta)
 	}
 	pt := req.Params.GetProgressToken()
 	var ours string
@@ -670,6 +678,26 @@ func failure(r *route, err error) *jsonrpc.Error {
 		return &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("upstream %s answered with error code %d, one of the gateway's own: %s", r.up.cfg.Name, je.Code, je.Message)}
 	}
 	return je // the upstream's own error, unchanged
+}
+
+// agentsMeta is the agent's _meta as the gateway forwards it: without the
+// keys MCP reserves (a prefix with a label modelcontextprotocol or mcp:
+// io.modelcontextprotocol/clientInfo, …). Those say who the calling client
+// is, what it can do and which protocol it speaks, and on the gateway's
+// hop the client is the gateway: the Go SDK's client keeps such keys when
+// it finds them, and its server reads them before the session's, so an
+// agent's had the upstream see another client than the gateway.
+func agentsMeta(m mcp.Meta) mcp.Meta {
+	out := make(mcp.Meta, len(m))
+	for k, v := range m {
+		if prefix, _, ok := strings.Cut(k, "/"); ok && slices.ContainsFunc(strings.Split(prefix, "."), func(label string) bool {
+			return label == "modelcontextprotocol" || label == "mcp"
+		}) {
+			continue
+		}
+		out[k] = v
+	}
+	return out
 }
 
 // codeRejectedByTransport is the Go SDK client's own error for a request

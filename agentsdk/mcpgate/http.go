@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -310,8 +311,18 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r) // the SDK refuses it
 			return
 		}
-		id, method, ok := requestOf(bytes.NewReader(body))
-		if !ok || (method != "tools/call" && method != "tools/list") {
+		// The request as the SDK's server reads it (the last of a key named
+		// twice, its own decoder's rules), not a scan of its own: a body
+		// naming "ping" and then "tools/list" was a listing to the SDK and
+		// went uncounted here.
+		msg, err := jsonrpc.DecodeMessage(body)
+		req, isReq := msg.(*jsonrpc.Request)
+		if err != nil || !isReq || !req.IsCall() || (req.Method != "tools/call" && req.Method != "tools/list") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		id, err := json.Marshal(req.ID.Raw())
+		if err != nil {
 			next.ServeHTTP(w, r)
 			return
 		}
