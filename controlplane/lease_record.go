@@ -22,14 +22,27 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		return nil, err
 	}
 	out := make([]supervisor.RecordLease, len(ls))
+	at := make(map[string]int, len(ls))
+	var ended []string
 	for i, l := range ls {
 		out[i] = supervisor.RecordLease{
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
 			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
-		if err := endedBy(ctx, c.Coordinator, l, &out[i]); err != nil {
-			return nil, err
+		if hasEnd(l) {
+			at[l.JobID] = i
+			ended = append(ended, l.JobID)
 		}
+	}
+	// Each job's evidence, read together: a read of one job's reads the
+	// whole evidence log, and a termination's leases are many.
+	err = c.EvidenceOfEach(ctx, ended, func(job string, rows []coordinator.Row) error {
+		i := at[job]
+		endedFrom(ls[i], rows, &out[i])
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
 	}
 	return out, nil
 }
@@ -65,13 +78,24 @@ func recordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 // Whether the holder's report came while its node was being stopped is the
 // supervisor's to say (it knows when the termination was requested).
 func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl *supervisor.RecordLease) error {
-	if l.State != lease.StateTerminal || l.TerminalResult == lease.ResultUnspecified {
+	if !hasEnd(l) {
 		return nil
 	}
 	rows, err := c.Evidence(ctx, l.JobID)
 	if err != nil {
 		return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
 	}
+	endedFrom(l, rows, rl)
+	return nil
+}
+
+// hasEnd: l has a terminal result, whose row endedBy looks for.
+func hasEnd(l lease.Lease) bool {
+	return l.State == lease.StateTerminal && l.TerminalResult != lease.ResultUnspecified
+}
+
+// endedFrom is endedBy given the job's evidence rows.
+func endedFrom(l lease.Lease, rows []coordinator.Row, rl *supervisor.RecordLease) {
 	end := -1
 	prev := lease.ResultUnspecified
 	for i, r := range rows {
@@ -81,7 +105,7 @@ func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl 
 		prev = r.TerminalResult
 	}
 	if end < 0 {
-		return nil
+		return
 	}
 	r := rows[end]
 	rl.EndedAt = r.DecidedAt
@@ -101,7 +125,6 @@ func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl 
 	case lease.KindTick:
 		rl.EndedBy = supervisor.LeaseEndedByLeaseDeadline
 	}
-	return nil
 }
 
 // signedBy returns the principal a reason signed by signed begins with

@@ -142,3 +142,121 @@ func BenchmarkListByHolder(b *testing.B) {
 		})
 	}
 }
+
+// TestCancelHeldByFollowsTheJudgedHolders: a termination's cancel and
+// finalize of its nodes' leases read the shards' index of jobs by the
+// holder of their judged lease, not every job: a job reassigned away is
+// no longer its old holder's, even before the reassignment is durable
+// (the messages reach the shard in order), an offer judged just before is
+// its holder's, a terminal lease is still its holder's (the record lists
+// it), and a restart rebuilds the index from the store.
+func TestCancelHeldByFollowsTheJudgedHolders(t *testing.T) {
+	dir := t.TempDir()
+	st := openStore(t, dir)
+	clk := clock.NewManual(t0)
+	h := start(t, st, clk, lease.DefaultPolicy())
+	ctx := context.Background()
+	for i := range 6 {
+		h.active(fmt.Sprintf("w1-job-%d", i), "w1", 5*time.Minute)
+		h.active(fmt.Sprintf("w2-job-%d", i), "w2", 5*time.Minute)
+	}
+	h.want(lease.Complete{Claim: claim("w1-job-5", "L-w1-job-5", 1, "w1"), Result: lease.ResultSuccess}, lease.OutcomeAccepted, lease.EventTerminalAccepted)
+	// Sent without waiting: each is judged before the cancel that follows.
+	errs := make(chan error, 2)
+	answer := func(_ coordinator.Result, err error) { errs <- err }
+	h.c.Submit(lease.Reassign{JobID: "w1-job-0", LeaseID: "L2-w1-job-0", HolderIdentity: "w2", LeaseDuration: 5 * time.Minute, Reason: "moved"}, nil, answer)
+	h.c.Submit(lease.Offer{JobID: "w1-job-new", LeaseID: "L-w1-job-new", HolderIdentity: "w1", LeaseDuration: 5 * time.Minute}, nil, answer)
+	if err := h.c.CancelHeldBy(ctx, []string{"w1"}, "terminated"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		for _, job := range []string{"w1-job-1", "w1-job-2", "w1-job-3", "w1-job-4", "w1-job-new"} {
+			if !h.get(job).CancelRequested {
+				t.Errorf("%s: %s, w1's, has no cancel request", when, job)
+			}
+		}
+		for _, job := range []string{"w1-job-0", "w2-job-0", "w2-job-5", "w1-job-5"} {
+			if h.get(job).CancelRequested {
+				t.Errorf("%s: %s got a cancel request (not w1's, or terminal)", when, job)
+			}
+		}
+	}
+	check("serving")
+	h.stop()
+	h = start(t, st, clk, lease.DefaultPolicy())
+	check("after a restart")
+	got, err := h.c.FinalizeHeldBy(ctx, []string{"w1", "nobody"}, "terminated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var jobs []string
+	for _, l := range got {
+		jobs = append(jobs, l.JobID)
+	}
+	if want := []string{"w1-job-1", "w1-job-2", "w1-job-3", "w1-job-4", "w1-job-5", "w1-job-new"}; !slices.Equal(jobs, want) {
+		t.Fatalf("w1's finalisation reports %v, want %v (its terminal lease included)", jobs, want)
+	}
+	if got, err := h.c.FinalizeHeldBy(ctx, []string{"w2"}, "terminated"); err != nil || len(got) != 7 {
+		t.Fatalf("w2's finalisation reports %d leases (%v), want its 6 and the one moved to it", len(got), err)
+	}
+}
+
+// BenchmarkCancelHeldBy: a termination's cancel of one node's 3 leases
+// among n jobs of others (the cancels already requested, so each call is
+// the lookup and a judgement that writes nothing). Before the index of
+// judged holders every call walked every job of every shard on the
+// shards' own goroutines, terminal ones included.
+func BenchmarkCancelHeldBy(b *testing.B) {
+	for _, n := range []int{1000, 20000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			st, err := badgerstore.OpenBadger(b.TempDir(), badgerstore.BadgerOptions{Logger: quiet()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c, err := coordinator.New(context.Background(), coordinator.Config{
+				Store: st, Clock: clock.NewManual(t0), Policy: lease.DefaultPolicy(), Log: quiet(), MaxWait: time.Millisecond, Shards: 3,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx) }()
+			defer func() { cancel(); <-done; _ = st.Close() }()
+			for serving, changed := c.Serving(); !serving; serving, changed = c.Serving() {
+				<-changed
+			}
+			errs := make(chan error, n+3)
+			offer := func(job, holder string) {
+				c.Submit(lease.Offer{JobID: job, LeaseID: "L-" + job, HolderIdentity: holder, LeaseDuration: 5 * time.Minute}, nil,
+					func(_ coordinator.Result, err error) { errs <- err })
+			}
+			for i := range n {
+				offer(fmt.Sprintf("other-%06d", i), fmt.Sprintf("other-holder-%03d", i%500))
+			}
+			for i := range 3 {
+				offer(fmt.Sprintf("mine-%d", i), "me")
+			}
+			for range n + 3 {
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := c.CancelHeldBy(ctx, []string{"me"}, "stopped"); err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for range b.N {
+				if err := c.CancelHeldBy(ctx, []string{"me"}, "stopped"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -120,7 +120,12 @@ type shard struct {
 	// that a holder's listing (ListLeases, which any agent may ask about
 	// itself) reads the holder's jobs, not every job of every tree on the
 	// goroutine that judges them.
-	held      map[string]map[string]*entry
+	held map[string]map[string]*entry
+	// judged indexes every job by the holder of its judged (pending)
+	// lease (setPending keeps it), so that a termination's cancel and
+	// finalize of its nodes' leases (opHeldBy) read those nodes' jobs,
+	// not every job of every tree, terminal ones included.
+	judged    map[string]map[string]*entry
 	deadlines lease.DeadlineQueue
 	recover   []lease.Recover
 
@@ -159,6 +164,7 @@ func (s *shard) reset(term uint64) {
 	s.term = term
 	s.leases = make(map[string]*entry)
 	s.held = make(map[string]map[string]*entry)
+	s.judged = make(map[string]map[string]*entry)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
 	s.building, s.inflight = nil, nil
@@ -173,8 +179,9 @@ const checkpointEvery = 64
 
 // load adds a lease read from the store (before the run's shards start).
 func (s *shard) load(r record, checkpoint uint64) {
-	e := &entry{job: r.Lease.JobID, pending: r.Lease, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint}
+	e := &entry{job: r.Lease.JobID, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint}
 	s.leases[r.Lease.JobID] = e
+	s.setPending(e, r.Lease)
 	s.setDurable(e, r.Lease)
 	s.deadlines.Sync(r.Lease)
 }
@@ -201,6 +208,37 @@ func (s *shard) setDurable(e *entry, l lease.Lease) {
 			s.held[after.HolderIdentity] = jobs
 		}
 		jobs[e.job] = e
+	}
+}
+
+// setPending makes l e's judged lease and keeps the index by its holder.
+// Every job in leases is in the index under its judged lease's holder
+// (an empty one included), so opHeldBy finds exactly the jobs a walk of
+// leases would.
+func (s *shard) setPending(e *entry, l lease.Lease) {
+	before, indexed := e.pending.HolderIdentity, s.judged[e.pending.HolderIdentity][e.job] == e
+	e.pending = l
+	if indexed && before == l.HolderIdentity {
+		return
+	}
+	if indexed {
+		s.unjudge(e, before)
+	}
+	jobs := s.judged[l.HolderIdentity]
+	if jobs == nil {
+		jobs = make(map[string]*entry)
+		s.judged[l.HolderIdentity] = jobs
+	}
+	jobs[e.job] = e
+}
+
+// unjudge takes e out of the index of judged leases under holder.
+func (s *shard) unjudge(e *entry, holder string) {
+	if jobs := s.judged[holder]; jobs != nil {
+		delete(jobs, e.job)
+		if len(jobs) == 0 {
+			delete(s.judged, holder)
+		}
 	}
 }
 
@@ -374,9 +412,11 @@ func (s *shard) handle(o op) {
 		o.list(out, nil)
 	case opHeldBy:
 		var jobs []string
-		for job, e := range s.leases {
-			if o.holders[e.pending.HolderIdentity] {
-				jobs = append(jobs, job)
+		for holder := range o.holders {
+			for job, e := range s.judged[holder] {
+				if e.pending.HolderIdentity == holder {
+					jobs = append(jobs, job)
+				}
 			}
 		}
 		o.jobs(jobs, nil)
@@ -424,7 +464,7 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		e = &entry{job: job}
 		s.leases[job] = e
 	}
-	e.pending = next
+	s.setPending(e, next)
 	e.pendingRows++
 	row := storedRow{Number: e.pendingRows, Lease: next, Decision: decision, Kind: m.Kind(), DecidedAt: now}
 	if isAnchor(row.Number) {
@@ -564,8 +604,10 @@ func (s *shard) complete(b *batch) {
 	}
 	for _, failed := range []*batch{b, s.building} {
 		for _, e := range failed.touched {
-			e.pending, e.pendingRows = e.durable, e.durableRows
+			s.setPending(e, e.durable)
+			e.pendingRows = e.durableRows
 			if !e.durable.Exists() {
+				s.unjudge(e, e.pending.HolderIdentity)
 				delete(s.leases, e.job)
 				s.deadlines.Remove(e.job)
 				continue
