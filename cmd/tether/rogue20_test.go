@@ -47,3 +47,33 @@ func TestARoguesJobIdsInOtherScriptsDoNotPrintAsAnotherJob(t *testing.T) {
 		t.Errorf("tether proposal ls prints the rogue's reason as it reads, not written out:\n%s", ls)
 	}
 }
+
+// TestProposalLsReadsOneNodesProposals: `tether proposal ls` listed every
+// stop proposal the control plane holds, decided ones included, which a
+// rogue's tree adds to as long as it runs; `--node` (and `--pending`) now
+// ask the server for one node's only.
+func TestProposalLsReadsOneNodesProposals(t *testing.T) {
+	srv := testserver.Start(t)
+	w := startRogueWorld(t, srv)
+	ctx := context.Background()
+	p, err := w.parent.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: "the parent's"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: p.Msg.Proposal.ProposalId})); err != nil {
+		t.Fatal(err)
+	}
+	mine, err := w.rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: "the worker's"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"--node", w.child.Node.NodeId}, {"--node", w.child.Node.NodeId, "--pending"}} {
+		out := mustCLI(t, srv.URL, srv.Admin, append([]string{"proposal", "ls"}, args...)...)
+		if !strings.Contains(out, mine.Msg.Proposal.ProposalId) || strings.Contains(out, p.Msg.Proposal.ProposalId) {
+			t.Errorf("tether proposal ls %s lists another node's proposal, or not the node's own:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	if out := mustCLI(t, srv.URL, srv.Admin, "proposal", "ls", "--pending"); strings.Contains(out, p.Msg.Proposal.ProposalId) {
+		t.Errorf("tether proposal ls --pending lists a rejected proposal:\n%s", out)
+	}
+}

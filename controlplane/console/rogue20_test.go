@@ -2,6 +2,9 @@ package console_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +97,74 @@ func TestARoguesJobIdsInOtherScriptsDoNotReadAsAnotherJob(t *testing.T) {
 	reason := get(t, ctx, "the proposal's reason", chromedp.Evaluate[string](`document.querySelector("#proposals tbody tr td:nth-child(3)").innerText`))
 	if strings.Contains(skeleton(reason), "cleared by operator") {
 		t.Errorf("the rogue's reason reads %q, as if an operator had cleared it", reason)
+	}
+}
+
+// TestANodesProposalsAreReadAloneAndDecidedByTheServersCheck: the node
+// page and the console's Approve and Reject read every stop proposal the
+// control plane holds (ListProposals had no node filter), decided ones
+// included, to find one node's: a rogue that has its children propose and
+// be rejected, again and again (each closed proposal stays stored), made
+// every node page and every decision in the console carry all of them,
+// 1 KiB of reason each. ListProposals now takes a node_id (a node's pending
+// ones read from its own index); the node page asks for its node's only,
+// and a decision no longer reads the list: DecideProposal's own check (the
+// proposal is still pending) refuses a stale one, as the server said it.
+// (Fails if a node's listing carries another node's proposals.)
+func TestANodesProposalsAreReadAloneAndDecidedByTheServersCheck(t *testing.T) {
+	w := newWorld(t)
+	bg := context.Background()
+	rogueID := w.nodes["rogue"].NodeId
+	rogue := w.srv.Clients(w.creds["rogue"])
+	for i := range 20 {
+		child, err := rogue.Agent.Spawn(bg, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: rogueID, Name: fmt.Sprintf("c%d", i)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := w.srv.Clients(child.Msg.Credential).Agent.ProposeStop(bg, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: strings.Repeat("R", 1024)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.admin.Supervisor.DecideProposal(bg, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: p.Msg.Proposal.ProposalId})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own, err := rogue.Agent.ProposeStop(bg, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1", Reason: "mine"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ownID := own.Msg.Proposal.ProposalId
+	for _, state := range []tetherv1.ProposalState{tetherv1.ProposalState_PROPOSAL_STATE_UNSPECIFIED, tetherv1.ProposalState_PROPOSAL_STATE_PENDING} {
+		got, err := w.admin.Supervisor.ListProposals(bg, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: rogueID, State: state}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Msg.Proposals) != 1 || got.Msg.Proposals[0].ProposalId != ownID {
+			t.Errorf("ListProposals of the rogue's node (state %v) answers %d proposals, want its own one", state, len(got.Msg.Proposals))
+		}
+	}
+	if got, err := w.admin.Supervisor.ListProposals(bg, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: w.nodes["worker-2"].NodeId})); err != nil {
+		t.Fatal(err)
+	} else if n := len(got.Msg.Proposals); n != 0 {
+		t.Errorf("ListProposals of worker-2, which proposed nothing, answers %d proposals", n)
+	}
+
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.token(t, tetherv1.Role_ROLE_OPERATOR))
+	p := b.get("/ui/nodes/" + rogueID)
+	if table := proposalsTable.FindString(p.body); !strings.Contains(table, ownID) || strings.Count(table, "<tr>") != 2 {
+		t.Fatalf("the rogue's node page does not show its one proposal alone:\n%s", table)
+	}
+	csrf := csrfField.FindStringSubmatch(p.body)[1]
+	decide := func() page {
+		return b.post("/ui/proposals/"+ownID+"/decide", url.Values{"csrf": {csrf}, "expected_state": {"pending"}, "decision": {"reject"}}, b.sameOrigin())
+	}
+	if r := decide(); r.status != http.StatusSeeOther || r.header.Get("Location") != "/ui/nodes/"+rogueID {
+		t.Fatalf("rejecting the rogue's proposal: %d %s\n%s", r.status, r.header.Get("Location"), r.body)
+	}
+	// The same form again, from the page that showed it pending.
+	r := decide()
+	if r.status == http.StatusSeeOther || !strings.Contains(r.body, "rejected") || !strings.Contains(r.body, "Nothing was done") {
+		t.Errorf("a decision from a page that showed a decided proposal pending: %d\n%s", r.status, r.body)
 	}
 }
