@@ -182,7 +182,7 @@ func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Req
 }
 
 func (h *supervisorService) ListProposals(ctx context.Context, req *connect.Request[tetherv1.ListProposalsRequest]) (*connect.Response[tetherv1.ListProposalsResponse], error) {
-	props, err := h.s.supervisor.Proposals(ctx, supervisor.ProposalState(req.Msg.State))
+	props, err := h.s.supervisor.Proposals(ctx, supervisor.ProposalState(req.Msg.State), req.Msg.NodeId)
 	if err != nil {
 		return nil, toConnect(err)
 	}

@@ -537,7 +537,6 @@ func policyOutranks(tx store.ReadTxn, p *StopProposal, n *tree.Node) (bool, erro
 	return rank > owner.Rank(), nil
 }
 
-// Proposals lists proposals, optionally in one state.
 // proposalReason is the reason of the termination a proposal starts: the
 // proposal's label and its reason, cut to a termination reason's bound on
 // a character boundary. The proposer's reason may be as long as that bound
@@ -547,16 +546,43 @@ func proposalReason(p *StopProposal) string {
 	return kv.ClipUTF8("stop proposal "+p.ProposalID+": "+p.Reason, MaxReasonBytes)
 }
 
-func (s *Supervisor) Proposals(ctx context.Context, state ProposalState) ([]*StopProposal, error) {
+// Proposals lists proposals, optionally in one state and of one node.
+func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID string) ([]*StopProposal, error) {
+	keep := func(p *StopProposal) bool {
+		return (state == ProposalStateUnspecified || p.State == state) && (nodeID == "" || p.NodeID == nodeID)
+	}
 	var out []*StopProposal
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
+		if nodeID != "" && state == ProposalStatePending {
+			// A node's pending proposals have an index of their own, at
+			// most MaxPendingProposals long: an operator's page of a node
+			// does not read every proposal ever filed to find them.
+			prefix := pendingPropPrefix(nodeID)
+			var ids []string
+			if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+				ids = append(ids, string(k[len(prefix):]))
+				return nil
+			}); err != nil {
+				return err
+			}
+			for _, id := range ids {
+				p := &StopProposal{}
+				if err := getProposal(tx, id, p); err != nil {
+					return err
+				}
+				if keep(p) {
+					out = append(out, p)
+				}
+			}
+			return nil
+		}
 		return tx.Scan([]byte(prefixProposal), nil, func(_, v []byte) error {
 			p := &StopProposal{}
 			if err := decodeProposal(v, p); err != nil {
 				return err
 			}
-			if state == ProposalStateUnspecified || p.State == state {
+			if keep(p) {
 				out = append(out, p)
 			}
 			return nil

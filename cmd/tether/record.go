@@ -234,12 +234,18 @@ func newProposalCommand(g *globals) *cobra.Command {
 		c.Flags().StringVar(&reason, "reason", "", "why")
 		return c
 	}
-	cmd.AddCommand(&cobra.Command{
+	var node string
+	var pending bool
+	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List stop proposals",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
-			resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+			req := &tetherv1.ListProposalsRequest{NodeId: node}
+			if pending {
+				req.State = tetherv1.ProposalState_PROPOSAL_STATE_PENDING
+			}
+			resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(req))
 			if err != nil {
 				return err
 			}
@@ -247,6 +253,9 @@ func newProposalCommand(g *globals) *cobra.Command {
 				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
 			})
 		}),
-	}, decide(true), decide(false))
+	}
+	ls.Flags().StringVar(&node, "node", "", "only this node's proposals (its pending ones are read from their own index)")
+	ls.Flags().BoolVar(&pending, "pending", false, "only the proposals waiting for a decision")
+	cmd.AddCommand(ls, decide(true), decide(false))
 	return cmd
 }

@@ -186,8 +186,8 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 			d.MoreLeases = "/ui/leases?" + url.Values{"holder": {id}, "page": {l.Msg.NextPageToken}}.Encode()
 		}
 	}
-	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{})); section("stop proposals", err) {
-		d.Proposals = slices.DeleteFunc(p.Msg.Proposals, func(p *tetherv1.StopProposal) bool { return p.NodeId != id })
+	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: id})); section("stop proposals", err) {
+		d.Proposals = p.Msg.Proposals
 	}
 	if calls, err := s.clients.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); section("tool calls", err) {
 		d.Calls = calls.Msg.Calls
@@ -804,27 +804,23 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	id := r.PathValue("id")
-	pending, ok := apiCall(ctx, c, w, r, s, "Could not read stop proposal "+id, s.clients.Supervisor.ListProposals, &tetherv1.ListProposalsRequest{})
-	if !ok {
-		return
-	}
-	var prop *tetherv1.StopProposal
-	for _, p := range pending.Msg.Proposals {
-		if p.ProposalId == id {
-			prop = p
-		}
-	}
-	if prop == nil {
-		c.fail(w, r, s, http.StatusNotFound, "No such stop proposal", "not_found: stop proposal "+id+" does not exist")
-		return
-	}
-	if now, expected := enumName(prop.State.String(), "PROPOSAL_STATE_"), r.PostForm.Get("expected_state"); expected == "" || now != expected {
-		c.stale(w, r, s, "Stop proposal "+id, orUnknown(expected), now)
+	// Only a pending proposal is decided, and DecideProposal checks that in
+	// the transaction that decides it: the console does not read the
+	// proposals first (there was no way to read one but all of them, and a
+	// rogue's tree files as many as it likes over time).
+	if expected := r.PostForm.Get("expected_state"); expected != "pending" {
+		c.fail(w, r, s, http.StatusConflict, "refused: the page was stale",
+			fmt.Sprintf("Stop proposal %s showed %s on the page you acted from; only a pending proposal is decided. Nothing was done; look again before acting.", id, orUnknown(expected)))
 		return
 	}
 	resp, err := s.clients.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{
 		ProposalId: id, Approve: r.PostForm.Get("decision") == "approve", Reason: strings.TrimSpace(r.PostForm.Get("reason")),
 	}))
+	if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+		c.fail(w, r, s, http.StatusConflict, "refused: the page was stale",
+			"The page you acted from showed stop proposal "+id+" pending, but the server says: "+errorText(err)+". Nothing was done; look again before acting.")
+		return
+	}
 	if err != nil {
 		c.apiFail(w, r, s, "The server refused the decision on "+id, err)
 		return
@@ -833,7 +829,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, s *session) {
 		http.Redirect(w, r, "/ui/terminations/"+url.PathEscape(t.TerminationId), http.StatusSeeOther)
 		return
 	}
-	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(prop.NodeId), http.StatusSeeOther)
+	http.Redirect(w, r, "/ui/nodes/"+url.PathEscape(resp.Msg.Proposal.NodeId), http.StatusSeeOther)
 }
 
 // ---- rollouts ----

@@ -8,9 +8,10 @@
 // character in them. A character that acts on the text rather than shows
 // in it would let a rogue forge lines, reverse a cell, or hold a job id
 // that reads like another's ("job-1\u200b", "job-1\u00a0" beside
-// "job-1"). The console (controlplane/console) and the CLI (cmd/tether)
-// both show such text through String, so the two never disagree on what an
-// operator sees.
+// "job-1"); so would a letter that reads as another ("\u0458ob-1", a
+// Cyrillic je: lookalike.go). The console (controlplane/console) and the
+// CLI (cmd/tether) both show such text through String, so the two never
+// disagree on what an operator sees.
 package printable
 
 import (
@@ -58,9 +59,11 @@ func Escape(r rune) string {
 // String is s with every Hidden character written out (Escape), but for
 // the ASCII characters in keep, shown as they are (the console keeps line
 // breaks and tabs, which its pages show as such; a CLI table row keeps its
-// tabs, which separate its cells). s is returned as it is when it has
-// nothing to write out, with a fast path for ASCII: a 10,000-node tree page
-// is 2.6 MB, nearly all of it ASCII.
+// tabs, which separate its cells); and with every character written out
+// that makes a word read as another (lookalike.go: "\u0458ob-1" for a
+// Cyrillic "јob-1"). s is returned as it is when it has nothing to write
+// out, with a fast path for ASCII: a 10,000-node tree page is 2.6 MB,
+// nearly all of it ASCII.
 func String(s, keep string) string {
 	if !has(s, keep) {
 		return s
@@ -68,22 +71,43 @@ func String(s, keep string) string {
 	var b strings.Builder
 	b.Grow(len(s) + 16)
 	prev := rune(0)
-	for _, r := range s {
-		if Hidden(prev, r) && !kept(r, keep) {
+	otherWord, wordEnd := false, 0
+	for i, r := range s {
+		if i >= wordEnd && word(r) {
+			wordEnd = i + wordLen(s[i:])
+			otherWord = readsAsOther(s[i:wordEnd])
+		}
+		switch {
+		case Hidden(prev, r) && !kept(r, keep),
+			r >= utf8.RuneSelf && i < wordEnd && (otherWord || styled(r)):
 			b.WriteString(Escape(r))
-		} else {
+		default:
 			b.WriteRune(r)
 		}
 		prev = r
 	}
+	if b.Len() == len(s) && b.String() == s {
+		return s
+	}
 	return b.String()
+}
+
+// wordLen is the length in bytes of the word s starts with.
+func wordLen(s string) int {
+	for i, r := range s {
+		if !word(r) {
+			return i
+		}
+	}
+	return len(s)
 }
 
 func kept(r rune, keep string) bool {
 	return r < utf8.RuneSelf && strings.IndexByte(keep, byte(r)) >= 0
 }
 
-// has reports whether String would write anything of s out.
+// has reports whether String may write anything of s out: a Hidden
+// character, or a word with a character outside ASCII in it.
 func has(s, keep string) bool {
 	prev := rune(0)
 	for i := 0; i < len(s); {
@@ -97,7 +121,7 @@ func has(s, keep string) bool {
 			continue
 		}
 		r, size := utf8.DecodeRuneInString(s[i:])
-		if Hidden(prev, r) {
+		if Hidden(prev, r) || word(r) {
 			return true
 		}
 		prev = r

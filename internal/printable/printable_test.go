@@ -40,3 +40,34 @@ func TestJobIDWritesOutTheSpacesAPageWouldFold(t *testing.T) {
 		}
 	}
 }
+
+func TestStringWritesOutLettersThatReadAsOthers(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		// A Latin word with a letter of another script in it.
+		{"\u0458ob-1", `\u0458ob-1`},                     // Cyrillic je
+		{"w\u043erker", `w\u043erker`},                   // Cyrillic o
+		{"j\u03bfb-1", `j\u03bfb-1`},                     // Greek omicron
+		{"kap\u0131", `kap\u0131`},                       // dotless i beside ASCII letters
+		{"\u0458\u043e\u042c-1", `\u0458\u043e\u042c-1`}, // every letter a look-alike: reads "job"
+		{"\u0430\u0441\u0435", `\u0430\u0441\u0435`},     // "ace", all Cyrillic
+		{"\u13aa\u13df\u13ac", `\u13aa\u13df\u13ac`},     // "ACE" in Cherokee
+		// An ASCII letter or digit drawn in another style.
+		{"\uff4aob-1", `\uff4aob-1`},         // fullwidth j
+		{"job-\U0001d7cf", `job-\U0001d7cf`}, // mathematical bold 1
+		{"\u212aey", `\u212aey`},             // the Kelvin sign
+		{"job-\u2160", `job-\u2160`},         // Roman numeral one
+		// What reads as itself stays.
+		{"naïve café", "naïve café"},
+		{"Привет, мир", "Привет, мир"},
+		{"стоп: job-1 завис", "стоп: job-1 завис"},
+		{"Ωμέγα", "Ωμέγα"},
+		{"東京タワー tokyo", "東京タワー tokyo"},
+		{"ジョブ1", "ジョブ1"},
+		{"ok \u2764\ufe0f", "ok \u2764\ufe0f"},
+		{"e\u0301", "e\u0301"},
+	} {
+		if got := String(tc.in, ""); got != tc.want {
+			t.Errorf("String(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

@@ -2161,8 +2161,12 @@ func (x *DecideProposalResponse) GetTermination() *Termination {
 }
 
 type ListProposalsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         ProposalState          `protobuf:"varint,1,opt,name=state,proto3,enum=tether.v1.ProposalState" json:"state,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State ProposalState          `protobuf:"varint,1,opt,name=state,proto3,enum=tether.v1.ProposalState" json:"state,omitempty"`
+	// Only this node's proposals; empty lists every node's. A node's pending
+	// proposals (state PENDING) are read from its own index, at most
+	// MaxPendingProposals of them; its decided ones are found among all.
+	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2202,6 +2206,13 @@ func (x *ListProposalsRequest) GetState() ProposalState {
 		return x.State
 	}
 	return ProposalState_PROPOSAL_STATE_UNSPECIFIED
+}
+
+func (x *ListProposalsRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
 }
 
 type ListProposalsResponse struct {
@@ -2761,9 +2772,10 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x87\x01\n" +
 	"\x16DecideProposalResponse\x123\n" +
 	"\bproposal\x18\x01 \x01(\v2\x17.tether.v1.StopProposalR\bproposal\x128\n" +
-	"\vtermination\x18\x02 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"F\n" +
+	"\vtermination\x18\x02 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"_\n" +
 	"\x14ListProposalsRequest\x12.\n" +
-	"\x05state\x18\x01 \x01(\x0e2\x18.tether.v1.ProposalStateR\x05state\"N\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x18.tether.v1.ProposalStateR\x05state\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"N\n" +
 	"\x15ListProposalsResponse\x125\n" +
 	"\tproposals\x18\x01 \x03(\v2\x17.tether.v1.StopProposalR\tproposals\"\xdd\x01\n" +
 	"\x18RegisterPrivilegeRequest\x12\x17\n" +
