@@ -306,7 +306,7 @@ func readEntries(tx store.ReadTxn, t *Termination, from, limit int) ([]subtreeEn
 	prefix := subtreePrefix(t.ID)
 	next := from
 	err := tx.Scan(prefix, subtreeKey(t.ID, from), func(k, v []byte) error {
-		first, entries, err := decodeSubtreePack(prefix, k, v)
+		first, entries, err := subtreePacks.decode(prefix, k, v)
 		if err != nil {
 			return err
 		}
