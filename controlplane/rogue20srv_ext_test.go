@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -138,6 +140,77 @@ func TestARogueHoldingManyJobsCannotStallItsStopOneCommitAtATime(t *testing.T) {
 			if got.Outcome != tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED || got.EndedBy != tetherv1.LeaseEndedBy_LEASE_ENDED_BY_TERMINATION {
 				t.Fatalf("job %.20s… is %v ended by %v in the record, want CANCELLED by the termination: the holder never acknowledged it", job.JobId, got.Outcome, got.EndedBy)
 			}
+		}
+	}
+	if len(listed) != n {
+		t.Fatalf("the record lists %d leases, want the holder's %d", len(listed), n)
+	}
+}
+
+// TestARogueHoldingManyJobsCannotMakeItsStopUnrecordable: nothing bounds
+// how many leases a node holds (finished ones included), and a chunk of
+// the record was one transaction with every lease its members held: some
+// 20,000 jobs of the longest ids (one lineage's budget for a few seconds)
+// made it larger than the store takes ("transaction too large"), and the
+// rogue's termination retried for ever, never TERMINATED. The chunk now
+// writes a page of the leases and the rest follow in parts of their own;
+// here pages of 16 KiB (the default is 512 KiB) so that a few hundred jobs
+// span many, through the real server: the termination is recorded and the
+// record lists every lease once. Seen failing before the change: the
+// record took 1 transaction (one part with every lease).
+func TestARogueHoldingManyJobsCannotMakeItsStopUnrecordable(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	var records atomic.Int64
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.TerminationLeasePage = 16 << 10
+		cfg.TerminationFault = func(step string, _ int) {
+			if step == "record" {
+				records.Add(1)
+			}
+		}
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "ops")
+	rootC := srv.Clients(root.Credential)
+	rogueNode := spawn(t, rootC, root.Node.NodeId, "rogue")
+	rogue := srv.Clients(rogueNode.Credential)
+	child := spawn(t, rogue, rogueNode.Node.NodeId, "holder")
+	const n = 600
+	jobs := offerMany(t, rogue, child.Node.NodeId, "r20rec", n)
+	term := terminate(t, admin, rogueNode.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Second, time.Second).TerminationId
+	testserver.WaitFor(t, 5*time.Minute, "the rogue's termination to be recorded", func() bool { // a guard against a hang, not a timing
+		clk.Advance(time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	// ~600 leases of ~400 bytes in pages of 16 KiB: some fifteen parts.
+	if got := records.Load(); got < 10 {
+		t.Fatalf("the record took %d transactions, want its leases in pages (at least 10)", got)
+	}
+	listed := map[string]*tetherv1.RecordLease{}
+	token := ""
+	for {
+		resp, err := admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term, PageSize: 100, PageToken: token}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range resp.Msg.Record.Leases {
+			if _, dup := listed[l.JobId]; dup {
+				t.Fatalf("job %.20s… listed twice in the record", l.JobId)
+			}
+			listed[l.JobId] = l
+		}
+		if token = resp.Msg.NextPageToken; token == "" {
+			break
+		}
+	}
+	for _, job := range jobs {
+		got, ok := listed[job.JobId]
+		switch {
+		case !ok:
+			t.Fatalf("job %.20s… is not in the record", job.JobId)
+		case got.Outcome != tetherv1.LeaseOutcome_LEASE_OUTCOME_CANCELLED || got.HolderIdentity != child.Node.NodeId:
+			t.Fatalf("job %.20s… is %v held by %s in the record, want CANCELLED, held by the holder", job.JobId, got.Outcome, got.HolderIdentity)
 		}
 	}
 	if len(listed) != n {

@@ -115,6 +115,10 @@ type Config struct {
 	// TerminationChunk bounds the nodes (or tool calls) one transaction
 	// of a termination handles; zero means supervisor.DefaultChunkSize.
 	TerminationChunk int
+	// TerminationLeasePage bounds the encoded leases one part of a
+	// termination's record carries; zero means
+	// supervisor.DefaultLeasePageBytes.
+	TerminationLeasePage int
 	// TerminationFault, when set, is called after each chunk of a
 	// termination commits (see supervisor.Supervisor.ChunkFault). Tests
 	// only.

@@ -59,7 +59,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.supervisor = &supervisor.Supervisor{
 		Store: s.store, Clock: s.cfg.Clock, Tree: s.tree, Ledger: s.ledger,
 		Privileges: s.privileges, Sink: s.recordSink(), Log: s.log, HookTimeout: s.cfg.PrivilegeHookTimeout,
-		ChunkSize: s.cfg.TerminationChunk, ChunkFault: s.cfg.TerminationFault,
+		ChunkSize: s.cfg.TerminationChunk, LeasePageBytes: s.cfg.TerminationLeasePage, ChunkFault: s.cfg.TerminationFault,
 		Reconciled: s.cfg.TerminationReconciled,
 	}
 	s.supervisor.Leases = leaseCanceller{s.leases}

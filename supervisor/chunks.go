@@ -12,6 +12,7 @@ import (
 	"github.com/tetherhq/tether/supervisor/privilege"
 	"github.com/tetherhq/tether/supervisor/tree"
 	"slices"
+	"sort"
 	"sync"
 	"time"
 
@@ -108,6 +109,56 @@ type Cursor struct {
 	Parts       int    `json:"parts,omitempty"`
 	CallsDone   bool   `json:"calls_done,omitempty"`
 	Unaccounted int    `json:"unaccounted,omitempty"`
+	// A chunk whose members held more leases than one part carries
+	// (Supervisor.LeasePageBytes): LeasesPending says the leases of the
+	// members of entries LeasesFrom up to Entry (terminated by this
+	// termination in the chunk's transaction) are still being written, in
+	// parts of their own, in order of job id then lease id; LeasesAfter is
+	// the last one written (leaseKey).
+	LeasesPending bool   `json:"leases_pending,omitempty"`
+	LeasesFrom    int    `json:"leases_from,omitempty"`
+	LeasesAfter   string `json:"leases_after,omitempty"`
+}
+
+// DefaultLeasePageBytes bounds, when Supervisor.LeasePageBytes is zero,
+// the encoded leases one record part carries: a node may hold any number
+// of leases (finished ones included), and a chunk writes its part in one
+// transaction, which Badger and etcd bound.
+const DefaultLeasePageBytes = 512 << 10
+
+func (s *Supervisor) leasePageBytes() int {
+	if s.LeasePageBytes > 0 {
+		return s.LeasePageBytes
+	}
+	return DefaultLeasePageBytes
+}
+
+// leaseKey orders a record's leases: by job id, then lease id.
+func leaseKey(l RecordLease) string { return l.JobID + "\x00" + l.LeaseID }
+
+// leaseBytes is a bound on l's encoded size in a record part.
+func leaseBytes(l RecordLease) int {
+	return len(l.JobID) + len(l.LeaseID) + len(l.HolderIdentity) + len(l.EndedByNodeID) + 64
+}
+
+// leasePage sorts leases (leaseKey) and splits off, after the key after
+// (none when empty), the page one record part carries: at most limit
+// bytes, at least one lease. more says leases remain after the page.
+func leasePage(leases []RecordLease, after string, limit int) (page []RecordLease, more bool) {
+	sort.Slice(leases, func(i, j int) bool { return leaseKey(leases[i]) < leaseKey(leases[j]) })
+	i := 0
+	if after != "" {
+		i = sort.Search(len(leases), func(k int) bool { return leaseKey(leases[k]) > after })
+	}
+	size := 0
+	j := i
+	for ; j < len(leases); j++ {
+		size += leaseBytes(leases[j])
+		if size > limit && j > i {
+			break
+		}
+	}
+	return leases[i:j], j < len(leases)
 }
 
 const prefixSubtree = "terminations-nodes/" // terminations-nodes/<termination id>/<sequence of the last entry> → []subtreeEntry (JSON), or one subtreeEntry (JSON) as stored before the packs
@@ -1068,6 +1119,8 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
 	start := t.Cursor.Step != ActWriteRecord
 	switch cur := t.Cursor; {
+	case !start && cur.LeasesPending:
+		return s.recordLeases(ctx, t, now)
 	case start && t.Counts.Listed > 0 || !start && cur.Entry < t.Counts.Listed:
 		return s.recordNodes(ctx, t, start, now)
 	case start || !cur.CallsDone:
@@ -1199,6 +1252,12 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		// taken some over since), so each is in exactly one record.
 		members := owned(stored, entries, nodes)
 		grants, leases := heldByOnly(members, grants, leases)
+		// At most a page of the leases: the rest follow in parts of their
+		// own (recordLeases), the cursor saying where.
+		leases, more := leasePage(leases, "", s.leasePageBytes())
+		if more {
+			cur.LeasesPending, cur.LeasesFrom, cur.LeasesAfter = true, cur.Entry, leaseKey(leases[len(leases)-1])
+		}
 		privs, err := membersPrivileges(tx, stored, cur.Entry, len(entries), members)
 		if err != nil {
 			return err
@@ -1230,6 +1289,59 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		s.nodes.forget(terminated)
 	}
 	return err
+}
+
+// recordLeases writes the next page of the leases of the chunk the cursor
+// names (Cursor.LeasesPending) as a record part of its own. Its members
+// were terminated in the chunk's transaction: none gets a new lease
+// (takesWork) or is taken over since, and finalising their leases again
+// finds them as the chunk did (FinalizeHeldBy is idempotent); the page
+// starts after the last lease written, so each is in the record once.
+func (s *Supervisor) recordLeases(ctx context.Context, t Termination, now time.Time) error {
+	cur := t.Cursor
+	var ids []string
+	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		_, ids, err = ownedIn(tx, t, cur.LeasesFrom, cur.Entry-cur.LeasesFrom)
+		return err
+	}); err != nil {
+		return err
+	}
+	var leases []RecordLease
+	var err error
+	if len(ids) > 0 {
+		switch {
+		case t.LeaseHandover && s.Handover != nil:
+			if leases, err = s.Handover.HeldBy(ctx, ids); err != nil {
+				return fmt.Errorf("list leases: %w", err)
+			}
+		case s.Leases != nil && !t.LeaseHandover:
+			if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason()); err != nil {
+				return fmt.Errorf("finalize leases: %w", err)
+			}
+		}
+		markClaimsUnderStop(leases, t.RequestedAt)
+	}
+	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+		c := &stored.Cursor
+		_, members, err := ownedIn(tx, stored, c.LeasesFrom, c.Entry-c.LeasesFrom)
+		if err != nil {
+			return err
+		}
+		_, leases := heldByOnly(members, nil, leases)
+		page, more := leasePage(leases, c.LeasesAfter, s.leasePageBytes())
+		if len(page) > 0 {
+			if c.Parts, err = putRecordParts(tx, c.RecordID, c.Parts, &ReconciliationRecord{Leases: page}); err != nil {
+				return err
+			}
+			c.LeasesAfter = leaseKey(page[len(page)-1])
+		}
+		if !more {
+			c.LeasesPending, c.LeasesFrom, c.LeasesAfter = false, 0, ""
+		}
+		stored.UpdatedAt = now
+		return kv.PutJSON(tx, terminationKey(t.ID), stored)
+	})
 }
 
 // markClaimsUnderStop flags each lease whose end rests on its holder's

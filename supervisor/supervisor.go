@@ -85,6 +85,9 @@ type Supervisor struct {
 	// ChunkSize bounds the nodes (or tool calls) one transaction of a
 	// termination handles (chunks.go); zero means DefaultChunkSize.
 	ChunkSize int
+	// LeasePageBytes bounds the encoded leases one part of a record
+	// carries (chunks.go); zero means DefaultLeasePageBytes.
+	LeasePageBytes int
 	// ChunkFault, when set, is called after each chunk of a termination
 	// commits, with the step ("mark", "escalate", "cancel", "revoke",
 	// "record") and how many chunks of it this process has committed.
