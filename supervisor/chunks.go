@@ -1200,17 +1200,9 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	var grants []HeldGrant
 	var err error
 	if len(ids) > 0 {
-		switch {
-		case t.LeaseHandover && s.Handover != nil:
-			if leases, err = s.Handover.HeldBy(ctx, ids); err != nil {
-				return fmt.Errorf("list leases: %w", err)
-			}
-		case s.Leases != nil && !t.LeaseHandover:
-			if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason()); err != nil {
-				return fmt.Errorf("finalize leases: %w", err)
-			}
+		if leases, err = s.membersLeases(ctx, t, ids); err != nil {
+			return err
 		}
-		markClaimsUnderStop(leases, t.RequestedAt)
 		switch {
 		case s.Grants != nil && t.HeldIndexed:
 			listed := make([]HeldGrant, len(held))
@@ -1310,17 +1302,9 @@ func (s *Supervisor) recordLeases(ctx context.Context, t Termination, now time.T
 	var leases []RecordLease
 	var err error
 	if len(ids) > 0 {
-		switch {
-		case t.LeaseHandover && s.Handover != nil:
-			if leases, err = s.Handover.HeldBy(ctx, ids); err != nil {
-				return fmt.Errorf("list leases: %w", err)
-			}
-		case s.Leases != nil && !t.LeaseHandover:
-			if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason()); err != nil {
-				return fmt.Errorf("finalize leases: %w", err)
-			}
+		if leases, err = s.membersLeases(ctx, t, ids); err != nil {
+			return err
 		}
-		markClaimsUnderStop(leases, t.RequestedAt)
 	}
 	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
 		c := &stored.Cursor
@@ -1342,6 +1326,27 @@ func (s *Supervisor) recordLeases(ctx context.Context, t Termination, now time.T
 		stored.UpdatedAt = now
 		return kv.PutJSON(tx, terminationKey(t.ID), stored)
 	})
+}
+
+// membersLeases lists the leases the members ids held, as the record
+// lists them: handed over as they are during a rollout's handover,
+// otherwise finalised for this termination (idempotent), each flagged when
+// its end is its holder's claim under stop.
+func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []string) ([]RecordLease, error) {
+	var leases []RecordLease
+	var err error
+	switch {
+	case t.LeaseHandover && s.Handover != nil:
+		if leases, err = s.Handover.HeldBy(ctx, ids); err != nil {
+			return nil, fmt.Errorf("list leases: %w", err)
+		}
+	case s.Leases != nil && !t.LeaseHandover:
+		if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason()); err != nil {
+			return nil, fmt.Errorf("finalize leases: %w", err)
+		}
+	}
+	markClaimsUnderStop(leases, t.RequestedAt)
+	return leases, nil
 }
 
 // markClaimsUnderStop flags each lease whose end rests on its holder's
