@@ -60,7 +60,11 @@ func TestATerminationFindsWhatItsNodesHoldByTheirNotes(t *testing.T) {
 	t.Cleanup(gate.Close)
 	<-gate.Ready()
 	started := make(chan struct{})
-	go gate.Call(ctx, callerGrant.token, "shell", func(ctx context.Context) error {
+	// The call runs until the test ends (its gate never acknowledges a
+	// cancel), not for the rest of the package's tests.
+	callCtx, endCall := context.WithCancel(ctx)
+	t.Cleanup(endCall)
+	go gate.Call(callCtx, callerGrant.token, "shell", func(ctx context.Context) error {
 		close(started)
 		<-ctx.Done()
 		return ctx.Err()
