@@ -110,23 +110,7 @@ func TestARogueHoldingManyJobsCannotStallItsStopOneCommitAtATime(t *testing.T) {
 	if commits > n/10 {
 		t.Fatalf("the termination's lease work took %d commits for %d jobs, want a few: one job after another", commits, n)
 	}
-	listed := map[string]*tetherv1.RecordLease{}
-	token := ""
-	for {
-		resp, err := admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term, PageSize: 1000, PageToken: token}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range resp.Msg.Record.Leases {
-			if _, dup := listed[l.JobId]; dup {
-				t.Fatalf("job %.20s… listed twice in the record", l.JobId)
-			}
-			listed[l.JobId] = l
-		}
-		if token = resp.Msg.NextPageToken; token == "" {
-			break
-		}
-	}
+	listed := recordLeasesByJob(t, admin, term, 1000)
 	for _, job := range jobs {
 		got, ok := listed[job.JobId]
 		switch {
@@ -170,7 +154,6 @@ func TestARogueHoldingManyJobsCannotMakeItsStopUnrecordable(t *testing.T) {
 		}
 	})
 	admin := srv.AdminClients()
-	ctx := context.Background()
 	root := register(t, admin, "ops")
 	rootC := srv.Clients(root.Credential)
 	rogueNode := spawn(t, rootC, root.Node.NodeId, "rogue")
@@ -187,23 +170,7 @@ func TestARogueHoldingManyJobsCannotMakeItsStopUnrecordable(t *testing.T) {
 	if got := records.Load(); got < 10 {
 		t.Fatalf("the record took %d transactions, want its leases in pages (at least 10)", got)
 	}
-	listed := map[string]*tetherv1.RecordLease{}
-	token := ""
-	for {
-		resp, err := admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term, PageSize: 100, PageToken: token}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range resp.Msg.Record.Leases {
-			if _, dup := listed[l.JobId]; dup {
-				t.Fatalf("job %.20s… listed twice in the record", l.JobId)
-			}
-			listed[l.JobId] = l
-		}
-		if token = resp.Msg.NextPageToken; token == "" {
-			break
-		}
-	}
+	listed := recordLeasesByJob(t, admin, term, 100)
 	for _, job := range jobs {
 		got, ok := listed[job.JobId]
 		switch {
@@ -215,5 +182,29 @@ func TestARogueHoldingManyJobsCannotMakeItsStopUnrecordable(t *testing.T) {
 	}
 	if len(listed) != n {
 		t.Fatalf("the record lists %d leases, want the holder's %d", len(listed), n)
+	}
+}
+
+// recordLeasesByJob reads a termination's record page by page (pageSize
+// rows a page) and returns its leases by job id, failing the test on a job
+// listed twice.
+func recordLeasesByJob(t *testing.T, admin *testserver.Clients, term string, pageSize int32) map[string]*tetherv1.RecordLease {
+	t.Helper()
+	listed := map[string]*tetherv1.RecordLease{}
+	token := ""
+	for {
+		resp, err := admin.Supervisor.GetRecord(context.Background(), connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term, PageSize: pageSize, PageToken: token}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range resp.Msg.Record.Leases {
+			if _, dup := listed[l.JobId]; dup {
+				t.Fatalf("job %.20s… listed twice in the record", l.JobId)
+			}
+			listed[l.JobId] = l
+		}
+		if token = resp.Msg.NextPageToken; token == "" {
+			return listed
+		}
 	}
 }
