@@ -724,17 +724,7 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 		if err != nil {
 			return err
 		}
-		var rr rowReader
-		err = jobRows(tx, job, 1, log, func(_ uint64, key, value []byte) error {
-			before := rr.prev
-			stored, err := rr.next(value)
-			if err != nil {
-				return fmt.Errorf("%s: %w", key, err)
-			}
-			rows = append(rows, stored.row(before))
-			return nil
-		})
-		if err != nil || len(rows) > 0 {
+		if rows, err = decodedRows(tx, job, log); err != nil || len(rows) > 0 {
 			return err
 		}
 		return tx.Scan([]byte(prefixUnknown), nil, func(key, value []byte) error {
@@ -757,6 +747,23 @@ func (c *Coordinator) Evidence(ctx context.Context, job string) ([]Row, error) {
 	return rows, nil
 }
 
+// decodedRows is the job's stored rows, decoded in order, each against the
+// one before: those under its prefix, then log (the log's rows of this job).
+func decodedRows(tx store.ReadTxn, job string, log []logRow) ([]Row, error) {
+	var rows []Row
+	var rr rowReader
+	err := jobRows(tx, job, 1, log, func(_ uint64, key, value []byte) error {
+		before := rr.prev
+		stored, err := rr.next(value)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		rows = append(rows, stored.row(before))
+		return nil
+	})
+	return rows, err
+}
+
 // evidenceEachJobs is how many jobs one read of EvidenceOfEach covers.
 const evidenceEachJobs = 1024
 
@@ -777,37 +784,18 @@ func (c *Coordinator) EvidenceOfEach(ctx context.Context, jobs []string, fn func
 			for _, job := range part {
 				want[job] = true
 			}
-			logs := map[string][]logRow{}
-			if err := tx.Scan([]byte(prefixLog), nil, func(key, value []byte) error {
-				err := decodePack(value, "", func(r logRow) error {
-					if want[r.job] {
-						logs[r.job] = append(logs[r.job], r)
-					}
-					return nil
-				})
-				if err != nil {
-					return fmt.Errorf("%s: %w", key, err)
-				}
-				return nil
-			}); err != nil {
+			read, err := readLogOf(tx, func(job string) bool { return want[job] })
+			if err != nil {
 				return err
 			}
+			logs := map[string][]logRow{}
+			for _, r := range read {
+				logs[r.job] = append(logs[r.job], r)
+			}
 			for _, job := range part {
-				var rows []Row
-				var rr rowReader
-				err := jobRows(tx, job, 1, logs[job], func(_ uint64, key, value []byte) error {
-					before := rr.prev
-					stored, err := rr.next(value)
-					if err != nil {
-						return fmt.Errorf("%s: %w", key, err)
-					}
-					rows = append(rows, stored.row(before))
-					return nil
-				})
-				if err != nil {
+				if byJob[job], err = decodedRows(tx, job, logs[job]); err != nil {
 					return err
 				}
-				byJob[job] = rows
 			}
 			return nil
 		})

@@ -165,10 +165,15 @@ func decodePack(b []byte, job string, fn func(logRow) error) error {
 // readLog returns the log's rows in order, of job only when job is not
 // empty.
 func readLog(tx store.ReadTxn, job string) ([]logRow, error) {
+	return readLogOf(tx, func(j string) bool { return job == "" || j == job })
+}
+
+// readLogOf is readLog of the rows whose job keep says to keep.
+func readLogOf(tx store.ReadTxn, keep func(job string) bool) ([]logRow, error) {
 	var rows []logRow
 	err := tx.Scan([]byte(prefixLog), nil, func(key, value []byte) error {
 		err := decodePack(value, "", func(r logRow) error {
-			if job == "" || r.job == job {
+			if keep(r.job) {
 				rows = append(rows, r)
 			}
 			return nil

@@ -120,12 +120,12 @@ type shard struct {
 	// that a holder's listing (ListLeases, which any agent may ask about
 	// itself) reads the holder's jobs, not every job of every tree on the
 	// goroutine that judges them.
-	held map[string]map[string]*entry
+	held holderIndex
 	// judged indexes every job by the holder of its judged (pending)
 	// lease (setPending keeps it), so that a termination's cancel and
 	// finalize of its nodes' leases (opHeldBy) read those nodes' jobs,
 	// not every job of every tree, terminal ones included.
-	judged    map[string]map[string]*entry
+	judged    holderIndex
 	deadlines lease.DeadlineQueue
 	recover   []lease.Recover
 
@@ -163,8 +163,8 @@ func newShard(c *Coordinator, index int) *shard {
 func (s *shard) reset(term uint64) {
 	s.term = term
 	s.leases = make(map[string]*entry)
-	s.held = make(map[string]map[string]*entry)
-	s.judged = make(map[string]map[string]*entry)
+	s.held = make(holderIndex)
+	s.judged = make(holderIndex)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
 	s.building, s.inflight = nil, nil
@@ -194,20 +194,10 @@ func (s *shard) setDurable(e *entry, l lease.Lease) {
 		return
 	}
 	if before.Exists() {
-		if jobs := s.held[before.HolderIdentity]; jobs != nil {
-			delete(jobs, e.job)
-			if len(jobs) == 0 {
-				delete(s.held, before.HolderIdentity)
-			}
-		}
+		s.held.remove(before.HolderIdentity, e)
 	}
 	if after.Exists() {
-		jobs := s.held[after.HolderIdentity]
-		if jobs == nil {
-			jobs = make(map[string]*entry)
-			s.held[after.HolderIdentity] = jobs
-		}
-		jobs[e.job] = e
+		s.held.add(after.HolderIdentity, e)
 	}
 }
 
@@ -222,22 +212,31 @@ func (s *shard) setPending(e *entry, l lease.Lease) {
 		return
 	}
 	if indexed {
-		s.unjudge(e, before)
+		s.judged.remove(before, e)
 	}
-	jobs := s.judged[l.HolderIdentity]
+	s.judged.add(l.HolderIdentity, e)
+}
+
+// holderIndex is a shard's jobs by holder identity (held: of the durable
+// lease; judged: of the pending one).
+type holderIndex map[string]map[string]*entry
+
+// add files e under holder.
+func (x holderIndex) add(holder string, e *entry) {
+	jobs := x[holder]
 	if jobs == nil {
 		jobs = make(map[string]*entry)
-		s.judged[l.HolderIdentity] = jobs
+		x[holder] = jobs
 	}
 	jobs[e.job] = e
 }
 
-// unjudge takes e out of the index of judged leases under holder.
-func (s *shard) unjudge(e *entry, holder string) {
-	if jobs := s.judged[holder]; jobs != nil {
+// remove takes e out from under holder, and the holder with its last job.
+func (x holderIndex) remove(holder string, e *entry) {
+	if jobs := x[holder]; jobs != nil {
 		delete(jobs, e.job)
 		if len(jobs) == 0 {
-			delete(s.judged, holder)
+			delete(x, holder)
 		}
 	}
 }
@@ -607,7 +606,7 @@ func (s *shard) complete(b *batch) {
 			s.setPending(e, e.durable)
 			e.pendingRows = e.durableRows
 			if !e.durable.Exists() {
-				s.unjudge(e, e.pending.HolderIdentity)
+				s.judged.remove(e.pending.HolderIdentity, e)
 				delete(s.leases, e.job)
 				s.deadlines.Remove(e.job)
 				continue
