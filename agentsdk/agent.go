@@ -71,7 +71,7 @@ func RegisterRoot(ctx context.Context, operator *Conn, name string, labels map[s
 	if err != nil {
 		return nil, err
 	}
-	return newAgent(Dial(operator.BaseURL, resp.Msg.Credential, WithHTTPClient(operator.HTTP)), resp.Msg.Node), nil
+	return newAgent(Dial(operator.BaseURL, resp.Msg.Credential, WithHTTPClient(operator.HTTP), WithTimeout(operator.Timeout())), resp.Msg.Node), nil
 }
 
 // Child is a spawned child: its node and the credential to hand to the
@@ -117,9 +117,11 @@ func (a *Agent) SpawnBatch(ctx context.Context, children []ChildSpec) ([]Child, 
 }
 
 // Join connects a spawned child's process with the credential its parent
-// handed over.
-func Join(ctx context.Context, baseURL, credential string, hc *http.Client) (*Agent, error) {
-	conn := Dial(baseURL, credential, WithHTTPClient(hc))
+// handed over. opts configure its connection as for Dial, after hc (a
+// WithTimeout other than DefaultTimeout, for instance): every unary call
+// of the agent whose context has no deadline ends at the connection's.
+func Join(ctx context.Context, baseURL, credential string, hc *http.Client, opts ...Option) (*Agent, error) {
+	conn := Dial(baseURL, credential, append([]Option{WithHTTPClient(hc)}, opts...)...)
 	who, err := conn.Auth.WhoAmI(ctx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
 	if err != nil {
 		return nil, err

@@ -28,6 +28,9 @@ type Conn struct {
 	mu     sync.RWMutex
 	token  string
 	source func() (string, error) // WithTokenSource
+	// timeout is the deadline of a unary call whose context has none
+	// (WithTimeout); 0: none.
+	timeout time.Duration
 
 	Auth       tetherv1connect.AuthServiceClient
 	Agent      tetherv1connect.AgentServiceClient
@@ -45,6 +48,22 @@ type dialOptions struct {
 	http    *http.Client
 	connect []connect.ClientOption
 	source  func() (string, error)
+	timeout time.Duration
+}
+
+// DefaultTimeout is the deadline of a unary call whose context has none,
+// unless WithTimeout says otherwise (the TypeScript and Python SDKs'
+// default): a control plane that never answers, or trickles its answer,
+// holds no Join, Spawn or ConfirmExit for longer. A context's own
+// deadline comes first, shorter or longer; streams (an agent's session, a
+// gate's cancel orders, a verifier's revocation feed) carry none.
+const DefaultTimeout = 30 * time.Second
+
+// WithTimeout sets the deadline of every unary call whose context has
+// none; 0 (or less) gives such calls none, so that they wait until their
+// context ends or the connection breaks.
+func WithTimeout(d time.Duration) Option {
+	return func(o *dialOptions) { o.timeout = max(d, 0) }
 }
 
 // WithTokenSource makes the connection present, at each request, the
@@ -86,7 +105,7 @@ const MaxMessageBytes = 16 << 20
 // every service. It is the one place the service clients are assembled:
 // the CLI and the test server build theirs here too.
 func Dial(baseURL, token string, opts ...Option) *Conn {
-	var o dialOptions
+	o := dialOptions{timeout: DefaultTimeout}
 	for _, opt := range opts {
 		if opt != nil {
 			opt(&o)
@@ -96,8 +115,12 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	if hc == nil {
 		hc = HTTP2Client(baseURL)
 	}
-	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token, source: o.source}
-	copts := append([]connect.ClientOption{connect.WithInterceptors(TraceInterceptor(), BearerInterceptor{Token: c.Token}), connect.WithReadMaxBytes(MaxMessageBytes)}, o.connect...)
+	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token, source: o.source, timeout: o.timeout}
+	interceptors := []connect.Interceptor{TraceInterceptor(), BearerInterceptor{Token: c.Token}}
+	if o.timeout > 0 {
+		interceptors = append([]connect.Interceptor{unaryTimeout(o.timeout)}, interceptors...)
+	}
+	copts := append([]connect.ClientOption{connect.WithInterceptors(interceptors...), connect.WithReadMaxBytes(MaxMessageBytes)}, o.connect...)
 	c.Auth = tetherv1connect.NewAuthServiceClient(hc, c.BaseURL, copts...)
 	c.Agent = tetherv1connect.NewAgentServiceClient(hc, c.BaseURL, copts...)
 	c.Capability = tetherv1connect.NewCapabilityServiceClient(hc, c.BaseURL, copts...)
@@ -107,6 +130,10 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	c.StopRule = tetherv1connect.NewStopRuleServiceClient(hc, c.BaseURL, copts...)
 	return c
 }
+
+// Timeout is the deadline of a unary call whose context has none
+// (DefaultTimeout unless WithTimeout said otherwise; 0: none).
+func (c *Conn) Timeout() time.Duration { return c.timeout }
 
 // Token returns the current bearer token.
 func (c *Conn) Token() string {

@@ -2,6 +2,11 @@
 // Tether. It speaks only the public API (Connect over HTTP/2), so everything
 // here can be rebuilt in any language from proto/tether/v1.
 //
+// A Conn gives every unary call whose context has no deadline one of
+// DefaultTimeout (WithTimeout changes it), as the TypeScript and Python
+// SDKs do: a control plane that never answers holds no Join, Spawn or
+// ConfirmExit for longer. Streams carry none.
+//
 // For agent frameworks:
 //
 //   - Agent registers (or joins with a credential its parent obtained by
@@ -55,7 +60,8 @@
 // recorded, never accepted. Job.Header sets the job id and generation that
 // a tool server's Fence checks before any side effect.
 //
-// Caller duties: close what you open (Agent.Close, ToolGate.Close); treat
+// Caller duties: close what you open (ToolGate.Close, LeaseWorker.Close,
+// which ends the jobs it runs); treat
 // a drain signal as "finish what you are doing, start nothing new, then
 // exit", and abort as "stop now"; claim your exit (Agent.Exit) as the very
 // last thing, or let your launcher confirm it from outside the process. An

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"connectrpc.com/connect"
 
@@ -103,6 +105,28 @@ const (
 	HeaderLeaseGeneration = "Tether-Lease-Generation"
 )
 
+// MaxJobIDBytes is the longest job id the coordinator accepts (the lease
+// record's bound on ids). A fence refuses a longer one, and one that is
+// not UTF-8 or holds a control character, as a job the coordinator never
+// issued, without asking it and without remembering it.
+const MaxJobIDBytes = 256
+
+// jobIDProblem says why job cannot be a job id the coordinator issued, or
+// "" when it can. It never quotes job.
+func jobIDProblem(job string) string {
+	switch {
+	case job == "":
+		return "the job id is empty"
+	case len(job) > MaxJobIDBytes:
+		return fmt.Sprintf("a job id of %d bytes (the coordinator issues at most %d)", len(job), MaxJobIDBytes)
+	case !utf8.ValidString(job):
+		return "a job id that is not UTF-8"
+	case strings.IndexFunc(job, unicode.IsControl) >= 0:
+		return "a job id holding a control character"
+	}
+	return ""
+}
+
 // Fence is the tool server's half of lease fencing: every side effect
 // carries the job id and the lease generation its caller holds, and the
 // fence rejects one whose generation is lower than the highest it has seen
@@ -178,6 +202,12 @@ func (f *Fence) Admit(job string, generation uint64) error {
 func (f *Fence) AdmitContext(ctx context.Context, job string, generation uint64) error {
 	if job == "" || generation == 0 {
 		return fmt.Errorf("agentsdk: fence: a side effect needs a job id and a lease generation (got %q, %d)", job, generation)
+	}
+	if problem := jobIDProblem(job); problem != "" {
+		// Neither asked about nor remembered: such a job has no lease,
+		// and a caller naming it must not spend the fence's memory, nor
+		// a request to the coordinator answered as if it were down.
+		return fmt.Errorf("%w: %s", ErrUnissuedGeneration, problem)
 	}
 	var askedAt time.Time
 	if f.MaxStale > 0 {
@@ -265,16 +295,17 @@ func (f *Fence) Highest(job string) uint64 {
 }
 
 // Middleware fences an HTTP tool: a request must carry HeaderJobID and
-// HeaderLeaseGeneration; one from a superseded generation is answered 409
-// Conflict, one whose generation the Check refused (unissued, or without
-// authority) 403 Forbidden (503 when the coordinator could not be asked),
-// and none of them reaches next; a request without them is answered 400.
+// HeaderLeaseGeneration, once each; one from a superseded generation is
+// answered 409 Conflict, one whose generation the Check refused (unissued,
+// or without authority) 403 Forbidden (503 when the coordinator could not
+// be asked), and none of them reaches next; a request without them, or
+// whose job id the coordinator could not have issued (MaxJobIDBytes), is
+// answered 400 before anything is asked.
 func (f *Fence) Middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		job := r.Header.Get(HeaderJobID)
-		generation, err := strconv.ParseUint(r.Header.Get(HeaderLeaseGeneration), 10, 64)
-		if job == "" || err != nil || generation == 0 {
-			http.Error(w, "fenced tool: "+HeaderJobID+" and "+HeaderLeaseGeneration+" (a positive integer) are required", http.StatusBadRequest)
+		job, generation, problem := fencingHeaders(r.Header)
+		if problem != "" {
+			http.Error(w, "fenced tool: "+problem, http.StatusBadRequest)
 			return
 		}
 		if err := f.AdmitContext(r.Context(), job, generation); err != nil {
@@ -290,4 +321,29 @@ func (f *Fence) Middleware(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// fencingHeaders reads a request's job id and generation, or says what is
+// wrong with them: each header once (a request naming two generations
+// could be read one way here and another by the tool), the generation a
+// positive decimal integer without sign or leading zero, as the
+// TypeScript and Python fences read it.
+func fencingHeaders(h http.Header) (job string, generation uint64, problem string) {
+	required := HeaderJobID + " and " + HeaderLeaseGeneration + " (a positive integer) are required, once each"
+	jobs, generations := h.Values(HeaderJobID), h.Values(HeaderLeaseGeneration)
+	if len(jobs) != 1 || len(generations) != 1 || jobs[0] == "" {
+		return "", 0, required
+	}
+	raw := generations[0]
+	if raw == "" || raw[0] < '1' || raw[0] > '9' {
+		return "", 0, required
+	}
+	generation, err := strconv.ParseUint(raw, 10, 64)
+	if err != nil {
+		return "", 0, required
+	}
+	if p := jobIDProblem(jobs[0]); p != "" {
+		return "", 0, HeaderJobID + " is not a job the coordinator issues: " + p
+	}
+	return jobs[0], generation, ""
 }

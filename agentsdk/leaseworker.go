@@ -38,6 +38,11 @@ var (
 	ErrLeaseUnconfirmed = fmt.Errorf("%w: no renewal the coordinator accepted covers the worker's clock any more; authority cannot be proven (the coordinator was not reached)", ErrLeaseLost)
 	// ErrJobEnded: the job was completed or stopped by its worker.
 	ErrJobEnded = errors.New("agentsdk: the job ended")
+	// ErrWorkerClosed: the job's LeaseWorker was closed. It is the cause
+	// of the context of every job the worker ran (wrapping ErrJobEnded),
+	// and what Accept, Renew, Progress and Complete return once it is
+	// closed: nothing is sent after Close.
+	ErrWorkerClosed = fmt.Errorf("%w: its lease worker was closed", ErrJobEnded)
 	// ErrOwnershipConflict: another identity claimed this generation and
 	// the coordinator recorded an ownership conflict. Execution must halt:
 	// renewals no longer extend authority and completion is refused until
@@ -109,7 +114,18 @@ type LeaseWorker struct {
 	// sendMu keeps delivery in spool order: nothing new is sent directly
 	// while older messages wait in the spool.
 	sendMu sync.Mutex
+
+	// mu guards closed and jobs: the jobs whose renew loop runs, which
+	// Close ends.
+	mu     sync.Mutex
+	closed bool
+	jobs   map[*Job]struct{}
 }
+
+// closeWait bounds how long Close waits for its jobs' renew loops to
+// end: each stops at once (its renewal in flight is cancelled), unless an
+// OnCancel callback it is running holds it.
+const closeWait = 10 * time.Second
 
 // NewLeaseWorker opens (or creates) the spool. Messages left there by an
 // earlier process are replayed by Replay or before the next delivery.
@@ -130,11 +146,69 @@ func NewLeaseWorker(cfg LeaseWorkerConfig) (*LeaseWorker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &LeaseWorker{cfg: cfg, spool: sp}, nil
+	return &LeaseWorker{cfg: cfg, spool: sp, jobs: map[*Job]struct{}{}}, nil
 }
 
-// Close closes the spool file.
-func (w *LeaseWorker) Close() error { return w.spool.close() }
+// Close ends every job the worker runs, as Job.Stop does but with the
+// cause ErrWorkerClosed (their contexts end, their renewals stop, one in
+// flight is cancelled; each lease runs out on the coordinator's clock),
+// waits for their renew loops to end (at most 10 s in all), and closes
+// the spool: what it holds is replayed by the next LeaseWorker on the
+// directory. From then on the worker sends nothing: Accept, Renew,
+// Progress and Complete return ErrWorkerClosed. Close is idempotent.
+func (w *LeaseWorker) Close() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	jobs := make([]*Job, 0, len(w.jobs))
+	for j := range w.jobs {
+		jobs = append(jobs, j)
+	}
+	w.mu.Unlock()
+	for _, j := range jobs {
+		j.end(ErrWorkerClosed)
+	}
+	bound := time.NewTimer(closeWait)
+	defer bound.Stop()
+	for _, j := range jobs {
+		select {
+		case <-j.done:
+		case <-bound.C:
+			w.cfg.Log.Warn("lease worker closed with a job's renew loop still running (an OnCancel it runs has not returned)", "job", j.jobID)
+			return w.spool.close()
+		}
+	}
+	return w.spool.close()
+}
+
+// isClosed reports whether Close was called.
+func (w *LeaseWorker) isClosed() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.closed
+}
+
+// track records a job whose renew loop is about to run, so that Close
+// ends it; it reports false (and records nothing) once the worker is
+// closed.
+func (w *LeaseWorker) track(j *Job) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	w.jobs[j] = struct{}{}
+	return true
+}
+
+func (w *LeaseWorker) untrack(j *Job) {
+	w.mu.Lock()
+	delete(w.jobs, j)
+	w.mu.Unlock()
+}
 
 // Pending reports how many messages wait in the spool.
 func (w *LeaseWorker) Pending() int { return w.spool.len() }
@@ -180,6 +254,9 @@ func (w *LeaseWorker) replayLocked(ctx context.Context) (int, error) {
 func (w *LeaseWorker) deliver(ctx context.Context, req *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, error) {
 	w.sendMu.Lock()
 	defer w.sendMu.Unlock()
+	if w.isClosed() {
+		return nil, nil, ErrWorkerClosed
+	}
 	if w.spool.len() > 0 {
 		if _, rerr := w.replayLocked(ctx); rerr != nil {
 			if err := w.spool.append(req); err != nil {
@@ -210,6 +287,9 @@ func retryable(err error) bool {
 }
 
 func (w *LeaseWorker) send(ctx context.Context, req *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, error) {
+	if w.isClosed() {
+		return nil, nil, ErrWorkerClosed
+	}
 	c := w.cfg.Conn.Lease
 	switch m := req.Message.(type) {
 	case *tetherv1.ChannelRequest_Ack:
@@ -265,6 +345,11 @@ type Job struct {
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
+	// halted ends when the job does (end): the renew loop's renewal in
+	// flight is cancelled with it, so that nothing holds the loop (and
+	// Close) once the job ended.
+	halted context.Context
+	halt   context.CancelFunc
 
 	// The generation this Job accepted. Every message it sends and its
 	// fencing header speak for it, whatever later generation an answer
@@ -292,8 +377,13 @@ type Job struct {
 // authority (ErrLeaseLost) or records an ownership conflict on it
 // (*OwnershipConflictError, wrapping ErrOwnershipConflict), when no
 // accepted renewal covers the worker's clock any more
-// (ErrLeaseUnconfirmed), or when the worker ends it (ErrJobEnded).
+// (ErrLeaseUnconfirmed), or when the worker ends it (ErrJobEnded; the
+// worker's Close: ErrWorkerClosed, which wraps it). A closed worker
+// returns ErrWorkerClosed without acknowledging anything.
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
+	if w.isClosed() {
+		return nil, nil, ErrWorkerClosed
+	}
 	sentAt := w.heldNow()
 	req := &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_Ack{Ack: &tetherv1.AckRequest{
 		JobId: offered.GetJobId(), LeaseId: offered.GetLeaseId(), LeaseGeneration: offered.GetLeaseGeneration(), SentAt: timestamppb.New(w.cfg.Clock.Now()),
@@ -312,8 +402,16 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 		return nil, d, fmt.Errorf("agentsdk: ack of job %q refused: %s %s", offered.GetJobId(), d.GetAuditEvent(), d.GetReason())
 	}
 	jctx, cancel := context.WithCancelCause(context.Background())
+	halted, halt := context.WithCancel(context.Background())
 	j := &Job{w: w, opts: opts, ctx: jctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), lease: l,
+		halted: halted, halt: halt,
 		jobID: offered.GetJobId(), leaseID: offered.GetLeaseId(), generation: offered.GetLeaseGeneration()}
+	if !w.track(j) {
+		// Closed while the ACK was under way: the job ends before it
+		// begins, and its lease runs out on the coordinator's clock.
+		j.end(ErrWorkerClosed)
+		return nil, d, ErrWorkerClosed
+	}
 	if l.GetLeaseGeneration() == j.generation {
 		// A job this agent already held (its ACK a DUPLICATE: a process
 		// restarted after it renewed and reported progress) goes on from
@@ -335,9 +433,15 @@ func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts 
 		j.mu.Lock()
 		j.heldUntil = sentAt
 		j.mu.Unlock()
-		if _, err := j.Renew(ctx); err != nil {
+		// Cancelled if the job ends meanwhile (the worker's Close), as the
+		// renew loop's renewals are.
+		rctx, cancel := context.WithCancel(ctx)
+		unhook := context.AfterFunc(j.halted, cancel)
+		if _, err := j.Renew(rctx); err != nil && !errors.Is(err, ErrWorkerClosed) && j.halted.Err() == nil {
 			j.w.cfg.Log.Warn("lease renew of a resumed job failed", "job", j.jobID, "error", err)
 		}
+		unhook()
+		cancel()
 		j.checkHeld()
 	}
 	go j.renewLoop()
@@ -427,6 +531,7 @@ func (j *Job) end(cause error) {
 	j.once.Do(func() {
 		j.cancel(cause)
 		close(j.stop)
+		j.halt()
 		j.mu.Lock()
 		if j.heldTimer != nil {
 			j.heldTimer.Stop()
@@ -441,6 +546,7 @@ func (j *Job) claim() (job, leaseID string, generation uint64, sent *timestamppb
 
 func (j *Job) renewLoop() {
 	defer close(j.done)
+	defer j.w.untrack(j)
 	every := j.w.cfg.RenewEvery
 	if every <= 0 {
 		every = max(j.Lease().GetLeaseDuration().AsDuration()/3, 10*time.Millisecond)
@@ -458,7 +564,7 @@ func (j *Job) renewLoop() {
 			// clock: no renewal sent now could prove the time between.
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), every)
+		ctx, cancel := context.WithTimeout(j.halted, every)
 		_, err := j.Renew(ctx)
 		cancel()
 		if err != nil && !retryable(err) {
@@ -528,7 +634,7 @@ func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64,
 			_, _, err := j.w.deliver(ctx, &tetherv1.ChannelRequest{Message: &tetherv1.ChannelRequest_CancelAck{CancelAck: &tetherv1.LeaseServiceCancelAckRequest{
 				JobId: job, LeaseId: leaseID, LeaseGeneration: gen, SentAt: sent,
 			}}})
-			if err != nil && !errors.Is(err, ErrSpooled) {
+			if err != nil && !errors.Is(err, ErrSpooled) && !errors.Is(err, ErrWorkerClosed) {
 				j.w.cfg.Log.Warn("lease cancel ack failed", "job", job, "error", err)
 			}
 		}

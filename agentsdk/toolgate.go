@@ -131,7 +131,7 @@ func (g *ToolGate) cancel(callID string) {
 		c(ErrCancelled)
 		return
 	}
-	if len(g.beginning) > 0 && len(g.orders) < MaxEarlyOrders {
+	if len(g.beginning) > 0 && len(g.orders) < MaxEarlyOrders && len(callID) <= maxCallIDBytes {
 		g.orders[callID] = g.begins
 	}
 }
@@ -140,6 +140,12 @@ func (g *ToolGate) cancel(callID string) {
 // not registered, however many begins are under way: an order is early by
 // a round trip at most, and each begin settled walks the orders held.
 const MaxEarlyOrders = 1024
+
+// maxCallIDBytes bounds the call id of an order a gate holds: the control
+// plane's call ids are some thirty bytes, and an order for a longer one
+// (a hostile peer's, up to a message's 16 MiB each) is for no call this
+// gate could begin. The TypeScript and Python gates hold the same.
+const maxCallIDBytes = 256
 
 // settled settles the begin numbered n: it drops the orders no begin
 // still under way can be for. g.mu is held.

@@ -222,7 +222,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	every := cmp.Or(c.s.cfg.RevocationHeartbeat, grantstore.DefaultHeartbeat)
 	var lastSent time.Time
 	sent := false
-	err = c.s.grants.WatchRevocations(ctx, req.Msg.AfterSequence, func(m grantstore.FeedMessage) error {
+	err = c.s.grants.WatchNewestRevocations(ctx, req.Msg.AfterSequence, int(min(req.Msg.Newest, grantstore.MaxFeedBatch)), func(m grantstore.FeedMessage) error {
 		msg := &tetherv1.WatchRevocationsResponse{
 			Tombstones:   make([]*tetherv1.Tombstone, 0, len(m.Tombstones)),
 			HeadSequence: m.Head,

@@ -208,19 +208,29 @@ func sameParties(checked lease.Lease) func(lease.Lease) error {
 // its ACK) when the node is not running: a node that is draining, aborting
 // or stopped must not start new work.
 func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error {
-	n, err := h.s.tree.Get(ctx, nodeID)
+	_, err := h.runningNode(ctx, nodeID, what)
+	return err
+}
+
+// runningNode is takesWork returning the node.
+func (h *leaseService) runningNode(ctx context.Context, nodeID, what string) (*tree.Node, error) {
+	n, above, err := h.s.tree.GetUnder(ctx, nodeID)
 	if errors.Is(err, tree.ErrNodeNotFound) {
-		return connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", nodeID))
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", nodeID))
 	}
 	if err != nil {
-		return toConnect(err)
+		return nil, toConnect(err)
 	}
 	if n.State != tree.NodeStateRunning {
-		state := strings.ToLower(strings.TrimPrefix(n.State.String(), "NODE_STATE_"))
-		return connect.NewError(connect.CodeFailedPrecondition,
-			fmt.Errorf("agent %s is %s: a node that is draining, aborting or stopped cannot %s a new lease", nodeID, state, what))
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("agent %s is %s: a node that is draining, aborting or stopped cannot %s a new lease", nodeID, tree.StateName(n.State), what))
 	}
-	return nil
+	if above != nil {
+		// A termination covers it; its mark, top down, has not reached it.
+		return nil, connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("agent %s is below %s, which is %s: a node that is draining, aborting or stopped, or below one, cannot %s a new lease", nodeID, above.NodeID, tree.StateName(above.State), what))
+	}
+	return n, nil
 }
 
 func (h *leaseService) Ack(ctx context.Context, req *connect.Request[tetherv1.AckRequest]) (*connect.Response[tetherv1.AckResponse], error) {
@@ -390,8 +400,9 @@ func (h *leaseService) coordinate(ctx context.Context, job, decision string, bui
 				return coordinator.Result{}, noLease(job)
 			}
 		}
+		lineage := ""
 		if newHolder != "" {
-			if err := h.checkHolder(ctx, p, newHolder); err != nil {
+			if lineage, err = h.checkHolder(ctx, p, newHolder); err != nil {
 				return coordinator.Result{}, err
 			}
 		}
@@ -400,12 +411,20 @@ func (h *leaseService) coordinate(ctx context.Context, job, decision string, bui
 			return coordinator.Result{}, err
 		}
 		m = signed(m, p.ID())
-		res, err := h.leases().ApplyIf(ctx, m, func(l lease.Lease) error {
+		guard := func(l lease.Lease) error {
 			if l.Exists() != current.Exists() || l.HolderIdentity != current.HolderIdentity || l.Owner != current.Owner {
 				return fmt.Errorf("%w: job %q changed holder while the request was checked; retry", coordinator.ErrPrecondition, job)
 			}
 			return nil
-		})
+		}
+		var res coordinator.Result
+		if newHolder != "" {
+			// A reassignment gives the new holder an open lease: within
+			// the bounds, as an offer.
+			res, err = h.leases().ApplyBounded(ctx, m, guard, lineage)
+		} else {
+			res, err = h.leases().ApplyIf(ctx, m, guard)
+		}
 		if errors.Is(err, coordinator.ErrPrecondition) && attempt < 3 {
 			continue
 		}
@@ -465,26 +484,32 @@ func (h *leaseService) decides(ctx context.Context, p auth.Principal, decision s
 	if !p.IsAgent() {
 		return nil
 	}
-	n, err := h.s.tree.Get(ctx, p.NodeID())
+	n, above, err := h.s.tree.GetUnder(ctx, p.NodeID())
 	if err != nil {
 		return toConnect(err)
 	}
-	return toConnect(tree.MayDecide(n, decision))
+	return toConnect(tree.MayDecideUnder(n, above, decision))
 }
 
 // checkHolder checks that a holder named in an Offer or Reassign is a
 // registered agent the caller may direct, and that it is running: a node
-// that is draining, aborting or stopped is offered nothing new.
-func (h *leaseService) checkHolder(ctx context.Context, p auth.Principal, holder string) error {
+// that is draining, aborting or stopped is offered nothing new. It
+// returns the holder's lineage (the root of its tree), under which its
+// open leases are bounded.
+func (h *leaseService) checkHolder(ctx context.Context, p auth.Principal, holder string) (string, error) {
 	if err := id.Check(id.Node, "holder_identity", holder); err != nil {
-		return invalid("%v", err)
+		return "", invalid("%v", err)
 	}
 	if p.IsAgent() {
 		if err := h.mayDirect(ctx, p, holder, "holder_identity"); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return h.takesWork(ctx, holder, "be offered")
+	n, err := h.runningNode(ctx, holder, "be offered")
+	if err != nil {
+		return "", err
+	}
+	return tree.Root(n), nil
 }
 
 // Offer starts a job's lease. The offering agent (none for an operator) is
@@ -504,7 +529,8 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	if err := h.decides(ctx, p, tree.DecideOffer); err != nil {
 		return nil, err
 	}
-	if err := h.checkHolder(ctx, p, req.Msg.HolderIdentity); err != nil {
+	lineage, err := h.checkHolder(ctx, p, req.Msg.HolderIdentity)
+	if err != nil {
 		return nil, toConnect(err)
 	}
 	var guard func(lease.Lease) error
@@ -519,7 +545,10 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 			return nil
 		}
 	}
-	res, err := h.leases().ApplyIf(ctx, m, guard)
+	// Within the bounds on open leases (Config.LeaseMaxOpenPerHolder,
+	// LeaseMaxOpenPerLineage): past them refused resource_exhausted,
+	// unjudged.
+	res, err := h.leases().ApplyBounded(ctx, m, guard, lineage)
 	if errors.Is(err, errJobExists) {
 		// Judged (and answered with the lease) only for its lineage.
 		current, getErr := h.leases().Get(ctx, req.Msg.JobId)
@@ -533,7 +562,7 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 		if !ok {
 			return nil, denied("job id %q is already in use outside your lineage; choose another job id", req.Msg.JobId)
 		}
-		res, err = h.leases().ApplyIf(ctx, m, sameParties(current))
+		res, err = h.leases().ApplyBounded(ctx, m, sameParties(current), lineage)
 	}
 	if err != nil {
 		return nil, toConnect(err)

@@ -16,10 +16,10 @@ import (
 // record reports each one with its outcome.
 type leaseCanceller struct{ *coordinator.Coordinator }
 
-func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]supervisor.RecordLease, error) {
-	ls, err := c.Coordinator.FinalizeHeldBy(ctx, holders, reason)
+func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, reason string, page supervisor.LeasePage) ([]supervisor.RecordLease, bool, error) {
+	ls, more, err := c.Coordinator.FinalizeHeldByPage(ctx, holders, reason, page.After, page.Limit)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	out := make([]supervisor.RecordLease, len(ls))
 	at := make(map[string]int, len(ls))
@@ -42,9 +42,9 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
+		return nil, false, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
 	}
-	return out, nil
+	return out, more, nil
 }
 
 // recordOutcome is how a reconciliation record reports a lease.

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/tetherhq/tether/internal/id"
@@ -46,10 +47,18 @@ func (h leaseHandover) held(ctx context.Context, holders []string) ([]lease.Leas
 	return out, nil
 }
 
-func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]supervisor.RecordLease, error) {
+func (h leaseHandover) HeldBy(ctx context.Context, holders []string, page supervisor.LeasePage) ([]supervisor.RecordLease, bool, error) {
 	held, err := h.held(ctx, holders)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	// The page: held is in order of job id (List's). What is read per
+	// lease (its evidence, for how it ended) is read for the page's only.
+	start := sort.Search(len(held), func(i int) bool { return held[i].JobID > page.After })
+	held = held[start:]
+	more := false
+	if page.Limit > 0 && len(held) > page.Limit {
+		held, more = held[:page.Limit], true
 	}
 	out := make([]supervisor.RecordLease, 0, len(held))
 	for _, l := range held {
@@ -66,11 +75,11 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string) ([]supervis
 		if handoverable(l) {
 			rl.Outcome, rl.TerminalResult = supervisor.LeaseOutcomeHandedOver, supervisor.LeaseResultUnspecified
 		} else if err := endedBy(ctx, h.leases, l, &rl); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		out = append(out, rl)
 	}
-	return out, nil
+	return out, more, nil
 }
 
 func (h leaseHandover) Open(ctx context.Context, holders []string) (open, stuck []supervisor.HandoverLease, err error) {

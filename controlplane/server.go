@@ -112,11 +112,18 @@ type Config struct {
 	// PrivilegeHookTimeout bounds, in total, a termination's privilege
 	// revocations; zero means supervisor.DefaultHookTimeout.
 	PrivilegeHookTimeout time.Duration
+	// LeaseMaxOpenPerHolder bounds the open (not terminal) job leases one
+	// agent holds, LeaseMaxOpenPerLineage those the agents of one lineage
+	// hold together: an offer or reassignment past either is refused
+	// resource_exhausted. Zero means DefaultLeaseMaxOpenPerHolder and
+	// DefaultLeaseMaxOpenPerLineage, negative no bound.
+	LeaseMaxOpenPerHolder, LeaseMaxOpenPerLineage int
 	// TerminationChunk bounds the nodes (or tool calls) one transaction
 	// of a termination handles; zero means supervisor.DefaultChunkSize.
 	TerminationChunk int
 	// TerminationLeasePage bounds the encoded leases one part of a
-	// termination's record carries; zero means
+	// termination's record carries, and so its grants, and the held index
+	// one transaction of its revocation writes; zero means
 	// supervisor.DefaultLeasePageBytes.
 	TerminationLeasePage int
 	// TerminationFault, when set, is called after each chunk of a
@@ -196,8 +203,29 @@ func (c *Config) defaults() {
 	if c.OperatorTokenTTL == 0 {
 		c.OperatorTokenTTL = 24 * time.Hour
 	}
+	if c.LeaseMaxOpenPerHolder == 0 {
+		c.LeaseMaxOpenPerHolder = DefaultLeaseMaxOpenPerHolder
+	}
+	if c.LeaseMaxOpenPerLineage == 0 {
+		c.LeaseMaxOpenPerLineage = DefaultLeaseMaxOpenPerLineage
+	}
 	c.Conn.defaults()
 }
+
+// The bounds on open job leases (Config.LeaseMaxOpenPerHolder,
+// LeaseMaxOpenPerLineage) when none is given. An open lease costs the
+// server its memory, its deadlines and its upkeep until its job ends, and
+// a termination of its holder a cancel and a resolution: without a bound,
+// a lineage that offered its child twenty thousand jobs (a few seconds of
+// its rate budget) made every one of them the child's stop's work. A
+// holder may keep 4,096 jobs open, more than its upkeep allowance keeps
+// alive (controlplane.LeaseUpkeepNodeRate); a lineage 16,384 together.
+// Terminal leases are not counted: an honest worker's finished jobs stay
+// its own for as long as the store keeps them.
+const (
+	DefaultLeaseMaxOpenPerHolder  = 4096
+	DefaultLeaseMaxOpenPerLineage = 16384
+)
 
 // Server is one control-plane process.
 type Server struct {
@@ -294,6 +322,15 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	if err := s.buildComponents(ctx); err != nil {
 		s.Close()
 		return nil, err
+	}
+	// The indexes of proposals by node and of records by tree and
+	// requester, over what a version before them stored: complete before
+	// the server serves a read of them (once; then one key is read).
+	if n, err := s.supervisor.IndexStored(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("controlplane: index the stored proposals and records: %w", err)
+	} else if n > 0 {
+		s.log.Info("indexed the stored proposals and records", "entries", n)
 	}
 	if cfg.DataDir != "" {
 		if err := s.bootstrapAdminToken(); err != nil {

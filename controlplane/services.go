@@ -28,7 +28,11 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	if s.cfg.LeasePolicy != nil {
 		leasePolicy = *s.cfg.LeasePolicy
 	}
-	leases, err := coordinator.New(ctx, coordinator.Config{Store: s.store, Clock: s.cfg.Clock, Policy: leasePolicy, Log: s.log})
+	leases, err := coordinator.New(ctx, coordinator.Config{
+		Store: s.store, Clock: s.cfg.Clock, Policy: leasePolicy, Log: s.log,
+		MaxOpenPerHolder: max(0, s.cfg.LeaseMaxOpenPerHolder), MaxOpenPerAccount: max(0, s.cfg.LeaseMaxOpenPerLineage),
+		Accounts: s.leaseLineages,
+	})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/wire"
+	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
@@ -158,7 +159,27 @@ func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Reques
 	if size == 0 || size > 100 {
 		size = 100
 	}
-	recs, next, partial, err := h.s.supervisor.Records(ctx, req.Msg.PageToken, size)
+	f := supervisor.RecordFilter{Requester: supervisor.Requester(req.Msg.RequestedBy)}
+	if _, ok := tetherv1.RecordRequester_name[int32(req.Msg.RequestedBy)]; !ok {
+		return nil, invalid("requested_by %d is not a requester (operator, agent or rollout)", req.Msg.RequestedBy)
+	}
+	if tn := req.Msg.TreeNodeId; tn != "" {
+		if err := id.Check(id.Node, "tree_node_id", tn); err != nil {
+			return nil, invalid("%v", err)
+		}
+		n, err := h.s.tree.Get(ctx, tn)
+		if errors.Is(err, tree.ErrNodeNotFound) {
+			return nil, connect.NewError(connect.CodeNotFound, errorf("tree_node_id %s: no such node", tn))
+		}
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		f.Tree = n.NodeID
+		if len(n.Ancestors) > 0 {
+			f.Tree = n.Ancestors[0]
+		}
+	}
+	recs, next, partial, err := h.s.supervisor.RecordsOf(ctx, f, req.Msg.PageToken, size)
 	if err != nil {
 		return nil, toConnect(err)
 	}

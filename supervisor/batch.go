@@ -35,8 +35,9 @@ type LeaseHandover interface {
 	// HeldBy reports every lease held by the holders without changing any:
 	// open ones the rollout can reassign as HANDED_OVER, ones it cannot
 	// (an ownership conflict, a cancel request) as they stand, terminal ones
-	// with their outcome. For a rollout batch's record.
-	HeldBy(ctx context.Context, holders []string) ([]RecordLease, error)
+	// with their outcome. For a rollout batch's record, page by page (see
+	// LeasePage; more: leases of jobs after them remain).
+	HeldBy(ctx context.Context, holders []string, page LeasePage) (leases []RecordLease, more bool, err error)
 	// Open lists the open (not terminal) leases held by the holders:
 	// those that can be reassigned, and those that cannot (Why says why).
 	Open(ctx context.Context, holders []string) (open, stuck []HandoverLease, err error)

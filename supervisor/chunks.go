@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/tetherhq/tether/supervisor/internal/kv"
 	"github.com/tetherhq/tether/supervisor/ledger"
@@ -118,19 +119,93 @@ type Cursor struct {
 	LeasesPending bool   `json:"leases_pending,omitempty"`
 	LeasesFrom    int    `json:"leases_from,omitempty"`
 	LeasesAfter   string `json:"leases_after,omitempty"`
+	// A chunk whose members held more grants than one part carries:
+	// GrantsPending says their grants are still being written, in parts
+	// of their own and in order of grant id, before their leases (so
+	// LeasesPending and LeasesFrom are set with it); GrantsAfter is the
+	// last one written.
+	GrantsPending bool   `json:"grants_pending,omitempty"`
+	GrantsAfter   string `json:"grants_after,omitempty"`
 }
 
 // DefaultLeasePageBytes bounds, when Supervisor.LeasePageBytes is zero,
-// the encoded leases one record part carries: a node may hold any number
-// of leases (finished ones included), and a chunk writes its part in one
+// the encoded leases one record part carries, and so the grants, and the
+// held index one transaction of the revocation writes: a node may hold
+// any number of leases (finished ones included) and of grants (expired
+// and revoked ones included), and a chunk writes its part in one
 // transaction, which Badger and etcd bound.
 const DefaultLeasePageBytes = 512 << 10
 
-func (s *Supervisor) leasePageBytes() int {
+func (s *Supervisor) pageBytes() int {
 	if s.LeasePageBytes > 0 {
 		return s.LeasePageBytes
 	}
 	return DefaultLeasePageBytes
+}
+
+// privilegeRecordBytes is a bound on what a registered privilege weighs in
+// the transaction of its chunk of the record: its entry, and the privilege
+// itself when the record decides it.
+func privilegeRecordBytes(p privilege.Privilege) int {
+	return 2*(len(p.ID)+len(p.NodeID)+len(p.GrantID)+len(p.Kind)+len(p.ExternalID)+len(p.RegisteredBy)+len(p.Error)) + len(p.RevokeURL) + 256
+}
+
+// privilegeCut is how many of the n entries from sequence from a chunk of
+// the record takes so that the privileges the held index lists for them
+// (items, in order of sequence, privs the privileges they name) weigh at
+// most limit bytes: all n when they do, and at least one entry.
+func privilegeCut(items []heldItem, privs []privilege.Privilege, from, n, limit int) int {
+	size := 0
+	for i := range n {
+		for len(items) > 0 && items[0].seq == from+i {
+			size += privilegeRecordBytes(privs[0])
+			items, privs = items[1:], privs[1:]
+		}
+		if size > limit && i > 0 {
+			return i
+		}
+	}
+	return n
+}
+
+// grantBytes is a bound on g's encoded size in a record part (as a
+// privilege, and its id on its holder's entry).
+func grantBytes(g HeldGrant) int {
+	return 3*len(g.GrantID) + len(g.NodeID) + len(g.RevokedBy) + len(g.Issuer) + 64
+}
+
+// grantPage sorts grants by id and splits off, after the id after (none
+// when empty), the page one record part carries: at most limit bytes, at
+// least one grant. more says grants remain after the page. Fewer grants
+// than a page are returned whole, as given.
+func grantPage(grants []HeldGrant, after string, limit int) (page []HeldGrant, more bool) {
+	if after == "" {
+		size := 0
+		for _, g := range grants {
+			size += grantBytes(g)
+		}
+		if size <= limit {
+			return grants, false
+		}
+	}
+	grants = slices.Clone(grants)
+	slices.SortFunc(grants, func(a, b HeldGrant) int { return strings.Compare(a.GrantID, b.GrantID) })
+	i := 0
+	if after != "" {
+		i, _ = slices.BinarySearchFunc(grants, after, func(g HeldGrant, id string) int { return strings.Compare(g.GrantID, id) })
+		for i < len(grants) && grants[i].GrantID <= after {
+			i++
+		}
+	}
+	size := 0
+	j := i
+	for ; j < len(grants); j++ {
+		size += grantBytes(grants[j])
+		if size > limit && j > i {
+			break
+		}
+	}
+	return grants[i:j], j < len(grants)
 }
 
 // leaseKey orders a record's leases: by job id, then lease id.
@@ -195,8 +270,36 @@ func heldKey(term string, kind byte, seq int, id string) []byte {
 
 // heldItem is one grant or privilege of the held index.
 type heldItem struct {
+	kind     byte // heldGrant or heldPrivilege (as written; readHeld leaves it zero)
 	seq      int
 	id, node string
+}
+
+// putHeld writes items to the held index of term.
+func putHeld(tx store.Txn, term string, items []heldItem) error {
+	for _, it := range items {
+		if err := tx.Put(heldKey(term, it.kind, it.seq, it.id), []byte(it.node)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// heldPages splits items into pages whose keys and values weigh at most
+// limit bytes each (a page holds one item at least): at least one page,
+// the last possibly empty.
+func heldPages(term string, items []heldItem, limit int) [][]heldItem {
+	var pages [][]heldItem
+	size, from := 0, 0
+	for i, it := range items {
+		n := len(prefixHeld) + len(term) + len(it.id) + len(it.node) + 32
+		if size+n > limit && i > from {
+			pages = append(pages, items[from:i])
+			size, from = 0, i
+		}
+		size += n
+	}
+	return append(pages, items[from:])
 }
 
 // readHeld reads the items of kind the held index lists for the entries
@@ -561,7 +664,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			if plan == nil || plan.from != t.Cursor {
 				return nil
 			}
-			if err := c.list(plan.kids); err != nil {
+			if err := c.list(plan.kids, plan.leaves); err != nil {
 				return err
 			}
 			if t.Counts.Listed != plan.listed {
@@ -591,6 +694,13 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		advanced, err = putAdvancedAs(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CancelsPending: t.Progress.CancelsPending}, now)
 		return err
 	})
+	if errors.Is(err, errChildNotesStale) {
+		// Nothing was written: the next pass walks again, reading every
+		// list.
+		s.childNotesDistrusted.Store(true)
+		s.Log.Warn("termination's mark found a node whose entry says it has no children, and its node that it may have some; reading every child list from now on", "termination_id", id)
+		return nil
+	}
 	if err == nil {
 		s.nodes.keep(wrote)
 		s.keepAckDeadline(advanced)
@@ -614,7 +724,18 @@ type markPlan struct {
 	kids     []string
 	// listed is the index's length once the kids are listed.
 	listed int
+	// leaves are the kids whose child lists the walk did not read
+	// because their entries in their parents' lists say they have no
+	// child (tree.ChildMayHaveChildren); the chunk checks each against
+	// its node's own note (list).
+	leaves map[string]bool
 }
+
+// errChildNotesStale stops a mark's chunk whose walk skipped the child
+// list of a node that may have children after all (its entry written as a
+// leaf's, its child spawned by a binary without the child notes): the
+// chunk writes nothing, and the walk is done again reading every list.
+var errChildNotesStale = errors.New("supervisor: a child note says a node has no children, its node that it may have some")
 
 // planMark reads, before the chunk's transaction, the children the next
 // chunk of the mark lists (nil when the mark is not past its roots). The
@@ -626,8 +747,12 @@ type markPlan struct {
 // calls, the cursor) the transaction reads and guards itself. Entries the
 // walk lists are expanded by it too, so a subtree of budget nodes is
 // marked in one chunk after the roots', not one per level; the entries
-// expanded are bounded (four times budget: leaves cost a read each and
-// list nothing).
+// expanded are bounded (four times budget: leaves list nothing). A child
+// list is read only of a node that may have children: as its entry in
+// the index says (its node's HoldsChildren), or, for a node the walk
+// listed itself, as its entry in its parent's list says (the child
+// notes, tree.ChildMayHaveChildren), so the leaves of a level the walk
+// lists and expands in one chunk cost no read.
 func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*markPlan, error) {
 	var plan *markPlan
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
@@ -640,8 +765,12 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 			return nil
 		}
 		p := &markPlan{from: t.Cursor, to: t.Cursor, listed: t.Counts.Listed}
+		trustNotes := !s.childNotesDistrusted.Load()
 		roots := t.RootIDs()
 		var fresh []string // the nodes of the entries the walk lists, from t.Counts.Listed on
+		// freshLeaf[i]: fresh[i]'s entry in its parent's list says it has
+		// no child (tree.ChildMayHaveChildren): its list is not read.
+		var freshLeaf []bool
 		lastBatch, kidsBefore := 0, 0
 		var indexed []subtreeEntry // the index's entries from indexFrom on
 		indexFrom := 0
@@ -689,7 +818,11 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 			} else {
 				off := p.to.Entry - t.Counts.Listed
 				parents = fresh[off:min(len(fresh), off+batch)]
-				childless = make([]bool, len(parents))
+				if trustNotes {
+					childless = freshLeaf[off : off+len(parents)]
+				} else {
+					childless = make([]bool, len(parents))
+				}
 			}
 			if len(parents) == 0 {
 				break // (an index shorter than its count)
@@ -711,11 +844,17 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 			base, full := p.to.Entry, false
 			for i, sc := range scans {
 				if childless[i] {
+					if base+i >= t.Counts.Listed { // (a kid the walk listed: its note said so)
+						if p.leaves == nil {
+							p.leaves = map[string]bool{}
+						}
+						p.leaves[parents[i]] = true
+					}
 					p.to.Entry, p.to.After = base+i+1, ""
 					expanded++
 					continue
 				}
-				err := tx.Scan(sc.Prefix, sc.Start, func(k, _ []byte) error {
+				err := tx.Scan(sc.Prefix, sc.Start, func(k, v []byte) error {
 					if len(p.kids) == budget {
 						full = true
 						return store.ErrStopScan
@@ -725,6 +864,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 					p.to.Entry, p.to.After = base+i, kid
 					if len(roots) == 1 || !slices.Contains(roots, kid) {
 						fresh = append(fresh, kid)
+						freshLeaf = append(freshLeaf, !tree.ChildMayHaveChildren(v))
 						p.listed++
 					}
 					return nil
@@ -755,7 +895,12 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 // call that begins before this chunk commits notes the node in its own
 // transaction, so the node's read here, which the commit guards, fails
 // the chunk; one that begins after finds the node stopping.
-func (c *markChunk) list(kids []string) error {
+//
+// A kid the walk did not expand because its entry said it has no child
+// (leaves) must say the same on its node, as the spawn of its first child
+// notes both in one transaction; else the chunk stops (errChildNotesStale)
+// before it marks anything.
+func (c *markChunk) list(kids []string, leaves map[string]bool) error {
 	t, tx := c.t, c.tx
 	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), nil); err != nil {
 		return err
@@ -770,6 +915,9 @@ func (c *markChunk) list(kids []string) error {
 		n, err := tree.GetNodeIn(tx, kid)
 		if err != nil {
 			return fmt.Errorf("supervisor: child index names %s: %w", kid, err)
+		}
+		if leaves[kid] && n.Holds.May(tree.HoldsChildren) {
+			return errChildNotesStale
 		}
 		nodes = append(nodes, n)
 		if n.Holds.May(tree.HoldsCalls) {
@@ -1084,20 +1232,34 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 		}
 	}
 	cur.Entry += read
+	// The chunk's members may hold any number of grants (an agent delegates
+	// to its child a request each): their held index goes in pages, all but
+	// the last in transactions of their own, each guarded as the chunk is
+	// (its keys are the same however often it runs), and the last with the
+	// cursor.
+	var index []heldItem
+	if indexing {
+		index = make([]heldItem, 0, len(grants)+len(privs))
+		for _, g := range grants {
+			index = append(index, heldItem{kind: heldGrant, seq: seqOf[g.NodeID], id: g.GrantID, node: g.NodeID})
+		}
+		for _, p := range privs {
+			index = append(index, heldItem{kind: heldPrivilege, seq: seqOf[p.NodeID], id: p.ID, node: p.NodeID})
+		}
+	}
+	pages := heldPages(t.ID, index, s.pageBytes())
+	for _, page := range pages[:len(pages)-1] {
+		if err := s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, _ Termination) error { return putHeld(tx, t.ID, page) }); err != nil {
+			return err
+		}
+	}
 	return s.inChunk(ctx, t, phaseMoved, func(tx store.Txn, stored Termination) error {
 		stored.HookDeadline = deadline
 		stored.UpdatedAt = now
 		if indexing {
 			stored.HeldIndexed = true
-			for _, g := range grants {
-				if err := tx.Put(heldKey(t.ID, heldGrant, seqOf[g.NodeID], g.GrantID), []byte(g.NodeID)); err != nil {
-					return err
-				}
-			}
-			for _, p := range privs {
-				if err := tx.Put(heldKey(t.ID, heldPrivilege, seqOf[p.NodeID], p.ID), []byte(p.NodeID)); err != nil {
-					return err
-				}
+			if err := putHeld(tx, t.ID, pages[len(pages)-1]); err != nil {
+				return err
 			}
 		}
 		if cur.Entry < stored.Counts.Listed {
@@ -1119,6 +1281,8 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
 	start := t.Cursor.Step != ActWriteRecord
 	switch cur := t.Cursor; {
+	case !start && cur.GrantsPending:
+		return s.recordGrants(ctx, t, now)
 	case !start && cur.LeasesPending:
 		return s.recordLeases(ctx, t, now)
 	case start && t.Counts.Listed > 0 || !start && cur.Entry < t.Counts.Listed:
@@ -1188,6 +1352,33 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 			return err
 		}
 		held = nil
+		if t.HeldIndexed && len(entries) > 1 {
+			// The chunk's registered privileges are listed (and those that
+			// never answered decided) in its one transaction: it ends
+			// before the entry that would take them past a page, so a
+			// chunk of nodes that each filled their slots fits (a node
+			// holds a bounded number, privilege.Privileges.MaxPerNode).
+			items, err := readHeld(tx, t.ID, heldPrivilege, t.Cursor.Entry, t.Cursor.Entry+len(entries))
+			if err != nil {
+				return err
+			}
+			pids := make([]string, len(items))
+			for i, it := range items {
+				pids[i] = it.id
+			}
+			privs, err := privilege.ByID(tx, pids)
+			if err != nil {
+				return err
+			}
+			if k := privilegeCut(items, privs, t.Cursor.Entry, len(entries), s.pageBytes()); k < len(entries) {
+				entries = entries[:k]
+				kept := make(map[string]bool, k)
+				for _, e := range entries {
+					kept[e.Node] = true
+				}
+				ids = slices.DeleteFunc(ids, func(id string) bool { return !kept[id] })
+			}
+		}
 		if t.HeldIndexed && len(ids) > 0 {
 			held, err = readHeld(tx, t.ID, heldGrant, t.Cursor.Entry, t.Cursor.Entry+len(entries))
 			held = heldOf(held, setOf(ids))
@@ -1197,10 +1388,11 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		return err
 	}
 	var leases []RecordLease
+	var fetched leasesRead
 	var grants []HeldGrant
 	var err error
 	if len(ids) > 0 {
-		if leases, err = s.membersLeases(ctx, t, ids); err != nil {
+		if leases, fetched, err = s.membersLeases(ctx, t, ids, ""); err != nil {
 			return err
 		}
 		switch {
@@ -1244,11 +1436,21 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		// taken some over since), so each is in exactly one record.
 		members := owned(stored, entries, nodes)
 		grants, leases := heldByOnly(members, grants, leases)
-		// At most a page of the leases: the rest follow in parts of their
-		// own (recordLeases), the cursor saying where.
-		leases, more := leasePage(leases, "", s.leasePageBytes())
-		if more {
-			cur.LeasesPending, cur.LeasesFrom, cur.LeasesAfter = true, cur.Entry, leaseKey(leases[len(leases)-1])
+		// At most a page of the grants, or of the leases after all the
+		// grants: the rest follow in parts of their own (recordGrants,
+		// then recordLeases), the cursor saying where. Every grant still
+		// judges its holder's exit here.
+		listed, moreGrants := grantPage(grants, "", s.pageBytes())
+		if moreGrants {
+			cur.GrantsPending, cur.GrantsAfter = true, listed[len(listed)-1].GrantID
+			cur.LeasesPending, cur.LeasesFrom, cur.LeasesAfter = true, cur.Entry, ""
+			leases = nil
+		} else {
+			var more bool
+			leases, more = leasePage(leases, "", s.pageBytes())
+			if more || fetched.more {
+				cur.LeasesPending, cur.LeasesFrom, cur.LeasesAfter = true, cur.Entry, fetched.after(leases)
+			}
 		}
 		privs, err := membersPrivileges(tx, stored, cur.Entry, len(entries), members)
 		if err != nil {
@@ -1257,7 +1459,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
 			return err
 		}
-		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, privs, leases)
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases)
 		if err != nil {
 			return err
 		}
@@ -1300,9 +1502,11 @@ func (s *Supervisor) recordLeases(ctx context.Context, t Termination, now time.T
 		return err
 	}
 	var leases []RecordLease
+	var fetched leasesRead
 	var err error
 	if len(ids) > 0 {
-		if leases, err = s.membersLeases(ctx, t, ids); err != nil {
+		afterJob, _, _ := strings.Cut(cur.LeasesAfter, "\x00")
+		if leases, fetched, err = s.membersLeases(ctx, t, ids, afterJob); err != nil {
 			return err
 		}
 	}
@@ -1313,12 +1517,15 @@ func (s *Supervisor) recordLeases(ctx context.Context, t Termination, now time.T
 			return err
 		}
 		_, leases := heldByOnly(members, nil, leases)
-		page, more := leasePage(leases, c.LeasesAfter, s.leasePageBytes())
+		page, more := leasePage(leases, c.LeasesAfter, s.pageBytes())
+		more = more || fetched.more
 		if len(page) > 0 {
 			if c.Parts, err = putRecordParts(tx, c.RecordID, c.Parts, &ReconciliationRecord{Leases: page}); err != nil {
 				return err
 			}
-			c.LeasesAfter = leaseKey(page[len(page)-1])
+		}
+		if more {
+			c.LeasesAfter = fetched.after(page)
 		}
 		if !more {
 			c.LeasesPending, c.LeasesFrom, c.LeasesAfter = false, 0, ""
@@ -1328,25 +1535,135 @@ func (s *Supervisor) recordLeases(ctx context.Context, t Termination, now time.T
 	})
 }
 
-// membersLeases lists the leases the members ids held, as the record
-// lists them: handed over as they are during a rollout's handover,
-// otherwise finalised for this termination (idempotent), each flagged when
-// its end is its holder's claim under stop.
-func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []string) ([]RecordLease, error) {
-	var leases []RecordLease
-	var err error
-	switch {
-	case t.LeaseHandover && s.Handover != nil:
-		if leases, err = s.Handover.HeldBy(ctx, ids); err != nil {
-			return nil, fmt.Errorf("list leases: %w", err)
+// recordGrants writes the next page of the grants of the chunk the cursor
+// names (Cursor.GrantsPending) as a record part of its own, as
+// recordLeases writes its leases: the members were terminated in the
+// chunk's transaction and are issued no grant since, so the held index (or,
+// for a revocation begun without it, the holders' own index) lists what the
+// chunk listed; the page starts after the last grant written.
+func (s *Supervisor) recordGrants(ctx context.Context, t Termination, now time.Time) error {
+	cur := t.Cursor
+	var ids []string
+	var held []heldItem
+	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		if _, ids, err = ownedIn(tx, t, cur.LeasesFrom, cur.Entry-cur.LeasesFrom); err != nil || !t.HeldIndexed {
+			return err
 		}
-	case s.Leases != nil && !t.LeaseHandover:
-		if leases, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason()); err != nil {
-			return nil, fmt.Errorf("finalize leases: %w", err)
+		held, err = readHeld(tx, t.ID, heldGrant, cur.LeasesFrom, cur.Entry)
+		held = heldOf(held, setOf(ids))
+		return err
+	}); err != nil {
+		return err
+	}
+	var grants []HeldGrant
+	if len(ids) > 0 && s.Grants != nil {
+		var err error
+		if t.HeldIndexed {
+			listed := make([]HeldGrant, len(held))
+			for i, it := range held {
+				listed[i] = HeldGrant{GrantID: it.id, NodeID: it.node}
+			}
+			grants, err = s.Grants.Outcomes(ctx, listed)
+		} else {
+			grants, err = s.Grants.HeldBy(ctx, ids)
+		}
+		if err != nil {
+			return fmt.Errorf("list grants: %w", err)
+		}
+	}
+	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+		c := &stored.Cursor
+		_, members, err := ownedIn(tx, stored, c.LeasesFrom, c.Entry-c.LeasesFrom)
+		if err != nil {
+			return err
+		}
+		grants, _ := heldByOnly(members, grants, nil)
+		page, more := grantPage(grants, c.GrantsAfter, s.pageBytes())
+		if len(page) > 0 {
+			part := &ReconciliationRecord{Privileges: make([]RecordPrivilege, len(page))}
+			for i, g := range page {
+				part.Privileges[i] = grantPrivilege(g)
+			}
+			if c.Parts, err = putRecordParts(tx, c.RecordID, c.Parts, part); err != nil {
+				return err
+			}
+			c.GrantsAfter = page[len(page)-1].GrantID
+		}
+		if !more {
+			c.GrantsPending, c.GrantsAfter = false, ""
+		}
+		stored.UpdatedAt = now
+		return kv.PutJSON(tx, terminationKey(t.ID), stored)
+	})
+}
+
+// leaseFetch is how many leases membersLeases asks the lease module for
+// at a time.
+const leaseFetch = 256
+
+// leasesRead says where a read of the members' leases stopped: more, the
+// module holds leases of jobs after the last one read (last, its
+// leaseKey).
+type leasesRead struct {
+	more bool
+	last string
+}
+
+// after is where the next page starts, page being what this one wrote:
+// after its last lease, or, when it wrote none (every lease read was
+// another termination's), after the last one read.
+func (r leasesRead) after(page []RecordLease) string {
+	if len(page) > 0 {
+		return leaseKey(page[len(page)-1])
+	}
+	return r.last
+}
+
+// membersLeases lists the leases the members ids held, of the jobs after
+// afterJob in order of job id, about a page of them (pageBytes; the
+// module is asked leaseFetch at a time), as the record lists them: handed
+// over as they are during a rollout's handover, otherwise finalised for
+// this termination (idempotent), each flagged when its end is its
+// holder's claim under stop. Each page starts after the last lease
+// written, so a chunk's leases are each read about once, not once per
+// page.
+func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []string, afterJob string) ([]RecordLease, leasesRead, error) {
+	var leases []RecordLease
+	var read leasesRead
+	bytes := 0
+	for {
+		var got []RecordLease
+		var more bool
+		var err error
+		page := LeasePage{After: afterJob, Limit: leaseFetch}
+		switch {
+		case t.LeaseHandover && s.Handover != nil:
+			if got, more, err = s.Handover.HeldBy(ctx, ids, page); err != nil {
+				return nil, read, fmt.Errorf("list leases: %w", err)
+			}
+		case s.Leases != nil && !t.LeaseHandover:
+			if got, more, err = s.Leases.FinalizeHeldBy(ctx, ids, t.finalReason(), page); err != nil {
+				return nil, read, fmt.Errorf("finalize leases: %w", err)
+			}
+		}
+		leases = append(leases, got...)
+		read.more = more && len(got) > 0
+		for _, l := range got {
+			bytes += leaseBytes(l)
+			if l.JobID > afterJob {
+				afterJob = l.JobID
+			}
+			if k := leaseKey(l); k > read.last {
+				read.last = k
+			}
+		}
+		if !read.more || bytes > s.pageBytes() {
+			break
 		}
 	}
 	markClaimsUnderStop(leases, t.RequestedAt)
-	return leases, nil
+	return leases, read, nil
 }
 
 // markClaimsUnderStop flags each lease whose end rests on its holder's
@@ -1364,17 +1681,21 @@ func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time) {
 
 // recordPart is the part of the record for one chunk of the index: its
 // nodes (members judged, the others superseded or prior), the members'
-// privileges (grants first) and leases. unaccounted counts the members
-// nobody accounted for.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants []HeldGrant, privs []privilege.Privilege, leases []RecordLease) (*ReconciliationRecord, int, error) {
+// privileges (the listed grants first) and leases. Every grant of grants
+// judges its holder's exit; listed (those of grants this part lists, the
+// first page) are listed, and named on an unaccounted holder's entry.
+// unaccounted counts the members nobody accounted for.
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease) (*ReconciliationRecord, int, error) {
 	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
 	for _, g := range grants {
-		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
 		if g.Outcome != privilege.OutcomeRevoked && g.Outcome != privilege.OutcomeExpired {
 			liveGrants[g.NodeID] = append(liveGrants[g.NodeID], g.GrantID)
 		}
+	}
+	for _, g := range listed {
+		heldGrants[g.NodeID] = append(heldGrants[g.NodeID], g.GrantID)
 		part.Privileges = append(part.Privileges, grantPrivilege(g))
 	}
 	heldJobs := map[string][]string{}
@@ -1530,6 +1851,9 @@ func finishRecord(tx store.Txn, stored Termination, p Progress, now time.Time) (
 		return nil, 0, err
 	}
 	if err := putRecordHeader(tx, rec.RecordID, stored.ID, parts, cur.Parts); err != nil {
+		return nil, 0, err
+	}
+	if err := indexRecord(tx, rec.RecordID, stored); err != nil {
 		return nil, 0, err
 	}
 	if err := tx.Put(outboxKey(rec.RecordID), nil); err != nil {

@@ -19,6 +19,9 @@ func putProposal(tx store.Txn, p *StopProposal) error {
 	if err != nil {
 		return err
 	}
+	if err := tx.Put(propByNodeKey(p.NodeID, p.ProposalID), nil); err != nil {
+		return err
+	}
 	return tx.Put(proposalKey(p.ProposalID), b)
 }
 

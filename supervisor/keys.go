@@ -14,6 +14,12 @@ const (
 	prefixProposal     = "proposals/"              // proposals/<id> → StopProposal (storecodec)
 	prefixPendingProp  = "proposals-pending/"      // proposals-pending/<node id>/<id> → "" while pending
 	prefixPendingTree  = "proposals-pending-tree/" // proposals-pending-tree/<root id>/<id> → "" while an agent's proposal is pending
+	prefixPropByNode   = "proposals-by-node/"      // proposals-by-node/<node id>/<id> → "" (every proposal, pending or decided)
+	prefixRecordByTree = "records-by-tree/"        // records-by-tree/<root id>/<record id> → requester ("operator", "agent", "rollout")
+	prefixRecordByReq  = "records-by-requester/"   // records-by-requester/<requester>/<record id> → ""
+	// indexedKey marks the indexes above complete: written once
+	// IndexStored has indexed what a version before them had stored.
+	indexedKey = "supervisor-meta/indexed/proposals-by-node,records-by-tree"
 )
 
 // TerminationPrefix is the prefix of every termination's key, for the
@@ -35,4 +41,16 @@ func pendingPropKey(node, id string) []byte {
 func pendingTreePrefix(root string) []byte { return []byte(prefixPendingTree + root + "/") }
 func pendingTreeKey(root, id string) []byte {
 	return []byte(prefixPendingTree + root + "/" + id)
+}
+func propByNodePrefix(node string) []byte { return []byte(prefixPropByNode + node + "/") }
+func propByNodeKey(node, id string) []byte {
+	return []byte(prefixPropByNode + node + "/" + id)
+}
+func recordByTreePrefix(root string) []byte { return []byte(prefixRecordByTree + root + "/") }
+func recordByTreeKey(root, id string) []byte {
+	return []byte(prefixRecordByTree + root + "/" + id)
+}
+func recordByReqPrefix(req string) []byte { return []byte(prefixRecordByReq + req + "/") }
+func recordByReqKey(req, id string) []byte {
+	return []byte(prefixRecordByReq + req + "/" + id)
 }

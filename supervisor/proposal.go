@@ -345,6 +345,15 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 		}
+		// A termination that covers it, its mark not yet down to it,
+		// stops it already.
+		above, err := tree.StoppingAncestorIn(tx, n)
+		if err != nil {
+			return err
+		}
+		if above != nil {
+			return fmt.Errorf("%w: node_id %s is below %s, which is %s", ErrAlreadyStopping, nodeID, above.NodeID, tree.StateName(above.State))
+		}
 		pending := 0
 		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, _ []byte) error {
 			pending++
@@ -554,11 +563,15 @@ func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID 
 	var out []*StopProposal
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
-		if nodeID != "" && state == ProposalStatePending {
-			// A node's pending proposals have an index of their own, at
-			// most MaxPendingProposals long: an operator's page of a node
-			// does not read every proposal ever filed to find them.
-			prefix := pendingPropPrefix(nodeID)
+		if nodeID != "" {
+			// A node's proposals have an index of their own, and its
+			// pending ones another, at most MaxPendingProposals long: an
+			// operator's page of a node does not read every proposal ever
+			// filed (a rogue tree's rejected ones among them) to find its.
+			prefix := propByNodePrefix(nodeID)
+			if state == ProposalStatePending {
+				prefix = pendingPropPrefix(nodeID)
+			}
 			var ids []string
 			if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
 				ids = append(ids, string(k[len(prefix):]))

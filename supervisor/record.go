@@ -340,28 +340,19 @@ func recordIDIn(tx store.ReadTxn, recordID, terminationID string) (string, error
 // record that alone passes it is listed with its header and first entries
 // only (its id in partial), as GetRecord's first page.
 func (s *Supervisor) Records(ctx context.Context, pageToken string, pageSize int) (out []*ReconciliationRecord, next string, partial []string, err error) {
+	return s.RecordsOf(ctx, RecordFilter{}, pageToken, pageSize)
+}
+
+// RecordsOf is Records, of the records the filter passes only, read from
+// the index of records by tree or by requester (recordIDsOf).
+func (s *Supervisor) RecordsOf(ctx context.Context, f RecordFilter, pageToken string, pageSize int) (out []*ReconciliationRecord, next string, partial []string, err error) {
 	err = s.Store.View(ctx, func(tx store.ReadTxn) error {
 		out, next, partial = nil, "", nil
-		var ids []string
-		var start []byte
-		if pageToken != "" {
-			start = append(recordPartKey(pageToken, 1<<30), 0)
-		}
-		err := tx.Scan([]byte(prefixRecord), start, func(k, _ []byte) error {
-			rest := string(k[len(prefixRecord):])
-			if strings.Contains(rest, "/") {
-				return nil
-			}
-			if len(ids) == pageSize {
-				next = ids[len(ids)-1]
-				return store.ErrStopScan
-			}
-			ids = append(ids, rest)
-			return nil
-		})
+		ids, more, err := recordIDsOf(tx, f, pageToken, pageSize)
 		if err != nil {
 			return err
 		}
+		next = more
 		size := 0
 		for i, rid := range ids {
 			rec, more, err := recordPage(tx, rid, nil, MaxRecordPageSize, RecordPageBytes-size)

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
@@ -55,8 +56,19 @@ type LeaseCanceller interface {
 	CancelHeldBy(ctx context.Context, holders []string, reason string) error
 	// FinalizeHeldBy reconciles those leases explicitly (cancelled when the
 	// worker acknowledged, expired when the lease ran out, otherwise a
-	// bounded unresolved) and reports each. Idempotent.
-	FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]RecordLease, error)
+	// bounded unresolved) and reports each, those of page only (more:
+	// leases of jobs after them remain). Idempotent.
+	FinalizeHeldBy(ctx context.Context, holders []string, reason string, page LeasePage) (leases []RecordLease, more bool, err error)
+}
+
+// LeasePage asks for part of the leases some holders hold, in order of
+// job id: those of the jobs after After, at most Limit of them (0: all).
+// A record lists a chunk's leases page by page, each page read after the
+// last lease the record wrote, so that the work of a chunk whose members
+// hold many leases grows with the leases, not with leases times pages.
+type LeasePage struct {
+	After string
+	Limit int
 }
 
 // Supervisor terminates subtrees and writes reconciliation records.
@@ -86,7 +98,8 @@ type Supervisor struct {
 	// termination handles (chunks.go); zero means DefaultChunkSize.
 	ChunkSize int
 	// LeasePageBytes bounds the encoded leases one part of a record
-	// carries (chunks.go); zero means DefaultLeasePageBytes.
+	// carries, and so the grants, and the held index one transaction of
+	// the revocation writes (chunks.go); zero means DefaultLeasePageBytes.
 	LeasePageBytes int
 	// ChunkFault, when set, is called after each chunk of a termination
 	// commits, with the step ("mark", "escalate", "cancel", "revoke",
@@ -110,6 +123,11 @@ type Supervisor struct {
 	// terminate them, while the reconcile loop's watches run
 	// (nodecache.go).
 	nodes nodeCache
+	// childNotesDistrusted: a mark found a node that may have children
+	// whose entry in its parent's list said it had none (written beside
+	// a binary without the child notes); from then on the marks' walks
+	// read the child list of every node they list (planMark).
+	childNotesDistrusted atomic.Bool
 	// watches follows the terminations for the streams that watch them
 	// (Watch, watch.go): one store watch for all of them.
 	watches terminationWatches

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // Config configures a Gateway.
@@ -48,10 +49,33 @@ type Config struct {
 	// without waiting spent it, and the other agents' calls were refused.
 	// Zero means DefaultMaxCallsPerNode.
 	MaxCallsPerNode int
+	// ConnectTimeout bounds each connection to an upstream, from its start
+	// to the answer to its first listing of tools (MCP's initialize, then
+	// tools/list), and each later listing: an upstream that does not answer
+	// in time is not connected (at Start, the gateway does not open; when
+	// reconnecting, the gateway tries again, backing off). Zero means
+	// DefaultConnectTimeout.
+	ConnectTimeout time.Duration
+	// Clock times the gateway's own waits (ConnectTimeout, the backoff of
+	// its reconnections, the spacing of its relistings); nil means the
+	// wall clock. Tests inject a manual one.
+	Clock clock.Clock
 	// Stderr receives stdio upstreams' stderr (default: discarded).
 	Stderr io.Writer
 	Logger *slog.Logger
 }
+
+// DefaultConnectTimeout is Config.ConnectTimeout's default.
+const DefaultConnectTimeout = 30 * time.Second
+
+// RelistInterval is the least time between the starts of two listings of
+// an upstream's tools that its notifications/tools/list_changed ask for:
+// any number of them within it make one listing, at its end.
+const RelistInterval = time.Second
+
+// errConnectTimeout ends a connection attempt or a listing that took
+// longer than Config.ConnectTimeout.
+var errConnectTimeout = errors.New("the upstream did not answer within the gateway's connect timeout")
 
 // Gateway forwards MCP tool calls to upstreams, each one gated by the
 // agent's capability token and recorded in the ledger by the gateway's
@@ -94,12 +118,19 @@ type upstream struct {
 	cfg     Upstream
 	prefix  string
 	session *mcp.ClientSession
+	// ended is set (under g.mu) when session's connection has ended and
+	// the gateway is reconnecting: calls are refused meanwhile, before
+	// they are begun.
+	ended bool
 
-	// relisting is set while a relisting of its tools is in flight, again
-	// when the upstream said its tools changed meanwhile: an upstream
-	// repeating it cannot pile up relistings (each waits for its answer).
+	// relisting is set while a relisting of its tools is in flight or
+	// waiting its turn, again when the upstream said its tools changed
+	// meanwhile: an upstream repeating it cannot pile up relistings (each
+	// waits for its answer), nor have them run back to back (each starts
+	// RelistInterval after the last listing started, listed).
 	relistMu         sync.Mutex
 	relisting, again bool
+	listed           time.Time // when the last listing started, on g.clock
 }
 
 // route is one tool agents see, and where it goes.
@@ -154,6 +185,12 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.MaxCallsPerNode <= 0 {
 		cfg.MaxCallsPerNode = DefaultMaxCallsPerNode
 	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = DefaultConnectTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
 	g.running, g.abandonCalls = context.WithCancelCause(context.Background())
 	g.calls.max = cfg.MaxCallsPerNode
@@ -176,25 +213,54 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// Start connects to every upstream and learns its tools.
+// Start connects to every upstream and learns its tools, each within
+// ConnectTimeout.
 func (g *Gateway) Start(ctx context.Context) error {
 	for _, name := range slices.Sorted(maps.Keys(g.upstreams)) {
 		up := g.upstreams[name]
-		session, err := g.client.Connect(ctx, g.transport(up.cfg), nil)
+		cctx, done := g.bounded(ctx)
+		session, err := g.client.Connect(cctx, g.transport(up.cfg), nil)
 		if err != nil {
+			err = g.explain(cctx, fmt.Errorf("mcpgate: connect to upstream %s: %w", name, err), up, "its connection (MCP's initialize)")
+			done()
 			g.Close()
-			return fmt.Errorf("mcpgate: connect to upstream %s: %w", name, err)
+			return err
 		}
 		g.mu.Lock()
 		up.session = session
 		g.mu.Unlock()
-		if err := g.refresh(ctx, up); err != nil {
+		err = g.refresh(cctx, up)
+		if err != nil {
+			err = g.explain(cctx, err, up, "tools/list")
+		}
+		done()
+		if err != nil {
 			g.Close()
 			return err
 		}
-		g.watch(up, session)
+		g.watch(up, session, 0)
 	}
 	return nil
+}
+
+// bounded is ctx, ended ConnectTimeout from now with errConnectTimeout
+// as its cause; call done once the work under it is over.
+func (g *Gateway) bounded(ctx context.Context) (_ context.Context, done func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	deadline := g.cfg.Clock.AfterFunc(g.cfg.ConnectTimeout, func() { cancel(errConnectTimeout) })
+	return ctx, func() {
+		deadline.Stop()
+		cancel(nil)
+	}
+}
+
+// explain words err, from up's work under ctx (bounded), as the connect
+// timeout when that is what ended it.
+func (g *Gateway) explain(ctx context.Context, err error, up *upstream, what string) error {
+	if errors.Is(context.Cause(ctx), errConnectTimeout) {
+		return fmt.Errorf("mcpgate: upstream %s did not answer %s within %s, the gateway's connect timeout", up.cfg.Name, what, g.cfg.ConnectTimeout)
+	}
+	return err
 }
 
 // watch reconnects up when session ends while the gateway is open. The Go
@@ -202,14 +268,40 @@ func (g *Gateway) Start(ctx context.Context) error {
 // JSON-RPC one (a filter's 403, a restarted upstream's 404), and one
 // agent's call can draw such an answer: without reconnecting, every agent
 // was cut off the upstream until the gateway restarted. Calls in flight
-// on the ended connection fail; the next ones use the new connection.
-func (g *Gateway) watch(up *upstream, session *mcp.ClientSession) {
+// on the ended connection fail; the next ones are refused (before they are
+// begun, so the ledger does not record them) until the new connection is
+// up. Each attempt has ConnectTimeout to connect: an upstream that never
+// answered initialize held the attempt for ever, and the gateway never
+// tried again. A connection that ends within MaxReconnectBackoff of being
+// made is made again only after backoff (which doubles, from
+// MinReconnectBackoff, each time it does): an upstream that exits or ends
+// its connection as soon as it has answered the gateway's listing had the
+// gateway start it again, and relist its tools, without pause.
+func (g *Gateway) watch(up *upstream, session *mcp.ClientSession, backoff time.Duration) {
 	g.watchers.Add(1)
 	go func() {
 		defer g.watchers.Done()
+		connected := g.cfg.Clock.Now()
 		_ = session.Wait()
-		backoff := 50 * time.Millisecond
+		g.mu.Lock()
+		if up.session == session {
+			up.ended = true
+		}
+		g.mu.Unlock()
+		if g.cfg.Clock.Now().Sub(connected) >= MaxReconnectBackoff {
+			backoff = 0 // a connection that lasted: reconnect at once
+		}
 		for {
+			if backoff > 0 {
+				timer := g.cfg.Clock.NewTimer(backoff)
+				select {
+				case <-g.closed:
+					timer.Stop()
+					return
+				case <-timer.C():
+				}
+			}
+			backoff = min(max(2*backoff, MinReconnectBackoff), MaxReconnectBackoff)
 			g.mu.RLock()
 			current := up.session
 			g.mu.RUnlock()
@@ -224,38 +316,41 @@ func (g *Gateway) watch(up *upstream, session *mcp.ClientSession) {
 				case <-ctx.Done():
 				}
 			}()
-			next, err := g.client.Connect(ctx, g.transport(up.cfg), nil)
+			cctx, done := g.bounded(ctx)
+			next, err := g.client.Connect(cctx, g.transport(up.cfg), nil)
 			if err == nil {
 				g.mu.Lock()
 				if up.session != session { // the gateway closed meanwhile
 					g.mu.Unlock()
 					_ = next.Close()
+					done()
 					cancel()
 					return
 				}
-				up.session = next
+				up.session, up.ended = next, false
 				g.mu.Unlock()
 				g.log.Warn("mcpgate: reconnected to an upstream whose connection had ended", "upstream", up.cfg.Name)
-				if err := g.refresh(ctx, up); err != nil {
-					g.log.Warn("mcpgate: relisting a reconnected upstream's tools failed", "upstream", up.cfg.Name, "error", err)
+				if err := g.refresh(cctx, up); err != nil {
+					g.log.Warn("mcpgate: relisting a reconnected upstream's tools failed", "upstream", up.cfg.Name, "error", g.explain(cctx, err, up, "tools/list"))
 				}
+				done()
 				cancel()
-				g.watch(up, next)
+				g.watch(up, next, backoff)
 				return
 			}
+			err = g.explain(cctx, err, up, "its connection (MCP's initialize)")
+			done()
 			cancel()
 			g.log.Warn("mcpgate: reconnecting to an upstream failed; will retry", "upstream", up.cfg.Name, "error", err)
-			timer := time.NewTimer(backoff)
-			select {
-			case <-g.closed:
-				timer.Stop()
-				return
-			case <-timer.C:
-			}
-			backoff = min(2*backoff, 5*time.Second)
 		}
 	}()
 }
+
+// The backoff of the gateway's reconnections to an upstream (watch).
+const (
+	MinReconnectBackoff = 50 * time.Millisecond
+	MaxReconnectBackoff = 5 * time.Second
+)
 
 func (g *Gateway) transport(u Upstream) mcp.Transport {
 	if u.URL != "" {
@@ -303,7 +398,14 @@ func (g *Gateway) Close() {
 func (g *Gateway) Server() *mcp.Server { return g.server }
 
 // refreshSession relists the tools of the upstream connected by cs, unless
-// a relisting is in flight (then once more after it).
+// a relisting is in flight or waiting (then once more after it). A
+// listing starts RelistInterval after the last one started at the
+// earliest, and has ConnectTimeout to be answered: an upstream telling the
+// gateway its tools changed without end (with each answer to tools/list,
+// say) had it relist back to back, each listing a round trip to the
+// upstream and a rebuild of the tool set under the gateway's lock, which
+// every agent's call takes; one that never answered a listing held off
+// every later one for ever.
 func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	g.mu.RLock()
 	var found *upstream
@@ -318,24 +420,43 @@ func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	}
 	found.relistMu.Lock()
 	defer found.relistMu.Unlock()
+	found.again = true
 	if found.relisting {
-		found.again = true
 		return
 	}
 	found.relisting = true
 	// Not on the connection's reader: listing waits for a reply.
 	go func() {
 		for {
-			if err := g.refresh(context.Background(), found); err != nil {
-				g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", err)
+			found.relistMu.Lock()
+			wait := clock.Until(g.cfg.Clock, found.listed.Add(RelistInterval))
+			found.relistMu.Unlock()
+			if wait > 0 {
+				timer := g.cfg.Clock.NewTimer(wait)
+				select {
+				case <-g.closed:
+					timer.Stop()
+					found.relistMu.Lock()
+					found.relisting = false
+					found.relistMu.Unlock()
+					return
+				case <-timer.C():
+				}
 			}
+			found.relistMu.Lock()
+			found.again = false // what was told so far, this listing sees
+			found.relistMu.Unlock()
+			ctx, done := g.bounded(context.Background())
+			if err := g.refresh(ctx, found); err != nil {
+				g.log.Warn("mcpgate: relisting an upstream's tools failed", "upstream", found.cfg.Name, "error", g.explain(ctx, err, found, "tools/list"))
+			}
+			done()
 			found.relistMu.Lock()
 			if !found.again {
 				found.relisting = false
 				found.relistMu.Unlock()
 				return
 			}
-			found.again = false
 			found.relistMu.Unlock()
 		}
 	}()
@@ -353,6 +474,9 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 	if session == nil {
 		return fmt.Errorf("mcpgate: upstream %s is not connected", up.cfg.Name)
 	}
+	up.relistMu.Lock()
+	up.listed = g.cfg.Clock.Now()
+	up.relistMu.Unlock()
 	var tools []*mcp.Tool
 	params := &mcp.ListToolsParams{}
 	for page := 1; ; page++ {
@@ -552,10 +676,13 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		defer g.calls.release(claims.HolderNodeID)
 	}
 	g.mu.RLock()
-	session := r.up.session
+	session, ended := r.up.session, r.up.ended
 	g.mu.RUnlock()
 	if session == nil {
 		return nil, rpcError(CodeUnavailable, "upstream %s is not connected", r.up.cfg.Name)
+	}
+	if ended {
+		return nil, rpcError(CodeUnavailable, "upstream %s is not connected: its connection ended and the gateway is reconnecting to it; the call was not sent, retry later", r.up.cfg.Name)
 	}
 	if pt != nil {
 		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt, upstream: session})

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // OpenConfig is what Open needs to run a gateway against a control plane.
@@ -43,8 +44,14 @@ type OpenConfig struct {
 	StalenessBudget time.Duration
 	// MaxCallsPerNode is Config.MaxCallsPerNode.
 	MaxCallsPerNode int
-	Stderr          io.Writer
-	Logger          *slog.Logger
+	// ConnectTimeout is Config.ConnectTimeout: Open fails when an upstream
+	// does not answer its connection and first listing within it.
+	ConnectTimeout time.Duration
+	// Clock is Config.Clock (the gateway's own waits, not the gate's nor
+	// the verifier's).
+	Clock  clock.Clock
+	Stderr io.Writer
+	Logger *slog.Logger
 }
 
 // Open connects a gateway's parts: a Conn with the gateway's credential,
@@ -101,7 +108,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
 			return nil, fmt.Errorf("mcpgate: the control plane at %s did not send %s within %s (is it up, and is the gateway's credential valid?)", cfg.ControlPlane, ready.what, cfg.ReadyTimeout)
 		}
 	}
-	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, MaxCallsPerNode: cfg.MaxCallsPerNode, Stderr: cfg.Stderr, Logger: cfg.Logger})
+	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, MaxCallsPerNode: cfg.MaxCallsPerNode, ConnectTimeout: cfg.ConnectTimeout, Clock: cfg.Clock, Stderr: cfg.Stderr, Logger: cfg.Logger})
 	if err != nil {
 		stop()
 		return nil, err

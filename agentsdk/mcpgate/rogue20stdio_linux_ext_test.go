@@ -22,10 +22,15 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// TestMain lets this test binary be the rogue stdio upstream below.
+// TestMain lets this test binary be the rogue stdio upstreams below and
+// in rogue21exits.
 func TestMain(m *testing.M) {
 	if marker := os.Getenv("MCPGATE_ROGUE20_STOPS_READING"); marker != "" {
 		stopsReading(marker)
+		return
+	}
+	if dir := os.Getenv("MCPGATE_ROGUE21_EXITS"); dir != "" {
+		exitsOnceListed(dir)
 		return
 	}
 	os.Exit(m.Run())

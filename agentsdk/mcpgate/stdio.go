@@ -76,6 +76,7 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	// abandoned, or Run would wait for their upstream's answers.
 	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
 	defer stop()
+	r, w = refuseStdioBatches(r, w)
 	err := g.server.Run(ctx, &mcp.IOTransport{Reader: r, Writer: w})
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) {
 		return nil

@@ -113,6 +113,17 @@ func (f *feed) read(after uint64, limit int) (batch []capability.Tombstone, snap
 	return batch, snapshot, reached, f.head, f.changed
 }
 
+// newest returns at most n of the newest tombstones after `after`, the
+// feed head and the change channel: a follower that wants the recent feed
+// only (a display) starts there and reaches the head.
+func (f *feed) newest(after uint64, n int) (batch []capability.Tombstone, head uint64, changed <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence > after })
+	i = max(i, len(f.log)-n)
+	return slices.Clone(f.log[i:]), f.head, f.changed
+}
+
 // RunFeed keeps the in-memory feed and tombstone set in step with the
 // stored feed until ctx ends: it establishes a store watch, scans, then
 // applies the watch's events above the scan's revision. A watch that falls
@@ -256,6 +267,17 @@ type FeedMessage struct {
 // ends (nil), send fails, or RunFeed stops (ErrStopped). See the package
 // documentation for the protocol.
 func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(FeedMessage) error) error {
+	return s.WatchNewestRevocations(ctx, after, 0, send)
+}
+
+// WatchNewestRevocations is WatchRevocations, but when newest is above 0
+// its first message carries at most newest (at most MaxFeedBatch) of the
+// newest live tombstones after `after`, and none older, with the feed's
+// head: a view of the recent feed opens at a cost bounded by what it
+// shows, however many tombstones are live. The first message is never a
+// snapshot; a follower that keeps a set of tombstones (a verifier) must
+// not start this way.
+func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newest int, send func(FeedMessage) error) error {
 	select {
 	case <-s.feed.ready:
 	case <-s.feed.stopped:
@@ -266,6 +288,14 @@ func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(
 	heartbeat := time.NewTicker(s.cfg.Heartbeat)
 	defer heartbeat.Stop()
 	position, first := after, true
+	if newest > 0 {
+		batch, head, _ := s.feed.newest(after, min(newest, MaxFeedBatch))
+		if err := send(FeedMessage{Tombstones: batch, Head: head, ServerTime: s.cfg.Clock.Now()}); err != nil {
+			return err
+		}
+		position, first = head, false
+		heartbeat.Reset(s.cfg.Heartbeat)
+	}
 	for {
 		batch, snapshot, reached, _, changed := s.feed.read(position, MaxFeedBatch)
 		if len(batch) > 0 || snapshot || first {

@@ -99,6 +99,7 @@ type Node struct {
 const (
 	NodeRunning    = "running"
 	NodeTerminated = "terminated"
+	NodeExited     = "exited"
 )
 
 // Service is the store-backed capability tree: it persists grants,
@@ -311,8 +312,8 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			if req.HolderNodeID != callerNode && !slices.Contains(holder.Ancestors, callerNode) {
 				return fmt.Errorf("%w: node %s is not a descendant of %s", capability.ErrNotInSubtree, req.HolderNodeID, callerNode)
 			}
-			if holder.State != NodeRunning {
-				return fmt.Errorf("%w: holder_node_id %s is %s", ErrNodeNotRunning, req.HolderNodeID, holder.State)
+			if err := s.running(tx, holder, "holder_node_id"); err != nil {
+				return err
 			}
 			g, err = capability.Delegate(parent, capability.DelegateRequest{
 				GrantID: grantID, Issuer: caller.Principal, HolderNodeID: req.HolderNodeID, Scopes: req.Scopes, TTL: req.TTL,
@@ -342,9 +343,15 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 			if err != nil {
 				return err
 			}
-			if holder.State != NodeRunning || !slices.Contains(holder.Ancestors, callerNode) {
+			if !slices.Contains(holder.Ancestors, callerNode) {
 				stale = true
 				return nil
+			}
+			if err := s.running(tx, holder, "holder_node_id"); errors.Is(err, ErrNodeNotRunning) {
+				stale = true
+				return nil
+			} else if err != nil {
+				return err
 			}
 			return putGrant(tx, s.cfg.Tree, g, true)
 		})
@@ -409,6 +416,15 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 		if n.State != NodeRunning {
 			return fmt.Errorf("%w: holder node %s of grant %s is %s: a node being stopped, stopped or exited gets no fresh token (the one it holds lives until its expiry, and the termination revokes the grant)", ErrNodeNotRunning, g.HolderNodeID, grantID, n.State)
 		}
+		// Nor does a node a termination covers before its mark reaches it
+		// (the mark goes top down, in chunks).
+		above, err := s.stoppingAncestor(tx, n)
+		if err != nil {
+			return err
+		}
+		if above != nil {
+			return fmt.Errorf("%w: holder node %s of grant %s is below %s, which is %s: a node being stopped, stopped or exited gets no fresh token (the one it holds lives until its expiry, and the termination revokes the grant)", ErrNodeNotRunning, g.HolderNodeID, grantID, above.NodeID, above.State)
+		}
 		return nil
 	})
 	if err != nil {
@@ -469,14 +485,51 @@ func effective(g capability.Grant, lookup capability.GrantLookup, now time.Time)
 	return g
 }
 
+// stoppingAncestor returns n's nearest ancestor that is being stopped or
+// stopped (draining, aborting, terminated), or nil. A termination marks its
+// subtree top down, in chunks: between its roots' chunk and the one that
+// reaches n, n reads running while the termination already covers it. An
+// exited ancestor stops nothing below it.
+func (s *Service) stoppingAncestor(tx store.ReadTxn, n *Node) (*Node, error) {
+	if p, ok := s.cfg.Tree.(nodePrefetcher); ok && len(n.Ancestors) > 0 {
+		if err := p.PrefetchNodesIn(tx, n.Ancestors); err != nil {
+			return nil, err
+		}
+	}
+	for i := len(n.Ancestors) - 1; i >= 0; i-- {
+		a, err := s.cfg.Tree.GetNodeIn(tx, n.Ancestors[i])
+		if err != nil {
+			return nil, err
+		}
+		if a.State != NodeRunning && a.State != NodeExited {
+			return a, nil
+		}
+	}
+	return nil, nil
+}
+
 // requireRunning refuses a node that is unknown or not running.
 func (s *Service) requireRunning(tx store.ReadTxn, nodeID, what string) error {
 	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
 	if err != nil {
 		return err
 	}
+	return s.running(tx, n, what)
+}
+
+// running refuses a node that is not running, or that a termination covers
+// before its mark reaches it (stoppingAncestor): neither is armed with a
+// new grant, nor arms anyone.
+func (s *Service) running(tx store.ReadTxn, n *Node, what string) error {
 	if n.State != NodeRunning {
-		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, nodeID, n.State)
+		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, n.NodeID, n.State)
+	}
+	above, err := s.stoppingAncestor(tx, n)
+	if err != nil {
+		return err
+	}
+	if above != nil {
+		return fmt.Errorf("%w: %s %s is below %s, which is %s", ErrNodeNotRunning, what, n.NodeID, above.NodeID, above.State)
 	}
 	return nil
 }

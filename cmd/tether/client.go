@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
@@ -216,8 +215,6 @@ func (g *globals) printedJSON(print func() error) (done bool, err error) {
 	}
 	return true, print()
 }
-
-func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
 func (g *globals) wantJSON() (bool, error) {
 	switch g.output {

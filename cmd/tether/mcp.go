@@ -42,7 +42,7 @@ while the agent drains, and cancels calls in flight when it is aborted. See docs
 // gateFlags are the gateway's own identity.
 type gateFlags struct {
 	gateID, gateTokenFile string
-	staleness             time.Duration
+	staleness, connect    time.Duration
 	maxCalls              int
 }
 
@@ -50,6 +50,7 @@ func (f *gateFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gateID, "gate-id", "mcp-gateway", "the gateway's name in the ledger and the record")
 	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential: a tool server's token named like --gate-id (tether token create --tool-server NAME), read again whenever it is rewritten: renew it before it expires (default: $"+envGateToken+", then --token/$TETHER_TOKEN, which must then be one, and are read once)")
 	fs.DurationVar(&f.staleness, "staleness-budget", 0, "refuse every call when the revocation feed is older than this (default 10s)")
+	fs.DurationVar(&f.connect, "connect-timeout", mcpgate.DefaultConnectTimeout, "time an upstream has to answer its connection (MCP's initialize) and each listing of its tools; the gateway does not start without an upstream, and reconnects one whose connection ended, backing off")
 	fs.IntVar(&f.maxCalls, "max-calls-per-node", mcpgate.DefaultMaxCallsPerNode, "tool calls one node may have in flight through the gateway at once (its next is refused, -32068)")
 }
 
@@ -126,7 +127,7 @@ func openGateway(ctx context.Context, g *globals, gf *gateFlags, ups []mcpgate.U
 	}
 	return mcpgate.Open(ctx, mcpgate.OpenConfig{
 		ControlPlane: g.addr, Credential: cred, CredentialSource: renewed, GateID: gf.gateID, Upstreams: ups,
-		StalenessBudget: gf.staleness, MaxCallsPerNode: gf.maxCalls, Stderr: os.Stderr, Logger: log,
+		StalenessBudget: gf.staleness, MaxCallsPerNode: gf.maxCalls, ConnectTimeout: gf.connect, Stderr: os.Stderr, Logger: log,
 	})
 }
 

@@ -36,13 +36,31 @@ func newRecordCommand(g *globals) *cobra.Command {
 			PrintRecordSummary(cmd.OutOrStdout(), rec)
 			return nil
 		}),
-	}, &cobra.Command{
+	}, newRecordLsCommand(g))
+	return cmd
+}
+
+// recordRequesters are --requested-by's values.
+var recordRequesters = map[string]tetherv1.RecordRequester{
+	"":         tetherv1.RecordRequester_RECORD_REQUESTER_UNSPECIFIED,
+	"operator": tetherv1.RecordRequester_RECORD_REQUESTER_OPERATOR,
+	"agent":    tetherv1.RecordRequester_RECORD_REQUESTER_AGENT,
+	"rollout":  tetherv1.RecordRequester_RECORD_REQUESTER_ROLLOUT,
+}
+
+func newRecordLsCommand(g *globals) *cobra.Command {
+	var treeNode, requestedBy string
+	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List records",
+		Short: "List records (--tree, --requested-by: one tree's, one kind of requester's)",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
+			by, ok := recordRequesters[requestedBy]
+			if !ok {
+				return fmt.Errorf("--requested-by %q: want operator, agent or rollout", requestedBy)
+			}
 			recs, err := allPages(func(token string) ([]*tetherv1.ReconciliationRecord, string, error) {
-				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token}))
+				resp, err := c.Supervisor.ListRecords(cmd.Context(), connect.NewRequest(&tetherv1.ListRecordsRequest{PageToken: token, TreeNodeId: treeNode, RequestedBy: by}))
 				if err != nil {
 					return nil, "", err
 				}
@@ -65,7 +83,9 @@ func newRecordCommand(g *globals) *cobra.Command {
 				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
 			})
 		}),
-	})
+	}
+	cmd.Flags().StringVar(&treeNode, "tree", "", "only the records of this node's tree (any node id of it)")
+	cmd.Flags().StringVar(&requestedBy, "requested-by", "", "only the records of stops requested by: operator, agent or rollout")
 	return cmd
 }
 

@@ -418,15 +418,47 @@ func unresolvedCall(r tetherv1.CallResolution) bool {
 
 type recordsData struct {
 	Records []recordSummary
-	Next    string
+	Next    string // the link to the next page, filters kept
+	Tree    string // the filter's tree (a node id of it), as asked
+	By      string // the filter's requester: operator, agent, rollout or ""
 }
 
+// recordRequesters are the records page's requester filter's values.
+var recordRequesters = map[string]tetherv1.RecordRequester{
+	"":         tetherv1.RecordRequester_RECORD_REQUESTER_UNSPECIFIED,
+	"operator": tetherv1.RecordRequester_RECORD_REQUESTER_OPERATOR,
+	"agent":    tetherv1.RecordRequester_RECORD_REQUESTER_AGENT,
+	"rollout":  tetherv1.RecordRequester_RECORD_REQUESTER_ROLLOUT,
+}
+
+// records lists records fifty at a time, of one tree and one kind of
+// requester when asked (tree=<node id>, by=operator|agent|rollout): an
+// agent that stops its own children writes a record each time, and
+// without a filter they push an operator's records to later pages.
 func (c *Console) records(w http.ResponseWriter, r *http.Request, s *session) {
-	resp, ok := pageCall(c, w, r, s, "Could not list records", s.clients.Supervisor.ListRecords, &tetherv1.ListRecordsRequest{PageSize: 50, PageToken: r.URL.Query().Get("page")})
+	q := r.URL.Query()
+	d := recordsData{Tree: strings.TrimSpace(q.Get("tree")), By: q.Get("by")}
+	by, known := recordRequesters[d.By]
+	if !known {
+		c.fail(w, r, s, http.StatusBadRequest, "refused: unknown requester", "The records page filters by requester operator, agent or rollout, not "+strconv.Quote(d.By)+".")
+		return
+	}
+	resp, ok := pageCall(c, w, r, s, "Could not list records", s.clients.Supervisor.ListRecords, &tetherv1.ListRecordsRequest{
+		PageSize: 50, PageToken: q.Get("page"), TreeNodeId: d.Tree, RequestedBy: by,
+	})
 	if !ok {
 		return
 	}
-	d := recordsData{Next: resp.Msg.NextPageToken}
+	if next := resp.Msg.NextPageToken; next != "" {
+		nq := url.Values{"page": {next}}
+		if d.Tree != "" {
+			nq.Set("tree", d.Tree)
+		}
+		if d.By != "" {
+			nq.Set("by", d.By)
+		}
+		d.Next = "/ui/records?" + nq.Encode()
+	}
 	for _, rec := range resp.Msg.Records {
 		sum := summarize(rec)
 		sum.Partial = slices.Contains(resp.Msg.PartialRecordIds, rec.RecordId)
@@ -923,8 +955,15 @@ type tombstoneJSON struct {
 	Reason    string `json:"reason"`
 }
 
+// feedRows is how many tombstones the revocation feed page shows (its
+// script keeps as many rows): the page's stream opens with the newest of
+// them only (WatchRevocations' newest), not every live tombstone, so that
+// an agent that delegates and revokes as fast as its budget allows cannot
+// make the page's opening long.
+const feedRows = 500
+
 func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *session) {
-	stream, err := s.clients.Capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+	stream, err := s.clients.Capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{Newest: feedRows}))
 	relayEvents(c, w, r, s, "Could not watch revocations", stream, err, func(send sendEvent, m *tetherv1.WatchRevocationsResponse) bool {
 		for _, t := range m.Tombstones {
 			if send("tombstone", tombstoneJSON{Sequence: t.Sequence, GrantID: t.GrantId, RevokedAt: ts(t.RevokedAt), Reason: t.Reason}) != nil {

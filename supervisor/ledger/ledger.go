@@ -98,8 +98,10 @@ var (
 
 // Begin verifies the token and the node's state and records the call as in
 // flight, begun by the tool server by (a principal id). A node that is
-// draining or aborting gets tree.ErrNodeStopping, and the refused call is
-// recorded (rejected_draining) for the termination's record, up to
+// draining or aborting, or is below one (a termination's mark has reached
+// its ancestor but not yet it: tree.StoppingAncestorIn), gets
+// tree.ErrNodeStopping, and the refused call is recorded
+// (rejected_draining) for that termination's record, up to
 // MaxRefusedCallsListedPerNode of the node's. A node whose exit was
 // confirmed gets ErrNodeExited, and the attempt is kept on the node as
 // contradicting evidence. A running node with MaxOpenCallsPerNode calls in
@@ -179,13 +181,31 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 				return nil // no termination to account for a refused call
 			}
 		}
-		if node.State != tree.NodeStateRunning {
+		// A running node below a stopping ancestor is covered by that
+		// ancestor's termination, whose mark has not reached it yet (it
+		// marks top down, in chunks): its new calls are refused as the
+		// marked node's would be, and listed in that termination's record.
+		terminationID := node.TerminationID
+		if node.State == tree.NodeStateRunning && stopping == nil {
+			above, err := tree.StoppingAncestorIn(tx, node)
+			if err != nil {
+				return err
+			}
+			if above != nil {
+				stopping = fmt.Errorf("%w: node %s is below %s, which is %s (termination %s): new tool calls are refused", tree.ErrNodeStopping, nodeID, above.NodeID, tree.StateName(above.State), above.TerminationID)
+				terminationID = ""
+				if above.State != tree.NodeStateTerminated {
+					terminationID = above.TerminationID
+				}
+			}
+		}
+		if node.State != tree.NodeStateRunning || stopping != nil {
 			// Refuse, and keep the refusal as evidence for the record.
 			if stopping == nil { // (an exited node's refusal names its confirmation)
 				stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
 			}
-			if node.TerminationID != "" {
-				full, err := refusalsListed(tx, node.TerminationID, nodeID)
+			if terminationID != "" {
+				full, err := refusalsListed(tx, terminationID, nodeID)
 				if err != nil {
 					return err
 				}
@@ -198,18 +218,18 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			call.State = CallStateEnded
 			call.Resolution = CallResolutionRejectedDraining
 			call.EndedAt = now
-			call.TerminationID = node.TerminationID
+			call.TerminationID = terminationID
 			if err := putCall(tx, call); err != nil {
 				return err
 			}
 			if err := l.observe(tx, nil, call); err != nil {
 				return err
 			}
-			if node.TerminationID != "" {
-				if err := tx.Put(refusedKey(node.TerminationID, nodeID, call.CallID), nil); err != nil {
+			if terminationID != "" {
+				if err := tx.Put(refusedKey(terminationID, nodeID, call.CallID), nil); err != nil {
 					return err
 				}
-				return tx.Put(termCallKey(node.TerminationID, call.CallID), nil)
+				return tx.Put(termCallKey(terminationID, call.CallID), nil)
 			}
 			return nil
 		}

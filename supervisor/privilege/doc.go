@@ -7,7 +7,8 @@
 //
 // Nothing the workload registers can hold a termination hostage: a revoke
 // webhook may only point at a destination the operator allowed
-// (AllowHooks), a node holds at most MaxPerNode live privileges, and the
+// (AllowHooks), a node holds at most MaxPerNode live privileges of each
+// registrant's (and keeps as many expired ones listed), and the
 // revocations run in parallel off the reconciler's path, each bounded by
 // the termination's hook deadline, redirects never followed.
 //

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -85,8 +86,10 @@ type Privileges struct {
 	// ("hooks.internal", any port), a host and port ("hooks.internal:8443")
 	// or a URL prefix ("https://hooks.internal/revoke/"). Empty: none.
 	AllowHooks []string
-	// MaxPerNode bounds the live (unexpired) privileges of one node;
-	// zero means DefaultMaxPrivilegesPerNode.
+	// MaxPerNode bounds the live (unexpired) privileges of one node, per
+	// registrant (its agents', its operators'), and so the expired ones
+	// it keeps listed (a registration drops the oldest past it); zero
+	// means DefaultMaxPrivilegesPerNode.
 	MaxPerNode int
 	// Concurrency bounds the revocations in flight per termination; zero
 	// means DefaultHookConcurrency.
@@ -99,6 +102,9 @@ type Privileges struct {
 
 // kindPattern is the syntax of a privilege's kind (a tool name's).
 var kindPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$`)
+
+// decideBatch bounds the privileges one transaction decides expired.
+const decideBatch = 256
 
 // Defaults of the privilege registry.
 const (
@@ -212,14 +218,45 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s; a privilege is registered only for a running node", ErrNodeNotRunning, p.NodeID, tree.StateName(n.State))
 		}
+		// Nor for one a termination covers before its mark, top down,
+		// reaches it.
+		above, err := tree.StoppingAncestorIn(tx, n)
+		if err != nil {
+			return err
+		}
+		if above != nil {
+			return fmt.Errorf("%w: node_id %s is below %s, which is %s; a privilege is registered only for a running node", ErrNodeNotRunning, p.NodeID, above.NodeID, tree.StateName(above.State))
+		}
 		held, err := PrivilegesIn(tx, []string{p.NodeID})
 		if err != nil {
 			return err
 		}
 		live := 0
+		var expired []Privilege
 		for _, h := range held {
-			if h.Outcome == "" && now.Before(h.ExpiresAt) && h.ByOperator == p.ByOperator {
+			switch {
+			case h.Outcome != "" || h.ByOperator != p.ByOperator:
+			case now.Before(h.ExpiresAt):
 				live++
+			default:
+				expired = append(expired, h)
+			}
+		}
+		// The bound is on live privileges, and one that expired stays
+		// listed for its node until a termination decides it: a node kept
+		// only the newest limit expired ones of its registrant's, so that
+		// registering short-lived privileges over and over cannot grow its
+		// list (read by every registration, listed whole, and decided in
+		// its termination's transactions) without bound.
+		if over := len(expired) - limit; over > 0 {
+			slices.SortFunc(expired, func(a, b Privilege) int { return a.ExpiresAt.Compare(b.ExpiresAt) })
+			for _, h := range expired[:over] {
+				if err := tx.Delete(nodePrivKey(h.NodeID, h.ID)); err != nil {
+					return err
+				}
+				if err := tx.Delete(privilegeKey(h.ID)); err != nil {
+					return err
+				}
 			}
 		}
 		if live >= limit {
@@ -318,9 +355,11 @@ func (r *Privileges) DispatchRead(ctx context.Context, privs []Privilege, deadli
 			return err
 		}
 	}
-	if len(expired) > 0 {
+	// In batches: a termination's chunk holds up to a thousand nodes'
+	// privileges, more than one transaction takes.
+	for batch := range slices.Chunk(expired, decideBatch) {
 		if err := r.Store.Update(ctx, func(tx store.Txn) error {
-			for _, p := range expired {
+			for _, p := range batch {
 				if err := r.putDecided(tx, p); err != nil {
 					return err
 				}

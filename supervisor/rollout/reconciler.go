@@ -574,7 +574,7 @@ func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 		}
 		rs.Supervisor.Kick(b.TerminationID)
 		if terminated && rs.Supervisor.Leases != nil {
-			if _, err := rs.Supervisor.Leases.FinalizeHeldBy(ctx, members, "rollout "+r.ID+" aborted before batch "+fmt.Sprint(b.Index)+" was replaced"); err != nil {
+			if _, _, err := rs.Supervisor.Leases.FinalizeHeldBy(ctx, members, "rollout "+r.ID+" aborted before batch "+fmt.Sprint(b.Index)+" was replaced", supervisor.LeasePage{}); err != nil {
 				return fmt.Errorf("finalize leases of batch %d: %w", b.Index, err)
 			}
 		}

@@ -46,3 +46,19 @@ func MayDecide(n *Node, decision string) error {
 	return fmt.Errorf("%w: agent %s is %s: an agent being stopped, stopped or exited cannot %s; an operator or the lineage above the stop decides it, and the termination reconciles the jobs the node's subtree holds",
 		ErrNodeStopping, n.NodeID, StateName(n.State), what)
 }
+
+// MayDecideUnder is MayDecide for a node read with GetUnder: a running
+// node below an ancestor being stopped (above, nil when none is) is the
+// workload of that ancestor's termination, whose mark has not reached it
+// yet, and decides nothing either.
+func MayDecideUnder(n, above *Node, decision string) error {
+	if n.State != NodeStateRunning || above == nil {
+		return MayDecide(n, decision)
+	}
+	what, ok := decisionWords[decision]
+	if !ok {
+		what = decision
+	}
+	return fmt.Errorf("%w: agent %s is below %s, which is %s: an agent being stopped, stopped or exited cannot %s; an operator or the lineage above the stop decides it, and the termination reconciles the jobs the node's subtree holds",
+		ErrNodeStopping, n.NodeID, above.NodeID, StateName(above.State), what)
+}

@@ -19,7 +19,8 @@ var updateDecide = flag.Bool("update", false, "rewrite testdata/decide.txt from 
 // transcript in testdata/decide.txt: only a running agent decides about
 // work it does not hold; a draining, aborting, terminated or exited one is
 // refused as stopping (a precondition), naming itself, its state and the
-// decision.
+// decision. A running agent below an ancestor being stopped is refused as
+// well, naming the ancestor (MayDecideUnder).
 func TestMayDecideTranscript(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("# state decision -> verdict (MayDecide; go test -run TestMayDecideTranscript -update rewrites it)\n")
@@ -34,6 +35,22 @@ func TestMayDecideTranscript(t *testing.T) {
 			}
 			fmt.Fprintf(&b, "%s %s -> %s\n", tree.StateName(s), d, verdict)
 		}
+	}
+	// A running node below an ancestor being stopped, before the
+	// termination's mark reaches it (MayDecideUnder): refused, naming the
+	// ancestor; below a running or exited one (nil) it decides.
+	for _, s := range []tree.NodeState{tree.NodeStateDraining, tree.NodeStateAborting, tree.NodeStateTerminated} {
+		for _, d := range decisions {
+			err := tree.MayDecideUnder(&tree.Node{NodeID: "n_child", State: tree.NodeStateRunning}, &tree.Node{NodeID: "n_parent", State: s}, d)
+			verdict := "allowed"
+			if err != nil {
+				verdict = fmt.Sprintf("refused %s: %v", fault.KindOf(err), err)
+			}
+			fmt.Fprintf(&b, "running below %s %s -> %s\n", tree.StateName(s), d, verdict)
+		}
+	}
+	if err := tree.MayDecideUnder(&tree.Node{NodeID: "n_child", State: tree.NodeStateRunning}, nil, tree.DecideResolve); err != nil {
+		t.Errorf("a running node below no stopping ancestor: %v", err)
 	}
 	path := filepath.Join("testdata", "decide.txt")
 	if *updateDecide {

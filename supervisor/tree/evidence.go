@@ -306,7 +306,11 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 	case SessionOpen(n):
 		v.UnaccountedReason = "its session is still open"
 	case len(liveGrants) > 0:
-		v.UnaccountedReason = "a grant it held is still live: " + strings.Join(liveGrants, ", ")
+		// At most a few named: a node may hold any number.
+		v.UnaccountedReason = "a grant it held is still live: " + strings.Join(liveGrants[:min(len(liveGrants), 8)], ", ")
+		if len(liveGrants) > 8 {
+			v.UnaccountedReason += fmt.Sprintf(" and %d more", len(liveGrants)-8)
+		}
 		v.Settled = true
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true

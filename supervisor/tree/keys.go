@@ -3,8 +3,11 @@ package tree
 // Store key layout of the agent tree. Keys are readable strings so that a
 // person debugging a data directory can follow them.
 const (
-	prefixNode  = "agents/node/"  // agents/node/<node id> → Node
-	prefixChild = "agents/child/" // agents/child/<parent id>/<child id> → ""
+	prefixNode = "agents/node/" // agents/node/<node id> → Node
+	// agents/child/<parent id>/<child id> → a child note (ChildMayHaveChildren):
+	// whether the child may have children of its own ("" in entries written
+	// before the notes: it may).
+	prefixChild = "agents/child/"
 	// agents/children/<parent id> → the parent's number of children (uint64,
 	// big-endian), so a spawn checks the limit without counting them; a
 	// parent without it (spawned before it existed) is counted once.
@@ -39,3 +42,23 @@ func ChildKey(parent, child string) []byte { return childKey(parent, child) }
 
 // ChildCountKey holds parent's number of children (uint64, big-endian).
 func ChildCountKey(parent string) []byte { return childCountKey(parent) }
+
+// Child notes: the value of a child's entry in its parent's list says
+// whether the child may have children, so that a walk that lists a level
+// (the termination's mark) reads the child lists only of the children
+// that may have some, not the empty lists of the leaves. The spawn that
+// creates a child writes its entry childNoteLeaf; the spawn of the
+// child's first child, in the transaction that notes it on the child's
+// node (HoldsChildren), rewrites it childNoteParent. An entry written
+// before the notes holds an empty value and says nothing. Like the node's
+// bits, a note means "may have", and is never cleared.
+var (
+	childNoteLeaf   = []byte{'l'}
+	childNoteParent = []byte{'p'}
+)
+
+// ChildMayHaveChildren reports whether a child whose entry in its parent's
+// list (ChildKey) holds note may have children of its own: false only for
+// an entry that says the child had none when the entry was last written,
+// which the spawn of its first child rewrites in its own transaction.
+func ChildMayHaveChildren(note []byte) bool { return string(note) != string(childNoteLeaf) }

@@ -177,8 +177,14 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 			}
 			return fmt.Errorf("%w: parent_node_id %s has %d children; %d more would pass the maximum of %d per node", ErrLimit, parentID, children, len(specs), t.Limits.MaxChildren)
 		}
-		// The parent's first child is noted on it: a termination's mark
-		// lists the children only of the nodes that may have some.
+		// The parent's first child is noted on it, and on its entry in its
+		// own parent's list (the child notes): a termination's mark lists
+		// the children only of the nodes that may have some.
+		if parent.Holds&HoldsTracked != 0 && parent.Holds&HoldsChildren == 0 && parent.ParentNodeID != "" {
+			if err := tx.Put(childKey(parent.ParentNodeID, parentID), childNoteParent); err != nil {
+				return err
+			}
+		}
 		if err := NoteHoldingIn(tx, parent, HoldsChildren); err != nil {
 			return err
 		}
@@ -203,7 +209,7 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 					return err
 				}
 			}
-			if err := tx.Put(childKey(parentID, ids[i]), nil); err != nil {
+			if err := tx.Put(childKey(parentID, ids[i]), childNoteLeaf); err != nil {
 				return err
 			}
 			out = append(out, child)
@@ -220,26 +226,62 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 // stopped (a termination is marking, or has marked, its subtree), read in
 // tx so that the spawn serializes with the mark.
 func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
-	if err := store.Prefetch(tx, store.KeysOf(parent.Ancestors, nodeKey), nil); err != nil {
+	a, err := StoppingAncestorIn(tx, parent)
+	if err != nil || a == nil {
 		return err
 	}
-	for _, a := range parent.Ancestors {
-		// Only the state, not the whole node: every spawn reads each
-		// ancestor; the node is decoded whole only to name its termination.
+	return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeID, a.NodeID, StateName(a.State), a.TerminationID)
+}
+
+// StoppingAncestorIn returns the nearest ancestor of n that is stopping or
+// stopped (draining, aborting, terminated), read in tx, or nil when none
+// is. A termination marks its subtree top down, its roots in one
+// transaction and their descendants in later ones: between them a node
+// below a root reads running while the termination already covers it, and
+// what a node being stopped may not do (spawn, begin a tool call) its
+// unmarked descendants may not do either. An exited ancestor stops
+// nothing below it: children may outlive what created them.
+func StoppingAncestorIn(tx store.ReadTxn, n *Node) (*Node, error) {
+	if err := store.Prefetch(tx, store.KeysOf(n.Ancestors, nodeKey), nil); err != nil {
+		return nil, err
+	}
+	for i := len(n.Ancestors) - 1; i >= 0; i-- {
+		a := n.Ancestors[i]
+		// Only the state, not the whole node: every spawn and tool call
+		// reads each ancestor; the node is decoded whole only to name it.
 		var state NodeState
 		if err := kv.GetOf(tx, nodeKey(a), func(b []byte) (err error) { state, err = StoredState(b); return err }, ErrNodeNotFound, "", "node", a); err != nil {
-			return err
+			return nil, err
 		}
 		switch state {
 		case NodeStateDraining, NodeStateAborting, NodeStateTerminated:
-			n, err := getNode(tx, a)
-			if err != nil {
-				return err
-			}
-			return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeID, a, StateName(n.State), n.TerminationID)
+			return getNode(tx, a)
 		}
 	}
-	return nil
+	return nil, nil
+}
+
+// GetUnder returns a node and, when it is running, its nearest ancestor
+// that is being stopped or stopped (StoppingAncestorIn; nil when none is),
+// read in one snapshot: what a node being stopped may not start, a running
+// node a termination covers before its mark reaches it may not either.
+func (t *Tree) GetUnder(ctx context.Context, nodeID string) (n, above *Node, err error) {
+	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
+	}
+	err = t.Store.View(ctx, func(tx store.ReadTxn) error {
+		var err error
+		if n, err = getNode(tx, nodeID); err != nil {
+			return err
+		}
+		above = nil
+		if n.State != NodeStateRunning {
+			return nil
+		}
+		above, err = StoppingAncestorIn(tx, n)
+		return err
+	})
+	return n, above, err
 }
 
 // childCount is how many children parentID has: the stored count, or, for

@@ -16,6 +16,32 @@ export const HeaderLeaseGeneration = "Tether-Lease-Generation";
 
 const maxUint64 = (1n << 64n) - 1n;
 
+/**
+ * The longest job id the coordinator accepts, in UTF-8 bytes (the lease
+ * record's bound on ids). A fence refuses a longer one, and one that is not
+ * well-formed Unicode or holds a control character, as a job the
+ * coordinator never issued, without asking it and without remembering it.
+ */
+export const MaxJobIdBytes = 256;
+
+// A C0 or C1 control character (Go's unicode.IsControl).
+const controlCharacter = /[\u0000-\u001f\u007f-\u009f]/;
+
+/** Why job cannot be a job id the coordinator issued, or undefined when it can. It never quotes job. */
+function jobIdProblem(job: string): string | undefined {
+  if (job === "") return "the job id is empty";
+  const bytes = Buffer.byteLength(job, "utf8");
+  if (bytes > MaxJobIdBytes) return `a job id of ${bytes} bytes (the coordinator issues at most ${MaxJobIdBytes})`;
+  if (Buffer.from(job, "utf8").toString("utf8") !== job) return "a job id that is not UTF-8"; // a lone surrogate
+  if (controlCharacter.test(job)) return "a job id holding a control character";
+  return undefined;
+}
+
+/** A generation as a fence takes it: a bigint in [1, 2^64). */
+function validGeneration(generation: unknown): generation is bigint {
+  return typeof generation === "bigint" && generation > 0n && generation <= maxUint64;
+}
+
 /** A side effect from a superseded lease generation: its caller no longer has authority to act. */
 export class Fenced extends Error {
   override readonly name = "Fenced";
@@ -150,9 +176,14 @@ export class Fence {
    * admitted then), or the check's error when it could not be asked.
    */
   async admit(job: string, generation: bigint): Promise<void> {
-    if (typeof job !== "string" || job === "" || typeof generation !== "bigint" || generation <= 0n || generation > maxUint64) {
+    if (typeof job !== "string" || job === "" || !validGeneration(generation)) {
       throw new RangeError("tether: fence: a side effect needs a job id and a lease generation (a positive integer)");
     }
+    const problem = jobIdProblem(job);
+    // Neither asked about nor remembered: such a job has no lease, and a
+    // caller naming it must not spend the fence's memory, nor a request to
+    // the coordinator answered as if it were down.
+    if (problem) throw new UnissuedGeneration(`tether: fence: ${problem}`);
     const askedAt = this.#maxStaleMs > 0 ? this.#clock.now() : 0;
     const h = this.highest(job);
     if (generation < h) throw fenced(job, generation, h);
@@ -185,10 +216,12 @@ export class Fence {
     }
   }
 
-/**
+  /**
    * {@link Fence.admit} for a request's headers (a fetch Headers, or node's
-   * IncomingHttpHeaders): both are required, the generation a positive
-   * decimal integer; a request without them throws a RangeError.
+   * IncomingHttpHeaders): both are required, once each, the generation a
+   * positive decimal integer; a request without them, or whose job id the
+   * coordinator could not have issued ({@link MaxJobIdBytes}), throws a
+   * RangeError before anything is asked.
    */
   admitHeaders(headers: Headers | Record<string, string | string[] | undefined>): Promise<void> {
     const get = (name: string): string | undefined => {
@@ -199,13 +232,21 @@ export class Fence {
     const job = get(HeaderJobId);
     const raw = get(HeaderLeaseGeneration);
     if (!job || raw === undefined || !/^[1-9][0-9]{0,19}$/.test(raw) || BigInt(raw) > maxUint64) {
-      return Promise.reject(new RangeError(`tether: fence: ${HeaderJobId} and ${HeaderLeaseGeneration} (a positive integer) are required`));
+      return Promise.reject(new RangeError(`tether: fence: ${HeaderJobId} and ${HeaderLeaseGeneration} (a positive integer) are required, once each`));
     }
+    const problem = jobIdProblem(job);
+    if (problem) return Promise.reject(new RangeError(`tether: fence: ${HeaderJobId} is not a job the coordinator issues: ${problem}`));
     return this.admit(job, BigInt(raw));
   }
 
-  /** Raises the job's highest generation without admitting anything (seeding from storage). */
+  /**
+   * Raises the job's highest generation without admitting anything (seeding
+   * from storage). Generation 0 raises nothing and remembers nothing; one
+   * that is not a bigint in [0, 2^64) throws a RangeError.
+   */
   observe(job: string, generation: bigint): void {
+    if (generation === 0n) return;
+    if (!validGeneration(generation)) throw new RangeError("tether: fence: a generation is an integer in [0, 2^64)");
     const e = this.#jobs.get(job);
     if (!e) this.#jobs.set(job, { highest: generation, active: 0n, untilMs: 0 });
     else if (generation > e.highest) e.highest = generation;

@@ -7,8 +7,8 @@ export { Agent, CapabilityToken, type CapabilityTokenOptions, type Child, type G
 export { ToolGate, CapabilityHeader, MaxEarlyOrders, tokenOf, type CallOptions, type TokenSource, type ToolGateOptions } from "./toolgate.js";
 export { Verifier, JwksPath, type Clock, type VerifierOptions } from "./verifier.js";
 export { allows, validScope, verifyToken, parseJwks, Audience, TokenError, type Claims, type TokenErrorKind } from "./capability.js";
-export { Fence, Fenced, NoAuthority, UnissuedGeneration, issuedGenerations, HeaderJobId, HeaderLeaseGeneration, type Authority, type FenceOptions, type GenerationCheck } from "./fence.js";
-export { LeaseWorker, Job, JobEnded, retryable, TerminalResult, type JobEndKind, type JobOptions, type LeaseWorkerOptions } from "./leaseworker.js";
+export { Fence, Fenced, NoAuthority, UnissuedGeneration, issuedGenerations, HeaderJobId, HeaderLeaseGeneration, MaxJobIdBytes, type Authority, type FenceOptions, type GenerationCheck } from "./fence.js";
+export { LeaseWorker, Job, JobEnded, WorkerClosed, retryable, TerminalResult, type JobEndKind, type JobOptions, type LeaseWorkerOptions } from "./leaseworker.js";
 export { TetherScope, type ChildOptions } from "./scope.js";
 export { StopSignalled, ToolCallCancelled, isRefusedStopping, isRefusedToken } from "./errors.js";
 export { NodeState, SignalKind, type Node } from "./gen/tether/v1/agent_pb.js";

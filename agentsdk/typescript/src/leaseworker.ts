@@ -30,6 +30,35 @@ export class JobEnded extends Error {
   }
 }
 
+/**
+ * Thrown by a closed {@link LeaseWorker}'s accept and by its jobs' renew,
+ * progress and complete: nothing is sent after {@link LeaseWorker.close}
+ * (the Go SDK's ErrWorkerClosed, the Python SDK's WorkerClosed).
+ */
+export class WorkerClosed extends Error {
+  override readonly name = "WorkerClosed";
+  constructor() {
+    super("tether: the lease worker is closed");
+  }
+}
+
+/**
+ * The longest a node timer waits (2^31 - 1 ms, some 24.8 days): one asked
+ * for longer fires after 1 ms, so a lease of more than 74 days (renewed
+ * every third of it) renewed in a loop, and its bound never ended it.
+ */
+const maxTimerMs = 2 ** 31 - 1;
+
+/** How long close() waits for its jobs' renewals in flight (and an onCancel they run) to settle, in ms. */
+const closeWaitMs = 10_000;
+
+// The worker's side of its jobs, not part of the package's API (each
+// class's static block sets them, with access to its private fields): the
+// worker tracks the jobs whose renew loop runs, and close() ends them.
+let trackJob: (worker: LeaseWorker, job: Job) => boolean;
+let untrackJob: (worker: LeaseWorker, job: Job) => void;
+let closeJob: (job: Job) => Promise<unknown>;
+
 /** Options for a {@link LeaseWorker}. */
 export interface LeaseWorkerOptions {
   /** The agent's connection: its credential is the holder identity the coordinator binds every message to. */
@@ -84,6 +113,8 @@ export class LeaseWorker {
   readonly heldTimers: boolean;
   readonly #renewEvery?: number;
   readonly #warn: (message: string) => void;
+  readonly #jobs = new Set<Job>();
+  #closed = false;
 
   constructor(options: LeaseWorkerOptions) {
     this.conn = options.conn;
@@ -99,11 +130,57 @@ export class LeaseWorker {
     return timestampFromMs(this.#now());
   }
 
+  /** Whether {@link LeaseWorker.close} was called. */
+  get closed(): boolean {
+    return this.#closed;
+  }
+
+  /**
+   * Ends every job the worker runs, as {@link Job.stop} does (their signals
+   * abort with a {@link JobEnded} "ended", "the worker was closed"; their
+   * renewals stop, one in flight is aborted; each lease runs out on the
+   * coordinator's clock), and resolves once their renewals in flight (and
+   * an onCancel one runs) have settled, after at most 10 s. From then on
+   * the worker sends nothing: accept, and a job's renew, progress and
+   * complete, throw {@link WorkerClosed}. Closing twice is harmless.
+   */
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    const jobs = [...this.#jobs];
+    this.#jobs.clear();
+    const settled = jobs.map((j) => closeJob(j));
+    let bound: NodeJS.Timeout | undefined;
+    await Promise.race([
+      Promise.allSettled(settled),
+      new Promise<void>((resolve) => {
+        bound = setTimeout(() => {
+          this.#warn("tether: lease worker closed with a job's renewal still in flight (its onCancel has not returned)");
+          resolve();
+        }, closeWaitMs);
+        bound.unref?.();
+      }),
+    ]);
+    clearTimeout(bound);
+  }
+
+  static {
+    // Tracks a job whose renew loop runs; false once the worker is closed.
+    trackJob = (worker, job) => {
+      if (worker.#closed) return false;
+      worker.#jobs.add(job);
+      return true;
+    };
+    untrackJob = (worker, job) => void worker.#jobs.delete(job);
+  }
+
   /**
    * ACKs an offered lease (which must be this agent's) and starts renewing
-   * it. Throws when the coordinator rejects the ACK.
+   * it. Throws when the coordinator rejects the ACK, and
+   * {@link WorkerClosed} (without acknowledging) once the worker is closed.
    */
   async accept(offered: Lease, options: JobOptions = {}): Promise<Job> {
+    if (this.#closed) throw new WorkerClosed();
     const sent = this.heldNow();
     const resp = await this.conn.lease.ack({
       jobId: offered.jobId,
@@ -114,6 +191,9 @@ export class LeaseWorker {
     if (resp.decision?.outcome === Outcome.REJECTED || !resp.lease) {
       throw new Error(`tether: ack of job ${JSON.stringify(offered.jobId)} refused: ${resp.decision?.reason ?? "no lease in the answer"}`);
     }
+    // Closed while the ACK was under way: the job never begins, and its
+    // lease runs out on the coordinator's clock.
+    if (this.#closed) throw new WorkerClosed();
     const every = this.#renewEvery ?? Math.max(msOf(resp.lease.leaseDuration) / 3, 10);
     return Job.accepted(this, offered, resp.lease, resp.decision, sent, options, every, this.#warn);
   }
@@ -142,6 +222,10 @@ export class Job {
   #heldUntil?: number;
   #heldTimer?: NodeJS.Timeout;
   #renewing = false;
+  // The renew loop's renewal in flight, and what it runs on the answer.
+  #inflight?: Promise<unknown>;
+  // Aborts when the job ends: the loop's renewal in flight with it.
+  readonly #halt = new AbortController();
   #done: Promise<void>;
   #markDone!: () => void;
 
@@ -170,14 +254,27 @@ export class Job {
     // the Go worker's): against a coordinator that is slow or never
     // answers, a tick while one is in flight is skipped rather than piling
     // up requests (and their memory) without bound.
+    const every = Math.min(renewEveryMs, maxTimerMs);
     this.#timer = setInterval(() => {
       if (this.#checkHeld()) return; // no renewal sent now could prove the time between
       if (this.#renewing) return;
       this.#renewing = true;
-      this.renew({ timeoutMs: renewEveryMs })
-        .catch((err) => this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`))
+      this.#inflight = this.renew({ timeoutMs: every, signal: this.#halt.signal })
+        .catch((err) => {
+          if (!this.#halt.signal.aborted) this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`);
+        })
         .finally(() => (this.#renewing = false));
-    }, renewEveryMs);
+    }, every);
+    if (!trackJob(worker, this)) this.#end(closedReason(this.#jobId));
+  }
+
+  static {
+    // Ends the job for its worker's close(); resolves once its renewal in
+    // flight has settled.
+    closeJob = (job) => {
+      job.#end(closedReason(job.#jobId));
+      return job.#inflight ?? Promise.resolve();
+    };
   }
 
   /**
@@ -227,11 +324,21 @@ export class Job {
     const until = sent + msOf(lease.leaseDuration);
     if (this.#heldUntil !== undefined && until <= this.#heldUntil) return;
     this.#heldUntil = until;
-    if (this.#worker.heldTimers && !this.#abort.signal.aborted) {
-      if (this.#heldTimer) clearTimeout(this.#heldTimer);
-      this.#heldTimer = setTimeout(() => this.#checkHeld(), Math.max(until - this.#worker.heldNow(), 0));
-      this.#heldTimer.unref?.();
-    }
+    if (this.#worker.heldTimers) this.#armHeld();
+  }
+
+  /**
+   * Ends the job at its bound on the default clock: a timer at the bound,
+   * or at the longest a timer can wait, looking again then.
+   */
+  #armHeld(): void {
+    if (this.#heldUntil === undefined || this.#abort.signal.aborted) return;
+    if (this.#heldTimer) clearTimeout(this.#heldTimer);
+    const wait = Math.min(Math.max(this.#heldUntil - this.#worker.heldNow(), 0), maxTimerMs);
+    this.#heldTimer = setTimeout(() => {
+      if (!this.#checkHeld()) this.#armHeld();
+    }, wait);
+    this.#heldTimer.unref?.();
   }
 
   /** Ends the job once the worker's clock reached its bound; reports whether it did. */
@@ -273,6 +380,8 @@ export class Job {
   }
 
   #end(reason: JobEnded): void {
+    untrackJob(this.#worker, this);
+    this.#halt.abort();
     if (this.#timer) clearInterval(this.#timer);
     this.#timer = undefined;
     if (this.#heldTimer) clearTimeout(this.#heldTimer);
@@ -290,13 +399,19 @@ export class Job {
    * the answer: a cancel request aborts the job's signal, runs onCancel and
    * acknowledges; an answer saying the generation has no authority ends the
    * job. options.timeoutMs bounds the wait for the answer (the renew
-   * loop's is its interval); a renewal that runs out is not judged.
+   * loop's is its interval); a renewal that runs out, or whose
+   * options.signal aborts, is not judged. Throws {@link WorkerClosed} once
+   * the worker is closed.
    */
-  async renew(options: { timeoutMs?: number } = {}): Promise<Decision | undefined> {
+  async renew(options: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<Decision | undefined> {
+    if (this.#worker.closed) throw new WorkerClosed();
     if (this.#abort.signal.aborted) return undefined;
     this.#renewSequence++;
     const sent = this.#worker.heldNow();
-    const resp = await this.#worker.conn.lease.renew({ ...this.#claim(), renewSequence: this.#renewSequence }, { timeoutMs: options.timeoutMs });
+    const resp = await this.#worker.conn.lease.renew(
+      { ...this.#claim(), renewSequence: this.#renewSequence },
+      { timeoutMs: options.timeoutMs, signal: options.signal },
+    );
     this.#held(sent, resp.lease, resp.decision);
     await this.#observe(resp.lease);
     return resp.decision;
@@ -314,7 +429,7 @@ export class Job {
       this.#timer = undefined;
       this.#abort.abort(reason);
       await this.#options.onCancel?.(lease);
-      if (!lease.cancelAck && !lost) {
+      if (!lease.cancelAck && !lost && !this.#worker.closed) {
         try {
           const resp = await this.#worker.conn.lease.cancelAck(this.#claim());
           if (resp.lease) this.#lease = resp.lease;
@@ -327,16 +442,22 @@ export class Job {
     if (lost) this.#end(new JobEnded("lost", lease.jobId, lost));
   }
 
-  /** Reports progress with the next sequence. */
+  /** Reports progress with the next sequence; throws {@link WorkerClosed} once the worker is closed. */
   async progress(value: string): Promise<Decision | undefined> {
+    if (this.#worker.closed) throw new WorkerClosed();
     this.#progressSequence++;
     const resp = await this.#worker.conn.lease.progress({ ...this.#claim(), progressSequence: this.#progressSequence, progressValue: value });
     await this.#observe(resp.lease);
     return resp.decision;
   }
 
-  /** Reports the terminal result (SUCCESS, FAILED or CANCELLED) and ends the job. */
+  /**
+   * Reports the terminal result (SUCCESS, FAILED or CANCELLED) and ends the
+   * job; throws {@link WorkerClosed}, reporting nothing, once the worker is
+   * closed.
+   */
   async complete(result: TerminalResult, detail = ""): Promise<Decision | undefined> {
+    if (this.#worker.closed) throw new WorkerClosed();
     try {
       const resp = await this.#worker.conn.lease.complete({ ...this.#claim(), result, detail });
       if (resp.lease) this.#lease = resp.lease;
@@ -345,6 +466,11 @@ export class Job {
       this.#end(new JobEnded("ended", this.#lease.jobId, "completed"));
     }
   }
+}
+
+/** The reason of the signal of a job its worker's close() ended. */
+function closedReason(jobId: string): JobEnded {
+  return new JobEnded("ended", jobId, "the worker was closed");
 }
 
 /** Why a coordinator answer says this generation has no authority, or "" when it still has. */

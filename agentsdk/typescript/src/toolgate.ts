@@ -16,6 +16,14 @@ export const CapabilityHeader = "X-Tether-Capability";
  */
 export const MaxEarlyOrders = 1024;
 
+/**
+ * The longest call id of an order a gate holds, in UTF-8 bytes (the Go and
+ * Python gates' bound): the control plane's call ids are some thirty bytes,
+ * and an order for a longer one (a hostile peer's, up to a message's 16 MiB
+ * each) is for no call this gate could begin.
+ */
+const maxCallIdBytes = 256;
+
 /** A capability token, or something that yields a fresh one (e.g. a {@link CapabilityToken}). */
 export type TokenSource = string | { get(): Promise<string> } | (() => string | Promise<string>);
 
@@ -151,7 +159,9 @@ export class ToolGate {
     if (this.#neverAck) return;
     const c = this.#inflight.get(callId);
     if (c) c.abort(new ToolCallCancelled(callId));
-    else if (this.#beginning.size > 0 && this.#early.size < MaxEarlyOrders) this.#early.set(callId, this.#begins);
+    else if (this.#beginning.size > 0 && this.#early.size < MaxEarlyOrders && Buffer.byteLength(callId, "utf8") <= maxCallIdBytes) {
+      this.#early.set(callId, this.#begins);
+    }
   }
 
   /** Settles the begin numbered n: drops the orders no begin still under way can be for. */

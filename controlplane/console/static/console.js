@@ -102,6 +102,8 @@ function setupFeed() {
   if (!feed || !window.EventSource) return;
   const body = feed.querySelector("tbody");
   const es = new EventSource("/ui/revocations/events");
+  // Each (re)connection opens with the newest tombstones again: start over.
+  es.addEventListener("open", () => { while (body.rows.length) body.deleteRow(0); });
   es.addEventListener("tombstone", (ev) => {
     const t = JSON.parse(ev.data);
     const tr = document.createElement("tr");
@@ -114,7 +116,7 @@ function setupFeed() {
     };
     cell(String(t.sequence)); cell(t.grant_id, true); cell(t.revoked_at); cell(t.reason || "");
     body.insertBefore(tr, body.firstChild);
-    while (body.rows.length > 500) body.deleteRow(body.rows.length - 1);
+    while (body.rows.length > 500) body.deleteRow(body.rows.length - 1); // feedRows (views.go)
   });
   es.addEventListener("head", (ev) => {
     const h = JSON.parse(ev.data);

@@ -31,7 +31,7 @@ func mutationCost(m mutation) int64 {
 type appliedUpdate struct {
 	writes   []mutation // sorted by key
 	revision uint64
-	events   []store.Event
+	events   []store.Event // in key order, as writes (matching relies on it)
 }
 
 // batch is one group commit in the making: the Updates the committer has

@@ -1116,6 +1116,12 @@ type WatchRevocationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Stream tombstones with sequence > after_sequence.
 	AfterSequence uint64 `protobuf:"varint,1,opt,name=after_sequence,json=afterSequence,proto3" json:"after_sequence,omitempty"`
+	// When set, the stream opens with at most this many of the newest live
+	// tombstones after after_sequence, not all of them, and follows the feed
+	// from its head: for a view of the recent feed (the console's), whose
+	// opening then costs what it shows. Never for a verifier's set: the
+	// older tombstones are not sent, and the first message is no snapshot.
+	Newest        uint32 `protobuf:"varint,2,opt,name=newest,proto3" json:"newest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1153,6 +1159,13 @@ func (*WatchRevocationsRequest) Descriptor() ([]byte, []int) {
 func (x *WatchRevocationsRequest) GetAfterSequence() uint64 {
 	if x != nil {
 		return x.AfterSequence
+	}
+	return 0
+}
+
+func (x *WatchRevocationsRequest) GetNewest() uint32 {
+	if x != nil {
+		return x.Newest
 	}
 	return 0
 }
@@ -1409,9 +1422,10 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\x0eholder_node_id\x18\x04 \x01(\tR\fholderNodeId\x12\x16\n" +
 	"\x06scopes\x18\x05 \x03(\tR\x06scopes\x129\n" +
 	"\n" +
-	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"@\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"X\n" +
 	"\x17WatchRevocationsRequest\x12%\n" +
-	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\"\x90\x02\n" +
+	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\x12\x16\n" +
+	"\x06newest\x18\x02 \x01(\rR\x06newest\"\x90\x02\n" +
 	"\tTombstone\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x19\n" +
 	"\bgrant_id\x18\x02 \x01(\tR\agrantId\x129\n" +

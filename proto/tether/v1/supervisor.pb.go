@@ -372,6 +372,65 @@ func (LeaseEndedBy) EnumDescriptor() ([]byte, []int) {
 	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{5}
 }
 
+// Who requested the termination a record closes.
+type RecordRequester int32
+
+const (
+	// Any requester (no filter).
+	RecordRequester_RECORD_REQUESTER_UNSPECIFIED RecordRequester = 0
+	// An operator: its Terminate, its decision on a stop proposal, or the
+	// policy acting for an operator's stop rule.
+	RecordRequester_RECORD_REQUESTER_OPERATOR RecordRequester = 1
+	// An agent of the workload: its Terminate of its subtree, or the policy
+	// acting on its own stop proposal or its stop rule.
+	RecordRequester_RECORD_REQUESTER_AGENT RecordRequester = 2
+	// A rollout's batch.
+	RecordRequester_RECORD_REQUESTER_ROLLOUT RecordRequester = 3
+)
+
+// Enum value maps for RecordRequester.
+var (
+	RecordRequester_name = map[int32]string{
+		0: "RECORD_REQUESTER_UNSPECIFIED",
+		1: "RECORD_REQUESTER_OPERATOR",
+		2: "RECORD_REQUESTER_AGENT",
+		3: "RECORD_REQUESTER_ROLLOUT",
+	}
+	RecordRequester_value = map[string]int32{
+		"RECORD_REQUESTER_UNSPECIFIED": 0,
+		"RECORD_REQUESTER_OPERATOR":    1,
+		"RECORD_REQUESTER_AGENT":       2,
+		"RECORD_REQUESTER_ROLLOUT":     3,
+	}
+)
+
+func (x RecordRequester) Enum() *RecordRequester {
+	p := new(RecordRequester)
+	*p = x
+	return p
+}
+
+func (x RecordRequester) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RecordRequester) Descriptor() protoreflect.EnumDescriptor {
+	return file_tether_v1_supervisor_proto_enumTypes[6].Descriptor()
+}
+
+func (RecordRequester) Type() protoreflect.EnumType {
+	return &file_tether_v1_supervisor_proto_enumTypes[6]
+}
+
+func (x RecordRequester) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RecordRequester.Descriptor instead.
+func (RecordRequester) EnumDescriptor() ([]byte, []int) {
+	return file_tether_v1_supervisor_proto_rawDescGZIP(), []int{6}
+}
+
 type TerminationProgress struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodesTotal    uint32                 `protobuf:"varint,1,opt,name=nodes_total,json=nodesTotal,proto3" json:"nodes_total,omitempty"`
@@ -1932,9 +1991,16 @@ func (x *GetRecordResponse) GetNextPageToken() string {
 }
 
 type ListRecordsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	PageToken     string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	PageSize  int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only the records of terminations that stopped nodes of this node's
+	// tree (the tree of its root; any node of the tree names it). Read from
+	// an index of records by tree: the listing reads only that tree's.
+	TreeNodeId string `protobuf:"bytes,3,opt,name=tree_node_id,json=treeNodeId,proto3" json:"tree_node_id,omitempty"`
+	// Only the records of terminations requested by this kind of principal.
+	// Read from an index of records by requester.
+	RequestedBy   RecordRequester `protobuf:"varint,4,opt,name=requested_by,json=requestedBy,proto3,enum=tether.v1.RecordRequester" json:"requested_by,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1981,6 +2047,20 @@ func (x *ListRecordsRequest) GetPageToken() string {
 		return x.PageToken
 	}
 	return ""
+}
+
+func (x *ListRecordsRequest) GetTreeNodeId() string {
+	if x != nil {
+		return x.TreeNodeId
+	}
+	return ""
+}
+
+func (x *ListRecordsRequest) GetRequestedBy() RecordRequester {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return RecordRequester_RECORD_REQUESTER_UNSPECIFIED
 }
 
 // An answer stays within a few MiB: a page ends early rather than grow
@@ -2163,9 +2243,10 @@ func (x *DecideProposalResponse) GetTermination() *Termination {
 type ListProposalsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	State ProposalState          `protobuf:"varint,1,opt,name=state,proto3,enum=tether.v1.ProposalState" json:"state,omitempty"`
-	// Only this node's proposals; empty lists every node's. A node's pending
-	// proposals (state PENDING) are read from its own index, at most
-	// MaxPendingProposals of them; its decided ones are found among all.
+	// Only this node's proposals; empty lists every node's. A node's
+	// proposals are read from an index of its own (its pending ones, at most
+	// MaxPendingProposals of them, from the index of pending ones), never
+	// found among all.
 	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2756,11 +2837,14 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\"t\n" +
 	"\x11GetRecordResponse\x127\n" +
 	"\x06record\x18\x01 \x01(\v2\x1f.tether.v1.ReconciliationRecordR\x06record\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"P\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xb1\x01\n" +
 	"\x12ListRecordsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x02 \x01(\tR\tpageToken\"\xa6\x01\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\x12 \n" +
+	"\ftree_node_id\x18\x03 \x01(\tR\n" +
+	"treeNodeId\x12=\n" +
+	"\frequested_by\x18\x04 \x01(\x0e2\x1a.tether.v1.RecordRequesterR\vrequestedBy\"\xa6\x01\n" +
 	"\x13ListRecordsResponse\x129\n" +
 	"\arecords\x18\x01 \x03(\v2\x1f.tether.v1.ReconciliationRecordR\arecords\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12,\n" +
@@ -2846,7 +2930,12 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x1cLEASE_ENDED_BY_HOLDER_REPORT\x10\x01\x12)\n" +
 	"%LEASE_ENDED_BY_COORDINATOR_RESOLUTION\x10\x02\x12\x1e\n" +
 	"\x1aLEASE_ENDED_BY_TERMINATION\x10\x03\x12!\n" +
-	"\x1dLEASE_ENDED_BY_LEASE_DEADLINE\x10\x042\xd0\n" +
+	"\x1dLEASE_ENDED_BY_LEASE_DEADLINE\x10\x04*\x8c\x01\n" +
+	"\x0fRecordRequester\x12 \n" +
+	"\x1cRECORD_REQUESTER_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19RECORD_REQUESTER_OPERATOR\x10\x01\x12\x1a\n" +
+	"\x16RECORD_REQUESTER_AGENT\x10\x02\x12\x1c\n" +
+	"\x18RECORD_REQUESTER_ROLLOUT\x10\x032\xd0\n" +
 	"\n" +
 	"\x11SupervisorService\x12H\n" +
 	"\tTerminate\x12\x1b.tether.v1.TerminateRequest\x1a\x1c.tether.v1.TerminateResponse\"\x00\x12W\n" +
@@ -2879,7 +2968,7 @@ func file_tether_v1_supervisor_proto_rawDescGZIP() []byte {
 	return file_tether_v1_supervisor_proto_rawDescData
 }
 
-var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_tether_v1_supervisor_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
 var file_tether_v1_supervisor_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_tether_v1_supervisor_proto_goTypes = []any{
 	(TerminationState)(0),             // 0: tether.v1.TerminationState
@@ -2888,150 +2977,152 @@ var file_tether_v1_supervisor_proto_goTypes = []any{
 	(PrivilegeOutcome)(0),             // 3: tether.v1.PrivilegeOutcome
 	(LeaseOutcome)(0),                 // 4: tether.v1.LeaseOutcome
 	(LeaseEndedBy)(0),                 // 5: tether.v1.LeaseEndedBy
-	(*TerminationProgress)(nil),       // 6: tether.v1.TerminationProgress
-	(*Termination)(nil),               // 7: tether.v1.Termination
-	(*TerminateRequest)(nil),          // 8: tether.v1.TerminateRequest
-	(*TerminateResponse)(nil),         // 9: tether.v1.TerminateResponse
-	(*GetTerminationRequest)(nil),     // 10: tether.v1.GetTerminationRequest
-	(*GetTerminationResponse)(nil),    // 11: tether.v1.GetTerminationResponse
-	(*WatchTerminationRequest)(nil),   // 12: tether.v1.WatchTerminationRequest
-	(*WatchTerminationResponse)(nil),  // 13: tether.v1.WatchTerminationResponse
-	(*RecordNode)(nil),                // 14: tether.v1.RecordNode
-	(*RecordToolCall)(nil),            // 15: tether.v1.RecordToolCall
-	(*RecordPrivilege)(nil),           // 16: tether.v1.RecordPrivilege
-	(*RecordLease)(nil),               // 17: tether.v1.RecordLease
-	(*RecordPhase)(nil),               // 18: tether.v1.RecordPhase
-	(*ReconciliationRecord)(nil),      // 19: tether.v1.ReconciliationRecord
-	(*GetRecordRequest)(nil),          // 20: tether.v1.GetRecordRequest
-	(*GetRecordResponse)(nil),         // 21: tether.v1.GetRecordResponse
-	(*ListRecordsRequest)(nil),        // 22: tether.v1.ListRecordsRequest
-	(*ListRecordsResponse)(nil),       // 23: tether.v1.ListRecordsResponse
-	(*DecideProposalRequest)(nil),     // 24: tether.v1.DecideProposalRequest
-	(*DecideProposalResponse)(nil),    // 25: tether.v1.DecideProposalResponse
-	(*ListProposalsRequest)(nil),      // 26: tether.v1.ListProposalsRequest
-	(*ListProposalsResponse)(nil),     // 27: tether.v1.ListProposalsResponse
-	(*RegisterPrivilegeRequest)(nil),  // 28: tether.v1.RegisterPrivilegeRequest
-	(*RegisterPrivilegeResponse)(nil), // 29: tether.v1.RegisterPrivilegeResponse
-	(*Privilege)(nil),                 // 30: tether.v1.Privilege
-	(*ListPrivilegesRequest)(nil),     // 31: tether.v1.ListPrivilegesRequest
-	(*ListPrivilegesResponse)(nil),    // 32: tether.v1.ListPrivilegesResponse
-	(TerminationMode)(0),              // 33: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),       // 34: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),     // 35: google.protobuf.Timestamp
-	(*Contradiction)(nil),             // 36: tether.v1.Contradiction
-	(CallResolution)(0),               // 37: tether.v1.CallResolution
-	(TerminalResult)(0),               // 38: tether.v1.TerminalResult
-	(*StopRuleFiring)(nil),            // 39: tether.v1.StopRuleFiring
-	(*StopProposal)(nil),              // 40: tether.v1.StopProposal
-	(ProposalState)(0),                // 41: tether.v1.ProposalState
-	(*RolloutRequest)(nil),            // 42: tether.v1.RolloutRequest
-	(*GetRolloutRequest)(nil),         // 43: tether.v1.GetRolloutRequest
-	(*ListRolloutsRequest)(nil),       // 44: tether.v1.ListRolloutsRequest
-	(*WatchRolloutRequest)(nil),       // 45: tether.v1.WatchRolloutRequest
-	(*PauseRolloutRequest)(nil),       // 46: tether.v1.PauseRolloutRequest
-	(*ResumeRolloutRequest)(nil),      // 47: tether.v1.ResumeRolloutRequest
-	(*AbortRolloutRequest)(nil),       // 48: tether.v1.AbortRolloutRequest
-	(*RolloutResponse)(nil),           // 49: tether.v1.RolloutResponse
-	(*GetRolloutResponse)(nil),        // 50: tether.v1.GetRolloutResponse
-	(*ListRolloutsResponse)(nil),      // 51: tether.v1.ListRolloutsResponse
-	(*WatchRolloutResponse)(nil),      // 52: tether.v1.WatchRolloutResponse
-	(*PauseRolloutResponse)(nil),      // 53: tether.v1.PauseRolloutResponse
-	(*ResumeRolloutResponse)(nil),     // 54: tether.v1.ResumeRolloutResponse
-	(*AbortRolloutResponse)(nil),      // 55: tether.v1.AbortRolloutResponse
+	(RecordRequester)(0),              // 6: tether.v1.RecordRequester
+	(*TerminationProgress)(nil),       // 7: tether.v1.TerminationProgress
+	(*Termination)(nil),               // 8: tether.v1.Termination
+	(*TerminateRequest)(nil),          // 9: tether.v1.TerminateRequest
+	(*TerminateResponse)(nil),         // 10: tether.v1.TerminateResponse
+	(*GetTerminationRequest)(nil),     // 11: tether.v1.GetTerminationRequest
+	(*GetTerminationResponse)(nil),    // 12: tether.v1.GetTerminationResponse
+	(*WatchTerminationRequest)(nil),   // 13: tether.v1.WatchTerminationRequest
+	(*WatchTerminationResponse)(nil),  // 14: tether.v1.WatchTerminationResponse
+	(*RecordNode)(nil),                // 15: tether.v1.RecordNode
+	(*RecordToolCall)(nil),            // 16: tether.v1.RecordToolCall
+	(*RecordPrivilege)(nil),           // 17: tether.v1.RecordPrivilege
+	(*RecordLease)(nil),               // 18: tether.v1.RecordLease
+	(*RecordPhase)(nil),               // 19: tether.v1.RecordPhase
+	(*ReconciliationRecord)(nil),      // 20: tether.v1.ReconciliationRecord
+	(*GetRecordRequest)(nil),          // 21: tether.v1.GetRecordRequest
+	(*GetRecordResponse)(nil),         // 22: tether.v1.GetRecordResponse
+	(*ListRecordsRequest)(nil),        // 23: tether.v1.ListRecordsRequest
+	(*ListRecordsResponse)(nil),       // 24: tether.v1.ListRecordsResponse
+	(*DecideProposalRequest)(nil),     // 25: tether.v1.DecideProposalRequest
+	(*DecideProposalResponse)(nil),    // 26: tether.v1.DecideProposalResponse
+	(*ListProposalsRequest)(nil),      // 27: tether.v1.ListProposalsRequest
+	(*ListProposalsResponse)(nil),     // 28: tether.v1.ListProposalsResponse
+	(*RegisterPrivilegeRequest)(nil),  // 29: tether.v1.RegisterPrivilegeRequest
+	(*RegisterPrivilegeResponse)(nil), // 30: tether.v1.RegisterPrivilegeResponse
+	(*Privilege)(nil),                 // 31: tether.v1.Privilege
+	(*ListPrivilegesRequest)(nil),     // 32: tether.v1.ListPrivilegesRequest
+	(*ListPrivilegesResponse)(nil),    // 33: tether.v1.ListPrivilegesResponse
+	(TerminationMode)(0),              // 34: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),       // 35: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 36: google.protobuf.Timestamp
+	(*Contradiction)(nil),             // 37: tether.v1.Contradiction
+	(CallResolution)(0),               // 38: tether.v1.CallResolution
+	(TerminalResult)(0),               // 39: tether.v1.TerminalResult
+	(*StopRuleFiring)(nil),            // 40: tether.v1.StopRuleFiring
+	(*StopProposal)(nil),              // 41: tether.v1.StopProposal
+	(ProposalState)(0),                // 42: tether.v1.ProposalState
+	(*RolloutRequest)(nil),            // 43: tether.v1.RolloutRequest
+	(*GetRolloutRequest)(nil),         // 44: tether.v1.GetRolloutRequest
+	(*ListRolloutsRequest)(nil),       // 45: tether.v1.ListRolloutsRequest
+	(*WatchRolloutRequest)(nil),       // 46: tether.v1.WatchRolloutRequest
+	(*PauseRolloutRequest)(nil),       // 47: tether.v1.PauseRolloutRequest
+	(*ResumeRolloutRequest)(nil),      // 48: tether.v1.ResumeRolloutRequest
+	(*AbortRolloutRequest)(nil),       // 49: tether.v1.AbortRolloutRequest
+	(*RolloutResponse)(nil),           // 50: tether.v1.RolloutResponse
+	(*GetRolloutResponse)(nil),        // 51: tether.v1.GetRolloutResponse
+	(*ListRolloutsResponse)(nil),      // 52: tether.v1.ListRolloutsResponse
+	(*WatchRolloutResponse)(nil),      // 53: tether.v1.WatchRolloutResponse
+	(*PauseRolloutResponse)(nil),      // 54: tether.v1.PauseRolloutResponse
+	(*ResumeRolloutResponse)(nil),     // 55: tether.v1.ResumeRolloutResponse
+	(*AbortRolloutResponse)(nil),      // 56: tether.v1.AbortRolloutResponse
 }
 var file_tether_v1_supervisor_proto_depIdxs = []int32{
-	33, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
-	34, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
-	34, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	34, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
+	34, // 0: tether.v1.Termination.mode:type_name -> tether.v1.TerminationMode
+	35, // 1: tether.v1.Termination.drain_window:type_name -> google.protobuf.Duration
+	35, // 2: tether.v1.Termination.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	35, // 3: tether.v1.Termination.confirm_timeout:type_name -> google.protobuf.Duration
 	0,  // 4: tether.v1.Termination.state:type_name -> tether.v1.TerminationState
-	35, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
-	35, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
-	6,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
-	33, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
-	34, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
-	34, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
-	34, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
-	7,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
-	7,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
-	7,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
+	36, // 5: tether.v1.Termination.requested_at:type_name -> google.protobuf.Timestamp
+	36, // 6: tether.v1.Termination.updated_at:type_name -> google.protobuf.Timestamp
+	7,  // 7: tether.v1.Termination.progress:type_name -> tether.v1.TerminationProgress
+	34, // 8: tether.v1.TerminateRequest.mode:type_name -> tether.v1.TerminationMode
+	35, // 9: tether.v1.TerminateRequest.drain_window:type_name -> google.protobuf.Duration
+	35, // 10: tether.v1.TerminateRequest.cancel_ack_timeout:type_name -> google.protobuf.Duration
+	35, // 11: tether.v1.TerminateRequest.confirm_timeout:type_name -> google.protobuf.Duration
+	8,  // 12: tether.v1.TerminateResponse.termination:type_name -> tether.v1.Termination
+	8,  // 13: tether.v1.GetTerminationResponse.termination:type_name -> tether.v1.Termination
+	8,  // 14: tether.v1.WatchTerminationResponse.termination:type_name -> tether.v1.Termination
 	1,  // 15: tether.v1.RecordNode.outcome:type_name -> tether.v1.NodeOutcome
-	35, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
-	35, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
+	36, // 16: tether.v1.RecordNode.confirmed_at:type_name -> google.protobuf.Timestamp
+	36, // 17: tether.v1.RecordNode.last_seen_at:type_name -> google.protobuf.Timestamp
 	2,  // 18: tether.v1.RecordNode.inner_outcome:type_name -> tether.v1.InnerOutcome
-	35, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
-	36, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
-	35, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
-	37, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
-	35, // 23: tether.v1.RecordToolCall.begun_at:type_name -> google.protobuf.Timestamp
-	35, // 24: tether.v1.RecordToolCall.ended_at:type_name -> google.protobuf.Timestamp
-	35, // 25: tether.v1.RecordToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
-	35, // 26: tether.v1.RecordToolCall.acknowledged_at:type_name -> google.protobuf.Timestamp
+	36, // 19: tether.v1.RecordNode.claimed_at:type_name -> google.protobuf.Timestamp
+	37, // 20: tether.v1.RecordNode.contradictions:type_name -> tether.v1.Contradiction
+	36, // 21: tether.v1.RecordNode.session_closed_at:type_name -> google.protobuf.Timestamp
+	38, // 22: tether.v1.RecordToolCall.resolution:type_name -> tether.v1.CallResolution
+	36, // 23: tether.v1.RecordToolCall.begun_at:type_name -> google.protobuf.Timestamp
+	36, // 24: tether.v1.RecordToolCall.ended_at:type_name -> google.protobuf.Timestamp
+	36, // 25: tether.v1.RecordToolCall.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	36, // 26: tether.v1.RecordToolCall.acknowledged_at:type_name -> google.protobuf.Timestamp
 	3,  // 27: tether.v1.RecordPrivilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	35, // 28: tether.v1.RecordPrivilege.decided_at:type_name -> google.protobuf.Timestamp
-	35, // 29: tether.v1.RecordPrivilege.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 28: tether.v1.RecordPrivilege.decided_at:type_name -> google.protobuf.Timestamp
+	36, // 29: tether.v1.RecordPrivilege.expires_at:type_name -> google.protobuf.Timestamp
 	4,  // 30: tether.v1.RecordLease.outcome:type_name -> tether.v1.LeaseOutcome
-	38, // 31: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
+	39, // 31: tether.v1.RecordLease.terminal_result:type_name -> tether.v1.TerminalResult
 	5,  // 32: tether.v1.RecordLease.ended_by:type_name -> tether.v1.LeaseEndedBy
-	35, // 33: tether.v1.RecordLease.ended_at:type_name -> google.protobuf.Timestamp
-	35, // 34: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
-	34, // 35: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
-	33, // 36: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
-	14, // 37: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
-	15, // 38: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
-	16, // 39: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
-	17, // 40: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
-	18, // 41: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
-	35, // 42: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
-	39, // 43: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
-	19, // 44: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
-	19, // 45: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
-	40, // 46: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
-	7,  // 47: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
-	41, // 48: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
-	40, // 49: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
-	35, // 50: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 51: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 52: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
-	35, // 53: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
-	30, // 54: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
-	8,  // 55: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
-	10, // 56: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
-	12, // 57: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
-	20, // 58: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
-	22, // 59: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
-	24, // 60: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
-	26, // 61: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
-	28, // 62: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
-	31, // 63: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
-	42, // 64: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
-	43, // 65: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
-	44, // 66: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
-	45, // 67: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
-	46, // 68: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
-	47, // 69: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
-	48, // 70: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
-	9,  // 71: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
-	11, // 72: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
-	13, // 73: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
-	21, // 74: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
-	23, // 75: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
-	25, // 76: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
-	27, // 77: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
-	29, // 78: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
-	32, // 79: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
-	49, // 80: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
-	50, // 81: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
-	51, // 82: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
-	52, // 83: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
-	53, // 84: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
-	54, // 85: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
-	55, // 86: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
-	71, // [71:87] is the sub-list for method output_type
-	55, // [55:71] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	36, // 33: tether.v1.RecordLease.ended_at:type_name -> google.protobuf.Timestamp
+	36, // 34: tether.v1.RecordPhase.started_at:type_name -> google.protobuf.Timestamp
+	35, // 35: tether.v1.RecordPhase.duration:type_name -> google.protobuf.Duration
+	34, // 36: tether.v1.ReconciliationRecord.mode:type_name -> tether.v1.TerminationMode
+	15, // 37: tether.v1.ReconciliationRecord.nodes:type_name -> tether.v1.RecordNode
+	16, // 38: tether.v1.ReconciliationRecord.tool_calls:type_name -> tether.v1.RecordToolCall
+	17, // 39: tether.v1.ReconciliationRecord.privileges:type_name -> tether.v1.RecordPrivilege
+	18, // 40: tether.v1.ReconciliationRecord.leases:type_name -> tether.v1.RecordLease
+	19, // 41: tether.v1.ReconciliationRecord.phases:type_name -> tether.v1.RecordPhase
+	36, // 42: tether.v1.ReconciliationRecord.written_at:type_name -> google.protobuf.Timestamp
+	40, // 43: tether.v1.ReconciliationRecord.stop_rule:type_name -> tether.v1.StopRuleFiring
+	20, // 44: tether.v1.GetRecordResponse.record:type_name -> tether.v1.ReconciliationRecord
+	6,  // 45: tether.v1.ListRecordsRequest.requested_by:type_name -> tether.v1.RecordRequester
+	20, // 46: tether.v1.ListRecordsResponse.records:type_name -> tether.v1.ReconciliationRecord
+	41, // 47: tether.v1.DecideProposalResponse.proposal:type_name -> tether.v1.StopProposal
+	8,  // 48: tether.v1.DecideProposalResponse.termination:type_name -> tether.v1.Termination
+	42, // 49: tether.v1.ListProposalsRequest.state:type_name -> tether.v1.ProposalState
+	41, // 50: tether.v1.ListProposalsResponse.proposals:type_name -> tether.v1.StopProposal
+	36, // 51: tether.v1.RegisterPrivilegeRequest.expires_at:type_name -> google.protobuf.Timestamp
+	36, // 52: tether.v1.Privilege.expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 53: tether.v1.Privilege.outcome:type_name -> tether.v1.PrivilegeOutcome
+	36, // 54: tether.v1.Privilege.decided_at:type_name -> google.protobuf.Timestamp
+	31, // 55: tether.v1.ListPrivilegesResponse.privileges:type_name -> tether.v1.Privilege
+	9,  // 56: tether.v1.SupervisorService.Terminate:input_type -> tether.v1.TerminateRequest
+	11, // 57: tether.v1.SupervisorService.GetTermination:input_type -> tether.v1.GetTerminationRequest
+	13, // 58: tether.v1.SupervisorService.WatchTermination:input_type -> tether.v1.WatchTerminationRequest
+	21, // 59: tether.v1.SupervisorService.GetRecord:input_type -> tether.v1.GetRecordRequest
+	23, // 60: tether.v1.SupervisorService.ListRecords:input_type -> tether.v1.ListRecordsRequest
+	25, // 61: tether.v1.SupervisorService.DecideProposal:input_type -> tether.v1.DecideProposalRequest
+	27, // 62: tether.v1.SupervisorService.ListProposals:input_type -> tether.v1.ListProposalsRequest
+	29, // 63: tether.v1.SupervisorService.RegisterPrivilege:input_type -> tether.v1.RegisterPrivilegeRequest
+	32, // 64: tether.v1.SupervisorService.ListPrivileges:input_type -> tether.v1.ListPrivilegesRequest
+	43, // 65: tether.v1.SupervisorService.Rollout:input_type -> tether.v1.RolloutRequest
+	44, // 66: tether.v1.SupervisorService.GetRollout:input_type -> tether.v1.GetRolloutRequest
+	45, // 67: tether.v1.SupervisorService.ListRollouts:input_type -> tether.v1.ListRolloutsRequest
+	46, // 68: tether.v1.SupervisorService.WatchRollout:input_type -> tether.v1.WatchRolloutRequest
+	47, // 69: tether.v1.SupervisorService.PauseRollout:input_type -> tether.v1.PauseRolloutRequest
+	48, // 70: tether.v1.SupervisorService.ResumeRollout:input_type -> tether.v1.ResumeRolloutRequest
+	49, // 71: tether.v1.SupervisorService.AbortRollout:input_type -> tether.v1.AbortRolloutRequest
+	10, // 72: tether.v1.SupervisorService.Terminate:output_type -> tether.v1.TerminateResponse
+	12, // 73: tether.v1.SupervisorService.GetTermination:output_type -> tether.v1.GetTerminationResponse
+	14, // 74: tether.v1.SupervisorService.WatchTermination:output_type -> tether.v1.WatchTerminationResponse
+	22, // 75: tether.v1.SupervisorService.GetRecord:output_type -> tether.v1.GetRecordResponse
+	24, // 76: tether.v1.SupervisorService.ListRecords:output_type -> tether.v1.ListRecordsResponse
+	26, // 77: tether.v1.SupervisorService.DecideProposal:output_type -> tether.v1.DecideProposalResponse
+	28, // 78: tether.v1.SupervisorService.ListProposals:output_type -> tether.v1.ListProposalsResponse
+	30, // 79: tether.v1.SupervisorService.RegisterPrivilege:output_type -> tether.v1.RegisterPrivilegeResponse
+	33, // 80: tether.v1.SupervisorService.ListPrivileges:output_type -> tether.v1.ListPrivilegesResponse
+	50, // 81: tether.v1.SupervisorService.Rollout:output_type -> tether.v1.RolloutResponse
+	51, // 82: tether.v1.SupervisorService.GetRollout:output_type -> tether.v1.GetRolloutResponse
+	52, // 83: tether.v1.SupervisorService.ListRollouts:output_type -> tether.v1.ListRolloutsResponse
+	53, // 84: tether.v1.SupervisorService.WatchRollout:output_type -> tether.v1.WatchRolloutResponse
+	54, // 85: tether.v1.SupervisorService.PauseRollout:output_type -> tether.v1.PauseRolloutResponse
+	55, // 86: tether.v1.SupervisorService.ResumeRollout:output_type -> tether.v1.ResumeRolloutResponse
+	56, // 87: tether.v1.SupervisorService.AbortRollout:output_type -> tether.v1.AbortRolloutResponse
+	72, // [72:88] is the sub-list for method output_type
+	56, // [56:72] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_supervisor_proto_init() }
@@ -3050,7 +3141,7 @@ func file_tether_v1_supervisor_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_supervisor_proto_rawDesc), len(file_tether_v1_supervisor_proto_rawDesc)),
-			NumEnums:      6,
+			NumEnums:      7,
 			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -15,7 +15,7 @@ import (
 // It returns once every request is durable. This is the supervisor's
 // LeaseCanceller.
 func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason string) error {
-	jobs, err := c.heldBy(ctx, holders)
+	jobs, err := c.heldBy(ctx, holders, "")
 	if err != nil {
 		return err
 	}
@@ -96,9 +96,22 @@ func (c *Coordinator) applyAll(ctx context.Context, jobs []string, what string, 
 // It is idempotent: a second call finds the terminal results and returns
 // the same leases.
 func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reason string) ([]lease.Lease, error) {
-	jobs, err := c.heldBy(ctx, holders)
+	out, _, err := c.FinalizeHeldByPage(ctx, holders, reason, "", 0)
+	return out, err
+}
+
+// FinalizeHeldByPage is FinalizeHeldBy of a page of the jobs, in order of
+// job id: those after job id after, at most limit of them (0: every one).
+// more says jobs remain after them. A termination's record lists its
+// members' leases page by page, each from the last it wrote, so that it
+// finalises and reads each lease about once, not once per page.
+func (c *Coordinator) FinalizeHeldByPage(ctx context.Context, holders []string, reason, after string, limit int) (leases []lease.Lease, more bool, err error) {
+	jobs, err := c.heldBy(ctx, holders, after)
 	if err != nil {
-		return nil, err
+		return nil, false, err
+	}
+	if limit > 0 && len(jobs) > limit {
+		jobs, more = jobs[:limit], true
 	}
 	// A reconciliation that ends a job CANCELLED needs the request in the
 	// record (the lease machine refuses CANCELLED without one): a
@@ -113,12 +126,12 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 			return lease.RequestCancel{JobID: job, Reason: clipReason("the holder is being stopped; " + reason)}, true
 		}
 	}); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	final := func(l lease.Lease) (lease.Message, bool) { return finalMessage(l, c.cfg.Clock.Now(), reason) }
 	results, err := c.applyAll(ctx, jobs, "finalize", func(string) func(lease.Lease) (lease.Message, bool) { return final })
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	out := make([]lease.Lease, 0, len(jobs))
 	for _, res := range results {
@@ -126,7 +139,7 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 			out = append(out, res.Lease)
 		}
 	}
-	return out, nil
+	return out, more, nil
 }
 
 // finalMessage is the Resolve that reconciles l at now, or false when l is

@@ -55,6 +55,13 @@ type Config struct {
 	// 4096. While a commit is in flight the shard keeps judging until the
 	// next batch is full, then waits.
 	MaxBatch int
+	// MaxCommitBytes caps what one batch, and one commit of several,
+	// writes of evidence rows and lease records (roughly as the store
+	// counts them); 0 means DefaultMaxCommitBytes. A shard seals its batch
+	// once it passes the cap and judges on into the next, so that no
+	// number of jobs judged at once (a termination's cancels, a clean
+	// stop's checkpoints) makes a transaction larger than the store takes.
+	MaxCommitBytes int
 	// MaxWait bounds how long a shard sleeps before looking at the clock
 	// again for due deadlines; 0 means 100ms. With the real clock a shard
 	// wakes at the next deadline anyway; the bound matters for clocks that
@@ -73,6 +80,18 @@ type Config struct {
 	// UnknownLogSize bounds the log of rows about jobs without a lease; 0
 	// means 10000.
 	UnknownLogSize int
+	// MaxOpenPerHolder and MaxOpenPerAccount bound the open (not
+	// terminal) leases one holder, and the holders of one account (the
+	// caller's name for a holder's lineage), may hold: an offer or
+	// reassignment through ApplyBounded past either is refused ErrLimit,
+	// unjudged. 0: no bound. Terminal leases are not counted.
+	MaxOpenPerHolder, MaxOpenPerAccount int
+	// Accounts names the account of each of holders (those of open
+	// leases a run's load found, whose accounts no bounded message named
+	// since this coordinator was made); nil: none is counted under an
+	// account until a bounded message names it. Called before the run
+	// serves, never on a shard.
+	Accounts func(ctx context.Context, holders []string) (map[string]string, error)
 }
 
 func (c *Config) defaults() error {
@@ -91,6 +110,9 @@ func (c *Config) defaults() error {
 	if c.MaxBatch <= 0 {
 		c.MaxBatch = 4096
 	}
+	if c.MaxCommitBytes <= 0 {
+		c.MaxCommitBytes = DefaultMaxCommitBytes
+	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = 100 * time.Millisecond
 	}
@@ -108,6 +130,15 @@ func (c *Config) defaults() error {
 	}
 	return c.Policy.Validate()
 }
+
+// DefaultMaxCommitBytes is Config.MaxCommitBytes when it is zero. A
+// commit writes its batches' rows and records, the evidence log's key of
+// those rows, and the packs of the log's oldest commit it folds (at most
+// about as much again, evidencelog.go): with Badger's smallest memtable
+// the store allows (8 MiB, whose transactions take some 1.2 MB) that
+// stays inside, and far inside the default's (64 MiB, some 9.6 MB) and
+// etcd's request bound (16 MiB).
+const DefaultMaxCommitBytes = 128 << 10
 
 // Coordinator owns every job lease. See the package documentation.
 type Coordinator struct {
@@ -137,6 +168,9 @@ type Coordinator struct {
 	// write one.
 	unknownMu  sync.Mutex
 	unknownSeq uint64
+
+	// open counts the open leases by holder and account (bound.go).
+	open *openCounts
 
 	commits, judged, commitNanos atomic.Uint64
 	// decided counts durable decisions by outcome and audit event
@@ -199,7 +233,7 @@ func New(_ context.Context, cfg Config) (*Coordinator, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed(), changed: make(chan struct{})}
+	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed(), changed: make(chan struct{}), open: newOpenCounts()}
 	for i := range cfg.Shards {
 		c.shards = append(c.shards, newShard(c, i))
 	}
@@ -555,6 +589,9 @@ func (c *Coordinator) startOnce(ctx context.Context) (time.Time, error) {
 	c.term.Store(term)
 	lastAlive, err := c.load(ctx, term)
 	if err != nil {
+		return time.Time{}, err
+	}
+	if err := c.countOpen(ctx); err != nil {
 		return time.Time{}, err
 	}
 	c.stateMu.Lock()
@@ -967,8 +1004,9 @@ func (c *Coordinator) nextUnknown() uint64 {
 }
 
 // heldBy returns the ids of the jobs whose current (judged) lease is held
-// by one of holders, on every shard.
-func (c *Coordinator) heldBy(ctx context.Context, holders []string) ([]string, error) {
+// by one of holders, on every shard, those after job id after only, in
+// order.
+func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string) ([]string, error) {
 	set := make(map[string]bool, len(holders))
 	for _, h := range holders {
 		set[h] = true
@@ -979,7 +1017,7 @@ func (c *Coordinator) heldBy(ctx context.Context, holders []string) ([]string, e
 	}
 	ch := make(chan part, len(c.shards))
 	for _, s := range c.shards {
-		c.send(s, op{kind: opHeldBy, holders: set, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
+		c.send(s, op{kind: opHeldBy, holders: set, after: after, jobs: func(jobs []string, err error) { ch <- part{jobs, err} }})
 	}
 	var jobs []string
 	for range c.shards {
@@ -1001,7 +1039,8 @@ func (c *Coordinator) heldBy(ctx context.Context, holders []string) ([]string, e
 // returns, every shard in it answers with its next batch (what it judged
 // meanwhile) or a pass, and the loop waits for all those answers, takes
 // whatever else is waiting, and commits it all in one store Update (in
-// chunks of at most Config.MaxBatch messages; a batch is never split).
+// chunks of at most Config.MaxBatch messages and Config.MaxCommitBytes; a
+// batch is never split, and a shard seals its batches at those bounds).
 // Committing each batch the moment it arrived would let the shards take
 // turns — the first shard back would commit alone while the others' next
 // batches were a goroutine hop away — and each commit would carry one
@@ -1066,9 +1105,10 @@ func (c *Coordinator) commitLoop(queue <-chan *batch, replies *replies) {
 		// has its batch.
 		replies.owed.Add(int64(len(group)))
 		for start := 0; start < len(group); {
-			end, messages := start+1, group[start].messages
-			for end < len(group) && messages+group[end].messages <= c.cfg.MaxBatch {
+			end, messages, bytes := start+1, group[start].messages, group[start].bytes
+			for end < len(group) && messages+group[end].messages <= c.cfg.MaxBatch && bytes+group[end].bytes <= c.cfg.MaxCommitBytes {
 				messages += group[end].messages
+				bytes += group[end].bytes
 				end++
 			}
 			c.commitGroup(group[start:end])
@@ -1115,7 +1155,7 @@ func (c *Coordinator) commitGroup(group []*batch) {
 	for _, b := range group {
 		rows = append(rows, b.rows...)
 	}
-	log := c.evlog.plan(rows)
+	log := c.evlog.plan(rows, c.cfg.MaxCommitBytes)
 	err := c.cfg.Store.Update(context.Background(), func(tx store.Txn) error {
 		if err := checkTerm(tx, group[0].term); err != nil {
 			return err

@@ -307,9 +307,13 @@ type logPlan struct {
 	pending map[string][]logRow
 }
 
-// plan adds a commit's rows to the log and folds the commit that leaves
-// the window. Nothing changes until apply (the commit may fail).
-func (l *evidenceLog) plan(rows []logRow) logPlan {
+// plan adds a commit's rows to the log and folds the commits that leave
+// the window: the oldest one, and those after it while what the fold
+// writes stays under budget bytes (a commit's rows are bounded, but after
+// a large commit all the window's older ones would leave at once, each
+// job's unfolded rows with them); the window then keeps the rest a few
+// commits longer. Nothing changes until apply (the commit may fail).
+func (l *evidenceLog) plan(rows []logRow, budget int) logPlan {
 	if len(rows) == 0 {
 		return logPlan{seq: l.seq, window: l.window, bytes: l.bytes}
 	}
@@ -339,7 +343,11 @@ func (l *evidenceLog) plan(rows []logRow) logPlan {
 	}
 	p.window = append(slices.Clip(l.window), c)
 	p.bytes = l.bytes + c.bytes
+	folded := 0
 	for len(p.window) > logWindow || (len(p.window) > 1 && p.bytes-c.bytes > logWindowBytes) {
+		if folded > 0 && folded >= budget {
+			break
+		}
 		old := p.window[0]
 		p.window = p.window[1:]
 		p.bytes -= old.bytes
@@ -348,7 +356,11 @@ func (l *evidenceLog) plan(rows []logRow) logPlan {
 			if len(rs) == 0 || rs[0].number > r.number {
 				continue // folded already
 			}
+			before := len(p.puts)
 			p.puts = appendPacks(p.puts, r.job, rs)
+			for _, w := range p.puts[before:] {
+				folded += len(w.key) + len(w.value) + entryCost
+			}
 			p.pending[r.job] = nil
 		}
 		for part := range old.parts {

@@ -57,7 +57,7 @@ func TestLogPlanFitsTheStoreAndCutsAtAnchors(t *testing.T) {
 	for i := range 12 {
 		big = append(big, testRow("big", uint64(i+1), 60<<10))
 	}
-	failed := l.plan(big)
+	failed := l.plan(big, DefaultMaxCommitBytes)
 	if len(failed.puts) < 3 {
 		t.Fatalf("%d parts for 720 KB of rows", len(failed.puts))
 	}
@@ -67,7 +67,7 @@ func TestLogPlanFitsTheStoreAndCutsAtAnchors(t *testing.T) {
 		}
 	}
 	l.failed(failed)
-	retry := l.plan([]logRow{testRow("big", 1, 10)})
+	retry := l.plan([]logRow{testRow("big", 1, 10)}, DefaultMaxCommitBytes)
 	if len(retry.puts) != 1 || !bytes.Equal(retry.puts[0].key, logKey(1, 0)) || len(retry.deletes) != len(failed.puts)-1 {
 		t.Fatalf("the retry writes %d keys and deletes %d, after a failure of %d parts", len(retry.puts), len(retry.deletes), len(failed.puts))
 	}
@@ -78,7 +78,7 @@ func TestLogPlanFitsTheStoreAndCutsAtAnchors(t *testing.T) {
 	n := uint64(1)
 	for range logWindow + 60 {
 		n++
-		p := l.plan([]logRow{testRow("a", n, 10)})
+		p := l.plan([]logRow{testRow("a", n, 10)}, DefaultMaxCommitBytes)
 		for _, put := range p.puts {
 			if !strings.HasPrefix(string(put.key), string(evidencePrefix("a"))) {
 				continue

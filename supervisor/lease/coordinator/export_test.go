@@ -127,3 +127,43 @@ func UnpackEvidence(st store.Store) error {
 		return nil
 	})
 }
+
+// LaggingRecords counts the jobs whose stored record lags their stored
+// rows (a load replays those rows after the record).
+func LaggingRecords(st store.Store) (int, error) {
+	n := 0
+	err := st.View(context.Background(), func(tx store.ReadTxn) error {
+		n = 0
+		log, err := readLog(tx, "")
+		if err != nil {
+			return err
+		}
+		byJob := map[string][]logRow{}
+		for _, r := range log {
+			byJob[r.job] = append(byJob[r.job], r)
+		}
+		var records []record
+		err = tx.Scan([]byte(prefixJob), nil, func(key, value []byte) error {
+			if isLayoutKey(key) {
+				return nil
+			}
+			r, err := decodeRecord(value)
+			records = append(records, r)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		for _, r := range records {
+			rows := r.Rows
+			if err := catchUp(tx, &r, byJob[r.Lease.JobID]); err != nil {
+				return err
+			}
+			if r.Rows > rows {
+				n++
+			}
+		}
+		return nil
+	})
+	return n, err
+}

@@ -35,6 +35,10 @@ type op struct {
 	list    func([]lease.Lease, error)
 	holders map[string]bool
 	jobs    func([]string, error)
+	// bounded: the message is judged within the bounds on open leases
+	// (ApplyBounded), its holder counted under account.
+	bounded bool
+	account string
 }
 
 func (o op) fail(err error) {
@@ -60,9 +64,13 @@ type entry struct {
 	// checkpointEvery rows (and on a clean stop): that halves the writes of
 	// a renewal.
 	checkpoint uint64
+	// account is the account (the holder's lineage) the judged lease is
+	// counted under while it is open (openCounts), "" for none.
+	account string
 	// mark is the sequence of the last batch that touched the entry, so a
-	// batch writes each lease record once however many messages it carries.
-	mark uint64
+	// batch writes each lease record once however many messages it carries;
+	// costed the last batch whose bytes count the record's rewrite.
+	mark, costed uint64
 }
 
 // batch is the writes of the messages a shard judged since its last
@@ -76,14 +84,18 @@ type batch struct {
 	reply    bool
 	seq      uint64
 	messages int
-	touched  []*entry
+	// bytes is what the batch adds to a commit, roughly as the store
+	// counts it (its rows, the records it rewrites, its other writes): a
+	// shard seals a batch once it passes Config.MaxCommitBytes.
+	bytes   int
+	touched []*entry
 	// snapshots are the touched entries' leases at sealing, in touched
 	// order: what becomes durable when the batch commits; checkpoints
 	// whether the batch rewrote the entry's record.
 	snapshots   []record
 	checkpoints []bool
-	// final asks for a record of every touched-or-not entry whose record
-	// lags its rows (the clean stop).
+	// final: the batch checkpoints the records of the entries it touched
+	// whatever their rows (the clean stop's, checkpointAll).
 	final   bool
 	puts    []kv
 	deletes [][]byte
@@ -130,11 +142,14 @@ type shard struct {
 	recover   []lease.Recover
 
 	// The commit pipeline: building collects what is being judged;
-	// inflight is the batch being committed (at most one, so this shard's
-	// writes reach the store in judgement order and an older lease record
-	// never overwrites a newer one). The run's committer (Coordinator.
+	// sealed are batches judged before it, closed when they reached
+	// Config.MaxCommitBytes or Config.MaxBatch, waiting in order; inflight
+	// is the batch being committed (at most one, so this shard's writes
+	// reach the store in judgement order and an older lease record never
+	// overwrites a newer one). The run's committer (Coordinator.
 	// commitLoop) hands it back on finished.
 	building *batch
+	sealed   []*batch
 	inflight *batch
 	commits  chan<- *batch
 	replies  *replies
@@ -167,7 +182,7 @@ func (s *shard) reset(term uint64) {
 	s.judged = make(holderIndex)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
-	s.building, s.inflight = nil, nil
+	s.building, s.sealed, s.inflight = nil, nil, nil
 	s.owesReply = false
 	s.finished = make(chan *batch, 1)
 	s.lastNow, s.aliveAt, s.needAlive = time.Time{}, time.Time{}, false
@@ -206,6 +221,7 @@ func (s *shard) setDurable(e *entry, l lease.Lease) {
 // (an empty one included), so opHeldBy finds exactly the jobs a walk of
 // leases would.
 func (s *shard) setPending(e *entry, l lease.Lease) {
+	s.c.open.move(e, l)
 	before, indexed := e.pending.HolderIdentity, s.judged[e.pending.HolderIdentity][e.job] == e
 	e.pending = l
 	if indexed && before == l.HolderIdentity {
@@ -260,6 +276,7 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 	for _, r := range s.recover {
 		if e := s.leases[r.JobID]; e != nil {
 			s.judge(e, r.JobID, r, s.now(), nil)
+			s.sealIfFull()
 		}
 	}
 	s.recover = nil
@@ -280,7 +297,7 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 			armedAt = wakeAt
 		}
 		inbox := s.inbox
-		if s.inflight != nil && s.building.messages >= s.c.cfg.MaxBatch {
+		if len(s.sealed) > 0 {
 			inbox = nil // back-pressure: the next batch is full
 		}
 		select {
@@ -306,10 +323,11 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 }
 
 // drainInbox handles up to n more waiting ops without blocking, so one
-// batch gathers everything that arrived during the last commit.
+// batch gathers everything that arrived during the last commit, until a
+// batch is full.
 func (s *shard) drainInbox(n int) {
 	for range n {
-		if s.inflight != nil && s.building.messages >= s.c.cfg.MaxBatch {
+		if len(s.sealed) > 0 {
 			return
 		}
 		select {
@@ -327,15 +345,18 @@ func (s *shard) drainInbox(n int) {
 func (s *shard) shutdown() {
 	for len(s.inbox) > 0 {
 		s.handle(<-s.inbox)
+		s.sealIfFull()
 	}
 	s.now() // the clean stop is the last time this run was alive
 	s.needAlive = true
-	final := false
+	checkpointed := false
 	for {
-		if s.inflight == nil && !final {
-			// The last batch also checkpoints every record, so the next
-			// start reads no rows beyond them.
-			s.building.final, final = true, true
+		if s.inflight == nil && len(s.sealed) == 0 && s.building.empty() && !checkpointed {
+			// Everything judged is durable: the last batches checkpoint
+			// every record that lags its rows, so the next start reads no
+			// rows beyond them.
+			s.checkpointAll()
+			checkpointed = true
 		}
 		s.submitIfIdle()
 		if s.inflight == nil {
@@ -365,7 +386,25 @@ func (s *shard) handle(o op) {
 				return
 			}
 		}
+		if o.bounded {
+			var current lease.Lease
+			if e != nil {
+				current = e.pending
+			}
+			if holder := boundedHolder(o.msg, current); holder != "" {
+				cfg := s.c.cfg
+				if err := s.c.open.reserve(holder, o.account, cfg.MaxOpenPerHolder, cfg.MaxOpenPerAccount); err != nil {
+					o.done(Result{}, err)
+					return
+				}
+				s.judge(e, job, o.msg, s.now(), o.done)
+				s.c.open.release(holder, o.account)
+				s.sealIfFull()
+				return
+			}
+		}
 		s.judge(e, job, o.msg, s.now(), o.done)
+		s.sealIfFull()
 	case opCompute:
 		e := s.leases[o.job]
 		var current lease.Lease
@@ -374,11 +413,12 @@ func (s *shard) handle(o op) {
 		}
 		if m, ok := o.compute(current); ok {
 			s.judge(e, o.job, m, s.now(), o.done)
+			s.sealIfFull()
 			return
 		}
 		// Nothing to judge: answer with the lease as it stands once what
 		// was judged before is durable.
-		if s.inflight == nil && s.building.empty() {
+		if s.inflight == nil && len(s.sealed) == 0 && s.building.empty() {
 			o.done(Result{Lease: current}, nil)
 			return
 		}
@@ -413,7 +453,7 @@ func (s *shard) handle(o op) {
 		var jobs []string
 		for holder := range o.holders {
 			for job, e := range s.judged[holder] {
-				if e.pending.HolderIdentity == holder {
+				if e.pending.HolderIdentity == holder && job > o.after {
 					jobs = append(jobs, job)
 				}
 			}
@@ -450,9 +490,12 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		// No lease, so no job record: the row goes to the bounded log.
 		seq := s.c.nextUnknown()
 		row := storedRow{Number: seq, Lease: lease.Lease{JobID: job}, Decision: decision, Kind: m.Kind(), DecidedAt: now}
-		b.puts = append(b.puts, kv{unknownKey(seq), encodeRow(nil, lease.Lease{}, row)})
+		w := kv{unknownKey(seq), encodeRow(nil, lease.Lease{}, row)}
+		b.puts = append(b.puts, w)
+		b.bytes += len(w.key) + len(w.value) + entryCost
 		if size := uint64(s.c.cfg.UnknownLogSize); seq > size {
 			b.deletes = append(b.deletes, unknownKey(seq-size))
+			b.bytes += len(w.key) + entryCost
 		}
 		if done != nil {
 			b.answers = append(b.answers, pendingAnswer{done: done, result: Result{Decision: decision}})
@@ -466,14 +509,24 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	s.setPending(e, next)
 	e.pendingRows++
 	row := storedRow{Number: e.pendingRows, Lease: next, Decision: decision, Kind: m.Kind(), DecidedAt: now}
+	var encoded []byte
 	if isAnchor(row.Number) {
-		b.rows = append(b.rows, logRow{job, row.Number, encodeRowAnchor(nil, row)})
+		encoded = encodeRowAnchor(nil, row)
 	} else {
-		b.rows = append(b.rows, logRow{job, row.Number, encodeRow(nil, current, row)})
+		encoded = encodeRow(nil, current, row)
 	}
+	b.rows = append(b.rows, logRow{job, row.Number, encoded})
+	b.bytes += len(job) + len(encoded) + 8
 	if e.mark != b.seq {
 		e.mark = b.seq
 		b.touched = append(b.touched, e)
+	}
+	if e.costed != b.seq && (e.checkpoint == 0 || e.pendingRows-e.checkpoint >= checkpointEvery) {
+		// The batch will rewrite the record (seal): count it now, as the
+		// lease stands; what the batch changes in it later comes with rows
+		// counted too.
+		e.costed = b.seq
+		b.bytes += recordCost(next)
 	}
 	s.deadlines.Sync(next)
 	if done != nil {
@@ -506,8 +559,9 @@ func (s *shard) expire() {
 			continue
 		}
 		s.judge(e, d.JobID, lease.Tick{JobID: d.JobID}, now, nil)
+		s.sealIfFull()
 	}
-	if s.inflight == nil && s.building.empty() && now.Sub(s.aliveAt) >= s.c.cfg.AliveInterval {
+	if s.inflight == nil && len(s.sealed) == 0 && s.building.empty() && now.Sub(s.aliveAt) >= s.c.cfg.AliveInterval {
 		s.needAlive = true
 	}
 }
@@ -517,28 +571,39 @@ func (s *shard) newBatch() *batch {
 	return &batch{shard: s, term: s.term, seq: s.batchSeq}
 }
 
-// submitIfIdle hands the building batch to the run's committer when no
-// commit of this shard is in flight. Judging goes on meanwhile; the next batch gathers it.
-func (s *shard) submitIfIdle() {
+// entryCost is what the store adds to a write beyond its key and value
+// (Badger's per-entry allowance, as the store counts it).
+const entryCost = 32
+
+// recordCost bounds what rewriting l's record adds to a commit: its key,
+// the lease's strings (the job id twice, in the key and the value), a
+// fixed allowance for its numbers, times and lengths, and the entry.
+func recordCost(l lease.Lease) int {
+	n := len(prefixJob) + 2*len(l.JobID) + len(l.LeaseID) + len(l.HolderIdentity) + len(l.Owner) +
+		len(l.ConflictHolder) + len(l.ProgressValue) + len(l.TerminalDetail) + 192 + entryCost
+	for _, h := range l.FormerHolders {
+		n += len(h) + 2
+	}
+	return n
+}
+
+// sealIfFull seals the building batch once it carries Config.MaxBatch
+// messages or Config.MaxCommitBytes: a shard judges any number of
+// messages between two commits (a termination's thousands of cancels,
+// the ticks of every lease expiring at once, a restart's recoveries), and
+// one store transaction takes only so much. Called between messages, so
+// that a message and the automatic reassignment it causes share a batch.
+func (s *shard) sealIfFull() {
+	if b := s.building; b.messages >= s.c.cfg.MaxBatch || b.bytes >= s.c.cfg.MaxCommitBytes {
+		s.seal()
+	}
+}
+
+// seal closes the building batch: the leases it touched are fixed as they
+// stand now (what becomes durable when it commits), with the records it
+// rewrites, and it waits in sealed while judging goes on in a new one.
+func (s *shard) seal() {
 	b := s.building
-	if s.inflight != nil {
-		return
-	}
-	if b.empty() && (!s.needAlive || s.c.deposed.Load()) {
-		if s.owesReply {
-			s.owesReply = false
-			s.replies.pass()
-		}
-		return
-	}
-	if b.final {
-		for _, e := range s.leases {
-			if e.pendingRows > e.checkpoint && e.mark != b.seq {
-				e.mark = b.seq
-				b.touched = append(b.touched, e)
-			}
-		}
-	}
 	for _, e := range b.touched {
 		r := record{Lease: e.pending, Rows: e.pendingRows}
 		write := b.final || e.checkpoint == 0 || r.Rows-e.checkpoint >= checkpointEvery
@@ -548,6 +613,57 @@ func (s *shard) submitIfIdle() {
 			b.puts = append(b.puts, kv{jobKey(e.pending.JobID), encodeRecord(nil, r)})
 		}
 	}
+	s.sealed = append(s.sealed, b)
+	s.building = s.newBatch()
+}
+
+// checkpointAll seals batches that rewrite the record of every entry whose
+// record lags its rows (the clean stop), at most Config.MaxCommitBytes of
+// records each: a coordinator holding thousands of jobs wrote them all in
+// one transaction, past what the store takes ("transaction too large"),
+// and the clean stop's checkpoints were lost whole. Each record is a
+// checkpoint of rows already durable, so a stop between two of these
+// commits (kill -9) leaves every job loadable: its record, then the rows
+// after it.
+func (s *shard) checkpointAll() {
+	for _, e := range s.leases {
+		if e.pendingRows <= e.checkpoint {
+			continue
+		}
+		b := s.building
+		b.final = true
+		e.mark = b.seq
+		b.touched = append(b.touched, e)
+		b.bytes += recordCost(e.pending)
+		if b.bytes >= s.c.cfg.MaxCommitBytes {
+			s.seal()
+		}
+	}
+	if len(s.building.touched) > 0 {
+		s.seal()
+	}
+}
+
+// submitIfIdle hands the oldest sealed batch, or else the building one, to
+// the run's committer when no commit of this shard is in flight. Judging
+// goes on meanwhile; the next batch gathers it.
+func (s *shard) submitIfIdle() {
+	if s.inflight != nil {
+		return
+	}
+	if len(s.sealed) == 0 {
+		if s.building.empty() && (!s.needAlive || s.c.deposed.Load()) {
+			if s.owesReply {
+				s.owesReply = false
+				s.replies.pass()
+			}
+			return
+		}
+		s.seal()
+	}
+	b := s.sealed[0]
+	s.sealed[0] = nil
+	s.sealed = s.sealed[1:]
 	alive := encoder{}
 	alive.time(s.lastNow)
 	b.puts = append(b.puts, kv{aliveKey(s.index), alive.b})
@@ -555,7 +671,6 @@ func (s *shard) submitIfIdle() {
 	s.needAlive = false
 	b.reply, s.owesReply = s.owesReply, false
 	s.inflight = b
-	s.building = s.newBatch()
 	s.commits <- b
 }
 
@@ -575,7 +690,7 @@ func (s *shard) answer() {
 
 // complete publishes a committed batch (durable state, then answers) or,
 // when the commit failed, rolls back everything judged since the last
-// durable state: the failed batch and the one judged on top of it.
+// durable state: the failed batch and those judged on top of it.
 func (s *shard) complete(b *batch) {
 	s.inflight = nil
 	s.owesReply = true
@@ -598,11 +713,16 @@ func (s *shard) complete(b *batch) {
 	if errors.Is(b.err, ErrFenced) {
 		s.c.depose(b.err)
 	} else {
+		messages := b.messages + s.building.messages
+		for _, w := range s.sealed {
+			messages += w.messages
+		}
 		s.c.cfg.Log.Error("lease shard commit failed; rolling back to the durable state", "shard", s.index, "err", b.err,
-			"messages", b.messages+s.building.messages)
+			"messages", messages)
 	}
-	for _, failed := range []*batch{b, s.building} {
-		for _, e := range failed.touched {
+	failed := append(append([]*batch{b}, s.sealed...), s.building)
+	for _, f := range failed {
+		for _, e := range f.touched {
 			s.setPending(e, e.durable)
 			e.pendingRows = e.durableRows
 			if !e.durable.Exists() {
@@ -614,7 +734,11 @@ func (s *shard) complete(b *batch) {
 			s.deadlines.Sync(e.durable)
 		}
 	}
-	answers := append(b.answers, s.building.answers...)
+	var answers []pendingAnswer
+	for _, f := range failed {
+		answers = append(answers, f.answers...)
+	}
+	s.sealed = nil
 	s.building = s.newBatch()
 	for _, a := range answers {
 		a.done(Result{}, err)

@@ -16,7 +16,7 @@ from .agent import Aborted, Agent, Child, Grant, Signal, TokenSource
 from .fence import (
     HEADER_JOB_ID, HEADER_LEASE_GENERATION, Authority, Fence, Fenced, NoAuthority, UnissuedGeneration, issued_generations,
 )
-from .leaseworker import CANCELLED, FAILED, SUCCESS, AckRefused, Job, LeaseWorker, Spooled
+from .leaseworker import CANCELLED, FAILED, SUCCESS, AckRefused, Job, LeaseWorker, Spooled, WorkerClosed
 from .toolgate import CAPABILITY_HEADER, GateCall, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
 from .verifier import (
     HAVE_CRYPTOGRAPHY, Claims, FeedStale, GrantRevoked, ScopeNotGranted, TokenExpired, TokenInvalid, Verifier,
@@ -31,5 +31,5 @@ __all__ = [
     "issued_generations", "Authority", "NoAuthority", "GateCall", "Grant", "GrantRevoked", "HAVE_CRYPTOGRAPHY", "Job", "LeaseWorker",
     "SUCCESS", "ScopeNotGranted", "ServerStream", "Signal", "Spooled", "TokenExpired", "TokenInvalid",
     "TokenSource", "ToolCallCancelled", "ToolGate", "ToolRefused", "Verifier", "VerifyError", "allows",
-    "current_call", "tool_gate",
+    "current_call", "tool_gate", "WorkerClosed",
 ]

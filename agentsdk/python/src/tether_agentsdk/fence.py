@@ -20,6 +20,33 @@ HEADER_JOB_ID = "Tether-Job-Id"
 HEADER_LEASE_GENERATION = "Tether-Lease-Generation"
 _MAX_UINT64 = (1 << 64) - 1
 _GENERATION = re.compile(r"[1-9][0-9]{0,19}")
+#: The longest job id the coordinator accepts, in UTF-8 bytes (the lease
+#: record's bound on ids). A fence refuses a longer one, and one that is
+#: not UTF-8 or holds a control character, as a job the coordinator never
+#: issued, without asking it and without remembering it.
+MAX_JOB_ID_BYTES = 256
+# A C0 or C1 control character (Go's unicode.IsControl).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _job_id_problem(job: str) -> str:
+    """Why job cannot be a job id the coordinator issued, or "" when it can.
+    It never quotes job."""
+    if not job:
+        return "the job id is empty"
+    try:
+        size = len(job.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return "a job id that is not UTF-8"
+    if size > MAX_JOB_ID_BYTES:
+        return f"a job id of {size} bytes (the coordinator issues at most {MAX_JOB_ID_BYTES})"
+    if _CONTROL.search(job):
+        return "a job id holding a control character"
+    return ""
+
+
+def _valid_generation(generation: object) -> bool:
+    return isinstance(generation, int) and not isinstance(generation, bool) and 0 < generation <= _MAX_UINT64
 
 
 class Fenced(Exception):
@@ -140,9 +167,14 @@ class Fence:
         and with a check UnissuedGeneration or NoAuthority when the
         coordinator refused it (nothing is admitted then), or the check's
         error when it could not be asked."""
-        if not isinstance(job, str) or not job or isinstance(generation, bool) or not isinstance(generation, int) \
-                or not 0 < generation <= _MAX_UINT64:
+        if not isinstance(job, str) or not job or not _valid_generation(generation):
             raise ValueError("fence: a side effect needs a job id and a lease generation (a positive integer)")
+        problem = _job_id_problem(job)
+        if problem:
+            # Neither asked about nor remembered: such a job has no lease,
+            # and a caller naming it must not spend the fence's memory, nor
+            # a request to the coordinator answered as if it were down.
+            raise UnissuedGeneration(f"fence: {problem}")
         asked_at = self._clock() if self.max_stale > 0 else 0.0
         with self._lock:
             h = self._highest.get(job, 0)
@@ -171,18 +203,34 @@ class Fence:
                     self._active[job] = (generation, until)
 
     def admit_headers(self, headers: Mapping[str, str]) -> None:
-        """admit() for a request's headers (any mapping; names matched
-        without regard to case): both are required, the generation a
-        positive decimal integer; a request without them raises ValueError."""
-        lowered = {k.lower(): v for k, v in headers.items()}
-        job = lowered.get(HEADER_JOB_ID.lower())
-        raw = lowered.get(HEADER_LEASE_GENERATION.lower())
+        """admit() for a request's headers (any mapping, an
+        ``email.message.Message`` such as http.server's included; names
+        matched without regard to case): both are required, once each, the
+        generation a positive decimal integer; a request without them, or
+        whose job id the coordinator could not have issued
+        (MAX_JOB_ID_BYTES), raises ValueError before anything is asked."""
+        values: dict[str, list] = {HEADER_JOB_ID.lower(): [], HEADER_LEASE_GENERATION.lower(): []}
+        for name, value in headers.items():
+            if isinstance(name, str) and name.lower() in values:
+                values[name.lower()].append(value)
+        jobs, raws = values[HEADER_JOB_ID.lower()], values[HEADER_LEASE_GENERATION.lower()]
+        job = jobs[0] if len(jobs) == 1 else None
+        raw = raws[0] if len(raws) == 1 else None
         if not isinstance(job, str) or not job or not isinstance(raw, str) or not _GENERATION.fullmatch(raw) or int(raw) > _MAX_UINT64:
-            raise ValueError(f"fence: {HEADER_JOB_ID} and {HEADER_LEASE_GENERATION} (a positive integer) are required")
+            raise ValueError(f"fence: {HEADER_JOB_ID} and {HEADER_LEASE_GENERATION} (a positive integer) are required, once each")
+        problem = _job_id_problem(job)
+        if problem:
+            raise ValueError(f"fence: {HEADER_JOB_ID} is not a job the coordinator issues: {problem}")
         self.admit(job, int(raw))
 
     def observe(self, job: str, generation: int) -> None:
-        """Raises the job's highest generation without admitting anything."""
+        """Raises the job's highest generation without admitting anything
+        (seeding from storage). Generation 0 raises nothing and remembers
+        nothing; one that is not an int in [0, 2**64) raises ValueError."""
+        if type(generation) is int and generation == 0:
+            return
+        if not _valid_generation(generation):
+            raise ValueError("fence: a generation is an integer in [0, 2**64)")
         with self._lock:
             self._observe(job, generation)
 

@@ -44,6 +44,21 @@ class Spooled(Exception):
     synced to disk, and will be replayed with its sequence and sent_at."""
 
 
+class WorkerClosed(Exception):
+    """A closed LeaseWorker sends nothing: its accept and its jobs' renew,
+    progress and complete raise this (the Go SDK's ErrWorkerClosed, the
+    TypeScript SDK's WorkerClosed)."""
+
+    def __init__(self) -> None:
+        super().__init__("the lease worker is closed")
+
+
+# How long close() waits for its jobs' renew threads to end, in all: one
+# whose renewal is in flight ends when it is answered or at its interval,
+# one running on_cancel when that returns.
+_CLOSE_WAIT = 10.0
+
+
 class AckRefused(Exception):
     def __init__(self, job_id: str, decision: dict):
         super().__init__(f"ack of job {job_id!r} refused: {decision.get('auditEvent', '')} {decision.get('reason', '')}".strip())
@@ -156,15 +171,60 @@ class LeaseWorker:
         # Delivery in spool order: nothing new is sent directly while older
         # messages wait in the spool.
         self._send_lock = threading.Lock()
+        # The jobs whose renew thread runs (close() ends them), and whether
+        # close() was called.
+        self._jobs_lock = threading.Lock()
+        self._jobs: set[Job] = set()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
+        """Ends every job the worker runs, as ``Job.stop`` does (their
+        ``stopped`` is set, cause JOB_ENDED; their renewals stop; each lease
+        runs out on the coordinator's clock), waits for their renew threads
+        to end (at most 10 s in all: a renewal in flight ends when answered
+        or at its interval), and closes the spool: what it holds is
+        replayed by the next LeaseWorker on the directory. From then on the
+        worker sends nothing: ``accept``, and a job's ``renew``,
+        ``progress`` and ``complete``, raise WorkerClosed. Closing twice is
+        harmless."""
+        with self._jobs_lock:
+            if self._closed:
+                return
+            self._closed = True
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        for job in jobs:
+            job._end(JOB_ENDED)
+        deadline = time.monotonic() + _CLOSE_WAIT
+        for job in jobs:
+            if job._thread is not None:
+                job._thread.join(max(deadline - time.monotonic(), 0.0))
+                if job._thread.is_alive():
+                    log.warning("tether: lease worker closed with job %r's renew thread still running", job.job_id)
         self._spool.close()
+
+    def _track(self, job: "Job") -> bool:
+        with self._jobs_lock:
+            if self._closed:
+                return False
+            self._jobs.add(job)
+            return True
+
+    def _untrack(self, job: "Job") -> None:
+        with self._jobs_lock:
+            self._jobs.discard(job)
 
     @property
     def pending(self) -> int:
         return len(self._spool.pending)
 
     def _send(self, kind: str, request: dict, timeout: float | None = None) -> dict:
+        if self._closed:
+            raise WorkerClosed()
         return self.conn.call("LeaseService", _METHODS[kind], request, timeout=timeout)
 
     def replay(self) -> int:
@@ -194,6 +254,8 @@ class LeaseWorker:
 
     def _deliver(self, kind: str, request: dict) -> dict:
         with self._send_lock:
+            if self._closed:
+                raise WorkerClosed()
             if self._spool.pending:
                 try:
                     self._replay_locked()
@@ -214,7 +276,10 @@ class LeaseWorker:
         requests cancellation (cause LEASE_CANCELLED), says the generation
         lost authority (LEASE_LOST), records an ownership conflict on it
         (OWNERSHIP_CONFLICT: execution halts until the coordinator resolves
-        it), or the worker ends it (JOB_ENDED)."""
+        it), or the worker ends it (JOB_ENDED, also at the worker's close).
+        A closed worker raises WorkerClosed without acknowledging anything."""
+        if self._closed:
+            raise WorkerClosed()
         sent = self._clock()
         req = {"jobId": offered["jobId"], "leaseId": offered["leaseId"], "leaseGeneration": str(offered.get("leaseGeneration", "0")), "sentAt": _now()}
         with self._send_lock:
@@ -224,6 +289,11 @@ class LeaseWorker:
         if decision.get("outcome") == "OUTCOME_REJECTED":
             raise AckRefused(offered["jobId"], decision)
         job = Job(self, resp["lease"], on_cancel, offered=offered)
+        if not self._track(job):
+            # Closed while the ACK was under way: the job never begins, and
+            # its lease runs out on the coordinator's clock.
+            job._end(JOB_ENDED)
+            raise WorkerClosed()
         # The ACK's answer is acted on as any other: a job this agent
         # already held (its ACK a DUPLICATE, after a restart) may already
         # have a cancel request, and its work must not begin as if not.
@@ -378,6 +448,8 @@ class Job:
                     # that holds one must not hold the loop (and the job's
                     # cancel and loss) for the connection's timeout.
                     self.renew(timeout=self._every)
+                except WorkerClosed:
+                    break
                 except ConnectError as e:
                     if not _retryable(e):
                         log.warning("tether: lease renew of %s refused: %s", self.job_id, e)
@@ -386,6 +458,7 @@ class Job:
                     # peer's) judges nothing: the next renewal asks again.
                     log.warning("tether: lease renew of %s: an answer of the wrong shape (%s: %s)", self.job_id, e.__class__.__name__, e)
         finally:
+            self.worker._untrack(self)
             self.done.set()
 
     def renew(self, *, timeout: float | None = None) -> dict:
@@ -432,7 +505,7 @@ class Job:
             if not lease.get("cancelAck") and not lost:
                 try:
                     self.worker._deliver("cancelAck", self._claim())
-                except Spooled:
+                except (Spooled, WorkerClosed):
                     pass
                 except ConnectError as e:
                     log.warning("tether: lease cancel ack of %s failed: %s", self.job_id, e)

@@ -105,6 +105,19 @@ class GateCall:
 #: orders held.
 MAX_EARLY_ORDERS = 1024
 
+# The longest call id of an order a gate holds, in UTF-8 bytes (the Go and
+# TypeScript gates' bound): the control plane's call ids are some thirty
+# bytes, and an order for a longer one (a hostile peer's, up to a message's
+# 16 MiB each) is for no call this gate could begin.
+_MAX_CALL_ID_BYTES = 256
+
+#: How long a gate waits for the control plane's answer to a begin, an end
+#: or an acknowledgement, in seconds, when its connection's timeout is not
+#: shorter (the Go and TypeScript gates' 10 s): a begin under way is what
+#: lets an early cancel order be held, and a held answer must not hold the
+#: tool's caller for the connection's 30 s.
+GATE_CALL_TIMEOUT = 10.0
+
 
 class ToolGate(StreamFollower):
     """Stands in front of tools. For each call it has the control plane
@@ -169,8 +182,8 @@ class ToolGate(StreamFollower):
                     return
                 backoff = 0.1
                 for order in stream:
-                    if order.get("callId"):
-                        self._order(order["callId"], order.get("reason", ""))
+                    if isinstance(order.get("callId"), str) and order["callId"]:
+                        self._order(order["callId"], str(order.get("reason", "")))
                 if self._stop.is_set():
                     return
             except ConnectError as e:
@@ -188,7 +201,7 @@ class ToolGate(StreamFollower):
             call = self._inflight.get(call_id)
             if call is not None:
                 call._cancel(reason)
-            elif self._beginning and len(self._orders) < MAX_EARLY_ORDERS:
+            elif self._beginning and len(self._orders) < MAX_EARLY_ORDERS and len(call_id.encode("utf-8", "replace")) <= _MAX_CALL_ID_BYTES:
                 self._orders[call_id] = (reason, self._begins)
 
     @property
@@ -208,6 +221,12 @@ class ToolGate(StreamFollower):
 
     # -- calls --------------------------------------------------------------------
 
+    def _call_timeout(self) -> float:
+        """A begin's, an end's or an acknowledgement's timeout: 10 s, or the
+        connection's when shorter."""
+        timeout = self.conn.timeout
+        return GATE_CALL_TIMEOUT if timeout is None or timeout <= 0 else min(GATE_CALL_TIMEOUT, timeout)
+
     def _begin(self, token: Token, tool: str, required_scope: str) -> GateCall:
         tok = token() if callable(token) else token
         req = {"token": tok, "tool": tool, "gateId": self.gate_id}
@@ -219,7 +238,7 @@ class ToolGate(StreamFollower):
             self._beginning.add(n)
         try:
             try:
-                resp = self.conn.call("ToolService", "BeginCall", req)
+                resp = self.conn.call("ToolService", "BeginCall", req, timeout=self._call_timeout())
             except ConnectError as e:
                 if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
                     raise ToolRefused(e.code, e.message, details=e.details) from None
@@ -264,7 +283,7 @@ class ToolGate(StreamFollower):
         (failed_precondition). A ``never_ack`` gate acknowledges nothing."""
         if stopped or (ack_if_ordered and not self.never_ack):
             try:
-                self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id})
+                self.conn.call("ToolService", "CancelAck", {"callId": call.call_id, "gateId": self.gate_id}, timeout=self._call_timeout())
                 return
             except ConnectError as e:
                 if not ack_if_ordered or e.code != FAILED_PRECONDITION:
@@ -280,7 +299,7 @@ class ToolGate(StreamFollower):
             # for tools. It is cut out before the clip (which could leave
             # a usable piece).
             req["error"] = _wire.text(_redact(f"{error.__class__.__name__}: {error}", call._presented)[:500])
-        self.conn.call("ToolService", "EndCall", req)
+        self.conn.call("ToolService", "EndCall", req, timeout=self._call_timeout())
 
     def _end_abandoned(self, call: GateCall) -> None:
         """Ends a call whose caller was cancelled while it began."""

@@ -392,6 +392,18 @@ class Verifier(StreamFollower):
             self._cond.notify_all()
         self.ready.set()
 
+    def _watchdog(self, stream: Any, fired: threading.Event) -> threading.Timer:
+        """Closes stream, and sets fired, unless cancelled within the
+        staleness budget."""
+        def fire() -> None:
+            fired.set()
+            stream.close()
+
+        timer = threading.Timer(self.staleness_budget, fire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
     def _follow(self) -> None:
         backoff = 0.05
         while not self._stop.is_set():
@@ -406,11 +418,25 @@ class Verifier(StreamFollower):
                 if self._stop.is_set():
                     stream.close()
                     return
-                for msg in stream:
-                    self._apply(msg)
-                    applied += 1
+                # The read timeout bounds a silence, not the wait for a
+                # message: a peer trickling one (a byte now and then) would
+                # hold the feed, failing closed, for as long as it liked. A
+                # stream with no whole message for the budget is dropped,
+                # as the Go and TypeScript verifiers drop it.
+                fired = threading.Event()
+                watchdog = self._watchdog(stream, fired)
+                try:
+                    for msg in stream:
+                        watchdog.cancel()
+                        self._apply(msg)
+                        applied += 1
+                        watchdog = self._watchdog(stream, fired)
+                finally:
+                    watchdog.cancel()
                 if self._stop.is_set():
                     return
+                if fired.is_set():
+                    log.warning("tether: revocation feed: no whole message within %ss; reconnecting", self.staleness_budget)
             except Exception as e:  # noqa: BLE001 — a message of the wrong shape breaks the stream, never this thread
                 close_stream(self._stream)
                 if self._stop.is_set():

@@ -194,6 +194,8 @@ func TestSummary(t *testing.T) {
 	r.Add("supervisor/terminate-abort/agents=1000", 100, "ms")
 	r.Add("supervisor/terminate-abort/agents=10000", 1500, "ms")
 	r.Add("supervisor/terminate-abort-cpu/agents=1000", 50, "ms")
+	r.Add("supervisor/terminate-same-swarm/10k-over-1k", 9, "x")
+	r.Add("supervisor/terminate-same-swarm-cpu/10k-over-1k", 8.5, "x")
 	r.Add("supervisor/terminate-abort-cpu/agents=10000", 600, "ms")
 	r.Add("server/etcd/terminate-abort/agents=1000", 300, "ms")
 	r.Add("supervisor/terminate-beyond-one-txn/badger/terminate-abort/agents=120001", 9000, "ms")
@@ -216,6 +218,7 @@ func TestSummary(t *testing.T) {
 	}
 	for figure, want := range map[string]string{
 		"terminate (abort) 10,000 agents, Badger":    "1,500 ms; 10k ÷ 1k: 15.00× wall, 12.00× CPU",
+		"the same, both in an 11,000-agent swarm":    "10k ÷ 1k: 9.00× wall, 8.50× CPU",
 		"terminate 1,000 agents, etcd vs Badger":     notMeasured, // no ratio in the results
 		"unary renew ÷ etcd fenced renew, by leases": "1: 0.80× (800 vs 1,000/s); 64: 1.50×",
 		"largest subtree one termination covered":    "Badger 120,001 (9,000 ms); 1,000,001 unfinished after 900.0 s; etcd 1,000 (300 ms); 20,001 unfinished after 120.0 s",

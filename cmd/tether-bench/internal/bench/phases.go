@@ -13,17 +13,42 @@ import (
 // TerminationFault, called after each chunk commits): the mark (from the
 // request to its last chunk), the wait for the cancel acknowledgements
 // (to the start of the pass that revokes), the revocation (to its last
-// chunk) and the record (to its last chunk).
+// chunk) and the record (to its last chunk). On etcd (requests set) it
+// counts each phase's read and commit requests too.
 type terminationPhases struct {
 	mu     sync.Mutex
-	start  time.Time
-	passes []time.Time // the starts of the reconciler's passes
+	start  phasePoint
+	passes []phasePoint // the starts of the reconciler's passes
 	chunks []phaseChunk
+	// requests, when set, reads the store's read and commit requests so
+	// far (etcd's counters).
+	requests func() (reads, commits uint64)
+}
+
+// phasePoint is when something happened, and the requests made by then.
+type phasePoint struct {
+	at             time.Time
+	reads, commits uint64
 }
 
 type phaseChunk struct {
 	step string
-	at   time.Time
+	phasePoint
+}
+
+// phaseCost is what one phase took: its time, and its requests on etcd.
+type phaseCost struct {
+	d              time.Duration
+	reads, commits uint64
+}
+
+// now is a point at the present (p.mu held).
+func (p *terminationPhases) now() phasePoint {
+	pt := phasePoint{at: time.Now()}
+	if p.requests != nil {
+		pt.reads, pt.commits = p.requests()
+	}
+	return pt
 }
 
 // hook sets the server's hooks to note the passes and chunks.
@@ -31,56 +56,66 @@ func (p *terminationPhases) hook(cfg *controlplane.Config) {
 	cfg.TerminationReconciled = func(string) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.passes = append(p.passes, time.Now())
+		p.passes = append(p.passes, p.now())
 	}
 	cfg.TerminationFault = func(step string, _ int) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		p.chunks = append(p.chunks, phaseChunk{step, time.Now()})
+		p.chunks = append(p.chunks, phaseChunk{step, p.now()})
 	}
+}
+
+// count sets the request counters the phases read (etcd's).
+func (p *terminationPhases) count(requests func() (reads, commits uint64)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.requests = requests
 }
 
 // begin forgets what was noted and starts the clock (at the request).
 func (p *terminationPhases) begin() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.start, p.passes, p.chunks = time.Now(), nil, nil
+	p.start, p.passes, p.chunks = p.now(), nil, nil
 }
 
 // phaseNames are the phases split returns, in order.
 var phaseNames = []string{"mark", "wait-acks", "revoke", "record"}
 
-// split returns the time each phase took (zero where its chunks were not
+// split returns what each phase took (nothing where its chunks were not
 // seen).
-func (p *terminationPhases) split() map[string]time.Duration {
+func (p *terminationPhases) split() map[string]phaseCost {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	last := map[string]time.Time{}
+	last := map[string]phasePoint{}
 	var firstRevoke time.Time
 	for _, c := range p.chunks {
-		last[c.step] = c.at
+		last[c.step] = c.phasePoint
 		if c.step == "revoke" && firstRevoke.IsZero() {
 			firstRevoke = c.at
 		}
 	}
-	out := map[string]time.Duration{}
+	out := map[string]phaseCost{}
 	markEnd, ok := last["mark"]
 	if !ok || firstRevoke.IsZero() {
 		return out
 	}
-	out["mark"] = markEnd.Sub(p.start)
+	between := func(from, to phasePoint) phaseCost {
+		return phaseCost{d: to.at.Sub(from.at), reads: to.reads - from.reads, commits: to.commits - from.commits}
+	}
+	out["mark"] = between(p.start, markEnd)
 	// The revocation begins with the pass that revokes: the last pass
 	// begun before its first chunk.
 	revokeStart := markEnd
-	for _, at := range p.passes {
-		if at.After(revokeStart) && at.Before(firstRevoke) {
-			revokeStart = at
+	for _, pt := range p.passes {
+		if pt.at.After(revokeStart.at) && pt.at.Before(firstRevoke) {
+			revokeStart = pt
 		}
 	}
-	out["wait-acks"] = revokeStart.Sub(markEnd)
-	out["revoke"] = last["revoke"].Sub(revokeStart)
+	out["wait-acks"] = between(markEnd, revokeStart)
+	out["revoke"] = between(revokeStart, last["revoke"])
 	if rec, ok := last["record"]; ok {
-		out["record"] = rec.Sub(last["revoke"])
+		out["record"] = between(last["revoke"], rec)
 	}
 	return out
 }

@@ -11,18 +11,26 @@ import (
 func TestTerminationPhasesSplit(t *testing.T) {
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Time { return at.Add(time.Duration(n) * time.Millisecond) }
-	p := &terminationPhases{start: at}
-	p.passes = []time.Time{ms(0), ms(40), ms(60), ms(75)}
-	p.chunks = []phaseChunk{{"mark", ms(5)}, {"mark", ms(30)}, {"revoke", ms(90)}, {"revoke", ms(95)}, {"record", ms(120)}, {"record", ms(140)}}
+	// n ms in, with n read requests and n/10 commit requests made.
+	pt := func(n int) phasePoint { return phasePoint{at: ms(n), reads: uint64(n), commits: uint64(n / 10)} }
+	chunk := func(step string, n int) phaseChunk { return phaseChunk{step, pt(n)} }
+	p := &terminationPhases{start: pt(0)}
+	p.passes = []phasePoint{pt(0), pt(40), pt(60), pt(75)}
+	p.chunks = []phaseChunk{chunk("mark", 5), chunk("mark", 30), chunk("revoke", 90), chunk("revoke", 95), chunk("record", 120), chunk("record", 140)}
 	got := p.split()
-	want := map[string]time.Duration{"mark": 30 * time.Millisecond, "wait-acks": 45 * time.Millisecond, "revoke": 20 * time.Millisecond, "record": 45 * time.Millisecond}
+	want := map[string]phaseCost{
+		"mark":      {30 * time.Millisecond, 30, 3},
+		"wait-acks": {45 * time.Millisecond, 45, 4},
+		"revoke":    {20 * time.Millisecond, 20, 2},
+		"record":    {45 * time.Millisecond, 45, 5},
+	}
 	for _, name := range phaseNames {
 		if got[name] != want[name] {
-			t.Errorf("phase %s: %v, want %v", name, got[name], want[name])
+			t.Errorf("phase %s: %+v, want %+v", name, got[name], want[name])
 		}
 	}
 	// A termination whose chunks were not seen has no phases.
-	if got := (&terminationPhases{start: at}).split(); len(got) != 0 {
+	if got := (&terminationPhases{start: pt(0)}).split(); len(got) != 0 {
 		t.Errorf("no chunks seen, phases %v; want none", got)
 	}
 }

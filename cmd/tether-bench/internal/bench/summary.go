@@ -47,6 +47,15 @@ func Summary(results []Result) []SummaryRow {
 		}
 	}
 	add("terminate (abort) 10,000 agents, Badger", "≤ 1,000 ms, linear (10k ÷ 1k ≈ 10×)", value)
+	if x, ok := get("supervisor/terminate-same-swarm/10k-over-1k"); ok {
+		// Not a target: the two subtrees in servers of one size
+		// (supervisor/terminate-same-swarm), so the ratio is the subtree's.
+		value = fmt.Sprintf("10k ÷ 1k: %s wall", fmtX(x))
+		if c, ok := get("supervisor/terminate-same-swarm-cpu/10k-over-1k"); ok {
+			value += fmt.Sprintf(", %s CPU", fmtX(c))
+		}
+		add("the same, both in an 11,000-agent swarm", "", value)
+	}
 
 	value = notMeasured
 	if x, ok := get("server/etcd-vs-badger/terminate-abort/agents=1000"); ok {

@@ -39,37 +39,50 @@ func supervisorTerminate(ctx context.Context, r *Report) error {
 			return err
 		}
 		perAgent := float64(heapInUse()-heapBefore) / float64(size)
-		calls, stopGate, err := callsInFlight(ctx, srv, root, size/10)
-		if err != nil {
-			srv.Stop()
-			return err
-		}
-		cpuBefore, cpuOK := processCPU()
-		elapsed, nodes, err := timeTermination(ctx, srv, root)
-		cpuAfter, _ := processCPU()
-		acked := stopGate()
-		srv.Stop()
+		elapsed, cpuUsed, cpuOK, err := terminateMeasured(ctx, srv, root, size)
 		if err != nil {
 			return err
-		}
-		if nodes != size {
-			return fmt.Errorf("record of a %d-agent subtree lists %d nodes", size, nodes)
-		}
-		if acked != calls {
-			return fmt.Errorf("%d calls in flight, %d cancel acks", calls, acked)
 		}
 		r.Add(fmt.Sprintf("supervisor/terminate-abort/agents=%d", size), float64(elapsed.Microseconds())/1000, "ms")
 		if cpuOK {
 			// The process's CPU time over the same interval (server and
 			// the bench's gate and watcher): on a shared machine it scales
 			// with the work where the wall-clock time scales with the load.
-			r.Add(fmt.Sprintf("supervisor/terminate-abort-cpu/agents=%d", size), float64((cpuAfter-cpuBefore).Microseconds())/1000, "ms")
+			r.Add(fmt.Sprintf("supervisor/terminate-abort-cpu/agents=%d", size), float64(cpuUsed.Microseconds())/1000, "ms")
 		}
 		if size == 10000 {
 			r.Add("supervisor/server-heap-per-agent", perAgent, "bytes")
 		}
 	}
 	return nil
+}
+
+// terminateMeasured terminates (aborts) the size-agent subtree under root
+// with a tool call in flight on one agent in ten and a gate that
+// acknowledges every cancel order at once, stops srv, and returns the
+// termination's wall time and the process's CPU time over it (cpuOK false
+// when the platform gives none). It fails unless the record lists every
+// node and every call's cancel was acknowledged.
+func terminateMeasured(ctx context.Context, srv *benchServer, root string, size int) (elapsed, cpu time.Duration, cpuOK bool, err error) {
+	calls, stopGate, err := callsInFlight(ctx, srv, root, size/10)
+	if err != nil {
+		srv.Stop()
+		return 0, 0, false, err
+	}
+	cpuBefore, cpuOK := processCPU()
+	elapsed, nodes, err := timeTermination(ctx, srv, root)
+	cpuAfter, _ := processCPU()
+	acked := stopGate()
+	srv.Stop()
+	switch {
+	case err != nil:
+		return 0, 0, false, err
+	case nodes != size:
+		return 0, 0, false, fmt.Errorf("record of a %d-agent subtree lists %d nodes", size, nodes)
+	case acked != calls:
+		return 0, 0, false, fmt.Errorf("%d calls in flight, %d cancel acks", calls, acked)
+	}
+	return elapsed, cpuAfter - cpuBefore, cpuOK, nil
 }
 
 func heapInUse() uint64 {

@@ -61,6 +61,10 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 			var before etcdstore.EtcdStats
 			if st != nil {
 				before = st.Stats()
+				phases.count(func() (uint64, uint64) {
+					s := st.Stats()
+					return s.ReadRequests, s.CommitRequests
+				})
 			}
 			cpuBefore, cpuOK := processCPU()
 			etcdBefore, _ := srv.etcdCPU()
@@ -88,8 +92,17 @@ func terminateOnStores(ctx context.Context, r *Report, cluster *etcdlocal.Cluste
 			// Where the time went, step by step (terminationPhases).
 			split := phases.split()
 			for _, phase := range phaseNames {
-				if d, ok := split[phase]; ok {
-					r.Add(fmt.Sprintf("supervisor/terminate-stores/%s/phase-%s/agents=%d", backend, phase, agents), float64(d.Microseconds())/1000, "ms")
+				c, ok := split[phase]
+				if !ok {
+					continue
+				}
+				r.Add(fmt.Sprintf("supervisor/terminate-stores/%s/phase-%s/agents=%d", backend, phase, agents), float64(c.d.Microseconds())/1000, "ms")
+				if st != nil {
+					// Its round trips: read requests (a prefetch of
+					// many ranges is one) and commit requests (merged
+					// commits share one).
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-read-requests/agents=%d", phase, agents), float64(c.reads), "requests")
+					r.Add(fmt.Sprintf("supervisor/terminate-stores/etcd/phase-%s-commit-requests/agents=%d", phase, agents), float64(c.commits), "requests")
 				}
 			}
 			if st != nil {

@@ -1,0 +1,102 @@
+//go:build linux
+
+package mcpgate_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+)
+
+// exitsOnceListed is a rogue stdio upstream: it leaves a file in dir,
+// answers the gateway's handshake and its listing of one tool, then
+// exits.
+func exitsOnceListed(dir string) {
+	f, err := os.CreateTemp(dir, "run")
+	if err != nil {
+		os.Exit(2)
+	}
+	_ = f.Close()
+	in := bufio.NewReader(os.Stdin)
+	send := func(m map[string]any) {
+		b, _ := json.Marshal(m)
+		_, _ = os.Stdout.Write(append(b, '\n'))
+	}
+	for {
+		line, err := in.ReadBytes('\n')
+		if err != nil {
+			os.Exit(1)
+		}
+		var m struct {
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
+			Params struct {
+				ProtocolVersion string `json:"protocolVersion"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(line, &m) != nil || m.ID == nil {
+			continue
+		}
+		switch m.Method {
+		case "initialize":
+			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"protocolVersion": m.Params.ProtocolVersion,
+				"capabilities": map[string]any{"tools": map[string]any{}}, "serverInfo": map[string]any{"name": "exits", "version": "1"}}})
+		case "tools/list":
+			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "result": map[string]any{"tools": []any{
+				map[string]any{"name": "tool", "inputSchema": map[string]any{"type": "object"}}}}})
+			os.Exit(0)
+		default:
+			send(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": -32601, "message": "method not found"}})
+		}
+	}
+}
+
+// A rogue stdio upstream cannot have the gateway start it again and again
+// without pause. The gateway reconnected an upstream whose connection
+// ended at once, and backed off only after attempts that failed: an
+// upstream that exits as soon as it has answered the gateway's listing
+// (or an HTTP one that ends its connection then) was started, and its
+// tools listed, as fast as it could start. A connection that ends soon
+// after it was made (within MaxReconnectBackoff, on the gateway's clock)
+// is now made again only after the backoff, doubling each time.
+func TestARogueUpstreamExitingOnceListedIsNotRestartedWithoutPause(t *testing.T) {
+	w := newWorld(t, "mcp:exits/*")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := t.TempDir()
+	started := func() int {
+		es, _ := os.ReadDir(runs)
+		return len(es)
+	}
+	gclk := clock.NewManual(time.Now().UTC())
+	start := gclk.Now()
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "exits", Command: []string{exe}, Env: map[string]string{"MCPGATE_ROGUE21_EXITS": runs}}}, Clock: gclk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	// Once at Open, once again at once (its first connection's end), then
+	// after 50 ms, 100 ms more, 200 ms more.
+	next, backoff := start, mcpgate.MinReconnectBackoff
+	for runs := 2; runs <= 4; runs++ {
+		next = next.Add(backoff)
+		testserver.WaitFor(t, 20*time.Second, "the gateway to wait before starting the upstream again", func() bool { return gclk.Armed(next) || started() > 10 })
+		if n := started(); n != runs {
+			t.Fatalf("an upstream exiting once listed was started %d times; want %d before the clock passes %s", n, runs, next.Sub(start))
+		}
+		gclk.Set(next)
+		backoff *= 2
+	}
+}

@@ -1,0 +1,201 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/tetherhq/tether/internal/fault"
+	"github.com/tetherhq/tether/supervisor/lease"
+)
+
+// ErrLimit: an offer or reassignment would give its holder, or the
+// holder's account (its lineage), more open leases than
+// Config.MaxOpenPerHolder or Config.MaxOpenPerAccount allow; nothing was
+// judged.
+var ErrLimit = fault.New(fault.Exhausted, "coordinator: too many open leases")
+
+// open reports whether l is an open lease: one that exists and has no
+// terminal result yet (offered, active or expired). Open leases are what
+// the bounds count; a terminal one costs its job's record and evidence,
+// kept for the record, but no upkeep.
+func open(l lease.Lease) bool { return l.Exists() && l.State != lease.StateTerminal }
+
+// openCounts counts the open judged leases of every shard by holder and
+// by account (the holder's lineage, as the caller names it), for the
+// bounds on offers. Shards change the counts as their entries' judged
+// leases open, close or change holder (setPending), and reserve a place
+// before judging a bounded message, so that offers judged at once on
+// several shards never pass a bound together.
+type openCounts struct {
+	mu        sync.Mutex
+	byHolder  map[string]int
+	byAccount map[string]int
+	// accounts is each holder's account as callers named it (a holder's
+	// lineage never changes) or as the run's load found it.
+	accounts map[string]string
+}
+
+func newOpenCounts() *openCounts {
+	return &openCounts{byHolder: map[string]int{}, byAccount: map[string]int{}, accounts: map[string]string{}}
+}
+
+// reset forgets the counts (not the accounts) before a run counts its
+// entries again.
+func (o *openCounts) reset() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	clear(o.byHolder)
+	clear(o.byAccount)
+}
+
+func (o *openCounts) add(holder, account string, n int) {
+	if holder != "" {
+		if o.byHolder[holder] += n; o.byHolder[holder] <= 0 {
+			delete(o.byHolder, holder)
+		}
+	}
+	if account != "" {
+		if o.byAccount[account] += n; o.byAccount[account] <= 0 {
+			delete(o.byAccount, account)
+		}
+	}
+}
+
+// move counts e's judged lease becoming l: the holder and account it was
+// counted under lose it, l's holder and its account gain it.
+func (o *openCounts) move(e *entry, l lease.Lease) {
+	wasOpen, isOpen := open(e.pending), open(l)
+	if wasOpen == isOpen && (!isOpen || e.pending.HolderIdentity == l.HolderIdentity) {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if wasOpen {
+		o.add(e.pending.HolderIdentity, e.account, -1)
+	}
+	e.account = ""
+	if isOpen {
+		e.account = o.accounts[l.HolderIdentity]
+		o.add(l.HolderIdentity, e.account, 1)
+	}
+}
+
+// reserve takes a place for one more open lease of holder (and its
+// account) within the bounds, or says which bound is reached. The caller
+// releases the place once it has judged the message: the judgement counts
+// the lease itself if it opened it.
+func (o *openCounts) reserve(holder, account string, perHolder, perAccount int) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if account != "" {
+		o.accounts[holder] = account
+	}
+	if perHolder > 0 && o.byHolder[holder] >= perHolder {
+		return fmt.Errorf("%w: agent %s already holds %d open leases, the most one agent may hold; it must complete some, or its coordinator cancel or resolve them, before it is offered more",
+			ErrLimit, holder, o.byHolder[holder])
+	}
+	if perAccount > 0 && account != "" && o.byAccount[account] >= perAccount {
+		return fmt.Errorf("%w: the agents of lineage %s already hold %d open leases, the most one lineage may hold; complete, cancel or resolve some before offering more",
+			ErrLimit, account, o.byAccount[account])
+	}
+	o.add(holder, account, 1)
+	return nil
+}
+
+func (o *openCounts) release(holder, account string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.add(holder, account, -1)
+}
+
+// OpenLeases is how many open leases (offered, active or expired, not
+// terminal) holder holds and its account holds, as judged.
+func (c *Coordinator) OpenLeases(holder, account string) (byHolder, byAccount int) {
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	return c.open.byHolder[holder], c.open.byAccount[account]
+}
+
+// countOpen counts every entry's open lease again, after a load, with the
+// accounts of their holders (Config.Accounts, asked once per holder).
+func (c *Coordinator) countOpen(ctx context.Context) error {
+	c.open.reset()
+	holders := map[string]bool{}
+	for _, s := range c.shards {
+		for _, e := range s.leases {
+			if open(e.pending) {
+				holders[e.pending.HolderIdentity] = true
+			}
+		}
+	}
+	if c.cfg.Accounts != nil && len(holders) > 0 {
+		var unknown []string
+		c.open.mu.Lock()
+		for h := range holders {
+			if _, ok := c.open.accounts[h]; !ok {
+				unknown = append(unknown, h)
+			}
+		}
+		c.open.mu.Unlock()
+		if len(unknown) > 0 {
+			found, err := c.cfg.Accounts(ctx, unknown)
+			if err != nil {
+				return fmt.Errorf("coordinator: the accounts of the holders of open leases: %w", err)
+			}
+			c.open.mu.Lock()
+			for h, a := range found {
+				if a != "" {
+					c.open.accounts[h] = a
+				}
+			}
+			c.open.mu.Unlock()
+		}
+	}
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	for _, s := range c.shards {
+		for _, e := range s.leases {
+			e.account = ""
+			if open(e.pending) {
+				e.account = c.open.accounts[e.pending.HolderIdentity]
+				c.open.add(e.pending.HolderIdentity, e.account, 1)
+			}
+		}
+	}
+	return nil
+}
+
+// boundedHolder is the holder a bounded message would give a new open
+// lease, or "" when it gives none: an offer or reassignment to a holder
+// that does not already hold the job's open lease.
+func boundedHolder(m lease.Message, current lease.Lease) string {
+	var holder string
+	switch v := m.(type) {
+	case lease.Offer:
+		holder = v.HolderIdentity
+	case lease.Reassign:
+		holder = v.HolderIdentity
+	default:
+		return ""
+	}
+	if open(current) && current.HolderIdentity == holder {
+		return ""
+	}
+	return holder
+}
+
+// ApplyBounded is ApplyIf for an offer or a reassignment, bounded: it is
+// refused with ErrLimit, unjudged (no evidence row, nothing changed), when
+// its holder already holds Config.MaxOpenPerHolder open leases or the
+// holder's account (account, the holder's lineage; "" for none) holds
+// Config.MaxOpenPerAccount.
+func (c *Coordinator) ApplyBounded(ctx context.Context, m lease.Message, guard func(lease.Lease) error, account string) (Result, error) {
+	if m == nil || jobKeyIsReserved(m.Job()) {
+		return c.ApplyIf(ctx, m, guard)
+	}
+	ch := make(chan answer, 1)
+	c.send(c.shardOf(m.Job()), op{kind: opJudge, msg: m, guard: guard, bounded: true, account: account,
+		done: func(r Result, err error) { ch <- answer{r, err} }})
+	return wait(ctx, ch)
+}
