@@ -377,15 +377,23 @@ func (g *Gateway) Close() {
 	g.closeOnce.Do(func() { close(g.closed) })
 	g.abandonCalls(errGatewayClosing)
 	g.mu.Lock()
+	var sessions []*mcp.ClientSession
 	for _, up := range g.upstreams {
 		if up.session != nil {
-			_ = up.session.Close()
+			sessions = append(sessions, up.session)
 			up.session = nil
 		}
 	}
 	stop := g.stop
 	g.stop = nil
 	g.mu.Unlock()
+	// Closed without g.mu: closing a connection waits for the upstream's
+	// notification being handled, and the handler of list_changed takes
+	// g.mu (refreshSession). Closing them under the lock had the two wait
+	// on each other for ever.
+	for _, session := range sessions {
+		_ = session.Close()
+	}
 	g.watchers.Wait()
 	g.reports.Wait() // the ends of calls already answered
 	if stop != nil {

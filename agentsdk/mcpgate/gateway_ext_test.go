@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -75,10 +74,10 @@ func TestScopesFilterTheListAndRefuseCallsOutsideTheGrant(t *testing.T) {
 		}
 		done <- err
 	}()
-	<-w.events.Started("p")
-	<-progressed // relayed while the call is in flight
+	recv(t, w.events.Started("p"), "w.events.Started('p')")
+	recv(t, progressed, "progressed") // relayed while the call is in flight
 	w.events.Release("p")
-	if err := <-done; err != nil {
+	if err := recv(t, done, "done"); err != nil {
 		t.Fatalf("slow: %v", err)
 	}
 	mu.Lock()
@@ -142,7 +141,7 @@ func TestRevocationMidSessionStopsTheNextCall(t *testing.T) {
 	}
 	// The event: the gateway's view of the token turns revoked.
 	verifier := w.gw.Verifier()
-	testserver.WaitFor(t, 10*time.Second, "the revocation to reach the gateway", func() bool {
+	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
 		_, err := verifier.Verify(context.Background(), w.grant.Token)
 		return errors.Is(err, capability.ErrGrantRevoked)
 	})

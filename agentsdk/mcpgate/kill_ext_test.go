@@ -39,7 +39,7 @@ func TestGatewayKilledMidCallLeavesTheCallUnresolved(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
-	testserver.WaitFor(t, 30*time.Second, "tether mcp serve to answer", func() bool {
+	testserver.WaitFor(t, guardWait, "tether mcp serve to answer", func() bool {
 		select {
 		case <-exited:
 			log, _ := os.ReadFile(logPath)
@@ -59,13 +59,13 @@ func TestGatewayKilledMidCallLeavesTheCallUnresolved(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	<-exited
-	if err := <-done; err == nil {
+	recv(t, exited, "exited")
+	if err := recv(t, done, "done"); err == nil {
 		t.Fatal("the agent's call succeeded through a killed gateway")
 	}
 
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second)
-	testserver.WaitFor(t, 20*time.Second, "the cancel order to be pending", func() bool {
+	testserver.WaitFor(t, guardWait, "the cancel order to be pending", func() bool {
 		return waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING).Progress.GetAcksPending() == 1
 	})
 	w.clk.Advance(6 * time.Second)

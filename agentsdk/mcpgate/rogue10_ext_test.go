@@ -365,7 +365,7 @@ func TestAHostileUpstreamCannotPageItsToolsForEver(t *testing.T) {
 	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "trigger", Arguments: map[string]any{}}); err != nil {
 		t.Fatal(err)
 	}
-	testserver.WaitFor(t, 60*time.Second, "the gateway to give up the listing, or to take it all", func() bool {
+	testserver.WaitFor(t, guardWait, "the gateway to give up the listing, or to take it all", func() bool {
 		return strings.Contains(logs.String(), "relisting an upstream's tools failed") || len(gatewayToolNames(t, gw, w.grant.Token)) > 1
 	})
 	mu.Lock()
@@ -482,7 +482,7 @@ func TestARogueCannotCutEveryAgentOffAnUpstreamBehindAFilter(t *testing.T) {
 		t.Fatalf("the filtered call: %v; want unavailable", err)
 	}
 	var last error
-	testserver.WaitFor(t, 20*time.Second, "the honest agent's calls to go through again", func() bool {
+	testserver.WaitFor(t, guardWait, "the honest agent's calls to go through again", func() bool {
 		var got string
 		got, last = callText(t, honest, "echo", map[string]any{"text": "still here"})
 		return last == nil && got == "still here"

@@ -94,7 +94,7 @@ func TestARogueUpstreamCannotMakeTheGatewayHoldAnAnswerOfAnySize(t *testing.T) {
 	if err == nil || rpcCode(err) != mcpgate.CodeUnavailable {
 		t.Errorf("the call the rogue upstream answered with %d bytes: %d bytes of text, %v; want the gateway's refusal (upstream unavailable)", written.Load(), len(text), err)
 	}
-	if werr := <-cut; werr == nil {
+	if werr := recv(t, cut, "cut"); werr == nil {
 		t.Errorf("the gateway read all %d bytes of the rogue upstream's answer", written.Load())
 	}
 	if got, err := callText(t, victim, "test_echo", map[string]any{"text": "still here"}); err != nil || got != "still here" {
@@ -193,7 +193,7 @@ func TestARogueUpstreamCannotAskTheAgentsForSamplingElicitationOrRoots(t *testin
 		t.Fatalf("the call: %q, %v", got, err)
 	}
 	for range 3 {
-		if r := <-refusals; strings.HasSuffix(r, "<nil>") && r != "roots: 0 <nil>" {
+		if r := recv(t, refusals, "refusals"); strings.HasSuffix(r, "<nil>") && r != "roots: 0 <nil>" {
 			t.Errorf("the rogue upstream's %s was answered", r)
 		}
 	}

@@ -65,7 +65,7 @@ func slowCall(t *testing.T, cs *mcp.ClientSession, events *mcptest.Events, tool,
 			out <- res.Content[0].(*mcp.TextContent).Text
 		}
 	}()
-	<-events.Started(id)
+	recv(t, events.Started(id), "events.Started(id)")
 	return out
 }
 
@@ -97,7 +97,7 @@ func TestARogueCannotFailOtherAgentsCallsInFlightBehindAFilter(t *testing.T) {
 		t.Fatalf("the filtered call: %v; want unavailable", err)
 	}
 	events.Release("honest-1")
-	if got := <-answer; got != "finished honest-1" {
+	if got := recv(t, answer, "answer"); got != "finished honest-1" {
 		t.Fatalf("the honest agent's call in flight when the filter refused the rogue's: %s; want it finished", got)
 	}
 	if got, err := callText(t, rogue, "echo", map[string]any{"text": "next"}); err != nil || got != "next" {
@@ -133,7 +133,7 @@ func TestARogueCannotFailOtherAgentsCallsInFlightWithAnAnswerTooLarge(t *testing
 				t.Fatalf("the call answered with more than the gateway relays: %d bytes of text, %v; want unavailable", len(text), err)
 			}
 			events.Release("honest-1")
-			if got := <-answer; got != "finished honest-1" {
+			if got := recv(t, answer, "answer"); got != "finished honest-1" {
 				t.Fatalf("the honest agent's call in flight when the rogue's answer was too large: %s; want it finished", got)
 			}
 			if got, err := callText(t, rogue, "big", map[string]any{"bytes": 1 << 20}); err != nil || len(got) != 1<<20 {
@@ -186,7 +186,7 @@ func TestARogueUpstreamCannotMakeTheGatewayHoldAnEventOfAnySize(t *testing.T) {
 	if rpcCode(err) != mcpgate.CodeUnavailable {
 		t.Errorf("the call the rogue upstream answered with an event of %d bytes: %d bytes of text, %v; want the gateway's refusal (upstream unavailable)", written.Load(), len(text), err)
 	}
-	if werr := <-cut; werr == nil {
+	if werr := recv(t, cut, "cut"); werr == nil {
 		t.Errorf("the gateway read all %d bytes of the rogue upstream's event", written.Load())
 	}
 }
@@ -248,7 +248,7 @@ func TestAGatewaysCallsStayOnTheTetherAcrossItsCredentialsRenewal(t *testing.T) 
 		if !strings.Contains(got, "cancelled") {
 			t.Fatalf("the aborted agent's call: %s; want it cancelled", got)
 		}
-	case <-time.After(30 * time.Second): // a guard against a hang, not a timing
+	case <-time.After(guardWait): // a guard against a hang, not a timing
 		t.Fatal("the aborted agent's call was never cancelled: the gateway did not hear the cancel order after its first credential expired")
 	}
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
@@ -308,15 +308,15 @@ func TestARogueCannotFailOtherAgentsCallsInFlightByLeavingMidAnswer(t *testing.T
 		_, err := rogue.CallTool(ctx, &mcp.CallToolParams{Name: "partial", Arguments: map[string]any{}})
 		left <- err
 	}()
-	<-begun
+	recv(t, begun, "begun")
 	leave() // drops nothing: the gateway reads on
 	terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour)
-	<-gone
-	if err := <-left; err == nil {
+	recv(t, gone, "gone")
+	if err := recv(t, left, "left"); err == nil {
 		t.Fatal("the rogue's call it left was answered")
 	}
 	events.Release("honest-1")
-	if got := <-answer; got != "finished honest-1" {
+	if got := recv(t, answer, "answer"); got != "finished honest-1" {
 		t.Fatalf("the honest agent's call in flight when the rogue left its own mid-answer: %s; want it finished", got)
 	}
 }

@@ -58,11 +58,11 @@ func TestAnUpstreamsKeyStaysOutOfTheRecordOfACallItsTransportFailed(t *testing.T
 		_, err := callText(t, agent, "echo", map[string]any{"text": "cut-me-off"})
 		answer <- err
 	}()
-	<-arrived
+	recv(t, arrived, "arrived")
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute)
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
 	close(release)
-	if err := <-answer; rpcCode(err) != mcpgate.CodeUnavailable {
+	if err := recv(t, answer, "answer"); rpcCode(err) != mcpgate.CodeUnavailable {
 		t.Fatalf("the call whose connection broke: %v; want unavailable (%d)", err, mcpgate.CodeUnavailable)
 	}
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)

@@ -143,7 +143,7 @@ func TestARogueNotReadingItsProgressCannotSilenceOtherAgentsProgress(t *testing.
 		params.SetProgressToken("rogue")
 		_, _ = rogue.CallTool(rogueCtx, params)
 	}()
-	<-chattered // the upstream has sent all of it to the gateway
+	recv(t, chattered, "chattered") // the upstream has sent all of it to the gateway
 
 	params := &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{"id": "honest-1"}}
 	params.SetProgressToken("honest")
@@ -153,17 +153,17 @@ func TestARogueNotReadingItsProgressCannotSilenceOtherAgentsProgress(t *testing.
 		_, err := honest.CallTool(context.Background(), params)
 		answer <- err
 	}()
-	<-events.Started("honest-1")
+	recv(t, events.Started("honest-1"), "events.Started('honest-1')")
 	select {
 	case msg := <-heard:
 		if msg != "started honest-1" {
 			t.Errorf("the honest agent heard %q, want its own call's progress", msg)
 		}
-	case <-time.After(30 * time.Second): // a guard against a hang, not a timing
+	case <-time.After(guardWait): // a guard against a hang, not a timing
 		t.Fatal("the honest agent never heard its call's progress: the relay waits on the rogue's stream")
 	}
 	events.Release("honest-1")
-	if err := <-answer; err != nil {
+	if err := recv(t, answer, "answer"); err != nil {
 		t.Fatalf("the honest agent's call: %v", err)
 	}
 }
@@ -206,7 +206,7 @@ func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
 	// Both answered by the upstream and ended in the ledger: the gateway
 	// holds the two answers, writing them to a rogue that reads neither.
 	asked.Wait()
-	testserver.WaitFor(t, 20*time.Second, "the rogue's two calls to end in the ledger", func() bool {
+	testserver.WaitFor(t, guardWait, "the rogue's two calls to end in the ledger", func() bool {
 		calls, err := w.admin.Tool.ListCalls(context.Background(), connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.agent.Node.NodeId}))
 		if err != nil {
 			t.Fatal(err)
@@ -222,7 +222,7 @@ func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
 	// The rogue lets go of its answers: its calls are its own again.
 	released = true
 	stalling.release()
-	testserver.WaitFor(t, 20*time.Second, "the rogue's next call to be admitted", func() bool {
+	testserver.WaitFor(t, guardWait, "the rogue's next call to be admitted", func() bool {
 		got, err := callText(t, rogue, "echo", map[string]any{"text": "next"})
 		if err != nil && rpcCode(err) != mcpgate.CodeTooManyCalls {
 			t.Fatalf("the rogue's call after it let go: %v", err)
@@ -301,8 +301,8 @@ func TestARogueLeavingItsCallsIsStillHeldToItsCallsInFlight(t *testing.T) {
 		go func() {
 			_, _ = rogue.CallTool(context.Background(), &mcp.CallToolParams{Name: "slow", Arguments: map[string]any{"id": id}})
 		}()
-		conn := <-leaving.dialed
-		<-w.events.Started(id)
+		conn := recv(t, leaving.dialed, "leaving.dialed")
+		recv(t, w.events.Started(id), "w.events.Started(id)")
 		_ = conn.Close()
 		// The gateway's side of the connection closes once the request
 		// carrying the call has ended there.
@@ -349,7 +349,7 @@ func TestARogueNotReadingItsAnswersDoesNotHoldThemInTheGateway(t *testing.T) {
 	asked.Wait()
 	// The rogue never reads nor lets go; the gateway gives up writing to
 	// it, and its next call is admitted.
-	testserver.WaitFor(t, 20*time.Second, "the rogue's next call to be admitted while it still reads nothing", func() bool {
+	testserver.WaitFor(t, guardWait, "the rogue's next call to be admitted while it still reads nothing", func() bool {
 		got, err := callText(t, rogue, "echo", map[string]any{"text": "next"})
 		if err != nil && rpcCode(err) != mcpgate.CodeTooManyCalls {
 			t.Fatalf("the rogue's call: %v", err)

@@ -84,7 +84,7 @@ func TestARogueCannotHaveItsCallInFlightRecordedFailedByCancellingIt(t *testing.
 			resp.Body.Close()
 		}
 	}()
-	<-made
+	recv(t, made, "made")
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute)
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
 
@@ -146,7 +146,7 @@ func TestAStdioGatewayShuttingDownRecordsItsCallInFlightInItsOwnWords(t *testing
 		called <- err
 	}()
 	// The upstream is another process: its event is a file.
-	testserver.WaitFor(t, 20*time.Second, "the slow call to start upstream", func() bool {
+	testserver.WaitFor(t, guardWait, "the slow call to start upstream", func() bool {
 		select {
 		case err := <-called:
 			t.Fatalf("the slow call ended before it started upstream: %v", err)
@@ -164,7 +164,7 @@ func TestAStdioGatewayShuttingDownRecordsItsCallInFlightInItsOwnWords(t *testing
 		if err != nil {
 			t.Errorf("ServeStdio: %v", err)
 		}
-	case <-time.After(20 * time.Second): // a guard: it returns at once or never
+	case <-time.After(guardWait): // a guard: it returns at once or never
 		t.Fatal("ServeStdio did not return after its context ended: it waits for the call in flight")
 	}
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)

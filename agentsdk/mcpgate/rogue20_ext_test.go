@@ -137,7 +137,7 @@ func TestARogueCannotHideItsCallsFromTheCountByNamingTheMethodTwice(t *testing.T
 		}
 	}
 	w.events.Release("held")
-	if err := <-done; err != nil {
+	if err := recv(t, done, "done"); err != nil {
 		t.Fatal(err)
 	}
 	// Not at its maximum, the node lists and calls.

@@ -114,7 +114,7 @@ func TestARogueStdioUpstreamThatStopsReadingCannotHangAnAbort(t *testing.T) {
 		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "put", Arguments: map[string]any{"blob": strings.Repeat("x", 1<<20)}})
 		done <- err
 	}()
-	testserver.WaitFor(t, 20*time.Second, "the gateway to be blocked writing the call to the upstream", func() bool {
+	testserver.WaitFor(t, guardWait, "the gateway to be blocked writing the call to the upstream", func() bool {
 		_, err := os.Stat(marker)
 		return err == nil
 	})
@@ -127,7 +127,7 @@ func TestARogueStdioUpstreamThatStopsReadingCannotHangAnAbort(t *testing.T) {
 	// The clock is manual: the acknowledgement deadline never passes, so the
 	// abort reconciles only once the gateway acknowledged.
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-	if err := <-done; rpcCode(err) != mcpgate.CodeCancelled {
+	if err := recv(t, done, "done"); rpcCode(err) != mcpgate.CodeCancelled {
 		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
 	}
 	confirmExit(t, w)

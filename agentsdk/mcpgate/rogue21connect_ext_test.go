@@ -73,7 +73,7 @@ func TestAnUpstreamThatNeverAnswersItsConnectionCannotHangTheGateway(t *testing.
 		}
 		opened <- err
 	}()
-	testserver.WaitFor(t, 20*time.Second, "the gateway to connect", func() bool { return connects.Load() == 1 })
+	testserver.WaitFor(t, guardWait, "the gateway to connect", func() bool { return connects.Load() == 1 })
 	gclk.Advance(timeout)
 	if err := within(t, opened, "Open to return"); err == nil || !strings.Contains(err.Error(), "slow") || !strings.Contains(err.Error(), "did not answer") {
 		t.Fatalf("Open against an upstream that never answers: %v; want an error naming it and saying it did not answer", err)
@@ -93,7 +93,7 @@ func TestAnUpstreamThatNeverAnswersItsConnectionCannotHangTheGateway(t *testing.
 		if _, err := callText(t, cs, "echo", map[string]any{"text": "END THE CONNECTION"}); rpcCode(err) != mcpgate.CodeUnavailable {
 			t.Fatalf("the call answered 404: %v; want unavailable", err)
 		}
-		testserver.WaitFor(t, 20*time.Second, "the gateway to reconnect", func() bool {
+		testserver.WaitFor(t, guardWait, "the gateway to reconnect", func() bool {
 			if connects.Load() > before {
 				return true
 			}
@@ -111,12 +111,12 @@ func TestAnUpstreamThatNeverAnswersItsConnectionCannotHangTheGateway(t *testing.
 		t.Errorf("the upstream ran %d calls", n)
 	}
 	tried := connects.Load()
-	testserver.WaitFor(t, 20*time.Second, "the gateway to try again once its attempt timed out", func() bool {
+	testserver.WaitFor(t, guardWait, "the gateway to try again once its attempt timed out", func() bool {
 		gclk.Advance(timeout)
 		return connects.Load() > tried
 	})
 	hang.Store(false)
-	testserver.WaitFor(t, 20*time.Second, "the agent's calls to go through again", func() bool {
+	testserver.WaitFor(t, guardWait, "the agent's calls to go through again", func() bool {
 		if held.Load() > 0 {
 			gclk.Advance(timeout) // the attempt under way times out
 		} else {

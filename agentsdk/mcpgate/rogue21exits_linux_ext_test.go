@@ -92,7 +92,7 @@ func TestARogueUpstreamExitingOnceListedIsNotRestartedWithoutPause(t *testing.T)
 	next, backoff := start, mcpgate.MinReconnectBackoff
 	for runs := 2; runs <= 4; runs++ {
 		next = next.Add(backoff)
-		testserver.WaitFor(t, 20*time.Second, "the gateway to wait before starting the upstream again", func() bool { return gclk.Armed(next) || started() > 10 })
+		testserver.WaitFor(t, guardWait, "the gateway to wait before starting the upstream again", func() bool { return gclk.Armed(next) || started() > 10 })
 		if n := started(); n != runs {
 			t.Fatalf("an upstream exiting once listed was started %d times; want %d before the clock passes %s", n, runs, next.Sub(start))
 		}

@@ -78,7 +78,7 @@ func TestAHostileUpstreamCannotHaveTheGatewayRelistWithoutEnd(t *testing.T) {
 	cs := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 	for i := 1; i <= 3; i++ {
 		next := start.Add(time.Duration(i) * mcpgate.RelistInterval)
-		testserver.WaitFor(t, 20*time.Second, "the gateway to wait for its next relisting", func() bool { return gclk.Armed(next) || listed() > 10 })
+		testserver.WaitFor(t, guardWait, "the gateway to wait for its next relisting", func() bool { return gclk.Armed(next) || listed() > 10 })
 		if n := listed(); n != i {
 			t.Fatalf("told its tools changed with each listing, the gateway listed them %d times in %d intervals; want %d", n, i-1, i)
 		}

@@ -24,7 +24,7 @@ func within[T any](t *testing.T, ch <-chan T, what string) T {
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(20 * time.Second):
+	case <-time.After(guardWait):
 		t.Fatalf("timed out waiting for %s", what)
 		panic("unreachable")
 	}

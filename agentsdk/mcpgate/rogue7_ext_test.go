@@ -117,13 +117,13 @@ func TestARogueUpstreamCannotSendProgressToAnotherUpstreamsCallers(t *testing.T)
 		_, err := victim.CallTool(context.Background(), &mcp.CallToolParams{Meta: mcp.Meta{"progressToken": "victim-7"}, Name: "honest_work", Arguments: map[string]any{}})
 		done <- err
 	}()
-	stolen = <-leaked
-	<-victimGot // the honest upstream's progress
+	stolen = recv(t, leaked, "leaked")
+	recv(t, victimGot, "victimGot") // the honest upstream's progress
 	if _, err := spy.CallTool(context.Background(), &mcp.CallToolParams{Meta: mcp.Meta{"progressToken": "spy"}, Name: "rogue_spy", Arguments: map[string]any{}}); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
-	if err := <-done; err != nil {
+	if err := recv(t, done, "done"); err != nil {
 		t.Fatal(err)
 	}
 

@@ -100,7 +100,7 @@ func TestARogueFiringCallsCannotSpendTheGatewaysBudget(t *testing.T) {
 			results = append(results, res.Content[0].(*mcp.TextContent).Text)
 		}()
 	}
-	testserver.WaitFor(t, 20*time.Second, "every rogue call to start upstream or be refused", func() bool {
+	testserver.WaitFor(t, guardWait, "every rogue call to start upstream or be refused", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		refused := 0
@@ -279,7 +279,7 @@ func TestAHostileUpstreamCannotPileUpRelistings(t *testing.T) {
 	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "trigger", Arguments: map[string]any{}}); err != nil {
 		t.Fatal(err)
 	}
-	testserver.WaitFor(t, 20*time.Second, "the gateway to relist the hostile upstream's tools", func() bool {
+	testserver.WaitFor(t, guardWait, "the gateway to relist the hostile upstream's tools", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return pending >= 1
@@ -289,7 +289,7 @@ func TestAHostileUpstreamCannotPileUpRelistings(t *testing.T) {
 		t.Fatal(err)
 	}
 	close(release)
-	testserver.WaitFor(t, 20*time.Second, "the relistings to end", func() bool {
+	testserver.WaitFor(t, guardWait, "the relistings to end", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return pending == 0

@@ -69,7 +69,7 @@ func TestARogueThatOpensSessionsInALoopIsHeldToItsShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	var again *mcp.ClientSession
-	testserver.WaitFor(t, 20*time.Second, "the gateway to count the closed session out", func() bool {
+	testserver.WaitFor(t, guardWait, "the gateway to count the closed session out", func() bool {
 		client := mcp.NewClient(&mcp.Implementation{Name: "rogue", Version: "1"}, nil)
 		hc := &http.Client{Transport: bearer{token: func() string { return w.grant.Token }, next: http.DefaultTransport}}
 		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: w.endpoint, HTTPClient: hc}, nil)
@@ -162,7 +162,7 @@ func TestAHostileClientCannotHoardTheGatewaysConnections(t *testing.T) {
 	// Every timeout has passed many times over: the slow call still ends
 	// with its answer.
 	w.events.Release("long")
-	if err := <-done; err != nil {
+	if err := recv(t, done, "done"); err != nil {
 		t.Fatalf("the slow call, answered after the timeouts: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func TestDrainRefusesNewCallsWhileASlowCallFinishes(t *testing.T) {
 		t.Fatalf("the upstream saw %d echo calls during the drain", n)
 	}
 	w.events.Release("d")
-	if err := <-done; err != nil {
+	if err := recv(t, done, "done"); err != nil {
 		t.Fatalf("the call in flight did not finish: %v", err)
 	}
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
@@ -77,8 +77,8 @@ func TestDrainRefusesNewCallsWhileASlowCallFinishes(t *testing.T) {
 func abortAndCheck(t *testing.T, w *world, tool string, done <-chan error, cancelled func() bool) {
 	t.Helper()
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Hour)
-	testserver.WaitFor(t, 20*time.Second, "the upstream to see the call cancelled", cancelled)
-	if err := <-done; rpcCode(err) != mcpgate.CodeCancelled {
+	testserver.WaitFor(t, guardWait, "the upstream to see the call cancelled", cancelled)
+	if err := recv(t, done, "done"); rpcCode(err) != mcpgate.CodeCancelled {
 		t.Fatalf("the agent's call ended with %v, want code %d", err, mcpgate.CodeCancelled)
 	}
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
@@ -126,7 +126,7 @@ func TestAbortCancelsASlowCallUpstreamOverStdio(t *testing.T) {
 	t.Cleanup(func() {
 		cancel()
 		agentOut.Close()
-		if err := <-served; err != nil {
+		if err := recv(t, served, "served"); err != nil {
 			t.Errorf("ServeStdio: %v", err)
 		}
 	})

@@ -147,7 +147,7 @@ func terminate(t *testing.T, w *world, mode tetherv1.TerminationMode, window, ac
 func waitState(t *testing.T, w *world, id string, state tetherv1.TerminationState) *tetherv1.Termination {
 	t.Helper()
 	var last *tetherv1.Termination
-	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
+	testserver.WaitFor(t, guardWait, "termination "+id+" to reach "+state.String(), func() bool {
 		resp, err := w.admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
 		if err != nil {
 			t.Fatal(err)
@@ -189,4 +189,25 @@ func callsByTool(t *testing.T, rec *tetherv1.ReconciliationRecord) map[string][]
 		out[c.Tool] = append(out[c.Tool], c)
 	}
 	return out
+}
+
+// guardWait bounds each wait of a test on something the gateway or an
+// upstream must do: a wait that never ends fails its test, named, instead
+// of hanging the package until go test's own timeout (whose dump, cut to
+// its tail, named no test). Not a measure of speed.
+const guardWait = 2 * time.Minute
+
+// recv is the next value from ch, or the test fails (what names it) when
+// none comes within guardWait.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	timer := time.NewTimer(guardWait)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+		t.Fatalf("waited %s for %s; nothing came", guardWait, what)
+		panic("unreachable")
+	}
 }
