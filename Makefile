@@ -21,9 +21,18 @@ run: build
 
 # The race detector is on for every package: most of them run goroutines
 # (the committer, streams, reconcilers) and the pure ones are cheap.
+# On failure it ends with what failed, from the log: a package that timed
+# out prints the tests it was running at the top of a long goroutine dump,
+# which a CI page showing the output's tail does not show.
+TEST_LOG ?= $(BIN)/test.log
 test:
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 25m ./...
+	@mkdir -p $(dir $(TEST_LOG)); set -o pipefail; \
+	$(GO) test -race -count=1 -timeout 25m ./... 2>&1 | tee $(TEST_LOG); status=$$?; \
+	if [ $$status -ne 0 ]; then \
+	  echo "== what failed (the whole output is in $(TEST_LOG)):"; \
+	  grep -E -A4 '^(--- FAIL|panic: test timed out|FAIL)|running tests:' $(TEST_LOG) | grep -v '^goroutine ' | head -80; \
+	fi; exit $$status
 
 # The etcd store (conformance and etcd-specific tests), the election, the
 # leader-only components, the lease coordinator's takeover and the replica
