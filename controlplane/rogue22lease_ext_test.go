@@ -332,8 +332,8 @@ func TestRogue22AnAgentWhoseStopWasRequestedDecidesNothing(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
 			t.Fatalf("%s after its stop was requested: %v, want failed_precondition", what, err)
 		}
-		if !strings.Contains(err.Error(), "stop") {
-			t.Fatalf("%s: the refusal says %q; want it to say a stop was requested", what, err)
+		if !strings.Contains(err.Error(), "stop") || !strings.Contains(err.Error(), stop.TerminationId) {
+			t.Fatalf("%s: the refusal says %q; want it to say a stop was requested, naming the termination", what, err)
 		}
 	}
 	_, err = leadC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: active.JobId, Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "my own record"}))
@@ -373,5 +373,13 @@ func TestRogue22AnAgentWhoseStopWasRequestedDecidesNothing(t *testing.T) {
 	released = true
 	mu.Unlock()
 	close(release)
-	waitState(t, srv, stop.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	// Released, the mark reaches the lead, and its decisions are refused
+	// as a stopping node's, as before.
+	testserver.WaitFor(t, time.Minute, "the stop's mark to reach the lead", func() bool {
+		return getNode(t, admin, lead.Node.NodeId).State != tetherv1.NodeState_NODE_STATE_RUNNING
+	})
+	_, err = leadC.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: active.JobId, Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED}))
+	if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("the lead's resolution once marked: %v, want failed_precondition", err)
+	}
 }
