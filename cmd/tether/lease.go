@@ -215,12 +215,14 @@ func leaseProgress(g *globals) *cobra.Command {
 
 func leaseCancel(g *globals) *cobra.Command {
 	var reason string
-	cmd := leaseMutation(g, "cancel JOB [--reason R]",
+	var generation uint64
+	cmd := leaseMutation(g, "cancel JOB [--generation N] [--reason R]",
 		"Request cancellation (coordinator): intent only; the job still needs a terminal result", nil,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
-			return answer(c.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: reason})))
+			return answer(c.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: reason, LeaseGeneration: generation})))
 		})
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
+	cmd.Flags().Uint64Var(&generation, "generation", 0, "the lease generation this decision is about; refused as stale if it was replaced meanwhile (default: whichever is current)")
 	return cmd
 }
 
@@ -278,14 +280,16 @@ func leaseComplete(g *globals) *cobra.Command {
 func leaseReassign(g *globals) *cobra.Command {
 	var holder, reason string
 	var duration, ackTimeout time.Duration
-	cmd := leaseMutation(g, "reassign JOB --holder NODE [--duration D] [--ack-timeout T] [--reason R]",
+	var generation uint64
+	cmd := leaseMutation(g, "reassign JOB --holder NODE [--generation N] [--duration D] [--ack-timeout T] [--reason R]",
 		"Issue generation + 1 to a holder (coordinator); fences off every earlier generation and settles an ownership conflict", nil,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
 			return answer(c.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{
-				JobId: job, HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason,
+				JobId: job, HolderIdentity: holder, LeaseDuration: durationFlag(duration), AckTimeout: durationFlag(ackTimeout), Reason: reason, LeaseGeneration: generation,
 			})))
 		})
 	cmd.Flags().StringVar(&holder, "holder", "", "the new holder's agent node id")
+	cmd.Flags().Uint64Var(&generation, "generation", 0, "the lease generation this decision is about; refused as stale if it was replaced meanwhile (default: whichever is current)")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "lease duration (default: the current generation's)")
 	cmd.Flags().DurationVar(&ackTimeout, "ack-timeout", 0, "ACK timeout (default: the policy's)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
@@ -297,14 +301,16 @@ func leaseResolve(g *globals) *cobra.Command {
 	result := &resultFlag{allowed: []tetherv1.TerminalResult{tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED, tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED}}
 	var reason string
 	var bound time.Duration
-	cmd := leaseMutation(g, "resolve JOB --result cancelled|failed|unresolved [--bound D] [--reason R]",
+	var generation uint64
+	cmd := leaseMutation(g, "resolve JOB --result cancelled|failed|unresolved [--generation N] [--bound D] [--reason R]",
 		"Explicit terminal reconciliation (coordinator); CANCELLED needs a cancel request first; UNRESOLVED is bounded, then FAILED", result.parse,
 		func(ctx context.Context, c *clients, job string) (decidedAnswer, error) {
 			return answer(c.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{
-				JobId: job, Result: result.result, UnresolvedBound: durationFlag(bound), Reason: reason,
+				JobId: job, Result: result.result, UnresolvedBound: durationFlag(bound), Reason: reason, LeaseGeneration: generation,
 			})))
 		})
 	result.add(cmd, "cancelled, failed or unresolved")
+	cmd.Flags().Uint64Var(&generation, "generation", 0, "the lease generation this decision is about; refused as stale if it was replaced meanwhile (default: whichever is current)")
 	cmd.Flags().DurationVar(&bound, "bound", 0, "for unresolved: how long until it must be revisited (default: the policy's maximum)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why")
 	return cmd

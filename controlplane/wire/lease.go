@@ -255,7 +255,7 @@ func ReassignMessage(r *tetherv1.ReassignRequest, leaseID string, current lease.
 	}
 	// An operator's reassignment of a conflicted lease is how the conflict
 	// is settled: the reassignment names the authoritative holder.
-	return lease.Reassign{JobID: r.GetJobId(), LeaseID: leaseID, HolderIdentity: r.GetHolderIdentity(), LeaseDuration: d,
+	return lease.Reassign{JobID: r.GetJobId(), Generation: r.GetLeaseGeneration(), LeaseID: leaseID, HolderIdentity: r.GetHolderIdentity(), LeaseDuration: d,
 		AckTimeout: ack, Reason: r.GetReason(), ResolveConflict: current.OwnershipConflict}, nil
 }
 
@@ -267,7 +267,7 @@ func RequestCancelMessage(r *tetherv1.RequestCancelRequest) (lease.Message, erro
 	if err := CheckText("reason", r.GetReason()); err != nil {
 		return nil, err
 	}
-	return lease.RequestCancel{JobID: r.GetJobId(), Reason: r.GetReason()}, nil
+	return lease.RequestCancel{JobID: r.GetJobId(), Generation: r.GetLeaseGeneration(), Reason: r.GetReason()}, nil
 }
 
 // ResolveMessage turns a ResolveRequest into a message under policy p.
@@ -295,5 +295,5 @@ func ResolveMessage(r *tetherv1.ResolveRequest, p lease.Policy) (lease.Message, 
 	if err := CheckText("reason", r.GetReason()); err != nil {
 		return nil, err
 	}
-	return lease.Resolve{JobID: r.GetJobId(), Result: result, UnresolvedBound: bound, Reason: r.GetReason()}, nil
+	return lease.Resolve{JobID: r.GetJobId(), Generation: r.GetLeaseGeneration(), Result: result, UnresolvedBound: bound, Reason: r.GetReason()}, nil
 }

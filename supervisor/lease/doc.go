@@ -53,6 +53,14 @@
 // the coordinator settles it with Reassign{ResolveConflict: true} (a new
 // generation, possibly to the same holder) or a final Resolve.
 //
+// The coordinator's decisions (RequestCancel, Reassign, Resolve) may name
+// the generation they were made about (Generation): one naming a generation
+// since replaced — delayed, or retried after it was applied — is REJECTED
+// STALE_GENERATION and changes nothing, so a late "resolve FAILED" never
+// ends the generation that replaced the one it was about, and a retried
+// reassignment never issues another. Naming none, a decision is about
+// whichever generation is current when it is judged.
+//
 // Who may reach Step at all is the shell's decision (see Caller duties):
 // Lease.Owner records who offered the job and Lease.FormerHolders who held
 // it before, so the shell can refuse a stranger's message before it is

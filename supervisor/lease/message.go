@@ -125,9 +125,12 @@ type Offer struct {
 }
 
 // RequestCancel records the coordinator's intent to stop the job.
+// Generation, when set, is the generation the decision is about (see
+// Reassign).
 type RequestCancel struct {
-	JobID  string
-	Reason string
+	JobID      string
+	Generation uint64
+	Reason     string
 }
 
 // Reassign issues generation + 1 under a new LeaseID to HolderIdentity
@@ -137,8 +140,16 @@ type RequestCancel struct {
 // ResolveConflict says the coordinator has settled the conflict by this
 // reassignment. Automatic marks a reassignment the shell made on its own
 // because ReassignDue said so; it can never resolve a conflict.
+//
+// Generation, when set, is the generation the coordinator decided about:
+// a decision naming a generation that was since replaced (a delayed or
+// retried one) is REJECTED STALE_GENERATION and changes nothing, one
+// naming a generation never issued REJECTED FUTURE_GENERATION. Zero names
+// none: the decision is about whichever generation is current. The same
+// holds for RequestCancel and Resolve.
 type Reassign struct {
 	JobID           string
+	Generation      uint64
 	LeaseID         string
 	HolderIdentity  string
 	LeaseDuration   time.Duration
@@ -153,9 +164,11 @@ type Reassign struct {
 // (UnresolvedBound zero means the maximum). CANCELLED needs a cancel
 // request first. A final result also resolves a recorded ownership conflict.
 // After the end it is a DUPLICATE only when it repeats the recorded result
-// and Reason word for word.
+// and Reason word for word. Generation, when set, is the generation the
+// decision is about (see Reassign).
 type Resolve struct {
 	JobID           string
+	Generation      uint64
 	Result          TerminalResult
 	UnresolvedBound time.Duration
 	Reason          string

@@ -144,6 +144,9 @@ func (j *judge) run(m Message) Decision {
 		return reject(EventUnknownLease, ErrUnknownLease, "%s: job %q has no lease", describe(m), m.Job())
 	}
 	j.observe()
+	if d, ok := j.checkDecided(m); !ok {
+		return d
+	}
 	switch m := m.(type) {
 	case Ack:
 		return j.ack(m)
@@ -282,6 +285,40 @@ func (j *judge) checkClaim(m workerMessage) (Decision, bool) {
 			"%s: caller is not the holder; %s", describe(m), j.current()), false
 	}
 	return Decision{}, true
+}
+
+// checkDecided rejects a coordinator's decision (RequestCancel, Reassign,
+// Resolve) that names a generation other than the current one: decided
+// about a generation since replaced — delayed, or retried after it was
+// applied — it must not apply to the one that replaced it. It is kept as
+// evidence only and changes nothing, not even the lease's stale-traffic
+// flag, which records the workers' traffic. A decision naming no
+// generation is about the current one.
+func (j *judge) checkDecided(m Message) (Decision, bool) {
+	g := decidedGeneration(m)
+	switch {
+	case g == 0 || g == j.l.Generation:
+		return Decision{}, true
+	case g < j.l.Generation:
+		return reject(EventStaleGeneration, ErrStaleGeneration,
+			"%s decided about generation %d, which was replaced: %s; a decision about an earlier generation never applies to a later one, it is kept as evidence and changes nothing", describe(m), g, j.current()), false
+	}
+	return reject(EventFutureGeneration, ErrFutureGeneration,
+		"%s names generation %d, never issued: %s; nothing changed", describe(m), g, j.current()), false
+}
+
+// decidedGeneration is the generation a coordinator's decision names (0:
+// none, and for every other message).
+func decidedGeneration(m Message) uint64 {
+	switch m := m.(type) {
+	case RequestCancel:
+		return m.Generation
+	case Reassign:
+		return m.Generation
+	case Resolve:
+		return m.Generation
+	}
+	return 0
 }
 
 func (j *judge) offer(m Offer) Decision {

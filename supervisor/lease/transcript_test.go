@@ -27,7 +27,8 @@ import (
 //	state gen=8 holder=w2 expires_at=40s ...       lease fields after the step ("-" for an unset time)
 //	evidence decision="REJECTED STALE_GENERATION"  columns of the step's evidence row, snake_case header names
 //
-// Message arguments: job (default j1), lease, gen, holder, seq, value, sent,
+// Message arguments: job (default j1), lease, gen (a worker's claim, or the
+// generation a request_cancel, reassign or resolve names), holder, seq, value, sent,
 // result, detail, duration, ack_timeout, owner, reason, bound,
 // resolve_conflict, automatic, last_alive, extend_to. Times are offsets from
 // the transcript epoch, or absolute RFC 3339 dates (for times no offset
@@ -383,13 +384,13 @@ func buildMessage(kind string, args map[string]string) (lease.Message, error) {
 	case "complete":
 		m = lease.Complete{Claim: claim(), Result: a.result("result"), Detail: a.str("detail", "")}
 	case "request_cancel":
-		m = lease.RequestCancel{JobID: job, Reason: a.str("reason", "")}
+		m = lease.RequestCancel{JobID: job, Generation: a.uint("gen"), Reason: a.str("reason", "")}
 	case "reassign":
-		m = lease.Reassign{JobID: job, LeaseID: a.str("lease", ""), HolderIdentity: a.str("holder", ""),
+		m = lease.Reassign{JobID: job, Generation: a.uint("gen"), LeaseID: a.str("lease", ""), HolderIdentity: a.str("holder", ""),
 			LeaseDuration: a.duration("duration"), AckTimeout: a.duration("ack_timeout"), Reason: a.str("reason", ""),
 			ResolveConflict: a.bool("resolve_conflict"), Automatic: a.bool("automatic")}
 	case "resolve":
-		m = lease.Resolve{JobID: job, Result: a.result("result"), UnresolvedBound: a.duration("bound"), Reason: a.str("reason", "")}
+		m = lease.Resolve{JobID: job, Generation: a.uint("gen"), Result: a.result("result"), UnresolvedBound: a.duration("bound"), Reason: a.str("reason", "")}
 	case "tick":
 		m = lease.Tick{JobID: job}
 	case "recover":

@@ -24,6 +24,14 @@ var decisionWords = map[string]string{
 	DecideClaim:         "claim a job it does not hold",
 }
 
+// DecisionWords names decision in a refusal, in the caller's words.
+func DecisionWords(decision string) string {
+	if what, ok := decisionWords[decision]; ok {
+		return what
+	}
+	return decision
+}
+
 // MayDecide says whether an agent whose node is n may take decision about
 // work it does not hold. Only a running agent decides: one that is being
 // stopped (draining or aborting), stopped or exited is the workload a

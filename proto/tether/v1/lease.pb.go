@@ -1472,11 +1472,17 @@ func (x *ProgressRequest) GetSentAt() *timestamppb.Timestamp {
 }
 
 type RequestCancelRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	JobId         string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	JobId  string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Reason string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The generation the decision is about; 0: none, the decision is about
+	// whichever generation is current. A decision naming a generation that
+	// was since replaced (a delayed or retried one) is answered REJECTED
+	// STALE_GENERATION, one naming a generation never issued REJECTED
+	// FUTURE_GENERATION; either is kept as evidence and changes nothing.
+	LeaseGeneration uint64 `protobuf:"varint,3,opt,name=lease_generation,json=leaseGeneration,proto3" json:"lease_generation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *RequestCancelRequest) Reset() {
@@ -1521,6 +1527,13 @@ func (x *RequestCancelRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *RequestCancelRequest) GetLeaseGeneration() uint64 {
+	if x != nil {
+		return x.LeaseGeneration
+	}
+	return 0
 }
 
 type LeaseServiceCancelAckRequest struct {
@@ -1683,8 +1696,14 @@ type ReassignRequest struct {
 	LeaseDuration  *durationpb.Duration   `protobuf:"bytes,3,opt,name=lease_duration,json=leaseDuration,proto3" json:"lease_duration,omitempty"`
 	AckTimeout     *durationpb.Duration   `protobuf:"bytes,4,opt,name=ack_timeout,json=ackTimeout,proto3" json:"ack_timeout,omitempty"`
 	Reason         string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The generation the decision is about; 0: none, the decision is about
+	// whichever generation is current. A decision naming a generation that
+	// was since replaced (a delayed or retried one) is answered REJECTED
+	// STALE_GENERATION, one naming a generation never issued REJECTED
+	// FUTURE_GENERATION; either is kept as evidence and changes nothing.
+	LeaseGeneration uint64 `protobuf:"varint,6,opt,name=lease_generation,json=leaseGeneration,proto3" json:"lease_generation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReassignRequest) Reset() {
@@ -1752,6 +1771,13 @@ func (x *ReassignRequest) GetReason() string {
 	return ""
 }
 
+func (x *ReassignRequest) GetLeaseGeneration() uint64 {
+	if x != nil {
+		return x.LeaseGeneration
+	}
+	return 0
+}
+
 type ResolveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
@@ -1760,6 +1786,12 @@ type ResolveRequest struct {
 	// For UNRESOLVED: how long until the job must be revisited.
 	UnresolvedBound *durationpb.Duration `protobuf:"bytes,3,opt,name=unresolved_bound,json=unresolvedBound,proto3" json:"unresolved_bound,omitempty"`
 	Reason          string               `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The generation the decision is about; 0: none, the decision is about
+	// whichever generation is current. A decision naming a generation that
+	// was since replaced (a delayed or retried one) is answered REJECTED
+	// STALE_GENERATION, one naming a generation never issued REJECTED
+	// FUTURE_GENERATION; either is kept as evidence and changes nothing.
+	LeaseGeneration uint64 `protobuf:"varint,5,opt,name=lease_generation,json=leaseGeneration,proto3" json:"lease_generation,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1820,6 +1852,13 @@ func (x *ResolveRequest) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *ResolveRequest) GetLeaseGeneration() uint64 {
+	if x != nil {
+		return x.LeaseGeneration
+	}
+	return 0
 }
 
 type GetLeaseRequest struct {
@@ -2918,10 +2957,11 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x10lease_generation\x18\x03 \x01(\x04R\x0fleaseGeneration\x12+\n" +
 	"\x11progress_sequence\x18\x04 \x01(\x04R\x10progressSequence\x12%\n" +
 	"\x0eprogress_value\x18\x05 \x01(\tR\rprogressValue\x123\n" +
-	"\asent_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"E\n" +
+	"\asent_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"p\n" +
 	"\x14RequestCancelRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xb0\x01\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12)\n" +
+	"\x10lease_generation\x18\x03 \x01(\x04R\x0fleaseGeneration\"\xb0\x01\n" +
 	"\x1cLeaseServiceCancelAckRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
@@ -2933,19 +2973,21 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x10lease_generation\x18\x03 \x01(\x04R\x0fleaseGeneration\x121\n" +
 	"\x06result\x18\x04 \x01(\x0e2\x19.tether.v1.TerminalResultR\x06result\x12\x16\n" +
 	"\x06detail\x18\x05 \x01(\tR\x06detail\x123\n" +
-	"\asent_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\xe7\x01\n" +
+	"\asent_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x06sentAt\"\x92\x02\n" +
 	"\x0fReassignRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12'\n" +
 	"\x0fholder_identity\x18\x02 \x01(\tR\x0eholderIdentity\x12@\n" +
 	"\x0elease_duration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12:\n" +
 	"\vack_timeout\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"ackTimeout\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"\xb8\x01\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12)\n" +
+	"\x10lease_generation\x18\x06 \x01(\x04R\x0fleaseGeneration\"\xe3\x01\n" +
 	"\x0eResolveRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x121\n" +
 	"\x06result\x18\x02 \x01(\x0e2\x19.tether.v1.TerminalResultR\x06result\x12D\n" +
 	"\x10unresolved_bound\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0funresolvedBound\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"S\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12)\n" +
+	"\x10lease_generation\x18\x05 \x01(\x04R\x0fleaseGeneration\"S\n" +
 	"\x0fGetLeaseRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12)\n" +
 	"\x10lease_generation\x18\x02 \x01(\x04R\x0fleaseGeneration\":\n" +
