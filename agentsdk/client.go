@@ -20,7 +20,9 @@ import (
 
 // Conn is a connection to the control plane presenting one bearer token
 // (an operator token or an agent credential). The token can be replaced
-// (credential refresh) while calls are in flight.
+// (credential refresh) while calls are in flight. It follows no redirect
+// (ErrRedirect), and its calls' errors carry neither the token nor its
+// signature (BearerInterceptor).
 type Conn struct {
 	BaseURL string
 	HTTP    *http.Client
@@ -79,7 +81,8 @@ func WithTokenSource(source func() (string, error)) Option {
 
 // WithHTTPClient makes the connection use hc: pass HTTP2ClientTLS(baseURL,
 // cfg) to trust a private CA or present a client certificate (mutual TLS).
-// Without it (or with nil) Dial uses HTTP2Client(baseURL).
+// Without it (or with nil) Dial uses HTTP2Client(baseURL). The Conn uses
+// a copy of hc that follows no redirect (ErrRedirect); hc is not changed.
 func WithHTTPClient(hc *http.Client) Option {
 	return func(o *dialOptions) { o.http = hc }
 }
@@ -115,6 +118,7 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	if hc == nil {
 		hc = HTTP2Client(baseURL)
 	}
+	hc = followingNoRedirect(hc)
 	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token, source: o.source, timeout: o.timeout}
 	interceptors := []connect.Interceptor{TraceInterceptor(), BearerInterceptor{Token: c.Token}}
 	if o.timeout > 0 {
@@ -129,6 +133,20 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	c.Lease = tetherv1connect.NewLeaseServiceClient(hc, c.BaseURL, copts...)
 	c.StopRule = tetherv1connect.NewStopRuleServiceClient(hc, c.BaseURL, copts...)
 	return c
+}
+
+// ErrRedirect is why a Conn's request failed when the control plane (or
+// whatever answered in its place) answered with a redirect: a Conn follows
+// none, since the request would take the bearer token (and a verifier's
+// key set would come from) wherever the peer's Location said.
+var ErrRedirect = errors.New("agentsdk: the control plane answered with a redirect, which is not followed (the bearer token would go with it): dial the address it redirects to, if that is the control plane")
+
+// followingNoRedirect is a copy of hc that follows no redirect (hc itself,
+// which the caller may share, is left as it is).
+func followingNoRedirect(hc *http.Client) *http.Client {
+	c := *hc
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return ErrRedirect }
+	return &c
 }
 
 // Timeout is the deadline of a unary call whose context has none

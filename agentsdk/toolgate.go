@@ -349,16 +349,7 @@ const maxCallErrorBytes = 512
 // it: a handler's error may quote the agent's request, the ledger keeps the
 // error for every viewer of a record, and the token is a bearer credential
 // for tools. The TypeScript and Python gates do the same.
-func withoutToken(s, token string) string {
-	if token == "" {
-		return s
-	}
-	s = strings.ReplaceAll(s, token, "[capability token]")
-	if sig := token[strings.LastIndex(token, ".")+1:]; len(sig) >= 16 {
-		s = strings.ReplaceAll(s, sig, "[capability token signature]")
-	}
-	return s
-}
+func withoutToken(s, token string) string { return withoutSecret(s, token, "capability token") }
 
 // clipUTF8 keeps at most n bytes of s, cut at a character boundary.
 func clipUTF8(s string, n int) string {

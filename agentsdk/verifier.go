@@ -211,7 +211,7 @@ func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*ca
 		// A key rotated in since the last fetch, or a forged kid: refetch,
 		// rate-limited, and try once more with whatever ring is newer.
 		if newer, ferr := v.jwks.refreshAfterMiss(ctx, ring); ferr != nil {
-			v.cfg.Logger.Warn("agentsdk: refreshing the key set failed", "error", ferr)
+			v.warn("agentsdk: refreshing the key set failed", ferr)
 		} else if newer != nil {
 			claims, err = v.verifier.Verify(token, *newer, now)
 		}
@@ -249,7 +249,7 @@ func (v *Verifier) Fresh() error {
 // reopened. Run returns nil when ctx ends.
 func (v *Verifier) Run(ctx context.Context) error {
 	if err := v.jwks.refresh(ctx); err != nil && ctx.Err() == nil {
-		v.cfg.Logger.Warn("agentsdk: fetching the key set failed; will retry", "error", err)
+		v.warn("agentsdk: fetching the key set failed; will retry", err)
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { v.maintain(ctx) })
@@ -260,7 +260,7 @@ func (v *Verifier) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		v.cfg.Logger.Warn("agentsdk: revocation feed interrupted; reconnecting", "error", err)
+		v.warn("agentsdk: revocation feed interrupted; reconnecting", err)
 		if applied > 0 {
 			backoff = 50 * time.Millisecond
 		}
@@ -354,7 +354,7 @@ func (v *Verifier) maintain(ctx context.Context) {
 		if now.Sub(lastJWKS) >= jwksRefreshEvery {
 			lastJWKS = now
 			if err := v.jwks.refresh(ctx); err != nil && ctx.Err() == nil {
-				v.cfg.Logger.Warn("agentsdk: refreshing the key set failed", "error", err)
+				v.warn("agentsdk: refreshing the key set failed", err)
 			}
 		}
 	}
@@ -373,4 +373,11 @@ func describeScope(s string) string {
 		return "(malformed scope)"
 	}
 	return s
+}
+
+// warn logs why the key set or the feed failed, without the Conn's token
+// or its signature: the peer writes the error (a key set's kid, a feed's
+// refusal), and could quote the token the feed was opened with.
+func (v *Verifier) warn(msg string, err error) {
+	v.cfg.Logger.Warn(msg, "error", withoutSecret(err.Error(), v.cfg.Conn.Token(), "bearer token"))
 }

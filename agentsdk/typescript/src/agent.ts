@@ -61,6 +61,10 @@ export class Agent {
   #opened: Promise<void>;
   #markOpened!: () => void;
   #credentialExpiresAt?: Date;
+  // The open session, while there is one: confirmExit sends the claim over
+  // it. exited: the claim was made; run opens no session after it.
+  #live?: { claim: (reason: string) => void; ended: Promise<void> };
+  #exited = false;
 
   private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
     this.conn = conn;
@@ -165,8 +169,9 @@ export class Agent {
     let backoff = 100;
     for (;;) {
       // A signal that aborted during the wait (or before run) ends the
-      // loop here: a session opened on it would never hear the abort.
-      if (options.signal?.aborted) return;
+      // loop here: a session opened on it would never hear the abort. A
+      // session after the exit claim would contradict it.
+      if (options.signal?.aborted || this.#exited) return;
       let err: unknown;
       const session = { opened: false };
       try {
@@ -174,7 +179,7 @@ export class Agent {
       } catch (e) {
         err = e;
       }
-      if (options.signal?.aborted) return;
+      if (options.signal?.aborted || this.#exited) return;
       const code = err instanceof ConnectError ? err.code : undefined;
       if (code === Code.Unauthenticated || code === Code.PermissionDenied) {
         // The credential is dead (the node was terminated): nothing to
@@ -201,6 +206,18 @@ export class Agent {
     options.signal?.addEventListener("abort", stop, { once: true });
     requests.push({ kind: { case: "hello", value: { nodeId: this.#node.nodeId } } });
     const beat = setInterval(() => requests.push({ kind: { case: "heartbeat", value: {} } }), every);
+    let ended!: () => void;
+    const live = {
+      // The claim travels behind every heartbeat already queued and is the
+      // session's last word: the control plane ends the session after it.
+      claim: (reason: string) => {
+        clearInterval(beat);
+        requests.push({ kind: { case: "exit", value: { reason } } });
+        requests.end();
+      },
+      ended: new Promise<void>((resolve) => (ended = resolve)),
+    };
+    this.#live = live;
     try {
       for await (const msg of this.conn.agent.session(requests, { signal: local.signal }) as AsyncIterable<SessionResponse>) {
         switch (msg.kind.case) {
@@ -222,6 +239,8 @@ export class Agent {
       if (local.signal.aborted && err instanceof ConnectError && err.code === Code.Canceled) return;
       throw err;
     } finally {
+      if (this.#live === live) this.#live = undefined;
+      ended();
       clearInterval(beat);
       requests.end();
       options.signal?.removeEventListener("abort", stop);
@@ -237,12 +256,40 @@ export class Agent {
   }
 
   /**
-   * Confirms the agent's own exit to the control plane. A launcher's
-   * confirmation (an operator token, from outside the process) is stronger
-   * evidence.
+   * Claims the agent's own exit and ends its session; call it last: from
+   * then on the control plane refuses the agent's credential, and anything
+   * the agent still sends is recorded as contradicting its claim (the
+   * termination record then says the node is unaccounted). The claim goes
+   * over the open session when there is one, behind its heartbeats, so
+   * that it is the session's last word, and resolves once the control
+   * plane ended the session (within the connection's timeoutMs, else it
+   * rejects with deadline_exceeded); otherwise by ConfirmExit. A claim
+   * counts in the record only when the control plane's own evidence
+   * agrees; a launcher's confirmation (ConfirmExit with an operator token,
+   * after the process ended) is an attestation.
    */
   async confirmExit(reason = ""): Promise<void> {
-    await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+    this.#exited = true;
+    const live = this.#live;
+    if (live === undefined) {
+      await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
+      return;
+    }
+    live.claim(reason);
+    const timeoutMs = this.conn.timeoutMs;
+    if (!(timeoutMs > 0)) return live.ended;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(
+        () => reject(new ConnectError(`the control plane did not end the session within ${timeoutMs} ms of the exit claim`, Code.DeadlineExceeded)),
+        timeoutMs,
+      );
+    });
+    try {
+      await Promise.race([live.ended, late]);
+    } finally {
+      clearTimeout(timer);
+    }
   }
 
   /** Proposes the agent's own stop; the control plane decides. */

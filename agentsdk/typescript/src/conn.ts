@@ -7,6 +7,7 @@ import { CapabilityService } from "./gen/tether/v1/capability_pb.js";
 import { LeaseService } from "./gen/tether/v1/lease_pb.js";
 import { SupervisorService } from "./gen/tether/v1/supervisor_pb.js";
 import { ToolService } from "./gen/tether/v1/tool_pb.js";
+import { tokenSignature, withoutSecret } from "./internal.js";
 
 // A bearer token is printable ASCII without spaces (a JWT is base64url and
 // dots).
@@ -53,6 +54,12 @@ export interface DialOptions {
  *
  * The transport is Connect over HTTP/2 (`h2c` for http:// URLs, TLS for
  * https://): the agent's session is a bidirectional stream.
+ *
+ * A call's error carries neither the token it sent nor its signature: a
+ * peer that echoes the request it refused (a proxy, or a hostile control
+ * plane) would otherwise put a usable copy of the credential in the
+ * error's message, metadata or details, and from there in the caller's
+ * logs.
  */
 export class Conn {
   readonly baseUrl: string;
@@ -63,6 +70,8 @@ export class Conn {
   readonly tool: Client<typeof ToolService>;
   readonly supervisor: Client<typeof SupervisorService>;
   readonly lease: Client<typeof LeaseService>;
+  /** A unary call's deadline unless the call gives its own ({@link DialOptions.timeoutMs}; 0: none). */
+  readonly timeoutMs: number;
 
   #token: string;
   #sessions?: Http2SessionManager;
@@ -71,16 +80,22 @@ export class Conn {
     this.baseUrl = baseUrl.replace(/\/+$/, "");
     this.#token = token;
     const bearer: Interceptor = (next) => async (req) => {
+      const token = this.#token;
       // Headers would refuse it with the whole value (the token) in its
       // error: refuse it here, unquoted, as the Go and Python SDKs do.
-      if (!bareToken.test(this.#token)) {
+      if (!bareToken.test(token)) {
         throw new ConnectError(
           "the bearer token holds a space, line break or other character a header cannot carry (trim a token read from a file); it was not sent",
           Code.Unauthenticated,
         );
       }
-      req.header.set("Authorization", `Bearer ${this.#token}`);
-      return next(req);
+      req.header.set("Authorization", `Bearer ${token}`);
+      try {
+        const res = await next(req);
+        return res.stream ? { ...res, message: messagesWithoutBearer(res.message, token) } : res;
+      } catch (err) {
+        throw withoutBearer(err, token);
+      }
     };
     let transport: Transport;
     if (options.transport) {
@@ -95,7 +110,8 @@ export class Conn {
         readMaxBytes: MaxMessageBytes,
       });
     }
-    this.transport = withUnaryTimeout(transport, options.timeoutMs ?? DefaultTimeoutMs);
+    this.timeoutMs = options.timeoutMs ?? DefaultTimeoutMs;
+    this.transport = withUnaryTimeout(transport, this.timeoutMs);
     this.auth = createClient(AuthService, this.transport);
     this.agent = createClient(AgentService, this.transport);
     this.capability = createClient(CapabilityService, this.transport);
@@ -140,4 +156,42 @@ function withUnaryTimeout(transport: Transport, timeoutMs: number): Transport {
     stream: (method, signal, callTimeoutMs, header, input, contextValues) =>
       transport.stream(method, signal, callTimeoutMs, header, input, contextValues),
   };
+}
+
+/** A stream's messages, whose error carries neither token nor its signature. */
+async function* messagesWithoutBearer<T>(messages: AsyncIterable<T>, token: string): AsyncGenerator<T> {
+  try {
+    yield* messages;
+  } catch (err) {
+    throw withoutBearer(err, token);
+  }
+}
+
+/**
+ * err, or when its message, its causes, its metadata or its details carry
+ * token or token's signature, a new error of the same code without them:
+ * the message with both cut out, the metadata and details that carry
+ * either left out (a header's name cannot hold the mark, a detail's
+ * Protobuf bytes cannot be cut and stay whole), and no cause.
+ */
+function withoutBearer(err: unknown, token: string): unknown {
+  if (token === "") return err;
+  const signature = tokenSignature(token);
+  const holds = (text: string) => text.includes(token) || (signature !== "" && text.includes(signature));
+  const detailHolds = (d: ConnectError["details"][number]) =>
+    holds(JSON.stringify(d, (_key, v: unknown) => (v instanceof Uint8Array ? Buffer.from(v).toString("latin1") : typeof v === "bigint" ? String(v) : v)));
+  let causeHolds = false;
+  for (let e: unknown = err, depth = 0; e !== undefined && e !== null && depth < 8; e = (e as { cause?: unknown }).cause, depth++) {
+    causeHolds ||= holds(e instanceof Error ? e.message : String(e));
+  }
+  if (!(err instanceof ConnectError)) {
+    return causeHolds ? new Error(withoutSecret(err instanceof Error ? err.message : String(err), token, "bearer token")) : err;
+  }
+  const metadataHolds = [...err.metadata].some(([k, v]) => holds(k) || holds(v));
+  if (!causeHolds && !metadataHolds && !err.details.some(detailHolds)) return err;
+  const metadata = new Headers();
+  for (const [k, v] of err.metadata) if (!holds(k)) metadata.append(k, withoutSecret(v, token, "bearer token"));
+  const out = new ConnectError(withoutSecret(err.rawMessage, token, "bearer token"), err.code, metadata);
+  out.details = err.details.filter((d) => !detailHolds(d));
+  return out;
 }

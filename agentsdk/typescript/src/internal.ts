@@ -78,3 +78,23 @@ export function anySignal(signals: (AbortSignal | undefined)[]): AbortSignal {
   if (present.length === 1) return present[0];
   return AbortSignal.any(present);
 }
+
+/**
+ * A token's signature, the part after its last dot: a JWT's header and
+ * claims are not secret, its signature makes a copy of it usable. "" when
+ * the token has no dot or the part is too short to be told from ordinary
+ * text. The one definition the bearer token's and the tool gate's
+ * redaction share (the Go and Python SDKs' too).
+ */
+export function tokenSignature(token: string): string {
+  const i = token.lastIndexOf(".");
+  return i < 0 || token.length - i - 1 < 16 ? "" : token.slice(i + 1);
+}
+
+/** text without token, nor its signature, naming what was cut ("[what]", "[what signature]"). */
+export function withoutSecret(text: string, token: string, what: string): string {
+  if (typeof token !== "string" || token === "") return text;
+  text = text.replaceAll(token, `[${what}]`);
+  const signature = tokenSignature(token);
+  return signature === "" ? text : text.replaceAll(signature, `[${what} signature]`);
+}

@@ -3,7 +3,7 @@ import type { KeyObject } from "node:crypto";
 import { allows, parseJwks, TokenError, verifyToken, DefaultLeewayMs, type Claims } from "./capability.js";
 import { Conn } from "./conn.js";
 import type { WatchRevocationsResponse } from "./gen/tether/v1/capability_pb.js";
-import { dateOf, sleep } from "./internal.js";
+import { dateOf, sleep, withoutSecret } from "./internal.js";
 
 /** Where the control plane publishes its public keys. */
 export const JwksPath = "/.well-known/jwks.json";
@@ -101,7 +101,10 @@ export class Verifier {
     this.#cacheSize = options.cacheSize ?? 1 << 16;
     this.#jwksMinInterval = options.jwksMinIntervalMs && options.jwksMinIntervalMs > 0 ? options.jwksMinIntervalMs : DefaultJwksMinIntervalMs;
     this.#clock = options.clock ?? { now: Date.now };
-    this.#warn = options.warn ?? (() => {});
+    // The peer writes the errors warned of (a key set's kid, a feed's
+    // refusal), and could quote the token the feed was opened with.
+    const warn = options.warn ?? (() => {});
+    this.#warn = (message) => warn(withoutSecret(message, this.#conn.token, "bearer token"));
     this.#ready = new Promise((resolve) => (this.#markReady = resolve));
   }
 
@@ -187,7 +190,13 @@ export class Verifier {
 
   #fetchKeys(): Promise<void> {
     this.#fetching ??= (async () => {
-      const resp = await fetch(this.#conn.baseUrl + JwksPath, { signal: AbortSignal.timeout(10_000) });
+      // A redirect is not followed: the key set would come from wherever
+      // the peer's Location said.
+      const resp = await fetch(this.#conn.baseUrl + JwksPath, { signal: AbortSignal.timeout(10_000), redirect: "manual" });
+      if (resp.status >= 300 && resp.status < 400) {
+        await resp.body?.cancel();
+        throw new Error(`tether: fetch jwks: the control plane answered with a redirect (HTTP ${resp.status}), which is not followed: configure the address it redirects to, if that is the control plane`);
+      }
       if (resp.status !== 200) throw new Error(`tether: fetch jwks: HTTP ${resp.status}`);
       const body = await readAtMost(resp, maxJwksBytes);
       this.#keys = parseJwks(JSON.parse(body.toString("utf8")));

@@ -11,6 +11,7 @@ as "1.5s", timestamps as RFC 3339 strings (see _wire).
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
@@ -73,14 +74,71 @@ _BARE_TOKEN = re.compile(r"[!-~]+\Z")
 
 class ConnectError(Exception):
     """An RPC failed. ``code`` is the Connect code (e.g. "permission_denied");
-    ``message`` is the server's message, safe to show (it never echoes a
-    token)."""
+    ``message`` is the server's message; neither it, nor ``details``, nor an
+    exception the error is chained to carries the token the call presented
+    or that token's signature (a peer that echoes the request is cut out)."""
 
     def __init__(self, code: str, message: str, *, details: list | None = None):
         super().__init__(f"{code}: {message}" if message else code)
         self.code = code if code in CODES else UNKNOWN
         self.message = message
         self.details = details or []
+
+
+def token_signature(token: str) -> str:
+    """A token's signature, the part after its last dot: a JWT's header and
+    claims are not secret, its signature makes a copy of it usable. "" when
+    the token has no dot or the part is too short to be told from ordinary
+    text. The one definition the bearer token's and the tool gate's
+    redaction share (the Go and TypeScript SDKs' too)."""
+    head, dot, signature = token.rpartition(".")
+    return signature if dot and len(signature) >= 16 else ""
+
+
+def without_secret(text: str, token: str, what: str) -> str:
+    """text without token, nor its signature, naming what was cut
+    ("[what]", "[what signature]")."""
+    if not token:
+        return text
+    text = text.replace(token, f"[{what}]")
+    signature = token_signature(token)
+    return text.replace(signature, f"[{what} signature]") if signature else text
+
+
+def _without_bearer(err: ConnectError, token: str) -> ConnectError | None:
+    """A new error of err's code without token, nor its signature, when err's
+    message, its details or an exception it is chained to carries either
+    (a peer that echoes the request it refused: a proxy, or a hostile
+    control plane); None when none does. Details that carry either are left
+    out (a detail's Protobuf bytes cannot be cut and stay whole), and the
+    new error is chained to nothing."""
+    if not token:
+        return None
+    signature = token_signature(token)
+
+    def holds(text: str) -> bool:
+        return token in text or bool(signature) and signature in text
+
+    def detail_holds(d: Any) -> bool:
+        text = json.dumps(d, default=str)
+        if isinstance(d, dict) and isinstance(d.get("value"), str):
+            try:
+                text += base64.b64decode(d["value"] + "=" * (-len(d["value"]) % 4)).decode("latin-1")
+            except ValueError:
+                pass
+        return holds(text)
+
+    dirty = holds(err.message) or any(detail_holds(d) for d in err.details)
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while not dirty and e is not None and id(e) not in seen:
+        seen.add(id(e))
+        dirty = holds(str(e)) or holds(repr(e.args))
+        e = e.__cause__ or e.__context__
+    if not dirty:
+        return None
+    return ConnectError(err.code, without_secret(err.message, token, "bearer token"),
+                        details=[d for d in err.details if not detail_holds(d)])
 
 
 def _error_from_json(body: Any, fallback: str) -> ConnectError:
@@ -129,9 +187,8 @@ class Conn:
             return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ctx)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
-    def _headers(self, content_type: str, timeout: float | None) -> dict[str, str]:
+    def _headers(self, content_type: str, timeout: float | None, token: str) -> dict[str, str]:
         h = {"Content-Type": content_type, "Connect-Protocol-Version": "1", "User-Agent": "tether-agentsdk-python"}
-        token = self.token
         if token:
             if not _BARE_TOKEN.match(token):
                 # http.client would refuse it with the whole header value
@@ -201,11 +258,22 @@ class Conn:
         return data
 
     def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None) -> dict:
-        """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``."""
+        """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``.
+        Its error carries neither the token it sent nor its signature."""
+        token = self.token
+        try:
+            return self._call(service, method, request, timeout, token)
+        except ConnectError as e:
+            clean = _without_bearer(e, token)
+            if clean is None:
+                raise
+        raise clean  # outside the except: chained to nothing
+
+    def _call(self, service: str, method: str, request: dict | None, timeout: float | None, token: str) -> dict:
         timeout = self.timeout if timeout is None else timeout
         body = json.dumps(request or {}).encode()
         resp, data = self._exchange(f"{service}.{method}", "POST", self._path(service, method), body,
-                                    self._headers("application/json", timeout), timeout, MAX_MESSAGE_BYTES)
+                                    self._headers("application/json", timeout, token), timeout, MAX_MESSAGE_BYTES)
         if len(data) > MAX_MESSAGE_BYTES:
             raise ConnectError(RESOURCE_EXHAUSTED, f"{service}.{method}: answer larger than {MAX_MESSAGE_BYTES} bytes")
         try:
@@ -223,8 +291,14 @@ class Conn:
         ConnectError. ``read_timeout`` bounds the silence between two
         messages (None: wait for ever; close() unblocks a reader)."""
         s = ServerStream(self, service, method, request or {}, read_timeout)
-        s._open()
-        return s
+        try:
+            s._open()
+            return s
+        except ConnectError as e:
+            clean = _without_bearer(e, s._token)
+            if clean is None:
+                raise
+        raise clean  # outside the except: chained to nothing
 
 
 class ServerStream:
@@ -236,6 +310,9 @@ class ServerStream:
         self._name = f"{service}.{method}"
         self._service, self._method, self._request = service, method, request
         self._read_timeout = read_timeout
+        # The token the stream is opened with: its errors carry neither it
+        # nor its signature.
+        self._token = conn.token
         self._http: http.client.HTTPConnection | None = None
         # The connection's socket, kept from the request on: an answer whose
         # connection closes at its end (HTTP/1.0, or Connection: close: a
@@ -251,7 +328,7 @@ class ServerStream:
 
     def _open(self) -> None:
         conn = self._conn
-        h = conn._headers("application/connect+json", None)
+        h = conn._headers("application/connect+json", None, self._token)
         body = json.dumps(self._request).encode()
         self._http = conn._connection(self._read_timeout if self._read_timeout else conn.timeout)
         try:
@@ -292,6 +369,15 @@ class ServerStream:
         return self
 
     def __next__(self) -> dict:
+        try:
+            return self._next_message()
+        except ConnectError as e:
+            clean = _without_bearer(e, self._token)
+            if clean is None:
+                raise
+        raise clean  # outside the except: chained to nothing
+
+    def _next_message(self) -> dict:
         with self._lock:
             if self._closed.is_set():
                 raise StopIteration

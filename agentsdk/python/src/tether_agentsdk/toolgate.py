@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Union
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream
+from ._connect import FAILED_PRECONDITION, INTERNAL, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, StreamFollower, close_stream, without_secret
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -410,13 +410,7 @@ class _GatedBlock:
 def _redact(text: str, token: str) -> str:
     """text without the capability token, or its signature (what makes a
     copy of it usable)."""
-    if not token:
-        return text
-    text = text.replace(token, "[capability token]")
-    signature = token.rsplit(".", 1)[-1]
-    if len(signature) >= 16:
-        text = text.replace(signature, "[capability token signature]")
-    return text
+    return without_secret(text, token, "capability token")
 
 
 def _stopped_by_cancel(call: GateCall, exc: BaseException | None) -> bool:

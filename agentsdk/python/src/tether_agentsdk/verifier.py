@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import ConnectError, Conn, StreamFollower, close_stream
+from ._connect import ConnectError, Conn, StreamFollower, close_stream, without_secret
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -289,7 +289,7 @@ class Verifier(StreamFollower):
             try:
                 self._fetch_jwks()
             except Exception as e:  # retried on the first unknown kid
-                log.warning("tether: fetching the key set failed: %s", e)
+                self._warn("tether: fetching the key set failed: %s", e)
             self._follow_in_thread(self._follow, "tether-revocations")
         return self
 
@@ -441,11 +441,18 @@ class Verifier(StreamFollower):
                 close_stream(self._stream)
                 if self._stop.is_set():
                     return
-                log.warning("tether: revocation feed interrupted (%s: %s); reconnecting", e.__class__.__name__, e)
+                self._warn("tether: revocation feed interrupted (%s: %s); reconnecting", e.__class__.__name__, e)
             if applied:
                 backoff = 0.05
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _warn(self, message: str, *args: object) -> None:
+        """Logs why the key set or the feed failed, without the connection's
+        token or its signature: the peer writes the error (a key set's kid,
+        a feed's refusal), and could quote the token the feed was opened
+        with."""
+        log.warning("%s", without_secret(message % args, self.conn.token, "bearer token"))
 
     # -- keys ----------------------------------------------------------------------------
 
@@ -466,4 +473,4 @@ class Verifier(StreamFollower):
         try:
             self._fetch_jwks()
         except Exception as e:
-            log.warning("tether: refreshing the key set failed: %s", e)
+            self._warn("tether: refreshing the key set failed: %s", e)
