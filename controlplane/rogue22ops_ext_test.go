@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,51 @@ func TestARoguesDecidedProposalsAreNotReadForThePendingList(t *testing.T) {
 	}
 	if n := st.proposals.Load(); n != 0 {
 		t.Errorf("listing the pending proposals scanned %d stored proposals (the rogue tree's 30 rejected ones among them), want none: the pending index only", n)
+	}
+}
+
+// TestAPageOfTheOlderFeedIsAskedForWhole: before_sequence (the console's
+// ?before=) is a page of newest tombstones below it, one message, and the
+// stream ends; without newest, or with after_sequence, it is refused
+// invalid_argument, naming the field.
+func TestAPageOfTheOlderFeedIsAskedForWhole(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	bg := context.Background()
+	holder := register(t, admin, "holder")
+	var last uint64
+	for range 5 {
+		g := issueRoot(t, admin, holder.Node.NodeId, time.Hour, "tool:*")
+		r, err := admin.Capability.Revoke(bg, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: g.grant.GrantId}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r.Msg.Sequence
+	}
+	stream, err := admin.Capability.WatchRevocations(bg, connect.NewRequest(&tetherv1.WatchRevocationsRequest{BeforeSequence: last, Newest: 2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	messages := 0
+	for stream.Receive() {
+		messages++
+		for _, tomb := range stream.Msg().Tombstones {
+			got = append(got, tomb.Sequence)
+		}
+	}
+	if err := stream.Err(); err != nil || messages != 1 || len(got) != 2 || got[0] != last-2 || got[1] != last-1 {
+		t.Errorf("a page of 2 before %d: %d messages of %v (err %v), want one of [%d %d], then the end", last, messages, got, err, last-2, last-1)
+	}
+	for _, req := range []*tetherv1.WatchRevocationsRequest{{BeforeSequence: last}, {BeforeSequence: last, Newest: 2, AfterSequence: 1}} {
+		stream, err := admin.Capability.WatchRevocations(bg, connect.NewRequest(req))
+		if err == nil {
+			for stream.Receive() {
+			}
+			err = stream.Err()
+		}
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "before_sequence") {
+			t.Errorf("WatchRevocations %v: %v, want invalid_argument naming before_sequence", req, err)
+		}
 	}
 }
