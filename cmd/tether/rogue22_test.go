@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -53,5 +54,43 @@ func TestARulesEvaluationErrorCannotRewriteTheOperatorsScreen(t *testing.T) {
 	}
 	if results != 1 || !strings.Contains(out, "result:  false") || !strings.Contains(out, `\x1b[2J`) {
 		t.Errorf("tether rule test printed %d result lines, want one (false) and the key written out:\n%s", results, out)
+	}
+}
+
+// TestAStopRulesPendingProposalIsListedByProposalLs: `tether proposal ls
+// --node N --pending` read the node's pending index, which a stop rule's
+// proposal was not in: the operator's rule had filed a proposal waiting
+// for them, and the listing said none. (Fails if the listing, of the node
+// or of every node, lacks the rule's pending proposal.)
+func TestAStopRulesPendingProposalIsListedByProposalLs(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "worker"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := root.Msg.Node.NodeId
+	if _, err := admin.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: node, Name: "tiny-budget", Expression: `self_reported.?cost_usd.orValue(0.0) > 1.0`})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Clients(root.Msg.Credential).StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{Counters: map[string]float64{"cost_usd": 2}})); err != nil {
+		t.Fatal(err)
+	}
+	var proposal string
+	testserver.WaitFor(t, 20*time.Second, "the rule's proposal", func() bool {
+		got, err := admin.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: node}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Msg.Proposals) == 1 {
+			proposal = got.Msg.Proposals[0].ProposalId
+		}
+		return proposal != ""
+	})
+	for _, args := range [][]string{{"proposal", "ls", "--node", node, "--pending"}, {"proposal", "ls", "--pending"}} {
+		if out := mustCLI(t, srv.URL, srv.Admin, args...); !strings.Contains(out, proposal) || !strings.Contains(out, "pending") {
+			t.Errorf("tether %s lacks the rule's pending proposal %s:\n%s", strings.Join(args, " "), proposal, out)
+		}
 	}
 }
