@@ -12,8 +12,8 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/supervisor"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // TestTheRecordPageShowsWhatRecordShowPrints: the console's record page
