@@ -219,6 +219,22 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	// as the heartbeat it stands in for (the feed resets its heartbeat on
 	// each batch): else every revocation anywhere cost a message on each of
 	// a rogue's open feeds, and told its agents when other trees revoke.
+	if before := req.Msg.BeforeSequence; before > 0 {
+		if req.Msg.Newest == 0 || req.Msg.AfterSequence != 0 {
+			return invalid("before_sequence: a page of the older feed takes newest (how many) and no after_sequence")
+		}
+		batch, head, err := c.s.grants.NewestBefore(ctx, before, int(req.Msg.Newest))
+		if err != nil {
+			return toConnect(err)
+		}
+		msg := &tetherv1.WatchRevocationsResponse{HeadSequence: head, ServerTime: timestamppb.New(c.s.cfg.Clock.Now())}
+		for _, t := range batch {
+			if t, ok := show(t); ok {
+				msg.Tombstones = append(msg.Tombstones, wire.Tombstone(t))
+			}
+		}
+		return stream.Send(msg)
+	}
 	every := cmp.Or(c.s.cfg.RevocationHeartbeat, grantstore.DefaultHeartbeat)
 	var lastSent time.Time
 	sent := false

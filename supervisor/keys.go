@@ -12,7 +12,7 @@ const (
 	prefixRecordByTerm = "records-by-term/"        // records-by-term/<termination id> → record id
 	prefixOutbox       = "outbox/records/"         // outbox/records/<record id> → "" until the sink has it
 	prefixProposal     = "proposals/"              // proposals/<id> → StopProposal (storecodec)
-	prefixPendingProp  = "proposals-pending/"      // proposals-pending/<node id>/<id> → "" while pending
+	prefixPendingProp  = "proposals-pending/"      // proposals-pending/<node id>/<id> → "" while an agent's proposal is pending, pendingRuleMark while a stop rule's is
 	prefixPendingTree  = "proposals-pending-tree/" // proposals-pending-tree/<root id>/<id> → "" while an agent's proposal is pending
 	prefixPropByNode   = "proposals-by-node/"      // proposals-by-node/<node id>/<id> → "" (every proposal, pending or decided)
 	prefixRecordByTree = "records-by-tree/"        // records-by-tree/<root id>/<record id> → requester ("operator", "agent", "rollout")
@@ -20,6 +20,13 @@ const (
 	// indexedKey marks the indexes above complete: written once
 	// IndexStored has indexed what a version before them had stored.
 	indexedKey = "supervisor-meta/indexed/proposals-by-node,records-by-tree"
+	// pendingRulesIndexedKey marks the pending index complete with the
+	// stop rules' proposals, which a version before it left out.
+	pendingRulesIndexedKey = "supervisor-meta/indexed/proposals-pending-rules"
+	// pendingRuleMark is a stop rule's entry in a node's pending index: the
+	// per-node bound of the agent's own proposals (MaxPendingProposals)
+	// skips it.
+	pendingRuleMark = "rule"
 )
 
 // TerminationPrefix is the prefix of every termination's key, for the

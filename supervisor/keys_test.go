@@ -30,6 +30,7 @@ func TestKeyLayout(t *testing.T) {
 		{string(recordByReqPrefix("agent")), "records-by-requester/agent/"},
 		{string(recordByReqKey("agent", "r_1")), "records-by-requester/agent/r_1"},
 		{indexedKey, "supervisor-meta/indexed/proposals-by-node,records-by-tree"},
+		{pendingRulesIndexedKey, "supervisor-meta/indexed/proposals-pending-rules"},
 		{tree.NodePrefix, "agents/node/"},
 		{string(tree.NodeKey("n_1")), "agents/node/n_1"},
 		{string(ledger.TermCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},

@@ -270,6 +270,11 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 				return nil, "", err
 			}
 		}
+		// The node's pending list (`tether proposal ls --node N --pending`)
+		// reads this index only: the rule's proposal is in it.
+		if err := tx.Put(pendingPropKey(nodeID, p.ProposalID), []byte(pendingRuleMark)); err != nil {
+			return nil, "", err
+		}
 		return p, "", putProposal(tx, p)
 	}
 	term, err := s.decideIn(tx, p, true, "auto-approved by the stop rule policy", decidedBy, now)
@@ -355,7 +360,10 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 			return fmt.Errorf("%w: node_id %s is below %s, which is %s", ErrAlreadyStopping, nodeID, above.NodeID, tree.StateName(above.State))
 		}
 		pending := 0
-		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, _ []byte) error {
+		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, v []byte) error {
+			if string(v) == pendingRuleMark {
+				return nil // a stop rule's: not the agent's to bound
+			}
 			pending++
 			if pending >= MaxPendingProposals {
 				return store.ErrStopScan
@@ -560,46 +568,53 @@ func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID 
 	keep := func(p *StopProposal) bool {
 		return (state == ProposalStateUnspecified || p.State == state) && (nodeID == "" || p.NodeID == nodeID)
 	}
+	// A node's proposals have an index of their own, and the pending ones
+	// another (a node's at most MaxPendingProposals of the agent's own,
+	// and its rules'): an operator's page of a node, or of what waits for
+	// a decision, does not read every proposal ever filed (a rogue tree's
+	// rejected ones among them, never pruned) to find its.
+	var index []byte
+	switch {
+	case state == ProposalStatePending && nodeID != "":
+		index = pendingPropPrefix(nodeID)
+	case state == ProposalStatePending:
+		index = []byte(prefixPendingProp)
+	case nodeID != "":
+		index = propByNodePrefix(nodeID)
+	}
 	var out []*StopProposal
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		out = nil
-		if nodeID != "" {
-			// A node's proposals have an index of their own, and its
-			// pending ones another, at most MaxPendingProposals long: an
-			// operator's page of a node does not read every proposal ever
-			// filed (a rogue tree's rejected ones among them) to find its.
-			prefix := propByNodePrefix(nodeID)
-			if state == ProposalStatePending {
-				prefix = pendingPropPrefix(nodeID)
-			}
-			var ids []string
-			if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
-				ids = append(ids, string(k[len(prefix):]))
-				return nil
-			}); err != nil {
-				return err
-			}
-			for _, id := range ids {
+		if index == nil {
+			return tx.Scan([]byte(prefixProposal), nil, func(_, v []byte) error {
 				p := &StopProposal{}
-				if err := getProposal(tx, id, p); err != nil {
+				if err := decodeProposal(v, p); err != nil {
 					return err
 				}
 				if keep(p) {
 					out = append(out, p)
 				}
-			}
-			return nil
+				return nil
+			})
 		}
-		return tx.Scan([]byte(prefixProposal), nil, func(_, v []byte) error {
+		var ids []string
+		if err := tx.Scan(index, nil, func(k, _ []byte) error {
+			key := string(k) // <index>[<node id>/]<proposal id>
+			ids = append(ids, key[strings.LastIndexByte(key, '/')+1:])
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, id := range ids {
 			p := &StopProposal{}
-			if err := decodeProposal(v, p); err != nil {
+			if err := getProposal(tx, id, p); err != nil {
 				return err
 			}
 			if keep(p) {
 				out = append(out, p)
 			}
-			return nil
-		})
+		}
+		return nil
 	})
 	return out, err
 }

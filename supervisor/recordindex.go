@@ -126,21 +126,63 @@ func recordIDsOf(tx store.ReadTxn, f RecordFilter, pageToken string, pageSize in
 const indexChunkEntries = 256
 
 // IndexStored indexes what a version before the indexes of proposals by
-// node and of records by tree and requester had stored, once: a chunk
+// node and of records by tree and requester had stored, and the pending
+// proposals of stop rules a version before left out of the pending index,
+// each once: a chunk
 // per transaction, each entry written as new writes write it (so a chunk
 // done twice, after a kill -9, writes the same keys), then the mark that
 // says they are complete. The control plane runs it at start, before it
 // serves; with the mark written it reads one key.
 func (s *Supervisor) IndexStored(ctx context.Context) (indexed int, err error) {
+	n, err := s.indexByNodeAndTree(ctx)
+	indexed += n
+	if err != nil {
+		return indexed, err
+	}
+	n, err = s.indexPendingRules(ctx)
+	return indexed + n, err
+}
+
+// marked reports whether the store holds the mark key.
+func (s *Supervisor) marked(ctx context.Context, key string) (bool, error) {
 	done := false
-	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		_, err := tx.Get([]byte(indexedKey))
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		_, err := tx.Get([]byte(key))
 		done = err == nil
 		if errors.Is(err, store.ErrNotFound) {
 			return nil
 		}
 		return err
-	}); err != nil || done {
+	})
+	return done, err
+}
+
+// indexPendingRules puts each pending proposal of a stop rule, which a
+// version before had left out, in its node's pending index, once.
+func (s *Supervisor) indexPendingRules(ctx context.Context) (int, error) {
+	if done, err := s.marked(ctx, pendingRulesIndexedKey); err != nil || done {
+		return 0, err
+	}
+	n, err := s.indexAll(ctx, []byte(prefixProposal), func(tx store.Txn, k, v []byte) error {
+		p := &StopProposal{}
+		if err := decodeProposal(v, p); err != nil {
+			return err
+		}
+		if p.Rule == nil || p.State != ProposalStatePending {
+			return nil
+		}
+		return tx.Put(pendingPropKey(p.NodeID, p.ProposalID), []byte(pendingRuleMark))
+	})
+	if err != nil {
+		return n, err
+	}
+	return n, s.Store.Update(ctx, func(tx store.Txn) error { return tx.Put([]byte(pendingRulesIndexedKey), []byte("1")) })
+}
+
+// indexByNodeAndTree indexes the proposals by node and the records by
+// tree and requester, once.
+func (s *Supervisor) indexByNodeAndTree(ctx context.Context) (indexed int, err error) {
+	if done, err := s.marked(ctx, indexedKey); err != nil || done {
 		return 0, err
 	}
 	// The records, by their terminations' index (records-by-term/<t> → r).

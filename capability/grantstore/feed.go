@@ -124,6 +124,15 @@ func (f *feed) newest(after uint64, n int) (batch []capability.Tombstone, head u
 	return slices.Clone(f.log[i:]), f.head, f.changed
 }
 
+// before returns at most n of the newest tombstones with a sequence below
+// `before`, and the feed head.
+func (f *feed) before(before uint64, n int) (batch []capability.Tombstone, head uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	end := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence >= before })
+	return slices.Clone(f.log[max(0, end-n):end]), f.head
+}
+
 // RunFeed keeps the in-memory feed and tombstone set in step with the
 // stored feed until ctx ends: it establishes a store watch, scans, then
 // applies the watch's events above the scan's revision. A watch that falls
@@ -274,7 +283,9 @@ func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(
 // its first message carries at most newest (at most MaxFeedBatch) of the
 // newest live tombstones after `after`, and none older, with the feed's
 // head: a view of the recent feed opens at a cost bounded by what it
-// shows, however many tombstones are live. The first message is never a
+// shows, however many tombstones are live. Each later message so too: a
+// follower behind by more than newest skips the older ones (a display
+// shows the newest; NewestBefore pages to the rest). The first message is never a
 // snapshot; a follower that keeps a set of tombstones (a verifier) must
 // not start this way.
 func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newest int, send func(FeedMessage) error) error {
@@ -297,7 +308,21 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 		heartbeat.Reset(s.cfg.Heartbeat)
 	}
 	for {
-		batch, snapshot, reached, _, changed := s.feed.read(position, MaxFeedBatch)
+		var (
+			batch    []capability.Tombstone
+			snapshot bool
+			reached  uint64
+			changed  <-chan struct{}
+		)
+		if newest > 0 {
+			// A display follower that fell behind (a rogue's flood of
+			// revocations committed between two of its reads) skips to the
+			// newest, as at its opening: else it was sent every tombstone
+			// of the flood, in order, before the operator's own behind it.
+			batch, reached, changed = s.feed.newest(position, min(newest, MaxFeedBatch))
+		} else {
+			batch, snapshot, reached, _, changed = s.feed.read(position, MaxFeedBatch)
+		}
 		if len(batch) > 0 || snapshot || first {
 			err := send(FeedMessage{Tombstones: batch, Head: reached, ServerTime: s.cfg.Clock.Now(), Snapshot: snapshot})
 			if err != nil {
@@ -319,6 +344,22 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 			}
 		}
 	}
+}
+
+// NewestBefore returns at most n (at most MaxFeedBatch) of the newest live
+// tombstones with a sequence below `before`, oldest first, and the feed's
+// head: the page of a display (WatchNewestRevocations) older than what it
+// shows.
+func (s *Service) NewestBefore(ctx context.Context, before uint64, n int) ([]capability.Tombstone, uint64, error) {
+	select {
+	case <-s.feed.ready:
+	case <-s.feed.stopped:
+		return nil, 0, fmt.Errorf("%w; reconnect", ErrStopped)
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
+	}
+	batch, head := s.feed.before(before, min(n, MaxFeedBatch))
+	return batch, head, nil
 }
 
 // PruneTombstones drops from the stored feed every tombstone, oldest

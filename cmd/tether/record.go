@@ -275,7 +275,7 @@ func newProposalCommand(g *globals) *cobra.Command {
 		}),
 	}
 	ls.Flags().StringVar(&node, "node", "", "only this node's proposals (its pending ones are read from their own index)")
-	ls.Flags().BoolVar(&pending, "pending", false, "only the proposals waiting for a decision")
+	ls.Flags().BoolVar(&pending, "pending", false, "only the proposals waiting for a decision, agents' and stop rules' (read from their own index)")
 	cmd.AddCommand(ls, decide(true), decide(false))
 	return cmd
 }

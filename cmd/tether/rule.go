@@ -101,7 +101,7 @@ func newRuleRemoveCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", resp.Msg.Rule.RuleId, resp.Msg.Rule.Name)
+			fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s)\n", printable(resp.Msg.Rule.RuleId), printable(resp.Msg.Rule.Name))
 			return nil
 		}),
 	}
@@ -125,10 +125,12 @@ func newRuleTestCommand(g *globals) *cobra.Command {
 			if done, err := g.printedAsJSON(cmd.OutOrStdout(), resp.Msg); done || err != nil {
 				return err
 			}
+			// The error names what the expression read (a map's key an
+			// agent chose): printed as any agent's text is.
 			w := cmd.OutOrStdout()
 			fmt.Fprintf(w, "result:  %v (cost %d)\n", resp.Msg.Result, resp.Msg.Cost)
 			if resp.Msg.Error != "" {
-				fmt.Fprintf(w, "error:   %s (a rule whose evaluation fails does not fire)\n", resp.Msg.Error)
+				fmt.Fprintf(w, "error:   %s (a rule whose evaluation fails does not fire)\n", printable(resp.Msg.Error))
 			}
 			printValues(w, resp.Msg.Values)
 			return nil
@@ -144,7 +146,7 @@ func printRule(w io.Writer, r *tetherv1.StopRule) {
 		on = "selector " + selectorString(r.Selector)
 	}
 	fmt.Fprintf(w, "rule_id:     %s\nname:        %s\non:          %s\nset_by:      %s\naction:      %s\nseverity:    %s\nexpression:  %s\n",
-		r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
+		printable(r.RuleId), printable(r.Name), printable(on), printable(r.SetBy), printable(r.Action), printable(orDash(r.Severity)), printable(r.Expression))
 }
 
 // printValues lists the values a rule read, self-reported ones labelled.

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -944,8 +945,47 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, s *sessi
 
 // ---- the revocation feed ----
 
+// feedPage is a page of the feed older than what the live page shows
+// (?before=): the live page follows the newest feedRows only, and skips
+// to the newest when it falls behind, so the older ones are a page away.
+type feedPage struct {
+	Before     uint64
+	Tombstones []*tetherv1.Tombstone // newest first
+	// Older is the ?before= of the page of older tombstones (0: none).
+	Older uint64
+	Head  uint64
+}
+
 func (c *Console) revocations(w http.ResponseWriter, r *http.Request, s *session) {
-	c.render(w, r, s, http.StatusOK, "revocations", "Revocation feed", nil)
+	raw := r.URL.Query().Get("before")
+	if raw == "" {
+		c.render(w, r, s, http.StatusOK, "revocations", "Revocation feed", nil)
+		return
+	}
+	before, err := strconv.ParseUint(raw, 10, 64)
+	if err != nil || before == 0 {
+		c.fail(w, r, s, http.StatusBadRequest, "refused: bad sequence", "before must be a tombstone's sequence, a number above 0.")
+		return
+	}
+	ctx, cancel := pageContext(r)
+	defer cancel()
+	stream, err := s.clients.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{BeforeSequence: before, Newest: feedRows}))
+	if err != nil {
+		c.apiFail(w, r, s, "Could not read the revocation feed", err)
+		return
+	}
+	defer stream.Close()
+	if !stream.Receive() {
+		c.apiFail(w, r, s, "Could not read the revocation feed", cmp.Or(stream.Err(), errors.New("the feed sent nothing")))
+		return
+	}
+	m := stream.Msg()
+	d := feedPage{Before: before, Head: m.HeadSequence, Tombstones: m.Tombstones}
+	slices.Reverse(d.Tombstones)
+	if n := len(d.Tombstones); n == feedRows && d.Tombstones[n-1].Sequence > 1 {
+		d.Older = d.Tombstones[n-1].Sequence
+	}
+	c.render(w, r, s, http.StatusOK, "revocations", fmt.Sprintf("Revocation feed before %d", before), d)
 }
 
 type tombstoneJSON struct {

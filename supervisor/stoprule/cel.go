@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/cel-go/common/types"
 	celref "github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/common/types/traits"
 )
 
 // ObservationsType is the CEL name of `observed`'s type. Rules were
@@ -30,6 +31,17 @@ type observedField struct {
 	// isSet is proto3 presence: a non-zero number or string, a non-empty
 	// map.
 	isSet func(*Observations) bool
+	// value, when set, is the field as CEL reads it, in place of get's
+	// value adapted (toolCounts).
+	value func(*Observations) any
+}
+
+// celValue is the field of o as CEL reads it.
+func (f *observedField) celValue(o *Observations) any {
+	if f.value != nil {
+		return f.value(o)
+	}
+	return f.get(o)
 }
 
 func intField(name string, p func(*Observations) *int64) observedField {
@@ -61,6 +73,15 @@ func countsField(name string, p func(*Observations) *map[string]int64) observedF
 		isSet: func(o *Observations) bool { return len(*p(o)) > 0 }}
 }
 
+// toolCountsField is countsField for a map of counts by tool, which
+// tracks MaxTools tools and counts the calls of further ones under
+// OtherTool: CEL reads it as toolCounts.
+func toolCountsField(name string, p func(*Observations) *map[string]int64) observedField {
+	f := countsField(name, p)
+	f.value = func(o *Observations) any { return newToolCounts(*p(o)) }
+	return f
+}
+
 func labelsField(name string, p func(*Observations) *map[string]string) observedField {
 	return observedField{name: name, typ: types.NewMapType(types.StringType, types.StringType),
 		get:   func(o *Observations) any { return *p(o) },
@@ -71,10 +92,10 @@ func labelsField(name string, p func(*Observations) *map[string]string) observed
 // observedFields are Observations' fields in proto field-number order.
 var observedFields = []observedField{
 	intField("calls", func(o *Observations) *int64 { return &o.Calls }),
-	countsField("calls_by_tool", func(o *Observations) *map[string]int64 { return &o.CallsByTool }),
+	toolCountsField("calls_by_tool", func(o *Observations) *map[string]int64 { return &o.CallsByTool }),
 	countsField("calls_by_outcome", func(o *Observations) *map[string]int64 { return &o.CallsByOutcome }),
 	intField("failures", func(o *Observations) *int64 { return &o.Failures }),
-	countsField("failures_by_tool", func(o *Observations) *map[string]int64 { return &o.FailuresByTool }),
+	toolCountsField("failures_by_tool", func(o *Observations) *map[string]int64 { return &o.FailuresByTool }),
 	intField("calls_in_flight", func(o *Observations) *int64 { return &o.CallsInFlight }),
 	doubleField("call_seconds_total", func(o *Observations) *float64 { return &o.CallSecondsTotal }),
 	doubleField("call_seconds_max", func(o *Observations) *float64 { return &o.CallSecondsMax }),
@@ -128,7 +149,7 @@ func (observationsType) FindFieldType(name string) (*types.FieldType, bool) {
 	return &types.FieldType{
 		Type:    f.typ,
 		IsSet:   func(target any) bool { o := observationsOf(target); return o != nil && f.isSet(o) },
-		GetFrom: func(target any) (any, error) { return f.get(observationsOrZero(target)), nil },
+		GetFrom: func(target any) (any, error) { return f.celValue(observationsOrZero(target)), nil },
 	}, true
 }
 
@@ -266,7 +287,7 @@ func (v observedValue) Get(field celref.Val) celref.Val {
 	if err != nil {
 		return err
 	}
-	return types.DefaultTypeAdapter.NativeToValue(f.get(v.o))
+	return types.DefaultTypeAdapter.NativeToValue(f.celValue(v.o))
 }
 
 func (v observedValue) field(field celref.Val) (*observedField, celref.Val) {
@@ -283,3 +304,59 @@ func (v observedValue) field(field celref.Val) (*observedField, celref.Val) {
 
 // counts is a map of counters as CEL reads it.
 type counts = map[string]int64
+
+// toolCounts is a map of counts by tool that is full: MaxTools tools
+// tracked and the calls of further tools counted under OtherTool. A tool
+// it does not track may be among those, so a lookup of it (m[t], m[?t],
+// t in m) reads OtherTool's count: a rogue that calls MaxTools harmless
+// tools first cannot have a rule on its shell calls read 0 (an
+// over-count, never an under-count, errs toward firing). Iteration and
+// size are the map's own.
+type toolCounts struct {
+	traits.Mapper
+	other celref.Val
+}
+
+// newToolCounts is m as CEL reads it: a plain map while it is not full.
+func newToolCounts(m counts) celref.Val {
+	plain := types.DefaultTypeAdapter.NativeToValue(m)
+	if _, ok := m[OtherTool]; !ok || len(m) < MaxTools {
+		return plain
+	}
+	return toolCounts{Mapper: plain.(traits.Mapper), other: types.Int(m[OtherTool])}
+}
+
+// untrackedCount is what toolCounts reads for a tool it may not track: its
+// own count, or OtherTool's.
+func untrackedCount(m counts, tool string) (int64, bool) {
+	if n, ok := m[tool]; ok {
+		return n, true
+	}
+	if n, ok := m[OtherTool]; ok && len(m) >= MaxTools {
+		return n, true
+	}
+	return 0, false
+}
+
+func (m toolCounts) Find(key celref.Val) (celref.Val, bool) {
+	if v, found := m.Mapper.Find(key); found || !isString(key) {
+		return v, found
+	}
+	return m.other, true
+}
+
+func (m toolCounts) Get(key celref.Val) celref.Val {
+	if v, found := m.Find(key); found {
+		return v
+	}
+	return m.Mapper.Get(key)
+}
+
+func (m toolCounts) Contains(key celref.Val) celref.Val {
+	if !isString(key) {
+		return m.Mapper.Contains(key)
+	}
+	return types.True
+}
+
+func isString(v celref.Val) bool { _, ok := v.(types.String); return ok }

@@ -187,6 +187,9 @@ func (c *Compiled) values(observed *Observations, selfReported map[string]float6
 			switch val := f.get(observed).(type) {
 			case counts:
 				v.Value = formatEntry(val, r.key, r.hasKey)
+				if n, ok := untrackedCount(val, r.key); ok && f.value != nil && r.hasKey && v.Value == "absent" {
+					v.Value = formatScalar(n) + " (counted under " + OtherTool + ")"
+				}
 			case map[string]string:
 				v.Value = formatEntry(val, r.key, r.hasKey)
 			default:

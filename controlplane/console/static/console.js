@@ -117,6 +117,12 @@ function setupFeed() {
     cell(String(t.sequence)); cell(t.grant_id, true); cell(t.revoked_at); cell(t.reason || "");
     body.insertBefore(tr, body.firstChild);
     while (body.rows.length > 500) body.deleteRow(body.rows.length - 1); // feedRows (views.go)
+    // The older tombstones (those the page dropped, or skipped when it
+    // fell behind) are a page away.
+    const older = $("#feed-older");
+    const oldest = Number(body.rows[body.rows.length - 1].cells[0].textContent);
+    older.href = "/ui/revocations?before=" + oldest;
+    older.hidden = oldest <= 1;
   });
   es.addEventListener("head", (ev) => {
     const h = JSON.parse(ev.data);

@@ -1121,9 +1121,14 @@ type WatchRevocationsRequest struct {
 	// from its head: for a view of the recent feed (the console's), whose
 	// opening then costs what it shows. Never for a verifier's set: the
 	// older tombstones are not sent, and the first message is no snapshot.
-	Newest        uint32 `protobuf:"varint,2,opt,name=newest,proto3" json:"newest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Newest uint32 `protobuf:"varint,2,opt,name=newest,proto3" json:"newest,omitempty"`
+	// With newest: one message of at most newest of the newest live
+	// tombstones with a sequence below before_sequence, and the stream ends
+	// — a page of the older feed for a view that showed the newest (the
+	// console's ?before=). after_sequence must then be unset.
+	BeforeSequence uint64 `protobuf:"varint,3,opt,name=before_sequence,json=beforeSequence,proto3" json:"before_sequence,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WatchRevocationsRequest) Reset() {
@@ -1166,6 +1171,13 @@ func (x *WatchRevocationsRequest) GetAfterSequence() uint64 {
 func (x *WatchRevocationsRequest) GetNewest() uint32 {
 	if x != nil {
 		return x.Newest
+	}
+	return 0
+}
+
+func (x *WatchRevocationsRequest) GetBeforeSequence() uint64 {
+	if x != nil {
+		return x.BeforeSequence
 	}
 	return 0
 }
@@ -1422,10 +1434,11 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\x0eholder_node_id\x18\x04 \x01(\tR\fholderNodeId\x12\x16\n" +
 	"\x06scopes\x18\x05 \x03(\tR\x06scopes\x129\n" +
 	"\n" +
-	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"X\n" +
+	"expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\x81\x01\n" +
 	"\x17WatchRevocationsRequest\x12%\n" +
 	"\x0eafter_sequence\x18\x01 \x01(\x04R\rafterSequence\x12\x16\n" +
-	"\x06newest\x18\x02 \x01(\rR\x06newest\"\x90\x02\n" +
+	"\x06newest\x18\x02 \x01(\rR\x06newest\x12'\n" +
+	"\x0fbefore_sequence\x18\x03 \x01(\x04R\x0ebeforeSequence\"\x90\x02\n" +
 	"\tTombstone\x12\x1a\n" +
 	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x19\n" +
 	"\bgrant_id\x18\x02 \x01(\tR\agrantId\x129\n" +
