@@ -494,7 +494,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	}
 	p.State = ProposalStateApproved
 	p.TerminationID = term.ID
-	if err := kv.PutJSON(tx, terminationKey(term.ID), term); err != nil {
+	if err := putRequested(tx, term); err != nil {
 		return Termination{}, err
 	}
 	return term, putProposal(tx, p)
