@@ -214,7 +214,7 @@ func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error
 
 // runningNode is takesWork returning the node.
 func (h *leaseService) runningNode(ctx context.Context, nodeID, what string) (*tree.Node, error) {
-	n, above, err := h.s.tree.GetUnder(ctx, nodeID)
+	n, cover, err := h.s.tree.GetUnder(ctx, nodeID)
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", nodeID))
 	}
@@ -225,10 +225,10 @@ func (h *leaseService) runningNode(ctx context.Context, nodeID, what string) (*t
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("agent %s is %s: a node that is draining, aborting or stopped cannot %s a new lease", nodeID, tree.StateName(n.State), what))
 	}
-	if above != nil {
+	if cover != nil {
 		// A termination covers it; its mark, top down, has not reached it.
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
-			fmt.Errorf("agent %s is below %s, which is %s: a node that is draining, aborting or stopped, or below one, cannot %s a new lease", nodeID, above.NodeID, tree.StateName(above.State), what))
+			fmt.Errorf("%s: a node that is draining, aborting or stopped, or that a stop covers, cannot %s a new lease", cover.Describe(nodeID), what))
 	}
 	return n, nil
 }
@@ -484,11 +484,11 @@ func (h *leaseService) decides(ctx context.Context, p auth.Principal, decision s
 	if !p.IsAgent() {
 		return nil
 	}
-	n, above, err := h.s.tree.GetUnder(ctx, p.NodeID())
+	n, cover, err := h.s.tree.GetUnder(ctx, p.NodeID())
 	if err != nil {
 		return toConnect(err)
 	}
-	return toConnect(tree.MayDecideUnder(n, above, decision))
+	return toConnect(tree.MayDecideUnder(n, cover, decision))
 }
 
 // checkHolder checks that a holder named in an Offer or Reassign is a

@@ -243,3 +243,81 @@ func TestARoguesWordForTheChildItStoppedIsWeighedAgainInItsOwnStopsRecord(t *tes
 		t.Fatalf("C's entry: claimed by %q, reason %q; want P's claim shown and the reason naming it", got.ClaimedBy, got.UnaccountedReason)
 	}
 }
+
+// TestAStopOfAnExitedDecoyCoversItsSubtreeFromItsFirstChunk: a rogue X
+// confirms its own exit (its word alone: a claim) while its child Y works
+// on. An operator stops X's subtree; the mark's first chunk (the roots)
+// commits, and X, exited, keeps its state under the termination, as an
+// exited node does. An exited ancestor stopped nothing below it, so until
+// the mark reached Y, chunks later, Y began tool calls and spawned
+// children (each spawn more for the mark to walk: a subtree that spawns
+// faster than the mark walks it holds its stop off) as if no stop
+// covered it. Now an exited node a termination has marked covers its
+// subtree as a stopping one does: Y's calls and spawns are refused
+// failed_precondition, naming the termination.
+func TestAStopOfAnExitedDecoyCoversItsSubtreeFromItsFirstChunk(t *testing.T) {
+	var mu sync.Mutex
+	marking := false
+	rootsMarked, resume := make(chan struct{}), make(chan struct{})
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.TerminationChunk = 1
+		cfg.TerminationFault = func(step string, n int) {
+			mu.Lock()
+			stop := marking && step == "mark" && n == 1
+			if stop {
+				marking = false
+			}
+			mu.Unlock()
+			if stop {
+				close(rootsMarked)
+				<-resume
+			}
+		}
+	})
+	var resumed sync.Once
+	free := func() { resumed.Do(func() { close(resume) }) }
+	t.Cleanup(free)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	x := register(t, admin, "decoy")
+	y := spawn(t, srv.Clients(x.Credential), x.Node.NodeId, "worker")
+	yClients := srv.Clients(y.Credential)
+	issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: y.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	if _, err := srv.Clients(x.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: x.Node.NodeId, Reason: "done, honestly"})); err != nil {
+		t.Fatal(err)
+	}
+
+	mu.Lock()
+	marking = true
+	mu.Unlock()
+	op := terminate(t, admin, x.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+	<-rootsMarked
+	if got := getNode(t, admin, x.Node.NodeId); got.State != tetherv1.NodeState_NODE_STATE_EXITED || got.TerminationId != op.TerminationId {
+		t.Fatalf("after the roots' chunk X is %s under %q, want exited under %s", got.State, got.TerminationId, op.TerminationId)
+	}
+	const attempts = 4
+	calls, spawns := 0, 0
+	for i := range attempts {
+		_, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+		if err == nil {
+			calls++
+		} else if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), op.TerminationId) {
+			t.Fatalf("Y's call under the marked decoy: %v, want failed_precondition naming %s", err, op.TerminationId)
+		}
+		_, err = yClients.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: y.Node.NodeId, Name: "more-" + string(rune('a'+i))}))
+		if err == nil {
+			spawns++
+		} else if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), op.TerminationId) {
+			t.Fatalf("Y's spawn under the marked decoy: %v, want failed_precondition naming %s", err, op.TerminationId)
+		}
+	}
+	if calls+spawns > 0 {
+		t.Fatalf("between the stop's first chunk and its arrival at Y, Y began %d of %d calls and spawned %d of %d children below the exited decoy; want none", calls, attempts, spawns, attempts)
+	}
+	free()
+	waitState(t, srv, op.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+}

@@ -345,14 +345,14 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 		}
-		// A termination that covers it, its mark not yet down to it,
-		// stops it already.
-		above, err := tree.StoppingAncestorIn(tx, n)
+		// A termination that covers it (requested, or its mark not yet
+		// down to it) stops it already.
+		cover, err := tree.CoveringStopIn(tx, n)
 		if err != nil {
 			return err
 		}
-		if above != nil {
-			return fmt.Errorf("%w: node_id %s is below %s, which is %s", ErrAlreadyStopping, nodeID, above.NodeID, tree.StateName(above.State))
+		if cover != nil {
+			return fmt.Errorf("%w: %s", ErrAlreadyStopping, cover.Describe(nodeID))
 		}
 		pending := 0
 		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, _ []byte) error {

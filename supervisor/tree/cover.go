@@ -49,27 +49,29 @@ func (c *Cover) Describe(nodeID string) string {
 	return fmt.Sprintf("node %s is below %s, which is %s (termination %s)", nodeID, c.NodeID, c.State, c.TerminationID)
 }
 
-// LineageStop is one node of a lineage as CoverOf weighs it: its state
-// and the termination requested on it and not yet marked there ("":
-// none).
+// LineageStop is one node of a lineage as CoverOf weighs it: its state,
+// the termination it names (TerminationID, "" none) and the termination
+// requested on it and not yet marked there (Requested, "" none).
 type LineageStop struct {
-	NodeID    string
-	State     NodeState
-	Requested string
+	NodeID        string
+	State         NodeState
+	TerminationID string
+	Requested     string
 }
 
 // CoverOf decides which stop covers the last node of lineage (its
 // ancestors root first, then the node itself, which is running): the
-// nearest ancestor that is stopping or stopped, else the nearest node of
-// the lineage, the node itself included, with a stop requested on it. It
+// nearest ancestor that is stopping or stopped (StopsBelow: an exited one
+// only once a termination has marked it), else the nearest node of the
+// lineage, the node itself included, with a stop requested on it. It
 // returns that node's index and whether it is the request that covers
-// (at < 0: nothing covers the node). An exited ancestor stops nothing
-// below it (children may outlive what created them), but a stop
-// requested on one covers its subtree: the mark walks it.
+// (at < 0: nothing covers the node). An exited ancestor outside every
+// termination stops nothing below it (children may outlive what created
+// them), but a stop requested on one covers its subtree: the mark walks
+// it. CoveringStopIn decides the same from the store.
 func CoverOf(lineage []LineageStop) (at int, requested bool) {
 	for i := len(lineage) - 2; i >= 0; i-- {
-		switch lineage[i].State {
-		case NodeStateDraining, NodeStateAborting, NodeStateTerminated:
+		if StopsBelow(lineage[i].State, lineage[i].TerminationID) {
 			return i, false
 		}
 	}
