@@ -1,9 +1,7 @@
 package controlplane
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,10 +18,8 @@ import (
 	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/controlplane/wire"
 	"github.com/tetherhq/tether/internal/id"
-	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
-	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -218,7 +214,7 @@ func (h *leaseService) takesWork(ctx context.Context, nodeID, what string) error
 
 // runningNode is takesWork returning the node.
 func (h *leaseService) runningNode(ctx context.Context, nodeID, what string) (*tree.Node, error) {
-	n, above, err := h.s.tree.GetUnder(ctx, nodeID)
+	n, cover, err := h.s.tree.GetUnder(ctx, nodeID)
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("holder_identity %s is not a registered agent", nodeID))
 	}
@@ -229,92 +225,12 @@ func (h *leaseService) runningNode(ctx context.Context, nodeID, what string) (*t
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
 			fmt.Errorf("agent %s is %s: a node that is draining, aborting or stopped cannot %s a new lease", nodeID, tree.StateName(n.State), what))
 	}
-	if above != nil {
+	if cover != nil {
 		// A termination covers it; its mark, top down, has not reached it.
 		return nil, connect.NewError(connect.CodeFailedPrecondition,
-			fmt.Errorf("agent %s is below %s, which is %s: a node that is draining, aborting or stopped, or below one, cannot %s a new lease", nodeID, above.NodeID, tree.StateName(above.State), what))
-	}
-	if err := h.stopRequested(ctx, n, what+" a new lease"); err != nil {
-		return nil, err
+			fmt.Errorf("%s: a node that is draining, aborting or stopped, or that a stop covers, cannot %s a new lease", cover.Describe(nodeID), what))
 	}
 	return n, nil
-}
-
-// stopRequested refuses a running agent whose stop was requested: a stored
-// termination that is not over names as a root the agent or one of its
-// ancestors, and its mark has not reached the agent yet (GetUnder sees
-// none of it while the termination is requested, the mark's first chunk
-// not yet committed, or a rollout batch's mark still on an earlier root).
-// Such an agent is the workload of that stop, as it will be once marked:
-// it decides nothing about the jobs its lineage coordinates and starts no
-// new lease. The check reads the stored terminations (it runs for
-// decisions and ACKs, never for a renewal or progress); it says nothing
-// of any job, and the lease and its evidence are left as they were.
-func (h *leaseService) stopRequested(ctx context.Context, n *tree.Node, what string) error {
-	covered := make(map[string]bool, len(n.Ancestors)+1)
-	covered[n.NodeID] = true
-	for _, a := range n.Ancestors {
-		covered[a] = true
-	}
-	var found *requestedStop
-	err := h.s.store.View(ctx, func(tx store.ReadTxn) error {
-		found = nil
-		return tx.Scan([]byte(supervisor.TerminationPrefix), nil, func(_, v []byte) error {
-			if finishedTermination(v) {
-				return nil
-			}
-			var t requestedStop
-			if err := json.Unmarshal(v, &t); err != nil {
-				return err
-			}
-			if t.Phase == supervisor.PhaseTerminated {
-				return nil
-			}
-			roots := t.Roots
-			if len(roots) == 0 {
-				roots = []string{t.NodeID}
-			}
-			for _, r := range roots {
-				if covered[r] {
-					found = &t
-					found.NodeID = r
-					return store.ErrStopScan
-				}
-			}
-			return nil
-		})
-	})
-	if err != nil {
-		return toConnect(err)
-	}
-	if found == nil {
-		return nil
-	}
-	whose := "its stop"
-	if found.NodeID != n.NodeID {
-		whose = "the stop of " + found.NodeID + ", above it,"
-	}
-	return connect.NewError(connect.CodeFailedPrecondition,
-		fmt.Errorf("agent %s: %s was requested (termination %s) and has not reached it yet: an agent being stopped cannot %s; an operator or the lineage above the stop decides it, and the termination reconciles the jobs the node's subtree holds", n.NodeID, whose, found.ID, what))
-}
-
-// terminatedPhase is how a finished termination's JSON names its phase.
-var terminatedPhase = []byte(`"phase":` + strconv.Itoa(int(supervisor.PhaseTerminated)))
-
-// finishedTermination reports, without decoding it, that a stored
-// termination is finished: most of those the store keeps are, and decoding
-// each cost about 12 µs. Only the termination's own phase can say so —
-// its phase timings never list the terminated phase, and a string's quotes
-// are escaped — so a termination it passes over is finished; one it does
-// not is decoded (TestFinishedTerminationIsReadWithoutDecoding).
-func finishedTermination(v []byte) bool { return bytes.Contains(v, terminatedPhase) }
-
-// requestedStop is what stopRequested reads of a stored termination.
-type requestedStop struct {
-	ID     string           `json:"termination_id"`
-	Phase  supervisor.Phase `json:"phase"`
-	NodeID string           `json:"node_id"`
-	Roots  []string         `json:"roots,omitempty"`
 }
 
 func (h *leaseService) Ack(ctx context.Context, req *connect.Request[tetherv1.AckRequest]) (*connect.Response[tetherv1.AckResponse], error) {
@@ -568,14 +484,11 @@ func (h *leaseService) decides(ctx context.Context, p auth.Principal, decision s
 	if !p.IsAgent() {
 		return nil
 	}
-	n, above, err := h.s.tree.GetUnder(ctx, p.NodeID())
+	n, cover, err := h.s.tree.GetUnder(ctx, p.NodeID())
 	if err != nil {
 		return toConnect(err)
 	}
-	if err := tree.MayDecideUnder(n, above, decision); err != nil {
-		return toConnect(err)
-	}
-	return h.stopRequested(ctx, n, tree.DecisionWords(decision))
+	return toConnect(tree.MayDecideUnder(n, cover, decision))
 }
 
 // checkHolder checks that a holder named in an Offer or Reassign is a

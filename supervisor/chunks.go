@@ -656,6 +656,11 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				if err := c.discover(n); err != nil {
 					return err
 				}
+				// Marked (or listed as another's): the state covers the
+				// subtree from here on, not the request.
+				if err := tree.ClearStopRequestedIn(tx, r, t.ID); err != nil {
+					return err
+				}
 			}
 		} else {
 			// The walk read before this transaction, if it starts where
@@ -1733,6 +1738,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 				}
 				if pn, ok := earlier[n.NodeID]; ok {
 					rn.Outcome, rn.ConfirmedBy, rn.ConfirmedAt = pn.Outcome, pn.ConfirmedBy, pn.ConfirmedAt
+					rn = reweighPrior(rn, tree.JudgeExit(n, inWorkload, nil))
 				}
 			}
 			part.Nodes = append(part.Nodes, rn)

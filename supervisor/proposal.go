@@ -350,14 +350,14 @@ func (s *Supervisor) Propose(ctx context.Context, nodeID, condition, reason, pro
 		if n.State != tree.NodeStateRunning {
 			return fmt.Errorf("%w: node_id %s is %s", ErrAlreadyStopping, nodeID, tree.StateName(n.State))
 		}
-		// A termination that covers it, its mark not yet down to it,
-		// stops it already.
-		above, err := tree.StoppingAncestorIn(tx, n)
+		// A termination that covers it (requested, or its mark not yet
+		// down to it) stops it already.
+		cover, err := tree.CoveringStopIn(tx, n)
 		if err != nil {
 			return err
 		}
-		if above != nil {
-			return fmt.Errorf("%w: node_id %s is below %s, which is %s", ErrAlreadyStopping, nodeID, above.NodeID, tree.StateName(above.State))
+		if cover != nil {
+			return fmt.Errorf("%w: %s", ErrAlreadyStopping, cover.Describe(nodeID))
 		}
 		pending := 0
 		if err := tx.Scan(pendingPropPrefix(nodeID), nil, func(_, v []byte) error {
@@ -502,7 +502,7 @@ func (s *Supervisor) decideIn(tx store.Txn, p *StopProposal, approve bool, reaso
 	}
 	p.State = ProposalStateApproved
 	p.TerminationID = term.ID
-	if err := kv.PutJSON(tx, terminationKey(term.ID), term); err != nil {
+	if err := putRequested(tx, term); err != nil {
 		return Termination{}, err
 	}
 	return term, putProposal(tx, p)

@@ -194,6 +194,31 @@ func recordNode(n *tree.Node, inWorkload func(nodeID string) bool, liveGrants, h
 	return rn
 }
 
+// reweighPrior weighs again, against this termination's workload, the
+// verdict an earlier record gave a node it terminated (rn, carried over
+// from it): v is the node's exit judged now (tree.JudgeExit with this
+// termination's workload). The earlier record judged the node against its
+// own workload; an ancestor that vouched for the node from outside that
+// one (a rogue that stopped its own child, then confirmed its exit while
+// itself running) may be this termination's workload, and its word only
+// a claim. A node the earlier record left unaccounted stays so; one it
+// confirmed stays confirmed only if the evidence still confirms it, by
+// whom it does now, and is otherwise unaccounted, the claim shown.
+func reweighPrior(rn RecordNode, v tree.ExitVerdict) RecordNode {
+	if rn.Outcome != NodeOutcomeConfirmed {
+		return rn
+	}
+	rn.ClaimedBy, rn.ClaimedAt = v.ClaimedBy, v.ClaimedAt
+	if v.Confirmed {
+		rn.ConfirmedBy, rn.ConfirmedAt = v.ConfirmedBy, v.ConfirmedAt
+		return rn
+	}
+	rn.Outcome = NodeOutcomeUnaccounted
+	rn.ConfirmedBy, rn.ConfirmedAt = "", time.Time{}
+	rn.UnaccountedReason = v.UnaccountedReason + " (weighed against this termination's workload; the earlier record " + rn.InnerRecordID + " said confirmed)"
+	return rn
+}
+
 // stoppedSet is the set of nodes this termination stops: an ancestor among
 // them that confirms a descendant's exit only claims it.
 func (t Termination) stoppedSet() map[string]bool {
@@ -207,7 +232,9 @@ func (t Termination) stoppedSet() map[string]bool {
 // workloadIn reports, read in tx, whether a node is part of the workload
 // being stopped, so that its word about a descendant's exit is only a
 // claim: a node this termination stops, or one that is itself stopping,
-// stopped or exited — under another termination, or by its own claim. Only
+// stopped or exited — under another termination, or by its own claim —
+// or that a stop covers before its mark reaches it (tree.CoveringStopIn:
+// requested on it or an ancestor, or marked down to an ancestor). Only
 // an ancestor still running outside every stop attests.
 func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 	stopped := t.stoppedSet()
@@ -220,6 +247,10 @@ func (t Termination) workloadIn(tx store.ReadTxn) func(nodeID string) bool {
 		if !ok {
 			n, err := tree.GetNodeIn(tx, nodeID)
 			in = err != nil || n.State != tree.NodeStateRunning || tree.ExitConfirmed(n)
+			if !in {
+				cover, err := tree.CoveringStopIn(tx, n)
+				in = err != nil || cover != nil
+			}
 			seen[nodeID] = in
 		}
 		return in

@@ -230,6 +230,15 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 		if requester.State != tree.NodeStateRunning {
 			return Termination{}, fmt.Errorf("%w: the requesting agent %s is %s itself (termination %s); it cannot start a termination", ErrAlreadyStopping, requester.NodeID, tree.StateName(requester.State), requester.TerminationID)
 		}
+		// Nor may one a stop covers before its mark reaches it: it is
+		// that stop's workload already, not an authority over part of it.
+		cover, err := tree.CoveringStopIn(tx, requester)
+		if err != nil {
+			return Termination{}, err
+		}
+		if cover != nil {
+			return Termination{}, fmt.Errorf("%w: the requesting agent is being stopped: %s; it cannot start a termination", ErrAlreadyStopping, cover.Describe(requester.NodeID))
+		}
 		t.RequesterLineage = append(append([]string(nil), requester.Ancestors...), requester.NodeID)
 	}
 	seen := make(map[string]bool, len(roots))
@@ -257,7 +266,21 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 			}
 		}
 	}
-	return t, kv.PutJSON(tx, terminationKey(t.ID), t)
+	return t, putRequested(tx, t)
+}
+
+// putRequested writes a requested termination and, on each of its roots,
+// the note that it is requested (tree.NoteStopRequestedIn): from this
+// transaction on, each root's subtree is covered by it, however long the
+// reconciler takes to begin the mark, whose first chunk removes the
+// notes as it marks the roots.
+func putRequested(tx store.Txn, t Termination) error {
+	for _, r := range t.RootIDs() {
+		if err := tree.NoteStopRequestedIn(tx, r, t.ID); err != nil {
+			return err
+		}
+	}
+	return kv.PutJSON(tx, terminationKey(t.ID), t)
 }
 
 // mayStop refuses a target that is terminated, or that another termination

@@ -98,8 +98,9 @@ var (
 
 // Begin verifies the token and the node's state and records the call as in
 // flight, begun by the tool server by (a principal id). A node that is
-// draining or aborting, or is below one (a termination's mark has reached
-// its ancestor but not yet it: tree.StoppingAncestorIn), gets
+// draining or aborting, or that a termination covers before its mark
+// reaches it (requested on it or an ancestor, or marked down to an
+// ancestor: tree.CoveringStopIn), gets
 // tree.ErrNodeStopping, and the refused call is recorded
 // (rejected_draining) for that termination's record, up to
 // MaxRefusedCallsListedPerNode of the node's. A node whose exit was
@@ -181,21 +182,22 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 				return nil // no termination to account for a refused call
 			}
 		}
-		// A running node below a stopping ancestor is covered by that
-		// ancestor's termination, whose mark has not reached it yet (it
-		// marks top down, in chunks): its new calls are refused as the
-		// marked node's would be, and listed in that termination's record.
+		// A running node a termination covers before its mark reaches it
+		// (requested on the node or an ancestor, or marking top down, in
+		// chunks, and past an ancestor: tree.CoveringStopIn) is refused
+		// as the marked node would be, from the request on, and the
+		// refusal listed in that termination's record.
 		terminationID := node.TerminationID
 		if node.State == tree.NodeStateRunning && stopping == nil {
-			above, err := tree.StoppingAncestorIn(tx, node)
+			cover, err := tree.CoveringStopIn(tx, node)
 			if err != nil {
 				return err
 			}
-			if above != nil {
-				stopping = fmt.Errorf("%w: node %s is below %s, which is %s (termination %s): new tool calls are refused", tree.ErrNodeStopping, nodeID, above.NodeID, tree.StateName(above.State), above.TerminationID)
+			if cover != nil {
+				stopping = fmt.Errorf("%w: %s: new tool calls are refused", tree.ErrNodeStopping, cover.Describe(nodeID))
 				terminationID = ""
-				if above.State != tree.NodeStateTerminated {
-					terminationID = above.TerminationID
+				if cover.State != tree.StateName(tree.NodeStateTerminated) {
+					terminationID = cover.TerminationID
 				}
 			}
 		}

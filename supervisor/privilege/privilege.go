@@ -219,13 +219,13 @@ func (r *Privileges) Register(ctx context.Context, p Privilege) (Privilege, erro
 			return fmt.Errorf("%w: node_id %s is %s; a privilege is registered only for a running node", ErrNodeNotRunning, p.NodeID, tree.StateName(n.State))
 		}
 		// Nor for one a termination covers before its mark, top down,
-		// reaches it.
-		above, err := tree.StoppingAncestorIn(tx, n)
+		// reaches it (from its request on).
+		cover, err := tree.CoveringStopIn(tx, n)
 		if err != nil {
 			return err
 		}
-		if above != nil {
-			return fmt.Errorf("%w: node_id %s is below %s, which is %s; a privilege is registered only for a running node", ErrNodeNotRunning, p.NodeID, above.NodeID, tree.StateName(above.State))
+		if cover != nil {
+			return fmt.Errorf("%w: %s; a privilege is registered only for a running node", ErrNodeNotRunning, cover.Describe(p.NodeID))
 		}
 		held, err := PrivilegesIn(tx, []string{p.NodeID})
 		if err != nil {

@@ -56,17 +56,18 @@ func MayDecide(n *Node, decision string) error {
 }
 
 // MayDecideUnder is MayDecide for a node read with GetUnder: a running
-// node below an ancestor being stopped (above, nil when none is) is the
-// workload of that ancestor's termination, whose mark has not reached it
-// yet, and decides nothing either.
-func MayDecideUnder(n, above *Node, decision string) error {
-	if n.State != NodeStateRunning || above == nil {
+// node a stop covers (cover, nil when none does: requested on it or an
+// ancestor, or marked down to an ancestor) is the workload of that
+// termination, whose mark has not reached it yet, and decides nothing
+// either.
+func MayDecideUnder(n *Node, cover *Cover, decision string) error {
+	if n.State != NodeStateRunning || cover == nil {
 		return MayDecide(n, decision)
 	}
 	what, ok := decisionWords[decision]
 	if !ok {
 		what = decision
 	}
-	return fmt.Errorf("%w: agent %s is below %s, which is %s: an agent being stopped, stopped or exited cannot %s; an operator or the lineage above the stop decides it, and the termination reconciles the jobs the node's subtree holds",
-		ErrNodeStopping, n.NodeID, above.NodeID, StateName(above.State), what)
+	return fmt.Errorf("%w: %s: an agent being stopped, stopped or exited cannot %s; an operator or the lineage above the stop decides it, and the termination reconciles the jobs the node's subtree holds",
+		ErrNodeStopping, cover.Describe(n.NodeID), what)
 }

@@ -39,14 +39,27 @@ func TestMayDecideTranscript(t *testing.T) {
 	// A running node below an ancestor being stopped, before the
 	// termination's mark reaches it (MayDecideUnder): refused, naming the
 	// ancestor; below a running or exited one (nil) it decides.
-	for _, s := range []tree.NodeState{tree.NodeStateDraining, tree.NodeStateAborting, tree.NodeStateTerminated} {
+	// A stop requested and not yet marked covers the node too, on an
+	// ancestor or on the node itself.
+	covers := []struct {
+		name  string
+		cover *tree.Cover
+	}{
+		{"below draining", &tree.Cover{NodeID: "n_parent", State: "draining", TerminationID: "t_1"}},
+		{"below aborting", &tree.Cover{NodeID: "n_parent", State: "aborting", TerminationID: "t_1"}},
+		{"below terminated", &tree.Cover{NodeID: "n_parent", State: "terminated", TerminationID: "t_1"}},
+		{"below exited marked", &tree.Cover{NodeID: "n_parent", State: "exited", TerminationID: "t_1"}},
+		{"below requested", &tree.Cover{NodeID: "n_parent", State: tree.CoverRequested, TerminationID: "t_1"}},
+		{"itself requested", &tree.Cover{NodeID: "n_child", State: tree.CoverRequested, TerminationID: "t_1"}},
+	}
+	for _, c := range covers {
 		for _, d := range decisions {
-			err := tree.MayDecideUnder(&tree.Node{NodeID: "n_child", State: tree.NodeStateRunning}, &tree.Node{NodeID: "n_parent", State: s}, d)
+			err := tree.MayDecideUnder(&tree.Node{NodeID: "n_child", State: tree.NodeStateRunning}, c.cover, d)
 			verdict := "allowed"
 			if err != nil {
 				verdict = fmt.Sprintf("refused %s: %v", fault.KindOf(err), err)
 			}
-			fmt.Fprintf(&b, "running below %s %s -> %s\n", tree.StateName(s), d, verdict)
+			fmt.Fprintf(&b, "running %s %s -> %s\n", c.name, d, verdict)
 		}
 	}
 	if err := tree.MayDecideUnder(&tree.Node{NodeID: "n_child", State: tree.NodeStateRunning}, nil, tree.DecideResolve); err != nil {

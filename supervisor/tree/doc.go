@@ -15,6 +15,16 @@
 // writes the child, so a spawn racing a termination's mark (one
 // transaction, in package supervisor) is either refused or included.
 //
+// Covers (cover.go). A termination covers its subtree from its request,
+// before its mark reaches each node: the request notes itself on each root
+// (NoteStopRequestedIn, in the requesting transaction; the mark's first
+// chunk clears it as it marks the roots), and CoveringStopIn finds, for a
+// running node, a stopping ancestor (an exited one once a termination
+// marked it: StopsBelow) or a request on the node or an ancestor. What a
+// stopping node may not start (a spawn, a tool call, a privilege, a
+// proposal, a stop of its own, new lease work) a covered one may not
+// either, and its word about a descendant's exit is a claim.
+//
 // Exit evidence (evidence.go, session.go). A node's exit is confirmed by
 // its own word or an ancestor's (a claim when the ancestor is itself
 // stopping, stopped or exited, under this termination or another; an
@@ -40,4 +50,8 @@
 //     owns its store alone.
 //   - Run Signals (Signals.Run) for as long as sessions are served.
 //   - Keep an Observer cheap: it runs inside the spawn's transaction.
+//   - Note a termination's request on its roots in the transaction that
+//     writes it (NoteStopRequestedIn), and clear it in the one that marks
+//     them (ClearStopRequestedIn): a note never cleared refuses the
+//     subtree's work for good.
 package tree

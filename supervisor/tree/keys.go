@@ -13,6 +13,9 @@ const (
 	// parent without it (spawned before it existed) is counted once.
 	prefixChildCount = "agents/children/"
 	prefixSession    = "agents/session/" // agents/session/<instance>/<node id>/<session id> → "" while open
+	// agents/stoprequested/<node id> → the id of a termination requested
+	// on the node whose mark has not marked it yet (cover.go).
+	prefixStopRequested = "agents/stoprequested/"
 )
 
 // NodePrefix is the prefix of every node's key, for the reconcilers that
@@ -27,6 +30,7 @@ func nodeKey(id string) []byte             { return []byte(prefixNode + id) }
 func childPrefix(parent string) []byte     { return []byte(prefixChild + parent + "/") }
 func childKey(parent, child string) []byte { return []byte(prefixChild + parent + "/" + child) }
 func childCountKey(parent string) []byte   { return []byte(prefixChildCount + parent) }
+func stopRequestedKey(node string) []byte  { return []byte(prefixStopRequested + node) }
 
 // NodeKey is a node's key, for callers that prefetch nodes they then read
 // with GetNodeIn.

@@ -11,6 +11,7 @@ func TestKeyLayout(t *testing.T) {
 		{string(childKey("n_1", "n_2")), "agents/child/n_1/n_2"},
 		{string(childCountKey("n_1")), "agents/children/n_1"},
 		{string(sessionKey("i_1", "n_1", "s_1")), "agents/session/i_1/n_1/s_1"},
+		{string(stopRequestedKey("n_1")), "agents/stoprequested/n_1"},
 		{NodePrefix, "agents/node/"},
 		{string(NodeKey("n_1")), "agents/node/n_1"},
 	} {

@@ -234,13 +234,15 @@ func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
 }
 
 // StoppingAncestorIn returns the nearest ancestor of n that is stopping or
-// stopped (draining, aborting, terminated), read in tx, or nil when none
-// is. A termination marks its subtree top down, its roots in one
-// transaction and their descendants in later ones: between them a node
-// below a root reads running while the termination already covers it, and
-// what a node being stopped may not do (spawn, begin a tool call) its
-// unmarked descendants may not do either. An exited ancestor stops
-// nothing below it: children may outlive what created them.
+// stopped (draining, aborting, terminated, or exited and marked by a
+// termination: StopsBelow), read in tx, or nil when none is. A
+// termination marks its subtree top down, its roots in one transaction
+// and their descendants in later ones: between them a node below a root
+// reads running while the termination already covers it, and what a node
+// being stopped may not do (spawn, begin a tool call) its unmarked
+// descendants may not do either. An exited ancestor outside every
+// termination stops nothing below it: children may outlive what created
+// them.
 func StoppingAncestorIn(tx store.ReadTxn, n *Node) (*Node, error) {
 	if err := store.Prefetch(tx, store.KeysOf(n.Ancestors, nodeKey), nil); err != nil {
 		return nil, err
@@ -256,16 +258,39 @@ func StoppingAncestorIn(tx store.ReadTxn, n *Node) (*Node, error) {
 		switch state {
 		case NodeStateDraining, NodeStateAborting, NodeStateTerminated:
 			return getNode(tx, a)
+		case NodeStateExited:
+			// Rare: decoded to learn whether a termination marked it.
+			an, err := getNode(tx, a)
+			if err != nil || StopsBelow(an.State, an.TerminationID) {
+				return an, err
+			}
 		}
 	}
 	return nil, nil
 }
 
-// GetUnder returns a node and, when it is running, its nearest ancestor
-// that is being stopped or stopped (StoppingAncestorIn; nil when none is),
+// StopsBelow reports whether a node in state, naming terminationID (""
+// none), covers its descendants as a stop does: it is stopping or stopped,
+// or it is exited and a termination has marked it. A termination's mark
+// leaves an exited node its state (it may not act, and the record weighs
+// its exit), but not its subtree: else an agent that confirmed its own
+// exit (its word alone) would have a stop of its subtree cover none of
+// its descendants until the mark, chunks later, reached each of them.
+func StopsBelow(state NodeState, terminationID string) bool {
+	switch state {
+	case NodeStateDraining, NodeStateAborting, NodeStateTerminated:
+		return true
+	case NodeStateExited:
+		return terminationID != ""
+	}
+	return false
+}
+
+// GetUnder returns a node and, when it is running, the stop that covers
+// it before its mark reaches it (CoveringStopIn; nil when none does),
 // read in one snapshot: what a node being stopped may not start, a running
-// node a termination covers before its mark reaches it may not either.
-func (t *Tree) GetUnder(ctx context.Context, nodeID string) (n, above *Node, err error) {
+// node a termination covers (from its request on) may not either.
+func (t *Tree) GetUnder(ctx context.Context, nodeID string) (n *Node, cover *Cover, err error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
@@ -274,14 +299,14 @@ func (t *Tree) GetUnder(ctx context.Context, nodeID string) (n, above *Node, err
 		if n, err = getNode(tx, nodeID); err != nil {
 			return err
 		}
-		above = nil
+		cover = nil
 		if n.State != NodeStateRunning {
 			return nil
 		}
-		above, err = StoppingAncestorIn(tx, n)
+		cover, err = CoveringStopIn(tx, n)
 		return err
 	})
-	return n, above, err
+	return n, cover, err
 }
 
 // childCount is how many children parentID has: the stored count, or, for
