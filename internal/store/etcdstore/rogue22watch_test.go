@@ -165,6 +165,10 @@ func TestEtcdSharedWatchEndsEachWatchOnItsOwn(t *testing.T) {
 		receive(reader, key)
 	}
 	// The laggard read none of three transactions with a buffer of two.
+	// (Its end is awaited before its buffer is read: the reader may get
+	// the third before the laggard's turn comes, and a buffer read
+	// meanwhile would make room for it.)
+	waitEnded(t, laggard)
 	expectEnded(t, laggard, store.ErrWatchLagged)
 
 	late, err := s.Watch(t.Context(), []byte("k/"))
@@ -208,6 +212,19 @@ func waitWatchers(t *testing.T, cluster *etcdlocal.Cluster, want int) {
 			t.Fatalf("the etcd cluster holds %d watchers, want %d", got, want)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitEnded waits, without reading its events, until w has ended; the
+// wait only guards against a hang.
+func waitEnded(t *testing.T, w store.Watcher) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for w.Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not end")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
