@@ -700,7 +700,11 @@ func (s *shard) submitIfIdle() {
 func (s *shard) holdFor(b *batch) {
 	s.expect = 0
 	hold := s.c.cfg.Hold
-	if b.err != nil || len(b.answers) == 0 || hold < 0 || s.c.deposed.Load() {
+	// One caller answered alone finds the shard idle when it comes back
+	// and is committed at once: holding for it would gather nothing, and
+	// cost a lone renewer a timer's wake-up per renew (measured: its p50
+	// 0.76 → 0.83–1.05 ms).
+	if b.err != nil || len(b.answers) < 2 || hold < 0 || s.c.deposed.Load() {
 		return
 	}
 	if hold == 0 {
