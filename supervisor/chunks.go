@@ -1280,7 +1280,9 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 // nodes in the same transaction), then the calls, then the header, which
 // makes the record visible and terminates the termination. The first of
 // them also starts the record (its id, in the cursor), and the calls' last
-// chunk writes the header with them. Every step is guarded by the cursor,
+// chunk writes the header with them — or the nodes' last chunk writes the
+// calls and the header, when the calls fit beside it (all of them within
+// a chunk and a page). Every step is guarded by the cursor,
 // so exactly one record exists however often this runs; a record without
 // its header (a crash in the middle) is never read.
 func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress, now time.Time) error {
@@ -1291,7 +1293,7 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 	case !start && cur.LeasesPending:
 		return s.recordLeases(ctx, t, now)
 	case start && t.Counts.Listed > 0 || !start && cur.Entry < t.Counts.Listed:
-		return s.recordNodes(ctx, t, start, now)
+		return s.recordNodes(ctx, t, start, p, now)
 	case start || !cur.CallsDone:
 		return s.recordCalls(ctx, t, start, p, now)
 	default:
@@ -1344,8 +1346,10 @@ func (s *Supervisor) recordChunk(ctx context.Context, t Termination, start bool,
 }
 
 // recordNodes writes the next chunk of the record's nodes with their
-// privileges and leases, and terminates the members among them.
-func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool, now time.Time) error {
+// privileges and leases, and terminates the members among them. The last
+// chunk writes the calls and the header with them when nothing else is
+// pending and the calls fit (callsBesideLastChunk).
+func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool, p Progress, now time.Time) error {
 	budget := s.chunkSize()
 	var ids []string
 	var held []heldItem
@@ -1421,9 +1425,11 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	}
 	attempts := 0
 	var terminated []string
+	var written *ReconciliationRecord
+	var recordUnaccounted int
 	err = s.recordChunk(ctx, t, start, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
-		terminated = nil
+		terminated, written = nil, nil
 		// The entries as read before this transaction: an entry never
 		// changes once the mark wrote it, and the cursor (read here, and
 		// the same) says the chunk is still to do; reading them again
@@ -1482,11 +1488,22 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		cur.Entry += max(1, len(entries))
 		cur.Unaccounted += unaccounted
 		stored.UpdatedAt = now
+		if cur.Entry >= stored.Counts.Listed && !cur.GrantsPending && !cur.LeasesPending {
+			done, err := callsBesideLastChunk(tx, &stored, budget, s.pageBytes(), now)
+			if err != nil {
+				return err
+			}
+			if done {
+				written, recordUnaccounted, err = finishRecord(tx, stored, p, now)
+				return err
+			}
+		}
 		return kv.PutJSON(tx, terminationKey(t.ID), stored)
 	})
 	if err == nil {
 		s.nodes.forget(terminated)
 	}
+	s.recordWritten(t, written, recordUnaccounted, err)
 	return err
 }
 
@@ -1798,27 +1815,12 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, start bool,
 		if err != nil {
 			return err
 		}
-		part := &ReconciliationRecord{}
-		// A call still open is closed as of the instant the termination
-		// stopped waiting for its gate, not this pass's.
-		closedAt := stored.StoppedWaitingAt()
-		if closedAt.IsZero() {
-			closedAt = now
+		calls, err := callsIn(tx, ids)
+		if err != nil {
+			return err
 		}
-		for _, cid := range ids {
-			c, err := ledger.GetCallIn(tx, cid)
-			if err != nil {
-				return err
-			}
-			if err := closeUnacknowledged(tx, t.ID, c, closedAt); err != nil {
-				return err
-			}
-			part.ToolCalls = append(part.ToolCalls, recordCall(c))
-		}
-		if len(part.ToolCalls) > 0 {
-			if cur.Parts, err = putRecordParts(tx, cur.RecordID, cur.Parts, part); err != nil {
-				return err
-			}
+		if err := putCallsPart(tx, &stored, calls, now); err != nil {
+			return err
 		}
 		stored.UpdatedAt = now
 		if more {
@@ -1832,6 +1834,77 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, start bool,
 	})
 	s.recordWritten(t, written, unaccounted, err)
 	return err
+}
+
+// callsIn reads the calls ids (prefetched by termCallsAfter).
+func callsIn(tx store.ReadTxn, ids []string) ([]*ledger.ToolCall, error) {
+	calls := make([]*ledger.ToolCall, len(ids))
+	for i, cid := range ids {
+		c, err := ledger.GetCallIn(tx, cid)
+		if err != nil {
+			return nil, err
+		}
+		calls[i] = c
+	}
+	return calls, nil
+}
+
+// putCallsPart writes calls as a part of the record, closing those still
+// open as cancel_unacknowledged in the ledger.
+func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, now time.Time) error {
+	part := &ReconciliationRecord{}
+	// A call still open is closed as of the instant the termination
+	// stopped waiting for its gate, not this pass's.
+	closedAt := stored.StoppedWaitingAt()
+	if closedAt.IsZero() {
+		closedAt = now
+	}
+	for _, c := range calls {
+		if err := closeUnacknowledged(tx, stored.ID, c, closedAt); err != nil {
+			return err
+		}
+		part.ToolCalls = append(part.ToolCalls, recordCall(c))
+	}
+	if len(part.ToolCalls) == 0 {
+		return nil
+	}
+	cur := &stored.Cursor
+	var err error
+	cur.Parts, err = putRecordParts(tx, cur.RecordID, cur.Parts, part)
+	return err
+}
+
+// callBytes bounds what a call weighs in a record's transaction: its
+// entry, and the call itself when the record closes it.
+func callBytes(c *ledger.ToolCall) int {
+	return 2*(len(c.CallID)+len(c.NodeID)+len(c.Tool)+len(c.GateID)+len(c.BegunBy)+len(c.EndedBy)+len(c.AcknowledgedBy)+len(c.Error)) + 256
+}
+
+// callsBesideLastChunk writes every call the termination accounts for in
+// the transaction of the record's last chunk of nodes when they fit
+// beside it — at most a chunk of calls, weighing at most a page, as the
+// grants and the leases a chunk carries — and says whether it did (then
+// the caller writes the header too: the record is one commit fewer).
+func callsBesideLastChunk(tx store.Txn, stored *Termination, budget, page int, now time.Time) (bool, error) {
+	ids, more, err := termCallsAfter(tx, stored.ID, "", budget)
+	if err != nil || more {
+		return false, err
+	}
+	calls, err := callsIn(tx, ids)
+	if err != nil {
+		return false, err
+	}
+	size := 0
+	for _, c := range calls {
+		if size += callBytes(c); size > page {
+			return false, nil
+		}
+	}
+	if err := putCallsPart(tx, stored, calls, now); err != nil {
+		return false, err
+	}
+	stored.Cursor.After, stored.Cursor.CallsDone = "", true
+	return true, nil
 }
 
 // finishRecord writes the record's last part (what describes the whole

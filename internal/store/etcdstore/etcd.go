@@ -123,10 +123,15 @@ type Etcd struct {
 	lifetime context.Context
 	abandon  context.CancelFunc
 
-	mu       sync.Mutex
-	closed   bool
-	active   sync.WaitGroup // Views and Updates running
-	watchers map[*etcdWatcher]struct{}
+	mu     sync.Mutex
+	closed bool
+	active sync.WaitGroup // Views and Updates running
+	// prefixWatches are the etcd watches later Watches of their prefix
+	// join (etcd_watch.go); allWatches every etcd watch open, and
+	// watchRoutines their goroutines.
+	prefixWatches map[string]*prefixWatch
+	allWatches    map[*prefixWatch]struct{}
+	watchRoutines sync.WaitGroup
 
 	stats etcdCounters
 	// group merges the commits of concurrent Updates, and reads the
@@ -216,14 +221,15 @@ func OpenEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 
 	lifetime, abandon := context.WithCancel(context.Background())
 	s := &Etcd{
-		client:   client,
-		keys:     keys,
-		opts:     opts,
-		log:      opts.Logger,
-		gate:     semaphore.NewWeighted(exclusiveWeight),
-		lifetime: lifetime,
-		abandon:  abandon,
-		watchers: make(map[*etcdWatcher]struct{}),
+		client:        client,
+		keys:          keys,
+		opts:          opts,
+		log:           opts.Logger,
+		gate:          semaphore.NewWeighted(exclusiveWeight),
+		lifetime:      lifetime,
+		abandon:       abandon,
+		prefixWatches: make(map[string]*prefixWatch),
+		allWatches:    make(map[*prefixWatch]struct{}),
 	}
 	s.prefetchOps.Store(etcdPrefetchOps)
 	return s, nil
@@ -472,15 +478,9 @@ func (s *Etcd) Close() error {
 		s.abandon()
 		<-finished
 
-		s.mu.Lock()
-		watchers := make([]*etcdWatcher, 0, len(s.watchers))
-		for w := range s.watchers {
-			watchers = append(watchers, w)
-		}
-		s.mu.Unlock()
-		for _, w := range watchers {
-			<-w.finished
-		}
+		// Abandoning cancelled every etcd watch; each goroutine ends its
+		// Watches with ErrClosed.
+		s.watchRoutines.Wait()
 		if err := s.client.Close(); err != nil && !errors.Is(err, context.Canceled) {
 			s.closeErr = fmt.Errorf("store: close etcd client: %w", err)
 		}
@@ -518,8 +518,9 @@ type EtcdStats struct {
 	// deletes) the commit requests carried, retried attempts included:
 	// the volume of committing.
 	Compares, Writes uint64
-	// WatchEvents is the number of events the store's watches received
-	// (a key written is received once per watch whose prefix holds it).
+	// WatchEvents is the number of events the store's etcd watches
+	// received (a key written is received once per prefix watched that
+	// holds it, however many Watches of that prefix are open).
 	WatchEvents uint64
 	// Waiting is the number of Updates waiting now for their turn: behind
 	// a retry that runs alone, or, for a retry, for the others to finish.

@@ -13,7 +13,11 @@ func EtcdWatchFrom(ctx context.Context, s *Etcd, prefix []byte, revision int64) 
 		return nil, err
 	}
 	defer s.active.Done()
-	return s.watchFrom(ctx, prefix, revision), nil
+	w := s.newWatcher(revision - 1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.startPrefixWatch(prefix, "", revision).join(ctx, w)
+	return w, nil
 }
 
 // HoldCommits makes s's group commit behave as if a merged commit were in

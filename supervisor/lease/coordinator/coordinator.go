@@ -71,6 +71,13 @@ type Config struct {
 	// (restart planning uses the last record); 0 means 5s of clock time.
 	// Every commit records it too.
 	AliveInterval time.Duration
+	// Hold bounds how long a shard holds its next commit, once a commit
+	// came back, for the callers that commit answered to send their next
+	// messages (a closed-loop renewer sends its next renew as soon as it
+	// is answered): it commits when as many messages as it answered have
+	// come, or at the bound. 0 means the last commit's time, at most
+	// DefaultMaxHold; a negative Hold, never.
+	Hold time.Duration
 	// PickHolder chooses the holder of an automatic reassignment (policy
 	// AckMissReassign). Nil offers generation + 1 to the same holder.
 	PickHolder func(l lease.Lease) string
@@ -130,6 +137,11 @@ func (c *Config) defaults() error {
 	}
 	return c.Policy.Validate()
 }
+
+// DefaultMaxHold bounds the hold of Config.Hold 0: longer than a commit
+// on a local disk or a nearby etcd quorum takes, and short enough that a
+// caller that does not come back costs others little.
+const DefaultMaxHold = 2 * time.Millisecond
 
 // DefaultMaxCommitBytes is Config.MaxCommitBytes when it is zero. A
 // commit writes its batches' rows and records, the evidence log's key of

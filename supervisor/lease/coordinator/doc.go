@@ -22,7 +22,11 @@
 // one batch is being committed (at most one per shard, so a shard's writes
 // reach the store in judgement order and an older lease can never overwrite
 // a newer one), it keeps judging into the next batch, which is submitted the
-// moment the commit returns. Batches grow with load, up to Config.MaxBatch,
+// moment the commit returns — unless that commit answered several callers
+// and fewer messages than them have come since: then the shard holds the
+// next batch until they have, or for as long as the commit took (at most
+// DefaultMaxHold; Config.Hold), so that callers in a closed loop go in one
+// commit instead of splitting between batches that take turns. Batches grow with load, up to Config.MaxBatch,
 // after which the shard stops reading its inbox until the commit returns.
 // One committer per run makes the batches durable: every batch sealed while
 // it was busy goes into its next store Update, so the shards share one

@@ -161,6 +161,13 @@ type shard struct {
 	// shard's next batch, or a pass, before it commits again.
 	owesReply bool
 	batchSeq  uint64
+	// The hold (Config.Hold): the last commit answered expect callers,
+	// and the next waits for as many messages until holdUntil. submitted
+	// is when the commit in flight was handed over (its time bounds the
+	// hold). Real time: how long a commit takes, not the declared clock.
+	expect    int
+	holdUntil time.Time
+	submitted time.Time
 
 	lastNow   time.Time
 	aliveAt   time.Time
@@ -184,6 +191,7 @@ func (s *shard) reset(term uint64) {
 	s.recover = nil
 	s.building, s.sealed, s.inflight = nil, nil, nil
 	s.owesReply = false
+	s.expect = 0
 	s.finished = make(chan *batch, 1)
 	s.lastNow, s.aliveAt, s.needAlive = time.Time{}, time.Time{}, false
 }
@@ -292,6 +300,9 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 		if d, ok := s.deadlines.Peek(); ok {
 			wait = min(wait, max(0, d.At.Sub(s.c.cfg.Clock.Now())))
 		}
+		if s.expect > 0 {
+			wait = min(wait, max(0, time.Until(s.holdUntil)))
+		}
 		if wakeAt := time.Now().Add(wait); wakeAt.Before(armedAt) {
 			timer.Reset(wait)
 			armedAt = wakeAt
@@ -306,8 +317,10 @@ func (s *shard) run(stopping <-chan struct{}, commits chan<- *batch, replies *re
 			s.drainInbox(s.c.cfg.MaxBatch)
 		case b := <-s.finished:
 			s.complete(b)
+			s.holdFor(b)
 			// The next batch goes to the committer before the answers,
-			// so the commit runs while they are delivered.
+			// so the commit runs while they are delivered (unless it
+			// waits for the callers answered: holding).
 			s.submitIfIdle()
 			s.answer()
 		case <-timer.C:
@@ -343,6 +356,7 @@ func (s *shard) drainInbox(n int) {
 // coordinator closed the door before signalling), commits everything with
 // a clean-stop alive record, and answers.
 func (s *shard) shutdown() {
+	s.expect = 0 // no caller comes back: commit everything now
 	for len(s.inbox) > 0 {
 		s.handle(<-s.inbox)
 		s.sealIfFull()
@@ -648,7 +662,7 @@ func (s *shard) checkpointAll() {
 // the run's committer when no commit of this shard is in flight. Judging
 // goes on meanwhile; the next batch gathers it.
 func (s *shard) submitIfIdle() {
-	if s.inflight != nil {
+	if s.inflight != nil || s.holding() {
 		return
 	}
 	if len(s.sealed) == 0 {
@@ -671,7 +685,46 @@ func (s *shard) submitIfIdle() {
 	s.needAlive = false
 	b.reply, s.owesReply = s.owesReply, false
 	s.inflight = b
+	s.submitted = time.Now()
 	s.commits <- b
+}
+
+// holdFor starts the hold for the callers the committed batch b answers:
+// each may send its next message as soon as it is answered (a renewer in
+// a closed loop does), and committing before they come sends them to wait
+// a whole commit for the one after, the callers split between batches
+// that take turns. The hold lasts until as many messages as b answered
+// are judged, or for as long as b's commit took (Config.Hold), whichever
+// comes first; the committer, which waits for every shard's reply, waits
+// with it.
+func (s *shard) holdFor(b *batch) {
+	s.expect = 0
+	hold := s.c.cfg.Hold
+	// One caller answered alone finds the shard idle when it comes back
+	// and is committed at once: holding for it would gather nothing, and
+	// cost a lone renewer a timer's wake-up per renew (measured: its p50
+	// 0.76 → 0.83–1.05 ms).
+	if b.err != nil || len(b.answers) < 2 || hold < 0 || s.c.deposed.Load() {
+		return
+	}
+	if hold == 0 {
+		hold = min(time.Since(s.submitted), DefaultMaxHold)
+	}
+	s.expect, s.holdUntil = len(b.answers), time.Now().Add(hold)
+}
+
+// holding reports that the next commit waits for the callers the last one
+// answered: fewer messages than them judged since, the hold not over, and
+// no batch full.
+func (s *shard) holding() bool {
+	if s.expect == 0 {
+		return false
+	}
+	if len(s.sealed) > 0 || s.building.messages >= s.expect || !time.Now().Before(s.holdUntil) || s.c.deposed.Load() {
+		s.expect = 0
+		return false
+	}
+	return true
 }
 
 // answer delivers the answers of the committed batches complete published.

@@ -14,7 +14,10 @@ import (
 // request to its last chunk), the wait for the cancel acknowledgements
 // (to the start of the pass that revokes), the revocation (to its last
 // chunk) and the record (to its last chunk). On etcd (requests set) it
-// counts each phase's read and commit requests too.
+// counts each phase's read and commit requests too, and (acked set) the
+// gate's cancel acknowledgements answered in it: each is a commit and a
+// read of its own, made by the gate and not by the termination, so a
+// phase's requests less its acks are the termination's.
 type terminationPhases struct {
 	mu     sync.Mutex
 	start  phasePoint
@@ -23,12 +26,15 @@ type terminationPhases struct {
 	// requests, when set, reads the store's read and commit requests so
 	// far (etcd's counters).
 	requests func() (reads, commits uint64)
+	// acked, when set, reads how many cancel acknowledgements the gate
+	// has had answered so far.
+	acked func() uint64
 }
 
 // phasePoint is when something happened, and the requests made by then.
 type phasePoint struct {
-	at             time.Time
-	reads, commits uint64
+	at                   time.Time
+	reads, commits, acks uint64
 }
 
 type phaseChunk struct {
@@ -38,8 +44,8 @@ type phaseChunk struct {
 
 // phaseCost is what one phase took: its time, and its requests on etcd.
 type phaseCost struct {
-	d              time.Duration
-	reads, commits uint64
+	d                    time.Duration
+	reads, commits, acks uint64
 }
 
 // now is a point at the present (p.mu held).
@@ -47,6 +53,9 @@ func (p *terminationPhases) now() phasePoint {
 	pt := phasePoint{at: time.Now()}
 	if p.requests != nil {
 		pt.reads, pt.commits = p.requests()
+	}
+	if p.acked != nil {
+		pt.acks = p.acked()
 	}
 	return pt
 }
@@ -70,6 +79,13 @@ func (p *terminationPhases) count(requests func() (reads, commits uint64)) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.requests = requests
+}
+
+// countAcks sets the gate's counter of answered acknowledgements.
+func (p *terminationPhases) countAcks(acked func() uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.acked = acked
 }
 
 // begin forgets what was noted and starts the clock (at the request).
@@ -101,7 +117,7 @@ func (p *terminationPhases) split() map[string]phaseCost {
 		return out
 	}
 	between := func(from, to phasePoint) phaseCost {
-		return phaseCost{d: to.at.Sub(from.at), reads: to.reads - from.reads, commits: to.commits - from.commits}
+		return phaseCost{d: to.at.Sub(from.at), reads: to.reads - from.reads, commits: to.commits - from.commits, acks: to.acks - from.acks}
 	}
 	out["mark"] = between(p.start, markEnd)
 	// The revocation begins with the pass that revokes: the last pass

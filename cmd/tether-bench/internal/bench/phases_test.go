@@ -11,18 +11,21 @@ import (
 func TestTerminationPhasesSplit(t *testing.T) {
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ms := func(n int) time.Time { return at.Add(time.Duration(n) * time.Millisecond) }
-	// n ms in, with n read requests and n/10 commit requests made.
-	pt := func(n int) phasePoint { return phasePoint{at: ms(n), reads: uint64(n), commits: uint64(n / 10)} }
+	// n ms in, with n read requests, n/10 commit requests made and n/20
+	// acknowledgements answered.
+	pt := func(n int) phasePoint {
+		return phasePoint{at: ms(n), reads: uint64(n), commits: uint64(n / 10), acks: uint64(n / 20)}
+	}
 	chunk := func(step string, n int) phaseChunk { return phaseChunk{step, pt(n)} }
 	p := &terminationPhases{start: pt(0)}
 	p.passes = []phasePoint{pt(0), pt(40), pt(60), pt(75)}
 	p.chunks = []phaseChunk{chunk("mark", 5), chunk("mark", 30), chunk("revoke", 90), chunk("revoke", 95), chunk("record", 120), chunk("record", 140)}
 	got := p.split()
 	want := map[string]phaseCost{
-		"mark":      {30 * time.Millisecond, 30, 3},
-		"wait-acks": {45 * time.Millisecond, 45, 4},
-		"revoke":    {20 * time.Millisecond, 20, 2},
-		"record":    {45 * time.Millisecond, 45, 5},
+		"mark":      {30 * time.Millisecond, 30, 3, 1},
+		"wait-acks": {45 * time.Millisecond, 45, 4, 2},
+		"revoke":    {20 * time.Millisecond, 20, 2, 1},
+		"record":    {45 * time.Millisecond, 45, 5, 3},
 	}
 	for _, name := range phaseNames {
 		if got[name] != want[name] {

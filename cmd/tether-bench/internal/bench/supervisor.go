@@ -186,40 +186,53 @@ func timeTerminationWithin(ctx context.Context, srv *benchServer, root string, w
 // order as soon as it arrives. stop ends the gate and says how many cancels
 // it acknowledged.
 func callsInFlight(ctx context.Context, srv *benchServer, root string, n int) (int, func() int, error) {
+	calls, stop, _, err := callsInFlightCounted(ctx, srv, root, n)
+	return calls, stop, err
+}
+
+// callsInFlightCounted is callsInFlight that also returns acked, which
+// says how many acknowledgements have been answered so far.
+func callsInFlightCounted(ctx context.Context, srv *benchServer, root string, n int) (int, func() int, func() uint64, error) {
 	nodes, err := srv.Admin.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root}))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	var ids []string
 	for i := 0; i < n; i++ {
 		ids = append(ids, nodes.Msg.Nodes[(i*10)%len(nodes.Msg.Nodes)].NodeId)
 	}
-	return callsInFlightOn(ctx, srv, ids)
+	return callsInFlightCountedOn(ctx, srv, ids)
 }
 
 // callsInFlightOn is callsInFlight on the given nodes, one call each.
 func callsInFlightOn(ctx context.Context, srv *benchServer, nodes []string) (int, func() int, error) {
+	calls, stop, _, err := callsInFlightCountedOn(ctx, srv, nodes)
+	return calls, stop, err
+}
+
+// callsInFlightCountedOn is callsInFlightCounted on the given nodes.
+func callsInFlightCountedOn(ctx context.Context, srv *benchServer, nodes []string) (int, func() int, func() uint64, error) {
 	n := len(nodes)
 	// The gate reports as a tool server, with its own token.
 	minted, err := srv.Admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "bench-gate"}))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	gate := agentsdk.Dial(srv.URL, minted.Msg.Token)
 	for _, node := range nodes {
 		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
 		if err != nil {
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 		if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.Msg.Token, Tool: "shell", GateId: "bench-gate"})); err != nil {
-			return 0, nil, err
+			return 0, nil, nil, err
 		}
 	}
 	gateCtx, cancel := context.WithCancel(ctx)
 	stream, err := gate.Tool.WatchCancels(gateCtx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "bench-gate"}))
 	if err != nil {
 		cancel()
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	var count atomic.Int64
 	done := make(chan struct{})
@@ -257,5 +270,5 @@ func callsInFlightOn(ctx context.Context, srv *benchServer, nodes []string) (int
 		<-done
 		return int(count.Load())
 	}
-	return n, stop, nil
+	return n, stop, func() uint64 { return uint64(count.Load()) }, nil
 }
