@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -123,8 +124,9 @@ type LeaseWorker struct {
 }
 
 // closeWait bounds how long Close waits for its jobs' renew loops to
-// end: each stops at once (its renewal in flight is cancelled), unless an
-// OnCancel callback it is running holds it.
+// end: each stops at once (its renewal in flight is cancelled), and Close
+// does not wait for one running OnCancel. The bound is counted on the
+// worker's clock when that clock keeps timers (a test's manual clock).
 const closeWait = 10 * time.Second
 
 // NewLeaseWorker opens (or creates) the spool. Messages left there by an
@@ -156,6 +158,13 @@ func NewLeaseWorker(cfg LeaseWorkerConfig) (*LeaseWorker, error) {
 // the spool: what it holds is replayed by the next LeaseWorker on the
 // directory. From then on the worker sends nothing: Accept, Renew,
 // Progress and Complete return ErrWorkerClosed. Close is idempotent.
+//
+// Close may be called from a job's OnCancel (the operator cancelled the
+// job: the agent shuts down). It does not wait for a renew loop that is
+// running OnCancel, which may be the caller: that loop ends when OnCancel
+// returns, and the cancel request is then not acknowledged (the worker
+// sends nothing after Close; the lease runs out on the coordinator's
+// clock).
 func (w *LeaseWorker) Close() error {
 	w.mu.Lock()
 	if w.closed {
@@ -171,17 +180,38 @@ func (w *LeaseWorker) Close() error {
 	for _, j := range jobs {
 		j.end(ErrWorkerClosed)
 	}
-	bound := time.NewTimer(closeWait)
-	defer bound.Stop()
+	bound, stop := w.closeBound()
+	defer stop()
 	for _, j := range jobs {
+		if j.cancelling() {
+			// Its renew loop runs OnCancel, which may be what called
+			// Close: that loop ends when OnCancel returns (the worker,
+			// closed, sends the cancel's acknowledgement no more), and
+			// waiting for it here would wait for ever on the caller.
+			continue
+		}
 		select {
 		case <-j.done:
-		case <-bound.C:
+		case <-bound:
 			w.cfg.Log.Warn("lease worker closed with a job's renew loop still running (an OnCancel it runs has not returned)", "job", j.jobID)
 			return w.spool.close()
 		}
 	}
 	return w.spool.close()
+}
+
+// closeBound starts Close's closeWait on the worker's clock: an injected
+// clock that keeps timers (a test's manual clock) counts it, the wall
+// clock otherwise.
+func (w *LeaseWorker) closeBound() (<-chan time.Time, func()) {
+	if c, ok := w.cfg.Clock.(interface {
+		NewTimer(time.Duration) clock.Timer
+	}); ok {
+		t := c.NewTimer(closeWait)
+		return t.C(), func() { t.Stop() }
+	}
+	t := time.NewTimer(closeWait)
+	return t.C, func() { t.Stop() }
 }
 
 // isClosed reports whether Close was called.
@@ -331,7 +361,9 @@ type JobOptions struct {
 	// OnCancel runs when the coordinator's cancel request is first seen,
 	// after the job's context was cancelled and before the worker
 	// acknowledges the request. It must return once the job has stopped
-	// starting new work.
+	// starting new work. It may close the worker (LeaseWorker.Close does
+	// not wait for the job whose OnCancel runs; the request is then not
+	// acknowledged).
 	OnCancel func(l *tetherv1.Lease)
 }
 
@@ -362,6 +394,9 @@ type Job struct {
 	renewSeq    uint64
 	progressSeq uint64
 	cancelSeen  bool
+	// inOnCancel is set while the job runs its OnCancel: Close does not
+	// wait for such a job (the callback may be what called it).
+	inOnCancel bool
 	// heldUntil bounds the authority the job can prove, on the worker's
 	// clock (heldNow): the send time of the last ACK or renewal the
 	// coordinator accepted, plus the lease duration. Zero: not known yet.
@@ -503,6 +538,13 @@ func (j *Job) checkHeld() bool {
 	return true
 }
 
+// cancelling reports whether the job is running its OnCancel.
+func (j *Job) cancelling() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.inOnCancel
+}
+
 // Context ends when the job must stop; context.Cause says why.
 func (j *Job) Context() context.Context { return j.ctx }
 
@@ -627,7 +669,13 @@ func (j *Job) observe(ctx context.Context, l *tetherv1.Lease, generation uint64,
 	if firstCancel {
 		j.cancel(ErrLeaseCancelled)
 		if j.opts.OnCancel != nil {
+			j.mu.Lock()
+			j.inOnCancel = true
+			j.mu.Unlock()
 			j.opts.OnCancel(l)
+			j.mu.Lock()
+			j.inOnCancel = false
+			j.mu.Unlock()
 		}
 		if !l.CancelAck && !lost {
 			job, leaseID, gen, sent := j.claim()

@@ -143,6 +143,12 @@ export class LeaseWorker {
    * an onCancel one runs) have settled, after at most 10 s. From then on
    * the worker sends nothing: accept, and a job's renew, progress and
    * complete, throw {@link WorkerClosed}. Closing twice is harmless.
+   *
+   * It may be called (and awaited) from a job's onCancel (the operator
+   * cancelled the job: the agent shuts down): it does not wait for a job
+   * whose onCancel runs, which may be the caller; the cancel request is
+   * then not acknowledged (the worker sends nothing after close; the lease
+   * runs out on the coordinator's clock).
    */
   async close(): Promise<void> {
     if (this.#closed) return;
@@ -224,6 +230,9 @@ export class Job {
   #renewing = false;
   // The renew loop's renewal in flight, and what it runs on the answer.
   #inflight?: Promise<unknown>;
+  // Whether the job runs its onCancel: close() does not wait for such a
+  // job (the callback may be what called it).
+  #inOnCancel = false;
   // Aborts when the job ends: the loop's renewal in flight with it.
   readonly #halt = new AbortController();
   #done: Promise<void>;
@@ -273,6 +282,9 @@ export class Job {
     // flight has settled.
     closeJob = (job) => {
       job.#end(closedReason(job.#jobId));
+      // A renewal running onCancel settles once onCancel returns, and
+      // onCancel may be awaiting this very close(): not waited for.
+      if (job.#inOnCancel) return Promise.resolve();
       return job.#inflight ?? Promise.resolve();
     };
   }
@@ -428,7 +440,12 @@ export class Job {
       if (this.#timer) clearInterval(this.#timer); // renewals are refused once cancellation is requested
       this.#timer = undefined;
       this.#abort.abort(reason);
-      await this.#options.onCancel?.(lease);
+      this.#inOnCancel = true;
+      try {
+        await this.#options.onCancel?.(lease);
+      } finally {
+        this.#inOnCancel = false;
+      }
       if (!lease.cancelAck && !lost && !this.#worker.closed) {
         try {
           const resp = await this.#worker.conn.lease.cancelAck(this.#claim());

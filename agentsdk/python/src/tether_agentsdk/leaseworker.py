@@ -190,7 +190,14 @@ class LeaseWorker:
         replayed by the next LeaseWorker on the directory. From then on the
         worker sends nothing: ``accept``, and a job's ``renew``,
         ``progress`` and ``complete``, raise WorkerClosed. Closing twice is
-        harmless."""
+        harmless.
+
+        ``close()`` may be called from a job's ``on_cancel`` (the operator
+        cancelled the job: the agent shuts down), which runs on that job's
+        renew thread: it waits for the other jobs' threads, not for its
+        own, which ends when ``on_cancel`` returns; the cancel request is
+        then not acknowledged (the worker sends nothing after close; the
+        lease runs out on the coordinator's clock)."""
         with self._jobs_lock:
             if self._closed:
                 return
@@ -199,13 +206,20 @@ class LeaseWorker:
             self._jobs.clear()
         for job in jobs:
             job._end(JOB_ENDED)
+        me = threading.current_thread()
         deadline = time.monotonic() + _CLOSE_WAIT
-        for job in jobs:
-            if job._thread is not None:
-                job._thread.join(max(deadline - time.monotonic(), 0.0))
-                if job._thread.is_alive():
-                    log.warning("tether: lease worker closed with job %r's renew thread still running", job.job_id)
-        self._spool.close()
+        try:
+            for job in jobs:
+                # A job's on_cancel runs on its renew thread, and may be
+                # what called close(): that thread ends when on_cancel
+                # returns (the worker, closed, acknowledges the cancel no
+                # more), and joining it here would join the caller.
+                if job._thread is not None and job._thread is not me:
+                    job._thread.join(max(deadline - time.monotonic(), 0.0))
+                    if job._thread.is_alive():
+                        log.warning("tether: lease worker closed with job %r's renew thread still running", job.job_id)
+        finally:
+            self._spool.close()
 
     def _track(self, job: "Job") -> bool:
         with self._jobs_lock:

@@ -392,18 +392,6 @@ class Verifier(StreamFollower):
             self._cond.notify_all()
         self.ready.set()
 
-    def _watchdog(self, stream: Any, fired: threading.Event) -> threading.Timer:
-        """Closes stream, and sets fired, unless cancelled within the
-        staleness budget."""
-        def fire() -> None:
-            fired.set()
-            stream.close()
-
-        timer = threading.Timer(self.staleness_budget, fire)
-        timer.daemon = True
-        timer.start()
-        return timer
-
     def _follow(self) -> None:
         backoff = 0.05
         while not self._stop.is_set():
@@ -423,19 +411,18 @@ class Verifier(StreamFollower):
                 # hold the feed, failing closed, for as long as it liked. A
                 # stream with no whole message for the budget is dropped,
                 # as the Go and TypeScript verifiers drop it.
-                fired = threading.Event()
-                watchdog = self._watchdog(stream, fired)
+                watchdog = _Watchdog(stream, self.staleness_budget)
                 try:
                     for msg in stream:
-                        watchdog.cancel()
+                        watchdog.kick()
                         self._apply(msg)
                         applied += 1
-                        watchdog = self._watchdog(stream, fired)
+                        watchdog.kick()
                 finally:
-                    watchdog.cancel()
+                    watchdog.stop()
                 if self._stop.is_set():
                     return
-                if fired.is_set():
+                if watchdog.fired.is_set():
                     log.warning("tether: revocation feed: no whole message within %ss; reconnecting", self.staleness_budget)
             except Exception as e:  # noqa: BLE001 — a message of the wrong shape breaks the stream, never this thread
                 close_stream(self._stream)
@@ -473,4 +460,48 @@ class Verifier(StreamFollower):
         try:
             self._fetch_jwks()
         except Exception as e:
+<<<<<<< HEAD
             self._warn("tether: refreshing the key set failed: %s", e)
+=======
+            log.warning("tether: refreshing the key set failed: %s", e)
+
+
+class _Watchdog:
+    """Closes a feed stream, and sets ``fired``, once no whole message came
+    within the budget: one thread per stream, whose deadline each message
+    moves, rather than a timer (a thread) started anew for every message,
+    which a flood of revocations churned by the thousand."""
+
+    def __init__(self, stream: Any, budget: float):
+        self._stream = stream
+        self._budget = budget
+        self._cond = threading.Condition()
+        self._deadline = time.monotonic() + budget
+        self._stopped = False
+        self.fired = threading.Event()
+        threading.Thread(target=self._run, name="tether-revocations-watchdog", daemon=True).start()
+
+    def kick(self) -> None:
+        """Moves the deadline to a budget from now. It only ever moves
+        later, so the thread is not woken: it looks again at the deadline
+        it waited for."""
+        with self._cond:
+            self._deadline = time.monotonic() + self._budget
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._stopped:
+                return
+        self.fired.set()
+        self._stream.close()
+>>>>>>> r22close
