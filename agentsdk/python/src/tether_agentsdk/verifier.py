@@ -460,10 +460,7 @@ class Verifier(StreamFollower):
         try:
             self._fetch_jwks()
         except Exception as e:
-<<<<<<< HEAD
             self._warn("tether: refreshing the key set failed: %s", e)
-=======
-            log.warning("tether: refreshing the key set failed: %s", e)
 
 
 class _Watchdog:
@@ -504,4 +501,3 @@ class _Watchdog:
                 return
         self.fired.set()
         self._stream.close()
->>>>>>> r22close
