@@ -109,6 +109,10 @@ type Config struct {
 	// PrivilegeMaxPerNode bounds the live privileges of one node; zero
 	// means privilege.DefaultMaxPrivilegesPerNode.
 	PrivilegeMaxPerNode int
+	// GrantMaxPerNode bounds the live grants one node holds, those agents
+	// delegated and the roots operators issued apart; zero means
+	// grantstore.DefaultMaxPerNode.
+	GrantMaxPerNode int
 	// PrivilegeHookTimeout bounds, in total, a termination's privilege
 	// revocations; zero means supervisor.DefaultHookTimeout.
 	PrivilegeHookTimeout time.Duration
