@@ -109,6 +109,10 @@ type Config struct {
 	// PrivilegeMaxPerNode bounds the live privileges of one node; zero
 	// means privilege.DefaultMaxPrivilegesPerNode.
 	PrivilegeMaxPerNode int
+	// GrantMaxPerNode bounds the live grants one node holds, those agents
+	// delegated and the roots operators issued apart; zero means
+	// grantstore.DefaultMaxPerNode.
+	GrantMaxPerNode int
 	// PrivilegeHookTimeout bounds, in total, a termination's privilege
 	// revocations; zero means supervisor.DefaultHookTimeout.
 	PrivilegeHookTimeout time.Duration
@@ -232,6 +236,7 @@ type Server struct {
 	cfg        Config
 	store      store.Store
 	ownStore   bool
+	health     healthProbe // /healthz
 	keys       *keyRing
 	issuer     auth.Issuer
 	tree       *tree.Tree
@@ -516,20 +521,6 @@ func (s *Server) buildHandler() error {
 	s.served = withStack(inner)
 	s.handler = withStack(withDeadlines(s.cfg.Conn, inner))
 	return nil
-}
-
-// healthz answers 200 when the store answers a read.
-func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	// Reading the revision makes every backend answer (etcd's reads are
-	// lazy: a View that reads nothing never reaches the cluster).
-	if err := s.store.View(ctx, func(tx store.ReadTxn) error { tx.Revision(); return nil }); err != nil {
-		http.Error(w, "store unavailable", http.StatusServiceUnavailable)
-		return
-	}
-	w.Header().Set("Content-Type", "text/plain")
-	_, _ = w.Write([]byte("ok\n"))
 }
 
 func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {

@@ -86,7 +86,8 @@
 // the grant can still be accepted). PruneTombstones drops them oldest
 // first and stops at the first grant tombstone still needed;
 // grants/feed/compacted is the highest sequence pruned. Pruning never
-// touches grants: a revoked grant stays revoked.
+// touches grants: a revoked grant stays revoked (until its holder's new
+// grants drop it, see Grants per node).
 //
 // The feed also carries the revocations of bearer tokens — operator tokens
 // and the other tokens the control plane mints for its own API —
@@ -99,6 +100,18 @@
 // Each grant tombstone names the grant's holder and lineage (the root of
 // the holder's tree), so that the control plane can show an agent only its
 // own lineage's revocations.
+//
+// # Grants per node
+//
+// A node holds at most Config.MaxPerNode live grants delegated by agents,
+// and as many issued by operators (makeRoom, in the transaction that
+// writes a new grant; past it the grant is refused, ErrLimit). Each new
+// grant also drops its holder's oldest dead grants of its kind (revoked,
+// or expired) past as many again — deleting the grant with its index
+// entries — except one another grant derives from: every chain names all
+// its ancestors. Its descendants are dead too, and once their holders
+// drop them it can go. The marker, and a revocation that read a grant
+// dropped since, skip it: it was dead.
 //
 // # The marker
 //

@@ -25,6 +25,9 @@ var (
 	// ErrContended: an optimistic transaction kept losing to concurrent
 	// writers of the same grants; the caller may retry.
 	ErrContended = fault.New(fault.Conflict, "grantstore: too much contention, retry")
+	// ErrLimit: the node a grant would be issued or delegated to already
+	// holds the most live grants of its kind (Config.MaxPerNode).
+	ErrLimit = fault.New(fault.Exhausted, "grantstore: too many grants")
 	// ErrStopped: the revocation feed stopped (the control plane is
 	// shutting down); a follower reconnects, to this replica or another.
 	ErrStopped = fault.New(fault.Unavailable, "grantstore: revocation feed stopped")

@@ -219,6 +219,9 @@ func (s *Service) markBatch(ctx context.Context, seq uint64, job markJob) (int, 
 		}
 		for _, c := range changes {
 			current, err := tx.Get(grantKey(c.grantID))
+			if errors.Is(err, store.ErrNotFound) {
+				continue // dropped since the snapshot (makeRoom): dead, and no grant derives from it
+			}
 			if err != nil {
 				return err
 			}

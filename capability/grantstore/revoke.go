@@ -261,6 +261,10 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 		err = s.cfg.Store.Update(ctx, func(tx store.Txn) error {
 			stale = false
 			current, err := tx.Get(grantKey(grantID))
+			if errors.Is(err, store.ErrNotFound) {
+				stale = true // dropped since the snapshot (makeRoom): dead
+				return nil
+			}
 			if err != nil {
 				return err
 			}
@@ -370,6 +374,9 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 			for _, p := range chunk {
 				grantID := p.revoked.GrantID
 				g, raw, err := getGrant(tx, grantID)
+				if errors.Is(err, capability.ErrUnknownGrant) {
+					continue // expired and dropped since the snapshot (makeRoom)
+				}
 				if err != nil {
 					return err
 				}

@@ -30,6 +30,7 @@ const (
 	DefaultHeartbeat     = 2 * time.Second
 	DefaultMarkBatch     = 512
 	DefaultPruneInterval = time.Minute
+	DefaultMaxPerNode    = 256
 	// maxAttempts bounds the optimistic retries of one request.
 	maxAttempts = 16
 )
@@ -54,7 +55,11 @@ type Config struct {
 	MarkBatch int
 	// PruneInterval is how often the pruner looks for droppable tombstones.
 	PruneInterval time.Duration
-	Log           *slog.Logger
+	// MaxPerNode bounds the live grants one node holds, counted apart for
+	// the grants agents delegated to it and the roots operators issued it
+	// (0: DefaultMaxPerNode). See makeRoom.
+	MaxPerNode int
+	Log        *slog.Logger
 	// OnPublish, if set, sees each tombstone as this replica's feed
 	// publishes it from a live store event (metrics). It runs on the feed's
 	// goroutine and must return quickly.
@@ -230,6 +235,9 @@ func (s *Service) IssueRoot(ctx context.Context, caller Caller, req RootRequest)
 		if err := s.requireRunning(tx, req.HolderNodeID, "holder_node_id"); err != nil {
 			return err
 		}
+		if err := s.makeRoom(tx, g, now); err != nil {
+			return err
+		}
 		return putGrant(tx, s.cfg.Tree, g, true)
 	})
 	if err != nil {
@@ -351,6 +359,9 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 				stale = true
 				return nil
 			} else if err != nil {
+				return err
+			}
+			if err := s.makeRoom(tx, g, now); err != nil {
 				return err
 			}
 			return putGrant(tx, s.cfg.Tree, g, true)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
@@ -30,6 +31,7 @@ func newServeCommand(g *globals) *cobra.Command {
 		agentCredentialTTL                                        time.Duration
 		hookAllow                                                 []string
 		maxPrivileges                                             int
+		maxGrants                                                 int
 		maxOpenLeasesPerHolder, maxOpenLeasesPerLineage           int
 		hookTimeout                                               time.Duration
 		terminationChunk                                          int
@@ -77,7 +79,7 @@ first start (tether token rotate-admin replaces it).`,
 				DataDir: g.dataDir, Listen: listen, TLSCert: tlsCert, TLSKey: tlsKey, TLSClientCA: tlsClientCA,
 				InsecurePlaintext: insecurePlaintext, Logger: log, RateLimit: rateLimit, AnonymousRateLimit: anonRateLimit,
 				MaxRequestBytes: maxRequestBytes, OperatorTokenTTL: operatorTokenTTL, Conn: limits,
-				PrivilegeHookAllow: hookAllow, PrivilegeMaxPerNode: maxPrivileges, PrivilegeHookTimeout: hookTimeout,
+				PrivilegeHookAllow: hookAllow, PrivilegeMaxPerNode: maxPrivileges, GrantMaxPerNode: maxGrants, PrivilegeHookTimeout: hookTimeout,
 				TerminationChunk:      terminationChunk,
 				LeaseMaxOpenPerHolder: maxOpenLeasesPerHolder, LeaseMaxOpenPerLineage: maxOpenLeasesPerLineage,
 				AgentCredentialTTL: agentCredentialTTL,
@@ -169,6 +171,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&limits.MaxStreamsPerLineage, "max-streams-per-lineage", 0, "open streams one agent lineage (a root and every descendant together) may hold; past it each node may still open 2 signal streams (Session, WatchSignals) and 2 streams of other kinds (a lease Channel, a watch) of its own, and further streams are refused resource_exhausted; 0: --max-connections-per-lineage, at least --max-streams-per-caller")
 	f.IntVar(&limits.MaxHeaderBytes, "max-header-bytes", limits.MaxHeaderBytes, "largest request headers (HTTP/1.1: 431; HTTP/2: the advertised header list size); an open stream keeps its headers while it lives")
 	f.StringSliceVar(&hookAllow, "privilege-hook-allow", nil, "destinations a privilege's revoke webhook may call, comma-separated or repeated: a host (any port), host:port, or a URL prefix like https://hooks.internal/revoke/; default none, so RegisterPrivilege refuses every revoke_url")
+	f.IntVar(&maxGrants, "grant-max-per-node", grantstore.DefaultMaxPerNode, "live grants one node may hold, delegated by agents and issued by operators apart; a node keeps as many dead (revoked or expired) ones, a new grant dropping the oldest no other grant derives from")
 	f.IntVar(&maxPrivileges, "privilege-max-per-node", privilege.DefaultMaxPrivilegesPerNode, "unexpired privileges one node may hold registered at a time, by its agents and by operators apart; a node keeps as many expired ones listed, a registration dropping the oldest")
 	f.IntVar(&maxOpenLeasesPerHolder, "lease-max-open-per-holder", controlplane.DefaultLeaseMaxOpenPerHolder, "open (not yet ended) job leases one agent may hold; an offer or reassignment past it is refused resource_exhausted; negative: no bound")
 	f.IntVar(&maxOpenLeasesPerLineage, "lease-max-open-per-lineage", controlplane.DefaultLeaseMaxOpenPerLineage, "open (not yet ended) job leases the agents of one lineage (a root and every descendant) may hold together; an offer or reassignment past it is refused resource_exhausted; negative: no bound")

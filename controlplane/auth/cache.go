@@ -27,6 +27,13 @@ import (
 //     limit are checked on every call as before, so a revocation takes
 //     effect on the next call whether the token is cached or not.
 //
+// It also remembers which cached tokens were refused as dead (markDead:
+// the token of a terminated, unknown or exited node, a revoked token). That
+// decides nothing either: it tells the Interceptor to charge the next call
+// with the token to its address's budget for requests without a valid
+// credential before it reads anything, as it does a token that does not
+// verify.
+//
 // Entries are keyed by the token's SHA-256 (the cache holds no credential)
 // and bounded by Max; when full, expired entries go first, then arbitrary
 // ones. Only tokens that verified are cached, so a flood of bad tokens
@@ -44,6 +51,7 @@ type cachedToken struct {
 	principal  Principal
 	by         verifiedBy
 	verifiedAt time.Time
+	dead       bool // refused as dead (markDead)
 }
 
 // DefaultTokenCacheSize is how many verified tokens a control plane keeps.
@@ -89,8 +97,15 @@ func (c *TokenCache) Parse(issuer Issuer, token string, now time.Time) (Principa
 // before and still valid at now, or false (the token must be verified).
 // It counts a hit or a miss.
 func (c *TokenCache) Lookup(issuer Issuer, token string, now time.Time) (Principal, bool) {
+	p, ok, _ := c.lookup(issuer, token, now)
+	return p, ok
+}
+
+// lookup is Lookup, also saying whether the token was refused as dead
+// (markDead).
+func (c *TokenCache) lookup(issuer Issuer, token string, now time.Time) (p Principal, ok, dead bool) {
 	if c == nil || token == "" || len(token) > MaxTokenBytes {
-		return Principal{}, false
+		return Principal{}, false, false
 	}
 	sum := sha256.Sum256([]byte(token))
 	c.mu.Lock()
@@ -98,10 +113,27 @@ func (c *TokenCache) Lookup(issuer Issuer, token string, now time.Time) (Princip
 	c.mu.Unlock()
 	if ok && e.stillValid(issuer, now) {
 		c.hits.Add(1)
-		return e.principal, true
+		return e.principal, true, e.dead
 	}
 	c.misses.Add(1)
-	return Principal{}, false
+	return Principal{}, false, false
+}
+
+// markDead notes that a cached token was refused as dead. A token not
+// cached (evicted since) is not noted: its next call verifies it again,
+// and a verification is charged like a dead refusal once the address's
+// budget is spent.
+func (c *TokenCache) markDead(token string) {
+	if c == nil || token == "" || len(token) > MaxTokenBytes {
+		return
+	}
+	sum := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[sum]; ok {
+		e.dead = true
+		c.entries[sum] = e
+	}
 }
 
 // verify verifies a token the cache could not answer for, and caches it

@@ -28,7 +28,10 @@
 // Rate limits (RateLimiter) are token buckets per budget: an agent spends
 // from its lineage's (its root and every descendant share one), an
 // operator from its own, and requests without a valid credential from
-// their source address's. Every stream message costs one request, and a
+// their source address's — a credential that verifies but is dead (a
+// revoked token, a terminated, unknown or exited node's) among them, which
+// the cache remembers, so that once the address's budget is spent it is
+// refused before its node is read. Every stream message costs one request, and a
 // batch on a lease Channel one per message it carries (Spend). A refusal
 // is ResourceExhausted, with the wait in the message and in a Retry-After
 // header. MaxStreams bounds the streams one principal holds open, and

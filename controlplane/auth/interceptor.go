@@ -119,8 +119,10 @@ type Interceptor struct {
 	Owing *RateLimiter
 	// Anonymous bounds, per source address (an IPv6 address's /64:
 	// sourceOf), the requests that carry no valid credential (nil:
-	// unlimited). An address past it is refused
-	// before its next credential is verified.
+	// unlimited): a token that does not verify, and one that does but is
+	// dead (revoked, or an agent's whose node is terminated, unknown or
+	// exited). An address past it is refused before its next credential
+	// is verified, and before a dead one's node is read again.
 	Anonymous *RateLimiter
 	// MaxStreams bounds the streams one principal holds open at once
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
@@ -215,25 +217,31 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	token, err := bearer(header)
 	var p Principal
 	if err == nil {
-		var cached bool
-		if p, cached = i.Cache.Lookup(i.Issuer, token, now); !cached {
+		var cached, dead bool
+		if p, cached, dead = i.Cache.lookup(i.Issuer, token, now); !cached || dead {
 			// A source that keeps failing is refused before the next
-			// verification: a flood of bad tokens costs a map lookup each.
-			if peer != "" {
-				if limited, wait := i.Anonymous.Exhausted(sourceBudget(peer)); limited {
-					return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
-				}
+			// verification, or the next read a dead credential would
+			// cost: a flood of bad tokens, or of a dead node's, costs a
+			// map lookup each.
+			if err := i.anonymousExhausted(peer); err != nil {
+				return ctx, err
 			}
+		}
+		if !cached {
 			p, err = i.Cache.verify(i.Issuer, token, now)
 		}
 	}
 	if err != nil {
-		if peer != "" {
-			if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-				return ctx, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
-			}
-		}
-		return ctx, connect.NewError(connect.CodeUnauthenticated, err)
+		return ctx, i.chargeAnonymous(peer, connect.NewError(connect.CodeUnauthenticated, err))
+	}
+	// A credential that verifies but is dead (a revoked token, a
+	// terminated, unknown or exited node's) has no principal whose budget
+	// its refusal could cost: it costs its address's, as a token that does
+	// not verify does, and is remembered as dead, so that once the budget
+	// is spent it is refused before its node is read again.
+	dead := func(refusal error) error {
+		i.Cache.markDead(token)
+		return i.chargeAnonymous(peer, refusal)
 	}
 	if i.Revoked != nil && p.TokenID != "" {
 		revoked, err := i.Revoked(ctx, p.TokenID)
@@ -241,18 +249,20 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the token's revocation: %w", err))
 		}
 		if revoked {
-			return ctx, connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", ErrRevoked, p.TokenID))
+			return ctx, dead(connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: token %s was revoked", ErrRevoked, p.TokenID)))
 		}
 	}
 	if p.IsAgent() && i.AgentActive != nil {
 		lineage, err := i.AgentActive(WithProcedure(ctx, procedure), p.Subject)
 		if err != nil {
 			if errors.Is(err, ErrRevoked) {
-				return ctx, connect.NewError(connect.CodeUnauthenticated, err)
+				return ctx, dead(connect.NewError(connect.CodeUnauthenticated, err))
 			}
 			var ce *connect.Error
 			if errors.As(err, &ce) {
-				return ctx, ce // the hook chose the code (an exited node: FailedPrecondition)
+				// The hook chose the code (an exited node:
+				// FailedPrecondition); a node that may not act is dead.
+				return ctx, dead(ce)
 			}
 			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the agent's node: %w", err))
 		}
@@ -431,6 +441,33 @@ func rateLimited(who string, wait time.Duration) error {
 }
 
 func sourceBudget(peer string) string { return "addr:" + sourceOf(peer) }
+
+// anonymousExhausted refuses, charging nothing, a request from peer once
+// its address's budget for requests without a valid credential is spent
+// (Anonymous); nil when it is not, or when peer is unknown ("": the
+// request did not come through the Gate).
+func (i *Interceptor) anonymousExhausted(peer string) error {
+	if peer == "" {
+		return nil
+	}
+	if limited, wait := i.Anonymous.Exhausted(sourceBudget(peer)); limited {
+		return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	}
+	return nil
+}
+
+// chargeAnonymous charges the refusal of a request without a valid
+// credential to its address's budget (Anonymous) and returns it, or the
+// budget's refusal once it is spent.
+func (i *Interceptor) chargeAnonymous(peer string, refusal error) error {
+	if peer == "" {
+		return refusal
+	}
+	if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
+		return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	}
+	return refusal
+}
 
 // sourceOf names the source a request without a valid credential is
 // budgeted by: an IPv4 address, or an IPv6 address's /64 — the block one

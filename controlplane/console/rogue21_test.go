@@ -21,7 +21,7 @@ import (
 // TestARoguesRevocationsDoNotMakeTheFeedPageOpenLong: the revocation
 // feed page opened its stream from the feed's start, so every live
 // tombstone came to the page (which kept the newest 500): the rogue
-// delegates 600 grants to its child and revokes them at once, and the
+// delegates 600 grants to its children and revokes them at once, and the
 // page's opening carried all 600 before the first head. The page now
 // asks for the newest 500 only (WatchRevocations' newest) and follows the
 // feed from its head. (Fails if the opening carries more than the page
@@ -31,27 +31,32 @@ func TestARoguesRevocationsDoNotMakeTheFeedPageOpenLong(t *testing.T) {
 	w := newWorld(t)
 	bg := context.Background()
 	rogue := w.srv.Clients(w.creds["rogue"])
-	child, err := rogue.Agent.Spawn(bg, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.nodes["rogue"].NodeId, Name: "sink"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := child.Msg.Node.NodeId
-	const grants = 600
-	for i := range grants {
-		if _, err := rogue.Capability.Delegate(bg, connect.NewRequest(&tetherv1.DelegateRequest{
-			ParentGrantId: w.grants["rogue"], HolderNodeId: sink, Scopes: []string{"tool:http"}, Ttl: durationpb.New(10 * time.Minute),
-		})); err != nil {
-			t.Fatalf("delegation %d: %v", i, err)
+	// Three children of 200 each: a node holds at most 256 live grants
+	// delegated by agents (--grant-max-per-node).
+	const grants, sinks = 600, 3
+	var head uint64
+	for s := range sinks {
+		child, err := rogue.Agent.Spawn(bg, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.nodes["rogue"].NodeId, Name: fmt.Sprintf("sink-%d", s)}))
+		if err != nil {
+			t.Fatal(err)
 		}
+		sink := child.Msg.Node.NodeId
+		for i := range grants / sinks {
+			if _, err := rogue.Capability.Delegate(bg, connect.NewRequest(&tetherv1.DelegateRequest{
+				ParentGrantId: w.grants["rogue"], HolderNodeId: sink, Scopes: []string{"tool:http"}, Ttl: durationpb.New(10 * time.Minute),
+			})); err != nil {
+				t.Fatalf("delegation %d to sink %d: %v", i, s, err)
+			}
+		}
+		revoked, err := rogue.Capability.Revoke(bg, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: sink}, Reason: "churn"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(revoked.Msg.RevokedGrantIds); n != grants/sinks {
+			t.Fatalf("the rogue revoked %d grants of sink %d, want %d", n, s, grants/sinks)
+		}
+		head = revoked.Msg.Sequence
 	}
-	revoked, err := rogue.Capability.Revoke(bg, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: sink}, Reason: "churn"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(revoked.Msg.RevokedGrantIds); n != grants {
-		t.Fatalf("the rogue revoked %d grants, want %d", n, grants)
-	}
-	head := revoked.Msg.Sequence
 
 	b := newBrowser(t, w.srv.URL)
 	b.signIn(w.token(t, tetherv1.Role_ROLE_VIEWER))
