@@ -421,7 +421,7 @@ func (h *leaseService) coordinate(ctx context.Context, job, decision string, bui
 		if newHolder != "" {
 			// A reassignment gives the new holder an open lease: within
 			// the bounds, as an offer.
-			res, err = h.leases().ApplyBounded(ctx, m, guard, lineage)
+			res, err = h.applyBounded(ctx, p, m, guard, lineage)
 		} else {
 			res, err = h.leases().ApplyIf(ctx, m, guard)
 		}
@@ -548,7 +548,7 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 	// Within the bounds on open leases (Config.LeaseMaxOpenPerHolder,
 	// LeaseMaxOpenPerLineage): past them refused resource_exhausted,
 	// unjudged.
-	res, err := h.leases().ApplyBounded(ctx, m, guard, lineage)
+	res, err := h.applyBounded(ctx, p, m, guard, lineage)
 	if errors.Is(err, errJobExists) {
 		// Judged (and answered with the lease) only for its lineage.
 		current, getErr := h.leases().Get(ctx, req.Msg.JobId)
@@ -562,7 +562,7 @@ func (h *leaseService) Offer(ctx context.Context, req *connect.Request[tetherv1.
 		if !ok {
 			return nil, denied("job id %q is already in use outside your lineage; choose another job id", req.Msg.JobId)
 		}
-		res, err = h.leases().ApplyBounded(ctx, m, sameParties(current), lineage)
+		res, err = h.applyBounded(ctx, p, m, sameParties(current), lineage)
 	}
 	if err != nil {
 		return nil, toConnect(err)

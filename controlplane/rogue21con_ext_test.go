@@ -19,10 +19,11 @@ import (
 
 // prefixCountingStore is the server's real Badger store, counting the keys
 // its scans read under the proposals' and the records' own prefixes (a
-// read of every stored proposal, or every record).
+// read of every stored proposal, or every record), and under the records'
+// indexes (records-by-…).
 type prefixCountingStore struct {
 	store.Store
-	proposals, records atomic.Int64
+	proposals, records, recordIndexes atomic.Int64
 }
 
 type prefixCountingRead struct {
@@ -42,6 +43,8 @@ func (s *prefixCountingStore) count(prefix []byte, fn func(k, v []byte) error) f
 		n = &s.proposals
 	case strings.HasPrefix(string(prefix), "records/"):
 		n = &s.records
+	case strings.HasPrefix(string(prefix), "records-by-"):
+		n = &s.recordIndexes
 	default:
 		return fn
 	}
@@ -268,8 +271,11 @@ func TestProposalsAndRecordsStoredBeforeTheirIndexesAreIndexedAtStart(t *testing
 	}
 	srv.Stop()
 	// As an earlier version left it: no index, no mark; then as a start
-	// killed half-way left it: one record's and one proposal's entries.
-	unindex := func(keep int) {
+	// killed half-way left it: one record's and one proposal's entries;
+	// then as the version before the index of records by tree and
+	// requester left it: the other indexes and their mark, not that one.
+	everyIndex := []string{"proposals-by-node/", "records-by-tree/", "records-by-requester/", "records-by-tree-requester/", "supervisor-meta/"}
+	unindex := func(keep int, prefixes ...string) {
 		t.Helper()
 		st, err := badgerstore.OpenBadger(filepath.Join(dir, "store"), badgerstore.BadgerOptions{})
 		if err != nil {
@@ -277,7 +283,7 @@ func TestProposalsAndRecordsStoredBeforeTheirIndexesAreIndexedAtStart(t *testing
 		}
 		defer st.Close()
 		err = st.Update(bg, func(tx store.Txn) error {
-			for _, prefix := range []string{"proposals-by-node/", "records-by-tree/", "records-by-requester/", "supervisor-meta/"} {
+			for _, prefix := range prefixes {
 				var keys [][]byte
 				if err := tx.Scan([]byte(prefix), nil, func(k, _ []byte) error {
 					keys = append(keys, append([]byte(nil), k...))
@@ -285,10 +291,10 @@ func TestProposalsAndRecordsStoredBeforeTheirIndexesAreIndexedAtStart(t *testing
 				}); err != nil {
 					return err
 				}
-				if len(keys) == 0 && prefix != "supervisor-meta/" {
+				if len(keys) == 0 && !strings.HasPrefix(prefix, "supervisor-meta/") {
 					return fmt.Errorf("no keys under %s: the test no longer knows the index's layout", prefix)
 				}
-				if prefix == "supervisor-meta/" {
+				if strings.HasPrefix(prefix, "supervisor-meta/") {
 					keep = 0 // never the mark
 				}
 				for _, k := range keys[min(keep, len(keys)):] {
@@ -320,6 +326,7 @@ func TestProposalsAndRecordsStoredBeforeTheirIndexesAreIndexedAtStart(t *testing
 		for _, req := range []*tetherv1.ListRecordsRequest{
 			{TreeNodeId: rogue.Node.NodeId},
 			{RequestedBy: tetherv1.RecordRequester_RECORD_REQUESTER_AGENT},
+			{TreeNodeId: rogue.Node.NodeId, RequestedBy: tetherv1.RecordRequester_RECORD_REQUESTER_AGENT},
 		} {
 			got, err := admin.Supervisor.ListRecords(bg, connect.NewRequest(req))
 			if err != nil {
@@ -330,8 +337,10 @@ func TestProposalsAndRecordsStoredBeforeTheirIndexesAreIndexedAtStart(t *testing
 			}
 		}
 	}
-	unindex(0)
+	unindex(0, everyIndex...)
 	check("a data directory without the indexes")
-	unindex(1)
+	unindex(1, everyIndex...)
 	check("a data directory indexed in part, without the mark")
+	unindex(0, "records-by-tree-requester/", "supervisor-meta/indexed/records-by-tree-requester")
+	check("a data directory with the indexes before the one by tree and requester")
 }

@@ -119,7 +119,8 @@ type Config struct {
 	// LeaseMaxOpenPerHolder bounds the open (not terminal) job leases one
 	// agent holds, LeaseMaxOpenPerLineage those the agents of one lineage
 	// hold together: an offer or reassignment past either is refused
-	// resource_exhausted. Zero means DefaultLeaseMaxOpenPerHolder and
+	// resource_exhausted (an operator's is held to the bound per holder
+	// only; its lease counts in the lineage). Zero means DefaultLeaseMaxOpenPerHolder and
 	// DefaultLeaseMaxOpenPerLineage, negative no bound.
 	LeaseMaxOpenPerHolder, LeaseMaxOpenPerLineage int
 	// TerminationChunk bounds the nodes (or tool calls) one transaction

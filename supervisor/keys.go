@@ -17,9 +17,14 @@ const (
 	prefixPropByNode   = "proposals-by-node/"      // proposals-by-node/<node id>/<id> → "" (every proposal, pending or decided)
 	prefixRecordByTree = "records-by-tree/"        // records-by-tree/<root id>/<record id> → requester ("operator", "agent", "rollout")
 	prefixRecordByReq  = "records-by-requester/"   // records-by-requester/<requester>/<record id> → ""
-	// indexedKey marks the indexes above complete: written once
-	// IndexStored has indexed what a version before them had stored.
-	indexedKey = "supervisor-meta/indexed/proposals-by-node,records-by-tree"
+	// records-by-tree-requester/<root id>/<requester>/<record id> → ""
+	prefixRecordByTreeReq = "records-by-tree-requester/"
+	// indexedKey marks the indexes of proposals by node and of records by
+	// tree and by requester complete, indexedTreeReqKey the index of
+	// records by tree and requester: each written once IndexStored has
+	// indexed what a version before that index had stored.
+	indexedKey        = "supervisor-meta/indexed/proposals-by-node,records-by-tree"
+	indexedTreeReqKey = "supervisor-meta/indexed/records-by-tree-requester"
 	// pendingRulesIndexedKey marks the pending index complete with the
 	// stop rules' proposals, which a version before it left out.
 	pendingRulesIndexedKey = "supervisor-meta/indexed/proposals-pending-rules"
@@ -56,6 +61,12 @@ func propByNodeKey(node, id string) []byte {
 func recordByTreePrefix(root string) []byte { return []byte(prefixRecordByTree + root + "/") }
 func recordByTreeKey(root, id string) []byte {
 	return []byte(prefixRecordByTree + root + "/" + id)
+}
+func recordByTreeReqPrefix(root, req string) []byte {
+	return []byte(prefixRecordByTreeReq + root + "/" + req + "/")
+}
+func recordByTreeReqKey(root, req, id string) []byte {
+	return []byte(prefixRecordByTreeReq + root + "/" + req + "/" + id)
 }
 func recordByReqPrefix(req string) []byte { return []byte(prefixRecordByReq + req + "/") }
 func recordByReqKey(req, id string) []byte {

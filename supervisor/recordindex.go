@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -50,8 +49,9 @@ type RecordFilter struct {
 }
 
 // indexRecord writes, inside tx, the record's entries in the indexes by
-// tree and by requester, for the termination t that wrote it: one per
-// tree of its subtree roots (a rollout's batch may stop several).
+// tree, by requester and by tree and requester together, for the
+// termination t that wrote it: one per tree of its subtree roots (a
+// rollout's batch may stop several).
 func indexRecord(tx store.Txn, recordID string, t Termination) error {
 	req := requesterNames[requesterOf(t)]
 	roots := t.Roots
@@ -76,6 +76,9 @@ func indexRecord(tx store.Txn, recordID string, t Termination) error {
 		if err := tx.Put(recordByTreeKey(root, recordID), []byte(req)); err != nil {
 			return err
 		}
+		if err := tx.Put(recordByTreeReqKey(root, req, recordID), nil); err != nil {
+			return err
+		}
 	}
 	return tx.Put(recordByReqKey(req, recordID), nil)
 }
@@ -83,16 +86,16 @@ func indexRecord(tx store.Txn, recordID string, t Termination) error {
 // recordIDsOf lists, read in tx, up to pageSize record ids after
 // pageToken that pass the filter, in id order, and the next page's token
 // when there are more. A filtered listing reads its index only (the
-// tree's, or the requester's), never every record.
+// tree's, the requester's, or with both filters the tree's of that
+// requester), never every record, nor the records of the tree another
+// requester asked for: a page costs the entries it lists.
 func recordIDsOf(tx store.ReadTxn, f RecordFilter, pageToken string, pageSize int) (ids []string, next string, err error) {
 	var prefix, start []byte
-	want := []byte(nil)
 	switch {
+	case f.Tree != "" && f.Requester != RequesterAny:
+		prefix = recordByTreeReqPrefix(f.Tree, requesterNames[f.Requester])
 	case f.Tree != "":
 		prefix = recordByTreePrefix(f.Tree)
-		if f.Requester != RequesterAny {
-			want = []byte(requesterNames[f.Requester])
-		}
 	case f.Requester != RequesterAny:
 		prefix = recordByReqPrefix(requesterNames[f.Requester])
 	default:
@@ -109,9 +112,6 @@ func recordIDsOf(tx store.ReadTxn, f RecordFilter, pageToken string, pageSize in
 		if strings.Contains(rest, "/") {
 			return nil // a record's part
 		}
-		if want != nil && !bytes.Equal(v, want) {
-			return nil
-		}
 		if len(ids) == pageSize {
 			next = ids[len(ids)-1]
 			return store.ErrStopScan
@@ -126,13 +126,15 @@ func recordIDsOf(tx store.ReadTxn, f RecordFilter, pageToken string, pageSize in
 const indexChunkEntries = 256
 
 // IndexStored indexes what a version before the indexes of proposals by
-// node and of records by tree and requester had stored, and the pending
-// proposals of stop rules a version before left out of the pending index,
-// each once: a chunk
-// per transaction, each entry written as new writes write it (so a chunk
-// done twice, after a kill -9, writes the same keys), then the mark that
-// says they are complete. The control plane runs it at start, before it
-// serves; with the mark written it reads one key.
+// node and of records by tree, by requester and by tree and requester had
+// stored, and the pending proposals of stop rules a version before left
+// out of the pending index, each once: a chunk per transaction, each entry
+// written as new writes write it (so a chunk done twice, after a kill -9,
+// writes the same keys), then the marks that say they are complete. Each
+// index added later has its own mark (indexedTreeReqKey,
+// pendingRulesIndexedKey), so that a data directory whose older indexes
+// are complete is indexed again for the new one. The control plane runs it
+// at start, before it serves; with the marks written it reads three keys.
 func (s *Supervisor) IndexStored(ctx context.Context) (indexed int, err error) {
 	n, err := s.indexByNodeAndTree(ctx)
 	indexed += n
@@ -179,10 +181,15 @@ func (s *Supervisor) indexPendingRules(ctx context.Context) (int, error) {
 	return n, s.Store.Update(ctx, func(tx store.Txn) error { return tx.Put([]byte(pendingRulesIndexedKey), []byte("1")) })
 }
 
-// indexByNodeAndTree indexes the proposals by node and the records by
-// tree and requester, once.
+// indexByNodeAndTree indexes the records by tree, by requester and by
+// tree and requester, and the proposals by node, once each.
 func (s *Supervisor) indexByNodeAndTree(ctx context.Context) (indexed int, err error) {
-	if done, err := s.marked(ctx, indexedKey); err != nil || done {
+	proposalsDone, err := s.marked(ctx, indexedKey)
+	if err != nil {
+		return 0, err
+	}
+	recordsDone, err := s.marked(ctx, indexedTreeReqKey)
+	if err != nil || (proposalsDone && recordsDone) {
 		return 0, err
 	}
 	// The records, by their terminations' index (records-by-term/<t> → r).
@@ -206,19 +213,26 @@ func (s *Supervisor) indexByNodeAndTree(ctx context.Context) (indexed int, err e
 	if err != nil {
 		return indexed, err
 	}
-	// The proposals, each under its node.
-	n, err = s.indexAll(ctx, []byte(prefixProposal), func(tx store.Txn, k, v []byte) error {
-		p := &StopProposal{}
-		if err := decodeProposal(v, p); err != nil {
+	if !proposalsDone {
+		// The proposals, each under its node.
+		n, err = s.indexAll(ctx, []byte(prefixProposal), func(tx store.Txn, k, v []byte) error {
+			p := &StopProposal{}
+			if err := decodeProposal(v, p); err != nil {
+				return err
+			}
+			return tx.Put(propByNodeKey(p.NodeID, p.ProposalID), nil)
+		})
+		indexed += n
+		if err != nil {
+			return indexed, err
+		}
+	}
+	return indexed, s.Store.Update(ctx, func(tx store.Txn) error {
+		if err := tx.Put([]byte(indexedKey), []byte("1")); err != nil {
 			return err
 		}
-		return tx.Put(propByNodeKey(p.NodeID, p.ProposalID), nil)
+		return tx.Put([]byte(indexedTreeReqKey), []byte("1"))
 	})
-	indexed += n
-	if err != nil {
-		return indexed, err
-	}
-	return indexed, s.Store.Update(ctx, func(tx store.Txn) error { return tx.Put([]byte(indexedKey), []byte("1")) })
 }
 
 // indexAll runs index on every entry under prefix, a chunk

@@ -191,11 +191,25 @@ func boundedHolder(m lease.Message, current lease.Lease) string {
 // holder's account (account, the holder's lineage; "" for none) holds
 // Config.MaxOpenPerAccount.
 func (c *Coordinator) ApplyBounded(ctx context.Context, m lease.Message, guard func(lease.Lease) error, account string) (Result, error) {
+	return c.applyBounded(ctx, m, guard, account, false)
+}
+
+// ApplyHolderBounded is ApplyBounded held to Config.MaxOpenPerHolder
+// only: the lease it opens counts under account all the same, so that
+// the account's own offers see it, but a full account does not refuse
+// it. It is for the principals a full account must not lock out (the
+// control plane's operators): an account's bound is one tenant's share,
+// and a tenant that filled it must not stop those who can empty it.
+func (c *Coordinator) ApplyHolderBounded(ctx context.Context, m lease.Message, guard func(lease.Lease) error, account string) (Result, error) {
+	return c.applyBounded(ctx, m, guard, account, true)
+}
+
+func (c *Coordinator) applyBounded(ctx context.Context, m lease.Message, guard func(lease.Lease) error, account string, holderOnly bool) (Result, error) {
 	if m == nil || jobKeyIsReserved(m.Job()) {
 		return c.ApplyIf(ctx, m, guard)
 	}
 	ch := make(chan answer, 1)
-	c.send(c.shardOf(m.Job()), op{kind: opJudge, msg: m, guard: guard, bounded: true, account: account,
+	c.send(c.shardOf(m.Job()), op{kind: opJudge, msg: m, guard: guard, bounded: true, account: account, holderOnly: holderOnly,
 		done: func(r Result, err error) { ch <- answer{r, err} }})
 	return wait(ctx, ch)
 }

@@ -91,7 +91,8 @@ type Config struct {
 	// terminal) leases one holder, and the holders of one account (the
 	// caller's name for a holder's lineage), may hold: an offer or
 	// reassignment through ApplyBounded past either is refused ErrLimit,
-	// unjudged. 0: no bound. Terminal leases are not counted.
+	// unjudged (through ApplyHolderBounded, past the first only). 0: no
+	// bound. Terminal leases are not counted.
 	MaxOpenPerHolder, MaxOpenPerAccount int
 	// Accounts names the account of each of holders (those of open
 	// leases a run's load found, whose accounts no bounded message named

@@ -36,9 +36,11 @@ type op struct {
 	holders map[string]bool
 	jobs    func([]string, error)
 	// bounded: the message is judged within the bounds on open leases
-	// (ApplyBounded), its holder counted under account.
-	bounded bool
-	account string
+	// (ApplyBounded), its holder counted under account; holderOnly: held
+	// to the bound per holder only (ApplyHolderBounded).
+	bounded    bool
+	account    string
+	holderOnly bool
 }
 
 func (o op) fail(err error) {
@@ -406,8 +408,11 @@ func (s *shard) handle(o op) {
 				current = e.pending
 			}
 			if holder := boundedHolder(o.msg, current); holder != "" {
-				cfg := s.c.cfg
-				if err := s.c.open.reserve(holder, o.account, cfg.MaxOpenPerHolder, cfg.MaxOpenPerAccount); err != nil {
+				perHolder, perAccount := s.c.cfg.MaxOpenPerHolder, s.c.cfg.MaxOpenPerAccount
+				if o.holderOnly {
+					perAccount = 0
+				}
+				if err := s.c.open.reserve(holder, o.account, perHolder, perAccount); err != nil {
 					o.done(Result{}, err)
 					return
 				}
