@@ -19,13 +19,15 @@ import (
 // more than 500 tombstones reach the follower before the operator's.)
 func TestADisplayFollowerBehindARevocationFloodSkipsToTheNewest(t *testing.T) {
 	w := newWorld(t, 0)
-	nodes := w.chainOfNodes(2)
-	rogue, victim := nodes[1], nodes[0]
+	// The rogue's grants on six nodes of its tree: a node holds at most
+	// DefaultMaxPerNode live grants of a kind.
+	nodes := w.chainOfNodes(7)
+	rogues, victim := nodes[1:], nodes[0]
 	w.runFeed()
 	ctx := context.Background()
 	const flood, shown = 1200, 500
-	for range flood {
-		w.root(rogue, time.Hour, "tool:*")
+	for i := range flood {
+		w.root(rogues[i%len(rogues)], time.Hour, "tool:*")
 	}
 	mine := w.root(victim, time.Hour, "tool:*")
 	seen := errors.New("the operator's revocation reached the follower")
@@ -37,8 +39,10 @@ func TestADisplayFollowerBehindARevocationFloodSkipsToTheNewest(t *testing.T) {
 			// The follower is busy with its opening while the rogue
 			// floods and then the operator revokes: it is behind.
 			opened = true
-			if _, err := w.svc.Revoke(ctx, security, Target{HolderNodeID: rogue}, "flood"); err != nil {
-				return err
+			for _, rogue := range rogues {
+				if _, err := w.svc.Revoke(ctx, security, Target{HolderNodeID: rogue}, "flood"); err != nil {
+					return err
+				}
 			}
 			res := w.revoke(security, mine.GrantID)
 			w.waitFeed("the operator's revocation", func(_ []capability.Tombstone, head, _ uint64) bool { return head >= res.Sequence })

@@ -29,21 +29,25 @@ func TestTheFeedPageGivesTheTombstonesItSkippedAPageOfTheirOwn(t *testing.T) {
 	w := newWorld(t)
 	bg := context.Background()
 	rogue := w.srv.Clients(w.creds["rogue"])
-	child, err := rogue.Agent.Spawn(bg, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.nodes["rogue"].NodeId, Name: "sink"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const grants = 600
-	for i := range grants {
-		if _, err := rogue.Capability.Delegate(bg, connect.NewRequest(&tetherv1.DelegateRequest{
-			ParentGrantId: w.grants["rogue"], HolderNodeId: child.Msg.Node.NodeId, Scopes: []string{"tool:http"}, Ttl: durationpb.New(10 * time.Minute),
-		})); err != nil {
-			t.Fatalf("delegation %d: %v", i, err)
+	// Three sinks of 200 grants each: a node holds at most 256 live grants
+	// delegated by agents (--grant-max-per-node).
+	const grants, sinks = 600, 3
+	var revoked *connect.Response[tetherv1.RevokeResponse]
+	for s := range sinks {
+		child, err := rogue.Agent.Spawn(bg, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.nodes["rogue"].NodeId, Name: fmt.Sprintf("sink-%d", s)}))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	revoked, err := rogue.Capability.Revoke(bg, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: child.Msg.Node.NodeId}, Reason: "churn"}))
-	if err != nil {
-		t.Fatal(err)
+		for i := range grants / sinks {
+			if _, err := rogue.Capability.Delegate(bg, connect.NewRequest(&tetherv1.DelegateRequest{
+				ParentGrantId: w.grants["rogue"], HolderNodeId: child.Msg.Node.NodeId, Scopes: []string{"tool:http"}, Ttl: durationpb.New(10 * time.Minute),
+			})); err != nil {
+				t.Fatalf("delegation %d to sink %d: %v", i, s, err)
+			}
+		}
+		if revoked, err = rogue.Capability.Revoke(bg, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: child.Msg.Node.NodeId}, Reason: "churn"})); err != nil {
+			t.Fatal(err)
+		}
 	}
 	head := revoked.Msg.Sequence
 	oldestShown := head - 499
