@@ -431,12 +431,18 @@ func revokeUnrelated(ctx context.Context, srv *benchServer, holder string, n int
 // capabilityDurable measures durable Delegate and Revoke throughput
 // through the real server with 64 concurrent clients, one connection each:
 // every acknowledged call is committed to Badger with SyncWrites.
-// Delegations come from one parent grant to a child node (each writes a
-// grant and its index entries and mints a token); revocations revoke
-// those grants one by one, as their parent's holder (each writes the
-// grant, a tombstone and the feed head).
+// Delegations come from one parent grant to the root's children in turn
+// (each writes a grant and its index entries and mints a token; a node
+// holds at most grantstore.DefaultMaxPerNode live grants delegated by
+// agents, so they are spread over durableHolders children); revocations
+// revoke those grants one by one, as their parent's holder (each writes
+// the grant, a tombstone and the feed head).
+// durableHolders is how many nodes capability/durable delegates to: room
+// for 512 × 256 live grants, more than its clients make in a run.
+const durableHolders = 512
+
 func capabilityDurable(ctx context.Context, r *Report, srv *benchServer) error {
-	line, err := registerLine(ctx, srv, 2)
+	line, err := registerLine(ctx, srv, 1)
 	if err != nil {
 		return err
 	}
@@ -444,6 +450,15 @@ func capabilityDurable(ctx context.Context, r *Report, srv *benchServer) error {
 	if err != nil {
 		return err
 	}
+	holders := make([]string, durableHolders)
+	for i := range holders {
+		child, err := line[0].conn.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: line[0].id, Name: fmt.Sprintf("holder-%d", i)}))
+		if err != nil {
+			return err
+		}
+		holders[i] = child.Msg.Node.NodeId
+	}
+	var next atomic.Uint64
 	const workers = 64
 	// Each client has its own connection, as separate agents would.
 	clients := make([]*agentsdk.Conn, workers)
@@ -455,7 +470,7 @@ func capabilityDurable(ctx context.Context, r *Report, srv *benchServer) error {
 		created []string
 	)
 	delegateOnce := func(ctx context.Context, worker int) error {
-		resp, err := clients[worker].Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: root.GrantId, HolderNodeId: line[1].id, Scopes: []string{"tool:shell"}}))
+		resp, err := clients[worker].Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: root.GrantId, HolderNodeId: holders[next.Add(1)%durableHolders], Scopes: []string{"tool:shell"}}))
 		if err != nil {
 			return err
 		}
