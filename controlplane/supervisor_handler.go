@@ -174,10 +174,7 @@ func (h *supervisorService) ListRecords(ctx context.Context, req *connect.Reques
 		if err != nil {
 			return nil, toConnect(err)
 		}
-		f.Tree = n.NodeID
-		if len(n.Ancestors) > 0 {
-			f.Tree = n.Ancestors[0]
-		}
+		f.Tree = tree.Root(n)
 	}
 	recs, next, partial, err := h.s.supervisor.RecordsOf(ctx, f, req.Msg.PageToken, size)
 	if err != nil {
