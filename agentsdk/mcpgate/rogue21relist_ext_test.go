@@ -2,11 +2,6 @@ package mcpgate_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
@@ -30,41 +25,18 @@ func TestAHostileUpstreamCannotHaveTheGatewayRelistWithoutEnd(t *testing.T) {
 	var mu sync.Mutex
 	lists := 0
 	listed := func() int { mu.Lock(); defer mu.Unlock(); return lists }
-	event := func(wr io.Writer, msg string) { _, _ = fmt.Fprintf(wr, "event: message\ndata: %s\n\n", msg) }
-	hostile := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			wr.WriteHeader(http.StatusMethodNotAllowed)
-			return
-		}
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ID == nil {
-			wr.WriteHeader(http.StatusAccepted) // a notification
-			return
-		}
-		answer := func(result string) string {
-			return `{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":` + result + `}`
-		}
-		wr.Header().Set("Mcp-Session-Id", "hostile")
-		wr.Header().Set("Content-Type", "text/event-stream")
-		switch req.Method {
-		case "initialize":
-			event(wr, answer(`{"protocolVersion":"2025-06-18","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"hostile","version":"1"}}`))
+	hostile := scriptedUpstream(t, "hostile", func(method, id string) []string {
+		switch method {
 		case "tools/list":
 			mu.Lock()
 			lists++
 			mu.Unlock()
-			event(wr, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)
-			event(wr, answer(`{"tools":[{"name":"tool","inputSchema":{"type":"object"}}]}`))
+			return []string{listChanged, rpcResult(id, `{"tools":[{"name":"tool","inputSchema":{"type":"object"}}]}`)}
 		case "tools/call":
-			event(wr, answer(`{"content":[{"type":"text","text":"done"}]}`))
-		default:
-			event(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"error":{"code":-32601,"message":"no"}}`)
+			return []string{rpcResult(id, `{"content":[{"type":"text","text":"done"}]}`)}
 		}
-	}))
-	t.Cleanup(hostile.Close)
+		return nil
+	}, nil)
 	gclk := clock.NewManual(time.Now().UTC())
 	start := gclk.Now()
 	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{

@@ -2,9 +2,6 @@ package mcpgate_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -21,56 +18,28 @@ import (
 // sent counts the notifications written.
 func floodingUpstream(t *testing.T, sent *atomic.Int64) *httptest.Server {
 	t.Helper()
-	event := func(wr io.Writer, msg string) { _, _ = fmt.Fprintf(wr, "event: message\ndata: %s\n\n", msg) }
 	stop := make(chan struct{})
-	up := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		switch r.Method {
-		case http.MethodGet:
-			wr.Header().Set("Content-Type", "text/event-stream")
-			wr.WriteHeader(http.StatusOK)
-			flusher, _ := wr.(http.Flusher)
-			for r.Context().Err() == nil && !closed(stop) {
-				event(wr, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)
-				if flusher != nil {
-					flusher.Flush()
-				}
-				sent.Add(1)
-			}
-			return
-		case http.MethodPost:
-		default:
-			wr.WriteHeader(http.StatusAccepted)
-			return
+	up := scriptedUpstream(t, "flood", func(method, id string) []string {
+		if method == "tools/list" {
+			return []string{rpcResult(id, `{"tools":[{"name":"tool","inputSchema":{"type":"object"}}]}`)}
 		}
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-		}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ID == nil {
-			wr.WriteHeader(http.StatusAccepted) // a notification
-			return
-		}
-		answer := func(result string) string {
-			return `{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":` + result + `}`
-		}
-		wr.Header().Set("Mcp-Session-Id", "flood")
+		return nil
+	}, func(wr http.ResponseWriter, r *http.Request) {
 		wr.Header().Set("Content-Type", "text/event-stream")
-		switch req.Method {
-		case "initialize":
-			event(wr, answer(`{"protocolVersion":"2025-06-18","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"flood","version":"1"}}`))
-		case "tools/list":
-			event(wr, answer(`{"tools":[{"name":"tool","inputSchema":{"type":"object"}}]}`))
-		default:
-			event(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"error":{"code":-32601,"message":"no"}}`)
+		wr.WriteHeader(http.StatusOK)
+		flusher, _ := wr.(http.Flusher)
+		for r.Context().Err() == nil && !closed(stop) {
+			sseEvent(wr, listChanged)
+			if flusher != nil {
+				flusher.Flush()
+			}
+			sent.Add(1)
 		}
-	}))
-	// Ends the flood before the server closes, a test that failed
-	// included (a client that stopped reading would hold Close).
-	t.Cleanup(func() {
-		close(stop)
-		up.CloseClientConnections()
-		up.Close()
 	})
+	// Ends the flood before the server closes (this cleanup runs first), a
+	// test that failed included: a client that stopped reading would hold
+	// the server's Close.
+	t.Cleanup(func() { close(stop) })
 	return up
 }
 
