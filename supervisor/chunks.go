@@ -302,6 +302,31 @@ func heldPages(term string, items []heldItem, limit int) [][]heldItem {
 	return append(pages, items[from:])
 }
 
+// grantsHeld is the grants the members ids hold, with their outcomes:
+// those of the termination's held index (held, the members' entries)
+// when t has one, else the members' as the grant store lists them now.
+// Nil without a grant store.
+func (s *Supervisor) grantsHeld(ctx context.Context, t Termination, held []heldItem, ids []string) ([]HeldGrant, error) {
+	var grants []HeldGrant
+	var err error
+	switch {
+	case s.Grants == nil:
+		return nil, nil
+	case t.HeldIndexed:
+		listed := make([]HeldGrant, len(held))
+		for i, it := range held {
+			listed[i] = HeldGrant{GrantID: it.id, NodeID: it.node}
+		}
+		grants, err = s.Grants.Outcomes(ctx, listed)
+	default:
+		grants, err = s.Grants.HeldBy(ctx, ids)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list grants: %w", err)
+	}
+	return grants, nil
+}
+
 // readHeld reads the items of kind the held index lists for the entries
 // from sequence from up to (not including) to; to < 0: to the end.
 func readHeld(tx store.ReadTxn, term string, kind byte, from, to int) ([]heldItem, error) {
@@ -1404,19 +1429,8 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		if leases, fetched, err = s.membersLeases(ctx, t, ids, ""); err != nil {
 			return err
 		}
-		switch {
-		case s.Grants != nil && t.HeldIndexed:
-			listed := make([]HeldGrant, len(held))
-			for i, it := range held {
-				listed[i] = HeldGrant{GrantID: it.id, NodeID: it.node}
-			}
-			if grants, err = s.Grants.Outcomes(ctx, listed); err != nil {
-				return fmt.Errorf("list grants: %w", err)
-			}
-		case s.Grants != nil:
-			if grants, err = s.Grants.HeldBy(ctx, ids); err != nil {
-				return fmt.Errorf("list grants: %w", err)
-			}
+		if grants, err = s.grantsHeld(ctx, t, held, ids); err != nil {
+			return err
 		}
 	}
 	all := make([]string, len(entries))
@@ -1579,19 +1593,10 @@ func (s *Supervisor) recordGrants(ctx context.Context, t Termination, now time.T
 		return err
 	}
 	var grants []HeldGrant
-	if len(ids) > 0 && s.Grants != nil {
+	if len(ids) > 0 {
 		var err error
-		if t.HeldIndexed {
-			listed := make([]HeldGrant, len(held))
-			for i, it := range held {
-				listed[i] = HeldGrant{GrantID: it.id, NodeID: it.node}
-			}
-			grants, err = s.Grants.Outcomes(ctx, listed)
-		} else {
-			grants, err = s.Grants.HeldBy(ctx, ids)
-		}
-		if err != nil {
-			return fmt.Errorf("list grants: %w", err)
+		if grants, err = s.grantsHeld(ctx, t, held, ids); err != nil {
+			return err
 		}
 	}
 	return s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
