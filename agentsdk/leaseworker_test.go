@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,13 +27,27 @@ var leaseEpoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 type cuttable struct {
 	next http.RoundTripper
 	cut  atomic.Bool
+	// inFlight is held (read) by each exchange from its request until
+	// its response's headers: disconnect waits for those begun before it.
+	inFlight sync.RWMutex
 }
 
 func (c *cuttable) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.inFlight.RLock()
+	defer c.inFlight.RUnlock()
 	if c.cut.Load() {
 		return nil, errors.New("network unreachable (test)")
 	}
 	return c.next.RoundTrip(r)
+}
+
+// disconnect cuts the network once every exchange already on it has had
+// its answer: none sent before the cut reaches the server after it (where
+// the test's clock may have moved on), and none sent after does.
+func (c *cuttable) disconnect() {
+	c.inFlight.Lock()
+	c.cut.Store(true)
+	c.inFlight.Unlock()
 }
 
 type leaseSetup struct {
@@ -179,7 +194,7 @@ func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	// The worker's loop renews on its own schedule; the lease only ends
 	// when the coordinator's clock passes the expiry with no renewal — cut
 	// the network so none gets through, then move the coordinator's clock.
-	s.net.cut.Store(true)
+	s.net.disconnect()
 	s.clock.Advance(31 * time.Second)
 	select {
 	case <-job.Done():
@@ -208,7 +223,7 @@ func TestLeaseWorkerSpoolsWhileDisconnectedAndReplaysInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	spooledAt := s.clock.Now()
-	s.net.cut.Store(true)
+	s.net.disconnect()
 	for _, v := range []string{"10%", "20%"} {
 		if _, err := job.Progress(ctx, v); !errors.Is(err, agentsdk.ErrSpooled) {
 			t.Fatalf("progress while disconnected: %v", err)
@@ -255,7 +270,7 @@ func TestLeaseWorkerReplayedResultFromAnExpiredGenerationIsRecordedNotAccepted(t
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.net.cut.Store(true)
+	s.net.disconnect()
 	if _, err := job.Complete(ctx, tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS, "done"); !errors.Is(err, agentsdk.ErrSpooled) {
 		t.Fatalf("complete while disconnected: %v", err)
 	}

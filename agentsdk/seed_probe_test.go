@@ -42,7 +42,7 @@ func TestSeedProbeAPartitionedHolderStopsByTheExpiryItWasGranted(t *testing.T) {
 	testserver.WaitFor(t, 20*time.Second, "a renewal at 20s", func() bool {
 		return s.get(t, "job-1").RenewTime.AsTime().Equal(renewedAt)
 	})
-	s.net.cut.Store(true)
+	s.net.disconnect()
 	s.clock.Advance(29 * time.Second)
 	if err := job.Context().Err(); err != nil {
 		t.Fatalf("the job ended at 49s, within the window its renewal at 20s was granted: %v", context.Cause(job.Context()))
@@ -155,7 +155,7 @@ func TestSeedProbeOnTheWallClockATimerEndsTheJobAtItsBound(t *testing.T) {
 	t.Cleanup(func() { w.Close() })
 	job, d, err := w.Accept(context.Background(), s.offer(t, "job-1", 200*time.Millisecond), agentsdk.JobOptions{})
 	accepted(t, "accept", d, err)
-	s.net.cut.Store(true)
+	s.net.disconnect()
 	select {
 	case <-job.Done():
 	case <-time.After(20 * time.Second):
