@@ -148,18 +148,8 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if err != nil {
 		if nodeID != "" {
 			// A dead credential of a known node, still in use.
-			stopping, nerr := l.noteDeadCredential(ctx, nodeID, grantID, tool, gateID)
-			if nerr != nil {
+			if nerr := l.noteDeadCredential(ctx, nodeID, grantID, tool, gateID); nerr != nil {
 				return nil, nerr
-			}
-			if stopping != nil {
-				// A draining or aborting node's grants are revoked as its
-				// termination goes on (a drain with nothing in flight
-				// revokes them at once): the agent is told what it would
-				// have been told a moment earlier, that its subtree is
-				// stopping, not that its credential is bad, whichever its
-				// signal stream or this refusal reaches it first.
-				return nil, fmt.Errorf("%w (its capability token was refused as well: %v)", stopping, err)
 			}
 		}
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
@@ -347,23 +337,18 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 // node's credential is dead, but something still holds and uses it, so its
 // exit is not confirmed by the control plane's observation (tree.JudgeExit
 // sees the contradiction). A node not claimed to have exited, or already
-// terminated (its record written), is left alone. It returns
-// tree.ErrNodeStopping, naming the node's state, for a node that is
-// draining or aborting (its termination revokes its grants before it ends).
+// terminated (its record written), is left alone.
 //
 // Most refusals of a revoked credential concern no such node, and a rogue
 // may send them as fast as its gate's budget allows: they are judged on a
 // read, and only one that may add evidence takes a write transaction.
-func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) (stopping error, err error) {
+func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) error {
 	now := l.Clock.Now()
 	// kept reports whether the node takes the contradiction (and adds it).
 	kept := func(tx store.ReadTxn) (*tree.Node, bool, error) {
 		node, err := tree.GetNodeIn(tx, nodeID)
 		if errors.Is(err, tree.ErrNodeNotFound) {
 			return nil, false, nil
-		}
-		if err == nil && (node.State == tree.NodeStateDraining || node.State == tree.NodeStateAborting) {
-			stopping = fmt.Errorf("%w: node %s is %s: new tool calls are refused", tree.ErrNodeStopping, nodeID, tree.StateName(node.State))
 		}
 		if err != nil || !tree.ExitConfirmed(node) || node.State == tree.NodeStateTerminated {
 			return nil, false, err
@@ -375,9 +360,9 @@ func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, 
 		return ok, err
 	})
 	if err != nil || !may {
-		return stopping, err
+		return err
 	}
-	return stopping, l.Store.Update(ctx, func(tx store.Txn) error {
+	return l.Store.Update(ctx, func(tx store.Txn) error {
 		node, ok, err := kept(tx)
 		if err != nil || !ok {
 			return err

@@ -128,6 +128,29 @@ export class Agent {
     return this.#drain.signal.aborted;
   }
 
+  /**
+   * Resolves true once the agent is told to drain or abort, or false after
+   * timeoutMs without it. For the moment after a refused call: a stop's
+   * revocation of the agent's grants can reach the control plane's gate
+   * before its signal reaches the agent, so a refused token may be the stop
+   * whose signal is on its way; false says the refusal was not a stop.
+   */
+  waitForStop(timeoutMs: number): Promise<boolean> {
+    const signal = this.#drain.signal;
+    if (signal.aborted) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      const onStop = () => {
+        clearTimeout(timer);
+        resolve(true);
+      };
+      const timer = setTimeout(() => {
+        signal.removeEventListener("abort", onStop);
+        resolve(false);
+      }, timeoutMs);
+      signal.addEventListener("abort", onStop, { once: true });
+    });
+  }
+
   /** Resolves once the first session is open (the agent is then reachable by signals). */
   get opened(): Promise<void> {
     return this.#opened;
