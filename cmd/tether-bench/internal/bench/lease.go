@@ -344,9 +344,12 @@ func measureStreamWithCommits(ctx context.Context, r *Report, srv *benchServer, 
 	// the cores divided by their sum.
 	if judged := float64(after.Judged - before.Judged); judged > 0 && cpuOK {
 		r.Add(name+"/cpu-us-per-renew", float64((cpuAfter-cpuBefore).Microseconds())/judged, "µs")
+		m.cpuWithStore = cpuAfter - cpuBefore
 		if etcdCPUOK {
 			r.Add(name+"/etcd-cpu-us-per-renew", float64((etcdCPUAfter-etcdCPUBefore).Microseconds())/judged, "µs")
+			m.cpuWithStore += etcdCPUAfter - etcdCPUBefore
 		}
+		m.cpuWithStore = time.Duration(float64(m.cpuWithStore) / judged)
 	}
 	if updates := etcdAfter.Updates - etcdBefore.Updates; updates > 0 {
 		// Every store Update of the run, the coordinator's among them: the
@@ -373,6 +376,11 @@ type leaseMeasurement struct {
 	// serverSwitches is the server process's context switches per renew
 	// (all its threads), when it runs in a process of its own.
 	serverSwitches float64
+	// cpuWithStore is the CPU per renewal of this process and, on etcd,
+	// of the members too (measureStreamWithCommits; warm-up included, per
+	// judged renewal): what the renewals cost the machine, whichever
+	// process spent it.
+	cpuWithStore time.Duration
 }
 
 func (m leaseMeasurement) report(r *Report, name string) {
