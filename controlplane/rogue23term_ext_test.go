@@ -2,12 +2,14 @@ package controlplane_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
@@ -76,5 +78,86 @@ func TestACallInFlightAtTheStopRequestIsInTheRecordWhenItEndsBeforeTheMark(t *te
 		if c.NodeId != node || c.EndedBy != "tool:gate-1" {
 			t.Errorf("the record lists call %s as of %s ended by %q, want of %s ended by tool:gate-1", id, c.NodeId, c.EndedBy, node)
 		}
+	}
+}
+
+// TestACallEndedBelowAMarkedRootBeforeItsChunkIsInTheRecord: the mark
+// goes top down, a chunk at a time; the operator's drain has marked the
+// rogue's root R (its call in flight put on the drain's account) and not
+// yet R's child C. C's call, begun before the stop and ended by its gate
+// before C's chunk, is listed in the record with the gate's resolution,
+// beside R's.
+func TestACallEndedBelowAMarkedRootBeforeItsChunkIsInTheRecord(t *testing.T) {
+	var mu sync.Mutex
+	marking := false
+	rootsMarked, resume := make(chan struct{}), make(chan struct{})
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.TerminationChunk = 1
+		cfg.TerminationFault = func(step string, n int) {
+			mu.Lock()
+			stop := marking && step == "mark" && n == 1
+			if stop {
+				marking = false
+			}
+			mu.Unlock()
+			if stop {
+				close(rootsMarked)
+				<-resume
+			}
+		}
+	})
+	var resumed sync.Once
+	free := func() { resumed.Do(func() { close(resume) }) }
+	t.Cleanup(free)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rogue := register(t, admin, "rogue")
+	child := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "child")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	calls := map[string]string{} // node -> call id
+	for _, node := range []string{rogue.Node.NodeId, child.Node.NodeId} {
+		issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls[node] = begun.Msg.Call.CallId
+	}
+
+	mu.Lock()
+	marking = true
+	mu.Unlock()
+	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+	<-rootsMarked
+	if got := getNode(t, admin, child.Node.NodeId).State; got != tetherv1.NodeState_NODE_STATE_RUNNING {
+		t.Fatalf("the child is %s after the roots' chunk, want still running (unmarked)", got)
+	}
+	for _, node := range []string{child.Node.NodeId, rogue.Node.NodeId} {
+		if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: calls[node], GateId: "gate-1"})); err != nil {
+			t.Fatalf("the gate's end of the call of %s: %v", node, err)
+		}
+	}
+	free()
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, admin, term.TerminationId)
+	listed := map[string]*tetherv1.RecordToolCall{}
+	for _, c := range rec.ToolCalls {
+		listed[c.CallId] = c
+	}
+	for node, id := range calls {
+		c, ok := listed[id]
+		if !ok {
+			t.Errorf("the record lists %d calls and not call %s of %s, in flight when the stop was requested", len(rec.ToolCalls), id, node)
+			continue
+		}
+		if c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_COMPLETED || c.NodeId != node {
+			t.Errorf("the record lists call %s as %s of %s, want completed of %s", id, c.Resolution, c.NodeId, node)
+		}
+	}
+	if len(rec.ToolCalls) != len(calls) {
+		t.Errorf("the record lists %d calls, want %d (each once)", len(rec.ToolCalls), len(calls))
 	}
 }
