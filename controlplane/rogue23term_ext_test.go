@@ -131,7 +131,11 @@ func TestACallEndedBelowAMarkedRootBeforeItsChunkIsInTheRecord(t *testing.T) {
 	marking = true
 	mu.Unlock()
 	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
-	<-rootsMarked
+	select {
+	case <-rootsMarked:
+	case <-time.After(20 * time.Second): // a guard against a hang, not a wait
+		t.Fatal("the mark's first chunk (the roots) never committed")
+	}
 	if got := getNode(t, admin, child.Node.NodeId).State; got != tetherv1.NodeState_NODE_STATE_RUNNING {
 		t.Fatalf("the child is %s after the roots' chunk, want still running (unmarked)", got)
 	}
