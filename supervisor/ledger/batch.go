@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // Batched reads: what OpenCallsIn and GetCallIn read for one node or one
@@ -75,16 +76,20 @@ type KeyedObserver interface {
 
 // prefetchFinish fetches what ending callID reads, when the node of the
 // call is known here (a call begun, or ordered cancelled, through this
-// ledger): the call and what the Observer reads for its node, together.
-// It is a hint: the reads that follow are what the transaction reads,
-// whatever it fetched.
-func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string) error {
+// ledger): the call, for an end its node (whether a stop covers it before
+// its mark, accountToCoveringStop), and what the Observer reads for its
+// node, together. It is a hint: the reads that follow are what the
+// transaction reads, whatever it fetched.
+func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string, end bool) error {
+	node, known := l.nodes.of(callID)
+	if !known {
+		return nil // one key: nothing to fetch together
+	}
 	keys := [][]byte{callKey(callID)}
+	if end {
+		keys = append(keys, tree.NodeKey(node))
+	}
 	if o, ok := l.Observer.(KeyedObserver); ok {
-		node, known := l.nodes.of(callID)
-		if !known {
-			return nil // one key: nothing to fetch together
-		}
 		keys = append(keys, o.ObservedKeys(node)...)
 	}
 	return store.Prefetch(tx, keys, nil)

@@ -1,7 +1,9 @@
 // Package ledger is the tool-call ledger: every call a gate begins, ends,
 // is asked to cancel and acknowledges, with the gate (a tool server's
 // principal) that reported each step. It reads the agent tree (a call from
-// a stopping or exited node is refused and kept as evidence) and never the
+// a stopping or exited node is refused and kept as evidence, and a call
+// that ends while a stop covers its node before its mark is put on that
+// stop's account, as the mark puts the calls it finds open) and never the
 // termination, which reads and writes the ledger's calls inside its own
 // transactions (GetCallIn, PutCallIn, RequestCancelIn and the keys in
 // keys.go).

@@ -527,7 +527,7 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 	now := l.Clock.Now()
 	var out *ToolCall
 	err := l.Store.Update(ctx, func(tx store.Txn) error {
-		if err := l.prefetchFinish(tx, callID); err != nil {
+		if err := l.prefetchFinish(tx, callID, lateEnd); err != nil {
 			return err
 		}
 		c, err := getCall(tx, callID)
@@ -559,6 +559,11 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 		if err := apply(c, now); err != nil {
 			return err
 		}
+		if c.State == CallStateInFlight && c.TerminationID == "" {
+			if err := accountToCoveringStop(tx, c); err != nil {
+				return err
+			}
+		}
 		c.State = CallStateEnded
 		out = c
 		if err := l.observe(tx, before, c); err != nil {
@@ -576,6 +581,30 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 		l.nodes.forget(callID)
 	}
 	return out, err
+}
+
+// accountToCoveringStop puts a call that ends while a termination covers
+// its node before its mark reaches it (requested on the node or an
+// ancestor, or marked down to an ancestor: tree.CoveringStopIn) on that
+// termination's account, as the mark does with the calls it finds open:
+// the call was in flight when the stop was requested, and the record lists
+// every such call and how it ended, whether it ended before the mark or
+// after. A node a termination has marked had its open calls put on its
+// account by the mark.
+func accountToCoveringStop(tx store.Txn, c *ToolCall) error {
+	node, err := tree.GetNodeIn(tx, c.NodeID)
+	if errors.Is(err, tree.ErrNodeNotFound) {
+		return nil
+	}
+	if err != nil || node.TerminationID != "" {
+		return err
+	}
+	cover, err := tree.CoveringStopIn(tx, node)
+	if err != nil || cover == nil || cover.TerminationID == "" || cover.State == tree.StateName(tree.NodeStateTerminated) {
+		return err
+	}
+	c.TerminationID = cover.TerminationID
+	return tx.Put(termCallKey(cover.TerminationID, c.CallID), nil)
 }
 
 func (l *Ledger) observe(tx store.Txn, before, after *ToolCall) error {
