@@ -1077,7 +1077,7 @@ func TestSeed2AGoneParentsTerminationStillStopsItsChild(t *testing.T) {
 	w.clk.Advance(2 * time.Second)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	_, err = w.begin(w.gC.token)
-	wantRefused(t, "the child's next call", err, connect.CodeFailedPrecondition, "revoked")
+	wantRefused(t, "the child's next call", err, connect.CodePermissionDenied, "revoked")
 	w.clk.Advance(2 * time.Minute)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)
