@@ -1020,10 +1020,7 @@ func (c *Coordinator) nextUnknown() uint64 {
 // by one of holders, on every shard, those after job id after only, in
 // order.
 func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string) ([]string, error) {
-	set := make(map[string]bool, len(holders))
-	for _, h := range holders {
-		set[h] = true
-	}
+	set := holderSet(holders)
 	type part struct {
 		jobs []string
 		err  error
