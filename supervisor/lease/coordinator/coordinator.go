@@ -733,13 +733,32 @@ func (c *Coordinator) Get(ctx context.Context, job string) (lease.Lease, error) 
 // job id after, held by holder when holder is not empty. next is the last
 // job id returned when more may follow.
 func (c *Coordinator) List(ctx context.Context, holder, after string, limit int) (leases []lease.Lease, next string, err error) {
+	return c.list(ctx, op{kind: opList, holder: holder, after: after, limit: limit})
+}
+
+// ListHeldBy is List of the durable leases held by any of holders, read
+// from each shard's index by holder: it costs the holders' leases, not
+// every job's (a rollout's handover lists a batch's members' leases on
+// every pass). No holders, no leases.
+func (c *Coordinator) ListHeldBy(ctx context.Context, holders []string, after string, limit int) (leases []lease.Lease, next string, err error) {
+	if len(holders) == 0 {
+		return nil, "", nil
+	}
+	return c.list(ctx, op{kind: opList, holders: holderSet(holders), after: after, limit: limit})
+}
+
+// list asks every shard for o's leases and merges their answers.
+func (c *Coordinator) list(ctx context.Context, o op) (leases []lease.Lease, next string, err error) {
+	limit := o.limit
 	type part struct {
 		leases []lease.Lease
 		err    error
 	}
 	ch := make(chan part, len(c.shards))
 	for _, s := range c.shards {
-		c.send(s, op{kind: opList, holder: holder, after: after, limit: limit, list: func(ls []lease.Lease, err error) { ch <- part{ls, err} }})
+		o := o
+		o.list = func(ls []lease.Lease, err error) { ch <- part{ls, err} }
+		c.send(s, o)
 	}
 	for range c.shards {
 		select {
