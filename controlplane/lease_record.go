@@ -23,7 +23,7 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 	}
 	out := make([]supervisor.RecordLease, len(ls))
 	at := make(map[string]int, len(ls))
-	var ended []string
+	var ended []lease.Lease
 	for i, l := range ls {
 		out[i] = supervisor.RecordLease{
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
@@ -31,14 +31,13 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		}
 		if hasEnd(l) {
 			at[l.JobID] = i
-			ended = append(ended, l.JobID)
+			ended = append(ended, l)
 		}
 	}
-	// Each job's evidence, read together: a read of one job's reads the
-	// whole evidence log, and a termination's leases are many.
-	err = c.EvidenceOfEach(ctx, ended, func(job string, rows []coordinator.Row) error {
-		i := at[job]
-		endedFrom(ls[i], rows, &out[i])
+	// How each job ended, its row found together: a read of one job's
+	// reads the whole evidence log, and a termination's leases are many.
+	err = c.EndOfEach(ctx, ended, func(l lease.Lease, end coordinator.Row, found bool) error {
+		endedAt(l, end, found, &out[at[l.JobID]])
 		return nil
 	})
 	if err != nil {
@@ -81,12 +80,10 @@ func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl 
 	if !hasEnd(l) {
 		return nil
 	}
-	rows, err := c.Evidence(ctx, l.JobID)
-	if err != nil {
-		return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
-	}
-	endedFrom(l, rows, rl)
-	return nil
+	return c.EndOfEach(ctx, []lease.Lease{l}, func(l lease.Lease, end coordinator.Row, found bool) error {
+		endedAt(l, end, found, rl)
+		return nil
+	})
 }
 
 // hasEnd: l has a terminal result, whose row endedBy looks for.
@@ -94,20 +91,15 @@ func hasEnd(l lease.Lease) bool {
 	return l.State == lease.StateTerminal && l.TerminalResult != lease.ResultUnspecified
 }
 
-// endedFrom is endedBy given the job's evidence rows.
-func endedFrom(l lease.Lease, rows []coordinator.Row, rl *supervisor.RecordLease) {
-	end := -1
-	prev := lease.ResultUnspecified
-	for i, r := range rows {
-		if r.Decision.Outcome == lease.OutcomeAccepted && r.TerminalResult == l.TerminalResult && prev != l.TerminalResult {
-			end = i
-		}
-		prev = r.TerminalResult
-	}
-	if end < 0 {
+// endedAt is endedBy given the job's row that first carries its terminal
+// result (coordinator.EndOfEach): the accepted message that gave the lease
+// its result, or none when that row refused its message (the clock closed
+// an UNRESOLVED as the message was judged: the lease's deadline is on no
+// accepted row).
+func endedAt(l lease.Lease, r coordinator.Row, found bool, rl *supervisor.RecordLease) {
+	if !found || r.Decision.Outcome != lease.OutcomeAccepted {
 		return
 	}
-	r := rows[end]
 	rl.EndedAt = r.DecidedAt
 	switch r.Message {
 	case lease.KindComplete:

@@ -833,52 +833,11 @@ func decodedRows(tx store.ReadTxn, job string, log []logRow) ([]Row, error) {
 	return rows, err
 }
 
-// evidenceEachJobs is how many jobs one read of EvidenceOfEach covers.
+// evidenceEachJobs is how many jobs one read of EndOfEach covers: a
+// reader of one job reads the whole evidence log (up to its window's bytes
+// and the newest commit's), so a termination's record of thousands of
+// leases read it once per job before.
 const evidenceEachJobs = 1024
-
-// EvidenceOfEach calls fn with the evidence rows of each of jobs, jobs
-// with a lease (rows of the unknown-job log are not read), as Evidence
-// would return them, reading the evidence log once per evidenceEachJobs
-// jobs rather than once per job: a reader of one job reads the whole log
-// (up to its window's bytes and the newest commit's), so a termination's
-// record of thousands of leases read it thousands of times. A job with no
-// rows gets none.
-func (c *Coordinator) EvidenceOfEach(ctx context.Context, jobs []string, fn func(job string, rows []Row) error) error {
-	for start := 0; start < len(jobs); start += evidenceEachJobs {
-		part := jobs[start:min(start+evidenceEachJobs, len(jobs))]
-		byJob := make(map[string][]Row, len(part))
-		err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
-			clear(byJob)
-			want := make(map[string]bool, len(part))
-			for _, job := range part {
-				want[job] = true
-			}
-			read, err := readLogOf(tx, func(job string) bool { return want[job] })
-			if err != nil {
-				return err
-			}
-			logs := map[string][]logRow{}
-			for _, r := range read {
-				logs[r.job] = append(logs[r.job], r)
-			}
-			for _, job := range part {
-				if byJob[job], err = decodedRows(tx, job, logs[job]); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, job := range part {
-			if err := fn(job, byJob[job]); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
 
 // EvidenceCursor is where a page of evidence starts: after row number
 // After of the job's rows, or, when Unknown, after sequence number After
