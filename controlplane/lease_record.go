@@ -22,25 +22,13 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		return nil, false, err
 	}
 	out := make([]supervisor.RecordLease, len(ls))
-	at := make(map[string]int, len(ls))
-	var ended []lease.Lease
 	for i, l := range ls {
 		out[i] = supervisor.RecordLease{
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
 			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
-		if hasEnd(l) {
-			at[l.JobID] = i
-			ended = append(ended, l)
-		}
 	}
-	// How each job ended, its row found together: a read of one job's
-	// reads the whole evidence log, and a termination's leases are many.
-	err = c.EndOfEach(ctx, ended, func(l lease.Lease, end coordinator.Row, found bool) error {
-		endedAt(l, end, found, &out[at[l.JobID]])
-		return nil
-	})
-	if err != nil {
+	if err := readEnds(ctx, c.Coordinator, ls, out); err != nil {
 		return nil, false, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
 	}
 	return out, more, nil
@@ -61,8 +49,8 @@ func recordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 	return supervisor.LeaseOutcomeUnresolved
 }
 
-// endedBy fills rl's EndedBy, EndedByNodeID and EndedAt for a lease with a
-// terminal result: on whose word the job ended, read from the job's own
+// readEnds fills, in out (the record's leases, by job id), the EndedBy,
+// EndedByNodeID and EndedAt of each of ls with a terminal result: on whose word the job ended, read from the job's own
 // evidence — the accepted message that gave the lease its terminal result
 // — never from anything its holder says about itself:
 //
@@ -76,24 +64,33 @@ func recordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 //
 // Whether the holder's report came while its node was being stopped is the
 // supervisor's to say (it knows when the termination was requested).
-func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl *supervisor.RecordLease) error {
-	if !hasEnd(l) {
-		return nil
+func readEnds(ctx context.Context, c *coordinator.Coordinator, ls []lease.Lease, out []supervisor.RecordLease) error {
+	at := make(map[string]int, len(ls))
+	var ended []lease.Lease
+	for i, l := range out {
+		at[l.JobID] = i
 	}
-	return c.EndOfEach(ctx, []lease.Lease{l}, func(l lease.Lease, end coordinator.Row, found bool) error {
-		endedAt(l, end, found, rl)
+	for _, l := range ls {
+		if hasEnd(l) {
+			ended = append(ended, l)
+		}
+	}
+	// Read together: a read of one job's reads the whole evidence log,
+	// and a record's leases are many.
+	return c.EndOfEach(ctx, ended, func(l lease.Lease, end coordinator.Row, found bool) error {
+		endedAt(l, end, found, &out[at[l.JobID]])
 		return nil
 	})
 }
 
-// hasEnd: l has a terminal result, whose row endedBy looks for.
+// hasEnd: l has a terminal result, whose row readEnds looks for.
 func hasEnd(l lease.Lease) bool {
 	return l.State == lease.StateTerminal && l.TerminalResult != lease.ResultUnspecified
 }
 
-// endedAt is endedBy given the job's row that first carries its terminal
-// result (coordinator.EndOfEach): the accepted message that gave the lease
-// its result, or none when that row refused its message (the clock closed
+// endedAt is readEnds for one lease, given the job's row that first
+// carries its terminal result (coordinator.EndOfEach): the accepted
+// message that gave the lease its result, or none when that row refused its message (the clock closed
 // an UNRESOLVED as the message was judged: the lease's deadline is on no
 // accepted row).
 func endedAt(l lease.Lease, r coordinator.Row, found bool, rl *supervisor.RecordLease) {

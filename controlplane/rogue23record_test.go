@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -121,5 +122,60 @@ func TestRogue23AHoldersPiledUpEvidenceDoesNotWeighOnItsStopsRecord(t *testing.T
 	if finalised > most || handedOver > most {
 		t.Fatalf("reading how one job with %d evidence rows ended allocated %d bytes (termination) and %d (rollout); want at most %d: the record must not decode the job's whole history",
 			repeats+4, finalised, handedOver, most)
+	}
+}
+
+// TestRogue23ARolloutsRecordReadsTheEvidenceLogOncePerPage: a rollout's
+// record (the lease handover's HeldBy) read how each job of a page ended
+// with a read of its own, and each such read reads the whole evidence log
+// (its recent rows of every job, up to 256 KiB and the newest commit): a
+// page of 256 finished jobs read the log 256 times, where a termination's
+// record reads it once per 1,024 jobs. Here 200 finished jobs of the
+// batch's member, beside a log filled by another holder's 3,000 repeated
+// renewals: the page allocated some 250 MB; now the log is read once per
+// page, and the page about 5 MB.
+func TestRogue23ARolloutsRecordReadsTheEvidenceLogOncePerPage(t *testing.T) {
+	c, _ := startR23Coordinator(t)
+	const member, jobs = "n_member", 200
+	var msgs []lease.Message
+	for i := range jobs {
+		msgs = append(msgs, lease.Offer{JobID: fmt.Sprintf("done-%03d", i), LeaseID: fmt.Sprintf("L%03d", i), HolderIdentity: member, LeaseDuration: time.Minute})
+	}
+	judgeAll(t, c, msgs)
+	for _, m := range msgs {
+		o := m.(lease.Offer)
+		claim := lease.Claim{JobID: o.JobID, LeaseID: o.LeaseID, Generation: 1, HolderIdentity: member}
+		judgeAll(t, c, []lease.Message{lease.Ack{Claim: claim}})
+		judgeAll(t, c, []lease.Message{lease.Complete{Claim: claim, Result: lease.ResultSuccess, Detail: "done"}})
+	}
+	judgeAll(t, c, []lease.Message{lease.Offer{JobID: "noisy", LeaseID: "LN", HolderIdentity: "n_other", LeaseDuration: time.Minute}})
+	noisy := lease.Claim{JobID: "noisy", LeaseID: "LN", Generation: 1, HolderIdentity: "n_other"}
+	judgeAll(t, c, []lease.Message{lease.Ack{Claim: noisy}, lease.Renew{Claim: noisy, RenewSequence: 1}})
+	renews := make([]lease.Message, 3000)
+	for i := range renews {
+		renews[i] = lease.Renew{Claim: noisy, RenewSequence: 1}
+	}
+	judgeAll(t, c, renews)
+
+	var page []supervisor.RecordLease
+	var err error
+	bytes := allocated(func() {
+		page, _, err = leaseHandover{leases: c}.HeldBy(context.Background(), []string{member}, supervisor.LeasePage{Limit: 256})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page) != jobs {
+		t.Fatalf("the page holds %d leases, want %d", len(page), jobs)
+	}
+	for _, l := range page {
+		if l.EndedBy != supervisor.LeaseEndedByHolderReport || l.EndedByNodeID != member {
+			t.Fatalf("%s: ended by %v (%s), want the holder's report", l.JobID, l.EndedBy, l.EndedByNodeID)
+		}
+	}
+	t.Logf("a page of %d finished jobs: %d bytes allocated", jobs, bytes)
+	const most = 32 << 20
+	if bytes > most {
+		t.Fatalf("a page of %d finished jobs allocated %d bytes, want at most %d: the evidence log is read once per page, not once per job", jobs, bytes, most)
 	}
 }

@@ -42,6 +42,7 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string, page superv
 		return nil, false, err
 	}
 	out := make([]supervisor.RecordLease, 0, len(held))
+	var left []lease.Lease // left as they stand: how each ended is read below
 	for _, l := range held {
 		// HANDED_OVER only for what the rollout can reassign: a lease with
 		// an ownership conflict (or a cancel request) is left as it stands,
@@ -55,10 +56,15 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string, page superv
 		}
 		if handoverable(l) {
 			rl.Outcome, rl.TerminalResult = supervisor.LeaseOutcomeHandedOver, supervisor.LeaseResultUnspecified
-		} else if err := endedBy(ctx, h.leases, l, &rl); err != nil {
-			return nil, false, err
+		} else {
+			left = append(left, l)
 		}
 		out = append(out, rl)
+	}
+	// The page's ends are read together, as a termination's record reads
+	// them: a read of one job's reads the whole evidence log.
+	if err := readEnds(ctx, h.leases, left, out); err != nil {
+		return nil, false, err
 	}
 	return out, more, nil
 }
