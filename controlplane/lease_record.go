@@ -22,26 +22,13 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		return nil, false, err
 	}
 	out := make([]supervisor.RecordLease, len(ls))
-	at := make(map[string]int, len(ls))
-	var ended []string
 	for i, l := range ls {
 		out[i] = supervisor.RecordLease{
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
 			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
-		if hasEnd(l) {
-			at[l.JobID] = i
-			ended = append(ended, l.JobID)
-		}
 	}
-	// Each job's evidence, read together: a read of one job's reads the
-	// whole evidence log, and a termination's leases are many.
-	err = c.EvidenceOfEach(ctx, ended, func(job string, rows []coordinator.Row) error {
-		i := at[job]
-		endedFrom(ls[i], rows, &out[i])
-		return nil
-	})
-	if err != nil {
+	if err := readEnds(ctx, c.Coordinator, ls, out); err != nil {
 		return nil, false, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
 	}
 	return out, more, nil
@@ -62,8 +49,8 @@ func recordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 	return supervisor.LeaseOutcomeUnresolved
 }
 
-// endedBy fills rl's EndedBy, EndedByNodeID and EndedAt for a lease with a
-// terminal result: on whose word the job ended, read from the job's own
+// readEnds fills, in out (the record's leases, by job id), the EndedBy,
+// EndedByNodeID and EndedAt of each of ls with a terminal result: on whose word the job ended, read from the job's own
 // evidence — the accepted message that gave the lease its terminal result
 // — never from anything its holder says about itself:
 //
@@ -77,37 +64,39 @@ func recordOutcome(l lease.Lease) supervisor.LeaseOutcome {
 //
 // Whether the holder's report came while its node was being stopped is the
 // supervisor's to say (it knows when the termination was requested).
-func endedBy(ctx context.Context, c *coordinator.Coordinator, l lease.Lease, rl *supervisor.RecordLease) error {
-	if !hasEnd(l) {
+func readEnds(ctx context.Context, c *coordinator.Coordinator, ls []lease.Lease, out []supervisor.RecordLease) error {
+	at := make(map[string]int, len(ls))
+	var ended []lease.Lease
+	for i, l := range out {
+		at[l.JobID] = i
+	}
+	for _, l := range ls {
+		if hasEnd(l) {
+			ended = append(ended, l)
+		}
+	}
+	// Read together: a read of one job's reads the whole evidence log,
+	// and a record's leases are many.
+	return c.EndOfEach(ctx, ended, func(l lease.Lease, end coordinator.Row, found bool) error {
+		endedAt(l, end, found, &out[at[l.JobID]])
 		return nil
-	}
-	rows, err := c.Evidence(ctx, l.JobID)
-	if err != nil {
-		return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
-	}
-	endedFrom(l, rows, rl)
-	return nil
+	})
 }
 
-// hasEnd: l has a terminal result, whose row endedBy looks for.
+// hasEnd: l has a terminal result, whose row readEnds looks for.
 func hasEnd(l lease.Lease) bool {
 	return l.State == lease.StateTerminal && l.TerminalResult != lease.ResultUnspecified
 }
 
-// endedFrom is endedBy given the job's evidence rows.
-func endedFrom(l lease.Lease, rows []coordinator.Row, rl *supervisor.RecordLease) {
-	end := -1
-	prev := lease.ResultUnspecified
-	for i, r := range rows {
-		if r.Decision.Outcome == lease.OutcomeAccepted && r.TerminalResult == l.TerminalResult && prev != l.TerminalResult {
-			end = i
-		}
-		prev = r.TerminalResult
-	}
-	if end < 0 {
+// endedAt is readEnds for one lease, given the job's row that first
+// carries its terminal result (coordinator.EndOfEach): the accepted
+// message that gave the lease its result, or none when that row refused its message (the clock closed
+// an UNRESOLVED as the message was judged: the lease's deadline is on no
+// accepted row).
+func endedAt(l lease.Lease, r coordinator.Row, found bool, rl *supervisor.RecordLease) {
+	if !found || r.Decision.Outcome != lease.OutcomeAccepted {
 		return
 	}
-	r := rows[end]
 	rl.EndedAt = r.DecidedAt
 	switch r.Message {
 	case lease.KindComplete:

@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/tetherhq/tether/internal/id"
@@ -23,44 +22,27 @@ type leaseHandover struct {
 
 var _ supervisor.LeaseHandover = leaseHandover{}
 
-// held returns the durable leases held by one of holders.
-func (h leaseHandover) held(ctx context.Context, holders []string) ([]lease.Lease, error) {
-	if len(holders) == 0 {
-		return nil, nil
-	}
-	set := make(map[string]bool, len(holders))
-	for _, holder := range holders {
-		set[holder] = true
-	}
-	// One pass over every lease beats one pass per holder: List scans
-	// every shard whatever the holder filter.
-	all, _, err := h.leases.List(ctx, "", "", 0)
-	if err != nil {
-		return nil, err
-	}
-	var out []lease.Lease
-	for _, l := range all {
-		if set[l.HolderIdentity] {
-			out = append(out, l)
-		}
-	}
-	return out, nil
+// held returns the durable leases held by one of holders, in order of
+// job id, after job id after, at most limit of them (0: every one); more
+// says others follow. They are read from the coordinator's index by
+// holder: the rollout's reconciler reads a replaced batch's open leases on
+// every pass, and listing every lease (every tree's, terminal ones
+// included) and keeping the members' made each pass cost every job the
+// server holds, copied out by the shards that judge renewals.
+func (h leaseHandover) held(ctx context.Context, holders []string, after string, limit int) (leases []lease.Lease, more bool, err error) {
+	leases, next, err := h.leases.ListHeldBy(ctx, holders, after, limit)
+	return leases, next != "", err
 }
 
 func (h leaseHandover) HeldBy(ctx context.Context, holders []string, page supervisor.LeasePage) ([]supervisor.RecordLease, bool, error) {
-	held, err := h.held(ctx, holders)
+	// What is read per lease (its evidence, for how it ended) is read
+	// for the page's only.
+	held, more, err := h.held(ctx, holders, page.After, page.Limit)
 	if err != nil {
 		return nil, false, err
 	}
-	// The page: held is in order of job id (List's). What is read per
-	// lease (its evidence, for how it ended) is read for the page's only.
-	start := sort.Search(len(held), func(i int) bool { return held[i].JobID > page.After })
-	held = held[start:]
-	more := false
-	if page.Limit > 0 && len(held) > page.Limit {
-		held, more = held[:page.Limit], true
-	}
 	out := make([]supervisor.RecordLease, 0, len(held))
+	var left []lease.Lease // left as they stand: how each ended is read below
 	for _, l := range held {
 		// HANDED_OVER only for what the rollout can reassign: a lease with
 		// an ownership conflict (or a cancel request) is left as it stands,
@@ -74,16 +56,21 @@ func (h leaseHandover) HeldBy(ctx context.Context, holders []string, page superv
 		}
 		if handoverable(l) {
 			rl.Outcome, rl.TerminalResult = supervisor.LeaseOutcomeHandedOver, supervisor.LeaseResultUnspecified
-		} else if err := endedBy(ctx, h.leases, l, &rl); err != nil {
-			return nil, false, err
+		} else {
+			left = append(left, l)
 		}
 		out = append(out, rl)
+	}
+	// The page's ends are read together, as a termination's record reads
+	// them: a read of one job's reads the whole evidence log.
+	if err := readEnds(ctx, h.leases, left, out); err != nil {
+		return nil, false, err
 	}
 	return out, more, nil
 }
 
 func (h leaseHandover) Open(ctx context.Context, holders []string) (open, stuck []supervisor.HandoverLease, err error) {
-	held, err := h.held(ctx, holders)
+	held, _, err := h.held(ctx, holders, "", 0)
 	if err != nil {
 		return nil, nil, err
 	}

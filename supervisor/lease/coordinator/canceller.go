@@ -14,14 +14,21 @@ import (
 // cancellation was already requested answers DUPLICATE and is unchanged.
 // It returns once every request is durable. This is the supervisor's
 // LeaseCanceller.
+//
+// A job is listed first and judged after, and it may change hands in
+// between (its lineage, an operator or a rollout's handover reassigning
+// it, or, past the first applyWindow of jobs, some commits later): each
+// request is made only if one of holders still holds the job when it is
+// judged, so a stop never halts the work of the agent the job moved to.
 func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason string) error {
 	jobs, err := c.heldBy(ctx, holders, "")
 	if err != nil {
 		return err
 	}
+	held := holderSet(holders)
 	_, err = c.applyAll(ctx, jobs, "cancel", func(job string) func(lease.Lease) (lease.Message, bool) {
 		return func(l lease.Lease) (lease.Message, bool) {
-			if !l.Exists() || l.State == lease.StateTerminal || l.CancelRequested {
+			if !l.Exists() || !held[l.HolderIdentity] || l.State == lease.StateTerminal || l.CancelRequested {
 				return nil, false
 			}
 			return lease.RequestCancel{JobID: job, Reason: reason}, true
@@ -30,8 +37,18 @@ func (c *Coordinator) CancelHeldBy(ctx context.Context, holders []string, reason
 	return err
 }
 
-// applyWindow is how many of a holder's jobs applyAll has judged at once.
-const applyWindow = 4096
+// holderSet is holders as a set.
+func holderSet(holders []string) map[string]bool {
+	set := make(map[string]bool, len(holders))
+	for _, h := range holders {
+		set[h] = true
+	}
+	return set
+}
+
+// applyWindow is how many of a holder's jobs applyAll has judged at once
+// (a variable only so that a test can act between two windows).
+var applyWindow = 4096
 
 // applyAll judges compute(job) for each of jobs, up to applyWindow at a
 // time, rather than one after another: each shard gathers them into its
@@ -105,41 +122,58 @@ func (c *Coordinator) FinalizeHeldBy(ctx context.Context, holders []string, reas
 // more says jobs remain after them. A termination's record lists its
 // members' leases page by page, each from the last it wrote, so that it
 // finalises and reads each lease about once, not once per page.
+//
+// As in CancelHeldBy, a job that changed hands after it was listed is
+// left to its new holder: neither cancelled nor resolved, nor reported.
+// A page whose every job moved so is followed by the next, so that an
+// empty page never reads as the end of the holders' jobs.
 func (c *Coordinator) FinalizeHeldByPage(ctx context.Context, holders []string, reason, after string, limit int) (leases []lease.Lease, more bool, err error) {
-	jobs, err := c.heldBy(ctx, holders, after)
-	if err != nil {
-		return nil, false, err
-	}
-	if limit > 0 && len(jobs) > limit {
-		jobs, more = jobs[:limit], true
-	}
-	// A reconciliation that ends a job CANCELLED needs the request in the
-	// record (the lease machine refuses CANCELLED without one): a
-	// termination that did not request it first — a rollout's batch
-	// leaves its leases for the handover, and aborting the rollout then
-	// finalises them — requests it now, as its own row.
-	if _, err := c.applyAll(ctx, jobs, "cancel", func(job string) func(lease.Lease) (lease.Message, bool) {
-		return func(l lease.Lease) (lease.Message, bool) {
-			if !l.Exists() || l.State == lease.StateTerminal || l.CancelRequested {
+	held := holderSet(holders)
+	for {
+		jobs, err := c.heldBy(ctx, holders, after)
+		if err != nil {
+			return nil, false, err
+		}
+		more = false
+		if limit > 0 && len(jobs) > limit {
+			jobs, more = jobs[:limit], true
+		}
+		// A reconciliation that ends a job CANCELLED needs the request in
+		// the record (the lease machine refuses CANCELLED without one): a
+		// termination that did not request it first — a rollout's batch
+		// leaves its leases for the handover, and aborting the rollout
+		// then finalises them — requests it now, as its own row.
+		if _, err := c.applyAll(ctx, jobs, "cancel", func(job string) func(lease.Lease) (lease.Message, bool) {
+			return func(l lease.Lease) (lease.Message, bool) {
+				if !l.Exists() || !held[l.HolderIdentity] || l.State == lease.StateTerminal || l.CancelRequested {
+					return nil, false
+				}
+				return lease.RequestCancel{JobID: job, Reason: clipReason("the holder is being stopped; " + reason)}, true
+			}
+		}); err != nil {
+			return nil, false, err
+		}
+		final := func(l lease.Lease) (lease.Message, bool) {
+			if !held[l.HolderIdentity] {
 				return nil, false
 			}
-			return lease.RequestCancel{JobID: job, Reason: clipReason("the holder is being stopped; " + reason)}, true
+			return finalMessage(l, c.cfg.Clock.Now(), reason)
 		}
-	}); err != nil {
-		return nil, false, err
-	}
-	final := func(l lease.Lease) (lease.Message, bool) { return finalMessage(l, c.cfg.Clock.Now(), reason) }
-	results, err := c.applyAll(ctx, jobs, "finalize", func(string) func(lease.Lease) (lease.Message, bool) { return final })
-	if err != nil {
-		return nil, false, err
-	}
-	out := make([]lease.Lease, 0, len(jobs))
-	for _, res := range results {
-		if res.Lease.Exists() {
-			out = append(out, res.Lease)
+		results, err := c.applyAll(ctx, jobs, "finalize", func(string) func(lease.Lease) (lease.Message, bool) { return final })
+		if err != nil {
+			return nil, false, err
 		}
+		out := make([]lease.Lease, 0, len(jobs))
+		for _, res := range results {
+			if res.Lease.Exists() && held[res.Lease.HolderIdentity] {
+				out = append(out, res.Lease)
+			}
+		}
+		if len(out) > 0 || !more {
+			return out, more, nil
+		}
+		after = jobs[len(jobs)-1]
 	}
-	return out, more, nil
 }
 
 // finalMessage is the Resolve that reconciles l at now, or false when l is

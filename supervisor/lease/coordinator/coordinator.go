@@ -733,13 +733,32 @@ func (c *Coordinator) Get(ctx context.Context, job string) (lease.Lease, error) 
 // job id after, held by holder when holder is not empty. next is the last
 // job id returned when more may follow.
 func (c *Coordinator) List(ctx context.Context, holder, after string, limit int) (leases []lease.Lease, next string, err error) {
+	return c.list(ctx, op{kind: opList, holder: holder, after: after, limit: limit})
+}
+
+// ListHeldBy is List of the durable leases held by any of holders, read
+// from each shard's index by holder: it costs the holders' leases, not
+// every job's (a rollout's handover lists a batch's members' leases on
+// every pass). No holders, no leases.
+func (c *Coordinator) ListHeldBy(ctx context.Context, holders []string, after string, limit int) (leases []lease.Lease, next string, err error) {
+	if len(holders) == 0 {
+		return nil, "", nil
+	}
+	return c.list(ctx, op{kind: opList, holders: holderSet(holders), after: after, limit: limit})
+}
+
+// list asks every shard for o's leases and merges their answers.
+func (c *Coordinator) list(ctx context.Context, o op) (leases []lease.Lease, next string, err error) {
+	limit := o.limit
 	type part struct {
 		leases []lease.Lease
 		err    error
 	}
 	ch := make(chan part, len(c.shards))
 	for _, s := range c.shards {
-		c.send(s, op{kind: opList, holder: holder, after: after, limit: limit, list: func(ls []lease.Lease, err error) { ch <- part{ls, err} }})
+		o := o
+		o.list = func(ls []lease.Lease, err error) { ch <- part{ls, err} }
+		c.send(s, o)
 	}
 	for range c.shards {
 		select {
@@ -814,52 +833,11 @@ func decodedRows(tx store.ReadTxn, job string, log []logRow) ([]Row, error) {
 	return rows, err
 }
 
-// evidenceEachJobs is how many jobs one read of EvidenceOfEach covers.
+// evidenceEachJobs is how many jobs one read of EndOfEach covers: a
+// reader of one job reads the whole evidence log (up to its window's bytes
+// and the newest commit's), so a termination's record of thousands of
+// leases read it once per job before.
 const evidenceEachJobs = 1024
-
-// EvidenceOfEach calls fn with the evidence rows of each of jobs, jobs
-// with a lease (rows of the unknown-job log are not read), as Evidence
-// would return them, reading the evidence log once per evidenceEachJobs
-// jobs rather than once per job: a reader of one job reads the whole log
-// (up to its window's bytes and the newest commit's), so a termination's
-// record of thousands of leases read it thousands of times. A job with no
-// rows gets none.
-func (c *Coordinator) EvidenceOfEach(ctx context.Context, jobs []string, fn func(job string, rows []Row) error) error {
-	for start := 0; start < len(jobs); start += evidenceEachJobs {
-		part := jobs[start:min(start+evidenceEachJobs, len(jobs))]
-		byJob := make(map[string][]Row, len(part))
-		err := c.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
-			clear(byJob)
-			want := make(map[string]bool, len(part))
-			for _, job := range part {
-				want[job] = true
-			}
-			read, err := readLogOf(tx, func(job string) bool { return want[job] })
-			if err != nil {
-				return err
-			}
-			logs := map[string][]logRow{}
-			for _, r := range read {
-				logs[r.job] = append(logs[r.job], r)
-			}
-			for _, job := range part {
-				if byJob[job], err = decodedRows(tx, job, logs[job]); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		for _, job := range part {
-			if err := fn(job, byJob[job]); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
 
 // EvidenceCursor is where a page of evidence starts: after row number
 // After of the job's rows, or, when Unknown, after sequence number After
@@ -1020,10 +998,7 @@ func (c *Coordinator) nextUnknown() uint64 {
 // by one of holders, on every shard, those after job id after only, in
 // order.
 func (c *Coordinator) heldBy(ctx context.Context, holders []string, after string) ([]string, error) {
-	set := make(map[string]bool, len(holders))
-	for _, h := range holders {
-		set[h] = true
-	}
+	set := holderSet(holders)
 	type part struct {
 		jobs []string
 		err  error

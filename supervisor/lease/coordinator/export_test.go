@@ -167,3 +167,12 @@ func LaggingRecords(st store.Store) (int, error) {
 	})
 	return n, err
 }
+
+// SetApplyWindow makes applyAll judge at most n of a holder's jobs at a
+// time until the test ends, so that a test can act between two windows
+// (each waits for the commit of the one before).
+func SetApplyWindow(t interface{ Cleanup(func()) }, n int) {
+	was := applyWindow
+	applyWindow = n
+	t.Cleanup(func() { applyWindow = was })
+}

@@ -453,15 +453,23 @@ func (s *shard) handle(o op) {
 	case opList:
 		s.takeFinished()
 		var out []lease.Lease
-		jobs := s.leases
-		if o.holder != "" {
-			jobs = s.held[o.holder]
-		}
-		for job, e := range jobs {
-			if !e.durable.Exists() || job <= o.after || (o.holder != "" && e.durable.HolderIdentity != o.holder) {
-				continue
+		take := func(jobs map[string]*entry, holder string) {
+			for job, e := range jobs {
+				if !e.durable.Exists() || job <= o.after || (holder != "" && e.durable.HolderIdentity != holder) {
+					continue
+				}
+				out = append(out, e.durable)
 			}
-			out = append(out, e.durable)
+		}
+		switch {
+		case o.holders != nil:
+			for holder := range o.holders {
+				take(s.held[holder], holder)
+			}
+		case o.holder != "":
+			take(s.held[o.holder], o.holder)
+		default:
+			take(s.leases, "")
 		}
 		slices.SortFunc(out, func(a, b lease.Lease) int { return strings.Compare(a.JobID, b.JobID) })
 		if o.limit > 0 && len(out) > o.limit+1 {
