@@ -26,6 +26,18 @@ func allocated(f func()) uint64 {
 	return after.TotalAlloc - before.TotalAlloc
 }
 
+// leastAllocated is the least of three counts of allocated(f), for an f
+// that reads: the count is the whole process's, and another test's
+// goroutines still winding down (a store's compactions, a server's
+// shutdown) allocate into one count now and then, hardly into all three.
+func leastAllocated(f func()) uint64 {
+	least := allocated(f)
+	for range 2 {
+		least = min(least, allocated(f))
+	}
+	return least
+}
+
 // TestRogue23ARolloutsHandoverReadsOnlyItsMembersLeases: a rollout's
 // lease handover (Open, read by the rollout's reconciler on every pass for
 // every replaced batch, and HeldBy, read for each page of a batch's
@@ -92,7 +104,7 @@ func TestRogue23ARolloutsHandoverReadsOnlyItsMembersLeases(t *testing.T) {
 	h := leaseHandover{leases: c}
 	members := []string{"n_member"}
 	var open []supervisor.HandoverLease
-	openBytes := allocated(func() {
+	openBytes := leastAllocated(func() {
 		if open, _, err = h.Open(context.Background(), members); err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +114,7 @@ func TestRogue23ARolloutsHandoverReadsOnlyItsMembersLeases(t *testing.T) {
 	}
 	var page []supervisor.RecordLease
 	var more bool
-	pageBytes := allocated(func() {
+	pageBytes := leastAllocated(func() {
 		if page, more, err = h.HeldBy(context.Background(), members, supervisor.LeasePage{Limit: 256}); err != nil {
 			t.Fatal(err)
 		}

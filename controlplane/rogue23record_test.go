@@ -108,7 +108,7 @@ func TestRogue23AHoldersPiledUpEvidenceDoesNotWeighOnItsStopsRecord(t *testing.T
 	}
 	// A rollout's record reads how a job ended the same way.
 	var page []supervisor.RecordLease
-	handedOver := allocated(func() {
+	handedOver := leastAllocated(func() {
 		page, _, err = leaseHandover{leases: c}.HeldBy(context.Background(), []string{holder}, supervisor.LeasePage{Limit: 256})
 	})
 	if err != nil {
@@ -159,7 +159,7 @@ func TestRogue23ARolloutsRecordReadsTheEvidenceLogOncePerPage(t *testing.T) {
 
 	var page []supervisor.RecordLease
 	var err error
-	bytes := allocated(func() {
+	bytes := leastAllocated(func() {
 		page, _, err = leaseHandover{leases: c}.HeldBy(context.Background(), []string{member}, supervisor.LeasePage{Limit: 256})
 	})
 	if err != nil {
