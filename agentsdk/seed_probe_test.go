@@ -33,7 +33,9 @@ import (
 // nothing).
 func TestSeedProbeAPartitionedHolderStopsByTheExpiryItWasGranted(t *testing.T) {
 	s := newLeaseSetup(t)
-	w := s.newWorker(t, t.TempDir(), 5*time.Millisecond) // renews on every tick
+	// The loop renews on every tick; the tick is also each renewal's
+	// deadline, so not a few milliseconds a busy machine's answers exceed.
+	w := s.newWorker(t, t.TempDir(), 100*time.Millisecond)
 	ctx := context.Background()
 	job, d, err := w.Accept(ctx, s.offer(t, "job-1", 30*time.Second), agentsdk.JobOptions{})
 	accepted(t, "accept", d, err)
