@@ -142,7 +142,10 @@ func ExampleAgent_Draining() {
 	defer stop()
 
 	agent, _ := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
-	agent.OnDrain(func(s agentsdk.Signal) { fmt.Println("signal: abort =", s.Abort) })
+	// OnDrain's callbacks run once Draining() is closed, on the session's
+	// goroutine: hand the signal to the loop rather than print from there.
+	signals := make(chan agentsdk.Signal, 1)
+	agent.OnDrain(func(s agentsdk.Signal) { signals <- s })
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go agent.Run(runCtx)
@@ -160,6 +163,7 @@ func ExampleAgent_Draining() {
 	for done := false; !done; {
 		select {
 		case <-agent.Draining():
+			fmt.Println("signal: abort =", (<-signals).Abort)
 			fmt.Println("draining: finishing the current step, starting nothing new")
 			if err := agent.Exit(ctx, "drained"); err != nil {
 				panic(err)

@@ -182,7 +182,10 @@ func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	// The worker's clock never moves: it never reaches the bound of its
 	// last accepted renewal (ErrLeaseUnconfirmed), so only the
 	// coordinator's answer can end the job.
-	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: 5 * time.Millisecond})
+	// The loop's tick is also each renewal's deadline: 100 ms, not the
+	// 5 ms of a busy machine's slower answers (a commit's fsync on a shared
+	// disk), which would fail every renewal and leave the job running.
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +207,7 @@ func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	s.net.cut.Store(false)
 	select {
 	case <-job.Done():
-	case <-time.After(10 * time.Second):
+	case <-time.After(2 * time.Minute): // a guard against a hang, not a timing
 		t.Fatal("the renew loop did not stop after the coordinator answered EXPIRED")
 	}
 	if !errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseLost) || errors.Is(context.Cause(job.Context()), agentsdk.ErrLeaseUnconfirmed) ||

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -30,7 +33,9 @@ import (
 // nothing).
 func TestSeedProbeAPartitionedHolderStopsByTheExpiryItWasGranted(t *testing.T) {
 	s := newLeaseSetup(t)
-	w := s.newWorker(t, t.TempDir(), 5*time.Millisecond) // renews on every tick
+	// The loop renews on every tick; the tick is also each renewal's
+	// deadline, so not a few milliseconds a busy machine's answers exceed.
+	w := s.newWorker(t, t.TempDir(), 100*time.Millisecond)
 	ctx := context.Background()
 	job, d, err := w.Accept(ctx, s.offer(t, "job-1", 30*time.Second), agentsdk.JobOptions{})
 	accepted(t, "accept", d, err)
@@ -39,8 +44,8 @@ func TestSeedProbeAPartitionedHolderStopsByTheExpiryItWasGranted(t *testing.T) {
 	// to 50s. Then the partition: nothing reaches the coordinator.
 	s.clock.Advance(20 * time.Second)
 	renewedAt := s.clock.Now()
-	testserver.WaitFor(t, 20*time.Second, "a renewal at 20s", func() bool {
-		return s.get(t, "job-1").RenewTime.AsTime().Equal(renewedAt)
+	testserver.WaitFor(t, 20*time.Second, "the worker to hear the answer to a renewal sent at 20s", func() bool {
+		return s.heldFrom(t, job, renewedAt)
 	})
 	s.net.disconnect()
 	s.clock.Advance(29 * time.Second)
@@ -68,6 +73,39 @@ func TestSeedProbeAPartitionedHolderStopsByTheExpiryItWasGranted(t *testing.T) {
 	testserver.WaitFor(t, 20*time.Second, "the coordinator's expiry", func() bool {
 		return s.get(t, "job-1").State == tetherv1.LeaseState_LEASE_STATE_EXPIRED
 	})
+}
+
+// heldFrom reports whether the worker holds job's answer to a renewal it
+// sent at the clock's time at, accepted then. The coordinator's state is
+// not enough: a renewal on the way when the test moved the clock is
+// accepted at the new time too but was sent before it, and one whose
+// answer came after the worker's deadline for it was accepted without the
+// worker knowing; the worker bounds its authority by the send time of the
+// answers it got. So: the renewal the job last heard of (its sequence),
+// found in the evidence accepted at at, with no note that the worker's
+// sent_at differed.
+func (s *leaseSetup) heldFrom(t *testing.T, job *agentsdk.Job, at time.Time) bool {
+	t.Helper()
+	heard := job.Lease()
+	if !heard.RenewTime.AsTime().Equal(at) {
+		return false
+	}
+	req := &tetherv1.EvidenceRequest{JobId: heard.JobId}
+	for {
+		resp, err := s.planner.Lease.Evidence(context.Background(), connect.NewRequest(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range resp.Msg.Rows {
+			if r.Message == "renew" && r.RenewSequence == heard.RenewSequence && r.Decision.GetOutcome() == tetherv1.Outcome_OUTCOME_ACCEPTED {
+				return r.DecidedAt.AsTime().Equal(at) && !strings.Contains(r.Reason, "sent_at")
+			}
+		}
+		if resp.Msg.NextPageToken == "" {
+			return false
+		}
+		req.PageToken = resp.Msg.NextPageToken
+	}
 }
 
 // A job the worker resumes after a restart (its ACK a DUPLICATE) proves
