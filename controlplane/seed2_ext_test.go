@@ -1077,9 +1077,7 @@ func TestSeed2AGoneParentsTerminationStillStopsItsChild(t *testing.T) {
 	w.clk.Advance(2 * time.Second)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	_, err = w.begin(w.gC.token)
-	// Refused as the abort's (the node is stopping), saying its token was
-	// revoked too; permission_denied only once the termination is over.
-	wantRefused(t, "the child's next call", err, connect.CodeFailedPrecondition, "aborting", "revoked")
+	wantRefused(t, "the child's next call", err, connect.CodePermissionDenied, "revoked")
 	w.clk.Advance(2 * time.Minute)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)

@@ -546,9 +546,7 @@ func TestSeed3AGrandchildSpawnedAfterItsGrandparentLeftIsStillStopped(t *testing
 	}
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 	_, err = w.begin(gGC.token)
-	// Refused as the drain's (the node is stopping), saying its token was
-	// revoked too; permission_denied only once the termination is over.
-	wantRefused(t, "the grandchild's call once revoked", err, connect.CodeFailedPrecondition, "draining", "revoked")
+	wantRefused(t, "the grandchild's call once revoked", err, connect.CodePermissionDenied, "revoked")
 	w.clk.Advance(2 * time.Minute)
 	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, w.admin, term.TerminationId)

@@ -331,9 +331,7 @@ func TestSeedAChildThatClaimsItsExitAndKeepsUsingItsGrantIsUnaccounted(t *testin
 	})
 
 	_, err = w.begin(w.gC.token)
-	// Refused as the drain's (the node is stopping until the record), saying
-	// its token was revoked too.
-	wantRefused(t, "a call with the child's revoked grant", err, connect.CodeFailedPrecondition, "draining", "revoked")
+	wantRefused(t, "a call with the child's revoked grant", err, connect.CodePermissionDenied, "revoked")
 	if n := getNode(t, w.admin, w.c.Node.NodeId); strings.Join(contradictionKinds(n.Contradictions), ",") != "tool_call" {
 		t.Errorf("the child's contradictions %v, want its tool call kept", contradictionKinds(n.Contradictions))
 	}
