@@ -28,7 +28,7 @@ TEST_LOG ?= $(BIN)/test.log
 test:
 	$(GO) vet ./...
 	@mkdir -p $(dir $(TEST_LOG)); set -o pipefail; \
-	$(GO) test -race -count=1 -timeout 25m ./... 2>&1 | tee $(TEST_LOG); status=$$?; \
+	$(GO) test -race -count=1 -timeout 35m ./... 2>&1 | tee $(TEST_LOG); status=$$?; \
 	if [ $$status -ne 0 ]; then \
 	  echo "== what failed (the whole output is in $(TEST_LOG)):"; \
 	  grep -E -A4 '^(--- FAIL|panic: test timed out|FAIL)|running tests:' $(TEST_LOG) | grep -v '^goroutine ' | head -80; \
