@@ -81,13 +81,15 @@ type KeyedObserver interface {
 // node, together. It is a hint: the reads that follow are what the
 // transaction reads, whatever it fetched.
 func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string, end bool) error {
-	node, known := l.nodes.of(callID)
+	n, known := l.nodes.lineageOf(callID)
 	if !known {
 		return nil // one key: nothing to fetch together
 	}
+	node := n.node
 	keys := [][]byte{callKey(callID)}
 	if end {
 		keys = append(keys, tree.NodeKey(node))
+		keys = append(keys, tree.CoverKeys(node, n.ancestors)...)
 	}
 	if o, ok := l.Observer.(KeyedObserver); ok {
 		keys = append(keys, o.ObservedKeys(node)...)
@@ -100,21 +102,31 @@ func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string, end bool) error
 // full it starts afresh (a call it forgot costs a read more, no more).
 type callNodes struct {
 	mu sync.Mutex
-	m  map[string]string
+	m  map[string]callNode
+}
+
+// callNode is a call's node and, when known (a call begun here), the
+// node's ancestors: what an end reads for the stop that may cover it.
+type callNode struct {
+	node      string
+	ancestors []string
 }
 
 const maxCallNodes = 1 << 16
 
-func (c *callNodes) remember(call *ToolCall) {
+func (c *callNodes) remember(call *ToolCall) { c.rememberIn(call, nil) }
+
+// rememberIn is remember of a call whose node's ancestors are known.
+func (c *callNodes) rememberIn(call *ToolCall, ancestors []string) {
 	if call == nil {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil || len(c.m) >= maxCallNodes {
-		c.m = make(map[string]string)
+		c.m = make(map[string]callNode)
 	}
-	c.m[call.CallID] = call.NodeID
+	c.m[call.CallID] = callNode{node: call.NodeID, ancestors: ancestors}
 }
 
 func (c *callNodes) forget(callID string) {
@@ -124,10 +136,15 @@ func (c *callNodes) forget(callID string) {
 }
 
 func (c *callNodes) of(callID string) (string, bool) {
+	n, ok := c.lineageOf(callID)
+	return n.node, ok
+}
+
+func (c *callNodes) lineageOf(callID string) (callNode, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	node, ok := c.m[callID]
-	return node, ok
+	n, ok := c.m[callID]
+	return n, ok
 }
 
 // ackDeadlines keeps the acknowledgement deadlines of the terminations

@@ -160,6 +160,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		State: CallStateInFlight, BegunAt: now, BegunBy: by,
 	}
 	var stopping error
+	var ancestors []string
 	unlisted := false // refused, and not kept: the record lists enough of the node's refusals
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
 		stopping, unlisted = nil, false
@@ -171,6 +172,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err != nil {
 			return err
 		}
+		ancestors = node.Ancestors
 		if tree.ExitConfirmed(node) && node.State != tree.NodeStateTerminated {
 			stopping = tree.ExitedError(node, tree.ActivityToolCall)
 			if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), now) {
@@ -257,7 +259,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		return nil, err
 	}
 	if call.State != CallStateEnded && !unlisted {
-		l.nodes.remember(call)
+		l.nodes.rememberIn(call, ancestors)
 	}
 	if stopping != nil {
 		if call.State != CallStateEnded {

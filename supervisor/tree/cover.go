@@ -117,6 +117,16 @@ func CoveringStopIn(tx store.ReadTxn, n *Node) (*Cover, error) {
 	return &Cover{NodeID: stops[at].NodeID, State: CoverRequested, TerminationID: stops[at].Requested}, nil
 }
 
+// CoverKeys are the keys CoveringStopIn reads for node nodeID with
+// ancestors, for a caller to prefetch with its own reads.
+func CoverKeys(nodeID string, ancestors []string) [][]byte {
+	keys := store.KeysOf(ancestors, nodeKey)
+	for _, id := range ancestors {
+		keys = append(keys, stopRequestedKey(id))
+	}
+	return append(keys, stopRequestedKey(nodeID))
+}
+
 // NoteStopRequestedIn notes, in the transaction that requests it, that
 // termination terminationID is requested on nodeID: until its mark's
 // first chunk marks the node (ClearStopRequestedIn), the node and its

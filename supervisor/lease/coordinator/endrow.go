@@ -49,10 +49,20 @@ func (c *Coordinator) EndOfEach(ctx context.Context, leases []lease.Lease, fn fu
 				logs[r.job] = append(logs[r.job], r)
 			}
 			for i, l := range part {
-				carries := func(r Row) bool { return r.TerminalResult == l.TerminalResult }
+				// Monotone whatever happened since l was read: a terminal
+				// result never goes back to none, and a final one never
+				// goes back to UNRESOLVED. "carries l's result" is not,
+				// when an UNRESOLVED l was made final since.
+				carries := func(r Row) bool { return r.TerminalResult != lease.ResultUnspecified }
+				if l.TerminalResult != lease.ResultUnresolved {
+					carries = func(r Row) bool {
+						return r.TerminalResult != lease.ResultUnspecified && r.TerminalResult != lease.ResultUnresolved
+					}
+				}
 				if ends[i].row, ends[i].found, err = firstRowWhere(tx, l.JobID, logs[l.JobID], carries); err != nil {
 					return fmt.Errorf("evidence of job %q: %w", l.JobID, err)
 				}
+				ends[i].found = ends[i].found && ends[i].row.TerminalResult == l.TerminalResult
 			}
 			return nil
 		})
@@ -74,8 +84,10 @@ func (c *Coordinator) EndOfEach(ctx context.Context, leases []lease.Lease, fn fu
 // halving, to the last anchor where it does not hold, and scans on from
 // there. Without anchors (rows stored before them) it scans from row 1.
 func firstRowWhere(tx store.ReadTxn, job string, log []logRow, holds func(Row) bool) (Row, bool, error) {
-	first, ok, err := anchorRow(tx, job, 1, log)
-	if err != nil || !ok || holds(first) {
+	// Most jobs are short: the rows before the first anchor in one read,
+	// as a whole read of them would take.
+	first, ok, past, err := scanUpTo(tx, job, log, holds, anchorEvery-1)
+	if err != nil || ok || !past {
 		return first, ok && err == nil, err
 	}
 	// Anchor k is row k·anchorEvery. lo: an anchor where holds is false
@@ -167,4 +179,27 @@ func scanFor(tx store.ReadTxn, job string, from uint64, log []logRow, holds func
 		return scanFor(tx, job, 1, log, holds)
 	}
 	return out, ok, err
+}
+
+// scanUpTo is scanFor from row 1 that stops after row to; past says the
+// job has rows after it.
+func scanUpTo(tx store.ReadTxn, job string, log []logRow, holds func(Row) bool, to uint64) (out Row, ok, past bool, err error) {
+	var rr rowReader
+	err = jobRows(tx, job, 1, log, func(number uint64, key, value []byte) error {
+		if number > to {
+			past = true
+			return store.ErrStopScan
+		}
+		before := rr.prev
+		stored, err := rr.next(value)
+		if err != nil {
+			return fmt.Errorf("%s: %w", key, err)
+		}
+		if r := stored.row(before); holds(r) {
+			out, ok = r, true
+			return store.ErrStopScan
+		}
+		return nil
+	})
+	return out, ok, past, err
 }
