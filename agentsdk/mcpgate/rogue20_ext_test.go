@@ -14,6 +14,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // The twentieth rogue pass against the gateway: a rogue agent holding its
@@ -140,10 +141,22 @@ func TestARogueCannotHideItsCallsFromTheCountByNamingTheMethodTwice(t *testing.T
 	if err := recv(t, done, "done"); err != nil {
 		t.Fatal(err)
 	}
-	// Not at its maximum, the node lists and calls.
-	if resp, answer := s.post(`{"jsonrpc":"2.0","id":7,"method":"tools/list"}`); resp.StatusCode != http.StatusOK || !strings.Contains(answer, `"echo"`) {
-		t.Fatalf("a listing after the call ended: %s %.300s", resp.Status, answer)
-	}
+	// Not at its maximum, the node lists and calls. The call counts until
+	// the gateway has written its answer, and the agent may read the answer
+	// first: until the gateway lets go of it, a listing is refused as
+	// above, and nothing else is answered.
+	listed := 0
+	testserver.WaitFor(t, guardWait, "a listing once the call ended", func() bool {
+		listed++
+		resp, answer := s.post(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/list"}`, 100+listed))
+		if resp.StatusCode == http.StatusOK && strings.Contains(answer, `"echo"`) {
+			return true
+		}
+		if resp.StatusCode != http.StatusOK || !strings.Contains(answer, fmt.Sprint(mcpgate.CodeTooManyCalls)) {
+			t.Fatalf("a listing after the call ended: %s %.300s", resp.Status, answer)
+		}
+		return false
+	})
 }
 
 // An agent cannot speak for the gateway to an upstream through its call's
