@@ -97,7 +97,9 @@ func firstRowWhere(tx store.ReadTxn, job string, log []logRow, holds func(Row) b
 		r, ok, err := anchorRow(tx, job, k*anchorEvery, log)
 		return !ok || holds(r), err
 	}
-	for k := uint64(1); hi == 0; k *= 2 {
+	// Doubling k until an anchor holds (or is past the end), then halving
+	// between the last that does not and the first that does.
+	for k := uint64(1); hi == 0 || hi-lo > 1; {
 		past, err := probe(k)
 		if errors.Is(err, errNoAnchor) {
 			return scanFor(tx, job, 1, log, holds)
@@ -110,20 +112,10 @@ func firstRowWhere(tx store.ReadTxn, job string, log []logRow, holds func(Row) b
 		} else {
 			lo = k
 		}
-	}
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		past, err := probe(mid)
-		if errors.Is(err, errNoAnchor) {
-			return scanFor(tx, job, 1, log, holds)
-		}
-		if err != nil {
-			return Row{}, false, err
-		}
-		if past {
-			hi = mid
+		if hi == 0 {
+			k *= 2
 		} else {
-			lo = mid
+			k = lo + (hi-lo)/2
 		}
 	}
 	return scanFor(tx, job, max(1, lo*anchorEvery), log, holds)
