@@ -145,28 +145,10 @@ func anchorRow(tx store.ReadTxn, job string, n uint64, log []logRow) (Row, bool,
 }
 
 // scanFor decodes job's rows from row from (an anchor, or row 1), one at a
+// scanFor decodes job's rows from row from (an anchor, or row 1), one at a
 // time and none kept, up to the first for which holds.
 func scanFor(tx store.ReadTxn, job string, from uint64, log []logRow, holds func(Row) bool) (Row, bool, error) {
-	var out Row
-	ok := false
-	var rr rowReader
-	first := true
-	err := jobRows(tx, job, from, log, func(_ uint64, key, value []byte) error {
-		if first && from > 1 && !isAnchorRow(value) {
-			return errNoAnchor
-		}
-		first = false
-		before := rr.prev
-		stored, err := rr.next(value)
-		if err != nil {
-			return fmt.Errorf("%s: %w", key, err)
-		}
-		if r := stored.row(before); holds(r) {
-			out, ok = r, true
-			return store.ErrStopScan
-		}
-		return nil
-	})
+	out, ok, _, err := scanRows(tx, job, from, 0, log, holds)
 	if errors.Is(err, errNoAnchor) {
 		return scanFor(tx, job, 1, log, holds)
 	}
@@ -176,9 +158,22 @@ func scanFor(tx store.ReadTxn, job string, from uint64, log []logRow, holds func
 // scanUpTo is scanFor from row 1 that stops after row to; past says the
 // job has rows after it.
 func scanUpTo(tx store.ReadTxn, job string, log []logRow, holds func(Row) bool, to uint64) (out Row, ok, past bool, err error) {
+	return scanRows(tx, job, 1, to, log, holds)
+}
+
+// scanRows decodes job's rows from row from up to row to (0: the last),
+// one at a time and none kept, until one for which holds; past says the job
+// has rows after to. A scan from past row 1 must begin at an anchor
+// (errNoAnchor otherwise).
+func scanRows(tx store.ReadTxn, job string, from, to uint64, log []logRow, holds func(Row) bool) (out Row, ok, past bool, err error) {
 	var rr rowReader
-	err = jobRows(tx, job, 1, log, func(number uint64, key, value []byte) error {
-		if number > to {
+	first := true
+	err = jobRows(tx, job, from, log, func(number uint64, key, value []byte) error {
+		if first && from > 1 && !isAnchorRow(value) {
+			return errNoAnchor
+		}
+		first = false
+		if to > 0 && number > to {
 			past = true
 			return store.ErrStopScan
 		}
