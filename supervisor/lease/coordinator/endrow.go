@@ -145,7 +145,6 @@ func anchorRow(tx store.ReadTxn, job string, n uint64, log []logRow) (Row, bool,
 }
 
 // scanFor decodes job's rows from row from (an anchor, or row 1), one at a
-// scanFor decodes job's rows from row from (an anchor, or row 1), one at a
 // time and none kept, up to the first for which holds.
 func scanFor(tx store.ReadTxn, job string, from uint64, log []logRow, holds func(Row) bool) (Row, bool, error) {
 	out, ok, _, err := scanRows(tx, job, from, 0, log, holds)
