@@ -30,6 +30,7 @@ type jwksCache struct {
 	http        *http.Client
 	now         func() time.Time
 	minInterval time.Duration
+	timeout     time.Duration // of one fetch (VerifierConfig.JWKSFetchTimeout)
 
 	ring atomic.Pointer[capability.KeyRing]
 
@@ -37,8 +38,8 @@ type jwksCache struct {
 	lastOnDemand time.Time
 }
 
-func newJWKSCache(baseURL string, hc *http.Client, now func() time.Time, minInterval time.Duration) *jwksCache {
-	c := &jwksCache{url: baseURL + JWKSPath, http: hc, now: now, minInterval: minInterval}
+func newJWKSCache(baseURL string, hc *http.Client, now func() time.Time, minInterval, timeout time.Duration) *jwksCache {
+	c := &jwksCache{url: baseURL + JWKSPath, http: hc, now: now, minInterval: minInterval, timeout: timeout}
 	c.ring.Store(&capability.KeyRing{})
 	return c
 }
@@ -77,14 +78,8 @@ func (c *jwksCache) refresh(ctx context.Context) error {
 	return c.fetchLocked(ctx)
 }
 
-// jwksFetchTimeout bounds one fetch of the key set, its body included (the
-// TypeScript verifier's bound): a peer trickling the key set would
-// otherwise hold Run before it follows the revocation feed, and every
-// check of an unknown kid behind it, for as long as it liked.
-const jwksFetchTimeout = 10 * time.Second
-
 func (c *jwksCache) fetchLocked(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, jwksFetchTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
 	if err != nil {

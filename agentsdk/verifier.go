@@ -26,6 +26,11 @@ const (
 	DefaultStalenessBudget = 10 * time.Second
 	DefaultCacheSize       = 1 << 16
 	DefaultJWKSMinInterval = 10 * time.Second
+	// DefaultJWKSFetchTimeout bounds one fetch of the key set, its body
+	// included (the TypeScript verifier's bound): a peer trickling the key
+	// set would otherwise hold Run before it follows the revocation feed,
+	// and every check of an unknown kid behind it, for as long as it liked.
+	DefaultJWKSFetchTimeout = 10 * time.Second
 	// jwksRefreshEvery refetches the key set even when no unknown kid was
 	// seen, so keys published ahead of use are known before they sign.
 	jwksRefreshEvery = 5 * time.Minute
@@ -65,7 +70,11 @@ type VerifierConfig struct {
 	// JWKSMinInterval is the least time between two key-set fetches caused
 	// by unknown kids; default DefaultJWKSMinInterval.
 	JWKSMinInterval time.Duration
-	Clock           Clock
+	// JWKSFetchTimeout bounds one fetch of the key set, its body included
+	// (a network deadline, on the real clock); default
+	// DefaultJWKSFetchTimeout.
+	JWKSFetchTimeout time.Duration
+	Clock            Clock
 	Logger          *slog.Logger
 }
 
@@ -120,6 +129,9 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if cfg.JWKSMinInterval <= 0 {
 		cfg.JWKSMinInterval = DefaultJWKSMinInterval
 	}
+	if cfg.JWKSFetchTimeout <= 0 {
+		cfg.JWKSFetchTimeout = DefaultJWKSFetchTimeout
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = WallClock
 	}
@@ -133,7 +145,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	return &Verifier{
 		cfg:        cfg,
 		verifier:   v,
-		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval),
+		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval, cfg.JWKSFetchTimeout),
 		tombstones: &capability.TombstoneSet{},
 		ready:      make(chan struct{}),
 	}, nil
