@@ -75,7 +75,7 @@ type VerifierConfig struct {
 	// DefaultJWKSFetchTimeout.
 	JWKSFetchTimeout time.Duration
 	Clock            Clock
-	Logger          *slog.Logger
+	Logger           *slog.Logger
 }
 
 // Verifier checks capability tokens for a resource server or tool gate
