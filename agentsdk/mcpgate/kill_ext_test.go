@@ -38,7 +38,7 @@ func TestGatewayKilledMidCallLeavesTheCallUnresolved(t *testing.T) {
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() { _ = cmd.Process.Kill(); <-exited })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); recv(t, exited, "the killed tether mcp serve to exit") })
 	testserver.WaitFor(t, guardWait, "tether mcp serve to answer", func() bool {
 		select {
 		case <-exited:

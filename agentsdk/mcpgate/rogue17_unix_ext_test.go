@@ -205,7 +205,7 @@ func TestARogueNotReadingItsAnswersIsHeldToItsCallsInFlight(t *testing.T) {
 	}
 	// Both answered by the upstream and ended in the ledger: the gateway
 	// holds the two answers, writing them to a rogue that reads neither.
-	asked.Wait()
+	waitAll(t, asked, "the upstream to be asked for the rogue's two answers")
 	testserver.WaitFor(t, guardWait, "the rogue's two calls to end in the ledger", func() bool {
 		calls, err := w.admin.Tool.ListCalls(context.Background(), connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: w.agent.Node.NodeId}))
 		if err != nil {
@@ -346,7 +346,7 @@ func TestARogueNotReadingItsAnswersDoesNotHoldThemInTheGateway(t *testing.T) {
 			_, _ = rogue.CallTool(rogueCtx, &mcp.CallToolParams{Name: "big", Arguments: map[string]any{"bytes": 8 << 20}})
 		}()
 	}
-	asked.Wait()
+	waitAll(t, asked, "the upstream to be asked for the rogue's two answers")
 	// The rogue never reads nor lets go; the gateway gives up writing to
 	// it, and its next call is admitted.
 	testserver.WaitFor(t, guardWait, "the rogue's next call to be admitted while it still reads nothing", func() bool {

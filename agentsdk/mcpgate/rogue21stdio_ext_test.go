@@ -53,7 +53,7 @@ func TestARogueCannotSendAJSONRPCBatchThroughTheStdioGateway(t *testing.T) {
 				cancel()
 				agentOut.Close()
 				agentIn.Close()
-				<-served
+				recv(t, served, "ServeStdio to return once its context ended and the agent hung up")
 			})
 			lines := bufio.NewReader(agentIn)
 			send := func(msg string) {

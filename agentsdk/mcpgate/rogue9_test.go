@@ -127,7 +127,7 @@ func TestARogueFiringCallsCannotSpendTheGatewaysBudget(t *testing.T) {
 	for i := range fired {
 		events.Release(fmt.Sprintf("rogue-%d", i))
 	}
-	wg.Wait()
+	waitAll(t, &wg, "the rogue's calls to end once released")
 	if len(results) != maxCalls {
 		t.Errorf("%d of the rogue's calls answered, want %d", len(results), maxCalls)
 	}

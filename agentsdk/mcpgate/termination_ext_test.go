@@ -34,6 +34,8 @@ func startSlow(t *testing.T, cs *mcp.ClientSession, started <-chan struct{}, id 
 	case <-started:
 	case err := <-done:
 		t.Fatalf("slow %s ended before it started upstream: %v", id, err)
+	case <-time.After(guardWait): // a guard against a hang, not a timing
+		t.Fatalf("slow %s neither started upstream nor ended within %s", id, guardWait)
 	}
 	return done
 }

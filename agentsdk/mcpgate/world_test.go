@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -210,4 +211,13 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 		t.Fatalf("waited %s for %s; nothing came", guardWait, what)
 		panic("unreachable")
 	}
+}
+
+// waitAll waits for wg, or the test fails (what names it) when it has not
+// ended within guardWait: a guard against a hang, not a timing.
+func waitAll(t *testing.T, wg *sync.WaitGroup, what string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	recv(t, done, what)
 }
