@@ -99,7 +99,12 @@
 // way up, to a random token per call, and restored on the way down, so
 // that agents sharing an upstream
 // never see each other's; progress from an upstream under a token the
-// gateway did not issue for a call to that upstream is dropped. An
+// gateway did not issue for a call to that upstream is dropped. The
+// agent's own token, which the gateway sends back with every notification
+// of the call's progress, must be a string of at most
+// MaxProgressTokenBytes or an integer of at most 2^53 (what the gateway can
+// send back as it came): a call with any other is refused with invalid
+// params before the ledger and the upstream. An
 // upstream's JSON-RPC error whose code is in the gateway's own range
 // (-32069 to -32061) is passed as an internal error (-32603) naming the
 // upstream and its code, its message kept: those codes are the gateway's

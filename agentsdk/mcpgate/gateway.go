@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -639,6 +640,10 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	if rerr != nil {
 		return nil, rerr
 	}
+	pt := req.Params.GetProgressToken()
+	if problem := progressTokenProblem(pt); problem != "" {
+		return nil, rpcError(jsonrpc.CodeInvalidParams, "the call's progress token is refused: %s; MCP's progress token is a string or an integer, and the gateway sends it back with every notification of the call's progress", problem)
+	}
 	// Offline first: a refused call costs no round trip and reaches
 	// neither the ledger nor the upstream.
 	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
@@ -652,7 +657,6 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	if req.Params.Meta != nil {
 		params.Meta = agentsMeta(req.Params.Meta)
 	}
-	pt := req.Params.GetProgressToken()
 	var ours string
 	if pt != nil {
 		ours = progressToken()
@@ -860,6 +864,54 @@ func forwardedSize(params *mcp.CallToolParams, args json.RawMessage) (int, error
 		n += len(b)
 	}
 	return n, nil
+}
+
+// MaxProgressTokenBytes bounds an agent's progress token (a string): the
+// gateway sends it back with every notification of the call's progress,
+// so a token as large as the request (4 MiB) had the gateway encode and
+// write that much again for each one, at the agent's word. Client SDKs use
+// the request's id, or a short string.
+const MaxProgressTokenBytes = 256
+
+// maxExactInteger is the largest integer a progress token may be: the
+// SDK reads a number as a float64, which holds every integer up to 2^53
+// exactly, and sends back a larger one changed (the agent would not find
+// its own call's progress under it).
+const maxExactInteger = 1 << 53
+
+// progressTokenProblem says why pt (nil: none) cannot be an agent's
+// progress token, or "": MCP's progress token is a string or an integer
+// (the Go SDK's own rule), here a string of at most MaxProgressTokenBytes
+// or an integer the gateway can send back as it came. It never quotes pt.
+func progressTokenProblem(pt any) string {
+	switch v := pt.(type) {
+	case nil:
+	case string:
+		if len(v) > MaxProgressTokenBytes {
+			return fmt.Sprintf("it is %d bytes long, more than the %d the gateway takes", len(v), MaxProgressTokenBytes)
+		}
+	case float64:
+		if v != math.Trunc(v) || math.Abs(v) > maxExactInteger {
+			return "it is a number that is not an integer of at most 2^53, which the gateway could not send back as it came"
+		}
+	case int, int32, int64:
+	default:
+		return fmt.Sprintf("it is a JSON %s", jsonKind(v))
+	}
+	return ""
+}
+
+// jsonKind names the JSON type of a decoded value.
+func jsonKind(v any) string {
+	switch v.(type) {
+	case map[string]any:
+		return "object"
+	case []any:
+		return "array"
+	case bool:
+		return "boolean"
+	}
+	return fmt.Sprintf("value of Go type %T", v)
 }
 
 // DefaultMaxCallsPerNode is Config.MaxCallsPerNode's default: the control

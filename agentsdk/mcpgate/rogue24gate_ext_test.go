@@ -1,0 +1,161 @@
+package mcpgate_test
+
+// The twenty-fourth rogue pass against the gateway: a rogue agent's
+// progress token, echoed by the gateway with every notification of its
+// call's progress.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+)
+
+// chattyNotes is how many progress notifications the chatty tool sends.
+const chattyNotes = 64
+
+// chattyUpstream is an honest upstream whose tool reports its progress
+// as its work goes on (a download reporting each chunk): each
+// notification after the last has been read by the caller (next), so
+// that none is lost to the relay keeping only the latest. It counts its
+// calls.
+func chattyUpstream(t *testing.T, calls *atomic.Int32, next <-chan struct{}) string {
+	t.Helper()
+	s := mcp.NewServer(&mcp.Implementation{Name: "chatty", Version: "1"}, nil)
+	mcp.AddTool(s, &mcp.Tool{Name: "fetch", Description: "reports its progress chunk by chunk"}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		calls.Add(1)
+		if pt := req.Params.GetProgressToken(); pt != nil {
+			for i := range chattyNotes {
+				_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: pt, Progress: float64(i + 1), Total: chattyNotes, Message: "chunk"})
+				select {
+				case <-next:
+				case <-ctx.Done():
+					return nil, nil, ctx.Err()
+				}
+			}
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "fetched"}}}, nil, nil
+	})
+	up := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+// chattyCall is what came back for one call of fetch: the bytes of the
+// answer's stream, the progress notifications in it, and the answer.
+type chattyCall struct {
+	bytes, notes int
+	tokens       []string // the progress tokens of the notifications, as sent
+	answer       string   // the JSON-RPC answer's data line
+}
+
+// callChatty calls fetch on the rogue's session with progressToken (raw
+// JSON) and reads its answer's stream as it comes, letting the tool go
+// on (next) after each notification read.
+func callChatty(t *testing.T, s *rawSession, id int, progressToken string, next chan<- struct{}) chattyCall {
+	t.Helper()
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"fetch","arguments":{},"_meta":{"progressToken":%s}}}`, id, progressToken)
+	req, err := http.NewRequest(http.MethodPost, s.endpoint, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", s.id)
+	req.Header.Set("Mcp-Protocol-Version", rawVersion)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got chattyCall
+	lines := bufio.NewReader(resp.Body)
+	for {
+		line, err := lines.ReadString('\n')
+		got.bytes += len(line)
+		data, isData := strings.CutPrefix(strings.TrimSpace(line), "data: ")
+		if !isData && strings.HasPrefix(line, "{") { // a JSON answer, not a stream
+			data, isData = strings.TrimSpace(line), true
+		}
+		if isData {
+			var msg struct {
+				Method string `json:"method"`
+				Params struct {
+					ProgressToken json.RawMessage `json:"progressToken"`
+				} `json:"params"`
+			}
+			if json.Unmarshal([]byte(data), &msg) == nil && msg.Method == "notifications/progress" {
+				got.notes++
+				got.tokens = append(got.tokens, string(msg.Params.ProgressToken))
+				select {
+				case next <- struct{}{}:
+				case <-time.After(guardWait): // a guard against a hang, not a timing
+					t.Fatalf("the chatty tool did not take its next chunk within %s", guardWait)
+				}
+				continue
+			}
+			got.answer = data
+		}
+		if err != nil {
+			return got
+		}
+	}
+}
+
+// A rogue agent cannot have the gateway write its progress token back to
+// it with every notification of its call's progress. The gateway keeps
+// the agent's token and restores it in each notification it relays (MCP
+// asks for the request's own token); a token was taken as the agent sent
+// it, of any JSON type and up to the request's 4 MiB: a call with a token
+// of 256 KiB to a tool that reports its progress 64 times had the gateway
+// encode and write 16 MiB for it — the gateway's CPU and bandwidth, which
+// every agent's calls share, spent at the rogue's word, 64 times what it
+// sent, for each of its calls in flight. MCP's progress token is a string
+// or an integer: the gateway now refuses a call whose token is neither, or
+// a string longer than MaxProgressTokenBytes (invalid params), before the
+// ledger and the upstream; an honest agent's token passes as before.
+func TestARogueCannotHaveTheGatewayEchoAHugeProgressToken(t *testing.T) {
+	w := newWorld(t, "mcp:*")
+	var calls atomic.Int32
+	next := make(chan struct{})
+	endpoint := serveGateway(t, w.open(t, mcpgate.Upstream{Name: "chatty", URL: chattyUpstream(t, &calls, next)}))
+	rogue := openRaw(t, endpoint, w.grant.Token)
+
+	huge := `"` + strings.Repeat("p", 256<<10) + `"`
+	// (An integer beyond 2^53 came back changed: 10^18 - 1 as 10^18.)
+	for i, token := range []string{huge, `{"pad":` + huge + `}`, `[` + huge + `]`, `true`, `1.5`, strings.Repeat("9", 18)} {
+		got := callChatty(t, rogue, 10+i, token, next)
+		if got.notes > 0 || !strings.Contains(got.answer, fmt.Sprintf(`"code":%d`, jsonrpc.CodeInvalidParams)) || !strings.Contains(got.answer, "progress token") {
+			t.Errorf("a call whose progress token is %.12s… (%d bytes): %d bytes back, %d progress notifications, answer %.200s; want refused as invalid params naming the progress token",
+				token, len(token), got.bytes, got.notes, got.answer)
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("the upstream was called %d times for calls whose progress token the gateway refuses", n)
+	}
+
+	// An honest agent's tokens, a string and an integer, pass, and each
+	// comes back with every notification of its call's progress.
+	for i, token := range []string{`"job-7f3a"`, `42`, `9007199254740991`, `"` + strings.Repeat("t", mcpgate.MaxProgressTokenBytes) + `"`} {
+		got := callChatty(t, rogue, 20+i, token, next)
+		if !strings.Contains(got.answer, "fetched") || got.notes != chattyNotes || got.tokens[0] != token || got.tokens[chattyNotes-1] != token {
+			t.Errorf("a call with the progress token %.20s: %d notifications (tokens %.60v), answer %.200s; want its answer, and its %d notifications under its own token",
+				token, got.notes, got.tokens, got.answer, chattyNotes)
+		}
+	}
+	if n := calls.Load(); n != 4 {
+		t.Errorf("the upstream was called %d times, want 4 (the honest tokens' calls)", n)
+	}
+}
