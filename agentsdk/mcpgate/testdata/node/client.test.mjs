@@ -71,6 +71,19 @@ test('Streamable HTTP: calls reach the Go SDK upstream and server-filesystem unc
   }
 });
 
+// The SDK's client asks for progress with the request's id, a number, as
+// its progress token: the gateway takes it (it refuses only a token that
+// is not a string of at most 256 bytes nor an integer of at most 2^53).
+test('Streamable HTTP: a call asking for progress with the SDK\'s own token goes through', async () => {
+  const client = await connectHTTP();
+  try {
+    const result = await client.callTool({ name: 'test_echo', arguments: { text: 'with progress' } }, undefined, { onprogress: () => {} });
+    assert.equal(text(result), 'with progress');
+  } finally {
+    await client.close();
+  }
+});
+
 test('Streamable HTTP: a tool outside the grant is refused with the scope it needs', async () => {
   const client = await connectHTTP();
   try {
