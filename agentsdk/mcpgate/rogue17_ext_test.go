@@ -43,13 +43,21 @@ func TestAnUpstreamsKeyStaysOutOfTheRecordOfACallItsTransportFailed(t *testing.T
 			return false
 		}
 		once.Do(func() { close(arrived) })
-		<-release
+		select {
+		case <-release:
+		case <-r.Context().Done(): // the test failed, and the gateway closed
+			return true
+		}
 		// The connection breaks before any answer: a transport failure.
 		if conn, _, err := http.NewResponseController(wr).Hijack(); err == nil {
 			_ = conn.Close()
 		}
 		return true
 	})
+	// Released at the latest before the upstream closes (which waits for
+	// this handler), should the test fail before it releases it.
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let)
 	gw := w.open(t, mcpgate.Upstream{Name: "keyed", URL: up.URL + "/mcp?api_key=" + secret})
 	agent := connectAgent(t, serveGateway(t, gw), w.grant.Token, nil)
 
@@ -61,7 +69,7 @@ func TestAnUpstreamsKeyStaysOutOfTheRecordOfACallItsTransportFailed(t *testing.T
 	recv(t, arrived, "arrived")
 	term := terminate(t, w, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Minute)
 	waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
-	close(release)
+	let()
 	if err := recv(t, answer, "answer"); rpcCode(err) != mcpgate.CodeUnavailable {
 		t.Fatalf("the call whose connection broke: %v; want unavailable (%d)", err, mcpgate.CodeUnavailable)
 	}
