@@ -67,7 +67,10 @@
 // Over HTTP every session is held in the gateway's memory: a node keeps at
 // most HTTPOptions.MaxSessionsPerNode open at once (its next initialize is
 // refused with CodeTooManySessions), and a session idle for
-// HTTPOptions.SessionIdleTimeout is closed. Over HTTP and over stdio, a
+// HTTPOptions.SessionIdleTimeout is closed. HTTPServer's connections are
+// bounded per node too (HTTPOptions.MaxConnsPerNode: its request on one
+// more is refused with CodeTooManyConnections, HTTP 429, and that
+// connection closed). Over HTTP and over stdio, a
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
 // call is a BeginCall on the gateway's credential, whose rate budget all

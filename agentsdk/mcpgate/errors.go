@@ -21,6 +21,11 @@ import (
 const (
 	// CodeUnauthenticated: no capability token, or one that does not verify.
 	CodeUnauthenticated = -32061
+	// CodeTooManyConnections: the token holder already holds the
+	// gateway's maximum of connections open (HTTPOptions.MaxConnsPerNode);
+	// send over one it holds, or close one. Answered with HTTP 429, and the
+	// connection closed.
+	CodeTooManyConnections = -32062
 	// CodeDenied: the token's grant does not allow the tool, or is revoked
 	// or expired.
 	CodeDenied = -32063

@@ -95,6 +95,7 @@ type Gateway struct {
 
 	sessions   sessionCount // HTTP sessions by node (Handler sets the maximum)
 	calls      callCount    // tools/call in flight by node
+	conns      connCount    // HTTPServer's connections by node
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup

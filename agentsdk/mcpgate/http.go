@@ -8,7 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -65,6 +67,16 @@ type HTTPOptions struct {
 	// a session's stream); an agent that stops reading has. Zero means
 	// DefaultWriteStallTimeout. (It is Handler's, not only HTTPServer's.)
 	WriteStallTimeout time.Duration
+	// MaxConnsPerNode bounds the connections to HTTPServer that one node
+	// (the holder of the token of a request admitted on them) holds open:
+	// its request on one more is refused (429, CodeTooManyConnections) and
+	// that connection closed. A connection counts against every node whose
+	// requests it carried, until it closes. Zero means the node's calls in
+	// flight and its sessions, and 16 more (288 with the defaults): over
+	// HTTP/1.1 each call in flight and each session's stream takes a
+	// connection of its own. (Handler served by another server is not
+	// bounded: the bound needs HTTPServer's hooks.)
+	MaxConnsPerNode int
 }
 
 // Defaults of HTTPOptions (the connection limits are `tether serve`'s).
@@ -84,14 +96,100 @@ const (
 // headers open for ever, and enough of them take the gateway's file
 // handles — the ones it needs to accept the other agents and to reach the
 // control plane, where it reports how their calls ended.
+//
+// A node holds at most MaxConnsPerNode of its connections open: within
+// the timeouts, a keep-alive connection with a request now and then (a
+// ping a minute) stayed open for ever, and an agent holding as many as it
+// could open took the gateway's file handles all the same.
 func (g *Gateway) HTTPServer(opts HTTPOptions) *http.Server {
 	read := cmp.Or(opts.ReadTimeout, DefaultReadTimeout)
+	var open sync.Map // net.Conn → *heldConn
 	return &http.Server{
 		Handler:           bodyDeadline(read, g.Handler(opts)),
 		ReadHeaderTimeout: cmp.Or(opts.ReadHeaderTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		MaxHeaderBytes:    cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			hc := &heldConn{}
+			open.Store(c, hc)
+			return context.WithValue(ctx, heldConnKey{}, hc)
+		},
+		ConnState: func(c net.Conn, state http.ConnState) {
+			if state != http.StateClosed && state != http.StateHijacked {
+				return
+			}
+			if hc, ok := open.LoadAndDelete(c); ok {
+				g.conns.release(hc.(*heldConn))
+			}
+		},
 	}
+}
+
+// heldConnKey holds a connection's *heldConn in its requests' contexts.
+type heldConnKey struct{}
+
+// heldConn is one connection HTTPServer accepted: the nodes whose requests
+// it carried (connCount's, under its lock), until it closed.
+type heldConn struct {
+	nodes  []string
+	closed bool
+}
+
+// connCount counts the open connections of each node (HTTPServer's).
+type connCount struct {
+	mu     sync.Mutex
+	max    int
+	byNode map[string]int
+}
+
+// admit counts c against node, unless it counts already, or reports
+// false when node holds the maximum.
+func (cc *connCount) admit(c *heldConn, node string) bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if c.closed || slices.Contains(c.nodes, node) {
+		return true
+	}
+	if cc.byNode[node] >= cc.max {
+		return false
+	}
+	if cc.byNode == nil {
+		cc.byNode = map[string]int{}
+	}
+	cc.byNode[node]++
+	c.nodes = append(c.nodes, node)
+	return true
+}
+
+// release uncounts a closed connection.
+func (cc *connCount) release(c *heldConn) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	c.closed = true
+	for _, node := range c.nodes {
+		if cc.byNode[node]--; cc.byNode[node] <= 0 {
+			delete(cc.byNode, node)
+		}
+	}
+	c.nodes = nil
+}
+
+// limitConns refuses a request of a node that holds its maximum of
+// connections, on a connection it does not hold yet, and closes that
+// connection (HTTPServer's connections only).
+func (g *Gateway) limitConns(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hc, _ := r.Context().Value(heldConnKey{}).(*heldConn)
+		info := auth.TokenInfoFromContext(r.Context())
+		if hc != nil && info != nil && !g.conns.admit(hc, info.UserID) {
+			w.Header().Set("Connection", "close")
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyConnections, "node %s already holds %d connections open to this gateway, the maximum; send over one it holds, or close one", info.UserID, g.conns.max)))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // bodyDeadline gives a request's body d to arrive, from the request's
@@ -148,12 +246,15 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		ScopesSupported:        g.Scopes(),
 	}
 	g.sessions.setMax(cmp.Or(opts.MaxSessionsPerNode, DefaultMaxSessionsPerNode))
+	g.conns.mu.Lock()
+	g.conns.max = cmp.Or(opts.MaxConnsPerNode, g.calls.max+cmp.Or(opts.MaxSessionsPerNode, DefaultMaxSessionsPerNode)+16)
+	g.conns.mu.Unlock()
 	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{
 		SessionTimeout: cmp.Or(opts.SessionIdleTimeout, DefaultSessionIdleTimeout),
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(refuseBatches(g.holdCalls(mcpHandler)))
+	})(g.limitConns(refuseBatches(g.holdCalls(mcpHandler))))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))

@@ -9,6 +9,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -20,6 +22,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/controlplane/testserver"
 )
 
 // chattyNotes is how many progress notifications the chatty tool sends.
@@ -158,4 +161,108 @@ func TestARogueCannotHaveTheGatewayEchoAHugeProgressToken(t *testing.T) {
 	if n := calls.Load(); n != 4 {
 		t.Errorf("the upstream was called %d times, want 4 (the honest tokens' calls)", n)
 	}
+}
+
+// A rogue agent cannot hold as many of the gateway's connections as it
+// opens. HTTPServer closes an idle keep-alive connection after
+// IdleTimeout (2 min), so a rogue that sent a ping on each of its
+// connections now and then held every one of them open for ever: 12 of
+// 12 held here, and as many as it could open in production, taking the
+// gateway's file handles, which it needs to accept the other agents and to
+// reach the control plane where it reports how their calls ended. A node
+// now holds at most MaxConnsPerNode: its request on one more is refused
+// (429, CodeTooManyConnections) and that connection closed, before the
+// request is read; another node's connections are its own, and one the
+// rogue closes makes room for another.
+func TestARogueCannotHoldAsManyConnectionsAsItOpens(t *testing.T) {
+	const max, opened = 4, 12
+	w := newWorld(t, "mcp:test/*")
+	rogueToken := otherAgent(t, w, "rogue", "mcp:test/*")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base, MaxConnsPerNode: max})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	type conn struct {
+		c net.Conn
+		r *bufio.Reader
+	}
+	dial := func() conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return conn{c, bufio.NewReader(c)}
+	}
+	// ping sends a ping on c (keep-alive) and returns the answer's status
+	// and body, or "closed" when the gateway closed the connection.
+	ping := func(c conn, token string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, base+mcpgate.EndpointPath, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		_ = c.c.SetDeadline(time.Now().Add(guardWait)) // a guard against a hang, not a timing
+		if err := req.Write(c.c); err != nil {
+			return 0, "closed"
+		}
+		resp, err := http.ReadResponse(c.r, req)
+		if err != nil {
+			return 0, "closed"
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	closedByGateway := func(c conn) bool {
+		_ = c.c.SetReadDeadline(time.Now().Add(guardWait))
+		_, err := c.r.ReadByte()
+		return err != nil
+	}
+
+	var held []conn
+	refused := 0
+	for i := range opened {
+		c := dial()
+		status, body := ping(c, rogueToken)
+		switch {
+		case status == http.StatusOK:
+			held = append(held, c)
+		case status == http.StatusTooManyRequests && strings.Contains(body, fmt.Sprint(mcpgate.CodeTooManyConnections)):
+			refused++
+			if !closedByGateway(c) {
+				t.Errorf("connection %d: refused, but left open", i)
+			}
+		default:
+			t.Fatalf("connection %d: %d %.300s", i, status, body)
+		}
+	}
+	if len(held) != max || refused != opened-max {
+		t.Fatalf("the rogue holds %d of the %d connections it opened (%d refused); want %d held", len(held), opened, refused, max)
+	}
+	// Those it holds are its own to use.
+	for i, c := range held {
+		if status, body := ping(c, rogueToken); status != http.StatusOK {
+			t.Errorf("the rogue's connection %d, again: %d %.300s", i, status, body)
+		}
+	}
+	// Another node's connections are its own.
+	cs := connectAgent(t, base+mcpgate.EndpointPath, w.grant.Token, nil)
+	if got, err := callText(t, cs, "echo", map[string]any{"text": "still here"}); err != nil || got != "still here" {
+		t.Fatalf("another node's call while the rogue holds its maximum: %q, %v", got, err)
+	}
+	// One the rogue closes makes room for another.
+	_ = held[0].c.Close()
+	testserver.WaitFor(t, guardWait, "a new connection of the rogue's to be admitted once it closed one", func() bool {
+		status, _ := ping(dial(), rogueToken)
+		return status == http.StatusOK
+	})
 }
