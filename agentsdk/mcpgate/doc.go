@@ -70,7 +70,9 @@
 // HTTPOptions.SessionIdleTimeout is closed. HTTPServer's connections are
 // bounded per node too (HTTPOptions.MaxConnsPerNode: its request on one
 // more is refused with CodeTooManyConnections, HTTP 429, and that
-// connection closed). Over HTTP and over stdio, a
+// connection closed), and a connection whose request the bearer did not
+// admit (or that asked for the metadata) is closed after the answer. Over
+// HTTP and over stdio, a
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
 // call is a BeginCall on the gateway's credential, whose rate budget all

@@ -174,20 +174,30 @@ func (cc *connCount) release(c *heldConn) {
 	c.nodes = nil
 }
 
+// closeAfter closes the connection after next's answer (a request no
+// bearer admits keeps no connection open).
+func closeAfter(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		next.ServeHTTP(w, r)
+	})
+}
+
 // limitConns refuses a request of a node that holds its maximum of
 // connections, on a connection it does not hold yet, and closes that
-// connection (HTTPServer's connections only).
+// connection (HTTPServer's connections only). A request it admits keeps
+// its connection open (Handler closes every other after its answer).
 func (g *Gateway) limitConns(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hc, _ := r.Context().Value(heldConnKey{}).(*heldConn)
 		info := auth.TokenInfoFromContext(r.Context())
 		if hc != nil && info != nil && !g.conns.admit(hc, info.UserID) {
-			w.Header().Set("Connection", "close")
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
 			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyConnections, "node %s already holds %d connections open to this gateway, the maximum; send over one it holds, or close one", info.UserID, g.conns.max)))
 			return
 		}
+		w.Header().Del("Connection")
 		next.ServeHTTP(w, r)
 	})
 }
@@ -256,9 +266,15 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
 	})(g.limitConns(refuseBatches(g.holdCalls(mcpHandler))))
 	mux := http.NewServeMux()
-	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
-	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
+	mux.Handle(MetadataPath, closeAfter(auth.ProtectedResourceMetadataHandler(meta)))
+	mux.Handle(MetadataPath+EndpointPath, closeAfter(auth.ProtectedResourceMetadataHandler(meta)))
 	mux.Handle(EndpointPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The connection is closed after the answer unless the bearer
+		// admits the request (limitConns keeps it open): a client without a
+		// token, refused or answered the metadata, kept its keep-alive
+		// connections open with one such request a minute, as many as it
+		// opened, counted against no node.
+		w.Header().Set("Connection", "close")
 		// Fail closed before anything else when revocations may be unknown.
 		if err := g.cfg.Verifier.Fresh(); err != nil {
 			http.Error(w, "tether: the gateway has not heard the control plane's revocation feed recently; retry later", http.StatusServiceUnavailable)

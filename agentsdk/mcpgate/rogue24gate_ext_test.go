@@ -266,3 +266,82 @@ func TestARogueCannotHoldAsManyConnectionsAsItOpens(t *testing.T) {
 		return status == http.StatusOK
 	})
 }
+
+// A client without a token cannot hold the gateway's connections either,
+// and a rogue agent cannot hold them past its bound by leaving its token
+// out. A request the gateway does not admit — one without a bearer, or
+// with one that does not verify (401), or for the protected-resource
+// metadata, which needs none — was answered on a keep-alive connection
+// the client could use again: one such request a minute kept each of as
+// many connections as it opened, counted against no node. The gateway now
+// closes the connection after answering a request it did not admit; an
+// admitted request's connection stays open for the next.
+func TestAClientWithoutATokenCannotHoldTheGatewaysConnections(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	request := func(method, path, token, body string) *http.Request {
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+		}
+		return req
+	}
+	ping := `{"jsonrpc":"2.0","id":1,"method":"ping"}`
+	for _, p := range []struct {
+		name   string
+		req    func() *http.Request
+		status int
+		open   bool
+	}{
+		{"a call without a bearer", func() *http.Request { return request(http.MethodPost, mcpgate.EndpointPath, "", ping) }, http.StatusUnauthorized, false},
+		{"a call with a bearer that does not verify", func() *http.Request { return request(http.MethodPost, mcpgate.EndpointPath, "not-a-token", ping) }, http.StatusUnauthorized, false},
+		{"the protected-resource metadata", func() *http.Request { return request(http.MethodGet, mcpgate.MetadataPath, "", "") }, http.StatusOK, false},
+		{"an admitted call", func() *http.Request { return request(http.MethodPost, mcpgate.EndpointPath, w.grant.Token, ping) }, http.StatusOK, true},
+	} {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		_ = c.SetDeadline(time.Now().Add(guardWait)) // a guard against a hang, not a timing
+		r := bufio.NewReader(c)
+		// The same request twice on the connection: the second is answered
+		// only if the gateway kept the connection open after the first.
+		var statuses []int
+		for range 2 {
+			req := p.req()
+			if req.Write(c) != nil {
+				break
+			}
+			resp, err := http.ReadResponse(r, req)
+			if err != nil {
+				break
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses = append(statuses, resp.StatusCode)
+		}
+		if len(statuses) == 0 || statuses[0] != p.status {
+			t.Errorf("%s: answered %v, want %d first", p.name, statuses, p.status)
+			continue
+		}
+		if kept := len(statuses) == 2; kept != p.open {
+			t.Errorf("%s: the connection was kept open after the answer: %v (answers %v); want %v", p.name, kept, statuses, p.open)
+		}
+	}
+}
