@@ -161,6 +161,13 @@ func (cc *connCount) admit(c *heldConn, node string) bool {
 	return true
 }
 
+// limit is the maximum.
+func (cc *connCount) limit() int {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.max
+}
+
 // release uncounts a closed connection.
 func (cc *connCount) release(c *heldConn) {
 	cc.mu.Lock()
@@ -192,9 +199,10 @@ func (g *Gateway) limitConns(next http.Handler) http.Handler {
 		hc, _ := r.Context().Value(heldConnKey{}).(*heldConn)
 		info := auth.TokenInfoFromContext(r.Context())
 		if hc != nil && info != nil && !g.conns.admit(hc, info.UserID) {
+			// Handler set Connection: close: the connection closes after this.
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
-			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyConnections, "node %s already holds %d connections open to this gateway, the maximum; send over one it holds, or close one", info.UserID, g.conns.max)))
+			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyConnections, "node %s already holds %d connections open to this gateway, the maximum; send over one it holds, or close one", info.UserID, g.conns.limit())))
 			return
 		}
 		w.Header().Del("Connection")
