@@ -32,7 +32,11 @@ type openCounts struct {
 	byHolder  map[string]int
 	byAccount map[string]int
 	// accounts is each holder's account as callers named it (a holder's
-	// lineage never changes) or as the run's load found it.
+	// lineage never changes) or as the run's load found it, kept while the
+	// holder holds an open lease (or a place for one): a holder is
+	// forgotten with its last, so that holders long gone (a rogue's
+	// short-lived children, each offered a lease) cost no memory until a
+	// restart. A holder offered again is named again by its offer.
 	accounts map[string]string
 }
 
@@ -53,6 +57,7 @@ func (o *openCounts) add(holder, account string, n int) {
 	if holder != "" {
 		if o.byHolder[holder] += n; o.byHolder[holder] <= 0 {
 			delete(o.byHolder, holder)
+			delete(o.accounts, holder)
 		}
 	}
 	if account != "" {
@@ -88,9 +93,6 @@ func (o *openCounts) move(e *entry, l lease.Lease) {
 func (o *openCounts) reserve(holder, account string, perHolder, perAccount int) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if account != "" {
-		o.accounts[holder] = account
-	}
 	if perHolder > 0 && o.byHolder[holder] >= perHolder {
 		return fmt.Errorf("%w: agent %s already holds %d open leases, the most one agent may hold; it must complete some, or its coordinator cancel or resolve them, before it is offered more",
 			ErrLimit, holder, o.byHolder[holder])
@@ -98,6 +100,10 @@ func (o *openCounts) reserve(holder, account string, perHolder, perAccount int) 
 	if perAccount > 0 && account != "" && o.byAccount[account] >= perAccount {
 		return fmt.Errorf("%w: the agents of lineage %s already hold %d open leases, the most one lineage may hold; complete, cancel or resolve some before offering more",
 			ErrLimit, account, o.byAccount[account])
+	}
+	// Remembered once the place is taken: a refusal remembers nothing.
+	if account != "" {
+		o.accounts[holder] = account
 	}
 	o.add(holder, account, 1)
 	return nil
@@ -161,6 +167,13 @@ func (c *Coordinator) countOpen(ctx context.Context) error {
 				e.account = c.open.accounts[e.pending.HolderIdentity]
 				c.open.add(e.pending.HolderIdentity, e.account, 1)
 			}
+		}
+	}
+	// A holder an earlier run remembered, whose leases ended since, is
+	// forgotten as it would have been with its last.
+	for h := range c.open.accounts {
+		if c.open.byHolder[h] == 0 {
+			delete(c.open.accounts, h)
 		}
 	}
 	return nil
