@@ -119,3 +119,77 @@ func TestRogue24ConcurrentDelegationsCannotPassTheGrantBound(t *testing.T) {
 		}
 	}, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) { cfg.GrantMaxPerNode = limit })
 }
+
+// TestRogue24ARogueCannotTakeItsSiblingsLeasesFromItsLineage: the bound
+// on a lineage's open leases (--lease-max-open-per-lineage) was its
+// agents' one shared pool. A rogue agent spawned children and offered
+// them jobs, none acknowledged (expired, still open), until the lineage
+// was full; its honest sibling could then take no lease its parent
+// offered it: refused resource_exhausted (8 of 8 places the rogue's).
+// Each agent now keeps a share of its own
+// (controlplane.LeaseReservePerNode) beside the lineage's: the lineage's
+// bound counts only the leases an agent holds past it, so the rogue fills
+// the pool and its own children's shares, and the sibling still takes the
+// leases it is offered, up to its share. (Fails if the sibling's offer is
+// refused, or if it takes more than its share of a full lineage.)
+func TestRogue24ARogueCannotTakeItsSiblingsLeasesFromItsLineage(t *testing.T) {
+	const bound = 8
+	clk := clock.NewManual(epoch)
+	srv := testserver.StartIn(t, t.TempDir(), testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.LeaseMaxOpenPerHolder = bound
+		cfg.LeaseMaxOpenPerLineage = bound
+	})
+	admin := srv.AdminClients()
+	bg := context.Background()
+	parent := register(t, admin, "parent")
+	parentC := srv.Clients(parent.Credential)
+	rogueNode := spawn(t, parentC, parent.Node.NodeId, "rogue")
+	honest := spawn(t, parentC, parent.Node.NodeId, "honest")
+	honestC := srv.Clients(honest.Credential)
+	rogue := srv.Clients(rogueNode.Credential)
+
+	// The rogue offers its children jobs until its lineage refuses it.
+	taken, kids := 0, 0
+	for full := false; !full; {
+		kid := spawn(t, rogue, rogueNode.Node.NodeId, fmt.Sprintf("kid-%d", kids))
+		kids++
+		for {
+			_, err := offerTo(rogue, kid.Node.NodeId, fmt.Sprintf("r24-rogue-%d", taken))
+			if err == nil {
+				taken++
+				continue
+			}
+			if connect.CodeOf(err) != connect.CodeResourceExhausted {
+				t.Fatal(err)
+			}
+			full = strings.Contains(err.Error(), "lineage")
+			break
+		}
+		if kids > 2*bound {
+			t.Fatalf("the rogue's %d children took %d open leases and the lineage (bound %d) never refused it", kids, taken, bound)
+		}
+	}
+	clk.Advance(time.Minute) // never acknowledged: expired, still open
+	t.Logf("the rogue's %d children took %d open leases before the lineage (bound %d) refused it", kids, taken, bound)
+
+	// The honest sibling takes what its parent offers it, up to its share.
+	took := 0
+	for i := range bound {
+		l, err := offerTo(parentC, honest.Node.NodeId, fmt.Sprintf("r24-honest-%d", i))
+		if err != nil {
+			if i == 0 {
+				t.Fatalf("the parent's offer to the honest sibling of a rogue that filled their lineage: %v, want it accepted", err)
+			}
+			refusedForTooMany(t, err, "lineage")
+			break
+		}
+		if _, err := honestC.Lease.Ack(bg, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: l.LeaseGeneration})); err != nil {
+			t.Fatalf("the honest sibling's acknowledgement of its offer: %v", err)
+		}
+		took++
+	}
+	t.Logf("the honest sibling took %d leases of the full lineage", took)
+	if took != controlplane.LeaseReservePerNode {
+		t.Fatalf("the honest sibling took %d leases of the full lineage, want its share, %d", took, controlplane.LeaseReservePerNode)
+	}
+}

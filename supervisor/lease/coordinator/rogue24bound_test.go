@@ -80,3 +80,64 @@ func TestRogue24TheBoundsForgetAHolderWhoseLeasesEnded(t *testing.T) {
 		t.Fatalf("offered again: the child holds %d, the account %d open leases, want 1 and 1", byHolder, byAccount)
 	}
 }
+
+// TestRogue24EachHolderKeepsItsShareOfAFullAccount: an account's bound
+// (MaxOpenPerAccount) was one pool its holders shared, so one holder's
+// children could take every place and a sibling none. Each holder now
+// keeps OpenReservePerHolder of its own: the account counts only the
+// leases a holder holds past it. (Fails if the sibling is refused within
+// its share, if it gets more than its share of a full account, or if the
+// counts do not return to zero when the leases end.)
+func TestRogue24EachHolderKeepsItsShareOfAFullAccount(t *testing.T) {
+	c, _ := startBounded(t, coordinator.Config{MaxOpenPerHolder: 8, MaxOpenPerAccount: 8, OpenReservePerHolder: 2})
+	bg := context.Background()
+	n := 0
+	offer := func(holder string) error {
+		n++
+		_, err := c.ApplyBounded(bg, lease.Offer{JobID: fmt.Sprintf("job-%d", n), LeaseID: fmt.Sprintf("L-%d", n), HolderIdentity: holder, LeaseDuration: time.Minute, AckTimeout: time.Second}, nil, "n_root")
+		return err
+	}
+	// The rogue's first child: its bound per holder, 2 of its own and 6
+	// of the account's.
+	for range 8 {
+		if err := offer("n_kid_1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if byHolder, byAccount := c.OpenLeases("n_kid_1", "n_root"); byHolder != 8 || byAccount != 6 {
+		t.Fatalf("the first child holds %d, the account counts %d, want 8 and 6", byHolder, byAccount)
+	}
+	// Its second: 2 of its own and the account's last 2.
+	for range 4 {
+		if err := offer("n_kid_2"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := offer("n_kid_2"); !errors.Is(err, coordinator.ErrLimit) {
+		t.Fatalf("the second child's fifth offer in a full account: %v, want ErrLimit", err)
+	}
+	// The sibling takes its own 2, and no more.
+	for i := range 2 {
+		if err := offer("n_sibling"); err != nil {
+			t.Fatalf("the sibling's offer %d in the account the rogue filled: %v, want it judged (its own share)", i+1, err)
+		}
+	}
+	if err := offer("n_sibling"); !errors.Is(err, coordinator.ErrLimit) {
+		t.Fatalf("the sibling's third offer in the full account: %v, want ErrLimit", err)
+	}
+	if byHolder, byAccount := c.OpenLeases("n_sibling", "n_root"); byHolder != 2 || byAccount != 8 {
+		t.Fatalf("the sibling holds %d, the account counts %d, want 2 and 8", byHolder, byAccount)
+	}
+	// Every lease ends: every count returns to zero.
+	for i := 1; i <= n; i++ {
+		c.Apply(bg, lease.Resolve{JobID: fmt.Sprintf("job-%d", i), Result: lease.ResultFailed, Reason: "ended"}) // the refused ones have no lease
+	}
+	for _, h := range []string{"n_kid_1", "n_kid_2", "n_sibling"} {
+		if byHolder, byAccount := c.OpenLeases(h, "n_root"); byHolder != 0 || byAccount != 0 {
+			t.Fatalf("after every lease ended %s holds %d, the account counts %d, want 0", h, byHolder, byAccount)
+		}
+	}
+	if n := c.HoldersRemembered(); n != 0 {
+		t.Fatalf("after every lease ended the bounds remember %d holders, want 0", n)
+	}
+}
