@@ -193,3 +193,63 @@ func TestRogue24ARogueCannotTakeItsSiblingsLeasesFromItsLineage(t *testing.T) {
 		t.Fatalf("the honest sibling took %d leases of the full lineage, want its share, %d", took, controlplane.LeaseReservePerNode)
 	}
 }
+
+// TestRogue24ListProposalsIsPaged: ListProposals answered a node's every
+// proposal in one message, and decided ones are never pruned: a rogue
+// that proposes its own stop again each time it is rejected grew the
+// answer its operators read. It now answers a page (page_size, at most
+// 1000) with next_page_token, as the other listings do; each proposal is
+// listed once, and a page_token the server did not hand out, or a
+// negative page_size, is refused invalid_argument. (Fails if a page holds
+// more than its size, the pages miss or repeat a proposal, or a bad
+// token is taken.)
+func TestRogue24ListProposalsIsPaged(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	bg := context.Background()
+	rogueNode := register(t, admin, "rogue")
+	rogue := srv.Clients(rogueNode.Credential)
+	const rejected = 25
+	for range rejected {
+		p, err := rogue.Agent.ProposeStop(bg, connect.NewRequest(&tetherv1.ProposeStopRequest{NodeId: rogueNode.Node.NodeId, Reason: "again", Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, DrainWindow: durationpb.New(time.Hour)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.Supervisor.DecideProposal(bg, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: p.Msg.Proposal.ProposalId, Reason: "no"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	pages, token := 0, ""
+	for {
+		resp, err := admin.Supervisor.ListProposals(bg, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: rogueNode.Node.NodeId, PageSize: 10, PageToken: token}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		if len(resp.Msg.Proposals) > 10 {
+			t.Fatalf("a page of size 10 held %d proposals", len(resp.Msg.Proposals))
+		}
+		for _, p := range resp.Msg.Proposals {
+			if seen[p.ProposalId] {
+				t.Fatalf("proposal %s listed twice", p.ProposalId)
+			}
+			seen[p.ProposalId] = true
+		}
+		if token = resp.Msg.NextPageToken; token == "" || pages > rejected {
+			break
+		}
+	}
+	if len(seen) != rejected || pages != 3 {
+		t.Fatalf("listed %d proposals in %d pages, want %d in 3", len(seen), pages, rejected)
+	}
+	for _, req := range []*tetherv1.ListProposalsRequest{
+		{NodeId: rogueNode.Node.NodeId, PageToken: "not a token"},
+		{NodeId: rogueNode.Node.NodeId, PageSize: -1},
+	} {
+		_, err := admin.Supervisor.ListProposals(bg, connect.NewRequest(req))
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "page_") {
+			t.Errorf("ListProposals(page_size %d, page_token %q): %v, want invalid_argument naming the field", req.PageSize, req.PageToken, err)
+		}
+	}
+}
