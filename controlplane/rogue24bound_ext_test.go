@@ -52,7 +52,8 @@ func onEachStore(t *testing.T, test func(t *testing.T, replicas []*testserver.Se
 // runs Updates one after another, and an etcd commit compares the
 // revisions of every range its transaction scanned, so a grant another
 // commit wrote into the holder's index fails it and it runs again. The
-// test keeps it so.
+// test keeps it so: with the etcd store's range comparisons taken out, 31
+// of round 0's 48 were accepted.
 func TestRogue24ConcurrentDelegationsCannotPassTheGrantBound(t *testing.T) {
 	const (
 		limit  = 8
