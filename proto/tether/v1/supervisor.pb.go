@@ -2248,9 +2248,12 @@ type ListProposalsRequest struct {
 	// MaxPendingProposals of them, from the index of pending ones), never
 	// found among all.
 	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	// At most this many proposals an answer (0 or more than 1000: 1000),
-	// in proposal id order. A node's decided proposals are never pruned, so
-	// its listing is read a page at a time.
+	// At most this many proposals read for an answer (0 or more than 1000:
+	// 1000), in the order of the index read. A node's decided proposals are
+	// never pruned, so its listing is read a page at a time. A page with a
+	// state the index does not answer (a node's decided ones) may hold
+	// fewer, even none, before the last: read on while next_page_token is
+	// set.
 	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The next_page_token of the answer before; empty for the first page.
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`

@@ -1043,9 +1043,12 @@ export type ListProposalsRequest = Message<"tether.v1.ListProposalsRequest"> & {
   nodeId: string;
 
   /**
-   * At most this many proposals an answer (0 or more than 1000: 1000),
-   * in proposal id order. A node's decided proposals are never pruned, so
-   * its listing is read a page at a time.
+   * At most this many proposals read for an answer (0 or more than 1000:
+   * 1000), in the order of the index read. A node's decided proposals are
+   * never pruned, so its listing is read a page at a time. A page with a
+   * state the index does not answer (a node's decided ones) may hold
+   * fewer, even none, before the last: read on while next_page_token is
+   * set.
    *
    * @generated from field: int32 page_size = 3;
    */
