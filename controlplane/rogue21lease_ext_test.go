@@ -61,7 +61,10 @@ func TestRogue21ALineageCannotMakeTheServerKeepUnboundedOpenLeases(t *testing.T)
 	dir := t.TempDir()
 	bounds := func(cfg *controlplane.Config) {
 		cfg.LeaseMaxOpenPerHolder = 8
-		cfg.LeaseMaxOpenPerLineage = 12
+		// The lineage's bound counts the leases each agent holds past its
+		// own controlplane.LeaseReservePerNode (rogue24bound): with two
+		// holders, 12 open in all.
+		cfg.LeaseMaxOpenPerLineage = 12 - 2*controlplane.LeaseReservePerNode
 	}
 	srv := testserver.StartIn(t, dir, testserver.WithClock(clk), bounds)
 	admin := srv.AdminClients()
@@ -130,8 +133,8 @@ func TestRogue21ALineageCannotMakeTheServerKeepUnboundedOpenLeases(t *testing.T)
 	refusedForTooMany(t, err, a.Node.NodeId)
 	_, err = offerTo(rogue, b.Node.NodeId, "r21-b-5")
 	refusedForTooMany(t, err, "lineage")
-	// An operator resolving one of the sibling's jobs frees a place in
-	// the lineage.
+	// An operator resolving one of the sibling's jobs frees a place (of
+	// the sibling's own share, now under it).
 	if _, err := srv.AdminClients().Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: bHeld[1].JobId, Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "the operator gave up on it"})); err != nil {
 		t.Fatal(err)
 	}

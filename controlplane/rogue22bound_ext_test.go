@@ -35,7 +35,10 @@ func TestRogue22ARogueCannotHoldTheOperatorToItsLineagesBound(t *testing.T) {
 	clk := clock.NewManual(epoch)
 	srv := testserver.StartIn(t, t.TempDir(), testserver.WithClock(clk), func(cfg *controlplane.Config) {
 		cfg.LeaseMaxOpenPerHolder = 8
-		cfg.LeaseMaxOpenPerLineage = 8
+		// The lineage's bound counts the leases each agent holds past its
+		// own controlplane.LeaseReservePerNode (rogue24bound): the kid's 8
+		// fill it.
+		cfg.LeaseMaxOpenPerLineage = 8 - controlplane.LeaseReservePerNode
 	})
 	admin := srv.AdminClients()
 	bg := context.Background()
@@ -56,8 +59,14 @@ func TestRogue22ARogueCannotHoldTheOperatorToItsLineagesBound(t *testing.T) {
 		return err == nil && r.Msg.Lease.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED
 	})
 
-	// The lineage's agents share its bound: the honest parent's offer
-	// is refused, saying so.
+	// The lineage's agents share its bound past their own shares: the
+	// honest parent's offers take the honest agent's own share, and the
+	// next is refused, saying so.
+	for i := range controlplane.LeaseReservePerNode {
+		if _, err := offerTo(rootC, honest.Node.NodeId, fmt.Sprintf("r22-own-%d", i)); err != nil {
+			t.Fatalf("the parent's offer %d to the honest agent, within its own share: %v", i, err)
+		}
+	}
 	_, err := offerTo(rootC, honest.Node.NodeId, "r22-from-the-parent")
 	refusedForTooMany(t, err, "lineage")
 	// The operator's is not.

@@ -120,7 +120,9 @@ type Config struct {
 	// agent holds, LeaseMaxOpenPerLineage those the agents of one lineage
 	// hold together: an offer or reassignment past either is refused
 	// resource_exhausted (an operator's is held to the bound per holder
-	// only; its lease counts in the lineage). Zero means DefaultLeaseMaxOpenPerHolder and
+	// only; its lease counts in the lineage). The lineage's bound counts
+	// only the leases each agent holds past its own LeaseReservePerNode.
+	// Zero means DefaultLeaseMaxOpenPerHolder and
 	// DefaultLeaseMaxOpenPerLineage, negative no bound.
 	LeaseMaxOpenPerHolder, LeaseMaxOpenPerLineage int
 	// TerminationChunk bounds the nodes (or tool calls) one transaction
@@ -231,6 +233,17 @@ const (
 	DefaultLeaseMaxOpenPerHolder  = 4096
 	DefaultLeaseMaxOpenPerLineage = 16384
 )
+
+// LeaseReservePerNode is how many open job leases each agent node may
+// hold beyond its lineage's share (Config.LeaseMaxOpenPerLineage, which
+// counts only the leases each node holds past this), within its own
+// bound (LeaseMaxOpenPerHolder): a member of the lineage that filled the
+// share — offering its own children jobs they never acknowledge — cannot
+// keep a sibling from the leases it is offered. Four, a worker's few
+// jobs at once; a rogue's children each bring four, and each was a spawn
+// its lineage paid for, as with StreamReserve. A lineage of N nodes so
+// holds at most its share and LeaseReservePerNode·N open leases.
+const LeaseReservePerNode = 4
 
 // Server is one control-plane process.
 type Server struct {

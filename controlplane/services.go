@@ -31,7 +31,8 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	leases, err := coordinator.New(ctx, coordinator.Config{
 		Store: s.store, Clock: s.cfg.Clock, Policy: leasePolicy, Log: s.log,
 		MaxOpenPerHolder: max(0, s.cfg.LeaseMaxOpenPerHolder), MaxOpenPerAccount: max(0, s.cfg.LeaseMaxOpenPerLineage),
-		Accounts: s.leaseLineages,
+		OpenReservePerHolder: LeaseReservePerNode,
+		Accounts:             s.leaseLineages,
 	})
 	if err != nil {
 		return err

@@ -200,11 +200,14 @@ func (h *supervisorService) DecideProposal(ctx context.Context, req *connect.Req
 }
 
 func (h *supervisorService) ListProposals(ctx context.Context, req *connect.Request[tetherv1.ListProposalsRequest]) (*connect.Response[tetherv1.ListProposalsResponse], error) {
-	props, err := h.s.supervisor.Proposals(ctx, supervisor.ProposalState(req.Msg.State), req.Msg.NodeId)
+	if req.Msg.PageSize < 0 {
+		return nil, invalid("page_size must not be negative")
+	}
+	props, next, err := h.s.supervisor.Proposals(ctx, supervisor.ProposalState(req.Msg.State), req.Msg.NodeId, req.Msg.PageToken, int(req.Msg.PageSize))
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.ListProposalsResponse{Proposals: wire.Proposals(props)}), nil
+	return connect.NewResponse(&tetherv1.ListProposalsResponse{Proposals: wire.Proposals(props), NextPageToken: next}), nil
 }
 
 func (h *supervisorService) RegisterPrivilege(ctx context.Context, req *connect.Request[tetherv1.RegisterPrivilegeRequest]) (*connect.Response[tetherv1.RegisterPrivilegeResponse], error) {

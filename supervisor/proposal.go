@@ -563,8 +563,43 @@ func proposalReason(p *StopProposal) string {
 	return kv.ClipUTF8("stop proposal "+p.ProposalID+": "+p.Reason, MaxReasonBytes)
 }
 
-// Proposals lists proposals, optionally in one state and of one node.
-func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID string) ([]*StopProposal, error) {
+// MaxProposalPage is the most proposals one page of Proposals reads.
+const MaxProposalPage = 1000
+
+var errBadProposalToken = fmt.Errorf("%w: page_token is not a token from an earlier ListProposals answer", tree.ErrInvalidArgument)
+
+// checkProposalToken accepts what Proposals hands out as a page token: a
+// proposal id, or a node id and a proposal id ("<node>/<proposal>", the
+// key of the pending index of every node).
+func checkProposalToken(token string) error {
+	node, prop, two := strings.Cut(token, "/")
+	if !two {
+		node, prop = "", token
+	}
+	if id.Check(id.Proposal, "page_token", prop) != nil || (two && id.Check(id.Node, "page_token", node) != nil) {
+		return errBadProposalToken
+	}
+	return nil
+}
+
+// Proposals lists a page of proposals, optionally in one state and of one
+// node: the proposals among the next pageSize (0 or more than
+// MaxProposalPage: MaxProposalPage) entries read after pageToken ("" for
+// the first page), in key order, and the token of the next page, "" after
+// the last. A page reads at most pageSize proposals, so one whose state
+// filter the index read does not answer (a node's decided ones) may list
+// fewer, even none, before its end: a caller reads on while a token is
+// returned. A node's decided proposals are never pruned, so its listing is
+// read a page at a time, not in one answer.
+func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID, pageToken string, pageSize int) ([]*StopProposal, string, error) {
+	if pageSize <= 0 || pageSize > MaxProposalPage {
+		pageSize = MaxProposalPage
+	}
+	if pageToken != "" {
+		if err := checkProposalToken(pageToken); err != nil {
+			return nil, "", err
+		}
+	}
 	keep := func(p *StopProposal) bool {
 		return (state == ProposalStateUnspecified || p.State == state) && (nodeID == "" || p.NodeID == nodeID)
 	}
@@ -573,7 +608,8 @@ func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID 
 	// and its rules'): an operator's page of a node, or of what waits for
 	// a decision, does not read every proposal ever filed (a rogue tree's
 	// rejected ones among them, never pruned) to find its.
-	var index []byte
+	index := []byte(prefixProposal)
+	indexed := true
 	switch {
 	case state == ProposalStatePending && nodeID != "":
 		index = pendingPropPrefix(nodeID)
@@ -581,33 +617,45 @@ func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID 
 		index = []byte(prefixPendingProp)
 	case nodeID != "":
 		index = propByNodePrefix(nodeID)
+	default:
+		indexed = false
 	}
-	var out []*StopProposal
+	var (
+		out  []*StopProposal
+		next string
+	)
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		out = nil
-		if index == nil {
-			return tx.Scan([]byte(prefixProposal), nil, func(_, v []byte) error {
-				p := &StopProposal{}
-				if err := decodeProposal(v, p); err != nil {
-					return err
-				}
-				if keep(p) {
-					out = append(out, p)
-				}
-				return nil
-			})
+		out, next = nil, ""
+		var start []byte
+		if pageToken != "" {
+			start = append(append(slices.Clone(index), pageToken...), 0)
 		}
-		var ids []string
-		if err := tx.Scan(index, nil, func(k, _ []byte) error {
-			key := string(k) // <index>[<node id>/]<proposal id>
-			ids = append(ids, key[strings.LastIndexByte(key, '/')+1:])
+		// The page's keys: <index>[<node id>/]<proposal id>, or the
+		// proposals themselves when no index is read.
+		var rests []string
+		var values [][]byte
+		if err := tx.Scan(index, start, func(k, v []byte) error {
+			if len(rests) == pageSize {
+				next = rests[len(rests)-1]
+				return store.ErrStopScan
+			}
+			rests = append(rests, string(k[len(index):]))
+			if !indexed {
+				values = append(values, slices.Clone(v))
+			}
 			return nil
 		}); err != nil {
 			return err
 		}
-		for _, id := range ids {
+		for i, rest := range rests {
 			p := &StopProposal{}
-			if err := getProposal(tx, id, p); err != nil {
+			var err error
+			if indexed {
+				err = getProposal(tx, rest[strings.LastIndexByte(rest, '/')+1:], p)
+			} else {
+				err = decodeProposal(values[i], p)
+			}
+			if err != nil {
 				return err
 			}
 			if keep(p) {
@@ -616,5 +664,5 @@ func (s *Supervisor) Proposals(ctx context.Context, state ProposalState, nodeID 
 		}
 		return nil
 	})
-	return out, err
+	return out, next, err
 }

@@ -45,7 +45,7 @@ func TestARulesPendingProposalStoredBeforeItsIndexIsIndexedAtStart(t *testing.T)
 		t.Fatal(err)
 	}
 	pendingHas := func() bool {
-		got, err := s.Proposals(ctx, ProposalStatePending, n.NodeID)
+		got, _, err := s.Proposals(ctx, ProposalStatePending, n.NodeID, "", 0)
 		if err != nil {
 			t.Fatal(err)
 		}

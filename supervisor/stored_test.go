@@ -174,7 +174,7 @@ func TestAProposalStoredByThePreviousVersionIsDecided(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Proposals(ctx, supervisor.ProposalStatePending, "")
+	got, _, err := s.Proposals(ctx, supervisor.ProposalStatePending, "", "", 0)
 	if err != nil || len(got) != 1 || !reflect.DeepEqual(got[0], want) {
 		t.Fatalf("pending proposals: %+v, %v; want %+v", got, err, want)
 	}

@@ -261,15 +261,21 @@ func newProposalCommand(g *globals) *cobra.Command {
 		Short: "List stop proposals",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
-			req := &tetherv1.ListProposalsRequest{NodeId: node}
-			if pending {
-				req.State = tetherv1.ProposalState_PROPOSAL_STATE_PENDING
-			}
-			resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(req))
+			props, err := allPages(func(token string) ([]*tetherv1.StopProposal, string, error) {
+				req := &tetherv1.ListProposalsRequest{NodeId: node, PageToken: token}
+				if pending {
+					req.State = tetherv1.ProposalState_PROPOSAL_STATE_PENDING
+				}
+				resp, err := c.Supervisor.ListProposals(cmd.Context(), connect.NewRequest(req))
+				if err != nil {
+					return nil, "", err
+				}
+				return resp.Msg.Proposals, resp.Msg.NextPageToken, nil
+			})
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), resp.Msg.Proposals, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) string {
+			return printList(g, cmd.OutOrStdout(), props, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) string {
 				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
 			})
 		}),

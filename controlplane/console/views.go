@@ -149,10 +149,11 @@ type nodeData struct {
 	Calls       []*tetherv1.ToolCall
 	Privileges  []*tetherv1.Privilege
 	Errors      []string
-	// MoreGrants, MoreLeases: the node holds more than the first answer
-	// (a thousand) shows; MoreLeases links to the rest.
-	MoreGrants bool
-	MoreLeases string
+	// MoreGrants, MoreLeases, MoreProposals: the node holds more than the
+	// first answer (a thousand) shows; MoreLeases links to the rest.
+	MoreGrants    bool
+	MoreLeases    string
+	MoreProposals bool
 }
 
 func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
@@ -187,8 +188,19 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 			d.MoreLeases = "/ui/leases?" + url.Values{"holder": {id}, "page": {l.Msg.NextPageToken}}.Encode()
 		}
 	}
-	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: id})); section("stop proposals", err) {
+	// Its pending proposals (a few: the agent's own are bounded, and its
+	// rules') whatever page they would fall on, to be decided here; then
+	// the first page of every one, decided ones never pruned.
+	if p, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: id, State: tetherv1.ProposalState_PROPOSAL_STATE_PENDING})); section("stop proposals", err) {
 		d.Proposals = p.Msg.Proposals
+		if all, err := s.clients.Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{NodeId: id})); section("stop proposals", err) {
+			for _, q := range all.Msg.Proposals {
+				if q.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+					d.Proposals = append(d.Proposals, q)
+				}
+			}
+			d.MoreProposals = all.Msg.NextPageToken != ""
+		}
 	}
 	if calls, err := s.clients.Tool.ListCalls(ctx, connect.NewRequest(&tetherv1.ListCallsRequest{NodeId: id})); section("tool calls", err) {
 		d.Calls = calls.Msg.Calls

@@ -2247,7 +2247,16 @@ type ListProposalsRequest struct {
 	// proposals are read from an index of its own (its pending ones, at most
 	// MaxPendingProposals of them, from the index of pending ones), never
 	// found among all.
-	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// At most this many proposals read for an answer (0 or more than 1000:
+	// 1000), in the order of the index read. A node's decided proposals are
+	// never pruned, so its listing is read a page at a time. A page with a
+	// state the index does not answer (a node's decided ones) may hold
+	// fewer, even none, before the last: read on while next_page_token is
+	// set.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the answer before; empty for the first page.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2296,9 +2305,25 @@ func (x *ListProposalsRequest) GetNodeId() string {
 	return ""
 }
 
+func (x *ListProposalsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListProposalsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListProposalsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Proposals     []*StopProposal        `protobuf:"bytes,1,rep,name=proposals,proto3" json:"proposals,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Proposals []*StopProposal        `protobuf:"bytes,1,rep,name=proposals,proto3" json:"proposals,omitempty"`
+	// Set when proposals remain: pass it as page_token to read them.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2338,6 +2363,13 @@ func (x *ListProposalsResponse) GetProposals() []*StopProposal {
 		return x.Proposals
 	}
 	return nil
+}
+
+func (x *ListProposalsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type RegisterPrivilegeRequest struct {
@@ -2856,12 +2888,16 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x87\x01\n" +
 	"\x16DecideProposalResponse\x123\n" +
 	"\bproposal\x18\x01 \x01(\v2\x17.tether.v1.StopProposalR\bproposal\x128\n" +
-	"\vtermination\x18\x02 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"_\n" +
+	"\vtermination\x18\x02 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\x9b\x01\n" +
 	"\x14ListProposalsRequest\x12.\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x18.tether.v1.ProposalStateR\x05state\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"N\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"v\n" +
 	"\x15ListProposalsResponse\x125\n" +
-	"\tproposals\x18\x01 \x03(\v2\x17.tether.v1.StopProposalR\tproposals\"\xdd\x01\n" +
+	"\tproposals\x18\x01 \x03(\v2\x17.tether.v1.StopProposalR\tproposals\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xdd\x01\n" +
 	"\x18RegisterPrivilegeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x19\n" +
 	"\bgrant_id\x18\x02 \x01(\tR\agrantId\x12\x12\n" +

@@ -27,17 +27,31 @@ func open(l lease.Lease) bool { return l.Exists() && l.State != lease.StateTermi
 // leases open, close or change holder (setPending), and reserve a place
 // before judging a bounded message, so that offers judged at once on
 // several shards never pass a bound together.
+//
+// Each holder keeps a share of its own (Config.OpenReservePerHolder): an
+// account counts only the leases each of its holders holds past it, so
+// one holder that fills its account (with its children, say) cannot keep
+// a sibling from the leases it is offered.
 type openCounts struct {
-	mu        sync.Mutex
-	byHolder  map[string]int
+	mu sync.Mutex
+	// own is Config.OpenReservePerHolder.
+	own      int
+	byHolder map[string]int
+	// inAccount counts each holder's open leases counted under an account
+	// (not ""), of which the account counts those past own.
+	inAccount map[string]int
 	byAccount map[string]int
 	// accounts is each holder's account as callers named it (a holder's
-	// lineage never changes) or as the run's load found it.
+	// lineage never changes) or as the run's load found it, kept while the
+	// holder holds an open lease (or a place for one): a holder is
+	// forgotten with its last, so that holders long gone (a rogue's
+	// short-lived children, each offered a lease) cost no memory until a
+	// restart. A holder offered again is named again by its offer.
 	accounts map[string]string
 }
 
-func newOpenCounts() *openCounts {
-	return &openCounts{byHolder: map[string]int{}, byAccount: map[string]int{}, accounts: map[string]string{}}
+func newOpenCounts(reserve int) *openCounts {
+	return &openCounts{own: max(0, reserve), byHolder: map[string]int{}, inAccount: map[string]int{}, byAccount: map[string]int{}, accounts: map[string]string{}}
 }
 
 // reset forgets the counts (not the accounts) before a run counts its
@@ -46,6 +60,7 @@ func (o *openCounts) reset() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	clear(o.byHolder)
+	clear(o.inAccount)
 	clear(o.byAccount)
 }
 
@@ -53,9 +68,21 @@ func (o *openCounts) add(holder, account string, n int) {
 	if holder != "" {
 		if o.byHolder[holder] += n; o.byHolder[holder] <= 0 {
 			delete(o.byHolder, holder)
+			delete(o.accounts, holder)
 		}
 	}
-	if account != "" {
+	if holder != "" && account != "" {
+		before := o.inAccount[holder]
+		after := before + n
+		if after <= 0 {
+			delete(o.inAccount, holder)
+		} else {
+			o.inAccount[holder] = after
+		}
+		// The account counts the holder's leases past its own share.
+		n = max(0, after-o.own) - max(0, before-o.own)
+	}
+	if account != "" && n != 0 {
 		if o.byAccount[account] += n; o.byAccount[account] <= 0 {
 			delete(o.byAccount, account)
 		}
@@ -88,16 +115,21 @@ func (o *openCounts) move(e *entry, l lease.Lease) {
 func (o *openCounts) reserve(holder, account string, perHolder, perAccount int) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if account != "" {
-		o.accounts[holder] = account
-	}
 	if perHolder > 0 && o.byHolder[holder] >= perHolder {
 		return fmt.Errorf("%w: agent %s already holds %d open leases, the most one agent may hold; it must complete some, or its coordinator cancel or resolve them, before it is offered more",
 			ErrLimit, holder, o.byHolder[holder])
 	}
-	if perAccount > 0 && account != "" && o.byAccount[account] >= perAccount {
-		return fmt.Errorf("%w: the agents of lineage %s already hold %d open leases, the most one lineage may hold; complete, cancel or resolve some before offering more",
-			ErrLimit, account, o.byAccount[account])
+	if perAccount > 0 && account != "" && o.inAccount[holder] >= o.own && o.byAccount[account] >= perAccount {
+		kept := ""
+		if o.own > 0 {
+			kept = fmt.Sprintf(" beside the %d each keeps for itself (agent %s holds its own %d)", o.own, holder, o.own)
+		}
+		return fmt.Errorf("%w: the agents of lineage %s already hold %d open leases%s, the most one lineage may hold; complete, cancel or resolve some before offering more",
+			ErrLimit, account, o.byAccount[account], kept)
+	}
+	// Remembered once the place is taken: a refusal remembers nothing.
+	if account != "" {
+		o.accounts[holder] = account
 	}
 	o.add(holder, account, 1)
 	return nil
@@ -161,6 +193,13 @@ func (c *Coordinator) countOpen(ctx context.Context) error {
 				e.account = c.open.accounts[e.pending.HolderIdentity]
 				c.open.add(e.pending.HolderIdentity, e.account, 1)
 			}
+		}
+	}
+	// A holder an earlier run remembered, whose leases ended since, is
+	// forgotten as it would have been with its last.
+	for h := range c.open.accounts {
+		if c.open.byHolder[h] == 0 {
+			delete(c.open.accounts, h)
 		}
 	}
 	return nil

@@ -94,6 +94,14 @@ type Config struct {
 	// unjudged (through ApplyHolderBounded, past the first only). 0: no
 	// bound. Terminal leases are not counted.
 	MaxOpenPerHolder, MaxOpenPerAccount int
+	// OpenReservePerHolder is each holder's own share beside its
+	// account's: the account's bound counts only the open leases each
+	// holder holds past it, so a holder can be offered this many (within
+	// MaxOpenPerHolder) however full its account is, and one holder that
+	// filled its account cannot keep its siblings from theirs. An account
+	// of N holders so holds at most MaxOpenPerAccount +
+	// N·OpenReservePerHolder open leases. 0: none.
+	OpenReservePerHolder int
 	// Accounts names the account of each of holders (those of open
 	// leases a run's load found, whose accounts no bounded message named
 	// since this coordinator was made); nil: none is counted under an
@@ -246,7 +254,7 @@ func New(_ context.Context, cfg Config) (*Coordinator, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed(), changed: make(chan struct{}), open: newOpenCounts()}
+	c := &Coordinator{cfg: cfg, seed: maphash.MakeSeed(), changed: make(chan struct{}), open: newOpenCounts(cfg.OpenReservePerHolder)}
 	for i := range cfg.Shards {
 		c.shards = append(c.shards, newShard(c, i))
 	}

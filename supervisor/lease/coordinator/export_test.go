@@ -176,3 +176,11 @@ func SetApplyWindow(t interface{ Cleanup(func()) }, n int) {
 	applyWindow = n
 	t.Cleanup(func() { applyWindow = was })
 }
+
+// HoldersRemembered is how many holders the bounds remember an account
+// of.
+func (c *Coordinator) HoldersRemembered() int {
+	c.open.mu.Lock()
+	defer c.open.mu.Unlock()
+	return len(c.open.accounts)
+}
