@@ -109,6 +109,10 @@ func (g *Gateway) HTTPServer(opts HTTPOptions) *http.Server {
 		ReadHeaderTimeout: cmp.Or(opts.ReadHeaderTimeout, DefaultReadHeaderTimeout),
 		IdleTimeout:       cmp.Or(opts.IdleTimeout, DefaultIdleTimeout),
 		MaxHeaderBytes:    cmp.Or(opts.MaxHeaderBytes, DefaultMaxHeaderBytes),
+		// "OPTIONS *" goes to the handler, which closes its connection:
+		// net/http's own answer kept it open, one such request a minute
+		// holding it for ever, counted against no node.
+		DisableGeneralOptionsHandler: true,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			hc := &heldConn{}
 			open.Store(c, hc)
@@ -274,15 +278,9 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
 	})(g.limitConns(refuseBatches(g.holdCalls(mcpHandler))))
 	mux := http.NewServeMux()
-	mux.Handle(MetadataPath, closeAfter(auth.ProtectedResourceMetadataHandler(meta)))
-	mux.Handle(MetadataPath+EndpointPath, closeAfter(auth.ProtectedResourceMetadataHandler(meta)))
+	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
+	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(EndpointPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The connection is closed after the answer unless the bearer
-		// admits the request (limitConns keeps it open): a client without a
-		// token, refused or answered the metadata, kept its keep-alive
-		// connections open with one such request a minute, as many as it
-		// opened, counted against no node.
-		w.Header().Set("Connection", "close")
 		// Fail closed before anything else when revocations may be unknown.
 		if err := g.cfg.Verifier.Fresh(); err != nil {
 			http.Error(w, "tether: the gateway has not heard the control plane's revocation feed recently; retry later", http.StatusServiceUnavailable)
@@ -290,7 +288,12 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 		}
 		bearer.ServeHTTP(w, r)
 	}))
-	return writeStallDeadline(cmp.Or(opts.WriteStallTimeout, DefaultWriteStallTimeout), mux)
+	// Every connection is closed after the answer unless the bearer admits
+	// the request (limitConns keeps it open): a client without a token,
+	// refused, answered the metadata or a 404 of a path not served here,
+	// kept its keep-alive connections open with one such request a minute,
+	// as many as it opened, counted against no node.
+	return writeStallDeadline(cmp.Or(opts.WriteStallTimeout, DefaultWriteStallTimeout), closeAfter(mux))
 }
 
 // writeStallDeadline gives each write of an answer d to reach the agent.
