@@ -74,8 +74,8 @@ type HTTPOptions struct {
 	// requests it carried, until it closes. Zero means the node's calls in
 	// flight and its sessions, and 16 more (288 with the defaults): over
 	// HTTP/1.1 each call in flight and each session's stream takes a
-	// connection of its own. (Handler served by another server is not
-	// bounded: the bound needs HTTPServer's hooks.)
+	// connection of its own. Negative means no bound. (Handler served by
+	// another server is not bounded: the bound needs HTTPServer's hooks.)
 	MaxConnsPerNode int
 }
 
@@ -147,14 +147,14 @@ type connCount struct {
 }
 
 // admit counts c against node, unless it counts already, or reports
-// false when node holds the maximum.
+// false when node holds the maximum (none when it is negative).
 func (cc *connCount) admit(c *heldConn, node string) bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if c.closed || slices.Contains(c.nodes, node) {
 		return true
 	}
-	if cc.byNode[node] >= cc.max {
+	if cc.max > 0 && cc.byNode[node] >= cc.max {
 		return false
 	}
 	if cc.byNode == nil {

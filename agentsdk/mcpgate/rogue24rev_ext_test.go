@@ -69,3 +69,24 @@ func TestAClientWithoutATokenCannotHoldConnectionsOnAnotherPath(t *testing.T) {
 		}
 	}
 }
+
+// TestANegativeConnectionBoundRefusesNoNode: MaxConnsPerNode (and
+// `tether mcp serve --max-conns-per-node`) below zero means no bound, as
+// MaxSessionsPerNode's and the lease bounds' do; it refused every
+// admitted request of every node with 429 (the bound was -1). (Fails if
+// an honest node's ping is refused.)
+func TestANegativeConnectionBoundRefusesNoNode(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base, MaxConnsPerNode: -1})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	cs := connectAgent(t, base+mcpgate.EndpointPath, w.grant.Token, nil)
+	if got, err := callText(t, cs, "echo", map[string]any{"text": "unbounded"}); err != nil || got != "unbounded" {
+		t.Fatalf("an honest node's call with no bound on connections: %q, %v", got, err)
+	}
+}
