@@ -71,7 +71,8 @@
 // bounded per node too (HTTPOptions.MaxConnsPerNode: its request on one
 // more is refused with CodeTooManyConnections, HTTP 429, and that
 // connection closed), and a connection whose request the bearer did not
-// admit (or that asked for the metadata) is closed after the answer. Over
+// admit (the metadata, a path not served, OPTIONS * included) is closed
+// after the answer. Over
 // HTTP and over stdio, a
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every
