@@ -1036,6 +1036,14 @@ func (c *markChunk) discover(n *tree.Node) error {
 		return err
 	}
 	c.wrote = append(c.wrote, n)
+	if reach == ReachTakeOver && n.Holds.May(tree.HoldsCalls) {
+		// The calls that ended on owner's account since this
+		// termination was requested are this one's, as the open ones
+		// below are.
+		if err := ledger.TakeOverEndedIn(tx, owner.ID, t.ID, n.NodeID, t.RequestedAt); err != nil {
+			return err
+		}
+	}
 	for _, call := range c.calls[n.NodeID] {
 		if call.State == ledger.CallStateInFlight {
 			c.inFlight++
@@ -1730,6 +1738,16 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobID)
 	}
 	inWorkload := t.workloadIn(tx)
+	counted := make([]*tree.Node, 0, len(entries))
+	for _, e := range entries {
+		if e.Reach != ReachPrior {
+			counted = append(counted, nodes[e.Node])
+		}
+	}
+	refusedMore, err := ledger.RefusedNotListedOf(tx, t.ID, counted)
+	if err != nil {
+		return nil, 0, err
+	}
 	unaccounted := 0
 	for _, e := range entries {
 		n := nodes[e.Node]
@@ -1746,6 +1764,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			if rn.Outcome == NodeOutcomeUnaccounted {
 				unaccounted++
 			}
+			rn.RefusedCallsNotListed = refusedMore[n.NodeID]
 			part.Nodes = append(part.Nodes, rn)
 		case e.Reach == ReachPrior:
 			rn := RecordNode{
@@ -1774,6 +1793,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			part.Nodes = append(part.Nodes, RecordNode{
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
 				Outcome: NodeOutcomeSuperseded, SupersededByTerminationID: by,
+				RefusedCallsNotListed: refusedMore[n.NodeID],
 			})
 		}
 	}
@@ -1865,6 +1885,9 @@ func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, n
 		closedAt = now
 	}
 	for _, c := range calls {
+		if err := ledger.ForgetEndedIn(tx, stored.ID, c); err != nil {
+			return err
+		}
 		if err := closeUnacknowledged(tx, stored.ID, c, closedAt); err != nil {
 			return err
 		}

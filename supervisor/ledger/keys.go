@@ -2,11 +2,13 @@ package ledger
 
 // Tool-call ledger keys.
 const (
-	prefixCall     = "calls/call/"    // calls/call/<call id> → ToolCall
-	prefixOpenCall = "calls/open/"    // calls/open/<node id>/<call id> → "" while in flight
-	prefixCancel   = "calls/cancel/"  // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
-	prefixTermCall = "calls/term/"    // calls/term/<termination id>/<call id> → "" calls a termination must account for
-	prefixRefused  = "calls/refused/" // calls/refused/<termination id>/<node id>/<call id> → "" the node's refused calls the termination lists
+	prefixCall        = "calls/call/"        // calls/call/<call id> → ToolCall
+	prefixOpenCall    = "calls/open/"        // calls/open/<node id>/<call id> → "" while in flight
+	prefixCancel      = "calls/cancel/"      // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
+	prefixTermCall    = "calls/term/"        // calls/term/<termination id>/<call id> → "" calls a termination must account for
+	prefixRefused     = "calls/refused/"     // calls/refused/<termination id>/<node id>/<call id> → "" the node's refused calls the termination lists
+	prefixEndedOn     = "calls/endedon/"     // calls/endedon/<termination id>/<node id>/<call id> → "" calls the termination accounts for that ended before its record
+	prefixRefusedMore = "calls/refusedmore/" // calls/refusedmore/<termination id>/<node id> → count of the node's refused calls past those listed
 )
 
 func callKey(id string) []byte             { return []byte(prefixCall + id) }
@@ -21,6 +23,17 @@ func refusedPrefix(term, node string) []byte {
 }
 func refusedKey(term, node, call string) []byte {
 	return []byte(prefixRefused + term + "/" + node + "/" + call)
+}
+
+func endedOnPrefix(term, node string) []byte {
+	return []byte(prefixEndedOn + term + "/" + node + "/")
+}
+func endedOnKey(term, node, call string) []byte {
+	return []byte(prefixEndedOn + term + "/" + node + "/" + call)
+}
+
+func refusedMoreKey(term, node string) []byte {
+	return []byte(prefixRefusedMore + term + "/" + node)
 }
 
 // Prefix prefixes every key of the ledger (the termination watches it for
@@ -50,3 +63,16 @@ func RefusedPrefix(term, node string) []byte { return refusedPrefix(term, node) 
 
 // TermCallKey marks a call the termination accounts for.
 func TermCallKey(term, call string) []byte { return termCallKey(term, call) }
+
+// EndedOnPrefix prefixes the calls of the node that ended on the
+// termination's account before its record (a stop that takes the node
+// over moves those that ended after its own request: TakeOverEndedIn).
+func EndedOnPrefix(term, node string) []byte { return endedOnPrefix(term, node) }
+
+// EndedOnKey marks a call of the node that ended on the termination's
+// account.
+func EndedOnKey(term, node, call string) []byte { return endedOnKey(term, node, call) }
+
+// RefusedMoreKey holds the count of the node's refused calls the
+// termination counted past those it lists.
+func RefusedMoreKey(term, node string) []byte { return refusedMoreKey(term, node) }

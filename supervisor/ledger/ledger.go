@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
@@ -214,9 +215,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 					return err
 				}
 				if full {
-					stopping = fmt.Errorf("%w (not listed: the termination's record already lists the node's first %d refused calls)", stopping, MaxRefusedCallsListedPerNode)
+					stopping = fmt.Errorf("%w (not listed: the termination's record already lists the node's first %d refused calls, and counts the rest)", stopping, MaxRefusedCallsListedPerNode)
 					unlisted = true
-					return nil
+					return countRefusal(tx, terminationID, node)
 				}
 			}
 			call.State = CallStateEnded
@@ -283,6 +284,74 @@ func refusalsListed(tx store.ReadTxn, terminationID, nodeID string) (bool, error
 		return nil
 	})
 	return listed >= MaxRefusedCallsListedPerNode, err
+}
+
+// countRefusal counts a refused call of node that the termination does not
+// list, in the refusal's transaction: the record shows how many more were
+// refused (RecordNode.RefusedCallsNotListed), so a rogue calling in a loop
+// while it is stopped cannot hide the volume of its attempts behind the
+// bound on the list. One key per termination and node, whatever the
+// count; the node notes it once (tree.HoldsRefusalCount), so a record
+// reads counts only of the nodes that may have one.
+func countRefusal(tx store.Txn, terminationID string, node *tree.Node) error {
+	n, err := refusedNotListedIn(tx, terminationID, node.NodeID)
+	if err != nil {
+		return err
+	}
+	if err := tx.Put(refusedMoreKey(terminationID, node.NodeID), strconv.AppendUint(nil, n+1, 10)); err != nil {
+		return err
+	}
+	return tree.NoteHoldingIn(tx, node, tree.HoldsRefusalCount)
+}
+
+// refusedNotListedIn reads the count of the node's refused calls the
+// termination counted past those it lists (0: none).
+func refusedNotListedIn(tx store.ReadTxn, terminationID, nodeID string) (uint64, error) {
+	v, err := tx.Get(refusedMoreKey(terminationID, nodeID))
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(string(v), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: count of refused calls of %s in termination %s: %w", nodeID, terminationID, err)
+	}
+	return n, nil
+}
+
+// RefusedNotListedOf reads, for each of nodes that may have one
+// (tree.HoldsRefusalCount), how many of its refused calls the termination
+// counted past those it lists; a node with none has no entry. The keys
+// are fetched together (one round trip on etcd).
+func RefusedNotListedOf(tx store.ReadTxn, terminationID string, nodes []*tree.Node) (map[string]uint64, error) {
+	var keys [][]byte
+	for _, n := range nodes {
+		if n.Holds.May(tree.HoldsRefusalCount) {
+			keys = append(keys, refusedMoreKey(terminationID, n.NodeID))
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if err := store.Prefetch(tx, keys, nil); err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, n := range nodes {
+		if !n.Holds.May(tree.HoldsRefusalCount) {
+			continue
+		}
+		c, err := refusedNotListedIn(tx, terminationID, n.NodeID)
+		if err != nil {
+			return nil, err
+		}
+		if c > 0 {
+			out[n.NodeID] = c
+		}
+	}
+	return out, nil
 }
 
 // openBelowLimit refuses a new call of a node through gateID when the node
@@ -566,6 +635,13 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 				return err
 			}
 		}
+		if c.TerminationID != "" {
+			// Noted by node, for a stop that takes the node over from
+			// this termination before its record (TakeOverEndedIn).
+			if err := tx.Put(endedOnKey(c.TerminationID, c.NodeID, c.CallID), nil); err != nil {
+				return err
+			}
+		}
 		c.State = CallStateEnded
 		out = c
 		if err := l.observe(tx, before, c); err != nil {
@@ -631,6 +707,59 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*ToolCall, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// TakeOverEndedIn moves to termination to the calls of nodeID that ended
+// on termination from's account at or after since (to's request), in the
+// transaction in which to takes the node over from from: each was in
+// flight when to was requested, ended before to's mark reached the node,
+// and to, which accounts for the node in the end, lists it in its record
+// (from's lists the node superseded by to). A call that ended before since
+// stays on from's account: it ended under from alone. The calls still open
+// are moved by the mark itself. It reads the node's calls that ended on
+// from's account (noted by finish, removed by from's record), so a node
+// with none costs one empty scan.
+func TakeOverEndedIn(tx store.Txn, from, to, nodeID string, since time.Time) error {
+	ids, err := kv.AppendIDs(tx, nil, endedOnPrefix(from, nodeID))
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	calls, err := callsIn(tx, ids)
+	if err != nil {
+		return err
+	}
+	for _, cid := range ids {
+		c := calls[cid]
+		if c.State != CallStateEnded || c.TerminationID != from || c.EndedAt.Before(since) {
+			continue
+		}
+		c.TerminationID = to
+		if err := putCall(tx, c); err != nil {
+			return err
+		}
+		if err := tx.Delete(termCallKey(from, cid)); err != nil {
+			return err
+		}
+		if err := tx.Delete(endedOnKey(from, nodeID, cid)); err != nil {
+			return err
+		}
+		if err := tx.Put(termCallKey(to, cid), nil); err != nil {
+			return err
+		}
+		if err := tx.Put(endedOnKey(to, nodeID, cid), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ForgetEndedIn drops the note that call c ended on termination's account
+// (its record lists it now, and no stop takes its node over after that).
+func ForgetEndedIn(tx store.Txn, terminationID string, c *ToolCall) error {
+	if c.State != CallStateEnded || c.Resolution == CallResolutionRejectedDraining {
+		return nil // never noted
+	}
+	return tx.Delete(endedOnKey(terminationID, c.NodeID, c.CallID))
 }
 
 // RequestCancelIn writes a cancel order for an in-flight call, for the

@@ -1,0 +1,66 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
+)
+
+// The twenty-fourth hostile pass over termination: what a rogue being
+// stopped can hide from its record.
+
+// TestARogueCannotHideHowManyCallsItsStopRefused: an operator stops a
+// rogue; its gate keeps calling with the rogue's token while the stop is
+// under way (40 attempts). Each is refused, and the record lists the first
+// 16 (ledger.MaxRefusedCallsListedPerNode) as rejected_draining; the other
+// 24 left no trace, so the record could not tell a stray call after the
+// drain began from a rogue hammering its tools throughout. Now the record's
+// entry for the node counts the refused calls it does not list.
+func TestARogueCannotHideHowManyCallsItsStopRefused(t *testing.T) {
+	held, holdOpt := newHeldStops(t)
+	srv := testserver.Start(t, holdOpt)
+	t.Cleanup(held.free)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rogue := register(t, admin, "rogue")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: rogue.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	held.hold()
+	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+	const attempts = 40
+	for i := range attempts {
+		_, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+		if connect.CodeOf(err) != connect.CodeFailedPrecondition {
+			t.Fatalf("attempt %d of the rogue's call after its stop was requested: %v, want failed_precondition", i+1, err)
+		}
+	}
+	held.free()
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, admin, term.TerminationId)
+	listed := 0
+	for _, c := range rec.ToolCalls {
+		if c.NodeId == rogue.Node.NodeId && c.Resolution == tetherv1.CallResolution_CALL_RESOLUTION_REJECTED_DRAINING {
+			listed++
+		}
+	}
+	var counted uint64
+	for _, n := range rec.Nodes {
+		if n.NodeId == rogue.Node.NodeId {
+			counted = n.RefusedCallsNotListed
+		}
+	}
+	if listed != ledger.MaxRefusedCallsListedPerNode || listed+int(counted) != attempts {
+		t.Fatalf("the record lists %d of the rogue's refused calls and counts %d more; it made %d attempts, want %d listed and %d counted", listed, counted, attempts, ledger.MaxRefusedCallsListedPerNode, attempts-ledger.MaxRefusedCallsListedPerNode)
+	}
+}
