@@ -2,6 +2,8 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +64,47 @@ func TestARogueCannotHideHowManyCallsItsStopRefused(t *testing.T) {
 	}
 	if listed != ledger.MaxRefusedCallsListedPerNode || listed+int(counted) != attempts {
 		t.Fatalf("the record lists %d of the rogue's refused calls and counts %d more; it made %d attempts, want %d listed and %d counted", listed, counted, attempts, ledger.MaxRefusedCallsListedPerNode, attempts-ledger.MaxRefusedCallsListedPerNode)
+	}
+}
+
+// TestARogueSpawnsNoChildBetweenItsStopsRequestAndItsMark: the design
+// promises that from a stop's request on no node of its subtree may
+// spawn, however long the reconciler takes to begin the mark. While an
+// operator's stop of the rogue is requested and not yet marked (a busy
+// reconciler), the rogue spawns children: each is a new agent the stop
+// must then mark, wait for and account for, made after the stop began.
+// Each spawn is refused failed_precondition naming the termination, and
+// the record lists the rogue alone.
+func TestARogueSpawnsNoChildBetweenItsStopsRequestAndItsMark(t *testing.T) {
+	held, holdOpt := newHeldStops(t)
+	srv := testserver.Start(t, holdOpt)
+	t.Cleanup(held.free)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rogue := register(t, admin, "rogue")
+	child := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "child")
+	held.hold()
+	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+	const attempts = 4
+	spawned := 0
+	for i := range attempts {
+		for _, parent := range []*tetherv1.SpawnResponse{{Node: rogue.Node, Credential: rogue.Credential}, child} {
+			_, err := srv.Clients(parent.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: parent.Node.NodeId, Name: fmt.Sprintf("late-%d", i)}))
+			if err == nil {
+				spawned++
+				continue
+			}
+			if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), term.TerminationId) {
+				t.Fatalf("a spawn under %s after its stop was requested: %v, want failed_precondition naming termination %s", parent.Node.NodeId, err, term.TerminationId)
+			}
+		}
+	}
+	if spawned > 0 {
+		t.Fatalf("between the operator's stop request and its mark the rogue and its child spawned %d of %d children; want none", spawned, 2*attempts)
+	}
+	held.free()
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	if got := len(record(t, admin, term.TerminationId).Nodes); got != 2 {
+		t.Fatalf("the record lists %d nodes, want the rogue and its child", got)
 	}
 }

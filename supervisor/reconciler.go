@@ -323,7 +323,7 @@ var (
 	openCallKeyPrefix    = strings.TrimSuffix(string(ledger.OpenCallPrefix("x")), "x/")
 	cancelKeyPrefix      = strings.TrimSuffix(string(ledger.CancelKey("x", "y")), "x/y")
 	refusedKeyPrefix     = strings.TrimSuffix(string(ledger.RefusedPrefix("x", "y")), "x/y/")
-	endedOnKeyPrefix     = strings.TrimSuffix(string(ledger.EndedOnPrefix("x", "y")), "x/y/")
+	endedOnKeyPrefix     = strings.TrimSuffix(string(ledger.EndedOnPrefix("x")), "x/")
 	refusedMoreKeyPrefix = strings.TrimSuffix(string(ledger.RefusedMoreKey("x", "y")), "x/y")
 )
 

@@ -165,3 +165,61 @@ func reconcileAsTimePasses(t *testing.T, s *Supervisor, termID string) Terminati
 	t.Fatalf("termination %s did not finish", termID)
 	return Termination{}
 }
+
+// TestACallEndingBeforeEitherStopMarksItsNodeIsInTheRecordOfTheOneThatDoes:
+// an operator drains C (T1, requested, not yet marked), then another
+// aborts C's tree from its root G (T2, which supersedes T1). C's call X
+// ends before either has marked C: the ledger put it on the account of
+// the request nearest C, T1's. T2 marks C first and accounts for it in the
+// end (T1 then finds C T2's and lists it superseded, or, once T2 is done,
+// terminated by T2's record): X was in flight when T2 was requested, and
+// T2's record lists it, T1's not.
+func TestACallEndingBeforeEitherStopMarksItsNodeIsInTheRecordOfTheOneThatDoes(t *testing.T) {
+	ctx := context.Background()
+	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 1)
+	clk := s.Clock.(*clock.Manual)
+	l := &ledger.Ledger{Store: st, Clock: clk}
+	g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := s.Tree.Spawn(ctx, g.NodeID, "p", nil, "agent:"+g.NodeID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Tree.Spawn(ctx, p.NodeID, "c", nil, "agent:"+p.NodeID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := openCall(t, st, c.NodeID, clk.Now())
+	inner, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeDrain, DrainWindow: time.Hour, ConfirmTimeout: time.Hour, Reason: "drain c", RequestedBy: "operator:one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	outer, err := s.Terminate(ctx, TerminateRequest{NodeID: g.NodeID, Mode: ModeAbort, CancelAckTimeout: time.Minute, ConfirmTimeout: time.Minute, Reason: "stop the tree", RequestedBy: "operator:two"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Second)
+	if _, err := l.End(ctx, x, "gate", "tool:gate", false, ""); err != nil {
+		t.Fatal(err)
+	}
+	outer = reconcileAsTimePasses(t, s, outer.ID)
+	inner = reconcileAsTimePasses(t, s, inner.ID)
+	counts := map[string]int{}
+	for _, term := range []Termination{inner, outer} {
+		rec, err := s.Record(ctx, "", term.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, rc := range rec.ToolCalls {
+			if rc.CallID == x {
+				counts[term.ID]++
+			}
+		}
+	}
+	if counts[outer.ID] != 1 || counts[inner.ID] != 0 {
+		t.Fatalf("the call is listed %d times in the record of T2, which marked C, and %d times in T1's; want once in T2's only", counts[outer.ID], counts[inner.ID])
+	}
+}

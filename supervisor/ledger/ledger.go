@@ -636,9 +636,10 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 			}
 		}
 		if c.TerminationID != "" {
-			// Noted by node, for a stop that takes the node over from
-			// this termination before its record (TakeOverEndedIn).
-			if err := tx.Put(endedOnKey(c.TerminationID, c.NodeID, c.CallID), nil); err != nil {
+			// Noted by node until the termination's record lists it: a
+			// stop requested before the call ended that marks the node
+			// (or takes it over) first accounts for it (MoveEndedIn).
+			if err := tx.Put(endedOnKey(c.NodeID, c.CallID), []byte(c.TerminationID)); err != nil {
 				return err
 			}
 		}
@@ -709,57 +710,40 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*ToolCall, error) {
 	return out, nil
 }
 
-// TakeOverEndedIn moves to termination to the calls of nodeID that ended
-// on termination from's account at or after since (to's request), in the
-// transaction in which to takes the node over from from: each was in
-// flight when to was requested, ended before to's mark reached the node,
-// and to, which accounts for the node in the end, lists it in its record
-// (from's lists the node superseded by to). A call that ended before since
-// stays on from's account: it ended under from alone. The calls still open
-// are moved by the mark itself. It reads the node's calls that ended on
-// from's account (noted by finish, removed by from's record), so a node
-// with none costs one empty scan.
-func TakeOverEndedIn(tx store.Txn, from, to, nodeID string, since time.Time) error {
-	ids, err := kv.AppendIDs(tx, nil, endedOnPrefix(from, nodeID))
-	if err != nil || len(ids) == 0 {
+// MoveEndedIn puts c, a call of the node that ended on another
+// termination's account and is in no record yet (OpenAndEndedCallsOf), on
+// termination to's account, in the transaction in which to marks the node
+// or takes it over. The mark calls it for each such call that ended at or
+// after to's request: the call was in flight when to was requested, and to
+// is the stop that accounts for the node (the other, which was requested
+// and had not marked the node, or that to takes the node over from, leaves
+// it to to). A call that ended before to's request stays where it is: it
+// ended under the other stop alone.
+func MoveEndedIn(tx store.Txn, c *ToolCall, to string) error {
+	if c.State != CallStateEnded || c.TerminationID == "" || c.TerminationID == to {
+		return nil
+	}
+	if err := tx.Delete(termCallKey(c.TerminationID, c.CallID)); err != nil {
 		return err
 	}
-	calls, err := callsIn(tx, ids)
-	if err != nil {
+	c.TerminationID = to
+	if err := putCall(tx, c); err != nil {
 		return err
 	}
-	for _, cid := range ids {
-		c := calls[cid]
-		if c.State != CallStateEnded || c.TerminationID != from || c.EndedAt.Before(since) {
-			continue
-		}
-		c.TerminationID = to
-		if err := putCall(tx, c); err != nil {
-			return err
-		}
-		if err := tx.Delete(termCallKey(from, cid)); err != nil {
-			return err
-		}
-		if err := tx.Delete(endedOnKey(from, nodeID, cid)); err != nil {
-			return err
-		}
-		if err := tx.Put(termCallKey(to, cid), nil); err != nil {
-			return err
-		}
-		if err := tx.Put(endedOnKey(to, nodeID, cid), nil); err != nil {
-			return err
-		}
+	if err := tx.Put(termCallKey(to, c.CallID), nil); err != nil {
+		return err
 	}
-	return nil
+	return tx.Put(endedOnKey(c.NodeID, c.CallID), []byte(to))
 }
 
-// ForgetEndedIn drops the note that call c ended on termination's account
-// (its record lists it now, and no stop takes its node over after that).
-func ForgetEndedIn(tx store.Txn, terminationID string, c *ToolCall) error {
+// ForgetEndedIn drops the note that call c ended on a termination's
+// account, in the transaction in which that termination's record lists it:
+// no mark moves it after that.
+func ForgetEndedIn(tx store.Txn, c *ToolCall) error {
 	if c.State != CallStateEnded || c.Resolution == CallResolutionRejectedDraining {
 		return nil // never noted
 	}
-	return tx.Delete(endedOnKey(terminationID, c.NodeID, c.CallID))
+	return tx.Delete(endedOnKey(c.NodeID, c.CallID))
 }
 
 // RequestCancelIn writes a cancel order for an in-flight call, for the
