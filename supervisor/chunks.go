@@ -1745,11 +1745,12 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobID)
 	}
 	inWorkload := t.workloadIn(tx)
+	// The calls this termination refused past those it lists, for every
+	// node whose refusals it lists (its members', and those it refused
+	// before another stop accounted for the node).
 	counted := make([]*tree.Node, 0, len(entries))
 	for _, e := range entries {
-		if e.Reach != ReachPrior {
-			counted = append(counted, nodes[e.Node])
-		}
+		counted = append(counted, nodes[e.Node])
 	}
 	refusedMore, err := ledger.RefusedNotListedOf(tx, t.ID, counted)
 	if err != nil {
@@ -1778,6 +1779,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
 				Outcome:            NodeOutcomeUnaccounted,
 				InnerTerminationID: e.Other, InnerOutcome: InnerOutcomeTerminated, InnerRecordID: e.Record,
+				RefusedCallsNotListed: refusedMore[n.NodeID],
 			}
 			if e.Record != "" {
 				earlier, err := earlierOutcomes(tx, e.Record)

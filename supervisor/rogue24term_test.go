@@ -223,3 +223,61 @@ func TestACallEndingBeforeEitherStopMarksItsNodeIsInTheRecordOfTheOneThatDoes(t 
 		t.Fatalf("the call is listed %d times in the record of T2, which marked C, and %d times in T1's; want once in T2's only", counts[outer.ID], counts[inner.ID])
 	}
 }
+
+// TestARefusalCountIsShownWhereTheRefusalsAreListed: the refused calls a
+// stop lists are its own whoever accounts for the node in the end, and so
+// is its count of the ones it refused past them: T1 (requested on C)
+// refused C's calls and counted 5 more than it lists, then T2 (requested
+// on C's root, superseding it) marked and terminated C first. T1's record
+// lists C as terminated by T2 and lists its refusals; its entry for C
+// shows the count too.
+func TestARefusalCountIsShownWhereTheRefusalsAreListed(t *testing.T) {
+	ctx := context.Background()
+	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 1)
+	g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.Tree.Spawn(ctx, g.NodeID, "c", nil, "agent:"+g.NodeID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeDrain, DrainWindow: time.Hour, ConfirmTimeout: time.Hour, Reason: "drain c", RequestedBy: "operator:one"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the ledger writes once it has listed the node's first refusals
+	// for T1 (ledger.Begin): the count, and the node's note of it.
+	if err := st.Update(ctx, func(tx store.Txn) error {
+		n, err := tree.GetNodeIn(tx, c.NodeID)
+		if err != nil {
+			return err
+		}
+		if err := tree.NoteHoldingIn(tx, n, tree.HoldsRefusalCount); err != nil {
+			return err
+		}
+		return tx.Put(ledger.RefusedMoreKey(inner.ID, c.NodeID), []byte("5"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	outer, err := s.Terminate(ctx, TerminateRequest{NodeID: g.NodeID, Mode: ModeAbort, CancelAckTimeout: time.Minute, ConfirmTimeout: time.Minute, Reason: "stop the tree", RequestedBy: "operator:two"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconcileAsTimePasses(t, s, outer.ID)
+	inner = reconcileAsTimePasses(t, s, inner.ID)
+	rec, err := s.Record(ctx, "", inner.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rn := range rec.Nodes {
+		if rn.NodeID != c.NodeID {
+			continue
+		}
+		if rn.InnerTerminationID != outer.ID || rn.RefusedCallsNotListed != 5 {
+			t.Fatalf("T1's record lists C terminated by %q with %d refused calls not listed, want by T2 %s with T1's count, 5", rn.InnerTerminationID, rn.RefusedCallsNotListed, outer.ID)
+		}
+		return
+	}
+	t.Fatal("T1's record does not list C")
+}
