@@ -108,3 +108,36 @@ func TestARogueSpawnsNoChildBetweenItsStopsRequestAndItsMark(t *testing.T) {
 		t.Fatalf("the record lists %d nodes, want the rogue and its child", got)
 	}
 }
+
+// TestARogueIsArmedWithNothingBetweenItsStopsRequestAndItsMark: from a
+// stop's request on no node of its subtree may take a fresh token or be
+// given a grant (design §4). While an operator's stop of the rogue is
+// requested and not yet marked, the rogue refreshes its token and
+// delegates a grant to its child: each is refused failed_precondition.
+func TestARogueIsArmedWithNothingBetweenItsStopsRequestAndItsMark(t *testing.T) {
+	held, holdOpt := newHeldStops(t)
+	srv := testserver.Start(t, holdOpt)
+	t.Cleanup(held.free)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rogue := register(t, admin, "rogue")
+	child := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "child")
+	issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: rogue.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := issued.Msg.Grant.GrantId
+	held.hold()
+	terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+	rc := srv.Clients(rogue.Credential)
+	armed := []string{}
+	if _, err := rc.Capability.Refresh(ctx, connect.NewRequest(&tetherv1.RefreshRequest{GrantId: grant})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		armed = append(armed, fmt.Sprintf("a fresh token (%v)", err))
+	}
+	if _, err := rc.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: grant, HolderNodeId: child.Node.NodeId, Scopes: []string{"tool:shell"}, Ttl: durationpb.New(30 * time.Minute)})); connect.CodeOf(err) != connect.CodeFailedPrecondition {
+		armed = append(armed, fmt.Sprintf("a grant for its child (%v)", err))
+	}
+	if len(armed) > 0 {
+		t.Fatalf("between the operator's stop request and its mark the rogue took %s; want each refused failed_precondition", strings.Join(armed, " and "))
+	}
+}
