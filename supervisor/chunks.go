@@ -611,9 +611,9 @@ type markChunk struct {
 	inFlight int
 	others   map[string]*Termination    // the other terminations met, by id
 	taken    map[string]map[string]bool // other termination → nodes taken from it
-	// calls are the open calls of the chunk's nodes, and ended their
-	// calls that ended on a termination's account and are in no record
-	// yet, read together before the chunk discovers them
+	// calls are the open calls of the chunk's nodes, and ended those
+	// that ended on a termination's account and are in no record yet,
+	// read together before the chunk discovers them
 	// (ledger.OpenAndEndedCallsOf).
 	calls, ended map[string][]*ledger.ToolCall
 	// entries are the entries the chunk lists, from sequence first on,
