@@ -44,6 +44,17 @@ func (g grantTree) PrefetchNodesIn(tx store.ReadTxn, nodeIDs []string) error {
 	return g.t.PrefetchNodesIn(tx, nodeIDs)
 }
 
+// StopCoveringIn describes the stop covering the running node n before
+// its mark reaches it (tree.CoveringStopIn: a stopping ancestor, or a stop
+// requested on n or an ancestor), or "" (grantstore.StopCoverer).
+func (g grantTree) StopCoveringIn(tx store.ReadTxn, n *grantstore.Node) (string, error) {
+	cover, err := tree.CoveringStopIn(tx, &tree.Node{NodeID: n.NodeID, Ancestors: n.Ancestors})
+	if err != nil || cover == nil {
+		return "", err
+	}
+	return cover.Describe(n.NodeID), nil
+}
+
 func grantNode(n *tree.Node) *grantstore.Node {
 	return &grantstore.Node{NodeID: n.NodeID, Ancestors: n.Ancestors, State: tree.StateName(n.State)}
 }

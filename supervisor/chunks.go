@@ -611,9 +611,11 @@ type markChunk struct {
 	inFlight int
 	others   map[string]*Termination    // the other terminations met, by id
 	taken    map[string]map[string]bool // other termination → nodes taken from it
-	// calls are the open calls of the chunk's nodes, read together
-	// before the chunk discovers them (ledger.OpenCallsOf).
-	calls map[string][]*ledger.ToolCall
+	// calls are the open calls of the chunk's nodes, and ended those
+	// that ended on a termination's account and are in no record yet,
+	// read together before the chunk discovers them
+	// (ledger.OpenAndEndedCallsOf).
+	calls, ended map[string][]*ledger.ToolCall
 	// entries are the entries the chunk lists, from sequence first on,
 	// stored packed when the chunk ends (putSubtreeEntries).
 	first   int
@@ -663,11 +665,11 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			t.MembersIntact = true
 			t.CancelsOrderedAtMark = t.Mode == ModeAbort
 			roots := t.RootIDs()
-			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, ledger.OpenCallPrefix)); err != nil {
+			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), append(store.KeysOf(roots, ledger.OpenCallPrefix), store.KeysOf(roots, ledger.EndedOnPrefix)...)); err != nil {
 				return err
 			}
 			var err error
-			if c.calls, err = ledger.OpenCallsOf(tx, roots); err != nil {
+			if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, roots); err != nil {
 				return err
 			}
 			for i, r := range roots {
@@ -955,7 +957,7 @@ func (c *markChunk) list(kids []string, leaves map[string]bool) error {
 		}
 	}
 	var err error
-	if c.calls, err = ledger.OpenCallsOf(tx, withCalls); err != nil {
+	if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, withCalls); err != nil {
 		return err
 	}
 	for _, n := range nodes {
@@ -1036,6 +1038,19 @@ func (c *markChunk) discover(n *tree.Node) error {
 		return err
 	}
 	c.wrote = append(c.wrote, n)
+	for _, call := range c.ended[n.NodeID] {
+		// A call that ended after this termination's request, on the
+		// account of another that has not listed it (one requested that
+		// had not marked the node, or the one this takes the node over
+		// from), was in flight when this one was requested: this one
+		// accounts for the node, and lists it, as it lists the open ones
+		// below.
+		if !call.EndedAt.Before(t.RequestedAt) {
+			if err := ledger.MoveEndedIn(tx, call, t.ID); err != nil {
+				return err
+			}
+		}
+	}
 	for _, call := range c.calls[n.NodeID] {
 		if call.State == ledger.CallStateInFlight {
 			c.inFlight++
@@ -1730,6 +1745,17 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		heldJobs[l.HolderIdentity] = append(heldJobs[l.HolderIdentity], l.JobID)
 	}
 	inWorkload := t.workloadIn(tx)
+	// The calls this termination refused past those it lists, for every
+	// node whose refusals it lists (its members', and those it refused
+	// before another stop accounted for the node).
+	counted := make([]*tree.Node, 0, len(entries))
+	for _, e := range entries {
+		counted = append(counted, nodes[e.Node])
+	}
+	refusedMore, err := ledger.RefusedNotListedOf(tx, t.ID, counted)
+	if err != nil {
+		return nil, 0, err
+	}
 	unaccounted := 0
 	for _, e := range entries {
 		n := nodes[e.Node]
@@ -1746,12 +1772,14 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			if rn.Outcome == NodeOutcomeUnaccounted {
 				unaccounted++
 			}
+			rn.RefusedCallsNotListed = refusedMore[n.NodeID]
 			part.Nodes = append(part.Nodes, rn)
 		case e.Reach == ReachPrior:
 			rn := RecordNode{
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
 				Outcome:            NodeOutcomeUnaccounted,
 				InnerTerminationID: e.Other, InnerOutcome: InnerOutcomeTerminated, InnerRecordID: e.Record,
+				RefusedCallsNotListed: refusedMore[n.NodeID],
 			}
 			if e.Record != "" {
 				earlier, err := earlierOutcomes(tx, e.Record)
@@ -1774,6 +1802,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 			part.Nodes = append(part.Nodes, RecordNode{
 				NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
 				Outcome: NodeOutcomeSuperseded, SupersededByTerminationID: by,
+				RefusedCallsNotListed: refusedMore[n.NodeID],
 			})
 		}
 	}
@@ -1865,6 +1894,9 @@ func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, n
 		closedAt = now
 	}
 	for _, c := range calls {
+		if err := ledger.ForgetEndedIn(tx, c); err != nil {
+			return err
+		}
 		if err := closeUnacknowledged(tx, stored.ID, c, closedAt); err != nil {
 			return err
 		}

@@ -76,6 +76,9 @@ type RecordNode struct {
 	// Set with NodeOutcomeSuperseded: the termination that accounts for
 	// the node instead of this one.
 	SupersededByTerminationID string `pb:"23"`
+	// How many of the node's calls this termination refused past the
+	// ledger.MaxRefusedCallsListedPerNode it lists (rejected_draining).
+	RefusedCallsNotListed uint64 `pb:"24"`
 }
 
 // RecordToolCall is a call the termination accounted for.

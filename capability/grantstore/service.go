@@ -81,6 +81,20 @@ type Tree interface {
 	HolderNoter
 }
 
+// StopCoverer is implemented by a Tree that knows, beside the nodes'
+// states, of the stops requested on a node or its ancestors whose mark
+// has not reached them yet (the agent tree's stop-request notes): from a
+// stop's request on, no node of its subtree takes a fresh token, a grant,
+// or arms anyone, however far the mark has got or whether it has begun.
+// A Tree without it is judged by the states of a node's ancestors alone.
+type StopCoverer interface {
+	// StopCoveringIn describes, read in tx, the stop that covers the
+	// running node n before its mark reaches it (a stopping or stopped
+	// ancestor, or a stop requested on n or an ancestor), or returns ""
+	// when none does.
+	StopCoveringIn(tx store.ReadTxn, n *Node) (string, error)
+}
+
 // HolderNoter notes, inside the transaction that writes a new grant, that
 // its holder node holds one (the agent tree keeps a bit per node, so that a
 // termination reads the holder index only of the nodes that may hold a
@@ -428,13 +442,13 @@ func (s *Service) Refresh(ctx context.Context, caller Caller, grantID string) (I
 			return fmt.Errorf("%w: holder node %s of grant %s is %s: a node being stopped, stopped or exited gets no fresh token (the one it holds lives until its expiry, and the termination revokes the grant)", ErrNodeNotRunning, g.HolderNodeID, grantID, n.State)
 		}
 		// Nor does a node a termination covers before its mark reaches it
-		// (the mark goes top down, in chunks).
-		above, err := s.stoppingAncestor(tx, n)
+		// (requested, or marking top down, in chunks).
+		cover, err := s.coveredBy(tx, n)
 		if err != nil {
 			return err
 		}
-		if above != nil {
-			return fmt.Errorf("%w: holder node %s of grant %s is below %s, which is %s: a node being stopped, stopped or exited gets no fresh token (the one it holds lives until its expiry, and the termination revokes the grant)", ErrNodeNotRunning, g.HolderNodeID, grantID, above.NodeID, above.State)
+		if cover != "" {
+			return fmt.Errorf("%w: holder node %s of grant %s: %s: a node being stopped, stopped or exited gets no fresh token (the one it holds lives until its expiry, and the termination revokes the grant)", ErrNodeNotRunning, g.HolderNodeID, grantID, cover)
 		}
 		return nil
 	})
@@ -519,6 +533,20 @@ func (s *Service) stoppingAncestor(tx store.ReadTxn, n *Node) (*Node, error) {
 	return nil, nil
 }
 
+// coveredBy describes the stop that covers n, a running node, before its
+// mark reaches it, or returns "" (StopCoverer when the Tree is one, else
+// a stopping ancestor).
+func (s *Service) coveredBy(tx store.ReadTxn, n *Node) (string, error) {
+	if c, ok := s.cfg.Tree.(StopCoverer); ok {
+		return c.StopCoveringIn(tx, n)
+	}
+	above, err := s.stoppingAncestor(tx, n)
+	if err != nil || above == nil {
+		return "", err
+	}
+	return fmt.Sprintf("node %s is below %s, which is %s", n.NodeID, above.NodeID, above.State), nil
+}
+
 // requireRunning refuses a node that is unknown or not running.
 func (s *Service) requireRunning(tx store.ReadTxn, nodeID, what string) error {
 	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
@@ -529,18 +557,18 @@ func (s *Service) requireRunning(tx store.ReadTxn, nodeID, what string) error {
 }
 
 // running refuses a node that is not running, or that a termination covers
-// before its mark reaches it (stoppingAncestor): neither is armed with a
-// new grant, nor arms anyone.
+// before its mark reaches it (coveredBy): neither is armed with a new
+// grant, nor arms anyone.
 func (s *Service) running(tx store.ReadTxn, n *Node, what string) error {
 	if n.State != NodeRunning {
 		return fmt.Errorf("%w: %s %s is %s", ErrNodeNotRunning, what, n.NodeID, n.State)
 	}
-	above, err := s.stoppingAncestor(tx, n)
+	cover, err := s.coveredBy(tx, n)
 	if err != nil {
 		return err
 	}
-	if above != nil {
-		return fmt.Errorf("%w: %s %s is below %s, which is %s", ErrNodeNotRunning, what, n.NodeID, above.NodeID, above.State)
+	if cover != "" {
+		return fmt.Errorf("%w: %s %s: %s", ErrNodeNotRunning, what, n.NodeID, cover)
 	}
 	return nil
 }

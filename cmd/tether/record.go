@@ -168,6 +168,11 @@ func PrintRecordSummary(w io.Writer, r *tetherv1.ReconciliationRecord) {
 		}
 		return res, fmt.Sprintf("%-24s %-12s %-22s gate %s%s", res, c.Tool, c.NodeId, c.GateId, by)
 	})
+	for _, n := range r.Nodes {
+		if n.RefusedCallsNotListed > 0 {
+			fmt.Fprintf(w, "  and %d more calls of %s refused, counted and not listed\n", n.RefusedCallsNotListed, n.NodeId)
+		}
+	}
 	printTallied(w, "Privileges", r.Privileges, func(p *tetherv1.RecordPrivilege) (string, string) {
 		out := lower(p.Outcome.String(), "PRIVILEGE_OUTCOME_")
 		extra := ""

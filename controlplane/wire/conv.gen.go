@@ -229,6 +229,7 @@ func RecordNode(x *supervisor.RecordNode) *tetherv1.RecordNode {
 		InnerOutcome:              tetherv1.InnerOutcome(x.InnerOutcome),
 		InnerRecordId:             x.InnerRecordID,
 		SupersededByTerminationId: x.SupersededByTerminationID,
+		RefusedCallsNotListed:     x.RefusedCallsNotListed,
 		ClaimedBy:                 x.ClaimedBy,
 		ClaimedAt:                 timestamp(x.ClaimedAt),
 		Contradictions:            each(x.Contradictions, Contradiction),

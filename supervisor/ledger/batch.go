@@ -48,6 +48,47 @@ func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, er
 	return out, nil
 }
 
+// OpenAndEndedCallsOf lists, by node id, the open calls of each node (as
+// OpenCallsOf) and its calls that ended on a termination's account and
+// are in no record yet (EndedOnPrefix), the two ranges of every node
+// fetched together: the mark reads them for the nodes it reaches.
+func OpenAndEndedCallsOf(tx store.ReadTxn, nodeIDs []string) (open, ended map[string][]*ToolCall, err error) {
+	if err := store.Prefetch(tx, nil, append(store.KeysOf(nodeIDs, openCallPrefix), store.KeysOf(nodeIDs, endedOnPrefix)...)); err != nil {
+		return nil, nil, err
+	}
+	endedIDs := map[string][]string{}
+	var all []string
+	for _, node := range nodeIDs {
+		if _, done := endedIDs[node]; done {
+			continue
+		}
+		p := endedOnPrefix(node)
+		var calls []string
+		if err := tx.Scan(p, nil, func(k, _ []byte) error {
+			calls = append(calls, string(k[len(p):]))
+			return nil
+		}); err != nil {
+			return nil, nil, err
+		}
+		endedIDs[node] = calls
+		all = append(all, calls...)
+	}
+	if open, err = OpenCallsOf(tx, nodeIDs); err != nil {
+		return nil, nil, err
+	}
+	got, err := callsIn(tx, all)
+	if err != nil {
+		return nil, nil, err
+	}
+	ended = make(map[string][]*ToolCall, len(endedIDs))
+	for node, calls := range endedIDs {
+		for _, cid := range calls {
+			ended[node] = append(ended[node], got[cid])
+		}
+	}
+	return open, ended, nil
+}
+
 func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
 	if err := store.Prefetch(tx, store.KeysOf(callIDs, callKey), nil); err != nil {
 		return nil, err

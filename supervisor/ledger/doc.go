@@ -3,10 +3,14 @@
 // principal) that reported each step. It reads the agent tree (a call from
 // a stopping or exited node is refused and kept as evidence, and a call
 // that ends while a stop covers its node before its mark is put on that
-// stop's account, as the mark puts the calls it finds open) and never the
-// termination, which reads and writes the ledger's calls inside its own
-// transactions (GetCallIn, PutCallIn, RequestCancelIn and the keys in
-// keys.go).
+// stop's account, as the mark puts the calls it finds open; a call that
+// ends on a termination's account is noted by node until that record lists
+// it, so that a stop that marks the node or takes it over first moves it
+// to its own, MoveEndedIn) and never the termination, which reads and
+// writes the ledger's calls inside its own transactions (GetCallIn,
+// PutCallIn, RequestCancelIn, MoveEndedIn and the keys in keys.go). A
+// refused call past those a termination lists is counted for its record
+// (RefusedNotListedOf).
 //
 // ToolCall, CallState and CallResolution are its own types: a call is
 // stored in tether.v1.ToolCall's protobuf encoding, written from the pb

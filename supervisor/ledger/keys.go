@@ -2,11 +2,13 @@ package ledger
 
 // Tool-call ledger keys.
 const (
-	prefixCall     = "calls/call/"    // calls/call/<call id> → ToolCall
-	prefixOpenCall = "calls/open/"    // calls/open/<node id>/<call id> → "" while in flight
-	prefixCancel   = "calls/cancel/"  // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
-	prefixTermCall = "calls/term/"    // calls/term/<termination id>/<call id> → "" calls a termination must account for
-	prefixRefused  = "calls/refused/" // calls/refused/<termination id>/<node id>/<call id> → "" the node's refused calls the termination lists
+	prefixCall        = "calls/call/"        // calls/call/<call id> → ToolCall
+	prefixOpenCall    = "calls/open/"        // calls/open/<node id>/<call id> → "" while in flight
+	prefixCancel      = "calls/cancel/"      // calls/cancel/<gate id>/<call id> → "" while a cancel order is unacknowledged
+	prefixTermCall    = "calls/term/"        // calls/term/<termination id>/<call id> → "" calls a termination must account for
+	prefixRefused     = "calls/refused/"     // calls/refused/<termination id>/<node id>/<call id> → "" the node's refused calls the termination lists
+	prefixEndedOn     = "calls/endedon/"     // calls/endedon/<node id>/<call id> → termination id: a call that ended on that termination's account, until its record lists it
+	prefixRefusedMore = "calls/refusedmore/" // calls/refusedmore/<termination id>/<node id> → count of the node's refused calls past those listed
 )
 
 func callKey(id string) []byte             { return []byte(prefixCall + id) }
@@ -21,6 +23,13 @@ func refusedPrefix(term, node string) []byte {
 }
 func refusedKey(term, node, call string) []byte {
 	return []byte(prefixRefused + term + "/" + node + "/" + call)
+}
+
+func endedOnPrefix(node string) []byte    { return []byte(prefixEndedOn + node + "/") }
+func endedOnKey(node, call string) []byte { return []byte(prefixEndedOn + node + "/" + call) }
+
+func refusedMoreKey(term, node string) []byte {
+	return []byte(prefixRefusedMore + term + "/" + node)
 }
 
 // Prefix prefixes every key of the ledger (the termination watches it for
@@ -50,3 +59,16 @@ func RefusedPrefix(term, node string) []byte { return refusedPrefix(term, node) 
 
 // TermCallKey marks a call the termination accounts for.
 func TermCallKey(term, call string) []byte { return termCallKey(term, call) }
+
+// EndedOnPrefix prefixes the node's calls that ended on a termination's
+// account and are in no record yet (the mark moves those that ended after
+// its request: OpenAndEndedCallsOf, MoveEndedIn).
+func EndedOnPrefix(node string) []byte { return endedOnPrefix(node) }
+
+// EndedOnKey marks a call of the node that ended on a termination's
+// account (its value names the termination).
+func EndedOnKey(node, call string) []byte { return endedOnKey(node, call) }
+
+// RefusedMoreKey holds the count of the node's refused calls the
+// termination counted past those it lists.
+func RefusedMoreKey(term, node string) []byte { return refusedMoreKey(term, node) }

@@ -17,6 +17,9 @@ func TestKeyLayout(t *testing.T) {
 		{string(TermCallKey("t_1", "c_1")), "calls/term/t_1/c_1"},
 		{string(refusedPrefix("t_1", "n_1")), "calls/refused/t_1/n_1/"},
 		{string(refusedKey("t_1", "n_1", "c_1")), "calls/refused/t_1/n_1/c_1"},
+		{string(EndedOnPrefix("n_1")), "calls/endedon/n_1/"},
+		{string(EndedOnKey("n_1", "c_1")), "calls/endedon/n_1/c_1"},
+		{string(RefusedMoreKey("t_1", "n_1")), "calls/refusedmore/t_1/n_1"},
 	} {
 		if c.got != c.want {
 			t.Errorf("key %q, want %q", c.got, c.want)

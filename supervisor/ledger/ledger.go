@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/tetherhq/tether/internal/clock"
@@ -214,9 +215,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 					return err
 				}
 				if full {
-					stopping = fmt.Errorf("%w (not listed: the termination's record already lists the node's first %d refused calls)", stopping, MaxRefusedCallsListedPerNode)
+					stopping = fmt.Errorf("%w (not listed: the termination's record already lists the node's first %d refused calls, and counts the rest)", stopping, MaxRefusedCallsListedPerNode)
 					unlisted = true
-					return nil
+					return countRefusal(tx, terminationID, node)
 				}
 			}
 			call.State = CallStateEnded
@@ -283,6 +284,74 @@ func refusalsListed(tx store.ReadTxn, terminationID, nodeID string) (bool, error
 		return nil
 	})
 	return listed >= MaxRefusedCallsListedPerNode, err
+}
+
+// countRefusal counts a refused call of node that the termination does not
+// list, in the refusal's transaction: the record shows how many more were
+// refused (RecordNode.RefusedCallsNotListed), so a rogue calling in a loop
+// while it is stopped cannot hide the volume of its attempts behind the
+// bound on the list. One key per termination and node, whatever the
+// count; the node notes it once (tree.HoldsRefusalCount), so a record
+// reads counts only of the nodes that may have one.
+func countRefusal(tx store.Txn, terminationID string, node *tree.Node) error {
+	n, err := refusedNotListedIn(tx, terminationID, node.NodeID)
+	if err != nil {
+		return err
+	}
+	if err := tx.Put(refusedMoreKey(terminationID, node.NodeID), strconv.AppendUint(nil, n+1, 10)); err != nil {
+		return err
+	}
+	return tree.NoteHoldingIn(tx, node, tree.HoldsRefusalCount)
+}
+
+// refusedNotListedIn reads the count of the node's refused calls the
+// termination counted past those it lists (0: none).
+func refusedNotListedIn(tx store.ReadTxn, terminationID, nodeID string) (uint64, error) {
+	v, err := tx.Get(refusedMoreKey(terminationID, nodeID))
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseUint(string(v), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("ledger: count of refused calls of %s in termination %s: %w", nodeID, terminationID, err)
+	}
+	return n, nil
+}
+
+// RefusedNotListedOf reads, for each of nodes that may have one
+// (tree.HoldsRefusalCount), how many of its refused calls the termination
+// counted past those it lists; a node with none has no entry. The keys
+// are fetched together (one round trip on etcd).
+func RefusedNotListedOf(tx store.ReadTxn, terminationID string, nodes []*tree.Node) (map[string]uint64, error) {
+	var keys [][]byte
+	for _, n := range nodes {
+		if n.Holds.May(tree.HoldsRefusalCount) {
+			keys = append(keys, refusedMoreKey(terminationID, n.NodeID))
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if err := store.Prefetch(tx, keys, nil); err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, n := range nodes {
+		if !n.Holds.May(tree.HoldsRefusalCount) {
+			continue
+		}
+		c, err := refusedNotListedIn(tx, terminationID, n.NodeID)
+		if err != nil {
+			return nil, err
+		}
+		if c > 0 {
+			out[n.NodeID] = c
+		}
+	}
+	return out, nil
 }
 
 // openBelowLimit refuses a new call of a node through gateID when the node
@@ -566,6 +635,14 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 				return err
 			}
 		}
+		if c.TerminationID != "" {
+			// Noted by node until the termination's record lists it: a
+			// stop requested before the call ended that marks the node
+			// (or takes it over) first accounts for it (MoveEndedIn).
+			if err := tx.Put(endedOnKey(c.NodeID, c.CallID), []byte(c.TerminationID)); err != nil {
+				return err
+			}
+		}
 		c.State = CallStateEnded
 		out = c
 		if err := l.observe(tx, before, c); err != nil {
@@ -631,6 +708,42 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*ToolCall, error) {
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// MoveEndedIn puts c, a call of the node that ended on another
+// termination's account and is in no record yet (OpenAndEndedCallsOf), on
+// termination to's account, in the transaction in which to marks the node
+// or takes it over. The mark calls it for each such call that ended at or
+// after to's request: the call was in flight when to was requested, and to
+// is the stop that accounts for the node (the other, which was requested
+// and had not marked the node, or that to takes the node over from, leaves
+// it to to). A call that ended before to's request stays where it is: it
+// ended under the other stop alone.
+func MoveEndedIn(tx store.Txn, c *ToolCall, to string) error {
+	if c.State != CallStateEnded || c.TerminationID == "" || c.TerminationID == to {
+		return nil
+	}
+	if err := tx.Delete(termCallKey(c.TerminationID, c.CallID)); err != nil {
+		return err
+	}
+	c.TerminationID = to
+	if err := putCall(tx, c); err != nil {
+		return err
+	}
+	if err := tx.Put(termCallKey(to, c.CallID), nil); err != nil {
+		return err
+	}
+	return tx.Put(endedOnKey(c.NodeID, c.CallID), []byte(to))
+}
+
+// ForgetEndedIn drops the note that call c ended on a termination's
+// account, in the transaction in which that termination's record lists it:
+// no mark moves it after that.
+func ForgetEndedIn(tx store.Txn, c *ToolCall) error {
+	if c.State != CallStateEnded || c.Resolution == CallResolutionRejectedDraining {
+		return nil // never noted
+	}
+	return tx.Delete(endedOnKey(c.NodeID, c.CallID))
 }
 
 // RequestCancelIn writes a cancel order for an in-flight call, for the

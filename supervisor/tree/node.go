@@ -61,6 +61,9 @@ const (
 	HoldsPrivileges                      // a privilege (privileges/node/<node>/)
 	HoldsCalls                           // a tool call (calls/open/<node>/)
 	HoldsChildren                        // a child (agents/child/<node>/)
+	// HoldsRefusalCount: a termination counted refused calls of the node
+	// past those its record lists (calls/refusedmore/<termination>/<node>).
+	HoldsRefusalCount
 )
 
 // May reports whether a node with these holdings may hold one of kind.

@@ -158,10 +158,12 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 		if parent.State != NodeStateRunning {
 			return fmt.Errorf("%w: parent_node_id %s is %s", ErrParentNotRunning, parentID, StateName(parent.State))
 		}
-		// A termination marks its subtree top down, in chunks: from its
-		// first chunk (the roots) no node below a root may spawn, however
-		// far the mark has got.
-		if err := stoppingAncestor(tx, parent); err != nil {
+		// A termination marks its subtree top down, in chunks, and from
+		// its request on no node of the subtree may spawn, however far
+		// the mark has got, or whether it has begun: a stop requested on
+		// the parent or an ancestor (and not marked there yet) covers it
+		// as a stopping ancestor does (CoveringStopIn).
+		if err := coveredParent(tx, parent); err != nil {
 			return err
 		}
 		if len(parent.Ancestors)+1 > t.Limits.MaxDepth {
@@ -222,15 +224,17 @@ func (t *Tree) SpawnMany(ctx context.Context, parentID string, specs []ChildSpec
 	return out, nil
 }
 
-// stoppingAncestor refuses a parent one of whose ancestors is stopping or
-// stopped (a termination is marking, or has marked, its subtree), read in
-// tx so that the spawn serializes with the mark.
-func stoppingAncestor(tx store.ReadTxn, parent *Node) error {
-	a, err := StoppingAncestorIn(tx, parent)
-	if err != nil || a == nil {
+// coveredParent refuses a running parent a stop covers before its mark
+// reaches it (CoveringStopIn): one of its ancestors is stopping or stopped
+// (a termination is marking, or has marked, its subtree), or a termination
+// is requested on it or an ancestor and its mark has not begun there. Read
+// in tx, so that the spawn serializes with the request and the mark.
+func coveredParent(tx store.ReadTxn, parent *Node) error {
+	cover, err := CoveringStopIn(tx, parent)
+	if err != nil || cover == nil {
 		return err
 	}
-	return fmt.Errorf("%w: parent_node_id %s is below %s, which is %s (termination %s)", ErrParentNotRunning, parent.NodeID, a.NodeID, StateName(a.State), a.TerminationID)
+	return fmt.Errorf("%w: parent_node_id %s: %s", ErrParentNotRunning, parent.NodeID, cover.Describe(parent.NodeID))
 }
 
 // StoppingAncestorIn returns the nearest ancestor of n that is stopping or

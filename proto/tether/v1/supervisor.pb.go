@@ -1026,6 +1026,11 @@ type RecordNode struct {
 	// Set with NODE_OUTCOME_SUPERSEDED: the termination that accounts for
 	// the node instead of this one.
 	SupersededByTerminationId string `protobuf:"bytes,23,opt,name=superseded_by_termination_id,json=supersededByTerminationId,proto3" json:"superseded_by_termination_id,omitempty"`
+	// How many of the node's tool calls this termination refused past the
+	// first 16 its record lists (rejected_draining): each was refused alike
+	// and counted, not listed, so a rogue calling in a loop while it is
+	// stopped cannot hide the volume of its attempts.
+	RefusedCallsNotListed uint64 `protobuf:"varint,24,opt,name=refused_calls_not_listed,json=refusedCallsNotListed,proto3" json:"refused_calls_not_listed,omitempty"`
 	// A claim: the node's own word, or an ancestor's inside the stopped
 	// subtree. Shown, never counted as evidence by itself.
 	ClaimedBy string                 `protobuf:"bytes,10,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
@@ -1160,6 +1165,13 @@ func (x *RecordNode) GetSupersededByTerminationId() string {
 		return x.SupersededByTerminationId
 	}
 	return ""
+}
+
+func (x *RecordNode) GetRefusedCallsNotListed() uint64 {
+	if x != nil {
+		return x.RefusedCallsNotListed
+	}
+	return 0
 }
 
 func (x *RecordNode) GetClaimedBy() string {
@@ -2760,7 +2772,7 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x17WatchTerminationRequest\x12%\n" +
 	"\x0etermination_id\x18\x01 \x01(\tR\rterminationId\"T\n" +
 	"\x18WatchTerminationResponse\x128\n" +
-	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\x88\a\n" +
+	"\vtermination\x18\x01 \x01(\v2\x16.tether.v1.TerminationR\vtermination\"\xc1\a\n" +
 	"\n" +
 	"RecordNode\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x12\n" +
@@ -2777,7 +2789,8 @@ const file_tether_v1_supervisor_proto_rawDesc = "" +
 	"\x14inner_termination_id\x18\x14 \x01(\tR\x12innerTerminationId\x12<\n" +
 	"\rinner_outcome\x18\x15 \x01(\x0e2\x17.tether.v1.InnerOutcomeR\finnerOutcome\x12&\n" +
 	"\x0finner_record_id\x18\x16 \x01(\tR\rinnerRecordId\x12?\n" +
-	"\x1csuperseded_by_termination_id\x18\x17 \x01(\tR\x19supersededByTerminationId\x12\x1d\n" +
+	"\x1csuperseded_by_termination_id\x18\x17 \x01(\tR\x19supersededByTerminationId\x127\n" +
+	"\x18refused_calls_not_listed\x18\x18 \x01(\x04R\x15refusedCallsNotListed\x12\x1d\n" +
 	"\n" +
 	"claimed_by\x18\n" +
 	" \x01(\tR\tclaimedBy\x129\n" +
