@@ -23,8 +23,10 @@
 // takes none. Events and ReadTxn.Revision use these revisions.
 //
 // Durability: Update returns only after its writes are durable. The Badger
-// backend gets there with a group committer: one goroutine takes the Updates
-// that are waiting when it becomes free (it never waits for more), runs
+// backend gets there with a group committer: one goroutine at a time takes
+// the Updates that are waiting when it becomes free (it never waits for
+// more; an Update that finds nobody committing commits on its caller's
+// goroutine, sparing a lone Update two goroutine hand-offs), runs
 // their functions one after another against one shared write batch — each in
 // an overlay that reads its own writes, then the batch's, then the committed
 // state, so they serialize without conflicts — commits the batch as one
@@ -112,8 +114,9 @@
 //
 // Caller duties:
 //   - Keep Update functions short and free of side effects: they may be
-//     retried, and on Badger they run on the committer goroutine, so every
-//     other Update waits while one runs (on etcd, while a retry runs). A function that panics fails its own
+//     retried, and on Badger they run on the committing goroutine (the
+//     committer's, or another Update's caller's), so every other Update
+//     waits while one runs (on etcd, while a retry runs). A function that panics fails its own
 //     Update with ErrPanicked and nothing else.
 //   - Do not call Update from inside an Update function, nor Close from
 //     inside an Update or View function (each would wait for itself), and do

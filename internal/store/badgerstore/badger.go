@@ -210,6 +210,7 @@ func (s *Badger) Update(ctx context.Context, fn func(tx store.Txn) error) error 
 	if err := s.queue.push(r); err != nil {
 		return err
 	}
+	s.committer.submit()
 	select {
 	case <-r.done:
 		return r.err

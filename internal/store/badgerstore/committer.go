@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"github.com/tetherhq/tether/internal/store"
 	"log/slog"
+	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,7 +31,20 @@ var afterCommit func()
 // that are waiting when it becomes free into one group commit: it runs
 // their functions one after another, commits all their writes with one
 // synced Badger transaction, and only then answers their callers.
+//
+// A group commit runs on whichever goroutine holds lead: an Update that
+// finds nobody committing commits the queue itself, on its caller's
+// goroutine, so that a lone Update costs no hand-off to the committer's
+// goroutine and back (two goroutine wake-ups, each of which may wake an
+// idle processor's thread); an Update that finds a commit running wakes
+// the committer's goroutine, which takes what waits as soon as the leader
+// is done. Either way one group commit runs at a time, in queue order.
 type committer struct {
+	// lead is held by the goroutine committing. It guards the fields
+	// below that only the committing goroutine uses.
+	lead     sync.Mutex
+	spare    []*request
+	outcomes []outcome
 	db       *badger.DB
 	queue    *requestQueue
 	hub      *watchHub
@@ -39,8 +54,8 @@ type committer struct {
 	stats    *badgerCounters
 	// observers see each group commit (metrics).
 	observers store.CommitObservers
-	// revision is the last durable revision. Only the committer goroutine
-	// uses it.
+	// revision is the last durable revision. Only the goroutine holding
+	// lead uses it.
 	revision uint64
 	// clock numbers Badger's commits and opens the batches' snapshots
 	// (timestamps.go); ts is the last timestamp a commit was given, which
@@ -64,20 +79,67 @@ type outcome struct {
 	dependsOn int
 }
 
+// run is the committer's goroutine: woken by the queue's ready token, it
+// commits what waits, group after group, once lead is free, until the
+// queue is closed and empty.
 func (c *committer) run() {
 	defer close(c.done)
-	var spare []*request
-	var outcomes []outcome
-	for {
-		reqs := c.queue.take(c.maxBatch, spare)
-		if reqs == nil {
+	for range c.queue.ready {
+		c.lead.Lock()
+		closed := false
+		for !closed {
+			var taken int
+			if taken, closed = c.commitQueued(); taken == 0 {
+				break
+			}
+		}
+		c.lead.Unlock()
+		if closed {
 			return
 		}
-		outcomes = c.runBatch(reqs, outcomes[:0])
-		clear(outcomes)
-		clear(reqs)
-		spare = reqs
 	}
+}
+
+// submit commits one group of what is queued on the caller's goroutine
+// when nobody is committing; otherwise, and when more waits afterwards, it
+// wakes the committer's goroutine, which commits the rest once the leader
+// is done. A caller so commits at most one group, its own request's.
+func (c *committer) submit() {
+	if !c.lead.TryLock() {
+		c.queue.signal()
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			// A panic of the commit itself (an update function's is an
+			// error: store.RunUpdate) stops the process, as it did on the
+			// committer's goroutine: recovered by a caller up the stack (an
+			// HTTP handler's), it would leave lead held and every later
+			// Update waiting for ever.
+			stack := debug.Stack()
+			go func() { panic(fmt.Sprintf("store: group commit panicked: %v\n%s", p, stack)) }()
+			select {}
+		}
+	}()
+	_, closed := c.commitQueued()
+	c.lead.Unlock()
+	if closed || c.queue.len() > 0 {
+		c.queue.signal()
+	}
+}
+
+// commitQueued runs one group commit of what is queued, if anything, and
+// returns how many requests it took and whether the queue is closed. lead
+// is held.
+func (c *committer) commitQueued() (taken int, closed bool) {
+	reqs, closed := c.queue.take(c.maxBatch, c.spare)
+	if taken = len(reqs); taken > 0 {
+		c.outcomes = c.runBatch(reqs, c.outcomes[:0])
+		clear(c.outcomes)
+		clear(reqs)
+	}
+	c.spare = reqs
+	return taken, closed
 }
 
 func (c *committer) runBatch(reqs []*request, outcomes []outcome) []outcome {

@@ -48,7 +48,9 @@ func newRequestQueue() *requestQueue {
 	return &requestQueue{ready: make(chan struct{}, 1)}
 }
 
-// push enqueues r, or returns ErrClosed once the queue is closed.
+// push enqueues r, or returns ErrClosed once the queue is closed. It does
+// not wake the committer: the caller then commits the queue itself or
+// signals (committer.submit).
 func (q *requestQueue) push(r *request) error {
 	q.mu.Lock()
 	if q.closed {
@@ -57,7 +59,6 @@ func (q *requestQueue) push(r *request) error {
 	}
 	q.items = append(q.items, r)
 	q.mu.Unlock()
-	q.signal()
 	return nil
 }
 
@@ -68,34 +69,28 @@ func (q *requestQueue) signal() {
 	}
 }
 
-// take blocks until at least one request is queued and returns up to max of
-// them, oldest first, reusing spare as storage. It returns nil once the
-// queue is closed and empty. Only one goroutine may call take.
-func (q *requestQueue) take(max int, spare []*request) []*request {
-	for {
-		q.mu.Lock()
-		if n := len(q.items); n > 0 {
-			var out []*request
-			if n <= max {
-				// Swap buffers: the common case allocates nothing.
-				out = q.items
-				q.items = spare[:0]
-			} else {
-				out = append(spare[:0], q.items[:max]...)
-				rest := copy(q.items, q.items[max:])
-				clear(q.items[rest:])
-				q.items = q.items[:rest]
-			}
-			q.mu.Unlock()
-			return out
-		}
-		closed := q.closed
-		q.mu.Unlock()
-		if closed {
-			return nil
-		}
-		<-q.ready
+// take returns up to max of the queued requests, oldest first, reusing
+// spare as storage, without waiting: none (an empty slice) when none is
+// queued, and closed once the queue is closed. Only the committer's
+// leader may call it (committer.lead).
+func (q *requestQueue) take(max int, spare []*request) (reqs []*request, closed bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := len(q.items)
+	switch {
+	case n == 0:
+		return spare[:0], q.closed
+	case n <= max:
+		// Swap buffers: the common case allocates nothing.
+		out := q.items
+		q.items = spare[:0]
+		return out, q.closed
 	}
+	out := append(spare[:0], q.items[:max]...)
+	rest := copy(q.items, q.items[max:])
+	clear(q.items[rest:])
+	q.items = q.items[:rest]
+	return out, false
 }
 
 // close makes further pushes fail; requests already queued are still taken.

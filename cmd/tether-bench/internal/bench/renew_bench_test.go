@@ -184,8 +184,8 @@ func BenchmarkRenewUnary64(b *testing.B) {
 	b.ReportMetric(float64((cpuEnd-cpuStart).Microseconds())/float64(b.N), "cpu-µs/op")
 }
 
-// BenchmarkUnaryVsEtcd takes lease/renew's unary-vs-etcd figures at 1 and
-// 8 leases apart: the real `tether serve` in a process of its own and
+// BenchmarkUnaryVsEtcd takes lease/renew's unary-vs-etcd figures at 1, 8
+// and 64 leases apart: the real `tether serve` in a process of its own and
 // etcd's fenced compare-and-swap, measured back to back for a second each,
 // several rounds per benchmark iteration, reporting the medians of the
 // per-round ratios (rate, and renews per CPU-second) and of the CPU per
@@ -209,12 +209,12 @@ func BenchmarkUnaryVsEtcd(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(etcd.stop)
-	holders, err := leaseHolders(ctx, proc, leaseStreams(8))
+	holders, err := leaseHolders(ctx, proc, leaseStreams(64))
 	if err != nil {
 		b.Fatal(err)
 	}
 	const rounds = 5
-	for _, n := range []int{1, 8} {
+	for _, n := range []int{1, 8, 64} {
 		b.Run("leases="+strconv.Itoa(n), func(b *testing.B) {
 			leases, err := offerLeases(ctx, proc, holders, n)
 			if err != nil {
