@@ -110,7 +110,7 @@ func TestARogueCannotKeepUnboundedCallsOpenOnItsNode(t *testing.T) {
 // all of them again. The record lists the first
 // ledger.MaxRefusedCallsListedPerNode refusals of each node; later ones are
 // refused alike (failed_precondition, saying they are not listed) and
-// write nothing. The bound is per node: the rogue's refusals do not crowd
+// only counted (since the twenty-fourth pass). The bound is per node: the rogue's refusals do not crowd
 // another node's out of the record.
 func TestARogueRefusedWhileDrainingCannotGrowTheRecordWithoutBound(t *testing.T) {
 	w := newComposeWorld(t)

@@ -87,9 +87,10 @@ const MaxOpenCallsPerNode = 256
 // MaxRefusedCallsListedPerNode bounds the calls of one node refused while
 // it was stopping that a termination lists in its record (rejected_draining).
 // Later refusals of the node in the same termination are refused alike and
-// write nothing: a rogue calling in a loop while it drains would otherwise
-// grow the record, and every reconciler pass that reads the termination's
-// calls, by the gate's rate times the window.
+// only counted (one key per termination and node, countRefusal; the record's
+// RefusedCallsNotListed): a rogue calling in a loop while it drains would
+// otherwise grow the record, and every reconciler pass that reads the
+// termination's calls, by the gate's rate times the window.
 const MaxRefusedCallsListedPerNode = 16
 
 var (
