@@ -669,7 +669,9 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 				return err
 			}
 			var err error
-			if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, roots); err != nil {
+			// (The roots' lists of ended calls are read with their
+			// nodes, before their holdings are known: a few ranges.)
+			if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, roots, roots); err != nil {
 				return err
 			}
 			for i, r := range roots {
@@ -926,7 +928,11 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 // some (tree.HoldsCalls): a node that never began a call has none, and a
 // call that begins before this chunk commits notes the node in its own
 // transaction, so the node's read here, which the commit guards, fails
-// the chunk; one that begins after finds the node stopping.
+// the chunk; one that begins after finds the node stopping. Likewise
+// their calls that ended on a stop's account and are in no record yet are
+// read only of the nodes that may have some (tree.HoldsEndedCalls, noted
+// by the mark that puts a node's calls on its account, and by the ledger
+// when a call ends under a stop requested and not marked at its node).
 //
 // A kid the walk did not expand because its entry said it has no child
 // (leaves) must say the same on its node, as the spawn of its first child
@@ -939,7 +945,7 @@ func (c *markChunk) list(kids []string, leaves map[string]bool) error {
 	}
 	roots := t.RootIDs()
 	nodes := make([]*tree.Node, 0, len(kids))
-	var withCalls []string
+	var withCalls, withEnded []string
 	for _, kid := range kids {
 		if len(roots) > 1 && slices.Contains(roots, kid) {
 			continue // a root inside another root's subtree: listed as a root
@@ -955,9 +961,12 @@ func (c *markChunk) list(kids []string, leaves map[string]bool) error {
 		if n.Holds.May(tree.HoldsCalls) {
 			withCalls = append(withCalls, kid)
 		}
+		if n.Holds.May(tree.HoldsEndedCalls) {
+			withEnded = append(withEnded, kid)
+		}
 	}
 	var err error
-	if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, withCalls); err != nil {
+	if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, withCalls, withEnded); err != nil {
 		return err
 	}
 	for _, n := range nodes {
@@ -1034,6 +1043,13 @@ func (c *markChunk) discover(n *tree.Node) error {
 		n.State = MarkedState(*t, n.State)
 	}
 	n.TerminationID = t.ID
+	if len(c.calls[n.NodeID]) > 0 || len(c.ended[n.NodeID]) > 0 {
+		// Its calls are put on this termination's account below, and
+		// each that ends is noted by node until the record lists it
+		// (ledger.MoveEndedIn, and the ledger's end of a call): a later
+		// mark reads the note only of a node that says so.
+		n.Holds = n.Holds.With(tree.HoldsEndedCalls)
+	}
 	if err := tree.PutNodeIn(tx, n); err != nil {
 		return err
 	}

@@ -48,17 +48,19 @@ func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, er
 	return out, nil
 }
 
-// OpenAndEndedCallsOf lists, by node id, the open calls of each node (as
-// OpenCallsOf) and its calls that ended on a termination's account and
-// are in no record yet (EndedOnPrefix), the two ranges of every node
-// fetched together: the mark reads them for the nodes it reaches.
-func OpenAndEndedCallsOf(tx store.ReadTxn, nodeIDs []string) (open, ended map[string][]*ToolCall, err error) {
-	if err := store.Prefetch(tx, nil, append(store.KeysOf(nodeIDs, openCallPrefix), store.KeysOf(nodeIDs, endedOnPrefix)...)); err != nil {
+// OpenAndEndedCallsOf lists, by node id, the open calls of each node of
+// open (as OpenCallsOf) and the calls of each node of ended that ended on a
+// termination's account and are in no record yet (EndedOnPrefix), the
+// ranges of every node fetched together: the mark reads them for the nodes
+// it reaches, the second only of those that may have such calls
+// (tree.HoldsEndedCalls).
+func OpenAndEndedCallsOf(tx store.ReadTxn, open, ended []string) (map[string][]*ToolCall, map[string][]*ToolCall, error) {
+	if err := store.Prefetch(tx, nil, append(store.KeysOf(open, openCallPrefix), store.KeysOf(ended, endedOnPrefix)...)); err != nil {
 		return nil, nil, err
 	}
 	endedIDs := map[string][]string{}
 	var all []string
-	for _, node := range nodeIDs {
+	for _, node := range ended {
 		if _, done := endedIDs[node]; done {
 			continue
 		}
@@ -73,20 +75,21 @@ func OpenAndEndedCallsOf(tx store.ReadTxn, nodeIDs []string) (open, ended map[st
 		endedIDs[node] = calls
 		all = append(all, calls...)
 	}
-	if open, err = OpenCallsOf(tx, nodeIDs); err != nil {
+	openCalls, err := OpenCallsOf(tx, open)
+	if err != nil {
 		return nil, nil, err
 	}
 	got, err := callsIn(tx, all)
 	if err != nil {
 		return nil, nil, err
 	}
-	ended = make(map[string][]*ToolCall, len(endedIDs))
+	endedCalls := make(map[string][]*ToolCall, len(endedIDs))
 	for node, calls := range endedIDs {
 		for _, cid := range calls {
-			ended[node] = append(ended[node], got[cid])
+			endedCalls[node] = append(endedCalls[node], got[cid])
 		}
 	}
-	return open, ended, nil
+	return openCalls, endedCalls, nil
 }
 
 func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {

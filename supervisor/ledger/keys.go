@@ -62,7 +62,8 @@ func TermCallKey(term, call string) []byte { return termCallKey(term, call) }
 
 // EndedOnPrefix prefixes the node's calls that ended on a termination's
 // account and are in no record yet (the mark moves those that ended after
-// its request: OpenAndEndedCallsOf, MoveEndedIn).
+// its request: OpenAndEndedCallsOf, MoveEndedIn). A node that may have
+// some says so (tree.HoldsEndedCalls).
 func EndedOnPrefix(node string) []byte { return endedOnPrefix(node) }
 
 // EndedOnKey marks a call of the node that ended on a termination's

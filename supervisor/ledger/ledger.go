@@ -684,6 +684,11 @@ func accountToCoveringStop(tx store.Txn, c *ToolCall) error {
 		return err
 	}
 	c.TerminationID = cover.TerminationID
+	// The call's end is noted by node (finish): the node says it may
+	// have such notes, for the mark that reads them.
+	if err := tree.NoteHoldingIn(tx, node, tree.HoldsEndedCalls); err != nil {
+		return err
+	}
 	return tx.Put(termCallKey(cover.TerminationID, c.CallID), nil)
 }
 

@@ -64,10 +64,25 @@ const (
 	// HoldsRefusalCount: a termination counted refused calls of the node
 	// past those its record lists (calls/refusedmore/<termination>/<node>).
 	HoldsRefusalCount
+	// HoldsEndedCalls: a call of the node ended on a termination's
+	// account and may be in no record yet (calls/endedon/<node>/):
+	// noted where a call is put on a termination's account while open
+	// (the mark that stamps it, the ledger when it ends under a requested
+	// stop), so a mark reads the list only of the nodes that may have one.
+	HoldsEndedCalls
 )
 
 // May reports whether a node with these holdings may hold one of kind.
 func (h Holdings) May(kind Holdings) bool { return h&HoldsTracked == 0 || h&kind != 0 }
+
+// With is h noting kind (h itself if h does not keep the bits: such a node
+// may hold anything).
+func (h Holdings) With(kind Holdings) Holdings {
+	if h&HoldsTracked == 0 {
+		return h
+	}
+	return h | kind
+}
 
 // NodeState is where a node is in its life; the values are tether.v1's.
 type NodeState int32

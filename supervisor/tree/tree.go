@@ -486,10 +486,10 @@ func PutNodeIn(tx store.Txn, n *Node) error { return putNode(tx, n) }
 // same transaction, trusts the bits, so a writer that gives a node a
 // holding without noting it here would have it missed.
 func NoteHoldingIn(tx store.Txn, n *Node, kind Holdings) error {
-	if n.Holds&HoldsTracked == 0 || n.Holds&kind != 0 {
+	if n.Holds.With(kind) == n.Holds {
 		return nil
 	}
-	n.Holds |= kind
+	n.Holds = n.Holds.With(kind)
 	return putNode(tx, n)
 }
 
