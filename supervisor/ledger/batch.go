@@ -24,12 +24,8 @@ func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, er
 		if _, done := ids[node]; done {
 			continue
 		}
-		p := openCallPrefix(node)
-		var calls []string
-		if err := tx.Scan(p, nil, func(k, _ []byte) error {
-			calls = append(calls, string(k[len(p):]))
-			return nil
-		}); err != nil {
+		calls, err := idsUnder(tx, openCallPrefix(node))
+		if err != nil {
 			return nil, err
 		}
 		ids[node] = calls
@@ -64,12 +60,8 @@ func OpenAndEndedCallsOf(tx store.ReadTxn, open, ended []string) (map[string][]*
 		if _, done := endedIDs[node]; done {
 			continue
 		}
-		p := endedOnPrefix(node)
-		var calls []string
-		if err := tx.Scan(p, nil, func(k, _ []byte) error {
-			calls = append(calls, string(k[len(p):]))
-			return nil
-		}); err != nil {
+		calls, err := idsUnder(tx, endedOnPrefix(node))
+		if err != nil {
 			return nil, nil, err
 		}
 		endedIDs[node] = calls
@@ -259,4 +251,15 @@ func (d *ackDeadlines) anyMarking(now time.Time) bool {
 		delete(d.marking, id)
 	}
 	return false
+}
+
+// idsUnder lists the ids of the keys under prefix p (a node's open calls,
+// its calls ended on a termination's account): each key is p and an id.
+func idsUnder(tx store.ReadTxn, p []byte) ([]string, error) {
+	var ids []string
+	err := tx.Scan(p, nil, func(k, _ []byte) error {
+		ids = append(ids, string(k[len(p):]))
+		return nil
+	})
+	return ids, err
 }
