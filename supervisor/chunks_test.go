@@ -97,8 +97,16 @@ func buildTree(t *testing.T, st store.Store, n, fanout int) (string, []string) {
 // terminated, as Run would (each pass re-reads stored state).
 func reconcileToEnd(t *testing.T, s *Supervisor, id string) Termination {
 	t.Helper()
+	return reconcileUntilTerminated(t, s, id, 100000, func() {})
+}
+
+// reconcileUntilTerminated runs up to passes of the reconciler until the
+// termination is terminated, calling between after each pass that left it
+// unfinished.
+func reconcileUntilTerminated(t *testing.T, s *Supervisor, id string, passes int, between func()) Termination {
+	t.Helper()
 	ctx := context.Background()
-	for range 100000 {
+	for range passes {
 		if _, err := s.Reconcile(ctx, id); err != nil {
 			t.Fatal(err)
 		}
@@ -109,8 +117,9 @@ func reconcileToEnd(t *testing.T, s *Supervisor, id string) Termination {
 		if term.Phase == PhaseTerminated {
 			return term
 		}
+		between()
 	}
-	t.Fatal("the termination did not finish")
+	t.Fatalf("termination %s did not finish", id)
 	return Termination{}
 }
 

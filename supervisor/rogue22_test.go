@@ -30,18 +30,7 @@ func TestAnAncestorUnderAnUnmarkedStopIsNoWitness(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			s, _ := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 1)
-			g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := s.Tree.Spawn(ctx, g.NodeID, "p", nil, "agent:"+g.NodeID, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := s.Tree.Spawn(ctx, p.NodeID, "c", nil, "agent:"+p.NodeID, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			g, p, c := operatorChain(t, s)
 			inner, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeAbort, ConfirmTimeout: time.Hour, Reason: "stop c", RequestedBy: "operator:one"})
 			if err != nil {
 				t.Fatal(err)

@@ -25,18 +25,7 @@ func TestACallIsListedOnceWhateverOrderThreeStopsFinishIn(t *testing.T) {
 			s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 1)
 			clk := s.Clock.(*clock.Manual)
 			l := &ledger.Ledger{Store: st, Clock: clk}
-			g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := s.Tree.Spawn(ctx, g.NodeID, "p", nil, "agent:"+g.NodeID, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := s.Tree.Spawn(ctx, p.NodeID, "c", nil, "agent:"+p.NodeID, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
+			g, p, c := operatorChain(t, s)
 			x, y := openCall(t, st, c.NodeID, clk.Now()), openCall(t, st, c.NodeID, clk.Now())
 			t1, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeDrain, DrainWindow: time.Hour, ConfirmTimeout: time.Hour, Reason: "1", RequestedBy: "operator:one"})
 			if err != nil {

@@ -36,18 +36,7 @@ func TestACallEndingWhileAnAncestorsStopTakesItsNodeOverIsInThatStopsRecord(t *t
 	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 1)
 	clk := s.Clock.(*clock.Manual)
 	l := &ledger.Ledger{Store: st, Clock: clk}
-	g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := s.Tree.Spawn(ctx, g.NodeID, "p", nil, "agent:"+g.NodeID, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Tree.Spawn(ctx, p.NodeID, "c", nil, "agent:"+p.NodeID, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, _, c := operatorChain(t, s)
 	// Three calls of C in flight through the gate: one ends before T2's
 	// request, one between T2's request and its mark at C, one stays open
 	// until T2's mark (which moves it, as before).
@@ -121,6 +110,24 @@ func TestACallEndingWhileAnAncestorsStopTakesItsNodeOverIsInThatStopsRecord(t *t
 	}
 }
 
+// operatorChain registers an operator's root G, its agent P and P's agent
+// C: the chain the supersession tests stop from either end.
+func operatorChain(t *testing.T, s *Supervisor) (g, p, c *tree.Node) {
+	t.Helper()
+	ctx := context.Background()
+	g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err = s.Tree.Spawn(ctx, g.NodeID, "p", nil, "agent:"+g.NodeID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = s.Tree.Spawn(ctx, p.NodeID, "c", nil, "agent:"+p.NodeID, nil); err != nil {
+		t.Fatal(err)
+	}
+	return g, p, c
+}
+
 // openCall writes a call of nodeID in flight through "gate", as a gate's
 // BeginCall does (the node noted as holding calls), and returns its id.
 func openCall(t *testing.T, st store.Store, nodeID string, now time.Time) string {
@@ -148,22 +155,7 @@ func openCall(t *testing.T, st store.Store, nodeID string, now time.Time) string
 // the clock a minute later at each pass (its waits run out).
 func reconcileAsTimePasses(t *testing.T, s *Supervisor, termID string) Termination {
 	t.Helper()
-	ctx := context.Background()
-	for range 1000 {
-		if _, err := s.Reconcile(ctx, termID); err != nil {
-			t.Fatal(err)
-		}
-		term, err := s.Get(ctx, termID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if term.Phase == PhaseTerminated {
-			return term
-		}
-		s.Clock.(*clock.Manual).Advance(time.Minute)
-	}
-	t.Fatalf("termination %s did not finish", termID)
-	return Termination{}
+	return reconcileUntilTerminated(t, s, termID, 1000, func() { s.Clock.(*clock.Manual).Advance(time.Minute) })
 }
 
 // TestACallEndingBeforeEitherStopMarksItsNodeIsInTheRecordOfTheOneThatDoes:
@@ -179,18 +171,7 @@ func TestACallEndingBeforeEitherStopMarksItsNodeIsInTheRecordOfTheOneThatDoes(t 
 	s, st := chunkTestSupervisor(t, badgerstore.BadgerOptions{}, 1)
 	clk := s.Clock.(*clock.Manual)
 	l := &ledger.Ledger{Store: st, Clock: clk}
-	g, err := s.Tree.RegisterRoot(ctx, "ops", nil, "operator:admin")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := s.Tree.Spawn(ctx, g.NodeID, "p", nil, "agent:"+g.NodeID, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := s.Tree.Spawn(ctx, p.NodeID, "c", nil, "agent:"+p.NodeID, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, _, c := operatorChain(t, s)
 	x := openCall(t, st, c.NodeID, clk.Now())
 	inner, err := s.Terminate(ctx, TerminateRequest{NodeID: c.NodeID, Mode: ModeDrain, DrainWindow: time.Hour, ConfirmTimeout: time.Hour, Reason: "drain c", RequestedBy: "operator:one"})
 	if err != nil {
