@@ -2,13 +2,9 @@ package supervisor
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
-	"github.com/tetherhq/tether/internal/store/etcdstore"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -21,12 +17,8 @@ import (
 // it on the node). Measured against the same chunk for 10 children with
 // no call: 10 calls cost at most 20 ranges more, not 30.
 func TestTheMarkReadsNoEndedCallListOfANodeWhoseCallsEndedOnNoStopsAccount(t *testing.T) {
-	cluster := etcdtest.Start(t)
-	st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = etcdtest.Prefix(t) })
-	ctx := context.Background()
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	tr := &tree.Tree{Store: st, Clock: clk, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}
-	s := &Supervisor{Store: st, Clock: clk, Tree: tr, Log: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	s, st := etcdMarkTestSupervisor(t)
+	ctx, tr, clk := context.Background(), s.Tree, s.Clock
 
 	// The ranges the chunk after the roots' reads, for a root whose 10
 	// children each have a call in flight (or none).
