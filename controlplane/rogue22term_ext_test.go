@@ -45,6 +45,16 @@ func newHeldStops(t *testing.T) (*heldStops, testserver.Option) {
 	}
 }
 
+// startHeldServer starts a test server whose reconciler a test can hold
+// (heldStops), freed before the server stops.
+func startHeldServer(t *testing.T) (*heldStops, *testserver.Server) {
+	t.Helper()
+	held, holdOpt := newHeldStops(t)
+	srv := testserver.Start(t, holdOpt)
+	t.Cleanup(held.free)
+	return held, srv
+}
+
 func (h *heldStops) hold() {
 	h.mu.Lock()
 	h.holding = true
@@ -71,9 +81,7 @@ func (h *heldStops) free() {
 // failed_precondition naming the requested termination, and the record
 // lists every refused call as rejected_draining.
 func TestARogueStartsNoToolCallBetweenItsStopsRequestAndItsMark(t *testing.T) {
-	held, holdOpt := newHeldStops(t)
-	srv := testserver.Start(t, holdOpt)
-	t.Cleanup(held.free)
+	held, srv := startHeldServer(t)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	rogue := register(t, admin, "rogue")

@@ -25,9 +25,7 @@ import (
 // record lists it, with its resolution, as it lists one that ends after
 // the mark.
 func TestACallInFlightAtTheStopRequestIsInTheRecordWhenItEndsBeforeTheMark(t *testing.T) {
-	held, holdOpt := newHeldStops(t)
-	srv := testserver.Start(t, holdOpt)
-	t.Cleanup(held.free)
+	held, srv := startHeldServer(t)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	rogue := register(t, admin, "rogue")

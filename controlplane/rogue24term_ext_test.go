@@ -10,7 +10,6 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/ledger"
 )
@@ -26,9 +25,7 @@ import (
 // drain began from a rogue hammering its tools throughout. Now the record's
 // entry for the node counts the refused calls it does not list.
 func TestARogueCannotHideHowManyCallsItsStopRefused(t *testing.T) {
-	held, holdOpt := newHeldStops(t)
-	srv := testserver.Start(t, holdOpt)
-	t.Cleanup(held.free)
+	held, srv := startHeldServer(t)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	rogue := register(t, admin, "rogue")
@@ -76,9 +73,7 @@ func TestARogueCannotHideHowManyCallsItsStopRefused(t *testing.T) {
 // Each spawn is refused failed_precondition naming the termination, and
 // the record lists the rogue alone.
 func TestARogueSpawnsNoChildBetweenItsStopsRequestAndItsMark(t *testing.T) {
-	held, holdOpt := newHeldStops(t)
-	srv := testserver.Start(t, holdOpt)
-	t.Cleanup(held.free)
+	held, srv := startHeldServer(t)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	rogue := register(t, admin, "rogue")
@@ -115,9 +110,7 @@ func TestARogueSpawnsNoChildBetweenItsStopsRequestAndItsMark(t *testing.T) {
 // requested and not yet marked, the rogue refreshes its token and
 // delegates a grant to its child: each is refused failed_precondition.
 func TestARogueIsArmedWithNothingBetweenItsStopsRequestAndItsMark(t *testing.T) {
-	held, holdOpt := newHeldStops(t)
-	srv := testserver.Start(t, holdOpt)
-	t.Cleanup(held.free)
+	held, srv := startHeldServer(t)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	rogue := register(t, admin, "rogue")
