@@ -18,70 +18,72 @@ func OpenCallsOf(tx store.ReadTxn, nodeIDs []string) (map[string][]*ToolCall, er
 	if err := store.Prefetch(tx, nil, store.KeysOf(nodeIDs, openCallPrefix)); err != nil {
 		return nil, err
 	}
+	ids, all, err := callIDsUnder(tx, nodeIDs, openCallPrefix)
+	if err != nil {
+		return nil, err
+	}
+	got, err := callsIn(tx, all)
+	if err != nil {
+		return nil, err
+	}
+	return byNode(ids, got), nil
+}
+
+// OpenAndEndedCallsOf lists, by node id, the open calls of each node of
+// open (as OpenCallsOf) and the calls of each node of ended that ended on a
+// termination's account and are in no record yet (EndedOnPrefix), the
+// ranges of every node fetched together, then the calls of both together:
+// the mark reads them for the nodes it reaches, the second only of those
+// that may have such calls (tree.HoldsEndedCalls).
+func OpenAndEndedCallsOf(tx store.ReadTxn, open, ended []string) (map[string][]*ToolCall, map[string][]*ToolCall, error) {
+	if err := store.Prefetch(tx, nil, append(store.KeysOf(open, openCallPrefix), store.KeysOf(ended, endedOnPrefix)...)); err != nil {
+		return nil, nil, err
+	}
+	openIDs, openAll, err := callIDsUnder(tx, open, openCallPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	endedIDs, endedAll, err := callIDsUnder(tx, ended, endedOnPrefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	got, err := callsIn(tx, append(openAll, endedAll...))
+	if err != nil {
+		return nil, nil, err
+	}
+	return byNode(openIDs, got), byNode(endedIDs, got), nil
+}
+
+// callIDsUnder lists, by node id, the ids of the calls under prefix(node)
+// for each node of nodeIDs (a node once however often it is named), and
+// all of them together.
+func callIDsUnder(tx store.ReadTxn, nodeIDs []string, prefix func(string) []byte) (map[string][]string, []string, error) {
 	ids := map[string][]string{}
 	var all []string
 	for _, node := range nodeIDs {
 		if _, done := ids[node]; done {
 			continue
 		}
-		calls, err := idsUnder(tx, openCallPrefix(node))
+		calls, err := idsUnder(tx, prefix(node))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ids[node] = calls
 		all = append(all, calls...)
 	}
-	got, err := callsIn(tx, all)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string][]*ToolCall, len(all))
+	return ids, all, nil
+}
+
+// byNode puts the calls read (got, by call id) in lists by node id; a
+// node with none has no entry.
+func byNode(ids map[string][]string, got map[string]*ToolCall) map[string][]*ToolCall {
+	out := make(map[string][]*ToolCall, len(ids))
 	for node, calls := range ids {
 		for _, cid := range calls {
 			out[node] = append(out[node], got[cid])
 		}
 	}
-	return out, nil
-}
-
-// OpenAndEndedCallsOf lists, by node id, the open calls of each node of
-// open (as OpenCallsOf) and the calls of each node of ended that ended on a
-// termination's account and are in no record yet (EndedOnPrefix), the
-// ranges of every node fetched together: the mark reads them for the nodes
-// it reaches, the second only of those that may have such calls
-// (tree.HoldsEndedCalls).
-func OpenAndEndedCallsOf(tx store.ReadTxn, open, ended []string) (map[string][]*ToolCall, map[string][]*ToolCall, error) {
-	if err := store.Prefetch(tx, nil, append(store.KeysOf(open, openCallPrefix), store.KeysOf(ended, endedOnPrefix)...)); err != nil {
-		return nil, nil, err
-	}
-	endedIDs := map[string][]string{}
-	var all []string
-	for _, node := range ended {
-		if _, done := endedIDs[node]; done {
-			continue
-		}
-		calls, err := idsUnder(tx, endedOnPrefix(node))
-		if err != nil {
-			return nil, nil, err
-		}
-		endedIDs[node] = calls
-		all = append(all, calls...)
-	}
-	openCalls, err := OpenCallsOf(tx, open)
-	if err != nil {
-		return nil, nil, err
-	}
-	got, err := callsIn(tx, all)
-	if err != nil {
-		return nil, nil, err
-	}
-	endedCalls := make(map[string][]*ToolCall, len(endedIDs))
-	for node, calls := range endedIDs {
-		for _, cid := range calls {
-			endedCalls[node] = append(endedCalls[node], got[cid])
-		}
-	}
-	return openCalls, endedCalls, nil
+	return out
 }
 
 func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
