@@ -60,9 +60,10 @@ func isUnder(key []byte, p string) bool   { return len(key) >= len(p) && string(
 func tail(key []byte, p string) string    { return string(key[len(p):]) }
 func keyNode(key []byte, p string) string { n, _, _ := strings.Cut(tail(key, p), "/"); return n }
 
-// LeaseLister is the lease coordinator as the rules read it.
-type LeaseLister interface {
-	List(ctx context.Context, holder, after string, limit int) ([]lease.Lease, string, error)
+// LeaseCounter is the lease coordinator as the rules read it: every lease
+// a node holds, counted by state.
+type LeaseCounter interface {
+	CountHeldBy(ctx context.Context, holder string) (map[lease.State]int, error)
 }
 
 // Rules is the stop-rule shell: it stores rules, keeps each node's
@@ -75,7 +76,7 @@ type Rules struct {
 	Supervisor *supervisor.Supervisor
 	// Policy decides the proposals rules file (supervisor.ProposalPolicy).
 	Policy supervisor.ProposalPolicy
-	Leases LeaseLister             // nil: no lease observations
+	Leases LeaseCounter            // nil: no lease observations
 	Grants supervisor.GrantRevoker // nil: no revocation observations
 	Log    *slog.Logger
 	// Tick is how often rules that read the clock (observed.age_seconds),
@@ -588,14 +589,17 @@ func getGrowth(tx store.ReadTxn, key []byte) (growth, error) {
 func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations, leases, revocations bool) (*Observations, error) {
 	o := Snapshot(stored, n, r.Clock.Now())
 	if leases && r.Leases != nil {
-		ls, _, err := r.Leases.List(ctx, n.NodeID, "", 1000)
+		// Every lease the node holds, counted: a page of them was those
+		// whose job ids sort first, and a rogue coordinator chooses its
+		// workers' job ids.
+		counts, err := r.Leases.CountHeldBy(ctx, n.NodeID)
 		if err != nil {
 			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeID, err)
 		}
-		for _, l := range ls {
-			bump(&o.LeasesByState, strings.ToLower(l.State.String()), 1)
-			if l.State == lease.StateOffered || l.State == lease.StateActive {
-				o.LeasesHeld++
+		for state, k := range counts {
+			bump(&o.LeasesByState, strings.ToLower(state.String()), int64(k))
+			if state == lease.StateOffered || state == lease.StateActive {
+				o.LeasesHeld += int64(k)
 			}
 		}
 	}

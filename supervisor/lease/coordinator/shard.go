@@ -18,6 +18,7 @@ const (
 	opGet                       // read the durable lease
 	opList                      // list durable leases
 	opHeldBy                    // ids of jobs whose current lease a holder holds
+	opCount                     // count a holder's durable leases by state
 )
 
 // op is one request to a shard. Exactly one of its callbacks is set.
@@ -35,6 +36,7 @@ type op struct {
 	list    func([]lease.Lease, error)
 	holders map[string]bool
 	jobs    func([]string, error)
+	counts  func(map[lease.State]int, error)
 	// bounded: the message is judged within the bounds on open leases
 	// (ApplyBounded), its holder counted under account; holderOnly: held
 	// to the bound per holder only (ApplyHolderBounded).
@@ -51,6 +53,8 @@ func (o op) fail(err error) {
 		o.list(nil, err)
 	case o.jobs != nil:
 		o.jobs(nil, err)
+	case o.counts != nil:
+		o.counts(nil, err)
 	}
 }
 
@@ -476,6 +480,13 @@ func (s *shard) handle(o op) {
 			out = out[:o.limit+1]
 		}
 		o.list(out, nil)
+	case opCount:
+		s.takeFinished()
+		counts := map[lease.State]int{}
+		for _, e := range s.held[o.holder] {
+			counts[e.durable.State]++
+		}
+		o.counts(counts, nil)
 	case opHeldBy:
 		var jobs []string
 		for holder := range o.holders {
