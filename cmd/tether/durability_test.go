@@ -82,20 +82,26 @@ func TestAcknowledgedRegistrationsSurviveKill9(t *testing.T) {
 // TestStopRuleKill9BetweenFiringAndProposing: the real server kills itself
 // with SIGKILL the moment a stop rule is true and its proposal is about to
 // be written, and again just after it is written; restarted on the same
-// data directory, the rule has filed exactly one proposal, naming it.
+// data directory (on Badger; on etcd, the same keyspace), the rule has
+// filed exactly one proposal, naming it.
 func TestStopRuleKill9BetweenFiringAndProposing(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
-	for _, point := range []string{"before-file", "after-file"} {
-		t.Run(point, func(t *testing.T) {
+	for _, run := range []struct{ backend, point string }{{"badger", "before-file"}, {"badger", "after-file"}, {"etcd", "before-file"}, {"etcd", "after-file"}} {
+		point := run.point
+		t.Run(run.backend+"/"+point, func(t *testing.T) {
+			var args []string
+			if run.backend == "etcd" {
+				args = etcdServeArgs(t)
+			}
 			ctx := context.Background()
 			dir := t.TempDir()
 			addr := testserver.FreeAddr(t)
 			t.Setenv(crashStopRuleEnv, point)
-			proc := testserver.StartProcessOn(t, dir, addr)
+			proc := testserver.StartProcessOn(t, dir, addr, args...)
 			admin := proc.Clients(proc.Admin)
 			root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "root"}))
 			if err != nil {
@@ -110,7 +116,7 @@ func TestStopRuleKill9BetweenFiringAndProposing(t *testing.T) {
 			<-proc.Exited()
 
 			t.Setenv(crashStopRuleEnv, "")
-			again := testserver.StartProcessOn(t, dir, addr)
+			again := testserver.StartProcessOn(t, dir, addr, args...)
 			c := again.Clients(again.Admin)
 			var filed []*tetherv1.StopProposal
 			// A second rule firing on the restarted server is the sign that its

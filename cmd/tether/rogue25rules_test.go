@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/etcdtest"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// etcdServeArgs starts an etcd for the test and returns the flags that put
+// `tether serve` on it.
+func etcdServeArgs(t *testing.T) []string {
+	t.Helper()
+	cluster := etcdtest.Start(t)
+	return []string{"--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","), "--etcd-prefix", etcdtest.Prefix(t)}
+}
+
+// TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores: the real
+// binary, on Badger and on etcd, killed with SIGKILL and started again on
+// the same data. Every kind of rule (an operator's on the node, an
+// operator's by selector, an agent's on its child) is still in effect, the
+// agent's counters are still what it reported (it cannot start from zero by
+// waiting for a restart), the pending proposal is the same one and still
+// decidable, a rule that fired before the kill files nothing more, and the
+// rules that were not yet true fire exactly once on the report that makes
+// them true. (TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged
+// and TestStopRuleKill9BetweenFiringAndProposing run on Badger only; the
+// in-process restarts of the controlplane suite on etcd do not kill.)
+func TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	for _, backend := range []string{"badger", "etcd"} {
+		t.Run(backend, func(t *testing.T) {
+			var args []string
+			if backend == "etcd" {
+				args = etcdServeArgs(t)
+			}
+			ctx := context.Background()
+			dir, addr := t.TempDir(), testserver.FreeAddr(t)
+			proc := testserver.StartProcessOn(t, dir, addr, args...)
+			admin := proc.Clients(proc.Admin)
+			planner, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner", Labels: map[string]string{"team": "research"}}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			worker, err := proc.Clients(planner.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: planner.Msg.Node.NodeId, Name: "worker"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			workerID := worker.Msg.Node.NodeId
+			add := func(c *testserver.Clients, req *tetherv1.AddStopRuleRequest) string {
+				t.Helper()
+				resp, err := c.StopRule.AddStopRule(ctx, connect.NewRequest(req))
+				if err != nil {
+					t.Fatalf("add %s: %v", req.Name, err)
+				}
+				return resp.Msg.Rule.RuleId
+			}
+			steps := add(admin, &tetherv1.AddStopRuleRequest{NodeId: workerID, Name: "steps", Expression: `self_reported.?steps.orValue(0.0) >= 3.0`})
+			cost := add(admin, &tetherv1.AddStopRuleRequest{LabelSelector: "team=research", Name: "cost", Expression: `self_reported.?cost.orValue(0.0) > 10.0`})
+			spawned := add(proc.Clients(planner.Msg.Credential), &tetherv1.AddStopRuleRequest{NodeId: workerID, Name: "no-children", Expression: `observed.spawns >= 1`})
+			report := func(p *testserver.Process, counters map[string]float64) {
+				t.Helper()
+				if _, err := p.Clients(worker.Msg.Credential).StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{Counters: counters})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			report(proc, map[string]float64{"steps": 2, "cost": 5})
+			if _, err := proc.Clients(worker.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: workerID, Name: "grandchild"})); err != nil {
+				t.Fatal(err)
+			}
+			filed := func(p *testserver.Process) map[string][]*tetherv1.StopProposal {
+				t.Helper()
+				resp, err := p.Clients(p.Admin).Supervisor.ListProposals(ctx, connect.NewRequest(&tetherv1.ListProposalsRequest{}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				out := map[string][]*tetherv1.StopProposal{}
+				for _, pr := range resp.Msg.Proposals {
+					if pr.NodeId == workerID {
+						out[pr.Rule.GetRuleId()] = append(out[pr.Rule.GetRuleId()], pr)
+					}
+				}
+				return out
+			}
+			var pending *tetherv1.StopProposal
+			testserver.WaitFor(t, 30*time.Second, "the planner's rule on its worker to file", func() bool {
+				if got := filed(proc)[spawned]; len(got) == 1 {
+					pending = got[0]
+				}
+				return pending != nil
+			})
+			if got := filed(proc); len(got[steps]) != 0 || len(got[cost]) != 0 {
+				t.Fatalf("rules filed before they were true: %v", got)
+			}
+			proc.Kill()
+
+			proc = testserver.StartProcessOn(t, dir, addr, args...)
+			admin = proc.Clients(proc.Admin)
+			listed, err := admin.StopRule.ListStopRules(ctx, connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: workerID}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			inEffect := map[string]bool{}
+			for _, r := range listed.Msg.Rules {
+				inEffect[r.RuleId] = true
+			}
+			if !inEffect[steps] || !inEffect[cost] || !inEffect[spawned] || len(listed.Msg.Rules) != 3 {
+				t.Fatalf("rules in effect at the worker after kill -9: %v", listed.Msg.Rules)
+			}
+			tested, err := admin.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: workerID, RuleId: steps}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tested.Msg.SelfReported["steps"] != 2 || tested.Msg.SelfReported["cost"] != 5 {
+				t.Fatalf("the worker's counters after kill -9: %v, want steps 2 and cost 5", tested.Msg.SelfReported)
+			}
+			// One more step, and the cost past its cap: each of the two rules
+			// files once; the one that fired before the kill files nothing more.
+			report(proc, map[string]float64{"steps": 3})
+			report(proc, map[string]float64{"cost": 11})
+			var got map[string][]*tetherv1.StopProposal
+			testserver.WaitFor(t, 30*time.Second, "the steps and cost rules to file after kill -9", func() bool {
+				got = filed(proc)
+				return len(got[steps]) > 0 && len(got[cost]) > 0
+			})
+			// The evaluator has judged the worker since it filed them; a
+			// rule filing twice would have done so by now.
+			if len(got[steps]) != 1 || len(got[cost]) != 1 || len(got[spawned]) != 1 {
+				t.Fatalf("after kill -9: %d steps, %d cost and %d no-children proposals, want one each", len(got[steps]), len(got[cost]), len(got[spawned]))
+			}
+			if p := got[spawned][0]; p.ProposalId != pending.ProposalId || p.State != tetherv1.ProposalState_PROPOSAL_STATE_PENDING {
+				t.Fatalf("the pending proposal after kill -9: %v, want %s pending", p, pending.ProposalId)
+			}
+			if v := got[cost][0].Rule.GetValues(); len(v) != 1 || v[0].Value != "11" || !v[0].SelfReported {
+				t.Fatalf("the cost rule's values: %v", v)
+			}
+			decided, err := admin.Supervisor.DecideProposal(ctx, connect.NewRequest(&tetherv1.DecideProposalRequest{ProposalId: pending.ProposalId, Approve: true, Reason: "probe"}))
+			if err != nil {
+				t.Fatalf("approve the proposal filed before kill -9: %v", err)
+			}
+			if decided.Msg.Termination.GetTerminationId() == "" {
+				t.Fatalf("approving %s started no termination: %v", pending.ProposalId, decided.Msg)
+			}
+		})
+	}
+}
