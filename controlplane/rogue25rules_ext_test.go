@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // The twenty-fifth hostile pass on stop rules and rollouts: the agent a
@@ -47,5 +49,67 @@ func TestRogue25ALeaseHoarderIsCountedWhateverItsJobIDs(t *testing.T) {
 	p := waitRuleProposal(t, srv, rule.RuleId)
 	if p.NodeId != worker.Node.NodeId || valueOf(p.Rule.Values, "observed.leases_held").GetValue() != "1010" {
 		t.Fatalf("proposal for %s with %v, want the worker with 1010 leases held", p.NodeId, p.Rule.Values)
+	}
+}
+
+// TestRogue25ASiblingCannotLabelAReplacementForTheAgentARolloutDrains: a
+// spawned agent's labels are its parent's word, and that word counts for
+// the agents its parent is an ancestor of. A planner runs a v1 worker
+// holding its job, and beside it a rogue of another team; the rollout
+// drains the worker. The rogue labels a child of its own v2 and has it
+// report ready: the child is in the worker's tree, and replacements there
+// were credited up to the number drained, so the rollout took the worker as
+// replaced by the rogue's child, handed it the worker's job (generation 2)
+// and completed, with nothing the planner started in the worker's place.
+// Now the child stands in for no one (the rogue is no ancestor of the
+// worker): the job waits, the rollout pauses at the batch deadline saying
+// none is ready, and the planner's own v2 worker replaces it and gets the
+// job.
+func TestRogue25ASiblingCannotLabelAReplacementForTheAgentARolloutDrains(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	planner := registerLabelled(t, admin, "planner", map[string]string{"app": "planner"})
+	pc := srv.Clients(planner.Credential)
+	w1 := spawnLabelled(t, pc, planner.Node.NodeId, "w1", map[string]string{"version": "v1"})
+	offered, err := pc.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-a", HolderIdentity: w1.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unary{srv.Clients(w1.Credential)}.send(t, ack(offered.Msg.Lease))
+	rogue := spawnLabelled(t, pc, planner.Node.NodeId, "rogue", map[string]string{"team": "other"})
+	rc := srv.Clients(rogue.Credential)
+
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(5 * time.Minute)})
+	r = waitRollout(t, srv, r.RolloutId, "to start a batch", func(r *tetherv1.Rollout) bool { return len(r.Batches) == 1 })
+	fake := spawnLabelled(t, rc, rogue.Node.NodeId, "fake", map[string]string{"version": "v2"})
+	reportReady(t, srv.Clients(fake.Credential), fake.Node.NodeId)
+	term := r.Batches[0].TerminationId
+	testserver.WaitFor(t, 20*time.Second, "the batch's termination to finish", func() bool {
+		clk.Advance(2 * time.Second)
+		return getTermination(t, admin, term).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	clk.Advance(5 * time.Minute)
+	r = waitRollout(t, srv, r.RolloutId, "to pause at the batch deadline (or, counting the rogue's child, complete)", func(r *tetherv1.Rollout) bool {
+		return r.State == tetherv1.RolloutState_ROLLOUT_STATE_PAUSED || r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
+	})
+	if l := operatorLease(t, admin, "job-a"); l.HolderIdentity != w1.Node.NodeId || l.LeaseGeneration != 1 {
+		t.Fatalf("job-a went to %s generation %d (the rogue's child is %s): a sibling's child labelled v2 took the drained worker's job",
+			l.HolderIdentity, l.LeaseGeneration, fake.Node.NodeId)
+	}
+	if r.State != tetherv1.RolloutState_ROLLOUT_STATE_PAUSED || !strings.Contains(r.Reason, `0 of 1 replacements matching "version=v2" are ready`) {
+		t.Fatalf("rollout %s, reason %q: want paused, no replacement ready (the rogue's child replaces no one)", r.State, r.Reason)
+	}
+
+	w2 := spawnLabelled(t, pc, planner.Node.NodeId, "w2", map[string]string{"version": "v2"})
+	reportReady(t, srv.Clients(w2.Credential), w2.Node.NodeId)
+	if _, err := admin.Supervisor.ResumeRollout(ctx, connect.NewRequest(&tetherv1.ResumeRolloutRequest{RolloutId: r.RolloutId})); err != nil {
+		t.Fatal(err)
+	}
+	waitRollout(t, srv, r.RolloutId, "to complete", func(r *tetherv1.Rollout) bool { return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED })
+	if l := operatorLease(t, admin, "job-a"); l.HolderIdentity != w2.Node.NodeId || l.LeaseGeneration != 2 {
+		t.Fatalf("job-a is held by %s generation %d, want the planner's replacement %s generation 2", l.HolderIdentity, l.LeaseGeneration, w2.Node.NodeId)
 	}
 }

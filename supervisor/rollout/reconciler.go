@@ -486,14 +486,14 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	for _, l := range stuck {
 		out.NotHandedOver = append(out.NotHandedOver, l.JobID+": "+l.Why)
 	}
-	roots, err := rs.rootsOf(ctx, open)
+	ancestors, err := rs.ancestorsOf(ctx, open)
 	if err != nil {
 		return out, err
 	}
 	offset := r.LeasesHandedOver()
 	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
 	for i, l := range open {
-		may := mayTake(targets, roots[l.Holder])
+		may := mayTake(targets, ancestors[l.Holder])
 		if len(may) == 0 {
 			// Left open (WaitingLeases): a replacement in the job's tree,
 			// or in a tree an operator registered, may still become
@@ -517,40 +517,40 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	return out, nil
 }
 
-// mayTake lists the replacements that may take a job held in the tree
-// rooted at holderRoot, in order.
-func mayTake(targets []replacement, holderRoot string) []string {
+// mayTake lists the replacements that may take a job held by an agent
+// whose ancestors are holderAncestors, in order.
+func mayTake(targets []replacement, holderAncestors []string) []string {
 	var may []string
 	for _, t := range targets {
-		if t.mayTake(holderRoot) {
+		if t.mayTake(holderAncestors) {
 			may = append(may, t.id)
 		}
 	}
 	return may
 }
 
-// rootsOf reads the root of each lease holder's tree ("" when the holder
-// is not a node).
-func (rs *Rollouts) rootsOf(ctx context.Context, open []supervisor.HandoverLease) (map[string]string, error) {
-	roots := map[string]string{}
+// ancestorsOf reads the ancestors of each lease holder (none when the
+// holder is not a node, or is a root).
+func (rs *Rollouts) ancestorsOf(ctx context.Context, open []supervisor.HandoverLease) (map[string][]string, error) {
+	ancestors := map[string][]string{}
 	err := rs.Store.View(ctx, func(tx store.ReadTxn) error {
 		for _, l := range open {
-			if _, ok := roots[l.Holder]; ok {
+			if _, ok := ancestors[l.Holder]; ok {
 				continue
 			}
 			n, err := tree.GetNodeIn(tx, l.Holder)
 			switch {
 			case errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument):
-				roots[l.Holder] = ""
+				ancestors[l.Holder] = nil
 			case err != nil:
 				return err
 			default:
-				roots[l.Holder] = tree.Root(n)
+				ancestors[l.Holder] = n.Ancestors
 			}
 		}
 		return nil
 	})
-	return roots, err
+	return ancestors, err
 }
 
 // release turns every unfinished batch of an aborted rollout into a plain
@@ -586,6 +586,11 @@ func (rs *Rollouts) release(ctx context.Context, r Rollout) error {
 type replacement struct {
 	id   string
 	root string // the root of its tree (itself for a root)
+	// parent is the agent that spawned it ("" for a root): its labels
+	// are that agent's word, which counts for the agents it is an
+	// ancestor of.
+	parent string
+	depth  int // its ancestors
 	// vouched: its tree's root matches the target selector. A root's
 	// labels are an operator's word (only operators register roots); a
 	// spawned agent's are its parent's, so any agent can label a child to
@@ -595,40 +600,54 @@ type replacement struct {
 }
 
 // credited is how many of targets count as replacements of r (the
-// rollout's facts' ReadyTarget): every vouched one, and in any other tree
-// only those that reported ready after the rollout started, at most as
-// many as the rollout drained there (drained: the roots of the nodes of
-// its batches). A replacement covers an agent drained in its own tree;
-// otherwise a rogue labelling its children like replacements, and having
-// them report ready, had the rollout count them, take its batches as
-// replaced and drain the rest of the fleet with nothing ready in its
-// place.
-func credited(r Rollout, targets []replacement, drained map[string]int) int {
+// rollout's facts' ReadyTarget): every vouched one, and of the others
+// those that reported ready after the rollout started, each standing in
+// for one agent the rollout drained (drained: each such agent's
+// ancestors) that its parent is an ancestor of. A spawned agent's labels
+// are its parent's word, and that word counts for the agents its parent
+// could itself have stopped and replaced: otherwise a rogue labelling its
+// children like replacements, and having them report ready, had the
+// rollout count them — for another tree's agents, or for its siblings in
+// its own — take their batches as replaced and drain the rest with
+// nothing ready in their place.
+func credited(r Rollout, targets []replacement, drained [][]string) int {
 	n := 0
-	late := map[string]int{}
+	var late []replacement
 	for _, t := range targets {
 		switch {
 		case t.vouched:
 			n++
-		case !t.readyAt.Before(r.CreatedAt):
-			late[t.root]++
+		case t.parent != "" && !t.readyAt.Before(r.CreatedAt):
+			late = append(late, t)
 		}
 	}
-	for root, ready := range late {
-		n += min(ready, drained[root])
+	// The agents under each parent are a subtree: two parents' are nested
+	// or apart. Matched deepest parent first, a replacement never takes an
+	// agent that one under a shallower parent was the only one for.
+	slices.SortStableFunc(late, func(a, b replacement) int { return b.depth - a.depth })
+	taken := make([]bool, len(drained))
+	for _, t := range late {
+		for i, ancestors := range drained {
+			if !taken[i] && slices.Contains(ancestors, t.parent) {
+				taken[i] = true
+				n++
+				break
+			}
+		}
 	}
 	return n
 }
 
-// mayTake reports whether a job held by an agent of the tree rooted at
-// holderRoot may be handed to rep: a replacement in the job's own tree
-// (where the job's lineage could have reassigned it itself), or in a tree
-// an operator registered as a replacement. Any other agent labelled like
-// a replacement is a stranger to the job: it would gain the job's
-// authority (and its parent the job's coordination) by choosing its
-// child's labels.
-func (rep replacement) mayTake(holderRoot string) bool {
-	return rep.vouched || (holderRoot != "" && rep.root == holderRoot)
+// mayTake reports whether a job held by an agent whose ancestors are
+// holderAncestors may be handed to rep: a replacement spawned by an
+// ancestor of the holder (who could have stopped the holder and
+// reassigned the job itself), or in a tree an operator registered as a
+// replacement. Any other agent labelled like a replacement — in another
+// tree, or a sibling's child in the holder's own — is a stranger to the
+// job: it would gain the job's authority (and its parent the job's
+// coordination) by choosing its child's labels.
+func (rep replacement) mayTake(holderAncestors []string) bool {
+	return rep.vouched || (rep.parent != "" && slices.Contains(holderAncestors, rep.parent))
 }
 
 // observe reads the rollout's facts from the tree, the terminations and
@@ -656,7 +675,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 		}
 	}
-	drained := map[string]int{} // per tree root
+	var drained [][]string // the ancestors of each agent drained that needs a replacement
 
 	var targets []replacement
 	members := map[int][]string{}
@@ -668,13 +687,13 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		old := map[string]bool{}     // nodes matching the selector, in any state
 		var under [][]string         // targets' ancestors
 		var shields []*tree.Node     // exited, or stopped by another termination: taken over?
-		clear(drained)
+		drained = drained[:0]
 		err := scanNodes(tx, func(n *tree.Node) {
 			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, to) {
 				vouched[n.NodeID] = true
 			}
 			if batched[n.NodeID] {
-				drained[tree.Root(n)]++
+				drained = append(drained, n.Ancestors)
 			}
 			if tree.MatchLabels(n.Labels, from) && !tree.MatchLabels(n.Labels, to) {
 				old[n.NodeID] = true
@@ -688,7 +707,7 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), readyAt: n.ReadyAt})
+					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), parent: n.ParentNodeID, depth: len(n.Ancestors), readyAt: n.ReadyAt})
 					under = append(under, n.Ancestors)
 				}
 				return
@@ -774,12 +793,12 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			if err != nil {
 				return f, nil, fmt.Errorf("list leases: %w", err)
 			}
-			roots, err := rs.rootsOf(ctx, open)
+			ancestors, err := rs.ancestorsOf(ctx, open)
 			if err != nil {
 				return f, nil, err
 			}
 			for _, l := range open {
-				if len(mayTake(targets, roots[l.Holder])) > 0 {
+				if len(mayTake(targets, ancestors[l.Holder])) > 0 {
 					bf.OpenLeases++
 				} else {
 					bf.WaitingLeases++
