@@ -113,3 +113,44 @@ func TestRogue25ASiblingCannotLabelAReplacementForTheAgentARolloutDrains(t *test
 		t.Fatalf("job-a is held by %s generation %d, want the planner's replacement %s generation 2", l.HolderIdentity, l.LeaseGeneration, w2.Node.NodeId)
 	}
 }
+
+// TestRogue25ARuleReadingLeasesOrTheClockByAnOptionalFieldIsJudged: the
+// evaluator fetches the leases (and the revocations) and re-evaluates on
+// its tick only for rules it finds reading them. It found only
+// `observed.<field>`: a rule reading `observed.?leases_held.orValue(0)`
+// or `observed.?age_seconds.orValue(0.0)` — CEL's optional selection, as
+// the docs write for self_reported — compiled, read 0 leases whatever the
+// node held, and was never evaluated again while the node stayed quiet, so
+// an idle rogue outlived its operator's idle timeout and a lease hoarder
+// its operator's bound. Both fire now, with their values named.
+func TestRogue25ARuleReadingLeasesOrTheClockByAnOptionalFieldIsJudged(t *testing.T) {
+	clk := clock.NewManual(time.Now().UTC())
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	rogue := register(t, admin, "rogue")
+	worker := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "worker")
+	leases := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: worker.Node.NodeId, Name: "hoarder", Expression: `observed.?leases_held.orValue(0) >= 1`})
+	idle := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "idle", Expression: `observed.?age_seconds.orValue(0.0) > 3600.0`})
+	if _, err := srv.Clients(rogue.Credential).Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-a", HolderIdentity: worker.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)})); err != nil {
+		t.Fatal(err)
+	}
+	tested, err := admin.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: worker.Node.NodeId, RuleId: leases.RuleId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tested.Msg.Result || tested.Msg.Observed.GetLeasesHeld() != 1 {
+		t.Fatalf("TestStopRule of the hoarder rule on a worker holding one lease: result %v, leases_held %d", tested.Msg.Result, tested.Msg.Observed.GetLeasesHeld())
+	}
+	clk.Advance(stoprule.DefaultTick)
+	p := waitRuleProposal(t, srv, leases.RuleId)
+	if v := valueOf(p.Rule.Values, "observed.leases_held"); v.GetValue() != "1" {
+		t.Fatalf("the hoarder rule's values: %v", p.Rule.Values)
+	}
+	// Nothing is written from here on: only the tick judges the idle rule.
+	clk.Advance(2 * time.Hour)
+	testserver.WaitFor(t, 20*time.Second, "the idle rule to file for the quiet rogue and its worker", func() bool {
+		clk.Advance(stoprule.DefaultTick)
+		return len(ruleProposals(t, srv, idle.RuleId)) == 2
+	})
+}

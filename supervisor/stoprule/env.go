@@ -140,6 +140,9 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesRevocations = true
 		}
 	}
+	if readsObservedOpaquely(native) {
+		c.UsesTime, c.UsesLeases, c.UsesRevocations = true, true, true
+	}
 	return c, nil
 }
 

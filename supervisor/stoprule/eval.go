@@ -101,12 +101,15 @@ func references(a *ast.AST) []ref {
 			return "", false
 		}
 		s := e.AsSelect()
-		if s.Operand().Kind() == ast.IdentKind && s.Operand().AsIdent() == VarObserved && !s.IsTestOnly() {
+		// has(observed.f) reads f too (a proto3 scalar is present when
+		// it is not zero).
+		if s.Operand().Kind() == ast.IdentKind && s.Operand().AsIdent() == VarObserved {
 			return s.FieldName(), true
 		}
 		return "", false
 	}
 	isSelf := func(e ast.Expr) bool { return e.Kind() == ast.IdentKind && e.AsIdent() == VarSelfReported }
+	isObserved := func(e ast.Expr) bool { return e.Kind() == ast.IdentKind && e.AsIdent() == VarObserved }
 	constKey := func(e ast.Expr) (string, bool) {
 		if e.Kind() != ast.LiteralKind {
 			return "", false
@@ -130,6 +133,9 @@ func references(a *ast.AST) []ref {
 			if f, ok := observedField(operand); ok {
 				refs = append(refs, ref{variable: VarObserved, field: f, key: k, hasKey: true})
 				keyed[operand.ID()] = true
+			} else if fn == operators.OptSelect && isObserved(operand) {
+				// observed.?field: the field, whole.
+				refs = append(refs, ref{variable: VarObserved, field: k})
 			} else if isSelf(operand) {
 				refs = append(refs, ref{variable: VarSelfReported, key: k, hasKey: true})
 				keyed[operand.ID()] = true
@@ -163,6 +169,41 @@ func references(a *ast.AST) []ref {
 		}
 	}
 	return out
+}
+
+// readsObservedOpaquely reports whether the expression reads `observed`
+// other than by naming a field (`observed.f`, `observed.?f`): held in a
+// list or a map, say, where references cannot tell which fields it reads.
+// Such a rule is taken to read every field, the fetched and the polled
+// ones included: a rule the evaluator took to read none of them read 0
+// leases whatever the node held, and was never evaluated again on the
+// clock alone.
+func readsObservedOpaquely(a *ast.AST) bool {
+	named := map[int64]bool{} // observed idents that name a field
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		switch e.Kind() {
+		case ast.SelectKind:
+			if o := e.AsSelect().Operand(); o.Kind() == ast.IdentKind && o.AsIdent() == VarObserved {
+				named[o.ID()] = true
+			}
+		case ast.CallKind:
+			call := e.AsCall()
+			if call.FunctionName() != operators.OptSelect || len(call.Args()) != 2 {
+				return
+			}
+			o, field := call.Args()[0], call.Args()[1]
+			if o.Kind() == ast.IdentKind && o.AsIdent() == VarObserved && field.Kind() == ast.LiteralKind {
+				named[o.ID()] = true
+			}
+		}
+	}))
+	opaque := false
+	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(func(e ast.Expr) {
+		if e.Kind() == ast.IdentKind && e.AsIdent() == VarObserved && !named[e.ID()] {
+			opaque = true
+		}
+	}))
+	return opaque
 }
 
 // values reads each reference from the snapshot.
