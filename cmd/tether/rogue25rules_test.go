@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/etcdtest"
@@ -148,6 +150,113 @@ func TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores(t *testing.T)
 			}
 			if decided.Msg.Termination.GetTerminationId() == "" {
 				t.Fatalf("approving %s started no termination: %v", pending.ProposalId, decided.Msg)
+			}
+		})
+	}
+}
+
+// TestRogue25ARolloutSurvivesKill9OnBothStores: the real binary, on Badger
+// and on etcd, killed with SIGKILL once each batch has started, and started
+// again on the same data. The rollout resumes where it was: each batch
+// keeps its termination, each writes one record, and each drained agent's
+// job is handed over once (generation 2) to the replacement. (The
+// controlplane suite restarts a rollout in process, on both stores; this
+// kills the process.)
+func TestRogue25ARolloutSurvivesKill9OnBothStores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the real binary")
+	}
+	for _, backend := range []string{"badger", "etcd"} {
+		t.Run(backend, func(t *testing.T) {
+			var args []string
+			if backend == "etcd" {
+				args = etcdServeArgs(t)
+			}
+			ctx := context.Background()
+			dir, addr := t.TempDir(), testserver.FreeAddr(t)
+			proc := testserver.StartProcessOn(t, dir, addr, args...)
+			admin := proc.Clients(proc.Admin)
+			register := func(name, version string) string {
+				t.Helper()
+				resp, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: name, Labels: map[string]string{"app": "swarm", "version": version}}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.Msg.Node.NodeId
+			}
+			jobOf := map[string]string{}
+			for _, name := range []string{"a0", "a1"} {
+				node := register(name, "v1")
+				jobOf[node] = "job-" + name
+				if _, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job-" + name, HolderIdentity: node, LeaseDuration: durationpb.New(10 * time.Minute)})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			started, err := admin.Supervisor.Rollout(ctx, connect.NewRequest(&tetherv1.RolloutRequest{Selector: "app=swarm,version=v1", TargetSelector: "version=v2", Batch: 1,
+				DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Minute)}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := started.Msg.Rollout.RolloutId
+			get := func() *tetherv1.Rollout {
+				t.Helper()
+				resp, err := admin.Supervisor.GetRollout(ctx, connect.NewRequest(&tetherv1.GetRolloutRequest{RolloutId: id}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.Msg.Rollout
+			}
+			var terminations []string
+			for b := range 2 {
+				var r *tetherv1.Rollout
+				testserver.WaitFor(t, 30*time.Second, fmt.Sprintf("batch %d to start", b), func() bool {
+					r = get()
+					return len(r.Batches) > b
+				})
+				terminations = append(terminations, r.Batches[b].TerminationId)
+				proc.Kill()
+				proc = testserver.StartProcessOn(t, dir, addr, args...)
+				admin = proc.Clients(proc.Admin)
+				r = get()
+				if len(r.Batches) != b+1 || r.Batches[b].TerminationId != terminations[b] {
+					t.Fatalf("after kill -9 the rollout has %d batches, batch %d's termination %s (was %s)", len(r.Batches), b, r.Batches[len(r.Batches)-1].TerminationId, terminations[b])
+				}
+				for _, n := range r.Batches[b].NodeIds {
+					if _, err := admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: n})); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if _, err := admin.Agent.ReportReady(ctx, connect.NewRequest(&tetherv1.ReportReadyRequest{NodeId: register(fmt.Sprintf("b%d", b), "v2")})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var r *tetherv1.Rollout
+			testserver.WaitFor(t, 60*time.Second, "the rollout to complete", func() bool {
+				r = get()
+				return r.State == tetherv1.RolloutState_ROLLOUT_STATE_COMPLETED
+			})
+			if len(r.Batches) != 2 || r.Counts.LeasesHandedOver != 2 {
+				t.Fatalf("completed with %d batches and %d leases handed over, want 2 and 2: %v", len(r.Batches), r.Counts.LeasesHandedOver, r)
+			}
+			for node, job := range jobOf {
+				l, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if l.Msg.Lease.HolderIdentity == node || l.Msg.Lease.LeaseGeneration != 2 {
+					t.Fatalf("%s after the rollout: held by %s generation %d, want a replacement's, generation 2 (handed over once)", job, l.Msg.Lease.HolderIdentity, l.Msg.Lease.LeaseGeneration)
+				}
+			}
+			recs, err := admin.Supervisor.ListRecords(ctx, connect.NewRequest(&tetherv1.ListRecordsRequest{}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			perTermination := map[string]int{}
+			for _, rec := range recs.Msg.Records {
+				perTermination[rec.TerminationId]++
+			}
+			if len(perTermination) != 2 || perTermination[terminations[0]] != 1 || perTermination[terminations[1]] != 1 {
+				t.Fatalf("records per termination %v, want one for each of %v", perTermination, terminations)
 			}
 		})
 	}
