@@ -495,9 +495,10 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	for i, l := range open {
 		may := mayTake(targets, ancestors[l.Holder])
 		if len(may) == 0 {
-			// Left open (WaitingLeases): a replacement in the job's tree,
-			// or in a tree an operator registered, may still become
-			// ready; the batch waits for it and pauses at its deadline.
+			// Left open (WaitingLeases): a replacement spawned by an
+			// ancestor of the holder, or in a tree an operator registered,
+			// may still become ready; the batch waits for it and pauses at
+			// its deadline.
 			continue
 		}
 		to := may[(offset+i)%len(may)]
