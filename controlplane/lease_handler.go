@@ -87,7 +87,7 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 	case errors.Is(err, errNotParty):
 		res, err = h.judgeForLineage(ctx, p, m)
 	default:
-		res = forParty(p.NodeID(), res)
+		res = forParty(p.NodeID(), m, res)
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -121,21 +121,18 @@ func partyGuard(caller string, m lease.Message) func(lease.Lease) error {
 	}
 }
 
-// forParty is the answer to a party's judged message. The holder sees its
-// lease. A former holder (its late traffic is judged as stale evidence)
-// may read nothing of the generation that replaced its own — GetLease and
-// Evidence refuse it — so its answer says only that it was fenced off: the
-// job, the current generation and its state; the reason keeps its
-// judgement but withholds the current lease id and holder. The evidence
-// row keeps everything.
-func forParty(caller string, r coordinator.Result) coordinator.Result {
-	l := r.Lease
-	if !l.Exists() || l.HolderIdentity == caller {
+// forParty is the answer to a party's judged message m. The holder sees
+// its lease. A former holder (its late traffic is judged as stale
+// evidence) may read nothing of the generation that replaced its own —
+// GetLease and Evidence refuse it — so its answer says only that it was
+// fenced off (lease.ForFormerHolder): the job, the current generation and
+// its state, and a reason built from its own message and those alone. The
+// evidence row keeps everything.
+func forParty(caller string, m lease.Message, r coordinator.Result) coordinator.Result {
+	if !r.Lease.Exists() || r.Lease.HolderIdentity == caller {
 		return r
 	}
-	withheld := strings.NewReplacer(strconv.Quote(l.LeaseID), "(withheld)", strconv.Quote(l.HolderIdentity), "(withheld)")
-	r.Decision.Reason = withheld.Replace(r.Decision.Reason)
-	r.Lease = lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
+	r.Lease, r.Decision = lease.ForFormerHolder(r.Lease, m, r.Decision)
 	return r
 }
 
@@ -1072,7 +1069,7 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 			}()
 			return
 		case err == nil:
-			r = forParty(p.NodeID(), r)
+			r = forParty(p.NodeID(), m, r)
 		}
 		out.pushResult(correlation, r, err)
 	})
