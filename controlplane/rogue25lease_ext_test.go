@@ -1,10 +1,14 @@
 package controlplane_test
 
 import (
+	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -89,4 +93,66 @@ func TestRogue25AFormerHolderCannotTestWhoHoldsItsJobNow(t *testing.T) {
 			t.Errorf("the answer does not say where the job is: %v", got)
 		}
 	})
+}
+
+// TestRogue25BAMovedJobsNewHolderCannotTestWhoHeldItBefore: once an
+// operator moves a job to another tree, the new tree's agents read the
+// rows of their own generations, with the old tree's agents withheld
+// (rogue15 tests). The old tree's rows were told apart, and its names
+// withheld, by searching each row's reason for the old tree's node ids —
+// the job's owner and former holders — and the reason also quotes what the
+// new holder sent. So the new holder could report, as progress, the id of
+// an agent it suspected had offered or held the job, and read its own
+// evidence: the row was missing where the guess was right (taken for a
+// late message of the old tree), there where it was wrong — and its own
+// reports vanished from its own evidence. Now a row is the old tree's when
+// its sender is, and an old tree's name is withheld where the row names it,
+// not where the new holder's words happen to.
+func TestRogue25BAMovedJobsNewHolderCannotTestWhoHeldItBefore(t *testing.T) {
+	w := newLeaseWorld(t)
+	ctx := context.Background()
+	m := moveAcrossTrees(t, w)
+	b := unary{m.holderC}
+	sent := map[string]string{} // progress value → who it names
+	for i, guess := range []struct{ who, id string }{
+		{"the owner (right)", w.planner},
+		{"the former holder (right)", w.w1},
+		{"an agent of the old tree that never held it (wrong)", w.w2},
+		{"no agent (wrong)", "n_nobody000000000000"},
+	} {
+		_, d := b.send(t, progress(m.l2, uint64(2+i), guess.id))
+		wantDecision(t, "the new holder's progress naming "+guess.who, d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_PROGRESS_RECORDED)
+		sent[guess.id] = guess.who
+	}
+	resp, err := m.holderC.Lease.Evidence(ctx, connect.NewRequest(&tetherv1.EvidenceRequest{JobId: m.job}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := map[string]bool{}
+	for _, r := range resp.Msg.Rows {
+		if r.Message != "progress" || r.ProgressSequence < 2 {
+			continue
+		}
+		for id := range sent {
+			if r.ProgressValue == id && strings.Contains(r.Reason, strconv.Quote(id)) {
+				read[id] = true
+			}
+		}
+	}
+	for id, who := range sent {
+		if !read[id] {
+			t.Errorf("the new holder's own progress naming %s is not in its evidence as it sent it", who)
+		}
+	}
+	// The old tree's names stay withheld where the rows name them, and its
+	// late messages stay out.
+	text := ""
+	for _, r := range resp.Msg.Rows {
+		if r.Message != "progress" || r.ProgressSequence < 2 {
+			text += protojson.Format(r)
+		}
+	}
+	if leaks := leaseLeaks(text, w.w1, w.planner, m.l1.LeaseId, m.lateProgress, m.lateDetail); len(leaks) > 0 {
+		t.Errorf("the new holder reads the old tree's %q", leaks)
+	}
 }
