@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,7 +86,7 @@ func worker[Resp any](ctx context.Context, h *leaseService, build func(holder st
 	case errors.Is(err, errNotParty):
 		res, err = h.judgeForLineage(ctx, p, m)
 	default:
-		res = forParty(p.NodeID(), res)
+		res = forParty(p.NodeID(), m, res)
 	}
 	if err != nil {
 		return nil, toConnect(err)
@@ -121,21 +120,18 @@ func partyGuard(caller string, m lease.Message) func(lease.Lease) error {
 	}
 }
 
-// forParty is the answer to a party's judged message. The holder sees its
-// lease. A former holder (its late traffic is judged as stale evidence)
-// may read nothing of the generation that replaced its own — GetLease and
-// Evidence refuse it — so its answer says only that it was fenced off: the
-// job, the current generation and its state; the reason keeps its
-// judgement but withholds the current lease id and holder. The evidence
-// row keeps everything.
-func forParty(caller string, r coordinator.Result) coordinator.Result {
-	l := r.Lease
-	if !l.Exists() || l.HolderIdentity == caller {
+// forParty is the answer to a party's judged message m. The holder sees
+// its lease. A former holder (its late traffic is judged as stale
+// evidence) may read nothing of the generation that replaced its own —
+// GetLease and Evidence refuse it — so its answer says only that it was
+// fenced off (lease.ForFormerHolder): the job, the current generation and
+// its state, and a reason built from its own message and those alone. The
+// evidence row keeps everything.
+func forParty(caller string, m lease.Message, r coordinator.Result) coordinator.Result {
+	if !r.Lease.Exists() || r.Lease.HolderIdentity == caller {
 		return r
 	}
-	withheld := strings.NewReplacer(strconv.Quote(l.LeaseID), "(withheld)", strconv.Quote(l.HolderIdentity), "(withheld)")
-	r.Decision.Reason = withheld.Replace(r.Decision.Reason)
-	r.Lease = lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
+	r.Lease, r.Decision = lease.ForFormerHolder(r.Lease, m, r.Decision)
 	return r
 }
 
@@ -793,10 +789,20 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 // the rows of the other's generations nor the rows of messages the other
 // tree's agents sent after the move (a former holder's late traffic, judged
 // against the current generation, whose row quotes what it sent); in the
-// other rows, the other tree's agents and lease ids (the generation the
-// move replaced, a settled conflict's claimant) are withheld. So a page may
-// hold fewer rows than asked for, none even, while more follow. An
-// operator reads every row; nothing is deleted.
+// other rows, the other tree's agents and lease ids that the row names (the
+// generation the move replaced, a settled conflict's claimant) are
+// withheld. So a page may hold fewer rows than asked for, none even, while
+// more follow. An operator reads every row; nothing is deleted.
+//
+// Both are decided on what the row says of itself, never on words its
+// senders chose: a worker message is the other tree's when its sender —
+// named `from "<node>"` in the row's reason, as package lease describes a
+// worker message, where no quoted text can forge it — is another tree's
+// agent; and only the names a reason is written with are withheld (the
+// job's owner and former holders never are). Searching the whole reason for every other-tree
+// name the row records let this tree's holder test a guess at who offered
+// or held the job: its own progress naming the right agent vanished from
+// its evidence (rogue25lease test).
 func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []coordinator.Row) ([]coordinator.Row, error) {
 	root, err := h.lineage(ctx, p)
 	if root == "" || err != nil {
@@ -823,11 +829,29 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 			}
 			continue
 		}
-		// Whom the row may name besides its generation's holder, and, when
-		// the lease it was judged against was another tree's (the row that
-		// moved the job), that generation's lease id.
-		foreign = foreign[:0]
 		n := r.Names
+		if r.Message.FromWorker() {
+			// Who sent it: of the agents the row records, the one it
+			// names as the sender.
+			other := false
+			for _, id := range append(n.FormerHolders[:], n.PriorHolder, n.ConflictHolder, n.Owner, n.PriorConflictHolder) {
+				if id == "" || !strings.Contains(r.Reason, " from "+strconv.Quote(id)) {
+					continue
+				}
+				ok, err := inTree(id)
+				if err != nil {
+					return nil, err
+				}
+				other = other || !ok
+			}
+			if other {
+				continue // another tree's agent's message
+			}
+		}
+		// Whom the row's reason is written with besides its generation's
+		// holder, when they are another tree's: the generation the row
+		// replaced (the move) and a conflict's claimant.
+		foreign = foreign[:0]
 		if ok, err := inTree(n.PriorHolder); err != nil {
 			return nil, err
 		} else if !ok {
@@ -836,8 +860,7 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 				foreign = append(foreign, n.PriorLeaseID)
 			}
 		}
-		named := append(n.FormerHolders[:], n.ConflictHolder, n.Owner, n.PriorConflictHolder)
-		for _, id := range named {
+		for _, id := range []string{n.ConflictHolder, n.PriorConflictHolder} {
 			if ok, err := inTree(id); err != nil {
 				return nil, err
 			} else if !ok {
@@ -847,9 +870,6 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 		if len(foreign) == 0 {
 			kept = append(kept, r)
 			continue
-		}
-		if r.Message.FromWorker() && slices.ContainsFunc(foreign, func(id string) bool { return strings.Contains(r.Reason, id) }) {
-			continue // another tree's agent's message
 		}
 		pairs := make([]string, 0, 2*len(foreign))
 		for _, id := range foreign {
@@ -1072,7 +1092,7 @@ func (h *leaseService) submitChannel(ctx context.Context, p auth.Principal, req 
 			}()
 			return
 		case err == nil:
-			r = forParty(p.NodeID(), r)
+			r = forParty(p.NodeID(), m, r)
 		}
 		out.pushResult(correlation, r, err)
 	})

@@ -113,7 +113,9 @@
 //     audit of that rejection. Rows for a job without a lease (UNKNOWN_LEASE)
 //     have no job record to join; keep them in a bounded log.
 //  3. Answer: only after the commit, reply with the decision and the lease
-//     (Decision.Err maps a rejection to a sentinel error for status codes).
+//     (Decision.Err maps a rejection to a sentinel error for status codes);
+//     to a former holder, with ForFormerHolder's view of them, which names
+//     nothing of the generation that replaced its own.
 //
 // Then keep time moving: DeadlineQueue.Sync the lease after each Step, and
 // step a Tick for every job DeadlineQueue.PopDue returns; when ReassignDue
