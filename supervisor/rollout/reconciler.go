@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
@@ -496,7 +497,8 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 		may := mayTake(targets, ancestors[l.Holder])
 		if len(may) == 0 {
 			// Left open (WaitingLeases): a replacement spawned by an
-			// ancestor of the holder, or in a tree an operator registered,
+			// ancestor of the holder or by an operator, or in a tree an
+			// operator registered,
 			// may still become ready; the batch waits for it and pauses at
 			// its deadline.
 			continue
@@ -592,6 +594,10 @@ type replacement struct {
 	// ancestor of.
 	parent string
 	depth  int // its ancestors
+	// byOperator: an operator spawned it, so its labels are an
+	// operator's word (Spawn asks an operator for the role RegisterRoot
+	// does), wherever the operator placed it.
+	byOperator bool
 	// vouched: its tree's root matches the target selector. A root's
 	// labels are an operator's word (only operators register roots); a
 	// spawned agent's are its parent's, so any agent can label a child to
@@ -604,7 +610,8 @@ type replacement struct {
 // rollout's facts' ReadyTarget): every vouched one, and of the others
 // those that reported ready after the rollout started, each standing in
 // for one agent the rollout drained (drained: each such agent's
-// ancestors) that its parent is an ancestor of. A spawned agent's labels
+// ancestors) that its parent is an ancestor of — or any one, when an
+// operator spawned it. A spawned agent's labels
 // are its parent's word, and that word counts for the agents its parent
 // could itself have stopped and replaced: otherwise a rogue labelling its
 // children like replacements, and having them report ready, had the
@@ -624,12 +631,19 @@ func credited(r Rollout, targets []replacement, drained [][]string) int {
 	}
 	// The agents under each parent are a subtree: two parents' are nested
 	// or apart. Matched deepest parent first, a replacement never takes an
-	// agent that one under a shallower parent was the only one for.
-	slices.SortStableFunc(late, func(a, b replacement) int { return b.depth - a.depth })
+	// agent that one under a shallower parent was the only one for; one an
+	// operator spawned may stand in for any, so it is matched last.
+	reach := func(t replacement) int {
+		if t.byOperator {
+			return -1
+		}
+		return t.depth
+	}
+	slices.SortStableFunc(late, func(a, b replacement) int { return reach(b) - reach(a) })
 	taken := make([]bool, len(drained))
 	for _, t := range late {
 		for i, ancestors := range drained {
-			if !taken[i] && slices.Contains(ancestors, t.parent) {
+			if !taken[i] && (t.byOperator || slices.Contains(ancestors, t.parent)) {
 				taken[i] = true
 				n++
 				break
@@ -642,13 +656,13 @@ func credited(r Rollout, targets []replacement, drained [][]string) int {
 // mayTake reports whether a job held by an agent whose ancestors are
 // holderAncestors may be handed to rep: a replacement spawned by an
 // ancestor of the holder (who could have stopped the holder and
-// reassigned the job itself), or in a tree an operator registered as a
-// replacement. Any other agent labelled like a replacement — in another
+// reassigned the job itself), one an operator spawned, or in a tree an
+// operator registered as a replacement. Any other agent labelled like a replacement — in another
 // tree, or a sibling's child in the holder's own — is a stranger to the
 // job: it would gain the job's authority (and its parent the job's
 // coordination) by choosing its child's labels.
 func (rep replacement) mayTake(holderAncestors []string) bool {
-	return rep.vouched || (rep.parent != "" && slices.Contains(holderAncestors, rep.parent))
+	return rep.vouched || rep.byOperator || (rep.parent != "" && slices.Contains(holderAncestors, rep.parent))
 }
 
 // observe reads the rollout's facts from the tree, the terminations and
@@ -708,7 +722,8 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), parent: n.ParentNodeID, depth: len(n.Ancestors), readyAt: n.ReadyAt})
+					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), parent: n.ParentNodeID, depth: len(n.Ancestors),
+						byOperator: n.ParentNodeID != "" && strings.HasPrefix(n.CreatedBy, capability.OperatorPrefix), readyAt: n.ReadyAt})
 					under = append(under, n.Ancestors)
 				}
 				return
