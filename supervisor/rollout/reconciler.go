@@ -640,14 +640,60 @@ func credited(r Rollout, targets []replacement, drained [][]string) int {
 		return t.depth
 	}
 	slices.SortStableFunc(late, func(a, b replacement) int { return reach(b) - reach(a) })
+	return n + standIns(late, drained, nil)
+}
+
+// standIns matches late (in order) to the drained agents (by their
+// ancestors), each once, and returns how many it matched. It reads the
+// drained agents under each replacement's parent only, through an index
+// by ancestor, each at most once per parent: a rogue's thousands of
+// children labelled like replacements cost a lookup each, not a look at
+// every drained agent. steps, when not nil, counts the index entries
+// written and the drained agents looked at.
+func standIns(late []replacement, drained [][]string, steps *int) int {
+	step := func() {
+		if steps != nil {
+			*steps++
+		}
+	}
+	under := map[string][]int{} // the drained agents under each ancestor, in order
+	for i, ancestors := range drained {
+		for _, a := range ancestors {
+			step()
+			under[a] = append(under[a], i)
+		}
+	}
 	taken := make([]bool, len(drained))
+	// next: per parent, the drained agents before it in under[parent]
+	// are taken (taken only ever becomes true); nextAny, the same over
+	// every drained agent, for the replacements an operator spawned.
+	next := map[string]int{}
+	nextAny := 0
+	n := 0
 	for _, t := range late {
-		for i, ancestors := range drained {
-			if !taken[i] && (t.byOperator || slices.Contains(ancestors, t.parent)) {
-				taken[i] = true
-				n++
-				break
+		step()
+		if t.byOperator {
+			for nextAny < len(drained) && taken[nextAny] {
+				step()
+				nextAny++
 			}
+			if nextAny < len(drained) {
+				taken[nextAny] = true
+				n++
+			}
+			continue
+		}
+		agents, i := under[t.parent], next[t.parent]
+		for i < len(agents) && taken[agents[i]] {
+			step()
+			i++
+		}
+		if i < len(agents) {
+			taken[agents[i]] = true
+			n++
+		}
+		if len(agents) > 0 {
+			next[t.parent] = i
 		}
 	}
 	return n

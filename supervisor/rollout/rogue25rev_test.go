@@ -1,6 +1,7 @@
 package rollout
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -33,5 +34,36 @@ func TestRogue25ReviewAnOperatorsReplacementIsMatchedLast(t *testing.T) {
 	}
 	if !byOperator.mayTake([]string{"R", "P"}) {
 		t.Error("a replacement an operator spawned may take a job of any drained agent")
+	}
+}
+
+// TestRogue25ReviewARogueFleetOfReplacementsCostsItsSize: a rogue spawns
+// thousands of children labelled like replacements and has them report
+// ready; none stands in for anyone (their parent is no ancestor of a
+// drained agent). Each observation of the rollout matched every one of
+// them against every drained agent (10,000 × 1,000 drained agents looked
+// at, on every reconcile, with the store's read open); the matching reads
+// the drained agents under each replacement's parent only.
+func TestRogue25ReviewARogueFleetOfReplacementsCostsItsSize(t *testing.T) {
+	const rogues, workers = 10_000, 1_000
+	var drained [][]string
+	for i := range workers {
+		drained = append(drained, []string{"R", fmt.Sprintf("P%d", i%10)})
+	}
+	var late []replacement
+	for i := range 5 {
+		late = append(late, replacement{id: fmt.Sprintf("p%d-v2", i), parent: fmt.Sprintf("P%d", i), depth: 2})
+	}
+	for i := range rogues {
+		late = append(late, replacement{id: fmt.Sprintf("fake-%d", i), parent: "rogue", depth: 2})
+	}
+	steps := 0
+	if n := standIns(late, drained, &steps); n != 5 {
+		t.Fatalf("%d stood in, want the 5 the planners spawned", n)
+	}
+	// The index of drained agents by ancestor (2 each), and at most one
+	// look per replacement and per drained agent under its parent.
+	if limit := 2*workers + len(late) + workers; steps > limit {
+		t.Fatalf("matching %d replacements to %d drained agents looked at %d, want at most %d", len(late), workers, steps, limit)
 	}
 }
