@@ -491,16 +491,16 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	if err != nil {
 		return out, err
 	}
+	may := takers(targets, open, ancestors, nil)
 	offset := r.LeasesHandedOver()
 	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
 	for i, l := range open {
-		may := mayTake(targets, ancestors[l.Holder])
+		may := may[l.Holder]
 		if len(may) == 0 {
 			// Left open (WaitingLeases): a replacement spawned by an
 			// ancestor of the holder or by an operator, or in a tree an
-			// operator registered,
-			// may still become ready; the batch waits for it and pauses at
-			// its deadline.
+			// operator registered, may still become ready; the batch waits
+			// for it and pauses at its deadline.
 			continue
 		}
 		to := may[(offset+i)%len(may)]
@@ -520,16 +520,30 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	return out, nil
 }
 
-// mayTake lists the replacements that may take a job held by an agent
-// whose ancestors are holderAncestors, in order.
-func mayTake(targets []replacement, holderAncestors []string) []string {
-	var may []string
-	for _, t := range targets {
-		if t.mayTake(holderAncestors) {
-			may = append(may, t.id)
+// takers lists, for each holder of open, the replacements that may take
+// its jobs, in order: judged once per holder (who may take a job depends
+// on its holder alone), not per lease — a holder has up to
+// MaxOpenPerHolder open leases, and the replacements may include a rogue's
+// thousands of look-alikes. steps, when not nil, counts the replacements
+// judged.
+func takers(targets []replacement, open []supervisor.HandoverLease, ancestors map[string][]string, steps *int) map[string][]string {
+	out := map[string][]string{}
+	for _, l := range open {
+		if _, ok := out[l.Holder]; ok {
+			continue
 		}
+		var may []string
+		for _, t := range targets {
+			if steps != nil {
+				*steps++
+			}
+			if t.mayTake(ancestors[l.Holder]) {
+				may = append(may, t.id)
+			}
+		}
+		out[l.Holder] = may
 	}
-	return may
+	return out
 }
 
 // ancestorsOf reads the ancestors of each lease holder (none when the
@@ -859,8 +873,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			if err != nil {
 				return f, nil, err
 			}
+			may := takers(targets, open, ancestors, nil)
 			for _, l := range open {
-				if len(mayTake(targets, ancestors[l.Holder])) > 0 {
+				if len(may[l.Holder]) > 0 {
 					bf.OpenLeases++
 				} else {
 					bf.WaitingLeases++

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/tetherhq/tether/supervisor"
 )
 
 // TestRogue25ReviewAnOperatorsReplacementIsMatchedLast: a replacement an
@@ -65,5 +67,37 @@ func TestRogue25ReviewARogueFleetOfReplacementsCostsItsSize(t *testing.T) {
 	// look per replacement and per drained agent under its parent.
 	if limit := 2*workers + len(late) + workers; steps > limit {
 		t.Fatalf("matching %d replacements to %d drained agents looked at %d, want at most %d", len(late), workers, steps, limit)
+	}
+}
+
+// TestRogue25ReviewWhoMayTakeAJobIsJudgedOncePerHolder: which replacements
+// may take a drained agent's job depends on its holder alone. It was judged
+// for every open lease — up to 4,096 per holder by default — against every
+// ready replacement, a rogue's thousands of look-alikes included, on every
+// observation of a batch being handed over; it is judged once per holder.
+func TestRogue25ReviewWhoMayTakeAJobIsJudgedOncePerHolder(t *testing.T) {
+	const holders, leasesEach, rogues = 10, 400, 1_000
+	ancestors := map[string][]string{}
+	var open []supervisor.HandoverLease
+	for h := range holders {
+		holder := fmt.Sprintf("w%d", h)
+		ancestors[holder] = []string{"R", "P"}
+		for j := range leasesEach {
+			open = append(open, supervisor.HandoverLease{JobID: fmt.Sprintf("%s-job-%d", holder, j), Holder: holder})
+		}
+	}
+	targets := []replacement{{id: "p-v2", parent: "P", depth: 2}}
+	for i := range rogues {
+		targets = append(targets, replacement{id: fmt.Sprintf("fake-%d", i), parent: "rogue", depth: 2})
+	}
+	steps := 0
+	may := takers(targets, open, ancestors, &steps)
+	for holder := range ancestors {
+		if got := may[holder]; len(got) != 1 || got[0] != "p-v2" {
+			t.Fatalf("%s's jobs may go to %v, want [p-v2]", holder, got)
+		}
+	}
+	if limit := holders * len(targets); steps > limit {
+		t.Fatalf("judging who may take %d leases of %d holders among %d replacements took %d steps, want at most %d", len(open), holders, len(targets), steps, limit)
 	}
 }
