@@ -133,8 +133,17 @@ func TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores(t *testing.T)
 				got = filed(proc)
 				return len(got[steps]) > 0 && len(got[cost]) > 0
 			})
-			// The evaluator has judged the worker since it filed them; a
-			// rule filing twice would have done so by now.
+			// Judge the worker once more with both rules still true: the
+			// planner's rule added now fires on the same report, and the
+			// evaluator judges a node's agents' rules after its operators'
+			// (in the same evaluation or the phase after), so once it has
+			// filed, an operator's rule filing twice would have done so.
+			marker := add(proc.Clients(planner.Msg.Credential), &tetherv1.AddStopRuleRequest{NodeId: workerID, Name: "marker", Expression: `self_reported.?marker.orValue(0.0) >= 1.0`})
+			report(proc, map[string]float64{"steps": 4, "cost": 12, "marker": 1})
+			testserver.WaitFor(t, 30*time.Second, "the marker rule to file", func() bool {
+				got = filed(proc)
+				return len(got[marker]) > 0
+			})
 			if len(got[steps]) != 1 || len(got[cost]) != 1 || len(got[spawned]) != 1 {
 				t.Fatalf("after kill -9: %d steps, %d cost and %d no-children proposals, want one each", len(got[steps]), len(got[cost]), len(got[spawned]))
 			}

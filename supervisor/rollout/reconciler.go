@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/reconcile"
@@ -490,15 +491,16 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	if err != nil {
 		return out, err
 	}
+	may := takers(targets, open, ancestors, nil)
 	offset := r.LeasesHandedOver()
 	reason := fmt.Sprintf("rollout %s batch %d: %s replaced by %s", r.ID, b.Index, r.Selector, r.TargetSelector)
 	for i, l := range open {
-		may := mayTake(targets, ancestors[l.Holder])
+		may := may[l.Holder]
 		if len(may) == 0 {
 			// Left open (WaitingLeases): a replacement spawned by an
-			// ancestor of the holder, or in a tree an operator registered,
-			// may still become ready; the batch waits for it and pauses at
-			// its deadline.
+			// ancestor of the holder or by an operator, or in a tree an
+			// operator registered, may still become ready; the batch waits
+			// for it and pauses at its deadline.
 			continue
 		}
 		to := may[(offset+i)%len(may)]
@@ -518,16 +520,30 @@ func (rs *Rollouts) handOver(ctx context.Context, r Rollout, step RolloutStep, t
 	return out, nil
 }
 
-// mayTake lists the replacements that may take a job held by an agent
-// whose ancestors are holderAncestors, in order.
-func mayTake(targets []replacement, holderAncestors []string) []string {
-	var may []string
-	for _, t := range targets {
-		if t.mayTake(holderAncestors) {
-			may = append(may, t.id)
+// takers lists, for each holder of open, the replacements that may take
+// its jobs, in order: judged once per holder (who may take a job depends
+// on its holder alone), not per lease — a holder has up to
+// MaxOpenPerHolder open leases, and the replacements may include a rogue's
+// thousands of look-alikes. steps, when not nil, counts the replacements
+// judged.
+func takers(targets []replacement, open []supervisor.HandoverLease, ancestors map[string][]string, steps *int) map[string][]string {
+	out := map[string][]string{}
+	for _, l := range open {
+		if _, ok := out[l.Holder]; ok {
+			continue
 		}
+		var may []string
+		for _, t := range targets {
+			if steps != nil {
+				*steps++
+			}
+			if t.mayTake(ancestors[l.Holder]) {
+				may = append(may, t.id)
+			}
+		}
+		out[l.Holder] = may
 	}
-	return may
+	return out
 }
 
 // ancestorsOf reads the ancestors of each lease holder (none when the
@@ -592,6 +608,10 @@ type replacement struct {
 	// ancestor of.
 	parent string
 	depth  int // its ancestors
+	// byOperator: an operator spawned it, so its labels are an
+	// operator's word (Spawn asks an operator for the role RegisterRoot
+	// does), wherever the operator placed it.
+	byOperator bool
 	// vouched: its tree's root matches the target selector. A root's
 	// labels are an operator's word (only operators register roots); a
 	// spawned agent's are its parent's, so any agent can label a child to
@@ -604,7 +624,8 @@ type replacement struct {
 // rollout's facts' ReadyTarget): every vouched one, and of the others
 // those that reported ready after the rollout started, each standing in
 // for one agent the rollout drained (drained: each such agent's
-// ancestors) that its parent is an ancestor of. A spawned agent's labels
+// ancestors) that its parent is an ancestor of — or any one, when an
+// operator spawned it. A spawned agent's labels
 // are its parent's word, and that word counts for the agents its parent
 // could itself have stopped and replaced: otherwise a rogue labelling its
 // children like replacements, and having them report ready, had the
@@ -624,16 +645,69 @@ func credited(r Rollout, targets []replacement, drained [][]string) int {
 	}
 	// The agents under each parent are a subtree: two parents' are nested
 	// or apart. Matched deepest parent first, a replacement never takes an
-	// agent that one under a shallower parent was the only one for.
-	slices.SortStableFunc(late, func(a, b replacement) int { return b.depth - a.depth })
+	// agent that one under a shallower parent was the only one for; one an
+	// operator spawned may stand in for any, so it is matched last.
+	reach := func(t replacement) int {
+		if t.byOperator {
+			return -1
+		}
+		return t.depth
+	}
+	slices.SortStableFunc(late, func(a, b replacement) int { return reach(b) - reach(a) })
+	return n + standIns(late, drained, nil)
+}
+
+// standIns matches late (in order) to the drained agents (by their
+// ancestors), each once, and returns how many it matched. It reads the
+// drained agents under each replacement's parent only, through an index
+// by ancestor, each at most once per parent: a rogue's thousands of
+// children labelled like replacements cost a lookup each, not a look at
+// every drained agent. steps, when not nil, counts the index entries
+// written and the drained agents looked at.
+func standIns(late []replacement, drained [][]string, steps *int) int {
+	step := func() {
+		if steps != nil {
+			*steps++
+		}
+	}
+	under := map[string][]int{} // the drained agents under each ancestor, in order
+	for i, ancestors := range drained {
+		for _, a := range ancestors {
+			step()
+			under[a] = append(under[a], i)
+		}
+	}
 	taken := make([]bool, len(drained))
+	// next: per parent, the drained agents before it in under[parent]
+	// are taken (taken only ever becomes true); nextAny, the same over
+	// every drained agent, for the replacements an operator spawned.
+	next := map[string]int{}
+	nextAny := 0
+	n := 0
 	for _, t := range late {
-		for i, ancestors := range drained {
-			if !taken[i] && slices.Contains(ancestors, t.parent) {
-				taken[i] = true
-				n++
-				break
+		step()
+		if t.byOperator {
+			for nextAny < len(drained) && taken[nextAny] {
+				step()
+				nextAny++
 			}
+			if nextAny < len(drained) {
+				taken[nextAny] = true
+				n++
+			}
+			continue
+		}
+		agents, i := under[t.parent], next[t.parent]
+		for i < len(agents) && taken[agents[i]] {
+			step()
+			i++
+		}
+		if i < len(agents) {
+			taken[agents[i]] = true
+			n++
+		}
+		if len(agents) > 0 {
+			next[t.parent] = i
 		}
 	}
 	return n
@@ -642,13 +716,13 @@ func credited(r Rollout, targets []replacement, drained [][]string) int {
 // mayTake reports whether a job held by an agent whose ancestors are
 // holderAncestors may be handed to rep: a replacement spawned by an
 // ancestor of the holder (who could have stopped the holder and
-// reassigned the job itself), or in a tree an operator registered as a
-// replacement. Any other agent labelled like a replacement — in another
+// reassigned the job itself), one an operator spawned, or in a tree an
+// operator registered as a replacement. Any other agent labelled like a replacement — in another
 // tree, or a sibling's child in the holder's own — is a stranger to the
 // job: it would gain the job's authority (and its parent the job's
 // coordination) by choosing its child's labels.
 func (rep replacement) mayTake(holderAncestors []string) bool {
-	return rep.vouched || (rep.parent != "" && slices.Contains(holderAncestors, rep.parent))
+	return rep.vouched || rep.byOperator || (rep.parent != "" && slices.Contains(holderAncestors, rep.parent))
 }
 
 // observe reads the rollout's facts from the tree, the terminations and
@@ -708,7 +782,8 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			}
 			if tree.MatchLabels(n.Labels, to) {
 				if isReady(n) {
-					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), parent: n.ParentNodeID, depth: len(n.Ancestors), readyAt: n.ReadyAt})
+					targets = append(targets, replacement{id: n.NodeID, root: tree.Root(n), parent: n.ParentNodeID, depth: len(n.Ancestors),
+						byOperator: n.ParentNodeID != "" && strings.HasPrefix(n.CreatedBy, capability.OperatorPrefix), readyAt: n.ReadyAt})
 					under = append(under, n.Ancestors)
 				}
 				return
@@ -798,8 +873,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 			if err != nil {
 				return f, nil, err
 			}
+			may := takers(targets, open, ancestors, nil)
 			for _, l := range open {
-				if len(mayTake(targets, ancestors[l.Holder])) > 0 {
+				if len(may[l.Holder]) > 0 {
 					bf.OpenLeases++
 				} else {
 					bf.WaitingLeases++

@@ -224,8 +224,8 @@ type BatchFacts struct {
 	ConflictedLeases int
 	// WaitingLeases: open leases held by the batch's members that no ready
 	// replacement may take (none spawned by an ancestor of the job's
-	// holder, none in a tree an operator registered with the target
-	// labels). The batch is not done
+	// holder or by an operator, none in a tree an operator registered
+	// with the target labels). The batch is not done
 	// while any is left, and at its deadline the rollout pauses saying so:
 	// a job is never handed to an agent outside its lineage that merely
 	// labelled itself a replacement.
@@ -403,7 +403,7 @@ func missedDeadline(r Rollout, b RolloutBatch, f RolloutFacts, replacements int)
 		waiting = append(waiting, fmt.Sprintf("%d leases are not handed over yet", open))
 	}
 	if w := f.Batches[b.Index].WaitingLeases; w > 0 {
-		waiting = append(waiting, fmt.Sprintf("%d leases wait for a ready replacement spawned by an ancestor of their holder or in a tree registered with labels %q", w, r.TargetSelector))
+		waiting = append(waiting, fmt.Sprintf("%d leases wait for a ready replacement spawned by an ancestor of their holder or by an operator, or in a tree registered with labels %q", w, r.TargetSelector))
 	}
 	if conflicted := f.Batches[b.Index].ConflictedLeases; conflicted > 0 {
 		waiting = append(waiting, fmt.Sprintf("%d leases have an unresolved ownership conflict and cannot be handed over; resolve them (lease reassign or resolve)", conflicted))

@@ -166,6 +166,9 @@ type Coordinator struct {
 	cfg    Config
 	shards []*shard
 	seed   maphash.Seed
+	// countReads counts what CountHeldBy's shards read to answer: a
+	// stop rule asks on every evaluation of a node.
+	countReads atomic.Int64
 
 	// door guards handing ops to the shards against the end of a run:
 	// senders hold it shared, Run takes it exclusively to stop serving, so
@@ -745,8 +748,10 @@ func (c *Coordinator) List(ctx context.Context, holder, after string, limit int)
 }
 
 // CountHeldBy counts the durable leases holder holds, by state: every one
-// of them, read from each shard's index by holder without copying or
-// sorting them (a stop rule's observed.leases_held). List's pages are no
+// of them, from the counts each shard keeps by holder and state as its
+// leases change (a stop rule's observed.leases_held, asked on every
+// evaluation of the node: it costs a few numbers per shard, not a read of
+// the holder's leases, finished ones included). List's pages are no
 // substitute: a count of the first page was a count of the leases whose
 // job ids sort first, and a coordinator choosing its workers' job ids
 // chose which of their leases were counted.

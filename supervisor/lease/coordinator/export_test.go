@@ -177,6 +177,9 @@ func SetApplyWindow(t interface{ Cleanup(func()) }, n int) {
 	t.Cleanup(func() { applyWindow = was })
 }
 
+// CountReads is how many entries CountHeldBy's shards have read.
+func (c *Coordinator) CountReads() int64 { return c.countReads.Load() }
+
 // HoldersRemembered is how many holders the bounds remember an account
 // of.
 func (c *Coordinator) HoldersRemembered() int {

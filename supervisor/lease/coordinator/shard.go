@@ -139,6 +139,12 @@ type shard struct {
 	// itself) reads the holder's jobs, not every job of every tree on the
 	// goroutine that judges them.
 	held holderIndex
+	// heldStates counts the durable leases in held by holder and state
+	// (setDurable keeps it), so that a count of a holder's leases
+	// (opCount: a stop rule's observed.leases_held, asked on every
+	// evaluation of the node) reads a few numbers, not the holder's
+	// leases, whose finished ones stay under it.
+	heldStates map[string]map[lease.State]int
 	// judged indexes every job by the holder of its judged (pending)
 	// lease (setPending keeps it), so that a termination's cancel and
 	// finalize of its nodes' leases (opHeldBy) read those nodes' jobs,
@@ -192,6 +198,7 @@ func (s *shard) reset(term uint64) {
 	s.term = term
 	s.leases = make(map[string]*entry)
 	s.held = make(holderIndex)
+	s.heldStates = make(map[string]map[lease.State]int)
 	s.judged = make(holderIndex)
 	s.deadlines = lease.DeadlineQueue{}
 	s.recover = nil
@@ -219,6 +226,12 @@ func (s *shard) load(r record, checkpoint uint64) {
 func (s *shard) setDurable(e *entry, l lease.Lease) {
 	before, after := e.durable, l
 	e.durable = l
+	if before.Exists() {
+		s.countHeld(before, -1)
+	}
+	if after.Exists() {
+		s.countHeld(after, 1)
+	}
 	if before.Exists() == after.Exists() && before.HolderIdentity == after.HolderIdentity {
 		return
 	}
@@ -227,6 +240,21 @@ func (s *shard) setDurable(e *entry, l lease.Lease) {
 	}
 	if after.Exists() {
 		s.held.add(after.HolderIdentity, e)
+	}
+}
+
+// countHeld adds n to the count of l's holder's leases in l's state.
+func (s *shard) countHeld(l lease.Lease, n int) {
+	states := s.heldStates[l.HolderIdentity]
+	if states == nil {
+		states = make(map[lease.State]int)
+		s.heldStates[l.HolderIdentity] = states
+	}
+	if states[l.State] += n; states[l.State] <= 0 {
+		delete(states, l.State)
+		if len(states) == 0 {
+			delete(s.heldStates, l.HolderIdentity)
+		}
 	}
 }
 
@@ -482,9 +510,10 @@ func (s *shard) handle(o op) {
 		o.list(out, nil)
 	case opCount:
 		s.takeFinished()
-		counts := map[lease.State]int{}
-		for _, e := range s.held[o.holder] {
-			counts[e.durable.State]++
+		counts := make(map[lease.State]int, len(s.heldStates[o.holder]))
+		for state, n := range s.heldStates[o.holder] {
+			s.c.countReads.Add(1)
+			counts[state] = n
 		}
 		o.counts(counts, nil)
 	case opHeldBy:
