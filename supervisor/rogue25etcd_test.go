@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -46,8 +47,16 @@ func spawnTen(t *testing.T, tr *tree.Tree) []string {
 func deliverNodes(t *testing.T, s *Supervisor, w store.Watcher, ids []string) {
 	t.Helper()
 	seen := map[string]bool{}
+	guard := time.NewTimer(time.Minute) // against a hang only
+	defer guard.Stop()
 	for len(seen) < len(ids) {
-		batch, ok := <-w.Events()
+		var batch []store.Event
+		var ok bool
+		select {
+		case batch, ok = <-w.Events():
+		case <-guard.C:
+			t.Fatalf("the node watch delivered %d of the %d nodes written", len(seen), len(ids))
+		}
 		if !ok {
 			t.Fatal("the node watch ended")
 		}
