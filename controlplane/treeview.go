@@ -44,6 +44,11 @@ func (g grantTree) PrefetchNodesIn(tx store.ReadTxn, nodeIDs []string) error {
 	return g.t.PrefetchNodesIn(tx, nodeIDs)
 }
 
+// NodeKeys names the holders' keys, so that a revocation fetches them
+// with its grants (grantstore reads them in the same request when the
+// Tree has it).
+func (g grantTree) NodeKeys(nodeIDs []string) [][]byte { return g.t.NodeKeys(nodeIDs) }
+
 // StopCoveringIn describes the stop covering the running node n before
 // its mark reaches it (tree.CoveringStopIn: a stopping ancestor, or a stop
 // requested on n or an ancestor), or "" (grantstore.StopCoverer).

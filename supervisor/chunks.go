@@ -642,13 +642,19 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 		return err
 	}
 	var wrote []*tree.Node
+	var kept map[string]keptNode
 	if plan != nil {
+		// The nodes as the watch delivered them, taken before await
+		// turns them into placeholders for this chunk's own writes.
+		kept = s.nodes.kept(plan.kids)
 		s.nodes.await(plan.kids)
 		defer s.nodes.settle(plan.kids)
 	}
 	var advanced Termination // as the mark's last chunk wrote it
+	attempts := 0
 	err = s.Store.Update(ctx, func(tx store.Txn) error {
 		handedOver, done, wrote, advanced = nil, false, nil, Termination{}
+		attempts++
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
@@ -698,7 +704,13 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			if plan == nil || plan.from != t.Cursor {
 				return nil
 			}
-			if err := c.list(plan.kids, plan.leaves); err != nil {
+			// On the first attempt the nodes the watch delivered are
+			// checked by their revision at the commit, not read.
+			var value func(string) (keptNode, bool)
+			if attempts == 1 && len(kept) > 0 {
+				value = func(id string) (keptNode, bool) { k, ok := kept[id]; return k, ok }
+			}
+			if err := c.list(plan.kids, plan.leaves, value); err != nil {
 				return err
 			}
 			if t.Counts.Listed != plan.listed {
@@ -938,21 +950,25 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 // (leaves) must say the same on its node, as the spawn of its first child
 // notes both in one transaction; else the chunk stops (errChildNotesStale)
 // before it marks anything.
-func (c *markChunk) list(kids []string, leaves map[string]bool) error {
+func (c *markChunk) list(kids []string, leaves map[string]bool, value func(string) (keptNode, bool)) error {
 	t, tx := c.t, c.tx
-	if err := store.Prefetch(tx, store.KeysOf(kids, tree.NodeKey), nil); err != nil {
-		return err
-	}
 	roots := t.RootIDs()
+	if len(roots) > 1 {
+		// A root inside another root's subtree: listed as a root.
+		kids = slices.DeleteFunc(slices.Clone(kids), func(kid string) bool { return slices.Contains(roots, kid) })
+	}
+	// Read, or taken as the watch delivered them (value) and checked at
+	// the commit (nodeCache).
+	got, err := nodesFrom(tx, kids, value != nil, value)
+	if err != nil {
+		return fmt.Errorf("supervisor: the mark's nodes: %w", err)
+	}
 	nodes := make([]*tree.Node, 0, len(kids))
 	var withCalls, withEnded []string
 	for _, kid := range kids {
-		if len(roots) > 1 && slices.Contains(roots, kid) {
-			continue // a root inside another root's subtree: listed as a root
-		}
-		n, err := tree.GetNodeIn(tx, kid)
-		if err != nil {
-			return fmt.Errorf("supervisor: child index names %s: %w", kid, err)
+		n := got[kid]
+		if n == nil {
+			return fmt.Errorf("supervisor: child index names %s: %w", kid, store.ErrNotFound)
 		}
 		if leaves[kid] && n.Holds.May(tree.HoldsChildren) {
 			return errChildNotesStale
@@ -965,7 +981,6 @@ func (c *markChunk) list(kids []string, leaves map[string]bool) error {
 			withEnded = append(withEnded, kid)
 		}
 	}
-	var err error
 	if c.calls, c.ended, err = ledger.OpenAndEndedCallsOf(tx, withCalls, withEnded); err != nil {
 		return err
 	}

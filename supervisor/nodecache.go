@@ -38,15 +38,28 @@ import (
 // the mark's commit, not seen by the watch, is checked by its value as
 // before.
 //
+// The mark takes nodes from here too. It read every node of a chunk (a
+// range each, then compared at its commit) though the same watch had
+// delivered each node's latest write: on a backend that checks revisions
+// at the commit (store.ChecksRevisions), every node the watch delivers is
+// kept, with its revision (admit), and the mark's chunk checks the
+// revision of a kept node at its commit instead of reading it; a node
+// written since (an event not applied yet) fails the check, and the next
+// attempt reads every node. The chunk takes the kept values before it
+// notes the nodes it will write (await), which turns them back into
+// placeholders for the chunk's own writes.
+//
 // It is used only on a backend that checks Expect at the commit (etcd;
 // Badger reads locally, and a read costs it less than the comparison),
 // only on an Update's first attempt, and only while the reconcile loop's
 // watches run (reset, on their Scan, turns it on and drops what it kept).
-// It is bounded (maxKeptNodes values); a node not kept is read.
+// It is bounded (maxKeptNodes values): a node the watch delivers when it
+// is full takes the place of one kept (any: a node not kept is read).
 type nodeCache struct {
 	mu       sync.Mutex
 	watching bool
 	used     bool                // a mark kept nodes here (the backend checks Expect at the commit)
+	admit    bool                // keep every node the watch delivers (the backend checks revisions at the commit)
 	nodes    map[string]keptNode // node id → its stored value
 }
 
@@ -68,11 +81,15 @@ const maxExpectBytes = 256 << 10
 var nodeKeyPrefix = tree.NodePrefix
 
 // reset turns the cache on (the loop's watches are established) and drops
-// what it kept.
-func (c *nodeCache) reset() {
+// what it kept; on a store that checks revisions at the commit it keeps
+// every node its watch delivers from now on.
+func (c *nodeCache) reset(st store.Store) {
+	admit := st != nil && store.ChecksRevisions(st)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.watching = true
+	c.admit = admit
+	c.used = c.used || admit
 	c.nodes = nil
 }
 
@@ -91,12 +108,13 @@ func (c *nodeCache) await(ids []string) {
 		c.nodes = make(map[string]keptNode)
 	}
 	for _, id := range ids {
-		if len(c.nodes) >= maxKeptNodes {
+		if _, ok := c.nodes[id]; !ok && len(c.nodes) >= maxKeptNodes {
 			return
 		}
-		if _, ok := c.nodes[id]; !ok {
-			c.nodes[id] = keptNode{}
-		}
+		// A value kept from before (admit) is the chunk's to check, taken
+		// already (kept): from here on the entry waits for the chunk's
+		// own write.
+		c.nodes[id] = keptNode{}
 	}
 }
 
@@ -161,8 +179,11 @@ func (c *nodeCache) forget(ids []string) {
 func (c *nodeCache) apply(batch []store.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if len(c.nodes) == 0 {
+	if len(c.nodes) == 0 && !c.admit {
 		return
+	}
+	if c.nodes == nil {
+		c.nodes = make(map[string]keptNode)
 	}
 	for _, ev := range batch {
 		key := string(ev.Key)
@@ -171,7 +192,15 @@ func (c *nodeCache) apply(batch []store.Event) {
 		}
 		id := key[len(nodeKeyPrefix):]
 		if _, ok := c.nodes[id]; !ok {
-			continue
+			if !c.admit || ev.Type != store.EventPut {
+				continue
+			}
+			if len(c.nodes) >= maxKeptNodes {
+				for other := range c.nodes {
+					delete(c.nodes, other) // any one: it will be read
+					break
+				}
+			}
 		}
 		if ev.Type == store.EventPut {
 			c.nodes[id] = keptNode{value: ev.Value, rev: ev.Revision}
@@ -188,18 +217,40 @@ func (c *nodeCache) value(id string) (keptNode, bool) {
 	return k, ok && k.value != nil
 }
 
+// kept returns the values kept for ids (those with one), for a mark's
+// chunk to take before await turns them into placeholders.
+func (c *nodeCache) kept(ids []string) map[string]keptNode {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.admit || len(c.nodes) == 0 {
+		return nil
+	}
+	out := make(map[string]keptNode, len(ids))
+	for _, id := range ids {
+		if k, ok := c.nodes[id]; ok && k.value != nil && k.rev != 0 {
+			out[id] = k
+		}
+	}
+	return out
+}
+
 // nodesIn reads the nodes ids in tx, taking those kept here on trust
 // (checked at the commit, store.Expect) when first says this is the
 // Update's first attempt and the backend checks Expect at the commit.
 func (c *nodeCache) nodesIn(tx store.ReadTxn, ids []string, first bool) (map[string]*tree.Node, error) {
+	return nodesFrom(tx, ids, first, c.value)
+}
+
+// nodesFrom is nodesIn with the kept values given by value.
+func nodesFrom(tx store.ReadTxn, ids []string, first bool, value func(string) (keptNode, bool)) (map[string]*tree.Node, error) {
 	out := make(map[string]*tree.Node, len(ids))
 	rest := ids
-	if _, expects := tx.(store.Expecter); first && expects {
+	if _, expects := tx.(store.Expecter); first && expects && value != nil {
 		rest = nil
 		budget := maxExpectBytes
 		revs, byRev := tx.(store.RevisionExpecter)
 		for _, id := range ids {
-			k, ok := c.value(id)
+			k, ok := value(id)
 			b := k.value
 			byRev := byRev && k.rev != 0
 			if !ok || (!byRev && len(b) > budget) {

@@ -34,7 +34,7 @@ func TestTheRecordChecksTheNodesTheMarkKeptAtItsCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c nodeCache
-	c.reset()
+	c.reset(nil)
 	c.keep([]*tree.Node{same, changed})
 	confirmed := *changed
 	confirmed.ExitConfirmedBy = "agent"
@@ -112,7 +112,7 @@ func TestTheRecordChecksAKeptNodeByTheRevisionItsWatchDelivered(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c nodeCache
-	c.reset()
+	c.reset(nil)
 	c.keep([]*tree.Node{same, rewritten})
 	for seen := 0; seen < 2; {
 		batch := <-w.Events()
@@ -169,7 +169,7 @@ func TestAKeptNodeTakesTheRevisionOfAWriteDeliveredBeforeItsCommitReturned(t *te
 		t.Fatal(err)
 	}
 	var c nodeCache
-	c.reset()
+	c.reset(nil)
 	root := &tree.Node{NodeID: "n_root", State: tree.NodeStateAborting, TerminationID: "t_1"}
 	c.keep([]*tree.Node{root}) // the roots' chunk: the cache is in use from here on
 	n := &tree.Node{NodeID: "n_1", Name: "n_1", State: tree.NodeStateAborting, TerminationID: "t_1", Holds: tree.HoldsTracked}

@@ -29,7 +29,7 @@ func (s *Supervisor) loop() *reconcile.Loop {
 				// every change of a call (what was kept before may have
 				// missed some).
 				s.calls.reset()
-				s.nodes.reset()
+				s.nodes.reset(s.Store)
 				ts, err := s.unfinished(ctx)
 				if err != nil {
 					return nil, err

@@ -308,9 +308,9 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 			return err
 		}
 		reads := newReader(tx)
-		// The grants, then their chains: on etcd a request each, not a
-		// round trip per grant.
-		if err := prefetchGrants(tx, reads, ids); err != nil {
+		// The grants (and the feed's head, read below), then their
+		// chains: on etcd a request each, not a round trip per grant.
+		if err := prefetchGrants(tx, reads, ids, feedHeadKey); err != nil {
 			return err
 		}
 		var chains []string
@@ -415,8 +415,8 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 
 // prefetchGrants fetches together the grants of ids that reads has not
 // read yet (store.Prefetch).
-func prefetchGrants(tx store.ReadTxn, reads *reader, ids []string) error {
-	var keys [][]byte
+func prefetchGrants(tx store.ReadTxn, reads *reader, ids []string, also ...[]byte) error {
+	keys := also
 	for _, id := range ids {
 		if _, ok := reads.seen[id]; !ok {
 			keys = append(keys, grantKey(id))
@@ -431,10 +431,18 @@ type nodePrefetcher interface {
 	PrefetchNodesIn(tx store.ReadTxn, nodeIDs []string) error
 }
 
+// nodeKeyer is a Tree that names the store keys of its nodes, so that
+// a revocation fetches its holders with its own reads (the supervisor's
+// tree does).
+type nodeKeyer interface {
+	NodeKeys(nodeIDs []string) [][]byte
+}
+
 // prefetchRevocations fetches together what revoking grants reads of
 // each (writeRevocations): the grant, its holder (the tombstone's
 // lineage), its children (whether it needs a marking job) and the feed's
-// head — on etcd one request, not a round trip per grant.
+// head — on etcd one request, not a round trip per grant, and the
+// holders in the same request when the Tree names their keys.
 func (s *Service) prefetchRevocations(tx store.ReadTxn, grants []capability.Grant) error {
 	keys := [][]byte{feedHeadKey}
 	prefixes := make([][]byte, 0, len(grants))
@@ -443,6 +451,9 @@ func (s *Service) prefetchRevocations(tx store.ReadTxn, grants []capability.Gran
 		keys = append(keys, grantKey(g.GrantID))
 		prefixes = append(prefixes, childPrefix(g.GrantID))
 		holders = append(holders, g.HolderNodeID)
+	}
+	if k, ok := s.cfg.Tree.(nodeKeyer); ok {
+		return store.Prefetch(tx, append(keys, k.NodeKeys(holders)...), prefixes)
 	}
 	if err := store.Prefetch(tx, keys, prefixes); err != nil {
 		return err

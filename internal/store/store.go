@@ -245,6 +245,23 @@ type RevisionExpecter interface {
 	ExpectRevision(key []byte, rev uint64) (bool, error)
 }
 
+// RevisionChecker is implemented by a backend whose Update transactions
+// are RevisionExpecters that check ExpectRevision inside the commit on an
+// Update's first attempt (etcd): there a value kept from a watch, with its
+// event's Revision, can stand in for a read. Callers use ChecksRevisions.
+type RevisionChecker interface {
+	ChecksRevisionsAtCommit() bool
+}
+
+// ChecksRevisions reports whether s checks ExpectRevision at the commit
+// (RevisionChecker). On a backend that does not (Badger reads locally, and
+// a read costs it less than a comparison), keeping values to expect them
+// costs memory and saves nothing.
+func ChecksRevisions(s Store) bool {
+	c, ok := s.(RevisionChecker)
+	return ok && c.ChecksRevisionsAtCommit()
+}
+
 // ErrStopScan ends a Scan early without an error.
 var ErrStopScan = fault.New(fault.Internal, "store: stop scan")
 

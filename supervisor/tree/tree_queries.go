@@ -23,12 +23,12 @@ func (t *Tree) SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 // NodeNotFound reports whether err wraps ErrNodeNotFound.
 func (t *Tree) NodeNotFound(err error) bool { return errors.Is(err, ErrNodeNotFound) }
 
+// NodeKeys names the store keys of the nodes, for a caller that fetches
+// them with its own reads (a revocation, with its grants).
+func (t *Tree) NodeKeys(nodeIDs []string) [][]byte { return store.KeysOf(nodeIDs, nodeKey) }
+
 // PrefetchNodesIn fetches the nodes together ahead of GetNodeIn
 // (store.Prefetch): on etcd one request for many, not a round trip each.
 func (t *Tree) PrefetchNodesIn(tx store.ReadTxn, nodeIDs []string) error {
-	keys := make([][]byte, len(nodeIDs))
-	for i, id := range nodeIDs {
-		keys[i] = nodeKey(id)
-	}
-	return store.Prefetch(tx, keys, nil)
+	return store.Prefetch(tx, t.NodeKeys(nodeIDs), nil)
 }

@@ -245,6 +245,10 @@ func (s *Etcd) Client() *clientv3.Client { return s.client }
 // scan nor watch. Leader elections live there.
 func (s *Etcd) MetadataPrefix(name string) string { return s.keys.reserved(name) }
 
+// ChecksRevisionsAtCommit reports that an Update's first attempt checks
+// ExpectRevision inside its commit (store.RevisionChecker).
+func (s *Etcd) ChecksRevisionsAtCommit() bool { return true }
+
 // enter registers a View, Update or Watch, which calls s.active.Done when
 // it returns, or says why it may not start: ctx ended, or the store is
 // closed.
