@@ -53,14 +53,16 @@ import (
 // Badger reads locally, and a read costs it less than the comparison),
 // only on an Update's first attempt, and only while the reconcile loop's
 // watches run (reset, on their Scan, turns it on and drops what it kept).
-// It is bounded (maxKeptNodes values): a node the watch delivers when it
-// is full takes the place of one kept (any: a node not kept is read).
+// It is bounded (maxKeptNodes values, maxKeptBytes of them): a node the
+// watch delivers when it is full takes the place of kept ones (any: a node
+// not kept is read).
 type nodeCache struct {
 	mu       sync.Mutex
 	watching bool
 	used     bool                // a mark kept nodes here (the backend checks Expect at the commit)
 	admit    bool                // keep every node the watch delivers (the backend checks revisions at the commit)
 	nodes    map[string]keptNode // node id → its stored value
+	bytes    int                 // keptCost of every entry of nodes
 }
 
 // keptNode is a kept node's stored value and, once the watch delivered
@@ -72,6 +74,68 @@ type keptNode struct {
 
 // maxKeptNodes bounds the nodes kept (a few hundred bytes each).
 const maxKeptNodes = 1 << 16
+
+// maxKeptBytes bounds the memory the kept nodes take (keptCost): a node
+// is a few hundred bytes, but one spawned with every label the tree
+// allows is about 5 KB, and on etcd every node the watch delivers is
+// kept, so a rogue's large nodes would otherwise hold 65,536 × 5 KB.
+const maxKeptBytes = 32 << 20
+
+// keptEntryBytes is what an entry costs besides its id and value (the
+// map's slot, the value's slice header, the revision).
+const keptEntryBytes = 64
+
+// keptCost is the memory an entry of nodes is counted at.
+func keptCost(id string, k keptNode) int { return len(id) + len(k.value) + keptEntryBytes }
+
+// set puts k for id, counting its bytes (c.mu held).
+func (c *nodeCache) set(id string, k keptNode) {
+	if c.nodes == nil {
+		c.nodes = make(map[string]keptNode)
+	}
+	if old, ok := c.nodes[id]; ok {
+		c.bytes -= keptCost(id, old)
+	}
+	c.nodes[id] = k
+	c.bytes += keptCost(id, k)
+}
+
+// drop removes id's entry (c.mu held).
+func (c *nodeCache) drop(id string) {
+	if old, ok := c.nodes[id]; ok {
+		c.bytes -= keptCost(id, old)
+		delete(c.nodes, id)
+	}
+}
+
+// fits reports whether an entry k for id, new or replacing id's, keeps
+// the cache within its bounds (c.mu held).
+func (c *nodeCache) fits(id string, k keptNode) bool {
+	n, b := len(c.nodes), c.bytes+keptCost(id, k)
+	if old, ok := c.nodes[id]; ok {
+		b -= keptCost(id, old)
+	} else {
+		n++
+	}
+	return n <= maxKeptNodes && b <= maxKeptBytes
+}
+
+// makeRoom drops kept entries other than id (any: a node not kept is
+// read) until the cache is within its bounds, then id's if it still is
+// not (c.mu held).
+func (c *nodeCache) makeRoom(id string) {
+	for other := range c.nodes {
+		if len(c.nodes) <= maxKeptNodes && c.bytes <= maxKeptBytes {
+			return
+		}
+		if other != id {
+			c.drop(other)
+		}
+	}
+	if len(c.nodes) > maxKeptNodes || c.bytes > maxKeptBytes {
+		c.drop(id)
+	}
+}
 
 // maxExpectBytes bounds the values one record chunk checks at its commit
 // instead of reading (they travel in the commit request, beside its
@@ -90,7 +154,7 @@ func (c *nodeCache) reset(st store.Store) {
 	c.watching = true
 	c.admit = admit
 	c.used = c.used || admit
-	c.nodes = nil
+	c.nodes, c.bytes = nil, 0
 }
 
 // await notes, before a mark's chunk runs its transaction, the nodes it
@@ -108,13 +172,13 @@ func (c *nodeCache) await(ids []string) {
 		c.nodes = make(map[string]keptNode)
 	}
 	for _, id := range ids {
-		if _, ok := c.nodes[id]; !ok && len(c.nodes) >= maxKeptNodes {
+		if !c.fits(id, keptNode{}) {
 			return
 		}
 		// A value kept from before (admit) is the chunk's to check, taken
 		// already (kept): from here on the entry waits for the chunk's
 		// own write.
-		c.nodes[id] = keptNode{}
+		c.set(id, keptNode{})
 	}
 }
 
@@ -125,7 +189,7 @@ func (c *nodeCache) settle(ids []string) {
 	defer c.mu.Unlock()
 	for _, id := range ids {
 		if k, ok := c.nodes[id]; ok && k.value == nil {
-			delete(c.nodes, id)
+			c.drop(id)
 		}
 	}
 }
@@ -143,7 +207,7 @@ func (c *nodeCache) keep(nodes []*tree.Node) {
 		c.used = true
 	}
 	for _, n := range nodes {
-		if len(c.nodes) >= maxKeptNodes {
+		if _, ok := c.nodes[n.NodeID]; !ok && len(c.nodes) >= maxKeptNodes {
 			return
 		}
 		if k := c.nodes[n.NodeID]; k.rev != 0 {
@@ -159,10 +223,11 @@ func (c *nodeCache) keep(nodes []*tree.Node) {
 		if err != nil {
 			continue
 		}
-		if c.nodes == nil {
-			c.nodes = make(map[string]keptNode)
+		if k := (keptNode{value: b}); c.fits(n.NodeID, k) {
+			c.set(n.NodeID, k)
+		} else {
+			c.drop(n.NodeID) // read by the record
 		}
-		c.nodes[n.NodeID] = keptNode{value: b}
 	}
 }
 
@@ -171,7 +236,7 @@ func (c *nodeCache) forget(ids []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, id := range ids {
-		delete(c.nodes, id)
+		c.drop(id)
 	}
 }
 
@@ -182,30 +247,22 @@ func (c *nodeCache) apply(batch []store.Event) {
 	if len(c.nodes) == 0 && !c.admit {
 		return
 	}
-	if c.nodes == nil {
-		c.nodes = make(map[string]keptNode)
-	}
 	for _, ev := range batch {
 		key := string(ev.Key)
 		if !strings.HasPrefix(key, nodeKeyPrefix) {
 			continue
 		}
 		id := key[len(nodeKeyPrefix):]
-		if _, ok := c.nodes[id]; !ok {
-			if !c.admit || ev.Type != store.EventPut {
-				continue
-			}
-			if len(c.nodes) >= maxKeptNodes {
-				for other := range c.nodes {
-					delete(c.nodes, other) // any one: it will be read
-					break
-				}
-			}
+		if _, ok := c.nodes[id]; !ok && (!c.admit || ev.Type != store.EventPut) {
+			continue
 		}
 		if ev.Type == store.EventPut {
-			c.nodes[id] = keptNode{value: ev.Value, rev: ev.Revision}
+			// Over the bounds, kept ones make room (any: they will be
+			// read).
+			c.set(id, keptNode{value: ev.Value, rev: ev.Revision})
+			c.makeRoom(id)
 		} else {
-			delete(c.nodes, id)
+			c.drop(id)
 		}
 	}
 }
