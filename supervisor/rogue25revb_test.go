@@ -82,4 +82,24 @@ func TestRogue25ReviewLargeNodesCannotGrowTheNodeCachePastItsBytes(t *testing.T)
 	if _, ok := s.nodes.value(root.NodeID); !ok {
 		t.Error("a node the watch delivered after the rogue's is not kept")
 	}
+	// The bytes counted are the entries' (whatever mix of the cache's
+	// uses: a chunk's placeholders, the mark's values, a record's
+	// forgetting, deletes).
+	ids := []string{root.NodeID, big.NodeID, "n_placeholder"}
+	s.nodes.await(ids)
+	s.nodes.keep([]*tree.Node{big})
+	s.nodes.settle(ids)
+	s.nodes.forget([]string{root.NodeID})
+	gone := event
+	gone.Type, gone.Value, gone.Key = store.EventDelete, nil, tree.NodeKey(fmt.Sprintf("%s%06d", big.NodeID, rogue-1))
+	s.nodes.apply([]store.Event{gone})
+	s.nodes.mu.Lock()
+	counted := 0
+	for id, k := range s.nodes.nodes {
+		counted += keptCost(id, k)
+	}
+	if counted != s.nodes.bytes || counted > maxKeptBytes || len(s.nodes.nodes) > maxKeptNodes {
+		t.Errorf("the cache counts %d bytes; its %d entries take %d (bounds %d bytes, %d entries)", s.nodes.bytes, len(s.nodes.nodes), counted, maxKeptBytes, maxKeptNodes)
+	}
+	s.nodes.mu.Unlock()
 }
