@@ -355,7 +355,11 @@ func checkText(what, s string) error {
 }
 
 // describe names a message's identity for reasons, e.g.
-// `renew gen 7 lease "L7" seq 3 from "w1"`.
+// `renew gen 7 lease "L7" from "w1" seq 3`. A worker message names its
+// sender as ` from "<holder>"` and nothing else in a reason is written so:
+// every text the sender chose is quoted (%q escapes its quotes), and the
+// RPC layer tells a row's sender from there (controlplane treeRows;
+// rogue25 sender tests).
 func describe(m Message) string {
 	switch m := m.(type) {
 	case Ack:
