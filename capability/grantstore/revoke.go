@@ -117,14 +117,16 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 }
 
 // revocableBy checks, for an agent caller (isAgent), that nodeID is its
-// own node or a descendant; a node that does not exist is the tree's
-// not-found error, as before.
+// own node or a descendant. A node that does not exist is the tree's
+// not-found error for an operator; an agent is refused it as outside its
+// subtree, in the words another tree's node gets, so the refusal never
+// says which ids exist.
 func (s *Service) revocableBy(tx store.ReadTxn, agentNode string, isAgent bool, field, nodeID string) error {
 	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
-	if err != nil {
+	if err != nil && !(isAgent && s.cfg.Tree.NodeNotFound(err)) {
 		return err
 	}
-	if isAgent && nodeID != agentNode && !slices.Contains(n.Ancestors, agentNode) {
+	if isAgent && (n == nil || nodeID != agentNode && !slices.Contains(n.Ancestors, agentNode)) {
 		return fmt.Errorf("%w: agent %s may revoke only grants held in its own subtree, not by %s %s", ErrNotVisible, agentNode, field, nodeID)
 	}
 	return nil
