@@ -34,7 +34,9 @@ import (
 // (a job's former holder, a caller of its tools) could tell whether that
 // node still existed, though GetNode answers both alike. Now an agent is
 // refused an id naming nothing in the words another tree's node gets; an
-// operator is still told the node does not exist.
+// operator is still told the node does not exist. Revoke by grant_id
+// answered another tree's grant permission_denied and an id naming no
+// grant not_found; now both alike.
 func TestRogue25AnotherTreesStopIsNotReadInTheAnswersToARogue(t *testing.T) {
 	held, srv := startHeldServer(t)
 	admin := srv.AdminClients()
@@ -136,6 +138,22 @@ func TestRogue25AnotherTreesStopIsNotReadInTheAnswersToARogue(t *testing.T) {
 		if answers["running"] != answers["missing"] || answers["stopping"] != answers["missing"] {
 			t.Errorf("%s: another tree's running node is answered %q, its stopping node %q, a missing node %q; want one answer", what, answers["running"], answers["stopping"], answers["missing"])
 		}
+	}
+	// Revoking another tree's grant by its id, the grant of the node under
+	// the stop, or an id naming no grant: answered alike.
+	victimGrant, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: running.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	revokeGrant := func(id string) string {
+		_, err := rogueC.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: id}, Reason: "guess"}))
+		if err == nil {
+			t.Errorf("the rogue revoked grant %s of another tree", id)
+		}
+		return fmt.Sprintf("%s: %s", connect.CodeOf(err), blank(err, id))
+	}
+	if hidden, none := revokeGrant(victimGrant.Msg.Grant.GrantId), revokeGrant("g_00000000000000000000"); hidden != none {
+		t.Errorf("Revoke by grant_id: another tree's grant is answered %q, a missing one %q; want one answer", hidden, none)
 	}
 	// An operator, who may act on any node, is still told the id names
 	// nothing.

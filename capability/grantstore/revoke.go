@@ -230,6 +230,15 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 				return err
 			}
 			if !ok {
+				if _, isAgent := caller.agentNode(); isAgent {
+					// An agent is refused an id that names no grant as a
+					// grant it may not revoke (a bare stand-in names no
+					// revoker), in the same words, so the refusal never
+					// says whether another tree's grant exists.
+					if _, err := capability.Revoke(capability.Grant{GrantID: grantID}, caller.Principal, caller.Roles, reason, now); err != nil {
+						return err
+					}
+				}
 				return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
 			}
 			raw = reads.seen[grantID]
