@@ -560,7 +560,7 @@ func TestBadCapabilityInputIsRefusedWithoutStateChange(t *testing.T) {
 		{"refresh a descendant's grant", refresh(w.parent.c, child), connect.CodePermissionDenied, "only its holder"},
 		{"refresh a grant outside the subtree, answered as unknown", refresh(w.sibling.c, child), connect.CodeNotFound, "unknown grant: grant_id " + child},
 		{"delegate from an unknown grant", del(w.child.c, &tetherv1.DelegateRequest{ParentGrantId: unknownGrant, HolderNodeId: w.descendant.id, Scopes: []string{"tool:shell"}}), connect.CodeNotFound, unknownGrant},
-		{"delegate to an unknown node", del(w.child.c, &tetherv1.DelegateRequest{ParentGrantId: child, HolderNodeId: unknownNode, Scopes: []string{"tool:shell"}}), connect.CodeNotFound, unknownNode},
+		{"delegate to an unknown node, answered as one outside the subtree", del(w.child.c, &tetherv1.DelegateRequest{ParentGrantId: child, HolderNodeId: unknownNode, Scopes: []string{"tool:shell"}}), connect.CodePermissionDenied, "node " + unknownNode + " is not a descendant of " + w.child.id},
 		{"delegate from a descendant's grant", del(w.parent.c, &tetherv1.DelegateRequest{ParentGrantId: child, HolderNodeId: w.descendant.id, Scopes: []string{"tool:shell"}}), connect.CodePermissionDenied, "is held by agent:" + w.child.id},
 		{"delegate from a grant outside the subtree, answered as unknown", del(w.sibling.c, &tetherv1.DelegateRequest{ParentGrantId: child, HolderNodeId: w.descendant.id, Scopes: []string{"tool:shell"}}), connect.CodeNotFound, "unknown grant: parent_grant_id " + child},
 		{"delegate as an operator", del(operator, &tetherv1.DelegateRequest{ParentGrantId: child, HolderNodeId: w.descendant.id, Scopes: []string{"tool:shell"}}), connect.CodePermissionDenied, "only the agent holding"},

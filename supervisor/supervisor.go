@@ -163,7 +163,9 @@ type TerminateRequest struct {
 	Reason                                        string
 	RequestedBy                                   string
 	// Authorize is called inside the transaction with the target node
-	// (with each root, when there are several).
+	// (with each root, when there are several); a root that does not
+	// exist is put to it as a bare stand-in first (tree.GetAuthorizedIn),
+	// so a caller it refuses is refused alike whether the node exists.
 	Authorize func(target *tree.Node) error
 	// RequesterNodeID is the requesting agent's node ("" for operators).
 	// An agent that is itself being stopped may not start a termination:
@@ -247,14 +249,9 @@ func (s *Supervisor) TerminateIn(tx store.Txn, req TerminateRequest) (Terminatio
 			return Termination{}, fmt.Errorf("%w: node_id %s is named twice", tree.ErrInvalidArgument, r)
 		}
 		seen[r] = true
-		target, err := tree.GetNodeIn(tx, r)
+		target, err := tree.GetAuthorizedIn(tx, r, req.Authorize)
 		if err != nil {
 			return Termination{}, err
-		}
-		if req.Authorize != nil {
-			if err := req.Authorize(target); err != nil {
-				return Termination{}, err
-			}
 		}
 		if err := mayStop(tx, t, target); err != nil {
 			return Termination{}, err

@@ -117,14 +117,16 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 }
 
 // revocableBy checks, for an agent caller (isAgent), that nodeID is its
-// own node or a descendant; a node that does not exist is the tree's
-// not-found error, as before.
+// own node or a descendant. A node that does not exist is the tree's
+// not-found error for an operator; an agent is refused it as outside its
+// subtree, in the words another tree's node gets, so the refusal never
+// says which ids exist.
 func (s *Service) revocableBy(tx store.ReadTxn, agentNode string, isAgent bool, field, nodeID string) error {
 	n, err := s.cfg.Tree.GetNodeIn(tx, nodeID)
-	if err != nil {
+	if err != nil && !(isAgent && s.cfg.Tree.NodeNotFound(err)) {
 		return err
 	}
-	if isAgent && nodeID != agentNode && !slices.Contains(n.Ancestors, agentNode) {
+	if isAgent && (n == nil || nodeID != agentNode && !slices.Contains(n.Ancestors, agentNode)) {
 		return fmt.Errorf("%w: agent %s may revoke only grants held in its own subtree, not by %s %s", ErrNotVisible, agentNode, field, nodeID)
 	}
 	return nil
@@ -228,6 +230,15 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 				return err
 			}
 			if !ok {
+				if _, isAgent := caller.agentNode(); isAgent {
+					// An agent is refused an id that names no grant as a
+					// grant it may not revoke (a bare stand-in names no
+					// revoker), in the same words, so the refusal never
+					// says whether another tree's grant exists.
+					if _, err := capability.Revoke(capability.Grant{GrantID: grantID}, caller.Principal, caller.Roles, reason, now); err != nil {
+						return err
+					}
+				}
 				return fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, grantID)
 			}
 			raw = reads.seen[grantID]

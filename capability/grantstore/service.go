@@ -326,13 +326,15 @@ func (s *Service) Delegate(ctx context.Context, caller Caller, req DelegateReque
 				return err
 			}
 			holder, err := s.cfg.Tree.GetNodeIn(tx, req.HolderNodeID)
+			// Outside the caller's subtree before its state: another
+			// tree's node is refused the same way whatever its state, and
+			// so is an id that names no node (no node's ancestors include
+			// the caller), so the refusal never says which ids exist.
+			if s.cfg.Tree.NodeNotFound(err) || err == nil && req.HolderNodeID != callerNode && !slices.Contains(holder.Ancestors, callerNode) {
+				return fmt.Errorf("%w: node %s is not a descendant of %s", capability.ErrNotInSubtree, req.HolderNodeID, callerNode)
+			}
 			if err != nil {
 				return err
-			}
-			// Outside the caller's subtree before its state: another
-			// tree's node is refused the same way whatever its state.
-			if req.HolderNodeID != callerNode && !slices.Contains(holder.Ancestors, callerNode) {
-				return fmt.Errorf("%w: node %s is not a descendant of %s", capability.ErrNotInSubtree, req.HolderNodeID, callerNode)
 			}
 			if err := s.running(tx, holder, "holder_node_id"); err != nil {
 				return err

@@ -174,13 +174,14 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 	err = r.Store.Update(ctx, func(tx store.Txn) error {
 		var target *tree.Node
 		if rule.NodeID != "" {
-			n, err := tree.GetNodeIn(tx, rule.NodeID)
+			// An agent naming an id that names nothing is refused as for
+			// another tree's node (tree.GetAuthorizedIn).
+			n, err := tree.GetAuthorizedIn(tx, rule.NodeID, func(n *tree.Node) error { return CheckAttach(a, n) })
 			if err != nil {
 				return err
 			}
 			target = n
-		}
-		if err := CheckAttach(a, target); err != nil {
+		} else if err := CheckAttach(a, nil); err != nil {
 			return err
 		}
 		// Only the rules that can matter are read: those attached to the

@@ -2,6 +2,7 @@ package tree
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/tetherhq/tether/internal/id"
@@ -45,7 +46,23 @@ func (t *Tree) updateNode(ctx context.Context, nodeID string, authorize func(*No
 
 // getAuthorized reads a node, which authorize (when set) must accept.
 func getAuthorized(tx store.ReadTxn, nodeID string, authorize func(*Node) error) (*Node, error) {
+	return GetAuthorizedIn(tx, nodeID, authorize)
+}
+
+// GetAuthorizedIn reads a node that authorize (when set) must accept. A
+// node that does not exist is put to authorize as a bare stand-in (its id,
+// no ancestors): a caller refused any node outside its reach (an agent
+// naming another tree's node) gets that refusal for an id that names
+// nothing too, in the same words, so its answer never says whether the
+// id it named exists; a caller authorize accepts (an operator) is told
+// the node does not exist.
+func GetAuthorizedIn(tx store.ReadTxn, nodeID string, authorize func(*Node) error) (*Node, error) {
 	n, err := getNode(tx, nodeID)
+	if errors.Is(err, ErrNodeNotFound) && authorize != nil {
+		if refused := authorize(&Node{NodeID: nodeID}); refused != nil {
+			return nil, refused
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
