@@ -261,6 +261,13 @@ func (h *supervisorService) grantOfNode(ctx context.Context, grantID, nodeID str
 }
 
 func terminationToProto(t supervisor.Termination) *tetherv1.Termination {
+	// Unconfirmed is set when the mark finishes: until then no exit is
+	// counted, and members less an unset count would read as every node
+	// marked so far confirmed.
+	confirmations := 0
+	if t.Phase != supervisor.PhaseRequested {
+		confirmations = max(0, t.MemberCount()-t.Progress.Unconfirmed)
+	}
 	state := tetherv1.TerminationState(tetherv1.TerminationState_value["TERMINATION_STATE_"+strings.ToUpper(t.Phase.String())])
 	return &tetherv1.Termination{
 		TerminationId:    t.ID,
@@ -279,7 +286,7 @@ func terminationToProto(t supervisor.Termination) *tetherv1.Termination {
 			NodesMarked:   uint32(t.MemberCount()),
 			CallsInFlight: uint32(t.Progress.CallsInFlight),
 			AcksPending:   uint32(t.Progress.CancelsPending),
-			Confirmations: uint32(max(0, t.MemberCount()-t.Progress.Unconfirmed)),
+			Confirmations: uint32(confirmations),
 		},
 		RecordId:     t.RecordID,
 		Escalated:    t.Escalated,
