@@ -109,7 +109,11 @@ func (a *authService) RevokeToken(ctx context.Context, req *connect.Request[teth
 			ExpiresAt: timestamppb.New(p.ExpiresAt), CreatedBy: "unrecorded",
 		}
 	} else if err := capability.ValidateID("token_id", id); err != nil {
-		return nil, invalid("%v", err)
+		if strings.Count(id, ".") == 2 {
+			// A token pasted where its id goes: say so, without a word of it.
+			return nil, invalid("token_id holds a token, not its id: pass the id (tether token list), or the token itself in token (tether token revoke --token-value-file FILE)")
+		}
+		return nil, invalid("%s", strings.TrimPrefix(err.Error(), capability.ErrInvalidGrant.Error()+": "))
 	}
 	var info *tetherv1.TokenInfo
 	err = a.s.store.View(ctx, func(tx store.ReadTxn) error {
@@ -121,7 +125,7 @@ func (a *authService) RevokeToken(ctx context.Context, req *connect.Request[teth
 		return err
 	})
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("token_id %s is not a token this control plane recorded (tether token list); to revoke an older token, pass the token itself", id))
+		return nil, connect.NewError(connect.CodeNotFound, fmt.Errorf("token_id %s is not a token this control plane recorded (tether token list); to revoke an older token, pass the token itself (tether token revoke --token-value-file FILE)", id))
 	}
 	if err != nil {
 		return nil, toConnect(err)

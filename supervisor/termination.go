@@ -294,11 +294,17 @@ func (t Termination) Rank() Rank {
 // and an agent may terminate its subtree: unsigned, an agent's reason
 // ("operator:admin aborted the subtree") would read as an operator's, or
 // as the control plane's own, in the lease's terminal detail and evidence.
+// A termination requested without a reason gives the requester alone
+// (no dangling ": " that reads as a reason cut off).
 func (t Termination) finalReason() string {
-	if t.RequestedBy == "" {
-		return "terminated: " + t.Reason
+	head := "terminated"
+	if t.RequestedBy != "" {
+		head += " by " + t.RequestedBy
 	}
-	return "terminated by " + t.RequestedBy + ": " + t.Reason
+	if t.Reason == "" {
+		return head
+	}
+	return head + ": " + t.Reason
 }
 
 // requester is the node of the agent behind an agent's termination: the

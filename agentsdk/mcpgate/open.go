@@ -6,10 +6,14 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
+
+	"connectrpc.com/connect"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // OpenConfig is what Open needs to run a gateway against a control plane.
@@ -107,6 +111,20 @@ func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
 			stop()
 			return nil, fmt.Errorf("mcpgate: the control plane at %s did not send %s within %s (is it up, and is the gateway's credential valid?)", cfg.ControlPlane, ready.what, cfg.ReadyTimeout)
 		}
+	}
+	// An operator's token opens the feed and the cancel orders, and the
+	// control plane then refuses every call the gateway records: say so
+	// now, not on the first agent's call.
+	whoCtx, cancelWho := context.WithTimeout(ctx, cfg.ReadyTimeout)
+	who, err := conn.Auth.WhoAmI(whoCtx, connect.NewRequest(&tetherv1.WhoAmIRequest{}))
+	cancelWho()
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("mcpgate: the control plane at %s did not say whose the gateway's credential is: %w", cfg.ControlPlane, err)
+	}
+	if p := who.Msg.Principal; !strings.HasPrefix(p, "tool:") {
+		stop()
+		return nil, fmt.Errorf("mcpgate: the gateway's credential is %s's, not a tool server's: the control plane would refuse every call the gateway records; mint one with tether token create --tool-server %s", p, cfg.GateID)
 	}
 	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, MaxCallsPerNode: cfg.MaxCallsPerNode, ConnectTimeout: cfg.ConnectTimeout, Clock: cfg.Clock, Stderr: cfg.Stderr, Logger: cfg.Logger})
 	if err != nil {

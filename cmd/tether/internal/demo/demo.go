@@ -297,8 +297,32 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 	}
 	lastState := tetherv1.TerminationState_TERMINATION_STATE_UNSPECIFIED
 	var final *tetherv1.Termination
+	// The first snapshot of a stopping state is published when the subtree
+	// is marked, before the control plane has counted the calls the mark
+	// caught in flight (it counts them on its next pass): a line printed
+	// from it said "0 tool call(s) in flight" while two were. The line
+	// waits for the count, or for the state to end.
+	var stopping *tetherv1.Termination
+	announce := func(t *tetherv1.Termination) {
+		say("  %-12s %d nodes marked in one transaction, %d tool call(s) in flight; signals pushed to every session",
+			strings.ToLower(strings.TrimPrefix(t.State.String(), "TERMINATION_STATE_")), t.Progress.GetNodesTotal(), t.Progress.GetCallsInFlight())
+		say("               the rogue ignores the signal and calls again: HTTP %d (refused: the node is stopping)", rogueCall())
+	}
 	for stream.Receive() {
 		t := stream.Msg().Termination
+		if stopping != nil {
+			if t.State == stopping.State && !t.Escalated {
+				if t.Progress.GetCallsInFlight() == 0 {
+					stopping = t
+				} else {
+					announce(t)
+					stopping = nil
+				}
+				continue
+			}
+			announce(stopping)
+			stopping = nil
+		}
 		if t.State == lastState {
 			continue
 		}
@@ -310,9 +334,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) (*Result, error) {
 				say("  aborting     the drain window is over: escalated to abort, cancelling %d call(s)", p.GetCallsInFlight())
 				break
 			}
-			say("  %-12s %d nodes marked in one transaction, %d tool call(s) in flight; signals pushed to every session",
-				strings.ToLower(strings.TrimPrefix(t.State.String(), "TERMINATION_STATE_")), p.GetNodesTotal(), p.GetCallsInFlight())
-			say("               the rogue ignores the signal and calls again: HTTP %d (refused: the node is stopping)", rogueCall())
+			if p.GetCallsInFlight() == 0 {
+				stopping = t
+				break
+			}
+			announce(t)
 		case tetherv1.TerminationState_TERMINATION_STATE_RECONCILING:
 			say("  reconciling  revoking grants and privileges, cancelling job leases, collecting exit confirmations")
 		case tetherv1.TerminationState_TERMINATION_STATE_TERMINATED:
