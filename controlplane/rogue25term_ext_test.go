@@ -59,6 +59,10 @@ func TestRogue25AnotherTreesStopIsNotReadInTheAnswersToARogue(t *testing.T) {
 			_, err := rogueC.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: id, Name: "graft"}))
 			return err
 		},
+		"SpawnBatch": func(id string) error {
+			_, err := rogueC.Agent.SpawnBatch(ctx, connect.NewRequest(&tetherv1.SpawnBatchRequest{ParentNodeId: id, Children: []*tetherv1.SpawnBatchChild{{Name: "graft"}}}))
+			return err
+		},
 		"Delegate": func(id string) error {
 			_, err := rogueC.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{ParentGrantId: issued.Msg.Grant.GrantId, HolderNodeId: id, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Minute)}))
 			return err
