@@ -1,9 +1,13 @@
 package controlplane_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -66,5 +70,72 @@ func TestAStopWhoseMarkIsUnderWayShowsNoExitConfirmed(t *testing.T) {
 	p = getTermination(t, admin, term.TerminationId).Progress
 	if p.GetNodesMarked() != 2 || p.GetNodesTotal() != 2 {
 		t.Fatalf("the terminated stop shows %d of %d nodes marked, want 2 of 2", p.GetNodesMarked(), p.GetNodesTotal())
+	}
+}
+
+// TestAStopShowsItsCallsInFlightFromItsFirstDrainingSnapshot: an agent
+// has a tool call in flight when an operator drains it. The termination
+// the mark moved to draining showed 0 calls in flight ("draining · 0 tool
+// call(s) in flight" in `tether terminate --wait`, the console and `make
+// demo`) until the reconciler's next pass counted them, though the mark
+// had just put the call on the stop's account. Now the mark counts the
+// calls it takes that have no cancel order, as it counts the cancel
+// orders an abort sends, and the first snapshot shows them.
+func TestAStopShowsItsCallsInFlightFromItsFirstDrainingSnapshot(t *testing.T) {
+	for _, tc := range []struct {
+		mode             tetherv1.TerminationMode
+		state            tetherv1.TerminationState
+		inFlight, cancel uint32
+	}{
+		{tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, tetherv1.TerminationState_TERMINATION_STATE_DRAINING, 1, 0},
+		{tetherv1.TerminationMode_TERMINATION_MODE_ABORT, tetherv1.TerminationState_TERMINATION_STATE_ABORTING, 0, 1},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			var mu sync.Mutex
+			marking := false
+			marked, resume := make(chan struct{}), make(chan struct{})
+			srv := testserver.Start(t, func(cfg *controlplane.Config) {
+				cfg.TerminationChunk = 1
+				cfg.TerminationFault = func(step string, n int) {
+					mu.Lock()
+					stop := marking && step == "mark" && n == 2 // the roots', then the walk that finds no child and moves on
+					if stop {
+						marking = false
+					}
+					mu.Unlock()
+					if stop {
+						close(marked)
+						<-resume
+					}
+				}
+			})
+			var resumed sync.Once
+			free := func() { resumed.Do(func() { close(resume) }) }
+			t.Cleanup(free)
+			admin := srv.AdminClients()
+			ctx := context.Background()
+			agent := register(t, admin, "worker")
+			issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: agent.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+			if _, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"})); err != nil {
+				t.Fatal(err)
+			}
+
+			mu.Lock()
+			marking = true
+			mu.Unlock()
+			term := terminate(t, admin, agent.Node.NodeId, tc.mode, time.Minute, time.Minute, 0)
+			<-marked
+			got := getTermination(t, admin, term.TerminationId)
+			if got.State != tc.state {
+				t.Fatalf("the termination is %s once its mark moved it on, want %s", got.State, tc.state)
+			}
+			if p := got.Progress; p.GetCallsInFlight() != tc.inFlight || p.GetAcksPending() != tc.cancel {
+				t.Fatalf("the first %s snapshot shows %d call(s) in flight and %d cancel(s) pending; the agent had one call in flight, want %d and %d", got.State, p.GetCallsInFlight(), p.GetAcksPending(), tc.inFlight, tc.cancel)
+			}
+		})
 	}
 }

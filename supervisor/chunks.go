@@ -605,12 +605,11 @@ func (s *Supervisor) Members(ctx context.Context, t Termination) ([]string, erro
 
 // markChunk is one chunk of the mark, inside its transaction.
 type markChunk struct {
-	tx       store.Txn
-	now      time.Time
-	t        *Termination
-	inFlight int
-	others   map[string]*Termination    // the other terminations met, by id
-	taken    map[string]map[string]bool // other termination → nodes taken from it
+	tx     store.Txn
+	now    time.Time
+	t      *Termination
+	others map[string]*Termination    // the other terminations met, by id
+	taken  map[string]map[string]bool // other termination → nodes taken from it
 	// calls are the open calls of the chunk's nodes, and ended those
 	// that ended on a termination's account and are in no record yet,
 	// read together before the chunk discovers them
@@ -737,7 +736,7 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			return kv.PutJSON(tx, terminationKey(id), t)
 		}
 		done = true
-		advanced, err = putAdvancedAs(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CancelsPending: t.Progress.CancelsPending}, now)
+		advanced, err = putAdvancedAs(tx, t, ActMark, Progress{Unconfirmed: t.Counts.Members, CallsInFlight: t.Progress.CallsInFlight, CancelsPending: t.Progress.CancelsPending}, now)
 		return err
 	})
 	if errors.Is(err, errChildNotesStale) {
@@ -1083,9 +1082,6 @@ func (c *markChunk) discover(n *tree.Node) error {
 		}
 	}
 	for _, call := range c.calls[n.NodeID] {
-		if call.State == ledger.CallStateInFlight {
-			c.inFlight++
-		}
 		if reach == ReachTakeOver && call.TerminationID != "" {
 			// The call moves to this termination's account (a cancel
 			// order already sent stands): each call is accounted for by
@@ -1115,6 +1111,7 @@ func (c *markChunk) discover(n *tree.Node) error {
 		}
 		if call.State == ledger.CallStateInFlight {
 			t.CancelsOrderedAtMark = false // the cancel step orders it
+			t.Progress.CallsInFlight++     // shown at once, before the next observation
 		}
 	}
 	return nil
