@@ -55,6 +55,50 @@ func startHeldServer(t *testing.T) (*heldStops, *testserver.Server) {
 	return held, srv
 }
 
+// markHold holds a termination's mark, in chunks of one node, once armed,
+// after its nth chunk commits: reached is closed when it holds; free lets
+// it go on (safe twice).
+type markHold struct {
+	mu      sync.Mutex
+	armed   bool
+	reached chan struct{}
+	resume  chan struct{}
+	once    sync.Once
+}
+
+// startMarkHeld starts a test server (with opts) whose terminations mark
+// one node a chunk and, once arm is called, hold after the mark's nth
+// chunk; the hold is freed before the server stops.
+func startMarkHeld(t *testing.T, nth int, opts ...testserver.Option) (*markHold, *testserver.Server) {
+	t.Helper()
+	h := &markHold{reached: make(chan struct{}), resume: make(chan struct{})}
+	srv := testserver.Start(t, append(opts, func(cfg *controlplane.Config) {
+		cfg.TerminationChunk = 1
+		cfg.TerminationFault = func(step string, n int) {
+			h.mu.Lock()
+			stop := h.armed && step == "mark" && n == nth
+			if stop {
+				h.armed = false
+			}
+			h.mu.Unlock()
+			if stop {
+				close(h.reached)
+				<-h.resume
+			}
+		}
+	})...)
+	t.Cleanup(h.free)
+	return h, srv
+}
+
+func (h *markHold) arm() {
+	h.mu.Lock()
+	h.armed = true
+	h.mu.Unlock()
+}
+
+func (h *markHold) free() { h.once.Do(func() { close(h.resume) }) }
+
 func (h *heldStops) hold() {
 	h.mu.Lock()
 	h.holding = true
@@ -148,27 +192,7 @@ func TestAnAgentUnderAnUnmarkedStopStartsNoStopOfItsOwn(t *testing.T) {
 	}{{"requested", false}, {"roots marked", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			held, holdOpt := newHeldStops(t)
-			var mu sync.Mutex
-			marking := false
-			rootsMarked, resume := make(chan struct{}), make(chan struct{})
-			srv := testserver.Start(t, holdOpt, func(cfg *controlplane.Config) {
-				cfg.TerminationChunk = 1
-				cfg.TerminationFault = func(step string, n int) {
-					mu.Lock()
-					stop := marking && step == "mark" && n == 1
-					if stop {
-						marking = false
-					}
-					mu.Unlock()
-					if stop {
-						close(rootsMarked)
-						<-resume
-					}
-				}
-			})
-			var resumed sync.Once
-			free := func() { resumed.Do(func() { close(resume) }) }
-			t.Cleanup(free)
+			mark, srv := startMarkHeld(t, 1, holdOpt)
 			t.Cleanup(held.free)
 			admin := srv.AdminClients()
 			ctx := context.Background()
@@ -177,15 +201,13 @@ func TestAnAgentUnderAnUnmarkedStopStartsNoStopOfItsOwn(t *testing.T) {
 			c := spawn(t, srv.Clients(p.Credential), p.Node.NodeId, "c")
 
 			if tc.marked {
-				mu.Lock()
-				marking = true
-				mu.Unlock()
+				mark.arm()
 			} else {
 				held.hold()
 			}
 			op := terminate(t, admin, g.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
 			if tc.marked {
-				<-rootsMarked
+				<-mark.reached
 				if got := getNode(t, admin, p.Node.NodeId).State; got != tetherv1.NodeState_NODE_STATE_RUNNING {
 					t.Fatalf("P is %s after the roots' chunk, want still running (unmarked)", got)
 				}
@@ -203,7 +225,7 @@ func TestAnAgentUnderAnUnmarkedStopStartsNoStopOfItsOwn(t *testing.T) {
 			if got := getNode(t, admin, c.Node.NodeId); got.TerminationId != "" && got.TerminationId != op.TerminationId {
 				t.Fatalf("C names termination %s, want none but the operator's", got.TerminationId)
 			}
-			free()
+			mark.free()
 			held.free()
 			waitState(t, srv, op.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 		})
@@ -264,27 +286,7 @@ func TestARoguesWordForTheChildItStoppedIsWeighedAgainInItsOwnStopsRecord(t *tes
 // subtree as a stopping one does: Y's calls and spawns are refused
 // failed_precondition, naming the termination.
 func TestAStopOfAnExitedDecoyCoversItsSubtreeFromItsFirstChunk(t *testing.T) {
-	var mu sync.Mutex
-	marking := false
-	rootsMarked, resume := make(chan struct{}), make(chan struct{})
-	srv := testserver.Start(t, func(cfg *controlplane.Config) {
-		cfg.TerminationChunk = 1
-		cfg.TerminationFault = func(step string, n int) {
-			mu.Lock()
-			stop := marking && step == "mark" && n == 1
-			if stop {
-				marking = false
-			}
-			mu.Unlock()
-			if stop {
-				close(rootsMarked)
-				<-resume
-			}
-		}
-	})
-	var resumed sync.Once
-	free := func() { resumed.Do(func() { close(resume) }) }
-	t.Cleanup(free)
+	mark, srv := startMarkHeld(t, 1)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	x := register(t, admin, "decoy")
@@ -299,11 +301,9 @@ func TestAStopOfAnExitedDecoyCoversItsSubtreeFromItsFirstChunk(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	mu.Lock()
-	marking = true
-	mu.Unlock()
+	mark.arm()
 	op := terminate(t, admin, x.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
-	<-rootsMarked
+	<-mark.reached
 	if got := getNode(t, admin, x.Node.NodeId); got.State != tetherv1.NodeState_NODE_STATE_EXITED || got.TerminationId != op.TerminationId {
 		t.Fatalf("after the roots' chunk X is %s under %q, want exited under %s", got.State, got.TerminationId, op.TerminationId)
 	}
@@ -326,6 +326,6 @@ func TestAStopOfAnExitedDecoyCoversItsSubtreeFromItsFirstChunk(t *testing.T) {
 	if calls+spawns > 0 {
 		t.Fatalf("between the stop's first chunk and its arrival at Y, Y began %d of %d calls and spawned %d of %d children below the exited decoy; want none", calls, attempts, spawns, attempts)
 	}
-	free()
+	mark.free()
 	waitState(t, srv, op.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 }

@@ -2,15 +2,12 @@ package controlplane_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -86,27 +83,7 @@ func TestACallInFlightAtTheStopRequestIsInTheRecordWhenItEndsBeforeTheMark(t *te
 // before C's chunk, is listed in the record with the gate's resolution,
 // beside R's.
 func TestACallEndedBelowAMarkedRootBeforeItsChunkIsInTheRecord(t *testing.T) {
-	var mu sync.Mutex
-	marking := false
-	rootsMarked, resume := make(chan struct{}), make(chan struct{})
-	srv := testserver.Start(t, func(cfg *controlplane.Config) {
-		cfg.TerminationChunk = 1
-		cfg.TerminationFault = func(step string, n int) {
-			mu.Lock()
-			stop := marking && step == "mark" && n == 1
-			if stop {
-				marking = false
-			}
-			mu.Unlock()
-			if stop {
-				close(rootsMarked)
-				<-resume
-			}
-		}
-	})
-	var resumed sync.Once
-	free := func() { resumed.Do(func() { close(resume) }) }
-	t.Cleanup(free)
+	mark, srv := startMarkHeld(t, 1)
 	admin := srv.AdminClients()
 	ctx := context.Background()
 	rogue := register(t, admin, "rogue")
@@ -125,12 +102,10 @@ func TestACallEndedBelowAMarkedRootBeforeItsChunkIsInTheRecord(t *testing.T) {
 		calls[node] = begun.Msg.Call.CallId
 	}
 
-	mu.Lock()
-	marking = true
-	mu.Unlock()
+	mark.arm()
 	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
 	select {
-	case <-rootsMarked:
+	case <-mark.reached:
 	case <-time.After(20 * time.Second): // a guard against a hang, not a wait
 		t.Fatal("the mark's first chunk (the roots) never committed")
 	}
@@ -142,7 +117,7 @@ func TestACallEndedBelowAMarkedRootBeforeItsChunkIsInTheRecord(t *testing.T) {
 			t.Fatalf("the gate's end of the call of %s: %v", node, err)
 		}
 	}
-	free()
+	mark.free()
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	rec := record(t, admin, term.TerminationId)
 	listed := map[string]*tetherv1.RecordToolCall{}

@@ -2,15 +2,12 @@ package controlplane_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/tetherhq/tether/controlplane"
-	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -23,36 +20,14 @@ import (
 // less a count of unconfirmed nodes that only the finished mark sets. Now
 // a termination whose mark is under way shows no confirmation.
 func TestAStopWhoseMarkIsUnderWayShowsNoExitConfirmed(t *testing.T) {
-	var mu sync.Mutex
-	marking := false
-	rootsMarked, resume := make(chan struct{}), make(chan struct{})
-	srv := testserver.Start(t, func(cfg *controlplane.Config) {
-		cfg.TerminationChunk = 1
-		cfg.TerminationFault = func(step string, n int) {
-			mu.Lock()
-			stop := marking && step == "mark" && n == 1
-			if stop {
-				marking = false
-			}
-			mu.Unlock()
-			if stop {
-				close(rootsMarked)
-				<-resume
-			}
-		}
-	})
-	var resumed sync.Once
-	free := func() { resumed.Do(func() { close(resume) }) }
-	t.Cleanup(free)
+	mark, srv := startMarkHeld(t, 1)
 	admin := srv.AdminClients()
 	rogue := register(t, admin, "rogue")
 	spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "child")
 
-	mu.Lock()
-	marking = true
-	mu.Unlock()
+	mark.arm()
 	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
-	<-rootsMarked
+	<-mark.reached
 	got := getTermination(t, admin, term.TerminationId)
 	if got.State != tetherv1.TerminationState_TERMINATION_STATE_REQUESTED {
 		t.Fatalf("the termination is %s while its mark is held after the roots' chunk, want requested", got.State)
@@ -65,7 +40,7 @@ func TestAStopWhoseMarkIsUnderWayShowsNoExitConfirmed(t *testing.T) {
 		t.Fatalf("a termination whose mark is under way shows %d of %d exits confirmed; nobody has confirmed any", p.GetConfirmations(), p.GetNodesTotal())
 	}
 
-	free()
+	mark.free()
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 	p = getTermination(t, admin, term.TerminationId).Progress
 	if p.GetNodesMarked() != 2 || p.GetNodesTotal() != 2 {
@@ -91,27 +66,7 @@ func TestAStopShowsItsCallsInFlightFromItsFirstDrainingSnapshot(t *testing.T) {
 		{tetherv1.TerminationMode_TERMINATION_MODE_ABORT, tetherv1.TerminationState_TERMINATION_STATE_ABORTING, 0, 1},
 	} {
 		t.Run(tc.mode.String(), func(t *testing.T) {
-			var mu sync.Mutex
-			marking := false
-			marked, resume := make(chan struct{}), make(chan struct{})
-			srv := testserver.Start(t, func(cfg *controlplane.Config) {
-				cfg.TerminationChunk = 1
-				cfg.TerminationFault = func(step string, n int) {
-					mu.Lock()
-					stop := marking && step == "mark" && n == 2 // the roots', then the walk that finds no child and moves on
-					if stop {
-						marking = false
-					}
-					mu.Unlock()
-					if stop {
-						close(marked)
-						<-resume
-					}
-				}
-			})
-			var resumed sync.Once
-			free := func() { resumed.Do(func() { close(resume) }) }
-			t.Cleanup(free)
+			mark, srv := startMarkHeld(t, 2) // the roots', then the walk that finds no child and moves on
 			admin := srv.AdminClients()
 			ctx := context.Background()
 			agent := register(t, admin, "worker")
@@ -124,11 +79,9 @@ func TestAStopShowsItsCallsInFlightFromItsFirstDrainingSnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			mu.Lock()
-			marking = true
-			mu.Unlock()
+			mark.arm()
 			term := terminate(t, admin, agent.Node.NodeId, tc.mode, time.Minute, time.Minute, 0)
-			<-marked
+			<-mark.reached
 			got := getTermination(t, admin, term.TerminationId)
 			if got.State != tc.state {
 				t.Fatalf("the termination is %s once its mark moved it on, want %s", got.State, tc.state)

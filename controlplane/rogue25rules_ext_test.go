@@ -25,6 +25,8 @@ import (
 // rule over a thousand never fired.
 func TestRogue25ALeaseHoarderIsCountedWhateverItsJobIDs(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("offers a thousand leases through the real server")
 	}
 	clk := clock.NewManual(time.Now().UTC())

@@ -36,6 +36,8 @@ func etcdServeArgs(t *testing.T) []string {
 // in-process restarts of the controlplane suite on etcd do not kill.)
 func TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	for _, backend := range []string{"badger", "etcd"} {
@@ -173,6 +175,8 @@ func TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores(t *testing.T)
 // kills the process.)
 func TestRogue25ARolloutSurvivesKill9OnBothStores(t *testing.T) {
 	if testing.Short() {
+		// By design: -short (make test-short) leaves out the slow subprocess and
+		// browser tests; make test and CI run them.
 		t.Skip("runs the real binary")
 	}
 	for _, backend := range []string{"badger", "etcd"} {
