@@ -2,11 +2,15 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
@@ -121,4 +125,116 @@ func TestAnAgentWhoseLastWordIsItsSessionsEndIsStillConfirmed(t *testing.T) {
 	if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || rn.ConfirmedBy != "control-plane" {
 		t.Fatalf("record: %s confirmed by %q (reason %q), want confirmed by the control plane", rn.Outcome, rn.ConfirmedBy, rn.UnaccountedReason)
 	}
+}
+
+// TestAnAgentUnderARequestedStopReportsNoReadiness: an operator stops a
+// tree (root R, its child C labelled like a rollout's replacement) while
+// the reconciler is busy, the stop requested and its mark not begun (or
+// the roots marked and C not yet). C's ready report, the evidence a
+// rollout counts a replacement on (and hands it the drained agents'
+// jobs), was accepted: the workload of a stop wrote that it was ready to
+// take over work, as no other request of a node under a stop may. It is
+// now refused failed_precondition naming the termination, and C's node
+// says nothing of readiness.
+func TestAnAgentUnderARequestedStopReportsNoReadiness(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		marked bool // the roots' chunk of the mark has committed
+	}{{"requested", false}, {"roots marked", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			held, holdOpt := newHeldStops(t)
+			mark, srv := startMarkHeld(t, 1, holdOpt)
+			t.Cleanup(held.free)
+			admin := srv.AdminClients()
+			ctx := context.Background()
+			r := register(t, admin, "pool")
+			c, err := srv.Clients(r.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: r.Node.NodeId, Name: "worker-v2", Labels: map[string]string{"version": "v2"}}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			self := c.Msg.Node.NodeId
+			if tc.marked {
+				mark.arm()
+			} else {
+				held.hold()
+			}
+			term := terminate(t, admin, r.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+			if tc.marked {
+				<-mark.reached
+			}
+			if n := getNode(t, admin, self); n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+				t.Fatalf("the child is %s before the mark reaches it, want running", n.State)
+			}
+			_, err = srv.Clients(c.Msg.Credential).Agent.ReportReady(ctx, connect.NewRequest(&tetherv1.ReportReadyRequest{NodeId: self}))
+			if connect.CodeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), term.TerminationId) {
+				t.Fatalf("the ready report of a node under a requested stop: %v, want failed_precondition naming termination %s", err, term.TerminationId)
+			}
+			if n := getNode(t, admin, self); n.ReadyAt != nil {
+				t.Fatalf("the child under the stop reads ready at %s", n.ReadyAt.AsTime())
+			}
+			held.free()
+			mark.free()
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+		})
+	}
+}
+
+// TestARolloutCountsNoReplacementAStopCovers: an operator's tree of
+// replacements (its root P labelled like the rollout's target, and P's
+// child C2 likewise) is being stopped: P is marked draining and the mark,
+// busy, has not reached C2, which still reads running and ready (it
+// reported ready a moment before the stop). A rollout counted C2 as a
+// ready replacement — the workload of a stop standing in for the agent
+// the rollout drains, to be handed that agent's jobs once the batch is
+// marked, which the stop's mark then cancels — beside R3, a replacement
+// no stop covers: 2 ready where 1 is. A replacement a stop covers is not
+// counted.
+func TestARolloutCountsNoReplacementAStopCovers(t *testing.T) {
+	var (
+		once   sync.Once
+		inHook = make(chan struct{})
+		goOn   = make(chan struct{})
+	)
+	mark, srv := startMarkHeld(t, 1, func(cfg *controlplane.Config) {
+		cfg.RolloutFault = func(point string) {
+			if point == "before-start-batch" {
+				once.Do(func() {
+					close(inHook)
+					<-goOn
+				})
+			}
+		}
+	})
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	registerLabelled(t, admin, "worker-v1", map[string]string{"version": "v1"})
+	p := registerLabelled(t, admin, "pool-v2", map[string]string{"version": "v2"})
+	c2, err := srv.Clients(p.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: p.Node.NodeId, Name: "worker-v2", Labels: map[string]string{"version": "v2"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r3 := registerLabelled(t, admin, "worker-v2b", map[string]string{"version": "v2"})
+	r := startRollout(t, admin, &tetherv1.RolloutRequest{Selector: "version=v1", TargetSelector: "version=v2", Batch: 1,
+		DrainWindow: durationpb.New(time.Second), ConfirmTimeout: durationpb.New(time.Second), BatchDeadline: durationpb.New(time.Hour)})
+	// The rollout chose its first batch and waits, before starting it:
+	// C2 and R3 report ready, then the operator's stop of P marks P and
+	// holds before C2.
+	<-inHook
+	reportReady(t, srv.Clients(c2.Msg.Credential), c2.Msg.Node.NodeId)
+	reportReady(t, admin, r3.Node.NodeId)
+	mark.arm()
+	term := terminate(t, admin, p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, 0)
+	<-mark.reached
+	if n := getNode(t, admin, c2.Msg.Node.NodeId); n.State != tetherv1.NodeState_NODE_STATE_RUNNING || n.ReadyAt == nil {
+		t.Fatalf("C2 is %s, ready at %v, before the mark reaches it; want running and ready", n.State, n.ReadyAt)
+	}
+	close(goOn)
+	r = waitRollout(t, srv, r.RolloutId, "to count batch 0 replaced", func(r *tetherv1.Rollout) bool {
+		return len(r.Batches) == 1 && r.Batches[0].ReplacedAt != nil
+	})
+	if got := r.Counts.GetReplacementsReady(); got != 1 {
+		t.Fatalf("the rollout counts %d ready replacements, want 1 (R3): C2 (%s) is under termination %s", got, c2.Msg.Node.NodeId, term.TerminationId)
+	}
+	mark.free()
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 }
