@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -237,4 +239,82 @@ func TestARolloutCountsNoReplacementAStopCovers(t *testing.T) {
 	}
 	mark.free()
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+}
+
+// TestARogueWhoseCallsFailVerboselyCannotMakeItsStopUnrecordable (guard,
+// nothing found): the record writes the calls a termination accounts for
+// in parts of a chunk of calls each (--termination-chunk, 1,000), one
+// transaction a part, bounded by their number (and, beside the last chunk
+// of nodes, by a page of bytes). An agent chooses its tool's name (123
+// bytes, its scope tool:<name> at 128) and, with its input, the error its
+// gate reports (512 bytes, what the ledger keeps): a rogue's four children
+// with 250 calls each in flight at its stop, each failing with such an
+// error, fill a part of 1,000 calls as heavy as calls get. On Badger with
+// its smallest memtable (8 MiB: transactions of about 1.2 MB, where grants
+// and privileges once made a stop unrecordable) the record is written,
+// every call listed once, failed with the gate's error.
+func TestARogueWhoseCallsFailVerboselyCannotMakeItsStopUnrecordable(t *testing.T) {
+	b, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{MemTableSize: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() }) // after the server stops (cleanups run last-in first-out)
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.Store = b })
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "rogue")
+	rogue := srv.Clients(root.Credential)
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	tool := "x" + strings.Repeat("y", 122) // its scope, tool:<name>, at its 128 bytes
+	const children, each = 4, 250
+	var calls []string
+	for i := range children {
+		child := spawn(t, rogue, root.Node.NodeId, fmt.Sprintf("child-%d", i))
+		g := issueRoot(t, admin, child.Node.NodeId, 24*time.Hour, "tool:*")
+		for range each {
+			c, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: g.token, Tool: tool, GateId: "gate-1"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, c.Msg.Call.CallId)
+		}
+	}
+	term := terminate(t, admin, root.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Second, time.Second)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
+	verbose := strings.Repeat("e", 512) // the rogue's input, echoed in its tool's error
+	for _, id := range calls {
+		if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: id, GateId: "gate-1", Failed: true, Error: verbose})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testserver.WaitFor(t, 2*time.Minute, "the rogue's termination to be recorded", func() bool { // a guard against a hang, not a timing
+		clk.Advance(time.Second)
+		return getTermination(t, admin, term.TerminationId).State == tetherv1.TerminationState_TERMINATION_STATE_TERMINATED
+	})
+	listed := map[string]int{}
+	token := ""
+	for {
+		resp, err := admin.Supervisor.GetRecord(ctx, connect.NewRequest(&tetherv1.GetRecordRequest{TerminationId: term.TerminationId, PageSize: 500, PageToken: token}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range resp.Msg.Record.ToolCalls {
+			listed[c.CallId]++
+			if c.Resolution != tetherv1.CallResolution_CALL_RESOLUTION_FAILED || c.Error != verbose {
+				t.Fatalf("call %s is %s (error of %d bytes) in the record, want failed with the gate's error", c.CallId, c.Resolution, len(c.Error))
+			}
+		}
+		if token = resp.Msg.NextPageToken; token == "" {
+			break
+		}
+	}
+	for _, id := range calls {
+		if listed[id] != 1 {
+			t.Fatalf("call %s is listed %d times, want once", id, listed[id])
+		}
+	}
+	if len(listed) != len(calls) {
+		t.Fatalf("the record lists %d calls, want %d", len(listed), len(calls))
+	}
 }
