@@ -143,3 +143,54 @@ func TestRogue26AReadPastTheDeadlineShowsWhatTheClockDecided(t *testing.T) {
 		}
 	})
 }
+
+// TestRogue26ACancelledResultAcknowledgesTheCancelInAnyOrder: seed §9 and
+// §15. After a cancel request the holder acknowledges it and reports
+// CANCELLED; a reordering transport may deliver the result first. Arrival
+// order is not authority, so the record ends the same either way: the
+// cancel request, its acknowledgement by the holder, CANCELLED. Before,
+// the reordered job's record read "Cancel Requested/ACK true / false"
+// beside CANCELLED — the holder's acknowledgement, which it did send, was
+// refused because the job had ended — while the same messages in order
+// read "true / true".
+func TestRogue26ACancelledResultAcknowledgesTheCancelInAnyOrder(t *testing.T) {
+	transports(t, func(t *testing.T, w *leaseWorld, via func(*testserver.Clients) transport) {
+		w1 := via(w.w1C)
+		end := func(reordered bool) (*tetherv1.Lease, *tetherv1.EvidenceRow) {
+			job := w.job()
+			l, _ := w1.send(t, ack(w.offer(t, job, w.w1, time.Minute)))
+			if _, err := w.plannerC.Lease.RequestCancel(context.Background(), connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: job, Reason: "budget"})); err != nil {
+				t.Fatal(err)
+			}
+			msgs := []*tetherv1.ChannelRequest{cancelAck(l), complete(l, tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED)}
+			if reordered {
+				msgs[0], msgs[1] = msgs[1], msgs[0]
+			}
+			for _, m := range msgs {
+				w1.send(t, m)
+			}
+			rows := w.evidence(t, job)
+			return w.get(t, job), rows[len(rows)-1]
+		}
+		inOrder, inOrderRow := end(false)
+		reordered, reorderedRow := end(true)
+		for _, c := range []struct {
+			name string
+			l    *tetherv1.Lease
+			row  *tetherv1.EvidenceRow
+		}{{"in order", inOrder, inOrderRow}, {"reordered", reordered, reorderedRow}} {
+			if c.l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_CANCELLED || !c.l.CancelRequested || !c.l.CancelAck {
+				t.Errorf("%s: result %s, cancel requested %v, cancel ACK %v; want CANCELLED, true, true", c.name, c.l.TerminalResult, c.l.CancelRequested, c.l.CancelAck)
+			}
+			if !c.row.CancelRequested || !c.row.CancelAck {
+				t.Errorf("%s: the last evidence row (%s %s) reads Cancel Requested/ACK %v / %v; want true / true",
+					c.name, c.row.Message, c.row.Decision.GetAuditEvent(), c.row.CancelRequested, c.row.CancelAck)
+			}
+		}
+		// The acknowledgement that arrives after the result repeats what
+		// the result said: a DUPLICATE, nothing changed.
+		if got := reorderedRow.Decision; got.GetOutcome() != tetherv1.Outcome_OUTCOME_DUPLICATE || got.GetAuditEvent() != tetherv1.AuditEvent_AUDIT_EVENT_DUPLICATE_CANCEL {
+			t.Errorf("the cancel ACK after the CANCELLED result: %s %s (%s); want DUPLICATE DUPLICATE_CANCEL", got.GetOutcome(), got.GetAuditEvent(), got.GetReason())
+		}
+	})
+}
