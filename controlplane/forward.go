@@ -17,6 +17,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/leader"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
@@ -312,8 +313,45 @@ func (f *leaseForwarder) Resolve(ctx context.Context, req *connect.Request[tethe
 // serve, it reads the lease from the store (coordinator.StoredLease), with
 // a linearizable read on etcd — every decision acknowledged before the
 // call is in it, whichever replica made it — and the same authorisation.
+//
+// A lease whose deadline the declared clock has passed is not answered as
+// the store holds it (an ACTIVE lease past its expiry, an offer past its
+// ACK deadline): only the leader records what the clock decided, so such a
+// read goes to it, which settles the deadline before answering (the
+// coordinator's reads do). A tool server's read is answered here: it is
+// told an ACTIVE lease past its expiry is EXPIRED (forFence), and nothing
+// else it reads admits a side effect.
 func (f *leaseForwarder) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
-	return f.local.GetLease(ctx, req)
+	resp, err := f.local.GetLease(ctx, req)
+	if err != nil || !f.settlesElsewhere(ctx) || !dueOnWire(resp.Msg.Lease, f.local.s.cfg.Clock.Now()) {
+		return resp, err
+	}
+	return forwardUnary(ctx, f, req, f.local.GetLease, tetherv1connect.LeaseServiceClient.GetLease)
+}
+
+// settlesElsewhere reports whether a read here of a lease whose deadline
+// passed must go to the leader: this replica's coordinator does not serve,
+// and the caller is not a tool server (whose reads forFence answers).
+func (f *leaseForwarder) settlesElsewhere(ctx context.Context) bool {
+	if serving, _ := f.local.leases().Serving(); serving {
+		return false
+	}
+	p, err := principalOf(ctx)
+	return err == nil && !p.IsToolServer()
+}
+
+// dueOnWire is lease.Due of a lease as GetLease answers it.
+func dueOnWire(l *tetherv1.Lease, now time.Time) bool {
+	passed := func(at interface{ AsTime() time.Time }) bool { return !now.Before(at.AsTime()) }
+	switch l.GetState() {
+	case tetherv1.LeaseState_LEASE_STATE_OFFERED:
+		return l.AckDeadline != nil && passed(l.AckDeadline)
+	case tetherv1.LeaseState_LEASE_STATE_ACTIVE:
+		return l.ExpiresAt != nil && passed(l.ExpiresAt)
+	case tetherv1.LeaseState_LEASE_STATE_TERMINAL:
+		return l.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED && l.UnresolvedUntil != nil && passed(l.UnresolvedUntil)
+	}
+	return false
 }
 
 func (f *leaseForwarder) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {
@@ -323,7 +361,16 @@ func (f *leaseForwarder) ListLeases(ctx context.Context, req *connect.Request[te
 // Evidence is served by every replica: the rows are read from the store
 // on any replica, and so is the lease its authorisation looks at (see
 // GetLease).
+//
+// As for GetLease, a job whose deadline the clock has passed has its
+// evidence read through the leader, which records the deadline's row first.
 func (f *leaseForwarder) Evidence(ctx context.Context, req *connect.Request[tetherv1.EvidenceRequest]) (*connect.Response[tetherv1.EvidenceResponse], error) {
+	if f.settlesElsewhere(ctx) {
+		l, err := f.local.leases().StoredLease(ctx, req.Msg.JobId)
+		if err == nil && lease.Due(l, f.local.s.cfg.Clock.Now()) {
+			return forwardUnary(ctx, f, req, f.local.Evidence, tetherv1connect.LeaseServiceClient.Evidence)
+		}
+	}
 	return f.local.Evidence(ctx, req)
 }
 

@@ -751,6 +751,11 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 		}
 	} else if err := wire.CheckID("job_id", req.Msg.JobId); err != nil {
 		return nil, toConnect(err)
+	} else if _, err := h.leases().Get(ctx, req.Msg.JobId); err != nil && !errors.Is(err, coordinator.ErrNotFound) {
+		// Reading the lease first (as an agent's authorisation does)
+		// records what the clock decided before the rows are read: a
+		// deadline passed is a row, not a gap until the sweep.
+		return nil, toConnect(err)
 	}
 	if req.Msg.PageSize < 0 {
 		return nil, invalid("page_size must not be negative")

@@ -31,6 +31,9 @@
 //
 // Cancellation is two facts, neither of which ends the job: RequestCancel
 // (the coordinator's intent) and CancelAck (the worker's acknowledgement).
+// The holder's Complete(CANCELLED) acknowledges the request too, so the
+// record does not depend on which of the two a reordering transport
+// delivered first (a CancelAck after it is a DUPLICATE).
 // After a cancel request, authority is no longer extended (renews are
 // refused, and a restart gives it no grace, so it ends at ExpiresAt at the
 // latest), progress is recorded as

@@ -246,3 +246,13 @@ func NextDeadline(l Lease) (at time.Time, ok bool) {
 	}
 	return time.Time{}, false
 }
+
+// Due reports whether the coordinator's clock at now has reached the
+// lease's next deadline: the record no longer says what the clock decided
+// (an ACTIVE lease past its expiry, an offer past its ACK deadline, an
+// UNRESOLVED result past its bound) until a Tick, or any message, is
+// judged. A read of such a record must not be answered as it stands.
+func Due(l Lease, now time.Time) bool {
+	at, ok := NextDeadline(l)
+	return ok && !now.Before(at)
+}

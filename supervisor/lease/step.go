@@ -465,6 +465,12 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 		return accept(EventCancelAcked, "%s accepted: the holder acknowledged the cancel request; that does not prove the work stopped, and the job still needs a terminal result", describe(m))
 	case StateExpired:
 		return reject(EventLeaseExpired, ErrLeaseExpired, "%s: %s; the job needs Resolve", describe(m), j.current())
+	case StateTerminal:
+		if l.CancelAck && l.TerminalResult == ResultCancelled {
+			// Acknowledged already, by an earlier CancelAck or by the
+			// holder's CANCELLED result that overtook this one.
+			return duplicate(EventDuplicateCancel, "%s repeats the cancel acknowledgement of %s (the job is CANCELLED); nothing changed", describe(m), ts(l.CancelAckedAt))
+		}
 	}
 	return j.terminalRefusal(m)
 }
@@ -508,8 +514,17 @@ func (j *judge) complete(m Complete) Decision {
 	l.TerminalResult = m.Result
 	l.TerminalAt = j.now
 	l.TerminalDetail = m.Detail
+	acked := ""
+	if m.Result == ResultCancelled && !l.CancelAck {
+		// The holder reporting CANCELLED acknowledges the cancel request
+		// it answers: the record must not depend on whether its
+		// CancelAck arrived before the result or after (seed §15).
+		l.CancelAck = true
+		l.CancelAckedAt = j.now
+		acked = "; it acknowledges the cancel request"
+	}
 	j.move(StateTerminal, EventTerminalAccepted)
-	return accept(EventTerminalAccepted, "%s accepted at %s within the lease (expiry %s)", describe(m), ts(j.now), ts(l.ExpiresAt))
+	return accept(EventTerminalAccepted, "%s accepted at %s within the lease (expiry %s)%s", describe(m), ts(j.now), ts(l.ExpiresAt), acked)
 }
 
 // terminalRefusal answers a worker message that only makes sense before a

@@ -722,7 +722,10 @@ func wait(ctx context.Context, ch chan answer) (Result, error) {
 }
 
 // Get returns the job's lease as last made durable: a decision judged but
-// not yet committed is not visible (see the package documentation). While
+// not yet committed is not visible (see the package documentation). A
+// deadline the declared clock has passed is judged first (the shard's
+// sweep, run before the read), and such a lease is returned once that is
+// durable, never as if the deadline were still ahead; List likewise. While
 // a run serves here, its shard answers from memory; otherwise — on a
 // replica that does not lead, between runs, in a run fenced off — Get
 // reads the store (StoredLease), which holds the same durable state.

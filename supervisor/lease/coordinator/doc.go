@@ -49,6 +49,10 @@
 // answer to a message carries the lease as it stood right after that
 // message, and is sent only once that lease is durable.
 //
+// Get and List never answer a lease as if a deadline the declared clock
+// has passed were still ahead: the shard runs its deadline sweep before
+// the read, and answers a lease the sweep changed once that is durable.
+//
 // # Storage
 //
 // See keys.go for the layout. Every decision writes one evidence row; the

@@ -476,21 +476,39 @@ func (s *shard) handle(o op) {
 		s.building.answers = append(s.building.answers, pendingAnswer{done: o.done, result: Result{Lease: current}})
 	case opGet:
 		s.takeFinished()
+		s.expireBeforeRead()
 		e := s.leases[o.job]
 		if e == nil || !e.durable.Exists() {
 			o.done(Result{}, fmt.Errorf("%w: job %q", ErrNotFound, o.job))
 			return
 		}
+		if lease.Due(e.durable, s.lastNow) {
+			// What the clock decided was just judged (or is being
+			// committed): answer it once durable, never the lease as
+			// if the deadline had not passed.
+			s.building.answers = append(s.building.answers, pendingAnswer{done: o.done, result: Result{Lease: e.pending, Row: e.pendingRows}})
+			return
+		}
 		o.done(Result{Lease: e.durable, Row: e.durableRows}, nil)
 	case opList:
 		s.takeFinished()
+		s.expireBeforeRead()
 		var out []lease.Lease
+		settling := false
 		take := func(jobs map[string]*entry, holder string) {
 			for job, e := range jobs {
 				if !e.durable.Exists() || job <= o.after || (holder != "" && e.durable.HolderIdentity != holder) {
 					continue
 				}
-				out = append(out, e.durable)
+				l := e.durable
+				if lease.Due(l, s.lastNow) {
+					// As for opGet: what the clock decided, once durable.
+					l, settling = e.pending, true
+					if holder != "" && l.HolderIdentity != holder {
+						continue
+					}
+				}
+				out = append(out, l)
 			}
 		}
 		switch {
@@ -506,6 +524,17 @@ func (s *shard) handle(o op) {
 		slices.SortFunc(out, func(a, b lease.Lease) int { return strings.Compare(a.JobID, b.JobID) })
 		if o.limit > 0 && len(out) > o.limit+1 {
 			out = out[:o.limit+1]
+		}
+		if settling {
+			list := o.list
+			s.building.answers = append(s.building.answers, pendingAnswer{done: func(_ Result, err error) {
+				if err != nil {
+					list(nil, err)
+					return
+				}
+				list(out, nil)
+			}})
+			return
 		}
 		o.list(out, nil)
 	case opCount:
@@ -632,6 +661,15 @@ func (s *shard) expire() {
 		s.needAlive = true
 	}
 }
+
+// expireBeforeRead is the deadline sweep (expire), run before a read
+// rather than when the shard's timer next fires: a read after the
+// declared clock passed a deadline answers what the clock decided, not
+// the lease as its last commit left it (a holder gone quiet read ACTIVE
+// past its expiry, an offer nobody ACKed OFFERED past its deadline, until
+// the sweep — up to Config.MaxWait of real time and a commit later). The
+// ticks are the sweep's own, judged once: a later sweep finds nothing due.
+func (s *shard) expireBeforeRead() { s.expire() }
 
 func (s *shard) newBatch() *batch {
 	s.batchSeq++
