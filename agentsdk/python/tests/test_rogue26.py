@@ -49,3 +49,25 @@ def test_a_token_source_refused_by_the_stop_is_a_refused_call(server, tree):
         assert grant.token not in str(refused.value)
         me.confirm_exit("drained")
     assert ran == [], "the tool ran for a stopped agent"
+
+
+def test_an_agent_whose_exit_was_confirmed_is_told_to_stop(server, tree):
+    """A launcher attests an agent's exit (ConfirmExit with an operator
+    token) while the agent's process is in fact still there, cut off from
+    the control plane. The control plane refuses the agent's every session
+    and heartbeat from then on (failed_precondition, each kept as evidence
+    contradicting the exit) and its signal for such a node is "stop now";
+    but the refusal came before that signal, and the SDK took it for a
+    passing fault: it reconnected and beat every few seconds for ever, and
+    never set ``aborted``, so the agent's work went on."""
+    child = tree.root.spawn("r26-attested")
+    me = Agent.join(server.url, child.credential)
+    me.heartbeat_every = 0.2
+    tree.operator.call("AgentService", "ConfirmExit", {"nodeId": child.node_id, "reason": "its process is gone"})
+    stopped: list = []
+    me.on_abort(stopped.append)
+    with me:
+        assert me.aborted.wait(10), "the agent was never told to stop after its exit was confirmed"
+        wait_for("the agent to stop following the control plane", lambda: all(not t.is_alive() for t in me._threads))
+    assert stopped and stopped[0].abort
+    assert me.run_error is not None and me.run_error.code == "failed_precondition"
