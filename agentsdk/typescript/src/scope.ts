@@ -1,3 +1,5 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+
 import { Agent, CapabilityToken } from "./agent.js";
 import type { DialOptions } from "./conn.js";
 import { ToolGate } from "./toolgate.js";
@@ -24,7 +26,7 @@ export class TetherScope {
   readonly parent?: TetherScope;
   readonly #dial?: DialOptions;
   #children: TetherScope[] = [];
-  #session?: { stop: AbortController; done: Promise<void> };
+  #session?: { stop: AbortController; done: Promise<void>; error?: unknown };
 
   constructor(agent: Agent, gate: ToolGate, token: CapabilityToken, parent?: TetherScope, dial?: DialOptions) {
     this.agent = agent;
@@ -64,7 +66,9 @@ export class TetherScope {
   /**
    * Spawns a child node under this one, delegates it a narrower grant, and
    * joins it in this process with its own credential and session; the
-   * child's calls are recorded under its node.
+   * child's calls are recorded under its node. It rejects with the control
+   * plane's refusal when the child's session cannot open (the subtree was
+   * terminated in between).
    */
   async child(name: string, options: ChildOptions): Promise<TetherScope> {
     const spawned = await this.agent.spawn(name, options.labels);
@@ -72,7 +76,14 @@ export class TetherScope {
     const agent = await Agent.join(this.agent.conn.baseUrl, spawned.credential, this.#dial);
     const scope = new TetherScope(agent, this.gate, agent.capabilityToken(grant), this, this.#dial);
     scope.startSession();
-    await agent.opened;
+    try {
+      await scope.#opened();
+    } catch (err) {
+      scope.#session?.stop.abort();
+      await scope.#session?.done;
+      agent.close();
+      throw err;
+    }
     this.#children.push(scope);
     return scope;
   }
@@ -81,7 +92,26 @@ export class TetherScope {
   startSession(heartbeatMs?: number): void {
     if (this.#session) return;
     const stop = new AbortController();
-    this.#session = { stop, done: this.agent.run({ signal: stop.signal, heartbeatMs }).catch(() => {}) };
+    const session: { stop: AbortController; done: Promise<void>; error?: unknown } = { stop, done: Promise.resolve() };
+    session.done = this.agent.run({ signal: stop.signal, heartbeatMs }).catch((err: unknown) => {
+      session.error = err;
+    });
+    this.#session = session;
+  }
+
+  /**
+   * Resolves once this node's session is open, or rejects with the reason
+   * the session loop ended without opening one (its node terminated, or its
+   * exit confirmed, between the join and the session): the session never
+   * opens then, and a wait for it alone held a handoff, and the run behind
+   * it, for ever after the stop.
+   */
+  async #opened(): Promise<void> {
+    const session = this.#session;
+    if (!session) return this.agent.opened;
+    let open = false;
+    await Promise.race([this.agent.opened.then(() => (open = true)), session.done]);
+    if (!open) throw session.error ?? new ConnectError("the sub-agent's session ended before it opened", Code.Unavailable);
   }
 
   /** The children spawned so far. */

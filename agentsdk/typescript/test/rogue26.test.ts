@@ -3,9 +3,10 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Code, ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
 
-import { Agent, StopSignalled } from "../src/index.js";
+import { Agent, MaxMessageBytes, StopSignalled, TetherScope } from "../src/index.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -63,5 +64,48 @@ describe("rogue26: an agent whose exit was confirmed while it was cut off", () =
     } finally {
       me.close();
     }
+  });
+});
+
+describe("rogue26: a sub-agent whose subtree is terminated as it joins", () => {
+  // TetherScope.child (an adapter's handoff or subgraph) spawns the child,
+  // delegates it a grant, joins it and waits for its session to open. A
+  // subtree terminated in between (an abort of the run's agent) has the
+  // child's session refused (unauthenticated: its node is terminated): the
+  // session loop ends, the child's abort fires, and the session never opens.
+  // child() waited for that opening without end, so the handoff, and the
+  // framework's run behind it, hung after the stop instead of ending.
+  test("child() ends with the refusal, not a wait for a session that will never open", async () => {
+    const root = await server.rootAgent("rogue26-handoff");
+    const gate = await server.gate("rogue26-handoff-gate");
+    let terminated = false;
+    // Before the child's first session goes out, its whole subtree is
+    // aborted and the termination waited out: the stop lands between the
+    // join and the session, deterministically.
+    const stopFirst: Interceptor = (next) => async (req) => {
+      if (req.method.name === "Session" && !terminated) {
+        terminated = true;
+        await server.record(await server.terminate(root.agent.nodeId, "abort", 1));
+      }
+      return next(req);
+    };
+    const dial = {
+      transport: (bearer: Interceptor) =>
+        createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", interceptors: [bearer, stopFirst], readMaxBytes: MaxMessageBytes }),
+    };
+    const scope = new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant), undefined, dial);
+    const err = await within(
+      scope.child("rogue26-sub-agent", { scopes: ["tool:search"] }).then(
+        (child) => {
+          void child.close();
+          return undefined;
+        },
+        (e: unknown) => e,
+      ),
+      30_000,
+      () => `child() did not end (subtree terminated: ${terminated})`,
+    );
+    assert.ok(terminated, "the subtree was not terminated between the join and the session");
+    assert.ok(err instanceof ConnectError && err.code === Code.Unauthenticated, `child() ended with ${String(err)}`);
   });
 });
