@@ -7,8 +7,9 @@ import threading
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, TypeVar
 
+from .._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError
 from ..agent import Aborted, Agent, Child, Grant, Signal
-from ..toolgate import Token, ToolGate
+from ..toolgate import Token, ToolGate, ToolRefused
 
 T = TypeVar("T")
 
@@ -56,8 +57,17 @@ class Subtree:
         plane refuses to widen)."""
 
         def spawn() -> tuple[Child, Grant]:
-            child = self.agent.spawn(name, {"tether.dev/sub-agent": name})
-            grant = self.agent.delegate(self.grant_id, child.node_id, scopes, ttl=ttl)
+            try:
+                child = self.agent.spawn(name, {"tether.dev/sub-agent": name})
+                grant = self.agent.delegate(self.grant_id, child.node_id, scopes, ttl=ttl)
+            except ConnectError as e:
+                # A sub-agent refused (its parent draining or aborting, a
+                # grant revoked or too narrow) fails the run as a refused
+                # tool call does: with ToolRefused, which the adapters raise
+                # as themselves and an agent catches to wait for its stop.
+                if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
+                    raise ToolRefused(e.code, e.message, details=e.details) from None
+                raise
             with self._lock:
                 self.children.append((child, grant))
             return child, grant
