@@ -94,3 +94,33 @@ def test_a_subgraph_entered_while_draining_fails_the_run_with_tool_refused(drain
     with pytest.raises(ToolRefused) as e:
         asyncio.run(node({"messages": []}))
     assert e.value.draining, e.value
+
+
+def test_a_sub_agent_refused_its_grant_leaves_no_node_unaccounted(server, tree, gate):
+    """A handoff whose scopes the run's grant does not cover: the child is
+    spawned, its delegation refused (permission_denied) and the run fails
+    with ToolRefused. The child node, which never ran, was left behind with
+    nobody to confirm its exit: the next termination's record counted it
+    unaccounted, an honest run's sub-agent reading as a rogue."""
+
+    @function_tool
+    def search(query: str) -> str:
+        """Searches."""
+        raise AssertionError("a sub-agent without a grant must not run its tools")
+
+    model = ScriptedModel([[function_call("transfer_to_researcher", {}, call_id="c1")], [assistant_message("no")]])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    researcher = SDKAgent(name="researcher", model=model, tools=[search])
+    triage = tether.agent(SDKAgent(name="triage", model=model), handoffs=[tether.handoff(researcher, scopes=["mcp:fs/*"])])
+    with pytest.raises(ToolRefused) as e:
+        tether.run_sync(triage, "go")
+    assert e.value.code == "permission_denied", e.value
+    term = terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
+    tree.root.confirm_exit("drained")
+    with tree.operator.stream("SupervisorService", "WatchTermination", {"terminationId": term["terminationId"]}, read_timeout=60) as watch:
+        for msg in watch:
+            if msg.get("termination", {}).get("state") == "TERMINATION_STATE_TERMINATED":
+                break
+    record = tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+    outcomes = {n["name"]: (n.get("outcome"), n.get("unaccountedReason", "")) for n in record["nodes"]}
+    assert all(o == "NODE_OUTCOME_CONFIRMED" for o, _ in outcomes.values()), outcomes
