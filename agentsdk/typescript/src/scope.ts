@@ -1,6 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 
-import { Agent, CapabilityToken } from "./agent.js";
+import { Agent, CapabilityToken, type Grant } from "./agent.js";
 import type { DialOptions } from "./conn.js";
 import { ToolGate } from "./toolgate.js";
 
@@ -11,6 +11,39 @@ export interface ChildOptions {
   /** The child grant's lifetime in ms (default 10 minutes, never past the parent's). */
   ttlMs?: number;
   labels?: Record<string, string>;
+}
+
+/**
+ * Ends a spawned child that will never run (its grant was refused), as a
+ * child process that exits does: its own session opened and closed, and its
+ * claim to have exited last. Left as it was, nobody confirmed its exit and
+ * the next termination's record counted the honest run's sub-agent
+ * unaccounted. Best effort: a child already stopped refuses it, and the
+ * refusal that brought us here is what the caller hears. The wait for the
+ * session is bounded by the connection's timeoutMs (a session loop that
+ * cannot reach the control plane reconnects for ever).
+ */
+async function endUnused(baseUrl: string, credential: string, dial?: DialOptions): Promise<void> {
+  const stop = new AbortController();
+  let agent: Agent | undefined;
+  let done: Promise<void> = Promise.resolve();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    agent = await Agent.join(baseUrl, credential, dial);
+    done = agent.run({ signal: stop.signal }).catch(() => {});
+    const bound: Promise<void>[] = [];
+    if (agent.conn.timeoutMs > 0) bound.push(new Promise((resolve) => (timer = setTimeout(resolve, agent!.conn.timeoutMs))));
+    let open = false;
+    await Promise.race([agent.opened.then(() => (open = true)), done, ...bound]);
+    if (open) await agent.confirmExit("never ran: its grant was refused");
+  } catch {
+    // The refusal being thrown matters more.
+  } finally {
+    clearTimeout(timer);
+    stop.abort();
+    await done;
+    agent?.close();
+  }
 }
 
 /**
@@ -68,11 +101,18 @@ export class TetherScope {
    * joins it in this process with its own credential and session; the
    * child's calls are recorded under its node. It rejects with the control
    * plane's refusal when the child's session cannot open (the subtree was
-   * terminated in between).
+   * terminated in between), or when its delegation is refused (then after
+   * ending the child it spawned, so that no record counts it unaccounted).
    */
   async child(name: string, options: ChildOptions): Promise<TetherScope> {
     const spawned = await this.agent.spawn(name, options.labels);
-    const grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
+    let grant: Grant;
+    try {
+      grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
+    } catch (err) {
+      await endUnused(this.agent.conn.baseUrl, spawned.credential, this.#dial);
+      throw err;
+    }
     const agent = await Agent.join(this.agent.conn.baseUrl, spawned.credential, this.#dial);
     const scope = new TetherScope(agent, this.gate, agent.capabilityToken(grant), this, this.#dial);
     scope.startSession();

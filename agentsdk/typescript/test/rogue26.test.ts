@@ -7,6 +7,7 @@ import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 
 import { Agent, MaxMessageBytes, StopSignalled, TetherScope } from "../src/index.js";
+import { NodeOutcome } from "../src/gen/tether/v1/supervisor_pb.js";
 import { startServer, TestServer } from "./server.js";
 
 let server: TestServer;
@@ -107,5 +108,28 @@ describe("rogue26: a sub-agent whose subtree is terminated as it joins", () => {
     );
     assert.ok(terminated, "the subtree was not terminated between the join and the session");
     assert.ok(err instanceof ConnectError && err.code === Code.Unauthenticated, `child() ended with ${String(err)}`);
+  });
+});
+
+describe("rogue26: a sub-agent refused its grant", () => {
+  // TetherScope.child spawns the child, then delegates it its grant: a
+  // delegation the control plane refuses (scopes the run's grant does not
+  // cover) left the child node behind, never run, with nobody to confirm its
+  // exit, and the next termination's record counted it unaccounted: an
+  // honest run's sub-agent read as a rogue.
+  test("child() ends the child it spawned, so the record accounts for it", async () => {
+    const root = await server.rootAgent("rogue26-ungranted");
+    const gate = await server.gate("rogue26-ungranted-gate");
+    const scope = new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant));
+    const err = await scope.child("rogue26-ungranted-child", { scopes: ["mcp:fs/*"] }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof ConnectError && err.code === Code.PermissionDenied, `child() ended with ${String(err)}`);
+    const terminationId = await server.terminate(root.agent.nodeId, "drain", 30);
+    await root.agent.confirmExit("drained");
+    const record = await server.record(terminationId);
+    const outcomes = Object.fromEntries(record.nodes.map((n) => [n.name, `${NodeOutcome[n.outcome]} ${n.unaccountedReason}`]));
+    for (const [name, outcome] of Object.entries(outcomes)) assert.match(outcome, /^CONFIRMED/, `${name}: ${outcome} (${JSON.stringify(outcomes)})`);
   });
 });
