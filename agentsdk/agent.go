@@ -206,7 +206,10 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) {
 // Run keeps the agent's session open until ctx ends, reconnecting when the
 // stream breaks, and applies the signals and refreshed credentials it
 // receives. It returns nil once the node is terminated and the agent has
-// been told so.
+// been told so. It returns the control plane's refusal, the agent's work
+// aborted, when the credential is refused (unauthenticated,
+// permission_denied) or the session is, because the node's exit was
+// confirmed (failed_precondition: a launcher's attestation).
 func (a *Agent) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
@@ -218,6 +221,16 @@ func (a *Agent) Run(ctx context.Context) error {
 			// The credential is dead (the node was terminated): nothing to
 			// reconnect to. Make sure work stops.
 			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "credential rejected: " + connect.CodeOf(err).String()})
+			return err
+		}
+		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+			// The node's exit was confirmed (a launcher's attestation while
+			// the agent was cut off): the control plane refuses its every
+			// session and heartbeat, before the "stop now" it signals such
+			// a node, so the refusal is that signal. Reconnecting, the agent
+			// had each refusal stored as evidence against its exit, and its
+			// work was never told to stop.
+			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "the node's exit was confirmed: stop now"})
 			return err
 		}
 		t := time.NewTimer(backoff)

@@ -184,7 +184,9 @@ export class Agent {
    * refreshed credentials it receives. It resolves when options.signal
    * aborts, or when the control plane ends the session because the node is
    * terminated after it was told so; it rejects when the credential is
-   * refused without a signal first (the agent's work is aborted then too).
+   * refused without a signal first, or the control plane refuses the
+   * session because the node's exit was confirmed (failed_precondition; a
+   * launcher's attestation): the agent's work is aborted then too.
    * The wait before a reconnect doubles from 100 ms up to 5 s while
    * sessions fail to open, and starts again from 100 ms after one opened.
    */
@@ -209,6 +211,18 @@ export class Agent {
         // reconnect to. Make sure work stops.
         const told = this.#drain.signal.aborted;
         this.#handle({ kind: SignalKind.ABORT, terminationId: "", reason: `credential rejected: ${Code[code]}` });
+        if (told) return;
+        throw err;
+      }
+      if (code === Code.FailedPrecondition) {
+        // The node's exit was confirmed (a launcher's attestation while
+        // the agent was cut off): the control plane refuses its every
+        // session and heartbeat, before the "stop now" it signals such a
+        // node, so the refusal is that signal. Reconnecting, the agent
+        // had each refusal stored as evidence against its exit, and its
+        // work was never told to stop.
+        const told = this.#drain.signal.aborted;
+        this.#handle({ kind: SignalKind.ABORT, terminationId: "", reason: "the node's exit was confirmed: stop now" });
         if (told) return;
         throw err;
       }

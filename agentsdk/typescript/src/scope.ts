@@ -1,4 +1,6 @@
-import { Agent, CapabilityToken } from "./agent.js";
+import { Code, ConnectError } from "@connectrpc/connect";
+
+import { Agent, CapabilityToken, type Grant } from "./agent.js";
 import type { DialOptions } from "./conn.js";
 import { ToolGate } from "./toolgate.js";
 
@@ -9,6 +11,39 @@ export interface ChildOptions {
   /** The child grant's lifetime in ms (default 10 minutes, never past the parent's). */
   ttlMs?: number;
   labels?: Record<string, string>;
+}
+
+/**
+ * Ends a spawned child that will never run (its grant was refused), as a
+ * child process that exits does: its own session opened and closed, and its
+ * claim to have exited last. Left as it was, nobody confirmed its exit and
+ * the next termination's record counted the honest run's sub-agent
+ * unaccounted. Best effort: a child already stopped refuses it, and the
+ * refusal that brought us here is what the caller hears. The wait for the
+ * session is bounded by the connection's timeoutMs (a session loop that
+ * cannot reach the control plane reconnects for ever).
+ */
+async function endUnused(baseUrl: string, credential: string, dial?: DialOptions): Promise<void> {
+  const stop = new AbortController();
+  let agent: Agent | undefined;
+  let done: Promise<void> = Promise.resolve();
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  try {
+    agent = await Agent.join(baseUrl, credential, dial);
+    done = agent.run({ signal: stop.signal }).catch(() => {});
+    const bound: Promise<void>[] = [];
+    if (agent.conn.timeoutMs > 0) bound.push(new Promise((resolve) => (timer = setTimeout(resolve, agent!.conn.timeoutMs))));
+    let open = false;
+    await Promise.race([agent.opened.then(() => (open = true)), done, ...bound]);
+    if (open) await agent.confirmExit("never ran: its grant was refused");
+  } catch {
+    // The refusal being thrown matters more.
+  } finally {
+    clearTimeout(timer);
+    stop.abort();
+    await done;
+    agent?.close();
+  }
 }
 
 /**
@@ -24,7 +59,7 @@ export class TetherScope {
   readonly parent?: TetherScope;
   readonly #dial?: DialOptions;
   #children: TetherScope[] = [];
-  #session?: { stop: AbortController; done: Promise<void> };
+  #session?: { stop: AbortController; done: Promise<void>; error?: unknown };
 
   constructor(agent: Agent, gate: ToolGate, token: CapabilityToken, parent?: TetherScope, dial?: DialOptions) {
     this.agent = agent;
@@ -64,15 +99,31 @@ export class TetherScope {
   /**
    * Spawns a child node under this one, delegates it a narrower grant, and
    * joins it in this process with its own credential and session; the
-   * child's calls are recorded under its node.
+   * child's calls are recorded under its node. It rejects with the control
+   * plane's refusal when the child's session cannot open (the subtree was
+   * terminated in between), or when its delegation is refused (then after
+   * ending the child it spawned, so that no record counts it unaccounted).
    */
   async child(name: string, options: ChildOptions): Promise<TetherScope> {
     const spawned = await this.agent.spawn(name, options.labels);
-    const grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
+    let grant: Grant;
+    try {
+      grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
+    } catch (err) {
+      await endUnused(this.agent.conn.baseUrl, spawned.credential, this.#dial);
+      throw err;
+    }
     const agent = await Agent.join(this.agent.conn.baseUrl, spawned.credential, this.#dial);
     const scope = new TetherScope(agent, this.gate, agent.capabilityToken(grant), this, this.#dial);
     scope.startSession();
-    await agent.opened;
+    try {
+      await scope.#opened();
+    } catch (err) {
+      scope.#session?.stop.abort();
+      await scope.#session?.done;
+      agent.close();
+      throw err;
+    }
     this.#children.push(scope);
     return scope;
   }
@@ -81,7 +132,26 @@ export class TetherScope {
   startSession(heartbeatMs?: number): void {
     if (this.#session) return;
     const stop = new AbortController();
-    this.#session = { stop, done: this.agent.run({ signal: stop.signal, heartbeatMs }).catch(() => {}) };
+    const session: { stop: AbortController; done: Promise<void>; error?: unknown } = { stop, done: Promise.resolve() };
+    session.done = this.agent.run({ signal: stop.signal, heartbeatMs }).catch((err: unknown) => {
+      session.error = err;
+    });
+    this.#session = session;
+  }
+
+  /**
+   * Resolves once this node's session is open, or rejects with the reason
+   * the session loop ended without opening one (its node terminated, or its
+   * exit confirmed, between the join and the session): the session never
+   * opens then, and a wait for it alone held a handoff, and the run behind
+   * it, for ever after the stop.
+   */
+  async #opened(): Promise<void> {
+    const session = this.#session;
+    if (!session) return this.agent.opened;
+    let open = false;
+    await Promise.race([this.agent.opened.then(() => (open = true)), session.done]);
+    if (!open) throw session.error ?? new ConnectError("the sub-agent's session ended before it opened", Code.Unavailable);
   }
 
   /** The children spawned so far. */

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, close_stream
+from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -325,12 +325,19 @@ class Agent:
         await asyncio.to_thread(self.close)
 
     def _credential_dead(self, err: ConnectError) -> bool:
-        if err.code not in (UNAUTHENTICATED, PERMISSION_DENIED):
+        if err.code not in (UNAUTHENTICATED, PERMISSION_DENIED, FAILED_PRECONDITION):
             return False
         # Nothing to reconnect to (the node was terminated): make sure work
-        # stops, as the control plane has already stopped listening.
+        # stops, as the control plane has already stopped listening. A
+        # failed_precondition is a node whose exit was confirmed (a
+        # launcher's attestation while the agent was cut off): the control
+        # plane refuses its every session and heartbeat, before the "stop
+        # now" it signals such a node, so the refusal is that signal.
+        # Retried, each refusal was stored as evidence against the exit, and
+        # the agent's work was never told to stop.
         self.run_error = err
-        self._handle(Signal(abort=True, reason=f"credential rejected: {err.code}"))
+        reason = "the node's exit was confirmed: stop now" if err.code == FAILED_PRECONDITION else f"credential rejected: {err.code}"
+        self._handle(Signal(abort=True, reason=reason))
         self._stop.set()
         return True
 

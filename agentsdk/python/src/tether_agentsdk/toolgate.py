@@ -26,7 +26,9 @@ Token = Union[str, Callable[[], str]]
 class ToolRefused(ConnectError):
     """The control plane refused to begin the call: permission_denied for a
     bad, revoked or too narrow token, failed_precondition while the caller's
-    subtree drains or aborts. The tool did not run."""
+    subtree drains or aborts. Its refusal of the token the call would
+    present (a token source's refresh, a sub-agent's spawn) is one too. The
+    tool did not run."""
 
     @property
     def draining(self) -> bool:
@@ -228,7 +230,18 @@ class ToolGate(StreamFollower):
         return GATE_CALL_TIMEOUT if timeout is None or timeout <= 0 else min(GATE_CALL_TIMEOUT, timeout)
 
     def _begin(self, token: Token, tool: str, required_scope: str) -> GateCall:
-        tok = token() if callable(token) else token
+        try:
+            tok = token() if callable(token) else token
+        except ConnectError as e:
+            # A token source asks the control plane for a fresh token (a
+            # refresh, a sub-agent's spawn): its refusal of an agent being
+            # stopped, or of a revoked grant, is the call's refusal, as
+            # BeginCall's would be. Raised as it came, it escaped the
+            # ToolRefused an agent catches to wait for its stop's signal,
+            # and the agent died on its stop without confirming its exit.
+            if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
+                raise ToolRefused(e.code, e.message, details=e.details) from None
+            raise
         req = {"token": tok, "tool": tool, "gateId": self.gate_id}
         if required_scope:
             req["requiredScope"] = required_scope

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from datetime import timedelta
 from typing import Any, Awaitable, Callable, TypeVar
 
+from .._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError
 from ..agent import Aborted, Agent, Child, Grant, Signal
-from ..toolgate import Token, ToolGate
+from ..toolgate import Token, ToolGate, ToolRefused
 
 T = TypeVar("T")
+
+log = logging.getLogger("tether_agentsdk")
 
 
 class Node:
@@ -38,6 +42,25 @@ class Node:
         return tok() if callable(tok) else tok
 
 
+def _end_unused(child: Child, conn: Any) -> None:
+    """Ends a spawned child that will never run (its grant was refused), as
+    a child process that exits does: its own session opened and closed, and
+    its claim to have exited last. Left as it was, nobody confirmed its exit
+    and the next termination's record counted the honest run's sub-agent
+    unaccounted. Best effort: a child already stopped refuses it, and the
+    refusal that brought us here is what the caller hears."""
+    me = Agent(conn.with_token(child.credential), child.node)
+    try:
+        me.start()
+        timeout = conn.timeout if conn.timeout and conn.timeout > 0 else 30.0
+        if me.opened.wait(timeout):  # a bound on the wait, not a pause
+            me.confirm_exit("never ran: its grant was refused")
+    except Exception:  # noqa: BLE001 — the refusal being raised matters more
+        log.warning("tether: could not end sub-agent %s, whose grant was refused", child.node_id, exc_info=True)
+    finally:
+        me.close()
+
+
 class Subtree:
     """A run under one Tether agent (started: its signals followed) with its
     grant. ``gate`` is a ToolGate reporting with the tool layer's own token."""
@@ -56,8 +79,21 @@ class Subtree:
         plane refuses to widen)."""
 
         def spawn() -> tuple[Child, Grant]:
-            child = self.agent.spawn(name, {"tether.dev/sub-agent": name})
-            grant = self.agent.delegate(self.grant_id, child.node_id, scopes, ttl=ttl)
+            try:
+                child = self.agent.spawn(name, {"tether.dev/sub-agent": name})
+                try:
+                    grant = self.agent.delegate(self.grant_id, child.node_id, scopes, ttl=ttl)
+                except BaseException:
+                    _end_unused(child, self.agent.conn)
+                    raise
+            except ConnectError as e:
+                # A sub-agent refused (its parent draining or aborting, a
+                # grant revoked or too narrow) fails the run as a refused
+                # tool call does: with ToolRefused, which the adapters raise
+                # as themselves and an agent catches to wait for its stop.
+                if e.code in (PERMISSION_DENIED, FAILED_PRECONDITION, UNAUTHENTICATED):
+                    raise ToolRefused(e.code, e.message, details=e.details) from None
+                raise
             with self._lock:
                 self.children.append((child, grant))
             return child, grant

@@ -1,0 +1,126 @@
+"""The twenty-sixth hostile pass on the Python SDK's framework adapters: a
+sub-agent taken while the run's agent is being stopped. The adapters
+promise that a refusal fails the run with ToolRefused, which an agent
+catches to wait for its stop's signal and confirm its exit; the spawn of
+a handoff's or subgraph's child, refused (failed_precondition) once the
+run's agent drains, escaped as a bare ConnectError (wrapped by the
+framework) instead."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import pytest
+
+from conftest import require_extra
+from helpers import terminate
+
+require_extra("agents")
+require_extra("langgraph")
+
+from agents import Agent as SDKAgent  # noqa: E402
+from agents import function_tool, set_tracing_disabled  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+from tether_agentsdk import ToolGate, ToolRefused, tool_gate  # noqa: E402
+from tether_agentsdk.adapters.langgraph import TetherGraph  # noqa: E402
+from tether_agentsdk.adapters.openai_agents import TetherAgents  # noqa: E402
+
+set_tracing_disabled(True)
+
+
+@pytest.fixture
+def gate(server):
+    name = "r26-gate-" + uuid.uuid4().hex[:8]
+    g = ToolGate(server.tool_server(name), name).start()
+    assert g.ready.wait(10)
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def draining(tree, gate):
+    """The tree's root draining, a call of its own held in flight so that
+    the drain stays open."""
+    inside, release = threading.Event(), threading.Event()
+
+    def holder():
+        with tool_gate(gate, "hold", token=tree.root_token):
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    try:
+        assert inside.wait(10)
+        terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
+        assert tree.root.draining.wait(10)
+        yield tree
+    finally:
+        release.set()
+        t.join(30)
+
+
+def test_a_handoff_taken_while_draining_fails_the_run_with_tool_refused(draining, gate):
+    tree = draining
+
+    @function_tool
+    def search(query: str) -> str:
+        """Searches."""
+        raise AssertionError("a refused sub-agent must not run its tools")
+
+    model = ScriptedModel([[function_call("transfer_to_researcher", {}, call_id="c1")], [assistant_message("no")]])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    researcher = SDKAgent(name="researcher", model=model, tools=[search])
+    triage = tether.agent(SDKAgent(name="triage", model=model), handoffs=[tether.handoff(researcher, scopes=["tool:search"])])
+    with pytest.raises(ToolRefused) as e:
+        tether.run_sync(triage, "go")
+    assert e.value.draining, e.value
+    assert tether.children == []
+
+
+def test_a_subgraph_entered_while_draining_fails_the_run_with_tool_refused(draining, gate):
+    tree = draining
+    tether = TetherGraph(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    researcher = tether.sub_agent("researcher", scopes=["tool:search"])
+
+    class Subgraph:
+        async def ainvoke(self, state, config=None):
+            raise AssertionError("a refused sub-agent must not run")
+
+    node = researcher.node(Subgraph())
+    with pytest.raises(ToolRefused) as e:
+        asyncio.run(node({"messages": []}))
+    assert e.value.draining, e.value
+
+
+def test_a_sub_agent_refused_its_grant_leaves_no_node_unaccounted(server, tree, gate):
+    """A handoff whose scopes the run's grant does not cover: the child is
+    spawned, its delegation refused (permission_denied) and the run fails
+    with ToolRefused. The child node, which never ran, was left behind with
+    nobody to confirm its exit: the next termination's record counted it
+    unaccounted, an honest run's sub-agent reading as a rogue."""
+
+    @function_tool
+    def search(query: str) -> str:
+        """Searches."""
+        raise AssertionError("a sub-agent without a grant must not run its tools")
+
+    model = ScriptedModel([[function_call("transfer_to_researcher", {}, call_id="c1")], [assistant_message("no")]])
+    tether = TetherAgents(tree.root, gate, token=tree.root_token, grant_id=tree.root_grant_id)
+    researcher = SDKAgent(name="researcher", model=model, tools=[search])
+    triage = tether.agent(SDKAgent(name="triage", model=model), handoffs=[tether.handoff(researcher, scopes=["mcp:fs/*"])])
+    with pytest.raises(ToolRefused) as e:
+        tether.run_sync(triage, "go")
+    assert e.value.code == "permission_denied", e.value
+    term = terminate(tree.operator, tree.root.node_id, "drain", confirm="1s")
+    tree.root.confirm_exit("drained")
+    with tree.operator.stream("SupervisorService", "WatchTermination", {"terminationId": term["terminationId"]}, read_timeout=60) as watch:
+        for msg in watch:
+            if msg.get("termination", {}).get("state") == "TERMINATION_STATE_TERMINATED":
+                break
+    record = tree.operator.call("SupervisorService", "GetRecord", {"terminationId": term["terminationId"]})["record"]
+    outcomes = {n["name"]: (n.get("outcome"), n.get("unaccountedReason", "")) for n in record["nodes"]}
+    assert all(o == "NODE_OUTCOME_CONFIRMED" for o, _ in outcomes.values()), outcomes

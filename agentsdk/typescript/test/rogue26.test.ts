@@ -1,0 +1,135 @@
+// The twenty-sixth hostile pass on the TypeScript SDK, through a real tether
+// server: what the SDK does when the control plane says no to an agent.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+
+import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
+import { createConnectTransport } from "@connectrpc/connect-node";
+
+import { Agent, MaxMessageBytes, StopSignalled, TetherScope } from "../src/index.js";
+import { NodeOutcome } from "../src/gen/tether/v1/supervisor_pb.js";
+import { startServer, TestServer } from "./server.js";
+
+let server: TestServer;
+
+before(async () => {
+  server = await startServer();
+});
+after(async () => {
+  await server?.stop();
+});
+
+/** p, or a rejection naming what did not happen within ms (a guard against a hang, not a timing). */
+function within<T>(p: Promise<T>, ms: number, what: () => string): Promise<T> {
+  let timer!: ReturnType<typeof setTimeout>;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what()} within ${ms} ms`)), ms);
+  });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+}
+
+describe("rogue26: an agent whose exit was confirmed while it was cut off", () => {
+  // A launcher attests the agent's exit (ConfirmExit with an operator
+  // token) while its process is in fact still there, cut off from the
+  // control plane. The control plane refuses the agent's every session from
+  // then on (failed_precondition, each kept as evidence contradicting the
+  // exit); its signal for such a node is "stop now", but the refusal comes
+  // before it. run() took the refusal for a passing fault and reconnected
+  // for ever, and agent.signal never aborted: the agent's work went on.
+  test("is told to stop, and run() ends with the refusal", async () => {
+    const root = await server.rootAgent("rogue26-attested");
+    const spawned = await root.agent.spawn("rogue26-attested-child");
+    const me = await Agent.join(server.baseUrl, spawned.credential);
+    try {
+      await server.operator.agent.confirmExit({ nodeId: spawned.node.nodeId, reason: "its process is gone" });
+      const warnings: string[] = [];
+      const stop = new AbortController();
+      const ran = me.run({ signal: stop.signal, heartbeatMs: 200, warn: (m) => warnings.push(m) });
+      try {
+        const err = await within(
+          ran.then(
+            () => undefined,
+            (e: unknown) => e,
+          ),
+          10_000,
+          () => `run() did not end (it tried again ${warnings.length} times)`,
+        );
+        assert.ok(err instanceof ConnectError && err.code === Code.FailedPrecondition, `run() ended with ${String(err)}`);
+        assert.ok(me.signal.aborted, "the agent's work was not told to stop");
+        assert.ok(me.signal.reason instanceof StopSignalled && me.signal.reason.abort, String(me.signal.reason));
+        assert.match(me.signal.reason.reason, /exit was confirmed/);
+      } finally {
+        stop.abort();
+        await ran.catch(() => {});
+      }
+    } finally {
+      me.close();
+    }
+  });
+});
+
+describe("rogue26: a sub-agent whose subtree is terminated as it joins", () => {
+  // TetherScope.child (an adapter's handoff or subgraph) spawns the child,
+  // delegates it a grant, joins it and waits for its session to open. A
+  // subtree terminated in between (an abort of the run's agent) has the
+  // child's session refused (unauthenticated: its node is terminated): the
+  // session loop ends, the child's abort fires, and the session never opens.
+  // child() waited for that opening without end, so the handoff, and the
+  // framework's run behind it, hung after the stop instead of ending.
+  test("child() ends with the refusal, not a wait for a session that will never open", async () => {
+    const root = await server.rootAgent("rogue26-handoff");
+    const gate = await server.gate("rogue26-handoff-gate");
+    let terminated = false;
+    // Before the child's first session goes out, its whole subtree is
+    // aborted and the termination waited out: the stop lands between the
+    // join and the session, deterministically.
+    const stopFirst: Interceptor = (next) => async (req) => {
+      if (req.method.name === "Session" && !terminated) {
+        terminated = true;
+        await server.record(await server.terminate(root.agent.nodeId, "abort", 1));
+      }
+      return next(req);
+    };
+    const dial = {
+      transport: (bearer: Interceptor) =>
+        createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", interceptors: [bearer, stopFirst], readMaxBytes: MaxMessageBytes }),
+    };
+    const scope = new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant), undefined, dial);
+    const err = await within(
+      scope.child("rogue26-sub-agent", { scopes: ["tool:search"] }).then(
+        (child) => {
+          void child.close();
+          return undefined;
+        },
+        (e: unknown) => e,
+      ),
+      30_000,
+      () => `child() did not end (subtree terminated: ${terminated})`,
+    );
+    assert.ok(terminated, "the subtree was not terminated between the join and the session");
+    assert.ok(err instanceof ConnectError && err.code === Code.Unauthenticated, `child() ended with ${String(err)}`);
+  });
+});
+
+describe("rogue26: a sub-agent refused its grant", () => {
+  // TetherScope.child spawns the child, then delegates it its grant: a
+  // delegation the control plane refuses (scopes the run's grant does not
+  // cover) left the child node behind, never run, with nobody to confirm its
+  // exit, and the next termination's record counted it unaccounted: an
+  // honest run's sub-agent read as a rogue.
+  test("child() ends the child it spawned, so the record accounts for it", async () => {
+    const root = await server.rootAgent("rogue26-ungranted");
+    const gate = await server.gate("rogue26-ungranted-gate");
+    const scope = new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant));
+    const err = await scope.child("rogue26-ungranted-child", { scopes: ["mcp:fs/*"] }).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    assert.ok(err instanceof ConnectError && err.code === Code.PermissionDenied, `child() ended with ${String(err)}`);
+    const terminationId = await server.terminate(root.agent.nodeId, "drain", 30);
+    await root.agent.confirmExit("drained");
+    const record = await server.record(terminationId);
+    const outcomes = Object.fromEntries(record.nodes.map((n) => [n.name, `${NodeOutcome[n.outcome]} ${n.unaccountedReason}`]));
+    for (const [name, outcome] of Object.entries(outcomes)) assert.match(outcome, /^CONFIRMED/, `${name}: ${outcome} (${JSON.stringify(outcomes)})`);
+  });
+});
