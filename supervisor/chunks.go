@@ -643,12 +643,20 @@ type markChunk struct {
 // termination that did it (ReachNode). Every node of the subtree gets
 // exactly one entry.
 func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
+	return s.markWith(ctx, id, nil, now)
+}
+
+// markWith is mark given the termination as the caller read it (hint,
+// nil: none): what the chunk will read that it names is asked for with
+// the termination (markReads, planMark), one request on etcd where two or
+// three went in turn.
+func (s *Supervisor) markWith(ctx context.Context, id string, hint *Termination, now time.Time) error {
 	var handedOver []string
 	var members, listed int
 	var done bool
 	var mode Mode
 	budget := s.chunkSize()
-	plan, err := s.planMark(ctx, id, budget)
+	plan, planned, err := s.planMark(ctx, id, hint, budget)
 	if err != nil {
 		return err
 	}
@@ -666,6 +674,12 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	err = s.Store.Update(ctx, func(tx store.Txn) error {
 		handedOver, done, wrote, advanced = nil, false, nil, Termination{}
 		attempts++
+		if attempts == 1 && planned != nil {
+			keys, scans := markReads(planned, plan, kept)
+			if err := store.PrefetchReads(tx, keys, scans); err != nil {
+				return err
+			}
+		}
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
@@ -682,7 +696,8 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			t.MembersIntact = true
 			t.CancelsOrderedAtMark = t.Mode == ModeAbort
 			roots := t.RootIDs()
-			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), append(store.KeysOf(roots, ledger.OpenCallPrefix), store.KeysOf(roots, ledger.EndedOnPrefix)...)); err != nil {
+			keys, scans := rootsReads(roots)
+			if err := store.PrefetchReads(tx, keys, scans); err != nil {
 				return err
 			}
 			var err error
@@ -772,6 +787,38 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	return err
 }
 
+// rootsReads is what the mark's first chunk reads of its roots: their
+// nodes, their lists of open and of ended calls, and their stop requests.
+func rootsReads(roots []string) (keys [][]byte, scans []store.ScanFrom) {
+	keys = append(store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, tree.StopRequestedKey)...)
+	for _, r := range roots {
+		scans = append(scans, store.ScanFrom{Prefix: ledger.OpenCallPrefix(r)}, store.ScanFrom{Prefix: ledger.EndedOnPrefix(r)})
+	}
+	return keys, scans
+}
+
+// markReads is what a chunk of the mark reads that planned (the
+// termination as its plan read it) names, with the termination: the
+// roots' reads (rootsReads) for the first chunk, and for a later one the
+// nodes of the plan's kids that are not kept (the others are checked at
+// the commit, not read).
+func markReads(planned *Termination, plan *markPlan, kept map[string]keptNode) (keys [][]byte, scans []store.ScanFrom) {
+	keys = [][]byte{terminationKey(planned.ID)}
+	switch {
+	case planned.Phase != PhaseRequested:
+	case planned.Cursor.Step != ActMark:
+		k, sc := rootsReads(planned.RootIDs())
+		keys, scans = append(keys, k...), sc
+	case plan != nil && plan.from == planned.Cursor:
+		for _, kid := range plan.kids {
+			if _, ok := kept[kid]; !ok {
+				keys = append(keys, tree.NodeKey(kid))
+			}
+		}
+	}
+	return keys, scans
+}
+
 // markPlan is the walk of the subtree index one chunk of the mark lists:
 // from the cursor from, the children of each entry in order (the entries
 // the walk lists expanded after the index's, as later chunks would), up
@@ -810,14 +857,23 @@ var errChildNotesStale = errors.New("supervisor: a child note says a node has no
 // listed itself, as its entry in its parent's list says (the child
 // notes, tree.ChildMayHaveChildren), so the leaves of a level the walk
 // lists and expands in one chunk cost no read.
-func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*markPlan, error) {
-	var plan *markPlan
-	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		plan = nil
+//
+// The termination is read first, and with it (hint: as the caller read
+// it) the index from the hint's cursor, in one request on etcd. planned is
+// the termination as read here (nil if none was).
+func (s *Supervisor) planMark(ctx context.Context, id string, hint *Termination, budget int) (plan *markPlan, planned *Termination, err error) {
+	err = s.Store.View(ctx, func(tx store.ReadTxn) error {
+		plan, planned = nil, nil
+		if hint != nil && hint.ID == id && hint.Phase == PhaseRequested && hint.Cursor.Step == ActMark && hint.Cursor.Entry < hint.Counts.Listed {
+			if err := store.PrefetchReads(tx, [][]byte{terminationKey(id)}, []store.ScanFrom{{Prefix: subtreePrefix(id), Start: subtreeKey(id, hint.Cursor.Entry)}}); err != nil {
+				return err
+			}
+		}
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
 		}
+		planned = &t
 		if t.Phase != PhaseRequested || t.Cursor.Step != ActMark {
 			return nil
 		}
@@ -942,7 +998,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		plan = p
 		return nil
 	})
-	return plan, err
+	return plan, planned, err
 }
 
 // list lists, marks and appends the kids (a plan's), in order.

@@ -420,7 +420,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 			}
 			return wake, nil
 		case ActMark:
-			err = s.mark(ctx, t.ID, now)
+			err = s.markWith(ctx, t.ID, &t, now)
 		case ActEndDrain:
 			err = s.advance(ctx, t, action, progress, now)
 		case ActEscalate, ActCancelCalls:

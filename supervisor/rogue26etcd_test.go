@@ -93,3 +93,53 @@ func TestTheRecordsChunkReadsWhatItsTerminationNamesInOneRequestOnEtcd(t *testin
 	}
 	checkRecord(t, s, term, all)
 }
+
+// TestTheMarksChunksReadWhatTheirTerminationNamesWithItOnEtcd: on etcd,
+// the mark's first chunk (the roots') read the termination, then the
+// roots' nodes and call lists, then their open calls, then each root's
+// stop request, in turn (five read requests with the plan's); a later
+// chunk's plan read the termination, then the subtree index from the
+// cursor. The roots' chunk now asks for the roots' nodes, call lists and
+// stop requests with its termination, as the plan read it; a later
+// chunk's plan asks for the index with the termination, as the pass read
+// it. Every node is still marked and recorded once.
+func TestTheMarksChunksReadWhatTheirTerminationNamesWithItOnEtcd(t *testing.T) {
+	s, st := etcdMarkTestSupervisor(t)
+	ctx, clk := context.Background(), s.Clock
+	all := spawnTen(t, s.Tree)
+	term, err := s.Terminate(ctx, TerminateRequest{NodeID: all[0], Mode: ModeAbort, Reason: "mark reads", RequestedBy: "operator:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := st.Stats()
+	if err := s.markWith(ctx, term.ID, &term, clk.Now()); err != nil { // the roots' chunk
+		t.Fatal(err)
+	}
+	after := st.Stats()
+	roots := after.ReadRequests - before.ReadRequests
+	// The plan's termination, and the chunk's one request (the
+	// termination, the root's node, its call lists and stop request).
+	t.Logf("the roots' chunk: %d read requests, %d ranges", roots, after.Ranges-before.Ranges)
+	if roots > 2 {
+		t.Errorf("the roots' chunk took %d read requests; want 2", roots)
+	}
+	term, err = s.Get(ctx, term.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = st.Stats()
+	if err := s.markWith(ctx, term.ID, &term, clk.Now()); err != nil { // the other 110 nodes
+		t.Fatal(err)
+	}
+	after = st.Stats()
+	kids := after.ReadRequests - before.ReadRequests
+	// The plan's one request (the termination and the index), the walk's
+	// two levels, and the chunk's: the termination, the nodes (no watch
+	// here: one prefetch).
+	t.Logf("the kids' chunk: %d read requests, %d ranges", kids, after.Ranges-before.Ranges)
+	if kids > 5 {
+		t.Errorf("the kids' chunk took %d read requests; want at most 5", kids)
+	}
+	term = reconcileToEnd(t, s, term.ID)
+	checkRecord(t, s, term, all)
+}
