@@ -1318,6 +1318,13 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	seqOf := map[string]int{}
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		// The index from the cursor with the termination (ownedIn): one
+		// request on etcd where two went in turn.
+		if cur.Entry < t.Counts.Listed {
+			if err := store.PrefetchReads(tx, [][]byte{terminationKey(t.ID)}, []store.ScanFrom{{Prefix: subtreePrefix(t.ID), Start: subtreeKey(t.ID, cur.Entry)}}); err != nil {
+				return err
+			}
+		}
 		entries, members, err := ownedIn(tx, t, cur.Entry, s.chunkSize())
 		if err != nil {
 			return err

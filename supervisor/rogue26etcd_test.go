@@ -143,3 +143,32 @@ func TestTheMarksChunksReadWhatTheirTerminationNamesWithItOnEtcd(t *testing.T) {
 	term = reconcileToEnd(t, s, term.ID)
 	checkRecord(t, s, term, all)
 }
+
+// TestTheRevocationsChunkReadsItsIndexWithItsTerminationOnEtcd: on etcd,
+// a chunk of the revocation read the termination, then the subtree index
+// from the cursor, in turn, before the grant store's reads. The index is
+// now asked for with the termination, as the pass read it.
+func TestTheRevocationsChunkReadsItsIndexWithItsTerminationOnEtcd(t *testing.T) {
+	s, st := etcdMarkTestSupervisor(t)
+	ctx := context.Background()
+	all := spawnTen(t, s.Tree)
+	term, err := s.Terminate(ctx, TerminateRequest{NodeID: all[0], Mode: ModeAbort, Reason: "revocation reads", RequestedBy: "operator:test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, p := stepUntil(t, s, term.ID, ActRevoke)
+	before := st.Stats()
+	if err := s.revoke(ctx, term, p, s.Clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	after := st.Stats()
+	// The View's one request and the chunk's transaction's (no grant
+	// store, no privileges here).
+	reads := after.ReadRequests - before.ReadRequests
+	t.Logf("the revocation's chunk: %d read requests, %d ranges", reads, after.Ranges-before.Ranges)
+	if reads > 2 {
+		t.Errorf("the revocation's chunk of 111 nodes took %d read requests; want 2", reads)
+	}
+	term = reconcileToEnd(t, s, term.ID)
+	checkRecord(t, s, term, all)
+}
