@@ -377,6 +377,7 @@ func StopRuleObservations(x *stoprule.Observations) *tetherv1.StopRuleObservatio
 		Revocations:      x.Revocations,
 		NodeName:         x.NodeName,
 		NodeLabels:       x.NodeLabels,
+		CallsInFlightMax: x.CallsInFlightMax,
 	}
 }
 
@@ -404,6 +405,7 @@ func StopRuleObservationsFromProto(p *tetherv1.StopRuleObservations) *stoprule.O
 		Revocations:      p.Revocations,
 		NodeName:         p.NodeName,
 		NodeLabels:       p.NodeLabels,
+		CallsInFlightMax: p.CallsInFlightMax,
 	}
 }
 

@@ -75,21 +75,30 @@ func (rs *Rollouts) Start(ctx context.Context, req RolloutRequest) (Rollout, err
 		// The baseline: the replacements that were ready already. Only
 		// vouched ones count at all until the rollout drains a node of
 		// their tree (credited), and those must report ready afterwards.
-		var readyRoots []string
+		// One a stop covers is not counted, as the observations do not
+		// count it (coveredByStop).
+		var readyNodes []*tree.Node
 		vouched := map[string]bool{}
+		stopping := map[string]tree.LineageStop{}
 		if err := scanNodes(tx, func(n *tree.Node) {
 			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, target) {
 				vouched[n.NodeID] = true
 			}
+			if stopsBelow(n) {
+				stopping[n.NodeID] = tree.LineageStop{NodeID: n.NodeID, State: n.State, TerminationID: n.TerminationID}
+			}
 			if isReady(n) && tree.MatchLabels(n.Labels, target) {
-				readyRoots = append(readyRoots, tree.Root(n))
+				readyNodes = append(readyNodes, n)
 			}
 		}); err != nil {
 			return err
 		}
+		if err := stopRequests(tx, stopping); err != nil {
+			return err
+		}
 		ready := 0
-		for _, root := range readyRoots {
-			if vouched[root] {
+		for _, n := range readyNodes {
+			if vouched[tree.Root(n)] && !coveredByStop(n.NodeID, n.Ancestors, stopping) {
 				ready++
 			}
 		}
@@ -758,12 +767,16 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		targets = nil
 		var candidates []*tree.Node
 		set := map[string]bool{}
-		vouched := map[string]bool{} // roots matching the target selector
-		old := map[string]bool{}     // nodes matching the selector, in any state
-		var under [][]string         // targets' ancestors
-		var shields []*tree.Node     // exited, or stopped by another termination: taken over?
+		vouched := map[string]bool{}              // roots matching the target selector
+		old := map[string]bool{}                  // nodes matching the selector, in any state
+		var under [][]string                      // targets' ancestors
+		var shields []*tree.Node                  // exited, or stopped by another termination: taken over?
+		stopping := map[string]tree.LineageStop{} // nodes stopping, stopped, or with a stop requested
 		drained = drained[:0]
 		err := scanNodes(tx, func(n *tree.Node) {
+			if stopsBelow(n) {
+				stopping[n.NodeID] = tree.LineageStop{NodeID: n.NodeID, State: n.State, TerminationID: n.TerminationID}
+			}
 			if len(n.Ancestors) == 0 && tree.MatchLabels(n.Labels, to) {
 				vouched[n.NodeID] = true
 			}
@@ -796,6 +809,9 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		if err != nil {
 			return err
 		}
+		if err := stopRequests(tx, stopping); err != nil {
+			return err
+		}
 		for _, n := range shields {
 			ok, err := stillCandidate(tx, n)
 			if err != nil {
@@ -814,6 +830,13 @@ func (rs *Rollouts) observe(ctx context.Context, r Rollout) (RolloutFacts, []rep
 		// and had it count for the agent drained before it in its tree.
 		kept := targets[:0]
 		for i, t := range targets {
+			// Nor is a running agent a stop covers before its mark reaches
+			// it (an ancestor stopping, or a stop requested on it or
+			// above): the workload of a termination, whose jobs the mark
+			// will cancel, stands in for no one.
+			if coveredByStop(t.id, under[i], stopping) {
+				continue
+			}
 			t.vouched = vouched[t.root]
 			if !t.vouched && slices.ContainsFunc(under[i], func(a string) bool { return old[a] }) {
 				continue
@@ -936,6 +959,47 @@ func scanNodes(tx store.ReadTxn, fn func(*tree.Node)) error {
 		fn(n)
 		return nil
 	})
+}
+
+// stopsBelow says whether n, stopping, covers its running descendants
+// (tree.StopsBelow). A terminated node has none (its mark reached its
+// whole subtree): it is left out, so that the map of a store's history of
+// terminated agents is not built on every observation.
+func stopsBelow(n *tree.Node) bool {
+	return n.State != tree.NodeStateTerminated && tree.StopsBelow(n.State, n.TerminationID)
+}
+
+// stopRequests adds to stopping the nodes with a stop requested on them
+// and not yet marked there (tree.StopRequestsIn).
+func stopRequests(tx store.ReadTxn, stopping map[string]tree.LineageStop) error {
+	return tree.StopRequestsIn(tx, func(nodeID, terminationID string) {
+		s, ok := stopping[nodeID]
+		if !ok {
+			s = tree.LineageStop{NodeID: nodeID, State: tree.NodeStateRunning}
+		}
+		s.Requested = terminationID
+		stopping[nodeID] = s
+	})
+}
+
+// coveredByStop says whether a stop covers the running node id with
+// ancestors (tree.CoverOf), from stopping: the tree's stopping and stopped
+// nodes and its nodes with a stop requested, read with the scan.
+func coveredByStop(id string, ancestors []string, stopping map[string]tree.LineageStop) bool {
+	if len(stopping) == 0 {
+		return false
+	}
+	lineage := make([]tree.LineageStop, 0, len(ancestors)+1)
+	for _, a := range append(ancestors[:len(ancestors):len(ancestors)], id) {
+		s, ok := stopping[a]
+		if !ok {
+			s = tree.LineageStop{NodeID: a, State: tree.NodeStateRunning}
+		}
+		lineage = append(lineage, s)
+	}
+	lineage[len(lineage)-1].State = tree.NodeStateRunning
+	at, _ := tree.CoverOf(lineage)
+	return at >= 0
 }
 
 func isReady(n *tree.Node) bool {

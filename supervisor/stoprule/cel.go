@@ -109,6 +109,7 @@ var observedFields = []observedField{
 	intField("revocations", func(o *Observations) *int64 { return &o.Revocations }),
 	stringField("node_name", func(o *Observations) *string { return &o.NodeName }),
 	labelsField("node_labels", func(o *Observations) *map[string]string { return &o.NodeLabels }),
+	intField("calls_in_flight_max", func(o *Observations) *int64 { return &o.CallsInFlightMax }),
 }
 
 var observedByName = func() map[string]*observedField {

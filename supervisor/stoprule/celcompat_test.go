@@ -117,6 +117,7 @@ var compatExpressions = []string{
 	`observed.?calls.orValue(7) == 7`, `observed.?node_labels.hasValue()`,
 	`observed.?calls_by_tool[?"http"].orValue(-1) >= 0`,
 	`observed.calls_in_flight > 0 && observed.call_seconds_total / double(observed.calls_in_flight) > 1.5`,
+	`observed.calls_in_flight_max > observed.calls_in_flight && has(observed.calls_in_flight_max)`,
 	`observed.call_seconds_total / 0.0 > 1.0`,
 	`observed.calls / observed.failures > 1`,
 	`observed.calls * 4611686018427387904 > 0`,
@@ -154,7 +155,7 @@ func drawObservations(t *rapid.T) *Observations {
 	}
 	o := &Observations{
 		Calls: small("calls"), CallsByTool: drawCounts(t, "calls_by_tool"), CallsByOutcome: drawCounts(t, "calls_by_outcome"),
-		Failures: small("failures"), FailuresByTool: drawCounts(t, "failures_by_tool"), CallsInFlight: small("in_flight"),
+		Failures: small("failures"), FailuresByTool: drawCounts(t, "failures_by_tool"), CallsInFlight: small("in_flight"), CallsInFlightMax: small("in_flight_max"),
 		CallSecondsTotal: double("total"), CallSecondsMax: double("max"), Spawns: small("spawns"),
 		SubtreeSize: small("subtree_size"), SubtreeDepth: small("subtree_depth"), Depth: small("depth"),
 		AgeSeconds: double("age"), LeasesHeld: small("leases_held"), LeasesByState: drawCounts(t, "leases_by_state"),
@@ -174,7 +175,7 @@ func toProto(o *Observations) *tetherv1.StopRuleObservations {
 		FailuresByTool: o.FailuresByTool, CallsInFlight: o.CallsInFlight, CallSecondsTotal: o.CallSecondsTotal,
 		CallSecondsMax: o.CallSecondsMax, Spawns: o.Spawns, SubtreeSize: o.SubtreeSize, SubtreeDepth: o.SubtreeDepth,
 		Depth: o.Depth, AgeSeconds: o.AgeSeconds, LeasesHeld: o.LeasesHeld, LeasesByState: o.LeasesByState,
-		Revocations: o.Revocations, NodeName: o.NodeName, NodeLabels: o.NodeLabels,
+		Revocations: o.Revocations, NodeName: o.NodeName, NodeLabels: o.NodeLabels, CallsInFlightMax: o.CallsInFlightMax,
 	}
 }
 

@@ -45,7 +45,7 @@ func drawObservations(t *rapid.T) *stoprule.Observations {
 	return &stoprule.Observations{
 		Calls: rapid.Int64().Draw(t, "calls"), CallsByTool: drawCounts(t, "calls_by_tool"), CallsByOutcome: drawCounts(t, "calls_by_outcome"),
 		Failures: rapid.Int64().Draw(t, "failures"), FailuresByTool: drawCounts(t, "failures_by_tool"),
-		CallsInFlight: rapid.Int64().Draw(t, "in_flight"), CallSecondsTotal: rapid.Float64().Draw(t, "total"),
+		CallsInFlight: rapid.Int64().Draw(t, "in_flight"), CallsInFlightMax: rapid.Int64().Draw(t, "in_flight_max"), CallSecondsTotal: rapid.Float64().Draw(t, "total"),
 		CallSecondsMax: rapid.Float64().Draw(t, "max"), Spawns: rapid.Int64().Draw(t, "spawns"),
 		SubtreeSize: rapid.Int64().Draw(t, "subtree_size"), SubtreeDepth: rapid.Int64().Draw(t, "subtree_depth"),
 		Depth: rapid.Int64().Draw(t, "depth"), AgeSeconds: rapid.Float64().Draw(t, "age"),
@@ -129,7 +129,7 @@ func TestEdgeConversionsAreInverse(t *testing.T) {
 func BenchmarkObservationsCodec(b *testing.B) {
 	o := &stoprule.Observations{
 		Calls: 120, CallsByTool: map[string]int64{"shell": 70, "http": 40, "sql": 10}, CallsByOutcome: map[string]int64{"completed": 100, "failed": 9},
-		Failures: 9, FailuresByTool: map[string]int64{"http": 9}, CallsInFlight: 2, CallSecondsTotal: 812.5, CallSecondsMax: 31,
+		Failures: 9, FailuresByTool: map[string]int64{"http": 9}, CallsInFlight: 2, CallsInFlightMax: 5, CallSecondsTotal: 812.5, CallSecondsMax: 31,
 	}
 	raw, err := storecodec.Marshal(o)
 	if err != nil {

@@ -25,6 +25,7 @@ func ApplyCall(o *Observations, before, after *ledger.ToolCall) {
 		o.Calls++
 		bump(&o.CallsByTool, toolKey(o.CallsByTool, after.Tool), 1)
 		o.CallsInFlight++
+		o.CallsInFlightMax = max(o.CallsInFlightMax, o.CallsInFlight)
 		if !ended {
 			return
 		}

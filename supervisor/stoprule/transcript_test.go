@@ -46,6 +46,7 @@ type world struct {
 	self     map[string]map[string]float64
 	rules    []*stoprule.Rule
 	lastEval map[string]stoprule.Result
+	begun    map[string][]*ledger.ToolCall // calls begun and not ended, by node
 	last     error
 	seq      int
 }
@@ -123,7 +124,7 @@ func runTranscript(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	w := &world{nodes: map[string]*tree.Node{}, obs: map[string]*stoprule.Observations{}, self: map[string]map[string]float64{}}
+	w := &world{nodes: map[string]*tree.Node{}, obs: map[string]*stoprule.Observations{}, self: map[string]map[string]float64{}, begun: map[string][]*ledger.ToolCall{}}
 	sc := bufio.NewScanner(f)
 	lineNo := 0
 	for sc.Scan() {
@@ -212,6 +213,21 @@ func runTranscript(t *testing.T, path string) {
 				call.State, call.EndedAt = ledger.CallStateEnded, epoch.Add(d)
 				call.Resolution = map[string]ledger.CallResolution{"completed": ledger.CallResolutionCompleted, "failed": ledger.CallResolutionFailed}[fields[3]]
 				stoprule.ApplyCall(w.observed(n), &ledger.ToolCall{State: begun}, call)
+			case "begin": // begin NODE TOOL: a call that stays in flight
+				call := &ledger.ToolCall{CallID: "c", NodeID: fields[1], Tool: fields[2], State: ledger.CallStateInFlight, BegunAt: epoch}
+				stoprule.ApplyCall(w.observed(fields[1]), nil, call)
+				w.begun[fields[1]] = append(w.begun[fields[1]], call)
+			case "end": // end NODE completed|failed: the node's last begun call ends
+				calls := w.begun[fields[1]]
+				if len(calls) == 0 {
+					fail("no call in flight at %s", fields[1])
+				}
+				before := calls[len(calls)-1]
+				w.begun[fields[1]] = calls[:len(calls)-1]
+				after := *before
+				after.State, after.EndedAt = ledger.CallStateEnded, epoch.Add(time.Second)
+				after.Resolution = map[string]ledger.CallResolution{"completed": ledger.CallResolutionCompleted, "failed": ledger.CallResolutionFailed}[fields[2]]
+				stoprule.ApplyCall(w.observed(fields[1]), before, &after)
 			case "report":
 				if w.self[fields[1]] == nil {
 					w.self[fields[1]] = map[string]float64{}

@@ -78,6 +78,10 @@ type Observations struct {
 	Revocations int64             `pb:"16"`
 	NodeName    string            `pb:"17"`
 	NodeLabels  map[string]string `pb:"18"`
+	// The most calls the node ever had in flight at once: a level's
+	// high-water mark, so a burst begun and ended between two
+	// evaluations is seen at its peak.
+	CallsInFlightMax int64 `pb:"19"`
 }
 
 // Clone returns a copy of o sharing nothing with it.

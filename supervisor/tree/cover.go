@@ -127,6 +127,18 @@ func CoverKeys(nodeID string, ancestors []string) [][]byte {
 	return append(keys, stopRequestedKey(nodeID))
 }
 
+// StopRequestsIn calls fn, read in tx, with each node a termination is
+// requested on and not yet marked there, and that termination: with the
+// nodes' states (StopsBelow), what CoverOf weighs, for a caller that reads
+// the whole tree at once (a rollout judging its replacements) instead of
+// one lineage (CoveringStopIn).
+func StopRequestsIn(tx store.ReadTxn, fn func(nodeID, terminationID string)) error {
+	return tx.Scan([]byte(prefixStopRequested), nil, func(k, v []byte) error {
+		fn(string(k[len(prefixStopRequested):]), string(v))
+		return nil
+	})
+}
+
 // NoteStopRequestedIn notes, in the transaction that requests it, that
 // termination terminationID is requested on nodeID: until its mark's
 // first chunk marks the node (ClearStopRequestedIn), the node and its

@@ -315,9 +315,18 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
+	case !n.SessionClosedAt.IsZero() && n.LastSeenAt.After(n.SessionClosedAt):
+		// A session's end witnesses the process's only when it was the
+		// last the control plane saw of the node: a node that heartbeat
+		// after it (a rogue that closed its session at once and lived on
+		// without one) was alive past that end, which proves nothing about
+		// the exit it claims later.
+		v.UnaccountedReason = fmt.Sprintf("only a claim by %s: the control plane saw the node alive (last seen %s) after its session ended (%s), and never saw it end since",
+			v.ClaimedBy, n.LastSeenAt.UTC().Format(time.RFC3339), n.SessionClosedAt.UTC().Format(time.RFC3339))
 	case !n.SessionClosedAt.IsZero():
 		// A bare claim, corroborated: the control plane saw the session
-		// end and nothing from the node since the claim.
+		// end, nothing from the node after that end but the claim, and
+		// nothing since the claim.
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = ConfirmedByControlPlane, n.SessionClosedAt
 		if n.SessionClosedAt.Before(v.ClaimedAt) {

@@ -24,6 +24,17 @@ func (t *Tree) ReportReady(ctx context.Context, nodeID string, authorize func(*N
 		if !n.ReadyAt.IsZero() {
 			return nil
 		}
+		// Nor under a stop whose mark has not reached it (requested on it
+		// or an ancestor, or marked down to an ancestor): the workload of
+		// a termination does not report itself ready to take over work (a
+		// rollout counts a replacement, and hands it jobs, on this word).
+		cover, err := CoveringStopIn(tx, n)
+		if err != nil {
+			return err
+		}
+		if cover != nil {
+			return fmt.Errorf("%w: %s and cannot become ready", ErrNodeStopping, cover.Describe(nodeID))
+		}
 		n.ReadyAt = now
 		return putNode(tx, n)
 	})

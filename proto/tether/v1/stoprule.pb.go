@@ -202,11 +202,15 @@ type StopRuleObservations struct {
 	LeasesHeld    int64            `protobuf:"varint,14,opt,name=leases_held,json=leasesHeld,proto3" json:"leases_held,omitempty"`
 	LeasesByState map[string]int64 `protobuf:"bytes,15,rep,name=leases_by_state,json=leasesByState,proto3" json:"leases_by_state,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Grants held by the node that were revoked.
-	Revocations   int64             `protobuf:"varint,16,opt,name=revocations,proto3" json:"revocations,omitempty"`
-	NodeName      string            `protobuf:"bytes,17,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
-	NodeLabels    map[string]string `protobuf:"bytes,18,rep,name=node_labels,json=nodeLabels,proto3" json:"node_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revocations int64             `protobuf:"varint,16,opt,name=revocations,proto3" json:"revocations,omitempty"`
+	NodeName    string            `protobuf:"bytes,17,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	NodeLabels  map[string]string `protobuf:"bytes,18,rep,name=node_labels,json=nodeLabels,proto3" json:"node_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The most calls the node ever had in flight at once: the high-water
+	// mark of calls_in_flight, so a burst begun and ended between two
+	// evaluations is seen at its peak.
+	CallsInFlightMax int64 `protobuf:"varint,19,opt,name=calls_in_flight_max,json=callsInFlightMax,proto3" json:"calls_in_flight_max,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StopRuleObservations) Reset() {
@@ -363,6 +367,13 @@ func (x *StopRuleObservations) GetNodeLabels() map[string]string {
 		return x.NodeLabels
 	}
 	return nil
+}
+
+func (x *StopRuleObservations) GetCallsInFlightMax() int64 {
+	if x != nil {
+		return x.CallsInFlightMax
+	}
+	return 0
 }
 
 // StopRuleValue is one value a rule read when it became true.
@@ -1179,7 +1190,7 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\t\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf7\t\n" +
 	"\x14StopRuleObservations\x12\x14\n" +
 	"\x05calls\x18\x01 \x01(\x03R\x05calls\x12T\n" +
 	"\rcalls_by_tool\x18\x02 \x03(\v20.tether.v1.StopRuleObservations.CallsByToolEntryR\vcallsByTool\x12]\n" +
@@ -1202,7 +1213,8 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\vrevocations\x18\x10 \x01(\x03R\vrevocations\x12\x1b\n" +
 	"\tnode_name\x18\x11 \x01(\tR\bnodeName\x12P\n" +
 	"\vnode_labels\x18\x12 \x03(\v2/.tether.v1.StopRuleObservations.NodeLabelsEntryR\n" +
-	"nodeLabels\x1a>\n" +
+	"nodeLabels\x12-\n" +
+	"\x13calls_in_flight_max\x18\x13 \x01(\x03R\x10callsInFlightMax\x1a>\n" +
 	"\x10CallsByToolEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +

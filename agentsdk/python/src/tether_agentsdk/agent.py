@@ -295,13 +295,20 @@ class Agent:
         return self
 
     def close(self) -> None:
-        """Stops following signals and sending heartbeats."""
+        """Stops sending heartbeats, then following signals. In that order:
+        the control plane counts the signals stream's end as witness of the
+        agent's exit only when it saw nothing of the agent after it, so a
+        heartbeat in flight must land before the stream ends."""
         self._stop.set()
+        me = threading.current_thread()
+        for t in self._threads:
+            if t is not me and t.name.startswith("tether-heartbeat-"):
+                t.join(timeout=10)
         stream = self._stream
         if stream is not None:
             stream.close()
         for t in self._threads:
-            if t is not threading.current_thread():
+            if t is not me:
                 t.join(timeout=10)
         self._threads = []
 
