@@ -74,7 +74,7 @@ func TestTheMarkReadsNoChildListOfALeafItsWalkListed(t *testing.T) {
 		t.Fatalf("after the roots' chunk: %+v, %v; want the root listed", stored.Counts, err)
 	}
 	before := st.Stats()
-	plan, err := s.planMark(ctx, term.ID, s.chunkSize())
+	plan, _, err := s.planMark(ctx, term.ID, nil, s.chunkSize())
 	if err != nil {
 		t.Fatal(err)
 	}

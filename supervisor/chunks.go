@@ -330,11 +330,7 @@ func (s *Supervisor) grantsHeld(ctx context.Context, t Termination, held []heldI
 // readHeld reads the items of kind the held index lists for the entries
 // from sequence from up to (not including) to; to < 0: to the end.
 func readHeld(tx store.ReadTxn, term string, kind byte, from, to int) ([]heldItem, error) {
-	prefix := heldPrefix(term, kind)
-	var start []byte
-	if from > 0 {
-		start = []byte(fmt.Sprintf("%s%010d/", prefix, from))
-	}
+	prefix, start := heldScan(term, kind, from)
 	var out []heldItem
 	err := tx.Scan(prefix, start, func(k, v []byte) error {
 		rest := string(k[len(prefix):])
@@ -349,6 +345,22 @@ func readHeld(tx store.ReadTxn, term string, kind byte, from, to int) ([]heldIte
 		return nil
 	})
 	return out, err
+}
+
+// heldScan is the prefix and the start of readHeld's scan from sequence
+// from (a nil start: from the first item).
+func heldScan(term string, kind byte, from int) (prefix, start []byte) {
+	prefix = heldPrefix(term, kind)
+	if from > 0 {
+		start = []byte(fmt.Sprintf("%s%010d/", prefix, from))
+	}
+	return prefix, start
+}
+
+// heldScanFrom is readHeld's scan from sequence from, for PrefetchReads.
+func heldScanFrom(term string, kind byte, from int) store.ScanFrom {
+	prefix, start := heldScan(term, kind, from)
+	return store.ScanFrom{Prefix: prefix, Start: start}
 }
 
 // mayHold keeps the ids whose holdings (by id) say they may hold one of
@@ -631,12 +643,20 @@ type markChunk struct {
 // termination that did it (ReachNode). Every node of the subtree gets
 // exactly one entry.
 func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
+	return s.markWith(ctx, id, nil, now)
+}
+
+// markWith is mark given the termination as the caller read it (hint,
+// nil: none): what the chunk will read that it names is asked for with
+// the termination (markReads, planMark), one request on etcd where two or
+// three went in turn.
+func (s *Supervisor) markWith(ctx context.Context, id string, hint *Termination, now time.Time) error {
 	var handedOver []string
 	var members, listed int
 	var done bool
 	var mode Mode
 	budget := s.chunkSize()
-	plan, err := s.planMark(ctx, id, budget)
+	plan, planned, err := s.planMark(ctx, id, hint, budget)
 	if err != nil {
 		return err
 	}
@@ -654,6 +674,12 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	err = s.Store.Update(ctx, func(tx store.Txn) error {
 		handedOver, done, wrote, advanced = nil, false, nil, Termination{}
 		attempts++
+		if attempts == 1 && planned != nil {
+			keys, scans := markReads(planned, plan, kept)
+			if err := store.PrefetchReads(tx, keys, scans); err != nil {
+				return err
+			}
+		}
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
@@ -670,7 +696,8 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 			t.MembersIntact = true
 			t.CancelsOrderedAtMark = t.Mode == ModeAbort
 			roots := t.RootIDs()
-			if err := store.Prefetch(tx, store.KeysOf(roots, tree.NodeKey), append(store.KeysOf(roots, ledger.OpenCallPrefix), store.KeysOf(roots, ledger.EndedOnPrefix)...)); err != nil {
+			keys, scans := rootsReads(roots)
+			if err := store.PrefetchReads(tx, keys, scans); err != nil {
 				return err
 			}
 			var err error
@@ -760,6 +787,38 @@ func (s *Supervisor) mark(ctx context.Context, id string, now time.Time) error {
 	return err
 }
 
+// rootsReads is what the mark's first chunk reads of its roots: their
+// nodes, their lists of open and of ended calls, and their stop requests.
+func rootsReads(roots []string) (keys [][]byte, scans []store.ScanFrom) {
+	keys = append(store.KeysOf(roots, tree.NodeKey), store.KeysOf(roots, tree.StopRequestedKey)...)
+	for _, r := range roots {
+		scans = append(scans, store.ScanFrom{Prefix: ledger.OpenCallPrefix(r)}, store.ScanFrom{Prefix: ledger.EndedOnPrefix(r)})
+	}
+	return keys, scans
+}
+
+// markReads is what a chunk of the mark reads that planned (the
+// termination as its plan read it) names, with the termination: the
+// roots' reads (rootsReads) for the first chunk, and for a later one the
+// nodes of the plan's kids that are not kept (the others are checked at
+// the commit, not read).
+func markReads(planned *Termination, plan *markPlan, kept map[string]keptNode) (keys [][]byte, scans []store.ScanFrom) {
+	keys = [][]byte{terminationKey(planned.ID)}
+	switch {
+	case planned.Phase != PhaseRequested:
+	case planned.Cursor.Step != ActMark:
+		k, sc := rootsReads(planned.RootIDs())
+		keys, scans = append(keys, k...), sc
+	case plan != nil && plan.from == planned.Cursor:
+		for _, kid := range plan.kids {
+			if _, ok := kept[kid]; !ok {
+				keys = append(keys, tree.NodeKey(kid))
+			}
+		}
+	}
+	return keys, scans
+}
+
 // markPlan is the walk of the subtree index one chunk of the mark lists:
 // from the cursor from, the children of each entry in order (the entries
 // the walk lists expanded after the index's, as later chunks would), up
@@ -798,14 +857,23 @@ var errChildNotesStale = errors.New("supervisor: a child note says a node has no
 // listed itself, as its entry in its parent's list says (the child
 // notes, tree.ChildMayHaveChildren), so the leaves of a level the walk
 // lists and expands in one chunk cost no read.
-func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*markPlan, error) {
-	var plan *markPlan
-	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
-		plan = nil
+//
+// The termination is read first, and with it (hint: as the caller read
+// it) the index from the hint's cursor, in one request on etcd. planned is
+// the termination as read here (nil if none was).
+func (s *Supervisor) planMark(ctx context.Context, id string, hint *Termination, budget int) (plan *markPlan, planned *Termination, err error) {
+	err = s.Store.View(ctx, func(tx store.ReadTxn) error {
+		plan, planned = nil, nil
+		if hint != nil && hint.ID == id && hint.Phase == PhaseRequested && hint.Cursor.Step == ActMark && hint.Cursor.Entry < hint.Counts.Listed {
+			if err := store.PrefetchReads(tx, [][]byte{terminationKey(id)}, []store.ScanFrom{{Prefix: subtreePrefix(id), Start: subtreeKey(id, hint.Cursor.Entry)}}); err != nil {
+				return err
+			}
+		}
 		var t Termination
 		if err := getTermination(tx, id, &t); err != nil {
 			return err
 		}
+		planned = &t
 		if t.Phase != PhaseRequested || t.Cursor.Step != ActMark {
 			return nil
 		}
@@ -930,7 +998,7 @@ func (s *Supervisor) planMark(ctx context.Context, id string, budget int) (*mark
 		plan = p
 		return nil
 	})
-	return plan, err
+	return plan, planned, err
 }
 
 // list lists, marks and appends the kids (a plan's), in order.
@@ -1250,6 +1318,13 @@ func (s *Supervisor) revoke(ctx context.Context, t Termination, p Progress, now 
 	seqOf := map[string]int{}
 	read := 0
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		// The index from the cursor with the termination (ownedIn): one
+		// request on etcd where two went in turn.
+		if cur.Entry < t.Counts.Listed {
+			if err := store.PrefetchReads(tx, [][]byte{terminationKey(t.ID)}, []store.ScanFrom{{Prefix: subtreePrefix(t.ID), Start: subtreeKey(t.ID, cur.Entry)}}); err != nil {
+				return err
+			}
+		}
 		entries, members, err := ownedIn(tx, t, cur.Entry, s.chunkSize())
 		if err != nil {
 			return err
@@ -1377,6 +1452,43 @@ func (s *Supervisor) writeRecord(ctx context.Context, t Termination, p Progress,
 	}
 }
 
+// recordViewReads is what the View of a chunk of the record's nodes
+// reads that t (the termination as the pass read it) names: the
+// termination, its subtree index from the cursor, and the held index's
+// privileges and grants from there (ownedIn, readHeld).
+func recordViewReads(t Termination) (keys [][]byte, scans []store.ScanFrom) {
+	from := t.Cursor.Entry
+	keys = [][]byte{terminationKey(t.ID)}
+	if from < t.Counts.Listed {
+		scans = append(scans, store.ScanFrom{Prefix: subtreePrefix(t.ID), Start: subtreeKey(t.ID, from)})
+	}
+	if t.HeldIndexed {
+		scans = append(scans, heldScanFrom(t.ID, heldPrivilege, from), heldScanFrom(t.ID, heldGrant, from))
+	}
+	return keys, scans
+}
+
+// recordTxnReads is what the transaction of that chunk reads that t
+// names, beside the termination (inChunkReading asks for it): the
+// record's key when the chunk starts the record (start; startRecord), the
+// privileges held from the cursor (membersPrivileges), and the calls the
+// termination accounts for when the chunk is the last (last;
+// callsBesideLastChunk).
+func recordTxnReads(t Termination, start, last bool) (keys [][]byte, scans []store.ScanFrom) {
+	from := t.Cursor.Entry
+	if start {
+		from = 0 // startRecord's cursor
+		keys = append(keys, recordByTermKey(t.ID))
+	}
+	if t.HeldIndexed {
+		scans = append(scans, heldScanFrom(t.ID, heldPrivilege, from))
+	}
+	if last {
+		scans = append(scans, store.ScanFrom{Prefix: ledger.TermCallPrefix(t.ID)})
+	}
+	return keys, scans
+}
+
 // startRecord starts the record in the transaction of its first part (its
 // guard: the chunk runs only while the termination is reconciling, or
 // superseded, and has no record yet).
@@ -1399,7 +1511,13 @@ var errRecordNotDue = errors.New("supervisor: the record is not due")
 // also starts the record, and does nothing when the termination moved
 // on.
 func (s *Supervisor) recordChunk(ctx context.Context, t Termination, start bool, chunk func(tx store.Txn, stored Termination) error) error {
-	err := s.inChunk(ctx, t, nil, func(tx store.Txn, stored Termination) error {
+	return s.recordChunkReading(ctx, t, start, nil, nil, chunk)
+}
+
+// recordChunkReading is recordChunk asking for keys and scans with the
+// termination (inChunkReading).
+func (s *Supervisor) recordChunkReading(ctx context.Context, t Termination, start bool, keys [][]byte, scans []store.ScanFrom, chunk func(tx store.Txn, stored Termination) error) error {
+	err := s.inChunkReading(ctx, t, nil, keys, scans, func(tx store.Txn, stored Termination) error {
 		if start {
 			if err := startRecord(tx, &stored); err != nil {
 				return err
@@ -1423,6 +1541,13 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	var held []heldItem
 	var entries []subtreeEntry
 	if err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		// What the termination as the pass read it names (its index and
+		// its held index from the cursor), with the termination: one
+		// request on etcd where four went in turn (recordReads).
+		keys, scans := recordViewReads(t)
+		if err := store.PrefetchReads(tx, keys, scans); err != nil {
+			return err
+		}
 		var err error
 		entries, ids, err = ownedIn(tx, t, t.Cursor.Entry, budget)
 		if err != nil {
@@ -1484,7 +1609,12 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	var terminated []string
 	var written *ReconciliationRecord
 	var recordUnaccounted int
-	err = s.recordChunk(ctx, t, start, func(tx store.Txn, stored Termination) error {
+	// The transaction's reads the termination names: the record's key
+	// (for the first chunk), the privileges held from the cursor, and,
+	// for the last chunk, the calls the termination accounts for
+	// (callsBesideLastChunk).
+	keys, scans := recordTxnReads(t, start, t.Cursor.Entry+len(entries) >= t.Counts.Listed)
+	err = s.recordChunkReading(ctx, t, start, keys, scans, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		terminated, written = nil, nil
 		// The entries as read before this transaction: an entry never
@@ -2186,7 +2316,23 @@ func (s *Supervisor) keepAckDeadline(t Termination) {
 // the termination as stored; it does nothing when the stored termination
 // has moved on from t: its cursor moved, or moved (when set) says so.
 func (s *Supervisor) inChunk(ctx context.Context, t Termination, moved func(stored, t *Termination) bool, chunk func(tx store.Txn, stored Termination) error) error {
+	return s.inChunkReading(ctx, t, moved, nil, nil, chunk)
+}
+
+// inChunkReading is inChunk asking the store for keys and scans with the
+// termination, before its first read (store.PrefetchReads: one request on
+// etcd, at the revision the transaction then reads at). They are what the
+// chunk will read if the stored termination is t, as it is unless another
+// step moved it meanwhile; a read the chunk then does not make costs a
+// range and guards nothing, and what it reads is checked at the commit as
+// any read.
+func (s *Supervisor) inChunkReading(ctx context.Context, t Termination, moved func(stored, t *Termination) bool, keys [][]byte, scans []store.ScanFrom, chunk func(tx store.Txn, stored Termination) error) error {
 	return s.Store.Update(ctx, func(tx store.Txn) error {
+		if keys != nil || scans != nil {
+			if err := store.PrefetchReads(tx, append([][]byte{terminationKey(t.ID)}, keys...), scans); err != nil {
+				return err
+			}
+		}
 		var stored Termination
 		if err := getTermination(tx, t.ID, &stored); err != nil {
 			return err

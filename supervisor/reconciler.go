@@ -420,7 +420,7 @@ func (s *Supervisor) Reconcile(ctx context.Context, terminationID string) (time.
 			}
 			return wake, nil
 		case ActMark:
-			err = s.mark(ctx, t.ID, now)
+			err = s.markWith(ctx, t.ID, &t, now)
 		case ActEndDrain:
 			err = s.advance(ctx, t, action, progress, now)
 		case ActEscalate, ActCancelCalls:
@@ -496,6 +496,21 @@ func (s *Supervisor) observe(ctx context.Context, t Termination) (Progress, erro
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		ended = ended[:0]
 		p.CancelsPending, p.CallsInFlight = 0, 0
+		// The two lists read first, together (one request on etcd where
+		// two went in turn): the calls the termination accounts for, and
+		// the privileges its held index lists.
+		var scans []store.ScanFrom
+		if !cached {
+			scans = append(scans, store.ScanFrom{Prefix: ledger.TermCallPrefix(t.ID)})
+		}
+		if countHooks && t.HeldIndexed {
+			scans = append(scans, heldScanFrom(t.ID, heldPrivilege, 0))
+		}
+		if len(scans) > 1 {
+			if err := store.PrefetchReads(tx, nil, scans); err != nil {
+				return err
+			}
+		}
 		if cached {
 			for _, st := range kept {
 				switch st {

@@ -194,6 +194,43 @@ type ScanPrefetcher interface {
 	PrefetchScansFrom(scans []ScanFrom) error
 }
 
+// PrefetchReads is Prefetch of keys and PrefetchScansFrom of scans at
+// once: a backend whose reads are round trips fetches them together, in
+// one request per few hundred. It is for a transaction that knows, before
+// its first read, what it will probably read after it (the keys a record
+// it holds names): a key or a scan it then never reads costs a range and
+// guards nothing. Like Prefetch it changes no answer and no guarantee, and
+// backends that read locally ignore it.
+func PrefetchReads(tx ReadTxn, keys [][]byte, scans []ScanFrom) error {
+	for _, k := range keys {
+		if err := CheckKey(k); err != nil {
+			return err
+		}
+	}
+	for _, sc := range scans {
+		if err := CheckPrefix(sc.Prefix); err != nil {
+			return err
+		}
+	}
+	if len(keys) == 0 && len(scans) == 0 {
+		return nil
+	}
+	if p, ok := tx.(ReadsPrefetcher); ok {
+		return p.PrefetchReads(keys, scans)
+	}
+	if err := Prefetch(tx, keys, nil); err != nil {
+		return err
+	}
+	return PrefetchScansFrom(tx, scans)
+}
+
+// ReadsPrefetcher is implemented by the transactions of a backend whose
+// reads are network round trips. Callers use the function PrefetchReads,
+// which checks the keys and prefixes first.
+type ReadsPrefetcher interface {
+	PrefetchReads(keys [][]byte, scans []ScanFrom) error
+}
+
 // Expect reports whether key holds want (want nil: key is absent) in tx.
 // Inside an Update it is a read of key compared with want, and the Update
 // commits only if that comparison still holds at the commit — the

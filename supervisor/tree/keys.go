@@ -36,6 +36,11 @@ func stopRequestedKey(node string) []byte  { return []byte(prefixStopRequested +
 // with GetNodeIn.
 func NodeKey(id string) []byte { return nodeKey(id) }
 
+// StopRequestedKey is the key of a node's stop request (the termination
+// requested and not yet marked at it), for callers that prefetch it
+// before ClearStopRequestedIn.
+func StopRequestedKey(node string) []byte { return stopRequestedKey(node) }
+
 // ChildPrefix is the prefix under which a parent's children are listed
 // (ChildKey(parent, child) for each), for callers that walk a subtree in
 // bounded, resumable steps (the termination's mark).

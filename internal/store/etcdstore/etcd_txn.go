@@ -528,6 +528,14 @@ func (t *etcdReadTxn) PrefetchScansFrom(scans []store.ScanFrom) error {
 	return t.snap.prefetch(t.snap.scanRanges(scans))
 }
 
+// PrefetchReads fetches keys and the first page of each scan together.
+func (t *etcdReadTxn) PrefetchReads(keys [][]byte, scans []store.ScanFrom) error {
+	if t.finished {
+		return store.ErrTxnFinished
+	}
+	return t.snap.prefetch(append(t.snap.prefetchRanges(keys, nil), t.snap.scanRanges(scans)...))
+}
+
 // Revision is the etcd revision the View reads at. Called before any read,
 // it fixes the snapshot at the newest revision.
 func (t *etcdReadTxn) Revision() uint64 {
@@ -758,6 +766,26 @@ func (t *etcdTxn) PrefetchScansFrom(scans []store.ScanFrom) error {
 		return store.ErrTxnFinished
 	}
 	return t.snap.prefetch(t.snap.scanRanges(scans))
+}
+
+// PrefetchReads fetches keys and the first page of each scan together;
+// like Prefetch it guards nothing until fn reads, and skips the keys fn
+// wrote or read already.
+func (t *etcdTxn) PrefetchReads(keys [][]byte, scans []store.ScanFrom) error {
+	if t.finished {
+		return store.ErrTxnFinished
+	}
+	var wanted [][]byte
+	for _, k := range keys {
+		if _, written := t.writes[string(k)]; written {
+			continue
+		}
+		if r, ok := t.reads[t.snap.store.keys.key(k)]; ok && r.valueKnown {
+			continue
+		}
+		wanted = append(wanted, k)
+	}
+	return t.snap.prefetch(append(t.snap.prefetchRanges(wanted, nil), t.snap.scanRanges(scans)...))
 }
 
 func (t *etcdTxn) Put(key, value []byte) error {

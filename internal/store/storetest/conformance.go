@@ -62,6 +62,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"PrefetchChangesNoAnswer", testPrefetchChangesNoAnswer},
 		{"PrefetchKeepsConflictDetection", testPrefetchKeepsConflictDetection},
 		{"PrefetchScansFromChangesNoAnswer", testPrefetchScansFromChangesNoAnswer},
+		{"PrefetchReadsChangesNoAnswer", testPrefetchReadsChangesNoAnswer},
+		{"PrefetchReadsKeepsConflictDetection", testPrefetchReadsKeepsConflictDetection},
 		{"ExpectAnswers", testExpectAnswers},
 		{"ExpectFencesWriters", testExpectFencesWriters},
 		{"ExpectRevisionAnswers", testExpectRevisionAnswers},
@@ -1626,6 +1628,71 @@ func testPrefetchScansFromChangesNoAnswer(t *testing.T, s store.Store) {
 		t.Fatalf("PrefetchScansFrom of a reserved prefix: %v, want ErrInvalidKey (and nothing written)", err)
 	}
 	wantValue(t, s, "rows/b/0004", "4")
+}
+
+// testPrefetchReadsChangesNoAnswer: keys and scans prefetched together
+// read as they do unprefetched, in a View and in an Update (where the
+// transaction's own writes still win), and a reserved key is refused.
+func testPrefetchReadsChangesNoAnswer(t *testing.T, s store.Store) {
+	var pairs []string
+	for i := range 600 {
+		pairs = append(pairs, fmt.Sprintf("rows/a/%04d", i), strconv.Itoa(i))
+	}
+	put(t, s, append(pairs, "head", "h", "empty", "")...)
+	keys := [][]byte{[]byte("head"), []byte("empty"), []byte("absent"), []byte("rows/a/0005")}
+	scans := []store.ScanFrom{
+		{Prefix: []byte("rows/a/"), Start: []byte("rows/a/0010")},
+		{Prefix: []byte("rows/a/"), Start: nil},
+		{Prefix: []byte("rows/c/"), Start: []byte("rows/c/0001")},
+	}
+	read := func(tx store.ReadTxn) (string, error) {
+		var out strings.Builder
+		for _, k := range keys {
+			v, err := tx.Get(k)
+			fmt.Fprintf(&out, "%s=%q %v; ", k, v, err)
+		}
+		for _, sc := range scans {
+			got, err := collect(tx, string(sc.Prefix), string(sc.Start))
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(&out, "%q from %q: %d keys %v; ", sc.Prefix, sc.Start, len(got), got[:min(3, len(got))])
+		}
+		return out.String(), nil
+	}
+	plain, prefetched := readPlainAndPrefetched(t, s, read, func(tx store.ReadTxn) error { return store.PrefetchReads(tx, keys, scans) })
+	if plain != prefetched {
+		t.Fatalf("View reads differ after PrefetchReads:\n plain      %s\n prefetched %s", plain, prefetched)
+	}
+	if !strings.Contains(plain, `"rows/a/" from "rows/a/0010": 590 keys`) {
+		t.Fatalf("the long scan was cut short: %s", plain)
+	}
+	err := s.Update(t.Context(), func(tx store.Txn) error {
+		if err := tx.Put([]byte("head"), []byte("mine")); err != nil {
+			return err
+		}
+		if err := store.PrefetchReads(tx, keys, scans); err != nil {
+			return err
+		}
+		if v, err := tx.Get([]byte("head")); err != nil || string(v) != "mine" {
+			return fmt.Errorf("head inside the Update after its own write: %q, %v; want mine", v, err)
+		}
+		return store.PrefetchReads(tx, [][]byte{[]byte("\x00reserved")}, nil)
+	})
+	if !errors.Is(err, store.ErrInvalidKey) {
+		t.Fatalf("PrefetchReads of a reserved key: %v, want ErrInvalidKey (and nothing written)", err)
+	}
+	wantValue(t, s, "head", "h")
+}
+
+// testPrefetchReadsKeepsConflictDetection: as with Prefetch, concurrent
+// read-modify-write Updates that prefetch what they read (and more, never
+// read) with PrefetchReads lose no increment.
+func testPrefetchReadsKeepsConflictDetection(t *testing.T, s store.Store) {
+	put(t, s, "x", "0")
+	incrementConcurrently(t, s, "x", 16, 20, func(tx store.Txn) error {
+		return store.PrefetchReads(tx, [][]byte{[]byte("x"), []byte("unread")}, []store.ScanFrom{{Prefix: []byte("x")}, {Prefix: []byte("rows/"), Start: []byte("rows/5")}})
+	})
 }
 
 // readPlainAndPrefetched runs read in a View, then in another View after
