@@ -509,6 +509,23 @@ func Spend(ctx context.Context, n int) error {
 	return m.i.charge(m.p, m.procedure, n)
 }
 
+// SpendDone is Spend for work already done, priced by what it turned out
+// to be (a subtree read whole, a request per thousand nodes): the n
+// requests are taken even when the budget has fewer left, which goes into
+// debt and refills at its rate (RateLimiter.Owe), and the work is
+// answered. Spend takes nothing when it refuses, so a price charged after
+// the work and refused waived it: a rogue that kept its budget below that
+// price had the work done for the one request its call took at the Gate
+// (rogue26budget test). Refusing the work once done would save nothing,
+// and a caller that retried when told to would be refused for ever.
+func SpendDone(ctx context.Context, n int) {
+	m, ok := ctx.Value(meterKey{}).(*meter)
+	if !ok || n <= 0 {
+		return
+	}
+	m.i.Limiter.Owe(m.p.Budget(), n)
+}
+
 // SpendMessages is Spend for a batch of n messages, msg(k) the k-th: once
 // the lineage's budget is spent, each message is admitted on its own, as
 // a call of its own would be — a Held message Holds admits from its
