@@ -847,3 +847,13 @@ func (g *envelopeGuard) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// AnswerBytesPerRequest is how many bytes of a unary call's answer one
+// request of the caller's rate budget buys: an answer costs a request per
+// AnswerBytesPerRequest past its first, beyond what the call already paid
+// for its work (a subtree listing's request per thousand nodes read, which
+// an answer of a thousand plain nodes is well within), taken once it is
+// built even past what the budget has left. A listing whose size the
+// caller shapes (the stop rules in effect at a node of a deep chain, each
+// rule kilobytes) answered megabytes for one request.
+const AnswerBytesPerRequest = 256 << 10

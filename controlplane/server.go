@@ -482,10 +482,13 @@ func (s *Server) buildHandler() error {
 		// a client stream, whose messages are also charged one by one.
 		BodyBytesPerRequest: BodyBytesPerRequest,
 		MaxBodyBytes:        s.cfg.MaxRequestBytes,
-		MessagesCharged:     clientStreamingProcedures(),
-		Bind:                bindConn,
-		Cache:               auth.NewTokenCache(0),
-		RateLimited:         s.metrics.rateLimitedCall,
+		// So does an answer past its first AnswerBytesPerRequest bytes,
+		// beyond what the call paid for its work.
+		AnswerBytesPerRequest: AnswerBytesPerRequest,
+		MessagesCharged:       clientStreamingProcedures(),
+		Bind:                  bindConn,
+		Cache:                 auth.NewTokenCache(0),
+		RateLimited:           s.metrics.rateLimitedCall,
 	}
 	// Refused at the Gate, before the observer interceptor: a path that is
 	// not a procedure (the caller's choice) is counted as UnknownProcedure.

@@ -17,6 +17,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -159,7 +160,14 @@ type Interceptor struct {
 	// and Relayed procedures are not priced.
 	BodyBytesPerRequest int
 	MaxBodyBytes        int
-	MessagesCharged     map[string]bool
+	// AnswerBytesPerRequest prices a unary call's answer by its size (0:
+	// not): a request of the caller's budget per AnswerBytesPerRequest
+	// bytes past the first, beyond what the call paid with Spend or
+	// SpendDone for its work, taken once the answer is built even past
+	// what the budget has left, the answer sent all the same
+	// (meter.priceAnswer). Streams' messages are not priced so.
+	AnswerBytesPerRequest int
+	MessagesCharged       map[string]bool
 	// Bind, when set, is told of every request authenticated and
 	// authorised, before its rate budget is charged: the server binds the
 	// connection the request came on (its context says which) to the
@@ -506,7 +514,29 @@ func Spend(ctx context.Context, n int) error {
 	if !ok || n <= 0 {
 		return nil
 	}
-	return m.i.charge(m.p, m.procedure, n)
+	if err := m.i.charge(m.p, m.procedure, n); err != nil {
+		return err
+	}
+	m.paid += n
+	return nil
+}
+
+// SpendDone is Spend for work already done, priced by what it turned out
+// to be (a subtree read whole, a request per thousand nodes): the n
+// requests are taken even when the budget has fewer left, which goes into
+// debt and refills at its rate (RateLimiter.Owe), and the work is
+// answered. Spend takes nothing when it refuses, so a price charged after
+// the work and refused waived it: a rogue that kept its budget below that
+// price had the work done for the one request its call took at the Gate
+// (rogue26budget test). Refusing the work once done would save nothing,
+// and a caller that retried when told to would be refused for ever.
+func SpendDone(ctx context.Context, n int) {
+	m, ok := ctx.Value(meterKey{}).(*meter)
+	if !ok || n <= 0 {
+		return
+	}
+	m.paid += n
+	m.i.Limiter.Owe(m.p.Budget(), n)
 }
 
 // SpendMessages is Spend for a batch of n messages, msg(k) the k-th: once
@@ -639,6 +669,10 @@ type meter struct {
 	// owed: the call was admitted owing (Interceptor.Held), this is its
 	// refusal; settle clears it.
 	owed error
+	// paid counts the requests the call was charged beyond its own (Spend,
+	// SpendDone), which its answer's price (AnswerBytesPerRequest) counts
+	// as paid. A unary call's meter is its goroutine's alone.
+	paid int
 }
 
 // newMeter is the meter of a call admitted with ctx.
@@ -897,7 +931,38 @@ func (i *Interceptor) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			}
 		}
 		// A batch call (SpawnBatch) charges its further items with Spend.
-		return next(context.WithValue(ctx, meterKey{}, m), req)
+		resp, err := next(context.WithValue(ctx, meterKey{}, m), req)
+		if err != nil {
+			return resp, err
+		}
+		m.priceAnswer(resp)
+		return resp, nil
+	}
+}
+
+// priceAnswer charges a unary call's answer by its size
+// (AnswerBytesPerRequest): a request per AnswerBytesPerRequest bytes past
+// the first, less what the call already paid beyond its own request (a
+// listing's price per thousand nodes read, a batch's further items). The
+// answer is built, and may follow a change the call made, so it is
+// answered and its price taken even past what the budget has left
+// (SpendDone): the caller's next calls wait for the debt to refill. A
+// listing whose size the caller shapes (the stop rules in effect along a
+// chain of its nodes, kilobytes each) answered megabytes for one request
+// (rogue26answer test).
+func (m *meter) priceAnswer(resp connect.AnyResponse) {
+	per := m.i.AnswerBytesPerRequest
+	if per <= 0 || resp == nil {
+		return
+	}
+	msg, ok := resp.Any().(proto.Message)
+	if !ok {
+		return
+	}
+	size := proto.Size(msg)
+	if price := (size-1)/per - m.paid; size > per && price > 0 {
+		m.paid += price
+		m.i.Limiter.Owe(m.p.Budget(), price)
 	}
 }
 

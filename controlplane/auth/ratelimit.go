@@ -53,6 +53,23 @@ func (l *RateLimiter) Exhausted(budget string) (bool, time.Duration) {
 	return !ok, wait
 }
 
+// Owe takes n tokens from budget for work already done (a subtree read
+// whole before its size, and so its price, was known; an answer built
+// before its size was): all n even when fewer are left, the budget going
+// into debt that refills at its rate as a spent budget does, so that it
+// admits nothing until the debt is refilled. AllowN takes nothing when it
+// refuses, which suits a price asked before the work; asked after it, a
+// refusal waived the price of what was done.
+func (l *RateLimiter) Owe(budget string, n int) {
+	if l == nil || l.Rate <= 0 || n <= 0 {
+		return
+	}
+	now := l.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refill(budget, now).tokens -= float64(n)
+}
+
 // give returns n tokens to budget (a request it was charged for that
 // turned out to be paid otherwise), up to the burst.
 func (l *RateLimiter) give(budget string, n float64) {
@@ -73,22 +90,10 @@ func (l *RateLimiter) take(budget string, n float64, spend bool) (bool, time.Dur
 	now := l.Now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.buckets == nil {
-		l.buckets = map[string]*bucket{}
+	if _, ok := l.buckets[budget]; !ok && !spend {
+		return true, 0 // a full bucket
 	}
-	b, ok := l.buckets[budget]
-	if !ok {
-		if !spend {
-			return true, 0 // a full bucket
-		}
-		b = &bucket{tokens: l.Burst, last: now}
-		l.buckets[budget] = b
-	}
-	if elapsed := now.Sub(b.last).Seconds(); elapsed > 0 {
-		b.tokens = min(l.Burst, b.tokens+elapsed*l.Rate)
-		b.last = now
-	}
-	l.sweep(now)
+	b := l.refill(budget, now)
 	if b.tokens >= n {
 		if spend {
 			b.tokens -= n
@@ -97,6 +102,25 @@ func (l *RateLimiter) take(budget string, n float64, spend bool) (bool, time.Dur
 	}
 	wait := time.Duration((n - b.tokens) / l.Rate * float64(time.Second))
 	return false, wait
+}
+
+// refill returns budget's bucket (a full one if it had none) topped up to
+// now. l.mu is held.
+func (l *RateLimiter) refill(budget string, now time.Time) *bucket {
+	if l.buckets == nil {
+		l.buckets = map[string]*bucket{}
+	}
+	b, ok := l.buckets[budget]
+	if !ok {
+		b = &bucket{tokens: l.Burst, last: now}
+		l.buckets[budget] = b
+	}
+	if elapsed := now.Sub(b.last).Seconds(); elapsed > 0 {
+		b.tokens = min(l.Burst, b.tokens+elapsed*l.Rate)
+		b.last = now
+	}
+	l.sweep(now)
+	return b
 }
 
 // sweep forgets budgets whose bucket has been full for a minute, so the map

@@ -78,3 +78,34 @@ func TestAllowNAndExhausted(t *testing.T) {
 		t.Fatal("a nil limiter refused")
 	}
 }
+
+// TestOweTakesThePriceOfWorkDonePastTheBudget: AllowN takes nothing when
+// it refuses; Owe takes the whole price all the same (the work is done),
+// and the budget refills from its debt before it admits anything again.
+func TestOweTakesThePriceOfWorkDonePastTheBudget(t *testing.T) {
+	clk := clock.NewManual(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	l := &RateLimiter{Rate: 10, Burst: 3, Now: clk.Now}
+	l.Owe("agent:a", 2) // 1 left
+	l.Owe("agent:a", 3) // -2
+	ok, wait := l.Allow("agent:a")
+	if ok {
+		t.Fatal("a request was admitted from a budget in debt")
+	}
+	if wait != 300*time.Millisecond { // from -2 to 1 at 10/s
+		t.Fatalf("wait = %s, want 300ms (the debt of 2, then one request)", wait)
+	}
+	clk.Advance(200 * time.Millisecond)
+	if ok, _ := l.Allow("agent:a"); ok {
+		t.Fatal("a request was admitted while the budget was still refilling its debt")
+	}
+	clk.Advance(100 * time.Millisecond)
+	if ok, _ := l.Allow("agent:a"); !ok {
+		t.Fatal("a request was refused once the debt was refilled")
+	}
+	l.Owe("agent:b", 0)
+	if ok, _ := l.AllowN("agent:b", 3); !ok {
+		t.Fatal("a price of nothing took something")
+	}
+	var none *RateLimiter
+	none.Owe("x", 100)
+}
