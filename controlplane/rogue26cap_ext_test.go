@@ -1,0 +1,221 @@
+package controlplane_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
+)
+
+// The twenty-sixth hostile pass on the capability tree.
+
+// tcpProxy forwards TCP connections to a target it can change (closing the
+// connections it carries, so that their clients dial again) and can hold
+// every byte in both directions (freeze) until thawed: a replica behind
+// one, as its store's client, hears nothing of its store meanwhile, as a
+// replica whose watch lags does.
+type tcpProxy struct {
+	ln net.Listener
+
+	mu     sync.Mutex
+	target string
+	conns  map[net.Conn]bool
+	thaw   chan struct{} // nil while not frozen; closed at thaw
+	closed bool
+}
+
+func newTCPProxy(t *testing.T, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
+	go p.serve()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *tcpProxy) serve() {
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		target, closed := p.target, p.closed
+		p.mu.Unlock()
+		if closed {
+			in.Close()
+			return
+		}
+		out, err := net.Dial("tcp", target)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[in], p.conns[out] = true, true
+		p.mu.Unlock()
+		go p.pipe(in, out)
+		go p.pipe(out, in)
+	}
+}
+
+// pipe copies from src to dst, holding each chunk while frozen.
+func (p *tcpProxy) pipe(src, dst net.Conn) {
+	defer src.Close()
+	defer dst.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			thaw := p.thaw
+			p.mu.Unlock()
+			if thaw != nil {
+				<-thaw
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func (p *tcpProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thaw == nil {
+		p.thaw = make(chan struct{})
+	}
+}
+
+func (p *tcpProxy) unfreeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.thaw != nil {
+		close(p.thaw)
+		p.thaw = nil
+	}
+}
+
+// retarget sends new connections to target and closes those carried.
+func (p *tcpProxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+func (p *tcpProxy) close() {
+	p.unfreeze()
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.ln.Close()
+	p.retarget("")
+}
+
+// TestRogue26AVerifierKeepsARevocationItAppliedWhenItsFeedMovesToALaggingReplica:
+// a verifier follows the feed through a load balancer in front of two
+// replicas on one etcd. It has applied a revocation from replica A when its
+// stream moves to replica B, whose watch has not delivered it yet. B used
+// to answer the verifier's position, ahead of its own feed, with a
+// snapshot of what it had (a store restored from a backup looks the same),
+// and the verifier replaced its tombstone set with it: the revoked token
+// verified again until B's watch caught up — for as long as the rogue's
+// revocation sat behind B's lag. A replica behind a position its store has
+// reached now waits for its feed to get there; meanwhile the verifier
+// hears nothing and fails closed.
+func TestRogue26AVerifierKeepsARevocationItAppliedWhenItsFeedMovesToALaggingReplica(t *testing.T) {
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	stA := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	a := testserver.Start(t, testserver.WithEtcdStore(stA, "replica-a"), fastHeartbeat)
+	toEtcd := newTCPProxy(t, strings.TrimPrefix(cluster.Endpoints()[0], "http://"))
+	stB := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) {
+		o.Prefix, o.Endpoints = prefix, []string{"http://" + toEtcd.addr()}
+	})
+	b := testserver.Start(t, testserver.WithEtcdStore(stB, "replica-b"), fastHeartbeat)
+
+	admin := a.AdminClients()
+	root := register(t, admin, "root")
+	rc := a.Clients(root.Credential)
+	child := spawn(t, rc, root.Node.NodeId, "child")
+	gRoot := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	gChild := delegate(t, rc, gRoot, child.Node.NodeId, "tool:shell")
+
+	// The verifier reaches the replicas through the balancer, at A first.
+	balancer := newTCPProxy(t, strings.TrimPrefix(a.URL, "http://"))
+	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{
+		Conn:            agentsdk.Dial("http://"+balancer.addr(), a.Admin, agentsdk.WithHTTPClient(testserver.H2CClient())),
+		StalenessBudget: 2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- v.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("verifier: %v", err)
+		}
+	})
+	testserver.WaitFor(t, 20*time.Second, "the verifier to accept the child's token", func() bool {
+		_, err := v.Verify(ctx, gChild.token)
+		return err == nil
+	})
+
+	// B hears nothing of etcd from here on; the parent revokes through A.
+	toEtcd.freeze()
+	revoked, err := revokeGrant(rc, gChild.grant.GrantId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seq := revoked.Sequence
+	testserver.WaitFor(t, 20*time.Second, "the verifier to apply the revocation from A", func() bool {
+		_, err := v.Verify(ctx, gChild.token)
+		return v.Head() >= seq && errors.Is(err, capability.ErrGrantRevoked)
+	})
+
+	// The balancer moves the verifier's stream to B.
+	balancer.retarget(strings.TrimPrefix(b.URL, "http://"))
+	testserver.WaitFor(t, 20*time.Second, "the verifier to hear from B or to fail closed", func() bool {
+		return v.Head() < seq || v.Fresh() != nil
+	})
+	if _, err := v.Verify(ctx, gChild.token); err == nil {
+		t.Fatalf("the verifier accepts the child's token again after it applied its revocation (sequence %d): its feed moved to a replica behind it, and its head went back to %d", seq, v.Head())
+	}
+	if h := v.Head(); h < seq {
+		t.Errorf("the verifier's head went back from %d to %d", seq, h)
+	}
+
+	// Once B catches up the verifier is fresh again, the token still revoked.
+	toEtcd.unfreeze()
+	testserver.WaitFor(t, 30*time.Second, "the verifier to follow B", func() bool {
+		return v.Fresh() == nil && v.Head() >= seq
+	})
+	if _, err := v.Verify(ctx, gChild.token); !errors.Is(err, capability.ErrGrantRevoked) {
+		t.Fatalf("after B caught up the child's token verifies as %v, want revoked", err)
+	}
+}
