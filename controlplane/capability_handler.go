@@ -194,9 +194,15 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 		if err != nil {
 			return nil, err
 		}
+		// Get answers an agent a grant outside its subtree as one that
+		// does not exist (capability.ErrUnknownGrant), and so a grant
+		// dropped since: either way the verdict stands without it. It
+		// refused the whole answer for a live token held elsewhere, while
+		// a revoked one (whose tombstone decides before the grant is read)
+		// was answered.
 		if g, err := c.s.grants.Get(ctx, caller, verdict.Grant.GrantID); err == nil {
 			resp.Grant = wire.Grant(g)
-		} else if !errors.Is(err, grantstore.ErrNotVisible) {
+		} else if !errors.Is(err, grantstore.ErrNotVisible) && !errors.Is(err, capability.ErrUnknownGrant) {
 			return nil, toConnect(err)
 		}
 	}

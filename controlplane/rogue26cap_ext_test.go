@@ -9,11 +9,14 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // The twenty-sixth hostile pass on the capability tree.
@@ -217,5 +220,40 @@ func TestRogue26AVerifierKeepsARevocationItAppliedWhenItsFeedMovesToALaggingRepl
 	})
 	if _, err := v.Verify(ctx, gChild.token); !errors.Is(err, capability.ErrGrantRevoked) {
 		t.Fatalf("after B caught up the child's token verifies as %v, want revoked", err)
+	}
+}
+
+// TestRogue26AnAgentIntrospectingATokenOutsideItsSubtreeGetsTheVerdict:
+// Introspect answers any reader whether a token is active, and includes
+// the stored grant only when the caller may read it. An agent shown a
+// token held outside its subtree (a sibling's, another tree's, as a tool
+// it runs would be) was refused `not_found` for a live one, while a
+// revoked one was answered: the refusal told the two apart and withheld the
+// verdict. Both are now answered, without the grant.
+func TestRogue26AnAgentIntrospectingATokenOutsideItsSubtreeGetsTheVerdict(t *testing.T) {
+	w := newCapWorld(t)
+	for what, token := range map[string]string{"its sibling's": w.gChild.token, "another tree's": w.gUnrelated.token} {
+		in, err := w.sibling.c.Capability.Introspect(context.Background(), connect.NewRequest(&tetherv1.IntrospectRequest{Token: token}))
+		if err != nil {
+			t.Errorf("introspecting %s live token: %v", what, err)
+			continue
+		}
+		if !in.Msg.Active || in.Msg.Grant != nil {
+			t.Errorf("%s live token: active %v, grant %v; want active without the grant", what, in.Msg.Active, in.Msg.Grant)
+		}
+	}
+	if _, err := revokeGrant(w.parent.c, w.gChild.grant.GrantId); err != nil {
+		t.Fatal(err)
+	}
+	in, err := w.sibling.c.Capability.Introspect(context.Background(), connect.NewRequest(&tetherv1.IntrospectRequest{Token: w.gChild.token}))
+	if err != nil {
+		t.Fatalf("introspecting its sibling's revoked token: %v", err)
+	}
+	if in.Msg.Active || in.Msg.Grant != nil {
+		t.Errorf("its sibling's revoked token: active %v, grant %v; want inactive without the grant", in.Msg.Active, in.Msg.Grant)
+	}
+	// Its own subtree's token still comes with its grant.
+	if in := introspect(t, w.parent.c, w.gSibling.token); !in.Active || in.Grant.GetGrantId() != w.gSibling.grant.GrantId {
+		t.Errorf("the parent introspecting its child's token: active %v, grant %v", in.Active, in.Grant)
 	}
 }
