@@ -212,9 +212,10 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 // WatchRevocations streams the revocation feed; see grantstore's package
 // documentation for the protocol. Operators and tool servers get the whole
 // feed. An agent gets only its own lineage's tombstones (the grants held in
-// its tree), with the reason only for grants held by itself or an ancestor
-// — the subtree the revocation affects; the sequence numbers and heads are
-// the feed's, so its position and snapshots work as for anyone.
+// its tree), with the reason and the holder only for grants held by itself
+// or an ancestor — the subtree the revocation affects; the sequence numbers
+// and heads are the feed's, so its position and snapshots work as for
+// anyone.
 func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.Request[tetherv1.WatchRevocationsRequest], stream *connect.ServerStream[tetherv1.WatchRevocationsResponse]) error {
 	show, err := c.revocationFilter(ctx)
 	if err != nil {
@@ -295,7 +296,11 @@ func (c *capabilityService) revocationFilter(ctx context.Context) (func(capabili
 			return capability.Tombstone{}, false
 		}
 		if !affects[t.Holder] {
-			t.Reason = ""
+			// Nor whose it was: the lineage's other nodes (siblings,
+			// cousins) are not the caller's to read (GetNode answers them
+			// as missing), and a termination's revocations would tell it
+			// when each was stopped. The grant id is what a verifier needs.
+			t.Reason, t.Holder = "", ""
 		}
 		return t, true
 	}, nil

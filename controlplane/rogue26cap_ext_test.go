@@ -257,3 +257,52 @@ func TestRogue26AnAgentIntrospectingATokenOutsideItsSubtreeGetsTheVerdict(t *tes
 		t.Errorf("the parent introspecting its child's token: active %v, grant %v", in.Active, in.Grant)
 	}
 }
+
+// TestRogue26AnAgentsFeedDoesNotNameNodesOutsideItsSubtree: an agent's
+// revocation feed carries its lineage's tombstones (a verifier of the
+// lineage's tokens needs their grant ids), but named the node holding each
+// revoked grant: a rogue learned its siblings' and cousins' node ids, and
+// when each was stopped (a termination revokes what the node holds), though
+// GetNode answers it that such a node does not exist. The holder is now
+// named only to the holder itself and to the agents below it, whom the
+// revocation affects (as the reason is).
+func TestRogue26AnAgentsFeedDoesNotNameNodesOutsideItsSubtree(t *testing.T) {
+	w := newCapWorld(t)
+	ctx := context.Background()
+	if _, err := w.sibling.c.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: w.child.id})); connect.CodeOf(err) != connect.CodeNotFound {
+		t.Fatalf("the rogue's GetNode of its sibling: %v, want not_found", err)
+	}
+	revoked, err := revokeGrant(w.parent.c, w.gChild.grant.GrantId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// holders returns grant → holder as a caller's feed shows them.
+	holders := func(c *testserver.Clients) map[string]string {
+		t.Helper()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		stream, err := c.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]string{}
+		for stream.Receive() {
+			for _, ts := range stream.Msg().Tombstones {
+				seen[ts.GrantId] = ts.HolderNodeId
+			}
+			if stream.Msg().HeadSequence >= revoked.Sequence {
+				return seen
+			}
+		}
+		t.Fatalf("the feed ended: %v", stream.Err())
+		return nil
+	}
+	if got := holders(w.sibling.c); got[w.gChild.grant.GrantId] != "" {
+		t.Errorf("the rogue's feed names its sibling %s as the holder of the revoked grant %s (GetNode tells it no such node exists)", got[w.gChild.grant.GrantId], w.gChild.grant.GrantId)
+	}
+	for name, c := range map[string]*testserver.Clients{"the holder": w.child.c, "its descendant": w.descendant.c, "an operator": w.admin} {
+		if got := holders(c); got[w.gChild.grant.GrantId] != w.child.id {
+			t.Errorf("%s's feed names %q as the holder of %s, want %s", name, got[w.gChild.grant.GrantId], w.gChild.grant.GrantId, w.child.id)
+		}
+	}
+}
