@@ -221,6 +221,11 @@ func TestRogue26AVerifierKeepsARevocationItAppliedWhenItsFeedMovesToALaggingRepl
 	if _, err := v.Verify(ctx, gChild.token); !errors.Is(err, capability.ErrGrantRevoked) {
 		t.Fatalf("after B caught up the child's token verifies as %v, want revoked", err)
 	}
+	// A position the store itself never reached (a restored store) is
+	// still answered with a snapshot at once.
+	if m := firstFeedMessage(t, b.AdminClients(), seq+100); !m.Snapshot || m.HeadSequence != seq {
+		t.Fatalf("a follower ahead of the store: snapshot %v, head %d; want a snapshot at %d", m.Snapshot, m.HeadSequence, seq)
+	}
 }
 
 // TestRogue26AnAgentIntrospectingATokenOutsideItsSubtreeGetsTheVerdict:
