@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
@@ -309,5 +310,89 @@ func TestRogue26AnAgentsFeedDoesNotNameNodesOutsideItsSubtree(t *testing.T) {
 		if got := holders(c); got[w.gChild.grant.GrantId] != w.child.id {
 			t.Errorf("%s's feed names %q as the holder of %s, want %s", name, got[w.gChild.grant.GrantId], w.gChild.grant.GrantId, w.child.id)
 		}
+	}
+}
+
+// TestRogue26ACallCannotBeginOnAGrantRevokedAfterItsTokenWasChecked: a
+// gate's BeginCall checks the caller's token (its grant and whole chain,
+// in the store) and then begins the call in a transaction of its own. A
+// revocation acknowledged between the two did not stop the call: the
+// rogue's call began, in flight, on a grant its parent had revoked and
+// been told was revoked. The call's transaction now reads the grant and
+// its chain again, so a revocation either commits first and the call is
+// refused, or commits after a call begun before it.
+func TestRogue26ACallCannotBeginOnAGrantRevokedAfterItsTokenWasChecked(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		armed   bool
+		reached = make(chan struct{})
+		resume  = make(chan struct{})
+	)
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.LedgerFault = func(point string) {
+			mu.Lock()
+			hold := armed && point == "token-checked"
+			armed = armed && !hold
+			mu.Unlock()
+			if hold {
+				close(reached)
+				<-resume
+			}
+		}
+	})
+	var once sync.Once
+	release := func() { once.Do(func() { close(resume) }) }
+	t.Cleanup(release)
+	admin := srv.AdminClients()
+	root := register(t, admin, "root")
+	rc := srv.Clients(root.Credential)
+	rogue := spawn(t, rc, root.Node.NodeId, "rogue")
+	gRoot := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	gRogue := delegate(t, rc, gRoot, rogue.Node.NodeId, "tool:shell")
+	gate := srv.Clients(srv.ToolServerToken(t, "gate"))
+
+	mu.Lock()
+	armed = true
+	mu.Unlock()
+	type begun struct {
+		call *tetherv1.ToolCall
+		err  error
+	}
+	result := make(chan begun, 1)
+	go func() {
+		resp, err := gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: gRogue.token, Tool: "shell"}))
+		if err != nil {
+			result <- begun{err: err}
+			return
+		}
+		result <- begun{call: resp.Msg.Call}
+	}()
+	select {
+	case <-reached:
+	case r := <-result:
+		t.Fatalf("the call was answered before its token was checked: %v %v", r.call, r.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gate's call never reached the ledger")
+	}
+	revoked, err := revokeGrant(rc, gRogue.grant.GrantId)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	var r begun
+	select {
+	case r = <-result:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gate's call never ended")
+	}
+	if r.err == nil {
+		t.Fatalf("call %s began (%s) on grant %s after its revocation was acknowledged (sequence %d)", r.call.CallId, r.call.State, gRogue.grant.GrantId, revoked.Sequence)
+	}
+	if connect.CodeOf(r.err) != connect.CodePermissionDenied || !strings.Contains(r.err.Error(), "revoked") {
+		t.Fatalf("the call was refused with %v, want permission_denied: grant revoked", r.err)
+	}
+	// The gate's next call with the token is refused as before.
+	if _, err := gate.Tool.BeginCall(context.Background(), connect.NewRequest(&tetherv1.BeginCallRequest{Token: gRogue.token, Tool: "shell"})); connect.CodeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("the next call: %v, want permission_denied", err)
 	}
 }
