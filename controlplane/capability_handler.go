@@ -195,9 +195,15 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 		if err != nil {
 			return nil, err
 		}
+		// Get answers an agent a grant outside its subtree as one that
+		// does not exist (capability.ErrUnknownGrant), and so a grant
+		// dropped since: either way the verdict stands without it. It
+		// refused the whole answer for a live token held elsewhere, while
+		// a revoked one (whose tombstone decides before the grant is read)
+		// was answered.
 		if g, err := c.s.grants.Get(ctx, caller, verdict.Grant.GrantID); err == nil {
 			resp.Grant = wire.Grant(g)
-		} else if !errors.Is(err, grantstore.ErrNotVisible) {
+		} else if !errors.Is(err, grantstore.ErrNotVisible) && !errors.Is(err, capability.ErrUnknownGrant) {
 			return nil, toConnect(err)
 		}
 	}
@@ -207,9 +213,10 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 // WatchRevocations streams the revocation feed; see grantstore's package
 // documentation for the protocol. Operators and tool servers get the whole
 // feed. An agent gets only its own lineage's tombstones (the grants held in
-// its tree), with the reason only for grants held by itself or an ancestor
-// — the subtree the revocation affects; the sequence numbers and heads are
-// the feed's, so its position and snapshots work as for anyone.
+// its tree), with the reason and the holder only for grants held by itself
+// or an ancestor — the subtree the revocation affects; the sequence numbers
+// and heads are the feed's, so its position and snapshots work as for
+// anyone.
 func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.Request[tetherv1.WatchRevocationsRequest], stream *connect.ServerStream[tetherv1.WatchRevocationsResponse]) error {
 	show, err := c.revocationFilter(ctx)
 	if err != nil {
@@ -290,7 +297,11 @@ func (c *capabilityService) revocationFilter(ctx context.Context) (func(capabili
 			return capability.Tombstone{}, false
 		}
 		if !affects[t.Holder] {
-			t.Reason = ""
+			// Nor whose it was: the lineage's other nodes (siblings,
+			// cousins) are not the caller's to read (GetNode answers them
+			// as missing), and a termination's revocations would tell it
+			// when each was stopped. The grant id is what a verifier needs.
+			t.Reason, t.Holder = "", ""
 		}
 		return t, true
 	}, nil

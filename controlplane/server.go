@@ -137,6 +137,10 @@ type Config struct {
 	// termination commits (see supervisor.Supervisor.ChunkFault). Tests
 	// only.
 	TerminationFault func(step string, n int)
+	// LedgerFault, when set, is called by the tool-call ledger at
+	// "token-checked": a call's token was checked, before the transaction
+	// that begins the call (see ledger.Ledger.Fault). Tests only.
+	LedgerFault func(point string)
 	// TerminationReconciled, when set, is called as each reconcile of a
 	// termination begins (see supervisor.Supervisor.Reconciled). Tests
 	// only.

@@ -55,7 +55,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 	s.addComponent("grants-feed", grants.RunFeed)
 	s.addLeaderComponent("grants-marker", grants.RunMarker)
 	s.addLeaderComponent("grants-pruner", grants.RunPruner)
-	s.ledger = &ledger.Ledger{Store: s.store, Clock: s.cfg.Clock, AckWindow: supervisor.CancelAckWindow}
+	s.ledger = &ledger.Ledger{Store: s.store, Clock: s.cfg.Clock, AckWindow: supervisor.CancelAckWindow, Fault: s.cfg.LedgerFault}
 	s.privileges = &privilege.Privileges{
 		Store: s.store, Clock: s.cfg.Clock, Handlers: s.cfg.PrivilegeHandlers,
 		AllowHooks: s.cfg.PrivilegeHookAllow, MaxPerNode: s.cfg.PrivilegeMaxPerNode, Log: s.log,

@@ -64,11 +64,16 @@
 //     twice or out of order is harmless (revocation only narrows), so
 //     resuming never needs more precision than that.
 //   - Snapshot. When after is below the compaction point (tombstones above
-//     it were pruned while the follower was away) or above the head (the
-//     follower followed another history, e.g. a restored store), the first
-//     message has Snapshot set: it and the messages up to the head are a
-//     full copy of the live tombstones, and the follower replaces its set
-//     with them rather than adding.
+//     it were pruned while the follower was away) or above the head of the
+//     store itself (the follower followed another history, e.g. a restored
+//     store), the first message has Snapshot set: it and the messages up to
+//     the head are a full copy of the live tombstones, and the follower
+//     replaces its set with them rather than adding.
+//   - Catching up. When after is above this replica's head but not the
+//     store's (the follower came from a replica whose watch was ahead of
+//     this one's), the stream sends nothing, not even a heartbeat, until
+//     this replica's feed reaches after, then resumes as above: a snapshot
+//     there would have the follower drop revocations it applied.
 //   - Heartbeat. When nothing is revoked, the stream sends a message with no
 //     tombstones and the follower's Head every Config.Heartbeat (default two
 //     seconds). A follower measures staleness from the last message it

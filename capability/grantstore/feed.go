@@ -296,6 +296,11 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if newest == 0 {
+		if err := s.catchUp(ctx, after); err != nil {
+			return err
+		}
+	}
 	heartbeat := time.NewTicker(s.cfg.Heartbeat)
 	defer heartbeat.Stop()
 	position, first := after, true
@@ -342,6 +347,47 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 			if err := send(FeedMessage{Head: position, ServerTime: s.cfg.Clock.Now()}); err != nil {
 				return err
 			}
+		}
+	}
+}
+
+// catchUp waits, when a follower's position is ahead of this replica's
+// feed, until the feed reaches it — if the store has: the follower read
+// those tombstones from another replica whose watch was ahead of this
+// one's, and a snapshot of this feed would have it replace its set with
+// one that lacks them (a verifier accepted a token again whose revocation
+// it had applied). Only a position the store itself has not reached (the
+// store was restored from an older copy) is answered with a snapshot, as
+// before. Nothing is sent while it waits, not even a heartbeat (this
+// replica cannot say what followed the position), so the follower fails
+// closed after its staleness budget and may try another replica.
+func (s *Service) catchUp(ctx context.Context, after uint64) error {
+	s.feed.mu.Lock()
+	head := s.feed.head
+	s.feed.mu.Unlock()
+	if after <= head {
+		return nil
+	}
+	stored, err := store.Read(ctx, s.cfg.Store, func(tx store.ReadTxn) (uint64, error) { return getCounter(tx, feedHeadKey) })
+	if err != nil {
+		return err
+	}
+	if stored < after {
+		return nil // the store is behind the follower: a snapshot
+	}
+	for {
+		s.feed.mu.Lock()
+		head, changed := s.feed.head, s.feed.changed
+		s.feed.mu.Unlock()
+		if after <= head {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.feed.stopped:
+			return fmt.Errorf("%w; reconnect", ErrStopped)
+		case <-changed:
 		}
 	}
 }

@@ -3,6 +3,7 @@ package grantstore
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/store"
@@ -56,6 +57,33 @@ func (s *Service) CheckToken(ctx context.Context, token, requiredScope string) (
 		return "", "", fmt.Errorf("%w: grant %s does not allow scope %q", ErrScopeNotGranted, claims.GrantID, requiredScope)
 	}
 	return claims.HolderNodeID, claims.GrantID, nil
+}
+
+// GrantUsableIn implements ledger.TokenChecker: it reads the grant CheckToken
+// named, and its whole chain, again in tx, the transaction that begins the
+// call, and refuses it when it (or an ancestor) is no longer active at
+// now. A revocation acknowledged after CheckToken read the grant is then
+// either seen here or conflicts with tx (both stores compare what tx
+// read), so no call begins on a grant revoked before it.
+func (s *Service) GrantUsableIn(tx store.ReadTxn, grantID string, now time.Time) error {
+	reads := newReader(tx)
+	g, ok := reads.grant(grantID)
+	if err := reads.failed(); err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("%w: grant %s", capability.ErrUnknownGrant, grantID)
+	}
+	if err := prefetchGrants(tx, reads, g.Chain); err != nil {
+		return err
+	}
+	if v := capability.CheckGrant(g, s.tombstones, reads.grant, now); !v.Active {
+		if err := reads.failed(); err != nil {
+			return err
+		}
+		return v.Err
+	}
+	return nil
 }
 
 // Plausible reports whether token could verify against the current keys

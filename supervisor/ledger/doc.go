@@ -21,7 +21,10 @@
 //   - Allow only tool servers to report, each as its own gate: End and
 //     CancelAck refuse a call begun by another gate (ErrWrongGate).
 //   - Give the Ledger a TokenChecker that verifies the capability token
-//     (signature, expiry, revocation chain, scope) before a call begins.
+//     (signature, expiry, revocation chain, scope) before a call begins,
+//     and checks its grant and chain again inside the transaction that
+//     begins it (GrantUsableIn), so that a revocation committed in between
+//     refuses the call.
 //   - Treat the cancel orders WatchCancels sends as idempotent: they may
 //     repeat after a reconnect.
 //   - Keep an Observer cheap: it runs inside the call's transaction.

@@ -33,6 +33,10 @@ var (
 // dead credential as the holder's activity when its exit was confirmed).
 type TokenChecker interface {
 	CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error)
+	// GrantUsableIn checks the grant CheckToken named again, with its
+	// chain, inside the transaction that begins the call, so that a
+	// revocation acknowledged in between refuses the call.
+	GrantUsableIn(tx store.ReadTxn, grantID string, now time.Time) error
 }
 
 // Ledger is the tool-call ledger: every call a gate begins, ends, is asked
@@ -55,6 +59,9 @@ type Ledger struct {
 	// of that termination's calls in their own transaction, without reading
 	// the termination again.
 	AckWindow func(tx store.ReadTxn, terminationID string, now time.Time) (deadline time.Time, err error)
+	// Fault, when set, is called at "token-checked": Begin checked the
+	// call's token, and has not begun its transaction. Tests only.
+	Fault func(point string)
 
 	nodes     callNodes    // the node of calls begun or ordered cancelled here (batch.go)
 	deadlines ackDeadlines // terminations' acknowledgement deadlines seen here (batch.go)
@@ -156,6 +163,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		}
 		return nil, fmt.Errorf("%w: %w", ErrTokenRejected, err)
 	}
+	if l.Fault != nil {
+		l.Fault("token-checked")
+	}
 	now := l.Clock.Now()
 	call := &ToolCall{
 		CallID: id.New(id.Call), NodeID: nodeID, GrantID: grantID, Tool: tool, GateID: gateID,
@@ -238,6 +248,11 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 				return tx.Put(termCallKey(terminationID, call.CallID), nil)
 			}
 			return nil
+		}
+		// The grant again, in this transaction: a revocation acknowledged
+		// since CheckToken read it must not see the call begin.
+		if err := l.Tokens.GrantUsableIn(tx, grantID, now); err != nil {
+			return fmt.Errorf("%w: %w", ErrTokenRejected, err)
 		}
 		if err := openBelowLimit(tx, nodeID, gateID); err != nil {
 			return err
