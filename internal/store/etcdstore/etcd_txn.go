@@ -746,6 +746,12 @@ func (t *etcdTxn) Prefetch(keys, prefixes [][]byte) error {
 	if t.finished {
 		return store.ErrTxnFinished
 	}
+	return t.snap.prefetch(t.snap.prefetchRanges(t.unknown(keys), prefixes))
+}
+
+// unknown returns the keys whose values fn has neither written nor read
+// already: the ones a prefetch still has to ask for.
+func (t *etcdTxn) unknown(keys [][]byte) [][]byte {
 	var wanted [][]byte
 	for _, k := range keys {
 		if _, written := t.writes[string(k)]; written {
@@ -756,7 +762,7 @@ func (t *etcdTxn) Prefetch(keys, prefixes [][]byte) error {
 		}
 		wanted = append(wanted, k)
 	}
-	return t.snap.prefetch(t.snap.prefetchRanges(wanted, prefixes))
+	return wanted
 }
 
 // PrefetchScansFrom fetches ahead the first page of each scan; like
@@ -775,17 +781,7 @@ func (t *etcdTxn) PrefetchReads(keys [][]byte, scans []store.ScanFrom) error {
 	if t.finished {
 		return store.ErrTxnFinished
 	}
-	var wanted [][]byte
-	for _, k := range keys {
-		if _, written := t.writes[string(k)]; written {
-			continue
-		}
-		if r, ok := t.reads[t.snap.store.keys.key(k)]; ok && r.valueKnown {
-			continue
-		}
-		wanted = append(wanted, k)
-	}
-	return t.snap.prefetch(append(t.snap.prefetchRanges(wanted, nil), t.snap.scanRanges(scans)...))
+	return t.snap.prefetch(append(t.snap.prefetchRanges(t.unknown(keys), nil), t.snap.scanRanges(scans)...))
 }
 
 func (t *etcdTxn) Put(key, value []byte) error {
