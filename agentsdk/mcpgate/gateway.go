@@ -488,6 +488,7 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 	up.listed = g.cfg.Clock.Now()
 	up.relistMu.Unlock()
 	var tools []*mcp.Tool
+	size := 0 // the tools' bytes, as JSON
 	params := &mcp.ListToolsParams{}
 	for page := 1; ; page++ {
 		res, err := session.ListTools(ctx, params)
@@ -497,6 +498,15 @@ func (g *Gateway) refresh(ctx context.Context, up *upstream) error {
 		tools = append(tools, res.Tools...)
 		if len(tools) > MaxToolsPerUpstream {
 			return fmt.Errorf("mcpgate: upstream %s lists more than %d tools, the most the gateway takes from one upstream", up.cfg.Name, MaxToolsPerUpstream)
+		}
+		for _, t := range res.Tools {
+			b, err := json.Marshal(t)
+			if err != nil {
+				return fmt.Errorf("mcpgate: upstream %s lists a tool the gateway cannot encode: %w", up.cfg.Name, err)
+			}
+			if size += len(b); size > MaxToolListBytes {
+				return fmt.Errorf("mcpgate: upstream %s lists tools of more than %d bytes (as JSON), the most the gateway takes from one upstream", up.cfg.Name, MaxToolListBytes)
+			}
 		}
 		if res.NextCursor == "" {
 			break
@@ -1066,4 +1076,11 @@ func (g *Gateway) Scopes() []string {
 const (
 	MaxToolsPerUpstream = 4096
 	MaxToolPages        = 256
+	// MaxToolListBytes bounds the tools of one listing of an upstream, as
+	// JSON (names, descriptions, schemas, annotations together): what one
+	// answer may hold (MaxUpstreamAnswerBytes). Each page may be that
+	// large, so bounded in tools and pages only, an upstream listing tools
+	// of a few hundred KiB each had the gateway keep up to 4 GiB of them,
+	// and encode them into every agent's tools/list.
+	MaxToolListBytes = MaxUpstreamAnswerBytes
 )
