@@ -138,3 +138,54 @@ func TestRogue26ACancelledPackedBeforeItsAckInOneChannelMessage(t *testing.T) {
 		t.Fatalf("the last evidence row (%s) reads Cancel Requested/ACK %v / %v; want true / true", last.Message, last.CancelRequested, last.CancelAck)
 	}
 }
+
+// TestRogue26ABurstSplitAcrossReplicasIsSeenAtItsPeak: the high-water mark
+// of calls in flight (c4bdc2c) is raised in each call's own transaction.
+// On etcd the rogue's gates report its burst to both replicas in turn —
+// four calls begun through each, then all ended — so that neither replica
+// ever saw more than four of its own in flight. The mark is one key both
+// transactions read and write: the node is judged at eight (guard,
+// nothing found).
+func TestRogue26ABurstSplitAcrossReplicasIsSeenAtItsPeak(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd replicas; make test and CI run them.")
+	}
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	var replicas []*testserver.Server
+	for i := range 2 {
+		st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+		replicas = append(replicas, testserver.Start(t, testserver.WithEtcdStore(st, fmt.Sprintf("replica-%d", i))))
+	}
+	admin := replicas[0].AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "planner")
+	worker := spawn(t, replicas[0].Clients(root.Credential), root.Node.NodeId, "worker")
+	grant := issueRoot(t, admin, worker.Node.NodeId, time.Hour, "tool:*")
+	token := replicas[0].ToolServerToken(t, "split-gate")
+	const burst = 8
+	var ids []string
+	for i := range burst {
+		gate := replicas[i%2].Clients(token)
+		begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: grant.token, Tool: "shell", GateId: "split-gate"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, begun.Msg.Call.CallId)
+	}
+	for i, id := range ids {
+		if _, err := replicas[(i+1)%2].Clients(token).Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: id, GateId: "split-gate"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rule := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: worker.Node.NodeId, Name: "peak", Expression: `observed.calls_in_flight_max > 8`})
+	for _, r := range replicas {
+		tr, err := r.AdminClients().StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: worker.Node.NodeId, RuleId: rule.RuleId}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.Msg.Observed.CallsInFlight != 0 || tr.Msg.Observed.CallsInFlightMax != burst || tr.Msg.Observed.Calls != burst {
+			t.Fatalf("observed %v, want 0 in flight, a peak of %d and %d calls: the burst was split across the replicas", tr.Msg.Observed, burst, burst)
+		}
+	}
+}
