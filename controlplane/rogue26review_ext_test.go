@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
@@ -186,6 +187,49 @@ func TestRogue26ABurstSplitAcrossReplicasIsSeenAtItsPeak(t *testing.T) {
 		}
 		if tr.Msg.Observed.CallsInFlight != 0 || tr.Msg.Observed.CallsInFlightMax != burst || tr.Msg.Observed.Calls != burst {
 			t.Fatalf("observed %v, want 0 in flight, a peak of %d and %d calls: the burst was split across the replicas", tr.Msg.Observed, burst, burst)
+		}
+	}
+}
+
+// TestRogue26AReadAfterARestartPastTheDeadlineShowsWhatTheClockDecided:
+// reads past a deadline answer what the clock decided (1e17cc0). Here the
+// deadline passes while the control plane is down: the holder ACKed and
+// went quiet, the server stopped, and it starts again past the expiry. The
+// first read, as soon as the restarted server answers — before or while
+// its coordinator loads the shard — showed the quiet holder's lease ACTIVE
+// 1s past its expiry, as its last commit left it. It now waits for the
+// coordinator, whose recovery decides the deadlines that fell while it was
+// down (the default policy extends them by its grace), and answers that;
+// or the read is refused for now (unavailable).
+func TestRogue26AReadAfterARestartPastTheDeadlineShowsWhatTheClockDecided(t *testing.T) {
+	clk := clock.NewManual(epoch)
+	dir := t.TempDir()
+	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root := register(t, admin, "planner")
+	w1 := spawn(t, srv.Clients(root.Credential), root.Node.NodeId, "w1")
+	resp, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "r26-restart-quiet", HolderIdentity: w1.Node.NodeId, LeaseDuration: durationpb.New(30 * time.Second)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Clients(w1.Credential).Lease.Ack(ctx, connect.NewRequest(ack(resp.Msg.Lease).GetAck())); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	clk.Advance(31 * time.Second) // past the expiry, while the control plane is down
+
+	again := testserver.StartIn(t, dir, testserver.WithClock(clk))
+	for who, c := range map[string]*testserver.Clients{"operator": again.AdminClients(), "holder": again.Clients(w1.Credential)} {
+		got, err := c.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: "r26-restart-quiet"}))
+		switch {
+		case connect.CodeOf(err) == connect.CodeUnavailable:
+			continue // refused for now: not an answer
+		case err != nil:
+			t.Fatalf("%s's first read after the restart: %v", who, err)
+		case got.Msg.Lease.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE && !clk.Now().Before(got.Msg.Lease.ExpiresAt.AsTime()):
+			t.Fatalf("%s's first read after the restart, 1s past the quiet holder's expiry: %s, expires %s, now %s; want what the restarted coordinator decided (EXPIRED, or ACTIVE with the restart's grace)",
+				who, got.Msg.Lease.State, got.Msg.Lease.ExpiresAt.AsTime().Format(time.RFC3339), clk.Now().Format(time.RFC3339))
 		}
 	}
 }
