@@ -413,7 +413,9 @@ type Job struct {
 // (*OwnershipConflictError, wrapping ErrOwnershipConflict), when no
 // accepted renewal covers the worker's clock any more
 // (ErrLeaseUnconfirmed), or when the worker ends it (ErrJobEnded; the
-// worker's Close: ErrWorkerClosed, which wraps it). A closed worker
+// worker's Close: ErrWorkerClosed, which wraps it; a renewal the control
+// plane refuses because the agent may not act — its node's exit was
+// confirmed — an ErrJobEnded carrying that failed_precondition). A closed worker
 // returns ErrWorkerClosed without acknowledging anything.
 func (w *LeaseWorker) Accept(ctx context.Context, offered *tetherv1.Lease, opts JobOptions) (*Job, *tetherv1.Decision, error) {
 	if w.isClosed() {
@@ -609,6 +611,17 @@ func (j *Job) renewLoop() {
 		ctx, cancel := context.WithTimeout(j.halted, every)
 		_, err := j.Renew(ctx)
 		cancel()
+		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+			// The control plane refuses the agent itself, not this lease
+			// (whose refusals are decisions): its node's exit was
+			// confirmed (a launcher's attestation while it was cut off).
+			// Each renewal is kept as evidence against that exit, and none
+			// will be accepted: the job's work is told to stop now, not
+			// when its window lapses on the worker's clock.
+			j.w.cfg.Log.Warn("lease renew refused: the agent may not act; the job ends", "job", j.Lease().GetJobId(), "error", err)
+			j.end(fmt.Errorf("%w: the control plane refuses the agent's renewal: %w", ErrJobEnded, err))
+			return
+		}
 		if err != nil && !retryable(err) {
 			j.w.cfg.Log.Warn("lease renew refused", "job", j.Lease().GetJobId(), "error", err)
 		}

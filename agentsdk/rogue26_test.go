@@ -66,3 +66,33 @@ func TestRogue26AnAgentWhoseExitWasConfirmedIsToldToStop(t *testing.T) {
 		t.Fatal("OnAbort was not called")
 	}
 }
+
+// TestRogue26ALeaseJobWhoseAgentsExitWasConfirmedIsToldToStop: the same
+// attested exit, seen by the agent's LeaseWorker rather than its session.
+// The control plane refuses the job's every renewal (failed_precondition:
+// the node's exit was confirmed; a lease decision would be an answer, not
+// an error) and keeps each as evidence contradicting the exit. The renew
+// loop logged the refusal and renewed again, for as long as the job's
+// window lasted on the worker's clock (a lease's duration), and the job's
+// context never said stop: its work went on. The job now ends at the
+// first such refusal, its cause the refusal (an ErrJobEnded).
+func TestRogue26ALeaseJobWhoseAgentsExitWasConfirmedIsToldToStop(t *testing.T) {
+	s := newLeaseSetup(t)
+	w := s.newWorker(t, t.TempDir(), 5*time.Millisecond)
+	ctx := context.Background()
+	job, d, err := w.Accept(ctx, s.offer(t, "rogue26-attested-job", 10*time.Minute), agentsdk.JobOptions{})
+	accepted(t, "accept", d, err)
+	operator := agentsdk.Dial(s.srv.URL, s.srv.Admin, agentsdk.WithHTTPClient(s.srv.HTTP))
+	if _, err := operator.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: s.node, Reason: "its process is gone"})); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-job.Done():
+	case <-time.After(20 * time.Second): // a guard against the renewals going on, not a timing
+		t.Fatal("the job still runs 20 s after its agent's exit was confirmed: its renewals are refused, each kept as evidence against the exit, and its work was never told to stop")
+	}
+	cause := context.Cause(job.Context())
+	if !errors.Is(cause, agentsdk.ErrJobEnded) || connect.CodeOf(cause) != connect.CodeFailedPrecondition {
+		t.Fatalf("the job ended with %v, want an ErrJobEnded carrying the control plane's failed_precondition", cause)
+	}
+}

@@ -612,7 +612,7 @@ func (h *leaseService) readable(ctx context.Context, p auth.Principal, job strin
 	if err := wire.CheckID("job_id", job); err != nil {
 		return lease.Lease{}, toConnect(err)
 	}
-	l, err := h.leases().Get(ctx, job)
+	l, err := h.settledGet(ctx, job)
 	if !p.IsAgent() {
 		return l, toConnect(err)
 	}
@@ -633,6 +633,67 @@ func (h *leaseService) readable(ctx context.Context, p auth.Principal, job strin
 		return lease.Lease{}, noLease(job)
 	}
 	return l, nil
+}
+
+// settledGet is the coordinator's Get, never answering a lease as if a
+// deadline the declared clock has passed were still ahead. A serving
+// coordinator sweeps before it reads; one that does not serve reads the
+// store. Behind the forwarder (several replicas) the forwarder sends such
+// a read to the leader; a control plane alone on its store (Badger) is its
+// own leader, and between its start and its coordinator serving — the
+// first reads after a restart — its store holds the leases as they stood
+// when it stopped: a quiet holder's lease read ACTIVE past the expiry that
+// passed while it was down (a restart in between). Such a read waits for
+// the coordinator to serve (its recovery decides the deadlines that fell
+// while it was down), and reads again.
+func (h *leaseService) settledGet(ctx context.Context, job string) (lease.Lease, error) {
+	l, err := h.leases().Get(ctx, job)
+	if err != nil || !h.unsettled(l) {
+		return l, err
+	}
+	if err := h.awaitServing(ctx); err != nil {
+		return lease.Lease{}, err
+	}
+	return h.leases().Get(ctx, job)
+}
+
+// unsettled reports whether any of leases, read from the store while this
+// control plane, alone on it, does not serve yet, has a deadline the
+// declared clock has passed (settledGet).
+func (h *leaseService) unsettled(leases ...lease.Lease) bool {
+	if h.s.router != nil {
+		return false // the forwarder sends such reads to the leader
+	}
+	if serving, _ := h.leases().Serving(); serving {
+		return false
+	}
+	now := h.s.cfg.Clock.Now()
+	for _, l := range leases {
+		if lease.Due(l, now) {
+			return true
+		}
+	}
+	return false
+}
+
+// awaitServing waits, at most routeWait, for this control plane's
+// coordinator to serve; unavailable if it does not.
+func (h *leaseService) awaitServing(ctx context.Context) error {
+	timeout := time.NewTimer(routeWait)
+	defer timeout.Stop()
+	for {
+		serving, changed := h.leases().Serving()
+		if serving {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return toConnect(ctx.Err())
+		case <-timeout.C:
+			return connect.NewError(connect.CodeUnavailable, errors.New("the job-lease coordinator is starting and the lease's deadline has passed: retry"))
+		}
+	}
 }
 
 func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
@@ -730,6 +791,11 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 		size = maxPageSize
 	}
 	leases, next, err := h.leases().List(ctx, holder, req.Msg.PageToken, size)
+	if err == nil && h.unsettled(leases...) {
+		if err = h.awaitServing(ctx); err == nil {
+			leases, next, err = h.leases().List(ctx, holder, req.Msg.PageToken, size)
+		}
+	}
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -751,7 +817,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 		}
 	} else if err := wire.CheckID("job_id", req.Msg.JobId); err != nil {
 		return nil, toConnect(err)
-	} else if _, err := h.leases().Get(ctx, req.Msg.JobId); err != nil && !errors.Is(err, coordinator.ErrNotFound) {
+	} else if _, err := h.settledGet(ctx, req.Msg.JobId); err != nil && !errors.Is(err, coordinator.ErrNotFound) {
 		// Reading the lease first (as an agent's authorisation does)
 		// records what the clock decided before the rows are read: a
 		// deadline passed is a row, not a gap until the sweep.

@@ -71,3 +71,30 @@ def test_an_agent_whose_exit_was_confirmed_is_told_to_stop(server, tree):
         wait_for("the agent to stop following the control plane", lambda: all(not t.is_alive() for t in me._threads))
     assert stopped and stopped[0].abort
     assert me.run_error is not None and me.run_error.code == "failed_precondition"
+
+
+def test_a_lease_job_whose_agents_exit_was_confirmed_is_told_to_stop(server, tree, tmp_path):
+    """The same attested exit, seen by the agent's LeaseWorker rather than
+    its signals: the control plane refuses the job's every renewal
+    (failed_precondition: the node's exit was confirmed; a lease's own
+    refusals are decisions, not errors) and keeps each as evidence against
+    the exit. The renew thread logged the refusal and renewed again until
+    the job's window lapsed on the worker's clock (a lease's duration), and
+    ``stopped`` was not set: the job's work went on. The job now ends at the
+    first such refusal."""
+    from tether_agentsdk import Conn, LeaseWorker
+    from tether_agentsdk.leaseworker import JOB_ENDED
+
+    child = tree.root.spawn("r26-attested-job")
+    job_id = "job-" + child.node_id
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=0.05)
+    try:
+        offered = tree.operator.call("LeaseService", "Offer", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "600s"})["lease"]
+        job = w.accept(offered)
+        tree.operator.call("AgentService", "ConfirmExit", {"nodeId": child.node_id, "reason": "its process is gone"})
+        assert job.stopped.wait(10), "the job still runs after its agent's exit was confirmed: its renewals are refused, each kept as evidence against the exit"
+        assert job.cause == JOB_ENDED, job.cause
+        assert job.refusal is not None and job.refusal.code == "failed_precondition", job.refusal
+        assert job.done.wait(10), "the job's renew thread goes on"
+    finally:
+        w.close()

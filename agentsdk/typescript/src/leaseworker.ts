@@ -17,7 +17,9 @@ export type JobEndKind = "cancelled" | "lost" | "ended";
  *   terminal), or no renewal it accepted covers the worker's clock any more
  *   (the last accepted ACK's or renewal's send time plus the lease duration
  *   passed: authority cannot be proven) — detail says which;
- * - "ended": the worker completed or stopped the job.
+ * - "ended": the worker completed or stopped the job, or the control plane
+ *   refused a renewal because the agent may not act (its node's exit was
+ *   confirmed: failed_precondition) — detail says which.
  */
 export class JobEnded extends Error {
   override readonly name = "JobEnded";
@@ -270,7 +272,19 @@ export class Job {
       this.#renewing = true;
       this.#inflight = this.renew({ timeoutMs: every, signal: this.#halt.signal })
         .catch((err) => {
-          if (!this.#halt.signal.aborted) this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`);
+          if (this.#halt.signal.aborted) return;
+          if (err instanceof ConnectError && err.code === Code.FailedPrecondition) {
+            // The control plane refuses the agent itself, not this lease
+            // (whose refusals are decisions): its node's exit was
+            // confirmed (a launcher's attestation while it was cut off).
+            // Each renewal is kept as evidence against that exit and none
+            // will be accepted: the job is told to stop now, not when its
+            // window lapses on the worker's clock.
+            this.#warn(`tether: lease renew of job ${lease.jobId} refused, the agent may not act; the job ends: ${err.message}`);
+            this.#end(new JobEnded("ended", lease.jobId, `the control plane refuses the agent's renewal: ${err.message}`));
+            return;
+          }
+          this.#warn(`tether: lease renew of job ${lease.jobId} failed: ${(err as Error).message}`);
         })
         .finally(() => (this.#renewing = false));
     }, every);

@@ -6,7 +6,7 @@ import { after, before, describe, test } from "node:test";
 import { Code, ConnectError, type Interceptor } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 
-import { Agent, MaxMessageBytes, StopSignalled, TetherScope } from "../src/index.js";
+import { Agent, JobEnded, LeaseWorker, MaxMessageBytes, StopSignalled, TetherScope } from "../src/index.js";
 import { NodeOutcome } from "../src/gen/tether/v1/supervisor_pb.js";
 import { startServer, TestServer } from "./server.js";
 
@@ -131,5 +131,36 @@ describe("rogue26: a sub-agent refused its grant", () => {
     const record = await server.record(terminationId);
     const outcomes = Object.fromEntries(record.nodes.map((n) => [n.name, `${NodeOutcome[n.outcome]} ${n.unaccountedReason}`]));
     for (const [name, outcome] of Object.entries(outcomes)) assert.match(outcome, /^CONFIRMED/, `${name}: ${outcome} (${JSON.stringify(outcomes)})`);
+  });
+});
+
+describe("rogue26: a lease job whose agent's exit was confirmed", () => {
+  // The same attested exit, seen by the agent's LeaseWorker rather than its
+  // session: the control plane refuses the job's every renewal
+  // (failed_precondition: the node's exit was confirmed; a lease's own
+  // refusals are decisions, not errors) and keeps each as evidence against
+  // the exit. The renew loop warned and renewed again until the job's
+  // window lapsed on the worker's clock (a lease's duration), and the job's
+  // signal never aborted: its work went on.
+  test("is told to stop at the first refused renewal", async () => {
+    const root = await server.rootAgent("rogue26-attested-lease");
+    const spawned = await root.agent.spawn("rogue26-attested-worker");
+    const me = await Agent.join(server.baseUrl, spawned.credential);
+    const worker = new LeaseWorker({ conn: me.conn, renewEveryMs: 50, warn: () => {} });
+    try {
+      const offered = await server.operator.lease.offer({ jobId: "rogue26-attested-job", holderIdentity: spawned.node.nodeId, leaseDuration: { seconds: 600n } });
+      const job = await worker.accept(offered.lease!);
+      await server.operator.agent.confirmExit({ nodeId: spawned.node.nodeId, reason: "its process is gone" });
+      const aborted = new Promise<void>((resolve) => {
+        if (job.signal.aborted) resolve();
+        job.signal.addEventListener("abort", () => resolve(), { once: true });
+      });
+      await within(aborted, 10_000, () => "the job was not told to stop after its agent's exit was confirmed (its renewals refused, each kept as evidence against the exit)");
+      const reason = job.signal.reason;
+      assert.ok(reason instanceof JobEnded && reason.kind === "ended" && /exit was confirmed/.test(reason.detail), String(reason));
+    } finally {
+      await worker.close();
+      me.close();
+    }
   });
 });

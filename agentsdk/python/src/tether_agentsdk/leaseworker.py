@@ -290,7 +290,9 @@ class LeaseWorker:
         requests cancellation (cause LEASE_CANCELLED), says the generation
         lost authority (LEASE_LOST), records an ownership conflict on it
         (OWNERSHIP_CONFLICT: execution halts until the coordinator resolves
-        it), or the worker ends it (JOB_ENDED, also at the worker's close).
+        it), or the worker ends it (JOB_ENDED, also at the worker's close,
+        and when the control plane refuses a renewal because the agent may
+        not act — its node's exit was confirmed —, kept in ``refusal``).
         A closed worker raises WorkerClosed without acknowledging anything."""
         if self._closed:
             raise WorkerClosed()
@@ -371,6 +373,9 @@ class Job:
         #: Set when the job stopped because no accepted renewal covered the
         #: worker's clock any more (cause LEASE_LOST).
         self.unconfirmed = False
+        #: The control plane's refusal of the agent itself (its node's exit
+        #: was confirmed) that ended the job (cause JOB_ENDED); else None.
+        self.refusal: ConnectError | None = None
 
     @property
     def job_id(self) -> str:
@@ -465,6 +470,18 @@ class Job:
                 except WorkerClosed:
                     break
                 except ConnectError as e:
+                    if e.code == FAILED_PRECONDITION:
+                        # The control plane refuses the agent itself, not
+                        # this lease (whose refusals are decisions): its
+                        # node's exit was confirmed (a launcher's
+                        # attestation while it was cut off). Each renewal is
+                        # kept as evidence against that exit and none will
+                        # be accepted: the job is told to stop now, not when
+                        # its window lapses on the worker's clock.
+                        log.warning("tether: lease renew of %s refused, the agent may not act; the job ends: %s", self.job_id, e)
+                        self.refusal = e
+                        self._end(JOB_ENDED)
+                        break
                     if not _retryable(e):
                         log.warning("tether: lease renew of %s refused: %s", self.job_id, e)
                 except Exception as e:  # noqa: BLE001 — the loop is how the job hears its cancel
