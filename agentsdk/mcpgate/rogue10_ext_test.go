@@ -197,8 +197,13 @@ func TestARogueCannotReadTheGatewaysUpstreamSessionFromItsErrors(t *testing.T) {
 	}
 	fresh() // the upstream restarts: the gateway's session there is gone
 	check("the upstream restarted")
+	// The listener first: closing the connections makes the gateway's
+	// client reconnect its stream at once, and a stream accepted before
+	// the listener closed kept up.Close waiting for ever (its handler
+	// returns when its connection ends). The cleanup's up.Close finds
+	// none left.
+	up.Listener.Close()
 	up.CloseClientConnections()
-	up.Close()
 	check("the upstream down")
 }
 
