@@ -363,9 +363,13 @@ func (f *leaseForwarder) ListLeases(ctx context.Context, req *connect.Request[te
 // GetLease).
 //
 // As for GetLease, a job whose deadline the clock has passed has its
-// evidence read through the leader, which records the deadline's row first.
+// evidence read through the leader, which records the deadline's row first
+// — whoever reads it: unlike GetLease's, a tool server's evidence would be
+// the rows as stored, with no forFence to answer what the clock decided.
+// (The policy admits no tool server to Evidence today; this keeps its
+// answer right should it ever.)
 func (f *leaseForwarder) Evidence(ctx context.Context, req *connect.Request[tetherv1.EvidenceRequest]) (*connect.Response[tetherv1.EvidenceResponse], error) {
-	if f.settlesElsewhere(ctx) {
+	if serving, _ := f.local.leases().Serving(); !serving {
 		l, err := f.local.leases().StoredLease(ctx, req.Msg.JobId)
 		if err == nil && lease.Due(l, f.local.s.cfg.Clock.Now()) {
 			return forwardUnary(ctx, f, req, f.local.Evidence, tetherv1connect.LeaseServiceClient.Evidence)

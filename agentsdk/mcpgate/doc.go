@@ -21,7 +21,12 @@
 // agentsdk.Verifier (signature, expiry, the revocation feed, failing closed
 // when the feed is stale) before anything reaches the upstream, then has
 // the control plane begin the call (which checks again and refuses while
-// the node drains or aborts).
+// the node drains or aborts). Over HTTP every request is checked for
+// revocation the same way before it reaches a session: a token whose grant
+// (or an ancestor's) the verifier knows revoked — a terminated node's
+// grants are — is refused at the door, 403 with CodeDenied, so that a
+// revoked agent cannot keep its sessions alive with ping, nor open new
+// ones, until its token expires.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

@@ -194,6 +194,69 @@ func closeAfter(next http.Handler) http.Handler {
 	})
 }
 
+// refuseRevoked refuses a request whose bearer the gateway's verifier
+// knows revoked, with the check tools/call makes (Verifier.Verify: the
+// revocation feed's tombstones of the grant and its chain), before the
+// request is counted against its node or reaches a session. The bearer
+// checked only the signature and expiry: a revoked (or terminated) node's
+// token had its tools refused, but its ping kept its sessions and
+// connections alive, and its initialize opened new ones, until the token
+// expired. The refusal is 403 (the token verifies; its grant is dead) with
+// a JSON-RPC error, CodeDenied, naming the grant (never the token), which
+// the MCP SDKs' clients pass to the agent as the request's error; the
+// connection is closed after it (Handler's Connection: close stays).
+func (g *Gateway) refuseRevoked(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info := auth.TokenInfoFromContext(r.Context())
+		var token string
+		if info != nil {
+			token, _ = info.Extra[tokenKey].(string)
+		}
+		if token == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if _, err := g.cfg.Verifier.Verify(r.Context(), token); err != nil {
+			status := http.StatusUnauthorized
+			refusal := verifierRefusal(err)
+			switch refusal.Code {
+			case CodeDenied:
+				status = http.StatusForbidden
+			case CodeUnavailable:
+				status = http.StatusServiceUnavailable
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = w.Write(errorAnswer(requestID(r), refusal))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// requestID is the id of the JSON-RPC request r's body carries (read up to
+// the SDK's body limit), or null: an MCP client takes an HTTP error's
+// JSON-RPC error as its request's answer only under the request's id.
+func requestID(r *http.Request) json.RawMessage {
+	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
+		return json.RawMessage("null")
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
+	if err != nil || len(body) > mcp.DefaultMaxRequestBodyBytes {
+		return json.RawMessage("null")
+	}
+	msg, err := jsonrpc.DecodeMessage(body)
+	req, ok := msg.(*jsonrpc.Request)
+	if err != nil || !ok || !req.IsCall() {
+		return json.RawMessage("null")
+	}
+	id, err := json.Marshal(req.ID.Raw())
+	if err != nil {
+		return json.RawMessage("null")
+	}
+	return id
+}
+
 // limitConns refuses a request of a node that holds its maximum of
 // connections, on a connection it does not hold yet, and closes that
 // connection (HTTPServer's connections only). A request it admits keeps
@@ -254,10 +317,11 @@ func (b *liftAtEOF) Read(p []byte) (int, error) {
 // every request gets 503 while the revocation feed is stale.
 // A node keeps at most MaxSessionsPerNode sessions open: every session is
 // held in the gateway's memory, so an agent opening them in a loop must
-// not exhaust the gateway the other agents' calls go through. A revoked
-// token passes this door and is refused by the MCP request it carries,
-// with the reason (CodeDenied). A session belongs to the node that holds
-// the token that opened it.
+// not exhaust the gateway the other agents' calls go through. A token the
+// gateway's verifier knows revoked (its grant's, or an ancestor's,
+// tombstone: a terminated node's grants are revoked) is refused at this
+// door, every request, with 403 and the reason (CodeDenied). A session
+// belongs to the node that holds the token that opened it.
 func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	base := strings.TrimRight(opts.BaseURL, "/")
 	meta := &oauthex.ProtectedResourceMetadata{
@@ -276,7 +340,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(g.limitConns(refuseBatches(g.holdCalls(mcpHandler))))
+	})(g.refuseRevoked(g.limitConns(refuseBatches(g.holdCalls(mcpHandler)))))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
@@ -468,8 +532,10 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 }
 
 // verifyBearer is the auth.TokenVerifier: the capability token's signature
-// and expiry, checked offline. Revocation and scopes are checked per MCP
-// request (tools/list, tools/call), where the refusal can say why. The
+// and expiry, checked offline. Revocation is checked next, by
+// refuseRevoked, where the refusal can say why in JSON-RPC (the bearer's
+// refusal is a bare 401), and scopes per MCP request (tools/list,
+// tools/call). The
 // session's user is the node that holds the grant, so another node's
 // token cannot ride on a session it did not open.
 func (g *Gateway) verifyBearer(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
