@@ -14,16 +14,17 @@ export interface ChildOptions {
 }
 
 /**
- * Ends a spawned child that will never run (its grant was refused), as a
- * child process that exits does: its own session opened and closed, and its
- * claim to have exited last. Left as it was, nobody confirmed its exit and
- * the next termination's record counted the honest run's sub-agent
- * unaccounted. Best effort: a child already stopped refuses it, and the
- * refusal that brought us here is what the caller hears. The wait for the
- * session is bounded by the connection's timeoutMs (a session loop that
- * cannot reach the control plane reconnects for ever).
+ * Ends a spawned child that will never run (its grant was refused, or its
+ * join failed), as a child process that exits does: its own session opened
+ * and closed, and its claim to have exited last. Left as it was, nobody
+ * confirmed its exit and the next termination's record counted the honest
+ * run's sub-agent unaccounted. Best effort: a child already stopped refuses
+ * it, a control plane still out of reach too, and the error that brought
+ * us here is what the caller hears. The wait for the session is bounded by
+ * the connection's timeoutMs (a session loop that cannot reach the control
+ * plane reconnects for ever).
  */
-async function endUnused(baseUrl: string, credential: string, dial?: DialOptions): Promise<void> {
+async function endUnused(baseUrl: string, credential: string, dial: DialOptions | undefined, why: string): Promise<void> {
   const stop = new AbortController();
   let agent: Agent | undefined;
   let done: Promise<void> = Promise.resolve();
@@ -35,7 +36,7 @@ async function endUnused(baseUrl: string, credential: string, dial?: DialOptions
     if (agent.conn.timeoutMs > 0) bound.push(new Promise((resolve) => (timer = setTimeout(resolve, agent!.conn.timeoutMs))));
     let open = false;
     await Promise.race([agent.opened.then(() => (open = true)), done, ...bound]);
-    if (open) await agent.confirmExit("never ran: its grant was refused");
+    if (open) await agent.confirmExit(`never ran: ${why}`);
   } catch {
     // The refusal being thrown matters more.
   } finally {
@@ -101,8 +102,9 @@ export class TetherScope {
    * joins it in this process with its own credential and session; the
    * child's calls are recorded under its node. It rejects with the control
    * plane's refusal when the child's session cannot open (the subtree was
-   * terminated in between), or when its delegation is refused (then after
-   * ending the child it spawned, so that no record counts it unaccounted).
+   * terminated in between), or when its delegation is refused or its join
+   * fails (then after ending the child it spawned, best effort, so that no
+   * record counts it unaccounted).
    */
   async child(name: string, options: ChildOptions): Promise<TetherScope> {
     const spawned = await this.agent.spawn(name, options.labels);
@@ -110,10 +112,18 @@ export class TetherScope {
     try {
       grant = await this.agent.delegate(this.token.grantId, spawned.node.nodeId, options.scopes, options.ttlMs ?? 600_000);
     } catch (err) {
-      await endUnused(this.agent.conn.baseUrl, spawned.credential, this.#dial);
+      await endUnused(this.agent.conn.baseUrl, spawned.credential, this.#dial, "its grant was refused");
       throw err;
     }
-    const agent = await Agent.join(this.agent.conn.baseUrl, spawned.credential, this.#dial);
+    let agent: Agent;
+    try {
+      agent = await Agent.join(this.agent.conn.baseUrl, spawned.credential, this.#dial);
+    } catch (err) {
+      // Spawned and granted, but not joined (a transport failure, the
+      // subtree stopped in between): it will never run here either.
+      await endUnused(this.agent.conn.baseUrl, spawned.credential, this.#dial, "its join failed");
+      throw err;
+    }
     const scope = new TetherScope(agent, this.gate, agent.capabilityToken(grant), this, this.#dial);
     scope.startSession();
     try {

@@ -164,3 +164,44 @@ describe("rogue26: a lease job whose agent's exit was confirmed", () => {
     }
   });
 });
+
+describe("rogue26: a sub-agent whose join failed", () => {
+  // TetherScope.child spawns the child, delegates it its grant, then joins
+  // it: a join that failed for a transport reason (the network cut for a
+  // moment; here the child's first WhoAmI fails unavailable) rejected with
+  // the child node spawned and granted left behind, never run, with nobody
+  // to confirm its exit: the next termination's record counted the honest
+  // run's sub-agent unaccounted.
+  test("child() ends the child it spawned, so the record accounts for it", async () => {
+    const root = await server.rootAgent("rogue26-unjoined");
+    const gate = await server.gate("rogue26-unjoined-gate");
+    let cut = false;
+    const cutOnce: Interceptor = (next) => async (req) => {
+      if (req.method.name === "WhoAmI" && !cut) {
+        cut = true;
+        throw new ConnectError("network unreachable (test)", Code.Unavailable);
+      }
+      return next(req);
+    };
+    const dial = {
+      transport: (bearer: Interceptor) =>
+        createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "2", interceptors: [bearer, cutOnce], readMaxBytes: MaxMessageBytes }),
+    };
+    const scope = new TetherScope(root.agent, gate, root.agent.capabilityToken(root.grant), undefined, dial);
+    const err = await scope.child("rogue26-unjoined-child", { scopes: ["tool:search"] }).then(
+      (child) => {
+        void child.close();
+        return undefined;
+      },
+      (e: unknown) => e,
+    );
+    assert.ok(cut, "the child's join was not cut");
+    assert.ok(err instanceof ConnectError && err.code === Code.Unavailable, `child() ended with ${String(err)}`);
+    const terminationId = await server.terminate(root.agent.nodeId, "drain", 30);
+    await root.agent.confirmExit("drained");
+    const record = await server.record(terminationId);
+    const outcomes = Object.fromEntries(record.nodes.map((n) => [n.name, `${NodeOutcome[n.outcome]} ${n.unaccountedReason}`]));
+    assert.ok("rogue26-unjoined-child" in outcomes, JSON.stringify(outcomes));
+    for (const [name, outcome] of Object.entries(outcomes)) assert.match(outcome, /^CONFIRMED/, `${name}: ${outcome} (${JSON.stringify(outcomes)})`);
+  });
+});

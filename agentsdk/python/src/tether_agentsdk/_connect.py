@@ -286,11 +286,16 @@ class Conn:
             raise ConnectError(INTERNAL, f"{service}.{method}: the answer is not a JSON object")
         return decoded
 
-    def stream(self, service: str, method: str, request: dict | None = None, *, read_timeout: float | None = None) -> "ServerStream":
+    def stream(self, service: str, method: str, request: dict | None = None, *, read_timeout: float | None = None,
+               opening: Callable[["ServerStream"], None] | None = None) -> "ServerStream":
         """Opens a server stream. Iterate it for messages; a failure raises
         ConnectError. ``read_timeout`` bounds the silence between two
-        messages (None: wait for ever; close() unblocks a reader)."""
+        messages (None: wait for ever; close() unblocks a reader).
+        ``opening`` is given the stream before it is opened, so that another
+        thread can close() it while it opens (the open then fails)."""
         s = ServerStream(self, service, method, request or {}, read_timeout)
+        if opening is not None:
+            opening(s)
         try:
             s._open()
             return s
@@ -333,7 +338,13 @@ class ServerStream:
         self._http = conn._connection(self._read_timeout if self._read_timeout else conn.timeout)
         try:
             self._http.request("POST", conn._path(self._service, self._method), body=struct.pack(">BI", 0, len(body)) + body, headers=h)
-            self._sock = self._http.sock
+            with self._lock:
+                self._sock = self._http.sock
+                closing = self._closing_requested
+            if closing and self._sock is not None:
+                # close() came while the request was being sent: it could
+                # not reach the socket, so the answer is not waited for.
+                self._sock.shutdown(socket.SHUT_RDWR)
             self._resp = self._http.getresponse()
         except socket.timeout as e:
             self.close()
@@ -454,7 +465,7 @@ class ServerStream:
             self._closing_requested = True
             self._closed.set()
             reading = self._reading
-        sock = self._sock
+            sock = self._sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)

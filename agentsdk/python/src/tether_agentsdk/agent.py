@@ -173,13 +173,35 @@ class Agent:
 
     def confirm_exit(self, reason: str = "") -> dict:
         """Claims that this agent's process is exiting; call it last. It first
-        stops following signals and sending heartbeats, so that the control
-        plane sees the agent's session end and nothing after the claim: the
-        record counts the claim only then (anything the agent sends after it
-        is refused and contradicts it). A launcher's confirmation from
-        outside the process is an attestation, stronger evidence."""
+        stops sending heartbeats and following signals, then (when it had
+        started them) opens a session of its own and ends it, so that the
+        control plane sees a session of the agent end after its last
+        heartbeat and nothing after the claim: the record counts the claim
+        only then (anything the agent sends after it is refused and
+        contradicts it). Its signals stream may have broken before (a
+        restart, a cut path) with a heartbeat landing after its end and its
+        reconnect not through: that end alone, which the agent outlived,
+        witnesses nothing. A launcher's confirmation from outside the
+        process is an attestation, stronger evidence."""
+        was_running = bool(self._threads)
         self.close()
+        if was_running and self.run_error is None:
+            self._end_a_session()
         return self.conn.call("AgentService", "ConfirmExit", {"nodeId": self.node_id, "reason": reason})["node"]
+
+    def _end_a_session(self) -> None:
+        """Opens a signals stream, waits until the control plane says it is
+        open (it stored the session) and closes it: a session end the
+        control plane sees after every heartbeat the agent sent. Best
+        effort: a failure is logged, and the claim weighed without it."""
+        try:
+            with self.conn.stream("AgentService", "WatchSignals", {"nodeId": self.node_id}, read_timeout=self.conn.timeout) as stream:
+                for msg in stream:
+                    if "opened" in msg:
+                        return
+        except Exception as e:  # noqa: BLE001 — the claim is made all the same
+            log.warning("tether: could not end a session before the exit claim (%s: %s); the record may count the claim unaccounted",
+                        e.__class__.__name__, e)
 
     def propose_stop(self, condition: str, reason: str = "") -> dict:
         """Proposes this agent's own stop; the control plane decides."""
@@ -345,8 +367,9 @@ class Agent:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                stream = self.conn.stream("AgentService", "WatchSignals", {"nodeId": self.node_id})
-                self._stream = stream
+                # Kept before it opens: close() ends an open that hangs (a
+                # reconnect lost on a dead path) rather than wait on it.
+                stream = self.conn.stream("AgentService", "WatchSignals", {"nodeId": self.node_id}, opening=self._keep_stream)
                 if self._stop.is_set():
                     stream.close()
                     return
@@ -360,6 +383,8 @@ class Agent:
                 if self._stop.is_set():
                     return
             except ConnectError as e:
+                if self._stop.is_set():
+                    return  # close() ended the stream, or its open
                 if self._credential_dead(e):
                     return
                 log.warning("tether: signal stream interrupted (%s); reconnecting", e)
@@ -372,6 +397,11 @@ class Agent:
                 log.warning("tether: signal stream: an answer of the wrong shape (%s: %s); reconnecting", e.__class__.__name__, e)
             self._stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
+
+    def _keep_stream(self, stream: Any) -> None:
+        self._stream = stream
+        if self._stop.is_set():
+            stream.close()  # close() came first, and did not see it
 
     def _beat(self) -> None:
         while not self._stop.is_set():
