@@ -319,8 +319,16 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	// The stored last seen throttles the write as a session's memory does.
-	if _, err := a.s.tree.Heartbeat(ctx, p.NodeID(), node.LastSeenAt); err != nil {
+	// The stored last seen throttles the write as a session's memory does,
+	// unless the session's end is the last the control plane saw of the
+	// node: then this heartbeat is written, whatever the clock of the
+	// replica that wrote last seen said (a rogue heartbeating on a replica
+	// whose clock runs behind was throttled away).
+	lastWritten := node.LastSeenAt
+	if tree.SessionEndIsLastSeen(node) {
+		lastWritten = time.Time{}
+	}
+	if _, err := a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
 		return nil, toConnect(err)
 	}
 	now := a.s.cfg.Clock.Now()

@@ -21,6 +21,8 @@ import (
 //
 // Not converted here:
 // domain Holds: the store's own bookkeeping (what the node may hold, for terminations), never shown.
+// domain LastSeenSeq: the store's own bookkeeping (the order of the node's observations, for its exit), never shown.
+// domain SessionClosedSeq: the store's own bookkeeping (the order of the node's observations, for its exit), never shown.
 func Node(x *tree.Node) *tetherv1.Node {
 	if x == nil {
 		return nil

@@ -182,7 +182,7 @@ func closeSession(n *Node, sessionID string, now time.Time) {
 		}
 	}
 	n.OpenSessions = kept
-	n.SessionClosedAt = now
+	n.SessionClosedAt, n.SessionClosedSeq = now, nextSeenSeq(n)
 }
 
 // CloseStaleSessions closes, on the nodes, every session served by another
@@ -315,14 +315,19 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
-	case !n.SessionClosedAt.IsZero() && n.LastSeenAt.After(n.SessionClosedAt):
+	case SeenAfterSessionEnd(n):
 		// A session's end witnesses the process's only when it was the
 		// last the control plane saw of the node: a node that heartbeat
 		// after it (a rogue that closed its session at once and lived on
 		// without one) was alive past that end, which proves nothing about
-		// the exit it claims later.
+		// the exit it claims later. After in the store's order, not by
+		// the times: on etcd two replicas with their own clocks may have
+		// written them.
 		v.UnaccountedReason = fmt.Sprintf("only a claim by %s: the control plane saw the node alive (last seen %s) after its session ended (%s), and never saw it end since",
 			v.ClaimedBy, n.LastSeenAt.UTC().Format(time.RFC3339), n.SessionClosedAt.UTC().Format(time.RFC3339))
+		if !n.LastSeenAt.After(n.SessionClosedAt) {
+			v.UnaccountedReason += " (each time by the clock of the replica that saw it)"
+		}
 	case !n.SessionClosedAt.IsZero():
 		// A bare claim, corroborated: the control plane saw the session
 		// end, nothing from the node after that end but the claim, and

@@ -45,6 +45,43 @@ type Node struct {
 	// that does, so that a termination reads them only of the nodes that
 	// may have some.
 	Holds Holdings `pb:"19"`
+	// The order of the control plane's observations of the node's life:
+	// the heartbeat written as LastSeenAt and the session end written as
+	// SessionClosedAt each take the next number past both, in the
+	// transaction that writes them (SeenAfterSessionEnd). The times are
+	// the clocks of the replicas that saw each, which may differ; these
+	// are the store's order. Zero: written before they were kept.
+	LastSeenSeq      uint64 `pb:"20"`
+	SessionClosedSeq uint64 `pb:"21"`
+}
+
+// nextSeenSeq is the number the next observation of n's life takes.
+func nextSeenSeq(n *Node) uint64 { return max(n.LastSeenSeq, n.SessionClosedSeq) + 1 }
+
+// SeenAfterSessionEnd reports whether the control plane saw n alive (a
+// heartbeat written as its last seen) after the last end of its session
+// it saw. The order is the store's (LastSeenSeq, SessionClosedSeq), not
+// the wall clocks of the replicas that wrote the two times: a rogue that
+// ends its session on a replica whose clock runs ahead and heartbeats on
+// one whose clock runs behind is seen alive after its end all the same.
+// A node whose two observations were both written before the order was
+// kept is weighed by their times.
+func SeenAfterSessionEnd(n *Node) bool {
+	if n.SessionClosedAt.IsZero() || n.LastSeenAt.IsZero() {
+		return false
+	}
+	if n.LastSeenSeq == 0 && n.SessionClosedSeq == 0 {
+		return n.LastSeenAt.After(n.SessionClosedAt)
+	}
+	return n.LastSeenSeq > n.SessionClosedSeq
+}
+
+// SessionEndIsLastSeen reports whether the last the control plane saw of
+// n is its session's end: a heartbeat now must be written whatever the
+// times say (a replica's clock behind the one that wrote last seen would
+// throttle it away), or the end would read as the node's last word.
+func SessionEndIsLastSeen(n *Node) bool {
+	return !n.SessionClosedAt.IsZero() && !SeenAfterSessionEnd(n)
 }
 
 // Holdings says which kinds of holdings a node may have. A node created

@@ -308,7 +308,7 @@ func (t *Tree) Heartbeat(ctx context.Context, nodeID string, lastWritten time.Ti
 		if err != nil {
 			return err
 		}
-		n.LastSeenAt = now
+		n.LastSeenAt, n.LastSeenSeq = now, nextSeenSeq(n)
 		return putNode(tx, n)
 	})
 	if err != nil {

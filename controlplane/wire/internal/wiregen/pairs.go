@@ -19,8 +19,12 @@ import (
 var pairs = []pair{
 	// The agent tree (node.go holds nothing by hand).
 	{domain: reflect.TypeFor[tree.Node](), msg: reflect.TypeFor[tetherv1.Node](), to: "Node", list: "Nodes",
-		handDomain: map[string]string{"Holds": "the store's own bookkeeping (what the node may hold, for terminations), never shown"},
-		doc:        "is an agent-tree node as the API shows it"},
+		handDomain: map[string]string{
+			"Holds":            "the store's own bookkeeping (what the node may hold, for terminations), never shown",
+			"LastSeenSeq":      "the store's own bookkeeping (the order of the node's observations, for its exit), never shown",
+			"SessionClosedSeq": "the store's own bookkeeping (the order of the node's observations, for its exit), never shown",
+		},
+		doc: "is an agent-tree node as the API shows it"},
 	{domain: reflect.TypeFor[tree.ExitConfirmation](), msg: reflect.TypeFor[tetherv1.ExitConfirmation](), to: "exitConfirmation", value: true,
 		doc: "is one confirmation of a node's exit as the API shows it"},
 	{domain: reflect.TypeFor[tree.Contradiction](), msg: reflect.TypeFor[tetherv1.Contradiction](), to: "Contradiction", value: true,
