@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import threading
@@ -51,6 +52,25 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def relay_answer(self, up: http.client.HTTPConnection) -> None:
+        """Relays the answer of the request sent on up, as a path does:
+        its status, its headers (bar the hop-by-hop ones), its body as it
+        streams; then closes up."""
+        resp = up.getresponse()
+        self.send_response(resp.status)
+        for k, v in resp.getheaders():
+            if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
+                self.send_header(k, v)
+        self.end_headers()
+        try:
+            while chunk := resp.read1(65536):
+                self.wfile.write(chunk)
+                self.wfile.flush()
+        except (OSError, http.client.HTTPException):
+            pass  # either side left: the relayed stream ends here
+        finally:
+            up.close()
 
 
 class LoopbackPeer:

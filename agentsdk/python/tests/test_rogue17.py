@@ -85,20 +85,7 @@ class ShapeBreakingPeer(LoopbackPeer):
                 up = http.client.HTTPConnection(peer.upstream.hostname, peer.upstream.port, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 up.request(self.command, self.path, body=body, headers=headers)
-                resp = up.getresponse()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
-                        self.send_header(k, v)
-                self.end_headers()
-                try:
-                    while chunk := resp.read1(65536):
-                        self.wfile.write(chunk)
-                        self.wfile.flush()
-                except (OSError, http.client.HTTPException):
-                    pass  # either side left: the relayed stream ends here
-                finally:
-                    up.close()
+                self.relay_answer(up)
 
         self.serve(Handler)
 

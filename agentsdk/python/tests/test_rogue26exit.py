@@ -64,20 +64,7 @@ class CuttingProxy(LoopbackPeer):
                     # The client's end of the stream is relayed too, as a
                     # path does: its connection closing ends the upstream.
                     threading.Thread(target=_relay_end, args=(self.connection, up.sock), daemon=True).start()
-                resp = up.getresponse()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("connection", "transfer-encoding", "content-length", "date", "server"):
-                        self.send_header(k, v)
-                self.end_headers()
-                try:
-                    while chunk := resp.read1(65536):
-                        self.wfile.write(chunk)
-                        self.wfile.flush()
-                except (OSError, http.client.HTTPException):
-                    pass  # either side left: the relayed stream ends here
-                finally:
-                    up.close()
+                self.relay_answer(up)
                 if method == "Heartbeat":
                     with peer.lock:
                         peer.beats_answered += 1
