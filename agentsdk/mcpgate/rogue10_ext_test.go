@@ -2,7 +2,6 @@ package mcpgate_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -295,64 +294,22 @@ func gatewayToolNames(t *testing.T, gw *mcpgate.Gateway, token string) []string 
 func TestAHostileUpstreamCannotPageItsToolsForEver(t *testing.T) {
 	w := newWorld(t, "mcp:*")
 	const perPage, hostilePages = 64, 1000
-	var mu sync.Mutex
-	relisted := 0 // pages of tools/list after the first listing
-	listed := false
-	event := func(wr io.Writer, msg string) { _, _ = fmt.Fprintf(wr, "event: message\ndata: %s\n\n", msg) }
-	hostile := httptest.NewServer(http.HandlerFunc(func(wr http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			wr.WriteHeader(http.StatusMethodNotAllowed)
-			return
+	var relisted atomic.Int32 // pages of tools/list after the first listing
+	hostile := hostileLister(t, func(n int) (string, string) {
+		if n == 1 {
+			return `{"name":"trigger","inputSchema":{"type":"object"}}`, ""
 		}
-		var req struct {
-			ID     json.RawMessage `json:"id"`
-			Method string          `json:"method"`
-			Params struct {
-				Cursor string `json:"cursor"`
-			} `json:"params"`
+		page := int(relisted.Add(1))
+		var tools []string
+		for i := range perPage {
+			tools = append(tools, fmt.Sprintf(`{"name":"t%d_%d","inputSchema":{"type":"object"}}`, page, i))
 		}
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil || req.ID == nil {
-			wr.WriteHeader(http.StatusAccepted) // a notification
-			return
+		next := ""
+		if page < hostilePages {
+			next = fmt.Sprintf("p%d", page+1)
 		}
-		answer := func(result string) string {
-			return `{"jsonrpc":"2.0","id":` + string(req.ID) + `,"result":` + result + `}`
-		}
-		wr.Header().Set("Mcp-Session-Id", "hostile")
-		wr.Header().Set("Content-Type", "text/event-stream")
-		switch req.Method {
-		case "initialize":
-			event(wr, answer(`{"protocolVersion":"2025-06-18","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"hostile","version":"1"}}`))
-		case "tools/list":
-			mu.Lock()
-			first := !listed
-			listed = true
-			if !first {
-				relisted++
-			}
-			page := relisted
-			mu.Unlock()
-			if first {
-				event(wr, answer(`{"tools":[{"name":"trigger","inputSchema":{"type":"object"}}]}`))
-				return
-			}
-			var tools []string
-			for i := range perPage {
-				tools = append(tools, fmt.Sprintf(`{"name":"t%d_%d","inputSchema":{"type":"object"}}`, page, i))
-			}
-			next := ""
-			if page < hostilePages {
-				next = fmt.Sprintf(`,"nextCursor":"p%d"`, page+1)
-			}
-			event(wr, answer(`{"tools":[`+strings.Join(tools, ",")+`]`+next+`}`))
-		case "tools/call":
-			event(wr, `{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}`)
-			event(wr, answer(`{"content":[{"type":"text","text":"told"}]}`))
-		default:
-			event(wr, `{"jsonrpc":"2.0","id":`+string(req.ID)+`,"error":{"code":-32601,"message":"no"}}`)
-		}
-	}))
-	t.Cleanup(hostile.Close)
+		return strings.Join(tools, ","), next
+	})
 	logs := &logBuffer{}
 	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
 		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
@@ -373,9 +330,7 @@ func TestAHostileUpstreamCannotPageItsToolsForEver(t *testing.T) {
 	testserver.WaitFor(t, guardWait, "the gateway to give up the listing, or to take it all", func() bool {
 		return strings.Contains(logs.String(), "relisting an upstream's tools failed") || len(gatewayToolNames(t, gw, w.grant.Token)) > 1
 	})
-	mu.Lock()
-	pages := relisted
-	mu.Unlock()
+	pages := int(relisted.Load())
 	if names := gatewayToolNames(t, gw, w.grant.Token); len(names) != 1 || names[0] != "trigger" {
 		t.Errorf("after the endless listing the gateway shows %d tools; want the one it had", len(names))
 	}
