@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"testing"
 
 	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane/auth"
 	"github.com/tetherhq/tether/internal/fault"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/lease/coordinator"
@@ -59,5 +63,39 @@ func TestToConnect(t *testing.T) {
 	}
 	if got := toConnect(stoprule.ErrRuleNotFound).(*connect.Error).Message(); got != "stoprule: rule not found" {
 		t.Errorf("message %q: the sentinel's text must reach the client unchanged", got)
+	}
+}
+
+// streamConn is the least of a handler's stream the observer reads.
+type streamConn struct{ connect.StreamingHandlerConn }
+
+func (streamConn) Spec() connect.Spec {
+	return connect.Spec{Procedure: "/tether.v1.AgentService/Session"}
+}
+func (streamConn) RequestHeader() http.Header { return http.Header{} }
+
+// A handler that returns a domain error it forgot to convert still
+// answers the error's code, not "unknown": a terminated agent's heartbeat
+// refused inside the session handler ends its stream Unauthenticated even
+// when the interceptor's watch of the node has not yet ended it.
+func TestAnErrorLeavingAHandlerUnconvertedGetsItsCode(t *testing.T) {
+	obs, err := newObserver(noop.NewMeterProvider().Meter("test"), slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revoked := fmt.Errorf("%w: node n_1 is terminated", auth.ErrRevoked)
+	err = obs.WrapStreamingHandler(func(context.Context, connect.StreamingHandlerConn) error { return revoked })(context.Background(), streamConn{})
+	if connect.CodeOf(err) != connect.CodeUnauthenticated || !errors.Is(err, auth.ErrRevoked) {
+		t.Fatalf("stream ended with %v (%s), want unauthenticated wrapping the revocation", err, connect.CodeOf(err))
+	}
+	_, err = obs.WrapUnary(func(context.Context, connect.AnyRequest) (connect.AnyResponse, error) { return nil, revoked })(context.Background(), connect.NewRequest(&struct{}{}))
+	if connect.CodeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("call ended with %v (%s), want unauthenticated", err, connect.CodeOf(err))
+	}
+	// A Connect error keeps the code its handler chose.
+	chosen := connect.NewError(connect.CodeFailedPrecondition, revoked)
+	err = obs.WrapStreamingHandler(func(context.Context, connect.StreamingHandlerConn) error { return chosen })(context.Background(), streamConn{})
+	if err != chosen {
+		t.Fatalf("stream ended with %v, want the handler's own error", err)
 	}
 }

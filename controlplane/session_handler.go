@@ -162,7 +162,7 @@ func (a *agentService) receiveSession(ctx context.Context, stream *connect.BidiS
 			// heartbeat after its exit was confirmed is refused and kept as
 			// contradicting evidence.
 			if _, err := a.s.agentAct(ctx, p.NodeID(), tree.ActivityHeartbeat, "a heartbeat on its session"); err != nil {
-				return err
+				return toConnect(err)
 			}
 			if lastWritten, err = a.s.tree.Heartbeat(ctx, p.NodeID(), lastWritten); err != nil {
 				return toConnect(err)
