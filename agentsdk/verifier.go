@@ -107,6 +107,9 @@ type Verifier struct {
 	ready     chan struct{}
 	readyOnce sync.Once
 	messages  atomic.Uint64
+	// revised is closed, and replaced, each time the tombstone set gains
+	// a tombstone or is replaced by a snapshot (Revised).
+	revised atomic.Pointer[chan struct{}]
 }
 
 // NewVerifier returns a Verifier; start its Run.
@@ -142,13 +145,41 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Verifier{
+	ver := &Verifier{
 		cfg:        cfg,
 		verifier:   v,
 		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval, cfg.JWKSFetchTimeout),
 		tombstones: &capability.TombstoneSet{},
 		ready:      make(chan struct{}),
-	}, nil
+	}
+	revised := make(chan struct{})
+	ver.revised.Store(&revised)
+	return ver, nil
+}
+
+// Revised returns a channel that is closed once the verifier has applied
+// a revocation after this call (a tombstone from the feed, or a snapshot
+// that replaced its set): what holds on to something a token admitted (a
+// session, a stream) takes the channel, checks what it holds with
+// Revoked, and checks again when the channel closes, so that it misses no
+// revocation in between.
+func (v *Verifier) Revised() <-chan struct{} { return *v.revised.Load() }
+
+// Revoked reports, as Verify would, whether the grant of claims (or one of
+// its chain) is known revoked: an error wrapping capability.ErrGrantRevoked,
+// or nil. It checks neither the signature nor the expiry nor the feed's
+// freshness: claims are those of a token verified before, and the question
+// is only whether its grant has died since. (A token past its expiry is
+// still found revoked.)
+func (v *Verifier) Revoked(claims capability.Claims) error {
+	via, revoked := v.tombstones.Revoked(claims.GrantID, claims.Chain)
+	switch {
+	case !revoked:
+		return nil
+	case via == claims.GrantID:
+		return fmt.Errorf("%w: grant %s is revoked", capability.ErrGrantRevoked, claims.GrantID)
+	}
+	return fmt.Errorf("%w: grant %s is revoked via ancestor grant %s", capability.ErrGrantRevoked, claims.GrantID, via)
 }
 
 // Verify checks a token for use now and returns its claims. Errors wrap
@@ -165,11 +196,8 @@ func (v *Verifier) Verify(ctx context.Context, token string) (capability.Claims,
 	if err != nil {
 		return capability.Claims{}, err
 	}
-	if via, revoked := v.tombstones.Revoked(claims.GrantID, claims.Chain); revoked {
-		if via == claims.GrantID {
-			return capability.Claims{}, fmt.Errorf("%w: grant %s is revoked", capability.ErrGrantRevoked, claims.GrantID)
-		}
-		return capability.Claims{}, fmt.Errorf("%w: grant %s is revoked via ancestor grant %s", capability.ErrGrantRevoked, claims.GrantID, via)
+	if err := v.Revoked(*claims); err != nil {
+		return capability.Claims{}, err
 	}
 	return *claims, nil
 }
@@ -336,6 +364,10 @@ func (v *Verifier) apply(msg *tetherv1.WatchRevocationsResponse) error {
 	// Freshness is measured on this verifier's clock, when the message
 	// arrived, not by the server's time in it.
 	v.tombstones.MarkSynced(msg.HeadSequence, v.cfg.Clock.Now())
+	if len(tombstones) > 0 || msg.Snapshot {
+		next := make(chan struct{})
+		close(*v.revised.Swap(&next))
+	}
 	v.messages.Add(1)
 	v.readyOnce.Do(func() { close(v.ready) })
 	return nil

@@ -72,7 +72,12 @@
 // Over HTTP every session is held in the gateway's memory: a node keeps at
 // most HTTPOptions.MaxSessionsPerNode open at once (its next initialize is
 // refused with CodeTooManySessions), and a session idle for
-// HTTPOptions.SessionIdleTimeout is closed. HTTPServer's connections are
+// HTTPOptions.SessionIdleTimeout is closed. A session whose latest
+// request's grant the verifier learns revoked (a terminated node's grants
+// are) is ended as the revocation arrives, with its streams: a tools/call
+// in flight on it is answered CodeDenied, and goes on at the upstream until
+// it answers or the control plane cancels it, recorded as it ends and
+// counted against its node until then. HTTPServer's connections are
 // bounded per node too (HTTPOptions.MaxConnsPerNode: its request on one
 // more is refused with CodeTooManyConnections, HTTP 429, and that
 // connection closed), and a connection whose request the bearer did not

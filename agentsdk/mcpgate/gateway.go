@@ -212,6 +212,8 @@ func New(cfg Config) (*Gateway, error) {
 	for _, u := range cfg.Upstreams {
 		g.upstreams[u.Name] = &upstream{cfg: u, prefix: toolPrefix(u, len(cfg.Upstreams))}
 	}
+	g.watchers.Add(1)
+	go g.endRevokedSessions()
 	return g, nil
 }
 
@@ -580,11 +582,14 @@ func (g *Gateway) route(name string) *route {
 // does not open it through the gateway).
 func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		switch method {
-		case "initialize":
+		if method == "initialize" {
 			if err := g.sessions.admit(req); err != nil {
 				return nil, err
 			}
+		}
+		g.noteSession(req)
+		switch method {
+		case "initialize":
 		case "tools/list":
 			token, rerr := g.tokenOf(req)
 			if rerr != nil {
@@ -690,25 +695,48 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
 		hold, _ = extra.TokenInfo.Extra[heldKey].(*callHold)
 	}
+	var release func()
 	if hold != nil && hold.node == claims.HolderNodeID && hold.join() {
-		defer hold.leave()
+		release = hold.leave
 	} else {
 		if !g.calls.take(claims.HolderNodeID) {
 			return nil, rpcError(CodeTooManyCalls, "node %s already has %d tool calls in flight through this gateway, the maximum; wait for one to end", claims.HolderNodeID, g.calls.max)
 		}
-		defer g.calls.release(claims.HolderNodeID)
+		release = func() { g.calls.release(claims.HolderNodeID) }
+	}
+	// Released when the call returns, unless it stops waiting for the
+	// upstream (its session ended): then when the upstream call has ended.
+	detached := false
+	defer func() {
+		if !detached {
+			release()
+		}
+	}()
+	// The session's end (its grant revoked) stops the wait below; nil
+	// (never) for a session the gateway does not hold (stdio).
+	var gone <-chan struct{}
+	var session *sessionState
+	if req.Session != nil {
+		session = g.sessions.state(req.Session)
+	}
+	if session != nil && hold != nil {
+		if !g.sessions.enter(session, hold) {
+			return nil, rpcError(CodeDenied, "the gateway ended this session: %v", session.why)
+		}
+		defer g.sessions.leave(session, hold)
+		gone = session.gone
 	}
 	g.mu.RLock()
-	session, ended := r.up.session, r.up.ended
+	upSession, ended := r.up.session, r.up.ended
 	g.mu.RUnlock()
-	if session == nil {
+	if upSession == nil {
 		return nil, rpcError(CodeUnavailable, "upstream %s is not connected", r.up.cfg.Name)
 	}
 	if ended {
 		return nil, rpcError(CodeUnavailable, "upstream %s is not connected: its connection ended and the gateway is reconnecting to it; the call was not sent, retry later", r.up.cfg.Name)
 	}
 	if pt != nil {
-		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt, upstream: session})
+		g.progress.Store(ours, &progressRoute{ctx: ctx, session: req.Session, token: pt, upstream: upSession})
 		defer g.progress.Delete(ours)
 	}
 
@@ -742,7 +770,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 			// upstream that answered first ran the call: its answer is
 			// recorded (completed, or failed) and passed to the agent.
 			a := upstreamAnswer{ran: true}
-			a.result, a.err = session.CallTool(ctx, params)
+			a.result, a.err = upSession.CallTool(ctx, params)
 			a.cancelled = a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), agentsdk.ErrCancelled)
 			switch {
 			case a.err != nil && errors.Is(a.err, context.Canceled) && errors.Is(context.Cause(ctx), errGatewayClosing):
@@ -779,6 +807,19 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		default:
 			return nil, beginRefusal(err)
 		}
+	case <-gone:
+		// The agent's grant was revoked while its call was in flight: the
+		// gateway ends its session, which closes once this returns. The
+		// call goes on, under the gateway, until the upstream answers or
+		// the control plane cancels it, and is recorded as it ends (the
+		// agent's leaving never decides that); it counts against the node's
+		// calls in flight until then.
+		detached = true
+		go func() {
+			<-finished
+			release()
+		}()
+		return nil, rpcError(CodeDenied, "the gateway ended this session: %v. The call was in flight; it goes on at the upstream until it answers or the control plane cancels it, and the ledger records how it ended", session.why)
 	}
 	switch {
 	case a.cancelled:

@@ -19,6 +19,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
+
+	"github.com/tetherhq/tether/capability"
 )
 
 // tokenKey holds the raw capability token in auth.TokenInfo.Extra, for the
@@ -457,6 +459,9 @@ type callHold struct {
 	node  string
 	mu    sync.Mutex
 	refs  int
+	// ended is closed when the HTTP request has ended, its answer written
+	// (or the agent gone): a session the gateway ends waits for it.
+	ended chan struct{}
 }
 
 // join adds a holder, unless the count was released already.
@@ -524,8 +529,9 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			_, _ = w.Write(errorAnswer(id, rpcError(CodeTooManyCalls, "node %s already has %d tool calls and listings in flight through this gateway (each until its answer is read), the maximum; wait for one to end", node, g.calls.max)))
 			return
 		}
-		hold := &callHold{calls: &g.calls, node: node, refs: 1}
+		hold := &callHold{calls: &g.calls, node: node, refs: 1, ended: make(chan struct{})}
 		defer hold.leave()
+		defer close(hold.ended)
 		info.Extra[heldKey] = hold
 		next.ServeHTTP(w, r)
 	})
@@ -547,15 +553,36 @@ func (g *Gateway) verifyBearer(ctx context.Context, token string, _ *http.Reques
 		Scopes:     claims.Scopes,
 		Expiration: claims.ExpiresAt,
 		UserID:     claims.HolderNodeID,
-		Extra:      map[string]any{tokenKey: token},
+		Extra:      map[string]any{tokenKey: token, claimsKey: claims},
 	}, nil
 }
 
-// sessionCount counts the open HTTP sessions of each node.
+// sessionCount counts the open HTTP sessions of each node, and keeps
+// what each was last admitted with (its request's grant), so that the
+// gateway can end a session whose grant the revocation feed kills.
 type sessionCount struct {
-	mu     sync.Mutex
-	max    int
-	byNode map[string]map[*mcp.ServerSession]bool
+	mu        sync.Mutex
+	max       int
+	byNode    map[string]map[*mcp.ServerSession]bool
+	bySession map[*mcp.ServerSession]*sessionState
+}
+
+// sessionState is one HTTP session the gateway holds.
+type sessionState struct {
+	// claims are those of the token of the session's latest request (a
+	// refreshed token is the same grant's), under sessionCount.mu.
+	claims capability.Claims
+	// gone is closed when the gateway ends the session because that grant
+	// was revoked: its requests in flight stop waiting (a tools/call's
+	// upstream call goes on, and is recorded), so that it can close.
+	gone  chan struct{}
+	ended bool  // gone is closed (under sessionCount.mu)
+	why   error // why it was ended, set before gone is closed
+	// calls are the HTTP requests of its tools/call in flight (under
+	// sessionCount.mu): the session closes once they have ended, so that
+	// their answers are written first (the SDK drops the answers of a
+	// closing session).
+	calls map[*callHold]bool
 }
 
 func (c *sessionCount) setMax(n int) {
@@ -578,6 +605,9 @@ func (c *sessionCount) admit(req mcp.Request) *jsonrpc.Error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.max <= 0 {
+		if c.bySession[ss] == nil {
+			c.track(ss, func() {})
+		}
 		return nil
 	}
 	open := c.byNode[node]
@@ -595,14 +625,163 @@ func (c *sessionCount) admit(req mcp.Request) *jsonrpc.Error {
 		c.byNode[node] = open
 	}
 	open[ss] = true
-	go func() {
-		_ = ss.Wait()
-		c.mu.Lock()
-		defer c.mu.Unlock()
+	c.track(ss, func() {
 		delete(open, ss)
 		if len(open) == 0 && len(c.byNode[node]) == 0 {
 			delete(c.byNode, node)
 		}
-	}()
+	})
 	return nil
+}
+
+// track keeps ss's state until it closes, then forgets it and runs
+// untrack (both under c.mu). Callers hold c.mu.
+func (c *sessionCount) track(ss *mcp.ServerSession, untrack func()) {
+	if c.bySession == nil {
+		c.bySession = map[*mcp.ServerSession]*sessionState{}
+	}
+	c.bySession[ss] = &sessionState{gone: make(chan struct{})}
+	go func() {
+		_ = ss.Wait()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.bySession, ss)
+		untrack()
+	}()
+}
+
+// note records claims as those of ss's latest request and returns its
+// state, or nil when ss is not a session the gateway holds (stdio).
+func (c *sessionCount) note(ss *mcp.ServerSession, claims capability.Claims) *sessionState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.bySession[ss]
+	if st != nil {
+		st.claims = claims
+	}
+	return st
+}
+
+// enter counts h as one of st's calls in flight, or reports false when
+// the gateway has ended st.
+func (c *sessionCount) enter(st *sessionState, h *callHold) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st.ended {
+		return false
+	}
+	if st.calls == nil {
+		st.calls = map[*callHold]bool{}
+	}
+	st.calls[h] = true
+	return true
+}
+
+// leave uncounts h.
+func (c *sessionCount) leave(st *sessionState, h *callHold) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(st.calls, h)
+}
+
+// state is ss's state, or nil.
+func (c *sessionCount) state(ss *mcp.ServerSession) *sessionState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.bySession[ss]
+}
+
+// held lists the sessions held and the claims of each one's latest request.
+func (c *sessionCount) held() map[*mcp.ServerSession]capability.Claims {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[*mcp.ServerSession]capability.Claims, len(c.bySession))
+	for ss, st := range c.bySession {
+		if st.claims.GrantID != "" {
+			out[ss] = st.claims
+		}
+	}
+	return out
+}
+
+// claimsKey holds, in a request's auth.TokenInfo.Extra, the claims of its
+// bearer (verifyBearer's).
+const claimsKey = "tether_claims"
+
+// noteSession records the grant of an HTTP session's request (the claims
+// of its bearer) and ends the session if that grant is known revoked
+// already. Recorded first, checked second, as endRevokedSessions checks
+// what is recorded after each revocation: a revocation applied as the
+// request is noted is seen by one or the other.
+func (g *Gateway) noteSession(req mcp.Request) {
+	ss, ok := req.GetSession().(*mcp.ServerSession)
+	extra := req.GetExtra()
+	if !ok || extra == nil || extra.TokenInfo == nil {
+		return
+	}
+	claims, ok := extra.TokenInfo.Extra[claimsKey].(capability.Claims)
+	if !ok {
+		return
+	}
+	st := g.sessions.note(ss, claims)
+	if st == nil {
+		return
+	}
+	if err := g.cfg.Verifier.Revoked(claims); err != nil {
+		g.endSession(ss, st, err)
+	}
+}
+
+// endRevokedSessions ends every HTTP session whose latest request's grant
+// the verifier learns revoked, as it learns it (until the gateway
+// closes). The door refused a revoked token's every request, but the
+// sessions it had opened stayed, and with them their streams — the
+// session's GET stream, a long call's answer — until they idled out.
+func (g *Gateway) endRevokedSessions() {
+	defer g.watchers.Done()
+	for {
+		revised := g.cfg.Verifier.Revised()
+		for ss, claims := range g.sessions.held() {
+			if err := g.cfg.Verifier.Revoked(claims); err != nil {
+				if st := g.sessions.state(ss); st != nil {
+					g.endSession(ss, st, err)
+				}
+			}
+		}
+		select {
+		case <-revised:
+		case <-g.closed:
+			return
+		}
+	}
+}
+
+// endSession ends ss, once: its requests in flight stop waiting (a
+// tools/call answers the agent that its grant was revoked; the upstream
+// call goes on and is recorded as it ends), and then the session closes,
+// and with it its streams (the SDK closes a session once its requests in
+// flight have returned).
+func (g *Gateway) endSession(ss *mcp.ServerSession, st *sessionState, why error) {
+	g.sessions.mu.Lock()
+	if st.ended {
+		g.sessions.mu.Unlock()
+		return
+	}
+	st.ended, st.why = true, why
+	close(st.gone)
+	var calls []*callHold
+	for h := range st.calls {
+		calls = append(calls, h)
+	}
+	g.sessions.mu.Unlock()
+	g.log.Info("mcpgate: ended an MCP session whose grant was revoked", "session", ss.ID(), "error", why)
+	go func() {
+		// Their answers first (each call stops waiting on gone, and its
+		// request ends once its answer is written, or its agent is gone, or
+		// a write stalls past the write-stall timeout).
+		for _, h := range calls {
+			<-h.ended
+		}
+		_ = ss.Close()
+	}()
 }
