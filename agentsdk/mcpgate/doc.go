@@ -74,7 +74,9 @@
 // refused with CodeTooManySessions), and a session idle for
 // HTTPOptions.SessionIdleTimeout is closed. A session whose latest
 // request's grant the verifier learns revoked (a terminated node's grants
-// are) is ended as the revocation arrives, with its streams: a tools/call
+// are) is ended as the revocation arrives (within RevocationScanInterval:
+// the gateway reads its sessions for revoked grants at most that often),
+// with its streams: a tools/call
 // in flight on it is answered CodeDenied, and goes on at the upstream until
 // it answers or the control plane cancels it, recorded as it ends and
 // counted against its node until then. HTTPServer's connections are

@@ -21,6 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // tokenKey holds the raw capability token in auth.TokenInfo.Extra, for the
@@ -737,8 +738,15 @@ func (g *Gateway) noteSession(req mcp.Request) {
 // closes). The door refused a revoked token's every request, but the
 // sessions it had opened stayed, and with them their streams — the
 // session's GET stream, a long call's answer — until they idled out.
+//
+// Each pass reads every session the gateway holds, so passes start
+// RevocationScanInterval apart at the least (on the gateway's clock), any
+// number of revocations within it making one pass at its end: a rogue
+// revoking grants it delegates, in a loop (two requests of its budget
+// each), had every gateway read all its sessions for each one.
 func (g *Gateway) endRevokedSessions() {
 	defer g.watchers.Done()
+	var last time.Time // when the last pass a revocation asked for started
 	for {
 		revised := g.cfg.Verifier.Revised()
 		for ss, claims := range g.sessions.held() {
@@ -753,8 +761,26 @@ func (g *Gateway) endRevokedSessions() {
 		case <-g.closed:
 			return
 		}
+		if !last.IsZero() {
+			if wait := clock.Until(g.cfg.Clock, last.Add(RevocationScanInterval)); wait > 0 {
+				timer := g.cfg.Clock.NewTimer(wait)
+				select {
+				case <-timer.C():
+				case <-g.closed:
+					timer.Stop()
+					return
+				}
+			}
+		}
+		last = g.cfg.Clock.Now()
 	}
 }
+
+// RevocationScanInterval is the least time between the starts of two
+// passes over the gateway's sessions for revoked grants (each revocation
+// the verifier applies asks for one): a revoked agent's sessions end
+// within it of the revocation's arrival.
+const RevocationScanInterval = 250 * time.Millisecond
 
 // endSession ends ss, once: its requests in flight stop waiting (a
 // tools/call answers the agent that its grant was revoked; the upstream

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -150,5 +151,60 @@ func TestRogue27ATerminatedAgentsSessionEndsWithItsNode(t *testing.T) {
 	}
 	if resp, body := rogue.post(`{"jsonrpc":"2.0","id":9,"method":"ping"}`); resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusNotFound {
 		t.Errorf("a ping on the terminated agent's session: %s %.300s; want it refused", resp.Status, body)
+	}
+}
+
+// A rogue revoking grants in a loop cannot have the gateway read all its
+// sessions without pause. Each revocation the gateway's verifier applies
+// asks for a pass over every session the gateway holds (to end those of
+// the revoked grant), and a rogue can revoke the grants it delegates as
+// fast as its budget allows, two requests each: passes now start
+// RevocationScanInterval apart at the least, on the gateway's clock, the
+// revocations within it making one pass at its end. (Fails, by its guard,
+// if the gateway does not wait for the interval before its next pass.)
+func TestRogue27RevocationsInALoopCannotHaveTheGatewayReadItsSessionsWithoutPause(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	second, err := w.admin.Capability.IssueRoot(context.Background(), connect.NewRequest(&tetherv1.IssueRootRequest{
+		HolderNodeId: w.agent.Node.NodeId, Scopes: []string{"mcp:test/*"}, Ttl: durationpb.New(time.Hour),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gclk := clock.NewManual(time.Now().UTC())
+	start := gclk.Now()
+	gw, err := mcpgate.Open(context.Background(), mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	endpoint := serveGateway(t, gw)
+	first := rawStream(t, openRaw(t, endpoint, w.grant.Token), http.MethodGet, "")
+	next := rawStream(t, openRaw(t, endpoint, second.Msg.Token), http.MethodGet, "")
+	revoke := func(grant string) {
+		t.Helper()
+		if _, err := w.admin.Capability.Revoke(context.Background(), connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grant}, Reason: "rogue"})); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The first revocation: a pass at once.
+	revoke(w.grant.Grant.GrantId)
+	recv(t, first, "the first revoked session's GET stream to end")
+	// The next, within the interval: its pass waits for the interval's end.
+	revoke(second.Msg.Grant.GrantId)
+	testserver.WaitFor(t, guardWait, "the gateway to wait for the interval before its next pass", func() bool {
+		return gclk.Armed(start.Add(mcpgate.RevocationScanInterval))
+	})
+	select {
+	case got := <-next:
+		t.Fatalf("the second revoked session ended within the interval of the first pass: %.300s", got)
+	default:
+	}
+	gclk.Advance(mcpgate.RevocationScanInterval)
+	if got := recv(t, next, "the second revoked session's GET stream to end"); !strings.HasPrefix(got, "200 OK\n") {
+		t.Errorf("the second revoked session's GET stream: %.300s; want a stream (200) that ended", got)
 	}
 }
