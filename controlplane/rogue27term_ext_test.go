@@ -2,12 +2,15 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -66,5 +69,78 @@ func TestRogue27AReadyNodeUnderAStopIsNotToldItIsReadyAgain(t *testing.T) {
 			mark.free()
 			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 		})
+	}
+}
+
+// TestRogue27AHoldersCancelAckUnderItsStopIsItsClaim: a holder being
+// aborted chooses how its jobs read in the record. Reporting CANCELLED
+// itself is listed as its claim under stop (ended by the holder's report,
+// claimed_under_stop); but acknowledging the termination's own cancel
+// request — as much its own word, which proves nothing stopped — had the
+// termination resolve the job CANCELLED and the record list it ended by
+// the termination, claimed_under_stop false: read as the control plane's
+// word, where a holder that said nothing reads UNRESOLVED. The job's
+// CANCELLED now rests, in the record, on the holder's acknowledgement
+// under stop (claimed_under_stop, still ended by the termination); one
+// acknowledged before the stop was requested is not a claim under stop.
+func TestRogue27AHoldersCancelAckUnderItsStopIsItsClaim(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	c := w.c.Node.NodeId
+	rogue := unary{w.cAgent}
+	jobs := map[string]*tetherv1.Lease{}
+	for _, job := range []string{"acked-under-stop", "acked-before", "silent"} {
+		resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: c, LeaseDuration: durationpb.New(10 * time.Minute)}))
+		if err != nil {
+			t.Fatalf("offer %s: %v", job, err)
+		}
+		l, dec := rogue.send(t, ack(resp.Msg.Lease))
+		wantDecision(t, "ack "+job, dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+		jobs[job] = l
+	}
+	// Before the stop: an operator asks to cancel one job and C
+	// acknowledges it then.
+	if _, err := w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "acked-before", Reason: "not needed"})); err != nil {
+		t.Fatal(err)
+	}
+	_, dec := rogue.send(t, cancelAck(jobs["acked-before"]))
+	wantDecision(t, "C's acknowledgement before the stop", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_ACKED)
+	w.clk.Advance(time.Second)
+
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Minute, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	get := func(job string) *tetherv1.Lease {
+		resp, err := w.admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+		if err != nil {
+			t.Fatalf("get %s: %v", job, err)
+		}
+		return resp.Msg.Lease
+	}
+	testserver.WaitFor(t, 20*time.Second, "the termination's cancel requests", func() bool {
+		return get("acked-under-stop").CancelRequested && get("silent").CancelRequested
+	})
+	// The rogue acknowledges the termination's request (it stops nothing).
+	_, dec = rogue.send(t, cancelAck(jobs["acked-under-stop"]))
+	wantDecision(t, "C's acknowledgement under its stop", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_ACKED)
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+
+	rec := record(t, w.admin, term.TerminationId)
+	got := map[string]string{}
+	for _, l := range rec.Leases {
+		got[l.JobId] = fmt.Sprintf("%s %s %s node=%q under_stop=%t", l.Outcome, l.TerminalResult, l.EndedBy, l.EndedByNodeId, l.ClaimedUnderStop)
+	}
+	want := map[string]string{
+		"acked-under-stop": "LEASE_OUTCOME_CANCELLED TERMINAL_RESULT_CANCELLED LEASE_ENDED_BY_TERMINATION node=\"\" under_stop=true",
+		"acked-before":     "LEASE_OUTCOME_CANCELLED TERMINAL_RESULT_CANCELLED LEASE_ENDED_BY_TERMINATION node=\"\" under_stop=false",
+		"silent":           "LEASE_OUTCOME_UNRESOLVED TERMINAL_RESULT_UNRESOLVED LEASE_ENDED_BY_TERMINATION node=\"\" under_stop=false",
+	}
+	for job, wl := range want {
+		if got[job] != wl {
+			t.Errorf("record lease %s:\n got %s\nwant %s", job, got[job], wl)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("record leases %v, want %v", got, want)
 	}
 }
