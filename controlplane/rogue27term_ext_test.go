@@ -144,3 +144,97 @@ func TestRogue27AHoldersCancelAckUnderItsStopIsItsClaim(t *testing.T) {
 		t.Errorf("record leases %v, want %v", got, want)
 	}
 }
+
+// TestRogue27AToolCallAfterTheSessionsEndIsLifeAfterIt: a bare claim of
+// exit is confirmed by the control plane when the last it saw of the node
+// was its session's end (twenty-sixth pass: a heartbeat after the end
+// makes the claim unaccounted). A rogue child ends its session and, on
+// its grant's token, goes on working through its gate without a
+// heartbeat: a call begun and ended while it runs, one refused once its
+// stop is requested, or one with the grant its stop revoked. The ledger saw the node's credential at work
+// after the end, yet its claim read CONFIRMED by the control plane on the
+// strength of that end. A call begun (or refused) with the node's token
+// after its session's end is now the control plane seeing it alive: the
+// claim reads unaccounted. Guard: a call before the end, then the end,
+// then the claim, is confirmed as before.
+func TestRogue27AToolCallAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		whenCall  string // "before-end", "after-end", "under-stop", "revoked"
+		confirmed bool
+	}{
+		{"a call before the end (guard)", "before-end", true},
+		{"a call after the end", "after-end", false},
+		{"a call refused under its stop after the end", "under-stop", false},
+		{"a call with its grant revoked by its stop after the end", "revoked", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newSeedWorld(t)
+			ctx := context.Background()
+			self := w.c.Node.NodeId
+			call := func() {
+				t.Helper()
+				resp, err := w.gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.gC.token, Tool: "shell", GateId: "gate-1"}))
+				switch tc.whenCall {
+				case "under-stop":
+					wantRefused(t, "the rogue's call under its stop", err, connect.CodeFailedPrecondition)
+					return
+				case "revoked":
+					wantRefused(t, "the rogue's call with its revoked grant", err, connect.CodePermissionDenied, "revoked")
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: resp.Msg.Call.CallId, GateId: "gate-1"})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sess, err := openSession(t, w.cAgent, self)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.clk.Advance(time.Minute)
+			if tc.whenCall == "before-end" {
+				call()
+				w.clk.Advance(time.Minute)
+			}
+			sess.close()
+			testserver.WaitFor(t, 20*time.Second, "the control plane to see the session end", func() bool {
+				return getNode(t, w.admin, self).SessionClosedAt != nil
+			})
+			w.clk.Advance(time.Minute)
+			if tc.whenCall == "after-end" {
+				call()
+				w.clk.Advance(time.Minute)
+			}
+			term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+			switch tc.whenCall {
+			case "under-stop":
+				call()
+			case "revoked":
+				testserver.WaitFor(t, 20*time.Second, "the stop to revoke the rogue's grant", func() bool {
+					return getGrant(t, w.admin, w.gC.grant.GrantId).State == tetherv1.GrantState_GRANT_STATE_REVOKED
+				})
+				call()
+			}
+			if _, err := w.cAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			w.clk.Advance(2 * time.Minute)
+			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			rn := recordNode(t, record(t, w.admin, term.TerminationId), self)
+			if tc.confirmed {
+				if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || rn.ConfirmedBy != "control-plane" {
+					t.Fatalf("record: %s confirmed by %q (reason %q), want confirmed by the control plane", rn.Outcome, rn.ConfirmedBy, rn.UnaccountedReason)
+				}
+				return
+			}
+			if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ClaimedBy == "" || !strings.Contains(rn.UnaccountedReason, "after its session ended") {
+				t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted: the rogue's token was at work after its session ended",
+					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+			}
+		})
+	}
+}
