@@ -238,3 +238,88 @@ func TestRogue27AToolCallAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
 		})
 	}
 }
+
+// TestRogue27ARequestAfterTheSessionsEndIsLifeAfterIt: the same rogue as
+// TestRogue27AToolCallAfterTheSessionsEndIsLifeAfterIt, working on by its
+// own requests instead of its gate's: it ends its session and keeps the
+// job it holds alive by unary renewals (the lease upkeep a draining holder
+// may send), or reads its node — no heartbeat — then claims its exit
+// under its parent's stop. Its claim read CONFIRMED by the
+// control plane on the strength of the end it outlived (design §11 named
+// the lease upkeep as not weighed). Any request of the node after its
+// session's end is now the control plane seeing it alive: the claim reads
+// unaccounted. Guard: the same requests before the end, then the end,
+// then the claim, are confirmed as before.
+func TestRogue27ARequestAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		after     bool // the requests come after the session's end
+		request   string
+		confirmed bool
+	}{
+		{"renewals before the end (guard)", false, "renew", true},
+		{"renewals after the end", true, "renew", false},
+		{"a read after the end", true, "read", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newSeedWorld(t)
+			ctx := context.Background()
+			self := w.c.Node.NodeId
+			rogue := unary{w.cAgent}
+			resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: self, LeaseDuration: durationpb.New(10 * time.Minute)}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, dec := rogue.send(t, ack(resp.Msg.Lease))
+			wantDecision(t, "the rogue's ACK", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+			work := func() {
+				t.Helper()
+				for seq := uint64(1); seq <= 3; seq++ {
+					w.clk.Advance(time.Minute)
+					switch tc.request {
+					case "renew":
+						_, dec := rogue.send(t, renew(l, seq))
+						wantDecision(t, "the rogue's renewal", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_RENEWED)
+					case "read":
+						if _, err := w.cAgent.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: self})); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			}
+			sess, err := openSession(t, w.cAgent, self)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.after {
+				work()
+			}
+			w.clk.Advance(time.Minute)
+			sess.close()
+			testserver.WaitFor(t, 20*time.Second, "the control plane to see the session end", func() bool {
+				return getNode(t, w.admin, self).SessionClosedAt != nil
+			})
+			if tc.after {
+				work()
+			}
+			term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+			if _, err := w.cAgent.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+				t.Fatal(err)
+			}
+			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			w.clk.Advance(2 * time.Minute)
+			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			rn := recordNode(t, record(t, w.admin, term.TerminationId), self)
+			if tc.confirmed {
+				if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || rn.ConfirmedBy != "control-plane" {
+					t.Fatalf("record: %s confirmed by %q (reason %q), want confirmed by the control plane", rn.Outcome, rn.ConfirmedBy, rn.UnaccountedReason)
+				}
+				return
+			}
+			if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ClaimedBy == "" || !strings.Contains(rn.UnaccountedReason, "after its session ended") {
+				t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted: the rogue was at work after its session ended",
+					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+			}
+		})
+	}
+}
