@@ -27,6 +27,9 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 			JobID: l.JobID, LeaseID: l.LeaseID, LeaseGeneration: l.Generation, HolderIdentity: l.HolderIdentity,
 			Outcome: recordOutcome(l), TerminalResult: supervisor.LeaseResult(l.TerminalResult),
 		}
+		if l.CancelAck {
+			out[i].CancelAckedAt = l.CancelAckedAt
+		}
 	}
 	if err := readEnds(ctx, c.Coordinator, ls, out); err != nil {
 		return nil, false, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)

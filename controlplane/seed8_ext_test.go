@@ -140,7 +140,10 @@ func TestSeed8TheRecordSaysOnWhoseWordEachLeaseEnded(t *testing.T) {
 // word (it reconciled the acknowledgement), a job whose lease ran out ends
 // on the termination's word too, and a job its holder reports CANCELLED
 // itself while it is being aborted ends on the holder's word, as its
-// claim under stop — never the one passed off as the other.
+// claim under stop — never the one passed off as the other. The
+// acknowledgement came while the holder was being stopped, so the
+// CANCELLED it rests on is flagged as the holder's claim under stop too
+// (twenty-seventh pass, TestRogue27AHoldersCancelAckUnderItsStopIsItsClaim).
 func TestSeed8AResultTheTerminationImposedIsNotTheHolders(t *testing.T) {
 	w := newSeedWorld(t)
 	ctx := context.Background()
@@ -182,7 +185,7 @@ func TestSeed8AResultTheTerminationImposedIsNotTheHolders(t *testing.T) {
 		got[l.JobId] = fmt.Sprintf("%s %s %s node=%q under_stop=%t", l.Outcome, l.TerminalResult, l.EndedBy, l.EndedByNodeId, l.ClaimedUnderStop)
 	}
 	want := map[string]string{
-		"acked":    "LEASE_OUTCOME_CANCELLED TERMINAL_RESULT_CANCELLED LEASE_ENDED_BY_TERMINATION node=\"\" under_stop=false",
+		"acked":    "LEASE_OUTCOME_CANCELLED TERMINAL_RESULT_CANCELLED LEASE_ENDED_BY_TERMINATION node=\"\" under_stop=true",
 		"reported": fmt.Sprintf("LEASE_OUTCOME_CANCELLED TERMINAL_RESULT_CANCELLED LEASE_ENDED_BY_HOLDER_REPORT node=%q under_stop=true", c),
 		"expired":  "LEASE_OUTCOME_EXPIRED TERMINAL_RESULT_FAILED LEASE_ENDED_BY_TERMINATION node=\"\" under_stop=false",
 	}

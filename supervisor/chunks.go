@@ -1867,15 +1867,21 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 }
 
 // markClaimsUnderStop flags each lease whose end rests on its holder's
-// report judged at or after the termination was requested: the holder was
+// word given at or after the termination was requested: the holder was
 // being stopped (or about to be), so its SUCCESS or FAILED is its own
-// claim under stop, shown, not confirmed. The time is the lease machine's
-// judgement (the control plane's clock, as RequestedAt is), read from the
-// lease's evidence, not anything the holder sent.
+// claim under stop, shown, not confirmed — and so is its acknowledgement
+// of the cancel request, on which the termination's reconciliation ends
+// the job CANCELLED (where a holder that said nothing reads UNRESOLVED).
+// The times are the lease machine's judgements (the control plane's
+// clock, as RequestedAt is), read from the lease and its evidence, not
+// anything the holder sent.
 func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time) {
 	for i := range leases {
 		l := &leases[i]
-		l.ClaimedUnderStop = l.EndedBy == LeaseEndedByHolderReport && !l.EndedAt.IsZero() && !l.EndedAt.Before(requestedAt)
+		reported := l.EndedBy == LeaseEndedByHolderReport && !l.EndedAt.IsZero() && !l.EndedAt.Before(requestedAt)
+		acked := l.EndedBy == LeaseEndedByTermination && l.TerminalResult == LeaseResultCancelled &&
+			!l.CancelAckedAt.IsZero() && !l.CancelAckedAt.Before(requestedAt)
+		l.ClaimedUnderStop = reported || acked
 	}
 }
 

@@ -144,10 +144,17 @@ type RecordLease struct {
 	// EndedAt is when the ending message was judged (the lease machine's
 	// clock, the control plane's).
 	EndedAt time.Time `pb:"9"`
-	// ClaimedUnderStop: the holder's report ended the job at or after the
-	// termination was requested — the stopping holder's claim, not
-	// confirmed.
+	// ClaimedUnderStop: the holder's word decided the job's end at or
+	// after the termination was requested — the stopping holder's claim,
+	// not confirmed: its report ended the job, or the termination ended
+	// it CANCELLED on the holder's acknowledgement of the cancel request.
 	ClaimedUnderStop bool `pb:"10"`
+
+	// CancelAckedAt is when the holder acknowledged the cancel request
+	// (the lease machine's clock), zero when it did not: what the
+	// termination's CANCELLED rests on. Not stored nor shown; the record
+	// shows it as ClaimedUnderStop.
+	CancelAckedAt time.Time
 }
 
 // RecordPhase is one phase of the termination and how long it took.

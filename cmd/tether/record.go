@@ -106,8 +106,9 @@ func countNodes(r *tetherv1.ReconciliationRecord) (confirmed, unaccounted int) {
 
 // leaseEnd says how a record's lease ended and on whose word: the
 // holder's report (its claim, when it came while the holder was being
-// stopped), the coordinator's resolution, the termination's, or the
-// lease's own deadline.
+// stopped), the coordinator's resolution, the termination's (on the
+// holder's claim, when it rests on a cancel acknowledgement the holder
+// made while being stopped), or the lease's own deadline.
 func leaseEnd(l *tetherv1.RecordLease) string {
 	res := ""
 	if l.TerminalResult != tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED {
@@ -125,6 +126,9 @@ func leaseEnd(l *tetherv1.RecordLease) string {
 		}
 		return res + ", resolved by its coordinator (an operator)"
 	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_TERMINATION:
+		if l.ClaimedUnderStop {
+			return res + ", ended by the termination on the holder's acknowledgement of the cancel while it was being stopped (its claim, not confirmed)"
+		}
 		return res + ", ended by the termination"
 	case tetherv1.LeaseEndedBy_LEASE_ENDED_BY_LEASE_DEADLINE:
 		return res + ", ended by the lease's own deadline"

@@ -283,6 +283,9 @@ func RecordPrivilege(x *supervisor.RecordPrivilege) *tetherv1.RecordPrivilege {
 }
 
 // RecordLease is a record's lease entry as the API carries it.
+//
+// Not converted here:
+// domain CancelAckedAt: what the record's claimed_under_stop is judged from (the holder's acknowledgement), never stored nor shown.
 func RecordLease(x *supervisor.RecordLease) *tetherv1.RecordLease {
 	if x == nil {
 		return nil

@@ -185,6 +185,15 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 			return err
 		}
 		ancestors = node.Ancestors
+		// The node's credential at work after its session's end (a call
+		// begun, or refused below) is the control plane seeing it alive
+		// after that end: a bare claim of its exit is not corroborated by
+		// the end (tree.JudgeExit). Written for the first such call only.
+		if node.State != tree.NodeStateTerminated && tree.NoteSeenAfterSessionEnd(node, now) {
+			if err := tree.PutNodeIn(tx, node); err != nil {
+				return err
+			}
+		}
 		if tree.ExitConfirmed(node) && node.State != tree.NodeStateTerminated {
 			stopping = tree.ExitedError(node, tree.ActivityToolCall)
 			if tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s", tool, gateID), now) {
@@ -423,24 +432,33 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 // whose exit was confirmed as contradicting evidence on the node: the
 // node's credential is dead, but something still holds and uses it, so its
 // exit is not confirmed by the control plane's observation (tree.JudgeExit
-// sees the contradiction). A node not claimed to have exited, or already
-// terminated (its record written), is left alone.
+// sees the contradiction). A node whose session's end is the last the
+// control plane saw of it is noted as seen (its credential is at work
+// after that end, so a bare claim of its exit is not corroborated by it).
+// A node otherwise not claimed to have exited, or already terminated (its
+// record written), is left alone.
 //
 // Most refusals of a revoked credential concern no such node, and a rogue
 // may send them as fast as its gate's budget allows: they are judged on a
 // read, and only one that may add evidence takes a write transaction.
 func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) error {
 	now := l.Clock.Now()
-	// kept reports whether the node takes the contradiction (and adds it).
+	// kept reports whether the node changed: it takes the contradiction
+	// (and adds it), or the use is the first sign of its life after its
+	// session's end (tree.NoteSeenAfterSessionEnd, as in Begin).
 	kept := func(tx store.ReadTxn) (*tree.Node, bool, error) {
 		node, err := tree.GetNodeIn(tx, nodeID)
 		if errors.Is(err, tree.ErrNodeNotFound) {
 			return nil, false, nil
 		}
-		if err != nil || !tree.ExitConfirmed(node) || node.State == tree.NodeStateTerminated {
+		if err != nil || node.State == tree.NodeStateTerminated {
 			return nil, false, err
 		}
-		return node, tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now), nil
+		changed := tree.NoteSeenAfterSessionEnd(node, now)
+		if tree.ExitConfirmed(node) && tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now) {
+			changed = true
+		}
+		return node, changed, nil
 	}
 	may, err := store.Read(ctx, l.Store, func(tx store.ReadTxn) (bool, error) {
 		_, ok, err := kept(tx)

@@ -87,11 +87,14 @@ func ExitedError(n *Node, kind string) error {
 // Act checks that a node may still act, for activity of the given kind
 // coming from it (its credential, its session, its tokens). A node whose
 // exit was confirmed is refused with ErrNodeExited, and the attempt is
-// stored on the node as a contradiction before Act returns. It returns the
-// node as read.
+// stored on the node as a contradiction before Act returns. A node whose
+// session's end is the last the control plane saw of it is seen alive
+// now (NoteSeenAfterSessionEnd): its request after that end means a bare
+// claim of its exit is not corroborated by the end (JudgeExit); only the
+// first such request writes. It returns the node as read.
 func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*Node, error) {
 	n, err := t.Get(ctx, nodeID)
-	if err != nil || !ExitConfirmed(n) || n.State == NodeStateTerminated {
+	if err != nil || n.State == NodeStateTerminated || !ExitConfirmed(n) && !SessionEndIsLastSeen(n) {
 		// A terminated node's record is written: its credential is dead
 		// (the caller refuses it as revoked) and nothing can change it.
 		return n, err
@@ -102,13 +105,23 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*Node, err
 		if err != nil {
 			return err
 		}
-		if n.State == NodeStateTerminated || !NoteContradiction(n, kind, detail, now) {
+		if n.State == NodeStateTerminated {
+			return nil
+		}
+		changed := NoteSeenAfterSessionEnd(n, now)
+		if ExitConfirmed(n) && NoteContradiction(n, kind, detail, now) {
+			changed = true
+		}
+		if !changed {
 			return nil
 		}
 		return putNode(tx, n)
 	})
 	if err != nil {
 		return nil, err
+	}
+	if !ExitConfirmed(n) {
+		return n, nil
 	}
 	return n, ExitedError(n, kind)
 }

@@ -84,6 +84,22 @@ func SessionEndIsLastSeen(n *Node) bool {
 	return !n.SessionClosedAt.IsZero() && !SeenAfterSessionEnd(n)
 }
 
+// NoteSeenAfterSessionEnd records, on n, that the control plane saw the
+// node alive now (its credential at work: a tool call begun or refused
+// with its token) when the last it saw of n was its session's end, and
+// reports whether n changed (the caller writes it, in the transaction
+// that read it). Otherwise it changes nothing: only the first such sign
+// of life after an end is written, so a node that calls tools with its
+// session open costs no write. A bare claim of exit is then weighed as
+// one with a heartbeat after the end (SeenAfterSessionEnd).
+func NoteSeenAfterSessionEnd(n *Node, now time.Time) bool {
+	if !SessionEndIsLastSeen(n) {
+		return false
+	}
+	n.LastSeenAt, n.LastSeenSeq = now, nextSeenSeq(n)
+	return true
+}
+
 // Holdings says which kinds of holdings a node may have. A node created
 // with HoldsTracked has a bit set for each kind from the first one it is
 // given (the bit is never cleared: it means "may hold", not "holds"); a

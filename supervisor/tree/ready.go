@@ -11,7 +11,9 @@ import (
 
 // ReportReady records that a running node is ready to take work (its own
 // word, or its launcher's). The first report's time is kept; a node that
-// is stopping or stopped cannot become ready.
+// is stopping or stopped, or under a stop whose mark has not reached it,
+// cannot become ready, and a repeat of a report it made before is refused
+// as a first one would be.
 func (t *Tree) ReportReady(ctx context.Context, nodeID string, authorize func(*Node) error) (*Node, error) {
 	if err := id.Check(id.Node, "node_id", nodeID); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
@@ -21,19 +23,21 @@ func (t *Tree) ReportReady(ctx context.Context, nodeID string, authorize func(*N
 		if n.State != NodeStateRunning {
 			return fmt.Errorf("%w: node %s is %s and cannot become ready", ErrNodeStopping, nodeID, StateName(n.State))
 		}
-		if !n.ReadyAt.IsZero() {
-			return nil
-		}
 		// Nor under a stop whose mark has not reached it (requested on it
 		// or an ancestor, or marked down to an ancestor): the workload of
 		// a termination does not report itself ready to take over work (a
 		// rollout counts a replacement, and hands it jobs, on this word).
+		// A repeat of a report made before the stop is refused too: the
+		// answer does not depend on whether the node spoke before.
 		cover, err := CoveringStopIn(tx, n)
 		if err != nil {
 			return err
 		}
 		if cover != nil {
 			return fmt.Errorf("%w: %s and cannot become ready", ErrNodeStopping, cover.Describe(nodeID))
+		}
+		if !n.ReadyAt.IsZero() {
+			return nil
 		}
 		n.ReadyAt = now
 		return putNode(tx, n)

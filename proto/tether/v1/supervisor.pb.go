@@ -1519,7 +1519,9 @@ type RecordLease struct {
 	// Set when the holder's report (HOLDER_REPORT) was judged at or after
 	// the termination was requested, while the holder was being stopped
 	// (draining or aborting): the result is the stopping holder's own
-	// claim, shown, never confirmed.
+	// claim, shown, never confirmed. Set too on a CANCELLED the termination
+	// resolved (TERMINATION) on the holder's acknowledgement of the cancel
+	// request judged at or after that time: the result rests on its word.
 	ClaimedUnderStop bool `protobuf:"varint,10,opt,name=claimed_under_stop,json=claimedUnderStop,proto3" json:"claimed_under_stop,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache

@@ -686,7 +686,9 @@ export type RecordLease = Message<"tether.v1.RecordLease"> & {
    * Set when the holder's report (HOLDER_REPORT) was judged at or after
    * the termination was requested, while the holder was being stopped
    * (draining or aborting): the result is the stopping holder's own
-   * claim, shown, never confirmed.
+   * claim, shown, never confirmed. Set too on a CANCELLED the termination
+   * resolved (TERMINATION) on the holder's acknowledgement of the cancel
+   * request judged at or after that time: the result rests on its word.
    *
    * @generated from field: bool claimed_under_stop = 10;
    */
