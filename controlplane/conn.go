@@ -864,7 +864,8 @@ const AnswerBytesPerRequest = 256 << 10
 // PreAuthRequests bounds the requests in flight on a connection none of
 // whose requests was admitted yet (an unauthenticated one): a request
 // that starts past it and is not admitted itself closes the connection —
-// a public endpoint's at once, an RPC's when it would write its refusal.
+// a public endpoint's at once, an RPC's (or a console page's) when it
+// would write its answer.
 // A request counts until its answer is written, so a client that does not
 // take its answers (it grants no flow-control window) holds at most this
 // many waiting writes on a connection before it loses it. HTTP/2 lets a
@@ -890,7 +891,9 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 		}
 		over := c.preAuthInFlight.Add(1) > PreAuthRequests
 		defer c.preAuthInFlight.Add(-1)
-		if over && !guards(r.URL.Path) {
+		if over && !guards(r.URL.Path) && !consolePage(r) {
+			// A public request may wait without writing (a stream waiting
+			// for a message): it is not let in.
 			c.cut()
 			return
 		}
@@ -902,6 +905,17 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			_ = pw.FlushError()
 		}
 	})
+}
+
+// consolePage reports whether r asks for a page of the operator console:
+// the browser's session (a cookie) is checked by the console, whose calls
+// to the API bind the connection before the page is written, so a page
+// past PreAuthRequests is judged when it writes, not at once (a browser
+// restoring a dozen console tabs opens them on one fresh connection). A
+// page has no body to wait for; anything else under /ui/ (a sign-in's
+// form) does.
+func consolePage(r *http.Request) bool {
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasPrefix(r.URL.Path, "/ui/")
 }
 
 // preAuthWriter is the writer of a request on a connection that had not

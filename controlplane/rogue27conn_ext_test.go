@@ -3,7 +3,8 @@ package controlplane_test
 import (
 	"bytes"
 	"io"
-	"sync"
+	"net/http"
+	"net/url"
 	"testing"
 	"time"
 
@@ -96,14 +97,18 @@ func TestRogue27AnUnauthenticatedConnectionCannotHoldManyUnreadAnswers(t *testin
 // dead credential (each told unauthenticated, the connection kept).
 func TestRogue27AnHonestBurstOnAFreshConnectionIsServed(t *testing.T) {
 	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) { cfg.RateBurst, cfg.AnonymousRateLimit = 1000, 100 })
+	call := func(cred string) [][2]string {
+		return [][2]string{{":method", "POST"}, {":path", tetherv1connect.AuthServiceWhoAmIProcedure},
+			{"content-type", "application/proto"}, {"authorization", "Bearer " + cred}}
+	}
 	for _, tc := range []struct {
-		name   string
-		cred   string
-		calls  int
-		status string
+		name    string
+		request [][2]string
+		calls   int
+		status  string
 	}{
-		{"valid", srv.Admin, 100, "200"},
-		{"dead", "not-a-credential", controlplane.PreAuthRequests, "401"},
+		{"valid", call(srv.Admin), 100, "200"},
+		{"dead", call("not-a-credential"), controlplane.PreAuthRequests, "401"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := dial(t, hostOf(t, srv.URL))
@@ -115,20 +120,21 @@ func TestRogue27AnHonestBurstOnAFreshConnectionIsServed(t *testing.T) {
 			if err := fr.WriteSettings(); err != nil {
 				t.Fatal(err)
 			}
+			if err := fr.WriteWindowUpdate(0, 1<<30); err != nil {
+				t.Fatal(err)
+			}
 			var hbuf bytes.Buffer
 			enc := hpack.NewEncoder(&hbuf)
 			for i := range tc.calls {
 				hbuf.Reset()
-				for _, kv := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":authority", "tether"}, {":path", tetherv1connect.AuthServiceWhoAmIProcedure},
-					{"content-type", "application/proto"}, {"authorization", "Bearer " + tc.cred}} {
+				for _, kv := range append([][2]string{{":scheme", "http"}, {":authority", "tether"}}, tc.request...) {
 					_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
 				}
-				// An empty message, in the request's one frame.
+				// No body (an empty message), in the request's one frame.
 				if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: hbuf.Bytes(), EndHeaders: true, EndStream: true}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			var mu sync.Mutex
 			status := map[uint32]string{}
 			ended := map[uint32]bool{}
 			for len(ended) < tc.calls {
@@ -136,7 +142,6 @@ func TestRogue27AnHonestBurstOnAFreshConnectionIsServed(t *testing.T) {
 				if err != nil {
 					t.Fatalf("the connection ended after %d of %d answers: %v", len(ended), tc.calls, err)
 				}
-				mu.Lock()
 				switch f := f.(type) {
 				case *http2.MetaHeadersFrame:
 					if s := f.PseudoValue("status"); s != "" {
@@ -162,7 +167,6 @@ func TestRogue27AnHonestBurstOnAFreshConnectionIsServed(t *testing.T) {
 						_ = fr.WritePing(true, f.Data)
 					}
 				}
-				mu.Unlock()
 			}
 			for id, s := range status {
 				if s != tc.status {
@@ -173,5 +177,115 @@ func TestRogue27AnHonestBurstOnAFreshConnectionIsServed(t *testing.T) {
 				t.Fatalf("%d statuses for %d calls", len(status), tc.calls)
 			}
 		})
+	}
+}
+
+// TestRogue27AConsolePagePastTheBoundIsServed: a browser's console page is
+// public to the auth Gate (the console checks the session's cookie, and
+// its calls to the API bind the connection), so it is not closed at once
+// past controlplane.PreAuthRequests as a public endpoint's request is:
+// with eight requests of the fresh connection still unanswered (they wait
+// for a flow-control window the browser has not granted yet), a console
+// page asked with the operator's session is answered, and so are the
+// eight once the window comes.
+func TestRogue27AConsolePagePastTheBoundIsServed(t *testing.T) {
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) { cfg.AnonymousRateLimit = 100 })
+	browser := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	signin, err := browser.PostForm(srv.URL+"/ui/signin", url.Values{"token": {srv.Admin}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	signin.Body.Close()
+	var cookie string
+	for _, c := range signin.Cookies() {
+		if c.Name == "tether_console" {
+			cookie = c.Name + "=" + c.Value
+		}
+	}
+	if cookie == "" {
+		t.Fatalf("the sign-in answered %s with no session cookie", signin.Status)
+	}
+	c := dial(t, hostOf(t, srv.URL))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}); err != nil {
+		t.Fatal(err)
+	}
+	var hbuf bytes.Buffer
+	enc := hpack.NewEncoder(&hbuf)
+	request := func(id uint32, path string, header ...[2]string) {
+		t.Helper()
+		hbuf.Reset()
+		for _, kv := range append([][2]string{{":method", "GET"}, {":scheme", "http"}, {":authority", "tether"}, {":path", path}}, header...) {
+			_ = enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hbuf.Bytes(), EndHeaders: true, EndStream: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const page = 2*controlplane.PreAuthRequests + 1
+	for i := range controlplane.PreAuthRequests {
+		request(uint32(2*i+1), "/healthz")
+	}
+	// Each stream's headers are written without window: the page's say it
+	// was let in.
+	status := map[uint32]string{}
+	read := func(until func() bool) {
+		t.Helper()
+		for !until() {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("the connection ended (%d answers begun): %v", len(status), err)
+			}
+			switch f := f.(type) {
+			case *http2.MetaHeadersFrame:
+				if s := f.PseudoValue("status"); s != "" {
+					status[f.StreamID] = s
+				}
+			case *http2.RSTStreamFrame:
+				t.Fatalf("stream %d reset (%v)", f.StreamID, f.ErrCode)
+			case *http2.GoAwayFrame:
+				t.Fatalf("GOAWAY (%v)", f.ErrCode)
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					_ = fr.WritePing(true, f.Data)
+				}
+			}
+		}
+	}
+	read(func() bool { return len(status) == controlplane.PreAuthRequests })
+	request(page, "/ui/tree", [2]string{"cookie", cookie})
+	read(func() bool { return status[page] != "" })
+	if status[page] != "200" {
+		t.Fatalf("the console page answered %s", status[page])
+	}
+	// The window: every answer is written whole.
+	ended := map[uint32]bool{}
+	for id := uint32(1); id <= page; id += 2 {
+		if err := fr.WriteWindowUpdate(id, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fr.WriteWindowUpdate(0, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	for len(ended) < controlplane.PreAuthRequests+1 {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection ended after %d answers: %v", len(ended), err)
+		}
+		if d, ok := f.(*http2.DataFrame); ok && d.StreamEnded() {
+			ended[d.StreamID] = true
+		}
+		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamEnded() {
+			ended[h.StreamID] = true
+		}
 	}
 }
