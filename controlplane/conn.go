@@ -436,9 +436,12 @@ type limitedConn struct {
 
 	// bound is set once a request on it was admitted; keys are the callers
 	// it is bound to (written under l.mu and keysMu, read under keysMu).
-	bound  atomic.Bool
-	keysMu sync.Mutex
-	keys   []callerKey
+	bound atomic.Bool
+	// preAuthInFlight counts the requests in flight that began while it
+	// was not bound (preAuthBounded).
+	preAuthInFlight atomic.Int64
+	keysMu          sync.Mutex
+	keys            []callerKey
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -857,3 +860,117 @@ func (g *envelopeGuard) Read(p []byte) (int, error) {
 // caller shapes (the stop rules in effect at a node of a deep chain, each
 // rule kilobytes) answered megabytes for one request.
 const AnswerBytesPerRequest = 256 << 10
+
+// PreAuthRequests bounds the requests in flight on a connection none of
+// whose requests was admitted yet (an unauthenticated one): a request
+// that starts past it and is not admitted itself closes the connection —
+// a public endpoint's at once, an RPC's (or a console page's) when it
+// would write its answer.
+// A request counts until its answer is written, so a client that does not
+// take its answers (it grants no flow-control window) holds at most this
+// many waiting writes on a connection before it loses it. HTTP/2 lets a
+// connection carry MaxStreamsPerConn requests at once, and each refusal
+// (or public answer) not taken held its goroutine and request until its
+// write deadline: some 250 goroutines and 2.5 MB per connection, without
+// a credential, over as many connections as the server takes. An honest
+// client's burst on a fresh connection is admitted as it comes (each
+// admitted request binds the connection before it writes), and a client
+// whose credential is dead is told so on up to this many calls at once.
+const PreAuthRequests = 8
+
+// preAuthBounded holds a connection that has not authenticated to
+// PreAuthRequests requests in flight (see there); guards says which paths
+// are RPCs the auth Gate judges (the others are public and never bind the
+// connection).
+func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, _ := r.Context().Value(connKey{}).(*limitedConn)
+		if c == nil || c.bound.Load() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		over := c.preAuthInFlight.Add(1) > PreAuthRequests
+		defer c.preAuthInFlight.Add(-1)
+		if over && !guards(r.URL.Path) && !consolePage(r) {
+			// A public request may wait without writing (a stream waiting
+			// for a message): it is not let in.
+			c.cut()
+			return
+		}
+		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over}
+		next.ServeHTTP(pw, r)
+		if !c.bound.Load() {
+			// Hold the place until the answer is written (the server
+			// writes what is left of it after the handler returns).
+			_ = pw.FlushError()
+		}
+	})
+}
+
+// consolePage reports whether r asks for a page of the operator console:
+// the browser's session (a cookie) is checked by the console, whose calls
+// to the API bind the connection before the page is written, so a page
+// past PreAuthRequests is judged when it writes, not at once (a browser
+// restoring a dozen console tabs opens them on one fresh connection). A
+// page has no body to wait for; anything else under /ui/ (a sign-in's
+// form) does.
+func consolePage(r *http.Request) bool {
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasPrefix(r.URL.Path, "/ui/")
+}
+
+// preAuthWriter is the writer of a request on a connection that had not
+// authenticated when it began. One that began past PreAuthRequests closes
+// the connection, rather than write, when the connection is still not
+// authenticated by then (it was not admitted itself).
+type preAuthWriter struct {
+	http.ResponseWriter
+	c    *limitedConn
+	over bool
+}
+
+// errPreAuthCut is what a write gets once its connection was closed for
+// having too many unauthenticated requests in flight.
+var errPreAuthCut = errors.New("controlplane: the connection was closed: too many requests in flight before it authenticated")
+
+// cuts closes the connection when the request may not write on it.
+func (w *preAuthWriter) cuts() bool {
+	if !w.over || w.c.bound.Load() {
+		return false
+	}
+	w.c.cut()
+	return true
+}
+
+func (w *preAuthWriter) WriteHeader(code int) {
+	if !w.cuts() {
+		w.ResponseWriter.WriteHeader(code)
+	}
+}
+
+func (w *preAuthWriter) Write(p []byte) (int, error) {
+	if w.cuts() {
+		return 0, errPreAuthCut
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Flush is http.Flusher, which Connect requires of a stream's writer.
+func (w *preAuthWriter) Flush() { _ = w.FlushError() }
+
+func (w *preAuthWriter) FlushError() error {
+	if w.cuts() {
+		return errPreAuthCut
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Unwrap lets an http.ResponseController reach the stream.
+func (w *preAuthWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// cut closes c at once, freeing its place and everything on it.
+func (c *limitedConn) cut() {
+	c.l.mu.Lock()
+	c.l.forgetLocked(c)
+	c.l.mu.Unlock()
+	_ = c.Conn.Close()
+}

@@ -900,6 +900,10 @@ func (i *Interceptor) guards(path string) bool {
 	return strings.HasPrefix(path, "/tether.")
 }
 
+// Guards reports whether the Gate checks requests to path (the others are
+// public endpoints, which no credential is asked for).
+func (i *Interceptor) Guards(path string) bool { return i.guards(path) }
+
 // admitted returns the principal the Gate admitted the request as, or
 // authenticates it now (a handler mounted without the Gate).
 func (i *Interceptor) admitted(ctx context.Context, procedure string, header http.Header, peer string) (context.Context, Principal, error) {
