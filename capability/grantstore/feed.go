@@ -297,7 +297,7 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 		return ctx.Err()
 	}
 	if newest == 0 {
-		if err := s.catchUp(ctx, after); err != nil {
+		if err := s.catchUp(ctx); err != nil {
 			return err
 		}
 	}
@@ -351,8 +351,14 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 	}
 }
 
-// catchUp waits, when a follower's position is ahead of this replica's
-// feed, until the feed reaches it — if the store has: the follower read
+// catchUp waits until this replica's feed has applied every tombstone the
+// store held when the follower opened it. A follower's first message is
+// then never older than a revocation already acknowledged: the feed is
+// filled by the store's watch, a moment after each commit, and a verifier
+// that connected in that moment (a new replica's, or one reconnecting
+// just after an operator's revocation) was sent a first message without
+// it, and took it as the whole set. So is a follower's position ahead of
+// this replica's feed waited for, when the store has it: the follower read
 // those tombstones from another replica whose watch was ahead of this
 // one's, and a snapshot of this feed would have it replace its set with
 // one that lacks them (a verifier accepted a token again whose revocation
@@ -360,26 +366,18 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 // store was restored from an older copy) is answered with a snapshot, as
 // before. Nothing is sent while it waits, not even a heartbeat (this
 // replica cannot say what followed the position), so the follower fails
-// closed after its staleness budget and may try another replica.
-func (s *Service) catchUp(ctx context.Context, after uint64) error {
-	s.feed.mu.Lock()
-	head := s.feed.head
-	s.feed.mu.Unlock()
-	if after <= head {
-		return nil
-	}
+// closed after its staleness budget and may try another replica. It costs
+// one read of the stored head per feed opened.
+func (s *Service) catchUp(ctx context.Context) error {
 	stored, err := store.Read(ctx, s.cfg.Store, func(tx store.ReadTxn) (uint64, error) { return getCounter(tx, feedHeadKey) })
 	if err != nil {
 		return err
-	}
-	if stored < after {
-		return nil // the store is behind the follower: a snapshot
 	}
 	for {
 		s.feed.mu.Lock()
 		head, changed := s.feed.head, s.feed.changed
 		s.feed.mu.Unlock()
-		if after <= head {
+		if stored <= head {
 			return nil
 		}
 		select {
