@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -53,6 +55,11 @@ type Agent struct {
 type liveSession struct {
 	exit chan string   // Exit's reason, sent by the heartbeat goroutine
 	done chan struct{} // closed when the session has ended
+	// claimed, read once done is closed: the exit message was sent and the
+	// session then ended cleanly, the control plane's answer to a claim it
+	// stored (one it could not store ends the session with the error).
+	claimed bool
+	sent    atomic.Bool // the exit message was sent
 }
 
 // ErrAborted is the cause of an agent's context when the control plane
@@ -250,7 +257,7 @@ func (a *Agent) hasExited() bool {
 	return a.exited
 }
 
-func (a *Agent) session(ctx context.Context) error {
+func (a *Agent) session(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	live := &liveSession{exit: make(chan string), done: make(chan struct{})}
@@ -267,6 +274,9 @@ func (a *Agent) session(ctx context.Context) error {
 			a.live = nil
 		}
 		a.mu.Unlock()
+		// A clean end (Receive's io.EOF) after the exit message: the
+		// control plane stored the claim and ended the session.
+		live.claimed = live.sent.Load() && errors.Is(err, io.EOF)
 		close(live.done)
 	}()
 	stream := a.conn.Agent.Session(ctx)
@@ -296,7 +306,9 @@ func (a *Agent) session(ctx context.Context) error {
 			case reason := <-live.exit:
 				// The claim travels behind every heartbeat already sent;
 				// the control plane ends the session after it.
-				errc <- stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: reason}}})
+				err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: reason}}})
+				live.sent.Store(err == nil)
+				errc <- err
 				return
 			case <-ticker.C:
 				if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Heartbeat{Heartbeat: &tetherv1.SessionHeartbeat{}}}); err != nil {
@@ -332,7 +344,10 @@ func (a *Agent) session(ctx context.Context) error {
 // the agent still sends is recorded as contradicting its claim (the
 // termination record then says the node is unaccounted). The claim goes
 // over the open session when there is one, behind its heartbeats, so that
-// it is the session's last word; otherwise by ConfirmExit. A claim counts
+// it is the session's last word; otherwise by ConfirmExit, and by
+// ConfirmExit as well when that session ends with an error rather than
+// the control plane's clean end after a claim it stored (a claim already
+// stored is not changed by another). A claim counts
 // in the record only when the control plane's own evidence agrees; a
 // launcher's confirmation (ConfirmExit with an operator token, after the
 // process ended) is an attestation.
@@ -346,7 +361,12 @@ func (a *Agent) Exit(ctx context.Context, reason string) error {
 		case live.exit <- reason:
 			select {
 			case <-live.done:
-				return nil
+				if live.claimed {
+					return nil
+				}
+				// The session ended with an error, or before the claim
+				// went out: the claim may never have been stored. Claim by
+				// RPC (a claim already stored changes nothing).
 			case <-ctx.Done():
 				return ctx.Err()
 			}

@@ -127,9 +127,7 @@ func TestARogueCannotFloodReflectionWithoutACredential(t *testing.T) {
 // never authenticates: both end, the connection is closed, and only the
 // operator's connection is left.
 func TestARoguesPublicStreamsDoNotOutliveItsUnauthenticatedConnection(t *testing.T) {
-	srv := testserver.Start(t, func(cfg *controlplane.Config) {
-		cfg.Conn = controlplane.ConnLimits{PreAuthTimeout: 50 * time.Millisecond, WriteTimeout: 200 * time.Millisecond}
-	})
+	srv := testserver.Start(t, preAuthLimits)
 	op := newOwnConn(t, srv, srv.Admin)
 	if err := whoAmI(op.Clients); err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ package mcpgate_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
@@ -348,10 +350,16 @@ func TestARogueNotReadingItsAnswersDoesNotHoldThemInTheGateway(t *testing.T) {
 	}
 	waitAll(t, asked, "the upstream to be asked for the rogue's two answers")
 	// The rogue never reads nor lets go; the gateway gives up writing to
-	// it, and its next call is admitted.
+	// it, and its next call is admitted. A call sent on a connection the
+	// gateway is ending for its stalled write fails in the rogue's own
+	// transport (EOF), no answer of the gateway's, as WriteStallTimeout
+	// says (seen on a loaded machine, where the end and the call cross:
+	// twice in about 20 runs three at once at -cpu=1); the rogue calls
+	// again, on a connection of its own.
 	testserver.WaitFor(t, guardWait, "the rogue's next call to be admitted while it still reads nothing", func() bool {
 		got, err := callText(t, rogue, "echo", map[string]any{"text": "next"})
-		if err != nil && rpcCode(err) != mcpgate.CodeTooManyCalls {
+		var je *jsonrpc.Error
+		if err != nil && errors.As(err, &je) && je.Code != mcpgate.CodeTooManyCalls {
 			t.Fatalf("the rogue's call: %v", err)
 		}
 		return err == nil && got == "next"

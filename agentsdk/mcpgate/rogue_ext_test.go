@@ -102,7 +102,13 @@ func TestAHostileClientCannotHoardTheGatewaysConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := "http://" + ln.Addr().String()
-	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base, ReadHeaderTimeout: 50 * time.Millisecond, ReadTimeout: 100 * time.Millisecond, IdleTimeout: 100 * time.Millisecond})
+	// Timeouts of a second, which the hostile connections below wait out.
+	// They were 50 and 100 ms: the honest session's client, descheduled on
+	// a loaded machine for longer than the idle timeout between two of its
+	// requests, sent its call on a keep-alive connection the gateway was
+	// closing at that moment (seen: "rejected by transport: Post ...: EOF",
+	// once in 75 runs three at once at -cpu=1).
+	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base, ReadHeaderTimeout: time.Second, ReadTimeout: time.Second, IdleTimeout: time.Second})
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 
@@ -159,7 +165,7 @@ func TestAHostileClientCannotHoardTheGatewaysConnections(t *testing.T) {
 			}
 		}
 	}
-	// Every timeout has passed many times over: the slow call still ends
+	// Every timeout has passed, several times over: the slow call still ends
 	// with its answer.
 	w.events.Release("long")
 	if err := recv(t, done, "done"); err != nil {

@@ -54,7 +54,9 @@ type Interceptor struct {
 	// next call would be refused), a *connect.Error when the node may no
 	// longer act for another reason (the stream ends with it: an exited
 	// node's, FailedPrecondition), or nil when ctx ends first. Its context
-	// carries the stream's procedure (ProcedureFromContext).
+	// carries the stream's procedure (ProcedureFromContext). An end it
+	// reports after the stream's handler returned leaves the handler's
+	// answer as it was.
 	AgentEnded func(ctx context.Context, nodeID string) error
 	// AfterFunc, when set, runs f once d has passed on Now's clock and
 	// returns what stops it: an operator's or a tool server's open stream
@@ -1026,8 +1028,20 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			}()
 		}
 		m := i.newMeter(ctx, p, conn.Spec().Procedure)
-		err = next(context.WithValue(ctx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: ctx})
-		cause := context.Cause(ctx)
+		// The stream's end is what ended its context before its handler
+		// returned; once the handler has returned, its answer stands. A
+		// session ended cleanly on the exit claim it stored lets the
+		// termination finish, and the node's end a moment later (the watch
+		// above) turned that clean end into a refusal whenever it came
+		// before this line read the cause.
+		// (A context of its own: the watches' goroutines read ctx.)
+		streamCtx, finish := context.WithCancelCause(ctx)
+		err = next(context.WithValue(streamCtx, meterKey{}, m), &meteredConn{StreamingHandlerConn: conn, m: m, ctx: streamCtx})
+		finish(nil)
+		if afterStreamHandler != nil {
+			afterStreamHandler()
+		}
+		cause := context.Cause(streamCtx)
 		if errors.Is(cause, ErrRevoked) {
 			return cause
 		}
@@ -1037,6 +1051,10 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 		return err
 	}
 }
+
+// afterStreamHandler, set by tests only, runs once a stream's handler has
+// returned, before the stream's end is decided.
+var afterStreamHandler func()
 
 // ended is the cause of a stream's end that AgentEnded chose the code of.
 type ended struct{ err *connect.Error }

@@ -63,7 +63,7 @@ export class Agent {
   #credentialExpiresAt?: Date;
   // The open session, while there is one: confirmExit sends the claim over
   // it. exited: the claim was made; run opens no session after it.
-  #live?: { claim: (reason: string) => void; ended: Promise<void> };
+  #live?: { claim: (reason: string) => void; ended: Promise<void>; claimed: boolean };
   #exited = false;
 
   private constructor(conn: Conn, node: Node, credentialExpiresAt?: Date) {
@@ -244,6 +244,7 @@ export class Agent {
     requests.push({ kind: { case: "hello", value: { nodeId: this.#node.nodeId } } });
     const beat = setInterval(() => requests.push({ kind: { case: "heartbeat", value: {} } }), every);
     let ended!: () => void;
+    let claimSent = false;
     const live = {
       // The claim travels behind every heartbeat already queued and is the
       // session's last word: the control plane ends the session after it.
@@ -251,8 +252,13 @@ export class Agent {
         clearInterval(beat);
         requests.push({ kind: { case: "exit", value: { reason } } });
         requests.end();
+        claimSent = true;
       },
       ended: new Promise<void>((resolve) => (ended = resolve)),
+      // Set once the session ended cleanly after the claim went out: the
+      // control plane's answer to a claim it stored (one it could not
+      // store ends the session with the error).
+      claimed: false,
     };
     this.#live = live;
     try {
@@ -272,6 +278,7 @@ export class Agent {
             break;
         }
       }
+      live.claimed = claimSent;
     } catch (err) {
       if (local.signal.aborted && err instanceof ConnectError && err.code === Code.Canceled) return;
       throw err;
@@ -300,7 +307,9 @@ export class Agent {
    * over the open session when there is one, behind its heartbeats, so
    * that it is the session's last word, and resolves once the control
    * plane ended the session (within the connection's timeoutMs, else it
-   * rejects with deadline_exceeded); otherwise by ConfirmExit. A claim
+   * rejects with deadline_exceeded); otherwise by ConfirmExit, and by
+   * ConfirmExit as well when that session ends with an error rather than
+   * the control plane's clean end after a claim it stored. A claim
    * counts in the record only when the control plane's own evidence
    * agrees; a launcher's confirmation (ConfirmExit with an operator token,
    * after the process ended) is an attestation.
@@ -314,7 +323,11 @@ export class Agent {
     }
     live.claim(reason);
     const timeoutMs = this.conn.timeoutMs;
-    if (!(timeoutMs > 0)) return live.ended;
+    if (!(timeoutMs > 0)) {
+      await live.ended;
+      await this.#claimAgainUnlessStored(live, reason);
+      return;
+    }
     let timer: ReturnType<typeof setTimeout> | undefined;
     const late = new Promise<never>((_, reject) => {
       timer = setTimeout(
@@ -327,6 +340,19 @@ export class Agent {
     } finally {
       clearTimeout(timer);
     }
+    await this.#claimAgainUnlessStored(live, reason);
+  }
+
+  /**
+   * A session that ended with an error after the claim (its replica went
+   * away, or the control plane could not store the claim and said so) may
+   * not have stored it: the claim is made by ConfirmExit then (a claim
+   * already stored is not changed by another). Only a clean end after the
+   * claim is the control plane's word that it stored it.
+   */
+  async #claimAgainUnlessStored(live: { claimed: boolean }, reason: string): Promise<void> {
+    if (live.claimed) return;
+    await this.conn.agent.confirmExit({ nodeId: this.#node.nodeId, reason });
   }
 
   /** Proposes the agent's own stop; the control plane decides. */
