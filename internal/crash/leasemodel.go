@@ -375,6 +375,10 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		return s, accepted
 	case OpCancelAck:
 		switch {
+		case s.State == terminal && s.CancelAck && s.Result == cancelled:
+			// Acknowledged already: by an earlier CancelAck, or by the
+			// holder's CANCELLED that overtook this one.
+			return s, duplicate
 		case s.State != offered && s.State != active, !s.CancelRequested:
 			return s, rejected
 		case s.CancelAck:
@@ -392,6 +396,11 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			return s, rejected
 		}
 		s.State, s.Result, s.ClosedByResolve = terminal, in.Result, false
+		if in.Result == cancelled {
+			// The holder's CANCELLED acknowledges the cancel request it
+			// answers, whether or not its CancelAck came first.
+			s.CancelAck = true
+		}
 		return s, accepted
 	}
 	return s, rejected
