@@ -212,11 +212,13 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) {
 
 // Run keeps the agent's session open until ctx ends, reconnecting when the
 // stream breaks, and applies the signals and refreshed credentials it
-// receives. It returns nil once the node is terminated and the agent has
-// been told so. It returns the control plane's refusal, the agent's work
-// aborted, when the credential is refused (unauthenticated,
-// permission_denied) or the session is, because the node's exit was
-// confirmed (failed_precondition: a launcher's attestation).
+// receives. It returns nil when ctx ends or once the agent's own exit
+// claim (Exit) was made. It returns the control plane's refusal, the
+// agent's work aborted, when the credential is refused (unauthenticated,
+// permission_denied: the node was terminated, which ends its credential,
+// also after the agent was told so by a signal) or the session is, because
+// the node's exit was confirmed (failed_precondition: a launcher's
+// attestation).
 func (a *Agent) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
