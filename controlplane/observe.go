@@ -129,7 +129,7 @@ func (o *observer) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		ctx, span := o.startSpan(ctx, req.Spec().Procedure, req.Header())
 		defer span.End()
 		resp, err := next(ctx, req)
-		err = atTheEdge(err)
+		err = toConnect(err) // a handler's unconverted error gets its category's code, not "unknown"
 		if err != nil {
 			span.SetStatus(codes.Error, connect.CodeOf(err).String())
 		}
@@ -152,26 +152,13 @@ func (o *observer) WrapStreamingHandler(next connect.StreamingHandlerFunc) conne
 			open.Inc()
 			defer open.Dec()
 		}
-		err := atTheEdge(next(ctx, conn))
+		err := toConnect(next(ctx, conn))
 		if err != nil && !errors.Is(err, context.Canceled) {
 			span.SetStatus(codes.Error, connect.CodeOf(err).String())
 		}
 		o.record(ctx, conn.Spec().Procedure, start, err)
 		return err
 	}
-}
-
-// atTheEdge gives an error that left a handler without a Connect code the
-// code of its category (toConnect), so that no path a handler forgot to
-// convert answers "unknown": a terminated agent's heartbeat refused by
-// agentAct is Unauthenticated whichever of the handler and the
-// interceptor's end-of-stream watch sees the termination first.
-func atTheEdge(err error) error {
-	var ce *connect.Error
-	if err == nil || errors.As(err, &ce) {
-		return err
-	}
-	return toConnect(err)
 }
 
 // recoverPanic turns a handler panic into an Internal error without the
