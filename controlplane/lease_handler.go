@@ -647,8 +647,12 @@ func (h *leaseService) readable(ctx context.Context, p auth.Principal, job strin
 // the coordinator to serve (its recovery decides the deadlines that fell
 // while it was down), and reads again.
 func (h *leaseService) settledGet(ctx context.Context, job string) (lease.Lease, error) {
+	unserved := h.unserved()
 	l, err := h.leases().Get(ctx, job)
-	if err != nil || !h.unsettled(l) {
+	if afterLeaseRead != nil {
+		afterLeaseRead(h.leases())
+	}
+	if err != nil || !unserved(l) {
 		return l, err
 	}
 	if err := h.awaitServing(ctx); err != nil {
@@ -657,23 +661,33 @@ func (h *leaseService) settledGet(ctx context.Context, job string) (lease.Lease,
 	return h.leases().Get(ctx, job)
 }
 
-// unsettled reports whether any of leases, read from the store while this
-// control plane, alone on it, does not serve yet, has a deadline the
-// declared clock has passed (settledGet).
-func (h *leaseService) unsettled(leases ...lease.Lease) bool {
+// afterLeaseRead, set by tests only, runs between settledGet's read and
+// its check of that read (a coordinator starting to serve in between).
+var afterLeaseRead func(leases *coordinator.Coordinator)
+
+// unserved is asked before a read of the store and returns whether any
+// of the leases that read returns has a deadline the declared clock has
+// passed while this control plane, alone on its store, did not serve yet
+// when the read began (settledGet). Whether it serves is taken before the
+// read: a coordinator that starts serving between the read and the check
+// has decided those deadlines after the read saw them, and the read's
+// answer is stale all the same.
+func (h *leaseService) unserved() func(leases ...lease.Lease) bool {
 	if h.s.router != nil {
-		return false // the forwarder sends such reads to the leader
+		return func(...lease.Lease) bool { return false } // the forwarder sends such reads to the leader
 	}
 	if serving, _ := h.leases().Serving(); serving {
+		return func(...lease.Lease) bool { return false }
+	}
+	return func(leases ...lease.Lease) bool {
+		now := h.s.cfg.Clock.Now()
+		for _, l := range leases {
+			if lease.Due(l, now) {
+				return true
+			}
+		}
 		return false
 	}
-	now := h.s.cfg.Clock.Now()
-	for _, l := range leases {
-		if lease.Due(l, now) {
-			return true
-		}
-	}
-	return false
 }
 
 // awaitServing waits, at most routeWait, for this control plane's
@@ -790,8 +804,9 @@ func (h *leaseService) ListLeases(ctx context.Context, req *connect.Request[teth
 	if size == 0 || size > maxPageSize {
 		size = maxPageSize
 	}
+	unserved := h.unserved()
 	leases, next, err := h.leases().List(ctx, holder, req.Msg.PageToken, size)
-	if err == nil && h.unsettled(leases...) {
+	if err == nil && unserved(leases...) {
 		if err = h.awaitServing(ctx); err == nil {
 			leases, next, err = h.leases().List(ctx, holder, req.Msg.PageToken, size)
 		}
