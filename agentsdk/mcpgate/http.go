@@ -237,27 +237,81 @@ func (g *Gateway) refuseRevoked(next http.Handler) http.Handler {
 	})
 }
 
-// requestID is the id of the JSON-RPC request r's body carries (read up to
-// the SDK's body limit), or null: an MCP client takes an HTTP error's
-// JSON-RPC error as its request's answer only under the request's id.
+// MaxRefusedBodyBytes is the most of a request's body the door reads to
+// find the JSON-RPC id it refuses the request under (refuseRevoked): the
+// refused request is counted against no node, so what the door reads of
+// it is held for as many such requests as a client sends at once.
+const MaxRefusedBodyBytes = 64 << 10
+
+// requestID is the id of the JSON-RPC request r's body carries, or null:
+// an MCP client takes an HTTP error's JSON-RPC error as its request's
+// answer only under the request's id. It reads at most
+// MaxRefusedBodyBytes of the body: a revoked rogue's bodies of 4 MiB (the
+// SDK's limit), their last byte held back, were each read and held whole,
+// as many as it opened connections. A body that does not end within the
+// part read has its id found there when it comes first (as the Go and
+// Python SDKs write it), a top-level key; otherwise the answer is under
+// null.
 func requestID(r *http.Request) json.RawMessage {
+	null := json.RawMessage("null")
 	if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
-		return json.RawMessage("null")
+		return null
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
-	if err != nil || len(body) > mcp.DefaultMaxRequestBodyBytes {
-		return json.RawMessage("null")
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxRefusedBodyBytes+1))
+	if err != nil {
+		return null
+	}
+	if len(body) > MaxRefusedBodyBytes {
+		return leadingID(body[:MaxRefusedBodyBytes])
 	}
 	msg, err := jsonrpc.DecodeMessage(body)
 	req, ok := msg.(*jsonrpc.Request)
 	if err != nil || !ok || !req.IsCall() {
-		return json.RawMessage("null")
+		return null
 	}
 	id, err := json.Marshal(req.ID.Raw())
 	if err != nil {
-		return json.RawMessage("null")
+		return null
 	}
 	return id
+}
+
+// leadingID is the id among the top-level keys of the JSON object that
+// part begins (the last one, as the SDK's decoder takes it), up to where
+// part ends or stops being JSON; null when there is none, or it is not a
+// JSON-RPC id.
+func leadingID(part []byte) json.RawMessage {
+	null := json.RawMessage("null")
+	dec := json.NewDecoder(bytes.NewReader(part))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return null
+	}
+	var found any
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			break
+		}
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			break
+		}
+		if key, _ := t.(string); key == "id" {
+			found = v
+		}
+	}
+	if found == nil {
+		return null
+	}
+	id, err := jsonrpc.MakeID(found)
+	if err != nil || !id.IsValid() {
+		return null
+	}
+	b, err := json.Marshal(id.Raw())
+	if err != nil {
+		return null
+	}
+	return b
 }
 
 // limitConns refuses a request of a node that holds its maximum of
