@@ -26,7 +26,13 @@
 // (or an ancestor's) the verifier knows revoked — a terminated node's
 // grants are — is refused at the door, 403 with CodeDenied, so that a
 // revoked agent cannot keep its sessions alive with ping, nor open new
-// ones, until its token expires.
+// ones, until its token expires. Such a refusal (at the door, or a
+// tools/list or tools/call refused past it or over stdio) is reported to
+// the control plane in the background, a BeginCall on the refused token
+// that it refuses and keeps as the node's activity (after its session's
+// end, life after it), at most once per node per RefusalReportInterval:
+// refused silently, a rogue's calls after its claim of exit left the
+// record confirming it.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

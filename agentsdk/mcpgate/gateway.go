@@ -96,6 +96,7 @@ type Gateway struct {
 	sessions   sessionCount // HTTP sessions by node (Handler sets the maximum)
 	calls      callCount    // tools/call in flight by node
 	conns      connCount    // HTTPServer's connections by node
+	refusals   refusalReports
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup
@@ -400,6 +401,7 @@ func (g *Gateway) Close() {
 	}
 	g.watchers.Wait()
 	g.reports.Wait() // the ends of calls already answered
+	g.closeRefusals()
 	if stop != nil {
 		stop()
 	}
@@ -597,6 +599,7 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			claims, err := g.cfg.Verifier.Verify(ctx, token)
 			if err != nil {
+				g.noteRefused(ctx, token, err)
 				return nil, verifierRefusal(err)
 			}
 			res, err := next(ctx, method, req)
@@ -664,6 +667,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// neither the ledger nor the upstream.
 	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
 	if err != nil {
+		g.noteRefused(ctx, token, err)
 		return nil, verifierRefusal(err)
 	}
 	params := &mcp.CallToolParams{Name: r.tool}
