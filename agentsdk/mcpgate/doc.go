@@ -90,7 +90,11 @@
 // more is refused with CodeTooManyConnections, HTTP 429, and that
 // connection closed), and a connection whose request the bearer did not
 // admit (the metadata, a path not served, OPTIONS * included) is closed
-// after the answer. Over
+// after the answer. A node's request bodies held by the gateway, each from
+// its first byte read until its request ends, are bounded by
+// HTTPOptions.MaxBodyBytesPerNode: the request that would pass it is
+// refused at once with CodeTooManyBodyBytes, HTTP 429, and its connection
+// closed. Over
 // HTTP and over stdio, a
 // node keeps at most Config.MaxCallsPerNode tool calls in flight through
 // the gateway (its next is refused with CodeTooManyCalls, offline): every

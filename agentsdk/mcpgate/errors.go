@@ -44,6 +44,11 @@ const (
 	// CodeTooManyCalls: the token holder already has the gateway's maximum
 	// of tool calls in flight through it; wait for one to end.
 	CodeTooManyCalls = -32068
+	// CodeTooManyBodyBytes: the token holder's request bodies held by the
+	// gateway would exceed its maximum (HTTPOptions.MaxBodyBytesPerNode);
+	// wait for its requests to end, or send smaller ones. Answered with
+	// HTTP 429, and the connection closed.
+	CodeTooManyBodyBytes = -32069
 	// CodeNotGated: resources and prompts are refused (only tools pass).
 	CodeNotGated = jsonrpc.CodeMethodNotFound
 )

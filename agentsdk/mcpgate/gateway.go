@@ -97,6 +97,7 @@ type Gateway struct {
 	calls      callCount    // tools/call in flight by node
 	conns      connCount    // HTTPServer's connections by node
 	refusals   refusalReports
+	bodies     bodyBudget // HTTP request bodies held, by node (Handler sets the maximum)
 	stdioToken atomic.Pointer[TokenSource]
 	stop       func() // what Open started
 	reports    sync.WaitGroup

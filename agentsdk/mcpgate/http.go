@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -80,6 +81,16 @@ type HTTPOptions struct {
 	// connection of its own. Negative means no bound. (Handler served by
 	// another server is not bounded: the bound needs HTTPServer's hooks.)
 	MaxConnsPerNode int
+	// MaxBodyBytesPerNode bounds the bytes of request bodies one node has
+	// in the gateway's memory at once: a request's body counts from its
+	// first byte read until the request ends (its answer written), and a
+	// request that would take the node past the bound is refused at once
+	// (429, CodeTooManyBodyBytes) and its connection closed. The gateway
+	// reads a request it admits whole (to count its calls in flight) and
+	// the MCP SDK reads it again, so the memory held is up to about twice
+	// the bound. Zero means DefaultMaxBodyBytesPerNode; negative means no
+	// bound.
+	MaxBodyBytesPerNode int64
 }
 
 // Defaults of HTTPOptions (the connection limits are `tether serve`'s).
@@ -91,6 +102,9 @@ const (
 	DefaultIdleTimeout        = 2 * time.Minute
 	DefaultMaxHeaderBytes     = 64 << 10
 	DefaultWriteStallTimeout  = 30 * time.Second
+	// DefaultMaxBodyBytesPerNode is four of the largest bodies the MCP
+	// SDK takes (4 MiB each).
+	DefaultMaxBodyBytesPerNode = 4 * mcp.DefaultMaxRequestBodyBytes
 )
 
 // HTTPServer is the server `tether mcp serve` runs: Handler behind
@@ -393,6 +407,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	g.conns.mu.Lock()
 	g.conns.max = cmp.Or(opts.MaxConnsPerNode, g.calls.max+cmp.Or(opts.MaxSessionsPerNode, DefaultMaxSessionsPerNode)+16)
 	g.conns.mu.Unlock()
+	g.bodies.setMax(cmp.Or(opts.MaxBodyBytesPerNode, DefaultMaxBodyBytesPerNode))
 	mcpHandler := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return g.server }, &mcp.StreamableHTTPOptions{
 		SessionTimeout: cmp.Or(opts.SessionIdleTimeout, DefaultSessionIdleTimeout),
 	})
@@ -555,7 +570,16 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, mcp.DefaultMaxRequestBodyBytes+1))
+		node := info.UserID
+		body, held, err := g.bodies.read(node, r.Body, mcp.DefaultMaxRequestBodyBytes+1)
+		defer g.bodies.give(node, held)
+		if errors.Is(err, errTooManyBodyBytes) {
+			w.Header().Set("Connection", "close") // the rest of the body is not read
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyBodyBytes, "node %s already has %d bytes of request bodies held by this gateway (being read, or their requests in flight), and this request's would take it past the maximum of %d; wait for its requests to end, or send smaller ones", node, g.bodies.heldBy(node), g.bodies.limit())))
+			return
+		}
 		r.Body = struct {
 			io.Reader
 			io.Closer
@@ -579,7 +603,6 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		node := info.UserID
 		if !g.calls.take(node) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(errorAnswer(id, rpcError(CodeTooManyCalls, "node %s already has %d tool calls and listings in flight through this gateway (each until its answer is read), the maximum; wait for one to end", node, g.calls.max)))
@@ -865,4 +888,93 @@ func (g *Gateway) endSession(ss *mcp.ServerSession, st *sessionState, why error)
 		}
 		_ = ss.Close()
 	}()
+}
+
+// bodyBudget counts the bytes of request bodies each node has in the
+// gateway's memory (holdCalls reads them), against a maximum.
+type bodyBudget struct {
+	mu     sync.Mutex
+	max    int64 // none when negative
+	byNode map[string]int64
+}
+
+// errTooManyBodyBytes: the node's bodies would exceed the maximum.
+var errTooManyBodyBytes = errors.New("mcpgate: the node's request bodies would exceed the gateway's maximum")
+
+func (b *bodyBudget) setMax(n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.max = n
+}
+
+func (b *bodyBudget) limit() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.max
+}
+
+func (b *bodyBudget) heldBy(node string) int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.byNode[node]
+}
+
+// take counts n more bytes against node, or reports false when they would
+// take it past the maximum.
+func (b *bodyBudget) take(node string, n int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.max >= 0 && b.byNode[node]+n > b.max {
+		return false
+	}
+	if b.byNode == nil {
+		b.byNode = map[string]int64{}
+	}
+	b.byNode[node] += n
+	return true
+}
+
+// give uncounts n bytes of node's.
+func (b *bodyBudget) give(node string, n int64) {
+	if n == 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.byNode[node] -= n; b.byNode[node] <= 0 {
+		delete(b.byNode, node)
+	}
+}
+
+// bodyChunk is how much of a body read takes from its node's budget at a
+// time, before it is read.
+const bodyChunk = 32 << 10
+
+// read reads r up to limit bytes, each chunk counted against node before
+// it is read, and returns what it read and how many bytes it counted
+// (the caller gives them back once the request has ended, also on an
+// error). A read that would take node past the maximum stops with
+// errTooManyBodyBytes, its bytes given back already.
+func (b *bodyBudget) read(node string, r io.Reader, limit int64) ([]byte, int64, error) {
+	var buf []byte
+	var held int64
+	for int64(len(buf)) < limit {
+		n := min(bodyChunk, limit-int64(len(buf)))
+		if !b.take(node, n) {
+			b.give(node, held)
+			return nil, 0, errTooManyBodyBytes
+		}
+		buf = slices.Grow(buf, int(n))
+		got, err := r.Read(buf[len(buf) : len(buf)+int(n)])
+		buf = buf[:len(buf)+got]
+		b.give(node, n-int64(got))
+		held += int64(got)
+		if err == io.EOF {
+			return buf, held, nil
+		}
+		if err != nil {
+			return buf, held, err
+		}
+	}
+	return buf, held, nil
 }

@@ -195,6 +195,7 @@ func newMCPServeCommand(g *globals) *cobra.Command {
 	f.DurationVar(&conns.IdleTimeout, "idle-timeout", mcpgate.DefaultIdleTimeout, "close a keep-alive connection with no request in flight after this long")
 	f.DurationVar(&conns.WriteStallTimeout, "write-stall-timeout", mcpgate.DefaultWriteStallTimeout, "close an agent's connection when one write of its answer is not taken in this long (the answer is dropped)")
 	f.IntVar(&conns.MaxHeaderBytes, "max-header-bytes", mcpgate.DefaultMaxHeaderBytes, "largest request headers (431 past it)")
+	f.Int64Var(&conns.MaxBodyBytesPerNode, "max-body-bytes-per-node", mcpgate.DefaultMaxBodyBytesPerNode, "bytes of request bodies one node may have held by the gateway at once, each from its first byte read until its request ends (429 and closed past it; negative: no bound)")
 	f.IntVar(&conns.MaxConnsPerNode, "max-conns-per-node", 0, "connections one node may hold open to the gateway (429 and closed past it; 0: its --max-calls-per-node and --max-sessions-per-node, and 16 more; negative: no bound)")
 	gf.register(f)
 	uf.register(f)
