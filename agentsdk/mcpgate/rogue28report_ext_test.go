@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
@@ -69,7 +70,17 @@ func rogueRefusedAfterItsEnd(t *testing.T, claimFirst bool, reason string) {
 		t.Fatal(err)
 	}
 	rogue := w.srv.Clients(child.Msg.Credential)
-	cs := connectAgent(t, w.endpoint, grant.Msg.Token, nil)
+	// The rogue's MCP session opens no GET stream: the gateway ends the
+	// session as the revocation arrives, and the SDK's client would take
+	// the stream's refused reopening as its connection's end, leaving it no
+	// calls to send.
+	client := mcp.NewClient(&mcp.Implementation{Name: "rogue", Version: "1"}, nil)
+	hc := &http.Client{Transport: bearer{token: func() string { return grant.Msg.Token }, next: http.DefaultTransport}}
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: w.endpoint, HTTPClient: hc, DisableStandaloneSSE: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
 	if _, err := callText(t, cs, "echo", map[string]any{"text": "before"}); err != nil {
 		t.Fatalf("a call before the end: %v", err)
 	}
