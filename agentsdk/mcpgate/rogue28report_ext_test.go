@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -263,5 +265,75 @@ func TestRogue28ARefusedFloodCostsTheControlPlaneOneReportPerNodePerInterval(t *
 	closed = true
 	if got := counter.begins.Load(); got != 3 {
 		t.Fatalf("the gateway sent %d reports (BeginCall) for 80 refused requests of two nodes, 60 of one within an interval; want 3: one per node per interval", got)
+	}
+}
+
+// The same rogue behind `tether mcp wrap` (the gateway on its stdio): its
+// tool calls and listings refused after its grant's revocation are
+// reported to the control plane as the door's refusals are, each kind on
+// its own, and the control plane sees the node at work after its
+// session's end. (Fails, by its guard, if a refused call or listing over
+// stdio is not reported.)
+func TestRogue28AStdioRefusalsAreReportedToo(t *testing.T) {
+	for _, kind := range []string{"call", "listing"} {
+		t.Run(kind, func(t *testing.T) {
+			w := newWorld(t, "mcp:test/*")
+			ctx := context.Background()
+			self := w.agent.Node.NodeId
+			file := filepath.Join(t.TempDir(), "token")
+			if err := os.WriteFile(file, []byte(w.grant.Token), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			toGateway, agentOut := io.Pipe()
+			agentIn, fromGateway := io.Pipe()
+			sctx, cancel := context.WithCancel(ctx)
+			served := make(chan error, 1)
+			go func() { served <- w.gw.ServeStdio(sctx, &mcpgate.FileToken{Path: file}, toGateway, fromGateway) }()
+			t.Cleanup(func() {
+				cancel()
+				agentOut.Close()
+				agentIn.Close()
+				recv(t, served, "ServeStdio to return")
+			})
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-rogue"}, nil).Connect(sctx, &mcp.IOTransport{Reader: agentIn, Writer: agentOut}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = cs.Close() })
+
+			// Its session at the control plane opens and ends.
+			rogue := w.srv.Clients(w.agent.Credential)
+			stctx, stcancel := context.WithCancel(ctx)
+			stream := rogue.Agent.Session(stctx)
+			if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: self}}}); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			if resp, err := stream.Receive(); err != nil || resp.GetOpened() == nil {
+				t.Fatalf("the rogue's session: %v %v", resp, err)
+			}
+			w.clk.Advance(time.Minute)
+			_ = stream.CloseRequest()
+			stcancel()
+			_ = stream.CloseResponse()
+			testserver.WaitFor(t, guardWait, "the control plane to see the session end", func() bool {
+				return nodeOf(t, w, self).SessionClosedAt != nil
+			})
+			w.clk.Advance(time.Minute)
+			revokeAndWait(t, w)
+
+			switch kind {
+			case "call":
+				_, err = callText(t, cs, "echo", map[string]any{"text": "after"})
+			case "listing":
+				_, err = cs.ListTools(ctx, nil)
+			}
+			if rpcCode(err) != mcpgate.CodeDenied || !strings.Contains(err.Error(), "revoked") {
+				t.Fatalf("the rogue's %s after its revocation: %v; want it refused (%d, revoked)", kind, err, mcpgate.CodeDenied)
+			}
+			testserver.WaitFor(t, guardWait, "the control plane to see the rogue at work after its session's end", func() bool {
+				n := nodeOf(t, w, self)
+				return n.LastSeenAt != nil && n.LastSeenAt.AsTime().After(n.SessionClosedAt.AsTime())
+			})
+		})
 	}
 }
