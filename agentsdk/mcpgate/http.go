@@ -577,7 +577,7 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			w.Header().Set("Connection", "close") // the rest of the body is not read
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
-			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyBodyBytes, "node %s already has %d bytes of request bodies held by this gateway (being read, or their requests in flight), and this request's would take it past the maximum of %d; wait for its requests to end, or send smaller ones", node, g.bodies.heldBy(node), g.bodies.limit())))
+			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeTooManyBodyBytes, "node %s's request bodies held by this gateway (being read, or their requests in flight) would pass the maximum of %d bytes with this request's; wait for its requests to end, or send smaller ones", node, g.bodies.limit())))
 			return
 		}
 		r.Body = struct {
@@ -913,25 +913,22 @@ func (b *bodyBudget) limit() int64 {
 	return b.max
 }
 
-func (b *bodyBudget) heldBy(node string) int64 {
+// take counts up to n more bytes against node, as many as the maximum
+// leaves it, and returns how many (0: none are left).
+func (b *bodyBudget) take(node string, n int64) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.byNode[node]
-}
-
-// take counts n more bytes against node, or reports false when they would
-// take it past the maximum.
-func (b *bodyBudget) take(node string, n int64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.max >= 0 && b.byNode[node]+n > b.max {
-		return false
+	if b.max >= 0 {
+		n = max(0, min(n, b.max-b.byNode[node]))
+	}
+	if n == 0 {
+		return 0
 	}
 	if b.byNode == nil {
 		b.byNode = map[string]int64{}
 	}
 	b.byNode[node] += n
-	return true
+	return n
 }
 
 // give uncounts n bytes of node's.
@@ -950,17 +947,25 @@ func (b *bodyBudget) give(node string, n int64) {
 // time, before it is read.
 const bodyChunk = 32 << 10
 
-// read reads r up to limit bytes, each chunk counted against node before
-// it is read, and returns what it read and how many bytes it counted
-// (the caller gives them back once the request has ended, also on an
-// error). A read that would take node past the maximum stops with
-// errTooManyBodyBytes, its bytes given back already.
+// read reads r up to limit bytes, each read's size (up to bodyChunk, as
+// much as the maximum leaves) counted against node before it is read, and
+// returns what it read and how many bytes it counted (the caller gives
+// them back once the request has ended, also on an error). A read with
+// nothing left of node's maximum stops with errTooManyBodyBytes, its bytes
+// given back already.
 func (b *bodyBudget) read(node string, r io.Reader, limit int64) ([]byte, int64, error) {
 	var buf []byte
 	var held int64
 	for int64(len(buf)) < limit {
-		n := min(bodyChunk, limit-int64(len(buf)))
-		if !b.take(node, n) {
+		n := b.take(node, min(bodyChunk, limit-int64(len(buf))))
+		if n == 0 {
+			// Nothing left: a body that filled it exactly has ended.
+			var one [1]byte
+			if _, err := io.ReadAtLeast(r, one[:], 1); err == io.EOF {
+				return buf, held, nil
+			} else if err != nil {
+				return buf, held, err
+			}
 			b.give(node, held)
 			return nil, 0, errTooManyBodyBytes
 		}

@@ -100,3 +100,27 @@ func TestRogue28ANodesBodiesInFlightAreBounded(t *testing.T) {
 		return false
 	})
 }
+
+// A bound on a node's bodies below the gateway's read size still admits
+// the bodies that fit it: each read takes from the node's budget what is
+// left of it, up to the read's size, and only a body that goes on past it
+// is refused (one that fills it exactly fits). (Fails if a body within the
+// bound is refused, or one past it admitted.)
+func TestRogue28ASmallBoundOnBodiesAdmitsTheBodiesThatFit(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	endpoint := serveGatewayWith(t, w.gw, mcpgate.HTTPOptions{MaxBodyBytesPerNode: 1024})
+	s := openRaw(t, endpoint, w.grant.Token) // an initialize of some 150 bytes, admitted
+	if resp, body := s.post(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"fits"}}}`); resp.StatusCode != http.StatusOK || !strings.Contains(body, "fits") {
+		t.Fatalf("a call of some 100 bytes within a bound of 1024: %s %.300s; want it served", resp.Status, body)
+	}
+	// A body exactly the bound's size fits it.
+	exact := `{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"echo","arguments":{"text":"`
+	exact += strings.Repeat("y", 1024-len(exact)-len(`"}}}`)) + `"}}}`
+	if resp, body := s.post(exact); resp.StatusCode != http.StatusOK || !strings.Contains(body, "yyyy") {
+		t.Fatalf("a call of exactly the bound's 1024 bytes: %s %.300s; want it served", resp.Status, body)
+	}
+	big := `{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"text":"` + strings.Repeat("x", 2048) + `"}}}`
+	if resp, body := s.post(big); resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(body, `"code":-32069`) {
+		t.Fatalf("a call of 2 KiB past a bound of 1024: %s %.300s; want it refused (429, -32069)", resp.Status, body)
+	}
+}
