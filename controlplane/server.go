@@ -538,7 +538,7 @@ func (s *Server) buildHandler() error {
 	// it), so what it serves skips withDeadlines, whose two
 	// ResponseController calls are two messages to that goroutine per
 	// request; Handler, for any other server, keeps them.
-	inner := preAuthBounded(authn.Guards, healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux)))))
+	inner := preAuthBounded(authn.Guards, healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(admittedRequests(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux))))))
 	s.served = withStack(inner)
 	s.handler = withStack(withDeadlines(s.cfg.Conn, inner))
 	return nil
