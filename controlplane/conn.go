@@ -1077,3 +1077,13 @@ func (c *limitedConn) cut() {
 	c.l.mu.Unlock()
 	_ = c.Conn.Close()
 }
+
+// MaxFrameBytes is the largest HTTP/2 frame the server advertises and
+// reads (HTTP/2's initial value, the least a server may take). Go's
+// default, a megabyte, let nine bytes — a frame's header declaring that
+// length — make the server allocate the frame's whole payload before a
+// byte of it arrived, a buffer each connection keeps for its life: a
+// megabyte a connection without a credential, 10 GB over the default cap.
+// A request's body and headers come in frames of this size or
+// CONTINUATIONs; no client sends larger ones unasked.
+const MaxFrameBytes = 16 << 10

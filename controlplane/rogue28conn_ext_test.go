@@ -1,7 +1,9 @@
 package controlplane_test
 
 import (
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -130,5 +132,64 @@ func TestRogue28ABoundConnectionCannotHoldManyUnreadAnswers(t *testing.T) {
 			// A call admitted on the connection is still answered.
 			bindStalled(t, r, agent.Credential)
 		})
+	}
+}
+
+// TestRogue28AFrameHeaderCannotMakeTheServerHoldAMegabyte: a client with
+// no credential opens connections and sends on each, after the preface
+// and its settings, the 9-byte header of one frame declaring a megabyte
+// of payload, and nothing more. The server advertised (and would read)
+// frames of up to a megabyte, and its framer allocates a frame's whole
+// payload when it reads the frame's header, keeping that buffer for the
+// connection's life: nine bytes bought a megabyte of the server's memory
+// for as long as the connection was kept (64 connections: 64 MB), over
+// every connection the server takes (10,000 by default: 10 GB). The
+// server now advertises, and reads, frames of at most
+// controlplane.MaxFrameBytes: a larger frame is a protocol error that
+// closes the connection at once.
+func TestRogue28AFrameHeaderCannotMakeTheServerHoldAMegabyte(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that run real servers for long; make test and CI run them.")
+	}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
+		// Only the frame may close the connections.
+		cfg.Conn.PreAuthTimeout = time.Hour
+	})
+	addr := hostOf(t, srv.URL)
+	g0, h0 := serverLoad()
+	const conns = 64
+	var rogues []*h2conn
+	var advertised atomic.Uint32
+	for range conns {
+		r := newH2Conn(t, addr, nil, func(c *h2conn, f http2.Frame) {
+			if s, ok := f.(*http2.SettingsFrame); ok && !s.IsAck() {
+				if v, ok := s.Value(http2.SettingMaxFrameSize); ok {
+					advertised.Store(v)
+				}
+			}
+		})
+		var hdr [9]byte
+		hdr[0], hdr[1], hdr[2] = 0x10, 0, 0 // a length of 1 MiB
+		hdr[3] = 0xfa                       // a frame type the server ignores
+		r.mu.Lock()
+		_, err := r.c.Write(hdr[:])
+		r.mu.Unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		rogues = append(rogues, r)
+	}
+	testserver.WaitFor(t, closeWait, "the server to take the rogue's connections", func() bool { return srv.OpenConnections() >= 1 })
+	g, h := serverLoad()
+	t.Logf("%d connections each declaring a 1 MiB frame: goroutines %d -> %d, heap %d KB -> %d KB; max frame size advertised %d", conns, g0, g, h0>>10, h>>10, advertised.Load())
+	for i, r := range rogues {
+		select {
+		case <-r.closed:
+		case <-time.After(closeWait): // a guard against a hang, not a timing
+			t.Fatalf("connection %d: the server kept for %s a connection that declared a frame of 1 MiB", i, closeWait)
+		}
+	}
+	if v := advertised.Load(); v == 0 || v > controlplane.MaxFrameBytes {
+		t.Fatalf("the server advertised frames of %d bytes, want at most %d", v, controlplane.MaxFrameBytes)
 	}
 }

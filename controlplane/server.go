@@ -581,6 +581,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			// the GOAWAY of its idle timeout waiting behind the stuck write
 			// — with megabytes of the kernel's send buffer pinned.
 			WriteByteTimeout: limits.WriteTimeout,
+			// Frames of 16 KiB: a frame's header made the server allocate
+			// the megabyte it declared (MaxFrameBytes).
+			MaxReadFrameSize: MaxFrameBytes,
 		},
 	}
 	protocols := new(http.Protocols)
