@@ -52,7 +52,9 @@ type ConnLimits struct {
 	WriteTimeout time.Duration
 	// IdleTimeout closes a connection with no request in flight: an
 	// HTTP/1.1 keep-alive connection between requests, an HTTP/2
-	// connection with no open stream.
+	// connection with no open stream; and a connection bound to a caller
+	// that carried no admitted request for this long, whatever else it
+	// carried (idleCheck).
 	IdleTimeout time.Duration
 	// PingInterval: an HTTP/2 connection silent this long is pinged, and
 	// closed when the ping is not answered within PingTimeout.
@@ -409,7 +411,8 @@ type connLimiter struct {
 	perCaller       int
 	operatorReserve int
 	preAuth, grace  time.Duration
-	plaintext       bool // buffer reads (limitedConn)
+	idle            time.Duration // a bound connection without admitted work (idleCheck)
+	plaintext       bool          // buffer reads (limitedConn)
 
 	mu      sync.Mutex
 	normal  int       // open connections within max
@@ -443,8 +446,12 @@ type limitedConn struct {
 	// to an operator.
 	unadmitted, public, writing atomic.Int64
 	operator                    atomic.Bool
-	keysMu                      sync.Mutex
-	keys                        []callerKey
+	// begun counts the requests begun on it, admissions those admitted,
+	// admittedInFlight those in flight (admittedRequests), for idleCheck.
+	begun, admissions atomic.Uint64
+	admittedInFlight  atomic.Int64
+	keysMu            sync.Mutex
+	keys              []callerKey
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -453,6 +460,8 @@ type limitedConn struct {
 	expired bool          // the window passed while a request was in flight
 	agent   bool          // counted in l.agents
 	gone    bool          // forgotten: closed, evicted or expired
+	idle    *time.Timer   // idleCheck's, once bound
+	seen    [2]uint64     // begun and admissions at idleCheck's last look
 }
 
 // connReadBuffer is each connection's read buffer: room for a unary call's
@@ -493,6 +502,10 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
+	}
+	if c.idle != nil {
+		c.idle.Stop()
+		c.idle = nil
 	}
 	c.keysMu.Lock()
 	for _, k := range c.keys {
@@ -669,8 +682,42 @@ func (c *limitedConn) bind(p auth.Principal) error {
 			c.timer = nil
 		}
 	}
+	if c.idle == nil && l.idle > 0 {
+		c.seen = [2]uint64{c.begun.Load(), c.admissions.Load()}
+		c.idle = time.AfterFunc(l.idle, func() { l.idleCheck(c) })
+	}
 	c.bound.Store(true)
 	return nil
+}
+
+// idleCheck closes a bound connection that carried requests since its
+// last look, an idle timeout ago, or has some in flight, none of them
+// admitted. net/http idles out a connection only when it carries no
+// request at all, so one bound to a caller was kept for ever by requests
+// that are never admitted — a dead agent's refused calls, a GET /healthz
+// now and then — its place counted against its lineage's share and the
+// connections agents may hold together, where no newcomer can take it. An
+// admitted stream (a session, a watch) is in flight while it lives, and
+// keeps its connection; one that carries nothing is left to net/http,
+// which closes it with a GOAWAY, so that a call sent as it closes is
+// retried.
+func (l *connLimiter) idleCheck(c *limitedConn) {
+	l.mu.Lock()
+	if c.gone || c.idle == nil {
+		l.mu.Unlock()
+		return
+	}
+	now := [2]uint64{c.begun.Load(), c.admissions.Load()}
+	quiet := now[0] == c.seen[0] && c.unadmitted.Load() == 0
+	if now[1] != c.seen[1] || c.admittedInFlight.Load() > 0 || quiet {
+		c.seen = now
+		c.idle.Reset(l.idle)
+		l.mu.Unlock()
+		return
+	}
+	l.forgetLocked(c)
+	l.mu.Unlock()
+	_ = c.Conn.Close()
 }
 
 func connections(n int) string {
@@ -912,6 +959,7 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			next.ServeHTTP(w, r)
 			return
 		}
+		c.begun.Add(1)
 		over := c.unadmitted.Add(1) > PreAuthRequests
 		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over, page: consolePage(r), h2: r.ProtoMajor == 2}
 		defer pw.end()
@@ -937,14 +985,18 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 
 // admittedRequests sits behind the auth Gate: each request it admitted
 // (its context carries the principal; the Gate passes public requests on
-// too) leaves preAuthBounded's count, and is served with the connection's
-// own writer.
+// too) leaves preAuthBounded's count, is counted for idleCheck, and is
+// served with the connection's own writer.
 func admittedRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if pw, ok := w.(*preAuthWriter); ok {
 			if _, admitted := auth.FromContext(r.Context()); admitted {
 				pw.admit()
 				w = pw.ResponseWriter
+				c := pw.c
+				c.admissions.Add(1)
+				c.admittedInFlight.Add(1)
+				defer c.admittedInFlight.Add(-1)
 			}
 		}
 		next.ServeHTTP(w, r)

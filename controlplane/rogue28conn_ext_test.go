@@ -193,3 +193,58 @@ func TestRogue28AFrameHeaderCannotMakeTheServerHoldAMegabyte(t *testing.T) {
 		t.Fatalf("the server advertised frames of %d bytes, want at most %d", v, controlplane.MaxFrameBytes)
 	}
 }
+
+// TestRogue28ABoundConnectionWithoutAdmittedWorkIdlesOut: a connection
+// bound to a caller idled out only when it carried no request at all, so
+// a rogue whose node is dead (or any caller) kept it for ever with
+// requests that are never admitted — a refused call whose answer it does
+// not take, a GET /healthz now and then — counted against its lineage's
+// share, and against the connections agents may hold together, where no
+// newcomer can take its place. A bound connection that carries no
+// admitted request for the idle timeout is now closed, whatever else it
+// carries; one with an admitted stream open is kept
+// (TestActiveStreamsOutliveTheTimeouts).
+func TestRogue28ABoundConnectionWithoutAdmittedWorkIdlesOut(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that run real servers for long; make test and CI run them.")
+	}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
+		cfg.Conn.IdleTimeout = closeWait / 20
+	})
+	admin := srv.AdminClients()
+	addr := hostOf(t, srv.URL)
+	for _, tc := range []struct {
+		name string
+		dead bool
+		open func(r *stallRogue, cred string) (uint32, error)
+	}{
+		{"a dead agent's refused call", true, func(r *stallRogue, cred string) (uint32, error) {
+			return openRaw(r, true, [2]string{":method", "POST"}, [2]string{":path", tetherv1connect.AgentServiceGetNodeProcedure},
+				[2]string{"content-type", "application/json"}, [2]string{"authorization", "Bearer " + cred})
+		}},
+		{"a live agent's public request", false, func(r *stallRogue, _ string) (uint32, error) {
+			return openRaw(r, true, [2]string{":method", "GET"}, [2]string{":path", "/healthz"})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			agent := register(t, admin, "rogue")
+			before := srv.OpenConnections()
+			r := newStallRogue(t, addr)
+			bindStalled(t, r, agent.Credential)
+			if tc.dead {
+				terminateInStore(t, srv, agent.Node.NodeId)
+			}
+			// Its answer is never taken: the stream stays open until its
+			// write deadline (30 s), the connection busy meanwhile.
+			if _, err := tc.open(r, agent.Credential); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-r.closed:
+			case <-time.After(closeWait): // a guard against a hang, not a timing
+				t.Fatalf("the server kept for %s a bound connection carrying no admitted request (idle timeout %s)", closeWait, closeWait/20)
+			}
+			testserver.WaitFor(t, closeWait, "the connection's place to be given back", func() bool { return srv.OpenConnections() <= before })
+		})
+	}
+}
