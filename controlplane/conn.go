@@ -52,7 +52,9 @@ type ConnLimits struct {
 	WriteTimeout time.Duration
 	// IdleTimeout closes a connection with no request in flight: an
 	// HTTP/1.1 keep-alive connection between requests, an HTTP/2
-	// connection with no open stream.
+	// connection with no open stream; and a connection bound to a caller
+	// that carried no admitted request for this long, whatever else it
+	// carried (idleCheck).
 	IdleTimeout time.Duration
 	// PingInterval: an HTTP/2 connection silent this long is pinged, and
 	// closed when the ping is not answered within PingTimeout.
@@ -409,7 +411,8 @@ type connLimiter struct {
 	perCaller       int
 	operatorReserve int
 	preAuth, grace  time.Duration
-	plaintext       bool // buffer reads (limitedConn)
+	idle            time.Duration // a bound connection without admitted work (idleCheck)
+	plaintext       bool          // buffer reads (limitedConn)
 
 	mu      sync.Mutex
 	normal  int       // open connections within max
@@ -437,11 +440,18 @@ type limitedConn struct {
 	// bound is set once a request on it was admitted; keys are the callers
 	// it is bound to (written under l.mu and keysMu, read under keysMu).
 	bound atomic.Bool
-	// preAuthInFlight counts the requests in flight that began while it
-	// was not bound (preAuthBounded).
-	preAuthInFlight atomic.Int64
-	keysMu          sync.Mutex
-	keys            []callerKey
+	// unadmitted counts the requests in flight that were not admitted,
+	// public those of public endpoints, writing those writing an answer
+	// while it is bound (preAuthBounded); operator is set once it is bound
+	// to an operator.
+	unadmitted, public, writing atomic.Int64
+	operator                    atomic.Bool
+	// begun counts the requests begun on it, admissions those admitted,
+	// admittedInFlight those in flight (admittedRequests), for idleCheck.
+	begun, admissions atomic.Uint64
+	admittedInFlight  atomic.Int64
+	keysMu            sync.Mutex
+	keys              []callerKey
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -450,6 +460,8 @@ type limitedConn struct {
 	expired bool          // the window passed while a request was in flight
 	agent   bool          // counted in l.agents
 	gone    bool          // forgotten: closed, evicted or expired
+	idle    *time.Timer   // idleCheck's, once bound
+	seen    [2]uint64     // begun and admissions at idleCheck's last look
 }
 
 // connReadBuffer is each connection's read buffer: room for a unary call's
@@ -490,6 +502,10 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 	if c.timer != nil {
 		c.timer.Stop()
 		c.timer = nil
+	}
+	if c.idle != nil {
+		c.idle.Stop()
+		c.idle = nil
 	}
 	c.keysMu.Lock()
 	for _, k := range c.keys {
@@ -652,6 +668,9 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		c.agent = true
 		l.agents++
 	}
+	if p.Kind == auth.KindOperator {
+		c.operator.Store(true)
+	}
 	c.keysMu.Lock()
 	c.keys = append(c.keys, key)
 	c.keysMu.Unlock()
@@ -663,8 +682,42 @@ func (c *limitedConn) bind(p auth.Principal) error {
 			c.timer = nil
 		}
 	}
+	if c.idle == nil && l.idle > 0 {
+		c.seen = [2]uint64{c.begun.Load(), c.admissions.Load()}
+		c.idle = time.AfterFunc(l.idle, func() { l.idleCheck(c) })
+	}
 	c.bound.Store(true)
 	return nil
+}
+
+// idleCheck closes a bound connection that carried requests since its
+// last look, an idle timeout ago, or has some in flight, none of them
+// admitted. net/http idles out a connection only when it carries no
+// request at all, so one bound to a caller was kept for ever by requests
+// that are never admitted — a dead agent's refused calls, a GET /healthz
+// now and then — its place counted against its lineage's share and the
+// connections agents may hold together, where no newcomer can take it. An
+// admitted stream (a session, a watch) is in flight while it lives, and
+// keeps its connection; one that carries nothing is left to net/http,
+// which closes it with a GOAWAY, so that a call sent as it closes is
+// retried.
+func (l *connLimiter) idleCheck(c *limitedConn) {
+	l.mu.Lock()
+	if c.gone || c.idle == nil {
+		l.mu.Unlock()
+		return
+	}
+	now := [2]uint64{c.begun.Load(), c.admissions.Load()}
+	quiet := now[0] == c.seen[0] && c.unadmitted.Load() == 0
+	if now[1] != c.seen[1] || c.admittedInFlight.Load() > 0 || quiet {
+		c.seen = now
+		c.idle.Reset(l.idle)
+		l.mu.Unlock()
+		return
+	}
+	l.forgetLocked(c)
+	l.mu.Unlock()
+	_ = c.Conn.Close()
 }
 
 func connections(n int) string {
@@ -861,45 +914,68 @@ func (g *envelopeGuard) Read(p []byte) (int, error) {
 // rule kilobytes) answered megabytes for one request.
 const AnswerBytesPerRequest = 256 << 10
 
-// PreAuthRequests bounds the requests in flight on a connection none of
-// whose requests was admitted yet (an unauthenticated one): a request
-// that starts past it and is not admitted itself closes the connection —
-// a public endpoint's at once, an RPC's (or a console page's) when it
-// would write its answer.
-// A request counts until its answer is written, so a client that does not
-// take its answers (it grants no flow-control window) holds at most this
-// many waiting writes on a connection before it loses it. HTTP/2 lets a
-// connection carry MaxStreamsPerConn requests at once, and each refusal
-// (or public answer) not taken held its goroutine and request until its
-// write deadline: some 250 goroutines and 2.5 MB per connection, without
-// a credential, over as many connections as the server takes. An honest
-// client's burst on a fresh connection is admitted as it comes (each
-// admitted request binds the connection before it writes), and a client
-// whose credential is dead is told so on up to this many calls at once.
+// PreAuthRequests bounds the requests in flight on a connection that were
+// not admitted (not authenticated by the auth Gate: refused calls, public
+// endpoints, console pages).
+//
+// On a connection none of whose requests was admitted yet (an
+// unauthenticated one), a request counts from its start until its answer
+// is written, and one that starts past the bound and is not admitted
+// itself closes the connection: a public endpoint's at once, an RPC's (or
+// a console page's) when it would write its answer.
+//
+// On a connection bound to a caller, a public endpoint's request that
+// starts while this many others are in flight has its stream reset at
+// once, and so has a
+// refusal (or a console page, unless the connection is bound to an
+// operator) whose answer would be written while this many answers of
+// requests that were not admitted are still being written on the
+// connection: the connection is kept, for it may carry other callers'
+// calls (a follower's forwarded ones), and an honest client, which takes
+// its answers, has hardly any being written at once.
+//
+// A client that does not take its answers (it grants no flow-control
+// window) so holds at most this many waiting writes on a connection.
+// HTTP/2 lets a connection carry MaxStreamsPerConn requests at once, and
+// each refusal (or public answer) not taken held its goroutine and
+// request until its write deadline: some 250 goroutines and 2.5 MB per
+// connection, without a credential, over as many connections as the
+// server takes — or, once a call of its had bound the connection, over
+// its lineage's share of the connections, its node dead or alive. An
+// honest client's burst is admitted as it comes (an admitted request never
+// counts once admitted), and a client whose credential is dead is told so
+// on up to this many calls at once.
 const PreAuthRequests = 8
 
-// preAuthBounded holds a connection that has not authenticated to
-// PreAuthRequests requests in flight (see there); guards says which paths
-// are RPCs the auth Gate judges (the others are public and never bind the
-// connection).
+// preAuthBounded holds a connection to PreAuthRequests requests in flight
+// that were not admitted (see there); guards says which paths are RPCs the
+// auth Gate judges (the others are public and never admitted).
+// admittedRequests, behind the Gate, takes an admitted request out of the
+// count.
 func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _ := r.Context().Value(connKey{}).(*limitedConn)
-		if c == nil || c.bound.Load() {
+		if c == nil {
 			next.ServeHTTP(w, r)
 			return
 		}
-		over := c.preAuthInFlight.Add(1) > PreAuthRequests
-		defer c.preAuthInFlight.Add(-1)
-		if over && !guards(r.URL.Path) && !consolePage(r) {
+		c.begun.Add(1)
+		over := c.unadmitted.Add(1) > PreAuthRequests
+		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over, page: consolePage(r), h2: r.ProtoMajor == 2}
+		defer pw.end()
+		if !pw.page && !guards(r.URL.Path) {
 			// A public request may wait without writing (a stream waiting
-			// for a message): it is not let in.
-			c.cut()
-			return
+			// for a message): past the bound it is not let in. On a bound
+			// connection only public requests count for it (calls being
+			// authenticated are an honest client's business).
+			pw.public = true
+			if c.public.Add(1) > PreAuthRequests && c.bound.Load() || over && !c.bound.Load() {
+				pw.refuse()
+				return
+			}
 		}
-		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over}
 		next.ServeHTTP(pw, r)
-		if !c.bound.Load() {
+		if !pw.admitted {
 			// Hold the place until the answer is written (the server
 			// writes what is left of it after the handler returns).
 			_ = pw.FlushError()
@@ -907,38 +983,117 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 	})
 }
 
+// admittedRequests sits behind the auth Gate: each request it admitted
+// (its context carries the principal; the Gate passes public requests on
+// too) leaves preAuthBounded's count, is counted for idleCheck, and is
+// served with the connection's own writer.
+func admittedRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if pw, ok := w.(*preAuthWriter); ok {
+			if _, admitted := auth.FromContext(r.Context()); admitted {
+				pw.admit()
+				w = pw.ResponseWriter
+				c := pw.c
+				c.admissions.Add(1)
+				c.admittedInFlight.Add(1)
+				defer c.admittedInFlight.Add(-1)
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // consolePage reports whether r asks for a page of the operator console:
 // the browser's session (a cookie) is checked by the console, whose calls
-// to the API bind the connection before the page is written, so a page
-// past PreAuthRequests is judged when it writes, not at once (a browser
-// restoring a dozen console tabs opens them on one fresh connection). A
-// page has no body to wait for; anything else under /ui/ (a sign-in's
-// form) does.
+// to the API bind the connection to the operator before the page is
+// written, so a page past PreAuthRequests is judged when it writes, not at
+// once (a browser restoring a dozen console tabs opens them on one fresh
+// connection), and written when the connection is bound to an operator by
+// then. A page has no body to wait for; anything else under /ui/ (a
+// sign-in's form) does.
 func consolePage(r *http.Request) bool {
 	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasPrefix(r.URL.Path, "/ui/")
 }
 
-// preAuthWriter is the writer of a request on a connection that had not
-// authenticated when it began. One that began past PreAuthRequests closes
-// the connection, rather than write, when the connection is still not
-// authenticated by then (it was not admitted itself).
+// preAuthWriter is the writer of a request until it is admitted. One past
+// PreAuthRequests that was not admitted gives up its place rather than
+// write (refuse).
 type preAuthWriter struct {
 	http.ResponseWriter
-	c    *limitedConn
-	over bool
+	c        *limitedConn
+	over     bool // it began past the bound (unadmitted)
+	page     bool // a console page (consolePage)
+	h2       bool // an HTTP/2 stream (the console's in-process calls are not)
+	admitted bool // admitted by the Gate, or ended: out of unadmitted
+	writing  bool // counted in the connection's writing
+	public   bool // a public endpoint's, counted in the connection's public
+	refused  bool
 }
 
-// errPreAuthCut is what a write gets once its connection was closed for
-// having too many unauthenticated requests in flight.
-var errPreAuthCut = errors.New("controlplane: the connection was closed: too many requests in flight before it authenticated")
+// errPreAuthCut is what a write gets once its request gave up its place
+// for having too many requests in flight that were not admitted.
+var errPreAuthCut = errors.New("controlplane: the request was refused: too many requests in flight on its connection that were not admitted")
 
-// cuts closes the connection when the request may not write on it.
-func (w *preAuthWriter) cuts() bool {
-	if !w.over || w.c.bound.Load() {
-		return false
+// admit takes the request out of its connection's count, once: when the
+// Gate admits it, or when it ends.
+func (w *preAuthWriter) admit() {
+	if !w.admitted {
+		w.admitted = true
+		w.c.unadmitted.Add(-1)
 	}
-	w.c.cut()
-	return true
+}
+
+// end takes the request out of the counts once its answer is written.
+func (w *preAuthWriter) end() {
+	w.admit()
+	if w.writing {
+		w.writing = false
+		w.c.writing.Add(-1)
+	}
+	if w.public {
+		w.public = false
+		w.c.public.Add(-1)
+	}
+}
+
+// cuts refuses the request when it may not write.
+func (w *preAuthWriter) cuts() bool {
+	switch {
+	case w.refused:
+		return true
+	case w.admitted || (w.page && w.c.operator.Load()):
+		return false
+	case w.c.bound.Load():
+		// Judged by the answers being written on the connection's
+		// streams (an HTTP/1.1 connection writes one at a time; the
+		// console's in-process calls write to the console, which reads
+		// them).
+		if !w.writing && w.h2 {
+			w.writing = true
+			if w.c.writing.Add(1) > PreAuthRequests {
+				w.refuse()
+				return true
+			}
+		}
+		return false
+	case w.over:
+		w.refuse()
+		return true
+	}
+	return false
+}
+
+// refuse closes an unauthenticated connection (everything on it is
+// freed at once); on a bound one, it resets the request's stream.
+func (w *preAuthWriter) refuse() {
+	w.refused = true
+	if !w.c.bound.Load() {
+		w.c.cut()
+		return
+	}
+	// A deadline in the past: HTTP/2 resets the stream at once (HTTP/1.1
+	// carries one request at a time and never gets here).
+	_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Unix(1, 0))
 }
 
 func (w *preAuthWriter) WriteHeader(code int) {
@@ -974,3 +1129,13 @@ func (c *limitedConn) cut() {
 	c.l.mu.Unlock()
 	_ = c.Conn.Close()
 }
+
+// MaxFrameBytes is the largest HTTP/2 frame the server advertises and
+// reads (HTTP/2's initial value, the least a server may take). Go's
+// default, a megabyte, let nine bytes — a frame's header declaring that
+// length — make the server allocate the frame's whole payload before a
+// byte of it arrived, a buffer each connection keeps for its life: a
+// megabyte a connection without a credential, 10 GB over the default cap.
+// A request's body and headers come in frames of this size or
+// CONTINUATIONs; no client sends larger ones unasked.
+const MaxFrameBytes = 16 << 10

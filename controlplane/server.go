@@ -538,7 +538,7 @@ func (s *Server) buildHandler() error {
 	// it), so what it serves skips withDeadlines, whose two
 	// ResponseController calls are two messages to that goroutine per
 	// request; Handler, for any other server, keeps them.
-	inner := preAuthBounded(authn.Guards, healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux)))))
+	inner := preAuthBounded(authn.Guards, healthOnly(s.cfg.Conn.MaxConnections, authn.Gate(admittedRequests(boundBodies(s.cfg.MaxRequestBytes, streamsUnbounded(s.cfg.Conn.WriteTimeout, mux))))))
 	s.served = withStack(inner)
 	s.handler = withStack(withDeadlines(s.cfg.Conn, inner))
 	return nil
@@ -581,6 +581,9 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			// the GOAWAY of its idle timeout waiting behind the stuck write
 			// — with megabytes of the kernel's send buffer pinned.
 			WriteByteTimeout: limits.WriteTimeout,
+			// Frames of 16 KiB: a frame's header made the server allocate
+			// the megabyte it declared (MaxFrameBytes).
+			MaxReadFrameSize: MaxFrameBytes,
 		},
 	}
 	protocols := new(http.Protocols)
@@ -599,7 +602,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 	conns := &connLimiter{
 		Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve,
 		perCaller: limits.MaxConnectionsPerLineage, operatorReserve: limits.OperatorReserve,
-		preAuth: limits.PreAuthTimeout, grace: limits.WriteTimeout,
+		preAuth: limits.PreAuthTimeout, grace: limits.WriteTimeout, idle: limits.IdleTimeout,
 		plaintext: srv.TLSConfig == nil,
 	}
 	srv.ConnState = func(c net.Conn, state http.ConnState) {
