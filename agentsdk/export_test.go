@@ -2,6 +2,8 @@ package agentsdk
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,4 +19,36 @@ func HoldExitSentUntilTheSessionEnds() (undo func()) {
 		}
 	}
 	return func() { afterExitSent = nil }
+}
+
+// CloseDuringTheNextSend makes the worker's next send, once it has found
+// the worker open and before it sends, call w.Close on a goroutine of its
+// own and wait until that Close returns or waits for the send itself.
+// closedFirst then reports whether Close had returned before the send
+// went out. It returns the function that undoes it.
+func CloseDuringTheNextSend(w *LeaseWorker) (closedFirst func() bool, undo func()) {
+	var once sync.Once
+	var first atomic.Bool
+	waiting := make(chan struct{})
+	afterOpenCheck = func(sender *LeaseWorker) {
+		if sender != w {
+			return
+		}
+		once.Do(func() {
+			returned := make(chan struct{})
+			go func() { _ = w.Close(); close(returned) }()
+			select {
+			case <-returned:
+				first.Store(true)
+			case <-waiting:
+			case <-time.After(time.Minute):
+			}
+		})
+	}
+	beforeCloseWaitsForSends = func(closing *LeaseWorker) {
+		if closing == w {
+			close(waiting)
+		}
+	}
+	return first.Load, func() { afterOpenCheck, beforeCloseWaitsForSends = nil, nil }
 }
