@@ -256,7 +256,7 @@ func (a *Agent) Run(ctx context.Context) error {
 // afterExitSent, set by tests only, runs in a session's writer between
 // the exit message's Send and the note that it was sent (the session's
 // end read before that note).
-var afterExitSent func(session context.Context)
+var afterExitSent atomic.Pointer[func(session context.Context)]
 
 func (a *Agent) hasExited() bool {
 	a.mu.Lock()
@@ -323,8 +323,8 @@ func (a *Agent) session(ctx context.Context) (err error) {
 				// The claim travels behind every heartbeat already sent;
 				// the control plane ends the session after it.
 				err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: reason}}})
-				if afterExitSent != nil {
-					afterExitSent(ctx)
+				if hook := afterExitSent.Load(); hook != nil {
+					(*hook)(ctx)
 				}
 				live.sent.Store(err == nil)
 				errc <- err

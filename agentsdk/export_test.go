@@ -12,13 +12,14 @@ import (
 // before it notes the message sent: the session's clean end after the
 // claim always comes first. It returns the function that undoes it.
 func HoldExitSentUntilTheSessionEnds() (undo func()) {
-	afterExitSent = func(session context.Context) {
+	hold := func(session context.Context) {
 		select {
 		case <-session.Done():
 		case <-time.After(time.Minute):
 		}
 	}
-	return func() { afterExitSent = nil }
+	afterExitSent.Store(&hold)
+	return func() { afterExitSent.Store(nil) }
 }
 
 // CloseDuringTheNextSend makes the worker's next send, once it has found
@@ -30,7 +31,7 @@ func CloseDuringTheNextSend(w *LeaseWorker) (closedFirst func() bool, undo func(
 	var once sync.Once
 	var first atomic.Bool
 	waiting := make(chan struct{})
-	afterOpenCheck = func(sender *LeaseWorker) {
+	afterOpen := func(sender *LeaseWorker) {
 		if sender != w {
 			return
 		}
@@ -45,10 +46,12 @@ func CloseDuringTheNextSend(w *LeaseWorker) (closedFirst func() bool, undo func(
 			}
 		})
 	}
-	beforeCloseWaitsForSends = func(closing *LeaseWorker) {
+	beforeWait := func(closing *LeaseWorker) {
 		if closing == w {
 			close(waiting)
 		}
 	}
-	return first.Load, func() { afterOpenCheck, beforeCloseWaitsForSends = nil, nil }
+	afterOpenCheck.Store(&afterOpen)
+	beforeCloseWaitsForSends.Store(&beforeWait)
+	return first.Load, func() { afterOpenCheck.Store(nil); beforeCloseWaitsForSends.Store(nil) }
 }

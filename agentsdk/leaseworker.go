@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -208,8 +209,8 @@ func (w *LeaseWorker) Close() error {
 	// not after: an agent that closes its worker and then claims its exit
 	// has no lease message land after the claim. (No send holds it while
 	// OnCancel runs: Close may be called from there.)
-	if beforeCloseWaitsForSends != nil {
-		beforeCloseWaitsForSends(w)
+	if hook := beforeCloseWaitsForSends.Load(); hook != nil {
+		(*hook)(w)
 	}
 	sent := make(chan struct{})
 	go func() {
@@ -242,10 +243,7 @@ func (w *LeaseWorker) closeBound() (<-chan time.Time, func()) {
 // afterOpenCheck and beforeCloseWaitsForSends, set by tests only: the
 // first runs in send between its check that the worker is open and the
 // send; the second in Close before it waits for the sends under way.
-var (
-	afterOpenCheck           func(w *LeaseWorker)
-	beforeCloseWaitsForSends func(w *LeaseWorker)
-)
+var afterOpenCheck, beforeCloseWaitsForSends atomic.Pointer[func(w *LeaseWorker)]
 
 // isClosed reports whether Close was called.
 func (w *LeaseWorker) isClosed() bool {
@@ -355,8 +353,8 @@ func (w *LeaseWorker) send(ctx context.Context, req *tetherv1.ChannelRequest) (*
 	if w.isClosed() {
 		return nil, nil, ErrWorkerClosed
 	}
-	if afterOpenCheck != nil {
-		afterOpenCheck(w)
+	if hook := afterOpenCheck.Load(); hook != nil {
+		(*hook)(w)
 	}
 	c := w.cfg.Conn.Lease
 	switch m := req.Message.(type) {

@@ -64,9 +64,12 @@ func TestFlakeAFollowerThatTakesOverDuringItsReadShowsWhatTheClockDecided(t *tes
 	blockerCtx, stopBlocker := context.WithCancel(ctx)
 	blocked := make(chan error, 1)
 	go func() {
-		blocked <- blocker.Lead(blockerCtx, func(context.Context) error {
+		blocked <- blocker.Lead(blockerCtx, func(ctx context.Context) error {
 			close(leading)
-			<-release
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
 			return nil
 		})
 	}()
