@@ -285,9 +285,11 @@ func (a *Agent) session(ctx context.Context) (err error) {
 		// A clean end (Receive's io.EOF) after the exit message: the
 		// control plane stored the claim and ended the session. Whether
 		// the message was sent is read once the writer has returned: the
-		// end can come before the writer notes it (ctx is cancelled by
-		// now, which ends the writer).
+		// end can come before the writer notes it. (Cancelling ctx ends
+		// the writer; Receive's error path has done so already, a panic
+		// in a signal's callback has not.)
 		if writing != nil {
+			cancel()
 			<-writing
 		}
 		live.claimed = live.sent.Load() && errors.Is(err, io.EOF)
