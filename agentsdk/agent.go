@@ -253,6 +253,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 }
 
+// afterExitSent, set by tests only, runs in a session's writer between
+// the exit message's Send and the note that it was sent (the session's
+// end read before that note).
+var afterExitSent atomic.Pointer[func(session context.Context)]
+
 func (a *Agent) hasExited() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -270,6 +275,7 @@ func (a *Agent) session(ctx context.Context) (err error) {
 	}
 	a.live = live
 	a.mu.Unlock()
+	var writing chan struct{} // closed when the writer has returned
 	defer func() {
 		a.mu.Lock()
 		if a.live == live {
@@ -277,7 +283,15 @@ func (a *Agent) session(ctx context.Context) (err error) {
 		}
 		a.mu.Unlock()
 		// A clean end (Receive's io.EOF) after the exit message: the
-		// control plane stored the claim and ended the session.
+		// control plane stored the claim and ended the session. Whether
+		// the message was sent is read once the writer has returned: the
+		// end can come before the writer notes it. (Cancelling ctx ends
+		// the writer; Receive's error path has done so already, a panic
+		// in a signal's callback has not.)
+		if writing != nil {
+			cancel()
+			<-writing
+		}
 		live.claimed = live.sent.Load() && errors.Is(err, io.EOF)
 		close(live.done)
 	}()
@@ -297,7 +311,9 @@ func (a *Agent) session(ctx context.Context) (err error) {
 		every = 5 * time.Second
 	}
 	errc := make(chan error, 1)
+	writing = make(chan struct{})
 	go func() {
+		defer close(writing)
 		ticker := time.NewTicker(every)
 		defer ticker.Stop()
 		for {
@@ -309,6 +325,9 @@ func (a *Agent) session(ctx context.Context) (err error) {
 				// The claim travels behind every heartbeat already sent;
 				// the control plane ends the session after it.
 				err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Exit{Exit: &tetherv1.SessionExit{Reason: reason}}})
+				if hook := afterExitSent.Load(); hook != nil {
+					(*hook)(ctx)
+				}
 				live.sent.Store(err == nil)
 				errc <- err
 				return

@@ -123,3 +123,46 @@ func TestFlakeAnExitClaimedOverASessionThatBreaksIsClaimedByCall(t *testing.T) {
 		})
 	}
 }
+
+// TestFlakeAnExitClaimStoredAsTheSessionEndsIsClaimedOnce: Exit counts
+// the claim made over the session when the session ended cleanly after
+// the claim was sent. Whether it was sent was noted by the session's
+// writer after its Send returned, and read when the session ended: a
+// control plane that stored the claim and ended the session before the
+// writer's note (a loaded machine, or one core) had the claim read as
+// never sent, and Exit claimed again by ConfirmExit. The writer here is
+// held, once it has sent the claim, until the session has ended.
+func TestFlakeAnExitClaimStoredAsTheSessionEndsIsClaimedOnce(t *testing.T) {
+	t.Cleanup(agentsdk.HoldExitSentUntilTheSessionEnds())
+	peer := &exitPeer{stored: make(chan string, 4)}
+	mux := http.NewServeMux()
+	mux.Handle(tetherv1connect.NewAgentServiceHandler(peer))
+	mux.Handle(tetherv1connect.NewAuthServiceHandler(peer))
+	url := startRawPeer(t, mux.ServeHTTP)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a guard against a hang, not a timing
+	defer cancel()
+	agent, err := agentsdk.Join(ctx, url, "flake28-credential", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- agent.Run(ctx) }()
+	select {
+	case <-agent.Opened():
+	case <-ctx.Done():
+		t.Fatal("the session never opened")
+	}
+	if err := agent.Exit(ctx, "done"); err != nil {
+		t.Fatalf("Exit: %v", err)
+	}
+	var got []string
+	for len(peer.stored) > 0 {
+		got = append(got, <-peer.stored)
+	}
+	if len(got) != 1 || got[0] != "session: done" {
+		t.Fatalf("Exit returned nil with the claims %q stored, want only the session's", got)
+	}
+	if err := <-ran; err != nil {
+		t.Fatalf("Run after the exit: %v", err)
+	}
+}

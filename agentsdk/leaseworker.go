@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
@@ -115,6 +116,10 @@ type LeaseWorker struct {
 	// sendMu keeps delivery in spool order: nothing new is sent directly
 	// while older messages wait in the spool.
 	sendMu sync.Mutex
+	// sending is held (read) by every send from its check that the worker
+	// is open until it has been answered; Close takes it (write) once the
+	// worker is closed, so that nothing is sent after Close returns.
+	sending sync.RWMutex
 
 	// mu guards closed and jobs: the jobs whose renew loop runs, which
 	// Close ends.
@@ -154,10 +159,12 @@ func NewLeaseWorker(cfg LeaseWorkerConfig) (*LeaseWorker, error) {
 // Close ends every job the worker runs, as Job.Stop does but with the
 // cause ErrWorkerClosed (their contexts end, their renewals stop, one in
 // flight is cancelled; each lease runs out on the coordinator's clock),
-// waits for their renew loops to end (at most 10 s in all), and closes
-// the spool: what it holds is replayed by the next LeaseWorker on the
-// directory. From then on the worker sends nothing: Accept, Renew,
-// Progress and Complete return ErrWorkerClosed. Close is idempotent.
+// waits for their renew loops to end and for the sends under way (a
+// Progress or Complete that found the worker open: each is answered
+// before Close returns; at most 10 s in all), and closes the spool: what
+// it holds is replayed by the next LeaseWorker on the directory. From
+// then on the worker sends nothing: Accept, Renew, Progress and Complete
+// return ErrWorkerClosed. Close is idempotent.
 //
 // Close may be called from a job's OnCancel (the operator cancelled the
 // job: the agent shuts down). It does not wait for a renew loop that is
@@ -197,6 +204,25 @@ func (w *LeaseWorker) Close() error {
 			return w.spool.close()
 		}
 	}
+	// A send that found the worker open before it closed (a Progress or
+	// Complete of the agent's, a renewal) goes out before Close returns,
+	// not after: an agent that closes its worker and then claims its exit
+	// has no lease message land after the claim. (No send holds it while
+	// OnCancel runs: Close may be called from there.)
+	if hook := beforeCloseWaitsForSends.Load(); hook != nil {
+		(*hook)(w)
+	}
+	sent := make(chan struct{})
+	go func() {
+		w.sending.Lock() // every send under way has ended
+		close(sent)
+		w.sending.Unlock()
+	}()
+	select {
+	case <-sent:
+	case <-bound:
+		w.cfg.Log.Warn("lease worker closed with a send still under way")
+	}
 	return w.spool.close()
 }
 
@@ -213,6 +239,11 @@ func (w *LeaseWorker) closeBound() (<-chan time.Time, func()) {
 	t := time.NewTimer(closeWait)
 	return t.C, func() { t.Stop() }
 }
+
+// afterOpenCheck and beforeCloseWaitsForSends, set by tests only: the
+// first runs in send between its check that the worker is open and the
+// send; the second in Close before it waits for the sends under way.
+var afterOpenCheck, beforeCloseWaitsForSends atomic.Pointer[func(w *LeaseWorker)]
 
 // isClosed reports whether Close was called.
 func (w *LeaseWorker) isClosed() bool {
@@ -317,8 +348,13 @@ func retryable(err error) bool {
 }
 
 func (w *LeaseWorker) send(ctx context.Context, req *tetherv1.ChannelRequest) (*tetherv1.Lease, *tetherv1.Decision, error) {
+	w.sending.RLock()
+	defer w.sending.RUnlock()
 	if w.isClosed() {
 		return nil, nil, ErrWorkerClosed
+	}
+	if hook := afterOpenCheck.Load(); hook != nil {
+		(*hook)(w)
 	}
 	c := w.cfg.Conn.Lease
 	switch m := req.Message.(type) {

@@ -28,3 +28,20 @@ func HoldLeaseReadsUntilServing() (undo func()) {
 	}
 	return func() { afterLeaseRead = nil }
 }
+
+// HoldLeaseReadsUntilServingAndTell is HoldLeaseReadsUntilServing that
+// also sends on held, without blocking, each time a read is held: a test
+// then knows the read has read the store before it lets the coordinator
+// start.
+func HoldLeaseReadsUntilServingAndTell(held chan<- struct{}) (undo func()) {
+	undo = HoldLeaseReadsUntilServing()
+	hold := afterLeaseRead
+	afterLeaseRead = func(c *coordinator.Coordinator) {
+		select {
+		case held <- struct{}{}:
+		default:
+		}
+		hold(c)
+	}
+	return undo
+}

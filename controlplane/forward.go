@@ -321,17 +321,25 @@ func (f *leaseForwarder) Resolve(ctx context.Context, req *connect.Request[tethe
 // coordinator's reads do). A tool server's read is answered here: it is
 // told an ACTIVE lease past its expiry is EXPIRED (forFence), and nothing
 // else it reads admits a side effect.
+//
+// Whether this replica serves is taken before the read: a replica whose
+// coordinator began serving between the two (it took over the leadership)
+// read the store before its recovery decided the deadline, and its answer
+// is as stale as a follower's; forwardUnary then serves the read here,
+// from the coordinator.
 func (f *leaseForwarder) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
+	elsewhere := f.settlesElsewhere(ctx)
 	resp, err := f.local.GetLease(ctx, req)
-	if err != nil || !f.settlesElsewhere(ctx) || !dueOnWire(resp.Msg.Lease, f.local.s.cfg.Clock.Now()) {
+	if err != nil || !elsewhere || !dueOnWire(resp.Msg.Lease, f.local.s.cfg.Clock.Now()) {
 		return resp, err
 	}
 	return forwardUnary(ctx, f, req, f.local.GetLease, tetherv1connect.LeaseServiceClient.GetLease)
 }
 
-// settlesElsewhere reports whether a read here of a lease whose deadline
-// passed must go to the leader: this replica's coordinator does not serve,
-// and the caller is not a tool server (whose reads forFence answers).
+// settlesElsewhere reports, asked before the read, whether a read here of
+// a lease whose deadline passed must go to the leader: this replica's
+// coordinator does not serve, and the caller is not a tool server (whose
+// reads forFence answers).
 func (f *leaseForwarder) settlesElsewhere(ctx context.Context) bool {
 	if serving, _ := f.local.leases().Serving(); serving {
 		return false

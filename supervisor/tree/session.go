@@ -118,37 +118,31 @@ func (h *Signals) publish(nodeID string, sig *SessionSignal) {
 	}
 }
 
-// Run follows node changes until ctx ends. A watch that falls behind (or
-// fails) costs a rescan, as for every background worker (reconcile.Passes):
-// the watch is re-established, every Changes subscriber is notified, and
-// every open session's node is read again and its signal sent, so a drain
-// decided while the watch was behind still reaches the session.
+// Run follows node changes until ctx ends. Each pass establishes the
+// watch, then notifies every Changes subscriber and reads every open
+// session's node again and sends its signal: a change made before the
+// watch began (while a watch that fell behind, or failed, is re-established
+// — reconcile.Passes — as before the first, when the control plane already
+// serves sessions that subscribed and read their node) still reaches them.
 func (h *Signals) Run(ctx context.Context) error {
 	c := h.Clock
 	if c == nil {
 		c = clock.Real{}
 	}
-	first := true
-	return reconcile.Passes(ctx, "session signals", c, h.Log, func(ctx context.Context) error {
-		rescan := !first
-		first = false
-		return h.follow(ctx, rescan)
-	})
+	return reconcile.Passes(ctx, "session signals", c, h.Log, h.follow)
 }
 
-func (h *Signals) follow(ctx context.Context, rescan bool) error {
+func (h *Signals) follow(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w, err := h.Store.Watch(ctx, []byte(prefixNode))
 	if err != nil {
 		return err
 	}
-	if rescan {
-		// After the watch is established, so nothing in between is missed.
-		h.NodeChanged("")
-		if err := h.resend(ctx); err != nil {
-			return err
-		}
+	// After the watch is established, so nothing in between is missed.
+	h.NodeChanged("")
+	if err := h.resend(ctx); err != nil {
+		return err
 	}
 	for batch := range w.Events() {
 		for _, ev := range batch {

@@ -60,6 +60,9 @@ const closeWaitMs = 10_000;
 let trackJob: (worker: LeaseWorker, job: Job) => boolean;
 let untrackJob: (worker: LeaseWorker, job: Job) => void;
 let closeJob: (job: Job) => Promise<unknown>;
+// Counts a call to the control plane under way until it settles, for
+// close() to wait for: nothing is sent after close() resolves.
+let sending: <T>(worker: LeaseWorker, call: Promise<T>) => Promise<T>;
 
 /** Options for a {@link LeaseWorker}. */
 export interface LeaseWorkerOptions {
@@ -116,6 +119,7 @@ export class LeaseWorker {
   readonly #renewEvery?: number;
   readonly #warn: (message: string) => void;
   readonly #jobs = new Set<Job>();
+  readonly #calls = new Set<Promise<unknown>>();
   #closed = false;
 
   constructor(options: LeaseWorkerOptions) {
@@ -142,7 +146,9 @@ export class LeaseWorker {
    * abort with a {@link JobEnded} "ended", "the worker was closed"; their
    * renewals stop, one in flight is aborted; each lease runs out on the
    * coordinator's clock), and resolves once their renewals in flight (and
-   * an onCancel one runs) have settled, after at most 10 s. From then on
+   * an onCancel one runs) and the calls under way (a progress or complete
+   * that found the worker open) have settled, after at most 10 s: nothing
+   * goes out after it resolves. From then on
    * the worker sends nothing: accept, and a job's renew, progress and
    * complete, throw {@link WorkerClosed}. Closing twice is harmless.
    *
@@ -157,7 +163,11 @@ export class LeaseWorker {
     this.#closed = true;
     const jobs = [...this.#jobs];
     this.#jobs.clear();
-    const settled = jobs.map((j) => closeJob(j));
+    // The calls under way (a progress or complete that found the worker
+    // open, a renewal) settle before close() resolves: none goes out after.
+    // (None is under way for a job running onCancel, which may be awaiting
+    // this close(): onCancel runs once its call settled.)
+    const settled = [...jobs.map((j) => closeJob(j)), ...this.#calls];
     let bound: NodeJS.Timeout | undefined;
     await Promise.race([
       Promise.allSettled(settled),
@@ -180,6 +190,12 @@ export class LeaseWorker {
       return true;
     };
     untrackJob = (worker, job) => void worker.#jobs.delete(job);
+    sending = (worker, call) => {
+      worker.#calls.add(call);
+      const settle = () => void worker.#calls.delete(call);
+      call.then(settle, settle);
+      return call;
+    };
   }
 
   /**
@@ -190,12 +206,12 @@ export class LeaseWorker {
   async accept(offered: Lease, options: JobOptions = {}): Promise<Job> {
     if (this.#closed) throw new WorkerClosed();
     const sent = this.heldNow();
-    const resp = await this.conn.lease.ack({
+    const resp = await sending(this, this.conn.lease.ack({
       jobId: offered.jobId,
       leaseId: offered.leaseId,
       leaseGeneration: offered.leaseGeneration,
       sentAt: this.sentAt(),
-    });
+    }));
     if (resp.decision?.outcome === Outcome.REJECTED || !resp.lease) {
       throw new Error(`tether: ack of job ${JSON.stringify(offered.jobId)} refused: ${resp.decision?.reason ?? "no lease in the answer"}`);
     }
@@ -434,9 +450,12 @@ export class Job {
     if (this.#abort.signal.aborted) return undefined;
     this.#renewSequence++;
     const sent = this.#worker.heldNow();
-    const resp = await this.#worker.conn.lease.renew(
-      { ...this.#claim(), renewSequence: this.#renewSequence },
-      { timeoutMs: options.timeoutMs, signal: options.signal },
+    const resp = await sending(
+      this.#worker,
+      this.#worker.conn.lease.renew(
+        { ...this.#claim(), renewSequence: this.#renewSequence },
+        { timeoutMs: options.timeoutMs, signal: options.signal },
+      ),
     );
     this.#held(sent, resp.lease, resp.decision);
     await this.#observe(resp.lease);
@@ -462,7 +481,7 @@ export class Job {
       }
       if (!lease.cancelAck && !lost && !this.#worker.closed) {
         try {
-          const resp = await this.#worker.conn.lease.cancelAck(this.#claim());
+          const resp = await sending(this.#worker, this.#worker.conn.lease.cancelAck(this.#claim()));
           if (resp.lease) this.#lease = resp.lease;
         } catch (err) {
           this.#warn(`tether: lease cancel ack of job ${lease.jobId} failed: ${(err as Error).message}`);
@@ -477,7 +496,10 @@ export class Job {
   async progress(value: string): Promise<Decision | undefined> {
     if (this.#worker.closed) throw new WorkerClosed();
     this.#progressSequence++;
-    const resp = await this.#worker.conn.lease.progress({ ...this.#claim(), progressSequence: this.#progressSequence, progressValue: value });
+    const resp = await sending(
+      this.#worker,
+      this.#worker.conn.lease.progress({ ...this.#claim(), progressSequence: this.#progressSequence, progressValue: value }),
+    );
     await this.#observe(resp.lease);
     return resp.decision;
   }
@@ -490,7 +512,7 @@ export class Job {
   async complete(result: TerminalResult, detail = ""): Promise<Decision | undefined> {
     if (this.#worker.closed) throw new WorkerClosed();
     try {
-      const resp = await this.#worker.conn.lease.complete({ ...this.#claim(), result, detail });
+      const resp = await sending(this.#worker, this.#worker.conn.lease.complete({ ...this.#claim(), result, detail }));
       if (resp.lease) this.#lease = resp.lease;
       return resp.decision;
     } finally {

@@ -176,6 +176,10 @@ class LeaseWorker:
         self._jobs_lock = threading.Lock()
         self._jobs: set[Job] = set()
         self._closed = False
+        # The sends under way (each found the worker open): close() waits
+        # for them, so that nothing is sent after it returns.
+        self._sending = 0
+        self._sends_done = threading.Condition(self._jobs_lock)
 
     @property
     def closed(self) -> bool:
@@ -185,12 +189,13 @@ class LeaseWorker:
         """Ends every job the worker runs, as ``Job.stop`` does (their
         ``stopped`` is set, cause JOB_ENDED; their renewals stop; each lease
         runs out on the coordinator's clock), waits for their renew threads
-        to end (at most 10 s in all: a renewal in flight ends when answered
-        or at its interval), and closes the spool: what it holds is
-        replayed by the next LeaseWorker on the directory. From then on the
-        worker sends nothing: ``accept``, and a job's ``renew``,
-        ``progress`` and ``complete``, raise WorkerClosed. Closing twice is
-        harmless.
+        to end and for the sends under way (a ``progress`` or ``complete``
+        that found the worker open is answered before close() returns; at
+        most 10 s in all: a renewal in flight ends when answered or at its
+        interval), and closes the spool: what it holds is replayed by the
+        next LeaseWorker on the directory. From then on the worker sends
+        nothing: ``accept``, and a job's ``renew``, ``progress`` and
+        ``complete``, raise WorkerClosed. Closing twice is harmless.
 
         ``close()`` may be called from a job's ``on_cancel`` (the operator
         cancelled the job: the agent shuts down), which runs on that job's
@@ -218,8 +223,22 @@ class LeaseWorker:
                     job._thread.join(max(deadline - time.monotonic(), 0.0))
                     if job._thread.is_alive():
                         log.warning("tether: lease worker closed with job %r's renew thread still running", job.job_id)
+            self._await_sends(deadline)
         finally:
             self._spool.close()
+
+    def _await_sends(self, deadline: float) -> None:
+        # A send that found the worker open before it closed (a job's
+        # progress or complete, a renewal) goes out before close() returns,
+        # not after. (None is under way on the thread running on_cancel,
+        # which may be what called close().)
+        with self._sends_done:
+            while self._sending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    log.warning("tether: lease worker closed with a send still under way")
+                    return
+                self._sends_done.wait(left)
 
     def _track(self, job: "Job") -> bool:
         with self._jobs_lock:
@@ -237,9 +256,16 @@ class LeaseWorker:
         return len(self._spool.pending)
 
     def _send(self, kind: str, request: dict, timeout: float | None = None) -> dict:
-        if self._closed:
-            raise WorkerClosed()
-        return self.conn.call("LeaseService", _METHODS[kind], request, timeout=timeout)
+        with self._jobs_lock:
+            if self._closed:
+                raise WorkerClosed()
+            self._sending += 1
+        try:
+            return self.conn.call("LeaseService", _METHODS[kind], request, timeout=timeout)
+        finally:
+            with self._sends_done:
+                self._sending -= 1
+                self._sends_done.notify_all()
 
     def replay(self) -> int:
         """Delivers the spooled messages in order; returns how many the

@@ -1,0 +1,57 @@
+package agentsdk
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// HoldExitSentUntilTheSessionEnds makes a session's writer, once it has
+// sent the exit message, wait (at most a minute) for the session to end
+// before it notes the message sent: the session's clean end after the
+// claim always comes first. It returns the function that undoes it.
+func HoldExitSentUntilTheSessionEnds() (undo func()) {
+	hold := func(session context.Context) {
+		select {
+		case <-session.Done():
+		case <-time.After(time.Minute):
+		}
+	}
+	afterExitSent.Store(&hold)
+	return func() { afterExitSent.Store(nil) }
+}
+
+// CloseDuringTheNextSend makes the worker's next send, once it has found
+// the worker open and before it sends, call w.Close on a goroutine of its
+// own and wait until that Close returns or waits for the send itself.
+// closedFirst then reports whether Close had returned before the send
+// went out. It returns the function that undoes it.
+func CloseDuringTheNextSend(w *LeaseWorker) (closedFirst func() bool, undo func()) {
+	var once sync.Once
+	var first atomic.Bool
+	waiting := make(chan struct{})
+	afterOpen := func(sender *LeaseWorker) {
+		if sender != w {
+			return
+		}
+		once.Do(func() {
+			returned := make(chan struct{})
+			go func() { _ = w.Close(); close(returned) }()
+			select {
+			case <-returned:
+				first.Store(true)
+			case <-waiting:
+			case <-time.After(time.Minute):
+			}
+		})
+	}
+	beforeWait := func(closing *LeaseWorker) {
+		if closing == w {
+			close(waiting)
+		}
+	}
+	afterOpenCheck.Store(&afterOpen)
+	beforeCloseWaitsForSends.Store(&beforeWait)
+	return first.Load, func() { afterOpenCheck.Store(nil); beforeCloseWaitsForSends.Store(nil) }
+}
