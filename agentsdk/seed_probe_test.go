@@ -182,8 +182,9 @@ func newBudgetedSetup(t *testing.T) (*leaseSetup, string, *budgeted) {
 
 // On the wall clock (the default) nothing but a timer is there to end the
 // job at its bound when no renewal is due before it: a worker renewing
-// hourly on a lease of 200 ms, cut off at once, has its job ended by the
-// timer with ErrLeaseUnconfirmed.
+// hourly on a lease of 2 s, cut off at once, has its job ended by the
+// timer with ErrLeaseUnconfirmed. (The lease is long enough that a loaded
+// machine's accept is never past it; the test waits 20 s for the end.)
 func TestSeedProbeOnTheWallClockATimerEndsTheJobAtItsBound(t *testing.T) {
 	s := newLeaseSetup(t)
 	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), RenewEvery: time.Hour})
@@ -191,7 +192,7 @@ func TestSeedProbeOnTheWallClockATimerEndsTheJobAtItsBound(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Close() })
-	job, d, err := w.Accept(context.Background(), s.offer(t, "job-1", 200*time.Millisecond), agentsdk.JobOptions{})
+	job, d, err := w.Accept(context.Background(), s.offer(t, "job-1", 2*time.Second), agentsdk.JobOptions{})
 	accepted(t, "accept", d, err)
 	s.net.disconnect()
 	select {
