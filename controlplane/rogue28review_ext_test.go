@@ -27,7 +27,7 @@ import (
 // with its session, ends the session, keeps reading the feed — its
 // process alive and connected, told of each revocation in its tree — and
 // claims its exit under its parent's stop; the control plane ends the
-// feed itself on the claim. The record read CONFIRMED by control-plane
+// feed itself on the claim (so too a watch of a termination it requested). The record read CONFIRMED by control-plane
 // on the strength of the session's end it had outlived. A stream of the
 // node's credential that ends after its session's end (closed by the
 // agent, or by the control plane at the claim) is now the control plane
@@ -37,11 +37,13 @@ import (
 func TestRogue28AStreamHeldPastTheSessionsEndIsLifeAfterIt(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
+		stream    string // "feed": its revocation feed; "watch": a watch of a termination it requested
 		feedEnds  string // "before-end": the agent closes it before its session's end; "at-claim": held until the claim ends it
 		confirmed bool
 	}{
-		{"a feed closed before the end (guard)", "before-end", true},
-		{"a feed held past the end until the claim", "at-claim", false},
+		{"a feed closed before the end (guard)", "feed", "before-end", true},
+		{"a feed held past the end until the claim", "feed", "at-claim", false},
+		{"a termination watch held past the end until the claim", "watch", "at-claim", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newSeedWorld(t)
@@ -53,13 +55,28 @@ func TestRogue28AStreamHeldPastTheSessionsEndIsLifeAfterIt(t *testing.T) {
 			}
 			fctx, fcancel := context.WithCancel(ctx)
 			defer fcancel()
-			feed, err := w.cAgent.Capability.WatchRevocations(fctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+			// feed is the rogue's stream: its next message, and its end.
+			var feed interface {
+				Receive() bool
+				Err() error
+				Close() error
+			}
+			switch tc.stream {
+			case "feed":
+				feed, err = w.cAgent.Capability.WatchRevocations(fctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+			case "watch":
+				// The rogue stops a child of its own, which never exits,
+				// and watches that termination.
+				d := spawn(t, w.cAgent, self, "grandchild")
+				mine := terminate(t, w.cAgent, d.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Hour, time.Second, time.Hour)
+				feed, err = w.cAgent.Supervisor.WatchTermination(fctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: mine.TerminationId}))
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer feed.Close()
 			if !feed.Receive() {
-				t.Fatalf("the rogue's feed: %v", feed.Err())
+				t.Fatalf("the rogue's %s: %v", tc.stream, feed.Err())
 			}
 			w.clk.Advance(time.Minute)
 			if tc.feedEnds == "before-end" {
@@ -77,12 +94,12 @@ func TestRogue28AStreamHeldPastTheSessionsEndIsLifeAfterIt(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.feedEnds == "at-claim" {
-				// The control plane ends the feed of a node whose exit was
-				// confirmed; the rogue reads on until it does.
+				// The control plane ends the stream of a node whose exit
+				// was confirmed; the rogue reads on until it does.
 				for feed.Receive() {
 				}
 				if connect.CodeOf(feed.Err()) != connect.CodeFailedPrecondition {
-					t.Fatalf("the rogue's feed after its claim ended with %v, want failed_precondition", feed.Err())
+					t.Fatalf("the rogue's %s after its claim ended with %v, want failed_precondition", tc.stream, feed.Err())
 				}
 			}
 			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
@@ -96,8 +113,8 @@ func TestRogue28AStreamHeldPastTheSessionsEndIsLifeAfterIt(t *testing.T) {
 				return
 			}
 			if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ClaimedBy == "" || !strings.Contains(rn.UnaccountedReason, "after its session ended") {
-				t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted: the rogue's feed was open after its session ended",
-					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+				t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted: the rogue's %s was open after its session ended",
+					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason, tc.stream)
 			}
 		})
 	}
