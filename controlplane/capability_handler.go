@@ -222,6 +222,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	if err != nil {
 		return toConnect(err)
 	}
+	defer c.s.streamOutlives(ctx, "revocation feed")()
 	// A batch of tombstones none of which the caller may see (another
 	// tree's revocations, to an agent) is sent at most once per heartbeat,
 	// as the heartbeat it stands in for (the feed resets its heartbeat on

@@ -363,6 +363,31 @@ func (s *Server) openSession(ctx context.Context, nodeID, what string) (node *tr
 	}, nil
 }
 
+// streamOutlives is deferred by the handlers of an agent's streams that
+// are not sessions in the exit evidence's sense (its revocation feed, a
+// termination watch): the stream was open until it ended, so an end after
+// the node's session's end is the control plane seeing the node alive
+// after that end (tree.SeenAlive), as a request arriving then is
+// (tree.Act). A stream opened before the end arrived before it, and the
+// control plane ends such a stream itself on the node's exit claim: a
+// rogue that ended its session and read on through its feed until its
+// claim was confirmed by that end. Stored before the handler returns, so
+// before the stream's end reaches the agent; outliving ctx. what names
+// the stream in the log.
+func (s *Server) streamOutlives(ctx context.Context, what string) func() {
+	p, ok := auth.FromContext(ctx)
+	if !ok || !p.IsAgent() {
+		return func() {}
+	}
+	return func() {
+		seenCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := s.tree.SeenAlive(seenCtx, p.NodeID()); err != nil {
+			s.log.Warn("could not store that a "+what+" outlived its node's session", "node_id", p.NodeID(), "error", err)
+		}
+	}
+}
+
 // storeSession stores that a stream whose being open says the node is not
 // gone opened (a session in the exit evidence's sense, tree.SessionOpened)
 // and returns the node as stored then; closeSession stores its end,

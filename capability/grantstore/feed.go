@@ -296,10 +296,10 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if newest == 0 {
-		if err := s.catchUp(ctx); err != nil {
-			return err
-		}
+	// A display's view too (newest): an operator who revoked a grant and
+	// looked at once was shown the feed without it.
+	if err := s.catchUp(ctx); err != nil {
+		return err
 	}
 	heartbeat := time.NewTicker(s.cfg.Heartbeat)
 	defer heartbeat.Stop()
@@ -366,8 +366,11 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 // store was restored from an older copy) is answered with a snapshot, as
 // before. Nothing is sent while it waits, not even a heartbeat (this
 // replica cannot say what followed the position), so the follower fails
-// closed after its staleness budget and may try another replica. It costs
-// one read of the stored head per feed opened.
+// closed after its staleness budget and may try another replica. A
+// display's view (newest) and a page of it (NewestBefore) wait the same
+// way: an operator who revoked a grant and looked at once was shown the
+// feed without it. It costs one read of the stored head per feed opened
+// or page read.
 func (s *Service) catchUp(ctx context.Context) error {
 	stored, err := store.Read(ctx, s.cfg.Store, func(tx store.ReadTxn) (uint64, error) { return getCounter(tx, feedHeadKey) })
 	if err != nil {
@@ -401,6 +404,11 @@ func (s *Service) NewestBefore(ctx context.Context, before uint64, n int) ([]cap
 		return nil, 0, fmt.Errorf("%w; reconnect", ErrStopped)
 	case <-ctx.Done():
 		return nil, 0, ctx.Err()
+	}
+	// As a feed's first message (catchUp): a page asked for just after a
+	// revocation shows it.
+	if err := s.catchUp(ctx); err != nil {
+		return nil, 0, err
 	}
 	batch, head := s.feed.before(before, min(n, MaxFeedBatch))
 	return batch, head, nil

@@ -126,6 +126,38 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*Node, err
 	return n, ExitedError(n, kind)
 }
 
+// SeenAlive records that the control plane saw the node alive now, when
+// the last it saw of it was its session's end (NoteSeenAfterSessionEnd):
+// a stream of the node's own credential that is not a session in the exit
+// evidence's sense (a revocation feed, a termination watch) was open until
+// now, past that end, whoever ended it (the agent, or the control plane
+// on the node's exit claim). A node whose end is not the last seen, a
+// terminated or an unknown one, is left alone, on a read: only the first
+// such end after a session's end writes.
+func (t *Tree) SeenAlive(ctx context.Context, nodeID string) error {
+	n, err := t.Get(ctx, nodeID)
+	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrInvalidArgument) {
+		return nil
+	}
+	if err != nil || n.State == NodeStateTerminated || !SessionEndIsLastSeen(n) {
+		return err
+	}
+	now := t.Clock.Now()
+	return t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if errors.Is(err, ErrNodeNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if n.State == NodeStateTerminated || !NoteSeenAfterSessionEnd(n, now) {
+			return nil
+		}
+		return putNode(tx, n)
+	})
+}
+
 // MaxOpenSessions bounds the sessions a node may hold open at once.
 const MaxOpenSessions = 8
 
