@@ -13,6 +13,7 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // toolService is the tool-call ledger's edge. Only the tool layer feeds it:
@@ -82,14 +83,30 @@ func (t *toolService) charge(ctx context.Context, nodeID string) error {
 	if t.s.active != nil {
 		lineage, ok, _ = t.s.active.lookup(nodeID)
 	}
+	var n *tree.Node
 	if !ok {
-		n, err := t.s.tree.Get(ctx, nodeID)
+		var err error
+		n, err = t.s.tree.Get(ctx, nodeID)
 		if err != nil {
 			return auth.ChargeRefused(ctx)
 		}
 		lineage = lineageOf(n)
 	}
-	return auth.ChargeRelayed(ctx, lineage, "agent:"+nodeID)
+	refused := auth.ChargeRelayed(ctx, lineage, "agent:"+nodeID)
+	// A call refused for its lineage's spent budget is still the node's
+	// credential at work: after its session's end, it is the control plane
+	// seeing the node alive (tree.SeenAlive), or a rogue that spent its own
+	// budget first would have its calls after the end refused unnoted and
+	// its claim of exit corroborated by the end it outlived. Only while the
+	// end is the last seen (one write per end; a node remembered as active
+	// was read with it not so, and is forgotten at its next end), on the
+	// read the charge already made: a flood costs no write.
+	if refused != nil && n != nil && n.State != tree.NodeStateTerminated && tree.SessionEndIsLastSeen(n) {
+		if err := t.s.tree.SeenAlive(ctx, nodeID); err != nil {
+			return err
+		}
+	}
+	return refused
 }
 
 func (t *toolService) EndCall(ctx context.Context, req *connect.Request[tetherv1.EndCallRequest]) (*connect.Response[tetherv1.EndCallResponse], error) {
