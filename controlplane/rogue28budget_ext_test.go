@@ -32,8 +32,7 @@ import (
 // the end, then the end, then the claim, confirmed as before.
 func TestRogue28ABudgetRefusalAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
 	if testing.Short() {
-		// By design: -short leaves out the servers this starts; make test and CI run them.
-		t.Skip("starts a server per case")
+		t.Skip("By design: -short skips the tests that start a server per case; make test and CI run them.")
 	}
 	for _, tc := range []struct {
 		name      string
