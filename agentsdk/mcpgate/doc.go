@@ -85,7 +85,13 @@
 // with its streams: a tools/call
 // in flight on it is answered CodeDenied, and goes on at the upstream until
 // it answers or the control plane cancels it, recorded as it ends and
-// counted against its node until then. HTTPServer's connections are
+// counted against its node until then. The stdio session (ServeStdio)
+// is ended likewise, as the revocation arrives or as any request of the
+// agent finds its token's grant revoked (that request refused, and
+// reported): its call in flight answered CodeDenied, the session closed
+// once the answers in flight are written, and ServeStdio returning the
+// revocation. A call whose upstream answers as its session is ended is
+// answered CodeDenied, not handed the result. HTTPServer's connections are
 // bounded per node too (HTTPOptions.MaxConnsPerNode: its request on one
 // more is refused with CodeTooManyConnections, HTTP 429, and that
 // connection closed), and a connection whose request the bearer did not

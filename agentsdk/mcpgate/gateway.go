@@ -99,7 +99,8 @@ type Gateway struct {
 	refusals   refusalReports
 	bodies     bodyBudget // HTTP request bodies held, by node (Handler sets the maximum)
 	stdioToken atomic.Pointer[TokenSource]
-	stop       func() // what Open started
+	stdio      atomic.Pointer[stdioSession] // ServeStdio's session
+	stop       func()                       // what Open started
 	reports    sync.WaitGroup
 
 	closed    chan struct{} // closed by Close: no more reconnecting
@@ -591,6 +592,17 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 		}
 		g.noteSession(req)
+		// Over stdio every request, the session's own included (ping,
+		// initialize, notifications), is the agent's token at work: one
+		// whose grant is revoked is refused, reported and its session ended
+		// (over HTTP the door does it).
+		if st := g.stdioOf(req); st != nil {
+			if token, err := g.stdioRevoked(ctx); err != nil {
+				g.noteRefused(ctx, token, err)
+				g.endStdio(st, err)
+				return nil, verifierRefusal(err)
+			}
+		}
 		switch method {
 		case "initialize":
 		case "tools/list":
@@ -724,12 +736,20 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	if req.Session != nil {
 		session = g.sessions.state(req.Session)
 	}
+	var why func() error // why the session was ended, once gone is closed
 	if session != nil && hold != nil {
 		if !g.sessions.enter(session, hold) {
 			return nil, rpcError(CodeDenied, "the gateway ended this session: %v", session.why)
 		}
 		defer g.sessions.leave(session, hold)
-		gone = session.gone
+		gone, why = session.gone, func() error { return session.why }
+	} else if st := g.stdioOf(req); st != nil {
+		select {
+		case <-st.gone:
+			return nil, rpcError(CodeDenied, "the gateway ended this session: %v", st.why)
+		default:
+		}
+		gone, why = st.gone, func() error { return st.why }
 	}
 	g.mu.RLock()
 	upSession, ended := r.up.session, r.up.ended
@@ -799,32 +819,48 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		}
 		finished <- err
 	}()
+	// The agent's grant was revoked while its call was in flight: the
+	// gateway ends its session, which closes once this returns. The call
+	// goes on, under the gateway, until the upstream answers or the
+	// control plane cancels it, and is recorded as it ends (the agent's
+	// leaving never decides that); it counts against the node's calls in
+	// flight until then. An answer that arrived as the session ended is
+	// not handed over either: the gateway knew the grant revoked.
+	denied := func(done bool) (*mcp.CallToolResult, error) {
+		if !done {
+			detached = true
+			go func() {
+				<-finished
+				release()
+			}()
+		}
+		return nil, rpcError(CodeDenied, "the gateway ended this session: %v. The call was in flight; it goes on at the upstream until it answers or the control plane cancels it, and the ledger records how it ended", why())
+	}
 	var a upstreamAnswer
+	done := false // finished was received
 	select {
 	case a = <-answered:
 		if a.cancelled {
 			// Answer the agent once the cancel is acknowledged.
 			<-finished
+			done = true
 		}
 	case err := <-finished:
+		done = true
 		select {
 		case a = <-answered:
 		default:
 			return nil, beginRefusal(err)
 		}
 	case <-gone:
-		// The agent's grant was revoked while its call was in flight: the
-		// gateway ends its session, which closes once this returns. The
-		// call goes on, under the gateway, until the upstream answers or
-		// the control plane cancels it, and is recorded as it ends (the
-		// agent's leaving never decides that); it counts against the node's
-		// calls in flight until then.
-		detached = true
-		go func() {
-			<-finished
-			release()
-		}()
-		return nil, rpcError(CodeDenied, "the gateway ended this session: %v. The call was in flight; it goes on at the upstream until it answers or the control plane cancels it, and the ledger records how it ended", session.why)
+		return denied(false)
+	}
+	if !a.cancelled { // (a cancel is the control plane's word, and says more)
+		select {
+		case <-gone:
+			return denied(done)
+		default:
+		}
 	}
 	switch {
 	case a.cancelled:

@@ -834,6 +834,7 @@ func (g *Gateway) endRevokedSessions() {
 				}
 			}
 		}
+		g.checkStdio()
 		select {
 		case <-revised:
 		case <-g.closed:

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -280,26 +278,13 @@ func TestRogue28AStdioRefusalsAreReportedToo(t *testing.T) {
 			w := newWorld(t, "mcp:test/*")
 			ctx := context.Background()
 			self := w.agent.Node.NodeId
-			file := filepath.Join(t.TempDir(), "token")
-			if err := os.WriteFile(file, []byte(w.grant.Token), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			toGateway, agentOut := io.Pipe()
-			agentIn, fromGateway := io.Pipe()
-			sctx, cancel := context.WithCancel(ctx)
-			served := make(chan error, 1)
-			go func() { served <- w.gw.ServeStdio(sctx, &mcpgate.FileToken{Path: file}, toGateway, fromGateway) }()
-			t.Cleanup(func() {
-				cancel()
-				agentOut.Close()
-				agentIn.Close()
-				recv(t, served, "ServeStdio to return")
-			})
-			cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-rogue"}, nil).Connect(sctx, &mcp.IOTransport{Reader: agentIn, Writer: agentOut}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cs.Close() })
+			// The gateway's pass over its sessions is held, so that the
+			// rogue's request finds the revocation (the pass would end its
+			// stdio session first, and nothing of the rogue reach the
+			// gateway).
+			gw := gatewayWithHeldScan(t, w)
+			cs := serveStdioAgent(t, gw, w.grant.Token).cs
+			var err error
 
 			// Its session at the control plane opens and ends.
 			rogue := w.srv.Clients(w.agent.Credential)
@@ -319,7 +304,7 @@ func TestRogue28AStdioRefusalsAreReportedToo(t *testing.T) {
 				return nodeOf(t, w, self).SessionClosedAt != nil
 			})
 			w.clk.Advance(time.Minute)
-			revokeAndWait(t, w)
+			revokeAndWaitOn(t, w, gw)
 
 			switch kind {
 			case "call":

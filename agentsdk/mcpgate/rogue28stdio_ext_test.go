@@ -3,15 +3,12 @@ package mcpgate_test
 import (
 	"context"
 	"errors"
-	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/capability"
@@ -20,11 +17,13 @@ import (
 )
 
 // A revoked or terminated agent behind `tether mcp wrap` (the gateway on
-// its stdio, its token from a file it may rewrite) has every tool call and
-// listing refused once the gateway's verifier knows, and none reaches the
-// upstream: a stdio session is the agent's own process and is not ended
-// (design §11), so each request must be refused on its own. (A guard: it
-// fails if a call or a listing of the revoked agent is served.)
+// its stdio, its token from a file it may rewrite) has its request
+// refused once the gateway's verifier knows, and none reaches the
+// upstream. Since the twenty-ninth pass its stdio session is ended too
+// (rogue29b tests): the first request to find the revocation (the
+// gateway's pass over its sessions is held here) is refused, and the
+// session ends, ServeStdio returning the revocation. (A guard: it fails if
+// a call or a listing of the revoked agent is served.)
 func TestRogue28AStdioAgentsEveryCallIsRefusedAfterItsRevocation(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -40,57 +39,46 @@ func TestRogue28AStdioAgentsEveryCallIsRefusedAfterItsRevocation(t *testing.T) {
 			waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			w := newWorld(t, "mcp:test/*")
-			file := filepath.Join(t.TempDir(), "token")
-			if err := os.WriteFile(file, []byte(w.grant.Token), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			toGateway, agentOut := io.Pipe()
-			agentIn, fromGateway := io.Pipe()
-			ctx, cancel := context.WithCancel(context.Background())
-			served := make(chan error, 1)
-			go func() { served <- w.gw.ServeStdio(ctx, &mcpgate.FileToken{Path: file}, toGateway, fromGateway) }()
-			t.Cleanup(func() {
-				cancel()
-				agentOut.Close()
-				agentIn.Close()
-				recv(t, served, "ServeStdio to return")
-			})
-			cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-rogue"}, nil).Connect(ctx, &mcp.IOTransport{Reader: agentIn, Writer: agentOut}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = cs.Close() })
-			if got, err := callText(t, cs, "echo", map[string]any{"text": "before"}); err != nil || got != "before" {
-				t.Fatalf("a call before the stop: %q, %v", got, err)
-			}
-			before := w.events.Calls("echo")
+		for _, first := range []string{"call", "listing"} {
+			t.Run(c.name+", "+first, func(t *testing.T) {
+				w := newWorld(t, "mcp:test/*")
+				gw := gatewayWithHeldScan(t, w)
+				a := serveStdioAgent(t, gw, w.grant.Token)
+				if got, err := callText(t, a.cs, "echo", map[string]any{"text": "before"}); err != nil || got != "before" {
+					t.Fatalf("a call before the stop: %q, %v", got, err)
+				}
+				before := w.events.Calls("echo")
 
-			c.stop(t, w)
-			testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
-				_, err := w.gw.Verifier().Verify(context.Background(), w.grant.Token)
-				return errors.Is(err, capability.ErrGrantRevoked)
+				c.stop(t, w)
+				testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
+					_, err := gw.Verifier().Verify(context.Background(), w.grant.Token)
+					return errors.Is(err, capability.ErrGrantRevoked)
+				})
+				// The agent rewrites its token file (the same token, a new
+				// modification): it is read again, and refused again.
+				if err := os.WriteFile(a.file, []byte(w.grant.Token+"\n"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				var err error
+				switch first {
+				case "call":
+					_, err = callText(t, a.cs, "echo", map[string]any{"text": "after"})
+				case "listing":
+					_, err = a.cs.ListTools(context.Background(), nil)
+				}
+				if rpcCode(err) != mcpgate.CodeDenied || !strings.Contains(err.Error(), "revoked") {
+					t.Errorf("the %s after the stop: %v; want it refused (%d, revoked)", first, err, mcpgate.CodeDenied)
+				}
+				if err := recv(t, a.served, "ServeStdio to return"); !errors.Is(err, capability.ErrGrantRevoked) {
+					t.Errorf("ServeStdio returned %v; want the revocation (the session ended)", err)
+				}
+				if _, err := callText(t, a.cs, "echo", map[string]any{"text": "after the end"}); err == nil {
+					t.Error("a call on the ended stdio session was answered")
+				}
+				if n := w.events.Calls("echo") - before; n != 0 {
+					t.Errorf("the upstream ran %d calls of the stopped agent; want none", n)
+				}
 			})
-
-			for i := range 3 {
-				if i == 2 {
-					// The agent rewrites its token file (the same token, a new
-					// modification): it is read again, and refused again.
-					if err := os.WriteFile(file, []byte(w.grant.Token+"\n"), 0o600); err != nil {
-						t.Fatal(err)
-					}
-				}
-				if _, err := callText(t, cs, "echo", map[string]any{"text": "after"}); rpcCode(err) != mcpgate.CodeDenied || !strings.Contains(err.Error(), "revoked") {
-					t.Errorf("call #%d after the stop: %v; want it refused (%d, revoked)", i+1, err, mcpgate.CodeDenied)
-				}
-				if _, err := cs.ListTools(context.Background(), nil); rpcCode(err) != mcpgate.CodeDenied || !strings.Contains(err.Error(), "revoked") {
-					t.Errorf("listing #%d after the stop: %v; want it refused (%d, revoked)", i+1, err, mcpgate.CodeDenied)
-				}
-			}
-			if n := w.events.Calls("echo") - before; n != 0 {
-				t.Errorf("the upstream ran %d calls of the stopped agent; want none", n)
-			}
-		})
+		}
 	}
 }

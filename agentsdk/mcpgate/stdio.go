@@ -77,7 +77,32 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
 	defer stop()
 	r, w = refuseStdioBatches(r, w)
-	err := g.server.Run(ctx, &mcp.IOTransport{Reader: r, Writer: w})
+	st := &stdioSession{conn: &stdioConn{}, gone: make(chan struct{}), connected: make(chan struct{})}
+	g.stdio.Store(st)
+	ss, err := g.server.Connect(ctx, agentStdio{Transport: &mcp.IOTransport{Reader: r, Writer: w}, conn: st.conn}, nil)
+	st.ss = ss
+	close(st.connected)
+	if err != nil {
+		return err
+	}
+	// A token revoked before the session began ends it now; later ones as
+	// the verifier applies them (endRevokedSessions), or as a request finds
+	// them (middleware).
+	g.checkStdio()
+	waited := make(chan error, 1)
+	go func() { waited <- ss.Wait() }()
+	select {
+	case <-ctx.Done():
+		_ = ss.Close()
+		<-waited
+		err = ctx.Err()
+	case err = <-waited:
+	}
+	select {
+	case <-st.gone:
+		return fmt.Errorf("mcpgate: the gateway ended the agent's stdio session: %w", st.why)
+	default:
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, io.EOF) || errors.Is(err, mcp.ErrConnectionClosed) {
 		return nil
 	}
