@@ -27,12 +27,14 @@
 // grants are — is refused at the door, 403 with CodeDenied, so that a
 // revoked agent cannot keep its sessions alive with ping, nor open new
 // ones, until its token expires. Such a refusal (at the door, or a
-// tools/list or tools/call refused past it or over stdio) is reported to
-// the control plane in the background, a BeginCall on the refused token
-// that it refuses and keeps as the node's activity (after its session's
-// end, life after it), at most once per node per RefusalReportInterval:
-// refused silently, a rogue's calls after its claim of exit left the
-// record confirming it.
+// tools/list or tools/call refused past it, or any request over stdio) is
+// reported to the control plane, a BeginCall on the refused token that it
+// refuses and keeps as the node's activity (after its session's end, life
+// after it), at most once per node per RefusalReportInterval: refused
+// silently, a rogue's calls after its claim of exit left the record
+// confirming it. The refusal that starts a report is answered once the
+// report has landed (RefusalReportWait at the most), so that a claim of
+// exit sent on reading it cannot outrun it.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

@@ -234,7 +234,7 @@ func (g *Gateway) refuseRevoked(next http.Handler) http.Handler {
 			return
 		}
 		if _, err := g.cfg.Verifier.Verify(r.Context(), token); err != nil {
-			g.reportRefused(token, info.UserID, err)
+			g.reportRefused(r.Context(), token, info.UserID, err)
 			status := http.StatusUnauthorized
 			refusal := verifierRefusal(err)
 			switch refusal.Code {

@@ -15,6 +15,12 @@ import (
 // requests within it, any number, make one report.
 const RefusalReportInterval = time.Second
 
+// RefusalReportWait is the longest, on the gateway's clock, that a refused
+// request waits for the report it started (reportRefused) before it is
+// answered: answered at once, a rogue's refusal outran its report, and a
+// claim of exit sent on reading it reached the control plane first.
+const RefusalReportWait = 2 * time.Second
+
 // RefusalReportTool and RefusalReportScope are the tool and the scope of
 // the BeginCall with which the gateway reports a refused request. The
 // control plane refuses it (the grant is revoked) and notes the node's
@@ -48,20 +54,28 @@ type refusalReports struct {
 	wg       sync.WaitGroup
 }
 
-// reportRefused tells the control plane, in the background, that node's
-// token was refused by the gateway because its grant is revoked (why is
-// the verifier's error; other refusals are not reported): a BeginCall
-// with that token, which the control plane refuses and keeps as the
-// node's credential at work (after its session's end, life after that
-// end; after its exit was confirmed, a contradiction). The gateway refused
-// a revoked or terminated node's requests offline, from its verifier's
-// tombstones, and the control plane never learned of them: a rogue that
-// reached its tools only through the gateway claimed its exit, went on
-// calling them, and the record read its exit confirmed by the control
-// plane. One report per node per RefusalReportInterval: a rogue flooding
-// the door costs the control plane no more (and the reports are charged
-// to its own lineage's budget there). The refusal never waits for it.
-func (g *Gateway) reportRefused(token, node string, why error) {
+// reportRefused tells the control plane that node's token was refused by
+// the gateway because its grant is revoked (why is the verifier's error;
+// other refusals are not reported): a BeginCall with that token, which the
+// control plane refuses and keeps as the node's credential at work (after
+// its session's end, life after that end; after its exit was confirmed, a
+// contradiction). The gateway refused a revoked or terminated node's
+// requests offline, from its verifier's tombstones, and the control plane
+// never learned of them: a rogue that reached its tools only through the
+// gateway claimed its exit, went on calling them, and the record read its
+// exit confirmed by the control plane. One report per node per
+// RefusalReportInterval: a rogue flooding the door costs the control
+// plane no more (and the reports are charged to its own lineage's budget
+// there).
+//
+// The refusal that starts a report waits for it (until ctx ends, or
+// RefusalReportWait at the most) before it is answered: sent in the
+// background, a rogue's first refused request was answered before its
+// report landed, and a claim of exit sent on the answer outran it. The
+// refusals within the interval do not wait, and reports are at most
+// maxRefusalReportsInFlight at once, so a flood holds up that many
+// requests at the most.
+func (g *Gateway) reportRefused(ctx context.Context, token, node string, why error) {
 	if token == "" || node == "" || !errors.Is(why, capability.ErrGrantRevoked) {
 		return
 	}
@@ -90,8 +104,10 @@ func (g *Gateway) reportRefused(token, node string, why error) {
 	r.inFlight++
 	r.wg.Add(1)
 	r.mu.Unlock()
+	landed := make(chan struct{})
 	go func() {
 		defer r.wg.Done()
+		defer close(landed)
 		defer func() {
 			r.mu.Lock()
 			r.inFlight--
@@ -106,6 +122,13 @@ func (g *Gateway) reportRefused(token, node string, why error) {
 			g.log.Warn("mcpgate: the control plane began the report of a refused request (ended failed at once)", "node", node)
 		}
 	}()
+	timer := g.cfg.Clock.NewTimer(RefusalReportWait)
+	defer timer.Stop()
+	select {
+	case <-landed:
+	case <-timer.C():
+	case <-ctx.Done():
+	}
 }
 
 // closeRefusals stops the reports and waits for those started.
@@ -126,5 +149,5 @@ func (g *Gateway) noteRefused(ctx context.Context, token string, why error) {
 	if err != nil {
 		return
 	}
-	g.reportRefused(token, claims.HolderNodeID, why)
+	g.reportRefused(ctx, token, claims.HolderNodeID, why)
 }
