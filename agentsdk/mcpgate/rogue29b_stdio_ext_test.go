@@ -202,3 +202,28 @@ func revokeAndWaitOn(t *testing.T, w *world, gw *mcpgate.Gateway) {
 		return errors.Is(err, capability.ErrGrantRevoked)
 	})
 }
+
+// A revoked agent behind `tether mcp wrap` cannot keep its stdio session
+// by breaking its token file. The gateway judged the session by the token
+// source's current token: a rogue that wrote garbage over its token file
+// (its calls then refused as unauthenticated, its pings answered) had
+// nothing judged revoked, and its session stayed. The session is now
+// judged by the last token that verified. (Fails, by its guard, if the
+// session does not end.)
+func TestRogue29BStdioAgentCannotKeepItsSessionByBreakingItsTokenFile(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	a := serveStdioAgent(t, w.gw, w.grant.Token)
+	if got, err := callText(t, a.cs, "echo", map[string]any{"text": "before"}); err != nil || got != "before" {
+		t.Fatalf("a call before the stop: %q, %v", got, err)
+	}
+	if err := os.WriteFile(a.file, []byte("not a token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.cs.Ping(context.Background(), nil); err != nil {
+		t.Fatalf("a ping with the broken token file, before the revocation: %v", err)
+	}
+	revokeAndWait(t, w)
+	if err := recv(t, a.served, "ServeStdio to return: the revoked agent's stdio session ended"); !errors.Is(err, capability.ErrGrantRevoked) {
+		t.Fatalf("ServeStdio returned %v; want the revocation", err)
+	}
+}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/tetherhq/tether/capability"
 )
 
 // stdioEndWait bounds how long the gateway, ending a stdio session whose
@@ -23,6 +25,9 @@ type stdioSession struct {
 	gone chan struct{}
 	once sync.Once
 	why  error
+	// token is the last of the agent's tokens that verified (under mu).
+	mu    sync.Mutex
+	token string
 	// ss is set once the session is connected, then connected is closed
 	// (ss stays nil when the connection failed).
 	ss        *mcp.ServerSession
@@ -93,21 +98,36 @@ func (c *stdioConn) unanswered() []chan struct{} {
 	return out
 }
 
-// stdioRevoked is the stdio agent's current token, and the verifier's
-// word that its grant (or an ancestor) is revoked, or nil (a token that
-// cannot be read or does not verify is refused per request, not here).
+// stdioRevoked is the stdio agent's token, and the verifier's word that
+// its grant (or an ancestor) is revoked, or nil. The token is the token
+// source's current one, or, when that cannot be read or does not verify,
+// the last one that did (a token that verifies nowhere is refused per
+// request): a revoked agent that broke its token file kept its session,
+// its pings answered, as nothing could be judged.
 func (g *Gateway) stdioRevoked(ctx context.Context) (string, error) {
-	src := g.stdioToken.Load()
-	if src == nil {
+	src, st := g.stdioToken.Load(), g.stdio.Load()
+	if src == nil || st == nil {
 		return "", nil
 	}
 	token, err := (*src).Token()
-	if err != nil {
-		return "", nil
+	var claims capability.Claims
+	if err == nil {
+		claims, err = g.cfg.Verifier.Identify(ctx, token)
 	}
-	claims, err := g.cfg.Verifier.Identify(ctx, token)
+	st.mu.Lock()
+	if err == nil {
+		st.token = token
+	} else {
+		token = st.token
+	}
+	st.mu.Unlock()
 	if err != nil {
-		return token, nil
+		if token == "" {
+			return "", nil
+		}
+		if claims, err = g.cfg.Verifier.Identify(ctx, token); err != nil {
+			return "", nil
+		}
 	}
 	return token, g.cfg.Verifier.Revoked(claims)
 }
