@@ -32,6 +32,8 @@ type stdioSession struct {
 	// (ss stays nil when the connection failed).
 	ss        *mcp.ServerSession
 	connected chan struct{}
+	// done is closed once the session has closed (ServeStdio's).
+	done chan struct{}
 }
 
 // agentStdio is the agent's stdio transport with its connection wrapped
@@ -168,6 +170,8 @@ func (g *Gateway) endStdio(st *stdioSession, why error) {
 				case <-answered:
 				case <-timer.C():
 					break wait
+				case <-st.done:
+					return
 				}
 			}
 			_ = st.ss.Close()
