@@ -30,9 +30,10 @@
 // tools/list or tools/call refused past it, or any request over stdio) is
 // reported to the control plane, a BeginCall on the refused token that it
 // refuses and keeps as the node's activity (after its session's end, life
-// after it), at most once per node per RefusalReportInterval: refused
-// silently, a rogue's calls after its claim of exit left the record
-// confirming it. The refusal that starts a report is answered once the
+// after it), at most once per node per RefusalReportInterval (the
+// refusals after a report, within its interval, by one report at the
+// interval's end): refused silently, a rogue's calls after its claim of
+// exit left the record confirming it. The refusal that starts a report is answered once the
 // report has landed (RefusalReportWait at the most), so that a claim of
 // exit sent on reading it cannot outrun it.
 //

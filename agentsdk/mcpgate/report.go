@@ -7,12 +7,14 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/clock"
 )
 
 // RefusalReportInterval is the least time, on the gateway's clock, between
 // two reports to the control plane of one node's requests the gateway
 // refused because their grant is revoked (reportRefused): a node's refused
-// requests within it, any number, make one report.
+// requests within it, any number, make one report, at its start, and
+// those after that report one more, at its end.
 const RefusalReportInterval = time.Second
 
 // RefusalReportWait is the longest, on the gateway's clock, that a refused
@@ -39,6 +41,9 @@ const (
 const (
 	maxRefusalReportNodes     = 4096
 	maxRefusalReportsInFlight = 32
+	// maxTrailingReports bounds the reports waiting for their interval's
+	// end (each keeps the token it reports: up to the bearer's 64 KiB).
+	maxTrailingReports = 256
 )
 
 // errRefusedAtDoor is what a report's call would be recorded failed with,
@@ -49,9 +54,17 @@ var errRefusedAtDoor = errors.New("mcpgate: not a tool call: the gateway's repor
 type refusalReports struct {
 	mu       sync.Mutex
 	last     map[string]time.Time // node → when its last report started
+	trailing map[string]*trailingReport
 	inFlight int
 	closed   bool
 	wg       sync.WaitGroup
+}
+
+// trailingReport is the report, at the end of its node's interval, of the
+// node's refusals within it.
+type trailingReport struct {
+	token string // the latest refused
+	timer clock.Timer
 }
 
 // reportRefused tells the control plane that node's token was refused by
@@ -82,7 +95,24 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 	r := &g.refusals
 	r.mu.Lock()
 	now := g.cfg.Clock.Now()
-	if t, ok := r.last[node]; r.closed || r.inFlight >= maxRefusalReportsInFlight || (ok && now.Before(t.Add(RefusalReportInterval))) {
+	if t, ok := r.last[node]; ok && now.Before(t.Add(RefusalReportInterval)) && !r.closed {
+		// Within the interval: one report at its end. Unreported, a rogue's
+		// refusals after its session's end within the interval of a report
+		// made before that end were never seen.
+		if tr := r.trailing[node]; tr != nil {
+			tr.token = token
+		} else if len(r.trailing) < maxTrailingReports {
+			if r.trailing == nil {
+				r.trailing = map[string]*trailingReport{}
+			}
+			tr := &trailingReport{token: token}
+			r.trailing[node] = tr
+			tr.timer = g.cfg.Clock.AfterFunc(t.Add(RefusalReportInterval).Sub(now), func() { g.reportTrailing(node, tr) })
+		}
+		r.mu.Unlock()
+		return
+	}
+	if r.closed || r.inFlight >= maxRefusalReportsInFlight {
 		r.mu.Unlock()
 		return
 	}
@@ -104,6 +134,46 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 	r.inFlight++
 	r.wg.Add(1)
 	r.mu.Unlock()
+	landed := g.sendReport(token, node)
+	timer := g.cfg.Clock.NewTimer(RefusalReportWait)
+	defer timer.Stop()
+	select {
+	case <-landed:
+	case <-timer.C():
+	case <-ctx.Done():
+	}
+}
+
+// reportTrailing sends tr, the report of node's refusals within its
+// interval, as the interval ends (none once the reports are closed, or
+// past those in flight: the node's next refusal is reported).
+func (g *Gateway) reportTrailing(node string, tr *trailingReport) {
+	r := &g.refusals
+	r.mu.Lock()
+	if r.trailing[node] != tr {
+		r.mu.Unlock()
+		return
+	}
+	delete(r.trailing, node)
+	if r.closed || r.inFlight >= maxRefusalReportsInFlight {
+		r.mu.Unlock()
+		return
+	}
+	if r.last == nil {
+		r.last = map[string]time.Time{}
+	}
+	r.last[node] = g.cfg.Clock.Now()
+	r.inFlight++
+	r.wg.Add(1)
+	token := tr.token
+	r.mu.Unlock()
+	g.sendReport(token, node)
+}
+
+// sendReport sends a report, counted in flight and in r.wg already, and
+// returns a channel closed once it has landed.
+func (g *Gateway) sendReport(token, node string) <-chan struct{} {
+	r := &g.refusals
 	landed := make(chan struct{})
 	go func() {
 		defer r.wg.Done()
@@ -122,19 +192,17 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 			g.log.Warn("mcpgate: the control plane began the report of a refused request (ended failed at once)", "node", node)
 		}
 	}()
-	timer := g.cfg.Clock.NewTimer(RefusalReportWait)
-	defer timer.Stop()
-	select {
-	case <-landed:
-	case <-timer.C():
-	case <-ctx.Done():
-	}
+	return landed
 }
 
 // closeRefusals stops the reports and waits for those started.
 func (g *Gateway) closeRefusals() {
 	g.refusals.mu.Lock()
 	g.refusals.closed = true
+	for node, tr := range g.refusals.trailing {
+		tr.timer.Stop()
+		delete(g.refusals.trailing, node)
+	}
 	g.refusals.mu.Unlock()
 	g.refusals.wg.Wait()
 }

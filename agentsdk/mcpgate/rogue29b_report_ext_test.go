@@ -2,6 +2,7 @@ package mcpgate_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // reportHold holds the gateway's BeginCall requests to the control plane
@@ -119,4 +121,66 @@ func TestRogue29BRefusalIsAnsweredOnlyOnceItsReportHasLanded(t *testing.T) {
 	if !seen() {
 		t.Fatal("the rogue read its refusal before the control plane saw it after its session's end")
 	}
+}
+
+// A rogue cannot hide its refused requests after its session's end in the
+// interval of a report made before that end. One report per node per
+// mcpgate.RefusalReportInterval, the refusals within it unreported: a
+// rogue whose grant was revoked while its session was open made one
+// request (reported, while the session was open: nothing to note), ended
+// its session, and went on within the interval, none of it reported, so
+// that a claim of exit would read corroborated by the end. The refusals
+// within the interval are now reported by one report at its end. (Fails,
+// by its guard, if the control plane does not see the node after its
+// session's end once the interval is over.)
+func TestRogue29BRefusalsWithinTheIntervalAreReportedAtItsEnd(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	ctx := context.Background()
+	self := w.agent.Node.NodeId
+	gclk := clock.NewManual(time.Now().UTC())
+	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	endpoint := serveGateway(t, gw)
+	refused := func(what string) {
+		t.Helper()
+		s := &rawSession{t: t, endpoint: endpoint, token: w.grant.Token}
+		if resp, got := s.post(`{"jsonrpc":"2.0","id":9,"method":"ping"}`); resp.StatusCode != http.StatusForbidden || !strings.Contains(got, `"code":-32063`) {
+			t.Fatalf("the revoked rogue's %s: %s %.300s; want refused (403, -32063)", what, resp.Status, got)
+		}
+	}
+
+	// Its session opens; its grant is revoked; one refused request.
+	sctx, cancel := context.WithCancel(ctx)
+	stream := w.srv.Clients(w.agent.Credential).Agent.Session(sctx)
+	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: self}}}); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	if resp, err := stream.Receive(); err != nil || resp.GetOpened() == nil {
+		t.Fatalf("the rogue's session: %v %v", resp, err)
+	}
+	revokeAndWaitOn(t, w, gw)
+	refused("request with its session open")
+
+	// Its session ends; another refused request, within the interval.
+	w.clk.Advance(time.Minute)
+	_ = stream.CloseRequest()
+	cancel()
+	_ = stream.CloseResponse()
+	testserver.WaitFor(t, guardWait, "the control plane to see the session end", func() bool {
+		return nodeOf(t, w, self).SessionClosedAt != nil
+	})
+	w.clk.Advance(time.Minute)
+	refused("request after its session's end")
+
+	gclk.Advance(mcpgate.RefusalReportInterval)
+	testserver.WaitFor(t, guardWait, "the control plane to see the rogue at work after its session's end", func() bool {
+		n := nodeOf(t, w, self)
+		return n.LastSeenAt != nil && n.LastSeenAt.AsTime().After(n.SessionClosedAt.AsTime())
+	})
 }
