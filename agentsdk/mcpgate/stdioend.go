@@ -37,7 +37,10 @@ type stdioSession struct {
 }
 
 // agentStdio is the agent's stdio transport with its connection wrapped
-// in conn.
+// in conn. (The wrapper hides the SDK's unexported hook that tells its
+// stdio connection the negotiated protocol revision, which it reads only
+// to refuse batches from sessions at 2025-06-18 and later: the gateway
+// refuses every batch before the SDK reads it, refuseStdioBatches.)
 type agentStdio struct {
 	mcp.Transport
 	conn *stdioConn
