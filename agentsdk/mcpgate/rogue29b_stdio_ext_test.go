@@ -1,12 +1,15 @@
 package mcpgate_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,6 +227,105 @@ func TestRogue29BStdioAgentCannotKeepItsSessionByBreakingItsTokenFile(t *testing
 	}
 	revokeAndWait(t, w)
 	if err := recv(t, a.served, "ServeStdio to return: the revoked agent's stdio session ended"); !errors.Is(err, capability.ErrGrantRevoked) {
+		t.Fatalf("ServeStdio returned %v; want the revocation", err)
+	}
+}
+
+// heldWriter passes writes on until hold is set, then blocks each one
+// (signalling blocked) until the test ends: an agent that stopped reading
+// its stdout.
+type heldWriter struct {
+	w       io.WriteCloser
+	hold    atomic.Bool
+	blocked chan struct{}
+	once    sync.Once
+	release chan struct{}
+}
+
+func (h *heldWriter) Write(p []byte) (int, error) {
+	if h.hold.Load() {
+		h.once.Do(func() { close(h.blocked) })
+		<-h.release
+		return 0, io.ErrClosedPipe
+	}
+	return h.w.Write(p)
+}
+
+func (h *heldWriter) Close() error { return h.w.Close() }
+
+// A revoked agent behind `tether mcp wrap` cannot keep its wrapper running
+// by not reading its stdout. The gateway ends its stdio session once the
+// answers in flight are written, or after a while without; but the SDK
+// closes a session only once its requests in flight have returned, and a
+// request whose answer the agent does not take never returns: ServeStdio
+// never returned, and `tether mcp wrap` (and its upstreams) stayed. It
+// now gives up on the close after as long again and returns the
+// revocation. (Fails, by its guard, if ServeStdio does not return.)
+func TestRogue29BStdioAgentNotReadingItsAnswersCannotKeepItsWrapperRunning(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	ctx := context.Background()
+	gclk := clock.NewManual(time.Now().UTC())
+	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	toGateway, agentOut := io.Pipe()
+	agentIn, fromGateway := io.Pipe()
+	out := &heldWriter{w: fromGateway, blocked: make(chan struct{}), release: make(chan struct{})}
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- gw.ServeStdio(sctx, mcpgate.StaticToken(w.grant.Token), toGateway, out) }()
+	t.Cleanup(func() {
+		close(out.release)
+		cancel()
+		agentOut.Close()
+		agentIn.Close()
+	})
+	lines := bufio.NewReader(agentIn)
+	send := func(msg string) {
+		t.Helper()
+		if _, err := io.WriteString(agentOut, msg+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`)
+	if line, err := lines.ReadString('\n'); err != nil || !strings.Contains(line, `"id":1`) {
+		t.Fatalf("initialize: %q %v", line, err)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	// The agent stops reading; its ping's answer is held.
+	out.hold.Store(true)
+	send(`{"jsonrpc":"2.0","id":2,"method":"ping"}`)
+	recv(t, out.blocked, "the gateway to write an answer the agent does not read")
+
+	t0 := gclk.Now()
+	revokeAndWaitOn(t, w, gw)
+	// The gateway's pass ends the session (at once, or after the interval
+	// it may be waiting for) and waits for the answers in flight.
+	wait := mcpgate.DefaultWriteStallTimeout
+	var endAt time.Time
+	testserver.WaitFor(t, guardWait, "the gateway to wait for the answers in flight of the session it ends", func() bool {
+		for _, at := range []time.Time{t0, t0.Add(mcpgate.RevocationScanInterval)} {
+			if gclk.Armed(at.Add(wait)) {
+				endAt = at.Add(wait)
+				return true
+			}
+		}
+		if gclk.Now().Equal(t0) && gclk.Armed(t0.Add(mcpgate.RevocationScanInterval)) {
+			gclk.Advance(mcpgate.RevocationScanInterval)
+		}
+		return false
+	})
+	gclk.Set(endAt)
+	testserver.WaitFor(t, guardWait, "the gateway to wait for the session to close", func() bool {
+		return gclk.Armed(endAt.Add(wait))
+	})
+	gclk.Set(endAt.Add(wait))
+	if err := recv(t, served, "ServeStdio to return"); !errors.Is(err, capability.ErrGrantRevoked) {
 		t.Fatalf("ServeStdio returned %v; want the revocation", err)
 	}
 }

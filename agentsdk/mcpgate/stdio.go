@@ -77,7 +77,7 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
 	defer stop()
 	r, w = refuseStdioBatches(r, w)
-	st := &stdioSession{conn: &stdioConn{}, gone: make(chan struct{}), connected: make(chan struct{}), done: make(chan struct{})}
+	st := &stdioSession{conn: &stdioConn{}, gone: make(chan struct{}), connected: make(chan struct{}), done: make(chan struct{}), abandoned: make(chan struct{})}
 	defer close(st.done)
 	g.stdio.Store(st)
 	ss, err := g.server.Connect(ctx, agentStdio{Transport: &mcp.IOTransport{Reader: r, Writer: w}, conn: st.conn}, nil)
@@ -98,6 +98,7 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 		<-waited
 		err = ctx.Err()
 	case err = <-waited:
+	case <-st.abandoned:
 	}
 	select {
 	case <-st.gone:

@@ -34,6 +34,10 @@ type stdioSession struct {
 	connected chan struct{}
 	// done is closed once the session has closed (ServeStdio's).
 	done chan struct{}
+	// abandoned is closed when the session, ended, did not close within
+	// stdioEndWait (an answer's write to an agent that does not read held
+	// it): ServeStdio returns without it.
+	abandoned chan struct{}
 }
 
 // agentStdio is the agent's stdio transport with its connection wrapped
@@ -177,7 +181,23 @@ func (g *Gateway) endStdio(st *stdioSession, why error) {
 					return
 				}
 			}
-			_ = st.ss.Close()
+			// The SDK closes a session once its requests in flight have
+			// returned, so a write the agent does not take holds it for ever:
+			// ServeStdio gives up on it after stdioEndWait more (`tether mcp
+			// wrap` exits all the same; it did not return at all).
+			closed := make(chan struct{})
+			go func() {
+				_ = st.ss.Close()
+				close(closed)
+			}()
+			stuck := g.cfg.Clock.NewTimer(stdioEndWait)
+			defer stuck.Stop()
+			select {
+			case <-closed:
+			case <-st.done:
+			case <-stuck.C():
+				close(st.abandoned)
+			}
 		}()
 	})
 }
