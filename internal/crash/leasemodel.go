@@ -94,6 +94,11 @@ type LeaseView struct {
 	// detail (the model's Resolves all carry one reason), so a Complete
 	// repeats only a Complete and a Resolve only a Resolve.
 	ClosedByResolve bool
+	// Lapsed is the model's own note too: an answer showed the current
+	// generation EXPIRED (its authority ended by the clock, the lease's
+	// LeaseExpired). A holder's CancelAck after a FAILED result is
+	// recorded only for a generation that had not lapsed.
+	Lapsed bool
 }
 
 // unknownLeaseID stands for the lease id of a generation whose Offer or
@@ -214,7 +219,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// state only (controlplane's forParty).
 		if seen.Generation == s.Generation && seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
 			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
-			s.State = tetherv1.LeaseState_LEASE_STATE_EXPIRED
+			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
 		}
 		next, outcome := judge(s, in, unknownLeaseID)
 		if outcome != out.Outcome || next.Generation != seen.Generation || next.State != seen.State {
@@ -234,10 +239,10 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// it EXPIRED, so a later answer showing it live is impossible).
 		if seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
 			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
-			s.State = tetherv1.LeaseState_LEASE_STATE_EXPIRED
+			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
 		}
 	}
-	seen.ClosedByResolve = s.ClosedByResolve
+	seen.ClosedByResolve, seen.Lapsed = s.ClosedByResolve, s.Lapsed
 	if in.Op == OpGet {
 		if seen == s {
 			return []any{s}
@@ -249,7 +254,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		newLeaseID = seen.LeaseID
 	}
 	next, outcome := judge(s, in, newLeaseID)
-	seen.ClosedByResolve = next.ClosedByResolve
+	seen.ClosedByResolve, seen.Lapsed = next.ClosedByResolve, next.Lapsed
 	if outcome != out.Outcome || next != seen {
 		return nil
 	}
@@ -304,7 +309,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		}
 		s.Conflict = false
 		s.Generation++
-		s.LeaseID, s.Holder, s.State = newLeaseID, in.Holder, offered
+		s.LeaseID, s.Holder, s.State, s.Lapsed = newLeaseID, in.Holder, offered, false
 		s.RenewSequence, s.ProgressSequence, s.ProgressValue = 0, 0, ""
 		return s, accepted
 	case OpResolve:
@@ -379,6 +384,12 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			// Acknowledged already: by an earlier CancelAck, or by the
 			// holder's CANCELLED that overtook this one.
 			return s, duplicate
+		case s.State == terminal && s.CancelAck:
+			return s, duplicate
+		case s.State == terminal && s.Result == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED && s.CancelRequested && !s.Lapsed:
+			// A FAILED that overtook the acknowledgement of a
+			// generation that had authority at the end leaves it to
+			// record (seed §9, §15).
 		case s.State != offered && s.State != active, !s.CancelRequested:
 			return s, rejected
 		case s.CancelAck:
