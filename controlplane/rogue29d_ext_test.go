@@ -6,8 +6,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -73,4 +79,137 @@ func TestRogue29DAFailedResultLeavesTheCancelAckToRecordInAnyOrder(t *testing.T)
 			t.Errorf("the repeated cancel ACK changed the lease: acknowledged %s (was %s), result %s", again.CancelAckedAt.AsTime(), reordered.CancelAckedAt.AsTime(), again.TerminalResult)
 		}
 	})
+}
+
+// TestRogue29DBALeaderThatLosesItsLeadershipBeforeItsReadShowsWhatTheClockDecided:
+// a lease read on etcd is served by the leader's coordinator, which
+// settles the deadlines the clock has passed before it answers; whether
+// the replica serves was taken before the read. A leader that lost its
+// leadership between that check and its read read the lease from the
+// store as the last term left it and answered it — a quiet holder's lease
+// ACTIVE past an expiry no coordinator had decided yet, which a tool or a
+// planner reading it takes for authority the holder no longer has. Here
+// the leader's election key goes while its read waits in that window
+// (another candidate, which serves nothing, then leads), the clock passes
+// the expiry, and the read goes on: it must answer what a serving
+// coordinator decided (EXPIRED, or ACTIVE with the restart's grace), or
+// Unavailable while none serves — never the stored lease past its expiry.
+func TestRogue29DBALeaderThatLosesItsLeadershipBeforeItsReadShowsWhatTheClockDecided(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd replica tests; make test and CI run them.")
+	}
+	clk := clock.NewManual(epoch)
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	open := func() *etcdstore.Etcd {
+		return etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	}
+	ctx := context.Background()
+
+	lead := testserver.Start(t, testserver.WithEtcdStore(open(), "replica-lead"), testserver.WithClock(clk))
+	testserver.WaitFor(t, replicaWait, "the replica to lead and serve the leases", func() bool {
+		serving, _ := lead.Leases().Serving()
+		return serving
+	})
+	admin := lead.AdminClients()
+	root := register(t, admin, "planner")
+	w1 := spawn(t, lead.Clients(root.Credential), root.Node.NodeId, "w1")
+	const job = "rogue29d-quiet"
+	offer, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: w1.Node.NodeId,
+		LeaseDuration: durationpb.New(30 * time.Second)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lead.Clients(w1.Credential).Lease.Ack(ctx, connect.NewRequest(ack(offer.Msg.Lease).GetAck())); err != nil {
+		t.Fatal(err)
+	}
+
+	// A candidate that serves nothing campaigns behind the leader.
+	blocker := electionOf(t, cluster, prefix)
+	blocker.Identity = "blocker"
+	leading, letGo := make(chan struct{}), make(chan struct{})
+	blockerCtx, stopBlocker := context.WithCancel(ctx)
+	blocked := make(chan error, 1)
+	go func() {
+		blocked <- blocker.Lead(blockerCtx, func(ctx context.Context) error {
+			close(leading)
+			select {
+			case <-letGo:
+			case <-ctx.Done():
+			}
+			return nil
+		})
+	}()
+	t.Cleanup(func() { stopBlocker(); <-blocked })
+	var keys *clientv3.GetResponse
+	testserver.WaitFor(t, replicaWait, "the blocker to campaign", func() bool {
+		keys, err = blocker.Client.Get(ctx, blocker.Prefix+"/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+		return err == nil && len(keys.Kvs) == 2
+	})
+
+	held, release := make(chan struct{}, 1), make(chan struct{})
+	t.Cleanup(controlplane.HoldLeaseReadsBeforeTheRead(held, release))
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+	})
+	type answer struct {
+		l   *tetherv1.Lease
+		err error
+	}
+	answers := make(chan answer, 1)
+	go func() {
+		resp, err := admin.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job}))
+		if err != nil {
+			answers <- answer{nil, err}
+			return
+		}
+		answers <- answer{resp.Msg.GetLease(), nil}
+	}()
+	select {
+	case <-held:
+	case <-time.After(replicaWait):
+		t.Fatal("the leader's read never reached its store read")
+	}
+	// The leader loses its leadership: its election key goes, the blocker
+	// leads, and nobody serves the leases while the clock passes the expiry.
+	if _, err := blocker.Client.Delete(ctx, string(keys.Kvs[0].Key)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-leading:
+	case <-time.After(replicaWait):
+		t.Fatal("the blocker never led")
+	}
+	testserver.WaitFor(t, replicaWait, "the deposed leader to stop serving", func() bool {
+		serving, _ := lead.Leases().Serving()
+		return !serving
+	})
+	clk.Advance(31 * time.Second)
+	released = true
+	close(release)
+
+	var got answer
+	select {
+	case got = <-answers:
+	case <-time.After(replicaWait):
+		t.Fatal("the read never answered")
+	}
+	close(letGo) // the old leader may lead again
+	if got.err == nil {
+		t.Logf("the read answered %s, expires %s, at %s", got.l.State, got.l.ExpiresAt.AsTime().Format(time.RFC3339), clk.Now().Format(time.RFC3339))
+	} else {
+		t.Logf("the read answered %v", got.err)
+	}
+	switch {
+	case got.err != nil:
+		if connect.CodeOf(got.err) != connect.CodeUnavailable {
+			t.Fatalf("the read while no replica serves: %v; want the lease as a serving coordinator decided it, or unavailable", got.err)
+		}
+	case got.l.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE && !clk.Now().Before(got.l.ExpiresAt.AsTime()):
+		t.Fatalf("the quiet holder's lease 1s past its expiry reads %s, expires %s, now %s, from a leader deposed before its read; want what a serving coordinator decided (EXPIRED, or ACTIVE with the restart's grace) or unavailable",
+			got.l.State, got.l.ExpiresAt.AsTime().Format(time.RFC3339), clk.Now().Format(time.RFC3339))
+	}
 }
