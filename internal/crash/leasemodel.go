@@ -94,11 +94,14 @@ type LeaseView struct {
 	// detail (the model's Resolves all carry one reason), so a Complete
 	// repeats only a Complete and a Resolve only a Resolve.
 	ClosedByResolve bool
-	// Lapsed is the model's own note too: an answer showed the current
-	// generation EXPIRED (its authority ended by the clock, the lease's
-	// LeaseExpired). A holder's CancelAck after a FAILED result is
-	// recorded only for a generation that had not lapsed.
-	Lapsed bool
+	// Acked and Lapsed are the model's own notes too: the current
+	// generation was ACKed; an answer showed it EXPIRED (its authority
+	// ended by the clock, the lease's LeaseExpired). A holder's CancelAck
+	// after a FAILED result is recorded only for a generation that was
+	// ACKed and had not lapsed (and whose expiry is still ahead, which
+	// the model, without a clock, takes to hold: its leases run for
+	// minutes).
+	Acked, Lapsed bool
 }
 
 // unknownLeaseID stands for the lease id of a generation whose Offer or
@@ -242,7 +245,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
 		}
 	}
-	seen.ClosedByResolve, seen.Lapsed = s.ClosedByResolve, s.Lapsed
+	seen.ClosedByResolve, seen.Acked, seen.Lapsed = s.ClosedByResolve, s.Acked, s.Lapsed
 	if in.Op == OpGet {
 		if seen == s {
 			return []any{s}
@@ -254,7 +257,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		newLeaseID = seen.LeaseID
 	}
 	next, outcome := judge(s, in, newLeaseID)
-	seen.ClosedByResolve, seen.Lapsed = next.ClosedByResolve, next.Lapsed
+	seen.ClosedByResolve, seen.Acked, seen.Lapsed = next.ClosedByResolve, next.Acked, next.Lapsed
 	if outcome != out.Outcome || next != seen {
 		return nil
 	}
@@ -309,7 +312,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		}
 		s.Conflict = false
 		s.Generation++
-		s.LeaseID, s.Holder, s.State, s.Lapsed = newLeaseID, in.Holder, offered, false
+		s.LeaseID, s.Holder, s.State, s.Acked, s.Lapsed = newLeaseID, in.Holder, offered, false, false
 		s.RenewSequence, s.ProgressSequence, s.ProgressValue = 0, 0, ""
 		return s, accepted
 	case OpResolve:
@@ -349,7 +352,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			if s.CancelRequested {
 				return s, rejected
 			}
-			s.State = active
+			s.State, s.Acked = active, true
 			return s, accepted
 		case active:
 			return s, duplicate
@@ -386,7 +389,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			return s, duplicate
 		case s.State == terminal && s.CancelAck:
 			return s, duplicate
-		case s.State == terminal && s.Result == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED && s.CancelRequested && !s.Lapsed:
+		case s.State == terminal && s.Result == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED && s.CancelRequested && s.Acked && !s.Lapsed:
 			// A FAILED that overtook the acknowledgement of a
 			// generation that had authority at the end leaves it to
 			// record (seed §9, §15).

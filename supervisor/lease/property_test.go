@@ -301,7 +301,8 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 	case lease.CancelAck:
 		// A FAILED that overtook the acknowledgement of a generation that
 		// had authority at the end leaves the acknowledgement to record.
-		afterFailed := m.state == lease.StateTerminal && m.result == lease.ResultFailed && !m.lapsed
+		afterFailed := m.state == lease.StateTerminal && m.result == lease.ResultFailed && !m.lapsed &&
+			!m.expires.IsZero() && now.Before(m.expires)
 		if (m.state != lease.StateOffered && m.state != lease.StateActive && !afterFailed) || !m.cancel || m.cancelAcked {
 			return false
 		}
