@@ -322,44 +322,20 @@ func (f *leaseForwarder) Resolve(ctx context.Context, req *connect.Request[tethe
 // told an ACTIVE lease past its expiry is EXPIRED (forFence), and nothing
 // else it reads admits a side effect.
 //
-// Whether this replica serves is taken before the read: a replica whose
-// coordinator began serving between the two (it took over the leadership)
-// read the store before its recovery decided the deadline, and its answer
-// is as stale as a follower's; forwardUnary then serves the read here,
-// from the coordinator.
+// Whether the read was settled is the read's own answer (settledGet:
+// coordinator.ErrStopped when it read the store and a deadline passed),
+// not a check of whether this replica serves taken before or after it: a
+// replica whose coordinator began serving around its read, and a leader
+// deposed between such a check and its read, both read the store before a
+// serving coordinator decided the deadline; forwardUnary then routes the
+// read to whoever serves now, here or the leader, or answers Unavailable
+// while nobody does.
 func (f *leaseForwarder) GetLease(ctx context.Context, req *connect.Request[tetherv1.GetLeaseRequest]) (*connect.Response[tetherv1.GetLeaseResponse], error) {
-	elsewhere := f.settlesElsewhere(ctx)
 	resp, err := f.local.GetLease(ctx, req)
-	if err != nil || !elsewhere || !dueOnWire(resp.Msg.Lease, f.local.s.cfg.Clock.Now()) {
+	if err == nil || !errors.Is(err, coordinator.ErrStopped) {
 		return resp, err
 	}
 	return forwardUnary(ctx, f, req, f.local.GetLease, tetherv1connect.LeaseServiceClient.GetLease)
-}
-
-// settlesElsewhere reports, asked before the read, whether a read here of
-// a lease whose deadline passed must go to the leader: this replica's
-// coordinator does not serve, and the caller is not a tool server (whose
-// reads forFence answers).
-func (f *leaseForwarder) settlesElsewhere(ctx context.Context) bool {
-	if serving, _ := f.local.leases().Serving(); serving {
-		return false
-	}
-	p, err := principalOf(ctx)
-	return err == nil && !p.IsToolServer()
-}
-
-// dueOnWire is lease.Due of a lease as GetLease answers it.
-func dueOnWire(l *tetherv1.Lease, now time.Time) bool {
-	passed := func(at interface{ AsTime() time.Time }) bool { return !now.Before(at.AsTime()) }
-	switch l.GetState() {
-	case tetherv1.LeaseState_LEASE_STATE_OFFERED:
-		return l.AckDeadline != nil && passed(l.AckDeadline)
-	case tetherv1.LeaseState_LEASE_STATE_ACTIVE:
-		return l.ExpiresAt != nil && passed(l.ExpiresAt)
-	case tetherv1.LeaseState_LEASE_STATE_TERMINAL:
-		return l.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED && l.UnresolvedUntil != nil && passed(l.UnresolvedUntil)
-	}
-	return false
 }
 
 func (f *leaseForwarder) ListLeases(ctx context.Context, req *connect.Request[tetherv1.ListLeasesRequest]) (*connect.Response[tetherv1.ListLeasesResponse], error) {
@@ -383,7 +359,15 @@ func (f *leaseForwarder) Evidence(ctx context.Context, req *connect.Request[teth
 			return forwardUnary(ctx, f, req, f.local.Evidence, tetherv1connect.LeaseServiceClient.Evidence)
 		}
 	}
-	return f.local.Evidence(ctx, req)
+	// A leader deposed after that check reads the lease (its
+	// authorisation, or an operator's settling read) from the store:
+	// settledGet answers ErrStopped for a lease whose deadline passed,
+	// and the read goes to whoever serves now.
+	resp, err := f.local.Evidence(ctx, req)
+	if err == nil || !errors.Is(err, coordinator.ErrStopped) {
+		return resp, err
+	}
+	return forwardUnary(ctx, f, req, f.local.Evidence, tetherv1connect.LeaseServiceClient.Evidence)
 }
 
 // GetPolicy is served by every replica: the policy is configuration, the

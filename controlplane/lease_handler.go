@@ -612,7 +612,7 @@ func (h *leaseService) readable(ctx context.Context, p auth.Principal, job strin
 	if err := wire.CheckID("job_id", job); err != nil {
 		return lease.Lease{}, toConnect(err)
 	}
-	l, err := h.settledGet(ctx, job)
+	l, err := h.settledGet(ctx, p, job)
 	if !p.IsAgent() {
 		return l, toConnect(err)
 	}
@@ -637,23 +637,40 @@ func (h *leaseService) readable(ctx context.Context, p auth.Principal, job strin
 
 // settledGet is the coordinator's Get, never answering a lease as if a
 // deadline the declared clock has passed were still ahead. A serving
-// coordinator sweeps before it reads; one that does not serve reads the
-// store. Behind the forwarder (several replicas) the forwarder sends such
-// a read to the leader; a control plane alone on its store (Badger) is its
-// own leader, and between its start and its coordinator serving — the
-// first reads after a restart — its store holds the leases as they stood
-// when it stopped: a quiet holder's lease read ACTIVE past the expiry that
-// passed while it was down (a restart in between). Such a read waits for
-// the coordinator to serve (its recovery decides the deadlines that fell
-// while it was down), and reads again.
-func (h *leaseService) settledGet(ctx context.Context, job string) (lease.Lease, error) {
-	unserved := h.unserved()
-	l, err := h.leases().Get(ctx, job)
+// coordinator's shard judges the deadlines the clock has passed before it
+// answers (a settled read). Any other read is of the store as the last
+// run left it: on a replica that does not lead, between runs, in a
+// restarted control plane before its coordinator serves — a quiet
+// holder's lease read ACTIVE past the expiry that passed meanwhile — and
+// on a leader deposed between its check of whether it serves and its read
+// (the run stopped in between). Such a read, when lease.Due says the
+// clock passed one of its deadlines, is not answered as it is: a control
+// plane alone on its store (Badger) is its own leader, and waits for its
+// coordinator to serve (its recovery decides the deadlines that fell
+// while it was down) and reads again; a replica among several (etcd)
+// answers coordinator.ErrStopped, on which the forwarder sends the read
+// to the leader (forward.go) — but to a tool server, whose reads forFence
+// answers (an ACTIVE lease past its expiry reads EXPIRED), it answers the
+// read. Whether the coordinator served is the read's own answer, not a
+// check before or after it, so neither a coordinator that began serving
+// nor one that stopped serving around the read is mistaken for the other
+// (TestRogue29DBALeaderThatLosesItsLeadershipBeforeItsReadShowsWhatTheClockDecided).
+func (h *leaseService) settledGet(ctx context.Context, p auth.Principal, job string) (lease.Lease, error) {
+	if beforeLeaseRead != nil {
+		beforeLeaseRead(h.leases())
+	}
+	l, settled, err := h.leases().GetSettled(ctx, job)
 	if afterLeaseRead != nil {
 		afterLeaseRead(h.leases())
 	}
-	if err != nil || !unserved(l) {
+	if err != nil || settled || !lease.Due(l, h.s.cfg.Clock.Now()) {
 		return l, err
+	}
+	if h.s.router != nil {
+		if p.IsToolServer() {
+			return l, nil
+		}
+		return lease.Lease{}, fmt.Errorf("%w: job %q has a deadline the clock has passed and this replica's coordinator does not serve: the leader decides it", coordinator.ErrStopped, job)
 	}
 	if err := h.awaitServing(ctx); err != nil {
 		return lease.Lease{}, err
@@ -662,13 +679,18 @@ func (h *leaseService) settledGet(ctx context.Context, job string) (lease.Lease,
 }
 
 // afterLeaseRead, set by tests only, runs between settledGet's read and
-// its check of that read (a coordinator starting to serve in between).
+// its judgement of that read (a coordinator starting to serve in between).
 var afterLeaseRead func(leases *coordinator.Coordinator)
 
-// unserved is asked before a read of the store and returns whether any
-// of the leases that read returns has a deadline the declared clock has
-// passed while this control plane, alone on its store, did not serve yet
-// when the read began (settledGet). Whether it serves is taken before the
+// beforeLeaseRead, set by tests only, runs in settledGet before its read:
+// after the forwarder found this replica serving (a leader losing its
+// leadership in between).
+var beforeLeaseRead func(leases *coordinator.Coordinator)
+
+// unserved is asked before a read of the store (ListLeases) and returns
+// whether any of the leases that read returns has a deadline the declared
+// clock has passed while this control plane, alone on its store, did not
+// serve yet when the read began. (settledGet asks the read itself.) Whether it serves is taken before the
 // read: a coordinator that starts serving between the read and the check
 // has decided those deadlines after the read saw them, and the read's
 // answer is stale all the same.
@@ -832,7 +854,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 		}
 	} else if err := wire.CheckID("job_id", req.Msg.JobId); err != nil {
 		return nil, toConnect(err)
-	} else if _, err := h.settledGet(ctx, req.Msg.JobId); err != nil && !errors.Is(err, coordinator.ErrNotFound) {
+	} else if _, err := h.settledGet(ctx, p, req.Msg.JobId); err != nil && !errors.Is(err, coordinator.ErrNotFound) {
 		// Reading the lease first (as an agent's authorisation does)
 		// records what the clock decided before the rows are read: a
 		// deadline passed is a row, not a gap until the sweep.

@@ -94,6 +94,14 @@ type LeaseView struct {
 	// detail (the model's Resolves all carry one reason), so a Complete
 	// repeats only a Complete and a Resolve only a Resolve.
 	ClosedByResolve bool
+	// Acked and Lapsed are the model's own notes too: the current
+	// generation was ACKed; an answer showed it EXPIRED (its authority
+	// ended by the clock, the lease's LeaseExpired). A holder's CancelAck
+	// after a FAILED result is recorded only for a generation that was
+	// ACKed and had not lapsed (and whose expiry is still ahead, which
+	// the model, without a clock, takes to hold: its leases run for
+	// minutes).
+	Acked, Lapsed bool
 }
 
 // unknownLeaseID stands for the lease id of a generation whose Offer or
@@ -214,7 +222,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// state only (controlplane's forParty).
 		if seen.Generation == s.Generation && seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
 			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
-			s.State = tetherv1.LeaseState_LEASE_STATE_EXPIRED
+			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
 		}
 		next, outcome := judge(s, in, unknownLeaseID)
 		if outcome != out.Outcome || next.Generation != seen.Generation || next.State != seen.State {
@@ -234,10 +242,10 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		// it EXPIRED, so a later answer showing it live is impossible).
 		if seen.State == tetherv1.LeaseState_LEASE_STATE_EXPIRED &&
 			(s.State == tetherv1.LeaseState_LEASE_STATE_OFFERED || s.State == tetherv1.LeaseState_LEASE_STATE_ACTIVE) {
-			s.State = tetherv1.LeaseState_LEASE_STATE_EXPIRED
+			s.State, s.Lapsed = tetherv1.LeaseState_LEASE_STATE_EXPIRED, true
 		}
 	}
-	seen.ClosedByResolve = s.ClosedByResolve
+	seen.ClosedByResolve, seen.Acked, seen.Lapsed = s.ClosedByResolve, s.Acked, s.Lapsed
 	if in.Op == OpGet {
 		if seen == s {
 			return []any{s}
@@ -249,7 +257,7 @@ func StepLease(state LeaseView, in LeaseInput, out LeaseOutput) []any {
 		newLeaseID = seen.LeaseID
 	}
 	next, outcome := judge(s, in, newLeaseID)
-	seen.ClosedByResolve = next.ClosedByResolve
+	seen.ClosedByResolve, seen.Acked, seen.Lapsed = next.ClosedByResolve, next.Acked, next.Lapsed
 	if outcome != out.Outcome || next != seen {
 		return nil
 	}
@@ -304,7 +312,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 		}
 		s.Conflict = false
 		s.Generation++
-		s.LeaseID, s.Holder, s.State = newLeaseID, in.Holder, offered
+		s.LeaseID, s.Holder, s.State, s.Acked, s.Lapsed = newLeaseID, in.Holder, offered, false, false
 		s.RenewSequence, s.ProgressSequence, s.ProgressValue = 0, 0, ""
 		return s, accepted
 	case OpResolve:
@@ -344,7 +352,7 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			if s.CancelRequested {
 				return s, rejected
 			}
-			s.State = active
+			s.State, s.Acked = active, true
 			return s, accepted
 		case active:
 			return s, duplicate
@@ -379,6 +387,12 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			// Acknowledged already: by an earlier CancelAck, or by the
 			// holder's CANCELLED that overtook this one.
 			return s, duplicate
+		case s.State == terminal && s.CancelAck:
+			return s, duplicate
+		case s.State == terminal && s.Result == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED && s.CancelRequested && s.Acked && !s.Lapsed:
+			// A FAILED that overtook the acknowledgement of a
+			// generation that had authority at the end leaves it to
+			// record (seed §9, §15).
 		case s.State != offered && s.State != active, !s.CancelRequested:
 			return s, rejected
 		case s.CancelAck:

@@ -210,15 +210,18 @@ type model struct {
 	result          lease.TerminalResult
 	unresolvedUntil time.Time
 	conflict        bool
+	// lapsed: the current generation's authority ended by the clock
+	// (the lease's LeaseExpired).
+	lapsed bool
 }
 
 // clock applies what time alone decides and reports whether it did.
 func (m *model) clock(now time.Time) bool {
 	switch {
 	case m.state == lease.StateOffered && !now.Before(m.ackDeadline):
-		m.state, m.ackMissed = lease.StateExpired, true
+		m.state, m.ackMissed, m.lapsed = lease.StateExpired, true, true
 	case m.state == lease.StateActive && !now.Before(m.expires):
-		m.state = lease.StateExpired
+		m.state, m.lapsed = lease.StateExpired, true
 	case m.state == lease.StateTerminal && m.result == lease.ResultUnresolved && !now.Before(m.unresolvedUntil):
 		m.result = lease.ResultFailed
 	default:
@@ -234,7 +237,7 @@ func (m *model) offer(leaseID, holder string, duration time.Duration, now time.T
 	m.state = lease.StateOffered
 	m.ackDeadline = now.Add(m.policy.DefaultAckTimeout)
 	m.expires = time.Time{}
-	m.ackMissed = false
+	m.ackMissed, m.lapsed = false, false
 	m.renewSeq, m.progressSeq, m.progressValue = 0, 0, ""
 	m.cancelAcked = false
 	m.conflict = false
@@ -296,7 +299,11 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 		}
 		m.progressSeq, m.progressValue = msg.ProgressSequence, msg.ProgressValue
 	case lease.CancelAck:
-		if (m.state != lease.StateOffered && m.state != lease.StateActive) || !m.cancel || m.cancelAcked {
+		// A FAILED that overtook the acknowledgement of a generation that
+		// had authority at the end leaves the acknowledgement to record.
+		afterFailed := m.state == lease.StateTerminal && m.result == lease.ResultFailed && !m.lapsed &&
+			!m.expires.IsZero() && now.Before(m.expires)
+		if (m.state != lease.StateOffered && m.state != lease.StateActive && !afterFailed) || !m.cancel || m.cancelAcked {
 			return false
 		}
 		m.cancelAcked = true

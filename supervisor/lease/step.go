@@ -466,10 +466,30 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 	case StateExpired:
 		return reject(EventLeaseExpired, ErrLeaseExpired, "%s: %s; the job needs Resolve", describe(m), j.current())
 	case StateTerminal:
-		if l.CancelAck && l.TerminalResult == ResultCancelled {
+		switch {
+		case l.CancelAck && l.TerminalResult == ResultCancelled:
 			// Acknowledged already, by an earlier CancelAck or by the
 			// holder's CANCELLED result that overtook this one.
 			return duplicate(EventDuplicateCancel, "%s repeats the cancel acknowledgement of %s (the job is CANCELLED); nothing changed", describe(m), ts(l.CancelAckedAt))
+		case l.CancelAck:
+			return duplicate(EventDuplicateCancel, "%s repeats the cancel ACK of %s (the job is terminal as %s); nothing changed", describe(m), ts(l.CancelAckedAt), l.TerminalResult)
+		case l.CancelRequested && l.TerminalResult == ResultFailed && l.AckState == AckAcked && !l.LeaseExpired && j.now.Before(l.ExpiresAt):
+			// Seed §9 and §15: a cancellation is a request, the holder's
+			// acknowledgement and a terminal reconciliation, which may be
+			// FAILED; over a reordering transport the holder's FAILED
+			// may arrive before the acknowledgement it sent first. The
+			// record must not depend on that order: the acknowledgement
+			// of a generation that held the job — ACKed, its authority
+			// not lapsed when the job ended, its expiry still ahead — is
+			// recorded, at its own time, and changes no result, as it
+			// would have been had it come first. Past the expiry it
+			// would have found the lease EXPIRED and been refused, and
+			// so it is after the result; a generation only offered never
+			// took the job.
+			l.CancelAck = true
+			l.CancelAckedAt = j.now
+			return accept(EventCancelAcked, "%s accepted after the job ended as %s at %s: the holder acknowledged the cancel request requested at %s; the result stands, and the acknowledgement does not prove the work stopped",
+				describe(m), l.TerminalResult, ts(l.TerminalAt), ts(l.CancelRequestedAt))
 		}
 	}
 	return j.terminalRefusal(m)

@@ -730,17 +730,31 @@ func wait(ctx context.Context, ch chan answer) (Result, error) {
 // replica that does not lead, between runs, in a run fenced off — Get
 // reads the store (StoredLease), which holds the same durable state.
 func (c *Coordinator) Get(ctx context.Context, job string) (lease.Lease, error) {
+	l, _, err := c.GetSettled(ctx, job)
+	return l, err
+}
+
+// GetSettled is Get that also says whether a serving run answered: its
+// shard, which judged the deadlines the clock had passed first. settled
+// is false when Get read the store — no run served when it was asked, or
+// the run stopped before its shard answered (a leader deposed meanwhile)
+// — whose lease may be ACTIVE past an expiry that no run has decided yet.
+// A caller that must not answer such a lease asks a serving run again
+// when lease.Due says a deadline passed.
+func (c *Coordinator) GetSettled(ctx context.Context, job string) (l lease.Lease, settled bool, err error) {
 	if serving, _ := c.Serving(); !serving {
-		return c.StoredLease(ctx, job)
+		l, err = c.StoredLease(ctx, job)
+		return l, false, err
 	}
 	ch := make(chan answer, 1)
 	c.send(c.shardOf(job), op{kind: opGet, job: job, done: func(r Result, err error) { ch <- answer{r, err} }})
 	r, err := wait(ctx, ch)
 	if errors.Is(err, ErrStopped) {
 		// The run stopped between the check and the send.
-		return c.StoredLease(ctx, job)
+		l, err = c.StoredLease(ctx, job)
+		return l, false, err
 	}
-	return r.Lease, err
+	return r.Lease, err == nil, err
 }
 
 // List returns up to limit durable leases in job-id order, starting after
