@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdtest"
@@ -153,5 +155,92 @@ func TestRogue29CAFeedLostWithTheServersCrashIsLife(t *testing.T) {
 	if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || rn.ClaimedBy == "" || !strings.Contains(rn.UnaccountedReason, "after its session ended") {
 		t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted: the rogue's feed was open past its session's end until the crash",
 			rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+	}
+}
+
+// TestRogue29CABudgetRefusalAfterAConfirmedExitContradictsIt: a rogue
+// spends its own lineage's rate budget (a flood of cheap reads), its
+// launcher attests its exit (the process it watched is gone), and the
+// rogue's token — held by what outlived that process — is at work through
+// its gate, every call refused for the spent budget before the ledger saw
+// it. A tool call of a node whose exit was confirmed is a contradiction
+// (the ledger keeps it); one refused for budget only noted life after the
+// session's end, which a launcher's attestation does not weigh: the
+// record read CONFIRMED by the launcher. The charge now keeps it as a
+// contradiction (bounded, as every contradiction is): unaccounted. Guard:
+// without the calls, the launcher's attestation stands.
+func TestRogue29CABudgetRefusalAfterAConfirmedExitContradictsIt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that start a server per case; make test and CI run them.")
+	}
+	for _, calls := range []int{0, 20} {
+		t.Run(fmt.Sprintf("%d calls", calls), func(t *testing.T) {
+			clk := clock.NewManual(epoch)
+			srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 1, 40 })
+			w := &seedWorld{srv: srv, clk: clk, admin: srv.AdminClients()}
+			w.p = register(t, w.admin, "parent")
+			w.pAgent = srv.Clients(w.p.Credential)
+			w.c = spawn(t, w.pAgent, w.p.Node.NodeId, "child")
+			w.cAgent = srv.Clients(w.c.Credential)
+			w.gP = issueRoot(t, w.admin, w.p.Node.NodeId, time.Hour, "tool:*")
+			w.gC = delegate(t, w.pAgent, w.gP, w.c.Node.NodeId, "tool:shell")
+			w.gate = srv.Clients(srv.ToolServerToken(t, "gate-1"))
+			ctx := context.Background()
+			self := w.c.Node.NodeId
+			sess, err := openSession(t, w.cAgent, self)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.clk.Advance(time.Minute)
+			spent := false
+			for range 200 {
+				_, err := w.cAgent.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: self}))
+				if connect.CodeOf(err) == connect.CodeResourceExhausted {
+					spent = true
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !spent {
+				t.Fatal("the rogue's flood did not spend its lineage's budget")
+			}
+			sess.close()
+			testserver.WaitFor(t, 20*time.Second, "the control plane to see the session end", func() bool {
+				return getNode(t, w.admin, self).SessionClosedAt != nil
+			})
+			// The parent's drain keeps the termination from its record
+			// until the clock moves.
+			term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
+			if _, err := w.admin.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "the launcher saw its process exit"})); err != nil {
+				t.Fatal(err)
+			}
+			for range calls {
+				_, err := w.gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: w.gC.token, Tool: "shell", GateId: "gate-1"}))
+				if err == nil {
+					t.Fatal("a call of a node whose exit was confirmed, its lineage's budget spent, began")
+				}
+			}
+			w.clk.Advance(2 * time.Minute)
+			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			w.clk.Advance(2 * time.Minute)
+			waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			rn := recordNode(t, record(t, w.admin, term.TerminationId), self)
+			if calls == 0 {
+				if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED || !strings.Contains(rn.ConfirmedBy, "launcher") {
+					t.Fatalf("record: %s confirmed by %q (reason %q), want confirmed by the launcher", rn.Outcome, rn.ConfirmedBy, rn.UnaccountedReason)
+				}
+				return
+			}
+			if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(rn.UnaccountedReason, "contradicts") {
+				t.Fatalf("record: %s confirmed by %q (reason %q), want unaccounted: the rogue's token was at work after its exit was confirmed",
+					rn.Outcome, rn.ConfirmedBy, rn.UnaccountedReason)
+			}
+			n := getNode(t, w.admin, self)
+			if len(n.Contradictions) == 0 || len(n.Contradictions) > 16 || n.Contradictions[0].Kind != "tool_call" {
+				t.Fatalf("the node's contradictions: %v, want the refused calls kept (at most 16)", n.Contradictions)
+			}
+		})
 	}
 }
