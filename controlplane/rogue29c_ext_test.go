@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -242,5 +243,61 @@ func TestRogue29CABudgetRefusalAfterAConfirmedExitContradictsIt(t *testing.T) {
 				t.Fatalf("the node's contradictions: %v, want the refused calls kept (at most 16)", n.Contradictions)
 			}
 		})
+	}
+}
+
+// TestRogue29CACancelTheStoppedSubtreeAskedAndAckedBeforeTheStopIsItsClaim:
+// a termination ends a job CANCELLED on its holder's acknowledgement of a
+// cancel request, and flags it claimed_under_stop when the holder
+// acknowledged at or after the stop's request (twenty-seventh pass). A
+// rogue subtree could ask the cancel itself beforehand — the holder's
+// parent, coordinating the job — and have the holder acknowledge it, and
+// work on: the termination then ended the job CANCELLED as the control
+// plane's word, where a holder that said nothing reads UNRESOLVED. A
+// cancel an agent of the stopped subtree asked for, acknowledged by its
+// holder, is the subtree's own word whenever it came: flagged. Guard: an
+// operator's cancel acknowledged before the stop is not.
+func TestRogue29CACancelTheStoppedSubtreeAskedAndAckedBeforeTheStopIsItsClaim(t *testing.T) {
+	w := newSeedWorld(t)
+	ctx := context.Background()
+	c := w.c.Node.NodeId
+	rogue := unary{w.cAgent}
+	jobs := map[string]*tetherv1.Lease{}
+	for _, job := range []string{"asked-by-its-parent", "asked-by-an-operator"} {
+		resp, err := w.admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: c, LeaseDuration: durationpb.New(10 * time.Minute)}))
+		if err != nil {
+			t.Fatalf("offer %s: %v", job, err)
+		}
+		l, dec := rogue.send(t, ack(resp.Msg.Lease))
+		wantDecision(t, "ack "+job, dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+		jobs[job] = l
+	}
+	if _, err := w.pAgent.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "asked-by-its-parent", Reason: "done with it"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "asked-by-an-operator", Reason: "not needed"})); err != nil {
+		t.Fatal(err)
+	}
+	for _, job := range []string{"asked-by-its-parent", "asked-by-an-operator"} {
+		_, dec := rogue.send(t, cancelAck(jobs[job]))
+		wantDecision(t, "C's acknowledgement before the stop of "+job, dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_CANCEL_ACKED)
+	}
+	w.clk.Advance(time.Second)
+	term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, time.Minute, time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	w.clk.Advance(2 * time.Minute)
+	waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	got := map[string]string{}
+	for _, l := range record(t, w.admin, term.TerminationId).Leases {
+		got[l.JobId] = fmt.Sprintf("%s %s under_stop=%t", l.Outcome, l.EndedBy, l.ClaimedUnderStop)
+	}
+	want := map[string]string{
+		"asked-by-its-parent":  "LEASE_OUTCOME_CANCELLED LEASE_ENDED_BY_TERMINATION under_stop=true",
+		"asked-by-an-operator": "LEASE_OUTCOME_CANCELLED LEASE_ENDED_BY_TERMINATION under_stop=false",
+	}
+	for job, wl := range want {
+		if got[job] != wl {
+			t.Errorf("record lease %s:\n got %s\nwant %s", job, got[job], wl)
+		}
 	}
 }
