@@ -222,7 +222,6 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	if err != nil {
 		return toConnect(err)
 	}
-	defer c.s.streamOutlives(ctx, "revocation feed")()
 	// A batch of tombstones none of which the caller may see (another
 	// tree's revocations, to an agent) is sent at most once per heartbeat,
 	// as the heartbeat it stands in for (the feed resets its heartbeat on
@@ -244,6 +243,13 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 		}
 		return stream.Send(msg)
 	}
+	// The live feed is the node alive while it is open (a page above is
+	// one answer: its request was seen when it arrived, tree.Act).
+	closeStream, err := c.s.streamOpened(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStream()
 	every := cmp.Or(c.s.cfg.RevocationHeartbeat, grantstore.DefaultHeartbeat)
 	var lastSent time.Time
 	sent := false

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/tetherhq/tether/internal/id"
@@ -29,12 +30,55 @@ func (c leaseCanceller) FinalizeHeldBy(ctx context.Context, holders []string, re
 		}
 		if l.CancelAck {
 			out[i].CancelAckedAt = l.CancelAckedAt
+			if l.CancelAckedAt.Before(page.StopRequestedAt) {
+				by, err := c.cancelRequester(ctx, l)
+				if err != nil {
+					return nil, false, fmt.Errorf("evidence of the cancel of job %s: %w", l.JobID, err)
+				}
+				out[i].CancelRequestedBy = by
+			}
 		}
 	}
 	if err := readEnds(ctx, c.Coordinator, ls, out); err != nil {
 		return nil, false, fmt.Errorf("evidence of the stopped nodes' jobs: %w", err)
 	}
 	return out, more, nil
+}
+
+// cancelRequester reads, from l's evidence, who asked for the cancel its
+// holder acknowledged: the principal that signed the last accepted cancel
+// request of its generation (signed, as every request the API judges is),
+// "" when none did. Read only for an acknowledgement made before the
+// termination's request (the supervisor flags it as the stopped subtree's
+// claim when its own agent asked, markClaimsUnderStop): rare, and one
+// read of the job's log.
+func (c leaseCanceller) cancelRequester(ctx context.Context, l lease.Lease) (string, error) {
+	rows, err := c.Coordinator.Evidence(ctx, l.JobID)
+	if err != nil {
+		return "", err
+	}
+	for i := len(rows) - 1; i >= 0; i-- {
+		r := rows[i]
+		if r.Message != lease.KindRequestCancel || r.Decision.Outcome != lease.OutcomeAccepted || r.Generation != l.Generation {
+			continue
+		}
+		// The decision quotes the request's reason: `… (reason "agent:n_…: …"); …`.
+		_, quoted, ok := strings.Cut(r.Reason, "(reason ")
+		if !ok {
+			return "", nil
+		}
+		q, err := strconv.QuotedPrefix(quoted)
+		if err != nil {
+			return "", nil
+		}
+		reason, err := strconv.Unquote(q)
+		if err != nil {
+			return "", nil
+		}
+		who, _ := signedBy(reason)
+		return who, nil
+	}
+	return "", nil
 }
 
 // recordOutcome is how a reconciliation record reports a lease.

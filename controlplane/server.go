@@ -262,6 +262,9 @@ type Server struct {
 	ledger     *ledger.Ledger
 	privileges *privilege.Privileges
 	signals    *tree.Signals
+	// streams counts agents' open streams that are not sessions, per
+	// node (streamOpened).
+	streams    agentStreams
 	supervisor *supervisor.Supervisor
 	rollouts   *rollout.Rollouts
 	stopRules  *stoprule.Rules

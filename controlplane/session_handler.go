@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -363,27 +364,94 @@ func (s *Server) openSession(ctx context.Context, nodeID, what string) (node *tr
 	}, nil
 }
 
-// streamOutlives is deferred by the handlers of an agent's streams that
-// are not sessions in the exit evidence's sense (its revocation feed, a
-// termination watch): the stream was open until it ended, so an end after
-// the node's session's end is the control plane seeing the node alive
-// after that end (tree.SeenAlive), as a request arriving then is
-// (tree.Act). A stream opened before the end arrived before it, and the
-// control plane ends such a stream itself on the node's exit claim: a
-// rogue that ended its session and read on through its feed until its
-// claim was confirmed by that end. Stored before the handler returns, so
-// before the stream's end reaches the agent; outliving ctx. what names
-// the stream in the log.
-func (s *Server) streamOutlives(ctx context.Context, what string) func() {
+// streamOpened stores that a stream of an agent's own credential that is
+// not a session in the exit evidence's sense (its revocation feed, a
+// termination watch) opened, and returns the function, deferred by its
+// handler, that stores its end, outliving ctx. While one is open the
+// control plane sees the node alive: a claim of the node's exit is not
+// corroborated (tree.JudgeExit), and the end of the last, after the
+// node's session's end, is the node seen after that end, in the same
+// transaction (tree.StreamClosed). Until the twenty-ninth pass only the
+// end was noted (tree.SeenAlive), a moment after the control plane ended
+// the stream on the node's exit claim — or never, the replica serving it
+// crashed — and the claim read confirmed in between. The node's streams
+// on this process share one entry on the node (agentStreams): the first
+// stores it before the stream's first message, the last's end removes it
+// before its handler returns, so before the end reaches the agent.
+// Callers other than agents store nothing.
+func (s *Server) streamOpened(ctx context.Context) (closeStream func(), err error) {
 	p, ok := auth.FromContext(ctx)
 	if !ok || !p.IsAgent() {
-		return func() {}
+		return func() {}, nil
 	}
+	nodeID := p.NodeID()
+	ns := s.streams.take(nodeID)
+	ns.mu.Lock()
+	if ns.open == 0 {
+		ns.entry, err = s.tree.StreamOpened(ctx, nodeID)
+		if err != nil {
+			ns.mu.Unlock()
+			s.streams.release(nodeID)
+			return nil, toConnect(err)
+		}
+	}
+	ns.open++
+	ns.mu.Unlock()
 	return func() {
-		seenCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := s.tree.SeenAlive(seenCtx, p.NodeID()); err != nil {
-			s.log.Warn("could not store that a "+what+" outlived its node's session", "node_id", p.NodeID(), "error", err)
+		ns.mu.Lock()
+		ns.open--
+		if ns.open == 0 {
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			if err := s.tree.StreamClosed(closeCtx, nodeID, ns.entry); err != nil {
+				// The entry stays: the node reads alive (unaccounted)
+				// rather than gone.
+				s.log.Warn("could not store the end of an agent's streams (revocation feeds, termination watches)", "node_id", nodeID, "error", err)
+			}
+			cancel()
+		}
+		ns.mu.Unlock()
+		s.streams.release(nodeID)
+	}, nil
+}
+
+// agentStreams counts, per node, the agent's streams on this process that
+// are not sessions (streamOpened), which share one entry on the node.
+type agentStreams struct {
+	mu    sync.Mutex
+	nodes map[string]*nodeStreams
+}
+
+// nodeStreams is one node's: mu is held across the store's writes of its
+// entry, so a stream opening while the last one ends waits for the end's
+// write and stores a new entry.
+type nodeStreams struct {
+	mu    sync.Mutex
+	open  int    // streams open (under mu)
+	entry string // the stored entry's id while open > 0 (under mu)
+	refs  int    // holders of this struct (under agentStreams.mu)
+}
+
+func (a *agentStreams) take(nodeID string) *nodeStreams {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.nodes == nil {
+		a.nodes = map[string]*nodeStreams{}
+	}
+	ns := a.nodes[nodeID]
+	if ns == nil {
+		ns = &nodeStreams{}
+		a.nodes[nodeID] = ns
+	}
+	ns.refs++
+	return ns
+}
+
+func (a *agentStreams) release(nodeID string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ns := a.nodes[nodeID]; ns != nil {
+		if ns.refs--; ns.refs == 0 {
+			delete(a.nodes, nodeID)
 		}
 	}
 }

@@ -126,7 +126,11 @@ func (h *supervisorService) WatchTermination(ctx context.Context, req *connect.R
 	if err != nil {
 		return err
 	}
-	defer h.s.streamOutlives(ctx, "termination watch")()
+	closeStream, err := h.s.streamOpened(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeStream()
 	first := true
 	err = h.s.supervisor.Watch(ctx, req.Msg.TerminationId, func(t supervisor.Termination) error {
 		if first && !canReadTermination(p, t) {

@@ -101,7 +101,22 @@ func (t *toolService) charge(ctx context.Context, nodeID string) error {
 	// end is the last seen (one write per end; a node remembered as active
 	// was read with it not so, and is forgotten at its next end), on the
 	// read the charge already made: a flood costs no write.
-	if refused != nil && n != nil && n.State != tree.NodeStateTerminated && tree.SessionEndIsLastSeen(n) {
+	if refused == nil || n == nil || n.State == tree.NodeStateTerminated {
+		return refused
+	}
+	switch {
+	case tree.ExitConfirmed(n):
+		// After its exit was confirmed, its token at work is a
+		// contradiction, as the ledger keeps one of a call it refuses: a
+		// refusal for budget came first and kept none, and a launcher's
+		// attestation stood (twenty-ninth pass). Bounded as every
+		// contradiction is: past the bound, on the read already made.
+		if len(n.Contradictions) < tree.MaxContradictions {
+			if _, err := t.s.tree.Act(ctx, nodeID, tree.ActivityToolCall, "a tool call refused for its lineage's spent rate budget"); err != nil && !errors.Is(err, tree.ErrNodeExited) {
+				return err
+			}
+		}
+	case tree.SessionEndIsLastSeen(n):
 		if err := t.s.tree.SeenAlive(ctx, nodeID); err != nil {
 			return err
 		}

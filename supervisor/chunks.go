@@ -1836,7 +1836,7 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 		var got []RecordLease
 		var more bool
 		var err error
-		page := LeasePage{After: afterJob, Limit: leaseFetch}
+		page := LeasePage{After: afterJob, Limit: leaseFetch, StopRequestedAt: t.RequestedAt}
 		switch {
 		case t.LeaseHandover && s.Handover != nil:
 			if got, more, err = s.Handover.HeldBy(ctx, ids, page); err != nil {
@@ -1862,8 +1862,28 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 			break
 		}
 	}
-	markClaimsUnderStop(leases, t.RequestedAt)
+	markClaimsUnderStop(leases, t.RequestedAt, func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
 	return leases, read, nil
+}
+
+// stoppedAgent reports whether principal is an agent of t's subtree (a
+// node that is one of t's roots or below one), on a read of its node; an
+// unknown node is not.
+func (s *Supervisor) stoppedAgent(ctx context.Context, t Termination, principal string) bool {
+	nodeID, ok := strings.CutPrefix(principal, "agent:")
+	if !ok || s.Tree == nil {
+		return false
+	}
+	n, err := s.Tree.Get(ctx, nodeID)
+	if err != nil {
+		return false
+	}
+	for _, r := range append([]string{t.NodeID}, t.Roots...) {
+		if n.NodeID == r || slices.Contains(n.Ancestors, r) {
+			return true
+		}
+	}
+	return false
 }
 
 // markClaimsUnderStop flags each lease whose end rests on its holder's
@@ -1875,12 +1895,19 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 // The times are the lease machine's judgements (the control plane's
 // clock, as RequestedAt is), read from the lease and its evidence, not
 // anything the holder sent.
-func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time) {
+//
+// An acknowledgement before the request is flagged too when the cancel it
+// acknowledged was asked for by an agent of the stopped subtree
+// (stoppedAgent, asked of CancelRequestedBy): the subtree's own word on
+// both ends, whenever given — a rogue subtree that cancelled and
+// acknowledged its own job beforehand, and worked on, had the termination
+// end it CANCELLED without the flag (twenty-ninth pass).
+func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time, stoppedAgent func(principal string) bool) {
 	for i := range leases {
 		l := &leases[i]
 		reported := l.EndedBy == LeaseEndedByHolderReport && !l.EndedAt.IsZero() && !l.EndedAt.Before(requestedAt)
-		acked := l.EndedBy == LeaseEndedByTermination && l.TerminalResult == LeaseResultCancelled &&
-			!l.CancelAckedAt.IsZero() && !l.CancelAckedAt.Before(requestedAt)
+		acked := l.EndedBy == LeaseEndedByTermination && l.TerminalResult == LeaseResultCancelled && !l.CancelAckedAt.IsZero() &&
+			(!l.CancelAckedAt.Before(requestedAt) || l.CancelRequestedBy != "" && stoppedAgent(l.CancelRequestedBy))
 		l.ClaimedUnderStop = reported || acked
 	}
 }

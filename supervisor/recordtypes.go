@@ -155,6 +155,11 @@ type RecordLease struct {
 	// termination's CANCELLED rests on. Not stored nor shown; the record
 	// shows it as ClaimedUnderStop.
 	CancelAckedAt time.Time
+	// CancelRequestedBy is the principal that asked for the cancel the
+	// holder acknowledged before the termination's request ("agent:n_…"),
+	// empty when unknown or not read. Not stored nor shown: an agent of
+	// the stopped subtree makes the acknowledgement ClaimedUnderStop.
+	CancelRequestedBy string
 }
 
 // RecordPhase is one phase of the termination and how long it took.

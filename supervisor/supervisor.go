@@ -69,6 +69,10 @@ type LeaseCanceller interface {
 type LeasePage struct {
 	After string
 	Limit int
+	// StopRequestedAt is the termination's request: a lease whose holder
+	// acknowledged a cancel before it has the cancel's requester read
+	// (RecordLease.CancelRequestedBy).
+	StopRequestedAt time.Time
 }
 
 // Supervisor terminates subtrees and writes reconciliation records.

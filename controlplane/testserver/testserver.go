@@ -340,6 +340,10 @@ func (p *Process) Kill() {
 	<-p.exited
 }
 
+// Signal sends sig to the process (SIGSTOP freezes it mid-stream, as a
+// replica stalled by its machine; SIGCONT lets it run on).
+func (p *Process) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
 func tail(b []byte, n int) []byte {
 	if len(b) > n {
 		return b[len(b)-n:]

@@ -286,6 +286,7 @@ func RecordPrivilege(x *supervisor.RecordPrivilege) *tetherv1.RecordPrivilege {
 //
 // Not converted here:
 // domain CancelAckedAt: what the record's claimed_under_stop is judged from (the holder's acknowledgement), never stored nor shown.
+// domain CancelRequestedBy: who asked for the cancel acknowledged before the stop, from which claimed_under_stop is judged, never stored nor shown.
 func RecordLease(x *supervisor.RecordLease) *tetherv1.RecordLease {
 	if x == nil {
 		return nil

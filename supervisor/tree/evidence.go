@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -128,12 +129,11 @@ func (t *Tree) Act(ctx context.Context, nodeID, kind, detail string) (*Node, err
 
 // SeenAlive records that the control plane saw the node alive now, when
 // the last it saw of it was its session's end (NoteSeenAfterSessionEnd):
-// a stream of the node's own credential that is not a session in the exit
-// evidence's sense (a revocation feed, a termination watch) was open until
-// now, past that end, whoever ended it (the agent, or the control plane
-// on the node's exit claim). A node whose end is not the last seen, a
-// terminated or an unknown one, is left alone, on a read: only the first
-// such end after a session's end writes.
+// a tool call of its refused before its transaction (for its lineage's
+// spent budget). A stream of its credential that outlived the end is
+// noted by the stream's own end (StreamClosed). A node whose end is not
+// the last seen, a terminated or an unknown one, is left alone, on a
+// read: only the first such sign after a session's end writes.
 func (t *Tree) SeenAlive(ctx context.Context, nodeID string) error {
 	n, err := t.Get(ctx, nodeID)
 	if errors.Is(err, ErrNodeNotFound) || errors.Is(err, ErrInvalidArgument) {
@@ -156,6 +156,138 @@ func (t *Tree) SeenAlive(ctx context.Context, nodeID string) error {
 		}
 		return putNode(tx, n)
 	})
+}
+
+// A node's streams of its own credential that are not sessions in the
+// exit evidence's sense (their end does not witness the process's: its
+// revocation feeds, its termination watches) are kept on the node with its
+// sessions (OpenSessions), one entry for all of them on one control-plane
+// process (the process counts them), its id "streams:s_…", from when the
+// first opens until the last ends.
+const streamIDPrefix = "streams:"
+
+// MaxOpenStreams bounds the stream entries (StreamOpened) a node may have
+// at once, apart from its sessions: one per control-plane process serving
+// some.
+const MaxOpenStreams = 16
+
+// IsStream reports whether an entry of OpenSessions is a stream entry
+// (StreamOpened), not a session.
+func IsStream(s OpenSession) bool { return strings.HasPrefix(s.SessionID, streamIDPrefix) }
+
+// StreamOpened records that the first of the node's streams of its own
+// credential that are not sessions (a revocation feed, a termination
+// watch) opened on this process, and returns the entry's id for
+// StreamClosed, which the process calls when the last of them ends. While
+// it is open the control plane sees the node alive (JudgeExit: a claim is
+// not corroborated): a rogue that ended its session and read on through
+// its feed was weighed only by the feed's end, noted a moment after its
+// claim (or never, the replica serving it gone), and read confirmed in
+// between (twenty-ninth pass). A node whose exit was confirmed may not
+// open one (its request was kept as a contradiction when it arrived, Act).
+func (t *Tree) StreamOpened(ctx context.Context, nodeID string) (string, error) {
+	now := t.Clock.Now()
+	streamID := streamIDPrefix + id.New(id.Session)
+	var refused error
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		refused = nil
+		n, err := getNode(tx, nodeID)
+		if err != nil {
+			return err
+		}
+		if ExitConfirmed(n) && n.State != NodeStateTerminated {
+			refused = ExitedError(n, ActivityRequest)
+			return nil
+		}
+		if open := countStreams(n); open >= MaxOpenStreams {
+			refused = fmt.Errorf("%w: node %s already has streams open on %d control-plane processes, the maximum", ErrLimit, nodeID, open)
+			return nil
+		}
+		n.OpenSessions = append(n.OpenSessions, OpenSession{SessionID: streamID, OpenedAt: now, Instance: t.Instance})
+		if err := putNode(tx, n); err != nil {
+			return err
+		}
+		return tx.Put(sessionKey(t.Instance, nodeID, streamID), nil)
+	})
+	if err != nil {
+		return "", err
+	}
+	if refused != nil {
+		return "", refused
+	}
+	return streamID, nil
+}
+
+// StreamClosed records that the last of the node's streams on this
+// process (StreamOpened) ended: the control plane saw the node alive
+// until now. When the last it saw of the node
+// before was its session's end (and no session of it is open), the node
+// is seen after that end (NoteSeenAfterSessionEnd), in the transaction
+// that removes the stream, so the claim is never judged between the two.
+// The caller passes a context that outlives the stream.
+func (t *Tree) StreamClosed(ctx context.Context, nodeID, streamID string) error {
+	now := t.Clock.Now()
+	return t.Store.Update(ctx, func(tx store.Txn) error {
+		n, err := getNode(tx, nodeID)
+		if errors.Is(err, ErrNodeNotFound) {
+			return tx.Delete(sessionKey(t.Instance, nodeID, streamID))
+		}
+		if err != nil {
+			return err
+		}
+		closeStream(n, streamID, now)
+		if err := putNode(tx, n); err != nil {
+			return err
+		}
+		return tx.Delete(sessionKey(t.Instance, nodeID, streamID))
+	})
+}
+
+func closeStream(n *Node, streamID string, now time.Time) {
+	kept := n.OpenSessions[:0]
+	for _, s := range n.OpenSessions {
+		if s.SessionID != streamID {
+			kept = append(kept, s)
+		}
+	}
+	n.OpenSessions = kept
+	// A session still open ends later, after the stream; a terminated
+	// node's record is written.
+	if n.State != NodeStateTerminated && !SessionOpen(n) {
+		NoteSeenAfterSessionEnd(n, now)
+	}
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	}
+	return 1
+}
+
+func hasOpenStream(n *Node) bool { _, ok := OpenStream(n); return ok }
+
+func countStreams(n *Node) int {
+	c := 0
+	for _, s := range n.OpenSessions {
+		if IsStream(s) {
+			c++
+		}
+	}
+	return c
+}
+
+// OpenStream returns a stream of n open now (StreamOpened), if any.
+func OpenStream(n *Node) (OpenSession, bool) {
+	for _, s := range n.OpenSessions {
+		if IsStream(s) {
+			return s, true
+		}
+	}
+	return OpenSession{}, false
 }
 
 // MaxOpenSessions bounds the sessions a node may hold open at once.
@@ -185,8 +317,8 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*Node, string,
 			}
 			return putNode(tx, n)
 		}
-		if len(n.OpenSessions) >= MaxOpenSessions {
-			refused = fmt.Errorf("%w: node %s already has %d sessions open, the maximum", ErrLimit, nodeID, len(n.OpenSessions))
+		if open := len(n.OpenSessions) - countStreams(n); open >= MaxOpenSessions {
+			refused = fmt.Errorf("%w: node %s already has %d sessions open, the maximum", ErrLimit, nodeID, open)
 			return nil
 		}
 		n.SessionOpenedAt = now
@@ -256,6 +388,12 @@ func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// The streams (StreamOpened) first: one open at the restart was the
+	// node alive until then, after a session's end stored before it, not
+	// after a session's that died with it.
+	slices.SortStableFunc(found, func(a, b stale) int {
+		return cmpBool(!IsStream(OpenSession{SessionID: a.session}), !IsStream(OpenSession{SessionID: b.session}))
+	})
 	now := t.Clock.Now()
 	for start := 0; start < len(found); start += 256 {
 		batch := found[start:min(start+256, len(found))]
@@ -263,7 +401,11 @@ func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
 			for _, s := range batch {
 				n, err := getNode(tx, s.node)
 				if err == nil {
-					closeSession(n, s.session, now)
+					if IsStream(OpenSession{SessionID: s.session}) {
+						closeStream(n, s.session, now)
+					} else {
+						closeSession(n, s.session, now)
+					}
 					if err := putNode(tx, n); err != nil {
 						return err
 					}
@@ -284,8 +426,8 @@ func (t *Tree) CloseStaleSessions(ctx context.Context) (int, error) {
 }
 
 // SessionOpen reports whether, by the control plane's observation, a
-// session of n is open.
-func SessionOpen(n *Node) bool { return len(n.OpenSessions) > 0 }
+// session of n is open (a stream, StreamOpened, is not a session).
+func SessionOpen(n *Node) bool { return len(n.OpenSessions) > countStreams(n) }
 
 // ExitVerdict is what the record says about one node's exit: confirmed
 // (by whom, when), or unaccounted and why, and the claim it weighed.
@@ -350,6 +492,12 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 		v.Settled = true
 	case SessionOpen(n):
 		v.UnaccountedReason = "its session is still open"
+	case hasOpenStream(n):
+		// A stream of its credential open now is the node alive now,
+		// whatever its session's end said (StreamOpened).
+		s, _ := OpenStream(n)
+		v.UnaccountedReason = fmt.Sprintf("a stream of its own (its revocation feed or a termination watch, open since %s) is still open: the control plane sees the node alive while it is",
+			s.OpenedAt.UTC().Format(time.RFC3339))
 	case len(liveGrants) > 0:
 		// At most a few named: a node may hold any number.
 		v.UnaccountedReason = "a grant it held is still live: " + strings.Join(liveGrants[:min(len(liveGrants), 8)], ", ")

@@ -58,7 +58,8 @@ var pairs = []pair{
 		doc: "is a record's privilege entry as the API carries it"},
 	{domain: reflect.TypeFor[supervisor.RecordLease](), msg: reflect.TypeFor[tetherv1.RecordLease](), to: "RecordLease",
 		handDomain: map[string]string{
-			"CancelAckedAt": "what the record's claimed_under_stop is judged from (the holder's acknowledgement), never stored nor shown",
+			"CancelAckedAt":     "what the record's claimed_under_stop is judged from (the holder's acknowledgement), never stored nor shown",
+			"CancelRequestedBy": "who asked for the cancel acknowledged before the stop, from which claimed_under_stop is judged, never stored nor shown",
 		},
 		doc: "is a record's lease entry as the API carries it"},
 	{domain: reflect.TypeFor[supervisor.RecordPhase](), msg: reflect.TypeFor[tetherv1.RecordPhase](), to: "recordPhase", value: true,
