@@ -442,10 +442,8 @@ type limitedConn struct {
 	bound atomic.Bool
 	// unadmitted counts the requests in flight that were not admitted,
 	// public those of public endpoints, writing those writing an answer
-	// while it is bound (preAuthBounded); operator is set once it is bound
-	// to an operator.
+	// while it is bound (preAuthBounded).
 	unadmitted, public, writing atomic.Int64
-	operator                    atomic.Bool
 	// begun counts the requests begun on it, admissions those admitted,
 	// admittedInFlight those in flight (admittedRequests), for idleCheck.
 	begun, admissions atomic.Uint64
@@ -667,9 +665,6 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	if p.IsAgent() && !c.agent {
 		c.agent = true
 		l.agents++
-	}
-	if p.Kind == auth.KindOperator {
-		c.operator.Store(true)
 	}
 	c.keysMu.Lock()
 	c.keys = append(c.keys, key)
@@ -927,8 +922,8 @@ const AnswerBytesPerRequest = 256 << 10
 // On a connection bound to a caller, a public endpoint's request that
 // starts while this many others are in flight has its stream reset at
 // once, and so has a
-// refusal (or a console page, unless the connection is bound to an
-// operator) whose answer would be written while this many answers of
+// refusal (or a console page, unless a call of its own session was
+// admitted as an operator's) whose answer would be written while this many answers of
 // requests that were not admitted are still being written on the
 // connection: the connection is kept, for it may carry other callers'
 // calls (a follower's forwarded ones), and an honest client, which takes
@@ -963,6 +958,11 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 		over := c.unadmitted.Add(1) > PreAuthRequests
 		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over, page: consolePage(r), h2: r.ProtoMajor == 2}
 		defer pw.end()
+		if pw.page {
+			// The console's calls to the API for the page carry its
+			// context: admittedRequests marks the page live.
+			r = r.WithContext(context.WithValue(r.Context(), pageKey{}, pw))
+		}
 		if !pw.page && !guards(r.URL.Path) {
 			// A public request may wait without writing (a stream waiting
 			// for a message): past the bound it is not let in. On a bound
@@ -986,11 +986,16 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 // admittedRequests sits behind the auth Gate: each request it admitted
 // (its context carries the principal; the Gate passes public requests on
 // too) leaves preAuthBounded's count, is counted for idleCheck, and is
-// served with the connection's own writer.
+// served with the connection's own writer. An operator's call the console
+// makes for a page (its context carries the page's writer) marks the page
+// live (preAuthWriter.live).
 func admittedRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if pw, ok := w.(*preAuthWriter); ok {
-			if _, admitted := auth.FromContext(r.Context()); admitted {
+			if p, admitted := auth.FromContext(r.Context()); admitted {
+				if page, _ := r.Context().Value(pageKey{}).(*preAuthWriter); page != nil && page != pw && p.Kind == auth.KindOperator {
+					page.live.Store(true)
+				}
 				pw.admit()
 				w = pw.ResponseWriter
 				c := pw.c
@@ -1005,11 +1010,12 @@ func admittedRequests(next http.Handler) http.Handler {
 
 // consolePage reports whether r asks for a page of the operator console:
 // the browser's session (a cookie) is checked by the console, whose calls
-// to the API bind the connection to the operator before the page is
-// written, so a page past PreAuthRequests is judged when it writes, not at
-// once (a browser restoring a dozen console tabs opens them on one fresh
-// connection), and written when the connection is bound to an operator by
-// then. A page has no body to wait for; anything else under /ui/ (a
+// to the API for the page bind the connection to the operator before the
+// page is written, so a page past PreAuthRequests is judged when it
+// writes, not at once (a browser restoring a dozen console tabs opens them
+// on one fresh connection), and written when one of those calls was
+// admitted as an operator's by then (live): the session's credential is
+// live. A page has no body to wait for; anything else under /ui/ (a
 // sign-in's form) does.
 func consolePage(r *http.Request) bool {
 	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasPrefix(r.URL.Path, "/ui/")
@@ -1020,15 +1026,25 @@ func consolePage(r *http.Request) bool {
 // write (refuse).
 type preAuthWriter struct {
 	http.ResponseWriter
-	c        *limitedConn
-	over     bool // it began past the bound (unadmitted)
-	page     bool // a console page (consolePage)
-	h2       bool // an HTTP/2 stream (the console's in-process calls are not)
+	c    *limitedConn
+	over bool // it began past the bound (unadmitted)
+	page bool // a console page (consolePage)
+	h2   bool // an HTTP/2 stream (the console's in-process calls are not)
+	// live: a console page one of whose calls to the API was admitted as
+	// an operator's (admittedRequests): its session's credential is live,
+	// and it is written past the bound. A connection once bound to an
+	// operator wrote every page so, whoever asked, after the operator's
+	// token was revoked or had expired.
+	live     atomic.Bool
 	admitted bool // admitted by the Gate, or ended: out of unadmitted
 	writing  bool // counted in the connection's writing
 	public   bool // a public endpoint's, counted in the connection's public
 	refused  bool
 }
+
+// pageKey carries a console page's *preAuthWriter to the console's calls
+// to the API for it.
+type pageKey struct{}
 
 // errPreAuthCut is what a write gets once its request gave up its place
 // for having too many requests in flight that were not admitted.
@@ -1061,7 +1077,7 @@ func (w *preAuthWriter) cuts() bool {
 	switch {
 	case w.refused:
 		return true
-	case w.admitted || (w.page && w.c.operator.Load()):
+	case w.admitted || (w.page && w.live.Load()):
 		return false
 	case w.c.bound.Load():
 		// Judged by the answers being written on the connection's
