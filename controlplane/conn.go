@@ -54,7 +54,7 @@ type ConnLimits struct {
 	// HTTP/1.1 keep-alive connection between requests, an HTTP/2
 	// connection with no open stream; and a connection bound to a caller
 	// that carried no admitted request for this long, whatever else it
-	// carried (idleCheck).
+	// carried (idleCheck, gracefully: a GOAWAY first).
 	IdleTimeout time.Duration
 	// PingInterval: an HTTP/2 connection silent this long is pinged, and
 	// closed when the ping is not answered within PingTimeout.
@@ -412,7 +412,11 @@ type connLimiter struct {
 	operatorReserve int
 	preAuth, grace  time.Duration
 	idle            time.Duration // a bound connection without admitted work (idleCheck)
-	plaintext       bool          // buffer reads (limitedConn)
+	// drain: how long a connection idleCheck judged has to close on its
+	// own (its requests' read or write timeout, then net/http's idle
+	// close, with room) before it is closed at once.
+	drain     time.Duration
+	plaintext bool // buffer reads (limitedConn)
 
 	mu      sync.Mutex
 	normal  int       // open connections within max
@@ -421,6 +425,9 @@ type connLimiter struct {
 	callers map[callerKey]int
 	agents  int // connections bound to at least one agent lineage
 	open    atomic.Int64
+	// closing counts the open connections idleCheck found without
+	// admitted work, which are closing gracefully.
+	closing atomic.Int64
 }
 
 // limitedConn is a counted connection; closing it frees its place.
@@ -448,8 +455,18 @@ type limitedConn struct {
 	// admittedInFlight those in flight (admittedRequests), for idleCheck.
 	begun, admissions atomic.Uint64
 	admittedInFlight  atomic.Int64
-	keysMu            sync.Mutex
-	keys              []callerKey
+	// closing is set once idleCheck judged it without admitted work: each
+	// answer written on it from then on says so (Connection: close;
+	// HTTP/2: GOAWAY).
+	closing atomic.Bool
+	// waiting are its requests that were not admitted and may wait long:
+	// public ones, and answers being written while it is bound
+	// (preAuthWriter.wait); idleCheck resets them when it judges the
+	// connection.
+	waitingMu sync.Mutex
+	waiting   map[*preAuthWriter]struct{}
+	keysMu    sync.Mutex
+	keys      []callerKey
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -460,6 +477,7 @@ type limitedConn struct {
 	gone    bool          // forgotten: closed, evicted or expired
 	idle    *time.Timer   // idleCheck's, once bound
 	seen    [2]uint64     // begun and admissions at idleCheck's last look
+	judged  time.Time     // when idleCheck set closing
 }
 
 // connReadBuffer is each connection's read buffer: room for a unary call's
@@ -514,6 +532,9 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 	c.keysMu.Unlock()
 	if c.agent {
 		l.agents--
+	}
+	if c.closing.Load() {
+		l.closing.Add(-1)
 	}
 }
 
@@ -696,6 +717,18 @@ func (c *limitedConn) bind(p auth.Principal) error {
 // keeps its connection; one that carries nothing is left to net/http,
 // which closes it with a GOAWAY, so that a call sent as it closes is
 // retried.
+//
+// The close is graceful: the connection is marked closing, and every
+// answer written on it from then on carries Connection: close (HTTP/2: a
+// GOAWAY, the connection closed once its streams end), so that a call its
+// client sends at that moment is answered, or retried on a new connection,
+// rather than cut off (preAuthBounded). A request in flight ends within
+// its read or write timeout, and a connection then carrying nothing is
+// closed by net/http's idle close, with its GOAWAY: the requests that may
+// wait long (public ones, unadmitted answers being written) have their
+// streams reset when it is judged, so that it carries nothing soon. One
+// still open drain after it was judged, with no admitted work since, is
+// closed at once.
 func (l *connLimiter) idleCheck(c *limitedConn) {
 	l.mu.Lock()
 	if c.gone || c.idle == nil {
@@ -704,10 +737,21 @@ func (l *connLimiter) idleCheck(c *limitedConn) {
 	}
 	now := [2]uint64{c.begun.Load(), c.admissions.Load()}
 	quiet := now[0] == c.seen[0] && c.unadmitted.Load() == 0
-	if now[1] != c.seen[1] || c.admittedInFlight.Load() > 0 || quiet {
+	closing := c.closing.Load()
+	if now[1] != c.seen[1] || c.admittedInFlight.Load() > 0 || quiet && !closing || closing && time.Since(c.judged) < l.drain {
 		c.seen = now
 		c.idle.Reset(l.idle)
 		l.mu.Unlock()
+		return
+	}
+	if !closing {
+		c.judged = time.Now()
+		c.closing.Store(true)
+		l.closing.Add(1)
+		c.seen = now
+		c.idle.Reset(l.idle)
+		l.mu.Unlock()
+		c.cutWaiting()
 		return
 	}
 	l.forgetLocked(c)
@@ -825,6 +869,18 @@ func (s *Server) OpenConnections() int {
 		return 0
 	}
 	return int(conns.open.Load())
+}
+
+// ClosingConnections is how many of the open connections are closing for
+// want of admitted work (a bound connection that carried none for the
+// idle timeout, ConnLimits.IdleTimeout): each is told so (HTTP/2:
+// GOAWAY) and closes once what is in flight on it ends.
+func (s *Server) ClosingConnections() int {
+	conns := s.conns.Load()
+	if conns == nil {
+		return 0
+	}
+	return int(conns.closing.Load())
 }
 
 // OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
@@ -958,6 +1014,7 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 		over := c.unadmitted.Add(1) > PreAuthRequests
 		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over, page: consolePage(r), h2: r.ProtoMajor == 2}
 		defer pw.end()
+		pw.goingAway()
 		if pw.page {
 			// The console's calls to the API for the page carry its
 			// context: admittedRequests marks the page live.
@@ -969,6 +1026,7 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 			// connection only public requests count for it (calls being
 			// authenticated are an honest client's business).
 			pw.public = true
+			pw.wait()
 			if c.public.Add(1) > PreAuthRequests && c.bound.Load() || over && !c.bound.Load() {
 				pw.refuse()
 				return
@@ -1040,6 +1098,8 @@ type preAuthWriter struct {
 	writing  bool // counted in the connection's writing
 	public   bool // a public endpoint's, counted in the connection's public
 	refused  bool
+	told     bool // its answer says the connection is closing (goingAway)
+	waits    bool // among its connection's waiting (wait)
 }
 
 // pageKey carries a console page's *preAuthWriter to the console's calls
@@ -1070,10 +1130,56 @@ func (w *preAuthWriter) end() {
 		w.public = false
 		w.c.public.Add(-1)
 	}
+	if w.waits {
+		w.waits = false
+		w.c.waitingMu.Lock()
+		delete(w.c.waiting, w)
+		w.c.waitingMu.Unlock()
+	}
+}
+
+// goingAway has the answer say the connection is closing (Connection:
+// close; HTTP/2: GOAWAY) once idleCheck judged it (limitedConn.closing),
+// until the answer's headers are written; an admitted request's writer is
+// told at its start.
+func (w *preAuthWriter) goingAway() {
+	if !w.told && w.c.closing.Load() {
+		w.told = true
+		w.ResponseWriter.Header().Set("Connection", "close")
+	}
+}
+
+// wait notes the request among its connection's waiting, once.
+func (w *preAuthWriter) wait() {
+	if w.waits {
+		return
+	}
+	w.waits = true
+	c := w.c
+	c.waitingMu.Lock()
+	if c.waiting == nil {
+		c.waiting = map[*preAuthWriter]struct{}{}
+	}
+	c.waiting[w] = struct{}{}
+	c.waitingMu.Unlock()
+}
+
+// cutWaiting resets the streams of c's waiting requests (HTTP/2; an
+// HTTP/1.1 request has its connection's write deadline). A request leaves
+// waiting before its handler returns (end), so each is live while cut.
+func (c *limitedConn) cutWaiting() {
+	c.waitingMu.Lock()
+	defer c.waitingMu.Unlock()
+	for w := range c.waiting {
+		if w.h2 {
+			_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Unix(1, 0))
+		}
+	}
 }
 
 // cuts refuses the request when it may not write.
 func (w *preAuthWriter) cuts() bool {
+	w.goingAway()
 	switch {
 	case w.refused:
 		return true
@@ -1086,6 +1192,7 @@ func (w *preAuthWriter) cuts() bool {
 		// them).
 		if !w.writing && w.h2 {
 			w.writing = true
+			w.wait()
 			if w.c.writing.Add(1) > PreAuthRequests {
 				w.refuse()
 				return true

@@ -4,15 +4,18 @@ import (
 	"context"
 	"net/http"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 // consoleSignIn signs in to the console with token and returns the
@@ -104,4 +107,129 @@ func TestRogue29AConsolePageExemptionEndsWithTheOperatorsCredential(t *testing.T
 			}
 		})
 	}
+}
+
+// goawayWatcher is a stallRogue that also notes the GOAWAY the server
+// sends and the status each stream is answered with.
+type goawayWatcher struct {
+	*stallRogue
+	answered sync.Map // stream id -> struct{}: ended by the answer's last frame
+	mu       sync.Mutex
+	goaway   *http2.GoAwayFrame
+}
+
+func newGoawayWatcher(t *testing.T, addr string) *goawayWatcher {
+	t.Helper()
+	w := &goawayWatcher{stallRogue: &stallRogue{}}
+	w.h2conn = newH2Conn(t, addr, []http2.Setting{{ID: http2.SettingInitialWindowSize, Val: 0}}, func(c *h2conn, f http2.Frame) {
+		switch f := f.(type) {
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				c.mu.Lock()
+				_ = c.fr.WritePing(true, f.Data)
+				c.mu.Unlock()
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				c.mu.Lock()
+				_ = c.fr.WriteSettingsAck()
+				c.mu.Unlock()
+			}
+		case *http2.RSTStreamFrame:
+			w.resets.Add(1)
+			w.ended.Store(f.StreamID, struct{}{})
+		case *http2.HeadersFrame:
+			if f.StreamEnded() {
+				w.ended.Store(f.StreamID, struct{}{})
+				w.answered.Store(f.StreamID, struct{}{})
+			}
+		case *http2.DataFrame:
+			if f.StreamEnded() {
+				w.ended.Store(f.StreamID, struct{}{})
+				w.answered.Store(f.StreamID, struct{}{})
+			}
+		case *http2.GoAwayFrame:
+			w.mu.Lock()
+			w.goaway = f
+			w.mu.Unlock()
+		}
+	})
+	return w
+}
+
+// goAway is the GOAWAY the server sent, or nil.
+func (w *goawayWatcher) goAway() *http2.GoAwayFrame {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.goaway
+}
+
+// TestRogue29AnIdleClosingConnectionLosesNoHonestCall: a bound connection
+// that carries no admitted request for the idle timeout (a dead agent's
+// refusals, a GET /healthz now and then) was closed at once, without a
+// GOAWAY: a call its client sent at that moment — the first admitted call
+// after a quiet spell, from a client that polls /healthz on the same
+// connection — was cut off unanswered, and an HTTP/2 client cannot tell
+// whether the server had begun it, so it fails unavailable rather than
+// being retried. The connection is now closed gracefully: once judged, it
+// tells the client to go (HTTP/2: GOAWAY) with the answer of each request
+// it carries, so a call sent then is answered and the next one goes to a
+// new connection; the requests that were not admitted and may wait long
+// (here a GET /healthz whose answer the client does not take) have their
+// streams reset, and the connection, then carrying nothing, is closed by
+// the server's idle close, which sends a GOAWAY too. The call sent once
+// the connection is judged is answered with a GOAWAY (NO_ERROR) that
+// covers it, or is left out of the GOAWAY (not begun: the client retries
+// it); either way the connection closes, and its place is given back.
+func TestRogue29AnIdleClosingConnectionLosesNoHonestCall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that run real servers for long; make test and CI run them.")
+	}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), stallLimits, func(cfg *controlplane.Config) {
+		cfg.Conn.IdleTimeout = closeWait / 20
+	})
+	admin := srv.AdminClients()
+	addr := hostOf(t, srv.URL)
+	agent := register(t, admin, "honest")
+	before := srv.OpenConnections()
+	w := newGoawayWatcher(t, addr)
+	bindStalled(t, w.stallRogue, agent.Credential)
+	// A request that is never admitted, its answer not taken: it keeps the
+	// connection busy, and without admitted work.
+	if _, err := openRaw(w.stallRogue, true, [2]string{":method", "GET"}, [2]string{":path", "/healthz"}); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, closeWait, "the connection to be judged without admitted work", func() bool {
+		return w.isClosed() || srv.ClosingConnections() == 1
+	})
+	// The call the client sends at that moment.
+	id, err := openRaw(w.stallRogue, true, [2]string{":method", "POST"}, [2]string{":path", tetherv1connect.AuthServiceWhoAmIProcedure},
+		[2]string{"content-type", "application/proto"}, [2]string{"authorization", "Bearer " + agent.Credential})
+	if err == nil {
+		w.mu.Lock()
+		err = w.fr.WriteWindowUpdate(id, 1<<20)
+		w.mu.Unlock()
+	}
+	select {
+	case <-w.closed:
+	case <-time.After(closeWait): // a guard against a hang, not a timing
+		t.Fatalf("the connection was kept for %s after it was judged", closeWait)
+	}
+	g := w.goAway()
+	_, answered := w.answered.Load(id)
+	switch {
+	case answered:
+		if g == nil || g.ErrCode != http2.ErrCodeNo {
+			t.Fatalf("the call was answered, but the connection closed without a GOAWAY (NO_ERROR): %v", g)
+		}
+		t.Logf("the call (stream %d) was answered; GOAWAY %v", id, g)
+	case g != nil && g.ErrCode == http2.ErrCodeNo && g.LastStreamID < id:
+		// Not begun: the client retries it on a new connection.
+		t.Logf("the call (stream %d) was left out of the GOAWAY %v: the client retries it", id, g)
+	default:
+		t.Fatalf("the call sent when the connection was judged (stream %d, write error %v) was lost: the connection closed without answering it, GOAWAY %v", id, err, g)
+	}
+	testserver.WaitFor(t, closeWait, "the connection's place to be given back", func() bool {
+		return srv.OpenConnections() <= before && srv.ClosingConnections() == 0
+	})
 }
