@@ -78,7 +78,9 @@ type ConnLimits struct {
 	// MaxConnectionsPerLineage bounds the connections one caller holds:
 	// an agent's lineage (its root and every descendant together), an
 	// operator, a tool server. A connection counts against every caller
-	// whose requests it carried. Zero: half of MaxConnections.
+	// whose requests it carried. Past it, an agent node that bound no
+	// connection still binds ConnectionReserve. Zero: half of
+	// MaxConnections.
 	MaxConnectionsPerLineage int
 	// OperatorReserve are the connections of MaxConnections agents cannot
 	// hold: agents together hold at most MaxConnections-OperatorReserve,
@@ -634,7 +636,8 @@ func limitedOf(c net.Conn) *limitedConn {
 // (built without allocating: every admitted request looks its key up).
 type callerKey struct {
 	kind auth.Kind
-	name string // the lineage (agents), the subject (others)
+	name string // the lineage (agents), the subject (others); node: the node id
+	node bool   // an agent node's own count (ConnectionReserve)
 }
 
 func keyOf(p auth.Principal) callerKey {
@@ -644,6 +647,29 @@ func keyOf(p auth.Principal) callerKey {
 	return callerKey{kind: p.Kind, name: p.Subject}
 }
 
+// nodeKeyOf is the key that counts the connections an agent node's calls
+// bound, within its lineage's share or past it (ConnectionReserve).
+func nodeKeyOf(p auth.Principal) (callerKey, bool) {
+	if p.IsAgent() && p.Lineage != "" {
+		return callerKey{kind: p.Kind, name: p.Subject, node: true}, true
+	}
+	return callerKey{}, false
+}
+
+// ConnectionReserve is how many connections an agent node that bound none
+// may bind past its lineage's share (ConnLimits.MaxConnectionsPerLineage):
+// a member of the lineage holding the share cannot keep a sibling that
+// holds no connection — a child just spawned, one whose connection broke —
+// from the server, where its session and signal streams
+// (SignalStreamReserve) are. A node counts the connections its calls bound,
+// within the share or past it; a connection it only shares with the node
+// that bound it is not counted. A lineage of N nodes so holds at most its
+// share and N connections, each node a spawn its lineage paid for. One: a
+// node whose connection broke is let in once the server has noticed (its
+// pings unanswered, or the connection closed); until then it is refused as
+// before.
+const ConnectionReserve = 1
+
 // bind binds c to p's caller, or refuses the request — resource_exhausted,
 // naming the limit — when the caller, or agents together, hold every
 // connection they may. A refused request changes nothing, and the Gate
@@ -651,8 +677,9 @@ func keyOf(p auth.Principal) callerKey {
 // streams end).
 func (c *limitedConn) bind(p auth.Principal) error {
 	key := keyOf(p)
+	node, isNode := nodeKeyOf(p)
 	c.keysMu.Lock()
-	has := slices.Contains(c.keys, key)
+	has := slices.Contains(c.keys, key) || isNode && slices.Contains(c.keys, node)
 	c.keysMu.Unlock()
 	if has {
 		return nil
@@ -664,17 +691,24 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		return nil // closed meanwhile: nothing left to count
 	}
 	c.keysMu.Lock()
-	has = slices.Contains(c.keys, key)
+	has = slices.Contains(c.keys, key) || isNode && slices.Contains(c.keys, node)
 	c.keysMu.Unlock()
 	if has {
 		return nil
 	}
+	// reserve: past the lineage's share, a node that bound none
+	// (ConnectionReserve); the connection counts for the node alone.
+	reserve := false
 	if n := l.callers[key]; n >= l.perCaller {
-		who, per := p.ID(), "caller"
-		if p.IsAgent() && p.Lineage != "" {
-			who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
+		if !isNode || l.callers[node] >= ConnectionReserve {
+			who, per, own := p.ID(), "caller", ""
+			if isNode {
+				who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
+				own = fmt.Sprintf(", and %s already holds %s of its own (a node holding none may bind %d past the share)", p.ID(), connections(l.callers[node]), ConnectionReserve)
+			}
+			return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)%s", who, connections(n), per, own))
 		}
-		return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)", who, connections(n), per))
+		reserve = true
 	}
 	if p.IsAgent() && !c.agent && l.agents >= l.max-l.operatorReserve {
 		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
@@ -682,13 +716,23 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	if l.callers == nil {
 		l.callers = map[callerKey]int{}
 	}
-	l.callers[key]++
+	if !reserve {
+		l.callers[key]++
+	}
+	if isNode {
+		l.callers[node]++
+	}
 	if p.IsAgent() && !c.agent {
 		c.agent = true
 		l.agents++
 	}
 	c.keysMu.Lock()
-	c.keys = append(c.keys, key)
+	if !reserve {
+		c.keys = append(c.keys, key)
+	}
+	if isNode {
+		c.keys = append(c.keys, node)
+	}
 	c.keysMu.Unlock()
 	if c.elem != nil && !c.healthOnly {
 		l.unauth.Remove(c.elem)

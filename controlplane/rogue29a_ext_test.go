@@ -233,3 +233,46 @@ func TestRogue29AnIdleClosingConnectionLosesNoHonestCall(t *testing.T) {
 		return srv.OpenConnections() <= before && srv.ClosingConnections() == 0
 	})
 }
+
+// TestRogue29ALineageMemberHoldingTheShareCannotKeepASiblingOffTheServer:
+// a lineage's connections are one share (--max-connections-per-lineage),
+// so a rogue member that bound the whole share — each connection kept
+// with a quiet stream, which the lineage's stream share allows on every
+// connection — had every call of a sibling that held no connection (a
+// child just spawned, one whose connection broke) refused
+// resource_exhausted and its connection closed: the sibling could not
+// open its session to hear its stop, the reserve of signal streams each
+// node has beside the share (controlplane.SignalStreamReserve) useless
+// without a connection to open them on. A node that bound no connection
+// now binds controlplane.ConnectionReserve past its lineage's share; the
+// rogue, which bound connections of its own, gets no more.
+func TestRogue29ALineageMemberHoldingTheShareCannotKeepASiblingOffTheServer(t *testing.T) {
+	const share = 2
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		cfg.Conn = controlplane.ConnLimits{MaxConnections: 16, MaxConnectionsPerLineage: share, PreAuthTimeout: time.Hour}
+	})
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	sibling := spawn(t, admin, rogue.Node.NodeId, "honest")
+	for i := range share {
+		if err := whoAmI(newOwnConn(t, srv, rogue.Credential).Clients); err != nil {
+			t.Fatalf("the rogue's connection %d: %v", i+1, err)
+		}
+	}
+	err := whoAmI(newOwnConn(t, srv, rogue.Credential).Clients)
+	wantLimit(t, "the rogue's connection past the share", err, connect.CodeResourceExhausted, "lineage "+rogue.Node.NodeId, "the limit per lineage", "--max-connections-per-lineage")
+	// The sibling, holding no connection, gets one and is served on it.
+	own := newOwnConn(t, srv, sibling.Credential)
+	if err := whoAmI(own.Clients); err != nil {
+		t.Fatalf("the sibling's first connection, the rogue holding its lineage's share: %v", err)
+	}
+	if _, err := own.Agent.Heartbeat(context.Background(), connect.NewRequest(&tetherv1.HeartbeatRequest{NodeId: sibling.Node.NodeId})); err != nil {
+		t.Fatalf("the sibling's heartbeat on its connection: %v", err)
+	}
+	// Its reserve is one connection; the rogue's is spent on its share.
+	err = whoAmI(newOwnConn(t, srv, sibling.Credential).Clients)
+	wantLimit(t, "the sibling's second connection past the share", err, connect.CodeResourceExhausted, "lineage "+rogue.Node.NodeId, "--max-connections-per-lineage",
+		"agent:"+sibling.Node.NodeId+" already holds 1 connection of its own")
+	err = whoAmI(newOwnConn(t, srv, rogue.Credential).Clients)
+	wantLimit(t, "the rogue's connection past the share, after the sibling's", err, connect.CodeResourceExhausted, "lineage "+rogue.Node.NodeId, "--max-connections-per-lineage")
+}
