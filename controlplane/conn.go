@@ -1021,11 +1021,10 @@ const AnswerBytesPerRequest = 256 << 10
 //
 // On a connection bound to a caller, a public endpoint's request that
 // starts while this many others are in flight has its stream reset at
-// once, and so has a
-// refusal (or a console page, unless a call of its own session was
-// admitted as an operator's) whose answer would be written while this many answers of
-// requests that were not admitted are still being written on the
-// connection: the connection is kept, for it may carry other callers'
+// once, and so has a refusal (or a console page, unless a call of its own
+// session was admitted as an operator's) whose answer would be written
+// while this many answers of requests that were not admitted are still
+// being written on the connection: the connection is kept, for it may carry other callers'
 // calls (a follower's forwarded ones), and an honest client, which takes
 // its answers, has hardly any being written at once.
 //
