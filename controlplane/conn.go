@@ -54,7 +54,7 @@ type ConnLimits struct {
 	// HTTP/1.1 keep-alive connection between requests, an HTTP/2
 	// connection with no open stream; and a connection bound to a caller
 	// that carried no admitted request for this long, whatever else it
-	// carried (idleCheck).
+	// carried (idleCheck, gracefully: a GOAWAY first).
 	IdleTimeout time.Duration
 	// PingInterval: an HTTP/2 connection silent this long is pinged, and
 	// closed when the ping is not answered within PingTimeout.
@@ -78,7 +78,9 @@ type ConnLimits struct {
 	// MaxConnectionsPerLineage bounds the connections one caller holds:
 	// an agent's lineage (its root and every descendant together), an
 	// operator, a tool server. A connection counts against every caller
-	// whose requests it carried. Zero: half of MaxConnections.
+	// whose requests it carried. Past it, an agent node that bound no
+	// connection still binds ConnectionReserve. Zero: half of
+	// MaxConnections.
 	MaxConnectionsPerLineage int
 	// OperatorReserve are the connections of MaxConnections agents cannot
 	// hold: agents together hold at most MaxConnections-OperatorReserve,
@@ -412,7 +414,11 @@ type connLimiter struct {
 	operatorReserve int
 	preAuth, grace  time.Duration
 	idle            time.Duration // a bound connection without admitted work (idleCheck)
-	plaintext       bool          // buffer reads (limitedConn)
+	// drain: how long a connection idleCheck judged has to close on its
+	// own (its requests' read or write timeout, then net/http's idle
+	// close, with room) before it is closed at once.
+	drain     time.Duration
+	plaintext bool // buffer reads (limitedConn)
 
 	mu      sync.Mutex
 	normal  int       // open connections within max
@@ -421,6 +427,9 @@ type connLimiter struct {
 	callers map[callerKey]int
 	agents  int // connections bound to at least one agent lineage
 	open    atomic.Int64
+	// closing counts the open connections idleCheck found without
+	// admitted work, which are closing gracefully.
+	closing atomic.Int64
 }
 
 // limitedConn is a counted connection; closing it frees its place.
@@ -442,16 +451,24 @@ type limitedConn struct {
 	bound atomic.Bool
 	// unadmitted counts the requests in flight that were not admitted,
 	// public those of public endpoints, writing those writing an answer
-	// while it is bound (preAuthBounded); operator is set once it is bound
-	// to an operator.
+	// while it is bound (preAuthBounded).
 	unadmitted, public, writing atomic.Int64
-	operator                    atomic.Bool
 	// begun counts the requests begun on it, admissions those admitted,
 	// admittedInFlight those in flight (admittedRequests), for idleCheck.
 	begun, admissions atomic.Uint64
 	admittedInFlight  atomic.Int64
-	keysMu            sync.Mutex
-	keys              []callerKey
+	// closing is set once idleCheck judged it without admitted work: each
+	// answer written on it from then on says so (Connection: close;
+	// HTTP/2: GOAWAY).
+	closing atomic.Bool
+	// waiting are its requests that were not admitted and may wait long:
+	// public ones, and answers being written while it is bound
+	// (preAuthWriter.wait); idleCheck resets them when it judges the
+	// connection.
+	waitingMu sync.Mutex
+	waiting   map[*preAuthWriter]struct{}
+	keysMu    sync.Mutex
+	keys      []callerKey
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -462,6 +479,7 @@ type limitedConn struct {
 	gone    bool          // forgotten: closed, evicted or expired
 	idle    *time.Timer   // idleCheck's, once bound
 	seen    [2]uint64     // begun and admissions at idleCheck's last look
+	judged  time.Time     // when idleCheck set closing
 }
 
 // connReadBuffer is each connection's read buffer: room for a unary call's
@@ -516,6 +534,9 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 	c.keysMu.Unlock()
 	if c.agent {
 		l.agents--
+	}
+	if c.closing.Load() {
+		l.closing.Add(-1)
 	}
 }
 
@@ -615,7 +636,8 @@ func limitedOf(c net.Conn) *limitedConn {
 // (built without allocating: every admitted request looks its key up).
 type callerKey struct {
 	kind auth.Kind
-	name string // the lineage (agents), the subject (others)
+	name string // the lineage (agents), the subject (others); node: the node id
+	node bool   // an agent node's own count (ConnectionReserve)
 }
 
 func keyOf(p auth.Principal) callerKey {
@@ -625,6 +647,29 @@ func keyOf(p auth.Principal) callerKey {
 	return callerKey{kind: p.Kind, name: p.Subject}
 }
 
+// nodeKeyOf is the key that counts the connections an agent node's calls
+// bound, within its lineage's share or past it (ConnectionReserve).
+func nodeKeyOf(p auth.Principal) (callerKey, bool) {
+	if p.IsAgent() && p.Lineage != "" {
+		return callerKey{kind: p.Kind, name: p.Subject, node: true}, true
+	}
+	return callerKey{}, false
+}
+
+// ConnectionReserve is how many connections an agent node that bound none
+// may bind past its lineage's share (ConnLimits.MaxConnectionsPerLineage):
+// a member of the lineage holding the share cannot keep a sibling that
+// holds no connection — a child just spawned, one whose connection broke —
+// from the server, where its session and signal streams
+// (SignalStreamReserve) are. A node counts the connections its calls bound,
+// within the share or past it; a connection it only shares with the node
+// that bound it is not counted. A lineage of N nodes so holds at most its
+// share and N connections, each node a spawn its lineage paid for. One: a
+// node whose connection broke is let in once the server has noticed (its
+// pings unanswered, or the connection closed); until then it is refused as
+// before.
+const ConnectionReserve = 1
+
 // bind binds c to p's caller, or refuses the request — resource_exhausted,
 // naming the limit — when the caller, or agents together, hold every
 // connection they may. A refused request changes nothing, and the Gate
@@ -632,8 +677,9 @@ func keyOf(p auth.Principal) callerKey {
 // streams end).
 func (c *limitedConn) bind(p auth.Principal) error {
 	key := keyOf(p)
+	node, isNode := nodeKeyOf(p)
 	c.keysMu.Lock()
-	has := slices.Contains(c.keys, key)
+	has := slices.Contains(c.keys, key) || isNode && slices.Contains(c.keys, node)
 	c.keysMu.Unlock()
 	if has {
 		return nil
@@ -645,17 +691,24 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		return nil // closed meanwhile: nothing left to count
 	}
 	c.keysMu.Lock()
-	has = slices.Contains(c.keys, key)
+	has = slices.Contains(c.keys, key) || isNode && slices.Contains(c.keys, node)
 	c.keysMu.Unlock()
 	if has {
 		return nil
 	}
+	// reserve: past the lineage's share, a node that bound none
+	// (ConnectionReserve); the connection counts for the node alone.
+	reserve := false
 	if n := l.callers[key]; n >= l.perCaller {
-		who, per := p.ID(), "caller"
-		if p.IsAgent() && p.Lineage != "" {
-			who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
+		if !isNode || l.callers[node] >= ConnectionReserve {
+			who, per, own := p.ID(), "caller", ""
+			if isNode {
+				who, per = fmt.Sprintf("lineage %s (%s shares it with its root and every descendant)", p.Lineage, p.ID()), "lineage"
+				own = fmt.Sprintf(", and %s already holds %s of its own (a node holding none may bind %d past the share)", p.ID(), connections(l.callers[node]), ConnectionReserve)
+			}
+			return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)%s", who, connections(n), per, own))
 		}
-		return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)", who, connections(n), per))
+		reserve = true
 	}
 	if p.IsAgent() && !c.agent && l.agents >= l.max-l.operatorReserve {
 		return tooManyConnections(fmt.Sprintf("agents already hold %d of the server's %s; the other %d are kept for operators and tool servers (tether serve --operator-reserve)", l.agents, connections(l.max), l.operatorReserve))
@@ -663,16 +716,23 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	if l.callers == nil {
 		l.callers = map[callerKey]int{}
 	}
-	l.callers[key]++
+	if !reserve {
+		l.callers[key]++
+	}
+	if isNode {
+		l.callers[node]++
+	}
 	if p.IsAgent() && !c.agent {
 		c.agent = true
 		l.agents++
 	}
-	if p.Kind == auth.KindOperator {
-		c.operator.Store(true)
-	}
 	c.keysMu.Lock()
-	c.keys = append(c.keys, key)
+	if !reserve {
+		c.keys = append(c.keys, key)
+	}
+	if isNode {
+		c.keys = append(c.keys, node)
+	}
 	c.keysMu.Unlock()
 	if c.elem != nil && !c.healthOnly {
 		l.unauth.Remove(c.elem)
@@ -701,6 +761,18 @@ func (c *limitedConn) bind(p auth.Principal) error {
 // keeps its connection; one that carries nothing is left to net/http,
 // which closes it with a GOAWAY, so that a call sent as it closes is
 // retried.
+//
+// The close is graceful: the connection is marked closing, and every
+// answer written on it from then on carries Connection: close (HTTP/2: a
+// GOAWAY, the connection closed once its streams end), so that a call its
+// client sends at that moment is answered, or retried on a new connection,
+// rather than cut off (preAuthBounded). A request in flight ends within
+// its read or write timeout, and a connection then carrying nothing is
+// closed by net/http's idle close, with its GOAWAY: the requests that may
+// wait long (public ones, unadmitted answers being written) have their
+// streams reset when it is judged, so that it carries nothing soon. One
+// still open drain after it was judged, with no admitted work since, is
+// closed at once.
 func (l *connLimiter) idleCheck(c *limitedConn) {
 	l.mu.Lock()
 	if c.gone || c.idle == nil {
@@ -709,10 +781,21 @@ func (l *connLimiter) idleCheck(c *limitedConn) {
 	}
 	now := [2]uint64{c.begun.Load(), c.admissions.Load()}
 	quiet := now[0] == c.seen[0] && c.unadmitted.Load() == 0
-	if now[1] != c.seen[1] || c.admittedInFlight.Load() > 0 || quiet {
+	closing := c.closing.Load()
+	if now[1] != c.seen[1] || c.admittedInFlight.Load() > 0 || quiet && !closing || closing && time.Since(c.judged) < l.drain {
 		c.seen = now
 		c.idle.Reset(l.idle)
 		l.mu.Unlock()
+		return
+	}
+	if !closing {
+		c.judged = time.Now()
+		c.closing.Store(true)
+		l.closing.Add(1)
+		c.seen = now
+		c.idle.Reset(l.idle)
+		l.mu.Unlock()
+		c.cutWaiting()
 		return
 	}
 	l.forgetLocked(c)
@@ -832,6 +915,18 @@ func (s *Server) OpenConnections() int {
 	return int(conns.open.Load())
 }
 
+// ClosingConnections is how many of the open connections are closing for
+// want of admitted work (a bound connection that carried none for the
+// idle timeout, ConnLimits.IdleTimeout): each is told so (HTTP/2:
+// GOAWAY) and closes once what is in flight on it ends.
+func (s *Server) ClosingConnections() int {
+	conns := s.conns.Load()
+	if conns == nil {
+		return 0
+	}
+	return int(conns.closing.Load())
+}
+
 // OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
 // on this server now.
 func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
@@ -926,11 +1021,10 @@ const AnswerBytesPerRequest = 256 << 10
 //
 // On a connection bound to a caller, a public endpoint's request that
 // starts while this many others are in flight has its stream reset at
-// once, and so has a
-// refusal (or a console page, unless the connection is bound to an
-// operator) whose answer would be written while this many answers of
-// requests that were not admitted are still being written on the
-// connection: the connection is kept, for it may carry other callers'
+// once, and so has a refusal (or a console page, unless a call of its own
+// session was admitted as an operator's) whose answer would be written
+// while this many answers of requests that were not admitted are still
+// being written on the connection: the connection is kept, for it may carry other callers'
 // calls (a follower's forwarded ones), and an honest client, which takes
 // its answers, has hardly any being written at once.
 //
@@ -963,12 +1057,19 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 		over := c.unadmitted.Add(1) > PreAuthRequests
 		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over, page: consolePage(r), h2: r.ProtoMajor == 2}
 		defer pw.end()
+		pw.goingAway()
+		if pw.page {
+			// The console's calls to the API for the page carry its
+			// context: admittedRequests marks the page live.
+			r = r.WithContext(context.WithValue(r.Context(), pageKey{}, pw))
+		}
 		if !pw.page && !guards(r.URL.Path) {
 			// A public request may wait without writing (a stream waiting
 			// for a message): past the bound it is not let in. On a bound
 			// connection only public requests count for it (calls being
 			// authenticated are an honest client's business).
 			pw.public = true
+			pw.wait()
 			if c.public.Add(1) > PreAuthRequests && c.bound.Load() || over && !c.bound.Load() {
 				pw.refuse()
 				return
@@ -986,11 +1087,16 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 // admittedRequests sits behind the auth Gate: each request it admitted
 // (its context carries the principal; the Gate passes public requests on
 // too) leaves preAuthBounded's count, is counted for idleCheck, and is
-// served with the connection's own writer.
+// served with the connection's own writer. An operator's call the console
+// makes for a page (its context carries the page's writer) marks the page
+// live (preAuthWriter.live).
 func admittedRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if pw, ok := w.(*preAuthWriter); ok {
-			if _, admitted := auth.FromContext(r.Context()); admitted {
+			if p, admitted := auth.FromContext(r.Context()); admitted {
+				if page, _ := r.Context().Value(pageKey{}).(*preAuthWriter); page != nil && page != pw && p.Kind == auth.KindOperator {
+					page.live.Store(true)
+				}
 				pw.admit()
 				w = pw.ResponseWriter
 				c := pw.c
@@ -1005,11 +1111,12 @@ func admittedRequests(next http.Handler) http.Handler {
 
 // consolePage reports whether r asks for a page of the operator console:
 // the browser's session (a cookie) is checked by the console, whose calls
-// to the API bind the connection to the operator before the page is
-// written, so a page past PreAuthRequests is judged when it writes, not at
-// once (a browser restoring a dozen console tabs opens them on one fresh
-// connection), and written when the connection is bound to an operator by
-// then. A page has no body to wait for; anything else under /ui/ (a
+// to the API for the page bind the connection to the operator before the
+// page is written, so a page past PreAuthRequests is judged when it
+// writes, not at once (a browser restoring a dozen console tabs opens them
+// on one fresh connection), and written when one of those calls was
+// admitted as an operator's by then (live): the session's credential is
+// live. A page has no body to wait for; anything else under /ui/ (a
 // sign-in's form) does.
 func consolePage(r *http.Request) bool {
 	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && strings.HasPrefix(r.URL.Path, "/ui/")
@@ -1020,15 +1127,27 @@ func consolePage(r *http.Request) bool {
 // write (refuse).
 type preAuthWriter struct {
 	http.ResponseWriter
-	c        *limitedConn
-	over     bool // it began past the bound (unadmitted)
-	page     bool // a console page (consolePage)
-	h2       bool // an HTTP/2 stream (the console's in-process calls are not)
+	c    *limitedConn
+	over bool // it began past the bound (unadmitted)
+	page bool // a console page (consolePage)
+	h2   bool // an HTTP/2 stream (the console's in-process calls are not)
+	// live: a console page one of whose calls to the API was admitted as
+	// an operator's (admittedRequests): its session's credential is live,
+	// and it is written past the bound. A connection once bound to an
+	// operator wrote every page so, whoever asked, after the operator's
+	// token was revoked or had expired.
+	live     atomic.Bool
 	admitted bool // admitted by the Gate, or ended: out of unadmitted
 	writing  bool // counted in the connection's writing
 	public   bool // a public endpoint's, counted in the connection's public
 	refused  bool
+	told     bool // its answer says the connection is closing (goingAway)
+	waits    bool // among its connection's waiting (wait)
 }
+
+// pageKey carries a console page's *preAuthWriter to the console's calls
+// to the API for it.
+type pageKey struct{}
 
 // errPreAuthCut is what a write gets once its request gave up its place
 // for having too many requests in flight that were not admitted.
@@ -1054,14 +1173,60 @@ func (w *preAuthWriter) end() {
 		w.public = false
 		w.c.public.Add(-1)
 	}
+	if w.waits {
+		w.waits = false
+		w.c.waitingMu.Lock()
+		delete(w.c.waiting, w)
+		w.c.waitingMu.Unlock()
+	}
+}
+
+// goingAway has the answer say the connection is closing (Connection:
+// close; HTTP/2: GOAWAY) once idleCheck judged it (limitedConn.closing),
+// until the answer's headers are written; an admitted request's writer is
+// told at its start.
+func (w *preAuthWriter) goingAway() {
+	if !w.told && w.c.closing.Load() {
+		w.told = true
+		w.ResponseWriter.Header().Set("Connection", "close")
+	}
+}
+
+// wait notes the request among its connection's waiting, once.
+func (w *preAuthWriter) wait() {
+	if w.waits {
+		return
+	}
+	w.waits = true
+	c := w.c
+	c.waitingMu.Lock()
+	if c.waiting == nil {
+		c.waiting = map[*preAuthWriter]struct{}{}
+	}
+	c.waiting[w] = struct{}{}
+	c.waitingMu.Unlock()
+}
+
+// cutWaiting resets the streams of c's waiting requests (HTTP/2; an
+// HTTP/1.1 request has its connection's write deadline). A request leaves
+// waiting before its handler returns (end), so each is live while cut.
+func (c *limitedConn) cutWaiting() {
+	c.waitingMu.Lock()
+	defer c.waitingMu.Unlock()
+	for w := range c.waiting {
+		if w.h2 {
+			_ = http.NewResponseController(w.ResponseWriter).SetWriteDeadline(time.Unix(1, 0))
+		}
+	}
 }
 
 // cuts refuses the request when it may not write.
 func (w *preAuthWriter) cuts() bool {
+	w.goingAway()
 	switch {
 	case w.refused:
 		return true
-	case w.admitted || (w.page && w.c.operator.Load()):
+	case w.admitted || (w.page && w.live.Load()):
 		return false
 	case w.c.bound.Load():
 		// Judged by the answers being written on the connection's
@@ -1070,6 +1235,7 @@ func (w *preAuthWriter) cuts() bool {
 		// them).
 		if !w.writing && w.h2 {
 			w.writing = true
+			w.wait()
 			if w.c.writing.Add(1) > PreAuthRequests {
 				w.refuse()
 				return true

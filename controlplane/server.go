@@ -606,6 +606,7 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve,
 		perCaller: limits.MaxConnectionsPerLineage, operatorReserve: limits.OperatorReserve,
 		preAuth: limits.PreAuthTimeout, grace: limits.WriteTimeout, idle: limits.IdleTimeout,
+		drain:     max(limits.ReadTimeout, limits.WriteTimeout) + 2*limits.IdleTimeout,
 		plaintext: srv.TLSConfig == nil,
 	}
 	srv.ConnState = func(c net.Conn, state http.ConnState) {
