@@ -16,10 +16,13 @@ import (
 // guess (a newer binary migrates, an older one must not misread).
 const (
 	// leaseSchema 1 records carry the first leaseFieldsV1 fields, 2 the
-	// first leaseFieldsV2; 3 (what is written now) every field.
-	leaseSchemaV1 byte = 1
-	leaseSchemaV2 byte = 2
-	leaseSchema   byte = 3
+	// first leaseFieldsV2; 3 (what is written now) every field; 4 (what is
+	// written now for a job whose former holders sent anything) every
+	// field, then the former holders' counts (record.Stale).
+	leaseSchemaV1    byte = 1
+	leaseSchemaV2    byte = 2
+	leaseSchema      byte = 3
+	leaseSchemaStale byte = 4
 	// evidenceSchema 1 rows carry the whole lease; 2 (what is written
 	// now) carry a delta against the row before (delta.go).
 	evidenceSchemaFull  byte = 1
@@ -76,6 +79,9 @@ var ErrCorrupt = fault.New(fault.Internal, "coordinator: corrupt lease record")
 type record struct {
 	Lease lease.Lease
 	Rows  uint64
+	// Stale counts the messages of the job's former holders (stalefold.go),
+	// in the order they first sent one.
+	Stale []StaleCount
 }
 
 // Row is one evidence row as stored: its number within the job (1, 2, …)
@@ -223,9 +229,21 @@ func (d *decoder) done() error {
 }
 
 func encodeRecord(dst []byte, r record) []byte {
-	e := encoder{b: append(dst, leaseSchema)}
+	schema := leaseSchema
+	if len(r.Stale) > 0 {
+		schema = leaseSchemaStale
+	}
+	e := encoder{b: append(dst, schema)}
 	e.uint(r.Rows)
 	encodeLease(&e, r.Lease)
+	if len(r.Stale) > 0 {
+		e.uint(uint64(len(r.Stale)))
+		for _, c := range r.Stale {
+			e.str(c.Holder)
+			e.uint(c.Kept)
+			e.uint(c.Folded)
+		}
+	}
 	return e.b
 }
 
@@ -238,19 +256,32 @@ func encodeLease(e *encoder, l lease.Lease) {
 func decodeRecord(b []byte) (record, error) {
 	d := decoder{b: b}
 	fields := leaseFields
-	switch v := d.byte1("schema version"); {
+	v := d.byte1("schema version")
+	switch {
 	case d.err != nil:
 		return record{}, d.err
 	case v == leaseSchemaV1:
 		fields = leaseFieldsV1
 	case v == leaseSchemaV2:
 		fields = leaseFieldsV2
-	case v != leaseSchema:
-		return record{}, fmt.Errorf("%w: lease schema version %d is not %d, %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchemaV2, leaseSchema)
+	case v != leaseSchema && v != leaseSchemaStale:
+		return record{}, fmt.Errorf("%w: lease schema version %d is not %d, %d, %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchemaV2, leaseSchema, leaseSchemaStale)
 	}
 	var r record
 	r.Rows = d.uint()
 	r.Lease = decodeLease(&d, fields)
+	if v == leaseSchemaStale {
+		n := d.uint()
+		if n == 0 || n > lease.MaxFormerHolders {
+			d.fail("former holders' counts")
+		}
+		for range n {
+			if d.err != nil {
+				break
+			}
+			r.Stale = append(r.Stale, StaleCount{Holder: d.str(), Kept: d.uint(), Folded: d.uint()})
+		}
+	}
 	return r, d.done()
 }
 

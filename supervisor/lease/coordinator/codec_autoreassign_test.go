@@ -19,7 +19,7 @@ func TestRecordsFromBeforeAutoReassignsStillDecode(t *testing.T) {
 	got, err := decodeRecord(e.b)
 	want := l
 	want.AutoReassigns = 0
-	if err != nil || got != (record{Lease: want, Rows: 42}) {
+	if err != nil || got.Lease != want || got.Rows != 42 || got.Stale != nil {
 		t.Fatalf("schema 2 record: %v\n got %+v\nwant %+v", err, got.Lease, want)
 	}
 

@@ -33,7 +33,7 @@ func TestSchemaOneRecordsStillDecode(t *testing.T) {
 	}
 	got, err := decodeRecord(e.b)
 	l.Owner, l.FormerHolders, l.AutoReassigns = "", [lease.MaxFormerHolders]string{}, 0
-	if err != nil || got != (record{Lease: l, Rows: 42}) {
+	if err != nil || !reflect.DeepEqual(got, record{Lease: l, Rows: 42}) {
 		t.Fatalf("schema 1 record: %v\n got %+v\nwant %+v", err, got, l)
 	}
 	bad := encodeRecord(nil, record{Lease: sampleLease(), Rows: 1})
@@ -46,8 +46,13 @@ func TestSchemaOneRecordsStillDecode(t *testing.T) {
 func TestRecordsRoundTrip(t *testing.T) {
 	r := record{Lease: sampleLease(), Rows: 42}
 	got, err := decodeRecord(encodeRecord(nil, r))
-	if err != nil || got != r {
+	if err != nil || !reflect.DeepEqual(got, r) {
 		t.Fatalf("record round trip: %v\n got %+v\nwant %+v", err, got, r)
+	}
+	// A record with its former holders' counts (schema 4).
+	withStale := record{Lease: sampleLease(), Rows: 7, Stale: []StaleCount{{Holder: "w1", Kept: 32, Folded: 1 << 40}, {Holder: "w3", Kept: 2}}}
+	if got, err := decodeRecord(encodeRecord(nil, withStale)); err != nil || !reflect.DeepEqual(got, withStale) {
+		t.Fatalf("record with counts round trip: %v\n got %+v\nwant %+v", err, got, withStale)
 	}
 	if _, err := decodeRecord(encodeRecord(nil, record{})); err != nil {
 		t.Fatalf("the zero record: %v", err)
@@ -63,7 +68,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 			t.Fatalf("matrix row %+v", m)
 		}
 	}
-	enc := encodeRecord(nil, r)
+	enc := encodeRecord(nil, withStale)
 	for i := range enc {
 		if _, err := decodeRecord(enc[:i]); err == nil {
 			t.Fatalf("a record truncated to %d bytes decoded", i)
@@ -80,6 +85,7 @@ func TestRecordsRoundTrip(t *testing.T) {
 // decodes re-encodes to the same bytes.
 func FuzzDecode(f *testing.F) {
 	f.Add(encodeRecord(nil, record{Lease: sampleLease(), Rows: 1}))
+	f.Add(encodeRecord(nil, record{Lease: sampleLease(), Rows: 3, Stale: []StaleCount{{Holder: "w1", Kept: 32, Folded: 5}}}))
 	f.Add(encodeRow(nil, lease.Lease{}, storedRow{Number: 1, Lease: sampleLease(), Kind: lease.KindAck}))
 	f.Add(encodeRow(nil, sampleLease(), storedRow{Number: 2, Lease: sampleLease(), Kind: lease.KindAck,
 		Decision: lease.Decision{Reason: "lease \"l_1\" at 2026-11-30T12:00:00.123456789Z \x01"}}))
@@ -87,7 +93,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{1, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if r, err := decodeRecord(b); err == nil {
-			if again, err := decodeRecord(encodeRecord(nil, r)); err != nil || again != r {
+			if again, err := decodeRecord(encodeRecord(nil, r)); err != nil || !reflect.DeepEqual(again, r) {
 				t.Fatalf("record does not survive re-encoding: %v", err)
 			}
 		}

@@ -15,7 +15,10 @@
 //     lease.Step against the job's latest judged lease (pending);
 //  2. persist: the decision's evidence row — from which the lease after
 //     the decision can be rebuilt — goes into the shard's building batch,
-//     whatever the outcome (the audit log keeps rejected messages);
+//     whatever the outcome (the audit log keeps rejected messages) — but a
+//     former holder's message past its StaleRowsPerFormerHolder rows that
+//     changes nothing is counted in the job's record instead
+//     (stalefold.go);
 //  3. answer: only when that batch's commit returned.
 //
 // A shard does not wait for a commit before judging the next message: while

@@ -77,6 +77,12 @@ type entry struct {
 	// batch writes each lease record once however many messages it carries;
 	// costed the last batch whose bytes count the record's rewrite.
 	mark, costed uint64
+	// durableStale and pendingStale count the messages of the job's former
+	// holders (stalefold.go), as durable and as judged: they are only in
+	// the record, so staleMark, the last batch that changed them, rewrites
+	// it. A slice is never changed in place once set (a snapshot shares it).
+	durableStale, pendingStale []StaleCount
+	staleMark                  uint64
 }
 
 // batch is the writes of the messages a shard judged since its last
@@ -215,7 +221,8 @@ const checkpointEvery = 64
 
 // load adds a lease read from the store (before the run's shards start).
 func (s *shard) load(r record, checkpoint uint64) {
-	e := &entry{job: r.Lease.JobID, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint}
+	e := &entry{job: r.Lease.JobID, durableRows: r.Rows, pendingRows: r.Rows, checkpoint: checkpoint,
+		durableStale: r.Stale, pendingStale: r.Stale}
 	s.leases[r.Lease.JobID] = e
 	s.setPending(e, r.Lease)
 	s.setDurable(e, r.Lease)
@@ -602,6 +609,32 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		e = &entry{job: job}
 		s.leases[job] = e
 	}
+	fold := false
+	if holder, ok := formerHolder(current, m); ok {
+		e.pendingStale, fold = countStale(e.pendingStale, holder, current, next)
+		e.staleMark = b.seq
+	} else if len(e.pendingStale) > 0 {
+		if pruned, dropped := pruneStale(e.pendingStale, next.FormerHolders); dropped {
+			e.pendingStale = pruned
+			e.staleMark = b.seq
+		}
+	}
+	if fold {
+		// Judged and answered, counted in the record (rewritten by this
+		// batch: staleMark) instead of adding a row; the lease is as it was.
+		if e.mark != b.seq {
+			e.mark = b.seq
+			b.touched = append(b.touched, e)
+		}
+		if e.costed != b.seq {
+			e.costed = b.seq
+			b.bytes += recordCost(next) + staleCost(e.pendingStale)
+		}
+		if done != nil {
+			b.answers = append(b.answers, pendingAnswer{done: done, result: Result{Lease: next, Decision: decision}})
+		}
+		return
+	}
 	s.setPending(e, next)
 	e.pendingRows++
 	row := storedRow{Number: e.pendingRows, Lease: next, Decision: decision, Kind: m.Kind(), DecidedAt: now}
@@ -617,12 +650,12 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		e.mark = b.seq
 		b.touched = append(b.touched, e)
 	}
-	if e.costed != b.seq && (e.checkpoint == 0 || e.pendingRows-e.checkpoint >= checkpointEvery) {
+	if e.costed != b.seq && (e.checkpoint == 0 || e.pendingRows-e.checkpoint >= checkpointEvery || e.staleMark == b.seq) {
 		// The batch will rewrite the record (seal): count it now, as the
 		// lease stands; what the batch changes in it later comes with rows
 		// counted too.
 		e.costed = b.seq
-		b.bytes += recordCost(next)
+		b.bytes += recordCost(next) + staleCost(e.pendingStale)
 	}
 	s.deadlines.Sync(next)
 	if done != nil {
@@ -710,8 +743,8 @@ func (s *shard) sealIfFull() {
 func (s *shard) seal() {
 	b := s.building
 	for _, e := range b.touched {
-		r := record{Lease: e.pending, Rows: e.pendingRows}
-		write := b.final || e.checkpoint == 0 || r.Rows-e.checkpoint >= checkpointEvery
+		r := record{Lease: e.pending, Rows: e.pendingRows, Stale: e.pendingStale}
+		write := b.final || e.checkpoint == 0 || r.Rows-e.checkpoint >= checkpointEvery || e.staleMark == b.seq
 		b.snapshots = append(b.snapshots, r)
 		b.checkpoints = append(b.checkpoints, write)
 		if write {
@@ -739,7 +772,7 @@ func (s *shard) checkpointAll() {
 		b.final = true
 		e.mark = b.seq
 		b.touched = append(b.touched, e)
-		b.bytes += recordCost(e.pending)
+		b.bytes += recordCost(e.pending) + staleCost(e.pendingStale)
 		if b.bytes >= s.c.cfg.MaxCommitBytes {
 			s.seal()
 		}
@@ -844,6 +877,7 @@ func (s *shard) complete(b *batch) {
 		for i, e := range b.touched {
 			s.setDurable(e, b.snapshots[i].Lease)
 			e.durableRows = b.snapshots[i].Rows
+			e.durableStale = b.snapshots[i].Stale
 			if b.checkpoints[i] {
 				e.checkpoint = e.durableRows
 			}
@@ -869,6 +903,7 @@ func (s *shard) complete(b *batch) {
 		for _, e := range f.touched {
 			s.setPending(e, e.durable)
 			e.pendingRows = e.durableRows
+			e.pendingStale = e.durableStale
 			if !e.durable.Exists() {
 				s.judged.remove(e.pending.HolderIdentity, e)
 				delete(s.leases, e.job)
