@@ -208,10 +208,26 @@ func TestRogue27AToolCallAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
 				call()
 				w.clk.Advance(time.Minute)
 			}
+			// Under its stop, the rogue's call must come while the drain
+			// runs: a drain with no call in flight ends at once and the
+			// stop revokes the rogue's grant (the "revoked" case), which
+			// the rogue's call raced (seen: permission_denied in 5 runs
+			// of 8 under load). The parent's call in flight holds the
+			// drain open until it ends.
+			var parentsCall string
+			if tc.whenCall == "under-stop" {
+				if parentsCall, err = w.begin(w.gP.token); err != nil {
+					t.Fatal(err)
+				}
+			}
 			term := terminate(t, w.admin, w.p.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
 			switch tc.whenCall {
 			case "under-stop":
+				waitState(t, w.srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_DRAINING)
 				call()
+				if _, err := w.gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: parentsCall, GateId: "gate-1"})); err != nil {
+					t.Fatal(err)
+				}
 			case "revoked":
 				testserver.WaitFor(t, 20*time.Second, "the stop to revoke the rogue's grant", func() bool {
 					return getGrant(t, w.admin, w.gC.grant.GrantId).State == tetherv1.GrantState_GRANT_STATE_REVOKED

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
 // The twenty-eighth hostile pass, reviewing what the twenty-seventh changed
@@ -82,6 +83,17 @@ func TestRogue28AStreamHeldPastTheSessionsEndIsLifeAfterIt(t *testing.T) {
 			if tc.feedEnds == "before-end" {
 				fcancel()
 				_ = feed.Close()
+				// The feed ends before the session only once the server's
+				// handler has returned (it notes the node seen on its way
+				// out): the agent's cancel reaches the handler
+				// asynchronously, and a loaded machine could run it after
+				// the session's end was stored, the guard then failing on
+				// a feed that did outlive the end at the server.
+				procedure := tetherv1connect.CapabilityServiceWatchRevocationsProcedure
+				testserver.WaitFor(t, 20*time.Second, "the server to end the rogue's feed", func() bool {
+					v, _ := scrapeMetrics(t, w.srv.HTTP, w.srv.URL).value("tether_server_open_streams", map[string]string{"procedure": procedure})
+					return v == 0
+				})
 				w.clk.Advance(time.Minute)
 			}
 			sess.close()
