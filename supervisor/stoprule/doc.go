@@ -25,7 +25,8 @@
 //     descendant set (CheckRemove), so a rule an ancestor or an operator
 //     set is never removed or loosened by an agent (rules are never edited;
 //     CheckName refuses a name already in effect, so an inherited rule
-//     cannot be shadowed; an agent's rule never keeps an operator from a
+//     cannot be shadowed; a descendant's rule never keeps an ancestor,
+//     nor an agent's an operator, from a
 //     name, and agents' and operators' rules count apart against
 //     MaxRulesPerNode, so the workload cannot block an operator's rule).
 //     Operators attach to any subtree and by label selector.

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -214,6 +215,14 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 			// agent's rule of the same name shadows nothing an operator
 			// adds (rules only add), so an agent cannot squat a name.
 			inEffect = sameSide(a, inEffect)
+		} else if target != nil {
+			// Nor is an agent's rule blocked by its descendants': a name
+			// is kept from a descendant so that it cannot shadow what is
+			// inherited, and a descendant's rule shadows nothing its
+			// ancestor adds. Otherwise a rogue child named a rule of its
+			// own like its parent's standard rule, first, and its parent's
+			// rule on it was refused.
+			inEffect = notBelow(a, target, inEffect)
 		}
 		if err := CheckName(inEffect, rule.Name); err != nil {
 			return err
@@ -245,6 +254,29 @@ func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
 		return fmt.Errorf("%w: the agents' rules on a node may cost %d together in the worst case; those attached cost %d and this one %d (remove one, or write a cheaper expression)", ErrLimit, MaxAgentRuleCostPerNode, total-c.Cost, c.Cost)
 	}
 	return nil
+}
+
+// notBelow drops from inEffect (the rules in effect at target, which is
+// in the agent a's subtree) those set by a strict descendant of a. Such a
+// rule is attached to target or one of its ancestors, and its setter is
+// that node or an ancestor of it (agents attach to themselves and their
+// descendants only), so the setter is in target's lineage: below a when it
+// comes after a there.
+func notBelow(a Actor, target *tree.Node, inEffect []*Rule) []*Rule {
+	lineage := append(append([]string(nil), target.Ancestors...), target.NodeID)
+	at := slices.Index(lineage, a.NodeID)
+	if at < 0 {
+		return inEffect
+	}
+	below := lineage[at+1:]
+	var out []*Rule
+	for _, r := range inEffect {
+		if n := SetterNode(r); n != "" && slices.Contains(below, n) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
 }
 
 // sameSide keeps the rules set by the actor's side: operators' rules for an
