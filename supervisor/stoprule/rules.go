@@ -202,11 +202,20 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 				return err
 			}
 		}
-		if attached := len(sameSide(a, own)); attached >= MaxRulesPerNode {
+		// The bounds count the rules of the actor's side at the node, and
+		// of the agents' the node's own apart from its ancestors' (each
+		// part MaxRulesPerNode, MaxAgentRuleCostPerNode): a rogue worker
+		// filling its node with rules never true, or costing the whole
+		// sum, cannot have its planner's rule on it refused.
+		mine := sameSide(a, own)
+		if a.IsAgent() && target != nil {
+			mine = allotment(a, target, mine)
+		}
+		if attached := len(mine); attached >= MaxRulesPerNode {
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
 		}
 		if a.IsAgent() {
-			if err := r.checkAgentCost(sameSide(a, own), c); err != nil {
+			if err := r.checkAgentCost(mine, c); err != nil {
 				return err
 			}
 		}
@@ -275,6 +284,24 @@ func notBelow(a Actor, target *tree.Node, inEffect []*Rule) []*Rule {
 			continue
 		}
 		out = append(out, r)
+	}
+	return out
+}
+
+// allotment keeps, of the agents' rules attached to target, those that
+// count against agent a's next one there: the node's own when a is the
+// node, else its ancestors' (an agent attaches to itself and its
+// descendants only, so these are the two kinds of agents' rules on a
+// node). A node filling its own part never refuses its ancestors' rules
+// on it; an ancestor refused at a node below a rogue ancestor that filled
+// that node's part attaches at the rogue instead, where the rule is as
+// much in effect.
+func allotment(a Actor, target *tree.Node, rules []*Rule) []*Rule {
+	var out []*Rule
+	for _, r := range rules {
+		if (SetterNode(r) == target.NodeID) == (a.NodeID == target.NodeID) {
+			out = append(out, r)
+		}
 	}
 	return out
 }
