@@ -248,8 +248,8 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 }
 
 // checkAgentCost refuses a rule of an agent whose worst-case cost, added
-// to that of the agents' rules already attached to its node, would pass
-// MaxAgentRuleCostPerNode.
+// to that of the rules it counts against (attached: allotment's part of
+// the agents' rules on its node), would pass MaxAgentRuleCostPerNode.
 func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
 	total := c.Cost
 	for _, o := range attached {
@@ -260,7 +260,7 @@ func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
 		total += oc.Cost
 	}
 	if total > MaxAgentRuleCostPerNode {
-		return fmt.Errorf("%w: the agents' rules on a node may cost %d together in the worst case; those attached cost %d and this one %d (remove one, or write a cheaper expression)", ErrLimit, MaxAgentRuleCostPerNode, total-c.Cost, c.Cost)
+		return fmt.Errorf("%w: the rules a node's agent attaches to it, and apart those its ancestors attach, may cost %d together in the worst case; those attached cost %d and this one %d (remove one, or write a cheaper expression)", ErrLimit, MaxAgentRuleCostPerNode, total-c.Cost, c.Cost)
 	}
 	return nil
 }
