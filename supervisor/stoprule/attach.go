@@ -41,9 +41,10 @@ var (
 	severityName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 )
 
-// MaxRulesPerNode bounds the rules agents attach to one node, and apart
-// from them those operators attach (and the selector rules in total), so a
-// runaway agent cannot make evaluation unbounded, nor use up the room an
+// MaxRulesPerNode bounds the rules an agent attaches to its own node, and
+// apart from them those its ancestors attach to it, and those operators
+// attach (and the selector rules in total), so a runaway agent cannot make
+// evaluation unbounded, nor use up the room its ancestors' or an
 // operator's rule needs.
 const MaxRulesPerNode = 64
 
@@ -51,8 +52,9 @@ const MaxRulesPerNode = 64
 // attach to one node, added up: the evaluator (one for the cluster) runs
 // every rule in effect at a node each time the node reports its counters,
 // so without it 64 rules each within CostBudget made one report of a
-// rogue's cost the evaluator 64 near-budget evaluations. Operators' rules
-// count apart, as they do against MaxRulesPerNode.
+// rogue's cost the evaluator 64 near-budget evaluations. The node's own
+// rules, its ancestors' on it and operators' count apart, as they do
+// against MaxRulesPerNode (a node's agents' rules may cost two budgets).
 const MaxAgentRuleCostPerNode = CostBudget
 
 // Validate checks a rule's fields other than its expression.

@@ -25,9 +25,11 @@
 //     descendant set (CheckRemove), so a rule an ancestor or an operator
 //     set is never removed or loosened by an agent (rules are never edited;
 //     CheckName refuses a name already in effect, so an inherited rule
-//     cannot be shadowed; an agent's rule never keeps an operator from a
-//     name, and agents' and operators' rules count apart against
-//     MaxRulesPerNode, so the workload cannot block an operator's rule).
+//     cannot be shadowed; a descendant's rule never keeps an ancestor,
+//     nor an agent's an operator, from a
+//     name, and a node's own rules, its ancestors' on it and operators'
+//     count apart against MaxRulesPerNode and MaxAgentRuleCostPerNode, so
+//     neither a node nor the workload can block the rules of those above).
 //     Operators attach to any subtree and by label selector.
 //   - ApplyCall and ApplySpawn fold ledger and tree changes into a node's
 //     stored counters.

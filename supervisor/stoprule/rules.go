@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -201,11 +202,20 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 				return err
 			}
 		}
-		if attached := len(sameSide(a, own)); attached >= MaxRulesPerNode {
+		// The bounds count the rules of the actor's side at the node, and
+		// of the agents' the node's own apart from its ancestors' (each
+		// part MaxRulesPerNode, MaxAgentRuleCostPerNode): a rogue worker
+		// filling its node with rules never true, or costing the whole
+		// sum, cannot have its planner's rule on it refused.
+		mine := sameSide(a, own)
+		if a.IsAgent() && target != nil {
+			mine = allotment(a, target, mine)
+		}
+		if attached := len(mine); attached >= MaxRulesPerNode {
 			return fmt.Errorf("%w: at most %d rules per node (and %d selector rules)", ErrLimit, MaxRulesPerNode, MaxRulesPerNode)
 		}
 		if a.IsAgent() {
-			if err := r.checkAgentCost(sameSide(a, own), c); err != nil {
+			if err := r.checkAgentCost(mine, c); err != nil {
 				return err
 			}
 		}
@@ -214,6 +224,14 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 			// agent's rule of the same name shadows nothing an operator
 			// adds (rules only add), so an agent cannot squat a name.
 			inEffect = sameSide(a, inEffect)
+		} else if target != nil {
+			// Nor is an agent's rule blocked by its descendants': a name
+			// is kept from a descendant so that it cannot shadow what is
+			// inherited, and a descendant's rule shadows nothing its
+			// ancestor adds. Otherwise a rogue child named a rule of its
+			// own like its parent's standard rule, first, and its parent's
+			// rule on it was refused.
+			inEffect = notBelow(a, target, inEffect)
 		}
 		if err := CheckName(inEffect, rule.Name); err != nil {
 			return err
@@ -230,8 +248,8 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 }
 
 // checkAgentCost refuses a rule of an agent whose worst-case cost, added
-// to that of the agents' rules already attached to its node, would pass
-// MaxAgentRuleCostPerNode.
+// to that of the rules it counts against (attached: allotment's part of
+// the agents' rules on its node), would pass MaxAgentRuleCostPerNode.
 func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
 	total := c.Cost
 	for _, o := range attached {
@@ -242,9 +260,50 @@ func (r *Rules) checkAgentCost(attached []*Rule, c *Compiled) error {
 		total += oc.Cost
 	}
 	if total > MaxAgentRuleCostPerNode {
-		return fmt.Errorf("%w: the agents' rules on a node may cost %d together in the worst case; those attached cost %d and this one %d (remove one, or write a cheaper expression)", ErrLimit, MaxAgentRuleCostPerNode, total-c.Cost, c.Cost)
+		return fmt.Errorf("%w: the rules a node's agent attaches to it, and apart those its ancestors attach, may cost %d together in the worst case; those attached cost %d and this one %d (remove one, or write a cheaper expression)", ErrLimit, MaxAgentRuleCostPerNode, total-c.Cost, c.Cost)
 	}
 	return nil
+}
+
+// notBelow drops from inEffect (the rules in effect at target, which is
+// in the agent a's subtree) those set by a strict descendant of a. Such a
+// rule is attached to target or one of its ancestors, and its setter is
+// that node or an ancestor of it (agents attach to themselves and their
+// descendants only), so the setter is in target's lineage: below a when it
+// comes after a there.
+func notBelow(a Actor, target *tree.Node, inEffect []*Rule) []*Rule {
+	lineage := append(append([]string(nil), target.Ancestors...), target.NodeID)
+	at := slices.Index(lineage, a.NodeID)
+	if at < 0 {
+		return inEffect
+	}
+	below := lineage[at+1:]
+	var out []*Rule
+	for _, r := range inEffect {
+		if n := SetterNode(r); n != "" && slices.Contains(below, n) {
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// allotment keeps, of the agents' rules attached to target, those that
+// count against agent a's next one there: the node's own when a is the
+// node, else its ancestors' (an agent attaches to itself and its
+// descendants only, so these are the two kinds of agents' rules on a
+// node). A node filling its own part never refuses its ancestors' rules
+// on it; an ancestor refused at a node below a rogue ancestor that filled
+// that node's part attaches at the rogue instead, where the rule is as
+// much in effect.
+func allotment(a Actor, target *tree.Node, rules []*Rule) []*Rule {
+	var out []*Rule
+	for _, r := range rules {
+		if (SetterNode(r) == target.NodeID) == (a.NodeID == target.NodeID) {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // sameSide keeps the rules set by the actor's side: operators' rules for an
