@@ -226,20 +226,27 @@ func (t *Tree) StreamOpened(ctx context.Context, nodeID string) (string, error) 
 // that removes the stream, so the claim is never judged between the two.
 // The caller passes a context that outlives the stream.
 func (t *Tree) StreamClosed(ctx context.Context, nodeID, streamID string) error {
+	return t.closeOpenEntry(ctx, nodeID, streamID, true, closeStream)
+}
+
+// closeOpenEntry removes the node's open session or stream entryID, in
+// the node (by close, at the clock's now) and its index key, in one
+// transaction. goneOK: a node no longer stored has only its key removed.
+func (t *Tree) closeOpenEntry(ctx context.Context, nodeID, entryID string, goneOK bool, close func(n *Node, entryID string, now time.Time)) error {
 	now := t.Clock.Now()
 	return t.Store.Update(ctx, func(tx store.Txn) error {
 		n, err := getNode(tx, nodeID)
-		if errors.Is(err, ErrNodeNotFound) {
-			return tx.Delete(sessionKey(t.Instance, nodeID, streamID))
+		if goneOK && errors.Is(err, ErrNodeNotFound) {
+			return tx.Delete(sessionKey(t.Instance, nodeID, entryID))
 		}
 		if err != nil {
 			return err
 		}
-		closeStream(n, streamID, now)
+		close(n, entryID, now)
 		if err := putNode(tx, n); err != nil {
 			return err
 		}
-		return tx.Delete(sessionKey(t.Instance, nodeID, streamID))
+		return tx.Delete(sessionKey(t.Instance, nodeID, entryID))
 	})
 }
 
@@ -337,18 +344,7 @@ func (t *Tree) SessionOpened(ctx context.Context, nodeID string) (*Node, string,
 // SessionClosed records that a session ended. The caller passes a context
 // that outlives the stream.
 func (t *Tree) SessionClosed(ctx context.Context, nodeID, sessionID string) error {
-	now := t.Clock.Now()
-	return t.Store.Update(ctx, func(tx store.Txn) error {
-		n, err := getNode(tx, nodeID)
-		if err != nil {
-			return err
-		}
-		closeSession(n, sessionID, now)
-		if err := putNode(tx, n); err != nil {
-			return err
-		}
-		return tx.Delete(sessionKey(t.Instance, nodeID, sessionID))
-	})
+	return t.closeOpenEntry(ctx, nodeID, sessionID, false, closeSession)
 }
 
 func closeSession(n *Node, sessionID string, now time.Time) {
