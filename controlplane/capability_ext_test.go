@@ -897,7 +897,7 @@ func TestAcknowledgedRevocationsSurviveKill9(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	dir := t.TempDir()
 	proc := testserver.StartProcess(t, dir)

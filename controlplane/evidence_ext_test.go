@@ -387,7 +387,7 @@ func TestKill9KeepsAClaimAndItsContradictions(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)
 	proc := testserver.StartProcessOn(t, dir, addr)
@@ -466,7 +466,7 @@ func TestKill9EndsTheSessionsOfThePreviousRun(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)
 	proc := testserver.StartProcessOn(t, dir, addr)

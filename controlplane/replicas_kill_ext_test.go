@@ -486,7 +486,7 @@ func TestEtcdKill9MidCommitKeepsEveryAcknowledgedEvidenceRow(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	cluster := etcdtest.Start(t)
 	prefix := etcdtest.Prefix(t)

@@ -277,7 +277,7 @@ func TestKill9KeepsWhatRulesCountedAndWhatTheOperatorAcknowledged(t *testing.T) 
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	ctx := context.Background()
 	dir := t.TempDir()
@@ -516,7 +516,7 @@ func TestAVerifierFollowsTheFeedAcrossKill9(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	ctx := context.Background()
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)

@@ -312,7 +312,7 @@ func TestKill9KeepsTheProposalBound(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	dir, addr := t.TempDir(), testserver.FreeAddr(t)
 	proc := testserver.StartProcessOn(t, dir, addr)

@@ -36,7 +36,7 @@ func TestAChunkedTerminationSurvivesKill9(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	for _, backend := range []string{"badger", "etcd"} {
 		for _, point := range []string{"mark:6", "revoke:5", "record:7"} {

@@ -20,7 +20,7 @@ func TestAcknowledgedRegistrationsSurviveKill9(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	dir := t.TempDir()
 	proc := testserver.StartProcess(t, dir)
@@ -88,7 +88,7 @@ func TestStopRuleKill9BetweenFiringAndProposing(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	for _, run := range []struct{ backend, point string }{{"badger", "before-file"}, {"badger", "after-file"}, {"etcd", "before-file"}, {"etcd", "after-file"}} {
 		point := run.point

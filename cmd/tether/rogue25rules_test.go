@@ -38,7 +38,7 @@ func TestRogue25StopRulesAndTheirProposalsSurviveKill9OnBothStores(t *testing.T)
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	for _, backend := range []string{"badger", "etcd"} {
 		t.Run(backend, func(t *testing.T) {
@@ -177,7 +177,7 @@ func TestRogue25ARolloutSurvivesKill9OnBothStores(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
-		t.Skip("runs the real binary")
+		t.Skip("By design: -short skips the tests that run the real binary; make test and CI run them.")
 	}
 	for _, backend := range []string{"badger", "etcd"} {
 		t.Run(backend, func(t *testing.T) {
