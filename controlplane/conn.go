@@ -1305,3 +1305,15 @@ func (c *limitedConn) cut() {
 // A request's body and headers come in frames of this size or
 // CONTINUATIONs; no client sends larger ones unasked.
 const MaxFrameBytes = 16 << 10
+
+// MaxReceiveBufferBytes is how far the server reads a connection's
+// request bodies ahead of its handlers, over all its streams: HTTP/2's
+// connection flow-control window, and each stream's. A body its handler
+// does not read — that of a call refused from its headers, whose refusal
+// the client does not take — stays in the server's buffers until the
+// stream ends, up to the write deadline: at Go's default, a megabyte a
+// connection, which a client without a credential could park on each
+// connection it opened (10 GB over the default cap). The least HTTP/2
+// allows a connection is 64 KiB; a larger body takes a round trip per
+// 64 KiB to arrive (a request of the default 1 MiB limit, sixteen).
+const MaxReceiveBufferBytes = 64 << 10

@@ -587,6 +587,12 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 			// Frames of 16 KiB: a frame's header made the server allocate
 			// the megabyte it declared (MaxFrameBytes).
 			MaxReadFrameSize: MaxFrameBytes,
+			// Request bodies read ahead of their handlers: 64 KiB a
+			// connection, where Go's default, a megabyte, let a client
+			// park a megabyte of body a connection behind a refusal it
+			// does not take (MaxReceiveBufferBytes).
+			MaxReceiveBufferPerConnection: MaxReceiveBufferBytes,
+			MaxReceiveBufferPerStream:     MaxReceiveBufferBytes,
 		},
 	}
 	protocols := new(http.Protocols)
