@@ -102,10 +102,10 @@ type ConnLimits struct {
 	// limit lowered it (fitFileLimit); New logs it.
 	fileLimited int
 	// MaxHeaderBytes bounds a request's headers (HTTP/1.1: 431; HTTP/2:
-	// the header list size the server advertises). A stream keeps its
-	// headers while it lives, so this times the open streams is what
-	// headers may hold; Go's default is a megabyte, far above the 8 KiB
-	// of a credential.
+	// the header list size the server advertises); Go's default is a
+	// megabyte, far above the 8 KiB of a credential. A stream keeps its
+	// headers while it lives, and is refused when they are past
+	// MaxStreamHeaderBytes or MaxStreamHeaderFields, whatever this says.
 	MaxHeaderBytes int
 }
 
@@ -283,11 +283,23 @@ func withDeadlines(limits ConnLimits, next http.Handler) http.Handler {
 // then holds one of its caller's MaxStreamsPerCaller) lives past them.
 // Each write of the stream still has stall (WriteTimeout) to be taken by
 // the client (stallGuard): a stream lives as long as its client reads it.
+//
+// A stream whose request headers are larger than MaxStreamHeaderBytes, or
+// hold more than MaxStreamHeaderFields fields, is refused
+// (resource_exhausted) before it lifts anything: it would keep them for
+// its life.
 func streamsUnbounded(stall time.Duration, next http.Handler) http.Handler {
 	streaming := streamingProcedures()
+	errw := connect.NewErrorWriter()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !streaming[r.URL.Path] {
 			next.ServeHTTP(w, r)
+			return
+		}
+		if size, fields := headerList(r.Header); size > MaxStreamHeaderBytes || fields > MaxStreamHeaderFields {
+			_ = errw.Write(w, r, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+				"a stream keeps its request headers while it lives, so they may hold at most %d bytes (each field's name and value and 32, as HTTP/2 counts them) in at most %d fields; these hold %d bytes in %d fields",
+				MaxStreamHeaderBytes, MaxStreamHeaderFields, size, fields)))
 			return
 		}
 		rc := http.NewResponseController(w)
@@ -1317,3 +1329,32 @@ const MaxFrameBytes = 16 << 10
 // allows a connection is 64 KiB; a larger body takes a round trip per
 // 64 KiB to arrive (a request of the default 1 MiB limit, sixteen).
 const MaxReceiveBufferBytes = 64 << 10
+
+// MaxStreamHeaderBytes and MaxStreamHeaderFields bound the request headers
+// of a stream (streamsUnbounded), counted as HTTP/2 counts a header list:
+// each field's name and value and 32 bytes. A stream keeps its headers
+// decoded while it lives — days, for a session or a feed — a map entry a
+// field: 1,500 small fields, within ConnLimits.MaxHeaderBytes (64 KiB)
+// and some 10 KB on the wire, held 139 KB of the server's heap a stream,
+// over the streams a lineage may hold (its share, 5,000 by default, and
+// four per node) a gigabyte and more. A credential is at most 8 KiB
+// (auth.MaxTokenBytes); an honest stream's other headers (Connect's or
+// gRPC's, a trace context, a proxy's) are a few hundred bytes in a dozen
+// or two fields. A unary call is bounded by ConnLimits.MaxHeaderBytes
+// alone: it ends within its read and write timeouts.
+const (
+	MaxStreamHeaderBytes  = 16 << 10
+	MaxStreamHeaderFields = 100
+)
+
+// headerList is the size of h as HTTP/2 counts a header list, and its
+// fields (each value of a name is a field).
+func headerList(h http.Header) (size, fields int) {
+	for name, values := range h {
+		for _, v := range values {
+			size += len(name) + len(v) + 32
+		}
+		fields += len(values)
+	}
+	return size, fields
+}

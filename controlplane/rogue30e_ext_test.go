@@ -1,6 +1,10 @@
 package controlplane_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -9,9 +13,12 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"connectrpc.com/connect"
+
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
 )
 
@@ -229,6 +236,88 @@ func TestRogue30EAConnectionCannotParkAMegabyteOfUnreadBody(t *testing.T) {
 			if held > controlplane.MaxReceiveBufferBytes {
 				t.Errorf("the server holds %d bytes of the refused calls' bodies on one connection, want at most %d", held, controlplane.MaxReceiveBufferBytes)
 			}
+		})
+	}
+}
+
+// TestRogue30EAStreamCannotKeepLargeHeaders: a stream keeps its request's
+// headers for as long as it lives — days, for a session or a feed — and
+// Go's server keeps them decoded, a map entry a field. A rogue agent opened
+// its streams each with headers near the server's limit on a request's
+// headers (--max-header-bytes, 64 KiB): in 1,500 small fields (some 10 KB
+// on the wire, never indexed) they held 139 KB of the server's heap per
+// stream, beside the 15 KB of a plain one; over the streams a lineage may
+// hold (its share, 5,000 by default, and four per node), a gigabyte and
+// more. A stream whose request headers hold more than
+// controlplane.MaxStreamHeaderBytes (counted as HTTP/2 does: each field's
+// name and value and 32 bytes) or more than controlplane.MaxStreamHeaderFields
+// fields is now refused resource_exhausted, holding nothing; a unary call
+// still has --max-header-bytes, and ends within its timeouts.
+func TestRogue30EAStreamCannotKeepLargeHeaders(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that run real servers for long; make test and CI run them.")
+	}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)))
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue30e")
+	c := srv.Clients(rogue.Credential)
+	principal := "agent:" + rogue.Node.NodeId
+	open := func(extra func(h interface{ Add(string, string) })) error {
+		ctx, cancel := context.WithTimeout(context.Background(), closeWait) // a guard against a hang, not a timing
+		defer cancel()
+		req := connect.NewRequest(&tetherv1.WatchRevocationsRequest{})
+		extra(req.Header())
+		stream, err := c.Capability.WatchRevocations(ctx, req)
+		if err != nil {
+			return err
+		}
+		defer stream.Close()
+		if !stream.Receive() {
+			return stream.Err()
+		}
+		if n := srv.OpenStreams(principal); n != 1 {
+			t.Errorf("the open stream is counted as %d streams of the rogue's", n)
+		}
+		return nil
+	}
+	// An honest stream, with a few headers of its own beside the
+	// protocol's, is served.
+	if err := open(func(h interface{ Add(string, string) }) {
+		h.Add("Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+		h.Add("X-Request-Id", strings.Repeat("r", 64))
+	}); err != nil {
+		t.Fatalf("an honest stream: %v", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		extra func(h interface{ Add(string, string) })
+	}{
+		{"many small fields", func(h interface{ Add(string, string) }) {
+			for i := range 1500 {
+				h.Add(fmt.Sprintf("X%d", i), "")
+			}
+		}},
+		{"a few fields past the bytes", func(h interface{ Add(string, string) }) {
+			for i := range 4 {
+				h.Add(fmt.Sprintf("X-Pad-%d", i), strings.Repeat("p", 12<<10))
+			}
+		}},
+		{"fields past the count", func(h interface{ Add(string, string) }) {
+			for i := range controlplane.MaxStreamHeaderFields {
+				h.Add(fmt.Sprintf("X%d", i), "")
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := open(tc.extra)
+			if connect.CodeOf(err) != connect.CodeResourceExhausted {
+				t.Fatalf("a stream with such headers: %v, want resource_exhausted", err)
+			}
+			var ce *connect.Error
+			if !errors.As(err, &ce) || !strings.Contains(ce.Message(), "headers") {
+				t.Errorf("the refusal does not say what was refused: %v", err)
+			}
+			testserver.WaitFor(t, closeWait, "the refused stream's slot to be free", func() bool { return srv.OpenStreams(principal) == 0 })
 		})
 	}
 }
