@@ -1070,6 +1070,12 @@ func preAuthBounded(guards func(path string) bool, next http.Handler) http.Handl
 		pw := &preAuthWriter{ResponseWriter: w, c: c, over: over, page: consolePage(r), h2: r.ProtoMajor == 2}
 		defer pw.end()
 		pw.goingAway()
+		if pw.h2 && r.Body != nil && r.Body != http.NoBody && !(!pw.page && !guards(r.URL.Path) && enveloped(r)) {
+			// Discarded once its answer begins, unless admitted (see
+			// discardBody); a public stream reads its messages as it
+			// answers them, and keeps it.
+			pw.body = r.Body
+		}
 		if pw.page {
 			// The console's calls to the API for the page carry its
 			// context: admittedRequests marks the page live.
@@ -1155,6 +1161,34 @@ type preAuthWriter struct {
 	refused  bool
 	told     bool // its answer says the connection is closing (goingAway)
 	waits    bool // among its connection's waiting (wait)
+	// body is the request's body, to be discarded once its answer
+	// begins unless the request was admitted (discardBody); nil: kept.
+	body io.Closer
+}
+
+// discardBody closes the body of a request that was not admitted once its
+// answer begins (HTTP/2): every request not admitted reads what it needs
+// of its body before it answers (a refusal from the headers reads none),
+// and a body left unread stayed in the server's buffers — up to the
+// connection's window, MaxReceiveBufferBytes — for as long as the answer
+// waited to be written to a client that took none of it. Closed, what it
+// holds is freed and what more arrives is given back as it comes. A public
+// stream (Connect or gRPC framing: server reflection) reads its messages
+// while it answers and keeps its body; over HTTP/1.1 closing a body reads
+// what is left of it, so it is left to the server, which closes the
+// connection.
+func (w *preAuthWriter) discardBody() {
+	if w.body != nil && !w.admitted {
+		_ = w.body.Close()
+	}
+	w.body = nil
+}
+
+// enveloped reports whether r's body is framed as Connect's streams and
+// gRPC frame their messages.
+func enveloped(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	return strings.HasPrefix(ct, "application/connect+") || strings.HasPrefix(ct, "application/grpc")
 }
 
 // pageKey carries a console page's *preAuthWriter to the console's calls
@@ -1275,12 +1309,14 @@ func (w *preAuthWriter) refuse() {
 }
 
 func (w *preAuthWriter) WriteHeader(code int) {
+	w.discardBody()
 	if !w.cuts() {
 		w.ResponseWriter.WriteHeader(code)
 	}
 }
 
 func (w *preAuthWriter) Write(p []byte) (int, error) {
+	w.discardBody()
 	if w.cuts() {
 		return 0, errPreAuthCut
 	}
@@ -1291,6 +1327,7 @@ func (w *preAuthWriter) Write(p []byte) (int, error) {
 func (w *preAuthWriter) Flush() { _ = w.FlushError() }
 
 func (w *preAuthWriter) FlushError() error {
+	w.discardBody()
 	if w.cuts() {
 		return errPreAuthCut
 	}

@@ -321,3 +321,99 @@ func TestRogue30EAStreamCannotKeepLargeHeaders(t *testing.T) {
 		})
 	}
 }
+
+// TestRogue30EARequestNotAdmittedHasItsBodyDiscarded: the bodies of
+// requests that were not admitted — a call refused from its headers, a
+// public answer such as GET /healthz that reads no body — stayed in the
+// server's buffers, up to the connection's window, for as long as the
+// answer waited to be written (up to the write timeout, 30 s) to a client
+// granting no window: 64 KiB a connection (MaxReceiveBufferBytes), some
+// 640 MB over the default cap of connections without a credential. Once
+// such a request's answer is being written its body is discarded over
+// HTTP/2 (the server gives back the window of each byte of it it gets),
+// unless it is a public stream, which reads its messages as it answers.
+func TestRogue30EARequestNotAdmittedHasItsBodyDiscarded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that run real servers for long; make test and CI run them.")
+	}
+	srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
+		cfg.Conn.PreAuthTimeout = time.Hour
+		cfg.Conn.WriteTimeout = time.Hour
+		cfg.Conn.ReadTimeout = time.Hour
+	})
+	admin := srv.AdminClients()
+	addr := hostOf(t, srv.URL)
+	for _, tc := range []struct {
+		name           string
+		method, path   string
+		auth           string
+		bindWith, dead bool
+	}{
+		{"a call without a credential", "POST", tetherv1connect.AgentServiceGetNodeProcedure, "Bearer not-a-credential", false, false},
+		{"a public answer", "GET", "/healthz", "", false, false},
+		{"a dead agent's call on a connection it bound", "POST", tetherv1connect.AgentServiceGetNodeProcedure, "", true, true},
+		{"a public answer on a bound connection", "GET", "/healthz", "", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newWindowRogue(t, addr)
+			r.sync(t, 0)
+			auth := tc.auth
+			if tc.bindWith {
+				agent := register(t, admin, "rogue30e")
+				id := r.openCall(t, tetherv1connect.AuthServiceWhoAmIProcedure, "Bearer "+agent.Credential)
+				r.mu.Lock()
+				err := r.fr.WriteData(id, true, nil)
+				if err == nil {
+					err = r.fr.WriteWindowUpdate(id, 1<<20)
+				}
+				r.mu.Unlock()
+				if err != nil {
+					t.Fatal(err)
+				}
+				testserver.WaitFor(t, closeWait, "the binding call's answer", func() bool { _, ok := r.ended.Load(id); return ok })
+				if tc.dead {
+					terminateInStore(t, srv, agent.Node.NodeId)
+					auth = "Bearer " + agent.Credential
+				}
+			}
+			r.mu.Lock()
+			r.hbuf.Reset()
+			fields := [][2]string{{":method", tc.method}, {":scheme", "http"}, {":authority", "tether"}, {":path", tc.path}, {"content-type", "application/proto"}}
+			if auth != "" {
+				fields = append(fields, [2]string{"authorization", auth})
+			}
+			for _, kv := range fields {
+				_ = r.enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+			}
+			id := r.next
+			r.next += 2
+			err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hbuf.Bytes(), EndHeaders: true})
+			r.mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			testserver.WaitFor(t, closeWait, "the answer's headers", func() bool { _, ok := r.answered.Load(id); return ok })
+			r.sync(t, 1)
+			granted := r.connGranted.Load()
+			sent := min(r.streamWindow.Load(), granted) / 2
+			chunk := make([]byte, 16<<10)
+			for left := sent; left > 0; {
+				n := min(int64(len(chunk)), left)
+				r.mu.Lock()
+				err := r.fr.WriteData(id, false, chunk[:n])
+				r.mu.Unlock()
+				if err != nil {
+					t.Fatal(err)
+				}
+				left -= n
+			}
+			r.sync(t, 2)
+			held := sent - (r.connGranted.Load() - granted)
+			_, ended := r.ended.Load(id)
+			t.Logf("%d bytes of body sent after the answer began; %d held by the server (stream ended: %v)", sent, held, ended)
+			if held > 0 {
+				t.Errorf("the server holds %d bytes of the body of a request it does not read, while its answer waits", held)
+			}
+		})
+	}
+}
