@@ -92,6 +92,10 @@ type Compiled struct {
 	// UsesLeases, UsesRevocations: the expression reads observations the
 	// shell fetches only for rules that need them.
 	UsesLeases, UsesRevocations bool
+	// UsesSubtreeCalls: the expression reads the subtree's call totals,
+	// which every call of a descendant changes: the evaluator judges an
+	// ancestor again on its descendants' calls only for such rules.
+	UsesSubtreeCalls bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -138,10 +142,12 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
+		case "subtree_calls", "subtree_failures":
+			c.UsesSubtreeCalls = true
 		}
 	}
 	if readsObservedOpaquely(native) {
-		c.UsesTime, c.UsesLeases, c.UsesRevocations = true, true, true
+		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtreeCalls = true, true, true, true
 	}
 	return c, nil
 }

@@ -352,6 +352,11 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			ix.markNode(tail(ev.Key, prefixObs))
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
+		case isUnder(ev.Key, prefixSub):
+			// A descendant's call: its ancestors are judged again only
+			// for rules that read the subtree's calls, so an ordinary
+			// call costs the evaluator its own node, not its lineage.
+			ix.markForSubtreeCalls(keyNode(ev.Key, prefixSub))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
@@ -363,6 +368,21 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			if tree.UnmarshalNode(ev.Value, n) == nil {
 				ix.putNode(n)
 			}
+		}
+	}
+}
+
+// markForSubtreeCalls marks node id when a rule in effect at it reads the
+// subtree's call totals.
+func (ix *index) markForSubtreeCalls(id string) {
+	n, ok := ix.nodes[id]
+	if !ok {
+		return
+	}
+	for _, a := range ix.inEffect(id, n) {
+		if a.compiled.UsesSubtreeCalls {
+			ix.dirty.mark(rootOf(id, n.ancestors), id)
+			return
 		}
 	}
 }

@@ -32,6 +32,7 @@ const (
 	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → Rule (as tether.v1.StopRule)
 	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
 	prefixGrow  = "stoprules/grow/"  // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
+	prefixSub   = "stoprules/sub/"   // stoprules/sub/<ancestor id>/<shard> → subtotal: the calls of the ancestor's descendants of that shard
 	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
 	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
@@ -53,6 +54,10 @@ func obsKey(node string) []byte     { return []byte(prefixObs + node) }
 func growPrefix(node string) []byte { return []byte(prefixGrow + node + "/") }
 func growKey(anc string, shard uint32) []byte {
 	return fmt.Appendf(nil, "%s%s/%02x", prefixGrow, anc, shard)
+}
+func subPrefix(node string) []byte { return []byte(prefixSub + node + "/") }
+func subKey(anc string, shard uint32) []byte {
+	return fmt.Appendf(nil, "%s%s/%02x", prefixSub, anc, shard)
 }
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
@@ -558,13 +563,96 @@ func (r *Rules) ObservedKeys(nodeID string) [][]byte { return [][]byte{obsKey(no
 
 // ObserveCall implements ledger.Observer: it folds the call into its
 // node's counters inside the ledger's transaction.
+//
+// A call begun, or ended failed, also counts itself into the subtree
+// totals of each of the node's ancestors (subtree_calls,
+// subtree_failures), in a record of each ancestor chosen by the node
+// (subShards of them): a rule judging an ancestor on its subtree sees the
+// calls however they are split among its descendants. The work is one
+// record per ancestor (at most the tree's depth), never a walk of a
+// subtree; a node's calls share its records with its own counters' key
+// anyway, and calls of different nodes share none but by a hash
+// collision, so the root's records are not one hot key.
 func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error {
 	o, err := storedObs(tx, after.NodeID)
 	if err != nil {
 		return err
 	}
+	calls, failures := o.Calls, o.Failures
 	ApplyCall(o, before, after)
-	return kv.Put(tx, obsKey(after.NodeID), o)
+	if err := kv.Put(tx, obsKey(after.NodeID), o); err != nil {
+		return err
+	}
+	if o.Calls == calls && o.Failures == failures {
+		return nil
+	}
+	return addToAncestors(tx, after.NodeID, subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)})
+}
+
+// addToAncestors adds d to the subtree records of node's ancestors (the
+// node's shard of each).
+func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
+	n, err := tree.GetNodeIn(tx, nodeID)
+	if errors.Is(err, tree.ErrNodeNotFound) {
+		return nil // a call of no stored node: the ledger refuses those
+	}
+	if err != nil || len(n.Ancestors) == 0 {
+		return err
+	}
+	shard := growShard(nodeID)
+	keys := make([][]byte, len(n.Ancestors))
+	for i, a := range n.Ancestors {
+		keys[i] = subKey(a, shard)
+	}
+	if err := store.Prefetch(tx, keys, nil); err != nil {
+		return err
+	}
+	for _, key := range keys {
+		s, err := getSubtotal(tx, key)
+		if err != nil {
+			return err
+		}
+		s.calls += d.calls
+		s.failures += d.failures
+		if err := tx.Put(key, s.append(nil)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// subtotal is one record of an ancestor's subtree totals: the calls begun
+// by its descendants of one shard, and those that ended failed.
+type subtotal struct{ calls, failures uint64 }
+
+func (s subtotal) append(b []byte) []byte {
+	return binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
+}
+
+func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
+	v, err := tx.Get(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return subtotal{}, nil
+	}
+	if err != nil {
+		return subtotal{}, err
+	}
+	return decodeSubtotal(v)
+}
+
+func decodeSubtotal(v []byte) (subtotal, error) {
+	var s subtotal
+	for _, f := range []*uint64{&s.calls, &s.failures} {
+		x, n := binary.Uvarint(v)
+		if n <= 0 {
+			return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record of %d bytes", len(v))
+		}
+		*f, v = x, v[n:]
+	}
+	if len(v) != 0 {
+		return subtotal{}, errors.New("stoprule: corrupt subtree record: trailing bytes")
+	}
+	return s, nil
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -787,6 +875,20 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 	}
 	if nodes > 0 {
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
+	}
+	// The calls of the subtree: the node's own and its descendants'.
+	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
+	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
+		s, err := decodeSubtotal(v)
+		if err != nil {
+			return err
+		}
+		o.SubtreeCalls += int64(s.calls)
+		o.SubtreeFailures += int64(s.failures)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
 	}
 	self := &reported{}
 	if err := kv.Get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
