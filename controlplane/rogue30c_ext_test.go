@@ -145,3 +145,49 @@ func TestRogue30CSubtreeCallsSurviveAKill(t *testing.T) {
 		t.Fatalf("proposal for %s with values %v, want the rogue's subtree_calls = 7 observed", filed.NodeId, filed.Rule.Values)
 	}
 }
+
+// A spend the agents report was judged on each node's own report: an
+// agent held to `self_reported.cost_usd > 25.0` had its four children
+// spend 8 each and report it, 32 in all, and was never stopped.
+// subtree_reported adds up each counter over the node and every
+// descendant it ever had (each report adding its change to its ancestors'
+// totals in its own transaction), so the rule over it on the rogue files
+// for it, its value labelled self-reported.
+func TestRogue30CSpendSplitAmongChildrenCountsAgainstTheSubtreesRule(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	rogue, kids, _ := rogue30cTree(t, admin, srv.Clients, 4)
+	perNode := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "spend", Expression: `self_reported.?cost_usd.orValue(0.0) > 25.0`})
+	ctx := context.Background()
+	for _, kid := range kids {
+		c := srv.Clients(kid.Credential)
+		// Reported twice: each report replaces the counter, and the
+		// subtree's total follows the replacement, not the sum of reports.
+		for _, spent := range []float64{5, 8} {
+			if _, err := c.StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{Counters: map[string]float64{"cost_usd": spent}})); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The rule is added once every report is in, so that it reads them
+	// all.
+	whole := addRule(t, admin, &tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "subtree-spend", Expression: `subtree_reported.?cost_usd.orValue(0.0) > 25.0`})
+	p := waitRuleProposal(t, srv, whole.RuleId)
+	if v := valueOf(p.Rule.Values, "subtree_reported.cost_usd"); p.NodeId != rogue.Node.NodeId || v.GetValue() != "32" || !v.SelfReported {
+		t.Fatalf("proposal for %s with values %v, want the rogue's subtree_reported.cost_usd = 32, self-reported", p.NodeId, p.Rule.Values)
+	}
+	for _, rule := range []*tetherv1.StopRule{perNode, whole} {
+		for _, p := range ruleProposals(t, srv, rule.RuleId) {
+			if p.NodeId != rogue.Node.NodeId || rule == perNode {
+				t.Fatalf("rule %s filed for %s", rule.Name, p.NodeId)
+			}
+		}
+	}
+	kid, err := admin.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: kids[0].Node.NodeId, RuleId: whole.RuleId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := valueOf(kid.Msg.Values, "subtree_reported.cost_usd"); kid.Msg.Result || v.GetValue() != "8" {
+		t.Fatalf("a child's subtree spend %v (fired %v), want its own 8", kid.Msg.Values, kid.Msg.Result)
+	}
+}

@@ -146,3 +146,111 @@ func TestRogue30CSubtreeCallsAreExactAndCostOneRecordPerAncestor(t *testing.T) {
 		t.Fatal("the model counted nothing")
 	}
 }
+
+// TestRogue30CSubtreeSpendCannotBeHiddenByFillingTheRecords: the subtree
+// totals of the reported counters keep at most MaxCounters names per
+// record, so a rogue fills one: a child reports MaxCounters junk names,
+// then a sibling sharing its record reports its spend under a name the
+// record has no room for. The spend is counted under the record's other,
+// and a lookup of it reads at least what was spent, never 0; a report
+// replacing a counter moves the totals by the change, a negative counter
+// counting as 0; and the per-node self_reported keeps its meaning.
+func TestRogue30CSubtreeSpendCannotBeHiddenByFillingTheRecords(t *testing.T) {
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	rules := &Rules{Store: st, Clock: clk}
+	agents := &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}
+	rogue, err := agents.RegisterRoot(ctx, "rogue", nil, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two children sharing a record of the rogue's: spawned until two
+	// land in one shard (256 shards: some twenty spawns on average).
+	byShard := map[uint32]*tree.Node{}
+	var filler, spender *tree.Node
+	for i := 0; spender == nil; i++ {
+		if i == 1000 {
+			t.Fatal("no two of 1000 children share a shard")
+		}
+		c, err := agents.Spawn(ctx, rogue.NodeID, fmt.Sprintf("kid%d", i), nil, "test", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f, ok := byShard[growShard(c.NodeID)]; ok {
+			filler, spender = f, c
+		}
+		byShard[growShard(c.NodeID)] = c
+	}
+	report := func(n *tree.Node, counters map[string]float64) {
+		t.Helper()
+		if _, err := rules.Report(ctx, Actor{ID: "agent:" + n.NodeID, NodeID: n.NodeID}, n.NodeID, counters); err != nil {
+			t.Fatal(err)
+		}
+	}
+	junk := map[string]float64{}
+	for i := range MaxCounters {
+		junk[fmt.Sprintf("junk%02d", i)] = 0.5
+	}
+	report(filler, junk)
+	report(spender, map[string]float64{"cost_usd": 40, "tokens": 7})
+	report(spender, map[string]float64{"cost_usd": 30}) // replaced: the total follows
+	report(rogue, map[string]float64{"cost_usd": 2, "refund": -100})
+
+	judge := func(n *tree.Node, expression string) Result {
+		t.Helper()
+		c, err := Compile(expression)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res Result
+		err = st.View(ctx, func(tx store.ReadTxn) error {
+			o, self, err := readNode(tx, n.NodeID)
+			if err != nil {
+				return err
+			}
+			sums, err := readSubtreeReported(tx, n.NodeID, self)
+			if err != nil {
+				return err
+			}
+			res = c.evaluate(Snapshot(o, n, clk.Now()), self, sums)
+			res.Values = c.values(Snapshot(o, n, clk.Now()), self, sums)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for _, tc := range []struct {
+		node       *tree.Node
+		expression string
+		want       bool
+	}{
+		// At least 2 + 30: the record's other holds the spend, and the
+		// tokens too (an over-count, never an under-count).
+		{rogue, `subtree_reported.cost_usd >= 32.0`, true},
+		{rogue, `subtree_reported[?"cost_usd"].orValue(0.0) >= 32.0`, true},
+		{rogue, `subtree_reported.cost_usd == 39.0`, true}, // 2 + 30 + the 7 tokens beside it in the other
+		{rogue, `subtree_reported.tokens >= 7.0`, true},    // no record tracks it: the others
+		{rogue, `"cost_usd" in subtree_reported`, true},
+		{rogue, `self_reported.cost_usd == 2.0`, true},
+		{rogue, `subtree_reported.junk00 == 0.5`, true}, // tracked: exact
+		{rogue, `subtree_reported.refund >= 0.0`, true}, // a negative counter counts as 0
+		{spender, `subtree_reported.cost_usd == 30.0`, true},
+		{filler, `"cost_usd" in subtree_reported`, false},
+	} {
+		res := judge(tc.node, tc.expression)
+		if res.Err != nil || res.Fired != tc.want {
+			t.Errorf("%s at %s: %v (%v), want %v; values %v", tc.expression, tc.node.Name, res.Fired, res.Err, tc.want, res.Values)
+		}
+	}
+	res := judge(rogue, `subtree_reported.tokens > 0.0`)
+	if len(res.Values) != 1 || res.Values[0].Name != "subtree_reported.tokens" || res.Values[0].Value != "37" || !res.Values[0].SelfReported {
+		t.Fatalf("values %v, want subtree_reported.tokens = 37 (the records' other) labelled self-reported", res.Values)
+	}
+}

@@ -28,15 +28,16 @@ import (
 
 // Store key layout.
 const (
-	prefixAll   = "stoprules/"
-	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → Rule (as tether.v1.StopRule)
-	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
-	prefixGrow  = "stoprules/grow/"  // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
-	prefixSub   = "stoprules/sub/"   // stoprules/sub/<ancestor id>/<shard> → subtotal: the calls of the ancestor's descendants of that shard
-	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
-	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
-	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
-	prefixSel   = "stoprules/sel/"   // stoprules/sel/<rule id> → "" selector rules
+	prefixAll     = "stoprules/"
+	prefixRule    = "stoprules/rule/"    // stoprules/rule/<rule id> → Rule (as tether.v1.StopRule)
+	prefixObs     = "stoprules/obs/"     // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
+	prefixGrow    = "stoprules/grow/"    // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
+	prefixSub     = "stoprules/sub/"     // stoprules/sub/<ancestor id>/<shard> → subtotal: the calls of the ancestor's descendants of that shard
+	prefixSubSelf = "stoprules/subself/" // stoprules/subself/<ancestor id>/<shard> → subReported: the reported counters of the ancestor's descendants of that shard
+	prefixSelf    = "stoprules/self/"    // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
+	prefixFired   = "stoprules/fired/"   // stoprules/fired/<node id>/<rule id> → proposal id
+	prefixOn      = "stoprules/on/"      // stoprules/on/<node id>/<rule id> → "" rules attached to the node
+	prefixSel     = "stoprules/sel/"     // stoprules/sel/<rule id> → "" selector rules
 )
 
 func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
@@ -58,6 +59,10 @@ func growKey(anc string, shard uint32) []byte {
 func subPrefix(node string) []byte { return []byte(prefixSub + node + "/") }
 func subKey(anc string, shard uint32) []byte {
 	return fmt.Appendf(nil, "%s%s/%02x", prefixSub, anc, shard)
+}
+func subSelfPrefix(node string) []byte { return []byte(prefixSubSelf + node + "/") }
+func subSelfKey(anc string, shard uint32) []byte {
+	return fmt.Appendf(nil, "%s%s/%02x", prefixSubSelf, anc, shard)
 }
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
@@ -468,6 +473,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	var n *tree.Node
 	var stored *Observations
 	var self map[string]float64
+	var sums *reportedSums
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if n, err = r.readable(tx, a, nodeID); err != nil {
@@ -494,6 +500,9 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			expression = rule.Expression
 		}
 		stored, self, err = readNode(tx, nodeID)
+		if err == nil {
+			sums, err = readSubtreeReported(tx, nodeID, self)
+		}
 		return err
 	})
 	if err != nil {
@@ -507,13 +516,15 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	if err != nil {
 		return TestResult{}, err
 	}
-	res := c.Evaluate(observed, self)
-	res.Values = c.ValuesOf(observed, self)
+	res := c.evaluate(observed, self, sums)
+	res.Values = c.values(observed, self, sums)
 	return TestResult{Result: res, Observed: observed, SelfReported: self}, nil
 }
 
 // Report records counters an agent reports about its own node: each value
-// replaces the counter's earlier one.
+// replaces the counter's earlier one. What the report changes is added,
+// in the same transaction, to one record of each of the node's ancestors
+// (subtree_reported), at most the tree's depth of them.
 func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map[string]float64) (map[string]float64, error) {
 	if nodeID == "" {
 		nodeID = a.NodeID
@@ -536,12 +547,19 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 		if cur.Counters == nil {
 			cur.Counters = map[string]float64{}
 		}
+		d := reportChange(cur.Counters, counters)
 		maps.Copy(cur.Counters, counters)
 		if len(cur.Counters) > MaxCounters {
 			return fmt.Errorf("%w: counters: at most %d per node", ErrInvalidRule, MaxCounters)
 		}
 		out = cur.Counters
-		return kv.Put(tx, selfKey(nodeID), cur)
+		if err := kv.Put(tx, selfKey(nodeID), cur); err != nil {
+			return err
+		}
+		if len(d) == 0 {
+			return nil
+		}
+		return reportToAncestors(tx, nodeID, d)
 	})
 	return out, err
 }
@@ -615,6 +633,34 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
 		s.calls += d.calls
 		s.failures += d.failures
 		if err := tx.Put(key, s.append(nil)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reportToAncestors adds the change d of node's reported counters to the
+// subtree records of its ancestors (the node's shard of each).
+func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error {
+	n, err := tree.GetNodeIn(tx, nodeID)
+	if err != nil || len(n.Ancestors) == 0 {
+		return err
+	}
+	shard := growShard(nodeID)
+	keys := make([][]byte, len(n.Ancestors))
+	for i, a := range n.Ancestors {
+		keys[i] = subSelfKey(a, shard)
+	}
+	if err := store.Prefetch(tx, keys, nil); err != nil {
+		return err
+	}
+	for _, key := range keys {
+		rec := &subReported{}
+		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		rec.add(d)
+		if err := kv.Put(tx, key, rec); err != nil {
 			return err
 		}
 	}
@@ -895,6 +941,25 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 		return nil, nil, err
 	}
 	return o, self.Counters, nil
+}
+
+// readSubtreeReported reads subtree_reported of a node whose own
+// reported counters are own: its own and its descendants', from its
+// records (at most growShards).
+func readSubtreeReported(tx store.ReadTxn, nodeID string, own map[string]float64) (*reportedSums, error) {
+	var records []*subReported
+	err := tx.Scan(subSelfPrefix(nodeID), nil, func(_, v []byte) error {
+		rec := &subReported{}
+		if err := storecodec.Unmarshal(v, rec); err != nil {
+			return err
+		}
+		records = append(records, rec)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sumReported(own, records), nil
 }
 
 // storedObs reads a node's stored counters alone, without the growth
