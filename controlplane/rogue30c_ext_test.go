@@ -98,11 +98,11 @@ func TestRogue30CCallsSplitAmongChildrenCountAgainstTheSubtreesRule(t *testing.T
 	}
 }
 
-// The subtree totals are written with the calls, not kept in the
-// evaluator's memory: a control plane killed -9 and restarted still has
-// the calls the rogue spread over its children before, and adds the ones
-// after to them.
-func TestRogue30CSubtreeCallsSurviveAKill(t *testing.T) {
+// The subtree totals are written with the calls and the reports, not
+// kept in the evaluator's memory: a control plane killed -9 and restarted
+// still has the calls and the spend the rogue spread over its children
+// before, and adds the ones after to them.
+func TestRogue30CSubtreeTotalsSurviveAKill(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
 		// browser tests; make test and CI run them.
@@ -111,11 +111,15 @@ func TestRogue30CSubtreeCallsSurviveAKill(t *testing.T) {
 	dir := t.TempDir()
 	proc := testserver.StartProcess(t, dir)
 	admin := proc.Clients(proc.Admin)
-	rogue, _, tokens := rogue30cTree(t, admin, proc.Clients, 3)
+	rogue, kids, tokens := rogue30cTree(t, admin, proc.Clients, 3)
 	gate := proc.Clients(proc.ToolServerToken(t, "r30c-gate"))
-	for _, tok := range tokens {
+	ctx := context.Background()
+	for i, tok := range tokens {
 		rogue30cCall(t, gate, tok, false)
 		rogue30cCall(t, gate, tok, false)
+		if _, err := proc.Clients(kids[i].Credential).StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{Counters: map[string]float64{"cost_usd": 10}})); err != nil {
+			t.Fatal(err)
+		}
 	}
 	proc.Kill()
 
@@ -123,8 +127,10 @@ func TestRogue30CSubtreeCallsSurviveAKill(t *testing.T) {
 	admin = again.Clients(again.Admin)
 	gate = again.Clients(again.ToolServerToken(t, "r30c-gate"))
 	rogue30cCall(t, gate, tokens[0], false)
-	ctx := context.Background()
-	rule, err := admin.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "subtree-calls", Expression: `observed.subtree_calls >= 7`}))
+	if _, err := again.Clients(kids[0].Credential).StopRule.ReportCounters(ctx, connect.NewRequest(&tetherv1.ReportCountersRequest{Counters: map[string]float64{"cost_usd": 15}})); err != nil {
+		t.Fatal(err)
+	}
+	rule, err := admin.StopRule.AddStopRule(ctx, connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: rogue.Node.NodeId, Name: "subtree-calls", Expression: `observed.subtree_calls >= 7 && subtree_reported.cost_usd >= 35.0`}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +149,9 @@ func TestRogue30CSubtreeCallsSurviveAKill(t *testing.T) {
 	})
 	if v := valueOf(filed.Rule.Values, "observed.subtree_calls"); filed.NodeId != rogue.Node.NodeId || v.GetValue() != strconv.Itoa(7) || v.SelfReported {
 		t.Fatalf("proposal for %s with values %v, want the rogue's subtree_calls = 7 observed", filed.NodeId, filed.Rule.Values)
+	}
+	if v := valueOf(filed.Rule.Values, "subtree_reported.cost_usd"); v.GetValue() != "35" || !v.SelfReported {
+		t.Fatalf("proposal's values %v, want the rogue's subtree_reported.cost_usd = 35 (10 + 10 + 15, replacing 10), self-reported", filed.Rule.Values)
 	}
 }
 
