@@ -27,7 +27,8 @@ type StopRule struct {
 	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
 	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// A CEL expression of type bool over `observed` (StopRuleObservations)
-	// and `self_reported` (map of string to double).
+	// and `self_reported` (map of string to double), and `subtree_reported`
+	// (the same counters added up over the node's subtree).
 	Expression string `protobuf:"bytes,3,opt,name=expression,proto3" json:"expression,omitempty"`
 	// A hint from the setter: "propose" (default; a person decides), "drain"
 	// or "abort" (the mode the proposal suggests). The operator's policy

@@ -30,7 +30,8 @@ export type StopRule = Message<"tether.v1.StopRule"> & {
 
   /**
    * A CEL expression of type bool over `observed` (StopRuleObservations)
-   * and `self_reported` (map of string to double).
+   * and `self_reported` (map of string to double), and `subtree_reported`
+   * (the same counters added up over the node's subtree).
    *
    * @generated from field: string expression = 3;
    */
