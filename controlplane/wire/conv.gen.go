@@ -384,6 +384,8 @@ func StopRuleObservations(x *stoprule.Observations) *tetherv1.StopRuleObservatio
 		NodeName:         x.NodeName,
 		NodeLabels:       x.NodeLabels,
 		CallsInFlightMax: x.CallsInFlightMax,
+		SubtreeCalls:     x.SubtreeCalls,
+		SubtreeFailures:  x.SubtreeFailures,
 	}
 }
 
@@ -412,6 +414,8 @@ func StopRuleObservationsFromProto(p *tetherv1.StopRuleObservations) *stoprule.O
 		NodeName:         p.NodeName,
 		NodeLabels:       p.NodeLabels,
 		CallsInFlightMax: p.CallsInFlightMax,
+		SubtreeCalls:     p.SubtreeCalls,
+		SubtreeFailures:  p.SubtreeFailures,
 	}
 }
 

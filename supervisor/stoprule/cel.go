@@ -110,6 +110,8 @@ var observedFields = []observedField{
 	stringField("node_name", func(o *Observations) *string { return &o.NodeName }),
 	labelsField("node_labels", func(o *Observations) *map[string]string { return &o.NodeLabels }),
 	intField("calls_in_flight_max", func(o *Observations) *int64 { return &o.CallsInFlightMax }),
+	intField("subtree_calls", func(o *Observations) *int64 { return &o.SubtreeCalls }),
+	intField("subtree_failures", func(o *Observations) *int64 { return &o.SubtreeFailures }),
 }
 
 var observedByName = func() map[string]*observedField {

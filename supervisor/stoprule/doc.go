@@ -11,7 +11,8 @@
 //     environment (`observed`, the control plane's own observations of the
 //     node: Observations, which CEL knows by its API name
 //     tether.v1.StopRuleObservations, so rules read as they always did;
-//     `self_reported`, the agent's own counters) and estimates its
+//     `self_reported`, the agent's own counters; `subtree_reported`, those
+//     counters added up over the node's subtree) and estimates its
 //     worst-case cost with every map bounded (MaxTools, MaxCounters); a
 //     rule over CostBudget is refused, and every refusal names the line and
 //     column in the expression.

@@ -51,6 +51,11 @@ const (
 	// VarSelfReported is the agent's own counters (map of string to
 	// double). Values read from it are labelled self-reported.
 	VarSelfReported = "self_reported"
+	// VarSubtreeReported is the agents' own counters added up over the
+	// node's subtree (map of string to double): each counter of the node
+	// and of every descendant it ever had, a negative one counted as 0.
+	// Values read from it are labelled self-reported.
+	VarSubtreeReported = "subtree_reported"
 )
 
 var (
@@ -68,6 +73,7 @@ func Env() (*cel.Env, error) {
 			cel.Types(observationsType{}),
 			cel.Variable(VarObserved, cel.ObjectType(ObservationsType)),
 			cel.Variable(VarSelfReported, cel.MapType(cel.StringType, cel.DoubleType)),
+			cel.Variable(VarSubtreeReported, cel.MapType(cel.StringType, cel.DoubleType)),
 			cel.OptionalTypes(),
 			cel.CrossTypeNumericComparisons(true),
 			cel.ParserExpressionSizeLimit(MaxExpressionBytes),
@@ -92,6 +98,11 @@ type Compiled struct {
 	// UsesLeases, UsesRevocations: the expression reads observations the
 	// shell fetches only for rules that need them.
 	UsesLeases, UsesRevocations bool
+	// UsesSubtree: the expression reads the subtree's totals (its calls,
+	// its reported counters), which every call or report of a descendant
+	// changes: the evaluator judges an ancestor again on its descendants'
+	// calls and reports only for such rules.
+	UsesSubtree bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -138,10 +149,15 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
+		case "subtree_calls", "subtree_failures":
+			c.UsesSubtree = true
+		}
+		if r.variable == VarSubtreeReported {
+			c.UsesSubtree = true
 		}
 	}
 	if readsObservedOpaquely(native) {
-		c.UsesTime, c.UsesLeases, c.UsesRevocations = true, true, true
+		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree = true, true, true, true
 	}
 	return c, nil
 }
@@ -212,6 +228,8 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 	switch {
 	case path[0] == VarSelfReported:
 		max = MaxCounters
+	case path[0] == VarSubtreeReported:
+		max = maxSubtreeCounters
 	case path[0] == VarObserved && len(path) >= 2:
 		switch path[1] {
 		case "calls_by_tool", "failures_by_tool":
@@ -231,7 +249,7 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 	default:
 		return nil
 	}
-	if path[0] == VarSelfReported && len(path) > 1 {
+	if (path[0] == VarSelfReported || path[0] == VarSubtreeReported) && len(path) > 1 {
 		max = 63
 	}
 	return &checker.SizeEstimate{Min: 0, Max: max}

@@ -39,15 +39,21 @@ func (r Result) SelfReported() bool {
 
 // Evaluate runs the rule against a snapshot of the node: what the control
 // plane observed, and the counters the agent reported. It is pure and
-// bounded: evaluation stops at CostBudget.
+// bounded: evaluation stops at CostBudget. subtree_reported reads as
+// empty here (the shell's evaluator reads it from the store).
 func (c *Compiled) Evaluate(observed *Observations, selfReported map[string]float64) Result {
+	return c.evaluate(observed, selfReported, nil)
+}
+
+// evaluate is Evaluate with subtree_reported.
+func (c *Compiled) evaluate(observed *Observations, selfReported map[string]float64, subtree *reportedSums) Result {
 	if observed == nil {
 		observed = &Observations{}
 	}
 	if selfReported == nil {
 		selfReported = map[string]float64{}
 	}
-	out, details, err := c.program.Eval(map[string]any{VarObserved: observed, VarSelfReported: selfReported})
+	out, details, err := c.program.Eval(map[string]any{VarObserved: observed, VarSelfReported: selfReported, VarSubtreeReported: subtree.celValue()})
 	var r Result
 	if details != nil && details.ActualCost() != nil {
 		r.Cost = *details.ActualCost()
@@ -58,7 +64,7 @@ func (c *Compiled) Evaluate(observed *Observations, selfReported map[string]floa
 	}
 	r.Fired = out == types.True
 	if r.Fired {
-		r.Values = c.values(observed, selfReported)
+		r.Values = c.values(observed, selfReported, subtree)
 	}
 	return r
 }
@@ -69,7 +75,7 @@ func (c *Compiled) ValuesOf(observed *Observations, selfReported map[string]floa
 	if observed == nil {
 		observed = &Observations{}
 	}
-	return c.values(observed, selfReported)
+	return c.values(observed, selfReported, nil)
 }
 
 // ref is one value an expression reads: a field of `observed` or a key of
@@ -81,10 +87,10 @@ type ref struct {
 
 func (r ref) name() string {
 	switch {
-	case r.variable == VarSelfReported && r.hasKey:
-		return VarSelfReported + "." + r.key
-	case r.variable == VarSelfReported:
-		return VarSelfReported
+	case r.variable != VarObserved && r.hasKey:
+		return r.variable + "." + r.key
+	case r.variable != VarObserved:
+		return r.variable
 	case r.hasKey:
 		return fmt.Sprintf("%s.%s[%s]", VarObserved, r.field, strconv.Quote(r.key))
 	}
@@ -108,7 +114,13 @@ func references(a *ast.AST) []ref {
 		}
 		return "", false
 	}
-	isSelf := func(e ast.Expr) bool { return e.Kind() == ast.IdentKind && e.AsIdent() == VarSelfReported }
+	// selfVar names the self-reported map e is, if it is one.
+	selfVar := func(e ast.Expr) (string, bool) {
+		if e.Kind() != ast.IdentKind || (e.AsIdent() != VarSelfReported && e.AsIdent() != VarSubtreeReported) {
+			return "", false
+		}
+		return e.AsIdent(), true
+	}
 	isObserved := func(e ast.Expr) bool { return e.Kind() == ast.IdentKind && e.AsIdent() == VarObserved }
 	constKey := func(e ast.Expr) (string, bool) {
 		if e.Kind() != ast.LiteralKind {
@@ -136,14 +148,14 @@ func references(a *ast.AST) []ref {
 			} else if fn == operators.OptSelect && isObserved(operand) {
 				// observed.?field: the field, whole.
 				refs = append(refs, ref{variable: VarObserved, field: k})
-			} else if isSelf(operand) {
-				refs = append(refs, ref{variable: VarSelfReported, key: k, hasKey: true})
+			} else if v, ok := selfVar(operand); ok {
+				refs = append(refs, ref{variable: v, key: k, hasKey: true})
 				keyed[operand.ID()] = true
 			}
 		case ast.SelectKind:
 			s := e.AsSelect()
-			if isSelf(s.Operand()) {
-				refs = append(refs, ref{variable: VarSelfReported, key: s.FieldName(), hasKey: true})
+			if v, ok := selfVar(s.Operand()); ok {
+				refs = append(refs, ref{variable: v, key: s.FieldName(), hasKey: true})
 				keyed[s.Operand().ID()] = true
 			}
 		}
@@ -156,8 +168,8 @@ func references(a *ast.AST) []ref {
 		}
 		if f, ok := observedField(e); ok {
 			refs = append(refs, ref{variable: VarObserved, field: f})
-		} else if isSelf(e) {
-			refs = append(refs, ref{variable: VarSelfReported})
+		} else if v, ok := selfVar(e); ok {
+			refs = append(refs, ref{variable: v})
 		}
 	}
 	ast.PreOrderVisit(a.Expr(), ast.NewExprVisitor(wholes))
@@ -207,11 +219,19 @@ func readsObservedOpaquely(a *ast.AST) bool {
 }
 
 // values reads each reference from the snapshot.
-func (c *Compiled) values(observed *Observations, selfReported map[string]float64) []supervisor.StopRuleValue {
+func (c *Compiled) values(observed *Observations, selfReported map[string]float64, subtree *reportedSums) []supervisor.StopRuleValue {
 	out := make([]supervisor.StopRuleValue, 0, len(c.refs))
 	for _, r := range c.refs {
-		v := supervisor.StopRuleValue{Name: r.name(), SelfReported: r.variable == VarSelfReported}
+		v := supervisor.StopRuleValue{Name: r.name(), SelfReported: r.variable != VarObserved}
 		switch {
+		case r.variable == VarSubtreeReported && r.hasKey:
+			if x, ok := subtree.lookup(r.key); ok {
+				v.Value = formatFloat(x)
+			} else {
+				v.Value = "absent"
+			}
+		case r.variable == VarSubtreeReported:
+			v.Value = formatEntry(subtree.values(), "", false)
 		case r.variable == VarSelfReported && r.hasKey:
 			if x, ok := selfReported[r.key]; ok {
 				v.Value = formatFloat(x)

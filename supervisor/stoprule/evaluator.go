@@ -352,6 +352,13 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			ix.markNode(tail(ev.Key, prefixObs))
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
+		case isUnder(ev.Key, prefixSub):
+			// A descendant's call: its ancestors are judged again only
+			// for rules that read the subtree's calls, so an ordinary
+			// call costs the evaluator its own node, not its lineage.
+			ix.markForSubtree(keyNode(ev.Key, prefixSub))
+		case isUnder(ev.Key, prefixSubSelf):
+			ix.markForSubtree(keyNode(ev.Key, prefixSubSelf))
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
@@ -363,6 +370,21 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			if tree.UnmarshalNode(ev.Value, n) == nil {
 				ix.putNode(n)
 			}
+		}
+	}
+}
+
+// markForSubtree marks node id when a rule in effect at it reads the
+// subtree's totals.
+func (ix *index) markForSubtree(id string) {
+	n, ok := ix.nodes[id]
+	if !ok {
+		return
+	}
+	for _, a := range ix.inEffect(id, n) {
+		if a.compiled.UsesSubtree {
+			ix.dirty.mark(rootOf(id, n.ancestors), id)
+			return
 		}
 	}
 }
@@ -449,6 +471,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	var node *tree.Node
 	var stored *Observations
 	var self map[string]float64
+	var sums *reportedSums
 	fired := map[string]bool{}
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -456,6 +479,9 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			return err
 		}
 		if stored, self, err = readNode(tx, nodeID); err != nil {
+			return err
+		}
+		if sums, err = readSubtreeReported(tx, nodeID, self); err != nil {
 			return err
 		}
 		p := firedPrefix(nodeID)
@@ -492,7 +518,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			continue
 		}
 		r.stats.Evaluations.Add(1)
-		res := a.compiled.Evaluate(observed, self)
+		res := a.compiled.evaluate(observed, self, sums)
 		cost += int64(min(res.Cost, CostBudget))
 		if !res.Fired {
 			continue

@@ -1,8 +1,14 @@
 package stoprule
 
 import (
+	"maps"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/google/cel-go/common/types"
+	celref "github.com/google/cel-go/common/types/ref"
+	"github.com/google/cel-go/common/types/traits"
 
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -101,4 +107,122 @@ func toolKey(m map[string]int64, tool string) string {
 
 func outcomeName(r ledger.CallResolution) string {
 	return strings.ToLower(strings.TrimPrefix(r.String(), "CALL_RESOLUTION_"))
+}
+
+// maxSubtreeCounters bounds the names subtree_reported holds: each record
+// of an ancestor (subShards of them) tracks at most MaxCounters names,
+// and the node's own counters are at most MaxCounters more.
+const maxSubtreeCounters = growShards*MaxCounters + MaxCounters
+
+// subReported is one record of an ancestor's subtree totals of the
+// self-reported counters, for the descendants of one shard: each counter
+// added up (a negative one counted as 0), at most MaxCounters names. A
+// name that finds the record full is added to Other (Overflow set), and
+// so is every later change of it: the record stays full, names are never
+// dropped, so a name is tracked by a record from its first change or
+// never.
+type subReported struct {
+	Counters map[string]float64 `pb:"1"`
+	Other    float64            `pb:"2"`
+	Overflow bool               `pb:"3"`
+}
+
+// add folds the changes d of one node's counters into the record.
+func (s *subReported) add(d map[string]float64) {
+	for _, k := range sortedKeys(d) {
+		if _, ok := s.Counters[k]; !ok && len(s.Counters) >= MaxCounters {
+			s.Other += d[k]
+			s.Overflow = true
+			continue
+		}
+		if s.Counters == nil {
+			s.Counters = map[string]float64{}
+		}
+		s.Counters[k] += d[k]
+	}
+}
+
+// reportChange is what a report changes of a node's counters as its
+// ancestors' totals count them (negative values as 0).
+func reportChange(before, after map[string]float64) map[string]float64 {
+	var d map[string]float64
+	for k, v := range after {
+		if x := max(v, 0) - max(before[k], 0); x != 0 {
+			if d == nil {
+				d = map[string]float64{}
+			}
+			d[k] = x
+		}
+	}
+	return d
+}
+
+// reportedSums is subtree_reported of one node: its own counters and its
+// ancestors' records of its descendants, added up. A record that is full
+// counts the names it does not track under its Other, so a name is read as
+// its own counter, the records that track it, and the Other of every
+// record that does not: never less than the subtree reported (a rogue that
+// fills a record with names first cannot have its spend read as 0), more
+// when other names overflowed too. A name no record tracks reads the
+// Others alone, when a record overflowed.
+type reportedSums struct {
+	sums     map[string]float64
+	other    float64 // the Others of the records, added up
+	overflow bool
+}
+
+// sumReported adds a node's own counters and its subtree records up.
+func sumReported(own map[string]float64, records []*subReported) *reportedSums {
+	s := &reportedSums{sums: map[string]float64{}}
+	tracking := map[string]float64{} // the Others of the records tracking a name
+	for _, r := range records {
+		s.other += r.Other
+		s.overflow = s.overflow || r.Overflow
+		for k, v := range r.Counters {
+			s.sums[k] += v
+			tracking[k] += r.Other
+		}
+	}
+	for k, v := range own {
+		s.sums[k] += max(v, 0)
+	}
+	if s.overflow {
+		for k := range s.sums {
+			s.sums[k] += s.other - tracking[k]
+		}
+	}
+	return s
+}
+
+// lookup is the value of counter k, and whether there is one.
+func (s *reportedSums) lookup(k string) (float64, bool) {
+	if s == nil {
+		return 0, false
+	}
+	if v, ok := s.sums[k]; ok {
+		return v, true
+	}
+	return s.other, s.overflow
+}
+
+// values is every tracked counter's value.
+func (s *reportedSums) values() map[string]float64 {
+	if s == nil {
+		return map[string]float64{}
+	}
+	return s.sums
+}
+
+// celValue is the map as CEL reads it: a lookup of a name it does not
+// track reads the records' Others once one overflowed (toolCounts).
+func (s *reportedSums) celValue() celref.Val {
+	plain := types.DefaultTypeAdapter.NativeToValue(s.values())
+	if s == nil || !s.overflow {
+		return plain
+	}
+	return toolCounts{Mapper: plain.(traits.Mapper), other: types.Double(s.other)}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(maps.Keys(m))
 }

@@ -28,14 +28,16 @@ import (
 
 // Store key layout.
 const (
-	prefixAll   = "stoprules/"
-	prefixRule  = "stoprules/rule/"  // stoprules/rule/<rule id> → Rule (as tether.v1.StopRule)
-	prefixObs   = "stoprules/obs/"   // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
-	prefixGrow  = "stoprules/grow/"  // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
-	prefixSelf  = "stoprules/self/"  // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
-	prefixFired = "stoprules/fired/" // stoprules/fired/<node id>/<rule id> → proposal id
-	prefixOn    = "stoprules/on/"    // stoprules/on/<node id>/<rule id> → "" rules attached to the node
-	prefixSel   = "stoprules/sel/"   // stoprules/sel/<rule id> → "" selector rules
+	prefixAll     = "stoprules/"
+	prefixRule    = "stoprules/rule/"    // stoprules/rule/<rule id> → Rule (as tether.v1.StopRule)
+	prefixObs     = "stoprules/obs/"     // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
+	prefixGrow    = "stoprules/grow/"    // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
+	prefixSub     = "stoprules/sub/"     // stoprules/sub/<ancestor id>/<shard> → subtotal: the calls of the ancestor's descendants of that shard
+	prefixSubSelf = "stoprules/subself/" // stoprules/subself/<ancestor id>/<shard> → subReported: the reported counters of the ancestor's descendants of that shard
+	prefixSelf    = "stoprules/self/"    // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
+	prefixFired   = "stoprules/fired/"   // stoprules/fired/<node id>/<rule id> → proposal id
+	prefixOn      = "stoprules/on/"      // stoprules/on/<node id>/<rule id> → "" rules attached to the node
+	prefixSel     = "stoprules/sel/"     // stoprules/sel/<rule id> → "" selector rules
 )
 
 func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
@@ -53,6 +55,14 @@ func obsKey(node string) []byte     { return []byte(prefixObs + node) }
 func growPrefix(node string) []byte { return []byte(prefixGrow + node + "/") }
 func growKey(anc string, shard uint32) []byte {
 	return fmt.Appendf(nil, "%s%s/%02x", prefixGrow, anc, shard)
+}
+func subPrefix(node string) []byte { return []byte(prefixSub + node + "/") }
+func subKey(anc string, shard uint32) []byte {
+	return fmt.Appendf(nil, "%s%s/%02x", prefixSub, anc, shard)
+}
+func subSelfPrefix(node string) []byte { return []byte(prefixSubSelf + node + "/") }
+func subSelfKey(anc string, shard uint32) []byte {
+	return fmt.Appendf(nil, "%s%s/%02x", prefixSubSelf, anc, shard)
 }
 func selfKey(node string) []byte          { return []byte(prefixSelf + node) }
 func firedPrefix(node string) []byte      { return []byte(prefixFired + node + "/") }
@@ -463,6 +473,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	var n *tree.Node
 	var stored *Observations
 	var self map[string]float64
+	var sums *reportedSums
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if n, err = r.readable(tx, a, nodeID); err != nil {
@@ -489,6 +500,9 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			expression = rule.Expression
 		}
 		stored, self, err = readNode(tx, nodeID)
+		if err == nil {
+			sums, err = readSubtreeReported(tx, nodeID, self)
+		}
 		return err
 	})
 	if err != nil {
@@ -502,13 +516,15 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	if err != nil {
 		return TestResult{}, err
 	}
-	res := c.Evaluate(observed, self)
-	res.Values = c.ValuesOf(observed, self)
+	res := c.evaluate(observed, self, sums)
+	res.Values = c.values(observed, self, sums)
 	return TestResult{Result: res, Observed: observed, SelfReported: self}, nil
 }
 
 // Report records counters an agent reports about its own node: each value
-// replaces the counter's earlier one.
+// replaces the counter's earlier one. What the report changes is added,
+// in the same transaction, to one record of each of the node's ancestors
+// (subtree_reported), at most the tree's depth of them.
 func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map[string]float64) (map[string]float64, error) {
 	if nodeID == "" {
 		nodeID = a.NodeID
@@ -531,12 +547,19 @@ func (r *Rules) Report(ctx context.Context, a Actor, nodeID string, counters map
 		if cur.Counters == nil {
 			cur.Counters = map[string]float64{}
 		}
+		d := reportChange(cur.Counters, counters)
 		maps.Copy(cur.Counters, counters)
 		if len(cur.Counters) > MaxCounters {
 			return fmt.Errorf("%w: counters: at most %d per node", ErrInvalidRule, MaxCounters)
 		}
 		out = cur.Counters
-		return kv.Put(tx, selfKey(nodeID), cur)
+		if err := kv.Put(tx, selfKey(nodeID), cur); err != nil {
+			return err
+		}
+		if len(d) == 0 {
+			return nil
+		}
+		return reportToAncestors(tx, nodeID, d)
 	})
 	return out, err
 }
@@ -558,13 +581,124 @@ func (r *Rules) ObservedKeys(nodeID string) [][]byte { return [][]byte{obsKey(no
 
 // ObserveCall implements ledger.Observer: it folds the call into its
 // node's counters inside the ledger's transaction.
+//
+// A call begun, or ended failed, also counts itself into the subtree
+// totals of each of the node's ancestors (subtree_calls,
+// subtree_failures), in a record of each ancestor chosen by the node
+// (subShards of them): a rule judging an ancestor on its subtree sees the
+// calls however they are split among its descendants. The work is one
+// record per ancestor (at most the tree's depth), never a walk of a
+// subtree; a node's calls share its records with its own counters' key
+// anyway, and calls of different nodes share none but by a hash
+// collision, so the root's records are not one hot key.
 func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error {
 	o, err := storedObs(tx, after.NodeID)
 	if err != nil {
 		return err
 	}
+	calls, failures := o.Calls, o.Failures
 	ApplyCall(o, before, after)
-	return kv.Put(tx, obsKey(after.NodeID), o)
+	if err := kv.Put(tx, obsKey(after.NodeID), o); err != nil {
+		return err
+	}
+	if o.Calls == calls && o.Failures == failures {
+		return nil
+	}
+	return addToAncestors(tx, after.NodeID, subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)})
+}
+
+// addToAncestors adds d to the subtree records of node's ancestors (the
+// node's shard of each).
+func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
+	n, err := tree.GetNodeIn(tx, nodeID)
+	if errors.Is(err, tree.ErrNodeNotFound) {
+		return nil // a call of no stored node: the ledger refuses those
+	}
+	if err != nil || len(n.Ancestors) == 0 {
+		return err
+	}
+	shard := growShard(nodeID)
+	keys := make([][]byte, len(n.Ancestors))
+	for i, a := range n.Ancestors {
+		keys[i] = subKey(a, shard)
+	}
+	if err := store.Prefetch(tx, keys, nil); err != nil {
+		return err
+	}
+	for _, key := range keys {
+		s, err := getSubtotal(tx, key)
+		if err != nil {
+			return err
+		}
+		s.calls += d.calls
+		s.failures += d.failures
+		if err := tx.Put(key, s.append(nil)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reportToAncestors adds the change d of node's reported counters to the
+// subtree records of its ancestors (the node's shard of each).
+func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error {
+	n, err := tree.GetNodeIn(tx, nodeID)
+	if err != nil || len(n.Ancestors) == 0 {
+		return err
+	}
+	shard := growShard(nodeID)
+	keys := make([][]byte, len(n.Ancestors))
+	for i, a := range n.Ancestors {
+		keys[i] = subSelfKey(a, shard)
+	}
+	if err := store.Prefetch(tx, keys, nil); err != nil {
+		return err
+	}
+	for _, key := range keys {
+		rec := &subReported{}
+		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		rec.add(d)
+		if err := kv.Put(tx, key, rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// subtotal is one record of an ancestor's subtree totals: the calls begun
+// by its descendants of one shard, and those that ended failed.
+type subtotal struct{ calls, failures uint64 }
+
+func (s subtotal) append(b []byte) []byte {
+	return binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
+}
+
+func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
+	v, err := tx.Get(key)
+	if errors.Is(err, store.ErrNotFound) {
+		return subtotal{}, nil
+	}
+	if err != nil {
+		return subtotal{}, err
+	}
+	return decodeSubtotal(v)
+}
+
+func decodeSubtotal(v []byte) (subtotal, error) {
+	var s subtotal
+	for _, f := range []*uint64{&s.calls, &s.failures} {
+		x, n := binary.Uvarint(v)
+		if n <= 0 {
+			return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record of %d bytes", len(v))
+		}
+		*f, v = x, v[n:]
+	}
+	if len(v) != 0 {
+		return subtotal{}, errors.New("stoprule: corrupt subtree record: trailing bytes")
+	}
+	return s, nil
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -788,11 +922,44 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 	if nodes > 0 {
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
 	}
+	// The calls of the subtree: the node's own and its descendants'.
+	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
+	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
+		s, err := decodeSubtotal(v)
+		if err != nil {
+			return err
+		}
+		o.SubtreeCalls += int64(s.calls)
+		o.SubtreeFailures += int64(s.failures)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
 	self := &reported{}
 	if err := kv.Get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, nil, err
 	}
 	return o, self.Counters, nil
+}
+
+// readSubtreeReported reads subtree_reported of a node whose own
+// reported counters are own: its own and its descendants', from its
+// records (at most growShards).
+func readSubtreeReported(tx store.ReadTxn, nodeID string, own map[string]float64) (*reportedSums, error) {
+	var records []*subReported
+	err := tx.Scan(subSelfPrefix(nodeID), nil, func(_, v []byte) error {
+		rec := &subReported{}
+		if err := storecodec.Unmarshal(v, rec); err != nil {
+			return err
+		}
+		records = append(records, rec)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return sumReported(own, records), nil
 }
 
 // storedObs reads a node's stored counters alone, without the growth

@@ -82,6 +82,14 @@ type Observations struct {
 	// high-water mark, so a burst begun and ended between two
 	// evaluations is seen at its peak.
 	CallsInFlightMax int64 `pb:"19"`
+	// Tool calls begun by the node and every descendant it ever had
+	// (refused calls excluded), and those that ended failed: what the
+	// subtree did however its calls are split among its children. Not
+	// stored in the node's own counters: each call counts itself into
+	// its ancestors' subtree records (prefixSub) in its own transaction,
+	// and readers add the node's own calls and those records up.
+	SubtreeCalls    int64 `pb:"20"`
+	SubtreeFailures int64 `pb:"21"`
 }
 
 // Clone returns a copy of o sharing nothing with it.

@@ -27,7 +27,8 @@ type StopRule struct {
 	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
 	Name   string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// A CEL expression of type bool over `observed` (StopRuleObservations)
-	// and `self_reported` (map of string to double).
+	// and `self_reported` (map of string to double), and `subtree_reported`
+	// (the same counters added up over the node's subtree).
 	Expression string `protobuf:"bytes,3,opt,name=expression,proto3" json:"expression,omitempty"`
 	// A hint from the setter: "propose" (default; a person decides), "drain"
 	// or "abort" (the mode the proposal suggests). The operator's policy
@@ -209,8 +210,15 @@ type StopRuleObservations struct {
 	// mark of calls_in_flight, so a burst begun and ended between two
 	// evaluations is seen at its peak.
 	CallsInFlightMax int64 `protobuf:"varint,19,opt,name=calls_in_flight_max,json=callsInFlightMax,proto3" json:"calls_in_flight_max,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Tool calls begun by the node and every descendant it ever had
+	// (refused calls excluded), and those of them that ended failed: what
+	// the node's subtree did, however its calls are split among its
+	// children. Each call counts itself into its ancestors' totals in its
+	// own transaction.
+	SubtreeCalls    int64 `protobuf:"varint,20,opt,name=subtree_calls,json=subtreeCalls,proto3" json:"subtree_calls,omitempty"`
+	SubtreeFailures int64 `protobuf:"varint,21,opt,name=subtree_failures,json=subtreeFailures,proto3" json:"subtree_failures,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StopRuleObservations) Reset() {
@@ -372,6 +380,20 @@ func (x *StopRuleObservations) GetNodeLabels() map[string]string {
 func (x *StopRuleObservations) GetCallsInFlightMax() int64 {
 	if x != nil {
 		return x.CallsInFlightMax
+	}
+	return 0
+}
+
+func (x *StopRuleObservations) GetSubtreeCalls() int64 {
+	if x != nil {
+		return x.SubtreeCalls
+	}
+	return 0
+}
+
+func (x *StopRuleObservations) GetSubtreeFailures() int64 {
+	if x != nil {
+		return x.SubtreeFailures
 	}
 	return 0
 }
@@ -1190,7 +1212,8 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf7\t\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\n" +
+	"\n" +
 	"\x14StopRuleObservations\x12\x14\n" +
 	"\x05calls\x18\x01 \x01(\x03R\x05calls\x12T\n" +
 	"\rcalls_by_tool\x18\x02 \x03(\v20.tether.v1.StopRuleObservations.CallsByToolEntryR\vcallsByTool\x12]\n" +
@@ -1214,7 +1237,9 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\tnode_name\x18\x11 \x01(\tR\bnodeName\x12P\n" +
 	"\vnode_labels\x18\x12 \x03(\v2/.tether.v1.StopRuleObservations.NodeLabelsEntryR\n" +
 	"nodeLabels\x12-\n" +
-	"\x13calls_in_flight_max\x18\x13 \x01(\x03R\x10callsInFlightMax\x1a>\n" +
+	"\x13calls_in_flight_max\x18\x13 \x01(\x03R\x10callsInFlightMax\x12#\n" +
+	"\rsubtree_calls\x18\x14 \x01(\x03R\fsubtreeCalls\x12)\n" +
+	"\x10subtree_failures\x18\x15 \x01(\x03R\x0fsubtreeFailures\x1a>\n" +
 	"\x10CallsByToolEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
