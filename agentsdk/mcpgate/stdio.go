@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -76,8 +78,25 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	// abandoned, or Run would wait for their upstream's answers.
 	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
 	defer stop()
-	r, w = refuseStdioBatches(r, w)
 	st := &stdioSession{conn: &stdioConn{}, gone: make(chan struct{}), connected: make(chan struct{}), done: make(chan struct{}), abandoned: make(chan struct{})}
+	r, w = refuseStdioBatches(r, w, func() string {
+		// As the middleware does for any request of the agent's.
+		token, err := g.stdioRevoked(ctx)
+		if err == nil {
+			return ""
+		}
+		g.noteRefused(ctx, token, err)
+		g.endStdio(st, err)
+		line, merr := json.Marshal(struct {
+			JSONRPC string         `json:"jsonrpc"`
+			ID      any            `json:"id"`
+			Error   *jsonrpc.Error `json:"error"`
+		}{"2.0", nil, verifierRefusal(err)})
+		if merr != nil {
+			return ""
+		}
+		return string(line) + "\n"
+	})
 	defer close(st.done)
 	g.stdio.Store(st)
 	ss, err := g.server.Connect(ctx, agentStdio{Transport: &mcp.IOTransport{Reader: r, Writer: w}, conn: st.conn}, nil)
