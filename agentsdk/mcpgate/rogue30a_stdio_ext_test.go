@@ -6,12 +6,21 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/ledger"
 )
 
 // The thirtieth rogue pass against the MCP gateway (helper A): the agent
@@ -98,4 +107,190 @@ func TestRogue30AStdioBatchOfARevokedAgentIsRefusedReportedAndEndsItsSession(t *
 		n := nodeOf(t, w, self)
 		return n.LastSeenAt != nil && n.LastSeenAt.AsTime().After(n.SessionClosedAt.AsTime())
 	})
+}
+
+// A rogue that claimed its exit cannot go on being served by the gateway
+// unseen while its grant is live. The gateway learns revocations, not
+// claims: its own answers to the node's token (ping, tools/list, a new
+// session's initialize and GET stream), over HTTP or stdio, were served
+// offline, and a rogue that ended its session, claimed its exit and went
+// on pinging its gateway until its stop revoked its grant had the record
+// read its exit confirmed by the control plane. Each such request is now
+// reported (a BeginCall of mcpgate.SeenReportTool, which the control plane
+// begins nothing for and keeps as the node's credential at work) before it
+// is served: the record reads the claim contradicted. (Fails if the record
+// reads the rogue's exit confirmed.)
+func TestRogue30AServedAfterItsClaimIsLifeAfterIt(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stdio bool
+		act   func(t *testing.T, w *world, cs *mcp.ClientSession, token string) error
+	}{
+		{"ping over HTTP", false, func(t *testing.T, _ *world, cs *mcp.ClientSession, _ string) error {
+			return cs.Ping(context.Background(), nil)
+		}},
+		{"tools/list over HTTP", false, func(t *testing.T, _ *world, cs *mcp.ClientSession, _ string) error {
+			_, err := cs.ListTools(context.Background(), nil)
+			return err
+		}},
+		{"a new session over HTTP", false, func(t *testing.T, w *world, _ *mcp.ClientSession, token string) error {
+			cs := connectAgent(t, w.endpoint, token, nil)
+			return cs.Close()
+		}},
+		{"ping over stdio", true, func(t *testing.T, _ *world, cs *mcp.ClientSession, _ string) error {
+			return cs.Ping(context.Background(), nil)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, "mcp:test/*")
+			ctx := context.Background()
+			child, err := w.srv.Clients(w.agent.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.agent.Node.NodeId, Name: "rogue"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			self := child.Msg.Node.NodeId
+			grant, err := w.admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{
+				HolderNodeId: self, Scopes: []string{"mcp:test/*"}, Ttl: durationpb.New(time.Hour),
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cs *mcp.ClientSession
+			if tc.stdio {
+				cs = serveStdioAgent(t, w.gw, grant.Msg.Token).cs
+			} else {
+				client := mcp.NewClient(&mcp.Implementation{Name: "rogue", Version: "1"}, nil)
+				hc := &http.Client{Transport: bearer{token: func() string { return grant.Msg.Token }, next: http.DefaultTransport}}
+				cs, err = client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: w.endpoint, HTTPClient: hc, DisableStandaloneSSE: true}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = cs.Close() })
+			}
+
+			// The rogue's session opens and ends; it claims its exit.
+			rogue := w.srv.Clients(child.Msg.Credential)
+			sctx, cancel := context.WithCancel(ctx)
+			stream := rogue.Agent.Session(sctx)
+			if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: self}}}); err != nil && !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			if resp, err := stream.Receive(); err != nil || resp.GetOpened() == nil {
+				t.Fatalf("the rogue's session: %v %v", resp, err)
+			}
+			w.clk.Advance(time.Minute)
+			_ = stream.CloseRequest()
+			cancel()
+			_ = stream.CloseResponse()
+			testserver.WaitFor(t, guardWait, "the control plane to see the session end", func() bool {
+				return nodeOf(t, w, self).SessionClosedAt != nil
+			})
+			w.clk.Advance(time.Minute)
+			if _, err := rogue.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+				t.Fatal(err)
+			}
+			w.clk.Advance(time.Minute)
+
+			// Its grant still live, the gateway serves it.
+			if err := tc.act(t, w, cs, grant.Msg.Token); err != nil {
+				t.Fatalf("the rogue's request after its claim, its grant live: %v", err)
+			}
+
+			// Its parent's stop revokes its grant and writes the record.
+			resp, err := w.admin.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+				NodeId: w.agent.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "test",
+				DrainWindow: durationpb.New(0), CancelAckTimeout: durationpb.New(time.Minute), ConfirmTimeout: durationpb.New(time.Minute),
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			term := resp.Msg.Termination
+			waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			w.clk.Advance(2 * time.Minute)
+			waitState(t, w, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			var rn *tetherv1.RecordNode
+			for _, n := range recordOf(t, w, term.TerminationId).Nodes {
+				if n.NodeId == self {
+					rn = n
+				}
+			}
+			if rn == nil {
+				t.Fatalf("node %s is not in the record", self)
+			}
+			if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(rn.UnaccountedReason, "contradicts the confirmation") {
+				t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted (contradicts the confirmation): the gateway served the rogue after its claim",
+					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+			}
+		})
+	}
+}
+
+// A rogue flooding the gateway with requests it serves cannot have it
+// flood the control plane with its reports of them: a node's requests are
+// reported at most mcpgate.SeenReportBurst at once and one per
+// mcpgate.SeenReportInterval after that, on the gateway's clock, the
+// requests past the bound waiting for one report together. (Fails if
+// more reports are sent than the bound allows for the time the gateway's
+// clock moved.)
+func TestRogue30AServedFloodCostsTheControlPlaneOneReportPerNodePerInterval(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	ctx := context.Background()
+	counter := &beginCounter{next: w.srv.HTTP.Transport}
+	if counter.next == nil {
+		counter.next = http.DefaultTransport
+	}
+	hc := *w.srv.HTTP
+	hc.Transport = counter
+	gclk := clock.NewManual(time.Now().UTC())
+	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: &hc,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	a := serveStdioAgent(t, gw, w.grant.Token) // its opening is reported too
+	// Concurrent pings share reports; one after another, each needs its own.
+	const flood = 4 * mcpgate.SeenReportBurst
+	answered := make(chan error, flood)
+	for range mcpgate.SeenReportBurst {
+		go func() { answered <- a.cs.Ping(ctx, nil) }()
+	}
+	go func() {
+		for range flood - mcpgate.SeenReportBurst {
+			err := a.cs.Ping(ctx, nil)
+			answered <- err
+			if err != nil {
+				return
+			}
+		}
+	}()
+	got, advances := 0, 0
+	for got < flood {
+		testserver.WaitFor(t, guardWait, "a ping answered, or the next report armed on the gateway's clock", func() bool {
+			return len(answered) > 0 || gclk.Armed(gclk.Now().Add(mcpgate.SeenReportInterval))
+		})
+		if len(answered) > 0 {
+			if err := <-answered; err != nil {
+				t.Fatalf("a ping: %v", err)
+			}
+			got++
+			continue
+		}
+		gclk.Advance(mcpgate.SeenReportInterval)
+		advances++
+	}
+	if n := counter.begins.Load(); n > int64(mcpgate.SeenReportBurst+advances) {
+		t.Fatalf("%d reports for the session's opening and a flood of %d pings over %d intervals; want at most %d", n, flood, advances, mcpgate.SeenReportBurst+advances)
+	}
+}
+
+// The gateway's report is the control plane's ledger.SeenTool: another
+// name would be a tool call the control plane refuses for its scope,
+// noting nothing.
+func TestRogue30ASeenReportToolIsTheLedgers(t *testing.T) {
+	if mcpgate.SeenReportTool != ledger.SeenTool {
+		t.Fatalf("mcpgate.SeenReportTool is %q; the ledger's SeenTool is %q", mcpgate.SeenReportTool, ledger.SeenTool)
+	}
 }

@@ -83,6 +83,7 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 		// As the middleware does for any request of the agent's.
 		token, err := g.stdioRevoked(ctx)
 		if err == nil {
+			g.noteSeen(ctx, token)
 			return ""
 		}
 		g.noteRefused(ctx, token, err)
