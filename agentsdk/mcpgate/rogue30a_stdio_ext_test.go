@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -293,4 +295,132 @@ func TestRogue30ASeenReportToolIsTheLedgers(t *testing.T) {
 	if mcpgate.SeenReportTool != ledger.SeenTool {
 		t.Fatalf("mcpgate.SeenReportTool is %q; the ledger's SeenTool is %q", mcpgate.SeenReportTool, ledger.SeenTool)
 	}
+}
+
+// stalledOut is an agent's stdout it does not read: a write blocks until
+// the gateway closes it (as a pipe's does), which is then reported on
+// released.
+type stalledOut struct {
+	blocked  chan struct{}
+	once     sync.Once
+	closed   chan struct{}
+	close1   sync.Once
+	released chan struct{}
+	hold     atomic.Bool
+	w        io.WriteCloser
+}
+
+func newStalledOut(w io.WriteCloser) *stalledOut {
+	return &stalledOut{blocked: make(chan struct{}), closed: make(chan struct{}), released: make(chan struct{}, 16), w: w}
+}
+
+func (s *stalledOut) Write(p []byte) (int, error) {
+	if !s.hold.Load() {
+		return s.w.Write(p)
+	}
+	s.once.Do(func() { close(s.blocked) })
+	<-s.closed
+	s.released <- struct{}{}
+	return 0, io.ErrClosedPipe
+}
+
+func (s *stalledOut) Close() error {
+	s.close1.Do(func() { close(s.closed) })
+	return s.w.Close()
+}
+
+// An agent that stops reading its stdout cannot keep `tether mcp wrap`
+// from shutting down, nor keep the gateway's goroutines blocked writing
+// to it. At the end of ServeStdio's context (SIGTERM to the wrapper) the
+// gateway closed the session, and the SDK's close waits for the requests
+// in flight, one of which was writing an answer the agent did not take:
+// ServeStdio never returned, and the wrapper and its upstream stayed; and
+// where ServeStdio gave up on the close (a revoked agent's session), the
+// write stayed blocked for as long as the process lived. ServeStdio now
+// gives up on the close after stdioEndWait (the write-stall timeout, on
+// the gateway's clock) and closes the agent's stdout, which ends the
+// blocked write. (Fails, by its guard, if ServeStdio does not return or
+// the write is not released.)
+func TestRogue30AStdioAgentNotReadingCannotHoldTheWrappersShutdown(t *testing.T) {
+	t.Run("SIGTERM", func(t *testing.T) { stdioNotReading(t, false) })
+	t.Run("revoked", func(t *testing.T) { stdioNotReading(t, true) })
+}
+
+func stdioNotReading(t *testing.T, revoke bool) {
+	w := newWorld(t, "mcp:test/*")
+	ctx := context.Background()
+	gclk := clock.NewManual(time.Now().UTC())
+	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
+		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
+		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gw.Close)
+	toGateway, agentOut := io.Pipe()
+	agentIn, fromGateway := io.Pipe()
+	out := newStalledOut(fromGateway)
+	sctx, cancel := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- gw.ServeStdio(sctx, mcpgate.StaticToken(w.grant.Token), toGateway, out) }()
+	t.Cleanup(func() {
+		cancel()
+		out.Close()
+		agentOut.Close()
+		agentIn.Close()
+	})
+	lines := bufio.NewReader(agentIn)
+	send := func(msg string) {
+		t.Helper()
+		if _, err := io.WriteString(agentOut, msg+"\n"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`)
+	if line, err := lines.ReadString('\n'); err != nil || !strings.Contains(line, `"id":1`) {
+		t.Fatalf("initialize: %q %v", line, err)
+	}
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	out.hold.Store(true)
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`)
+	recv(t, out.blocked, "the gateway to write an answer the agent does not read")
+
+	t0 := gclk.Now()
+	wait := mcpgate.DefaultWriteStallTimeout
+	if !revoke {
+		cancel() // the wrapper's SIGTERM
+		testserver.WaitFor(t, guardWait, "the gateway to wait for the session's close", func() bool {
+			return gclk.Armed(t0.Add(wait))
+		})
+		gclk.Advance(wait)
+		recv(t, served, "ServeStdio to return at the end of its context")
+		recv(t, out.released, "the write the agent did not take to end")
+		return
+	}
+	// Revoked: the gateway waits for the answers in flight, then for the
+	// close, each stdioEndWait, and gives up (as in rogue29b).
+	revokeAndWaitOn(t, w, gw)
+	var endAt time.Time
+	testserver.WaitFor(t, guardWait, "the gateway to wait for the answers in flight of the session it ends", func() bool {
+		for _, at := range []time.Time{t0, t0.Add(mcpgate.RevocationScanInterval)} {
+			if gclk.Armed(at.Add(wait)) {
+				endAt = at.Add(wait)
+				return true
+			}
+		}
+		if gclk.Now().Equal(t0) && gclk.Armed(t0.Add(mcpgate.RevocationScanInterval)) {
+			gclk.Advance(mcpgate.RevocationScanInterval)
+		}
+		return false
+	})
+	gclk.Set(endAt)
+	testserver.WaitFor(t, guardWait, "the gateway to wait for the session to close", func() bool {
+		return gclk.Armed(endAt.Add(wait))
+	})
+	gclk.Set(endAt.Add(wait))
+	if err := recv(t, served, "ServeStdio to return"); !errors.Is(err, capability.ErrGrantRevoked) {
+		t.Fatalf("ServeStdio returned %v; want the revocation", err)
+	}
+	recv(t, out.released, "the write the agent did not take to end")
 }

@@ -68,7 +68,9 @@ func (f *FileToken) Token() (string, error) {
 
 // ServeStdio serves one agent over r and w (a framework's stdio MCP
 // client) until the agent hangs up or ctx ends, with the agent's token from
-// tokens. Call it once per gateway.
+// tokens. Call it once per gateway. A session whose close the agent holds
+// up (it does not read w) is given up after the write-stall timeout, and
+// w closed.
 func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadCloser, w io.WriteCloser) error {
 	if !g.stdioToken.CompareAndSwap(nil, &tokens) {
 		return errors.New("mcpgate: ServeStdio serves one agent per gateway")
@@ -114,11 +116,32 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	go func() { waited <- ss.Wait() }()
 	select {
 	case <-ctx.Done():
-		_ = ss.Close()
-		<-waited
+		// The SDK closes a session once its requests in flight have
+		// returned, and a write the agent does not take never does: given
+		// up after stdioEndWait, the agent's stdout closed (which ends such
+		// a write on a pipe). ServeStdio waited for the close, and `tether
+		// mcp wrap` outlived its SIGTERM for as long as the agent did not
+		// read.
+		closed := make(chan struct{})
+		go func() {
+			_ = ss.Close()
+			<-waited
+			close(closed)
+		}()
+		stuck := g.cfg.Clock.NewTimer(stdioEndWait)
+		select {
+		case <-closed:
+		case <-stuck.C():
+			_ = w.Close()
+		}
+		stuck.Stop()
 		err = ctx.Err()
 	case err = <-waited:
 	case <-st.abandoned:
+		// The close given up (endStdio): the agent's stdout closed, which
+		// ends the write it does not take (it stayed blocked for as long as
+		// the process lived).
+		_ = w.Close()
 	}
 	select {
 	case <-st.gone:
