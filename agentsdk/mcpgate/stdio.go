@@ -81,24 +81,25 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
 	defer stop()
 	st := &stdioSession{conn: &stdioConn{}, gone: make(chan struct{}), connected: make(chan struct{}), done: make(chan struct{}), abandoned: make(chan struct{})}
-	r, w = refuseStdioBatches(r, w, func() string {
+	r, w = refuseStdioBatches(r, w, func() (string, func()) {
 		// As the middleware does for any request of the agent's.
 		token, err := g.stdioRevoked(ctx)
 		if err == nil {
 			g.noteSeen(ctx, token)
-			return ""
+			return "", nil
 		}
 		g.noteRefused(ctx, token, err)
-		g.endStdio(st, err)
+		end := func() { g.endStdio(st, err) }
 		line, merr := json.Marshal(struct {
 			JSONRPC string         `json:"jsonrpc"`
 			ID      any            `json:"id"`
 			Error   *jsonrpc.Error `json:"error"`
 		}{"2.0", nil, verifierRefusal(err)})
 		if merr != nil {
-			return ""
+			end()
+			return "", nil
 		}
-		return string(line) + "\n"
+		return string(line) + "\n", end
 	})
 	defer close(st.done)
 	g.stdio.Store(st)

@@ -27,10 +27,11 @@ const stdioBatchRefusal = `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"me
 //
 // A batch is the agent's token at work as any request is: refused gives,
 // first, the answer of an agent whose token the gateway refuses (its
-// grant revoked: the refusal reported, the session ended), "" when the
-// batch is only a batch. A revoked rogue's batches were answered -32600
-// with no look at its token, and nothing reported.
-func refuseStdioBatches(r io.ReadCloser, w io.WriteCloser, refused func() string) (io.ReadCloser, io.WriteCloser) {
+// grant revoked: the refusal reported), "" when the batch is only a
+// batch, and what to do once that answer is written (end the session).
+// A revoked rogue's batches were answered -32600 with no look at its
+// token, and nothing reported.
+func refuseStdioBatches(r io.ReadCloser, w io.WriteCloser, refused func() (string, func())) (io.ReadCloser, io.WriteCloser) {
 	out := &lockedWriter{w: w}
 	limit := &frameLimit{r: r, limit: mcp.DefaultMaxLineLength}
 	return &batchFilter{dec: json.NewDecoder(limit), limit: limit, out: out, closer: r, refused: refused}, out
@@ -79,7 +80,7 @@ type batchFilter struct {
 	limit   *frameLimit
 	out     *lockedWriter
 	closer  io.Closer
-	refused func() string
+	refused func() (string, func())
 	next    []byte // what is left of the message being handed over
 }
 
@@ -91,13 +92,16 @@ func (b *batchFilter) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		if len(raw) > 0 && raw[0] == '[' {
-			answer := stdioBatchRefusal
+			answer, then := stdioBatchRefusal, func() {}
 			if b.refused != nil {
-				if a := b.refused(); a != "" {
-					answer = a
+				if a, after := b.refused(); a != "" {
+					answer, then = a, after
 				}
 			}
-			if _, err := io.WriteString(b.out, answer); err != nil {
+			_, err := io.WriteString(b.out, answer)
+			// Once written: the session's end closes the agent's stdout.
+			then()
+			if err != nil {
 				return 0, err
 			}
 			continue
