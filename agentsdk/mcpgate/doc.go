@@ -35,7 +35,15 @@
 // interval's end): refused silently, a rogue's calls after its claim of
 // exit left the record confirming it. The refusal that starts a report is answered once the
 // report has landed (RefusalReportWait at the most), so that a claim of
-// exit sent on reading it cannot outrun it.
+// exit sent on reading it cannot outrun it. A request the gateway serves a
+// live grant without a tool call (ping, initialize, tools/list,
+// notifications, a GET stream or DELETE, a stdio batch, a call refused
+// offline) is reported likewise before it is served, a BeginCall of
+// SeenReportTool that the control plane begins nothing for and keeps as
+// the node's credential at work (the gateway learns revocations, not
+// claims: a rogue that claimed its exit and pinged on was unseen); a
+// node's reports are bounded to SeenReportBurst at once and one per
+// SeenReportInterval after, the requests past the bound sharing the next.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

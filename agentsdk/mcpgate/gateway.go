@@ -97,6 +97,7 @@ type Gateway struct {
 	calls      callCount    // tools/call in flight by node
 	conns      connCount    // HTTPServer's connections by node
 	refusals   refusalReports
+	seen       seenReports
 	bodies     bodyBudget // HTTP request bodies held, by node (Handler sets the maximum)
 	stdioToken atomic.Pointer[TokenSource]
 	stdio      atomic.Pointer[stdioSession] // ServeStdio's session
@@ -404,6 +405,7 @@ func (g *Gateway) Close() {
 	g.watchers.Wait()
 	g.reports.Wait() // the ends of calls already answered
 	g.closeRefusals()
+	g.closeSeen()
 	if stop != nil {
 		stop()
 	}
@@ -597,10 +599,15 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		// whose grant is revoked is refused, reported and its session ended
 		// (over HTTP the door does it).
 		if st := g.stdioOf(req); st != nil {
-			if token, err := g.stdioRevoked(ctx); err != nil {
+			token, err := g.stdioRevoked(ctx)
+			if err != nil {
 				g.noteRefused(ctx, token, err)
 				g.endStdio(st, err)
 				return nil, verifierRefusal(err)
+			}
+			if method != "tools/call" {
+				// The node served (reportSeen); over HTTP holdCalls does it.
+				g.noteSeen(ctx, token)
 			}
 		}
 		switch method {
@@ -681,6 +688,10 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
 	if err != nil {
 		g.noteRefused(ctx, token, err)
+		if !errors.Is(err, capability.ErrGrantRevoked) {
+			// Refused offline, never begun: the node served all the same.
+			g.noteSeen(ctx, token)
+		}
 		return nil, verifierRefusal(err)
 	}
 	params := &mcp.CallToolParams{Name: r.tool}

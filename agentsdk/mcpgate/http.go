@@ -566,11 +566,18 @@ func (h *callHold) leave() {
 func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := auth.TokenInfoFromContext(r.Context())
-		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody || info == nil || info.Extra == nil {
+		if info == nil || info.Extra == nil {
 			next.ServeHTTP(w, r)
 			return
 		}
 		node := info.UserID
+		token, _ := info.Extra[tokenKey].(string)
+		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
+			// A GET stream, a session's DELETE: the node served.
+			g.reportSeen(r.Context(), token, node)
+			next.ServeHTTP(w, r)
+			return
+		}
 		body, held, err := g.bodies.read(node, r.Body, mcp.DefaultMaxRequestBodyBytes+1)
 		defer g.bodies.give(node, held)
 		if errors.Is(err, errTooManyBodyBytes) {
@@ -585,6 +592,7 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			io.Closer
 		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
 		if err != nil || len(body) > mcp.DefaultMaxRequestBodyBytes {
+			g.reportSeen(r.Context(), token, node)
 			next.ServeHTTP(w, r) // the SDK refuses it
 			return
 		}
@@ -594,6 +602,12 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		// went uncounted here.
 		msg, err := jsonrpc.DecodeMessage(body)
 		req, isReq := msg.(*jsonrpc.Request)
+		if err != nil || !isReq || !req.IsCall() || req.Method != "tools/call" {
+			// Any request but a tool call (which the ledger sees begin) is
+			// the node served, reported before it is: a rogue's ping after
+			// its claim of exit was served offline, unseen.
+			g.reportSeen(r.Context(), token, node)
+		}
 		if err != nil || !isReq || !req.IsCall() || (req.Method != "tools/call" && req.Method != "tools/list") {
 			next.ServeHTTP(w, r)
 			return
@@ -604,6 +618,9 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 			return
 		}
 		if !g.calls.take(node) {
+			if req.Method == "tools/call" {
+				g.reportSeen(r.Context(), token, node) // refused here, never begun
+			}
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write(errorAnswer(id, rpcError(CodeTooManyCalls, "node %s already has %d tool calls and listings in flight through this gateway (each until its answer is read), the maximum; wait for one to end", node, g.calls.max)))
 			return

@@ -2,6 +2,7 @@ package mcpgate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -66,7 +68,9 @@ func (f *FileToken) Token() (string, error) {
 
 // ServeStdio serves one agent over r and w (a framework's stdio MCP
 // client) until the agent hangs up or ctx ends, with the agent's token from
-// tokens. Call it once per gateway.
+// tokens. Call it once per gateway. A session whose close the agent holds
+// up (it does not read w) is given up after the write-stall timeout, and
+// w closed.
 func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadCloser, w io.WriteCloser) error {
 	if !g.stdioToken.CompareAndSwap(nil, &tokens) {
 		return errors.New("mcpgate: ServeStdio serves one agent per gateway")
@@ -76,8 +80,27 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	// abandoned, or Run would wait for their upstream's answers.
 	stop := context.AfterFunc(ctx, func() { g.abandonCalls(errGatewayClosing) })
 	defer stop()
-	r, w = refuseStdioBatches(r, w)
 	st := &stdioSession{conn: &stdioConn{}, gone: make(chan struct{}), connected: make(chan struct{}), done: make(chan struct{}), abandoned: make(chan struct{})}
+	r, w = refuseStdioBatches(r, w, func() (string, func()) {
+		// As the middleware does for any request of the agent's.
+		token, err := g.stdioRevoked(ctx)
+		if err == nil {
+			g.noteSeen(ctx, token)
+			return "", nil
+		}
+		g.noteRefused(ctx, token, err)
+		end := func() { g.endStdio(st, err) }
+		line, merr := json.Marshal(struct {
+			JSONRPC string         `json:"jsonrpc"`
+			ID      any            `json:"id"`
+			Error   *jsonrpc.Error `json:"error"`
+		}{"2.0", nil, verifierRefusal(err)})
+		if merr != nil {
+			end()
+			return "", nil
+		}
+		return string(line) + "\n", end
+	})
 	defer close(st.done)
 	g.stdio.Store(st)
 	ss, err := g.server.Connect(ctx, agentStdio{Transport: &mcp.IOTransport{Reader: r, Writer: w}, conn: st.conn}, nil)
@@ -94,11 +117,32 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	go func() { waited <- ss.Wait() }()
 	select {
 	case <-ctx.Done():
-		_ = ss.Close()
-		<-waited
+		// The SDK closes a session once its requests in flight have
+		// returned, and a write the agent does not take never does: given
+		// up after stdioEndWait, the agent's stdout closed (which ends such
+		// a write on a pipe). ServeStdio waited for the close, and `tether
+		// mcp wrap` outlived its SIGTERM for as long as the agent did not
+		// read.
+		closed := make(chan struct{})
+		go func() {
+			_ = ss.Close()
+			<-waited
+			close(closed)
+		}()
+		stuck := g.cfg.Clock.NewTimer(stdioEndWait)
+		select {
+		case <-closed:
+		case <-stuck.C():
+			_ = w.Close()
+		}
+		stuck.Stop()
 		err = ctx.Err()
 	case err = <-waited:
 	case <-st.abandoned:
+		// The close given up (endStdio): the agent's stdout closed, which
+		// ends the write it does not take (it stayed blocked for as long as
+		// the process lived).
+		_ = w.Close()
 	}
 	select {
 	case <-st.gone:

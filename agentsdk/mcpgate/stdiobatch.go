@@ -24,10 +24,17 @@ const stdioBatchRefusal = `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"me
 // batches, one POST at a time. Writes to w are made whole under one lock,
 // the SDK's and the refusals alike (the SDK writes each message in one
 // Write), so a refusal never lands inside another message.
-func refuseStdioBatches(r io.ReadCloser, w io.WriteCloser) (io.ReadCloser, io.WriteCloser) {
+//
+// A batch is the agent's token at work as any request is: refused gives,
+// first, the answer of an agent whose token the gateway refuses (its
+// grant revoked: the refusal reported), "" when the batch is only a
+// batch, and what to do once that answer is written (end the session).
+// A revoked rogue's batches were answered -32600 with no look at its
+// token, and nothing reported.
+func refuseStdioBatches(r io.ReadCloser, w io.WriteCloser, refused func() (string, func())) (io.ReadCloser, io.WriteCloser) {
 	out := &lockedWriter{w: w}
 	limit := &frameLimit{r: r, limit: mcp.DefaultMaxLineLength}
-	return &batchFilter{dec: json.NewDecoder(limit), limit: limit, out: out, closer: r}, out
+	return &batchFilter{dec: json.NewDecoder(limit), limit: limit, out: out, closer: r, refused: refused}, out
 }
 
 // lockedWriter makes each Write whole.
@@ -69,11 +76,12 @@ func (f *frameLimit) Read(p []byte) (int, error) {
 // batchFilter reads the agent's messages, refuses its batches, and hands
 // the SDK the rest.
 type batchFilter struct {
-	dec    *json.Decoder
-	limit  *frameLimit
-	out    *lockedWriter
-	closer io.Closer
-	next   []byte // what is left of the message being handed over
+	dec     *json.Decoder
+	limit   *frameLimit
+	out     *lockedWriter
+	closer  io.Closer
+	refused func() (string, func())
+	next    []byte // what is left of the message being handed over
 }
 
 func (b *batchFilter) Read(p []byte) (int, error) {
@@ -84,7 +92,16 @@ func (b *batchFilter) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		if len(raw) > 0 && raw[0] == '[' {
-			if _, err := io.WriteString(b.out, stdioBatchRefusal); err != nil {
+			answer, then := stdioBatchRefusal, func() {}
+			if b.refused != nil {
+				if a, after := b.refused(); a != "" {
+					answer, then = a, after
+				}
+			}
+			_, err := io.WriteString(b.out, answer)
+			// Once written: the session's end closes the agent's stdout.
+			then()
+			if err != nil {
 				return 0, err
 			}
 			continue

@@ -59,6 +59,19 @@ func (s *Service) CheckToken(ctx context.Context, token, requiredScope string) (
 	return claims.HolderNodeID, claims.GrantID, nil
 }
 
+// HolderOf implements ledger.TokenChecker: CheckToken without a scope,
+// for a tool server's report that it served the token's holder.
+func (s *Service) HolderOf(ctx context.Context, token string) (nodeID, grantID string, err error) {
+	claims, verdict, err := s.Introspect(ctx, token)
+	if err != nil {
+		return "", "", err
+	}
+	if !verdict.Active {
+		return claims.HolderNodeID, claims.GrantID, verdict.Err
+	}
+	return claims.HolderNodeID, claims.GrantID, nil
+}
+
 // GrantUsableIn implements ledger.TokenChecker: it reads the grant CheckToken
 // named, and its whole chain, again in tx, the transaction that begins the
 // call, and refuses it when it (or an ancestor) is no longer active at

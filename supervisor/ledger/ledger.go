@@ -24,7 +24,20 @@ var (
 	ErrNoCancelOrder = fault.New(fault.Precondition, "supervisor: no cancel order to acknowledge")
 	ErrCallClosed    = fault.New(fault.Precondition, "supervisor: call already closed")
 	ErrAckTooLate    = fault.New(fault.Precondition, "supervisor: the termination no longer waits for word of this call")
+	// ErrSeenNoted answers a tool server's report of a token seen at work
+	// (SeenTool): noted on its holder, nothing begun.
+	ErrSeenNoted = fault.New(fault.Precondition, "supervisor: a tool server's report that it served the token's holder, not a tool call: noted as the holder seen at work, nothing begun")
 )
+
+// SeenTool is the tool of a tool server's report that it served a request
+// of a token's holder that is not a tool call (an MCP gateway's ping,
+// initialize, listing or stream): Begin with it begins nothing, needs no
+// scope, and weighs the holder's credential at work as a refused call's
+// is (after its session's end, the node seen alive; after its exit was
+// confirmed, a contradiction), answering ErrSeenNoted. A gate serves such
+// requests offline, and a rogue that claimed its exit and went on pinging
+// its gateway had the record read its exit confirmed by the control plane.
+const SeenTool = "tether:seen"
 
 // TokenChecker verifies a capability token for a tool call: signature,
 // expiry, the revocation chain and the required scope. It returns the
@@ -33,6 +46,9 @@ var (
 // dead credential as the holder's activity when its exit was confirmed).
 type TokenChecker interface {
 	CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error)
+	// HolderOf is CheckToken without a scope: the holder of a token seen
+	// at work (SeenTool).
+	HolderOf(ctx context.Context, token string) (nodeID, grantID string, err error)
 	// GrantUsableIn checks the grant CheckToken named again, with its
 	// chain, inside the transaction that begins the call, so that a
 	// revocation acknowledged in between refuses the call.
@@ -144,6 +160,9 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if token == "" {
 		return nil, refuse(fmt.Errorf("%w: token is required", tree.ErrInvalidArgument))
 	}
+	if tool == SeenTool {
+		return nil, l.seen(ctx, token, gateID, charge)
+	}
 	if requiredScope == "" {
 		requiredScope = "tool:" + tool
 	}
@@ -157,7 +176,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	if err != nil {
 		if nodeID != "" {
 			// A dead credential of a known node, still in use.
-			if nerr := l.noteDeadCredential(ctx, nodeID, grantID, tool, gateID); nerr != nil {
+			if nerr := l.noteDeadCredential(ctx, nodeID, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID)); nerr != nil {
 				return nil, nerr
 			}
 		}
@@ -441,7 +460,7 @@ func (l *Ledger) End(ctx context.Context, callID, gateID, by string, failed bool
 // Most refusals of a revoked credential concern no such node, and a rogue
 // may send them as fast as its gate's budget allows: they are judged on a
 // read, and only one that may add evidence takes a write transaction.
-func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, gateID string) error {
+func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, kind, detail string) error {
 	now := l.Clock.Now()
 	// kept reports whether the node changed: it takes the contradiction
 	// (and adds it), or the use is the first sign of its life after its
@@ -455,7 +474,7 @@ func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, 
 			return nil, false, err
 		}
 		changed := tree.NoteSeenAfterSessionEnd(node, now)
-		if tree.ExitConfirmed(node) && tree.NoteContradiction(node, tree.ActivityToolCall, fmt.Sprintf("tool %s via gate %s with revoked grant %s", tool, gateID, grantID), now) {
+		if tree.ExitConfirmed(node) && tree.NoteContradiction(node, kind, detail, now) {
 			changed = true
 		}
 		return node, changed, nil
@@ -474,6 +493,33 @@ func (l *Ledger) noteDeadCredential(ctx context.Context, nodeID, grantID, tool, 
 		}
 		return tree.PutNodeIn(tx, node)
 	})
+}
+
+// seen is Begin's answer to a report of a token seen at work (SeenTool):
+// charged as a call is (to the holder's lineage, or the gate's refusals
+// for a token that does not verify), and kept on the holder as a dead
+// credential's use is (noteDeadCredential), on a read unless it adds
+// evidence. It begins nothing and answers ErrSeenNoted, or the token's
+// refusal.
+func (l *Ledger) seen(ctx context.Context, token, gateID string, charge func(ctx context.Context, nodeID string) error) error {
+	nodeID, grantID, err := l.Tokens.HolderOf(ctx, token)
+	if cerr := charge(ctx, nodeID); cerr != nil {
+		return cerr
+	}
+	if nodeID == "" {
+		return fmt.Errorf("%w: %w", ErrTokenRejected, err)
+	}
+	detail := "a request served by gate " + gateID
+	if err != nil {
+		detail += " with dead grant " + grantID
+	}
+	if nerr := l.noteDeadCredential(ctx, nodeID, tree.ActivityRequest, detail); nerr != nil {
+		return nerr
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrTokenRejected, err)
+	}
+	return ErrSeenNoted
 }
 
 // CancelAck records that the gate cancelled the call and its handler

@@ -1,0 +1,233 @@
+package mcpgate
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/tetherhq/tether/internal/clock"
+)
+
+// SeenReportTool is the tool of the BeginCall with which the gateway
+// reports that it served a node (reportSeen): the control plane's
+// ledger.SeenTool, which it never begins. A control plane that predates
+// it refuses the report for its scope (tool:tether:seen, which no grant
+// carries), having noted nothing.
+const SeenReportTool = "tether:seen"
+
+// errSeenNotACall is what a seen report's call would be recorded failed
+// with, had a control plane begun it.
+var errSeenNotACall = errors.New("mcpgate: not a tool call: the gateway's report that it served the token's holder; nothing was run")
+
+// SeenReportInterval and SeenReportBurst bound the reports to the control
+// plane that the gateway served a node (reportSeen), on the gateway's
+// clock: one per interval, after a burst (a session's opening is a few
+// requests at once, and an agent's own may be several), so at most
+// SeenReportBurst + t/SeenReportInterval over any time t. A node's requests past it wait for one report, as soon
+// as the bound allows.
+const (
+	SeenReportInterval = 250 * time.Millisecond
+	SeenReportBurst    = 16
+)
+
+// SeenReportWait is the longest, on the gateway's clock, that a request
+// waits for the report that covers it (reportSeen) before it is served
+// all the same, unreported.
+const SeenReportWait = RefusalReportWait
+
+// Bounds of the seen reports: the nodes the gateway keeps a report's
+// state for at once (past it, a node's request is served unreported) and
+// the reports in flight at once (past it, a report is not sent, and the
+// requests waiting for it are served unreported).
+const (
+	maxSeenNodes           = 4096
+	maxSeenReportsInFlight = 64
+)
+
+// seenReports are the gateway's reports that it served nodes.
+type seenReports struct {
+	mu       sync.Mutex
+	nodes    map[string]*seenNode
+	inFlight int
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// seenNode is one node's report state.
+type seenNode struct {
+	token   string        // the latest served token, the next report's
+	next    chan struct{} // closed once the report the waiting requests need has landed (nil: none waits)
+	sending bool          // a report is in flight
+	timer   clock.Timer   // the next report's start, once the bound allows it
+	// tat is when the node's reports will have used up their bound (the
+	// burst refilled): a report may start at now while tat is at most
+	// SeenReportBurst-1 intervals ahead of it.
+	tat time.Time
+}
+
+// reportSeen tells the control plane that the gateway is serving node a
+// request of token's that is not a tool call (a call is begun in the
+// ledger, which sees it): a BeginCall of ledger.SeenTool, which the
+// control plane keeps as the node's credential at work (after its
+// session's end, life after it; after its claim of exit, a
+// contradiction) and begins nothing. The gateway learns revocations, not
+// claims: a rogue that claimed its exit and went on with ping, initialize,
+// tools/list or a GET stream on its live grant was served offline, and the
+// record read its exit confirmed by the control plane.
+//
+// The request waits until a report started after it arrived has landed
+// (SeenReportWait at the most): sent behind it, the report of an honest
+// agent's last request landed after the session end or the claim that
+// followed its answer, and the record read it alive after them. Requests
+// arriving while a report is in flight, or within SeenReportInterval of
+// the last report's start, share the next one: one report per node per
+// interval, charged there to the node's own lineage.
+func (g *Gateway) reportSeen(ctx context.Context, token, node string) {
+	if token == "" || node == "" {
+		return
+	}
+	r := &g.seen
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	n := r.nodes[node]
+	if n == nil {
+		if r.nodes == nil {
+			r.nodes = map[string]*seenNode{}
+		}
+		if len(r.nodes) >= maxSeenNodes {
+			now := g.cfg.Clock.Now()
+			for id, o := range r.nodes {
+				if o.next == nil && !o.sending && !now.Before(o.tat) {
+					delete(r.nodes, id)
+				}
+			}
+			if len(r.nodes) >= maxSeenNodes {
+				r.mu.Unlock()
+				g.log.Warn("mcpgate: too many nodes to report seen at once; served unreported", "node", node)
+				return
+			}
+		}
+		n = &seenNode{}
+		r.nodes[node] = n
+	}
+	n.token = token
+	landed := n.next
+	if landed == nil {
+		landed = make(chan struct{})
+		n.next = landed
+		if !n.sending {
+			g.scheduleSeen(node, n)
+		}
+	}
+	r.mu.Unlock()
+	timer := g.cfg.Clock.NewTimer(SeenReportWait)
+	defer timer.Stop()
+	select {
+	case <-landed:
+	case <-timer.C():
+	case <-ctx.Done():
+	}
+}
+
+// scheduleSeen starts n's next report now, or once the bound allows it
+// (under g.seen.mu, n.next set, no report in flight).
+func (g *Gateway) scheduleSeen(node string, n *seenNode) {
+	if n.timer != nil {
+		return
+	}
+	wait := n.tat.Add(-(SeenReportBurst - 1) * SeenReportInterval).Sub(g.cfg.Clock.Now())
+	if wait <= 0 {
+		g.startSeen(node, n)
+		return
+	}
+	n.timer = g.cfg.Clock.AfterFunc(wait, func() {
+		g.seen.mu.Lock()
+		defer g.seen.mu.Unlock()
+		n.timer = nil
+		if g.seen.closed || g.seen.nodes[node] != n || n.next == nil || n.sending {
+			return
+		}
+		g.startSeen(node, n)
+	})
+}
+
+// startSeen sends n's report (under g.seen.mu): the requests waiting for
+// n.next are released once it has landed, and those that came meanwhile
+// wait for the next.
+func (g *Gateway) startSeen(node string, n *seenNode) {
+	r := &g.seen
+	landed := n.next
+	n.next = nil
+	now := g.cfg.Clock.Now()
+	if n.tat.Before(now) {
+		n.tat = now
+	}
+	n.tat = n.tat.Add(SeenReportInterval)
+	if r.inFlight >= maxSeenReportsInFlight {
+		g.log.Warn("mcpgate: too many reports of nodes seen in flight; served unreported", "node", node)
+		close(landed)
+		return
+	}
+	n.sending = true
+	r.inFlight++
+	r.wg.Add(1)
+	token := n.token
+	go func() {
+		defer r.wg.Done()
+		err := g.cfg.Gate.CallScoped(g.running, token, SeenReportTool, "", func(context.Context) error {
+			return errSeenNotACall
+		})
+		g.log.Debug("mcpgate: reported a node seen to the control plane", "node", node, "answer", err)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.inFlight--
+		n.sending = false
+		close(landed)
+		switch {
+		case n.next == nil:
+		case r.closed:
+			close(n.next)
+			n.next = nil
+		case r.nodes[node] == n:
+			g.scheduleSeen(node, n)
+		}
+	}()
+}
+
+// closeSeen stops the reports, releases the requests waiting for them and
+// waits for those in flight.
+func (g *Gateway) closeSeen() {
+	r := &g.seen
+	r.mu.Lock()
+	r.closed = true
+	for _, n := range r.nodes {
+		if n.timer != nil {
+			n.timer.Stop()
+			n.timer = nil
+		}
+		if n.next != nil && !n.sending {
+			close(n.next)
+			n.next = nil
+		}
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// noteSeen is reportSeen for a request whose token's holder is not at hand
+// (over stdio, or a call refused offline): a token that does not identify
+// its holder is not reported.
+func (g *Gateway) noteSeen(ctx context.Context, token string) {
+	if token == "" {
+		return
+	}
+	claims, err := g.cfg.Verifier.Identify(ctx, token)
+	if err != nil {
+		return
+	}
+	g.reportSeen(ctx, token, claims.HolderNodeID)
+}
