@@ -2,14 +2,18 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store/etcdstore"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -95,5 +99,86 @@ func TestRogue30DAParentLivingOnItsChildsCredentialIsNotConfirmed(t *testing.T) 
 				t.Fatalf("record: the child %s, want unaccounted (its feed open)", cn.Outcome)
 			}
 		})
+	}
+}
+
+// TestRogue30DBAReportAfterTheStopIsItsClaimWhateverTheRequestsReplicasClock:
+// on etcd, whether a holder's report came under its stop compared the
+// lease leader's judgement of the report with the time the termination
+// was requested on the clock of the replica that took the request — which
+// an agent stopping its own subtree chooses. A rogue parent asks the stop
+// of its child on a replica whose clock runs ahead of the leader's (here
+// a minute), and the child reports its job FAILED after the mark: the
+// record listed the report as the holder's word before the stop, not its
+// claim under stop. The report is now also weighed against when the
+// termination marked its subtree (the phase after requested, on the
+// reconciler's clock, the leader's): flagged. Guard: a report before the
+// stop, on the leader's clock before the mark, is not flagged.
+func TestRogue30DBAReportAfterTheStopIsItsClaimWhateverTheRequestsReplicasClock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd replicas and the real binary; make test and CI run them.")
+	}
+	ctx := context.Background()
+	cluster := etcdtest.Start(t)
+	prefix := etcdtest.Prefix(t)
+	// The leader's clock a minute behind the other replica's, and still
+	// but for the test's moves.
+	clk := clock.NewManual(time.Now().Add(-time.Minute))
+	st := etcdtest.OpenStore(t, cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = prefix })
+	a := testserver.Start(t, testserver.WithEtcdStore(st, "replica-a"), testserver.WithClock(clk))
+	election := electionOf(t, cluster, prefix)
+	testserver.WaitFor(t, replicaWait, "replica a to lead", func() bool {
+		c, err := election.Current(ctx)
+		return err == nil && c.Identity == "replica-a"
+	})
+	b := testserver.StartProcess(t, t.TempDir(), "--store", "etcd", "--etcd-endpoints", strings.Join(cluster.Endpoints(), ","),
+		"--etcd-prefix", prefix, "--election-ttl", "2s")
+	admin := a.AdminClients()
+	rogue := register(t, admin, "rogue")
+	child := spawn(t, a.Clients(rogue.Credential), rogue.Node.NodeId, "worker")
+	holder := unary{a.Clients(child.Credential)}
+	jobs := map[string]*tetherv1.Lease{}
+	for _, job := range []string{"reported-before-the-stop", "reported-under-the-stop"} {
+		resp, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: job, HolderIdentity: child.Node.NodeId, LeaseDuration: durationpb.New(10 * time.Minute)}))
+		if err != nil {
+			t.Fatalf("offer %s: %v", job, err)
+		}
+		l, dec := holder.send(t, ack(resp.Msg.Lease))
+		wantDecision(t, "ack "+job, dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+		jobs[job] = l
+	}
+	_, dec := holder.send(t, complete(jobs["reported-before-the-stop"], tetherv1.TerminalResult_TERMINAL_RESULT_SUCCESS))
+	wantDecision(t, "the report before the stop", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	clk.Advance(time.Second)
+	// The rogue asks its child's stop of the replica whose clock is ahead.
+	resp, err := b.Clients(rogue.Credential).Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: child.Node.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: "rogue",
+		CancelAckTimeout: durationpb.New(time.Minute), ConfirmTimeout: durationpb.New(time.Minute),
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	term := resp.Msg.Termination
+	waitState(t, a, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_ABORTING)
+	clk.Advance(time.Second)
+	// Aborting: its cancel was asked at the mark; FAILED is its word.
+	_, dec = holder.send(t, complete(jobs["reported-under-the-stop"], tetherv1.TerminalResult_TERMINAL_RESULT_FAILED))
+	wantDecision(t, "the report under the stop", dec, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_TERMINAL_ACCEPTED)
+	clk.Advance(2 * time.Minute)
+	waitState(t, a, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	clk.Advance(2 * time.Minute)
+	waitState(t, a, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	got := map[string]string{}
+	for _, l := range record(t, admin, term.TerminationId).Leases {
+		got[l.JobId] = fmt.Sprintf("%s under_stop=%t", l.EndedBy, l.ClaimedUnderStop)
+	}
+	want := map[string]string{
+		"reported-before-the-stop": "LEASE_ENDED_BY_HOLDER_REPORT under_stop=false",
+		"reported-under-the-stop":  "LEASE_ENDED_BY_HOLDER_REPORT under_stop=true",
+	}
+	for job, wl := range want {
+		if got[job] != wl {
+			t.Errorf("record lease %s:\n got %s\nwant %s", job, got[job], wl)
+		}
 	}
 }

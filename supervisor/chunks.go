@@ -1932,7 +1932,7 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 			break
 		}
 	}
-	markClaimsUnderStop(leases, t.RequestedAt, func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
+	markClaimsUnderStop(leases, t.UnderStopSince(), func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
 	return leases, read, nil
 }
 
@@ -1964,7 +1964,9 @@ func (s *Supervisor) stoppedAgent(ctx context.Context, t Termination, principal 
 // the job CANCELLED (where a holder that said nothing reads UNRESOLVED).
 // The times are the lease machine's judgements (the control plane's
 // clock, as RequestedAt is), read from the lease and its evidence, not
-// anything the holder sent.
+// anything the holder sent; requestedAt is Termination.UnderStopSince,
+// which on etcd is not later than the request on the lease leader's
+// clock once the reconciler marked.
 //
 // An acknowledgement before the request is flagged too when the cancel it
 // acknowledged was asked for by an agent of the stopped subtree
