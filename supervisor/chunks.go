@@ -1614,9 +1614,81 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	// for the last chunk, the calls the termination accounts for
 	// (callsBesideLastChunk).
 	keys, scans := recordTxnReads(t, start, t.Cursor.Entry+len(entries) >= t.Counts.Listed)
-	err = s.recordChunkReading(ctx, t, start, keys, scans, func(tx store.Txn, stored Termination) error {
+	// The children of the members whose bare claim the control plane
+	// would corroborate, read apart (childrenAlive) when the transaction
+	// finds such members whose children it has not been given.
+	children := childrenRead{alive: map[string]*tree.Node{}, read: map[string]bool{}}
+	for round := 0; ; round++ {
+		children.need, children.last = nil, round >= maxChildrenRounds
+		err = s.recordNodesTxn(ctx, t, start, p, now, budget, keys, scans, entries, all, grants, leases, fetched, &children, &attempts, &terminated, &written, &recordUnaccounted)
+		if !errors.Is(err, errChildrenNeeded) {
+			break
+		}
+		if err = s.childrenAlive(ctx, children.need, &children); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		s.nodes.forget(terminated)
+	}
+	s.recordWritten(t, written, recordUnaccounted, err)
+	return err
+}
+
+// maxChildrenRounds bounds the rounds of a record's chunk that read
+// members' children apart (a member's claim corroborated between two
+// rounds asks for another); the last weighs a member whose children were
+// not read against the children in the chunk only.
+const maxChildrenRounds = 3
+
+// errChildrenNeeded ends a record chunk's transaction, committing
+// nothing, when members' children must be read first (childrenRead.need).
+var errChildrenNeeded = errors.New("supervisor: the members' children are read first")
+
+// childrenRead is what a record chunk knows of its members' children: the
+// members whose children were read (read) and a child of each the control
+// plane saw alive (alive), and, from the transaction, the members whose
+// children it needs (need).
+type childrenRead struct {
+	alive map[string]*tree.Node
+	read  map[string]bool
+	need  []string
+	last  bool
+}
+
+// aliveChild returns a child of n that the control plane sees alive, for
+// a member whose bare claim would be corroborated: from the children
+// read apart, else from the chunk's nodes (on the last round), else it
+// notes n as needing its children read and returns nil.
+func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node) *tree.Node {
+	if !n.Holds.May(tree.HoldsChildren) {
+		return nil
+	}
+	if c.read[n.NodeID] {
+		return c.alive[n.NodeID]
+	}
+	if !c.last {
+		c.need = append(c.need, n.NodeID)
+		return nil
+	}
+	for _, m := range nodes {
+		if m.ParentNodeID == n.NodeID {
+			if _, _, ok := tree.ChildAlive([]*tree.Node{m}); ok {
+				return m
+			}
+		}
+	}
+	return nil
+}
+
+// recordNodesTxn is recordNodes' transaction.
+func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bool, p Progress, now time.Time, budget int, keys [][]byte, scans []store.ScanFrom,
+	entries []subtreeEntry, all []string, grants []HeldGrant, leases []RecordLease, fetched leasesRead, children *childrenRead,
+	attempts *int, terminated *[]string, written **ReconciliationRecord, recordUnaccounted *int) error {
+	return s.recordChunkReading(ctx, t, start, keys, scans, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
-		terminated, written = nil, nil
+		*terminated, *written = nil, nil
+		children.need = children.need[:0]
 		// The entries as read before this transaction: an entry never
 		// changes once the mark wrote it, and the cursor (read here, and
 		// the same) says the chunk is still to do; reading them again
@@ -1624,8 +1696,8 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		// nodes as the mark wrote them, when kept and on the first
 		// attempt, are checked at the commit instead of read
 		// (nodecache.go).
-		attempts++
-		nodes, err := s.nodes.nodesIn(tx, all, attempts == 1)
+		*attempts++
+		nodes, err := s.nodes.nodesIn(tx, all, *attempts == 1)
 		if err != nil {
 			return err
 		}
@@ -1657,9 +1729,12 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
 			return err
 		}
-		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases)
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) *tree.Node { return children.aliveChild(n, nodes) })
 		if err != nil {
 			return err
+		}
+		if len(children.need) > 0 {
+			return errChildrenNeeded
 		}
 		for _, m := range members {
 			n := nodes[m]
@@ -1668,7 +1743,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 				return err
 			}
 		}
-		terminated = all
+		*terminated = all
 		if cur.Parts, err = putRecordParts(tx, cur.RecordID, cur.Parts, part); err != nil {
 			return err
 		}
@@ -1681,17 +1756,12 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 				return err
 			}
 			if done {
-				written, recordUnaccounted, err = finishRecord(tx, stored, p, now)
+				*written, *recordUnaccounted, err = finishRecord(tx, stored, p, now)
 				return err
 			}
 		}
 		return kv.PutJSON(tx, terminationKey(t.ID), stored)
 	})
-	if err == nil {
-		s.nodes.forget(terminated)
-	}
-	s.recordWritten(t, written, recordUnaccounted, err)
-	return err
 }
 
 // recordLeases writes the next page of the leases of the chunk the cursor
@@ -1862,7 +1932,7 @@ func (s *Supervisor) membersLeases(ctx context.Context, t Termination, ids []str
 			break
 		}
 	}
-	markClaimsUnderStop(leases, t.RequestedAt, func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
+	markClaimsUnderStop(leases, t.UnderStopSince(), func(principal string) bool { return s.stoppedAgent(ctx, t, principal) })
 	return leases, read, nil
 }
 
@@ -1894,7 +1964,9 @@ func (s *Supervisor) stoppedAgent(ctx context.Context, t Termination, principal 
 // the job CANCELLED (where a holder that said nothing reads UNRESOLVED).
 // The times are the lease machine's judgements (the control plane's
 // clock, as RequestedAt is), read from the lease and its evidence, not
-// anything the holder sent.
+// anything the holder sent; requestedAt is Termination.UnderStopSince,
+// which on etcd is not later than the request on the lease leader's
+// clock once the reconciler marked.
 //
 // An acknowledgement before the request is flagged too when the cancel it
 // acknowledged was asked for by an agent of the stopped subtree
@@ -1918,7 +1990,11 @@ func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time, stoppedAge
 // judges its holder's exit; listed (those of grants this part lists, the
 // first page) are listed, and named on an unaccounted holder's entry.
 // unaccounted counts the members nobody accounted for.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease) (*ReconciliationRecord, int, error) {
+//
+// aliveChild returns a child of a member the control plane sees alive
+// (childrenRead.aliveChild), asked only of a member whose bare claim of
+// its exit would be corroborated, which the child then is not.
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease, aliveChild func(n *tree.Node) *tree.Node) (*ReconciliationRecord, int, error) {
 	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
@@ -1952,7 +2028,13 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		n := nodes[e.Node]
 		switch {
 		case e.member() && n.TerminationID == t.ID:
-			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID])
+			var children []*tree.Node
+			if tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID]).ConfirmedBy == tree.ConfirmedByControlPlane {
+				if c := aliveChild(n); c != nil {
+					children = []*tree.Node{c}
+				}
+			}
+			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID], children)
 			if e.Reach == ReachTakeOver {
 				rn.InnerTerminationID = e.Other
 				rn.InnerOutcome = InnerOutcomeTakenOverDraining
@@ -2001,6 +2083,75 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		part.Privileges = append(part.Privileges, registeredPrivilege(p))
 	}
 	return part, unaccounted, nil
+}
+
+// childrenAlive reads the children of parents (members whose bare claim
+// of their exit the control plane would corroborate), each up to the
+// first the control plane sees alive now (tree.ChildAlive), into c: a
+// member was issued each child's credential at its spawn, and its bare
+// claim is not corroborated while one is at work (tree.JudgeExitBeside).
+// In a read of its own, not the record's transaction: a member may have
+// up to tree.Limits.MaxChildren children, each read a comparison at that
+// transaction's commit on etcd, which a rogue parent with many children
+// would take past the store's bound, its stop never recorded. A child
+// whose session or stream ends between the two still weighs against its
+// parent, the safe way.
+func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *childrenRead) error {
+	found := map[string]*tree.Node{}
+	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
+		clear(found)
+		for _, m := range parents {
+			child, err := aliveChildIn(tx, m)
+			if err != nil {
+				return err
+			}
+			found[m] = child
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for m, child := range found {
+		c.read[m] = true
+		if child != nil {
+			c.alive[m] = child
+		}
+	}
+	return nil
+}
+
+// aliveChildIn reads parent's children, a page at a time, up to the first
+// the control plane sees alive (tree.ChildAlive), and returns it, or nil.
+func aliveChildIn(tx store.ReadTxn, parent string) (*tree.Node, error) {
+	prefix := tree.ChildPrefix(parent)
+	var ids []string
+	if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
+		ids = append(ids, string(k[len(prefix):]))
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	const page = 1024
+	for start := 0; start < len(ids); start += page {
+		batch := ids[start:min(start+page, len(ids))]
+		if err := store.Prefetch(tx, store.KeysOf(batch, tree.NodeKey), nil); err != nil {
+			return nil, err
+		}
+		for _, id := range batch {
+			c, err := tree.GetNodeIn(tx, id)
+			if errors.Is(err, tree.ErrNodeNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, err
+			}
+			if _, _, ok := tree.ChildAlive([]*tree.Node{c}); ok {
+				return c, nil
+			}
+		}
+	}
+	return nil, nil
 }
 
 // membersPrivileges reads the privileges of a chunk's members (the n

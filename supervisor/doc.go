@@ -43,8 +43,10 @@
 // its parent's state inside the transaction that writes the child, so a
 // spawn racing a termination is either refused (it serialized after the
 // mark) or included (it serialized before, and the mark's subtree walk
-// sees it). The record weighs each node's exit with tree.JudgeExit: a
-// confirmation counts only when the control plane's own evidence agrees.
+// sees it). The record weighs each node's exit with tree.JudgeExitBeside: a
+// confirmation counts only when the control plane's own evidence agrees,
+// and a bare claim only while no child of the node (whose credential it
+// was issued) has a session or stream open.
 //
 // Callers' duties:
 //   - Run the reconciler (Supervisor.Run) and the record outbox

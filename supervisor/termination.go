@@ -733,6 +733,30 @@ func (t Termination) StoppedWaitingAt() time.Time {
 	return time.Time{}
 }
 
+// UnderStopSince is the instant from which a holder's word about its job
+// is its claim under this stop (markClaimsUnderStop): the earlier of the
+// request (RequestedAt, on the clock of the replica that took it) and the
+// mark (the start of the phase after requested, on the reconciler's, the
+// leader's, as the lease machine's judgements are). On etcd the two are
+// two replicas' clocks, and the request's is the requester's choice: an
+// agent stopping its own subtree asked it of a replica whose clock ran
+// ahead of the leader's, and its child's report after the mark, judged on
+// the leader's clock before the request's time, read as given before the
+// stop (thirtieth pass). What is left is a report judged between the
+// request and the mark on a leader whose clock runs behind.
+func (t Termination) UnderStopSince() time.Time {
+	at := t.RequestedAt
+	for _, p := range t.Phases {
+		if p.Phase != PhaseRequested {
+			if !p.StartedAt.IsZero() && p.StartedAt.Before(at) {
+				at = p.StartedAt
+			}
+			break
+		}
+	}
+	return at
+}
+
 // MaxReasonBytes bounds a termination's reason (and a stop proposal's).
 const MaxReasonBytes = 1024
 

@@ -469,6 +469,34 @@ func isClaim(c ExitConfirmation, inStopped func(nodeID string) bool) bool {
 // evidence. liveGrants are grants the node held that are neither revoked
 // nor expired.
 func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string) ExitVerdict {
+	return JudgeExitBeside(n, inStopped, liveGrants, nil)
+}
+
+// ChildAlive returns a child among children (nodes the node spawned) that
+// the control plane sees alive now — a session or a stream of its
+// credential open, the child not terminated — if any.
+func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
+	for _, c := range children {
+		if c == nil || c.State == NodeStateTerminated {
+			continue
+		}
+		for _, s := range c.OpenSessions {
+			return c, s, true
+		}
+	}
+	return nil, OpenSession{}, false
+}
+
+// JudgeExitBeside is JudgeExit with the node's children as read now: the
+// node was issued each child's credential at its spawn (the Spawn's
+// answer), so what the control plane sees of a child's credential may be
+// the node at work under it. A bare claim of the node's exit (no
+// attestation) is not corroborated while a child has a session or a
+// stream open (ChildAlive): a rogue parent that ended its session, claimed
+// its exit and lived on through its child's revocation feed read confirmed
+// by the control plane, the life put on its child alone (thirtieth pass).
+// Not settled: the child's end may come before the record.
+func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, children []*Node) ExitVerdict {
 	var v ExitVerdict
 	var attestation *ExitConfirmation
 	for _, c := range confirmationsOf(n) {
@@ -504,6 +532,8 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
+	case childAlive(children) != "":
+		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + childAlive(children)
 	case SeenAfterSessionEnd(n):
 		// A session's end witnesses the process's only when it was the
 		// last the control plane saw of the node: a node that heartbeat
@@ -530,4 +560,19 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": the control plane never saw the node's session end"
 	}
 	return v
+}
+
+// childAlive words why a bare claim is not corroborated by the children
+// (ChildAlive), or is empty.
+func childAlive(children []*Node) string {
+	c, s, ok := ChildAlive(children)
+	if !ok {
+		return ""
+	}
+	what := "a session"
+	if IsStream(s) {
+		what = "a stream (its revocation feed or a termination watch)"
+	}
+	return fmt.Sprintf("%s of its child %s, open since %s, is still open, with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
+		what, c.NodeID, s.OpenedAt.UTC().Format(time.RFC3339))
 }

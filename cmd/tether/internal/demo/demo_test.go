@@ -15,7 +15,7 @@ import (
 // TestDemoTellsTheWholeStory runs the demo scenario and checks its facts
 // from the JSON record it wrote: a completed, a cancelled and a rejected
 // tool call; revoked and expired privileges; confirmed children; the rogue
-// unaccounted; and the rogue's next call refused.
+// and its parent unaccounted; and the rogue's next call refused.
 func TestDemoTellsTheWholeStory(t *testing.T) {
 	var out bytes.Buffer
 	res, err := Run(context.Background(), Options{Workers: 2, Mode: "drain", Seed: 7, DrainWindow: time.Second, Dir: t.TempDir()}, &out)
@@ -28,8 +28,10 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 	}
 	var rec struct {
 		Nodes []struct {
-			NodeID  string `json:"nodeId"`
-			Outcome string `json:"outcome"`
+			NodeID            string `json:"nodeId"`
+			ParentNodeID      string `json:"parentNodeId"`
+			Outcome           string `json:"outcome"`
+			UnaccountedReason string `json:"unaccountedReason"`
 		} `json:"nodes"`
 		ToolCalls []struct {
 			Resolution string `json:"resolution"`
@@ -62,23 +64,31 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 	if privs["PRIVILEGE_OUTCOME_REVOKED"] == 0 || privs["PRIVILEGE_OUTCOME_EXPIRED"] == 0 {
 		t.Errorf("privileges %v: want revoked and expired ones", privs)
 	}
-	confirmed, unaccounted := 0, map[string]bool{}
+	// The rogue ignores the drain, its session open through the record;
+	// its parent, which exited, was issued the rogue's credential at its
+	// spawn, and the control plane cannot tell the rogue's session from
+	// the parent's work: the parent's claim is not corroborated either
+	// (thirtieth pass), its reason naming the rogue.
+	confirmed, unaccounted, rogueParent := 0, map[string]string{}, ""
 	for _, n := range rec.Nodes {
 		switch n.Outcome {
 		case "NODE_OUTCOME_CONFIRMED":
 			confirmed++
 		case "NODE_OUTCOME_UNACCOUNTED":
-			unaccounted[n.NodeID] = true
+			unaccounted[n.NodeID] = n.UnaccountedReason
+		}
+		if n.NodeID == res.RogueNode {
+			rogueParent = n.ParentNodeID
 		}
 	}
 	if len(rec.Nodes) != 7 {
 		t.Errorf("record lists %d nodes, want 7 (planner, 2 workers, 4 sub-agents)", len(rec.Nodes))
 	}
-	if !unaccounted[res.RogueNode] || len(unaccounted) != 1 {
-		t.Errorf("unaccounted %v, want exactly the rogue %s", unaccounted, res.RogueNode)
+	if _, ok := unaccounted[res.RogueNode]; !ok || !strings.Contains(unaccounted[rogueParent], res.RogueNode) || len(unaccounted) != 2 {
+		t.Errorf("unaccounted %v, want exactly the rogue %s and its parent %s, naming the rogue", unaccounted, res.RogueNode, rogueParent)
 	}
-	if confirmed != 6 {
-		t.Errorf("%d confirmed, want 6", confirmed)
+	if confirmed != 5 {
+		t.Errorf("%d confirmed, want 5", confirmed)
 	}
 	if len(rec.Leases) != 2 {
 		t.Errorf("record lists %d leases, want 2", len(rec.Leases))
@@ -89,7 +99,7 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 	if res.RogueAfter != connect.CodePermissionDenied {
 		t.Errorf("the rogue's call after termination: %v, want permission_denied", res.RogueAfter)
 	}
-	if !strings.Contains(out.String(), "UNACCOUNTED (1)") {
+	if !strings.Contains(out.String(), "UNACCOUNTED (2)") {
 		t.Errorf("the story does not show the unaccounted rogue:\n%s", out.String())
 	}
 }
