@@ -876,7 +876,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 		return nil, toConnect(err)
 	}
 	if p.IsAgent() {
-		if page.Rows, err = h.treeRows(ctx, p, page.Rows); err != nil {
+		if page.Rows, page.Stale, err = h.treeRows(ctx, p, page.Rows, page.Stale); err != nil {
 			return nil, toConnect(err)
 		}
 	}
@@ -884,7 +884,7 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 	for i, r := range page.Rows {
 		out[i] = wire.EvidenceRow(r)
 	}
-	resp := &tetherv1.EvidenceResponse{Rows: out}
+	resp := &tetherv1.EvidenceResponse{Rows: out, StaleCounts: wire.StaleCounts(page.Stale)}
 	if page.More {
 		resp.NextPageToken = evidenceToken(page.Next)
 	}
@@ -911,10 +911,14 @@ func (h *leaseService) Evidence(ctx context.Context, req *connect.Request[tether
 // name the row records let this tree's holder test a guess at who offered
 // or held the job: its own progress naming the right agent vanished from
 // its evidence (rogue25lease test).
-func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []coordinator.Row) ([]coordinator.Row, error) {
+//
+// Of the former holders' counts of late messages (stale), it keeps those
+// of its own tree's agents: another tree's agent's messages are not its
+// rows, nor are their counts.
+func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []coordinator.Row, stale []coordinator.StaleCount) ([]coordinator.Row, []coordinator.StaleCount, error) {
 	root, err := h.lineage(ctx, p)
 	if root == "" || err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ours := map[string]bool{"": true}
 	inTree := func(id string) (bool, error) {
@@ -933,7 +937,7 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 	for _, r := range rows {
 		if ok, err := inTree(r.HolderIdentity); !ok || err != nil {
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			continue
 		}
@@ -948,7 +952,7 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 				}
 				ok, err := inTree(id)
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
 				other = other || !ok
 			}
@@ -961,7 +965,7 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 		// replaced (the move) and a conflict's claimant.
 		foreign = foreign[:0]
 		if ok, err := inTree(n.PriorHolder); err != nil {
-			return nil, err
+			return nil, nil, err
 		} else if !ok {
 			foreign = append(foreign, n.PriorHolder)
 			if n.PriorLeaseID != "" {
@@ -970,7 +974,7 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 		}
 		for _, id := range []string{n.ConflictHolder, n.PriorConflictHolder} {
 			if ok, err := inTree(id); err != nil {
-				return nil, err
+				return nil, nil, err
 			} else if !ok {
 				foreign = append(foreign, id)
 			}
@@ -988,7 +992,17 @@ func (h *leaseService) treeRows(ctx context.Context, p auth.Principal, rows []co
 		r.Decision.Reason = withheld.Replace(r.Decision.Reason)
 		kept = append(kept, r)
 	}
-	return kept, nil
+	var counts []coordinator.StaleCount
+	for _, c := range stale {
+		ok, err := inTree(c.Holder)
+		if err != nil {
+			return nil, nil, err
+		}
+		if ok {
+			counts = append(counts, c)
+		}
+	}
+	return kept, counts, nil
 }
 
 // maxEvidencePageSize caps a page of evidence: a row is at most a few KB

@@ -574,6 +574,18 @@ func evidenceRowProto(x coordinator.Row) *tetherv1.EvidenceRow {
 	}
 }
 
+// StaleCount is a former holder's count of late messages about a job as tether.v1 shows it.
+func StaleCount(x coordinator.StaleCount) *tetherv1.StaleCount {
+	return &tetherv1.StaleCount{
+		HolderIdentity: x.Holder,
+		Kept:           x.Kept,
+		Folded:         x.Folded,
+	}
+}
+
+// StaleCounts is StaleCount of each, in order.
+func StaleCounts(xs []coordinator.StaleCount) []*tetherv1.StaleCount { return each(xs, StaleCount) }
+
 // evidenceRowFromProto reads an evidence row message as the lease package holds it, but for its message kind.
 //
 // Not converted here:

@@ -167,6 +167,9 @@ func conversions() map[string]string {
 	to("Lease", wireBytes(Lease(l)), wireBytes(Lease(lease.Lease{})))
 	to("Decision", wireBytes(Decision(full[lease.Decision]())), wireBytes(Decision(lease.Decision{})))
 	to("EvidenceRow", wireBytes(EvidenceRow(row)), wireBytes(EvidenceRow(coordinator.Row{})))
+	sc := full[coordinator.StaleCount]()
+	to("StaleCounts", wireList(StaleCounts([]coordinator.StaleCount{sc})), wireList(StaleCounts(nil)))
+	to("StaleCount", wireBytes(StaleCount(sc)), wireBytes(StaleCount(coordinator.StaleCount{})))
 	to("LeasePolicy", wireBytes(LeasePolicy(pol)), wireBytes(LeasePolicy(lease.Policy{})))
 	to("Rollout", wireBytes(Rollout(full[rollout.Rollout]())), wireBytes(Rollout(rollout.Rollout{})))
 

@@ -2384,6 +2384,12 @@ type EvidenceResponse struct {
 	Rows  []*EvidenceRow         `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
 	// Set when more rows may follow: the page_token of the next page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// What each of the job's former holders (among its last eight) sent
+	// about it since it stopped holding it, on every page: its first
+	// messages are rows (kept), each later one that changed nothing was
+	// judged and answered like them but only counted (folded). An agent
+	// reads the counts of its own tree's former holders only.
+	StaleCounts   []*StaleCount `protobuf:"bytes,3,rep,name=stale_counts,json=staleCounts,proto3" json:"stale_counts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2432,6 +2438,76 @@ func (x *EvidenceResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *EvidenceResponse) GetStaleCounts() []*StaleCount {
+	if x != nil {
+		return x.StaleCounts
+	}
+	return nil
+}
+
+// StaleCount is one former holder's late messages about a job.
+type StaleCount struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	HolderIdentity string                 `protobuf:"bytes,1,opt,name=holder_identity,json=holderIdentity,proto3" json:"holder_identity,omitempty"`
+	// Messages kept as rows of the job's evidence.
+	Kept uint64 `protobuf:"varint,2,opt,name=kept,proto3" json:"kept,omitempty"`
+	// Messages judged and answered but kept only as this count.
+	Folded        uint64 `protobuf:"varint,3,opt,name=folded,proto3" json:"folded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StaleCount) Reset() {
+	*x = StaleCount{}
+	mi := &file_tether_v1_lease_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StaleCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StaleCount) ProtoMessage() {}
+
+func (x *StaleCount) ProtoReflect() protoreflect.Message {
+	mi := &file_tether_v1_lease_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StaleCount.ProtoReflect.Descriptor instead.
+func (*StaleCount) Descriptor() ([]byte, []int) {
+	return file_tether_v1_lease_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *StaleCount) GetHolderIdentity() string {
+	if x != nil {
+		return x.HolderIdentity
+	}
+	return ""
+}
+
+func (x *StaleCount) GetKept() uint64 {
+	if x != nil {
+		return x.Kept
+	}
+	return 0
+}
+
+func (x *StaleCount) GetFolded() uint64 {
+	if x != nil {
+		return x.Folded
+	}
+	return 0
+}
+
 type GetPolicyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2440,7 +2516,7 @@ type GetPolicyRequest struct {
 
 func (x *GetPolicyRequest) Reset() {
 	*x = GetPolicyRequest{}
-	mi := &file_tether_v1_lease_proto_msgTypes[27]
+	mi := &file_tether_v1_lease_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2452,7 +2528,7 @@ func (x *GetPolicyRequest) String() string {
 func (*GetPolicyRequest) ProtoMessage() {}
 
 func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_lease_proto_msgTypes[27]
+	mi := &file_tether_v1_lease_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2465,7 +2541,7 @@ func (x *GetPolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyRequest.ProtoReflect.Descriptor instead.
 func (*GetPolicyRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_lease_proto_rawDescGZIP(), []int{27}
+	return file_tether_v1_lease_proto_rawDescGZIP(), []int{28}
 }
 
 type LeasePolicy struct {
@@ -2492,7 +2568,7 @@ type LeasePolicy struct {
 
 func (x *LeasePolicy) Reset() {
 	*x = LeasePolicy{}
-	mi := &file_tether_v1_lease_proto_msgTypes[28]
+	mi := &file_tether_v1_lease_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2504,7 +2580,7 @@ func (x *LeasePolicy) String() string {
 func (*LeasePolicy) ProtoMessage() {}
 
 func (x *LeasePolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_lease_proto_msgTypes[28]
+	mi := &file_tether_v1_lease_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2517,7 +2593,7 @@ func (x *LeasePolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeasePolicy.ProtoReflect.Descriptor instead.
 func (*LeasePolicy) Descriptor() ([]byte, []int) {
-	return file_tether_v1_lease_proto_rawDescGZIP(), []int{28}
+	return file_tether_v1_lease_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *LeasePolicy) GetClockSource() string {
@@ -2592,7 +2668,7 @@ type GetPolicyResponse struct {
 
 func (x *GetPolicyResponse) Reset() {
 	*x = GetPolicyResponse{}
-	mi := &file_tether_v1_lease_proto_msgTypes[29]
+	mi := &file_tether_v1_lease_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2604,7 +2680,7 @@ func (x *GetPolicyResponse) String() string {
 func (*GetPolicyResponse) ProtoMessage() {}
 
 func (x *GetPolicyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_lease_proto_msgTypes[29]
+	mi := &file_tether_v1_lease_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2617,7 +2693,7 @@ func (x *GetPolicyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPolicyResponse.ProtoReflect.Descriptor instead.
 func (*GetPolicyResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_lease_proto_rawDescGZIP(), []int{29}
+	return file_tether_v1_lease_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetPolicyResponse) GetPolicy() *LeasePolicy {
@@ -2652,7 +2728,7 @@ type ChannelRequest struct {
 
 func (x *ChannelRequest) Reset() {
 	*x = ChannelRequest{}
-	mi := &file_tether_v1_lease_proto_msgTypes[30]
+	mi := &file_tether_v1_lease_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2664,7 +2740,7 @@ func (x *ChannelRequest) String() string {
 func (*ChannelRequest) ProtoMessage() {}
 
 func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_lease_proto_msgTypes[30]
+	mi := &file_tether_v1_lease_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2677,7 +2753,7 @@ func (x *ChannelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelRequest.ProtoReflect.Descriptor instead.
 func (*ChannelRequest) Descriptor() ([]byte, []int) {
-	return file_tether_v1_lease_proto_rawDescGZIP(), []int{30}
+	return file_tether_v1_lease_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ChannelRequest) GetCorrelationId() uint64 {
@@ -2796,7 +2872,7 @@ type ChannelResponse struct {
 
 func (x *ChannelResponse) Reset() {
 	*x = ChannelResponse{}
-	mi := &file_tether_v1_lease_proto_msgTypes[31]
+	mi := &file_tether_v1_lease_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2808,7 +2884,7 @@ func (x *ChannelResponse) String() string {
 func (*ChannelResponse) ProtoMessage() {}
 
 func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_tether_v1_lease_proto_msgTypes[31]
+	mi := &file_tether_v1_lease_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2821,7 +2897,7 @@ func (x *ChannelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChannelResponse.ProtoReflect.Descriptor instead.
 func (*ChannelResponse) Descriptor() ([]byte, []int) {
-	return file_tether_v1_lease_proto_rawDescGZIP(), []int{31}
+	return file_tether_v1_lease_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ChannelResponse) GetCorrelationId() uint64 {
@@ -3038,10 +3114,16 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\amessage\x18\x17 \x01(\tR\amessage\x129\n" +
 	"\n" +
 	"decided_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\tdecidedAt\x12\x10\n" +
-	"\x03row\x18\x19 \x01(\x04R\x03row\"f\n" +
+	"\x03row\x18\x19 \x01(\x04R\x03row\"\xa0\x01\n" +
 	"\x10EvidenceResponse\x12*\n" +
 	"\x04rows\x18\x01 \x03(\v2\x16.tether.v1.EvidenceRowR\x04rows\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x12\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x128\n" +
+	"\fstale_counts\x18\x03 \x03(\v2\x15.tether.v1.StaleCountR\vstaleCounts\"a\n" +
+	"\n" +
+	"StaleCount\x12'\n" +
+	"\x0fholder_identity\x18\x01 \x01(\tR\x0eholderIdentity\x12\x12\n" +
+	"\x04kept\x18\x02 \x01(\x04R\x04kept\x12\x16\n" +
+	"\x06folded\x18\x03 \x01(\x04R\x06folded\"\x12\n" +
 	"\x10GetPolicyRequest\"\xa5\x04\n" +
 	"\vLeasePolicy\x12!\n" +
 	"\fclock_source\x18\x01 \x01(\tR\vclockSource\x12@\n" +
@@ -3153,7 +3235,7 @@ func file_tether_v1_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_tether_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_tether_v1_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_tether_v1_lease_proto_goTypes = []any{
 	(LeaseState)(0),                       // 0: tether.v1.LeaseState
 	(AckState)(0),                         // 1: tether.v1.AckState
@@ -3187,31 +3269,32 @@ var file_tether_v1_lease_proto_goTypes = []any{
 	(*EvidenceRequest)(nil),               // 29: tether.v1.EvidenceRequest
 	(*EvidenceRow)(nil),                   // 30: tether.v1.EvidenceRow
 	(*EvidenceResponse)(nil),              // 31: tether.v1.EvidenceResponse
-	(*GetPolicyRequest)(nil),              // 32: tether.v1.GetPolicyRequest
-	(*LeasePolicy)(nil),                   // 33: tether.v1.LeasePolicy
-	(*GetPolicyResponse)(nil),             // 34: tether.v1.GetPolicyResponse
-	(*ChannelRequest)(nil),                // 35: tether.v1.ChannelRequest
-	(*ChannelResponse)(nil),               // 36: tether.v1.ChannelResponse
-	(*timestamppb.Timestamp)(nil),         // 37: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 38: google.protobuf.Duration
+	(*StaleCount)(nil),                    // 32: tether.v1.StaleCount
+	(*GetPolicyRequest)(nil),              // 33: tether.v1.GetPolicyRequest
+	(*LeasePolicy)(nil),                   // 34: tether.v1.LeasePolicy
+	(*GetPolicyResponse)(nil),             // 35: tether.v1.GetPolicyResponse
+	(*ChannelRequest)(nil),                // 36: tether.v1.ChannelRequest
+	(*ChannelResponse)(nil),               // 37: tether.v1.ChannelResponse
+	(*timestamppb.Timestamp)(nil),         // 38: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 39: google.protobuf.Duration
 }
 var file_tether_v1_lease_proto_depIdxs = []int32{
 	3,  // 0: tether.v1.Decision.outcome:type_name -> tether.v1.Outcome
 	4,  // 1: tether.v1.Decision.audit_event:type_name -> tether.v1.AuditEvent
-	37, // 2: tether.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
-	38, // 3: tether.v1.Lease.lease_duration:type_name -> google.protobuf.Duration
-	37, // 4: tether.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
-	37, // 5: tether.v1.Lease.ack_deadline:type_name -> google.protobuf.Timestamp
+	38, // 2: tether.v1.Lease.issued_at:type_name -> google.protobuf.Timestamp
+	39, // 3: tether.v1.Lease.lease_duration:type_name -> google.protobuf.Duration
+	38, // 4: tether.v1.Lease.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 5: tether.v1.Lease.ack_deadline:type_name -> google.protobuf.Timestamp
 	1,  // 6: tether.v1.Lease.ack_state:type_name -> tether.v1.AckState
 	0,  // 7: tether.v1.Lease.state:type_name -> tether.v1.LeaseState
-	37, // 8: tether.v1.Lease.renew_time:type_name -> google.protobuf.Timestamp
-	37, // 9: tether.v1.Lease.cancel_requested_at:type_name -> google.protobuf.Timestamp
-	37, // 10: tether.v1.Lease.cancel_acked_at:type_name -> google.protobuf.Timestamp
+	38, // 8: tether.v1.Lease.renew_time:type_name -> google.protobuf.Timestamp
+	38, // 9: tether.v1.Lease.cancel_requested_at:type_name -> google.protobuf.Timestamp
+	38, // 10: tether.v1.Lease.cancel_acked_at:type_name -> google.protobuf.Timestamp
 	2,  // 11: tether.v1.Lease.terminal_result:type_name -> tether.v1.TerminalResult
-	37, // 12: tether.v1.Lease.terminal_at:type_name -> google.protobuf.Timestamp
-	37, // 13: tether.v1.Lease.unresolved_until:type_name -> google.protobuf.Timestamp
-	37, // 14: tether.v1.Lease.acquire_time:type_name -> google.protobuf.Timestamp
-	37, // 15: tether.v1.Lease.last_renew_time:type_name -> google.protobuf.Timestamp
+	38, // 12: tether.v1.Lease.terminal_at:type_name -> google.protobuf.Timestamp
+	38, // 13: tether.v1.Lease.unresolved_until:type_name -> google.protobuf.Timestamp
+	38, // 14: tether.v1.Lease.acquire_time:type_name -> google.protobuf.Timestamp
+	38, // 15: tether.v1.Lease.last_renew_time:type_name -> google.protobuf.Timestamp
 	6,  // 16: tether.v1.OfferResponse.lease:type_name -> tether.v1.Lease
 	5,  // 17: tether.v1.OfferResponse.decision:type_name -> tether.v1.Decision
 	6,  // 18: tether.v1.AckResponse.lease:type_name -> tether.v1.Lease
@@ -3230,78 +3313,79 @@ var file_tether_v1_lease_proto_depIdxs = []int32{
 	5,  // 31: tether.v1.ReassignResponse.decision:type_name -> tether.v1.Decision
 	6,  // 32: tether.v1.ResolveResponse.lease:type_name -> tether.v1.Lease
 	5,  // 33: tether.v1.ResolveResponse.decision:type_name -> tether.v1.Decision
-	38, // 34: tether.v1.OfferRequest.lease_duration:type_name -> google.protobuf.Duration
-	38, // 35: tether.v1.OfferRequest.ack_timeout:type_name -> google.protobuf.Duration
-	37, // 36: tether.v1.AckRequest.sent_at:type_name -> google.protobuf.Timestamp
-	37, // 37: tether.v1.RenewRequest.sent_at:type_name -> google.protobuf.Timestamp
-	37, // 38: tether.v1.ProgressRequest.sent_at:type_name -> google.protobuf.Timestamp
-	37, // 39: tether.v1.LeaseServiceCancelAckRequest.sent_at:type_name -> google.protobuf.Timestamp
+	39, // 34: tether.v1.OfferRequest.lease_duration:type_name -> google.protobuf.Duration
+	39, // 35: tether.v1.OfferRequest.ack_timeout:type_name -> google.protobuf.Duration
+	38, // 36: tether.v1.AckRequest.sent_at:type_name -> google.protobuf.Timestamp
+	38, // 37: tether.v1.RenewRequest.sent_at:type_name -> google.protobuf.Timestamp
+	38, // 38: tether.v1.ProgressRequest.sent_at:type_name -> google.protobuf.Timestamp
+	38, // 39: tether.v1.LeaseServiceCancelAckRequest.sent_at:type_name -> google.protobuf.Timestamp
 	2,  // 40: tether.v1.CompleteRequest.result:type_name -> tether.v1.TerminalResult
-	37, // 41: tether.v1.CompleteRequest.sent_at:type_name -> google.protobuf.Timestamp
-	38, // 42: tether.v1.ReassignRequest.lease_duration:type_name -> google.protobuf.Duration
-	38, // 43: tether.v1.ReassignRequest.ack_timeout:type_name -> google.protobuf.Duration
+	38, // 41: tether.v1.CompleteRequest.sent_at:type_name -> google.protobuf.Timestamp
+	39, // 42: tether.v1.ReassignRequest.lease_duration:type_name -> google.protobuf.Duration
+	39, // 43: tether.v1.ReassignRequest.ack_timeout:type_name -> google.protobuf.Duration
 	2,  // 44: tether.v1.ResolveRequest.result:type_name -> tether.v1.TerminalResult
-	38, // 45: tether.v1.ResolveRequest.unresolved_bound:type_name -> google.protobuf.Duration
+	39, // 45: tether.v1.ResolveRequest.unresolved_bound:type_name -> google.protobuf.Duration
 	6,  // 46: tether.v1.GetLeaseResponse.lease:type_name -> tether.v1.Lease
 	6,  // 47: tether.v1.ListLeasesResponse.leases:type_name -> tether.v1.Lease
-	37, // 48: tether.v1.EvidenceRow.issued_at:type_name -> google.protobuf.Timestamp
-	38, // 49: tether.v1.EvidenceRow.lease_duration:type_name -> google.protobuf.Duration
-	37, // 50: tether.v1.EvidenceRow.expires_at:type_name -> google.protobuf.Timestamp
-	37, // 51: tether.v1.EvidenceRow.ack_deadline:type_name -> google.protobuf.Timestamp
+	38, // 48: tether.v1.EvidenceRow.issued_at:type_name -> google.protobuf.Timestamp
+	39, // 49: tether.v1.EvidenceRow.lease_duration:type_name -> google.protobuf.Duration
+	38, // 50: tether.v1.EvidenceRow.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 51: tether.v1.EvidenceRow.ack_deadline:type_name -> google.protobuf.Timestamp
 	1,  // 52: tether.v1.EvidenceRow.ack_state:type_name -> tether.v1.AckState
-	37, // 53: tether.v1.EvidenceRow.renew_time:type_name -> google.protobuf.Timestamp
+	38, // 53: tether.v1.EvidenceRow.renew_time:type_name -> google.protobuf.Timestamp
 	2,  // 54: tether.v1.EvidenceRow.terminal_result:type_name -> tether.v1.TerminalResult
 	5,  // 55: tether.v1.EvidenceRow.decision:type_name -> tether.v1.Decision
-	37, // 56: tether.v1.EvidenceRow.decided_at:type_name -> google.protobuf.Timestamp
+	38, // 56: tether.v1.EvidenceRow.decided_at:type_name -> google.protobuf.Timestamp
 	30, // 57: tether.v1.EvidenceResponse.rows:type_name -> tether.v1.EvidenceRow
-	38, // 58: tether.v1.LeasePolicy.skew_allowance:type_name -> google.protobuf.Duration
-	38, // 59: tether.v1.LeasePolicy.default_lease_duration:type_name -> google.protobuf.Duration
-	38, // 60: tether.v1.LeasePolicy.max_lease_duration:type_name -> google.protobuf.Duration
-	38, // 61: tether.v1.LeasePolicy.default_ack_timeout:type_name -> google.protobuf.Duration
-	38, // 62: tether.v1.LeasePolicy.max_unresolved_bound:type_name -> google.protobuf.Duration
-	33, // 63: tether.v1.GetPolicyResponse.policy:type_name -> tether.v1.LeasePolicy
-	17, // 64: tether.v1.ChannelRequest.ack:type_name -> tether.v1.AckRequest
-	18, // 65: tether.v1.ChannelRequest.renew:type_name -> tether.v1.RenewRequest
-	19, // 66: tether.v1.ChannelRequest.progress:type_name -> tether.v1.ProgressRequest
-	21, // 67: tether.v1.ChannelRequest.cancel_ack:type_name -> tether.v1.LeaseServiceCancelAckRequest
-	22, // 68: tether.v1.ChannelRequest.complete:type_name -> tether.v1.CompleteRequest
-	35, // 69: tether.v1.ChannelRequest.batch:type_name -> tether.v1.ChannelRequest
-	6,  // 70: tether.v1.ChannelResponse.lease:type_name -> tether.v1.Lease
-	5,  // 71: tether.v1.ChannelResponse.decision:type_name -> tether.v1.Decision
-	36, // 72: tether.v1.ChannelResponse.batch:type_name -> tether.v1.ChannelResponse
-	16, // 73: tether.v1.LeaseService.Offer:input_type -> tether.v1.OfferRequest
-	17, // 74: tether.v1.LeaseService.Ack:input_type -> tether.v1.AckRequest
-	18, // 75: tether.v1.LeaseService.Renew:input_type -> tether.v1.RenewRequest
-	19, // 76: tether.v1.LeaseService.Progress:input_type -> tether.v1.ProgressRequest
-	20, // 77: tether.v1.LeaseService.RequestCancel:input_type -> tether.v1.RequestCancelRequest
-	21, // 78: tether.v1.LeaseService.CancelAck:input_type -> tether.v1.LeaseServiceCancelAckRequest
-	22, // 79: tether.v1.LeaseService.Complete:input_type -> tether.v1.CompleteRequest
-	23, // 80: tether.v1.LeaseService.Reassign:input_type -> tether.v1.ReassignRequest
-	24, // 81: tether.v1.LeaseService.Resolve:input_type -> tether.v1.ResolveRequest
-	25, // 82: tether.v1.LeaseService.GetLease:input_type -> tether.v1.GetLeaseRequest
-	27, // 83: tether.v1.LeaseService.ListLeases:input_type -> tether.v1.ListLeasesRequest
-	29, // 84: tether.v1.LeaseService.Evidence:input_type -> tether.v1.EvidenceRequest
-	32, // 85: tether.v1.LeaseService.GetPolicy:input_type -> tether.v1.GetPolicyRequest
-	35, // 86: tether.v1.LeaseService.Channel:input_type -> tether.v1.ChannelRequest
-	7,  // 87: tether.v1.LeaseService.Offer:output_type -> tether.v1.OfferResponse
-	8,  // 88: tether.v1.LeaseService.Ack:output_type -> tether.v1.AckResponse
-	9,  // 89: tether.v1.LeaseService.Renew:output_type -> tether.v1.RenewResponse
-	10, // 90: tether.v1.LeaseService.Progress:output_type -> tether.v1.ProgressResponse
-	11, // 91: tether.v1.LeaseService.RequestCancel:output_type -> tether.v1.RequestCancelResponse
-	12, // 92: tether.v1.LeaseService.CancelAck:output_type -> tether.v1.LeaseServiceCancelAckResponse
-	13, // 93: tether.v1.LeaseService.Complete:output_type -> tether.v1.CompleteResponse
-	14, // 94: tether.v1.LeaseService.Reassign:output_type -> tether.v1.ReassignResponse
-	15, // 95: tether.v1.LeaseService.Resolve:output_type -> tether.v1.ResolveResponse
-	26, // 96: tether.v1.LeaseService.GetLease:output_type -> tether.v1.GetLeaseResponse
-	28, // 97: tether.v1.LeaseService.ListLeases:output_type -> tether.v1.ListLeasesResponse
-	31, // 98: tether.v1.LeaseService.Evidence:output_type -> tether.v1.EvidenceResponse
-	34, // 99: tether.v1.LeaseService.GetPolicy:output_type -> tether.v1.GetPolicyResponse
-	36, // 100: tether.v1.LeaseService.Channel:output_type -> tether.v1.ChannelResponse
-	87, // [87:101] is the sub-list for method output_type
-	73, // [73:87] is the sub-list for method input_type
-	73, // [73:73] is the sub-list for extension type_name
-	73, // [73:73] is the sub-list for extension extendee
-	0,  // [0:73] is the sub-list for field type_name
+	32, // 58: tether.v1.EvidenceResponse.stale_counts:type_name -> tether.v1.StaleCount
+	39, // 59: tether.v1.LeasePolicy.skew_allowance:type_name -> google.protobuf.Duration
+	39, // 60: tether.v1.LeasePolicy.default_lease_duration:type_name -> google.protobuf.Duration
+	39, // 61: tether.v1.LeasePolicy.max_lease_duration:type_name -> google.protobuf.Duration
+	39, // 62: tether.v1.LeasePolicy.default_ack_timeout:type_name -> google.protobuf.Duration
+	39, // 63: tether.v1.LeasePolicy.max_unresolved_bound:type_name -> google.protobuf.Duration
+	34, // 64: tether.v1.GetPolicyResponse.policy:type_name -> tether.v1.LeasePolicy
+	17, // 65: tether.v1.ChannelRequest.ack:type_name -> tether.v1.AckRequest
+	18, // 66: tether.v1.ChannelRequest.renew:type_name -> tether.v1.RenewRequest
+	19, // 67: tether.v1.ChannelRequest.progress:type_name -> tether.v1.ProgressRequest
+	21, // 68: tether.v1.ChannelRequest.cancel_ack:type_name -> tether.v1.LeaseServiceCancelAckRequest
+	22, // 69: tether.v1.ChannelRequest.complete:type_name -> tether.v1.CompleteRequest
+	36, // 70: tether.v1.ChannelRequest.batch:type_name -> tether.v1.ChannelRequest
+	6,  // 71: tether.v1.ChannelResponse.lease:type_name -> tether.v1.Lease
+	5,  // 72: tether.v1.ChannelResponse.decision:type_name -> tether.v1.Decision
+	37, // 73: tether.v1.ChannelResponse.batch:type_name -> tether.v1.ChannelResponse
+	16, // 74: tether.v1.LeaseService.Offer:input_type -> tether.v1.OfferRequest
+	17, // 75: tether.v1.LeaseService.Ack:input_type -> tether.v1.AckRequest
+	18, // 76: tether.v1.LeaseService.Renew:input_type -> tether.v1.RenewRequest
+	19, // 77: tether.v1.LeaseService.Progress:input_type -> tether.v1.ProgressRequest
+	20, // 78: tether.v1.LeaseService.RequestCancel:input_type -> tether.v1.RequestCancelRequest
+	21, // 79: tether.v1.LeaseService.CancelAck:input_type -> tether.v1.LeaseServiceCancelAckRequest
+	22, // 80: tether.v1.LeaseService.Complete:input_type -> tether.v1.CompleteRequest
+	23, // 81: tether.v1.LeaseService.Reassign:input_type -> tether.v1.ReassignRequest
+	24, // 82: tether.v1.LeaseService.Resolve:input_type -> tether.v1.ResolveRequest
+	25, // 83: tether.v1.LeaseService.GetLease:input_type -> tether.v1.GetLeaseRequest
+	27, // 84: tether.v1.LeaseService.ListLeases:input_type -> tether.v1.ListLeasesRequest
+	29, // 85: tether.v1.LeaseService.Evidence:input_type -> tether.v1.EvidenceRequest
+	33, // 86: tether.v1.LeaseService.GetPolicy:input_type -> tether.v1.GetPolicyRequest
+	36, // 87: tether.v1.LeaseService.Channel:input_type -> tether.v1.ChannelRequest
+	7,  // 88: tether.v1.LeaseService.Offer:output_type -> tether.v1.OfferResponse
+	8,  // 89: tether.v1.LeaseService.Ack:output_type -> tether.v1.AckResponse
+	9,  // 90: tether.v1.LeaseService.Renew:output_type -> tether.v1.RenewResponse
+	10, // 91: tether.v1.LeaseService.Progress:output_type -> tether.v1.ProgressResponse
+	11, // 92: tether.v1.LeaseService.RequestCancel:output_type -> tether.v1.RequestCancelResponse
+	12, // 93: tether.v1.LeaseService.CancelAck:output_type -> tether.v1.LeaseServiceCancelAckResponse
+	13, // 94: tether.v1.LeaseService.Complete:output_type -> tether.v1.CompleteResponse
+	14, // 95: tether.v1.LeaseService.Reassign:output_type -> tether.v1.ReassignResponse
+	15, // 96: tether.v1.LeaseService.Resolve:output_type -> tether.v1.ResolveResponse
+	26, // 97: tether.v1.LeaseService.GetLease:output_type -> tether.v1.GetLeaseResponse
+	28, // 98: tether.v1.LeaseService.ListLeases:output_type -> tether.v1.ListLeasesResponse
+	31, // 99: tether.v1.LeaseService.Evidence:output_type -> tether.v1.EvidenceResponse
+	35, // 100: tether.v1.LeaseService.GetPolicy:output_type -> tether.v1.GetPolicyResponse
+	37, // 101: tether.v1.LeaseService.Channel:output_type -> tether.v1.ChannelResponse
+	88, // [88:102] is the sub-list for method output_type
+	74, // [74:88] is the sub-list for method input_type
+	74, // [74:74] is the sub-list for extension type_name
+	74, // [74:74] is the sub-list for extension extendee
+	0,  // [0:74] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_lease_proto_init() }
@@ -3309,7 +3393,7 @@ func file_tether_v1_lease_proto_init() {
 	if File_tether_v1_lease_proto != nil {
 		return
 	}
-	file_tether_v1_lease_proto_msgTypes[30].OneofWrappers = []any{
+	file_tether_v1_lease_proto_msgTypes[31].OneofWrappers = []any{
 		(*ChannelRequest_Ack)(nil),
 		(*ChannelRequest_Renew)(nil),
 		(*ChannelRequest_Progress)(nil),
@@ -3322,7 +3406,7 @@ func file_tether_v1_lease_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_lease_proto_rawDesc), len(file_tether_v1_lease_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,11 +35,20 @@ const (
 	// with every field.
 	evidenceSchemaAnchorV2 byte = 3
 	evidenceSchemaAnchor   byte = 5 // 4 is evidenceSchemaPack
+	// evidenceSchemaDeltaQuoted rows are delta rows whose reason stores
+	// quoted texts by reference (delta.go, quotedRef); a delta row whose
+	// reason needs none is written as schema 2, as before.
+	evidenceSchemaDeltaQuoted byte = 6
+	// evidenceSchemaAnchorQuoted anchors are schema-5 anchors whose reason
+	// stores quoted texts by reference (compactQuoted, against the
+	// anchor's own lease alone: no ids, times relative to 0); an anchor
+	// whose reason needs none is written as schema 5, as before.
+	evidenceSchemaAnchorQuoted byte = 7
 )
 
 // isAnchorRow reports whether a stored row is an anchor (of any schema).
 func isAnchorRow(b []byte) bool {
-	return len(b) > 0 && (b[0] == evidenceSchemaAnchor || b[0] == evidenceSchemaAnchorV2)
+	return len(b) > 0 && (b[0] == evidenceSchemaAnchor || b[0] == evidenceSchemaAnchorV2 || b[0] == evidenceSchemaAnchorQuoted)
 }
 
 // anchorEvery is how often a job's row is written whole (rows
@@ -56,19 +65,30 @@ func isAnchor(n uint64) bool { return n%anchorEvery == 0 }
 // n (n >= 1): the anchor at or before it, or row 1.
 func anchorBefore(n uint64) uint64 { return max(1, n-n%anchorEvery) }
 
-// encodeRowAnchor writes r whole (schema 3): it decodes without the row
-// before it.
+// encodeRowAnchor writes r whole (schema 5, or 7 when its reason quotes
+// texts it stores by reference): it decodes without the row before it.
 func encodeRowAnchor(dst []byte, r storedRow) []byte {
+	at := len(dst)
 	e := encoder{b: append(dst, evidenceSchemaAnchor)}
 	e.uint(r.Number)
 	encodeLease(&e, r.Lease)
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
-	e.str(r.Decision.Reason)
+	if reason, quoted := compactQuoted(nil, r.Decision.Reason, nil, anchorValues(r.Lease), 0); quoted {
+		e.b[at] = evidenceSchemaAnchorQuoted
+		e.uint(uint64(len(reason)))
+		e.b = append(e.b, reason...)
+	} else {
+		e.str(r.Decision.Reason)
+	}
 	e.uint(uint64(r.Kind))
 	e.time(r.DecidedAt)
 	return e.b
 }
+
+// anchorValues are the texts an anchor's reason may quote by reference:
+// its lease's progress value.
+func anchorValues(l lease.Lease) *[2]string { return &[2]string{l.ProgressValue, ""} }
 
 // ErrCorrupt is returned when a stored record cannot be decoded.
 var ErrCorrupt = fault.New(fault.Internal, "coordinator: corrupt lease record")
@@ -311,6 +331,7 @@ type storedRow struct {
 // before r's decision (the previous row's lease; the empty lease for row 1
 // and for the unknown-job log).
 func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
+	at := len(dst)
 	e := encoder{b: append(dst, evidenceSchemaDelta)}
 	e.uint(r.Number)
 	e.time(r.DecidedAt)
@@ -319,7 +340,10 @@ func encodeRow(dst []byte, prev lease.Lease, r storedRow) []byte {
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
 	e.uint(uint64(r.Kind))
-	reason := compactReason(nil, r.Decision.Reason, reasonDict(prev, r.Lease), base)
+	reason, quoted := compactQuoted(nil, r.Decision.Reason, reasonDict(prev, r.Lease), reasonValues(prev, r.Lease), base)
+	if quoted {
+		e.b[at] = evidenceSchemaDeltaQuoted
+	}
 	e.uint(uint64(len(reason)))
 	e.b = append(e.b, reason...)
 	return e.b
@@ -333,12 +357,12 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 	switch v := d.byte1("schema version"); {
 	case d.err != nil:
 		return storedRow{}, d.err
-	case v == evidenceSchemaFull || v == evidenceSchemaAnchorV2 || v == evidenceSchemaAnchor:
+	case v == evidenceSchemaFull || v == evidenceSchemaAnchorV2 || v == evidenceSchemaAnchor || v == evidenceSchemaAnchorQuoted:
 		fields := leaseFieldsV1
 		switch v {
 		case evidenceSchemaAnchorV2:
 			fields = leaseFieldsV2
-		case evidenceSchemaAnchor:
+		case evidenceSchemaAnchor, evidenceSchemaAnchorQuoted:
 			fields = leaseFields
 		}
 		r.Number = d.uint()
@@ -348,10 +372,15 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		r.Decision.Reason = d.str()
 		r.Kind = lease.Kind(d.uint())
 		r.DecidedAt = d.time()
-		return r, d.done()
-	case v == evidenceSchemaDelta:
+		if err := d.done(); err != nil || v != evidenceSchemaAnchorQuoted {
+			return r, err
+		}
+		var err error
+		r.Decision.Reason, err = expandQuoted([]byte(r.Decision.Reason), nil, anchorValues(r.Lease), 0)
+		return r, err
+	case v == evidenceSchemaDelta || v == evidenceSchemaDeltaQuoted:
 	default:
-		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchorV2, evidenceSchemaAnchor)
+		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d, %d, %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchorV2, evidenceSchemaAnchor, evidenceSchemaDeltaQuoted, evidenceSchemaAnchorQuoted)
 	}
 	r.Number = d.uint()
 	r.DecidedAt = d.time()
@@ -363,8 +392,12 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 	if err := d.done(); err != nil {
 		return storedRow{}, err
 	}
+	var vals *[2]string
+	if b[0] == evidenceSchemaDeltaQuoted {
+		vals = reasonValues(prev, r.Lease)
+	}
 	var err error
-	r.Decision.Reason, err = expandReason(reason, reasonDict(prev, r.Lease), timeBase(r.DecidedAt))
+	r.Decision.Reason, err = expandQuoted(reason, reasonDict(prev, r.Lease), vals, timeBase(r.DecidedAt))
 	return r, err
 }
 
@@ -383,7 +416,7 @@ func (rr *rowReader) next(b []byte) (storedRow, error) {
 	if err != nil {
 		return storedRow{}, err
 	}
-	if b[0] == evidenceSchemaDelta && r.Number != rr.number+1 {
+	if (b[0] == evidenceSchemaDelta || b[0] == evidenceSchemaDeltaQuoted) && r.Number != rr.number+1 {
 		return storedRow{}, fmt.Errorf("%w: evidence row %d follows row %d", ErrCorrupt, r.Number, rr.number)
 	}
 	rr.prev, rr.number = r.Lease, r.Number

@@ -915,6 +915,9 @@ type EvidencePage struct {
 	// More: rows may follow; Next is where the next page starts.
 	More bool
 	Next EvidenceCursor
+	// Stale is the job's former holders' counts (StaleTally) as of the
+	// page's rows; none for the unknown-job log.
+	Stale []StaleCount
 }
 
 // MaxEvidencePageBytes bounds the text of one page of evidence (the sum of
@@ -965,6 +968,20 @@ func (c *Coordinator) EvidencePage(ctx context.Context, job string, cursor Evide
 			return nil
 		}
 		if !cursor.Unknown {
+			// The former holders' counts, as of the same snapshot as
+			// the rows (on every page of the job's own rows); a reserved
+			// id's key is a layout marker, no record.
+			switch b, err := tx.Get(jobKey(job)); {
+			case jobKeyIsReserved(job):
+			case err == nil:
+				r, err := decodeRecord(b)
+				if err != nil {
+					return fmt.Errorf("%s: %w", jobKey(job), err)
+				}
+				page.Stale = append([]StaleCount(nil), r.Stale...)
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
 			log, err := readLog(tx, job)
 			if err != nil {
 				return err

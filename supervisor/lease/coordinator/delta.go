@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -267,13 +268,61 @@ func decodeLeaseDelta(d *decoder, prev lease.Lease, base int64) lease.Lease {
 //	                    varint relative to the decision time
 //	reasonRef, literal  the byte reasonRef itself
 //
+// and, in rows of schema evidenceSchemaDeltaQuoted and anchors of
+// evidenceSchemaAnchorQuoted only:
+//
+//	reasonRef, quotedRef, n  a text as strconv.Quote renders it: n (a
+//	                    uvarint) 0 the progress value of the lease after
+//	                    the decision, 1 that of the lease before, n ≥ 2
+//	                    the n-2 bytes that follow, unquoted
+//
+// A reason quotes every text its sender chose (%q), and a quoted control
+// character takes four bytes: a holder's 4 KiB progress value of control
+// characters made a row of some 20 KB (the value, and the reason quoting
+// it), one that reused an accepted sequence with another such value some
+// 33 KB (the reason quotes both), against some 170 bytes for a renewal.
+// Stored unquoted, or as a reference to the value the row's lease holds,
+// a row carries each text the sender chose at most once, at its own size.
+//
 // The compactor replaces only what expands back to exactly the same bytes
-// (a timestamp is re-rendered and compared), so any reason survives.
+// (a timestamp is re-rendered and compared, a quoted text re-quoted), so
+// any reason survives.
 const (
-	reasonRef     byte = 0x01
-	reasonTimeRef byte = 0xfe
-	reasonLiteral byte = 0xff
+	reasonRef       byte = 0x01
+	reasonQuotedRef byte = 0xfd
+	reasonTimeRef   byte = 0xfe
+	reasonLiteral   byte = 0xff
 )
+
+// reasonValues are the texts a row's reason may quote that its leases
+// hold (quotedRef 0 and 1): the progress values after and before.
+func reasonValues(prev, next lease.Lease) *[2]string {
+	return &[2]string{next.ProgressValue, prev.ProgressValue}
+}
+
+// quotedAt returns the quoted text s starts with, as strconv.Quote would
+// render its unquoted form raw, and its length; n is 0 when s does not
+// start with one. It reads s up to its first unescaped double quote after
+// the first, so a compactor that tries every double quote reads a reason
+// about twice.
+func quotedAt(s string) (raw string, n int) {
+	if s == "" || s[0] != '"' {
+		return "", 0
+	}
+	for i := 1; i < len(s); i++ {
+		switch s[i] {
+		case '\\':
+			i++
+		case '"':
+			raw, err := strconv.Unquote(s[:i+1])
+			if err != nil || strconv.Quote(raw) != s[:i+1] {
+				return "", 0
+			}
+			return raw, i + 1
+		}
+	}
+	return "", 0
+}
 
 // reasonDict is the row's dictionary: the ids of the lease before and
 // after the decision, each usable bare (even index) or quoted (odd index).
@@ -304,6 +353,17 @@ func plainID(id string) bool {
 // compactReason appends reason to dst with ids and timestamps replaced by
 // references. base is the row's time base (timeBase).
 func compactReason(dst []byte, reason string, dict []string, base int64) []byte {
+	dst, _ = compactQuoted(dst, reason, dict, nil, base)
+	return dst
+}
+
+// compactQuoted is compactReason that also replaces quoted texts by
+// references when vals is not nil (values: reasonValues), where that is
+// shorter, and reports whether it did (the row is then of schema
+// evidenceSchemaDeltaQuoted). When it did not, what it appends is what
+// compactReason appends.
+func compactQuoted(dst []byte, reason string, dict []string, vals *[2]string, base int64) ([]byte, bool) {
+	quoted := false
 	var starts [256]bool // first bytes of a reference
 	starts['"'] = true
 	for _, id := range dict {
@@ -329,7 +389,29 @@ func compactReason(dst []byte, reason string, dict []string, base int64) []byte 
 			}
 		}
 		if starts[c] {
-			if k, n := matchID(reason[i:], dict); n > 0 {
+			k, n := matchID(reason[i:], dict)
+			if c == '"' && vals != nil {
+				if raw, q := quotedAt(reason[i:]); q > n {
+					switch {
+					case raw == vals[0] && q > 3:
+						dst = append(dst, reasonRef, reasonQuotedRef, 0)
+					case raw == vals[1] && q > 3:
+						dst = append(dst, reasonRef, reasonQuotedRef, 1)
+					case q > len(raw)+2+binary.MaxVarintLen64:
+						dst = append(dst, reasonRef, reasonQuotedRef)
+						dst = binary.AppendUvarint(dst, uint64(len(raw))+2)
+						dst = append(dst, raw...)
+					default:
+						q = 0
+					}
+					if q > 0 {
+						quoted = true
+						i += q
+						continue
+					}
+				}
+			}
+			if n > 0 {
 				dst = append(dst, reasonRef, byte(k))
 				i += n
 				continue
@@ -342,7 +424,7 @@ func compactReason(dst []byte, reason string, dict []string, base int64) []byte 
 		}
 		i++
 	}
-	return dst
+	return dst, quoted
 }
 
 // matchID finds the longest dictionary id (bare, or quoted) that s starts
@@ -361,6 +443,11 @@ func matchID(s string, dict []string) (ref, n int) {
 
 // expandReason undoes compactReason.
 func expandReason(b []byte, dict []string, base int64) (string, error) {
+	return expandQuoted(b, dict, nil, base)
+}
+
+// expandQuoted undoes compactQuoted; vals nil refuses quoted references.
+func expandQuoted(b []byte, dict []string, vals *[2]string, base int64) (string, error) {
 	out := make([]byte, 0, len(b)*2)
 	for i := 0; i < len(b); i++ {
 		if b[i] != reasonRef {
@@ -381,6 +468,21 @@ func expandReason(b []byte, dict []string, base int64) (string, error) {
 			}
 			out = appendReasonTime(out, base+delta)
 			i += n
+		case ref == reasonQuotedRef && vals != nil:
+			v, n := binary.Uvarint(b[i+1:])
+			if n <= 0 {
+				return "", fmt.Errorf("%w: malformed quoted text in a reason", ErrCorrupt)
+			}
+			i += n
+			switch {
+			case v < 2:
+				out = strconv.AppendQuote(out, vals[v])
+			case v-2 > uint64(len(b)-i-1):
+				return "", fmt.Errorf("%w: quoted text of %d bytes past the reason's end", ErrCorrupt, v-2)
+			default:
+				out = strconv.AppendQuote(out, string(b[i+1:i+1+int(v-2)]))
+				i += int(v - 2)
+			}
 		case int(ref) < 2*len(dict):
 			if id := dict[ref/2]; ref%2 == 1 {
 				out = append(append(append(out, '"'), id...), '"')

@@ -99,6 +99,9 @@ var pairs = []pair{
 		},
 		handMsg: map[string]string{"Message": "the name of the judged message's kind (EvidenceRow)"},
 		doc:     "is an evidence row as tether.v1 shows it, but for its message kind"},
+	{domain: reflect.TypeFor[coordinator.StaleCount](), msg: reflect.TypeFor[tetherv1.StaleCount](), to: "StaleCount", value: true, list: "StaleCounts",
+		names: map[string]string{"Holder": "HolderIdentity"},
+		doc:   "is a former holder's count of late messages about a job as tether.v1 shows it"},
 	{domain: reflect.TypeFor[lease.EvidenceRow](), msg: reflect.TypeFor[tetherv1.EvidenceRow](), from: "evidenceRowFromProto", value: true,
 		handDomain: map[string]string{"Message": "read back from its name (EvidenceRowFromProto)"},
 		handMsg: map[string]string{
