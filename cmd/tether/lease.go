@@ -389,6 +389,9 @@ message kind and decision time.`,
 		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
 			// The server pages the evidence (at most 1000 rows an answer);
 			// csv and table rows are written page by page as they arrive.
+			// Every page carries the former holders' counts of their late
+			// messages; the table prints the last page's after the rows.
+			var stale []*tetherv1.StaleCount
 			pages := func(each func([]*tetherv1.EvidenceRow) error) error {
 				token := ""
 				for {
@@ -399,6 +402,7 @@ message kind and decision time.`,
 					if err := each(resp.Msg.Rows); err != nil {
 						return err
 					}
+					stale = resp.Msg.StaleCounts
 					next := resp.Msg.NextPageToken
 					if next == "" {
 						return nil
@@ -445,7 +449,10 @@ message kind and decision time.`,
 				if err != nil {
 					return err
 				}
-				return tw.Flush()
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+				return printStaleCounts(out, stale)
 			}
 			return fmt.Errorf("-o %q: want csv, json or table", g.output)
 		}),
@@ -473,6 +480,22 @@ func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
 			strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
 	}
 	return nil
+}
+
+// printStaleCounts writes what each former holder sent about the job
+// after it stopped holding it: its first messages are rows of the table
+// (kept), the later ones that changed nothing only counted (folded).
+func printStaleCounts(out io.Writer, counts []*tetherv1.StaleCount) error {
+	if len(counts) == 0 {
+		return nil
+	}
+	fmt.Fprintln(out, "\nLate messages of former holders (each judged and answered; the first kept as rows above, the rest only counted):")
+	tw := newTable(out)
+	fmt.Fprintln(tw, "FORMER HOLDER\tKEPT AS ROWS\tFOLDED INTO THE COUNT")
+	for _, c := range counts {
+		fmt.Fprintf(tw, "%s\t%d\t%d\n", printable(c.HolderIdentity), c.Kept, c.Folded)
+	}
+	return tw.Flush()
 }
 
 func leasePolicy(g *globals) *cobra.Command {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+	"github.com/tetherhq/tether/supervisor/lease/coordinator"
 )
 
 // tether runs the CLI in process against srv with token.
@@ -172,5 +174,54 @@ func TestLeaseEvidenceFollowsPages(t *testing.T) {
 		if want := fmt.Sprintf("%d / %d", i+1, i+1); r[9] != want {
 			t.Fatalf("csv row %d has progress %q, want %q", i+3, r[9], want)
 		}
+	}
+}
+
+// `tether lease evidence` shows, below the rows, what each former holder
+// sent after it stopped holding the job: a rogue former holder that
+// floods its old generation has its first messages kept as rows and the
+// rest counted, and the table says how many of each.
+func TestLeaseEvidenceShowsFormerHoldersLateMessages(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "planner"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spawnWorker := func(name string) *tetherv1.SpawnResponse {
+		t.Helper()
+		w, err := srv.Clients(root.Msg.Credential).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: name}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.Msg
+	}
+	w1, w2 := spawnWorker("w1"), spawnWorker("w2")
+	offered, err := admin.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "moved", HolderIdentity: w1.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := offered.Msg.Lease
+	rogue := srv.Clients(w1.Credential)
+	if _, err := rogue.Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if out := tether(t, srv, srv.Admin, "lease", "evidence", "moved"); strings.Contains(out, "Late messages of former holders") {
+		t.Fatalf("a job without former holders shows late messages:\n%s", out)
+	}
+	if _, err := admin.Lease.Reassign(ctx, connect.NewRequest(&tetherv1.ReassignRequest{JobId: "moved", HolderIdentity: w2.Node.NodeId, Reason: "moved"})); err != nil {
+		t.Fatal(err)
+	}
+	const kept, folded = coordinator.StaleRowsPerFormerHolder, 7
+	for seq := uint64(1); seq <= kept+folded; seq++ {
+		if _, err := rogue.Lease.Renew(ctx, connect.NewRequest(&tetherv1.RenewRequest{JobId: l.JobId, LeaseId: l.LeaseId, LeaseGeneration: 1, RenewSequence: seq})); err != nil {
+			t.Fatalf("stale renew %d: %v", seq, err)
+		}
+	}
+	out := tether(t, srv, srv.Admin, "lease", "evidence", "moved")
+	want := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(w1.Node.NodeId) + fmt.Sprintf(`\s+%d\s+%d\s*$`, kept, folded))
+	if !strings.Contains(out, "Late messages of former holders") || !want.MatchString(out) {
+		t.Fatalf("evidence table does not show %s's %d kept and %d folded late messages:\n%s", w1.Node.NodeId, kept, folded, out)
 	}
 }
