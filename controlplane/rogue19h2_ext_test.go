@@ -112,7 +112,10 @@ func TestARogueGrantingNoWindowLosesItsStalledStreams(t *testing.T) {
 	root := register(t, admin, "rogue")
 	other := register(t, admin, "other")
 	addr := hostOf(t, srv.URL)
-	g0, _ := serverLoad()
+	// The goroutines serving the server's connections, not the
+	// process's: on etcd the background components' goroutines grow by
+	// themselves after the server answers (see ConnGoroutines).
+	g0 := srv.ConnGoroutines()
 
 	stalled := func(what string) {
 		t.Helper()
@@ -123,6 +126,9 @@ func TestARogueGrantingNoWindowLosesItsStalledStreams(t *testing.T) {
 		testserver.WaitFor(t, closeWait, what+": the rogue's two streams to be counted", func() bool {
 			return srv.OpenStreams("agent:"+root.Node.NodeId) == 2
 		})
+		if g := srv.ConnGoroutines(); g < g0+2 {
+			t.Fatalf("%s: %d goroutines serving connections with the rogue's two streams open, %d before: the count misses their handlers", what, g, g0)
+		}
 		testserver.WaitFor(t, 2*closeWait, what+": the rogue's stalled streams to be ended", func() bool {
 			return r.isEnded(feed) && r.isEnded(session)
 		})
@@ -135,8 +141,7 @@ func TestARogueGrantingNoWindowLosesItsStalledStreams(t *testing.T) {
 		r.c.Close()
 		<-r.closed
 		testserver.WaitFor(t, closeWait, what+": the streams' goroutines to be given back", func() bool {
-			g, _ := serverLoad()
-			return g <= g0+10
+			return srv.ConnGoroutines() <= g0+10
 		})
 	}
 

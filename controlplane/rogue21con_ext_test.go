@@ -3,7 +3,6 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -277,10 +276,8 @@ func TestProposalsAndRecordsStoredBeforeTheirIndexesAreIndexedAtStart(t *testing
 	everyIndex := []string{"proposals-by-node/", "records-by-tree/", "records-by-requester/", "records-by-tree-requester/", "supervisor-meta/"}
 	unindex := func(keep int, prefixes ...string) {
 		t.Helper()
-		st, err := badgerstore.OpenBadger(filepath.Join(dir, "store"), badgerstore.BadgerOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The store the server ran on: Badger in dir, or its etcd keyspace.
+		st := testserver.OpenStoreOf(t, dir)
 		defer st.Close()
 		err = st.Update(bg, func(tx store.Txn) error {
 			for _, prefix := range prefixes {

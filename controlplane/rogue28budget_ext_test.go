@@ -102,7 +102,7 @@ func TestRogue28ABudgetRefusalAfterTheSessionsEndIsLifeAfterIt(t *testing.T) {
 			}
 			sess.close()
 			testserver.WaitFor(t, 20*time.Second, "the control plane to see the session end", func() bool {
-				return getNode(t, w.admin, self).SessionClosedAt != nil
+				return sessionEndStored(t, w.srv, self)
 			})
 			if tc.when == "after-end" {
 				work()

@@ -209,7 +209,7 @@ func TestRogue29CABudgetRefusalAfterAConfirmedExitContradictsIt(t *testing.T) {
 			}
 			sess.close()
 			testserver.WaitFor(t, 20*time.Second, "the control plane to see the session end", func() bool {
-				return getNode(t, w.admin, self).SessionClosedAt != nil
+				return sessionEndStored(t, w.srv, self)
 			})
 			// The parent's drain keeps the termination from its record
 			// until the clock moves.

@@ -18,6 +18,7 @@ import (
 	"github.com/tetherhq/tether/internal/store"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
@@ -43,20 +44,45 @@ func getTermination(t *testing.T, c *testserver.Clients, id string) *tetherv1.Te
 	return resp.Msg.Termination
 }
 
-// waitState waits until the termination reaches state, poking the
-// reconciler so that a moved manual clock is seen.
+// waitState waits until the termination reaches state, and returns it as
+// GetTermination answers it. It reads the store, not the API: a wait that
+// polls GetTermination spends the operator's rate budget, which on a
+// server with a small burst and a manual clock refills only when the test
+// moves the clock, so a loaded machine, polling more often before the
+// state came, ran the operator out of budget and failed the test with
+// resource_exhausted (GetTermination reads the store and nothing more).
+//
+// A wait for RECONCILING is met by a termination past it too: one whose
+// nodes are all accounted for once its subtree is revoked (its confirm
+// timeout passed already, the clock having moved past it at once) goes
+// on to TERMINATED in the next pass, so RECONCILING may last one pass,
+// which a loaded machine's poll could miss, waiting then for a state gone.
 func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.TerminationState) *tetherv1.Termination {
 	t.Helper()
-	var last *tetherv1.Termination
+	var last supervisor.Termination
+	stateOf := func(tm supervisor.Termination) tetherv1.TerminationState {
+		return tetherv1.TerminationState(tetherv1.TerminationState_value["TERMINATION_STATE_"+strings.ToUpper(tm.Phase.String())])
+	}
+	reached := func() bool {
+		return stateOf(last) == state ||
+			state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING && last.Phase == supervisor.PhaseTerminated
+	}
 	defer func() {
 		// A wait that timed out says where the termination stood.
-		if last != nil && last.State != state {
-			t.Logf("termination %s was last seen as: %v", id, last)
+		if last.ID != "" && !reached() {
+			t.Logf("termination %s was last seen as: %+v", id, last)
 		}
 	}()
 	testserver.WaitFor(t, 20*time.Second, "termination "+id+" to reach "+state.String(), func() bool {
-		last = getTermination(t, srv.AdminClients(), id)
-		return last.State == state
+		err := srv.Store().View(context.Background(), func(tx store.ReadTxn) error {
+			var err error
+			last, err = supervisor.GetTerminationIn(tx, id)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("read termination %s: %v", id, err)
+		}
+		return reached()
 	})
 	if state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {
 		// A drain that ends reconciles a pass before it revokes, and the
@@ -73,7 +99,26 @@ func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.T
 			return err == nil && revoked
 		})
 	}
-	return last
+	return getTermination(t, srv.AdminClients(), id)
+}
+
+// sessionEndStored reports whether the node's session's end is stored,
+// read from the store: a wait on it costs no caller's rate budget (see
+// waitState).
+func sessionEndStored(t *testing.T, srv *testserver.Server, nodeID string) bool {
+	t.Helper()
+	var closed bool
+	err := srv.Store().View(context.Background(), func(tx store.ReadTxn) error {
+		n, err := tree.GetNodeIn(tx, nodeID)
+		if err == nil {
+			closed = !n.SessionClosedAt.IsZero()
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("read node %s: %v", nodeID, err)
+	}
+	return closed
 }
 
 func record(t *testing.T, c *testserver.Clients, termID string) *tetherv1.ReconciliationRecord {

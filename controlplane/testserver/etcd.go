@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,8 @@ import (
 	"github.com/tetherhq/tether/controlplane/leader"
 	"github.com/tetherhq/tether/internal/etcdlocal"
 	"github.com/tetherhq/tether/internal/etcdtest"
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/store/badgerstore"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
@@ -72,4 +75,26 @@ func storeFromEnv(t testing.TB, dataDir string) Option {
 	sp := space.(etcdSpace)
 	s := etcdtest.OpenStore(t, sp.cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = sp.prefix })
 	return WithEtcdStore(s, dataDir)
+}
+
+// OpenStoreOf opens the store the servers started on dataDir (StartIn)
+// ran on, whichever StoreEnv chose — Badger in dataDir, or the etcd
+// keyspace of dataDir — for a test to read or change it between a
+// server's stop and the next start. The caller closes it (Close is safe
+// to call again); no server may run on dataDir meanwhile.
+func OpenStoreOf(t testing.TB, dataDir string) store.Store {
+	t.Helper()
+	if os.Getenv(StoreEnv) != "etcd" {
+		st, err := badgerstore.OpenBadger(filepath.Join(dataDir, "store"), badgerstore.BadgerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	space, ok := etcdByDataDir.Load(dataDir)
+	if !ok {
+		t.Fatalf("no etcd keyspace for %s: start a server on it first (StartIn)", dataDir)
+	}
+	sp := space.(etcdSpace)
+	return etcdtest.OpenStore(t, sp.cluster, func(o *etcdstore.EtcdOptions) { o.Prefix = sp.prefix })
 }

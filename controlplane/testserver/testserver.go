@@ -4,6 +4,7 @@
 package testserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +44,57 @@ type Server struct {
 	HTTP    *http.Client
 	cancel  context.CancelFunc
 	done    chan error
+
+	connLabel string // the profiler label of the goroutines serving its connections
+}
+
+// connLabelKey is the profiler label (runtime/pprof) that marks the
+// goroutines serving a test server's connections; its value is the
+// server's URL.
+const connLabelKey = "tether-testserver-conn"
+
+// labelledListener labels the goroutine that accepts the server's
+// connections (http.Server.Serve's) at each Accept. A goroutine is born
+// with its creator's labels, so every goroutine serving a connection —
+// the connection's own, its streams' handlers, and whatever those start —
+// carries the label, and the background components' goroutines (started
+// by Run on goroutines of their own) and the test's do not.
+type labelledListener struct {
+	net.Listener
+	labels context.Context
+}
+
+func (l labelledListener) Accept() (net.Conn, error) {
+	pprof.SetGoroutineLabels(l.labels)
+	return l.Listener.Accept()
+}
+
+// ConnGoroutines counts the goroutines serving the server's connections
+// (labelledListener): what its clients hold of it. Unlike the process's
+// goroutine count it leaves out the background components' goroutines,
+// whose number changes by itself: on etcd the components start once the
+// lease coordinator serves (after the election) and each loop's store
+// watches add goroutines of the etcd client as they are established,
+// which on a loaded machine is after the server answers its first calls.
+func (s *Server) ConnGoroutines() int {
+	var buf bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
+		panic(err)
+	}
+	// The text format: a record per stack, "<count> @ <pcs>" then, for
+	// labelled goroutines, "# labels: {...}".
+	want := strconv.Quote(connLabelKey) + ":" + strconv.Quote(s.connLabel)
+	n, count := 0, 0
+	for line := range strings.Lines(buf.String()) {
+		if f := strings.Fields(line); len(f) >= 2 && f[1] == "@" {
+			count, _ = strconv.Atoi(f[0])
+			continue
+		}
+		if strings.HasPrefix(line, "# labels: ") && strings.Contains(line, want) {
+			n += count
+		}
+	}
+	return n
 }
 
 // TerminationChunkEnv, when set, is the chunk size of every test server's
@@ -102,6 +155,8 @@ func StartIn(t testing.TB, dataDir string, opts ...Option) *Server {
 		t.Fatalf("start control plane: %v", err)
 	}
 	s := &Server{Server: srv, URL: "http://" + ln.Addr().String(), DataDir: dataDir, Clock: cfg.Clock, HTTP: H2CClient(), cancel: cancel, done: make(chan error, 1)}
+	s.connLabel = s.URL
+	ln = labelledListener{Listener: ln, labels: pprof.WithLabels(context.Background(), pprof.Labels(connLabelKey, s.connLabel))}
 	go func() { s.done <- srv.Run(ctx, ln) }()
 	token, err := os.ReadFile(srv.AdminTokenPath)
 	if err != nil {

@@ -3,8 +3,11 @@ package etcdlocal_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -64,5 +67,41 @@ func TestClusterStopAndRestart(t *testing.T) {
 	}
 	if _, err := os.Stat(m.Dir + ".log"); err != nil {
 		t.Fatalf("member log: %v", err)
+	}
+}
+
+// TestMembersPortsAreNotTheKernelsToHandOut: a member's ports are below
+// the kernel's ephemeral range, so that while it is killed no listen on
+// port 0 (another test's server) and no outgoing connection can be given
+// one of them, and Restart binds them again. They were the kernel's
+// (listens on port 0): a restarted member could find its port taken and
+// exit, "address already in use".
+func TestMembersPortsAreNotTheKernelsToHandOut(t *testing.T) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skipf("no ephemeral port range to read here: %v", err)
+	}
+	var low, high int
+	if _, err := fmt.Sscan(string(b), &low, &high); err != nil {
+		t.Fatalf("ip_local_port_range %q: %v", b, err)
+	}
+	if low <= 10000 {
+		t.Skipf("the ephemeral range starts at %d: no room below it", low)
+	}
+	c := etcdtest.StartCluster(t, 2)
+	for _, m := range c.Members {
+		for _, raw := range []string{m.ClientURL, m.PeerURL} {
+			u, err := url.Parse(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			port, err := strconv.Atoi(u.Port())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if port >= low && port <= high {
+				t.Errorf("member %s listens on %s, in the kernel's ephemeral range %d-%d", m.Name, raw, low, high)
+			}
+		}
 	}
 }
