@@ -119,6 +119,22 @@ func (c *TokenCache) lookup(issuer Issuer, token string, now time.Time) (p Princ
 	return Principal{}, false, false
 }
 
+// setLineage keeps with token's principal the lineage its node was found
+// in, which never changes: a call whose node read fails is charged to it
+// (Interceptor.authenticate).
+func (c *TokenCache) setLineage(token, lineage string) {
+	if c == nil || token == "" || len(token) > MaxTokenBytes {
+		return
+	}
+	sum := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.entries[sum]; ok && e.principal.Kind == KindAgent {
+		e.principal.Lineage = lineage
+		c.entries[sum] = e
+	}
+}
+
 // markDead notes that a cached token was refused as dead. A token not
 // cached (evicted since) is not noted: its next call verifies it again,
 // and a verification is charged like a dead refusal once the address's

@@ -274,7 +274,26 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 				// FailedPrecondition); a node that may not act is dead.
 				return ctx, dead(ce)
 			}
-			return ctx, connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the agent's node: %w", err))
+			refusal := connect.NewError(connect.CodeUnavailable, fmt.Errorf("auth: cannot check the agent's node: %w", err))
+			// The read failed, often because the call was reset as it
+			// read (on etcd every call reads its node): the call is
+			// charged all the same, or a rogue's rapid resets would cost
+			// its lineage nothing — to the lineage the token's node was
+			// found in before (a node's lineage never changes), or, not
+			// yet known, to the address's budget when the call was
+			// abandoned.
+			switch {
+			case p.Lineage != "":
+				if err := i.spend(p, 1); err != nil {
+					return ctx, err
+				}
+			case ctx.Err() != nil:
+				return ctx, i.chargeAnonymous(peer, refusal)
+			}
+			return ctx, refusal
+		}
+		if p.Lineage == "" {
+			i.Cache.setLineage(token, lineage)
 		}
 		p.Lineage = lineage
 	}
