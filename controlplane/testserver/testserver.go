@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -31,6 +30,7 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/freeport"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -269,50 +269,15 @@ func StartProcess(t testing.TB, dataDir string, extraArgs ...string) *Process {
 }
 
 // FreeAddr returns a loopback address with a port free at the time of the
-// call, for a process to listen on (again after a restart). The port is
-// below the kernel's ephemeral range where there is room: a port of that
-// range, once released, is the kernel's to hand to any listen on port 0
-// (every httptest server of every test package running at once) or
-// outgoing connection before the process binds it.
+// call, for a process to listen on (again after a restart), below the
+// kernel's ephemeral range where there is room (internal/freeport).
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	if low := ephemeralLow(); low > freePortFloor {
-		for range 64 {
-			port := freePortFloor + rand.IntN(low-freePortFloor)
-			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-			if err == nil {
-				defer ln.Close()
-				return ln.Addr().String()
-			}
-		}
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// freePortFloor is the lowest port FreeAddr picks.
-const freePortFloor = 10000
-
-// ephemeralLow is the first port of the kernel's ephemeral range (Linux),
-// or 0 when it cannot be read.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return 0
-	}
-	low, err := strconv.Atoi(fields[0])
-	if err != nil {
-		return 0
-	}
-	return low
+	return addr
 }
 
 // StartProcessOn is StartProcess listening on addr, so that a server

@@ -14,8 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -26,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tetherhq/tether/internal/freeport"
 	"github.com/tetherhq/tether/internal/store/etcdstore"
 )
 
@@ -154,7 +153,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 var errAddressInUse = errors.New("address already in use")
 
 func start(ctx context.Context, binary, dir string, cfg Config) (*Cluster, error) {
-	ports, err := freePorts(2 * cfg.Members)
+	ports, err := freeport.Ports(2 * cfg.Members)
 	if err != nil {
 		return nil, err
 	}
@@ -390,66 +389,4 @@ func (m *Member) Restart(ctx context.Context) error {
 		return err
 	}
 	return m.WaitHealthy(ctx)
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-// They are below the kernel's ephemeral range where there is room
-// (Linux's ip_local_port_range), as testserver.FreeAddr's are: a member
-// killed and restarted (Restart) binds its ports again, and a port of that
-// range, once released, is the kernel's to hand to any listen on port 0
-// (every test server of every test package running at once) or outgoing
-// connection in between — the restarted member then exits, "address
-// already in use". Ports are picked at random, so that test binaries
-// running at once rarely try the same ones.
-func freePorts(n int) ([]int, error) {
-	var listeners []net.Listener
-	defer func() {
-		for _, l := range listeners {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	low := ephemeralLow()
-	for range n {
-		var l net.Listener
-		if low > freePortFloor {
-			for range 64 {
-				port := freePortFloor + rand.IntN(low-freePortFloor)
-				if c, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
-					l = c
-					break
-				}
-			}
-		}
-		if l == nil {
-			var err error
-			if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
-				return nil, fmt.Errorf("etcdlocal: find a free port: %w", err)
-			}
-		}
-		listeners = append(listeners, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
-// freePortFloor is the lowest port freePorts picks.
-const freePortFloor = 10000
-
-// ephemeralLow is the first port of the kernel's ephemeral range (Linux),
-// or 0 when it cannot be read.
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 0
-	}
-	fields := strings.Fields(string(b))
-	if len(fields) != 2 {
-		return 0
-	}
-	low, err := strconv.Atoi(fields[0])
-	if err != nil {
-		return 0
-	}
-	return low
 }

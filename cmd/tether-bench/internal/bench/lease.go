@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -798,25 +797,6 @@ func startEtcd(ctx context.Context, r *Report) (*etcdServer, error) {
 		return nil, err
 	}
 	return &etcdServer{client: c, endpoint: endpoint, pid: cluster.Members[0].Pid(), stop: func() { c.Close(); stop() }}, nil
-}
-
-func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
-		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 var etcdRound atomic.Int64

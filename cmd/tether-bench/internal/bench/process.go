@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/internal/freeport"
 )
 
 // processServer is the real `tether serve` binary running as a process of
@@ -68,7 +69,7 @@ func startProcessServer(ctx context.Context, r *Report, args ...string) (*proces
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	ports, err := freePorts(1)
+	ports, err := freeport.Ports(1)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
