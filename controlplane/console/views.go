@@ -638,6 +638,15 @@ type evidenceData struct {
 	Filter   evidenceFilter
 	CSV      string
 	Messages []string
+	// Stale is what each former holder sent about the job after it
+	// stopped holding it: its first messages are rows (kept), the later
+	// ones that changed nothing were only counted (folded).
+	Stale []staleCountView
+}
+
+type staleCountView struct {
+	Holder       string
+	Kept, Folded uint64
 }
 
 // maxEvidenceShown bounds the rows one evidence page shows (and holds in
@@ -650,7 +659,10 @@ const maxEvidenceShown = 1000
 // console that read the first answer only would show a rogue's first
 // thousand messages and none of what it did after them. The first page's
 // failure is rendered (nothing was written yet); a later one is returned.
-func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *session, job string, each func([]*tetherv1.EvidenceRow) error) (ok bool, err error) {
+//
+// stale, when not nil, is set to the former holders' counts of their late
+// messages, which every page carries (the last page's).
+func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *session, job string, stale *[]*tetherv1.StaleCount, each func([]*tetherv1.EvidenceRow) error) (ok bool, err error) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	token := ""
@@ -665,6 +677,9 @@ func (c *Console) evidencePages(w http.ResponseWriter, r *http.Request, s *sessi
 		}
 		if err := each(resp.Msg.Rows); err != nil {
 			return true, err
+		}
+		if stale != nil {
+			*stale = resp.Msg.StaleCounts
 		}
 		next := resp.Msg.NextPageToken
 		if next == "" {
@@ -696,7 +711,8 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		d.After = n
 	}
 	more := false
-	ok, err := c.evidencePages(w, r, s, job, func(page []*tetherv1.EvidenceRow) error {
+	var stale []*tetherv1.StaleCount
+	ok, err := c.evidencePages(w, r, s, job, &stale, func(page []*tetherv1.EvidenceRow) error {
 		d.Total += len(page)
 		for _, row := range page {
 			if !f.match(row) {
@@ -735,6 +751,9 @@ func (c *Console) evidence(w http.ResponseWriter, r *http.Request, s *session) {
 		q.Set("after", strconv.FormatUint(d.Rows[len(d.Rows)-1].Row, 10))
 		d.Next = "/ui/jobs/" + url.PathEscape(job) + "/evidence?" + q.Encode()
 	}
+	for _, sc := range stale {
+		d.Stale = append(d.Stale, staleCountView{Holder: sc.HolderIdentity, Kept: sc.Kept, Folded: sc.Folded})
+	}
 	c.render(w, r, s, http.StatusOK, "evidence", "Evidence matrix of job "+printable.JobID(job), d)
 }
 
@@ -746,7 +765,7 @@ func (c *Console) evidenceCSV(w http.ResponseWriter, r *http.Request, s *session
 	job := r.PathValue("job")
 	f := evidenceFilterOf(r)
 	var cw *csv.Writer
-	ok, err := c.evidencePages(w, r, s, job, func(page []*tetherv1.EvidenceRow) error {
+	ok, err := c.evidencePages(w, r, s, job, nil, func(page []*tetherv1.EvidenceRow) error {
 		if cw == nil {
 			w.Header().Set("Content-Type", "text/csv; charset=utf-8")
 			w.Header().Set("Content-Disposition", attachment("evidence-"+job+".csv"))
