@@ -650,6 +650,9 @@ type callerKey struct {
 	kind auth.Kind
 	name string // the lineage (agents), the subject (others); node: the node id
 	node bool   // an agent node's own count (ConnectionReserve)
+	// reserve: a lineage's count of the connections its nodes bound past
+	// its share (ConnectionReserve), at most reservesOf(share).
+	reserve bool
 }
 
 func keyOf(p auth.Principal) callerKey {
@@ -668,6 +671,12 @@ func nodeKeyOf(p auth.Principal) (callerKey, bool) {
 	return callerKey{}, false
 }
 
+// reserveKeyOf is the key that counts the connections an agent's
+// lineage's nodes bound past its share (reservesOf).
+func reserveKeyOf(p auth.Principal) callerKey {
+	return callerKey{kind: p.Kind, name: p.Lineage, reserve: true}
+}
+
 // ConnectionReserve is how many connections an agent node that bound none
 // may bind past its lineage's share (ConnLimits.MaxConnectionsPerLineage):
 // a member of the lineage holding the share cannot keep a sibling that
@@ -676,11 +685,19 @@ func nodeKeyOf(p auth.Principal) (callerKey, bool) {
 // (SignalStreamReserve) are. A node counts the connections its calls bound,
 // within the share or past it; a connection it only shares with the node
 // that bound it is not counted. A lineage of N nodes so holds at most its
-// share and N connections, each node a spawn its lineage paid for. One: a
+// share and min(N, reservesOf(share)) connections. One: a
 // node whose connection broke is let in once the server has noticed (its
 // pings unanswered, or the connection closed); until then it is refused as
 // before.
 const ConnectionReserve = 1
+
+// reservesOf bounds the connections a lineage's nodes bind past its share
+// (ConnectionReserve) together: a quarter of the share, at least one. A
+// lineage of N nodes held its share and N connections, and a rogue that
+// spawned children enough (each a spawn of its own budget) had them fill
+// every connection agents may hold, keeping every other lineage off the
+// server. A lineage now holds at most its share and a quarter more.
+func reservesOf(share int) int { return max(1, share/4) }
 
 // bind binds c to p's caller, or refuses the request — resource_exhausted,
 // naming the limit — when the caller, or agents together, hold every
@@ -720,6 +737,9 @@ func (c *limitedConn) bind(p auth.Principal) error {
 			}
 			return tooManyConnections(fmt.Sprintf("%s already holds %s to this server, the limit per %s (tether serve --max-connections-per-lineage)%s", who, connections(n), per, own))
 		}
+		if r := l.callers[reserveKeyOf(p)]; r >= reservesOf(l.perCaller) {
+			return tooManyConnections(fmt.Sprintf("lineage %s (%s shares it with its root and every descendant) already holds %s to this server, the limit per lineage (tether serve --max-connections-per-lineage), and its nodes %d more past it, the most a lineage's nodes may bind past its share (a quarter of it)", p.Lineage, p.ID(), connections(n), r))
+		}
 		reserve = true
 	}
 	if p.IsAgent() && !c.agent && l.agents >= l.max-l.operatorReserve {
@@ -734,6 +754,9 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	if isNode {
 		l.callers[node]++
 	}
+	if reserve {
+		l.callers[reserveKeyOf(p)]++
+	}
 	if p.IsAgent() && !c.agent {
 		c.agent = true
 		l.agents++
@@ -744,6 +767,9 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	}
 	if isNode {
 		c.keys = append(c.keys, node)
+	}
+	if reserve {
+		c.keys = append(c.keys, reserveKeyOf(p))
 	}
 	c.keysMu.Unlock()
 	if c.elem != nil && !c.healthOnly {
