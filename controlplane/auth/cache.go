@@ -3,6 +3,7 @@ package auth
 import (
 	"crypto/ed25519"
 	"crypto/sha256"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,13 +37,17 @@ import (
 //
 // Entries are keyed by the token's SHA-256 (the cache holds no credential)
 // and bounded by Max; when full, expired entries go first, then arbitrary
-// ones. Only tokens that verified are cached, so a flood of bad tokens
+// ones. One principal holds at most MaxCachedTokensPerPrincipal of them,
+// so a caller minting itself fresh credentials cannot push others' out. Only tokens that verified are cached, so a flood of bad tokens
 // cannot fill it. The zero value is not usable: use NewTokenCache.
 type TokenCache struct {
 	max int
 
 	mu      sync.Mutex
 	entries map[[sha256.Size]byte]cachedToken
+	// held lists each principal's entries, oldest first, at most
+	// MaxCachedTokensPerPrincipal.
+	held map[string][][sha256.Size]byte
 
 	hits, misses atomic.Uint64
 }
@@ -57,12 +62,21 @@ type cachedToken struct {
 // DefaultTokenCacheSize is how many verified tokens a control plane keeps.
 const DefaultTokenCacheSize = 16384
 
+// MaxCachedTokensPerPrincipal bounds the entries one principal (an agent's
+// node, an operator, a tool server) holds; its next token replaces its
+// oldest. An agent may mint itself a fresh credential on every Heartbeat
+// in the last third of its credential's life, and one that used each new
+// credential once filled the cache with its own, evicting other callers'
+// entries at random, each of whose next call then paid a verification
+// again. An honest caller holds one credential, two across a refresh.
+const MaxCachedTokensPerPrincipal = 4
+
 // NewTokenCache returns a cache of at most max tokens (0: the default).
 func NewTokenCache(max int) *TokenCache {
 	if max <= 0 {
 		max = DefaultTokenCacheSize
 	}
-	return &TokenCache{max: max, entries: make(map[[sha256.Size]byte]cachedToken)}
+	return &TokenCache{max: max, entries: make(map[[sha256.Size]byte]cachedToken), held: make(map[string][][sha256.Size]byte)}
 }
 
 // TokenCacheStats counts cache lookups.
@@ -163,14 +177,39 @@ func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Princip
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		delete(c.entries, sum)
+		c.remove(sum)
 		return Principal{}, err
+	}
+	if _, ok := c.entries[sum]; ok {
+		c.remove(sum) // verified again (expired, or its key changed): kept as new
+	}
+	id := p.ID()
+	if held := c.held[id]; len(held) >= MaxCachedTokensPerPrincipal {
+		c.remove(held[0])
 	}
 	if len(c.entries) >= c.max {
 		c.evict(now)
 	}
 	c.entries[sum] = cachedToken{principal: p, by: by, verifiedAt: now}
+	c.held[id] = append(c.held[id], sum)
 	return p, nil
+}
+
+// remove deletes an entry and its place in its principal's list. c.mu is
+// held.
+func (c *TokenCache) remove(sum [sha256.Size]byte) {
+	e, ok := c.entries[sum]
+	if !ok {
+		return
+	}
+	delete(c.entries, sum)
+	id := e.principal.ID()
+	held := slices.DeleteFunc(c.held[id], func(s [sha256.Size]byte) bool { return s == sum })
+	if len(held) == 0 {
+		delete(c.held, id)
+		return
+	}
+	c.held[id] = held
 }
 
 // stillValid: what the verification proved still holds at now.
@@ -187,13 +226,13 @@ func (e cachedToken) stillValid(issuer Issuer, now time.Time) bool {
 func (c *TokenCache) evict(now time.Time) {
 	for sum, e := range c.entries {
 		if !now.Before(e.principal.ExpiresAt.Add(Leeway)) {
-			delete(c.entries, sum)
+			c.remove(sum)
 		}
 	}
 	for sum := range c.entries {
 		if len(c.entries) <= c.max*3/4 {
 			return
 		}
-		delete(c.entries, sum)
+		c.remove(sum)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -143,5 +144,64 @@ func TestTokenCacheStaysBounded(t *testing.T) {
 	}
 	if _, err := none.Parse(fx.issuer, "", now); !errors.Is(err, ErrNoCredential) {
 		t.Fatalf("empty token: %v", err)
+	}
+}
+
+// TestRogue30GAgentMintingCredentialsCannotEvictOthersFromTheCache: an
+// agent may mint itself a fresh credential on every Heartbeat late in its
+// credential's life, and one that used each once filled the cache with
+// its own, evicting other callers' entries, each of whose next call paid a
+// verification again. A principal now holds at most
+// MaxCachedTokensPerPrincipal entries, its next replacing its oldest.
+func TestRogue30GAgentMintingCredentialsCannotEvictOthersFromTheCache(t *testing.T) {
+	fx := newCacheFixture(t)
+	cache := NewTokenCache(64)
+	now := fuzzT0.Add(time.Hour) // after every token's issue, before its expiry
+	var honest []string
+	for i := range 16 {
+		tok, _, err := fx.issuer.MintAgent(fmt.Sprintf("n_honest%d", i), fuzzT0, 2*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cache.Parse(fx.issuer, tok, now); err != nil {
+			t.Fatal(err)
+		}
+		honest = append(honest, tok)
+	}
+	var rogue []string
+	for i := range 1000 {
+		tok, _, err := fx.issuer.MintAgent("n_rogue", fuzzT0.Add(time.Duration(i)*time.Second), 2*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cache.Parse(fx.issuer, tok, now); err != nil {
+			t.Fatal(err)
+		}
+		rogue = append(rogue, tok)
+	}
+	before := cache.Stats()
+	for _, tok := range honest {
+		if _, err := cache.Parse(fx.issuer, tok, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := cache.Stats(); st.Misses != before.Misses {
+		t.Errorf("%d of 16 honest agents' tokens were evicted by a rogue's 1,000 fresh credentials", st.Misses-before.Misses)
+	}
+	// The rogue's last tokens are cached, its earlier ones not.
+	before = cache.Stats()
+	for _, tok := range rogue[len(rogue)-MaxCachedTokensPerPrincipal:] {
+		if _, err := cache.Parse(fx.issuer, tok, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := cache.Stats(); st.Misses != before.Misses || st.Size > 16+MaxCachedTokensPerPrincipal {
+		t.Errorf("the rogue's last %d tokens: %d misses; cache size %d, want at most %d", MaxCachedTokensPerPrincipal, st.Misses-before.Misses, st.Size, 16+MaxCachedTokensPerPrincipal)
+	}
+	if _, err := cache.Parse(fx.issuer, rogue[0], now); err != nil {
+		t.Fatal(err)
+	}
+	if st := cache.Stats(); st.Size > 16+MaxCachedTokensPerPrincipal {
+		t.Errorf("cache size %d after the rogue's first token again, want at most %d", st.Size, 16+MaxCachedTokensPerPrincipal)
 	}
 }
