@@ -65,7 +65,9 @@ func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.T
 	}
 	reached := func() bool {
 		return stateOf(last) == state ||
-			state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING && last.Phase == supervisor.PhaseTerminated
+			state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING && last.Phase == supervisor.PhaseTerminated ||
+			// Past the drain: said below, at once, not after a timeout.
+			state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && last.Phase > supervisor.PhaseDraining
 	}
 	defer func() {
 		// A wait that timed out says where the termination stood.
@@ -84,6 +86,14 @@ func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.T
 		}
 		return reached()
 	})
+	if state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && (last.Phase != supervisor.PhaseDraining || last.Progress.CallsInFlight == 0) {
+		// Only a call in flight holds a drain open: with none it ends in
+		// the next pass, so a wait for DRAINING would pass only when its
+		// poll came first (on a loaded machine, seldom). A test that
+		// waits for DRAINING holds the drain open with a call of its own;
+		// one that does not is told so at once, not after a timeout.
+		t.Fatalf("termination %s, awaited draining, is %s with %d call(s) in flight: nothing held the drain open (begin a call before the stop, or wait for what the test needs)", id, last.Phase, last.Progress.CallsInFlight)
+	}
 	if state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING {
 		// A drain that ends reconciles a pass before it revokes, and the
 		// confirm timeout runs from the revocation: a test that moves the

@@ -154,9 +154,24 @@ func waitState(t *testing.T, w *world, id string, state tetherv1.TerminationStat
 			t.Fatal(err)
 		}
 		last = resp.Msg.Termination
-		return last.State == state
+		return last.State == state || state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && pastDrain(last.State)
 	})
+	if state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && (last.State != state || last.Progress.GetCallsInFlight() == 0) {
+		// Only a call in flight holds a drain open: with none it ends in
+		// the next pass, and a wait for DRAINING would pass only when its
+		// poll came first. Said at once, not after a timeout.
+		t.Fatalf("termination %s, awaited draining, is %s with %d call(s) in flight: nothing held the drain open (begin a call before the stop)", id, last.State, last.Progress.GetCallsInFlight())
+	}
 	return last
+}
+
+// pastDrain reports whether a termination in state s has left its drain.
+func pastDrain(s tetherv1.TerminationState) bool {
+	switch s {
+	case tetherv1.TerminationState_TERMINATION_STATE_ABORTING, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED:
+		return true
+	}
+	return false
 }
 
 // confirmExit: the agent's launcher (an operator, outside the workload)
