@@ -447,10 +447,10 @@ func (g *Gateway) refreshSession(cs *mcp.ClientSession) {
 	go func() {
 		for {
 			found.relistMu.Lock()
-			wait := clock.Until(g.cfg.Clock, found.listed.Add(RelistInterval))
+			at := found.listed.Add(RelistInterval)
 			found.relistMu.Unlock()
-			if wait > 0 {
-				timer := g.cfg.Clock.NewTimer(wait)
+			if clock.Until(g.cfg.Clock, at) > 0 {
+				timer := clock.NewTimerAt(g.cfg.Clock, at)
 				select {
 				case <-g.closed:
 					timer.Stop()

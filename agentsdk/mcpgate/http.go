@@ -858,8 +858,8 @@ func (g *Gateway) endRevokedSessions() {
 			return
 		}
 		if !last.IsZero() {
-			if wait := clock.Until(g.cfg.Clock, last.Add(RevocationScanInterval)); wait > 0 {
-				timer := g.cfg.Clock.NewTimer(wait)
+			if at := last.Add(RevocationScanInterval); clock.Until(g.cfg.Clock, at) > 0 {
+				timer := clock.NewTimerAt(g.cfg.Clock, at)
 				select {
 				case <-timer.C():
 				case <-g.closed:

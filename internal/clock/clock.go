@@ -52,6 +52,20 @@ func Sleep(ctx context.Context, c Clock, d time.Duration) error {
 // Until is the time left on c before t (negative when t has passed).
 func Until(c Clock, t time.Time) time.Duration { return t.Sub(c.Now()) }
 
+// NewTimerAt returns a timer of c that fires once c reads t (at once when
+// it already does). A clock that can arm a timer for a moment, not only a
+// duration (Manual), does so: NewTimer(Until(c, t)) reads the clock, then
+// arms from what it reads when arming, so a test's clock moved between the
+// two armed it late by the move — a worker waiting for a wake-up at 11 s
+// armed at 15 s because the test set the clock to 11 s less a millisecond
+// meanwhile, and never woke at 11 s.
+func NewTimerAt(c Clock, t time.Time) Timer {
+	if a, ok := c.(interface{ NewTimerAt(time.Time) Timer }); ok {
+		return a.NewTimerAt(t)
+	}
+	return c.NewTimer(Until(c, t))
+}
+
 // Real is the wall clock, in UTC; its timers are the time package's.
 type Real struct{}
 

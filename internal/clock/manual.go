@@ -122,6 +122,20 @@ func (m *Manual) NewTimer(d time.Duration) Timer {
 	return t
 }
 
+// NewTimerAt arms a timer for t, whatever the clock reads as it is armed;
+// one already due fires at once (clock.NewTimerAt).
+func (m *Manual) NewTimerAt(t time.Time) Timer {
+	timer := &manualTimer{m: m, c: make(chan time.Time, 1), index: -1}
+	m.mu.Lock()
+	timer.armAtLocked(t.UTC())
+	f := m.fireIfDueLocked(timer)
+	m.mu.Unlock()
+	if f != nil {
+		go f()
+	}
+	return timer
+}
+
 // AfterFunc arms f d from now. An f already due runs in its own goroutine,
 // as with the time package (the caller may hold locks f needs); one that
 // comes due later runs in the Advance or Set that makes it due.
@@ -152,10 +166,13 @@ type manualTimer struct {
 func (t *manualTimer) C() <-chan time.Time { return t.c }
 
 // armLocked schedules t d from now.
-func (t *manualTimer) armLocked(d time.Duration) {
+func (t *manualTimer) armLocked(d time.Duration) { t.armAtLocked(t.m.now.Add(d)) }
+
+// armAtLocked schedules t for at.
+func (t *manualTimer) armAtLocked(at time.Time) {
 	m := t.m
 	m.seq++
-	t.at, t.seq = m.now.Add(d), m.seq
+	t.at, t.seq = at, m.seq
 	heap.Push(&m.timers, t)
 	m.notifyLocked()
 }

@@ -128,7 +128,7 @@ func (l *Loop) pass(ctx context.Context) error {
 		var timer clock.Timer
 		var fired <-chan time.Time
 		if !next.IsZero() {
-			timer = c.NewTimer(clock.Until(c, next))
+			timer = clock.NewTimerAt(c, next)
 			fired = timer.C()
 			if !c.Now().Before(next) {
 				timer.Stop()
