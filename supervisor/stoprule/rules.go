@@ -610,57 +610,52 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 // addToAncestors adds d to the subtree records of node's ancestors (the
 // node's shard of each).
 func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
-	n, err := tree.GetNodeIn(tx, nodeID)
-	if errors.Is(err, tree.ErrNodeNotFound) {
-		return nil // a call of no stored node: the ledger refuses those
-	}
-	if err != nil || len(n.Ancestors) == 0 {
-		return err
-	}
-	shard := growShard(nodeID)
-	keys := make([][]byte, len(n.Ancestors))
-	for i, a := range n.Ancestors {
-		keys[i] = subKey(a, shard)
-	}
-	if err := store.Prefetch(tx, keys, nil); err != nil {
-		return err
-	}
-	for _, key := range keys {
+	return eachAncestorRecord(tx, nodeID, subKey, func(key []byte) error {
 		s, err := getSubtotal(tx, key)
 		if err != nil {
 			return err
 		}
 		s.calls += d.calls
 		s.failures += d.failures
-		if err := tx.Put(key, s.append(nil)); err != nil {
-			return err
-		}
-	}
-	return nil
+		return tx.Put(key, s.append(nil))
+	})
 }
 
 // reportToAncestors adds the change d of node's reported counters to the
 // subtree records of its ancestors (the node's shard of each).
 func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error {
+	return eachAncestorRecord(tx, nodeID, subSelfKey, func(key []byte) error {
+		rec := &subReported{}
+		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		rec.add(d)
+		return kv.Put(tx, key, rec)
+	})
+}
+
+// eachAncestorRecord calls add with the key of node's record (its shard's,
+// keyOf) at each of its ancestors, read together first: at most the tree's
+// depth of them, never a walk of a subtree. A node not stored has none (a
+// call of no stored node: the ledger refuses those).
+func eachAncestorRecord(tx store.Txn, nodeID string, keyOf func(anc string, shard uint32) []byte, add func(key []byte) error) error {
 	n, err := tree.GetNodeIn(tx, nodeID)
+	if errors.Is(err, tree.ErrNodeNotFound) {
+		return nil
+	}
 	if err != nil || len(n.Ancestors) == 0 {
 		return err
 	}
 	shard := growShard(nodeID)
 	keys := make([][]byte, len(n.Ancestors))
 	for i, a := range n.Ancestors {
-		keys[i] = subSelfKey(a, shard)
+		keys[i] = keyOf(a, shard)
 	}
 	if err := store.Prefetch(tx, keys, nil); err != nil {
 		return err
 	}
 	for _, key := range keys {
-		rec := &subReported{}
-		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
-		}
-		rec.add(d)
-		if err := kv.Put(tx, key, rec); err != nil {
+		if err := add(key); err != nil {
 			return err
 		}
 	}
