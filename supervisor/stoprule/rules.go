@@ -683,17 +683,27 @@ func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 
 func decodeSubtotal(v []byte) (subtotal, error) {
 	var s subtotal
-	for _, f := range []*uint64{&s.calls, &s.failures} {
+	if err := decodeUvarints(v, "subtree", &s.calls, &s.failures); err != nil {
+		return subtotal{}, err
+	}
+	return s, nil
+}
+
+// decodeUvarints reads v, a record of what (the growth or subtree
+// records), as exactly len(fields) uvarints into fields.
+func decodeUvarints(v []byte, what string, fields ...*uint64) error {
+	size := len(v)
+	for _, f := range fields {
 		x, n := binary.Uvarint(v)
 		if n <= 0 {
-			return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record of %d bytes", len(v))
+			return fmt.Errorf("stoprule: corrupt %s record of %d bytes", what, size)
 		}
 		*f, v = x, v[n:]
 	}
 	if len(v) != 0 {
-		return subtotal{}, errors.New("stoprule: corrupt subtree record: trailing bytes")
+		return fmt.Errorf("stoprule: corrupt %s record: trailing bytes", what)
 	}
-	return s, nil
+	return nil
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -749,15 +759,8 @@ func (g growth) append(b []byte) []byte {
 
 func decodeGrowth(v []byte) (growth, error) {
 	var g growth
-	for _, f := range []*uint64{&g.nodes, &g.depth, &g.children} {
-		x, n := binary.Uvarint(v)
-		if n <= 0 {
-			return growth{}, fmt.Errorf("stoprule: corrupt growth record of %d bytes", len(v))
-		}
-		*f, v = x, v[n:]
-	}
-	if len(v) != 0 {
-		return growth{}, errors.New("stoprule: corrupt growth record: trailing bytes")
+	if err := decodeUvarints(v, "growth", &g.nodes, &g.depth, &g.children); err != nil {
+		return growth{}, err
 	}
 	return g, nil
 }
