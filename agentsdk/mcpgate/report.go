@@ -134,8 +134,14 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 	r.inFlight++
 	r.wg.Add(1)
 	r.mu.Unlock()
-	landed := g.sendReport(token, node)
-	timer := g.cfg.Clock.NewTimer(RefusalReportWait)
+	g.awaitReport(ctx, g.sendReport(token, node), RefusalReportWait)
+}
+
+// awaitReport waits for a report to land (landed closed), at most wait on
+// the gateway's clock, or until ctx ends: the request it reports is
+// answered then.
+func (g *Gateway) awaitReport(ctx context.Context, landed <-chan struct{}, wait time.Duration) {
+	timer := g.cfg.Clock.NewTimer(wait)
 	defer timer.Stop()
 	select {
 	case <-landed:

@@ -124,13 +124,7 @@ func (g *Gateway) reportSeen(ctx context.Context, token, node string) {
 		}
 	}
 	r.mu.Unlock()
-	timer := g.cfg.Clock.NewTimer(SeenReportWait)
-	defer timer.Stop()
-	select {
-	case <-landed:
-	case <-timer.C():
-	case <-ctx.Done():
-	}
+	g.awaitReport(ctx, landed, SeenReportWait)
 }
 
 // scheduleSeen starts n's next report now, or once the bound allows it
