@@ -157,3 +157,93 @@ func toolCallStream(ctx context.Context, r *Report, agents, rules, callers int, 
 	}
 	return out, nil
 }
+
+func init() {
+	Register("stoprule/tool-calls-by-depth", toolCallsByDepth)
+}
+
+// toolCallsByDepth measures what a tool call costs by the depth of its
+// caller: each begun call and failed end adds itself to one subtree record
+// per ancestor (observed.subtree_calls), so a call at depth 32 writes 32
+// records where one at depth 1 writes one. The calls' rate is bound by
+// the store's commits, so the depth shows first in the CPU a call costs
+// (client and server share the process). Stop rules are enabled and none
+// is attached (the records are kept whether or not a rule reads them);
+// 32 workers call from the ends of 32 chains of the depth under one root.
+func toolCallsByDepth(ctx context.Context, r *Report) error {
+	var shallow time.Duration
+	for _, depth := range []int{1, 8, 32} {
+		rate, cpu, err := toolCallsAtDepth(ctx, r, depth)
+		if err != nil {
+			return fmt.Errorf("depth %d: %w", depth, err)
+		}
+		name := fmt.Sprintf("stoprule/tool-calls/depth=%d", depth)
+		r.Add(name, rate, "calls/s")
+		if cpu > 0 {
+			r.Add(name+"/cpu-per-call", float64(cpu)/1e3, "µs")
+		}
+		if depth == 1 {
+			shallow = cpu
+		} else if shallow > 0 && cpu > 0 {
+			r.Add(name+"/cpu-per-call-vs-depth=1", float64(cpu)/float64(shallow), "x")
+		}
+	}
+	return nil
+}
+
+func toolCallsAtDepth(ctx context.Context, r *Report, depth int) (float64, time.Duration, error) {
+	const workers = 32
+	srv, err := startServer(ctx, r)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer srv.Stop()
+	root, err := srv.Admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "bench-depth"}))
+	if err != nil {
+		return 0, 0, err
+	}
+	tokens := make([]string, workers)
+	for w := range tokens {
+		node := root.Msg.Node.NodeId
+		for range depth {
+			child, err := srv.Admin.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: node, Name: "agent"}))
+			if err != nil {
+				return 0, 0, err
+			}
+			node = child.Msg.Node.NodeId
+		}
+		g, err := srv.Admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: node, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+		if err != nil {
+			return 0, 0, err
+		}
+		tokens[w] = g.Msg.Token
+	}
+	minted, err := srv.Admin.Auth.CreateToken(ctx, connect.NewRequest(&tetherv1.CreateTokenRequest{ToolServer: "bench-gate"}))
+	if err != nil {
+		return 0, 0, err
+	}
+	gate := agentsdk.Dial(srv.URL, minted.Msg.Token)
+	next := make([]int, workers)
+	calls := func(ctx context.Context, w int) error {
+		next[w]++
+		b, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: tokens[w], Tool: []string{"shell", "http", "sql"}[next[w]%3], GateId: "bench-gate"}))
+		if err != nil {
+			return err
+		}
+		_, err = gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: b.Msg.Call.CallId, GateId: "bench-gate", Failed: next[w]%7 == 0}))
+		return err
+	}
+	cpuBefore, cpuOK := processCPU()
+	start := time.Now()
+	rate, err := Throughput(ctx, workers, r.Duration, calls)
+	if err != nil {
+		return 0, 0, err
+	}
+	elapsed := time.Since(start)
+	cpuAfter, _ := processCPU()
+	var cpu time.Duration
+	if cpuOK && rate > 0 {
+		cpu = time.Duration(float64(cpuAfter-cpuBefore) / (rate * elapsed.Seconds()))
+	}
+	return rate, cpu, nil
+}
