@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -473,13 +474,59 @@ func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
 		}
 		reason := r.Reason
 		if len(reason) > 100 {
-			reason = reason[:100] + "…"
+			reason = shortReason(reason, 100, wire.EvidenceRowFromProto(r).Message.FromWorker())
 		}
 		reason = printable(reason)
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, printable(r.HolderIdentity), strings.Join(flags, ","),
 			strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
 	}
 	return nil
+}
+
+// shortReason shortens a row's reason for the table to its first max
+// bytes. The reason of a worker message is the only place that names its
+// sender (` from "<node>"`, package lease's describe), and the HOLDER
+// column is the job's holder after the message, not its sender: when the
+// cut drops the sender — a former holder's late message claiming a long
+// lease id, or one after notes on what the clock decided — the shortened
+// reason ends with it, so that a former holder's rows never read as the
+// current holder's.
+func shortReason(reason string, max int, fromWorker bool) string {
+	short := reason[:max] + "…"
+	if !fromWorker {
+		return short
+	}
+	if at, clause, ok := senderClause(reason); ok && at+len(clause) > max {
+		short += clause
+	}
+	return short
+}
+
+// senderClause finds where a worker message's reason names its sender:
+// the first ` from "<node>"` outside a quoted text. Every text the
+// sender chose is quoted (Go syntax, quotes escaped), so none of its words
+// is taken for the clause.
+func senderClause(reason string) (at int, clause string, ok bool) {
+	const from = " from "
+	for i := 0; i < len(reason); {
+		switch {
+		case reason[i] == '"':
+			q, err := strconv.QuotedPrefix(reason[i:])
+			if err != nil {
+				return 0, "", false
+			}
+			i += len(q)
+		case strings.HasPrefix(reason[i:], from+`"`):
+			q, err := strconv.QuotedPrefix(reason[i+len(from):])
+			if err != nil {
+				return 0, "", false
+			}
+			return i, from + q, true
+		default:
+			i++
+		}
+	}
+	return 0, "", false
 }
 
 // printStaleCounts writes what each former holder sent about the job
