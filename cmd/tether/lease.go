@@ -491,23 +491,44 @@ func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
 // lease id, or one after notes on what the clock decided — the shortened
 // reason ends with it, so that a former holder's rows never read as the
 // current holder's.
+//
+// A coordinator's decision names who made it the same way: its reason
+// quotes the decision's own, which the API signs with the principal that
+// sent it (`(reason "agent:n_…: …")`, `the resolve's reason: "operator:…"`),
+// well past the cut in a cancel request's row. When the cut drops the
+// signer, the shortened reason ends with ` by <principal>`.
 func shortReason(reason string, max int, fromWorker bool) string {
 	short := reason[:max] + "…"
-	if !fromWorker {
+	if fromWorker {
+		if at, clause, ok := quotedAfter(reason, " from "); ok && at+len(clause) > max {
+			short += clause
+		}
 		return short
 	}
-	if at, clause, ok := senderClause(reason); ok && at+len(clause) > max {
-		short += clause
+	for _, intro := range []string{"(reason ", "reason: "} {
+		at, clause, ok := quotedAfter(reason, intro)
+		if !ok {
+			continue
+		}
+		text, err := strconv.Unquote(clause[len(intro):])
+		if err != nil {
+			break
+		}
+		if who, signed := signer(text); signed && at+len(intro)+1+len(who) > max {
+			short += " by " + who
+		}
+		break
 	}
 	return short
 }
 
-// senderClause finds where a worker message's reason names its sender:
-// the first ` from "<node>"` outside a quoted text. Every text the
-// sender chose is quoted (Go syntax, quotes escaped), so none of its words
-// is taken for the clause.
-func senderClause(reason string) (at int, clause string, ok bool) {
-	const from = " from "
+// quotedAfter finds the first intro outside a quoted text that a quoted
+// text follows, and returns where it begins and intro with that text.
+// Every text a sender chose is quoted (Go syntax, quotes escaped), so
+// none of its words is taken for the intro: a worker message's reason
+// names its sender as ` from "<node>"`, a decision's quotes its reason
+// after "(reason " or "reason: ".
+func quotedAfter(reason, intro string) (at int, clause string, ok bool) {
 	for i := 0; i < len(reason); {
 		switch {
 		case reason[i] == '"':
@@ -516,17 +537,31 @@ func senderClause(reason string) (at int, clause string, ok bool) {
 				return 0, "", false
 			}
 			i += len(q)
-		case strings.HasPrefix(reason[i:], from+`"`):
-			q, err := strconv.QuotedPrefix(reason[i+len(from):])
+		case strings.HasPrefix(reason[i:], intro+`"`):
+			q, err := strconv.QuotedPrefix(reason[i+len(intro):])
 			if err != nil {
 				return 0, "", false
 			}
-			return i, from + q, true
+			return i, intro + q, true
 		default:
 			i++
 		}
 	}
 	return 0, "", false
+}
+
+// signer is the principal a decision's reason is signed with ("agent:n_…",
+// "operator:…", "tool:…", as the API signs it), or false when it is not
+// signed (a termination's own reconciliation).
+func signer(reason string) (string, bool) {
+	for _, kind := range []string{"agent:", "operator:", "tool:"} {
+		if !strings.HasPrefix(reason, kind) {
+			continue
+		}
+		who, _, _ := strings.Cut(reason, ": ")
+		return who, who != kind
+	}
+	return "", false
 }
 
 // printStaleCounts writes what each former holder sent about the job

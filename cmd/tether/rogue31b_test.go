@@ -78,3 +78,55 @@ func TestRogue31BEvidenceTableNamesALateMessagesSender(t *testing.T) {
 		t.Fatalf("the table shows %d stale renewals, want 2:\n%s", stale, out)
 	}
 }
+
+// TestRogue31BEvidenceTableNamesWhoDecided: a coordinator's decision is
+// signed with the principal that sent it, and only its reason says so
+// (`(reason "agent:n_…: …")`), past the 100 bytes the table shows of it:
+// the table listed every cancel request and resolution of a job without
+// who made it, so an agent of the lineage that cancelled and resolved a
+// job read, there, as the operator. Each row of a coordinator's decision
+// names its signer however long the reason.
+func TestRogue31BEvidenceTableNamesWhoDecided(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	ctx := context.Background()
+	root, err := admin.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "lead"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead := srv.Clients(root.Msg.Credential)
+	w, err := lead.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: root.Msg.Node.NodeId, Name: "w"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered, err := lead.Lease.Offer(ctx, connect.NewRequest(&tetherv1.OfferRequest{JobId: "job", HolderIdentity: w.Msg.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Clients(w.Msg.Credential).Lease.Ack(ctx, connect.NewRequest(&tetherv1.AckRequest{JobId: "job", LeaseId: offered.Msg.Lease.LeaseId, LeaseGeneration: 1})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lead.Lease.RequestCancel(ctx, connect.NewRequest(&tetherv1.RequestCancelRequest{JobId: "job", Reason: "stop"})); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lead.Lease.Resolve(ctx, connect.NewRequest(&tetherv1.ResolveRequest{JobId: "job", Result: tetherv1.TerminalResult_TERMINAL_RESULT_FAILED, Reason: "gave up"})); err != nil {
+		t.Fatal(err)
+	}
+	out := tether(t, srv, srv.Admin, "lease", "evidence", "job")
+	signer := "agent:" + root.Msg.Node.NodeId
+	for _, kind := range []string{"request_cancel", "resolve"} {
+		found := false
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) < 2 || f[1] != kind {
+				continue
+			}
+			found = true
+			if !strings.Contains(line, signer) {
+				t.Errorf("the %s row does not name %s, who decided it:\n%s", kind, signer, line)
+			}
+		}
+		if !found {
+			t.Fatalf("no %s row:\n%s", kind, out)
+		}
+	}
+}
