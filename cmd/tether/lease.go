@@ -5,6 +5,7 @@ import (
 	"encoding/csv"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -473,13 +474,94 @@ func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
 		}
 		reason := r.Reason
 		if len(reason) > 100 {
-			reason = reason[:100] + "…"
+			reason = shortReason(reason, 100, wire.EvidenceRowFromProto(r).Message.FromWorker())
 		}
 		reason = printable(reason)
 		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%s %s\t%s\n", r.Row, r.Message, r.Generation, printable(r.HolderIdentity), strings.Join(flags, ","),
 			strings.TrimPrefix(r.Decision.GetOutcome().String(), "OUTCOME_"), strings.TrimPrefix(r.Decision.GetAuditEvent().String(), "AUDIT_EVENT_"), reason)
 	}
 	return nil
+}
+
+// shortReason shortens a row's reason for the table to its first max
+// bytes. The reason of a worker message is the only place that names its
+// sender (` from "<node>"`, package lease's describe), and the HOLDER
+// column is the job's holder after the message, not its sender: when the
+// cut drops the sender — a former holder's late message claiming a long
+// lease id, or one after notes on what the clock decided — the shortened
+// reason ends with it, so that a former holder's rows never read as the
+// current holder's.
+//
+// A coordinator's decision names who made it the same way: its reason
+// quotes the decision's own, which the API signs with the principal that
+// sent it (`(reason "agent:n_…: …")`, `the resolve's reason: "operator:…"`),
+// well past the cut in a cancel request's row. When the cut drops the
+// signer, the shortened reason ends with ` by <principal>`.
+func shortReason(reason string, max int, fromWorker bool) string {
+	short := reason[:max] + "…"
+	if fromWorker {
+		if at, clause, ok := quotedAfter(reason, " from "); ok && at+len(clause) > max {
+			short += clause
+		}
+		return short
+	}
+	for _, intro := range []string{"(reason ", "reason: "} {
+		at, clause, ok := quotedAfter(reason, intro)
+		if !ok {
+			continue
+		}
+		text, err := strconv.Unquote(clause[len(intro):])
+		if err != nil {
+			break
+		}
+		if who, signed := signer(text); signed && at+len(intro)+1+len(who) > max {
+			short += " by " + who
+		}
+		break
+	}
+	return short
+}
+
+// quotedAfter finds the first intro outside a quoted text that a quoted
+// text follows, and returns where it begins and intro with that text.
+// Every text a sender chose is quoted (Go syntax, quotes escaped), so
+// none of its words is taken for the intro: a worker message's reason
+// names its sender as ` from "<node>"`, a decision's quotes its reason
+// after "(reason " or "reason: ".
+func quotedAfter(reason, intro string) (at int, clause string, ok bool) {
+	for i := 0; i < len(reason); {
+		switch {
+		case reason[i] == '"':
+			q, err := strconv.QuotedPrefix(reason[i:])
+			if err != nil {
+				return 0, "", false
+			}
+			i += len(q)
+		case strings.HasPrefix(reason[i:], intro+`"`):
+			q, err := strconv.QuotedPrefix(reason[i+len(intro):])
+			if err != nil {
+				return 0, "", false
+			}
+			return i, intro + q, true
+		default:
+			i++
+		}
+	}
+	return 0, "", false
+}
+
+// signer is the principal a decision's reason is signed with ("agent:n_…",
+// "operator:…", "tool:…", as the API signs it), or false when it is not
+// signed (a termination's own reconciliation).
+func signer(reason string) (string, bool) {
+	for _, kind := range []string{"agent:", "operator:", "tool:"} {
+		if !strings.HasPrefix(reason, kind) {
+			continue
+		}
+		who, _, _ := strings.Cut(reason, ": ")
+		return who, who != kind
+	}
+	return "", false
 }
 
 // printStaleCounts writes what each former holder sent about the job

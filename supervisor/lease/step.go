@@ -473,7 +473,7 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 			return duplicate(EventDuplicateCancel, "%s repeats the cancel acknowledgement of %s (the job is CANCELLED); nothing changed", describe(m), ts(l.CancelAckedAt))
 		case l.CancelAck:
 			return duplicate(EventDuplicateCancel, "%s repeats the cancel ACK of %s (the job is terminal as %s); nothing changed", describe(m), ts(l.CancelAckedAt), l.TerminalResult)
-		case l.CancelRequested && l.TerminalResult == ResultFailed && l.AckState == AckAcked && !l.LeaseExpired && j.now.Before(l.ExpiresAt):
+		case l.CancelRequested && l.TerminalResult == ResultFailed && l.UnresolvedUntil.IsZero() && l.AckState == AckAcked && !l.LeaseExpired && j.now.Before(l.ExpiresAt):
 			// Seed §9 and §15: a cancellation is a request, the holder's
 			// acknowledgement and a terminal reconciliation, which may be
 			// FAILED; over a reordering transport the holder's FAILED
@@ -485,7 +485,11 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 			// would have been had it come first. Past the expiry it
 			// would have found the lease EXPIRED and been refused, and
 			// so it is after the result; a generation only offered never
-			// took the job.
+			// took the job. A FAILED that closed an UNRESOLVED is not
+			// the holder's result overtaking its acknowledgement: the
+			// coordinator reconciled the job as unable to tell, and the
+			// acknowledgement refused while it was UNRESOLVED stays
+			// refused once the bound or the coordinator made it FAILED.
 			l.CancelAck = true
 			l.CancelAckedAt = j.now
 			return accept(EventCancelAcked, "%s accepted after the job ended as %s at %s: the holder acknowledged the cancel request requested at %s; the result stands, and the acknowledgement does not prove the work stopped",
