@@ -112,11 +112,16 @@ function parseObject(bytes: Buffer, what: string): Record<string, unknown> {
   return value as Record<string, unknown>;
 }
 
+/**
+ * A time claim in whole seconds, rounded down, as the control plane reads
+ * it (golang-jwt's NumericDate, to the second): a fractional exp was
+ * accepted up to a second after the control plane's expiry.
+ */
 function numeric(claims: Record<string, unknown>, name: string): number | undefined {
   const v = claims[name];
   if (v === undefined) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v)) throw new TokenError("token_claims", `${name} has the wrong type`);
-  return v;
+  return Math.floor(v);
 }
 
 function stringList(claims: Record<string, unknown>, name: string): string[] {
@@ -165,6 +170,9 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
   if (claims.iss !== issuer) throw new TokenError("token_issuer", "iss is not the expected issuer");
   const aud = typeof claims.aud === "string" ? [claims.aud] : claims.aud;
   if (!Array.isArray(aud) || aud.length === 0) throw new TokenError("token_audience", "aud is missing");
+  // As golang-jwt's ClaimStrings: a list holding anything but strings is
+  // malformed, whatever else it names.
+  if (aud.some((a) => typeof a !== "string")) throw new TokenError("token_audience", "aud holds something other than strings");
   if (!aud.includes(audience)) throw new TokenError("token_audience", "aud does not include the expected audience");
   const exp = numeric(claims, "exp");
   const nbf = numeric(claims, "nbf");
