@@ -130,6 +130,16 @@ function stringList(claims: Record<string, unknown>, name: string): string[] {
   return v as string[];
 }
 
+/**
+ * A time claim for an error: its date, or its seconds when no Date holds
+ * it (toISOString threw a RangeError, not a TokenError, for an nbf of
+ * 2^63 seconds).
+ */
+function describeSeconds(seconds: number): string {
+  const date = new Date(seconds * 1000);
+  return Number.isNaN(date.getTime()) ? `${seconds} s since the epoch` : date.toISOString();
+}
+
 /** Options for {@link verifyToken}. */
 export interface VerifyOptions {
   issuer?: string;
@@ -178,8 +188,8 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
   const nbf = numeric(claims, "nbf");
   const iat = numeric(claims, "iat");
   if (exp === undefined) throw new TokenError("token_claims", "exp is required");
-  if (nowMs >= exp * 1000 + leeway) throw new TokenError("token_expired", `expired at ${new Date(exp * 1000).toISOString()} (leeway ${leeway} ms)`);
-  if (nbf !== undefined && nowMs < nbf * 1000 - leeway) throw new TokenError("token_not_yet_valid", `not before ${new Date(nbf * 1000).toISOString()} (leeway ${leeway} ms)`);
+  if (nowMs >= exp * 1000 + leeway) throw new TokenError("token_expired", `expired at ${describeSeconds(exp)} (leeway ${leeway} ms)`);
+  if (nbf !== undefined && nowMs < nbf * 1000 - leeway) throw new TokenError("token_not_yet_valid", `not before ${describeSeconds(nbf)} (leeway ${leeway} ms)`);
   if (iat !== undefined && nowMs < iat * 1000 - leeway) throw new TokenError("token_not_yet_valid", `issued in the future (leeway ${leeway} ms)`);
 
   const jtiProblem = idProblem("jti", claims.jti) ?? idProblem("sub", claims.sub);
