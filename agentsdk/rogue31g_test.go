@@ -70,3 +70,62 @@ func TestRogue31GAnAbandonedCheckOfAForgedKidDoesNotSpendTheKeySetFetch(t *testi
 		t.Fatalf("an honest token signed by the key rotated in, after the rogue's abandoned check: %v", err)
 	}
 }
+
+// A rogue mints itself a distinct token every second (RefreshToken; the
+// same second gives the same token) and presents each once to a tool
+// server: the verifier cached every one until the cache was full, each
+// entry up to a token's 8 KiB with its claims, and every other caller's
+// token, no longer cached, paid its signature check on every call. One
+// holder now keeps at most MaxCachedTokensPerHolder entries, its next
+// replacing its oldest.
+func TestRogue31GARogueMintingTokensCannotFillTheVerifiersCache(t *testing.T) {
+	ctx := context.Background()
+	clk := clock.NewManual(t0.Add(time.Minute))
+	ring := newRing(t)
+	keys := newKeyServer(t, ring)
+	v, err := NewVerifier(VerifierConfig{Conn: Dial(keys.url, "", WithHTTPClient(keys.client)), Clock: clk, CacheSize: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.jwks.refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	apply(t, v, &tetherv1.WatchRevocationsResponse{})
+	_, rogue := grantLine(t, "g_root", "g_rogue")
+	for i := range 40 {
+		if _, err := v.Verify(ctx, mint(t, ring, rogue, t0.Add(time.Duration(i)*time.Second))); err != nil {
+			t.Fatalf("the rogue's token %d: %v", i, err)
+		}
+	}
+	if n := v.cacheLen.Load(); n != MaxCachedTokensPerHolder {
+		t.Fatalf("%d cache entries of one holder, want %d", n, MaxCachedTokensPerHolder)
+	}
+	honest, err := capability.Delegate(rogue, capability.DelegateRequest{GrantID: "g_honest", Issuer: "agent:n_child", HolderNodeID: "n_honest", Scopes: []string{"tool:shell"}}, []string{"n_root", "n_child"}, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := mint(t, ring, honest, t0)
+	if _, err := v.Verify(ctx, token); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := v.cache.Load(token); !ok {
+		t.Fatal("an honest caller's token is not cached after the rogue's")
+	}
+	// The newest of the rogue's are the ones kept, and expiry still drops
+	// an entry (and its place in the holder's list).
+	last := mint(t, ring, rogue, t0.Add(39*time.Second))
+	if _, ok := v.cache.Load(last); !ok {
+		t.Fatal("the rogue's newest token is not the one cached")
+	}
+	clk.Set(t0.Add(39*time.Second + capability.DefaultTokenTTL))
+	apply(t, v, &tetherv1.WatchRevocationsResponse{})
+	if _, err := v.Verify(ctx, last); !errors.Is(err, capability.ErrTokenExpired) {
+		t.Fatalf("an expired cached token: %v", err)
+	}
+	v.cacheMu.Lock()
+	held := len(v.byHolder["n_child"])
+	v.cacheMu.Unlock()
+	if held != MaxCachedTokensPerHolder-1 {
+		t.Fatalf("the holder lists %d cached tokens after one expired, want %d", held, MaxCachedTokensPerHolder-1)
+	}
+}
