@@ -53,8 +53,14 @@ func (c *jwksCache) keys() *capability.KeyRing { return c.ring.Load() }
 // is nothing new to try: if another caller replaced the ring meanwhile (a
 // concurrent miss fetched it), that ring is returned without a fetch;
 // otherwise the key set is fetched unless an on-demand fetch was made less
-// than minInterval ago.
+// than minInterval ago. The fetch does not follow ctx's cancellation (it is
+// bounded by the fetch timeout alone): it spends the interval for every
+// caller, and a rogue's check on a request it had already abandoned (a
+// made-up kid, a cancelled context) spent it on a fetch that failed at
+// once, so tokens of a key rotated in were refused as unknown until the
+// scheduled refetch.
 func (c *jwksCache) refreshAfterMiss(ctx context.Context, seen *capability.KeyRing) (*capability.KeyRing, error) {
+	ctx = context.WithoutCancel(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if current := c.ring.Load(); current != seen {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,16 @@ const (
 	maintenanceEvery = 30 * time.Second
 	maxBackoff       = 5 * time.Second
 )
+
+// MaxCachedTokensPerHolder bounds the verified tokens a Verifier caches of
+// one holder node (a token's sub), its next replacing its oldest: a node
+// uses one token per grant it holds, refreshed every few minutes. A rogue
+// minting itself a distinct token every second (RefreshToken) and
+// presenting each once filled the whole cache (CacheSize) with its own,
+// each entry up to a token's 8 KiB and its claims, so that every other
+// caller's token paid its signature check again on every call. The
+// control plane's cache of credentials holds as many of one principal's.
+const MaxCachedTokensPerHolder = 4
 
 // ErrScopeNotGranted is returned by Authorize when a valid, unrevoked token
 // does not carry the scope the call needs.
@@ -103,6 +114,10 @@ type Verifier struct {
 
 	cache    sync.Map // token → *capability.Claims
 	cacheLen atomic.Int64
+	// cacheMu serializes the cache's writes; byHolder lists each holder's
+	// cached tokens, oldest first.
+	cacheMu  sync.Mutex
+	byHolder map[string][]string
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -151,6 +166,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval, cfg.JWKSFetchTimeout),
 		tombstones: &capability.TombstoneSet{},
 		ready:      make(chan struct{}),
+		byHolder:   map[string][]string{},
 	}
 	revised := make(chan struct{})
 	ver.revised.Store(&revised)
@@ -239,9 +255,7 @@ func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*ca
 			if now.Before(c.ExpiresAt) {
 				return c, nil
 			}
-			if _, loaded := v.cache.LoadAndDelete(token); loaded {
-				v.cacheLen.Add(-1)
-			}
+			v.forget(token)
 			return nil, fmt.Errorf("%w: token for grant %s expired at %s", capability.ErrTokenExpired, c.GrantID, c.ExpiresAt.UTC().Format(time.RFC3339))
 		}
 	}
@@ -260,12 +274,56 @@ func (v *Verifier) claims(ctx context.Context, token string, now time.Time) (*ca
 		return nil, err
 	}
 	c := &claims
-	if v.cfg.CacheSize > 0 && v.cacheLen.Load() < int64(v.cfg.CacheSize) {
-		if _, loaded := v.cache.LoadOrStore(token, c); !loaded {
-			v.cacheLen.Add(1)
-		}
+	if v.cfg.CacheSize > 0 {
+		v.remember(token, c)
 	}
 	return c, nil
+}
+
+// remember caches a verified token's claims while the cache has room, at
+// most MaxCachedTokensPerHolder of one holder's: its next replaces its
+// oldest.
+func (v *Verifier) remember(token string, c *capability.Claims) {
+	v.cacheMu.Lock()
+	defer v.cacheMu.Unlock()
+	if _, ok := v.cache.Load(token); ok {
+		return
+	}
+	held := v.byHolder[c.HolderNodeID]
+	if len(held) >= MaxCachedTokensPerHolder {
+		v.forgetLocked(held[0])
+		held = v.byHolder[c.HolderNodeID]
+	} else if v.cacheLen.Load() >= int64(v.cfg.CacheSize) {
+		return
+	}
+	v.cache.Store(token, c)
+	v.cacheLen.Add(1)
+	v.byHolder[c.HolderNodeID] = append(held, token)
+}
+
+// forget drops token from the cache.
+func (v *Verifier) forget(token string) {
+	v.cacheMu.Lock()
+	defer v.cacheMu.Unlock()
+	v.forgetLocked(token)
+}
+
+func (v *Verifier) forgetLocked(token string) {
+	cached, ok := v.cache.LoadAndDelete(token)
+	if !ok {
+		return
+	}
+	v.cacheLen.Add(-1)
+	holder := cached.(*capability.Claims).HolderNodeID
+	held := v.byHolder[holder]
+	if i := slices.Index(held, token); i >= 0 {
+		held = slices.Delete(held, i, i+1)
+	}
+	if len(held) == 0 {
+		delete(v.byHolder, holder)
+	} else {
+		v.byHolder[holder] = held
+	}
 }
 
 // Ready is closed once the first feed message has been applied: from then
@@ -389,9 +447,7 @@ func (v *Verifier) maintain(ctx context.Context) {
 		v.tombstones.Prune(now)
 		v.cache.Range(func(token, c any) bool {
 			if !now.Before(c.(*capability.Claims).ExpiresAt) {
-				if _, loaded := v.cache.LoadAndDelete(token); loaded {
-					v.cacheLen.Add(-1)
-				}
+				v.forget(token.(string))
 			}
 			return true
 		})

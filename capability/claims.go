@@ -35,13 +35,22 @@ type receivedClaims struct {
 	Scopes    []string         `json:"scopes"`
 }
 
+// maxNumericDateSeconds bounds the seconds of a time claim (2^53, past
+// which a float64 no longer counts every second): a time beyond it is read
+// as the bound. time.Unix of seconds near 2^63 overflows the time's
+// internal count, and an nbf of the float just below 2^63 seconds read as
+// the distant past: a token not valid before the year 292 billion was
+// accepted, where the TypeScript and Python verifiers refuse it.
+const maxNumericDateSeconds = 1 << 53
+
 // numericDate converts JSON seconds as jwt.NumericDate.UnmarshalJSON
-// does: whole and fractional seconds, truncated to jwt.TimePrecision.
+// does: whole and fractional seconds, truncated to jwt.TimePrecision,
+// within ±maxNumericDateSeconds.
 func numericDate(seconds *float64) *jwt.NumericDate {
 	if seconds == nil {
 		return nil
 	}
-	whole, frac := math.Modf(*seconds)
+	whole, frac := math.Modf(min(max(*seconds, -maxNumericDateSeconds), maxNumericDateSeconds))
 	return jwt.NewNumericDate(time.Unix(int64(whole), int64(frac*1e9)))
 }
 

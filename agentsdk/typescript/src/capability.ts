@@ -112,17 +112,32 @@ function parseObject(bytes: Buffer, what: string): Record<string, unknown> {
   return value as Record<string, unknown>;
 }
 
+/**
+ * A time claim in whole seconds, rounded down, as the control plane reads
+ * it (golang-jwt's NumericDate, to the second): a fractional exp was
+ * accepted up to a second after the control plane's expiry.
+ */
 function numeric(claims: Record<string, unknown>, name: string): number | undefined {
   const v = claims[name];
   if (v === undefined) return undefined;
   if (typeof v !== "number" || !Number.isFinite(v)) throw new TokenError("token_claims", `${name} has the wrong type`);
-  return v;
+  return Math.floor(v);
 }
 
 function stringList(claims: Record<string, unknown>, name: string): string[] {
   const v = claims[name] ?? [];
   if (!Array.isArray(v) || v.some((s) => typeof s !== "string")) throw new TokenError("token_claims", `${name} must be a list of strings`);
   return v as string[];
+}
+
+/**
+ * A time claim for an error: its date, or its seconds when no Date holds
+ * it (toISOString threw a RangeError, not a TokenError, for an nbf of
+ * 2^63 seconds).
+ */
+function describeSeconds(seconds: number): string {
+  const date = new Date(seconds * 1000);
+  return Number.isNaN(date.getTime()) ? `${seconds} s since the epoch` : date.toISOString();
 }
 
 /** Options for {@link verifyToken}. */
@@ -165,13 +180,16 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
   if (claims.iss !== issuer) throw new TokenError("token_issuer", "iss is not the expected issuer");
   const aud = typeof claims.aud === "string" ? [claims.aud] : claims.aud;
   if (!Array.isArray(aud) || aud.length === 0) throw new TokenError("token_audience", "aud is missing");
+  // As golang-jwt's ClaimStrings: a list holding anything but strings is
+  // malformed, whatever else it names.
+  if (aud.some((a) => typeof a !== "string")) throw new TokenError("token_audience", "aud holds something other than strings");
   if (!aud.includes(audience)) throw new TokenError("token_audience", "aud does not include the expected audience");
   const exp = numeric(claims, "exp");
   const nbf = numeric(claims, "nbf");
   const iat = numeric(claims, "iat");
   if (exp === undefined) throw new TokenError("token_claims", "exp is required");
-  if (nowMs >= exp * 1000 + leeway) throw new TokenError("token_expired", `expired at ${new Date(exp * 1000).toISOString()} (leeway ${leeway} ms)`);
-  if (nbf !== undefined && nowMs < nbf * 1000 - leeway) throw new TokenError("token_not_yet_valid", `not before ${new Date(nbf * 1000).toISOString()} (leeway ${leeway} ms)`);
+  if (nowMs >= exp * 1000 + leeway) throw new TokenError("token_expired", `expired at ${describeSeconds(exp)} (leeway ${leeway} ms)`);
+  if (nbf !== undefined && nowMs < nbf * 1000 - leeway) throw new TokenError("token_not_yet_valid", `not before ${describeSeconds(nbf)} (leeway ${leeway} ms)`);
   if (iat !== undefined && nowMs < iat * 1000 - leeway) throw new TokenError("token_not_yet_valid", `issued in the future (leeway ${leeway} ms)`);
 
   const jtiProblem = idProblem("jti", claims.jti) ?? idProblem("sub", claims.sub);

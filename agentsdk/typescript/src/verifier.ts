@@ -15,6 +15,16 @@ const jwksRefreshEveryMs = 5 * 60_000;
 const maintenanceEveryMs = 30_000;
 const maxBackoffMs = 5_000;
 
+/**
+ * Bounds the verified tokens a Verifier caches of one holder node (a
+ * token's sub), its next replacing its oldest: a node uses one token per
+ * grant it holds, refreshed every few minutes. A rogue minting itself a
+ * distinct token every second and presenting each once filled the whole
+ * cache with its own, and every other caller's token paid its signature
+ * check on every call. The Go verifier holds as many.
+ */
+export const MaxCachedTokensPerHolder = 4;
+
 /** Tells a Verifier the time in ms since the epoch. Tests inject a manual clock. */
 export interface Clock {
   now(): number;
@@ -89,6 +99,8 @@ export class Verifier {
   #head = 0n;
   #syncedAt?: number;
   #cache = new Map<string, Claims>();
+  /** Each holder's cached tokens, oldest first. */
+  #byHolder = new Map<string, string[]>();
   #ready: Promise<void>;
   #markReady!: () => void;
   #waiters: { sequence: bigint; resolve: () => void }[] = [];
@@ -159,7 +171,7 @@ export class Verifier {
     const cached = this.#cache.get(token);
     if (cached) {
       if (now < cached.expiresAt.getTime()) return cached;
-      this.#cache.delete(token);
+      this.#forget(token);
       throw new TokenError("token_expired", `token for grant ${cached.grantId} expired at ${cached.expiresAt.toISOString()}`);
     }
     const options = { issuer: this.#issuer, leewayMs: this.#leeway };
@@ -173,8 +185,35 @@ export class Verifier {
       await this.#refreshAfterMiss(now);
       claims = verifyToken(token, (kid) => this.#keys.get(kid), now, options);
     }
-    if (this.#cacheSize > 0 && this.#cache.size < this.#cacheSize) this.#cache.set(token, claims);
+    if (this.#cacheSize > 0) this.#remember(token, claims);
     return claims;
+  }
+
+  /** Caches a verified token while there is room, at most MaxCachedTokensPerHolder of one holder's. */
+  #remember(token: string, claims: Claims): void {
+    if (this.#cache.has(token)) return;
+    const held = this.#byHolder.get(claims.holderNodeId) ?? [];
+    if (held.length >= MaxCachedTokensPerHolder) {
+      this.#forget(held[0]);
+    } else if (this.#cache.size >= this.#cacheSize) {
+      return;
+    }
+    this.#cache.set(token, claims);
+    this.#byHolder.set(claims.holderNodeId, [...(this.#byHolder.get(claims.holderNodeId) ?? []), token]);
+  }
+
+  #forget(token: string): void {
+    const cached = this.#cache.get(token);
+    if (!cached) return;
+    this.#cache.delete(token);
+    const held = (this.#byHolder.get(cached.holderNodeId) ?? []).filter((t) => t !== token);
+    if (held.length === 0) this.#byHolder.delete(cached.holderNodeId);
+    else this.#byHolder.set(cached.holderNodeId, held);
+  }
+
+  /** How many verified tokens are cached, in all and of holder (for tests). */
+  cached(holder?: string): number {
+    return holder === undefined ? this.#cache.size : (this.#byHolder.get(holder)?.length ?? 0);
   }
 
   async #refreshAfterMiss(now: number): Promise<void> {
@@ -305,7 +344,7 @@ export class Verifier {
   #maintain(): void {
     const now = this.#clock.now();
     for (const [id, t] of this.#tombstones) if (now > t.dropAfterMs) this.#tombstones.delete(id);
-    for (const [token, c] of this.#cache) if (now >= c.expiresAt.getTime()) this.#cache.delete(token);
+    for (const [token, c] of this.#cache) if (now >= c.expiresAt.getTime()) this.#forget(token);
   }
 }
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -126,10 +127,34 @@ def _b64(part: str) -> bytes:
 
 
 def _number(claims: dict, name: str) -> float:
+    """A time claim in whole seconds, rounded down, as the control plane
+    reads it (golang-jwt's NumericDate, to the second): a fractional exp
+    was accepted up to a second after the control plane's expiry. An
+    integer past any float is refused, as Go refuses it, not an
+    OverflowError out of the gate or tool server."""
     v = claims.get(name)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TokenInvalid(f"token claims: {name} is required")
-    return float(v)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise TokenInvalid(f"token claims: {name} is out of range") from None
+    if not math.isfinite(f):
+        raise TokenInvalid(f"token claims: {name} is out of range")
+    return float(math.floor(f))
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _json(raw: bytes) -> Any:
+    """Parses a token segment as Go's encoding/json and JavaScript's
+    JSON.parse do: UTF-8 (an invalid byte read as U+FFFD), no byte-order
+    mark, no NaN or Infinity. json.loads of bytes also took UTF-16 and
+    UTF-32, and a UTF-8 byte-order mark, and json.loads takes NaN and
+    Infinity: tokens the control plane's check refuses."""
+    return json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant)
 
 
 def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now: float, leeway: float) -> Claims:
@@ -150,7 +175,7 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
     # (a few thousand brackets fit the size limit) is a malformed token,
     # not an exception of another kind out of the gate or tool server.
     try:
-        header = json.loads(_b64(parts[0]))
+        header = _json(_b64(parts[0]))
         payload = _b64(parts[1])
         signature = _b64(parts[2])
     except (ValueError, RecursionError):
@@ -172,7 +197,7 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
     except InvalidSignature:
         raise TokenInvalid("token signature invalid") from None
     try:
-        claims = json.loads(payload)
+        claims = _json(payload)
     except (ValueError, RecursionError):
         raise TokenInvalid("token malformed: not a well-formed JWT") from None
     if not isinstance(claims, dict):
@@ -181,6 +206,10 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
         raise TokenInvalid("token issuer invalid")
     aud = claims.get("aud")
     auds = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
+    if not all(isinstance(a, str) for a in auds):
+        # As golang-jwt's ClaimStrings: a list holding anything but strings
+        # is malformed, whatever else it names.
+        raise TokenInvalid("token audience invalid: aud holds something other than strings")
     if AUDIENCE not in auds:
         raise TokenInvalid("token audience invalid: not a capability token")
     exp, nbf, iat = _number(claims, "exp"), _number(claims, "nbf"), _number(claims, "iat")
