@@ -1656,10 +1656,11 @@ type childrenRead struct {
 	last  bool
 }
 
-// aliveChild returns a child of n that the control plane sees alive, for
-// a member whose bare claim would be corroborated: from the children
-// read apart, else from the chunk's nodes (on the last round), else it
-// notes n as needing its children read and returns nil.
+// aliveChild returns a descendant of n that the control plane sees
+// alive, for a member whose bare claim would be corroborated: from the
+// descendants read apart (childrenAlive), else from the chunk's nodes (on
+// the last round), else it notes n as needing its descendants read and
+// returns nil.
 func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node) *tree.Node {
 	if !n.Holds.May(tree.HoldsChildren) {
 		return nil
@@ -1672,7 +1673,7 @@ func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node) *tr
 		return nil
 	}
 	for _, m := range nodes {
-		if m.ParentNodeID == n.NodeID {
+		if slices.Contains(m.Ancestors, n.NodeID) {
 			if _, _, ok := tree.ChildAlive([]*tree.Node{m}); ok {
 				return m
 			}
@@ -2085,45 +2086,56 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	return part, unaccounted, nil
 }
 
-// childrenAlive reads the children of parents (members whose bare claim
-// of their exit the control plane would corroborate), each up to the
+// childrenAlive reads the descendants of parents (members whose bare
+// claim of their exit the control plane would corroborate), each up to the
 // first the control plane sees alive now (tree.ChildAlive), into c: a
-// member was issued each child's credential at its spawn, and its bare
-// claim is not corroborated while one is at work (tree.JudgeExitBeside).
-// In a read of its own, not the record's transaction: a member may have
-// up to tree.Limits.MaxChildren children, each read a comparison at that
-// transaction's commit on etcd, which a rogue parent with many children
-// would take past the store's bound, its stop never recorded. A child
-// whose session or stream ends between the two still weighs against its
-// parent, the safe way.
+// member was issued each child's credential at its spawn, and with it may
+// spawn below the child and take each grandchild's credential (the Spawn's
+// answer), and so on down; its bare claim is not corroborated while one is
+// at work (tree.JudgeExitBeside). Until the thirty-first pass only the
+// children were read, and a rogue that lived on as its grandchild read
+// confirmed. In a read of its own, not the record's transaction: a member
+// may have up to tree.Limits.MaxChildren children, each read a comparison
+// at that transaction's commit on etcd, which a rogue parent with many
+// children would take past the store's bound, its stop never recorded. A
+// descendant whose session or stream ends between the two still weighs
+// against its ancestors, the safe way.
 func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *childrenRead) error {
 	found := map[string]*tree.Node{}
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		clear(found)
+		below := map[string]*tree.Node{}
 		for _, m := range parents {
-			child, err := aliveChildIn(tx, m)
+			d, err := aliveBelowIn(tx, m, below)
 			if err != nil {
 				return err
 			}
-			found[m] = child
+			found[m] = d
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for m, child := range found {
+	for m, d := range found {
 		c.read[m] = true
-		if child != nil {
-			c.alive[m] = child
+		if d != nil {
+			c.alive[m] = d
 		}
 	}
 	return nil
 }
 
-// aliveChildIn reads parent's children, a page at a time, up to the first
-// the control plane sees alive (tree.ChildAlive), and returns it, or nil.
-func aliveChildIn(tx store.ReadTxn, parent string) (*tree.Node, error) {
+// aliveBelowIn reads parent's descendants, children first, a page of
+// children at a time, up to the first the control plane sees alive
+// (tree.ChildAlive), and returns it, or nil. below keeps what it found for
+// each node it walked (nil: nothing alive below), so that a walk reads a
+// node's subtree once however many of its ancestors ask. A node that never
+// held a child (tree.HoldsChildren) is not scanned for children.
+func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]*tree.Node) (*tree.Node, error) {
+	if d, ok := below[parent]; ok {
+		return d, nil
+	}
 	prefix := tree.ChildPrefix(parent)
 	var ids []string
 	if err := tx.Scan(prefix, nil, func(k, _ []byte) error {
@@ -2133,6 +2145,7 @@ func aliveChildIn(tx store.ReadTxn, parent string) (*tree.Node, error) {
 		return nil, err
 	}
 	const page = 1024
+	var parents []string
 	for start := 0; start < len(ids); start += page {
 		batch := ids[start:min(start+page, len(ids))]
 		if err := store.Prefetch(tx, store.KeysOf(batch, tree.NodeKey), nil); err != nil {
@@ -2147,10 +2160,25 @@ func aliveChildIn(tx store.ReadTxn, parent string) (*tree.Node, error) {
 				return nil, err
 			}
 			if _, _, ok := tree.ChildAlive([]*tree.Node{c}); ok {
+				below[parent] = c
 				return c, nil
+			}
+			if c.Holds.May(tree.HoldsChildren) {
+				parents = append(parents, id)
 			}
 		}
 	}
+	for _, id := range parents {
+		d, err := aliveBelowIn(tx, id, below)
+		if err != nil {
+			return nil, err
+		}
+		if d != nil {
+			below[parent] = d
+			return d, nil
+		}
+	}
+	below[parent] = nil
 	return nil, nil
 }
 

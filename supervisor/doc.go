@@ -45,8 +45,9 @@
 // mark) or included (it serialized before, and the mark's subtree walk
 // sees it). The record weighs each node's exit with tree.JudgeExitBeside: a
 // confirmation counts only when the control plane's own evidence agrees,
-// and a bare claim only while no child of the node (whose credential it
-// was issued) has a session or stream open.
+// and a bare claim only while no descendant of the node (a child, whose
+// credential it was issued, or one spawned below with such a credential)
+// has a session or stream open.
 //
 // Callers' duties:
 //   - Run the reconciler (Supervisor.Run) and the record outbox

@@ -487,14 +487,17 @@ func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
 	return nil, OpenSession{}, false
 }
 
-// JudgeExitBeside is JudgeExit with the node's children as read now: the
-// node was issued each child's credential at its spawn (the Spawn's
-// answer), so what the control plane sees of a child's credential may be
-// the node at work under it. A bare claim of the node's exit (no
-// attestation) is not corroborated while a child has a session or a
+// JudgeExitBeside is JudgeExit with the node's descendants as read now
+// (children: those read, a child or a deeper descendant): the node was
+// issued each child's credential at its spawn (the Spawn's answer), and
+// with it may spawn below and take each grandchild's, so what the control
+// plane sees of a descendant's credential may be the node at work under
+// it. A bare claim of the node's exit (no
+// attestation) is not corroborated while a descendant has a session or a
 // stream open (ChildAlive): a rogue parent that ended its session, claimed
 // its exit and lived on through its child's revocation feed read confirmed
-// by the control plane, the life put on its child alone (thirtieth pass).
+// by the control plane, the life put on its child alone (thirtieth pass);
+// one that lived on as its grandchild, until the thirty-first.
 // Not settled: the child's end may come before the record.
 func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, children []*Node) ExitVerdict {
 	var v ExitVerdict
@@ -532,8 +535,8 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
-	case childAlive(children) != "":
-		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + childAlive(children)
+	case childAlive(n, children) != "":
+		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + childAlive(n, children)
 	case SeenAfterSessionEnd(n):
 		// A session's end witnesses the process's only when it was the
 		// last the control plane saw of the node: a node that heartbeat
@@ -562,9 +565,9 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 	return v
 }
 
-// childAlive words why a bare claim is not corroborated by the children
-// (ChildAlive), or is empty.
-func childAlive(children []*Node) string {
+// childAlive words why a bare claim of n's exit is not corroborated by
+// its descendants (ChildAlive), or is empty.
+func childAlive(n *Node, children []*Node) string {
 	c, s, ok := ChildAlive(children)
 	if !ok {
 		return ""
@@ -572,6 +575,10 @@ func childAlive(children []*Node) string {
 	what := "a session"
 	if IsStream(s) {
 		what = "a stream (its revocation feed or a termination watch)"
+	}
+	if c.ParentNodeID != n.NodeID {
+		return fmt.Sprintf("%s of its descendant %s (spawned under %s), open since %s, is still open, with a credential this node may hold: it was issued its child's credential at that child's spawn, and with it may spawn below and take each credential the spawn issues; the control plane cannot tell the descendant's activity from this node's",
+			what, c.NodeID, c.ParentNodeID, s.OpenedAt.UTC().Format(time.RFC3339))
 	}
 	return fmt.Sprintf("%s of its child %s, open since %s, is still open, with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
 		what, c.NodeID, s.OpenedAt.UTC().Format(time.RFC3339))
