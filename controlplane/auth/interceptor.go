@@ -124,8 +124,11 @@ type Interceptor struct {
 	// sourceOf), the requests that carry no valid credential (nil:
 	// unlimited): a token that does not verify, and one that does but is
 	// dead (revoked, or an agent's whose node is terminated, unknown or
-	// exited). An address past it is refused before its next credential
-	// is verified, and before a dead one's node is read again.
+	// exited). A credential to verify, or a dead one's node to read, is
+	// paid for before the work (a verified one given its payment back), so
+	// an address past it is refused before its next credential is
+	// verified, and before a dead one's node is read again, however many
+	// it sends at once.
 	Anonymous *RateLimiter
 	// MaxStreams bounds the streams one principal holds open at once
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
@@ -226,23 +229,54 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	now := i.Now()
 	token, err := bearer(header)
 	var p Principal
+	// paid: the request was charged to its address's budget before its
+	// credential was verified, or a dead one's node read (prepayAnonymous);
+	// charged: its refusal is the address's to pay. A request paid for
+	// and not refused so is given its payment back (a credential that
+	// verified, a dead one whose read failed): what it costs is its
+	// caller's, or nobody's.
+	paid, charged := false, false
+	defer func() {
+		if paid && !charged {
+			i.Anonymous.give(sourceBudget(peer), 1)
+		}
+	}()
+	anonymous := func(refusal error) error {
+		if paid {
+			charged = true
+			return refusal
+		}
+		return i.chargeAnonymous(peer, refusal)
+	}
 	if err == nil {
 		var cached, dead bool
 		if p, cached, dead = i.Cache.lookup(i.Issuer, token, now); !cached || dead {
 			// A source that keeps failing is refused before the next
 			// verification, or the next read a dead credential would
 			// cost: a flood of bad tokens, or of a dead node's, costs a
-			// map lookup each.
-			if err := i.anonymousExhausted(peer); err != nil {
+			// map lookup each. The request pays before the work, not
+			// after it: else every request arriving while others were
+			// being verified found the budget unspent, and was verified
+			// too, however many were in flight at once.
+			if paid, err = i.prepayAnonymous(peer); err != nil {
 				return ctx, err
 			}
 		}
 		if !cached {
 			p, err = i.Cache.verify(i.Issuer, token, now)
+			if err == nil && paid {
+				// It verified: its payment is given back at once, so that
+				// the honest callers of one address verifying at once (a
+				// host's agents reconnecting) hold the budget only as
+				// long as a verification. Found dead below, it is charged
+				// then, as before.
+				i.Anonymous.give(sourceBudget(peer), 1)
+				paid = false
+			}
 		}
 	}
 	if err != nil {
-		return ctx, i.chargeAnonymous(peer, connect.NewError(connect.CodeUnauthenticated, err))
+		return ctx, anonymous(connect.NewError(connect.CodeUnauthenticated, err))
 	}
 	// A credential that verifies but is dead (a revoked token, a
 	// terminated, unknown or exited node's) has no principal whose budget
@@ -251,7 +285,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	// is spent it is refused before its node is read again.
 	dead := func(refusal error) error {
 		i.Cache.markDead(token)
-		return i.chargeAnonymous(peer, refusal)
+		return anonymous(refusal)
 	}
 	if i.Revoked != nil && p.TokenID != "" {
 		revoked, err := i.Revoked(ctx, p.TokenID)
@@ -288,7 +322,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 					return ctx, err
 				}
 			case ctx.Err() != nil:
-				return ctx, i.chargeAnonymous(peer, refusal)
+				return ctx, anonymous(refusal)
 			}
 			return ctx, refusal
 		}
@@ -471,18 +505,20 @@ func rateLimited(who string, wait time.Duration) error {
 
 func sourceBudget(peer string) string { return "addr:" + sourceOf(peer) }
 
-// anonymousExhausted refuses, charging nothing, a request from peer once
-// its address's budget for requests without a valid credential is spent
-// (Anonymous); nil when it is not, or when peer is unknown ("": the
-// request did not come through the Gate).
-func (i *Interceptor) anonymousExhausted(peer string) error {
-	if peer == "" {
-		return nil
+// prepayAnonymous charges a request from peer to its address's budget
+// for requests without a valid credential (Anonymous) before its
+// credential is verified, or a dead one's node read, and reports whether
+// it did; once the budget is spent it refuses the request, charging
+// nothing. Nothing is charged when peer is unknown ("": the request did
+// not come through the Gate) or there is no budget.
+func (i *Interceptor) prepayAnonymous(peer string) (bool, error) {
+	if peer == "" || i.Anonymous == nil || i.Anonymous.Rate <= 0 {
+		return false, nil
 	}
-	if limited, wait := i.Anonymous.Exhausted(sourceBudget(peer)); limited {
-		return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
+		return false, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
 	}
-	return nil
+	return true, nil
 }
 
 // chargeAnonymous charges the refusal of a request without a valid
