@@ -608,6 +608,15 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			if method != "tools/call" {
 				// The node served (reportSeen); over HTTP holdCalls does it.
 				g.noteSeen(ctx, token)
+			} else {
+				// A call answered unbegun is the node served too (callMark).
+				mark := &callMark{}
+				ctx = context.WithValue(ctx, callMarkKey{}, mark)
+				defer func() {
+					if mark.tell() {
+						g.noteSeen(ctx, token)
+					}
+				}()
 			}
 		}
 		switch method {
@@ -685,11 +694,15 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 	// Offline first: a refused call costs no round trip and reaches
 	// neither the ledger nor the upstream.
+	mark := markOf(ctx, req)
 	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
 	if err != nil {
 		g.noteRefused(ctx, token, err)
-		if !errors.Is(err, capability.ErrGrantRevoked) {
-			// Refused offline, never begun: the node served all the same.
+		if errors.Is(err, capability.ErrGrantRevoked) {
+			mark.tell() // the refusal's report
+		} else if mark == nil {
+			// Refused offline, never begun: the node served all the same
+			// (a call with a mark is reported as it is answered).
 			g.noteSeen(ctx, token)
 		}
 		return nil, verifierRefusal(err)
@@ -794,6 +807,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// left unanswered.
 	answered := make(chan upstreamAnswer, 1)
 	finished := make(chan error, 1)
+	mark.tell() // the call's begin tells the control plane
 	g.reports.Add(1)
 	go func() {
 		defer g.reports.Done()

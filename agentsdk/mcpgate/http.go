@@ -629,6 +629,18 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		defer hold.leave()
 		defer close(hold.ended)
 		info.Extra[heldKey] = hold
+		if req.Method == "tools/call" {
+			// A call answered without being begun (a tool the gateway does
+			// not have, parameters refused, by the gateway or by the SDK
+			// before it) is the node served, reported before its answer.
+			mark := &callMark{}
+			info.Extra[markKey] = mark
+			w = &reportFirst{ResponseWriter: w, before: func() {
+				if mark.tell() {
+					g.reportSeen(r.Context(), token, node)
+				}
+			}}
+		}
 		next.ServeHTTP(w, r)
 	})
 }
