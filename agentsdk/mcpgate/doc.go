@@ -39,7 +39,8 @@
 // live grant without a tool call (ping, initialize, tools/list,
 // notifications, a GET stream or DELETE, a stdio batch, a tools/call
 // answered without being begun: refused offline, a tool it does not
-// have, parameters refused) is reported likewise before it is served, a BeginCall of
+// have, parameters refused; over stdio any request the MCP SDK answers
+// before the gateway's handler) is reported likewise before it is served, a BeginCall of
 // SeenReportTool that the control plane begins nothing for and keeps as
 // the node's credential at work (the gateway learns revocations, not
 // claims: a rogue that claimed its exit and pinged on was unseen); a

@@ -601,22 +601,17 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if st := g.stdioOf(req); st != nil {
 			token, err := g.stdioRevoked(ctx)
 			if err != nil {
+				st.conn.mark(req).tell() // the refusal's report
 				g.noteRefused(ctx, token, err)
 				g.endStdio(st, err)
 				return nil, verifierRefusal(err)
 			}
 			if method != "tools/call" {
 				// The node served (reportSeen); over HTTP holdCalls does it.
+				// (A call answered unbegun is reported as its answer is
+				// written: stdioConn.)
+				st.conn.mark(req).tell()
 				g.noteSeen(ctx, token)
-			} else {
-				// A call answered unbegun is the node served too (callMark).
-				mark := &callMark{}
-				ctx = context.WithValue(ctx, callMarkKey{}, mark)
-				defer func() {
-					if mark.tell() {
-						g.noteSeen(ctx, token)
-					}
-				}()
 			}
 		}
 		switch method {
@@ -694,7 +689,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 	// Offline first: a refused call costs no round trip and reaches
 	// neither the ledger nor the upstream.
-	mark := markOf(ctx, req)
+	mark := g.markOf(req)
 	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
 	if err != nil {
 		g.noteRefused(ctx, token, err)

@@ -198,3 +198,33 @@ func TestRogue31AToolCallAnsweredUnbegunAfterItsClaimIsLifeAfterIt(t *testing.T)
 		})
 	}
 }
+
+// Over stdio, a request the MCP SDK answers before the gateway's handler
+// sees it (a method it does not know, parameters it cannot read, a
+// listing before the session's initialize) is the node served as much as
+// a ping is: a rogue behind `tether mcp wrap` that claimed its exit and
+// went on sending such requests was answered, unseen (over HTTP the
+// gateway reports every request but a tool call before the SDK reads it).
+// Each is now reported before its answer is written. (Fails if the record
+// reads the rogue's exit confirmed.)
+func TestRogue31AStdioRequestTheSDKRefusesAfterItsClaimIsLifeAfterIt(t *testing.T) {
+	for _, tc := range []struct{ name, line string }{
+		{"an unknown method", `{"jsonrpc":"2.0","id":1,"method":"tether/nope"}`},
+		{"a listing before initialize", `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`},
+		{"a ping with parameters the SDK cannot read", `{"jsonrpc":"2.0","id":3,"method":"ping","params":7}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rn := rogueAfterClaimOn(t, true, true, func(t *testing.T, _ *world, _ *mcp.ClientSession, a *rawStdio, _ string) error {
+				a.send(t, tc.line)
+				if got := a.read(t); !strings.Contains(got, `"error"`) {
+					return fmt.Errorf("answered %q, want an error", got)
+				}
+				return nil
+			})
+			if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(rn.UnaccountedReason, "contradicts the confirmation") {
+				t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted (contradicts the confirmation): the gateway answered the rogue after its claim, unseen",
+					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+			}
+		})
+	}
+}

@@ -239,7 +239,7 @@ func (g *Gateway) noteSeen(ctx context.Context, token string) {
 // its exit and went on calling a tool named nothing was served as often
 // as it liked, unseen. Whoever answers such a call unbegun reports the
 // node seen first (over HTTP the first write of the answer, over stdio
-// the middleware as the call returns).
+// the connection as the answer is written).
 type callMark struct{ told atomic.Bool }
 
 // tell marks the control plane told and reports whether it was not yet
@@ -250,19 +250,17 @@ func (m *callMark) tell() bool { return m != nil && m.told.CompareAndSwap(false,
 // *callMark of its tools/call (holdCalls').
 const markKey = "tether_call_mark"
 
-// callMarkKey holds a stdio tools/call's *callMark in its context
-// (the middleware's).
-type callMarkKey struct{}
-
-// markOf is req's tools/call mark, or nil.
-func markOf(ctx context.Context, req mcp.Request) *callMark {
+// markOf is req's mark (an HTTP tools/call's, or a stdio request's), or
+// nil.
+func (g *Gateway) markOf(req mcp.Request) *callMark {
 	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
-		if m, ok := extra.TokenInfo.Extra[markKey].(*callMark); ok {
-			return m
-		}
+		m, _ := extra.TokenInfo.Extra[markKey].(*callMark)
+		return m
 	}
-	m, _ := ctx.Value(callMarkKey{}).(*callMark)
-	return m
+	if st := g.stdio.Load(); st != nil {
+		return st.conn.mark(req)
+	}
+	return nil
 }
 
 // reportFirst runs before once, ahead of the first byte (or header, or
