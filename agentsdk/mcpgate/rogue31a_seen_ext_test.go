@@ -228,3 +228,25 @@ func TestRogue31AStdioRequestTheSDKRefusesAfterItsClaimIsLifeAfterIt(t *testing.
 		})
 	}
 }
+
+// A JSON-RPC batch POSTed with a live grant is the node's token at work as
+// any request is: the gateway refused it (400) before it reported the node
+// served, so a rogue that claimed its exit and went on POSTing batches was
+// answered, unseen (a stdio batch was reported). It is now reported before
+// its refusal. (Fails if the record reads the rogue's exit confirmed.)
+func TestRogue31AHTTPBatchAfterItsClaimIsLifeAfterIt(t *testing.T) {
+	rn := rogueAfterClaim(t, false, func(t *testing.T, w *world, cs *mcp.ClientSession, token string) error {
+		got, err := rawCall(w, cs, token, `[{"jsonrpc":"2.0","id":1,"method":"ping"}]`)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(got, "batches are refused") {
+			return fmt.Errorf("answered %q, want the batch refused", got)
+		}
+		return nil
+	})
+	if rn.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(rn.UnaccountedReason, "contradicts the confirmation") {
+		t.Fatalf("record: %s confirmed by %q (claimed by %q, reason %q), want unaccounted (contradicts the confirmation): the gateway refused the rogue's batch after its claim, unseen",
+			rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason)
+	}
+}
