@@ -102,19 +102,24 @@ func (c *stdioConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 			c.open = map[jsonrpc.ID]*stdioCalls{}
 			c.marks = map[string]*callMark{}
 		}
-		key := strconv.FormatUint(c.next, 10)
-		c.next++
-		c.marks[key] = &callMark{}
 		calls := c.open[req.ID]
 		if calls == nil {
 			calls = &stdioCalls{answered: make(chan struct{})}
 			c.open[req.ID] = calls
 		}
-		calls.keys = append(calls.keys, key)
-		c.mu.Unlock()
-		if req.Extra == nil {
-			req.Extra = &mcp.RequestExtra{Header: http.Header{stdioCallHeader: {key}}}
+		// A request under an id in use is dropped by the SDK, unanswered:
+		// kept, a rogue's requests under the id of its slow call stayed
+		// until that call's answer, without end.
+		if len(calls.keys) == 0 {
+			key := strconv.FormatUint(c.next, 10)
+			c.next++
+			c.marks[key] = &callMark{}
+			calls.keys = append(calls.keys, key)
+			if req.Extra == nil {
+				req.Extra = &mcp.RequestExtra{Header: http.Header{stdioCallHeader: {key}}}
+			}
 		}
+		c.mu.Unlock()
 	}
 	return msg, err
 }
@@ -138,8 +143,7 @@ func (c *stdioConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if isResp {
 		c.mu.Lock()
 		if calls = c.open[resp.ID]; calls != nil && len(calls.keys) > 0 {
-			// The request it answers: one not yet told of, if any (an id the
-			// agent used twice answers either).
+			// The request it answers (one per id: Read keeps no other).
 			i := 0
 			for j, key := range calls.keys {
 				if c.marks[key].tell() {
