@@ -37,8 +37,10 @@
 // report has landed (RefusalReportWait at the most), so that a claim of
 // exit sent on reading it cannot outrun it. A request the gateway serves a
 // live grant without a tool call (ping, initialize, tools/list,
-// notifications, a GET stream or DELETE, a stdio batch, a call refused
-// offline) is reported likewise before it is served, a BeginCall of
+// notifications, a GET stream or DELETE, a batch, a tools/call
+// answered without being begun: refused offline, a tool it does not
+// have, parameters refused; over stdio any request the MCP SDK answers
+// before the gateway's handler) is reported likewise before it is served, a BeginCall of
 // SeenReportTool that the control plane begins nothing for and keeps as
 // the node's credential at work (the gateway learns revocations, not
 // claims: a rogue that claimed its exit and pinged on was unseen); a

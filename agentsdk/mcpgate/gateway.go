@@ -601,12 +601,16 @@ func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		if st := g.stdioOf(req); st != nil {
 			token, err := g.stdioRevoked(ctx)
 			if err != nil {
+				st.conn.mark(req).tell() // the refusal's report
 				g.noteRefused(ctx, token, err)
 				g.endStdio(st, err)
 				return nil, verifierRefusal(err)
 			}
 			if method != "tools/call" {
 				// The node served (reportSeen); over HTTP holdCalls does it.
+				// (A call answered unbegun is reported as its answer is
+				// written: stdioConn.)
+				st.conn.mark(req).tell()
 				g.noteSeen(ctx, token)
 			}
 		}
@@ -685,11 +689,15 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	}
 	// Offline first: a refused call costs no round trip and reaches
 	// neither the ledger nor the upstream.
+	mark := g.markOf(req)
 	claims, err := g.cfg.Verifier.Authorize(ctx, token, r.scope)
 	if err != nil {
 		g.noteRefused(ctx, token, err)
-		if !errors.Is(err, capability.ErrGrantRevoked) {
-			// Refused offline, never begun: the node served all the same.
+		if errors.Is(err, capability.ErrGrantRevoked) {
+			mark.tell() // the refusal's report
+		} else if mark == nil {
+			// Refused offline, never begun: the node served all the same
+			// (a call with a mark is reported as it is answered).
 			g.noteSeen(ctx, token)
 		}
 		return nil, verifierRefusal(err)
@@ -794,6 +802,7 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// left unanswered.
 	answered := make(chan upstreamAnswer, 1)
 	finished := make(chan error, 1)
+	mark.tell() // the call's begin tells the control plane
 	g.reports.Add(1)
 	go func() {
 		defer g.reports.Done()

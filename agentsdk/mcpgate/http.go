@@ -413,7 +413,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(g.refuseRevoked(g.limitConns(refuseBatches(g.holdCalls(mcpHandler)))))
+	})(g.refuseRevoked(g.limitConns(g.refuseBatches(g.holdCalls(mcpHandler)))))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
@@ -483,7 +483,10 @@ func (w *stallWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // fit in one body, all run at once, their answers held in memory until the
 // last is ready; MCP has none since 2025-06-18 and no MCP SDK's client
 // sends them, but the SDK's server still takes them under 2025-03-26.
-func refuseBatches(next http.Handler) http.Handler {
+// The refusal is the node served (reportSeen), reported before it is
+// answered as any request is: a rogue that claimed its exit and went on
+// POSTing batches was answered, unseen.
+func (g *Gateway) refuseBatches(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && r.Body != nil && r.Body != http.NoBody {
 			br := bufio.NewReader(r.Body)
@@ -499,6 +502,10 @@ func refuseBatches(next http.Handler) http.Handler {
 				}
 				_ = br.UnreadByte()
 				if c == '[' {
+					if info := auth.TokenInfoFromContext(r.Context()); info != nil {
+						token, _ := info.Extra[tokenKey].(string)
+						g.reportSeen(r.Context(), token, info.UserID)
+					}
 					w.Header().Set("Content-Type", "application/json")
 					w.WriteHeader(http.StatusBadRequest)
 					_, _ = io.WriteString(w, `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"tether: JSON-RPC batches are refused: send one request per POST (MCP has no batches since 2025-06-18)"}}`+"\n")
@@ -629,6 +636,18 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		defer hold.leave()
 		defer close(hold.ended)
 		info.Extra[heldKey] = hold
+		if req.Method == "tools/call" {
+			// A call answered without being begun (a tool the gateway does
+			// not have, parameters refused, by the gateway or by the SDK
+			// before it) is the node served, reported before its answer.
+			mark := &callMark{}
+			info.Extra[markKey] = mark
+			w = &reportFirst{ResponseWriter: w, before: func() {
+				if mark.tell() {
+					g.reportSeen(r.Context(), token, node)
+				}
+			}}
+		}
 		next.ServeHTTP(w, r)
 	})
 }

@@ -3,8 +3,12 @@ package mcpgate
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/internal/clock"
 )
@@ -225,3 +229,64 @@ func (g *Gateway) noteSeen(ctx context.Context, token string) {
 	}
 	g.reportSeen(ctx, token, claims.HolderNodeID)
 }
+
+// callMark is one tools/call request's word on whether the control plane
+// has been told of it: its call begun in the ledger, its refusal reported,
+// or the node seen. A tools/call was left unreported on the ledger's
+// account, yet the gateway answers many without beginning them (a tool
+// it does not have, a progress token or parameters it refuses, the MCP
+// SDK's own refusals before the gateway's handler): a rogue that claimed
+// its exit and went on calling a tool named nothing was served as often
+// as it liked, unseen. Whoever answers such a call unbegun reports the
+// node seen first (over HTTP the first write of the answer, over stdio
+// the connection as the answer is written).
+type callMark struct{ told atomic.Bool }
+
+// tell marks the control plane told and reports whether it was not yet
+// (the caller tells it); false for no mark.
+func (m *callMark) tell() bool { return m != nil && m.told.CompareAndSwap(false, true) }
+
+// markKey holds, in an HTTP request's auth.TokenInfo.Extra, the
+// *callMark of its tools/call (holdCalls').
+const markKey = "tether_call_mark"
+
+// markOf is req's mark (an HTTP tools/call's, or a stdio request's), or
+// nil.
+func (g *Gateway) markOf(req mcp.Request) *callMark {
+	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
+		m, _ := extra.TokenInfo.Extra[markKey].(*callMark)
+		return m
+	}
+	if st := g.stdio.Load(); st != nil {
+		return st.conn.mark(req)
+	}
+	return nil
+}
+
+// reportFirst runs before once, ahead of the first byte (or header, or
+// flush) of an answer.
+type reportFirst struct {
+	http.ResponseWriter
+	once   sync.Once
+	before func()
+}
+
+func (w *reportFirst) WriteHeader(code int) {
+	w.once.Do(w.before)
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *reportFirst) Write(p []byte) (int, error) {
+	w.once.Do(w.before)
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *reportFirst) FlushError() error {
+	w.once.Do(w.before)
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *reportFirst) Flush() { _ = w.FlushError() }
+
+// Unwrap lets an http.ResponseController reach the connection.
+func (w *reportFirst) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -101,6 +101,15 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 		}
 		return string(line) + "\n", end
 	})
+	st.conn.seen = func(ctx context.Context) {
+		// An answer to a request no one told the control plane of.
+		token, err := g.stdioRevoked(ctx)
+		if err != nil {
+			g.noteRefused(ctx, token, err)
+			return
+		}
+		g.noteSeen(ctx, token)
+	}
 	defer close(st.done)
 	g.stdio.Store(st)
 	ss, err := g.server.Connect(ctx, agentStdio{Transport: &mcp.IOTransport{Reader: r, Writer: w}, conn: st.conn}, nil)

@@ -2,6 +2,9 @@ package mcpgate
 
 import (
 	"context"
+	"net/http"
+	"slices"
+	"strconv"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -61,34 +64,106 @@ func (t agentStdio) Connect(ctx context.Context) (mcp.Connection, error) {
 
 // stdioConn keeps the ids of the agent's requests not yet answered, so
 // that a session the gateway ends is closed once their answers have been
-// written (the SDK drops the answers of a closing session).
+// written (the SDK drops the answers of a closing session), and each
+// request's callMark: an answer to a request the control plane has not
+// been told of is reported (seen) before it is written. The MCP SDK
+// answers some requests before the gateway's handler sees them (a method
+// it does not know, parameters it cannot read, a request before the
+// session's initialize): unreported, a rogue behind `tether mcp wrap`
+// that claimed its exit and went on sending such requests was answered,
+// unseen. The handler finds its request's mark under the key the
+// connection gives it (RequestExtra's Header, stdioCallHeader).
 type stdioConn struct {
 	mcp.Connection
-	mu   sync.Mutex
-	open map[jsonrpc.ID]chan struct{} // closed once answered
+	// seen reports the agent served (ServeStdio's), before an answer is
+	// written to a request no one told the control plane of.
+	seen  func(context.Context)
+	mu    sync.Mutex
+	open  map[jsonrpc.ID]*stdioCalls
+	marks map[string]*callMark // by key, of the requests not yet answered
+	next  uint64
 }
+
+// stdioCalls are the agent's requests under one id not yet answered.
+type stdioCalls struct {
+	answered chan struct{} // closed once all are
+	keys     []string      // each one's mark's key
+}
+
+// stdioCallHeader is the key, in a stdio request's RequestExtra.Header,
+// under which the gateway's handler finds its callMark.
+const stdioCallHeader = "X-Tether-Stdio-Request"
 
 func (c *stdioConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
 	if req, ok := msg.(*jsonrpc.Request); ok && err == nil && req.IsCall() {
 		c.mu.Lock()
 		if c.open == nil {
-			c.open = map[jsonrpc.ID]chan struct{}{}
+			c.open = map[jsonrpc.ID]*stdioCalls{}
+			c.marks = map[string]*callMark{}
 		}
-		if _, dup := c.open[req.ID]; !dup {
-			c.open[req.ID] = make(chan struct{})
+		calls := c.open[req.ID]
+		if calls == nil {
+			calls = &stdioCalls{answered: make(chan struct{})}
+			c.open[req.ID] = calls
+		}
+		// A request under an id in use is dropped by the SDK, unanswered:
+		// kept, a rogue's requests under the id of its slow call stayed
+		// until that call's answer, without end.
+		if len(calls.keys) == 0 {
+			key := strconv.FormatUint(c.next, 10)
+			c.next++
+			c.marks[key] = &callMark{}
+			calls.keys = append(calls.keys, key)
+			if req.Extra == nil {
+				req.Extra = &mcp.RequestExtra{Header: http.Header{stdioCallHeader: {key}}}
+			}
 		}
 		c.mu.Unlock()
 	}
 	return msg, err
 }
 
+// mark is the callMark of the request req carries the key of, or nil.
+func (c *stdioConn) mark(req mcp.Request) *callMark {
+	extra := req.GetExtra()
+	if extra == nil || extra.Header == nil {
+		return nil
+	}
+	key := extra.Header.Get(stdioCallHeader)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.marks[key]
+}
+
 func (c *stdioConn) Write(ctx context.Context, msg jsonrpc.Message) error {
-	err := c.Connection.Write(ctx, msg)
-	if resp, ok := msg.(*jsonrpc.Response); ok {
+	resp, isResp := msg.(*jsonrpc.Response)
+	var calls *stdioCalls
+	untold := false
+	if isResp {
 		c.mu.Lock()
-		if ch, ok := c.open[resp.ID]; ok {
-			close(ch)
+		if calls = c.open[resp.ID]; calls != nil && len(calls.keys) > 0 {
+			// The request it answers (one per id: Read keeps no other).
+			i := 0
+			for j, key := range calls.keys {
+				if c.marks[key].tell() {
+					i, untold = j, true
+					break
+				}
+			}
+			delete(c.marks, calls.keys[i])
+			calls.keys = slices.Delete(calls.keys, i, i+1)
+		}
+		c.mu.Unlock()
+	}
+	if untold && c.seen != nil {
+		c.seen(ctx)
+	}
+	err := c.Connection.Write(ctx, msg)
+	if calls != nil {
+		c.mu.Lock()
+		if len(calls.keys) == 0 && c.open[resp.ID] == calls {
+			close(calls.answered)
 			delete(c.open, resp.ID)
 		}
 		c.mu.Unlock()
@@ -101,8 +176,8 @@ func (c *stdioConn) unanswered() []chan struct{} {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	out := make([]chan struct{}, 0, len(c.open))
-	for _, ch := range c.open {
-		out = append(out, ch)
+	for _, calls := range c.open {
+		out = append(out, calls.answered)
 	}
 	return out
 }
