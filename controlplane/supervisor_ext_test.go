@@ -67,7 +67,13 @@ func waitState(t *testing.T, srv *testserver.Server, id string, state tetherv1.T
 		return stateOf(last) == state ||
 			state == tetherv1.TerminationState_TERMINATION_STATE_RECONCILING && last.Phase == supervisor.PhaseTerminated ||
 			// Past the drain: said below, at once, not after a timeout.
-			state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && last.Phase > supervisor.PhaseDraining
+			state == tetherv1.TerminationState_TERMINATION_STATE_DRAINING && last.Phase > supervisor.PhaseDraining ||
+			// Aborting is held open only by a call whose cancel is not
+			// acknowledged; with none, an abort (or an escalated drain)
+			// passes it in the pass that orders the cancels, so a wait
+			// for it is met by a state past it, the cancels ordered.
+			state == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && last.Phase > supervisor.PhaseAborting &&
+				(last.Mode == supervisor.ModeAbort || last.Escalated)
 	}
 	defer func() {
 		// A wait that timed out says where the termination stood.
