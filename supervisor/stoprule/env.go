@@ -149,7 +149,7 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
-		case "subtree_calls", "subtree_failures":
+		case "subtree_calls", "subtree_failures", "subtree_calls_by_tool", "subtree_failures_by_tool":
 			c.UsesSubtree = true
 		}
 		if r.variable == VarSubtreeReported {
@@ -234,6 +234,8 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 		switch path[1] {
 		case "calls_by_tool", "failures_by_tool":
 			max = MaxTools + 1
+		case "subtree_calls_by_tool", "subtree_failures_by_tool":
+			max = maxSubtreeTools
 		case "calls_by_outcome", "leases_by_state":
 			max = 8
 		case "node_labels":

@@ -604,7 +604,16 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 	if o.Calls == calls && o.Failures == failures {
 		return nil
 	}
-	return addToAncestors(tx, after.NodeID, subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)})
+	// The change, by tool too: a call begins or fails once, so the change
+	// is one call or one failure of after's tool.
+	d := subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)}
+	if d.calls > 0 {
+		d.tools.Calls = map[string]int64{after.Tool: int64(d.calls)}
+	}
+	if d.failures > 0 {
+		d.tools.Failures = map[string]int64{after.Tool: int64(d.failures)}
+	}
+	return addToAncestors(tx, after.NodeID, d)
 }
 
 // addToAncestors adds d to the subtree records of node's ancestors (the
@@ -617,7 +626,12 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
 		}
 		s.calls += d.calls
 		s.failures += d.failures
-		return tx.Put(key, s.append(nil))
+		s.tools.add(&d.tools)
+		b, err := s.append(nil)
+		if err != nil {
+			return err
+		}
+		return tx.Put(key, b)
 	})
 }
 
@@ -663,11 +677,25 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keyOf func(anc string, shar
 }
 
 // subtotal is one record of an ancestor's subtree totals: the calls begun
-// by its descendants of one shard, and those that ended failed.
-type subtotal struct{ calls, failures uint64 }
+// by its descendants of one shard, and those that ended failed, in total
+// and by tool. Stored as the two totals' uvarints, then the counts by tool
+// (subTools, in its protobuf encoding) when there are any: a record an
+// earlier version wrote, the totals alone, reads as counting no tool.
+type subtotal struct {
+	calls, failures uint64
+	tools           subTools
+}
 
-func (s subtotal) append(b []byte) []byte {
-	return binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
+func (s subtotal) append(b []byte) ([]byte, error) {
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
+	if len(s.tools.Calls) == 0 && len(s.tools.Failures) == 0 {
+		return b, nil
+	}
+	t, err := storecodec.Marshal(&s.tools)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, t...), nil
 }
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
@@ -683,8 +711,14 @@ func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 
 func decodeSubtotal(v []byte) (subtotal, error) {
 	var s subtotal
-	if err := decodeUvarints(v, "subtree", &s.calls, &s.failures); err != nil {
+	rest, err := readUvarints(v, "subtree", &s.calls, &s.failures)
+	if err != nil {
 		return subtotal{}, err
+	}
+	if len(rest) > 0 {
+		if err := storecodec.Unmarshal(rest, &s.tools); err != nil {
+			return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -692,18 +726,28 @@ func decodeSubtotal(v []byte) (subtotal, error) {
 // decodeUvarints reads v, a record of what (the growth or subtree
 // records), as exactly len(fields) uvarints into fields.
 func decodeUvarints(v []byte, what string, fields ...*uint64) error {
+	rest, err := readUvarints(v, what, fields...)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("stoprule: corrupt %s record: trailing bytes", what)
+	}
+	return nil
+}
+
+// readUvarints reads len(fields) uvarints of v, a record of what, into
+// fields, and returns the bytes after them.
+func readUvarints(v []byte, what string, fields ...*uint64) ([]byte, error) {
 	size := len(v)
 	for _, f := range fields {
 		x, n := binary.Uvarint(v)
 		if n <= 0 {
-			return fmt.Errorf("stoprule: corrupt %s record of %d bytes", what, size)
+			return nil, fmt.Errorf("stoprule: corrupt %s record of %d bytes", what, size)
 		}
 		*f, v = x, v[n:]
 	}
-	if len(v) != 0 {
-		return fmt.Errorf("stoprule: corrupt %s record: trailing bytes", what)
-	}
-	return nil
+	return v, nil
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -922,6 +966,7 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 	}
 	// The calls of the subtree: the node's own and its descendants'.
 	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
+	records := []*subTools{{Calls: o.CallsByTool, Failures: o.FailuresByTool}}
 	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
 		s, err := decodeSubtotal(v)
 		if err != nil {
@@ -929,11 +974,13 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 		}
 		o.SubtreeCalls += int64(s.calls)
 		o.SubtreeFailures += int64(s.failures)
+		records = append(records, &s.tools)
 		return nil
 	})
 	if err != nil {
 		return nil, nil, err
 	}
+	o.SubtreeCallsByTool, o.SubtreeFailuresByTool = sumTools(records)
 	self := &reported{}
 	if err := kv.Get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, nil, err
