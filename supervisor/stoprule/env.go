@@ -103,6 +103,11 @@ type Compiled struct {
 	// changes: the evaluator judges an ancestor again on its descendants'
 	// calls and reports only for such rules.
 	UsesSubtree bool
+	// UsesSubtreeTools: the expression reads the subtree's counts by tool
+	// (subtree_calls_by_tool, subtree_failures_by_tool), which only such
+	// rules' evaluations decode from the records, each charged by their
+	// size (subtreeToolsBytesPerRead).
+	UsesSubtreeTools bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -149,15 +154,17 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
-		case "subtree_calls", "subtree_failures", "subtree_calls_by_tool", "subtree_failures_by_tool":
+		case "subtree_calls", "subtree_failures":
 			c.UsesSubtree = true
+		case "subtree_calls_by_tool", "subtree_failures_by_tool":
+			c.UsesSubtree, c.UsesSubtreeTools = true, true
 		}
 		if r.variable == VarSubtreeReported {
 			c.UsesSubtree = true
 		}
 	}
 	if readsObservedOpaquely(native) {
-		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree = true, true, true, true
+		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools = true, true, true, true, true
 	}
 	return c, nil
 }

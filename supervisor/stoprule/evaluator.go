@@ -473,12 +473,17 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	var self map[string]float64
 	var sums *reportedSums
 	fired := map[string]bool{}
+	tools := false
+	for _, a := range rules {
+		tools = tools || a.compiled.UsesSubtreeTools
+	}
+	toolBytes := 0
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if node, err = tree.GetNodeIn(tx, nodeID); err != nil {
 			return err
 		}
-		if stored, self, err = readNode(tx, nodeID); err != nil {
+		if stored, self, toolBytes, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
 		}
 		if sums, err = readSubtreeReported(tx, nodeID, self); err != nil {
@@ -490,6 +495,10 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			return nil
 		})
 	})
+	// The subtree's counts by tool, by their size: a rogue that fills its
+	// ancestors' records with tools has each evaluation that reads them
+	// charged to its tree as the reads it costs.
+	cost += int64(evaluationBaseCost * ((toolBytes + subtreeToolsBytesPerRead - 1) / subtreeToolsBytesPerRead))
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return cost, nil
 	}

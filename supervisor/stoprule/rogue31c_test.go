@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,7 +83,7 @@ func (g *rogue31cRig) judge(n *tree.Node, expression string) Result {
 	}
 	var res Result
 	err = g.st.View(context.Background(), func(tx store.ReadTxn) error {
-		o, self, err := readNode(tx, n.NodeID)
+		o, self, _, err := readNodeTools(tx, n.NodeID, c.UsesSubtreeTools)
 		if err != nil {
 			return err
 		}
@@ -211,5 +212,43 @@ func TestRogue31CSubtreeRecordsOfAnEarlierVersionStillRead(t *testing.T) {
 	}
 	if _, err := decodeSubtotal(append(b, 0xff)); err == nil {
 		t.Fatal("a record with a corrupt tail read without an error")
+	}
+}
+
+// TestRogue31CFillingTheSubtreeToolRecordsIsChargedToTheRogue: a rogue
+// fills its records of its own node with MaxTools tools of 128 characters
+// from each of several children, so that reading its subtree's counts by
+// tool decodes hundreds of names. An evaluation of a rule that reads them
+// is charged to the rogue's tree by the bytes it decoded, not as one read;
+// an evaluation of rules that do not read them decodes none and is charged
+// as before.
+func TestRogue31CFillingTheSubtreeToolRecordsIsChargedToTheRogue(t *testing.T) {
+	g := newRogue31cRig(t)
+	rogue := g.spawn(nil, "rogue")
+	for i := range 8 {
+		kid := g.spawn(rogue, fmt.Sprintf("kid%d", i))
+		for j := range MaxTools {
+			g.call(kid, fmt.Sprintf("%s%d%02d", strings.Repeat("t", 125), i, j), false)
+		}
+	}
+	evaluate := func(expression string) int64 {
+		t.Helper()
+		c, err := Compile(expression)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cost, err := g.rules.evaluateNode(context.Background(), rogue.NodeID, []*activeRule{{rule: &Rule{RuleID: "r", Name: "r", NodeID: rogue.NodeID}, compiled: c}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cost
+	}
+	// Up to eight records of 64 names of some 130 bytes: some 60 KiB decoded, each
+	// 4 KiB charged as a read. The rules' own cost is a few units.
+	if cost := evaluate(`observed.subtree_calls_by_tool["delete_db"] > 100`); cost < 13*evaluationBaseCost {
+		t.Fatalf("an evaluation reading 8 full records' tools was charged %d, want at least 12 reads (%d) past its snapshot's", cost, 12*evaluationBaseCost)
+	}
+	if cost := evaluate(`observed.subtree_calls > 100000 && observed.calls_by_tool.size() < 1000`); cost >= 2*evaluationBaseCost {
+		t.Fatalf("an evaluation not reading the tools was charged %d, want its snapshot's read (%d) and the rule's few units", cost, evaluationBaseCost)
 	}
 }

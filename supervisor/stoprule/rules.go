@@ -474,6 +474,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	var stored *Observations
 	var self map[string]float64
 	var sums *reportedSums
+	var c *Compiled
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if n, err = r.readable(tx, a, nodeID); err != nil {
@@ -499,16 +500,17 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			}
 			expression = rule.Expression
 		}
-		stored, self, err = readNode(tx, nodeID)
+		// Compiled first: the subtree's counts by tool are decoded only
+		// for an expression that reads them.
+		if c, err = r.compileKept(expression, ruleID != ""); err != nil {
+			return err
+		}
+		stored, self, _, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools)
 		if err == nil {
 			sums, err = readSubtreeReported(tx, nodeID, self)
 		}
 		return err
 	})
-	if err != nil {
-		return TestResult{}, err
-	}
-	c, err := r.compileKept(expression, ruleID != "")
 	if err != nil {
 		return TestResult{}, err
 	}
@@ -710,17 +712,25 @@ func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 }
 
 func decodeSubtotal(v []byte) (subtotal, error) {
+	s, _, err := decodeSubtotalOf(v, true)
+	return s, err
+}
+
+// decodeSubtotalOf decodes a subtree record, its counts by tool only when
+// tools is set, and returns the size of its part by tool.
+func decodeSubtotalOf(v []byte, tools bool) (subtotal, int, error) {
 	var s subtotal
 	rest, err := readUvarints(v, "subtree", &s.calls, &s.failures)
 	if err != nil {
-		return subtotal{}, err
+		return subtotal{}, 0, err
 	}
-	if len(rest) > 0 {
-		if err := storecodec.Unmarshal(rest, &s.tools); err != nil {
-			return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record: %w", err)
-		}
+	if len(rest) == 0 || !tools {
+		return s, 0, nil
 	}
-	return s, nil
+	if err := storecodec.Unmarshal(rest, &s.tools); err != nil {
+		return subtotal{}, 0, fmt.Errorf("stoprule: corrupt subtree record: %w", err)
+	}
+	return s, len(rest), nil
 }
 
 // decodeUvarints reads v, a record of what (the growth or subtree
@@ -939,11 +949,21 @@ func allRules(tx store.ReadTxn) ([]*Rule, error) {
 	return out, err
 }
 
-// readNode reads a node's stored counters and self-reported counters.
+// readNode reads a node's stored counters and self-reported counters,
+// without the subtree's counts by tool (readNodeTools).
 func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float64, error) {
+	o, self, _, err := readNodeTools(tx, nodeID, false)
+	return o, self, err
+}
+
+// readNodeTools is readNode, with the subtree's counts by tool when tools
+// is set, and the size of the records' parts by tool it decoded: up to
+// growShards records of 2·(MaxTools+1) names, which only the rules that
+// read them pay for.
+func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, map[string]float64, int, error) {
 	o, err := storedObs(tx, nodeID)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	// The spawns below, from the growth records (counters stored by an
 	// older version, which folded spawns into o, are kept and added to).
@@ -959,7 +979,7 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 		return nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if nodes > 0 {
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
@@ -967,25 +987,29 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 	// The calls of the subtree: the node's own and its descendants'.
 	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
 	records := []*subTools{{Calls: o.CallsByTool, Failures: o.FailuresByTool}}
+	toolBytes := 0
 	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
-		s, err := decodeSubtotal(v)
+		s, size, err := decodeSubtotalOf(v, tools)
 		if err != nil {
 			return err
 		}
+		toolBytes += size
 		o.SubtreeCalls += int64(s.calls)
 		o.SubtreeFailures += int64(s.failures)
 		records = append(records, &s.tools)
 		return nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	o.SubtreeCallsByTool, o.SubtreeFailuresByTool = sumTools(records)
+	if tools {
+		o.SubtreeCallsByTool, o.SubtreeFailuresByTool = sumTools(records)
+	}
 	self := &reported{}
 	if err := kv.Get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	return o, self.Counters, nil
+	return o, self.Counters, toolBytes, nil
 }
 
 // readSubtreeReported reads subtree_reported of a node whose own
