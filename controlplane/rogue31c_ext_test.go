@@ -3,12 +3,15 @@ package controlplane_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -82,6 +85,54 @@ func TestRogue31CCallsToOneToolSplitAmongDescendantsCountAgainstTheSubtreesRule(
 			if p.NodeId != rogue.Node.NodeId {
 				t.Fatalf("rule %s filed for %s: each node is judged on its own subtree", rule.Name, p.NodeId)
 			}
+		}
+	}
+}
+
+// A rogue filled its records with tools: eight children each called 64
+// tools of 121 characters (a scope tool:<name> is at most 128), so that
+// reading the rogue's subtree's counts by tool decodes some 64 KB.
+// TestStopRule of an expression reading them, on its own node, decoded
+// them all for the one request the call took at the Gate: it is now
+// charged a request per SubtreeToolBytesPerRequest decoded, taken even
+// past what the budget has left, so a full budget buys a tenth as many
+// such tests or fewer; a test not reading them costs its one request.
+func TestRogue31CTestingTheSubtreesToolCountsIsPricedByTheirSize(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the 512 tool calls this test makes; make test and CI run them.")
+	}
+	const burst = 1000
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) { cfg.RateLimit, cfg.RateBurst = 100, burst })
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	gate := srv.Clients(srv.ToolServerToken(t, "r31c-gate"))
+	for i := range 8 {
+		kid := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, fmt.Sprintf("kid-%d", i))
+		tok := issueRoot(t, admin, kid.Node.NodeId, time.Hour, "tool:*").token
+		for j := range 64 {
+			rogue31cCall(t, gate, tok, fmt.Sprintf("%s%d%02d", strings.Repeat("t", 118), i, j), false)
+		}
+		clk.Advance(2 * burst / 100 * time.Second)
+	}
+	c := srv.Clients(rogue.Credential)
+	tests := 0
+	var refusal error
+	for refusal == nil && tests <= burst {
+		_, refusal = c.StopRule.TestStopRule(context.Background(), connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: rogue.Node.NodeId, Expression: `observed.subtree_calls_by_tool["delete_db"] > 0`}))
+		if refusal == nil {
+			tests++
+		}
+	}
+	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit")
+	if tests > burst/10 {
+		t.Fatalf("a budget of %d requests bought %d tests decoding the rogue's 512 tools, want at most %d", burst, tests, burst/10)
+	}
+	// Refilled, a test that does not read them costs its one request.
+	clk.Advance(2 * burst / 100 * time.Second)
+	for i := range burst / 2 {
+		if _, err := c.StopRule.TestStopRule(context.Background(), connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: rogue.Node.NodeId, Expression: `observed.subtree_calls > 0`})); err != nil {
+			t.Fatalf("test %d not reading the tools on a budget of %d: %v", i, burst, err)
 		}
 	}
 }

@@ -460,6 +460,9 @@ type TestResult struct {
 	Result
 	Observed     *Observations
 	SelfReported map[string]float64
+	// DecodedBytes is the size of the subtree's counts by tool the test
+	// decoded (for an expression that reads them): the caller's price.
+	DecodedBytes int
 }
 
 // Test evaluates an expression (or a stored rule's) against the node's
@@ -475,6 +478,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	var self map[string]float64
 	var sums *reportedSums
 	var c *Compiled
+	var decoded int
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if n, err = r.readable(tx, a, nodeID); err != nil {
@@ -505,7 +509,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 		if c, err = r.compileKept(expression, ruleID != ""); err != nil {
 			return err
 		}
-		stored, self, _, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools)
+		stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools)
 		if err == nil {
 			sums, err = readSubtreeReported(tx, nodeID, self)
 		}
@@ -520,7 +524,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	}
 	res := c.evaluate(observed, self, sums)
 	res.Values = c.values(observed, self, sums)
-	return TestResult{Result: res, Observed: observed, SelfReported: self}, nil
+	return TestResult{Result: res, Observed: observed, SelfReported: self, DecodedBytes: decoded}, nil
 }
 
 // Report records counters an agent reports about its own node: each value
