@@ -108,6 +108,10 @@ type Compiled struct {
 	// rules' evaluations decode from the records, each charged by their
 	// size (subtreeToolsBytesPerRead).
 	UsesSubtreeTools bool
+	// UsesSubtreeReported: the expression reads subtree_reported, which
+	// only such rules' evaluations decode from the records, charged by
+	// their size as UsesSubtreeTools.
+	UsesSubtreeReported bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -160,7 +164,7 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesSubtree, c.UsesSubtreeTools = true, true
 		}
 		if r.variable == VarSubtreeReported {
-			c.UsesSubtree = true
+			c.UsesSubtree, c.UsesSubtreeReported = true, true
 		}
 	}
 	if readsObservedOpaquely(native) {

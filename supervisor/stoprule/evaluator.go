@@ -473,21 +473,26 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	var self map[string]float64
 	var sums *reportedSums
 	fired := map[string]bool{}
-	tools := false
+	tools, reported := false, false
 	for _, a := range rules {
 		tools = tools || a.compiled.UsesSubtreeTools
+		reported = reported || a.compiled.UsesSubtreeReported
 	}
-	toolBytes := 0
+	decoded := 0
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if node, err = tree.GetNodeIn(tx, nodeID); err != nil {
 			return err
 		}
-		if stored, self, toolBytes, err = readNodeTools(tx, nodeID, tools); err != nil {
+		if stored, self, decoded, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
 		}
-		if sums, err = readSubtreeReported(tx, nodeID, self); err != nil {
-			return err
+		if reported {
+			var size int
+			if sums, size, err = readSubtreeReportedSize(tx, nodeID, self); err != nil {
+				return err
+			}
+			decoded += size
 		}
 		p := firedPrefix(nodeID)
 		return tx.Scan(p, nil, func(k, _ []byte) error {
@@ -495,10 +500,11 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			return nil
 		})
 	})
-	// The subtree's counts by tool, by their size: a rogue that fills its
-	// ancestors' records with tools has each evaluation that reads them
-	// charged to its tree as the reads it costs.
-	cost += int64(evaluationBaseCost * ((toolBytes + subtreeToolsBytesPerRead - 1) / subtreeToolsBytesPerRead))
+	// The subtree's counts by tool and reported counters, by their size: a
+	// rogue that fills its ancestors' records with names has each
+	// evaluation that reads them charged to its tree as the reads it
+	// costs.
+	cost += int64(evaluationBaseCost * ((decoded + subtreeToolsBytesPerRead - 1) / subtreeToolsBytesPerRead))
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return cost, nil
 	}

@@ -252,3 +252,43 @@ func TestRogue31CFillingTheSubtreeToolRecordsIsChargedToTheRogue(t *testing.T) {
 		t.Fatalf("an evaluation not reading the tools was charged %d, want its snapshot's read (%d) and the rule's few units", cost, evaluationBaseCost)
 	}
 }
+
+// TestRogue31CFillingTheSubtreeReportedRecordsIsChargedToTheRogue: as
+// with the counts by tool, a rogue fills its node's records of reported
+// counters, sixteen children each reporting MaxCounters names of 63
+// characters. Every evaluation of its node, whatever rule was judged,
+// decoded them all, charged as one read: now only an evaluation of a rule
+// that reads subtree_reported decodes them, charged by their size.
+func TestRogue31CFillingTheSubtreeReportedRecordsIsChargedToTheRogue(t *testing.T) {
+	g := newRogue31cRig(t)
+	rogue := g.spawn(nil, "rogue")
+	for i := range 16 {
+		kid := g.spawn(rogue, fmt.Sprintf("kid%d", i))
+		counters := map[string]float64{}
+		for j := range MaxCounters {
+			counters[fmt.Sprintf("c%s%02d%02d", strings.Repeat("x", 58), i, j)] = 1
+		}
+		if _, err := g.rules.Report(context.Background(), Actor{ID: "agent:" + kid.NodeID, NodeID: kid.NodeID}, kid.NodeID, counters); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evaluate := func(expression string) int64 {
+		t.Helper()
+		c, err := Compile(expression)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cost, err := g.rules.evaluateNode(context.Background(), rogue.NodeID, []*activeRule{{rule: &Rule{RuleID: "r", Name: "r", NodeID: rogue.NodeID}, compiled: c}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cost
+	}
+	// Up to sixteen records of 32 names of some 70 bytes: over 30 KiB.
+	if cost := evaluate(`subtree_reported[?"cost_usd"].orValue(0.0) > 1000.0`); cost < 7*evaluationBaseCost {
+		t.Fatalf("an evaluation reading 16 full records of reported counters was charged %d, want at least 6 reads (%d) past its snapshot's", cost, 6*evaluationBaseCost)
+	}
+	if cost := evaluate(`observed.subtree_calls > 100000 && self_reported.size() < 1000`); cost >= 2*evaluationBaseCost {
+		t.Fatalf("an evaluation not reading subtree_reported was charged %d, want its snapshot's read (%d) and the rule's few units", cost, evaluationBaseCost)
+	}
+}

@@ -460,8 +460,9 @@ type TestResult struct {
 	Result
 	Observed     *Observations
 	SelfReported map[string]float64
-	// DecodedBytes is the size of the subtree's counts by tool the test
-	// decoded (for an expression that reads them): the caller's price.
+	// DecodedBytes is the size of the subtree's records the test decoded
+	// (counts by tool, reported counters: for an expression that reads
+	// them): the caller's price.
 	DecodedBytes int
 }
 
@@ -509,10 +510,12 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 		if c, err = r.compileKept(expression, ruleID != ""); err != nil {
 			return err
 		}
-		stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools)
-		if err == nil {
-			sums, err = readSubtreeReported(tx, nodeID, self)
+		if stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools); err != nil || !c.UsesSubtreeReported {
+			return err
 		}
+		var size int
+		sums, size, err = readSubtreeReportedSize(tx, nodeID, self)
+		decoded += size
 		return err
 	})
 	if err != nil {
@@ -1020,19 +1023,28 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 // reported counters are own: its own and its descendants', from its
 // records (at most growShards).
 func readSubtreeReported(tx store.ReadTxn, nodeID string, own map[string]float64) (*reportedSums, error) {
+	sums, _, err := readSubtreeReportedSize(tx, nodeID, own)
+	return sums, err
+}
+
+// readSubtreeReportedSize is readSubtreeReported, with the size of the
+// records it decoded.
+func readSubtreeReportedSize(tx store.ReadTxn, nodeID string, own map[string]float64) (*reportedSums, int, error) {
 	var records []*subReported
+	size := 0
 	err := tx.Scan(subSelfPrefix(nodeID), nil, func(_, v []byte) error {
 		rec := &subReported{}
 		if err := storecodec.Unmarshal(v, rec); err != nil {
 			return err
 		}
+		size += len(v)
 		records = append(records, rec)
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return sumReported(own, records), nil
+	return sumReported(own, records), size, nil
 }
 
 // storedObs reads a node's stored counters alone, without the growth
