@@ -51,8 +51,9 @@ func (h *stopRuleService) actor(ctx context.Context) (stoprule.Actor, error) {
 // leaves room for the garbage collection the allocations bring.
 const RuleBytesPerRequest = 64
 
-// SubtreeToolBytesPerRequest is how many bytes of a subtree's counts by
-// tool (observed.subtree_calls_by_tool, subtree_failures_by_tool) one
+// SubtreeToolBytesPerRequest is how many bytes of a subtree's records
+// that hold names (the counts by tool, observed.subtree_calls_by_tool and
+// subtree_failures_by_tool; the reported counters, subtree_reported) one
 // request of the caller's budget pays to decode when TestStopRule's
 // expression reads them: taken once they are read, even past what the
 // budget has left (auth.SpendDone). A node's 256 records filled with 64
