@@ -51,6 +51,18 @@ func (h *stopRuleService) actor(ctx context.Context) (stoprule.Actor, error) {
 // leaves room for the garbage collection the allocations bring.
 const RuleBytesPerRequest = 64
 
+// SubtreeToolBytesPerRequest is how many bytes of a subtree's records
+// that hold names (the counts by tool, observed.subtree_calls_by_tool and
+// subtree_failures_by_tool; the reported counters, subtree_reported) one
+// request of the caller's budget pays to decode when TestStopRule's
+// expression reads them: taken once they are read, even past what the
+// budget has left (auth.SpendDone). A node's 256 records filled with 64
+// tools of 128 characters, some 2.8 MB, took a quarter of a second to
+// decode and add up on the loaded test machine: about 690 requests, as
+// compiling is priced (RuleBytesPerRequest), and as the evaluator charges
+// them to its tree's turns.
+const SubtreeToolBytesPerRequest = 4096
+
 // chargeExpression charges the caller's budget for compiling expression,
 // beyond the request the Gate charged, before any of it is parsed. It
 // charges the same whether the expression was compiled before or not, so
@@ -141,6 +153,7 @@ func (h *stopRuleService) TestStopRule(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	auth.SpendDone(ctx, res.DecodedBytes/SubtreeToolBytesPerRequest)
 	resp := &tetherv1.TestStopRuleResponse{
 		Result: res.Fired, Values: wire.StopRuleValues(res.Values), Observed: wire.StopRuleObservations(res.Observed), SelfReported: res.SelfReported, Cost: res.Cost,
 	}

@@ -34,6 +34,10 @@ type observedField struct {
 	// value, when set, is the field as CEL reads it, in place of get's
 	// value adapted (toolCounts).
 	value func(*Observations) any
+	// untracked, with value, is what a lookup of a key reads (a count a
+	// map holds, or OtherTool's): untrackedCount or
+	// untrackedSubtreeCount.
+	untracked func(counts, string) (int64, bool)
 }
 
 // celValue is the field of o as CEL reads it.
@@ -79,6 +83,16 @@ func countsField(name string, p func(*Observations) *map[string]int64) observedF
 func toolCountsField(name string, p func(*Observations) *map[string]int64) observedField {
 	f := countsField(name, p)
 	f.value = func(o *Observations) any { return newToolCounts(*p(o)) }
+	f.untracked = untrackedCount
+	return f
+}
+
+// subtreeToolCountsField is countsField for a subtree's counts by tool
+// (sumTools): CEL reads it as subtreeToolCounts.
+func subtreeToolCountsField(name string, p func(*Observations) *map[string]int64) observedField {
+	f := countsField(name, p)
+	f.value = func(o *Observations) any { return subtreeToolCounts(*p(o)) }
+	f.untracked = untrackedSubtreeCount
 	return f
 }
 
@@ -112,6 +126,8 @@ var observedFields = []observedField{
 	intField("calls_in_flight_max", func(o *Observations) *int64 { return &o.CallsInFlightMax }),
 	intField("subtree_calls", func(o *Observations) *int64 { return &o.SubtreeCalls }),
 	intField("subtree_failures", func(o *Observations) *int64 { return &o.SubtreeFailures }),
+	subtreeToolCountsField("subtree_calls_by_tool", func(o *Observations) *map[string]int64 { return &o.SubtreeCallsByTool }),
+	subtreeToolCountsField("subtree_failures_by_tool", func(o *Observations) *map[string]int64 { return &o.SubtreeFailuresByTool }),
 }
 
 var observedByName = func() map[string]*observedField {

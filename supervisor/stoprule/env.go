@@ -103,6 +103,15 @@ type Compiled struct {
 	// changes: the evaluator judges an ancestor again on its descendants'
 	// calls and reports only for such rules.
 	UsesSubtree bool
+	// UsesSubtreeTools: the expression reads the subtree's counts by tool
+	// (subtree_calls_by_tool, subtree_failures_by_tool), which only such
+	// rules' evaluations decode from the records, each charged by their
+	// size (subtreeToolsBytesPerRead).
+	UsesSubtreeTools bool
+	// UsesSubtreeReported: the expression reads subtree_reported, which
+	// only such rules' evaluations decode from the records, charged by
+	// their size as UsesSubtreeTools.
+	UsesSubtreeReported bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -151,13 +160,15 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesRevocations = true
 		case "subtree_calls", "subtree_failures":
 			c.UsesSubtree = true
+		case "subtree_calls_by_tool", "subtree_failures_by_tool":
+			c.UsesSubtree, c.UsesSubtreeTools = true, true
 		}
 		if r.variable == VarSubtreeReported {
-			c.UsesSubtree = true
+			c.UsesSubtree, c.UsesSubtreeReported = true, true
 		}
 	}
 	if readsObservedOpaquely(native) {
-		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree = true, true, true, true
+		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools = true, true, true, true, true
 	}
 	return c, nil
 }
@@ -234,6 +245,8 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 		switch path[1] {
 		case "calls_by_tool", "failures_by_tool":
 			max = MaxTools + 1
+		case "subtree_calls_by_tool", "subtree_failures_by_tool":
+			max = maxSubtreeTools
 		case "calls_by_outcome", "leases_by_state":
 			max = 8
 		case "node_labels":

@@ -248,8 +248,10 @@ func (c *Compiled) values(observed *Observations, selfReported map[string]float6
 			switch val := f.get(observed).(type) {
 			case counts:
 				v.Value = formatEntry(val, r.key, r.hasKey)
-				if n, ok := untrackedCount(val, r.key); ok && f.value != nil && r.hasKey && v.Value == "absent" {
-					v.Value = formatScalar(n) + " (counted under " + OtherTool + ")"
+				if f.untracked != nil && r.hasKey && v.Value == "absent" {
+					if n, ok := f.untracked(val, r.key); ok {
+						v.Value = formatScalar(n) + " (counted under " + OtherTool + ")"
+					}
 				}
 			case map[string]string:
 				v.Value = formatEntry(val, r.key, r.hasKey)

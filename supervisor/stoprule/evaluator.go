@@ -473,16 +473,26 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	var self map[string]float64
 	var sums *reportedSums
 	fired := map[string]bool{}
+	tools, reported := false, false
+	for _, a := range rules {
+		tools = tools || a.compiled.UsesSubtreeTools
+		reported = reported || a.compiled.UsesSubtreeReported
+	}
+	decoded := 0
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if node, err = tree.GetNodeIn(tx, nodeID); err != nil {
 			return err
 		}
-		if stored, self, err = readNode(tx, nodeID); err != nil {
+		if stored, self, decoded, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
 		}
-		if sums, err = readSubtreeReported(tx, nodeID, self); err != nil {
-			return err
+		if reported {
+			var size int
+			if sums, size, err = readSubtreeReportedSize(tx, nodeID, self); err != nil {
+				return err
+			}
+			decoded += size
 		}
 		p := firedPrefix(nodeID)
 		return tx.Scan(p, nil, func(k, _ []byte) error {
@@ -490,6 +500,11 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 			return nil
 		})
 	})
+	// The subtree's counts by tool and reported counters, by their size: a
+	// rogue that fills its ancestors' records with names has each
+	// evaluation that reads them charged to its tree as the reads it
+	// costs.
+	cost += int64(evaluationBaseCost * ((decoded + subtreeToolsBytesPerRead - 1) / subtreeToolsBytesPerRead))
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return cost, nil
 	}

@@ -35,6 +35,14 @@ const (
 	// most this together in the worst case are evaluated with the node's
 	// operators' rules, in one read.
 	cheapAgentRulesCost = TurnCost / 8
+	// subtreeToolsBytesPerRead: an evaluation that reads the subtree's
+	// counts by tool is charged evaluationBaseCost more for each of these
+	// bytes of the records' parts by tool it decodes, as the reads they
+	// are. A record holds at most 2·(MaxTools+1) names of up to 128
+	// bytes, some 17 KiB; a node's 256 records filled with 64 names of
+	// 128 bytes took a quarter of a second to decode and add up on the
+	// loaded test machine (some 2.8 MB: about 690 reads, 18 turns).
+	subtreeToolsBytesPerRead = 4096
 )
 
 // phase says which of a node's rules an evaluation takes.

@@ -226,3 +226,98 @@ func (s *reportedSums) celValue() celref.Val {
 func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
 }
+
+// subTools is the part by tool of one record of an ancestor's subtree
+// totals: the calls begun, and those ended failed, by the descendants of
+// one shard, by tool. Each map tracks at most MaxTools tools and counts
+// the calls of further ones under OtherTool (toolKey), as a node's own
+// counters do: the record's size is bounded, and a tool that finds it full
+// is counted under OtherTool, as is every later call of it (a map that is
+// full stays full, so a tool is tracked by a record from its first call or
+// never).
+type subTools struct {
+	Calls    map[string]int64 `pb:"1"`
+	Failures map[string]int64 `pb:"2"`
+}
+
+// add folds the change d into the record.
+func (s *subTools) add(d *subTools) {
+	for tool, n := range d.Calls {
+		bump(&s.Calls, toolKey(s.Calls, tool), n)
+	}
+	for tool, n := range d.Failures {
+		bump(&s.Failures, toolKey(s.Failures, tool), n)
+	}
+}
+
+// sumTools adds up the counts by tool of records (a node's own counters
+// and its ancestors' records of its descendants), calls and failures
+// apart. A map holding OtherTool counted some tools it does not track
+// there, so a tool reads its count in the maps that track it and the
+// OtherTool count of every map that does not: never less than the
+// subtree's calls of it (a rogue that fills a record with harmless tools
+// first cannot have its calls of another read as 0), more when other
+// tools were counted there too. The sums hold OtherTool, the maps' others
+// added up, when a map counted anything there; a lookup of a tool the sums
+// do not hold reads it (subtreeToolCounts).
+func sumTools(records []*subTools) (calls, failures map[string]int64) {
+	pick := func(get func(*subTools) map[string]int64) map[string]int64 {
+		var maps []map[string]int64
+		for _, r := range records {
+			if m := get(r); len(m) > 0 {
+				maps = append(maps, m)
+			}
+		}
+		if len(maps) == 0 {
+			return nil
+		}
+		sums := map[string]int64{}
+		var other int64
+		tracking := map[string]int64{} // the others of the maps tracking a tool
+		for _, m := range maps {
+			o := m[OtherTool]
+			other += o
+			for tool, n := range m {
+				if tool == OtherTool {
+					continue
+				}
+				sums[tool] += n
+				tracking[tool] += o
+			}
+		}
+		if other > 0 {
+			for tool := range sums {
+				sums[tool] += other - tracking[tool]
+			}
+			sums[OtherTool] = other
+		}
+		return sums
+	}
+	return pick(func(r *subTools) map[string]int64 { return r.Calls }),
+		pick(func(r *subTools) map[string]int64 { return r.Failures })
+}
+
+// subtreeToolCounts is a subtree's counts by tool as CEL reads them: when
+// they hold OtherTool, a lookup of a tool they do not hold reads it
+// (toolCounts).
+func subtreeToolCounts(m counts) celref.Val {
+	plain := types.DefaultTypeAdapter.NativeToValue(m)
+	if _, ok := m[OtherTool]; !ok {
+		return plain
+	}
+	return toolCounts{Mapper: plain.(traits.Mapper), other: types.Int(m[OtherTool])}
+}
+
+// untrackedSubtreeCount is what subtreeToolCounts reads for tool.
+func untrackedSubtreeCount(m counts, tool string) (int64, bool) {
+	if n, ok := m[tool]; ok {
+		return n, true
+	}
+	n, ok := m[OtherTool]
+	return n, ok
+}
+
+// maxSubtreeTools bounds the tools a subtree's counts by tool hold: each
+// record of an ancestor (growShards of them) and the node's own counters
+// track at most MaxTools tools and OtherTool.
+const maxSubtreeTools = (growShards + 1) * (MaxTools + 1)

@@ -460,6 +460,10 @@ type TestResult struct {
 	Result
 	Observed     *Observations
 	SelfReported map[string]float64
+	// DecodedBytes is the size of the subtree's records the test decoded
+	// (counts by tool, reported counters: for an expression that reads
+	// them): the caller's price.
+	DecodedBytes int
 }
 
 // Test evaluates an expression (or a stored rule's) against the node's
@@ -474,6 +478,8 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	var stored *Observations
 	var self map[string]float64
 	var sums *reportedSums
+	var c *Compiled
+	var decoded int
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if n, err = r.readable(tx, a, nodeID); err != nil {
@@ -499,16 +505,19 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			}
 			expression = rule.Expression
 		}
-		stored, self, err = readNode(tx, nodeID)
-		if err == nil {
-			sums, err = readSubtreeReported(tx, nodeID, self)
+		// Compiled first: the subtree's counts by tool are decoded only
+		// for an expression that reads them.
+		if c, err = r.compileKept(expression, ruleID != ""); err != nil {
+			return err
 		}
+		if stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools); err != nil || !c.UsesSubtreeReported {
+			return err
+		}
+		var size int
+		sums, size, err = readSubtreeReportedSize(tx, nodeID, self)
+		decoded += size
 		return err
 	})
-	if err != nil {
-		return TestResult{}, err
-	}
-	c, err := r.compileKept(expression, ruleID != "")
 	if err != nil {
 		return TestResult{}, err
 	}
@@ -518,7 +527,7 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	}
 	res := c.evaluate(observed, self, sums)
 	res.Values = c.values(observed, self, sums)
-	return TestResult{Result: res, Observed: observed, SelfReported: self}, nil
+	return TestResult{Result: res, Observed: observed, SelfReported: self, DecodedBytes: decoded}, nil
 }
 
 // Report records counters an agent reports about its own node: each value
@@ -604,7 +613,16 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 	if o.Calls == calls && o.Failures == failures {
 		return nil
 	}
-	return addToAncestors(tx, after.NodeID, subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)})
+	// The change, by tool too: a call begins or fails once, so the change
+	// is one call or one failure of after's tool.
+	d := subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)}
+	if d.calls > 0 {
+		d.tools.Calls = map[string]int64{after.Tool: int64(d.calls)}
+	}
+	if d.failures > 0 {
+		d.tools.Failures = map[string]int64{after.Tool: int64(d.failures)}
+	}
+	return addToAncestors(tx, after.NodeID, d)
 }
 
 // addToAncestors adds d to the subtree records of node's ancestors (the
@@ -617,7 +635,12 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
 		}
 		s.calls += d.calls
 		s.failures += d.failures
-		return tx.Put(key, s.append(nil))
+		s.tools.add(&d.tools)
+		b, err := s.append(nil)
+		if err != nil {
+			return err
+		}
+		return tx.Put(key, b)
 	})
 }
 
@@ -663,11 +686,25 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keyOf func(anc string, shar
 }
 
 // subtotal is one record of an ancestor's subtree totals: the calls begun
-// by its descendants of one shard, and those that ended failed.
-type subtotal struct{ calls, failures uint64 }
+// by its descendants of one shard, and those that ended failed, in total
+// and by tool. Stored as the two totals' uvarints, then the counts by tool
+// (subTools, in its protobuf encoding) when there are any: a record an
+// earlier version wrote, the totals alone, reads as counting no tool.
+type subtotal struct {
+	calls, failures uint64
+	tools           subTools
+}
 
-func (s subtotal) append(b []byte) []byte {
-	return binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
+func (s subtotal) append(b []byte) ([]byte, error) {
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
+	if len(s.tools.Calls) == 0 && len(s.tools.Failures) == 0 {
+		return b, nil
+	}
+	t, err := storecodec.Marshal(&s.tools)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, t...), nil
 }
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
@@ -682,28 +719,52 @@ func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 }
 
 func decodeSubtotal(v []byte) (subtotal, error) {
+	s, _, err := decodeSubtotalOf(v, true)
+	return s, err
+}
+
+// decodeSubtotalOf decodes a subtree record, its counts by tool only when
+// tools is set, and returns the size of its part by tool.
+func decodeSubtotalOf(v []byte, tools bool) (subtotal, int, error) {
 	var s subtotal
-	if err := decodeUvarints(v, "subtree", &s.calls, &s.failures); err != nil {
-		return subtotal{}, err
+	rest, err := readUvarints(v, "subtree", &s.calls, &s.failures)
+	if err != nil {
+		return subtotal{}, 0, err
 	}
-	return s, nil
+	if len(rest) == 0 || !tools {
+		return s, 0, nil
+	}
+	if err := storecodec.Unmarshal(rest, &s.tools); err != nil {
+		return subtotal{}, 0, fmt.Errorf("stoprule: corrupt subtree record: %w", err)
+	}
+	return s, len(rest), nil
 }
 
 // decodeUvarints reads v, a record of what (the growth or subtree
 // records), as exactly len(fields) uvarints into fields.
 func decodeUvarints(v []byte, what string, fields ...*uint64) error {
+	rest, err := readUvarints(v, what, fields...)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("stoprule: corrupt %s record: trailing bytes", what)
+	}
+	return nil
+}
+
+// readUvarints reads len(fields) uvarints of v, a record of what, into
+// fields, and returns the bytes after them.
+func readUvarints(v []byte, what string, fields ...*uint64) ([]byte, error) {
 	size := len(v)
 	for _, f := range fields {
 		x, n := binary.Uvarint(v)
 		if n <= 0 {
-			return fmt.Errorf("stoprule: corrupt %s record of %d bytes", what, size)
+			return nil, fmt.Errorf("stoprule: corrupt %s record of %d bytes", what, size)
 		}
 		*f, v = x, v[n:]
 	}
-	if len(v) != 0 {
-		return fmt.Errorf("stoprule: corrupt %s record: trailing bytes", what)
-	}
-	return nil
+	return v, nil
 }
 
 // ObserveSpawn implements tree.Observer: the parent's spawns and
@@ -895,11 +956,21 @@ func allRules(tx store.ReadTxn) ([]*Rule, error) {
 	return out, err
 }
 
-// readNode reads a node's stored counters and self-reported counters.
+// readNode reads a node's stored counters and self-reported counters,
+// without the subtree's counts by tool (readNodeTools).
 func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float64, error) {
+	o, self, _, err := readNodeTools(tx, nodeID, false)
+	return o, self, err
+}
+
+// readNodeTools is readNode, with the subtree's counts by tool when tools
+// is set, and the size of the records' parts by tool it decoded: up to
+// growShards records of 2·(MaxTools+1) names, which only the rules that
+// read them pay for.
+func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, map[string]float64, int, error) {
 	o, err := storedObs(tx, nodeID)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	// The spawns below, from the growth records (counters stored by an
 	// older version, which folded spawns into o, are kept and added to).
@@ -915,49 +986,65 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 		return nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if nodes > 0 {
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
 	}
 	// The calls of the subtree: the node's own and its descendants'.
 	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
+	records := []*subTools{{Calls: o.CallsByTool, Failures: o.FailuresByTool}}
+	toolBytes := 0
 	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
-		s, err := decodeSubtotal(v)
+		s, size, err := decodeSubtotalOf(v, tools)
 		if err != nil {
 			return err
 		}
+		toolBytes += size
 		o.SubtreeCalls += int64(s.calls)
 		o.SubtreeFailures += int64(s.failures)
+		records = append(records, &s.tools)
 		return nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, 0, err
+	}
+	if tools {
+		o.SubtreeCallsByTool, o.SubtreeFailuresByTool = sumTools(records)
 	}
 	self := &reported{}
 	if err := kv.Get(tx, selfKey(nodeID), self); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	return o, self.Counters, nil
+	return o, self.Counters, toolBytes, nil
 }
 
 // readSubtreeReported reads subtree_reported of a node whose own
 // reported counters are own: its own and its descendants', from its
 // records (at most growShards).
 func readSubtreeReported(tx store.ReadTxn, nodeID string, own map[string]float64) (*reportedSums, error) {
+	sums, _, err := readSubtreeReportedSize(tx, nodeID, own)
+	return sums, err
+}
+
+// readSubtreeReportedSize is readSubtreeReported, with the size of the
+// records it decoded.
+func readSubtreeReportedSize(tx store.ReadTxn, nodeID string, own map[string]float64) (*reportedSums, int, error) {
 	var records []*subReported
+	size := 0
 	err := tx.Scan(subSelfPrefix(nodeID), nil, func(_, v []byte) error {
 		rec := &subReported{}
 		if err := storecodec.Unmarshal(v, rec); err != nil {
 			return err
 		}
+		size += len(v)
 		records = append(records, rec)
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return sumReported(own, records), nil
+	return sumReported(own, records), size, nil
 }
 
 // storedObs reads a node's stored counters alone, without the growth

@@ -90,6 +90,13 @@ type Observations struct {
 	// and readers add the node's own calls and those records up.
 	SubtreeCalls    int64 `pb:"20"`
 	SubtreeFailures int64 `pb:"21"`
+	// SubtreeCalls and SubtreeFailures by tool, kept in the same records
+	// (each tracking at most MaxTools tools and counting further ones
+	// under OtherTool). Where a record counted a tool under OtherTool,
+	// OtherTool holds the records' others added up, and a lookup of a tool
+	// the map does not hold reads it (subtreeToolCounts).
+	SubtreeCallsByTool    map[string]int64 `pb:"22"`
+	SubtreeFailuresByTool map[string]int64 `pb:"23"`
 }
 
 // Clone returns a copy of o sharing nothing with it.
@@ -98,6 +105,8 @@ func (o *Observations) Clone() *Observations {
 	c.CallsByTool = maps.Clone(o.CallsByTool)
 	c.CallsByOutcome = maps.Clone(o.CallsByOutcome)
 	c.FailuresByTool = maps.Clone(o.FailuresByTool)
+	c.SubtreeCallsByTool = maps.Clone(o.SubtreeCallsByTool)
+	c.SubtreeFailuresByTool = maps.Clone(o.SubtreeFailuresByTool)
 	c.LeasesByState = maps.Clone(o.LeasesByState)
 	c.NodeLabels = maps.Clone(o.NodeLabels)
 	return &c

@@ -217,8 +217,15 @@ type StopRuleObservations struct {
 	// own transaction.
 	SubtreeCalls    int64 `protobuf:"varint,20,opt,name=subtree_calls,json=subtreeCalls,proto3" json:"subtree_calls,omitempty"`
 	SubtreeFailures int64 `protobuf:"varint,21,opt,name=subtree_failures,json=subtreeFailures,proto3" json:"subtree_failures,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// subtree_calls and subtree_failures by tool: a node's calls to one tool
+	// with every descendant's. Each record of an ancestor's totals tracks
+	// at most 64 tools and counts further ones under "other"; a lookup of a
+	// tool the map does not hold reads "other" when it is present (an
+	// over-count, never an under-count).
+	SubtreeCallsByTool    map[string]int64 `protobuf:"bytes,22,rep,name=subtree_calls_by_tool,json=subtreeCallsByTool,proto3" json:"subtree_calls_by_tool,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	SubtreeFailuresByTool map[string]int64 `protobuf:"bytes,23,rep,name=subtree_failures_by_tool,json=subtreeFailuresByTool,proto3" json:"subtree_failures_by_tool,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *StopRuleObservations) Reset() {
@@ -396,6 +403,20 @@ func (x *StopRuleObservations) GetSubtreeFailures() int64 {
 		return x.SubtreeFailures
 	}
 	return 0
+}
+
+func (x *StopRuleObservations) GetSubtreeCallsByTool() map[string]int64 {
+	if x != nil {
+		return x.SubtreeCallsByTool
+	}
+	return nil
+}
+
+func (x *StopRuleObservations) GetSubtreeFailuresByTool() map[string]int64 {
+	if x != nil {
+		return x.SubtreeFailuresByTool
+	}
+	return nil
 }
 
 // StopRuleValue is one value a rule read when it became true.
@@ -1212,8 +1233,7 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\n" +
-	"\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\r\n" +
 	"\x14StopRuleObservations\x12\x14\n" +
 	"\x05calls\x18\x01 \x01(\x03R\x05calls\x12T\n" +
 	"\rcalls_by_tool\x18\x02 \x03(\v20.tether.v1.StopRuleObservations.CallsByToolEntryR\vcallsByTool\x12]\n" +
@@ -1239,7 +1259,9 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"nodeLabels\x12-\n" +
 	"\x13calls_in_flight_max\x18\x13 \x01(\x03R\x10callsInFlightMax\x12#\n" +
 	"\rsubtree_calls\x18\x14 \x01(\x03R\fsubtreeCalls\x12)\n" +
-	"\x10subtree_failures\x18\x15 \x01(\x03R\x0fsubtreeFailures\x1a>\n" +
+	"\x10subtree_failures\x18\x15 \x01(\x03R\x0fsubtreeFailures\x12j\n" +
+	"\x15subtree_calls_by_tool\x18\x16 \x03(\v27.tether.v1.StopRuleObservations.SubtreeCallsByToolEntryR\x12subtreeCallsByTool\x12s\n" +
+	"\x18subtree_failures_by_tool\x18\x17 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeFailuresByToolEntryR\x15subtreeFailuresByTool\x1a>\n" +
 	"\x10CallsByToolEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
@@ -1254,7 +1276,13 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1a=\n" +
 	"\x0fNodeLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"^\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aE\n" +
+	"\x17SubtreeCallsByToolEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aH\n" +
+	"\x1aSubtreeFailuresByToolEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"^\n" +
 	"\rStopRuleValue\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12#\n" +
@@ -1352,7 +1380,7 @@ func file_tether_v1_stoprule_proto_rawDescGZIP() []byte {
 	return file_tether_v1_stoprule_proto_rawDescData
 }
 
-var file_tether_v1_stoprule_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_tether_v1_stoprule_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_tether_v1_stoprule_proto_goTypes = []any{
 	(*StopRule)(nil),               // 0: tether.v1.StopRule
 	(*StopRuleObservations)(nil),   // 1: tether.v1.StopRuleObservations
@@ -1375,49 +1403,53 @@ var file_tether_v1_stoprule_proto_goTypes = []any{
 	nil,                            // 18: tether.v1.StopRuleObservations.FailuresByToolEntry
 	nil,                            // 19: tether.v1.StopRuleObservations.LeasesByStateEntry
 	nil,                            // 20: tether.v1.StopRuleObservations.NodeLabelsEntry
-	nil,                            // 21: tether.v1.StopRuleFiring.LabelsEntry
-	nil,                            // 22: tether.v1.AddStopRuleRequest.LabelsEntry
-	nil,                            // 23: tether.v1.TestStopRuleResponse.SelfReportedEntry
-	nil,                            // 24: tether.v1.ReportCountersRequest.CountersEntry
-	nil,                            // 25: tether.v1.ReportCountersResponse.CountersEntry
-	(*timestamppb.Timestamp)(nil),  // 26: google.protobuf.Timestamp
+	nil,                            // 21: tether.v1.StopRuleObservations.SubtreeCallsByToolEntry
+	nil,                            // 22: tether.v1.StopRuleObservations.SubtreeFailuresByToolEntry
+	nil,                            // 23: tether.v1.StopRuleFiring.LabelsEntry
+	nil,                            // 24: tether.v1.AddStopRuleRequest.LabelsEntry
+	nil,                            // 25: tether.v1.TestStopRuleResponse.SelfReportedEntry
+	nil,                            // 26: tether.v1.ReportCountersRequest.CountersEntry
+	nil,                            // 27: tether.v1.ReportCountersResponse.CountersEntry
+	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
 }
 var file_tether_v1_stoprule_proto_depIdxs = []int32{
 	14, // 0: tether.v1.StopRule.selector:type_name -> tether.v1.StopRule.SelectorEntry
 	15, // 1: tether.v1.StopRule.labels:type_name -> tether.v1.StopRule.LabelsEntry
-	26, // 2: tether.v1.StopRule.created_at:type_name -> google.protobuf.Timestamp
+	28, // 2: tether.v1.StopRule.created_at:type_name -> google.protobuf.Timestamp
 	16, // 3: tether.v1.StopRuleObservations.calls_by_tool:type_name -> tether.v1.StopRuleObservations.CallsByToolEntry
 	17, // 4: tether.v1.StopRuleObservations.calls_by_outcome:type_name -> tether.v1.StopRuleObservations.CallsByOutcomeEntry
 	18, // 5: tether.v1.StopRuleObservations.failures_by_tool:type_name -> tether.v1.StopRuleObservations.FailuresByToolEntry
 	19, // 6: tether.v1.StopRuleObservations.leases_by_state:type_name -> tether.v1.StopRuleObservations.LeasesByStateEntry
 	20, // 7: tether.v1.StopRuleObservations.node_labels:type_name -> tether.v1.StopRuleObservations.NodeLabelsEntry
-	21, // 8: tether.v1.StopRuleFiring.labels:type_name -> tether.v1.StopRuleFiring.LabelsEntry
-	2,  // 9: tether.v1.StopRuleFiring.values:type_name -> tether.v1.StopRuleValue
-	26, // 10: tether.v1.StopRuleFiring.fired_at:type_name -> google.protobuf.Timestamp
-	22, // 11: tether.v1.AddStopRuleRequest.labels:type_name -> tether.v1.AddStopRuleRequest.LabelsEntry
-	0,  // 12: tether.v1.AddStopRuleResponse.rule:type_name -> tether.v1.StopRule
-	0,  // 13: tether.v1.ListStopRulesResponse.rules:type_name -> tether.v1.StopRule
-	0,  // 14: tether.v1.RemoveStopRuleResponse.rule:type_name -> tether.v1.StopRule
-	2,  // 15: tether.v1.TestStopRuleResponse.values:type_name -> tether.v1.StopRuleValue
-	1,  // 16: tether.v1.TestStopRuleResponse.observed:type_name -> tether.v1.StopRuleObservations
-	23, // 17: tether.v1.TestStopRuleResponse.self_reported:type_name -> tether.v1.TestStopRuleResponse.SelfReportedEntry
-	24, // 18: tether.v1.ReportCountersRequest.counters:type_name -> tether.v1.ReportCountersRequest.CountersEntry
-	25, // 19: tether.v1.ReportCountersResponse.counters:type_name -> tether.v1.ReportCountersResponse.CountersEntry
-	4,  // 20: tether.v1.StopRuleService.AddStopRule:input_type -> tether.v1.AddStopRuleRequest
-	6,  // 21: tether.v1.StopRuleService.ListStopRules:input_type -> tether.v1.ListStopRulesRequest
-	8,  // 22: tether.v1.StopRuleService.RemoveStopRule:input_type -> tether.v1.RemoveStopRuleRequest
-	10, // 23: tether.v1.StopRuleService.TestStopRule:input_type -> tether.v1.TestStopRuleRequest
-	12, // 24: tether.v1.StopRuleService.ReportCounters:input_type -> tether.v1.ReportCountersRequest
-	5,  // 25: tether.v1.StopRuleService.AddStopRule:output_type -> tether.v1.AddStopRuleResponse
-	7,  // 26: tether.v1.StopRuleService.ListStopRules:output_type -> tether.v1.ListStopRulesResponse
-	9,  // 27: tether.v1.StopRuleService.RemoveStopRule:output_type -> tether.v1.RemoveStopRuleResponse
-	11, // 28: tether.v1.StopRuleService.TestStopRule:output_type -> tether.v1.TestStopRuleResponse
-	13, // 29: tether.v1.StopRuleService.ReportCounters:output_type -> tether.v1.ReportCountersResponse
-	25, // [25:30] is the sub-list for method output_type
-	20, // [20:25] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	21, // 8: tether.v1.StopRuleObservations.subtree_calls_by_tool:type_name -> tether.v1.StopRuleObservations.SubtreeCallsByToolEntry
+	22, // 9: tether.v1.StopRuleObservations.subtree_failures_by_tool:type_name -> tether.v1.StopRuleObservations.SubtreeFailuresByToolEntry
+	23, // 10: tether.v1.StopRuleFiring.labels:type_name -> tether.v1.StopRuleFiring.LabelsEntry
+	2,  // 11: tether.v1.StopRuleFiring.values:type_name -> tether.v1.StopRuleValue
+	28, // 12: tether.v1.StopRuleFiring.fired_at:type_name -> google.protobuf.Timestamp
+	24, // 13: tether.v1.AddStopRuleRequest.labels:type_name -> tether.v1.AddStopRuleRequest.LabelsEntry
+	0,  // 14: tether.v1.AddStopRuleResponse.rule:type_name -> tether.v1.StopRule
+	0,  // 15: tether.v1.ListStopRulesResponse.rules:type_name -> tether.v1.StopRule
+	0,  // 16: tether.v1.RemoveStopRuleResponse.rule:type_name -> tether.v1.StopRule
+	2,  // 17: tether.v1.TestStopRuleResponse.values:type_name -> tether.v1.StopRuleValue
+	1,  // 18: tether.v1.TestStopRuleResponse.observed:type_name -> tether.v1.StopRuleObservations
+	25, // 19: tether.v1.TestStopRuleResponse.self_reported:type_name -> tether.v1.TestStopRuleResponse.SelfReportedEntry
+	26, // 20: tether.v1.ReportCountersRequest.counters:type_name -> tether.v1.ReportCountersRequest.CountersEntry
+	27, // 21: tether.v1.ReportCountersResponse.counters:type_name -> tether.v1.ReportCountersResponse.CountersEntry
+	4,  // 22: tether.v1.StopRuleService.AddStopRule:input_type -> tether.v1.AddStopRuleRequest
+	6,  // 23: tether.v1.StopRuleService.ListStopRules:input_type -> tether.v1.ListStopRulesRequest
+	8,  // 24: tether.v1.StopRuleService.RemoveStopRule:input_type -> tether.v1.RemoveStopRuleRequest
+	10, // 25: tether.v1.StopRuleService.TestStopRule:input_type -> tether.v1.TestStopRuleRequest
+	12, // 26: tether.v1.StopRuleService.ReportCounters:input_type -> tether.v1.ReportCountersRequest
+	5,  // 27: tether.v1.StopRuleService.AddStopRule:output_type -> tether.v1.AddStopRuleResponse
+	7,  // 28: tether.v1.StopRuleService.ListStopRules:output_type -> tether.v1.ListStopRulesResponse
+	9,  // 29: tether.v1.StopRuleService.RemoveStopRule:output_type -> tether.v1.RemoveStopRuleResponse
+	11, // 30: tether.v1.StopRuleService.TestStopRule:output_type -> tether.v1.TestStopRuleResponse
+	13, // 31: tether.v1.StopRuleService.ReportCounters:output_type -> tether.v1.ReportCountersResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_stoprule_proto_init() }
@@ -1431,7 +1463,7 @@ func file_tether_v1_stoprule_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_stoprule_proto_rawDesc), len(file_tether_v1_stoprule_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
