@@ -141,9 +141,10 @@ func TestSeenReportPastTheBurstIsDueWhenTheClockMovesAsItArms(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(gw.Close)
-	// First, on a failure: what waits on the gateway's clock is released.
-	t.Cleanup(func() { gclk.Advance(time.Hour) })
 	a := serveStdioAgent(t, gw, w.grant.Token) // its opening is reported too
+	// First, on a failure: the ping waiting on the gateway's clock is
+	// released, so that the agent's and the gateway's ends do not wait.
+	t.Cleanup(func() { gclk.Advance(time.Hour) })
 	// The clock stays at t0: each ping needs its own report, and past the
 	// burst the next may start once t0 + one interval.
 	gclk.jumpNext(mcpgate.SeenReportInterval * 4 / 10)
