@@ -481,8 +481,8 @@ func (s *Server) buildHandler() error {
 		},
 		SignalReserve: SignalStreamReserve,
 		StreamReserve: StreamReserve,
-		AfterFunc: func(d time.Duration, f func()) func() bool {
-			return s.cfg.Clock.AfterFunc(d, f).Stop
+		AfterFuncAt: func(at time.Time, f func()) func() bool {
+			return clock.AfterFuncAt(s.cfg.Clock, at, f).Stop
 		},
 		// A request's body past its first few KiB costs more of the
 		// budget, charged before it is decoded; so does each message of

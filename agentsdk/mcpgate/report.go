@@ -107,7 +107,7 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 			}
 			tr := &trailingReport{token: token}
 			r.trailing[node] = tr
-			tr.timer = g.cfg.Clock.AfterFunc(t.Add(RefusalReportInterval).Sub(now), func() { g.reportTrailing(node, tr) })
+			tr.timer = clock.AfterFuncAt(g.cfg.Clock, t.Add(RefusalReportInterval), func() { g.reportTrailing(node, tr) })
 		}
 		r.mu.Unlock()
 		return

@@ -137,12 +137,14 @@ func (g *Gateway) scheduleSeen(node string, n *seenNode) {
 	if n.timer != nil {
 		return
 	}
-	wait := n.tat.Add(-(SeenReportBurst - 1) * SeenReportInterval).Sub(g.cfg.Clock.Now())
-	if wait <= 0 {
+	at := n.tat.Add(-(SeenReportBurst - 1) * SeenReportInterval)
+	if clock.Until(g.cfg.Clock, at) <= 0 {
 		g.startSeen(node, n)
 		return
 	}
-	n.timer = g.cfg.Clock.AfterFunc(wait, func() {
+	// Armed for the moment, not the time left as read: a clock moved in
+	// between made the report, and the requests waiting for it, late.
+	n.timer = clock.AfterFuncAt(g.cfg.Clock, at, func() {
 		g.seen.mu.Lock()
 		defer g.seen.mu.Unlock()
 		n.timer = nil

@@ -58,12 +58,15 @@ type Interceptor struct {
 	// reports after the stream's handler returned leaves the handler's
 	// answer as it was.
 	AgentEnded func(ctx context.Context, nodeID string) error
-	// AfterFunc, when set, runs f once d has passed on Now's clock and
-	// returns what stops it: an operator's or a tool server's open stream
-	// then ends (Unauthenticated) when its token expires, as its next call
-	// would be refused. An agent's stream outlives its credential, which
-	// its heartbeats refresh; it ends with its node (AgentEnded).
-	AfterFunc func(d time.Duration, f func()) (stop func() bool)
+	// AfterFuncAt, when set, runs f once Now's clock reads at (at once
+	// when it already does) and returns what stops it: an operator's or a
+	// tool server's open stream then ends (Unauthenticated) when its token
+	// expires, as its next call would be refused. An agent's stream
+	// outlives its credential, which its heartbeats refresh; it ends with
+	// its node (AgentEnded). Armed for the moment, not for the time left
+	// as read (clock.AfterFuncAt): a clock moved between the reading and
+	// the arming armed the end late by the move.
+	AfterFuncAt func(at time.Time, f func()) (stop func() bool)
 	// Limiter bounds the request rate of each budget (Principal.Budget);
 	// nil: unlimited. Every message of a stream costs one request.
 	Limiter *RateLimiter
@@ -1057,12 +1060,12 @@ func (i *Interceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc) co
 			defer cancel(nil)
 			go i.endOnRevocation(ctx, p.TokenID, cancel)
 		}
-		if i.AfterFunc != nil && !p.IsAgent() && !p.ExpiresAt.IsZero() {
+		if i.AfterFuncAt != nil && !p.IsAgent() && !p.ExpiresAt.IsZero() {
 			var cancel context.CancelCauseFunc
 			ctx, cancel = context.WithCancelCause(ctx)
 			defer cancel(nil)
 			// Refused from ExpiresAt+Leeway on, like a call (TokenCache).
-			stop := i.AfterFunc(p.ExpiresAt.Add(Leeway).Sub(i.Now()), func() {
+			stop := i.AfterFuncAt(p.ExpiresAt.Add(Leeway), func() {
 				cancel(&ended{connect.NewError(connect.CodeUnauthenticated, fmt.Errorf("%w: expired at %s; the stream is over", ErrBadCredential, p.ExpiresAt.UTC().Format(time.RFC3339)))})
 			})
 			defer stop()

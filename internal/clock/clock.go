@@ -66,6 +66,20 @@ func NewTimerAt(c Clock, t time.Time) Timer {
 	return c.NewTimer(Until(c, t))
 }
 
+// AfterFuncAt calls f once c reads t (in its own goroutine at once when it
+// already does), as NewTimerAt arms a timer: for the moment itself on a
+// clock that can (Manual), not for the time left as the caller read the
+// clock — a refusal's trailing report, armed for the end of its interval
+// from a reading the test's Advance overtook, came due an Advance late.
+func AfterFuncAt(c Clock, t time.Time, f func()) Timer {
+	if a, ok := c.(interface {
+		AfterFuncAt(time.Time, func()) Timer
+	}); ok {
+		return a.AfterFuncAt(t, f)
+	}
+	return c.AfterFunc(Until(c, t), f)
+}
+
 // Real is the wall clock, in UTC; its timers are the time package's.
 type Real struct{}
 

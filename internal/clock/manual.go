@@ -125,15 +125,25 @@ func (m *Manual) NewTimer(d time.Duration) Timer {
 // NewTimerAt arms a timer for t, whatever the clock reads as it is armed;
 // one already due fires at once (clock.NewTimerAt).
 func (m *Manual) NewTimerAt(t time.Time) Timer {
-	timer := &manualTimer{m: m, c: make(chan time.Time, 1), index: -1}
+	return m.armAt(&manualTimer{m: m, c: make(chan time.Time, 1), index: -1}, t)
+}
+
+// AfterFuncAt arms f for t, whatever the clock reads as it is armed; an f
+// already due runs at once in its own goroutine (clock.AfterFuncAt).
+func (m *Manual) AfterFuncAt(t time.Time, f func()) Timer {
+	return m.armAt(&manualTimer{m: m, f: f, index: -1}, t)
+}
+
+// armAt arms a new timer for at, firing it at once if it is due.
+func (m *Manual) armAt(t *manualTimer, at time.Time) Timer {
 	m.mu.Lock()
-	timer.armAtLocked(t.UTC())
-	f := m.fireIfDueLocked(timer)
+	t.armAtLocked(at.UTC())
+	f := m.fireIfDueLocked(t)
 	m.mu.Unlock()
 	if f != nil {
 		go f()
 	}
-	return timer
+	return t
 }
 
 // AfterFunc arms f d from now. An f already due runs in its own goroutine,

@@ -238,3 +238,71 @@ func TestRealTimer(t *testing.T) {
 		t.Fatal("stopping a pending real timer reported it was not pending")
 	}
 }
+
+// TestManualArmsAtTheMomentWhateverItReads: NewTimerAt and AfterFuncAt arm
+// a Manual's timer for the moment given, not for the time left as the
+// caller read the clock: a clock moved between a worker's reading and its
+// arming (a test's Set) does not make it late, one already past the moment
+// fires at once, and clock.NewTimerAt and clock.AfterFuncAt reach them
+// through the Clock interface.
+func TestManualArmsAtTheMomentWhateverItReads(t *testing.T) {
+	clk := clock.NewManual(start)
+	var c clock.Clock = clk
+	at := start.Add(10 * time.Second)
+	read := clk.Now()
+	clk.Advance(4 * time.Second) // between the worker's reading and its arming
+	ran := make(chan time.Time, 2)
+	tm := clock.NewTimerAt(c, at)
+	clock.AfterFuncAt(c, at, func() { ran <- clk.Now() })
+	// What arming for the time left as read would have done: due at 14s.
+	late := clk.AfterFunc(at.Sub(read), func() { ran <- time.Time{} })
+	defer late.Stop()
+	clk.Set(at.Add(-time.Millisecond))
+	select {
+	case <-tm.C():
+		t.Fatal("the timer fired before its moment")
+	case <-ran:
+		t.Fatal("the func ran before its moment")
+	default:
+	}
+	clk.Set(at)
+	select {
+	case got := <-tm.C():
+		if !got.Equal(at) {
+			t.Fatalf("the timer sent %v, want %v", got.Sub(start), at.Sub(start))
+		}
+	default:
+		t.Fatal("the timer armed for 10s did not fire at 10s after the clock moved as it armed")
+	}
+	select {
+	case got := <-ran:
+		if !got.Equal(at) {
+			t.Fatalf("the func ran at %v, want at its moment, 10s (the time left as read armed it at 14s)", got.Sub(start))
+		}
+	default:
+		t.Fatal("the func armed for 10s did not run at 10s after the clock moved as it armed")
+	}
+
+	// Past the moment already: the timer fires and the func runs at once.
+	if got := <-clock.NewTimerAt(c, start).C(); !got.Equal(at) {
+		t.Fatalf("a timer for a moment past sent %v, want the clock's reading", got.Sub(start))
+	}
+	done := make(chan struct{})
+	clock.AfterFuncAt(c, start, func() { close(done) })
+	<-done
+	if got := clk.Waiters(); got != 1 { // the late one
+		t.Fatalf("%d timers pending, want 1", got)
+	}
+}
+
+// TestRealAfterFuncAt: on a clock without moments (Real), AfterFuncAt arms
+// for the time left.
+func TestRealAfterFuncAt(t *testing.T) {
+	var c clock.Clock = clock.Real{}
+	done := make(chan struct{})
+	clock.AfterFuncAt(c, c.Now().Add(-time.Second), func() { close(done) })
+	<-done
+	if tm := clock.AfterFuncAt(c, c.Now().Add(time.Hour), func() {}); !tm.Stop() {
+		t.Fatal("stopping a pending real AfterFuncAt reported it was not pending")
+	}
+}
