@@ -19,11 +19,16 @@ import (
 // countingTxn counts the keys a transaction writes.
 type countingTxn struct {
 	store.Txn
-	puts []string
+	puts  []string
+	bytes map[string]int // by key, the size of the key and value put last
 }
 
 func (c *countingTxn) Put(k, v []byte) error {
 	c.puts = append(c.puts, string(k))
+	if c.bytes == nil {
+		c.bytes = map[string]int{}
+	}
+	c.bytes[string(k)] = len(k) + len(v)
 	return c.Txn.Put(k, v)
 }
 
@@ -32,8 +37,9 @@ func (c *countingTxn) Put(k, v []byte) error {
 // exactly at every ancestor (each node's subtree_calls and
 // subtree_failures are its own and its descendants', what folding every
 // call into every ancestor gives), and each call writes its node's
-// counters and one record per ancestor, whatever the size of the
-// subtrees above it: no walk of a subtree per call.
+// counters and, per ancestor, one record of totals and one count of its
+// tool (thirty-first pass), whatever the size of the subtrees above it:
+// no walk of a subtree per call.
 func TestRogue30CSubtreeCallsAreExactAndCostOneRecordPerAncestor(t *testing.T) {
 	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
@@ -85,7 +91,7 @@ func TestRogue30CSubtreeCallsAreExactAndCostOneRecordPerAncestor(t *testing.T) {
 						return err
 					}
 					for _, k := range ct.puts {
-						if !strings.HasPrefix(k, prefixObs) && !strings.HasPrefix(k, prefixSub) {
+						if !strings.HasPrefix(k, prefixObs) && !strings.HasPrefix(k, prefixSub) && !strings.HasPrefix(k, prefixSubTool) {
 							return fmt.Errorf("a call wrote %s", k)
 						}
 					}
@@ -113,8 +119,8 @@ func TestRogue30CSubtreeCallsAreExactAndCostOneRecordPerAncestor(t *testing.T) {
 	}
 	wg.Wait()
 	for depth, n := range writes {
-		if n != depth+1 {
-			t.Errorf("a call at depth %d wrote %d keys, want its counters and one record per ancestor (%d)", depth, n, depth+1)
+		if n != 2*depth+1 {
+			t.Errorf("a call at depth %d wrote %d keys, want its counters and, per ancestor, its shard's totals and count of the tool (%d)", depth, n, 2*depth+1)
 		}
 	}
 	// The model: every call folded into its node and every ancestor.

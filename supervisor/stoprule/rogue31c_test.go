@@ -194,20 +194,17 @@ func TestRogue31CSubtreeToolCountsCannotBeHiddenByFillingTheRecords(t *testing.T
 }
 
 // TestRogue31CSubtreeRecordsOfAnEarlierVersionStillRead: a subtree record
-// an earlier version wrote (the two totals alone) reads as counting no
-// tool, and one written now round-trips with its counts by tool.
+// an earlier version wrote (the two totals alone) reads as tracking no
+// tool, and one written now round-trips with the tools it tracks.
 func TestRogue31CSubtreeRecordsOfAnEarlierVersionStillRead(t *testing.T) {
 	old, err := decodeSubtotal([]byte{7, 2})
-	if err != nil || old.calls != 7 || old.failures != 2 || old.tools.Calls != nil || old.tools.Failures != nil {
+	if err != nil || old != (subtotal{calls: 7, failures: 2}) {
 		t.Fatalf("an earlier version's record read as %+v (%v), want 7 calls, 2 failures, no tools", old, err)
 	}
-	s := subtotal{calls: 3, failures: 1, tools: subTools{Calls: map[string]int64{"shell": 2, "read": 1}, Failures: map[string]int64{"shell": 1}}}
-	b, err := s.append(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := subtotal{calls: 3, failures: 1, tracked: 2}
+	b := s.append(nil)
 	got, err := decodeSubtotal(b)
-	if err != nil || got.calls != 3 || got.failures != 1 || got.tools.Calls["shell"] != 2 || got.tools.Calls["read"] != 1 || got.tools.Failures["shell"] != 1 {
+	if err != nil || got != s {
 		t.Fatalf("a record read back as %+v (%v), want %+v", got, err, s)
 	}
 	if _, err := decodeSubtotal(append(b, 0xff)); err == nil {
@@ -290,5 +287,63 @@ func TestRogue31CFillingTheSubtreeReportedRecordsIsChargedToTheRogue(t *testing.
 	}
 	if cost := evaluate(`observed.subtree_calls > 100000 && self_reported.size() < 1000`); cost >= 2*evaluationBaseCost {
 		t.Fatalf("an evaluation not reading subtree_reported was charged %d, want its snapshot's read (%d) and the rule's few units", cost, evaluationBaseCost)
+	}
+}
+
+// TestRogue31CARogueFillingItsShardsDoesNotMakeEachCallRewriteThem: a
+// rogue four levels deep calls MaxTools tools of 128 characters, filling
+// its shard's counts by tool at each of its ancestors. Each of its later
+// calls — of a tracked tool, of a new one counted under OtherTool — writes
+// a few dozen bytes per ancestor (the shard's totals and the one tool's
+// count), not the shard's whole record of names at every ancestor (some 9
+// KiB each, rewritten on every call of every node of the shard), and the
+// counts still read exact or over, never under.
+func TestRogue31CARogueFillingItsShardsDoesNotMakeEachCallRewriteThem(t *testing.T) {
+	g := newRogue31cRig(t)
+	root := g.spawn(nil, "root")
+	a := g.spawn(root, "a")
+	b := g.spawn(a, "b")
+	c := g.spawn(b, "c")
+	rogue := g.spawn(c, "rogue")
+	long := func(i int) string { return fmt.Sprintf("%s%03d", strings.Repeat("t", 125), i) }
+	for i := range MaxTools {
+		g.call(rogue, long(i), false)
+	}
+	for _, tool := range []string{long(7), "delete_db"} {
+		g.seq++
+		call := &ledger.ToolCall{CallID: fmt.Sprintf("call-%d", g.seq), NodeID: rogue.NodeID, Tool: tool, State: ledger.CallStateInFlight, BegunAt: g.clk.Now()}
+		ct := &countingTxn{}
+		err := g.st.Update(context.Background(), func(tx store.Txn) error {
+			ct.Txn = tx
+			return g.rules.ObserveCall(ct, nil, call)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		subtree := 0
+		for k, n := range ct.bytes {
+			if strings.HasPrefix(k, prefixSub) || strings.HasPrefix(k, prefixSubTool) {
+				subtree += n
+			}
+		}
+		// Four ancestors; per ancestor a totals key of ~50 bytes and a
+		// tool's key of ~60 bytes and its name.
+		if limit := 4 * (2*64 + len(tool)); subtree > limit {
+			t.Errorf("a call of %.12s… wrote %d bytes of subtree records over 4 ancestors, want at most %d", tool, subtree, limit)
+		}
+	}
+	for _, tc := range []struct {
+		node       *tree.Node
+		expression string
+		want       bool
+	}{
+		{root, fmt.Sprintf(`observed.subtree_calls_by_tool[%q] == 2`, long(7)), true},
+		{a, `observed.subtree_calls_by_tool["delete_db"] >= 1`, true},
+		{c, `observed.subtree_calls == 66`, true},
+	} {
+		res := g.judge(tc.node, tc.expression)
+		if res.Err != nil || res.Fired != tc.want {
+			t.Errorf("%s at %s: %v (%v), want %v", tc.expression, tc.node.Name, res.Fired, res.Err, tc.want)
+		}
 	}
 }

@@ -33,6 +33,7 @@ const (
 	prefixObs     = "stoprules/obs/"     // stoprules/obs/<node id> → Observations (as tether.v1.StopRuleObservations): the stored counters
 	prefixGrow    = "stoprules/grow/"    // stoprules/grow/<ancestor id>/<shard> → growth: the spawns below the ancestor under parents of that shard
 	prefixSub     = "stoprules/sub/"     // stoprules/sub/<ancestor id>/<shard> → subtotal: the calls of the ancestor's descendants of that shard
+	prefixSubTool = "stoprules/subtool/" // stoprules/subtool/<ancestor id>/<shard>/<tool> → toolCount: their calls of one tool
 	prefixSubSelf = "stoprules/subself/" // stoprules/subself/<ancestor id>/<shard> → subReported: the reported counters of the ancestor's descendants of that shard
 	prefixSelf    = "stoprules/self/"    // stoprules/self/<node id> → reported (as tether.v1.ReportCountersResponse)
 	prefixFired   = "stoprules/fired/"   // stoprules/fired/<node id>/<rule id> → proposal id
@@ -59,6 +60,10 @@ func growKey(anc string, shard uint32) []byte {
 func subPrefix(node string) []byte { return []byte(prefixSub + node + "/") }
 func subKey(anc string, shard uint32) []byte {
 	return fmt.Appendf(nil, "%s%s/%02x", prefixSub, anc, shard)
+}
+func subToolPrefix(node string) []byte { return []byte(prefixSubTool + node + "/") }
+func subToolKey(anc string, shard uint32, tool string) []byte {
+	return fmt.Appendf(nil, "%s%s/%02x/%s", prefixSubTool, anc, shard, tool)
 }
 func subSelfPrefix(node string) []byte { return []byte(prefixSubSelf + node + "/") }
 func subSelfKey(anc string, shard uint32) []byte {
@@ -613,41 +618,61 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 	if o.Calls == calls && o.Failures == failures {
 		return nil
 	}
-	// The change, by tool too: a call begins or fails once, so the change
-	// is one call or one failure of after's tool.
-	d := subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)}
-	if d.calls > 0 {
-		d.tools.Calls = map[string]int64{after.Tool: int64(d.calls)}
-	}
-	if d.failures > 0 {
-		d.tools.Failures = map[string]int64{after.Tool: int64(d.failures)}
-	}
-	return addToAncestors(tx, after.NodeID, d)
+	// The change, of after's tool: a call begins or fails once, so the
+	// change is one call or one failure of it.
+	return addToAncestors(tx, after.NodeID, subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)}, after.Tool)
 }
 
-// addToAncestors adds d to the subtree records of node's ancestors (the
-// node's shard of each).
-func addToAncestors(tx store.Txn, nodeID string, d subtotal) error {
-	return eachAncestorRecord(tx, nodeID, subKey, func(key []byte) error {
-		s, err := getSubtotal(tx, key)
+// addToAncestors adds d, a change of tool's calls, to the subtree records
+// of node's ancestors (the node's shard of each): the shard's totals, and
+// the shard's count of the tool, a record of its own, so that a call
+// writes a few dozen bytes per ancestor whatever other tools the shard
+// counts (a rogue that filled its shards with MaxTools long names does not
+// make each later call rewrite them at every ancestor). A shard tracks at
+// most MaxTools tools (subtotal.tracked); a further tool is counted under
+// OtherTool, as is every later call of it (the shard stays full).
+func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool string) error {
+	keysOf := func(anc string, shard uint32) [][]byte {
+		return [][]byte{subKey(anc, shard), subToolKey(anc, shard, tool), subToolKey(anc, shard, OtherTool)}
+	}
+	return eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+		s, err := getSubtotal(tx, keys[0])
 		if err != nil {
 			return err
 		}
 		s.calls += d.calls
 		s.failures += d.failures
-		s.tools.add(&d.tools)
-		b, err := s.append(nil)
+		key := keys[1]
+		c, err := getToolCount(tx, key)
+		switch {
+		case errors.Is(err, store.ErrNotFound) && tool != OtherTool && s.tracked < MaxTools:
+			s.tracked++
+			err = nil
+		case errors.Is(err, store.ErrNotFound):
+			key = keys[2]
+			c, err = getToolCount(tx, key)
+			if errors.Is(err, store.ErrNotFound) {
+				err = nil
+			}
+		}
 		if err != nil {
 			return err
 		}
-		return tx.Put(key, b)
+		c.calls += d.calls
+		c.failures += d.failures
+		if err := tx.Put(key, c.append(nil)); err != nil {
+			return err
+		}
+		return tx.Put(keys[0], s.append(nil))
 	})
 }
 
 // reportToAncestors adds the change d of node's reported counters to the
 // subtree records of its ancestors (the node's shard of each).
 func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error {
-	return eachAncestorRecord(tx, nodeID, subSelfKey, func(key []byte) error {
+	keysOf := func(anc string, shard uint32) [][]byte { return [][]byte{subSelfKey(anc, shard)} }
+	return eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+		key := keys[0]
 		rec := &subReported{}
 		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
@@ -657,11 +682,11 @@ func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error 
 	})
 }
 
-// eachAncestorRecord calls add with the key of node's record (its shard's,
-// keyOf) at each of its ancestors, read together first: at most the tree's
-// depth of them, never a walk of a subtree. A node not stored has none (a
-// call of no stored node: the ledger refuses those).
-func eachAncestorRecord(tx store.Txn, nodeID string, keyOf func(anc string, shard uint32) []byte, add func(key []byte) error) error {
+// eachAncestorRecord calls add with the keys of node's records (its
+// shard's, keysOf) at each of its ancestors, all read together first: at
+// most the tree's depth of them, never a walk of a subtree. A node not
+// stored has none (a call of no stored node: the ledger refuses those).
+func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, shard uint32) [][]byte, add func(keys [][]byte) error) error {
 	n, err := tree.GetNodeIn(tx, nodeID)
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil
@@ -670,15 +695,17 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keyOf func(anc string, shar
 		return err
 	}
 	shard := growShard(nodeID)
-	keys := make([][]byte, len(n.Ancestors))
+	each := make([][][]byte, len(n.Ancestors))
+	var all [][]byte
 	for i, a := range n.Ancestors {
-		keys[i] = keyOf(a, shard)
+		each[i] = keysOf(a, shard)
+		all = append(all, each[i]...)
 	}
-	if err := store.Prefetch(tx, keys, nil); err != nil {
+	if err := store.Prefetch(tx, all, nil); err != nil {
 		return err
 	}
-	for _, key := range keys {
-		if err := add(key); err != nil {
+	for _, keys := range each {
+		if err := add(keys); err != nil {
 			return err
 		}
 	}
@@ -686,25 +713,18 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keyOf func(anc string, shar
 }
 
 // subtotal is one record of an ancestor's subtree totals: the calls begun
-// by its descendants of one shard, and those that ended failed, in total
-// and by tool. Stored as the two totals' uvarints, then the counts by tool
-// (subTools, in its protobuf encoding) when there are any: a record an
-// earlier version wrote, the totals alone, reads as counting no tool.
-type subtotal struct {
-	calls, failures uint64
-	tools           subTools
-}
+// by its descendants of one shard, those that ended failed, and how many
+// tools the shard counts apart (its toolCount records, at most MaxTools).
+// Stored as the three uvarints; a record an earlier version wrote, the
+// two totals alone, tracks no tool.
+type subtotal struct{ calls, failures, tracked uint64 }
 
-func (s subtotal) append(b []byte) ([]byte, error) {
+func (s subtotal) append(b []byte) []byte {
 	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
-	if len(s.tools.Calls) == 0 && len(s.tools.Failures) == 0 {
-		return b, nil
+	if s.tracked == 0 {
+		return b
 	}
-	t, err := storecodec.Marshal(&s.tools)
-	if err != nil {
-		return nil, err
-	}
-	return append(b, t...), nil
+	return binary.AppendUvarint(b, s.tracked)
 }
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
@@ -719,25 +739,38 @@ func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 }
 
 func decodeSubtotal(v []byte) (subtotal, error) {
-	s, _, err := decodeSubtotalOf(v, true)
-	return s, err
-}
-
-// decodeSubtotalOf decodes a subtree record, its counts by tool only when
-// tools is set, and returns the size of its part by tool.
-func decodeSubtotalOf(v []byte, tools bool) (subtotal, int, error) {
 	var s subtotal
 	rest, err := readUvarints(v, "subtree", &s.calls, &s.failures)
+	if err != nil || len(rest) == 0 {
+		return s, err
+	}
+	if err := decodeUvarints(rest, "subtree", &s.tracked); err != nil {
+		return subtotal{}, err
+	}
+	return s, nil
+}
+
+// toolCount is one shard's count of one tool at an ancestor: the calls of
+// it begun by the ancestor's descendants of the shard, and those ended
+// failed. Stored as the two uvarints.
+type toolCount struct{ calls, failures uint64 }
+
+func (c toolCount) append(b []byte) []byte {
+	return binary.AppendUvarint(binary.AppendUvarint(b, c.calls), c.failures)
+}
+
+// getToolCount reads the count at key: store.ErrNotFound (and a zero
+// count) when the shard does not count the tool apart.
+func getToolCount(tx store.ReadTxn, key []byte) (toolCount, error) {
+	v, err := tx.Get(key)
 	if err != nil {
-		return subtotal{}, 0, err
+		return toolCount{}, err
 	}
-	if len(rest) == 0 || !tools {
-		return s, 0, nil
+	var c toolCount
+	if err := decodeUvarints(v, "subtree tool", &c.calls, &c.failures); err != nil {
+		return toolCount{}, err
 	}
-	if err := storecodec.Unmarshal(rest, &s.tools); err != nil {
-		return subtotal{}, 0, fmt.Errorf("stoprule: corrupt subtree record: %w", err)
-	}
-	return s, len(rest), nil
+	return c, nil
 }
 
 // decodeUvarints reads v, a record of what (the growth or subtree
@@ -993,23 +1026,51 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 	}
 	// The calls of the subtree: the node's own and its descendants'.
 	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
-	records := []*subTools{{Calls: o.CallsByTool, Failures: o.FailuresByTool}}
-	toolBytes := 0
 	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
-		s, size, err := decodeSubtotalOf(v, tools)
+		s, err := decodeSubtotal(v)
 		if err != nil {
 			return err
 		}
-		toolBytes += size
 		o.SubtreeCalls += int64(s.calls)
 		o.SubtreeFailures += int64(s.failures)
-		records = append(records, &s.tools)
 		return nil
 	})
 	if err != nil {
 		return nil, nil, 0, err
 	}
+	toolBytes := 0
 	if tools {
+		// The counts by tool, each shard's apart (a shard's OtherTool
+		// stands for the tools it does not track): keys in shard order.
+		records := []*subTools{{Calls: o.CallsByTool, Failures: o.FailuresByTool}}
+		prefix := subToolPrefix(nodeID)
+		var shard string
+		var rec *subTools
+		err = tx.Scan(prefix, nil, func(k, v []byte) error {
+			sh, tool, ok := strings.Cut(string(k[len(prefix):]), "/")
+			if !ok {
+				return fmt.Errorf("stoprule: corrupt subtree tool key %q", k)
+			}
+			var c toolCount
+			if err := decodeUvarints(v, "subtree tool", &c.calls, &c.failures); err != nil {
+				return err
+			}
+			toolBytes += len(k) + len(v)
+			if rec == nil || sh != shard {
+				shard, rec = sh, &subTools{}
+				records = append(records, rec)
+			}
+			if c.calls > 0 {
+				bump(&rec.Calls, tool, int64(c.calls))
+			}
+			if c.failures > 0 {
+				bump(&rec.Failures, tool, int64(c.failures))
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, nil, 0, err
+		}
 		o.SubtreeCallsByTool, o.SubtreeFailuresByTool = sumTools(records)
 	}
 	self := &reported{}
