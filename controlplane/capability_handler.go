@@ -117,6 +117,11 @@ func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tet
 		target.HolderNodeID = t.HolderNodeId
 	case *tetherv1.RevokeRequest_SubtreeNodeId:
 		target.SubtreeNodeID = t.SubtreeNodeId
+		// A subtree's revocation reads the whole subtree and what each
+		// node holds, whatever it revokes (nothing, when all is revoked
+		// already): a request of the caller's budget per thousand nodes
+		// read, as ListGrants of the subtree, taken once read.
+		target.Charge = func(nodes int) error { auth.SpendDone(ctx, (nodes-1)/maxPageSize); return nil }
 	case *tetherv1.RevokeRequest_IssuedBefore:
 		if err := t.IssuedBefore.CheckValid(); err != nil {
 			return nil, invalid("issued_before: %v", err)

@@ -28,6 +28,12 @@ type Target struct {
 	SubtreeNodeID string
 	// IssuedBefore: every grant created before this time.
 	IssuedBefore time.Time
+	// Charge, when set, is told how many nodes a SubtreeNodeID
+	// revocation read (it reads the whole subtree, and what each node
+	// holds, whatever it then revokes); an error refuses the revocation
+	// with it, before anything is written. The server charges the
+	// caller's rate budget, as for a subtree's listing (ListQuery.Charge).
+	Charge func(nodes int) error
 }
 
 // RevokeResult says what a revocation wrote.
@@ -98,6 +104,11 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			nodes, err := s.cfg.Tree.SubtreeIn(tx, target.SubtreeNodeID)
 			if err != nil {
 				return nil, err
+			}
+			if target.Charge != nil {
+				if err := target.Charge(len(nodes)); err != nil {
+					return nil, err
+				}
 			}
 			ids := make([]string, len(nodes))
 			for i, n := range nodes {
