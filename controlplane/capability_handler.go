@@ -126,6 +126,12 @@ func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tet
 			return nil, invalid("issued_before must be after the Unix epoch")
 		}
 	}
+	// A revocation by holder or subtree reads the node (or the whole
+	// subtree) and every grant each node holds, whatever it revokes
+	// (nothing, when all is revoked already): a request of the caller's
+	// budget per thousand nodes and grants read, as a listing's page,
+	// taken once read.
+	target.Charge = func(read int) error { auth.SpendDone(ctx, (read-1)/maxPageSize); return nil }
 	caller, err := grantCaller(ctx)
 	if err != nil {
 		return nil, err

@@ -28,6 +28,13 @@ type Target struct {
 	SubtreeNodeID string
 	// IssuedBefore: every grant created before this time.
 	IssuedBefore time.Time
+	// Charge, when set, is told how many nodes and grants a
+	// HolderNodeID or SubtreeNodeID revocation read (the node or the
+	// whole subtree, and every grant each node holds, whatever it then
+	// revokes); an error refuses the revocation with it, before anything
+	// is written. The server charges the caller's rate budget, as for a
+	// listing (ListQuery.Charge).
+	Charge func(read int) error
 }
 
 // RevokeResult says what a revocation wrote.
@@ -85,7 +92,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			if err := s.revocableBy(tx, agentNode, isAgent, "holder_node_id", target.HolderNodeID); err != nil {
 				return nil, err
 			}
-			return heldIn(tx, []string{target.HolderNodeID})
+			return target.charged(1)(heldIn(tx, []string{target.HolderNodeID}))
 		})
 	case target.SubtreeNodeID != "":
 		if err := checkID(id.Node, "subtree_node_id", target.SubtreeNodeID); err != nil {
@@ -103,7 +110,7 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 			for i, n := range nodes {
 				ids[i] = n.NodeID
 			}
-			return heldIn(tx, ids)
+			return target.charged(len(nodes))(heldIn(tx, ids))
 		})
 	default:
 		if isAgent {
@@ -113,6 +120,17 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
 			return issuedBefore(tx, before)
 		})
+	}
+}
+
+// charged passes on the grants a revocation's collection found, once it
+// has told Charge of them and of the nodes it read.
+func (t Target) charged(nodes int) func(ids []string, err error) ([]string, error) {
+	return func(ids []string, err error) ([]string, error) {
+		if err != nil || t.Charge == nil {
+			return ids, err
+		}
+		return ids, t.Charge(nodes + len(ids))
 	}
 }
 
