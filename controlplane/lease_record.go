@@ -75,7 +75,7 @@ func (c leaseCanceller) cancelRequester(ctx context.Context, l lease.Lease) (str
 		if err != nil {
 			return "", nil
 		}
-		who, _ := signedBy(reason)
+		who, _ := lease.SignerOf(reason)
 		return who, nil
 	}
 	return "", nil
@@ -149,7 +149,7 @@ func endedAt(l lease.Lease, r coordinator.Row, found bool, rl *supervisor.Record
 	case lease.KindComplete:
 		rl.EndedBy, rl.EndedByNodeID = supervisor.LeaseEndedByHolderReport, r.HolderIdentity
 	case lease.KindResolve:
-		principal, signed := signedBy(l.TerminalDetail)
+		principal, signed := lease.SignerOf(l.TerminalDetail)
 		if !signed {
 			rl.EndedBy = supervisor.LeaseEndedByTermination
 			break
@@ -161,18 +161,4 @@ func endedAt(l lease.Lease, r coordinator.Row, found bool, rl *supervisor.Record
 	case lease.KindTick:
 		rl.EndedBy = supervisor.LeaseEndedByLeaseDeadline
 	}
-}
-
-// signedBy returns the principal a reason signed by signed begins with
-// ("agent:n_…", "operator:…"), or false when the reason is not signed (the
-// control plane's own, such as a termination's reconciliation).
-func signedBy(reason string) (string, bool) {
-	for _, kind := range []string{"agent:", "operator:", "tool:"} {
-		if !strings.HasPrefix(reason, kind) {
-			continue
-		}
-		who, _, _ := strings.Cut(reason, ": ")
-		return who, who != kind
-	}
-	return "", false
 }

@@ -514,7 +514,7 @@ func shortReason(reason string, max int, fromWorker bool) string {
 		if err != nil {
 			break
 		}
-		if who, signed := signer(text); signed && at+len(intro)+1+len(who) > max {
+		if who, signed := lease.SignerOf(text); signed && at+len(intro)+1+len(who) > max {
 			short += " by " + who
 		}
 		break
@@ -548,20 +548,6 @@ func quotedAfter(reason, intro string) (at int, clause string, ok bool) {
 		}
 	}
 	return 0, "", false
-}
-
-// signer is the principal a decision's reason is signed with ("agent:n_…",
-// "operator:…", "tool:…", as the API signs it), or false when it is not
-// signed (a termination's own reconciliation).
-func signer(reason string) (string, bool) {
-	for _, kind := range []string{"agent:", "operator:", "tool:"} {
-		if !strings.HasPrefix(reason, kind) {
-			continue
-		}
-		who, _, _ := strings.Cut(reason, ": ")
-		return who, who != kind
-	}
-	return "", false
 }
 
 // printStaleCounts writes what each former holder sent about the job
