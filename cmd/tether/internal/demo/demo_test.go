@@ -65,11 +65,14 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 		t.Errorf("privileges %v: want revoked and expired ones", privs)
 	}
 	// The rogue ignores the drain, its session open through the record;
-	// its parent, which exited, was issued the rogue's credential at its
-	// spawn, and the control plane cannot tell the rogue's session from
-	// the parent's work: the parent's claim is not corroborated either
-	// (thirtieth pass), its reason naming the rogue.
-	confirmed, unaccounted, rogueParent := 0, map[string]string{}, ""
+	// its parent and the planner, which exited, hold credentials it may
+	// have been spawned with (each node is issued its child's credential
+	// at the spawn, and with it may spawn below and take each credential
+	// that spawn issues), and the control plane cannot tell the rogue's
+	// session from their work: neither's claim is corroborated
+	// (thirtieth pass for the parent, thirty-first for every ancestor),
+	// each reason naming the rogue. The other four exited, confirmed.
+	confirmed, unaccounted, parentOf := 0, map[string]string{}, map[string]string{}
 	for _, n := range rec.Nodes {
 		switch n.Outcome {
 		case "NODE_OUTCOME_CONFIRMED":
@@ -77,18 +80,23 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 		case "NODE_OUTCOME_UNACCOUNTED":
 			unaccounted[n.NodeID] = n.UnaccountedReason
 		}
-		if n.NodeID == res.RogueNode {
-			rogueParent = n.ParentNodeID
-		}
+		parentOf[n.NodeID] = n.ParentNodeID
 	}
 	if len(rec.Nodes) != 7 {
 		t.Errorf("record lists %d nodes, want 7 (planner, 2 workers, 4 sub-agents)", len(rec.Nodes))
 	}
-	if _, ok := unaccounted[res.RogueNode]; !ok || !strings.Contains(unaccounted[rogueParent], res.RogueNode) || len(unaccounted) != 2 {
-		t.Errorf("unaccounted %v, want exactly the rogue %s and its parent %s, naming the rogue", unaccounted, res.RogueNode, rogueParent)
+	rogueParent := parentOf[res.RogueNode]
+	planner := parentOf[rogueParent]
+	if _, ok := unaccounted[res.RogueNode]; !ok || len(unaccounted) != 3 {
+		t.Errorf("unaccounted %v, want exactly the rogue %s, its parent %s and the planner %s", unaccounted, res.RogueNode, rogueParent, planner)
 	}
-	if confirmed != 5 {
-		t.Errorf("%d confirmed, want 5", confirmed)
+	for _, ancestor := range []string{rogueParent, planner} {
+		if !strings.Contains(unaccounted[ancestor], res.RogueNode) {
+			t.Errorf("the rogue's ancestor %s: %q, want unaccounted, naming the rogue %s", ancestor, unaccounted[ancestor], res.RogueNode)
+		}
+	}
+	if confirmed != 4 {
+		t.Errorf("%d confirmed, want 4", confirmed)
 	}
 	if len(rec.Leases) != 2 {
 		t.Errorf("record lists %d leases, want 2", len(rec.Leases))
@@ -99,7 +107,7 @@ func TestDemoTellsTheWholeStory(t *testing.T) {
 	if res.RogueAfter != connect.CodePermissionDenied {
 		t.Errorf("the rogue's call after termination: %v, want permission_denied", res.RogueAfter)
 	}
-	if !strings.Contains(out.String(), "UNACCOUNTED (2)") {
+	if !strings.Contains(out.String(), "UNACCOUNTED (3)") {
 		t.Errorf("the story does not show the unaccounted rogue:\n%s", out.String())
 	}
 }
