@@ -2,7 +2,6 @@ package controlplane_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,39 +14,6 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
-// funcJump is a server's manual clock that, once set, moves forward by
-// step as the server arms its next timed function (AfterFunc or
-// AfterFuncAt), once: a test's Advance landing between the server's
-// reading of the clock and its arming. armed is closed once it has.
-type funcJump struct {
-	*clock.Manual
-	mu    sync.Mutex
-	step  time.Duration
-	armed chan struct{}
-}
-
-func (j *funcJump) arm(do func() clock.Timer) clock.Timer {
-	j.mu.Lock()
-	step := j.step
-	j.step = 0
-	j.mu.Unlock()
-	if step == 0 {
-		return do()
-	}
-	j.Manual.Advance(step)
-	t := do()
-	close(j.armed)
-	return t
-}
-
-func (j *funcJump) AfterFunc(d time.Duration, f func()) clock.Timer {
-	return j.arm(func() clock.Timer { return j.Manual.AfterFunc(d, f) })
-}
-
-func (j *funcJump) AfterFuncAt(at time.Time, f func()) clock.Timer {
-	return j.arm(func() clock.Timer { return j.Manual.AfterFuncAt(at, f) })
-}
-
 // TestAnExpiredTokensStreamEndsOnTimeWhenTheClockMovesAsItArms: an open
 // stream's end at its token's expiry was armed for the time left until
 // then as the interceptor had read the clock, from what the clock read
@@ -56,7 +22,7 @@ func (j *funcJump) AfterFuncAt(at time.Time, f func()) clock.Timer {
 // does) armed it late by the move, and the expired token's stream went on
 // serving. It is armed for the expiry itself (clock.AfterFuncAt).
 func TestAnExpiredTokensStreamEndsOnTimeWhenTheClockMovesAsItArms(t *testing.T) {
-	clk := &funcJump{Manual: clock.NewManual(epoch), armed: make(chan struct{})}
+	clk := clock.NewManual(epoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
 	admin := srv.AdminClients()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a guard against a hang, not a timing
@@ -66,16 +32,14 @@ func TestAnExpiredTokensStreamEndsOnTimeWhenTheClockMovesAsItArms(t *testing.T) 
 		t.Fatal(err)
 	}
 	expiry := gate.Msg.ExpiresAt.AsTime()
-	clk.mu.Lock()
-	clk.step = 10 * time.Minute // as the stream arms its end
-	clk.mu.Unlock()
+	armed := clk.JumpAsNextFuncArms(10 * time.Minute) // as the stream arms its end
 	cancels, err := srv.Clients(gate.Msg.Token).Tool.WatchCancels(ctx, connect.NewRequest(&tetherv1.WatchCancelsRequest{GateId: "gate-1"}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cancels.Close()
 	select {
-	case <-clk.armed:
+	case <-armed:
 	case <-ctx.Done():
 		t.Fatal("the stream never armed its end")
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,57 +12,14 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 )
 
-// armJump is a gateway's manual clock that, once set, moves forward by
-// step as the gateway arms its next timed function (AfterFunc or
-// AfterFuncAt), once: a test's Advance landing between the gateway's
-// reading of the clock and its arming. armed is closed once it has.
-type armJump struct {
-	*clock.Manual
-	mu    sync.Mutex
-	step  time.Duration
-	armed chan struct{}
-}
-
-func newArmJump(start time.Time) *armJump {
-	return &armJump{Manual: clock.NewManual(start), armed: make(chan struct{})}
-}
-
-func (j *armJump) jumpNext(step time.Duration) {
-	j.mu.Lock()
-	j.step = step
-	j.mu.Unlock()
-}
-
-// arm jumps (the first time after jumpNext), then arms.
-func (j *armJump) arm(do func() clock.Timer) clock.Timer {
-	j.mu.Lock()
-	step := j.step
-	j.step = 0
-	j.mu.Unlock()
-	if step == 0 {
-		return do()
-	}
-	j.Manual.Advance(step)
-	t := do()
-	close(j.armed)
-	return t
-}
-
-func (j *armJump) AfterFunc(d time.Duration, f func()) clock.Timer {
-	return j.arm(func() clock.Timer { return j.Manual.AfterFunc(d, f) })
-}
-
-func (j *armJump) AfterFuncAt(at time.Time, f func()) clock.Timer {
-	return j.arm(func() clock.Timer { return j.Manual.AfterFuncAt(at, f) })
-}
-
 // jumpGuard bounds the waits below: a guard against a hang, not a timing.
 const jumpGuard = 30 * time.Second
 
-func (j *armJump) waitArmed(t *testing.T, what string) {
+// waitArmed waits for armed (clock.Manual.JumpAsNextFuncArms).
+func waitArmed(t *testing.T, armed <-chan struct{}, what string) {
 	t.Helper()
 	select {
-	case <-j.armed:
+	case <-armed:
 	case <-time.After(jumpGuard):
 		t.Fatalf("the gateway never armed %s", what)
 	}
@@ -85,7 +41,7 @@ func TestTrailingRefusalReportIsDueAtItsIntervalsEndWhenTheClockMovesAsItArms(t 
 	hc := *w.srv.HTTP
 	hc.Transport = counter
 	t0 := time.Now().UTC()
-	gclk := newArmJump(t0)
+	gclk := clock.NewManual(t0)
 	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
 		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: &hc,
 		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
@@ -109,9 +65,9 @@ func TestTrailingRefusalReportIsDueAtItsIntervalsEndWhenTheClockMovesAsItArms(t 
 	if n := counter.begins.Load(); n != 1 {
 		t.Fatalf("%d reports after the first refusal, want 1", n)
 	}
-	gclk.jumpNext(refusalJump)
+	armed := gclk.JumpAsNextFuncArms(refusalJump)
 	refused("request within the interval") // its report armed for t0 + the interval
-	gclk.waitArmed(t, "the trailing report")
+	waitArmed(t, armed, "the trailing report")
 	gclk.Set(t0.Add(mcpgate.RefusalReportInterval))
 	testserver.WaitFor(t, jumpGuard, "the trailing report at the interval's end (armed late by the clock's move)", func() bool {
 		return counter.begins.Load() >= 2
@@ -132,7 +88,7 @@ func TestSeenReportPastTheBurstIsDueWhenTheClockMovesAsItArms(t *testing.T) {
 	w := newWorld(t, "mcp:test/*")
 	ctx := context.Background()
 	t0 := time.Now().UTC()
-	gclk := newArmJump(t0)
+	gclk := clock.NewManual(t0)
 	gw, err := mcpgate.Open(ctx, mcpgate.OpenConfig{
 		ControlPlane: w.srv.URL, Credential: w.srv.ToolServerToken(t, gateID), GateID: gateID, HTTP: w.srv.HTTP,
 		Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Clock: gclk,
@@ -147,7 +103,7 @@ func TestSeenReportPastTheBurstIsDueWhenTheClockMovesAsItArms(t *testing.T) {
 	t.Cleanup(func() { gclk.Advance(time.Hour) })
 	// The clock stays at t0: each ping needs its own report, and past the
 	// burst the next may start once t0 + one interval.
-	gclk.jumpNext(mcpgate.SeenReportInterval * 4 / 10)
+	armed := gclk.JumpAsNextFuncArms(mcpgate.SeenReportInterval * 4 / 10)
 	answered := make(chan error, 1)
 	go func() {
 		for {
@@ -156,14 +112,14 @@ func TestSeenReportPastTheBurstIsDueWhenTheClockMovesAsItArms(t *testing.T) {
 				return
 			}
 			select {
-			case <-gclk.armed:
+			case <-armed:
 				answered <- nil
 				return
 			default:
 			}
 		}
 	}()
-	gclk.waitArmed(t, "the report past the burst")
+	waitArmed(t, armed, "the report past the burst")
 	gclk.Set(t0.Add(mcpgate.SeenReportInterval))
 	select {
 	case err := <-answered:

@@ -18,6 +18,12 @@ type Manual struct {
 	timers  manualHeap
 	seq     uint64
 	changed chan struct{} // closed and replaced when the pending timers change
+
+	// jump, when set (JumpAsNextFuncArms), moves the clock as the next
+	// timed function is armed; jumped is closed once it has.
+	jumpMu sync.Mutex
+	jump   time.Duration
+	jumped chan struct{}
 }
 
 // NewManual returns a manual clock set to start.
@@ -131,7 +137,35 @@ func (m *Manual) NewTimerAt(t time.Time) Timer {
 // AfterFuncAt arms f for t, whatever the clock reads as it is armed; an f
 // already due runs at once in its own goroutine (clock.AfterFuncAt).
 func (m *Manual) AfterFuncAt(t time.Time, f func()) Timer {
+	defer m.jumpAsArmed()()
 	return m.armAt(&manualTimer{m: m, f: f, index: -1}, t)
+}
+
+// JumpAsNextFuncArms has the next timed function armed (AfterFunc or
+// AfterFuncAt) first move the clock forward by step, as Advance does,
+// once: a test's move landing between the code's reading of the clock
+// and its arming, the race a function armed for the time left as the
+// clock was read loses. The channel returned is closed once the function
+// is armed.
+func (m *Manual) JumpAsNextFuncArms(step time.Duration) <-chan struct{} {
+	m.jumpMu.Lock()
+	defer m.jumpMu.Unlock()
+	m.jump, m.jumped = step, make(chan struct{})
+	return m.jumped
+}
+
+// jumpAsArmed moves the clock if a jump is set (JumpAsNextFuncArms) and
+// returns what to do once the function is armed.
+func (m *Manual) jumpAsArmed() func() {
+	m.jumpMu.Lock()
+	step, jumped := m.jump, m.jumped
+	m.jump, m.jumped = 0, nil
+	m.jumpMu.Unlock()
+	if jumped == nil {
+		return func() {}
+	}
+	m.Advance(step)
+	return func() { close(jumped) }
 }
 
 // armAt arms a new timer for at, firing it at once if it is due.
@@ -150,6 +184,7 @@ func (m *Manual) armAt(t *manualTimer, at time.Time) Timer {
 // as with the time package (the caller may hold locks f needs); one that
 // comes due later runs in the Advance or Set that makes it due.
 func (m *Manual) AfterFunc(d time.Duration, f func()) Timer {
+	defer m.jumpAsArmed()()
 	t := &manualTimer{m: m, f: f, index: -1}
 	t.Reset(d)
 	return t

@@ -306,3 +306,40 @@ func TestRealAfterFuncAt(t *testing.T) {
 		t.Fatal("stopping a pending real AfterFuncAt reported it was not pending")
 	}
 }
+
+// TestManualJumpsAsTheNextFuncArms: JumpAsNextFuncArms moves the clock as
+// the next AfterFunc or AfterFuncAt is armed, once, before it is armed
+// (so AfterFunc arms from the moved time, AfterFuncAt for its moment),
+// and closes its channel once it is; a timer (NewTimer) does not take it.
+func TestManualJumpsAsTheNextFuncArms(t *testing.T) {
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	m := clock.NewManual(start)
+	armed := m.JumpAsNextFuncArms(time.Minute)
+	m.NewTimer(time.Hour).Stop()
+	if !m.Now().Equal(start) {
+		t.Fatalf("a timer's arming moved the clock to %v", m.Now())
+	}
+	select {
+	case <-armed:
+		t.Fatal("armed closed before a function was armed")
+	default:
+	}
+	fired := make(chan time.Time, 2)
+	m.AfterFunc(time.Second, func() { fired <- m.Now() })
+	<-armed
+	if got := m.Now(); !got.Equal(start.Add(time.Minute)) {
+		t.Fatalf("the clock reads %v as the function is armed, want %v", got, start.Add(time.Minute))
+	}
+	m.AfterFuncAt(start.Add(2*time.Minute), func() { fired <- m.Now() })
+	if got := m.Now(); !got.Equal(start.Add(time.Minute)) {
+		t.Fatalf("a second function moved the clock to %v: the jump is once", got)
+	}
+	m.Advance(time.Second)
+	if got := <-fired; !got.Equal(start.Add(time.Minute + time.Second)) {
+		t.Fatalf("AfterFunc fired at %v, want a second after the jump", got)
+	}
+	m.Set(start.Add(2 * time.Minute))
+	if got := <-fired; !got.Equal(start.Add(2 * time.Minute)) {
+		t.Fatalf("AfterFuncAt fired at %v, want its moment", got)
+	}
+}
