@@ -227,27 +227,13 @@ func sortedKeys[V any](m map[string]V) []string {
 	return slices.Sorted(maps.Keys(m))
 }
 
-// subTools is the part by tool of one record of an ancestor's subtree
-// totals: the calls begun, and those ended failed, by the descendants of
-// one shard, by tool. Each map tracks at most MaxTools tools and counts
-// the calls of further ones under OtherTool (toolKey), as a node's own
-// counters do: the record's size is bounded, and a tool that finds it full
-// is counted under OtherTool, as is every later call of it (a map that is
-// full stays full, so a tool is tracked by a record from its first call or
-// never).
+// subTools is the counts by tool of one shard of an ancestor's subtree
+// totals (its stoprules/subtool/ records, read together) or of a node's
+// own counters: the calls begun, and those ended failed, by tool, at most
+// MaxTools tools and the calls of further ones under OtherTool.
 type subTools struct {
-	Calls    map[string]int64 `pb:"1"`
-	Failures map[string]int64 `pb:"2"`
-}
-
-// add folds the change d into the record.
-func (s *subTools) add(d *subTools) {
-	for tool, n := range d.Calls {
-		bump(&s.Calls, toolKey(s.Calls, tool), n)
-	}
-	for tool, n := range d.Failures {
-		bump(&s.Failures, toolKey(s.Failures, tool), n)
-	}
+	Calls    map[string]int64
+	Failures map[string]int64
 }
 
 // sumTools adds up the counts by tool of records (a node's own counters
