@@ -486,6 +486,7 @@ func Tombstone(x capability.Tombstone) *tetherv1.Tombstone {
 // Not converted here:
 // domain FormerHolders: the coordinator's own bookkeeping (whose late traffic is evidence), not shown.
 // domain Owner: the coordinator's own bookkeeping (who may coordinate the job), not shown.
+// domain ResolvedByCoordinator: the lease machine's own bookkeeping (whose word closed the job), not shown yet.
 func leaseProto(x lease.Lease) *tetherv1.Lease {
 	return &tetherv1.Lease{
 		JobId:             x.JobID,

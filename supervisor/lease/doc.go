@@ -33,7 +33,11 @@
 // (the coordinator's intent) and CancelAck (the worker's acknowledgement).
 // The holder's Complete(CANCELLED) acknowledges the request too, so the
 // record does not depend on which of the two a reordering transport
-// delivered first (a CancelAck after it is a DUPLICATE).
+// delivered first (a CancelAck after it is a DUPLICATE). Likewise a
+// CancelAck after the holder's own FAILED is recorded while its lease
+// still runs; after a result the coordinator resolved
+// (Lease.ResolvedByCoordinator), the job was closed without it, and it is
+// refused.
 // After a cancel request, authority is no longer extended (renews are
 // refused, and a restart gives it no grace, so it ends at ExpiresAt at the
 // latest), progress is recorded as

@@ -164,6 +164,14 @@ type Lease struct {
 	// as stale evidence rather than refused as a stranger's. A fixed array
 	// keeps Lease a comparable value with no references.
 	FormerHolders [MaxFormerHolders]string
+
+	// ResolvedByCoordinator says the terminal result is the coordinator's
+	// (Resolve, or the FAILED an UNRESOLVED's bound closed as), not the
+	// holder's Complete: the job was closed on the coordinator's word,
+	// and a cancel acknowledgement the holder sends after it is refused
+	// (only the holder's own FAILED can overtake an acknowledgement it
+	// sent first).
+	ResolvedByCoordinator bool
 }
 
 // MaxFormerHolders bounds Lease.FormerHolders. A holder more than this many

@@ -209,7 +209,10 @@ type model struct {
 	cancelAcked     bool
 	result          lease.TerminalResult
 	unresolvedUntil time.Time
-	conflict        bool
+	// resolved: the result is the coordinator's (Resolve), not the
+	// holder's Complete.
+	resolved bool
+	conflict bool
 	// lapsed: the current generation's authority ended by the clock
 	// (the lease's LeaseExpired).
 	lapsed bool
@@ -299,9 +302,10 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 		}
 		m.progressSeq, m.progressValue = msg.ProgressSequence, msg.ProgressValue
 	case lease.CancelAck:
-		// A FAILED that overtook the acknowledgement of a generation that
-		// had authority at the end leaves the acknowledgement to record.
-		afterFailed := m.state == lease.StateTerminal && m.result == lease.ResultFailed && !m.lapsed &&
+		// The holder's own FAILED that overtook the acknowledgement of a
+		// generation that had authority at the end leaves the
+		// acknowledgement to record; the coordinator's does not.
+		afterFailed := m.state == lease.StateTerminal && m.result == lease.ResultFailed && !m.resolved && !m.lapsed &&
 			!m.expires.IsZero() && now.Before(m.expires)
 		if (m.state != lease.StateOffered && m.state != lease.StateActive && !afterFailed) || !m.cancel || m.cancelAcked {
 			return false
@@ -316,6 +320,7 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 			return false
 		}
 		m.state, m.result = lease.StateTerminal, msg.Result
+		m.resolved = false
 	case lease.RequestCancel:
 		if m.state == lease.StateTerminal || m.cancel {
 			return false
@@ -340,7 +345,7 @@ func (m *model) apply(msg lease.Message, now time.Time) bool {
 		if msg.Result == lease.ResultCancelled && !m.cancel {
 			return false // CANCELLED needs a cancel request
 		}
-		m.state, m.result = lease.StateTerminal, msg.Result
+		m.state, m.result, m.resolved = lease.StateTerminal, msg.Result, true
 		if msg.Result == lease.ResultUnresolved {
 			bound := msg.UnresolvedBound
 			if bound == 0 {

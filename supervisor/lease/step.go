@@ -473,7 +473,7 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 			return duplicate(EventDuplicateCancel, "%s repeats the cancel acknowledgement of %s (the job is CANCELLED); nothing changed", describe(m), ts(l.CancelAckedAt))
 		case l.CancelAck:
 			return duplicate(EventDuplicateCancel, "%s repeats the cancel ACK of %s (the job is terminal as %s); nothing changed", describe(m), ts(l.CancelAckedAt), l.TerminalResult)
-		case l.CancelRequested && l.TerminalResult == ResultFailed && l.UnresolvedUntil.IsZero() && l.AckState == AckAcked && !l.LeaseExpired && j.now.Before(l.ExpiresAt):
+		case l.CancelRequested && l.TerminalResult == ResultFailed && !l.ResolvedByCoordinator && l.UnresolvedUntil.IsZero() && l.AckState == AckAcked && !l.LeaseExpired && j.now.Before(l.ExpiresAt):
 			// Seed §9 and §15: a cancellation is a request, the holder's
 			// acknowledgement and a terminal reconciliation, which may be
 			// FAILED; over a reordering transport the holder's FAILED
@@ -490,6 +490,11 @@ func (j *judge) cancelAck(m CancelAck) Decision {
 			// coordinator reconciled the job as unable to tell, and the
 			// acknowledgement refused while it was UNRESOLVED stays
 			// refused once the bound or the coordinator made it FAILED.
+			// Nor is a FAILED the coordinator resolved directly: it
+			// closed the job without the acknowledgement, and one that
+			// comes after it is the holder's word after the end
+			// (ResolvedByCoordinator; a record stored before the field
+			// existed reads false, and its UNRESOLVED bound still tells).
 			l.CancelAck = true
 			l.CancelAckedAt = j.now
 			return accept(EventCancelAcked, "%s accepted after the job ended as %s at %s: the holder acknowledged the cancel request requested at %s; the result stands, and the acknowledgement does not prove the work stopped",
@@ -665,6 +670,7 @@ func (j *judge) resolve(m Resolve) Decision {
 	l.TerminalResult = m.Result
 	l.TerminalAt = j.now
 	l.TerminalDetail = m.Reason
+	l.ResolvedByCoordinator = true
 	extra := ""
 	if m.Result == ResultUnresolved {
 		bound := m.UnresolvedBound

@@ -19,10 +19,15 @@ const (
 	// first leaseFieldsV2; 3 (what is written now) every field; 4 (what is
 	// written now for a job whose former holders sent anything) every
 	// field, then the former holders' counts (record.Stale).
-	leaseSchemaV1    byte = 1
-	leaseSchemaV2    byte = 2
-	leaseSchema      byte = 3
-	leaseSchemaStale byte = 4
+	// Records of schemas 3 and 4 carry the first leaseFieldsV3 fields and
+	// are written for a lease not resolved by the coordinator; 5 (written
+	// for one that is) every field, then the former holders' counts (a
+	// count, 0 included, then each).
+	leaseSchemaV1       byte = 1
+	leaseSchemaV2       byte = 2
+	leaseSchema         byte = 3
+	leaseSchemaStale    byte = 4
+	leaseSchemaResolved byte = 5
 	// evidenceSchema 1 rows carry the whole lease; 2 (what is written
 	// now) carry a delta against the row before (delta.go).
 	evidenceSchemaFull  byte = 1
@@ -44,11 +49,35 @@ const (
 	// anchor's own lease alone: no ids, times relative to 0); an anchor
 	// whose reason needs none is written as schema 5, as before.
 	evidenceSchemaAnchorQuoted byte = 7
+	// Anchors of schemas 5 and 7 carry the first leaseFieldsV3 fields and
+	// are written for a lease not resolved by the coordinator; those of
+	// evidenceSchemaAnchorResolved and evidenceSchemaAnchorResolvedQuoted
+	// (written for one that is) are schemas 5 and 7 with every field.
+	evidenceSchemaAnchorResolved       byte = 8
+	evidenceSchemaAnchorResolvedQuoted byte = 9
 )
 
 // isAnchorRow reports whether a stored row is an anchor (of any schema).
 func isAnchorRow(b []byte) bool {
-	return len(b) > 0 && (b[0] == evidenceSchemaAnchor || b[0] == evidenceSchemaAnchorV2 || b[0] == evidenceSchemaAnchorQuoted)
+	if len(b) == 0 {
+		return false
+	}
+	switch b[0] {
+	case evidenceSchemaAnchor, evidenceSchemaAnchorV2, evidenceSchemaAnchorQuoted, evidenceSchemaAnchorResolved, evidenceSchemaAnchorResolvedQuoted:
+		return true
+	}
+	return false
+}
+
+// storedFields is how many lease fields a record or an anchor of l is
+// written with: every field for a lease resolved by the coordinator, the
+// first leaseFieldsV3 otherwise (what a binary from before
+// ResolvedByCoordinator reads).
+func storedFields(l lease.Lease) int {
+	if l.ResolvedByCoordinator {
+		return leaseFields
+	}
+	return leaseFieldsV3
 }
 
 // anchorEvery is how often a job's row is written whole (rows
@@ -69,13 +98,17 @@ func anchorBefore(n uint64) uint64 { return max(1, n-n%anchorEvery) }
 // texts it stores by reference): it decodes without the row before it.
 func encodeRowAnchor(dst []byte, r storedRow) []byte {
 	at := len(dst)
-	e := encoder{b: append(dst, evidenceSchemaAnchor)}
+	schema, quotedSchema := evidenceSchemaAnchor, evidenceSchemaAnchorQuoted
+	if r.Lease.ResolvedByCoordinator {
+		schema, quotedSchema = evidenceSchemaAnchorResolved, evidenceSchemaAnchorResolvedQuoted
+	}
+	e := encoder{b: append(dst, schema)}
 	e.uint(r.Number)
-	encodeLease(&e, r.Lease)
+	encodeLease(&e, r.Lease, storedFields(r.Lease))
 	e.uint(uint64(r.Decision.Outcome))
 	e.uint(uint64(r.Decision.Event))
 	if reason, quoted := compactQuoted(nil, r.Decision.Reason, nil, anchorValues(r.Lease), 0); quoted {
-		e.b[at] = evidenceSchemaAnchorQuoted
+		e.b[at] = quotedSchema
 		e.uint(uint64(len(reason)))
 		e.b = append(e.b, reason...)
 	} else {
@@ -250,13 +283,16 @@ func (d *decoder) done() error {
 
 func encodeRecord(dst []byte, r record) []byte {
 	schema := leaseSchema
-	if len(r.Stale) > 0 {
+	switch {
+	case r.Lease.ResolvedByCoordinator:
+		schema = leaseSchemaResolved
+	case len(r.Stale) > 0:
 		schema = leaseSchemaStale
 	}
 	e := encoder{b: append(dst, schema)}
 	e.uint(r.Rows)
-	encodeLease(&e, r.Lease)
-	if len(r.Stale) > 0 {
+	encodeLease(&e, r.Lease, storedFields(r.Lease))
+	if len(r.Stale) > 0 || schema == leaseSchemaResolved {
 		e.uint(uint64(len(r.Stale)))
 		for _, c := range r.Stale {
 			e.str(c.Holder)
@@ -267,15 +303,16 @@ func encodeRecord(dst []byte, r record) []byte {
 	return e.b
 }
 
-func encodeLease(e *encoder, l lease.Lease) {
-	for i := range leaseFields {
+// encodeLease writes the first fields fields of l.
+func encodeLease(e *encoder, l lease.Lease, fields int) {
+	for i := range fields {
 		encodeField(e, i, &l, 0)
 	}
 }
 
 func decodeRecord(b []byte) (record, error) {
 	d := decoder{b: b}
-	fields := leaseFields
+	fields := leaseFieldsV3
 	v := d.byte1("schema version")
 	switch {
 	case d.err != nil:
@@ -284,14 +321,19 @@ func decodeRecord(b []byte) (record, error) {
 		fields = leaseFieldsV1
 	case v == leaseSchemaV2:
 		fields = leaseFieldsV2
+	case v == leaseSchemaResolved:
+		fields = leaseFields
 	case v != leaseSchema && v != leaseSchemaStale:
-		return record{}, fmt.Errorf("%w: lease schema version %d is not %d, %d, %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchemaV2, leaseSchema, leaseSchemaStale)
+		return record{}, fmt.Errorf("%w: lease schema version %d is not %d, %d, %d, %d or %d", ErrCorrupt, v, leaseSchemaV1, leaseSchemaV2, leaseSchema, leaseSchemaStale, leaseSchemaResolved)
 	}
 	var r record
 	r.Rows = d.uint()
 	r.Lease = decodeLease(&d, fields)
-	if v == leaseSchemaStale {
+	if v == leaseSchemaStale || v == leaseSchemaResolved {
 		n := d.uint()
+		if n == 0 && v == leaseSchemaResolved {
+			return r, d.done() // a schema-5 record may have no counts
+		}
 		if n == 0 || n > lease.MaxFormerHolders {
 			d.fail("former holders' counts")
 		}
@@ -357,12 +399,14 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 	switch v := d.byte1("schema version"); {
 	case d.err != nil:
 		return storedRow{}, d.err
-	case v == evidenceSchemaFull || v == evidenceSchemaAnchorV2 || v == evidenceSchemaAnchor || v == evidenceSchemaAnchorQuoted:
+	case v == evidenceSchemaFull || isAnchorRow(b):
 		fields := leaseFieldsV1
 		switch v {
 		case evidenceSchemaAnchorV2:
 			fields = leaseFieldsV2
 		case evidenceSchemaAnchor, evidenceSchemaAnchorQuoted:
+			fields = leaseFieldsV3
+		case evidenceSchemaAnchorResolved, evidenceSchemaAnchorResolvedQuoted:
 			fields = leaseFields
 		}
 		r.Number = d.uint()
@@ -372,7 +416,7 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		r.Decision.Reason = d.str()
 		r.Kind = lease.Kind(d.uint())
 		r.DecidedAt = d.time()
-		if err := d.done(); err != nil || v != evidenceSchemaAnchorQuoted {
+		if err := d.done(); err != nil || v != evidenceSchemaAnchorQuoted && v != evidenceSchemaAnchorResolvedQuoted {
 			return r, err
 		}
 		var err error
@@ -380,7 +424,7 @@ func decodeRow(prev lease.Lease, b []byte) (storedRow, error) {
 		return r, err
 	case v == evidenceSchemaDelta || v == evidenceSchemaDeltaQuoted:
 	default:
-		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d, %d, %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchorV2, evidenceSchemaAnchor, evidenceSchemaDeltaQuoted, evidenceSchemaAnchorQuoted)
+		return storedRow{}, fmt.Errorf("%w: evidence schema version %d is not %d, %d, %d, %d, %d, %d, %d or %d", ErrCorrupt, v, evidenceSchemaFull, evidenceSchemaDelta, evidenceSchemaAnchorV2, evidenceSchemaAnchor, evidenceSchemaDeltaQuoted, evidenceSchemaAnchorQuoted, evidenceSchemaAnchorResolved, evidenceSchemaAnchorResolvedQuoted)
 	}
 	r.Number = d.uint()
 	r.DecidedAt = d.time()

@@ -177,6 +177,7 @@ func TestEveryLeaseFieldIsStored(t *testing.T) {
 	full.CancelAck, full.CancelAckedAt = true, full.IssuedAt.Add(3*time.Second)
 	full.TerminalResult, full.TerminalAt = lease.ResultCancelled, full.IssuedAt.Add(4*time.Second)
 	full.UnresolvedUntil, full.LeaseExpired = full.IssuedAt.Add(time.Hour), true
+	full.ResolvedByCoordinator = true
 	v := reflect.ValueOf(full)
 	for i := range leaseFields {
 		if v.Field(i).IsZero() {

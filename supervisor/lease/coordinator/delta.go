@@ -41,9 +41,17 @@ import (
 // (Owner, FormerHolders, AutoReassigns) are zero there. Records of schema 2
 // and anchors of schema 3 were written with the first leaseFieldsV2 fields
 // (no AutoReassigns: it reads as 0). A delta row from before AutoReassigns
-// never sets its bit, so it decodes unchanged.
+// never sets its bit, so it decodes unchanged. Records of schemas 3 and 4
+// and anchors of schemas 5 and 7 carry the first leaseFieldsV3 fields (no
+// ResolvedByCoordinator: it reads as false), and are still what is written
+// for a lease whose ResolvedByCoordinator is false, so that a binary from
+// before the field reads every record that does not carry it; a lease
+// resolved by the coordinator is written in the schemas that carry every
+// field (records 5, anchors 8 and 9), and a delta row that sets the
+// field's bit, which such a binary refuses rather than misreads.
 const (
-	leaseFields   = 33
+	leaseFields   = 34
+	leaseFieldsV3 = 33
 	leaseFieldsV2 = 32
 	leaseFieldsV1 = 30
 )
@@ -138,6 +146,8 @@ func (c fieldCodec) field(i int, l *lease.Lease) {
 		c.formerHolders(&l.FormerHolders)
 	case 32:
 		c.uint(&l.AutoReassigns)
+	case 33:
+		c.flag(&l.ResolvedByCoordinator)
 	}
 }
 
