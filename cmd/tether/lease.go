@@ -141,7 +141,17 @@ func printLease(w io.Writer, l *tetherv1.Lease) error {
 	if l.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_UNRESOLVED {
 		result += " until " + ts(l.UnresolvedUntil)
 	}
-	row("terminal", fmt.Sprintf("%s at %s %s", result, ts(l.TerminalAt), l.TerminalDetail))
+	by := ""
+	switch {
+	case l.TerminalResult == tetherv1.TerminalResult_TERMINAL_RESULT_UNSPECIFIED:
+	case l.ResolvedByCoordinator:
+		by = " (resolved by the coordinator)"
+	default:
+		by = " (reported by the holder)"
+	}
+	// Whose word closed the job comes before the detail, which is the
+	// holder's own text when it reported the result.
+	row("terminal", fmt.Sprintf("%s at %s%s %s", result, ts(l.TerminalAt), by, l.TerminalDetail))
 	flags := fmt.Sprintf("stale_generation=%v late_progress=%v lease_expired=%v ownership_conflict=%v", l.StaleGeneration, l.LateProgress, l.LeaseExpired, l.OwnershipConflict)
 	if l.OwnershipConflict {
 		flags += " (with " + l.ConflictHolder + ")"
@@ -467,7 +477,7 @@ func printEvidenceRows(tw io.Writer, rows []*tetherv1.EvidenceRow) error {
 		for _, f := range []struct {
 			on   bool
 			name string
-		}{{r.StaleGeneration, "stale"}, {r.LateProgress, "late"}, {r.LeaseExpired, "expired"}, {r.OwnershipConflict, "conflict"}, {r.CancelRequested, "cancel"}} {
+		}{{r.StaleGeneration, "stale"}, {r.LateProgress, "late"}, {r.LeaseExpired, "expired"}, {r.OwnershipConflict, "conflict"}, {r.CancelRequested, "cancel"}, {r.CancelAck, "acked"}} {
 			if f.on {
 				flags = append(flags, f.name)
 			}

@@ -455,8 +455,12 @@ type Lease struct {
 	// offer or its last explicit reassignment; at
 	// LeasePolicy.max_auto_reassigns a missed ACK leaves the job EXPIRED.
 	AutoReassigns uint64 `protobuf:"varint,31,opt,name=auto_reassigns,json=autoReassigns,proto3" json:"auto_reassigns,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The terminal result is the coordinator's (Resolve, or the FAILED an
+	// UNRESOLVED's bound closed as), not the holder's Complete. A cancel
+	// acknowledgement after it is refused: the job was closed without it.
+	ResolvedByCoordinator bool `protobuf:"varint,32,opt,name=resolved_by_coordinator,json=resolvedByCoordinator,proto3" json:"resolved_by_coordinator,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Lease) Reset() {
@@ -704,6 +708,13 @@ func (x *Lease) GetAutoReassigns() uint64 {
 		return x.AutoReassigns
 	}
 	return 0
+}
+
+func (x *Lease) GetResolvedByCoordinator() bool {
+	if x != nil {
+		return x.ResolvedByCoordinator
+	}
+	return false
 }
 
 type OfferResponse struct {
@@ -2944,7 +2955,7 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\aoutcome\x18\x01 \x01(\x0e2\x12.tether.v1.OutcomeR\aoutcome\x126\n" +
 	"\vaudit_event\x18\x02 \x01(\x0e2\x15.tether.v1.AuditEventR\n" +
 	"auditEvent\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\x86\f\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xbe\f\n" +
 	"\x05Lease\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12)\n" +
@@ -2981,7 +2992,8 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x0flast_renew_time\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\rlastRenewTime\x12+\n" +
 	"\x11lease_transitions\x18\x1d \x01(\x04R\x10leaseTransitions\x12'\n" +
 	"\x0fterminal_detail\x18\x1e \x01(\tR\x0eterminalDetail\x12%\n" +
-	"\x0eauto_reassigns\x18\x1f \x01(\x04R\rautoReassigns\"h\n" +
+	"\x0eauto_reassigns\x18\x1f \x01(\x04R\rautoReassigns\x126\n" +
+	"\x17resolved_by_coordinator\x18  \x01(\bR\x15resolvedByCoordinator\"h\n" +
 	"\rOfferResponse\x12&\n" +
 	"\x05lease\x18\x01 \x01(\v2\x10.tether.v1.LeaseR\x05lease\x12/\n" +
 	"\bdecision\x18\x02 \x01(\v2\x13.tether.v1.DecisionR\bdecision\"f\n" +

@@ -84,9 +84,8 @@ var pairs = []pair{
 	{domain: reflect.TypeFor[lease.Lease](), msg: reflect.TypeFor[tetherv1.Lease](), to: "leaseProto", value: true,
 		names: map[string]string{"Generation": "LeaseGeneration", "Transitions": "LeaseTransitions"},
 		handDomain: map[string]string{
-			"Owner":                 "the coordinator's own bookkeeping (who may coordinate the job), not shown",
-			"FormerHolders":         "the coordinator's own bookkeeping (whose late traffic is evidence), not shown",
-			"ResolvedByCoordinator": "the lease machine's own bookkeeping (whose word closed the job), not shown yet",
+			"Owner":         "the coordinator's own bookkeeping (who may coordinate the job), not shown",
+			"FormerHolders": "the coordinator's own bookkeeping (whose late traffic is evidence), not shown",
 		},
 		doc: "is every field of a lease as tether.v1 shows it; Lease adds that a job without one has none"},
 	{domain: reflect.TypeFor[lease.Decision](), msg: reflect.TypeFor[tetherv1.Decision](), to: "Decision", from: "decisionFromProto", value: true,
