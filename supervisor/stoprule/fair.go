@@ -43,6 +43,15 @@ const (
 	// 128 bytes took a quarter of a second to decode and add up on the
 	// loaded test machine (some 2.8 MB: about 690 reads, 18 turns).
 	subtreeToolsBytesPerRead = 4096
+	// totalsBytesInRead: the growth and call totals a node's read reads
+	// (readNodeTools, whatever rule is judged) are charged at the same
+	// rate past this many bytes, some ninety records: a node of few
+	// records is charged its one read, and one whose 256 growth and 256
+	// call records a rogue filled (a child in each shard) about 22 KB,
+	// five reads more. Read freshly written they took 0.24 ms on the
+	// loaded test machine, 2.8–6 ms while they held the versions of their
+	// many writes, where a node of few records took 8 µs.
+	totalsBytesInRead = 4096
 )
 
 // phase says which of a node's rules an evaluation takes.

@@ -468,7 +468,8 @@ type TestResult struct {
 	SelfReported map[string]float64
 	// DecodedBytes is the size of the subtree's records the test decoded
 	// (counts by tool, reported counters: for an expression that reads
-	// them): the caller's price.
+	// them; the growth and call totals past their first 4 KiB): the
+	// caller's price.
 	DecodedBytes int
 }
 
@@ -1075,9 +1076,11 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 }
 
 // readNodeTools is readNode, with the subtree's counts by tool when tools
-// is set, and the size of the records' parts by tool it decoded: up to
-// growShards records of 2·(MaxTools+1) names, which only the rules that
-// read them pay for.
+// is set, and the size of the records it read to be priced: the records'
+// parts by tool it decoded (up to growShards records of 2·(MaxTools+1)
+// names, which only the rules that read them pay for), and the growth and
+// call totals past the first totalsBytesInRead (up to 2·growShards
+// records, which every read of the node reads).
 func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, map[string]float64, int, error) {
 	o, err := storedObs(tx, nodeID)
 	if err != nil {
@@ -1086,7 +1089,9 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 	// The spawns below, from the growth records (counters stored by an
 	// older version, which folded spawns into o, are kept and added to).
 	var nodes uint64
-	err = tx.Scan(growPrefix(nodeID), nil, func(_, v []byte) error {
+	totalsBytes := 0
+	err = tx.Scan(growPrefix(nodeID), nil, func(k, v []byte) error {
+		totalsBytes += len(k) + len(v)
 		g, err := decodeGrowth(v)
 		if err != nil {
 			return err
@@ -1104,7 +1109,8 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 	}
 	// The calls of the subtree: the node's own and its descendants'.
 	var sum subtotal
-	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
+	err = tx.Scan(subPrefix(nodeID), nil, func(k, v []byte) error {
+		totalsBytes += len(k) + len(v)
 		s, err := decodeSubtotal(v)
 		if err != nil {
 			return err
@@ -1116,7 +1122,7 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 		return nil, nil, 0, err
 	}
 	subtreeCalls(o, sum)
-	toolBytes := 0
+	toolBytes := max(totalsBytes-totalsBytesInRead, 0)
 	if tools {
 		// The counts by tool, each shard's apart (a shard's OtherTool
 		// stands for the tools it does not track): keys in shard order.
