@@ -1,5 +1,7 @@
 package stoprule
 
+import "math"
+
 // The evaluator is one for the cluster, and a node's evaluation costs
 // what the rules in effect at it cost: its own, and its ancestors' —
 // with agents' rules near the budget on a chain of descendants, many
@@ -194,7 +196,14 @@ func (f *fairQueue) len() int { return f.size }
 // node's tree, and whether it took the node's agents' rules too (in the
 // operators' phase: they cost little). It stops early when eval fails.
 func (f *fairQueue) serve(limit int, eval func(id string, p phase) (cost int64, agentsToo bool, err error)) error {
-	for limit > 0 && len(f.ring) > 0 {
+	return f.serveUpTo(limit, math.MaxInt64, eval)
+}
+
+// serveUpTo is serve, stopping too once the evaluations it made cost
+// spend together (the one that passed it included).
+func (f *fairQueue) serveUpTo(limit int, spend int64, eval func(id string, p phase) (cost int64, agentsToo bool, err error)) error {
+	var spent int64
+	for limit > 0 && spent < spend && len(f.ring) > 0 {
 		if f.next >= len(f.ring) {
 			f.next = 0
 		}
@@ -203,7 +212,7 @@ func (f *fairQueue) serve(limit int, eval func(id string, p phase) (cost int64, 
 			q.deficit += TurnCost
 			q.inTurn = true
 		}
-		for limit > 0 && q.deficit > 0 && q.len() > 0 {
+		for limit > 0 && spent < spend && q.deficit > 0 && q.len() > 0 {
 			id, p := q.operators.pop(), operatorsPhase
 			if id == "" {
 				id, p = q.agents.pop(), agentsPhase
@@ -214,6 +223,7 @@ func (f *fairQueue) serve(limit int, eval func(id string, p phase) (cost int64, 
 				limit-- // a node with nothing to evaluate read nothing
 			}
 			q.deficit -= cost
+			spent += cost
 			if agentsToo && q.agents.remove(id) {
 				f.size--
 			}
@@ -221,7 +231,7 @@ func (f *fairQueue) serve(limit int, eval func(id string, p phase) (cost int64, 
 				return err
 			}
 		}
-		if limit == 0 && q.deficit > 0 && q.len() > 0 {
+		if (limit == 0 || spent >= spend) && q.deficit > 0 && q.len() > 0 {
 			return nil // the slice ended within this tree's turn: it goes on next time
 		}
 		q.inTurn = false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,5 +237,70 @@ func TestRogue32AFillingTheGrowthAndCallTotalsIsChargedToTheRogue(t *testing.T) 
 	}
 	if cost, decoded := evaluate(few); cost >= 2*evaluationBaseCost || decoded != 0 {
 		t.Fatalf("an evaluation of a node of 16 records was charged %d (%d bytes priced), want its snapshot's read (%d) and the rule's few units", cost, decoded, evaluationBaseCost)
+	}
+}
+
+// TestRogue32AARoguesSliceOfTheEvaluatorEndsAfterATurn: the evaluator
+// reads its watches between slices of evaluations, and a slice was 256
+// nodes whatever they cost. A rogue alone in the evaluator's ring (no
+// other tree with a node marked) with a chain of agents' rules near the
+// budget above a hundred leaves had a slice evaluate every leaf, each
+// over a turn, before the watches were read again: another tree's rule
+// that came true meanwhile was not even queued until the rogue's slice
+// ended, however the trees are served in turn once queued. A slice now
+// ends once it has spent a turn (the node that overran it included), so a
+// mark from another tree is queued after at most one turn of the rogue's.
+func TestRogue32AARoguesSliceOfTheEvaluatorEndsAfterATurn(t *testing.T) {
+	g := newRogue31cRig(t)
+	g.agents.Limits.MaxLabels = 32
+	labels := map[string]string{}
+	for i := range 32 {
+		labels[fmt.Sprintf("l%02d", i)] = strings.Repeat("v", 60)
+	}
+	loops := make([]string, 0, 37)
+	for range 36 {
+		loops = append(loops, `observed.node_labels.all(a, a != "z")`)
+	}
+	slow := strings.Join(append(loops, "observed.calls < 0"), " && ")
+	ctx := context.Background()
+	rogue := g.spawn(nil, "rogue")
+	parent := rogue
+	for depth := range 4 {
+		if _, _, err := g.rules.Add(ctx, Actor{ID: "agent:" + parent.NodeID, NodeID: parent.NodeID}, &Rule{NodeID: parent.NodeID, Name: fmt.Sprintf("slow-%d", depth), Expression: slow}); err != nil {
+			t.Fatal(err)
+		}
+		if depth < 3 {
+			n, err := g.agents.Spawn(ctx, parent.NodeID, fmt.Sprintf("link-%d", depth), labels, "test", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent = n
+		}
+	}
+	for i := range 100 {
+		if _, err := g.agents.Spawn(ctx, parent.NodeID, fmt.Sprintf("leaf-%d", i), labels, "test", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ix, err := g.rules.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.rules.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
+		t.Fatal(err)
+	}
+	// The rogue's root (its one rule cheap) and the node that overran the
+	// turn, at most one more with its cheap rules.
+	t.Logf("a slice evaluated %d of the rogue's 104 marked nodes", g.rules.stats.Nodes.Load())
+	if n := g.rules.stats.Nodes.Load(); n > 3 {
+		t.Fatalf("a slice evaluated %d of the rogue's nodes before the watches were read again, want at most a turn's (3); %d still marked", n, ix.dirty.len())
+	}
+	for ix.dirty.len() > 0 {
+		if err := g.rules.evaluateDirty(ctx, ix, evaluateSlice); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := g.rules.stats.Nodes.Load(); n != 104 {
+		t.Fatalf("%d nodes evaluated in all, want the rogue's 104", n)
 	}
 }
