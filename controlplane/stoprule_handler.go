@@ -60,7 +60,9 @@ const RuleBytesPerRequest = 64
 // tools of 128 characters, some 2.8 MB, took a quarter of a second to
 // decode and add up on the loaded test machine: about 690 requests, as
 // compiling is priced (RuleBytesPerRequest), and as the evaluator charges
-// them to its tree's turns.
+// them to its tree's turns. The node's growth and call totals, read for
+// every expression, are priced so past their first 4 KiB (some ninety
+// records; up to 512 a rogue fills, a child in each shard, some 22 KB).
 const SubtreeToolBytesPerRequest = 4096
 
 // chargeExpression charges the caller's budget for compiling expression,

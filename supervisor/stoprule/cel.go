@@ -128,6 +128,9 @@ var observedFields = []observedField{
 	intField("subtree_failures", func(o *Observations) *int64 { return &o.SubtreeFailures }),
 	subtreeToolCountsField("subtree_calls_by_tool", func(o *Observations) *map[string]int64 { return &o.SubtreeCallsByTool }),
 	subtreeToolCountsField("subtree_failures_by_tool", func(o *Observations) *map[string]int64 { return &o.SubtreeFailuresByTool }),
+	countsField("subtree_calls_by_outcome", func(o *Observations) *map[string]int64 { return &o.SubtreeCallsByOutcome }),
+	doubleField("subtree_call_seconds_total", func(o *Observations) *float64 { return &o.SubtreeCallSecondsTotal }),
+	doubleField("subtree_call_seconds_max", func(o *Observations) *float64 { return &o.SubtreeCallSecondsMax }),
 }
 
 var observedByName = func() map[string]*observedField {

@@ -99,9 +99,10 @@ type Compiled struct {
 	// shell fetches only for rules that need them.
 	UsesLeases, UsesRevocations bool
 	// UsesSubtree: the expression reads the subtree's totals (its calls,
-	// its reported counters), which every call or report of a descendant
-	// changes: the evaluator judges an ancestor again on its descendants'
-	// calls and reports only for such rules.
+	// their outcomes and time, its reported counters), which every call
+	// or report of a descendant changes: the evaluator judges an
+	// ancestor again on its descendants' calls and reports only for such
+	// rules.
 	UsesSubtree bool
 	// UsesSubtreeTools: the expression reads the subtree's counts by tool
 	// (subtree_calls_by_tool, subtree_failures_by_tool), which only such
@@ -158,7 +159,7 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
-		case "subtree_calls", "subtree_failures":
+		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome", "subtree_call_seconds_total", "subtree_call_seconds_max":
 			c.UsesSubtree = true
 		case "subtree_calls_by_tool", "subtree_failures_by_tool":
 			c.UsesSubtree, c.UsesSubtreeTools = true, true
@@ -247,7 +248,7 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 			max = MaxTools + 1
 		case "subtree_calls_by_tool", "subtree_failures_by_tool":
 			max = maxSubtreeTools
-		case "calls_by_outcome", "leases_by_state":
+		case "calls_by_outcome", "subtree_calls_by_outcome", "leases_by_state":
 			max = 8
 		case "node_labels":
 			max = 32

@@ -128,7 +128,12 @@ func (r *Rules) run(ctx context.Context) error {
 const DefaultTick = 5 * time.Second
 
 // evaluateSlice is how many marked nodes are evaluated between two reads
-// of the watches.
+// of the watches, at most: a slice also ends once its evaluations cost a
+// turn (TurnCost, the one that passed it included). A slice of 256 nodes
+// whatever they cost let a rogue alone in the ring, its nodes each costing
+// a turn and more, have hundreds of turns' work done before the watches
+// were read: another tree's node marked meanwhile waited for all of it
+// before it was even queued.
 const evaluateSlice = 256
 
 // load builds the index from the store: every rule, every running node,
@@ -399,7 +404,7 @@ func (ix *index) markNode(id string) {
 // and within a tree the operators' rules first (fair.go), and clears
 // their marks.
 func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
-	return ix.dirty.serve(limit, func(id string, p phase) (int64, bool, error) {
+	return ix.dirty.serveUpTo(limit, TurnCost, func(id string, p phase) (int64, bool, error) {
 		n, ok := ix.nodes[id]
 		if !ok {
 			return 0, true, nil

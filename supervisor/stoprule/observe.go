@@ -22,36 +22,59 @@ func ApplyCall(o *Observations, before, after *ledger.ToolCall) {
 	if after == nil {
 		return
 	}
-	ended := after.State == ledger.CallStateEnded
-	if before == nil {
-		if after.Resolution == ledger.CallResolutionRejectedDraining {
-			bump(&o.CallsByOutcome, outcomeName(after.Resolution), 1)
-			return
-		}
+	if begins(before, after) {
 		o.Calls++
 		bump(&o.CallsByTool, toolKey(o.CallsByTool, after.Tool), 1)
 		o.CallsInFlight++
 		o.CallsInFlightMax = max(o.CallsInFlightMax, o.CallsInFlight)
-		if !ended {
-			return
-		}
-	} else if before.State == ledger.CallStateEnded || !ended {
-		return // a retried end, or a cancel order: nothing observed ends
+	}
+	end, ok := callEnd(before, after)
+	if !ok {
+		return
+	}
+	bump(&o.CallsByOutcome, outcomeName(end.resolution), 1)
+	if end.resolution == ledger.CallResolutionRejectedDraining {
+		return // refused: it never began
 	}
 	o.CallsInFlight = max(o.CallsInFlight-1, 0)
-	bump(&o.CallsByOutcome, outcomeName(after.Resolution), 1)
-	if after.Resolution == ledger.CallResolutionFailed {
+	if end.resolution == ledger.CallResolutionFailed {
 		o.Failures++
 		bump(&o.FailuresByTool, toolKey(o.FailuresByTool, after.Tool), 1)
 	}
-	if !after.BegunAt.IsZero() && !after.EndedAt.IsZero() {
-		d := after.EndedAt.Sub(after.BegunAt)
-		if d > 0 {
-			s := d.Seconds()
-			o.CallSecondsTotal += s
-			o.CallSecondsMax = max(o.CallSecondsMax, s)
-		}
+	if end.took > 0 {
+		s := end.took.Seconds()
+		o.CallSecondsTotal += s
+		o.CallSecondsMax = max(o.CallSecondsMax, s)
 	}
+}
+
+// begins reports whether the change begins a call (one refused while its
+// node stopped never began).
+func begins(before, after *ledger.ToolCall) bool {
+	return before == nil && after.Resolution != ledger.CallResolutionRejectedDraining
+}
+
+// callEnding is how a change ends a call: its outcome, and how long it
+// took (0 when its times are not both known, or not in order).
+type callEnding struct {
+	resolution ledger.CallResolution
+	took       time.Duration
+}
+
+// callEnd reports how the change from before to after ends a call, if it
+// does: a call written ended (one refused while its node stopped, or
+// begun and ended at once), or one that was not ended and now is. A
+// retried end, or a cancel order, ends nothing.
+func callEnd(before, after *ledger.ToolCall) (callEnding, bool) {
+	refused := before == nil && after.Resolution == ledger.CallResolutionRejectedDraining
+	if (after.State != ledger.CallStateEnded && !refused) || (before != nil && before.State == ledger.CallStateEnded) {
+		return callEnding{}, false
+	}
+	e := callEnding{resolution: after.Resolution}
+	if e.resolution != ledger.CallResolutionRejectedDraining && !after.BegunAt.IsZero() && !after.EndedAt.IsZero() {
+		e.took = max(after.EndedAt.Sub(after.BegunAt), 0)
+	}
+	return e, true
 }
 
 // ApplySpawn folds a spawn into the observations of the child's ancestors:

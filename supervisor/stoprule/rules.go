@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -467,7 +468,8 @@ type TestResult struct {
 	SelfReported map[string]float64
 	// DecodedBytes is the size of the subtree's records the test decoded
 	// (counts by tool, reported counters: for an expression that reads
-	// them): the caller's price.
+	// them; the growth and call totals past their first 4 KiB): the
+	// caller's price.
 	DecodedBytes int
 }
 
@@ -615,24 +617,35 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 	if err := kv.Put(tx, obsKey(after.NodeID), o); err != nil {
 		return err
 	}
-	if o.Calls == calls && o.Failures == failures {
+	// The change, of after's tool: a call begins or fails once, so the
+	// change is one call or one failure of it; a call ends once, so it
+	// adds one outcome and its duration.
+	d := subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)}
+	if end, ok := callEnd(before, after); ok {
+		d.addEnd(end)
+	}
+	if d == (subtotal{}) {
 		return nil
 	}
-	// The change, of after's tool: a call begins or fails once, so the
-	// change is one call or one failure of it.
-	return addToAncestors(tx, after.NodeID, subtotal{calls: uint64(o.Calls - calls), failures: uint64(o.Failures - failures)}, after.Tool)
+	return addToAncestors(tx, after.NodeID, d, after.Tool)
 }
 
 // addToAncestors adds d, a change of tool's calls, to the subtree records
-// of node's ancestors (the node's shard of each): the shard's totals, and
-// the shard's count of the tool, a record of its own, so that a call
-// writes a few dozen bytes per ancestor whatever other tools the shard
-// counts (a rogue that filled its shards with MaxTools long names does not
-// make each later call rewrite them at every ancestor). A shard tracks at
+// of node's ancestors (the node's shard of each): the shard's totals, and,
+// when d begins or fails a call, the shard's count of the tool, a record
+// of its own, so that a call writes a few dozen bytes per ancestor
+// whatever other tools the shard counts (a rogue that filled its shards
+// with MaxTools long names does not make each later call rewrite them at
+// every ancestor). A call's end writes the totals alone (its outcome and
+// duration), and a failed end the tool's count too. A shard tracks at
 // most MaxTools tools (subtotal.tracked); a further tool is counted under
 // OtherTool, as is every later call of it (the shard stays full).
 func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool string) error {
+	byTool := d.calls > 0 || d.failures > 0
 	keysOf := func(anc string, shard uint32) [][]byte {
+		if !byTool {
+			return [][]byte{subKey(anc, shard)}
+		}
 		return [][]byte{subKey(anc, shard), subToolKey(anc, shard, tool), subToolKey(anc, shard, OtherTool)}
 	}
 	return eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
@@ -640,8 +653,10 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool string) error 
 		if err != nil {
 			return err
 		}
-		s.calls += d.calls
-		s.failures += d.failures
+		s.add(d)
+		if !byTool {
+			return tx.Put(keys[0], s.append(nil))
+		}
 		key := keys[1]
 		c, err := getToolCount(tx, key)
 		switch {
@@ -713,18 +728,75 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, sha
 }
 
 // subtotal is one record of an ancestor's subtree totals: the calls begun
-// by its descendants of one shard, those that ended failed, and how many
-// tools the shard counts apart (its toolCount records, at most MaxTools).
-// Stored as the three uvarints; a record an earlier version wrote, the
-// two totals alone, tracks no tool.
-type subtotal struct{ calls, failures, tracked uint64 }
+// by its descendants of one shard, those that ended failed, how many tools
+// the shard counts apart (its toolCount records, at most MaxTools), the
+// calls that ended by each of the other outcomes (subtreeOutcomes), and
+// the nanoseconds the ended calls took, in total and the longest. Stored
+// as those uvarints in that order, cut after the failures or the tracked
+// tools when the rest are 0: a record an earlier version wrote, the two
+// totals alone or with the tracked tools, counts no tool, outcome or time.
+type subtotal struct {
+	calls, failures, tracked uint64
+	ended                    [len(subtreeOutcomes)]uint64
+	nanos, maxNanos          uint64
+}
+
+// subtreeOutcomes are the outcomes a subtotal counts, in its stored order,
+// besides failed (its failures).
+var subtreeOutcomes = [...]ledger.CallResolution{
+	ledger.CallResolutionCompleted, ledger.CallResolutionCancelledAcked,
+	ledger.CallResolutionCancelUnacknowledged, ledger.CallResolutionRejectedDraining,
+}
+
+// addEnd counts a call's end: its outcome and how long it took.
+func (s *subtotal) addEnd(e callEnding) {
+	if i := slices.Index(subtreeOutcomes[:], e.resolution); i >= 0 {
+		s.ended[i]++
+	}
+	if e.took > 0 {
+		s.nanos = addSaturating(s.nanos, uint64(e.took))
+		s.maxNanos = max(s.maxNanos, uint64(e.took))
+	}
+}
+
+// addSaturating is a+b, or the largest uint64 past it: call time added up
+// over a subtree's calls never wraps to read as little.
+func addSaturating(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+// add folds the change d into s (its tracked tools apart).
+func (s *subtotal) add(d subtotal) {
+	s.calls += d.calls
+	s.failures += d.failures
+	for i, n := range d.ended {
+		s.ended[i] += n
+	}
+	s.nanos = addSaturating(s.nanos, d.nanos)
+	s.maxNanos = max(s.maxNanos, d.maxNanos)
+}
+
+// ends reports whether s counts any outcome or time.
+func (s subtotal) ends() bool {
+	return s.ended != [len(subtreeOutcomes)]uint64{} || s.nanos != 0 || s.maxNanos != 0
+}
 
 func (s subtotal) append(b []byte) []byte {
 	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
-	if s.tracked == 0 {
+	if s.tracked == 0 && !s.ends() {
 		return b
 	}
-	return binary.AppendUvarint(b, s.tracked)
+	b = binary.AppendUvarint(b, s.tracked)
+	if !s.ends() {
+		return b
+	}
+	for _, n := range s.ended {
+		b = binary.AppendUvarint(b, n)
+	}
+	return binary.AppendUvarint(binary.AppendUvarint(b, s.nanos), s.maxNanos)
 }
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
@@ -744,7 +816,14 @@ func decodeSubtotal(v []byte) (subtotal, error) {
 	if err != nil || len(rest) == 0 {
 		return s, err
 	}
-	if err := decodeUvarints(rest, "subtree", &s.tracked); err != nil {
+	if rest, err = readUvarints(rest, "subtree", &s.tracked); err != nil || len(rest) == 0 {
+		return s, err
+	}
+	fields := []*uint64{}
+	for i := range s.ended {
+		fields = append(fields, &s.ended[i])
+	}
+	if err := decodeUvarints(rest, "subtree", append(fields, &s.nanos, &s.maxNanos)...); err != nil {
 		return subtotal{}, err
 	}
 	return s, nil
@@ -997,9 +1076,11 @@ func readNode(tx store.ReadTxn, nodeID string) (*Observations, map[string]float6
 }
 
 // readNodeTools is readNode, with the subtree's counts by tool when tools
-// is set, and the size of the records' parts by tool it decoded: up to
-// growShards records of 2·(MaxTools+1) names, which only the rules that
-// read them pay for.
+// is set, and the size of the records it read to be priced: the records'
+// parts by tool it decoded (up to growShards records of 2·(MaxTools+1)
+// names, which only the rules that read them pay for), and the growth and
+// call totals past the first totalsBytesInRead (up to 2·growShards
+// records, which every read of the node reads).
 func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, map[string]float64, int, error) {
 	o, err := storedObs(tx, nodeID)
 	if err != nil {
@@ -1008,7 +1089,9 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 	// The spawns below, from the growth records (counters stored by an
 	// older version, which folded spawns into o, are kept and added to).
 	var nodes uint64
-	err = tx.Scan(growPrefix(nodeID), nil, func(_, v []byte) error {
+	totalsBytes := 0
+	err = tx.Scan(growPrefix(nodeID), nil, func(k, v []byte) error {
+		totalsBytes += len(k) + len(v)
 		g, err := decodeGrowth(v)
 		if err != nil {
 			return err
@@ -1025,20 +1108,21 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 		o.SubtreeSize = max(o.SubtreeSize, 1) + int64(nodes)
 	}
 	// The calls of the subtree: the node's own and its descendants'.
-	o.SubtreeCalls, o.SubtreeFailures = o.Calls, o.Failures
-	err = tx.Scan(subPrefix(nodeID), nil, func(_, v []byte) error {
+	var sum subtotal
+	err = tx.Scan(subPrefix(nodeID), nil, func(k, v []byte) error {
+		totalsBytes += len(k) + len(v)
 		s, err := decodeSubtotal(v)
 		if err != nil {
 			return err
 		}
-		o.SubtreeCalls += int64(s.calls)
-		o.SubtreeFailures += int64(s.failures)
+		sum.add(s)
 		return nil
 	})
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	toolBytes := 0
+	subtreeCalls(o, sum)
+	toolBytes := max(totalsBytes-totalsBytesInRead, 0)
 	if tools {
 		// The counts by tool, each shard's apart (a shard's OtherTool
 		// stands for the tools it does not track): keys in shard order.
@@ -1078,6 +1162,25 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 		return nil, nil, 0, err
 	}
 	return o, self.Counters, toolBytes, nil
+}
+
+// subtreeCalls sets o's subtree totals of the calls (SubtreeCalls and
+// the fields beside it but the counts by tool) from its own counters and
+// sum, its ancestor records added up.
+func subtreeCalls(o *Observations, sum subtotal) {
+	o.SubtreeCalls = o.Calls + int64(sum.calls)
+	o.SubtreeFailures = o.Failures + int64(sum.failures)
+	o.SubtreeCallsByOutcome = maps.Clone(o.CallsByOutcome)
+	if sum.failures > 0 {
+		bump(&o.SubtreeCallsByOutcome, outcomeName(ledger.CallResolutionFailed), int64(sum.failures))
+	}
+	for i, n := range sum.ended {
+		if n > 0 {
+			bump(&o.SubtreeCallsByOutcome, outcomeName(subtreeOutcomes[i]), int64(n))
+		}
+	}
+	o.SubtreeCallSecondsTotal = o.CallSecondsTotal + float64(sum.nanos)/1e9
+	o.SubtreeCallSecondsMax = max(o.CallSecondsMax, float64(sum.maxNanos)/1e9)
 }
 
 // readSubtreeReported reads subtree_reported of a node whose own

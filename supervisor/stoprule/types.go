@@ -97,6 +97,15 @@ type Observations struct {
 	// the map does not hold reads it (subtreeToolCounts).
 	SubtreeCallsByTool    map[string]int64 `pb:"22"`
 	SubtreeFailuresByTool map[string]int64 `pb:"23"`
+	// CallsByOutcome, CallSecondsTotal and CallSecondsMax over the node
+	// and every descendant it ever had, kept in the same records as
+	// SubtreeCalls (each ended call adds its outcome and duration to its
+	// ancestors' records in its own transaction): how the subtree's calls
+	// ended and how long they took, however they are split among its
+	// descendants.
+	SubtreeCallsByOutcome   map[string]int64 `pb:"24"`
+	SubtreeCallSecondsTotal float64          `pb:"25"`
+	SubtreeCallSecondsMax   float64          `pb:"26"`
 }
 
 // Clone returns a copy of o sharing nothing with it.
@@ -107,6 +116,7 @@ func (o *Observations) Clone() *Observations {
 	c.FailuresByTool = maps.Clone(o.FailuresByTool)
 	c.SubtreeCallsByTool = maps.Clone(o.SubtreeCallsByTool)
 	c.SubtreeFailuresByTool = maps.Clone(o.SubtreeFailuresByTool)
+	c.SubtreeCallsByOutcome = maps.Clone(o.SubtreeCallsByOutcome)
 	c.LeasesByState = maps.Clone(o.LeasesByState)
 	c.NodeLabels = maps.Clone(o.NodeLabels)
 	return &c

@@ -224,8 +224,16 @@ type StopRuleObservations struct {
 	// over-count, never an under-count).
 	SubtreeCallsByTool    map[string]int64 `protobuf:"bytes,22,rep,name=subtree_calls_by_tool,json=subtreeCallsByTool,proto3" json:"subtree_calls_by_tool,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	SubtreeFailuresByTool map[string]int64 `protobuf:"bytes,23,rep,name=subtree_failures_by_tool,json=subtreeFailuresByTool,proto3" json:"subtree_failures_by_tool,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// calls_by_outcome, call_seconds_total and call_seconds_max over the
+	// node and every descendant it ever had: how the subtree's calls ended
+	// and how long they took, however they are split among its children.
+	// Each ended call adds its outcome and duration to its ancestors'
+	// totals in its own transaction.
+	SubtreeCallsByOutcome   map[string]int64 `protobuf:"bytes,24,rep,name=subtree_calls_by_outcome,json=subtreeCallsByOutcome,proto3" json:"subtree_calls_by_outcome,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	SubtreeCallSecondsTotal float64          `protobuf:"fixed64,25,opt,name=subtree_call_seconds_total,json=subtreeCallSecondsTotal,proto3" json:"subtree_call_seconds_total,omitempty"`
+	SubtreeCallSecondsMax   float64          `protobuf:"fixed64,26,opt,name=subtree_call_seconds_max,json=subtreeCallSecondsMax,proto3" json:"subtree_call_seconds_max,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *StopRuleObservations) Reset() {
@@ -417,6 +425,27 @@ func (x *StopRuleObservations) GetSubtreeFailuresByTool() map[string]int64 {
 		return x.SubtreeFailuresByTool
 	}
 	return nil
+}
+
+func (x *StopRuleObservations) GetSubtreeCallsByOutcome() map[string]int64 {
+	if x != nil {
+		return x.SubtreeCallsByOutcome
+	}
+	return nil
+}
+
+func (x *StopRuleObservations) GetSubtreeCallSecondsTotal() float64 {
+	if x != nil {
+		return x.SubtreeCallSecondsTotal
+	}
+	return 0
+}
+
+func (x *StopRuleObservations) GetSubtreeCallSecondsMax() float64 {
+	if x != nil {
+		return x.SubtreeCallSecondsMax
+	}
+	return 0
 }
 
 // StopRuleValue is one value a rule read when it became true.
@@ -1233,7 +1262,7 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\r\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x0f\n" +
 	"\x14StopRuleObservations\x12\x14\n" +
 	"\x05calls\x18\x01 \x01(\x03R\x05calls\x12T\n" +
 	"\rcalls_by_tool\x18\x02 \x03(\v20.tether.v1.StopRuleObservations.CallsByToolEntryR\vcallsByTool\x12]\n" +
@@ -1261,7 +1290,10 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\rsubtree_calls\x18\x14 \x01(\x03R\fsubtreeCalls\x12)\n" +
 	"\x10subtree_failures\x18\x15 \x01(\x03R\x0fsubtreeFailures\x12j\n" +
 	"\x15subtree_calls_by_tool\x18\x16 \x03(\v27.tether.v1.StopRuleObservations.SubtreeCallsByToolEntryR\x12subtreeCallsByTool\x12s\n" +
-	"\x18subtree_failures_by_tool\x18\x17 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeFailuresByToolEntryR\x15subtreeFailuresByTool\x1a>\n" +
+	"\x18subtree_failures_by_tool\x18\x17 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeFailuresByToolEntryR\x15subtreeFailuresByTool\x12s\n" +
+	"\x18subtree_calls_by_outcome\x18\x18 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeCallsByOutcomeEntryR\x15subtreeCallsByOutcome\x12;\n" +
+	"\x1asubtree_call_seconds_total\x18\x19 \x01(\x01R\x17subtreeCallSecondsTotal\x127\n" +
+	"\x18subtree_call_seconds_max\x18\x1a \x01(\x01R\x15subtreeCallSecondsMax\x1a>\n" +
 	"\x10CallsByToolEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
@@ -1281,6 +1313,9 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aH\n" +
 	"\x1aSubtreeFailuresByToolEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aH\n" +
+	"\x1aSubtreeCallsByOutcomeEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"^\n" +
 	"\rStopRuleValue\x12\x12\n" +
@@ -1380,7 +1415,7 @@ func file_tether_v1_stoprule_proto_rawDescGZIP() []byte {
 	return file_tether_v1_stoprule_proto_rawDescData
 }
 
-var file_tether_v1_stoprule_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_tether_v1_stoprule_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_tether_v1_stoprule_proto_goTypes = []any{
 	(*StopRule)(nil),               // 0: tether.v1.StopRule
 	(*StopRuleObservations)(nil),   // 1: tether.v1.StopRuleObservations
@@ -1405,17 +1440,18 @@ var file_tether_v1_stoprule_proto_goTypes = []any{
 	nil,                            // 20: tether.v1.StopRuleObservations.NodeLabelsEntry
 	nil,                            // 21: tether.v1.StopRuleObservations.SubtreeCallsByToolEntry
 	nil,                            // 22: tether.v1.StopRuleObservations.SubtreeFailuresByToolEntry
-	nil,                            // 23: tether.v1.StopRuleFiring.LabelsEntry
-	nil,                            // 24: tether.v1.AddStopRuleRequest.LabelsEntry
-	nil,                            // 25: tether.v1.TestStopRuleResponse.SelfReportedEntry
-	nil,                            // 26: tether.v1.ReportCountersRequest.CountersEntry
-	nil,                            // 27: tether.v1.ReportCountersResponse.CountersEntry
-	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
+	nil,                            // 23: tether.v1.StopRuleObservations.SubtreeCallsByOutcomeEntry
+	nil,                            // 24: tether.v1.StopRuleFiring.LabelsEntry
+	nil,                            // 25: tether.v1.AddStopRuleRequest.LabelsEntry
+	nil,                            // 26: tether.v1.TestStopRuleResponse.SelfReportedEntry
+	nil,                            // 27: tether.v1.ReportCountersRequest.CountersEntry
+	nil,                            // 28: tether.v1.ReportCountersResponse.CountersEntry
+	(*timestamppb.Timestamp)(nil),  // 29: google.protobuf.Timestamp
 }
 var file_tether_v1_stoprule_proto_depIdxs = []int32{
 	14, // 0: tether.v1.StopRule.selector:type_name -> tether.v1.StopRule.SelectorEntry
 	15, // 1: tether.v1.StopRule.labels:type_name -> tether.v1.StopRule.LabelsEntry
-	28, // 2: tether.v1.StopRule.created_at:type_name -> google.protobuf.Timestamp
+	29, // 2: tether.v1.StopRule.created_at:type_name -> google.protobuf.Timestamp
 	16, // 3: tether.v1.StopRuleObservations.calls_by_tool:type_name -> tether.v1.StopRuleObservations.CallsByToolEntry
 	17, // 4: tether.v1.StopRuleObservations.calls_by_outcome:type_name -> tether.v1.StopRuleObservations.CallsByOutcomeEntry
 	18, // 5: tether.v1.StopRuleObservations.failures_by_tool:type_name -> tether.v1.StopRuleObservations.FailuresByToolEntry
@@ -1423,33 +1459,34 @@ var file_tether_v1_stoprule_proto_depIdxs = []int32{
 	20, // 7: tether.v1.StopRuleObservations.node_labels:type_name -> tether.v1.StopRuleObservations.NodeLabelsEntry
 	21, // 8: tether.v1.StopRuleObservations.subtree_calls_by_tool:type_name -> tether.v1.StopRuleObservations.SubtreeCallsByToolEntry
 	22, // 9: tether.v1.StopRuleObservations.subtree_failures_by_tool:type_name -> tether.v1.StopRuleObservations.SubtreeFailuresByToolEntry
-	23, // 10: tether.v1.StopRuleFiring.labels:type_name -> tether.v1.StopRuleFiring.LabelsEntry
-	2,  // 11: tether.v1.StopRuleFiring.values:type_name -> tether.v1.StopRuleValue
-	28, // 12: tether.v1.StopRuleFiring.fired_at:type_name -> google.protobuf.Timestamp
-	24, // 13: tether.v1.AddStopRuleRequest.labels:type_name -> tether.v1.AddStopRuleRequest.LabelsEntry
-	0,  // 14: tether.v1.AddStopRuleResponse.rule:type_name -> tether.v1.StopRule
-	0,  // 15: tether.v1.ListStopRulesResponse.rules:type_name -> tether.v1.StopRule
-	0,  // 16: tether.v1.RemoveStopRuleResponse.rule:type_name -> tether.v1.StopRule
-	2,  // 17: tether.v1.TestStopRuleResponse.values:type_name -> tether.v1.StopRuleValue
-	1,  // 18: tether.v1.TestStopRuleResponse.observed:type_name -> tether.v1.StopRuleObservations
-	25, // 19: tether.v1.TestStopRuleResponse.self_reported:type_name -> tether.v1.TestStopRuleResponse.SelfReportedEntry
-	26, // 20: tether.v1.ReportCountersRequest.counters:type_name -> tether.v1.ReportCountersRequest.CountersEntry
-	27, // 21: tether.v1.ReportCountersResponse.counters:type_name -> tether.v1.ReportCountersResponse.CountersEntry
-	4,  // 22: tether.v1.StopRuleService.AddStopRule:input_type -> tether.v1.AddStopRuleRequest
-	6,  // 23: tether.v1.StopRuleService.ListStopRules:input_type -> tether.v1.ListStopRulesRequest
-	8,  // 24: tether.v1.StopRuleService.RemoveStopRule:input_type -> tether.v1.RemoveStopRuleRequest
-	10, // 25: tether.v1.StopRuleService.TestStopRule:input_type -> tether.v1.TestStopRuleRequest
-	12, // 26: tether.v1.StopRuleService.ReportCounters:input_type -> tether.v1.ReportCountersRequest
-	5,  // 27: tether.v1.StopRuleService.AddStopRule:output_type -> tether.v1.AddStopRuleResponse
-	7,  // 28: tether.v1.StopRuleService.ListStopRules:output_type -> tether.v1.ListStopRulesResponse
-	9,  // 29: tether.v1.StopRuleService.RemoveStopRule:output_type -> tether.v1.RemoveStopRuleResponse
-	11, // 30: tether.v1.StopRuleService.TestStopRule:output_type -> tether.v1.TestStopRuleResponse
-	13, // 31: tether.v1.StopRuleService.ReportCounters:output_type -> tether.v1.ReportCountersResponse
-	27, // [27:32] is the sub-list for method output_type
-	22, // [22:27] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	23, // 10: tether.v1.StopRuleObservations.subtree_calls_by_outcome:type_name -> tether.v1.StopRuleObservations.SubtreeCallsByOutcomeEntry
+	24, // 11: tether.v1.StopRuleFiring.labels:type_name -> tether.v1.StopRuleFiring.LabelsEntry
+	2,  // 12: tether.v1.StopRuleFiring.values:type_name -> tether.v1.StopRuleValue
+	29, // 13: tether.v1.StopRuleFiring.fired_at:type_name -> google.protobuf.Timestamp
+	25, // 14: tether.v1.AddStopRuleRequest.labels:type_name -> tether.v1.AddStopRuleRequest.LabelsEntry
+	0,  // 15: tether.v1.AddStopRuleResponse.rule:type_name -> tether.v1.StopRule
+	0,  // 16: tether.v1.ListStopRulesResponse.rules:type_name -> tether.v1.StopRule
+	0,  // 17: tether.v1.RemoveStopRuleResponse.rule:type_name -> tether.v1.StopRule
+	2,  // 18: tether.v1.TestStopRuleResponse.values:type_name -> tether.v1.StopRuleValue
+	1,  // 19: tether.v1.TestStopRuleResponse.observed:type_name -> tether.v1.StopRuleObservations
+	26, // 20: tether.v1.TestStopRuleResponse.self_reported:type_name -> tether.v1.TestStopRuleResponse.SelfReportedEntry
+	27, // 21: tether.v1.ReportCountersRequest.counters:type_name -> tether.v1.ReportCountersRequest.CountersEntry
+	28, // 22: tether.v1.ReportCountersResponse.counters:type_name -> tether.v1.ReportCountersResponse.CountersEntry
+	4,  // 23: tether.v1.StopRuleService.AddStopRule:input_type -> tether.v1.AddStopRuleRequest
+	6,  // 24: tether.v1.StopRuleService.ListStopRules:input_type -> tether.v1.ListStopRulesRequest
+	8,  // 25: tether.v1.StopRuleService.RemoveStopRule:input_type -> tether.v1.RemoveStopRuleRequest
+	10, // 26: tether.v1.StopRuleService.TestStopRule:input_type -> tether.v1.TestStopRuleRequest
+	12, // 27: tether.v1.StopRuleService.ReportCounters:input_type -> tether.v1.ReportCountersRequest
+	5,  // 28: tether.v1.StopRuleService.AddStopRule:output_type -> tether.v1.AddStopRuleResponse
+	7,  // 29: tether.v1.StopRuleService.ListStopRules:output_type -> tether.v1.ListStopRulesResponse
+	9,  // 30: tether.v1.StopRuleService.RemoveStopRule:output_type -> tether.v1.RemoveStopRuleResponse
+	11, // 31: tether.v1.StopRuleService.TestStopRule:output_type -> tether.v1.TestStopRuleResponse
+	13, // 32: tether.v1.StopRuleService.ReportCounters:output_type -> tether.v1.ReportCountersResponse
+	28, // [28:33] is the sub-list for method output_type
+	23, // [23:28] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_stoprule_proto_init() }
@@ -1463,7 +1500,7 @@ func file_tether_v1_stoprule_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_stoprule_proto_rawDesc), len(file_tether_v1_stoprule_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
