@@ -46,6 +46,10 @@
 // claims: a rogue that claimed its exit and pinged on was unseen); a
 // node's reports are bounded to SeenReportBurst at once and one per
 // SeenReportInterval after, the requests past the bound sharing the next.
+// A token past its expiry still names its holder (agentsdk.Verifier.Holder):
+// over stdio its requests are served as before and reported, over HTTP
+// its 401 is reported, as that node seen, which the control plane keeps
+// as the holder's dead credential at work.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

@@ -662,6 +662,12 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 func (g *Gateway) verifyBearer(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 	claims, err := g.cfg.Verifier.Identify(ctx, token)
 	if err != nil {
+		// A token past its expiry still names its holder: its 401 is that
+		// node answered, reported before it is (a rogue that claimed its
+		// exit and outlived its token was refused unseen).
+		if errors.Is(err, capability.ErrTokenExpired) {
+			g.noteSeen(ctx, token)
+		}
 		return nil, fmt.Errorf("%w: %v", auth.ErrInvalidToken, err)
 	}
 	return &auth.TokenInfo{

@@ -215,13 +215,20 @@ func (g *Gateway) closeRefusals() {
 
 // noteRefused is reportRefused for a refusal whose token's holder is not
 // at hand (a tools/list or tools/call refused past the door, or on stdio).
+//
+// A token past its expiry is reported as its holder seen (reportSeen):
+// the control plane names the holder of an expired token only for that
+// report, and would refuse the refusal's report noting nothing.
 func (g *Gateway) noteRefused(ctx context.Context, token string, why error) {
 	if !errors.Is(why, capability.ErrGrantRevoked) {
 		return
 	}
-	claims, err := g.cfg.Verifier.Identify(ctx, token)
-	if err != nil {
-		return
+	claims, err := g.cfg.Verifier.Holder(ctx, token)
+	switch {
+	case claims.HolderNodeID == "":
+	case err != nil:
+		g.reportSeen(ctx, token, claims.HolderNodeID)
+	default:
+		g.reportRefused(ctx, token, claims.HolderNodeID, why)
 	}
-	g.reportRefused(ctx, token, claims.HolderNodeID, why)
 }

@@ -219,14 +219,14 @@ func (g *Gateway) closeSeen() {
 }
 
 // noteSeen is reportSeen for a request whose token's holder is not at hand
-// (over stdio, or a call refused offline): a token that does not identify
-// its holder is not reported.
+// (over stdio, or a call refused offline): a token that names no holder
+// (Verifier.Holder: one past its expiry still does) is not reported.
 func (g *Gateway) noteSeen(ctx context.Context, token string) {
 	if token == "" {
 		return
 	}
-	claims, err := g.cfg.Verifier.Identify(ctx, token)
-	if err != nil {
+	claims, _ := g.cfg.Verifier.Holder(ctx, token)
+	if claims.HolderNodeID == "" {
 		return
 	}
 	g.reportSeen(ctx, token, claims.HolderNodeID)
