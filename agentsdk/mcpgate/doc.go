@@ -46,7 +46,11 @@
 // claims: a rogue that claimed its exit and pinged on was unseen); a
 // node's reports are bounded to SeenReportBurst at once and one per
 // SeenReportInterval after, the requests past the bound sharing the next.
-// A token past its expiry still names its holder (agentsdk.Verifier.Holder):
+// A report that did not land (not sent past the reports in flight, or
+// failed: the control plane unreachable, a budget spent) is owed, and
+// sent again after SeenReportRetry, doubling to SeenReportRetryMax, until
+// one lands; so is a refusal's report not sent or not landed, as the node
+// seen. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
 // over stdio its requests are served as before and reported, over HTTP
 // its 401 is reported, as that node seen, which the control plane keeps
 // as the holder's dead credential at work.

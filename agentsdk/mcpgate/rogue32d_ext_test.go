@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,10 +74,15 @@ func claimAfterSessionEnd(t *testing.T, w *world, self, credential string) {
 // gatewayOnClock is a gateway in front of w's upstream whose verifier, as
 // its own waits, runs on clk (Open's verifier reads the wall clock), its
 // feed's staleness budget a day: clk may move hours.
-func gatewayOnClock(t *testing.T, w *world, clk *clock.Manual) *mcpgate.Gateway {
+// Its requests to the control plane go through hc (nil: the test
+// server's client).
+func gatewayOnClock(t *testing.T, w *world, clk *clock.Manual, hc *http.Client) *mcpgate.Gateway {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	conn := agentsdk.Dial(w.srv.URL, w.srv.ToolServerToken(t, gateID), agentsdk.WithHTTPClient(w.srv.HTTP))
+	if hc == nil {
+		hc = w.srv.HTTP
+	}
+	conn := agentsdk.Dial(w.srv.URL, w.srv.ToolServerToken(t, gateID), agentsdk.WithHTTPClient(hc))
 	verifier, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: conn, Clock: clk, StalenessBudget: 24 * time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -181,7 +187,7 @@ func TestRogue32DAnsweredAfterItsTokenExpiredIsLifeAfterItsClaim(t *testing.T) {
 			w := newWorld(t, "mcp:test/*")
 			self, credential, token := rogueChild(t, w, 10*time.Minute)
 			gclk := clock.NewManual(w.clk.Now())
-			gw := gatewayOnClock(t, w, gclk)
+			gw := gatewayOnClock(t, w, gclk, nil)
 			var a *stdioAgent
 			if tc.act == nil {
 				a = serveStdioAgent(t, gw, token) // its session opened while the token lives
@@ -220,7 +226,7 @@ func TestRogue32DAnsweredAfterItsTokenExpiredIsLifeAfterItsClaim(t *testing.T) {
 func TestRogue32DStdioSessionOutlivingItsTokenEndsOnItsRevocation(t *testing.T) {
 	w := newWorld(t, "mcp:test/*")
 	gclk := clock.NewManual(w.clk.Now())
-	gw := gatewayOnClock(t, w, gclk)
+	gw := gatewayOnClock(t, w, gclk, nil)
 	a := serveStdioAgent(t, gw, w.grant.Token)
 	ctx := context.Background()
 	if err := a.cs.Ping(ctx, nil); err != nil {
@@ -240,5 +246,110 @@ func TestRogue32DStdioSessionOutlivingItsTokenEndsOnItsRevocation(t *testing.T) 
 	}
 	if err := recv(t, a.served, "ServeStdio to return: the revoked agent's stdio session ended"); !errors.Is(err, capability.ErrGrantRevoked) {
 		t.Fatalf("ServeStdio returned %v; want the revocation", err)
+	}
+}
+
+// lostBegins fails the gateway's BeginCall requests to the control plane
+// while down is set (the control plane unreachable to them, as a spent
+// budget or an outage would have them refused), passing the rest.
+type lostBegins struct {
+	down atomic.Bool
+	next http.RoundTripper
+}
+
+func (l *lostBegins) RoundTrip(r *http.Request) (*http.Response, error) {
+	if l.down.Load() && strings.HasSuffix(r.URL.Path, "/BeginCall") {
+		return nil, errors.New("lostBegins: the control plane is unreachable")
+	}
+	return l.next.RoundTrip(r)
+}
+
+// A rogue cannot have its requests after its claim of exit go unseen by
+// having the gateway's reports of them fail. A report that did not land
+// (the control plane unreachable, a budget spent, its answer late, or not
+// sent past the reports in flight) was logged at debug and forgotten: the
+// request was served, and nothing ever told the control plane. Now the
+// node's report is owed, and sent again (mcpgate.SeenReportRetry after, on
+// the gateway's clock, doubling while it fails) until it lands, which the
+// control plane keeps as the node at work after its claim, a
+// contradiction. The same for a refused request's report (its grant
+// revoked), owed as the node seen. (Fails, by its guard, if no retry is
+// armed, or if the contradiction is never noted.)
+func TestRogue32DReportThatDidNotLandIsOwedUntilItDoes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		act  func(t *testing.T, w *world, gw *mcpgate.Gateway, a *stdioAgent, token string)
+	}{
+		{"ping over stdio", func(t *testing.T, _ *world, _ *mcpgate.Gateway, a *stdioAgent, _ string) {
+			if err := a.cs.Ping(context.Background(), nil); err != nil {
+				t.Fatalf("the rogue's ping after its claim: %v", err)
+			}
+		}},
+		{"refused over HTTP, revoked", func(t *testing.T, w *world, gw *mcpgate.Gateway, _ *stdioAgent, token string) {
+			claims, err := gw.Verifier().Identify(context.Background(), token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := w.admin.Capability.Revoke(context.Background(), connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
+				t.Fatal(err)
+			}
+			testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
+				_, err := gw.Verifier().Verify(context.Background(), token)
+				return errors.Is(err, capability.ErrGrantRevoked)
+			})
+			srv := httptest.NewUnstartedServer(nil)
+			srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
+			srv.Start()
+			t.Cleanup(srv.Close)
+			req, err := http.NewRequest(http.MethodPost, srv.URL+mcpgate.EndpointPath, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusForbidden {
+				t.Fatalf("the revoked rogue's ping: %d; want 403", resp.StatusCode)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, "mcp:test/*")
+			self, credential, token := rogueChild(t, w, time.Hour)
+			lost := &lostBegins{next: w.srv.HTTP.Transport}
+			if lost.next == nil {
+				lost.next = http.DefaultTransport
+			}
+			hc := *w.srv.HTTP
+			hc.Transport = lost
+			gclk := clock.NewManual(w.clk.Now())
+			gw := gatewayOnClock(t, w, gclk, &hc)
+			var a *stdioAgent
+			if strings.Contains(tc.name, "stdio") {
+				a = serveStdioAgent(t, gw, token)
+			}
+			claimAfterSessionEnd(t, w, self, credential)
+
+			lost.down.Store(true)
+			tc.act(t, w, gw, a, token)
+			retry := gclk.Now().Add(mcpgate.SeenReportRetry)
+			testserver.WaitFor(t, guardWait, "the gateway to arm the owed report's retry", func() bool {
+				return gclk.Armed(retry)
+			})
+			if n := nodeOf(t, w, self); len(n.Contradictions) != 0 {
+				t.Fatalf("contradictions with the report lost: %v", n.Contradictions)
+			}
+			lost.down.Store(false)
+			gclk.Set(retry)
+			testserver.WaitFor(t, guardWait, "the owed report to land: the rogue at work after its claim", func() bool {
+				return len(nodeOf(t, w, self).Contradictions) > 0
+			})
+		})
 	}
 }
