@@ -36,7 +36,8 @@
 // exit left the record confirming it. The refusal that starts a report is answered once the
 // report has landed (RefusalReportWait at the most), so that a claim of
 // exit sent on reading it cannot outrun it. A request the gateway serves a
-// live grant without a tool call (ping, initialize, tools/list,
+// live grant without a tool call, or refuses over HTTP for the node's
+// connections or body bytes (ping, initialize, tools/list,
 // notifications, a GET stream or DELETE, a batch, a tools/call
 // answered without being begun: refused offline, a tool it does not
 // have, parameters refused; over stdio any request the MCP SDK answers

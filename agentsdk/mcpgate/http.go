@@ -338,6 +338,11 @@ func (g *Gateway) limitConns(next http.Handler) http.Handler {
 		hc, _ := r.Context().Value(heldConnKey{}).(*heldConn)
 		info := auth.TokenInfoFromContext(r.Context())
 		if hc != nil && info != nil && !g.conns.admit(hc, info.UserID) {
+			// The node answered, reported before it is: refused unreported,
+			// a rogue holding its connections from before its claim of exit
+			// was answered on each new one unseen.
+			token, _ := info.Extra[tokenKey].(string)
+			g.reportSeen(r.Context(), token, info.UserID)
 			// Handler set Connection: close: the connection closes after this.
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -588,6 +593,8 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		body, held, err := g.bodies.read(node, r.Body, mcp.DefaultMaxRequestBodyBytes+1)
 		defer g.bodies.give(node, held)
 		if errors.Is(err, errTooManyBodyBytes) {
+			// The node answered, reported before it is (as limitConns does).
+			g.reportSeen(r.Context(), token, node)
 			w.Header().Set("Connection", "close") // the rest of the body is not read
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)

@@ -1,9 +1,11 @@
 package mcpgate_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -352,4 +354,103 @@ func TestRogue32DReportThatDidNotLandIsOwedUntilItDoes(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A rogue that claimed its exit cannot be answered unseen by going past
+// its connections. A request on one connection more than the node may
+// hold was refused (429, CodeTooManyConnections) before any report: the
+// gateway knew the node (the bearer had named it) but told the control
+// plane nothing, so a rogue holding its connections from before its claim
+// was answered, on each new one, unseen. The refusal is now reported as
+// the node seen before it is answered. (Fails, by its guard, if the
+// control plane never notes the rogue at work after its claim.)
+func TestRogue32DRefusedPastItsConnectionsAfterItsClaimIsLifeAfterIt(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + ln.Addr().String()
+	srv := w.gw.HTTPServer(mcpgate.HTTPOptions{BaseURL: base, MaxConnsPerNode: 1})
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	ping := func(c net.Conn) int {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, base+mcpgate.EndpointPath, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		_ = c.SetDeadline(time.Now().Add(guardWait)) // a guard against a hang, not a timing
+		if err := req.Write(c); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Close() })
+		return c
+	}
+	held := dial()
+	if code := ping(held); code != http.StatusOK {
+		t.Fatalf("the rogue's ping before its claim: %d", code)
+	}
+	claimAfterSessionEnd(t, w, self, credential)
+	if n := nodeOf(t, w, self); len(n.Contradictions) != 0 {
+		t.Fatalf("contradictions before the rogue's request after its claim: %v", n.Contradictions)
+	}
+	if code := ping(dial()); code != http.StatusTooManyRequests {
+		t.Fatalf("the rogue's ping on a connection past its maximum: %d; want 429", code)
+	}
+	testserver.WaitFor(t, guardWait, "the control plane to note the rogue at work after its claim", func() bool {
+		return len(nodeOf(t, w, self).Contradictions) > 0
+	})
+}
+
+// Likewise a request refused for the node's body bytes (429,
+// CodeTooManyBodyBytes): the bearer had named the node, and the refusal
+// told the control plane nothing. It is now reported as the node seen
+// before it is answered. (Fails, by its guard, if the control plane never
+// notes the rogue at work after its claim.)
+func TestRogue32DRefusedPastItsBodyBytesAfterItsClaimIsLifeAfterIt(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = w.gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String(), MaxBodyBytesPerNode: 1024})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	claimAfterSessionEnd(t, w, self, credential)
+	body := `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{"pad":"` + strings.Repeat("x", 4096) + `"}}}`
+	req, err := http.NewRequest(http.MethodPost, srv.URL+mcpgate.EndpointPath, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("the rogue's ping past its body bytes: %d; want 429", resp.StatusCode)
+	}
+	testserver.WaitFor(t, guardWait, "the control plane to note the rogue at work after its claim", func() bool {
+		return len(nodeOf(t, w, self).Contradictions) > 0
+	})
 }
