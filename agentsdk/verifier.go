@@ -232,6 +232,24 @@ func (v *Verifier) Identify(ctx context.Context, token string) (capability.Claim
 	return *claims, nil
 }
 
+// Holder is Identify for a token that may be past its expiry: one whose
+// only fault is its expiry returns its claims with the error (wrapping
+// capability.ErrTokenExpired; capability.Verifier.VerifyHolder), so that
+// a tool layer can report the holder of a dead credential it served (the
+// control plane weighs it as that node at work). Never authorize anything
+// on its claims.
+func (v *Verifier) Holder(ctx context.Context, token string) (capability.Claims, error) {
+	claims, err := v.Identify(ctx, token)
+	if !errors.Is(err, capability.ErrTokenExpired) {
+		return claims, err
+	}
+	dead, derr := v.verifier.VerifyHolder(token, *v.jwks.keys(), v.cfg.Clock.Now())
+	if dead.HolderNodeID == "" {
+		return capability.Claims{}, err
+	}
+	return dead, derr
+}
+
 // Authorize is Verify plus the scope check a tool call needs: the token's
 // scopes must allow requiredScope (capability.Allows), else the error
 // wraps ErrScopeNotGranted.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -231,6 +232,34 @@ func (v Verifier) Verify(token string, keys KeyLookup, now time.Time) (Claims, e
 	}
 	claims.KeyID = kid
 	return claims, nil
+}
+
+// VerifyHolder is Verify for a token that may be past its expiry: a token
+// whose only fault is its exp returns its claims with the error (wrapping
+// ErrTokenExpired), every other check made as Verify makes it (the
+// signature, issuer, audience, the capability claims), at a moment of the
+// token's own lifetime. It names the holder of a dead credential still at
+// work (a tool server's report that it served one); never authorize
+// anything on its claims.
+func (v Verifier) VerifyHolder(token string, keys KeyLookup, now time.Time) (Claims, error) {
+	claims, err := v.Verify(token, keys, now)
+	if !errors.Is(err, ErrTokenExpired) {
+		return claims, err
+	}
+	_, rest, _ := strings.Cut(token, ".")
+	payload, _, _ := strings.Cut(rest, ".")
+	var c struct {
+		Exp *float64 `json:"exp"`
+	}
+	if !decodeSegment(payload, &c) || c.Exp == nil {
+		return Claims{}, err
+	}
+	// Its last moment: jwt takes a token as expired from exp itself.
+	claims, verr := v.Verify(token, keys, numericDate(c.Exp).Time.Add(-time.Nanosecond))
+	if verr != nil {
+		return Claims{}, verr
+	}
+	return claims, err
 }
 
 // ParseJWT verifies any Tether JWT (an operator token, an agent credential)

@@ -36,7 +36,8 @@
 // exit left the record confirming it. The refusal that starts a report is answered once the
 // report has landed (RefusalReportWait at the most), so that a claim of
 // exit sent on reading it cannot outrun it. A request the gateway serves a
-// live grant without a tool call (ping, initialize, tools/list,
+// live grant without a tool call, or refuses over HTTP for the node's
+// connections or body bytes (ping, initialize, tools/list,
 // notifications, a GET stream or DELETE, a batch, a tools/call
 // answered without being begun: refused offline, a tool it does not
 // have, parameters refused; over stdio any request the MCP SDK answers
@@ -46,6 +47,14 @@
 // claims: a rogue that claimed its exit and pinged on was unseen); a
 // node's reports are bounded to SeenReportBurst at once and one per
 // SeenReportInterval after, the requests past the bound sharing the next.
+// A report that did not land (not sent past the reports in flight, or
+// failed: the control plane unreachable, a budget spent) is owed, and
+// sent again after SeenReportRetry, doubling to SeenReportRetryMax, until
+// one lands; so is a refusal's report not sent or not landed, as the node
+// seen. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
+// over stdio its requests are served as before and reported, over HTTP
+// its 401 is reported, as that node seen, which the control plane keeps
+// as the holder's dead credential at work.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

@@ -338,6 +338,11 @@ func (g *Gateway) limitConns(next http.Handler) http.Handler {
 		hc, _ := r.Context().Value(heldConnKey{}).(*heldConn)
 		info := auth.TokenInfoFromContext(r.Context())
 		if hc != nil && info != nil && !g.conns.admit(hc, info.UserID) {
+			// The node answered, reported before it is: refused unreported,
+			// a rogue holding its connections from before its claim of exit
+			// was answered on each new one unseen.
+			token, _ := info.Extra[tokenKey].(string)
+			g.reportSeen(r.Context(), token, info.UserID)
 			// Handler set Connection: close: the connection closes after this.
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -588,6 +593,8 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		body, held, err := g.bodies.read(node, r.Body, mcp.DefaultMaxRequestBodyBytes+1)
 		defer g.bodies.give(node, held)
 		if errors.Is(err, errTooManyBodyBytes) {
+			// The node answered, reported before it is (as limitConns does).
+			g.reportSeen(r.Context(), token, node)
 			w.Header().Set("Connection", "close") // the rest of the body is not read
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -662,6 +669,12 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 func (g *Gateway) verifyBearer(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
 	claims, err := g.cfg.Verifier.Identify(ctx, token)
 	if err != nil {
+		// A token past its expiry still names its holder: its 401 is that
+		// node answered, reported before it is (a rogue that claimed its
+		// exit and outlived its token was refused unseen).
+		if errors.Is(err, capability.ErrTokenExpired) {
+			g.noteSeen(ctx, token)
+		}
 		return nil, fmt.Errorf("%w: %v", auth.ErrInvalidToken, err)
 	}
 	return &auth.TokenInfo{

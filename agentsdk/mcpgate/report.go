@@ -37,7 +37,8 @@ const (
 // remembers (those older than RefusalReportInterval are forgotten first;
 // past the bound, a node's refusal is not reported), and the reports in
 // flight at once (past it, a refusal is not reported, and the node's next
-// one is).
+// one is). A refusal not reported, or whose report did not land, is owed
+// as the node seen (oweSeenToken) until a report of it lands.
 const (
 	maxRefusalReportNodes     = 4096
 	maxRefusalReportsInFlight = 32
@@ -108,12 +109,20 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 			tr := &trailingReport{token: token}
 			r.trailing[node] = tr
 			tr.timer = clock.AfterFuncAt(g.cfg.Clock, t.Add(RefusalReportInterval), func() { g.reportTrailing(node, tr) })
+		} else {
+			r.mu.Unlock()
+			g.oweSeenToken(node, token)
+			return
 		}
 		r.mu.Unlock()
 		return
 	}
 	if r.closed || r.inFlight >= maxRefusalReportsInFlight {
+		closed := r.closed
 		r.mu.Unlock()
+		if !closed {
+			g.oweSeenToken(node, token)
+		}
 		return
 	}
 	if r.last == nil {
@@ -127,6 +136,7 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 		}
 		if len(r.last) >= maxRefusalReportNodes {
 			r.mu.Unlock()
+			g.oweSeenToken(node, token)
 			return
 		}
 	}
@@ -162,7 +172,11 @@ func (g *Gateway) reportTrailing(node string, tr *trailingReport) {
 	}
 	delete(r.trailing, node)
 	if r.closed || r.inFlight >= maxRefusalReportsInFlight {
+		closed := r.closed
 		r.mu.Unlock()
+		if !closed {
+			g.oweSeenToken(node, tr.token)
+		}
 		return
 	}
 	if r.last == nil {
@@ -192,10 +206,16 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 		err := g.cfg.Gate.CallScoped(g.running, token, RefusalReportTool, RefusalReportScope, func(context.Context) error {
 			return errRefusedAtDoor
 		})
-		if err != nil && !errors.Is(err, errRefusedAtDoor) {
-			g.log.Debug("mcpgate: reported a refused request to the control plane", "node", node, "answer", err)
-		} else {
+		switch {
+		case errors.Is(err, errRefusedAtDoor) || err == nil:
 			g.log.Warn("mcpgate: the control plane began the report of a refused request (ended failed at once)", "node", node)
+		case seenLanded(err):
+			g.log.Debug("mcpgate: reported a refused request to the control plane", "node", node, "answer", err)
+		default:
+			// Not landed: owed as the node seen (the control plane keeps a
+			// revoked grant's holder so), until one lands.
+			g.log.Warn("mcpgate: the report of a refused request did not land; owed as the node seen", "node", node, "answer", err)
+			g.oweSeenToken(node, token)
 		}
 	}()
 	return landed
@@ -215,13 +235,20 @@ func (g *Gateway) closeRefusals() {
 
 // noteRefused is reportRefused for a refusal whose token's holder is not
 // at hand (a tools/list or tools/call refused past the door, or on stdio).
+//
+// A token past its expiry is reported as its holder seen (reportSeen):
+// the control plane names the holder of an expired token only for that
+// report, and would refuse the refusal's report noting nothing.
 func (g *Gateway) noteRefused(ctx context.Context, token string, why error) {
 	if !errors.Is(why, capability.ErrGrantRevoked) {
 		return
 	}
-	claims, err := g.cfg.Verifier.Identify(ctx, token)
-	if err != nil {
-		return
+	claims, err := g.cfg.Verifier.Holder(ctx, token)
+	switch {
+	case claims.HolderNodeID == "":
+	case err != nil:
+		g.reportSeen(ctx, token, claims.HolderNodeID)
+	default:
+		g.reportRefused(ctx, token, claims.HolderNodeID, why)
 	}
-	g.reportRefused(ctx, token, claims.HolderNodeID, why)
 }

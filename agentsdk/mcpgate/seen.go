@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/internal/clock"
@@ -40,6 +41,18 @@ const (
 // all the same, unreported.
 const SeenReportWait = RefusalReportWait
 
+// SeenReportRetry and SeenReportRetryMax pace, on the gateway's clock,
+// the report of a node served unreported (its report did not land: not
+// sent past the reports in flight, or failed — the control plane
+// unreachable, a budget spent, its answer late): sent again SeenReportRetry
+// after, the wait doubling to SeenReportRetryMax while it fails, until it
+// lands. A node's requests after it are reported as any are, and the
+// landing of one settles the debt.
+const (
+	SeenReportRetry    = time.Second
+	SeenReportRetryMax = 30 * time.Second
+)
+
 // Bounds of the seen reports: the nodes the gateway keeps a report's
 // state for at once (past it, a node's request is served unreported) and
 // the reports in flight at once (past it, a report is not sent, and the
@@ -68,6 +81,11 @@ type seenNode struct {
 	// burst refilled): a report may start at now while tat is at most
 	// SeenReportBurst-1 intervals ahead of it.
 	tat time.Time
+	// owed: a request of the node was served and its report did not land;
+	// retry sends it again (after backoff) unless a report lands first.
+	owed    bool
+	backoff time.Duration
+	retry   clock.Timer
 }
 
 // reportSeen tells the control plane that the gateway is serving node a
@@ -105,7 +123,7 @@ func (g *Gateway) reportSeen(ctx context.Context, token, node string) {
 		if len(r.nodes) >= maxSeenNodes {
 			now := g.cfg.Clock.Now()
 			for id, o := range r.nodes {
-				if o.next == nil && !o.sending && !now.Before(o.tat) {
+				if o.next == nil && !o.sending && !o.owed && !now.Before(o.tat) {
 					delete(r.nodes, id)
 				}
 			}
@@ -168,8 +186,9 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 	}
 	n.tat = n.tat.Add(SeenReportInterval)
 	if r.inFlight >= maxSeenReportsInFlight {
-		g.log.Warn("mcpgate: too many reports of nodes seen in flight; served unreported", "node", node)
+		g.log.Warn("mcpgate: too many reports of nodes seen in flight; served unreported for now, the report owed", "node", node)
 		close(landed)
+		g.oweSeen(node, n)
 		return
 	}
 	n.sending = true
@@ -181,12 +200,26 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 		err := g.cfg.Gate.CallScoped(g.running, token, SeenReportTool, "", func(context.Context) error {
 			return errSeenNotACall
 		})
-		g.log.Debug("mcpgate: reported a node seen to the control plane", "node", node, "answer", err)
+		ok := seenLanded(err)
+		if ok {
+			g.log.Debug("mcpgate: reported a node seen to the control plane", "node", node, "answer", err)
+		} else {
+			g.log.Warn("mcpgate: the report of a node seen did not land; its requests served unreported for now, the report owed", "node", node, "answer", err)
+		}
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.inFlight--
 		n.sending = false
 		close(landed)
+		if ok {
+			n.owed, n.backoff = false, 0
+			if n.retry != nil {
+				n.retry.Stop()
+				n.retry = nil
+			}
+		} else {
+			g.oweSeen(node, n)
+		}
 		switch {
 		case n.next == nil:
 		case r.closed:
@@ -198,16 +231,94 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 	}()
 }
 
+// oweSeenToken owes a report of node seen with token (a refusal that was
+// not reported, or whose report did not land): the seen report names a
+// revoked grant's holder as the refusal's would. Past maxSeenNodes, or
+// once the reports are closed, it is logged only.
+func (g *Gateway) oweSeenToken(node, token string) {
+	if token == "" || node == "" {
+		return
+	}
+	r := &g.seen
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return
+	}
+	n := r.nodes[node]
+	if n == nil {
+		if len(r.nodes) >= maxSeenNodes {
+			g.log.Warn("mcpgate: too many nodes to report seen at once; a refused request left unreported", "node", node)
+			return
+		}
+		if r.nodes == nil {
+			r.nodes = map[string]*seenNode{}
+		}
+		n = &seenNode{}
+		r.nodes[node] = n
+	}
+	n.token = token
+	g.oweSeen(node, n)
+}
+
+// seenLanded reports whether the control plane answered a seen report
+// (noted, or refused for the token: a report sent again would be answered
+// the same). Unreachable, late, refused for a budget or for the gateway's
+// own credential, or failed inside, it noted nothing, and is owed.
+func seenLanded(err error) bool {
+	if errors.Is(err, errSeenNotACall) {
+		return true // begun (a control plane that predates it) and ended
+	}
+	switch connect.CodeOf(err) {
+	case connect.CodeFailedPrecondition, connect.CodePermissionDenied, connect.CodeInvalidArgument, connect.CodeNotFound:
+		return true
+	}
+	return false
+}
+
+// oweSeen records that a request of node was served unreported (under
+// g.seen.mu): its report is sent again after n's backoff, unless one
+// lands first. A gateway that must not forget it keeps the node (no
+// eviction while owed). Unreported and forgotten, a report refused for a
+// spent budget, or lost to an unreachable control plane, left a rogue's
+// request after its claim of exit unseen for good.
+func (g *Gateway) oweSeen(node string, n *seenNode) {
+	r := &g.seen
+	n.owed = true
+	if r.closed || r.nodes[node] != n || n.retry != nil {
+		return
+	}
+	n.backoff = min(max(2*n.backoff, SeenReportRetry), SeenReportRetryMax)
+	n.retry = clock.AfterFuncAt(g.cfg.Clock, g.cfg.Clock.Now().Add(n.backoff), func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		n.retry = nil
+		if r.closed || r.nodes[node] != n || !n.owed || n.sending || n.next != nil {
+			return // a report is due or under way: it settles the debt
+		}
+		n.next = make(chan struct{})
+		g.scheduleSeen(node, n)
+	})
+}
+
 // closeSeen stops the reports, releases the requests waiting for them and
 // waits for those in flight.
 func (g *Gateway) closeSeen() {
 	r := &g.seen
 	r.mu.Lock()
 	r.closed = true
+	owed := 0
 	for _, n := range r.nodes {
 		if n.timer != nil {
 			n.timer.Stop()
 			n.timer = nil
+		}
+		if n.retry != nil {
+			n.retry.Stop()
+			n.retry = nil
+		}
+		if n.owed {
+			owed++
 		}
 		if n.next != nil && !n.sending {
 			close(n.next)
@@ -215,18 +326,21 @@ func (g *Gateway) closeSeen() {
 		}
 	}
 	r.mu.Unlock()
+	if owed > 0 {
+		g.log.Warn("mcpgate: shutting down with nodes served whose reports never landed: the control plane did not see them at work", "nodes", owed)
+	}
 	r.wg.Wait()
 }
 
 // noteSeen is reportSeen for a request whose token's holder is not at hand
-// (over stdio, or a call refused offline): a token that does not identify
-// its holder is not reported.
+// (over stdio, or a call refused offline): a token that names no holder
+// (Verifier.Holder: one past its expiry still does) is not reported.
 func (g *Gateway) noteSeen(ctx context.Context, token string) {
 	if token == "" {
 		return
 	}
-	claims, err := g.cfg.Verifier.Identify(ctx, token)
-	if err != nil {
+	claims, _ := g.cfg.Verifier.Holder(ctx, token)
+	if claims.HolderNodeID == "" {
 		return
 	}
 	g.reportSeen(ctx, token, claims.HolderNodeID)

@@ -187,21 +187,28 @@ func (c *stdioConn) unanswered() []chan struct{} {
 // source's current one, or, when that cannot be read or does not verify,
 // the last one that did (a token that verifies nowhere is refused per
 // request): a revoked agent that broke its token file kept its session,
-// its pings answered, as nothing could be judged.
+// its pings answered, as nothing could be judged. A token past its expiry
+// still names its holder (Verifier.Holder): the last that verified, expired
+// since, or else the source's, expired already — whose request the gateway
+// reports as that holder seen, and whose revoked grant ends the session.
+// Judged by Identify alone, an agent that outlived its token (no one
+// renews a claimed node's) had ping, initialize and notifications served
+// unreported, and its session kept through its grant's revocation.
 func (g *Gateway) stdioRevoked(ctx context.Context) (string, error) {
 	src, st := g.stdioToken.Load(), g.stdio.Load()
 	if src == nil || st == nil {
 		return "", nil
 	}
-	token, err := (*src).Token()
+	current, err := (*src).Token()
 	var claims capability.Claims
 	if err == nil {
-		claims, err = g.cfg.Verifier.Identify(ctx, token)
+		claims, err = g.cfg.Verifier.Identify(ctx, current)
 	}
 	st.mu.Lock()
+	token := current
 	if err == nil {
-		st.token = token
-	} else {
+		st.token = current
+	} else if st.token != "" {
 		token = st.token
 	}
 	st.mu.Unlock()
@@ -209,7 +216,7 @@ func (g *Gateway) stdioRevoked(ctx context.Context) (string, error) {
 		if token == "" {
 			return "", nil
 		}
-		if claims, err = g.cfg.Verifier.Identify(ctx, token); err != nil {
+		if claims, _ = g.cfg.Verifier.Holder(ctx, token); claims.HolderNodeID == "" {
 			return "", nil
 		}
 	}

@@ -2,6 +2,7 @@ package grantstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -60,11 +61,21 @@ func (s *Service) CheckToken(ctx context.Context, token, requiredScope string) (
 }
 
 // HolderOf implements ledger.TokenChecker: CheckToken without a scope,
-// for a tool server's report that it served the token's holder.
+// for a tool server's report that it served the token's holder. A token
+// past its expiry that verifies but for it is a dead credential too: its
+// holder is returned with the expiry (capability.Verifier.VerifyHolder).
+// Refused for its expiry, the report of a rogue that claimed its exit and
+// outlived its token (no one renews a claimed node's) noted nothing, and
+// its gateway served it unseen.
 func (s *Service) HolderOf(ctx context.Context, token string) (nodeID, grantID string, err error) {
 	claims, verdict, err := s.Introspect(ctx, token)
 	if err != nil {
 		return "", "", err
+	}
+	if !verdict.Active && errors.Is(verdict.Err, capability.ErrTokenExpired) && claims.HolderNodeID == "" {
+		if dead, derr := s.verifier.VerifyHolder(token, s.cfg.Keys(), s.cfg.Clock.Now()); dead.HolderNodeID != "" {
+			return dead.HolderNodeID, dead.GrantID, derr
+		}
 	}
 	if !verdict.Active {
 		return claims.HolderNodeID, claims.GrantID, verdict.Err

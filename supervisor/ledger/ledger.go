@@ -47,7 +47,8 @@ const SeenTool = "tether:seen"
 type TokenChecker interface {
 	CheckToken(ctx context.Context, token, requiredScope string) (nodeID, grantID string, err error)
 	// HolderOf is CheckToken without a scope: the holder of a token seen
-	// at work (SeenTool).
+	// at work (SeenTool). A token past its expiry that verifies but for
+	// it names its holder too, with the expiry as the error.
 	HolderOf(ctx context.Context, token string) (nodeID, grantID string, err error)
 	// GrantUsableIn checks the grant CheckToken named again, with its
 	// chain, inside the transaction that begins the call, so that a
