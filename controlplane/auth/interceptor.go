@@ -128,10 +128,10 @@ type Interceptor struct {
 	// unlimited): a token that does not verify, and one that does but is
 	// dead (revoked, or an agent's whose node is terminated, unknown or
 	// exited). A credential to verify, or a dead one's node to read, is
-	// paid for before the work (a verified one given its payment back), so
-	// an address past it is refused before its next credential is
-	// verified, and before a dead one's node is read again, however many
-	// it sends at once.
+	// paid for before the work (a live one given its payment back once
+	// its node is read), so an address past it is refused before its next
+	// credential is verified, and before a dead one's node is read
+	// (again), however many it sends at once.
 	Anonymous *RateLimiter
 	// MaxStreams bounds the streams one principal holds open at once
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
@@ -235,9 +235,9 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	// paid: the request was charged to its address's budget before its
 	// credential was verified, or a dead one's node read (prepayAnonymous);
 	// charged: its refusal is the address's to pay. A request paid for
-	// and not refused so is given its payment back (a credential that
-	// verified, a dead one whose read failed): what it costs is its
-	// caller's, or nobody's.
+	// and not refused so is given its payment back once it is found live
+	// (or a dead one's read failed): what it costs is its caller's, or
+	// nobody's.
 	paid, charged := false, false
 	defer func() {
 		if paid && !charged {
@@ -266,16 +266,12 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			}
 		}
 		if !cached {
+			// Verified, it keeps its payment until it is found live (its
+			// revocation, its node read) and is given it back then: given
+			// back as it verified, every dead credential sent at once for
+			// the first time had its node read while the others' were,
+			// and was charged only after (rogue32e test).
 			p, err = i.Cache.verify(i.Issuer, token, now)
-			if err == nil && paid {
-				// It verified: its payment is given back at once, so that
-				// the honest callers of one address verifying at once (a
-				// host's agents reconnecting) hold the budget only as
-				// long as a verification. Found dead below, it is charged
-				// then, as before.
-				i.Anonymous.give(sourceBudget(peer), 1)
-				paid = false
-			}
 		}
 	}
 	if err != nil {
