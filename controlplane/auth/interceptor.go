@@ -133,6 +133,16 @@ type Interceptor struct {
 	// credential is verified, and before a dead one's node is read
 	// (again), however many it sends at once.
 	Anonymous *RateLimiter
+	// BoundBudget, when set, returns the rate budget (Principal.Budget)
+	// of the caller the request's connection was first bound to (Bind: a
+	// live credential's), or "" when it is bound to none. A request on a
+	// bound connection pays for its credential's verification, or a dead
+	// one's node read, from that caller's own Anonymous budget
+	// ("bound:<budget>"), not from its address's: a rogue sharing the
+	// address (a NAT) that spends the address's budget with tokens that
+	// do not verify cannot keep an agent already connected from having
+	// its refreshed credential verified (rogue32e test).
+	BoundBudget func(ctx context.Context) string
 	// MaxStreams bounds the streams one principal holds open at once
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
 	// is what bounds the quiet ones.
@@ -239,9 +249,18 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	// (or a dead one's read failed): what it costs is its caller's, or
 	// nobody's.
 	paid, charged := false, false
+	// budget: the Anonymous budget the request pays (anonymousBudget),
+	// found when first needed — a cached live credential needs none.
+	var budget *anonymousBudget
+	budgetOf := func() *anonymousBudget {
+		if budget == nil {
+			budget = i.anonymousBudget(ctx, peer)
+		}
+		return budget
+	}
 	defer func() {
 		if paid && !charged {
-			i.Anonymous.give(sourceBudget(peer), 1)
+			i.Anonymous.give(budget.key, 1)
 		}
 	}()
 	anonymous := func(refusal error) error {
@@ -249,7 +268,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			charged = true
 			return refusal
 		}
-		return i.chargeAnonymous(peer, refusal)
+		return i.chargeAnonymous(peer, budgetOf(), refusal)
 	}
 	if err == nil {
 		var cached, dead bool
@@ -261,7 +280,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			// after it: else every request arriving while others were
 			// being verified found the budget unspent, and was verified
 			// too, however many were in flight at once.
-			if paid, err = i.prepayAnonymous(peer); err != nil {
+			if paid, err = i.prepayAnonymous(peer, budgetOf()); err != nil {
 				return ctx, err
 			}
 		}
@@ -504,31 +523,60 @@ func rateLimited(who string, wait time.Duration) error {
 
 func sourceBudget(peer string) string { return "addr:" + sourceOf(peer) }
 
-// prepayAnonymous charges a request from peer to its address's budget
-// for requests without a valid credential (Anonymous) before its
+// anonymousBudget is the budget of Anonymous a request without a valid
+// credential pays: its connection's first bound caller's (BoundBudget),
+// or else its source address's.
+type anonymousBudget struct {
+	key   string // in Anonymous
+	bound string // the bound caller's budget, or ""
+	peer  string
+}
+
+func (i *Interceptor) anonymousBudget(ctx context.Context, peer string) *anonymousBudget {
+	if peer == "" {
+		return &anonymousBudget{}
+	}
+	if i.BoundBudget != nil {
+		if b := i.BoundBudget(ctx); b != "" {
+			return &anonymousBudget{key: "bound:" + b, bound: b, peer: peer}
+		}
+	}
+	return &anonymousBudget{key: sourceBudget(peer), peer: peer}
+}
+
+// refused is the refusal of a request past the budget.
+func (b *anonymousBudget) refused(wait time.Duration) error {
+	if b.bound != "" {
+		return rateLimited(fmt.Sprintf("requests without a valid credential on a connection bound to %s", b.bound), wait)
+	}
+	return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(b.peer)), wait)
+}
+
+// prepayAnonymous charges a request from peer to its budget for requests
+// without a valid credential (Anonymous, anonymousBudget) before its
 // credential is verified, or a dead one's node read, and reports whether
 // it did; once the budget is spent it refuses the request, charging
 // nothing. Nothing is charged when peer is unknown ("": the request did
 // not come through the Gate) or there is no budget.
-func (i *Interceptor) prepayAnonymous(peer string) (bool, error) {
+func (i *Interceptor) prepayAnonymous(peer string, budget *anonymousBudget) (bool, error) {
 	if peer == "" || i.Anonymous == nil || i.Anonymous.Rate <= 0 {
 		return false, nil
 	}
-	if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-		return false, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	if ok, wait := i.Anonymous.Allow(budget.key); !ok {
+		return false, budget.refused(wait)
 	}
 	return true, nil
 }
 
 // chargeAnonymous charges the refusal of a request without a valid
-// credential to its address's budget (Anonymous) and returns it, or the
-// budget's refusal once it is spent.
-func (i *Interceptor) chargeAnonymous(peer string, refusal error) error {
+// credential to its budget (Anonymous, anonymousBudget) and returns it,
+// or the budget's refusal once it is spent.
+func (i *Interceptor) chargeAnonymous(peer string, budget *anonymousBudget, refusal error) error {
 	if peer == "" {
 		return refusal
 	}
-	if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-		return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	if ok, wait := i.Anonymous.Allow(budget.key); !ok {
+		return budget.refused(wait)
 	}
 	return refusal
 }
