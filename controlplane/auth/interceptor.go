@@ -813,7 +813,7 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) {
 				w.Header().Set("Connection", "close")
 			}
-			_ = errw.Write(w, r, err)
+			_ = errw.Write(w, withoutHeaders(r), err)
 			return
 		}
 		p, _ := FromContext(ctx)
@@ -829,6 +829,29 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, gateKey{}, p)))
 	})
+}
+
+// refusalHeaders are the request headers connect's ErrorWriter reads to
+// write a refusal (its content type and protocol version).
+var refusalHeaders = []string{"Content-Type", "Connect-Protocol-Version"}
+
+// withoutHeaders returns r for writing its refusal: a copy holding only
+// the headers the refusal's writer reads, r's own emptied. The write may
+// wait up to the write timeout for a client that grants no flow-control
+// window, and a request's headers (up to --max-header-bytes, 64 KiB) were
+// kept all that while: PreAuthRequests of them on each connection the
+// server takes without a credential (rogue32e test).
+func withoutHeaders(r *http.Request) *http.Request {
+	h := make(http.Header, len(refusalHeaders))
+	for _, k := range refusalHeaders {
+		if v := r.Header.Get(k); v != "" {
+			h.Set(k, strings.Clone(v))
+		}
+	}
+	clear(r.Header)
+	out := *r
+	out.Header = h
+	return &out
 }
 
 // priceBody prices an admitted request's body (BodyBytesPerRequest): a
