@@ -10,7 +10,7 @@
 // A unary call the control plane refused resource_exhausted with a retry
 // hint (a rate limit's: Retry-After, RetryInfo) is sent again after the
 // hint, up to DefaultRetry's attempts, within the call's deadline
-// (WithRetry; RetryPolicy).
+// (WithRetry; RetryPolicy), as the TypeScript and Python SDKs do.
 //
 // For agent frameworks:
 //

@@ -224,7 +224,8 @@ function withRetry(transport: Transport, timeoutMs: number, retry: RetryOptions)
       const total = callTimeoutMs ?? (timeoutMs > 0 ? timeoutMs : undefined);
       const deadline = total === undefined ? undefined : now() + total;
       for (let attempt = 1; ; attempt++) {
-        const left = deadline === undefined ? undefined : Math.max(1, deadline - now());
+        // The first attempt has the whole timeout; a retry what is left.
+        const left = attempt === 1 || deadline === undefined ? total : Math.max(1, deadline - now());
         try {
           return await transport.unary(method, signal, left, header, input, contextValues);
         } catch (err) {
