@@ -51,6 +51,7 @@ type dialOptions struct {
 	connect []connect.ClientOption
 	source  func() (string, error)
 	timeout time.Duration
+	retry   *RetryPolicy // nil: DefaultRetry
 }
 
 // DefaultTimeout is the deadline of a unary call whose context has none,
@@ -121,6 +122,15 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	hc = followingNoRedirect(hc)
 	c := &Conn{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: hc, token: token, source: o.source, timeout: o.timeout}
 	interceptors := []connect.Interceptor{TraceInterceptor(), BearerInterceptor{Token: c.Token}}
+	retry := DefaultRetry
+	if o.retry != nil {
+		retry = *o.retry
+	}
+	if retry.Attempts > 1 {
+		// Outside the bearer interceptor, which presents the token current
+		// at each attempt; inside the timeout, which bounds them all.
+		interceptors = append([]connect.Interceptor{retrying{retry}}, interceptors...)
+	}
 	if o.timeout > 0 {
 		interceptors = append([]connect.Interceptor{unaryTimeout(o.timeout)}, interceptors...)
 	}

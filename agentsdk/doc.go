@@ -7,6 +7,11 @@
 // SDKs do: a control plane that never answers holds no Join, Spawn or
 // ConfirmExit for longer. Streams carry none.
 //
+// A unary call the control plane refused resource_exhausted with a retry
+// hint (a rate limit's: Retry-After, RetryInfo) is sent again after the
+// hint, up to DefaultRetry's attempts, within the call's deadline
+// (WithRetry; RetryPolicy), as the TypeScript and Python SDKs do.
+//
 // For agent frameworks:
 //
 //   - Agent registers (or joins with a credential its parent obtained by

@@ -481,6 +481,9 @@ type limitedConn struct {
 	waiting   map[*preAuthWriter]struct{}
 	keysMu    sync.Mutex
 	keys      []callerKey
+	// budget is the rate budget (auth.Principal.Budget) of the first
+	// caller bound to it (boundBudget).
+	budget atomic.Pointer[string]
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
@@ -784,6 +787,8 @@ func (c *limitedConn) bind(p auth.Principal) error {
 		c.seen = [2]uint64{c.begun.Load(), c.admissions.Load()}
 		c.idle = time.AfterFunc(l.idle, func() { l.idleCheck(c) })
 	}
+	budget := p.Budget()
+	c.budget.CompareAndSwap(nil, &budget)
 	c.bound.Store(true)
 	return nil
 }
@@ -861,6 +866,23 @@ func bindConn(ctx context.Context, p auth.Principal) error {
 		return nil
 	}
 	return c.bind(p)
+}
+
+// boundBudget is auth.Interceptor.BoundBudget: the rate budget of the
+// first caller the request's connection was bound to, or "". A request
+// on it pays for its credential's verification from that caller's
+// budget for requests without a valid credential, not from its
+// address's, which a rogue behind the same address (a NAT) may keep
+// spent (rogue32e test).
+func boundBudget(ctx context.Context) string {
+	c, _ := ctx.Value(connKey{}).(*limitedConn)
+	if c == nil {
+		return ""
+	}
+	if b := c.budget.Load(); b != nil {
+		return *b
+	}
+	return ""
 }
 
 // connKey carries a request's *limitedConn.

@@ -339,8 +339,11 @@ func TestRequestsWithoutCredentialAreLimitedPerAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bad := srv.Clients("not-a-token")
-	none := testserver.NewClients(srv.HTTP, srv.URL, "")
+	// Their own connection, bound to nobody: a connection bound to a live
+	// caller (the admin's) pays from that caller's budget (rogue32e test).
+	anon := testserver.H2CClient()
+	bad := testserver.NewClients(anon, srv.URL, "not-a-token")
+	none := testserver.NewClients(anon, srv.URL, "")
 	for i, c := range []*testserver.Clients{bad, none} {
 		if err := whoAmI(c); connect.CodeOf(err) != connect.CodeUnauthenticated {
 			t.Fatalf("bad request %d within the burst of 2: %v, want unauthenticated", i+1, err)
@@ -356,7 +359,7 @@ func TestRequestsWithoutCredentialAreLimitedPerAddress(t *testing.T) {
 	if err := whoAmI(admin); err != nil {
 		t.Fatalf("the admin, verified before: %v", err)
 	}
-	viewer := srv.Clients(created.Msg.Token)
+	viewer := testserver.NewClients(anon, srv.URL, created.Msg.Token)
 	wantLimit(t, "an unverified token from the flooded address", whoAmI(viewer), connect.CodeResourceExhausted, "without a valid credential")
 	clk.Advance(2 * time.Second)
 	if err := whoAmI(viewer); err != nil {

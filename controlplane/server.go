@@ -494,6 +494,7 @@ func (s *Server) buildHandler() error {
 		AnswerBytesPerRequest: AnswerBytesPerRequest,
 		MessagesCharged:       clientStreamingProcedures(),
 		Bind:                  bindConn,
+		BoundBudget:           boundBudget,
 		Cache:                 auth.NewTokenCache(0),
 		RateLimited:           s.metrics.rateLimitedCall,
 	}

@@ -28,7 +28,8 @@
 // Rate limits (RateLimiter) are token buckets per budget: an agent spends
 // from its lineage's (its root and every descendant share one), an
 // operator from its own, and requests without a valid credential from
-// their source address's — a credential that verifies but is dead (a
+// their source address's (on a connection already bound to a live caller,
+// that caller's own: BoundBudget) — a credential that verifies but is dead (a
 // revoked token, a terminated, unknown or exited node's) among them, which
 // the cache remembers, so that once the address's budget is spent it is
 // refused before its node is read. Every stream message costs one request, and a

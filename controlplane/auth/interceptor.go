@@ -128,11 +128,21 @@ type Interceptor struct {
 	// unlimited): a token that does not verify, and one that does but is
 	// dead (revoked, or an agent's whose node is terminated, unknown or
 	// exited). A credential to verify, or a dead one's node to read, is
-	// paid for before the work (a verified one given its payment back), so
-	// an address past it is refused before its next credential is
-	// verified, and before a dead one's node is read again, however many
-	// it sends at once.
+	// paid for before the work (a live one given its payment back once
+	// its node is read), so an address past it is refused before its next
+	// credential is verified, and before a dead one's node is read
+	// (again), however many it sends at once.
 	Anonymous *RateLimiter
+	// BoundBudget, when set, returns the rate budget (Principal.Budget)
+	// of the caller the request's connection was first bound to (Bind: a
+	// live credential's), or "" when it is bound to none. A request on a
+	// bound connection pays for its credential's verification, or a dead
+	// one's node read, from that caller's own Anonymous budget
+	// ("bound:<budget>"), not from its address's: a rogue sharing the
+	// address (a NAT) that spends the address's budget with tokens that
+	// do not verify cannot keep an agent already connected from having
+	// its refreshed credential verified (rogue32e test).
+	BoundBudget func(ctx context.Context) string
 	// MaxStreams bounds the streams one principal holds open at once
 	// (0: unlimited). An open stream is cheap only while it is quiet; this
 	// is what bounds the quiet ones.
@@ -235,13 +245,22 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 	// paid: the request was charged to its address's budget before its
 	// credential was verified, or a dead one's node read (prepayAnonymous);
 	// charged: its refusal is the address's to pay. A request paid for
-	// and not refused so is given its payment back (a credential that
-	// verified, a dead one whose read failed): what it costs is its
-	// caller's, or nobody's.
+	// and not refused so is given its payment back once it is found live
+	// (or a dead one's read failed): what it costs is its caller's, or
+	// nobody's.
 	paid, charged := false, false
+	// budget: the Anonymous budget the request pays (anonymousBudget),
+	// found when first needed — a cached live credential needs none.
+	var budget *anonymousBudget
+	budgetOf := func() *anonymousBudget {
+		if budget == nil {
+			budget = i.anonymousBudget(ctx, peer)
+		}
+		return budget
+	}
 	defer func() {
 		if paid && !charged {
-			i.Anonymous.give(sourceBudget(peer), 1)
+			i.Anonymous.give(budget.key, 1)
 		}
 	}()
 	anonymous := func(refusal error) error {
@@ -249,7 +268,7 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			charged = true
 			return refusal
 		}
-		return i.chargeAnonymous(peer, refusal)
+		return i.chargeAnonymous(peer, budgetOf(), refusal)
 	}
 	if err == nil {
 		var cached, dead bool
@@ -261,21 +280,17 @@ func (i *Interceptor) authenticate(ctx context.Context, procedure string, header
 			// after it: else every request arriving while others were
 			// being verified found the budget unspent, and was verified
 			// too, however many were in flight at once.
-			if paid, err = i.prepayAnonymous(peer); err != nil {
+			if paid, err = i.prepayAnonymous(peer, budgetOf()); err != nil {
 				return ctx, err
 			}
 		}
 		if !cached {
+			// Verified, it keeps its payment until it is found live (its
+			// revocation, its node read) and is given it back then: given
+			// back as it verified, every dead credential sent at once for
+			// the first time had its node read while the others' were,
+			// and was charged only after (rogue32e test).
 			p, err = i.Cache.verify(i.Issuer, token, now)
-			if err == nil && paid {
-				// It verified: its payment is given back at once, so that
-				// the honest callers of one address verifying at once (a
-				// host's agents reconnecting) hold the budget only as
-				// long as a verification. Found dead below, it is charged
-				// then, as before.
-				i.Anonymous.give(sourceBudget(peer), 1)
-				paid = false
-			}
 		}
 	}
 	if err != nil {
@@ -508,31 +523,60 @@ func rateLimited(who string, wait time.Duration) error {
 
 func sourceBudget(peer string) string { return "addr:" + sourceOf(peer) }
 
-// prepayAnonymous charges a request from peer to its address's budget
-// for requests without a valid credential (Anonymous) before its
+// anonymousBudget is the budget of Anonymous a request without a valid
+// credential pays: its connection's first bound caller's (BoundBudget),
+// or else its source address's.
+type anonymousBudget struct {
+	key   string // in Anonymous
+	bound string // the bound caller's budget, or ""
+	peer  string
+}
+
+func (i *Interceptor) anonymousBudget(ctx context.Context, peer string) *anonymousBudget {
+	if peer == "" {
+		return &anonymousBudget{}
+	}
+	if i.BoundBudget != nil {
+		if b := i.BoundBudget(ctx); b != "" {
+			return &anonymousBudget{key: "bound:" + b, bound: b, peer: peer}
+		}
+	}
+	return &anonymousBudget{key: sourceBudget(peer), peer: peer}
+}
+
+// refused is the refusal of a request past the budget.
+func (b *anonymousBudget) refused(wait time.Duration) error {
+	if b.bound != "" {
+		return rateLimited(fmt.Sprintf("requests without a valid credential on a connection bound to %s", b.bound), wait)
+	}
+	return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(b.peer)), wait)
+}
+
+// prepayAnonymous charges a request from peer to its budget for requests
+// without a valid credential (Anonymous, anonymousBudget) before its
 // credential is verified, or a dead one's node read, and reports whether
 // it did; once the budget is spent it refuses the request, charging
 // nothing. Nothing is charged when peer is unknown ("": the request did
 // not come through the Gate) or there is no budget.
-func (i *Interceptor) prepayAnonymous(peer string) (bool, error) {
+func (i *Interceptor) prepayAnonymous(peer string, budget *anonymousBudget) (bool, error) {
 	if peer == "" || i.Anonymous == nil || i.Anonymous.Rate <= 0 {
 		return false, nil
 	}
-	if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-		return false, rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	if ok, wait := i.Anonymous.Allow(budget.key); !ok {
+		return false, budget.refused(wait)
 	}
 	return true, nil
 }
 
 // chargeAnonymous charges the refusal of a request without a valid
-// credential to its address's budget (Anonymous) and returns it, or the
-// budget's refusal once it is spent.
-func (i *Interceptor) chargeAnonymous(peer string, refusal error) error {
+// credential to its budget (Anonymous, anonymousBudget) and returns it,
+// or the budget's refusal once it is spent.
+func (i *Interceptor) chargeAnonymous(peer string, budget *anonymousBudget, refusal error) error {
 	if peer == "" {
 		return refusal
 	}
-	if ok, wait := i.Anonymous.Allow(sourceBudget(peer)); !ok {
-		return rateLimited(fmt.Sprintf("requests without a valid credential from %s", sourceOf(peer)), wait)
+	if ok, wait := i.Anonymous.Allow(budget.key); !ok {
+		return budget.refused(wait)
 	}
 	return refusal
 }
@@ -769,7 +813,7 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			if r.ProtoMajor == 1 || errors.Is(err, ErrTooManyConnections) {
 				w.Header().Set("Connection", "close")
 			}
-			_ = errw.Write(w, r, err)
+			_ = errw.Write(w, withoutHeaders(r), err)
 			return
 		}
 		p, _ := FromContext(ctx)
@@ -785,6 +829,29 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, gateKey{}, p)))
 	})
+}
+
+// refusalHeaders are the request headers connect's ErrorWriter reads to
+// write a refusal (its content type and protocol version).
+var refusalHeaders = []string{"Content-Type", "Connect-Protocol-Version"}
+
+// withoutHeaders returns r for writing its refusal: a copy holding only
+// the headers the refusal's writer reads, r's own emptied. The write may
+// wait up to the write timeout for a client that grants no flow-control
+// window, and a request's headers (up to --max-header-bytes, 64 KiB) were
+// kept all that while: PreAuthRequests of them on each connection the
+// server takes without a credential (rogue32e test).
+func withoutHeaders(r *http.Request) *http.Request {
+	h := make(http.Header, len(refusalHeaders))
+	for _, k := range refusalHeaders {
+		if v := r.Header.Get(k); v != "" {
+			h.Set(k, strings.Clone(v))
+		}
+	}
+	clear(r.Header)
+	out := *r
+	out.Header = h
+	return &out
 }
 
 // priceBody prices an admitted request's body (BodyBytesPerRequest): a

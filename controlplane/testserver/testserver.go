@@ -186,8 +186,10 @@ func H2CClient() *http.Client { return agentsdk.HTTP2Client("http://") }
 type Clients = agentsdk.Conn
 
 // NewClients builds clients for baseURL presenting token ("" sends none).
+// They retry nothing (agentsdk.WithRetry): a test sees every answer the
+// server gives, a rate limit's refusal included.
 func NewClients(hc *http.Client, baseURL, token string, opts ...connect.ClientOption) *Clients {
-	return agentsdk.Dial(baseURL, token, agentsdk.WithHTTPClient(hc), agentsdk.WithClientOptions(opts...))
+	return agentsdk.Dial(baseURL, token, agentsdk.WithHTTPClient(hc), agentsdk.WithClientOptions(opts...), agentsdk.WithRetry(agentsdk.RetryPolicy{}))
 }
 
 // Clients returns clients presenting token.

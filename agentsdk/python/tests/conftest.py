@@ -20,7 +20,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tether_agentsdk import Agent, Conn  # noqa: E402
+from tether_agentsdk import Agent, Conn, Retry  # noqa: E402
+
+# The test server's connections retry nothing: a test sees every answer the
+# server gives, a rate limit's refusal included (the Go and TypeScript test
+# servers' clients too). Agents registered with them inherit it.
+NO_RETRY = Retry(attempts=1)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -51,13 +56,13 @@ class Server:
     proc: subprocess.Popen
 
     def operator(self) -> Conn:
-        return Conn(self.url, self.admin)
+        return Conn(self.url, self.admin, retry=NO_RETRY)
 
     def tool_server(self, name: str) -> Conn:
         """A connection with a tool server's own token, named name (the gate id):
         the tool ledger accepts only tool servers."""
         minted = self.operator().call("AuthService", "CreateToken", {"toolServer": name})
-        return Conn(self.url, minted["token"])
+        return Conn(self.url, minted["token"], retry=NO_RETRY)
 
     def cli(self, *args: str) -> str:
         """Runs the tether CLI against this server as the admin."""

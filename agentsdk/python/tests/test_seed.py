@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import start_server
+from conftest import NO_RETRY, start_server
 from helpers import terminate, tool_calls, wait_for
 from tether_agentsdk import CANCELLED, SUCCESS, Agent, ConnectError, Conn, LeaseWorker, Spooled, ToolCallCancelled, ToolGate, ToolRefused, current_call, tool_gate
 from tether_agentsdk.leaseworker import LEASE_CANCELLED, LEASE_LOST
@@ -230,7 +230,8 @@ def test_a_rate_limit_refusal_reaches_the_caller_as_resource_exhausted(tether_bi
         # A lease report refused for rate (the agent lineage's budget) is not
         # taken for an answer: like the Go worker, it goes to the spool and
         # the caller gets Spooled, whose cause is the refusal.
-        w = LeaseWorker(Conn(s.url, root.credential), str(tmp_path / "spool"), renew_every=60)
+        # Its connection retries nothing: the refusal, not the SDK's retry of it.
+        w = LeaseWorker(Conn(s.url, root.credential, retry=NO_RETRY), str(tmp_path / "spool"), renew_every=60)
         job = w.accept(offer(op, "seed-py-rate", root.node_id))
         spooled = None
         for i in range(200):

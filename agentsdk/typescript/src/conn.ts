@@ -44,6 +44,55 @@ export interface DialOptions {
    * none: they are meant to stay open.
    */
   timeoutMs?: number;
+  /**
+   * How a unary call refused `resource_exhausted` with a retry hint is
+   * sent again ({@link RetryOptions}; default {@link DefaultRetry}; `{
+   * attempts: 1 }`: never).
+   */
+  retry?: RetryOptions;
+}
+
+/**
+ * How a connection retries a unary call the control plane refused
+ * `resource_exhausted` with a retry hint: a rate limit's refusal (its
+ * Retry-After header, in whole seconds), which the control plane answers
+ * before the call does anything, so that sending it again is safe. A
+ * refusal without a hint (a bound that time alone does not lift: too many
+ * open streams or connections, a node's grants) is not retried, nor is a
+ * stream. The call waits the hint, stretched by up to half again at random
+ * so that callers refused together (a host's agents reconnecting at once)
+ * do not all come back at the same instant, then is sent again, at most
+ * `attempts` times in all, within the call's deadline; a hint longer than
+ * `maxWaitMs`, or one that would end past the deadline, is not waited for
+ * (the Go and Python SDKs' rule).
+ */
+export interface RetryOptions {
+  /** The most times a call is sent; 1 (or less): no retry. */
+  attempts?: number;
+  /** The longest wait before a retry. */
+  maxWaitMs?: number;
+  /** Waits ms, rejecting when signal aborts (tests inject it). */
+  wait?: (ms: number, signal?: AbortSignal) => Promise<void>;
+  /** A number in [0, 1) (default Math.random). */
+  jitter?: () => number;
+  /** The time in milliseconds the deadline is judged by (default Date.now). */
+  now?: () => number;
+}
+
+/** A connection's retry unless its options say otherwise (the Go and Python SDKs' default). */
+export const DefaultRetry: Readonly<Required<Pick<RetryOptions, "attempts" | "maxWaitMs">>> = { attempts: 4, maxWaitMs: 10_000 };
+
+/**
+ * The wait, in milliseconds, a `resource_exhausted` refusal asks for
+ * before the call is sent again (its Retry-After header), or undefined
+ * when err is no such refusal or carries no hint.
+ */
+export function retryHintMs(err: unknown): number | undefined {
+  if (!(err instanceof ConnectError) || err.code !== Code.ResourceExhausted) return undefined;
+  const v = err.metadata.get("retry-after")?.trim();
+  if (v === undefined || !/^[0-9]{1,6}$/.test(v)) return undefined;
+  const seconds = Number(v);
+  return seconds <= 86_400 ? seconds * 1000 : undefined;
 }
 
 /**
@@ -111,7 +160,7 @@ export class Conn {
       });
     }
     this.timeoutMs = options.timeoutMs ?? DefaultTimeoutMs;
-    this.transport = withUnaryTimeout(transport, this.timeoutMs);
+    this.transport = withRetry(transport, this.timeoutMs, options.retry ?? DefaultRetry);
     this.auth = createClient(AuthService, this.transport);
     this.agent = createClient(AgentService, this.transport);
     this.capability = createClient(CapabilityService, this.transport);
@@ -156,6 +205,62 @@ function withUnaryTimeout(transport: Transport, timeoutMs: number): Transport {
     stream: (method, signal, callTimeoutMs, header, input, contextValues) =>
       transport.stream(method, signal, callTimeoutMs, header, input, contextValues),
   };
+}
+
+/**
+ * transport with retry's retries of unary calls refused
+ * `resource_exhausted` with a retry hint ({@link RetryOptions}), all
+ * within the call's deadline (its own timeoutMs, else timeoutMs).
+ */
+function withRetry(transport: Transport, timeoutMs: number, retry: RetryOptions): Transport {
+  const attempts = retry.attempts ?? DefaultRetry.attempts;
+  if (!(attempts > 1)) return withUnaryTimeout(transport, timeoutMs);
+  const maxWaitMs = retry.maxWaitMs ?? DefaultRetry.maxWaitMs;
+  const now = retry.now ?? Date.now;
+  const jitter = retry.jitter ?? Math.random;
+  const wait = retry.wait ?? sleep;
+  return {
+    async unary(method, signal, callTimeoutMs, header, input, contextValues) {
+      const total = callTimeoutMs ?? (timeoutMs > 0 ? timeoutMs : undefined);
+      const deadline = total === undefined ? undefined : now() + total;
+      for (let attempt = 1; ; attempt++) {
+        // The first attempt has the whole timeout; a retry what is left.
+        const left = attempt === 1 || deadline === undefined ? total : Math.max(1, deadline - now());
+        try {
+          return await transport.unary(method, signal, left, header, input, contextValues);
+        } catch (err) {
+          const hint = retryHintMs(err);
+          if (attempt >= attempts || hint === undefined || hint > maxWaitMs) throw err;
+          if (deadline !== undefined && now() + hint > deadline) throw err;
+          let ms = Math.min(hint + (hint * jitter()) / 2, maxWaitMs);
+          if (deadline !== undefined) ms = Math.min(ms, deadline - now());
+          try {
+            await wait(ms, signal);
+          } catch {
+            throw err; // the refusal says more than the abort
+          }
+        }
+      }
+    },
+    stream: (method, signal, callTimeoutMs, header, input, contextValues) =>
+      transport.stream(method, signal, callTimeoutMs, header, input, contextValues),
+  };
+}
+
+/** Waits ms, rejecting when signal aborts. */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
 }
 
 /** A stream's messages, whose error carries neither token nor its signature. */

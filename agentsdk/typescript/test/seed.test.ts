@@ -240,7 +240,8 @@ describe("seed: a rate-limit refusal through the TypeScript SDK", () => {
     // Its own server, with a budget small enough to spend.
     const s = await startServer("--rate-limit", "3");
     try {
-      const root = await Agent.registerRoot(s.operator, "seed-rate");
+      // Its connection retries nothing: the refusal, not the SDK's retry of it.
+      const root = await Agent.registerRoot(s.operator, "seed-rate", {}, { retry: { attempts: 1 } });
       const issued = await s.operator.capability.issueRoot({ holderNodeId: root.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
       // A lease report refused for rate (the agent lineage's budget) is thrown, not taken for an answer.
       const offered = await s.operator.lease.offer({ jobId: "seed-ts-rate", holderIdentity: root.nodeId, leaseDuration: { seconds: 30n } });

@@ -57,9 +57,13 @@ export class TestServer {
     this.operator = this.dial(adminToken);
   }
 
-  /** A connection that stop() closes. */
+  /**
+   * A connection that stop() closes. It retries nothing: a test sees every
+   * answer the server gives, a rate limit's refusal included (the Go test
+   * server's clients too).
+   */
   dial(token: string): Conn {
-    const c = Conn.dial(this.baseUrl, token);
+    const c = Conn.dial(this.baseUrl, token, { retry: { attempts: 1 } });
     this.#conns.push(c);
     return c;
   }

@@ -11,7 +11,7 @@ servers: ToolGate and tool_gate (every call in the ledger, refused while
 the caller drains, cancelled on abort) and Verifier.
 """
 
-from ._connect import ConnectError, Conn, ServerStream
+from ._connect import DEFAULT_RETRY, ConnectError, Conn, Retry, ServerStream
 from .agent import Aborted, Agent, Child, Grant, Signal, TokenSource
 from .fence import (
     HEADER_JOB_ID, HEADER_LEASE_GENERATION, Authority, Fence, Fenced, NoAuthority, UnissuedGeneration, issued_generations,
@@ -26,7 +26,7 @@ from .verifier import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "Aborted", "AckRefused", "Agent", "CANCELLED", "CAPABILITY_HEADER", "Child", "Claims", "ConnectError", "Conn",
+    "Aborted", "AckRefused", "Agent", "DEFAULT_RETRY", "Retry", "CANCELLED", "CAPABILITY_HEADER", "Child", "Claims", "ConnectError", "Conn",
     "FAILED", "FeedStale", "Fence", "Fenced", "HEADER_JOB_ID", "HEADER_LEASE_GENERATION", "UnissuedGeneration",
     "issued_generations", "Authority", "NoAuthority", "GateCall", "Grant", "GrantRevoked", "HAVE_CRYPTOGRAPHY", "Job", "LeaseWorker",
     "SUCCESS", "ScopeNotGranted", "ServerStream", "Signal", "Spooled", "TokenExpired", "TokenInvalid",

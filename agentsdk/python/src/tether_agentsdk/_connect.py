@@ -14,11 +14,14 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import random
 import re
 import socket
 import ssl
 import struct
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit
 
@@ -78,11 +81,50 @@ class ConnectError(Exception):
     exception the error is chained to carries the token the call presented
     or that token's signature (a peer that echoes the request is cut out)."""
 
-    def __init__(self, code: str, message: str, *, details: list | None = None):
+    def __init__(self, code: str, message: str, *, details: list | None = None, retry_after: float | None = None):
         super().__init__(f"{code}: {message}" if message else code)
         self.code = code if code in CODES else UNKNOWN
         self.message = message
         self.details = details or []
+        # The wait, in seconds, a resource_exhausted refusal asks for before
+        # the call is sent again (its Retry-After header); None: no hint.
+        self.retry_after = retry_after if self.code == RESOURCE_EXHAUSTED else None
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header's whole seconds, or None."""
+    v = (value or "").strip()
+    if not v.isascii() or not v.isdigit() or len(v) > 6 or int(v) > 86400:
+        return None
+    return float(int(v))
+
+
+@dataclass(frozen=True)
+class Retry:
+    """How a Conn retries a unary call the control plane refused
+    resource_exhausted with a retry hint: a rate limit's refusal (its
+    Retry-After header), which the control plane answers before the call
+    does anything, so that sending it again is safe. A refusal without a
+    hint (a bound that time alone does not lift: too many open streams or
+    connections, a node's grants) is not retried, nor is a stream. The call
+    waits the hint, stretched by up to half again at random so that callers
+    refused together (a host's agents reconnecting at once) do not all come
+    back at the same instant, then is sent again, at most ``attempts`` times
+    in all, within the call's timeout; a hint longer than ``max_wait``, or
+    one that would end past the timeout, is not waited for (the Go and
+    TypeScript SDKs' rule). ``sleep``, ``jitter`` (a number in [0, 1)) and
+    ``clock`` (seconds, for the timeout) are injected by tests."""
+
+    attempts: int = 4
+    max_wait: float = 10.0
+    sleep: Callable[[float], None] = time.sleep
+    jitter: Callable[[], float] = random.random
+    clock: Callable[[], float] = time.monotonic
+
+
+# A Conn's retry unless it is given another (the Go and TypeScript SDKs'
+# default); Retry(attempts=1): never.
+DEFAULT_RETRY = Retry()
 
 
 def token_signature(token: str) -> str:
@@ -138,7 +180,7 @@ def _without_bearer(err: ConnectError, token: str) -> ConnectError | None:
     if not dirty:
         return None
     return ConnectError(err.code, without_secret(err.message, token, "bearer token"),
-                        details=[d for d in err.details if not detail_holds(d)])
+                        details=[d for d in err.details if not detail_holds(d)], retry_after=err.retry_after)
 
 
 def _error_from_json(body: Any, fallback: str) -> ConnectError:
@@ -154,7 +196,8 @@ class Conn:
     call opens its own HTTP/1.1 connection, so a Conn is safe to share
     between threads."""
 
-    def __init__(self, base_url: str, token: str = "", *, timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None):
+    def __init__(self, base_url: str, token: str = "", *, timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None,
+                 retry: Retry | None = None):
         parts = urlsplit(base_url.rstrip("/"))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("base_url must be http://host:port or https://host:port")
@@ -165,6 +208,7 @@ class Conn:
         self._prefix = parts.path
         self._ssl = ssl_context
         self.timeout = timeout
+        self.retry = DEFAULT_RETRY if retry is None else retry
         self._lock = threading.Lock()
         self._token = token
 
@@ -179,7 +223,7 @@ class Conn:
 
     def with_token(self, token: str) -> "Conn":
         """A connection to the same control plane presenting another token."""
-        return Conn(self.base_url, token, timeout=self.timeout, ssl_context=self._ssl)
+        return Conn(self.base_url, token, timeout=self.timeout, ssl_context=self._ssl, retry=self.retry)
 
     def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
         if self._scheme == "https":
@@ -259,7 +303,30 @@ class Conn:
 
     def call(self, service: str, method: str, request: dict | None = None, *, timeout: float | None = None) -> dict:
         """A unary call: ``conn.call("AgentService", "GetNode", {"nodeId": id})``.
-        Its error carries neither the token it sent nor its signature."""
+        Its error carries neither the token it sent nor its signature. A
+        refusal resource_exhausted with a retry hint is retried (Retry)."""
+        r = self.retry
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else r.clock() + timeout
+        attempt = 1
+        while True:
+            # The first attempt has the whole timeout; a retry what is left.
+            left = timeout if attempt == 1 or deadline is None else max(0.001, deadline - r.clock())
+            try:
+                return self._call_once(service, method, request, left)
+            except ConnectError as e:
+                hint = e.retry_after
+                if attempt >= r.attempts or hint is None or hint > r.max_wait:
+                    raise
+                if deadline is not None and r.clock() + hint > deadline:
+                    raise
+                wait = min(hint + hint * r.jitter() / 2, r.max_wait)
+                if deadline is not None:
+                    wait = min(wait, deadline - r.clock())
+            r.sleep(wait)
+            attempt += 1
+
+    def _call_once(self, service: str, method: str, request: dict | None, timeout: float | None) -> dict:
         token = self.token
         try:
             return self._call(service, method, request, timeout, token)
@@ -281,7 +348,10 @@ class Conn:
         except ValueError:
             decoded = None
         if resp.status != 200:
-            raise _error_from_json(decoded, _HTTP_CODES.get(resp.status, UNKNOWN))
+            err = _error_from_json(decoded, _HTTP_CODES.get(resp.status, UNKNOWN))
+            if err.code == RESOURCE_EXHAUSTED:
+                err.retry_after = _retry_after(resp.getheader("Retry-After"))
+            raise err
         if not isinstance(decoded, dict):
             raise ConnectError(INTERNAL, f"{service}.{method}: the answer is not a JSON object")
         return decoded

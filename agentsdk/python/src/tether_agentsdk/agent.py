@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from . import _wire
-from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, close_stream
+from ._connect import FAILED_PRECONDITION, PERMISSION_DENIED, UNAUTHENTICATED, ConnectError, Conn, Retry, close_stream
 
 log = logging.getLogger("tether_agentsdk")
 
@@ -128,10 +128,10 @@ class Agent:
         return a
 
     @classmethod
-    def join(cls, base_url: str, credential: str, *, timeout: float = 30.0) -> "Agent":
+    def join(cls, base_url: str, credential: str, *, timeout: float = 30.0, retry: Retry | None = None) -> "Agent":
         """Connects a spawned child's process with the credential its parent
-        handed over."""
-        conn = Conn(base_url, credential, timeout=timeout)
+        handed over (retry: its connection's, Conn's)."""
+        conn = Conn(base_url, credential, timeout=timeout, retry=retry)
         who = conn.call("AuthService", "WhoAmI", {})
         if not who.get("nodeId"):
             raise ValueError("Agent.join needs an agent credential, not an operator token")
