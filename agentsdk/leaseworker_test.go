@@ -190,10 +190,10 @@ func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	// The worker's clock never moves: it never reaches the bound of its
 	// last accepted renewal (ErrLeaseUnconfirmed), so only the
 	// coordinator's answer can end the job.
-	// The loop's tick is also each renewal's deadline: 100 ms, not the
-	// 5 ms of a busy machine's slower answers (a commit's fsync on a shared
-	// disk), which would fail every renewal and leave the job running.
-	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: 100 * time.Millisecond})
+	// The loop's tick is also each renewal's deadline (loopRenewEvery):
+	// a busy machine's slower answers (a commit's fsync on a shared disk)
+	// must not fail every renewal and leave the job running.
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: loopRenewEvery})
 	if err != nil {
 		t.Fatal(err)
 	}
