@@ -111,6 +111,14 @@ func (s *leaseSetup) get(t *testing.T, job string) *tetherv1.Lease {
 	return resp.Msg.Lease
 }
 
+// loopRenewEvery is the renew loop's tick for a test that waits for the
+// answer to one of the loop's renewals (a refusal, a cancel request): the
+// tick is also each renewal's deadline, so it is a guard against an answer
+// that never comes, not a timing — a second, not the 5 ms a loaded
+// machine's answers exceed, with which every renewal failed
+// deadline_exceeded and the job never heard the answer it waited for.
+const loopRenewEvery = time.Second
+
 func (s *leaseSetup) newWorker(t testing.TB, dir string, every time.Duration) *agentsdk.LeaseWorker {
 	t.Helper()
 	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: dir, Clock: s.clock, RenewEvery: every})
@@ -182,10 +190,10 @@ func TestLeaseWorkerRenewLoopStopsWhenTheCoordinatorSaysExpired(t *testing.T) {
 	// The worker's clock never moves: it never reaches the bound of its
 	// last accepted renewal (ErrLeaseUnconfirmed), so only the
 	// coordinator's answer can end the job.
-	// The loop's tick is also each renewal's deadline: 100 ms, not the
-	// 5 ms of a busy machine's slower answers (a commit's fsync on a shared
-	// disk), which would fail every renewal and leave the job running.
-	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: 100 * time.Millisecond})
+	// The loop's tick is also each renewal's deadline (loopRenewEvery):
+	// a busy machine's slower answers (a commit's fsync on a shared disk)
+	// must not fail every renewal and leave the job running.
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: clock.NewManual(leaseEpoch), RenewEvery: loopRenewEvery})
 	if err != nil {
 		t.Fatal(err)
 	}

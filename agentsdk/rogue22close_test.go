@@ -21,7 +21,7 @@ import (
 // runs (it may be what called Close).
 func TestRogue22LeaseWorkerClosedFromItsCancelCallback(t *testing.T) {
 	s := newLeaseSetup(t)
-	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: s.clock, RenewEvery: 5 * time.Millisecond})
+	w, err := agentsdk.NewLeaseWorker(agentsdk.LeaseWorkerConfig{Conn: s.worker, SpoolDir: t.TempDir(), Clock: s.clock, RenewEvery: loopRenewEvery})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -78,7 +78,7 @@ func TestRogue26AnAgentWhoseExitWasConfirmedIsToldToStop(t *testing.T) {
 // first such refusal, its cause the refusal (an ErrJobEnded).
 func TestRogue26ALeaseJobWhoseAgentsExitWasConfirmedIsToldToStop(t *testing.T) {
 	s := newLeaseSetup(t)
-	w := s.newWorker(t, t.TempDir(), 5*time.Millisecond)
+	w := s.newWorker(t, t.TempDir(), loopRenewEvery)
 	ctx := context.Background()
 	job, d, err := w.Accept(ctx, s.offer(t, "rogue26-attested-job", 10*time.Minute), agentsdk.JobOptions{})
 	accepted(t, "accept", d, err)

@@ -34,8 +34,9 @@ import (
 func TestSeedProbeAPartitionedHolderStopsByTheExpiryItWasGranted(t *testing.T) {
 	s := newLeaseSetup(t)
 	// The loop renews on every tick; the tick is also each renewal's
-	// deadline, so not a few milliseconds a busy machine's answers exceed.
-	w := s.newWorker(t, t.TempDir(), 100*time.Millisecond)
+	// deadline, so a guard, not a time a busy machine's answers exceed
+	// (loopRenewEvery).
+	w := s.newWorker(t, t.TempDir(), loopRenewEvery)
 	ctx := context.Background()
 	job, d, err := w.Accept(ctx, s.offer(t, "job-1", 30*time.Second), agentsdk.JobOptions{})
 	accepted(t, "accept", d, err)

@@ -5,6 +5,7 @@ directory."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -41,10 +42,40 @@ def tether_bin(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(out)
 
 
+# The lowest port _free_port picks.
+PORT_FLOOR = 10000
+
+
 def _free_port() -> int:
+    """A loopback port for a ``tether serve`` to bind, free a moment ago. A
+    port from a bind to port 0 lies in the kernel's ephemeral range; once
+    released it is the kernel's to hand to any listen on port 0 or outgoing
+    connection (this process's clients and peers, any other process's)
+    before the server binds it, which then exits "address already in use".
+    Ports are picked at random below that range where there is room, as the
+    Go tests' are (internal/freeport)."""
+    low = _ephemeral_low()
+    if low > PORT_FLOOR:
+        for _ in range(64):
+            port = random.randrange(PORT_FLOOR, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), or 0 when it cannot be read."""
+    try:
+        fields = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(fields[0]) if len(fields) == 2 else 0
+    except (OSError, ValueError):
+        return 0
 
 
 @dataclass

@@ -93,3 +93,11 @@ class LoopbackPeer:
         self.server.shutdown()
         self.server.server_close()
 
+
+# The renew loop's tick for a test that waits for the answer to one of the
+# loop's renewals (a renewal counted, a cancel request, a refusal): the tick
+# is also each renewal's deadline, so it is a guard against an answer that
+# never comes, not a timing — a second, not the 50 or 100 ms a loaded
+# machine's answers exceed, with which every renewal failed
+# deadline_exceeded and the job never heard the answer it waited for.
+LOOP_RENEW_EVERY = 1.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from helpers import wait_for
+from helpers import LOOP_RENEW_EVERY, wait_for
 from tether_agentsdk import CANCELLED, SUCCESS, Conn, LeaseWorker, Spooled
 from tether_agentsdk.leaseworker import LEASE_CANCELLED
 
@@ -20,7 +20,7 @@ def lease(operator: Conn, job: str) -> dict:
 def test_a_job_is_renewed_reports_progress_and_completes(server, tree, tmp_path):
     child = tree.root.spawn("worker")
     job_id = "job-" + child.node_id
-    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=0.1)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=LOOP_RENEW_EVERY)
     job = w.accept(offer(tree.operator, job_id, child.node_id))
     assert job.headers() == {"Tether-Job-Id": job_id, "Tether-Lease-Generation": "1"}
     wait_for("a renewal", lambda: int(lease(tree.operator, job_id).get("renewSequence", "0")) >= 1)
@@ -34,7 +34,7 @@ def test_a_job_is_renewed_reports_progress_and_completes(server, tree, tmp_path)
 def test_a_cancel_request_stops_the_job_and_is_acknowledged(server, tree, tmp_path):
     child = tree.root.spawn("worker")
     job_id = "job-cancel-" + child.node_id
-    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=0.1)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=LOOP_RENEW_EVERY)
     seen = threading.Event()
     job = w.accept(offer(tree.operator, job_id, child.node_id), on_cancel=lambda lease: seen.set())
     tree.operator.call("LeaseService", "RequestCancel", {"jobId": job_id, "reason": "test"})

@@ -10,7 +10,7 @@ import struct
 import threading
 
 from conftest import require_extra
-from helpers import LoopbackPeer, QuietHandler
+from helpers import LOOP_RENEW_EVERY, LoopbackPeer, QuietHandler
 from tether_agentsdk import Conn, LeaseWorker
 from tether_agentsdk.leaseworker import JOB_ENDED, LEASE_CANCELLED
 
@@ -25,7 +25,7 @@ def test_close_from_the_cancel_callback_closes_the_worker(server, tree, tmp_path
     # other jobs' threads were not waited for, the spool stayed open, and a
     # second close() returned at once (the worker already marked closed).
     child = tree.root.spawn("worker")
-    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=0.05)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=LOOP_RENEW_EVERY)
     seen: dict = {}
     finished = threading.Event()
 

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from helpers import terminate, wait_for
+from helpers import LOOP_RENEW_EVERY, terminate, wait_for
 from tether_agentsdk import Agent, ConnectError, ToolGate, ToolRefused, tool_gate
 
 
@@ -87,7 +87,7 @@ def test_a_lease_job_whose_agents_exit_was_confirmed_is_told_to_stop(server, tre
 
     child = tree.root.spawn("r26-attested-job")
     job_id = "job-" + child.node_id
-    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=0.05)
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=LOOP_RENEW_EVERY)
     try:
         offered = tree.operator.call("LeaseService", "Offer", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "600s"})["lease"]
         job = w.accept(offered)

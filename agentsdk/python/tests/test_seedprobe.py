@@ -10,11 +10,23 @@ from __future__ import annotations
 
 import threading
 
-from helpers import wait_for
+from helpers import LOOP_RENEW_EVERY, wait_for
 from tether_agentsdk import Conn, LeaseWorker
 from tether_agentsdk.leaseworker import LEASE_LOST
 
 DEAD = "http://127.0.0.1:9"  # nothing listens: every call fails unreachable
+
+
+class _Counted(Conn):
+    """A connection that counts the calls made on it."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls = 0
+
+    def call(self, *args, **kwargs):
+        self.calls += 1
+        return super().call(*args, **kwargs)
 
 
 class ManualClock:
@@ -38,8 +50,9 @@ def test_a_partitioned_holder_stops_by_the_expiry_it_was_granted(server, tree, t
     job_id = "job-partition-" + child.node_id
     clk = ManualClock()
     # The loop renews on every tick; the tick is also each renewal's
-    # deadline, so not a few milliseconds a busy machine's answers exceed.
-    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=0.1, clock=clk)
+    # deadline, so a guard, not a time a busy machine's answers exceed
+    # (0.1 s was).
+    w = LeaseWorker(Conn(server.url, child.credential), str(tmp_path), renew_every=LOOP_RENEW_EVERY, clock=clk)
     offered = tree.operator.call("LeaseService", "Offer", {"jobId": job_id, "holderIdentity": child.node_id, "leaseDuration": "30s"})["lease"]
     job = w.accept(offered)
     try:
@@ -47,9 +60,14 @@ def test_a_partitioned_holder_stops_by_the_expiry_it_was_granted(server, tree, t
         clk.advance(20)
         at20 = int(job.lease.get("renewSequence", "0"))
         wait_for("two renewals after 20s", lambda: int(job.lease.get("renewSequence", "0")) >= at20 + 2)
-        w.conn = Conn(DEAD, child.credential, timeout=1)  # the partition
+        dead = _Counted(DEAD, child.credential, timeout=1)
+        w.conn = dead  # the partition
         clk.advance(29)
-        assert not job.stopped.wait(0.35), f"the job stopped at 49s, within its window ({job.cause})"
+        # Ticks that must not end it: two, each a renewal the partition
+        # refused once its look at the bound let it renew.
+        tried = dead.calls
+        wait_for("two ticks at 49s", lambda: dead.calls >= tried + 2 or job.stopped.is_set())
+        assert not job.stopped.is_set(), f"the job stopped at 49s, within its window ({job.cause})"
         clk.advance(1)  # 50s
         assert job.stopped.wait(20), "the partitioned job still runs past the expiry of its last accepted renewal"
         assert job.cause == LEASE_LOST and job.unconfirmed

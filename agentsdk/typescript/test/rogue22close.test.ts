@@ -26,7 +26,11 @@ describe("rogue22: LeaseWorker.close() from a job's onCancel", () => {
     const spawned = await root.agent.spawn("rogue22close-child");
     const conn = server.dial(spawned.credential);
     const warnings: string[] = [];
-    const worker = new LeaseWorker({ conn, renewEveryMs: 20, warn: (m) => warnings.push(m) });
+    // The loop's tick is also each renewal's deadline, and the cancel is
+    // heard in a renewal's answer: a second is a guard against an answer
+    // that never comes, where 20 ms was shorter than a loaded machine's
+    // answers, every renewal failing deadline_exceeded.
+    const worker = new LeaseWorker({ conn, renewEveryMs: 1_000, warn: (m) => warnings.push(m) });
     const offer = async (jobId: string) =>
       (await server.operator.lease.offer({ jobId, holderIdentity: spawned.node.nodeId, leaseDuration: { seconds: 60n } })).lease!;
     const other = await worker.accept(await offer("ts-rogue22-other"));

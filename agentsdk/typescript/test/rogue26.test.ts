@@ -146,7 +146,10 @@ describe("rogue26: a lease job whose agent's exit was confirmed", () => {
     const root = await server.rootAgent("rogue26-attested-lease");
     const spawned = await root.agent.spawn("rogue26-attested-worker");
     const me = await Agent.join(server.baseUrl, spawned.credential);
-    const worker = new LeaseWorker({ conn: me.conn, renewEveryMs: 50, warn: () => {} });
+    // The loop's tick is also each renewal's deadline: a second is a guard
+    // against an answer that never comes, where 50 ms was shorter than a
+    // loaded machine's answers, every renewal failing deadline_exceeded.
+    const worker = new LeaseWorker({ conn: me.conn, renewEveryMs: 1_000, warn: () => {} });
     try {
       const offered = await server.operator.lease.offer({ jobId: "rogue26-attested-job", holderIdentity: spawned.node.nodeId, leaseDuration: { seconds: 600n } });
       const job = await worker.accept(offered.lease!);

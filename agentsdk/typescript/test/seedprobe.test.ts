@@ -28,10 +28,13 @@ async function cuttableWorker(name: string, clock: () => number = Date.now) {
   const root = await server.rootAgent(name);
   const spawned = await root.agent.spawn(`${name}-worker`);
   // answeredSince: the worker's clock at the start of the last renewal
-  // answered (accepted or not).
-  const net = { cut: false, answeredSince: -Infinity };
+  // answered (accepted or not); refused: the calls the cut network refused.
+  const net = { cut: false, answeredSince: -Infinity, refused: 0 };
   const cutter: Interceptor = (next) => async (req) => {
-    if (net.cut) throw new ConnectError("network unreachable (test)", Code.Unavailable);
+    if (net.cut) {
+      net.refused++;
+      throw new ConnectError("network unreachable (test)", Code.Unavailable);
+    }
     const started = clock();
     const res = await next(req);
     if (req.method.name === "Renew") net.answeredSince = Math.max(net.answeredSince, started);
@@ -57,8 +60,9 @@ describe("seed probe: a partitioned holder stops by the expiry it was granted", 
     const jobId = "probe-ts-partition";
     const offered = await server.operator.lease.offer({ jobId, holderIdentity: w.nodeId, leaseDuration: { seconds: 30n } });
     // The loop renews on every tick; the tick is also each renewal's
-    // deadline, so not a few milliseconds a busy machine's answers exceed.
-    const job = await new LeaseWorker({ conn: w.conn, now: () => now, renewEveryMs: 100 }).accept(offered.lease!);
+    // deadline, so a guard (a second), not a time a busy machine's answers
+    // exceed (100 ms was).
+    const job = await new LeaseWorker({ conn: w.conn, now: () => now, renewEveryMs: 1_000 }).accept(offered.lease!);
 
     // A renewal at 20s (the loop renews on every tick) grants up to 50s on
     // the worker's clock.
@@ -67,7 +71,10 @@ describe("seed probe: a partitioned holder stops by the expiry it was granted", 
     await waitFor("a renewal sent at 20s, answered", () => w.net.answeredSince >= at20);
     w.net.cut = true; // from here on nothing reaches the coordinator
     now += 29_000;
-    await new Promise((r) => setTimeout(r, 350)); // ticks that must not end it
+    // Ticks that must not end it: two, each refused by the cut network
+    // once its look at the bound let it renew.
+    const refused = w.net.refused;
+    await waitFor("two ticks at 49s", () => w.net.refused >= refused + 2 || job.signal.aborted);
     assert.equal(job.signal.aborted, false, `the job ended at 49s, within its window: ${String(job.signal.reason)}`);
 
     now += 1_000; // 50s

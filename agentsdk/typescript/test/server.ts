@@ -33,14 +33,56 @@ export function tetherBinary(): Promise<string> {
   return built;
 }
 
-async function freePort(): Promise<number> {
+/**
+ * A loopback port for a `tether serve` to bind, free a moment ago. A port
+ * from a listen on port 0 lies in the kernel's ephemeral range; once
+ * released it is the kernel's to hand to any listen on port 0 or outgoing
+ * connection (this process's clients and peers, any other process's)
+ * before the server binds it, which then exits "address already in use".
+ * Ports are picked at random below that range where there is room, as the
+ * Go tests' are (internal/freeport).
+ */
+export async function freePort(): Promise<number> {
+  const low = ephemeralLow();
+  if (low > portFloor) {
+    for (let i = 0; i < 64; i++) {
+      const port = await listenOn(portFloor + Math.floor(Math.random() * (low - portFloor)));
+      if (port !== undefined) return port;
+    }
+  }
+  const port = await listenOn(0);
+  if (port === undefined) throw new Error("no free loopback port");
+  return port;
+}
+
+/** Listens on port of the loopback and lets go: the port bound, or undefined when it was taken. */
+async function listenOn(port: number): Promise<number | undefined> {
   const srv = createServer();
-  srv.listen(0, "127.0.0.1");
-  await once(srv, "listening");
-  const port = (srv.address() as { port: number }).port;
+  try {
+    await new Promise<void>((resolve, reject) => {
+      srv.once("error", reject);
+      srv.listen(port, "127.0.0.1", () => resolve());
+    });
+  } catch {
+    return undefined;
+  }
+  const bound = (srv.address() as { port: number }).port;
   srv.close();
   await once(srv, "close");
-  return port;
+  return bound;
+}
+
+/** The lowest port freePort picks. */
+export const portFloor = 10000;
+
+/** The first port of the kernel's ephemeral range (Linux), or 0 when it cannot be read. */
+export function ephemeralLow(): number {
+  try {
+    const [low, high] = readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/).map(Number);
+    return Number.isInteger(low) && Number.isInteger(high) ? low : 0;
+  } catch {
+    return 0;
+  }
 }
 
 export class TestServer {
