@@ -1,0 +1,139 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/capability/grantstore"
+	"github.com/tetherhq/tether/controlplane"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The thirty-second rogue pass, the server's capability tree: what a
+// rogue agent can make the revocation feed and revocations cost, and what
+// it can hide from an operator revoking behind it.
+
+// revokedMany has an operator issue n roots to holder and revoke them all
+// by their holder: n live tombstones of holder's lineage in the feed.
+func revokedMany(t *testing.T, srv *testserver.Server, holder string, n int) grantstore.RevokeResult {
+	t.Helper()
+	ctx := context.Background()
+	op := grantstore.Caller{Principal: "operator:test", Roles: []string{capability.RoleAdmin}}
+	for i := range n {
+		if _, err := srv.Grants().IssueRoot(ctx, op, grantstore.RootRequest{HolderNodeID: holder, Scopes: []string{"tool:*"}, TTL: time.Hour}); err != nil {
+			t.Fatalf("root %d to %s: %v", i, holder, err)
+		}
+	}
+	res, err := srv.Grants().Revoke(ctx, op, grantstore.Target{HolderNodeID: holder}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.GrantIDs) != n {
+		t.Fatalf("revoked %d of %s's grants, want %d", len(res.GrantIDs), holder, n)
+	}
+	return res
+}
+
+// openFeed opens c's revocation feed after `after` and reads it until a
+// message reaches head; it returns the messages read, or the error that
+// refused or ended the feed.
+func openFeed(ctx context.Context, c *testserver.Clients, after, head uint64) ([]*tetherv1.WatchRevocationsResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{AfterSequence: after}))
+	if err != nil {
+		return nil, err
+	}
+	defer stream.Close()
+	var msgs []*tetherv1.WatchRevocationsResponse
+	for stream.Receive() {
+		msgs = append(msgs, stream.Msg())
+		if stream.Msg().HeadSequence >= head {
+			return msgs, nil
+		}
+	}
+	return msgs, stream.Err()
+}
+
+// TestRogue32FAnAgentsFeedOpenedAtZeroWalksOnlyItsLineage: another tree's
+// 2,500 revocations are live in the feed. A rogue agent, whose lineage
+// has none, opens its revocation feed at sequence 0 — as a follower new
+// to the feed, or one behind its compaction point (a snapshot), does. The
+// server walked every tree's live tombstones for it, a batch of a
+// thousand at a time, filtering each out, before its feed reached the
+// head: one request had the whole feed read, and the first message the
+// agent heard was a head of a thousand (the first batch's). The feed now
+// keeps each lineage's tombstones apart, and an agent's walks its own:
+// its first message is the feed's head. On a manual clock that does not
+// move, so that no heartbeat can carry the head instead.
+func TestRogue32FAnAgentsFeedOpenedAtZeroWalksOnlyItsLineage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the 2,500 revocations; make test and CI run them.")
+	}
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.GrantMaxPerNode, cfg.RevocationHeartbeat = 2600, 10*time.Minute
+	})
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	other := register(t, admin, "other")
+	res := revokedMany(t, srv, other.Node.NodeId, 2500)
+	for _, after := range []uint64{0, 1} {
+		msgs, err := openFeed(context.Background(), srv.Clients(rogue.Credential), after, 0)
+		if err != nil {
+			t.Fatalf("after %d: %v", after, err)
+		}
+		if m := msgs[0]; len(m.Tombstones) != 0 || m.HeadSequence != res.Sequence {
+			t.Fatalf("the rogue's feed opened after %d began with %d tombstones and the head %d, want none and the feed's head %d (another tree's tombstones walked a batch at a time)", after, len(m.Tombstones), m.HeadSequence, res.Sequence)
+		}
+	}
+}
+
+// TestRogue32FReopeningTheFeedCostsWhatItSends: the rogue's own lineage
+// has 2,500 live revocations. It opens its revocation feed at 0 and reads
+// it to the head, again and again: each opening sends it every live
+// tombstone of its lineage (three messages), yet cost one request, where
+// a listing of as many grants costs three (a request per thousand). It now
+// costs a request per thousand tombstones sent past the first thousand.
+func TestRogue32FReopeningTheFeedCostsWhatItSends(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the 2,500 revocations; make test and CI run them.")
+	}
+	const burst = 30
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.GrantMaxPerNode, cfg.RateLimit, cfg.RateBurst = 2600, 1, burst
+	})
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	res := revokedMany(t, srv, rogue.Node.NodeId, 2500)
+	clk.Advance(2 * burst * time.Second) // a full bucket
+	c := srv.Clients(rogue.Credential)
+	opened := 0
+	var refusal error
+	for opened <= burst {
+		msgs, err := openFeed(context.Background(), c, 0, res.Sequence)
+		if err != nil {
+			refusal = err
+			break
+		}
+		got := 0
+		for _, m := range msgs {
+			got += len(m.Tombstones)
+		}
+		if got != 2500 {
+			t.Fatalf("the rogue's feed sent %d of its lineage's 2,500 tombstones", got)
+		}
+		opened++
+	}
+	if opened != burst/3 {
+		t.Fatalf("the rogue read its lineage's 2,500 tombstones from its feed %d times on a budget of %d requests, want %d (three requests each); refused: %v", opened, burst, burst/3, refusal)
+	}
+	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+rogue.Node.NodeId)
+}
