@@ -137,3 +137,72 @@ func TestRogue32FReopeningTheFeedCostsWhatItSends(t *testing.T) {
 	}
 	wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+rogue.Node.NodeId)
 }
+
+// TestRogue32FRevokingGrantsWithLongChainsCostsTheChainsRead: the rogue's
+// child holds 1,000 grants its own child delegated it, each from a grant
+// of its own (the operator raised the grant bound per node), so that each
+// has an ancestor of its own. A revocation by the grandchild as holder, or
+// by its subtree, reads the 1,000 grants and every grant of their chains —
+// 1,001 more — whatever it then revokes (nothing, after the first), yet
+// was charged for the node and the 1,000 grants only: two requests where
+// the 2,002 reads cost three. It now counts each chain grant it reads once.
+func TestRogue32FRevokingGrantsWithLongChainsCostsTheChainsRead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the 2,000 delegations; make test and CI run them.")
+	}
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk), func(cfg *controlplane.Config) {
+		cfg.RateLimit, cfg.RateBurst, cfg.GrantMaxPerNode = 100, bigBurst, 1100
+	})
+	refill := func() { clk.Advance(2 * bigBurst / 100 * time.Second) }
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	child := spawn(t, admin, root.Node.NodeId, "child")
+	grandchild := spawn(t, admin, child.Node.NodeId, "grandchild")
+	g := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	const grants = 1000
+	asRoot := grantstore.Caller{Principal: "agent:" + root.Node.NodeId}
+	asChild := grantstore.Caller{Principal: "agent:" + child.Node.NodeId}
+	for i := range grants {
+		mid, err := srv.Grants().Delegate(ctx, asRoot, grantstore.DelegateRequest{ParentGrantID: g.grant.GrantId, HolderNodeID: child.Node.NodeId, Scopes: []string{"tool:*"}})
+		if err != nil {
+			t.Fatalf("delegation %d to the child: %v", i, err)
+		}
+		if _, err := srv.Grants().Delegate(ctx, asChild, grantstore.DelegateRequest{ParentGrantID: mid.Grant.GrantID, HolderNodeID: grandchild.Node.NodeId, Scopes: []string{"tool:shell"}}); err != nil {
+			t.Fatalf("delegation %d to the grandchild: %v", i, err)
+		}
+	}
+	rogue := srv.Clients(root.Credential)
+	refill()
+	first, err := rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: grandchild.Node.NodeId}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Msg.RevokedGrantIds) != grants {
+		t.Fatalf("the rogue's first revocation revoked %d grants, want %d", len(first.Msg.RevokedGrantIds), grants)
+	}
+	for _, target := range []*tetherv1.RevokeRequest{
+		{Target: &tetherv1.RevokeRequest_SubtreeNodeId{SubtreeNodeId: grandchild.Node.NodeId}},
+		{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: grandchild.Node.NodeId}},
+	} {
+		refill()
+		revocations := 0
+		var refusal error
+		for refusal == nil && revocations <= bigBurst {
+			resp, err := rogue.Capability.Revoke(ctx, connect.NewRequest(target))
+			if err != nil {
+				refusal = err
+				break
+			}
+			if len(resp.Msg.RevokedGrantIds) != 0 {
+				t.Fatalf("%v revoked %v again", target.Target, resp.Msg.RevokedGrantIds)
+			}
+			revocations++
+		}
+		if revocations != bigBurst/3 {
+			t.Fatalf("%v: the rogue had its grandchild's %d grants and their %d ancestors read %d times on a budget of %d requests, want %d (three requests each); refused: %v", target.Target, grants, grants+1, revocations, bigBurst, bigBurst/3, refusal)
+		}
+		wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
+	}
+}

@@ -30,10 +30,10 @@ type Target struct {
 	IssuedBefore time.Time
 	// Charge, when set, is told how many nodes and grants a
 	// HolderNodeID or SubtreeNodeID revocation read (the node or the
-	// whole subtree, and every grant each node holds, whatever it then
-	// revokes); an error refuses the revocation with it, before anything
-	// is written. The server charges the caller's rate budget, as for a
-	// listing (ListQuery.Charge).
+	// whole subtree, every grant each node holds and each other grant of
+	// their chains, whatever it then revokes); an error refuses the
+	// revocation with it, before anything is written. The server charges
+	// the caller's rate budget, as for a listing (ListQuery.Charge).
 	Charge func(read int) error
 }
 
@@ -88,49 +88,41 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 		if err := checkID(id.Node, "holder_node_id", target.HolderNodeID); err != nil {
 			return RevokeResult{}, err
 		}
-		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, target.Charge, func(tx store.ReadTxn) ([]string, int, error) {
 			if err := s.revocableBy(tx, agentNode, isAgent, "holder_node_id", target.HolderNodeID); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
-			return target.charged(1)(heldIn(tx, []string{target.HolderNodeID}))
+			ids, err := heldIn(tx, []string{target.HolderNodeID})
+			return ids, 1, err
 		})
 	case target.SubtreeNodeID != "":
 		if err := checkID(id.Node, "subtree_node_id", target.SubtreeNodeID); err != nil {
 			return RevokeResult{}, err
 		}
-		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, target.Charge, func(tx store.ReadTxn) ([]string, int, error) {
 			if err := s.revocableBy(tx, agentNode, isAgent, "subtree_node_id", target.SubtreeNodeID); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			nodes, err := s.cfg.Tree.SubtreeIn(tx, target.SubtreeNodeID)
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			ids := make([]string, len(nodes))
 			for i, n := range nodes {
 				ids[i] = n.NodeID
 			}
-			return target.charged(len(nodes))(heldIn(tx, ids))
+			held, err := heldIn(tx, ids)
+			return held, len(nodes), err
 		})
 	default:
 		if isAgent {
 			return RevokeResult{}, fmt.Errorf("%w: issued_before revokes grants of every tree; an agent revokes by grant_id, holder_node_id or subtree_node_id in its own subtree", ErrOperatorOnly)
 		}
 		before := target.IssuedBefore
-		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
-			return issuedBefore(tx, before)
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, nil, func(tx store.ReadTxn) ([]string, int, error) {
+			ids, err := issuedBefore(tx, before)
+			return ids, 0, err
 		})
-	}
-}
-
-// charged passes on the grants a revocation's collection found, once it
-// has told Charge of them and of the nodes it read.
-func (t Target) charged(nodes int) func(ids []string, err error) ([]string, error) {
-	return func(ids []string, err error) ([]string, error) {
-		if err != nil || t.Charge == nil {
-			return ids, err
-		}
-		return ids, t.Charge(nodes + len(ids))
 	}
 }
 
@@ -160,14 +152,14 @@ func (s *Service) revocableBy(tx store.ReadTxn, agentNode string, isAgent bool, 
 // grants, and asks only their Outcomes later instead of listing them again.
 func (s *Service) RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) ([]capability.HeldGrant, error) {
 	var held []capability.HeldGrant
-	_, err := s.revokeMany(ctx, by, []string{capability.RoleSecurity}, clipReason(reason), func(tx store.ReadTxn) ([]string, error) {
+	_, err := s.revokeMany(ctx, by, []string{capability.RoleSecurity}, clipReason(reason), nil, func(tx store.ReadTxn) ([]string, int, error) {
 		var err error
 		held, err = heldPairs(tx, nodeIDs)
 		ids := make([]string, len(held))
 		for i, h := range held {
 			ids[i] = h.GrantID
 		}
-		return ids, err
+		return ids, 0, err
 	})
 	return held, err
 }
@@ -320,8 +312,10 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 // and reason for every top grant) is made on one snapshot, before any
 // write, so a refusal changes nothing; the writes then go in chunks, each
 // re-checking its grants, since a revocation that races another is simply
-// already done.
-func (s *Service) revokeMany(ctx context.Context, principal string, roles []string, reason string, collect func(tx store.ReadTxn) ([]string, error)) (RevokeResult, error) {
+// already done. collect also says how many nodes it read; charge, when
+// set, is told those, the grants collected and the other grants of their
+// chains read, each once, before the decision.
+func (s *Service) revokeMany(ctx context.Context, principal string, roles []string, reason string, charge func(read int) error, collect func(tx store.ReadTxn) ([]string, int, error)) (RevokeResult, error) {
 	now := s.cfg.Clock.Now()
 	type planned struct {
 		revoked capability.Grant
@@ -332,7 +326,7 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		head uint64
 	)
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
-		ids, err := collect(tx)
+		ids, nodes, err := collect(tx)
 		if err != nil {
 			return err
 		}
@@ -350,6 +344,26 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		}
 		if err := prefetchGrants(tx, reads, chains); err != nil {
 			return err
+		}
+		if charge != nil {
+			// The chains' grants too: a grant's ancestors are read to
+			// decide whether it is still active, and a rogue whose
+			// grants each had ancestors of their own had those read for
+			// nothing (they are read once each, however many chains
+			// share them).
+			collected := make(map[string]bool, len(ids))
+			for _, id := range ids {
+				collected[id] = true
+			}
+			ancestors := map[string]bool{}
+			for _, a := range chains {
+				if !collected[a] {
+					ancestors[a] = true
+				}
+			}
+			if err := charge(nodes + len(ids) + len(ancestors)); err != nil {
+				return err
+			}
 		}
 		active := make(map[string]capability.Grant, len(ids))
 		for _, grantID := range ids {
