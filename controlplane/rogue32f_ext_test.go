@@ -2,6 +2,7 @@ package controlplane_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -204,5 +205,59 @@ func TestRogue32FRevokingGrantsWithLongChainsCostsTheChainsRead(t *testing.T) {
 			t.Fatalf("%v: the rogue had its grandchild's %d grants and their %d ancestors read %d times on a budget of %d requests, want %d (three requests each); refused: %v", target.Target, grants, grants+1, revocations, bigBurst, bigBurst/3, refusal)
 		}
 		wantLimit(t, "the rogue past its budget", refusal, connect.CodeResourceExhausted, "rate limit", "lineage "+root.Node.NodeId)
+	}
+}
+
+// TestRogue32FAnOperatorsRevocationNamesWhatItFoundRevoked: a rogue that
+// sees its operator coming revokes its child's grant itself first (its
+// own reason on the record, its own tombstone). The operator's revocation
+// by the child's holder, by the rogue's subtree or by the grant's id then
+// reported no grant at all — nothing to revoke — and the security team
+// could not tell from its answer which grants its request covered. It now
+// names them, apart from those it revoked: the child's grant as already
+// revoked, and the rogue's own grant (the subtree's) as revoked.
+func TestRogue32FAnOperatorsRevocationNamesWhatItFoundRevoked(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	child := spawn(t, admin, root.Node.NodeId, "child")
+	g := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	rogue := srv.Clients(root.Credential)
+	c := delegate(t, rogue, g, child.Node.NodeId, "tool:shell")
+	c2 := delegate(t, rogue, g, child.Node.NodeId, "tool:shell")
+	if _, err := revokeGrant(rogue, c.grant.GrantId); err != nil {
+		t.Fatal(err)
+	}
+	// The operator's later requests find its own earlier ones' too.
+	both := []string{c.grant.GrantId, c2.grant.GrantId}
+	slices.Sort(both)
+	for _, tc := range []struct {
+		target           *tetherv1.RevokeRequest
+		already, revoked []string
+	}{
+		{&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: c.grant.GrantId}}, []string{c.grant.GrantId}, nil},
+		{&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: child.Node.NodeId}}, []string{c.grant.GrantId}, []string{c2.grant.GrantId}},
+		{&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_SubtreeNodeId{SubtreeNodeId: root.Node.NodeId}}, both, []string{g.grant.GrantId}},
+	} {
+		resp, err := admin.Capability.Revoke(ctx, connect.NewRequest(tc.target))
+		if err != nil {
+			t.Fatalf("%v: %v", tc.target.Target, err)
+		}
+		if got := resp.Msg.AlreadyRevokedGrantIds; !slices.Equal(got, tc.already) {
+			t.Errorf("%v: the operator's revocation named %v as already revoked, want %v (the child's grant %s the rogue revoked first)", tc.target.Target, got, tc.already, c.grant.GrantId)
+		}
+		if got := resp.Msg.RevokedGrantIds; !slices.Equal(got, tc.revoked) {
+			t.Errorf("%v: revoked %v, want %v", tc.target.Target, got, tc.revoked)
+		}
+	}
+	// Revoked through an ancestor, and named once: the top of what the
+	// request found revoked.
+	resp, err := admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_SubtreeNodeId{SubtreeNodeId: root.Node.NodeId}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Msg.AlreadyRevokedGrantIds; len(got) != 1 || got[0] != g.grant.GrantId || len(resp.Msg.RevokedGrantIds) != 0 {
+		t.Errorf("revoking the subtree again named %v already revoked and revoked %v, want the rogue's grant %s alone (its descendants with it) and nothing revoked", got, resp.Msg.RevokedGrantIds, g.grant.GrantId)
 	}
 }

@@ -47,6 +47,14 @@ type RevokeResult struct {
 	// feed head when nothing needed writing: a follower that has seen it
 	// rejects every targeted token.
 	Sequence uint64
+	// AlreadyRevoked are the grants the target named that were revoked
+	// already (directly, by someone else, or through an ancestor): the
+	// top ones, none of whose ancestors is listed, in id order, with
+	// those a racing revocation wrote between this call's decision and
+	// its write last. What the call covered without writing for it: an
+	// operator revoking a rogue's subtree just after the rogue revoked its
+	// own child's grants was told nothing of them.
+	AlreadyRevoked []string
 }
 
 // Revoke revokes a grant — and with it every grant derived from it — or,
@@ -275,7 +283,7 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 			return RevokeResult{}, err
 		}
 		if already {
-			return RevokeResult{Sequence: head}, nil
+			return RevokeResult{Sequence: head, AlreadyRevoked: []string{grantID}}, nil
 		}
 		stale := false
 		var seq uint64
@@ -322,8 +330,9 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		raw     []byte
 	}
 	var (
-		plan []planned
-		head uint64
+		plan    []planned
+		head    uint64
+		already []string
 	)
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		ids, nodes, err := collect(tx)
@@ -366,15 +375,25 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 			}
 		}
 		active := make(map[string]capability.Grant, len(ids))
+		revoked := map[string]capability.Grant{}
 		for _, grantID := range ids {
 			g, err := reads.indexed(grantID)
 			if err != nil {
 				return err
 			}
-			if effective(g, reads.grant, now).State == capability.StateActive {
+			switch effective(g, reads.grant, now).State {
+			case capability.StateActive:
 				active[grantID] = g
+			case capability.StateRevoked:
+				revoked[grantID] = g
 			}
 		}
+		for grantID, g := range revoked {
+			if !slices.ContainsFunc(g.Chain, func(a string) bool { _, ok := revoked[a]; return ok }) {
+				already = append(already, grantID)
+			}
+		}
+		slices.Sort(already)
 		if err := reads.failed(); err != nil {
 			return err
 		}
@@ -398,14 +417,14 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 	if err != nil {
 		return RevokeResult{}, err
 	}
-	result := RevokeResult{Sequence: head}
+	result := RevokeResult{Sequence: head, AlreadyRevoked: already}
 	for chunk := range slices.Chunk(plan, bulkChunk) {
 		var (
-			written []string
-			seq     uint64
+			written, raced []string
+			seq            uint64
 		)
 		err := s.cfg.Store.Update(ctx, func(tx store.Txn) error {
-			written, seq = written[:0], 0
+			written, raced, seq = written[:0], raced[:0], 0
 			planned := make([]capability.Grant, len(chunk))
 			for i, p := range chunk {
 				planned[i] = p.revoked
@@ -428,7 +447,11 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 					// Changed since the snapshot: most likely revoked by
 					// someone else, which is as good.
 					if revoked, err = capability.Revoke(g, principal, roles, reason, now); err != nil {
-						if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
+						if errors.Is(err, capability.ErrGrantRevoked) {
+							raced = append(raced, grantID)
+							continue
+						}
+						if errors.Is(err, capability.ErrGrantExpired) {
 							continue
 						}
 						return err
@@ -447,6 +470,7 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		if err != nil {
 			return result, err
 		}
+		result.AlreadyRevoked = append(result.AlreadyRevoked, raced...)
 		if len(written) > 0 {
 			result.GrantIDs = append(result.GrantIDs, written...)
 			result.Sequence = seq

@@ -131,6 +131,9 @@ its own subtree. One tombstone is written per top grant.`,
 				return err
 			}
 			w := cmd.OutOrStdout()
+			for _, id := range resp.Msg.AlreadyRevokedGrantIds {
+				fmt.Fprintf(w, "already revoked %s (tether grant show %s says by whom)\n", id, id)
+			}
 			if len(resp.Msg.RevokedGrantIds) == 0 {
 				fmt.Fprintf(w, "nothing to revoke: already revoked or expired (feed at sequence %d)\n", resp.Msg.Sequence)
 				return nil
