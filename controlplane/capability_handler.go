@@ -140,7 +140,7 @@ func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RevokeResponse{RevokedGrantIds: result.GrantIDs, Sequence: result.Sequence, AlreadyRevokedGrantIds: result.AlreadyRevoked}), nil
+	return connect.NewResponse(&tetherv1.RevokeResponse{RevokedGrantIds: result.GrantIDs, Sequence: result.Sequence, AlreadyRevokedGrantIds: result.AlreadyRevoked, AlreadyRevokedNotListed: uint32(result.AlreadyRevokedNotListed)}), nil
 }
 
 func (c *capabilityService) GetGrant(ctx context.Context, req *connect.Request[tetherv1.GetGrantRequest]) (*connect.Response[tetherv1.GetGrantResponse], error) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/capability/grantstore"
@@ -259,5 +260,45 @@ func TestRogue32FAnOperatorsRevocationNamesWhatItFoundRevoked(t *testing.T) {
 	}
 	if got := resp.Msg.AlreadyRevokedGrantIds; len(got) != 1 || got[0] != g.grant.GrantId || len(resp.Msg.RevokedGrantIds) != 0 {
 		t.Errorf("revoking the subtree again named %v already revoked and revoked %v, want the rogue's grant %s alone (its descendants with it) and nothing revoked", got, resp.Msg.RevokedGrantIds, g.grant.GrantId)
+	}
+}
+
+// TestRogue32FWhatAnOperatorFoundRevokedIsListedWithinABound: the rogue
+// revokes the 1,200 grants it delegated to its child (the operator raised
+// the grant bound per node), each dead grant kept. An operator's sweep by
+// issue time then finds them all revoked already, and listed every one in
+// its answer: a rogue revoking its own tree's grants grew the operator's
+// answer without bound (every tree's kept dead grants, in one message).
+// It lists the first 1,000 and counts the rest.
+func TestRogue32FWhatAnOperatorFoundRevokedIsListedWithinABound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the 1,200 delegations; make test and CI run them.")
+	}
+	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.GrantMaxPerNode = 1300 })
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	root := register(t, admin, "rogue")
+	child := spawn(t, admin, root.Node.NodeId, "child")
+	g := issueRoot(t, admin, root.Node.NodeId, time.Hour, "tool:*")
+	asRoot := grantstore.Caller{Principal: "agent:" + root.Node.NodeId}
+	const grants = 1200
+	for i := range grants {
+		if _, err := srv.Grants().Delegate(ctx, asRoot, grantstore.DelegateRequest{ParentGrantID: g.grant.GrantId, HolderNodeID: child.Node.NodeId, Scopes: []string{"tool:shell"}}); err != nil {
+			t.Fatalf("delegation %d: %v", i, err)
+		}
+	}
+	rogue := srv.Clients(root.Credential)
+	if _, err := rogue.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_HolderNodeId{HolderNodeId: child.Node.NodeId}})); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_IssuedBefore{IssuedBefore: timestamppb.New(time.Now().Add(time.Hour))}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Msg.RevokedGrantIds; len(got) != 1 || got[0] != g.grant.GrantId {
+		t.Fatalf("the sweep revoked %v, want the rogue's grant %s", got, g.grant.GrantId)
+	}
+	if n, rest := len(resp.Msg.AlreadyRevokedGrantIds), resp.Msg.AlreadyRevokedNotListed; n != grantstore.MaxAlreadyRevokedListed || int(rest) != grants-n {
+		t.Fatalf("the sweep listed %d grants already revoked and counted %d more, want %d listed and %d counted", n, rest, grantstore.MaxAlreadyRevokedListed, grants-grantstore.MaxAlreadyRevokedListed)
 	}
 }

@@ -19,6 +19,13 @@ import (
 // within the store's transaction limits.
 const bulkChunk = 500
 
+// MaxAlreadyRevokedListed bounds the grants a revocation's answer lists as
+// revoked already (RevokeResult.AlreadyRevoked): a sweep by issue time
+// finds every dead grant still kept, and a rogue revoking its own tree's
+// grants could otherwise grow an operator's answer past what it can be
+// sent.
+const MaxAlreadyRevokedListed = 1000
+
 // Target names what Revoke revokes; exactly one field is set.
 type Target struct {
 	GrantID string
@@ -53,8 +60,10 @@ type RevokeResult struct {
 	// those a racing revocation wrote between this call's decision and
 	// its write last. What the call covered without writing for it: an
 	// operator revoking a rogue's subtree just after the rogue revoked its
-	// own child's grants was told nothing of them.
-	AlreadyRevoked []string
+	// own child's grants was told nothing of them. At most
+	// MaxAlreadyRevokedListed; AlreadyRevokedNotListed counts the rest.
+	AlreadyRevoked          []string
+	AlreadyRevokedNotListed int
 }
 
 // Revoke revokes a grant — and with it every grant derived from it — or,
@@ -476,6 +485,9 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 			result.Sequence = seq
 			s.wakeMarker()
 		}
+	}
+	if n := len(result.AlreadyRevoked); n > MaxAlreadyRevokedListed {
+		result.AlreadyRevoked, result.AlreadyRevokedNotListed = result.AlreadyRevoked[:MaxAlreadyRevokedListed], n-MaxAlreadyRevokedListed
 	}
 	return result, nil
 }
