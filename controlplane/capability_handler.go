@@ -140,7 +140,7 @@ func (c *capabilityService) Revoke(ctx context.Context, req *connect.Request[tet
 	if err != nil {
 		return nil, toConnect(err)
 	}
-	return connect.NewResponse(&tetherv1.RevokeResponse{RevokedGrantIds: result.GrantIDs, Sequence: result.Sequence}), nil
+	return connect.NewResponse(&tetherv1.RevokeResponse{RevokedGrantIds: result.GrantIDs, Sequence: result.Sequence, AlreadyRevokedGrantIds: result.AlreadyRevoked, AlreadyRevokedNotListed: uint32(result.AlreadyRevokedNotListed)}), nil
 }
 
 func (c *capabilityService) GetGrant(ctx context.Context, req *connect.Request[tetherv1.GetGrantRequest]) (*connect.Response[tetherv1.GetGrantResponse], error) {
@@ -222,22 +222,40 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 // its tree), with the reason and the holder only for grants held by itself
 // or an ancestor — the subtree the revocation affects; the sequence numbers
 // and heads are the feed's, so its position and snapshots work as for
-// anyone.
+// anyone. The feed walks an agent's lineage's tombstones apart from the
+// others' (grantstore.LineageFeed), and the agent pays for them as for a
+// listing: a request of its budget per thousand tombstones sent past the
+// first thousand.
 func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.Request[tetherv1.WatchRevocationsRequest], stream *connect.ServerStream[tetherv1.WatchRevocationsResponse]) error {
-	show, err := c.revocationFilter(ctx)
+	view, show, err := c.revocationFilter(ctx)
 	if err != nil {
 		return toConnect(err)
 	}
-	// A batch of tombstones none of which the caller may see (another
-	// tree's revocations, to an agent) is sent at most once per heartbeat,
-	// as the heartbeat it stands in for (the feed resets its heartbeat on
-	// each batch): else every revocation anywhere cost a message on each of
-	// a rogue's open feeds, and told its agents when other trees revoke.
+	// What the agent is sent of its lineage's tombstones, charged as a
+	// listing's pages are, taken once sent even past what its budget has
+	// left (auth.SpendDone): opening the feed at 0, or behind its
+	// compaction point, sends every live one, and a rogue reopening it had
+	// them all walked and sent again for one request each time.
+	sentTombstones := 0
+	charge := func(n int) {
+		if view.Whole() || n == 0 {
+			return
+		}
+		before := max(0, sentTombstones-1) / maxPageSize
+		sentTombstones += n
+		auth.SpendDone(ctx, (sentTombstones-1)/maxPageSize-before)
+	}
+	// A message that carries no tombstone the caller may see and only
+	// moves the head (another tree's revocations, to an agent) is sent at
+	// most once per heartbeat, as the heartbeat it stands in for (the feed
+	// resets its heartbeat on each batch): else every revocation anywhere
+	// cost a message on each of a rogue's open feeds, and told its agents
+	// when other trees revoke.
 	if before := req.Msg.BeforeSequence; before > 0 {
 		if req.Msg.Newest == 0 || req.Msg.AfterSequence != 0 {
 			return invalid("before_sequence: a page of the older feed takes newest (how many) and no after_sequence")
 		}
-		batch, head, err := c.s.grants.NewestBefore(ctx, before, int(req.Msg.Newest))
+		batch, head, err := c.s.grants.NewestBefore(ctx, view, before, int(req.Msg.Newest))
 		if err != nil {
 			return toConnect(err)
 		}
@@ -247,6 +265,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 				msg.Tombstones = append(msg.Tombstones, wire.Tombstone(t))
 			}
 		}
+		charge(len(batch))
 		return stream.Send(msg)
 	}
 	// The live feed is the node alive while it is open (a page above is
@@ -259,7 +278,7 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	every := cmp.Or(c.s.cfg.RevocationHeartbeat, grantstore.DefaultHeartbeat)
 	var lastSent time.Time
 	sent := false
-	err = c.s.grants.WatchNewestRevocations(ctx, req.Msg.AfterSequence, int(min(req.Msg.Newest, grantstore.MaxFeedBatch)), func(m grantstore.FeedMessage) error {
+	err = c.s.grants.WatchNewestRevocations(ctx, view, req.Msg.AfterSequence, int(min(req.Msg.Newest, grantstore.MaxFeedBatch)), func(m grantstore.FeedMessage) error {
 		msg := &tetherv1.WatchRevocationsResponse{
 			Tombstones:   make([]*tetherv1.Tombstone, 0, len(m.Tombstones)),
 			HeadSequence: m.Head,
@@ -271,7 +290,8 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 				msg.Tombstones = append(msg.Tombstones, wire.Tombstone(t))
 			}
 		}
-		hidden := len(m.Tombstones) > 0 && len(msg.Tombstones) == 0 && !m.Snapshot
+		charge(len(m.Tombstones))
+		hidden := m.Skipped || len(m.Tombstones) > 0 && len(msg.Tombstones) == 0 && !m.Snapshot
 		if hidden && sent && m.ServerTime.Before(lastSent.Add(every)) {
 			return nil
 		}
@@ -284,18 +304,20 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	return toConnect(err)
 }
 
-// revocationFilter decides which tombstones the caller sees, and how.
-func (c *capabilityService) revocationFilter(ctx context.Context) (func(capability.Tombstone) (capability.Tombstone, bool), error) {
+// revocationFilter decides which tombstones the caller sees, and how: the
+// view of the feed it is walked (an agent's lineage's, or the whole feed),
+// and what of each tombstone of that view it is shown.
+func (c *capabilityService) revocationFilter(ctx context.Context) (grantstore.View, func(capability.Tombstone) (capability.Tombstone, bool), error) {
 	p, err := principalOf(ctx)
 	if err != nil {
-		return nil, err
+		return grantstore.View{}, nil, err
 	}
 	if !p.IsAgent() {
-		return func(t capability.Tombstone) (capability.Tombstone, bool) { return t, true }, nil
+		return grantstore.WholeFeed(), func(t capability.Tombstone) (capability.Tombstone, bool) { return t, true }, nil
 	}
 	node, err := c.s.tree.Get(ctx, p.NodeID())
 	if err != nil {
-		return nil, err
+		return grantstore.View{}, nil, err
 	}
 	lineage := node.NodeID
 	if len(node.Ancestors) > 0 {
@@ -305,7 +327,7 @@ func (c *capabilityService) revocationFilter(ctx context.Context) (func(capabili
 	for _, a := range node.Ancestors {
 		affects[a] = true
 	}
-	return func(t capability.Tombstone) (capability.Tombstone, bool) {
+	return grantstore.LineageFeed(lineage), func(t capability.Tombstone) (capability.Tombstone, bool) {
 		if t.Lineage == "" || t.Lineage != lineage {
 			return capability.Tombstone{}, false
 		}

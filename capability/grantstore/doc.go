@@ -104,7 +104,11 @@
 //
 // Each grant tombstone names the grant's holder and lineage (the root of
 // the holder's tree), so that the control plane can show an agent only its
-// own lineage's revocations.
+// own lineage's revocations. The feed in memory keeps each lineage's
+// tombstones apart too (View, LineageFeed): an agent's feed walks its
+// lineage's alone, whatever other trees have revoked, with the whole
+// feed's positions, heads and snapshots; a message that only moves the
+// head past other lineages' tombstones is marked Skipped.
 //
 // # Grants per node
 //

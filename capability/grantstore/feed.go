@@ -23,8 +23,14 @@ const MaxFeedBatch = 1000
 // rebuilt by RunFeed from a scan and kept current by a store watch, so
 // that any replica serving WatchRevocations has it.
 type feed struct {
-	mu        sync.Mutex
-	log       []capability.Tombstone // ascending Sequence
+	mu  sync.Mutex
+	log []capability.Tombstone // ascending Sequence
+	// lineages holds each lineage's tombstones apart (ascending Sequence;
+	// no entry for "" nor for a lineage without one), so that an agent's
+	// feed, which shows only its lineage's, walks only those: an agent
+	// opening its feed at 0 (or behind the compaction point) had every
+	// tree's live tombstones walked for it and filtered out.
+	lineages  map[string][]capability.Tombstone
 	head      uint64
 	compacted uint64
 	loaded    bool
@@ -35,7 +41,7 @@ type feed struct {
 }
 
 func newFeed() *feed {
-	return &feed{ready: make(chan struct{}), changed: make(chan struct{}), stopped: make(chan struct{})}
+	return &feed{ready: make(chan struct{}), changed: make(chan struct{}), stopped: make(chan struct{}), lineages: map[string][]capability.Tombstone{}}
 }
 
 func (f *feed) stop() { f.stopOnce.Do(func() { close(f.stopped) }) }
@@ -50,6 +56,12 @@ func (f *feed) reset(log []capability.Tombstone, head, compacted uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.log, f.head, f.compacted = log, head, compacted
+	f.lineages = map[string][]capability.Tombstone{}
+	for _, t := range log {
+		if t.Lineage != "" {
+			f.lineages[t.Lineage] = append(f.lineages[t.Lineage], t)
+		}
+	}
 	if !f.loaded {
 		f.loaded = true
 		close(f.ready)
@@ -60,78 +72,145 @@ func (f *feed) reset(log []capability.Tombstone, head, compacted uint64) {
 func (f *feed) add(t capability.Tombstone) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if n := len(f.log); n == 0 || f.log[n-1].Sequence < t.Sequence {
-		f.log = append(f.log, t)
-	} else {
-		i := sort.Search(n, func(i int) bool { return f.log[i].Sequence >= t.Sequence })
-		if i < n && f.log[i].Sequence == t.Sequence {
-			f.log[i] = t
-		} else {
-			f.log = slices.Insert(f.log, i, t)
-		}
+	if old, ok := put(&f.log, t); ok && old.Lineage != "" && old.Lineage != t.Lineage {
+		f.dropFromLineage(old.Lineage, t.Sequence)
+	}
+	if t.Lineage != "" {
+		l := f.lineages[t.Lineage]
+		put(&l, t)
+		f.lineages[t.Lineage] = l
 	}
 	f.head = max(f.head, t.Sequence)
 	f.notifyLocked()
 }
 
+// put puts t in log in its sequence's place, replacing (and returning) a
+// tombstone of the same sequence.
+func put(log *[]capability.Tombstone, t capability.Tombstone) (capability.Tombstone, bool) {
+	n := len(*log)
+	if n == 0 || (*log)[n-1].Sequence < t.Sequence {
+		*log = append(*log, t)
+		return capability.Tombstone{}, false
+	}
+	i := sort.Search(n, func(i int) bool { return (*log)[i].Sequence >= t.Sequence })
+	if i < n && (*log)[i].Sequence == t.Sequence {
+		old := (*log)[i]
+		(*log)[i] = t
+		return old, true
+	}
+	*log = slices.Insert(*log, i, t)
+	return capability.Tombstone{}, false
+}
+
+// take removes the tombstone of sequence seq from log, returning it.
+func take(log *[]capability.Tombstone, seq uint64) (capability.Tombstone, bool) {
+	i := sort.Search(len(*log), func(i int) bool { return (*log)[i].Sequence >= seq })
+	if i == len(*log) || (*log)[i].Sequence != seq {
+		return capability.Tombstone{}, false
+	}
+	t := (*log)[i]
+	// Pruning removes the oldest, so this is nearly always the front:
+	// re-slicing keeps it O(1).
+	if i == 0 {
+		*log = (*log)[1:]
+	} else {
+		*log = slices.Delete(*log, i, i+1)
+	}
+	return t, true
+}
+
+func (f *feed) dropFromLineage(lineage string, seq uint64) {
+	l := f.lineages[lineage]
+	take(&l, seq)
+	if len(l) == 0 {
+		delete(f.lineages, lineage)
+	} else {
+		f.lineages[lineage] = l
+	}
+}
+
+// entries is the log a follower walks: the whole feed's (all), or one
+// lineage's.
+func (f *feed) entries(v View) []capability.Tombstone {
+	if v.Whole() {
+		return f.log
+	}
+	return f.lineages[v.lineage]
+}
+
 func (f *feed) remove(seq uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	i := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence >= seq })
-	if i < len(f.log) && f.log[i].Sequence == seq {
-		// Pruning removes the oldest, so this is nearly always the front:
-		// re-slicing keeps it O(1).
-		if i == 0 {
-			f.log = f.log[1:]
-		} else {
-			f.log = slices.Delete(f.log, i, i+1)
-		}
+	if t, ok := take(&f.log, seq); ok && t.Lineage != "" {
+		f.dropFromLineage(t.Lineage, seq)
 	}
 	f.compacted = max(f.compacted, seq)
 	f.head = max(f.head, seq)
 	f.notifyLocked()
 }
 
-// read returns what a follower positioned after `after` needs next: up to
-// limit tombstones, whether they are a snapshot (the follower's position
-// was compacted away, or is ahead of this feed, so it must replace its
-// set), the position the follower reaches with them, and the feed head.
-func (f *feed) read(after uint64, limit int) (batch []capability.Tombstone, snapshot bool, reached, head uint64, changed <-chan struct{}) {
+// read returns what a follower of v positioned after `after` needs next:
+// up to limit of v's tombstones, whether they are a snapshot (the
+// follower's position was compacted away, or is ahead of this feed, so it
+// must replace its set), the position the follower reaches with them, and
+// the feed head. It walks v's tombstones only, a lineage's apart from the
+// others'; positions and heads are the whole feed's.
+func (f *feed) read(v View, after uint64, limit int) (batch []capability.Tombstone, snapshot bool, reached, head uint64, changed <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	start := after
 	if after < f.compacted || after > f.head {
 		snapshot, start = true, 0
 	}
-	i := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence > start })
-	end := min(len(f.log), i+limit)
-	batch = slices.Clone(f.log[i:end])
+	log := f.entries(v)
+	i := sort.Search(len(log), func(i int) bool { return log[i].Sequence > start })
+	end := min(len(log), i+limit)
+	batch = slices.Clone(log[i:end])
 	reached = f.head
-	if end < len(f.log) {
+	if end < len(log) {
 		reached = batch[len(batch)-1].Sequence
 	}
 	return batch, snapshot, reached, f.head, f.changed
 }
 
-// newest returns at most n of the newest tombstones after `after`, the
+// newest returns at most n of v's newest tombstones after `after`, the
 // feed head and the change channel: a follower that wants the recent feed
 // only (a display) starts there and reaches the head.
-func (f *feed) newest(after uint64, n int) (batch []capability.Tombstone, head uint64, changed <-chan struct{}) {
+func (f *feed) newest(v View, after uint64, n int) (batch []capability.Tombstone, head uint64, changed <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	i := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence > after })
-	i = max(i, len(f.log)-n)
-	return slices.Clone(f.log[i:]), f.head, f.changed
+	log := f.entries(v)
+	i := sort.Search(len(log), func(i int) bool { return log[i].Sequence > after })
+	i = max(i, len(log)-n)
+	return slices.Clone(log[i:]), f.head, f.changed
 }
 
-// before returns at most n of the newest tombstones with a sequence below
+// before returns at most n of v's newest tombstones with a sequence below
 // `before`, and the feed head.
-func (f *feed) before(before uint64, n int) (batch []capability.Tombstone, head uint64) {
+func (f *feed) before(v View, before uint64, n int) (batch []capability.Tombstone, head uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	end := sort.Search(len(f.log), func(i int) bool { return f.log[i].Sequence >= before })
-	return slices.Clone(f.log[max(0, end-n):end]), f.head
+	log := f.entries(v)
+	end := sort.Search(len(log), func(i int) bool { return log[i].Sequence >= before })
+	return slices.Clone(log[max(0, end-n):end]), f.head
 }
+
+// View names the tombstones a follower is sent: the whole feed's (All),
+// or one lineage's (Lineage), which are walked apart from the others'.
+type View struct {
+	lineage string
+	one     bool
+}
+
+// WholeFeed is the whole feed: an operator's, a tool server's.
+func WholeFeed() View { return View{} }
+
+// LineageFeed is the tombstones of the grants held in one tree (the root
+// node's id), as an agent is shown its own. A lineage "" has none.
+func LineageFeed(root string) View { return View{lineage: root, one: true} }
+
+// Whole says whether v is the whole feed.
+func (v View) Whole() bool { return !v.one }
 
 // RunFeed keeps the in-memory feed and tombstone set in step with the
 // stored feed until ctx ends: it establishes a store watch, scans, then
@@ -268,6 +347,11 @@ type FeedMessage struct {
 	// and the follower must replace its set with it (later messages of the
 	// same copy are ordinary additions).
 	Snapshot bool
+	// Skipped: the feed's head moved past tombstones the follower's view
+	// does not show (another lineage's), and the message carries none.
+	// The follower reaches Head all the same; a server may send it as its
+	// heartbeat only.
+	Skipped bool
 }
 
 // WatchRevocations sends the feed after sequence `after` to send, then
@@ -276,7 +360,7 @@ type FeedMessage struct {
 // ends (nil), send fails, or RunFeed stops (ErrStopped). See the package
 // documentation for the protocol.
 func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(FeedMessage) error) error {
-	return s.WatchNewestRevocations(ctx, after, 0, send)
+	return s.WatchNewestRevocations(ctx, WholeFeed(), after, 0, send)
 }
 
 // WatchNewestRevocations is WatchRevocations, but when newest is above 0
@@ -288,7 +372,11 @@ func (s *Service) WatchRevocations(ctx context.Context, after uint64, send func(
 // shows the newest; NewestBefore pages to the rest). The first message is never a
 // snapshot; a follower that keeps a set of tombstones (a verifier) must
 // not start this way.
-func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newest int, send func(FeedMessage) error) error {
+//
+// The tombstones sent are v's, a lineage's walked apart from the rest;
+// positions, heads and snapshots are the whole feed's, so a follower's
+// position is one whatever it is shown.
+func (s *Service) WatchNewestRevocations(ctx context.Context, v View, after uint64, newest int, send func(FeedMessage) error) error {
 	select {
 	case <-s.feed.ready:
 	case <-s.feed.stopped:
@@ -305,7 +393,7 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 	defer heartbeat.Stop()
 	position, first := after, true
 	if newest > 0 {
-		batch, head, _ := s.feed.newest(after, min(newest, MaxFeedBatch))
+		batch, head, _ := s.feed.newest(v, after, min(newest, MaxFeedBatch))
 		if err := send(FeedMessage{Tombstones: batch, Head: head, ServerTime: s.cfg.Clock.Now()}); err != nil {
 			return err
 		}
@@ -324,12 +412,15 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, after uint64, newe
 			// revocations committed between two of its reads) skips to the
 			// newest, as at its opening: else it was sent every tombstone
 			// of the flood, in order, before the operator's own behind it.
-			batch, reached, changed = s.feed.newest(position, min(newest, MaxFeedBatch))
+			batch, reached, changed = s.feed.newest(v, position, min(newest, MaxFeedBatch))
 		} else {
-			batch, snapshot, reached, _, changed = s.feed.read(position, MaxFeedBatch)
+			batch, snapshot, reached, _, changed = s.feed.read(v, position, MaxFeedBatch)
 		}
-		if len(batch) > 0 || snapshot || first {
-			err := send(FeedMessage{Tombstones: batch, Head: reached, ServerTime: s.cfg.Clock.Now(), Snapshot: snapshot})
+		// Another lineage's tombstones moved the head: the follower hears
+		// it (its server may hold it back to a heartbeat's pace).
+		skipped := len(batch) == 0 && !snapshot && !first && reached > position
+		if len(batch) > 0 || snapshot || first || skipped {
+			err := send(FeedMessage{Tombstones: batch, Head: reached, ServerTime: s.cfg.Clock.Now(), Snapshot: snapshot, Skipped: skipped})
 			if err != nil {
 				return err
 			}
@@ -397,7 +488,7 @@ func (s *Service) catchUp(ctx context.Context) error {
 // tombstones with a sequence below `before`, oldest first, and the feed's
 // head: the page of a display (WatchNewestRevocations) older than what it
 // shows.
-func (s *Service) NewestBefore(ctx context.Context, before uint64, n int) ([]capability.Tombstone, uint64, error) {
+func (s *Service) NewestBefore(ctx context.Context, v View, before uint64, n int) ([]capability.Tombstone, uint64, error) {
 	select {
 	case <-s.feed.ready:
 	case <-s.feed.stopped:
@@ -410,7 +501,7 @@ func (s *Service) NewestBefore(ctx context.Context, before uint64, n int) ([]cap
 	if err := s.catchUp(ctx); err != nil {
 		return nil, 0, err
 	}
-	batch, head := s.feed.before(before, min(n, MaxFeedBatch))
+	batch, head := s.feed.before(v, before, min(n, MaxFeedBatch))
 	return batch, head, nil
 }
 

@@ -19,6 +19,13 @@ import (
 // within the store's transaction limits.
 const bulkChunk = 500
 
+// MaxAlreadyRevokedListed bounds the grants a revocation's answer lists as
+// revoked already (RevokeResult.AlreadyRevoked): a sweep by issue time
+// finds every dead grant still kept, and a rogue revoking its own tree's
+// grants could otherwise grow an operator's answer past what it can be
+// sent.
+const MaxAlreadyRevokedListed = 1000
+
 // Target names what Revoke revokes; exactly one field is set.
 type Target struct {
 	GrantID string
@@ -30,10 +37,10 @@ type Target struct {
 	IssuedBefore time.Time
 	// Charge, when set, is told how many nodes and grants a
 	// HolderNodeID or SubtreeNodeID revocation read (the node or the
-	// whole subtree, and every grant each node holds, whatever it then
-	// revokes); an error refuses the revocation with it, before anything
-	// is written. The server charges the caller's rate budget, as for a
-	// listing (ListQuery.Charge).
+	// whole subtree, every grant each node holds and each other grant of
+	// their chains, whatever it then revokes); an error refuses the
+	// revocation with it, before anything is written. The server charges
+	// the caller's rate budget, as for a listing (ListQuery.Charge).
 	Charge func(read int) error
 }
 
@@ -47,6 +54,16 @@ type RevokeResult struct {
 	// feed head when nothing needed writing: a follower that has seen it
 	// rejects every targeted token.
 	Sequence uint64
+	// AlreadyRevoked are the grants the target named that were revoked
+	// already (directly, by someone else, or through an ancestor): the
+	// top ones, none of whose ancestors is listed, in id order, with
+	// those a racing revocation wrote between this call's decision and
+	// its write last. What the call covered without writing for it: an
+	// operator revoking a rogue's subtree just after the rogue revoked its
+	// own child's grants was told nothing of them. At most
+	// MaxAlreadyRevokedListed; AlreadyRevokedNotListed counts the rest.
+	AlreadyRevoked          []string
+	AlreadyRevokedNotListed int
 }
 
 // Revoke revokes a grant — and with it every grant derived from it — or,
@@ -88,49 +105,41 @@ func (s *Service) Revoke(ctx context.Context, caller Caller, target Target, reas
 		if err := checkID(id.Node, "holder_node_id", target.HolderNodeID); err != nil {
 			return RevokeResult{}, err
 		}
-		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, target.Charge, func(tx store.ReadTxn) ([]string, int, error) {
 			if err := s.revocableBy(tx, agentNode, isAgent, "holder_node_id", target.HolderNodeID); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
-			return target.charged(1)(heldIn(tx, []string{target.HolderNodeID}))
+			ids, err := heldIn(tx, []string{target.HolderNodeID})
+			return ids, 1, err
 		})
 	case target.SubtreeNodeID != "":
 		if err := checkID(id.Node, "subtree_node_id", target.SubtreeNodeID); err != nil {
 			return RevokeResult{}, err
 		}
-		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, target.Charge, func(tx store.ReadTxn) ([]string, int, error) {
 			if err := s.revocableBy(tx, agentNode, isAgent, "subtree_node_id", target.SubtreeNodeID); err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			nodes, err := s.cfg.Tree.SubtreeIn(tx, target.SubtreeNodeID)
 			if err != nil {
-				return nil, err
+				return nil, 0, err
 			}
 			ids := make([]string, len(nodes))
 			for i, n := range nodes {
 				ids[i] = n.NodeID
 			}
-			return target.charged(len(nodes))(heldIn(tx, ids))
+			held, err := heldIn(tx, ids)
+			return held, len(nodes), err
 		})
 	default:
 		if isAgent {
 			return RevokeResult{}, fmt.Errorf("%w: issued_before revokes grants of every tree; an agent revokes by grant_id, holder_node_id or subtree_node_id in its own subtree", ErrOperatorOnly)
 		}
 		before := target.IssuedBefore
-		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, func(tx store.ReadTxn) ([]string, error) {
-			return issuedBefore(tx, before)
+		return s.revokeMany(ctx, caller.Principal, caller.Roles, reason, nil, func(tx store.ReadTxn) ([]string, int, error) {
+			ids, err := issuedBefore(tx, before)
+			return ids, 0, err
 		})
-	}
-}
-
-// charged passes on the grants a revocation's collection found, once it
-// has told Charge of them and of the nodes it read.
-func (t Target) charged(nodes int) func(ids []string, err error) ([]string, error) {
-	return func(ids []string, err error) ([]string, error) {
-		if err != nil || t.Charge == nil {
-			return ids, err
-		}
-		return ids, t.Charge(nodes + len(ids))
 	}
 }
 
@@ -160,14 +169,14 @@ func (s *Service) revocableBy(tx store.ReadTxn, agentNode string, isAgent bool, 
 // grants, and asks only their Outcomes later instead of listing them again.
 func (s *Service) RevokeHeldBy(ctx context.Context, nodeIDs []string, by, reason string) ([]capability.HeldGrant, error) {
 	var held []capability.HeldGrant
-	_, err := s.revokeMany(ctx, by, []string{capability.RoleSecurity}, clipReason(reason), func(tx store.ReadTxn) ([]string, error) {
+	_, err := s.revokeMany(ctx, by, []string{capability.RoleSecurity}, clipReason(reason), nil, func(tx store.ReadTxn) ([]string, int, error) {
 		var err error
 		held, err = heldPairs(tx, nodeIDs)
 		ids := make([]string, len(held))
 		for i, h := range held {
 			ids[i] = h.GrantID
 		}
-		return ids, err
+		return ids, 0, err
 	})
 	return held, err
 }
@@ -283,7 +292,7 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 			return RevokeResult{}, err
 		}
 		if already {
-			return RevokeResult{Sequence: head}, nil
+			return RevokeResult{Sequence: head, AlreadyRevoked: []string{grantID}}, nil
 		}
 		stale := false
 		var seq uint64
@@ -320,19 +329,22 @@ func (s *Service) revokeGrant(ctx context.Context, caller Caller, grantID, reaso
 // and reason for every top grant) is made on one snapshot, before any
 // write, so a refusal changes nothing; the writes then go in chunks, each
 // re-checking its grants, since a revocation that races another is simply
-// already done.
-func (s *Service) revokeMany(ctx context.Context, principal string, roles []string, reason string, collect func(tx store.ReadTxn) ([]string, error)) (RevokeResult, error) {
+// already done. collect also says how many nodes it read; charge, when
+// set, is told those, the grants collected and the other grants of their
+// chains read, each once, before the decision.
+func (s *Service) revokeMany(ctx context.Context, principal string, roles []string, reason string, charge func(read int) error, collect func(tx store.ReadTxn) ([]string, int, error)) (RevokeResult, error) {
 	now := s.cfg.Clock.Now()
 	type planned struct {
 		revoked capability.Grant
 		raw     []byte
 	}
 	var (
-		plan []planned
-		head uint64
+		plan    []planned
+		head    uint64
+		already []string
 	)
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
-		ids, err := collect(tx)
+		ids, nodes, err := collect(tx)
 		if err != nil {
 			return err
 		}
@@ -351,16 +363,46 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		if err := prefetchGrants(tx, reads, chains); err != nil {
 			return err
 		}
+		if charge != nil {
+			// The chains' grants too: a grant's ancestors are read to
+			// decide whether it is still active, and a rogue whose
+			// grants each had ancestors of their own had those read for
+			// nothing (they are read once each, however many chains
+			// share them).
+			collected := make(map[string]bool, len(ids))
+			for _, id := range ids {
+				collected[id] = true
+			}
+			ancestors := map[string]bool{}
+			for _, a := range chains {
+				if !collected[a] {
+					ancestors[a] = true
+				}
+			}
+			if err := charge(nodes + len(ids) + len(ancestors)); err != nil {
+				return err
+			}
+		}
 		active := make(map[string]capability.Grant, len(ids))
+		revoked := map[string]capability.Grant{}
 		for _, grantID := range ids {
 			g, err := reads.indexed(grantID)
 			if err != nil {
 				return err
 			}
-			if effective(g, reads.grant, now).State == capability.StateActive {
+			switch effective(g, reads.grant, now).State {
+			case capability.StateActive:
 				active[grantID] = g
+			case capability.StateRevoked:
+				revoked[grantID] = g
 			}
 		}
+		for grantID, g := range revoked {
+			if !slices.ContainsFunc(g.Chain, func(a string) bool { _, ok := revoked[a]; return ok }) {
+				already = append(already, grantID)
+			}
+		}
+		slices.Sort(already)
 		if err := reads.failed(); err != nil {
 			return err
 		}
@@ -384,14 +426,14 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 	if err != nil {
 		return RevokeResult{}, err
 	}
-	result := RevokeResult{Sequence: head}
+	result := RevokeResult{Sequence: head, AlreadyRevoked: already}
 	for chunk := range slices.Chunk(plan, bulkChunk) {
 		var (
-			written []string
-			seq     uint64
+			written, raced []string
+			seq            uint64
 		)
 		err := s.cfg.Store.Update(ctx, func(tx store.Txn) error {
-			written, seq = written[:0], 0
+			written, raced, seq = written[:0], raced[:0], 0
 			planned := make([]capability.Grant, len(chunk))
 			for i, p := range chunk {
 				planned[i] = p.revoked
@@ -414,7 +456,11 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 					// Changed since the snapshot: most likely revoked by
 					// someone else, which is as good.
 					if revoked, err = capability.Revoke(g, principal, roles, reason, now); err != nil {
-						if errors.Is(err, capability.ErrGrantRevoked) || errors.Is(err, capability.ErrGrantExpired) {
+						if errors.Is(err, capability.ErrGrantRevoked) {
+							raced = append(raced, grantID)
+							continue
+						}
+						if errors.Is(err, capability.ErrGrantExpired) {
 							continue
 						}
 						return err
@@ -433,11 +479,15 @@ func (s *Service) revokeMany(ctx context.Context, principal string, roles []stri
 		if err != nil {
 			return result, err
 		}
+		result.AlreadyRevoked = append(result.AlreadyRevoked, raced...)
 		if len(written) > 0 {
 			result.GrantIDs = append(result.GrantIDs, written...)
 			result.Sequence = seq
 			s.wakeMarker()
 		}
+	}
+	if n := len(result.AlreadyRevoked); n > MaxAlreadyRevokedListed {
+		result.AlreadyRevoked, result.AlreadyRevokedNotListed = result.AlreadyRevoked[:MaxAlreadyRevokedListed], n-MaxAlreadyRevokedListed
 	}
 	return result, nil
 }

@@ -34,7 +34,7 @@ func TestADisplayFollowerBehindARevocationFloodSkipsToTheNewest(t *testing.T) {
 	delivered, opened := 0, false
 	watch, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	err := w.svc.WatchNewestRevocations(watch, 0, shown, func(m FeedMessage) error {
+	err := w.svc.WatchNewestRevocations(watch, WholeFeed(), 0, shown, func(m FeedMessage) error {
 		if !opened {
 			// The follower is busy with its opening while the rogue
 			// floods and then the operator revokes: it is behind.

@@ -131,6 +131,12 @@ its own subtree. One tombstone is written per top grant.`,
 				return err
 			}
 			w := cmd.OutOrStdout()
+			for _, id := range resp.Msg.AlreadyRevokedGrantIds {
+				fmt.Fprintf(w, "already revoked %s (tether grant show %s says by whom)\n", id, id)
+			}
+			if n := resp.Msg.AlreadyRevokedNotListed; n > 0 {
+				fmt.Fprintf(w, "and %d more grants already revoked, not listed\n", n)
+			}
 			if len(resp.Msg.RevokedGrantIds) == 0 {
 				fmt.Fprintf(w, "nothing to revoke: already revoked or expired (feed at sequence %d)\n", resp.Msg.Sequence)
 				return nil

@@ -716,9 +716,17 @@ type RevokeResponse struct {
 	// The grants a tombstone was written for (top grants only).
 	RevokedGrantIds []string `protobuf:"bytes,1,rep,name=revoked_grant_ids,json=revokedGrantIds,proto3" json:"revoked_grant_ids,omitempty"`
 	// The sequence of the last tombstone written.
-	Sequence      uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The grants the target named that were revoked already, by someone
+	// else or through an ancestor (top grants only, none of whose ancestors
+	// is listed): what the request covered but did not have to revoke. An
+	// operator revoking a rogue's subtree just after the rogue revoked its
+	// own child's grants is shown them here. At most 1,000, in id order;
+	// already_revoked_not_listed counts the rest.
+	AlreadyRevokedGrantIds  []string `protobuf:"bytes,3,rep,name=already_revoked_grant_ids,json=alreadyRevokedGrantIds,proto3" json:"already_revoked_grant_ids,omitempty"`
+	AlreadyRevokedNotListed uint32   `protobuf:"varint,4,opt,name=already_revoked_not_listed,json=alreadyRevokedNotListed,proto3" json:"already_revoked_not_listed,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *RevokeResponse) Reset() {
@@ -761,6 +769,20 @@ func (x *RevokeResponse) GetRevokedGrantIds() []string {
 func (x *RevokeResponse) GetSequence() uint64 {
 	if x != nil {
 		return x.Sequence
+	}
+	return 0
+}
+
+func (x *RevokeResponse) GetAlreadyRevokedGrantIds() []string {
+	if x != nil {
+		return x.AlreadyRevokedGrantIds
+	}
+	return nil
+}
+
+func (x *RevokeResponse) GetAlreadyRevokedNotListed() uint32 {
+	if x != nil {
+		return x.AlreadyRevokedNotListed
 	}
 	return 0
 }
@@ -1407,10 +1429,12 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\x0fsubtree_node_id\x18\x03 \x01(\tH\x00R\rsubtreeNodeId\x12A\n" +
 	"\rissued_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampH\x00R\fissuedBefore\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reasonB\b\n" +
-	"\x06target\"X\n" +
+	"\x06target\"\xd0\x01\n" +
 	"\x0eRevokeResponse\x12*\n" +
 	"\x11revoked_grant_ids\x18\x01 \x03(\tR\x0frevokedGrantIds\x12\x1a\n" +
-	"\bsequence\x18\x02 \x01(\x04R\bsequence\",\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x129\n" +
+	"\x19already_revoked_grant_ids\x18\x03 \x03(\tR\x16alreadyRevokedGrantIds\x12;\n" +
+	"\x1aalready_revoked_not_listed\x18\x04 \x01(\rR\x17alreadyRevokedNotListed\",\n" +
 	"\x0fGetGrantRequest\x12\x19\n" +
 	"\bgrant_id\x18\x01 \x01(\tR\agrantId\":\n" +
 	"\x10GetGrantResponse\x12&\n" +
