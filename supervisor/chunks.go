@@ -1648,20 +1648,25 @@ var errChildrenNeeded = errors.New("supervisor: the members' children are read f
 // childrenRead is what a record chunk knows of its members' children: the
 // members whose children were read (read) and a child of each the control
 // plane saw alive (alive), and, from the transaction, the members whose
-// children it needs (need).
+// children it needs (need). On the last round, inChunk is a live node of
+// the chunk below each node that has one, collected once per transaction.
 type childrenRead struct {
-	alive map[string]*tree.Node
-	read  map[string]bool
-	need  []string
-	last  bool
+	alive   map[string]*tree.Node
+	read    map[string]bool
+	need    []string
+	last    bool
+	inChunk map[string]*tree.Node
+	// steps counts the nodes and ancestors the last round looked at (a
+	// test reads it: the cost bound).
+	steps int
 }
 
 // aliveChild returns a descendant of n that the control plane sees
 // alive, for a member whose bare claim would be corroborated: from the
 // descendants read apart (childrenAlive), else from the chunk's nodes (on
-// the last round), else it notes n as needing its descendants read and
-// returns nil.
-func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node) *tree.Node {
+// the last round; all is their order), else it notes n as needing its
+// descendants read and returns nil.
+func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all []string) *tree.Node {
 	if !n.Holds.May(tree.HoldsChildren) {
 		return nil
 	}
@@ -1672,14 +1677,29 @@ func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node) *tr
 		c.need = append(c.need, n.NodeID)
 		return nil
 	}
-	for _, m := range nodes {
-		if slices.Contains(m.Ancestors, n.NodeID) {
-			if _, _, ok := tree.ChildAlive([]*tree.Node{m}); ok {
-				return m
+	if c.inChunk == nil {
+		// Once per transaction, not once per member that asks: each
+		// claiming member scanned the whole chunk until the thirty-second
+		// pass (members × nodes × depth steps).
+		c.inChunk = map[string]*tree.Node{}
+		for _, id := range all {
+			m := nodes[id]
+			c.steps++
+			if m == nil {
+				continue
+			}
+			if _, _, ok := tree.ChildAlive([]*tree.Node{m}); !ok {
+				continue
+			}
+			c.steps += len(m.Ancestors)
+			for _, a := range m.Ancestors {
+				if _, ok := c.inChunk[a]; !ok {
+					c.inChunk[a] = m
+				}
 			}
 		}
 	}
-	return nil
+	return c.inChunk[n.NodeID]
 }
 
 // recordNodesTxn is recordNodes' transaction.
@@ -1689,7 +1709,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 	return s.recordChunkReading(ctx, t, start, keys, scans, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		*terminated, *written = nil, nil
-		children.need = children.need[:0]
+		children.need, children.inChunk = children.need[:0], nil
 		// The entries as read before this transaction: an entry never
 		// changes once the mark wrote it, and the cursor (read here, and
 		// the same) says the chunk is still to do; reading them again
@@ -1730,7 +1750,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
 			return err
 		}
-		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) *tree.Node { return children.aliveChild(n, nodes) })
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) *tree.Node { return children.aliveChild(n, nodes, all) })
 		if err != nil {
 			return err
 		}
