@@ -2049,13 +2049,16 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		n := nodes[e.Node]
 		switch {
 		case e.member() && n.TerminationID == t.ID:
-			var children []*tree.Node
+			var beside tree.Beside
 			if tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID]).ConfirmedBy == tree.ConfirmedByControlPlane {
+				if beside.OpenCall, err = openCallOf(tx, n); err != nil {
+					return nil, 0, err
+				}
 				if c := aliveChild(n); c != nil {
-					children = []*tree.Node{c}
+					beside.Descendants = []*tree.Node{c}
 				}
 			}
-			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID], children)
+			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID], beside)
 			if e.Reach == ReachTakeOver {
 				rn.InnerTerminationID = e.Other
 				rn.InnerOutcome = InnerOutcomeTakenOverDraining
@@ -2104,6 +2107,23 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		part.Privileges = append(part.Privileges, registeredPrivilege(p))
 	}
 	return part, unaccounted, nil
+}
+
+// openCallOf reads a call of n still open (in flight, or its cancel not
+// acknowledged), if any, for a member whose bare claim of its exit would
+// be corroborated: its tool may still be at work for the node
+// (tree.JudgeExitBeside). The record closes such calls
+// cancel_unacknowledged after its nodes, so they are open here. One
+// read of the node's open calls, only when it may have some.
+func openCallOf(tx store.ReadTxn, n *tree.Node) (*tree.CallInFlight, error) {
+	if !n.Holds.May(tree.HoldsCalls) {
+		return nil, nil
+	}
+	c, err := ledger.FirstOpenCallIn(tx, n.NodeID)
+	if err != nil || c == nil {
+		return nil, err
+	}
+	return &tree.CallInFlight{CallID: c.CallID, Tool: c.Tool, GateID: c.GateID, BegunAt: c.BegunAt}, nil
 }
 
 // childrenAlive reads the descendants of parents (members whose bare

@@ -47,7 +47,8 @@
 // confirmation counts only when the control plane's own evidence agrees,
 // and a bare claim only while no descendant of the node (a child, whose
 // credential it was issued, or one spawned below with such a credential)
-// has a session or stream open.
+// has a session or stream open, nor while a tool call of the node is still
+// open at the record.
 //
 // Callers' duties:
 //   - Run the reconciler (Supervisor.Run) and the record outbox

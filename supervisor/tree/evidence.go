@@ -469,7 +469,7 @@ func isClaim(c ExitConfirmation, inStopped func(nodeID string) bool) bool {
 // evidence. liveGrants are grants the node held that are neither revoked
 // nor expired.
 func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string) ExitVerdict {
-	return JudgeExitBeside(n, inStopped, liveGrants, nil)
+	return JudgeExitBeside(n, inStopped, liveGrants, Beside{})
 }
 
 // ChildAlive returns a child among children (nodes the node spawned) that
@@ -487,8 +487,27 @@ func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
 	return nil, OpenSession{}, false
 }
 
-// JudgeExitBeside is JudgeExit with the node's descendants as read now
-// (children: those read, a child or a deeper descendant): the node was
+// Beside is what the record reads, beside the node itself, of what may
+// still be at work for a node whose bare claim of its exit would be
+// corroborated (JudgeExitBeside).
+type Beside struct {
+	// Descendants: those read, a child or a deeper descendant.
+	Descendants []*Node
+	// OpenCall: a tool call of the node still open (in flight, or its
+	// cancel not acknowledged) as the record is written, if any.
+	OpenCall *CallInFlight
+}
+
+// CallInFlight is a tool call of a node still open at the record: its
+// gate never ended it nor acknowledged its cancel.
+type CallInFlight struct {
+	CallID, Tool, GateID string
+	BegunAt              time.Time
+}
+
+// JudgeExitBeside is JudgeExit with what is beside the node as read now:
+// its descendants (beside.Descendants), and a call of its still open
+// (beside.OpenCall). The node was
 // issued each child's credential at its spawn (the Spawn's answer), and
 // with it may spawn below and take each grandchild's, so what the control
 // plane sees of a descendant's credential may be the node at work under
@@ -498,8 +517,14 @@ func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
 // its exit and lived on through its child's revocation feed read confirmed
 // by the control plane, the life put on its child alone (thirtieth pass);
 // one that lived on as its grandchild, until the thirty-first.
-// Not settled: the child's end may come before the record.
-func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, children []*Node) ExitVerdict {
+// Not settled: the child's end may come before the record. Nor is a bare
+// claim corroborated while a call of the node is still open at the
+// record: its tool may still be at work for the node, and a rogue that
+// began a long call, ended its session and claimed its exit read
+// confirmed, its call listed cancel_unacknowledged beside it, until the
+// thirty-second pass.
+func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, beside Beside) ExitVerdict {
+	children := beside.Descendants
 	var v ExitVerdict
 	var attestation *ExitConfirmation
 	for _, c := range confirmationsOf(n) {
@@ -535,6 +560,10 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
+	case beside.OpenCall != nil:
+		c := beside.OpenCall
+		v.UnaccountedReason = fmt.Sprintf("only a claim by %s: its tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel, and the tool may still be at work for the node",
+			v.ClaimedBy, c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
 	case childAlive(n, children) != "":
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + childAlive(n, children)
 	case SeenAfterSessionEnd(n):
