@@ -101,3 +101,101 @@ func TestRogue32BACallStillInFlightAtTheRecordIsNotAnExit(t *testing.T) {
 		})
 	}
 }
+
+// TestRogue32BAnAncestorsAttestationIsWeighedAgainstWhatIsStillAtWork: a
+// rogue parent, running outside the stop, was issued its child's
+// credential at the child's spawn, and with it spawns a grandchild. An
+// operator stops the child's subtree; the parent attests the child's exit
+// (an ancestor outside the workload: an attestation, not a claim) while
+// the grandchild's revocation feed stays open through the record, or
+// while a call of the child is still in flight at its gate. An
+// attestation was taken whole: the record read the child CONFIRMED by the
+// parent, though the parent — holding the child's and the grandchild's
+// credentials — cannot see whether the child lives on as its descendant
+// or through its call, any more than a bare claim can. An agent's
+// attestation is now weighed as a bare claim is against the node's live
+// descendants and its open call: the child reads unaccounted, naming what
+// is still at work. Guard: with neither, the attestation confirms the
+// exit as before.
+func TestRogue32BAnAncestorsAttestationIsWeighedAgainstWhatIsStillAtWork(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the tests that start a server per case; make test and CI run them.")
+	}
+	for _, tc := range []struct {
+		name     string
+		feedOpen bool
+		callOpen bool
+		want     tetherv1.NodeOutcome
+	}{
+		{"the grandchild's feed held open through the record", true, false, tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED},
+		{"a call of the child never acknowledged", false, true, tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED},
+		{"nothing at work", false, false, tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			clk := clock.NewManual(epoch)
+			srv := testserver.Start(t, testserver.WithClock(clk))
+			admin := srv.AdminClients()
+			parent := register(t, admin, "rogue")
+			child := spawn(t, srv.Clients(parent.Credential), parent.Node.NodeId, "child")
+			// The rogue spawns below its child, as its child.
+			grandchild := spawn(t, srv.Clients(child.Credential), child.Node.NodeId, "grandchild")
+			var callID string
+			if tc.callOpen {
+				gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+				issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: child.Node.NodeId, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				callID = begun.Msg.Call.CallId
+			}
+			if tc.feedOpen {
+				fctx, fcancel := context.WithCancel(ctx)
+				defer fcancel()
+				feed, err := srv.Clients(grandchild.Credential).Capability.WatchRevocations(fctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer feed.Close()
+				if !feed.Receive() {
+					t.Fatalf("the grandchild's feed: %v", feed.Err())
+				}
+			}
+			clk.Advance(time.Minute)
+			term := terminate(t, admin, child.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second, time.Minute)
+			if _, err := srv.Clients(parent.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: child.Node.NodeId, Reason: "it exited, I watched it"})); err != nil {
+				t.Fatal(err)
+			}
+			if tc.callOpen {
+				testserver.WaitFor(t, 20*time.Second, "the cancel order", func() bool {
+					got := getTermination(t, admin, term.TerminationId)
+					return got.State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && got.Progress.GetAcksPending() == 1
+				})
+				clk.Advance(6 * time.Second)
+			}
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+			clk.Advance(2 * time.Minute)
+			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+			rec := record(t, admin, term.TerminationId)
+			rn := recordNode(t, rec, child.Node.NodeId)
+			if rn.Outcome != tc.want {
+				t.Fatalf("record: the child %s (confirmed by %q, claimed by %q, reason %q), want %s",
+					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason, tc.want)
+			}
+			attested := "agent:" + parent.Node.NodeId + " (ancestor)"
+			switch {
+			case tc.feedOpen && !strings.Contains(rn.UnaccountedReason, grandchild.Node.NodeId),
+				tc.callOpen && !strings.Contains(rn.UnaccountedReason, callID):
+				t.Fatalf("record: the child unaccounted for %q, want what is still at work named", rn.UnaccountedReason)
+			case tc.want == tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED && !strings.Contains(rn.UnaccountedReason, attested):
+				t.Fatalf("record: the child unaccounted for %q, want the attestation by %s named", rn.UnaccountedReason, attested)
+			case tc.want == tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED && rn.ConfirmedBy != attested:
+				t.Fatalf("record: the child confirmed by %q, want %s", rn.ConfirmedBy, attested)
+			}
+		})
+	}
+}

@@ -2050,7 +2050,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 		switch {
 		case e.member() && n.TerminationID == t.ID:
 			var beside tree.Beside
-			if tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID]).ConfirmedBy == tree.ConfirmedByControlPlane {
+			if tree.WeighedBeside(tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID])) {
 				if beside.OpenCall, err = openCallOf(tx, n); err != nil {
 					return nil, 0, err
 				}

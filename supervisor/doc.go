@@ -48,7 +48,8 @@
 // and a bare claim only while no descendant of the node (a child, whose
 // credential it was issued, or one spawned below with such a credential)
 // has a session or stream open, nor while a tool call of the node is still
-// open at the record.
+// open at the record; an agent's attestation (an ancestor outside the
+// workload) is weighed against both as a bare claim is.
 //
 // Callers' duties:
 //   - Run the reconciler (Supervisor.Run) and the record outbox

@@ -522,18 +522,28 @@ type CallInFlight struct {
 // record: its tool may still be at work for the node, and a rogue that
 // began a long call, ended its session and claimed its exit read
 // confirmed, its call listed cancel_unacknowledged beside it, until the
-// thirty-second pass.
+// thirty-second pass. An agent's attestation (an ancestor outside the
+// workload) is weighed against both as a bare claim is, unless a launcher
+// attested too: the ancestor holds the node's credential and its
+// descendants', and its word that the node exited, while a descendant or
+// a call of the node was at work, read confirmed until the thirty-second
+// pass. A launcher's attestation is not weighed against either: it
+// watched the process end, from outside.
 func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, beside Beside) ExitVerdict {
-	children := beside.Descendants
 	var v ExitVerdict
-	var attestation *ExitConfirmation
+	var attestation, launcher *ExitConfirmation
 	for _, c := range confirmationsOf(n) {
 		if isClaim(c, inStopped) {
 			if v.ClaimedBy == "" {
 				v.ClaimedBy, v.ClaimedAt = c.By+" ("+c.Kind+")", c.At
 			}
-		} else if attestation == nil {
+			continue
+		}
+		if attestation == nil {
 			attestation = &c
+		}
+		if launcher == nil && c.Kind == ConfirmedByLauncher {
+			launcher = &c
 		}
 	}
 	switch {
@@ -557,15 +567,19 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 			v.UnaccountedReason += fmt.Sprintf(" and %d more", len(liveGrants)-8)
 		}
 		v.Settled = true
+	case attestation != nil && launcher == nil && atWork(n, beside) != "":
+		// Only agents' attestations (an ancestor outside the workload):
+		// the ancestor holds the node's credential and its descendants',
+		// and cannot see whether the node lives on as one of them or
+		// through its call, any more than a bare claim can (the
+		// thirty-second pass: it was taken whole). A launcher watched the
+		// process end, from outside.
+		v.UnaccountedReason = "only an attestation by " + attestation.By + " (" + attestation.Kind + "), an agent's word: " + atWork(n, beside)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
-	case beside.OpenCall != nil:
-		c := beside.OpenCall
-		v.UnaccountedReason = fmt.Sprintf("only a claim by %s: its tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel, and the tool may still be at work for the node",
-			v.ClaimedBy, c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
-	case childAlive(n, children) != "":
-		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + childAlive(n, children)
+	case atWork(n, beside) != "":
+		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + atWork(n, beside)
 	case SeenAfterSessionEnd(n):
 		// A session's end witnesses the process's only when it was the
 		// last the control plane saw of the node: a node that heartbeat
@@ -592,6 +606,24 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": the control plane never saw the node's session end"
 	}
 	return v
+}
+
+// WeighedBeside says whether a verdict of JudgeExit rests on a word that
+// JudgeExitBeside weighs against what is beside the node (Beside): a bare
+// claim the control plane corroborated, or an agent's attestation (an
+// ancestor outside the workload). A launcher's attestation is not weighed.
+func WeighedBeside(v ExitVerdict) bool {
+	return v.Confirmed && (v.ConfirmedBy == ConfirmedByControlPlane || strings.HasSuffix(v.ConfirmedBy, "("+ConfirmedByAncestor+")"))
+}
+
+// atWork words what beside n may still be at work for it — a call of its
+// still open, a descendant alive — or is empty.
+func atWork(n *Node, beside Beside) string {
+	if c := beside.OpenCall; c != nil {
+		return fmt.Sprintf("its tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel, and the tool may still be at work for the node",
+			c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
+	}
+	return childAlive(n, beside.Descendants)
 }
 
 // childAlive words why a bare claim of n's exit is not corroborated by
