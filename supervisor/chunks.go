@@ -1617,7 +1617,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	// The children of the members whose bare claim the control plane
 	// would corroborate, read apart (childrenAlive) when the transaction
 	// finds such members whose children it has not been given.
-	children := childrenRead{alive: map[string]*tree.Node{}, read: map[string]bool{}}
+	children := childrenRead{alive: map[string]aliveBelow{}, read: map[string]bool{}}
 	for round := 0; ; round++ {
 		children.need, children.last = nil, round >= maxChildrenRounds
 		err = s.recordNodesTxn(ctx, t, start, p, now, budget, keys, scans, entries, all, grants, leases, fetched, &children, &attempts, &terminated, &written, &recordUnaccounted)
@@ -1651,7 +1651,7 @@ var errChildrenNeeded = errors.New("supervisor: the members' children are read f
 // children it needs (need). On the last round, inChunk is a live node of
 // the chunk below each node that has one, collected once per transaction.
 type childrenRead struct {
-	alive   map[string]*tree.Node
+	alive   map[string]aliveBelow
 	read    map[string]bool
 	need    []string
 	last    bool
@@ -1666,16 +1666,16 @@ type childrenRead struct {
 // descendants read apart (childrenAlive), else from the chunk's nodes (on
 // the last round; all is their order), else it notes n as needing its
 // descendants read and returns nil.
-func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all []string) *tree.Node {
+func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all []string) aliveBelow {
 	if !n.Holds.May(tree.HoldsChildren) {
-		return nil
+		return aliveBelow{}
 	}
 	if c.read[n.NodeID] {
 		return c.alive[n.NodeID]
 	}
 	if !c.last {
 		c.need = append(c.need, n.NodeID)
-		return nil
+		return aliveBelow{}
 	}
 	if c.inChunk == nil {
 		// Once per transaction, not once per member that asks: each
@@ -1699,8 +1699,27 @@ func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all
 			}
 		}
 	}
-	return c.inChunk[n.NodeID]
+	return aliveBelow{node: c.inChunk[n.NodeID]}
 }
+
+// aliveBelow is what a record found at work below a member: a descendant
+// with a session or a stream open (node), or else a descendant's call
+// still open (call), or neither.
+type aliveBelow struct {
+	node *tree.Node
+	call *tree.CallInFlight
+}
+
+// beside is what was found, as tree.JudgeExitBeside weighs it.
+func (a aliveBelow) beside(b tree.Beside) tree.Beside {
+	if a.node != nil {
+		b.Descendants = []*tree.Node{a.node}
+	}
+	b.DescendantCall = a.call
+	return b
+}
+
+func (a aliveBelow) found() bool { return a.node != nil || a.call != nil }
 
 // recordNodesTxn is recordNodes' transaction.
 func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bool, p Progress, now time.Time, budget int, keys [][]byte, scans []store.ScanFrom,
@@ -1750,7 +1769,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
 			return err
 		}
-		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) *tree.Node { return children.aliveChild(n, nodes, all) })
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) aliveBelow { return children.aliveChild(n, nodes, all) })
 		if err != nil {
 			return err
 		}
@@ -2015,7 +2034,7 @@ func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time, stoppedAge
 // aliveChild returns a child of a member the control plane sees alive
 // (childrenRead.aliveChild), asked only of a member whose bare claim of
 // its exit would be corroborated, which the child then is not.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease, aliveChild func(n *tree.Node) *tree.Node) (*ReconciliationRecord, int, error) {
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease, aliveChild func(n *tree.Node) aliveBelow) (*ReconciliationRecord, int, error) {
 	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
@@ -2054,9 +2073,7 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 				if beside.OpenCall, err = openCallOf(tx, n); err != nil {
 					return nil, 0, err
 				}
-				if c := aliveChild(n); c != nil {
-					beside.Descendants = []*tree.Node{c}
-				}
+				beside = aliveChild(n).beside(beside)
 			}
 			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID], beside)
 			if e.Reach == ReachTakeOver {
@@ -2123,7 +2140,7 @@ func openCallOf(tx store.ReadTxn, n *tree.Node) (*tree.CallInFlight, error) {
 	if err != nil || c == nil {
 		return nil, err
 	}
-	return &tree.CallInFlight{CallID: c.CallID, Tool: c.Tool, GateID: c.GateID, BegunAt: c.BegunAt}, nil
+	return &tree.CallInFlight{CallID: c.CallID, Tool: c.Tool, GateID: c.GateID, BegunAt: c.BegunAt, NodeID: n.NodeID, ParentNodeID: n.ParentNodeID}, nil
 }
 
 // childrenAlive reads the descendants of parents (members whose bare
@@ -2141,10 +2158,10 @@ func openCallOf(tx store.ReadTxn, n *tree.Node) (*tree.CallInFlight, error) {
 // descendant whose session or stream ends between the two still weighs
 // against its ancestors, the safe way.
 func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *childrenRead) error {
-	found := map[string]*tree.Node{}
+	found := map[string]aliveBelow{}
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		clear(found)
-		below := map[string]*tree.Node{}
+		below := map[string]aliveBelow{}
 		for _, m := range parents {
 			d, err := aliveBelowIn(tx, m, below)
 			if err != nil {
@@ -2159,7 +2176,7 @@ func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *chi
 	}
 	for m, d := range found {
 		c.read[m] = true
-		if d != nil {
+		if d.found() {
 			c.alive[m] = d
 		}
 	}
@@ -2168,11 +2185,15 @@ func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *chi
 
 // aliveBelowIn reads parent's descendants, children first, a page of
 // children at a time, up to the first the control plane sees alive
-// (tree.ChildAlive), and returns it, or nil. below keeps what it found for
-// each node it walked (nil: nothing alive below), so that a walk reads a
-// node's subtree once however many of its ancestors ask. A node that never
-// held a child (tree.HoldsChildren) is not scanned for children.
-func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]*tree.Node) (*tree.Node, error) {
+// (tree.ChildAlive), and returns it; failing that, a page's first child
+// with a call still open (a call of a descendant is work done with a
+// credential parent may hold, as a session of it is: thirty-second
+// pass); or neither. below keeps what it found for each node it walked
+// (neither: nothing at work below), so that a walk reads a node's subtree
+// once however many of its ancestors ask. A node that never held a child
+// (tree.HoldsChildren) is not scanned for children, nor one that never
+// held a call (tree.HoldsCalls) for calls.
+func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]aliveBelow) (aliveBelow, error) {
 	if d, ok := below[parent]; ok {
 		return d, nil
 	}
@@ -2182,44 +2203,68 @@ func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]*tree.Node) 
 		ids = append(ids, string(k[len(prefix):]))
 		return nil
 	}); err != nil {
-		return nil, err
+		return aliveBelow{}, err
 	}
 	const page = 1024
 	var parents []string
 	for start := 0; start < len(ids); start += page {
 		batch := ids[start:min(start+page, len(ids))]
 		if err := store.Prefetch(tx, store.KeysOf(batch, tree.NodeKey), nil); err != nil {
-			return nil, err
+			return aliveBelow{}, err
 		}
+		var callers []*tree.Node
 		for _, id := range batch {
 			c, err := tree.GetNodeIn(tx, id)
 			if errors.Is(err, tree.ErrNodeNotFound) {
 				continue
 			}
 			if err != nil {
-				return nil, err
+				return aliveBelow{}, err
 			}
 			if _, _, ok := tree.ChildAlive([]*tree.Node{c}); ok {
-				below[parent] = c
-				return c, nil
+				below[parent] = aliveBelow{node: c}
+				return below[parent], nil
 			}
 			if c.Holds.May(tree.HoldsChildren) {
 				parents = append(parents, id)
+			}
+			if c.State != tree.NodeStateTerminated && c.Holds.May(tree.HoldsCalls) {
+				callers = append(callers, c)
+			}
+		}
+		if len(callers) == 0 {
+			continue
+		}
+		prefixes := make([][]byte, len(callers))
+		for i, c := range callers {
+			prefixes[i] = ledger.OpenCallPrefix(c.NodeID)
+		}
+		if err := store.Prefetch(tx, nil, prefixes); err != nil {
+			return aliveBelow{}, err
+		}
+		for _, c := range callers {
+			call, err := openCallOf(tx, c)
+			if err != nil {
+				return aliveBelow{}, err
+			}
+			if call != nil {
+				below[parent] = aliveBelow{call: call}
+				return below[parent], nil
 			}
 		}
 	}
 	for _, id := range parents {
 		d, err := aliveBelowIn(tx, id, below)
 		if err != nil {
-			return nil, err
+			return aliveBelow{}, err
 		}
-		if d != nil {
+		if d.found() {
 			below[parent] = d
 			return d, nil
 		}
 	}
-	below[parent] = nil
-	return nil, nil
+	below[parent] = aliveBelow{}
+	return aliveBelow{}, nil
 }
 
 // membersPrivileges reads the privileges of a chunk's members (the n

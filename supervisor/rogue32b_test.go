@@ -43,12 +43,12 @@ func TestRogue32BLastRoundWeighsAChunkOnceNotOncePerClaimer(t *testing.T) {
 	for _, n := range nodes {
 		bound += 1 + len(n.Ancestors)
 	}
-	c := childrenRead{alive: map[string]*tree.Node{}, read: map[string]bool{}, last: true}
-	if d := c.aliveChild(root, nodes, all); d == nil {
+	c := childrenRead{alive: map[string]aliveBelow{}, read: map[string]bool{}, last: true}
+	if d := c.aliveChild(root, nodes, all).node; d == nil {
 		t.Fatal("the root found no live descendant, want one of the connected grandchildren")
 	}
 	for i, p := range parents {
-		d := c.aliveChild(p, nodes, all)
+		d := c.aliveChild(p, nodes, all).node
 		want := ""
 		if i%2 == 0 {
 			want = fmt.Sprintf("n_c%03d", i)

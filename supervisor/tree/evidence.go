@@ -496,6 +496,9 @@ type Beside struct {
 	// OpenCall: a tool call of the node still open (in flight, or its
 	// cancel not acknowledged) as the record is written, if any.
 	OpenCall *CallInFlight
+	// DescendantCall: a tool call of a descendant still open, if any
+	// (read when no descendant's session or stream is).
+	DescendantCall *CallInFlight
 }
 
 // CallInFlight is a tool call of a node still open at the record: its
@@ -503,6 +506,8 @@ type Beside struct {
 type CallInFlight struct {
 	CallID, Tool, GateID string
 	BegunAt              time.Time
+	// The node the call is recorded against, and its parent.
+	NodeID, ParentNodeID string
 }
 
 // JudgeExitBeside is JudgeExit with what is beside the node as read now:
@@ -623,7 +628,21 @@ func atWork(n *Node, beside Beside) string {
 		return fmt.Sprintf("its tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel, and the tool may still be at work for the node",
 			c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
 	}
-	return childAlive(n, beside.Descendants)
+	if w := childAlive(n, beside.Descendants); w != "" {
+		return w
+	}
+	c := beside.DescendantCall
+	if c == nil {
+		return ""
+	}
+	call := fmt.Sprintf("tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel",
+		c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
+	if c.ParentNodeID != n.NodeID {
+		return fmt.Sprintf("the %s of its descendant %s (spawned under %s), made with a credential this node may hold: it was issued its child's credential at that child's spawn, and with it may spawn below and take each credential the spawn issues; the control plane cannot tell the descendant's activity from this node's",
+			call, c.NodeID, c.ParentNodeID)
+	}
+	return fmt.Sprintf("the %s of its child %s, made with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
+		call, c.NodeID)
 }
 
 // childAlive words why a bare claim of n's exit is not corroborated by
