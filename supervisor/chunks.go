@@ -1638,7 +1638,8 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 // maxChildrenRounds bounds the rounds of a record's chunk that read
 // members' children apart (a member's claim corroborated between two
 // rounds asks for another); the last weighs a member whose children were
-// not read against the children in the chunk only.
+// not read against the nodes in the chunk only, and one with none at work
+// there as unread (tree.Beside.DescendantsUnread): not corroborated.
 const maxChildrenRounds = 3
 
 // errChildrenNeeded ends a record chunk's transaction, committing
@@ -1664,8 +1665,9 @@ type childrenRead struct {
 // aliveChild returns a descendant of n that the control plane sees
 // alive, for a member whose bare claim would be corroborated: from the
 // descendants read apart (childrenAlive), else from the chunk's nodes (on
-// the last round; all is their order), else it notes n as needing its
-// descendants read and returns nil.
+// the last round; all is their order; none there: its descendants
+// unread), else it notes n as needing its descendants read and returns
+// nothing.
 func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all []string) aliveBelow {
 	if !n.Holds.May(tree.HoldsChildren) {
 		return aliveBelow{}
@@ -1699,15 +1701,22 @@ func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all
 			}
 		}
 	}
-	return aliveBelow{node: c.inChunk[n.NodeID]}
+	if d := c.inChunk[n.NodeID]; d != nil {
+		return aliveBelow{node: d}
+	}
+	// Not read, and nothing at work among the chunk's nodes: one outside
+	// the chunk may be (until the thirty-second pass, the member's claim
+	// read corroborated).
+	return aliveBelow{unread: true}
 }
 
 // aliveBelow is what a record found at work below a member: a descendant
 // with a session or a stream open (node), or else a descendant's call
 // still open (call), or neither.
 type aliveBelow struct {
-	node *tree.Node
-	call *tree.CallInFlight
+	node   *tree.Node
+	call   *tree.CallInFlight
+	unread bool
 }
 
 // beside is what was found, as tree.JudgeExitBeside weighs it.
@@ -1715,7 +1724,7 @@ func (a aliveBelow) beside(b tree.Beside) tree.Beside {
 	if a.node != nil {
 		b.Descendants = []*tree.Node{a.node}
 	}
-	b.DescendantCall = a.call
+	b.DescendantCall, b.DescendantsUnread = a.call, a.unread
 	return b
 }
 

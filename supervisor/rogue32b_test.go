@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +68,42 @@ func TestRogue32BLastRoundWeighsAChunkOnceNotOncePerClaimer(t *testing.T) {
 	if c.steps > bound {
 		t.Fatalf("the last round took %d steps for %d claimers in a chunk of %d nodes, want at most %d (each node and its ancestors once)",
 			c.steps, width+1, len(nodes), bound)
+	}
+}
+
+// TestRogue32BAClaimPastTheRecordsRoundsIsNotCorroboratedUnread: a
+// member whose bare claim came to be corroborated while its record chunk
+// was being written, past the rounds that read members' descendants apart
+// (maxChildrenRounds: a rogue subtree claiming member after member as the
+// rounds run), is weighed on the last round against the chunk's own nodes
+// only. A descendant of it at work outside the chunk — a grandchild in
+// another chunk, its feed open — went unseen, and the member's claim read
+// CONFIRMED by the control plane. Its descendants unread, it is now not
+// corroborated. Guard: a live descendant in the chunk is still named.
+func TestRogue32BAClaimPastTheRecordsRoundsIsNotCorroboratedUnread(t *testing.T) {
+	at := time.Unix(1_700_000_000, 0)
+	member := &tree.Node{NodeID: "n_member", Holds: tree.HoldsTracked | tree.HoldsChildren,
+		SessionClosedAt: at, SessionClosedSeq: 1, LastSeenAt: at.Add(-time.Second),
+		ExitConfirmations: []tree.ExitConfirmation{{By: "agent:n_member", Kind: tree.ConfirmedBySelf, At: at.Add(time.Second)}}}
+	inStopped := func(string) bool { return true }
+	if v := tree.JudgeExit(member, inStopped, nil); !tree.WeighedBeside(v) {
+		t.Fatalf("the member's claim alone reads %+v, want corroborated by the control plane", v)
+	}
+	// The chunk: the member and a child of its that is not at work; the
+	// grandchild at work is in another chunk.
+	child := &tree.Node{NodeID: "n_child", ParentNodeID: member.NodeID, Ancestors: []string{member.NodeID}, Holds: tree.HoldsTracked | tree.HoldsChildren}
+	nodes := map[string]*tree.Node{member.NodeID: member, child.NodeID: child}
+	all := []string{member.NodeID, child.NodeID}
+	c := childrenRead{alive: map[string]aliveBelow{}, read: map[string]bool{}, last: true}
+	v := tree.JudgeExitBeside(member, inStopped, nil, c.aliveChild(member, nodes, all).beside(tree.Beside{}))
+	if v.Confirmed || !strings.Contains(v.UnaccountedReason, "not read") {
+		t.Fatalf("the member, its descendants unread on the last round: %+v, want unaccounted, saying they were not read", v)
+	}
+	// Guard: one at work in the chunk is named.
+	child.OpenSessions = []tree.OpenSession{{SessionID: "s_child", OpenedAt: at}}
+	c = childrenRead{alive: map[string]aliveBelow{}, read: map[string]bool{}, last: true}
+	v = tree.JudgeExitBeside(member, inStopped, nil, c.aliveChild(member, nodes, all).beside(tree.Beside{}))
+	if v.Confirmed || !strings.Contains(v.UnaccountedReason, child.NodeID) {
+		t.Fatalf("the member, its child at work in the chunk: %+v, want unaccounted naming %s", v, child.NodeID)
 	}
 }

@@ -499,6 +499,11 @@ type Beside struct {
 	// DescendantCall: a tool call of a descendant still open, if any
 	// (read when no descendant's session or stream is).
 	DescendantCall *CallInFlight
+	// DescendantsUnread: the descendants were not read, none of them
+	// found at work among what was (a claim corroborated while its record
+	// was being written, past the rounds that read them): the control
+	// plane cannot say none is at work.
+	DescendantsUnread bool
 }
 
 // CallInFlight is a tool call of a node still open at the record: its
@@ -633,6 +638,9 @@ func atWork(n *Node, beside Beside) string {
 	}
 	c := beside.DescendantCall
 	if c == nil {
+		if beside.DescendantsUnread {
+			return "its descendants were not read: its exit came to be corroborated while its record was being written, past the rounds that read them, and none of them at work was found among the nodes read with it; the control plane cannot say that none is at work with a credential this node may hold"
+		}
 		return ""
 	}
 	call := fmt.Sprintf("tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel",
