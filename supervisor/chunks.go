@@ -2072,6 +2072,19 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	if err != nil {
 		return nil, 0, err
 	}
+	// The open calls of the members whose word would otherwise stand
+	// (openCallOf), fetched together: on etcd one request per few hundred
+	// members, not one each.
+	var callScans [][]byte
+	for _, e := range entries {
+		n := nodes[e.Node]
+		if e.member() && n.TerminationID == t.ID && n.Holds.May(tree.HoldsCalls) && tree.WeighedBeside(tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID])) {
+			callScans = append(callScans, ledger.OpenCallPrefix(n.NodeID))
+		}
+	}
+	if err := store.Prefetch(tx, nil, callScans); err != nil {
+		return nil, 0, err
+	}
 	unaccounted := 0
 	for _, e := range entries {
 		n := nodes[e.Node]
