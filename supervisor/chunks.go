@@ -1617,7 +1617,7 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 	// The children of the members whose bare claim the control plane
 	// would corroborate, read apart (childrenAlive) when the transaction
 	// finds such members whose children it has not been given.
-	children := childrenRead{alive: map[string]*tree.Node{}, read: map[string]bool{}}
+	children := childrenRead{alive: map[string]aliveBelow{}, read: map[string]bool{}}
 	for round := 0; ; round++ {
 		children.need, children.last = nil, round >= maxChildrenRounds
 		err = s.recordNodesTxn(ctx, t, start, p, now, budget, keys, scans, entries, all, grants, leases, fetched, &children, &attempts, &terminated, &written, &recordUnaccounted)
@@ -1638,7 +1638,8 @@ func (s *Supervisor) recordNodes(ctx context.Context, t Termination, start bool,
 // maxChildrenRounds bounds the rounds of a record's chunk that read
 // members' children apart (a member's claim corroborated between two
 // rounds asks for another); the last weighs a member whose children were
-// not read against the children in the chunk only.
+// not read against the nodes in the chunk only, and one with none at work
+// there as unread (tree.Beside.DescendantsUnread): not corroborated.
 const maxChildrenRounds = 3
 
 // errChildrenNeeded ends a record chunk's transaction, committing
@@ -1648,39 +1649,86 @@ var errChildrenNeeded = errors.New("supervisor: the members' children are read f
 // childrenRead is what a record chunk knows of its members' children: the
 // members whose children were read (read) and a child of each the control
 // plane saw alive (alive), and, from the transaction, the members whose
-// children it needs (need).
+// children it needs (need). On the last round, inChunk is a live node of
+// the chunk below each node that has one, collected once per transaction.
 type childrenRead struct {
-	alive map[string]*tree.Node
-	read  map[string]bool
-	need  []string
-	last  bool
+	alive   map[string]aliveBelow
+	read    map[string]bool
+	need    []string
+	last    bool
+	inChunk map[string]*tree.Node
+	// steps counts the nodes and ancestors the last round looked at (a
+	// test reads it: the cost bound).
+	steps int
 }
 
 // aliveChild returns a descendant of n that the control plane sees
 // alive, for a member whose bare claim would be corroborated: from the
 // descendants read apart (childrenAlive), else from the chunk's nodes (on
-// the last round), else it notes n as needing its descendants read and
-// returns nil.
-func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node) *tree.Node {
+// the last round; all is their order; none there: its descendants
+// unread), else it notes n as needing its descendants read and returns
+// nothing.
+func (c *childrenRead) aliveChild(n *tree.Node, nodes map[string]*tree.Node, all []string) aliveBelow {
 	if !n.Holds.May(tree.HoldsChildren) {
-		return nil
+		return aliveBelow{}
 	}
 	if c.read[n.NodeID] {
 		return c.alive[n.NodeID]
 	}
 	if !c.last {
 		c.need = append(c.need, n.NodeID)
-		return nil
+		return aliveBelow{}
 	}
-	for _, m := range nodes {
-		if slices.Contains(m.Ancestors, n.NodeID) {
-			if _, _, ok := tree.ChildAlive([]*tree.Node{m}); ok {
-				return m
+	if c.inChunk == nil {
+		// Once per transaction, not once per member that asks: each
+		// claiming member scanned the whole chunk until the thirty-second
+		// pass (members × nodes × depth steps).
+		c.inChunk = map[string]*tree.Node{}
+		for _, id := range all {
+			m := nodes[id]
+			c.steps++
+			if m == nil {
+				continue
+			}
+			if _, _, ok := tree.ChildAlive([]*tree.Node{m}); !ok {
+				continue
+			}
+			c.steps += len(m.Ancestors)
+			for _, a := range m.Ancestors {
+				if _, ok := c.inChunk[a]; !ok {
+					c.inChunk[a] = m
+				}
 			}
 		}
 	}
-	return nil
+	if d := c.inChunk[n.NodeID]; d != nil {
+		return aliveBelow{node: d}
+	}
+	// Not read, and nothing at work among the chunk's nodes: one outside
+	// the chunk may be (until the thirty-second pass, the member's claim
+	// read corroborated).
+	return aliveBelow{unread: true}
 }
+
+// aliveBelow is what a record found at work below a member: a descendant
+// with a session or a stream open (node), or else a descendant's call
+// still open (call), or neither.
+type aliveBelow struct {
+	node   *tree.Node
+	call   *tree.CallInFlight
+	unread bool
+}
+
+// beside is what was found, as tree.JudgeExitBeside weighs it.
+func (a aliveBelow) beside(b tree.Beside) tree.Beside {
+	if a.node != nil {
+		b.Descendants = []*tree.Node{a.node}
+	}
+	b.DescendantCall, b.DescendantsUnread = a.call, a.unread
+	return b
+}
+
+func (a aliveBelow) found() bool { return a.node != nil || a.call != nil }
 
 // recordNodesTxn is recordNodes' transaction.
 func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bool, p Progress, now time.Time, budget int, keys [][]byte, scans []store.ScanFrom,
@@ -1689,7 +1737,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 	return s.recordChunkReading(ctx, t, start, keys, scans, func(tx store.Txn, stored Termination) error {
 		cur := &stored.Cursor
 		*terminated, *written = nil, nil
-		children.need = children.need[:0]
+		children.need, children.inChunk = children.need[:0], nil
 		// The entries as read before this transaction: an entry never
 		// changes once the mark wrote it, and the cursor (read here, and
 		// the same) says the chunk is still to do; reading them again
@@ -1730,7 +1778,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 		if privs, err = decideUnansweredPrivileges(tx, stored, privs, now); err != nil {
 			return err
 		}
-		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) *tree.Node { return children.aliveChild(n, nodes) })
+		part, unaccounted, err := recordPart(tx, stored, entries, nodes, grants, listed, privs, leases, func(n *tree.Node) aliveBelow { return children.aliveChild(n, nodes, all) })
 		if err != nil {
 			return err
 		}
@@ -1995,7 +2043,7 @@ func markClaimsUnderStop(leases []RecordLease, requestedAt time.Time, stoppedAge
 // aliveChild returns a child of a member the control plane sees alive
 // (childrenRead.aliveChild), asked only of a member whose bare claim of
 // its exit would be corroborated, which the child then is not.
-func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease, aliveChild func(n *tree.Node) *tree.Node) (*ReconciliationRecord, int, error) {
+func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[string]*tree.Node, grants, listed []HeldGrant, privs []privilege.Privilege, leases []RecordLease, aliveChild func(n *tree.Node) aliveBelow) (*ReconciliationRecord, int, error) {
 	part := &ReconciliationRecord{Leases: leases}
 	heldGrants := map[string][]string{}
 	liveGrants := map[string][]string{}
@@ -2024,18 +2072,32 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	if err != nil {
 		return nil, 0, err
 	}
+	// The open calls of the members whose word would otherwise stand
+	// (openCallOf), fetched together: on etcd one request per few hundred
+	// members, not one each.
+	var callScans [][]byte
+	for _, e := range entries {
+		n := nodes[e.Node]
+		if e.member() && n.TerminationID == t.ID && n.Holds.May(tree.HoldsCalls) && tree.WeighedBeside(tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID])) {
+			callScans = append(callScans, ledger.OpenCallPrefix(n.NodeID))
+		}
+	}
+	if err := store.Prefetch(tx, nil, callScans); err != nil {
+		return nil, 0, err
+	}
 	unaccounted := 0
 	for _, e := range entries {
 		n := nodes[e.Node]
 		switch {
 		case e.member() && n.TerminationID == t.ID:
-			var children []*tree.Node
-			if tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID]).ConfirmedBy == tree.ConfirmedByControlPlane {
-				if c := aliveChild(n); c != nil {
-					children = []*tree.Node{c}
+			var beside tree.Beside
+			if tree.WeighedBeside(tree.JudgeExit(n, inWorkload, liveGrants[n.NodeID])) {
+				if beside.OpenCall, err = openCallOf(tx, n); err != nil {
+					return nil, 0, err
 				}
+				beside = aliveChild(n).beside(beside)
 			}
-			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID], children)
+			rn := recordNode(n, inWorkload, liveGrants[n.NodeID], heldGrants[n.NodeID], heldJobs[n.NodeID], beside)
 			if e.Reach == ReachTakeOver {
 				rn.InnerTerminationID = e.Other
 				rn.InnerOutcome = InnerOutcomeTakenOverDraining
@@ -2086,6 +2148,23 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 	return part, unaccounted, nil
 }
 
+// openCallOf reads a call of n still open (in flight, or its cancel not
+// acknowledged), if any, for a member whose bare claim of its exit would
+// be corroborated: its tool may still be at work for the node
+// (tree.JudgeExitBeside). The record closes such calls
+// cancel_unacknowledged after its nodes, so they are open here. One
+// read of the node's open calls, only when it may have some.
+func openCallOf(tx store.ReadTxn, n *tree.Node) (*tree.CallInFlight, error) {
+	if !n.Holds.May(tree.HoldsCalls) {
+		return nil, nil
+	}
+	c, err := ledger.FirstOpenCallIn(tx, n.NodeID)
+	if err != nil || c == nil {
+		return nil, err
+	}
+	return &tree.CallInFlight{CallID: c.CallID, Tool: c.Tool, GateID: c.GateID, BegunAt: c.BegunAt, NodeID: n.NodeID, ParentNodeID: n.ParentNodeID}, nil
+}
+
 // childrenAlive reads the descendants of parents (members whose bare
 // claim of their exit the control plane would corroborate), each up to the
 // first the control plane sees alive now (tree.ChildAlive), into c: a
@@ -2101,10 +2180,10 @@ func recordPart(tx store.Txn, t Termination, entries []subtreeEntry, nodes map[s
 // descendant whose session or stream ends between the two still weighs
 // against its ancestors, the safe way.
 func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *childrenRead) error {
-	found := map[string]*tree.Node{}
+	found := map[string]aliveBelow{}
 	err := s.Store.View(ctx, func(tx store.ReadTxn) error {
 		clear(found)
-		below := map[string]*tree.Node{}
+		below := map[string]aliveBelow{}
 		for _, m := range parents {
 			d, err := aliveBelowIn(tx, m, below)
 			if err != nil {
@@ -2119,7 +2198,7 @@ func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *chi
 	}
 	for m, d := range found {
 		c.read[m] = true
-		if d != nil {
+		if d.found() {
 			c.alive[m] = d
 		}
 	}
@@ -2128,11 +2207,15 @@ func (s *Supervisor) childrenAlive(ctx context.Context, parents []string, c *chi
 
 // aliveBelowIn reads parent's descendants, children first, a page of
 // children at a time, up to the first the control plane sees alive
-// (tree.ChildAlive), and returns it, or nil. below keeps what it found for
-// each node it walked (nil: nothing alive below), so that a walk reads a
-// node's subtree once however many of its ancestors ask. A node that never
-// held a child (tree.HoldsChildren) is not scanned for children.
-func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]*tree.Node) (*tree.Node, error) {
+// (tree.ChildAlive), and returns it; failing that, a page's first child
+// with a call still open (a call of a descendant is work done with a
+// credential parent may hold, as a session of it is: thirty-second
+// pass); or neither. below keeps what it found for each node it walked
+// (neither: nothing at work below), so that a walk reads a node's subtree
+// once however many of its ancestors ask. A node that never held a child
+// (tree.HoldsChildren) is not scanned for children, nor one that never
+// held a call (tree.HoldsCalls) for calls.
+func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]aliveBelow) (aliveBelow, error) {
 	if d, ok := below[parent]; ok {
 		return d, nil
 	}
@@ -2142,44 +2225,68 @@ func aliveBelowIn(tx store.ReadTxn, parent string, below map[string]*tree.Node) 
 		ids = append(ids, string(k[len(prefix):]))
 		return nil
 	}); err != nil {
-		return nil, err
+		return aliveBelow{}, err
 	}
 	const page = 1024
 	var parents []string
 	for start := 0; start < len(ids); start += page {
 		batch := ids[start:min(start+page, len(ids))]
 		if err := store.Prefetch(tx, store.KeysOf(batch, tree.NodeKey), nil); err != nil {
-			return nil, err
+			return aliveBelow{}, err
 		}
+		var callers []*tree.Node
 		for _, id := range batch {
 			c, err := tree.GetNodeIn(tx, id)
 			if errors.Is(err, tree.ErrNodeNotFound) {
 				continue
 			}
 			if err != nil {
-				return nil, err
+				return aliveBelow{}, err
 			}
 			if _, _, ok := tree.ChildAlive([]*tree.Node{c}); ok {
-				below[parent] = c
-				return c, nil
+				below[parent] = aliveBelow{node: c}
+				return below[parent], nil
 			}
 			if c.Holds.May(tree.HoldsChildren) {
 				parents = append(parents, id)
+			}
+			if c.State != tree.NodeStateTerminated && c.Holds.May(tree.HoldsCalls) {
+				callers = append(callers, c)
+			}
+		}
+		if len(callers) == 0 {
+			continue
+		}
+		prefixes := make([][]byte, len(callers))
+		for i, c := range callers {
+			prefixes[i] = ledger.OpenCallPrefix(c.NodeID)
+		}
+		if err := store.Prefetch(tx, nil, prefixes); err != nil {
+			return aliveBelow{}, err
+		}
+		for _, c := range callers {
+			call, err := openCallOf(tx, c)
+			if err != nil {
+				return aliveBelow{}, err
+			}
+			if call != nil {
+				below[parent] = aliveBelow{call: call}
+				return below[parent], nil
 			}
 		}
 	}
 	for _, id := range parents {
 		d, err := aliveBelowIn(tx, id, below)
 		if err != nil {
-			return nil, err
+			return aliveBelow{}, err
 		}
-		if d != nil {
+		if d.found() {
 			below[parent] = d
 			return d, nil
 		}
 	}
-	below[parent] = nil
-	return nil, nil
+	below[parent] = aliveBelow{}
+	return aliveBelow{}, nil
 }
 
 // membersPrivileges reads the privileges of a chunk's members (the n

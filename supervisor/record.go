@@ -175,10 +175,11 @@ func recordCall(c *ledger.ToolCall) RecordToolCall {
 
 // recordNode is a node's entry: its exit weighed against the control
 // plane's evidence (tree.JudgeExit), the claim and the contradictions shown.
-// children: the node's children as read now (tree.JudgeExitBeside), read
-// only for a node whose bare claim the control plane would corroborate.
-func recordNode(n *tree.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string, children []*tree.Node) RecordNode {
-	v := tree.JudgeExitBeside(n, inWorkload, liveGrants, children)
+// beside: the node's descendants and open call as read now
+// (tree.JudgeExitBeside), read only for a node whose bare claim the
+// control plane would corroborate.
+func recordNode(n *tree.Node, inWorkload func(nodeID string) bool, liveGrants, heldGrants, heldJobs []string, beside tree.Beside) RecordNode {
+	v := tree.JudgeExitBeside(n, inWorkload, liveGrants, beside)
 	rn := RecordNode{
 		NodeID: n.NodeID, Name: n.Name, ParentNodeID: n.ParentNodeID, LastSeenAt: n.LastSeenAt,
 		ClaimedBy: v.ClaimedBy, ClaimedAt: v.ClaimedAt, Contradictions: n.Contradictions,

@@ -796,6 +796,16 @@ func OpenCallsIn(tx store.ReadTxn, nodeID string) ([]*ToolCall, error) {
 	return out, nil
 }
 
+// FirstOpenCallIn returns the first call in flight (or awaiting a cancel
+// ack) on a node, or nil: one scan, stopped at the first.
+func FirstOpenCallIn(tx store.ReadTxn, nodeID string) (*ToolCall, error) {
+	ids, _, err := store.IDsAfter(tx, openCallPrefix(nodeID), "", 1)
+	if err != nil || len(ids) == 0 {
+		return nil, err
+	}
+	return getCall(tx, ids[0])
+}
+
 // MoveEndedIn puts c, a call of the node that ended on another
 // termination's account and is in no record yet (OpenAndEndedCallsOf), on
 // termination to's account, in the transaction in which to marks the node

@@ -469,7 +469,7 @@ func isClaim(c ExitConfirmation, inStopped func(nodeID string) bool) bool {
 // evidence. liveGrants are grants the node held that are neither revoked
 // nor expired.
 func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string) ExitVerdict {
-	return JudgeExitBeside(n, inStopped, liveGrants, nil)
+	return JudgeExitBeside(n, inStopped, liveGrants, Beside{})
 }
 
 // ChildAlive returns a child among children (nodes the node spawned) that
@@ -487,8 +487,37 @@ func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
 	return nil, OpenSession{}, false
 }
 
-// JudgeExitBeside is JudgeExit with the node's descendants as read now
-// (children: those read, a child or a deeper descendant): the node was
+// Beside is what the record reads, beside the node itself, of what may
+// still be at work for a node whose bare claim of its exit would be
+// corroborated (JudgeExitBeside).
+type Beside struct {
+	// Descendants: those read, a child or a deeper descendant.
+	Descendants []*Node
+	// OpenCall: a tool call of the node still open (in flight, or its
+	// cancel not acknowledged) as the record is written, if any.
+	OpenCall *CallInFlight
+	// DescendantCall: a tool call of a descendant still open, if any
+	// (read when no descendant's session or stream is).
+	DescendantCall *CallInFlight
+	// DescendantsUnread: the descendants were not read, none of them
+	// found at work among what was (a claim corroborated while its record
+	// was being written, past the rounds that read them): the control
+	// plane cannot say none is at work.
+	DescendantsUnread bool
+}
+
+// CallInFlight is a tool call of a node still open at the record: its
+// gate never ended it nor acknowledged its cancel.
+type CallInFlight struct {
+	CallID, Tool, GateID string
+	BegunAt              time.Time
+	// The node the call is recorded against, and its parent.
+	NodeID, ParentNodeID string
+}
+
+// JudgeExitBeside is JudgeExit with what is beside the node as read now:
+// its descendants (beside.Descendants), and a call of its still open
+// (beside.OpenCall). The node was
 // issued each child's credential at its spawn (the Spawn's answer), and
 // with it may spawn below and take each grandchild's, so what the control
 // plane sees of a descendant's credential may be the node at work under
@@ -498,17 +527,33 @@ func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
 // its exit and lived on through its child's revocation feed read confirmed
 // by the control plane, the life put on its child alone (thirtieth pass);
 // one that lived on as its grandchild, until the thirty-first.
-// Not settled: the child's end may come before the record.
-func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, children []*Node) ExitVerdict {
+// Not settled: the child's end may come before the record. Nor is a bare
+// claim corroborated while a call of the node is still open at the
+// record: its tool may still be at work for the node, and a rogue that
+// began a long call, ended its session and claimed its exit read
+// confirmed, its call listed cancel_unacknowledged beside it, until the
+// thirty-second pass. An agent's attestation (an ancestor outside the
+// workload) is weighed against both as a bare claim is, unless a launcher
+// attested too: the ancestor holds the node's credential and its
+// descendants', and its word that the node exited, while a descendant or
+// a call of the node was at work, read confirmed until the thirty-second
+// pass. A launcher's attestation is not weighed against either: it
+// watched the process end, from outside.
+func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []string, beside Beside) ExitVerdict {
 	var v ExitVerdict
-	var attestation *ExitConfirmation
+	var attestation, launcher *ExitConfirmation
 	for _, c := range confirmationsOf(n) {
 		if isClaim(c, inStopped) {
 			if v.ClaimedBy == "" {
 				v.ClaimedBy, v.ClaimedAt = c.By+" ("+c.Kind+")", c.At
 			}
-		} else if attestation == nil {
+			continue
+		}
+		if attestation == nil {
 			attestation = &c
+		}
+		if launcher == nil && c.Kind == ConfirmedByLauncher {
+			launcher = &c
 		}
 	}
 	switch {
@@ -532,11 +577,19 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 			v.UnaccountedReason += fmt.Sprintf(" and %d more", len(liveGrants)-8)
 		}
 		v.Settled = true
+	case attestation != nil && launcher == nil && atWork(n, beside) != "":
+		// Only agents' attestations (an ancestor outside the workload):
+		// the ancestor holds the node's credential and its descendants',
+		// and cannot see whether the node lives on as one of them or
+		// through its call, any more than a bare claim can (the
+		// thirty-second pass: it was taken whole). A launcher watched the
+		// process end, from outside.
+		v.UnaccountedReason = "only an attestation by " + attestation.By + " (" + attestation.Kind + "), an agent's word: " + atWork(n, beside)
 	case attestation != nil:
 		v.Confirmed, v.Settled = true, true
 		v.ConfirmedBy, v.ConfirmedAt = attestation.By+" ("+attestation.Kind+")", attestation.At
-	case childAlive(n, children) != "":
-		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + childAlive(n, children)
+	case atWork(n, beside) != "":
+		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": " + atWork(n, beside)
 	case SeenAfterSessionEnd(n):
 		// A session's end witnesses the process's only when it was the
 		// last the control plane saw of the node: a node that heartbeat
@@ -563,6 +616,41 @@ func JudgeExitBeside(n *Node, inStopped func(nodeID string) bool, liveGrants []s
 		v.UnaccountedReason = "only a claim by " + v.ClaimedBy + ": the control plane never saw the node's session end"
 	}
 	return v
+}
+
+// WeighedBeside says whether a verdict of JudgeExit rests on a word that
+// JudgeExitBeside weighs against what is beside the node (Beside): a bare
+// claim the control plane corroborated, or an agent's attestation (an
+// ancestor outside the workload). A launcher's attestation is not weighed.
+func WeighedBeside(v ExitVerdict) bool {
+	return v.Confirmed && (v.ConfirmedBy == ConfirmedByControlPlane || strings.HasSuffix(v.ConfirmedBy, "("+ConfirmedByAncestor+")"))
+}
+
+// atWork words what beside n may still be at work for it — a call of its
+// still open, a descendant alive — or is empty.
+func atWork(n *Node, beside Beside) string {
+	if c := beside.OpenCall; c != nil {
+		return fmt.Sprintf("its tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel, and the tool may still be at work for the node",
+			c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
+	}
+	if w := childAlive(n, beside.Descendants); w != "" {
+		return w
+	}
+	c := beside.DescendantCall
+	if c == nil {
+		if beside.DescendantsUnread {
+			return "its descendants were not read: its exit came to be corroborated while its record was being written, past the rounds that read them, and none of them at work was found among the nodes read with it; the control plane cannot say that none is at work with a credential this node may hold"
+		}
+		return ""
+	}
+	call := fmt.Sprintf("tool call %s (%q at gate %q, begun %s) is still open: its gate neither ended it nor acknowledged its cancel",
+		c.CallID, c.Tool, c.GateID, c.BegunAt.UTC().Format(time.RFC3339))
+	if c.ParentNodeID != n.NodeID {
+		return fmt.Sprintf("the %s of its descendant %s (spawned under %s), made with a credential this node may hold: it was issued its child's credential at that child's spawn, and with it may spawn below and take each credential the spawn issues; the control plane cannot tell the descendant's activity from this node's",
+			call, c.NodeID, c.ParentNodeID)
+	}
+	return fmt.Sprintf("the %s of its child %s, made with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
+		call, c.NodeID)
 }
 
 // childAlive words why a bare claim of n's exit is not corroborated by
