@@ -214,6 +214,21 @@ func buildRogue31GCorpus(t *testing.T) rogue31GCorpus {
 		{"alg none", fmt.Sprintf(`{"alg":"none","kid":%q}`, key.ID), claims(), false},
 		{"alg lower case", fmt.Sprintf(`{"alg":"eddsa","kid":%q}`, key.ID), claims(), false},
 		{"alg named twice, the last one bad", fmt.Sprintf(`{"alg":"EdDSA","alg":"HS256","kid":%q}`, key.ID), claims(), false},
+		// The thirty-second pass: a known claim named twice or in another
+		// case read differently per SDK (encoding/json matches names
+		// case-insensitively, keeping the last); all refuse it now.
+		{"sub named twice", header, claims("sub", `"n_child","sub":"n_other"`), false},
+		{"sub and SUB", header, claims("SUB", `"n_other"`), false},
+		{"SUB alone", header, strings.Replace(claims(), `"sub"`, `"SUB"`, 1), false},
+		{"sub with a long s", header, strings.Replace(claims(), `"sub"`, `"\u017fub"`, 1), false},
+		{"scopes named twice, the last wider", header, claims("scopes", `["tool:shell"],"scopes":["tool:*"]`), false},
+		{"Scopes beside scopes", header, claims("Scopes", `["tool:*"]`), false},
+		{"exp in upper case beside exp", header, claims("EXP", fmt.Sprint(T+800)), false},
+		{"jti escaped beside jti", header, claims("jti", `"g_child","j\u0074i":"g_other"`), false},
+		{"scopes with a long s beside scopes", header, claims("scopes", `["tool:shell"],"ſcopes":["tool:*"]`), false},
+		{"an ignored claim named twice", header, claims("x", `1,"x":2`), true},
+		{"an ignored claim in two cases", header, claims("role", `"a","ROLE":"b"`), true},
+		{"a known name nested in an ignored claim twice", header, claims("x", `{"sub":"a","SUB":"b","sub":"c"}`), true},
 		{"kid unknown", `{"alg":"EdDSA","kid":"made-up"}`, claims(), false},
 		{"kid a number", `{"alg":"EdDSA","kid":7}`, claims(), false},
 	}

@@ -1,9 +1,12 @@
 package capability
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -20,7 +23,8 @@ import (
 // the claims Mint writes — one object of the nine known names, plain
 // printable-ASCII strings, numbers — and hands everything else to
 // encoding/json. Either way the result is exactly what encoding/json
-// decodes into the same struct (FuzzReceivedClaims compares them); a time
+// decodes into the same struct, once checkClaimNames has refused a known
+// claim named twice or in another case (FuzzReceivedClaims compares them); a time
 // written as a JSON string, which jwt.NumericDate would accept, is refused
 // as a type error, and Mint never writes one.
 type receivedClaims struct {
@@ -72,6 +76,9 @@ func (c *receivedClaims) UnmarshalJSON(data []byte) error {
 	if fast.decodePlain(data) {
 		*c = fast
 		return nil
+	}
+	if err := checkClaimNames(data); err != nil {
+		return err
 	}
 	type reflected receivedClaims // the same fields, without this method
 	return json.Unmarshal(data, (*reflected)(c))
@@ -275,4 +282,42 @@ func (s *plainScanner) digits() bool {
 		s.i++
 	}
 	return s.i > start
+}
+
+// knownClaimNames are the claim names a capability token is read by.
+var knownClaimNames = [...]string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"}
+
+// checkClaimNames refuses a claims segment whose top-level object names a
+// known claim twice, or names one in another case ("SUB", "ſub" with
+// U+017F): encoding/json matches names case-insensitively and keeps the
+// last, where the TypeScript and Python verifiers read the exact name. A
+// token with "sub" and "SUB" read as two holders, one per SDK. A segment
+// that is not a JSON object is left to encoding/json.
+func checkClaimNames(payload []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	var seen [len(knownClaimNames)]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		for i, known := range knownClaimNames {
+			if !strings.EqualFold(name, known) {
+				continue
+			}
+			if name != known || seen[i] {
+				return fmt.Errorf("%w: claim %q is named twice or in another case", ErrTokenMalformed, known)
+			}
+			seen[i] = true
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
 }

@@ -112,6 +112,52 @@ function parseObject(bytes: Buffer, what: string): Record<string, unknown> {
   return value as Record<string, unknown>;
 }
 
+/** The claim names a capability token is read by. */
+const knownClaimNames = ["iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"];
+
+/**
+ * The names of a valid JSON object's own members, in order, decoded.
+ */
+function topLevelNames(text: string): string[] {
+  const names: string[] = [];
+  let depth = 0;
+  let expectName = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (j < text.length && text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      if (depth === 1 && expectName) names.push(JSON.parse(text.slice(i, j + 1)) as string);
+      expectName = false;
+      i = j;
+    } else if (c === "{" || c === "[") {
+      depth++;
+      expectName = c === "{" && depth === 1;
+    } else if (c === "}" || c === "]") {
+      depth--;
+    } else if (c === ",") {
+      expectName = depth === 1;
+    }
+  }
+  return names;
+}
+
+/**
+ * Refuses claims naming a known claim twice, or in another case ("SUB",
+ * "\u017fub"), as the control plane's check does: Go's encoding/json
+ * matches names case-insensitively (ASCII case, and U+017F for s, U+212A
+ * for k), where JSON.parse reads the exact name, keeping the last.
+ */
+function checkClaimNames(text: string): void {
+  const seen = new Set<string>();
+  for (const name of topLevelNames(text)) {
+    const folded = name.replace(/[A-Z]/g, (c) => c.toLowerCase()).replace(/\u017f/g, "s").replace(/\u212a/g, "k");
+    if (!knownClaimNames.includes(folded)) continue;
+    if (name !== folded || seen.has(folded)) throw new TokenError("token_malformed", `claim ${folded} is named twice or in another case`);
+    seen.add(folded);
+  }
+}
+
 /**
  * A time claim in whole seconds, rounded down, as the control plane reads
  * it (golang-jwt's NumericDate, to the second): a fractional exp was
@@ -176,6 +222,7 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
   if (signature.length !== 64 || !verifySignature(null, signed, key, signature)) throw new TokenError("token_signature", "signature does not verify");
 
   const claims = parseObject(payload, "claims");
+  checkClaimNames(payload.toString("utf8"));
   if (claims.iss === undefined || claims.iss === "") throw new TokenError("token_issuer", "iss is missing");
   if (claims.iss !== issuer) throw new TokenError("token_issuer", "iss is not the expected issuer");
   const aud = typeof claims.aud === "string" ? [claims.aud] : claims.aud;

@@ -157,6 +157,25 @@ def _json(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant)
 
 
+_KNOWN_CLAIMS = frozenset({"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"})
+
+
+def _check_claim_names(names: Any) -> None:
+    """Refuses claims naming a known claim twice, or in another case
+    ("SUB", "\u017fub"), as the control plane's check does: Go's
+    encoding/json matches names case-insensitively (ASCII case, and U+017F
+    for s, U+212A for k), where json.loads reads the exact name, keeping
+    the last."""
+    seen: set[str] = set()
+    for name in names:
+        folded = "".join(c.lower() if "A" <= c <= "Z" else c for c in name).replace("\u017f", "s").replace("\u212a", "k")
+        if folded not in _KNOWN_CLAIMS:
+            continue
+        if name != folded or folded in seen:
+            raise TokenInvalid(f"token malformed: claim {folded} is named twice or in another case")
+        seen.add(folded)
+
+
 def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now: float, leeway: float) -> Claims:
     """Verifies a capability token offline against ``keys`` (kid ->
     Ed25519PublicKey) with the control plane's rules, without consulting
@@ -196,12 +215,19 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
         key.verify(signature, (parts[0] + "." + parts[1]).encode())
     except InvalidSignature:
         raise TokenInvalid("token signature invalid") from None
+    objects: list[list[tuple[str, Any]]] = []
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict:
+        objects.append(pairs)
+        return dict(pairs)
+
     try:
-        claims = _json(payload)
+        claims = json.loads(payload.decode("utf-8", "replace"), parse_constant=_no_constant, object_pairs_hook=pairs_hook)
     except (ValueError, RecursionError):
         raise TokenInvalid("token malformed: not a well-formed JWT") from None
     if not isinstance(claims, dict):
         raise TokenInvalid("token malformed: not a well-formed JWT")
+    _check_claim_names(name for name, _ in objects[-1])
     if claims.get("iss") != issuer:
         raise TokenInvalid("token issuer invalid")
     aud = claims.get("aud")
