@@ -272,13 +272,19 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
 /** Parses a JWKS document into Ed25519 public keys by kid (other key types are skipped). */
 export function parseJwks(body: unknown): Map<string, KeyObject> {
   const keys = new Map<string, KeyObject>();
+  const twice = new Set<string>();
   const list = (body as { keys?: unknown })?.keys;
   if (!Array.isArray(list)) throw new Error("tether: parse jwks: no keys array");
   for (const k of list as Record<string, unknown>[]) {
     if (k?.kty !== "OKP" || k?.crv !== "Ed25519") continue;
     const x = typeof k.x === "string" ? Buffer.from(k.x, "base64url") : Buffer.alloc(0);
     if (x.length !== 32 || typeof k.kid !== "string" || k.kid === "") throw new Error(`tether: parse jwks: key ${JSON.stringify(k.kid)} is malformed`);
+    if (keys.has(k.kid)) twice.add(k.kid);
     keys.set(k.kid, createPublicKey({ key: { kty: "OKP", crv: "Ed25519", x: k.x as string }, format: "jwk" }));
   }
+  // A kid listed twice names no key, as for the control plane's check
+  // (Go's read the first, this the last: a token signed by either read
+  // differently per SDK).
+  for (const kid of twice) keys.delete(kid);
   return keys;
 }

@@ -270,13 +270,21 @@ def parse_jwks(data: bytes) -> dict[str, Any]:
     """kid -> Ed25519PublicKey for the OKP/Ed25519 keys of a JWKS."""
     doc = json.loads(data)
     keys: dict[str, Any] = {}
+    twice: set[str] = set()
     for k in doc.get("keys", []):
         if k.get("kty") != "OKP" or k.get("crv") != "Ed25519":
             continue
         raw = _b64(k.get("x", ""))
         if len(raw) != 32 or not _id_ok(k.get("kid")):
             raise ValueError(f"jwks: key {k.get('kid')!r} is malformed")
+        if k["kid"] in keys:
+            twice.add(k["kid"])
         keys[k["kid"]] = Ed25519PublicKey.from_public_bytes(raw)
+    # A kid listed twice names no key, as for the control plane's check
+    # (Go's read the first, this the last: a token signed by either read
+    # differently per SDK).
+    for kid in twice:
+        del keys[kid]
     return keys
 
 
