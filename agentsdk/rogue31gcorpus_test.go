@@ -168,6 +168,10 @@ func buildRogue31GCorpus(t *testing.T) (corpus rogue31GCorpus, served capability
 		sb := s.FillBytes(make([]byte, 32))
 		return token[:dot+1] + base64.RawURLEncoding.EncodeToString(append(slices.Clone(sig[:32]), reverse(sb)...))
 	}
+	// nested is a value of depth n: arrays in arrays, an object inside.
+	nested := func(n int) string {
+		return strings.Repeat("[", n-1) + `{"y":1}` + strings.Repeat("]", n-1)
+	}
 	type craft struct {
 		name, header, payload string
 		accept                bool
@@ -259,6 +263,16 @@ func buildRogue31GCorpus(t *testing.T) (corpus rogue31GCorpus, served capability
 		{"an ignored claim named twice", header, claims("x", `1,"x":2`), true},
 		{"an ignored claim in two cases", header, claims("role", `"a","ROLE":"b"`), true},
 		{"a known name nested in an ignored claim twice", header, claims("x", `{"sub":"a","SUB":"b","sub":"c"}`), true},
+		// The thirty-second pass: Python refused claims nested past its
+		// recursion limit, Go and TypeScript accepted them; all bound the
+		// nesting of header and claims at capability.MaxJSONDepth.
+		{"claims nested to the bound", header, claims("x", nested(capability.MaxJSONDepth-1)), true},
+		{"claims nested past the bound", header, claims("x", nested(capability.MaxJSONDepth)), false},
+		{"claims nested past Python's recursion", header, claims("x", nested(1500)), false},
+		{"brackets in a string do not nest", header, claims("x", `"`+strings.Repeat("[{", 100)+`"`), true},
+		{"header nested to the bound", fmt.Sprintf(`{"alg":"EdDSA","kid":%q,"x":%s}`, key.ID, nested(capability.MaxJSONDepth-1)), claims(), true},
+		{"header nested past the bound", fmt.Sprintf(`{"alg":"EdDSA","kid":%q,"x":%s}`, key.ID, nested(capability.MaxJSONDepth)), claims(), false},
+		{"header nested past Python's recursion", fmt.Sprintf(`{"alg":"EdDSA","kid":%q,"x":%s}`, key.ID, nested(1500)), claims(), false},
 		{"kid unknown", `{"alg":"EdDSA","kid":"made-up"}`, claims(), false},
 		{"kid a number", `{"alg":"EdDSA","kid":7}`, claims(), false},
 	}

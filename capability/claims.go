@@ -77,6 +77,9 @@ func (c *receivedClaims) UnmarshalJSON(data []byte) error {
 		*c = fast
 		return nil
 	}
+	if jsonDepth(data) > MaxJSONDepth {
+		return fmt.Errorf("%w: claims nested deeper than %d", ErrTokenMalformed, MaxJSONDepth)
+	}
 	if err := checkClaimNames(data); err != nil {
 		return err
 	}
@@ -320,4 +323,52 @@ func checkClaimNames(payload []byte) error {
 		}
 	}
 	return nil
+}
+
+// MaxJSONDepth bounds the nesting of a token's header and claims (the
+// top-level object is depth 1). Python's json refused claims nested past
+// its recursion limit (about a thousand levels), which Go and JavaScript
+// accepted: the control plane and the three verifiers now refuse the same
+// tokens, and the bound sits far below any recursion limit.
+const MaxJSONDepth = 64
+
+// jsonDepth is the deepest nesting of arrays and objects in data, read as
+// JSON (brackets inside strings do not count); for invalid JSON a number
+// the parser's own refusal makes moot.
+func jsonDepth(data []byte) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '"':
+			for i++; i < len(data) && data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// valueDepth is jsonDepth of a decoded value.
+func valueDepth(v any) int {
+	deepest := 0
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			deepest = max(deepest, valueDepth(e))
+		}
+	case []any:
+		for _, e := range v {
+			deepest = max(deepest, valueDepth(e))
+		}
+	default:
+		return 0
+	}
+	return deepest + 1
 }

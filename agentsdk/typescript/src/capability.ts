@@ -101,13 +101,40 @@ function decodeSegment(segment: string, what: string): Buffer {
   return bytes;
 }
 
+/**
+ * The nesting a token's header and claims may have (the top-level object is
+ * depth 1), as the control plane's check (capability.MaxJSONDepth): Python
+ * refused claims nested past its recursion limit, which Go and JSON.parse
+ * accepted.
+ */
+export const MaxJsonDepth = 64;
+
+/** The deepest nesting of arrays and objects in valid JSON text. */
+function jsonDepth(text: string): number {
+  let depth = 0;
+  let deepest = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === "\\") i++;
+    } else if (c === "[" || c === "{") {
+      deepest = Math.max(deepest, ++depth);
+    } else if (c === "]" || c === "}") {
+      depth--;
+    }
+  }
+  return deepest;
+}
+
 function parseObject(bytes: Buffer, what: string): Record<string, unknown> {
   let value: unknown;
+  const text = bytes.toString("utf8");
   try {
-    value = JSON.parse(bytes.toString("utf8"));
+    value = JSON.parse(text);
   } catch {
     throw new TokenError("token_malformed", `${what} is not JSON`);
   }
+  if (jsonDepth(text) > MaxJsonDepth) throw new TokenError("token_malformed", `${what} nested deeper than ${MaxJsonDepth}`);
   if (typeof value !== "object" || value === null || Array.isArray(value)) throw new TokenError("token_malformed", `${what} is not a JSON object`);
   return value as Record<string, unknown>;
 }

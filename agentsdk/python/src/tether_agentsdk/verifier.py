@@ -148,13 +148,42 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# The nesting a token's header and claims may have (the top-level object is
+# depth 1), as the control plane's check (capability.MaxJSONDepth): this
+# parser refused claims nested past its recursion limit, which Go and
+# JSON.parse accepted.
+MAX_JSON_DEPTH = 64
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in valid JSON text."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return deepest
+
+
 def _json(raw: bytes) -> Any:
     """Parses a token segment as Go's encoding/json and JavaScript's
     JSON.parse do: UTF-8 (an invalid byte read as U+FFFD), no byte-order
     mark, no NaN or Infinity. json.loads of bytes also took UTF-16 and
     UTF-32, and a UTF-8 byte-order mark, and json.loads takes NaN and
     Infinity: tokens the control plane's check refuses."""
-    return json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant)
+    text = raw.decode("utf-8", "replace")
+    if _json_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError("nested too deep")
+    return json.loads(text, parse_constant=_no_constant)
 
 
 _KNOWN_CLAIMS = frozenset({"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"})
@@ -222,7 +251,10 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
         return dict(pairs)
 
     try:
-        claims = json.loads(payload.decode("utf-8", "replace"), parse_constant=_no_constant, object_pairs_hook=pairs_hook)
+        text = payload.decode("utf-8", "replace")
+        if _json_depth(text) > MAX_JSON_DEPTH:
+            raise ValueError("nested too deep")
+        claims = json.loads(text, parse_constant=_no_constant, object_pairs_hook=pairs_hook)
     except (ValueError, RecursionError):
         raise TokenInvalid("token malformed: not a well-formed JWT") from None
     if not isinstance(claims, dict):
