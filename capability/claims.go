@@ -1,9 +1,12 @@
 package capability
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -20,7 +23,8 @@ import (
 // the claims Mint writes — one object of the nine known names, plain
 // printable-ASCII strings, numbers — and hands everything else to
 // encoding/json. Either way the result is exactly what encoding/json
-// decodes into the same struct (FuzzReceivedClaims compares them); a time
+// decodes into the same struct, once checkClaimNames has refused a known
+// claim named twice or in another case (FuzzReceivedClaims compares them); a time
 // written as a JSON string, which jwt.NumericDate would accept, is refused
 // as a type error, and Mint never writes one.
 type receivedClaims struct {
@@ -72,6 +76,12 @@ func (c *receivedClaims) UnmarshalJSON(data []byte) error {
 	if fast.decodePlain(data) {
 		*c = fast
 		return nil
+	}
+	if jsonDepth(data) > MaxJSONDepth {
+		return fmt.Errorf("%w: claims nested deeper than %d", ErrTokenMalformed, MaxJSONDepth)
+	}
+	if err := checkClaimNames(data); err != nil {
+		return err
 	}
 	type reflected receivedClaims // the same fields, without this method
 	return json.Unmarshal(data, (*reflected)(c))
@@ -275,4 +285,90 @@ func (s *plainScanner) digits() bool {
 		s.i++
 	}
 	return s.i > start
+}
+
+// knownClaimNames are the claim names a capability token is read by.
+var knownClaimNames = [...]string{"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"}
+
+// checkClaimNames refuses a claims segment whose top-level object names a
+// known claim twice, or names one in another case ("SUB", "ſub" with
+// U+017F): encoding/json matches names case-insensitively and keeps the
+// last, where the TypeScript and Python verifiers read the exact name. A
+// token with "sub" and "SUB" read as two holders, one per SDK. A segment
+// that is not a JSON object is left to encoding/json.
+func checkClaimNames(payload []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil
+	}
+	var seen [len(knownClaimNames)]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		name, _ := tok.(string)
+		for i, known := range knownClaimNames {
+			if !strings.EqualFold(name, known) {
+				continue
+			}
+			if name != known || seen[i] {
+				return fmt.Errorf("%w: claim %q is named twice or in another case", ErrTokenMalformed, known)
+			}
+			seen[i] = true
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
+}
+
+// MaxJSONDepth bounds the nesting of a token's header and claims (the
+// top-level object is depth 1). Python's json refused claims nested past
+// its recursion limit (about a thousand levels), which Go and JavaScript
+// accepted: the control plane and the three verifiers now refuse the same
+// tokens, and the bound sits far below any recursion limit.
+const MaxJSONDepth = 64
+
+// jsonDepth is the deepest nesting of arrays and objects in data, read as
+// JSON (brackets inside strings do not count); for invalid JSON a number
+// the parser's own refusal makes moot.
+func jsonDepth(data []byte) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case '"':
+			for i++; i < len(data) && data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		}
+	}
+	return deepest
+}
+
+// valueDepth is jsonDepth of a decoded value.
+func valueDepth(v any) int {
+	deepest := 0
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			deepest = max(deepest, valueDepth(e))
+		}
+	case []any:
+		for _, e := range v {
+			deepest = max(deepest, valueDepth(e))
+		}
+	default:
+		return 0
+	}
+	return deepest + 1
 }

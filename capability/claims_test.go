@@ -61,7 +61,8 @@ func TestMintedClaimsTakeThePlainPath(t *testing.T) {
 
 // FuzzReceivedClaims checks that decoding claims through the fast path
 // gives exactly what encoding/json gives — the same error-or-not, the same
-// values — for any input.
+// values — for any input whose known claim names are each exactly spelled
+// once (checkClaimNames refuses the others, whichever path).
 func FuzzReceivedClaims(f *testing.F) {
 	minted := mintedClaims(f, "tool:shell")
 	for _, seed := range []string{
@@ -80,7 +81,10 @@ func FuzzReceivedClaims(f *testing.F) {
 		errGot := json.Unmarshal(data, &got)
 		type reflected receivedClaims
 		var want reflected
-		errWant := json.Unmarshal(data, &want)
+		errWant := checkClaimNames(data)
+		if errWant == nil {
+			errWant = json.Unmarshal(data, &want)
+		}
 		if (errGot == nil) != (errWant == nil) {
 			t.Fatalf("input %q: fast path error %v, encoding/json error %v", data, errGot, errWant)
 		}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"time"
 
@@ -156,6 +157,7 @@ func (r KeyRing) JWKS() ([]byte, error) {
 }
 
 // ParseJWKS reads a JSON Web Key Set of Ed25519 keys into a public-only ring.
+// A kid listed for more than one Ed25519 key is left out of it.
 func ParseJWKS(data []byte) (KeyRing, error) {
 	var set struct {
 		Keys []jwk `json:"keys"`
@@ -174,5 +176,13 @@ func ParseJWKS(data []byte) (KeyRing, error) {
 		}
 		ring.Keys = append(ring.Keys, SigningKey{ID: k.KeyID, Public: ed25519.PublicKey(pub)})
 	}
+	// A kid listed twice names no key: Public would give the first, the
+	// TypeScript and Python verifiers the last, so a token signed by
+	// either read differently per SDK. All of them ignore such a kid.
+	listed := make(map[string]int, len(ring.Keys))
+	for _, k := range ring.Keys {
+		listed[k.ID]++
+	}
+	ring.Keys = slices.DeleteFunc(ring.Keys, func(k SigningKey) bool { return listed[k.ID] > 1 })
 	return ring, nil
 }

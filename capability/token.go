@@ -332,6 +332,9 @@ func (v Verifier) parse(token string, keys KeyLookup, now time.Time, claims jwt.
 // headerKeyID returns a well-formed kid and refuses a crit header: no
 // extension is understood, so RFC 7515 §4.1.11 requires rejection.
 func headerKeyID(header map[string]any) (string, error) {
+	if valueDepth(map[string]any(header)) > MaxJSONDepth {
+		return "", fmt.Errorf("%w: header nested deeper than %d", ErrTokenMalformed, MaxJSONDepth)
+	}
 	if _, ok := header["crit"]; ok {
 		return "", fmt.Errorf("%w: crit header is not supported", ErrTokenMalformed)
 	}

@@ -101,15 +101,88 @@ function decodeSegment(segment: string, what: string): Buffer {
   return bytes;
 }
 
+/**
+ * The nesting a token's header and claims may have (the top-level object is
+ * depth 1), as the control plane's check (capability.MaxJSONDepth): Python
+ * refused claims nested past its recursion limit, which Go and JSON.parse
+ * accepted.
+ */
+export const MaxJsonDepth = 64;
+
+/** The deepest nesting of arrays and objects in valid JSON text. */
+function jsonDepth(text: string): number {
+  let depth = 0;
+  let deepest = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      for (i++; i < text.length && text[i] !== '"'; i++) if (text[i] === "\\") i++;
+    } else if (c === "[" || c === "{") {
+      deepest = Math.max(deepest, ++depth);
+    } else if (c === "]" || c === "}") {
+      depth--;
+    }
+  }
+  return deepest;
+}
+
 function parseObject(bytes: Buffer, what: string): Record<string, unknown> {
   let value: unknown;
+  const text = bytes.toString("utf8");
   try {
-    value = JSON.parse(bytes.toString("utf8"));
+    value = JSON.parse(text);
   } catch {
     throw new TokenError("token_malformed", `${what} is not JSON`);
   }
+  if (jsonDepth(text) > MaxJsonDepth) throw new TokenError("token_malformed", `${what} nested deeper than ${MaxJsonDepth}`);
   if (typeof value !== "object" || value === null || Array.isArray(value)) throw new TokenError("token_malformed", `${what} is not a JSON object`);
   return value as Record<string, unknown>;
+}
+
+/** The claim names a capability token is read by. */
+const knownClaimNames = ["iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"];
+
+/**
+ * The names of a valid JSON object's own members, in order, decoded.
+ */
+function topLevelNames(text: string): string[] {
+  const names: string[] = [];
+  let depth = 0;
+  let expectName = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (c === '"') {
+      let j = i + 1;
+      while (j < text.length && text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+      if (depth === 1 && expectName) names.push(JSON.parse(text.slice(i, j + 1)) as string);
+      expectName = false;
+      i = j;
+    } else if (c === "{" || c === "[") {
+      depth++;
+      expectName = c === "{" && depth === 1;
+    } else if (c === "}" || c === "]") {
+      depth--;
+    } else if (c === ",") {
+      expectName = depth === 1;
+    }
+  }
+  return names;
+}
+
+/**
+ * Refuses claims naming a known claim twice, or in another case ("SUB",
+ * "\u017fub"), as the control plane's check does: Go's encoding/json
+ * matches names case-insensitively (ASCII case, and U+017F for s, U+212A
+ * for k), where JSON.parse reads the exact name, keeping the last.
+ */
+function checkClaimNames(text: string): void {
+  const seen = new Set<string>();
+  for (const name of topLevelNames(text)) {
+    const folded = name.replace(/[A-Z]/g, (c) => c.toLowerCase()).replace(/\u017f/g, "s").replace(/\u212a/g, "k");
+    if (!knownClaimNames.includes(folded)) continue;
+    if (name !== folded || seen.has(folded)) throw new TokenError("token_malformed", `claim ${folded} is named twice or in another case`);
+    seen.add(folded);
+  }
 }
 
 /**
@@ -176,6 +249,7 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
   if (signature.length !== 64 || !verifySignature(null, signed, key, signature)) throw new TokenError("token_signature", "signature does not verify");
 
   const claims = parseObject(payload, "claims");
+  checkClaimNames(payload.toString("utf8"));
   if (claims.iss === undefined || claims.iss === "") throw new TokenError("token_issuer", "iss is missing");
   if (claims.iss !== issuer) throw new TokenError("token_issuer", "iss is not the expected issuer");
   const aud = typeof claims.aud === "string" ? [claims.aud] : claims.aud;
@@ -225,13 +299,19 @@ export function verifyToken(token: string, keys: KeyLookup, nowMs: number, optio
 /** Parses a JWKS document into Ed25519 public keys by kid (other key types are skipped). */
 export function parseJwks(body: unknown): Map<string, KeyObject> {
   const keys = new Map<string, KeyObject>();
+  const twice = new Set<string>();
   const list = (body as { keys?: unknown })?.keys;
   if (!Array.isArray(list)) throw new Error("tether: parse jwks: no keys array");
   for (const k of list as Record<string, unknown>[]) {
     if (k?.kty !== "OKP" || k?.crv !== "Ed25519") continue;
     const x = typeof k.x === "string" ? Buffer.from(k.x, "base64url") : Buffer.alloc(0);
     if (x.length !== 32 || typeof k.kid !== "string" || k.kid === "") throw new Error(`tether: parse jwks: key ${JSON.stringify(k.kid)} is malformed`);
+    if (keys.has(k.kid)) twice.add(k.kid);
     keys.set(k.kid, createPublicKey({ key: { kty: "OKP", crv: "Ed25519", x: k.x as string }, format: "jwk" }));
   }
+  // A kid listed twice names no key, as for the control plane's check
+  // (Go's read the first, this the last: a token signed by either read
+  // differently per SDK).
+  for (const kid of twice) keys.delete(kid);
   return keys;
 }

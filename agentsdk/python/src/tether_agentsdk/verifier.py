@@ -148,13 +148,61 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# The nesting a token's header and claims may have (the top-level object is
+# depth 1), as the control plane's check (capability.MaxJSONDepth): this
+# parser refused claims nested past its recursion limit, which Go and
+# JSON.parse accepted.
+MAX_JSON_DEPTH = 64
+
+
+def _json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in valid JSON text."""
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return deepest
+
+
 def _json(raw: bytes) -> Any:
     """Parses a token segment as Go's encoding/json and JavaScript's
     JSON.parse do: UTF-8 (an invalid byte read as U+FFFD), no byte-order
     mark, no NaN or Infinity. json.loads of bytes also took UTF-16 and
     UTF-32, and a UTF-8 byte-order mark, and json.loads takes NaN and
     Infinity: tokens the control plane's check refuses."""
-    return json.loads(raw.decode("utf-8", "replace"), parse_constant=_no_constant)
+    text = raw.decode("utf-8", "replace")
+    if _json_depth(text) > MAX_JSON_DEPTH:
+        raise ValueError("nested too deep")
+    return json.loads(text, parse_constant=_no_constant)
+
+
+_KNOWN_CLAIMS = frozenset({"iss", "sub", "aud", "exp", "nbf", "iat", "jti", "chain", "scopes"})
+
+
+def _check_claim_names(names: Any) -> None:
+    """Refuses claims naming a known claim twice, or in another case
+    ("SUB", "\u017fub"), as the control plane's check does: Go's
+    encoding/json matches names case-insensitively (ASCII case, and U+017F
+    for s, U+212A for k), where json.loads reads the exact name, keeping
+    the last."""
+    seen: set[str] = set()
+    for name in names:
+        folded = "".join(c.lower() if "A" <= c <= "Z" else c for c in name).replace("\u017f", "s").replace("\u212a", "k")
+        if folded not in _KNOWN_CLAIMS:
+            continue
+        if name != folded or folded in seen:
+            raise TokenInvalid(f"token malformed: claim {folded} is named twice or in another case")
+        seen.add(folded)
 
 
 def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now: float, leeway: float) -> Claims:
@@ -196,12 +244,22 @@ def parse_capability_token(token: str, keys: dict[str, Any], *, issuer: str, now
         key.verify(signature, (parts[0] + "." + parts[1]).encode())
     except InvalidSignature:
         raise TokenInvalid("token signature invalid") from None
+    objects: list[list[tuple[str, Any]]] = []
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict:
+        objects.append(pairs)
+        return dict(pairs)
+
     try:
-        claims = _json(payload)
+        text = payload.decode("utf-8", "replace")
+        if _json_depth(text) > MAX_JSON_DEPTH:
+            raise ValueError("nested too deep")
+        claims = json.loads(text, parse_constant=_no_constant, object_pairs_hook=pairs_hook)
     except (ValueError, RecursionError):
         raise TokenInvalid("token malformed: not a well-formed JWT") from None
     if not isinstance(claims, dict):
         raise TokenInvalid("token malformed: not a well-formed JWT")
+    _check_claim_names(name for name, _ in objects[-1])
     if claims.get("iss") != issuer:
         raise TokenInvalid("token issuer invalid")
     aud = claims.get("aud")
@@ -244,13 +302,21 @@ def parse_jwks(data: bytes) -> dict[str, Any]:
     """kid -> Ed25519PublicKey for the OKP/Ed25519 keys of a JWKS."""
     doc = json.loads(data)
     keys: dict[str, Any] = {}
+    twice: set[str] = set()
     for k in doc.get("keys", []):
         if k.get("kty") != "OKP" or k.get("crv") != "Ed25519":
             continue
         raw = _b64(k.get("x", ""))
         if len(raw) != 32 or not _id_ok(k.get("kid")):
             raise ValueError(f"jwks: key {k.get('kid')!r} is malformed")
+        if k["kid"] in keys:
+            twice.add(k["kid"])
         keys[k["kid"]] = Ed25519PublicKey.from_public_bytes(raw)
+    # A kid listed twice names no key, as for the control plane's check
+    # (Go's read the first, this the last: a token signed by either read
+    # differently per SDK).
+    for kid in twice:
+        del keys[kid]
     return keys
 
 
