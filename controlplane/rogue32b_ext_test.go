@@ -37,52 +37,7 @@ func TestRogue32BACallStillInFlightAtTheRecordIsNotAnExit(t *testing.T) {
 		{"the gate acknowledges the cancel", true, tetherv1.NodeOutcome_NODE_OUTCOME_CONFIRMED},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx := context.Background()
-			clk := clock.NewManual(epoch)
-			srv := testserver.Start(t, testserver.WithClock(clk))
-			admin := srv.AdminClients()
-			rogue := register(t, admin, "rogue")
-			self := rogue.Node.NodeId
-			gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
-			issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: self, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			sess, err := openSession(t, srv.Clients(rogue.Credential), self)
-			if err != nil {
-				t.Fatal(err)
-			}
-			begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			callID := begun.Msg.Call.CallId
-			clk.Advance(time.Minute)
-			sess.close()
-			testserver.WaitFor(t, 20*time.Second, "the rogue's session's end to be stored", func() bool {
-				return getNode(t, admin, self).SessionClosedAt != nil
-			})
-			clk.Advance(time.Minute)
-			term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second, time.Minute)
-			if _, err := srv.Clients(rogue.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
-				t.Fatal(err)
-			}
-			testserver.WaitFor(t, 20*time.Second, "the cancel order", func() bool {
-				got := getTermination(t, admin, term.TerminationId)
-				return got.State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && got.Progress.GetAcksPending() == 1
-			})
-			if tc.acked {
-				if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: callID, GateId: "gate-1"})); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				clk.Advance(6 * time.Second)
-			}
-			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
-			clk.Advance(2 * time.Minute)
-			waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
-			rec := record(t, admin, term.TerminationId)
-			rn := recordNode(t, rec, self)
+			rec, rn, callID, _ := claimWithACallOpen(t, false, tc.acked)
 			if rn.Outcome != tc.want {
 				t.Fatalf("record: the rogue %s (confirmed by %q, claimed by %q, reason %q), want %s",
 					rn.Outcome, rn.ConfirmedBy, rn.ClaimedBy, rn.UnaccountedReason, tc.want)
@@ -198,4 +153,64 @@ func TestRogue32BAnAncestorsAttestationIsWeighedAgainstWhatIsStillAtWork(t *test
 			}
 		})
 	}
+}
+
+// claimWithACallOpen is the scenario of the rogue32b call tests: a rogue
+// begins a long tool call, on its own grant's token or (asChild) on its
+// child's, ends its session, is stopped by an abort and claims its exit;
+// the gate acknowledges the cancel, or never does. It returns the record,
+// the rogue's entry in it, the call and the child (or "").
+func claimWithACallOpen(t *testing.T, asChild, acked bool) (*tetherv1.ReconciliationRecord, *tetherv1.RecordNode, string, string) {
+	t.Helper()
+	ctx := context.Background()
+	clk := clock.NewManual(epoch)
+	srv := testserver.Start(t, testserver.WithClock(clk))
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	self := rogue.Node.NodeId
+	holder, childID := self, ""
+	if asChild {
+		child := spawn(t, srv.Clients(rogue.Credential), self, "child")
+		holder, childID = child.Node.NodeId, child.Node.NodeId
+	}
+	gate := srv.Clients(srv.ToolServerToken(t, "gate-1"))
+	issued, err := admin.Capability.IssueRoot(ctx, connect.NewRequest(&tetherv1.IssueRootRequest{HolderNodeId: holder, Scopes: []string{"tool:*"}, Ttl: durationpb.New(time.Hour)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := openSession(t, srv.Clients(rogue.Credential), self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begun, err := gate.Tool.BeginCall(ctx, connect.NewRequest(&tetherv1.BeginCallRequest{Token: issued.Msg.Token, Tool: "shell", GateId: "gate-1"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	callID := begun.Msg.Call.CallId
+	clk.Advance(time.Minute)
+	sess.close()
+	testserver.WaitFor(t, 20*time.Second, "the rogue's session's end to be stored", func() bool {
+		return getNode(t, admin, self).SessionClosedAt != nil
+	})
+	clk.Advance(time.Minute)
+	term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 5*time.Second, time.Minute)
+	if _, err := srv.Clients(rogue.Credential).Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: self, Reason: "done"})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 20*time.Second, "the cancel order", func() bool {
+		got := getTermination(t, admin, term.TerminationId)
+		return got.State == tetherv1.TerminationState_TERMINATION_STATE_ABORTING && got.Progress.GetAcksPending() == 1
+	})
+	if acked {
+		if _, err := gate.Tool.CancelAck(ctx, connect.NewRequest(&tetherv1.CancelAckRequest{CallId: callID, GateId: "gate-1"})); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		clk.Advance(6 * time.Second)
+	}
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_RECONCILING)
+	clk.Advance(2 * time.Minute)
+	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
+	rec := record(t, admin, term.TerminationId)
+	return rec, recordNode(t, rec, self), callID, childID
 }
