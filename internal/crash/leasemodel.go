@@ -389,10 +389,12 @@ func judge(s LeaseView, in LeaseInput, newLeaseID string) (LeaseView, tetherv1.O
 			return s, duplicate
 		case s.State == terminal && s.CancelAck:
 			return s, duplicate
-		case s.State == terminal && s.Result == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED && s.CancelRequested && s.Acked && !s.Lapsed:
-			// A FAILED that overtook the acknowledgement of a
+		case s.State == terminal && s.Result == tetherv1.TerminalResult_TERMINAL_RESULT_FAILED && s.CancelRequested && s.Acked && !s.Lapsed && !s.ClosedByResolve:
+			// A holder's FAILED that overtook the acknowledgement of a
 			// generation that had authority at the end leaves it to
-			// record (seed §9, §15).
+			// record (seed §9, §15). A FAILED the coordinator resolved
+			// for want of the acknowledgement does not: a late ack would
+			// read as though the holder had answered.
 		case s.State != offered && s.State != active, !s.CancelRequested:
 			return s, rejected
 		case s.CancelAck:
