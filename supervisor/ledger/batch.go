@@ -1,6 +1,8 @@
 package ledger
 
 import (
+	"bytes"
+	"slices"
 	"sync"
 	"time"
 
@@ -105,11 +107,14 @@ func callsIn(tx store.ReadTxn, callIDs []string) (map[string]*ToolCall, error) {
 }
 
 // KeyedObserver is an Observer that can say which keys ObserveCall reads
-// for a call of a node, so that the ledger fetches them with the call
-// (store.Prefetch): on etcd, ending a call is then one read and a commit,
-// not two reads in turn.
+// when a call of a node ends, so that the ledger fetches them with the
+// call (store.Prefetch): on etcd, ending a call is then one read and a
+// commit, not reads in turn. ancestors are the node's, when the ledger
+// knows them (a call begun through it), else nil: the keys read per
+// ancestor (a stop rule's subtree totals) are then left to the
+// Observer's own reads.
 type KeyedObserver interface {
-	ObservedKeys(nodeID string) [][]byte
+	ObservedKeys(nodeID string, ancestors []string) [][]byte
 }
 
 // prefetchFinish fetches what ending callID reads, when the node of the
@@ -130,7 +135,11 @@ func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string, end bool) error
 		keys = append(keys, tree.CoverKeys(node, n.ancestors)...)
 	}
 	if o, ok := l.Observer.(KeyedObserver); ok {
-		keys = append(keys, o.ObservedKeys(node)...)
+		for _, k := range o.ObservedKeys(node, n.ancestors) {
+			if !slices.ContainsFunc(keys, func(have []byte) bool { return bytes.Equal(have, k) }) {
+				keys = append(keys, k)
+			}
+		}
 	}
 	return store.Prefetch(tx, keys, nil)
 }
@@ -152,7 +161,23 @@ type callNode struct {
 
 const maxCallNodes = 1 << 16
 
-func (c *callNodes) remember(call *ToolCall) { c.rememberIn(call, nil) }
+// remember is rememberIn of a call whose node's ancestors are not known
+// here (a cancel order read): it keeps those remembered at the call's
+// begin, which an end reads its Observer's keys by (KeyedObserver).
+func (c *callNodes) remember(call *ToolCall) {
+	if call == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n, ok := c.m[call.CallID]; ok && n.node == call.NodeID {
+		return
+	}
+	if c.m == nil || len(c.m) >= maxCallNodes {
+		c.m = make(map[string]callNode)
+	}
+	c.m[call.CallID] = callNode{node: call.NodeID}
+}
 
 // rememberIn is remember of a call whose node's ancestors are known.
 func (c *callNodes) rememberIn(call *ToolCall, ancestors []string) {

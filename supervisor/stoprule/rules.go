@@ -591,9 +591,20 @@ func (r *Rules) CallCount(tx store.ReadTxn, nodeID string) (int64, error) {
 	return o.Calls, nil
 }
 
-// ObservedKeys implements ledger.KeyedObserver: ObserveCall reads the
-// node's observations.
-func (r *Rules) ObservedKeys(nodeID string) [][]byte { return [][]byte{obsKey(nodeID)} }
+// ObservedKeys implements ledger.KeyedObserver: ObserveCall reads, for a
+// call's end, the node's observations, its node (for its ancestors) and
+// the node's shard of each ancestor's subtree totals (addToAncestors; a
+// failed end reads the shard's count of the tool too, not fetched here:
+// few ends fail, and every end would fetch it).
+func (r *Rules) ObservedKeys(nodeID string, ancestors []string) [][]byte {
+	keys := make([][]byte, 0, 2+len(ancestors))
+	keys = append(keys, obsKey(nodeID), tree.NodeKey(nodeID))
+	shard := growShard(nodeID)
+	for _, a := range ancestors {
+		keys = append(keys, subKey(a, shard))
+	}
+	return keys
+}
 
 // ObserveCall implements ledger.Observer: it folds the call into its
 // node's counters inside the ledger's transaction.
