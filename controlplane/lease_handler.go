@@ -266,8 +266,10 @@ func (h *leaseService) Complete(ctx context.Context, req *connect.Request[tether
 
 // The lineage that coordinates a job: operators; the agent that offered it
 // (Lease.Owner) and that agent's ancestors, while the job's holder is an
-// agent of the owner's tree; and the ancestors of its current holder
-// (never the holder itself, a sibling or a descendant). It may read the
+// agent of the owner's tree and they are not below it; and the ancestors
+// of its current holder (never the holder itself, a sibling or a
+// descendant: an owner below the holder, its job moved up the tree, is a
+// stranger to it). It may read the
 // job, request its cancellation, reassign and resolve it, and send worker
 // messages for it (a claim on the active generation from anyone but the
 // holder is then an ownership conflict). When an operator (or a rollout's
@@ -341,6 +343,13 @@ func (h *leaseService) mayCoordinate(ctx context.Context, p auth.Principal, l le
 		return false, nil
 	}
 	if root, err := h.lineage(ctx, p); root != tree.Root(holder) || err != nil {
+		return false, err
+	}
+	// Never below the holder: the job may have moved up the owner's tree
+	// (an ancestor of the holder reassigned it to one of the owner's
+	// ancestors), and a holder's descendants — the owner among them — do
+	// not cancel, resolve, claim, reassign or read their ancestor's work.
+	if n, err := h.agent(ctx, caller); n == nil || err != nil || tree.IsAncestor(n, l.HolderIdentity) {
 		return false, err
 	}
 	if caller == l.Owner {
