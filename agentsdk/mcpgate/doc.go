@@ -58,7 +58,9 @@
 // unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
 // over stdio its requests are served as before and reported, over HTTP
 // its 401 is reported, as that node seen, which the control plane keeps
-// as the holder's dead credential at work.
+// as the holder's dead credential at work; so is, over HTTP, the 503 of
+// any request whose bearer names its holder while the revocation feed is
+// stale.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

@@ -125,3 +125,37 @@ func TestRogue33CFloodOfChildrenCannotHaveTheRoguesRequestServedUnreported(t *te
 		return len(nodeOf(t, w, self).Contradictions) > 0
 	})
 }
+
+// A rogue that claimed its exit cannot knock on the gateway unseen while
+// the gateway's revocation feed is stale. Every request was refused 503
+// before its bearer was read, and none was reported: the gateway could
+// not tell revocations, but it could tell the holder (offline, by the
+// token's signature), and a rogue knocking on through the feed's outage
+// (its token expired meanwhile, no one renewing a claimed node's) left
+// the record reading its exit confirmed. The refusal is now reported as
+// the node seen before it is answered (owed, should the control plane be
+// out of reach, until it lands). (Fails, by its guard, if the control
+// plane never notes the rogue at work after its claim.)
+func TestRogue33CRefusedForAStaleFeedAfterItsClaimIsLifeAfterIt(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, nil)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	claimAfterSessionEnd(t, w, self, credential)
+
+	// The feed stale on the gateway's clock (its budget a day).
+	gclk.Advance(25 * time.Hour)
+	if err := gw.Verifier().Fresh(); err == nil {
+		t.Fatal("the gateway's feed is fresh a day on")
+	}
+	if got := pingStatus(t, srv.URL+mcpgate.EndpointPath, token); got != http.StatusServiceUnavailable {
+		t.Fatalf("the rogue's ping with the feed stale: %d; want 503", got)
+	}
+	testserver.WaitFor(t, guardWait, "the rogue's refusal after its claim to be reported", func() bool {
+		return len(nodeOf(t, w, self).Contradictions) > 0
+	})
+}
