@@ -418,7 +418,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(g.holdSeen(g.refuseRevoked(g.limitConns(g.refuseBatches(g.holdCalls(mcpHandler))))))
+	})(g.refuseRevoked(g.holdSeen(g.limitConns(g.refuseBatches(g.holdCalls(mcpHandler))))))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))

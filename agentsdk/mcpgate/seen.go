@@ -354,7 +354,9 @@ func (g *Gateway) forgetIdleSeen(lineage string) {
 // holdSeen keeps node's report state while an HTTP request of its is in
 // the gateway (the reports of what it is served find it), and refuses
 // the request when there is no room for it (trackSeen): 503, CodeUnavailable,
-// its connection closed. Served unreported past the bound, a rogue that
+// its connection closed. It runs past the door (refuseRevoked): a revoked
+// grant's request is refused 403 for what it is, not 503 for want of
+// room. Served unreported past the bound, a rogue that
 // filled it with its children's owed reports was answered after its
 // claim of exit unseen.
 func (g *Gateway) holdSeen(next http.Handler) http.Handler {
