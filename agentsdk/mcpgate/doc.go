@@ -51,10 +51,16 @@
 // failed: the control plane unreachable, a budget spent) is owed, and
 // sent again after SeenReportRetry, doubling to SeenReportRetryMax, until
 // one lands; so is a refusal's report not sent or not landed, as the node
-// seen. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
+// seen. A node owed is never forgotten: the gateway keeps the report state
+// of at most 4096 nodes, a lineage's (the nodes whose grants descend from
+// one root grant) at most a quarter of them, and over HTTP a request of a
+// node it has no room for is refused (503, CodeUnavailable), not served
+// unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
 // over stdio its requests are served as before and reported, over HTTP
 // its 401 is reported, as that node seen, which the control plane keeps
-// as the holder's dead credential at work.
+// as the holder's dead credential at work; so is, over HTTP, the 503 of
+// any request whose bearer names its holder while the revocation feed is
+// stale.
 //
 // Upstream tools whose names are not 1 or more of A-Z a-z 0-9 . _ - /
 // (the MCP specification's recommended characters, plus the slash), or

@@ -418,13 +418,22 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(g.refuseRevoked(g.limitConns(g.refuseBatches(g.holdCalls(mcpHandler)))))
+	})(g.refuseRevoked(g.holdSeen(g.limitConns(g.refuseBatches(g.holdCalls(mcpHandler))))))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(EndpointPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Fail closed before anything else when revocations may be unknown.
 		if err := g.cfg.Verifier.Fresh(); err != nil {
+			// A bearer that names its holder (offline: the signature, a
+			// token past its expiry included) is that node refused,
+			// reported before it is: refused unreported, a rogue that
+			// claimed its exit and knocked on through the feed's outage
+			// left the record reading its exit confirmed. (The report,
+			// the control plane out of reach, is owed until it lands.)
+			if f := strings.Fields(r.Header.Get("Authorization")); len(f) == 2 && strings.EqualFold(f[0], "bearer") {
+				g.noteSeen(r.Context(), f[1])
+			}
 			http.Error(w, "tether: the gateway has not heard the control plane's revocation feed recently; retry later", http.StatusServiceUnavailable)
 			return
 		}

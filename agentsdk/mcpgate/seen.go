@@ -9,8 +9,10 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/internal/clock"
 )
 
@@ -54,25 +56,37 @@ const (
 )
 
 // Bounds of the seen reports: the nodes the gateway keeps a report's
-// state for at once (past it, a node's request is served unreported) and
+// state for at once, and those of one lineage (the nodes whose grants
+// descend from one root grant), at most 1/seenLineageShare of them, and
 // the reports in flight at once (past it, a report is not sent, and the
-// requests waiting for it are served unreported).
-const (
+// requests waiting for it are served unreported for now, the report
+// owed). A node's state is kept while a report of it is due, under way or
+// owed, or a request of its is in the gateway (over HTTP): an HTTP
+// request of a node the gateway has no room for is refused (holdSeen),
+// never served unreported. (Variables for the package's tests.)
+var (
 	maxSeenNodes           = 4096
 	maxSeenReportsInFlight = 64
 )
 
+// seenLineageShare: one lineage's nodes take at most 1/seenLineageShare
+// of maxSeenNodes.
+const seenLineageShare = 4
+
 // seenReports are the gateway's reports that it served nodes.
 type seenReports struct {
-	mu       sync.Mutex
-	nodes    map[string]*seenNode
-	inFlight int
-	closed   bool
-	wg       sync.WaitGroup
+	mu        sync.Mutex
+	nodes     map[string]*seenNode
+	byLineage map[string]int // the nodes kept of each lineage
+	inFlight  int
+	closed    bool
+	wg        sync.WaitGroup
 }
 
 // seenNode is one node's report state.
 type seenNode struct {
+	lineage string        // the root grant of the node's grants
+	pins    int           // the node's HTTP requests in the gateway (holdSeen's)
 	token   string        // the latest served token, the next report's
 	next    chan struct{} // closed once the report the waiting requests need has landed (nil: none waits)
 	sending bool          // a report is in flight
@@ -117,24 +131,21 @@ func (g *Gateway) reportSeen(ctx context.Context, token, node string) {
 	}
 	n := r.nodes[node]
 	if n == nil {
-		if r.nodes == nil {
-			r.nodes = map[string]*seenNode{}
+		r.mu.Unlock()
+		lineage := g.lineageOf(ctx, token)
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return
 		}
-		if len(r.nodes) >= maxSeenNodes {
-			now := g.cfg.Clock.Now()
-			for id, o := range r.nodes {
-				if o.next == nil && !o.sending && !o.owed && !now.Before(o.tat) {
-					delete(r.nodes, id)
-				}
-			}
-			if len(r.nodes) >= maxSeenNodes {
-				r.mu.Unlock()
-				g.log.Warn("mcpgate: too many nodes to report seen at once; served unreported", "node", node)
-				return
-			}
+		if n = r.nodes[node]; n == nil {
+			n = g.trackSeen(node, lineage)
 		}
-		n = &seenNode{}
-		r.nodes[node] = n
+		if n == nil {
+			r.mu.Unlock()
+			g.log.Warn("mcpgate: too many nodes (or of the node's lineage) to report seen at once; served unreported", "node", node)
+			return
+		}
 	}
 	n.token = token
 	landed := n.next
@@ -247,18 +258,146 @@ func (g *Gateway) oweSeenToken(node, token string) {
 	}
 	n := r.nodes[node]
 	if n == nil {
-		if len(r.nodes) >= maxSeenNodes {
-			g.log.Warn("mcpgate: too many nodes to report seen at once; a refused request left unreported", "node", node)
+		r.mu.Unlock()
+		lineage := g.lineageOf(context.Background(), token)
+		r.mu.Lock()
+		if r.closed {
 			return
 		}
-		if r.nodes == nil {
-			r.nodes = map[string]*seenNode{}
+		if n = r.nodes[node]; n == nil {
+			n = g.trackSeen(node, lineage)
 		}
-		n = &seenNode{}
-		r.nodes[node] = n
+		if n == nil {
+			g.log.Warn("mcpgate: too many nodes (or of the node's lineage) to report seen at once; a refused request left unreported", "node", node)
+			return
+		}
 	}
 	n.token = token
 	g.oweSeen(node, n)
+}
+
+// lineageOf is the lineage of token's holder: the root grant its grants
+// descend from (Verifier.Holder's claims: a token past its expiry still
+// names it), or "" when it names none.
+func (g *Gateway) lineageOf(ctx context.Context, token string) string {
+	claims, _ := g.cfg.Verifier.Holder(ctx, token)
+	return lineageOfClaims(claims)
+}
+
+// lineageOfClaims is the root grant of claims' chain (its own grant for
+// a root grant's token).
+func lineageOfClaims(claims capability.Claims) string {
+	if len(claims.Chain) > 0 {
+		return claims.Chain[0]
+	}
+	return claims.GrantID
+}
+
+// trackSeen keeps a report state for node, of lineage, and returns it, or
+// nil when there is no room: the gateway's nodes, or the lineage's, at
+// their bound, none of them idle (no report due, under way or owed, no
+// request in the gateway, the bound's interval over). Idle nodes are
+// forgotten to make room (their lineage's first, for a lineage at its
+// bound). Under g.seen.mu, node not kept.
+//
+// A node is never forgotten while its report is owed: a rogue would have
+// its own request after its claim unreported by flooding the gateway
+// with nodes. Past the bound a node is refused instead (holdSeen), and a
+// lineage's nodes take at most 1/seenLineageShare of the bound: a rogue
+// that spawned children and kept their reports owed (its lineage's budget
+// spent, each refused) filled the gateway's 4096 places, after which its
+// own requests, and every other lineage's new node's, were served
+// unreported for good.
+func (g *Gateway) trackSeen(node, lineage string) *seenNode {
+	r := &g.seen
+	share := max(1, maxSeenNodes/seenLineageShare)
+	if r.byLineage[lineage] >= share {
+		g.forgetIdleSeen(lineage)
+		if r.byLineage[lineage] >= share {
+			return nil
+		}
+	}
+	if len(r.nodes) >= maxSeenNodes {
+		g.forgetIdleSeen("")
+		if len(r.nodes) >= maxSeenNodes {
+			return nil
+		}
+	}
+	if r.nodes == nil {
+		r.nodes = map[string]*seenNode{}
+		r.byLineage = map[string]int{}
+	}
+	n := &seenNode{lineage: lineage}
+	r.nodes[node] = n
+	r.byLineage[lineage]++
+	return n
+}
+
+// forgetIdleSeen forgets the idle nodes (trackSeen's), of lineage when it
+// is not "" (under g.seen.mu).
+func (g *Gateway) forgetIdleSeen(lineage string) {
+	r := &g.seen
+	now := g.cfg.Clock.Now()
+	for id, o := range r.nodes {
+		if lineage != "" && o.lineage != lineage {
+			continue
+		}
+		if o.next == nil && !o.sending && !o.owed && o.pins == 0 && o.timer == nil && o.retry == nil && !now.Before(o.tat) {
+			delete(r.nodes, id)
+			if r.byLineage[o.lineage]--; r.byLineage[o.lineage] <= 0 {
+				delete(r.byLineage, o.lineage)
+			}
+		}
+	}
+}
+
+// holdSeen keeps node's report state while an HTTP request of its is in
+// the gateway (the reports of what it is served find it), and refuses
+// the request when there is no room for it (trackSeen): 503, CodeUnavailable,
+// its connection closed. It runs past the door (refuseRevoked): a revoked
+// grant's request is refused 403 for what it is, not 503 for want of
+// room. Served unreported past the bound, a rogue that
+// filled it with its children's owed reports was answered after its
+// claim of exit unseen.
+func (g *Gateway) holdSeen(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info := auth.TokenInfoFromContext(r.Context())
+		var claims capability.Claims
+		if info != nil {
+			claims, _ = info.Extra[claimsKey].(capability.Claims)
+		}
+		if claims.HolderNodeID == "" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		node := claims.HolderNodeID
+		s := &g.seen
+		s.mu.Lock()
+		n := s.nodes[node]
+		if n == nil && !s.closed {
+			n = g.trackSeen(node, lineageOfClaims(claims))
+			if n == nil {
+				s.mu.Unlock()
+				g.log.Warn("mcpgate: too many nodes (or of the node's lineage) to report seen at once; the node's request refused", "node", node)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write(errorAnswer(requestID(r), rpcError(CodeUnavailable, "the gateway cannot report node %s's requests to the control plane now (too many nodes' reports are pending, %d of its lineage's at the most); retry later", node, max(1, maxSeenNodes/seenLineageShare))))
+				return
+			}
+		}
+		if n != nil {
+			n.pins++
+		}
+		s.mu.Unlock()
+		if n != nil {
+			defer func() {
+				s.mu.Lock()
+				n.pins--
+				s.mu.Unlock()
+			}()
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // seenLanded reports whether the control plane answered a seen report
