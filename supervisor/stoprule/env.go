@@ -113,6 +113,13 @@ type Compiled struct {
 	// only such rules' evaluations decode from the records, charged by
 	// their size as UsesSubtreeTools.
 	UsesSubtreeReported bool
+	// UsesCallTime: the expression reads how long calls took
+	// (call_seconds_total, call_seconds_max and their subtree_ forms),
+	// which counts the calls still open up to the instant it is judged:
+	// the evaluator judges a node with calls open in its subtree again
+	// every tick for such rules, and reads the node's own open calls for
+	// them alone.
+	UsesCallTime bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -159,8 +166,12 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
-		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome", "subtree_call_seconds_total", "subtree_call_seconds_max":
+		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome":
 			c.UsesSubtree = true
+		case "subtree_call_seconds_total", "subtree_call_seconds_max":
+			c.UsesSubtree, c.UsesCallTime = true, true
+		case "call_seconds_total", "call_seconds_max":
+			c.UsesCallTime = true
 		case "subtree_calls_by_tool", "subtree_failures_by_tool":
 			c.UsesSubtree, c.UsesSubtreeTools = true, true
 		}
@@ -169,7 +180,7 @@ func Compile(expression string) (*Compiled, error) {
 		}
 	}
 	if readsObservedOpaquely(native) {
-		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools = true, true, true, true, true
+		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools, c.UsesCallTime = true, true, true, true, true, true
 	}
 	return c, nil
 }

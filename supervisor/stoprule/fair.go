@@ -54,6 +54,10 @@ const (
 	// loaded test machine, 2.8–6 ms while they held the versions of their
 	// many writes, where a node of few records took 8 µs.
 	totalsBytesInRead = 4096
+	// openCallsPerRead: an evaluation of a rule on call time reads the
+	// node's own open calls (each a call record of the ledger) and is
+	// charged evaluationBaseCost more for each of these many of them.
+	openCallsPerRead = 32
 )
 
 // phase says which of a node's rules an evaluation takes.

@@ -1,0 +1,103 @@
+package stoprule
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/supervisor/ledger"
+	"github.com/tetherhq/tether/supervisor/tree"
+)
+
+// The thirty-third hostile pass, stop rules: the rogue keeps its calls
+// open, so that their time never reaches a rule on call time.
+
+// openCall has n begin a call and leaves it open; it returns the call.
+func (g *rogue31cRig) openCall(n *tree.Node) *ledger.ToolCall {
+	g.t.Helper()
+	g.seq++
+	c := &ledger.ToolCall{CallID: fmt.Sprintf("call-%d", g.seq), NodeID: n.NodeID, Tool: "fetch", State: ledger.CallStateInFlight, BegunAt: g.clk.Now()}
+	if err := g.st.Update(context.Background(), func(tx store.Txn) error { return g.rules.ObserveCall(tx, nil, c) }); err != nil {
+		g.t.Fatal(err)
+	}
+	return c
+}
+
+// endCall ends c now, completed.
+func (g *rogue31cRig) endCall(c *ledger.ToolCall) {
+	g.t.Helper()
+	ended := *c
+	ended.State, ended.EndedAt, ended.Resolution = ledger.CallStateEnded, g.clk.Now(), ledger.CallResolutionCompleted
+	if err := g.st.Update(context.Background(), func(tx store.Txn) error { return g.rules.ObserveCall(tx, c, &ended) }); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// TestRogue33DDescendantsOpenCallsCountTheirTimeAtTheirAncestors: a
+// rogue's child and grandchild keep calls open (the grandchild two). The
+// rogue's subtree counts their time at the instant it is judged, each
+// ancestor its own descendants' calls only, and stops counting a call at
+// its end, as the time it took; the longest open call of one shard is
+// exact. Before, every subtree read 0 seconds while the calls were open.
+func TestRogue33DDescendantsOpenCallsCountTheirTimeAtTheirAncestors(t *testing.T) {
+	g := newRogue31cRig(t)
+	rogue := g.spawn(nil, "rogue")
+	kid := g.spawn(rogue, "kid")
+	grand := g.spawn(kid, "grand")
+	kidCall := g.openCall(kid)
+	g.clk.Advance(10 * time.Second)
+	g.openCall(grand)
+	g.openCall(grand)
+	g.clk.Advance(100 * time.Second)
+	for _, tc := range []struct {
+		node       *tree.Node
+		expression string
+	}{
+		{rogue, `observed.subtree_call_seconds_total == 310.0 && observed.subtree_call_seconds_max == 110.0`},
+		{kid, `observed.subtree_call_seconds_total == 200.0 && observed.subtree_call_seconds_max == 100.0`},
+		{grand, `observed.subtree_call_seconds_total == 0.0`}, // its own calls are read from the ledger
+	} {
+		if res := g.judge(tc.node, tc.expression); res.Err != nil || !res.Fired {
+			t.Errorf("%s at %s: %v (%v); values %v", tc.expression, tc.node.Name, res.Fired, res.Err, res.Values)
+		}
+	}
+	g.endCall(kidCall)
+	g.clk.Advance(50 * time.Second)
+	if res := g.judge(rogue, `observed.subtree_call_seconds_total == 410.0 && observed.subtree_call_seconds_max == 150.0`); res.Err != nil || !res.Fired {
+		t.Errorf("after the kid's call ended (110 s): %v (%v); values %v", res.Fired, res.Err, res.Values)
+	}
+}
+
+// TestRogue33DOpenCallsInTheRecordsRoundTripAndNeverWrap: the open calls a
+// subtree record counts are stored after its times and read back; a
+// record without them (an earlier version) reads none; a call open before
+// the records counted open calls, ending, never wraps the count to read
+// as billions of calls open.
+func TestRogue33DOpenCallsInTheRecordsRoundTripAndNeverWrap(t *testing.T) {
+	s := subtotal{calls: 3}
+	s.add(subtotal{open: 1, openMs: 1_700_000_000_000})
+	b := s.append(nil)
+	got, err := decodeSubtotal(b)
+	if err != nil || got != s {
+		t.Fatalf("a record read back as %+v (%v), want %+v", got, err, s)
+	}
+	if _, err := decodeSubtotal(b[:len(b)-1]); err == nil {
+		t.Fatal("a record cut short read without an error")
+	}
+	if _, err := decodeSubtotal(append(b, 0, 0)); err == nil {
+		t.Fatal("a record with a corrupt tail read without an error")
+	}
+	s.add(subtotal{closed: 1, closedMs: 1_700_000_000_000})
+	if s.open != 0 || s.openMs != 0 {
+		t.Fatalf("after its one open call ended the record counts %d open (%d ms)", s.open, s.openMs)
+	}
+	s.add(subtotal{closed: 1, closedMs: 1_600_000_000_000}) // open before the records counted it
+	if s.open != 0 || s.openMs != 0 {
+		t.Fatalf("an uncounted call's end left %d open (%d ms), want none", s.open, s.openMs)
+	}
+	if b := s.append(nil); len(b) != 2 {
+		t.Fatalf("a record with no call open nor ended written as %v, want its two totals as before", b)
+	}
+}
