@@ -2,15 +2,18 @@ package controlplane_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/supervisor/stoprule"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // The thirty-third hostile pass, stop rules: the rogue is an agent an
@@ -133,4 +136,26 @@ func TestRogue33DACallItsTerminationClosedStopsCountingAtItsAncestors(t *testing
 	if got := ruleProposals(t, srv, rule.RuleId); len(got) != 0 {
 		t.Fatalf("the rule filed %v for the rogue's closed call", got)
 	}
+}
+
+// An embedder raised TreeLimits.MaxLabels to 64. The stop rules' cost
+// estimate bounds a node's labels at 32, so an operator's rule that loops
+// over them twice, accepted as within the budget, costs past it on a node
+// of 64 labels: its evaluation is stopped at the budget, fails, and never
+// fires, and a rogue's parent gives it 64 labels to be past the rule. A
+// server whose tree allows more labels than the estimate bounds is now
+// refused at its start, naming the bound.
+func TestRogue33DTreeLimitsPastTheRulesLabelBoundAreRefused(t *testing.T) {
+	limits := tree.DefaultLimits
+	limits.MaxLabels = stoprule.MaxLabels + 32
+	_, err := controlplane.New(context.Background(), controlplane.Config{DataDir: t.TempDir(), Logger: quietLogger(), TreeLimits: limits})
+	if err == nil || !strings.Contains(err.Error(), "MaxLabels") || !strings.Contains(err.Error(), "32") {
+		t.Fatalf("a tree of 64 labels a node served: %v, want a refusal naming MaxLabels and the bound of 32", err)
+	}
+	limits.MaxLabels = stoprule.MaxLabels
+	srv, err := controlplane.New(context.Background(), controlplane.Config{DataDir: t.TempDir(), Logger: quietLogger(), TreeLimits: limits})
+	if err != nil {
+		t.Fatalf("a tree of 32 labels a node: %v", err)
+	}
+	srv.Close()
 }

@@ -39,6 +39,12 @@ const (
 	MaxTools = 64
 	// MaxCounters bounds the self-reported counters per node.
 	MaxCounters = 32
+	// MaxLabels is the most labels a node may have for the cost estimate
+	// (observed.node_labels): a tree allowing more (tree.Limits.MaxLabels)
+	// would let a rule accepted within the budget cost past it, and fail
+	// without firing, on a node with more labels; controlplane.New refuses
+	// such a tree.
+	MaxLabels = 32
 	// OtherTool collects the calls of tools past MaxTools.
 	OtherTool = "other"
 )
@@ -262,7 +268,7 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 		case "calls_by_outcome", "subtree_calls_by_outcome", "leases_by_state":
 			max = 8
 		case "node_labels":
-			max = 32
+			max = MaxLabels
 		case "node_name":
 			max = 63
 		default:

@@ -3,6 +3,7 @@ package stoprule
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,5 +100,36 @@ func TestRogue33DOpenCallsInTheRecordsRoundTripAndNeverWrap(t *testing.T) {
 	}
 	if b := s.append(nil); len(b) != 2 {
 		t.Fatalf("a record with no call open nor ended written as %v, want its two totals as before", b)
+	}
+}
+
+// TestRogue33DARuleWithinTheBudgetAtMaxLabelsCostsPastItBeyond: why a tree
+// allowing more than MaxLabels labels is refused (controlplane.New). A
+// rule looping over a node's labels twice is accepted within the budget,
+// bounded at MaxLabels; on a node of MaxLabels labels it is judged, on a
+// node of twice as many its evaluation is stopped at the budget and fails,
+// and would never fire.
+func TestRogue33DARuleWithinTheBudgetAtMaxLabelsCostsPastItBeyond(t *testing.T) {
+	nums := make([]string, 55)
+	for i := range nums {
+		nums[i] = fmt.Sprint(i + 1)
+	}
+	fiftyFive := "[" + strings.Join(nums, ",") + "]"
+	c, err := Compile(strings.Replace(`observed.node_labels.exists(k, LIST.all(x, x > 0) && k == "stop")`, "LIST", fiftyFive, 1))
+	if err != nil {
+		t.Fatalf("the rule was refused: %v", err)
+	}
+	labels := func(n int) map[string]string {
+		m := map[string]string{}
+		for i := range n {
+			m[fmt.Sprintf("label-%02d", i)] = "v"
+		}
+		return m
+	}
+	if res := c.evaluate(&Observations{NodeLabels: labels(MaxLabels)}, nil, nil); res.Err != nil {
+		t.Fatalf("at %d labels: %v", MaxLabels, res.Err)
+	}
+	if res := c.evaluate(&Observations{NodeLabels: labels(2 * MaxLabels)}, nil, nil); res.Err == nil {
+		t.Fatalf("at %d labels the rule cost %d and was judged; want it stopped at the budget (else the bound need not be refused)", 2*MaxLabels, res.Cost)
 	}
 }
