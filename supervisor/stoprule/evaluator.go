@@ -74,6 +74,11 @@ func (r *Rules) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A pass ended by a watch that fell behind (a rogue flooding the store
+	// with writes can make it) starts again from a scan: the trees' debts
+	// outlive it, else each rescan would clear the rogue's and give its
+	// tree's evaluations the next turns again.
+	defer func() { r.debts = ix.dirty.debts() }()
 	tick := r.Tick
 	if tick <= 0 {
 		tick = DefaultTick
@@ -170,6 +175,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	for id, n := range ix.nodes {
 		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
+	ix.dirty.owe(r.debts)
 	return ix, nil
 }
 

@@ -193,6 +193,28 @@ func (f *fairQueue) unmark(root, id string) {
 
 func (f *fairQueue) len() int { return f.size }
 
+// debts lists the trees in debt (having overspent their turns), by root.
+func (f *fairQueue) debts() map[string]int64 {
+	out := map[string]int64{}
+	for root, q := range f.trees {
+		if q.deficit < 0 {
+			out[root] = q.deficit
+		}
+	}
+	return out
+}
+
+// owe charges debts, by root, to the trees queued: a fresh queue's trees
+// start as far behind as they were (a tree with nothing queued, its root
+// terminated or its nodes judged, owes nothing more).
+func (f *fairQueue) owe(debts map[string]int64) {
+	for root, d := range debts {
+		if q := f.trees[root]; q != nil && d < 0 {
+			q.deficit = min(q.deficit, d)
+		}
+	}
+}
+
 // serve evaluates up to limit marked nodes (those with rules to evaluate:
 // eval reports a cost), the trees in turn and within a
 // tree the operators' rules first: eval is called with each node taken and

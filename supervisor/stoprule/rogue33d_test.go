@@ -133,3 +133,63 @@ func TestRogue33DARuleWithinTheBudgetAtMaxLabelsCostsPastItBeyond(t *testing.T) 
 		t.Fatalf("at %d labels the rule cost %d and was judged; want it stopped at the budget (else the bound need not be refused)", 2*MaxLabels, res.Cost)
 	}
 }
+
+// TestRogue33DARescanKeepsTheRoguesDebt: a rogue whose tree overspent its
+// turns (its agents' rules near the budget at every node) floods the store
+// with writes until the evaluator's watch falls behind: Run's pass ends
+// and the next starts from a scan (load). The new queue forgot every
+// tree's debt, so each rescan gave the rogue's tree a fresh turn before
+// others' were served. Now the pass leaves its debts (Run keeps them as
+// the pass ends) and the next queue charges them: after the rescan the
+// honest tree is served first, and the rogue's tree still owes its turns.
+func TestRogue33DARescanKeepsTheRoguesDebt(t *testing.T) {
+	g := newRogue31cRig(t)
+	rogue := g.spawn(nil, "rogue")
+	for range 3 {
+		g.spawn(rogue, "kid")
+	}
+	honest := g.spawn(nil, "honest")
+	ctx := context.Background()
+	ix, err := g.rules.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each of the rogue's nodes costs ten turns; the honest tree's one.
+	cost := func(id string) int64 {
+		if id == honest.NodeID {
+			return evaluationBaseCost
+		}
+		return 10 * TurnCost
+	}
+	var first []string
+	serve := func(ix *index) {
+		first = nil
+		if err := ix.dirty.serveUpTo(1, TurnCost, func(id string, _ phase) (int64, bool, error) {
+			first = append(first, id)
+			return cost(id), true, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for ix.dirty.trees[rogue.NodeID] == nil || ix.dirty.trees[rogue.NodeID].deficit >= 0 {
+		serve(ix)
+	}
+	// The watch fell behind: the pass ends, Run keeps its debts, and the
+	// next pass loads again.
+	g.rules.debts = ix.dirty.debts()
+	ix, err = g.rules.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for range 2 {
+		serve(ix)
+		order = append(order, first...)
+	}
+	if len(order) == 0 || order[0] != honest.NodeID {
+		t.Fatalf("after the rescan the evaluator served %v first, want the honest tree %s (the rogue's tree in debt)", order, honest.NodeID)
+	}
+	if d := ix.dirty.trees[rogue.NodeID]; d == nil || d.deficit >= 0 {
+		t.Fatal("after the rescan the rogue's tree owes nothing")
+	}
+}

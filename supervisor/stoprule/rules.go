@@ -108,6 +108,10 @@ type Rules struct {
 	compiledMu sync.Mutex
 	compiled   map[string]*Compiled // by expression
 	stats      Stats
+	// debts are the trees' debts (what they overspent of their turns) when
+	// Run's last pass ended, by root, for the next pass to keep: Run's
+	// passes run one at a time.
+	debts map[string]int64
 }
 
 // Stats count the evaluator's work (for the benchmark).
