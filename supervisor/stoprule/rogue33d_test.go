@@ -193,3 +193,42 @@ func TestRogue33DARescanKeepsTheRoguesDebt(t *testing.T) {
 		t.Fatal("after the rescan the rogue's tree owes nothing")
 	}
 }
+
+// TestRogue33DTestingCallTimeOverManyOpenCallsIsPriced: a rogue with 64
+// calls open has TestStopRule judge an expression on call time over and
+// over: each test reads its 64 call records from the ledger. The test is
+// priced by them (DecodedBytes, a request more per 4 KiB at the API: 32
+// calls), as the evaluator charges them; an expression not on call time
+// reads none.
+func TestRogue33DTestingCallTimeOverManyOpenCallsIsPriced(t *testing.T) {
+	g := newRogue31cRig(t)
+	rogue := g.spawn(nil, "rogue")
+	err := g.st.Update(context.Background(), func(tx store.Txn) error {
+		for i := range 64 {
+			c := &ledger.ToolCall{CallID: fmt.Sprintf("open-%d", i), NodeID: rogue.NodeID, GateID: "gate", Tool: "fetch", State: ledger.CallStateInFlight, BegunAt: g.clk.Now()}
+			if err := ledger.PutCallIn(tx, c); err != nil {
+				return err
+			}
+			if err := tx.Put(ledger.OpenCallKey(rogue.NodeID, c.CallID), []byte("gate")); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.clk.Advance(10 * time.Second)
+	rogueActor := Actor{ID: "agent:" + rogue.NodeID, NodeID: rogue.NodeID}
+	res, err := g.rules.Test(context.Background(), rogueActor, rogue.NodeID, `observed.call_seconds_total > 600.0`, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Fired || res.DecodedBytes < 2*4096 {
+		t.Fatalf("64 calls open 10 s: result %v, priced %d bytes; want true (640 s) and at least two reads' worth", res.Fired, res.DecodedBytes)
+	}
+	res, err = g.rules.Test(context.Background(), rogueActor, rogue.NodeID, `observed.calls > 0`, "")
+	if err != nil || res.DecodedBytes != 0 {
+		t.Fatalf("an expression not on call time priced %d bytes (%v), want none", res.DecodedBytes, err)
+	}
+}

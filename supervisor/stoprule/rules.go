@@ -472,7 +472,8 @@ type TestResult struct {
 	SelfReported map[string]float64
 	// DecodedBytes is the size of the subtree's records the test decoded
 	// (counts by tool, reported counters: for an expression that reads
-	// them; the growth and call totals past their first 4 KiB): the
+	// them; the growth and call totals past their first 4 KiB; the node's
+	// own open calls, 128 bytes each, for an expression on call time): the
 	// caller's price.
 	DecodedBytes int
 }
@@ -525,9 +526,14 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 			return err
 		}
 		if c.UsesCallTime {
-			if _, err := readOwnOpenCalls(tx, nodeID, stored); err != nil {
+			// The node's own open calls, each a call record read: priced
+			// as the evaluator charges them (openCallsPerRead to a read of
+			// subtreeToolsBytesPerRead).
+			n, err := readOwnOpenCalls(tx, nodeID, stored)
+			if err != nil {
 				return err
 			}
+			decoded += n * (subtreeToolsBytesPerRead / openCallsPerRead)
 		}
 		if !c.UsesSubtreeReported {
 			return nil
