@@ -89,7 +89,9 @@ type Config struct {
 	// MaxRequestBytes bounds every request message.
 	MaxRequestBytes int
 	// TreeLimits bound the agent tree (depth, children per node, labels);
-	// the zero value means tree.DefaultLimits.
+	// the zero value means tree.DefaultLimits. MaxLabels above
+	// stoprule.MaxLabels (32) is refused: the stop rules' cost estimate
+	// bounds a node's labels there.
 	TreeLimits tree.Limits
 	// RecordDir receives each reconciliation record as JSON; default
 	// <data-dir>/records.
@@ -287,6 +289,12 @@ type Server struct {
 // New opens the store, loads the key ring and builds the handlers.
 func New(ctx context.Context, cfg Config) (*Server, error) {
 	cfg.defaults()
+	if cfg.TreeLimits.MaxLabels > stoprule.MaxLabels {
+		// The stop rules' cost estimate bounds a node's labels: a rule
+		// accepted within the budget would cost past it on a node with
+		// more, and fail without firing.
+		return nil, fmt.Errorf("controlplane: TreeLimits.MaxLabels is %d, more than %d, the labels a node may have for the stop rules' cost estimate (stoprule.MaxLabels)", cfg.TreeLimits.MaxLabels, stoprule.MaxLabels)
+	}
 	if err := cfg.CheckTransport(); err != nil {
 		return nil, err
 	}

@@ -1800,7 +1800,7 @@ func (s *Supervisor) recordNodesTxn(ctx context.Context, t Termination, start bo
 		cur.Unaccounted += unaccounted
 		stored.UpdatedAt = now
 		if cur.Entry >= stored.Counts.Listed && !cur.GrantsPending && !cur.LeasesPending {
-			done, err := callsBesideLastChunk(tx, &stored, budget, s.pageBytes(), now)
+			done, err := callsBesideLastChunk(tx, &stored, budget, s.pageBytes(), now, s.Ledger)
 			if err != nil {
 				return err
 			}
@@ -2330,7 +2330,7 @@ func (s *Supervisor) recordCalls(ctx context.Context, t Termination, start bool,
 		if err != nil {
 			return err
 		}
-		if err := putCallsPart(tx, &stored, calls, now); err != nil {
+		if err := putCallsPart(tx, &stored, calls, now, s.Ledger); err != nil {
 			return err
 		}
 		stored.UpdatedAt = now
@@ -2362,7 +2362,7 @@ func callsIn(tx store.ReadTxn, ids []string) ([]*ledger.ToolCall, error) {
 
 // putCallsPart writes calls as a part of the record, closing those still
 // open as cancel_unacknowledged in the ledger.
-func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, now time.Time) error {
+func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, now time.Time, l *ledger.Ledger) error {
 	part := &ReconciliationRecord{}
 	// A call still open is closed as of the instant the termination
 	// stopped waiting for its gate, not this pass's.
@@ -2374,7 +2374,7 @@ func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, n
 		if err := ledger.ForgetEndedIn(tx, c); err != nil {
 			return err
 		}
-		if err := closeUnacknowledged(tx, stored.ID, c, closedAt); err != nil {
+		if err := closeUnacknowledged(tx, stored.ID, c, closedAt, l); err != nil {
 			return err
 		}
 		part.ToolCalls = append(part.ToolCalls, recordCall(c))
@@ -2399,7 +2399,7 @@ func callBytes(c *ledger.ToolCall) int {
 // beside it — at most a chunk of calls, weighing at most a page, as the
 // grants and the leases a chunk carries — and says whether it did (then
 // the caller writes the header too: the record is one commit fewer).
-func callsBesideLastChunk(tx store.Txn, stored *Termination, budget, page int, now time.Time) (bool, error) {
+func callsBesideLastChunk(tx store.Txn, stored *Termination, budget, page int, now time.Time, l *ledger.Ledger) (bool, error) {
 	ids, more, err := termCallsAfter(tx, stored.ID, "", budget)
 	if err != nil || more {
 		return false, err
@@ -2414,7 +2414,7 @@ func callsBesideLastChunk(tx store.Txn, stored *Termination, budget, page int, n
 			return false, nil
 		}
 	}
-	if err := putCallsPart(tx, stored, calls, now); err != nil {
+	if err := putCallsPart(tx, stored, calls, now, l); err != nil {
 		return false, err
 	}
 	stored.Cursor.After, stored.Cursor.CallsDone = "", true

@@ -109,11 +109,14 @@ func registeredPrivilege(p privilege.Privilege) RecordPrivilege {
 // closeUnacknowledged closes a call the termination accounts for that
 // never ended (never acknowledged, or, after an escalation, never ended)
 // in the ledger, so the record and the ledger agree. now is when the
-// termination stopped waiting for the gate (StoppedWaitingAt).
-func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall, now time.Time) error {
+// termination stopped waiting for the gate (StoppedWaitingAt). The
+// ledger's Observer is told of the end (observe): the stop rules count a
+// call open at its node's ancestors until it ends.
+func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall, now time.Time, observe *ledger.Ledger) error {
 	if c.State == ledger.CallStateEnded {
 		return nil
 	}
+	before := *c // (no slice or map: a copy is a deep copy)
 	c.State = ledger.CallStateEnded
 	c.Resolution = ledger.CallResolutionCancelUnacknowledged
 	c.EndedAt = now
@@ -122,6 +125,9 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall,
 		return err
 	}
 	if err := tx.Delete(ledger.CancelKey(c.GateID, c.CallID)); err != nil {
+		return err
+	}
+	if err := observe.ObserveIn(tx, &before, c); err != nil {
 		return err
 	}
 	return ledger.PutCallIn(tx, c)

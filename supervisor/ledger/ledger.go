@@ -772,6 +772,19 @@ func accountToCoveringStop(tx store.Txn, c *ToolCall) error {
 	return tx.Put(termCallKey(cover.TerminationID, c.CallID), nil)
 }
 
+// ObserveIn tells the ledger's Observer, in tx, of a call written outside
+// the ledger: a termination closing a call it waited for in vain
+// (cancel_unacknowledged). The stop rules' counters count the call open
+// until its end; one the Observer never heard end would count at its
+// node's ancestors forever. A nil ledger, or one without an Observer,
+// does nothing.
+func (l *Ledger) ObserveIn(tx store.Txn, before, after *ToolCall) error {
+	if l == nil {
+		return nil
+	}
+	return l.observe(tx, before, after)
+}
+
 func (l *Ledger) observe(tx store.Txn, before, after *ToolCall) error {
 	if l.Observer == nil {
 		return nil

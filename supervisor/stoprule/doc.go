@@ -50,6 +50,11 @@
 //     agents. Lease and revocation counts are read at evaluation time, and
 //     only for rules that read them; those rules, and rules that read the
 //     clock, are evaluated again every Tick for the nodes they apply to.
+//     A call still open counts its time up to the instant it is judged
+//     (the node's own read from the ledger, its descendants' from their
+//     shard totals: how many are open and their begin times added up), so
+//     rules on call time are evaluated again every Tick at the nodes
+//     whose last evaluation found calls open in their subtree.
 //   - A rule that is true files its proposal and its fired mark in one
 //     transaction (file), so it fires once per node, across crashes and
 //     leader changes; the policy's decision, and the termination it

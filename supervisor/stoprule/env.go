@@ -39,6 +39,12 @@ const (
 	MaxTools = 64
 	// MaxCounters bounds the self-reported counters per node.
 	MaxCounters = 32
+	// MaxLabels is the most labels a node may have for the cost estimate
+	// (observed.node_labels): a tree allowing more (tree.Limits.MaxLabels)
+	// would let a rule accepted within the budget cost past it, and fail
+	// without firing, on a node with more labels; controlplane.New refuses
+	// such a tree.
+	MaxLabels = 32
 	// OtherTool collects the calls of tools past MaxTools.
 	OtherTool = "other"
 )
@@ -113,6 +119,13 @@ type Compiled struct {
 	// only such rules' evaluations decode from the records, charged by
 	// their size as UsesSubtreeTools.
 	UsesSubtreeReported bool
+	// UsesCallTime: the expression reads how long calls took
+	// (call_seconds_total, call_seconds_max and their subtree_ forms),
+	// which counts the calls still open up to the instant it is judged:
+	// the evaluator judges a node with calls open in its subtree again
+	// every tick for such rules, and reads the node's own open calls for
+	// them alone.
+	UsesCallTime bool
 }
 
 // Compile parses, type-checks and cost-checks an expression. Errors wrap
@@ -159,8 +172,12 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
-		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome", "subtree_call_seconds_total", "subtree_call_seconds_max":
+		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome":
 			c.UsesSubtree = true
+		case "subtree_call_seconds_total", "subtree_call_seconds_max":
+			c.UsesSubtree, c.UsesCallTime = true, true
+		case "call_seconds_total", "call_seconds_max":
+			c.UsesCallTime = true
 		case "subtree_calls_by_tool", "subtree_failures_by_tool":
 			c.UsesSubtree, c.UsesSubtreeTools = true, true
 		}
@@ -169,7 +186,7 @@ func Compile(expression string) (*Compiled, error) {
 		}
 	}
 	if readsObservedOpaquely(native) {
-		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools = true, true, true, true, true
+		c.UsesTime, c.UsesLeases, c.UsesRevocations, c.UsesSubtree, c.UsesSubtreeTools, c.UsesCallTime = true, true, true, true, true, true
 	}
 	return c, nil
 }
@@ -251,7 +268,7 @@ func (sizes) EstimateSize(n checker.AstNode) *checker.SizeEstimate {
 		case "calls_by_outcome", "subtree_calls_by_outcome", "leases_by_state":
 			max = 8
 		case "node_labels":
-			max = 32
+			max = MaxLabels
 		case "node_name":
 			max = 63
 		default:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/tetherhq/tether/internal/reconcile"
@@ -38,6 +39,10 @@ type index struct {
 	dirty     *fairQueue      // marked for evaluation, by tree (fair.go)
 	retry     map[string]bool // failed evaluations, marked again at the next tick
 	timed     int             // rules evaluated every tick (polled)
+	// open holds the nodes whose last evaluation of a rule on call time
+	// found calls open in their subtree: judged again every tick while
+	// they are (markTimed), as their calls' time grows with the clock.
+	open map[string]bool
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -69,6 +74,11 @@ func (r *Rules) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A pass ended by a watch that fell behind (a rogue flooding the store
+	// with writes can make it) starts again from a scan: the trees' debts
+	// outlive it, else each rescan would clear the rogue's and give its
+	// tree's evaluations the next turns again.
+	defer func() { r.debts = ix.dirty.debts() }()
 	tick := r.Tick
 	if tick <= 0 {
 		tick = DefaultTick
@@ -140,7 +150,7 @@ const evaluateSlice = 256
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
-		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}}
+		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -165,12 +175,14 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	for id, n := range ix.nodes {
 		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
+	ix.dirty.owe(r.debts)
 	return ix, nil
 }
 
 func (ix *index) putNode(n *tree.Node) {
 	if !judged(n) {
 		delete(ix.nodes, n.NodeID)
+		delete(ix.open, n.NodeID)
 		ix.dirty.unmark(rootOf(n.NodeID, n.Ancestors), n.NodeID)
 		return
 	}
@@ -318,6 +330,17 @@ func (ix *index) selected(a *activeRule, n nodeInfo) bool {
 }
 
 func (ix *index) markTimed() {
+	// The nodes with calls open, for their rules on call time: a node is
+	// judged again each tick while its last evaluation found some open,
+	// not every node a rule on call time applies to.
+	for id := range ix.open {
+		n, ok := ix.nodes[id]
+		if !ok || !slices.ContainsFunc(ix.inEffect(id, n), func(a *activeRule) bool { return a.compiled.UsesCallTime }) {
+			delete(ix.open, id)
+			continue
+		}
+		ix.dirty.mark(rootOf(id, n.ancestors), id)
+	}
 	if ix.timed == 0 {
 		return
 	}
@@ -369,6 +392,7 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 		case isUnder(ev.Key, tree.NodePrefix):
 			if ev.Type == store.EventDelete {
 				delete(ix.nodes, tail(ev.Key, tree.NodePrefix))
+				delete(ix.open, tail(ev.Key, tree.NodePrefix))
 				continue
 			}
 			n := &tree.Node{}
@@ -423,7 +447,13 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 		if len(rules) == 0 {
 			return 0, agentsToo, nil
 		}
-		cost, err := r.evaluateNode(ctx, id, rules)
+		cost, open, err := r.evaluateNodeOpen(ctx, id, rules)
+		switch open {
+		case openSome:
+			ix.open[id] = true
+		case openNone:
+			delete(ix.open, id)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return cost, agentsToo, ctx.Err()
@@ -471,6 +501,23 @@ var errFault = errors.New("stoprule: injected fault")
 // for each read (the node's snapshot, and its leases or revocations when a
 // rule reads them) and the CEL cost of each rule evaluated.
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) (int64, error) {
+	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules)
+	return cost, err
+}
+
+// openState is what an evaluation learnt of a node's calls open, for
+// rules on call time.
+type openState int
+
+const (
+	openUnknown openState = iota // no rule evaluated reads call time
+	openNone                     // none open in its subtree
+	openSome                     // some open: judge it again every tick
+)
+
+// evaluateNodeOpen is evaluateNode, and says whether the node has calls
+// open in its subtree when a rule evaluated reads call time.
+func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*activeRule) (int64, openState, error) {
 	cost := int64(evaluationBaseCost)
 	start := time.Now()
 	var node *tree.Node
@@ -478,12 +525,13 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	var self map[string]float64
 	var sums *reportedSums
 	fired := map[string]bool{}
-	tools, reported := false, false
+	tools, reported, callTime := false, false, false
 	for _, a := range rules {
 		tools = tools || a.compiled.UsesSubtreeTools
 		reported = reported || a.compiled.UsesSubtreeReported
+		callTime = callTime || a.compiled.UsesCallTime
 	}
-	decoded := 0
+	decoded, openRead := 0, 0
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
 		if node, err = tree.GetNodeIn(tx, nodeID); err != nil {
@@ -491,6 +539,11 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 		}
 		if stored, self, decoded, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
+		}
+		if callTime {
+			if openRead, err = readOwnOpenCalls(tx, nodeID, stored); err != nil {
+				return err
+			}
 		}
 		if reported {
 			var size int
@@ -510,11 +563,25 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	// evaluation that reads them charged to its tree as the reads it
 	// costs.
 	cost += int64(evaluationBaseCost * ((decoded + subtreeToolsBytesPerRead - 1) / subtreeToolsBytesPerRead))
+	// The node's own open calls, read for rules on call time: a read more
+	// per openCallsPerRead of them (a rogue opening hundreds of calls has
+	// each evaluation of its node charged the reads they cost).
+	cost += int64(evaluationBaseCost * (openRead / openCallsPerRead))
 	if errors.Is(err, tree.ErrNodeNotFound) {
-		return cost, nil
+		return cost, openUnknown, nil
 	}
 	if err != nil || !judged(node) {
-		return cost, err
+		return cost, openUnknown, err
+	}
+	open := openUnknown
+	if callTime {
+		// Judged again every tick while calls are open and a rule on call
+		// time has not fired (markTimed): their time grows with the clock
+		// alone.
+		open = openNone
+		if stored.open.any() && slices.ContainsFunc(rules, func(a *activeRule) bool { return a.compiled.UsesCallTime && !fired[a.rule.RuleID] }) {
+			open = openSome
+		}
 	}
 	leases, revocations := false, false
 	for _, a := range rules {
@@ -528,7 +595,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 	}
 	observed, err := r.snapshot(ctx, node, stored, leases, revocations)
 	if err != nil {
-		return cost, err
+		return cost, open, err
 	}
 	r.stats.Nodes.Add(1)
 	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()
@@ -545,7 +612,7 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 		}
 		if err := r.file(ctx, node, a.rule, res); err != nil {
 			if errors.Is(err, supervisor.ErrAlreadyStopping) {
-				return cost, nil // stopped meanwhile: nothing to propose
+				return cost, open, nil // stopped meanwhile: nothing to propose
 			}
 			if errors.Is(err, supervisor.ErrTreeProposalsFull) {
 				// An agent's rule, its tree's proposals at their bound:
@@ -553,13 +620,13 @@ func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*active
 				waiting = true
 				continue
 			}
-			return cost, err
+			return cost, open, err
 		}
 	}
 	if waiting {
-		return cost, errWaitingForRoom
+		return cost, open, errWaitingForRoom
 	}
-	return cost, nil
+	return cost, open, nil
 }
 
 // errWaitingForRoom: a rule that is true could not file its proposal

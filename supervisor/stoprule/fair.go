@@ -54,6 +54,10 @@ const (
 	// loaded test machine, 2.8–6 ms while they held the versions of their
 	// many writes, where a node of few records took 8 µs.
 	totalsBytesInRead = 4096
+	// openCallsPerRead: an evaluation of a rule on call time reads the
+	// node's own open calls (each a call record of the ledger) and is
+	// charged evaluationBaseCost more for each of these many of them.
+	openCallsPerRead = 32
 )
 
 // phase says which of a node's rules an evaluation takes.
@@ -188,6 +192,28 @@ func (f *fairQueue) unmark(root, id string) {
 }
 
 func (f *fairQueue) len() int { return f.size }
+
+// debts lists the trees in debt (having overspent their turns), by root.
+func (f *fairQueue) debts() map[string]int64 {
+	out := map[string]int64{}
+	for root, q := range f.trees {
+		if q.deficit < 0 {
+			out[root] = q.deficit
+		}
+	}
+	return out
+}
+
+// owe charges debts, by root, to the trees queued: a fresh queue's trees
+// start as far behind as they were (a tree with nothing queued, its root
+// terminated or its nodes judged, owes nothing more).
+func (f *fairQueue) owe(debts map[string]int64) {
+	for root, d := range debts {
+		if q := f.trees[root]; q != nil && d < 0 {
+			q.deficit = min(q.deficit, d)
+		}
+	}
+}
 
 // serve evaluates up to limit marked nodes (those with rules to evaluate:
 // eval reports a cost), the trees in turn and within a

@@ -109,7 +109,61 @@ func Snapshot(stored *Observations, n *tree.Node, now time.Time) *Observations {
 	if !n.CreatedAt.IsZero() {
 		o.AgeSeconds = max(now.Sub(n.CreatedAt).Seconds(), 0)
 	}
+	o.open.countAt(o, now)
 	return o
+}
+
+// openCalls is what a node's calls still open amount to, read with its
+// counters, for the call time its rules read to count them up to the
+// instant it is judged: a call counted only at its end let a rogue keep one
+// open forever (or many, across its descendants) and never be stopped by a
+// rule on call time. Its own calls in flight are read from the ledger (the
+// node's open calls, only for rules that read call time); its
+// descendants' from its subtree records, which count the calls open in
+// each shard and their begin times added up (each begin and end of a
+// descendant's call changes them in its own transaction).
+type openCalls struct {
+	own       int64   // the node's own calls open
+	ownBegins float64 // their begin times added up, in Unix milliseconds
+	ownFirst  int64   // the earliest of them
+	sub       uint64  // the descendants' calls open
+	subBegins uint64  // their begin times added up
+	subOldest int64   // the earliest mean begin time of a shard's open calls
+}
+
+// callMillis is a call's begin time as the records add it up: Unix
+// milliseconds, 0 before 1970.
+func callMillis(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(max(t.UnixMilli(), 0))
+}
+
+// any reports whether the node has calls open, its own or in its subtree.
+func (c openCalls) any() bool { return c.own > 0 || c.sub > 0 }
+
+// countAt adds the time the open calls have taken at now to o's call
+// time: the node's own to call_seconds_total and call_seconds_max and to
+// their subtree_ forms, the descendants' to the subtree_ forms. The
+// descendants' longest open call is not known, only each shard's count
+// and begin times: it counts as the oldest mean age of a shard's open
+// calls, never more than the longest (exact for a shard with one call
+// open). A begin time after now (another server's clock) counts 0.
+func (c openCalls) countAt(o *Observations, now time.Time) {
+	nowMs := float64(callMillis(now))
+	if c.own > 0 {
+		total := max(float64(c.own)*nowMs-c.ownBegins, 0) / 1e3
+		longest := max(nowMs-float64(c.ownFirst), 0) / 1e3
+		o.CallSecondsTotal += total
+		o.CallSecondsMax = max(o.CallSecondsMax, longest)
+		o.SubtreeCallSecondsTotal += total
+		o.SubtreeCallSecondsMax = max(o.SubtreeCallSecondsMax, longest)
+	}
+	if c.sub > 0 {
+		o.SubtreeCallSecondsTotal += max(float64(c.sub)*nowMs-float64(c.subBegins), 0) / 1e3
+		o.SubtreeCallSecondsMax = max(o.SubtreeCallSecondsMax, max(nowMs-float64(c.subOldest), 0)/1e3)
+	}
 }
 
 func bump(m *map[string]int64, k string, by int64) {

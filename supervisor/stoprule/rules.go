@@ -108,6 +108,10 @@ type Rules struct {
 	compiledMu sync.Mutex
 	compiled   map[string]*Compiled // by expression
 	stats      Stats
+	// debts are the trees' debts (what they overspent of their turns) when
+	// Run's last pass ended, by root, for the next pass to keep: Run's
+	// passes run one at a time.
+	debts map[string]int64
 }
 
 // Stats count the evaluator's work (for the benchmark).
@@ -468,7 +472,8 @@ type TestResult struct {
 	SelfReported map[string]float64
 	// DecodedBytes is the size of the subtree's records the test decoded
 	// (counts by tool, reported counters: for an expression that reads
-	// them; the growth and call totals past their first 4 KiB): the
+	// them; the growth and call totals past their first 4 KiB; the node's
+	// own open calls, 128 bytes each, for an expression on call time): the
 	// caller's price.
 	DecodedBytes int
 }
@@ -517,8 +522,21 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 		if c, err = r.compileKept(expression, ruleID != ""); err != nil {
 			return err
 		}
-		if stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools); err != nil || !c.UsesSubtreeReported {
+		if stored, self, decoded, err = readNodeTools(tx, nodeID, c.UsesSubtreeTools); err != nil {
 			return err
+		}
+		if c.UsesCallTime {
+			// The node's own open calls, each a call record read: priced
+			// as the evaluator charges them (openCallsPerRead to a read of
+			// subtreeToolsBytesPerRead).
+			n, err := readOwnOpenCalls(tx, nodeID, stored)
+			if err != nil {
+				return err
+			}
+			decoded += n * (subtreeToolsBytesPerRead / openCallsPerRead)
+		}
+		if !c.UsesSubtreeReported {
+			return nil
 		}
 		var size int
 		sums, size, err = readSubtreeReportedSize(tx, nodeID, self)
@@ -635,6 +653,15 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 	if end, ok := callEnd(before, after); ok {
 		d.addEnd(end)
 	}
+	// A call open counts its time at its ancestors while it stays open
+	// (the shard's open calls and their begin times); its end takes it
+	// out. A call begun and ended at once, or refused, was never open.
+	switch {
+	case before == nil && after.State != ledger.CallStateEnded && after.Resolution != ledger.CallResolutionRejectedDraining:
+		d.open, d.openMs = 1, callMillis(after.BegunAt)
+	case before != nil && before.State != ledger.CallStateEnded && after.State == ledger.CallStateEnded:
+		d.closed, d.closedMs = 1, callMillis(before.BegunAt)
+	}
 	if d == (subtotal{}) {
 		return nil
 	}
@@ -750,6 +777,13 @@ type subtotal struct {
 	calls, failures, tracked uint64
 	ended                    [len(subtreeOutcomes)]uint64
 	nanos, maxNanos          uint64
+	// open counts the calls of the shard's descendants still open, and
+	// openMs their begin times added up (Unix milliseconds): stored after
+	// maxNanos while a call is open (a record of an earlier version has
+	// none). closed and closedMs are a change's alone, never stored: a
+	// call's end taking it out.
+	open, openMs     uint64
+	closed, closedMs uint64
 }
 
 // subtreeOutcomes are the outcomes a subtotal counts, in its stored order,
@@ -788,6 +822,22 @@ func (s *subtotal) add(d subtotal) {
 	}
 	s.nanos = addSaturating(s.nanos, d.nanos)
 	s.maxNanos = max(s.maxNanos, d.maxNanos)
+	s.open += d.open
+	s.openMs += d.openMs
+	if d.closed > 0 {
+		// A call open before the records counted open calls (an earlier
+		// version) ends uncounted: the count never goes below 0, and none
+		// open means no begin times.
+		if s.open >= d.closed && s.openMs >= d.closedMs {
+			s.open -= d.closed
+			s.openMs -= d.closedMs
+		} else {
+			s.open = 0
+		}
+		if s.open == 0 {
+			s.openMs = 0
+		}
+	}
 }
 
 // ends reports whether s counts any outcome or time.
@@ -795,19 +845,26 @@ func (s subtotal) ends() bool {
 	return s.ended != [len(subtreeOutcomes)]uint64{} || s.nanos != 0 || s.maxNanos != 0
 }
 
+// opens reports whether s counts calls open.
+func (s subtotal) opens() bool { return s.open != 0 || s.openMs != 0 }
+
 func (s subtotal) append(b []byte) []byte {
 	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
-	if s.tracked == 0 && !s.ends() {
+	if s.tracked == 0 && !s.ends() && !s.opens() {
 		return b
 	}
 	b = binary.AppendUvarint(b, s.tracked)
-	if !s.ends() {
+	if !s.ends() && !s.opens() {
 		return b
 	}
 	for _, n := range s.ended {
 		b = binary.AppendUvarint(b, n)
 	}
-	return binary.AppendUvarint(binary.AppendUvarint(b, s.nanos), s.maxNanos)
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.nanos), s.maxNanos)
+	if !s.opens() {
+		return b
+	}
+	return binary.AppendUvarint(binary.AppendUvarint(b, s.open), s.openMs)
 }
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
@@ -834,7 +891,13 @@ func decodeSubtotal(v []byte) (subtotal, error) {
 	for i := range s.ended {
 		fields = append(fields, &s.ended[i])
 	}
-	if err := decodeUvarints(rest, "subtree", append(fields, &s.nanos, &s.maxNanos)...); err != nil {
+	if rest, err = readUvarints(rest, "subtree", append(fields, &s.nanos, &s.maxNanos)...); err != nil || len(rest) == 0 {
+		if err != nil {
+			return subtotal{}, err
+		}
+		return s, nil
+	}
+	if err := decodeUvarints(rest, "subtree", &s.open, &s.openMs); err != nil {
 		return subtotal{}, err
 	}
 	return s, nil
@@ -1127,6 +1190,14 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 			return err
 		}
 		sum.add(s)
+		if s.open > 0 {
+			mean := int64(s.openMs / s.open)
+			if o.open.sub == 0 || mean < o.open.subOldest {
+				o.open.subOldest = mean
+			}
+			o.open.sub += s.open
+			o.open.subBegins += s.openMs
+		}
 		return nil
 	})
 	if err != nil {
@@ -1173,6 +1244,28 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 		return nil, nil, 0, err
 	}
 	return o, self.Counters, toolBytes, nil
+}
+
+// readOwnOpenCalls reads the node's own calls still open from the ledger
+// into o (Snapshot counts their time at the instant it judges the node),
+// and returns how many it read: at most MaxOpenCallsPerNode per gate.
+func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, error) {
+	calls, err := ledger.OpenCallsIn(tx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range calls {
+		if c.State == ledger.CallStateEnded {
+			continue
+		}
+		ms := int64(callMillis(c.BegunAt))
+		if o.open.own == 0 || ms < o.open.ownFirst {
+			o.open.ownFirst = ms
+		}
+		o.open.own++
+		o.open.ownBegins += float64(ms)
+	}
+	return len(calls), nil
 }
 
 // subtreeCalls sets o's subtree totals of the calls (SubtreeCalls and

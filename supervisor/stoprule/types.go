@@ -106,6 +106,11 @@ type Observations struct {
 	SubtreeCallsByOutcome   map[string]int64 `pb:"24"`
 	SubtreeCallSecondsTotal float64          `pb:"25"`
 	SubtreeCallSecondsMax   float64          `pb:"26"`
+
+	// open is what the calls still open amounted to when the node was
+	// read (never stored: readNodeTools and readOwnOpenCalls set it), for
+	// Snapshot to count at the instant the node is judged.
+	open openCalls
 }
 
 // Clone returns a copy of o sharing nothing with it.
