@@ -473,9 +473,18 @@ func JudgeExit(n *Node, inStopped func(nodeID string) bool, liveGrants []string)
 }
 
 // ChildAlive returns a child among children (nodes the node spawned) that
-// the control plane sees alive now — a session or a stream of its
-// credential open, the child not terminated — if any.
+// the control plane sees alive now, the child not terminated — a session
+// or a stream of its credential open (the session returned), or its
+// credential at work after the last end the control plane saw of it (the
+// session returned empty: SeenAfterSessionEnd, or a contradiction of its
+// confirmed exit) — if any. Each is the order of that node's own
+// observations, never two nodes' times (two etcd replicas' clocks): a
+// rogue parent that ended its session and claimed its exit, and worked on
+// by requests with a credential of a descendant whose own session had
+// ended (or whose launcher had attested its exit), nothing of it open at
+// the record, read confirmed until the thirty-third pass.
 func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
+	var worked *Node
 	for _, c := range children {
 		if c == nil || c.State == NodeStateTerminated {
 			continue
@@ -483,8 +492,23 @@ func ChildAlive(children []*Node) (*Node, OpenSession, bool) {
 		for _, s := range c.OpenSessions {
 			return c, s, true
 		}
+		if worked == nil && workedAfterItsEnd(c) {
+			worked = c
+		}
+	}
+	if worked != nil {
+		return worked, OpenSession{}, true
 	}
 	return nil, OpenSession{}, false
+}
+
+// workedAfterItsEnd reports whether the control plane saw n's credential
+// at work after the last end it saw of n: a heartbeat, a request, a tool
+// call or a stream after its session's last end (SeenAfterSessionEnd), or
+// activity after its exit was confirmed (a contradiction). Nothing of it
+// need be open: the credential's holder works on by requests alone.
+func workedAfterItsEnd(n *Node) bool {
+	return SeenAfterSessionEnd(n) || ExitConfirmed(n) && len(n.Contradictions) > 0
 }
 
 // Beside is what the record reads, beside the node itself, of what may
@@ -526,7 +550,10 @@ type CallInFlight struct {
 // stream open (ChildAlive): a rogue parent that ended its session, claimed
 // its exit and lived on through its child's revocation feed read confirmed
 // by the control plane, the life put on its child alone (thirtieth pass);
-// one that lived on as its grandchild, until the thirty-first.
+// one that lived on as its grandchild, until the thirty-first. Nor while
+// a descendant was seen at work after its own last end (ChildAlive): one
+// that worked on by requests with an ended child's credential read
+// confirmed until the thirty-third.
 // Not settled: the child's end may come before the record. Nor is a bare
 // claim corroborated while a call of the node is still open at the
 // record: its tool may still be at work for the node, and a rogue that
@@ -660,6 +687,9 @@ func childAlive(n *Node, children []*Node) string {
 	if !ok {
 		return ""
 	}
+	if s.SessionID == "" {
+		return workedBeside(n, c)
+	}
 	what := "a session"
 	if IsStream(s) {
 		what = "a stream (its revocation feed or a termination watch)"
@@ -670,4 +700,22 @@ func childAlive(n *Node, children []*Node) string {
 	}
 	return fmt.Sprintf("%s of its child %s, open since %s, is still open, with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
 		what, c.NodeID, s.OpenedAt.UTC().Format(time.RFC3339))
+}
+
+// workedBeside words a descendant c of n whose credential the control
+// plane saw at work after the last end it saw of c (workedAfterItsEnd),
+// nothing of it open.
+func workedBeside(n, c *Node) string {
+	what := fmt.Sprintf("was seen at work (last seen %s) after its session ended (%s), and never seen to end since",
+		c.LastSeenAt.UTC().Format(time.RFC3339), c.SessionClosedAt.UTC().Format(time.RFC3339))
+	if !SeenAfterSessionEnd(c) {
+		what = fmt.Sprintf("was seen at work after its exit was confirmed (%d such activities recorded, the first %s at %s)",
+			len(c.Contradictions), c.Contradictions[0].Kind, c.Contradictions[0].At.UTC().Format(time.RFC3339))
+	}
+	if c.ParentNodeID != n.NodeID {
+		return fmt.Sprintf("its descendant %s (spawned under %s) %s, with a credential this node may hold: it was issued its child's credential at that child's spawn, and with it may spawn below and take each credential the spawn issues; the control plane cannot tell the descendant's activity from this node's",
+			c.NodeID, c.ParentNodeID, what)
+	}
+	return fmt.Sprintf("its child %s %s, with the credential this node was issued at that child's spawn: the control plane cannot tell the child's activity from this node's",
+		c.NodeID, what)
 }
