@@ -166,10 +166,12 @@ func (c *capabilityService) ListGrants(ctx context.Context, req *connect.Request
 		SubtreeNodeID:      req.Msg.SubtreeNodeId,
 		PageSize:           int(req.Msg.PageSize),
 		PageToken:          req.Msg.PageToken,
-		// A page of a subtree's grants reads the whole subtree: a request
-		// of the caller's budget per thousand nodes read, as ListNodes,
-		// taken once read even past what the budget has left.
-		Charge: func(nodes int) error { auth.SpendDone(ctx, (nodes-1)/maxPageSize); return nil },
+		// A page of a subtree's grants reads the whole subtree and every
+		// grant id it holds, and any page reads its grants' chains: a
+		// request of the caller's budget per thousand nodes and grants
+		// read past the page's own, as ListNodes and a revocation by
+		// subtree, taken once read even past what the budget has left.
+		Charge: func(read int) error { auth.SpendDone(ctx, (read-1)/maxPageSize); return nil },
 	})
 	if err != nil {
 		return nil, toConnect(err)

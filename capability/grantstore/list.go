@@ -24,10 +24,14 @@ type ListQuery struct {
 	PageSize      int
 	// PageToken is the last grant id of the previous page.
 	PageToken string
-	// Charge, when set, is told how many nodes a SubtreeNodeID listing
-	// read (each page reads the whole subtree); an error refuses the
-	// listing with it. The server charges the caller's rate budget.
-	Charge func(nodes int) error
+	// Charge, when set, is told how many nodes and grants the page read
+	// past its own grants: the nodes of a SubtreeNodeID listing and the
+	// ids of every grant they hold (each page reads the whole subtree),
+	// and, for any listing, the other grants of the page's chains, each
+	// once (read to show each grant in its effective state). An error
+	// refuses the listing with it. The server charges the caller's rate
+	// budget.
+	Charge func(read int) error
 }
 
 // List returns grants in grant-id order, in their effective state, one
@@ -65,7 +69,7 @@ func (s *Service) List(ctx context.Context, caller Caller, q ListQuery) ([]capab
 	)
 	err := s.cfg.Store.View(ctx, func(tx store.ReadTxn) error {
 		out, next = out[:0], ""
-		ids, more, err := s.listIDs(tx, caller, q)
+		ids, more, read, err := s.listIDs(tx, caller, q)
 		if err != nil {
 			return err
 		}
@@ -80,29 +84,42 @@ func (s *Service) List(ctx context.Context, caller Caller, q ListQuery) ([]capab
 		if more && len(ids) > 0 {
 			next = ids[len(ids)-1]
 		}
-		return reads.failed()
+		if err := reads.failed(); err != nil {
+			return err
+		}
+		if q.Charge != nil {
+			// The chains' other grants (the reader read each once): a
+			// page of grants each with ancestors of its own read them
+			// all for one request.
+			if err := q.Charge(read + len(reads.seen) - len(ids)); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	return out, next, err
 }
 
-// listIDs returns one page of ids after q.PageToken, and whether more follow.
-func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]string, bool, error) {
+// listIDs returns one page of ids after q.PageToken, whether more follow,
+// and how many nodes and grant ids it read past the page's.
+func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]string, bool, int, error) {
 	switch {
 	case q.HolderNodeID != "":
 		if err := checkID(id.Node, "holder_node_id", q.HolderNodeID); err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		if err := s.visible(tx, caller, q.HolderNodeID); err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
-		return store.IDsAfter(tx, holderPrefix(q.HolderNodeID), q.PageToken, q.PageSize)
+		ids, more, err := store.IDsAfter(tx, holderPrefix(q.HolderNodeID), q.PageToken, q.PageSize)
+		return ids, more, 0, err
 	case q.DerivedFromGrantID != "":
 		if err := checkID(id.Grant, "derived_from_grant_id", q.DerivedFromGrantID); err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		root, _, err := getGrant(tx, q.DerivedFromGrantID)
 		if err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		// Delegation only goes down the agent tree, so whoever may see the
 		// grant may see everything derived from it.
@@ -111,13 +128,13 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 				// Answered as a grant that does not exist (as Get does),
 				// without its holder: an agent learns neither whether
 				// another tree's grant exists nor who holds it.
-				return nil, false, fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, q.DerivedFromGrantID)
+				return nil, false, 0, fmt.Errorf("%w: grant_id %s", capability.ErrUnknownGrant, q.DerivedFromGrantID)
 			}
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		ids, more, err := store.IDsAfter(tx, derivedPrefix(root.GrantID), q.PageToken, q.PageSize)
 		if err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		// The grant itself is part of its subtree, at its place in id order.
 		if root.GrantID > q.PageToken && (!more || root.GrantID < ids[len(ids)-1]) {
@@ -127,22 +144,17 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 				ids, more = ids[:q.PageSize], true
 			}
 		}
-		return ids, more, nil
+		return ids, more, 0, nil
 	case q.SubtreeNodeID != "":
 		if err := checkID(id.Node, "subtree_node_id", q.SubtreeNodeID); err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		if err := s.visible(tx, caller, q.SubtreeNodeID); err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		nodes, err := s.cfg.Tree.SubtreeIn(tx, q.SubtreeNodeID)
 		if err != nil {
-			return nil, false, err
-		}
-		if q.Charge != nil {
-			if err := q.Charge(len(nodes)); err != nil {
-				return nil, false, err
-			}
+			return nil, false, 0, err
 		}
 		nodeIDs := make([]string, len(nodes))
 		for i, n := range nodes {
@@ -150,22 +162,27 @@ func (s *Service) listIDs(tx store.ReadTxn, caller Caller, q ListQuery) ([]strin
 		}
 		all, err := heldIn(tx, nodeIDs)
 		if err != nil {
-			return nil, false, err
+			return nil, false, 0, err
 		}
 		slices.Sort(all)
 		start, _ := slices.BinarySearch(all, q.PageToken)
 		if start < len(all) && all[start] == q.PageToken {
 			start++
 		}
+		// Every node and every grant id the subtree holds was read for
+		// this page: a rogue paging its child's thousands of grants one
+		// at a time had them all read for a request each.
+		read := len(nodes) + len(all) - min(len(all)-start, q.PageSize)
 		all = all[start:]
 		if len(all) > q.PageSize {
-			return all[:q.PageSize], true, nil
+			return all[:q.PageSize], true, read, nil
 		}
-		return all, false, nil
+		return all, false, read, nil
 	default:
 		if _, isAgent := caller.agentNode(); isAgent {
-			return nil, false, fmt.Errorf("%w: agents list only their own subtree", ErrNotVisible)
+			return nil, false, 0, fmt.Errorf("%w: agents list only their own subtree", ErrNotVisible)
 		}
-		return store.IDsAfter(tx, []byte(prefixGrant), q.PageToken, q.PageSize)
+		ids, more, err := store.IDsAfter(tx, []byte(prefixGrant), q.PageToken, q.PageSize)
+		return ids, more, 0, err
 	}
 }
