@@ -280,12 +280,10 @@ func runServe(t *testing.T, bin string, flags map[string]string, path string) {
 	if host, _, _ := net.SplitHostPort(flags["listen"]); !isLoopback(host) && flags["tls-cert"] == "" && flags["insecure-plaintext"] != "true" {
 		t.Fatalf("--listen %s is reachable from other machines: the artefact needs --tls-cert/--tls-key or --insecure-plaintext=true", flags["listen"])
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	// Below the kernel's ephemeral range: a port from a listen on port 0,
+	// once released, is the kernel's to hand to any other test's listener
+	// or outgoing connection before the binary binds it.
+	addr := testserver.FreeAddr(t)
 	args := []string{"serve"}
 	for k, v := range flags {
 		switch k {

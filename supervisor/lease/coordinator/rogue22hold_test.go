@@ -35,9 +35,10 @@ func TestAShardHoldsItsNextCommitForTheCallersItAnswered(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, c: c, clock: clk, store: st, cancel: cancel, done: make(chan error, 1)}
-	go func() { h.done <- c.Run(ctx) }()
+	ended := make(chan struct{})
+	go func() { defer close(ended); h.done <- c.Run(ctx) }()
 	t.Cleanup(h.stop)
-	waitServing(t, c)
+	waitServing(t, c, ended)
 
 	const callers = 8
 	jobs := make([]string, callers)

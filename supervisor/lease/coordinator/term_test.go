@@ -28,8 +28,9 @@ func TestRunAgainRebuildsFromTheStore(t *testing.T) {
 	run := func() (stop func()) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- c.Run(ctx) }()
-		waitServing(t, c)
+		ended := make(chan struct{})
+		go func() { defer close(ended); done <- c.Run(ctx) }()
+		waitServing(t, c, ended)
 		return func() {
 			cancel()
 			if err := <-done; err != nil {
