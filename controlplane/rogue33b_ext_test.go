@@ -2,9 +2,15 @@ package controlplane_test
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
+	"golang.org/x/net/http2"
 
 	"github.com/tetherhq/tether/controlplane"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -82,5 +88,60 @@ func TestRogue33BARogueSharingTheAddressCannotStarveAFreshlySpawnedChildsFirstCa
 	_, err = testserver.NewClients(rogueHC, srv.URL, forged(child.Msg.Credential, 20)).Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: id}))
 	if connect.CodeOf(err) != connect.CodeResourceExhausted {
 		t.Errorf("a forged token on the rogue's connection: %v, want resource_exhausted for the address's budget", err)
+	}
+}
+
+// TestRogue33BARogueAtTheConnectionCapCannotCloseAnotherAddresssConnectionBeforeItsFirstCall:
+// a rogue with no credential, from an address of its own, opens
+// connections up to the cap and on past it. At the cap each new
+// connection closed the oldest one that had not yet carried an admitted
+// call, whoever's it was: an honest agent's new connection (an agent
+// reconnecting, a Join, each call of the Python SDK's, which opens a
+// connection per call) was closed before its first call was admitted, as
+// often as the rogue liked. A new connection now pushes out the oldest
+// unauthenticated connection of its own source address when it has one:
+// the rogue closes its own.
+func TestRogue33BARogueAtTheConnectionCapCannotCloseAnotherAddresssConnectionBeforeItsFirstCall(t *testing.T) {
+	const max = 8
+	srv := testserver.Start(t, func(cfg *controlplane.Config) {
+		// An hour: what frees the places here is the cap, not the window.
+		cfg.Conn = controlplane.ConnLimits{MaxConnections: max, HealthReserve: 2, PreAuthTimeout: time.Hour}
+	})
+	addr := hostOf(t, srv.URL)
+	// The honest agent's new connection (from 127.0.0.1), opened first:
+	// HTTP/2 is set up, its first call not yet sent.
+	raw := dial(t, addr)
+	cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, closeWait, "the server to accept the honest connection", func() bool { return srv.OpenConnections() == 1 })
+	// The rogue, from another address (127.0.0.2), fills the cap and opens
+	// as many again.
+	rogueDial := func() net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, h2Preface); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	hoard := make([]net.Conn, 2*max)
+	for i := range max - 1 {
+		hoard[i] = rogueDial()
+	}
+	testserver.WaitFor(t, closeWait, "the server to accept the rogue's connections", func() bool { return srv.OpenConnections() == max })
+	for i := max - 1; i < len(hoard); i++ {
+		hoard[i] = rogueDial()
+		waitClosed(t, fmt.Sprintf("the rogue's connection #%d, its oldest that never authenticated, once #%d came", i-(max-1), i), hoard[i-(max-1)])
+	}
+	// The honest connection carries its first call.
+	honest := testserver.NewClients(&http.Client{Transport: cc}, srv.URL, srv.Admin)
+	if _, err := honest.Auth.WhoAmI(context.Background(), connect.NewRequest(&tetherv1.WhoAmIRequest{})); err != nil {
+		t.Fatalf("the first call on a connection opened before the rogue's, from another address: %v", err)
 	}
 }

@@ -617,6 +617,11 @@ func (i *Interceptor) chargeAnonymous(peer string, budget *anonymousBudget, refu
 	return refusal
 }
 
+// SourceOf is sourceOf: the source address (an IPv4 address, an IPv6
+// address's /64) of peer ("host:port"), as the budgets for requests
+// without a valid credential key it.
+func SourceOf(peer string) string { return sourceOf(peer) }
+
 // sourceOf names the source a request without a valid credential is
 // budgeted by: an IPv4 address, or an IPv6 address's /64 — the block one
 // subscriber is given at least, all of whose addresses it may send from
