@@ -219,6 +219,11 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) {
 // also after the agent was told so by a signal) or the session is, because
 // the node's exit was confirmed (failed_precondition: a launcher's
 // attestation).
+//
+// Before reconnecting it waits a backoff (100ms, doubling up to 5s), or
+// the hint of a refusal that gives one (resource_exhausted: the lineage's
+// rate limit), stretched as RetryPolicy's, at most MaxReconnectHint, when
+// that is longer; the Conn's RetryPolicy (WithRetry) Wait and Jitter wait.
 func (a *Agent) Run(ctx context.Context) error {
 	backoff := 100 * time.Millisecond
 	for {
@@ -242,12 +247,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "the node's exit was confirmed: stop now"})
 			return err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		// A refusal with a retry hint (the lineage's rate limit, spent) is
+		// not tried again before the hint, stretched by up to half at
+		// random as a unary call's retry is: reconnecting on the backoff
+		// alone, an agent refused for its lineage's budget came back every
+		// few seconds, each attempt refused until the budget refilled.
+		wait := backoff
+		if hint, ok := RetryHint(err); ok {
+			wait = max(wait, a.conn.retry.stretch(min(hint, MaxReconnectHint)))
+		}
+		if (retrying{a.conn.retry}).sleep(ctx, wait) != nil {
 			return nil
-		case <-t.C:
 		}
 		backoff = min(backoff*2, 5*time.Second)
 	}
@@ -304,6 +314,16 @@ func (a *Agent) session(ctx context.Context) (err error) {
 	})
 	defer stop()
 	if err := stream.Send(&tetherv1.SessionRequest{Kind: &tetherv1.SessionRequest_Hello{Hello: &tetherv1.SessionHello{NodeId: a.id}}}); err != nil {
+		// The control plane may answer before the hello is written (a
+		// refusal at the stream's open: the lineage's rate limit, a dead
+		// credential): Send then fails with io.EOF, and the refusal is
+		// Receive's. Run decides by that refusal's code and hint; it read
+		// "unknown: write envelope: EOF", and reconnected on its backoff.
+		if errors.Is(err, io.EOF) {
+			if _, rerr := stream.Receive(); rerr != nil {
+				return rerr
+			}
+		}
 		return err
 	}
 	every := a.HeartbeatEvery

@@ -33,6 +33,9 @@ type Conn struct {
 	// timeout is the deadline of a unary call whose context has none
 	// (WithTimeout); 0: none.
 	timeout time.Duration
+	// retry is how unary calls are retried (WithRetry); Agent.Run waits
+	// by its Wait and Jitter before reconnecting.
+	retry RetryPolicy
 
 	Auth       tetherv1connect.AuthServiceClient
 	Agent      tetherv1connect.AgentServiceClient
@@ -126,6 +129,7 @@ func Dial(baseURL, token string, opts ...Option) *Conn {
 	if o.retry != nil {
 		retry = *o.retry
 	}
+	c.retry = retry
 	if retry.Attempts > 1 {
 		// Outside the bearer interceptor, which presents the token current
 		// at each attempt; inside the timeout, which bounds them all.

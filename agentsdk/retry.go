@@ -34,8 +34,9 @@ type RetryPolicy struct {
 	MaxWait time.Duration
 	// Clock reads the time the call's deadline is judged by (nil:
 	// WallClock); Wait waits d, or until ctx ends, returning ctx's error
-	// then (nil: a timer); Jitter returns a number in [0, 1) (nil:
-	// math/rand). Tests inject them.
+	// then (nil: a timer), and is also how Agent.Run waits before it
+	// reconnects; Jitter returns a number in [0, 1) (nil: math/rand).
+	// Tests inject them.
 	Clock  Clock
 	Wait   func(ctx context.Context, d time.Duration) error
 	Jitter func() float64
@@ -81,6 +82,19 @@ func RetryHint(err error) (time.Duration, bool) {
 	return 0, false
 }
 
+// MaxReconnectHint is the longest retry hint Agent.Run waits before
+// reconnecting a session the control plane refused with one.
+const MaxReconnectHint = time.Minute
+
+// stretch is hint stretched by up to half again at random (Jitter).
+func (p RetryPolicy) stretch(hint time.Duration) time.Duration {
+	jitter := p.Jitter
+	if jitter == nil {
+		jitter = rand.Float64
+	}
+	return hint + time.Duration(float64(hint)*jitter()/2)
+}
+
 // retrying is the Conn's retry of unary calls (RetryPolicy).
 type retrying struct{ p RetryPolicy }
 
@@ -112,11 +126,7 @@ func (r retrying) wait(ctx context.Context, err error) (time.Duration, bool) {
 	if !ok || hint > r.p.MaxWait {
 		return 0, false
 	}
-	jitter := r.p.Jitter
-	if jitter == nil {
-		jitter = rand.Float64
-	}
-	wait := min(hint+time.Duration(float64(hint)*jitter()/2), r.p.MaxWait)
+	wait := min(r.p.stretch(hint), r.p.MaxWait)
 	if deadline, has := ctx.Deadline(); has {
 		clk := r.p.Clock
 		if clk == nil {

@@ -50,10 +50,17 @@ func TestRogue32EAJoinRefusedByTheAddressesBudgetIsRetriedAfterTheHint(t *testin
 		t.Fatal(err)
 	}
 	// fresh is a child's credential not yet verified (each subtest's own).
+	// The one Spawn answers is remembered as verified as it is minted
+	// (since the thirty-third pass, rogue33b): the child gets another,
+	// minted by the key ring alone, as another replica or the control
+	// plane before a restart would have minted it.
 	fresh := func(t *testing.T) agentsdk.Child {
 		t.Helper()
 		child, err := parent.Spawn(ctx, "child", nil)
 		if err != nil {
+			t.Fatal(err)
+		}
+		if child.Credential, _, err = srv.Issuer().MintAgent(child.Node.NodeId, clk.Now(), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 		return child

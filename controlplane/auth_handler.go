@@ -58,7 +58,7 @@ func (a *authService) CreateToken(ctx context.Context, req *connect.Request[teth
 	if !namePattern.MatchString(subject) {
 		return nil, invalid("subject must be 1-63 characters of letters, digits, '.', '_' or '-'")
 	}
-	token, tokenID, exp, err := a.s.issuer.MintOperator(subject, role, a.s.cfg.Clock.Now(), ttl)
+	token, tokenID, exp, err := a.s.authn.MintOperator(subject, role, a.s.cfg.Clock.Now(), ttl)
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -94,7 +94,7 @@ func (a *authService) createToolServerToken(ctx context.Context, msg *tetherv1.C
 	if ttl <= 0 || ttl > MaxOperatorTokenTTL {
 		return nil, invalid("ttl %s is out of range: want more than 0s and at most %s", ttl, MaxOperatorTokenTTL)
 	}
-	token, tokenID, exp, err := a.s.issuer.MintToolServer(msg.ToolServer, a.s.cfg.Clock.Now(), ttl)
+	token, tokenID, exp, err := a.s.authn.MintToolServer(msg.ToolServer, a.s.cfg.Clock.Now(), ttl)
 	if err != nil {
 		return nil, toConnect(err)
 	}

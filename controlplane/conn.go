@@ -64,8 +64,9 @@ type ConnLimits struct {
 	MaxStreamsPerConn int
 	// MaxConnections bounds the open connections. A connection is
 	// unauthenticated until a request on it is admitted; at the cap, the
-	// oldest unauthenticated connection is closed to make room for a new
-	// one. Only when every connection is authenticated are HealthReserve
+	// oldest unauthenticated connection of the new one's source address
+	// (an IPv4 address, an IPv6 /64), or the oldest of all when that
+	// source has none, is closed to make room for a new one. Only when every connection is authenticated are HealthReserve
 	// more accepted that may only ask GET /healthz (anything else gets 503,
 	// "too many open connections"), the oldest of them giving way to a new
 	// one in turn.
@@ -414,7 +415,10 @@ func (g *stallGuard) Unwrap() http.ResponseWriter { return g.ResponseWriter }
 //
 // An unauthenticated connection is what anyone can open for the price of a
 // TCP handshake, so it is what gives way: at max, Accept closes the oldest
-// unauthenticated connection to make room for the new one, and one that
+// unauthenticated connection of the new one's source (auth.SourceOf), or
+// of all when that source has none, to make room for the new one (a rogue
+// opening connections at the cap closes its own, not another address's
+// before its first call is admitted), and one that
 // has not authenticated within preAuth is closed (if a request is in
 // flight then, grace later). Only when every place is bound does a new
 // connection go to the health reserve (GET /healthz only), whose oldest
@@ -432,13 +436,16 @@ type connLimiter struct {
 	drain     time.Duration
 	plaintext bool // buffer reads (limitedConn)
 
-	mu      sync.Mutex
-	normal  int       // open connections within max
-	unauth  list.List // unauthenticated connections within max, oldest first
-	health  list.List // health-only connections, oldest first
-	callers map[callerKey]int
-	agents  int // connections bound to at least one agent lineage
-	open    atomic.Int64
+	mu     sync.Mutex
+	normal int       // open connections within max
+	unauth list.List // unauthenticated connections within max, oldest first
+	// bySource: those of unauth from each source address (auth.SourceOf),
+	// oldest first.
+	bySource map[string]*list.List
+	health   list.List // health-only connections, oldest first
+	callers  map[callerKey]int
+	agents   int // connections bound to at least one agent lineage
+	open     atomic.Int64
 	// closing counts the open connections idleCheck found without
 	// admitted work, which are closing gracefully.
 	closing atomic.Int64
@@ -487,6 +494,8 @@ type limitedConn struct {
 
 	// Guarded by l.mu.
 	elem    *list.Element // in l.unauth or l.health while unauthenticated
+	srcElem *list.Element // in l.bySource[src] while in l.unauth
+	src     string        // its peer's source address (auth.SourceOf)
 	timer   *time.Timer   // the pre-authentication window
 	active  bool          // a request is in flight (http.ConnState)
 	expired bool          // the window passed while a request was in flight
@@ -527,6 +536,7 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 		l.health.Remove(c.elem) // a health-only connection is never bound
 	case c.elem != nil:
 		l.unauth.Remove(c.elem)
+		l.leaveSourceLocked(c)
 	}
 	if !c.healthOnly {
 		l.normal--
@@ -555,16 +565,42 @@ func (l *connLimiter) forgetLocked(c *limitedConn) {
 	}
 }
 
+// leaveSourceLocked takes c out of its source's unauthenticated
+// connections. l.mu is held.
+func (l *connLimiter) leaveSourceLocked(c *limitedConn) {
+	if c.srcElem == nil {
+		return
+	}
+	if q := l.bySource[c.src]; q != nil {
+		q.Remove(c.srcElem)
+		if q.Len() == 0 {
+			delete(l.bySource, c.src)
+		}
+	}
+	c.srcElem = nil
+}
+
 func (l *connLimiter) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
 	lc := &limitedConn{Conn: c, l: l}
+	if ra := c.RemoteAddr(); ra != nil {
+		lc.src = auth.SourceOf(ra.String())
+	}
 	var victim *limitedConn
 	l.mu.Lock()
 	switch {
 	case l.normal < l.max:
+	case l.bySource[lc.src] != nil: // never empty: an emptied list is deleted
+		// The newcomer's own source gives way first: a rogue opening
+		// connections at the cap closed the oldest unauthenticated one
+		// whoever's it was, an honest agent's new connection before its
+		// first call was admitted among them (rogue33b test). A source
+		// with none pending (its first connection at the cap) takes the
+		// oldest of all, as before.
+		victim = l.bySource[lc.src].Front().Value.(*limitedConn)
 	case l.unauth.Len() > 0:
 		victim = l.unauth.Front().Value.(*limitedConn)
 	case l.health.Len() < l.reserve:
@@ -582,6 +618,15 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 	} else {
 		l.normal++
 		lc.elem = l.unauth.PushBack(lc)
+		if l.bySource == nil {
+			l.bySource = map[string]*list.List{}
+		}
+		q := l.bySource[lc.src]
+		if q == nil {
+			q = list.New()
+			l.bySource[lc.src] = q
+		}
+		lc.srcElem = q.PushBack(lc)
 	}
 	lc.timer = time.AfterFunc(l.preAuth, func() { l.expire(lc) })
 	l.mu.Unlock()
@@ -777,6 +822,7 @@ func (c *limitedConn) bind(p auth.Principal) error {
 	c.keysMu.Unlock()
 	if c.elem != nil && !c.healthOnly {
 		l.unauth.Remove(c.elem)
+		l.leaveSourceLocked(c)
 		c.elem = nil
 		if c.timer != nil {
 			c.timer.Stop()

@@ -180,6 +180,29 @@ func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Princip
 		c.remove(sum)
 		return Principal{}, err
 	}
+	c.remember(sum, p, by, now)
+	return p, nil
+}
+
+// minted remembers a token the control plane just minted as verified:
+// minting proved what a verification would (its principal, the key that
+// signed it), so its first call is not verified again, nor paid from its
+// address's budget for requests without a valid credential (a child's
+// first call on a connection of its own, with its address's budget spent
+// by a rogue behind the same NAT, was refused; rogue33b test).
+func (c *TokenCache) minted(token string, m mintedToken, now time.Time) {
+	if c == nil || token == "" || len(token) > MaxTokenBytes {
+		return
+	}
+	sum := sha256.Sum256([]byte(token))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.remember(sum, m.principal, m.by, now)
+}
+
+// remember caches a token that verified (or was minted) at now as p's.
+// c.mu is held.
+func (c *TokenCache) remember(sum [sha256.Size]byte, p Principal, by verifiedBy, now time.Time) {
 	if _, ok := c.entries[sum]; ok {
 		c.remove(sum) // verified again (expired, or its key changed): kept as new
 	}
@@ -192,7 +215,6 @@ func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Princip
 	}
 	c.entries[sum] = cachedToken{principal: p, by: by, verifiedAt: now}
 	c.held[id] = append(c.held[id], sum)
-	return p, nil
 }
 
 // remove deletes an entry and its place in its principal's list. c.mu is

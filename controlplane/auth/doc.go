@@ -21,7 +21,9 @@
 // with the Principal this package puts in the context.
 //
 // A TokenCache (cache.go) spares the Ed25519 verification of a token the
-// interceptor already verified; expiry, the key's presence in the ring, the
+// interceptor already verified, or minted (Interceptor.MintAgent, so that a
+// fresh credential's first call does not pay its address's budget below);
+// expiry, the key's presence in the ring, the
 // token's revocation, the agent's node, the policy and the rate limit are
 // still checked on every call.
 //

@@ -236,6 +236,42 @@ func (i *Interceptor) Authenticate(ctx context.Context, procedure string, header
 	return i.authenticate(ctx, procedure, header, "")
 }
 
+// MintAgent mints an agent credential for node (Issuer.MintAgent) and
+// remembers it in the Cache as verified, so that its first call, often on
+// a connection of its own (a spawned child's, a new root's), is not paid
+// from its address's budget for requests without a valid credential: a
+// rogue behind the same address (a NAT) that kept that budget spent with
+// forged tokens kept every child spawned there from starting.
+func (i *Interceptor) MintAgent(nodeID string, now time.Time, ttl time.Duration) (token string, exp time.Time, err error) {
+	token, m, err := i.Issuer.minted(AudienceAgent, nodeID, "", now, ttl)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	i.Cache.minted(token, m, now)
+	return token, m.exp, nil
+}
+
+// MintOperator is Issuer.MintOperator, the token remembered as MintAgent's.
+func (i *Interceptor) MintOperator(subject string, role Role, now time.Time, ttl time.Duration) (token, id string, exp time.Time, err error) {
+	token, m, err := i.Issuer.minted(AudienceOperator, subject, role.String(), now, ttl)
+	if err != nil {
+		return "", "", time.Time{}, err
+	}
+	i.Cache.minted(token, m, now)
+	return token, m.principal.TokenID, m.exp, nil
+}
+
+// MintToolServer is Issuer.MintToolServer, the token remembered as
+// MintAgent's.
+func (i *Interceptor) MintToolServer(name string, now time.Time, ttl time.Duration) (token, id string, exp time.Time, err error) {
+	token, m, err := i.Issuer.minted(AudienceToolServer, name, "", now, ttl)
+	if err != nil {
+		return "", "", time.Time{}, err
+	}
+	i.Cache.minted(token, m, now)
+	return token, m.principal.TokenID, m.exp, nil
+}
+
 // authenticate is Authenticate with the request's source address, which
 // bounds the requests that fail authentication.
 func (i *Interceptor) authenticate(ctx context.Context, procedure string, header http.Header, peer string) (context.Context, error) {
@@ -580,6 +616,11 @@ func (i *Interceptor) chargeAnonymous(peer string, budget *anonymousBudget, refu
 	}
 	return refusal
 }
+
+// SourceOf is sourceOf: the source address (an IPv4 address, an IPv6
+// address's /64) of peer ("host:port"), as the budgets for requests
+// without a valid credential key it.
+func SourceOf(peer string) string { return sourceOf(peer) }
 
 // sourceOf names the source a request without a valid credential is
 // budgeted by: an IPv4 address, or an IPv6 address's /64 — the block one

@@ -70,17 +70,44 @@ func (i Issuer) MintAgent(nodeID string, now time.Time, ttl time.Duration) (toke
 }
 
 func (i Issuer) mint(audience, subject, role string, now time.Time, ttl time.Duration) (string, string, time.Time, error) {
+	s, m, err := i.minted(audience, subject, role, now, ttl)
+	return s, m.principal.TokenID, m.exp, err
+}
+
+// mintedToken is what minting a token proved about it: the principal a
+// verification of it would find, and the key that signed it.
+type mintedToken struct {
+	principal Principal
+	by        verifiedBy
+	exp       time.Time
+}
+
+// minted mints a token and says what a verification of it would prove
+// (Interceptor.MintAgent remembers it as verified).
+func (i Issuer) minted(audience, subject, role string, now time.Time, ttl time.Duration) (string, mintedToken, error) {
 	key, err := i.Ring().Signer(now)
 	if err != nil {
-		return "", "", time.Time{}, err
+		return "", mintedToken{}, err
 	}
 	id := newTokenID()
 	exp := now.Add(ttl).Truncate(time.Second)
 	s, err := capability.SignEncodedJWT(key, appendClaims(make([]byte, 0, 256), i.Name, subject, audience, role, id, exp, now))
 	if err != nil {
-		return "", "", time.Time{}, fmt.Errorf("auth: sign: %w", err)
+		return "", mintedToken{}, fmt.Errorf("auth: sign: %w", err)
 	}
-	return s, id, exp, nil
+	p := Principal{Subject: subject, TokenID: id, ExpiresAt: time.Unix(exp.Unix(), 0)}
+	switch audience {
+	case AudienceOperator:
+		p.Kind = KindOperator
+		if p.Role, err = ParseRole(role); err != nil {
+			return "", mintedToken{}, fmt.Errorf("%w: unknown role", ErrBadCredential)
+		}
+	case AudienceAgent:
+		p.Kind = KindAgent
+	case AudienceToolServer:
+		p.Kind = KindToolServer
+	}
+	return s, mintedToken{principal: p, by: verifiedBy{kid: key.ID, key: key.Public}, exp: exp}, nil
 }
 
 // appendClaims encodes the claims of a credential as golang-jwt encodes

@@ -18,10 +18,23 @@ from conftest import Server, start_server
 from tether_agentsdk import DEFAULT_RETRY, Agent, ConnectError, Conn, Retry
 
 
+# Children spawned before the limited server's start (fresh_child): a
+# credential the control plane minted is remembered as verified as it is
+# minted (since the thirty-third pass), so a child's credential not yet
+# verified is one kept across a restart.
+_children: list[dict] = []
+
+
 @pytest.fixture(scope="module")
 def limited(tether_bin: str, tmp_path_factory: pytest.TempPathFactory):
+    data = tmp_path_factory.mktemp("tether-rogue32e")
+    s = start_server(tether_bin, data)
+    parent = s.operator().call("AgentService", "RegisterRoot", {"name": "parent"})
+    spawner = Conn(s.url, parent["credential"])
+    _children[:] = [spawner.call("AgentService", "Spawn", {"parentNodeId": parent["node"]["nodeId"], "name": f"child{k}"}) for k in range(3)]
+    s.stop()
     # Half a request a second: bursts of one, the next two seconds later.
-    s = start_server(tether_bin, tmp_path_factory.mktemp("tether-rogue32e"), "--anonymous-rate-limit", "0.5")
+    s = start_server(tether_bin, data, "--anonymous-rate-limit", "0.5")
     yield s
     s.stop()
 
@@ -35,10 +48,8 @@ def forged(token: str, n: int) -> str:
 
 
 def fresh_child(server: Server) -> dict:
-    op = server.operator()
-    parent = op.call("AgentService", "RegisterRoot", {"name": "parent"})
-    child = Conn(server.url, parent["credential"]).call("AgentService", "Spawn", {"parentNodeId": parent["node"]["nodeId"], "name": "child"})
-    return child
+    """A child whose credential the server has not verified (each test's own)."""
+    return _children.pop()
 
 
 def spend(server: Server, credential: str) -> None:
