@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"bytes"
 	"context"
+	"math"
 	"runtime"
 	"strings"
 	"testing"
@@ -153,13 +154,25 @@ func TestRogue32EARefusalWaitingToBeWrittenDoesNotKeepItsHeaders(t *testing.T) {
 	}
 	// A connection's own buffers (its header decoder's) are the same
 	// whatever it carries: the difference between connections carrying one
-	// refusal and eight is what seven refusals hold.
-	one := flood(1)
-	eight := flood(controlplane.PreAuthRequests)
-	perRefusal := (eight - one) / int64(conns*(controlplane.PreAuthRequests-1))
-	t.Logf("connections with one refusal waiting: %d KB; with eight: %d KB; %d KB a refusal", one>>10, eight>>10, perRefusal>>10)
-	if perRefusal > pad/4 {
-		t.Errorf("a refusal waiting to be written holds %d KB of heap: its %d KB of headers are kept", perRefusal>>10, pad>>10)
+	// refusal and eight is what seven refusals hold. Anything else the
+	// process allocates meanwhile (an earlier test's server winding down)
+	// only adds to a measure, so the least of up to three is the one
+	// judged (the connections of each stay open, so that the next one's
+	// waiting refusals are its own): a refusal that kept its headers holds
+	// them in every one.
+	least := int64(math.MaxInt64)
+	for attempt := range 3 {
+		one := flood(1)
+		eight := flood(controlplane.PreAuthRequests)
+		perRefusal := (eight - one) / int64(conns*(controlplane.PreAuthRequests-1))
+		t.Logf("measure %d: connections with one refusal waiting: %d KB; with eight: %d KB; %d KB a refusal", attempt+1, one>>10, eight>>10, perRefusal>>10)
+		least = min(least, perRefusal)
+		if least <= pad/4 {
+			break
+		}
+	}
+	if least > pad/4 {
+		t.Errorf("a refusal waiting to be written holds %d KB of heap: its %d KB of headers are kept", least>>10, pad>>10)
 	}
 	for _, r := range rogues {
 		_ = r.c.Close()
