@@ -164,20 +164,7 @@ func TestRogue32DAnsweredAfterItsTokenExpiredIsLifeAfterItsClaim(t *testing.T) {
 			t.Cleanup(srv.Close)
 			var code int
 			testserver.WaitFor(t, guardWait, "the gateway to hear the revocation feed on its clock moved", func() bool {
-				req, err := http.NewRequest(http.MethodPost, srv.URL+mcpgate.EndpointPath, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
-				if err != nil {
-					t.Fatal(err)
-				}
-				req.Header.Set("Authorization", "Bearer "+token)
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("Accept", "application/json, text/event-stream")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				code = resp.StatusCode
+				code = pingStatus(t, srv.URL+mcpgate.EndpointPath, token)
 				return code != http.StatusServiceUnavailable
 			})
 			if code != http.StatusUnauthorized {
