@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"github.com/tetherhq/tether/internal/clock"
@@ -52,15 +51,65 @@ type Tree struct {
 	Observer Observer
 }
 
-var (
-	namePattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
-	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$`)
-	labelValPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{0,63}$`)
-)
+// A node's name and its labels' keys and values are checked by hand, byte
+// by byte, not with regular expressions: every spawn checks its child's
+// name, and the regular expression was about 1% of the server's CPU per
+// spawn. Each function accepts exactly the strings of the pattern it
+// names (TestValidNamesMatchTheirPatterns compares them):
+//
+//	name:        ^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$
+//	label key:   ^[A-Za-z0-9]([A-Za-z0-9._/-]{0,61}[A-Za-z0-9])?$
+//	label value: ^[A-Za-z0-9._-]{0,63}$
+
+// alnum reports whether c is an ASCII letter or digit.
+func alnum(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// validName: 1-63 letters, digits, '.', '_' or '-', the first a letter or
+// digit.
+func validName(s string) bool {
+	if len(s) == 0 || len(s) > 63 || !alnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// validLabelKey: 1-63 letters, digits, '.', '_', '/' or '-', the first
+// and the last a letter or digit.
+func validLabelKey(s string) bool {
+	if len(s) == 0 || len(s) > 63 || !alnum(s[0]) || !alnum(s[len(s)-1]) {
+		return false
+	}
+	for i := 1; i < len(s)-1; i++ {
+		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '/' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// validLabelValue: up to 63 letters, digits, '.', '_' or '-'.
+func validLabelValue(s string) bool {
+	if len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
 
 // ValidateNode checks a node's name and labels; errors name the field.
 func (t *Tree) ValidateNode(name string, labels map[string]string) error {
-	if !namePattern.MatchString(name) {
+	if !validName(name) {
 		if name == "" {
 			return fmt.Errorf("%w: name is required", ErrInvalidArgument)
 		}
@@ -76,10 +125,10 @@ func (t *Tree) ValidateNode(name string, labels map[string]string) error {
 		return fmt.Errorf("%w: labels: at most %d labels", ErrLimit, t.Limits.MaxLabels)
 	}
 	for k, v := range labels {
-		if !labelKeyPattern.MatchString(k) {
+		if !validLabelKey(k) {
 			return fmt.Errorf("%w: labels: key %q is not a valid label key", ErrInvalidArgument, kv.Clip(k))
 		}
-		if !labelValPattern.MatchString(v) {
+		if !validLabelValue(v) {
 			return fmt.Errorf("%w: labels[%s]: value is not a valid label value (≤63 of letters, digits, '.', '_', '-')", ErrInvalidArgument, k)
 		}
 	}
