@@ -359,6 +359,28 @@ func Supersedes(t, other Termination) bool {
 	return t.Mode == ModeAbort || !other.Aborts()
 }
 
+// PolicyTakesOver decides whether t, a stop the proposal policy approved
+// on its own (a stop rule's action, or auto-approval: no operator weighed
+// it), takes a node over from owner, the unfinished termination stopping
+// the node. It takes it over from a stop it outranks (an operator's rule
+// over an agent's drain); from one of the same authority it does not (an
+// operator's own drain keeps the node on the operator's windows, which a
+// rule a rogue can make true would otherwise stretch to the policy's, and
+// the proposal waits for an operator) — unless owner's windows are the
+// agent's own (AgentWindows: an agent's own stop proposal, whoever
+// approved it). Those bind no one, so the policy's stop takes the node
+// over whenever it supersedes owner (Supersedes: an operator's rule's
+// abort over the agent's drain). Else a rogue that had an operator
+// approve its own drain with a day's window held off every abort the
+// operator's policy would start on it for that day (rogue34g test
+// TestRogue34GOwnApprovedDrainDoesNotHoldOffTheOperatorsRuleAbort).
+func PolicyTakesOver(t, owner Termination) bool {
+	if owner.AgentWindows {
+		return Supersedes(t, owner)
+	}
+	return t.Rank() > owner.Rank()
+}
+
 // Inherit is what t keeps of owner's deadlines when it takes nodes over
 // from it. The same authority (two operators' stops, two batches of
 // rollouts, or one agent's own two stops) never loosens the bound it set:
