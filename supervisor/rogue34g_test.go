@@ -77,3 +77,50 @@ func TestRogue34GPolicyTakesOverAnAgentsOwnApprovedStopAsItSupersedesIt(t *testi
 		{5 * time.Second, Progress{Unconfirmed: 1}, ActRevoke, PhaseReconciling},
 	})
 }
+
+// TestRogue34GARolloutsBatchTakesOverAnAgentsOwnApprovedStop: the same
+// agent's own drain, approved by an operator (the operator's rank, the
+// agent's window), is taken over by a rollout's batch as by an ancestor's
+// stop (a drain a drain, an abort never by a drain), bound by its
+// deadlines (Inherit): a rollout used to leave the agent out, draining on
+// its own day-long window.
+func TestRogue34GARolloutsBatchTakesOverAnAgentsOwnApprovedStop(t *testing.T) {
+	own := newTermBy(t, "t_own", "operator:alice", ModeDrain, MaxTerminationWindow)
+	own.AgentWindows = true
+	own.ProposerLineage = []string{"n_top", "n_rogue"}
+	own.Counts = Counts{Listed: 1, Members: 1}
+	own = runTranscript(t, own, t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseDraining},
+	})
+	ownAbort := newTermBy(t, "t_own_abort", "operator:alice", ModeAbort, 0)
+	ownAbort.AgentWindows = true
+	ownAbort.ProposerLineage = own.ProposerLineage
+	opDrain := newTermBy(t, "t_op", "operator:alice", ModeDrain, MaxTerminationWindow)
+	batch := newTermBy(t, "t_batch", "operator:bob", ModeDrain, time.Second)
+	batch.RolloutID = "ro_1"
+	for _, tc := range []struct {
+		name  string
+		owner Termination
+		want  bool
+	}{
+		{"a batch over the agent's own drain an operator approved", own, true},
+		{"a batch never slows the agent's own abort an operator approved", ownAbort, false},
+		{"a batch never takes an operator's own drain", opDrain, false},
+	} {
+		if got := Supersedes(batch, tc.owner); got != tc.want {
+			t.Errorf("%s: Supersedes = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	kept := Inherit(batch, own)
+	if !kept.KeptDrainDeadline.Equal(own.DrainDeadline) || kept.CancelAckTimeout > own.CancelAckTimeout || kept.ConfirmTimeout > own.ConfirmTimeout {
+		t.Fatalf("the batch over the approved stop keeps drain deadline %s (want %s), windows %s/%s (want at most %s/%s)",
+			kept.KeptDrainDeadline, own.DrainDeadline, kept.CancelAckTimeout, kept.ConfirmTimeout, own.CancelAckTimeout, own.ConfirmTimeout)
+	}
+	// The batch's own one-second window is the earlier bound: the mark's
+	// drain deadline is the batch's, not the agent's day.
+	kept.Counts = Counts{Listed: 1, Members: 1}
+	runTranscript(t, kept, t0, []step{
+		{0, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActMark, PhaseDraining},
+		{time.Second, Progress{CallsInFlight: 1, Unconfirmed: 1}, ActEscalate, PhaseAborting},
+	})
+}

@@ -342,13 +342,16 @@ func (t Termination) Aborts() bool { return t.Mode == ModeAbort || t.Escalated }
 //
 // One exception to rank: an agent's own stop proposal keeps the agent's
 // windows whoever approved it, and an operator's approval does not put it
-// beyond the agent's ancestors. An ancestor's stop takes it over as it
-// would the same agent's stop approved by the policy (an abort anything, a
-// drain a drain), keeping its deadlines (Inherit), so that the proposal
-// shields the agent from no one and is loosened by no one.
+// beyond the agent's ancestors, nor beyond a rollout's batch. An
+// ancestor's stop, or a batch, takes it over as it would the same agent's
+// stop approved by the policy (an abort anything, a drain a drain),
+// keeping its deadlines (Inherit), so that the proposal shields the agent
+// from no one and is loosened by no one (a rollout used to leave out an
+// agent draining on its own day-long window an operator approved: rogue34g
+// test TestRogue34GOwnApprovedDrainDoesNotKeepTheAgentOutOfARollout).
 func Supersedes(t, other Termination) bool {
 	if t.Rank() != other.Rank() {
-		if t.Rank() < other.Rank() && t.Rank() == RankAgent && other.AgentWindows && other.proposedBelow(t.requester()) {
+		if t.Rank() < other.Rank() && other.AgentWindows && (t.Rank() == RankRollout || t.Rank() == RankAgent && other.proposedBelow(t.requester())) {
 			return t.Mode == ModeAbort || !other.Aborts()
 		}
 		return t.Rank() > other.Rank()
