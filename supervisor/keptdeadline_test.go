@@ -143,7 +143,9 @@ func TestABoundIsKeptOnlyWhileItsOwnerWaitsOnIt(t *testing.T) {
 // everyone but the proposer's strict ancestors: their abort takes it over
 // (and their drain a drain), bound by its deadline and its acknowledgement
 // and confirm windows; the proposer's own descendants (stopping, but not
-// yet marked when the mark walks down) and a rollout batch do not.
+// yet marked when the mark walks down) do not. A rollout batch takes it
+// over as the ancestors do (since the thirty-fourth pass: it was left out
+// of the rollout, rogue34g test), and its drain never an approved abort.
 func TestOnlyTheProposersAncestorsTakeOverItsApprovedStop(t *testing.T) {
 	approved := newTermBy(t, "t_approved", "operator:alice", ModeDrain, 10*time.Second)
 	approved.AgentWindows = true
@@ -177,12 +179,17 @@ func TestOnlyTheProposersAncestorsTakeOverItsApprovedStop(t *testing.T) {
 	}
 	batch := newTermBy(t, "t_batch", "operator:alice", ModeAbort, 0)
 	batch.RolloutID = "r_1"
-	if Supersedes(batch, approved) {
-		t.Error("a rollout batch takes the operator-approved stop over")
+	if !Supersedes(batch, approved) {
+		t.Error("a rollout batch does not take the operator-approved stop over")
 	}
 	aborted := approved
 	aborted.Mode = ModeAbort
 	if Supersedes(topDrain, aborted) {
 		t.Error("an ancestor's drain takes an approved abort over")
+	}
+	batchDrain := newTermBy(t, "t_batch_drain", "operator:alice", ModeDrain, time.Second)
+	batchDrain.RolloutID = "r_1"
+	if Supersedes(batchDrain, aborted) {
+		t.Error("a rollout batch's drain takes an approved abort over")
 	}
 }

@@ -244,11 +244,13 @@ func (s *Supervisor) FileRuleProposal(tx store.Txn, nodeID string, firing *StopR
 	if decidedBy != "" && n.State != tree.NodeStateRunning {
 		// Another termination stops the node. The policy's stop takes it
 		// over only from a termination it outranks (an operator's rule
-		// over an agent's drain); one of the same authority (the
-		// operator's own drain, say) keeps the node on its own windows, or
-		// a rule a rogue can make true would stretch them to the policy's,
-		// and the proposal waits for the operator.
-		outranks, err := policyOutranks(tx, p, n)
+		// over an agent's drain), or from an agent's own stop proposal it
+		// supersedes, whose windows are the agent's (PolicyTakesOver); one
+		// of the same authority (the operator's own drain, say) keeps the
+		// node on its own windows, or a rule a rogue can make true would
+		// stretch them to the policy's, and the proposal waits for the
+		// operator.
+		outranks, err := policyOutranks(tx, p, n, decidedBy)
 		if err != nil {
 			return nil, "", err
 		}
@@ -538,8 +540,9 @@ func policyLineage(p *StopProposal, n *tree.Node) []string {
 }
 
 // policyOutranks reports whether the stop a policy would start for
-// proposal p outranks the termination now stopping n (Termination.Rank).
-func policyOutranks(tx store.ReadTxn, p *StopProposal, n *tree.Node) (bool, error) {
+// proposal p (decided by decidedBy) takes n over from the termination now
+// stopping it (PolicyTakesOver).
+func policyOutranks(tx store.ReadTxn, p *StopProposal, n *tree.Node, decidedBy string) (bool, error) {
 	if n.TerminationID == "" {
 		return true, nil
 	}
@@ -547,11 +550,13 @@ func policyOutranks(tx store.ReadTxn, p *StopProposal, n *tree.Node) (bool, erro
 	if err := getTermination(tx, n.TerminationID, &owner); err != nil {
 		return false, err
 	}
-	rank := RankOperator
-	if len(policyLineage(p, n)) > 0 {
-		rank = RankAgent
+	// The policy's stop as decideIn writes it, as far as the decision
+	// reads it: its authority and its mode.
+	stop := Termination{RequestedBy: decidedBy, RequesterLineage: policyLineage(p, n), Mode: ModeDrain}
+	if p.Mode == ModeAbort {
+		stop.Mode = ModeAbort
 	}
-	return rank > owner.Rank(), nil
+	return PolicyTakesOver(stop, owner), nil
 }
 
 // proposalReason is the reason of the termination a proposal starts: the

@@ -342,13 +342,16 @@ func (t Termination) Aborts() bool { return t.Mode == ModeAbort || t.Escalated }
 //
 // One exception to rank: an agent's own stop proposal keeps the agent's
 // windows whoever approved it, and an operator's approval does not put it
-// beyond the agent's ancestors. An ancestor's stop takes it over as it
-// would the same agent's stop approved by the policy (an abort anything, a
-// drain a drain), keeping its deadlines (Inherit), so that the proposal
-// shields the agent from no one and is loosened by no one.
+// beyond the agent's ancestors, nor beyond a rollout's batch. An
+// ancestor's stop, or a batch, takes it over as it would the same agent's
+// stop approved by the policy (an abort anything, a drain a drain),
+// keeping its deadlines (Inherit), so that the proposal shields the agent
+// from no one and is loosened by no one (a rollout used to leave out an
+// agent draining on its own day-long window an operator approved: rogue34g
+// test TestRogue34GOwnApprovedDrainDoesNotKeepTheAgentOutOfARollout).
 func Supersedes(t, other Termination) bool {
 	if t.Rank() != other.Rank() {
-		if t.Rank() < other.Rank() && t.Rank() == RankAgent && other.AgentWindows && other.proposedBelow(t.requester()) {
+		if t.Rank() < other.Rank() && other.AgentWindows && (t.Rank() == RankRollout || t.Rank() == RankAgent && other.proposedBelow(t.requester())) {
 			return t.Mode == ModeAbort || !other.Aborts()
 		}
 		return t.Rank() > other.Rank()
@@ -357,6 +360,28 @@ func Supersedes(t, other Termination) bool {
 		return false
 	}
 	return t.Mode == ModeAbort || !other.Aborts()
+}
+
+// PolicyTakesOver decides whether t, a stop the proposal policy approved
+// on its own (a stop rule's action, or auto-approval: no operator weighed
+// it), takes a node over from owner, the unfinished termination stopping
+// the node. It takes it over from a stop it outranks (an operator's rule
+// over an agent's drain); from one of the same authority it does not (an
+// operator's own drain keeps the node on the operator's windows, which a
+// rule a rogue can make true would otherwise stretch to the policy's, and
+// the proposal waits for an operator) — unless owner's windows are the
+// agent's own (AgentWindows: an agent's own stop proposal, whoever
+// approved it). Those bind no one, so the policy's stop takes the node
+// over whenever it supersedes owner (Supersedes: an operator's rule's
+// abort over the agent's drain). Else a rogue that had an operator
+// approve its own drain with a day's window held off every abort the
+// operator's policy would start on it for that day (rogue34g test
+// TestRogue34GOwnApprovedDrainDoesNotHoldOffTheOperatorsRuleAbort).
+func PolicyTakesOver(t, owner Termination) bool {
+	if owner.AgentWindows {
+		return Supersedes(t, owner)
+	}
+	return t.Rank() > owner.Rank()
 }
 
 // Inherit is what t keeps of owner's deadlines when it takes nodes over

@@ -934,10 +934,12 @@ func stillCandidate(tx store.ReadTxn, n *tree.Node) (bool, error) {
 }
 
 // agentShielded reports whether n is being stopped by an agent's
-// termination, which a rollout's outranks (supervisor.Supersedes): such a
-// node is still a candidate, and its batch takes it over, so that an agent
-// cannot keep a node out of a rollout — and its leases from the
-// replacements — by draining it first with a window of its choosing.
+// termination, which a rollout's outranks (supervisor.Supersedes), or by
+// the agent's own stop proposal, whose windows are the agent's whoever
+// approved it (AgentWindows): such a node is still a candidate, and its
+// batch takes it over, so that an agent cannot keep a node out of a
+// rollout — and its leases from the replacements — by draining it first
+// with a window of its choosing.
 func agentShielded(tx store.ReadTxn, n *tree.Node) (bool, error) {
 	if n.State == tree.NodeStateRunning || n.State == tree.NodeStateTerminated || n.TerminationID == "" {
 		return false, nil
@@ -946,7 +948,7 @@ func agentShielded(tx store.ReadTxn, n *tree.Node) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return owner.Rank() == supervisor.RankAgent && owner.Phase != supervisor.PhaseTerminated, nil
+	return (owner.Rank() == supervisor.RankAgent || owner.AgentWindows) && owner.Phase != supervisor.PhaseTerminated, nil
 }
 
 // scanNodes calls fn with every node, in id order.
