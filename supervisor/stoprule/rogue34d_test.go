@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
@@ -52,7 +54,23 @@ func TestRogue34DShortCallsKeptOpenBesideALongOneDoNotHideIt(t *testing.T) {
 // the next oldest (exact, never more: an honest subtree whose oldest
 // call ended is not judged on it).
 func TestRogue34DAnOlderCallEndedDoesNotHideTheLongOne(t *testing.T) {
-	g := newRogue31cRig(t)
+	rogue34dOlderCallEnded(t, newRogue31cRig(t))
+}
+
+// TestRogue34DAnOlderCallEndedDoesNotHideTheLongOneOnEtcd is the same on
+// etcd: the listing's first key read by a scan stopped at it.
+func TestRogue34DAnOlderCallEndedDoesNotHideTheLongOneOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
+	st := etcdtest.OpenStore(t, etcdtest.Start(t))
+	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	rules := &Rules{Store: st, Clock: clk}
+	rogue34dOlderCallEnded(t, &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
+		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}})
+}
+
+func rogue34dOlderCallEnded(t *testing.T, g *rogue31cRig) {
 	rogue := g.spawn(nil, "rogue")
 	kid := g.spawn(rogue, "kid")
 	grand := g.spawn(kid, "grand")
