@@ -22,7 +22,8 @@ import (
 // calls: 400 s and twenty of at most 100 s read about 114 s, and the rule
 // never fired however long the call stayed open. Now the rule files for
 // the rogue at the first tick past 300 seconds, naming the long call's
-// 400.
+// 400; once the calls end they stop counting as open (a call's end takes
+// it out of the listing the subtree's longest open call is read from).
 func TestRogue34DShortCallsKeptOpenDoNotHideALongOneFromTheSubtreesRule(t *testing.T) {
 	clk := clock.NewManual(epoch)
 	srv := testserver.Start(t, testserver.WithClock(clk))
@@ -32,7 +33,7 @@ func TestRogue34DShortCallsKeptOpenDoNotHideALongOneFromTheSubtreesRule(t *testi
 	kid := spawn(t, srv.Clients(rogue.Credential), rogue.Node.NodeId, "kid")
 	gate := srv.Clients(srv.ToolServerToken(t, "r33d-gate"))
 	token := issueRoot(t, admin, kid.Node.NodeId, time.Hour, "tool:*").token
-	rogue33dBegin(t, gate, token)
+	long := rogue33dBegin(t, gate, token)
 	var short []string
 	for range 20 {
 		short = append(short, rogue33dBegin(t, gate, token))
@@ -50,5 +51,23 @@ func TestRogue34DShortCallsKeptOpenDoNotHideALongOneFromTheSubtreesRule(t *testi
 	p := rogue33dProposal(t, srv, rule.RuleId, rogue.Node.NodeId)
 	if v := valueOf(p.Rule.Values, `observed.subtree_call_seconds_max`); v.GetValue() != "400" || v.SelfReported {
 		t.Fatalf("proposal values %v, want observed.subtree_call_seconds_max = 400 (the long call), observed", p.Rule.Values)
+	}
+	// Every call ends but one begun now: a call's end takes it out of the
+	// listing, so 1,000 s later the subtree's longest call is that one's
+	// 1,000 s (the long call took 400), not a call ended long ago.
+	ctx := context.Background()
+	for _, id := range append(short, long) {
+		if _, err := gate.Tool.EndCall(ctx, connect.NewRequest(&tetherv1.EndCallRequest{CallId: id, GateId: "r33d-gate"})); err != nil {
+			t.Fatalf("end: %v", err)
+		}
+	}
+	rogue33dBegin(t, gate, issueRoot(t, admin, kid.Node.NodeId, time.Hour, "tool:*").token)
+	clk.Advance(1000 * time.Second)
+	tr, err := admin.StopRule.TestStopRule(ctx, connect.NewRequest(&tetherv1.TestStopRuleRequest{NodeId: rogue.Node.NodeId, Expression: `observed.subtree_call_seconds_max == 1000.0`}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tr.Msg.Result {
+		t.Fatalf("the calls ended, one 1,000 s open: the rogue's subtree reads %v, want observed.subtree_call_seconds_max = 1000", tr.Msg.Values)
 	}
 }
