@@ -41,7 +41,17 @@ const (
 	prefixFired   = "stoprules/fired/"   // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn      = "stoprules/on/"      // stoprules/on/<node id>/<rule id> → "" rules attached to the node
 	prefixSel     = "stoprules/sel/"     // stoprules/sel/<rule id> → "" selector rules
+	// prefixSubOpen indexes the calls open below an ancestor by their
+	// begin time, so that its subtree's longest open call is its first
+	// key. Outside prefixAll: the evaluator's watch never carries it (a
+	// call's begin and end already wake it through prefixSub).
+	prefixSubOpen = "stoprulesopen/" // stoprulesopen/<ancestor id>/<begin, Unix ms, 16 hex digits>/<node id>/<call id> → ""
 )
+
+func subOpenPrefix(anc string) []byte { return []byte(prefixSubOpen + anc + "/") }
+func subOpenKey(anc string, beginMs uint64, node, call string) []byte {
+	return fmt.Appendf(nil, "%s%s/%016x/%s/%s", prefixSubOpen, anc, beginMs, node, call)
+}
 
 func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
 func onKey(node, rule string) []byte { return []byte(prefixOn + node + "/" + rule) }
@@ -674,7 +684,7 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 	if d == (subtotal{}) {
 		return nil
 	}
-	return addToAncestors(tx, after.NodeID, d, after.Tool)
+	return addToAncestors(tx, after.NodeID, d, after.Tool, after.CallID)
 }
 
 // addToAncestors adds d, a change of tool's calls, to the subtree records
@@ -687,15 +697,23 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 // duration), and a failed end the tool's count too. A shard tracks at
 // most MaxTools tools (subtotal.tracked); a further tool is counted under
 // OtherTool, as is every later call of it (the shard stays full).
-func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool string) error {
+//
+// A call's begin also lists it at each ancestor by its begin time
+// (subOpenKey), and its end takes it out: the subtree's longest open call
+// is the first call listed, exact however many short calls are kept open
+// beside it (the shard's count and begin times added up gave only their
+// mean, which a rogue lowered at will).
+func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool, callID string) error {
 	byTool := d.calls > 0 || d.failures > 0
+	var ancestors []string
 	keysOf := func(anc string, shard uint32) [][]byte {
+		ancestors = append(ancestors, anc)
 		if !byTool {
 			return [][]byte{subKey(anc, shard)}
 		}
 		return [][]byte{subKey(anc, shard), subToolKey(anc, shard, tool), subToolKey(anc, shard, OtherTool)}
 	}
-	return eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+	err := eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
 		s, err := getSubtotal(tx, keys[0])
 		if err != nil {
 			return err
@@ -727,6 +745,21 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool string) error 
 		}
 		return tx.Put(keys[0], s.append(nil))
 	})
+	if err != nil {
+		return err
+	}
+	for _, anc := range ancestors {
+		switch {
+		case d.open > 0:
+			err = tx.Put(subOpenKey(anc, d.openMs, nodeID, callID), nil)
+		case d.closed > 0:
+			err = tx.Delete(subOpenKey(anc, d.closedMs, nodeID, callID))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // reportToAncestors adds the change d of node's reported counters to the
@@ -1257,8 +1290,16 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 
 // readOwnOpenCalls reads the node's own calls still open from the ledger
 // into o (Snapshot counts their time at the instant it judges the node),
-// and returns how many it read: at most MaxOpenCallsPerNode per gate.
+// and returns how many it read: at most MaxOpenCallsPerNode per gate. When
+// its subtree records count descendants' calls open (read first, by
+// readNodeTools), it reads the oldest of them too: the first key of the
+// node's subOpenPrefix, one key whatever their number.
 func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, error) {
+	if o.open.sub > 0 {
+		if err := readSubOldest(tx, nodeID, o); err != nil {
+			return 0, err
+		}
+	}
 	calls, err := ledger.OpenCallsIn(tx, nodeID)
 	if err != nil {
 		return 0, err
@@ -1275,6 +1316,27 @@ func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, er
 		o.open.ownBegins += float64(ms)
 	}
 	return len(calls), nil
+}
+
+// readSubOldest lowers o's oldest begin of a descendant's open call to
+// the first call listed under the node's subOpenPrefix: exact, where the
+// shards' mean begin times (what o holds when it is called) is only never
+// later than the oldest. A call open since before the calls were listed
+// is not listed: the shards' means still count it.
+func readSubOldest(tx store.ReadTxn, nodeID string, o *Observations) error {
+	prefix := subOpenPrefix(nodeID)
+	return tx.Scan(prefix, nil, func(k, _ []byte) error {
+		rest := k[len(prefix):]
+		if len(rest) < 16 {
+			return fmt.Errorf("stoprule: corrupt open call key %q", k)
+		}
+		ms, err := strconv.ParseUint(string(rest[:16]), 16, 64)
+		if err != nil {
+			return fmt.Errorf("stoprule: corrupt open call key %q", k)
+		}
+		o.open.subOldest = min(o.open.subOldest, int64(min(ms, math.MaxInt64)))
+		return store.ErrStopScan
+	})
 }
 
 // subtreeCalls sets o's subtree totals of the calls (SubtreeCalls and
