@@ -126,7 +126,8 @@
 //
 // Then keep time moving: DeadlineQueue.Sync the lease after each Step, and
 // step a Tick for every job DeadlineQueue.PopDue returns; when ReassignDue
-// reports true, pick a holder and step Reassign{Automatic: true}. After a
+// reports true, pick a holder and step AutomaticReassign's message, once (a
+// refused one leaves the job due, and is not stepped again then). After a
 // restart, step the Recover messages from PlanRestart before serving.
 //
 // # Mapping to tether.v1

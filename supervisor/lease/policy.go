@@ -177,7 +177,7 @@ func (p Policy) RestartBehavior() string {
 // is AckMissReassign, and nothing recorded (an ownership conflict, a cancel
 // request, a terminal result) calls for a human instead, and the job has
 // had fewer than p.MaxAutoReassigns automatic reassignments in a row. The
-// shell then picks a holder and steps Reassign{Automatic: true}.
+// shell then picks a holder and steps AutomaticReassign's message.
 func ReassignDue(l Lease, p Policy) bool {
 	return p.AckMiss == AckMissReassign &&
 		l.State == StateExpired &&
@@ -185,6 +185,33 @@ func ReassignDue(l Lease, p Policy) bool {
 		!l.OwnershipConflict &&
 		!l.CancelRequested &&
 		!AutoReassignsExhausted(l, p)
+}
+
+// AutomaticReassign is the reassignment ReassignDue asks the shell to
+// step: generation + 1 of l's job to holder under leaseID, automatic,
+// naming l's generation (the one that missed its ACK), for l's lease
+// duration within the policy in force — at most p.MaxLeaseDuration. A job
+// offered under a policy that allowed longer leases (the coordinator
+// restarted with a lower maximum) is reassigned for the maximum: built
+// with the lease's own duration, the reassignment was refused as
+// malformed, the job stayed due for one, and a shell that stepped it again
+// after each refusal never stopped (a rogue holder had only to let its
+// ACK deadline pass). A shell steps it once per judgement, never again
+// after its refusal.
+func AutomaticReassign(l Lease, p Policy, leaseID, holder string) Reassign {
+	duration := l.LeaseDuration
+	if duration > p.MaxLeaseDuration {
+		duration = p.MaxLeaseDuration
+	}
+	return Reassign{
+		JobID:          l.JobID,
+		Generation:     l.Generation,
+		LeaseID:        leaseID,
+		HolderIdentity: holder,
+		LeaseDuration:  duration,
+		Reason:         fmt.Sprintf("generation %d missed its ACK deadline; policy %s", l.Generation, p.AckMiss),
+		Automatic:      true,
+	}
 }
 
 // AutoReassignsExhausted reports whether the job has used up the automatic

@@ -30,7 +30,9 @@ import (
 // Message arguments: job (default j1), lease, gen (a worker's claim, or the
 // generation a request_cancel, reassign or resolve names), holder, seq, value, sent,
 // result, detail, duration, ack_timeout, owner, reason, bound,
-// resolve_conflict, automatic, last_alive, extend_to. Times are offsets from
+// resolve_conflict, automatic, last_alive, extend_to. auto_reassign
+// lease=L2 holder=w1 steps lease.AutomaticReassign of the lease under the
+// transcript's policy. Times are offsets from
 // the transcript epoch, or absolute RFC 3339 dates (for times no offset
 // reaches). Every step is also checked against the invariants in checkStep.
 func TestTranscripts(t *testing.T) {
@@ -172,7 +174,17 @@ func (tr *transcript) step(rest string) error {
 	if err != nil {
 		return err
 	}
-	m, err := buildMessage(kind, args)
+	var m lease.Message
+	if kind == "auto_reassign" {
+		// The automatic reassignment a shell steps when ReassignDue says
+		// so, as lease.AutomaticReassign builds it from the lease and the
+		// policy of the transcript.
+		a := newArgReader(args)
+		m = lease.AutomaticReassign(tr.lease, tr.policy, a.str("lease", ""), a.str("holder", ""))
+		err = a.done()
+	} else {
+		m, err = buildMessage(kind, args)
+	}
 	if err != nil {
 		return err
 	}

@@ -96,8 +96,10 @@
 // tests) is noticed quickly. When lease.ReassignDue says so (policy
 // AckMissReassign, a missed ACK, no ownership conflict, no cancel request,
 // fewer than Policy.MaxAutoReassigns automatic reassignments in a row),
-// the shard offers generation + 1 itself (Reassign{Automatic: true}) to
-// Config.PickHolder's choice, by default the same holder.
+// the shard offers generation + 1 itself (lease.AutomaticReassign: for the
+// lease's duration within the policy's maximum) to Config.PickHolder's
+// choice, by default the same holder — once per judgement: one the lease
+// machine refused is not followed by another.
 //
 // # Runs, terms and restart
 //

@@ -661,15 +661,11 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	if done != nil {
 		b.answers = append(b.answers, pendingAnswer{done: done, result: Result{Lease: next, Decision: decision, Row: row.Number}})
 	}
-	if lease.ReassignDue(next, s.c.cfg.Policy) {
-		s.judge(e, job, lease.Reassign{
-			JobID:          job,
-			LeaseID:        s.c.cfg.NewLeaseID(),
-			HolderIdentity: s.c.cfg.PickHolder(next),
-			LeaseDuration:  next.LeaseDuration,
-			Reason:         fmt.Sprintf("generation %d missed its ACK deadline; policy %s", next.Generation, s.c.cfg.Policy.AckMiss),
-			Automatic:      true,
-		}, now, nil)
+	if r, auto := m.(lease.Reassign); !(auto && r.Automatic) && lease.ReassignDue(next, s.c.cfg.Policy) {
+		// Once per judgement: an automatic reassignment the lease machine
+		// refused leaves the job due for one, and stepping another after it
+		// recursed without end (rogue34e test).
+		s.judge(e, job, lease.AutomaticReassign(next, s.c.cfg.Policy, s.c.cfg.NewLeaseID(), s.c.cfg.PickHolder(next)), now, nil)
 	}
 }
 
