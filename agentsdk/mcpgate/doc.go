@@ -51,7 +51,11 @@
 // failed: the control plane unreachable, a budget spent) is owed, and
 // sent again after SeenReportRetry, doubling to SeenReportRetryMax, until
 // one lands; so is a refusal's report not sent or not landed, as the node
-// seen. A node owed is never forgotten: the gateway keeps the report state
+// seen. A gateway that closes sends each report still owed, or due (a
+// refusal's waiting for its interval's end included), once more before
+// Close returns, 64 at once; only those that do not
+// land then are logged (and, once one fails for another reason than a
+// spent budget, the rest, not sent). A node owed is never forgotten: the gateway keeps the report state
 // of at most 4096 nodes, a lineage's (the nodes whose grants descend from
 // one root grant) at most a quarter of them, and over HTTP a request of a
 // node it has no room for is refused (503, CodeUnavailable), not served

@@ -1,0 +1,119 @@
+package mcpgate_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+
+	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// The thirty-fourth rogue pass against the MCP gateway (helper C).
+
+// A rogue that claimed its exit cannot have its request go unseen because
+// the gateway shut down while the request's report was owed. A report
+// that did not land (the control plane out of reach for a moment, the
+// rogue's lineage's budget spent) is owed and sent again after
+// SeenReportRetry, the wait doubling to SeenReportRetryMax while it fails;
+// a gateway shut down (restarted, drained) within that wait only logged
+// the debt, though the control plane was back: the record read the
+// rogue's exit confirmed. Close now sends each report owed (or due) once
+// more before it returns. (Fails if, once Close has returned, the control
+// plane has not noted the rogue at work after its claim.)
+func TestRogue34COwedReportIsSentOnceMoreAsTheGatewayShutsDown(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	lost := &lostBegins{next: w.srv.HTTP.Transport}
+	if lost.next == nil {
+		lost.next = http.DefaultTransport
+	}
+	hc := *w.srv.HTTP
+	hc.Transport = lost
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, &hc)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	claimAfterSessionEnd(t, w, self, credential)
+
+	// The rogue's ping after its claim, its report lost (and owed).
+	lost.down.Store(true)
+	if got := pingStatus(t, srv.URL+mcpgate.EndpointPath, token); got == http.StatusServiceUnavailable {
+		t.Fatalf("the rogue's ping: %d, refused", got)
+	}
+	// The control plane back; the retry not yet due on the gateway's
+	// clock, which stands: the gateway shuts down meanwhile.
+	lost.down.Store(false)
+	if got := nodeOf(t, w, self).Contradictions; len(got) > 0 {
+		t.Fatalf("the rogue's lost report noted already: %v", got)
+	}
+	gw.Close()
+	if got := nodeOf(t, w, self).Contradictions; len(got) == 0 {
+		t.Fatal("the gateway shut down with the rogue's report after its claim owed, the control plane reachable, and never sent it: the record reads its exit confirmed")
+	}
+}
+
+// A rogue whose grant was revoked cannot have its refusals after its claim
+// go unreported by knocking within its refusal report's interval as the
+// gateway shuts down. A node's refusals within RefusalReportInterval of
+// its last report make one report at the interval's end; a gateway shut
+// down before that end stopped the report and dropped it: the rogue,
+// refused once before its claim (reported then) and again after it, read
+// exited confirmed. Such a report is now owed as the node seen at Close,
+// and sent once more before Close returns. (Fails if, once Close has
+// returned, the control plane has not noted the rogue at work after its
+// claim.)
+func TestRogue34CRefusalWithinItsIntervalIsReportedAsTheGatewayShutsDown(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, nil)
+	srv := httptest.NewUnstartedServer(nil)
+	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
+	srv.Start()
+	t.Cleanup(srv.Close)
+	endpoint := srv.URL + mcpgate.EndpointPath
+
+	ctx := context.Background()
+	claims, err := gw.Verifier().Identify(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
+		_, err := gw.Verifier().Verify(ctx, token)
+		return errors.Is(err, capability.ErrGrantRevoked)
+	})
+	// Refused before its claim: reported (at work before its claim, no
+	// contradiction).
+	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
+		t.Fatalf("the revoked rogue's ping: %d; want 403", got)
+	}
+	claimAfterSessionEnd(t, w, self, credential)
+	if got := nodeOf(t, w, self).Contradictions; len(got) > 0 {
+		t.Fatalf("a contradiction before the rogue's request after its claim: %v", got)
+	}
+	// Refused after its claim, within its report's interval on the
+	// gateway's clock (which stands): its report waits for the interval's
+	// end, and the gateway shuts down first.
+	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
+		t.Fatalf("the revoked rogue's ping after its claim: %d; want 403", got)
+	}
+	gw.Close()
+	if got := nodeOf(t, w, self).Contradictions; len(got) == 0 {
+		t.Fatal("the gateway shut down with the rogue's refusal after its claim waiting for its interval's end, and never reported it: the record reads its exit confirmed")
+	}
+}
+
