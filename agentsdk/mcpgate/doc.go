@@ -51,7 +51,9 @@
 // failed: the control plane unreachable, a budget spent) is owed, and
 // sent again after SeenReportRetry, doubling to SeenReportRetryMax, until
 // one lands; so is a refusal's report not sent or not landed, as the node
-// seen. A gateway that closes sends each report still owed, or due (a
+// seen, and so is a tools/call whose BeginCall did not land (the control
+// plane out of reach, its answer late: answered CodeUnavailable, never
+// begun). A gateway that closes sends each report still owed, or due (a
 // refusal's waiting for its interval's end included), once more before
 // Close returns, 64 at once; only those that do not
 // land then are logged (and, once one fails for another reason than a

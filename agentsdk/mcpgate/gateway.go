@@ -870,6 +870,14 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		select {
 		case a = <-answered:
 		default:
+			if !seenLanded(err) {
+				// Its begin did not land (the control plane out of reach,
+				// its answer late, the gateway's credential refused): the
+				// node served all the same, its report owed until one
+				// lands. (Marked told as the begin was sent, a rogue's call
+				// after its claim, its begin lost, was answered unseen.)
+				g.oweSeenToken(claims.HolderNodeID, token)
+			}
 			return nil, beginRefusal(err)
 		}
 	case <-gone:

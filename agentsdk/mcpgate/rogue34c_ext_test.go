@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/capability"
@@ -117,3 +118,55 @@ func TestRogue34CRefusalWithinItsIntervalIsReportedAsTheGatewayShutsDown(t *test
 	}
 }
 
+// A rogue that claimed its exit cannot have its tool call answered unseen
+// because the call's begin did not reach the control plane. The gateway
+// marks a tools/call told as it sends its BeginCall: a begin that did not
+// land (the control plane out of reach, its answer past the gate's
+// timeout) was answered -32066 and reported nowhere, though the gateway
+// had served the rogue's token after its claim, as it serves a ping, whose
+// report is owed until it lands. The call's node is now owed as seen, and
+// reported once the control plane is back. (Fails if no report is owed as
+// the call is answered, or if the control plane never notes the rogue at
+// work after its claim.)
+func TestRogue34CCallWhoseBeginDidNotLandIsOwedAsTheNodeSeen(t *testing.T) {
+	for _, stdio := range []bool{false, true} {
+		name := "HTTP"
+		if stdio {
+			name = "stdio"
+		}
+		t.Run(name, func(t *testing.T) {
+			w := newWorld(t, "mcp:test/*")
+			self, credential, token := rogueChild(t, w, time.Hour)
+			lost := &lostBegins{next: w.srv.HTTP.Transport}
+			if lost.next == nil {
+				lost.next = http.DefaultTransport
+			}
+			hc := *w.srv.HTTP
+			hc.Transport = lost
+			gclk := clock.NewManual(w.clk.Now())
+			gw := gatewayOnClock(t, w, gclk, &hc)
+			var cs *mcp.ClientSession
+			if stdio {
+				cs = serveStdioAgent(t, gw, token).cs
+			} else {
+				cs = connectAgent(t, serveGateway(t, gw), token, nil)
+			}
+			claimAfterSessionEnd(t, w, self, credential)
+
+			lost.down.Store(true)
+			_, err := callText(t, cs, "echo", map[string]any{"text": "after my claim"})
+			if rpcCode(err) != mcpgate.CodeUnavailable {
+				t.Fatalf("the rogue's call with its begin lost: %v; want %d", err, mcpgate.CodeUnavailable)
+			}
+			retry := gclk.Now().Add(mcpgate.SeenReportRetry)
+			if !gclk.Armed(retry) {
+				t.Fatal("the rogue's call was answered with its begin lost, and no report of the node is owed")
+			}
+			lost.down.Store(false)
+			gclk.Set(retry)
+			testserver.WaitFor(t, guardWait, "the owed report to land: the rogue at work after its claim", func() bool {
+				return len(nodeOf(t, w, self).Contradictions) > 0
+			})
+		})
+	}
+}
