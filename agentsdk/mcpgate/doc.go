@@ -59,9 +59,11 @@
 // land then are logged (and, once one fails for another reason than a
 // spent budget, the rest, not sent). A node owed is never forgotten: the gateway keeps the report state
 // of at most 4096 nodes, a lineage's (the nodes whose grants descend from
-// one root grant) at most a quarter of them, and over HTTP a request of a
-// node it has no room for is refused (503, CodeUnavailable), not served
-// unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
+// one root grant) at most a quarter of them (a node held while a report
+// of it is due, under way or owed, or an HTTP request of its is in the
+// gateway, a GET stream only until its opening is reported), and over
+// HTTP a request of a node it has no room for is refused (503,
+// CodeUnavailable), not served unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
 // over stdio its requests are served as before and reported, over HTTP
 // its 401 is reported, as that node seen, which the control plane keeps
 // as the holder's dead credential at work; so is, over HTTP, the 503 of

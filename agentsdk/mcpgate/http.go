@@ -594,8 +594,14 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		node := info.UserID
 		token, _ := info.Extra[tokenKey].(string)
 		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
-			// A GET stream, a session's DELETE: the node served.
+			// A GET stream, a session's DELETE: the node served, reported at
+			// its opening only, so that its node's report state is let go
+			// of (holdSeen): a stream held for a session's life held its
+			// node's place for as long.
 			g.reportSeen(r.Context(), token, node)
+			if unpin, ok := info.Extra[unpinKey].(func()); ok {
+				unpin()
+			}
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -3,6 +3,7 @@ package mcpgate_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
 	"github.com/tetherhq/tether/capability"
@@ -168,5 +170,71 @@ func TestRogue34CCallWhoseBeginDidNotLandIsOwedAsTheNodeSeen(t *testing.T) {
 				return len(nodeOf(t, w, self).Contradictions) > 0
 			})
 		})
+	}
+}
+
+// openStream opens s's GET stream and returns once its headers came (the
+// gateway serving it), the stream held open until the test ends.
+func openStream(t *testing.T, s *rawSession) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, s.endpoint, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+s.token)
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Session-Id", s.id)
+	req.Header.Set("Mcp-Protocol-Version", rawVersion)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET stream: %s", resp.Status)
+	}
+}
+
+// A lineage's GET streams do not hold its places in the gateway's seen
+// reports, and a rogue cannot have its lineage's other nodes refused with
+// its children's streams. The gateway keeps the report state of at most
+// a quarter of maxSeenNodes (1024) nodes of one lineage, each held while
+// an HTTP request of its is in the gateway, and refuses (503) a node it
+// has no room for. A GET stream, which every MCP client opens for its
+// session's life, held its node's place for as long: a lineage of more
+// than 1024 connected agents had its next node refused every request,
+// and a rogue whose children each held a stream had its ancestors' and
+// siblings' new nodes refused. A GET stream is reported at its opening
+// only, and now lets go of its node's state once that report is done.
+// (Fails if the lineage's third node is refused while its first two, with
+// the bound at 8 and the lineage's share at 2, hold a stream each.)
+func TestRogue34CLineagesStreamsDoNotHoldItsPlaces(t *testing.T) {
+	defer mcpgate.SetMaxSeenNodesForTest(8)()
+	w := newWorld(t, "mcp:test/*")
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, nil)
+	endpoint := serveGateway(t, gw)
+	ctx := context.Background()
+	parent := w.srv.Clients(w.agent.Credential)
+	for i := range 2 {
+		child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.agent.Node.NodeId, Name: fmt.Sprintf("worker-%d", i)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		grant, err := parent.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{
+			ParentGrantId: w.grant.Grant.GrantId, HolderNodeId: child.Msg.Node.NodeId, Scopes: []string{"mcp:test/*"}, Ttl: durationpb.New(30 * time.Minute),
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		openStream(t, openRaw(t, endpoint, grant.Msg.Token))
+	}
+	// Their reports' bound over, on the gateway's clock: only their
+	// streams could hold their places.
+	gclk.Advance(time.Minute)
+	if got := pingStatus(t, endpoint, w.grant.Token); got == http.StatusServiceUnavailable {
+		t.Fatalf("the lineage's third node, its first two holding a GET stream each: %d, refused", got)
 	}
 }

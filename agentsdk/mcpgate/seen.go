@@ -61,7 +61,8 @@ const (
 // the reports in flight at once (past it, a report is not sent, and the
 // requests waiting for it are served unreported for now, the report
 // owed). A node's state is kept while a report of it is due, under way or
-// owed, or a request of its is in the gateway (over HTTP): an HTTP
+// owed, or a request of its is in the gateway (over HTTP; a GET stream
+// until its opening is reported): an HTTP
 // request of a node the gateway has no room for is refused (holdSeen),
 // never served unreported. (Variables for the package's tests.)
 var (
@@ -390,15 +391,30 @@ func (g *Gateway) holdSeen(next http.Handler) http.Handler {
 		}
 		s.mu.Unlock()
 		if n != nil {
-			defer func() {
-				s.mu.Lock()
-				n.pins--
-				s.mu.Unlock()
-			}()
+			var once sync.Once
+			unpin := func() {
+				once.Do(func() {
+					s.mu.Lock()
+					n.pins--
+					s.mu.Unlock()
+				})
+			}
+			defer unpin()
+			info.Extra[unpinKey] = unpin
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// unpinKey holds, in a request's auth.TokenInfo.Extra, the func that lets
+// go of its node's report state (holdSeen's pin) before the request ends:
+// a GET stream's, once its opening is reported (holdCalls), as nothing of
+// it is reported after. Pinned for the stream's life, a lineage's agents
+// each holding the GET stream an MCP client opens took its places: its
+// node past a quarter of maxSeenNodes (1024) was refused 503 for as long
+// as they kept their sessions, and a rogue's children holding streams had
+// its whole lineage's new nodes refused.
+const unpinKey = "tether_seen_unpin"
 
 // seenLanded reports whether the control plane answered a seen report
 // (noted, or refused for the token: a report sent again would be answered
