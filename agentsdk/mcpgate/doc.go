@@ -61,7 +61,8 @@
 // of at most 4096 nodes, a lineage's (the nodes whose grants descend from
 // one root grant) at most a quarter of them (a node held while a report
 // of it is due, under way or owed, or an HTTP request of its is in the
-// gateway, a GET stream only until its opening is reported), and over
+// gateway, a GET stream only until its opening is reported, a tools/call
+// until it is begun), and over
 // HTTP a request of a node it has no room for is refused (503,
 // CodeUnavailable), not served unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
 // over stdio its requests are served as before and reported, over HTTP

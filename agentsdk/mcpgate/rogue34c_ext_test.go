@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,5 +237,48 @@ func TestRogue34CLineagesStreamsDoNotHoldItsPlaces(t *testing.T) {
 	gclk.Advance(time.Minute)
 	if got := pingStatus(t, endpoint, w.grant.Token); got == http.StatusServiceUnavailable {
 		t.Fatalf("the lineage's third node, its first two holding a GET stream each: %d, refused", got)
+	}
+}
+
+// A lineage's tool calls in flight do not hold its places in the
+// gateway's seen reports once begun (the ledger sees them; nothing of
+// them is reported as the node seen): held for the call's life, a
+// lineage's long calls took its places as its streams did, and a rogue's
+// children each holding a slow call had the lineage's other nodes refused
+// 503. (Fails if the lineage's third node is refused while its first two,
+// with the bound at 8 and the lineage's share at 2, have a call in flight
+// each.)
+func TestRogue34CLineagesCallsInFlightDoNotHoldItsPlaces(t *testing.T) {
+	defer mcpgate.SetMaxSeenNodesForTest(8)()
+	w := newWorld(t, "mcp:test/*")
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, nil)
+	endpoint := serveGateway(t, gw)
+	ctx := context.Background()
+	parent := w.srv.Clients(w.agent.Credential)
+	var calls []<-chan string
+	for i := range 2 {
+		child, err := parent.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.agent.Node.NodeId, Name: fmt.Sprintf("worker-%d", i)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		grant, err := parent.Capability.Delegate(ctx, connect.NewRequest(&tetherv1.DelegateRequest{
+			ParentGrantId: w.grant.Grant.GrantId, HolderNodeId: child.Msg.Node.NodeId, Scopes: []string{"mcp:test/*"}, Ttl: durationpb.New(30 * time.Minute),
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs := connectAgent(t, endpoint, grant.Msg.Token, &mcp.ClientOptions{})
+		calls = append(calls, slowCall(t, cs, w.events, "slow", fmt.Sprintf("slow-%d", i)))
+	}
+	gclk.Advance(time.Minute)
+	if got := pingStatus(t, endpoint, w.grant.Token); got == http.StatusServiceUnavailable {
+		t.Fatalf("the lineage's third node, its first two with a call in flight each: %d, refused", got)
+	}
+	for i, c := range calls {
+		w.events.Release(fmt.Sprintf("slow-%d", i))
+		if got := recv(t, c, "the slow call's answer"); strings.HasPrefix(got, "error") {
+			t.Errorf("slow call %d: %s", i, got)
+		}
 	}
 }

@@ -62,7 +62,7 @@ const (
 // requests waiting for it are served unreported for now, the report
 // owed). A node's state is kept while a report of it is due, under way or
 // owed, or a request of its is in the gateway (over HTTP; a GET stream
-// until its opening is reported): an HTTP
+// until its opening is reported, a tools/call until it is begun): an HTTP
 // request of a node the gateway has no room for is refused (holdSeen),
 // never served unreported. (Variables for the package's tests.)
 var (
@@ -408,8 +408,9 @@ func (g *Gateway) holdSeen(next http.Handler) http.Handler {
 
 // unpinKey holds, in a request's auth.TokenInfo.Extra, the func that lets
 // go of its node's report state (holdSeen's pin) before the request ends:
-// a GET stream's, once its opening is reported (holdCalls), as nothing of
-// it is reported after. Pinned for the stream's life, a lineage's agents
+// a GET stream's, once its opening is reported (holdCalls), and a
+// tools/call's, once it is begun (call), as nothing of them is reported
+// after. Pinned for the stream's life, a lineage's agents
 // each holding the GET stream an MCP client opens took its places: its
 // node past a quarter of maxSeenNodes (1024) was refused 503 for as long
 // as they kept their sessions, and a rogue's children holding streams had
