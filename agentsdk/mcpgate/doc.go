@@ -192,6 +192,8 @@
 // # Caller duties
 //
 // Run the Verifier (its Run) and the ToolGate before Start; Close the
-// gateway, then the gate. In HTTP mode serve Handler; in stdio mode call
+// gateway, then the gate. A closed gateway's Handler refuses every
+// request (503, CodeUnavailable): its reports to the control plane are
+// over. In HTTP mode serve Handler; in stdio mode call
 // ServeStdio once per process.
 package mcpgate

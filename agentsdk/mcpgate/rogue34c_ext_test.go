@@ -282,3 +282,25 @@ func TestRogue34CLineagesCallsInFlightDoNotHoldItsPlaces(t *testing.T) {
 		}
 	}
 }
+
+// A rogue that claimed its exit cannot be served unseen by a gateway that
+// was closed while its handler is still served (an embedder closing the
+// gateway before its HTTP server, or serving the handler on). Close ended
+// the gateway's reports to the control plane, yet the agents' sessions it
+// had opened answered ping and tools/list on, unreported. A closed
+// gateway now refuses every request, 503 and CodeUnavailable. (Fails if
+// the rogue's ping on its session after Close is answered.)
+func TestRogue34CClosedGatewayServesNothing(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, nil)
+	s := openRaw(t, serveGateway(t, gw), token)
+	claimAfterSessionEnd(t, w, self, credential)
+	gw.Close()
+	for _, req := range []string{`{"jsonrpc":"2.0","id":7,"method":"ping"}`, `{"jsonrpc":"2.0","id":8,"method":"tools/list"}`} {
+		if resp, body := s.post(req); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, fmt.Sprint(mcpgate.CodeUnavailable)) {
+			t.Errorf("the rogue's %s after the gateway closed: %s %.200s; want 503 and %d", req, resp.Status, body, mcpgate.CodeUnavailable)
+		}
+	}
+}
