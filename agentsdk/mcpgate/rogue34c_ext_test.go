@@ -304,3 +304,23 @@ func TestRogue34CClosedGatewayServesNothing(t *testing.T) {
 		}
 	}
 }
+
+// The same over stdio: a gateway closed while ServeStdio runs (an
+// embedder's Close before the context ends) kept serving the agent's
+// session, its pings answered, unreported. ServeStdio now ends the
+// session as the gateway closes, and returns. (Fails, by its guard, if
+// ServeStdio does not return, or if the rogue's ping after Close is
+// answered.)
+func TestRogue34CClosedGatewayEndsItsStdioSession(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	gclk := clock.NewManual(w.clk.Now())
+	gw := gatewayOnClock(t, w, gclk, nil)
+	a := serveStdioAgent(t, gw, token)
+	claimAfterSessionEnd(t, w, self, credential)
+	gw.Close()
+	recv(t, a.served, "ServeStdio to return: the gateway closed")
+	if err := a.cs.Ping(context.Background(), nil); err == nil {
+		t.Fatal("the rogue's ping on its stdio session after the gateway closed was answered")
+	}
+}
