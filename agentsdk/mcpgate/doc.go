@@ -51,11 +51,20 @@
 // failed: the control plane unreachable, a budget spent) is owed, and
 // sent again after SeenReportRetry, doubling to SeenReportRetryMax, until
 // one lands; so is a refusal's report not sent or not landed, as the node
-// seen. A node owed is never forgotten: the gateway keeps the report state
+// seen, and so is a tools/call whose BeginCall did not land (the control
+// plane out of reach, its answer late: answered CodeUnavailable, never
+// begun). A gateway that closes sends each report still owed, or due (a
+// refusal's waiting for its interval's end included), once more before
+// Close returns, 64 at once; only those that do not
+// land then are logged (and, once one fails for another reason than a
+// spent budget, the rest, not sent). A node owed is never forgotten: the gateway keeps the report state
 // of at most 4096 nodes, a lineage's (the nodes whose grants descend from
-// one root grant) at most a quarter of them, and over HTTP a request of a
-// node it has no room for is refused (503, CodeUnavailable), not served
-// unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
+// one root grant) at most a quarter of them (a node held while a report
+// of it is due, under way or owed, or an HTTP request of its is in the
+// gateway, a GET stream only until its opening is reported, a tools/call
+// until it is begun), and over
+// HTTP a request of a node it has no room for is refused (503,
+// CodeUnavailable), not served unreported. A token past its expiry still names its holder (agentsdk.Verifier.Holder):
 // over stdio its requests are served as before and reported, over HTTP
 // its 401 is reported, as that node seen, which the control plane keeps
 // as the holder's dead credential at work; so is, over HTTP, the 503 of
@@ -183,6 +192,9 @@
 // # Caller duties
 //
 // Run the Verifier (its Run) and the ToolGate before Start; Close the
-// gateway, then the gate. In HTTP mode serve Handler; in stdio mode call
+// gateway, then the gate. A closed gateway's Handler refuses every
+// request (503, CodeUnavailable), and its ServeStdio ends the session and
+// returns as it does at its context's end: its reports to the control
+// plane are over. In HTTP mode serve Handler; in stdio mode call
 // ServeStdio once per process.
 package mcpgate

@@ -728,8 +728,10 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 	// counted the call already, until its answer is written: the call holds
 	// that count too, until it ends.)
 	var hold *callHold
+	var unpin func() // the HTTP request's hold on its node's seen-report place
 	if extra := req.GetExtra(); extra != nil && extra.TokenInfo != nil {
 		hold, _ = extra.TokenInfo.Extra[heldKey].(*callHold)
+		unpin, _ = extra.TokenInfo.Extra[unpinKey].(func())
 	}
 	var release func()
 	if hold != nil && hold.node == claims.HolderNodeID && hold.join() {
@@ -808,6 +810,13 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		defer g.reports.Done()
 		var herr error
 		err := g.cfg.Gate.CallScoped(g.running, token, r.ledgerTool, r.scope, func(ctx context.Context) error {
+			// Begun: the ledger sees the call, and nothing of it is reported
+			// as the node seen, so its request lets go of its node's place
+			// in the seen reports (holdSeen). Held for the call's life, a
+			// lineage's long calls took its places as its streams did.
+			if unpin != nil {
+				unpin()
+			}
 			// When the control plane cancels ctx, the SDK abandons the call
 			// and sends notifications/cancelled upstream; CallScoped
 			// acknowledges the cancel only after this returns, and only if
@@ -870,6 +879,14 @@ func (g *Gateway) call(ctx context.Context, r *route, req *mcp.CallToolRequest) 
 		select {
 		case a = <-answered:
 		default:
+			if !seenLanded(err) {
+				// Its begin did not land (the control plane out of reach,
+				// its answer late, the gateway's credential refused): the
+				// node served all the same, its report owed until one
+				// lands. (Marked told as the begin was sent, a rogue's call
+				// after its claim, its begin lost, was answered unseen.)
+				g.oweSeenToken(claims.HolderNodeID, token)
+			}
 			return nil, beginRefusal(err)
 		}
 	case <-gone:

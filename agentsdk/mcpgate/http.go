@@ -423,6 +423,19 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(EndpointPath, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A closed gateway serves nothing: its reports to the control plane
+		// are over (Close sent the last), and the sessions it had opened
+		// answered ping and tools/list on, unreported, for as long as the
+		// handler was served — a rogue that claimed its exit was answered
+		// unseen by a gateway its embedder had closed.
+		select {
+		case <-g.closed:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write(errorAnswer(json.RawMessage("null"), rpcError(CodeUnavailable, "this gateway is closed; reach the one that replaces it")))
+			return
+		default:
+		}
 		// Fail closed before anything else when revocations may be unknown.
 		if err := g.cfg.Verifier.Fresh(); err != nil {
 			// A bearer that names its holder (offline: the signature, a
@@ -594,8 +607,14 @@ func (g *Gateway) holdCalls(next http.Handler) http.Handler {
 		node := info.UserID
 		token, _ := info.Extra[tokenKey].(string)
 		if r.Method != http.MethodPost || r.Body == nil || r.Body == http.NoBody {
-			// A GET stream, a session's DELETE: the node served.
+			// A GET stream, a session's DELETE: the node served, reported at
+			// its opening only, so that its node's report state is let go
+			// of (holdSeen): a stream held for a session's life held its
+			// node's place for as long.
 			g.reportSeen(r.Context(), token, node)
+			if unpin, ok := info.Extra[unpinKey].(func()); ok {
+				unpin()
+			}
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -221,16 +221,25 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 	return landed
 }
 
-// closeRefusals stops the reports and waits for those started.
+// closeRefusals stops the reports and waits for those started. The
+// reports waiting for their interval's end are owed as their nodes seen
+// (oweSeenToken), which the seen reports' close sends once more
+// (closeSeen): stopped and dropped, the refusals of a rogue after its
+// claim within its last interval went unreported for good.
 func (g *Gateway) closeRefusals() {
 	g.refusals.mu.Lock()
 	g.refusals.closed = true
+	var owed []struct{ node, token string }
 	for node, tr := range g.refusals.trailing {
 		tr.timer.Stop()
 		delete(g.refusals.trailing, node)
+		owed = append(owed, struct{ node, token string }{node, tr.token})
 	}
 	g.refusals.mu.Unlock()
 	g.refusals.wg.Wait()
+	for _, o := range owed {
+		g.oweSeenToken(o.node, o.token)
+	}
 }
 
 // noteRefused is reportRefused for a refusal whose token's holder is not

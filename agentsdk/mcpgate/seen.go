@@ -61,7 +61,8 @@ const (
 // the reports in flight at once (past it, a report is not sent, and the
 // requests waiting for it are served unreported for now, the report
 // owed). A node's state is kept while a report of it is due, under way or
-// owed, or a request of its is in the gateway (over HTTP): an HTTP
+// owed, or a request of its is in the gateway (over HTTP; a GET stream
+// until its opening is reported, a tools/call until it is begun): an HTTP
 // request of a node the gateway has no room for is refused (holdSeen),
 // never served unreported. (Variables for the package's tests.)
 var (
@@ -390,15 +391,31 @@ func (g *Gateway) holdSeen(next http.Handler) http.Handler {
 		}
 		s.mu.Unlock()
 		if n != nil {
-			defer func() {
-				s.mu.Lock()
-				n.pins--
-				s.mu.Unlock()
-			}()
+			var once sync.Once
+			unpin := func() {
+				once.Do(func() {
+					s.mu.Lock()
+					n.pins--
+					s.mu.Unlock()
+				})
+			}
+			defer unpin()
+			info.Extra[unpinKey] = unpin
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// unpinKey holds, in a request's auth.TokenInfo.Extra, the func that lets
+// go of its node's report state (holdSeen's pin) before the request ends:
+// a GET stream's, once its opening is reported (holdCalls), and a
+// tools/call's, once it is begun (call), as nothing of them is reported
+// after. Pinned for the stream's life, a lineage's agents
+// each holding the GET stream an MCP client opens took its places: its
+// node past a quarter of maxSeenNodes (1024) was refused 503 for as long
+// as they kept their sessions, and a rogue's children holding streams had
+// its whole lineage's new nodes refused.
+const unpinKey = "tether_seen_unpin"
 
 // seenLanded reports whether the control plane answered a seen report
 // (noted, or refused for the token: a report sent again would be answered
@@ -440,13 +457,17 @@ func (g *Gateway) oweSeen(node string, n *seenNode) {
 	})
 }
 
-// closeSeen stops the reports, releases the requests waiting for them and
-// waits for those in flight.
+// closeSeen stops the reports, releases the requests waiting for them,
+// waits for those in flight, and then sends each report still owed or
+// due once more (flushSeen) before it returns. Only logged, the report of
+// a rogue's request after its claim, owed for a control plane out of
+// reach a moment (or a budget spent) and waiting for its retry, was lost
+// to a gateway shut down (restarted, drained) meanwhile, the control
+// plane back: the record read the rogue's exit confirmed.
 func (g *Gateway) closeSeen() {
 	r := &g.seen
 	r.mu.Lock()
 	r.closed = true
-	owed := 0
 	for _, n := range r.nodes {
 		if n.timer != nil {
 			n.timer.Stop()
@@ -456,19 +477,77 @@ func (g *Gateway) closeSeen() {
 			n.retry.Stop()
 			n.retry = nil
 		}
-		if n.owed {
-			owed++
-		}
 		if n.next != nil && !n.sending {
+			// Due: its waiting requests are released, and it is sent below.
 			close(n.next)
 			n.next = nil
+			n.owed = true
 		}
 	}
 	r.mu.Unlock()
-	if owed > 0 {
-		g.log.Warn("mcpgate: shutting down with nodes served whose reports never landed: the control plane did not see them at work", "nodes", owed)
+	r.wg.Wait() // a report in flight that fails is owed (oweSeen)
+	r.mu.Lock()
+	var owed []seenDebt
+	for node, n := range r.nodes {
+		if n.owed && n.token != "" {
+			owed = append(owed, seenDebt{node: node, token: n.token})
+		}
 	}
-	r.wg.Wait()
+	r.mu.Unlock()
+	if left := g.flushSeen(owed); left > 0 {
+		g.log.Warn("mcpgate: shutting down with nodes served whose reports never landed: the control plane did not see them at work", "nodes", left)
+	}
+}
+
+// seenDebt is a node's report owed at the gateway's close.
+type seenDebt struct{ node, token string }
+
+// flushSeen sends the reports owed once each, maxSeenReportsInFlight at
+// once, and returns how many did not land. A report that fails for
+// another reason than a budget spent (the control plane out of reach, the
+// gateway's credential refused) stops the rest from being sent: each
+// would wait as long (the gate's BeginCall timeout, 10 s), and a gateway
+// shutting down waits for them. (A rogue's report refused for its own
+// lineage's spent budget stops no other node's.)
+func (g *Gateway) flushSeen(owed []seenDebt) (left int) {
+	var (
+		mu      sync.Mutex
+		stopped bool
+		wg      sync.WaitGroup
+	)
+	sem := make(chan struct{}, maxSeenReportsInFlight)
+	for _, d := range owed {
+		sem <- struct{}{}
+		mu.Lock()
+		if stopped {
+			left++
+			mu.Unlock()
+			<-sem
+			continue
+		}
+		mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			err := g.cfg.Gate.CallScoped(context.Background(), d.token, SeenReportTool, "", func(context.Context) error {
+				return errSeenNotACall
+			})
+			if seenLanded(err) {
+				g.log.Debug("mcpgate: reported a node seen to the control plane as the gateway shut down", "node", d.node, "answer", err)
+				return
+			}
+			g.log.Warn("mcpgate: the report of a node seen did not land as the gateway shut down", "node", d.node, "answer", err)
+			mu.Lock()
+			defer mu.Unlock()
+			left++
+			if connect.CodeOf(err) != connect.CodeResourceExhausted {
+				stopped = true
+			}
+		}()
+	}
+	wg.Wait()
+	return left
 }
 
 // noteSeen is reportSeen for a request whose token's holder is not at hand

@@ -75,6 +75,18 @@ func (g *Gateway) ServeStdio(ctx context.Context, tokens TokenSource, r io.ReadC
 	if !g.stdioToken.CompareAndSwap(nil, &tokens) {
 		return errors.New("mcpgate: ServeStdio serves one agent per gateway")
 	}
+	// The gateway's Close ends the session as ctx's end does: a closed
+	// gateway reports nothing to the control plane, and the session served
+	// on (ping, tools/list) was the agent answered unseen.
+	ctx, closing := context.WithCancel(ctx)
+	defer closing()
+	go func() {
+		select {
+		case <-g.closed:
+			closing()
+		case <-ctx.Done():
+		}
+	}()
 	// The end of ctx is the gateway's shutdown (`tether mcp wrap` stopped):
 	// the calls in flight, which the agent's leaving does not end, are
 	// abandoned, or Run would wait for their upstream's answers.
