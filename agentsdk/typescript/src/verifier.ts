@@ -3,7 +3,7 @@ import type { KeyObject } from "node:crypto";
 import { allows, parseJwks, TokenError, verifyToken, DefaultLeewayMs, type Claims } from "./capability.js";
 import { Conn } from "./conn.js";
 import type { WatchRevocationsResponse } from "./gen/tether/v1/capability_pb.js";
-import { dateOf, sleep, withoutSecret } from "./internal.js";
+import { dateOf, feedHooks, sleep, withoutSecret } from "./internal.js";
 
 /** Where the control plane publishes its public keys. */
 export const JwksPath = "/.well-known/jwks.json";
@@ -104,6 +104,13 @@ export class Verifier {
   #ready: Promise<void>;
   #markReady!: () => void;
   #waiters: { sequence: bigint; resolve: () => void }[] = [];
+  /**
+   * A snapshot that spans several feed messages (each but its last
+   * continues), gathered until its last: the set is replaced only then, so
+   * that no revocation of the old set is forgotten before the copy is
+   * whole. Undefined when no snapshot is under way.
+   */
+  #snapshot?: Tombstone[];
 
   constructor(options: VerifierOptions) {
     this.#conn = options.conn;
@@ -292,6 +299,9 @@ export class Verifier {
     // failing closed by then, and a new stream may do better.
     let watchdog = setTimeout(stop, this.#budget);
     let applied = 0;
+    // A snapshot cut off by the last stream's end is not finished by this
+    // one: it resumes from the old position and starts its own.
+    this.#snapshot = undefined;
     try {
       const stream = this.#conn.capability.watchRevocations({ afterSequence: this.#head }, { signal: local.signal });
       for await (const msg of stream) {
@@ -299,6 +309,8 @@ export class Verifier {
         watchdog = setTimeout(stop, this.#budget);
         this.#apply(msg);
         applied++;
+        const hook = feedHooks.get(this);
+        if (hook) await hook(msg);
       }
       throw new Error("the control plane closed the revocation feed");
     } finally {
@@ -316,30 +328,52 @@ export class Verifier {
       dropAfterMs: dateOf(t.dropAfter).getTime(),
     }));
     if (tombstones.some((t) => t.grantId === "")) throw new Error("a tombstone without a grant id");
-    if (msg.snapshot) {
+    // A new copy starts with a snapshot's first message (one cut off by
+    // a broken stream was dropped with it).
+    if (msg.snapshot) this.#snapshot = [];
+    if (this.#snapshot && !msg.continues) {
+      // The snapshot's last message: the set becomes the copy, whole.
+      const whole = [...this.#snapshot, ...tombstones];
+      this.#snapshot = undefined;
       this.#tombstones = new Map();
       this.#head = msg.headSequence;
+      this.#add(whole);
+    } else {
+      // A snapshot that continues in the next message leaves the old set
+      // whole until then (one replaced with its first message forgot,
+      // until its last, every revocation the copy sent later), which
+      // gains the copy's tombstones so far: revocation only narrows.
+      this.#snapshot?.push(...tombstones);
+      this.#add(tombstones);
     }
+    // A message cut short is not the feed's head: the verifier is neither
+    // ready nor fresh again until the message that reaches it.
+    if (!msg.continues) {
+      if (msg.headSequence > this.#head) this.#head = msg.headSequence;
+      // Freshness is measured on this verifier's clock, when the message
+      // arrived, not by the server's time in it.
+      this.#syncedAt = this.#clock.now();
+      this.#markReady();
+      this.#waiters = this.#waiters.filter((w) => {
+        if (w.sequence > this.#head) return true;
+        w.resolve();
+        return false;
+      });
+    }
+  }
+
+  #add(tombstones: Tombstone[]): void {
     for (const t of tombstones) {
       const existing = this.#tombstones.get(t.grantId);
       if (existing) {
         existing.dropAfterMs = Math.max(existing.dropAfterMs, t.dropAfterMs);
       } else {
-        this.#tombstones.set(t.grantId, t);
+        this.#tombstones.set(t.grantId, { ...t });
       }
       if (t.sequence > this.#head) this.#head = t.sequence;
     }
-    if (msg.headSequence > this.#head) this.#head = msg.headSequence;
-    // Freshness is measured on this verifier's clock, when the message
-    // arrived, not by the server's time in it.
-    this.#syncedAt = this.#clock.now();
-    this.#markReady();
-    this.#waiters = this.#waiters.filter((w) => {
-      if (w.sequence > this.#head) return true;
-      w.resolve();
-      return false;
-    });
   }
+
 
   #maintain(): void {
     const now = this.#clock.now();

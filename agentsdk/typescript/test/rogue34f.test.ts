@@ -1,0 +1,95 @@
+// The thirty-fourth hostile pass on the TypeScript SDK's verifier: a
+// snapshot answer spans several feed messages when the control plane
+// holds more live tombstones than one message carries (a thousand), and
+// the verifier replaced its tombstone set with the first: until the last
+// arrived, a token whose revocation the copy sent later was accepted. It
+// now keeps its old set (adding the copy's tombstones to it) until the
+// snapshot's last message, which says it does not continue.
+import assert from "node:assert/strict";
+import { cpSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+
+import { Agent, Conn, TokenError, Verifier } from "../src/index.js";
+import { feedHooks } from "../src/internal.js";
+import { startServer, type TestServer } from "./server.js";
+
+const maxFeedBatch = 1000;
+
+/** n root grants issued to a fresh node of s, revoked in one revocation (n tombstones). */
+async function revokeMany(s: TestServer, name: string, n: number): Promise<void> {
+  const node = await Agent.registerRoot(s.operator, name);
+  node.conn.close();
+  for (let i = 0; i < n; i += 50) {
+    await Promise.all(
+      Array.from({ length: Math.min(50, n - i) }, () => s.operator.capability.issueRoot({ holderNodeId: node.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } })),
+    );
+  }
+  const res = await s.operator.capability.revoke({ target: { case: "holderNodeId", value: node.nodeId }, reason: "filler" });
+  assert.equal(res.revokedGrantIds.length, n);
+}
+
+test("rogue34f: a snapshot in several messages keeps the old set until its last", async () => {
+  const flags = ["--grant-max-per-node", "1100"];
+  let s = await startServer(...flags);
+  const backup = join(mkdtempSync(join(tmpdir(), "tether-ts-backup-")), "data");
+  const stop = new AbortController();
+  let run: Promise<void> | undefined;
+  let conn: Conn | undefined;
+  try {
+    await revokeMany(s, "filler", maxFeedBatch);
+    const rogue = await Agent.registerRoot(s.operator, "rogue");
+    rogue.conn.close();
+    const x = await s.operator.capability.issueRoot({ holderNodeId: rogue.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
+    await s.operator.capability.revoke({ target: { case: "grantId", value: x.grant!.grantId }, reason: "rogue" });
+    s = await s.restartInPlace(() => cpSync(s.dataDir, backup, { recursive: true }), undefined, ...flags);
+    const later = await s.operator.capability.issueRoot({ holderNodeId: rogue.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
+    const revoked = await s.operator.capability.revoke({ target: { case: "grantId", value: later.grant!.grantId }, reason: "later" });
+
+    conn = Conn.dial(s.baseUrl, s.adminToken);
+    const verifier = new Verifier({ conn, stalenessBudgetMs: 60_000 });
+    run = verifier.run(stop.signal);
+    await verifier.caughtUp(revoked.sequence);
+    await assert.rejects(verifier.verify(x.token), (e: unknown) => e instanceof TokenError && e.kind === "grant_revoked");
+
+    let restored = false;
+    const seen: { snapshot: boolean; continues: boolean; tombstones: number; accepted: boolean }[] = [];
+    feedHooks.set(verifier, async (msg) => {
+      if (!restored) return;
+      let accepted = true;
+      try {
+        await verifier.verify(x.token);
+      } catch (e) {
+        accepted = !(e instanceof TokenError && e.kind === "grant_revoked");
+      }
+      seen.push({ snapshot: msg.snapshot, continues: msg.continues, tombstones: msg.tombstones.length, accepted });
+    });
+    // The store restored from the copy taken before the later revocation:
+    // the verifier's position is past its head, and it answers with a
+    // snapshot of its 1,001 live tombstones.
+    s = await s.restartInPlace(
+      () => {
+        restored = true;
+      },
+      backup,
+      ...flags,
+    );
+    while (verifier.head !== revoked.sequence - 1n) await new Promise((r) => setTimeout(r, 20));
+
+    assert.ok(seen.length >= 2 && seen[0].snapshot && seen[0].tombstones === maxFeedBatch, `the restored server's answer: ${JSON.stringify(seen)}`);
+    assert.deepEqual(
+      seen.filter((m) => m.accepted),
+      [],
+      `the verifier accepted the rogue's revoked token between the snapshot's messages: ${JSON.stringify(seen)}`,
+    );
+    await assert.rejects(verifier.verify(x.token), (e: unknown) => e instanceof TokenError && e.kind === "grant_revoked");
+    await verifier.verify(later.token); // the restored store never revoked it
+  } finally {
+    stop.abort();
+    await run;
+    conn?.close();
+    await s.stop();
+    rmSync(backup, { recursive: true, force: true });
+  }
+});
