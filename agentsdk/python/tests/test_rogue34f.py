@@ -1,0 +1,110 @@
+"""The thirty-fourth hostile pass on the Python SDK's Verifier: a snapshot
+answer spans several feed messages when the control plane holds more live
+tombstones than one message carries (a thousand), and the verifier
+replaced its tombstone set with the first: until the last arrived, a token
+whose revocation the copy sent later was accepted. It now keeps its old
+set (adding the copy's tombstones to it) until the snapshot's last
+message, which says it does not continue."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from conftest import NO_RETRY, require_extra, start_server
+from tether_agentsdk import Agent, Conn, GrantRevoked, Verifier, VerifyError
+
+MAX_FEED_BATCH = 1000
+FLAGS = ("--grant-max-per-node", "1100")
+
+
+def _halt(server) -> None:
+    """Stops the server as an operator would (SIGTERM): its store closed whole."""
+    server.proc.terminate()
+    server.proc.wait(30)
+
+
+def _revoke_many(op: Conn, name: str, n: int) -> None:
+    node = Agent.register_root(op, name)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: op.call("CapabilityService", "IssueRoot", {"holderNodeId": node.node_id, "scopes": ["tool:*"], "ttl": "3600s"}), range(n)))
+    res = op.call("CapabilityService", "Revoke", {"holderNodeId": node.node_id, "reason": "filler"})
+    assert len(res["revokedGrantIds"]) == n
+
+
+def test_rogue34f_a_snapshot_in_several_messages_keeps_the_old_set_until_its_last(tether_bin, tmp_path):
+    require_extra("cryptography")
+    data, backup = tmp_path / "data", tmp_path / "backup"
+    data.mkdir()
+    server = start_server(tether_bin, data, *FLAGS)
+    addr = server.url.removeprefix("http://")
+    verifier = None
+    try:
+        op = server.operator()
+        _revoke_many(op, "filler", MAX_FEED_BATCH)
+        rogue = Agent.register_root(op, "rogue")
+        x = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})
+        op.call("CapabilityService", "Revoke", {"grantId": x["grant"]["grantId"], "reason": "rogue"})
+        _halt(server)
+        shutil.copytree(data, backup)
+        server = start_server(tether_bin, data, *FLAGS, addr=addr)
+        op = server.operator()
+        later = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})
+        revoked = int(op.call("CapabilityService", "Revoke", {"grantId": later["grant"]["grantId"], "reason": "later"})["sequence"])
+
+        verifier = Verifier(Conn(server.url, server.admin, retry=NO_RETRY), staleness_budget=60)
+        restored = threading.Event()
+        seen: list[dict] = []
+        apply = verifier._apply
+
+        def observed(msg: dict) -> None:
+            # What the verifier accepts once it applied each message of the
+            # restored server's answer, before it reads the next.
+            apply(msg)
+            if not restored.is_set():
+                return
+            try:
+                verifier.verify(x["token"])
+                accepted = True
+            except GrantRevoked:
+                accepted = False
+            except VerifyError:
+                accepted = False  # failing closed is no acceptance
+            seen.append({"snapshot": bool(msg.get("snapshot")), "continues": bool(msg.get("continues")),
+                         "tombstones": len(msg.get("tombstones", [])), "accepted": accepted})
+
+        verifier._apply = observed
+        verifier.start()
+        assert verifier.wait_for_sequence(revoked, timeout=30), "the verifier did not reach the later revocation"
+        try:
+            verifier.verify(x["token"])
+            raise AssertionError("before the restore, the rogue's revoked token was accepted")
+        except GrantRevoked:
+            pass
+
+        # The store restored from the copy taken before the later
+        # revocation: the verifier's position is past its head, and it
+        # answers with a snapshot of its 1,001 live tombstones.
+        _halt(server)
+        restored.set()
+        server = start_server(tether_bin, backup, *FLAGS, addr=addr)
+        deadline = time.monotonic() + 60
+        while verifier.head != revoked - 1:  # the snapshot applied moves the head back
+            assert time.monotonic() < deadline, f"the snapshot was not applied: {seen}"
+            time.sleep(0.02)
+
+        assert len(seen) >= 2 and seen[0]["snapshot"] and seen[0]["tombstones"] == MAX_FEED_BATCH, f"the restored server's answer: {seen}"
+        assert [m for m in seen if m["accepted"]] == [], f"the verifier accepted the rogue's revoked token between the snapshot's messages: {seen}"
+        try:
+            verifier.verify(x["token"])
+            raise AssertionError("after the snapshot, the rogue's revoked token was accepted")
+        except GrantRevoked:
+            pass
+        verifier.verify(later["token"])  # the restored store never revoked it
+    finally:
+        if verifier is not None:
+            verifier.close()
+        server.stop()
+
