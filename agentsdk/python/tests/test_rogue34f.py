@@ -14,6 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from conftest import NO_RETRY, require_extra, start_server
+from helpers import LoopbackPeer, QuietHandler, wait_for
 from tether_agentsdk import Agent, Conn, GrantRevoked, Verifier, VerifyError
 
 MAX_FEED_BATCH = 1000
@@ -108,3 +109,110 @@ def test_rogue34f_a_snapshot_in_several_messages_keeps_the_old_set_until_its_las
             verifier.close()
         server.stop()
 
+
+class CountingPeer(LoopbackPeer):
+    """Answers every unary call {} over HTTP/1.1 keep-alive, counting the
+    connections opened and those still open; ``hold`` makes each call wait
+    until ``release`` is set; ``close_after`` closes each connection after
+    its answer (without saying so), setting ``closed`` once it has."""
+
+    def __init__(self, *, hold: int = 0, close_after: bool = False):
+        super().__init__()
+        self.opened = 0
+        self.open_now = 0
+        self.lock = threading.Lock()
+        self.arrived = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.closed = threading.Event()
+        peer = self
+
+        class Handler(QuietHandler):
+            protocol_version = "HTTP/1.1"
+
+            def setup(self):
+                super().setup()
+                with peer.lock:
+                    peer.opened += 1
+                    peer.open_now += 1
+
+            def finish(self):
+                try:
+                    super().finish()
+                finally:
+                    with peer.lock:
+                        peer.open_now -= 1
+                    if close_after:
+                        peer.closed.set()
+
+            def do_POST(self):
+                self.read_body()
+                if hold:
+                    peer.arrived.release()
+                    peer.release.wait(30)
+                self.answer_json({})
+                if close_after:
+                    self.close_connection = True
+
+        self.serve(Handler)
+
+
+def test_rogue34f_unary_calls_reuse_a_keep_alive_connection():
+    peer = CountingPeer()
+    try:
+        conn = Conn(peer.url, "t", retry=NO_RETRY)
+        for _ in range(20):
+            assert conn.call("AgentService", "GetNode", {"nodeId": "n"}) == {}
+        assert peer.opened == 1, f"20 calls one after another opened {peer.opened} connections"
+        conn.close()
+        wait_for("the idle connection closed", lambda: peer.open_now == 0)
+    finally:
+        peer.close()
+
+
+def test_rogue34f_idle_connections_are_bounded():
+    import tether_agentsdk._connect as connect
+
+    peer = CountingPeer(hold=1)
+    try:
+        conn = Conn(peer.url, "t", retry=NO_RETRY)
+        n = 2 * connect.MAX_IDLE_CONNECTIONS
+        with ThreadPoolExecutor(n) as pool:
+            calls = [pool.submit(conn.call, "AgentService", "GetNode", {}) for _ in range(n)]
+            for _ in range(n):
+                assert peer.arrived.acquire(timeout=30), "the calls did not all arrive together"
+            peer.release.set()
+            assert [c.result(30) for c in calls] == [{}] * n
+        assert peer.opened == n
+        wait_for(f"the idle connections down to {connect.MAX_IDLE_CONNECTIONS}", lambda: peer.open_now <= connect.MAX_IDLE_CONNECTIONS)
+        for _ in range(n):
+            conn.call("AgentService", "GetNode", {})
+        assert peer.opened == n, f"calls one after another opened {peer.opened - n} more connections, with idle ones kept"
+        conn.close()
+    finally:
+        peer.close()
+
+
+def test_rogue34f_a_connection_the_peer_closed_is_not_used_again():
+    peer = CountingPeer(close_after=True)
+    try:
+        conn = Conn(peer.url, "t", retry=NO_RETRY)
+        for i in range(3):
+            assert conn.call("AgentService", "GetNode", {}) == {}
+            assert peer.closed.wait(30), "the peer did not close its connection"
+            peer.closed.clear()
+        assert peer.opened == 3
+    finally:
+        peer.close()
+
+
+def test_rogue34f_the_real_server_answers_calls_on_a_reused_connection(server):
+    # Calls of several kinds one after another on one Conn, on the
+    # connections it keeps: every answer is the call's own.
+    op = server.operator()
+    node = Agent.register_root(op, "rogue34f-reuse")
+    for i in range(5):
+        got = op.call("AgentService", "GetNode", {"nodeId": node.node_id})
+        assert got["node"]["nodeId"] == node.node_id
+        issued = op.call("CapabilityService", "IssueRoot", {"holderNodeId": node.node_id, "scopes": ["tool:a"], "ttl": "60s"})
+        assert issued["grant"]["holderNodeId"] == node.node_id
+    op.close()
