@@ -165,3 +165,72 @@ func TestRogue34FASnapshotInSeveralMessagesKeepsTheOldSetUntilItsLast(t *testing
 		t.Fatalf("after the snapshot of a store that never revoked it, the later grant's token: %v", err)
 	}
 }
+
+// TestRogue34FAVerifierStartingIsNotReadyBeforeTheFeedsHead: the rogue's
+// grant was revoked after a thousand others. A tool server's verifier
+// that starts then (a new replica of the tool server, or one restarted)
+// opens the feed at 0 and is sent the 1,001 live tombstones in two
+// messages, the rogue's in the second. It was ready, and fresh, with the
+// first, and accepted the rogue's revoked token until the second arrived.
+// A message that continues now neither readies nor refreshes it: until
+// the feed's head, every check fails closed.
+func TestRogue34FAVerifierStartingIsNotReadyBeforeTheFeedsHead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the 1,000 revocations; make test and CI run them.")
+	}
+	srv := testserver.Start(t, func(cfg *controlplane.Config) { cfg.GrantMaxPerNode = 1100 })
+	ctx := context.Background()
+	admin := srv.AdminClients()
+	filler := rogue34fRegister(t, admin, "filler")
+	rogue := rogue34fRegister(t, admin, "rogue")
+	rogue34fRevokeMany(t, srv, filler.Node.NodeId, grantstore.MaxFeedBatch)
+	x, err := srv.Grants().IssueRoot(ctx, rogue34fOperator, grantstore.RootRequest{HolderNodeID: rogue.Node.NodeId, Scopes: []string{"tool:*"}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := srv.Grants().Revoke(ctx, rogue34fOperator, grantstore.Target{GrantID: x.Grant.GrantID}, "rogue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{Conn: srv.Clients(srv.Admin), StalenessBudget: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		seen     []*tetherv1.WatchRevocationsResponse
+		accepted []int
+	)
+	agentsdk.OnFeedMessage(v, func(msg *tetherv1.WatchRevocationsResponse) {
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := v.Verify(ctx, x.Token); err == nil {
+			accepted = append(accepted, len(seen))
+		}
+		seen = append(seen, msg)
+	})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- v.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	<-v.Ready()
+	if v.Head() < res.Sequence {
+		t.Fatalf("the verifier was ready at %d, before the rogue's revocation at %d", v.Head(), res.Sequence)
+	}
+	testserver.WaitFor(t, time.Minute, "the feed's messages up to its head observed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) > 0 && seen[len(seen)-1].HeadSequence >= res.Sequence
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) < 2 || len(seen[0].Tombstones) != grantstore.MaxFeedBatch {
+		t.Fatalf("the feed opened at 0: %d messages, the first of %d tombstones; want %d and more", len(seen), len(seen[0].Tombstones), grantstore.MaxFeedBatch)
+	}
+	if len(accepted) > 0 {
+		t.Fatalf("the starting verifier accepted the rogue's revoked token after message(s) %v of the feed's %d", accepted, len(seen))
+	}
+	if _, err := v.Verify(ctx, x.Token); !errors.Is(err, capability.ErrGrantRevoked) {
+		t.Fatalf("at the feed's head, the rogue's token: %v", err)
+	}
+}

@@ -216,3 +216,50 @@ def test_rogue34f_the_real_server_answers_calls_on_a_reused_connection(server):
         issued = op.call("CapabilityService", "IssueRoot", {"holderNodeId": node.node_id, "scopes": ["tool:a"], "ttl": "60s"})
         assert issued["grant"]["holderNodeId"] == node.node_id
     op.close()
+
+
+def test_rogue34f_a_verifier_starting_is_not_ready_before_the_feeds_head(tether_bin, tmp_path):
+    """A verifier that starts (opens the feed at 0) behind 1,001 live
+    tombstones is sent them in two messages, the rogue's in the second: it
+    was ready, and fresh, with the first, and accepted the rogue's revoked
+    token until the second arrived. A message that continues now neither
+    readies nor refreshes it."""
+    require_extra("cryptography")
+    data = tmp_path / "data"
+    data.mkdir()
+    server = start_server(tether_bin, data, *FLAGS)
+    verifier = None
+    try:
+        op = server.operator()
+        _revoke_many(op, "filler", MAX_FEED_BATCH)
+        rogue = Agent.register_root(op, "rogue")
+        x = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})
+        revoked = int(op.call("CapabilityService", "Revoke", {"grantId": x["grant"]["grantId"], "reason": "rogue"})["sequence"])
+        verifier = Verifier(Conn(server.url, server.admin, retry=NO_RETRY), staleness_budget=60)
+        seen: list[dict] = []
+        apply = verifier._apply
+
+        def observed(msg: dict) -> None:
+            apply(msg)
+            try:
+                verifier.verify(x["token"])
+                accepted = True
+            except VerifyError:
+                accepted = False
+            seen.append({"continues": bool(msg.get("continues")), "tombstones": len(msg.get("tombstones", [])), "accepted": accepted})
+
+        verifier._apply = observed
+        verifier.start()
+        assert verifier.wait_for_sequence(revoked, timeout=30), "the verifier did not reach the rogue's revocation"
+        wait_for("the feed's messages observed", lambda: len(seen) >= 2)
+        assert seen[0]["tombstones"] == MAX_FEED_BATCH, f"the feed opened at 0: {seen}"
+        assert [m for m in seen if m["accepted"]] == [], f"the starting verifier accepted the rogue's revoked token before the feed's head: {seen}"
+        try:
+            verifier.verify(x["token"])
+            raise AssertionError("at the feed's head, the rogue's revoked token was accepted")
+        except GrantRevoked:
+            pass
+    finally:
+        if verifier is not None:
+            verifier.close()
+        server.stop()

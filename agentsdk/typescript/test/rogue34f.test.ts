@@ -93,3 +93,46 @@ test("rogue34f: a snapshot in several messages keeps the old set until its last"
     rmSync(backup, { recursive: true, force: true });
   }
 });
+
+// A verifier that starts (opens the feed at 0) behind 1,001 live
+// tombstones is sent them in two messages, the rogue's in the second: it
+// was ready, and fresh, with the first, and accepted the rogue's revoked
+// token until the second arrived. A message that continues now neither
+// readies nor refreshes it.
+test("rogue34f: a verifier starting is not ready before the feed's head", async () => {
+  const s = await startServer("--grant-max-per-node", "1100");
+  const stop = new AbortController();
+  let run: Promise<void> | undefined;
+  try {
+    await revokeMany(s, "filler", maxFeedBatch);
+    const rogue = await Agent.registerRoot(s.operator, "rogue");
+    rogue.conn.close();
+    const x = await s.operator.capability.issueRoot({ holderNodeId: rogue.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
+    const revoked = await s.operator.capability.revoke({ target: { case: "grantId", value: x.grant!.grantId }, reason: "rogue" });
+    const verifier = new Verifier({ conn: s.dial(s.adminToken), stalenessBudgetMs: 60_000 });
+    const seen: { continues: boolean; tombstones: number; accepted: boolean }[] = [];
+    feedHooks.set(verifier, async (msg) => {
+      let accepted = true;
+      try {
+        await verifier.verify(x.token);
+      } catch {
+        accepted = false;
+      }
+      seen.push({ continues: msg.continues, tombstones: msg.tombstones.length, accepted });
+    });
+    run = verifier.run(stop.signal);
+    await verifier.caughtUp(revoked.sequence);
+    while (seen.length < 2) await new Promise((r) => setTimeout(r, 20));
+    assert.ok(seen[0].tombstones === maxFeedBatch, `the feed opened at 0: ${JSON.stringify(seen)}`);
+    assert.deepEqual(
+      seen.filter((m) => m.accepted),
+      [],
+      `the starting verifier accepted the rogue's revoked token before the feed's head: ${JSON.stringify(seen)}`,
+    );
+    await assert.rejects(verifier.verify(x.token), (e: unknown) => e instanceof TokenError && e.kind === "grant_revoked");
+  } finally {
+    stop.abort();
+    await run;
+    await s.stop();
+  }
+});
