@@ -368,7 +368,10 @@ func (v *Verifier) Fresh() error {
 // Run follows the revocation feed and keeps the key set, until ctx ends.
 // It reconnects after a failure, with backoff, resuming after the last
 // sequence applied; when the control plane answers with a snapshot (the
-// verifier's position was compacted away) the tombstone set is replaced.
+// verifier's position was compacted away) the tombstone set is replaced
+// once the snapshot's last message (one that does not continue) has
+// arrived, the old set kept, with the copy's tombstones added, until then.
+// The verifier is not ready, nor fresh again, on a message that continues.
 // A stream that goes silent for the staleness budget is dropped and
 // reopened. Run returns nil when ctx ends.
 func (v *Verifier) Run(ctx context.Context) error {

@@ -253,7 +253,9 @@ export class Verifier {
   /**
    * Follows the revocation feed and keeps the key set until signal aborts,
    * reconnecting after a failure (with backoff) after the last sequence
-   * applied; a snapshot answer replaces the tombstone set. A stream silent
+   * applied; a snapshot answer replaces the tombstone set once its last
+   * message (one that does not continue) has arrived, the old set kept
+   * (with the copy's tombstones added) until then. A stream silent
    * for the staleness budget is dropped and reopened.
    */
   async run(signal?: AbortSignal): Promise<void> {
