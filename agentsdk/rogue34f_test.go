@@ -146,8 +146,8 @@ func TestRogue34FASnapshotInSeveralMessagesKeepsTheOldSetUntilItsLast(t *testing
 	restored = true
 	mu.Unlock()
 	srv = testserver.StartIn(t, backup, big)
-	host = srv.URL[len("http://"):]
-	addr.Store(&host)
+	restoredHost := srv.URL[len("http://"):]
+	addr.Store(&restoredHost)
 	testserver.WaitFor(t, time.Minute, "the restored store's snapshot applied", func() bool { return v.Head() == res.Sequence-1 })
 
 	mu.Lock()
