@@ -52,6 +52,11 @@ export interface VerifierOptions {
   cacheSize?: number;
   /** The least time between two key-set fetches caused by unknown kids; default 10 s. */
   jwksMinIntervalMs?: number;
+  /**
+   * Tokens' times are checked on it (default Date.now); so is the feed's
+   * age when it is given, else on a monotonic clock (performance.now). A
+   * clock that goes back past the feed's last message fails closed.
+   */
   clock?: Clock;
   /** Where warnings go (never a token); default: nowhere. */
   warn?: (message: string) => void;
@@ -98,6 +103,13 @@ export class Verifier {
   #tombstones = new Map<string, Tombstone>();
   #head = 0n;
   #syncedAt?: number;
+  /**
+   * Where the feed's age is measured: a monotonic clock (performance.now)
+   * unless a clock was injected. Date.now, which it was, steps back when
+   * the host's clock is set back, and a feed that died kept the verifier
+   * fresh for as long as the step.
+   */
+  readonly #feedClock: () => number;
   #cache = new Map<string, Claims>();
   /** Each holder's cached tokens, oldest first. */
   #byHolder = new Map<string, string[]>();
@@ -120,6 +132,8 @@ export class Verifier {
     this.#cacheSize = options.cacheSize ?? 1 << 16;
     this.#jwksMinInterval = options.jwksMinIntervalMs && options.jwksMinIntervalMs > 0 ? options.jwksMinIntervalMs : DefaultJwksMinIntervalMs;
     this.#clock = options.clock ?? { now: Date.now };
+    const injected = options.clock;
+    this.#feedClock = injected ? () => injected.now() : () => performance.now();
     // The peer writes the errors warned of (a key set's kid, a feed's
     // refusal), and could quote the token the feed was opened with.
     const warn = options.warn ?? (() => {});
@@ -146,7 +160,10 @@ export class Verifier {
   /** Throws the error every verify would fail with while the feed is stale; returns otherwise. */
   checkFresh(): void {
     if (this.#syncedAt === undefined) throw new TokenError("feed_stale", "never synced");
-    const age = this.#clock.now() - this.#syncedAt;
+    const age = this.#feedClock() - this.#syncedAt;
+    // A clock that went back past the feed's last message cannot say how
+    // old the feed is: fail closed until it passes that point again.
+    if (age < 0) throw new TokenError("feed_stale", `the clock went back ${-age} ms past the feed's last message`);
     if (age > this.#budget) throw new TokenError("feed_stale", `last synced ${age} ms ago, budget ${this.#budget} ms`);
   }
 
@@ -354,7 +371,7 @@ export class Verifier {
       if (msg.headSequence > this.#head) this.#head = msg.headSequence;
       // Freshness is measured on this verifier's clock, when the message
       // arrived, not by the server's time in it.
-      this.#syncedAt = this.#clock.now();
+      this.#syncedAt = this.#feedClock();
       this.#markReady();
       this.#waiters = this.#waiters.filter((w) => {
         if (w.sequence > this.#head) return true;

@@ -136,3 +136,32 @@ test("rogue34f: a verifier starting is not ready before the feed's head", async 
     await s.stop();
   }
 });
+
+// The verifier measured its feed's age on Date.now, which steps back when
+// the host's clock is set back (an NTP step, a VM resumed): a feed that
+// died then kept the verifier fresh, accepting tokens revoked meanwhile,
+// for as long as the step. The age is now measured on a monotonic clock
+// (unless one is injected), and a clock that went back past the feed's
+// last message fails closed.
+test("rogue34f: a clock set back does not keep a dead feed fresh", async () => {
+  let s: TestServer | undefined = await startServer();
+  const stop = new AbortController();
+  let run: Promise<void> | undefined;
+  const conn = Conn.dial(s.baseUrl, s.adminToken, { retry: { attempts: 1 } });
+  try {
+    let now = Date.now();
+    const verifier = new Verifier({ conn, stalenessBudgetMs: 10_000, clock: { now: () => now } });
+    run = verifier.run(stop.signal);
+    await verifier.ready;
+    await s.stop(); // the feed dies: nothing more is heard
+    s = undefined;
+    now -= 3_600_000; // the host's clock set back an hour
+    now += 10_001; // and the budget passes with no message
+    assert.throws(() => verifier.checkFresh(), (e: unknown) => e instanceof TokenError && e.kind === "feed_stale", "a feed dead for the budget was fresh");
+  } finally {
+    stop.abort();
+    await run;
+    conn.close();
+    await s?.stop();
+  }
+});
