@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // HoldExitSentUntilTheSessionEnds makes a session's writer, once it has
@@ -55,3 +57,8 @@ func CloseDuringTheNextSend(w *LeaseWorker) (closedFirst func() bool, undo func(
 	beforeCloseWaitsForSends.Store(&beforeWait)
 	return first.Load, func() { afterOpenCheck.Store(nil); beforeCloseWaitsForSends.Store(nil) }
 }
+
+// OnFeedMessage has v call f after it applies each revocation feed
+// message, on Run's goroutine: a test checks what the verifier accepts
+// between two messages of one answer.
+func OnFeedMessage(v *Verifier, f func(*tetherv1.WatchRevocationsResponse)) { v.applied = f }

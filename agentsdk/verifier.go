@@ -125,6 +125,14 @@ type Verifier struct {
 	// revised is closed, and replaced, each time the tombstone set gains
 	// a tombstone or is replaced by a snapshot (Revised).
 	revised atomic.Pointer[chan struct{}]
+	// snapshot gathers a snapshot that spans several feed messages (each
+	// but its last continues): the set is replaced only with the last, so
+	// that no revocation of the old set is forgotten before the copy is
+	// whole. nil when no snapshot is under way. Only Run's goroutine
+	// touches it.
+	snapshot []capability.Tombstone
+	// applied, when set (tests), runs after each feed message is applied.
+	applied func(*tetherv1.WatchRevocationsResponse)
 }
 
 // NewVerifier returns a Verifier; start its Run.
@@ -360,7 +368,10 @@ func (v *Verifier) Fresh() error {
 // Run follows the revocation feed and keeps the key set, until ctx ends.
 // It reconnects after a failure, with backoff, resuming after the last
 // sequence applied; when the control plane answers with a snapshot (the
-// verifier's position was compacted away) the tombstone set is replaced.
+// verifier's position was compacted away) the tombstone set is replaced
+// once the snapshot's last message (one that does not continue) has
+// arrived, the old set kept, with the copy's tombstones added, until then.
+// The verifier is not ready, nor fresh again, on a message that continues.
 // A stream that goes silent for the staleness budget is dropped and
 // reopened. Run returns nil when ctx ends.
 func (v *Verifier) Run(ctx context.Context) error {
@@ -405,6 +416,9 @@ func (v *Verifier) follow(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	defer stream.Close()
+	// A snapshot cut off by the last stream's end is not finished by this
+	// one: it resumes from the old position and starts its own.
+	v.snapshot = nil
 	applied := 0
 	for stream.Receive() {
 		watchdog.Reset(v.cfg.StalenessBudget)
@@ -431,21 +445,54 @@ func (v *Verifier) apply(msg *tetherv1.WatchRevocationsResponse) error {
 		}
 	}
 	if msg.Snapshot {
-		if err := v.tombstones.Replace(tombstones, msg.HeadSequence); err != nil {
+		// A new copy starts (one cut off by a broken stream is dropped:
+		// the next stream resumes from the old position, and answers
+		// with a snapshot again).
+		v.snapshot = []capability.Tombstone{}
+	}
+	replaced := false
+	switch {
+	case v.snapshot != nil && !msg.Continues:
+		// The snapshot's last message: the set becomes the copy, whole.
+		whole := append(v.snapshot, tombstones...)
+		v.snapshot = nil
+		if err := v.tombstones.Replace(whole, msg.HeadSequence); err != nil {
 			return err
 		}
-	} else if err := v.tombstones.Add(tombstones...); err != nil {
-		return err
+		replaced = true
+	case v.snapshot != nil:
+		// The copy continues in the next message. The old set stays
+		// whole until then (a snapshot that replaced it with its first
+		// message forgot, until its last, every revocation the copy sent
+		// later), and gains the copy's tombstones so far: revocation only
+		// narrows.
+		if err := v.tombstones.Add(tombstones...); err != nil {
+			return err
+		}
+		v.snapshot = append(v.snapshot, tombstones...)
+	default:
+		if err := v.tombstones.Add(tombstones...); err != nil {
+			return err
+		}
 	}
-	// Freshness is measured on this verifier's clock, when the message
-	// arrived, not by the server's time in it.
-	v.tombstones.MarkSynced(msg.HeadSequence, v.cfg.Clock.Now())
-	if len(tombstones) > 0 || msg.Snapshot {
+	if !msg.Continues {
+		// Freshness is measured on this verifier's clock, when the message
+		// arrived, not by the server's time in it. A message cut short is
+		// not the feed's head: the verifier is not ready, nor fresh again,
+		// until the message that reaches it.
+		v.tombstones.MarkSynced(msg.HeadSequence, v.cfg.Clock.Now())
+	}
+	if len(tombstones) > 0 || replaced {
 		next := make(chan struct{})
 		close(*v.revised.Swap(&next))
 	}
 	v.messages.Add(1)
-	v.readyOnce.Do(func() { close(v.ready) })
+	if !msg.Continues {
+		v.readyOnce.Do(func() { close(v.ready) })
+	}
+	if v.applied != nil {
+		v.applied(msg)
+	}
 	return nil
 }
 

@@ -93,6 +93,8 @@
 //  3. Calls Check (or TombstoneSet.Revoked) on the claims for every use,
 //     including uses of cached claims, and Allows for the scope the call
 //     needs.
-//  4. Follows the revocation feed: Add each batch, Replace on a snapshot,
-//     MarkSynced on each message, Prune periodically.
+//  4. Follows the revocation feed: Add each batch, Replace on a snapshot
+//     once its last message (one that does not continue) has arrived,
+//     adding its earlier messages' tombstones meanwhile, MarkSynced on
+//     each message that does not continue, Prune periodically.
 package capability

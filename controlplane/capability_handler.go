@@ -279,13 +279,14 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 	defer closeStream()
 	every := cmp.Or(c.s.cfg.RevocationHeartbeat, grantstore.DefaultHeartbeat)
 	var lastSent time.Time
-	sent := false
+	sent, continued := false, false
 	err = c.s.grants.WatchNewestRevocations(ctx, view, req.Msg.AfterSequence, int(min(req.Msg.Newest, grantstore.MaxFeedBatch)), func(m grantstore.FeedMessage) error {
 		msg := &tetherv1.WatchRevocationsResponse{
 			Tombstones:   make([]*tetherv1.Tombstone, 0, len(m.Tombstones)),
 			HeadSequence: m.Head,
 			ServerTime:   timestamppb.New(m.ServerTime),
 			Snapshot:     m.Snapshot,
+			Continues:    m.Continues,
 		}
 		for _, t := range m.Tombstones {
 			if t, ok := show(t); ok {
@@ -293,7 +294,10 @@ func (c *capabilityService) WatchRevocations(ctx context.Context, req *connect.R
 			}
 		}
 		charge(len(m.Tombstones))
-		hidden := m.Skipped || len(m.Tombstones) > 0 && len(msg.Tombstones) == 0 && !m.Snapshot
+		// A message that ends a cut-short run (the last of a snapshot) is
+		// always sent: the follower applies the snapshot on it.
+		hidden := m.Skipped || len(m.Tombstones) > 0 && len(msg.Tombstones) == 0 && !m.Snapshot && !continued
+		continued = m.Continues
 		if hidden && sent && m.ServerTime.Before(lastSent.Add(every)) {
 			return nil
 		}

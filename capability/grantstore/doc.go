@@ -68,7 +68,12 @@
 //     store itself (the follower followed another history, e.g. a restored
 //     store), the first message has Snapshot set: it and the messages up to
 //     the head are a full copy of the live tombstones, and the follower
-//     replaces its set with them rather than adding.
+//     replaces its set with them rather than adding. A message cut short
+//     at MaxFeedBatch says so (Continues); a snapshot is whole only with
+//     the first of its messages that does not continue, and a verifier
+//     keeps its old set (adding the snapshot's tombstones to it) until
+//     then: one that replaced its set with the first message accepted,
+//     until the last, a token whose revocation came later in the copy.
 //   - Catching up. When after is above this replica's head but not the
 //     store's (the follower came from a replica whose watch was ahead of
 //     this one's), the stream sends nothing, not even a heartbeat, until

@@ -347,6 +347,11 @@ type FeedMessage struct {
 	// and the follower must replace its set with it (later messages of the
 	// same copy are ordinary additions).
 	Snapshot bool
+	// Continues: the message was cut short at MaxFeedBatch and the next
+	// follows at once; the follower has not reached the feed's head. A
+	// snapshot is whole only with the first of its messages that does not
+	// continue, and a verifier replaces its set only then.
+	Continues bool
 	// Skipped: the feed's head moved past tombstones the follower's view
 	// does not show (another lineage's), and the message carries none.
 	// The follower reaches Head all the same; a server may send it as its
@@ -406,6 +411,8 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, v View, after uint
 			snapshot bool
 			reached  uint64
 			changed  <-chan struct{}
+			// continues: cut short at MaxFeedBatch, the next follows at once.
+			continues bool
 		)
 		if newest > 0 {
 			// A display follower that fell behind (a rogue's flood of
@@ -414,13 +421,15 @@ func (s *Service) WatchNewestRevocations(ctx context.Context, v View, after uint
 			// of the flood, in order, before the operator's own behind it.
 			batch, reached, changed = s.feed.newest(v, position, min(newest, MaxFeedBatch))
 		} else {
-			batch, snapshot, reached, _, changed = s.feed.read(v, position, MaxFeedBatch)
+			var head uint64
+			batch, snapshot, reached, head, changed = s.feed.read(v, position, MaxFeedBatch)
+			continues = reached < head
 		}
 		// Another lineage's tombstones moved the head: the follower hears
 		// it (its server may hold it back to a heartbeat's pace).
 		skipped := len(batch) == 0 && !snapshot && !first && reached > position
 		if len(batch) > 0 || snapshot || first || skipped {
-			err := send(FeedMessage{Tombstones: batch, Head: reached, ServerTime: s.cfg.Clock.Now(), Snapshot: snapshot, Skipped: skipped})
+			err := send(FeedMessage{Tombstones: batch, Head: reached, ServerTime: s.cfg.Clock.Now(), Snapshot: snapshot, Continues: continues, Skipped: skipped})
 			if err != nil {
 				return err
 			}

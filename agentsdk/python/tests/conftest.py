@@ -107,8 +107,8 @@ class Server:
             self.proc.wait()
 
 
-def start_server(bin_path: str, data_dir: Path, *extra: str) -> Server:
-    addr = f"127.0.0.1:{_free_port()}"
+def start_server(bin_path: str, data_dir: Path, *extra: str, addr: str | None = None) -> Server:
+    addr = addr or f"127.0.0.1:{_free_port()}"
     log = open(data_dir / "serve.log", "ab")
     proc = subprocess.Popen([bin_path, "serve", "--data-dir", str(data_dir), "--listen", addr, "--log-level", "warn", *extra],
                             stdout=subprocess.DEVNULL, stderr=log)

@@ -98,3 +98,11 @@ export function withoutSecret(text: string, token: string, what: string): string
   const signature = tokenSignature(token);
   return signature === "" ? text : text.replaceAll(signature, `[${what} signature]`);
 }
+
+/**
+ * Tests only: a verifier's function called after it applies each
+ * revocation feed message, and waited for before the next is read, to
+ * check what it accepts between two messages of one answer. Not exported
+ * from the package.
+ */
+export const feedHooks = new WeakMap<object, (msg: import("./gen/tether/v1/capability_pb.js").WatchRevocationsResponse) => Promise<void>>();

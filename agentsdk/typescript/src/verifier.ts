@@ -3,7 +3,7 @@ import type { KeyObject } from "node:crypto";
 import { allows, parseJwks, TokenError, verifyToken, DefaultLeewayMs, type Claims } from "./capability.js";
 import { Conn } from "./conn.js";
 import type { WatchRevocationsResponse } from "./gen/tether/v1/capability_pb.js";
-import { dateOf, sleep, withoutSecret } from "./internal.js";
+import { dateOf, feedHooks, sleep, withoutSecret } from "./internal.js";
 
 /** Where the control plane publishes its public keys. */
 export const JwksPath = "/.well-known/jwks.json";
@@ -52,6 +52,11 @@ export interface VerifierOptions {
   cacheSize?: number;
   /** The least time between two key-set fetches caused by unknown kids; default 10 s. */
   jwksMinIntervalMs?: number;
+  /**
+   * Tokens' times are checked on it (default Date.now); so is the feed's
+   * age when it is given, else on a monotonic clock (performance.now). A
+   * clock that goes back past the feed's last message fails closed.
+   */
   clock?: Clock;
   /** Where warnings go (never a token); default: nowhere. */
   warn?: (message: string) => void;
@@ -98,12 +103,26 @@ export class Verifier {
   #tombstones = new Map<string, Tombstone>();
   #head = 0n;
   #syncedAt?: number;
+  /**
+   * Where the feed's age is measured: a monotonic clock (performance.now)
+   * unless a clock was injected. Date.now, which it was, steps back when
+   * the host's clock is set back, and a feed that died kept the verifier
+   * fresh for as long as the step.
+   */
+  readonly #feedClock: () => number;
   #cache = new Map<string, Claims>();
   /** Each holder's cached tokens, oldest first. */
   #byHolder = new Map<string, string[]>();
   #ready: Promise<void>;
   #markReady!: () => void;
   #waiters: { sequence: bigint; resolve: () => void }[] = [];
+  /**
+   * A snapshot that spans several feed messages (each but its last
+   * continues), gathered until its last: the set is replaced only then, so
+   * that no revocation of the old set is forgotten before the copy is
+   * whole. Undefined when no snapshot is under way.
+   */
+  #snapshot?: Tombstone[];
 
   constructor(options: VerifierOptions) {
     this.#conn = options.conn;
@@ -113,6 +132,8 @@ export class Verifier {
     this.#cacheSize = options.cacheSize ?? 1 << 16;
     this.#jwksMinInterval = options.jwksMinIntervalMs && options.jwksMinIntervalMs > 0 ? options.jwksMinIntervalMs : DefaultJwksMinIntervalMs;
     this.#clock = options.clock ?? { now: Date.now };
+    const injected = options.clock;
+    this.#feedClock = injected ? () => injected.now() : () => performance.now();
     // The peer writes the errors warned of (a key set's kid, a feed's
     // refusal), and could quote the token the feed was opened with.
     const warn = options.warn ?? (() => {});
@@ -139,7 +160,10 @@ export class Verifier {
   /** Throws the error every verify would fail with while the feed is stale; returns otherwise. */
   checkFresh(): void {
     if (this.#syncedAt === undefined) throw new TokenError("feed_stale", "never synced");
-    const age = this.#clock.now() - this.#syncedAt;
+    const age = this.#feedClock() - this.#syncedAt;
+    // A clock that went back past the feed's last message cannot say how
+    // old the feed is: fail closed until it passes that point again.
+    if (age < 0) throw new TokenError("feed_stale", `the clock went back ${-age} ms past the feed's last message`);
     if (age > this.#budget) throw new TokenError("feed_stale", `last synced ${age} ms ago, budget ${this.#budget} ms`);
   }
 
@@ -246,7 +270,9 @@ export class Verifier {
   /**
    * Follows the revocation feed and keeps the key set until signal aborts,
    * reconnecting after a failure (with backoff) after the last sequence
-   * applied; a snapshot answer replaces the tombstone set. A stream silent
+   * applied; a snapshot answer replaces the tombstone set once its last
+   * message (one that does not continue) has arrived, the old set kept
+   * (with the copy's tombstones added) until then. A stream silent
    * for the staleness budget is dropped and reopened.
    */
   async run(signal?: AbortSignal): Promise<void> {
@@ -292,6 +318,9 @@ export class Verifier {
     // failing closed by then, and a new stream may do better.
     let watchdog = setTimeout(stop, this.#budget);
     let applied = 0;
+    // A snapshot cut off by the last stream's end is not finished by this
+    // one: it resumes from the old position and starts its own.
+    this.#snapshot = undefined;
     try {
       const stream = this.#conn.capability.watchRevocations({ afterSequence: this.#head }, { signal: local.signal });
       for await (const msg of stream) {
@@ -299,6 +328,8 @@ export class Verifier {
         watchdog = setTimeout(stop, this.#budget);
         this.#apply(msg);
         applied++;
+        const hook = feedHooks.get(this);
+        if (hook) await hook(msg);
       }
       throw new Error("the control plane closed the revocation feed");
     } finally {
@@ -316,30 +347,52 @@ export class Verifier {
       dropAfterMs: dateOf(t.dropAfter).getTime(),
     }));
     if (tombstones.some((t) => t.grantId === "")) throw new Error("a tombstone without a grant id");
-    if (msg.snapshot) {
+    // A new copy starts with a snapshot's first message (one cut off by
+    // a broken stream was dropped with it).
+    if (msg.snapshot) this.#snapshot = [];
+    if (this.#snapshot && !msg.continues) {
+      // The snapshot's last message: the set becomes the copy, whole.
+      const whole = [...this.#snapshot, ...tombstones];
+      this.#snapshot = undefined;
       this.#tombstones = new Map();
       this.#head = msg.headSequence;
+      this.#add(whole);
+    } else {
+      // A snapshot that continues in the next message leaves the old set
+      // whole until then (one replaced with its first message forgot,
+      // until its last, every revocation the copy sent later), which
+      // gains the copy's tombstones so far: revocation only narrows.
+      this.#snapshot?.push(...tombstones);
+      this.#add(tombstones);
     }
+    // A message cut short is not the feed's head: the verifier is neither
+    // ready nor fresh again until the message that reaches it.
+    if (!msg.continues) {
+      if (msg.headSequence > this.#head) this.#head = msg.headSequence;
+      // Freshness is measured on this verifier's clock, when the message
+      // arrived, not by the server's time in it.
+      this.#syncedAt = this.#feedClock();
+      this.#markReady();
+      this.#waiters = this.#waiters.filter((w) => {
+        if (w.sequence > this.#head) return true;
+        w.resolve();
+        return false;
+      });
+    }
+  }
+
+  #add(tombstones: Tombstone[]): void {
     for (const t of tombstones) {
       const existing = this.#tombstones.get(t.grantId);
       if (existing) {
         existing.dropAfterMs = Math.max(existing.dropAfterMs, t.dropAfterMs);
       } else {
-        this.#tombstones.set(t.grantId, t);
+        this.#tombstones.set(t.grantId, { ...t });
       }
       if (t.sequence > this.#head) this.#head = t.sequence;
     }
-    if (msg.headSequence > this.#head) this.#head = msg.headSequence;
-    // Freshness is measured on this verifier's clock, when the message
-    // arrived, not by the server's time in it.
-    this.#syncedAt = this.#clock.now();
-    this.#markReady();
-    this.#waiters = this.#waiters.filter((w) => {
-      if (w.sequence > this.#head) return true;
-      w.resolve();
-      return false;
-    });
   }
+
 
   #maintain(): void {
     const now = this.#clock.now();

@@ -214,7 +214,19 @@ export class TestServer {
    */
   async restart(...extraArgs: string[]): Promise<TestServer> {
     await this.#end();
-    return startServerIn(this.dataDir, ...extraArgs);
+    return startServerIn(this.dataDir, undefined, ...extraArgs);
+  }
+
+  /**
+   * Stops the server, calls between (which may copy its data directory
+   * while nothing writes it), and starts a server on dataDir (default its
+   * own) on the same address: a Conn dialled before, not by dial(), goes
+   * on to the new one.
+   */
+  async restartInPlace(between: () => void, dataDir = this.dataDir, ...extraArgs: string[]): Promise<TestServer> {
+    await this.#end();
+    between();
+    return startServerIn(dataDir, Number(new URL(this.baseUrl).port), ...extraArgs);
   }
 
   async #end(): Promise<void> {
@@ -229,12 +241,12 @@ export class TestServer {
 
 /** Starts a server (with extra `serve` flags, if any) and waits until it answers. */
 export async function startServer(...extraArgs: string[]): Promise<TestServer> {
-  return startServerIn(mkdtempSync(join(tmpdir(), "tether-ts-data-")), ...extraArgs);
+  return startServerIn(mkdtempSync(join(tmpdir(), "tether-ts-data-")), undefined, ...extraArgs);
 }
 
-async function startServerIn(dataDir: string, ...extraArgs: string[]): Promise<TestServer> {
+async function startServerIn(dataDir: string, onPort?: number, ...extraArgs: string[]): Promise<TestServer> {
   const bin = await tetherBinary();
-  const port = await freePort();
+  const port = onPort ?? (await freePort());
   const listen = `127.0.0.1:${port}`;
   const child = spawn(bin, ["serve", "--data-dir", dataDir, "--listen", listen, "--log-level", "warn", ...extraArgs], { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";

@@ -1309,7 +1309,14 @@ type WatchRevocationsResponse struct {
 	ServerTime   *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=server_time,json=serverTime,proto3" json:"server_time,omitempty"`
 	// True when the requested sequence was compacted away and the stream
 	// starts with every live tombstone; a verifier should replace its set.
-	Snapshot      bool `protobuf:"varint,4,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Snapshot bool `protobuf:"varint,4,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// True when the message was cut short at the server's batch size: the
+	// next message follows at once and the follower has not reached the
+	// feed's head yet. A snapshot spans its first message and every message
+	// after it up to and including the first that does not continue; a
+	// verifier replaces its set only then, keeping its old set (and adding
+	// the snapshot's tombstones to it) until that message arrives.
+	Continues     bool `protobuf:"varint,5,opt,name=continues,proto3" json:"continues,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1368,6 +1375,13 @@ func (x *WatchRevocationsResponse) GetServerTime() *timestamppb.Timestamp {
 func (x *WatchRevocationsResponse) GetSnapshot() bool {
 	if x != nil {
 		return x.Snapshot
+	}
+	return false
+}
+
+func (x *WatchRevocationsResponse) GetContinues() bool {
+	if x != nil {
+		return x.Continues
 	}
 	return false
 }
@@ -1472,7 +1486,7 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"drop_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tdropAfter\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12$\n" +
 	"\x0eholder_node_id\x18\x06 \x01(\tR\fholderNodeId\x12\x18\n" +
-	"\alineage\x18\a \x01(\tR\alineage\"\xce\x01\n" +
+	"\alineage\x18\a \x01(\tR\alineage\"\xec\x01\n" +
 	"\x18WatchRevocationsResponse\x124\n" +
 	"\n" +
 	"tombstones\x18\x01 \x03(\v2\x14.tether.v1.TombstoneR\n" +
@@ -1480,7 +1494,8 @@ const file_tether_v1_capability_proto_rawDesc = "" +
 	"\rhead_sequence\x18\x02 \x01(\x04R\fheadSequence\x12;\n" +
 	"\vserver_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"serverTime\x12\x1a\n" +
-	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot*s\n" +
+	"\bsnapshot\x18\x04 \x01(\bR\bsnapshot\x12\x1c\n" +
+	"\tcontinues\x18\x05 \x01(\bR\tcontinues*s\n" +
 	"\n" +
 	"GrantState\x12\x1b\n" +
 	"\x17GRANT_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +

@@ -16,6 +16,7 @@ import http.client
 import json
 import random
 import re
+import select
 import socket
 import ssl
 import struct
@@ -183,18 +184,45 @@ def _without_bearer(err: ConnectError, token: str) -> ConnectError | None:
                         details=[d for d in err.details if not detail_holds(d)], retry_after=err.retry_after)
 
 
+def _quiet(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection is open with nothing to read: one the
+    peer closed reads its end, and one with bytes nobody asked for is not
+    to be trusted with the next answer."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return False
+    return not readable
+
+
 def _error_from_json(body: Any, fallback: str) -> ConnectError:
     if isinstance(body, dict) and isinstance(body.get("code"), str):
         return ConnectError(body["code"], str(body.get("message", "")), details=body.get("details"))
     return ConnectError(fallback, "")
 
 
+# The idle HTTP/1.1 connections a Conn keeps for its next unary calls (the
+# Go SDK's UnaryHTTP1Client keeps as many): a call takes one, or opens a
+# new one when none is idle, and gives it back when its answer was read
+# whole; one given back beyond the bound is closed.
+MAX_IDLE_CONNECTIONS = 4
+# An idle connection older than this is closed rather than used: well
+# within the control plane's idle timeout (two minutes), which closes it
+# on its side.
+MAX_IDLE_SECONDS = 30.0
+
+
 class Conn:
     """A connection to the control plane presenting one bearer token (an
     operator token, a tool server's token or an agent credential). The token
-    can be replaced (credential refresh) while calls are in flight; every
-    call opens its own HTTP/1.1 connection, so a Conn is safe to share
-    between threads."""
+    can be replaced (credential refresh) while calls are in flight. Unary
+    calls (and the key set's GET) reuse HTTP/1.1 keep-alive connections, at
+    most MAX_IDLE_CONNECTIONS of them kept idle between calls (calls in
+    flight together each take one); each stream opens its own. A Conn is
+    safe to share between threads; close() closes its idle connections."""
 
     def __init__(self, base_url: str, token: str = "", *, timeout: float = 30.0, ssl_context: ssl.SSLContext | None = None,
                  retry: Retry | None = None):
@@ -211,6 +239,9 @@ class Conn:
         self.retry = DEFAULT_RETRY if retry is None else retry
         self._lock = threading.Lock()
         self._token = token
+        # Idle keep-alive connections, each with when it was given back
+        # (time.monotonic), the most recent last.
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []
 
     @property
     def token(self) -> str:
@@ -230,6 +261,38 @@ class Conn:
             ctx = self._ssl or ssl.create_default_context()
             return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=ctx)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _take(self, timeout: float | None) -> tuple[http.client.HTTPConnection, bool]:
+        """An idle keep-alive connection still open (reused True), or a new
+        one. An idle connection the peer closed, or that has something to
+        read while no request is in flight, or idle too long, is closed."""
+        now = time.monotonic()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                conn, since = self._idle.pop()
+            if now - since <= MAX_IDLE_SECONDS and _quiet(conn):
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+                return conn, True
+            conn.close()
+        return self._connection(timeout), False
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE_CONNECTIONS:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Closes the idle keep-alive connections; a later call opens new ones."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
 
     def _headers(self, content_type: str, timeout: float | None, token: str) -> dict[str, str]:
         h = {"Content-Type": content_type, "Connect-Protocol-Version": "1", "User-Agent": "tether-agentsdk-python"}
@@ -252,15 +315,26 @@ class Conn:
         """Sends one request and reads at most max_bytes + 1 of its answer
         before timeout passes (ConnectError deadline_exceeded, or
         unavailable when the exchange fails)."""
-        conn = self._connection(timeout)
+        conn, reused = self._take(timeout)
         # The socket's timeout bounds each read, not the call: a peer that
         # trickles its answer (a byte now and then) would hold the call for
         # as long as it liked. The call's deadline shuts the socket.
         expired = threading.Event()
         timer: threading.Timer | None = None
+        keep = False
         try:
             try:
-                conn.request(verb, path, body=body, headers=headers)
+                try:
+                    conn.request(verb, path, body=body, headers=headers)
+                except (OSError, http.client.HTTPException):
+                    if not reused:
+                        raise
+                    # The peer closed the idle connection as the request
+                    # went out (its idle timeout): the request was not
+                    # read whole. Once more, on a connection of its own.
+                    conn.close()
+                    conn, reused = self._connection(timeout), False
+                    conn.request(verb, path, body=body, headers=headers)
                 sock = conn.sock
                 if timeout is not None and sock is not None:
                     def expire(sock: socket.socket = sock) -> None:
@@ -283,10 +357,16 @@ class Conn:
                 raise ConnectError(UNAVAILABLE, f"{what}: {e.__class__.__name__}: {e}") from e
             if expired.is_set():
                 raise ConnectError(DEADLINE_EXCEEDED, f"{what}: no whole answer within {timeout}s")
+            # Kept for the next call only when its answer was read whole and
+            # the peer keeps it open.
+            keep = resp.isclosed() and not resp.will_close and len(data) <= max_bytes
         finally:
             if timer is not None:
                 timer.cancel()
-            conn.close()
+            if keep and not expired.is_set():
+                self._give_back(conn)
+            else:
+                conn.close()
         return resp, data
 
     def get(self, path: str, *, max_bytes: int, timeout: float | None = None) -> bytes:

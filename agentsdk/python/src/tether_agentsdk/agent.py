@@ -333,6 +333,9 @@ class Agent:
             if t is not me:
                 t.join(timeout=10)
         self._threads = []
+        # Its idle keep-alive connections: the control plane counts them
+        # against the lineage's until its idle timeout closes them.
+        self.conn.close()
 
     def __enter__(self) -> "Agent":
         return self.start()

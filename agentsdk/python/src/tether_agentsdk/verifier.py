@@ -365,6 +365,10 @@ class Verifier(StreamFollower):
         self._keys_lock = threading.Lock()
         self._last_on_demand: float | None = None
         self._state = _Tombstones()
+        # A snapshot that spans several feed messages (each but its last
+        # continues), gathered until its last: the set is replaced only
+        # then. None when no snapshot is under way; the feed's thread only.
+        self._snapshot: list[dict] | None = None
         self._cond = threading.Condition()
 
     @property
@@ -463,18 +467,37 @@ class Verifier(StreamFollower):
     def _apply(self, msg: dict) -> None:
         tombstones = msg.get("tombstones", [])
         head = _wire.uint64(msg.get("headSequence"))
+        continues = bool(msg.get("continues"))
+        for t in tombstones:
+            if not _id_ok(t.get("grantId")):
+                self._snapshot = None
+                raise ValueError("a tombstone without a grant id")
         with self._cond:
             if msg.get("snapshot"):
+                # A new copy starts (one cut off by a broken stream was
+                # dropped with it).
+                self._snapshot = []
+            if self._snapshot is not None and not continues:
+                # The snapshot's last message: the set becomes the copy, whole.
+                tombstones = [*self._snapshot, *tombstones]
+                self._snapshot = None
                 state = _Tombstones(head=head, synced_at=self._state.synced_at)
             else:
+                # A snapshot that continues in the next message leaves the
+                # old set whole until then (one replaced with its first
+                # message forgot, until its last, every revocation the copy
+                # sent later), which gains the copy's tombstones so far:
+                # revocation only narrows.
+                if self._snapshot is not None:
+                    self._snapshot.extend(tombstones)
                 state = _Tombstones(dict(self._state.by_grant), self._state.head, self._state.synced_at)
             for t in tombstones:
-                gid = t.get("grantId")
-                if not _id_ok(gid):
-                    raise ValueError("a tombstone without a grant id")
-                state.by_grant.setdefault(gid, t)
+                state.by_grant.setdefault(t.get("grantId"), t)
                 state.head = max(state.head, _wire.uint64(t.get("sequence")))
-            state.head = max(state.head, head)
+            if not continues:
+                # A message cut short is not the feed's head: the verifier
+                # is neither ready nor fresh again until the one that is.
+                state.head = max(state.head, head)
             now = self.clock()
             for gid, t in list(state.by_grant.items()):
                 drop = _wire.parse_timestamp(t.get("dropAfter"))
@@ -482,10 +505,12 @@ class Verifier(StreamFollower):
                     del state.by_grant[gid]
             # Freshness is this verifier's clock when the message arrived,
             # not the server's time in it.
-            state.synced_at = self.monotonic()
+            if not continues:
+                state.synced_at = self.monotonic()
             self._state = state  # one reference swap: readers see old or new, whole
             self._cond.notify_all()
-        self.ready.set()
+        if not continues:
+            self.ready.set()
 
     def _follow(self) -> None:
         backoff = 0.05
@@ -495,6 +520,10 @@ class Verifier(StreamFollower):
                 # A stream silent for the budget is dead or stalled: the
                 # verifier is failing closed by then, and a new one may do
                 # better.
+                # A snapshot cut off by the last stream's end is not
+                # finished by this one: it resumes from the old position
+                # and starts its own.
+                self._snapshot = None
                 stream = self.conn.stream("CapabilityService", "WatchRevocations",
                                           {"afterSequence": str(self._state.head)}, read_timeout=self.staleness_budget)
                 self._stream = stream
