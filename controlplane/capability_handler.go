@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
@@ -15,6 +16,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor/tree"
 )
 
 // capabilityService is the CapabilityService edge: it names the caller,
@@ -194,6 +196,12 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, toConnect(err)
 	}
+	if claims.HolderNodeID != "" {
+		// The holder's exit, as the ledger weighs a call with its token.
+		if verdict, err = c.holderMayAct(ctx, claims.HolderNodeID, verdict); err != nil {
+			return nil, toConnect(err)
+		}
+	}
 	resp := &tetherv1.IntrospectResponse{Active: verdict.Active, Reason: verdict.Reason}
 	if claims.GrantID != "" {
 		resp.HolderNodeId, resp.Scopes, resp.ExpiresAt = claims.HolderNodeID, claims.Scopes, timestamppb.New(claims.ExpiresAt)
@@ -216,6 +224,43 @@ func (c *capabilityService) Introspect(ctx context.Context, req *connect.Request
 		}
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// holderMayAct weighs an introspected token's holder as the ledger does a
+// call with the token: a token whose holder's exit was confirmed (and
+// whose record is not written) is inactive, whatever its grant says — from
+// the first confirmation the node may not act. And a tool server's or an
+// agent's introspection (a tool checking the token it was handed, online)
+// is the holder at work (tree.Act): after its confirmed exit kept as a
+// contradiction, after its session's end the node seen alive. An
+// operator's (a person looking at a token) notes nothing. Until the
+// thirty-fourth pass Introspect answered such a token active and wrote
+// nothing: a rogue that claimed its exit was served by a tool that
+// introspects, and read confirmed (rogue34a test).
+func (c *capabilityService) holderMayAct(ctx context.Context, holder string, verdict capability.Verdict) (capability.Verdict, error) {
+	n, err := c.s.tree.Get(ctx, holder)
+	// Judged on the read: only an introspection that may add evidence
+	// takes a write transaction (a flood of them, a read each).
+	if p, ok := auth.FromContext(ctx); err == nil && ok && (p.IsToolServer() || p.IsAgent()) && n.State != tree.NodeStateTerminated &&
+		(tree.SessionEndIsLastSeen(n) || tree.ExitConfirmed(n) && len(n.Contradictions) < tree.MaxContradictions) {
+		n, err = c.s.tree.Act(ctx, holder, tree.ActivityRequest, "its capability token, introspected by "+p.ID())
+		if errors.Is(err, tree.ErrNodeExited) {
+			err = nil
+		}
+	}
+	switch {
+	case errors.Is(err, tree.ErrNodeNotFound) || errors.Is(err, tree.ErrInvalidArgument):
+		return verdict, nil
+	case err != nil:
+		return verdict, err
+	case !verdict.Active || !tree.ExitConfirmed(n) || n.State == tree.NodeStateTerminated:
+		return verdict, nil
+	}
+	verdict.Active = false
+	verdict.Reason = fmt.Sprintf("the token's holder %s may no longer act: its exit was confirmed (by %s at %s), and its tokens are refused from then on",
+		holder, n.ExitConfirmedBy, n.ExitedAt.UTC().Format(time.RFC3339))
+	verdict.Err = tree.ErrNodeExited
+	return verdict, nil
 }
 
 // WatchRevocations streams the revocation feed; see grantstore's package

@@ -35,7 +35,9 @@
 // expired, no activity after it, and for a bare claim the session's end
 // observed. From the first confirmation the node may not act: Act and the
 // ledger refuse it (ErrNodeExited) and keep each attempt on the node as a
-// contradiction (at most MaxContradictions). A confirmation outside a
+// contradiction (at most MaxContradictions); the control plane's
+// Introspect answers its tokens inactive, and keeps a tool server's or an
+// agent's introspection of them as such an attempt (through Act). A confirmation outside a
 // termination moves a running node to EXITED; a later termination covering
 // it includes it.
 //
