@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
@@ -10,6 +11,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 )
 
 // TestFrameGuardKeepsTheRequestsTLSState: HTTP/2 over TLS is served
@@ -65,5 +68,49 @@ func TestFrameGuardKeepsTheRequestsTLSState(t *testing.T) {
 	}
 	if !<-sawTLS {
 		t.Fatal("the request over HTTP/2 and TLS had no TLS state")
+	}
+}
+
+// TestFrameScannerCountsPingsAcrossReads: the scanner follows frames
+// whatever the reads' boundaries, counts only the PINGs of its direction,
+// and cuts at the end of the frame that fills its room.
+func TestFrameScannerCountsPingsAcrossReads(t *testing.T) {
+	var wire bytes.Buffer
+	fr := http2.NewFramer(&wire, nil)
+	_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1})
+	_ = fr.WritePing(true, [8]byte{}) // an ACK: not counted coming in
+	for i := range 5 {
+		_ = fr.WritePing(false, [8]byte{byte(i)})
+		_ = fr.WriteData(1, false, make([]byte, i*7))
+	}
+	all := wire.Bytes()
+	// A byte at a time: 5 PINGs, nothing cut.
+	var s frameScanner
+	pings := 0
+	for i := range all {
+		k, n := s.scan(all[i:i+1], 10)
+		if k != 1 {
+			t.Fatalf("byte %d: handed on %d of 1", i, k)
+		}
+		pings += n
+	}
+	if pings != 5 {
+		t.Fatalf("counted %d PINGs, want 5", pings)
+	}
+	// With room for 2: cut right after the second PING's payload.
+	var s2 frameScanner
+	k, n := s2.scan(all, 2)
+	if n != 2 {
+		t.Fatalf("counted %d PINGs with room for 2", n)
+	}
+	var rest frameScanner
+	k2, n2 := rest.scan(all[k:], -1)
+	if k2 != len(all)-k || n2 != 3 {
+		t.Fatalf("the rest after the cut: %d bytes, %d PINGs; want %d, 3 (cut mid-frame?)", k2, n2, len(all)-k)
+	}
+	// Going out, only the acknowledgements count.
+	out := frameScanner{out: true}
+	if _, n := out.scan(all, -1); n != 1 {
+		t.Fatalf("counted %d acknowledgements out, want 1", n)
 	}
 }
