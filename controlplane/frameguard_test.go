@@ -114,3 +114,20 @@ func TestFrameScannerCountsPingsAcrossReads(t *testing.T) {
 		t.Fatalf("counted %d acknowledgements out, want 1", n)
 	}
 }
+
+// TestLimitedOfSeesThroughTheGuard: Go's HTTP/2 server reports a
+// connection's state with the connection it serves, now the guard; the
+// limiter still finds its connection under it (an unauthenticated
+// connection's request in flight gets its grace), in cleartext and over TLS.
+func TestLimitedOfSeesThroughTheGuard(t *testing.T) {
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	lc := &limitedConn{Conn: a}
+	if got := limitedOf(newFrameGuard(lc)); got != lc {
+		t.Fatal("the cleartext guard hid its connection")
+	}
+	tc := tls.Server(lc, &tls.Config{})
+	if got := limitedOf(&tlsFrameGuard{newFrameGuard(tc), tc}); got != lc {
+		t.Fatal("the TLS guard hid its connection")
+	}
+}
