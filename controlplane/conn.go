@@ -673,13 +673,18 @@ func (l *connLimiter) connState(nc net.Conn, state http.ConnState) {
 }
 
 // limitedOf finds the limitedConn under what the http.Server hands its
-// hooks: the connection itself, a TLS connection over it, or (HTTP/2
-// cleartext) a TLS connection wrapping it unencrypted.
+// hooks: the connection itself, a TLS connection over it, (HTTP/2
+// cleartext) a TLS connection wrapping it unencrypted, or (HTTP/2) the
+// frameGuard over either.
 func limitedOf(c net.Conn) *limitedConn {
-	for range 3 {
+	for range 4 {
 		switch v := c.(type) {
 		case *limitedConn:
 			return v
+		case *frameGuard:
+			c = v.Conn
+		case *tlsFrameGuard:
+			c = v.tc
 		case *tls.Conn:
 			c = v.NetConn()
 		case interface{ UnencryptedNetConn() net.Conn }:

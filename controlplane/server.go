@@ -617,6 +617,11 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
+	// Each HTTP/2 connection's frames pass a frameGuard: a peer's PINGs
+	// wait while MaxUnansweredPings are unanswered.
+	if err := guardHTTP2(srv); err != nil {
+		return err
+	}
 	conns := &connLimiter{
 		Listener: ln, max: limits.MaxConnections, reserve: limits.HealthReserve,
 		perCaller: limits.MaxConnectionsPerLineage, operatorReserve: limits.OperatorReserve,
