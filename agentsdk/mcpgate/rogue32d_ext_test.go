@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -158,13 +157,10 @@ func TestRogue32DAnsweredAfterItsTokenExpiredIsLifeAfterItsClaim(t *testing.T) {
 			}
 		}},
 		{"401 over HTTP", func(t *testing.T, _ *world, gw *mcpgate.Gateway, _, token string) {
-			srv := httptest.NewUnstartedServer(nil)
-			srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
-			srv.Start()
-			t.Cleanup(srv.Close)
+			endpoint := serveGateway(t, gw)
 			var code int
 			testserver.WaitFor(t, guardWait, "the gateway to hear the revocation feed on its clock moved", func() bool {
-				code = pingStatus(t, srv.URL+mcpgate.EndpointPath, token)
+				code = pingStatus(t, endpoint, token)
 				return code != http.StatusServiceUnavailable
 			})
 			if code != http.StatusUnauthorized {
@@ -238,6 +234,20 @@ func TestRogue32DStdioSessionOutlivingItsTokenEndsOnItsRevocation(t *testing.T) 
 	}
 }
 
+// gatewayLosingBegins is a gateway on a manual clock of its own whose
+// requests to the control plane pass lost (lost.down drops them).
+func gatewayLosingBegins(t *testing.T, w *world) (*mcpgate.Gateway, *clock.Manual, *lostBegins) {
+	t.Helper()
+	lost := &lostBegins{next: w.srv.HTTP.Transport}
+	if lost.next == nil {
+		lost.next = http.DefaultTransport
+	}
+	hc := *w.srv.HTTP
+	hc.Transport = lost
+	gclk := clock.NewManual(w.clk.Now())
+	return gatewayOnClock(t, w, gclk, &hc), gclk, lost
+}
+
 // lostBegins fails the gateway's BeginCall requests to the control plane
 // while down is set (the control plane unreachable to them, as a spent
 // budget or an outage would have them refused), passing the rest.
@@ -286,11 +296,8 @@ func TestRogue32DReportThatDidNotLandIsOwedUntilItDoes(t *testing.T) {
 				_, err := gw.Verifier().Verify(context.Background(), token)
 				return errors.Is(err, capability.ErrGrantRevoked)
 			})
-			srv := httptest.NewUnstartedServer(nil)
-			srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
-			srv.Start()
-			t.Cleanup(srv.Close)
-			req, err := http.NewRequest(http.MethodPost, srv.URL+mcpgate.EndpointPath, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
+			endpoint := serveGateway(t, gw)
+			req, err := http.NewRequest(http.MethodPost, endpoint, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"ping"}`))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -311,14 +318,7 @@ func TestRogue32DReportThatDidNotLandIsOwedUntilItDoes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, "mcp:test/*")
 			self, credential, token := rogueChild(t, w, time.Hour)
-			lost := &lostBegins{next: w.srv.HTTP.Transport}
-			if lost.next == nil {
-				lost.next = http.DefaultTransport
-			}
-			hc := *w.srv.HTTP
-			hc.Transport = lost
-			gclk := clock.NewManual(w.clk.Now())
-			gw := gatewayOnClock(t, w, gclk, &hc)
+			gw, gclk, lost := gatewayLosingBegins(t, w)
 			var a *stdioAgent
 			if strings.Contains(tc.name, "stdio") {
 				a = serveStdioAgent(t, gw, token)
@@ -415,13 +415,10 @@ func TestRogue32DRefusedPastItsConnectionsAfterItsClaimIsLifeAfterIt(t *testing.
 func TestRogue32DRefusedPastItsBodyBytesAfterItsClaimIsLifeAfterIt(t *testing.T) {
 	w := newWorld(t, "mcp:test/*")
 	self, credential, token := rogueChild(t, w, time.Hour)
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config.Handler = w.gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String(), MaxBodyBytesPerNode: 1024})
-	srv.Start()
-	t.Cleanup(srv.Close)
+	endpoint := serveGatewayWith(t, w.gw, mcpgate.HTTPOptions{MaxBodyBytesPerNode: 1024})
 	claimAfterSessionEnd(t, w, self, credential)
 	body := `{"jsonrpc":"2.0","id":1,"method":"ping","params":{"_meta":{"pad":"` + strings.Repeat("x", 4096) + `"}}}`
-	req, err := http.NewRequest(http.MethodPost, srv.URL+mcpgate.EndpointPath, strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, endpoint, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -59,19 +58,8 @@ func TestRogue33CFloodOfChildrenCannotHaveTheRoguesRequestServedUnreported(t *te
 	defer mcpgate.SetMaxSeenNodesForTest(8)()
 	w := newWorld(t, "mcp:test/*")
 	self, credential, token := rogueChild(t, w, time.Hour)
-	lost := &lostBegins{next: w.srv.HTTP.Transport}
-	if lost.next == nil {
-		lost.next = http.DefaultTransport
-	}
-	hc := *w.srv.HTTP
-	hc.Transport = lost
-	gclk := clock.NewManual(w.clk.Now())
-	gw := gatewayOnClock(t, w, gclk, &hc)
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
-	srv.Start()
-	t.Cleanup(srv.Close)
-	endpoint := srv.URL + mcpgate.EndpointPath
+	gw, gclk, lost := gatewayLosingBegins(t, w)
+	endpoint := serveGateway(t, gw)
 
 	// The rogue's children, each with a grant delegated from its own.
 	ctx := context.Background()
@@ -141,10 +129,7 @@ func TestRogue33CRefusedForAStaleFeedAfterItsClaimIsLifeAfterIt(t *testing.T) {
 	self, credential, token := rogueChild(t, w, time.Hour)
 	gclk := clock.NewManual(w.clk.Now())
 	gw := gatewayOnClock(t, w, gclk, nil)
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
-	srv.Start()
-	t.Cleanup(srv.Close)
+	endpoint := serveGateway(t, gw)
 	claimAfterSessionEnd(t, w, self, credential)
 
 	// The feed stale on the gateway's clock (its budget a day).
@@ -152,7 +137,7 @@ func TestRogue33CRefusedForAStaleFeedAfterItsClaimIsLifeAfterIt(t *testing.T) {
 	if err := gw.Verifier().Fresh(); err == nil {
 		t.Fatal("the gateway's feed is fresh a day on")
 	}
-	if got := pingStatus(t, srv.URL+mcpgate.EndpointPath, token); got != http.StatusServiceUnavailable {
+	if got := pingStatus(t, endpoint, token); got != http.StatusServiceUnavailable {
 		t.Fatalf("the rogue's ping with the feed stale: %d; want 503", got)
 	}
 	testserver.WaitFor(t, guardWait, "the rogue's refusal after its claim to be reported", func() bool {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -36,23 +35,13 @@ import (
 func TestRogue34COwedReportIsSentOnceMoreAsTheGatewayShutsDown(t *testing.T) {
 	w := newWorld(t, "mcp:test/*")
 	self, credential, token := rogueChild(t, w, time.Hour)
-	lost := &lostBegins{next: w.srv.HTTP.Transport}
-	if lost.next == nil {
-		lost.next = http.DefaultTransport
-	}
-	hc := *w.srv.HTTP
-	hc.Transport = lost
-	gclk := clock.NewManual(w.clk.Now())
-	gw := gatewayOnClock(t, w, gclk, &hc)
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
-	srv.Start()
-	t.Cleanup(srv.Close)
+	gw, _, lost := gatewayLosingBegins(t, w)
+	endpoint := serveGateway(t, gw)
 	claimAfterSessionEnd(t, w, self, credential)
 
 	// The rogue's ping after its claim, its report lost (and owed).
 	lost.down.Store(true)
-	if got := pingStatus(t, srv.URL+mcpgate.EndpointPath, token); got == http.StatusServiceUnavailable {
+	if got := pingStatus(t, endpoint, token); got == http.StatusServiceUnavailable {
 		t.Fatalf("the rogue's ping: %d, refused", got)
 	}
 	// The control plane back; the retry not yet due on the gateway's
@@ -82,11 +71,7 @@ func TestRogue34CRefusalWithinItsIntervalIsReportedAsTheGatewayShutsDown(t *test
 	self, credential, token := rogueChild(t, w, time.Hour)
 	gclk := clock.NewManual(w.clk.Now())
 	gw := gatewayOnClock(t, w, gclk, nil)
-	srv := httptest.NewUnstartedServer(nil)
-	srv.Config.Handler = gw.Handler(mcpgate.HTTPOptions{BaseURL: "http://" + srv.Listener.Addr().String()})
-	srv.Start()
-	t.Cleanup(srv.Close)
-	endpoint := srv.URL + mcpgate.EndpointPath
+	endpoint := serveGateway(t, gw)
 
 	ctx := context.Background()
 	claims, err := gw.Verifier().Identify(ctx, token)
@@ -140,14 +125,7 @@ func TestRogue34CCallWhoseBeginDidNotLandIsOwedAsTheNodeSeen(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			w := newWorld(t, "mcp:test/*")
 			self, credential, token := rogueChild(t, w, time.Hour)
-			lost := &lostBegins{next: w.srv.HTTP.Transport}
-			if lost.next == nil {
-				lost.next = http.DefaultTransport
-			}
-			hc := *w.srv.HTTP
-			hc.Transport = lost
-			gclk := clock.NewManual(w.clk.Now())
-			gw := gatewayOnClock(t, w, gclk, &hc)
+			gw, gclk, lost := gatewayLosingBegins(t, w)
 			var cs *mcp.ClientSession
 			if stdio {
 				cs = serveStdioAgent(t, gw, token).cs
