@@ -66,6 +66,10 @@ func alnum(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
 }
 
+// nameByte reports whether c may stand in a name or a label value: an
+// ASCII letter or digit, '.', '_' or '-'.
+func nameByte(c byte) bool { return alnum(c) || c == '.' || c == '_' || c == '-' }
+
 // validName: 1-63 letters, digits, '.', '_' or '-', the first a letter or
 // digit.
 func validName(s string) bool {
@@ -73,7 +77,7 @@ func validName(s string) bool {
 		return false
 	}
 	for i := 1; i < len(s); i++ {
-		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
+		if !nameByte(s[i]) {
 			return false
 		}
 	}
@@ -87,7 +91,7 @@ func validLabelKey(s string) bool {
 		return false
 	}
 	for i := 1; i < len(s)-1; i++ {
-		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '/' && c != '-' {
+		if c := s[i]; !nameByte(c) && c != '/' {
 			return false
 		}
 	}
@@ -100,7 +104,7 @@ func validLabelValue(s string) bool {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		if c := s[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
+		if !nameByte(s[i]) {
 			return false
 		}
 	}
