@@ -209,10 +209,7 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 	token := n.token
 	go func() {
 		defer r.wg.Done()
-		err := g.cfg.Gate.CallScoped(g.running, token, SeenReportTool, "", func(context.Context) error {
-			return errSeenNotACall
-		})
-		ok := seenLanded(err)
+		ok, err := g.sendSeen(g.running, token)
 		if ok {
 			g.log.Debug("mcpgate: reported a node seen to the control plane", "node", node, "answer", err)
 		} else {
@@ -417,6 +414,16 @@ func (g *Gateway) holdSeen(next http.Handler) http.Handler {
 // its whole lineage's new nodes refused.
 const unpinKey = "tether_seen_unpin"
 
+// sendSeen sends one report that the gateway served token's holder (a
+// BeginCall of SeenReportTool that begins nothing) and says whether it
+// landed (seenLanded), with the answer.
+func (g *Gateway) sendSeen(ctx context.Context, token string) (bool, error) {
+	err := g.cfg.Gate.CallScoped(ctx, token, SeenReportTool, "", func(context.Context) error {
+		return errSeenNotACall
+	})
+	return seenLanded(err), err
+}
+
 // seenLanded reports whether the control plane answered a seen report
 // (noted, or refused for the token: a report sent again would be answered
 // the same). Unreachable, late, refused for a budget or for the gateway's
@@ -530,10 +537,8 @@ func (g *Gateway) flushSeen(owed []seenDebt) (left int) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := g.cfg.Gate.CallScoped(context.Background(), d.token, SeenReportTool, "", func(context.Context) error {
-				return errSeenNotACall
-			})
-			if seenLanded(err) {
+			landed, err := g.sendSeen(context.Background(), d.token)
+			if landed {
 				g.log.Debug("mcpgate: reported a node seen to the control plane as the gateway shut down", "node", d.node, "answer", err)
 				return
 			}
