@@ -66,6 +66,10 @@ type session struct {
 	seq       uint64 // sign-in order
 	expires   time.Time
 	clients   *clients
+	// ended is done once the session has ended (signed out, evicted or
+	// expired): the live pages' streams end with it.
+	ended context.Context
+	end   context.CancelFunc
 }
 
 // clients are the API's services, presenting the session's token: the
@@ -214,10 +218,32 @@ func (c *Console) current(r *http.Request) *session {
 		return nil
 	}
 	if !c.cfg.Now().Before(s.expires) {
-		delete(c.sessions, s.id)
+		c.endLocked(s)
 		return nil
 	}
 	return s
+}
+
+// endLocked ends a session (c.mu held): it leaves the table, and its live
+// streams end.
+func (c *Console) endLocked(s *session) {
+	delete(c.sessions, s.id)
+	s.end()
+}
+
+// live reports whether s is still a session of the table, unexpired on
+// the console's clock; one found expired is ended.
+func (c *Console) live(s *session) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sessions[s.id] != s {
+		return false
+	}
+	if !c.cfg.Now().Before(s.expires) {
+		c.endLocked(s)
+		return false
+	}
+	return true
 }
 
 // page wraps a GET handler: no session, no page (back to sign-in).
@@ -313,18 +339,21 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		expires = e.AsTime()
 	}
 	s := &session{id: randomID(), csrf: randomID(), principal: who.Msg.Principal, role: who.Msg.Role, expires: expires, clients: cl}
+	s.ended, s.end = context.WithCancel(context.Background())
 	c.mu.Lock()
 	// Drop expired sessions, the one this browser had, and the oldest of
 	// this principal's beyond maxSessionsPerPrincipal (one token cannot
 	// fill the table and lock everybody else out).
 	if old, err := r.Cookie(cookieName(r)); err == nil {
-		delete(c.sessions, old.Value)
+		if o := c.sessions[old.Value]; o != nil {
+			c.endLocked(o)
+		}
 	}
 	var mine []*session
-	for id, old := range c.sessions {
+	for _, old := range c.sessions {
 		switch {
 		case !now.Before(old.expires):
-			delete(c.sessions, id)
+			c.endLocked(old)
 		case old.principal == s.principal:
 			mine = append(mine, old)
 		}
@@ -332,11 +361,13 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 	if len(mine) >= maxSessionsPerPrincipal {
 		sort.Slice(mine, func(i, j int) bool { return mine[i].seq < mine[j].seq })
 		for _, old := range mine[:len(mine)-maxSessionsPerPrincipal+1] {
-			delete(c.sessions, old.id)
+			c.endLocked(old)
 		}
 	}
 	full := len(c.sessions) >= c.cfg.MaxSessions
-	if !full {
+	if full {
+		s.end()
+	} else {
 		c.seq++
 		s.seq = c.seq
 		c.sessions[s.id] = s
@@ -356,7 +387,7 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 
 func (c *Console) signout(w http.ResponseWriter, r *http.Request, s *session) {
 	c.mu.Lock()
-	delete(c.sessions, s.id)
+	c.endLocked(s)
 	c.mu.Unlock()
 	http.SetCookie(w, &http.Cookie{Name: cookieName(r), Value: "", Path: "/", MaxAge: -1, HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/ui/signin", http.StatusSeeOther)

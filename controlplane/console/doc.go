@@ -11,6 +11,9 @@
 // page therefore passes the same authentication, authorisation and rate
 // limit as the CLI: a viewer sees everything a viewer may read and every
 // action it tries is refused by the API, whatever the page showed.
+// The live pages' event streams belong to their session: its end (sign-out,
+// eviction, expiry) ends them, and each event is relayed only while the
+// session lives.
 //
 // State-changing forms are POSTs checked three ways: the request must be
 // same-origin (net/http's CrossOriginProtection: Sec-Fetch-Site, then

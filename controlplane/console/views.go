@@ -2,6 +2,7 @@ package console
 
 import (
 	"cmp"
+	"context"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -358,18 +359,40 @@ func relayEvents[M any](c *Console, w http.ResponseWriter, r *http.Request, s *s
 	defer stream.Close()
 	send := events(w)
 	for stream.Receive() {
+		// The session is checked before each event: one that ended
+		// (signed out, evicted, expired on the console's clock) reads
+		// nothing more, on no tab it left open.
+		if !c.live(s) {
+			break
+		}
 		if !each(send, stream.Msg()) {
 			return
 		}
+	}
+	if !c.live(s) {
+		_ = send("failed", map[string]string{"error": "your session has ended; sign in again"})
+		return
 	}
 	if err := stream.Err(); err != nil && connect.CodeOf(err) != connect.CodeCanceled {
 		_ = send("failed", map[string]string{"error": errorText(err)})
 	}
 }
 
+// streamContext is the context of a live page's stream: it ends with the
+// request or with the session, whichever ends first, so that a session's
+// end closes the streams its tabs hold open (a stream is authenticated
+// once, when it opens).
+func streamContext(r *http.Request, s *session) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(r.Context())
+	stop := context.AfterFunc(s.ended, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
 func (c *Console) terminationEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	stream, err := s.clients.Supervisor.WatchTermination(r.Context(), connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
+	ctx, cancel := streamContext(r, s)
+	defer cancel()
+	stream, err := s.clients.Supervisor.WatchTermination(ctx, connect.NewRequest(&tetherv1.WatchTerminationRequest{TerminationId: id}))
 	relayEvents(c, w, r, s, "Could not watch termination "+id, stream, err, func(send sendEvent, m *tetherv1.WatchTerminationResponse) bool {
 		t := m.Termination
 		if send("termination", terminationView(t)) != nil {
@@ -936,7 +959,9 @@ func rolloutVersion(ro *tetherv1.Rollout) string {
 
 func (c *Console) rolloutEvents(w http.ResponseWriter, r *http.Request, s *session) {
 	id := r.PathValue("id")
-	stream, err := s.clients.Supervisor.WatchRollout(r.Context(), connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
+	ctx, cancel := streamContext(r, s)
+	defer cancel()
+	stream, err := s.clients.Supervisor.WatchRollout(ctx, connect.NewRequest(&tetherv1.WatchRolloutRequest{RolloutId: id}))
 	relayEvents(c, w, r, s, "Could not watch rollout "+id, stream, err, func(send sendEvent, m *tetherv1.WatchRolloutResponse) bool {
 		ro := m.Rollout
 		return send("rollout", map[string]string{"version": rolloutVersion(ro), "state": enumName(ro.State.String(), "ROLLOUT_STATE_")}) == nil
@@ -1034,7 +1059,9 @@ type tombstoneJSON struct {
 const feedRows = 500
 
 func (c *Console) revocationEvents(w http.ResponseWriter, r *http.Request, s *session) {
-	stream, err := s.clients.Capability.WatchRevocations(r.Context(), connect.NewRequest(&tetherv1.WatchRevocationsRequest{Newest: feedRows}))
+	ctx, cancel := streamContext(r, s)
+	defer cancel()
+	stream, err := s.clients.Capability.WatchRevocations(ctx, connect.NewRequest(&tetherv1.WatchRevocationsRequest{Newest: feedRows}))
 	relayEvents(c, w, r, s, "Could not watch revocations", stream, err, func(send sendEvent, m *tetherv1.WatchRevocationsResponse) bool {
 		for _, t := range m.Tombstones {
 			if send("tombstone", tombstoneJSON{Sequence: t.Sequence, GrantID: t.GrantId, RevokedAt: ts(t.RevokedAt), Reason: t.Reason}) != nil {
