@@ -7,13 +7,16 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane"
+	shown "github.com/tetherhq/tether/internal/printable"
 	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/lease"
 	"github.com/tetherhq/tether/supervisor/privilege"
@@ -190,10 +193,13 @@ func newLogger(format, level string) (*slog.Logger, error) {
 
 // newLoggerTo is newLogger writing to w. The text handler quotes a value
 // holding a control or invisible character (Go quoting); the JSON handler
-// escapes control characters but writes format characters (a bidirectional
-// override, a zero-width space) as they are — so agents' text reaches the
-// log only quoted by the server first (a refusal quotes the id it was sent
-// with %q; see TestARoguesTextInTheServersLogIsPrintable).
+// escapes C0 control characters but wrote format characters (a
+// bidirectional override, a zero-width space), a no-break space and C1
+// controls as they are, and agents' text reaches the log in places as it
+// was sent (a job id the rollout reconciler hands over): its every string,
+// the message, attributes and errors, is passed through jsonLogSafe first
+// (TestARoguesTextInTheServersLogIsPrintable,
+// TestRogue35HTheJSONLogWritesOutAnAgentsInvisibleCharacters).
 func newLoggerTo(w io.Writer, format, level string) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
@@ -204,10 +210,65 @@ func newLoggerTo(w io.Writer, format, level string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	case "json":
+		opts.ReplaceAttr = jsonLogAttr
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	default:
 		return nil, fmt.Errorf("--log-format %q: want text or json", format)
 	}
+}
+
+// jsonLogAttr is the JSON logger's ReplaceAttr: a string, an error or a
+// Stringer is written with its hidden characters written out (jsonLogSafe).
+func jsonLogAttr(_ []string, a slog.Attr) slog.Attr {
+	switch a.Value.Kind() {
+	case slog.KindString:
+		if v := a.Value.String(); needsLogEscape(v) {
+			a.Value = slog.StringValue(jsonLogSafe(v))
+		}
+	case slog.KindAny:
+		var text string
+		switch v := a.Value.Any().(type) {
+		case error:
+			text = v.Error()
+		case fmt.Stringer:
+			text = v.String()
+		default:
+			return a
+		}
+		if needsLogEscape(text) {
+			a.Value = slog.StringValue(jsonLogSafe(text))
+		}
+	}
+	return a
+}
+
+// needsLogEscape reports whether s may hold a character jsonLogSafe
+// writes out: ASCII text never does (JSON escapes its control characters).
+func needsLogEscape(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return true
+		}
+	}
+	return false
+}
+
+// jsonLogSafe is s with every character printable.Hidden writes out that
+// JSON does not escape itself written out as Go quotes it (\u202e,
+// \u200b, \u00a0, \u009b); JSON escapes the C0 controls, and a line
+// break or a tab reads as \n or \t there.
+func jsonLogSafe(s string) string {
+	var b strings.Builder
+	prev := rune(0)
+	for _, r := range s {
+		if r >= utf8.RuneSelf && shown.Hidden(prev, r) {
+			b.WriteString(shown.Escape(r))
+		} else {
+			b.WriteRune(r)
+		}
+		prev = r
+	}
+	return b.String()
 }
 
 // crashStopRuleEnv names a fault point of the stop-rule evaluator
