@@ -72,7 +72,9 @@ var traceContext = propagation.TraceContext{}
 
 // startSpan starts the server span of an RPC, continuing the caller's trace.
 func (o *observer) startSpan(ctx context.Context, procedure string, header http.Header) (context.Context, trace.Span) {
-	if header.Get("traceparent") != "" {
+	// The header's canonical key, looked up as Get would after
+	// canonicalising "traceparent" (a new string on every call).
+	if v := header["Traceparent"]; len(v) > 0 && v[0] != "" {
 		ctx = traceContext.Extract(ctx, propagation.HeaderCarrier(header))
 	}
 	ctx, span := o.tracer.Start(ctx, strings.TrimPrefix(procedure, "/"), trace.WithSpanKind(trace.SpanKindServer))
