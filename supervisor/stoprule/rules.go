@@ -705,20 +705,27 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 // mean, which a rogue lowered at will).
 func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool, callID string) error {
 	byTool := d.calls > 0 || d.failures > 0
-	var ancestors []string
 	keysOf := func(anc string, shard uint32) [][]byte {
-		ancestors = append(ancestors, anc)
 		if !byTool {
 			return [][]byte{subKey(anc, shard)}
 		}
 		return [][]byte{subKey(anc, shard), subToolKey(anc, shard, tool), subToolKey(anc, shard, OtherTool)}
 	}
-	err := eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+	return eachAncestorRecord(tx, nodeID, keysOf, func(anc string, keys [][]byte) error {
 		s, err := getSubtotal(tx, keys[0])
 		if err != nil {
 			return err
 		}
+		if err := s.list(tx, anc, d, nodeID, callID); err != nil {
+			return err
+		}
 		s.add(d)
+		if s.slotCall != "" && s.open == 0 {
+			// The shard's count went to 0 past a call open from before
+			// the records counted open calls (subtotal.add): the slot's
+			// call is still open.
+			s.open, s.openMs = 1, s.slotMs
+		}
 		if !byTool {
 			return tx.Put(keys[0], s.append(nil))
 		}
@@ -745,19 +752,28 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool, callID string
 		}
 		return tx.Put(keys[0], s.append(nil))
 	})
-	if err != nil {
-		return err
-	}
-	for _, anc := range ancestors {
-		switch {
-		case d.open > 0:
-			err = tx.Put(subOpenKey(anc, d.openMs, nodeID, callID), nil)
-		case d.closed > 0:
-			err = tx.Delete(subOpenKey(anc, d.closedMs, nodeID, callID))
-		}
-		if err != nil {
-			return err
-		}
+}
+
+// list keeps the ancestor anc's account of the call callID of nodeID
+// that d begins open or ends (s is the record of the node's shard at
+// anc): a call begun in a shard whose slot is free takes the slot, held
+// in the record itself, and any other is listed under anc's
+// subOpenPrefix; its end frees the slot or deletes its listing. Every
+// call open below anc is so either a slot's or listed, and the subtree's
+// oldest open call is the oldest of the slots and the listing's first
+// key, exact; a call alone in its shard (a worker's one call at a time,
+// a chain of agents each calling in turn) writes no key but the record
+// it writes anyway.
+func (s *subtotal) list(tx store.Txn, anc string, d subtotal, nodeID, callID string) error {
+	switch {
+	case d.open > 0 && s.slotCall == "":
+		s.slotMs, s.slotCall = d.openMs, callID
+	case d.open > 0:
+		return tx.Put(subOpenKey(anc, d.openMs, nodeID, callID), nil)
+	case d.closed > 0 && s.slotCall == callID:
+		s.slotMs, s.slotCall = 0, ""
+	case d.closed > 0:
+		return tx.Delete(subOpenKey(anc, d.closedMs, nodeID, callID))
 	}
 	return nil
 }
@@ -766,7 +782,7 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool, callID string
 // subtree records of its ancestors (the node's shard of each).
 func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error {
 	keysOf := func(anc string, shard uint32) [][]byte { return [][]byte{subSelfKey(anc, shard)} }
-	return eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+	return eachAncestorRecord(tx, nodeID, keysOf, func(_ string, keys [][]byte) error {
 		key := keys[0]
 		rec := &subReported{}
 		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -781,7 +797,7 @@ func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error 
 // shard's, keysOf) at each of its ancestors, all read together first: at
 // most the tree's depth of them, never a walk of a subtree. A node not
 // stored has none (a call of no stored node: the ledger refuses those).
-func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, shard uint32) [][]byte, add func(keys [][]byte) error) error {
+func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, shard uint32) [][]byte, add func(anc string, keys [][]byte) error) error {
 	n, err := tree.GetNodeIn(tx, nodeID)
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil
@@ -799,8 +815,8 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, sha
 	if err := store.Prefetch(tx, all, nil); err != nil {
 		return err
 	}
-	for _, keys := range each {
-		if err := add(keys); err != nil {
+	for i, keys := range each {
+		if err := add(n.Ancestors[i], keys); err != nil {
 			return err
 		}
 	}
@@ -826,6 +842,12 @@ type subtotal struct {
 	// call's end taking it out.
 	open, openMs     uint64
 	closed, closedMs uint64
+	// slotCall is the id of one call of the shard still open that is not
+	// listed under the ancestor's subOpenPrefix, and slotMs its begin time
+	// (subtotal.list): stored after openMs while there is one, as slotMs,
+	// the id's length and the id.
+	slotMs   uint64
+	slotCall string
 }
 
 // subtreeOutcomes are the outcomes a subtotal counts, in its stored order,
@@ -888,7 +910,7 @@ func (s subtotal) ends() bool {
 }
 
 // opens reports whether s counts calls open.
-func (s subtotal) opens() bool { return s.open != 0 || s.openMs != 0 }
+func (s subtotal) opens() bool { return s.open != 0 || s.openMs != 0 || s.slotCall != "" }
 
 func (s subtotal) append(b []byte) []byte {
 	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
@@ -906,8 +928,17 @@ func (s subtotal) append(b []byte) []byte {
 	if !s.opens() {
 		return b
 	}
-	return binary.AppendUvarint(binary.AppendUvarint(b, s.open), s.openMs)
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.open), s.openMs)
+	if s.slotCall == "" {
+		return b
+	}
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.slotMs), uint64(len(s.slotCall)))
+	return append(b, s.slotCall...)
 }
+
+// maxSlotCall bounds the length of a stored slot's call id (the server's
+// are 22 bytes).
+const maxSlotCall = 64
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 	v, err := tx.Get(key)
@@ -939,9 +970,20 @@ func decodeSubtotal(v []byte) (subtotal, error) {
 		}
 		return s, nil
 	}
-	if err := decodeUvarints(rest, "subtree", &s.open, &s.openMs); err != nil {
+	if rest, err = readUvarints(rest, "subtree", &s.open, &s.openMs); err != nil || len(rest) == 0 {
+		if err != nil {
+			return subtotal{}, err
+		}
+		return s, nil
+	}
+	var size uint64
+	if rest, err = readUvarints(rest, "subtree", &s.slotMs, &size); err != nil {
 		return subtotal{}, err
 	}
+	if size == 0 || size > maxSlotCall || uint64(len(rest)) != size {
+		return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record: slot of %d bytes", size)
+	}
+	s.slotCall = string(rest)
 	return s, nil
 }
 
@@ -1233,9 +1275,15 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 		}
 		sum.add(s)
 		if s.open > 0 {
-			mean := int64(s.openMs / s.open)
-			if o.open.sub == 0 || mean < o.open.subOldest {
-				o.open.subOldest = mean
+			// The shard's mean begin time is never later than its oldest
+			// (and stands for calls open from before the calls were
+			// listed); its slot's call is exact.
+			oldest := int64(s.openMs / s.open)
+			if s.slotCall != "" {
+				oldest = min(oldest, int64(min(s.slotMs, math.MaxInt64)))
+			}
+			if o.open.sub == 0 || oldest < o.open.subOldest {
+				o.open.subOldest = oldest
 			}
 			o.open.sub += s.open
 			o.open.subBegins += s.openMs
