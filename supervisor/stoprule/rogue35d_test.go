@@ -148,7 +148,7 @@ func rogue35dOldestExact(t *testing.T, g *rogue31cRig, steps int) {
 			g.endCall(open[i])
 			open = slices.Delete(open, i, i+1)
 		case rng.IntN(8) == 0:
-			open = append(open, g.openCallUnslotted(nodes[rng.IntN(len(nodes))]))
+			open = append(open, g.openCallLegacy(nodes[rng.IntN(len(nodes))]))
 		default:
 			open = append(open, g.openCall(nodes[rng.IntN(len(nodes))]))
 		}
@@ -174,6 +174,22 @@ func rogue35dOldestExact(t *testing.T, g *rogue31cRig, steps int) {
 					}
 				}
 				if o.open.sub != count || (count > 0 && o.open.subOldest != oldest) {
+					tx.Scan([]byte(prefixSub+n.NodeID+"/"), nil, func(k, v []byte) error {
+						s, _ := decodeSubtotal(v)
+						t.Logf("%s: %+v", k, s)
+						return nil
+					})
+					tx.Scan([]byte(prefixSubOpen), nil, func(k, v []byte) error {
+						if strings.Contains(string(k), n.NodeID) {
+							t.Logf("%s", k)
+						}
+						return nil
+					})
+					for _, c := range open {
+						if slices.Contains(g.ancestorsOf(c.NodeID), n.NodeID) {
+							t.Logf("open %s %d %s", c.CallID, callMillis(c.BegunAt), c.NodeID)
+						}
+					}
 					t.Fatalf("step %d, %s: %d descendants' calls open, the oldest begun at %d; the model: %d, %d", step, n.Name, o.open.sub, o.open.subOldest, count, oldest)
 				}
 			}
@@ -195,11 +211,14 @@ func (g *rogue31cRig) ancestorsOf(node string) []string {
 	return n.Ancestors
 }
 
-// openCallUnslotted begins a call at n as the thirty-fourth pass did:
-// listed at every ancestor, in no shard's slot.
-func (g *rogue31cRig) openCallUnslotted(n *tree.Node) *ledger.ToolCall {
+// openCallLegacy begins a call at n as the thirty-fourth pass did:
+// counted open in its shard's record at each ancestor (none held in a
+// slot or by the record's listing) and listed under subOpenPrefix.
+func (g *rogue31cRig) openCallLegacy(n *tree.Node) *ledger.ToolCall {
 	g.t.Helper()
-	c := g.openCall(n)
+	g.seq++
+	c := &ledger.ToolCall{CallID: fmt.Sprintf("call-%d", g.seq), NodeID: n.NodeID, Tool: "fetch", State: ledger.CallStateInFlight, BegunAt: g.clk.Now()}
+	ms := callMillis(c.BegunAt)
 	err := g.st.Update(context.Background(), func(tx store.Txn) error {
 		for _, anc := range n.Ancestors {
 			key := subKey(anc, growShard(n.NodeID))
@@ -207,13 +226,13 @@ func (g *rogue31cRig) openCallUnslotted(n *tree.Node) *ledger.ToolCall {
 			if err != nil {
 				return err
 			}
-			if s.slotCall == c.CallID {
-				s.slotMs, s.slotCall = 0, ""
-				if err := tx.Put(key, s.append(nil)); err != nil {
-					return err
-				}
+			s.calls++
+			s.open++
+			s.openMs += ms
+			if err := tx.Put(key, s.append(nil)); err != nil {
+				return err
 			}
-			if err := tx.Put(subOpenKey(anc, callMillis(c.BegunAt), n.NodeID, c.CallID), nil); err != nil {
+			if err := tx.Put(subOpenKey(anc, ms, n.NodeID, c.CallID), nil); err != nil {
 				return err
 			}
 		}
@@ -223,4 +242,81 @@ func (g *rogue31cRig) openCallUnslotted(n *tree.Node) *ledger.ToolCall {
 		g.t.Fatal(err)
 	}
 	return c
+}
+
+// scanningTxn records the prefixes a read scans.
+type scanningTxn struct {
+	store.ReadTxn
+	scans []string
+}
+
+func (s *scanningTxn) Scan(prefix, start []byte, fn func(k, v []byte) error) error {
+	s.scans = append(s.scans, string(prefix))
+	return s.ReadTxn.Scan(prefix, start, fn)
+}
+
+// TestRogue35DEndedCallsTheRogueListedAreNotScannedByTheRule: a rogue's
+// grandchild keeps a long call open and churns three more beside it, 300
+// times ending the earliest and beginning another: each listed at the
+// rogue and its child, each end leaving a deleted key in the listing
+// (which the store steps over until it compacts). Judging the rogue's
+// subtree on call time reads the records alone and no listing, and reads
+// the long call exactly, then, once it ended, the earliest of the three.
+// Before, each evaluation scanned the rogue's listing from its start,
+// stepping over every call it had ended (20,000 of them took 2-4 ms a
+// scan on the loaded test machine), and nothing charged it.
+func TestRogue35DEndedCallsTheRogueListedAreNotScannedByTheRule(t *testing.T) {
+	g := newRogue31cRig(t)
+	rogue := g.spawn(nil, "rogue")
+	kid := g.spawn(rogue, "kid")
+	grand := g.spawn(kid, "grand")
+	long := g.openCall(grand)
+	longMs := int64(callMillis(long.BegunAt))
+	var churn []*ledger.ToolCall
+	for range 3 {
+		g.clk.Advance(time.Second)
+		churn = append(churn, g.openCall(grand))
+	}
+	for range 300 {
+		g.clk.Advance(time.Second)
+		g.endCall(churn[0])
+		churn = append(churn[1:], g.openCall(grand))
+	}
+	read := func(n *tree.Node) (*Observations, []string) {
+		var o *Observations
+		var scans []string
+		err := g.st.View(context.Background(), func(tx store.ReadTxn) error {
+			st := &scanningTxn{ReadTxn: tx}
+			var err error
+			if o, _, err = readNode(st, n.NodeID); err != nil {
+				return err
+			}
+			_, err = readOwnOpenCalls(st, n.NodeID, o)
+			scans = st.scans
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o, scans
+	}
+	for _, n := range []*tree.Node{rogue, kid} {
+		o, scans := read(n)
+		for _, p := range scans {
+			if strings.HasPrefix(p, prefixSubOpen) {
+				t.Errorf("judging %s scanned the listing %s", n.Name, p)
+			}
+		}
+		if o.open.sub != 4 || o.open.subOldest != longMs {
+			t.Errorf("%s: %d calls open below, the oldest begun at %d; want 4, %d", n.Name, o.open.sub, o.open.subOldest, longMs)
+		}
+	}
+	g.endCall(long)
+	if o, _ := read(rogue); o.open.sub != 3 || o.open.subOldest != int64(callMillis(churn[0].BegunAt)) {
+		t.Errorf("the long call ended: %d open below the rogue, the oldest begun at %d; want 3, %d", o.open.sub, o.open.subOldest, callMillis(churn[0].BegunAt))
+	}
+	g.clk.Advance(1000 * time.Second)
+	if res := judge34(g, rogue, `observed.subtree_call_seconds_max == 1002.0`); res.Err != nil || !res.Fired {
+		t.Errorf("the earliest of the three, 1,002 s open: %v (%v); values %v", res.Fired, res.Err, res.Values)
+	}
 }
