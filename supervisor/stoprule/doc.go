@@ -53,8 +53,8 @@
 //     A call still open counts its time up to the instant it is judged
 //     (the node's own read from the ledger, its descendants' from their
 //     shard totals: how many are open and their begin times added up; the
-//     longest of them from a listing of the calls open below each
-//     ancestor by begin time, its first key), so
+//     longest of them from the same records, each holding one call open
+//     in its slot and the earliest of those it lists by begin time), so
 //     rules on call time are evaluated again every Tick at the nodes
 //     whose last evaluation found calls open in their subtree.
 //   - A rule that is true files its proposal and its fired mark in one

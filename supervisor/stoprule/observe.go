@@ -128,7 +128,10 @@ type openCalls struct {
 	ownFirst  int64   // the earliest of them
 	sub       uint64  // the descendants' calls open
 	subBegins uint64  // their begin times added up
-	subOldest int64   // the earliest mean begin time of a shard's open calls
+	subOldest int64   // the earliest begin time of the descendants' open calls (of a legacy call, its shard's mean)
+	// legacy says a shard counts calls open that an earlier version began,
+	// which readSubOldest looks for in the thirty-fourth pass's listing.
+	legacy bool
 }
 
 // callMillis is a call's begin time as the records add it up: Unix
@@ -146,10 +149,11 @@ func (c openCalls) any() bool { return c.own > 0 || c.sub > 0 }
 // countAt adds the time the open calls have taken at now to o's call
 // time: the node's own to call_seconds_total and call_seconds_max and to
 // their subtree_ forms, the descendants' to the subtree_ forms. The
-// descendants' longest open call is not known, only each shard's count
-// and begin times: it counts as the oldest mean age of a shard's open
-// calls, never more than the longest (exact for a shard with one call
-// open). A begin time after now (another server's clock) counts 0.
+// descendants' longest open call is the earliest begin their shards'
+// records hold (a slot's call or the earliest listed, exact); calls an
+// earlier version began count by their shard's mean begin time and the
+// listing of the thirty-fourth pass (readSubOldest). A begin time after
+// now (another server's clock) counts 0.
 func (c openCalls) countAt(o *Observations, now time.Time) {
 	nowMs := float64(callMillis(now))
 	if c.own > 0 {

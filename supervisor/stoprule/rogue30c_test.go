@@ -120,11 +120,14 @@ func TestRogue30CSubtreeCallsAreExactAndCostOneRecordPerAncestor(t *testing.T) {
 	}
 	wg.Wait()
 	// Since the thirty-fourth pass a call begun open lists itself at each
-	// ancestor by its begin time too (subOpenKey, an empty value): three
-	// small keys per ancestor.
+	// ancestor by its begin time too (subOpenKey, an empty value), since
+	// the thirty-fifth only where its shard's record holds another open
+	// call (the calls here are concurrent): at most three small keys per
+	// ancestor (TestRogue35DACallAloneInItsShardListsItselfAtNoAncestor
+	// counts them exactly).
 	for depth, n := range writes {
-		if n != 3*depth+1 {
-			t.Errorf("a call at depth %d wrote %d keys, want its counters and, per ancestor, its shard's totals, its count of the tool and its open call listed (%d)", depth, n, 3*depth+1)
+		if n < 2*depth+1 || n > 3*depth+1 {
+			t.Errorf("a call at depth %d wrote %d keys, want its counters and, per ancestor, its shard's totals, its count of the tool and at most its open call listed (%d to %d)", depth, n, 2*depth+1, 3*depth+1)
 		}
 	}
 	// The model: every call folded into its node and every ancestor.

@@ -1,6 +1,7 @@
 package stoprule
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -41,16 +42,27 @@ const (
 	prefixFired   = "stoprules/fired/"   // stoprules/fired/<node id>/<rule id> → proposal id
 	prefixOn      = "stoprules/on/"      // stoprules/on/<node id>/<rule id> → "" rules attached to the node
 	prefixSel     = "stoprules/sel/"     // stoprules/sel/<rule id> → "" selector rules
-	// prefixSubOpen indexes the calls open below an ancestor by their
-	// begin time, so that its subtree's longest open call is its first
-	// key. Outside prefixAll: the evaluator's watch never carries it (a
-	// call's begin and end already wake it through prefixSub).
+	// prefixSubOpen indexed, in the thirty-fourth pass, every call open
+	// below an ancestor by its begin time; only the calls open across the
+	// upgrade are still there (a shard's legacy calls, subtotal.legacy).
+	// Outside prefixAll: the evaluator's watch never carries it (a call's
+	// begin and end already wake it through prefixSub).
 	prefixSubOpen = "stoprulesopen/" // stoprulesopen/<ancestor id>/<begin, Unix ms, 16 hex digits>/<node id>/<call id> → ""
+	// prefixShardOpen lists the calls open below an ancestor, by shard
+	// and begin time, that its shard's record does not hold in its slot
+	// (subtotal.list); outside prefixAll too.
+	prefixShardOpen = "stoprulesopen/s/" // stoprulesopen/s/<ancestor id>/<shard>/<begin, Unix ms, 16 hex digits>/<node id>/<call id> → ""
 )
 
 func subOpenPrefix(anc string) []byte { return []byte(prefixSubOpen + anc + "/") }
 func subOpenKey(anc string, beginMs uint64, node, call string) []byte {
 	return fmt.Appendf(nil, "%s%s/%016x/%s/%s", prefixSubOpen, anc, beginMs, node, call)
+}
+func shardOpenPrefix(anc string, shard uint32) []byte {
+	return append(shardKey(prefixShardOpen, anc, shard, 1), '/')
+}
+func shardOpenKey(anc string, shard uint32, beginMs uint64, node, call string) []byte {
+	return fmt.Appendf(shardOpenPrefix(anc, shard), "%016x/%s/%s", beginMs, node, call)
 }
 
 func ruleKey(id string) []byte       { return []byte(prefixRule + id) }
@@ -705,20 +717,27 @@ func (r *Rules) ObserveCall(tx store.Txn, before, after *ledger.ToolCall) error 
 // mean, which a rogue lowered at will).
 func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool, callID string) error {
 	byTool := d.calls > 0 || d.failures > 0
-	var ancestors []string
 	keysOf := func(anc string, shard uint32) [][]byte {
-		ancestors = append(ancestors, anc)
 		if !byTool {
 			return [][]byte{subKey(anc, shard)}
 		}
 		return [][]byte{subKey(anc, shard), subToolKey(anc, shard, tool), subToolKey(anc, shard, OtherTool)}
 	}
-	err := eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+	return eachAncestorRecord(tx, nodeID, keysOf, func(anc string, keys [][]byte) error {
 		s, err := getSubtotal(tx, keys[0])
 		if err != nil {
 			return err
 		}
+		if err := s.list(tx, anc, growShard(nodeID), d, nodeID, callID); err != nil {
+			return err
+		}
 		s.add(d)
+		if held := s.held(); s.open < held {
+			// The shard's count went below the calls it holds past a
+			// call open from before the records counted open calls
+			// (subtotal.add): those it holds are still open.
+			s.open, s.openMs = held, s.slotMs+s.listedSum
+		}
 		if !byTool {
 			return tx.Put(keys[0], s.append(nil))
 		}
@@ -745,28 +764,106 @@ func addToAncestors(tx store.Txn, nodeID string, d subtotal, tool, callID string
 		}
 		return tx.Put(keys[0], s.append(nil))
 	})
-	if err != nil {
-		return err
-	}
-	for _, anc := range ancestors {
-		switch {
-		case d.open > 0:
-			err = tx.Put(subOpenKey(anc, d.openMs, nodeID, callID), nil)
-		case d.closed > 0:
-			err = tx.Delete(subOpenKey(anc, d.closedMs, nodeID, callID))
+}
+
+// list keeps the ancestor anc's account of the call callID of nodeID
+// that d begins open or ends (s is the record of the node's shard at
+// anc): a call begun in a shard whose slot is free takes the slot, held
+// in the record itself; any other is listed under the shard's
+// shardOpenPrefix at anc, and the record keeps how many are listed, their
+// begin times added up and the earliest (listedLow). Its end frees the
+// slot or deletes its listing; when it was the earliest listed, the next
+// is the only one left (their begin times added up) or the first key of
+// the shard's listing after it, each listing deleted so stepped over once
+// by the end of the call listed before it, in that call's transaction.
+// Every call open below anc is so either a slot's or listed, and the
+// subtree's oldest open call is the oldest of its shards' slots and
+// earliest listed, read from the records alone: exact, and no scan of a
+// listing a rogue filled with ended calls. A call alone in its shard (a
+// worker calling one tool at a time, a chain of agents each calling in
+// turn) writes no key but the record it writes anyway.
+func (s *subtotal) list(tx store.Txn, anc string, shard uint32, d subtotal, nodeID, callID string) error {
+	switch {
+	case d.open > 0 && s.slotCall == "":
+		s.slotMs, s.slotCall = d.openMs, callID
+	case d.open > 0:
+		if s.listed == 0 || d.openMs < s.listedLow {
+			s.listedLow = d.openMs
 		}
-		if err != nil {
+		s.listed++
+		s.listedSum += d.openMs
+		return tx.Put(shardOpenKey(anc, shard, d.openMs, nodeID, callID), nil)
+	case d.closed > 0 && s.slotCall == callID:
+		s.slotMs, s.slotCall = 0, ""
+	case d.closed > 0:
+		key := shardOpenKey(anc, shard, d.closedMs, nodeID, callID)
+		if s.legacy() > 0 {
+			// Listed by the thirty-fourth pass, or by this one?
+			_, err := tx.Get(key)
+			if errors.Is(err, store.ErrNotFound) {
+				return tx.Delete(subOpenKey(anc, d.closedMs, nodeID, callID))
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if s.listed == 0 {
+			return nil // a call that was open before the records counted them
+		}
+		if err := tx.Delete(key); err != nil {
 			return err
+		}
+		s.listed--
+		s.listedSum -= min(s.listedSum, d.closedMs)
+		switch {
+		case s.listed == 0:
+			s.listedLow, s.listedSum = 0, 0
+		case s.listed == 1:
+			s.listedLow = s.listedSum
+		case d.closedMs <= s.listedLow:
+			// The earliest ended: the next is the first listed from its
+			// begin time on (another may have begun in the same
+			// millisecond and sort before it), itself deleted.
+			s.listedLow = d.closedMs
+			prefix := shardOpenPrefix(anc, shard)
+			err := tx.Scan(prefix, fmt.Appendf(prefix, "%016x", d.closedMs), func(k, _ []byte) error {
+				if bytes.Equal(k, key) {
+					return nil
+				}
+				ms, err := openKeyMillis(k, len(prefix))
+				if err != nil {
+					return err
+				}
+				s.listedLow = ms
+				return store.ErrStopScan
+			})
+			if err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// openKeyMillis reads the begin time of a listing key whose prefix is
+// the first n bytes.
+func openKeyMillis(k []byte, n int) (uint64, error) {
+	rest := k[n:]
+	if len(rest) < 16 {
+		return 0, fmt.Errorf("stoprule: corrupt open call key %q", k)
+	}
+	ms, err := strconv.ParseUint(string(rest[:16]), 16, 64)
+	if err != nil {
+		return 0, fmt.Errorf("stoprule: corrupt open call key %q", k)
+	}
+	return ms, nil
 }
 
 // reportToAncestors adds the change d of node's reported counters to the
 // subtree records of its ancestors (the node's shard of each).
 func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error {
 	keysOf := func(anc string, shard uint32) [][]byte { return [][]byte{subSelfKey(anc, shard)} }
-	return eachAncestorRecord(tx, nodeID, keysOf, func(keys [][]byte) error {
+	return eachAncestorRecord(tx, nodeID, keysOf, func(_ string, keys [][]byte) error {
 		key := keys[0]
 		rec := &subReported{}
 		if err := kv.Get(tx, key, rec); err != nil && !errors.Is(err, store.ErrNotFound) {
@@ -781,7 +878,7 @@ func reportToAncestors(tx store.Txn, nodeID string, d map[string]float64) error 
 // shard's, keysOf) at each of its ancestors, all read together first: at
 // most the tree's depth of them, never a walk of a subtree. A node not
 // stored has none (a call of no stored node: the ledger refuses those).
-func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, shard uint32) [][]byte, add func(keys [][]byte) error) error {
+func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, shard uint32) [][]byte, add func(anc string, keys [][]byte) error) error {
 	n, err := tree.GetNodeIn(tx, nodeID)
 	if errors.Is(err, tree.ErrNodeNotFound) {
 		return nil
@@ -799,8 +896,8 @@ func eachAncestorRecord(tx store.Txn, nodeID string, keysOf func(anc string, sha
 	if err := store.Prefetch(tx, all, nil); err != nil {
 		return err
 	}
-	for _, keys := range each {
-		if err := add(keys); err != nil {
+	for i, keys := range each {
+		if err := add(n.Ancestors[i], keys); err != nil {
 			return err
 		}
 	}
@@ -826,7 +923,31 @@ type subtotal struct {
 	// call's end taking it out.
 	open, openMs     uint64
 	closed, closedMs uint64
+	// slotCall is the id of one call of the shard still open that is not
+	// listed, and slotMs its begin time; listed counts the shard's calls
+	// open listed under shardOpenPrefix, listedSum their begin times added
+	// up and listedLow the earliest (subtotal.list). Stored after openMs
+	// while the shard holds a call so (slotMs, the id's length, the id,
+	// listed, listedLow, listedSum); a record without them counts calls
+	// open only as earlier versions did (legacy).
+	slotMs                       uint64
+	slotCall                     string
+	listed, listedLow, listedSum uint64
 }
+
+// held is how many of s's open calls it holds in its slot or listed.
+func (s subtotal) held() uint64 {
+	n := s.listed
+	if s.slotCall != "" {
+		n++
+	}
+	return n
+}
+
+// legacy is how many of s's open calls it neither holds in its slot nor
+// lists: calls begun by an earlier version (the thirty-fourth listed them
+// under subOpenPrefix).
+func (s subtotal) legacy() uint64 { return s.open - min(s.open, s.held()) }
 
 // subtreeOutcomes are the outcomes a subtotal counts, in its stored order,
 // besides failed (its failures).
@@ -888,7 +1009,7 @@ func (s subtotal) ends() bool {
 }
 
 // opens reports whether s counts calls open.
-func (s subtotal) opens() bool { return s.open != 0 || s.openMs != 0 }
+func (s subtotal) opens() bool { return s.open != 0 || s.openMs != 0 || s.held() != 0 }
 
 func (s subtotal) append(b []byte) []byte {
 	b = binary.AppendUvarint(binary.AppendUvarint(b, s.calls), s.failures)
@@ -906,8 +1027,18 @@ func (s subtotal) append(b []byte) []byte {
 	if !s.opens() {
 		return b
 	}
-	return binary.AppendUvarint(binary.AppendUvarint(b, s.open), s.openMs)
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.open), s.openMs)
+	if s.held() == 0 {
+		return b
+	}
+	b = binary.AppendUvarint(binary.AppendUvarint(b, s.slotMs), uint64(len(s.slotCall)))
+	b = append(b, s.slotCall...)
+	return binary.AppendUvarint(binary.AppendUvarint(binary.AppendUvarint(b, s.listed), s.listedLow), s.listedSum)
 }
+
+// maxSlotCall bounds the length of a stored slot's call id (the server's
+// are 22 bytes).
+const maxSlotCall = 64
 
 func getSubtotal(tx store.ReadTxn, key []byte) (subtotal, error) {
 	v, err := tx.Get(key)
@@ -939,7 +1070,21 @@ func decodeSubtotal(v []byte) (subtotal, error) {
 		}
 		return s, nil
 	}
-	if err := decodeUvarints(rest, "subtree", &s.open, &s.openMs); err != nil {
+	if rest, err = readUvarints(rest, "subtree", &s.open, &s.openMs); err != nil || len(rest) == 0 {
+		if err != nil {
+			return subtotal{}, err
+		}
+		return s, nil
+	}
+	var size uint64
+	if rest, err = readUvarints(rest, "subtree", &s.slotMs, &size); err != nil {
+		return subtotal{}, err
+	}
+	if size > maxSlotCall || uint64(len(rest)) < size {
+		return subtotal{}, fmt.Errorf("stoprule: corrupt subtree record: slot of %d bytes", size)
+	}
+	s.slotCall, rest = string(rest[:size]), rest[size:]
+	if err := decodeUvarints(rest, "subtree", &s.listed, &s.listedLow, &s.listedSum); err != nil {
 		return subtotal{}, err
 	}
 	return s, nil
@@ -1233,9 +1378,24 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 		}
 		sum.add(s)
 		if s.open > 0 {
-			mean := int64(s.openMs / s.open)
-			if o.open.sub == 0 || mean < o.open.subOldest {
-				o.open.subOldest = mean
+			// The shard's slot and earliest listed call are exact; calls
+			// an earlier version began count by their mean begin time,
+			// never later than the earliest of them, and the listing the
+			// thirty-fourth pass kept (readSubOldest).
+			oldest := uint64(math.MaxInt64)
+			if s.slotCall != "" {
+				oldest = s.slotMs
+			}
+			if s.listed > 0 {
+				oldest = min(oldest, s.listedLow)
+			}
+			if n := s.legacy(); n > 0 {
+				oldest = min(oldest, (s.openMs-min(s.openMs, s.slotMs+s.listedSum))/n)
+				o.open.legacy = true
+			}
+			oldest = min(oldest, math.MaxInt64)
+			if o.open.sub == 0 || int64(oldest) < o.open.subOldest {
+				o.open.subOldest = int64(oldest)
 			}
 			o.open.sub += s.open
 			o.open.subBegins += s.openMs
@@ -1291,11 +1451,12 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 // readOwnOpenCalls reads the node's own calls still open from the ledger
 // into o (Snapshot counts their time at the instant it judges the node),
 // and returns how many it read: at most MaxOpenCallsPerNode per gate. When
-// its subtree records count descendants' calls open (read first, by
-// readNodeTools), it reads the oldest of them too: the first key of the
-// node's subOpenPrefix, one key whatever their number.
+// its subtree records count descendants' calls open that an earlier
+// version began (read first, by readNodeTools), it reads the oldest of
+// those too: the first key of the node's subOpenPrefix, which only such
+// calls are listed under (the records hold the others' oldest).
 func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, error) {
-	if o.open.sub > 0 {
+	if o.open.legacy {
 		if err := readSubOldest(tx, nodeID, o); err != nil {
 			return 0, err
 		}
@@ -1319,20 +1480,17 @@ func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, er
 }
 
 // readSubOldest lowers o's oldest begin of a descendant's open call to
-// the first call listed under the node's subOpenPrefix: exact, where the
-// shards' mean begin times (what o holds when it is called) is only never
-// later than the oldest. A call open since before the calls were listed
-// is not listed: the shards' means still count it.
+// the first call the thirty-fourth pass listed under the node's
+// subOpenPrefix (calls open across the upgrade): exact for those, where
+// the shards' mean begin times of their legacy calls (what o holds when
+// it is called) are only never later than the oldest. A call open since
+// before the calls were listed is not listed: the means still count it.
 func readSubOldest(tx store.ReadTxn, nodeID string, o *Observations) error {
 	prefix := subOpenPrefix(nodeID)
 	return tx.Scan(prefix, nil, func(k, _ []byte) error {
-		rest := k[len(prefix):]
-		if len(rest) < 16 {
-			return fmt.Errorf("stoprule: corrupt open call key %q", k)
-		}
-		ms, err := strconv.ParseUint(string(rest[:16]), 16, 64)
+		ms, err := openKeyMillis(k, len(prefix))
 		if err != nil {
-			return fmt.Errorf("stoprule: corrupt open call key %q", k)
+			return err
 		}
 		o.open.subOldest = min(o.open.subOldest, int64(min(ms, math.MaxInt64)))
 		return store.ErrStopScan
