@@ -673,7 +673,11 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		// goroutine and added a row; rogue35e test).
 		r := lease.AutomaticReassign(next, s.c.cfg.Policy, s.c.cfg.NewLeaseID(), s.c.cfg.PickHolder(next))
 		if s.c.cfg.HolderUnavailable != nil {
-			r.HolderUnavailable = s.c.cfg.HolderUnavailable(s.ctx, r.HolderIdentity)
+			ctx := s.ctx
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			r.HolderUnavailable = s.c.cfg.HolderUnavailable(ctx, r.HolderIdentity)
 		}
 		s.judge(e, job, r, now, nil)
 	}
