@@ -87,8 +87,9 @@ type Config struct {
 	// withheld (lease.Reassign.HolderUnavailable, a REJECTED row saying
 	// why) and the job stays EXPIRED, as the ack-miss policy expire leaves
 	// it, until the coordinating lineage reassigns or resolves it. It runs
-	// on a shard, once per missed ACK under AckMissReassign (never for
-	// another message), so it must answer quickly; an error reading the
+	// on a shard, at a missed ACK under AckMissReassign (never for
+	// another message), once per holder per batch, so it must answer
+	// quickly; an error reading the
 	// holder should answer unavailable (safety over the job's liveness).
 	// Nil: every holder can take work.
 	HolderUnavailable func(ctx context.Context, holder string) string

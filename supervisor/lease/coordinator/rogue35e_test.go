@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -124,4 +125,39 @@ func TestRogue35EAStoppingHolderIsNotOfferedAnAutomaticReassignment(t *testing.T
 	clk.Advance(time.Minute)
 	h.want(lease.Ack{Claim: claim("stopping", "L1", 1, "rogue")}, lease.OutcomeRejected, lease.EventAckDeadlineMissed)
 	check("after a restart")
+}
+
+// A rogue lineage offers a child being stopped many jobs at once, and the
+// child lets every ACK deadline pass together: each missed ACK asked for
+// the holder's node, a store read (a round trip on etcd) on the goroutine
+// that judges every job of the shard, so one holder's silence held up the
+// other agents' renewals there for as many reads as it had jobs. A shard
+// now asks once per holder per batch.
+func TestRogue35EManyMissedAcksOfOneHolderReadItOnceABatch(t *testing.T) {
+	st := openStore(t, t.TempDir())
+	defer st.Close()
+	clk := clock.NewManual(t0)
+	p := lease.DefaultPolicy()
+	p.AckMiss = lease.AckMissReassign
+	holders := &stoppingHolders{stopping: map[string]string{"rogue": "agent rogue is aborting"}, asked: map[string]int{}}
+	h := startHolders(t, st, clk, p, holders)
+	const jobs = 40
+	for i := range jobs {
+		job := fmt.Sprintf("job-%d", i)
+		h.want(lease.Offer{JobID: job, LeaseID: "L-" + job, HolderIdentity: "rogue", LeaseDuration: 30 * time.Second},
+			lease.OutcomeAccepted, lease.EventOffered)
+	}
+	clk.Advance(p.DefaultAckTimeout)
+	waitFor(t, "every missed ACK", func() bool {
+		for i := range jobs {
+			if l := h.get(fmt.Sprintf("job-%d", i)); l.State == lease.StateOffered && l.Generation == 1 {
+				return false
+			}
+		}
+		return true
+	})
+	// Three shards, each judging its jobs' ticks in one batch.
+	if n := holders.times("rogue"); n > 3 {
+		t.Fatalf("the holder's node was read %d times for %d missed ACKs on 3 shards; want at most once a shard's batch", n, jobs)
+	}
 }

@@ -139,6 +139,12 @@ type shard struct {
 	// ctx is the run's context without its cancellation (Run sets it).
 	ctx   context.Context
 	inbox chan op
+	// unavailable memoizes Config.HolderUnavailable's answers for the
+	// batch being built (unavailableSeq): the missed ACKs of many jobs
+	// of a few holders, due at once, read each holder once, not once a
+	// job, on the goroutine that judges every job of the shard.
+	unavailable    map[string]string
+	unavailableSeq uint64
 	// term is the run's term; every commit checks it is still current.
 	term uint64
 
@@ -672,15 +678,30 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 		// holder's next message (each would have read its node on this
 		// goroutine and added a row; rogue35e test).
 		r := lease.AutomaticReassign(next, s.c.cfg.Policy, s.c.cfg.NewLeaseID(), s.c.cfg.PickHolder(next))
-		if s.c.cfg.HolderUnavailable != nil {
-			ctx := s.ctx
-			if ctx == nil {
-				ctx = context.Background()
-			}
-			r.HolderUnavailable = s.c.cfg.HolderUnavailable(ctx, r.HolderIdentity)
-		}
+		r.HolderUnavailable = s.holderUnavailable(r.HolderIdentity)
 		s.judge(e, job, r, now, nil)
 	}
+}
+
+// holderUnavailable is Config.HolderUnavailable's answer about holder,
+// asked once per holder per batch.
+func (s *shard) holderUnavailable(holder string) string {
+	if s.c.cfg.HolderUnavailable == nil {
+		return ""
+	}
+	if s.unavailable == nil || s.unavailableSeq != s.building.seq {
+		s.unavailable, s.unavailableSeq = map[string]string{}, s.building.seq
+	}
+	if why, ok := s.unavailable[holder]; ok {
+		return why
+	}
+	ctx := s.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	why := s.c.cfg.HolderUnavailable(ctx, holder)
+	s.unavailable[holder] = why
+	return why
 }
 
 // missedNow reports whether the judgement from current to next is the one
