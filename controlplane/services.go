@@ -33,6 +33,7 @@ func (s *Server) buildComponents(ctx context.Context) error {
 		MaxOpenPerHolder: max(0, s.cfg.LeaseMaxOpenPerHolder), MaxOpenPerAccount: max(0, s.cfg.LeaseMaxOpenPerLineage),
 		OpenReservePerHolder: LeaseReservePerNode,
 		Accounts:             s.leaseLineages,
+		HolderUnavailable:    s.leaseHolderUnavailable,
 	})
 	if err != nil {
 		return err

@@ -182,7 +182,7 @@ first start (tether token rotate-admin replaces it).`,
 	f.IntVar(&terminationChunk, "termination-chunk", supervisor.DefaultChunkSize, "nodes (or tool calls) one store transaction of a termination handles: a termination marks, revokes and records its subtree in chunks of this size, so no subtree is too large for one transaction")
 	f.DurationVar(&agentCredentialTTL, "agent-credential-ttl", 15*time.Minute, "lifetime of agent credentials; a session or heartbeat refreshes one once a third of it is left")
 	f.StringArrayVar(&ruleActions, "stop-rule-action", nil, "start a termination at once for the stop proposals of matching stop rules: drain:<match> or abort:<match>, where <match> is severity=<s>, label:<k=v,...> or * (repeatable; the first match wins; unmatched proposals wait for an operator)")
-	f.StringVar(&leaseAckMiss, "lease-ack-miss", "expire", "what a job lease's missed ACK deadline leads to: expire (the generation expires; the coordinator reassigns or resolves the job) or reassign (the coordinator also offers generation + 1 to the same holder, at most --lease-max-auto-reassigns times in a row)")
+	f.StringVar(&leaseAckMiss, "lease-ack-miss", "expire", "what a job lease's missed ACK deadline leads to: expire (the generation expires; the coordinator reassigns or resolves the job) or reassign (the coordinator also offers generation + 1 to the same holder unless it is being stopped, stopped or its exit was claimed, at most --lease-max-auto-reassigns times in a row)")
 	f.Uint64Var(&leaseMaxAutoReassigns, "lease-max-auto-reassigns", lease.DefaultMaxAutoReassigns, "under --lease-ack-miss reassign, automatic reassignments of a job in a row; the next missed ACK leaves it EXPIRED until the coordinator reassigns or resolves it")
 	return cmd
 }

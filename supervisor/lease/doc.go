@@ -126,8 +126,12 @@
 //
 // Then keep time moving: DeadlineQueue.Sync the lease after each Step, and
 // step a Tick for every job DeadlineQueue.PopDue returns; when ReassignDue
-// reports true, pick a holder and step AutomaticReassign's message, once (a
-// refused one leaves the job due, and is not stepped again then). After a
+// reports true at the judgement that found the ACK missed, pick a holder
+// and step AutomaticReassign's message, once (a refused one leaves the job
+// due, and is not stepped again then), with HolderUnavailable saying why
+// the holder cannot take work if it cannot (being stopped, stopped, its
+// exit claimed or confirmed): the reassignment is then withheld and the
+// job stays EXPIRED, as the ack-miss policy expire leaves it. After a
 // restart, step the Recover messages from PlanRestart before serving.
 //
 // # Mapping to tether.v1

@@ -140,6 +140,12 @@ type RequestCancel struct {
 // ResolveConflict says the coordinator has settled the conflict by this
 // reassignment. Automatic marks a reassignment the shell made on its own
 // because ReassignDue said so; it can never resolve a conflict.
+// HolderUnavailable, only with Automatic, is the shell's word that the
+// holder it would offer the next generation to cannot take work (its node
+// is being stopped or stopped, or its exit was claimed or confirmed): the
+// reassignment is withheld (REJECTED, the reason saying why) and the job
+// stays EXPIRED, as policy AckMissExpire leaves it at a missed ACK, until
+// the coordinator reassigns or resolves it.
 //
 // Generation, when set, is the generation the coordinator decided about:
 // a decision naming a generation that was since replaced (a delayed or
@@ -148,15 +154,16 @@ type RequestCancel struct {
 // none: the decision is about whichever generation is current. The same
 // holds for RequestCancel and Resolve.
 type Reassign struct {
-	JobID           string
-	Generation      uint64
-	LeaseID         string
-	HolderIdentity  string
-	LeaseDuration   time.Duration
-	AckTimeout      time.Duration
-	Reason          string
-	ResolveConflict bool
-	Automatic       bool
+	JobID             string
+	Generation        uint64
+	LeaseID           string
+	HolderIdentity    string
+	LeaseDuration     time.Duration
+	AckTimeout        time.Duration
+	Reason            string
+	ResolveConflict   bool
+	Automatic         bool
+	HolderUnavailable string
 }
 
 // Resolve is the coordinator's explicit terminal reconciliation: CANCELLED,
@@ -285,6 +292,12 @@ func Validate(m Message, p Policy) error {
 	case Reassign:
 		if m.Automatic && m.ResolveConflict {
 			return fmt.Errorf("%w: an automatic reassignment cannot resolve an ownership conflict", ErrInvalidMessage)
+		}
+		if m.HolderUnavailable != "" && !m.Automatic {
+			return fmt.Errorf("%w: only an automatic reassignment is withheld for its holder's state", ErrInvalidMessage)
+		}
+		if err := checkText("holder state", m.HolderUnavailable); err != nil {
+			return err
 		}
 		if err := checkText("reason", m.Reason); err != nil {
 			return err

@@ -155,7 +155,7 @@ func (p Policy) Validate() error {
 func (p Policy) AckMissBehavior() string {
 	if p.AckMiss == AckMissReassign {
 		return fmt.Sprintf("reassign: a missed ACK expires the generation and the coordinator automatically offers generation + 1, "+
-			"unless an ownership conflict or a cancel request is recorded, at most %d times in a row; "+
+			"unless an ownership conflict or a cancel request is recorded or the holder cannot take work (being stopped, stopped, its exit claimed), at most %d times in a row; "+
 			"after that a missed ACK leaves the job EXPIRED until the coordinator reassigns or resolves it", p.MaxAutoReassigns)
 	}
 	return "expire: a missed ACK expires the generation; the coordinator reassigns or resolves the job explicitly"

@@ -595,6 +595,10 @@ func (j *judge) reassign(m Reassign) Decision {
 	case m.Automatic && !ReassignDue(*l, j.p):
 		return reject(EventInvalidTransition, ErrInvalidTransition,
 			"automatic %s refused: policy %q allows automatic reassignment only after a missed ACK, and %s", describe(m), j.p.AckMiss, j.current())
+	case m.Automatic && m.HolderUnavailable != "":
+		return reject(EventInvalidTransition, ErrInvalidTransition,
+			"automatic %s withheld: holder %q cannot take work (%q); the job stays EXPIRED, as a missed ACK leaves it under ack-miss policy expire, until the coordinator reassigns or resolves it",
+			describe(m), m.HolderIdentity, m.HolderUnavailable)
 	case l.CancelRequested:
 		return reject(EventInvalidTransition, ErrCancelRequested, "%s refused: cancellation was requested at %s; Resolve the job instead", describe(m), ts(l.CancelRequestedAt))
 	case l.OwnershipConflict && !m.ResolveConflict:

@@ -30,9 +30,10 @@ import (
 // Message arguments: job (default j1), lease, gen (a worker's claim, or the
 // generation a request_cancel, reassign or resolve names), holder, seq, value, sent,
 // result, detail, duration, ack_timeout, owner, reason, bound,
-// resolve_conflict, automatic, last_alive, extend_to. auto_reassign
-// lease=L2 holder=w1 steps lease.AutomaticReassign of the lease under the
-// transcript's policy. Times are offsets from
+// resolve_conflict, automatic, holder_unavailable, last_alive, extend_to.
+// auto_reassign lease=L2 holder=w1 steps lease.AutomaticReassign of the
+// lease under the transcript's policy (holder_unavailable="…" sets the
+// shell's word that the holder cannot take work). Times are offsets from
 // the transcript epoch, or absolute RFC 3339 dates (for times no offset
 // reaches). Every step is also checked against the invariants in checkStep.
 func TestTranscripts(t *testing.T) {
@@ -180,7 +181,9 @@ func (tr *transcript) step(rest string) error {
 		// so, as lease.AutomaticReassign builds it from the lease and the
 		// policy of the transcript.
 		a := newArgReader(args)
-		m = lease.AutomaticReassign(tr.lease, tr.policy, a.str("lease", ""), a.str("holder", ""))
+		r := lease.AutomaticReassign(tr.lease, tr.policy, a.str("lease", ""), a.str("holder", ""))
+		r.HolderUnavailable = a.str("holder_unavailable", "")
+		m = r
 		err = a.done()
 	} else {
 		m, err = buildMessage(kind, args)
@@ -400,7 +403,7 @@ func buildMessage(kind string, args map[string]string) (lease.Message, error) {
 	case "reassign":
 		m = lease.Reassign{JobID: job, Generation: a.uint("gen"), LeaseID: a.str("lease", ""), HolderIdentity: a.str("holder", ""),
 			LeaseDuration: a.duration("duration"), AckTimeout: a.duration("ack_timeout"), Reason: a.str("reason", ""),
-			ResolveConflict: a.bool("resolve_conflict"), Automatic: a.bool("automatic")}
+			ResolveConflict: a.bool("resolve_conflict"), Automatic: a.bool("automatic"), HolderUnavailable: a.str("holder_unavailable", "")}
 	case "resolve":
 		m = lease.Resolve{JobID: job, Generation: a.uint("gen"), Result: a.result("result"), UnresolvedBound: a.duration("bound"), Reason: a.str("reason", "")}
 	case "tick":

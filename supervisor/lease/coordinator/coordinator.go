@@ -81,6 +81,18 @@ type Config struct {
 	// PickHolder chooses the holder of an automatic reassignment (policy
 	// AckMissReassign). Nil offers generation + 1 to the same holder.
 	PickHolder func(l lease.Lease) string
+	// HolderUnavailable says why the holder PickHolder chose cannot take
+	// work ("" when it can): its node is being stopped or is stopped, or
+	// its exit was claimed or confirmed. The automatic reassignment is then
+	// withheld (lease.Reassign.HolderUnavailable, a REJECTED row saying
+	// why) and the job stays EXPIRED, as the ack-miss policy expire leaves
+	// it, until the coordinating lineage reassigns or resolves it. It runs
+	// on a shard, at a missed ACK under AckMissReassign (never for
+	// another message), once per holder per batch, so it must answer
+	// quickly; an error reading the
+	// holder should answer unavailable (safety over the job's liveness).
+	// Nil: every holder can take work.
+	HolderUnavailable func(ctx context.Context, holder string) string
 	// NewLeaseID makes the lease id of a new generation; nil means
 	// id.New(id.Lease).
 	NewLeaseID func() string
@@ -558,6 +570,10 @@ func (c *Coordinator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	c.deposed.Store(false)
 	for _, s := range c.shards {
+		// What a shard asks outside itself (Config.HolderUnavailable) it
+		// asks under the run's values, past the run's end too: a shard
+		// finishing what got in still judges it as it would have.
+		s.ctx = context.WithoutCancel(ctx)
 		wg.Go(func() { s.run(stopping, commits, replies) })
 	}
 	c.phase.Store(int32(phaseServing))

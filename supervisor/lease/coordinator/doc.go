@@ -99,7 +99,12 @@
 // the shard offers generation + 1 itself (lease.AutomaticReassign: for the
 // lease's duration within the policy's maximum) to Config.PickHolder's
 // choice, by default the same holder — once per judgement: one the lease
-// machine refused is not followed by another.
+// machine refused is not followed by another — and only in the judgement
+// that found the ACK missed. It first asks Config.HolderUnavailable about
+// the holder: one being stopped, stopped, or whose exit was claimed or
+// confirmed is not offered the next generation (lease.Reassign's
+// HolderUnavailable withholds it, a REJECTED row saying why), and the job
+// stays EXPIRED until its lineage reassigns or resolves it.
 //
 // # Runs, terms and restart
 //

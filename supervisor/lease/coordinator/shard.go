@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -135,7 +136,15 @@ func (b *batch) empty() bool { return b.messages == 0 && len(b.answers) == 0 }
 type shard struct {
 	c     *Coordinator
 	index int
+	// ctx is the run's context without its cancellation (Run sets it).
+	ctx   context.Context
 	inbox chan op
+	// unavailable memoizes Config.HolderUnavailable's answers for the
+	// batch being built (unavailableSeq): the missed ACKs of many jobs
+	// of a few holders, due at once, read each holder once, not once a
+	// job, on the goroutine that judges every job of the shard.
+	unavailable    map[string]string
+	unavailableSeq uint64
 	// term is the run's term; every commit checks it is still current.
 	term uint64
 
@@ -661,12 +670,45 @@ func (s *shard) judge(e *entry, job string, m lease.Message, now time.Time, done
 	if done != nil {
 		b.answers = append(b.answers, pendingAnswer{done: done, result: Result{Lease: next, Decision: decision, Row: row.Number}})
 	}
-	if r, auto := m.(lease.Reassign); !(auto && r.Automatic) && lease.ReassignDue(next, s.c.cfg.Policy) {
+	if r, auto := m.(lease.Reassign); !(auto && r.Automatic) && missedNow(current, next) && lease.ReassignDue(next, s.c.cfg.Policy) {
 		// Once per judgement: an automatic reassignment the lease machine
 		// refused leaves the job due for one, and stepping another after it
-		// recursed without end (rogue34e test).
-		s.judge(e, job, lease.AutomaticReassign(next, s.c.cfg.Policy, s.c.cfg.NewLeaseID(), s.c.cfg.PickHolder(next)), now, nil)
+		// recursed without end (rogue34e test). And once per missed ACK:
+		// one withheld for its holder's state is not tried again by the
+		// holder's next message (each would have read its node on this
+		// goroutine and added a row; rogue35e test).
+		r := lease.AutomaticReassign(next, s.c.cfg.Policy, s.c.cfg.NewLeaseID(), s.c.cfg.PickHolder(next))
+		r.HolderUnavailable = s.holderUnavailable(r.HolderIdentity)
+		s.judge(e, job, r, now, nil)
 	}
+}
+
+// holderUnavailable is Config.HolderUnavailable's answer about holder,
+// asked once per holder per batch.
+func (s *shard) holderUnavailable(holder string) string {
+	if s.c.cfg.HolderUnavailable == nil {
+		return ""
+	}
+	if s.unavailable == nil || s.unavailableSeq != s.building.seq {
+		s.unavailable, s.unavailableSeq = map[string]string{}, s.building.seq
+	}
+	if why, ok := s.unavailable[holder]; ok {
+		return why
+	}
+	ctx := s.ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	why := s.c.cfg.HolderUnavailable(ctx, holder)
+	s.unavailable[holder] = why
+	return why
+}
+
+// missedNow reports whether the judgement from current to next is the one
+// that found the generation's ACK deadline missed.
+func missedNow(current, next lease.Lease) bool {
+	return next.State == lease.StateExpired && next.AckState == lease.AckMissed &&
+		(current.State != lease.StateExpired || current.AckState != lease.AckMissed || current.Generation != next.Generation)
 }
 
 // expire acts on the deadlines the declared clock has reached: finding
