@@ -843,9 +843,11 @@ func admitsFenced(l lease.Lease, generation uint64) bool {
 // expiry the clock has reached is answered EXPIRED, as the coordinator
 // judges any message for it, before its deadline sweep records it. A tool
 // server may be asked about any job by any caller, of any tree: it learns
-// nothing of who holds the job, the lease id a worker message names, what
-// the holder reported (progress, result detail) or what its coordinator
-// decided and why.
+// nothing of who holds the job (but, for a read naming the current
+// generation, whether the holder's exit was confirmed: GetLease's
+// holder_exited), the lease id a worker message names, what the holder
+// reported (progress, result detail) or what its coordinator decided and
+// why.
 func forFence(l lease.Lease, now time.Time) lease.Lease {
 	out := lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
 	if l.State != lease.StateActive {
