@@ -31,8 +31,8 @@ var ErrUnissuedGeneration = errors.New("agentsdk: fence: the lease generation wa
 // ErrNoAuthority is returned by a Fence with a Check for a side effect
 // under the job's current generation when that generation may not act
 // now: it is only offered (not accepted), expired, or terminal, its
-// holder was asked to cancel, or the coordinator recorded an ownership
-// conflict for it. The holder may still believe it holds the lease; the
+// holder was asked to cancel or its exit was confirmed, or the
+// coordinator recorded an ownership conflict for it. The holder may still believe it holds the lease; the
 // coordinator says it does not, and a fenced resource takes its word.
 var ErrNoAuthority = errors.New("agentsdk: fence: the lease generation has no authority")
 
@@ -43,8 +43,8 @@ type Authority struct {
 	// it was issued, and every one below it is superseded.
 	Generation uint64
 	// Active reports that Generation may act now: its lease is ACTIVE on
-	// the coordinator's clock, no cancel was requested and no ownership
-	// conflict recorded.
+	// the coordinator's clock, no cancel was requested, no ownership
+	// conflict recorded and its holder's exit not confirmed.
 	Active bool
 	// Until is when an Active generation's authority ends, as the
 	// coordinator stated it (the lease's expiry; renewals move it).
@@ -63,7 +63,9 @@ type GenerationCheck func(ctx context.Context, job string, generation uint64) (A
 // IssuedGenerations is the GenerationCheck that asks the control plane:
 // it reads the job's lease (LeaseService.GetLease, which a tool server's
 // credential may call) naming the generation claimed, and answers the
-// job's generation and whether it may act now. The read is charged to the
+// job's generation and whether it may act now — not when its holder's
+// exit was confirmed (the answer's holder_exited; the control plane keeps
+// the side effect on the holder as activity after its exit). The read is charged to the
 // tool server's reads of that job when the answer admits the generation
 // named, and to its refusals otherwise: callers claiming generations that
 // are not the job's current one, or that may not act, cannot spend the
@@ -77,15 +79,18 @@ func IssuedGenerations(c *Conn) GenerationCheck {
 		if err != nil {
 			return Authority{}, fmt.Errorf("agentsdk: fence: asking the coordinator about job %q's lease: %w", job, err)
 		}
-		return authorityOf(resp.Msg.GetLease()), nil
+		return authorityOf(resp.Msg), nil
 	}
 }
 
-func authorityOf(l *tetherv1.Lease) Authority {
+func authorityOf(resp *tetherv1.GetLeaseResponse) Authority {
+	l := resp.GetLease()
 	a := Authority{Generation: l.GetLeaseGeneration()}
 	switch state := l.GetState(); {
 	case state != tetherv1.LeaseState_LEASE_STATE_ACTIVE:
 		a.Why = "is " + strings.TrimPrefix(state.String(), "LEASE_STATE_")
+	case resp.GetHolderExited():
+		a.Why = "is held by an agent whose exit was confirmed"
 	case l.GetCancelRequested():
 		a.Why = "was asked to cancel"
 	case l.GetOwnershipConflict():
@@ -150,7 +155,8 @@ func jobIDProblem(job string) string {
 // does not trust sets Check (IssuedGenerations with its own credential):
 // the fence then admits a side effect only under the job's current
 // generation while the coordinator says it may act — ACTIVE, no cancel
-// requested, no ownership conflict — and raises its highest generation to
+// requested, no ownership conflict, its holder's exit not confirmed — and
+// raises its highest generation to
 // the coordinator's.
 //
 // Freshness: with MaxStale zero (the default) the fence asks for every

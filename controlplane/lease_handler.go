@@ -747,21 +747,41 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 		return nil, err
 	}
 	l, err := h.readable(ctx, p, req.Msg.JobId)
+	generation := req.Msg.LeaseGeneration
+	// A read naming a generation is a fence's question about a side effect
+	// under it: when that is the job's current generation and it would
+	// admit it, the holder is weighed (fencedByExit).
+	exited := false
+	if err == nil && generation != 0 {
+		view := l
+		if p.IsToolServer() {
+			view = forFence(l, h.s.cfg.Clock.Now())
+		}
+		if admitsFenced(view, generation) {
+			exited, err = h.fencedByExit(ctx, p, l)
+		}
+	}
 	if p.IsToolServer() {
 		if err == nil {
 			l = forFence(l, h.s.cfg.Clock.Now())
+			if exited {
+				// No authority to end: a fence that does not know
+				// holder_exited refuses a generation without an expiry.
+				l.ExpiresAt = time.Time{}
+			}
 		}
 		// A fence asks about side effects its callers claim: charged to
 		// that job's reads at this tool server only when the answer admits
 		// the generation the fence named (the job's current one, which may
 		// act), and otherwise — a generation never issued or superseded,
-		// one without authority, a job that does not exist — to the tool
-		// server's refusals. A rogue caller naming jobs and generations
-		// spends neither the tool server's own budget nor the reads the
-		// job's real holder needs (rogue16lease test). A read that names
-		// no generation is charged to the job's, as it always was.
+		// one without authority, one whose holder exited, a job that does
+		// not exist — to the tool server's refusals. A rogue caller naming
+		// jobs and generations spends neither the tool server's own budget
+		// nor the reads the job's real holder needs (rogue16lease test). A
+		// read that names no generation is charged to the job's, as it
+		// always was.
 		charge := auth.ChargeRefused // no such job, a malformed id
-		if err == nil && admitsFenced(l, req.Msg.LeaseGeneration) {
+		if err == nil && !exited && admitsFenced(l, generation) {
 			charge = func(ctx context.Context) error { return auth.ChargeJob(ctx, req.Msg.JobId) }
 		}
 		if cerr := charge(ctx); cerr != nil {
@@ -771,7 +791,35 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l)}), nil
+	return connect.NewResponse(&tetherv1.GetLeaseResponse{Lease: wire.Lease(l), HolderExited: exited}), nil
+}
+
+// fencedByExit weighs the holder of l's current generation for a read
+// that would admit a side effect under it (a fence's, naming it): whether
+// the holder may no longer act — its exit was confirmed, or it was
+// terminated — so the side effect is to be refused. The question is the
+// holder's activity as its tool sees it: a side effect under its
+// generation after its confirmed exit is kept on the node as a tool call
+// contradicting the exit (tree.Act, as the gate keeps a call with its
+// token), naming who asked, and one after its session's end is the node
+// seen alive then; either way its record does not read a confirmed exit
+// the side effect contradicts (thirty-fifth pass, rogue35a test). Until
+// then an exited holder's ACTIVE generation admitted fenced side effects
+// until its expiry or its stop, and its record read CONFIRMED. The fence's
+// question names a job and a generation, not who asks: whoever holds the
+// two (the holder's tools, its coordinating lineage, a tool server) can
+// so make the holder's exit read unaccounted, never confirmed — the safe
+// way (design §11).
+func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lease.Lease) (bool, error) {
+	detail := fmt.Sprintf("a side effect under job %q generation %d, asked about by %s", l.JobID, l.Generation, p.ID())
+	_, err := h.s.agentAct(ctx, l.HolderIdentity, tree.ActivityToolCall, detail)
+	switch {
+	case err == nil:
+		return false, nil
+	case errors.Is(err, tree.ErrNodeExited), errors.Is(err, auth.ErrRevoked):
+		return true, nil
+	}
+	return false, toConnect(err)
 }
 
 // admitsFenced reports whether a tool server's read of l (as forFence
@@ -795,9 +843,11 @@ func admitsFenced(l lease.Lease, generation uint64) bool {
 // expiry the clock has reached is answered EXPIRED, as the coordinator
 // judges any message for it, before its deadline sweep records it. A tool
 // server may be asked about any job by any caller, of any tree: it learns
-// nothing of who holds the job, the lease id a worker message names, what
-// the holder reported (progress, result detail) or what its coordinator
-// decided and why.
+// nothing of who holds the job (but, for a read naming the current
+// generation, whether the holder's exit was confirmed: GetLease's
+// holder_exited), the lease id a worker message names, what the holder
+// reported (progress, result detail) or what its coordinator decided and
+// why.
 func forFence(l lease.Lease, now time.Time) lease.Lease {
 	out := lease.Lease{JobID: l.JobID, Generation: l.Generation, State: l.State}
 	if l.State != lease.StateActive {

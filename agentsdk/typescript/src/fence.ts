@@ -59,8 +59,8 @@ export class UnissuedGeneration extends Error {
 /**
  * A side effect under the job's current generation when that generation may
  * not act now: it is only offered (not accepted), expired or terminal, its
- * holder was asked to cancel, or the coordinator recorded an ownership
- * conflict. The holder may believe it holds the lease; the coordinator says
+ * holder was asked to cancel or its exit was confirmed, or the coordinator
+ * recorded an ownership conflict. The holder may believe it holds the lease; the coordinator says
  * it does not, and a fenced resource takes its word.
  */
 export class NoAuthority extends Error {
@@ -71,7 +71,7 @@ export class NoAuthority extends Error {
 export interface Authority {
   /** The job's current generation: every one up to it was issued, every one below it is superseded. */
   generation: bigint;
-  /** The current generation may act now: ACTIVE on the coordinator's clock, no cancel requested, no ownership conflict. */
+  /** The current generation may act now: ACTIVE on the coordinator's clock, no cancel requested, no ownership conflict, its holder's exit not confirmed. */
   active: boolean;
   /** When an active generation's authority ends (ms since the epoch), as the coordinator stated it. */
   untilMs?: number;
@@ -89,8 +89,10 @@ export type GenerationCheck = (job: string, generation: bigint) => Promise<Autho
 /**
  * The {@link GenerationCheck} that asks the control plane
  * (LeaseService.GetLease, which a tool server's token may call) naming the
- * generation claimed: the job's generation and whether it may act now. The
- * read is charged to the tool server's reads of that job when the answer
+ * generation claimed: the job's generation and whether it may act now — not
+ * when its holder's exit was confirmed (the answer's holderExited; the
+ * control plane keeps the side effect on the holder as activity after its
+ * exit). The read is charged to the tool server's reads of that job when the answer
  * admits the generation named, and to its refusals otherwise: callers
  * claiming generations that are not the job's current one, or that may not
  * act, cannot spend the reads its holder's side effects need.
@@ -98,8 +100,11 @@ export type GenerationCheck = (job: string, generation: bigint) => Promise<Autho
 export function issuedGenerations(conn: Conn): GenerationCheck {
   return async (job, generation) => {
     let lease: Lease | undefined;
+    let holderExited = false;
     try {
-      lease = (await conn.lease.getLease({ jobId: job, leaseGeneration: generation })).lease;
+      const resp = await conn.lease.getLease({ jobId: job, leaseGeneration: generation });
+      lease = resp.lease;
+      holderExited = resp.holderExited; // false from a server without the field
     } catch (err) {
       if (ConnectError.from(err).code === Code.NotFound) throw new UnissuedGeneration(`tether: fence: job ${JSON.stringify(job)} has no lease`);
       throw new Error(`tether: fence: asking the coordinator about job ${JSON.stringify(job)}'s lease: ${ConnectError.from(err).rawMessage}`);
@@ -107,6 +112,7 @@ export function issuedGenerations(conn: Conn): GenerationCheck {
     const current = lease?.leaseGeneration ?? 0n;
     const state = lease?.state ?? LeaseState.UNSPECIFIED;
     if (state !== LeaseState.ACTIVE) return { generation: current, active: false, why: `is ${LeaseState[state] ?? state}` };
+    if (holderExited) return { generation: current, active: false, why: "is held by an agent whose exit was confirmed" };
     if (lease?.cancelRequested) return { generation: current, active: false, why: "was asked to cancel" };
     if (lease?.ownershipConflict) return { generation: current, active: false, why: "has an unresolved ownership conflict" };
     if (!lease?.expiresAt) return { generation: current, active: false, why: "has no expiry" }; // not an answer the coordinator gives

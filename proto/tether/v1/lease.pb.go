@@ -1931,8 +1931,16 @@ func (x *GetLeaseRequest) GetLeaseGeneration() uint64 {
 }
 
 type GetLeaseResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Lease         *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Lease *Lease                 `protobuf:"bytes,1,opt,name=lease,proto3" json:"lease,omitempty"`
+	// Set when the request named the job's current generation
+	// (lease_generation), the lease is ACTIVE, and its holder may no longer
+	// act: its exit was confirmed (or it was terminated). A fence refuses a
+	// side effect under that generation; a tool server's answer then carries
+	// no expires_at, so a fence that does not know this field refuses too.
+	// The read is kept on the holder as activity after its confirmed exit.
+	// A server without this field never sets it.
+	HolderExited  bool `protobuf:"varint,2,opt,name=holder_exited,json=holderExited,proto3" json:"holder_exited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1972,6 +1980,13 @@ func (x *GetLeaseResponse) GetLease() *Lease {
 		return x.Lease
 	}
 	return nil
+}
+
+func (x *GetLeaseResponse) GetHolderExited() bool {
+	if x != nil {
+		return x.HolderExited
+	}
+	return false
 }
 
 type ListLeasesRequest struct {
@@ -3078,9 +3093,10 @@ const file_tether_v1_lease_proto_rawDesc = "" +
 	"\x10lease_generation\x18\x05 \x01(\x04R\x0fleaseGeneration\"S\n" +
 	"\x0fGetLeaseRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12)\n" +
-	"\x10lease_generation\x18\x02 \x01(\x04R\x0fleaseGeneration\":\n" +
+	"\x10lease_generation\x18\x02 \x01(\x04R\x0fleaseGeneration\"_\n" +
 	"\x10GetLeaseResponse\x12&\n" +
-	"\x05lease\x18\x01 \x01(\v2\x10.tether.v1.LeaseR\x05lease\"x\n" +
+	"\x05lease\x18\x01 \x01(\v2\x10.tether.v1.LeaseR\x05lease\x12#\n" +
+	"\rholder_exited\x18\x02 \x01(\bR\fholderExited\"x\n" +
 	"\x11ListLeasesRequest\x12'\n" +
 	"\x0fholder_identity\x18\x01 \x01(\tR\x0eholderIdentity\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +

@@ -64,8 +64,8 @@ class UnissuedGeneration(Exception):
 class NoAuthority(Exception):
     """A side effect under the job's current generation when that
     generation may not act now: it is only offered (not accepted), expired
-    or terminal, its holder was asked to cancel, or the coordinator
-    recorded an ownership conflict. The holder may believe it holds the
+    or terminal, its holder was asked to cancel or its exit was confirmed,
+    or the coordinator recorded an ownership conflict. The holder may believe it holds the
     lease; the coordinator says it does not, and a fenced resource takes
     its word."""
 
@@ -78,7 +78,8 @@ class Authority:
     #: one below it is superseded.
     generation: int
     #: The current generation may act now: ACTIVE on the coordinator's
-    #: clock, no cancel requested, no ownership conflict.
+    #: clock, no cancel requested, no ownership conflict, its holder's exit
+    #: not confirmed.
     active: bool = False
     #: When an active generation's authority ends (seconds since the
     #: epoch), as the coordinator stated it.
@@ -96,7 +97,9 @@ GenerationCheck = Callable[[str, int], Authority]
 def issued_generations(conn: Conn) -> GenerationCheck:
     """The GenerationCheck that asks the control plane (LeaseService.GetLease,
     which a tool server's token may call) naming the generation claimed: the
-    job's generation and whether it may act now. The read is charged to the
+    job's generation and whether it may act now — not when its holder's exit
+    was confirmed (the answer's holderExited; the control plane keeps the side
+    effect on the holder as activity after its exit). The read is charged to the
     tool server's reads of that job when the answer admits the generation
     named, and to its refusals otherwise: callers claiming generations that
     are not the job's current one, or that may not act, cannot spend the
@@ -104,15 +107,18 @@ def issued_generations(conn: Conn) -> GenerationCheck:
 
     def check(job: str, generation: int) -> Authority:
         try:
-            lease = conn.call("LeaseService", "GetLease", {"jobId": job, "leaseGeneration": str(generation)}).get("lease", {})
+            resp = conn.call("LeaseService", "GetLease", {"jobId": job, "leaseGeneration": str(generation)})
         except ConnectError as e:
             if e.code == NOT_FOUND:
                 raise UnissuedGeneration(f"fence: job {job!r} has no lease") from None
             raise ConnectError(e.code, f"fence: asking the coordinator about job {job!r}'s lease: {e.message}") from None
+        lease = resp.get("lease", {})
         current = _wire.uint64(lease.get("leaseGeneration"))
         state = lease.get("state", "LEASE_STATE_UNSPECIFIED")
         if state != "LEASE_STATE_ACTIVE":
             return Authority(current, why="is " + str(state).removeprefix("LEASE_STATE_"))
+        if resp.get("holderExited"):  # absent from a server without the field
+            return Authority(current, why="is held by an agent whose exit was confirmed")
         if lease.get("cancelRequested"):
             return Authority(current, why="was asked to cancel")
         if lease.get("ownershipConflict"):
