@@ -77,9 +77,10 @@ func newAckRogue(t *testing.T, addr string, tc *tls.Config) *ackRogue {
 // Go's HTTP/2 server queued each acknowledgement while its writer lagged
 // its reader, and the queue kept its largest size for the connection's
 // life: some 330 KiB of heap a connection (docs/design.md §11, thirty-first
-// pass), on every connection anyone may open. Now the server reads no
-// more of a connection while controlplane.MaxUnansweredPings of its PINGs
-// are unanswered: every acknowledgement is still written,
+// pass), on every connection anyone may open. Now the server reads at
+// most controlplane.MaxFramesAhead of a connection's frames ahead of its
+// writer (until the thirty-fifth pass, no more while 64 of its PINGs were
+// unanswered): every acknowledgement is still written,
 // and the connection holds a few KiB more than one that sent one PING.
 // Judged on the least of up to three measures (anything else the process
 // allocates meanwhile only adds to one).
