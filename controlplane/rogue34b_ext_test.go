@@ -145,14 +145,7 @@ func TestRogue34BAPingFloodCannotGrowTheServersQueue(t *testing.T) {
 				}
 				wg.Wait()
 				for _, r := range batch {
-					testserver.WaitFor(t, closeWait, "every acknowledgement", func() bool {
-						select {
-						case <-r.done:
-							t.Fatalf("the server closed a connection after %d of %d acknowledgements", r.acks.Load(), frames)
-						default:
-						}
-						return r.acks.Load() >= int64(frames)
-					})
+					waitCount(t, "acknowledgements", &r.acks, frames, r.done)
 				}
 				rogues = append(rogues, batch...)
 				return heap() - before
