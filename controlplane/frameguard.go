@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -11,22 +12,30 @@ import (
 	"time"
 )
 
-// MaxUnansweredPings bounds the PING frames an HTTP/2 peer may have sent
-// whose acknowledgements the server has not written yet:
-// past it, the server reads nothing more from the connection until its
-// writes catch up (each acknowledgement written makes room for one more).
+// MaxFramesAhead bounds the frames of an HTTP/2 peer the server reads
+// ahead of its writer: after each MaxFramesAhead frames the guard hands
+// the server a PING of its own and reads nothing more from the peer until
+// the server has written that PING's acknowledgement, which the guard
+// takes out of what the peer is sent.
 //
-// Go's HTTP/2 server queues each acknowledgement as an unsent control
-// frame when its writer lags its reader, which it does for a peer sending
-// PINGs back to back even when the peer reads every ACK, and the queue
-// keeps its largest size for the connection's life: 9,900 PINGs (168 KB
-// sent) left some 330 KiB of heap a connection until it closed, on every
-// connection anyone may open (thirty-first pass; net/http closes a
-// connection only when ten thousand control frames wait, and has no knob
-// below that). An honest client has one or two pings out at a time.
-// (SETTINGS frames need no bound: the server acknowledges those waiting
-// with one ACK.)
-const MaxUnansweredPings = 64
+// Go's HTTP/2 server answers some frames with a control frame — a PING
+// with its ACK; a PRIORITY making a stream depend on itself, a DATA frame
+// on a closed stream, a HEADERS frame it refuses, each with a RST_STREAM
+// — queued while its writer lags its reader, which it does for a peer
+// sending such frames back to back even when the peer reads every answer,
+// and the queue keeps its largest size for the connection's life: 9,900
+// of them left 200–350 KiB of heap a connection until it closed, on every
+// connection anyone may open (thirty-first, thirty-fourth and
+// thirty-fifth passes; net/http closes a connection only when ten thousand
+// control frames wait, and has no knob below that). Its queue of control
+// frames is first in, first out, so once the guard's acknowledgement is
+// written every answer to what the peer sent before it has been, and the
+// queue holds at most the answers to MaxFramesAhead frames. An honest
+// client's frames pass with a round of the server's loop every
+// MaxFramesAhead (a megabyte of a body in frames of MaxFrameBytes, some
+// twenty calls). (SETTINGS frames need no bound: the server acknowledges
+// those waiting with one ACK.)
+const MaxFramesAhead = 64
 
 // guardHTTP2 has srv serve each HTTP/2 connection through a frameGuard,
 // over TLS and in cleartext. It must be called before srv serves, with
@@ -117,30 +126,39 @@ type tlsFrameGuard struct {
 func (g *tlsFrameGuard) ConnectionState() tls.ConnectionState { return g.tc.ConnectionState() }
 
 // frameGuard sits between an HTTP/2 connection's frames and Go's HTTP/2
-// server. It counts the PING frames read (their ACK flag unset) and the
-// acknowledgements written, and while MaxUnansweredPings
-// of them are unanswered it hands the server no more of what the peer
-// sent: the server's queue of unsent acknowledgements stays that short.
-// A peer that reads nothing leaves the writes stuck, and the connection is
-// closed by the server's write timeout (WriteByteTimeout), which wakes a
-// read waiting here.
+// server, paces what it reads from the peer by what the server writes
+// (MaxFramesAhead), and takes its own PINGs' acknowledgements out of what
+// the server writes. A peer that reads nothing leaves the writes stuck,
+// and the connection is closed by the server's write timeout
+// (WriteByteTimeout), which wakes a read waiting here.
 type frameGuard struct {
 	net.Conn
 
 	mu      sync.Mutex
 	room    sync.Cond
-	owed    int
+	waiting bool // for the acknowledgement of the guard's PING
 	closed  bool
-	in, out frameScanner // in: under readMu
+
+	readMu  sync.Mutex
+	in      frameScanner // under readMu
+	inject  []byte       // the rest of the guard's PING to hand on
 	held    []byte       // read from the peer, not yet handed on
 	heldErr error
-	readMu  sync.Mutex
+
+	writeMu sync.Mutex
+	out     ackFilter // under writeMu
+	ping    [9 + 8]byte
 }
+
+// pingAckHeader is the header of a PING acknowledgement.
+var pingAckHeader = [9]byte{0, 0, 8, framePing, flagAck}
 
 func newFrameGuard(c net.Conn) *frameGuard {
 	g := &frameGuard{Conn: c}
 	g.room.L = &g.mu
-	g.out.out = true
+	g.ping[2], g.ping[3] = 8, framePing
+	_, _ = rand.Read(g.ping[9:])
+	g.out.cookie = [8]byte(g.ping[9:])
 	return g
 }
 
@@ -148,13 +166,24 @@ func (g *frameGuard) Read(p []byte) (int, error) {
 	g.readMu.Lock()
 	defer g.readMu.Unlock()
 	g.mu.Lock()
-	for g.owed >= MaxUnansweredPings && !g.closed {
+	for g.waiting && !g.closed {
 		g.room.Wait()
 	}
-	closed, room := g.closed, MaxUnansweredPings-g.owed
+	closed := g.closed
 	g.mu.Unlock()
 	if closed {
 		return 0, net.ErrClosed
+	}
+	if len(g.inject) > 0 {
+		n := copy(p, g.inject)
+		g.inject = g.inject[n:]
+		if len(g.inject) == 0 {
+			g.inject = nil
+			g.mu.Lock()
+			g.waiting = true
+			g.mu.Unlock()
+		}
+		return n, nil
 	}
 	var n int
 	var err error
@@ -169,32 +198,37 @@ func (g *frameGuard) Read(p []byte) (int, error) {
 	} else {
 		n, err = g.Conn.Read(p)
 	}
-	// Hand on up to the end of the frame that fills the room; keep the rest.
-	k, asked := g.in.scan(p[:n], room)
+	// Hand on up to the end of the frame that fills the room; keep the
+	// rest, and hand on the guard's PING next.
+	k, due := g.in.scan(p[:n], MaxFramesAhead)
 	if k < n {
 		g.held = append(bytes.Clone(p[k:n]), g.held...)
 		if err != nil {
 			g.heldErr, err = err, nil
 		}
 	}
-	if asked > 0 {
-		g.mu.Lock()
-		g.owed += asked
-		g.mu.Unlock()
+	if due {
+		g.inject = g.ping[:]
 	}
 	return k, err
 }
 
 func (g *frameGuard) Write(p []byte) (int, error) {
-	n, err := g.Conn.Write(p)
-	g.mu.Lock()
-	_, acks := g.out.scan(p[:n], -1)
-	if acks > 0 {
-		g.owed = max(0, g.owed-acks)
-		g.room.Broadcast()
+	g.writeMu.Lock()
+	defer g.writeMu.Unlock()
+	out, acks := g.out.filter(p)
+	if len(out) > 0 {
+		if _, err := g.Conn.Write(out); err != nil {
+			return 0, err
+		}
 	}
-	g.mu.Unlock()
-	return n, err
+	if acks > 0 {
+		g.mu.Lock()
+		g.waiting = false
+		g.room.Broadcast()
+		g.mu.Unlock()
+	}
+	return len(p), nil
 }
 
 func (g *frameGuard) Close() error {
@@ -205,28 +239,33 @@ func (g *frameGuard) Close() error {
 	return g.Conn.Close()
 }
 
-// frameScanner follows the frames in one direction of a connection, as
-// its bytes pass (the 9-byte header of each, its payload skipped).
+// frameScanner follows the frames the peer sends, as their bytes pass
+// (the 9-byte header of each, its payload skipped).
 type frameScanner struct {
-	hdr  [9]byte
-	n    int // header bytes seen
-	left int // payload bytes still to pass
-	// counted: the frame whose payload is passing is a PING,
-	// unacknowledged in (a request) or an acknowledgement out.
-	counted bool
-	out     bool
+	hdr    [9]byte
+	n      int // header bytes seen
+	left   int // payload bytes still to pass
+	frames int // frames ended since the last cut
+	// block: a header block is open (a HEADERS or PUSH_PROMISE frame
+	// without END_HEADERS, until the CONTINUATION that ends it); no other
+	// frame may come between its frames.
+	block bool
 }
 
 const (
-	framePing = 0x6
-	flagAck   = 0x1
+	frameHeaders      = 0x1
+	framePushPromise  = 0x5
+	framePing         = 0x6
+	frameContinuation = 0x9
+	flagAck           = 0x1
+	flagEndHeaders    = 0x4
 )
 
-// scan passes p and returns how much of it to hand on and how many counted
-// frames ended in it: all of p, unless limit (>0) counted frames end
-// before its end, then up to the end of the limit-th.
-func (s *frameScanner) scan(p []byte, limit int) (int, int) {
-	counted := 0
+// scan passes p and returns how much of it to hand on, and whether a cut
+// is due there: all of p, unless limit frames have ended since the last
+// cut before its end, then up to the end of the first frame from the
+// limit-th on that ends outside a header block.
+func (s *frameScanner) scan(p []byte, limit int) (int, bool) {
 	i := 0
 	for i < len(p) {
 		if s.n < len(s.hdr) {
@@ -237,8 +276,10 @@ func (s *frameScanner) scan(p []byte, limit int) (int, int) {
 				break
 			}
 			s.left = int(s.hdr[0])<<16 | int(s.hdr[1])<<8 | int(s.hdr[2])
-			typ, ack := s.hdr[3], s.hdr[4]&flagAck != 0
-			s.counted = typ == framePing && ack == s.out
+			switch typ, end := s.hdr[3], s.hdr[4]&flagEndHeaders != 0; typ {
+			case frameHeaders, framePushPromise, frameContinuation:
+				s.block = !end
+			}
 		}
 		c := min(s.left, len(p)-i)
 		s.left -= c
@@ -247,13 +288,112 @@ func (s *frameScanner) scan(p []byte, limit int) (int, int) {
 			break
 		}
 		s.n = 0
-		if s.counted {
-			s.counted = false
-			counted++
-			if counted == limit {
-				return i, counted
-			}
+		s.frames++
+		if s.frames >= limit && !s.block {
+			s.frames = 0
+			return i, true
 		}
 	}
-	return i, counted
+	return i, false
+}
+
+// ackFilter follows the frames the server writes and takes out the
+// acknowledgements of the guard's PINGs (those carrying cookie). A frame
+// whose first bytes could begin such an acknowledgement, split across
+// writes, is held over until its bytes show whether it is one: the rest
+// of a frame the server began to write follows in its next write.
+type ackFilter struct {
+	cookie [8]byte
+	n      int  // bytes seen of the frame's header (and, held, its payload)
+	left   int  // payload bytes still to pass
+	hold   bool // the frame's bytes so far may begin an acknowledgement
+	// carried: the held bytes began in an earlier write and are not
+	// written yet.
+	carried bool
+	buf     [9 + 8]byte // the frame's header (and, held, its payload)
+}
+
+// filter returns what of p to write (p itself when nothing is taken out
+// or held over) and how many of the guard's acknowledgements it took out.
+func (f *ackFilter) filter(p []byte) ([]byte, int) {
+	var out []byte
+	changed := false // out holds what is written; else it is p[:i]
+	pass := func(from, to int) {
+		if changed {
+			out = append(out, p[from:to]...)
+		}
+	}
+	// change: what is written differs from p from p[at] on.
+	change := func(at int) {
+		if !changed {
+			changed = true
+			out = append(make([]byte, 0, len(p)+len(f.buf)), p[:at]...)
+		}
+	}
+	length := func() int { return int(f.buf[0])<<16 | int(f.buf[1])<<8 | int(f.buf[2]) }
+	acks, start, i := 0, 0, 0 // start: where the held frame began in p
+	for i < len(p) {
+		if f.left > 0 {
+			c := min(f.left, len(p)-i)
+			pass(i, i+c)
+			f.left -= c
+			i += c
+			continue
+		}
+		if f.n == 0 && !f.hold {
+			f.hold, start = true, i
+		}
+		if !f.hold {
+			// The rest of the header of a frame that is no acknowledgement.
+			c := min(len(pingAckHeader)-f.n, len(p)-i)
+			copy(f.buf[f.n:], p[i:i+c])
+			pass(i, i+c)
+			f.n += c
+			i += c
+			if f.n == len(pingAckHeader) {
+				f.left, f.n = length(), 0
+			}
+			continue
+		}
+		b := p[i]
+		f.buf[f.n] = b
+		f.n++
+		i++
+		if f.n <= len(pingAckHeader) && b != pingAckHeader[f.n-1] {
+			// No acknowledgement: what was held is written.
+			if f.carried {
+				change(start)
+				out = append(out, f.buf[:f.n]...)
+			} else {
+				pass(start, i)
+			}
+			f.hold, f.carried = false, false
+			if f.n == len(pingAckHeader) {
+				f.left, f.n = length(), 0
+			}
+			continue
+		}
+		if f.n < len(f.buf) {
+			continue
+		}
+		switch {
+		case [8]byte(f.buf[len(pingAckHeader):]) == f.cookie:
+			acks++
+			change(start)
+		case f.carried:
+			change(start)
+			out = append(out, f.buf[:]...)
+		default:
+			pass(start, i)
+		}
+		f.n, f.hold, f.carried = 0, false, false
+	}
+	if f.hold && f.n > 0 {
+		change(start)
+		f.carried = true
+	}
+	if !changed {
+		return p, acks
+	}
+	return out, acks
 }

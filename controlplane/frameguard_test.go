@@ -9,6 +9,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
@@ -71,47 +72,94 @@ func TestFrameGuardKeepsTheRequestsTLSState(t *testing.T) {
 	}
 }
 
-// TestFrameScannerCountsPingsAcrossReads: the scanner follows frames
-// whatever the reads' boundaries, counts only the PINGs of its direction,
-// and cuts at the end of the frame that fills its room.
-func TestFrameScannerCountsPingsAcrossReads(t *testing.T) {
+// TestFrameScannerCutsAtFrameEndsOutsideHeaderBlocks: the scanner
+// follows frames whatever the reads' boundaries, cuts at the end of the
+// frame that fills its room, and never inside a header block (no other
+// frame may come between a HEADERS frame and its CONTINUATIONs).
+func TestFrameScannerCutsAtFrameEndsOutsideHeaderBlocks(t *testing.T) {
 	var wire bytes.Buffer
 	fr := http2.NewFramer(&wire, nil)
 	_ = fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1})
-	_ = fr.WritePing(true, [8]byte{}) // an ACK: not counted coming in
 	for i := range 5 {
 		_ = fr.WritePing(false, [8]byte{byte(i)})
 		_ = fr.WriteData(1, false, make([]byte, i*7))
 	}
+	// frames 12-14: a header block in three frames.
+	_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: []byte{0x82}})
+	_ = fr.WriteContinuation(3, false, []byte{0x86})
+	_ = fr.WriteContinuation(3, true, []byte{0x84})
+	_ = fr.WritePing(false, [8]byte{})
 	all := wire.Bytes()
-	// A byte at a time: 5 PINGs, nothing cut.
-	var s frameScanner
-	pings := 0
-	for i := range all {
-		k, n := s.scan(all[i:i+1], 10)
-		if k != 1 {
-			t.Fatalf("byte %d: handed on %d of 1", i, k)
+	cuts := func(chunk, limit int) []int {
+		var s frameScanner
+		var at []int
+		for pos := 0; pos < len(all); {
+			end := min(pos+chunk, len(all))
+			k, due := s.scan(all[pos:end], limit)
+			pos += k
+			if due {
+				at = append(at, pos)
+			}
 		}
-		pings += n
+		return at
 	}
-	if pings != 5 {
-		t.Fatalf("counted %d PINGs, want 5", pings)
+	// Cut after every frame: eleven, the block's three at its end, the
+	// last; with room for four, after frames 4, 8 and 14 (the block's
+	// end, not 12 inside it).
+	var ends []int
+	var s frameScanner
+	for pos := 0; pos < len(all); {
+		k, _ := s.scan(all[pos:], 1)
+		pos += k
+		ends = append(ends, pos)
 	}
-	// With room for 2: cut right after the second PING's payload.
-	var s2 frameScanner
-	k, n := s2.scan(all, 2)
-	if n != 2 {
-		t.Fatalf("counted %d PINGs with room for 2", n)
+	if len(ends) != 13 {
+		t.Fatalf("cut after every frame: %d cuts, want 13", len(ends))
 	}
-	var rest frameScanner
-	k2, n2 := rest.scan(all[k:], -1)
-	if k2 != len(all)-k || n2 != 3 {
-		t.Fatalf("the rest after the cut: %d bytes, %d PINGs; want %d, 3 (cut mid-frame?)", k2, n2, len(all)-k)
+	want := []int{ends[3], ends[7], ends[11]}
+	for _, chunk := range []int{1, 5, 9, 17, len(all)} {
+		if got := cuts(chunk, 4); !slices.Equal(got, want) {
+			t.Errorf("reads of %d bytes: cuts at %v, want %v", chunk, got, want)
+		}
 	}
-	// Going out, only the acknowledgements count.
-	out := frameScanner{out: true}
-	if _, n := out.scan(all, -1); n != 1 {
-		t.Fatalf("counted %d acknowledgements out, want 1", n)
+}
+
+// TestAckFilterTakesOutOnlyTheGuardsAcknowledgements: whatever the
+// writes' boundaries, the filter takes out the acknowledgements carrying
+// the guard's cookie and writes every other byte, in order.
+func TestAckFilterTakesOutOnlyTheGuardsAcknowledgements(t *testing.T) {
+	cookie := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
+	var wire, want bytes.Buffer
+	fr := http2.NewFramer(&wire, nil)
+	kept := http2.NewFramer(&want, nil)
+	both := func(write func(*http2.Framer) error) {
+		_ = write(fr)
+		_ = write(kept)
+	}
+	both(func(f *http2.Framer) error { return f.WriteSettings() })
+	for i := range 6 {
+		_ = fr.WritePing(true, cookie) // the guard's: taken out
+		both(func(f *http2.Framer) error { return f.WritePing(true, [8]byte{byte(i)}) })
+		both(func(f *http2.Framer) error { return f.WritePing(false, cookie) }) // not an ACK
+		both(func(f *http2.Framer) error { return f.WriteData(1, false, make([]byte, 8)) })
+		both(func(f *http2.Framer) error { return f.WriteRSTStream(uint32(2*i+1), http2.ErrCodeStreamClosed) })
+		both(func(f *http2.Framer) error { return f.WriteData(1, false, nil) })
+	}
+	_ = fr.WritePing(true, cookie)
+	all := wire.Bytes()
+	for _, chunk := range []int{1, 2, 3, 7, 9, 10, 16, 17, 18, 100, len(all)} {
+		f := ackFilter{cookie: cookie}
+		var got bytes.Buffer
+		acks := 0
+		for pos := 0; pos < len(all); pos += chunk {
+			out, n := f.filter(all[pos:min(pos+chunk, len(all))])
+			got.Write(out)
+			acks += n
+		}
+		if acks != 7 || !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Errorf("writes of %d bytes: %d acknowledgements taken out (want 7), %d bytes written (want %d), equal: %v",
+				chunk, acks, got.Len(), want.Len(), bytes.Equal(got.Bytes(), want.Bytes()))
+		}
 	}
 }
 

@@ -77,9 +77,10 @@ func newAckRogue(t *testing.T, addr string, tc *tls.Config) *ackRogue {
 // Go's HTTP/2 server queued each acknowledgement while its writer lagged
 // its reader, and the queue kept its largest size for the connection's
 // life: some 330 KiB of heap a connection (docs/design.md §11, thirty-first
-// pass), on every connection anyone may open. Now the server reads no
-// more of a connection while controlplane.MaxUnansweredPings of its PINGs
-// are unanswered: every acknowledgement is still written,
+// pass), on every connection anyone may open. Now the server reads at
+// most controlplane.MaxFramesAhead of a connection's frames ahead of its
+// writer (until the thirty-fifth pass, no more while 64 of its PINGs were
+// unanswered): every acknowledgement is still written,
 // and the connection holds a few KiB more than one that sent one PING.
 // Judged on the least of up to three measures (anything else the process
 // allocates meanwhile only adds to one).
@@ -144,14 +145,7 @@ func TestRogue34BAPingFloodCannotGrowTheServersQueue(t *testing.T) {
 				}
 				wg.Wait()
 				for _, r := range batch {
-					testserver.WaitFor(t, closeWait, "every acknowledgement", func() bool {
-						select {
-						case <-r.done:
-							t.Fatalf("the server closed a connection after %d of %d acknowledgements", r.acks.Load(), frames)
-						default:
-						}
-						return r.acks.Load() >= int64(frames)
-					})
+					waitCount(t, "acknowledgements", &r.acks, frames, r.done)
 				}
 				rogues = append(rogues, batch...)
 				return heap() - before

@@ -617,8 +617,8 @@ func (s *Server) Run(ctx context.Context, ln net.Listener) error {
 		protocols.SetUnencryptedHTTP2(true)
 	}
 	srv.Protocols = protocols
-	// Each HTTP/2 connection's frames pass a frameGuard: a peer's PINGs
-	// wait while MaxUnansweredPings are unanswered.
+	// Each HTTP/2 connection's frames pass a frameGuard: the server reads
+	// at most MaxFramesAhead of a peer's frames ahead of its writer.
 	if err := guardHTTP2(srv); err != nil {
 		return err
 	}
