@@ -210,7 +210,7 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 	go func() {
 		defer r.wg.Done()
 		defer close(landed)
-		wasOwed := false
+		wasOwed, failed := false, false
 		defer func() {
 			r.mu.Lock()
 			r.inFlight--
@@ -219,8 +219,8 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 				wasOwed = true
 			}
 			r.mu.Unlock()
-			if wasOwed {
-				g.persistOwed() // landed, or owed as the node seen
+			if wasOwed && !failed {
+				g.persistOwed() // landed: off the disk (failed, oweSeenToken wrote it)
 			}
 		}()
 		err := g.cfg.Gate.CallScoped(g.running, token, RefusalReportTool, RefusalReportScope, func(context.Context) error {
@@ -235,6 +235,7 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 			// Not landed: owed as the node seen (the control plane keeps a
 			// revoked grant's holder so), until one lands.
 			g.log.Warn("mcpgate: the report of a refused request did not land; owed as the node seen", "node", node, "answer", err)
+			failed = true
 			g.oweSeenToken(node, token)
 		}
 	}()

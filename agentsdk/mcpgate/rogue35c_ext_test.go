@@ -1,6 +1,8 @@
 package mcpgate_test
 
 import (
+	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -14,8 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
+
 	"github.com/tetherhq/tether/agentsdk/mcpgate"
+	"github.com/tetherhq/tether/capability"
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
 // The thirty-fifth rogue pass against the MCP gateway (helper C).
@@ -95,6 +102,55 @@ func TestRogue35CReportFailingAtShutdownIsSentByTheNextGateway(t *testing.T) {
 	}
 
 	gatewayProcess(t, w, cp.url, owed)
+	testserver.WaitFor(t, guardWait, "the next gateway to report the rogue at work after its claim", func() bool {
+		return len(nodeOf(t, w, self).Contradictions) > 0
+	})
+}
+
+// A rogue whose grant was revoked cannot have its refusal after its claim
+// go unreported by knocking within its refusal report's interval and
+// having the gateway lost before the interval's end. Such a refusal is
+// answered at once and reported at the interval's end, from the gateway's
+// memory only: a gateway killed within that second lost it. With an owed
+// reports file the refusal is answered only once it is written there, and
+// the next gateway started on the file reports it. (The first gateway is
+// left standing, its clock stopped, as a killed one would be, and the
+// second started on its file; fails, by its guard, if the second never
+// reports the rogue: seen failing with the refusal's writing removed.)
+func TestRogue35CRefusalWithinItsIntervalSurvivesTheGatewaysLoss(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	owed := filepath.Join(t.TempDir(), "owed.json")
+	withFile := func(c *mcpgate.Config) { c.OwedReportsFile = owed }
+	gw := gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, withFile)
+	endpoint := serveGateway(t, gw)
+
+	ctx := context.Background()
+	claims, err := gw.Verifier().Identify(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.admin.Capability.Revoke(ctx, connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: claims.GrantID}, Reason: "rogue"})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, guardWait, "the revocation to reach the gateway", func() bool {
+		_, err := gw.Verifier().Verify(ctx, token)
+		return errors.Is(err, capability.ErrGrantRevoked)
+	})
+	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
+		t.Fatalf("the revoked rogue's ping: %d; want 403", got)
+	}
+	claimAfterSessionEnd(t, w, self, credential)
+	// Refused after its claim, within its report's interval on the
+	// gateway's clock (which stands): its report waits for the interval's
+	// end, which this gateway never reaches.
+	if got := pingStatus(t, endpoint, token); got != http.StatusForbidden {
+		t.Fatalf("the revoked rogue's ping after its claim: %d; want 403", got)
+	}
+	if got := nodeOf(t, w, self).Contradictions; len(got) > 0 {
+		t.Fatalf("the rogue's refusal after its claim reported already: %v", got)
+	}
+	gatewayOnClockWith(t, w, clock.NewManual(w.clk.Now()), nil, withFile)
 	testserver.WaitFor(t, guardWait, "the next gateway to report the rogue at work after its claim", func() bool {
 		return len(nodeOf(t, w, self).Contradictions) > 0
 	})

@@ -199,8 +199,9 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 	n.tat = n.tat.Add(SeenReportInterval)
 	if r.inFlight >= maxSeenReportsInFlight {
 		g.log.Warn("mcpgate: too many reports of nodes seen in flight; served unreported for now, the report owed", "node", node)
+		wasOwed := n.owed
 		g.oweSeen(node, n)
-		if g.owed.path == "" {
+		if g.owed.path == "" || wasOwed { // none, or on disk already
 			close(landed)
 			return
 		}
@@ -247,9 +248,11 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 			g.scheduleSeen(node, n)
 		}
 		r.mu.Unlock()
-		// The requests waiting are served once the debt, or its end, is on
-		// disk: served first, a gateway killed then lost the debt.
-		if !ok || wasOwed {
+		// The requests waiting are served once a new debt, or a debt's
+		// end, is on disk: served first, a gateway killed then lost the
+		// debt. (A debt that stays is on disk already: a rogue whose
+		// reports keep failing costs no writing.)
+		if ok == wasOwed {
 			g.persistOwed()
 		}
 		close(landed)
@@ -267,7 +270,7 @@ func (g *Gateway) oweSeenToken(node, token string) {
 }
 
 // oweSeenTokenMem is oweSeenToken without the writing of the owed reports
-// file: true when the report is owed.
+// file: true when the report is owed anew (not owed already).
 func (g *Gateway) oweSeenTokenMem(node, token string) bool {
 	if token == "" || node == "" {
 		return false
@@ -295,8 +298,9 @@ func (g *Gateway) oweSeenTokenMem(node, token string) bool {
 		}
 	}
 	n.token = token
+	was := n.owed
 	g.oweSeen(node, n)
-	return true
+	return !was
 }
 
 // owePastSeen owes node's report with token, as a gateway before this one
