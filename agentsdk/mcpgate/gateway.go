@@ -608,6 +608,17 @@ func (g *Gateway) route(name string) *route {
 // does not open it through the gateway).
 func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		// A closed gateway serves nothing: its reports are over (Close sent
+		// the last), and a request already past the handler's door as Close
+		// began, its report not sent, was served — a rogue that held its
+		// body back until the gateway was closing had its initialize
+		// answered, unseen. (Its report, had it started before, was sent or
+		// owed by Close.)
+		select {
+		case <-g.closed:
+			return nil, rpcError(CodeUnavailable, "this gateway is closed; reach the one that replaces it")
+		default:
+		}
 		if method == "initialize" {
 			if err := g.sessions.admit(req); err != nil {
 				return nil, err

@@ -1,8 +1,11 @@
 package mcpgate_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -154,6 +157,56 @@ func TestRogue35CRefusalWithinItsIntervalSurvivesTheGatewaysLoss(t *testing.T) {
 	testserver.WaitFor(t, guardWait, "the next gateway to report the rogue at work after its claim", func() bool {
 		return len(nodeOf(t, w, self).Contradictions) > 0
 	})
+}
+
+// A rogue that claimed its exit cannot be served by a gateway that closes
+// under its request. A closed gateway's handler refuses every request, but
+// one already past that door as Close began went on: its report, sent
+// after the reports were closed, was never sent, and the request was
+// served — a rogue that held its body back until the gateway was closing
+// (a restart, a drain) had an initialize answered, a session opened,
+// unseen. A request that reaches the gateway's MCP server once the
+// gateway is closed is now refused (CodeUnavailable). (Fails if the
+// rogue's initialize is answered with a result.)
+func TestRogue35CRequestPastTheDoorAsCloseBeginsIsNotServed(t *testing.T) {
+	w := newWorld(t, "mcp:test/*")
+	self, credential, token := rogueChild(t, w, time.Hour)
+	gw := gatewayOnClock(t, w, clock.NewManual(w.clk.Now()), nil)
+	endpoint := serveGateway(t, gw)
+	claimAfterSessionEnd(t, w, self, credential)
+
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`
+	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n", u.Path, u.Host, token, len(body))
+	half := len(body) / 2
+	if _, err := io.WriteString(conn, head+body[:half]); err != nil {
+		t.Fatal(err)
+	}
+	// Past the door: the gateway reads the rest of its body.
+	testserver.WaitFor(t, guardWait, "the gateway to read the rogue's body", func() bool {
+		return gw.BodyBytesHeldForTest(self) > 0
+	})
+	gw.Close()
+	if _, err := io.WriteString(conn, body[half:]); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(answer), `"result"`) || !strings.Contains(string(answer), fmt.Sprint(mcpgate.CodeUnavailable)) {
+		t.Fatalf("the rogue's initialize past the door of a closing gateway: %d %s, want it refused (%d), not served unreported", resp.StatusCode, answer, mcpgate.CodeUnavailable)
+	}
 }
 
 // losingProxy stands between a gateway process and the control plane
