@@ -57,7 +57,12 @@
 // refusal's waiting for its interval's end included), once more before
 // Close returns, 64 at once; only those that do not
 // land then are logged (and, once one fails for another reason than a
-// spent budget, the rest, not sent). A node owed is never forgotten: the gateway keeps the report state
+// spent budget, the rest, not sent), and lost, unless
+// Config.OwedReportsFile keeps them on disk: rewritten as the debts
+// change (a request whose report did not land is answered once its debt
+// is written), left holding those that did not land at Close, and read
+// at Start, which sends each, so that neither a gateway killed nor one
+// closed with the control plane out of reach loses a report. A node owed is never forgotten: the gateway keeps the report state
 // of at most 4096 nodes, a lineage's (the nodes whose grants descend from
 // one root grant) at most a quarter of them (a node held while a report
 // of it is due, under way or owed, or an HTTP request of its is in the
@@ -193,7 +198,8 @@
 //
 // Run the Verifier (its Run) and the ToolGate before Start; Close the
 // gateway, then the gate. A closed gateway's Handler refuses every
-// request (503, CodeUnavailable), and its ServeStdio ends the session and
+// request (503, CodeUnavailable; one past the door as Close began, as it
+// reaches the gateway's MCP server), and its ServeStdio ends the session and
 // returns as it does at its context's end: its reports to the control
 // plane are over. In HTTP mode serve Handler; in stdio mode call
 // ServeStdio once per process.

@@ -7,3 +7,11 @@ func SetMaxSeenNodesForTest(n int) (restore func()) {
 	maxSeenNodes = n
 	return func() { maxSeenNodes = old }
 }
+
+// BodyBytesHeldForTest is how many bytes of node's request bodies the
+// gateway holds (being read, or their requests in flight).
+func (g *Gateway) BodyBytesHeldForTest(node string) int64 {
+	g.bodies.mu.Lock()
+	defer g.bodies.mu.Unlock()
+	return g.bodies.byNode[node]
+}

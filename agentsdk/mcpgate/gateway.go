@@ -64,6 +64,17 @@ type Config struct {
 	// Stderr receives stdio upstreams' stderr (default: discarded).
 	Stderr io.Writer
 	Logger *slog.Logger
+	// OwedReportsFile, when set, keeps the reports the gateway owes the
+	// control plane on disk (a JSON file, mode 0600: it holds the tokens
+	// whose use they report): the nodes it served whose reports did not
+	// land, and the refusals waiting for their interval's end. The
+	// gateway rewrites it as they change, answers a request whose report
+	// did not land only once its debt is written, leaves in it at Close
+	// the reports that did not land then, and at Start sends each report
+	// the file holds. Without it, those reports are lost to a gateway
+	// killed, and to one whose last sending at Close fails. Give each
+	// gateway its own file.
+	OwedReportsFile string
 }
 
 // DefaultConnectTimeout is Config.ConnectTimeout's default.
@@ -98,6 +109,7 @@ type Gateway struct {
 	conns      connCount    // HTTPServer's connections by node
 	refusals   refusalReports
 	seen       seenReports
+	owed       owedFile   // Config.OwedReportsFile
 	bodies     bodyBudget // HTTP request bodies held, by node (Handler sets the maximum)
 	stdioToken atomic.Pointer[TokenSource]
 	stdio      atomic.Pointer[stdioSession] // ServeStdio's session
@@ -199,6 +211,7 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, upstreams: map[string]*upstream{}, routes: map[string]*route{}, closed: make(chan struct{})}
 	g.running, g.abandonCalls = context.WithCancelCause(context.Background())
+	g.owed.path = cfg.OwedReportsFile
 	g.calls.max = cfg.MaxCallsPerNode
 	g.server = mcp.NewServer(&mcp.Implementation{Name: cfg.Name, Version: cfg.Version}, &mcp.ServerOptions{
 		Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
@@ -221,9 +234,16 @@ func New(cfg Config) (*Gateway, error) {
 	return g, nil
 }
 
-// Start connects to every upstream and learns its tools, each within
-// ConnectTimeout.
+// Start sends the reports Config.OwedReportsFile holds, then connects to
+// every upstream and learns its tools, each within ConnectTimeout.
 func (g *Gateway) Start(ctx context.Context) error {
+	if err := g.loadOwed(); err != nil {
+		g.owed.mu.Lock()
+		g.owed.final = true // the file is left as it is
+		g.owed.mu.Unlock()
+		g.Close()
+		return err
+	}
 	for _, name := range slices.Sorted(maps.Keys(g.upstreams)) {
 		up := g.upstreams[name]
 		cctx, done := g.bounded(ctx)
@@ -588,6 +608,17 @@ func (g *Gateway) route(name string) *route {
 // does not open it through the gateway).
 func (g *Gateway) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		// A closed gateway serves nothing: its reports are over (Close sent
+		// the last), and a request already past the handler's door as Close
+		// began, its report not sent, was served — a rogue that held its
+		// body back until the gateway was closing had its initialize
+		// answered, unseen. (Its report, had it started before, was sent or
+		// owed by Close.)
+		select {
+		case <-g.closed:
+			return nil, rpcError(CodeUnavailable, "this gateway is closed; reach the one that replaces it")
+		default:
+		}
 		if method == "initialize" {
 			if err := g.sessions.admit(req); err != nil {
 				return nil, err

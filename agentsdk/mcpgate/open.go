@@ -48,6 +48,8 @@ type OpenConfig struct {
 	StalenessBudget time.Duration
 	// MaxCallsPerNode is Config.MaxCallsPerNode.
 	MaxCallsPerNode int
+	// OwedReportsFile is Config.OwedReportsFile.
+	OwedReportsFile string
 	// ConnectTimeout is Config.ConnectTimeout: Open fails when an upstream
 	// does not answer its connection and first listing within it.
 	ConnectTimeout time.Duration
@@ -126,7 +128,7 @@ func Open(ctx context.Context, cfg OpenConfig) (*Gateway, error) {
 		stop()
 		return nil, fmt.Errorf("mcpgate: the gateway's credential is %s's, not a tool server's: the control plane would refuse every call the gateway records; mint one with tether token create --tool-server %s", p, cfg.GateID)
 	}
-	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, MaxCallsPerNode: cfg.MaxCallsPerNode, ConnectTimeout: cfg.ConnectTimeout, Clock: cfg.Clock, Stderr: cfg.Stderr, Logger: cfg.Logger})
+	g, err := New(Config{Upstreams: cfg.Upstreams, Gate: gate, Verifier: verifier, MaxCallsPerNode: cfg.MaxCallsPerNode, OwedReportsFile: cfg.OwedReportsFile, ConnectTimeout: cfg.ConnectTimeout, Clock: cfg.Clock, Stderr: cfg.Stderr, Logger: cfg.Logger})
 	if err != nil {
 		stop()
 		return nil, err

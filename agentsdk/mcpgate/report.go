@@ -56,6 +56,9 @@ type refusalReports struct {
 	mu       sync.Mutex
 	last     map[string]time.Time // node → when its last report started
 	trailing map[string]*trailingReport
+	// sending: the trailing reports in flight (node → token), owed on disk
+	// until they land.
+	sending  map[string]string
 	inFlight int
 	closed   bool
 	wg       sync.WaitGroup
@@ -109,6 +112,11 @@ func (g *Gateway) reportRefused(ctx context.Context, token, node string, why err
 			tr := &trailingReport{token: token}
 			r.trailing[node] = tr
 			tr.timer = clock.AfterFuncAt(g.cfg.Clock, t.Add(RefusalReportInterval), func() { g.reportTrailing(node, tr) })
+			r.mu.Unlock()
+			// Answered once it is on disk: a gateway killed before the
+			// interval's end lost it.
+			g.persistOwed()
+			return
 		} else {
 			r.mu.Unlock()
 			g.oweSeenToken(node, token)
@@ -186,6 +194,10 @@ func (g *Gateway) reportTrailing(node string, tr *trailingReport) {
 	r.inFlight++
 	r.wg.Add(1)
 	token := tr.token
+	if r.sending == nil {
+		r.sending = map[string]string{}
+	}
+	r.sending[node] = token // owed on disk until it lands
 	r.mu.Unlock()
 	g.sendReport(token, node)
 }
@@ -198,10 +210,18 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 	go func() {
 		defer r.wg.Done()
 		defer close(landed)
+		wasOwed, failed := false, false
 		defer func() {
 			r.mu.Lock()
 			r.inFlight--
+			if t, ok := r.sending[node]; ok && t == token {
+				delete(r.sending, node)
+				wasOwed = true
+			}
 			r.mu.Unlock()
+			if wasOwed && !failed {
+				g.persistOwed() // landed: off the disk (failed, oweSeenToken wrote it)
+			}
 		}()
 		err := g.cfg.Gate.CallScoped(g.running, token, RefusalReportTool, RefusalReportScope, func(context.Context) error {
 			return errRefusedAtDoor
@@ -215,6 +235,7 @@ func (g *Gateway) sendReport(token, node string) <-chan struct{} {
 			// Not landed: owed as the node seen (the control plane keeps a
 			// revoked grant's holder so), until one lands.
 			g.log.Warn("mcpgate: the report of a refused request did not land; owed as the node seen", "node", node, "answer", err)
+			failed = true
 			g.oweSeenToken(node, token)
 		}
 	}()
@@ -238,7 +259,9 @@ func (g *Gateway) closeRefusals() {
 	g.refusals.mu.Unlock()
 	g.refusals.wg.Wait()
 	for _, o := range owed {
-		g.oweSeenToken(o.node, o.token)
+		// On disk already (owedNow): the seen reports' close writes the
+		// file once more, with the debts that do not land.
+		g.oweSeenTokenMem(o.node, o.token)
 	}
 }
 

@@ -79,6 +79,13 @@ func claimAfterSessionEnd(t *testing.T, w *world, self, credential string) {
 // server's client).
 func gatewayOnClock(t *testing.T, w *world, clk *clock.Manual, hc *http.Client) *mcpgate.Gateway {
 	t.Helper()
+	return gatewayOnClockWith(t, w, clk, hc, nil)
+}
+
+// gatewayOnClockWith is gatewayOnClock with its Config changed by set
+// (nil: none).
+func gatewayOnClockWith(t *testing.T, w *world, clk *clock.Manual, hc *http.Client, set func(*mcpgate.Config)) *mcpgate.Gateway {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	if hc == nil {
 		hc = w.srv.HTTP
@@ -93,7 +100,11 @@ func gatewayOnClock(t *testing.T, w *world, clk *clock.Manual, hc *http.Client) 
 	gate := agentsdk.NewToolGate(conn, gateID)
 	recv(t, verifier.Ready(), "the gateway's verifier to hear the revocation feed")
 	recv(t, gate.Ready(), "the gateway's gate to follow its cancel orders")
-	gw, err := mcpgate.New(mcpgate.Config{Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Gate: gate, Verifier: verifier, Clock: clk})
+	cfg := mcpgate.Config{Upstreams: []mcpgate.Upstream{{Name: "test", URL: w.upstream}}, Gate: gate, Verifier: verifier, Clock: clk}
+	if set != nil {
+		set(&cfg)
+	}
+	gw, err := mcpgate.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -199,8 +199,19 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 	n.tat = n.tat.Add(SeenReportInterval)
 	if r.inFlight >= maxSeenReportsInFlight {
 		g.log.Warn("mcpgate: too many reports of nodes seen in flight; served unreported for now, the report owed", "node", node)
-		close(landed)
+		wasOwed := n.owed
 		g.oweSeen(node, n)
+		if g.owed.path == "" || wasOwed { // none, or on disk already
+			close(landed)
+			return
+		}
+		// Served once its debt is on disk (persistOwed).
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			g.persistOwed()
+			close(landed)
+		}()
 		return
 	}
 	n.sending = true
@@ -216,10 +227,9 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 			g.log.Warn("mcpgate: the report of a node seen did not land; its requests served unreported for now, the report owed", "node", node, "answer", err)
 		}
 		r.mu.Lock()
-		defer r.mu.Unlock()
 		r.inFlight--
 		n.sending = false
-		close(landed)
+		wasOwed := n.owed
 		if ok {
 			n.owed, n.backoff = false, 0
 			if n.retry != nil {
@@ -237,6 +247,15 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 		case r.nodes[node] == n:
 			g.scheduleSeen(node, n)
 		}
+		r.mu.Unlock()
+		// The requests waiting are served once a new debt, or a debt's
+		// end, is on disk: served first, a gateway killed then lost the
+		// debt. (A debt that stays is on disk already: a rogue whose
+		// reports keep failing costs no writing.)
+		if ok == wasOwed {
+			g.persistOwed()
+		}
+		close(landed)
 	}()
 }
 
@@ -245,9 +264,49 @@ func (g *Gateway) startSeen(node string, n *seenNode) {
 // revoked grant's holder as the refusal's would. Past maxSeenNodes, or
 // once the reports are closed, it is logged only.
 func (g *Gateway) oweSeenToken(node, token string) {
-	if token == "" || node == "" {
-		return
+	if g.oweSeenTokenMem(node, token) {
+		g.persistOwed()
 	}
+}
+
+// oweSeenTokenMem is oweSeenToken without the writing of the owed reports
+// file: true when the report is owed anew (not owed already).
+func (g *Gateway) oweSeenTokenMem(node, token string) bool {
+	if token == "" || node == "" {
+		return false
+	}
+	r := &g.seen
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	n := r.nodes[node]
+	if n == nil {
+		r.mu.Unlock()
+		lineage := g.lineageOf(context.Background(), token)
+		r.mu.Lock()
+		if r.closed {
+			return false
+		}
+		if n = r.nodes[node]; n == nil {
+			n = g.trackSeen(node, lineage)
+		}
+		if n == nil {
+			g.log.Warn("mcpgate: too many nodes (or of the node's lineage) to report seen at once; a refused request left unreported", "node", node)
+			return false
+		}
+	}
+	n.token = token
+	was := n.owed
+	g.oweSeen(node, n)
+	return !was
+}
+
+// owePastSeen owes node's report with token, as a gateway before this one
+// left it owed (loadOwed), and starts it now.
+func (g *Gateway) owePastSeen(node, token string) {
+	lineage := g.lineageOf(context.Background(), token)
 	r := &g.seen
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -256,22 +315,17 @@ func (g *Gateway) oweSeenToken(node, token string) {
 	}
 	n := r.nodes[node]
 	if n == nil {
-		r.mu.Unlock()
-		lineage := g.lineageOf(context.Background(), token)
-		r.mu.Lock()
-		if r.closed {
-			return
-		}
-		if n = r.nodes[node]; n == nil {
-			n = g.trackSeen(node, lineage)
-		}
-		if n == nil {
-			g.log.Warn("mcpgate: too many nodes (or of the node's lineage) to report seen at once; a refused request left unreported", "node", node)
-			return
-		}
+		n = g.trackSeen(node, lineage)
 	}
-	n.token = token
-	g.oweSeen(node, n)
+	if n == nil {
+		g.log.Warn("mcpgate: too many nodes (or of the node's lineage) to report seen at once; a report a gateway before this one owed is dropped", "node", node)
+		return
+	}
+	n.token, n.owed = token, true
+	if n.next == nil && !n.sending {
+		n.next = make(chan struct{})
+		g.scheduleSeen(node, n)
+	}
 }
 
 // lineageOf is the lineage of token's holder: the root grant its grants
@@ -501,22 +555,28 @@ func (g *Gateway) closeSeen() {
 		}
 	}
 	r.mu.Unlock()
-	if left := g.flushSeen(owed); left > 0 {
-		g.log.Warn("mcpgate: shutting down with nodes served whose reports never landed: the control plane did not see them at work", "nodes", left)
+	left := g.flushSeen(owed)
+	if len(left) > 0 {
+		if g.owed.path != "" {
+			g.log.Warn("mcpgate: shutting down with nodes served whose reports never landed; kept in the owed reports file for the next gateway to send", "nodes", len(left), "file", g.owed.path)
+		} else {
+			g.log.Warn("mcpgate: shutting down with nodes served whose reports never landed: the control plane did not see them at work", "nodes", len(left))
+		}
 	}
+	g.finishOwed(left)
 }
 
 // seenDebt is a node's report owed at the gateway's close.
 type seenDebt struct{ node, token string }
 
 // flushSeen sends the reports owed once each, maxSeenReportsInFlight at
-// once, and returns how many did not land. A report that fails for
+// once, and returns those that did not land. A report that fails for
 // another reason than a budget spent (the control plane out of reach, the
 // gateway's credential refused) stops the rest from being sent: each
 // would wait as long (the gate's BeginCall timeout, 10 s), and a gateway
 // shutting down waits for them. (A rogue's report refused for its own
 // lineage's spent budget stops no other node's.)
-func (g *Gateway) flushSeen(owed []seenDebt) (left int) {
+func (g *Gateway) flushSeen(owed []seenDebt) (left []seenDebt) {
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -527,7 +587,7 @@ func (g *Gateway) flushSeen(owed []seenDebt) (left int) {
 		sem <- struct{}{}
 		mu.Lock()
 		if stopped {
-			left++
+			left = append(left, d)
 			mu.Unlock()
 			<-sem
 			continue
@@ -545,7 +605,7 @@ func (g *Gateway) flushSeen(owed []seenDebt) (left int) {
 			g.log.Warn("mcpgate: the report of a node seen did not land as the gateway shut down", "node", d.node, "answer", err)
 			mu.Lock()
 			defer mu.Unlock()
-			left++
+			left = append(left, d)
 			if connect.CodeOf(err) != connect.CodeResourceExhausted {
 				stopped = true
 			}

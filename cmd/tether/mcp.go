@@ -44,6 +44,7 @@ type gateFlags struct {
 	gateID, gateTokenFile string
 	staleness, connect    time.Duration
 	maxCalls              int
+	owedReports           string
 }
 
 func (f *gateFlags) register(fs *pflag.FlagSet) {
@@ -51,6 +52,7 @@ func (f *gateFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gateTokenFile, "gate-token-file", "", "file holding the gateway's own credential: a tool server's token named like --gate-id (tether token create --tool-server NAME), read again whenever it is rewritten: renew it before it expires (default: $"+envGateToken+", then --token/$TETHER_TOKEN, which must then be one, and are read once)")
 	fs.DurationVar(&f.staleness, "staleness-budget", 0, "refuse every call when the revocation feed is older than this (default 10s)")
 	fs.DurationVar(&f.connect, "connect-timeout", mcpgate.DefaultConnectTimeout, "time an upstream has to answer its connection (MCP's initialize) and each listing of its tools; the gateway does not start without an upstream, and reconnects one whose connection ended, backing off")
+	fs.StringVar(&f.owedReports, "owed-reports-file", "", "file (created 0600; it holds agents' tokens) where the gateway keeps the reports it owes the control plane (nodes it served whose reports did not land), so that a gateway killed or shut down with the control plane out of reach loses none: the next one started on the file sends them; one file per gateway (default: kept in memory only)")
 	fs.IntVar(&f.maxCalls, "max-calls-per-node", mcpgate.DefaultMaxCallsPerNode, "tool calls one node may have in flight through the gateway at once (its next is refused, -32068)")
 }
 
@@ -127,7 +129,7 @@ func openGateway(ctx context.Context, g *globals, gf *gateFlags, ups []mcpgate.U
 	}
 	return mcpgate.Open(ctx, mcpgate.OpenConfig{
 		ControlPlane: g.addr, Credential: cred, CredentialSource: renewed, GateID: gf.gateID, Upstreams: ups,
-		StalenessBudget: gf.staleness, MaxCallsPerNode: gf.maxCalls, ConnectTimeout: gf.connect, Stderr: os.Stderr, Logger: log,
+		StalenessBudget: gf.staleness, MaxCallsPerNode: gf.maxCalls, OwedReportsFile: gf.owedReports, ConnectTimeout: gf.connect, Stderr: os.Stderr, Logger: log,
 	})
 }
 
