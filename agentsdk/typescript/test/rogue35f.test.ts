@@ -1,0 +1,74 @@
+// The thirty-fifth hostile pass on the TypeScript SDK's verifier: with a
+// clock injected, the feed's age was that clock's now minus the last
+// message's arrival, and only a clock that went back past the message
+// failed closed: a step back short of it (a feed dead for 8 s, the clock
+// set back 5 s) took the step off the age, and a feed dead for 13 s of the
+// clock's own ticking read 8 s old, so a rogue's revoked token, whose
+// revocation the dead feed never carried, passed. The age now adds up the
+// clock's forward steps only.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { Conn, TokenError, Verifier } from "../src/index.js";
+import { until } from "./peer.js";
+import { startServer, type TestServer } from "./server.js";
+
+const stale = (e: unknown) => e instanceof TokenError && e.kind === "feed_stale";
+
+test("rogue35f: a clock set back does not shorten the feed's age", async () => {
+  let s: TestServer | undefined = await startServer();
+  const stop = new AbortController();
+  let run: Promise<void> | undefined;
+  const conn = Conn.dial(s.baseUrl, s.adminToken, { retry: { attempts: 1 } });
+  try {
+    let now = Date.now();
+    let interrupted = 0;
+    const warn = (m: string) => {
+      if (m.includes("revocation feed interrupted")) interrupted++;
+    };
+    const verifier = new Verifier({ conn, stalenessBudgetMs: 10_000, clock: { now: () => now }, warn });
+    run = verifier.run(stop.signal);
+    await verifier.ready;
+    await s.stop(); // the feed dies: nothing more is heard
+    s = undefined;
+    await until(() => interrupted > 0); // its stream is over
+    now += 8_000;
+    verifier.checkFresh(); // 8 s, within the budget of 10
+    now -= 5_000; // the clock set back
+    verifier.checkFresh(); // still 8 s of the clock's ticking
+    now += 5_000;
+    assert.throws(() => verifier.checkFresh(), stale, "a feed dead for 13 s of the clock's ticking was fresh");
+  } finally {
+    stop.abort();
+    await run;
+    conn.close();
+    await s?.stop();
+  }
+});
+
+test("rogue35f: a live feed is fresh again after a step back", async () => {
+  const s = await startServer();
+  const stop = new AbortController();
+  let run: Promise<void> | undefined;
+  const conn = Conn.dial(s.baseUrl, s.adminToken, { retry: { attempts: 1 } });
+  try {
+    let now = Date.now();
+    const verifier = new Verifier({ conn, stalenessBudgetMs: 10_000, clock: { now: () => now } });
+    run = verifier.run(stop.signal);
+    await verifier.ready;
+    now -= 3_600_000;
+    await until(() => {
+      try {
+        verifier.checkFresh();
+        return true;
+      } catch {
+        return false;
+      }
+    });
+  } finally {
+    stop.abort();
+    await run;
+    conn.close();
+    await s.stop();
+  }
+});
