@@ -1,16 +1,20 @@
 package agentsdk_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/capability/grantstore"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
 )
@@ -24,23 +28,74 @@ type rogue35fFeed struct {
 	addr  atomic.Pointer[string]
 	dead  string
 	dials atomic.Int32 // to dead
+	keys  *rogue35fKeys
+	mu    sync.Mutex
+	conns []net.Conn // to the control plane
+}
+
+// rogue35fKeys is the verifier's road to the control plane, where the
+// key set's fetches can be refused or held: its first fetch is refused
+// when refuseFirst is set (the verifier starts knowing no key), and a
+// fetch made while hold is set reads the control plane's answer whole at
+// once, then waits for release before the verifier is given it (a slow
+// answer).
+type rogue35fKeys struct {
+	base        http.RoundTripper
+	refuseFirst bool
+	fetches     atomic.Int32
+	hold        atomic.Bool
+	held        chan struct{} // a fetch is held
+	release     chan struct{}
+}
+
+func (k *rogue35fKeys) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Path != agentsdk.JWKSPath {
+		return k.base.RoundTrip(req)
+	}
+	if k.fetches.Add(1) == 1 && k.refuseFirst {
+		return nil, errors.New("the key set is not reachable yet")
+	}
+	resp, err := k.base.RoundTrip(req)
+	if err != nil || !k.hold.Load() {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	k.held <- struct{}{}
+	<-k.release
+	return resp, nil
 }
 
 func rogue35fStartFeed(t *testing.T, srv *testserver.Server) *rogue35fFeed {
+	return rogue35fStartFeedWith(t, srv, false)
+}
+
+func rogue35fStartFeedWith(t *testing.T, srv *testserver.Server, refuseFirstKeys bool) *rogue35fFeed {
 	t.Helper()
-	f := &rogue35fFeed{clk: clock.NewManual(time.Date(2026, 12, 6, 9, 0, 0, 0, time.UTC)), dead: "127.0.0.1:1"}
+	f := &rogue35fFeed{clk: clock.NewManual(time.Now()), dead: "127.0.0.1:1"}
 	host := srv.URL[len("http://"):]
 	f.addr.Store(&host)
 	p := new(http.Protocols)
 	p.SetUnencryptedHTTP2(true)
-	client := &http.Client{Transport: &http.Transport{Protocols: p, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+	f.keys = &rogue35fKeys{refuseFirst: refuseFirstKeys, held: make(chan struct{}), release: make(chan struct{}), base: &http.Transport{Protocols: p, DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		to := *f.addr.Load()
 		if to == f.dead {
 			f.dials.Add(1)
 		}
 		var d net.Dialer
-		return d.DialContext(ctx, network, to)
+		c, err := d.DialContext(ctx, network, to)
+		if err == nil {
+			f.mu.Lock()
+			f.conns = append(f.conns, c)
+			f.mu.Unlock()
+		}
+		return c, err
 	}}}
+	client := &http.Client{Transport: f.keys}
 	v, err := agentsdk.NewVerifier(agentsdk.VerifierConfig{
 		Conn:            agentsdk.Dial("http://tether.test", srv.Admin, agentsdk.WithHTTPClient(client)),
 		Clock:           f.clk,
@@ -58,12 +113,18 @@ func rogue35fStartFeed(t *testing.T, srv *testserver.Server) *rogue35fFeed {
 	return f
 }
 
-// kill ends the feed for good: the verifier hears nothing more once it
-// has tried another connection (its stream is over by then).
-func (f *rogue35fFeed) kill(t *testing.T, srv *testserver.Server) {
+// kill ends the feed for good, the control plane left running: the
+// verifier's connections are cut and it can make no other. It hears
+// nothing more once it has tried another connection (its stream is over
+// by then).
+func (f *rogue35fFeed) kill(t *testing.T) {
 	t.Helper()
 	f.addr.Store(&f.dead)
-	srv.Stop()
+	f.mu.Lock()
+	for _, c := range f.conns {
+		_ = c.Close()
+	}
+	f.mu.Unlock()
 	testserver.WaitFor(t, time.Minute, "the verifier's feed ended and redialled", func() bool { return f.dials.Load() > 0 })
 }
 
@@ -79,7 +140,7 @@ func (f *rogue35fFeed) kill(t *testing.T, srv *testserver.Server) {
 func TestRogue35FAClockSetBackDoesNotShortenTheFeedsAge(t *testing.T) {
 	srv := testserver.Start(t)
 	f := rogue35fStartFeed(t, srv)
-	f.kill(t, srv)
+	f.kill(t)
 
 	f.clk.Advance(8 * time.Second)
 	if err := f.v.Fresh(); err != nil {
@@ -104,7 +165,7 @@ func TestRogue35FAClockSetBackDoesNotShortenTheFeedsAge(t *testing.T) {
 func TestRogue35FAClockSetBackPastTheLastMessageFailsClosed(t *testing.T) {
 	srv := testserver.Start(t)
 	f := rogue35fStartFeed(t, srv)
-	f.kill(t, srv)
+	f.kill(t)
 
 	f.clk.Advance(-time.Hour)
 	f.clk.Advance(10*time.Second + time.Millisecond)
@@ -121,4 +182,40 @@ func TestRogue35FALiveFeedIsFreshAgainAfterAStepBack(t *testing.T) {
 	f := rogue35fStartFeed(t, srv)
 	f.clk.Advance(-time.Hour)
 	testserver.WaitFor(t, time.Minute, "the verifier fresh at the feed's next message", func() bool { return f.v.Fresh() == nil })
+}
+
+// TestRogue35FBSlowKeySetAnswerDoesNotOutlastTheFeed: a key the
+// verifier does not know yet signs the rogue's token (a rotation; here
+// the verifier's first fetch of the key set failed), so its check
+// fetches the key set, and the answer is slow (up to the fetch's 10 s).
+// Meanwhile the rogue's grant is revoked and the feed dies, unheard, and
+// the budget passes. The check had looked at the feed's freshness before
+// the fetch only, and accepted the revoked token against a set older
+// than the budget once the key set came. Freshness is now looked at
+// again where the tombstones are, after the token's signature is known.
+func TestRogue35FBSlowKeySetAnswerDoesNotOutlastTheFeed(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	rogue := rogue34fRegister(t, srv.AdminClients(), "rogue")
+	x, err := srv.Grants().IssueRoot(ctx, rogue34fOperator, grantstore.RootRequest{HolderNodeID: rogue.Node.NodeId, Scopes: []string{"tool:*"}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := rogue35fStartFeedWith(t, srv, true)
+	f.keys.hold.Store(true)
+	checked := make(chan error, 1)
+	go func() {
+		_, err := f.v.Verify(ctx, x.Token)
+		checked <- err
+	}()
+	<-f.keys.held // the check waits for the key set's answer
+	f.kill(t)
+	if _, err := srv.Grants().Revoke(ctx, rogue34fOperator, grantstore.Target{GrantID: x.Grant.GrantID}, "rogue"); err != nil {
+		t.Fatal(err)
+	} // unheard
+	f.clk.Advance(10*time.Second + time.Millisecond)
+	close(f.keys.release)
+	if err := <-checked; !errors.Is(err, capability.ErrFeedStale) {
+		t.Fatalf("the rogue's revoked token, checked across a slow key-set answer while the feed died and the budget passed: %v, want the feed stale", err)
+	}
 }

@@ -99,7 +99,9 @@ type VerifierConfig struct {
 // Every call:
 //
 //  1. fails closed (capability.ErrFeedStale) when the feed was last heard
-//     from longer than the staleness budget ago, or never;
+//     from longer than the staleness budget ago, or never, before the
+//     token is looked at and again after (a key-set fetch may have taken
+//     its time);
 //  2. verifies the token, or finds it in the cache of tokens already
 //     verified (the cache skips only the signature and claim parsing);
 //  3. rejects a token past its exp, and one whose jti or any chain entry is
@@ -222,6 +224,13 @@ func (v *Verifier) Verify(ctx context.Context, token string) (capability.Claims,
 	}
 	claims, err := v.claims(ctx, token, v.cfg.Clock.Now())
 	if err != nil {
+		return capability.Claims{}, err
+	}
+	// Again where the tombstones are read: a check of an unknown kid
+	// waits for the key set (up to JWKSFetchTimeout, behind another
+	// fetch), and a feed that died meanwhile, the budget passing, left a
+	// revocation unheard that the check did not look for.
+	if err := v.Fresh(); err != nil {
 		return capability.Claims{}, err
 	}
 	if err := v.Revoked(*claims); err != nil {

@@ -14,14 +14,14 @@ import pytest
 
 from conftest import NO_RETRY, require_extra, start_server
 from helpers import wait_for
-from tether_agentsdk import Conn, FeedStale, Verifier
+from tether_agentsdk import Agent, Conn, ConnectError, FeedStale, Verifier
 
 
 class _Feed:
     """A verifier on a manual monotonic clock following a server of its
     own, which the test kills."""
 
-    def __init__(self, tether_bin, tmp_path):
+    def __init__(self, tether_bin, tmp_path, refuse_first_keys: bool = False):
         require_extra("cryptography")
         data = tmp_path / "data"
         data.mkdir()
@@ -30,24 +30,50 @@ class _Feed:
         self.verifier = Verifier(Conn(self.server.url, self.server.admin, retry=NO_RETRY),
                                  staleness_budget=10, monotonic=lambda: self.now)
         self.streams = 0
+        self.dead = False
         self._lock = threading.Lock()
         stream = self.verifier.conn.stream
 
         def counted(*args, **kwargs):
             with self._lock:
                 self.streams += 1
+                if self.dead:
+                    raise ConnectError("unavailable", "the feed is cut")
             return stream(*args, **kwargs)
 
         self.verifier.conn.stream = counted
+        # The key set's fetches: the first refused when refuse_first_keys
+        # (the verifier starts knowing no key); one made while hold is set
+        # reads the control plane's answer whole, then waits for release
+        # before the verifier is given it (a slow answer).
+        self.keys_fetched = 0
+        self.hold = False
+        self.held = threading.Event()
+        self.release = threading.Event()
+        get = self.verifier.conn.get
+
+        def keys(path, **kwargs):
+            self.keys_fetched += 1
+            if self.keys_fetched == 1 and refuse_first_keys:
+                raise ConnectionError("the key set is not reachable yet")
+            body = get(path, **kwargs)
+            if self.hold:
+                self.held.set()
+                self.release.wait(60)
+            return body
+
+        self.verifier.conn.get = keys
         self.verifier.start()
         assert self.verifier.ready.wait(30)
 
     def kill(self) -> None:
-        """Ends the feed for good: the verifier hears nothing more once it
-        has tried another stream (the old one is over by then)."""
+        """Ends the feed for good, the control plane left running: its
+        stream is cut and no other opens. The verifier hears nothing more
+        once it has tried another stream (the old one is over by then)."""
         with self._lock:
             before = self.streams
-        self.server.stop()
+            self.dead = True
+        self.verifier._stream.close()
         wait_for("the verifier's feed ended and reopened", lambda: self.streams > before)
 
     def close(self) -> None:
@@ -90,3 +116,39 @@ def test_rogue35f_a_live_feed_is_fresh_again_after_a_step_back(feed):
         except FeedStale:
             return False
     wait_for("the verifier fresh at the feed's next message", fresh)
+
+
+def test_rogue35f_b_a_slow_key_set_answer_does_not_outlast_the_feed(tether_bin, tmp_path):
+    """A key the verifier does not know yet signs the rogue's token (its
+    first fetch of the key set failed), so the check fetches the key set,
+    and the answer is slow. Meanwhile the rogue's grant is revoked and the
+    feed dies, unheard, and the budget passes. The check had looked at the
+    feed's freshness before the fetch only, and accepted the revoked token
+    once the key set came; it looks again where the tombstones are."""
+    f = _Feed(tether_bin, tmp_path, refuse_first_keys=True)
+    try:
+        op = f.server.operator()
+        rogue = Agent.register_root(op, "rogue")
+        x = op.call("CapabilityService", "IssueRoot", {"holderNodeId": rogue.node_id, "scopes": ["tool:*"], "ttl": "3600s"})
+        f.hold = True
+        checked: list[BaseException | None] = []
+
+        def check() -> None:
+            try:
+                f.verifier.verify(x["token"])
+                checked.append(None)
+            except BaseException as e:  # noqa: BLE001 — the test reads what it was
+                checked.append(e)
+
+        t = threading.Thread(target=check)
+        t.start()
+        assert f.held.wait(30)  # the check waits for the key set's answer
+        f.kill()
+        op.call("CapabilityService", "Revoke", {"grantId": x["grant"]["grantId"], "reason": "rogue"})  # unheard
+        f.now += 10.001
+        f.release.set()
+        t.join(30)
+        assert checked and isinstance(checked[0], FeedStale), f"the rogue's revoked token across a slow key-set answer: {checked}"
+    finally:
+        f.release.set()
+        f.close()

@@ -80,7 +80,8 @@ interface Tombstone {
  *
  * Every call:
  *  1. fails closed ("feed_stale") when the feed was last heard from longer
- *     than the staleness budget ago, or never;
+ *     than the staleness budget ago, or never, before the token is looked
+ *     at and again after (a key-set fetch may have taken its time);
  *  2. verifies the token, or finds it in the cache of tokens already
  *     verified (the cache skips only the signature and claim parsing);
  *  3. rejects a token past its exp, and one whose jti or any chain entry
@@ -189,6 +190,10 @@ export class Verifier {
   async verify(token: string): Promise<Claims> {
     this.checkFresh();
     const claims = await this.#claims(token, this.#clock.now());
+    // Again where the tombstones are read: a check of an unknown kid waits
+    // for the key set (up to its 10 s), and a feed that died meanwhile, the
+    // budget passing, left a revocation unheard.
+    this.checkFresh();
     const via = this.#revokedVia(claims);
     if (via === claims.grantId) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked`);
     if (via) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked via ancestor grant ${via}`);

@@ -9,7 +9,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Conn, TokenError, Verifier } from "../src/index.js";
+import { Agent, Conn, TokenError, Verifier } from "../src/index.js";
+import { feedHooks } from "../src/internal.js";
 import { until } from "./peer.js";
 import { startServer, type TestServer } from "./server.js";
 
@@ -66,6 +67,74 @@ test("rogue35f: a live feed is fresh again after a step back", async () => {
       }
     });
   } finally {
+    stop.abort();
+    await run;
+    conn.close();
+    await s.stop();
+  }
+});
+
+// A key the verifier does not know yet signs the rogue's token (its first
+// fetch of the key set failed), so the check fetches the key set, and the
+// answer is slow. Meanwhile the rogue's grant is revoked and the feed
+// stalls, unheard, and the budget passes. The check had looked at the
+// feed's freshness before the fetch only, and accepted the revoked token
+// once the key set came; it looks again where the tombstones are.
+test("rogue35f: a slow key-set answer does not outlast the feed", async () => {
+  const s = await startServer();
+  const stop = new AbortController();
+  let run: Promise<void> | undefined;
+  const conn = Conn.dial(s.baseUrl, s.adminToken, { retry: { attempts: 1 } });
+  const realFetch = globalThis.fetch;
+  let fetches = 0;
+  let hold = false;
+  let held = false;
+  let release!: () => void;
+  const released = new Promise<void>((resolve) => (release = resolve));
+  globalThis.fetch = async (input, init) => {
+    if (!String(input).endsWith("/.well-known/jwks.json")) return realFetch(input, init);
+    if (++fetches === 1) throw new Error("the key set is not reachable yet");
+    const resp = await realFetch(input, init);
+    if (!hold) return resp;
+    const body = await resp.arrayBuffer(); // the answer read whole, then held
+    held = true;
+    await released;
+    return new Response(body, { status: resp.status, headers: resp.headers });
+  };
+  let stalled = false;
+  let stuck = false;
+  let unstall!: () => void;
+  const unstalled = new Promise<void>((resolve) => (unstall = resolve));
+  try {
+    const rogue = await Agent.registerRoot(s.operator, "rogue");
+    rogue.conn.close();
+    const x = await s.operator.capability.issueRoot({ holderNodeId: rogue.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
+    let now = Date.now();
+    const verifier = new Verifier({ conn, stalenessBudgetMs: 10_000, clock: { now: () => now } });
+    feedHooks.set(verifier, async () => {
+      if (!stalled) return;
+      stuck = true;
+      await unstalled; // the feed heard nothing more
+    });
+    run = verifier.run(stop.signal);
+    await verifier.ready;
+    hold = true;
+    const checked = verifier.verify(x.token).then(
+      () => undefined,
+      (e: unknown) => e,
+    );
+    await until(() => held); // the check waits for the key set's answer
+    stalled = true;
+    await until(() => stuck);
+    await s.operator.capability.revoke({ target: { case: "grantId", value: x.grant!.grantId }, reason: "rogue" }); // unheard
+    now += 10_001;
+    release();
+    const err = await checked;
+    assert.ok(stale(err), `the rogue's revoked token across a slow key-set answer: ${err === undefined ? "accepted" : String(err)}`);
+  } finally {
+    globalThis.fetch = realFetch;
+    release();
+    unstall();
     stop.abort();
     await run;
     conn.close();

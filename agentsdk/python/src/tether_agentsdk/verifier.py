@@ -450,6 +450,10 @@ class Verifier(StreamFollower):
             # refetch, rate-limited, and try once more.
             self._refetch_after_miss()
             claims = parse_capability_token(token, self._keys, issuer=self.issuer, now=now, leeway=self.leeway)
+            # Again where the tombstones are read: the key set's answer
+            # may have taken its time, and a feed that died meanwhile,
+            # the budget passing, left a revocation unheard.
+            self.fresh()
         by_grant = self._state.by_grant
         for gid in (*claims.chain, claims.grant_id):  # root first: the widest revocation is named
             if gid in by_grant:
