@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -217,5 +220,51 @@ func TestRogue35FBSlowKeySetAnswerDoesNotOutlastTheFeed(t *testing.T) {
 	close(f.keys.release)
 	if err := <-checked; !errors.Is(err, capability.ErrFeedStale) {
 		t.Fatalf("the rogue's revoked token, checked across a slow key-set answer while the feed died and the budget passed: %v, want the feed stale", err)
+	}
+}
+
+// TestRogue35FCPrintedObjectsCarryNoSecret: what a framework logs of the
+// SDK's objects (a Conn, a spawned Child, a Grant, a CapabilityToken),
+// with fmt or slog, is read by whoever reads the logs, a rogue among
+// them. fmt printed a *Conn whole, its bearer token included, a Child
+// with the credential its process joins with, and %#v or a JSON log line
+// a Grant's token; a *CapabilityToken printed the token it keeps. They
+// now describe themselves without the secret.
+func TestRogue35FCPrintedObjectsCarryNoSecret(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	a, err := agentsdk.RegisterRoot(ctx, srv.Clients(srv.Admin), "parent", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := a.Spawn(ctx, "child", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := srv.Grants().IssueRoot(ctx, rogue34fOperator, grantstore.RootRequest{HolderNodeID: a.NodeID(), Scopes: []string{"tool:*"}, TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant, err := a.RefreshToken(ctx, root.Grant.GrantID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	source := a.CapabilityToken(grant)
+	secrets := map[string]string{"the agent's credential": a.Credential(), "the child's credential": child.Credential, "the grant's token": grant.Token}
+	for what, s := range map[string]any{"conn": a.Conn(), "child": child, "grant": grant, "capability token": source} {
+		var text, js bytes.Buffer
+		slog.New(slog.NewTextHandler(&text, nil)).Info("x", "v", s)
+		slog.New(slog.NewJSONHandler(&js, nil)).Info("x", "v", s)
+		printed := map[string]string{
+			"%v": fmt.Sprintf("%v", s), "%+v": fmt.Sprintf("%+v", s), "%#v": fmt.Sprintf("%#v", s), "%s": fmt.Sprintf("%s", s),
+			"slog text": text.String(), "slog json": js.String(),
+		}
+		for how, out := range printed {
+			for name, secret := range secrets {
+				if strings.Contains(out, secret) || strings.Contains(out, secret[strings.LastIndex(secret, ".")+1:]) {
+					t.Errorf("the %s printed with %s carries %s: %.200s", what, how, name, out)
+				}
+			}
+		}
 	}
 }

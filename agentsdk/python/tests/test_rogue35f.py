@@ -152,3 +152,24 @@ def test_rogue35f_b_a_slow_key_set_answer_does_not_outlast_the_feed(tether_bin, 
     finally:
         f.release.set()
         f.close()
+
+
+def test_rogue35f_c_printed_objects_carry_no_secret(server):
+    """What a framework logs of the SDK's objects is read by whoever reads
+    the logs, a rogue among them: the repr of a spawned Child showed the
+    credential its process joins with, and a Grant's (and so a
+    TokenSource's) its capability token. They now show neither."""
+    op = server.operator()
+    parent = Agent.register_root(op, "parent")
+    try:
+        child = parent.spawn("child")
+        root = op.call("CapabilityService", "IssueRoot", {"holderNodeId": parent.node_id, "scopes": ["tool:*"], "ttl": "3600s"})
+        grant = parent.refresh_token(root["grant"]["grantId"])
+        source = parent.token_source(grant)
+        secrets = {"the child's credential": child.credential, "the grant's token": grant.token, "the agent's credential": parent.credential}
+        for obj in (child, grant, source, parent, parent.conn):
+            for shown in (repr(obj), str(obj), f"{obj!r}"):
+                for name, secret in secrets.items():
+                    assert secret not in shown and secret.rsplit(".", 1)[-1] not in shown, f"{type(obj).__name__} printed carries {name}"
+    finally:
+        parent.close()

@@ -8,6 +8,7 @@
 // clock's forward steps only.
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { inspect } from "node:util";
 
 import { Agent, Conn, TokenError, Verifier } from "../src/index.js";
 import { feedHooks } from "../src/internal.js";
@@ -138,6 +139,38 @@ test("rogue35f: a slow key-set answer does not outlast the feed", async () => {
     stop.abort();
     await run;
     conn.close();
+    await s.stop();
+  }
+});
+
+// What a framework logs of the SDK's objects is read by whoever reads the
+// logs, a rogue among them: console.log (util.inspect) of a spawned Child
+// showed the credential its process joins with, and of a Grant its
+// capability token. They now show neither (JSON.stringify, asked for on
+// purpose, still carries them).
+test("rogue35f: printed objects carry no secret", async () => {
+  const s = await startServer();
+  try {
+    const parent = await Agent.registerRoot(s.operator, "parent");
+    try {
+      const child = await parent.spawn("child");
+      const root = await s.operator.capability.issueRoot({ holderNodeId: parent.nodeId, scopes: ["tool:*"], ttl: { seconds: 3600n } });
+      const grant = await parent.refreshToken(root.grant!.grantId);
+      const source = parent.capabilityToken(grant);
+      const secrets: Record<string, string> = { "the child's credential": child.credential, "the grant's token": grant.token, "the agent's credential": parent.credential };
+      for (const [what, obj] of Object.entries({ child, grant, source, parent, conn: parent.conn })) {
+        for (const shown of [inspect(obj), inspect(obj, { showHidden: true, depth: 5 }), String(obj)]) {
+          for (const [name, secret] of Object.entries(secrets)) {
+            const sig = secret.slice(secret.lastIndexOf(".") + 1);
+            assert.ok(!shown.includes(secret) && !shown.includes(sig), `the ${what} printed carries ${name}: ${shown.slice(0, 200)}`);
+          }
+        }
+      }
+      assert.deepEqual(Object.keys(child), ["node", "credential"]); // still what JSON.stringify carries
+    } finally {
+      parent.conn.close();
+    }
+  } finally {
     await s.stop();
   }
 });
