@@ -419,9 +419,9 @@ func (f *feedClock) read() (now time.Time, behind bool) {
 	if f.clock == nil {
 		return time.Now(), false
 	}
-	raw := f.clock.Now()
-	f.mu.Lock()
+	f.mu.Lock() // around the reading too: readings are taken in order
 	defer f.mu.Unlock()
+	raw := f.clock.Now()
 	return f.advanceLocked(raw), !f.synced.IsZero() && raw.Before(f.synced)
 }
 
@@ -431,9 +431,9 @@ func (f *feedClock) sync() time.Time {
 	if f.clock == nil {
 		return time.Now()
 	}
-	raw := f.clock.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	raw := f.clock.Now()
 	f.synced = raw
 	return f.advanceLocked(raw)
 }

@@ -426,8 +426,8 @@ class Verifier(StreamFollower):
         reading again or the feed speaks. Time that passed before a step
         back with no reading in between is not counted: only readings tell
         it."""
-        raw = self.monotonic()
-        with self._feed_lock:
+        with self._feed_lock:  # around the reading too: readings are taken in order
+            raw = self.monotonic()
             if self._feed_last is not None and raw > self._feed_last:
                 self._feed_elapsed += raw - self._feed_last
             self._feed_last = raw
