@@ -65,6 +65,10 @@
 // recorded, never accepted. Job.Header sets the job id and generation that
 // a tool server's Fence checks before any side effect.
 //
+// A Conn, a Child, a Grant and a CapabilityToken print (fmt, slog) without
+// the bearer token, credential or capability token they hold; encoding/json
+// still carries a Child's credential and a Grant's token.
+//
 // Caller duties: close what you open (ToolGate.Close, LeaseWorker.Close,
 // which ends the jobs it runs); treat
 // a drain signal as "finish what you are doing, start nothing new, then

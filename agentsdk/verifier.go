@@ -72,7 +72,9 @@ type VerifierConfig struct {
 	// StalenessBudget is how old the revocation feed may be before every
 	// verification fails closed (capability.ErrFeedStale); default
 	// DefaultStalenessBudget. Keep it several times the control plane's
-	// heartbeat (two seconds by default).
+	// heartbeat (two seconds by default). The feed's age is measured on
+	// Go's monotonic clock by default; on an injected Clock, a step back
+	// does not make it younger (feedClock).
 	StalenessBudget time.Duration
 	// CacheSize bounds the verified tokens kept (until they expire) so that
 	// their signatures are not checked again; default DefaultCacheSize,
@@ -97,7 +99,9 @@ type VerifierConfig struct {
 // Every call:
 //
 //  1. fails closed (capability.ErrFeedStale) when the feed was last heard
-//     from longer than the staleness budget ago, or never;
+//     from longer than the staleness budget ago, or never, before the
+//     token is looked at and again after (a key-set fetch may have taken
+//     its time);
 //  2. verifies the token, or finds it in the cache of tokens already
 //     verified (the cache skips only the signature and claim parsing);
 //  3. rejects a token past its exp, and one whose jti or any chain entry is
@@ -111,6 +115,8 @@ type Verifier struct {
 	verifier   capability.Verifier
 	jwks       *jwksCache
 	tombstones *capability.TombstoneSet
+	// feed is the clock the feed's age is measured on (feedClock).
+	feed *feedClock
 
 	cache    sync.Map // token → *capability.Claims
 	cacheLen atomic.Int64
@@ -170,6 +176,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	}
 	ver := &Verifier{
 		cfg:        cfg,
+		feed:       newFeedClock(cfg.Clock),
 		verifier:   v,
 		jwks:       newJWKSCache(cfg.Conn.BaseURL, cfg.Conn.HTTP, cfg.Clock.Now, cfg.JWKSMinInterval, cfg.JWKSFetchTimeout),
 		tombstones: &capability.TombstoneSet{},
@@ -212,12 +219,18 @@ func (v *Verifier) Revoked(claims capability.Claims) error {
 // sentinels, and never contain the token. The returned claims share their
 // slices with the cache: do not modify them.
 func (v *Verifier) Verify(ctx context.Context, token string) (capability.Claims, error) {
-	now := v.cfg.Clock.Now()
-	if err := v.tombstones.CheckFresh(now, v.cfg.StalenessBudget); err != nil {
+	if err := v.Fresh(); err != nil {
 		return capability.Claims{}, err
 	}
-	claims, err := v.claims(ctx, token, now)
+	claims, err := v.claims(ctx, token, v.cfg.Clock.Now())
 	if err != nil {
+		return capability.Claims{}, err
+	}
+	// Again where the tombstones are read: a check of an unknown kid
+	// waits for the key set (up to JWKSFetchTimeout, behind another
+	// fetch), and a feed that died meanwhile, the budget passing, left a
+	// revocation unheard that the check did not look for.
+	if err := v.Fresh(); err != nil {
 		return capability.Claims{}, err
 	}
 	if err := v.Revoked(*claims); err != nil {
@@ -362,7 +375,78 @@ func (v *Verifier) Head() uint64 { return v.tombstones.Head() }
 // Fresh returns nil while the feed is within the staleness budget, and the
 // error every Verify would fail with otherwise.
 func (v *Verifier) Fresh() error {
-	return v.tombstones.CheckFresh(v.cfg.Clock.Now(), v.cfg.StalenessBudget)
+	now, behind := v.feed.read()
+	if err := v.tombstones.CheckFresh(now, v.cfg.StalenessBudget); err != nil {
+		return err
+	}
+	if behind {
+		return fmt.Errorf("%w: the clock went back past the feed's last message", capability.ErrFeedStale)
+	}
+	return nil
+}
+
+// feedClock is what the revocation feed's age is measured on, so that a
+// clock set back (an NTP step, a VM resumed) cannot make a feed that died
+// read fresh. On the default clock it is Go's monotonic reading: WallClock
+// reads UTC, which has none, and a feed measured on it was younger by
+// every step back of the host's clock. On an injected Clock, a reading
+// that never goes back: the clock's forward steps between two readings
+// added up, a step back counted as no time; and a clock that reads
+// earlier than it did at the feed's last message fails closed (behind)
+// until it passes that reading again or the feed speaks, as it cannot say
+// how long ago the message came. Time that passed before a step back
+// with no reading in between is not counted: only readings tell it.
+type feedClock struct {
+	clock Clock // nil: Go's monotonic clock
+
+	mu      sync.Mutex
+	origin  time.Time     // the injected clock's first reading
+	last    time.Time     // its last reading
+	elapsed time.Duration // its forward steps since origin
+	synced  time.Time     // its reading at the feed's last message
+}
+
+func newFeedClock(c Clock) *feedClock {
+	if c == WallClock {
+		return &feedClock{}
+	}
+	return &feedClock{clock: c}
+}
+
+// read returns the time to measure the feed's age with and whether the
+// injected clock reads earlier than at the feed's last message.
+func (f *feedClock) read() (now time.Time, behind bool) {
+	if f.clock == nil {
+		return time.Now(), false
+	}
+	f.mu.Lock() // around the reading too: readings are taken in order
+	defer f.mu.Unlock()
+	raw := f.clock.Now()
+	return f.advanceLocked(raw), !f.synced.IsZero() && raw.Before(f.synced)
+}
+
+// sync returns the time the feed's message arrived at, and notes it as
+// the feed's last.
+func (f *feedClock) sync() time.Time {
+	if f.clock == nil {
+		return time.Now()
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	raw := f.clock.Now()
+	f.synced = raw
+	return f.advanceLocked(raw)
+}
+
+func (f *feedClock) advanceLocked(raw time.Time) time.Time {
+	if f.origin.IsZero() {
+		f.origin, f.last = raw, raw
+	}
+	if step := raw.Sub(f.last); step > 0 {
+		f.elapsed += step
+	}
+	f.last = raw
+	return f.origin.Add(f.elapsed)
 }
 
 // Run follows the revocation feed and keeps the key set, until ctx ends.
@@ -479,8 +563,9 @@ func (v *Verifier) apply(msg *tetherv1.WatchRevocationsResponse) error {
 		// Freshness is measured on this verifier's clock, when the message
 		// arrived, not by the server's time in it. A message cut short is
 		// not the feed's head: the verifier is not ready, nor fresh again,
-		// until the message that reaches it.
-		v.tombstones.MarkSynced(msg.HeadSequence, v.cfg.Clock.Now())
+		// until the message that reaches it. A clock set back does not
+		// make it younger (feedClock).
+		v.tombstones.MarkSynced(msg.HeadSequence, v.feed.sync())
 	}
 	if len(tombstones) > 0 || replaced {
 		next := make(chan struct{})

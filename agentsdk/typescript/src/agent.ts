@@ -6,7 +6,7 @@ import type { Node, SessionRequest, SessionResponse, SessionSignal } from "./gen
 import { SignalKind } from "./gen/tether/v1/agent_pb.js";
 import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
-import { AsyncQueue, dateOf, durationFromMs, sleep } from "./internal.js";
+import { AsyncQueue, dateOf, durationFromMs, printedWithout, sleep } from "./internal.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
 import type { SessionRequestSchema } from "./gen/tether/v1/agent_pb.js";
 
@@ -296,7 +296,7 @@ export class Agent {
   async spawn(name: string, labels: Record<string, string> = {}): Promise<Child> {
     const resp = await this.conn.agent.spawn({ parentNodeId: this.#node.nodeId, name, labels });
     if (!resp.node) throw new Error("tether: Spawn answered without a node");
-    return { node: resp.node, credential: resp.credential };
+    return printedWithout({ node: resp.node, credential: resp.credential }, "credential");
   }
 
   /**
@@ -370,14 +370,14 @@ export class Agent {
       ttl: ttlMs ? durationFromMs(ttlMs) : undefined,
     });
     if (!resp.grant) throw new Error("tether: Delegate answered without a grant");
-    return { grant: resp.grant, token: resp.token, expiresAt: dateOf(resp.tokenExpiresAt) };
+    return printedWithout({ grant: resp.grant, token: resp.token, expiresAt: dateOf(resp.tokenExpiresAt) }, "token");
   }
 
   /** Mints a fresh short-lived token for a grant the agent holds; the control plane re-checks the whole chain first. */
   async refreshToken(grantId: string): Promise<Grant> {
     const resp = await this.conn.capability.refresh({ grantId });
     if (!resp.grant) throw new Error("tether: Refresh answered without a grant");
-    return { grant: resp.grant, token: resp.token, expiresAt: dateOf(resp.tokenExpiresAt) };
+    return printedWithout({ grant: resp.grant, token: resp.token, expiresAt: dateOf(resp.tokenExpiresAt) }, "token");
   }
 
   /**

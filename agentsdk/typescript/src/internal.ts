@@ -106,3 +106,21 @@ export function withoutSecret(text: string, token: string, what: string): string
  * from the package.
  */
 export const feedHooks = new WeakMap<object, (msg: import("./gen/tether/v1/capability_pb.js").WatchRevocationsResponse) => Promise<void>>();
+
+const inspectCustom = Symbol.for("nodejs.util.inspect.custom");
+
+/**
+ * obj, which util.inspect (console.log) prints with its secret field shown
+ * as "[not shown]": a framework logging a spawned child or a grant showed
+ * its credential or token to whoever reads the logs. JSON.stringify,
+ * asked for on purpose (a child handed to its process), still carries it.
+ */
+export function printedWithout<T extends object>(obj: T, field: keyof T): T {
+  Object.defineProperty(obj, inspectCustom, {
+    enumerable: false,
+    value(_depth: number, options: object, inspect: (value: unknown, options: object) => string) {
+      return inspect({ ...obj, [field]: "[not shown]" }, options);
+    },
+  });
+  return obj;
+}

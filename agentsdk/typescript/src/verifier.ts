@@ -54,8 +54,10 @@ export interface VerifierOptions {
   jwksMinIntervalMs?: number;
   /**
    * Tokens' times are checked on it (default Date.now); so is the feed's
-   * age when it is given, else on a monotonic clock (performance.now). A
-   * clock that goes back past the feed's last message fails closed.
+   * age when it is given (its forward steps added up: a step back does
+   * not make the feed younger), else on a monotonic clock
+   * (performance.now). A clock that goes back past the feed's last
+   * message fails closed.
    */
   clock?: Clock;
   /** Where warnings go (never a token); default: nowhere. */
@@ -78,7 +80,8 @@ interface Tombstone {
  *
  * Every call:
  *  1. fails closed ("feed_stale") when the feed was last heard from longer
- *     than the staleness budget ago, or never;
+ *     than the staleness budget ago, or never, before the token is looked
+ *     at and again after (a key-set fetch may have taken its time);
  *  2. verifies the token, or finds it in the cache of tokens already
  *     verified (the cache skips only the signature and claim parsing);
  *  3. rejects a token past its exp, and one whose jti or any chain entry
@@ -107,9 +110,17 @@ export class Verifier {
    * Where the feed's age is measured: a monotonic clock (performance.now)
    * unless a clock was injected. Date.now, which it was, steps back when
    * the host's clock is set back, and a feed that died kept the verifier
-   * fresh for as long as the step.
+   * fresh for as long as the step. An injected clock's forward steps are
+   * added up (#feedElapsed), a step back counted as no time: its now
+   * minus the message's arrival lost every step back short of the
+   * message. Time that passed before a step back with no reading in
+   * between is not counted: only readings tell it.
    */
   readonly #feedClock: () => number;
+  /** The injected clock's last reading, and its reading at the feed's last message. */
+  #feedLast?: number;
+  #feedSyncedRaw?: number;
+  #feedElapsed = 0;
   #cache = new Map<string, Claims>();
   /** Each holder's cached tokens, oldest first. */
   #byHolder = new Map<string, string[]>();
@@ -133,7 +144,14 @@ export class Verifier {
     this.#jwksMinInterval = options.jwksMinIntervalMs && options.jwksMinIntervalMs > 0 ? options.jwksMinIntervalMs : DefaultJwksMinIntervalMs;
     this.#clock = options.clock ?? { now: Date.now };
     const injected = options.clock;
-    this.#feedClock = injected ? () => injected.now() : () => performance.now();
+    this.#feedClock = injected
+      ? () => {
+          const raw = injected.now();
+          if (this.#feedLast !== undefined && raw > this.#feedLast) this.#feedElapsed += raw - this.#feedLast;
+          this.#feedLast = raw;
+          return this.#feedElapsed;
+        }
+      : () => performance.now();
     // The peer writes the errors warned of (a key set's kid, a feed's
     // refusal), and could quote the token the feed was opened with.
     const warn = options.warn ?? (() => {});
@@ -161,16 +179,21 @@ export class Verifier {
   checkFresh(): void {
     if (this.#syncedAt === undefined) throw new TokenError("feed_stale", "never synced");
     const age = this.#feedClock() - this.#syncedAt;
+    if (age > this.#budget) throw new TokenError("feed_stale", `last synced ${age} ms ago, budget ${this.#budget} ms`);
     // A clock that went back past the feed's last message cannot say how
     // old the feed is: fail closed until it passes that point again.
-    if (age < 0) throw new TokenError("feed_stale", `the clock went back ${-age} ms past the feed's last message`);
-    if (age > this.#budget) throw new TokenError("feed_stale", `last synced ${age} ms ago, budget ${this.#budget} ms`);
+    const behind = this.#feedSyncedRaw !== undefined && this.#feedLast !== undefined ? this.#feedSyncedRaw - this.#feedLast : 0;
+    if (behind > 0) throw new TokenError("feed_stale", `the clock went back ${behind} ms past the feed's last message`);
   }
 
   /** Checks a token for use now and returns its claims, or throws a {@link TokenError}. */
   async verify(token: string): Promise<Claims> {
     this.checkFresh();
     const claims = await this.#claims(token, this.#clock.now());
+    // Again where the tombstones are read: a check of an unknown kid waits
+    // for the key set (up to its 10 s), and a feed that died meanwhile, the
+    // budget passing, left a revocation unheard.
+    this.checkFresh();
     const via = this.#revokedVia(claims);
     if (via === claims.grantId) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked`);
     if (via) throw new TokenError("grant_revoked", `grant ${claims.grantId} is revoked via ancestor grant ${via}`);
@@ -372,6 +395,7 @@ export class Verifier {
       // Freshness is measured on this verifier's clock, when the message
       // arrived, not by the server's time in it.
       this.#syncedAt = this.#feedClock();
+      this.#feedSyncedRaw = this.#feedLast;
       this.#markReady();
       this.#waiters = this.#waiters.filter((w) => {
         if (w.sequence > this.#head) return true;

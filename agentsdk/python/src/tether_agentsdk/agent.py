@@ -50,10 +50,12 @@ class Aborted(Exception):
 @dataclass
 class Child:
     """A spawned child: its node and the credential to hand to the child's
-    process (which calls Agent.join)."""
+    process (which calls Agent.join). Its repr does not show the
+    credential: a framework logging the child showed it to whoever reads
+    the logs."""
 
     node: dict
-    credential: str
+    credential: str = field(repr=False)
 
     @property
     def node_id(self) -> str:
@@ -63,10 +65,10 @@ class Child:
 @dataclass
 class Grant:
     """A capability grant with its current token (what the agent shows a
-    tool; never its credential)."""
+    tool; never its credential). Its repr does not show the token."""
 
     grant: dict
-    token: str
+    token: str = field(repr=False)
     expires_at: datetime | None
 
     @property

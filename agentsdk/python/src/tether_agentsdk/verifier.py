@@ -338,7 +338,9 @@ class Verifier(StreamFollower):
     whenever the feed is older than ``staleness_budget`` seconds. Keep the
     budget several times the control plane's feed heartbeat (two seconds).
     ``clock`` (wall seconds, for exp) and ``monotonic`` (for staleness) are
-    injectable for tests.
+    injectable for tests; the feed's age never shortens when ``monotonic``
+    steps back (its forward steps are added up), and a ``monotonic`` that
+    reads earlier than at the feed's last message fails closed.
     """
 
     def __init__(self, conn: Conn, *, issuer: str = "tether", offline: bool | None = None,
@@ -360,6 +362,12 @@ class Verifier(StreamFollower):
         self.jwks_min_interval = jwks_min_interval
         self.clock = clock
         self.monotonic = monotonic
+        # The feed's age is measured on _feed_now: the monotonic clock's
+        # forward steps added up, a step back counted as no time.
+        self._feed_lock = threading.Lock()
+        self._feed_last: float | None = None
+        self._feed_elapsed = 0.0
+        self._feed_synced_raw: float | None = None
         self.ready = threading.Event()
         self._keys: dict[str, Any] = {}
         self._keys_lock = threading.Lock()
@@ -399,9 +407,34 @@ class Verifier(StreamFollower):
         synced = self._state.synced_at
         if synced is None:
             raise FeedStale("revocation feed not yet received: failing closed")
-        age = self.monotonic() - synced
+        now, behind = self._feed_now()
+        age = now - synced
         if age > self.staleness_budget:
             raise FeedStale(f"revocation feed last heard {age:.1f}s ago (budget {self.staleness_budget}s): failing closed")
+        if behind:
+            raise FeedStale("the clock went back past the revocation feed's last message: failing closed")
+
+    def _feed_now(self, synced: bool = False) -> tuple[float, bool]:
+        """The time the feed's age is measured on, which never goes back,
+        and whether the clock reads earlier than at the feed's last message
+        (noted as now when ``synced``). An injected ``monotonic`` that
+        stepped back (an NTP step, a VM resumed, a clock that is not
+        monotonic) took the step off the age of a feed that had died, and
+        a dead feed read fresh: the clock's forward steps between two
+        readings are added up, a step back counts as no time, and a clock
+        behind the feed's last message fails closed until it passes that
+        reading again or the feed speaks. Time that passed before a step
+        back with no reading in between is not counted: only readings tell
+        it."""
+        with self._feed_lock:  # around the reading too: readings are taken in order
+            raw = self.monotonic()
+            if self._feed_last is not None and raw > self._feed_last:
+                self._feed_elapsed += raw - self._feed_last
+            self._feed_last = raw
+            if synced:
+                self._feed_synced_raw = raw
+            behind = self._feed_synced_raw is not None and raw < self._feed_synced_raw
+            return self._feed_elapsed, behind
 
     def verify(self, token: str) -> Claims:
         """Checks a token for use now and returns its claims; raises a
@@ -417,6 +450,10 @@ class Verifier(StreamFollower):
             # refetch, rate-limited, and try once more.
             self._refetch_after_miss()
             claims = parse_capability_token(token, self._keys, issuer=self.issuer, now=now, leeway=self.leeway)
+            # Again where the tombstones are read: the key set's answer
+            # may have taken its time, and a feed that died meanwhile,
+            # the budget passing, left a revocation unheard.
+            self.fresh()
         by_grant = self._state.by_grant
         for gid in (*claims.chain, claims.grant_id):  # root first: the widest revocation is named
             if gid in by_grant:
@@ -506,7 +543,7 @@ class Verifier(StreamFollower):
             # Freshness is this verifier's clock when the message arrived,
             # not the server's time in it.
             if not continues:
-                state.synced_at = self.monotonic()
+                state.synced_at, _ = self._feed_now(synced=True)
             self._state = state  # one reference swap: readers see old or new, whole
             self._cond.notify_all()
         if not continues:
