@@ -264,6 +264,9 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 	if root == "" && p.IsAgent() {
 		root = p.NodeID()
 	}
+	if req.Msg.OneLevel {
+		return a.listLevel(ctx, p, root, selector, req.Msg)
+	}
 	if root == "" {
 		size := int(req.Msg.PageSize)
 		if size == 0 || size > maxPageSize {
@@ -309,4 +312,53 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 		}
 	}
 	return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(out)}), nil
+}
+
+// listLevel answers ListNodes with one_level: a page of root's children
+// (the roots when root is empty, for an operator), read from the tree's
+// child and root indexes, never a subtree. An agent lists the children of
+// its own subtree's nodes only (the parent is checked before a child is
+// read). A page costs a request of the caller's budget per thousand nodes
+// read past the first thousand, as a subtree's listing does.
+func (a *agentService) listLevel(ctx context.Context, p auth.Principal, root string, selector map[string]string, msg *tetherv1.ListNodesRequest) (*connect.Response[tetherv1.ListNodesResponse], error) {
+	if p.IsAgent() && root != p.NodeID() {
+		n, err := a.s.tree.Get(ctx, root)
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		if !canSee(p, n) {
+			return nil, toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, n.NodeID))
+		}
+	}
+	size := int(msg.PageSize)
+	if size == 0 || size > maxPageSize {
+		size = maxPageSize
+	}
+	lv, read, err := a.s.tree.ListLevel(ctx, root, msg.PageToken, size)
+	if err != nil {
+		return nil, toConnect(err)
+	}
+	auth.SpendDone(ctx, (read-1)/maxPageSize)
+	out := lv.Nodes[:0]
+	for _, n := range lv.Nodes {
+		if tree.MatchLabels(n.Labels, selector) {
+			out = append(out, n)
+		}
+	}
+	// The counts of the nodes answered, and the parent's.
+	counts := make(map[string]uint64, len(out)+1)
+	for _, id := range append([]string{root}, nodeIDs(out)...) {
+		if c, ok := lv.ChildCounts[id]; ok {
+			counts[id] = c
+		}
+	}
+	return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(out), NextPageToken: lv.Next, ChildCounts: counts}), nil
+}
+
+func nodeIDs(nodes []*tree.Node) []string {
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = n.NodeID
+	}
+	return ids
 }

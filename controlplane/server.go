@@ -366,6 +366,14 @@ func New(ctx context.Context, cfg Config) (*Server, error) {
 	} else if n > 0 {
 		s.log.Info("indexed the stored proposals and records", "entries", n)
 	}
+	// The roots' index (ListNodes one_level), over the roots a version
+	// before it stored: once, then one key is read.
+	if n, err := s.tree.IndexRoots(ctx); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("controlplane: index the stored roots: %w", err)
+	} else if n > 0 {
+		s.log.Info("indexed the stored roots", "roots", n)
+	}
 	if cfg.DataDir != "" {
 		if err := s.bootstrapAdminToken(); err != nil {
 			s.Close()

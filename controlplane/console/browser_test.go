@@ -298,7 +298,8 @@ func TestConsoleInBrowser(t *testing.T) {
 
 // TestConsoleTreeOfTenThousand loads the tree page of a 10,000-node swarm
 // in the browser and logs how long it took. It asserts what the page
-// shows, not how fast (the figure is reported, in docs/console.md too).
+// shows (a level at a time, at most 500 nodes), not how fast (the figure
+// is reported, in docs/console.md too).
 func TestConsoleTreeOfTenThousand(t *testing.T) {
 	if testing.Short() {
 		// By design: -short (make test-short) leaves out the slow subprocess and
@@ -346,22 +347,26 @@ func TestConsoleTreeOfTenThousand(t *testing.T) {
 	elapsed := time.Since(start)
 	total := get(t, ctx, "the node count", chromedp.Text(chromedp.CSS("#tree-total")))
 	nav := get(t, ctx, "navigation timing", chromedp.Evaluate[map[string]float64](`(() => { const n = performance.getEntriesByType("navigation")[0]; return {response: n.responseEnd, dom: n.domContentLoadedEventEnd, load: n.loadEventEnd, bytes: n.encodedBodySize}; })()`))
-	if total != "10000" {
-		t.Fatalf("the tree page shows %s nodes, want 10000", total)
-	}
+	// The page reads a level at a time, 500 nodes at most (thirty-fifth
+	// hostile pass): both roots, the swarm's 99 workers, and the first
+	// workers' tasks; the rest are a link away.
 	items := get(t, ctx, "count the rendered nodes", chromedp.Evaluate[int](`document.querySelectorAll('#tree li.n').length`))
-	if items != 10000 {
-		t.Fatalf("%d nodes rendered, want 10000", items)
+	if total != fmt.Sprint(items) || items < 100 || items > 500 {
+		t.Fatalf("the tree page shows %s nodes and renders %d, want the same, 100 to 500", total, items)
+	}
+	links := get(t, ctx, "links to unread children", chromedp.Evaluate[int](`document.querySelectorAll('#tree a.open-children, #tree a.more-children').length`))
+	if links == 0 {
+		t.Fatal("the tree page links none of the children it did not read")
 	}
 	// Expanding every level and filtering are usable at this size too.
 	expandStart := time.Now()
 	run(t, ctx, "expand all", chromedp.Click(chromedp.CSS("#expand-all")),
-		chromedp.WaitVisible(chromedp.CSS(`li.n[data-name="task-98-099"] a`)))
+		chromedp.WaitVisible(chromedp.CSS(`li.n[data-name="task-00-094"] a`)))
 	expand := time.Since(expandStart)
 	filterStart := time.Now()
-	run(t, ctx, "quick filter", chromedp.SendKeys(chromedp.CSS("#quick"), "task-42-007"),
-		chromedp.WaitVisible(chromedp.CSS(`li.n.hit[data-name="task-42-007"]`)),
-		chromedp.WaitNotVisible(chromedp.CSS(`li.n[data-name="task-42-008"]`)))
+	run(t, ctx, "quick filter", chromedp.SendKeys(chromedp.CSS("#quick"), "task-00-007"),
+		chromedp.WaitVisible(chromedp.CSS(`li.n.hit[data-name="task-00-007"]`)),
+		chromedp.WaitNotVisible(chromedp.CSS(`li.n[data-name="task-00-008"]`)))
 	filter := time.Since(filterStart)
 	t.Logf("10,000-node tree page: %s from navigation to visible (browser: response end %.0f ms, DOMContentLoaded %.0f ms, load %.0f ms, %.0f KB transferred); expand all %s; quick filter %s",
 		elapsed.Round(time.Millisecond), nav["response"], nav["dom"], nav["load"], nav["bytes"]/1024, expand.Round(time.Millisecond), filter.Round(time.Millisecond))

@@ -61,6 +61,7 @@ func templateFuncs() template.FuncMap {
 		"ts":            ts,
 		"dur":           dur,
 		"labels":        labels,
+		"treeBudget":    func() int { return treeBudget },
 		"join":          strings.Join,
 		// seg is an agent's id as one path segment of a link: a job id is
 		// the agent's text and may hold "/", "..", "?" or "#", which

@@ -28,128 +28,204 @@ import (
 
 // treeNode is one node of the rendered tree.
 type treeNode struct {
-	Node        *tetherv1.Node
-	Children    []*treeNode
-	Descendants int
-	Open        bool
+	Node     *tetherv1.Node
+	Children []*treeNode
+	// ChildCount is the node's number of children, as the tree stores it
+	// (HasCount false: not stored, it may have some).
+	ChildCount uint64
+	HasCount   bool
+	// More links to the page of its children after those shown; Unread:
+	// its children were not read on this page (a link opens them).
+	More   string
+	Unread bool
+	Open   bool
 }
 
 type treeData struct {
 	Roots    []*treeNode
 	Matches  []*tetherv1.Node // when filtered: a flat list
 	Filtered bool
-	Total    int
+	Total    int // the nodes shown
 	Selector string
 	State    string
 	Root     string
-	RootName string // the name of the node Root names, when it is listed
-	Open     string
-	Large    bool // not every level is open
+	RootName string // the name of the node Root names
+	Next     string // the next page's link, when there is one
+	Paged    bool   // a page after the first
 	Counts   map[string]int
 }
 
-// openAllBelow: a tree this small is rendered fully expanded; a larger one
-// opens its first levels only (the rest is a click, or "expand all", away).
-const openAllBelow = 500
+// The tree page reads and renders one level at a time, a page of each
+// (ListNodes one_level), breadth first, up to treeBudget nodes and
+// treeCalls listings; the children it did not read are a link away
+// (?root=, ?after=). Its cost is bounded whatever a rogue spawns below.
+// The filtered view shows a page of matches (filterPage) at a time.
+const (
+	treeBudget  = 500
+	treeCalls   = 40
+	filterPage  = 500
+	filterCalls = 10
+	// nodeChildren: the children a node's page lists.
+	nodeChildren = 200
+)
 
 func (c *Console) tree(w http.ResponseWriter, r *http.Request, s *session) {
 	ctx, cancel := pageContext(r)
 	defer cancel()
 	q := r.URL.Query()
-	d := treeData{Selector: q.Get("selector"), State: q.Get("state"), Root: q.Get("root"), Open: q.Get("open"), Counts: map[string]int{}}
-	var nodes []*tetherv1.Node
-	token := ""
-	for {
-		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token})
+	d := treeData{Selector: q.Get("selector"), State: q.Get("state"), Root: q.Get("root"), Counts: map[string]int{}}
+	after := q.Get("after")
+	d.Paged = after != ""
+	var rootNode *tetherv1.Node
+	if d.Root != "" {
+		got, ok := apiCall(ctx, c, w, r, s, "Could not read node "+d.Root, s.clients.Agent.GetNode, &tetherv1.GetNodeRequest{NodeId: d.Root})
 		if !ok {
 			return
 		}
-		nodes = append(nodes, resp.Msg.Nodes...)
-		token = resp.Msg.NextPageToken
-		if token == "" {
-			break
-		}
-	}
-	d.Total = len(nodes)
-	for _, n := range nodes {
-		d.Counts[nodeState(n.State)]++
-		if d.Root != "" && n.NodeId == d.Root {
-			d.RootName = n.Name
-		}
+		rootNode = got.Msg.Node
+		d.RootName = rootNode.Name
 	}
 	if d.Selector != "" || d.State != "" {
-		d.Filtered = true
-		for _, n := range nodes {
+		c.filteredTree(ctx, w, r, s, &d, after)
+		return
+	}
+	link := func(root, after string) string {
+		v := url.Values{}
+		if root != "" {
+			v.Set("root", root)
+		}
+		if after != "" {
+			v.Set("after", after)
+		}
+		return "/ui/tree?" + v.Encode()
+	}
+	// The first level: the roots, or the named node's children.
+	resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{RootNodeId: d.Root, OneLevel: true, PageToken: after, PageSize: treeBudget})
+	if !ok {
+		return
+	}
+	calls, budget := 1, treeBudget-len(resp.Msg.Nodes)
+	level := treeLevel(resp.Msg)
+	d.Roots = level
+	if rootNode != nil {
+		// The named node on top, its page of children below.
+		count, known := resp.Msg.ChildCounts[d.Root]
+		d.Roots = []*treeNode{{Node: rootNode, Children: level, ChildCount: count, HasCount: known, Open: true}}
+	}
+	if resp.Msg.NextPageToken != "" {
+		d.Next = link(d.Root, resp.Msg.NextPageToken)
+	}
+	for len(level) > 0 {
+		var next []*treeNode
+		for _, t := range level {
+			if t.HasCount && t.ChildCount == 0 {
+				continue
+			}
+			if budget <= 0 || calls >= treeCalls {
+				t.Unread = true
+				continue
+			}
+			sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: t.Node.NodeId, OneLevel: true, PageSize: int32(budget)}))
+			calls++
+			if err != nil {
+				c.apiFail(w, r, s, "Could not list the children of "+t.Node.NodeId, err)
+				return
+			}
+			t.Children = treeLevel(sub.Msg)
+			t.Open = true
+			budget -= len(t.Children)
+			if sub.Msg.NextPageToken != "" {
+				t.More = link(t.Node.NodeId, sub.Msg.NextPageToken)
+			}
+			next = append(next, t.Children...)
+		}
+		level = next
+	}
+	var count func(ts []*treeNode)
+	count = func(ts []*treeNode) {
+		for _, t := range ts {
+			d.Total++
+			d.Counts[nodeState(t.Node.State)]++
+			count(t.Children)
+		}
+	}
+	count(d.Roots)
+	c.render(w, r, s, http.StatusOK, "tree", "Agent tree", d)
+}
+
+// treeLevel is a one_level answer's nodes, sorted by name, with their
+// child counts.
+func treeLevel(m *tetherv1.ListNodesResponse) []*treeNode {
+	out := make([]*treeNode, len(m.Nodes))
+	for i, n := range m.Nodes {
+		c, ok := m.ChildCounts[n.NodeId]
+		out[i] = &treeNode{Node: n, ChildCount: c, HasCount: ok}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Node.Name != out[j].Node.Name {
+			return out[i].Node.Name < out[j].Node.Name
+		}
+		return out[i].Node.NodeId < out[j].Node.NodeId
+	})
+	return out
+}
+
+// filteredTree shows a page of the nodes the label selector (applied by
+// the server) and the state filter match, within ?root= when given: it
+// reads pages of ListNodes until it has filterPage matches or has made
+// treeCalls listings, and links the next page.
+func (c *Console) filteredTree(ctx context.Context, w http.ResponseWriter, r *http.Request, s *session, d *treeData, token string) {
+	d.Filtered = true
+	for calls := 0; calls < filterCalls; calls++ {
+		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{LabelSelector: d.Selector, PageToken: token, PageSize: filterPage})
+		if !ok {
+			return
+		}
+		for _, n := range resp.Msg.Nodes {
+			if d.Root != "" && n.NodeId != d.Root && !slices.Contains(n.Ancestors, d.Root) {
+				continue
+			}
+			d.Total++
+			d.Counts[nodeState(n.State)]++
 			if d.State == "" || nodeState(n.State) == d.State {
 				d.Matches = append(d.Matches, n)
 			}
 		}
-		c.render(w, r, s, http.StatusOK, "tree", "Agent tree", d)
-		return
-	}
-	openDepth := 1
-	switch {
-	case d.Open == "all" || (d.Open == "" && len(nodes) <= openAllBelow):
-		openDepth = 1 << 30
-	case d.Open != "":
-		if n, err := strconv.Atoi(d.Open); err == nil && n >= 0 {
-			openDepth = n
+		token = resp.Msg.NextPageToken
+		if token == "" || len(d.Matches) >= filterPage {
+			break
 		}
 	}
-	d.Large = openDepth < 1<<30
-	d.Roots = buildTree(nodes, openDepth)
-	c.render(w, r, s, http.StatusOK, "tree", "Agent tree", d)
-}
-
-// buildTree links nodes to their parents (a node whose parent is not in
-// the list is a root), sorts siblings by name, and opens the first levels.
-func buildTree(nodes []*tetherv1.Node, openDepth int) []*treeNode {
-	byID := make(map[string]*treeNode, len(nodes))
-	for _, n := range nodes {
-		byID[n.NodeId] = &treeNode{Node: n}
-	}
-	var roots []*treeNode
-	for _, n := range nodes {
-		t := byID[n.NodeId]
-		if p, ok := byID[n.ParentNodeId]; ok && n.ParentNodeId != "" {
-			p.Children = append(p.Children, t)
-		} else {
-			roots = append(roots, t)
-		}
-	}
-	var walk func(ts []*treeNode, depth int) int
-	walk = func(ts []*treeNode, depth int) int {
-		sort.Slice(ts, func(i, j int) bool {
-			if ts[i].Node.Name != ts[j].Node.Name {
-				return ts[i].Node.Name < ts[j].Node.Name
+	if token != "" {
+		v := url.Values{"after": {token}}
+		for k, x := range map[string]string{"selector": d.Selector, "state": d.State, "root": d.Root} {
+			if x != "" {
+				v.Set(k, x)
 			}
-			return ts[i].Node.NodeId < ts[j].Node.NodeId
-		})
-		total := 0
-		for _, t := range ts {
-			t.Open = depth < openDepth
-			t.Descendants = walk(t.Children, depth+1)
-			total += 1 + t.Descendants
 		}
-		return total
+		d.Next = "/ui/tree?" + v.Encode()
 	}
-	walk(roots, 0)
-	return roots
+	c.render(w, r, s, http.StatusOK, "tree", "Agent tree", *d)
 }
 
 // ---- a node ----
 
 type nodeData struct {
-	Node        *tetherv1.Node
-	State       string
-	Children    []*tetherv1.Node
-	Descendants int
-	Grants      []*tetherv1.Grant
-	Leases      []*tetherv1.Lease
-	Proposals   []*tetherv1.StopProposal
-	Calls       []*tetherv1.ToolCall
-	Privileges  []*tetherv1.Privilege
-	Errors      []string
+	Node     *tetherv1.Node
+	State    string
+	Children []*tetherv1.Node
+	// ChildCount: its number of children, as the tree stores it (HasCount
+	// false: not stored); MoreChildren links to the children after the
+	// first page.
+	ChildCount   uint64
+	HasCount     bool
+	MoreChildren string
+	Grants       []*tetherv1.Grant
+	Leases       []*tetherv1.Lease
+	Proposals    []*tetherv1.StopProposal
+	Calls        []*tetherv1.ToolCall
+	Privileges   []*tetherv1.Privilege
+	Errors       []string
 	// MoreGrants, MoreLeases, MoreProposals: the node holds more than the
 	// first answer (a thousand) shows; MoreLeases links to the rest.
 	MoreGrants    bool
@@ -174,9 +250,15 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 		}
 		return err == nil
 	}
-	if sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id})); section("children", err) {
-		d.Descendants = len(sub.Msg.Nodes) - 1
-		d.Children = slices.DeleteFunc(sub.Msg.Nodes, func(n *tetherv1.Node) bool { return n.ParentNodeId != id })
+	// A page of its children (one level, never its subtree: a rogue may
+	// grow its own to a hundred thousand) and their number, as the tree
+	// stores it; the rest are on the tree page's pages.
+	if sub, err := s.clients.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: id, OneLevel: true, PageSize: nodeChildren})); section("children", err) {
+		d.Children = sub.Msg.Nodes
+		d.ChildCount, d.HasCount = sub.Msg.ChildCounts[id]
+		if sub.Msg.NextPageToken != "" {
+			d.MoreChildren = "/ui/tree?" + url.Values{"root": {id}, "after": {sub.Msg.NextPageToken}}.Encode()
+		}
 	}
 	if g, err := s.clients.Capability.ListGrants(ctx, connect.NewRequest(&tetherv1.ListGrantsRequest{HolderNodeId: id})); section("grants", err) {
 		d.Grants, d.MoreGrants = g.Msg.Grants, g.Msg.NextPageToken != ""

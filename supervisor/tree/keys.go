@@ -16,6 +16,12 @@ const (
 	// agents/stoprequested/<node id> → the id of a termination requested
 	// on the node whose mark has not marked it yet (cover.go).
 	prefixStopRequested = "agents/stoprequested/"
+	// agents/root/<root id> → "": the roots, so that a listing of them
+	// (ListLevel) reads them, not every node; written with each root, and
+	// for a data directory written before it by IndexRoots at start, which
+	// writes rootsIndexedKey last.
+	prefixRoot      = "agents/root/"
+	rootsIndexedKey = "agents/rootsindexed"
 )
 
 // NodePrefix is the prefix of every node's key, for the reconcilers that
@@ -31,6 +37,7 @@ func childPrefix(parent string) []byte     { return []byte(prefixChild + parent 
 func childKey(parent, child string) []byte { return []byte(prefixChild + parent + "/" + child) }
 func childCountKey(parent string) []byte   { return []byte(prefixChildCount + parent) }
 func stopRequestedKey(node string) []byte  { return []byte(prefixStopRequested + node) }
+func rootKey(id string) []byte             { return []byte(prefixRoot + id) }
 
 // NodeKey is a node's key, for callers that prefetch nodes they then read
 // with GetNodeIn.

@@ -153,7 +153,12 @@ func (t *Tree) RegisterRoot(ctx context.Context, name string, labels map[string]
 		CreatedBy: createdBy,
 		Holds:     HoldsTracked,
 	}
-	err := t.Store.Update(ctx, func(tx store.Txn) error { return putNode(tx, node) })
+	err := t.Store.Update(ctx, func(tx store.Txn) error {
+		if err := putNode(tx, node); err != nil {
+			return err
+		}
+		return tx.Put(rootKey(node.NodeID), nil)
+	})
 	if err != nil {
 		return nil, err
 	}

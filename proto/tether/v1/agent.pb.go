@@ -1655,6 +1655,12 @@ type ListNodesRequest struct {
 	LabelSelector string `protobuf:"bytes,2,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
 	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// One level only: root_node_id's children (empty: the roots), in id
+	// order, page_size (at most and by default 1,000) a page, read from the
+	// tree's child and root indexes. A page reads the nodes it lists and
+	// their child counts, never a subtree; the label selector is applied
+	// to the page (it may hold fewer than its size).
+	OneLevel      bool `protobuf:"varint,5,opt,name=one_level,json=oneLevel,proto3" json:"one_level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1717,10 +1723,21 @@ func (x *ListNodesRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListNodesRequest) GetOneLevel() bool {
+	if x != nil {
+		return x.OneLevel
+	}
+	return false
+}
+
 type ListNodesResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Nodes         []*Node                `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// With one_level: the number of children of each listed node and of
+	// root_node_id, by node id, where the tree stores it (a node spawned
+	// before the counts existed may be missing: it may have children).
+	ChildCounts   map[string]uint64 `protobuf:"bytes,3,rep,name=child_counts,json=childCounts,proto3" json:"child_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1767,6 +1784,13 @@ func (x *ListNodesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListNodesResponse) GetChildCounts() map[string]uint64 {
+	if x != nil {
+		return x.ChildCounts
+	}
+	return nil
 }
 
 type ProposeStopRequest struct {
@@ -2355,17 +2379,22 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x0eGetNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"6\n" +
 	"\x0fGetNodeResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node\"\x97\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node\"\xb4\x01\n" +
 	"\x10ListNodesRequest\x12 \n" +
 	"\froot_node_id\x18\x01 \x01(\tR\n" +
 	"rootNodeId\x12%\n" +
 	"\x0elabel_selector\x18\x02 \x01(\tR\rlabelSelector\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"b\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12\x1b\n" +
+	"\tone_level\x18\x05 \x01(\bR\boneLevel\"\xf4\x01\n" +
 	"\x11ListNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.tether.v1.NodeR\x05nodes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd1\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12P\n" +
+	"\fchild_counts\x18\x03 \x03(\v2-.tether.v1.ListNodesResponse.ChildCountsEntryR\vchildCounts\x1a>\n" +
+	"\x10ChildCountsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xd1\x01\n" +
 	"\x12ProposeStopRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1c\n" +
 	"\tcondition\x18\x02 \x01(\tR\tcondition\x12\x16\n" +
@@ -2434,7 +2463,7 @@ func file_tether_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_tether_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_tether_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_tether_v1_agent_proto_goTypes = []any{
 	(NodeState)(0),                // 0: tether.v1.NodeState
 	(SignalKind)(0),               // 1: tether.v1.SignalKind
@@ -2476,88 +2505,90 @@ var file_tether_v1_agent_proto_goTypes = []any{
 	nil,                           // 37: tether.v1.RegisterRootRequest.LabelsEntry
 	nil,                           // 38: tether.v1.SpawnRequest.LabelsEntry
 	nil,                           // 39: tether.v1.SpawnBatchChild.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
-	(TerminationMode)(0),          // 41: tether.v1.TerminationMode
-	(*durationpb.Duration)(nil),   // 42: google.protobuf.Duration
-	(*StopProposal)(nil),          // 43: tether.v1.StopProposal
+	nil,                           // 40: tether.v1.ListNodesResponse.ChildCountsEntry
+	(*timestamppb.Timestamp)(nil), // 41: google.protobuf.Timestamp
+	(TerminationMode)(0),          // 42: tether.v1.TerminationMode
+	(*durationpb.Duration)(nil),   // 43: google.protobuf.Duration
+	(*StopProposal)(nil),          // 44: tether.v1.StopProposal
 }
 var file_tether_v1_agent_proto_depIdxs = []int32{
-	40, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
-	40, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
+	41, // 0: tether.v1.ExitConfirmation.at:type_name -> google.protobuf.Timestamp
+	41, // 1: tether.v1.Contradiction.at:type_name -> google.protobuf.Timestamp
 	36, // 2: tether.v1.Node.labels:type_name -> tether.v1.Node.LabelsEntry
 	0,  // 3: tether.v1.Node.state:type_name -> tether.v1.NodeState
-	40, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
-	40, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
-	40, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
-	40, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
+	41, // 4: tether.v1.Node.created_at:type_name -> google.protobuf.Timestamp
+	41, // 5: tether.v1.Node.last_seen_at:type_name -> google.protobuf.Timestamp
+	41, // 6: tether.v1.Node.exited_at:type_name -> google.protobuf.Timestamp
+	41, // 7: tether.v1.Node.ready_at:type_name -> google.protobuf.Timestamp
 	2,  // 8: tether.v1.Node.exit_confirmations:type_name -> tether.v1.ExitConfirmation
 	3,  // 9: tether.v1.Node.contradictions:type_name -> tether.v1.Contradiction
-	40, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
-	40, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
+	41, // 10: tether.v1.Node.session_opened_at:type_name -> google.protobuf.Timestamp
+	41, // 11: tether.v1.Node.session_closed_at:type_name -> google.protobuf.Timestamp
 	5,  // 12: tether.v1.Node.open_sessions:type_name -> tether.v1.OpenSession
-	40, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
+	41, // 13: tether.v1.OpenSession.opened_at:type_name -> google.protobuf.Timestamp
 	37, // 14: tether.v1.RegisterRootRequest.labels:type_name -> tether.v1.RegisterRootRequest.LabelsEntry
 	4,  // 15: tether.v1.RegisterRootResponse.node:type_name -> tether.v1.Node
-	40, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	41, // 16: tether.v1.RegisterRootResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
 	38, // 17: tether.v1.SpawnRequest.labels:type_name -> tether.v1.SpawnRequest.LabelsEntry
 	4,  // 18: tether.v1.SpawnResponse.node:type_name -> tether.v1.Node
-	40, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
+	41, // 19: tether.v1.SpawnResponse.credential_expires_at:type_name -> google.protobuf.Timestamp
 	11, // 20: tether.v1.SpawnBatchRequest.children:type_name -> tether.v1.SpawnBatchChild
 	39, // 21: tether.v1.SpawnBatchChild.labels:type_name -> tether.v1.SpawnBatchChild.LabelsEntry
 	9,  // 22: tether.v1.SpawnBatchResponse.spawned:type_name -> tether.v1.SpawnResponse
 	14, // 23: tether.v1.SessionRequest.hello:type_name -> tether.v1.SessionHello
 	15, // 24: tether.v1.SessionRequest.heartbeat:type_name -> tether.v1.SessionHeartbeat
 	16, // 25: tether.v1.SessionRequest.exit:type_name -> tether.v1.SessionExit
-	40, // 26: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
+	41, // 26: tether.v1.SessionHeartbeat.sent_at:type_name -> google.protobuf.Timestamp
 	18, // 27: tether.v1.SessionResponse.opened:type_name -> tether.v1.SessionOpened
 	19, // 28: tether.v1.SessionResponse.signal:type_name -> tether.v1.SessionSignal
 	20, // 29: tether.v1.SessionResponse.credential:type_name -> tether.v1.SessionCredential
 	21, // 30: tether.v1.SessionResponse.heartbeat_ack:type_name -> tether.v1.SessionHeartbeatAck
 	4,  // 31: tether.v1.SessionOpened.node:type_name -> tether.v1.Node
 	1,  // 32: tether.v1.SessionSignal.kind:type_name -> tether.v1.SignalKind
-	40, // 33: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
-	40, // 34: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 35: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
+	41, // 33: tether.v1.SessionSignal.deadline:type_name -> google.protobuf.Timestamp
+	41, // 34: tether.v1.SessionCredential.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 35: tether.v1.SessionHeartbeatAck.server_time:type_name -> google.protobuf.Timestamp
 	4,  // 36: tether.v1.ConfirmExitResponse.node:type_name -> tether.v1.Node
 	4,  // 37: tether.v1.GetNodeResponse.node:type_name -> tether.v1.Node
 	4,  // 38: tether.v1.ListNodesResponse.nodes:type_name -> tether.v1.Node
-	41, // 39: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
-	42, // 40: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
-	43, // 41: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
-	4,  // 42: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
-	18, // 43: tether.v1.WatchSignalsResponse.opened:type_name -> tether.v1.SessionOpened
-	19, // 44: tether.v1.WatchSignalsResponse.signal:type_name -> tether.v1.SessionSignal
-	40, // 45: tether.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
-	40, // 46: tether.v1.HeartbeatResponse.server_time:type_name -> google.protobuf.Timestamp
-	19, // 47: tether.v1.HeartbeatResponse.signal:type_name -> tether.v1.SessionSignal
-	20, // 48: tether.v1.HeartbeatResponse.credential:type_name -> tether.v1.SessionCredential
-	6,  // 49: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
-	8,  // 50: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
-	10, // 51: tether.v1.AgentService.SpawnBatch:input_type -> tether.v1.SpawnBatchRequest
-	13, // 52: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
-	22, // 53: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
-	24, // 54: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
-	26, // 55: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
-	28, // 56: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
-	30, // 57: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
-	32, // 58: tether.v1.AgentService.WatchSignals:input_type -> tether.v1.WatchSignalsRequest
-	34, // 59: tether.v1.AgentService.Heartbeat:input_type -> tether.v1.HeartbeatRequest
-	7,  // 60: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
-	9,  // 61: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
-	12, // 62: tether.v1.AgentService.SpawnBatch:output_type -> tether.v1.SpawnBatchResponse
-	17, // 63: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
-	23, // 64: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
-	25, // 65: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
-	27, // 66: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
-	29, // 67: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
-	31, // 68: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
-	33, // 69: tether.v1.AgentService.WatchSignals:output_type -> tether.v1.WatchSignalsResponse
-	35, // 70: tether.v1.AgentService.Heartbeat:output_type -> tether.v1.HeartbeatResponse
-	60, // [60:71] is the sub-list for method output_type
-	49, // [49:60] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	40, // 39: tether.v1.ListNodesResponse.child_counts:type_name -> tether.v1.ListNodesResponse.ChildCountsEntry
+	42, // 40: tether.v1.ProposeStopRequest.mode:type_name -> tether.v1.TerminationMode
+	43, // 41: tether.v1.ProposeStopRequest.drain_window:type_name -> google.protobuf.Duration
+	44, // 42: tether.v1.ProposeStopResponse.proposal:type_name -> tether.v1.StopProposal
+	4,  // 43: tether.v1.ReportReadyResponse.node:type_name -> tether.v1.Node
+	18, // 44: tether.v1.WatchSignalsResponse.opened:type_name -> tether.v1.SessionOpened
+	19, // 45: tether.v1.WatchSignalsResponse.signal:type_name -> tether.v1.SessionSignal
+	41, // 46: tether.v1.HeartbeatRequest.sent_at:type_name -> google.protobuf.Timestamp
+	41, // 47: tether.v1.HeartbeatResponse.server_time:type_name -> google.protobuf.Timestamp
+	19, // 48: tether.v1.HeartbeatResponse.signal:type_name -> tether.v1.SessionSignal
+	20, // 49: tether.v1.HeartbeatResponse.credential:type_name -> tether.v1.SessionCredential
+	6,  // 50: tether.v1.AgentService.RegisterRoot:input_type -> tether.v1.RegisterRootRequest
+	8,  // 51: tether.v1.AgentService.Spawn:input_type -> tether.v1.SpawnRequest
+	10, // 52: tether.v1.AgentService.SpawnBatch:input_type -> tether.v1.SpawnBatchRequest
+	13, // 53: tether.v1.AgentService.Session:input_type -> tether.v1.SessionRequest
+	22, // 54: tether.v1.AgentService.ConfirmExit:input_type -> tether.v1.ConfirmExitRequest
+	24, // 55: tether.v1.AgentService.GetNode:input_type -> tether.v1.GetNodeRequest
+	26, // 56: tether.v1.AgentService.ListNodes:input_type -> tether.v1.ListNodesRequest
+	28, // 57: tether.v1.AgentService.ProposeStop:input_type -> tether.v1.ProposeStopRequest
+	30, // 58: tether.v1.AgentService.ReportReady:input_type -> tether.v1.ReportReadyRequest
+	32, // 59: tether.v1.AgentService.WatchSignals:input_type -> tether.v1.WatchSignalsRequest
+	34, // 60: tether.v1.AgentService.Heartbeat:input_type -> tether.v1.HeartbeatRequest
+	7,  // 61: tether.v1.AgentService.RegisterRoot:output_type -> tether.v1.RegisterRootResponse
+	9,  // 62: tether.v1.AgentService.Spawn:output_type -> tether.v1.SpawnResponse
+	12, // 63: tether.v1.AgentService.SpawnBatch:output_type -> tether.v1.SpawnBatchResponse
+	17, // 64: tether.v1.AgentService.Session:output_type -> tether.v1.SessionResponse
+	23, // 65: tether.v1.AgentService.ConfirmExit:output_type -> tether.v1.ConfirmExitResponse
+	25, // 66: tether.v1.AgentService.GetNode:output_type -> tether.v1.GetNodeResponse
+	27, // 67: tether.v1.AgentService.ListNodes:output_type -> tether.v1.ListNodesResponse
+	29, // 68: tether.v1.AgentService.ProposeStop:output_type -> tether.v1.ProposeStopResponse
+	31, // 69: tether.v1.AgentService.ReportReady:output_type -> tether.v1.ReportReadyResponse
+	33, // 70: tether.v1.AgentService.WatchSignals:output_type -> tether.v1.WatchSignalsResponse
+	35, // 71: tether.v1.AgentService.Heartbeat:output_type -> tether.v1.HeartbeatResponse
+	61, // [61:72] is the sub-list for method output_type
+	50, // [50:61] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_tether_v1_agent_proto_init() }
@@ -2587,7 +2618,7 @@ func file_tether_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_tether_v1_agent_proto_rawDesc), len(file_tether_v1_agent_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   38,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
