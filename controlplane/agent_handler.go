@@ -268,28 +268,14 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 		return a.listLevel(ctx, p, root, selector, req.Msg)
 	}
 	if root == "" {
-		size := int(req.Msg.PageSize)
-		if size == 0 || size > maxPageSize {
-			size = maxPageSize
-		}
-		nodes, next, err := a.s.tree.List(ctx, selector, req.Msg.PageToken, size)
+		nodes, next, err := a.s.tree.List(ctx, selector, req.Msg.PageToken, pageSize(req.Msg.PageSize))
 		if err != nil {
 			return nil, toConnect(err)
 		}
 		return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(nodes), NextPageToken: next}), nil
 	}
-	if p.IsAgent() && root != p.NodeID() {
-		// The root is checked before its subtree is read (another tree's
-		// could be large), and answered as a node that does not exist, so
-		// an agent cannot learn by its id whether a node outside its
-		// subtree exists.
-		n, err := a.s.tree.Get(ctx, root)
-		if err != nil {
-			return nil, toConnect(err)
-		}
-		if !canSee(p, n) {
-			return nil, toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, n.NodeID))
-		}
+	if err := a.agentMaySee(ctx, p, root); err != nil {
+		return nil, err
 	}
 	nodes, err := a.s.tree.Subtree(ctx, root)
 	if err != nil {
@@ -321,20 +307,10 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 // read). A page costs a request of the caller's budget per thousand nodes
 // read past the first thousand, as a subtree's listing does.
 func (a *agentService) listLevel(ctx context.Context, p auth.Principal, root string, selector map[string]string, msg *tetherv1.ListNodesRequest) (*connect.Response[tetherv1.ListNodesResponse], error) {
-	if p.IsAgent() && root != p.NodeID() {
-		n, err := a.s.tree.Get(ctx, root)
-		if err != nil {
-			return nil, toConnect(err)
-		}
-		if !canSee(p, n) {
-			return nil, toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, n.NodeID))
-		}
+	if err := a.agentMaySee(ctx, p, root); err != nil {
+		return nil, err
 	}
-	size := int(msg.PageSize)
-	if size == 0 || size > maxPageSize {
-		size = maxPageSize
-	}
-	lv, read, err := a.s.tree.ListLevel(ctx, root, msg.PageToken, size)
+	lv, read, err := a.s.tree.ListLevel(ctx, root, msg.PageToken, pageSize(msg.PageSize))
 	if err != nil {
 		return nil, toConnect(err)
 	}
@@ -353,6 +329,33 @@ func (a *agentService) listLevel(ctx context.Context, p auth.Principal, root str
 		}
 	}
 	return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(out), NextPageToken: lv.Next, ChildCounts: counts}), nil
+}
+
+// agentMaySee refuses an agent a listing rooted outside its own subtree.
+// The root is checked before anything below it is read (another tree's
+// could be large), and answered as a node that does not exist, so an agent
+// cannot learn by its id whether a node outside its subtree exists.
+func (a *agentService) agentMaySee(ctx context.Context, p auth.Principal, root string) error {
+	if !p.IsAgent() || root == p.NodeID() {
+		return nil
+	}
+	n, err := a.s.tree.Get(ctx, root)
+	if err != nil {
+		return toConnect(err)
+	}
+	if !canSee(p, n) {
+		return toConnect(fmt.Errorf("%w: %s", tree.ErrNodeNotFound, n.NodeID))
+	}
+	return nil
+}
+
+// pageSize is a listing's page size: the request's, at most maxPageSize,
+// maxPageSize when it names none.
+func pageSize(asked int32) int {
+	if asked == 0 || asked > maxPageSize {
+		return maxPageSize
+	}
+	return int(asked)
 }
 
 func nodeIDs(nodes []*tree.Node) []string {
