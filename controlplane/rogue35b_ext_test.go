@@ -3,9 +3,7 @@ package controlplane_test
 import (
 	"bytes"
 	"io"
-	"math"
 	"net"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -163,18 +161,11 @@ func TestRogue35BFramesAnsweredWithResetsCannotGrowTheServersQueue(t *testing.T)
 			})
 			addr := strings.TrimPrefix(srv.URL, "http://")
 			const conns, flood = 8, 9900
-			heap := func() int64 {
-				var m runtime.MemStats
-				runtime.GC()
-				runtime.GC()
-				runtime.ReadMemStats(&m)
-				return int64(m.HeapAlloc)
-			}
 			var rogues []*rstRogue
 			// open opens conns connections sending frames each, and returns
 			// the heap they hold once every answer was read.
 			open := func(frames int) int64 {
-				before := heap()
+				before := heapAlloc()
 				batch := make([]*rstRogue, conns)
 				for i := range batch {
 					batch[i] = newRSTRogue(t, addr)
@@ -198,22 +189,10 @@ func TestRogue35BFramesAnsweredWithResetsCannotGrowTheServersQueue(t *testing.T)
 					waitCount(t, "answers", &r.rsts, frames, r.done)
 				}
 				rogues = append(rogues, batch...)
-				return heap() - before
+				return heapAlloc() - before
 			}
-			least := int64(math.MaxInt64)
 			const bound = 48 << 10
-			for attempt := range 3 {
-				quiet := open(1)
-				flooded := open(flood)
-				perConn := (flooded - quiet) / conns
-				t.Logf("measure %d: %d connections that sent one frame: %d KB; %d that sent %d: %d KB; %d KB a flooded connection",
-					attempt+1, conns, quiet>>10, conns, flood, flooded>>10, perConn>>10)
-				least = min(least, perConn)
-				if least <= bound {
-					break
-				}
-			}
-			if least > bound {
+			if least := leastHeapAFloodedConn(t, conns, flood, bound, open); least > bound {
 				t.Errorf("a connection that sent %d frames (%s) holds %d KB more of the heap than one that sent one", flood, tc.name, least>>10)
 			}
 			for _, r := range rogues {
@@ -339,16 +318,9 @@ func TestRogue35BFramesAnsweredWithNothingCostLittleBeforeAuthentication(t *test
 			})
 			addr := strings.TrimPrefix(srv.URL, "http://")
 			const conns, flood = 8, 9900
-			heap := func() int64 {
-				var m runtime.MemStats
-				runtime.GC()
-				runtime.GC()
-				runtime.ReadMemStats(&m)
-				return int64(m.HeapAlloc)
-			}
 			var rogues []*rstRogue
 			open := func(frames int) int64 {
-				before := heap()
+				before := heapAlloc()
 				batch := make([]*rstRogue, conns)
 				for i := range batch {
 					batch[i] = newRSTRogue(t, addr)
@@ -384,22 +356,10 @@ func TestRogue35BFramesAnsweredWithNothingCostLittleBeforeAuthentication(t *test
 					waitCount(t, "acknowledgements of the PING after the flood", &r.acks, 1, r.done)
 				}
 				rogues = append(rogues, batch...)
-				return heap() - before
+				return heapAlloc() - before
 			}
-			least := int64(math.MaxInt64)
 			const bound = 48 << 10
-			for attempt := range 3 {
-				quiet := open(1)
-				flooded := open(flood)
-				perConn := (flooded - quiet) / conns
-				t.Logf("measure %d: %d connections that sent one frame: %d KB; %d that sent %d: %d KB; %d KB a flooded connection",
-					attempt+1, conns, quiet>>10, conns, flood, flooded>>10, perConn>>10)
-				least = min(least, perConn)
-				if least <= bound {
-					break
-				}
-			}
-			if least > bound {
+			if least := leastHeapAFloodedConn(t, conns, flood, bound, open); least > bound {
 				t.Errorf("a connection that sent %d frames (%s) holds %d KB more of the heap than one that sent one", flood, tc.name, least>>10)
 			}
 			for _, r := range rogues {
