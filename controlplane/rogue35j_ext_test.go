@@ -99,9 +99,17 @@ func TestRogue35JNothingMintedWhileItsTreeIsStoppedOutlivesTheStop(t *testing.T)
 		})
 	}
 	close(start)
+	go func() {
+		// A burst that answers nothing lets the stop go on, to fail below.
+		wg.Wait()
+		once.Do(func() { close(started) })
+	}()
 	<-started
 	term := terminate(t, admin, rogue.Node.NodeId, tetherv1.TerminationMode_TERMINATION_MODE_ABORT, 0, 0, 0)
 	wg.Wait()
+	if len(tokens) == 0 {
+		t.Fatal("the burst was answered no token: nothing raced the stop")
+	}
 	waitState(t, srv, term.TerminationId, tetherv1.TerminationState_TERMINATION_STATE_TERMINATED)
 
 	for i, tok := range tokens {
@@ -201,11 +209,19 @@ func TestRogue35JGrantsDelegatedAcrossTheirRootsRevocationDieWithIt(t *testing.T
 		})
 	}
 	close(start)
+	go func() {
+		// A burst that answers nothing lets the stop go on, to fail below.
+		wg.Wait()
+		once.Do(func() { close(started) })
+	}()
 	<-started
 	if _, err := revokeGrant(admin, gRogue.grant.GrantId); err != nil {
 		t.Fatal(err)
 	}
 	wg.Wait()
+	if len(tokens) == 0 {
+		t.Fatal("the burst was answered no token: nothing raced the revocation")
+	}
 	check := func(when string) {
 		for i, tok := range tokens {
 			if in := introspect(t, admin, tok); in.Active {
