@@ -2,14 +2,18 @@ package controlplane_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"connectrpc.com/connect"
 
+	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -75,4 +79,68 @@ func rogue35kInFlight(t *testing.T, admin *testserver.Clients, node, ruleID stri
 		t.Fatalf("TestStopRule: values %v, result %v, observed subtree_calls_in_flight %d: they disagree", tr.Msg.Values, tr.Msg.Result, got)
 	}
 	return got
+}
+
+// TestRogue35KFencedSideEffectAfterAConfirmedExitIsRefusedOnEtcd is the
+// essence of TestRogue35AFencedSideEffectAfterAConfirmedExitIsRefusedAndCounted
+// on a server on etcd: a job lease's holder claims its exit (its session
+// ended before), then a fenced tool server asks about its side effect
+// under its generation. GetLease answers holder_exited with no expiry,
+// the fence refuses naming the exit, and the read is kept on the holder
+// as a tool call after its confirmed exit.
+func TestRogue35KFencedSideEffectAfterAConfirmedExitIsRefusedOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
+	clk := clock.NewManual(epoch)
+	st := etcdtest.OpenStore(t, etcdtest.Start(t))
+	srv := testserver.Start(t, testserver.WithEtcdStore(st, "replica-0"), testserver.WithClock(clk))
+	testserver.WaitFor(t, replicaWait, "the replica to serve the leases", func() bool {
+		serving, _ := srv.Leases().Serving()
+		return serving
+	})
+	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
+	root := register(t, w.admin, "planner")
+	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)
+	a := spawn(t, w.plannerC, w.planner, "w1")
+	w.w1, w.w1C = a.Node.NodeId, srv.Clients(a.Credential)
+
+	ctx := context.Background()
+	toolToken := srv.ToolServerToken(t, "rogue35k-tool")
+	tool := srv.Clients(toolToken)
+	fence := &agentsdk.Fence{Check: agentsdk.IssuedGenerations(agentsdk.Dial(srv.URL, toolToken, agentsdk.WithHTTPClient(srv.HTTP)))}
+	job := w.job()
+	rogue, d := unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, 10*time.Minute)))
+	wantDecision(t, "the rogue's ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)
+	if err := fence.AdmitContext(ctx, job, rogue.LeaseGeneration); err != nil {
+		t.Fatalf("the rogue's side effect before its exit: %v", err)
+	}
+	sess, err := openSession(t, w.w1C, w.w1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.close()
+	testserver.WaitFor(t, 10*time.Second, "the rogue's session's end", func() bool {
+		n := getNode(t, w.admin, w.w1)
+		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
+	})
+	if _, err := w.w1C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w1, Reason: "done, gone"})); err != nil {
+		t.Fatal(err)
+	}
+	err = fence.AdmitContext(ctx, job, rogue.LeaseGeneration)
+	if !errors.Is(err, agentsdk.ErrNoAuthority) || !strings.Contains(err.Error(), "exit") {
+		t.Fatalf("the rogue's side effect after its confirmed exit: %v, want ErrNoAuthority naming its exit", err)
+	}
+	resp, err := tool.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: rogue.LeaseGeneration}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Msg.GetHolderExited() || resp.Msg.GetLease().GetExpiresAt() != nil || resp.Msg.GetLease().GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
+		t.Fatalf("a tool server's read of the exited holder's generation: %v, want holder_exited and no expiry", resp.Msg)
+	}
+	n := getNode(t, w.admin, w.w1)
+	kinds := contradictionKinds(n.Contradictions)
+	if len(kinds) != 2 || kinds[len(kinds)-1] != "tool_call" || !strings.Contains(n.Contradictions[len(kinds)-1].Detail, "rogue35k-tool") {
+		t.Fatalf("the rogue's contradictions %v (%v), want its fenced side effects kept as tool calls naming the tool server", kinds, n.Contradictions)
+	}
 }
