@@ -391,6 +391,7 @@ func StopRuleObservations(x *stoprule.Observations) *tetherv1.StopRuleObservatio
 		SubtreeCallsByOutcome:   x.SubtreeCallsByOutcome,
 		SubtreeCallSecondsTotal: x.SubtreeCallSecondsTotal,
 		SubtreeCallSecondsMax:   x.SubtreeCallSecondsMax,
+		SubtreeCallsInFlight:    x.SubtreeCallsInFlight,
 	}
 }
 
@@ -426,6 +427,7 @@ func StopRuleObservationsFromProto(p *tetherv1.StopRuleObservations) *stoprule.O
 		SubtreeCallsByOutcome:   p.SubtreeCallsByOutcome,
 		SubtreeCallSecondsTotal: p.SubtreeCallSecondsTotal,
 		SubtreeCallSecondsMax:   p.SubtreeCallSecondsMax,
+		SubtreeCallsInFlight:    p.SubtreeCallsInFlight,
 	}
 }
 

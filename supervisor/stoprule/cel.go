@@ -131,6 +131,7 @@ var observedFields = []observedField{
 	countsField("subtree_calls_by_outcome", func(o *Observations) *map[string]int64 { return &o.SubtreeCallsByOutcome }),
 	doubleField("subtree_call_seconds_total", func(o *Observations) *float64 { return &o.SubtreeCallSecondsTotal }),
 	doubleField("subtree_call_seconds_max", func(o *Observations) *float64 { return &o.SubtreeCallSecondsMax }),
+	intField("subtree_calls_in_flight", func(o *Observations) *int64 { return &o.SubtreeCallsInFlight }),
 }
 
 var observedByName = func() map[string]*observedField {

@@ -172,7 +172,7 @@ func Compile(expression string) (*Compiled, error) {
 			c.UsesLeases = true
 		case "revocations":
 			c.UsesRevocations = true
-		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome":
+		case "subtree_calls", "subtree_failures", "subtree_calls_by_outcome", "subtree_calls_in_flight":
 			c.UsesSubtree = true
 		case "subtree_call_seconds_total", "subtree_call_seconds_max":
 			c.UsesSubtree, c.UsesCallTime = true, true

@@ -106,6 +106,13 @@ type Observations struct {
 	SubtreeCallsByOutcome   map[string]int64 `pb:"24"`
 	SubtreeCallSecondsTotal float64          `pb:"25"`
 	SubtreeCallSecondsMax   float64          `pb:"26"`
+	// CallsInFlight over the node and every descendant: the calls begun
+	// and not ended, however they are split among its children. Not
+	// stored in the node's own counters: readers add the node's own
+	// CallsInFlight and the open calls its ancestor records count (each
+	// call's begin and end, a termination's closing it too, count it in
+	// and out of them in its own transaction), at no read more.
+	SubtreeCallsInFlight int64 `pb:"27"`
 
 	// open is what the calls still open amounted to when the node was
 	// read (never stored: readNodeTools and readOwnOpenCalls set it), for

@@ -232,8 +232,14 @@ type StopRuleObservations struct {
 	SubtreeCallsByOutcome   map[string]int64 `protobuf:"bytes,24,rep,name=subtree_calls_by_outcome,json=subtreeCallsByOutcome,proto3" json:"subtree_calls_by_outcome,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	SubtreeCallSecondsTotal float64          `protobuf:"fixed64,25,opt,name=subtree_call_seconds_total,json=subtreeCallSecondsTotal,proto3" json:"subtree_call_seconds_total,omitempty"`
 	SubtreeCallSecondsMax   float64          `protobuf:"fixed64,26,opt,name=subtree_call_seconds_max,json=subtreeCallSecondsMax,proto3" json:"subtree_call_seconds_max,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// calls_in_flight over the node and its descendants: the calls begun
+	// and not ended, however they are split among its children. Each
+	// call's begin and end (the end a termination writes for a call it
+	// closed too) count it in and out of its ancestors' totals in its own
+	// transaction.
+	SubtreeCallsInFlight int64 `protobuf:"varint,27,opt,name=subtree_calls_in_flight,json=subtreeCallsInFlight,proto3" json:"subtree_calls_in_flight,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *StopRuleObservations) Reset() {
@@ -444,6 +450,13 @@ func (x *StopRuleObservations) GetSubtreeCallSecondsTotal() float64 {
 func (x *StopRuleObservations) GetSubtreeCallSecondsMax() float64 {
 	if x != nil {
 		return x.SubtreeCallSecondsMax
+	}
+	return 0
+}
+
+func (x *StopRuleObservations) GetSubtreeCallsInFlight() int64 {
+	if x != nil {
+		return x.SubtreeCallsInFlight
 	}
 	return 0
 }
@@ -1262,7 +1275,7 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x0f\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x10\n" +
 	"\x14StopRuleObservations\x12\x14\n" +
 	"\x05calls\x18\x01 \x01(\x03R\x05calls\x12T\n" +
 	"\rcalls_by_tool\x18\x02 \x03(\v20.tether.v1.StopRuleObservations.CallsByToolEntryR\vcallsByTool\x12]\n" +
@@ -1293,7 +1306,8 @@ const file_tether_v1_stoprule_proto_rawDesc = "" +
 	"\x18subtree_failures_by_tool\x18\x17 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeFailuresByToolEntryR\x15subtreeFailuresByTool\x12s\n" +
 	"\x18subtree_calls_by_outcome\x18\x18 \x03(\v2:.tether.v1.StopRuleObservations.SubtreeCallsByOutcomeEntryR\x15subtreeCallsByOutcome\x12;\n" +
 	"\x1asubtree_call_seconds_total\x18\x19 \x01(\x01R\x17subtreeCallSecondsTotal\x127\n" +
-	"\x18subtree_call_seconds_max\x18\x1a \x01(\x01R\x15subtreeCallSecondsMax\x1a>\n" +
+	"\x18subtree_call_seconds_max\x18\x1a \x01(\x01R\x15subtreeCallSecondsMax\x125\n" +
+	"\x17subtree_calls_in_flight\x18\x1b \x01(\x03R\x14subtreeCallsInFlight\x1a>\n" +
 	"\x10CallsByToolEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\x1aA\n" +
