@@ -43,40 +43,7 @@ func TestRogue35AFencedSideEffectAfterAConfirmedExitIsRefusedAndCounted(t *testi
 		t.Fatalf("the rogue's side effect before its exit: %v", err)
 	}
 
-	// The rogue plays the honest exit: its session ends, then its claim.
-	sess, err := openSession(t, w.w1C, w.w1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.close()
-	testserver.WaitFor(t, 10*time.Second, "the rogue's session's end", func() bool {
-		n := getNode(t, w.admin, w.w1)
-		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
-	})
-	if _, err := w.w1C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w1, Reason: "done, gone"})); err != nil {
-		t.Fatal(err)
-	}
-
-	// The rogue's side effect at the fenced tool: refused.
-	err = fence.AdmitContext(ctx, rogueJob, rogue.LeaseGeneration)
-	if !errors.Is(err, agentsdk.ErrNoAuthority) || !strings.Contains(err.Error(), "exit") {
-		t.Fatalf("the rogue's side effect after its confirmed exit: %v, want ErrNoAuthority naming its exit", err)
-	}
-	// What the tool server read: the holder exited, and no expiry, so a
-	// fence that does not know the field refuses as well.
-	resp, err := tool.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: rogueJob, LeaseGeneration: rogue.LeaseGeneration}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !resp.Msg.GetHolderExited() || resp.Msg.GetLease().GetExpiresAt() != nil || resp.Msg.GetLease().GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
-		t.Fatalf("a tool server's read of the exited holder's generation: %v, want holder_exited and no expiry", resp.Msg)
-	}
-	// Kept on the rogue as a tool call after its confirmed exit.
-	n := getNode(t, w.admin, w.w1)
-	kinds := contradictionKinds(n.Contradictions)
-	if len(kinds) != 2 || kinds[len(kinds)-1] != "tool_call" || !strings.Contains(n.Contradictions[len(kinds)-1].Detail, "rogue35a-tool") {
-		t.Fatalf("the rogue's contradictions %v (%v), want its fenced side effects kept as tool calls naming the tool server", kinds, n.Contradictions)
-	}
+	kinds := w1ExitsThenWritesThroughTheFence(t, w, fence, tool, "rogue35a-tool", rogueJob, rogue.LeaseGeneration)
 
 	// A read that names no generation, or a superseded or unissued one,
 	// is not a side effect under the holder's generation: nothing kept.
@@ -106,4 +73,46 @@ func TestRogue35AFencedSideEffectAfterAConfirmedExitIsRefusedAndCounted(t *testi
 	if c.Outcome != tetherv1.NodeOutcome_NODE_OUTCOME_UNACCOUNTED || !strings.Contains(strings.Join(contradictionKinds(c.Contradictions), ","), "tool_call") {
 		t.Fatalf("record: the rogue %s (confirmed by %q; %s) with contradictions %v, want unaccounted with its fenced side effect", c.Outcome, c.ConfirmedBy, c.UnaccountedReason, contradictionKinds(c.Contradictions))
 	}
+}
+
+// w1ExitsThenWritesThroughTheFence has w.w1, holder of job's generation,
+// play the honest exit (its session ends, then its claim) and then ask
+// fence, a tool server toolName's, to admit a side effect under the
+// generation. The fence refuses naming the exit; the tool server's read
+// answers holder_exited with no expiry (so a fence that does not know the
+// field refuses as well); the read is kept on the holder as a tool call
+// after its confirmed exit, naming the tool server. It answers the
+// holder's contradictions' kinds.
+func w1ExitsThenWritesThroughTheFence(t *testing.T, w *leaseWorld, fence *agentsdk.Fence, tool *testserver.Clients, toolName, job string, generation uint64) []string {
+	t.Helper()
+	ctx := context.Background()
+	sess, err := openSession(t, w.w1C, w.w1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.close()
+	testserver.WaitFor(t, 10*time.Second, "the rogue's session's end", func() bool {
+		n := getNode(t, w.admin, w.w1)
+		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
+	})
+	if _, err := w.w1C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w1, Reason: "done, gone"})); err != nil {
+		t.Fatal(err)
+	}
+	err = fence.AdmitContext(ctx, job, generation)
+	if !errors.Is(err, agentsdk.ErrNoAuthority) || !strings.Contains(err.Error(), "exit") {
+		t.Fatalf("the rogue's side effect after its confirmed exit: %v, want ErrNoAuthority naming its exit", err)
+	}
+	resp, err := tool.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: generation}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Msg.GetHolderExited() || resp.Msg.GetLease().GetExpiresAt() != nil || resp.Msg.GetLease().GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
+		t.Fatalf("a tool server's read of the exited holder's generation: %v, want holder_exited and no expiry", resp.Msg)
+	}
+	n := getNode(t, w.admin, w.w1)
+	kinds := contradictionKinds(n.Contradictions)
+	if len(kinds) != 2 || kinds[len(kinds)-1] != "tool_call" || !strings.Contains(n.Contradictions[len(kinds)-1].Detail, toolName) {
+		t.Fatalf("the rogue's contradictions %v (%v), want its fenced side effects kept as tool calls naming the tool server", kinds, n.Contradictions)
+	}
+	return kinds
 }

@@ -2,9 +2,7 @@ package controlplane_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -115,32 +113,5 @@ func TestRogue35KFencedSideEffectAfterAConfirmedExitIsRefusedOnEtcd(t *testing.T
 	if err := fence.AdmitContext(ctx, job, rogue.LeaseGeneration); err != nil {
 		t.Fatalf("the rogue's side effect before its exit: %v", err)
 	}
-	sess, err := openSession(t, w.w1C, w.w1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.close()
-	testserver.WaitFor(t, 10*time.Second, "the rogue's session's end", func() bool {
-		n := getNode(t, w.admin, w.w1)
-		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
-	})
-	if _, err := w.w1C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w1, Reason: "done, gone"})); err != nil {
-		t.Fatal(err)
-	}
-	err = fence.AdmitContext(ctx, job, rogue.LeaseGeneration)
-	if !errors.Is(err, agentsdk.ErrNoAuthority) || !strings.Contains(err.Error(), "exit") {
-		t.Fatalf("the rogue's side effect after its confirmed exit: %v, want ErrNoAuthority naming its exit", err)
-	}
-	resp, err := tool.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: rogue.LeaseGeneration}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !resp.Msg.GetHolderExited() || resp.Msg.GetLease().GetExpiresAt() != nil || resp.Msg.GetLease().GetState() != tetherv1.LeaseState_LEASE_STATE_ACTIVE {
-		t.Fatalf("a tool server's read of the exited holder's generation: %v, want holder_exited and no expiry", resp.Msg)
-	}
-	n := getNode(t, w.admin, w.w1)
-	kinds := contradictionKinds(n.Contradictions)
-	if len(kinds) != 2 || kinds[len(kinds)-1] != "tool_call" || !strings.Contains(n.Contradictions[len(kinds)-1].Detail, "rogue35k-tool") {
-		t.Fatalf("the rogue's contradictions %v (%v), want its fenced side effects kept as tool calls naming the tool server", kinds, n.Contradictions)
-	}
+	w1ExitsThenWritesThroughTheFence(t, w, fence, tool, "rogue35k-tool", job, rogue.LeaseGeneration)
 }
