@@ -39,7 +39,12 @@ type h2conn struct {
 
 func newH2Conn(t *testing.T, addr string, settings []http2.Setting, onFrame func(*h2conn, http2.Frame)) *h2conn {
 	t.Helper()
-	c := dial(t, addr)
+	return newH2ConnOn(t, dial(t, addr), settings, onFrame)
+}
+
+// newH2ConnOn is newH2Conn on a connection already open (over TLS, say).
+func newH2ConnOn(t *testing.T, c net.Conn, settings []http2.Setting, onFrame func(*h2conn, http2.Frame)) *h2conn {
+	t.Helper()
 	r := &h2conn{c: c, closed: make(chan struct{}), next: 1}
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)

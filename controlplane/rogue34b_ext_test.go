@@ -3,7 +3,6 @@ package controlplane_test
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"io"
 	"math"
 	"net"
 	"os"
@@ -21,53 +20,49 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 )
 
-// ackRogue speaks raw HTTP/2 without a credential, in cleartext or over
-// TLS, sends PINGs back to back and reads every acknowledgement the
-// server writes.
-type ackRogue struct {
-	c    net.Conn
-	fr   *http2.Framer
-	acks atomic.Int64 // PING acknowledgements read
-	done chan struct{}
+// floodRogue speaks raw HTTP/2 without a credential, in cleartext or
+// over TLS, and reads every frame the server writes, counting its PING
+// acknowledgements and RST_STREAMs and noting the end of each stream's
+// answer.
+type floodRogue struct {
+	*h2conn
+	rsts  atomic.Int64 // RST_STREAM frames read
+	acks  atomic.Int64 // PING acknowledgements read
+	ended atomic.Int64 // answers read to their END_STREAM
 }
 
-func newAckRogue(t *testing.T, addr string, tc *tls.Config) *ackRogue {
+func newFloodRogue(t *testing.T, addr string, tc *tls.Config) *floodRogue {
 	t.Helper()
 	var c net.Conn
-	var err error
 	if tc != nil {
-		c, err = tls.Dial("tcp", addr, tc)
+		tlsConn, err := tls.Dial("tcp", addr, tc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tlsConn.Close() })
+		c = tlsConn
 	} else {
-		c, err = net.Dial("tcp", addr)
+		c = dial(t, addr)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	r := &ackRogue{c: c, done: make(chan struct{})}
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	r.fr = http2.NewFramer(c, c)
-	if err := r.fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	rd := http2.NewFramer(io.Discard, c)
-	go func() {
-		defer close(r.done)
-		for {
-			f, err := rd.ReadFrame()
-			if err != nil {
-				return
+	r := &floodRogue{}
+	r.h2conn = newH2ConnOn(t, c, nil, func(_ *h2conn, f http2.Frame) {
+		switch f := f.(type) {
+		case *http2.RSTStreamFrame:
+			r.rsts.Add(1)
+		case *http2.PingFrame:
+			if f.IsAck() {
+				r.acks.Add(1)
 			}
-			switch f := f.(type) {
-			case *http2.PingFrame:
-				if f.IsAck() {
-					r.acks.Add(1)
-				}
+		case *http2.HeadersFrame:
+			if f.StreamEnded() {
+				r.ended.Add(1)
+			}
+		case *http2.DataFrame:
+			if f.StreamEnded() {
+				r.ended.Add(1)
 			}
 		}
-	}()
+	})
 	return r
 }
 
@@ -116,14 +111,14 @@ func TestRogue34BAPingFloodCannotGrowTheServersQueue(t *testing.T) {
 				tlsConfig = &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}
 			}
 			const conns, flood = 8, 9900
-			var rogues []*ackRogue
+			var rogues []*floodRogue
 			// open opens conns connections sending frames each, and returns
 			// the heap they hold once every acknowledgement was read.
 			open := func(frames int) int64 {
 				before := heapAlloc()
-				batch := make([]*ackRogue, conns)
+				batch := make([]*floodRogue, conns)
 				for i := range batch {
-					batch[i] = newAckRogue(t, addr, tlsConfig)
+					batch[i] = newFloodRogue(t, addr, tlsConfig)
 				}
 				var wg sync.WaitGroup
 				for _, r := range batch {
@@ -138,7 +133,7 @@ func TestRogue34BAPingFloodCannotGrowTheServersQueue(t *testing.T) {
 				}
 				wg.Wait()
 				for _, r := range batch {
-					waitCount(t, "acknowledgements", &r.acks, frames, r.done)
+					waitCount(t, "acknowledgements", &r.acks, frames, r.closed)
 				}
 				rogues = append(rogues, batch...)
 				return heapAlloc() - before

@@ -18,62 +18,6 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 )
 
-// rstRogue speaks raw HTTP/2 in cleartext without a credential and
-// reads every frame the server writes, counting its RST_STREAMs and
-// noting the end of each stream's answer.
-type rstRogue struct {
-	c     net.Conn
-	fr    *http2.Framer
-	rsts  atomic.Int64 // RST_STREAM frames read
-	acks  atomic.Int64 // PING acknowledgements read
-	ended atomic.Int64 // answers read to their END_STREAM
-	done  chan struct{}
-}
-
-func newRSTRogue(t *testing.T, addr string) *rstRogue {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	r := &rstRogue{c: c, done: make(chan struct{})}
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	r.fr = http2.NewFramer(c, nil)
-	if err := r.fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	rd := http2.NewFramer(io.Discard, c)
-	go func() {
-		defer close(r.done)
-		for {
-			f, err := rd.ReadFrame()
-			if err != nil {
-				return
-			}
-			switch f := f.(type) {
-			case *http2.RSTStreamFrame:
-				r.rsts.Add(1)
-			case *http2.PingFrame:
-				if f.IsAck() {
-					r.acks.Add(1)
-				}
-			case *http2.HeadersFrame:
-				if f.StreamEnded() {
-					r.ended.Add(1)
-				}
-			case *http2.DataFrame:
-				if f.StreamEnded() {
-					r.ended.Add(1)
-				}
-			}
-		}
-	}()
-	return r
-}
-
 // waitCount waits until n reaches want, failing if done closes first
 // (the server closed the connection) or n does not move for closeWait: a
 // flood under -race on the loaded machine takes a while, and only a stall
@@ -138,20 +82,20 @@ func TestRogue35BFramesAnsweredWithResetsCannotGrowTheServersQueue(t *testing.T)
 	for _, tc := range []struct {
 		name string
 		// setup readies a connection; send sends its i-th frame.
-		setup func(t *testing.T, r *rstRogue)
-		send  func(r *rstRogue, i int) error
+		setup func(t *testing.T, r *floodRogue)
+		send  func(r *floodRogue, i int) error
 	}{
-		{"PRIORITY on itself", nil, func(r *rstRogue, i int) error {
+		{"PRIORITY on itself", nil, func(r *floodRogue, i int) error {
 			id := uint32(2*i + 1)
 			return r.fr.WritePriority(id, http2.PriorityParam{StreamDep: id, Weight: 1})
 		}},
-		{"empty DATA on a closed stream", func(t *testing.T, r *rstRogue) {
+		{"empty DATA on a closed stream", func(t *testing.T, r *floodRogue) {
 			if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: healthzBlock(), EndStream: true, EndHeaders: true}); err != nil {
 				t.Fatal(err)
 			}
 			testserver.WaitFor(t, closeWait, "the /healthz answer", func() bool { return r.ended.Load() >= 1 })
-		}, func(r *rstRogue, _ int) error { return r.fr.WriteData(1, false, nil) }},
-		{"HEADERS without a :path", nil, func(r *rstRogue, i int) error {
+		}, func(r *floodRogue, _ int) error { return r.fr.WriteData(1, false, nil) }},
+		{"HEADERS without a :path", nil, func(r *floodRogue, i int) error {
 			return r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: malformed, EndStream: true, EndHeaders: true})
 		}},
 	} {
@@ -161,14 +105,14 @@ func TestRogue35BFramesAnsweredWithResetsCannotGrowTheServersQueue(t *testing.T)
 			})
 			addr := strings.TrimPrefix(srv.URL, "http://")
 			const conns, flood = 8, 9900
-			var rogues []*rstRogue
+			var rogues []*floodRogue
 			// open opens conns connections sending frames each, and returns
 			// the heap they hold once every answer was read.
 			open := func(frames int) int64 {
 				before := heapAlloc()
-				batch := make([]*rstRogue, conns)
+				batch := make([]*floodRogue, conns)
 				for i := range batch {
-					batch[i] = newRSTRogue(t, addr)
+					batch[i] = newFloodRogue(t, addr, nil)
 					if tc.setup != nil {
 						tc.setup(t, batch[i])
 					}
@@ -186,7 +130,7 @@ func TestRogue35BFramesAnsweredWithResetsCannotGrowTheServersQueue(t *testing.T)
 				}
 				wg.Wait()
 				for _, r := range batch {
-					waitCount(t, "answers", &r.rsts, frames, r.done)
+					waitCount(t, "answers", &r.rsts, frames, r.closed)
 				}
 				rogues = append(rogues, batch...)
 				return heapAlloc() - before
@@ -298,19 +242,19 @@ func TestRogue35BFramesAnsweredWithNothingCostLittleBeforeAuthentication(t *test
 	}
 	for _, tc := range []struct {
 		name  string
-		setup func(r *rstRogue) error
-		send  func(r *rstRogue, i int) error
-		end   func(r *rstRogue) error
+		setup func(r *floodRogue) error
+		send  func(r *floodRogue, i int) error
+		end   func(r *floodRogue) error
 	}{
-		{"SETTINGS", nil, func(r *rstRogue, _ int) error { return r.fr.WriteSettings() }, nil},
-		{"WINDOW_UPDATE", nil, func(r *rstRogue, _ int) error { return r.fr.WriteWindowUpdate(0, 1) }, nil},
-		{"PRIORITY on streams never opened", nil, func(r *rstRogue, i int) error {
+		{"SETTINGS", nil, func(r *floodRogue, _ int) error { return r.fr.WriteSettings() }, nil},
+		{"WINDOW_UPDATE", nil, func(r *floodRogue, _ int) error { return r.fr.WriteWindowUpdate(0, 1) }, nil},
+		{"PRIORITY on streams never opened", nil, func(r *floodRogue, i int) error {
 			return r.fr.WritePriority(uint32(2*i+1), http2.PriorityParam{StreamDep: uint32(2*i + 3), Weight: 255})
 		}, nil},
-		{"empty CONTINUATION", func(r *rstRogue) error {
+		{"empty CONTINUATION", func(r *floodRogue) error {
 			return r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: healthzBlock(), EndStream: true})
-		}, func(r *rstRogue, _ int) error { return r.fr.WriteContinuation(1, false, nil) },
-			func(r *rstRogue) error { return r.fr.WriteContinuation(1, true, nil) }},
+		}, func(r *floodRogue, _ int) error { return r.fr.WriteContinuation(1, false, nil) },
+			func(r *floodRogue) error { return r.fr.WriteContinuation(1, true, nil) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := testserver.Start(t, testserver.WithClock(clock.NewManual(epoch)), func(cfg *controlplane.Config) {
@@ -318,12 +262,12 @@ func TestRogue35BFramesAnsweredWithNothingCostLittleBeforeAuthentication(t *test
 			})
 			addr := strings.TrimPrefix(srv.URL, "http://")
 			const conns, flood = 8, 9900
-			var rogues []*rstRogue
+			var rogues []*floodRogue
 			open := func(frames int) int64 {
 				before := heapAlloc()
-				batch := make([]*rstRogue, conns)
+				batch := make([]*floodRogue, conns)
 				for i := range batch {
-					batch[i] = newRSTRogue(t, addr)
+					batch[i] = newFloodRogue(t, addr, nil)
 				}
 				var wg sync.WaitGroup
 				for _, r := range batch {
@@ -353,7 +297,7 @@ func TestRogue35BFramesAnsweredWithNothingCostLittleBeforeAuthentication(t *test
 				}
 				wg.Wait()
 				for _, r := range batch {
-					waitCount(t, "acknowledgements of the PING after the flood", &r.acks, 1, r.done)
+					waitCount(t, "acknowledgements of the PING after the flood", &r.acks, 1, r.closed)
 				}
 				rogues = append(rogues, batch...)
 				return heapAlloc() - before
