@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"math"
 	"net"
 	"os"
@@ -66,6 +67,30 @@ func newFloodRogue(t *testing.T, addr string, tc *tls.Config) *floodRogue {
 	return r
 }
 
+// newFloodRogues opens n floodRogues to addr (over TLS when tc is set).
+func newFloodRogues(t *testing.T, addr string, tc *tls.Config, n int) []*floodRogue {
+	t.Helper()
+	batch := make([]*floodRogue, n)
+	for i := range batch {
+		batch[i] = newFloodRogue(t, addr, tc)
+	}
+	return batch
+}
+
+// floodEach runs flood on each rogue of batch, each on its own goroutine,
+// and returns when all are done; a flood's error fails the test.
+func floodEach(t *testing.T, batch []*floodRogue, flood func(r *floodRogue) error) {
+	var wg sync.WaitGroup
+	for _, r := range batch {
+		wg.Go(func() {
+			if err := flood(r); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
 // TestRogue34BAPingFloodCannotGrowTheServersQueue: a client
 // without a credential opens connections, in cleartext and over TLS, and
 // sends PINGs back to back, 9,900 on each, reading every acknowledgement.
@@ -116,22 +141,15 @@ func TestRogue34BAPingFloodCannotGrowTheServersQueue(t *testing.T) {
 			// the heap they hold once every acknowledgement was read.
 			open := func(frames int) int64 {
 				before := heapAlloc()
-				batch := make([]*floodRogue, conns)
-				for i := range batch {
-					batch[i] = newFloodRogue(t, addr, tlsConfig)
-				}
-				var wg sync.WaitGroup
-				for _, r := range batch {
-					wg.Go(func() {
-						for i := range frames {
-							if err := tc.send(r.fr, i); err != nil {
-								t.Errorf("frame %d: %v", i, err)
-								return
-							}
+				batch := newFloodRogues(t, addr, tlsConfig, conns)
+				floodEach(t, batch, func(r *floodRogue) error {
+					for i := range frames {
+						if err := tc.send(r.fr, i); err != nil {
+							return fmt.Errorf("frame %d: %w", i, err)
 						}
-					})
-				}
-				wg.Wait()
+					}
+					return nil
+				})
 				for _, r := range batch {
 					waitCount(t, "acknowledgements", &r.acks, frames, r.closed)
 				}

@@ -2,10 +2,10 @@ package controlplane_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,25 +110,20 @@ func TestRogue35BFramesAnsweredWithResetsCannotGrowTheServersQueue(t *testing.T)
 			// the heap they hold once every answer was read.
 			open := func(frames int) int64 {
 				before := heapAlloc()
-				batch := make([]*floodRogue, conns)
-				for i := range batch {
-					batch[i] = newFloodRogue(t, addr, nil)
+				batch := newFloodRogues(t, addr, nil, conns)
+				for _, r := range batch {
 					if tc.setup != nil {
-						tc.setup(t, batch[i])
+						tc.setup(t, r)
 					}
 				}
-				var wg sync.WaitGroup
-				for _, r := range batch {
-					wg.Go(func() {
-						for i := range frames {
-							if err := tc.send(r, i); err != nil {
-								t.Errorf("frame %d: %v", i, err)
-								return
-							}
+				floodEach(t, batch, func(r *floodRogue) error {
+					for i := range frames {
+						if err := tc.send(r, i); err != nil {
+							return fmt.Errorf("frame %d: %w", i, err)
 						}
-					})
-				}
-				wg.Wait()
+					}
+					return nil
+				})
 				for _, r := range batch {
 					waitCount(t, "answers", &r.rsts, frames, r.closed)
 				}
@@ -265,37 +260,25 @@ func TestRogue35BFramesAnsweredWithNothingCostLittleBeforeAuthentication(t *test
 			var rogues []*floodRogue
 			open := func(frames int) int64 {
 				before := heapAlloc()
-				batch := make([]*floodRogue, conns)
-				for i := range batch {
-					batch[i] = newFloodRogue(t, addr, nil)
-				}
-				var wg sync.WaitGroup
-				for _, r := range batch {
-					wg.Go(func() {
-						if tc.setup != nil {
-							if err := tc.setup(r); err != nil {
-								t.Error(err)
-								return
-							}
+				batch := newFloodRogues(t, addr, nil, conns)
+				floodEach(t, batch, func(r *floodRogue) error {
+					if tc.setup != nil {
+						if err := tc.setup(r); err != nil {
+							return err
 						}
-						for i := range frames {
-							if err := tc.send(r, i); err != nil {
-								t.Errorf("frame %d: %v", i, err)
-								return
-							}
+					}
+					for i := range frames {
+						if err := tc.send(r, i); err != nil {
+							return fmt.Errorf("frame %d: %w", i, err)
 						}
-						if tc.end != nil {
-							if err := tc.end(r); err != nil {
-								t.Error(err)
-								return
-							}
+					}
+					if tc.end != nil {
+						if err := tc.end(r); err != nil {
+							return err
 						}
-						if err := r.fr.WritePing(false, [8]byte{'e', 'n', 'd'}); err != nil {
-							t.Error(err)
-						}
-					})
-				}
-				wg.Wait()
+					}
+					return r.fr.WritePing(false, [8]byte{'e', 'n', 'd'})
+				})
 				for _, r := range batch {
 					waitCount(t, "acknowledgements of the PING after the flood", &r.acks, 1, r.closed)
 				}
