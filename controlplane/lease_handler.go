@@ -750,15 +750,21 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 	generation := req.Msg.LeaseGeneration
 	// A read naming a generation is a fence's question about a side effect
 	// under it: when that is the job's current generation and it would
-	// admit it, the holder is weighed (fencedByExit).
+	// admit it, the holder is weighed. A tool server's read gates a side
+	// effect, the holder's activity as its tool sees it (fencedByExit);
+	// anyone else's (an agent's, an operator's) gates none and is answered
+	// from the holder's node as it reads (holderGone), written nowhere:
+	// a rogue owner or ancestor of the job could otherwise make its
+	// honest holder's confirmed exit read unaccounted by reading (rogue36c
+	// test).
 	exited := false
 	if err == nil && generation != 0 {
-		view := l
 		if p.IsToolServer() {
-			view = forFence(l, h.s.cfg.Clock.Now())
-		}
-		if admitsFenced(view, generation) {
-			exited, err = h.fencedByExit(ctx, p, l)
+			if admitsFenced(forFence(l, h.s.cfg.Clock.Now()), generation) {
+				exited, err = h.fencedByExit(ctx, p, l)
+			}
+		} else if admitsFenced(l, generation) {
+			exited, err = h.holderGone(ctx, l.HolderIdentity)
 		}
 	}
 	if p.IsToolServer() {
@@ -805,11 +811,13 @@ func (h *leaseService) GetLease(ctx context.Context, req *connect.Request[tether
 // seen alive then; either way its record does not read a confirmed exit
 // the side effect contradicts (thirty-fifth pass, rogue35a test). Until
 // then an exited holder's ACTIVE generation admitted fenced side effects
-// until its expiry or its stop, and its record read CONFIRMED. The fence's
-// question names a job and a generation, not who asks: whoever holds the
-// two (the holder's tools, its coordinating lineage, a tool server) can
-// so make the holder's exit read unaccounted, never confirmed — the safe
-// way (design §11).
+// until its expiry or its stop, and its record read CONFIRMED. Only a
+// tool server's read is weighed so (thirty-sixth pass: an agent's or an
+// operator's read gates no side effect, holderGone). The fence's question
+// names a job and a generation, not who asked the tool server for the side
+// effect: whoever holds the two and reaches a fenced tool server can so
+// make the holder's exit read unaccounted, never confirmed — the safe way
+// (design §11).
 func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lease.Lease) (bool, error) {
 	detail := fmt.Sprintf("a side effect under job %q generation %d, asked about by %s", l.JobID, l.Generation, p.ID())
 	_, err := h.s.agentAct(ctx, l.HolderIdentity, tree.ActivityToolCall, detail)
@@ -820,6 +828,19 @@ func (h *leaseService) fencedByExit(ctx context.Context, p auth.Principal, l lea
 		return true, nil
 	}
 	return false, toConnect(err)
+}
+
+// holderGone reports, without writing anything, whether holder may no
+// longer act: its exit was confirmed, it was terminated, or it is not a
+// registered agent — what fencedByExit answers, for a reader whose read
+// gates no side effect (an agent's, an operator's), so that it is never
+// kept on the holder as its activity (thirty-sixth pass).
+func (h *leaseService) holderGone(ctx context.Context, holder string) (bool, error) {
+	n, err := h.agent(ctx, holder)
+	if err != nil {
+		return false, toConnect(err)
+	}
+	return n == nil || n.State == tree.NodeStateTerminated || tree.ExitConfirmed(n), nil
 }
 
 // admitsFenced reports whether a tool server's read of l (as forFence

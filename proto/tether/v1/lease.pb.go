@@ -1938,8 +1938,9 @@ type GetLeaseResponse struct {
 	// act: its exit was confirmed (or it was terminated). A fence refuses a
 	// side effect under that generation; a tool server's answer then carries
 	// no expires_at, so a fence that does not know this field refuses too.
-	// The read is kept on the holder as activity after its confirmed exit.
-	// A server without this field never sets it.
+	// A tool server's read is kept on the holder as activity after its
+	// confirmed exit; an agent's or an operator's read gates no side effect
+	// and is kept nowhere. A server without this field never sets it.
 	HolderExited  bool `protobuf:"varint,2,opt,name=holder_exited,json=holderExited,proto3" json:"holder_exited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

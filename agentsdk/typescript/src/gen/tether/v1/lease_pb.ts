@@ -819,8 +819,9 @@ export type GetLeaseResponse = Message<"tether.v1.GetLeaseResponse"> & {
    * act: its exit was confirmed (or it was terminated). A fence refuses a
    * side effect under that generation; a tool server's answer then carries
    * no expires_at, so a fence that does not know this field refuses too.
-   * The read is kept on the holder as activity after its confirmed exit.
-   * A server without this field never sets it.
+   * A tool server's read is kept on the holder as activity after its
+   * confirmed exit; an agent's or an operator's read gates no side effect
+   * and is kept nowhere. A server without this field never sets it.
    *
    * @generated from field: bool holder_exited = 2;
    */
