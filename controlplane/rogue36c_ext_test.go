@@ -9,6 +9,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
+	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -28,7 +30,39 @@ import (
 // the holder's activity; any other reader is answered holder_exited
 // (read, never written), and the honest holder's record reads CONFIRMED.
 func TestRogue36CAReaderWhoIsNotAToolServerCannotFrameAnExitedHolder(t *testing.T) {
-	w := newLeaseWorld(t)
+	readsDoNotFrameAnExitedHolder(t, newLeaseWorld(t))
+}
+
+// TestRogue36CAReaderWhoIsNotAToolServerCannotFrameAnExitedHolderOnEtcd is
+// the same on a server on etcd (one replica, serving the leases), where
+// the holder's node is read from the store.
+func TestRogue36CAReaderWhoIsNotAToolServerCannotFrameAnExitedHolderOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
+	clk := clock.NewManual(epoch)
+	st := etcdtest.OpenStore(t, etcdtest.Start(t))
+	srv := testserver.Start(t, testserver.WithEtcdStore(st, "replica-0"), testserver.WithClock(clk))
+	testserver.WaitFor(t, replicaWait, "the replica to serve the leases", func() bool {
+		serving, _ := srv.Leases().Serving()
+		return serving
+	})
+	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
+	root := register(t, w.admin, "planner")
+	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)
+	a := spawn(t, w.plannerC, w.planner, "w1")
+	w.w1, w.w1C = a.Node.NodeId, srv.Clients(a.Credential)
+	b := spawn(t, w.plannerC, w.planner, "w2")
+	w.w2, w.w2C = b.Node.NodeId, srv.Clients(b.Credential)
+	readsDoNotFrameAnExitedHolder(t, w)
+}
+
+// readsDoNotFrameAnExitedHolder: w.w1 owns a job that w.w2 holds; w2
+// exits honestly; w1, their parent and an operator read the job naming
+// w2's generation, are told w2 exited, and nothing is kept on w2, whose
+// stop's record reads it confirmed.
+func readsDoNotFrameAnExitedHolder(t *testing.T, w *leaseWorld) {
+	t.Helper()
 	ctx := context.Background()
 
 	// The rogue w1 offers a job to its own child, so it is the job's owner;
