@@ -29,6 +29,9 @@ import (
 // only a tool server's read — the fence's, which gates a side effect — is
 // the holder's activity; any other reader is answered holder_exited
 // (read, never written), and the honest holder's record reads CONFIRMED.
+// The same read between the holder's session's end and its claim saw the
+// holder alive after the end, so its claim was not corroborated (seen
+// failing before the fix); now it is.
 func TestRogue36CAReaderWhoIsNotAToolServerCannotFrameAnExitedHolder(t *testing.T) {
 	readsDoNotFrameAnExitedHolder(t, newLeaseWorld(t))
 }
@@ -92,6 +95,15 @@ func readsDoNotFrameAnExitedHolder(t *testing.T, w *leaseWorld) {
 		n := getNode(t, w.admin, w.w2)
 		return len(n.OpenSessions) == 0 && n.SessionClosedAt != nil
 	})
+	// Between its session's end and its claim the rogue reads the job
+	// naming its generation: the holder is not seen alive by it (before the
+	// fix it was, and its claim was not corroborated: no exit confirmed).
+	for _, g := range []uint64{honest.LeaseGeneration, 0} {
+		resp, err := w.w1C.Lease.GetLease(ctx, connect.NewRequest(&tetherv1.GetLeaseRequest{JobId: job, LeaseGeneration: g}))
+		if err != nil || resp.Msg.GetHolderExited() {
+			t.Fatalf("the rogue's read of generation %d before the holder's claim: %v, %v; want the lease, holder_exited unset", g, resp, err)
+		}
+	}
 	if _, err := w.w2C.Agent.ConfirmExit(ctx, connect.NewRequest(&tetherv1.ConfirmExitRequest{NodeId: w.w2, Reason: "done, gone"})); err != nil {
 		t.Fatal(err)
 	}
