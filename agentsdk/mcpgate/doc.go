@@ -199,7 +199,8 @@
 // Run the Verifier (its Run) and the ToolGate before Start; Close the
 // gateway, then the gate. A closed gateway's Handler refuses every
 // request (503, CodeUnavailable; one past the door as Close began, as it
-// reaches the gateway's MCP server), and its ServeStdio ends the session and
+// reaches the MCP SDK's handler or the gateway's MCP server), and its
+// ServeStdio ends the session and
 // returns as it does at its context's end: its reports to the control
 // plane are over. In HTTP mode serve Handler; in stdio mode call
 // ServeStdio once per process.

@@ -418,7 +418,7 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 	})
 	bearer := auth.RequireBearerToken(g.verifyBearer, &auth.RequireBearerTokenOptions{
 		ResourceMetadataURL: base + MetadataPath + EndpointPath,
-	})(g.refuseRevoked(g.holdSeen(g.limitConns(g.refuseBatches(g.holdCalls(mcpHandler))))))
+	})(g.refuseRevoked(g.holdSeen(g.limitConns(g.refuseBatches(g.holdCalls(g.refuseClosed(mcpHandler)))))))
 	mux := http.NewServeMux()
 	mux.Handle(MetadataPath, auth.ProtectedResourceMetadataHandler(meta))
 	mux.Handle(MetadataPath+EndpointPath, auth.ProtectedResourceMetadataHandler(meta))
@@ -471,6 +471,32 @@ func (g *Gateway) Handler(opts HTTPOptions) http.Handler {
 // request starts with the deadline cleared (a keep-alive connection keeps
 // the last one armed), and the server's own last flush after the handler
 // gets d too.
+// refuseClosed refuses a request that reaches the MCP SDK's handler once
+// the gateway is closed, as its door does. The gateway's MCP server refuses
+// what reaches it then (middleware), but the SDK's handler answers some
+// requests itself, before that server: a request of a session it does not
+// know, a GET stream, a body it cannot read. One already past the door as
+// Close began was answered so, its report not sent (the reports were
+// over): a rogue that held its body back until the gateway was closing was
+// answered, unseen. A request that passes this check had its report made
+// (holdCalls) before Close began, which sends it. (Its answer, written
+// later by the SDK, is the request's; a tools/call's report made as its
+// answer is written, reportFirst, may still come after the reports are
+// over.)
+func (g *Gateway) refuseClosed(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-g.closed:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = w.Write(errorAnswer(requestID(r), rpcError(CodeUnavailable, "this gateway is closed; reach the one that replaces it")))
+			return
+		default:
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 func writeStallDeadline(d time.Duration, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rc := http.NewResponseController(w)

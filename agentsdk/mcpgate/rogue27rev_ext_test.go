@@ -26,6 +26,14 @@ import (
 // it.
 func rawStream(t *testing.T, s *rawSession, method, body string) <-chan string {
 	t.Helper()
+	out, _ := rawStreamOpened(t, s, method, body)
+	return out
+}
+
+// rawStreamOpened is rawStream, and a channel closed once the answer's
+// headers have arrived (a GET stream open at the SDK, its session's).
+func rawStreamOpened(t *testing.T, s *rawSession, method, body string) (<-chan string, <-chan struct{}) {
+	t.Helper()
 	req, err := http.NewRequest(method, s.endpoint, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -38,9 +46,11 @@ func rawStream(t *testing.T, s *rawSession, method, body string) <-chan string {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	out := make(chan string, 1)
+	opened := make(chan struct{})
 	go func() {
 		// Its headers may come with its first event (a call's answer).
 		resp, err := http.DefaultClient.Do(req.WithContext(ctx))
+		close(opened)
 		if err != nil {
 			out <- "request failed: " + err.Error()
 			return
@@ -49,7 +59,7 @@ func rawStream(t *testing.T, s *rawSession, method, body string) <-chan string {
 		b, _ := io.ReadAll(resp.Body)
 		out <- resp.Status + "\n" + string(b)
 	}()
-	return out
+	return out, opened
 }
 
 // A revoked agent's sessions end with its grant, and their streams with
@@ -181,8 +191,12 @@ func TestRogue27RevocationsInALoopCannotHaveTheGatewayReadItsSessionsWithoutPaus
 	}
 	t.Cleanup(gw.Close)
 	endpoint := serveGateway(t, gw)
-	first := rawStream(t, openRaw(t, endpoint, w.grant.Token), http.MethodGet, "")
-	next := rawStream(t, openRaw(t, endpoint, second.Msg.Token), http.MethodGet, "")
+	first, firstOpen := rawStreamOpened(t, openRaw(t, endpoint, w.grant.Token), http.MethodGet, "")
+	next, nextOpen := rawStreamOpened(t, openRaw(t, endpoint, second.Msg.Token), http.MethodGet, "")
+	// Both streams open before the revocations: one still on its way
+	// (its report awaited) when its session ended was answered 404.
+	recv(t, firstOpen, "the first session's GET stream to open")
+	recv(t, nextOpen, "the second session's GET stream to open")
 	revoke := func(grant string) {
 		t.Helper()
 		if _, err := w.admin.Capability.Revoke(context.Background(), connect.NewRequest(&tetherv1.RevokeRequest{Target: &tetherv1.RevokeRequest_GrantId{GrantId: grant}, Reason: "rogue"})); err != nil {
