@@ -43,8 +43,12 @@ type Agent struct {
 	workCtx   context.Context
 	abortWork context.CancelCauseFunc
 	signal    Signal
-	opened    chan struct{}
-	openOnce  sync.Once
+	// drained and aborted: the signals arrived (under mu), with the
+	// abort's; a callback registered after its signal runs at once.
+	drained, aborted bool
+	abortSignal      Signal
+	opened           chan struct{}
+	openOnce         sync.Once
 	// live is the open session, if any (Exit claims the exit over it, in
 	// order after its heartbeats); exited stops Run from reconnecting.
 	live   *liveSession
@@ -171,20 +175,35 @@ func (a *Agent) Draining() <-chan struct{} { return a.draining }
 // after Draining is closed, on a goroutine of the SDK's (the OnDrain
 // callbacks on one, in the order registered): it may wait, for the work in
 // flight or for Exit, and the session still hears an abort meanwhile.
+//
+// Registered after the drain arrived (a child that joins into its
+// parent's stop hears it first thing), it runs at once, on a goroutine of
+// its own.
 func (a *Agent) OnDrain(f func(Signal)) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.drained {
+		go f(a.signal)
+		return
+	}
 	a.onDrain = append(a.onDrain, f)
-	a.mu.Unlock()
 }
 
 // OnAbort registers a callback run once when an abort arrives, after
 // Context has ended, on a goroutine of the SDK's (the OnAbort callbacks on
 // one, in the order registered, beside a drain's that may still run). Run
 // returns its refusal of a dead credential once they have returned.
+//
+// Registered after the abort arrived, it runs at once, on a goroutine of
+// its own.
 func (a *Agent) OnAbort(f func(Signal)) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.aborted {
+		go f(a.abortSignal)
+		return
+	}
 	a.onAbort = append(a.onAbort, f)
-	a.mu.Unlock()
 }
 
 // Opened is closed once the first session is open (the agent is then
@@ -205,15 +224,16 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	var drainFs, abortFs []func(Signal)
 	a.drainOnce.Do(func() {
 		a.mu.Lock()
-		a.signal = s
-		drainFs = append([]func(Signal){}, a.onDrain...)
+		a.signal, a.drained = s, true
+		drainFs, a.onDrain = a.onDrain, nil
 		a.mu.Unlock()
 		close(a.draining)
 	})
 	if s.Abort {
 		a.abortOnce.Do(func() {
 			a.mu.Lock()
-			abortFs = append([]func(Signal){}, a.onAbort...)
+			a.abortSignal, a.aborted = s, true
+			abortFs, a.onAbort = a.onAbort, nil
 			a.mu.Unlock()
 			a.abortWork(ErrAborted)
 		})

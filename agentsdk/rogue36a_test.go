@@ -127,3 +127,29 @@ func TestRogue36AnExitClaimedFromOnDrainIsStored(t *testing.T) {
 		t.Fatalf("the node after its Exit: %v, want its exit claim stored", node.Msg.Node)
 	}
 }
+
+// TestRogue36ACallbacksRegisteredAfterTheSignalRun: a child spawned just
+// before its parent's stop joins into it: its session's first word is the
+// signal, which can arrive before the agent registers its callbacks (once
+// Opened, say). OnDrain and OnAbort registered after their signal never
+// ran, and the agent never drained; the Python SDK runs them at once.
+func TestRogue36ACallbacksRegisteredAfterTheSignalRun(t *testing.T) {
+	a, operator, run := rogue36aAgent(t, "rogue36a-late-callbacks")
+	run(func(*agentsdk.Agent) {})
+	rogue36aTerminate(t, operator, a.NodeID(), tetherv1.TerminationMode_TERMINATION_MODE_ABORT)
+	<-a.Context().Done()
+	drained := make(chan agentsdk.Signal, 1)
+	aborted := make(chan agentsdk.Signal, 1)
+	a.OnDrain(func(s agentsdk.Signal) { drained <- s })
+	a.OnAbort(func(s agentsdk.Signal) { aborted <- s })
+	for name, ch := range map[string]chan agentsdk.Signal{"OnDrain": drained, "OnAbort": aborted} {
+		select {
+		case s := <-ch:
+			if !s.Abort {
+				t.Fatalf("%s registered after the abort was told %+v, want the abort", name, s)
+			}
+		case <-time.After(20 * time.Second): // a guard against the hang, not a timing
+			t.Fatalf("%s registered after its signal arrived never ran", name)
+		}
+	}
+}

@@ -59,3 +59,19 @@ def test_rogue36a_an_exit_claimed_from_on_drain_is_stored(server, tree):
         assert node.get("exitedAt"), node
     finally:
         worker.close()
+
+
+def test_rogue36a_callbacks_registered_after_their_signal_run(server, tree):
+    # A child spawned just before its parent's stop joins into it: its
+    # first word from the control plane is the signal, which can come
+    # before the agent registers its callbacks. (The Go and TypeScript SDKs
+    # never ran such callbacks.)
+    worker = joined(server, tree, "rogue36a-late-callbacks")
+    with worker:
+        assert worker.opened.wait(10)
+        terminate(tree.operator, worker.node_id, "abort")
+        wait_for("the abort", worker.aborted.is_set)
+        told: dict = {}
+        worker.on_drain(lambda s: told.setdefault("drain", s))
+        worker.on_abort(lambda s: told.setdefault("abort", s))
+        assert told["drain"].abort and told["abort"].abort, told

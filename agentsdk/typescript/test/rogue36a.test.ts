@@ -59,4 +59,20 @@ describe("rogue36a: a signal callback that waits", () => {
     const got = await server.operator.agent.getNode({ nodeId: agent.nodeId });
     assert.ok(got.node?.exitedAt, "the node's exit claim was not stored");
   });
+
+  // A child spawned just before its parent's stop joins into it: its
+  // session's first word is the signal, which can arrive before the agent
+  // registers its callbacks (once opened, say). onDrain and onAbort
+  // registered after their signal never ran, and the agent never drained;
+  // the Python SDK runs them at once.
+  test("callbacks registered after their signal run", async () => {
+    const { agent } = await server.rootAgent("rogue36a-late-callbacks");
+    await server.terminate(agent.nodeId, "abort");
+    await within(TestServer.aborted(agent.signal), 20_000, "the abort");
+    const told: Record<string, Signal> = {};
+    agent.onDrain((s) => (told.drain = s));
+    agent.onAbort((s) => (told.abort = s));
+    assert.equal(told.drain?.abort, true, "onDrain registered after the abort never ran");
+    assert.equal(told.abort?.abort, true, "onAbort registered after the abort never ran");
+  });
 });
