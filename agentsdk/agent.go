@@ -43,8 +43,12 @@ type Agent struct {
 	workCtx   context.Context
 	abortWork context.CancelCauseFunc
 	signal    Signal
-	opened    chan struct{}
-	openOnce  sync.Once
+	// drained and aborted: the signals arrived (under mu), with the
+	// abort's; a callback registered after its signal runs at once.
+	drained, aborted bool
+	abortSignal      Signal
+	opened           chan struct{}
+	openOnce         sync.Once
 	// live is the open session, if any (Exit claims the exit over it, in
 	// order after its heartbeats); exited stops Run from reconnecting.
 	live   *liveSession
@@ -167,46 +171,92 @@ func (a *Agent) Context() context.Context { return a.workCtx }
 // is in flight, start nothing new.
 func (a *Agent) Draining() <-chan struct{} { return a.draining }
 
-// OnDrain registers a callback run once when a drain (or abort) arrives.
+// OnDrain registers a callback run once when a drain (or abort) arrives,
+// after Draining is closed, on a goroutine of the SDK's (the OnDrain
+// callbacks on one, in the order registered): it may wait, for the work in
+// flight or for Exit, and the session still hears an abort meanwhile.
+//
+// Registered after the drain arrived (a child that joins into its
+// parent's stop hears it first thing), it runs at once, on a goroutine of
+// its own.
 func (a *Agent) OnDrain(f func(Signal)) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.drained {
+		go f(a.signal)
+		return
+	}
 	a.onDrain = append(a.onDrain, f)
-	a.mu.Unlock()
 }
 
-// OnAbort registers a callback run once when an abort arrives.
+// OnAbort registers a callback run once when an abort arrives, after
+// Context has ended, on a goroutine of the SDK's (the OnAbort callbacks on
+// one, in the order registered, beside a drain's that may still run). Run
+// returns its refusal of a dead credential once they have returned.
+//
+// Registered after the abort arrived, it runs at once, on a goroutine of
+// its own.
 func (a *Agent) OnAbort(f func(Signal)) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.aborted {
+		go f(a.abortSignal)
+		return
+	}
 	a.onAbort = append(a.onAbort, f)
-	a.mu.Unlock()
 }
 
 // Opened is closed once the first session is open (the agent is then
 // reachable by signals).
 func (a *Agent) Opened() <-chan struct{} { return a.opened }
 
-func (a *Agent) handle(sig *tetherv1.SessionSignal) {
+// handle applies a signal: it closes Draining and, on an abort, ends
+// Context at once, then runs the callbacks on goroutines of their own
+// (OnDrain's on one, OnAbort's on another, each in the order registered).
+// The session's reading goes on meanwhile: a callback that waits (for the
+// work in flight to finish, or for Exit, which waits for the session's
+// end) held it before, and the abort that escalated the drain was never
+// read, nor a refreshed credential (rogue36a test). The channel it returns
+// is closed once the OnAbort callbacks this signal started have returned
+// (at once when it started none).
+func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	s := Signal{Abort: sig.Kind == tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationID: sig.TerminationId, Reason: sig.Reason}
+	var drainFs, abortFs []func(Signal)
 	a.drainOnce.Do(func() {
 		a.mu.Lock()
-		a.signal = s
-		fs := append([]func(Signal){}, a.onDrain...)
+		a.signal, a.drained = s, true
+		drainFs, a.onDrain = a.onDrain, nil
 		a.mu.Unlock()
 		close(a.draining)
-		for _, f := range fs {
-			f(s)
-		}
 	})
 	if s.Abort {
 		a.abortOnce.Do(func() {
 			a.mu.Lock()
-			fs := append([]func(Signal){}, a.onAbort...)
+			a.abortSignal, a.aborted = s, true
+			abortFs, a.onAbort = a.onAbort, nil
 			a.mu.Unlock()
 			a.abortWork(ErrAborted)
-			for _, f := range fs {
-				f(s)
-			}
 		})
+	}
+	if len(drainFs) > 0 {
+		go runCallbacks(drainFs, s, nil)
+	}
+	done := make(chan struct{})
+	if len(abortFs) > 0 {
+		go runCallbacks(abortFs, s, done)
+	} else {
+		close(done)
+	}
+	return done
+}
+
+// runCallbacks calls fs with s in order, then closes done (if any).
+func runCallbacks(fs []func(Signal), s Signal, done chan struct{}) {
+	if done != nil {
+		defer close(done)
+	}
+	for _, f := range fs {
+		f(s)
 	}
 }
 
@@ -234,7 +284,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		if connect.CodeOf(err) == connect.CodeUnauthenticated || connect.CodeOf(err) == connect.CodePermissionDenied {
 			// The credential is dead (the node was terminated): nothing to
 			// reconnect to. Make sure work stops.
-			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "credential rejected: " + connect.CodeOf(err).String()})
+			<-a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "credential rejected: " + connect.CodeOf(err).String()})
 			return err
 		}
 		if connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -244,7 +294,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			// a node, so the refusal is that signal. Reconnecting, the agent
 			// had each refusal stored as evidence against its exit, and its
 			// work was never told to stop.
-			a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "the node's exit was confirmed: stop now"})
+			<-a.handle(&tetherv1.SessionSignal{Kind: tetherv1.SignalKind_SIGNAL_KIND_ABORT, Reason: "the node's exit was confirmed: stop now"})
 			return err
 		}
 		// A refusal with a retry hint (the lineage's rate limit, spent) is
@@ -296,8 +346,7 @@ func (a *Agent) session(ctx context.Context) (err error) {
 		// control plane stored the claim and ended the session. Whether
 		// the message was sent is read once the writer has returned: the
 		// end can come before the writer notes it. (Cancelling ctx ends
-		// the writer; Receive's error path has done so already, a panic
-		// in a signal's callback has not.)
+		// the writer; Receive's error path has done so already.)
 		if writing != nil {
 			cancel()
 			<-writing

@@ -70,10 +70,12 @@
 // still carries a Child's credential and a Grant's token.
 //
 // Caller duties: close what you open (ToolGate.Close, LeaseWorker.Close,
-// which ends the jobs it runs); treat
-// a drain signal as "finish what you are doing, start nothing new, then
-// exit", and abort as "stop now"; claim your exit (Agent.Exit) as the very
-// last thing, or let your launcher confirm it from outside the process. An
+// which ends the jobs it runs); treat a drain signal as "finish what you
+// are doing, start nothing new, then exit", and abort as "stop now"
+// (OnDrain and OnAbort callbacks run on goroutines of their own, so one
+// may wait for the work in flight, or call Exit, while the session still
+// hears the abort that escalates a drain); claim your exit (Agent.Exit) as
+// the very last thing, or let your launcher confirm it from outside the process. An
 // agent's own word is a claim: the record counts it only if the control
 // plane saw the session end and nothing from the agent afterwards, and
 // anything the agent sends after it is refused and recorded against it.

@@ -142,8 +142,8 @@ func ExampleAgent_Draining() {
 	defer stop()
 
 	agent, _ := agentsdk.RegisterRoot(ctx, operator, "worker", nil)
-	// OnDrain's callbacks run once Draining() is closed, on the session's
-	// goroutine: hand the signal to the loop rather than print from there.
+	// OnDrain's callbacks run once Draining() is closed, on a goroutine of
+	// their own: hand the signal to the loop rather than print from there.
 	signals := make(chan agentsdk.Signal, 1)
 	agent.OnDrain(func(s agentsdk.Signal) { signals <- s })
 	runCtx, cancel := context.WithCancel(ctx)

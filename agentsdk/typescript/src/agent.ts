@@ -58,6 +58,10 @@ export class Agent {
   #abort = new AbortController();
   #onDrain: ((s: Signal) => void)[] = [];
   #onAbort: ((s: Signal) => void)[] = [];
+  // The signals as they arrived: a callback registered after its signal
+  // runs at once.
+  #drained?: Signal;
+  #aborted?: Signal;
   #opened: Promise<void>;
   #markOpened!: () => void;
   #credentialExpiresAt?: Date;
@@ -156,25 +160,38 @@ export class Agent {
     return this.#opened;
   }
 
-  /** Registers a callback run once when a drain (or abort) arrives. */
+  /**
+   * Registers a callback run once when a drain (or abort) arrives, at once
+   * if it already has (a child that joins into its parent's stop hears it
+   * first thing, maybe before it registers). An async callback is not
+   * awaited: it may wait for the work in flight, or for confirmExit.
+   */
   onDrain(f: (s: Signal) => void): void {
-    this.#onDrain.push(f);
+    if (this.#drained) f(this.#drained);
+    else this.#onDrain.push(f);
   }
 
-  /** Registers a callback run once when an abort arrives. */
+  /** Registers a callback run once when an abort arrives, at once if it already has. */
   onAbort(f: (s: Signal) => void): void {
-    this.#onAbort.push(f);
+    if (this.#aborted) f(this.#aborted);
+    else this.#onAbort.push(f);
   }
 
   #handle(sig: Pick<SessionSignal, "kind" | "terminationId" | "reason">): void {
     const s: Signal = { abort: sig.kind === SignalKind.ABORT, terminationId: sig.terminationId, reason: sig.reason };
     if (!this.#drain.signal.aborted) {
+      this.#drained = s;
+      const fs = this.#onDrain;
+      this.#onDrain = [];
       this.#drain.abort(new StopSignalled(s.abort, s.terminationId, s.reason));
-      for (const f of this.#onDrain) f(s);
+      for (const f of fs) f(s);
     }
     if (s.abort && !this.#abort.signal.aborted) {
+      this.#aborted = s;
+      const fs = this.#onAbort;
+      this.#onAbort = [];
       this.#abort.abort(new StopSignalled(true, s.terminationId, s.reason));
-      for (const f of this.#onAbort) f(s);
+      for (const f of fs) f(s);
     }
   }
 
