@@ -158,8 +158,13 @@ func agentList(g *globals) *cobra.Command {
 			more := ""
 			switch {
 			case len(nodes) > limit:
-				// A subtree, answered whole.
-				more = fmt.Sprintf("… %d more nodes of the subtree not shown: draw it a level at a time with tether agent tree %s", len(nodes)-limit, root)
+				// A subtree, answered whole (an agent's listing is its own
+				// subtree's).
+				at := root
+				if at == "" {
+					at = "NODE"
+				}
+				more = fmt.Sprintf("… %d more nodes of the subtree not shown: draw it a level at a time with tether agent tree %s", len(nodes)-limit, at)
 				nodes = nodes[:limit]
 			case token != "":
 				more = "… more: tether agent ls --page-token " + token
