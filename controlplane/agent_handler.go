@@ -268,7 +268,12 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 		return a.listLevel(ctx, p, root, selector, req.Msg)
 	}
 	if root == "" {
-		nodes, next, err := a.s.tree.List(ctx, selector, req.Msg.PageToken, pageSize(req.Msg.PageSize))
+		// A call reads at most maxPageSize nodes, matching or not: a rare
+		// selector is answered a page of the nodes it read at a time (with
+		// the matches among them and a continuation), each call bounded
+		// and a request of the caller's budget, however large a rogue grew
+		// its subtree.
+		nodes, next, _, err := a.s.tree.List(ctx, selector, req.Msg.PageToken, pageSize(req.Msg.PageSize), maxPageSize)
 		if err != nil {
 			return nil, toConnect(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 
 	"connectrpc.com/connect"
@@ -106,30 +107,93 @@ func orDash(s string) string {
 	return s
 }
 
+// The CLI's listings are bounded, whatever an agent spawned: `agent ls`
+// prints a page of nodes (lsLimit by default) from at most lsCalls
+// listings and the token of the next; `agent tree` reads one level at a
+// time, breadth first, at most treeLimit nodes by default and treeCalls
+// listings, and names the command that shows the rest.
+const (
+	lsLimit   = 1000
+	lsCalls   = 10
+	treeLimit = 500
+	treeCalls = 40
+	maxLimit  = 10000
+)
+
+// checkLimit refuses a --limit out of 1..maxLimit.
+func checkLimit(limit int) error {
+	if limit < 1 || limit > maxLimit {
+		return fmt.Errorf("--limit %d: want 1 to %d", limit, maxLimit)
+	}
+	return nil
+}
+
 func agentList(g *globals) *cobra.Command {
-	var selector, root string
+	var selector, root, token string
+	var limit int
 	cmd := &cobra.Command{
-		Use:   "ls [--root NODE] [--selector k=v]",
-		Short: "List agents",
+		Use:   "ls [--root NODE] [--selector k=v] [--limit N] [--page-token T]",
+		Short: "List agents, a page at a time",
 		Args:  cobra.NoArgs,
 		RunE: g.dialed(func(cmd *cobra.Command, _ []string, c *clients) error {
-			nodes, err := allPages(func(token string) ([]*tetherv1.Node, string, error) {
-				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token}))
-				if err != nil {
-					return nil, "", err
-				}
-				return resp.Msg.Nodes, resp.Msg.NextPageToken, nil
-			})
-			if err != nil {
+			if err := checkLimit(limit); err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
+			if root != "" && token != "" {
+				return fmt.Errorf("--page-token pages the listing of every node; a subtree (--root) is answered whole: draw it a level at a time with tether agent tree %s", root)
+			}
+			var nodes []*tetherv1.Node
+			// A page may hold fewer matches than asked (the server reads a
+			// thousand nodes a call, matching the selector or not).
+			for calls := 0; calls < lsCalls && len(nodes) < limit; calls++ {
+				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token, PageSize: int32(min(limit-len(nodes), maxLimit))}))
+				if err != nil {
+					return err
+				}
+				nodes = append(nodes, resp.Msg.Nodes...)
+				if token = resp.Msg.NextPageToken; token == "" {
+					break
+				}
+			}
+			more := ""
+			switch {
+			case len(nodes) > limit:
+				// A subtree, answered whole (an agent's listing is its own
+				// subtree's).
+				at := root
+				if at == "" {
+					at = "NODE"
+				}
+				more = fmt.Sprintf("… %d more nodes of the subtree not shown: draw it a level at a time with tether agent tree %s", len(nodes)-limit, at)
+				nodes = nodes[:limit]
+			case token != "":
+				more = "… more: tether agent ls --page-token " + token
+				if selector != "" {
+					more += " --selector " + selector
+				}
+				if limit != lsLimit {
+					more += " --limit " + strconv.Itoa(limit)
+				}
+			}
+			if more != "" {
+				if asJSON, _ := g.wantJSON(); asJSON {
+					fmt.Fprintln(cmd.ErrOrStderr(), more)
+					more = ""
+				}
+			}
+			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
 				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels))
-			})
+			}); err != nil || more == "" {
+				return err
+			}
+			_, err := fmt.Fprintln(cmd.OutOrStdout(), more)
+			return err
 		}),
 	}
 	cmd.Flags().StringVar(&selector, "selector", "", "label selector k=v,k2=v2")
-	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree")
+	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree (answered whole by the server; at most --limit printed)")
+	cmd.Flags().IntVar(&limit, "limit", lsLimit, "print at most this many nodes (1 to 10000)")
+	cmd.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	return cmd
 }
 
@@ -158,34 +222,108 @@ func agentShow(g *globals) *cobra.Command {
 	}
 }
 
+// treeEntry is a node `agent tree` read, with the children it read of
+// it.
+type treeEntry struct {
+	node    *tetherv1.Node
+	kids    []*treeEntry
+	count   uint64 // its stored number of children, when known
+	counted bool
+	next    string // the token of its next page of children
+	unread  bool   // it has children and none were read
+}
+
 func agentTree(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:   "tree NODE",
-		Short: "Draw a node's subtree",
+	var limit int
+	var after string
+	cmd := &cobra.Command{
+		Use:   "tree NODE [--limit N] [--after T]",
+		Short: "Draw a node's subtree, a level at a time",
 		Args:  cobra.ExactArgs(1),
 		RunE: g.dialed(func(cmd *cobra.Command, args []string, c *clients) error {
-			resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: args[0]}))
+			if err := checkLimit(limit); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			got, err := c.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: args[0]}))
 			if err != nil {
 				return err
 			}
-			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), resp.Msg.Nodes); done || err != nil {
+			top := &treeEntry{node: got.Msg.Node}
+			read := []*tetherv1.Node{top.node}
+			budget, calls := limit, 0
+			// list reads a page of e's children (one level, never the
+			// subtree below them).
+			list := func(e *treeEntry, token string) error {
+				resp, err := c.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: e.node.NodeId, OneLevel: true, PageToken: token, PageSize: int32(min(budget, 1000))}))
+				calls++
+				if err != nil {
+					return err
+				}
+				e.count, e.counted = resp.Msg.ChildCounts[e.node.NodeId]
+				for _, n := range resp.Msg.Nodes {
+					k := &treeEntry{node: n}
+					k.count, k.counted = resp.Msg.ChildCounts[n.NodeId]
+					e.kids = append(e.kids, k)
+					read = append(read, n)
+				}
+				sort.Slice(e.kids, func(i, j int) bool {
+					a, b := e.kids[i].node, e.kids[j].node
+					return a.Name+a.NodeId < b.Name+b.NodeId
+				})
+				budget -= len(resp.Msg.Nodes)
+				e.next = resp.Msg.NextPageToken
+				return nil
+			}
+			if err := list(top, after); err != nil {
 				return err
 			}
-			children := map[string][]*tetherv1.Node{}
-			for _, n := range resp.Msg.Nodes {
-				children[n.ParentNodeId] = append(children[n.ParentNodeId], n)
+			for level := top.kids; len(level) > 0; {
+				var next []*treeEntry
+				for _, e := range level {
+					if e.counted && e.count == 0 {
+						continue
+					}
+					if budget <= 0 || calls >= treeCalls {
+						e.unread = true
+						continue
+					}
+					if err := list(e, ""); err != nil {
+						return err
+					}
+					next = append(next, e.kids...)
+				}
+				level = next
 			}
-			label := func(n *tetherv1.Node) string {
-				return fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, tree.StateName(tree.NodeState(n.State)))
+			if done, err := printedAsJSONList(g, cmd.OutOrStdout(), read); done || err != nil {
+				return err
 			}
-			drawTree(cmd.OutOrStdout(), resp.Msg.Nodes[0], func(n *tetherv1.Node) []*tetherv1.Node {
-				kids := children[n.NodeId]
-				sort.Slice(kids, func(i, j int) bool { return kids[i].Name+kids[i].NodeId < kids[j].Name+kids[j].NodeId })
-				return kids
-			}, label)
+			children := func(e *treeEntry) string {
+				if e.counted {
+					return fmt.Sprintf("%d children", e.count)
+				}
+				return "children"
+			}
+			label := func(e *treeEntry) string {
+				n := e.node
+				l := fmt.Sprintf("%s (%s) [%s]", n.Name, n.NodeId, tree.StateName(tree.NodeState(n.State)))
+				switch {
+				case e.unread && e.counted:
+					l += fmt.Sprintf(" … %s not read: tether agent tree %s", children(e), n.NodeId)
+				case e.unread:
+					l += " … its children not read: tether agent tree " + n.NodeId
+				case e.next != "":
+					l += fmt.Sprintf(" … %s, %d shown: tether agent tree %s --after %s", children(e), len(e.kids), n.NodeId, e.next)
+				}
+				return l
+			}
+			drawTree(cmd.OutOrStdout(), top, func(e *treeEntry) []*treeEntry { return e.kids }, label)
 			return nil
 		}),
 	}
+	cmd.Flags().IntVar(&limit, "limit", treeLimit, "read and draw at most this many nodes below NODE (1 to 10000)")
+	cmd.Flags().StringVar(&after, "after", "", "start NODE's children after this one (the token a previous drawing printed)")
+	return cmd
 }
 
 // drawTree prints root and its descendants with box-drawing branches.

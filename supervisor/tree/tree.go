@@ -445,20 +445,32 @@ func SubtreeIn(tx store.ReadTxn, rootID string) ([]*Node, error) {
 	return out, nil
 }
 
-// List returns nodes in id order after pageToken, matching selector.
-func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken string, pageSize int) ([]*Node, string, error) {
-	var out []*Node
-	next := ""
-	err := t.Store.View(ctx, func(tx store.ReadTxn) error {
+// List returns, in id order after pageToken, at most pageSize nodes
+// matching selector, reading at most maxRead nodes (maxRead < 1: no
+// bound). A scan that stops at maxRead before pageSize matches answers the
+// matches it found with the last node it read as next, so a rare selector
+// is a number of bounded calls, not one call that reads every node (an
+// agent may grow its own subtree to a hundred thousand); next is empty
+// after the last node. read is how many nodes it read.
+func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken string, pageSize, maxRead int) (out []*Node, next string, read int, err error) {
+	err = t.Store.View(ctx, func(tx store.ReadTxn) error {
+		out, next, read = nil, "", 0
 		var start []byte
 		if pageToken != "" {
 			start = append(nodeKey(pageToken), 0)
 		}
+		last := ""
 		return tx.Scan([]byte(prefixNode), start, func(k, v []byte) error {
+			if maxRead > 0 && read == maxRead {
+				next = last
+				return store.ErrStopScan
+			}
 			n := &Node{}
 			if err := UnmarshalNode(v, n); err != nil {
 				return fmt.Errorf("supervisor: decode %s: %w", k, err)
 			}
+			read++
+			last = n.NodeID
 			if !MatchLabels(n.Labels, selector) {
 				return nil
 			}
@@ -470,7 +482,7 @@ func (t *Tree) List(ctx context.Context, selector map[string]string, pageToken s
 			return nil
 		})
 	})
-	return out, next, err
+	return out, next, read, err
 }
 
 // ParseSelector parses "k=v,k2=v2".

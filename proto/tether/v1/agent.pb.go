@@ -1651,7 +1651,10 @@ type ListNodesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The subtree root; empty lists every node.
 	RootNodeId string `protobuf:"bytes,1,opt,name=root_node_id,json=rootNodeId,proto3" json:"root_node_id,omitempty"`
-	// Label selector, "k=v,k2=v2"; empty matches all.
+	// Label selector, "k=v,k2=v2"; empty matches all. Listing every node
+	// (no root_node_id, not one_level), a call reads at most 1,000 nodes,
+	// matching or not: a page may hold fewer matches than its size, even
+	// none, with a next_page_token to read on.
 	LabelSelector string `protobuf:"bytes,2,opt,name=label_selector,json=labelSelector,proto3" json:"label_selector,omitempty"`
 	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`

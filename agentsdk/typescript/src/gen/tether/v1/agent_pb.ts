@@ -713,7 +713,10 @@ export type ListNodesRequest = Message<"tether.v1.ListNodesRequest"> & {
   rootNodeId: string;
 
   /**
-   * Label selector, "k=v,k2=v2"; empty matches all.
+   * Label selector, "k=v,k2=v2"; empty matches all. Listing every node
+   * (no root_node_id, not one_level), a call reads at most 1,000 nodes,
+   * matching or not: a page may hold fewer matches than its size, even
+   * none, with a next_page_token to read on.
    *
    * @generated from field: string label_selector = 2;
    */
