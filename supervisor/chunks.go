@@ -2370,6 +2370,25 @@ func putCallsPart(tx store.Txn, stored *Termination, calls []*ledger.ToolCall, n
 	if closedAt.IsZero() {
 		closedAt = now
 	}
+	// The open keys and their nodes' counts of the calls it closes
+	// (ledger.CloseOpenIn), fetched together (etcd).
+	var open [][]byte
+	counted := map[string]bool{}
+	for _, c := range calls {
+		if c.State == ledger.CallStateEnded {
+			continue
+		}
+		open = append(open, ledger.OpenCallKey(c.NodeID, c.CallID))
+		if !counted[c.NodeID] {
+			counted[c.NodeID] = true
+			open = append(open, ledger.OpenCountKey(c.NodeID))
+		}
+	}
+	if len(open) > 0 {
+		if err := store.Prefetch(tx, open, nil); err != nil {
+			return err
+		}
+	}
 	for _, c := range calls {
 		if err := ledger.ForgetEndedIn(tx, c); err != nil {
 			return err

@@ -60,6 +60,7 @@ func TestTerminationKicksOnlyWhatAChangeMayMove(t *testing.T) {
 		{"a termination's call listed", store.Event{Type: store.EventDelete, Key: ledger.TermCallKey("far", "c1")}, []string{"far"}},
 		{"a termination's refusal listed", store.Event{Type: store.EventPut, Key: append(ledger.RefusedPrefix("far", "o"), "c1"...)}, []string{"far"}},
 		{"an open call", store.Event{Type: store.EventPut, Key: ledger.OpenCallKey("o", "c1")}, nil},
+		{"a node's count of open calls", store.Event{Type: store.EventPut, Key: ledger.OpenCountKey("o")}, nil},
 		{"a cancel order", store.Event{Type: store.EventPut, Key: ledger.CancelKey("g", "c1")}, nil},
 		{"a ledger key not known", store.Event{Type: store.EventPut, Key: []byte(ledger.Prefix + "new/x")}, all},
 		{"a termination's put", term(terminationPlace{ID: "far", Phase: PhaseReconciling, NodeID: "y"}), []string{"far"}},

@@ -296,7 +296,7 @@ func (k *terminationKicks) changed(batch []store.Event, kick func(string), finis
 			kickOne(firstSegment(key[len(termCallKeyPrefix):]))
 		case strings.HasPrefix(key, refusedKeyPrefix):
 			kickOne(firstSegment(key[len(refusedKeyPrefix):]))
-		case strings.HasPrefix(key, openCallKeyPrefix), strings.HasPrefix(key, cancelKeyPrefix), strings.HasPrefix(key, endedOnKeyPrefix):
+		case strings.HasPrefix(key, openCallKeyPrefix), strings.HasPrefix(key, openCountKeyPrefix), strings.HasPrefix(key, cancelKeyPrefix), strings.HasPrefix(key, endedOnKeyPrefix):
 			// Written only beside the call's own key, in its transaction.
 		case strings.HasPrefix(key, refusedMoreKeyPrefix):
 			// A count the record reads; it moves no termination.
@@ -321,6 +321,7 @@ func firstSegment(s string) string {
 
 var (
 	openCallKeyPrefix    = strings.TrimSuffix(string(ledger.OpenCallPrefix("x")), "x/")
+	openCountKeyPrefix   = strings.TrimSuffix(string(ledger.OpenCountKey("x")), "x")
 	cancelKeyPrefix      = strings.TrimSuffix(string(ledger.CancelKey("x", "y")), "x/y")
 	refusedKeyPrefix     = strings.TrimSuffix(string(ledger.RefusedPrefix("x", "y")), "x/y/")
 	endedOnKeyPrefix     = strings.TrimSuffix(string(ledger.EndedOnPrefix("x")), "x/")

@@ -129,6 +129,7 @@ type Service struct {
 	cfg        Config
 	minter     capability.Minter
 	verifier   capability.Verifier
+	verified   *verifiedTokens // tokens Introspect verified (verified.go)
 	tombstones *capability.TombstoneSet
 	feed       *feed
 	marker     *reconcile.Loop
@@ -176,6 +177,7 @@ func New(cfg Config) (*Service, error) {
 		cfg:        cfg,
 		minter:     minter,
 		verifier:   verifier,
+		verified:   newVerifiedTokens(),
 		tombstones: &capability.TombstoneSet{},
 		feed:       newFeed(),
 	}

@@ -14,10 +14,12 @@ import (
 // the tombstones: active or not, and why. A token that fails verification
 // is inactive with the verification error as its reason; the returned
 // error is only for a failure to read the store. It writes nothing. The
-// verdict's Grant is the stored grant in its effective state.
+// verdict's Grant is the stored grant in its effective state. A token
+// verified before is not verified again while its key is in the ring and
+// it has not expired (verifiedTokens); the store is read every time.
 func (s *Service) Introspect(ctx context.Context, token string) (capability.Claims, capability.Verdict, error) {
 	now := s.cfg.Clock.Now()
-	claims, err := s.verifier.Verify(token, s.cfg.Keys(), now)
+	claims, err := s.verified.verify(s.verifier, token, s.cfg.Keys(), now)
 	if err != nil {
 		return capability.Claims{}, capability.Verdict{Reason: err.Error(), Err: err}, nil
 	}

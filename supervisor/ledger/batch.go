@@ -129,7 +129,7 @@ func (l *Ledger) prefetchFinish(tx store.ReadTxn, callID string, end bool) error
 		return nil // one key: nothing to fetch together
 	}
 	node := n.node
-	keys := [][]byte{callKey(callID)}
+	keys := [][]byte{callKey(callID), openCallKey(node, callID), openCountKey(node)}
 	if end {
 		keys = append(keys, tree.NodeKey(node))
 		keys = append(keys, tree.CoverKeys(node, n.ancestors)...)

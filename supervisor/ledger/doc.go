@@ -10,7 +10,11 @@
 // writes the ledger's calls inside its own transactions (GetCallIn,
 // PutCallIn, RequestCancelIn, MoveEndedIn and the keys in keys.go). A
 // refused call past those a termination lists is counted for its record
-// (RefusedNotListedOf).
+// (RefusedNotListedOf). A node's calls in flight are bounded per gate
+// (MaxOpenCallsPerNode): a begin reads the node's count of open calls and
+// reads its open-call keys only at the bound (or for a node whose calls an
+// earlier version began); whatever closes a call, the termination
+// included, goes through CloseOpenIn, which keeps the count.
 //
 // ToolCall, CallState and CallResolution are its own types: a call is
 // stored in tether.v1.ToolCall's protobuf encoding, written from the pb

@@ -9,11 +9,13 @@ const (
 	prefixRefused     = "calls/refused/"     // calls/refused/<termination id>/<node id>/<call id> → "" the node's refused calls the termination lists
 	prefixEndedOn     = "calls/endedon/"     // calls/endedon/<node id>/<call id> → termination id: a call that ended on that termination's account, until its record lists it
 	prefixRefusedMore = "calls/refusedmore/" // calls/refusedmore/<termination id>/<node id> → count of the node's refused calls past those listed
+	prefixOpenCount   = "calls/opencount/"   // calls/opencount/<node id> → how many calls/open/<node id>/ keys there are, a uvarint (openCount)
 )
 
 func callKey(id string) []byte             { return []byte(prefixCall + id) }
 func openCallPrefix(node string) []byte    { return []byte(prefixOpenCall + node + "/") }
 func openCallKey(node, call string) []byte { return []byte(prefixOpenCall + node + "/" + call) }
+func openCountKey(node string) []byte      { return []byte(prefixOpenCount + node) }
 func cancelKey(gate, call string) []byte   { return []byte(prefixCancel + gate + "/" + call) }
 func cancelPrefix(gate string) []byte      { return []byte(prefixCancel + gate + "/") }
 func termCallPrefix(term string) []byte    { return []byte(prefixTermCall + term + "/") }
@@ -47,6 +49,9 @@ func OpenCallPrefix(node string) []byte { return openCallPrefix(node) }
 
 // OpenCallKey marks a call of the node in flight.
 func OpenCallKey(node, call string) []byte { return openCallKey(node, call) }
+
+// OpenCountKey counts the node's calls in flight (CloseOpenIn keeps it).
+func OpenCountKey(node string) []byte { return openCountKey(node) }
 
 // CancelKey marks a cancel order the gate has not acknowledged.
 func CancelKey(gate, call string) []byte { return cancelKey(gate, call) }

@@ -11,6 +11,7 @@ func TestKeyLayout(t *testing.T) {
 		{string(CallKey("c_1")), "calls/call/c_1"},
 		{string(OpenCallPrefix("n_1")), "calls/open/n_1/"},
 		{string(OpenCallKey("n_1", "c_1")), "calls/open/n_1/c_1"},
+		{string(OpenCountKey("n_1")), "calls/opencount/n_1"},
 		{string(cancelPrefix("g")), "calls/cancel/g/"},
 		{string(CancelKey("g", "c_1")), "calls/cancel/g/c_1"},
 		{string(TermCallPrefix("t_1")), "calls/term/t_1/"},

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"regexp"
@@ -196,8 +197,8 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 	unlisted := false // refused, and not kept: the record lists enough of the node's refusals
 	err = l.Store.Update(ctx, func(tx store.Txn) error {
 		stopping, unlisted = nil, false
-		// The node and its open calls, fetched together (etcd).
-		if err := store.Prefetch(tx, [][]byte{tree.NodeKey(nodeID)}, [][]byte{openCallPrefix(nodeID)}); err != nil {
+		// The node and its count of open calls, fetched together (etcd).
+		if err := store.Prefetch(tx, [][]byte{tree.NodeKey(nodeID), openCountKey(nodeID)}, nil); err != nil {
 			return err
 		}
 		node, err := tree.GetNodeIn(tx, nodeID)
@@ -298,7 +299,8 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := tree.NoteHoldingIn(tx, node, tree.HoldsCalls); err != nil {
 			return err
 		}
-		// The open key holds the gate (openBelowLimit counts by it).
+		// The open key holds the gate (openBelowLimit counts by it), and
+		// openBelowLimit counted it in the node's count.
 		return tx.Put(openCallKey(nodeID, call.CallID), []byte(gateID))
 	})
 	if err != nil {
@@ -400,18 +402,34 @@ func RefusedNotListedOf(tx store.ReadTxn, terminationID string, nodes []*tree.No
 }
 
 // openBelowLimit refuses a new call of a node through gateID when the node
-// already has MaxOpenCallsPerNode calls in flight through that gate. It
+// already has MaxOpenCallsPerNode calls in flight through that gate, and
+// otherwise counts the call about to begin in the node's count of open
+// calls (openCountKey: how many open-call keys the node has, whatever
+// their gate). Below the bound that count answers alone: the node's calls
+// through one gate are never more than all of them. At the bound, or for
+// a node with no count (its calls were begun by an earlier version), it
 // reads the node's open-call keys (their values name the gate; a key
-// written before they did names none and is not counted): a node with a
-// few calls open pays for a few.
-func openBelowLimit(tx store.ReadTxn, nodeID, gateID string) error {
-	open := 0
-	err := tx.Scan(openCallPrefix(nodeID), nil, func(_, v []byte) error {
+// written before they did names none and is not counted against the
+// gate) and writes the count from them.
+//
+// The count is what keeps a node's begin from reading its open-call
+// keys: each ended call leaves its key's deletion in the store until a
+// compaction drops it, and a scan of the prefix steps over every one, so
+// a node that churned calls made each of its later begins step over all
+// its ended ones since, in the store's one writer (thirty-sixth pass).
+func openBelowLimit(tx store.Txn, nodeID, gateID string) error {
+	n, counted, err := openCount(tx, nodeID)
+	if err != nil {
+		return err
+	}
+	if counted && n < MaxOpenCallsPerNode {
+		return putOpenCount(tx, nodeID, n+1)
+	}
+	open, all := 0, uint64(0)
+	err = tx.Scan(openCallPrefix(nodeID), nil, func(_, v []byte) error {
+		all++
 		if string(v) == gateID {
 			open++
-		}
-		if open >= MaxOpenCallsPerNode {
-			return store.ErrStopScan
 		}
 		return nil
 	})
@@ -421,7 +439,49 @@ func openBelowLimit(tx store.ReadTxn, nodeID, gateID string) error {
 	if open >= MaxOpenCallsPerNode {
 		return fmt.Errorf("%w: node %s already has %d tool calls in flight through gate %s, the maximum per node and gate; a new call is refused until one of them ends (EndCall)", tree.ErrLimit, nodeID, open, gateID)
 	}
-	return nil
+	return putOpenCount(tx, nodeID, all+1)
+}
+
+// openCount reads the node's count of open calls, and whether it has one.
+func openCount(tx store.ReadTxn, nodeID string) (uint64, bool, error) {
+	v, err := tx.Get(openCountKey(nodeID))
+	if errors.Is(err, store.ErrNotFound) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	n, size := binary.Uvarint(v)
+	if size <= 0 || size != len(v) {
+		return 0, false, nil // not readable: counted again from the keys
+	}
+	return n, true, nil
+}
+
+func putOpenCount(tx store.Txn, nodeID string, n uint64) error {
+	return tx.Put(openCountKey(nodeID), binary.AppendUvarint(nil, n))
+}
+
+// CloseOpenIn takes a call of the node out of its calls in flight: its
+// open-call key is deleted and, when it was there, the node's count of
+// open calls lowered (openBelowLimit). Every path that closes a call goes
+// through it (the ledger's end, the termination's close of a call never
+// acknowledged), so the count never reads fewer calls than the node has.
+func CloseOpenIn(tx store.Txn, nodeID, callID string) error {
+	key := openCallKey(nodeID, callID)
+	if _, err := tx.Get(key); errors.Is(err, store.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if err := tx.Delete(key); err != nil {
+		return err
+	}
+	n, counted, err := openCount(tx, nodeID)
+	if err != nil || !counted {
+		return err
+	}
+	return putOpenCount(tx, nodeID, n-min(n, 1))
 }
 
 // End records the end of a call (completed or failed), reported by the
@@ -729,7 +789,7 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 		if err := l.observe(tx, before, c); err != nil {
 			return err
 		}
-		if err := tx.Delete(openCallKey(c.NodeID, c.CallID)); err != nil {
+		if err := CloseOpenIn(tx, c.NodeID, c.CallID); err != nil {
 			return err
 		}
 		if err := tx.Delete(cancelKey(c.GateID, c.CallID)); err != nil {
