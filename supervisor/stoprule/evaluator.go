@@ -169,7 +169,23 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A rule attached to a node whose whole subtree has terminated is in
+	// effect at no node ever judged again (a terminated node spawns no
+	// child): it is not compiled nor held. Else a rogue that gave each
+	// child it ended its allotment of rules had every start of the
+	// evaluator compile them all before any rule of any tree was judged,
+	// and hold them in memory.
+	judgedBelow := make(map[string]bool, len(ix.nodes))
+	for id, n := range ix.nodes {
+		judgedBelow[id] = true
+		for _, anc := range n.ancestors {
+			judgedBelow[anc] = true
+		}
+	}
 	for _, rule := range rules {
+		if rule.NodeID != "" && !judgedBelow[rule.NodeID] {
+			continue
+		}
 		r.putRule(ix, rule)
 	}
 	for id, n := range ix.nodes {
@@ -499,7 +515,8 @@ var errFault = errors.New("stoprule: injected fault")
 // every rule in effect that has not fired for it yet. It returns what the
 // evaluation cost, to be charged to the node's tree: evaluationBaseCost
 // for each read (the node's snapshot, and its leases or revocations when a
-// rule reads them) and the CEL cost of each rule evaluated.
+// rule reads them, the revocations a read more per grantsPerRead grants
+// the node holds) and the CEL cost of each rule evaluated.
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) (int64, error) {
 	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules)
 	return cost, err
@@ -593,7 +610,12 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 			cost += evaluationBaseCost
 		}
 	}
-	observed, err := r.snapshot(ctx, node, stored, leases, revocations)
+	observed, grants, err := r.snapshot(ctx, node, stored, leases, revocations)
+	// The grants the node holds, read with their chains for a rule on
+	// revocations: a read more per grantsPerRead of them (a rogue holding
+	// hundreds of grants has each evaluation of its node charged the
+	// reads they cost).
+	cost += int64(evaluationBaseCost * (grants / grantsPerRead))
 	if err != nil {
 		return cost, open, err
 	}
