@@ -54,7 +54,8 @@
 //     for the nodes they apply to. Each time Run starts it compiles the
 //     rules of the subtrees with a node still judged, not those of
 //     subtrees wholly terminated (Add refuses a rule on a terminated
-//     node).
+//     node), and it lets a node's rules go when the last running node of
+//     its subtree terminates.
 //     A call still open counts its time up to the instant it is judged
 //     (the node's own read from the ledger, its descendants' from their
 //     shard totals: how many are open and their begin times added up; the

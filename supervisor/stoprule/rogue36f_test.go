@@ -138,11 +138,12 @@ func rogue36fManyGrantsCharged(t *testing.T, g *rogue31cRig) {
 
 // rogue36fTerminate ends n as a termination's last chunk does
 // (supervisor/chunks.go): its state written terminated.
-func rogue36fTerminate(t *testing.T, g *rogue31cRig, n *tree.Node) {
+func rogue36fTerminate(t *testing.T, g *rogue31cRig, n *tree.Node) *tree.Node {
 	t.Helper()
+	var cur *tree.Node
 	err := g.st.Update(context.Background(), func(tx store.Txn) error {
-		cur, err := tree.GetNodeIn(tx, n.NodeID)
-		if err != nil {
+		var err error
+		if cur, err = tree.GetNodeIn(tx, n.NodeID); err != nil {
 			return err
 		}
 		cur.State = tree.NodeStateTerminated
@@ -151,6 +152,7 @@ func rogue36fTerminate(t *testing.T, g *rogue31cRig, n *tree.Node) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cur
 }
 
 // TestRogue36FRulesOnTerminatedSubtreesAreNotCompiledAtEachStart: the
@@ -161,7 +163,8 @@ func rogue36fTerminate(t *testing.T, g *rogue31cRig, n *tree.Node) {
 // terminated descendants. A rogue that attached its rules' allotment to
 // each child and ended it, child after child, had every later start of the
 // evaluator compile them all, some 0.3 ms each, before any rule of any tree
-// was evaluated, and each held in the leader's memory.
+// was evaluated, and each held in the leader's memory; a running evaluator
+// held them too, from their attach on.
 func TestRogue36FRulesOnTerminatedSubtreesAreNotCompiledAtEachStart(t *testing.T) {
 	rogue36fTerminatedRulesNotLoaded(t, newRogue31cRig(t))
 }
@@ -259,5 +262,33 @@ func rogue36fTerminatedRulesNotLoaded(t *testing.T, g *rogue31cRig) {
 	// The rule of the ended parent is still in effect at its running child.
 	if !slices.ContainsFunc(ix.inEffect(grand.NodeID, ix.nodes[grand.NodeID]), func(a *activeRule) bool { return a.rule.Name == "parent" }) {
 		t.Errorf("the ended parent's rule is not in effect at its running child")
+	}
+
+	// While the evaluator runs, as its watches hand it the changes: a
+	// child given rules and then ended has them let go.
+	late := g.spawn(rogue, "late")
+	ix.putNode(late)
+	lateRules := []*Rule{must(add(rogue, late, "late", "observed.calls > 4000")), must(add(late, late, "lateown", "observed.spawns > 4000"))}
+	for _, r := range lateRules {
+		g.rules.putRule(ix, r)
+		if _, ok := ix.byID[r.RuleID]; !ok {
+			t.Fatalf("rule %s on a running child was not taken", r.Name)
+		}
+	}
+	ix.putNode(rogue36fTerminate(t, g, late))
+	for _, r := range lateRules {
+		if _, ok := ix.byID[r.RuleID]; ok {
+			t.Errorf("rule %s is still held after its child's subtree terminated", r.Name)
+		}
+	}
+	// The ended parent's rule goes once its running child ends too.
+	ix.putNode(rogue36fTerminate(t, g, grand))
+	if _, ok := ix.byID[kept[2].RuleID]; ok {
+		t.Errorf("the ended parent's rule is still held after its last running descendant ended")
+	}
+	for _, r := range kept[:2] {
+		if _, ok := ix.byID[r.RuleID]; !ok {
+			t.Errorf("rule %s on a subtree still judged was let go", r.Name)
+		}
 	}
 }
