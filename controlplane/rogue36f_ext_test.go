@@ -57,3 +57,29 @@ func TestRogue36FTestingARuleOnTheRevocationsIsPricedByTheGrantsRead(t *testing.
 		}
 	}
 }
+
+// TestRogue36FARuleOnATerminatedNodeIsRefused: an agent attached rules to
+// its terminated descendants, which no rule ever judges again, and each
+// start of the evaluator compiled them; it is refused failed_precondition,
+// naming the node, and nothing is stored.
+func TestRogue36FARuleOnATerminatedNodeIsRefused(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	rogue := register(t, admin, "rogue")
+	c := srv.Clients(rogue.Credential)
+	kid := spawn(t, c, rogue.Node.NodeId, "kid")
+	terminateInStore(t, srv, kid.Node.NodeId)
+	for _, as := range []*testserver.Clients{c, admin} {
+		_, err := as.StopRule.AddStopRule(context.Background(), connect.NewRequest(&tetherv1.AddStopRuleRequest{NodeId: kid.Node.NodeId, Name: "late", Expression: "observed.calls > 100"}))
+		wantLimit(t, "a rule on a terminated child", err, connect.CodeFailedPrecondition, kid.Node.NodeId, "terminated")
+	}
+	resp, err := admin.StopRule.ListStopRules(context.Background(), connect.NewRequest(&tetherv1.ListStopRulesRequest{NodeId: kid.Node.NodeId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range resp.Msg.Rules {
+		if r.NodeId == kid.Node.NodeId {
+			t.Fatalf("the terminated child holds rule %s after a refused attach", r.Name)
+		}
+	}
+}
