@@ -15,6 +15,9 @@ var (
 	ErrRuleNotFound = fault.New(fault.NotFound, "stoprule: rule not found")
 	ErrDuplicate    = fault.New(fault.Exists, "stoprule: rule name already in effect")
 	ErrLimit        = fault.New(fault.Exhausted, "stoprule: limit exceeded")
+	// errNodeTerminated: a rule is attached to a node not yet terminated
+	// (a failed precondition at the edge, by its kind).
+	errNodeTerminated = fault.New(fault.Precondition, "stoprule: node is terminated")
 )
 
 // Actor is who attaches, removes or reads a rule.

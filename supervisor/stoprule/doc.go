@@ -48,8 +48,14 @@
 //     rules, the counters and the tree and evaluates the rules in effect
 //     at a node each time something a rule reads changes, never by polling
 //     agents. Lease and revocation counts are read at evaluation time, and
-//     only for rules that read them; those rules, and rules that read the
-//     clock, are evaluated again every Tick for the nodes they apply to.
+//     only for rules that read them (the revocations charged to the tree's
+//     turns a read more per grantsPerRead grants the node holds); those
+//     rules, and rules that read the clock, are evaluated again every Tick
+//     for the nodes they apply to. Each time Run starts it compiles the
+//     rules of the subtrees with a node still judged, not those of
+//     subtrees wholly terminated (Add refuses a rule on a terminated
+//     node), and it lets a node's rules go when the last running node of
+//     its subtree terminates.
 //     A call still open counts its time up to the instant it is judged
 //     (the node's own read from the ledger, its descendants' from their
 //     shard totals: how many are open and their begin times added up; the

@@ -43,6 +43,11 @@ type index struct {
 	// found calls open in their subtree: judged again every tick while
 	// they are (markTimed), as their calls' time grows with the clock.
 	open map[string]bool
+	// judgedBelow counts, for each node with one, the running nodes of
+	// its subtree (itself included). When it falls to none the rules
+	// attached to the node are in effect nowhere ever again (a terminated
+	// node spawns no child), and the index lets them go (dropDead).
+	judgedBelow map[string]int
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -150,7 +155,8 @@ const evaluateSlice = 256
 // and every running node marked for evaluation.
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
-		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{}}
+		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
+		judgedBelow: map[string]int{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -169,7 +175,16 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A rule attached to a node whose whole subtree has terminated is in
+	// effect at no node ever judged again (a terminated node spawns no
+	// child): it is not compiled nor held. Else a rogue that gave each
+	// child it ended its allotment of rules had every start of the
+	// evaluator compile them all before any rule of any tree was judged,
+	// and hold them in memory.
 	for _, rule := range rules {
+		if rule.NodeID != "" && ix.judgedBelow[rule.NodeID] == 0 {
+			continue
+		}
 		r.putRule(ix, rule)
 	}
 	for id, n := range ix.nodes {
@@ -181,10 +196,15 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 
 func (ix *index) putNode(n *tree.Node) {
 	if !judged(n) {
-		delete(ix.nodes, n.NodeID)
-		delete(ix.open, n.NodeID)
+		ix.dropNode(n.NodeID)
 		ix.dirty.unmark(rootOf(n.NodeID, n.Ancestors), n.NodeID)
 		return
+	}
+	if _, known := ix.nodes[n.NodeID]; !known {
+		ix.judgedBelow[n.NodeID]++
+		for _, anc := range n.Ancestors {
+			ix.judgedBelow[anc]++
+		}
 	}
 	ix.nodes[n.NodeID] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
 	ix.dirty.mark(rootOf(n.NodeID, n.Ancestors), n.NodeID)
@@ -193,6 +213,31 @@ func (ix *index) putNode(n *tree.Node) {
 			ix.children[p] = map[string]bool{}
 		}
 		ix.children[p][n.NodeID] = true
+	}
+}
+
+// dropNode forgets a node no longer judged (terminated, or deleted), and
+// the rules of each node of its lineage whose subtree has no running node
+// left: they are in effect at no node ever judged again. Else a rogue that
+// gave each child it ended its allotment of rules had them all held
+// compiled by the evaluator until it restarted.
+func (ix *index) dropNode(id string) {
+	n, known := ix.nodes[id]
+	delete(ix.nodes, id)
+	delete(ix.open, id)
+	if !known {
+		return
+	}
+	for _, x := range append([]string{id}, n.ancestors...) {
+		if ix.judgedBelow[x]--; ix.judgedBelow[x] > 0 {
+			continue
+		}
+		delete(ix.judgedBelow, x)
+		for _, a := range slices.Clone(ix.byNode[x]) {
+			ix.removeRule(a.rule.RuleID)
+		}
+		delete(ix.byNode, x)
+		delete(ix.children, x)
 	}
 }
 
@@ -391,8 +436,7 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
 			if ev.Type == store.EventDelete {
-				delete(ix.nodes, tail(ev.Key, tree.NodePrefix))
-				delete(ix.open, tail(ev.Key, tree.NodePrefix))
+				ix.dropNode(tail(ev.Key, tree.NodePrefix))
 				continue
 			}
 			n := &tree.Node{}
@@ -499,7 +543,8 @@ var errFault = errors.New("stoprule: injected fault")
 // every rule in effect that has not fired for it yet. It returns what the
 // evaluation cost, to be charged to the node's tree: evaluationBaseCost
 // for each read (the node's snapshot, and its leases or revocations when a
-// rule reads them) and the CEL cost of each rule evaluated.
+// rule reads them, the revocations a read more per grantsPerRead grants
+// the node holds) and the CEL cost of each rule evaluated.
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) (int64, error) {
 	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules)
 	return cost, err
@@ -593,7 +638,12 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 			cost += evaluationBaseCost
 		}
 	}
-	observed, err := r.snapshot(ctx, node, stored, leases, revocations)
+	observed, grants, err := r.snapshot(ctx, node, stored, leases, revocations)
+	// The grants the node holds, read with their chains for a rule on
+	// revocations: a read more per grantsPerRead of them (a rogue holding
+	// hundreds of grants has each evaluation of its node charged the
+	// reads they cost).
+	cost += int64(evaluationBaseCost * (grants / grantsPerRead))
 	if err != nil {
 		return cost, open, err
 	}

@@ -232,6 +232,12 @@ func (r *Rules) Add(ctx context.Context, a Actor, in *Rule) (*Rule, *Compiled, e
 			if err != nil {
 				return err
 			}
+			if n.State == tree.NodeStateTerminated {
+				// Never judged again, nor any node below it: a rogue
+				// attaching rules to the children it ended had them
+				// stored, and compiled at each start of the evaluator.
+				return fmt.Errorf("%w: node_id %s is terminated: a rule attached to it would never be judged", errNodeTerminated, rule.NodeID)
+			}
 			target = n
 		} else if err := CheckAttach(a, nil); err != nil {
 			return err
@@ -504,8 +510,9 @@ type TestResult struct {
 	// DecodedBytes is the size of the subtree's records the test decoded
 	// (counts by tool, reported counters: for an expression that reads
 	// them; the growth and call totals past their first 4 KiB; the node's
-	// own open calls, 128 bytes each, for an expression on call time): the
-	// caller's price.
+	// own open calls, 128 bytes each, for an expression on call time; the
+	// grants the node holds, 1 KiB each, for an expression on
+	// revocations): the caller's price.
 	DecodedBytes int
 }
 
@@ -577,10 +584,14 @@ func (r *Rules) Test(ctx context.Context, a Actor, nodeID, expression, ruleID st
 	if err != nil {
 		return TestResult{}, err
 	}
-	observed, err := r.snapshot(ctx, n, stored, c.UsesLeases, c.UsesRevocations)
+	observed, grants, err := r.snapshot(ctx, n, stored, c.UsesLeases, c.UsesRevocations)
 	if err != nil {
 		return TestResult{}, err
 	}
+	// The grants the node holds, each read with its chain for
+	// observed.revocations: priced as the evaluator charges them
+	// (grantsPerRead to a read of subtreeToolsBytesPerRead).
+	decoded += grants * (subtreeToolsBytesPerRead / grantsPerRead)
 	res := c.evaluate(observed, self, sums)
 	res.Values = c.values(observed, self, sums)
 	return TestResult{Result: res, Observed: observed, SelfReported: self, DecodedBytes: decoded}, nil
@@ -1211,16 +1222,18 @@ func getGrowth(tx store.ReadTxn, key []byte) (growth, error) {
 }
 
 // snapshot completes the stored counters with the node, the clock, and
-// (when asked) the leases and revocations.
-func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations, leases, revocations bool) (*Observations, error) {
-	o := Snapshot(stored, n, r.Clock.Now())
+// (when asked) the leases and revocations, and says how many grants it
+// read for the revocations (each with its chain: the caller prices them,
+// grantsPerRead to a read).
+func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations, leases, revocations bool) (o *Observations, grants int, err error) {
+	o = Snapshot(stored, n, r.Clock.Now())
 	if leases && r.Leases != nil {
 		// Every lease the node holds, counted: a page of them was those
 		// whose job ids sort first, and a rogue coordinator chooses its
 		// workers' job ids.
 		counts, err := r.Leases.CountHeldBy(ctx, n.NodeID)
 		if err != nil {
-			return nil, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeID, err)
+			return nil, 0, fmt.Errorf("stoprule: read the leases of %s: %w", n.NodeID, err)
 		}
 		for state, k := range counts {
 			bump(&o.LeasesByState, strings.ToLower(state.String()), int64(k))
@@ -1232,15 +1245,16 @@ func (r *Rules) snapshot(ctx context.Context, n *tree.Node, stored *Observations
 	if revocations && r.Grants != nil {
 		held, err := r.Grants.HeldBy(ctx, []string{n.NodeID})
 		if err != nil {
-			return nil, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeID, err)
+			return nil, 0, fmt.Errorf("stoprule: read the grants of %s: %w", n.NodeID, err)
 		}
+		grants = len(held)
 		for _, g := range held {
 			if g.Outcome == capability.OutcomeRevoked {
 				o.Revocations++
 			}
 		}
 	}
-	return o, nil
+	return o, grants, nil
 }
 
 // rulesInEffect reads the rules in effect at n: attached to n or an
