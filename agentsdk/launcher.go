@@ -73,7 +73,10 @@ type LauncherConfig struct {
 // a new process registered as a new node, and confirms the old process's
 // exit. A process that exits without a drain is confirmed too, its node is
 // terminated (abort) so that its grants and leases are reconciled, and it
-// is restarted at the target version.
+// is restarted at the target version. So is a node whose exit was claimed
+// outside any termination (the agent's own Exit): a claim is not a drain,
+// and a process that claimed its exit and runs on is stopped (SIGTERM,
+// then SIGKILL after KillGrace) before its exit is confirmed.
 //
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
@@ -120,7 +123,11 @@ type launched struct {
 	// drained: the node's drain was seen (its successor was started or
 	// is due); confirmed: the exit was confirmed.
 	drained, confirmed bool
-	terminatedAt       time.Time
+	// liar: the node's exit was claimed outside any termination while
+	// the process ran on; the launcher terminated the node and stops the
+	// process.
+	liar         bool
+	terminatedAt time.Time
 }
 
 // NewLauncher validates cfg.
@@ -220,8 +227,13 @@ func (l *Launcher) step(ctx context.Context) error {
 		}
 		state := node.Msg.Node.State
 		exited := isClosed(p.exited)
+		// A node whose exit was claimed (by the agent, or confirmed by
+		// someone else) outside any termination is not being drained: an
+		// exit is a word, not a stop — nothing the node holds is revoked
+		// and no record is written until a termination covers it.
+		claimed := state == tetherv1.NodeState_NODE_STATE_EXITED && node.Msg.Node.TerminationId == ""
 		switch {
-		case !p.drained && state != tetherv1.NodeState_NODE_STATE_RUNNING:
+		case !p.drained && state != tetherv1.NodeState_NODE_STATE_RUNNING && !claimed:
 			// The control plane drains (or aborts) the node: bring up the
 			// target version, now or once the old process is gone.
 			p.drained = true
@@ -229,13 +241,23 @@ func (l *Launcher) step(ctx context.Context) error {
 			if !l.cfg.WaitForExit {
 				errs = append(errs, l.launchTarget(ctx))
 			}
-		case !p.drained && exited:
+		case !p.drained && (exited || claimed):
 			// An exit nobody asked for: terminate the node so what it held
-			// is revoked and reconciled, then restart.
+			// is revoked and reconciled, then restart. An exit claimed
+			// while the process runs on is a lie the launcher can see (it
+			// holds the process): the process is stopped too, and its exit
+			// confirmed once it is gone.
 			p.drained = true
-			l.cfg.Log.Warn("agent exited unexpectedly; terminating its node and restarting", "node_id", p.node, "error", p.waitErr)
+			reason := fmt.Sprintf("agent process exited unexpectedly: %v", p.waitErr)
+			if exited {
+				l.cfg.Log.Warn("agent exited unexpectedly; terminating its node and restarting", "node_id", p.node, "error", p.waitErr)
+			} else {
+				p.liar = true
+				reason = "the agent's exit was claimed but its process runs on"
+				l.cfg.Log.Warn("agent's exit was claimed but its process runs on; terminating its node, stopping it and restarting", "node_id", p.node, "version", p.version)
+			}
 			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-				NodeId: p.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: fmt.Sprintf("agent process exited unexpectedly: %v", p.waitErr),
+				NodeId: p.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: reason,
 			}))
 			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 				errs = append(errs, err)
@@ -260,8 +282,9 @@ func (l *Launcher) step(ctx context.Context) error {
 			}
 			continue
 		}
-		if state == tetherv1.NodeState_NODE_STATE_TERMINATED && !exited {
-			// The record is written; a process still running has no
+		if (state == tetherv1.NodeState_NODE_STATE_TERMINATED || p.liar) && !exited {
+			// The record is written (or the node's exit was claimed while
+			// the process runs on); a process still running has no
 			// credential left. Stop it.
 			if p.terminatedAt.IsZero() {
 				p.terminatedAt = time.Now()

@@ -38,6 +38,21 @@ func TestLauncherHelperAgent(t *testing.T) {
 	if err := a.ReportReady(ctx); err != nil {
 		os.Exit(4)
 	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_LIE") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
+		// A rogue: it claims its exit and runs on, until something
+		// kills it (the launcher's SIGTERM ends it: Go's default).
+		if err := a.Exit(ctx, "done"); err != nil {
+			os.Exit(6)
+		}
+		time.Sleep(time.Hour)
+	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_QUIT") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
+		// Done, unasked: it claims its exit and exits.
+		if err := a.Exit(ctx, "done"); err != nil {
+			os.Exit(6)
+		}
+		os.Exit(0)
+	}
 	select {
 	case <-a.Draining():
 		os.Exit(0) // nothing in flight: drained

@@ -1,0 +1,117 @@
+package agentsdk_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+
+	"connectrpc.com/connect"
+	"time"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// TestRogue36ILauncherStopsAnAgentThatClaimsItsExitAndRunsOn: a v1 agent
+// claims its own exit (its node reads exited, outside any termination)
+// and its process runs on. The launcher took the node's state for a drain
+// and started the target version beside it, and then left both be: no
+// termination covered the old node (nothing it held revoked, no record),
+// and its old-version process ran on until the launcher itself stopped.
+// The launcher sees the lie (it holds the process): it terminates the node
+// and stops the process, and confirms its exit once it is gone.
+func TestRogue36ILauncherStopsAnAgentThatClaimsItsExitAndRunsOn(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: op, Name: "liar", Versions: helperVersions("TETHER_LAUNCHER_HELPER_LIE=1"), Start: "v1",
+		PollEvery: 20 * time.Millisecond, KillGrace: 5 * time.Second,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetTarget("v2"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "the v1 process to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	testserver.WaitFor(t, 30*time.Second, "the v2 replacement to report ready", func() bool {
+		node, version := l.Current()
+		return version == "v2" && getNode(t, admin, node).ReadyAt != nil
+	})
+	testserver.WaitFor(t, 30*time.Second, "the node that claimed its exit and ran on to be terminated", func() bool {
+		return getNode(t, admin, first).State == tetherv1.NodeState_NODE_STATE_TERMINATED
+	})
+	n := getNode(t, admin, first)
+	if n.TerminationId == "" {
+		t.Fatalf("terminated node %s names no termination", first)
+	}
+	term, err := admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: n.TerminationId}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if term.Msg.Termination.Mode != tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		t.Fatalf("termination %v, want the launcher's abort", term.Msg.Termination)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the launcher to confirm the old process gone", func() bool {
+		return hasLauncherConfirmation(getNode(t, admin, first))
+	})
+}
+
+// TestRogue36ILauncherTerminatesAnAgentThatClaimsItsExitAndQuits: an
+// agent that claims its exit and exits, unasked, is an exit nobody asked
+// for: its node is terminated (abort) so that what it held is revoked and
+// reconciled, as the launcher promises. The launcher took the claimed
+// exit for a drain (the node's state was no longer running) and left the
+// node exited, its grants and leases unrevoked and no record written.
+func TestRogue36ILauncherTerminatesAnAgentThatClaimsItsExitAndQuits(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
+	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
+		Operator: op, Name: "quitter", Versions: helperVersions("TETHER_LAUNCHER_HELPER_QUIT=1"), Start: "v1",
+		PollEvery: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetTarget("v2"); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "the v1 process to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	testserver.WaitFor(t, 30*time.Second, "the v2 restart to report ready", func() bool {
+		node, version := l.Current()
+		return version == "v2" && getNode(t, admin, node).ReadyAt != nil
+	})
+	testserver.WaitFor(t, 30*time.Second, "the node that claimed its exit and quit to be terminated", func() bool {
+		return getNode(t, admin, first).State == tetherv1.NodeState_NODE_STATE_TERMINATED
+	})
+}
+
+func hasLauncherConfirmation(n *tetherv1.Node) bool {
+	for _, c := range n.ExitConfirmations {
+		if c.Kind == "launcher" {
+			return true
+		}
+	}
+	return false
+}
