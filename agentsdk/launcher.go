@@ -66,7 +66,21 @@ type LauncherConfig struct {
 	WaitForExit    bool
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger
+	// Clock times the pauses between restarts of an agent that dies
+	// unasked (MinRestartBackoff); nil means WallClock.
+	Clock Clock
 }
+
+// Restart backoff: an agent that dies unasked (or claims its exit) is
+// restarted at once the first time; if it dies again within
+// MaxRestartBackoff of its start, the launcher waits MinRestartBackoff
+// before the next restart, doubling up to MaxRestartBackoff, so a crash
+// loop costs the control plane a node, a termination and a record per
+// pause, not per crash. A drain's replacement is never held back.
+const (
+	MinRestartBackoff = time.Second
+	MaxRestartBackoff = time.Minute
+)
 
 // Launcher runs an agent process and, when the control plane drains its
 // node (a rollout batch, or any termination), starts the target version in
@@ -76,7 +90,9 @@ type LauncherConfig struct {
 // is restarted at the target version. So is a node whose exit was claimed
 // outside any termination (the agent's own Exit): a claim is not a drain,
 // and a process that claimed its exit and runs on is stopped (SIGTERM,
-// then SIGKILL after KillGrace) before its exit is confirmed.
+// then SIGKILL after KillGrace) before its exit is confirmed. Restarts
+// after such deaths back off (MinRestartBackoff): a crash loop is not
+// restarted as fast as it dies.
 //
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
@@ -107,6 +123,12 @@ type Launcher struct {
 	mu     sync.Mutex
 	target string
 	procs  []*launched
+
+	// Restarts after unasked deaths (Run's goroutine only): the next
+	// pause, and the restarts waiting for restartAt.
+	backoff     time.Duration
+	restartAt   time.Time
+	restartsDue int
 }
 
 // launched is one agent process and its node.
@@ -123,6 +145,11 @@ type launched struct {
 	// drained: the node's drain was seen (its successor was started or
 	// is due); confirmed: the exit was confirmed.
 	drained, confirmed bool
+	// unasked: the process died (or its exit was claimed) without a
+	// drain; its restart is subject to the backoff.
+	unasked bool
+	// startedAt is when it started, on the launcher's Clock.
+	startedAt time.Time
 	// liar: the node's exit was claimed outside any termination while
 	// the process ran on; the launcher terminated the node and stops the
 	// process.
@@ -149,6 +176,9 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = WallClock
 	}
 	l := &Launcher{cfg: cfg, versions: map[string]Version{}, target: cfg.Start, exits: make(chan struct{}, 1)}
 	for _, v := range cfg.Versions {
@@ -216,6 +246,10 @@ func (l *Launcher) step(ctx context.Context) error {
 	procs := append([]*launched(nil), l.procs...)
 	l.mu.Unlock()
 	var errs []error
+	if l.restartsDue > 0 && !l.cfg.Clock.Now().Before(l.restartAt) {
+		l.restartsDue--
+		errs = append(errs, l.launchTarget(ctx))
+	}
 	for _, p := range procs {
 		if p.confirmed {
 			continue
@@ -247,7 +281,7 @@ func (l *Launcher) step(ctx context.Context) error {
 			// while the process runs on is a lie the launcher can see (it
 			// holds the process): the process is stopped too, and its exit
 			// confirmed once it is gone.
-			p.drained = true
+			p.drained, p.unasked = true, true
 			reason := fmt.Sprintf("agent process exited unexpectedly: %v", p.waitErr)
 			if exited {
 				l.cfg.Log.Warn("agent exited unexpectedly; terminating its node and restarting", "node_id", p.node, "error", p.waitErr)
@@ -263,7 +297,7 @@ func (l *Launcher) step(ctx context.Context) error {
 				errs = append(errs, err)
 			}
 			if !l.cfg.WaitForExit {
-				errs = append(errs, l.launchTarget(ctx))
+				errs = append(errs, l.restartUnasked(ctx, p))
 			}
 		}
 		if p.drained && exited {
@@ -277,7 +311,9 @@ func (l *Launcher) step(ctx context.Context) error {
 				errs = append(errs, err)
 				continue
 			}
-			if l.cfg.WaitForExit {
+			if l.cfg.WaitForExit && p.unasked {
+				errs = append(errs, l.restartUnasked(ctx, p))
+			} else if l.cfg.WaitForExit {
 				errs = append(errs, l.launchTarget(ctx))
 			}
 			continue
@@ -331,6 +367,28 @@ func (l *Launcher) confirm(ctx context.Context, p *launched) error {
 	return nil
 }
 
+// restartUnasked starts the target version after p died unasked: at once
+// when p ran for MaxRestartBackoff or more, or when it is the first such
+// death since; otherwise after the backoff (the next step past restartAt),
+// which doubles up to MaxRestartBackoff. Run's goroutine only.
+func (l *Launcher) restartUnasked(ctx context.Context, p *launched) error {
+	now := l.cfg.Clock.Now()
+	if now.Sub(p.startedAt) >= MaxRestartBackoff {
+		l.backoff = 0
+	}
+	if l.backoff == 0 {
+		l.backoff = MinRestartBackoff
+		return l.launchTarget(ctx)
+	}
+	if l.restartsDue == 0 || now.Add(l.backoff).After(l.restartAt) {
+		l.restartAt = now.Add(l.backoff)
+	}
+	l.restartsDue++
+	l.cfg.Log.Warn("waiting before restarting the agent", "node_id", p.node, "backoff", l.backoff)
+	l.backoff = min(2*l.backoff, MaxRestartBackoff)
+	return nil
+}
+
 func (l *Launcher) launchTarget(ctx context.Context) error {
 	l.mu.Lock()
 	target := l.target
@@ -369,7 +427,7 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		return fmt.Errorf("start %s: %w", version, err)
 	}
 	// Before the process is waited for: /proc knows it even if it exited.
-	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid)}
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid), startedAt: l.cfg.Clock.Now()}
 	if p.orphans.err != nil {
 		l.cfg.Log.Warn("the launcher cannot prove what the agent leaves behind gone; its exit will not be confirmed", "node_id", node, "error", p.orphans.err)
 	}

@@ -24,6 +24,9 @@ func TestLauncherHelperAgent(t *testing.T) {
 	if os.Getenv("TETHER_LAUNCHER_HELPER") != "1" {
 		t.Skip("the agent process of the launcher tests")
 	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_LOOP") == "1" {
+		os.Exit(7) // a crash loop: every version dies at once
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, err := agentsdk.Join(ctx, os.Getenv(agentsdk.EnvAddr), os.Getenv(agentsdk.EnvCredential), nil)
