@@ -66,14 +66,33 @@ type LauncherConfig struct {
 	WaitForExit    bool
 	Stdout, Stderr io.Writer
 	Log            *slog.Logger
+	// Clock times the pauses between restarts of an agent that dies
+	// unasked (MinRestartBackoff); nil means WallClock.
+	Clock Clock
 }
+
+// Restart backoff: an agent that dies unasked (or claims its exit) is
+// restarted at once the first time; if it dies again within
+// MaxRestartBackoff of its start, the launcher waits MinRestartBackoff
+// before the next restart, doubling up to MaxRestartBackoff, so a crash
+// loop costs the control plane a node, a termination and a record per
+// pause, not per crash. A drain's replacement is never held back.
+const (
+	MinRestartBackoff = time.Second
+	MaxRestartBackoff = time.Minute
+)
 
 // Launcher runs an agent process and, when the control plane drains its
 // node (a rollout batch, or any termination), starts the target version in
 // a new process registered as a new node, and confirms the old process's
 // exit. A process that exits without a drain is confirmed too, its node is
 // terminated (abort) so that its grants and leases are reconciled, and it
-// is restarted at the target version.
+// is restarted at the target version. So is a node whose exit was claimed
+// outside any termination (the agent's own Exit): a claim is not a drain,
+// and a process that claimed its exit and runs on is stopped (SIGTERM,
+// then SIGKILL after KillGrace) before its exit is confirmed. Restarts
+// after such deaths back off (MinRestartBackoff): a crash loop is not
+// restarted as fast as it dies.
 //
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
@@ -104,6 +123,12 @@ type Launcher struct {
 	mu     sync.Mutex
 	target string
 	procs  []*launched
+
+	// Restarts after unasked deaths (Run's goroutine only): the next
+	// pause, and the restarts waiting for restartAt.
+	backoff     time.Duration
+	restartAt   time.Time
+	restartsDue int
 }
 
 // launched is one agent process and its node.
@@ -120,7 +145,16 @@ type launched struct {
 	// drained: the node's drain was seen (its successor was started or
 	// is due); confirmed: the exit was confirmed.
 	drained, confirmed bool
-	terminatedAt       time.Time
+	// unasked: the process died (or its exit was claimed) without a
+	// drain; its restart is subject to the backoff.
+	unasked bool
+	// startedAt is when it started, on the launcher's Clock.
+	startedAt time.Time
+	// liar: the node's exit was claimed outside any termination while
+	// the process ran on; the launcher terminated the node and stops the
+	// process.
+	liar         bool
+	terminatedAt time.Time
 }
 
 // NewLauncher validates cfg.
@@ -142,6 +176,9 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = WallClock
 	}
 	l := &Launcher{cfg: cfg, versions: map[string]Version{}, target: cfg.Start, exits: make(chan struct{}, 1)}
 	for _, v := range cfg.Versions {
@@ -209,6 +246,10 @@ func (l *Launcher) step(ctx context.Context) error {
 	procs := append([]*launched(nil), l.procs...)
 	l.mu.Unlock()
 	var errs []error
+	if l.restartsDue > 0 && !l.cfg.Clock.Now().Before(l.restartAt) {
+		l.restartsDue--
+		errs = append(errs, l.launchTarget(ctx))
+	}
 	for _, p := range procs {
 		if p.confirmed {
 			continue
@@ -220,8 +261,13 @@ func (l *Launcher) step(ctx context.Context) error {
 		}
 		state := node.Msg.Node.State
 		exited := isClosed(p.exited)
+		// A node whose exit was claimed (by the agent, or confirmed by
+		// someone else) outside any termination is not being drained: an
+		// exit is a word, not a stop — nothing the node holds is revoked
+		// and no record is written until a termination covers it.
+		claimed := state == tetherv1.NodeState_NODE_STATE_EXITED && node.Msg.Node.TerminationId == ""
 		switch {
-		case !p.drained && state != tetherv1.NodeState_NODE_STATE_RUNNING:
+		case !p.drained && state != tetherv1.NodeState_NODE_STATE_RUNNING && !claimed:
 			// The control plane drains (or aborts) the node: bring up the
 			// target version, now or once the old process is gone.
 			p.drained = true
@@ -229,19 +275,29 @@ func (l *Launcher) step(ctx context.Context) error {
 			if !l.cfg.WaitForExit {
 				errs = append(errs, l.launchTarget(ctx))
 			}
-		case !p.drained && exited:
+		case !p.drained && (exited || claimed):
 			// An exit nobody asked for: terminate the node so what it held
-			// is revoked and reconciled, then restart.
-			p.drained = true
-			l.cfg.Log.Warn("agent exited unexpectedly; terminating its node and restarting", "node_id", p.node, "error", p.waitErr)
+			// is revoked and reconciled, then restart. An exit claimed
+			// while the process runs on is a lie the launcher can see (it
+			// holds the process): the process is stopped too, and its exit
+			// confirmed once it is gone.
+			p.drained, p.unasked = true, true
+			reason := fmt.Sprintf("agent process exited unexpectedly: %v", p.waitErr)
+			if exited {
+				l.cfg.Log.Warn("agent exited unexpectedly; terminating its node and restarting", "node_id", p.node, "error", p.waitErr)
+			} else {
+				p.liar = true
+				reason = "the agent's exit was claimed but its process runs on"
+				l.cfg.Log.Warn("agent's exit was claimed but its process runs on; terminating its node, stopping it and restarting", "node_id", p.node, "version", p.version)
+			}
 			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
-				NodeId: p.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: fmt.Sprintf("agent process exited unexpectedly: %v", p.waitErr),
+				NodeId: p.node, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT, Reason: reason,
 			}))
 			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
 				errs = append(errs, err)
 			}
 			if !l.cfg.WaitForExit {
-				errs = append(errs, l.launchTarget(ctx))
+				errs = append(errs, l.restartUnasked(ctx, p))
 			}
 		}
 		if p.drained && exited {
@@ -255,13 +311,16 @@ func (l *Launcher) step(ctx context.Context) error {
 				errs = append(errs, err)
 				continue
 			}
-			if l.cfg.WaitForExit {
+			if l.cfg.WaitForExit && p.unasked {
+				errs = append(errs, l.restartUnasked(ctx, p))
+			} else if l.cfg.WaitForExit {
 				errs = append(errs, l.launchTarget(ctx))
 			}
 			continue
 		}
-		if state == tetherv1.NodeState_NODE_STATE_TERMINATED && !exited {
-			// The record is written; a process still running has no
+		if (state == tetherv1.NodeState_NODE_STATE_TERMINATED || p.liar) && !exited {
+			// The record is written (or the node's exit was claimed while
+			// the process runs on); a process still running has no
 			// credential left. Stop it.
 			if p.terminatedAt.IsZero() {
 				p.terminatedAt = time.Now()
@@ -308,6 +367,28 @@ func (l *Launcher) confirm(ctx context.Context, p *launched) error {
 	return nil
 }
 
+// restartUnasked starts the target version after p died unasked: at once
+// when p ran for MaxRestartBackoff or more, or when it is the first such
+// death since; otherwise after the backoff (the next step past restartAt),
+// which doubles up to MaxRestartBackoff. Run's goroutine only.
+func (l *Launcher) restartUnasked(ctx context.Context, p *launched) error {
+	now := l.cfg.Clock.Now()
+	if now.Sub(p.startedAt) >= MaxRestartBackoff {
+		l.backoff = 0
+	}
+	if l.backoff == 0 {
+		l.backoff = MinRestartBackoff
+		return l.launchTarget(ctx)
+	}
+	if l.restartsDue == 0 || now.Add(l.backoff).After(l.restartAt) {
+		l.restartAt = now.Add(l.backoff)
+	}
+	l.restartsDue++
+	l.cfg.Log.Warn("waiting before restarting the agent", "node_id", p.node, "backoff", l.backoff)
+	l.backoff = min(2*l.backoff, MaxRestartBackoff)
+	return nil
+}
+
 func (l *Launcher) launchTarget(ctx context.Context) error {
 	l.mu.Lock()
 	target := l.target
@@ -346,7 +427,7 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		return fmt.Errorf("start %s: %w", version, err)
 	}
 	// Before the process is waited for: /proc knows it even if it exited.
-	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid)}
+	p := &launched{version: version, node: node, cmd: cmd, exited: make(chan struct{}), orphans: watchOrphans(cmd.Process.Pid), startedAt: l.cfg.Clock.Now()}
 	if p.orphans.err != nil {
 		l.cfg.Log.Warn("the launcher cannot prove what the agent leaves behind gone; its exit will not be confirmed", "node_id", node, "error", p.orphans.err)
 	}

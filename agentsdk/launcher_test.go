@@ -24,6 +24,9 @@ func TestLauncherHelperAgent(t *testing.T) {
 	if os.Getenv("TETHER_LAUNCHER_HELPER") != "1" {
 		t.Skip("the agent process of the launcher tests")
 	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_LOOP") == "1" {
+		os.Exit(7) // a crash loop: every version dies at once
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	a, err := agentsdk.Join(ctx, os.Getenv(agentsdk.EnvAddr), os.Getenv(agentsdk.EnvCredential), nil)
@@ -37,6 +40,21 @@ func TestLauncherHelperAgent(t *testing.T) {
 	}
 	if err := a.ReportReady(ctx); err != nil {
 		os.Exit(4)
+	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_LIE") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
+		// A rogue: it claims its exit and runs on, until something
+		// kills it (the launcher's SIGTERM ends it: Go's default).
+		if err := a.Exit(ctx, "done"); err != nil {
+			os.Exit(6)
+		}
+		time.Sleep(time.Hour)
+	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_QUIT") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
+		// Done, unasked: it claims its exit and exits.
+		if err := a.Exit(ctx, "done"); err != nil {
+			os.Exit(6)
+		}
+		os.Exit(0)
 	}
 	select {
 	case <-a.Draining():
