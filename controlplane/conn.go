@@ -89,7 +89,8 @@ type ConnLimits struct {
 	// of MaxConnections, at least 1.
 	OperatorReserve int
 	// MaxStreamsPerCaller bounds the streams one principal holds open at
-	// once, over every connection.
+	// once, over every connection; and, counted apart, its calls admitted
+	// from their headers whose bodies have not all arrived.
 	MaxStreamsPerCaller int
 	// MaxStreamsPerLineage bounds the streams an agent's lineage (its root
 	// and every descendant together) holds open at once, over every
@@ -97,7 +98,9 @@ type ConnLimits struct {
 	// streams and StreamReserve others of its own. Zero:
 	// MaxConnectionsPerLineage — a stream on each connection the lineage
 	// may hold, beside its nodes' reserves — and at least
-	// MaxStreamsPerCaller.
+	// MaxStreamsPerCaller. It bounds too, counted apart, the lineage's
+	// calls admitted from their headers whose bodies have not all arrived,
+	// each node BodyReserve more of its own.
 	MaxStreamsPerLineage int
 	// fileLimited is the MaxConnections asked for, when the open-file
 	// limit lowered it (fitFileLimit); New logs it.
@@ -1041,6 +1044,13 @@ func (s *Server) ClosingConnections() int {
 // OpenStreams is how many streams principal (e.g. "agent:n_…") holds open
 // on this server now.
 func (s *Server) OpenStreams(principal string) int { return s.authn.OpenStreams(principal) }
+
+// AwaitedBodies is how many calls of principal (e.g. "agent:n_…") were
+// admitted from their headers and wait for their bodies on this server
+// now, and how many of lineage's share (its root's node id) do.
+func (s *Server) AwaitedBodies(principal, lineage string) (int, int) {
+	return s.authn.AwaitedBodies(principal, lineage)
+}
 
 // OpenLineageStreams is how many streams the agents of lineage (its
 // root's node id) hold open on this server now, their signal streams

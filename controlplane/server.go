@@ -497,6 +497,7 @@ func (s *Server) buildHandler() error {
 		},
 		SignalReserve: SignalStreamReserve,
 		StreamReserve: StreamReserve,
+		BodyReserve:   BodyReserve,
 		AfterFuncAt: func(at time.Time, f func()) func() bool {
 			return clock.AfterFuncAt(s.cfg.Clock, at, f).Stop
 		},
@@ -770,3 +771,13 @@ const (
 	LeaseUpkeepNodeRate  = 50
 	LeaseUpkeepNodeBurst = 500
 )
+
+// BodyReserve is how many calls admitted from their headers whose request
+// bodies have not all arrived each agent node may have beyond its
+// lineage's share of them (ConnLimits.MaxStreamsPerLineage, counted apart
+// from streams; auth.Interceptor.BodyReserve), taken first: a call's
+// handler waits for its body until --read-timeout, and a member of the
+// lineage holding the share with bodies it never sends cannot keep a
+// sibling's calls from being served. A rogue's children each bring four,
+// and each was a spawn its lineage paid for.
+const BodyReserve = 4

@@ -40,6 +40,9 @@
 // header. MaxStreams bounds the streams one principal holds open, and
 // MaxLineageStreams those of an agent lineage together (beside a small
 // reserve of its own per node: signal streams, and streams of other kinds).
+// The same two bound, counted apart, the calls the Gate admitted from their
+// headers whose bodies have not all arrived (each handler waits for its
+// body until the read timeout), a node BodyReserve more of its own.
 //
 // Errors never contain the token: a failure is Unauthenticated (no, malformed,
 // expired or revoked credential) or PermissionDenied (valid caller, not

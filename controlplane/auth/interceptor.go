@@ -163,6 +163,12 @@ type Interceptor struct {
 	Signals           map[string]bool
 	SignalReserve     int
 	StreamReserve     int
+	// BodyReserve: the Gate holds a request admitted from its headers
+	// whose body has not all arrived (its handler waiting for it) to the
+	// caller's MaxStreams, and an agent's to its lineage's
+	// MaxLineageStreams, counted apart from streams; past the lineage's,
+	// each node still has BodyReserve of its own, taken first (awaitBody).
+	BodyReserve int
 	// BodyBytesPerRequest prices a request's body by its size (0: not):
 	// one request of the caller's budget (charge, as the call itself is)
 	// per BodyBytesPerRequest bytes past the first BodyBytesPerRequest,
@@ -206,6 +212,7 @@ type Interceptor struct {
 	streams   map[string]int // by principal
 	lineages  map[string]lineageStreams
 	reserved  map[string]nodeReserve // streams admitted from a node's reserves, by principal
+	bodies    bodies                 // requests admitted whose bodies have not all arrived
 }
 
 // nodeReserve counts the streams a node holds from its own reserves, by
@@ -867,6 +874,21 @@ func (i *Interceptor) Gate(next http.Handler) http.Handler {
 			}
 			_ = errw.Write(w, r, err)
 			return
+		}
+		release, err := i.awaitBody(p, r)
+		if err != nil {
+			if i.Refused != nil {
+				i.Refused(r.Context(), r.URL.Path, start, err)
+			}
+			if r.ProtoMajor == 1 {
+				w.Header().Set("Connection", "close")
+			}
+			_ = errw.Write(w, r, err)
+			return
+		}
+		if release != nil {
+			defer release()
+			r.Body = &awaitedBody{ReadCloser: r.Body, release: release}
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(ctx, gateKey{}, p)))
 	})
