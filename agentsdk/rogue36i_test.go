@@ -2,13 +2,12 @@ package agentsdk_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
-	"time"
 
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
@@ -26,31 +25,7 @@ import (
 func TestRogue36ILauncherStopsAnAgentThatClaimsItsExitAndRunsOn(t *testing.T) {
 	srv := testserver.Start(t)
 	admin := srv.AdminClients()
-	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
-	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
-		Operator: op, Name: "liar", Versions: helperVersions("TETHER_LAUNCHER_HELPER_LIE=1"), Start: "v1",
-		PollEvery: 20 * time.Millisecond, KillGrace: 5 * time.Second,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetTarget("v2"); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	var first string
-	testserver.WaitFor(t, 30*time.Second, "the v1 process to start", func() bool {
-		first, _ = l.Current()
-		return first != ""
-	})
-	testserver.WaitFor(t, 30*time.Second, "the v2 replacement to report ready", func() bool {
-		node, version := l.Current()
-		return version == "v2" && getNode(t, admin, node).ReadyAt != nil
-	})
+	first := launchedToV2(t, srv, agentsdk.LauncherConfig{Name: "liar", Versions: helperVersions("TETHER_LAUNCHER_HELPER_LIE=1"), KillGrace: 5 * time.Second})
 	testserver.WaitFor(t, 30*time.Second, "the node that claimed its exit and ran on to be terminated", func() bool {
 		return getNode(t, admin, first).State == tetherv1.NodeState_NODE_STATE_TERMINATED
 	})
@@ -58,7 +33,7 @@ func TestRogue36ILauncherStopsAnAgentThatClaimsItsExitAndRunsOn(t *testing.T) {
 	if n.TerminationId == "" {
 		t.Fatalf("terminated node %s names no termination", first)
 	}
-	term, err := admin.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: n.TerminationId}))
+	term, err := admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: n.TerminationId}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,33 +53,9 @@ func TestRogue36ILauncherStopsAnAgentThatClaimsItsExitAndRunsOn(t *testing.T) {
 // node exited, its grants and leases unrevoked and no record written.
 func TestRogue36ILauncherTerminatesAnAgentThatClaimsItsExitAndQuits(t *testing.T) {
 	srv := testserver.Start(t)
-	admin := srv.AdminClients()
-	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
-	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
-		Operator: op, Name: "quitter", Versions: helperVersions("TETHER_LAUNCHER_HELPER_QUIT=1"), Start: "v1",
-		PollEvery: 20 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := l.SetTarget("v2"); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	var first string
-	testserver.WaitFor(t, 30*time.Second, "the v1 process to start", func() bool {
-		first, _ = l.Current()
-		return first != ""
-	})
-	testserver.WaitFor(t, 30*time.Second, "the v2 restart to report ready", func() bool {
-		node, version := l.Current()
-		return version == "v2" && getNode(t, admin, node).ReadyAt != nil
-	})
+	first := launchedToV2(t, srv, agentsdk.LauncherConfig{Name: "quitter", Versions: helperVersions("TETHER_LAUNCHER_HELPER_QUIT=1")})
 	testserver.WaitFor(t, 30*time.Second, "the node that claimed its exit and quit to be terminated", func() bool {
-		return getNode(t, admin, first).State == tetherv1.NodeState_NODE_STATE_TERMINATED
+		return getNode(t, srv.AdminClients(), first).State == tetherv1.NodeState_NODE_STATE_TERMINATED
 	})
 }
 
