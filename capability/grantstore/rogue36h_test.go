@@ -136,7 +136,7 @@ func TestRogue36HARogueMintingTokensPushesOutOnlyItsOwn(t *testing.T) {
 		}
 	}
 	w.svc.verified.mu.Lock()
-	size, rogue := len(w.svc.verified.entries), len(w.svc.verified.held[nodes[2]])
+	size, rogue := w.svc.verified.entries.Len(), w.svc.verified.entries.Held(nodes[2])
 	w.svc.verified.mu.Unlock()
 	if rogue != maxVerifiedPerHolder || size != maxVerifiedPerHolder+1 {
 		t.Fatalf("the cache holds %d tokens, %d of them the rogue's; want %d and %d", size, rogue, maxVerifiedPerHolder+1, maxVerifiedPerHolder)

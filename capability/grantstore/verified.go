@@ -2,13 +2,13 @@ package grantstore
 
 import (
 	"crypto/ed25519"
-	"crypto/sha256"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tetherhq/tether/capability"
+	"github.com/tetherhq/tether/internal/tokencache"
 )
 
 // verifiedTokens remembers the capability tokens Introspect verified, so
@@ -34,16 +34,14 @@ import (
 //     token is cached or not.
 //
 // Entries are keyed by the token's SHA-256 (the cache holds no token), and
-// bounded: at most maxVerified of them, and maxVerifiedPerHolder of one
-// holder's (its oldest goes first), so an agent that has many grants
-// minted for itself and presents each once pushes out its own entries,
-// not others'. Only tokens that verified are kept: a flood of bad tokens
-// cannot fill it.
+// bounded (internal/tokencache): at most maxVerified of them, and
+// maxVerifiedPerHolder of one holder's (its oldest goes first), so an
+// agent that has many grants minted for itself and presents each once
+// pushes out its own entries, not others'. Only tokens that verified are
+// kept: a flood of bad tokens cannot fill it.
 type verifiedTokens struct {
 	mu      sync.Mutex
-	entries map[[sha256.Size]byte]verifiedToken
-	// held lists each holder's entries, oldest first.
-	held map[string][][sha256.Size]byte
+	entries *tokencache.Cache[verifiedToken] // held by the holder's node
 
 	hits, misses atomic.Uint64
 }
@@ -64,7 +62,7 @@ const (
 )
 
 func newVerifiedTokens() *verifiedTokens {
-	return &verifiedTokens{entries: make(map[[sha256.Size]byte]verifiedToken), held: make(map[string][][sha256.Size]byte)}
+	return &verifiedTokens{entries: tokencache.New[verifiedToken](maxVerified, maxVerifiedPerHolder)}
 }
 
 // verify is v.Verify(token, keys, now), answered from the cache when it
@@ -73,9 +71,9 @@ func (c *verifiedTokens) verify(v capability.Verifier, token string, keys capabi
 	if len(token) > capability.MaxTokenBytes || token == "" {
 		return v.Verify(token, keys, now) // the verifier's own error
 	}
-	sum := sha256.Sum256([]byte(token))
+	sum := tokencache.Digest(token)
 	c.mu.Lock()
-	e, ok := c.entries[sum]
+	e, ok := c.entries.Get(sum)
 	c.mu.Unlock()
 	if ok && !now.Before(e.verifiedAt) && now.Before(e.claims.ExpiresAt) {
 		if pub, err := keys.Public(e.claims.KeyID); err == nil && pub.Equal(e.pub) {
@@ -95,45 +93,10 @@ func (c *verifiedTokens) verify(v capability.Verifier, token string, keys capabi
 	kept := claims
 	kept.Chain = slices.Clone(claims.Chain)
 	kept.Scopes = slices.Clone(claims.Scopes)
-	c.remember(sum, verifiedToken{claims: kept, pub: slices.Clone(seen.pub), verifiedAt: now})
-	return claims, nil
-}
-
-func (c *verifiedTokens) remember(sum [sha256.Size]byte, e verifiedToken) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.entries[sum]; ok {
-		c.entries[sum] = e
-		return
-	}
-	holder := e.claims.HolderNodeID
-	if held := c.held[holder]; len(held) >= maxVerifiedPerHolder {
-		c.drop(held[0])
-	}
-	if len(c.entries) >= maxVerified {
-		for old := range c.entries {
-			c.drop(old)
-			break
-		}
-	}
-	c.entries[sum] = e
-	c.held[holder] = append(c.held[holder], sum)
-}
-
-// drop removes an entry and its place in its holder's list.
-func (c *verifiedTokens) drop(sum [sha256.Size]byte) {
-	e, ok := c.entries[sum]
-	if !ok {
-		return
-	}
-	delete(c.entries, sum)
-	holder := e.claims.HolderNodeID
-	held := slices.DeleteFunc(c.held[holder], func(s [sha256.Size]byte) bool { return s == sum })
-	if len(held) == 0 {
-		delete(c.held, holder)
-		return
-	}
-	c.held[holder] = held
+	c.entries.Put(sum, claims.HolderNodeID, claims.ExpiresAt, now, verifiedToken{claims: kept, pub: slices.Clone(seen.pub), verifiedAt: now})
+	c.mu.Unlock()
+	return claims, nil
 }
 
 // seenKey is a KeyLookup that remembers the key it gave the verifier: the

@@ -2,11 +2,11 @@ package auth
 
 import (
 	"crypto/ed25519"
-	"crypto/sha256"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tetherhq/tether/internal/tokencache"
 )
 
 // TokenCache remembers the bearer tokens the Interceptor verified, so that
@@ -41,13 +41,8 @@ import (
 // so a caller minting itself fresh credentials cannot push others' out. Only tokens that verified are cached, so a flood of bad tokens
 // cannot fill it. The zero value is not usable: use NewTokenCache.
 type TokenCache struct {
-	max int
-
 	mu      sync.Mutex
-	entries map[[sha256.Size]byte]cachedToken
-	// held lists each principal's entries, oldest first, at most
-	// MaxCachedTokensPerPrincipal.
-	held map[string][][sha256.Size]byte
+	entries *tokencache.Cache[cachedToken] // held by principal (ID)
 
 	hits, misses atomic.Uint64
 }
@@ -76,7 +71,7 @@ func NewTokenCache(max int) *TokenCache {
 	if max <= 0 {
 		max = DefaultTokenCacheSize
 	}
-	return &TokenCache{max: max, entries: make(map[[sha256.Size]byte]cachedToken), held: make(map[string][][sha256.Size]byte)}
+	return &TokenCache{entries: tokencache.New[cachedToken](max, MaxCachedTokensPerPrincipal)}
 }
 
 // TokenCacheStats counts cache lookups.
@@ -88,7 +83,7 @@ type TokenCacheStats struct {
 // Stats returns the counters so far.
 func (c *TokenCache) Stats() TokenCacheStats {
 	c.mu.Lock()
-	size := len(c.entries)
+	size := c.entries.Len()
 	c.mu.Unlock()
 	return TokenCacheStats{Hits: c.hits.Load(), Misses: c.misses.Load(), Size: size}
 }
@@ -121,9 +116,9 @@ func (c *TokenCache) lookup(issuer Issuer, token string, now time.Time) (p Princ
 	if c == nil || token == "" || len(token) > MaxTokenBytes {
 		return Principal{}, false, false
 	}
-	sum := sha256.Sum256([]byte(token))
+	sum := tokencache.Digest(token)
 	c.mu.Lock()
-	e, ok := c.entries[sum]
+	e, ok := c.entries.Get(sum)
 	c.mu.Unlock()
 	if ok && e.stillValid(issuer, now) {
 		c.hits.Add(1)
@@ -140,12 +135,12 @@ func (c *TokenCache) setLineage(token, lineage string) {
 	if c == nil || token == "" || len(token) > MaxTokenBytes {
 		return
 	}
-	sum := sha256.Sum256([]byte(token))
+	sum := tokencache.Digest(token)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.entries[sum]; ok && e.principal.Kind == KindAgent {
+	if e, ok := c.entries.Get(sum); ok && e.principal.Kind == KindAgent {
 		e.principal.Lineage = lineage
-		c.entries[sum] = e
+		c.entries.Update(sum, e)
 	}
 }
 
@@ -157,12 +152,12 @@ func (c *TokenCache) markDead(token string) {
 	if c == nil || token == "" || len(token) > MaxTokenBytes {
 		return
 	}
-	sum := sha256.Sum256([]byte(token))
+	sum := tokencache.Digest(token)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if e, ok := c.entries[sum]; ok {
+	if e, ok := c.entries.Get(sum); ok {
 		e.dead = true
-		c.entries[sum] = e
+		c.entries.Update(sum, e)
 	}
 }
 
@@ -172,12 +167,12 @@ func (c *TokenCache) verify(issuer Issuer, token string, now time.Time) (Princip
 	if c == nil {
 		return issuer.Parse(token, now)
 	}
-	sum := sha256.Sum256([]byte(token))
+	sum := tokencache.Digest(token)
 	p, by, err := issuer.parse(token, now)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err != nil {
-		c.remove(sum)
+		c.entries.Remove(sum)
 		return Principal{}, err
 	}
 	c.remember(sum, p, by, now)
@@ -194,7 +189,7 @@ func (c *TokenCache) minted(token string, m mintedToken, now time.Time) {
 	if c == nil || token == "" || len(token) > MaxTokenBytes {
 		return
 	}
-	sum := sha256.Sum256([]byte(token))
+	sum := tokencache.Digest(token)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.remember(sum, m.principal, m.by, now)
@@ -202,36 +197,8 @@ func (c *TokenCache) minted(token string, m mintedToken, now time.Time) {
 
 // remember caches a token that verified (or was minted) at now as p's.
 // c.mu is held.
-func (c *TokenCache) remember(sum [sha256.Size]byte, p Principal, by verifiedBy, now time.Time) {
-	if _, ok := c.entries[sum]; ok {
-		c.remove(sum) // verified again (expired, or its key changed): kept as new
-	}
-	id := p.ID()
-	if held := c.held[id]; len(held) >= MaxCachedTokensPerPrincipal {
-		c.remove(held[0])
-	}
-	if len(c.entries) >= c.max {
-		c.evict(now)
-	}
-	c.entries[sum] = cachedToken{principal: p, by: by, verifiedAt: now}
-	c.held[id] = append(c.held[id], sum)
-}
-
-// remove deletes an entry and its place in its principal's list. c.mu is
-// held.
-func (c *TokenCache) remove(sum [sha256.Size]byte) {
-	e, ok := c.entries[sum]
-	if !ok {
-		return
-	}
-	delete(c.entries, sum)
-	id := e.principal.ID()
-	held := slices.DeleteFunc(c.held[id], func(s [sha256.Size]byte) bool { return s == sum })
-	if len(held) == 0 {
-		delete(c.held, id)
-		return
-	}
-	c.held[id] = held
+func (c *TokenCache) remember(sum tokencache.Sum, p Principal, by verifiedBy, now time.Time) {
+	c.entries.Put(sum, p.ID(), p.ExpiresAt.Add(Leeway), now, cachedToken{principal: p, by: by, verifiedAt: now})
 }
 
 // stillValid: what the verification proved still holds at now.
@@ -241,20 +208,4 @@ func (e cachedToken) stillValid(issuer Issuer, now time.Time) bool {
 	}
 	key, err := issuer.Ring().Public(e.by.kid)
 	return err == nil && key.Equal(ed25519.PublicKey(e.by.key))
-}
-
-// evict makes room: expired entries first, then arbitrary ones (map order)
-// until a quarter of the cache is free. c.mu is held.
-func (c *TokenCache) evict(now time.Time) {
-	for sum, e := range c.entries {
-		if !now.Before(e.principal.ExpiresAt.Add(Leeway)) {
-			c.remove(sum)
-		}
-	}
-	for sum := range c.entries {
-		if len(c.entries) <= c.max*3/4 {
-			return
-		}
-		c.remove(sum)
-	}
 }

@@ -1,0 +1,114 @@
+// Package tokencache keeps what the verification of a token proved, keyed
+// by the token's SHA-256 (no token is kept), bounded in all and per
+// holder. It is the bookkeeping under the control plane's bearer-token
+// cache (controlplane/auth.TokenCache) and the capability tokens'
+// (capability/grantstore): each of them decides what a hit must still
+// check; this package only holds, bounds and evicts.
+//
+// One holder keeps at most perHolder entries, its oldest going first, so
+// a caller presenting fresh tokens of its own (an agent minting itself
+// credentials or grants) pushes out its own entries, never another's.
+// When the cache is full, expired entries go first, then arbitrary ones
+// until a quarter of it is free.
+package tokencache
+
+import (
+	"crypto/sha256"
+	"slices"
+	"time"
+)
+
+// Sum is a token's digest, the key of its entry.
+type Sum = [sha256.Size]byte
+
+// Digest returns token's Sum.
+func Digest(token string) Sum { return sha256.Sum256([]byte(token)) }
+
+// Cache maps a token's Sum to a V. It is not safe for concurrent use: its
+// owner holds a lock around it.
+type Cache[V any] struct {
+	max, perHolder int
+	entries        map[Sum]entry[V]
+	// held lists each holder's entries, oldest first, at most perHolder.
+	held map[string][]Sum
+}
+
+type entry[V any] struct {
+	holder  string
+	expires time.Time
+	value   V
+}
+
+// New returns a cache of at most max entries, perHolder of one holder's.
+func New[V any](max, perHolder int) *Cache[V] {
+	return &Cache[V]{max: max, perHolder: perHolder, entries: make(map[Sum]entry[V]), held: make(map[string][]Sum)}
+}
+
+// Len returns how many entries are kept.
+func (c *Cache[V]) Len() int { return len(c.entries) }
+
+// Get returns the value kept for sum.
+func (c *Cache[V]) Get(sum Sum) (V, bool) {
+	e, ok := c.entries[sum]
+	return e.value, ok
+}
+
+// Update replaces the value kept for sum in its place; false when none
+// is kept (evicted since, or never).
+func (c *Cache[V]) Update(sum Sum, v V) bool {
+	e, ok := c.entries[sum]
+	if ok {
+		e.value = v
+		c.entries[sum] = e
+	}
+	return ok
+}
+
+// Put keeps v for sum, held by holder; expires is when the entry may go
+// first to make room (a hit's own checks are its owner's). A sum kept
+// before is kept anew, as its holder's newest.
+func (c *Cache[V]) Put(sum Sum, holder string, expires, now time.Time, v V) {
+	c.Remove(sum)
+	if held := c.held[holder]; len(held) >= c.perHolder {
+		c.Remove(held[0])
+	}
+	if len(c.entries) >= c.max {
+		c.evict(now)
+	}
+	c.entries[sum] = entry[V]{holder: holder, expires: expires, value: v}
+	c.held[holder] = append(c.held[holder], sum)
+}
+
+// Remove forgets sum, and its place in its holder's list.
+func (c *Cache[V]) Remove(sum Sum) {
+	e, ok := c.entries[sum]
+	if !ok {
+		return
+	}
+	delete(c.entries, sum)
+	held := slices.DeleteFunc(c.held[e.holder], func(s Sum) bool { return s == sum })
+	if len(held) == 0 {
+		delete(c.held, e.holder)
+		return
+	}
+	c.held[e.holder] = held
+}
+
+// evict makes room: expired entries first, then arbitrary ones (map
+// order) until a quarter of the cache is free.
+func (c *Cache[V]) evict(now time.Time) {
+	for sum, e := range c.entries {
+		if !now.Before(e.expires) {
+			c.Remove(sum)
+		}
+	}
+	for sum := range c.entries {
+		if len(c.entries) <= c.max*3/4 {
+			return
+		}
+		c.Remove(sum)
+	}
+}
+
+// Held returns how many entries holder holds.
+func (c *Cache[V]) Held(holder string) int { return len(c.held[holder]) }

@@ -1,0 +1,88 @@
+package tokencache
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+
+func TestAHolderPushesOutOnlyItsOwnOldest(t *testing.T) {
+	c := New[string](100, 2)
+	c.Put(Digest("honest"), "h", t0.Add(time.Hour), t0, "h1")
+	for i := range 10 {
+		c.Put(Digest(fmt.Sprint("rogue", i)), "r", t0.Add(time.Hour), t0, fmt.Sprint(i))
+	}
+	if c.Held("r") != 2 || c.Held("h") != 1 || c.Len() != 3 {
+		t.Fatalf("rogue holds %d, honest %d, %d in all; want 2, 1, 3", c.Held("r"), c.Held("h"), c.Len())
+	}
+	if _, ok := c.Get(Digest("rogue7")); ok {
+		t.Fatal("the rogue's third newest entry is still kept")
+	}
+	if v, ok := c.Get(Digest("rogue9")); !ok || v != "9" {
+		t.Fatalf("the rogue's newest entry: %q, %v", v, ok)
+	}
+	if v, ok := c.Get(Digest("honest")); !ok || v != "h1" {
+		t.Fatalf("the honest entry: %q, %v", v, ok)
+	}
+}
+
+func TestAFullCacheEvictsExpiredEntriesFirst(t *testing.T) {
+	c := New[int](8, 8)
+	for i := range 4 {
+		c.Put(Digest(fmt.Sprint("live", i)), fmt.Sprint("live", i), t0.Add(time.Hour), t0, i)
+		c.Put(Digest(fmt.Sprint("dead", i)), fmt.Sprint("dead", i), t0.Add(time.Minute), t0, i)
+	}
+	c.Put(Digest("new"), "new", t0.Add(2*time.Hour), t0.Add(30*time.Minute), 9)
+	for i := range 4 {
+		if _, ok := c.Get(Digest(fmt.Sprint("live", i))); !ok {
+			t.Fatalf("live entry %d evicted while expired ones were kept", i)
+		}
+		if _, ok := c.Get(Digest(fmt.Sprint("dead", i))); ok {
+			t.Fatalf("expired entry %d kept", i)
+		}
+	}
+	if c.Len() != 5 {
+		t.Fatalf("%d entries, want 5", c.Len())
+	}
+}
+
+func TestAFullCacheOfLiveEntriesFreesAQuarter(t *testing.T) {
+	c := New[int](8, 8)
+	for i := range 8 {
+		c.Put(Digest(fmt.Sprint(i)), fmt.Sprint("holder", i), t0.Add(time.Hour), t0, i)
+	}
+	c.Put(Digest("new"), "new", t0.Add(time.Hour), t0, 9)
+	if c.Len() != 7 { // 8 → 6, and the new one
+		t.Fatalf("%d entries, want 7", c.Len())
+	}
+	if _, ok := c.Get(Digest("new")); !ok {
+		t.Fatal("the new entry is not kept")
+	}
+}
+
+func TestUpdateAndRemoveKeepTheHoldersListTrue(t *testing.T) {
+	c := New[int](8, 2)
+	if c.Update(Digest("a"), 1) {
+		t.Fatal("Update kept a value for a sum never put")
+	}
+	c.Put(Digest("a"), "h", t0.Add(time.Hour), t0, 1)
+	c.Put(Digest("b"), "h", t0.Add(time.Hour), t0, 2)
+	if !c.Update(Digest("a"), 3) {
+		t.Fatal("Update found no entry")
+	}
+	c.Put(Digest("a"), "h", t0.Add(time.Hour), t0, 4) // put again: a is now the newest
+	c.Put(Digest("c"), "h", t0.Add(time.Hour), t0, 5) // pushes out b, the oldest
+	if _, ok := c.Get(Digest("b")); ok {
+		t.Fatal("b kept: putting a again did not make it the newest")
+	}
+	if v, _ := c.Get(Digest("a")); v != 4 {
+		t.Fatalf("a = %d, want 4", v)
+	}
+	c.Remove(Digest("a"))
+	c.Remove(Digest("c"))
+	if c.Held("h") != 0 || c.Len() != 0 || len(c.held) != 0 {
+		t.Fatalf("after removing all: held %d, len %d, holders %d", c.Held("h"), c.Len(), len(c.held))
+	}
+}
