@@ -37,13 +37,21 @@ import (
 // bounded: at most maxVerified of them, and maxVerifiedPerHolder of one
 // holder's (its oldest goes first), so an agent that has many grants
 // minted for itself and presents each once pushes out its own entries,
-// not others'. Only tokens that verified are kept: a flood of bad tokens
-// cannot fill it.
+// not others'. When the cache is full, a token of a lineage (the root
+// grant of its chain) holding maxVerifiedLineageShare entries or more
+// pushes out its lineage's oldest, any other an entry chosen at random: a
+// rogue whose thousands of children each presented four tokens filled the
+// cache and, churning them, pushed out other lineages' entries at random
+// for as long as it churned (rogue36k test); now at most what it took
+// before its share. Only tokens that verified are kept: a flood of bad
+// tokens cannot fill it.
 type verifiedTokens struct {
 	mu      sync.Mutex
 	entries map[[sha256.Size]byte]verifiedToken
-	// held lists each holder's entries, oldest first.
-	held map[string][][sha256.Size]byte
+	// held lists each holder's entries, oldest first; lineage each
+	// lineage's (lineageOf).
+	held    map[string][][sha256.Size]byte
+	lineage map[string][][sha256.Size]byte
 
 	hits, misses atomic.Uint64
 }
@@ -61,10 +69,23 @@ const (
 	// maxVerifiedPerHolder bounds one holder's entries: an honest agent
 	// presents one token per grant, two across a refresh.
 	maxVerifiedPerHolder = 4
+	// maxVerifiedLineageShare: a full cache takes a token of a lineage
+	// holding this many entries in place of its lineage's oldest.
+	maxVerifiedLineageShare = maxVerified / 8
 )
 
+// lineageOf is the lineage of a token's grant: the root grant of its
+// chain (every grant delegated under a root names it first), or the grant
+// itself for a root grant.
+func lineageOf(c capability.Claims) string {
+	if len(c.Chain) > 0 {
+		return c.Chain[0]
+	}
+	return c.GrantID
+}
+
 func newVerifiedTokens() *verifiedTokens {
-	return &verifiedTokens{entries: make(map[[sha256.Size]byte]verifiedToken), held: make(map[string][][sha256.Size]byte)}
+	return &verifiedTokens{entries: make(map[[sha256.Size]byte]verifiedToken), held: make(map[string][][sha256.Size]byte), lineage: make(map[string][][sha256.Size]byte)}
 }
 
 // verify is v.Verify(token, keys, now), answered from the cache when it
@@ -110,14 +131,20 @@ func (c *verifiedTokens) remember(sum [sha256.Size]byte, e verifiedToken) {
 	if held := c.held[holder]; len(held) >= maxVerifiedPerHolder {
 		c.drop(held[0])
 	}
+	lin := lineageOf(e.claims)
 	if len(c.entries) >= maxVerified {
-		for old := range c.entries {
-			c.drop(old)
-			break
+		if own := c.lineage[lin]; len(own) >= maxVerifiedLineageShare {
+			c.drop(own[0])
+		} else {
+			for old := range c.entries {
+				c.drop(old)
+				break
+			}
 		}
 	}
 	c.entries[sum] = e
 	c.held[holder] = append(c.held[holder], sum)
+	c.lineage[lin] = append(c.lineage[lin], sum)
 }
 
 // drop removes an entry and its place in its holder's list.
@@ -127,13 +154,18 @@ func (c *verifiedTokens) drop(sum [sha256.Size]byte) {
 		return
 	}
 	delete(c.entries, sum)
-	holder := e.claims.HolderNodeID
-	held := slices.DeleteFunc(c.held[holder], func(s [sha256.Size]byte) bool { return s == sum })
-	if len(held) == 0 {
-		delete(c.held, holder)
+	unlist(c.held, e.claims.HolderNodeID, sum)
+	unlist(c.lineage, lineageOf(e.claims), sum)
+}
+
+// unlist removes sum from m[k], and m[k] once empty.
+func unlist(m map[string][][sha256.Size]byte, k string, sum [sha256.Size]byte) {
+	list := slices.DeleteFunc(m[k], func(s [sha256.Size]byte) bool { return s == sum })
+	if len(list) == 0 {
+		delete(m, k)
 		return
 	}
-	c.held[holder] = held
+	m[k] = list
 }
 
 // seenKey is a KeyLookup that remembers the key it gave the verifier: the
