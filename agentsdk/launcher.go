@@ -71,12 +71,13 @@ type LauncherConfig struct {
 	Clock Clock
 }
 
-// Restart backoff: an agent that dies unasked (or claims its exit) is
-// restarted at once the first time; if it dies again within
-// MaxRestartBackoff of its start, the launcher waits MinRestartBackoff
-// before the next restart, doubling up to MaxRestartBackoff, so a crash
-// loop costs the control plane a node, a termination and a record per
-// pause, not per crash. A drain's replacement is never held back.
+// Restart backoff: an agent that dies unasked (or claims its exit, or is
+// drained by the stop policy alone) is restarted at once the first time;
+// if it dies again within MaxRestartBackoff of its start, the launcher
+// waits MinRestartBackoff before the next restart, doubling up to
+// MaxRestartBackoff, so a crash loop costs the control plane a node, a
+// termination and a record per pause, not per crash. A rollout's or an
+// operator's drain's replacement is never held back.
 const (
 	MinRestartBackoff = time.Second
 	MaxRestartBackoff = time.Minute
@@ -92,7 +93,10 @@ const (
 // and a process that claimed its exit and runs on is stopped (SIGTERM,
 // then SIGKILL after KillGrace) before its exit is confirmed. Restarts
 // after such deaths back off (MinRestartBackoff): a crash loop is not
-// restarted as fast as it dies.
+// restarted as fast as it dies. So do those after a drain the control
+// plane's stop policy started on its own (the agent's own stop proposal, or
+// a stop rule, approved by no operator): a crash loop proposing its own
+// stop before dying is not restarted as fast either.
 //
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
@@ -270,9 +274,23 @@ func (l *Launcher) step(ctx context.Context) error {
 		case !p.drained && state != tetherv1.NodeState_NODE_STATE_RUNNING && !claimed:
 			// The control plane drains (or aborts) the node: bring up the
 			// target version, now or once the old process is gone.
-			p.drained = true
+			// A drain the control plane's policy started on its own (the
+			// agent's own stop proposal, or a stop rule, approved by no
+			// operator) is the workload's choice: its restart backs off as
+			// an unasked death's does, or a crash loop proposing its own
+			// stop before dying dodged the backoff (rogue36k test).
+			policy, err := l.policyStop(ctx, node.Msg.Node.TerminationId)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.drained, p.unasked = true, policy
 			l.cfg.Log.Info("agent draining; replacing it", "node_id", p.node, "version", p.version)
-			if !l.cfg.WaitForExit {
+			switch {
+			case l.cfg.WaitForExit:
+			case policy:
+				errs = append(errs, l.restartUnasked(ctx, p))
+			default:
 				errs = append(errs, l.launchTarget(ctx))
 			}
 		case !p.drained && (exited || claimed):
@@ -366,6 +384,24 @@ func (l *Launcher) confirm(ctx context.Context, p *launched) error {
 	l.cfg.Log.Info("agent exit confirmed", "node_id", p.node, "version", p.version)
 	return nil
 }
+
+// policyStop reports whether termination id was started by the control
+// plane's stop policy (its requester PolicyDecider's), not by an operator,
+// an ancestor or a rollout.
+func (l *Launcher) policyStop(ctx context.Context, id string) (bool, error) {
+	if id == "" {
+		return false, nil
+	}
+	resp, err := l.cfg.Operator.Supervisor.GetTermination(ctx, connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: id}))
+	if err != nil {
+		return false, err
+	}
+	return strings.HasPrefix(resp.Msg.Termination.RequestedBy, supervisorPolicyDecider), nil
+}
+
+// supervisorPolicyDecider is supervisor.PolicyDecider, the requester of a
+// termination the stop policy approved on its own.
+const supervisorPolicyDecider = "policy:"
 
 // restartUnasked starts the target version after p died unasked: at once
 // when p ran for MaxRestartBackoff or more, or when it is the first such

@@ -35,6 +35,14 @@ func TestLauncherHelperAgent(t *testing.T) {
 	}
 	go a.Run(ctx)
 	<-a.Opened()
+	if os.Getenv("TETHER_LAUNCHER_HELPER_SELFSTOP") == "1" {
+		// A crash loop dressed as a drain: every version proposes its
+		// own stop (approved at once by a label policy) and dies.
+		if _, err := a.ProposeStop(ctx, "now", "rogue36k"); err != nil {
+			os.Exit(8)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv("TETHER_LAUNCHER_HELPER_CRASH") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
 		os.Exit(7) // dies before it is ever ready
 	}

@@ -37,8 +37,14 @@ import (
 // bounded (internal/tokencache): at most maxVerified of them, and
 // maxVerifiedPerHolder of one holder's (its oldest goes first), so an
 // agent that has many grants minted for itself and presents each once
-// pushes out its own entries, not others'. Only tokens that verified are
-// kept: a flood of bad tokens cannot fill it.
+// pushes out its own entries, not others'. When the cache is full, a token
+// of a lineage (the root grant of its chain) holding
+// maxVerifiedLineageShare entries or more pushes out its lineage's oldest,
+// any other an entry of another: a rogue whose thousands of children each
+// presented four tokens filled the cache and, churning them, pushed out
+// other lineages' entries at random for as long as it churned (rogue36k
+// test); now at most what it took before its share. Only tokens that
+// verified are kept: a flood of bad tokens cannot fill it.
 type verifiedTokens struct {
 	mu      sync.Mutex
 	entries *tokencache.Cache[verifiedToken] // held by the holder's node
@@ -59,10 +65,23 @@ const (
 	// maxVerifiedPerHolder bounds one holder's entries: an honest agent
 	// presents one token per grant, two across a refresh.
 	maxVerifiedPerHolder = 4
+	// maxVerifiedLineageShare: a full cache takes a token of a lineage
+	// holding this many entries in place of its lineage's oldest.
+	maxVerifiedLineageShare = maxVerified / 8
 )
 
+// lineageOf is the lineage of a token's grant: the root grant of its
+// chain (every grant delegated under a root names it first), or the grant
+// itself for a root grant.
+func lineageOf(c capability.Claims) string {
+	if len(c.Chain) > 0 {
+		return c.Chain[0]
+	}
+	return c.GrantID
+}
+
 func newVerifiedTokens() *verifiedTokens {
-	return &verifiedTokens{entries: tokencache.New[verifiedToken](maxVerified, maxVerifiedPerHolder)}
+	return &verifiedTokens{entries: tokencache.New[verifiedToken](maxVerified, maxVerifiedPerHolder, maxVerifiedLineageShare)}
 }
 
 // verify is v.Verify(token, keys, now), answered from the cache when it
@@ -94,7 +113,7 @@ func (c *verifiedTokens) verify(v capability.Verifier, token string, keys capabi
 	kept.Chain = slices.Clone(claims.Chain)
 	kept.Scopes = slices.Clone(claims.Scopes)
 	c.mu.Lock()
-	c.entries.Put(sum, claims.HolderNodeID, claims.ExpiresAt, now, verifiedToken{claims: kept, pub: slices.Clone(seen.pub), verifiedAt: now})
+	c.entries.Put(sum, claims.HolderNodeID, lineageOf(claims), claims.ExpiresAt, now, verifiedToken{claims: kept, pub: slices.Clone(seen.pub), verifiedAt: now})
 	c.mu.Unlock()
 	return claims, nil
 }

@@ -71,7 +71,7 @@ func NewTokenCache(max int) *TokenCache {
 	if max <= 0 {
 		max = DefaultTokenCacheSize
 	}
-	return &TokenCache{entries: tokencache.New[cachedToken](max, MaxCachedTokensPerPrincipal)}
+	return &TokenCache{entries: tokencache.New[cachedToken](max, MaxCachedTokensPerPrincipal, 0)}
 }
 
 // TokenCacheStats counts cache lookups.
@@ -198,7 +198,7 @@ func (c *TokenCache) minted(token string, m mintedToken, now time.Time) {
 // remember caches a token that verified (or was minted) at now as p's.
 // c.mu is held.
 func (c *TokenCache) remember(sum tokencache.Sum, p Principal, by verifiedBy, now time.Time) {
-	c.entries.Put(sum, p.ID(), p.ExpiresAt.Add(Leeway), now, cachedToken{principal: p, by: by, verifiedAt: now})
+	c.entries.Put(sum, p.ID(), "", p.ExpiresAt.Add(Leeway), now, cachedToken{principal: p, by: by, verifiedAt: now})
 }
 
 // stillValid: what the verification proved still holds at now.

@@ -8,8 +8,12 @@
 // One holder keeps at most perHolder entries, its oldest going first, so
 // a caller presenting fresh tokens of its own (an agent minting itself
 // credentials or grants) pushes out its own entries, never another's.
-// When the cache is full, expired entries go first, then arbitrary ones
-// until a quarter of it is free.
+// When the cache is full, a token of a group (a lineage: a root and all
+// its descendants) holding groupShare entries or more replaces its group's
+// oldest; any other, expired entries go first, then arbitrary ones until a
+// quarter of it is free — so a rogue whose thousands of children each
+// present their tokens takes at most its share before it pushes out only
+// its own.
 package tokencache
 
 import (
@@ -27,21 +31,24 @@ func Digest(token string) Sum { return sha256.Sum256([]byte(token)) }
 // Cache maps a token's Sum to a V. It is not safe for concurrent use: its
 // owner holds a lock around it.
 type Cache[V any] struct {
-	max, perHolder int
-	entries        map[Sum]entry[V]
-	// held lists each holder's entries, oldest first, at most perHolder.
-	held map[string][]Sum
+	max, perHolder, groupShare int
+	entries                    map[Sum]entry[V]
+	// held lists each holder's entries, oldest first, at most perHolder;
+	// groups each group's.
+	held, groups map[string][]Sum
 }
 
 type entry[V any] struct {
-	holder  string
-	expires time.Time
-	value   V
+	holder, group string
+	expires       time.Time
+	value         V
 }
 
-// New returns a cache of at most max entries, perHolder of one holder's.
-func New[V any](max, perHolder int) *Cache[V] {
-	return &Cache[V]{max: max, perHolder: perHolder, entries: make(map[Sum]entry[V]), held: make(map[string][]Sum)}
+// New returns a cache of at most max entries, perHolder of one holder's;
+// a full cache takes a token of a group holding groupShare entries or more
+// in place of its group's oldest (0: no group share).
+func New[V any](max, perHolder, groupShare int) *Cache[V] {
+	return &Cache[V]{max: max, perHolder: perHolder, groupShare: groupShare, entries: make(map[Sum]entry[V]), held: make(map[string][]Sum), groups: make(map[string][]Sum)}
 }
 
 // Len returns how many entries are kept.
@@ -64,19 +71,26 @@ func (c *Cache[V]) Update(sum Sum, v V) bool {
 	return ok
 }
 
-// Put keeps v for sum, held by holder; expires is when the entry may go
-// first to make room (a hit's own checks are its owner's). A sum kept
-// before is kept anew, as its holder's newest.
-func (c *Cache[V]) Put(sum Sum, holder string, expires, now time.Time, v V) {
+// Put keeps v for sum, held by holder, of group ("": none); expires is
+// when the entry may go first to make room (a hit's own checks are its
+// owner's). A sum kept before is kept anew, as its holder's newest.
+func (c *Cache[V]) Put(sum Sum, holder, group string, expires, now time.Time, v V) {
 	c.Remove(sum)
 	if held := c.held[holder]; len(held) >= c.perHolder {
 		c.Remove(held[0])
 	}
 	if len(c.entries) >= c.max {
-		c.evict(now)
+		if own := c.groups[group]; group != "" && c.groupShare > 0 && len(own) >= c.groupShare {
+			c.Remove(own[0])
+		} else {
+			c.evict(now)
+		}
 	}
-	c.entries[sum] = entry[V]{holder: holder, expires: expires, value: v}
+	c.entries[sum] = entry[V]{holder: holder, group: group, expires: expires, value: v}
 	c.held[holder] = append(c.held[holder], sum)
+	if group != "" {
+		c.groups[group] = append(c.groups[group], sum)
+	}
 }
 
 // Remove forgets sum, and its place in its holder's list.
@@ -86,12 +100,20 @@ func (c *Cache[V]) Remove(sum Sum) {
 		return
 	}
 	delete(c.entries, sum)
-	held := slices.DeleteFunc(c.held[e.holder], func(s Sum) bool { return s == sum })
-	if len(held) == 0 {
-		delete(c.held, e.holder)
+	unlist(c.held, e.holder, sum)
+	if e.group != "" {
+		unlist(c.groups, e.group, sum)
+	}
+}
+
+// unlist removes sum from m[k], and m[k] once empty.
+func unlist(m map[string][]Sum, k string, sum Sum) {
+	list := slices.DeleteFunc(m[k], func(s Sum) bool { return s == sum })
+	if len(list) == 0 {
+		delete(m, k)
 		return
 	}
-	c.held[e.holder] = held
+	m[k] = list
 }
 
 // evict makes room: expired entries first, then arbitrary ones (map
@@ -112,3 +134,6 @@ func (c *Cache[V]) evict(now time.Time) {
 
 // Held returns how many entries holder holds.
 func (c *Cache[V]) Held(holder string) int { return len(c.held[holder]) }
+
+// InGroup returns how many entries group holds.
+func (c *Cache[V]) InGroup(group string) int { return len(c.groups[group]) }

@@ -9,10 +9,10 @@ import (
 var t0 = time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 
 func TestAHolderPushesOutOnlyItsOwnOldest(t *testing.T) {
-	c := New[string](100, 2)
-	c.Put(Digest("honest"), "h", t0.Add(time.Hour), t0, "h1")
+	c := New[string](100, 2, 0)
+	c.Put(Digest("honest"), "h", "", t0.Add(time.Hour), t0, "h1")
 	for i := range 10 {
-		c.Put(Digest(fmt.Sprint("rogue", i)), "r", t0.Add(time.Hour), t0, fmt.Sprint(i))
+		c.Put(Digest(fmt.Sprint("rogue", i)), "r", "", t0.Add(time.Hour), t0, fmt.Sprint(i))
 	}
 	if c.Held("r") != 2 || c.Held("h") != 1 || c.Len() != 3 {
 		t.Fatalf("rogue holds %d, honest %d, %d in all; want 2, 1, 3", c.Held("r"), c.Held("h"), c.Len())
@@ -29,12 +29,12 @@ func TestAHolderPushesOutOnlyItsOwnOldest(t *testing.T) {
 }
 
 func TestAFullCacheEvictsExpiredEntriesFirst(t *testing.T) {
-	c := New[int](8, 8)
+	c := New[int](8, 8, 0)
 	for i := range 4 {
-		c.Put(Digest(fmt.Sprint("live", i)), fmt.Sprint("live", i), t0.Add(time.Hour), t0, i)
-		c.Put(Digest(fmt.Sprint("dead", i)), fmt.Sprint("dead", i), t0.Add(time.Minute), t0, i)
+		c.Put(Digest(fmt.Sprint("live", i)), fmt.Sprint("live", i), "", t0.Add(time.Hour), t0, i)
+		c.Put(Digest(fmt.Sprint("dead", i)), fmt.Sprint("dead", i), "", t0.Add(time.Minute), t0, i)
 	}
-	c.Put(Digest("new"), "new", t0.Add(2*time.Hour), t0.Add(30*time.Minute), 9)
+	c.Put(Digest("new"), "new", "", t0.Add(2*time.Hour), t0.Add(30*time.Minute), 9)
 	for i := range 4 {
 		if _, ok := c.Get(Digest(fmt.Sprint("live", i))); !ok {
 			t.Fatalf("live entry %d evicted while expired ones were kept", i)
@@ -49,11 +49,11 @@ func TestAFullCacheEvictsExpiredEntriesFirst(t *testing.T) {
 }
 
 func TestAFullCacheOfLiveEntriesFreesAQuarter(t *testing.T) {
-	c := New[int](8, 8)
+	c := New[int](8, 8, 0)
 	for i := range 8 {
-		c.Put(Digest(fmt.Sprint(i)), fmt.Sprint("holder", i), t0.Add(time.Hour), t0, i)
+		c.Put(Digest(fmt.Sprint(i)), fmt.Sprint("holder", i), "", t0.Add(time.Hour), t0, i)
 	}
-	c.Put(Digest("new"), "new", t0.Add(time.Hour), t0, 9)
+	c.Put(Digest("new"), "new", "", t0.Add(time.Hour), t0, 9)
 	if c.Len() != 7 { // 8 → 6, and the new one
 		t.Fatalf("%d entries, want 7", c.Len())
 	}
@@ -63,17 +63,17 @@ func TestAFullCacheOfLiveEntriesFreesAQuarter(t *testing.T) {
 }
 
 func TestUpdateAndRemoveKeepTheHoldersListTrue(t *testing.T) {
-	c := New[int](8, 2)
+	c := New[int](8, 2, 0)
 	if c.Update(Digest("a"), 1) {
 		t.Fatal("Update kept a value for a sum never put")
 	}
-	c.Put(Digest("a"), "h", t0.Add(time.Hour), t0, 1)
-	c.Put(Digest("b"), "h", t0.Add(time.Hour), t0, 2)
+	c.Put(Digest("a"), "h", "", t0.Add(time.Hour), t0, 1)
+	c.Put(Digest("b"), "h", "", t0.Add(time.Hour), t0, 2)
 	if !c.Update(Digest("a"), 3) {
 		t.Fatal("Update found no entry")
 	}
-	c.Put(Digest("a"), "h", t0.Add(time.Hour), t0, 4) // put again: a is now the newest
-	c.Put(Digest("c"), "h", t0.Add(time.Hour), t0, 5) // pushes out b, the oldest
+	c.Put(Digest("a"), "h", "", t0.Add(time.Hour), t0, 4) // put again: a is now the newest
+	c.Put(Digest("c"), "h", "", t0.Add(time.Hour), t0, 5) // pushes out b, the oldest
 	if _, ok := c.Get(Digest("b")); ok {
 		t.Fatal("b kept: putting a again did not make it the newest")
 	}
@@ -84,5 +84,30 @@ func TestUpdateAndRemoveKeepTheHoldersListTrue(t *testing.T) {
 	c.Remove(Digest("c"))
 	if c.Held("h") != 0 || c.Len() != 0 || len(c.held) != 0 {
 		t.Fatalf("after removing all: held %d, len %d, holders %d", c.Held("h"), c.Len(), len(c.held))
+	}
+}
+
+func TestAFullCacheTakesAGroupPastItsShareInPlaceOfItsOwnOldest(t *testing.T) {
+	c := New[int](8, 1, 4)
+	for i := range 4 {
+		c.Put(Digest(fmt.Sprint("honest", i)), fmt.Sprint("honest", i), fmt.Sprint("lineage", i), t0.Add(time.Hour), t0, i)
+	}
+	for i := range 100 { // a rogue lineage's children, one token each
+		c.Put(Digest(fmt.Sprint("rogue", i)), fmt.Sprint("child", i), "rogue", t0.Add(time.Hour), t0, i)
+	}
+	for i := range 4 {
+		if _, ok := c.Get(Digest(fmt.Sprint("honest", i))); !ok {
+			t.Fatalf("honest lineage %d pushed out by a rogue lineage past its share", i)
+		}
+	}
+	if n := c.InGroup("rogue"); n != 4 {
+		t.Fatalf("the rogue lineage holds %d entries, want its share, 4", n)
+	}
+	if _, ok := c.Get(Digest("rogue99")); !ok {
+		t.Fatal("the rogue's newest token is not kept")
+	}
+	c.Remove(Digest("rogue99"))
+	if n := c.InGroup("rogue"); n != 3 {
+		t.Fatalf("after a removal the rogue lineage holds %d, want 3", n)
 	}
 }
