@@ -437,7 +437,11 @@ func openBelowLimit(tx store.Txn, nodeID, gateID string, begunAt time.Time) erro
 	}
 	ms := BeginMillis(begunAt)
 	if counted && n.Calls < MaxOpenCallsPerNode {
-		return putOpenCount(tx, nodeID, OpenCount{Calls: n.Calls + 1, BegunMs: n.BegunMs + ms, Summed: n.Summed})
+		next := OpenCount{Calls: n.Calls + 1, BegunMs: n.BegunMs + ms, Summed: n.Summed}
+		if n.Calls == 0 {
+			next.BegunMs, next.Summed = ms, true // none open: the sum starts again
+		}
+		return putOpenCount(tx, nodeID, next)
 	}
 	open, all := 0, uint64(0)
 	err = tx.Scan(openCallPrefix(nodeID), nil, func(_, v []byte) error {
