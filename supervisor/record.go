@@ -121,7 +121,7 @@ func closeUnacknowledged(tx store.Txn, terminationID string, c *ledger.ToolCall,
 	c.Resolution = ledger.CallResolutionCancelUnacknowledged
 	c.EndedAt = now
 	c.EndedBy = "termination:" + terminationID
-	if err := ledger.CloseOpenIn(tx, c.NodeID, c.CallID); err != nil {
+	if err := ledger.CloseOpenIn(tx, c); err != nil {
 		return err
 	}
 	if err := tx.Delete(ledger.CancelKey(c.GateID, c.CallID)); err != nil {

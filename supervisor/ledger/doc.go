@@ -14,7 +14,9 @@
 // (MaxOpenCallsPerNode): a begin reads the node's count of open calls and
 // reads its open-call keys only at the bound (or for a node whose calls an
 // earlier version began); whatever closes a call, the termination
-// included, goes through CloseOpenIn, which keeps the count.
+// included, goes through CloseOpenIn, which keeps the count. The count
+// adds up the open calls' begin times too (OpenCount): the stop rules read
+// a node's own open calls from it while it has none open or one.
 //
 // ToolCall, CallState and CallResolution are its own types: a call is
 // stored in tether.v1.ToolCall's protobuf encoding, written from the pb

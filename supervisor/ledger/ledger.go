@@ -284,7 +284,8 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := l.Tokens.GrantUsableIn(tx, grantID, now); err != nil {
 			return fmt.Errorf("%w: %w", ErrTokenRejected, err)
 		}
-		if err := openBelowLimit(tx, nodeID, gateID); err != nil {
+		// The bound, the node's count of open calls and the open key.
+		if err := OpenIn(tx, call); err != nil {
 			return err
 		}
 		if err := putCall(tx, call); err != nil {
@@ -299,9 +300,7 @@ func (l *Ledger) Begin(ctx context.Context, token, tool, gateID, requiredScope, 
 		if err := tree.NoteHoldingIn(tx, node, tree.HoldsCalls); err != nil {
 			return err
 		}
-		// The open key holds the gate (openBelowLimit counts by it), and
-		// openBelowLimit counted it in the node's count.
-		return tx.Put(openCallKey(nodeID, call.CallID), []byte(gateID))
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -401,11 +400,24 @@ func RefusedNotListedOf(tx store.ReadTxn, terminationID string, nodes []*tree.No
 	return out, nil
 }
 
+// OpenIn counts c, a call of its node about to begin, among the node's
+// calls in flight, and puts its open key (Begin, in its transaction): it
+// refuses it when the node already has MaxOpenCallsPerNode calls in flight
+// through c's gate (openBelowLimit).
+func OpenIn(tx store.Txn, c *ToolCall) error {
+	if err := openBelowLimit(tx, c.NodeID, c.GateID, c.BegunAt); err != nil {
+		return err
+	}
+	// The open key holds the gate (openBelowLimit counts by it).
+	return tx.Put(openCallKey(c.NodeID, c.CallID), []byte(c.GateID))
+}
+
 // openBelowLimit refuses a new call of a node through gateID when the node
 // already has MaxOpenCallsPerNode calls in flight through that gate, and
-// otherwise counts the call about to begin in the node's count of open
-// calls (openCountKey: how many open-call keys the node has, whatever
-// their gate). Below the bound that count answers alone: the node's calls
+// otherwise counts the call about to begin, begun at begunAt, in the
+// node's count of open calls (openCountKey: how many open-call keys the
+// node has, whatever their gate, and their begin times added up; see
+// OpenCount). Below the bound that count answers alone: the node's calls
 // through one gate are never more than all of them. At the bound, or for
 // a node with no count (its calls were begun by an earlier version), it
 // reads the node's open-call keys (their values name the gate; a key
@@ -417,13 +429,19 @@ func RefusedNotListedOf(tx store.ReadTxn, terminationID string, nodes []*tree.No
 // compaction drops it, and a scan of the prefix steps over every one, so
 // a node that churned calls made each of its later begins step over all
 // its ended ones since, in the store's one writer (thirty-sixth pass).
-func openBelowLimit(tx store.Txn, nodeID, gateID string) error {
-	n, counted, err := openCount(tx, nodeID)
+// The stop rules read it too, for the node's own open calls (OpenCount).
+func openBelowLimit(tx store.Txn, nodeID, gateID string, begunAt time.Time) error {
+	n, counted, err := OpenCountIn(tx, nodeID)
 	if err != nil {
 		return err
 	}
-	if counted && n < MaxOpenCallsPerNode {
-		return putOpenCount(tx, nodeID, n+1)
+	ms := BeginMillis(begunAt)
+	if counted && n.Calls < MaxOpenCallsPerNode {
+		next := OpenCount{Calls: n.Calls + 1, BegunMs: n.BegunMs + ms, Summed: n.Summed}
+		if n.Calls == 0 {
+			next.BegunMs, next.Summed = ms, true // none open: the sum starts again
+		}
+		return putOpenCount(tx, nodeID, next)
 	}
 	open, all := 0, uint64(0)
 	err = tx.Scan(openCallPrefix(nodeID), nil, func(_, v []byte) error {
@@ -439,36 +457,80 @@ func openBelowLimit(tx store.Txn, nodeID, gateID string) error {
 	if open >= MaxOpenCallsPerNode {
 		return fmt.Errorf("%w: node %s already has %d tool calls in flight through gate %s, the maximum per node and gate; a new call is refused until one of them ends (EndCall)", tree.ErrLimit, nodeID, open, gateID)
 	}
-	return putOpenCount(tx, nodeID, all+1)
+	// The sum is kept when the count was right, and starts again with a
+	// node that has no call open; else it is unknown (the keys hold no
+	// begin times) until the node has none open again (CloseOpenIn).
+	next := OpenCount{Calls: all + 1, BegunMs: ms, Summed: all == 0}
+	if counted && n.Summed && n.Calls == all {
+		next.BegunMs, next.Summed = n.BegunMs+ms, true
+	}
+	return putOpenCount(tx, nodeID, next)
 }
 
-// openCount reads the node's count of open calls, and whether it has one.
-func openCount(tx store.ReadTxn, nodeID string) (uint64, bool, error) {
+// OpenCount is a node's count of open calls (calls/opencount/<node>):
+// how many open-call keys it has, and, when Summed, their calls' begin
+// times added up (BeginMillis, modulo 2^64). It is stored as a uvarint,
+// followed by a uvarint of the sum when the sum is known: the count
+// alone is what the thirty-sixth pass's first version wrote, and what a
+// node whose calls an earlier version began gets when its keys are
+// counted (their begin times are in the calls, not the keys), until it
+// has no call open again.
+type OpenCount struct {
+	Calls   uint64
+	BegunMs uint64
+	Summed  bool
+}
+
+// BeginMillis is a call's begin time as the count adds it up: Unix
+// milliseconds, 0 before 1970 (as the stop rules' records add theirs).
+func BeginMillis(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(max(t.UnixMilli(), 0))
+}
+
+// OpenCountIn reads the node's count of open calls, and whether it has
+// one (a node whose calls an earlier version began has none, or one that
+// does not count them: its open-call keys are what counts).
+func OpenCountIn(tx store.ReadTxn, nodeID string) (OpenCount, bool, error) {
 	v, err := tx.Get(openCountKey(nodeID))
 	if errors.Is(err, store.ErrNotFound) {
-		return 0, false, nil
+		return OpenCount{}, false, nil
 	}
 	if err != nil {
-		return 0, false, err
+		return OpenCount{}, false, err
 	}
 	n, size := binary.Uvarint(v)
-	if size <= 0 || size != len(v) {
-		return 0, false, nil // not readable: counted again from the keys
+	if size <= 0 {
+		return OpenCount{}, false, nil // not readable: counted again from the keys
 	}
-	return n, true, nil
+	if size == len(v) {
+		return OpenCount{Calls: n}, true, nil
+	}
+	sum, more := binary.Uvarint(v[size:])
+	if more <= 0 || size+more != len(v) {
+		return OpenCount{}, false, nil
+	}
+	return OpenCount{Calls: n, BegunMs: sum, Summed: true}, true, nil
 }
 
-func putOpenCount(tx store.Txn, nodeID string, n uint64) error {
-	return tx.Put(openCountKey(nodeID), binary.AppendUvarint(nil, n))
+func putOpenCount(tx store.Txn, nodeID string, n OpenCount) error {
+	v := binary.AppendUvarint(nil, n.Calls)
+	if n.Summed {
+		v = binary.AppendUvarint(v, n.BegunMs)
+	}
+	return tx.Put(openCountKey(nodeID), v)
 }
 
-// CloseOpenIn takes a call of the node out of its calls in flight: its
-// open-call key is deleted and, when it was there, the node's count of
-// open calls lowered (openBelowLimit). Every path that closes a call goes
-// through it (the ledger's end, the termination's close of a call never
-// acknowledged), so the count never reads fewer calls than the node has.
-func CloseOpenIn(tx store.Txn, nodeID, callID string) error {
-	key := openCallKey(nodeID, callID)
+// CloseOpenIn takes c, a call of its node, out of the node's calls in
+// flight: its open-call key is deleted and, when it was there, the node's
+// count of open calls lowered and c's begin time taken out of their sum
+// (openBelowLimit). Every path that closes a call goes through it (the
+// ledger's end, the termination's close of a call never acknowledged),
+// so the count never reads fewer calls than the node has.
+func CloseOpenIn(tx store.Txn, c *ToolCall) error {
+	key := openCallKey(c.NodeID, c.CallID)
 	if _, err := tx.Get(key); errors.Is(err, store.ErrNotFound) {
 		return nil
 	} else if err != nil {
@@ -477,11 +539,15 @@ func CloseOpenIn(tx store.Txn, nodeID, callID string) error {
 	if err := tx.Delete(key); err != nil {
 		return err
 	}
-	n, counted, err := openCount(tx, nodeID)
+	n, counted, err := OpenCountIn(tx, c.NodeID)
 	if err != nil || !counted {
 		return err
 	}
-	return putOpenCount(tx, nodeID, n-min(n, 1))
+	next := OpenCount{Calls: n.Calls - min(n.Calls, 1), BegunMs: n.BegunMs - BeginMillis(c.BegunAt), Summed: n.Summed}
+	if next.Calls == 0 {
+		next.BegunMs, next.Summed = 0, true
+	}
+	return putOpenCount(tx, c.NodeID, next)
 }
 
 // End records the end of a call (completed or failed), reported by the
@@ -789,7 +855,7 @@ func (l *Ledger) finish(ctx context.Context, callID, gateID, by string, lateEnd 
 		if err := l.observe(tx, before, c); err != nil {
 			return err
 		}
-		if err := CloseOpenIn(tx, c.NodeID, c.CallID); err != nil {
+		if err := CloseOpenIn(tx, c); err != nil {
 			return err
 		}
 		if err := tx.Delete(cancelKey(c.GateID, c.CallID)); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/tetherhq/tether/internal/id"
 	"github.com/tetherhq/tether/internal/store"
@@ -51,7 +52,7 @@ func (r *rogue36hNode) begin(gate string) (string, error) {
 	r.t.Helper()
 	call := id.New(id.Call)
 	err := r.st.Update(context.Background(), func(tx store.Txn) error {
-		if err := openBelowLimit(scanCounting{tx, &r.scans}, r.node, gate); err != nil {
+		if err := openBelowLimit(scanCounting{tx, &r.scans}, r.node, gate, time.Time{}); err != nil {
 			return err
 		}
 		return tx.Put(openCallKey(r.node, call), []byte(gate))
@@ -64,7 +65,7 @@ func (r *rogue36hNode) begin(gate string) (string, error) {
 
 func (r *rogue36hNode) end(call string) {
 	r.t.Helper()
-	if err := r.st.Update(context.Background(), func(tx store.Txn) error { return CloseOpenIn(tx, r.node, call) }); err != nil {
+	if err := r.st.Update(context.Background(), func(tx store.Txn) error { return CloseOpenIn(tx, &ToolCall{NodeID: r.node, CallID: call}) }); err != nil {
 		r.t.Fatal(err)
 	}
 	delete(r.open, call)
@@ -76,7 +77,9 @@ func (r *rogue36hNode) count() (uint64, bool) {
 	var ok bool
 	if err := r.st.View(context.Background(), func(tx store.ReadTxn) error {
 		var err error
-		n, ok, err = openCount(tx, r.node)
+		var c OpenCount
+		c, ok, err = OpenCountIn(tx, r.node)
+		n = c.Calls
 		return err
 	}); err != nil {
 		r.t.Fatal(err)

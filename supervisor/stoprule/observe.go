@@ -136,12 +136,7 @@ type openCalls struct {
 
 // callMillis is a call's begin time as the records add it up: Unix
 // milliseconds, 0 before 1970.
-func callMillis(t time.Time) uint64 {
-	if t.IsZero() {
-		return 0
-	}
-	return uint64(max(t.UnixMilli(), 0))
-}
+func callMillis(t time.Time) uint64 { return ledger.BeginMillis(t) }
 
 // any reports whether the node has calls open, its own or in its subtree.
 func (c openCalls) any() bool { return c.own > 0 || c.sub > 0 }

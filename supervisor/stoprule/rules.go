@@ -1464,16 +1464,39 @@ func readNodeTools(tx store.ReadTxn, nodeID string, tools bool) (*Observations, 
 
 // readOwnOpenCalls reads the node's own calls still open from the ledger
 // into o (Snapshot counts their time at the instant it judges the node),
-// and returns how many it read: at most MaxOpenCallsPerNode per gate. When
-// its subtree records count descendants' calls open that an earlier
-// version began (read first, by readNodeTools), it reads the oldest of
-// those too: the first key of the node's subOpenPrefix, which only such
-// calls are listed under (the records hold the others' oldest).
+// and returns how many call records it read: at most MaxOpenCallsPerNode
+// per gate. When its subtree records count descendants' calls open that
+// an earlier version began (read first, by readNodeTools), it reads the
+// oldest of those too: the first key of the node's subOpenPrefix, which
+// only such calls are listed under (the records hold the others' oldest).
+//
+// The node's count of open calls (ledger.OpenCount, which every begin and
+// every close of its calls writes) answers for a node with none open or
+// one: how many, and their begin times added up, which for one call is
+// its begin time, when it agrees with the node's calls_in_flight
+// (ownCountAnswers). Only a node with two calls open or more, or whose
+// count does not add up their begin times or disagrees (calls an earlier
+// version began or ended), has its open-call keys listed, for the oldest of its calls, which
+// call_seconds_max reads and the count does not hold. Each key of a call
+// the node ended stays deleted in the store until a compaction drops it,
+// and a listing steps over every one: a rogue that churned calls while it
+// kept one open made every evaluation of its node on call time step over
+// all of them, every tick (thirty-sixth pass).
 func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, error) {
 	if o.open.legacy {
 		if err := readSubOldest(tx, nodeID, o); err != nil {
 			return 0, err
 		}
+	}
+	n, counted, err := ledger.OpenCountIn(tx, nodeID)
+	if err != nil {
+		return 0, err
+	}
+	if ownCountAnswers(n, counted, o) {
+		if n.Calls == 1 {
+			o.open.own, o.open.ownBegins, o.open.ownFirst = 1, float64(n.BegunMs), int64(min(n.BegunMs, math.MaxInt64))
+		}
+		return 0, nil
 	}
 	calls, err := ledger.OpenCallsIn(tx, nodeID)
 	if err != nil {
@@ -1491,6 +1514,17 @@ func readOwnOpenCalls(tx store.ReadTxn, nodeID string, o *Observations) (int, er
 		o.open.ownBegins += float64(ms)
 	}
 	return len(calls), nil
+}
+
+// ownCountAnswers says whether the node's count of open calls n says all
+// a rule reads of its own calls open: it has one, that agrees with the
+// node's calls_in_flight (which every version keeps in the call's own
+// transaction: a replica of an earlier version, during a rolling upgrade
+// on etcd, begins and ends calls without the count), and that holds no
+// call or one whose begin time it holds (the sum of one). Two calls or
+// more need the listing for the oldest.
+func ownCountAnswers(n ledger.OpenCount, counted bool, o *Observations) bool {
+	return counted && n.Calls == uint64(max(o.CallsInFlight, 0)) && (n.Calls == 0 || n.Calls == 1 && n.Summed)
 }
 
 // readSubOldest lowers o's oldest begin of a descendant's open call to
