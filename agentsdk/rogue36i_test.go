@@ -67,14 +67,21 @@ func TestRogue36ILauncherTerminatesAnAgentThatClaimsItsExitAndQuits(t *testing.T
 // an agent that died unasked once at once, then waits between restarts
 // (MinRestartBackoff, doubling to MaxRestartBackoff) on its clock.
 func TestRogue36ILauncherDoesNotRestartACrashLoopWithoutPause(t *testing.T) {
-	srv := testserver.Start(t)
-	op := agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
+	restartsBackOff(t, testserver.Start(t), agentsdk.LauncherConfig{Name: "looper", Versions: helperVersions("TETHER_LAUNCHER_HELPER_LOOP=1")}, "the crash loop")
+}
+
+// restartsBackOff runs a launcher of cfg (the test server's operator, its
+// start v1, a clock of the test's) until the test ends, whose agent stops
+// as soon as it starts (what): it must be started once and restarted once
+// at once, then wait on the launcher's clock, and be started a third time
+// only once the clock has moved by MinRestartBackoff.
+func restartsBackOff(t *testing.T, srv *testserver.Server, cfg agentsdk.LauncherConfig, what string) {
+	t.Helper()
 	clk := &manualClock{now: time.Now().UTC()}
 	logs := &countingHandler{}
-	l, err := agentsdk.NewLauncher(agentsdk.LauncherConfig{
-		Operator: op, Name: "looper", Versions: helperVersions("TETHER_LAUNCHER_HELPER_LOOP=1"), Start: "v1",
-		PollEvery: 20 * time.Millisecond, Log: slog.New(logs), Clock: clk,
-	})
+	cfg.Operator = agentsdk.Dial(srv.URL, srv.Admin, agentsdk.WithHTTPClient(srv.HTTP))
+	cfg.Start, cfg.PollEvery, cfg.Log, cfg.Clock = "v1", 20*time.Millisecond, slog.New(logs), clk
+	l, err := agentsdk.NewLauncher(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,18 +89,18 @@ func TestRogue36ILauncherDoesNotRestartACrashLoopWithoutPause(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- l.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	testserver.WaitFor(t, 30*time.Second, "the launcher to wait before restarting the crash loop", func() bool {
+	testserver.WaitFor(t, 60*time.Second, "the launcher to wait before restarting "+what, func() bool {
 		return logs.count("waiting before restarting the agent") > 0 || logs.count("agent started") > 10
 	})
 	if n := logs.count("agent started"); n != 2 {
-		t.Fatalf("a crash loop was started %d times before the launcher's clock moved; want 2 (the start and one restart at once)", n)
+		t.Fatalf("%s was started %d times before the launcher's clock moved; want 2 (the start and one restart at once)", what, n)
 	}
 	clk.advance(agentsdk.MinRestartBackoff)
-	testserver.WaitFor(t, 30*time.Second, "the restart once the backoff passed", func() bool {
+	testserver.WaitFor(t, 60*time.Second, "the restart once the backoff passed", func() bool {
 		return logs.count("agent started") >= 3 && logs.count("waiting before restarting the agent") >= 2
 	})
 	if n := logs.count("agent started"); n != 3 {
-		t.Fatalf("after one backoff the crash loop was started %d times; want 3", n)
+		t.Fatalf("after one backoff %s was started %d times; want 3", what, n)
 	}
 }
 
