@@ -169,6 +169,19 @@ func TestRogue35CRefusalWithinItsIntervalSurvivesTheGatewaysLoss(t *testing.T) {
 // gateway is closed is now refused (CodeUnavailable). (Fails if the
 // rogue's initialize is answered with a result.)
 func TestRogue35CRequestPastTheDoorAsCloseBeginsIsNotServed(t *testing.T) {
+	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`
+	status, answer := answerPastTheDoorAsCloseBegins(t, "", body)
+	if strings.Contains(answer, `"result"`) || !strings.Contains(answer, fmt.Sprint(mcpgate.CodeUnavailable)) {
+		t.Fatalf("the rogue's initialize past the door of a closing gateway: %d %s, want it refused (%d), not served unreported", status, answer, mcpgate.CodeUnavailable)
+	}
+}
+
+// answerPastTheDoorAsCloseBegins: a rogue child whose exit is claimed
+// sends half of a POST (its own header lines, each ending "\r\n", beside
+// the usual ones; its body), waits for the gateway to read it past the
+// door, closes the gateway, sends the rest, and returns the answer.
+func answerPastTheDoorAsCloseBegins(t *testing.T, headers, body string) (int, string) {
+	t.Helper()
 	w := newWorld(t, "mcp:test/*")
 	self, credential, token := rogueChild(t, w, time.Hour)
 	gw := gatewayOnClock(t, w, clock.NewManual(w.clk.Now()), nil)
@@ -184,8 +197,7 @@ func TestRogue35CRequestPastTheDoorAsCloseBeginsIsNotServed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"rogue","version":"1"}}}`
-	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: %d\r\n\r\n", u.Path, u.Host, token, len(body))
+	head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n%sContent-Length: %d\r\n\r\n", u.Path, u.Host, token, headers, len(body))
 	half := len(body) / 2
 	if _, err := io.WriteString(conn, head+body[:half]); err != nil {
 		t.Fatal(err)
@@ -204,9 +216,7 @@ func TestRogue35CRequestPastTheDoorAsCloseBeginsIsNotServed(t *testing.T) {
 	}
 	answer, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if strings.Contains(string(answer), `"result"`) || !strings.Contains(string(answer), fmt.Sprint(mcpgate.CodeUnavailable)) {
-		t.Fatalf("the rogue's initialize past the door of a closing gateway: %d %s, want it refused (%d), not served unreported", resp.StatusCode, answer, mcpgate.CodeUnavailable)
-	}
+	return resp.StatusCode, string(answer)
 }
 
 // losingProxy stands between a gateway process and the control plane
