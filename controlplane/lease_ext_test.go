@@ -14,6 +14,7 @@ import (
 
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
+	"github.com/tetherhq/tether/internal/etcdtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -31,7 +32,27 @@ type leaseWorld struct {
 func newLeaseWorld(t *testing.T) *leaseWorld {
 	t.Helper()
 	clk := clock.NewManual(epoch)
-	srv := testserver.Start(t, testserver.WithClock(clk))
+	return populateLeaseWorld(t, testserver.Start(t, testserver.WithClock(clk)), clk)
+}
+
+// newLeaseWorldOnEtcd is newLeaseWorld on a server on a real etcd (one
+// replica, serving the leases), where a node is read from the store.
+func newLeaseWorldOnEtcd(t *testing.T) *leaseWorld {
+	t.Helper()
+	clk := clock.NewManual(epoch)
+	st := etcdtest.OpenStore(t, etcdtest.Start(t))
+	srv := testserver.Start(t, testserver.WithEtcdStore(st, "replica-0"), testserver.WithClock(clk))
+	testserver.WaitFor(t, replicaWait, "the replica to serve the leases", func() bool {
+		serving, _ := srv.Leases().Serving()
+		return serving
+	})
+	return populateLeaseWorld(t, srv, clk)
+}
+
+// populateLeaseWorld registers the lease tests' agents on srv: a planner,
+// its children w1 and w2, and a stranger of another lineage.
+func populateLeaseWorld(t *testing.T, srv *testserver.Server, clk *clock.Manual) *leaseWorld {
+	t.Helper()
 	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
 	root := register(t, w.admin, "planner")
 	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)

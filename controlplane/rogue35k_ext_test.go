@@ -11,7 +11,6 @@ import (
 	"github.com/tetherhq/tether/agentsdk"
 	"github.com/tetherhq/tether/controlplane/testserver"
 	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -90,23 +89,11 @@ func TestRogue35KFencedSideEffectAfterAConfirmedExitIsRefusedOnEtcd(t *testing.T
 	if testing.Short() {
 		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
 	}
-	clk := clock.NewManual(epoch)
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	srv := testserver.Start(t, testserver.WithEtcdStore(st, "replica-0"), testserver.WithClock(clk))
-	testserver.WaitFor(t, replicaWait, "the replica to serve the leases", func() bool {
-		serving, _ := srv.Leases().Serving()
-		return serving
-	})
-	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
-	root := register(t, w.admin, "planner")
-	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)
-	a := spawn(t, w.plannerC, w.planner, "w1")
-	w.w1, w.w1C = a.Node.NodeId, srv.Clients(a.Credential)
-
+	w := newLeaseWorldOnEtcd(t)
 	ctx := context.Background()
-	toolToken := srv.ToolServerToken(t, "rogue35k-tool")
-	tool := srv.Clients(toolToken)
-	fence := &agentsdk.Fence{Check: agentsdk.IssuedGenerations(agentsdk.Dial(srv.URL, toolToken, agentsdk.WithHTTPClient(srv.HTTP)))}
+	toolToken := w.srv.ToolServerToken(t, "rogue35k-tool")
+	tool := w.srv.Clients(toolToken)
+	fence := &agentsdk.Fence{Check: agentsdk.IssuedGenerations(agentsdk.Dial(w.srv.URL, toolToken, agentsdk.WithHTTPClient(w.srv.HTTP)))}
 	job := w.job()
 	rogue, d := unary{w.w1C}.send(t, ack(w.offer(t, job, w.w1, 10*time.Minute)))
 	wantDecision(t, "the rogue's ack", d, tetherv1.Outcome_OUTCOME_ACCEPTED, tetherv1.AuditEvent_AUDIT_EVENT_ACKED)

@@ -9,8 +9,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/tetherhq/tether/controlplane/testserver"
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -43,20 +41,7 @@ func TestRogue36CAReaderWhoIsNotAToolServerCannotFrameAnExitedHolderOnEtcd(t *te
 	if testing.Short() {
 		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
 	}
-	clk := clock.NewManual(epoch)
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	srv := testserver.Start(t, testserver.WithEtcdStore(st, "replica-0"), testserver.WithClock(clk))
-	testserver.WaitFor(t, replicaWait, "the replica to serve the leases", func() bool {
-		serving, _ := srv.Leases().Serving()
-		return serving
-	})
-	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
-	root := register(t, w.admin, "planner")
-	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)
-	a := spawn(t, w.plannerC, w.planner, "w1")
-	w.w1, w.w1C = a.Node.NodeId, srv.Clients(a.Credential)
-	b := spawn(t, w.plannerC, w.planner, "w2")
-	w.w2, w.w2C = b.Node.NodeId, srv.Clients(b.Credential)
+	w := newLeaseWorldOnEtcd(t)
 	readsDoNotFrameAnExitedHolder(t, w)
 }
 

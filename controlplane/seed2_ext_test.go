@@ -219,17 +219,7 @@ func TestSeed2AcknowledgementsAreJudgedOnTheDeadlineTheServerKeeps(t *testing.T)
 // keeps, so that it can restart the server on them.
 func newLeaseWorldIn(t *testing.T, dir string, clk *clock.Manual) *leaseWorld {
 	t.Helper()
-	srv := testserver.StartIn(t, dir, testserver.WithClock(clk))
-	w := &leaseWorld{srv: srv, clock: clk, admin: srv.AdminClients()}
-	root := register(t, w.admin, "planner")
-	w.planner, w.plannerC = root.Node.NodeId, srv.Clients(root.Credential)
-	a := spawn(t, w.plannerC, w.planner, "w1")
-	w.w1, w.w1C = a.Node.NodeId, srv.Clients(a.Credential)
-	b := spawn(t, w.plannerC, w.planner, "w2")
-	w.w2, w.w2C = b.Node.NodeId, srv.Clients(b.Credential)
-	s := register(t, w.admin, "stranger")
-	w.stranger, w.strangerC = s.Node.NodeId, srv.Clients(s.Credential)
-	return w
+	return populateLeaseWorld(t, testserver.StartIn(t, dir, testserver.WithClock(clk)), clk)
 }
 
 // authority is what a lease says about who may do what until when: every
