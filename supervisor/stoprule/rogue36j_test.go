@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tetherhq/tether/internal/clock"
-	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store"
 	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
@@ -166,15 +164,7 @@ func TestRogue36JARogueChurningCallsBesideOneOpenIsJudgedWithoutItsEndedKeysOnEt
 	if testing.Short() {
 		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
 	}
-	rogue36jChurn(t, rogue36jEtcd(t))
-}
-
-func rogue36jEtcd(t *testing.T) *rogue31cRig {
-	st := etcdtest.OpenStore(t, etcdtest.Start(t))
-	clk := clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	rules := &Rules{Store: st, Clock: clk}
-	return &rogue31cRig{t: t, st: st, clk: clk, rules: rules,
-		agents: &tree.Tree{Store: st, Clock: clk, Observer: rules, Limits: tree.Limits{MaxDepth: 8, MaxChildren: 1000, MaxLabels: 4}}}
+	rogue36jChurn(t, newRogue35kEtcdRig(t))
 }
 
 func rogue36jChurn(t *testing.T, g *rogue31cRig) {
@@ -219,7 +209,7 @@ func TestRogue36JOwnCallTimeIsExactWhateverTheOrderOnEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
 	}
-	rogue36jExact(t, rogue36jEtcd(t), 120)
+	rogue36jExact(t, newRogue35kEtcdRig(t), 120)
 }
 
 func rogue36jExact(t *testing.T, g *rogue31cRig, steps int) {
