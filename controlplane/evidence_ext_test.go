@@ -28,6 +28,17 @@ type rawSession struct {
 
 // openSession opens nodeID's session and waits for the control plane's
 // answer; it returns the refusal if there is one.
+// endSessionStored moves clk a minute on, ends sess, node's session, and
+// waits for its end to be stored.
+func endSessionStored(t *testing.T, admin *testserver.Clients, clk *clock.Manual, sess *rawSession, node string) {
+	t.Helper()
+	clk.Advance(time.Minute)
+	sess.close()
+	testserver.WaitFor(t, 20*time.Second, "the session's end to be stored", func() bool {
+		return getNode(t, admin, node).SessionClosedAt != nil
+	})
+}
+
 func openSession(t *testing.T, c *testserver.Clients, nodeID string) (*rawSession, error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())

@@ -66,11 +66,7 @@ func TestRogue30DAParentLivingOnItsChildsCredentialIsNotConfirmed(t *testing.T) 
 			if !feed.Receive() {
 				t.Fatalf("the child's feed: %v", feed.Err())
 			}
-			clk.Advance(time.Minute)
-			sess.close()
-			testserver.WaitFor(t, 20*time.Second, "the parent's session's end to be stored", func() bool {
-				return getNode(t, admin, self).SessionClosedAt != nil
-			})
+			endSessionStored(t, admin, clk, sess, self)
 			if !tc.feedOpen {
 				fcancel()
 				testserver.WaitFor(t, 20*time.Second, "the child's feed's end to be stored", func() bool {

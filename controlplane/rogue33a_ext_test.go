@@ -76,11 +76,7 @@ func TestRogue33AAParentWorkingOnThroughItsEndedChildIsNotConfirmed(t *testing.T
 			if err != nil {
 				t.Fatal(err)
 			}
-			clk.Advance(time.Minute)
-			sess.close()
-			testserver.WaitFor(t, 20*time.Second, "the parent's session's end to be stored", func() bool {
-				return getNode(t, admin, self).SessionClosedAt != nil
-			})
+			endSessionStored(t, admin, clk, sess, self)
 			clk.Advance(time.Minute)
 			term := terminate(t, admin, self, tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, time.Minute, time.Second, time.Minute)
 			if tc.launcher {
