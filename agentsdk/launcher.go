@@ -37,6 +37,24 @@ type Version struct {
 	Args    []string
 	// Env is added to the launcher's own environment.
 	Env []string
+	// RunAs, when set, runs the version's processes as that user, with
+	// that group and only the supplementary Groups listed (unix only; the
+	// launcher needs the privilege to switch: root, or CAP_SETUID and
+	// CAP_SETGID). Unset, they run as the launcher's own user, and any of
+	// them can read the launcher's environment and, without Yama, its
+	// memory — its operator token — and signal it, and read another
+	// version's process's environment — that node's credential
+	// (docs/design.md §11). Give the versions a user that is not the
+	// launcher's, and versions that must not act as one another different
+	// users.
+	RunAs *User
+}
+
+// User is a user and its groups, by number.
+type User struct {
+	UID, GID uint32
+	// Groups are the supplementary groups; none when empty.
+	Groups []uint32
 }
 
 // LauncherConfig configures a Launcher.
@@ -188,6 +206,9 @@ func NewLauncher(cfg LauncherConfig) (*Launcher, error) {
 	for _, v := range cfg.Versions {
 		if v.Name == "" || v.Command == "" {
 			return nil, errors.New("agentsdk: every launcher version needs a name and a command")
+		}
+		if v.RunAs != nil && !canRunAs {
+			return nil, fmt.Errorf("agentsdk: version %q names a user to run as, which this platform's launcher cannot do", v.Name)
 		}
 		l.versions[v.Name] = v
 	}
@@ -455,6 +476,7 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		EnvAddr+"="+l.cfg.Operator.BaseURL, EnvCredential+"="+resp.Msg.Credential, EnvNodeID+"="+node, EnvVersion+"="+version)
 	cmd.Stdout, cmd.Stderr = l.cfg.Stdout, l.cfg.Stderr
 	ownGroup(cmd)
+	runAs(cmd, v.RunAs)
 	if err := cmd.Start(); err != nil {
 		// The node never ran: terminate it so it is not left running.
 		_, _ = l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{

@@ -17,6 +17,19 @@ func ownGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr.Setpgid = true
 }
 
+// canRunAs: a version's processes can run as a user of their own.
+const canRunAs = true
+
+// runAs starts cmd as u (nil: the launcher's own user), with u's groups
+// only: the process can then neither read the launcher's environment or
+// memory nor signal it, nor reach another user's agent processes.
+func runAs(cmd *exec.Cmd, u *User) {
+	if u == nil {
+		return
+	}
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: u.Groups}
+}
+
 // signalGroup sends sig to the process group cmd leads (what is left of
 // it once cmd has exited).
 func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {

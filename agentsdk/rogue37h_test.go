@@ -1,0 +1,103 @@
+//go:build linux
+
+package agentsdk_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/tetherhq/tether/agentsdk"
+	"github.com/tetherhq/tether/controlplane/testserver"
+	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
+)
+
+// lockedBuffer is a bytes.Buffer the launcher's copying goroutines and the
+// test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// rogue37HProbe is a v1 agent that, once its v2 replacement runs beside it
+// (found by its command line, which any user may read), tries what an
+// agent under its launcher's user can: read its launcher's environment
+// (where a program takes its operator token from), signal its launcher,
+// and read its replacement's environment (the replacement node's
+// credential). It prints one line per try, then waits to be stopped.
+const rogue37HProbe = `
+try() { if "$@" >/dev/null 2>&1; then echo "$probe: reached"; else echo "$probe: refused"; fi; }
+launcher=$PPID
+while :; do
+  for d in /proc/[0-9]*; do
+    if tr '\0' ' ' < "$d/cmdline" 2>/dev/null | grep -q '^sleep 3737 '; then v2=${d#/proc/}; fi
+  done
+  [ -n "$v2" ] && break
+  sleep 0.05
+done
+probe=launcher-environ try cat /proc/$launcher/environ
+probe=launcher-signal try kill -0 $launcher
+probe=replacement-environ try grep -q TETHER_CREDENTIAL= /proc/$v2/environ
+echo probed
+exec sleep 600
+`
+
+// TestRogue37HAnAgentCannotReachItsLauncherOrItsReplacement: every agent
+// ran under its launcher's user, so a rogue v1 draining beside its v2
+// replacement read its launcher's environment (and, without Yama, its
+// memory: the operator token with which it acts as an operator), could
+// kill its launcher (leaving its own process and node unsupervised and
+// its exit never confirmed), and read its replacement's credential. The
+// launcher could not help it: a version had no user of its own. A version
+// names one (Version.RunAs): its processes run as that user, with only
+// that user's groups, and reach neither the launcher nor another
+// version's processes.
+func TestRogue37HAnAgentCannotReachItsLauncherOrItsReplacement(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("By design: running an agent as another user needs root (CAP_SETUID, CAP_SETGID); make test and CI run as root in the dev container")
+	}
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	var out lockedBuffer
+	v1 := agentsdk.Version{Name: "v1", Command: "sh", Args: []string{"-c", rogue37HProbe}, RunAs: &agentsdk.User{UID: 65534, GID: 65534}}
+	v2 := agentsdk.Version{Name: "v2", Command: "sleep", Args: []string{"3737", "600"}, RunAs: &agentsdk.User{UID: 65533, GID: 65533}}
+	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, func(cfg *agentsdk.LauncherConfig) { cfg.Stdout = &out })
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "v1 to start", func() bool {
+		first, _ = l.Current()
+		return first != ""
+	})
+	// Drain v1 (a long window): the launcher starts v2 beside it.
+	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: first, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the rogue v1 to probe its launcher and its replacement", func() bool {
+		return strings.Contains(out.String(), "probed")
+	})
+	for _, probe := range []string{"launcher-environ", "launcher-signal", "replacement-environ"} {
+		if !strings.Contains(out.String(), probe+": refused") {
+			t.Errorf("the rogue v1 (%s): %s", probe, out.String())
+		}
+	}
+}
