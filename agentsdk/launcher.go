@@ -273,7 +273,7 @@ func (l *Launcher) step(ctx context.Context) error {
 	var errs []error
 	if l.restartsDue > 0 && !l.cfg.Clock.Now().Before(l.restartAt) {
 		l.restartsDue--
-		errs = append(errs, l.launchTarget(ctx))
+		errs = append(errs, l.launchOrRetry(ctx))
 	}
 	for _, p := range procs {
 		if p.confirmed {
@@ -312,7 +312,7 @@ func (l *Launcher) step(ctx context.Context) error {
 			case policy:
 				errs = append(errs, l.restartUnasked(ctx, p))
 			default:
-				errs = append(errs, l.launchTarget(ctx))
+				errs = append(errs, l.launchOrRetry(ctx))
 			}
 		case !p.drained && (exited || claimed):
 			// An exit nobody asked for: terminate the node so what it held
@@ -353,7 +353,7 @@ func (l *Launcher) step(ctx context.Context) error {
 			if l.cfg.WaitForExit && p.unasked {
 				errs = append(errs, l.restartUnasked(ctx, p))
 			} else if l.cfg.WaitForExit {
-				errs = append(errs, l.launchTarget(ctx))
+				errs = append(errs, l.launchOrRetry(ctx))
 			}
 			continue
 		}
@@ -435,15 +435,38 @@ func (l *Launcher) restartUnasked(ctx context.Context, p *launched) error {
 	}
 	if l.backoff == 0 {
 		l.backoff = MinRestartBackoff
-		return l.launchTarget(ctx)
+		return l.launchOrRetry(ctx)
 	}
-	if l.restartsDue == 0 || now.Add(l.backoff).After(l.restartAt) {
-		l.restartAt = now.Add(l.backoff)
+	l.cfg.Log.Warn("waiting before restarting the agent", "node_id", p.node, "backoff", l.backoff)
+	l.restartLater()
+	return nil
+}
+
+// restartLater makes one start of the target version due after the
+// current backoff (at least MinRestartBackoff), which then doubles up to
+// MaxRestartBackoff. Run's goroutine only.
+func (l *Launcher) restartLater() {
+	now := l.cfg.Clock.Now()
+	pause := max(l.backoff, MinRestartBackoff)
+	if l.restartsDue == 0 || now.Add(pause).After(l.restartAt) {
+		l.restartAt = now.Add(pause)
 	}
 	l.restartsDue++
-	l.cfg.Log.Warn("waiting before restarting the agent", "node_id", p.node, "backoff", l.backoff)
-	l.backoff = min(2*l.backoff, MaxRestartBackoff)
-	return nil
+	l.backoff = min(2*pause, MaxRestartBackoff)
+}
+
+// launchOrRetry starts the target version; a start that fails (the
+// control plane unreachable, the executable not there, the user's
+// process limit spent) is due again after the backoff rather than
+// dropped, or a drained node would never be replaced (rogue37h test).
+// Run's goroutine only.
+func (l *Launcher) launchOrRetry(ctx context.Context) error {
+	err := l.launchTarget(ctx)
+	if err != nil && ctx.Err() == nil {
+		l.restartLater()
+		err = fmt.Errorf("%w (trying again after the restart backoff)", err)
+	}
+	return err
 }
 
 func (l *Launcher) launchTarget(ctx context.Context) error {

@@ -5,7 +5,9 @@ package agentsdk_test
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -100,4 +102,50 @@ func TestRogue37HAnAgentCannotReachItsLauncherOrItsReplacement(t *testing.T) {
 			t.Errorf("the rogue v1 (%s): %s", probe, out.String())
 		}
 	}
+}
+
+// TestRogue37HALauncherRetriesAReplacementThatFailedToStart: a rogue v1
+// under its launcher's user moves its v2 replacement's executable aside
+// (it could as well spend the user's process limit), then is drained. The
+// launcher's start of v2 failed, and it never tried again: the drained
+// node was never replaced, the rollout waited for a replacement that would
+// not come (and so did a replacement whose registration met a control
+// plane restarting in its own rolling upgrade). A failed start is due again
+// after the restart backoff, on the launcher's clock, until it succeeds.
+func TestRogue37HALauncherRetriesAReplacementThatFailedToStart(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	v2Path := filepath.Join(t.TempDir(), "v2")
+	if err := os.WriteFile(v2Path, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var out lockedBuffer
+	clk := &manualClock{now: time.Now().UTC()}
+	logs := &countingHandler{}
+	v1 := agentsdk.Version{Name: "v1", Command: "sh", Args: []string{"-c", `mv "$0" "$0.aside" && echo moved; exec sleep 600`, v2Path}}
+	v2 := agentsdk.Version{Name: "v2", Command: v2Path}
+	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, func(cfg *agentsdk.LauncherConfig) {
+		cfg.Stdout, cfg.Clock, cfg.Log = &out, clk, slog.New(logs)
+	})
+	var first string
+	testserver.WaitFor(t, 30*time.Second, "v1 to move v2's executable aside", func() bool {
+		first, _ = l.Current()
+		return first != "" && strings.Contains(out.String(), "moved")
+	})
+	if _, err := admin.Supervisor.Terminate(context.Background(), connect.NewRequest(&tetherv1.TerminateRequest{
+		NodeId: first, Mode: tetherv1.TerminationMode_TERMINATION_MODE_DRAIN, Reason: "upgrade", DrainWindow: durationpb.New(10 * time.Minute),
+	})); err != nil {
+		t.Fatal(err)
+	}
+	testserver.WaitFor(t, 30*time.Second, "the launcher to fail to start v2", func() bool {
+		return logs.count("launcher step failed; retrying") > 0
+	})
+	if err := os.Rename(v2Path+".aside", v2Path); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(agentsdk.MinRestartBackoff)
+	testserver.WaitFor(t, 30*time.Second, "the launcher to start v2 once it can", func() bool {
+		_, version := l.Current()
+		return version == "v2"
+	})
 }
