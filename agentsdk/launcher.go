@@ -95,7 +95,9 @@ type LauncherConfig struct {
 // waits MinRestartBackoff before the next restart, doubling up to
 // MaxRestartBackoff, so a crash loop costs the control plane a node, a
 // termination and a record per pause, not per crash. A rollout's or an
-// operator's drain's replacement is never held back.
+// operator's drain's replacement is never held back, but a start that
+// fails (a replacement's or a restart's) is due again after the backoff
+// rather than dropped.
 const (
 	MinRestartBackoff = time.Second
 	MaxRestartBackoff = time.Minute
