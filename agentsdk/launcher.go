@@ -87,7 +87,25 @@ type LauncherConfig struct {
 	// Clock times the pauses between restarts of an agent that dies
 	// unasked (MinRestartBackoff); nil means WallClock.
 	Clock Clock
+	// Instance, when set, names this launcher among its own successive
+	// runs (e.g. "host-1.planner"; a label value: letters, digits, '.',
+	// '_', '-'). Every node it registers is labelled InstanceLabel=Instance,
+	// and Run, before it starts anything, terminates (abort) every root
+	// node with that label that no termination covers: nodes a previous
+	// run registered (it crashed, was killed — by its agent, under its
+	// user — or restarted) whose processes this run cannot see or attest,
+	// which would otherwise stay running, their credentials alive, until
+	// someone stopped them. Their records say unaccounted unless someone
+	// attests their exits. Finding any, the first restart after an
+	// unasked death backs off as a second one would. Two launchers that
+	// run at once must not share an instance (each would stop the
+	// other's agents when it starts).
+	Instance string
 }
+
+// InstanceLabel is the label on every node a launcher with an Instance
+// registers.
+const InstanceLabel = "tether.dev/launcher"
 
 // Restart backoff: an agent that dies unasked (or claims its exit, or is
 // drained by the stop policy alone) is restarted at once the first time;
@@ -116,7 +134,9 @@ const (
 // restarted as fast as it dies. So do those after a drain the control
 // plane's stop policy started on its own (the agent's own stop proposal, or
 // a stop rule, approved by no operator): a crash loop proposing its own
-// stop before dying is not restarted as fast either.
+// stop before dying is not restarted as fast either. With an Instance, Run
+// first terminates the nodes a previous run of the launcher left
+// (LauncherConfig.Instance).
 //
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
@@ -247,6 +267,9 @@ func (l *Launcher) Current() (nodeID, version string) {
 // stops the processes (SIGTERM, then SIGKILL after KillGrace) and confirms
 // their exits.
 func (l *Launcher) Run(ctx context.Context) error {
+	if err := l.endPredecessors(ctx); err != nil {
+		return err
+	}
 	if err := l.launch(ctx, l.cfg.Start); err != nil {
 		return err
 	}
@@ -374,6 +397,50 @@ func (l *Launcher) step(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// endPredecessors terminates (abort) the root nodes labelled with the
+// launcher's Instance that no termination covers: a previous run's (rogue37h
+// test). Only roots are read: only operators register them, while any
+// agent may label a child as it likes.
+func (l *Launcher) endPredecessors(ctx context.Context) error {
+	if l.cfg.Instance == "" {
+		return nil
+	}
+	var token string
+	found := 0
+	for {
+		resp, err := l.cfg.Operator.Agent.ListNodes(ctx, connect.NewRequest(&tetherv1.ListNodesRequest{
+			LabelSelector: InstanceLabel + "=" + l.cfg.Instance, OneLevel: true, PageToken: token,
+		}))
+		if err != nil {
+			return fmt.Errorf("agentsdk: list the nodes of launcher instance %q: %w", l.cfg.Instance, err)
+		}
+		for _, n := range resp.Msg.Nodes {
+			if n.ParentNodeId != "" || n.TerminationId != "" || n.State == tetherv1.NodeState_NODE_STATE_TERMINATED {
+				continue
+			}
+			found++
+			l.cfg.Log.Warn("terminating a node a previous run of this launcher left", "node_id", n.NodeId, "instance", l.cfg.Instance)
+			_, err := l.cfg.Operator.Supervisor.Terminate(ctx, connect.NewRequest(&tetherv1.TerminateRequest{
+				NodeId: n.NodeId, Mode: tetherv1.TerminationMode_TERMINATION_MODE_ABORT,
+				Reason: "a previous run of its launcher (instance " + l.cfg.Instance + ") left it; the launcher restarted and cannot see its process",
+			}))
+			if err != nil && connect.CodeOf(err) != connect.CodeFailedPrecondition {
+				return fmt.Errorf("agentsdk: terminate node %s of a previous run of launcher instance %q: %w", n.NodeId, l.cfg.Instance, err)
+			}
+		}
+		token = resp.Msg.NextPageToken
+		if token == "" {
+			break
+		}
+	}
+	if found > 0 {
+		// A restarted launcher is a restart: the first unasked death
+		// after it waits, as the second one would.
+		l.backoff = MinRestartBackoff
+	}
+	return nil
+}
+
 // proveGone returns nil once nothing p's process left behind runs: the
 // sweep after its exit found nothing left, or a new sweep does.
 func (l *Launcher) proveGone(p *launched) error {
@@ -487,6 +554,9 @@ func (l *Launcher) launch(ctx context.Context, version string) error {
 		labels = map[string]string{}
 	}
 	labels[l.cfg.VersionLabel] = version
+	if l.cfg.Instance != "" {
+		labels[InstanceLabel] = l.cfg.Instance
+	}
 	resp, err := l.cfg.Operator.Agent.RegisterRoot(ctx, connect.NewRequest(&tetherv1.RegisterRootRequest{Name: l.cfg.Name, Labels: labels}))
 	if err != nil {
 		return fmt.Errorf("register %s: %w", version, err)

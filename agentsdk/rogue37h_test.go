@@ -149,3 +149,61 @@ func TestRogue37HALauncherRetriesAReplacementThatFailedToStart(t *testing.T) {
 		return version == "v2"
 	})
 }
+
+// TestRogue37HARestartedLauncherEndsWhatItsPredecessorLeftRunning: a
+// rogue agent under its launcher's user kills its launcher (or the
+// launcher crashes, or is restarted, with a crash-looping agent). The
+// launcher's successor knew nothing of the nodes its predecessor had
+// registered: their processes, if alive, ran on unsupervised, and their
+// nodes stayed running — credentials alive, nothing revoked, no record —
+// until an operator or a rollout found them. A launcher with an Instance
+// labels its nodes with it and, when it starts, terminates (abort) the
+// root nodes with its label that no termination covers: a predecessor's
+// (the abort then revokes what it held and writes its record). Another
+// instance's nodes, and nodes without the label, are left be.
+func TestRogue37HARestartedLauncherEndsWhatItsPredecessorLeftRunning(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	register := func(labels map[string]string) string {
+		t.Helper()
+		resp, err := admin.Agent.RegisterRoot(context.Background(), connect.NewRequest(&tetherv1.RegisterRootRequest{Name: "rogue", Labels: labels}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Msg.Node.NodeId
+	}
+	// The predecessor's node: its process (the rogue) killed the launcher
+	// that registered it.
+	left := register(map[string]string{"version": "v1", agentsdk.InstanceLabel: "host-1.rogue"})
+	other := register(map[string]string{"version": "v1", agentsdk.InstanceLabel: "host-2.rogue"})
+	unlabelled := register(map[string]string{"version": "v1"})
+	v := agentsdk.Version{Command: "sleep", Args: []string{"600"}}
+	v1, v2 := v, v
+	v1.Name, v2.Name = "v1", "v2"
+	l := runLauncher(t, srv, []agentsdk.Version{v1, v2}, func(cfg *agentsdk.LauncherConfig) { cfg.Instance = "host-1.rogue" })
+	var stop string
+	testserver.WaitFor(t, 30*time.Second, "a termination of the predecessor's node", func() bool {
+		stop = getNode(t, admin, left).TerminationId
+		return stop != ""
+	})
+	term, err := admin.Supervisor.GetTermination(context.Background(), connect.NewRequest(&tetherv1.GetTerminationRequest{TerminationId: stop}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if term.Msg.Termination.Mode != tetherv1.TerminationMode_TERMINATION_MODE_ABORT {
+		t.Errorf("the predecessor's node is stopped by %v, want the launcher's abort", term.Msg.Termination)
+	}
+	var current string
+	testserver.WaitFor(t, 30*time.Second, "the launcher's own agent to start", func() bool {
+		current, _ = l.Current()
+		return current != ""
+	})
+	if got := getNode(t, admin, current).Labels[agentsdk.InstanceLabel]; got != "host-1.rogue" {
+		t.Errorf("the launcher's node is labelled %s=%q, want host-1.rogue", agentsdk.InstanceLabel, got)
+	}
+	for _, id := range []string{other, unlabelled, current} {
+		if n := getNode(t, admin, id); n.State != tetherv1.NodeState_NODE_STATE_RUNNING {
+			t.Errorf("node %s (labels %v) is %v; only the predecessor's may be stopped", id, n.Labels, n.State)
+		}
+	}
+}
