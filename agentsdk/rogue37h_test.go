@@ -207,3 +207,32 @@ func TestRogue37HARestartedLauncherEndsWhatItsPredecessorLeftRunning(t *testing.
 		}
 	}
 }
+
+// TestRogue37HARestartedLauncherBacksOffAtOnce: an agent that dies at once
+// and kills its launcher first had every launcher run start it and restart
+// it at once (the backoff starts afresh with each run). A run that finds
+// its predecessor's node treats its own start as a restart: the first
+// unasked death waits for the backoff, on the launcher's clock.
+func TestRogue37HARestartedLauncherBacksOffAtOnce(t *testing.T) {
+	srv := testserver.Start(t)
+	if _, err := srv.AdminClients().Agent.RegisterRoot(context.Background(), connect.NewRequest(&tetherv1.RegisterRootRequest{
+		Name: "looper", Labels: map[string]string{"version": "v1", agentsdk.InstanceLabel: "host-1.looper"},
+	})); err != nil {
+		t.Fatal(err)
+	}
+	clk := &manualClock{now: time.Now().UTC()}
+	logs := &countingHandler{}
+	runLauncher(t, srv, helperVersions("TETHER_LAUNCHER_HELPER_LOOP=1"), func(cfg *agentsdk.LauncherConfig) {
+		cfg.Name, cfg.Instance, cfg.Clock, cfg.Log = "looper", "host-1.looper", clk, slog.New(logs)
+	})
+	testserver.WaitFor(t, 60*time.Second, "the launcher to wait before restarting the crash loop", func() bool {
+		return logs.count("waiting before restarting the agent") > 0 || logs.count("agent started") > 10
+	})
+	if n := logs.count("agent started"); n != 1 {
+		t.Fatalf("a launcher run that found its predecessor's node started the crash loop %d times before its clock moved; want 1", n)
+	}
+	clk.advance(agentsdk.MinRestartBackoff)
+	testserver.WaitFor(t, 60*time.Second, "the restart once the backoff passed", func() bool {
+		return logs.count("agent started") >= 2
+	})
+}
