@@ -140,7 +140,8 @@ const (
 //
 // The exit it confirms is the agent's, not only its first process's. Each
 // process runs in a process group of its own (unix), which the launcher
-// kills when the process exits. On Linux the launcher's process also
+// kills when the process exits; it signals the process as well as its
+// group, which the process may have left. On Linux the launcher's process also
 // becomes a child subreaper (PR_SET_CHILD_SUBREAPER, for the whole
 // program, from the first launch): whatever the agent leaves outside its
 // group (setsid or setpgid, then a double fork) is reparented to it rather

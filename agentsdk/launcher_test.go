@@ -16,6 +16,10 @@ import (
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
+// helperLeaveGroup, where set (rogue37h_test.go, Linux), moves the helper
+// agent's process out of the process group its launcher started it in.
+var helperLeaveGroup func()
+
 // TestLauncherHelperAgent is not a test: it is the agent process the
 // launcher tests start (this test binary, re-executed). It joins with the
 // credential its launcher handed over, reports ready, and exits once the
@@ -48,6 +52,9 @@ func TestLauncherHelperAgent(t *testing.T) {
 	}
 	if err := a.ReportReady(ctx); err != nil {
 		os.Exit(4)
+	}
+	if os.Getenv("TETHER_LAUNCHER_HELPER_LEAVEGROUP") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" && helperLeaveGroup != nil {
+		helperLeaveGroup() // rogue37h: out of its own process group
 	}
 	if os.Getenv("TETHER_LAUNCHER_HELPER_LIE") == "1" && os.Getenv(agentsdk.EnvVersion) == "v1" {
 		// A rogue: it claims its exit and runs on, until something

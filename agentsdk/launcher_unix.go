@@ -31,7 +31,12 @@ func runAs(cmd *exec.Cmd, u *User) {
 }
 
 // signalGroup sends sig to the process group cmd leads (what is left of
-// it once cmd has exited).
+// it once cmd has exited), and to cmd's process itself: the process may
+// have left the group (setpgid into another group of its session, its
+// launcher's included), leaving it empty (rogue37h test). os.Process
+// signals through its pidfd where there is one, and not at all once the
+// process is waited for, so a reused pid is never signalled.
 func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {
 	_ = syscall.Kill(-cmd.Process.Pid, sig)
+	_ = cmd.Process.Signal(sig)
 }

@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -234,5 +236,45 @@ func TestRogue37HARestartedLauncherBacksOffAtOnce(t *testing.T) {
 	clk.advance(agentsdk.MinRestartBackoff)
 	testserver.WaitFor(t, 60*time.Second, "the restart once the backoff passed", func() bool {
 		return logs.count("agent started") >= 2
+	})
+}
+
+func init() {
+	helperLeaveGroup = func() {
+		// Into its launcher's process group (same session: allowed),
+		// leaving its own group empty; then it says where it is.
+		pg, err := syscall.Getpgid(os.Getppid())
+		if err != nil || syscall.Setpgid(0, pg) != nil {
+			os.Exit(9)
+		}
+		_ = os.WriteFile(os.Getenv("TETHER_LAUNCHER_HELPER_PIDFILE"), []byte(strconv.Itoa(os.Getpid())), 0o600)
+	}
+}
+
+// TestRogue37HAnAgentThatLeavesItsGroupIsStillStopped: the launcher
+// signalled only an agent's process group (SIGTERM, then SIGKILL), never
+// its process. A rogue v1 that moved itself into its launcher's process
+// group (setpgid, allowed within the session) left its own group empty:
+// having claimed its exit and run on, it was never stopped, its exit never
+// confirmed — and the launcher's own shutdown would wait for it forever.
+// The launcher signals the process it started (through its pidfd) as well
+// as its group.
+func TestRogue37HAnAgentThatLeavesItsGroupIsStillStopped(t *testing.T) {
+	srv := testserver.Start(t)
+	admin := srv.AdminClients()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	first := launchedToV2(t, srv, agentsdk.LauncherConfig{Name: "leaver", KillGrace: 5 * time.Second,
+		Versions: helperVersions("TETHER_LAUNCHER_HELPER_LIE=1", "TETHER_LAUNCHER_HELPER_LEAVEGROUP=1", "TETHER_LAUNCHER_HELPER_PIDFILE="+pidFile)})
+	// Runs before the launcher's own cleanup (its shutdown would wait
+	// for the rogue, before the fix, forever).
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(string(b)); err == nil && pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	testserver.WaitFor(t, 30*time.Second, "the launcher to stop the rogue that left its group and confirm its exit", func() bool {
+		return hasLauncherConfirmation(getNode(t, admin, first))
 	})
 }
