@@ -223,19 +223,29 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	s := Signal{Abort: sig.Kind == tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationID: sig.TerminationId, Reason: sig.Reason}
 	var drainFs, abortFs []func(Signal)
 	a.drainOnce.Do(func() {
+		// Draining closes under a.mu, with drained set: an OnDrain that
+		// finds drained runs at once, and must find Draining closed
+		// (rogue37a test).
 		a.mu.Lock()
 		a.signal, a.drained = s, true
 		drainFs, a.onDrain = a.onDrain, nil
-		a.mu.Unlock()
 		close(a.draining)
+		a.mu.Unlock()
+		if hook := afterSignalNoted.Load(); hook != nil {
+			(*hook)(a, false)
+		}
 	})
 	if s.Abort {
 		a.abortOnce.Do(func() {
+			// Likewise Context ends under a.mu, with aborted set.
 			a.mu.Lock()
 			a.abortSignal, a.aborted = s, true
 			abortFs, a.onAbort = a.onAbort, nil
-			a.mu.Unlock()
 			a.abortWork(ErrAborted)
+			a.mu.Unlock()
+			if hook := afterSignalNoted.Load(); hook != nil {
+				(*hook)(a, true)
+			}
 		})
 	}
 	if len(drainFs) > 0 {
@@ -249,6 +259,11 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	}
 	return done
 }
+
+// afterSignalNoted, set by tests only, runs in handle once it has noted a
+// drain (abort false) or an abort (true) and released a.mu: a callback
+// registered then is one registered after its signal.
+var afterSignalNoted atomic.Pointer[func(a *Agent, abort bool)]
 
 // runCallbacks calls fs with s in order, then closes done (if any).
 func runCallbacks(fs []func(Signal), s Signal, done chan struct{}) {
