@@ -105,3 +105,23 @@ func RegisterAsTheSignalIsNoted(a *Agent, abort bool) (ranAfter <-chan bool, und
 	afterSignalNoted.Store(&hook)
 	return out, func() { afterSignalNoted.Store(nil) }
 }
+
+// SignalsOf sends every signal a's sessions read (once DrainDeadline took
+// it in) on the channel it returns, dropping none the test has not read
+// (the SDK waits). It returns the function that undoes it.
+func SignalsOf(a *Agent) (<-chan Signal, func()) {
+	out := make(chan Signal)
+	stop := make(chan struct{})
+	hook := func(read *Agent, s Signal) {
+		if read != a {
+			return
+		}
+		select {
+		case out <- s:
+		case <-stop:
+		}
+	}
+	onSignal.Store(&hook)
+	var once sync.Once
+	return out, func() { once.Do(func() { onSignal.Store(nil); close(stop) }) }
+}

@@ -22,7 +22,19 @@ ABORT = "SIGNAL_KIND_ABORT"
 @dataclass(frozen=True)
 class Signal:
     """A drain or abort order from the control plane. Drain: finish what is
-    in flight, start nothing new, then exit. Abort: stop now."""
+    in flight, start nothing new, then exit. Abort: stop now.
+
+    ``deadline``, on a drain, is when the stop next acts on its own, on the
+    control plane's clock (None: the signal carried none): while it drains,
+    the end of its drain window (the calls still in flight are then
+    cancelled, the agent aborted); once the drain ended (every call ended,
+    at once for an agent with none) and its grants were revoked, the end of
+    its wait for the exit (the record is then written and the credential
+    refused). The control plane's, read from the stop it holds: the agent
+    stretches nothing by it. A stop's first drain signal may come before it
+    set one (a later one carries it), and a stop that takes the node over
+    sends its own (``Agent.drain_deadline`` follows them). The abort may
+    come sooner."""
 
     abort: bool
     termination_id: str = ""
@@ -109,6 +121,7 @@ class Agent:
         self.aborted = threading.Event()
         self.opened = threading.Event()
         self.signal: Signal | None = None
+        self._drain_deadline: datetime | None = None
         self._lock = threading.Lock()
         self._on_drain: list[Callable[[Signal], Any]] = []
         self._on_abort: list[Callable[[Signal], Any]] = []
@@ -234,10 +247,24 @@ class Agent:
         if fired is not None:
             callback(fired)
 
+    @property
+    def drain_deadline(self) -> datetime | None:
+        """The deadline of the drain the agent is under, as its latest drain
+        signal gave it (``Signal.deadline``; None: none yet, or that signal
+        carried none), on the control plane's clock: a stop that takes the
+        node over (an operator's drain over its parent's) sends its own."""
+        with self._lock:
+            return self._drain_deadline
+
     def _handle(self, sig: Signal) -> None:
         drain_callbacks: list = []
         abort_callbacks: list = []
         with self._lock:
+            if not sig.abort:
+                # Every drain signal, not only the first: a stop that takes
+                # the node over drains it on its own deadline, earlier or
+                # later (rogue37a test).
+                self._drain_deadline = sig.deadline
             if not self.draining.is_set():
                 self.signal = sig
                 self.draining.set()
