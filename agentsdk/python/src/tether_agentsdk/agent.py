@@ -228,12 +228,17 @@ class Agent:
     # -- signals --------------------------------------------------------------
 
     def on_drain(self, callback: Callable[[Signal], Any]) -> None:
-        """Runs ``callback(signal)`` once when a drain (or abort) arrives, at
-        once if it already has."""
+        """Runs ``callback(signal)`` once when a drain (or abort) arrives, on
+        a thread of the SDK's (the drain's callbacks on one, in the order
+        registered: one may wait for the work in flight, or call
+        confirm_exit), or at once, on the caller's thread, if it already
+        has."""
         self._once(self.draining, self._on_drain, callback)
 
     def on_abort(self, callback: Callable[[Signal], Any]) -> None:
-        """Runs ``callback(signal)`` once when an abort arrives, at once if it
+        """Runs ``callback(signal)`` once when an abort arrives, on a thread
+        of the SDK's (the abort's callbacks on one, in the order registered,
+        beside the drain's), or at once, on the caller's thread, if it
         already has."""
         self._once(self.aborted, self._on_abort, callback)
 
@@ -273,7 +278,20 @@ class Agent:
                 self.signal = sig
                 self.aborted.set()
                 abort_callbacks, self._on_abort = self._on_abort, []
-        for cb in drain_callbacks + abort_callbacks:
+        # On threads of their own (the drain's on one, the abort's on
+        # another, each in the order registered), as the Go SDK's: run on
+        # the thread that heard the signal, a callback that waited (for the
+        # work in flight) held it, and when that was the heartbeats' no
+        # heartbeat went out and the credential was not refreshed meanwhile
+        # (rogue37a test).
+        for which, callbacks in (("drain", drain_callbacks), ("abort", abort_callbacks)):
+            if callbacks:
+                threading.Thread(target=self._run_callbacks, args=(callbacks, sig),
+                                 name=f"tether-on-{which}-{self.node_id}", daemon=True).start()
+
+    @staticmethod
+    def _run_callbacks(callbacks: list, sig: Signal) -> None:
+        for cb in callbacks:
             try:
                 cb(sig)
             except Exception:
