@@ -21,6 +21,19 @@ type Signal struct {
 	Abort         bool
 	TerminationID string
 	Reason        string
+	// Deadline, on a drain, is when the stop next acts on its own, on the
+	// control plane's clock (zero: the signal carried none): while it
+	// drains, the end of its drain window (the calls still in flight are
+	// then cancelled and the agent aborted); once the drain ended (every
+	// call ended, at once for an agent with none) and its grants were
+	// revoked, the end of its wait for the exit (the record is then
+	// written and the credential refused: an exit not claimed by then is
+	// unaccounted). It is the control plane's, read from the stop it
+	// holds: the agent can stretch nothing by it. A stop's first drain
+	// signal may come before it set one; a later signal (the node's next
+	// change) carries it, and a stop that takes the node over sends its
+	// own (DrainDeadline follows them). The abort may come sooner.
+	Deadline time.Time
 }
 
 // Agent is one agent node: its credential, its session with the control
@@ -47,8 +60,10 @@ type Agent struct {
 	// abort's; a callback registered after its signal runs at once.
 	drained, aborted bool
 	abortSignal      Signal
-	opened           chan struct{}
-	openOnce         sync.Once
+	// drainDeadline is the latest drain signal's Deadline (under mu).
+	drainDeadline time.Time
+	opened        chan struct{}
+	openOnce      sync.Once
 	// live is the open session, if any (Exit claims the exit over it, in
 	// order after its heartbeats); exited stops Run from reconnecting.
 	live   *liveSession
@@ -171,6 +186,17 @@ func (a *Agent) Context() context.Context { return a.workCtx }
 // is in flight, start nothing new.
 func (a *Agent) Draining() <-chan struct{} { return a.draining }
 
+// DrainDeadline is the deadline of the drain the agent is under, as its
+// latest drain signal gave it (Signal.Deadline; zero: none yet, or that
+// signal carried none), on the control plane's clock: the first drain
+// signal may have carried none, and a stop that takes the node over (an
+// operator's drain over its parent's) sends its own.
+func (a *Agent) DrainDeadline() time.Time {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.drainDeadline
+}
+
 // OnDrain registers a callback run once when a drain (or abort) arrives,
 // after Draining is closed, on a goroutine of the SDK's (the OnDrain
 // callbacks on one, in the order registered): it may wait, for the work in
@@ -221,21 +247,45 @@ func (a *Agent) Opened() <-chan struct{} { return a.opened }
 // (at once when it started none).
 func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	s := Signal{Abort: sig.Kind == tetherv1.SignalKind_SIGNAL_KIND_ABORT, TerminationID: sig.TerminationId, Reason: sig.Reason}
+	if sig.Deadline != nil && !s.Abort {
+		s.Deadline = sig.Deadline.AsTime()
+	}
+	if !s.Abort {
+		// Every drain signal, not only the first: a stop that takes the
+		// node over (an operator's over its parent's) drains it on its own
+		// deadline, earlier or later (rogue37a test).
+		a.mu.Lock()
+		a.drainDeadline = s.Deadline
+		a.mu.Unlock()
+	}
+	if hook := onSignal.Load(); hook != nil {
+		(*hook)(a, s)
+	}
 	var drainFs, abortFs []func(Signal)
 	a.drainOnce.Do(func() {
+		// Draining closes under a.mu, with drained set: an OnDrain that
+		// finds drained runs at once, and must find Draining closed
+		// (rogue37a test).
 		a.mu.Lock()
 		a.signal, a.drained = s, true
 		drainFs, a.onDrain = a.onDrain, nil
-		a.mu.Unlock()
 		close(a.draining)
+		a.mu.Unlock()
+		if hook := afterSignalNoted.Load(); hook != nil {
+			(*hook)(a, false)
+		}
 	})
 	if s.Abort {
 		a.abortOnce.Do(func() {
+			// Likewise Context ends under a.mu, with aborted set.
 			a.mu.Lock()
 			a.abortSignal, a.aborted = s, true
 			abortFs, a.onAbort = a.onAbort, nil
-			a.mu.Unlock()
 			a.abortWork(ErrAborted)
+			a.mu.Unlock()
+			if hook := afterSignalNoted.Load(); hook != nil {
+				(*hook)(a, true)
+			}
 		})
 	}
 	if len(drainFs) > 0 {
@@ -249,6 +299,15 @@ func (a *Agent) handle(sig *tetherv1.SessionSignal) <-chan struct{} {
 	}
 	return done
 }
+
+// afterSignalNoted, set by tests only, runs in handle once it has noted a
+// drain (abort false) or an abort (true) and released a.mu: a callback
+// registered then is one registered after its signal.
+var afterSignalNoted atomic.Pointer[func(a *Agent, abort bool)]
+
+// onSignal, set by tests only, is told every signal handle reads, once
+// DrainDeadline has taken it in.
+var onSignal atomic.Pointer[func(a *Agent, s Signal)]
 
 // runCallbacks calls fs with s in order, then closes done (if any).
 func runCallbacks(fs []func(Signal), s Signal, done chan struct{}) {

@@ -74,7 +74,9 @@
 // are doing, start nothing new, then exit", and abort as "stop now"
 // (OnDrain and OnAbort callbacks run on goroutines of their own, so one
 // may wait for the work in flight, or call Exit, while the session still
-// hears the abort that escalates a drain); claim your exit (Agent.Exit) as
+// hears the abort that escalates a drain; Agent.DrainDeadline says, on the
+// control plane's clock, until when the stop waits before it acts on its
+// own); claim your exit (Agent.Exit) as
 // the very last thing, or let your launcher confirm it from outside the process. An
 // agent's own word is a claim: the record counts it only if the control
 // plane saw the session end and nothing from the agent afterwards, and

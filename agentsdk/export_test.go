@@ -62,3 +62,66 @@ func CloseDuringTheNextSend(w *LeaseWorker) (closedFirst func() bool, undo func(
 // message, on Run's goroutine: a test checks what the verifier accepts
 // between two messages of one answer.
 func OnFeedMessage(v *Verifier, f func(*tetherv1.WatchRevocationsResponse)) { v.applied = f }
+
+// RegisterAsTheSignalIsNoted makes a's next drain (abort false) or abort
+// (true), once handle has noted it and released the agent's lock,
+// register an OnDrain (OnAbort) callback and wait (at most a minute) for
+// it to run. ranAfter receives, from that callback, whether Draining was
+// closed (Context had ended) when it ran. It returns the function that
+// undoes it.
+func RegisterAsTheSignalIsNoted(a *Agent, abort bool) (ranAfter <-chan bool, undo func()) {
+	out := make(chan bool, 1)
+	var once sync.Once
+	hook := func(noted *Agent, isAbort bool) {
+		if noted != a || isAbort != abort {
+			return
+		}
+		once.Do(func() {
+			ran := make(chan struct{})
+			f := func(Signal) {
+				defer close(ran)
+				if abort {
+					out <- a.Context().Err() != nil
+					return
+				}
+				select {
+				case <-a.Draining():
+					out <- true
+				default:
+					out <- false
+				}
+			}
+			if abort {
+				a.OnAbort(f)
+			} else {
+				a.OnDrain(f)
+			}
+			select {
+			case <-ran:
+			case <-time.After(time.Minute):
+			}
+		})
+	}
+	afterSignalNoted.Store(&hook)
+	return out, func() { afterSignalNoted.Store(nil) }
+}
+
+// SignalsOf sends every signal a's sessions read (once DrainDeadline took
+// it in) on the channel it returns, dropping none the test has not read
+// (the SDK waits). It returns the function that undoes it.
+func SignalsOf(a *Agent) (<-chan Signal, func()) {
+	out := make(chan Signal)
+	stop := make(chan struct{})
+	hook := func(read *Agent, s Signal) {
+		if read != a {
+			return
+		}
+		select {
+		case out <- s:
+		case <-stop:
+		}
+	}
+	onSignal.Store(&hook)
+	var once sync.Once
+	return out, func() { once.Do(func() { onSignal.Store(nil); close(stop) }) }
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/tetherhq/tether/controlplane/wire"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 	"github.com/tetherhq/tether/proto/tether/v1/tetherv1connect"
+	"github.com/tetherhq/tether/supervisor"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -57,14 +58,14 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 		return err
 	}
 	if sig := tree.SignalFor(node); sig != nil {
-		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
+		if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
 			return err
 		}
 	}
 	for {
 		select {
 		case sig := <-signals:
-			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
+			if err := send(&tetherv1.SessionResponse{Kind: &tetherv1.SessionResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
 				return err
 			}
 			// The session dies with the node: once it is terminated, its
@@ -83,6 +84,47 @@ func (a *agentService) Session(ctx context.Context, stream *connect.BidiStream[t
 			return err
 		}
 	}
+}
+
+// signalOut is sig as a session (WatchSignals, Heartbeat) sends it: a
+// drain's carries its termination's next deadline on the node (stopDeadline)
+// once the termination has set it. It is the control plane's own, on its
+// clock, read from the stored termination per signal sent (as sessionAlive
+// reads the node): the agent learns until when it has, and can stretch
+// nothing by it (the reconciler acts on the termination it holds). A read
+// that fails leaves it out: the signal itself is the order.
+func (s *Server) signalOut(ctx context.Context, sig *tree.SessionSignal) *tetherv1.SessionSignal {
+	if sig != nil && sig.Kind == tree.SignalKindDrain && sig.TerminationID != "" {
+		if t, err := s.supervisor.Get(ctx, sig.TerminationID); err == nil {
+			if d := stopDeadline(t); !d.IsZero() {
+				withDeadline := *sig
+				withDeadline.Deadline = d
+				sig = &withDeadline
+			}
+		}
+	}
+	return wire.SessionSignal(sig)
+}
+
+// stopDeadline is when a termination that drains a node next acts on its
+// own: while it drains, its drain deadline (the calls still in flight are
+// then cancelled, the node aborted); once the drain ended (every call
+// ended; the drain of a node with none ends at its mark) and its grants
+// are revoked, its confirmation deadline (its record is then written, the
+// node terminated and its credential refused; an exit unclaimed by then is
+// unaccounted). Zero before the termination set either (its request marks
+// its root draining before its mark sets the drain deadline; a node's next
+// change sends its signal again, with the deadline).
+func stopDeadline(t supervisor.Termination) time.Time {
+	switch t.Phase {
+	case supervisor.PhaseDraining:
+		return t.DrainDeadline
+	case supervisor.PhaseReconciling:
+		if t.Revoked {
+			return t.ConfirmDeadline
+		}
+	}
+	return time.Time{}
 }
 
 // sessionAlive returns Unauthenticated once the session's node is
@@ -283,7 +325,7 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 		return err
 	}
 	if sig := tree.SignalFor(node); sig != nil {
-		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
+		if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
 			return err
 		}
 	}
@@ -292,7 +334,7 @@ func (a *agentService) WatchSignals(ctx context.Context, req *connect.Request[te
 		case <-ctx.Done():
 			return nil
 		case sig := <-signals:
-			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: wire.SessionSignal(sig)}}); err != nil {
+			if err := stream.Send(&tetherv1.WatchSignalsResponse{Kind: &tetherv1.WatchSignalsResponse_Signal{Signal: a.s.signalOut(ctx, sig)}}); err != nil {
 				return err
 			}
 			if err := a.s.sessionAlive(ctx, p.NodeID()); err != nil {
@@ -333,7 +375,7 @@ func (a *agentService) Heartbeat(ctx context.Context, req *connect.Request[tethe
 		return nil, toConnect(err)
 	}
 	now := a.s.cfg.Clock.Now()
-	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: wire.SessionSignal(tree.SignalFor(node))}
+	resp := &tetherv1.HeartbeatResponse{ServerTime: timestamppb.New(now), Signal: a.s.signalOut(ctx, tree.SignalFor(node))}
 	if !p.ExpiresAt.IsZero() && p.ExpiresAt.Sub(now) < a.s.cfg.AgentCredentialTTL/3 {
 		cred, exp, err := a.s.authn.MintAgent(p.NodeID(), now, a.s.cfg.AgentCredentialTTL)
 		if err != nil {

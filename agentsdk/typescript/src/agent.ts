@@ -8,6 +8,7 @@ import type { Grant as GrantMessage } from "./gen/tether/v1/capability_pb.js";
 import type { StopProposal } from "./gen/tether/v1/proposal_pb.js";
 import { AsyncQueue, dateOf, durationFromMs, printedWithout, sleep } from "./internal.js";
 import type { MessageInitShape } from "@bufbuild/protobuf";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { SessionRequestSchema } from "./gen/tether/v1/agent_pb.js";
 
 /** A drain or abort order from the control plane. */
@@ -15,6 +16,19 @@ export interface Signal {
   abort: boolean;
   terminationId: string;
   reason: string;
+  /**
+   * On a drain, when the stop next acts on its own, on the control plane's
+   * clock (undefined: the signal carried none): while it drains, the end of
+   * its drain window (the calls still in flight are then cancelled, the
+   * agent aborted); once the drain ended (every call ended, at once for an
+   * agent with none) and its grants were revoked, the end of its wait for
+   * the exit (the record is then written and the credential refused). The
+   * control plane's, read from the stop it holds: the agent stretches
+   * nothing by it. A stop's first drain signal may come before it set one
+   * (a later one carries it), and a stop that takes the node over sends its
+   * own ({@link Agent.drainDeadline} follows them). The abort may come sooner.
+   */
+  deadline?: Date;
 }
 
 /** A spawned child: its node and the credential to hand to the child's process (which calls {@link Agent.join}). */
@@ -62,6 +76,8 @@ export class Agent {
   // runs at once.
   #drained?: Signal;
   #aborted?: Signal;
+  // The latest drain signal's deadline.
+  #drainDeadline?: Date;
   #opened: Promise<void>;
   #markOpened!: () => void;
   #credentialExpiresAt?: Date;
@@ -177,8 +193,24 @@ export class Agent {
     else this.#onAbort.push(f);
   }
 
-  #handle(sig: Pick<SessionSignal, "kind" | "terminationId" | "reason">): void {
+  /**
+   * The deadline of the drain the agent is under, as its latest drain signal
+   * gave it ({@link Signal.deadline}; undefined: none yet, or that signal
+   * carried none), on the control plane's clock: a stop that takes the node
+   * over (an operator's drain over its parent's) sends its own.
+   */
+  get drainDeadline(): Date | undefined {
+    return this.#drainDeadline;
+  }
+
+  #handle(sig: Pick<SessionSignal, "kind" | "terminationId" | "reason" | "deadline">): void {
     const s: Signal = { abort: sig.kind === SignalKind.ABORT, terminationId: sig.terminationId, reason: sig.reason };
+    if (!s.abort) {
+      // Every drain signal, not only the first: a stop that takes the node
+      // over drains it on its own deadline, earlier or later (rogue37a test).
+      if (sig.deadline) s.deadline = timestampDate(sig.deadline);
+      this.#drainDeadline = s.deadline;
+    }
     if (!this.#drain.signal.aborted) {
       this.#drained = s;
       const fs = this.#onDrain;

@@ -22,7 +22,19 @@ ABORT = "SIGNAL_KIND_ABORT"
 @dataclass(frozen=True)
 class Signal:
     """A drain or abort order from the control plane. Drain: finish what is
-    in flight, start nothing new, then exit. Abort: stop now."""
+    in flight, start nothing new, then exit. Abort: stop now.
+
+    ``deadline``, on a drain, is when the stop next acts on its own, on the
+    control plane's clock (None: the signal carried none): while it drains,
+    the end of its drain window (the calls still in flight are then
+    cancelled, the agent aborted); once the drain ended (every call ended,
+    at once for an agent with none) and its grants were revoked, the end of
+    its wait for the exit (the record is then written and the credential
+    refused). The control plane's, read from the stop it holds: the agent
+    stretches nothing by it. A stop's first drain signal may come before it
+    set one (a later one carries it), and a stop that takes the node over
+    sends its own (``Agent.drain_deadline`` follows them). The abort may
+    come sooner."""
 
     abort: bool
     termination_id: str = ""
@@ -109,6 +121,7 @@ class Agent:
         self.aborted = threading.Event()
         self.opened = threading.Event()
         self.signal: Signal | None = None
+        self._drain_deadline: datetime | None = None
         self._lock = threading.Lock()
         self._on_drain: list[Callable[[Signal], Any]] = []
         self._on_abort: list[Callable[[Signal], Any]] = []
@@ -215,12 +228,17 @@ class Agent:
     # -- signals --------------------------------------------------------------
 
     def on_drain(self, callback: Callable[[Signal], Any]) -> None:
-        """Runs ``callback(signal)`` once when a drain (or abort) arrives, at
-        once if it already has."""
+        """Runs ``callback(signal)`` once when a drain (or abort) arrives, on
+        a thread of the SDK's (the drain's callbacks on one, in the order
+        registered: one may wait for the work in flight, or call
+        confirm_exit), or at once, on the caller's thread, if it already
+        has."""
         self._once(self.draining, self._on_drain, callback)
 
     def on_abort(self, callback: Callable[[Signal], Any]) -> None:
-        """Runs ``callback(signal)`` once when an abort arrives, at once if it
+        """Runs ``callback(signal)`` once when an abort arrives, on a thread
+        of the SDK's (the abort's callbacks on one, in the order registered,
+        beside the drain's), or at once, on the caller's thread, if it
         already has."""
         self._once(self.aborted, self._on_abort, callback)
 
@@ -234,10 +252,24 @@ class Agent:
         if fired is not None:
             callback(fired)
 
+    @property
+    def drain_deadline(self) -> datetime | None:
+        """The deadline of the drain the agent is under, as its latest drain
+        signal gave it (``Signal.deadline``; None: none yet, or that signal
+        carried none), on the control plane's clock: a stop that takes the
+        node over (an operator's drain over its parent's) sends its own."""
+        with self._lock:
+            return self._drain_deadline
+
     def _handle(self, sig: Signal) -> None:
         drain_callbacks: list = []
         abort_callbacks: list = []
         with self._lock:
+            if not sig.abort:
+                # Every drain signal, not only the first: a stop that takes
+                # the node over drains it on its own deadline, earlier or
+                # later (rogue37a test).
+                self._drain_deadline = sig.deadline
             if not self.draining.is_set():
                 self.signal = sig
                 self.draining.set()
@@ -246,7 +278,20 @@ class Agent:
                 self.signal = sig
                 self.aborted.set()
                 abort_callbacks, self._on_abort = self._on_abort, []
-        for cb in drain_callbacks + abort_callbacks:
+        # On threads of their own (the drain's on one, the abort's on
+        # another, each in the order registered), as the Go SDK's: run on
+        # the thread that heard the signal, a callback that waited (for the
+        # work in flight) held it, and when that was the heartbeats' no
+        # heartbeat went out and the credential was not refreshed meanwhile
+        # (rogue37a test).
+        for which, callbacks in (("drain", drain_callbacks), ("abort", abort_callbacks)):
+            if callbacks:
+                threading.Thread(target=self._run_callbacks, args=(callbacks, sig),
+                                 name=f"tether-on-{which}-{self.node_id}", daemon=True).start()
+
+    @staticmethod
+    def _run_callbacks(callbacks: list, sig: Signal) -> None:
+        for cb in callbacks:
             try:
                 cb(sig)
             except Exception:
