@@ -139,14 +139,14 @@ func agentList(g *globals) *cobra.Command {
 			if err := checkLimit(limit); err != nil {
 				return err
 			}
-			if root != "" && token != "" {
-				return fmt.Errorf("--page-token pages the listing of every node; a subtree (--root) is answered whole: draw it a level at a time with tether agent tree %s", root)
-			}
 			var nodes []*tetherv1.Node
 			// A page may hold fewer matches than asked (the server reads a
-			// thousand nodes a call, matching the selector or not).
+			// thousand nodes a call, matching the selector or not). A
+			// subtree (--root, or an agent's own) is read a page at a time
+			// too (subtree_pages), never whole: a rogue's subtree grown
+			// past what one answer may carry is still listed.
 			for calls := 0; calls < lsCalls && len(nodes) < limit; calls++ {
-				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token, PageSize: int32(min(limit-len(nodes), maxLimit))}))
+				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token, PageSize: int32(min(limit-len(nodes), maxLimit)), SubtreePages: true}))
 				if err != nil {
 					return err
 				}
@@ -158,8 +158,8 @@ func agentList(g *globals) *cobra.Command {
 			more := ""
 			switch {
 			case len(nodes) > limit:
-				// A subtree, answered whole (an agent's listing is its own
-				// subtree's).
+				// A subtree answered whole, by a server that does not page
+				// it.
 				at := root
 				if at == "" {
 					at = "NODE"
@@ -168,6 +168,9 @@ func agentList(g *globals) *cobra.Command {
 				nodes = nodes[:limit]
 			case token != "":
 				more = "… more: tether agent ls --page-token " + token
+				if root != "" {
+					more += " --root " + root
+				}
 				if selector != "" {
 					more += " --selector " + selector
 				}
@@ -191,7 +194,7 @@ func agentList(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&selector, "selector", "", "label selector k=v,k2=v2")
-	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree (answered whole by the server; at most --limit printed)")
+	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree, depth first, a page at a time")
 	cmd.Flags().IntVar(&limit, "limit", lsLimit, "print at most this many nodes (1 to 10000)")
 	cmd.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	return cmd

@@ -173,16 +173,19 @@ func treeLevel(m *tetherv1.ListNodesResponse) []*treeNode {
 // filteredTree shows a page of the nodes the label selector (applied by
 // the server) and the state filter match, within ?root= when given: it
 // reads pages of ListNodes until it has filterPage matches or has made
-// treeCalls listings, and links the next page.
+// filterCalls listings, and links the next page. Within ?root= it reads
+// that subtree's pages (subtree_pages), not the whole tree's listing: a
+// rogue's nodes elsewhere in the tree are not read for it.
 func (c *Console) filteredTree(ctx context.Context, w http.ResponseWriter, r *http.Request, s *session, d *treeData, token string) {
 	d.Filtered = true
 	for calls := 0; calls < filterCalls; calls++ {
-		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{LabelSelector: d.Selector, PageToken: token, PageSize: filterPage})
+		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token, PageSize: filterPage, SubtreePages: d.Root != ""})
 		if !ok {
 			return
 		}
 		for _, n := range resp.Msg.Nodes {
 			if d.Root != "" && n.NodeId != d.Root && !slices.Contains(n.Ancestors, d.Root) {
+				// The server lists the subtree only; kept should it not.
 				continue
 			}
 			d.Total++
