@@ -184,8 +184,8 @@ func agentList(g *globals) *cobra.Command {
 					more = ""
 				}
 			}
-			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels))
+			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) []string {
+				return []string{n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels)}
 			}); err != nil || more == "" {
 				return err
 			}

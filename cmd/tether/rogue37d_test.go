@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tetherhq/tether/controlplane/testserver"
 	tetherv1 "github.com/tetherhq/tether/proto/tether/v1"
 )
 
@@ -147,5 +148,34 @@ func TestRogue37DTheCLIListsASubtreeAPageAtATime(t *testing.T) {
 	}
 	if _, err := cli(t, url, srv.Admin, "agent", "ls", "--root", rogue, "--page-token", worker); connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "page_token") {
 		t.Fatalf("a page of the rogue's subtree after the worker: %v, want invalid_argument naming page_token", err)
+	}
+}
+
+// TestRogue37DARoguesTabCannotForgeACellOfTheOperatorsTable: the CLI's
+// tables keep the tabs that separate their cells and wrote out every
+// other control character of an agent's text, so a tab in what the rogue
+// wrote ended its cell and began the next one: its stop proposal's reason
+// "calm\tt_forged" made a row of `tether proposal ls` whose REASON read
+// "calm" and whose TERMINATION named a termination that does not exist,
+// as if the proposal had been approved and its stop started. Each cell is
+// now written out whole (a tab within it as \t): the row has as many
+// cells as its header.
+func TestRogue37DARoguesTabCannotForgeACellOfTheOperatorsTable(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	if _, err := w.rogue.Agent.ProposeStop(ctx, connect.NewRequest(&tetherv1.ProposeStopRequest{Condition: "calls>=1000", Reason: "calm\tt_forged"})); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, srv.URL, srv.Admin, "proposal", "ls")
+	if !strings.Contains(out, "calm") {
+		t.Fatalf("tether proposal ls does not show the rogue's reason:\n%s", out)
+	}
+	if !strings.Contains(out, `calm\tt_forged`) {
+		t.Fatalf("tether proposal ls prints the rogue's t_forged as a cell of its own:\n%s", out)
+	}
+	// -o json carries the reason as written.
+	if out := mustCLI(t, srv.URL, srv.Admin, "proposal", "ls", "-o", "json"); !strings.Contains(out, `calm\tt_forged`) {
+		t.Fatalf("tether proposal ls -o json does not carry the reason as written:\n%s", out)
 	}
 }
