@@ -123,3 +123,41 @@ func TestRogue37DSubtreePagesWalkTheSubtreeOnceEach(t *testing.T) {
 		}
 	}
 }
+
+// TestRogue37DANameCannotHoldAnotherNodesID: a name shaped like an id was
+// refused, but one that held an id beside a word of its own was not: a
+// rogue named its child "<the planner's id>-helper", which `tether agent
+// tree` prints as "n_…-helper (n_child) [running]" and a browser selects,
+// double-clicked in the console's tree, as the planner's id alone (a
+// hyphen ends a word), so an operator who copied it into `tether agent
+// terminate` stopped the planner's tree instead of the rogue's child. A
+// name now holds no id between its dots and hyphens; names that merely
+// begin like one stay allowed.
+func TestRogue37DANameCannotHoldAnotherNodesID(t *testing.T) {
+	st, err := badgerstore.OpenBadger(t.TempDir(), badgerstore.BadgerOptions{Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	tr := &Tree{Store: st, Clock: clock.NewManual(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), Limits: DefaultLimits}
+	planner, err := tr.RegisterRoot(ctx, "planner", nil, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue, err := tr.Spawn(ctx, planner.NodeID, "rogue", nil, "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := planner.NodeID
+	for _, name := range []string{p + "-helper", p + ".x", "helper-" + p, "a." + p + ".b", "x-g_00000000000000000000", "t_00000000000000000000-old"} {
+		if _, err := tr.Spawn(ctx, rogue.NodeID, name, nil, "test", nil); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "id") {
+			t.Fatalf("a child named %q: %v, want invalid argument naming the id", name, err)
+		}
+	}
+	for _, name := range []string{"n_helper", "worker-1", "n_0000000000000000000-x", "x" + p, p[2:] + "-x"} {
+		if _, err := tr.Spawn(ctx, rogue.NodeID, name, nil, "test", nil); err != nil {
+			t.Fatalf("a child named %q: %v, want it spawned", name, err)
+		}
+	}
+}
