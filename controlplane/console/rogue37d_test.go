@@ -183,3 +183,52 @@ func TestRogue37DASubtreePageResumesOnlyWithinTheSubtree(t *testing.T) {
 		}
 	}
 }
+
+// TestRogue37DANodePageNamesItsAncestors: the rogue spawns a child named
+// "worker-2" with the real worker-2's labels. The node page named a node,
+// its state and its parent's id: the impostor's page read like worker-2's
+// but for two ids, so an operator who reached it (from the filtered view,
+// the quick find, a link) and meant to stop worker-2 pressed "Terminate
+// worker-2" on the rogue's own child and left the real one running. The
+// page now names the node's ancestors, root first, each a link: the
+// impostor's reads planner › worker-1 › rogue, the real one's planner.
+func TestRogue37DANodePageNamesItsAncestors(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	fake, err := w.srv.Clients(w.creds["rogue"]).Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{
+		ParentNodeId: w.nodes["rogue"].NodeId, Name: "worker-2", Labels: w.nodes["worker-2"].Labels,
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, w.srv.URL)
+	b.signIn(w.srv.Admin)
+	link := func(name string) string {
+		return `<a href="/ui/nodes/` + w.nodes[name].NodeId + `">` + name + `</a>`
+	}
+	pathOf := func(body string) string {
+		i := strings.Index(body, `id="node-path"`)
+		if i < 0 {
+			t.Fatalf("the node page names no ancestors:\n%s", body)
+		}
+		j := strings.Index(body[i:], "</dd>")
+		return body[i : i+j]
+	}
+	p := b.get("/ui/nodes/" + fake.Msg.Node.NodeId)
+	if p.status != http.StatusOK {
+		t.Fatalf("the impostor's page: %d\n%s", p.status, p.body)
+	}
+	path := pathOf(p.body)
+	for _, name := range []string{"planner", "worker-1", "rogue"} {
+		if !strings.Contains(path, link(name)) {
+			t.Fatalf("the impostor's page does not name its ancestor %s:\n%s", name, path)
+		}
+	}
+	if a, b := strings.Index(path, link("planner")), strings.Index(path, link("rogue")); a > b {
+		t.Fatalf("the ancestors are not root first:\n%s", path)
+	}
+	p = b.get("/ui/nodes/" + w.nodes["worker-2"].NodeId)
+	if path := pathOf(p.body); !strings.Contains(path, link("planner")) || strings.Contains(path, "rogue") {
+		t.Fatalf("the real worker-2's ancestors:\n%s", path)
+	}
+}
