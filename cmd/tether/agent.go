@@ -218,8 +218,21 @@ func agentShow(g *globals) *cobra.Command {
 				return err
 			}
 			n := resp.Msg.Node
-			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
-				n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
+			// Its ancestors by name and id, root first (a read each; the
+			// tree is at most 32 deep): names are not unique, and a rogue's
+			// child named "root" read as the root but for two ids.
+			path := make([]string, 0, len(n.Ancestors)+1)
+			for _, a := range n.Ancestors {
+				an, err := c.Agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a}))
+				if err != nil {
+					path = append(path, a)
+					continue
+				}
+				path = append(path, an.Msg.Node.Name+" ("+a+")")
+			}
+			path = append(path, n.Name)
+			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\npath:     %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
+				n.NodeId, n.Name, orDash(n.ParentNodeId), printable(strings.Join(path, " / ")), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
 			return nil
 		}),
 	}

@@ -179,3 +179,28 @@ func TestRogue37DARoguesTabCannotForgeACellOfTheOperatorsTable(t *testing.T) {
 		t.Fatalf("tether proposal ls -o json does not carry the reason as written:\n%s", out)
 	}
 }
+
+// TestRogue37DAgentShowNamesTheAncestors: the rogue ("worker", under
+// root) spawns a child named "root". `tether agent show` printed a node's
+// name and its parent's id only, so the impostor read as the root but for
+// two ids, and an operator who meant to stop the root's tree and checked
+// the node first stopped the rogue's child. It now prints the node's
+// path, root first, each ancestor by name and id.
+func TestRogue37DAgentShowNamesTheAncestors(t *testing.T) {
+	srv := testserver.Start(t)
+	ctx := context.Background()
+	w := startRogueWorld(t, srv)
+	fake, err := w.rogue.Agent.Spawn(ctx, connect.NewRequest(&tetherv1.SpawnRequest{ParentNodeId: w.child.Node.NodeId, Name: "root"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := w.child.Node.Ancestors[0]
+	out := mustCLI(t, srv.URL, srv.Admin, "agent", "show", fake.Msg.Node.NodeId)
+	want := "path:     root (" + root + ") / worker (" + w.child.Node.NodeId + ") / root\n"
+	if !strings.Contains(out, want) {
+		t.Fatalf("tether agent show of the rogue's child named root does not print its path %q:\n%s", want, out)
+	}
+	if out := mustCLI(t, srv.URL, srv.Admin, "agent", "show", root); !strings.Contains(out, "path:     root\n") {
+		t.Fatalf("tether agent show of the root does not print it as a root:\n%s", out)
+	}
+}
