@@ -118,10 +118,23 @@ type subtreeFrame struct {
 	done   bool // the child index was read to its end
 }
 
+// subtreeMinBatch is the fewest entries a frame reads of its child index
+// at a time, whatever the frames below the root already hold.
+const subtreeMinBatch = 64
+
 // next is the walk's next node and whether it may have children, ok false
-// at the subtree's end. A frame reads at most batch entries of its child
-// index at a time (and their nodes together, store.Prefetch).
-func (w *subtreeWalk) next(tx store.ReadTxn, batch int) (nodeID string, mayHaveChildren, ok bool, err error) {
+// at the subtree's end. A frame reads its child index in batches (and
+// their nodes together, store.Prefetch) of what the page may still read,
+// less what the frames hold unread, at least subtreeMinBatch: so a page
+// reads at most about its bound plus subtreeMinBatch entries a level (a
+// rogue's 32 levels of a thousand children each would otherwise have each
+// frame read a thousand, 32,000 for a page of 1,000).
+func (w *subtreeWalk) next(tx store.ReadTxn, remaining int) (nodeID string, mayHaveChildren, ok bool, err error) {
+	held := 0
+	for _, f := range w.stack {
+		held += len(f.ids) - f.pos
+	}
+	batch := max(min(subtreeMinBatch, remaining), remaining-held)
 	for len(w.stack) > 0 {
 		f := w.stack[len(w.stack)-1]
 		if f.pos < len(f.ids) {
