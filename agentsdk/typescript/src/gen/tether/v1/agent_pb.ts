@@ -1144,7 +1144,8 @@ export const AgentService: GenService<{
   },
   /**
    * ListNodes lists a whole subtree (or every node when root_node_id is empty),
-   * or with one_level a page of one node's children (or of the roots).
+   * or with one_level a page of one node's children (or of the roots), or
+   * with subtree_pages a page of the subtree, depth first.
    *
    * @generated from rpc tether.v1.AgentService.ListNodes
    */
