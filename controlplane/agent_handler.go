@@ -282,6 +282,19 @@ func (a *agentService) ListNodes(ctx context.Context, req *connect.Request[tethe
 	if err := a.agentMaySee(ctx, p, root); err != nil {
 		return nil, err
 	}
+	if req.Msg.SubtreePages {
+		// A page of the subtree, depth first, a call reading at most
+		// maxPageSize nodes of it (matching or not) and answering the
+		// matches among them with a continuation: a subtree a rogue grew
+		// past what one message may carry (about 3,800 nodes with every
+		// label allowed exceed the SDKs' 16 MiB) is still listed, a
+		// bounded call and a request of the budget at a time.
+		nodes, next, _, err := a.s.tree.SubtreePage(ctx, root, selector, req.Msg.PageToken, pageSize(req.Msg.PageSize), maxPageSize)
+		if err != nil {
+			return nil, toConnect(err)
+		}
+		return connect.NewResponse(&tetherv1.ListNodesResponse{Nodes: wire.Nodes(nodes), NextPageToken: next}), nil
+	}
 	nodes, err := a.s.tree.Subtree(ctx, root)
 	if err != nil {
 		return nil, toConnect(err)

@@ -139,14 +139,14 @@ func agentList(g *globals) *cobra.Command {
 			if err := checkLimit(limit); err != nil {
 				return err
 			}
-			if root != "" && token != "" {
-				return fmt.Errorf("--page-token pages the listing of every node; a subtree (--root) is answered whole: draw it a level at a time with tether agent tree %s", root)
-			}
 			var nodes []*tetherv1.Node
 			// A page may hold fewer matches than asked (the server reads a
-			// thousand nodes a call, matching the selector or not).
+			// thousand nodes a call, matching the selector or not). A
+			// subtree (--root, or an agent's own) is read a page at a time
+			// too (subtree_pages), never whole: a rogue's subtree grown
+			// past what one answer may carry is still listed.
 			for calls := 0; calls < lsCalls && len(nodes) < limit; calls++ {
-				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token, PageSize: int32(min(limit-len(nodes), maxLimit))}))
+				resp, err := c.Agent.ListNodes(cmd.Context(), connect.NewRequest(&tetherv1.ListNodesRequest{RootNodeId: root, LabelSelector: selector, PageToken: token, PageSize: int32(min(limit-len(nodes), maxLimit)), SubtreePages: true}))
 				if err != nil {
 					return err
 				}
@@ -158,8 +158,8 @@ func agentList(g *globals) *cobra.Command {
 			more := ""
 			switch {
 			case len(nodes) > limit:
-				// A subtree, answered whole (an agent's listing is its own
-				// subtree's).
+				// A subtree answered whole, by a server that does not page
+				// it.
 				at := root
 				if at == "" {
 					at = "NODE"
@@ -168,6 +168,9 @@ func agentList(g *globals) *cobra.Command {
 				nodes = nodes[:limit]
 			case token != "":
 				more = "… more: tether agent ls --page-token " + token
+				if root != "" {
+					more += " --root " + root
+				}
 				if selector != "" {
 					more += " --selector " + selector
 				}
@@ -181,8 +184,8 @@ func agentList(g *globals) *cobra.Command {
 					more = ""
 				}
 			}
-			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s", n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels))
+			if err := printList(g, cmd.OutOrStdout(), nodes, "NODE\tNAME\tPARENT\tSTATE\tLABELS", func(n *tetherv1.Node) []string {
+				return []string{n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels)}
 			}); err != nil || more == "" {
 				return err
 			}
@@ -191,7 +194,7 @@ func agentList(g *globals) *cobra.Command {
 		}),
 	}
 	cmd.Flags().StringVar(&selector, "selector", "", "label selector k=v,k2=v2")
-	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree (answered whole by the server; at most --limit printed)")
+	cmd.Flags().StringVar(&root, "root", "", "list only this node's subtree, depth first, a page at a time")
 	cmd.Flags().IntVar(&limit, "limit", lsLimit, "print at most this many nodes (1 to 10000)")
 	cmd.Flags().StringVar(&token, "page-token", "", "the next page's token, as the previous page printed it")
 	return cmd
@@ -215,8 +218,21 @@ func agentShow(g *globals) *cobra.Command {
 				return err
 			}
 			n := resp.Msg.Node
-			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
-				n.NodeId, n.Name, orDash(n.ParentNodeId), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
+			// Its ancestors by name and id, root first (a read each; the
+			// tree is at most 32 deep): names are not unique, and a rogue's
+			// child named "root" read as the root but for two ids.
+			path := make([]string, 0, len(n.Ancestors)+1)
+			for _, a := range n.Ancestors {
+				an, err := c.Agent.GetNode(cmd.Context(), connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a}))
+				if err != nil {
+					path = append(path, a)
+					continue
+				}
+				path = append(path, an.Msg.Node.Name+" ("+a+")")
+			}
+			path = append(path, n.Name)
+			fmt.Fprintf(cmd.OutOrStdout(), "node_id:  %s\nname:     %s\nparent:   %s\npath:     %s\nstate:    %s\nlabels:   %s\ncreated:  %s by %s\n",
+				n.NodeId, n.Name, orDash(n.ParentNodeId), printable(strings.Join(path, " / ")), tree.StateName(tree.NodeState(n.State)), formatLabels(n.Labels), n.CreatedAt.AsTime().Format("2006-01-02T15:04:05Z07:00"), n.CreatedBy)
 			return nil
 		}),
 	}

@@ -195,15 +195,22 @@ func printedAsJSONList[M proto.Message](g *globals, w io.Writer, ms []M) (done b
 }
 
 // printList prints items as a JSON list under -o json, else as a table:
-// header, then row(item) for each item (cells separated by tabs).
-func printList[M proto.Message](g *globals, w io.Writer, items []M, header string, row func(M) string) error {
+// header, then row(item)'s cells for each item, each cell printable whole:
+// a tab in an agent's text is written out (\t) like any other control
+// character, never taken for the end of its cell (a rogue's stop reason
+// "calm\tt_forged" read as a TERMINATION column of its own).
+func printList[M proto.Message](g *globals, w io.Writer, items []M, header string, row func(M) []string) error {
 	if done, err := printedAsJSONList(g, w, items); done || err != nil {
 		return err
 	}
 	tw := newTable(w)
 	fmt.Fprintln(tw, header)
 	for _, item := range items {
-		fmt.Fprintln(tw, printableRow(row(item)))
+		cells := row(item)
+		for i, c := range cells {
+			cells[i] = printable(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
 }

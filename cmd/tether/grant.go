@@ -186,8 +186,8 @@ func grantList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), grants, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES", func(gr *tetherv1.Grant) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt))
+			return printList(g, cmd.OutOrStdout(), grants, "GRANT\tPARENT\tHOLDER\tSTATE\tSCOPES\tEXPIRES", func(gr *tetherv1.Grant) []string {
+				return []string{gr.GrantId, orDash(gr.ParentGrantId), gr.HolderNodeId, grantState(gr), strings.Join(gr.Scopes, ","), formatTimestamp(gr.ExpiresAt)}
 			})
 		}),
 	}

@@ -377,9 +377,9 @@ func leaseList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) string {
-				return fmt.Sprintf("%s\t%d\t%s\t%s\t%s\t%s", printableJob(l.JobId), l.LeaseGeneration, l.HolderIdentity,
-					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_"))
+			return printList(g, cmd.OutOrStdout(), all, "JOB\tGEN\tHOLDER\tSTATE\tEXPIRES\tRESULT", func(l *tetherv1.Lease) []string {
+				return []string{printableJob(l.JobId), fmt.Sprint(l.LeaseGeneration), l.HolderIdentity,
+					strings.TrimPrefix(l.State.String(), "LEASE_STATE_"), ts(l.ExpiresAt), strings.TrimPrefix(l.TerminalResult.String(), "TERMINAL_RESULT_")}
 			})
 		},
 	}

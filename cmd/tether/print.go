@@ -133,9 +133,6 @@ func roleName(r tetherv1.Role) string {
 // rule (internal/printable).
 func printable(s string) string { return shown.String(s, "") }
 
-// printableRow is printable for a table row, whose tabs separate its cells.
-func printableRow(s string) string { return shown.String(s, "\t") }
-
 // printableJob is a job id as printable shows it, with a space at either
 // end or beside another written \x20: a terminal shows "job-1 " as it
 // shows "job-1".

@@ -78,9 +78,9 @@ func newRecordLsCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) string {
+			return printList(g, cmd.OutOrStdout(), recs, "RECORD\tTERMINATION\tNODE\tMODE\tNODES\tUNACCOUNTED\tWRITTEN", func(r *tetherv1.ReconciliationRecord) []string {
 				_, unaccounted := countNodes(r)
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%s", r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), len(r.Nodes), unaccounted, r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z"))
+				return []string{r.RecordId, r.TerminationId, r.NodeId, modeName(r.Mode), fmt.Sprint(len(r.Nodes)), fmt.Sprint(unaccounted), r.WrittenAt.AsTime().Format("2006-01-02T15:04:05Z")}
 			})
 		}),
 	}
@@ -284,8 +284,8 @@ func newProposalCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), props, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId))
+			return printList(g, cmd.OutOrStdout(), props, "PROPOSAL\tNODE\tSTATE\tCONDITION\tREASON\tTERMINATION", func(p *tetherv1.StopProposal) []string {
+				return []string{p.ProposalId, p.NodeId, lower(p.State.String(), "PROPOSAL_STATE_"), orDash(p.Condition), orDash(p.Reason), orDash(p.TerminationId)}
 			})
 		}),
 	}

@@ -95,9 +95,9 @@ func newRolloutListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), resp.Msg.Rollouts, "ROLLOUT\tSTATE\tSELECTOR\tTARGET\tBATCHES\tREMAINING\tCREATED", func(r *tetherv1.Rollout) string {
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%d/%d\t%d\t%s", r.RolloutId, rolloutStateName(r.State), r.Selector, r.TargetSelector,
-					r.GetCounts().GetBatchesDone(), len(r.Batches), r.GetCounts().GetRemaining(), r.CreatedAt.AsTime().Format(time.RFC3339))
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Rollouts, "ROLLOUT\tSTATE\tSELECTOR\tTARGET\tBATCHES\tREMAINING\tCREATED", func(r *tetherv1.Rollout) []string {
+				return []string{r.RolloutId, rolloutStateName(r.State), r.Selector, r.TargetSelector,
+					fmt.Sprintf("%d/%d", r.GetCounts().GetBatchesDone(), len(r.Batches)), fmt.Sprint(r.GetCounts().GetRemaining()), r.CreatedAt.AsTime().Format(time.RFC3339)}
 			})
 		}),
 	}

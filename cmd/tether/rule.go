@@ -77,7 +77,7 @@ func newRuleListCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), resp.Msg.Rules, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION", func(r *tetherv1.StopRule) string {
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Rules, "RULE\tNAME\tON\tSET BY\tACTION\tSEVERITY\tEXPRESSION", func(r *tetherv1.StopRule) []string {
 				on := r.NodeId
 				if on == "" {
 					on = "selector " + selectorString(r.Selector)
@@ -85,7 +85,7 @@ func newRuleListCommand(g *globals) *cobra.Command {
 				if r.Inherited {
 					on += " (inherited)"
 				}
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression)
+				return []string{r.RuleId, r.Name, on, r.SetBy, r.Action, orDash(r.Severity), r.Expression}
 			})
 		}),
 	}

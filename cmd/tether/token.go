@@ -83,13 +83,13 @@ func tokenList(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printList(g, cmd.OutOrStdout(), resp.Msg.Tokens, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED", func(t *tetherv1.TokenInfo) string {
+			return printList(g, cmd.OutOrStdout(), resp.Msg.Tokens, "TOKEN ID\tPRINCIPAL\tROLE\tCREATED\tEXPIRES\tCREATED BY\tREVOKED", func(t *tetherv1.TokenInfo) []string {
 				revoked := "-"
 				if t.RevokedAt != nil {
 					revoked = t.RevokedAt.AsTime().Format(time.RFC3339) + " by " + t.RevokedBy
 				}
-				return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", t.TokenId, t.Principal, roleName(t.Role),
-					t.CreatedAt.AsTime().Format(time.RFC3339), t.ExpiresAt.AsTime().Format(time.RFC3339), t.CreatedBy, revoked)
+				return []string{t.TokenId, t.Principal, roleName(t.Role),
+					t.CreatedAt.AsTime().Format(time.RFC3339), t.ExpiresAt.AsTime().Format(time.RFC3339), t.CreatedBy, revoked}
 			})
 		}),
 	}

@@ -173,16 +173,19 @@ func treeLevel(m *tetherv1.ListNodesResponse) []*treeNode {
 // filteredTree shows a page of the nodes the label selector (applied by
 // the server) and the state filter match, within ?root= when given: it
 // reads pages of ListNodes until it has filterPage matches or has made
-// treeCalls listings, and links the next page.
+// filterCalls listings, and links the next page. Within ?root= it reads
+// that subtree's pages (subtree_pages), not the whole tree's listing: a
+// rogue's nodes elsewhere in the tree are not read for it.
 func (c *Console) filteredTree(ctx context.Context, w http.ResponseWriter, r *http.Request, s *session, d *treeData, token string) {
 	d.Filtered = true
 	for calls := 0; calls < filterCalls; calls++ {
-		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{LabelSelector: d.Selector, PageToken: token, PageSize: filterPage})
+		resp, ok := apiCall(ctx, c, w, r, s, "Could not list the agent tree", s.clients.Agent.ListNodes, &tetherv1.ListNodesRequest{RootNodeId: d.Root, LabelSelector: d.Selector, PageToken: token, PageSize: filterPage, SubtreePages: d.Root != ""})
 		if !ok {
 			return
 		}
 		for _, n := range resp.Msg.Nodes {
 			if d.Root != "" && n.NodeId != d.Root && !slices.Contains(n.Ancestors, d.Root) {
+				// The server lists the subtree only; kept should it not.
 				continue
 			}
 			d.Total++
@@ -210,6 +213,10 @@ func (c *Console) filteredTree(ctx context.Context, w http.ResponseWriter, r *ht
 
 // ---- a node ----
 
+// pathEntry is an ancestor on a node's page: its id, and its name when it
+// could be read.
+type pathEntry struct{ ID, Name string }
+
 type nodeData struct {
 	Node     *tetherv1.Node
 	State    string
@@ -226,6 +233,10 @@ type nodeData struct {
 	Calls        []*tetherv1.ToolCall
 	Privileges   []*tetherv1.Privilege
 	Errors       []string
+	// Path: its ancestors, root first, by name (an ancestor that could
+	// not be read by its id alone), so that a node named like another
+	// (a rogue's child "worker-2") reads as where it is.
+	Path []pathEntry
 	// MoreGrants, MoreLeases, MoreProposals: the node holds more than the
 	// first answer (a thousand) shows; MoreLeases links to the rest.
 	MoreGrants    bool
@@ -242,6 +253,16 @@ func (c *Console) node(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d := nodeData{Node: got.Msg.Node, State: nodeState(got.Msg.Node.State)}
+	// Its ancestors by name (a read each; the tree is at most 32 deep):
+	// the page of a rogue's child named "worker-2" named only its parent's
+	// id, and read like the real worker-2's.
+	for _, a := range got.Msg.Node.Ancestors {
+		e := pathEntry{ID: a}
+		if an, err := s.clients.Agent.GetNode(ctx, connect.NewRequest(&tetherv1.GetNodeRequest{NodeId: a})); err == nil {
+			e.Name = an.Msg.Node.Name
+		}
+		d.Path = append(d.Path, e)
+	}
 	// The sections below are read one by one; a section the caller may not
 	// read shows the server's refusal instead of failing the page.
 	section := func(name string, err error) bool {

@@ -125,6 +125,14 @@ func (t *Tree) ValidateNode(name string, labels map[string]string) error {
 	if kind := id.Kind(name); kind != "" {
 		return fmt.Errorf("%w: name must not look like an id (%s_ and 20 characters); ids are the control plane's", ErrInvalidArgument, kind)
 	}
+	// Nor hold one between its dots and hyphens: "<the planner's id>-helper"
+	// reads, and a double-click in a browser selects, as the planner's id,
+	// so an operator who copied it would stop the planner's tree.
+	for part := range strings.FieldsFuncSeq(name, func(r rune) bool { return r == '.' || r == '-' }) {
+		if kind := id.Kind(part); kind != "" {
+			return fmt.Errorf("%w: name must not hold an id (%s_ and 20 characters between its dots and hyphens); ids are the control plane's", ErrInvalidArgument, kind)
+		}
+	}
 	if len(labels) > t.Limits.MaxLabels {
 		return fmt.Errorf("%w: labels: at most %d labels", ErrLimit, t.Limits.MaxLabels)
 	}

@@ -1663,7 +1663,15 @@ type ListNodesRequest struct {
 	// tree's child and root indexes. A page reads the nodes it lists and
 	// their child counts, never a subtree; the label selector is applied
 	// to the page (it may hold fewer than its size).
-	OneLevel      bool `protobuf:"varint,5,opt,name=one_level,json=oneLevel,proto3" json:"one_level,omitempty"`
+	OneLevel bool `protobuf:"varint,5,opt,name=one_level,json=oneLevel,proto3" json:"one_level,omitempty"`
+	// With root_node_id (or an agent's own subtree), not one_level: the
+	// subtree a page at a time instead of whole, depth first with each
+	// node's children in id order, a call reading at most 1,000 nodes of it
+	// (page_size, at most and by default 1,000), the label selector applied
+	// to what it read (a page may hold fewer matches than its size, even
+	// none), next_page_token naming the last node read. Without it the
+	// subtree is answered whole, in one message however large.
+	SubtreePages  bool `protobuf:"varint,6,opt,name=subtree_pages,json=subtreePages,proto3" json:"subtree_pages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1729,6 +1737,13 @@ func (x *ListNodesRequest) GetPageToken() string {
 func (x *ListNodesRequest) GetOneLevel() bool {
 	if x != nil {
 		return x.OneLevel
+	}
+	return false
+}
+
+func (x *ListNodesRequest) GetSubtreePages() bool {
+	if x != nil {
+		return x.SubtreePages
 	}
 	return false
 }
@@ -2382,7 +2397,7 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\x0eGetNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"6\n" +
 	"\x0fGetNodeResponse\x12#\n" +
-	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node\"\xb4\x01\n" +
+	"\x04node\x18\x01 \x01(\v2\x0f.tether.v1.NodeR\x04node\"\xd9\x01\n" +
 	"\x10ListNodesRequest\x12 \n" +
 	"\froot_node_id\x18\x01 \x01(\tR\n" +
 	"rootNodeId\x12%\n" +
@@ -2390,7 +2405,8 @@ const file_tether_v1_agent_proto_rawDesc = "" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\x12\x1b\n" +
-	"\tone_level\x18\x05 \x01(\bR\boneLevel\"\xf4\x01\n" +
+	"\tone_level\x18\x05 \x01(\bR\boneLevel\x12#\n" +
+	"\rsubtree_pages\x18\x06 \x01(\bR\fsubtreePages\"\xf4\x01\n" +
 	"\x11ListNodesResponse\x12%\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0f.tether.v1.NodeR\x05nodes\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12P\n" +

@@ -85,7 +85,8 @@ type AgentServiceClient interface {
 	ConfirmExit(context.Context, *connect.Request[v1.ConfirmExitRequest]) (*connect.Response[v1.ConfirmExitResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.GetNodeResponse], error)
 	// ListNodes lists a whole subtree (or every node when root_node_id is empty),
-	// or with one_level a page of one node's children (or of the roots).
+	// or with one_level a page of one node's children (or of the roots), or
+	// with subtree_pages a page of the subtree, depth first.
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	// ProposeStop lets an agent propose its own stop; the control plane decides.
 	ProposeStop(context.Context, *connect.Request[v1.ProposeStopRequest]) (*connect.Response[v1.ProposeStopResponse], error)
@@ -281,7 +282,8 @@ type AgentServiceHandler interface {
 	ConfirmExit(context.Context, *connect.Request[v1.ConfirmExitRequest]) (*connect.Response[v1.ConfirmExitResponse], error)
 	GetNode(context.Context, *connect.Request[v1.GetNodeRequest]) (*connect.Response[v1.GetNodeResponse], error)
 	// ListNodes lists a whole subtree (or every node when root_node_id is empty),
-	// or with one_level a page of one node's children (or of the roots).
+	// or with one_level a page of one node's children (or of the roots), or
+	// with subtree_pages a page of the subtree, depth first.
 	ListNodes(context.Context, *connect.Request[v1.ListNodesRequest]) (*connect.Response[v1.ListNodesResponse], error)
 	// ProposeStop lets an agent propose its own stop; the control plane decides.
 	ProposeStop(context.Context, *connect.Request[v1.ProposeStopRequest]) (*connect.Response[v1.ProposeStopResponse], error)
