@@ -55,7 +55,9 @@
 //     rules of the subtrees with a node still judged, not those of
 //     subtrees wholly terminated (Add refuses a rule on a terminated
 //     node), and it lets a node's rules go when the last running node of
-//     its subtree terminates.
+//     its subtree terminates, and takes none read after that end (a rule
+//     stored before the latest revision of the nodes it has read, on a
+//     node with no running node below it).
 //     A call still open counts its time up to the instant it is judged
 //     (the node's own read from the ledger, its descendants' from their
 //     shard totals: how many are open and their begin times added up; the

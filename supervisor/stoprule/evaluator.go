@@ -48,6 +48,12 @@ type index struct {
 	// attached to the node are in effect nowhere ever again (a terminated
 	// node spawns no child), and the index lets them go (dropDead).
 	judgedBelow map[string]int
+	// nodesRev is the latest revision the evaluator has read of the
+	// nodes (its scan's, then its nodes' watch's): every node's change
+	// committed before it has been read. A rule on a node not judged,
+	// stored before it, is on a subtree already wholly terminated
+	// (putRuleEvent).
+	nodesRev uint64
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -163,6 +169,7 @@ func (r *Rules) load(ctx context.Context) (*index, error) {
 		if rules, err = allRules(tx); err != nil {
 			return err
 		}
+		ix.nodesRev = tx.Revision()
 		return tx.Scan([]byte(tree.NodePrefix), nil, func(_, v []byte) error {
 			n := &tree.Node{}
 			if err := tree.UnmarshalNode(v, n); err != nil {
@@ -418,7 +425,7 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				continue
 			}
 			rule := &Rule{}
-			if storecodec.Unmarshal(ev.Value, rule) == nil {
+			if storecodec.Unmarshal(ev.Value, rule) == nil && !ix.deadOnArrival(rule, ev.Revision) {
 				r.putRule(ix, rule)
 			}
 		case isUnder(ev.Key, prefixObs):
@@ -435,6 +442,7 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 		case isUnder(ev.Key, prefixSelf):
 			ix.markNode(tail(ev.Key, prefixSelf))
 		case isUnder(ev.Key, tree.NodePrefix):
+			ix.nodesRev = max(ix.nodesRev, ev.Revision)
 			if ev.Type == store.EventDelete {
 				ix.dropNode(tail(ev.Key, tree.NodePrefix))
 				continue
@@ -445,6 +453,22 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 			}
 		}
 	}
+}
+
+// deadOnArrival reports whether rule, stored at revision rev, is attached
+// to a subtree the evaluator has already seen wholly terminated: its node
+// has no running node below it and the evaluator has read the nodes past
+// rev, so the node's spawn was read (Add stores a rule only on a node not
+// terminated) and so was its subtree's end. The rules and the nodes are two
+// watches, read in either order: a rule attached just before its node
+// ended, read after the end, was held compiled until the evaluator
+// restarted (dropNode had let go of the node's rules before it came), and
+// a rogue attaching its allotment to each child it ended at once grew the
+// leader's memory at will. A rule read before its node's spawn (rev past
+// nodesRev) is held: the spawn is still to come, or the end, which lets it
+// go. Revisions equal (a backend merging commits) are not decided: held.
+func (ix *index) deadOnArrival(rule *Rule, rev uint64) bool {
+	return rule.NodeID != "" && ix.judgedBelow[rule.NodeID] == 0 && ix.nodesRev > rev
 }
 
 // markForSubtree marks node id when a rule in effect at it reads the
