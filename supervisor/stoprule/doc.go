@@ -65,6 +65,12 @@
 //     in its slot and the earliest of those it lists by begin time), so
 //     rules on call time are evaluated again every Tick at the nodes
 //     whose last evaluation found calls open in their subtree.
+//   - subtree_calls_in_flight_max is the evaluator's own count (peak.go):
+//     at a node where a rule reading it is evaluated, it starts from that
+//     evaluation's snapshot and takes each later change of the node's
+//     records from its watch, in commit order, so a burst begun and ended
+//     across the children between two evaluations is seen at its peak
+//     (since the count began: a restart starts it again from the level).
 //   - A rule that is true files its proposal and its fired mark in one
 //     transaction (file), so it fires once per node, across crashes and
 //     leader changes; the policy's decision, and the termination it

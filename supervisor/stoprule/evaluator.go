@@ -54,6 +54,10 @@ type index struct {
 	// stored before it, is on a subtree already wholly terminated
 	// (putRuleEvent).
 	nodesRev uint64
+	// peaks counts the subtree's calls in flight of each node at which a
+	// rule reading subtree_calls_in_flight_max was evaluated, from each
+	// change of its records (peak.go).
+	peaks map[string]*subtreePeak
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -162,7 +166,7 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
-		judgedBelow: map[string]int{}}
+		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -232,6 +236,7 @@ func (ix *index) dropNode(id string) {
 	n, known := ix.nodes[id]
 	delete(ix.nodes, id)
 	delete(ix.open, id)
+	delete(ix.peaks, id)
 	if !known {
 		return
 	}
@@ -429,14 +434,22 @@ func (r *Rules) applyEvents(ix *index, batch []store.Event) {
 				r.putRule(ix, rule)
 			}
 		case isUnder(ev.Key, prefixObs):
-			ix.markNode(tail(ev.Key, prefixObs))
+			id := tail(ev.Key, prefixObs)
+			ix.markNode(id)
+			if p := ix.peaks[id]; p != nil {
+				p.takeOwn(ev)
+			}
 		case isUnder(ev.Key, prefixGrow):
 			ix.markNode(keyNode(ev.Key, prefixGrow))
 		case isUnder(ev.Key, prefixSub):
 			// A descendant's call: its ancestors are judged again only
 			// for rules that read the subtree's calls, so an ordinary
 			// call costs the evaluator its own node, not its lineage.
-			ix.markForSubtree(keyNode(ev.Key, prefixSub))
+			id := keyNode(ev.Key, prefixSub)
+			ix.markForSubtree(id)
+			if p := ix.peaks[id]; p != nil {
+				p.takeShard(tail(ev.Key, prefixSub+id+"/"), ev)
+			}
 		case isUnder(ev.Key, prefixSubSelf):
 			ix.markForSubtree(keyNode(ev.Key, prefixSubSelf))
 		case isUnder(ev.Key, prefixSelf):
@@ -515,7 +528,7 @@ func (r *Rules) evaluateDirty(ctx context.Context, ix *index, limit int) error {
 		if len(rules) == 0 {
 			return 0, agentsToo, nil
 		}
-		cost, open, err := r.evaluateNodeOpen(ctx, id, rules)
+		cost, open, err := r.evaluateNodeOpen(ctx, id, rules, ix.peaks)
 		switch open {
 		case openSome:
 			ix.open[id] = true
@@ -570,7 +583,7 @@ var errFault = errors.New("stoprule: injected fault")
 // rule reads them, the revocations a read more per grantsPerRead grants
 // the node holds) and the CEL cost of each rule evaluated.
 func (r *Rules) evaluateNode(ctx context.Context, nodeID string, rules []*activeRule) (int64, error) {
-	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules)
+	cost, _, err := r.evaluateNodeOpen(ctx, nodeID, rules, nil)
 	return cost, err
 }
 
@@ -585,8 +598,11 @@ const (
 )
 
 // evaluateNodeOpen is evaluateNode, and says whether the node has calls
-// open in its subtree when a rule evaluated reads call time.
-func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*activeRule) (int64, openState, error) {
+// open in its subtree when a rule evaluated reads call time. peaks are the
+// evaluator's counts of the subtrees' calls in flight (nil: none, the
+// level stands for the peak): a rule reading the peak starts the node's
+// from this evaluation's snapshot when it has none.
+func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*activeRule, peaks map[string]*subtreePeak) (int64, openState, error) {
 	cost := int64(evaluationBaseCost)
 	start := time.Now()
 	var node *tree.Node
@@ -594,8 +610,9 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 	var self map[string]float64
 	var sums *reportedSums
 	fired := map[string]bool{}
-	tools, reported, callTime := false, false, false
+	tools, reported, callTime, peaked := false, false, false, false
 	for _, a := range rules {
+		peaked = peaked || a.compiled.UsesSubtreePeak
 		tools = tools || a.compiled.UsesSubtreeTools
 		reported = reported || a.compiled.UsesSubtreeReported
 		callTime = callTime || a.compiled.UsesCallTime
@@ -608,6 +625,13 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 		}
 		if stored, self, decoded, err = readNodeTools(tx, nodeID, tools); err != nil {
 			return err
+		}
+		if peaked && peaks != nil && peaks[nodeID] == nil {
+			p, err := readSubtreePeak(tx, nodeID, stored.CallsInFlight)
+			if err != nil {
+				return err
+			}
+			peaks[nodeID] = p
 		}
 		if callTime {
 			if openRead, err = readOwnOpenCalls(tx, nodeID, stored); err != nil {
@@ -670,6 +694,9 @@ func (r *Rules) evaluateNodeOpen(ctx context.Context, nodeID string, rules []*ac
 	cost += int64(evaluationBaseCost * (grants / grantsPerRead))
 	if err != nil {
 		return cost, open, err
+	}
+	if p := peaks[nodeID]; peaked && p != nil {
+		observed.SubtreeCallsInFlightMax = max(observed.SubtreeCallsInFlightMax, p.now())
 	}
 	r.stats.Nodes.Add(1)
 	defer func() { r.stats.EvalNanos.Add(int64(time.Since(start))) }()

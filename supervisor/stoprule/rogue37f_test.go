@@ -2,6 +2,7 @@ package stoprule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -11,6 +12,8 @@ import (
 	"github.com/tetherhq/tether/internal/clock"
 	"github.com/tetherhq/tether/internal/etcdtest"
 	"github.com/tetherhq/tether/internal/store"
+	"github.com/tetherhq/tether/internal/storecodec"
+	"github.com/tetherhq/tether/supervisor/ledger"
 	"github.com/tetherhq/tether/supervisor/tree"
 )
 
@@ -159,5 +162,181 @@ func rogue37fLateRulesNotHeld(t *testing.T, g *rogue31cRig) {
 	}))
 	if held(early) {
 		t.Errorf("the fresh child's rule is held after it ended")
+	}
+}
+
+// rogue37fSettle has the evaluator take every change the watch w holds up
+// to now: it writes a key under the rules' prefix that the evaluator
+// does not read, and applies the events up to it (a watch hands changes
+// in commit order).
+func rogue37fSettle(t *testing.T, g *rogue31cRig, ix *index, w store.Watcher, n int) {
+	t.Helper()
+	key := fmt.Sprintf("%stest-settled/%d", prefixAll, n)
+	if err := g.st.Update(context.Background(), func(tx store.Txn) error { return tx.Put([]byte(key), []byte{1}) }); err != nil {
+		t.Fatal(err)
+	}
+	g.rules.applyEvents(ix, rogue37fCollect(t, w, func(evs []store.Event) bool { return rogue37fHas(evs, key, -1) }))
+}
+
+// TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeak: an operator holds
+// a rogue to five calls in flight over its subtree. The rogue has its
+// three children and itself begin six calls at once and end them before
+// the evaluator reads its node (the evaluator is late by the rogue's own
+// design: its tree's turns are its own to spend). subtree_calls_in_flight
+// is a level: it read 0, and no rule could see the burst (a node's own
+// calls_in_flight_max is its own; the rogue's own peak was one).
+// subtree_calls_in_flight_max is the level's high-water mark, counted by
+// the evaluator from each call's change of the subtree's records as its
+// watch hands them, in commit order: it reads 6 at the rogue and at its
+// planner. It is exact, not each shard's peak added up: children that
+// each peaked at three one after another read three, not nine.
+func TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeak(t *testing.T) {
+	rogue37fBurstSeen(t, newRogue31cRig(t))
+}
+
+// TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeakOnEtcd is the same
+// on etcd.
+func TestRogue37FABurstSplitAmongChildrenIsSeenAtItsPeakOnEtcd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("By design: -short skips the etcd stores; make test and CI run them.")
+	}
+	rogue37fBurstSeen(t, newRogue35kEtcdRig(t))
+}
+
+func rogue37fBurstSeen(t *testing.T, g *rogue31cRig) {
+	ctx := context.Background()
+	planner := g.spawn(nil, "planner")
+	rogue := g.spawn(planner, "rogue")
+	var kids []*tree.Node
+	for i := range 3 {
+		kids = append(kids, g.spawn(rogue, fmt.Sprintf("kid%d", i)))
+	}
+	// Filing a proposal needs the supervisor: the test asks only whether
+	// the rule is true, which the fault point before the filing says.
+	g.rules.Fault = func(point string) error {
+		if point == "before-file" {
+			return errRogue37FFired
+		}
+		return nil
+	}
+	rule := func(name, expression string) *activeRule {
+		c, err := Compile(expression)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &activeRule{rule: &Rule{RuleID: name, Name: name, NodeID: planner.NodeID}, compiled: c}
+	}
+	peak := rule("peak", `observed.subtree_calls_in_flight_max >= 6`)
+	above := rule("above", `observed.subtree_calls_in_flight_max > 6`)
+	staggered := rule("staggered", `observed.subtree_calls_in_flight_max > 3`)
+	level := rule("level", `observed.subtree_calls_in_flight >= 6`)
+	if !peak.compiled.UsesSubtreePeak || !peak.compiled.UsesSubtree || peak.compiled.UsesCallTime || peak.compiled.UsesTime {
+		t.Fatalf("the peak rule reads the subtree's records and nothing else: %+v", peak.compiled)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := g.st.Watch(wctx, []byte(prefixAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := g.rules.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fires := func(n *tree.Node, a *activeRule) bool {
+		t.Helper()
+		_, _, err := g.rules.evaluateNodeOpen(ctx, n.NodeID, []*activeRule{a}, ix.peaks)
+		if err != nil && !errors.Is(err, errRogue37FFired) {
+			t.Fatal(err)
+		}
+		return err != nil
+	}
+	// The rule's first evaluations, before any call.
+	for _, n := range []*tree.Node{rogue, planner} {
+		if fires(n, peak) {
+			t.Fatalf("the peak rule fired at %s before any call", n.Name)
+		}
+	}
+	begin := func(n *tree.Node) *ledger.ToolCall {
+		t.Helper()
+		g.seq++
+		c := &ledger.ToolCall{CallID: fmt.Sprintf("call-%d", g.seq), NodeID: n.NodeID, Tool: "shell", State: ledger.CallStateInFlight, BegunAt: g.clk.Now()}
+		if err := g.st.Update(ctx, func(tx store.Txn) error { return g.rules.ObserveCall(tx, nil, c) }); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	end := func(c *ledger.ToolCall) {
+		t.Helper()
+		ended := *c
+		ended.State, ended.EndedAt, ended.Resolution = ledger.CallStateEnded, g.clk.Now(), ledger.CallResolutionCompleted
+		if err := g.st.Update(ctx, func(tx store.Txn) error { return g.rules.ObserveCall(tx, c, &ended) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Honest work: each child in turn keeps three calls open, then ends
+	// them; the subtree never had more than three in flight.
+	for _, k := range kids {
+		var open []*ledger.ToolCall
+		for range 3 {
+			open = append(open, begin(k))
+		}
+		for _, c := range open {
+			end(c)
+		}
+	}
+	rogue37fSettle(t, g, ix, w, 1)
+	for _, n := range []*tree.Node{rogue, planner} {
+		if fires(n, staggered) {
+			t.Errorf("children that each kept three calls open one after another read above three at %s", n.Name)
+		}
+	}
+	// The rogue's burst: six calls across itself and its children, all
+	// ended before the evaluator reads.
+	var burst []*ledger.ToolCall
+	for _, n := range []*tree.Node{kids[0], kids[0], rogue, kids[1], kids[1], kids[2]} {
+		burst = append(burst, begin(n))
+	}
+	for _, c := range burst {
+		end(c)
+	}
+	rogue37fSettle(t, g, ix, w, 2)
+	for _, n := range []*tree.Node{rogue, planner} {
+		if fires(n, level) {
+			t.Fatalf("the level read 6 at %s with no call in flight", n.Name)
+		}
+		if !fires(n, peak) {
+			t.Errorf("a burst of six calls across the rogue's subtree, ended before the evaluator read it, was not seen at %s", n.Name)
+		}
+		if fires(n, above) {
+			t.Errorf("the burst of six read above six at %s", n.Name)
+		}
+	}
+}
+
+var errRogue37FFired = errors.New("the rule is true")
+
+// TestRogue37FTheOwnCallsInFlightAreReadFromTheStoredCounters: the
+// evaluator's count of a subtree's calls in flight reads a node's own
+// from its stored counters' bytes (field 6) without decoding them whole:
+// it agrees with the decoded counters, whatever else they hold.
+func TestRogue37FTheOwnCallsInFlightAreReadFromTheStoredCounters(t *testing.T) {
+	for _, o := range []*Observations{
+		{},
+		{CallsInFlight: 3},
+		{Calls: 9, CallsByTool: map[string]int64{"shell": 4, "x": 5}, CallsInFlight: 200, CallSecondsTotal: 1.5, CallsInFlightMax: 201, SubtreeCalls: 7},
+		{Calls: 1 << 40, CallsInFlight: 1 << 33, NodeLabels: map[string]string{"team": "a"}},
+	} {
+		v, err := storecodec.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, ok := callsInFlightOf(v)
+		if !ok || got != o.CallsInFlight {
+			t.Errorf("read %d (ok %v) from %+v, want %d", got, ok, o, o.CallsInFlight)
+		}
+	}
+	if _, ok := callsInFlightOf([]byte{0x30}); ok {
+		t.Errorf("a truncated record read as counters")
 	}
 }
