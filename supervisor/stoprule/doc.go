@@ -51,7 +51,8 @@
 //     only for rules that read them (the revocations charged to the tree's
 //     turns a read more per grantsPerRead grants the node holds); those
 //     rules, and rules that read the clock, are evaluated again every Tick
-//     for the nodes they apply to. Each time Run starts it compiles the
+//     for the nodes they apply to (a tick walks the subtrees such rules are
+//     attached to, and every node only for an operator's selector rule). Each time Run starts it compiles the
 //     rules of the subtrees with a node still judged, not those of
 //     subtrees wholly terminated (Add refuses a rule on a terminated
 //     node), and it lets a node's rules go when the last running node of

@@ -39,6 +39,11 @@ type index struct {
 	dirty     *fairQueue      // marked for evaluation, by tree (fair.go)
 	retry     map[string]bool // failed evaluations, marked again at the next tick
 	timed     int             // rules evaluated every tick (polled)
+	// timedAt counts the polled rules attached to each node, timedSel the
+	// polled selector rules: a tick walks the subtrees of the first, and
+	// every node only for the second (an operator's).
+	timedAt  map[string]int
+	timedSel int
 	// open holds the nodes whose last evaluation of a rule on call time
 	// found calls open in their subtree: judged again every tick while
 	// they are (markTimed), as their calls' time grows with the clock.
@@ -58,6 +63,8 @@ type index struct {
 	// rule reading subtree_calls_in_flight_max was evaluated, from each
 	// change of its records (peak.go).
 	peaks map[string]*subtreePeak
+	// tickVisits counts the nodes the last tick's markTimed looked at.
+	tickVisits int
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -166,7 +173,7 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
-		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}}
+		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -213,8 +220,20 @@ func (ix *index) putNode(n *tree.Node) {
 	}
 	if _, known := ix.nodes[n.NodeID]; !known {
 		ix.judgedBelow[n.NodeID]++
-		for _, anc := range n.Ancestors {
+		for i, anc := range n.Ancestors {
 			ix.judgedBelow[anc]++
+			// The lineage's links too, not only the parent's: an ancestor
+			// terminated before its descendants (a termination's chunks)
+			// is never put, and a walk of a subtree above it (markSubtree,
+			// markTimed) would stop there.
+			below := n.NodeID
+			if i+1 < len(n.Ancestors) {
+				below = n.Ancestors[i+1]
+			}
+			if ix.children[anc] == nil {
+				ix.children[anc] = map[string]bool{}
+			}
+			ix.children[anc][below] = true
 		}
 	}
 	ix.nodes[n.NodeID] = nodeInfo{ancestors: n.Ancestors, labels: n.Labels}
@@ -240,7 +259,9 @@ func (ix *index) dropNode(id string) {
 	if !known {
 		return
 	}
-	for _, x := range append([]string{id}, n.ancestors...) {
+	lineage := append(slices.Clone(n.ancestors), id)
+	for i := len(lineage) - 1; i >= 0; i-- {
+		x := lineage[i]
 		if ix.judgedBelow[x]--; ix.judgedBelow[x] > 0 {
 			continue
 		}
@@ -250,6 +271,13 @@ func (ix *index) dropNode(id string) {
 		}
 		delete(ix.byNode, x)
 		delete(ix.children, x)
+		// Its parent's link to it too: a walk of the parent's subtree
+		// (markSubtree, markTimed) no longer steps over it.
+		if i > 0 {
+			if kids := ix.children[lineage[i-1]]; kids != nil {
+				delete(kids, x)
+			}
+		}
 	}
 }
 
@@ -296,6 +324,11 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 	ix.byID[rule.RuleID] = a
 	if a.polled() {
 		ix.timed++
+		if rule.NodeID != "" {
+			ix.timedAt[rule.NodeID]++
+		} else {
+			ix.timedSel++
+		}
 	}
 	if rule.NodeID != "" {
 		ix.byNode[rule.NodeID] = append(ix.byNode[rule.NodeID], a)
@@ -329,6 +362,14 @@ func (ix *index) removeRule(ruleID string) {
 	delete(ix.selectors, ruleID)
 	if a.polled() {
 		ix.timed--
+		switch {
+		case a.rule.NodeID == "":
+			ix.timedSel--
+		case ix.timedAt[a.rule.NodeID] > 1:
+			ix.timedAt[a.rule.NodeID]--
+		default:
+			delete(ix.timedAt, a.rule.NodeID)
+		}
 	}
 	if list := ix.byNode[a.rule.NodeID]; len(list) > 0 {
 		out := list[:0:0]
@@ -398,10 +439,37 @@ func (ix *index) markTimed() {
 		}
 		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
+	ix.tickVisits = 0
 	if ix.timed == 0 {
 		return
 	}
+	if ix.timedSel == 0 {
+		// The polled rules are attached ones: in effect at their nodes'
+		// subtrees alone, walked each once. Every running node was looked
+		// at, its rules in effect listed, as soon as one such rule was
+		// stored anywhere: a rogue's rule on the clock made each tick walk
+		// the whole cluster.
+		seen := map[string]bool{}
+		for root := range ix.timedAt {
+			stack := []string{root}
+			for len(stack) > 0 {
+				id := stack[len(stack)-1]
+				stack = stack[:len(stack)-1]
+				if seen[id] {
+					continue
+				}
+				seen[id] = true
+				ix.tickVisits++
+				ix.markNode(id)
+				for c := range ix.children[id] {
+					stack = append(stack, c)
+				}
+			}
+		}
+		return
+	}
 	for id, n := range ix.nodes {
+		ix.tickVisits++
 		for _, a := range ix.inEffect(id, n) {
 			if a.polled() {
 				ix.dirty.mark(rootOf(id, n.ancestors), id)

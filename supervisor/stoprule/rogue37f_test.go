@@ -340,3 +340,75 @@ func TestRogue37FTheOwnCallsInFlightAreReadFromTheStoredCounters(t *testing.T) {
 		t.Errorf("a truncated record read as counters")
 	}
 }
+
+// TestRogue37FARoguesTimedRuleDoesNotMakeEachTickVisitEveryNode: a rule
+// that reads the clock (or the leases, or the revocations) is judged
+// again every tick at the nodes it is in effect at. Each tick looked at
+// every running node of every tree, and listed the rules in effect at
+// each, as soon as one such rule was stored anywhere: a rogue that
+// attached `observed.age_seconds > 1e9` to itself had every tick walk the
+// whole cluster's nodes, its cost nobody's, where its rule is in effect at
+// its own subtree alone. A tick now walks the subtrees such rules are
+// attached to (and every node only for an operator's selector rule).
+func TestRogue37FARoguesTimedRuleDoesNotMakeEachTickVisitEveryNode(t *testing.T) {
+	g := newRogue31cRig(t)
+	ctx := context.Background()
+	other := g.spawn(nil, "other")
+	const honest = 60
+	for i := range honest {
+		g.spawn(other, fmt.Sprintf("worker%d", i))
+	}
+	planner := g.spawn(nil, "planner")
+	rogue := g.spawn(planner, "rogue")
+	kid := g.spawn(rogue, "kid")
+	g.spawn(kid, "grand")
+	as := Actor{ID: capability.AgentPrefix + rogue.NodeID, NodeID: rogue.NodeID}
+	if _, _, err := g.rules.Add(ctx, as, &Rule{NodeID: rogue.NodeID, Name: "clock", Expression: `observed.age_seconds > 1e9`}); err != nil {
+		t.Fatal(err)
+	}
+	// A second such rule below the first: its subtree is walked once.
+	if _, _, err := g.rules.Add(ctx, as, &Rule{NodeID: kid.NodeID, Name: "clock2", Expression: `observed.age_seconds > 2e9`}); err != nil {
+		t.Fatal(err)
+	}
+	ix, err := g.rules.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.dirty = newFairQueue() // the start's marks, served
+	ix.markTimed()
+	// A node marked is queued twice (for its operators' rules, then its
+	// agents'): fairQueue.len counts both.
+	if ix.dirty.len() != 2*3 {
+		t.Errorf("a tick marked %d nodes, want the rogue's subtree's 3", ix.dirty.len()/2)
+	}
+	if q := ix.dirty.trees[other.NodeID]; q != nil && q.len() > 0 {
+		t.Errorf("a tick marked %d nodes of a tree no timed rule is in effect at", q.len()/2)
+	}
+	if ix.tickVisits > 6 {
+		t.Errorf("a tick looked at %d nodes for a rule in effect at 3 (the cluster has %d running)", ix.tickVisits, len(ix.nodes))
+	}
+	// Children the rogue spawned and ended are not walked again.
+	for i := range 5 {
+		c := g.spawn(kid, fmt.Sprintf("churn%d", i))
+		ix.putNode(c)
+		ix.putNode(rogue36fTerminate(t, g, c))
+	}
+	ix.dirty = newFairQueue()
+	ix.markTimed()
+	if ix.dirty.len() != 2*3 || ix.tickVisits > 6 {
+		t.Errorf("after the rogue's churn a tick marked %d nodes and looked at %d, want 3 marked and at most 6 looked at", ix.dirty.len()/2, ix.tickVisits)
+	}
+	// An operator's selector rule on the clock is in effect wherever its
+	// labels are: the tick looks at every node for it.
+	if _, _, err := g.rules.Add(ctx, Actor{ID: "operator:alice"}, &Rule{Selector: map[string]string{"team": "x"}, Name: "sel", Expression: `observed.age_seconds > 3e9`}); err != nil {
+		t.Fatal(err)
+	}
+	if ix, err = g.rules.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ix.dirty = newFairQueue()
+	ix.markTimed()
+	if ix.dirty.len() != 2*3 {
+		t.Errorf("with a selector rule matching nothing, a tick marked %d nodes, want the rogue's subtree's 3", ix.dirty.len()/2)
+	}
+}
