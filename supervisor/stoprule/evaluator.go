@@ -44,6 +44,11 @@ type index struct {
 	// every node only for the second (an operator's).
 	timedAt  map[string]int
 	timedSel int
+	// subAt counts the rules reading the subtree's totals attached to each
+	// node, subSel the selector rules reading them: a descendant's call
+	// marks an ancestor when its lineage has one (markForSubtree).
+	subAt  map[string]int
+	subSel int
 	// open holds the nodes whose last evaluation of a rule on call time
 	// found calls open in their subtree: judged again every tick while
 	// they are (markTimed), as their calls' time grows with the clock.
@@ -65,6 +70,8 @@ type index struct {
 	peaks map[string]*subtreePeak
 	// tickVisits counts the nodes the last tick's markTimed looked at.
 	tickVisits int
+	// subtreeLooks counts what markForSubtree looked at, for tests.
+	subtreeLooks int
 }
 
 // Run is the level-triggered evaluator. It watches the rules, the
@@ -173,7 +180,7 @@ const evaluateSlice = 256
 func (r *Rules) load(ctx context.Context) (*index, error) {
 	ix := &index{byNode: map[string][]*activeRule{}, selectors: map[string]*activeRule{}, byID: map[string]*activeRule{},
 		nodes: map[string]nodeInfo{}, children: map[string]map[string]bool{}, dirty: newFairQueue(), retry: map[string]bool{}, open: map[string]bool{},
-		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}}
+		judgedBelow: map[string]int{}, peaks: map[string]*subtreePeak{}, timedAt: map[string]int{}, subAt: map[string]int{}}
 	var rules []*Rule
 	err := r.Store.View(ctx, func(tx store.ReadTxn) error {
 		var err error
@@ -330,6 +337,13 @@ func (r *Rules) putRule(ix *index, rule *Rule) {
 			ix.timedSel++
 		}
 	}
+	if a.compiled.UsesSubtree {
+		if rule.NodeID != "" {
+			ix.subAt[rule.NodeID]++
+		} else {
+			ix.subSel++
+		}
+	}
 	if rule.NodeID != "" {
 		ix.byNode[rule.NodeID] = append(ix.byNode[rule.NodeID], a)
 	} else {
@@ -369,6 +383,16 @@ func (ix *index) removeRule(ruleID string) {
 			ix.timedAt[a.rule.NodeID]--
 		default:
 			delete(ix.timedAt, a.rule.NodeID)
+		}
+	}
+	if a.compiled.UsesSubtree {
+		switch {
+		case a.rule.NodeID == "":
+			ix.subSel--
+		case ix.subAt[a.rule.NodeID] > 1:
+			ix.subAt[a.rule.NodeID]--
+		default:
+			delete(ix.subAt, a.rule.NodeID)
 		}
 	}
 	if list := ix.byNode[a.rule.NodeID]; len(list) > 0 {
@@ -553,17 +577,36 @@ func (ix *index) deadOnArrival(rule *Rule, rev uint64) bool {
 }
 
 // markForSubtree marks node id when a rule in effect at it reads the
-// subtree's totals.
+// subtree's totals: one attached to it or an ancestor (a lookup a level),
+// or a selector rule matching it. It listed every rule in effect at the
+// node, for every ancestor of every call: a rogue whose chain of
+// descendants each held its allotment of rules had each call at the
+// bottom make the evaluator list thousands, uncharged.
 func (ix *index) markForSubtree(id string) {
 	n, ok := ix.nodes[id]
 	if !ok {
 		return
 	}
-	for _, a := range ix.inEffect(id, n) {
-		if a.compiled.UsesSubtree {
-			ix.dirty.mark(rootOf(id, n.ancestors), id)
-			return
+	reads := ix.subAt[id] > 0
+	ix.subtreeLooks++
+	for _, anc := range n.ancestors {
+		if reads {
+			break
 		}
+		ix.subtreeLooks++
+		reads = ix.subAt[anc] > 0
+	}
+	if !reads && ix.subSel > 0 {
+		for _, a := range ix.selectors {
+			ix.subtreeLooks++
+			if a.compiled.UsesSubtree && ix.selected(a, n) {
+				reads = true
+				break
+			}
+		}
+	}
+	if reads {
+		ix.dirty.mark(rootOf(id, n.ancestors), id)
 	}
 }
 

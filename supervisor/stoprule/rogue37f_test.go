@@ -412,3 +412,62 @@ func TestRogue37FARoguesTimedRuleDoesNotMakeEachTickVisitEveryNode(t *testing.T)
 		t.Errorf("with a selector rule matching nothing, a tick marked %d nodes, want the rogue's subtree's 3", ix.dirty.len()/2)
 	}
 }
+
+// TestRogue37FADescendantsCallDoesNotListEveryRuleAlongItsLineage: a
+// descendant's call changes its shard's totals at every ancestor, and the
+// evaluator marks each ancestor at which a rule reading the subtree is in
+// effect. To learn that, it listed every rule in effect there — its own,
+// each of its ancestors', the selectors — for every ancestor of every
+// call: a rogue with a chain of descendants, each given its allotment of
+// rules (an ancestor's 64 on each), had each call at the bottom of the
+// chain make the evaluator list some 64·d²/2 rules, uncharged. The
+// evaluator now keeps how many rules reading the subtree are attached to
+// each node, and looks up the ancestor and its lineage.
+func TestRogue37FADescendantsCallDoesNotListEveryRuleAlongItsLineage(t *testing.T) {
+	g := newRogue31cRig(t)
+	ctx := context.Background()
+	planner := g.spawn(nil, "planner")
+	rogue := g.spawn(planner, "rogue")
+	as := Actor{ID: capability.AgentPrefix + rogue.NodeID, NodeID: rogue.NodeID}
+	const depth, each = 7, 12
+	chain := []*tree.Node{rogue}
+	for i := range depth {
+		c := g.spawn(chain[len(chain)-1], fmt.Sprintf("c%d", i))
+		chain = append(chain, c)
+		for j := range each {
+			if _, _, err := g.rules.Add(ctx, as, &Rule{NodeID: c.NodeID, Name: fmt.Sprintf("r%d-%d", i, j), Expression: fmt.Sprintf("observed.calls > %d", 1000+100*i+j)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, _, err := g.rules.Add(ctx, Actor{ID: "operator:alice"}, &Rule{NodeID: planner.NodeID, Name: "subtree", Expression: `observed.subtree_calls > 1000`}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w, err := g.st.Watch(wctx, []byte(prefixAll))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix, err := g.rules.load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.dirty = newFairQueue() // the start's marks, served
+	g.call(chain[len(chain)-1], "shell", false)
+	rogue37fSettle(t, g, ix, w, 1)
+	// Every node of the chain is marked: the planner's rule reads the
+	// subtree and is in effect at each (the bottom one for its own call).
+	if got := ix.dirty.len() / 2; got != len(chain)+1 {
+		t.Errorf("the call marked %d nodes, want the planner and the chain's %d", got, len(chain))
+	}
+	// Looked at: each ancestor's lineage (a lookup a level), not the
+	// rules in effect along it.
+	lineages := 0
+	for i := range len(chain) + 1 {
+		lineages += i + 1
+	}
+	if ix.subtreeLooks > 2*lineages {
+		t.Errorf("a call at depth %d had the evaluator look at %d rules to mark its ancestors, want at most %d lookups", len(chain), ix.subtreeLooks, 2*lineages)
+	}
+}
