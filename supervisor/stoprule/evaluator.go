@@ -62,7 +62,7 @@ type index struct {
 	// nodes (its scan's, then its nodes' watch's): every node's change
 	// committed before it has been read. A rule on a node not judged,
 	// stored before it, is on a subtree already wholly terminated
-	// (putRuleEvent).
+	// (deadOnArrival).
 	nodesRev uint64
 	// peaks counts the subtree's calls in flight of each node at which a
 	// rule reading subtree_calls_in_flight_max was evaluated, from each
